@@ -1,0 +1,369 @@
+"""The catalog: generations and slice types from accelerators.yaml, prices from prices.yaml."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from enum import StrEnum
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tpuctl.errors import ConfigError, UnknownAcceleratorError, UsageError
+
+_ZONE_RE = re.compile(r"^(?P<region>[a-z]+-[a-z]+[0-9]+)-(?P<letter>[a-z]|ai[0-9][a-z]?)$")
+
+
+class CapacityType(StrEnum):
+    """How a slice is provisioned and billed. Spot and preemptible share the preemptible price and quota."""
+
+    ON_DEMAND = "on-demand"
+    SPOT = "spot"
+    PREEMPTIBLE = "preemptible"
+    RESERVED = "reserved"
+
+    @property
+    def is_preemptible(self) -> bool:
+        return self in (CapacityType.SPOT, CapacityType.PREEMPTIBLE)
+
+    @classmethod
+    def parse(cls, value: str, *, field_name: str = "capacity type") -> CapacityType:
+        normalized = value.strip().lower().replace("_", "-")
+        if normalized == "ondemand":
+            normalized = "on-demand"
+        try:
+            return cls(normalized)
+        except ValueError:
+            choices = ", ".join(c.value for c in cls)
+            raise UsageError(
+                f"unknown {field_name} {value!r}",
+                field=field_name,
+                value=value,
+                fix=f"use one of: {choices}",
+            ) from None
+
+
+def region_of_zone(zone: str) -> str:
+    """``us-central1-a`` -> ``us-central1``. The zone must be well formed (see ``validate_zone``)."""
+    return validate_zone(zone).rsplit("-", 1)[0]
+
+
+def validate_zone(zone: str, *, field_name: str = "--zone") -> str:
+    """Return ``zone`` if it is shaped like a GCP zone (``us-central1-a``), else raise a UsageError."""
+    if not isinstance(zone, str) or not _ZONE_RE.match(zone):
+        raise UsageError(
+            f"malformed zone {zone!r}",
+            field=field_name,
+            value=zone,
+            fix="a zone looks like us-central1-a (region, then a dash and the zone letter); "
+            "`tpuctl catalog zones` lists them",
+        )
+    return zone
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One TPU generation as the TPU API v2 offers it."""
+
+    name: str  # friendly: v5e
+    api_prefix: str  # the API's type prefix: v5litepod
+    api_enum: str  # AcceleratorConfig.type: V5LITE_POD
+    size_counts: str  # "chips" or "cores": what N in `<prefix>-N` counts
+    cores_per_chip: int
+    chips_per_host: int
+    single_host_max_chips: int
+    hbm_gib_per_chip: float
+    peak_bf16_tflops_per_chip: float
+    runtime_version: str
+    zones: tuple[str, ...]
+    sizes: tuple[tuple[int, str], ...]  # (N, topology)
+    quota_unit: str = "chips"  # what this generation's TPU API quotas count: "chips" or "cores"
+    quota_on_demand: str = ""  # quota id template, {scope} = Zone | Region
+    quota_preemptible: str = ""
+
+    @property
+    def valid_sizes(self) -> list[int]:
+        return [n for n, _ in self.sizes]
+
+    def chips_for_size(self, size: int) -> int:
+        return size if self.size_counts == "chips" else size // self.cores_per_chip
+
+    def quota_id(self, capacity: CapacityType, scope: str) -> str | None:
+        """The TPU API quota id for this capacity in ``scope`` ("zone" or "region"); None for reserved
+        capacity, which draws on its reservation instead of a quota."""
+        if capacity is CapacityType.RESERVED:
+            return None
+        template = self.quota_preemptible if capacity.is_preemptible else self.quota_on_demand
+        return template.format(scope=scope.capitalize())
+
+    def quota_units(self, chips: int) -> int:
+        """How much of this generation's quota ``chips`` chips use."""
+        return chips * self.cores_per_chip if self.quota_unit == "cores" else chips
+
+
+@dataclass(frozen=True)
+class AcceleratorType:
+    """One slice shape: ``v5litepod-64`` = 64 chips, topology 8x8, 16 hosts of 4 chips."""
+
+    generation: Generation
+    size: int
+
+    @property
+    def api_name(self) -> str:
+        return f"{self.generation.api_prefix}-{self.size}"
+
+    @property
+    def friendly_name(self) -> str:
+        return f"{self.generation.name}-{self.size}"
+
+    @property
+    def topology(self) -> str:
+        return dict(self.generation.sizes)[self.size]
+
+    @property
+    def chips(self) -> int:
+        return self.generation.chips_for_size(self.size)
+
+    @property
+    def cores(self) -> int:
+        return self.chips * self.generation.cores_per_chip
+
+    @property
+    def chips_per_host(self) -> int:
+        gen = self.generation
+        if self.chips <= gen.single_host_max_chips:
+            return self.chips
+        return gen.chips_per_host
+
+    @property
+    def hosts(self) -> int:
+        return math.ceil(self.chips / self.chips_per_host)
+
+    @property
+    def quota_units(self) -> int:
+        return self.generation.quota_units(self.chips)
+
+    @property
+    def hbm_gib(self) -> float:
+        return self.chips * self.generation.hbm_gib_per_chip
+
+    @property
+    def peak_bf16_tflops(self) -> float:
+        return self.chips * self.generation.peak_bf16_tflops_per_chip
+
+    @property
+    def runtime_version(self) -> str:
+        return self.generation.runtime_version
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.api_name,
+            "friendly_name": self.friendly_name,
+            "generation": self.generation.name,
+            "api_type": self.generation.api_enum,
+            "size": self.size,
+            "size_counts": self.generation.size_counts,
+            "chips": self.chips,
+            "cores": self.cores,
+            "hosts": self.hosts,
+            "chips_per_host": self.chips_per_host,
+            "topology": self.topology,
+            "hbm_gib": self.hbm_gib,
+            "peak_bf16_tflops": self.peak_bf16_tflops,
+            "runtime_version": self.runtime_version,
+        }
+
+
+@dataclass(frozen=True)
+class PriceTable:
+    """USD per chip-hour by generation, region and capacity type, with where the figures came from."""
+
+    source: str
+    date: str
+    # generation -> region -> {"on_demand": x, "spot": y}
+    prices: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+
+    def per_chip_hour(self, generation: str, region: str, capacity: CapacityType) -> float | None:
+        """The price, or None when the catalog has no price for that generation in that region."""
+        by_region = self.prices.get(generation, {}).get(region)
+        if by_region is None:
+            return None
+        key = "spot" if capacity.is_preemptible else "on_demand"
+        value = by_region.get(key)
+        return float(value) if value is not None else None
+
+    def regions(self, generation: str) -> list[str]:
+        return sorted(self.prices.get(generation, {}))
+
+
+def _load_yaml(name: str) -> dict[str, Any]:
+    text = resources.files("tpuctl.catalog").joinpath("data", name).read_text(encoding="utf-8")
+    data = yaml.safe_load(text)
+    if not isinstance(data, dict):
+        raise ConfigError(f"catalog file {name} is not a mapping", path=name)
+    return data
+
+
+def _parse_generation(name: str, raw: dict[str, Any]) -> Generation:
+    sizes = tuple(sorted((int(n), str(t)) for n, t in raw["sizes"].items()))
+    return Generation(
+        name=name,
+        api_prefix=str(raw["api_prefix"]),
+        api_enum=str(raw["api_enum"]),
+        size_counts=str(raw["size_counts"]),
+        cores_per_chip=int(raw["cores_per_chip"]),
+        chips_per_host=int(raw["chips_per_host"]),
+        single_host_max_chips=int(raw.get("single_host_max_chips", raw["chips_per_host"])),
+        hbm_gib_per_chip=float(raw["hbm_gib_per_chip"]),
+        peak_bf16_tflops_per_chip=float(raw["peak_bf16_tflops_per_chip"]),
+        runtime_version=str(raw["runtime_version"]),
+        zones=tuple(str(z) for z in raw["zones"]),
+        sizes=sizes,
+        quota_unit=str(raw["quota"]["unit"]),
+        quota_on_demand=str(raw["quota"]["on_demand"]),
+        quota_preemptible=str(raw["quota"]["preemptible"]),
+    )
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """Generations, types, zones and prices. Build with ``Catalog.load()``; it is immutable."""
+
+    generations: dict[str, Generation]
+    prices: PriceTable
+    source: str
+    date: str
+
+    @classmethod
+    def load(cls, price_override: Path | None = None) -> Catalog:
+        """The bundled catalog; ``price_override`` is a refreshed prices file of the same shape."""
+        if price_override is None:
+            return _bundled_catalog()
+        base = _bundled_catalog()
+        return cls(
+            generations=base.generations,
+            prices=load_price_table(price_override),
+            source=base.source,
+            date=base.date,
+        )
+
+    # --- types -----------------------------------------------------------------------------------
+
+    def resolve(self, name: str) -> AcceleratorType:
+        """``v5e-64``, ``v5litepod-64``, ``V5LITE_POD-64`` -> the type; anything else -> a UsageError
+        that lists what is valid."""
+        raw = name.strip()
+        match = re.fullmatch(r"(?P<prefix>[A-Za-z0-9_]+?)-(?P<size>[0-9]+)", raw)
+        if not match:
+            raise UnknownAcceleratorError(
+                f"unknown accelerator type {name!r}",
+                field="TYPE",
+                value=name,
+                fix="give a generation and a size, e.g. v5e-64, v6e-8, v5p-128, v4-32 "
+                "(`tpuctl catalog types` lists them)",
+            )
+        prefix = match["prefix"].lower()
+        generation = self._generation_for_prefix(prefix)
+        if generation is None:
+            known = ", ".join(f"{g.name} ({g.api_prefix})" for g in self.generations.values())
+            raise UnknownAcceleratorError(
+                f"unknown accelerator generation {match['prefix']!r} in {name!r}",
+                field="TYPE",
+                value=name,
+                fix=f"use one of: {known}",
+            )
+        size = int(match["size"])
+        if size not in dict(generation.sizes):
+            valid = ", ".join(f"{generation.name}-{n}" for n in generation.valid_sizes)
+            counts = "chips" if generation.size_counts == "chips" else "TensorCores (2 per chip)"
+            raise UnknownAcceleratorError(
+                f"invalid size {size} for {generation.name} in {name!r} (N counts {counts})",
+                field="TYPE",
+                value=name,
+                fix=f"valid sizes: {valid}",
+            )
+        return AcceleratorType(generation=generation, size=size)
+
+    def _generation_for_prefix(self, prefix: str) -> Generation | None:
+        for gen in self.generations.values():
+            if prefix in (gen.name, gen.api_prefix, gen.api_enum.lower()):
+                return gen
+        return None
+
+    def generation_for_api_enum(self, api_enum: str) -> Generation | None:
+        for gen in self.generations.values():
+            if gen.api_enum == api_enum:
+                return gen
+        return None
+
+    def types(self, generation: str | None = None) -> list[AcceleratorType]:
+        gens = [self.generation(generation)] if generation else list(self.generations.values())
+        return [AcceleratorType(generation=g, size=n) for g in gens for n in g.valid_sizes]
+
+    def generation(self, name: str) -> Generation:
+        gen = self._generation_for_prefix(name.lower())
+        if gen is None:
+            raise UnknownAcceleratorError(
+                f"unknown accelerator generation {name!r}",
+                field="generation",
+                value=name,
+                fix="use one of: " + ", ".join(self.generations),
+            )
+        return gen
+
+    # --- zones and prices --------------------------------------------------------------------------
+
+    def zones(self, generation: str | None = None) -> list[str]:
+        gens = [self.generation(generation)] if generation else list(self.generations.values())
+        return sorted({z for g in gens for z in g.zones})
+
+    def price_per_chip_hour(
+        self, accel: AcceleratorType, zone: str, capacity: CapacityType
+    ) -> float | None:
+        return self.prices.per_chip_hour(accel.generation.name, region_of_zone(zone), capacity)
+
+    def price_per_hour(
+        self, accel: AcceleratorType, zone: str, capacity: CapacityType, slices: int = 1
+    ) -> float | None:
+        per_chip = self.price_per_chip_hour(accel, zone, capacity)
+        return None if per_chip is None else per_chip * accel.chips * slices
+
+
+def load_price_table(path: Path) -> PriceTable:
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(
+            f"cannot read price file {path}: {exc}",
+            path=str(path),
+            fix="run `tpuctl catalog prices --refresh` again",
+        ) from exc
+    return _parse_price_table(data, str(path))
+
+
+def _parse_price_table(data: Any, where: str) -> PriceTable:
+    if not isinstance(data, dict) or not isinstance(data.get("prices"), dict):
+        raise ConfigError(f"price file {where} has no 'prices' mapping", path=where, field="prices")
+    prices: dict[str, dict[str, dict[str, float]]] = {}
+    for gen, regions in data["prices"].items():
+        prices[str(gen)] = {
+            str(region): {k: float(v) for k, v in pair.items()} for region, pair in regions.items()
+        }
+    return PriceTable(source=str(data.get("source", where)), date=str(data.get("date", "")), prices=prices)
+
+
+@cache
+def _bundled_catalog() -> Catalog:
+    # Cached: the files are package data and never change within a process.
+    accel = _load_yaml("accelerators.yaml")
+    generations = {
+        name: _parse_generation(name, raw) for name, raw in accel["generations"].items()
+    }
+    prices = _parse_price_table(_load_yaml("prices.yaml"), "prices.yaml")
+    return Catalog(
+        generations=generations, prices=prices, source=str(accel["source"]), date=str(accel["date"])
+    )

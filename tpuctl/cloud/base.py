@@ -1,0 +1,210 @@
+"""The provider boundary: one interface (``TpuCloud``) and the plain data that crosses it.
+
+Everything above this layer (services, CLI) sees only these dataclasses and ``tpuctl.errors``; never a
+proto, a google.api_core exception or an httpx response. There is ONE implementation of ``TpuCloud`` for
+the TPU API (``tpuctl.cloud.tpu_api.TpuApiCloud``), used against Google and the simulator alike: only the
+endpoint and the credentials differ.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Protocol
+
+from tpuctl.catalog import CapacityType
+
+#: Label keys tpuctl puts on every slice it creates, to tie the slice to tpuctl and its owner.
+LABEL_MANAGED_BY = "managed-by"
+LABEL_MANAGED_BY_VALUE = "tpuctl"
+LABEL_OWNER = "tpuctl-owner"
+LABEL_REQUEST = "tpuctl-request"
+LABEL_RUN = "tpuctl-run"
+
+
+@dataclass(frozen=True)
+class NodeRequest:
+    """What to create: one TPU VM slice (a Node)."""
+
+    name: str
+    zone: str
+    accelerator_type: str  # the API's name, e.g. v5litepod-64
+    runtime_version: str
+    capacity: CapacityType = CapacityType.ON_DEMAND
+    labels: dict[str, str] = field(default_factory=dict)
+    metadata: dict[str, str] = field(default_factory=dict)
+    description: str = ""
+    # Reserved capacity: the reservation's name (projects/P/locations/Z/reservations/R or just R).
+    reservation: str | None = None
+
+
+@dataclass(frozen=True)
+class NetworkEndpoint:
+    ip_address: str
+    port: int
+    external_ip: str | None = None
+
+
+@dataclass(frozen=True)
+class Node:
+    """A TPU slice as the API reports it."""
+
+    name: str  # short id (the last path segment)
+    zone: str
+    accelerator_type: str
+    state: str  # the API's enum name: CREATING, READY, PREEMPTED, ...
+    capacity: CapacityType
+    runtime_version: str = ""
+    topology: str | None = None
+    health: str | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    metadata: dict[str, str] = field(default_factory=dict)
+    network_endpoints: tuple[NetworkEndpoint, ...] = ()
+    create_time: datetime | None = None
+    queued_resource: str | None = None  # full name of the queued resource that made it, if any
+    multislice_node: bool = False
+    description: str = ""
+    id: str = ""
+
+    @property
+    def is_tpuctl_managed(self) -> bool:
+        return self.labels.get(LABEL_MANAGED_BY) == LABEL_MANAGED_BY_VALUE
+
+
+@dataclass(frozen=True)
+class QueuedResourceRequest:
+    """A queued resource for one node (``node_count == 1``) or a multislice of ``node_count`` nodes."""
+
+    id: str
+    zone: str
+    node: NodeRequest  # the node template; node.name is the node id when node_count == 1
+    node_count: int = 1
+    node_id_prefix: str | None = None  # multislice: nodes are <prefix>-0 .. <prefix>-(n-1)
+    tier: str = "spot"  # "spot" | "guaranteed"
+    valid_for_seconds: float | None = None  # queueingPolicy.validUntilDuration
+    reservation: str | None = None
+
+
+@dataclass(frozen=True)
+class QueuedResource:
+    id: str
+    zone: str
+    state: str  # WAITING_FOR_RESOURCES, PROVISIONING, ACTIVE, FAILED, SUSPENDED, ...
+    state_initiator: str | None = None
+    tier: str | None = None
+    node_ids: tuple[str, ...] = ()
+    node_count: int = 1
+    accelerator_type: str = ""
+    error_message: str | None = None
+    error_code: int | None = None
+    create_time: datetime | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class QuotaLimit:
+    """One limit from Cloud Quotas (quotaInfos): a quota id, where it applies, and the limit."""
+
+    quota_id: str
+    metric: str
+    limit: int  # -1 means unlimited
+    zone: str | None = None
+    region: str | None = None
+
+
+@dataclass(frozen=True)
+class PlannedRequest:
+    """The exact HTTP request a mutation would send (for --dry-run): method, URL and JSON body."""
+
+    method: str
+    url: str
+    body: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"method": self.method, "url": self.url, "body": self.body}
+
+
+class OperationProgress(Protocol):
+    """Told about a long-running operation while it is waited on; the CLI renders it with rich."""
+
+    def update(self, description: str, *, elapsed_s: float) -> None: ...
+
+
+class TpuCloud(Protocol):
+    """The TPU API as tpuctl uses it.
+
+    Contract:
+    - Methods raise only ``tpuctl.errors`` classes (CloudError and its subclasses).
+    - Mutations that return an Operation wait for it when ``wait`` is true; a failed operation raises the
+      translated error (a stockout raises ``StockoutError``).
+    - Transient failures of idempotent calls (gets, lists) are retried inside, bounded and jittered;
+      mutations are retried only where a request id makes them idempotent, and an ambiguous failure of a
+      mutation raises ``AmbiguousError`` so the caller can look before it creates again.
+    - ``zone=None`` in a list means every zone (the API's ``locations/-``).
+    """
+
+    @property
+    def backend(self) -> str:
+        """"sim" or "gcp"."""
+        ...
+
+    @property
+    def project(self) -> str: ...
+
+    @property
+    def endpoint(self) -> str:
+        """The API base URL, e.g. https://tpu.googleapis.com or http://127.0.0.1:PORT."""
+        ...
+
+    def list_nodes(self, zone: str | None = None) -> list[Node]: ...
+
+    def get_node(self, zone: str, name: str) -> Node: ...
+
+    def create_node(
+        self,
+        request: NodeRequest,
+        *,
+        request_id: str | None = None,
+        wait: bool = True,
+        progress: OperationProgress | None = None,
+    ) -> Node: ...
+
+    def delete_node(
+        self, zone: str, name: str, *, wait: bool = True, progress: OperationProgress | None = None
+    ) -> None: ...
+
+    def stop_node(self, zone: str, name: str, *, wait: bool = True) -> Node: ...
+
+    def start_node(self, zone: str, name: str, *, wait: bool = True) -> Node: ...
+
+    def create_queued_resource(
+        self, request: QueuedResourceRequest, *, request_id: str | None = None
+    ) -> QueuedResource: ...
+
+    def get_queued_resource(self, zone: str, qr_id: str) -> QueuedResource: ...
+
+    def list_queued_resources(self, zone: str | None = None) -> list[QueuedResource]: ...
+
+    def delete_queued_resource(
+        self, zone: str, qr_id: str, *, force: bool = False, wait: bool = True
+    ) -> None: ...
+
+    def reset_queued_resource(self, zone: str, qr_id: str) -> QueuedResource: ...
+
+    def list_accelerator_types(self, zone: str) -> list[str]: ...
+
+    def list_runtime_versions(self, zone: str) -> list[str]: ...
+
+    def list_zones(self) -> list[str]: ...
+
+    def quota_limits(self) -> list[QuotaLimit]: ...
+
+    def plan_create_node(self, request: NodeRequest, *, request_id: str | None = None) -> PlannedRequest: ...
+
+    def plan_create_queued_resource(
+        self, request: QueuedResourceRequest, *, request_id: str | None = None
+    ) -> PlannedRequest: ...
+
+    def plan_delete_node(self, zone: str, name: str) -> PlannedRequest: ...
+
+    def close(self) -> None: ...

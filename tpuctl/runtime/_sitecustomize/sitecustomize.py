@@ -1,0 +1,105 @@
+"""Start-up hook for simulated TPU hosts (the launcher puts this directory on PYTHONPATH).
+
+Python's ``site`` module imports the first ``sitecustomize`` on ``sys.path`` at start-up. We use that to
+install a tiny ``sys.meta_path`` finder that waits for ``jax._src.clusters`` to be imported and then
+registers tpuctl's simulated-slice cluster detector, so that an unmodified script calling
+``jax.distributed.initialize()`` finds its coordinator, process count and process id. Programs that never
+import JAX pay for one dict lookup per import and nothing else.
+
+Because we shadow any other ``sitecustomize`` (distributions and virtualenvs sometimes ship one), we
+run the next one on ``sys.path`` afterwards.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import os
+import sys
+from collections.abc import Sequence
+from types import ModuleType
+from typing import Any
+
+_TARGET = "jax._src.clusters"
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _register() -> None:
+    try:
+        from tpuctl.runtime import simcluster
+    except ImportError as exc:  # the bundle root is missing from PYTHONPATH: say so, don't crash
+        print(f"tpuctl sitecustomize: cannot import tpuctl.runtime.simcluster ({exc}); "
+              "jax.distributed.initialize() will not find the simulated slice", file=sys.stderr)
+        return
+    simcluster.register()
+
+
+class _Loader(importlib.abc.Loader):
+    """Wraps the real loader of ``jax._src.clusters``: run it, then register our cluster."""
+
+    def __init__(self, inner: importlib.abc.Loader) -> None:
+        self._inner = inner
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return self._inner.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        self._inner.exec_module(module)
+        _register()
+
+    def __getattr__(self, name: str) -> Any:  # e.g. get_resource_reader, is_package
+        return getattr(self._inner, name)
+
+
+class _ClustersFinder(importlib.abc.MetaPathFinder):
+    def find_spec(self, fullname: str, path: Sequence[str] | None,
+                  target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname != _TARGET:
+            return None
+        # Fire once: remove ourselves, then ask the remaining finders for the real spec.
+        _uninstall()
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            if find is None:
+                continue
+            spec = find(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None:
+                    spec.loader = _Loader(spec.loader)
+                return spec
+        return None
+
+
+_finder = _ClustersFinder()
+
+
+def _uninstall() -> None:
+    if _finder in sys.meta_path:
+        sys.meta_path.remove(_finder)
+
+
+def _install() -> None:
+    if os.environ.get("TPUCTL_SIM", "") != "1":
+        return
+    if _TARGET in sys.modules:  # JAX got imported before us (e.g. by a .pth file): register now
+        _register()
+    else:
+        sys.meta_path.insert(0, _finder)
+
+
+def _chain_next_sitecustomize() -> None:
+    """Run the ``sitecustomize`` we shadow, if any, as Python would have without us."""
+    rest = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+    if spec is None or spec.loader is None:
+        return
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # site.py also only warns when sitecustomize fails
+        print(f"Error in shadowed sitecustomize {spec.origin}: {exc!r}", file=sys.stderr)
+
+
+_install()
+_chain_next_sitecustomize()
