@@ -1,0 +1,366 @@
+"""Settings: what backend, project, zones, capacity types, price cap and state dir a command uses.
+
+Precedence, highest first: command-line flag > environment (``TPUCTL_*``; the project also from
+``CLOUDSDK_CORE_PROJECT`` and ``GOOGLE_CLOUD_PROJECT``) > the chosen profile of the YAML config file
+(``$TPUCTL_CONFIG``, else ``$XDG_CONFIG_HOME/tpuctl/config.yaml``) > defaults.
+
+Nothing here is read at import: ``load_settings(flags)`` builds a ``Settings`` for one command, and the
+caller passes it on. Bad values raise ``ConfigError`` (from the config file: names the file, the field,
+the value and the fix) or ``UsageError`` (from a flag or the environment).
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import re
+from collections.abc import Mapping
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+import yaml
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+from tpuctl.catalog import CapacityType, validate_zone
+from tpuctl.errors import ConfigError, TpuctlError, UsageError
+
+DEFAULT_PROFILE = "default"
+_REGION_RE = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")
+_LABEL_VALUE_RE = re.compile(r"[^a-z0-9_-]")
+
+
+class Backend(StrEnum):
+    SIM = "sim"
+    GCP = "gcp"
+
+
+class OutputFormat(StrEnum):
+    TABLE = "table"
+    JSON = "json"
+    YAML = "yaml"
+    CSV = "csv"
+
+
+def _split_list(value: Any) -> Any:
+    # Environment variables hold lists as "a,b"; YAML and flags give real lists.
+    if isinstance(value, str):
+        return [item.strip() for item in value.split(",") if item.strip()]
+    return value
+
+
+def _check_zones(zones: list[str]) -> list[str]:
+    for zone in zones:
+        try:
+            validate_zone(zone)
+        except UsageError as exc:
+            raise ValueError(f"malformed zone {zone!r}: {exc.fix}") from None
+    return zones
+
+
+def _check_region(region: str | None) -> str | None:
+    if region is not None and not _REGION_RE.match(region):
+        raise ValueError(f"malformed region {region!r}: a region looks like us-central1")
+    return region
+
+
+class Profile(BaseModel):
+    """What one profile of the config file may set. Unknown keys are an error (typos are caught)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    backend: Backend | None = None
+    project: str | None = None
+    zones: list[str] | None = None
+    region: str | None = None
+    capacity_types: list[CapacityType] | None = None
+    max_price: float | None = Field(default=None, gt=0)
+    monthly_budget: float | None = Field(default=None, gt=0)
+    state_dir: Path | None = None
+    sim_world: Path | None = None
+    output: OutputFormat | None = None
+    owner: str | None = None
+
+    _zones = field_validator("zones")(lambda cls, v: v if v is None else _check_zones(v))
+    _region = field_validator("region")(lambda cls, v: _check_region(v))
+
+    @field_validator("capacity_types", mode="before")
+    @classmethod
+    def _normalize_capacity(cls, value: Any) -> Any:
+        value = _split_list(value)
+        if isinstance(value, list):
+            return [str(v).strip().lower().replace("_", "-") for v in value]
+        return value
+
+
+def default_config_path(environ: Mapping[str, str]) -> Path:
+    if environ.get("TPUCTL_CONFIG"):
+        return Path(environ["TPUCTL_CONFIG"]).expanduser()
+    base = environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "tpuctl" / "config.yaml"
+
+
+def default_state_dir(environ: Mapping[str, str]) -> Path:
+    base = environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "tpuctl"
+
+
+def read_profile(path: Path, profile: str | None, *, explicit: bool) -> Profile:
+    """The named profile from the config file at ``path`` (None: the file's ``default_profile``).
+
+    A missing file is fine unless it was named explicitly (flag or TPUCTL_CONFIG) or a non-default profile
+    was asked for; a broken file, an unknown profile or a bad field is a ConfigError naming all of it.
+    """
+    where = str(path)
+    if not path.exists():
+        profile = profile or DEFAULT_PROFILE
+        if explicit:
+            raise ConfigError(
+                f"config file {where} does not exist",
+                path=where,
+                fix="create it (see configs/config.example.yaml) or point TPUCTL_CONFIG at an existing file",
+            )
+        if profile != DEFAULT_PROFILE:
+            raise ConfigError(
+                f"unknown profile {profile!r}: no config file at {where}",
+                path=where,
+                field="profile",
+                value=profile,
+                fix="create the config file with that profile, or drop --profile",
+            )
+        return Profile()
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise ConfigError(
+            f"config file {where} is not valid YAML{at}",
+            path=where,
+            fix="fix the YAML syntax (indentation, colons, quotes) at that spot",
+        ) from None
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot read config file {where}: {exc.strerror}",
+            path=where,
+            fix="check the path and its permissions",
+        ) from None
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"config file {where} must be a mapping with a 'profiles' key",
+            path=where,
+            fix="see configs/config.example.yaml",
+        )
+    profile = profile or str(data.get("default_profile") or DEFAULT_PROFILE)
+    profiles = data.get("profiles") or {}
+    if not isinstance(profiles, dict):
+        raise ConfigError(
+            f"'profiles' in {where} must be a mapping of profile names to settings",
+            path=where,
+            field="profiles",
+            fix="see configs/config.example.yaml",
+        )
+    if profile not in profiles:
+        if profile == DEFAULT_PROFILE and "default_profile" not in data:
+            return Profile()
+        known = ", ".join(sorted(profiles)) or "none"
+        raise ConfigError(
+            f"unknown profile {profile!r} in {where}",
+            path=where,
+            field="profile",
+            value=profile,
+            fix=f"use one of the profiles defined there ({known})",
+        )
+    raw = profiles[profile] or {}
+    if not isinstance(raw, dict):
+        raise ConfigError(
+            f"profile {profile!r} in {where} must be a mapping",
+            path=where,
+            field=f"profiles.{profile}",
+            fix="see configs/config.example.yaml",
+        )
+    try:
+        return Profile.model_validate(raw)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"])
+        raise ConfigError(
+            f"invalid value {err.get('input')!r} for profiles.{profile}.{loc} in {where}: {err['msg']}",
+            path=where,
+            field=f"profiles.{profile}.{loc}",
+            value=err.get("input"),
+            fix=_fix_for(loc, err["msg"]),
+        ) from None
+
+
+def _fix_for(field: str, message: str) -> str:
+    hints = {
+        "backend": "use backend: sim or backend: gcp",
+        "capacity_types": "use a list of: " + ", ".join(c.value for c in CapacityType),
+        "max_price": "give a positive number of USD per hour, e.g. 20",
+        "monthly_budget": "give a positive number of USD, e.g. 5000",
+        "output": "use one of: " + ", ".join(f.value for f in OutputFormat),
+        "zones": "zones look like us-central1-a; `tpuctl catalog zones` lists them",
+        "region": "a region looks like us-central1",
+    }
+    top = field.split(".")[0]
+    if "extra" in message.lower() or "not permitted" in message.lower():
+        return f"remove the unknown key {field!r}; allowed: " + ", ".join(Profile.model_fields)
+    return hints.get(top, f"fix the value of {field}")
+
+
+class _ProfileSource(PydanticBaseSettingsSource):
+    """Settings from the chosen profile of the YAML config file (below flags and environment)."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        # Unused: __call__ returns the whole profile at once.
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        # current_state holds what the flags and the environment already decided, so the profile name and
+        # the config path follow the same precedence as everything else.
+        state = self.current_state
+        profile = state.get("profile")
+        explicit = state.get("config_file") is not None
+        path = Path(state["config_file"]) if explicit else default_config_path(os.environ)
+        explicit = explicit or bool(os.environ.get("TPUCTL_CONFIG"))
+        chosen = str(profile) if profile else None
+        values = read_profile(path, chosen, explicit=explicit).model_dump(exclude_none=True)
+        values["config_file"] = path
+        return values
+
+
+class Settings(BaseSettings):
+    """The settings in force for one command. Build with ``load_settings``."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="TPUCTL_", extra="ignore", populate_by_name=True, validate_default=False
+    )
+
+    profile: str | None = None  # None: the config file's default_profile, else "default"
+    config_file: Path | None = None
+    backend: Backend | None = None
+    project: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices(
+            "project", "TPUCTL_PROJECT", "CLOUDSDK_CORE_PROJECT", "GOOGLE_CLOUD_PROJECT"
+        ),
+    )
+    zones: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    region: str | None = None
+    capacity_types: Annotated[list[CapacityType], NoDecode] = Field(default_factory=list)
+    max_price: float | None = Field(default=None, gt=0)
+    monthly_budget: float | None = Field(default=None, gt=0)
+    state_dir: Path | None = None
+    sim_world: Path | None = None
+    # An already running simulator (`tpuctl sim serve`) to talk to instead of starting one in-process.
+    sim_url: str | None = None
+    output: OutputFormat = OutputFormat.TABLE
+    owner: str | None = None
+
+    @field_validator("zones", mode="before")
+    @classmethod
+    def _zones_from_env(cls, value: Any) -> Any:
+        return _split_list(value)
+
+    @field_validator("zones")
+    @classmethod
+    def _zones_valid(cls, value: list[str]) -> list[str]:
+        return _check_zones(value)
+
+    @field_validator("region")
+    @classmethod
+    def _region_valid(cls, value: str | None) -> str | None:
+        return _check_region(value)
+
+    @field_validator("capacity_types", mode="before")
+    @classmethod
+    def _capacity_from_env(cls, value: Any) -> Any:
+        return Profile._normalize_capacity(value)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, _ProfileSource(settings_cls))
+
+    # --- derived ---------------------------------------------------------------------------------
+
+    @property
+    def resolved_backend(self) -> Backend:
+        """sim unless GCP was chosen: explicitly, or by giving a project."""
+        if self.backend is not None:
+            return self.backend
+        return Backend.GCP if self.project else Backend.SIM
+
+    @property
+    def resolved_state_dir(self) -> Path:
+        return (self.state_dir or default_state_dir(os.environ)).expanduser()
+
+    @property
+    def resolved_owner(self) -> str:
+        """The owner label value: lowercase letters, digits, - and _ only (GCP label rules)."""
+        raw = self.owner or os.environ.get("USER") or _safe_getuser()
+        value = _LABEL_VALUE_RE.sub("-", raw.lower())[:63]
+        return value or "unknown"
+
+
+def _safe_getuser() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "unknown"
+
+
+_FLAG_NAMES = {
+    "project": "--project",
+    "zones": "--zone",
+    "region": "--region",
+    "capacity_types": "--capacity-type",
+    "max_price": "--max-price",
+    "monthly_budget": "monthly_budget",
+    "profile": "--profile",
+    "backend": "--backend",
+    "output": "-o/--output",
+    "state_dir": "--state-dir",
+    "config_file": "--config",
+}
+
+
+def load_settings(flags: Mapping[str, Any] | None = None) -> Settings:
+    """Settings for one command: ``flags`` holds only the flags the user gave (None values are dropped)."""
+    given = {k: v for k, v in (flags or {}).items() if v is not None and v != [] and v != ()}
+    try:
+        settings = Settings(**given)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = str(err["loc"][0]) if err["loc"] else "settings"
+        source = _FLAG_NAMES.get(field, field) if field in given else f"TPUCTL_{field.upper()}"
+        raise UsageError(
+            f"invalid value {err.get('input')!r} for {source}: {err['msg']}",
+            field=source,
+            value=err.get("input"),
+            fix=_fix_for(field, err["msg"]),
+        ) from None
+    except TpuctlError:
+        raise
+    if settings.resolved_backend is Backend.GCP and not settings.project:
+        raise ConfigError(
+            "backend gcp needs a project",
+            path=str(settings.config_file) if settings.config_file else None,
+            field="project",
+            fix="pass --project ID, set GOOGLE_CLOUD_PROJECT, or set project: in the profile",
+        )
+    return settings
