@@ -1,0 +1,155 @@
+"""Per-command plumbing for the CLI: merge global and command options into Settings, open the session,
+print the backend marker, and map exceptions to exit codes."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+from tpuctl.cli.render import Output
+
+if TYPE_CHECKING:
+    from tpuctl.services.session import Session
+    from tpuctl.settings import Settings
+
+OUTPUT_FORMATS = ("table", "json", "yaml", "csv")
+
+
+@dataclass
+class GlobalOptions:
+    """The options given before the command (commands merge them with their own), and the Output the
+    command chose, so that an error raised anywhere is rendered in the format the user asked for."""
+
+    profile: str | None = None
+    project: str | None = None
+    output: str | None = None
+    dry_run: bool = False
+    yes: bool = False
+    state_dir: Path | None = None
+    config: Path | None = None
+    backend: str | None = None
+    current_output: Output | None = None
+
+
+def global_options(ctx: typer.Context) -> GlobalOptions:
+    obj = ctx.find_root().obj
+    if not isinstance(obj, GlobalOptions):
+        obj = GlobalOptions()
+        ctx.find_root().obj = obj
+    return obj
+
+
+def output_format(ctx: typer.Context, command_output: str | None) -> str:
+    fmt = command_output or global_options(ctx).output or os.environ.get("TPUCTL_OUTPUT") or "table"
+    if fmt not in OUTPUT_FORMATS:
+        from tpuctl.errors import UsageError
+
+        raise UsageError(
+            f"unknown output format {fmt!r}",
+            field="-o/--output",
+            value=fmt,
+            fix="use one of: " + ", ".join(OUTPUT_FORMATS),
+        )
+    return fmt
+
+
+def make_output(ctx: typer.Context, command_output: str | None) -> Output:
+    # Record the chosen format early so an error raised later is rendered in it.
+    out = Output(fmt=output_format(ctx, command_output))
+    global_options(ctx).current_output = out
+    return out
+
+
+def build_settings(ctx: typer.Context, **flags: Any) -> Settings:
+    from tpuctl.settings import load_settings
+
+    opts = global_options(ctx)
+    merged: dict[str, Any] = {
+        "profile": opts.profile,
+        "project": opts.project,
+        "state_dir": opts.state_dir,
+        "config_file": opts.config,
+        "backend": opts.backend,
+    }
+    merged.update({k: v for k, v in flags.items() if v is not None})
+    return load_settings(merged)
+
+
+def is_dry_run(ctx: typer.Context, command_dry_run: bool) -> bool:
+    return command_dry_run or bool(global_options(ctx).dry_run)
+
+
+def assume_yes(ctx: typer.Context, command_yes: bool) -> bool:
+    return command_yes or bool(global_options(ctx).yes)
+
+
+@contextmanager
+def session(ctx: typer.Context, out: Output, **flags: Any) -> Iterator[Session]:
+    """Open the backend for one command and say which it is."""
+    from tpuctl.services.session import open_session
+
+    settings = build_settings(ctx, **flags)
+    with open_session(settings) as sess:
+        detail = f", state {_home(sess.state_dir)}" if sess.backend.value == "sim" else ""
+        out.backend_banner(sess.backend.value, sess.project, detail)
+        yield sess
+
+
+def _home(path: Path) -> str:
+    try:
+        return "~/" + str(path.relative_to(Path.home()))
+    except ValueError:
+        return str(path)
+
+
+def exit_code_for(exc: BaseException, argv: list[str], opts: GlobalOptions) -> int:
+    """Render ``exc`` and return the exit code: tpuctl errors by class, usage errors 2, Ctrl-C 130."""
+    from tpuctl.errors import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, TpuctlError, UsageError
+
+    out = opts.current_output or _output_from_argv(argv)
+    if isinstance(exc, (typer.Abort, KeyboardInterrupt)):
+        out.err.print("[red]interrupted[/]")
+        return EXIT_INTERRUPTED
+    if isinstance(exc, typer.Exit):
+        return exc.exit_code
+    if isinstance(exc, typer.TyperException):
+        # Typer's own usage errors (missing argument, unknown option): one line, exit 2, no traceback.
+        if type(exc).__name__ == "NoArgsIsHelpError":
+            out.err.print(exc.format_message(), markup=False, highlight=False)
+            return EXIT_USAGE
+        command_ctx = getattr(exc, "ctx", None)
+        hint = f"{command_ctx.command_path} --help" if command_ctx is not None else "tpuctl --help"
+        if exc.exit_code == EXIT_USAGE:
+            out.error(UsageError(exc.format_message(), fix=f"see `{hint}`"))
+            return EXIT_USAGE
+        out.error(TpuctlError(exc.format_message()))
+        return exc.exit_code or EXIT_ERROR
+    if isinstance(exc, TpuctlError):
+        out.error(exc)
+        return exc.exit_code
+    # A bug: say so plainly, with the type, and where to see the traceback.
+    if os.environ.get("TPUCTL_DEBUG"):
+        import traceback
+
+        traceback.print_exception(exc)
+    out.error(
+        TpuctlError(
+            f"internal error: {type(exc).__name__}: {exc}",
+            fix="re-run with TPUCTL_DEBUG=1 for the traceback and report it",
+        )
+    )
+    return EXIT_ERROR
+
+
+def _output_from_argv(argv: list[str]) -> Output:
+    fmt = "table"
+    for i, arg in enumerate(argv):
+        if arg in ("-o", "--output") and i + 1 < len(argv) and argv[i + 1] in OUTPUT_FORMATS:
+            fmt = argv[i + 1]
+    return Output(fmt=fmt)

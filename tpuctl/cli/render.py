@@ -1,0 +1,212 @@
+"""Rendering for the CLI: tables (rich), JSON, YAML and CSV, the backend marker, and progress.
+
+Machine formats go to stdout and nothing else does; human notes (the sim marker, progress, warnings) go
+to stderr, so `tpuctl ... -o json | jq` always sees clean JSON.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import sys
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.status import Status
+
+    from tpuctl.errors import TpuctlError
+
+
+@dataclass
+class Output:
+    """Where and how one command writes. ``fmt`` is table | json | yaml | csv."""
+
+    fmt: str = "table"
+    backend: str | None = None
+    project: str | None = None
+    _stdout: Console | None = field(default=None, repr=False)
+    _stderr: Console | None = field(default=None, repr=False)
+
+    @property
+    def machine(self) -> bool:
+        return self.fmt in ("json", "yaml", "csv")
+
+    @property
+    def out(self) -> Console:
+        if self._stdout is None:
+            from rich.console import Console
+
+            self._stdout = Console(highlight=False, soft_wrap=True)
+        return self._stdout
+
+    @property
+    def err(self) -> Console:
+        if self._stderr is None:
+            from rich.console import Console
+
+            self._stderr = Console(stderr=True, highlight=False, soft_wrap=True)
+        return self._stderr
+
+    # --- the backend marker -------------------------------------------------------------------------
+
+    def backend_banner(self, backend: str, project: str, detail: str = "") -> None:
+        """Say on every command which backend it talks to: a visible `sim` marker for the simulator."""
+        self.backend = backend
+        self.project = project
+        if self.machine:
+            return
+        if backend == "sim":
+            self.err.print(f"[black on yellow] sim [/] simulated TPU cloud (project {project}){detail}")
+        else:
+            self.err.print(f"[white on blue] gcp [/] project {project}{detail}")
+
+    def envelope(self, **data: Any) -> dict[str, Any]:
+        """JSON/YAML documents always carry the backend and project first."""
+        head = {"backend": self.backend, "project": self.project} if self.backend else {}
+        return {**head, **data}
+
+    # --- documents ----------------------------------------------------------------------------------
+
+    def document(self, data: dict[str, Any]) -> None:
+        """Write a machine document (json or yaml) to stdout."""
+        if self.fmt == "yaml":
+            import yaml
+
+            sys.stdout.write(yaml.safe_dump(_plain(data), sort_keys=False))
+        else:
+            sys.stdout.write(json.dumps(_plain(data), indent=2, sort_keys=False) + "\n")
+        sys.stdout.flush()
+
+    def rows(
+        self,
+        title: str,
+        columns: Sequence[str],
+        rows: Iterable[Sequence[Any]],
+        *,
+        key: str,
+        records: list[dict[str, Any]],
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        """Render a list: a rich table, a CSV, or a JSON/YAML document ``{..., key: records}``."""
+        if self.fmt in ("json", "yaml"):
+            self.document(self.envelope(**{key: records}, **(extra or {})))
+            return
+        if self.fmt == "csv":
+            buf = io.StringIO()
+            writer = csv.writer(buf, lineterminator="\n")
+            writer.writerow(columns)
+            for row in rows:
+                writer.writerow(["" if v is None else v for v in row])
+            sys.stdout.write(buf.getvalue())
+            return
+        from rich.table import Table
+
+        table = Table(title=title, title_justify="left", header_style="bold")
+        for column in columns:
+            table.add_column(column)
+        count = 0
+        for row in rows:
+            table.add_row(*("-" if v is None else str(v) for v in row))
+            count += 1
+        if count == 0:
+            self.out.print(f"{title}: none")
+            return
+        self.out.print(table)
+
+    def fields(self, title: str, data: dict[str, Any]) -> None:
+        """Render one object: key/value lines, or the JSON/YAML document."""
+        if self.machine:
+            self.document(self.envelope(**data))
+            return
+        from rich.table import Table
+
+        table = Table(title=title, title_justify="left", show_header=False, box=None)
+        table.add_column(style="bold")
+        table.add_column()
+        for key, value in data.items():
+            if isinstance(value, (list, dict)):
+                value = json.dumps(value) if value else "-"
+            table.add_row(key, "-" if value is None else str(value))
+        self.out.print(table)
+
+    def note(self, message: str) -> None:
+        if not self.machine:
+            self.err.print(message)
+
+    def warn(self, message: str) -> None:
+        self.err.print(f"[yellow]warning:[/] {message}")
+
+    def error(self, exc: TpuctlError) -> None:
+        """An error: a JSON document on stdout for machine formats, always a one-line message on stderr."""
+        if self.fmt in ("json", "yaml"):
+            self.document(self.envelope(**exc.to_dict()))
+        line = f"[red]error:[/] {_escape(exc.message)}"
+        if exc.fix:
+            line += f"\n[dim]fix:[/] {_escape(exc.fix)}"
+        self.err.print(line)
+
+    @contextmanager
+    def progress(self, description: str) -> Iterator[Progress]:
+        """A spinner on stderr while something slow runs (not shown for machine formats)."""
+        reporter = Progress(self, description)
+        try:
+            yield reporter
+        finally:
+            reporter.stop()
+
+
+class Progress:
+    """Implements ``tpuctl.cloud.base.OperationProgress`` with a rich status line on stderr."""
+
+    def __init__(self, output: Output, description: str) -> None:
+        self._output = output
+        self._description = description
+        self._status: Status | None = None
+        self._started = time.monotonic()
+        if not output.machine and output.err.is_terminal:
+            self._status = output.err.status(description)
+            self._status.start()
+
+    def update(self, description: str, *, elapsed_s: float) -> None:
+        if self._status is not None:
+            self._status.update(f"{self._description}: {_escape(description)} ({elapsed_s:.1f} s)")
+
+    def stop(self) -> None:
+        if self._status is not None:
+            self._status.stop()
+            self._status = None
+
+    @property
+    def elapsed_s(self) -> float:
+        return time.monotonic() - self._started
+
+
+def _escape(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)
+
+
+def _plain(value: Any) -> Any:
+    """Make a value JSON/YAML-safe: enums to values, paths and datetimes to strings."""
+    from datetime import datetime
+    from enum import Enum
+    from pathlib import Path
+
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, datetime):
+        return value.isoformat()
+    return value

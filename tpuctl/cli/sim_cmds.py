@@ -1,0 +1,176 @@
+"""`tpuctl sim ...`: run and steer the built-in simulated TPU cloud."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from tpuctl.cli.context import build_settings, make_output
+from tpuctl.cli.options import OutputOpt, ZoneOpt
+
+if TYPE_CHECKING:
+    from tpuctl.sim import SimAdminClient
+
+app = typer.Typer(help="Run and steer the built-in simulated TPU cloud.", no_args_is_help=True)
+
+
+@contextmanager
+def _admin(ctx: typer.Context) -> Iterator[SimAdminClient]:
+    """An admin client for the simulator: the running one (sim_url) or one started for this command."""
+    from tpuctl.sim import SimAdminClient, SimServer, load_world
+    from tpuctl.store.paths import ensure_private_dir
+
+    settings = build_settings(ctx, backend="sim")
+    if settings.sim_url:
+        client = SimAdminClient(settings.sim_url)
+        try:
+            yield client
+        finally:
+            client.close()
+        return
+    world = load_world(settings.sim_world) if settings.sim_world else None
+    server = SimServer(ensure_private_dir(settings.resolved_state_dir), world)
+    url = server.start()
+    client = SimAdminClient(url)
+    try:
+        yield client
+    finally:
+        client.close()
+        server.stop()
+
+
+@app.command("serve")
+def serve(
+    ctx: typer.Context,
+    port: Annotated[int, typer.Option("--port", help="Port on 127.0.0.1 (0: any free port).")] = 8470,
+) -> None:
+    """Run the simulator in the foreground on 127.0.0.1 until Ctrl-C.
+
+    Point other commands at it with TPUCTL_SIM_URL=http://127.0.0.1:PORT.
+    """
+    import time
+
+    from tpuctl.errors import UsageError
+    from tpuctl.sim import SimServer, load_world
+    from tpuctl.store.paths import ensure_private_dir
+
+    if not 0 <= port <= 65535:
+        raise UsageError(f"invalid port {port}", field="--port", value=port, fix="use 0-65535")
+    out = make_output(ctx, None)
+    settings = build_settings(ctx, backend="sim")
+    world = load_world(settings.sim_world) if settings.sim_world else None
+    server = SimServer(ensure_private_dir(settings.resolved_state_dir), world, port=port)
+    url = server.start()
+    out.err.print(f"[black on yellow] sim [/] simulated TPU cloud serving on {url} (Ctrl-C to stop)")
+    out.err.print(f"use it from other shells with: export TPUCTL_SIM_URL={url}")
+    try:
+        while True:
+            time.sleep(3600)
+    finally:
+        server.stop()
+
+
+@app.command("status")
+def status(ctx: typer.Context, output: OutputOpt = None) -> None:
+    """Zones, capacity in use and free, stockouts, nodes and the simulated clock."""
+    out = make_output(ctx, output)
+    with _admin(ctx) as admin:
+        data = admin.status()
+    if out.machine:
+        out.document({"backend": "sim", **data})
+        return
+    out.backend_banner("sim", str(data.get("project", "")))
+    zones: list[dict[str, Any]] = data.get("zones", [])
+    out.rows(
+        "zones",
+        ("ZONE", "STOCKOUT", "CAPACITY"),
+        ((z.get("zone"), "yes" if z.get("stockout") else "", _capacity(z)) for z in zones),
+        key="zones",
+        records=zones,
+    )
+    nodes: list[dict[str, Any]] = data.get("nodes", [])
+    out.rows(
+        "nodes",
+        ("NAME", "ZONE", "TYPE", "STATE"),
+        ((n.get("name"), n.get("zone"), n.get("accelerator_type"), n.get("state")) for n in nodes),
+        key="nodes",
+        records=nodes,
+    )
+
+
+def _capacity(zone: dict[str, Any]) -> str:
+    capacity = zone.get("capacity")
+    if not isinstance(capacity, dict):
+        return str(capacity or "")
+    parts = []
+    for gen, classes in sorted(capacity.items()):
+        if isinstance(classes, dict):
+            inner = ", ".join(f"{k} {v}" for k, v in classes.items())
+            parts.append(f"{gen}: {inner}")
+    return "; ".join(parts)
+
+
+@app.command("reset")
+def reset(
+    ctx: typer.Context,
+    yes: Annotated[bool, typer.Option("-y", "--yes", help="Do not ask for confirmation.")] = False,
+) -> None:
+    """Forget every simulated node, queued resource and operation (the ledger is kept)."""
+    from tpuctl.cli.context import assume_yes
+
+    out = make_output(ctx, None)
+    if not assume_yes(ctx, yes):
+        typer.confirm("reset the simulator, deleting every simulated slice?", abort=True)
+    with _admin(ctx) as admin:
+        admin.reset()
+    out.note("simulator reset")
+
+
+@app.command("preempt")
+def preempt(
+    ctx: typer.Context,
+    pod: Annotated[str, typer.Argument(help="The slice to preempt.")],
+    zone: ZoneOpt = None,
+    notice: Annotated[
+        bool,
+        typer.Option("--notice/--no-notice", help="Give the 30 s notice (SIGTERM + metadata flag) first."),
+    ] = True,
+) -> None:
+    """Preempt a simulated slice now, as GCP would."""
+    out = make_output(ctx, None)
+    with _admin(ctx) as admin:
+        chosen_zone = zone or _zone_of(admin, pod)
+        admin.preempt(chosen_zone, pod, notice=notice)
+    out.note(f"preempted {pod} in {chosen_zone}" + (" with notice" if notice else " without notice"))
+
+
+def _zone_of(admin: SimAdminClient, pod: str) -> str:
+    from tpuctl.errors import NotFoundError, UsageError
+
+    zones = sorted({str(n.get("zone")) for n in admin.status().get("nodes", []) if n.get("name") == pod})
+    if not zones:
+        raise NotFoundError(f"no simulated slice named {pod!r}", fix="`tpuctl pod list` shows the slices")
+    if len(zones) > 1:
+        raise UsageError(
+            f"{pod!r} exists in several zones ({', '.join(zones)})", field="--zone", fix="pass --zone"
+        )
+    return zones[0]
+
+
+@app.command("stockout")
+def stockout(
+    ctx: typer.Context,
+    zone: Annotated[str, typer.Argument(help="Zone to stock out, e.g. us-central1-a.")],
+    clear: Annotated[bool, typer.Option("--clear", help="End the stockout.")] = False,
+) -> None:
+    """Make a simulated zone have no capacity (or restore it with --clear)."""
+    from tpuctl.catalog import validate_zone
+
+    out = make_output(ctx, None)
+    validate_zone(zone, field_name="ZONE")
+    with _admin(ctx) as admin:
+        admin.stockout(zone, clear=clear)
+    out.note(f"{zone}: " + ("stockout cleared" if clear else "stocked out"))

@@ -1,0 +1,116 @@
+"""Quota: limits from Cloud Quotas, usage from the slices that exist, per quota id and location.
+
+Usage is counted from the live listing (every node in any state holds quota until deleted, a PREEMPTED one
+included) and from queued resources that hold quota while SUSPENDED or FAILED.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from tpuctl.catalog import AcceleratorType, CapacityType, Catalog, region_of_zone
+from tpuctl.cloud.base import Node, QuotaLimit, TpuCloud
+from tpuctl.errors import UsageError
+
+
+@dataclass(frozen=True)
+class QuotaUse:
+    """One quota at one location: its limit, what the existing slices use, and what is left."""
+
+    quota_id: str
+    scope: str  # "zone" | "region"
+    location: str
+    limit: int  # -1: unlimited
+    in_use: int
+    unit: str  # "chips" | "cores"
+    preempted_holding: int = 0  # of in_use, units held by PREEMPTED slices (freed by deleting them)
+
+    @property
+    def available(self) -> int | None:
+        return None if self.limit < 0 else max(self.limit - self.in_use, 0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "quota_id": self.quota_id,
+            "scope": self.scope,
+            "location": self.location,
+            "limit": self.limit,
+            "in_use": self.in_use,
+            "available": self.available,
+            "unit": self.unit,
+            "preempted_holding": self.preempted_holding,
+        }
+
+
+class QuotaBook:
+    """Limits and usage, looked up by (quota id, location). Built from one listing: a snapshot."""
+
+    def __init__(self, catalog: Catalog, limits: Iterable[QuotaLimit], nodes: Iterable[Node]) -> None:
+        self._catalog = catalog
+        self._limits: dict[tuple[str, str], QuotaLimit] = {}
+        for limit in limits:
+            location = limit.zone or limit.region
+            if location:
+                self._limits[(limit.quota_id, location)] = limit
+        self._use: dict[tuple[str, str], int] = defaultdict(int)
+        self._preempted: dict[tuple[str, str], int] = defaultdict(int)
+        for node in nodes:
+            accel = self._resolve(node.accelerator_type)
+            if accel is None:
+                continue
+            for key in self.keys_for(accel, node.zone, node.capacity):
+                self._use[key] += accel.quota_units
+                if node.state == "PREEMPTED":
+                    self._preempted[key] += accel.quota_units
+
+    @classmethod
+    def from_cloud(cls, cloud: TpuCloud, catalog: Catalog) -> QuotaBook:
+        return cls(catalog, cloud.quota_limits(), cloud.list_nodes(None))
+
+    def _resolve(self, api_name: str) -> AcceleratorType | None:
+        try:
+            return self._catalog.resolve(api_name)
+        except UsageError:
+            return None
+
+    @staticmethod
+    def keys_for(accel: AcceleratorType, zone: str, capacity: CapacityType) -> list[tuple[str, str]]:
+        """The (quota id, location) pairs a slice of this type and capacity in ``zone`` draws on."""
+        keys = []
+        for scope, location in (("zone", zone), ("region", region_of_zone(zone))):
+            quota_id = accel.generation.quota_id(capacity, scope)
+            if quota_id is not None:
+                keys.append((quota_id, location))
+        return keys
+
+    def use(self, quota_id: str, location: str, unit: str = "chips") -> QuotaUse:
+        limit = self._limits.get((quota_id, location))
+        scope = "zone" if location.count("-") >= 2 else "region"
+        return QuotaUse(
+            quota_id=quota_id,
+            scope=scope,
+            location=location,
+            # An id the quota service does not list is treated as zero quota, as GCP does.
+            limit=limit.limit if limit is not None else 0,
+            in_use=self._use.get((quota_id, location), 0),
+            unit=unit,
+            preempted_holding=self._preempted.get((quota_id, location), 0),
+        )
+
+    def uses_for(self, accel: AcceleratorType, zone: str, capacity: CapacityType) -> list[QuotaUse]:
+        unit = accel.generation.quota_unit
+        return [self.use(qid, loc, unit) for qid, loc in self.keys_for(accel, zone, capacity)]
+
+    def all_uses(self) -> list[QuotaUse]:
+        keys = set(self._limits) | set(self._use)
+        units = {}
+        for gen in self._catalog.generations.values():
+            for capacity in (CapacityType.ON_DEMAND, CapacityType.SPOT):
+                for scope in ("zone", "region"):
+                    qid = gen.quota_id(capacity, scope)
+                    if qid:
+                        units[qid] = gen.quota_unit
+        return [self.use(qid, loc, units.get(qid, "chips")) for qid, loc in sorted(keys)]
