@@ -1,0 +1,122 @@
+from __future__ import annotations
+
+import pytest
+
+from tpuctl.catalog import CapacityType, Catalog, region_of_zone, validate_zone
+from tpuctl.errors import UnknownAcceleratorError, UsageError
+
+
+@pytest.fixture(scope="module")
+def catalog() -> Catalog:
+    return Catalog.load()
+
+
+@pytest.mark.parametrize(
+    ("name", "api_name", "topology", "chips", "hosts", "chips_per_host"),
+    [
+        ("v5e-64", "v5litepod-64", "8x8", 64, 16, 4),
+        ("v5litepod-64", "v5litepod-64", "8x8", 64, 16, 4),
+        ("V5LITE_POD-16", "v5litepod-16", "4x4", 16, 4, 4),
+        ("v5e-8", "v5litepod-8", "2x4", 8, 1, 8),
+        ("v5e-1", "v5litepod-1", "1x1", 1, 1, 1),
+        ("v6e-8", "v6e-8", "2x4", 8, 1, 8),
+        ("v6e-256", "v6e-256", "16x16", 256, 64, 4),
+        ("v5p-128", "v5p-128", "4x4x4", 64, 16, 4),  # N counts TensorCores, 2 per chip
+        ("v5p-8", "v5p-8", "2x2x1", 4, 1, 4),
+        ("v4-32", "v4-32", "2x2x4", 16, 4, 4),
+        ("v3-8", "v3-8", "2x2", 4, 1, 4),
+        ("v2-32", "v2-32", "4x4", 16, 4, 4),
+    ],
+)
+def test_resolve_friendly_and_api_names(
+    catalog: Catalog, name: str, api_name: str, topology: str, chips: int, hosts: int, chips_per_host: int
+) -> None:
+    accel = catalog.resolve(name)
+    assert (accel.api_name, accel.topology, accel.chips, accel.hosts, accel.chips_per_host) == (
+        api_name,
+        topology,
+        chips,
+        hosts,
+        chips_per_host,
+    )
+
+
+def test_invalid_size_lists_valid_sizes(catalog: Catalog) -> None:
+    with pytest.raises(UnknownAcceleratorError) as info:
+        catalog.resolve("v5e-48")
+    assert "48" in info.value.message
+    assert info.value.fix is not None
+    assert "v5e-64" in info.value.fix and "v5e-256" in info.value.fix
+    assert info.value.exit_code == 2
+
+
+@pytest.mark.parametrize("name", ["v9-8", "tpu", "v5e", "v5e-", "-8", "v5e-8x"])
+def test_unknown_types_are_usage_errors(catalog: Catalog, name: str) -> None:
+    with pytest.raises(UnknownAcceleratorError) as info:
+        catalog.resolve(name)
+    assert info.value.value == name
+
+
+def test_every_generation_of_the_v2_api_is_present(catalog: Catalog) -> None:
+    assert {g.api_enum for g in catalog.generations.values()} == {"V2", "V3", "V4", "V5LITE_POD", "V5P", "V6E"}
+    for gen in catalog.generations.values():
+        assert gen.zones, gen.name
+        assert gen.runtime_version
+        assert gen.peak_bf16_tflops_per_chip > 0
+        for accel in catalog.types(gen.name):
+            # Topology and chips agree: the product of the topology's dimensions is the chip count.
+            dims = [int(d) for d in accel.topology.split("x")]
+            product = 1
+            for d in dims:
+                product *= d
+            assert product == accel.chips, accel.api_name
+            assert accel.hosts * accel.chips_per_host == accel.chips, accel.api_name
+
+
+def test_prices_match_the_fact_sheet(catalog: Catalog) -> None:
+    v5e64 = catalog.resolve("v5e-64")
+    assert catalog.price_per_chip_hour(v5e64, "us-central1-a", CapacityType.SPOT) == pytest.approx(0.245)
+    assert catalog.price_per_chip_hour(v5e64, "us-central1-a", CapacityType.PREEMPTIBLE) == pytest.approx(0.245)
+    assert catalog.price_per_chip_hour(v5e64, "us-central1-a", CapacityType.ON_DEMAND) == pytest.approx(1.20)
+    assert catalog.price_per_hour(v5e64, "us-central1-a", CapacityType.SPOT) == pytest.approx(64 * 0.245)
+    v6e8 = catalog.resolve("v6e-8")
+    assert catalog.price_per_hour(v6e8, "us-east5-b", CapacityType.SPOT, slices=2) == pytest.approx(2 * 8 * 1.215)
+    assert catalog.price_per_chip_hour(v5e64, "us-west1-c", CapacityType.SPOT) is None
+    assert catalog.prices.source and catalog.prices.date
+
+
+def test_quota_ids_and_units(catalog: Catalog) -> None:
+    v5e = catalog.resolve("v5e-64")
+    assert v5e.generation.quota_id(CapacityType.SPOT, "region") == "TPUV5sPreemptibleLitepodPerProjectPerRegionForTPUAPI"
+    assert v5e.generation.quota_id(CapacityType.ON_DEMAND, "zone") == "TPUV5sLitepodPerProjectPerZoneForTPUAPI"
+    assert v5e.generation.quota_id(CapacityType.RESERVED, "zone") is None
+    assert v5e.quota_units == 64
+    assert catalog.resolve("v5p-8").quota_units == 8  # counted in TensorCores
+    assert catalog.resolve("v6e-8").generation.quota_id(CapacityType.PREEMPTIBLE, "region") == (
+        "TPUV6EPreemptiblePerProjectPerRegionForTPUAPI"
+    )
+
+
+@pytest.mark.parametrize("zone", ["us-central1-a", "europe-west4-b", "us-central1-ai1a", "asia-northeast1-b"])
+def test_valid_zones(zone: str) -> None:
+    assert validate_zone(zone) == zone
+
+
+def test_region_of_zone() -> None:
+    assert region_of_zone("us-central1-a") == "us-central1"
+
+
+@pytest.mark.parametrize("zone", ["us-central1", "uscentral1-a", "US-CENTRAL1-A", "us-central1-", "", "a-b-c-d"])
+def test_malformed_zones(zone: str) -> None:
+    with pytest.raises(UsageError) as info:
+        validate_zone(zone)
+    assert info.value.value == zone
+    assert "us-central1-a" in (info.value.fix or "")
+
+
+def test_capacity_parse() -> None:
+    assert CapacityType.parse("ON_DEMAND") is CapacityType.ON_DEMAND
+    assert CapacityType.parse("spot") is CapacityType.SPOT
+    with pytest.raises(UsageError) as info:
+        CapacityType.parse("cheap")
+    assert "spot" in (info.value.fix or "")

@@ -1,0 +1,185 @@
+"""Settings precedence (flag > env > YAML profile > default) as a table of cases, and bad configs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tpuctl.catalog import CapacityType
+from tpuctl.errors import ConfigError, UsageError
+from tpuctl.settings import Backend, load_settings
+
+CONFIG = """\
+default_profile: team
+profiles:
+  team:
+    zones: [us-east5-b]
+    max_price: 10
+    capacity_types: [spot, on-demand]
+    project: from-yaml
+    backend: sim
+  other:
+    region: europe-west4
+    max_price: 99
+"""
+
+
+@pytest.fixture
+def config_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "xdg-config" / "tpuctl" / "config.yaml"
+    path.parent.mkdir(parents=True)
+    path.write_text(CONFIG)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("flags", "env", "field", "expected"),
+    [
+        # default only (no file): see test_defaults_without_config
+        ({}, {}, "max_price", 10.0),  # YAML over default
+        ({}, {"TPUCTL_MAX_PRICE": "7"}, "max_price", 7.0),  # env over YAML
+        ({"max_price": 3.0}, {"TPUCTL_MAX_PRICE": "7"}, "max_price", 3.0),  # flag over env
+        ({}, {}, "zones", ["us-east5-b"]),
+        ({}, {"TPUCTL_ZONES": "us-west4-a,us-central1-a"}, "zones", ["us-west4-a", "us-central1-a"]),
+        ({"zones": ["us-central1-a"]}, {"TPUCTL_ZONES": "us-west4-a"}, "zones", ["us-central1-a"]),
+        ({}, {}, "project", "from-yaml"),
+        ({}, {"GOOGLE_CLOUD_PROJECT": "g"}, "project", "g"),
+        ({}, {"GOOGLE_CLOUD_PROJECT": "g", "CLOUDSDK_CORE_PROJECT": "c"}, "project", "c"),
+        ({}, {"CLOUDSDK_CORE_PROJECT": "c", "TPUCTL_PROJECT": "t"}, "project", "t"),
+        ({"project": "f"}, {"TPUCTL_PROJECT": "t"}, "project", "f"),
+        ({}, {}, "capacity_types", [CapacityType.SPOT, CapacityType.ON_DEMAND]),
+        ({}, {"TPUCTL_CAPACITY_TYPES": "preemptible"}, "capacity_types", [CapacityType.PREEMPTIBLE]),
+        ({"profile": "other"}, {}, "max_price", 99.0),  # flag picks the profile
+        ({}, {"TPUCTL_PROFILE": "other"}, "region", "europe-west4"),  # env picks the profile
+        ({"profile": "team"}, {"TPUCTL_PROFILE": "other"}, "max_price", 10.0),  # flag over env
+        ({}, {}, "backend", Backend.SIM),
+        ({"backend": "gcp"}, {}, "backend", Backend.GCP),
+    ],
+)
+def test_precedence(
+    config_file: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    flags: dict[str, Any],
+    env: dict[str, str],
+    field: str,
+    expected: Any,
+) -> None:
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    settings = load_settings(flags)
+    assert getattr(settings, field) == expected
+
+
+def test_defaults_without_config(state_dir: Path) -> None:
+    settings = load_settings({})
+    assert settings.resolved_backend is Backend.SIM
+    assert settings.project is None
+    assert settings.zones == []
+    assert settings.max_price is None
+    assert settings.resolved_state_dir == state_dir
+
+
+def test_a_project_selects_gcp_unless_backend_says_sim(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", "p")
+    assert load_settings({}).resolved_backend is Backend.GCP
+    assert load_settings({"backend": "sim"}).resolved_backend is Backend.SIM
+
+
+def test_gcp_without_project_is_a_config_error() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings({"backend": "gcp"})
+    assert "--project" in (info.value.fix or "")
+
+
+def test_explicit_config_file_via_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "elsewhere.yaml"
+    path.write_text("profiles:\n  default:\n    max_price: 5\n")
+    monkeypatch.setenv("TPUCTL_CONFIG", str(path))
+    assert load_settings({}).max_price == 5.0
+
+
+@pytest.mark.parametrize(
+    ("text", "profile", "field", "value", "fix_part"),
+    [
+        ("profiles:\n  a:\n    max_price: -3\n", "a", "profiles.a.max_price", -3, "positive"),
+        ("profiles:\n  a:\n    max_price: lots\n", "a", "profiles.a.max_price", "lots", "positive"),
+        ("profiles:\n  a:\n    zonez: [x]\n", "a", "profiles.a.zonez", ["x"], "unknown key"),
+        ("profiles:\n  a:\n    zones: [uscentral1]\n", "a", "profiles.a.zones", None, "us-central1-a"),
+        ("profiles:\n  a:\n    backend: aws\n", "a", "profiles.a.backend", "aws", "sim or backend: gcp"),
+        ("profiles:\n  a:\n    capacity_types: [cheap]\n", "a", "profiles.a.capacity_types.0", "cheap", "spot"),
+        ("profiles:\n  a: {}\n", "nope", "profile", "nope", "a"),
+    ],
+)
+def test_bad_config_names_file_field_value_and_fix(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    text: str,
+    profile: str,
+    field: str,
+    value: Any,
+    fix_part: str,
+) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    monkeypatch.setenv("TPUCTL_CONFIG", str(path))
+    with pytest.raises(ConfigError) as info:
+        load_settings({"profile": profile})
+    err = info.value
+    assert err.path == str(path)
+    assert err.field == field
+    if value is not None:
+        assert err.value == value
+    assert fix_part in (err.fix or "")
+    assert err.exit_code == 2
+    assert str(path) in err.message
+
+
+def test_broken_yaml_says_where(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "broken.yaml"
+    path.write_text("profiles:\n  a:\n    zones: [us-central1-a\n")
+    monkeypatch.setenv("TPUCTL_CONFIG", str(path))
+    with pytest.raises(ConfigError) as info:
+        load_settings({})
+    assert "not valid YAML" in info.value.message
+    assert "line" in info.value.message
+
+
+def test_missing_explicit_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TPUCTL_CONFIG", str(tmp_path / "missing.yaml"))
+    with pytest.raises(ConfigError) as info:
+        load_settings({})
+    assert "does not exist" in info.value.message
+
+
+def test_unknown_profile_without_config_file() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings({"profile": "prod"})
+    assert info.value.field == "profile"
+
+
+@pytest.mark.parametrize(
+    ("env", "source"),
+    [({"TPUCTL_MAX_PRICE": "abc"}, "TPUCTL_MAX_PRICE"), ({"TPUCTL_ZONES": "nowhere"}, "TPUCTL_ZONES")],
+)
+def test_bad_environment_names_the_variable(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], source: str
+) -> None:
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(UsageError) as info:
+        load_settings({})
+    assert info.value.field == source
+
+
+def test_bad_flag_names_the_flag() -> None:
+    with pytest.raises(UsageError) as info:
+        load_settings({"max_price": -1.0})
+    assert info.value.field == "--max-price"
+    assert info.value.value == -1.0
+
+
+def test_owner_label_is_sanitized(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("USER", "Jane.Doe@Corp")
+    assert load_settings({}).resolved_owner == "jane-doe-corp"
