@@ -9,6 +9,9 @@ Nothing happens on import: registering is an explicit call, made either by the s
 ``jax._src.clusters`` is first imported, or by :func:`tpuctl.runtime.dist.init`.
 """
 
+# jax leaves parts of its public API unannotated (PartitionSpec, ShapeDtypeStruct, ...).
+# mypy: disable-error-code="no-untyped-call"
+
 from __future__ import annotations
 
 import os

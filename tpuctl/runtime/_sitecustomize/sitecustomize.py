@@ -63,7 +63,7 @@ class _ClustersFinder(importlib.abc.MetaPathFinder):
             find = getattr(finder, "find_spec", None)
             if find is None:
                 continue
-            spec = find(fullname, path, target)
+            spec: importlib.machinery.ModuleSpec | None = find(fullname, path, target)
             if spec is not None:
                 if spec.loader is not None:
                     spec.loader = _Loader(spec.loader)
