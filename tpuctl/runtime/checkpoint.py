@@ -1,0 +1,299 @@
+"""Checkpointing of the train state with orbax: periodic, asynchronous, atomic, keep-last-N, verified.
+
+Orbax does the heavy lifting: ``CheckpointManager`` writes each step into a temporary directory and
+renames it into place when complete (so a crash mid-save never leaves a half-written step that looks
+finished), saves asynchronously, and prunes old steps. What we add:
+
+- A content checksum of every array, saved as a second item of the same step (so it commits with the
+  state, atomically). After reading a step back we recompute it on device and compare: a truncated,
+  corrupted or partially copied step is detected instead of silently resuming from garbage.
+- Fallback: if the latest step cannot be read or fails the check, we log
+  ``checkpoint step S unreadable (reason); falling back to step S'`` and try the previous one.
+- Multi-host agreement: every process reads its own shards, so one host may fail where another
+  succeeds. Processes vote after each attempt and all move on together; the checksum is computed on
+  the global arrays, so its verdict is the same everywhere.
+
+Directories are passed to orbax as given: a local path on the simulator, ``gs://...`` on Google.
+"""
+
+# jax leaves parts of its public API unannotated (PartitionSpec, ShapeDtypeStruct, ...).
+# mypy: disable-error-code="no-untyped-call"
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+from etils import epath
+
+PyTree = Any
+log = logging.getLogger(__name__)
+
+STATE_ITEM = "state"
+VERIFY_ITEM = "verify"
+_VERIFY_FORMAT = 1
+
+
+# Checksums --------------------------------------------------------------------------------------------
+
+
+def _leaf_checksum(x: jax.Array) -> jax.Array:
+    """A position-weighted sum of the array's words, mod 2**32.
+
+    Integer adds and multiplies wrap exactly, so the sum is associative: the same value comes out
+    however the array is sharded and whatever order the partial sums are combined in. The odd weights
+    (2i+1) are invertible mod 2**32, so any single changed word changes the result, and swapped words
+    are caught too. Computed elementwise over the array's own shape (no ravel), so a sharded array is
+    reduced where it lies rather than gathered.
+    """
+    if x.dtype == jnp.bool_:
+        x = x.astype(jnp.uint8)
+    size = x.dtype.itemsize
+    if size == 8:
+        words = jax.lax.bitcast_convert_type(x, jnp.uint32)  # adds a trailing axis of 2
+    elif size == 4:
+        words = jax.lax.bitcast_convert_type(x, jnp.uint32)
+    elif size == 2:
+        words = jax.lax.bitcast_convert_type(x, jnp.uint16).astype(jnp.uint32)
+    elif size == 1:
+        words = jax.lax.bitcast_convert_type(x, jnp.uint8).astype(jnp.uint32)
+    else:
+        raise TypeError(f"cannot checksum dtype {x.dtype}")
+    index = jnp.zeros(words.shape, jnp.uint32)
+    stride = 1
+    for axis in reversed(range(words.ndim)):
+        index = index + jax.lax.broadcasted_iota(jnp.uint32, words.shape, axis) * jnp.uint32(stride % 2**32)
+        stride *= words.shape[axis]
+    weights = index * jnp.uint32(2) + jnp.uint32(1)
+    return jnp.sum(words * weights, dtype=jnp.uint32)
+
+
+@jax.jit
+def _tree_checksums(tree: PyTree) -> list[jax.Array]:
+    return [_leaf_checksum(x) for x in jax.tree.leaves(tree)]
+
+
+def checksums(tree: PyTree) -> dict[str, int]:
+    """Checksum of every array leaf, keyed by its path in the tree (same value on every process)."""
+    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
+    values = jax.device_get(_tree_checksums(tree))
+    return {p: int(v) for p, v in zip(paths, values, strict=True)}
+
+
+# Multi-host vote --------------------------------------------------------------------------------------
+
+
+def _all_processes_ok(ok: bool) -> bool:
+    if jax.process_count() == 1:
+        return ok
+    from jax.experimental import multihost_utils
+
+    votes = multihost_utils.process_allgather(np.asarray(ok, dtype=np.int32))
+    return bool(np.all(votes))
+
+
+# The manager ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Skipped:
+    step: int
+    reason: str
+
+
+@dataclass
+class RestoreResult:
+    """What ``restore_latest`` found: the restored ``step`` and ``state`` (None if nothing usable), and
+    every newer step it had to skip, with why."""
+
+    step: int | None
+    state: PyTree | None
+    skipped: list[Skipped] = field(default_factory=list)
+
+
+def _abstract(target: PyTree) -> PyTree:
+    """ShapeDtypeStructs (with shardings) for a target given as arrays or as ShapeDtypeStructs."""
+    def one(x: Any) -> Any:
+        if isinstance(x, jax.ShapeDtypeStruct):
+            return x
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None))
+
+    return jax.tree.map(one, target)
+
+
+def _short(exc: BaseException) -> str:
+    """One line for the log: tensorstore errors run to kilobytes of spec dump after this marker."""
+    text = " ".join(str(exc).split()).split(" See full TensorStore details")[0]
+    cause = exc.__cause__ or exc.__context__
+    if cause is not None and len(text) < 80:
+        text += f" <- {type(cause).__name__}: {' '.join(str(cause).split())}"
+    return f"{type(exc).__name__}: {text[:240]}"
+
+
+class Checkpointer:
+    """Periodic, asynchronous, verified checkpoints of a train state in ``directory``.
+
+    ``maybe_save(step, state)`` after every step saves when ``step`` is a multiple of
+    ``save_interval_steps``; ``save(step, state, force=True)`` saves now (e.g. at the end, or on a
+    preemption notice); ``restore_latest(target)`` brings back the newest readable step. Keep the last
+    ``max_to_keep`` steps. Call ``wait()`` (or ``close()``) before exiting: saves complete in the
+    background. All methods must be called by every process of the job, in the same order.
+    """
+
+    def __init__(self, directory: str | epath.PathLike, *, save_interval_steps: int = 100,
+                 max_to_keep: int = 3, async_save: bool = True, delete_unreadable: bool = True) -> None:
+        if save_interval_steps < 1:
+            raise ValueError(f"save_interval_steps must be >= 1, got {save_interval_steps}")
+        if max_to_keep < 1:
+            raise ValueError(f"max_to_keep must be >= 1, got {max_to_keep}")
+        self.directory = epath.Path(directory)
+        self.delete_unreadable = delete_unreadable
+        options = ocp.CheckpointManagerOptions(
+            save_decision_policy=ocp.checkpoint_managers.FixedIntervalPolicy(save_interval_steps),
+            preservation_policy=ocp.checkpoint_managers.LatestN(max_to_keep),
+            enable_async_checkpointing=async_save,
+            create=True,
+            # Leftover tmp dirs of a save that crashed are never valid steps; clear them at start-up.
+            cleanup_tmp_directories=True,
+        )
+        self._manager = ocp.CheckpointManager(self.directory, options=options,
+                                              item_names=(STATE_ITEM, VERIFY_ITEM))
+
+    # Saving ---------------------------------------------------------------------------------------
+
+    def should_save(self, step: int) -> bool:
+        return bool(self._manager.should_save(step))
+
+    def save(self, step: int, state: PyTree, *, force: bool = False) -> bool:
+        """Start saving ``state`` as ``step`` (returns once the arrays are copied off the devices).
+
+        Without ``force`` this follows the save interval; with it, saves unless ``step`` already exists.
+        Returns whether a save was started.
+        """
+        if not force and not self.should_save(step):
+            return False
+        if step in self._manager.all_steps():
+            return False
+        verify = {"format": _VERIFY_FORMAT, "step": step, "checksums": checksums(state)}
+        args = ocp.args.Composite(**{
+            STATE_ITEM: ocp.args.StandardSave(state),
+            VERIFY_ITEM: ocp.args.JsonSave(verify),
+        })
+        return bool(self._manager.save(step, args=args, force=True))
+
+    def maybe_save(self, step: int, state: PyTree) -> bool:
+        return self.save(step, state, force=False)
+
+    def wait(self) -> None:
+        """Block until every started save is durable (committed and renamed into place)."""
+        self._manager.wait_until_finished()
+
+    def close(self) -> None:
+        self._manager.wait_until_finished()
+        self._manager.close()
+
+    # Restoring ------------------------------------------------------------------------------------
+
+    def all_steps(self) -> list[int]:
+        """Committed steps, oldest first (tmp dirs of unfinished saves are not steps)."""
+        self._manager.reload()
+        return sorted(self._manager.all_steps())
+
+    def latest_step(self) -> int | None:
+        steps = self.all_steps()
+        return steps[-1] if steps else None
+
+    def _step_dir(self, step: int) -> epath.Path:
+        return ocp.step.find_step_path(self.directory, ocp.step.standard_name_format(), step=step)
+
+    def _read(self, step: int, target: PyTree) -> tuple[PyTree | None, dict[str, Any] | None, str | None]:
+        """Read one step on this process. Handler-level reads, not ``CheckpointManager.restore``: the
+        latter ends in a cross-process barrier that a process which failed to read would never reach."""
+        try:
+            step_dir = self._step_dir(step)
+            verify = ocp.JsonCheckpointHandler().restore(step_dir / VERIFY_ITEM, args=ocp.args.JsonRestore())
+            state = ocp.StandardCheckpointHandler().restore(
+                step_dir / STATE_ITEM, args=ocp.args.StandardRestore(_abstract(target)))
+            return state, verify, None
+        except Exception as exc:  # any failure to read means this step is not usable
+            return None, None, _short(exc)
+
+    def _verify(self, step: int, state: PyTree, verify: Any) -> str | None:
+        if not isinstance(verify, dict) or verify.get("format") != _VERIFY_FORMAT:
+            return "missing or unknown verification record"
+        if verify.get("step") != step:
+            return f"verification record is for step {verify.get('step')}"
+        expected: dict[str, int] = verify.get("checksums", {})
+        actual = checksums(state)
+        if set(expected) != set(actual):
+            return "tree structure differs from the verification record"
+        bad = [p for p in actual if actual[p] != expected[p]]
+        if bad:
+            return f"checksum mismatch in {len(bad)} array(s), first {bad[0]}"
+        return None
+
+    def _try(self, step: int, target: PyTree) -> tuple[PyTree | None, str | None]:
+        state, verify, reason = self._read(step, target)
+        if not _all_processes_ok(reason is None):
+            return None, reason or "another process could not read it"
+        # Every process holds its shards now, so the (collective) checksum can run everywhere.
+        reason = self._verify(step, state, verify)
+        return (None, reason) if reason else (state, None)
+
+    def restore_latest(self, target: PyTree) -> RestoreResult:
+        """Restore the newest step that reads back intact, into ``target``'s shapes/dtypes/shardings.
+
+        ``target`` is a state of the right structure (arrays or ``jax.ShapeDtypeStruct``s with
+        shardings, e.g. ``TrainStep.abstract_state(...)``). Steps newer than the one restored that
+        failed are logged, reported in the result and, once an older step has restored
+        (``delete_unreadable``), deleted so that training can save those step numbers again.
+        """
+        result = RestoreResult(None, None)
+        steps = self.all_steps()
+        for i in range(len(steps) - 1, -1, -1):
+            step = steps[i]
+            state, reason = self._try(step, target)
+            if reason is None:
+                result.step, result.state = step, state
+                break
+            result.skipped.append(Skipped(step, reason))
+            after = f"falling back to step {steps[i - 1]}" if i else "no earlier checkpoint; starting fresh"
+            log.warning("checkpoint step %d unreadable (%s); %s", step, reason, after)
+        # Only once an older step restored: that proves the target fits the checkpoints, so the skipped
+        # ones are damaged rather than, say, written by a different model the user has since changed.
+        if result.skipped and result.step is not None and self.delete_unreadable:
+            for s in result.skipped:
+                self._manager.delete(s.step)
+            self._manager.reload()
+        if result.step is not None:
+            log.info("restored checkpoint step %d from %s", result.step, self.directory)
+        return result
+
+    def latest_good_step(self, target: PyTree) -> int | None:
+        """The newest step that reads back intact (reads it fully; deletes nothing)."""
+        steps = self.all_steps()
+        for step in reversed(steps):
+            _, reason = self._try(step, target)
+            if reason is None:
+                return step
+        return None
+
+    def restore(self, step: int, target: PyTree) -> PyTree:
+        """Restore exactly ``step`` (verified); raises ``ValueError`` if it is unreadable."""
+        state, reason = self._try(step, target)
+        if reason is not None:
+            raise ValueError(f"checkpoint step {step} unreadable ({reason})")
+        return state
+
+
+def abstract_like(state: PyTree) -> PyTree:
+    """Restore target from a live state: shapes, dtypes and shardings, no data."""
+    return _abstract(state)
+
+
+__all__ = ["Checkpointer", "RestoreResult", "Skipped", "abstract_like", "checksums"]

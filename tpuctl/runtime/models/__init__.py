@@ -1,0 +1,1 @@
+"""Small models bundled with the runtime (examples, tests and benchmarks)."""
