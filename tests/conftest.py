@@ -1,12 +1,22 @@
-"""Suite-wide pytest options.
-
-``--slow`` runs the cases marked ``@pytest.mark.slow`` (long benchmarks-as-tests, million-row ledgers);
-without it they are skipped with a reason that says how to run them, so the default suite stays fast.
-"""
+"""Shared fixtures: every test gets its own state and config dirs and an environment without cloud
+settings, so no test can see the developer's real config or reach Google."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
+
+# Variables that would steer tpuctl towards a real project or a foreign state dir.
+_CLEARED_PREFIXES = ("TPUCTL_",)
+_CLEARED_NAMES = (
+    "GOOGLE_CLOUD_PROJECT",
+    "CLOUDSDK_CORE_PROJECT",
+    "GOOGLE_APPLICATION_CREDENTIALS",
+    "XDG_CONFIG_HOME",
+    "XDG_STATE_HOME",
+)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -20,3 +30,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip_slow)
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
+    """A clean environment with private XDG dirs under the test's tmp dir; yields the state dir."""
+    import os
+
+    for name in list(os.environ):
+        if name.startswith(_CLEARED_PREFIXES) or name in _CLEARED_NAMES:
+            monkeypatch.delenv(name, raising=False)
+    config_home = tmp_path / "xdg-config"
+    state_home = tmp_path / "xdg-state"
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(config_home))
+    monkeypatch.setenv("XDG_STATE_HOME", str(state_home))
+    # Google's auth library must never find real credentials or the metadata server from a test.
+    monkeypatch.setenv("GCE_METADATA_HOST", "127.0.0.1:9")
+    monkeypatch.setenv("NO_GCE_CHECK", "True")
+    yield state_home / "tpuctl"
+
+
+@pytest.fixture
+def state_dir(clean_environment: Path) -> Path:
+    """The state dir tpuctl will use in this test (created by tpuctl itself)."""
+    return clean_environment
