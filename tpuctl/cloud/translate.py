@@ -1,0 +1,604 @@
+"""Vendor exceptions -> ``tpuctl.errors``, in ONE place.
+
+Everything the provider can throw at us goes through ``translate_errors`` (a context manager in the spirit
+of httpx's ``map_exceptions``): google.api_core exceptions from the tpu_v2 REST client, the ``requests`` /
+urllib3 connection errors and timeouts its transport raises, google-auth errors from credential refresh,
+and httpx errors from our own httpx clients (Cloud Quotas). Failed long-running operations (a
+``google.rpc.Status`` inside an Operation) go through ``error_from_status``, which shares the same rules.
+
+Rules worth knowing (the why behind the table in the module's tests):
+
+* A connection that never reached the server (refused, DNS, connect timeout, TLS handshake) is a plain
+  ``TransientError``: nothing happened, so even a mutation may be retried.
+* A connection that broke *after* the request was sent (reset, read timeout, remote disconnected) during a
+  MUTATING call is an ``AmbiguousError``: the server may have acted; the caller must look before it
+  retries. During a read it is a ``TransientError``.
+* 503 UNAVAILABLE and 429 mean the server refused before acting, so mutations may retry them. 500, 502 and
+  504 on a mutation may hide a completed action, so they are ``AmbiguousError`` (still a TransientError).
+* Messages name what failed (the action and the resource) and carry the server's own text; they never
+  include headers, tokens or credentials. URLs are stripped of query strings that could hold an API key.
+
+Heavy modules (google.api_core, requests, httpx, google.auth) are never imported here just to classify an
+exception: an exception can only be an instance of a class whose module is already loaded, so the checks
+look in ``sys.modules`` first. Importing this module costs nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from tpuctl.errors import (
+    AlreadyExistsError,
+    AmbiguousError,
+    CloudError,
+    NotFoundError,
+    PermissionDeniedError,
+    QuotaExceededError,
+    RateLimitedError,
+    StockoutError,
+    TpuctlError,
+    TransientError,
+    UnauthenticatedError,
+)
+
+# google.rpc.Code, by name (the REST error payload's "status") and number.
+RPC_CODES: dict[str, int] = {
+    "OK": 0,
+    "CANCELLED": 1,
+    "UNKNOWN": 2,
+    "INVALID_ARGUMENT": 3,
+    "DEADLINE_EXCEEDED": 4,
+    "NOT_FOUND": 5,
+    "ALREADY_EXISTS": 6,
+    "PERMISSION_DENIED": 7,
+    "RESOURCE_EXHAUSTED": 8,
+    "FAILED_PRECONDITION": 9,
+    "ABORTED": 10,
+    "OUT_OF_RANGE": 11,
+    "UNIMPLEMENTED": 12,
+    "INTERNAL": 13,
+    "UNAVAILABLE": 14,
+    "DATA_LOSS": 15,
+    "UNAUTHENTICATED": 16,
+}
+RPC_NAMES: dict[int, str] = {v: k for k, v in RPC_CODES.items()}
+
+# The HTTP status Google's REST front end uses for each code (google/rpc/code.proto), and the reverse
+# for responses that carry no "status" field.
+_HTTP_TO_RPC: dict[int, int] = {
+    400: 3,
+    401: 16,
+    403: 7,
+    404: 5,
+    409: 6,
+    412: 9,
+    416: 11,
+    429: 8,
+    499: 1,
+    500: 13,
+    501: 12,
+    502: 14,
+    503: 14,
+    504: 4,
+}
+
+FIX_LOGIN = "gcloud auth application-default login"
+FIX_QUOTA = (
+    "request a quota increase (https://console.cloud.google.com/iam-admin/quotas), or try another zone, "
+    "type or capacity type (spot/preemptible quota is separate from on-demand)"
+)
+FIX_AMBIGUOUS = "the request may have been applied: look (get/list) before sending it again"
+FIX_TRANSIENT = "retry; if it persists, check https://status.cloud.google.com"
+
+_STOCKOUT_RE = re.compile(
+    r"no more capacity|insufficient reserved capacity|does not have enough resources available",
+    re.IGNORECASE,
+)
+_STOCKOUT_ZONE_RE = re.compile(r"in the zone \"([^\"]+)\"")
+# "Quota limit 'A' has been exceeded. Limit: 0 in region us-east5."
+# "RESOURCE_EXHAUSTED: Quota limit 'A,B' has been exceeded. Limit: 0,0 in region us-central1,zone us-c1-a."
+_QUOTA_LIMIT_RE = re.compile(
+    r"Quota limit '(?P<ids>[^']+)' has been exceeded\.?\s*Limit:\s*(?P<limits>[-\d.,\s]+?)\s+in\s+"
+    r"(?P<locs>.+?)\.?\s*$",
+    re.MULTILINE,
+)
+# "Quota 'X' exhausted. Limit 20800 in region us-central2"
+_QUOTA_EXHAUSTED_RE = re.compile(
+    r"Quota '(?P<id>[^']+)' exhausted\.?\s*Limit:?\s*(?P<limit>-?[\d.]+)\s+in\s+(?P<loc>.+?)\.?\s*$",
+    re.MULTILINE,
+)
+# Compute Engine's form: "Quota 'GPUS_ALL_REGIONS' exceeded.  Limit: 0.0 globally." / "... in region R."
+_QUOTA_EXCEEDED_RE = re.compile(
+    r"Quota '(?P<id>[^']+)' exceeded\.?\s*Limit:?\s*(?P<limit>-?[\d.]+)\s+"
+    r"(?:in\s+(?P<loc>.+?)|globally)\.?\s*$",
+    re.MULTILINE,
+)
+_URL_RE = re.compile(r"https?://\S+")
+
+
+@dataclass(frozen=True)
+class QuotaViolation:
+    """One violated quota, parsed from a QuotaFailure detail or the error message."""
+
+    quota_id: str | None
+    limit: float | None
+    location: str | None  # a zone or region name, or "global"
+
+
+@contextmanager
+def translate_errors(
+    action: str,
+    resource: str = "",
+    *,
+    mutating: bool = False,
+    zone: str | None = None,
+) -> Iterator[None]:
+    """Translate anything vendor-raised inside the block into a ``tpuctl.errors`` class.
+
+    ``action`` and ``resource`` name what failed ("create node", "n1 in us-east5-b"); ``mutating`` says
+    whether the call changes state (so a broken connection is ambiguous rather than merely transient);
+    ``zone`` is used when the error itself does not name one (stockouts). ``TpuctlError`` passes through
+    untouched; exceptions that are not vendor errors (bugs) propagate unchanged.
+    """
+    try:
+        yield
+    except TpuctlError:
+        raise
+    except Exception as exc:
+        translated = translate_exception(exc, action, resource, mutating=mutating, zone=zone)
+        if translated is None:
+            raise
+        raise translated from exc
+
+
+def translate_exception(
+    exc: BaseException,
+    action: str,
+    resource: str = "",
+    *,
+    mutating: bool = False,
+    zone: str | None = None,
+) -> TpuctlError | None:
+    """The tpuctl error for ``exc``, or None when ``exc`` is not a provider/transport error."""
+    if isinstance(exc, TpuctlError):
+        return exc
+    what = _what(action, resource)
+    for translator in (_from_api_core, _from_google_auth, _from_httpx, _from_requests, _from_builtin):
+        out = translator(exc, what, mutating, zone)
+        if out is not None:
+            return out
+    return None
+
+
+# --------------------------------------------------------------------------------------------------------
+# The shared classification: a status (rpc code and/or HTTP status) + message + details -> error.
+
+
+def error_from_status(
+    *,
+    what: str,
+    message: str,
+    rpc_code: int | None = None,
+    http_status: int | None = None,
+    details: Sequence[Mapping[str, Any]] = (),
+    mutating: bool = False,
+    zone: str | None = None,
+    from_operation: bool = False,
+) -> CloudError:
+    """Classify one failure reported by the server.
+
+    ``from_operation`` is true for the ``error`` of a finished long-running operation: there, code 8
+    (RESOURCE_EXHAUSTED) that is not a quota is a stockout, because capacity is what an operation runs out
+    of (rate limits are answered synchronously, never through an operation).
+    """
+    if rpc_code is None and http_status is not None:
+        rpc_code = _HTTP_TO_RPC.get(http_status)
+        if rpc_code is None:
+            rpc_code = 13 if http_status >= 500 else (3 if http_status >= 400 else 2)
+    error_info = _find_detail(details, "google.rpc.ErrorInfo")
+    reason = str(error_info.get("reason", "")) if error_info else ""
+    text = f"{what}: {message}" if message else f"{what} failed"
+    code_name = RPC_NAMES.get(rpc_code or -1, "UNKNOWN")
+
+    if rpc_code == 5:
+        return NotFoundError(text, code=5, fix="check the name, the zone and the project")
+    if rpc_code == 6:
+        return AlreadyExistsError(
+            text, code=6, fix="choose another name, or delete the existing resource first"
+        )
+    if rpc_code == 10:
+        # ABORTED (also HTTP 409): a concurrency conflict; the server did not act.
+        return TransientError(text, code=10, fix=FIX_TRANSIENT)
+    if rpc_code == 7:
+        if reason == "SERVICE_DISABLED":
+            service = _meta(error_info, "service") or "tpu.googleapis.com"
+            return PermissionDeniedError(
+                text, code=7, fix=f"enable the API: gcloud services enable {service}"
+            )
+        return PermissionDeniedError(
+            text,
+            code=7,
+            fix="grant the caller a role with this permission (e.g. roles/tpu.admin) on the project, "
+            "or check that the project is the one you meant",
+        )
+    if rpc_code == 16:
+        return UnauthenticatedError(text, code=16, fix=FIX_LOGIN)
+    if rpc_code == 8:
+        if _STOCKOUT_RE.search(message):
+            return _stockout(text, message, zone)
+        violations = quota_violations(message, details)
+        if violations or reason in ("QUOTA_EXCEEDED", "RESOURCE_QUOTA_EXCEEDED"):
+            first = violations[0] if violations else QuotaViolation(None, None, None)
+            return QuotaExceededError(
+                text,
+                quota_id=first.quota_id,
+                limit=first.limit,
+                location=first.location,
+                code=8,
+                fix=FIX_QUOTA,
+            )
+        if from_operation:
+            return _stockout(text, message, zone)
+        return RateLimitedError(
+            text, code=8, fix="wait a minute and retry (tpuctl retries rate limits with backoff)"
+        )
+    if rpc_code == 14:
+        # UNAVAILABLE: the server refused before acting (a 503), safe to retry even for a mutation.
+        # A 502 also lands here; for a mutation it may hide a completed action.
+        if mutating and http_status == 502:
+            return AmbiguousError(text, code=14, fix=FIX_AMBIGUOUS)
+        return TransientError(text, code=14, fix=FIX_TRANSIENT)
+    if rpc_code in (4, 13, 1, 2, 15) and (rpc_code != 2 or (http_status or 0) >= 500):
+        # DEADLINE_EXCEEDED, INTERNAL, CANCELLED, UNKNOWN 5xx, DATA_LOSS: the server may have acted.
+        if mutating and not from_operation:
+            return AmbiguousError(text, code=rpc_code, fix=FIX_AMBIGUOUS)
+        return TransientError(text, code=rpc_code, fix=FIX_TRANSIENT)
+    # INVALID_ARGUMENT, FAILED_PRECONDITION, OUT_OF_RANGE, UNIMPLEMENTED, ...: the request itself is wrong;
+    # the server's message names the field. Keep the status name so the user can search for it.
+    bad = _find_detail(details, "google.rpc.BadRequest")
+    if bad:
+        fields = [
+            f"{v.get('field', '?')}: {v.get('description', '')}".strip()
+            for v in bad.get("fieldViolations", [])
+            if isinstance(v, Mapping)
+        ]
+        if fields:
+            text = f"{text} ({'; '.join(fields)})"
+    return CloudError(f"{text} [{code_name}]", code=rpc_code)
+
+
+def quota_violations(message: str, details: Sequence[Mapping[str, Any]] = ()) -> list[QuotaViolation]:
+    """Every violated quota named by a QuotaFailure detail or by the message (all known message forms)."""
+    parsed = _parse_quota_message(message)
+    failure = _find_detail(details, "google.rpc.QuotaFailure")
+    out: list[QuotaViolation] = []
+    if failure:
+        for i, v in enumerate(failure.get("violations", []) or []):
+            if not isinstance(v, Mapping):
+                continue
+            from_text = _parse_quota_message(str(v.get("description", "")))
+            fallback = from_text[0] if from_text else (parsed[i] if i < len(parsed) else None)
+            dims = v.get("quotaDimensions") or {}
+            location = None
+            if isinstance(dims, Mapping):
+                location = dims.get("zone") or dims.get("region")
+            limit = _to_float(v.get("quotaValue"))
+            quota_id = v.get("quotaId") or (fallback.quota_id if fallback else None)
+            if not quota_id:
+                # An old-style violation names the quota only in its subject/description.
+                quota_id = _quota_id_from_subject(str(v.get("subject", "")))
+            out.append(
+                QuotaViolation(
+                    quota_id=str(quota_id) if quota_id else None,
+                    limit=limit if limit is not None else (fallback.limit if fallback else None),
+                    location=str(location) if location else (fallback.location if fallback else None),
+                )
+            )
+    return out or parsed
+
+
+def _parse_quota_message(message: str) -> list[QuotaViolation]:
+    m = _QUOTA_LIMIT_RE.search(message)
+    if m:
+        ids = [s.strip() for s in m.group("ids").split(",")]
+        limits = [_to_float(s) for s in m.group("limits").split(",")]
+        locs = [_location(s) for s in m.group("locs").split(",")]
+        return [
+            QuotaViolation(
+                quota_id=qid,
+                limit=limits[i] if i < len(limits) else (limits[-1] if limits else None),
+                location=locs[i] if i < len(locs) else (locs[-1] if locs else None),
+            )
+            for i, qid in enumerate(ids)
+        ]
+    m = _QUOTA_EXHAUSTED_RE.search(message)
+    if m:
+        return [QuotaViolation(m.group("id"), _to_float(m.group("limit")), _location(m.group("loc")))]
+    m = _QUOTA_EXCEEDED_RE.search(message)
+    if m:
+        loc = m.group("loc")
+        return [
+            QuotaViolation(m.group("id"), _to_float(m.group("limit")), _location(loc) if loc else "global")
+        ]
+    return []
+
+
+def _location(text: str) -> str:
+    """'region us-east5' -> 'us-east5'; 'zone us-central1-a.' -> 'us-central1-a'."""
+    words = text.strip().rstrip(".").split()
+    return words[-1] if words else ""
+
+
+def _quota_id_from_subject(subject: str) -> str | None:
+    m = re.search(r"([A-Za-z0-9]+ForTPUAPI)", subject)
+    return m.group(1) if m else None
+
+
+def _to_float(value: object) -> float | None:
+    if value is None or value == "":
+        return None
+    try:
+        return float(str(value).strip())
+    except ValueError:
+        return None
+
+
+def _stockout(text: str, message: str, zone: str | None) -> StockoutError:
+    m = _STOCKOUT_ZONE_RE.search(message)
+    return StockoutError(text, zone=m.group(1) if m else zone)
+
+
+def _find_detail(details: Sequence[Mapping[str, Any]], type_name: str) -> Mapping[str, Any] | None:
+    for d in details or ():
+        if isinstance(d, Mapping) and str(d.get("@type", "")).endswith("/" + type_name):
+            return d
+    return None
+
+
+def _meta(error_info: Mapping[str, Any] | None, key: str) -> str | None:
+    if not error_info:
+        return None
+    meta = error_info.get("metadata")
+    if isinstance(meta, Mapping) and meta.get(key):
+        return str(meta[key])
+    return None
+
+
+def _what(action: str, resource: str) -> str:
+    return f"{action} {resource}".strip()
+
+
+def scrub(text: str) -> str:
+    """Drop query strings from URLs in ``text`` (they can carry ``key=`` API keys)."""
+    return _URL_RE.sub(lambda m: m.group(0).split("?", 1)[0], text)
+
+
+def parse_error_payload(payload: object) -> tuple[str | None, str, list[Mapping[str, Any]]]:
+    """(status name, message, details) from a Google JSON error body ``{"error": {...}}``."""
+    if isinstance(payload, list):  # some front ends wrap the error in a one-element list
+        payload = next((p for p in payload if isinstance(p, Mapping)), {})
+    if not isinstance(payload, Mapping):
+        return None, "", []
+    err = payload.get("error")
+    if isinstance(err, str):  # OAuth-style {"error": "invalid_grant", "error_description": ...}
+        return None, f"{err}: {payload.get('error_description', '')}".rstrip(": "), []
+    if not isinstance(err, Mapping):
+        return None, "", []
+    details = [d for d in err.get("details", []) or [] if isinstance(d, Mapping)]
+    status = err.get("status")
+    return (str(status) if status else None), str(err.get("message", "")), details
+
+
+def error_from_http_response(
+    status_code: int, body: bytes | str, *, what: str, mutating: bool = False, zone: str | None = None
+) -> CloudError:
+    """Classify an HTTP error response (any client) from its status and Google-shaped JSON body."""
+    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
+    try:
+        payload: object = json.loads(text) if text else {}
+    except ValueError:
+        payload = {}
+    status, message, details = parse_error_payload(payload)
+    if not message:
+        message = f"HTTP {status_code}" + (f": {text.strip()[:200]}" if text.strip() else "")
+    return error_from_status(
+        what=what,
+        message=scrub(message),
+        rpc_code=RPC_CODES.get(status) if status else None,
+        http_status=status_code,
+        details=details,
+        mutating=mutating,
+        zone=zone,
+    )
+
+
+# --------------------------------------------------------------------------------------------------------
+# Per-library translators. Each returns None when the exception is not one of its library's.
+
+
+def _from_api_core(exc: BaseException, what: str, mutating: bool, zone: str | None) -> CloudError | None:
+    if "google.api_core.exceptions" not in sys.modules:
+        return None
+    from google.api_core import exceptions as gexc
+
+    if isinstance(exc, gexc.RetryError):
+        # api_core's own retry gave up (we do not use it, but a library call might).
+        return TransientError(f"{what}: {scrub(str(exc.message))}", fix=FIX_TRANSIENT)
+    if not isinstance(exc, gexc.GoogleAPICallError):
+        if isinstance(exc, gexc.GoogleAPIError):
+            return CloudError(f"{what}: {scrub(str(exc))}")
+        return None
+    status: str | None = None
+    message = ""
+    details: list[Mapping[str, Any]] = [d for d in exc.details if isinstance(d, Mapping)]
+    response = exc.response
+    # The REST transport keeps the requests.Response: its JSON has the canonical "status" name, which
+    # api_core drops (409 can be ALREADY_EXISTS or ABORTED; 400 can be INVALID_ARGUMENT or
+    # FAILED_PRECONDITION).
+    if response is not None and hasattr(response, "json"):
+        try:
+            status, message, payload_details = parse_error_payload(response.json())
+            details = details or list(payload_details)
+        except Exception:  # a non-JSON error body: fall back to api_core's message
+            status = None
+    if not message:
+        message = str(exc.message or "")
+        # api_core prefixes "GET https://host/path?query: " — we name the action ourselves.
+        message = re.sub(r"^[A-Z]+ https?://\S+: ", "", message)
+    http_status = exc.code if isinstance(exc.code, int) else None
+    rpc_code = RPC_CODES.get(status) if status else None
+    if rpc_code is None and exc.grpc_status_code is not None:
+        value = getattr(exc.grpc_status_code, "value", None)
+        if isinstance(value, tuple) and value and isinstance(value[0], int):
+            rpc_code = value[0]
+    return error_from_status(
+        what=what,
+        message=scrub(message),
+        rpc_code=rpc_code,
+        http_status=http_status,
+        details=details,
+        mutating=mutating,
+        zone=zone,
+    )
+
+
+def _from_google_auth(exc: BaseException, what: str, mutating: bool, zone: str | None) -> CloudError | None:
+    if "google.auth.exceptions" not in sys.modules:
+        return None
+    from google.auth import exceptions as aexc
+
+    # The token refresh happens before the API request is sent, so none of these is ambiguous.
+    if isinstance(exc, aexc.DefaultCredentialsError):
+        return UnauthenticatedError(
+            f"{what}: no Application Default Credentials found", code=16, fix=FIX_LOGIN
+        )
+    if isinstance(exc, aexc.RefreshError):
+        retryable = bool(getattr(exc, "retryable", False))
+        if retryable:
+            return TransientError(
+                f"{what}: could not refresh credentials ({_first_line(exc)})", fix=FIX_TRANSIENT
+            )
+        return UnauthenticatedError(
+            f"{what}: credentials were rejected when refreshed ({_first_line(exc)})", code=16, fix=FIX_LOGIN
+        )
+    if isinstance(exc, aexc.TransportError):
+        return TransientError(
+            f"{what}: could not reach the token endpoint ({_first_line(exc)})", fix=FIX_TRANSIENT
+        )
+    if isinstance(exc, aexc.GoogleAuthError):
+        return UnauthenticatedError(f"{what}: {_first_line(exc)}", code=16, fix=FIX_LOGIN)
+    return None
+
+
+def _from_httpx(exc: BaseException, what: str, mutating: bool, zone: str | None) -> CloudError | None:
+    if "httpx" not in sys.modules:
+        return None
+    import httpx
+
+    if isinstance(exc, httpx.HTTPStatusError):
+        return error_from_http_response(
+            exc.response.status_code, exc.response.content, what=what, mutating=mutating, zone=zone
+        )
+    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout):
+        return _not_sent(what, exc)
+    if isinstance(exc, httpx.TimeoutException | httpx.NetworkError | httpx.RemoteProtocolError):
+        return _broken(what, exc, mutating)
+    if isinstance(exc, httpx.HTTPError | httpx.InvalidURL):
+        return CloudError(f"{what}: {type(exc).__name__}: {scrub(_first_line(exc))}")
+    return None
+
+
+def _from_requests(exc: BaseException, what: str, mutating: bool, zone: str | None) -> CloudError | None:
+    if "requests" not in sys.modules:
+        return None
+    import requests
+
+    if isinstance(exc, requests.exceptions.HTTPError) and exc.response is not None:
+        return error_from_http_response(
+            exc.response.status_code, exc.response.content, what=what, mutating=mutating, zone=zone
+        )
+    if isinstance(exc, requests.exceptions.ConnectTimeout | requests.exceptions.SSLError):
+        return _not_sent(what, exc)
+    if isinstance(exc, requests.exceptions.ConnectionError):
+        # requests wraps urllib3's NewConnectionError (refused, DNS) in a ConnectionError, the same class
+        # it uses for a reset mid-response: look inside to tell "never sent" from "sent, then broken".
+        if _chain_has(exc, ("NewConnectionError", "NameResolutionError", "ConnectTimeoutError")):
+            return _not_sent(what, exc)
+        return _broken(what, exc, mutating)
+    if isinstance(exc, requests.exceptions.Timeout | requests.exceptions.ChunkedEncodingError):
+        return _broken(what, exc, mutating)
+    if isinstance(exc, requests.exceptions.RequestException):
+        return CloudError(f"{what}: {type(exc).__name__}: {scrub(_first_line(exc))}")
+    return None
+
+
+def _from_builtin(exc: BaseException, what: str, mutating: bool, zone: str | None) -> CloudError | None:
+    if isinstance(exc, ConnectionRefusedError):
+        return _not_sent(what, exc)
+    if isinstance(exc, ConnectionError | TimeoutError):
+        return _broken(what, exc, mutating)
+    return None
+
+
+def _not_sent(what: str, exc: BaseException) -> TransientError:
+    return TransientError(
+        f"{what}: could not connect ({_describe(exc)}); nothing was sent",
+        fix="check the network and the endpoint, then retry",
+    )
+
+
+def _broken(what: str, exc: BaseException, mutating: bool) -> TransientError:
+    if mutating:
+        return AmbiguousError(
+            f"{what}: the connection broke after the request was sent ({_describe(exc)}); "
+            "it may or may not have been applied",
+            fix=FIX_AMBIGUOUS,
+        )
+    return TransientError(f"{what}: the connection broke ({_describe(exc)})", fix=FIX_TRANSIENT)
+
+
+def _describe(exc: BaseException) -> str:
+    if _chain_has(exc, ("ReadTimeout", "ReadTimeoutError", "TimeoutError", "timeout")):
+        return "timed out waiting for the response"
+    if _chain_has(exc, ("RemoteDisconnected",)):
+        return "the server closed the connection without a response"
+    if _chain_has(exc, ("ConnectionResetError",)):
+        return "connection reset by peer"
+    if _chain_has(exc, ("ConnectionRefusedError",)) or "refused" in str(exc).lower():
+        return "connection refused"
+    if _chain_has(exc, ("NameResolutionError", "gaierror")):
+        return "name resolution failed"
+    return f"{type(exc).__name__}: {scrub(_first_line(exc))}"[:300]
+
+
+def _chain_has(exc: BaseException, names: tuple[str, ...]) -> bool:
+    """Whether ``exc`` or anything it wraps (args, .reason, cause, context) has a class named in ``names``."""
+    seen: set[int] = set()
+    stack: list[object] = [exc]
+    while stack:
+        cur = stack.pop()
+        if cur is None or id(cur) in seen:
+            continue
+        seen.add(id(cur))
+        if isinstance(cur, BaseException):
+            if any(cls.__name__ in names for cls in type(cur).__mro__):
+                return True
+            stack.extend(a for a in cur.args if isinstance(a, BaseException))
+            stack.append(getattr(cur, "reason", None))
+            stack.append(cur.__cause__)
+            stack.append(cur.__context__)
+    return False
+
+
+def _first_line(exc: BaseException) -> str:
+    # args[0] rather than str(exc): google-auth errors carry the raw token-endpoint response as a second
+    # argument, which has no business in a user-facing message.
+    first = exc.args[0] if exc.args and isinstance(exc.args[0], str) else str(exc)
+    text = first.strip()
+    return text.splitlines()[0] if text else type(exc).__name__
