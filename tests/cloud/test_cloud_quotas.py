@@ -1,0 +1,199 @@
+"""Cloud Quotas client (httpx) against respx: recorded-shape QuotaInfos, pagination, auth, errors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+import respx
+
+from tpuctl.cloud.base import QuotaLimit
+from tpuctl.cloud.quotas import CloudQuotasClient, parse_quota_infos
+from tpuctl.cloud.retry import RetryPolicy
+from tpuctl.errors import CloudError, PermissionDeniedError, RateLimitedError, UnauthenticatedError
+
+BASE = "https://cloudquotas.googleapis.com"
+URL = f"{BASE}/v1/projects/p/locations/global/services/tpu.googleapis.com/quotaInfos"
+FAST = RetryPolicy(max_attempts=3, initial_wait_s=0.0, max_wait_s=0.0, deadline_s=5.0)
+
+
+def info(quota_id: str, metric: str, dims: list[tuple[dict[str, str], dict[str, Any]]], dimension: str = "zone"
+         ) -> dict[str, Any]:
+    """A QuotaInfo as the API returns it (google/api/cloudquotas/v1/resources.proto)."""
+    return {
+        "name": f"projects/123/locations/global/services/tpu.googleapis.com/quotaInfos/{quota_id}",
+        "quotaId": quota_id,
+        "metric": metric,
+        "service": "tpu.googleapis.com",
+        "isPrecise": True,
+        "containerType": "PROJECT",
+        "dimensions": [dimension],
+        "metricDisplayName": "TPU v5 Lite PodSlice chips",
+        "quotaDisplayName": quota_id,
+        "metricUnit": "1",
+        "quotaIncreaseEligibility": {"isEligible": True},
+        "isFixed": False,
+        "isConcurrent": False,
+        "dimensionsInfos": [
+            {"dimensions": d, "details": det, "applicableLocations": list(d.values())} for d, det in dims
+        ],
+    }
+
+
+PAGE1 = {
+    "quotaInfos": [
+        info("TPUV5sLitepodPerProjectPerZoneForTPUAPI", "tpu.googleapis.com/v5litepod",
+             [({"zone": "us-east5-b"}, {"value": "64"}), ({"zone": "us-west4-a"}, {})]),
+    ],
+    "nextPageToken": "tok-2",
+}
+PAGE2 = {
+    "quotaInfos": [
+        info("TPUV6EPreemptiblePerProjectPerRegionForTPUAPI", "tpu.googleapis.com/v6e_preemptible",
+             [({"region": "us-east5"}, {"value": "-1"})], dimension="region"),
+    ],
+}
+
+
+def client(**kw: Any) -> CloudQuotasClient:
+    kw.setdefault("retry", FAST)
+    return CloudQuotasClient(base_url=BASE, **kw)
+
+
+@respx.mock
+def test_pages_are_followed_and_every_dimension_is_a_row() -> None:
+    route = respx.get(URL).mock(side_effect=[httpx.Response(200, json=PAGE1), httpx.Response(200, json=PAGE2)])
+    rows = client().list_quota_limits("p")
+    assert rows == [
+        QuotaLimit("TPUV5sLitepodPerProjectPerZoneForTPUAPI", "tpu.googleapis.com/v5litepod", 64, zone="us-east5-b"),
+        # proto3 JSON omits a zero int64: no "value" means a limit of 0.
+        QuotaLimit("TPUV5sLitepodPerProjectPerZoneForTPUAPI", "tpu.googleapis.com/v5litepod", 0, zone="us-west4-a"),
+        QuotaLimit("TPUV6EPreemptiblePerProjectPerRegionForTPUAPI", "tpu.googleapis.com/v6e_preemptible", -1,
+                   region="us-east5"),
+    ]
+    assert route.call_count == 2
+    first, second = (c.request.url.params for c in route.calls)
+    assert "pageToken" not in first and second["pageToken"] == "tok-2"
+
+
+@respx.mock
+def test_permission_denied_is_translated_and_not_retried() -> None:
+    route = respx.get(URL).mock(return_value=httpx.Response(403, json={"error": {
+        "code": 403, "status": "PERMISSION_DENIED",
+        "message": "Permission 'cloudquotas.quotas.get' denied on resource 'projects/p'"}}))
+    with pytest.raises(PermissionDeniedError) as err:
+        client().list_quota_limits("p")
+    assert "list quota infos of tpu.googleapis.com in project p" in err.value.message
+    assert "cloudquotas.quotas.get" in err.value.message
+    assert route.call_count == 1
+
+
+@respx.mock
+def test_rate_limit_is_retried_then_surfaces() -> None:
+    limited = httpx.Response(429, json={"error": {"code": 429, "status": "RESOURCE_EXHAUSTED",
+                                                  "message": "Quota exceeded for quota metric 'Read requests'",
+                                                  "details": [{"@type": "type.googleapis.com/google.rpc.ErrorInfo",
+                                                               "reason": "RATE_LIMIT_EXCEEDED"}]}})
+    route = respx.get(URL).mock(side_effect=[limited, httpx.Response(200, json=PAGE2)])
+    assert len(client().list_quota_limits("p")) == 1
+    assert route.call_count == 2
+    route = respx.get(URL).mock(return_value=limited)
+    with pytest.raises(RateLimitedError):
+        client().list_quota_limits("p")
+    assert route.call_count == 2 + 3  # the same route: 2 before, then FAST.max_attempts
+
+
+@respx.mock
+def test_transient_5xx_and_connection_errors_are_retried() -> None:
+    route = respx.get(URL).mock(side_effect=[
+        httpx.Response(503, json={"error": {"code": 503, "status": "UNAVAILABLE", "message": "later"}}),
+        httpx.ConnectError("refused"),
+        httpx.Response(200, json=PAGE2),
+    ])
+    assert len(client().list_quota_limits("p")) == 1
+    assert route.call_count == 3
+
+
+@respx.mock
+def test_malformed_json_is_a_clear_error_and_not_retried() -> None:
+    route = respx.get(URL).mock(return_value=httpx.Response(200, content=b"<html>login</html>",
+                                                            headers={"content-type": "text/html"}))
+    with pytest.raises(CloudError) as err:
+        client().list_quota_limits("p")
+    assert "not valid JSON" in err.value.message and "text/html" in err.value.message
+    assert route.call_count == 1
+
+
+@respx.mock
+def test_bad_limit_value_and_repeated_page_token() -> None:
+    bad = {"quotaInfos": [info("Q", "m", [({"zone": "z"}, {"value": "lots"})])]}
+    respx.get(URL).mock(return_value=httpx.Response(200, json=bad))
+    with pytest.raises(CloudError, match="'lots' is not an integer"):
+        client().list_quota_limits("p")
+    respx.get(URL).mock(return_value=httpx.Response(200, json={"quotaInfos": [], "nextPageToken": "same"}))
+    with pytest.raises(CloudError, match="repeated page token"):
+        client().list_quota_limits("p")
+
+
+class FakeCredentials:
+    """Quacks like google.auth credentials: expired at first, refreshed on demand."""
+
+    def __init__(self) -> None:
+        self.token: str | None = None
+        self.refreshes = 0
+
+    @property
+    def valid(self) -> bool:
+        return self.token is not None
+
+    def refresh(self, request: object) -> None:
+        self.refreshes += 1
+        self.token = "ya29.SECRET-TOKEN"
+
+    def apply(self, headers: dict[str, str]) -> None:
+        headers["authorization"] = f"Bearer {self.token}"
+
+
+@respx.mock
+def test_bearer_token_is_refreshed_once_and_never_shown() -> None:
+    creds = FakeCredentials()
+    route = respx.get(URL).mock(side_effect=[
+        httpx.Response(200, json=PAGE1), httpx.Response(200, json=PAGE2),
+        httpx.Response(401, json={"error": {"code": 401, "status": "UNAUTHENTICATED",
+                                            "message": "Request had invalid authentication credentials."}}),
+    ])
+    c = CloudQuotasClient.for_google(creds, retry=FAST)  # type: ignore[arg-type]
+    assert len(c.list_quota_limits("p")) == 3
+    assert creds.refreshes == 1
+    assert all(call.request.headers["authorization"] == "Bearer ya29.SECRET-TOKEN" for call in route.calls)
+    with pytest.raises(UnauthenticatedError) as err:
+        c.list_quota_limits("p")
+    assert "SECRET" not in str(err.value) and "SECRET" not in repr(c)
+    assert err.value.fix == "gcloud auth application-default login"
+
+
+@respx.mock
+def test_simulator_client_sends_no_auth() -> None:
+    sim_url = "http://127.0.0.1:8471/v1/projects/p/locations/global/services/tpu.googleapis.com/quotaInfos"
+    route = respx.get(sim_url).mock(return_value=httpx.Response(200, json=PAGE2))
+    rows = CloudQuotasClient.for_simulator("http://127.0.0.1:8471", retry=FAST).list_quota_limits("p")
+    assert rows[0].region == "us-east5"
+    assert "authorization" not in route.calls[0].request.headers
+
+
+def test_no_adc_gives_the_login_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    import google.auth
+    from google.auth.exceptions import DefaultCredentialsError
+
+    def no_adc(**_: Any) -> Any:
+        raise DefaultCredentialsError("Your default credentials were not found.")
+
+    monkeypatch.setattr(google.auth, "default", no_adc)
+    with pytest.raises(UnauthenticatedError) as err:
+        CloudQuotasClient.for_google()
+    assert err.value.fix == "gcloud auth application-default login"
+
+
+def test_parse_skips_entries_that_are_not_objects() -> None:
+    assert parse_quota_infos([{"quotaId": "Q", "metric": "m", "dimensionsInfos": ["junk"]}]) == []

@@ -1,0 +1,213 @@
+"""Cloud Quotas API client (httpx): the TPU quota *limits* of a project, from ``quotaInfos.list``.
+
+``GET {base}/v1/projects/{project}/locations/global/services/tpu.googleapis.com/quotaInfos`` with
+``pageToken`` pagination. Each QuotaInfo has one ``dimensionsInfos`` entry per place the limit applies
+(``{"zone": ...}``, ``{"region": ...}`` or ``{}`` for global), and each becomes one ``QuotaLimit`` row.
+``details.value`` is an int64, so JSON carries it as a string; proto3 JSON omits zero values, so a
+missing ``value`` means a limit of 0 (and ``-1`` means unlimited).
+
+Against Google the base URL is ``https://cloudquotas.googleapis.com`` with a bearer token from
+google-auth credentials (refreshed when expired); against the simulator it is the simulator's URL with no
+auth. httpx and google-auth are imported when the client is first used, not when this module is.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from tpuctl.cloud.base import QuotaLimit
+from tpuctl.cloud.retry import RetryPolicy, Sleep, call_with_retry
+from tpuctl.cloud.translate import error_from_http_response, translate_errors
+from tpuctl.errors import CloudError, UnauthenticatedError
+
+if TYPE_CHECKING:
+    import httpx
+    from google.auth.credentials import Credentials
+
+GOOGLE_QUOTAS_URL = "https://cloudquotas.googleapis.com"
+TPU_SERVICE = "tpu.googleapis.com"
+_SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
+_MAX_PAGES = 1000  # a server that keeps handing out new page tokens must not loop us forever
+
+
+class CloudQuotasClient:
+    """Reads quota limits for one service (the TPU API by default) from the Cloud Quotas API."""
+
+    def __init__(
+        self,
+        *,
+        base_url: str = GOOGLE_QUOTAS_URL,
+        credentials: Credentials | None = None,
+        service: str = TPU_SERVICE,
+        timeout_s: float = 30.0,
+        retry: RetryPolicy | None = None,
+        page_size: int = 500,
+        transport: httpx.BaseTransport | None = None,
+        sleep: Sleep | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.service = service
+        self._credentials = credentials
+        self._timeout_s = timeout_s
+        self._retry = retry or RetryPolicy()
+        self._page_size = page_size
+        self._transport = transport
+        self._sleep = sleep
+        self._client: httpx.Client | None = None
+
+    def __repr__(self) -> str:  # never show the credentials
+        return f"CloudQuotasClient(base_url={self.base_url!r}, service={self.service!r})"
+
+    @classmethod
+    def for_google(cls, credentials: Credentials | None = None, **kwargs: Any) -> CloudQuotasClient:
+        """Against cloudquotas.googleapis.com with ADC (or the given credentials)."""
+        if credentials is None:
+            credentials = _default_credentials()
+        return cls(base_url=GOOGLE_QUOTAS_URL, credentials=credentials, **kwargs)
+
+    @classmethod
+    def for_simulator(cls, base_url: str, **kwargs: Any) -> CloudQuotasClient:
+        """Against the simulator: its URL, no auth."""
+        return cls(base_url=base_url, credentials=None, **kwargs)
+
+    # ----------------------------------------------------------------------------------------------
+
+    def list_quota_limits(self, project: str) -> list[QuotaLimit]:
+        """Every limit of the service, one row per (quota id, place)."""
+        return parse_quota_infos(self.list_quota_infos(project))
+
+    def list_quota_infos(self, project: str) -> list[dict[str, Any]]:
+        """The raw QuotaInfo objects, all pages."""
+        url = f"{self.base_url}/v1/projects/{project}/locations/global/services/{self.service}/quotaInfos"
+        what = f"list quota infos of {self.service} in project {project}"
+        infos: list[dict[str, Any]] = []
+        token = ""
+        seen: set[str] = set()
+        for _ in range(_MAX_PAGES):
+            params = {"pageSize": str(self._page_size)}
+            if token:
+                params["pageToken"] = token
+            page = call_with_retry(
+                functools.partial(self._get_json, url, params, what),
+                policy=self._retry,
+                idempotent=True,
+                sleep=self._sleep,
+            )
+            items = page.get("quotaInfos", [])
+            if not isinstance(items, list):
+                raise CloudError(f"{what}: 'quotaInfos' is not a list in the response")
+            infos.extend(i for i in items if isinstance(i, dict))
+            token = str(page.get("nextPageToken") or "")
+            if not token:
+                return infos
+            if token in seen:
+                raise CloudError(f"{what}: the server repeated page token {token!r}")
+            seen.add(token)
+        raise CloudError(f"{what}: more than {_MAX_PAGES} pages; giving up")
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    # ----------------------------------------------------------------------------------------------
+
+    def _http(self) -> httpx.Client:
+        if self._client is None:
+            try:
+                import httpx
+            except ImportError as exc:  # pragma: no cover - httpx is a hard dependency
+                raise CloudError("httpx is not installed", fix="pip install 'httpx>=0.27'") from exc
+            loopback = self.base_url.startswith(("http://127.", "http://localhost", "http://[::1]"))
+            self._client = httpx.Client(
+                timeout=self._timeout_s,
+                transport=self._transport,
+                # A proxy from the environment must never see loopback simulator traffic.
+                trust_env=not loopback,
+                headers={"Accept": "application/json"},
+            )
+        return self._client
+
+    def _auth_headers(self) -> dict[str, str]:
+        creds: Any = self._credentials  # google-auth is untyped
+        if creds is None:
+            return {}
+        if not creds.valid:  # expired or never fetched
+            import google.auth.transport.requests
+
+            creds.refresh(google.auth.transport.requests.Request())
+        headers: dict[str, str] = {}
+        creds.apply(headers)  # Authorization: Bearer ..., and x-goog-user-project when set
+        return headers
+
+    def _get_json(self, url: str, params: Mapping[str, str], what: str) -> dict[str, Any]:
+        with translate_errors(what, mutating=False):
+            response = self._http().get(url, params=params, headers=self._auth_headers())
+            if response.is_error:
+                raise error_from_http_response(response.status_code, response.content, what=what)
+            try:
+                data = json.loads(response.content)
+            except ValueError as exc:
+                ctype = response.headers.get("content-type", "?")
+                raise CloudError(
+                    f"{what}: the response (HTTP {response.status_code}, {ctype}) is not valid JSON: {exc}",
+                    fix="check that the endpoint is the Cloud Quotas API",
+                ) from None
+            if not isinstance(data, dict):
+                raise CloudError(f"{what}: expected a JSON object, got {type(data).__name__}")
+            return data
+
+
+def parse_quota_infos(infos: list[dict[str, Any]]) -> list[QuotaLimit]:
+    """QuotaInfo JSON objects -> one ``QuotaLimit`` per ``dimensionsInfos`` entry."""
+    rows: list[QuotaLimit] = []
+    for info in infos:
+        quota_id = str(info.get("quotaId") or str(info.get("name", "")).rsplit("/", 1)[-1])
+        if not quota_id:
+            raise CloudError(f"quota info without quotaId or name: {json.dumps(info)[:200]}")
+        metric = str(info.get("metric", ""))
+        for entry in info.get("dimensionsInfos", []) or []:
+            if not isinstance(entry, Mapping):
+                continue
+            dims = entry.get("dimensions") or {}
+            details = entry.get("details") or {}
+            raw = details.get("value", "0") if isinstance(details, Mapping) else "0"
+            try:
+                limit = int(str(raw))
+            except ValueError:
+                raise CloudError(
+                    f"quota {quota_id}: limit value {raw!r} is not an integer (dimensions {dict(dims)})"
+                ) from None
+            zone = dims.get("zone") if isinstance(dims, Mapping) else None
+            region = dims.get("region") if isinstance(dims, Mapping) else None
+            rows.append(
+                QuotaLimit(
+                    quota_id=quota_id,
+                    metric=metric,
+                    limit=limit,
+                    zone=str(zone) if zone else None,
+                    region=str(region) if region else None,
+                )
+            )
+    return rows
+
+
+def _default_credentials() -> Credentials:
+    """Application Default Credentials with the cloud-platform scope, or UnauthenticatedError."""
+    try:
+        import google.auth
+        import google.auth.exceptions
+    except ImportError as exc:  # pragma: no cover - google-auth is a hard dependency
+        raise CloudError("google-auth is not installed", fix="pip install 'google-auth>=2.30'") from exc
+    try:
+        credentials, _project = google.auth.default(scopes=_SCOPES)
+    except google.auth.exceptions.DefaultCredentialsError:
+        raise UnauthenticatedError(
+            "no Google Cloud credentials found (Application Default Credentials)",
+            code=16,
+            fix="gcloud auth application-default login",
+        ) from None
+    return credentials
