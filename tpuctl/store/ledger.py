@@ -1,0 +1,922 @@
+"""The ledger: tpuctl's local record of slices, placement attempts, runs and their lifecycle events.
+
+One SQLite file, ``<state_dir>/ledger.db``, shared by every tpuctl process of a user.
+
+Durability and concurrency choices (the why):
+
+* WAL journal: readers (``pod list``, ``cost report``) never block a writer and a writer never blocks
+  them, which matters when a detached run supervisor writes while the user runs other commands.
+* ``synchronous=FULL``: every COMMIT fsyncs the WAL, so an event reported as written survives a power
+  loss or a kernel crash, not only a killed process (NORMAL would already survive SIGKILL, but could
+  drop the last commits on power loss, and an event lost there is a slice nobody pays attention to).
+  tpuctl commits a handful of times per command, so one fsync each costs nothing a user can see; the
+  bulk path commits once.
+* Every write is one short ``BEGIN IMMEDIATE`` transaction: the write lock is taken up front, so two
+  writers queue on ``busy_timeout`` instead of failing with SQLITE_BUSY half way through (a deferred
+  transaction that upgrades from read to write cannot wait, it must fail). An event and the pods-view
+  change it causes are in the same transaction, so the view and the log never disagree, and a tpuctl
+  killed mid-write leaves either both or neither.
+* The database file is created 0600 before SQLite opens it; SQLite gives the -wal and -shm files the
+  mode of the database file, and they are chmod-ed again after opening in case an older file was
+  looser. The state directory is 0700 (``paths.ensure_private_dir``). The process umask is never
+  changed: it is process-global and other threads may be creating files.
+* One connection per ``Ledger`` guarded by a lock, so a ``Ledger`` may be shared by the threads of one
+  command (the allocator's race strategy). Other processes open their own ``Ledger``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from enum import Enum
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Final, Literal, TypeAlias, TypeVar
+
+from tpuctl.catalog import CapacityType
+from tpuctl.store import schema
+from tpuctl.store.paths import ensure_private_dir, private_file, tighten_file
+from tpuctl.store.records import (
+    AmbiguousPodError,
+    AttemptOutcome,
+    AttemptRecord,
+    EventKind,
+    EventRecord,
+    LedgerBusyError,
+    LedgerError,
+    NewEvent,
+    PodRecord,
+    PodState,
+    RunRecord,
+    RunStatus,
+    SegmentKind,
+    SegmentRecord,
+)
+from tpuctl.store.view import POD_KINDS, Ev, PodRow, apply_event
+
+LEDGER_FILENAME: Final = "ledger.db"
+DEFAULT_BUSY_TIMEOUT_S: Final = 30.0
+
+# Bulk writes go to SQLite in chunks so a million-event import holds bounded memory; the pods touched
+# are flushed (and the cache dropped) every _POD_FLUSH rows for the same reason.
+_EVENT_CHUNK: Final = 10_000
+_POD_FLUSH: Final = 50_000
+# events() reads the log in pages: each page is a short read, so a long iteration never pins an old
+# WAL snapshot (which would stop checkpoints) and the caller may write to the ledger while iterating.
+_PAGE: Final = 2_000
+
+
+class _Unset(Enum):
+    UNSET = "UNSET"
+
+
+#: "Leave this field as it is" for ``update_run`` (``None`` means "set it to NULL").
+UNSET: Final = _Unset.UNSET
+
+_T = TypeVar("_T")
+_Maybe: TypeAlias = _T | Literal[_Unset.UNSET]
+
+_EVENT_COLS: Final = ", ".join(schema.EVENT_COLUMNS)
+_POD_COLS: Final = ", ".join(schema.POD_COLUMNS)
+_ATTEMPT_COLS: Final = ", ".join(schema.ATTEMPT_COLUMNS)
+_RUN_COLS: Final = ", ".join(schema.RUN_COLUMNS)
+_SEGMENT_COLS: Final = ", ".join(schema.SEGMENT_COLUMNS)
+_INSERT_EVENT: Final = (
+    f"INSERT INTO events ({_EVENT_COLS}) VALUES ({', '.join('?' * len(schema.EVENT_COLUMNS))})"
+)
+_UPSERT_POD: Final = (
+    f"INSERT INTO pods ({_POD_COLS}) VALUES ({', '.join('?' * len(schema.POD_COLUMNS))}) "
+    "ON CONFLICT (id) DO UPDATE SET "
+    + ", ".join(f"{c} = excluded.{c}" for c in schema.POD_COLUMNS if c != "id")
+)
+_LATEST_POD: Final = (
+    f"SELECT {_POD_COLS} FROM pods WHERE zone = ? AND name = ? ORDER BY incarnation DESC LIMIT 1"
+)
+
+# Decoding tables: a dict lookup is much cheaper than an Enum call per row, and unknown values
+# (written by a newer tpuctl) come back as plain strings instead of failing the whole read.
+_KINDS: Final[dict[str, EventKind]] = {k.value: k for k in EventKind}
+_KIND_VALUES: Final[dict[str, str]] = {k.value: k.value for k in EventKind}
+_CAPACITY_VALUES: Final[dict[str, str]] = {c.value: c.value for c in CapacityType}
+_CAPACITIES: Final[dict[str, CapacityType]] = {c.value: c for c in CapacityType}
+_OUTCOMES: Final[dict[str, AttemptOutcome]] = {o.value: o for o in AttemptOutcome}
+_RUN_STATUSES: Final[dict[str, RunStatus]] = {s.value: s for s in RunStatus}
+_SEGMENT_KINDS: Final[dict[str, SegmentKind]] = {s.value: s for s in SegmentKind}
+
+
+def resolve_ledger_path(path_or_state_dir: str | os.PathLike[str]) -> Path:
+    """``<dir>/ledger.db`` for a state directory; the path itself for a ``*.db`` or an existing file."""
+    p = Path(path_or_state_dir).expanduser()
+    if p.suffix == ".db" or p.is_file():
+        return p
+    return p / LEDGER_FILENAME
+
+
+class Ledger:
+    """The SQLite ledger. ``Ledger(state_dir)`` or ``Ledger(path/to/file.db)``; use as a context manager.
+
+    Given a state directory, it is created (or tightened) to 0700. Given a file path, a missing parent is
+    created 0700 but an existing one is left alone (it may be a shared directory such as /tmp).
+    ``clock`` supplies the timestamp of any write that does not pass ``ts``.
+    """
+
+    def __init__(
+        self,
+        path_or_state_dir: str | os.PathLike[str],
+        *,
+        clock: Callable[[], float] = time.time,
+        busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S,
+    ) -> None:
+        self._clock = clock
+        self._lock = threading.RLock()
+        db = resolve_ledger_path(path_or_state_dir)
+        if db.parent == Path(path_or_state_dir).expanduser() or not db.parent.exists():
+            ensure_private_dir(db.parent)
+        self.path: Path = db
+        private_file(db)
+        try:
+            self._conn = sqlite3.connect(
+                db, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
+            )
+        except sqlite3.Error as exc:
+            raise LedgerError(f"cannot open the ledger {db}: {exc}") from None
+        try:
+            with self._translate():
+                self._configure()
+                schema.migrate(self._conn, where=str(db))
+        except BaseException:
+            self._conn.close()
+            raise
+        for suffix in ("-wal", "-shm"):
+            tighten_file(f"{db}{suffix}")
+
+    def _configure(self) -> None:
+        conn = self._conn
+        # journal_mode is persistent in the file; switching it needs an exclusive lock, so only ask
+        # when it is not WAL yet (a fresh ledger), and wait out a concurrent first open.
+        if str(conn.execute("PRAGMA journal_mode").fetchone()[0]).lower() != "wal":
+            deadline = time.monotonic() + 10.0
+            while True:
+                try:
+                    mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+                    break
+                except sqlite3.OperationalError as exc:
+                    # The busy handler is not consulted for this change; another process switching
+                    # the same fresh file at the same moment is the only expected cause.
+                    if "locked" not in str(exc) or time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.01)
+            if str(mode).lower() != "wal":
+                raise LedgerError(
+                    f"the ledger {self.path} cannot use WAL mode (got {mode!r})",
+                    fix="put the state dir on a local filesystem (WAL does not work over NFS)",
+                )
+        conn.execute("PRAGMA synchronous = FULL")
+        conn.execute("PRAGMA foreign_keys = ON")
+        # After a bulk import the WAL can reach hundreds of MB; truncate it back after checkpoints.
+        conn.execute("PRAGMA journal_size_limit = 67108864")
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    @property
+    def schema_version(self) -> int:
+        with self._lock, self._translate():
+            return schema.schema_version(self._conn)
+
+    # -- transactions ------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _translate(self) -> Iterator[None]:
+        """sqlite3 errors become LedgerError here, in one place, with what to do about them."""
+        try:
+            yield
+        except sqlite3.OperationalError as exc:
+            text = str(exc)
+            if "locked" in text or "busy" in text:
+                raise LedgerBusyError(
+                    f"the ledger {self.path} stayed locked by another tpuctl process: {text}",
+                    fix="wait for the other tpuctl command to finish and retry",
+                ) from exc
+            raise LedgerError(f"ledger {self.path}: {text}") from exc
+        except sqlite3.DatabaseError as exc:
+            raise LedgerError(
+                f"the ledger {self.path} is unreadable or inconsistent: {exc}",
+                fix="run `tpuctl doctor`; if the file is corrupt, move it aside (a new one is created)",
+            ) from exc
+
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        with self._lock, self._translate():
+            conn = self._conn
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+
+    @contextlib.contextmanager
+    def _read(self) -> Iterator[sqlite3.Connection]:
+        # A read transaction so multi-statement reads see one snapshot.
+        with self._lock, self._translate():
+            conn = self._conn
+            conn.execute("BEGIN")
+            try:
+                yield conn
+            finally:
+                if conn.in_transaction:
+                    conn.execute("COMMIT")
+
+    # -- events and the pods view ------------------------------------------------------------------
+
+    def record_event(
+        self,
+        kind: EventKind,
+        *,
+        pod: str | None = None,
+        zone: str | None = None,
+        accelerator_type: str | None = None,
+        chips: int | None = None,
+        capacity: CapacityType | None = None,
+        price_per_chip_hour: float | None = None,
+        labels: Mapping[str, str] | None = None,
+        run_id: str | None = None,
+        request_id: str | None = None,
+        detail: Mapping[str, Any] | None = None,
+        ts: float | None = None,
+        hosts: int | None = None,
+        queued_resource: str | None = None,
+        slice_index: int | None = None,
+        backend: str | None = None,
+        project: str | None = None,
+    ) -> int:
+        """Append one event and apply it to the pods view in the same transaction; return its id.
+
+        Lifecycle kinds (requested, queued, created, ready, preempted, failed, deleted, gone,
+        price_change) need ``pod`` and ``zone``; price_change needs ``price_per_chip_hour``. See
+        ``tpuctl.store.view`` for exactly how each kind moves the view.
+        """
+        ev = self._normalize(
+            NewEvent(
+                kind, pod, zone, accelerator_type, chips, capacity, price_per_chip_hour, labels, run_id,
+                request_id, detail, ts, hosts, queued_resource, slice_index, backend, project,
+            )
+        )  # fmt: skip
+        with self._write() as conn:
+            return self._apply(conn, (ev,))[0][0]
+
+    def record_events_bulk(self, events: Iterable[NewEvent]) -> int:
+        """Record many events in ONE transaction (imports, tests, benchmarks); return how many.
+
+        Same semantics as calling ``record_event`` for each, in order, but all or nothing. The write lock
+        is held throughout, so other tpuctl writers wait (up to their busy timeout).
+        """
+        with self._write() as conn:
+            return self._apply(conn, (self._normalize(e) for e in events), return_ids=False)[1]
+
+    def _normalize(self, e: NewEvent) -> Ev:
+        # Dict lookups rather than Enum calls: this runs a million times in a bulk import, and a
+        # StrEnum member hashes and compares equal to its value, so both spellings are accepted.
+        kind = _KIND_VALUES.get(e.kind)
+        if kind is None:
+            raise ValueError(f"unknown event kind {e.kind!r}; known: {', '.join(_KIND_VALUES)}")
+        if kind in POD_KINDS and (not e.pod or not e.zone):
+            raise ValueError(f"a {kind!r} event needs both pod and zone (got pod={e.pod!r}, zone={e.zone!r})")
+        if kind == EventKind.PRICE_CHANGE and e.price_per_chip_hour is None:
+            raise ValueError("a 'price_change' event needs price_per_chip_hour")
+        ts = self._clock() if e.ts is None else float(e.ts)
+        if not math.isfinite(ts):
+            raise ValueError(f"event timestamp must be finite, got {ts!r}")
+        price = e.price_per_chip_hour
+        if price is not None and not (math.isfinite(price) and price >= 0):
+            raise ValueError(f"price_per_chip_hour must be a finite number >= 0, got {price!r}")
+        for name, value in (("chips", e.chips), ("hosts", e.hosts), ("slice_index", e.slice_index)):
+            if value is not None and value < 0:
+                raise ValueError(f"{name} must be >= 0, got {value!r}")
+        return Ev(
+            ts,
+            kind,
+            e.pod,
+            e.zone,
+            e.accelerator_type,
+            e.chips,
+            None if e.capacity is None else _capacity_value(e.capacity),
+            None if price is None else float(price),
+            None if e.labels is None else _labels_json(e.labels),
+            e.run_id,
+            e.request_id,
+            _json_or_none(e.detail),
+            e.hosts,
+            e.queued_resource,
+            e.slice_index,
+            e.backend,
+            e.project,
+        )
+
+    def _apply(
+        self, conn: sqlite3.Connection, events: Iterable[Ev], *, return_ids: bool = True
+    ) -> tuple[list[int], int]:
+        """Insert ``events`` and move the pods view; the caller holds the write transaction.
+
+        Ids are allocated here (max + 1) rather than by SQLite because a pod row records the id of the
+        last event that changed it before either is inserted; ``BEGIN IMMEDIATE`` makes this safe.
+        """
+        next_event = int(conn.execute("SELECT COALESCE(MAX(id), 0) + 1 FROM events").fetchone()[0])
+        next_pod = int(conn.execute("SELECT COALESCE(MAX(id), 0) + 1 FROM pods").fetchone()[0])
+
+        def new_pod_id() -> int:
+            nonlocal next_pod
+            next_pod += 1
+            return next_pod - 1
+
+        cache: dict[tuple[str, str], PodRow | None] = {}
+        dirty: dict[int, PodRow] = {}
+        rows: list[tuple[Any, ...]] = []
+        ids: list[int] = []
+        count = 0
+        for ev in events:
+            event_id = next_event
+            next_event += 1
+            count += 1
+            row: PodRow | None = None
+            if ev.pod is not None and ev.zone is not None:
+                key = (ev.zone, ev.pod)
+                if key in cache:
+                    cur = cache[key]
+                else:
+                    found = conn.execute(_LATEST_POD, key).fetchone()
+                    cur = None if found is None else PodRow.from_tuple(found)
+                row, changed = apply_event(cur, ev, event_id, new_pod_id)
+                cache[key] = row
+                if changed:
+                    assert row is not None
+                    dirty[row.id] = row
+            rows.append(_event_row(event_id, ev, row))
+            if return_ids:
+                ids.append(event_id)
+            if len(rows) >= _EVENT_CHUNK:
+                conn.executemany(_INSERT_EVENT, rows)
+                rows.clear()
+            if len(dirty) >= _POD_FLUSH:
+                _flush_pods(conn, dirty)
+                cache.clear()
+        if rows:
+            conn.executemany(_INSERT_EVENT, rows)
+        _flush_pods(conn, dirty)
+        return ids, count
+
+    def get_pod(self, name: str, zone: str | None = None) -> PodRecord | None:
+        """The latest incarnation of ``name`` (in ``zone``), or None.
+
+        Without a zone: the one open incarnation if exactly one zone has the name open; if none is open,
+        the latest incarnation when the name was only ever used in one zone. Otherwise the name is
+        ambiguous and ``AmbiguousPodError`` (a usage error, exit 2) names the zones.
+        """
+        with self._read() as conn:
+            if zone is not None:
+                found = conn.execute(_LATEST_POD, (zone, name)).fetchone()
+                return None if found is None else _pod_record(found)
+            latest = conn.execute(
+                f"SELECT {_POD_COLS} FROM pods AS p WHERE name = ? AND incarnation = "
+                "(SELECT MAX(incarnation) FROM pods WHERE zone = p.zone AND name = p.name) ORDER BY zone",
+                (name,),
+            ).fetchall()
+        if not latest:
+            return None
+        if len(latest) == 1:
+            return _pod_record(latest[0])
+        open_rows = [r for r in latest if r[schema.POD_COLUMNS.index("ended_at")] is None]
+        if len(open_rows) == 1:
+            return _pod_record(open_rows[0])
+        candidates = open_rows or latest
+        raise AmbiguousPodError(name, [str(r[1]) for r in candidates])
+
+    def list_pods(
+        self,
+        *,
+        alive: bool | None = None,
+        zone: str | None = None,
+        run_id: str | None = None,
+        state: PodState | None = None,
+        since: float | None = None,
+        until: float | None = None,
+    ) -> list[PodRecord]:
+        """Pods, every incarnation, oldest first. ``alive`` True: not ended; False: ended.
+
+        ``since``/``until``: only pods whose life (first known time .. ended_at) overlaps
+        ``[since, until)``, which is what a cost report over a window needs.
+        """
+        where: list[str] = []
+        params: list[Any] = []
+        if alive is True:
+            where.append("ended_at IS NULL")
+        elif alive is False:
+            where.append("ended_at IS NOT NULL")
+        if zone is not None:
+            where.append("zone = ?")
+            params.append(zone)
+        if run_id is not None:
+            where.append("run_id = ?")
+            params.append(run_id)
+        if state is not None:
+            where.append("state = ?")
+            params.append(PodState(state).value)
+        if since is not None:
+            where.append("(ended_at IS NULL OR ended_at >= ?)")
+            params.append(float(since))
+        if until is not None:
+            where.append("COALESCE(requested_at, created_at, ready_at, ended_at) < ?")
+            params.append(float(until))
+        sql = f"SELECT {_POD_COLS} FROM pods"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY id"
+        with self._read() as conn:
+            return [_pod_record(r) for r in conn.execute(sql, params)]
+
+    def pod_events(self, name: str, zone: str | None = None) -> list[EventRecord]:
+        """The events of the incarnation ``get_pod(name, zone)`` resolves to, in order."""
+        pod = self.get_pod(name, zone)
+        if pod is None:
+            return []
+        return list(self.events(pod_id=pod.id))
+
+    def events(
+        self,
+        since: float | None = None,
+        until: float | None = None,
+        kinds: Iterable[EventKind] | None = None,
+        run_id: str | None = None,
+        *,
+        pod_id: int | None = None,
+    ) -> Iterator[EventRecord]:
+        """Stream events with ``since <= ts < until``, ordered by (ts, id), read in pages.
+
+        Events appended during the iteration with a later ts may or may not be seen.
+        """
+        where: list[str] = []
+        params: list[Any] = []
+        if until is not None:
+            where.append("ts < ?")
+            params.append(float(until))
+        if kinds is not None:
+            values = sorted({EventKind(k).value for k in kinds})
+            if not values:
+                return iter(())
+            # Literals, not parameters (they are our own enum values): the planner can only use the
+            # partial ``events_price`` index when it sees ``kind = 'price_change'`` in the SQL.
+            where.append(f"kind IN ({', '.join(repr(v) for v in values)})")
+        if run_id is not None:
+            where.append("run_id = ?")
+            params.append(run_id)
+        if pod_id is not None:
+            where.append("pod_id = ?")
+            params.append(pod_id)
+        return self._paged_events(where, params, None if since is None else float(since))
+
+    def _paged_events(
+        self, where: list[str], params: list[Any], since: float | None
+    ) -> Iterator[EventRecord]:
+        # Keyset pagination on (ts, id). Each page has exactly one lower bound on ts (the window's start,
+        # then the last ts seen) so the planner ranges on the ts index instead of rescanning from the
+        # start; only rows sharing the previous page's final ts are re-filtered by id.
+        first = " AND ".join(["ts >= ?", *where] if since is not None else where) or "1"
+        more = " AND ".join(["ts >= ?", "(ts > ? OR id > ?)", *where])
+        sql_first = f"SELECT {_EVENT_COLS} FROM events WHERE {first} ORDER BY ts, id LIMIT {_PAGE:d}"
+        sql_more = f"SELECT {_EVENT_COLS} FROM events WHERE {more} ORDER BY ts, id LIMIT {_PAGE:d}"
+        with self._read() as conn:
+            page = conn.execute(sql_first, [since, *params] if since is not None else params).fetchall()
+        while True:
+            for r in page:
+                yield _event_record(r)
+            if len(page) < _PAGE:
+                return
+            last_ts, last_id = page[-1][1], page[-1][0]
+            with self._read() as conn:
+                page = conn.execute(sql_more, [last_ts, last_ts, last_id, *params]).fetchall()
+
+    # -- attempts ----------------------------------------------------------------------------------
+
+    def record_attempt(
+        self,
+        request_id: str,
+        *,
+        zone: str,
+        outcome: AttemptOutcome,
+        capacity: CapacityType | None = None,
+        message: str | None = None,
+        duration_s: float | None = None,
+        pod: str | None = None,
+        accelerator_type: str | None = None,
+        detail: Mapping[str, Any] | None = None,
+        ts: float | None = None,
+    ) -> int:
+        """Record one placement attempt (a row in ``attempts`` and an ``attempt`` event); return its id."""
+        outcome_value = AttemptOutcome(outcome).value
+        event_detail: dict[str, Any] = {"outcome": outcome_value}
+        if message is not None:
+            event_detail["message"] = message
+        if duration_s is not None:
+            event_detail["duration_s"] = duration_s
+        if detail:
+            event_detail["detail"] = dict(detail)
+        ev = self._normalize(
+            NewEvent(
+                EventKind.ATTEMPT,
+                pod=pod,
+                zone=zone,
+                accelerator_type=accelerator_type,
+                capacity=capacity,
+                request_id=request_id,
+                detail=event_detail,
+                ts=ts,
+            )
+        )
+        with self._write() as conn:
+            event_id = self._apply(conn, (ev,))[0][0]
+            cur = conn.execute(
+                f"INSERT INTO attempts ({_ATTEMPT_COLS}) VALUES (NULL, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    request_id, ev.ts, zone, ev.capacity, outcome_value, message,
+                    None if duration_s is None else float(duration_s), pod, accelerator_type, event_id,
+                    _json_or_none(detail),
+                ),
+            )  # fmt: skip
+            assert cur.lastrowid is not None
+            return cur.lastrowid
+
+    def attempts(self, request_id: str) -> list[AttemptRecord]:
+        with self._read() as conn:
+            rows = conn.execute(
+                f"SELECT {_ATTEMPT_COLS} FROM attempts WHERE request_id = ? ORDER BY ts, id", (request_id,)
+            ).fetchall()
+        return [
+            AttemptRecord(
+                id=r[0],
+                request_id=r[1],
+                ts=r[2],
+                zone=r[3],
+                capacity=_capacity(r[4]),
+                outcome=_OUTCOMES.get(r[5], r[5]),
+                message=r[6],
+                duration_s=r[7],
+                pod=r[8],
+                accelerator_type=r[9],
+                event_id=r[10],
+                detail=_loads(r[11]),
+            )
+            for r in rows
+        ]
+
+    # -- runs and their segments -------------------------------------------------------------------
+
+    def create_run(
+        self,
+        run_id: str,
+        *,
+        script: str,
+        args: Sequence[str] = (),
+        status: RunStatus = RunStatus.PENDING,
+        pod: str | None = None,
+        zone: str | None = None,
+        accelerator_type: str | None = None,
+        capacity: CapacityType | None = None,
+        labels: Mapping[str, str] | None = None,
+        detail: Mapping[str, Any] | None = None,
+        ts: float | None = None,
+    ) -> RunRecord:
+        now = self._now(ts)
+        with self._write() as conn:
+            if conn.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone():
+                raise LedgerError(f"run {run_id!r} already exists in the ledger", fix="use a new run id")
+            conn.execute(
+                f"INSERT INTO runs ({_RUN_COLS}) VALUES ({', '.join('?' * len(schema.RUN_COLUMNS))})",
+                (
+                    run_id, script, json.dumps(list(args)), RunStatus(status).value, pod, zone,
+                    accelerator_type, None if capacity is None else CapacityType(capacity).value, now,
+                    None, None, 0, 0, 0, _labels_json(labels or {}), _json_or_none(detail), now,
+                ),
+            )  # fmt: skip
+            return self._get_run(conn, run_id)
+
+    def update_run(
+        self,
+        run_id: str,
+        *,
+        status: _Maybe[RunStatus] = UNSET,
+        pod: _Maybe[str | None] = UNSET,
+        zone: _Maybe[str | None] = UNSET,
+        accelerator_type: _Maybe[str | None] = UNSET,
+        capacity: _Maybe[CapacityType | None] = UNSET,
+        ended_at: _Maybe[float | None] = UNSET,
+        exit_code: _Maybe[int | None] = UNSET,
+        restarts: _Maybe[int] = UNSET,
+        preemptions: _Maybe[int] = UNSET,
+        steps: _Maybe[int] = UNSET,
+        labels: _Maybe[Mapping[str, str]] = UNSET,
+        detail: _Maybe[Mapping[str, Any] | None] = UNSET,
+        ts: float | None = None,
+    ) -> RunRecord:
+        """Set the given fields (``UNSET`` leaves one alone). A finished status sets ``ended_at`` too,
+        unless given or already set."""
+        now = self._now(ts)
+        changes: dict[str, Any] = {}
+        if status is not UNSET:
+            changes["status"] = RunStatus(status).value
+        for column, value in (
+            ("pod", pod),
+            ("zone", zone),
+            ("accelerator_type", accelerator_type),
+            ("ended_at", ended_at),
+            ("exit_code", exit_code),
+            ("restarts", restarts),
+            ("preemptions", preemptions),
+            ("steps", steps),
+        ):
+            if value is not UNSET:
+                changes[column] = value
+        if capacity is not UNSET:
+            changes["capacity"] = None if capacity is None else CapacityType(capacity).value
+        if labels is not UNSET:
+            changes["labels"] = _labels_json(labels)
+        if detail is not UNSET:
+            changes["detail"] = _json_or_none(detail)
+        with self._write() as conn:
+            existing = self._get_run(conn, run_id)
+            if (
+                status is not UNSET
+                and RunStatus(status).finished
+                and ended_at is UNSET
+                and existing.ended_at is None
+            ):
+                changes["ended_at"] = now
+            changes["updated_at"] = now
+            assignments = ", ".join(f"{c} = ?" for c in changes)
+            conn.execute(f"UPDATE runs SET {assignments} WHERE run_id = ?", [*changes.values(), run_id])
+            return self._get_run(conn, run_id)
+
+    def get_run(self, run_id: str) -> RunRecord | None:
+        with self._read() as conn:
+            row = conn.execute(f"SELECT {_RUN_COLS} FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        return None if row is None else _run_record(row)
+
+    def list_runs(self, *, status: RunStatus | None = None, limit: int | None = None) -> list[RunRecord]:
+        """Runs, newest first."""
+        sql = f"SELECT {_RUN_COLS} FROM runs"
+        params: list[Any] = []
+        if status is not None:
+            sql += " WHERE status = ?"
+            params.append(RunStatus(status).value)
+        sql += " ORDER BY created_at DESC, run_id"
+        if limit is not None:
+            sql += " LIMIT ?"
+            params.append(int(limit))
+        with self._read() as conn:
+            return [_run_record(r) for r in conn.execute(sql, params)]
+
+    def add_segment(
+        self,
+        run_id: str,
+        kind: SegmentKind,
+        *,
+        start: float | None = None,
+        pod: str | None = None,
+        zone: str | None = None,
+        capacity: CapacityType | None = None,
+        detail: Mapping[str, Any] | None = None,
+    ) -> int:
+        """Open a segment of ``run_id``; return its id.
+
+        A run's segments are consecutive, so a segment still open is closed at ``start`` in the same
+        transaction (close it yourself first to record its step counts).
+        """
+        begin = self._now(start)
+        kind_value = SegmentKind(kind).value
+        with self._write() as conn:
+            self._get_run(conn, run_id)  # a clear error for an unknown run, not a FOREIGN KEY failure
+            conn.execute(
+                "UPDATE run_segments SET ended_at = ? WHERE run_id = ? AND ended_at IS NULL", (begin, run_id)
+            )
+            cur = conn.execute(
+                f"INSERT INTO run_segments ({_SEGMENT_COLS}) "
+                "VALUES (NULL, ?, ?, ?, NULL, ?, ?, ?, NULL, NULL, ?)",
+                (
+                    run_id, kind_value, begin, pod, zone,
+                    None if capacity is None else CapacityType(capacity).value, _json_or_none(detail),
+                ),
+            )  # fmt: skip
+            assert cur.lastrowid is not None
+            return cur.lastrowid
+
+    def close_segment(
+        self,
+        segment_id: int,
+        *,
+        end: float | None = None,
+        steps_completed: int | None = None,
+        steps_recomputed: int | None = None,
+        detail: Mapping[str, Any] | None = None,
+    ) -> SegmentRecord:
+        """Close an open segment (``detail``, when given, replaces the segment's)."""
+        finish = self._now(end)
+        with self._write() as conn:
+            row = conn.execute(
+                f"SELECT {_SEGMENT_COLS} FROM run_segments WHERE id = ?", (segment_id,)
+            ).fetchone()
+            if row is None:
+                raise LedgerError(f"no run segment with id {segment_id}")
+            if row[4] is not None:
+                raise LedgerError(f"run segment {segment_id} is already closed (at {row[4]})")
+            conn.execute(
+                "UPDATE run_segments SET ended_at = ?, steps_completed = ?, steps_recomputed = ?, "
+                "detail = COALESCE(?, detail) WHERE id = ?",
+                (finish, steps_completed, steps_recomputed, _json_or_none(detail), segment_id),
+            )
+            row = conn.execute(
+                f"SELECT {_SEGMENT_COLS} FROM run_segments WHERE id = ?", (segment_id,)
+            ).fetchone()
+        return _segment_record(row)
+
+    def segments(self, run_id: str) -> list[SegmentRecord]:
+        with self._read() as conn:
+            rows = conn.execute(
+                f"SELECT {_SEGMENT_COLS} FROM run_segments WHERE run_id = ? ORDER BY started_at, id",
+                (run_id,),
+            ).fetchall()
+        return [_segment_record(r) for r in rows]
+
+    def _get_run(self, conn: sqlite3.Connection, run_id: str) -> RunRecord:
+        row = conn.execute(f"SELECT {_RUN_COLS} FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        if row is None:
+            raise LedgerError(f"no run {run_id!r} in the ledger", fix="see `tpuctl runs list`")
+        return _run_record(row)
+
+    # -- checks --------------------------------------------------------------------------------------
+
+    def integrity_check(self) -> str:
+        """SQLite's ``integrity_check`` plus ``foreign_key_check``: "ok", or the problems, one a line."""
+        with self._read() as conn:
+            problems = [str(r[0]) for r in conn.execute("PRAGMA integrity_check")]
+            if problems == ["ok"]:
+                problems = []
+            for table, rowid, parent, _fk in conn.execute("PRAGMA foreign_key_check"):
+                problems.append(f"{table} row {rowid}: missing {parent} row")
+        return "\n".join(problems) if problems else "ok"
+
+    def check_view(self) -> list[str]:
+        """Replay the whole event log from an empty view and compare with ``pods``; [] when they agree.
+
+        Reads every event: for ``doctor`` and tests, not for every command.
+        """
+        replayed: dict[int, PodRow] = {}
+        latest: dict[tuple[str, str], PodRow] = {}
+        next_pod = 1
+
+        def new_pod_id() -> int:
+            nonlocal next_pod
+            next_pod += 1
+            return next_pod - 1
+
+        with self._read() as conn:
+            for r in conn.execute(f"SELECT {_EVENT_COLS} FROM events ORDER BY id"):
+                ev = Ev(r[1], r[2], r[3], r[4], *r[6:])
+                if ev.pod is None or ev.zone is None:
+                    continue
+                key = (ev.zone, ev.pod)
+                row, changed = apply_event(latest.get(key), ev, r[0], new_pod_id)
+                if row is not None:
+                    latest[key] = row
+                    if changed:
+                        replayed[row.id] = row
+                if r[5] != (None if row is None else row.id):
+                    return [
+                        f"event {r[0]} points at pod {r[5]}, replay says {None if row is None else row.id}"
+                    ]
+            stored = {r[0]: r for r in conn.execute(f"SELECT {_POD_COLS} FROM pods")}
+        problems: list[str] = []
+        for pod_id in sorted(stored.keys() | replayed.keys()):
+            want = replayed[pod_id].as_tuple() if pod_id in replayed else None
+            have = stored.get(pod_id)
+            if want != have:
+                problems.append(f"pod {pod_id}: view has {have}, replayed log gives {want}")
+        return problems
+
+    def _now(self, ts: float | None) -> float:
+        return self._clock() if ts is None else float(ts)
+
+
+# -- row <-> record helpers ------------------------------------------------------------------------
+
+
+def _flush_pods(conn: sqlite3.Connection, dirty: dict[int, PodRow]) -> None:
+    # In id order: updates of existing rows (which may close an incarnation) come before the insert of
+    # a newer incarnation of the same zone+name, so the "one open incarnation" index never trips.
+    conn.executemany(_UPSERT_POD, [dirty[k].as_tuple() for k in sorted(dirty)])
+    dirty.clear()
+
+
+def _event_row(event_id: int, ev: Ev, row: PodRow | None) -> tuple[Any, ...]:
+    if row is None:
+        return (
+            event_id, ev.ts, ev.kind, ev.pod, ev.zone, None, ev.accelerator_type, ev.chips, ev.capacity,
+            ev.price_per_chip_hour, ev.labels, ev.run_id, ev.request_id, ev.detail, ev.hosts,
+            ev.queued_resource, ev.slice_index, ev.backend, ev.project,
+        )  # fmt: skip
+    # The pod's attributes in force at this moment fill what the caller left out (see EventRecord).
+    return (
+        event_id, ev.ts, ev.kind, ev.pod, ev.zone, row.id,
+        row.accelerator_type if ev.accelerator_type is None else ev.accelerator_type,
+        row.chips if ev.chips is None else ev.chips,
+        row.capacity if ev.capacity is None else ev.capacity,
+        row.price_per_chip_hour if ev.price_per_chip_hour is None else ev.price_per_chip_hour,
+        ev.labels,
+        row.run_id if ev.run_id is None else ev.run_id,
+        row.request_id if ev.request_id is None else ev.request_id,
+        ev.detail, ev.hosts, ev.queued_resource, ev.slice_index, ev.backend, ev.project,
+    )  # fmt: skip
+
+
+def _labels_json(labels: Mapping[str, str]) -> str:
+    for key, value in labels.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise ValueError(f"labels must map str to str, got {key!r}: {value!r}")
+    return json.dumps(dict(labels), sort_keys=True, separators=(",", ":"))
+
+
+def _json_or_none(data: Mapping[str, Any] | None) -> str | None:
+    # default=str: detail is a log, and a Path or datetime in it should be written, not crash the write.
+    return (
+        None if data is None else json.dumps(dict(data), sort_keys=True, separators=(",", ":"), default=str)
+    )
+
+
+def _loads(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
+def _capacity_value(capacity: CapacityType | str) -> str:
+    value = _CAPACITY_VALUES.get(capacity)
+    if value is None:
+        # CapacityType.parse gives the user-facing error (with the valid choices) for a bad string.
+        return CapacityType.parse(str(capacity)).value
+    return value
+
+
+def _capacity(value: str | None) -> CapacityType | None:
+    return None if value is None else _CAPACITIES[value]
+
+
+def _event_record(r: tuple[Any, ...]) -> EventRecord:
+    return EventRecord(
+        r[0], r[1], _KINDS.get(r[2], r[2]), r[3], r[4], r[5], r[6], r[7],
+        None if r[8] is None else _CAPACITIES[r[8]], r[9],
+        None if r[10] is None else json.loads(r[10]), r[11], r[12],
+        None if r[13] is None else json.loads(r[13]), r[14], r[15], r[16], r[17], r[18],
+    )  # fmt: skip
+
+
+def _pod_record(r: tuple[Any, ...]) -> PodRecord:
+    return PodRecord(
+        r[0], r[1], r[2], r[3], PodState(r[4]), r[5], r[6], r[7], _capacity(r[8]), r[9], json.loads(r[10]),
+        r[11], r[12], r[13], r[14], r[15], r[16], r[17], r[18], r[19], r[20], r[21], r[22], r[23], r[24],
+    )  # fmt: skip
+
+
+def _run_record(r: tuple[Any, ...]) -> RunRecord:
+    return RunRecord(
+        run_id=r[0], script=r[1], args=tuple(json.loads(r[2])), status=_RUN_STATUSES.get(r[3], r[3]),
+        pod=r[4], zone=r[5], accelerator_type=r[6], capacity=_capacity(r[7]), created_at=r[8],
+        ended_at=r[9], exit_code=r[10], restarts=r[11], preemptions=r[12], steps=r[13],
+        labels=json.loads(r[14]), detail=_loads(r[15]), updated_at=r[16],
+    )  # fmt: skip
+
+
+def _segment_record(r: tuple[Any, ...]) -> SegmentRecord:
+    return SegmentRecord(
+        id=r[0], run_id=r[1], kind=_SEGMENT_KINDS.get(r[2], r[2]), start=r[3], end=r[4], pod=r[5],
+        zone=r[6], capacity=_capacity(r[7]), steps_completed=r[8], steps_recomputed=r[9],
+        detail=_loads(r[10]),
+    )  # fmt: skip

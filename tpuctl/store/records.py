@@ -1,0 +1,272 @@
+"""What the ledger stores and hands out: kinds, states, and immutable records.
+
+Records are frozen dataclasses built from rows; callers never see ``sqlite3.Row``. ``NewEvent`` is the
+one input type, a NamedTuple rather than a dataclass because the bulk path takes them by the million and
+tuple construction is several times cheaper.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, NamedTuple
+
+from tpuctl.catalog import CapacityType
+from tpuctl.errors import TpuctlError, UsageError
+
+
+class LedgerError(TpuctlError):
+    """The ledger cannot be opened, read or written (corrupt file, newer schema, lock held too long)."""
+
+    kind = "ledger"
+
+
+class LedgerBusyError(LedgerError):
+    """Another tpuctl held the ledger's write lock for longer than the busy timeout."""
+
+    kind = "ledger_busy"
+
+
+class AmbiguousPodError(UsageError):
+    """A pod name given without a zone matches slices in more than one zone."""
+
+    kind = "ambiguous_pod"
+
+    def __init__(self, name: str, zones: list[str]) -> None:
+        super().__init__(
+            f"pod name {name!r} is ambiguous: it exists in zones {', '.join(zones)}",
+            field="name",
+            value=name,
+            fix=f"pass --zone with one of: {', '.join(zones)}",
+        )
+        self.zones = zones
+
+    def details(self) -> dict[str, Any]:
+        out = super().details()
+        out["zones"] = self.zones
+        return out
+
+
+class EventKind(StrEnum):
+    """Lifecycle events. The first group changes the ``pods`` view; the rest are log-only.
+
+    The column is TEXT, so adding a kind needs no schema migration: add it here and, if it should move
+    the pods view, in ``tpuctl.store.view``.
+    """
+
+    REQUESTED = "requested"  # tpuctl decided to create it (zone chosen); opens an incarnation
+    QUEUED = "queued"  # a queued resource was accepted and waits for capacity
+    CREATED = "created"  # the create call was accepted; the slice exists (CREATING)
+    READY = "ready"  # READY: billing starts here on GCP
+    PREEMPTED = "preempted"  # billing stops; the slice still holds quota until deleted
+    DELETED = "deleted"  # gone, by tpuctl
+    GONE = "gone"  # seen missing from the cloud listing (deleted behind tpuctl's back)
+    FAILED = "failed"  # creation or the slice failed
+    PRICE_CHANGE = "price_change"  # the price per chip-hour in force changes from this moment
+    ATTEMPT = "attempt"  # one placement attempt (also a row in ``attempts``)
+    GC = "gc"  # pod gc found or removed something
+
+
+class PodState(StrEnum):
+    """The ledger's view of a slice (not the API's state enum: that lives in tpuctl.cloud)."""
+
+    REQUESTED = "REQUESTED"
+    QUEUED = "QUEUED"
+    CREATING = "CREATING"
+    READY = "READY"
+    PREEMPTED = "PREEMPTED"
+    FAILED = "FAILED"
+    DELETED = "DELETED"
+
+
+class AttemptOutcome(StrEnum):
+    CREATED = "created"
+    QUEUED = "queued"
+    STOCKOUT = "stockout"
+    QUOTA = "quota"
+    RATE_LIMITED = "rate_limited"
+    TRANSIENT = "transient"
+    AMBIGUOUS = "ambiguous"
+    OVER_CAP = "over_cap"
+    SKIPPED = "skipped"
+    CANCELLED = "cancelled"
+    FAILED = "failed"
+
+
+class RunStatus(StrEnum):
+    PENDING = "pending"
+    PROVISIONING = "provisioning"
+    RUNNING = "running"
+    RECOVERING = "recovering"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    BUDGET_EXCEEDED = "budget_exceeded"
+
+    @property
+    def finished(self) -> bool:
+        return self in (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.BUDGET_EXCEEDED)
+
+
+class SegmentKind(StrEnum):
+    PROVISIONING = "provisioning"
+    RUNNING = "running"
+    CHECKPOINTING = "checkpointing"
+    PREEMPTED = "preempted"
+    RECOVERING = "recovering"
+
+
+class NewEvent(NamedTuple):
+    """An event to record; the same fields as ``Ledger.record_event``'s arguments."""
+
+    kind: EventKind
+    pod: str | None = None
+    zone: str | None = None
+    accelerator_type: str | None = None
+    chips: int | None = None
+    capacity: CapacityType | None = None
+    price_per_chip_hour: float | None = None
+    labels: Mapping[str, str] | None = None
+    run_id: str | None = None
+    request_id: str | None = None
+    detail: Mapping[str, Any] | None = None
+    ts: float | None = None
+    hosts: int | None = None
+    queued_resource: str | None = None
+    slice_index: int | None = None
+    backend: str | None = None
+    project: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EventRecord:
+    """One row of the append-only event log.
+
+    ``accelerator_type``, ``chips``, ``capacity``, ``price_per_chip_hour``, ``run_id`` and ``request_id``
+    are those in force for the pod at that moment (filled from the pods view when the caller did not
+    give them), so a single event answers "what was this slice and what did it cost per hour then".
+    ``labels`` are only those given with the event (the pods view holds the slice's current labels);
+    copying them onto every event would multiply the ledger's size for no query that needs it.
+    ``kind`` is a plain ``str`` only for kinds written by a newer tpuctl.
+    """
+
+    id: int
+    ts: float
+    kind: EventKind | str
+    pod: str | None
+    zone: str | None
+    pod_id: int | None
+    accelerator_type: str | None
+    chips: int | None
+    capacity: CapacityType | None
+    price_per_chip_hour: float | None
+    labels: dict[str, str] | None
+    run_id: str | None
+    request_id: str | None
+    detail: dict[str, Any] | None
+    hosts: int | None
+    queued_resource: str | None
+    slice_index: int | None
+    backend: str | None
+    project: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class PodRecord:
+    """One incarnation of a slice (zone + name + incarnation is unique).
+
+    A name can be reused after a slice is deleted; each life gets its own row (``incarnation`` 1, 2, ...)
+    so the cost of the earlier one is not overwritten. At most one incarnation per zone+name is open.
+
+    Times are epoch seconds. ``ended_at`` is when billing stopped (first of preempted / failed / deleted /
+    gone) and ``end_reason`` the event kind that ended it; ``deleted_at`` is when the slice stopped
+    existing (a preempted slice keeps holding quota until then).
+    """
+
+    id: int
+    zone: str
+    name: str
+    incarnation: int
+    state: PodState
+    accelerator_type: str | None
+    chips: int | None
+    hosts: int | None
+    capacity: CapacityType | None
+    price_per_chip_hour: float | None
+    labels: dict[str, str]
+    request_id: str | None
+    run_id: str | None
+    queued_resource: str | None
+    slice_index: int | None
+    backend: str | None
+    project: str | None
+    requested_at: float | None
+    created_at: float | None
+    ready_at: float | None
+    ended_at: float | None
+    end_reason: str | None
+    deleted_at: float | None
+    updated_at: float
+    last_event_id: int
+
+    @property
+    def alive(self) -> bool:
+        """Not ended: requested, queued, creating or ready."""
+        return self.ended_at is None
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptRecord:
+    id: int
+    request_id: str
+    ts: float
+    zone: str
+    capacity: CapacityType | None
+    outcome: AttemptOutcome | str
+    message: str | None
+    duration_s: float | None
+    pod: str | None
+    accelerator_type: str | None
+    event_id: int
+    detail: dict[str, Any] | None
+
+
+@dataclass(frozen=True, slots=True)
+class RunRecord:
+    run_id: str
+    script: str
+    args: tuple[str, ...]
+    status: RunStatus | str
+    pod: str | None
+    zone: str | None
+    accelerator_type: str | None
+    capacity: CapacityType | None
+    created_at: float
+    ended_at: float | None
+    exit_code: int | None
+    restarts: int
+    preemptions: int
+    steps: int
+    labels: dict[str, str]
+    detail: dict[str, Any] | None
+    updated_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentRecord:
+    id: int
+    run_id: str
+    kind: SegmentKind | str
+    start: float
+    end: float | None
+    pod: str | None
+    zone: str | None
+    capacity: CapacityType | None
+    steps_completed: int | None
+    steps_recomputed: int | None
+    detail: dict[str, Any] | None
+
+    @property
+    def duration_s(self) -> float | None:
+        return None if self.end is None else self.end - self.start

@@ -1,0 +1,316 @@
+"""The ledger's SQLite schema and its forward migrations.
+
+``PRAGMA user_version`` is the number of migrations applied. ``MIGRATIONS[i]`` takes a ledger from
+version ``i`` to ``i + 1``. To add a table (runs accounting, price caches, ...): append one
+``Migration`` with its ``CREATE TABLE``/``CREATE INDEX`` statements, never edit a released one. All
+pending migrations run in one ``BEGIN IMMEDIATE`` transaction together with the ``user_version`` bump,
+so a tpuctl killed half way leaves the old schema, and two tpuctl processes opening a fresh ledger at the
+same moment migrate it once (the second re-reads the version under the write lock).
+
+Design notes (what the later features need):
+
+* ``events`` is append-only. ``pod_id`` ties an event to the pod incarnation it applied to, so per-slice
+  scans (``pod describe``, billed time per slice) are an index range, not a scan of the log.
+  ``events_ts`` serves time windows (``cost report --since``), ``events_run`` per-run scans, and the
+  small partial ``events_price`` index finds every ``price_change`` without reading the log.
+* ``pods`` is the current view, one row per incarnation of zone+name (a name may be reused after a
+  delete, and the earlier life's cost must survive). It carries everything a cost report groups by
+  (zone, type, capacity, run, labels) and the billing times (ready_at .. ended_at), so a report over a
+  1,000,000-event ledger reads the pods table (one row per slice) plus the price changes, not the log.
+  ``pods_open`` guarantees at most one open incarnation per zone+name.
+* ``run_segments`` has at most one open segment per run (``run_segments_open``).
+* Tables are STRICT so a wrong type is an error at write time rather than a surprise in a report.
+  JSON columns (labels, detail, args) are TEXT holding compact JSON; ``json_extract`` works on them.
+* Foreign keys are DEFERRABLE INITIALLY DEFERRED: the bulk path inserts events before the pod rows
+  they point to and the constraint is checked at COMMIT.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass
+
+from tpuctl.store.records import LedgerError
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int  # the user_version after this migration
+    summary: str
+    statements: tuple[str, ...]
+
+
+POD_COLUMNS: tuple[str, ...] = (
+    "id",
+    "zone",
+    "name",
+    "incarnation",
+    "state",
+    "accelerator_type",
+    "chips",
+    "hosts",
+    "capacity",
+    "price_per_chip_hour",
+    "labels",
+    "request_id",
+    "run_id",
+    "queued_resource",
+    "slice_index",
+    "backend",
+    "project",
+    "requested_at",
+    "created_at",
+    "ready_at",
+    "ended_at",
+    "end_reason",
+    "deleted_at",
+    "updated_at",
+    "last_event_id",
+)
+
+EVENT_COLUMNS: tuple[str, ...] = (
+    "id",
+    "ts",
+    "kind",
+    "pod",
+    "zone",
+    "pod_id",
+    "accelerator_type",
+    "chips",
+    "capacity",
+    "price_per_chip_hour",
+    "labels",
+    "run_id",
+    "request_id",
+    "detail",
+    "hosts",
+    "queued_resource",
+    "slice_index",
+    "backend",
+    "project",
+)
+
+ATTEMPT_COLUMNS: tuple[str, ...] = (
+    "id",
+    "request_id",
+    "ts",
+    "zone",
+    "capacity",
+    "outcome",
+    "message",
+    "duration_s",
+    "pod",
+    "accelerator_type",
+    "event_id",
+    "detail",
+)
+
+RUN_COLUMNS: tuple[str, ...] = (
+    "run_id",
+    "script",
+    "args",
+    "status",
+    "pod",
+    "zone",
+    "accelerator_type",
+    "capacity",
+    "created_at",
+    "ended_at",
+    "exit_code",
+    "restarts",
+    "preemptions",
+    "steps",
+    "labels",
+    "detail",
+    "updated_at",
+)
+
+SEGMENT_COLUMNS: tuple[str, ...] = (
+    "id",
+    "run_id",
+    "kind",
+    "started_at",
+    "ended_at",
+    "pod",
+    "zone",
+    "capacity",
+    "steps_completed",
+    "steps_recomputed",
+    "detail",
+)
+
+_V1 = Migration(
+    1,
+    "events, pods, attempts, runs, run_segments",
+    (
+        """
+        CREATE TABLE pods (
+            id                  INTEGER PRIMARY KEY,
+            zone                TEXT    NOT NULL,
+            name                TEXT    NOT NULL,
+            incarnation         INTEGER NOT NULL,
+            state               TEXT    NOT NULL,
+            accelerator_type    TEXT,
+            chips               INTEGER,
+            hosts               INTEGER,
+            capacity            TEXT,
+            price_per_chip_hour REAL,
+            labels              TEXT    NOT NULL DEFAULT '{}',
+            request_id          TEXT,
+            run_id              TEXT,
+            queued_resource     TEXT,
+            slice_index         INTEGER,
+            backend             TEXT,
+            project             TEXT,
+            requested_at        REAL,
+            created_at          REAL,
+            ready_at            REAL,
+            ended_at            REAL,
+            end_reason          TEXT,
+            deleted_at          REAL,
+            updated_at          REAL    NOT NULL,
+            last_event_id       INTEGER NOT NULL,
+            UNIQUE (zone, name, incarnation)
+        ) STRICT
+        """,
+        "CREATE UNIQUE INDEX pods_open ON pods (zone, name) WHERE ended_at IS NULL",
+        "CREATE INDEX pods_name ON pods (name)",
+        "CREATE INDEX pods_run ON pods (run_id) WHERE run_id IS NOT NULL",
+        "CREATE INDEX pods_request ON pods (request_id) WHERE request_id IS NOT NULL",
+        """
+        CREATE TABLE events (
+            id                  INTEGER PRIMARY KEY,
+            ts                  REAL    NOT NULL,
+            kind                TEXT    NOT NULL,
+            pod                 TEXT,
+            zone                TEXT,
+            pod_id              INTEGER REFERENCES pods (id) DEFERRABLE INITIALLY DEFERRED,
+            accelerator_type    TEXT,
+            chips               INTEGER,
+            capacity            TEXT,
+            price_per_chip_hour REAL,
+            labels              TEXT,
+            run_id              TEXT,
+            request_id          TEXT,
+            detail              TEXT,
+            hosts               INTEGER,
+            queued_resource     TEXT,
+            slice_index         INTEGER,
+            backend             TEXT,
+            project             TEXT
+        ) STRICT
+        """,
+        "CREATE INDEX events_ts ON events (ts)",
+        "CREATE INDEX events_pod ON events (pod_id, ts) WHERE pod_id IS NOT NULL",
+        "CREATE INDEX events_run ON events (run_id, ts) WHERE run_id IS NOT NULL",
+        "CREATE INDEX events_price ON events (pod_id, ts) WHERE kind = 'price_change'",
+        """
+        CREATE TABLE attempts (
+            id                  INTEGER PRIMARY KEY,
+            request_id          TEXT    NOT NULL,
+            ts                  REAL    NOT NULL,
+            zone                TEXT    NOT NULL,
+            capacity            TEXT,
+            outcome             TEXT    NOT NULL,
+            message             TEXT,
+            duration_s          REAL,
+            pod                 TEXT,
+            accelerator_type    TEXT,
+            event_id            INTEGER NOT NULL REFERENCES events (id) DEFERRABLE INITIALLY DEFERRED,
+            detail              TEXT
+        ) STRICT
+        """,
+        "CREATE INDEX attempts_request ON attempts (request_id, ts)",
+        """
+        CREATE TABLE runs (
+            run_id              TEXT    PRIMARY KEY,
+            script              TEXT    NOT NULL,
+            args                TEXT    NOT NULL DEFAULT '[]',
+            status              TEXT    NOT NULL,
+            pod                 TEXT,
+            zone                TEXT,
+            accelerator_type    TEXT,
+            capacity            TEXT,
+            created_at          REAL    NOT NULL,
+            ended_at            REAL,
+            exit_code           INTEGER,
+            restarts            INTEGER NOT NULL DEFAULT 0,
+            preemptions         INTEGER NOT NULL DEFAULT 0,
+            steps               INTEGER NOT NULL DEFAULT 0,
+            labels              TEXT    NOT NULL DEFAULT '{}',
+            detail              TEXT,
+            updated_at          REAL    NOT NULL
+        ) STRICT
+        """,
+        "CREATE INDEX runs_created ON runs (created_at)",
+        """
+        CREATE TABLE run_segments (
+            id                  INTEGER PRIMARY KEY,
+            run_id              TEXT    NOT NULL REFERENCES runs (run_id) DEFERRABLE INITIALLY DEFERRED,
+            kind                TEXT    NOT NULL,
+            started_at          REAL    NOT NULL,
+            ended_at            REAL,
+            pod                 TEXT,
+            zone                TEXT,
+            capacity            TEXT,
+            steps_completed     INTEGER,
+            steps_recomputed    INTEGER,
+            detail              TEXT
+        ) STRICT
+        """,
+        "CREATE INDEX run_segments_run ON run_segments (run_id, started_at)",
+        "CREATE UNIQUE INDEX run_segments_open ON run_segments (run_id) WHERE ended_at IS NULL",
+    ),
+)
+
+MIGRATIONS: tuple[Migration, ...] = (_V1,)
+SCHEMA_VERSION: int = len(MIGRATIONS)
+
+
+def _check_migrations() -> None:
+    # A misnumbered migration would silently skip or repeat one; cheap enough to check on every open.
+    for index, migration in enumerate(MIGRATIONS):
+        if migration.version != index + 1:
+            raise AssertionError(f"migration #{index} declares version {migration.version}")
+
+
+def schema_version(conn: sqlite3.Connection) -> int:
+    row = conn.execute("PRAGMA user_version").fetchone()
+    return int(row[0])
+
+
+def migrate(conn: sqlite3.Connection, *, where: str) -> int:
+    """Bring the schema up to ``SCHEMA_VERSION``; return the version found before. Idempotent.
+
+    ``conn`` must be in autocommit mode (``isolation_level=None``): the transaction is ours.
+    """
+    _check_migrations()
+    found = schema_version(conn)
+    if found == SCHEMA_VERSION:
+        return found  # the common case: no write lock taken at all
+    _refuse_newer(found, where)
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        found = schema_version(conn)  # another process may have migrated while we waited
+        _refuse_newer(found, where)
+        for migration in MIGRATIONS[found:]:
+            for statement in migration.statements:
+                conn.execute(statement)
+        # user_version lives in the database header, which is written as part of this transaction.
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION:d}")
+        conn.execute("COMMIT")
+    except BaseException:
+        # Some errors (disk full, I/O) already rolled the transaction back.
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    return found
+
+
+def _refuse_newer(found: int, where: str) -> None:
+    if found > SCHEMA_VERSION:
+        raise LedgerError(
+            f"the ledger at {where} has schema version {found}, newer than this tpuctl understands "
+            f"({SCHEMA_VERSION})",
+            fix="upgrade tpuctl, or point --state-dir at another directory",
+        )

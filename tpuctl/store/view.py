@@ -1,0 +1,264 @@
+"""How an event moves the pods view: one pure function, used by every write path and by the replay check.
+
+Keeping this a pure function of (current row, event) is what makes "view and log never disagree"
+checkable: replaying the event log from an empty view must give the pods table exactly
+(``Ledger.check_view``). The single-event path, the bulk path and the replay all call ``apply_event``.
+
+Rules, for the latest incarnation ``cur`` of the event's zone+name:
+
+* requested / queued / created / ready: if there is no incarnation, or ``cur`` has ended, a new
+  incarnation starts (a name reused after a delete is a new slice with its own cost). Otherwise the
+  event's non-null attributes are merged into ``cur``, the state only moves forward
+  (REQUESTED < QUEUED < CREATING < READY; a late ``created`` after ``ready`` does not regress it),
+  and the matching timestamp is set once (the first one wins: billing starts at the first READY).
+* preempted / failed / deleted / gone on an open ``cur``: ``ended_at`` = ts, ``end_reason`` = kind,
+  state PREEMPTED / FAILED / DELETED; deleted and gone also set ``deleted_at``.
+  deleted / gone on a preempted or failed ``cur`` only sets ``deleted_at`` and state DELETED: billing
+  ended at the preemption, but the slice held quota until now. Other end events on an ended ``cur``
+  are duplicates and change nothing. An end event for a pod never seen creates an ended row, so a
+  slice tpuctl only learns about when it goes away still shows up.
+* price_change on an open ``cur`` sets the price in force from now on.
+* every other kind is log-only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from tpuctl.store.records import EventKind, PodState
+
+
+class Ev(NamedTuple):
+    """A validated event ready for storage: enums as their values, JSON already encoded."""
+
+    ts: float
+    kind: str
+    pod: str | None
+    zone: str | None
+    accelerator_type: str | None
+    chips: int | None
+    capacity: str | None
+    price_per_chip_hour: float | None
+    labels: str | None
+    run_id: str | None
+    request_id: str | None
+    detail: str | None
+    hosts: int | None
+    queued_resource: str | None
+    slice_index: int | None
+    backend: str | None
+    project: str | None
+
+
+@dataclass(slots=True)
+class PodRow:
+    """A mutable working copy of one ``pods`` row, fields in ``schema.POD_COLUMNS`` order."""
+
+    id: int
+    zone: str
+    name: str
+    incarnation: int
+    state: str
+    accelerator_type: str | None
+    chips: int | None
+    hosts: int | None
+    capacity: str | None
+    price_per_chip_hour: float | None
+    labels: str
+    request_id: str | None
+    run_id: str | None
+    queued_resource: str | None
+    slice_index: int | None
+    backend: str | None
+    project: str | None
+    requested_at: float | None
+    created_at: float | None
+    ready_at: float | None
+    ended_at: float | None
+    end_reason: str | None
+    deleted_at: float | None
+    updated_at: float
+    last_event_id: int
+
+    def as_tuple(self) -> tuple[Any, ...]:
+        return (
+            self.id,
+            self.zone,
+            self.name,
+            self.incarnation,
+            self.state,
+            self.accelerator_type,
+            self.chips,
+            self.hosts,
+            self.capacity,
+            self.price_per_chip_hour,
+            self.labels,
+            self.request_id,
+            self.run_id,
+            self.queued_resource,
+            self.slice_index,
+            self.backend,
+            self.project,
+            self.requested_at,
+            self.created_at,
+            self.ready_at,
+            self.ended_at,
+            self.end_reason,
+            self.deleted_at,
+            self.updated_at,
+            self.last_event_id,
+        )
+
+    @classmethod
+    def from_tuple(cls, row: tuple[Any, ...]) -> PodRow:
+        return cls(*row)
+
+    @classmethod
+    def new(cls, pod_id: int, zone: str, name: str, incarnation: int, state: str, ts: float) -> PodRow:
+        return cls(
+            pod_id, zone, name, incarnation, state, None, None, None, None, None, "{}", None, None,
+            None, None, None, None, None, None, None, None, None, None, ts, 0,
+        )  # fmt: skip
+
+
+_OPENING: dict[str, str] = {
+    EventKind.REQUESTED: PodState.REQUESTED,
+    EventKind.QUEUED: PodState.QUEUED,
+    EventKind.CREATED: PodState.CREATING,
+    EventKind.READY: PodState.READY,
+}
+_RANK: dict[str, int] = {
+    PodState.REQUESTED: 0,
+    PodState.QUEUED: 1,
+    PodState.CREATING: 2,
+    PodState.READY: 3,
+}
+_ENDING: dict[str, str] = {
+    EventKind.PREEMPTED: PodState.PREEMPTED,
+    EventKind.FAILED: PodState.FAILED,
+    EventKind.DELETED: PodState.DELETED,
+    EventKind.GONE: PodState.DELETED,
+}
+_DELETING = frozenset({EventKind.DELETED.value, EventKind.GONE.value})
+
+#: Kinds that move the view: for these an event must name a pod and a zone.
+POD_KINDS = frozenset({*_OPENING, *_ENDING, EventKind.PRICE_CHANGE.value})
+
+
+def _merge(row: PodRow, ev: Ev) -> None:
+    # Attributes given with an event replace the view's; ``None`` means "not given", not "clear it".
+    if ev.accelerator_type is not None:
+        row.accelerator_type = ev.accelerator_type
+    if ev.chips is not None:
+        row.chips = ev.chips
+    if ev.hosts is not None:
+        row.hosts = ev.hosts
+    if ev.capacity is not None:
+        row.capacity = ev.capacity
+    if ev.price_per_chip_hour is not None:
+        row.price_per_chip_hour = ev.price_per_chip_hour
+    if ev.labels is not None:
+        row.labels = ev.labels
+    if ev.request_id is not None:
+        row.request_id = ev.request_id
+    if ev.run_id is not None:
+        row.run_id = ev.run_id
+    if ev.queued_resource is not None:
+        row.queued_resource = ev.queued_resource
+    if ev.slice_index is not None:
+        row.slice_index = ev.slice_index
+    if ev.backend is not None:
+        row.backend = ev.backend
+    if ev.project is not None:
+        row.project = ev.project
+
+
+def apply_event(
+    cur: PodRow | None, ev: Ev, event_id: int, new_pod_id: Callable[[], int]
+) -> tuple[PodRow | None, bool]:
+    """Apply ``ev`` (already given ``event_id``) to ``cur``, the latest incarnation of its zone+name.
+
+    Returns the row the event belongs to (a new incarnation, ``cur`` changed in place, ``cur`` as it
+    was, or ``None`` when there is no pod) and whether that row changed and must be written.
+    ``new_pod_id`` allocates the id of a new incarnation.
+    """
+    kind = ev.kind
+    ts = ev.ts
+    opening_state = _OPENING.get(kind)
+    if opening_state is not None:
+        assert ev.zone is not None and ev.pod is not None
+        if cur is None or cur.ended_at is not None:
+            incarnation = 1 if cur is None else cur.incarnation + 1
+            row = PodRow.new(new_pod_id(), ev.zone, ev.pod, incarnation, opening_state, ts)
+            before: tuple[Any, ...] | None = None
+        else:
+            row = cur
+            before = row.as_tuple()
+        _merge(row, ev)
+        if _RANK[opening_state] > _RANK.get(row.state, -1):
+            row.state = opening_state
+        if kind == EventKind.CREATED:
+            if row.created_at is None:
+                row.created_at = ts
+        elif kind == EventKind.READY:
+            if row.ready_at is None:
+                row.ready_at = ts
+            if row.created_at is None:  # a slice first seen READY (adopted) existed by then
+                row.created_at = ts
+        elif row.requested_at is None:  # requested, queued
+            row.requested_at = ts
+        return _touched(row, before, ts, event_id)
+
+    ending_state = _ENDING.get(kind)
+    if ending_state is not None:
+        assert ev.zone is not None and ev.pod is not None
+        deleting = kind in _DELETING
+        if cur is None:
+            row = PodRow.new(new_pod_id(), ev.zone, ev.pod, 1, ending_state, ts)
+            _merge(row, ev)
+            _end(row, kind, ending_state, ts, deleting)
+            return _touched(row, None, ts, event_id)
+        if cur.ended_at is None:
+            before = cur.as_tuple()
+            _merge(cur, ev)
+            _end(cur, kind, ending_state, ts, deleting)
+            return _touched(cur, before, ts, event_id)
+        if deleting and cur.deleted_at is None:
+            cur.deleted_at = ts
+            cur.state = PodState.DELETED
+            return _touched(cur, None, ts, event_id)
+        return cur, False
+
+    if kind == EventKind.PRICE_CHANGE:
+        price = ev.price_per_chip_hour
+        if (
+            cur is not None
+            and cur.ended_at is None
+            and price is not None
+            and price != cur.price_per_chip_hour
+        ):
+            cur.price_per_chip_hour = price
+            return _touched(cur, None, ts, event_id)
+        return cur, False
+
+    return cur, False
+
+
+def _end(row: PodRow, kind: str, state: str, ts: float, deleting: bool) -> None:
+    row.ended_at = ts
+    row.end_reason = kind
+    row.state = state
+    if deleting:
+        row.deleted_at = ts
+
+
+def _touched(row: PodRow, before: tuple[Any, ...] | None, ts: float, event_id: int) -> tuple[PodRow, bool]:
+    # ``before`` is None when the row is new or certainly changed. Otherwise compare, so a duplicate
+    # event does not move ``updated_at`` / ``last_event_id`` (and replay gives the same answer).
+    if before is not None and before == row.as_tuple():
+        return row, False
+    row.updated_at = ts
+    row.last_event_id = event_id
+    return row, True
