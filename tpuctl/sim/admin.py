@@ -1,0 +1,233 @@
+"""``SimAdminClient``: the simulator's admin API over HTTP (``/sim/v1/...``), for `tpuctl sim ...`, the
+launcher (host registration, endpoint overrides) and tests.
+
+Errors come back as ``SimAdminError`` (a ``tpuctl.errors.CloudError``) carrying the HTTP status and the
+google.rpc status name of the simulator's JSON error.
+"""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import Any, TypedDict, cast
+
+import httpx
+
+from tpuctl.errors import CloudError, NotFoundError
+
+
+class SimAdminError(CloudError):
+    """The admin API refused a request (bad input, unknown node, node not READY, ...)."""
+
+    kind = "sim_admin"
+
+    def __init__(self, message: str, *, http_status: int, status: str) -> None:
+        super().__init__(message)
+        self.http_status = http_status
+        self.status = status
+
+
+class PoolStatus(TypedDict):
+    generation: str
+    capacity_class: str  # on_demand | preemptible
+    capacity_chips: int  # 0 while the zone is stocked out
+    in_use_chips: int
+    free_chips: int
+
+
+class ZoneStatus(TypedDict):
+    zone: str
+    region: str
+    stockout: bool
+    pools: list[PoolStatus]
+
+
+class ReservationStatus(TypedDict):
+    name: str
+    zone: str
+    generation: str
+    chips: int
+    in_use_chips: int
+    free_chips: int
+
+
+class NodeStatus(TypedDict):
+    project: str
+    zone: str
+    name: str
+    accelerator_type: str
+    chips: int
+    hosts: int
+    state: str
+    capacity_class: str  # on_demand | preemptible | reserved
+    reservation: str | None
+    queued_resource: str | None
+    preempted: bool  # the metadata flag instance/preempted
+    preempt_at: str | None  # RFC 3339, when a scheduled/random preemption will start
+    registered_hosts: int
+
+
+class QueuedResourceStatus(TypedDict):
+    project: str
+    zone: str
+    name: str
+    state: str
+    node_count: int
+    capacity_class: str
+
+
+class FaultRates(TypedDict):
+    transient_error_rate: float
+    ambiguous_error_rate: float
+
+
+class SimStatus(TypedDict):
+    backend: str  # "sim"
+    project: str
+    now: str  # RFC 3339 real time
+    speed: float
+    sim_time_s: float  # simulated seconds since the state was created (or reset)
+    zones: list[ZoneStatus]
+    reservations: list[ReservationStatus]
+    nodes: list[NodeStatus]
+    queued_resources: list[QueuedResourceStatus]
+    faults: FaultRates
+    world: dict[str, Any]
+
+
+class HostRegistration(TypedDict):
+    project: str
+    zone: str
+    node: str
+    worker: int
+    pid: int
+
+
+class SimAdminClient:
+    """Typed access to a running simulator's admin API. ``base_url`` is ``SimServer.url``."""
+
+    def __init__(self, base_url: str, *, timeout_s: float = 30.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._http = httpx.Client(base_url=self.base_url + "/sim/v1", timeout=timeout_s)
+
+    # --- reading ---------------------------------------------------------------------------------
+
+    def status(self) -> SimStatus:
+        """Zones with capacity in use/free per class, stockouts, nodes, queued resources, faults, world
+        summary and the simulated clock."""
+        return cast(SimStatus, self._call("GET", "/status"))
+
+    def world(self) -> dict[str, Any]:
+        """The world in force, as JSON data (World.model_dump)."""
+        return self._call("GET", "/world")
+
+    def faults(self) -> FaultRates:
+        return cast(FaultRates, self._call("GET", "/faults"))
+
+    def metadata(self, zone: str, node: str, worker: int, key: str = "instance/preempted") -> str:
+        """What a simulated host's metadata server answers for ``key`` (path after computeMetadata/v1/)."""
+        response = self._http.get(
+            f"{self.base_url}/sim/metadata/{zone}/{node}/{worker}/computeMetadata/v1/{key}",
+            headers={"Metadata-Flavor": "Google"},
+        )
+        if response.status_code != 200:
+            raise SimAdminError(
+                f"metadata {key} of {zone}/{node}/{worker}: HTTP {response.status_code}",
+                http_status=response.status_code,
+                status="NOT_FOUND" if response.status_code == 404 else "UNKNOWN",
+            )
+        return response.text
+
+    # --- acting ----------------------------------------------------------------------------------
+
+    def reset(self, world: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Forget all simulated state; with ``world`` (World.model_dump() data), put it in force."""
+        payload: dict[str, Any] = {"world": world} if world is not None else {}
+        return self._call("POST", "/reset", json=payload)
+
+    def preempt(
+        self, zone: str, node: str, *, notice: bool = True, project: str | None = None
+    ) -> dict[str, Any]:
+        """Preempt a READY node now; returns the node (TPU API JSON). With notice: metadata flag and
+        SIGTERM now, SIGKILL and PREEMPTED after the grace period; without: at once."""
+        return self._call(
+            "POST",
+            "/preempt",
+            json=_drop_none({"zone": zone, "node": node, "notice": notice, "project": project}),
+        )
+
+    def stockout(self, zone: str, *, clear: bool = False) -> bool:
+        """Set (or clear) a manual stockout: the zone's on-demand and spot capacity become zero."""
+        return bool(self._call("POST", "/stockout", json={"zone": zone, "clear": clear})["stockout"])
+
+    def register_host(
+        self, zone: str, node: str, worker: int, pid: int, *, project: str | None = None
+    ) -> HostRegistration:
+        """Register the local process standing in for host ``worker`` of a node: it will get SIGTERM /
+        SIGKILL on preemption and SIGKILL when the node is deleted or stopped."""
+        payload = _drop_none({"zone": zone, "node": node, "worker": worker, "pid": pid, "project": project})
+        return cast(HostRegistration, self._call("POST", "/hosts", json=payload))
+
+    def unregister_hosts(
+        self, zone: str, node: str, worker: int | None = None, *, project: str | None = None
+    ) -> int:
+        params = _drop_none({"zone": zone, "node": node, "worker": worker, "project": project})
+        return int(self._call("DELETE", "/hosts", params=params)["removed"])
+
+    def set_endpoints(
+        self, zone: str, node: str, endpoints: list[dict[str, Any]] | None, *, project: str | None = None
+    ) -> dict[str, Any]:
+        """Override a node's networkEndpoints ([{"ipAddress", "port", ...}]); None restores the default.
+        Returns the node (TPU API JSON)."""
+        payload = {"zone": zone, "node": node, "endpoints": endpoints}
+        if project is not None:
+            payload["project"] = project
+        return self._call("PUT", "/endpoints", json=payload)
+
+    def set_faults(
+        self, *, transient_error_rate: float | None = None, ambiguous_error_rate: float | None = None
+    ) -> FaultRates:
+        """Change the injected fault rates at runtime (persisted in the state until reset)."""
+        payload = _drop_none(
+            {"transient_error_rate": transient_error_rate, "ambiguous_error_rate": ambiguous_error_rate}
+        )
+        return cast(FaultRates, self._call("POST", "/faults", json=payload))
+
+    def advance(self) -> None:
+        """Apply every transition due now (the server's ticker does this on its own)."""
+        self._call("POST", "/advance")
+
+    # --- plumbing --------------------------------------------------------------------------------
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        response = self._http.request(method, path, **kwargs)
+        try:
+            data = response.json()
+        except ValueError:
+            data = {}
+        if response.status_code >= 400:
+            error = data.get("error", {}) if isinstance(data, dict) else {}
+            message = str(error.get("message") or f"HTTP {response.status_code}")
+            if response.status_code == 404:
+                raise NotFoundError(message)
+            raise SimAdminError(
+                message, http_status=response.status_code, status=str(error.get("status", "UNKNOWN"))
+            )
+        return cast(dict[str, Any], data)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> SimAdminClient:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def _drop_none(data: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in data.items() if v is not None}

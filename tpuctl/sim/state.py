@@ -1,0 +1,188 @@
+"""The simulator's state: one SQLite file, ``<state_dir>/sim/sim.db``.
+
+Several processes may open it at once (every tpuctl command runs its own in-process simulator), so:
+WAL (readers never block the writer), a generous busy timeout, and every mutation inside
+``BEGIN IMMEDIATE`` so two writers serialize on the database lock instead of losing an update between a
+read and a write. Within one process, one connection is shared by the server's threads behind a lock
+(sqlite3 connections are not safe to use from two threads at once).
+
+Timestamps are REAL epoch seconds (the injected clock's time); durations from the world are converted
+with its speed factor when a deadline is stored, so the stored state means the same to every process.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+
+-- One row per TPU node. A pending transition is (state -> next_state at due_at); next_state 'GONE'
+-- deletes the row. op_name is the operation that completes with the transition.
+CREATE TABLE IF NOT EXISTS nodes (
+    project TEXT NOT NULL,
+    zone TEXT NOT NULL,
+    node_id TEXT NOT NULL,
+    uid TEXT NOT NULL,
+    generation TEXT NOT NULL,
+    accelerator_type TEXT NOT NULL,
+    topology TEXT NOT NULL,
+    chips INTEGER NOT NULL,
+    hosts INTEGER NOT NULL,
+    quota_units INTEGER NOT NULL,
+    capacity_class TEXT NOT NULL,          -- on_demand | preemptible | reserved
+    reservation TEXT,
+    state TEXT NOT NULL,
+    next_state TEXT,
+    due_at REAL,
+    op_name TEXT,
+    create_time REAL NOT NULL,
+    ready_time REAL,
+    spec TEXT NOT NULL,                    -- JSON: the request fields kept as given
+    endpoints TEXT,                        -- JSON override of networkEndpoints (admin API)
+    queued_resource TEXT,                  -- the QR id that made it
+    multislice INTEGER NOT NULL DEFAULT 0,
+    preempt_at REAL,                       -- when a preemption starts
+    preempt_notice INTEGER NOT NULL DEFAULT 1,
+    preempt_entry INTEGER,                 -- the schedule entry that set preempt_at, if any
+    preempted_flag INTEGER NOT NULL DEFAULT 0,  -- metadata instance/preempted
+    kill_at REAL,                          -- end of the preemption grace period
+    PRIMARY KEY (project, zone, node_id)
+);
+
+CREATE TABLE IF NOT EXISTS operations (
+    project TEXT NOT NULL,
+    zone TEXT NOT NULL,
+    op_id TEXT NOT NULL,
+    target TEXT NOT NULL,
+    verb TEXT NOT NULL,
+    create_time REAL NOT NULL,
+    end_time REAL,
+    done INTEGER NOT NULL DEFAULT 0,
+    due_at REAL,                           -- completes on its own at this time (stockouts)
+    error TEXT,                            -- JSON google.rpc.Status once done (or pending, with due_at)
+    response TEXT,                         -- JSON resource (with @type) once done
+    PRIMARY KEY (project, zone, op_id)
+);
+
+CREATE TABLE IF NOT EXISTS queued_resources (
+    project TEXT NOT NULL,
+    zone TEXT NOT NULL,
+    qr_id TEXT NOT NULL,
+    spec TEXT NOT NULL,                    -- JSON: the request body as given (normalized)
+    plan TEXT NOT NULL,                    -- JSON: the nodes it makes [{node_id, accelerator_type, ...}]
+    capacity_class TEXT NOT NULL,
+    reservation TEXT,
+    state TEXT NOT NULL,
+    state_initiator TEXT NOT NULL,
+    create_time REAL NOT NULL,
+    valid_after REAL,
+    valid_until REAL,
+    error TEXT,                            -- JSON google.rpc.Status when FAILED
+    op_name TEXT,                          -- the delete operation while DELETING
+    PRIMARY KEY (project, zone, qr_id)
+);
+
+CREATE TABLE IF NOT EXISTS request_ids (
+    project TEXT NOT NULL,
+    request_id TEXT NOT NULL,
+    op_name TEXT NOT NULL,
+    PRIMARY KEY (project, request_id)
+);
+
+CREATE TABLE IF NOT EXISTS hosts (
+    project TEXT NOT NULL,
+    zone TEXT NOT NULL,
+    node_id TEXT NOT NULL,
+    worker INTEGER NOT NULL,
+    pid INTEGER NOT NULL,
+    start_ticks INTEGER,                   -- /proc/<pid>/stat starttime, to detect pid reuse
+    PRIMARY KEY (project, zone, node_id, worker)
+);
+
+CREATE TABLE IF NOT EXISTS stockouts (zone TEXT PRIMARY KEY, since REAL NOT NULL);
+
+CREATE TABLE IF NOT EXISTS schedule_fired (entry INTEGER PRIMARY KEY, fired INTEGER NOT NULL);
+"""
+
+#: Tables cleared by a reset (meta keeps the world).
+STATE_TABLES = (
+    "nodes",
+    "operations",
+    "queued_resources",
+    "request_ids",
+    "hosts",
+    "stockouts",
+    "schedule_fired",
+)
+
+
+def db_path_for(state_dir: Path) -> Path:
+    return Path(state_dir) / "sim" / "sim.db"
+
+
+class SimDatabase:
+    """The SQLite file and the one connection this process uses to reach it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # The state dir may hold a user's pods and runs: owner-only, as the ledger's.
+        os.chmod(path.parent, 0o700)
+        if not path.exists():
+            # Create the file ourselves so it is 0600 from the start (sqlite would honour the umask).
+            fd = os.open(path, os.O_CREAT | os.O_WRONLY, 0o600)
+            os.close(fd)
+        os.chmod(path, 0o600)
+        # isolation_level=None: we issue BEGIN ourselves, so the transaction kind is ours to choose.
+        self._conn = sqlite3.connect(path, timeout=30.0, isolation_level=None, check_same_thread=False)
+        self._conn.row_factory = sqlite3.Row
+        self._lock = threading.RLock()
+        self._conn.execute("PRAGMA busy_timeout = 30000")
+        self._conn.execute("PRAGMA journal_mode = WAL")
+        self._conn.execute("PRAGMA synchronous = NORMAL")
+        self._create_schema()
+
+    def _create_schema(self) -> None:
+        with self._lock:
+            # executescript commits any open transaction itself; the statements are idempotent, so
+            # two processes creating the schema at once is harmless.
+            self._conn.executescript(_SCHEMA)
+            with self.write() as conn:
+                conn.execute(
+                    "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)",
+                    (str(SCHEMA_VERSION),),
+                )
+
+    @contextmanager
+    def write(self) -> Iterator[sqlite3.Connection]:
+        """A write transaction: BEGIN IMMEDIATE takes the database's write lock up front."""
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._conn
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            self._conn.execute("COMMIT")
+
+    @contextmanager
+    def read(self) -> Iterator[sqlite3.Connection]:
+        """A read transaction: one consistent snapshot for several queries."""
+        with self._lock:
+            self._conn.execute("BEGIN")
+            try:
+                yield self._conn
+            finally:
+                self._conn.execute("COMMIT")
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
