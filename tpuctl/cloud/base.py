@@ -167,7 +167,10 @@ class TpuCloud(Protocol):
         request_id: str | None = None,
         wait: bool = True,
         progress: OperationProgress | None = None,
-    ) -> Node: ...
+    ) -> Node:
+        """The v2 API has no requestId for node create; ``request_id`` (when given) becomes the node's
+        ``tpuctl-request`` label, so a caller that lost the response can recognise the node as its own."""
+        ...
 
     def delete_node(
         self, zone: str, name: str, *, wait: bool = True, progress: OperationProgress | None = None
@@ -179,15 +182,28 @@ class TpuCloud(Protocol):
 
     def create_queued_resource(
         self, request: QueuedResourceRequest, *, request_id: str | None = None
-    ) -> QueuedResource: ...
+    ) -> QueuedResource:
+        """``request_id`` is sent as the API's ``requestId`` (idempotent: retried even after an ambiguous
+        failure) and also set as the ``tpuctl-request`` label of the node template; it must therefore be
+        a valid label value (lowercase letters, digits, ``-``/``_``, at most 63), e.g. a UUID4."""
+        ...
 
     def get_queued_resource(self, zone: str, qr_id: str) -> QueuedResource: ...
 
     def list_queued_resources(self, zone: str | None = None) -> list[QueuedResource]: ...
 
     def delete_queued_resource(
-        self, zone: str, qr_id: str, *, force: bool = False, wait: bool = True
-    ) -> None: ...
+        self,
+        zone: str,
+        qr_id: str,
+        *,
+        force: bool = False,
+        wait: bool = True,
+        request_id: str | None = None,
+    ) -> None:
+        """With ``request_id`` the delete is idempotent on the server, so it is retried even after an
+        ambiguous failure."""
+        ...
 
     def reset_queued_resource(self, zone: str, qr_id: str) -> QueuedResource: ...
 
@@ -206,5 +222,9 @@ class TpuCloud(Protocol):
     ) -> PlannedRequest: ...
 
     def plan_delete_node(self, zone: str, name: str) -> PlannedRequest: ...
+
+    def plan_delete_queued_resource(
+        self, zone: str, qr_id: str, *, force: bool = False, request_id: str | None = None
+    ) -> PlannedRequest: ...
 
     def close(self) -> None: ...
