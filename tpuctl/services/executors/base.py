@@ -1,0 +1,188 @@
+"""The executor interface and the plain data that crosses it.
+
+The launcher builds a :class:`LaunchSpec` (what to run, and the worker environment of DESIGN.md), an
+executor turns it into one process per host. Everything here is plain Python: no rendering, no typer.
+"""
+
+from __future__ import annotations
+
+import queue
+import re
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from tpuctl.runtime import hostenv
+
+#: User environment variables: a portable shell identifier.
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: Names whose values are never printed (dry-run, describe): matched case-insensitively anywhere in the
+#: name, so HF_TOKEN, WANDB_API_KEY, AWS_SECRET_ACCESS_KEY and DB_PASSWORD are all hidden.
+_SECRET_NAME_RE = re.compile(
+    r"(TOKEN|SECRET|PASSW|KEY|CREDENTIAL|AUTH|PRIVATE|COOKIE|SESSION)", re.IGNORECASE
+)
+REDACTED = "***"
+
+
+def is_secret_name(name: str) -> bool:
+    return bool(_SECRET_NAME_RE.search(name))
+
+
+def redact_env(env: Mapping[str, str], user_keys: Sequence[str] | None = None) -> dict[str, str]:
+    """A copy of ``env`` safe to print: values of secret-looking names replaced by ``***``."""
+    keys = set(env if user_keys is None else user_keys)
+    return {k: (REDACTED if k in keys and is_secret_name(k) else v) for k, v in env.items()}
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """One program to start on every host of a slice, with the worker environment contract.
+
+    ``program`` is the interpreter's argv after the interpreter itself, relative to the bundle root:
+    ``("train.py", "--lr", "3e-4")`` or ``("-m", "tpuctl.runtime.examples.lm_train", "--steps", "20")``.
+    """
+
+    run_id: str
+    program: tuple[str, ...]
+    num_workers: int
+    chips_per_host: int
+    accelerator_type: str  # the API's name, e.g. v5litepod-16
+    topology: str
+    checkpoint_dir: str
+    restart_count: int = 0
+    user_env: Mapping[str, str] = field(default_factory=dict)
+
+    def contract_env(self, worker: int) -> dict[str, str]:
+        """The worker environment every host gets (DESIGN.md, "Worker environment")."""
+        return {
+            hostenv.RUN_ID: self.run_id,
+            hostenv.WORKER_ID: str(worker),
+            hostenv.NUM_WORKERS: str(self.num_workers),
+            hostenv.ACCELERATOR_TYPE: self.accelerator_type,
+            hostenv.TOPOLOGY: self.topology,
+            hostenv.CHECKPOINT_DIR: self.checkpoint_dir,
+            hostenv.RESTART_COUNT: str(self.restart_count),
+        }
+
+
+@dataclass(frozen=True)
+class HostPlan:
+    """Exactly what one host runs: where, in which directory, the argv and the environment we set
+    (on the simulator the process also inherits the launcher's environment, less TPUCTL_* and
+    PYTHONPATH; on SSH hosts, the login environment)."""
+
+    worker: int
+    where: str  # "local pid namespace of this machine" or "user@10.0.0.2:22"
+    cwd: str
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    shell_command: str | None = None  # the remote command line, for SSH hosts
+
+    def to_dict(self, *, user_keys: Sequence[str] = ()) -> dict[str, Any]:
+        """JSON-ready, with secret-looking user values redacted (the shell command too)."""
+        env = redact_env(self.env, user_keys)
+        command = self.shell_command
+        if command is not None:
+            for key in user_keys:
+                if is_secret_name(key) and key in self.env:
+                    import shlex
+
+                    command = command.replace(
+                        shlex.quote(f"{key}={self.env[key]}"), shlex.quote(f"{key}={REDACTED}")
+                    )
+        data: dict[str, Any] = {
+            "worker": self.worker,
+            "where": self.where,
+            "cwd": self.cwd,
+            "argv": list(self.argv),
+            "env": env,
+        }
+        if command is not None:
+            data["command"] = command
+        return data
+
+
+@dataclass(frozen=True)
+class HostEvent:
+    """A line of a host's output, or its exit.
+
+    For ``kind == "exit"``: ``returncode`` is the exit status; negative when a signal killed it (-9 for
+    SIGKILL); None when the host was lost (the connection dropped) without an exit status.
+    """
+
+    worker: int
+    kind: Literal["line", "exit"]
+    text: str = ""
+    returncode: int | None = None
+    at: float = field(default_factory=time.time)
+
+
+@dataclass(frozen=True)
+class ShipResult:
+    worker: int
+    shipped: bool  # False: the host already had this bundle (cache hit)
+    bytes: int
+    seconds: float
+
+
+class Executor(Protocol):
+    """Runs one program on every host of one slice.
+
+    Contract (both implementations, and any later one, keep it):
+
+    1. ``ship(bundle)`` first: makes the bundle's files present on every host, in parallel, in a
+       directory keyed by ``bundle.digest``. A host that already holds a complete copy of that digest is
+       not sent it again (``ShipResult.shipped`` is False). A partial copy is never mistaken for a
+       complete one (the completion marker is written last, then the directory renamed into place).
+    2. ``plan(spec)`` has no side effects and returns, per host, exactly the command, directory and
+       environment that ``start(spec)`` will use; --dry-run prints it.
+    3. ``start(spec)`` starts the program on all hosts without waiting for any of them to finish; it
+       raises if a host cannot be started (after stopping those already started).
+    4. ``next_event(timeout_s)`` returns the next :class:`HostEvent` from any host, or None when
+       ``timeout_s`` passes with nothing new. Every line of a host comes before that host's single
+       ``exit`` event; every started host produces exactly one ``exit`` event, also when it is stopped
+       or lost.
+    5. ``stop(grace_s)`` asks every host still running to stop (SIGTERM to its whole process group),
+       kills what is left after ``grace_s`` (SIGKILL) and returns within about ``grace_s`` + a few
+       seconds, whatever the hosts do. It is idempotent and may be called from any thread.
+    6. ``close()`` stops anything still running and frees connections and threads. Idempotent.
+
+    Nothing here blocks without a timeout.
+    """
+
+    @property
+    def num_hosts(self) -> int: ...
+
+    def ship(self, bundle: Any) -> list[ShipResult]: ...
+
+    def plan(self, spec: LaunchSpec) -> list[HostPlan]: ...
+
+    def start(self, spec: LaunchSpec) -> None: ...
+
+    def next_event(self, timeout_s: float) -> HostEvent | None: ...
+
+    def stop(self, grace_s: float = 5.0) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class EventQueue:
+    """The thread-safe queue executors' reader threads post :class:`HostEvent`s to."""
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue[HostEvent] = queue.Queue()
+
+    def put(self, event: HostEvent) -> None:
+        self._queue.put(event)
+
+    def get(self, timeout_s: float) -> HostEvent | None:
+        try:
+            return self._queue.get(timeout=max(0.0, timeout_s))
+        except queue.Empty:
+            return None
+
+
+def decode_line(raw: bytes) -> str:
+    """A host's output line as text (undecodable bytes replaced), without its line ending."""
+    return raw.decode("utf-8", errors="replace").rstrip("\r\n")
