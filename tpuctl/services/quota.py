@@ -1,7 +1,9 @@
 """Quota: limits from Cloud Quotas, usage from the slices that exist, per quota id and location.
 
 Usage is counted from the live listing (every node in any state holds quota until deleted, a PREEMPTED one
-included) and from queued resources that hold quota while SUSPENDED or FAILED.
+included) and from queued resources that hold quota while SUSPENDED or FAILED (when their nodes are not in
+the listing already). Quota held by such dead things is "reclaimable": `tpuctl pod gc` frees it, and the
+allocator names the holders when a request is short of that quota.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tpuctl.catalog import AcceleratorType, CapacityType, Catalog, region_of_zone
-from tpuctl.cloud.base import Node, QuotaLimit, TpuCloud
+from tpuctl.cloud.base import Node, QueuedResource, QuotaLimit, TpuCloud
 from tpuctl.errors import UsageError
 
 
@@ -27,6 +29,9 @@ class QuotaUse:
     in_use: int
     unit: str  # "chips" | "cores"
     preempted_holding: int = 0  # of in_use, units held by PREEMPTED slices (freed by deleting them)
+    # of in_use, units held by anything dead that `pod gc` deletes: PREEMPTED or TERMINATED slices and
+    # FAILED or SUSPENDED queued resources
+    reclaimable: int = 0
 
     @property
     def available(self) -> int | None:
@@ -42,13 +47,25 @@ class QuotaUse:
             "available": self.available,
             "unit": self.unit,
             "preempted_holding": self.preempted_holding,
+            "reclaimable": self.reclaimable,
         }
 
 
 class QuotaBook:
     """Limits and usage, looked up by (quota id, location). Built from one listing: a snapshot."""
 
-    def __init__(self, catalog: Catalog, limits: Iterable[QuotaLimit], nodes: Iterable[Node]) -> None:
+    #: Node states that give nothing but still hold quota until the node is deleted.
+    DEAD_NODE_STATES = frozenset({"PREEMPTED", "TERMINATED"})
+    #: Queued-resource states that hold quota until deleted (tpu-facts §5).
+    DEAD_QUEUED_STATES = frozenset({"FAILED", "SUSPENDED"})
+
+    def __init__(
+        self,
+        catalog: Catalog,
+        limits: Iterable[QuotaLimit],
+        nodes: Iterable[Node],
+        queued_resources: Iterable[QueuedResource] = (),
+    ) -> None:
         self._catalog = catalog
         self._limits: dict[tuple[str, str], QuotaLimit] = {}
         for limit in limits:
@@ -57,7 +74,11 @@ class QuotaBook:
                 self._limits[(limit.quota_id, location)] = limit
         self._use: dict[tuple[str, str], int] = defaultdict(int)
         self._preempted: dict[tuple[str, str], int] = defaultdict(int)
+        self._reclaimable: dict[tuple[str, str], int] = defaultdict(int)
+        self._holders: dict[tuple[str, str], list[str]] = defaultdict(list)
+        listed: set[tuple[str, str]] = set()
         for node in nodes:
+            listed.add((node.zone, node.name))
             accel = self._resolve(node.accelerator_type)
             if accel is None:
                 continue
@@ -65,10 +86,31 @@ class QuotaBook:
                 self._use[key] += accel.quota_units
                 if node.state == "PREEMPTED":
                     self._preempted[key] += accel.quota_units
+                if node.state in self.DEAD_NODE_STATES:
+                    self._reclaimable[key] += accel.quota_units
+                    self._holders[key].append(f"slice {node.name} ({node.state}, {node.zone})")
+        for qr in queued_resources:
+            if qr.state not in self.DEAD_QUEUED_STATES:
+                continue
+            accel = self._resolve(qr.accelerator_type)
+            # Nodes of the queued resource that still exist were counted above; count only the rest.
+            missing = [n for n in qr.node_ids if (qr.zone, n) not in listed]
+            count = len(missing) if qr.node_ids else qr.node_count
+            if accel is None or count == 0:
+                continue
+            capacity = CapacityType.SPOT if qr.tier == "spot" else CapacityType.ON_DEMAND
+            for key in self.keys_for(accel, qr.zone, capacity):
+                self._use[key] += accel.quota_units * count
+                self._reclaimable[key] += accel.quota_units * count
+                self._holders[key].append(f"queued resource {qr.id} ({qr.state}, {qr.zone})")
 
     @classmethod
     def from_cloud(cls, cloud: TpuCloud, catalog: Catalog) -> QuotaBook:
-        return cls(catalog, cloud.quota_limits(), cloud.list_nodes(None))
+        return cls(catalog, cloud.quota_limits(), cloud.list_nodes(None), cloud.list_queued_resources(None))
+
+    def holders(self, quota_id: str, location: str) -> list[str]:
+        """What dead slices and queued resources hold of this quota (``pod gc`` frees them)."""
+        return list(self._holders.get((quota_id, location), ()))
 
     def _resolve(self, api_name: str) -> AcceleratorType | None:
         try:
@@ -98,6 +140,7 @@ class QuotaBook:
             in_use=self._use.get((quota_id, location), 0),
             unit=unit,
             preempted_holding=self._preempted.get((quota_id, location), 0),
+            reclaimable=self._reclaimable.get((quota_id, location), 0),
         )
 
     def uses_for(self, accel: AcceleratorType, zone: str, capacity: CapacityType) -> list[QuotaUse]:

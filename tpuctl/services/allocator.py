@@ -1,0 +1,498 @@
+"""The allocator: quota-checked, price-capped, multi-zone placement with failover.
+
+``Allocator.plan(request)`` looks (the live listing, the queued resources, the quota limits from Cloud
+Quotas, and what each zone offers, all through the cloud boundary, the independent reads in parallel),
+builds and judges every candidate (``tpuctl.services.placement``), and adds the exact requests it would
+send. It changes nothing: it is what ``pod create --dry-run`` prints.
+
+``Allocator.place(request)`` carries the plan out:
+
+* default (``--strategy cheapest``, no ``--queued``): create the node in the first candidate and wait
+  until READY; on a stockout, a quota race, or anything another zone could cure, fail over to the next.
+  Rate limits and transient errors are retried (tenacity, jittered, bounded); after an ambiguous failure
+  (timeout, reset) it looks before creating again, so one request never makes two slices. Every attempt
+  is recorded in the ledger with its outcome. A failed attempt leaves nothing behind: a leftover node of
+  this request is deleted, and a final sweep over the listing deletes any other.
+* ``--queued``, ``--slices N`` (N > 1) and ``--strategy race`` go through queued resources
+  (``tpuctl.services.queued``).
+
+Plain Python: no CLI, no rendering; progress goes to an ``OperationProgress``.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from tpuctl.catalog import Catalog, validate_zone
+from tpuctl.cloud.base import (
+    LABEL_MANAGED_BY,
+    LABEL_MANAGED_BY_VALUE,
+    LABEL_OWNER,
+    LABEL_REQUEST,
+    Node,
+    OperationProgress,
+    PlannedRequest,
+    QueuedResource,
+)
+from tpuctl.cloud.retry import RetryPolicy, Sleep
+from tpuctl.errors import (
+    AlreadyExistsError,
+    AmbiguousError,
+    CloudError,
+    NotFoundError,
+    PermissionDeniedError,
+    QuotaExceededError,
+    StockoutError,
+    UnauthenticatedError,
+    UsageError,
+)
+from tpuctl.services.attempts import (
+    AttemptResult,
+    NameTakenError,
+    Placement,
+    PlacementContext,
+    Recorder,
+    describe_error,
+    exhausted_error,
+    find_own_node,
+    is_fatal,
+    node_request,
+    outcome_for,
+    queued_request,
+)
+from tpuctl.services.placement import (
+    DEFAULT_RACE_K,
+    Candidate,
+    Offer,
+    PlacementRequest,
+    Plan,
+    Strategy,
+    build_candidates,
+    candidate_zones,
+    decide,
+    parse_count,
+    parse_duration,
+    parse_price,
+    parse_strategy,
+    resolve_capacity_types,
+)
+from tpuctl.services.pods import default_pod_name, new_request_id, validate_node_name
+from tpuctl.services.quota import QuotaBook
+from tpuctl.store.records import AttemptOutcome, EventKind
+
+if TYPE_CHECKING:
+    from tpuctl.services.session import Session
+    from tpuctl.settings import Settings
+
+Clock = Callable[[], float]
+
+#: Retries of one placement step against Google: rate limits there are per minute, so wait longer.
+GCP_STEP_RETRY = RetryPolicy(max_attempts=6, initial_wait_s=0.5, max_wait_s=10.0, deadline_s=120.0)
+#: Against the simulator its injected faults should cost milliseconds.
+SIM_STEP_RETRY = RetryPolicy(max_attempts=8, initial_wait_s=0.02, max_wait_s=0.5, deadline_s=30.0)
+
+
+def build_request(
+    catalog: Catalog,
+    settings: Settings,
+    type_name: str,
+    *,
+    name: str | None = None,
+    zones: Sequence[str] = (),
+    region: str | None = None,
+    capacity_types: Sequence[str] = (),
+    spot: bool = False,
+    preemptible: bool = False,
+    reserved: str | None = None,
+    max_price: str | float | None = None,
+    queued: bool = False,
+    valid_for: str | None = None,
+    strategy: str | None = None,
+    race_k: str | int | None = None,
+    slices: str | int | None = None,
+    runtime_version: str | None = None,
+    labels: Mapping[str, str] | None = None,
+    wait: bool = True,
+    request_id: str | None = None,
+) -> PlacementRequest:
+    """Validate the flags into a ``PlacementRequest``; flags win over settings (env, profile). Every bad
+    value raises a ``UsageError`` (exit 2) naming the flag, the value and the fix; nothing is contacted."""
+    accel = catalog.resolve(type_name)
+    types, queued_type, reservation = resolve_capacity_types(
+        capacity_types=capacity_types,
+        spot=spot,
+        preemptible=preemptible,
+        reserved=reserved,
+        defaults=settings.capacity_types,
+    )
+    price = parse_price(max_price) if max_price is not None else settings.max_price
+    count = parse_count(
+        slices,
+        field_name="--slices",
+        default=1,
+        fix="use --slices 1 for one slice, or N >= 2 for N slices through one queued resource (multislice)",
+    )
+    chosen_strategy = parse_strategy(strategy)
+    k = parse_count(
+        race_k,
+        field_name="--race-k",
+        default=DEFAULT_RACE_K,
+        fix="use --race-k 2 or more: how many zones to queue in at once",
+    )
+    if race_k is not None and chosen_strategy is not Strategy.RACE:
+        raise UsageError(
+            "--race-k only applies to --strategy race",
+            field="--race-k",
+            value=race_k,
+            fix="add --strategy race, or drop --race-k",
+        )
+    valid_for_s = parse_duration(valid_for)
+    use_queued = queued or queued_type
+    if valid_for_s is not None and not (use_queued or count > 1 or chosen_strategy is Strategy.RACE):
+        raise UsageError(
+            "--valid-for only applies to queued resources",
+            field="--valid-for",
+            value=valid_for,
+            fix="add --queued (or --strategy race), or drop --valid-for",
+        )
+    explicit_zones = [validate_zone(z) for z in zones] or ([] if region else list(settings.zones))
+    chosen_region = region if region is not None else (None if explicit_zones else settings.region)
+    if region is not None:
+        if not re.fullmatch(r"[a-z]+-[a-z]+[0-9]+", region):
+            raise UsageError(
+                f"malformed region {region!r}",
+                field="--region",
+                value=region,
+                fix="a region looks like us-central1 (`tpuctl catalog zones` lists them)",
+            )
+        if zones:
+            raise UsageError(
+                "--zone and --region exclude each other",
+                field="--region",
+                value=region,
+                fix="give zones (--zone, repeatable) or one region, not both",
+            )
+    rid = request_id or new_request_id()
+    pod_name = validate_node_name(name) if name else default_pod_name(accel, rid)
+    if count > 1:
+        for node_name in (f"{pod_name}-{i}" for i in range(count)):
+            if len(node_name) > 63:
+                raise UsageError(
+                    f"--name {pod_name!r} is too long for {count} slices ({node_name!r} has more than 63 "
+                    "characters)",
+                    field="--name",
+                    value=pod_name,
+                    fix="use a shorter name",
+                )
+    all_labels = dict(labels or {})
+    all_labels.update({LABEL_MANAGED_BY: LABEL_MANAGED_BY_VALUE, LABEL_OWNER: settings.resolved_owner})
+    return PlacementRequest(
+        accelerator=accel,
+        name=pod_name,
+        request_id=rid,
+        capacity_types=types,
+        runtime_version=runtime_version or accel.runtime_version,
+        labels=all_labels,
+        zones=tuple(explicit_zones),
+        region=chosen_region,
+        max_price=price,
+        slices=count,
+        queued=use_queued,
+        valid_for_s=valid_for_s,
+        strategy=chosen_strategy,
+        race_k=k,
+        reservation=reservation,
+        wait=wait,
+    )
+
+
+@dataclass(frozen=True)
+class Survey:
+    """What the allocator saw before deciding: one snapshot of the project."""
+
+    nodes: list[Node]
+    queued: list[QueuedResource]
+    book: QuotaBook
+    zones: list[str]
+    offers: dict[str, Offer]
+
+
+class Allocator:
+    """Plans and carries out placements for one session (cloud, ledger, catalog, settings)."""
+
+    def __init__(
+        self,
+        session: Session,
+        *,
+        retry: RetryPolicy | None = None,
+        poll_interval_s: float | None = None,
+        poll_max_interval_s: float | None = None,
+        ready_timeout_s: float = 3600.0,
+        queued_timeout_s: float | None = None,
+        max_workers: int = 16,
+        sleep: Sleep = time.sleep,
+        clock: Clock | None = None,
+    ) -> None:
+        self._session = session
+        self._cloud = session.cloud
+        self._catalog = session.catalog
+        sim = self._cloud.backend == "sim"
+        monotonic: Clock = clock or time.monotonic
+        self._clock = monotonic
+        self._max_workers = max_workers
+        self.context = PlacementContext(
+            cloud=self._cloud,
+            recorder=Recorder(
+                session.ledger, backend=self._cloud.backend, project=self._cloud.project, clock=monotonic
+            ),
+            retry=retry or (SIM_STEP_RETRY if sim else GCP_STEP_RETRY),
+            sleep=sleep,
+            clock=monotonic,
+            poll_interval_s=poll_interval_s or (0.05 if sim else 2.0),
+            poll_max_interval_s=poll_max_interval_s or (0.5 if sim else 15.0),
+            ready_timeout_s=ready_timeout_s,
+            max_workers=max_workers,
+            queued_timeout_s=queued_timeout_s,
+        )
+
+    # --- looking --------------------------------------------------------------------------------------
+
+    def survey(self, request: PlacementRequest) -> Survey:
+        """The live listing, queued resources, quota limits and offers, read in parallel where independent."""
+        accel = request.accelerator
+        # The first call runs alone: it builds the API client, which must not happen in two threads at once.
+        nodes = self._cloud.list_nodes(None)
+        with ThreadPoolExecutor(max_workers=self._max_workers, thread_name_prefix="tpuctl-survey") as pool:
+            limits_f = pool.submit(self._cloud.quota_limits)
+            queued_f = pool.submit(self._cloud.list_queued_resources, None)
+            cloud_zones: list[str] = []
+            if request.region and not request.zones:
+                cloud_zones = pool.submit(self._cloud.list_zones).result()
+            zones = candidate_zones(
+                accel, zones=request.zones, region=request.region, cloud_zones=cloud_zones
+            )
+            offer_fs = {z: pool.submit(self._offer, z, accel.api_name) for z in zones}
+            offers = {z: f.result() for z, f in offer_fs.items()}
+            limits = limits_f.result()
+            queued = queued_f.result()
+        self._check_name_free(request, nodes, queued)
+        book = QuotaBook(self._catalog, limits, nodes, queued)
+        return Survey(nodes=nodes, queued=queued, book=book, zones=zones, offers=offers)
+
+    def _offer(self, zone: str, api_name: str) -> Offer:
+        try:
+            types = self._cloud.list_accelerator_types(zone)
+        except NotFoundError:
+            return Offer(False, "the TPU API does not know this zone")
+        except (PermissionDeniedError, UnauthenticatedError):
+            raise
+        except CloudError as exc:
+            return Offer(False, f"could not list its accelerator types: {exc.message}")
+        return Offer(api_name in types)
+
+    def _check_name_free(
+        self, request: PlacementRequest, nodes: Sequence[Node], queued: Sequence[QueuedResource]
+    ) -> None:
+        """A name already in use anywhere is refused up front: failing over would otherwise give two slices
+        of one name in different zones, which `pod describe NAME` could not tell apart."""
+        wanted = set(request.node_names)
+        for node in nodes:
+            if node.name in wanted:
+                raise NameTakenError(
+                    f"a slice named {node.name!r} already exists in {node.zone} ({node.state})",
+                    fix="choose another --name, or delete that slice first (`tpuctl pod delete`)",
+                )
+        if request.uses_queued_resource:
+            for qr in queued:
+                if qr.id == request.name:
+                    raise NameTakenError(
+                        f"a queued resource named {qr.id!r} already exists in {qr.zone} ({qr.state})",
+                        fix="choose another --name, or delete it first (`tpuctl pod gc` removes failed ones)",
+                    )
+
+    def plan(self, request: PlacementRequest, survey: Survey | None = None) -> Plan:
+        """The dry-run plan: every candidate judged, the verdict, and the exact requests. Mutates nothing."""
+        seen = survey or self.survey(request)
+        candidates = build_candidates(
+            request, catalog=self._catalog, book=seen.book, zones=seen.zones, offers=seen.offers
+        )
+        plan = decide(request, candidates, zones=seen.zones, warnings=quota_warnings(candidates))
+        plan.requests = self._planned_requests(request, plan)
+        return plan
+
+    def _planned_requests(self, request: PlacementRequest, plan: Plan) -> list[PlannedRequest]:
+        if not plan.order:
+            return []
+        if not request.uses_queued_resource:
+            chosen = plan.order[0]
+            node = node_request(request, chosen, request.request_id)
+            return [self._cloud.plan_create_node(node, request_id=request.request_id)]
+        targets = plan.racing if request.strategy is Strategy.RACE else plan.order[:1]
+        out = []
+        for cand in targets:
+            qr, api_rid = queued_request(request, cand)
+            out.append(self._cloud.plan_create_queued_resource(qr, request_id=api_rid))
+        return out
+
+    # --- placing --------------------------------------------------------------------------------------
+
+    def place(
+        self,
+        request: PlacementRequest,
+        *,
+        progress: OperationProgress | None = None,
+        plan: Plan | None = None,
+    ) -> Placement:
+        """Carry the plan out (see the module docstring). Raises the plan's InfeasibleError when no
+        candidate can take the request, or one naming every attempt when all feasible ones failed."""
+        started = self._clock()
+        chosen_plan = plan or self.plan(request)
+        error = chosen_plan.error()
+        if error is not None:
+            raise error
+        if request.uses_queued_resource:
+            from tpuctl.services.queued import QueuedPlacer
+
+            placer = QueuedPlacer(self.context)
+            if request.strategy is Strategy.RACE:
+                return placer.race(request, chosen_plan, progress=progress, started=started)
+            return placer.sequential(request, chosen_plan, progress=progress, started=started)
+        return self._place_nodes(request, chosen_plan, progress, started)
+
+    def _place_nodes(
+        self, request: PlacementRequest, plan: Plan, progress: OperationProgress | None, started: float
+    ) -> Placement:
+        attempts: list[AttemptResult] = []
+        kept: str | None = None
+        # Without waiting a stockout cannot be seen, so there is nothing to fail over on: one attempt.
+        order = plan.order if request.wait else plan.order[:1]
+        try:
+            for rank, cand in enumerate(order, 1):
+                if progress is not None:
+                    progress.update(
+                        f"trying {cand.label()} [{rank}/{len(order)}]", elapsed_s=self._clock() - started
+                    )
+                attempt, node, exc = self._attempt_node(request, cand, rank, progress)
+                attempts.append(attempt)
+                if node is not None:
+                    kept = cand.zone
+                    ready_at = self._clock() if request.wait else None
+                    return Placement(
+                        plan=plan,
+                        candidate=cand,
+                        nodes=[node],
+                        attempts=attempts,
+                        queued_resource=None,
+                        started_at=started,
+                        ready_at=ready_at,
+                    )
+                if exc is not None and (is_fatal(exc) or isinstance(exc, KeyboardInterrupt)):
+                    raise exc
+            raise exhausted_error(plan, attempts)
+        finally:
+            self._sweep(request, keep=kept)
+
+    def _attempt_node(
+        self,
+        request: PlacementRequest,
+        cand: Candidate,
+        rank: int,
+        progress: OperationProgress | None,
+    ) -> tuple[AttemptResult, Node | None, BaseException | None]:
+        ctx = self.context
+        rec = ctx.recorder
+        name, zone, rid = request.name, cand.zone, request.request_id
+        nreq = node_request(request, cand, rid)
+        rec.pod_event(EventKind.REQUESTED, request, cand, name, labels=nreq.labels, detail={"rank": rank})
+        t0 = self._clock()
+        try:
+
+            def create_once() -> Node:
+                try:
+                    return self._cloud.create_node(nreq, request_id=rid, wait=request.wait, progress=progress)
+                except (AmbiguousError, AlreadyExistsError):
+                    # The create may have happened (or happened on an earlier try): look before creating
+                    # again. Our own node is adopted; nothing there means creating again is safe.
+                    existing = find_own_node(self._cloud, zone, name, rid)
+                    if existing is not None:
+                        return existing
+                    raise
+
+            node = ctx.retried(create_once)
+            rec.pod_event(EventKind.CREATED, request, cand, name, detail={"state": node.state})
+            if request.wait:
+                node = ctx.wait_node_ready(zone, name, progress)
+                rec.pod_event(EventKind.READY, request, cand, name)
+        except BaseException as exc:  # every failure (Ctrl-C included) is recorded, cleaned up, then judged
+            outcome = outcome_for(exc)
+            rec.pod_event(
+                EventKind.FAILED,
+                request,
+                cand,
+                name,
+                detail={"outcome": outcome.value, "error": describe_error(exc)},
+            )
+            # A clean refusal (stockout, quota) created nothing to look for; anything else may have left
+            # a node behind, so look now (the final sweep catches the rest).
+            if not isinstance(exc, StockoutError | QuotaExceededError | NameTakenError):
+                self._clean_up_node(request, zone)
+            attempt = rec.attempt(request, cand, outcome, message=describe_error(exc), started=t0)
+            return attempt, None, exc
+        state = node.state
+        attempt = rec.attempt(
+            request, cand, AttemptOutcome.CREATED, message=f"{state} in {zone}", started=t0
+        )
+        return attempt, node, None
+
+    def _clean_up_node(self, request: PlacementRequest, zone: str) -> None:
+        try:
+            leftover = self.context.retried(
+                lambda: find_own_node(self._cloud, zone, request.name, request.request_id)
+            )
+        except CloudError:
+            return  # not ours, or cannot look now: the final sweep looks again
+        if leftover is not None and self.context.delete_node_quietly(zone, request.name):
+            self.context.recorder.gone(zone, request.name, request.request_id, "cleanup after failed attempt")
+
+    def _sweep(self, request: PlacementRequest, keep: str | None) -> None:
+        """Delete every node of this request but the one kept (in zone ``keep``): whatever a failed attempt
+        may have left that the per-attempt cleanup did not see."""
+        try:
+            nodes = self._cloud.list_nodes(None)
+        except CloudError:
+            return  # `pod gc` finds leftovers later: they carry our labels and no live ledger entry
+        for node in nodes:
+            if node.labels.get(LABEL_REQUEST) != request.request_id:
+                continue
+            if node.name == request.name and node.zone == keep:
+                continue
+            if self.context.delete_node_quietly(node.zone, node.name):
+                self.context.recorder.gone(node.zone, node.name, request.request_id, "cleanup sweep")
+
+
+def quota_warnings(candidates: Sequence[Candidate]) -> list[str]:
+    """One warning per quota the request is short of while dead slices (PREEMPTED/TERMINATED, or failed
+    and suspended queued resources) hold some of it: deleting them (`tpuctl pod gc`) may make room."""
+    seen: set[tuple[str, str]] = set()
+    out: list[str] = []
+    for cand in candidates:
+        if not cand.offered:
+            continue
+        for q in cand.quota:
+            if q.fits or not q.reclaimable or (q.quota_id, q.location) in seen:
+                continue
+            seen.add((q.quota_id, q.location))
+            holders = ", ".join(q.reclaimable_holders) or "dead slices"
+            would = "would make room" if q.fits_after_gc else "would help but not be enough"
+            out.append(
+                f"preempted or failed slices hold {q.reclaimable} {q.unit} of {q.scope} quota "
+                f"{q.quota_id} in {q.location}, which this request needs ({q.needed} {q.unit}, "
+                f"{q.available} available): {holders}; deleting them (`tpuctl pod gc`) {would}"
+            )
+    return out
+

@@ -1,0 +1,796 @@
+"""Placement, the pure part: a validated request, its candidates (zone x capacity type), their ranking,
+and the dry-run plan with its verdict.
+
+Nothing here talks to the cloud or the ledger. ``Allocator`` (``tpuctl.services.allocator``) gathers the
+facts (the live listing, the quota limits, what each zone offers) into a ``Survey`` and hands them to
+``build_candidates``; the CLI's ``--dry-run`` prints ``Plan.to_dict()``. Keeping this pure is what makes
+the decision tables testable exactly.
+
+How a candidate is judged, in this order (the first failing check is its ``reason``, and the stage where
+the last candidates fell decides the verdict of an infeasible request):
+
+1. offered: the zone offers the accelerator type (the API's acceleratorTypes list for the zone);
+2. price: its USD/hour for the whole request (all slices) is known and within ``--max-price``;
+3. quota: both the zone and the region quota of its capacity class (spot and preemptible share one quota,
+   separate from on-demand; reserved capacity draws on its reservation instead) have room for all slices.
+
+Feasible candidates are ranked by price for the whole request, then by quota headroom (the smaller of
+the zone's and the region's room left after placing; more first, so a concurrent create is less likely
+to win the race for the last chips), then by the order the capacity types were allowed in, then by zone
+name (so the order is deterministic).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from tpuctl.catalog import AcceleratorType, CapacityType, Catalog, region_of_zone, validate_zone
+from tpuctl.cloud.base import PlannedRequest
+from tpuctl.errors import (
+    EXIT_CAPACITY,
+    EXIT_OK,
+    EXIT_PRICE_CAP,
+    EXIT_QUOTA,
+    InfeasibleError,
+    NoCapacityError,
+    NoQuotaError,
+    OverPriceCapError,
+    UsageError,
+)
+from tpuctl.services.quota import QuotaBook, QuotaUse
+
+#: What ``--capacity-type`` accepts besides the catalog's capacity types: ``queued`` asks for a queued
+#: resource (it is a way of provisioning, not a capacity class; the tier follows the other types).
+QUEUED_CAPACITY = "queued"
+DEFAULT_RACE_K = 3
+QUOTA_REQUEST_URL = "https://console.cloud.google.com/iam-admin/quotas?service=tpu.googleapis.com"
+
+_DURATION_PART_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*(d|h|m|s)")
+_DURATION_UNITS = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
+
+
+class Strategy(StrEnum):
+    """How placement proceeds: try candidates one by one, cheapest first; or queue in the top K at once."""
+
+    CHEAPEST = "cheapest"
+    RACE = "race"
+
+
+class Rejection(StrEnum):
+    """Why a candidate cannot take the request (the first failing check)."""
+
+    NOT_OFFERED = "not_offered"
+    NO_PRICE = "no_price"
+    OVER_CAP = "over_cap"
+    NO_QUOTA = "no_quota"
+
+
+class Verdict(StrEnum):
+    """The plan's answer, with the exit code each maps to (documented in the README)."""
+
+    FEASIBLE = "feasible"
+    NO_QUOTA = "no_quota"
+    NO_CAPACITY = "no_capacity"
+    OVER_PRICE_CAP = "over_price_cap"
+
+    @property
+    def exit_code(self) -> int:
+        return {
+            Verdict.FEASIBLE: EXIT_OK,
+            Verdict.NO_QUOTA: EXIT_QUOTA,
+            Verdict.NO_CAPACITY: EXIT_CAPACITY,
+            Verdict.OVER_PRICE_CAP: EXIT_PRICE_CAP,
+        }[self]
+
+
+# --------------------------------------------------------------------------------------------------
+# Input parsing: every bad value is a UsageError (exit 2) that names the flag, the value and the fix.
+
+
+def parse_price(value: str | float | None, *, field_name: str = "--max-price") -> float | None:
+    """A price cap in USD per hour: a finite number > 0, or None when not given."""
+    if value is None:
+        return None
+    fix = "give the cap in USD per hour for the whole request (all slices), e.g. --max-price 20"
+    try:
+        price = float(str(value).strip())
+    except ValueError:
+        raise UsageError(
+            f"{field_name} {value!r} is not a number", field=field_name, value=value, fix=fix
+        ) from None
+    if not math.isfinite(price) or price <= 0:
+        raise UsageError(
+            f"{field_name} must be a positive number of USD per hour, got {value!r}",
+            field=field_name,
+            value=value,
+            fix=fix,
+        )
+    return price
+
+
+def parse_count(value: str | int | None, *, field_name: str, default: int, fix: str) -> int:
+    """A whole number >= 1 (``--slices``, ``--race-k``)."""
+    if value is None:
+        return default
+    text = str(value).strip()
+    if not re.fullmatch(r"[0-9]+", text) or int(text) < 1:
+        raise UsageError(
+            f"{field_name} must be a whole number >= 1, got {value!r}", field=field_name, value=value, fix=fix
+        )
+    return int(text)
+
+
+def parse_duration(value: str | None, *, field_name: str = "--valid-for") -> float | None:
+    """``2h``, ``90m``, ``1h30m``, ``1d``, ``3600s`` or plain seconds (``3600``) -> seconds > 0."""
+    if value is None:
+        return None
+    text = str(value).strip().lower()
+    fix = "use a duration such as 2h, 30m, 1h30m, 1d or 3600s"
+    seconds: float | None = None
+    if re.fullmatch(r"[0-9]+(\.[0-9]+)?", text):
+        seconds = float(text)
+    elif text and re.fullmatch(r"(\s*[0-9]+(\.[0-9]+)?\s*[dhms])+\s*", text):
+        seconds = sum(float(n) * _DURATION_UNITS[u] for n, u in _DURATION_PART_RE.findall(text))
+    if seconds is None:
+        raise UsageError(
+            f"cannot parse {field_name} {value!r} as a duration", field=field_name, value=value, fix=fix
+        )
+    if seconds <= 0:
+        raise UsageError(
+            f"{field_name} must be longer than zero, got {value!r}", field=field_name, value=value, fix=fix
+        )
+    return seconds
+
+
+def parse_capacity_types(values: Iterable[str]) -> tuple[list[CapacityType], bool]:
+    """``--capacity-type`` values -> (capacity types in the order given, whether ``queued`` was given)."""
+    types: list[CapacityType] = []
+    queued = False
+    allowed = ", ".join([*(c.value for c in CapacityType), QUEUED_CAPACITY])
+    for raw in values:
+        if raw.strip().lower() == QUEUED_CAPACITY:
+            queued = True
+            continue
+        try:
+            capacity = CapacityType.parse(raw, field_name="--capacity-type")
+        except UsageError:
+            raise UsageError(
+                f"unknown capacity type {raw!r}",
+                field="--capacity-type",
+                value=raw,
+                fix=f"use one of: {allowed} (repeat the flag to allow several)",
+            ) from None
+        if capacity not in types:
+            types.append(capacity)
+    return types, queued
+
+
+def parse_strategy(value: str | None) -> Strategy:
+    if value is None:
+        return Strategy.CHEAPEST
+    try:
+        return Strategy(value.strip().lower())
+    except ValueError:
+        raise UsageError(
+            f"unknown strategy {value!r}",
+            field="--strategy",
+            value=value,
+            fix="use --strategy cheapest (one zone at a time, cheapest first) or --strategy race "
+            "(queue in the top --race-k zones at once, keep the first to become ACTIVE)",
+        ) from None
+
+
+# --------------------------------------------------------------------------------------------------
+# The request
+
+
+@dataclass(frozen=True)
+class PlacementRequest:
+    """A validated placement request: what to create, where it may go, and how to get it."""
+
+    accelerator: AcceleratorType
+    name: str
+    request_id: str
+    capacity_types: tuple[CapacityType, ...]  # allowed, in the order given
+    runtime_version: str
+    labels: Mapping[str, str]
+    zones: tuple[str, ...] = ()  # explicit zones; empty: the region's, else every zone the catalog lists
+    region: str | None = None
+    max_price: float | None = None  # USD per hour for the whole request (all slices)
+    slices: int = 1
+    queued: bool = False
+    valid_for_s: float | None = None
+    strategy: Strategy = Strategy.CHEAPEST
+    race_k: int = DEFAULT_RACE_K
+    reservation: str | None = None
+    wait: bool = True
+
+    @property
+    def uses_queued_resource(self) -> bool:
+        """A multislice and a race can only be placed through queued resources."""
+        return self.queued or self.slices > 1 or self.strategy is Strategy.RACE
+
+    @property
+    def chips(self) -> int:
+        return self.accelerator.chips * self.slices
+
+    @property
+    def quota_needed(self) -> int:
+        return self.accelerator.quota_units * self.slices
+
+    @property
+    def node_names(self) -> tuple[str, ...]:
+        """The slices this request makes: the name itself, or ``<name>-0 .. <name>-(N-1)`` (the API's
+        multisliceParams naming with the request's name as the prefix)."""
+        if self.slices == 1:
+            return (self.name,)
+        return tuple(f"{self.name}-{i}" for i in range(self.slices))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "accelerator_type": self.accelerator.api_name,
+            "friendly_name": self.accelerator.friendly_name,
+            "topology": self.accelerator.topology,
+            "chips_per_slice": self.accelerator.chips,
+            "hosts_per_slice": self.accelerator.hosts,
+            "slices": self.slices,
+            "chips": self.chips,
+            "name": self.name,
+            "node_names": list(self.node_names),
+            "request_id": self.request_id,
+            "capacity_types": [c.value for c in self.capacity_types],
+            "reservation": self.reservation,
+            "zones": list(self.zones),
+            "region": self.region,
+            "max_price_per_hour": self.max_price,
+            "queued": self.uses_queued_resource,
+            "valid_for_s": self.valid_for_s,
+            "strategy": self.strategy.value,
+            "race_k": self.race_k if self.strategy is Strategy.RACE else None,
+            "runtime_version": self.runtime_version,
+            "labels": dict(self.labels),
+        }
+
+
+def resolve_capacity_types(
+    *,
+    capacity_types: Sequence[str] = (),
+    spot: bool = False,
+    preemptible: bool = False,
+    reserved: str | None = None,
+    defaults: Sequence[CapacityType] = (),
+) -> tuple[tuple[CapacityType, ...], bool, str | None]:
+    """The allowed capacity types from the flags (``--capacity-type`` plus the shorthands, in that order),
+    else ``defaults`` (settings), else on-demand; with whether ``queued`` was asked for and the
+    reservation name. Reserved capacity without a reservation name is a usage error."""
+    types, queued = parse_capacity_types(capacity_types)
+    for capacity, flag in ((CapacityType.SPOT, spot), (CapacityType.PREEMPTIBLE, preemptible)):
+        if flag and capacity not in types:
+            types.append(capacity)
+    reservation: str | None = None
+    if reserved is not None:
+        reservation = reserved.strip()
+        if not reservation:
+            raise UsageError(
+                "--reserved needs a reservation name, got an empty one",
+                field="--reserved",
+                value=reserved,
+                fix="pass --reserved RESERVATION_NAME (the name of a TPU reservation in the zone)",
+            )
+        if CapacityType.RESERVED not in types:
+            types.append(CapacityType.RESERVED)
+    if not types:
+        types = [c for c in defaults if c is not CapacityType.RESERVED or reservation] or [
+            CapacityType.ON_DEMAND
+        ]
+    if CapacityType.RESERVED in types and not reservation:
+        raise UsageError(
+            "reserved capacity needs a reservation name",
+            field="--capacity-type",
+            value=CapacityType.RESERVED.value,
+            fix="pass --reserved RESERVATION_NAME (it implies --capacity-type reserved)",
+        )
+    return tuple(types), queued, reservation
+
+
+# --------------------------------------------------------------------------------------------------
+# Candidates
+
+
+@dataclass(frozen=True)
+class QuotaCheck:
+    """One quota a candidate draws on: zone or region, what it allows, what is used and what is needed."""
+
+    quota_id: str
+    scope: str  # "zone" | "region"
+    location: str
+    limit: int  # -1: unlimited
+    in_use: int
+    needed: int
+    unit: str
+    preempted_holding: int = 0
+    reclaimable: int = 0  # of in_use, held by dead slices/queued resources that `pod gc` would free
+    reclaimable_holders: tuple[str, ...] = ()
+
+    @classmethod
+    def from_use(cls, use: QuotaUse, needed: int, holders: Sequence[str] = ()) -> QuotaCheck:
+        return cls(
+            quota_id=use.quota_id,
+            scope=use.scope,
+            location=use.location,
+            limit=use.limit,
+            in_use=use.in_use,
+            needed=needed,
+            unit=use.unit,
+            preempted_holding=use.preempted_holding,
+            reclaimable=use.reclaimable,
+            reclaimable_holders=tuple(holders),
+        )
+
+    @property
+    def available(self) -> int | None:
+        return None if self.limit < 0 else max(self.limit - self.in_use, 0)
+
+    @property
+    def fits(self) -> bool:
+        available = self.available
+        return available is None or available >= self.needed
+
+    @property
+    def fits_after_gc(self) -> bool:
+        """Whether deleting the dead slices holding this quota would make room."""
+        available = self.available
+        return available is None or available + self.reclaimable >= self.needed
+
+    @property
+    def headroom(self) -> float:
+        available = self.available
+        return math.inf if available is None else float(available - self.needed)
+
+    def shortfall(self) -> str:
+        """``zone quota Q in us-central1-a: needs 64 chips, 32 available (limit 64, 32 in use)``."""
+        where = f"zone {self.location}" if self.scope == "zone" else f"region {self.location}"
+        limit = "unlimited" if self.limit < 0 else str(self.limit)
+        text = (
+            f"{self.scope} quota {self.quota_id} in {where}: needs {self.needed} {self.unit}, "
+            f"{self.available} available (limit {limit}, {self.in_use} in use)"
+        )
+        if self.reclaimable:
+            text += (
+                f", {self.reclaimable} of them held by preempted/failed slices that `tpuctl pod gc` frees"
+            )
+        return text
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "quota_id": self.quota_id,
+            "scope": self.scope,
+            "location": self.location,
+            "limit": self.limit,
+            "in_use": self.in_use,
+            "needed": self.needed,
+            "available": self.available,
+            "fits": self.fits,
+            "unit": self.unit,
+            "preempted_holding": self.preempted_holding,
+            "reclaimable": self.reclaimable,
+            "reclaimable_holders": list(self.reclaimable_holders),
+        }
+
+
+@dataclass(frozen=True)
+class Offer:
+    """Whether a zone offers the type, as the API says; ``note`` explains a no (e.g. unknown zone)."""
+
+    offered: bool
+    note: str | None = None
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One zone x capacity type, annotated. ``reason`` is None exactly when it is feasible."""
+
+    zone: str
+    capacity: CapacityType
+    offered: bool
+    price_per_chip_hour: float | None
+    price_per_hour: float | None  # the whole request: chips per slice x slices x price per chip-hour
+    max_price: float | None
+    quota: tuple[QuotaCheck, ...]
+    rejection: Rejection | None
+    reason: str | None
+    capacity_rank: int = 0  # position of the capacity type in the allowed list (a tie-break)
+
+    @property
+    def region(self) -> str:
+        return region_of_zone(self.zone)
+
+    @property
+    def feasible(self) -> bool:
+        return self.rejection is None
+
+    @property
+    def within_cap(self) -> bool | None:
+        """None without a cap or without a price; else whether the price is within it."""
+        if self.max_price is None or self.price_per_hour is None:
+            return None
+        return self.price_per_hour <= self.max_price + 1e-9
+
+    @property
+    def quota_fits(self) -> bool:
+        return all(q.fits for q in self.quota)
+
+    @property
+    def headroom(self) -> float:
+        return min((q.headroom for q in self.quota), default=math.inf)
+
+    @property
+    def key(self) -> str:
+        return f"{self.zone}/{self.capacity.value}"
+
+    def label(self) -> str:
+        price = "price unknown" if self.price_per_hour is None else f"{self.price_per_hour:.2f} USD/h"
+        return f"{self.zone} {self.capacity.value} ({price})"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "zone": self.zone,
+            "region": self.region,
+            "capacity": self.capacity.value,
+            "offered": self.offered,
+            "price_per_chip_hour": self.price_per_chip_hour,
+            "price_per_hour": None if self.price_per_hour is None else round(self.price_per_hour, 6),
+            "within_cap": self.within_cap,
+            "quota": [q.to_dict() for q in self.quota],
+            "quota_fits": self.quota_fits,
+            "feasible": self.feasible,
+            "rejection": None if self.rejection is None else self.rejection.value,
+        }
+
+
+def candidate_zones(
+    accel: AcceleratorType,
+    *,
+    zones: Sequence[str] = (),
+    region: str | None = None,
+    cloud_zones: Sequence[str] = (),
+) -> list[str]:
+    """Where to look: the explicit zones; else the region's zones (the catalog's for the generation, plus
+    any the API lists in that region); else every zone the catalog lists for the generation."""
+    if zones:
+        return list(dict.fromkeys(validate_zone(z) for z in zones))
+    if region:
+        found = [z for z in accel.generation.zones if region_of_zone(z) == region]
+        found += [z for z in cloud_zones if _region_or_none(z) == region and z not in found]
+        return sorted(found)
+    return sorted(accel.generation.zones)
+
+
+def _region_or_none(zone: str) -> str | None:
+    try:
+        return region_of_zone(zone)
+    except UsageError:
+        return None
+
+
+def build_candidates(
+    request: PlacementRequest,
+    *,
+    catalog: Catalog,
+    book: QuotaBook,
+    zones: Sequence[str],
+    offers: Mapping[str, Offer],
+) -> list[Candidate]:
+    """Every zone x allowed capacity type, annotated and judged (see the module docstring for the order
+    of the checks)."""
+    accel = request.accelerator
+    out: list[Candidate] = []
+    for zone in zones:
+        offer = offers.get(zone, Offer(False, "the API did not say what this zone offers"))
+        for rank, capacity in enumerate(request.capacity_types):
+            per_chip = catalog.price_per_chip_hour(accel, zone, capacity)
+            per_hour = None if per_chip is None else per_chip * request.chips
+            checks = tuple(
+                QuotaCheck.from_use(use, request.quota_needed, book.holders(use.quota_id, use.location))
+                for use in book.uses_for(accel, zone, capacity)
+            )
+            rejection, reason = _judge(request, zone, capacity, offer, per_hour, checks)
+            out.append(
+                Candidate(
+                    zone=zone,
+                    capacity=capacity,
+                    offered=offer.offered,
+                    price_per_chip_hour=per_chip,
+                    price_per_hour=per_hour,
+                    max_price=request.max_price,
+                    quota=checks,
+                    rejection=rejection,
+                    reason=reason,
+                    capacity_rank=rank,
+                )
+            )
+    return out
+
+
+def _judge(
+    request: PlacementRequest,
+    zone: str,
+    capacity: CapacityType,
+    offer: Offer,
+    per_hour: float | None,
+    checks: Sequence[QuotaCheck],
+) -> tuple[Rejection | None, str | None]:
+    accel = request.accelerator
+    if not offer.offered:
+        note = f" ({offer.note})" if offer.note else ""
+        return Rejection.NOT_OFFERED, f"{accel.api_name} is not offered in zone {zone}{note}"
+    if request.max_price is not None:
+        if per_hour is None:
+            return (
+                Rejection.NO_PRICE,
+                f"no price for {accel.generation.name} {capacity.value} in region {region_of_zone(zone)}, "
+                f"so the cap of {request.max_price:.2f} USD/h cannot be checked",
+            )
+        if per_hour > request.max_price + 1e-9:
+            return (
+                Rejection.OVER_CAP,
+                f"over the price cap: {per_hour:.2f} USD/h > {request.max_price:.2f} USD/h",
+            )
+    short = [q for q in checks if not q.fits]
+    if short:
+        return Rejection.NO_QUOTA, "; ".join(q.shortfall() for q in short)
+    return None, None
+
+
+def rank(candidates: Iterable[Candidate]) -> list[Candidate]:
+    """The feasible candidates in the order they are tried (see the module docstring)."""
+
+    def key(c: Candidate) -> tuple[bool, float, float, int, str]:
+        price = c.price_per_hour
+        return (price is None, price if price is not None else 0.0, -c.headroom, c.capacity_rank, c.zone)
+
+    return sorted((c for c in candidates if c.feasible), key=key)
+
+
+def _display_order(candidates: Iterable[Candidate], order: Sequence[Candidate]) -> list[Candidate]:
+    """Feasible ones in rank order, then the rejected ones by price (unknown last), then zone."""
+    ranked_keys = {c.key for c in order}
+    rejected = sorted(
+        (c for c in candidates if c.key not in ranked_keys),
+        key=lambda c: (
+            c.price_per_hour is None,
+            c.price_per_hour if c.price_per_hour is not None else 0.0,
+            c.zone,
+            c.capacity_rank,
+        ),
+    )
+    return [*order, *rejected]
+
+
+# --------------------------------------------------------------------------------------------------
+# The plan
+
+
+@dataclass
+class Plan:
+    """What placement would do: the verdict, every candidate with why, and the requests it would send."""
+
+    request: PlacementRequest
+    candidates: list[Candidate]  # every candidate, feasible ones first in rank order
+    order: list[Candidate]  # the feasible ones, in the order they are tried
+    verdict: Verdict
+    message: str | None = None
+    fix: str | None = None
+    requests: list[PlannedRequest] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    zones: list[str] = field(default_factory=list)
+
+    @property
+    def feasible(self) -> bool:
+        return self.verdict is Verdict.FEASIBLE
+
+    @property
+    def chosen(self) -> Candidate | None:
+        return self.order[0] if self.order else None
+
+    @property
+    def racing(self) -> list[Candidate]:
+        if self.request.strategy is not Strategy.RACE:
+            return []
+        return self.order[: self.request.race_k]
+
+    def status_of(self, candidate: Candidate) -> tuple[str, str]:
+        """(status, why) of a candidate: chosen | racing | fallback | rejected."""
+        if not candidate.feasible:
+            return "rejected", candidate.reason or ""
+        position = next(i for i, c in enumerate(self.order) if c.key == candidate.key)
+        best = self.order[0]
+        if self.request.strategy is Strategy.RACE and position < self.request.race_k:
+            return "racing", (
+                f"queued at once with the other top {min(self.request.race_k, len(self.order))} "
+                f"feasible candidates (rank {position + 1}); the first to become ACTIVE is kept"
+            )
+        if position == 0:
+            return "chosen", _chosen_why(candidate, len(self.order))
+        extra = ""
+        if candidate.price_per_hour is not None and best.price_per_hour is not None:
+            extra = f", {candidate.price_per_hour - best.price_per_hour:+.2f} USD/h vs the chosen"
+        return "fallback", f"feasible, tried in rank {position + 1} if the ones before fail{extra}"
+
+    def error(self, attempts: Sequence[Mapping[str, Any]] = ()) -> InfeasibleError | None:
+        """The error an infeasible plan raises outside a dry run (None when feasible)."""
+        if self.feasible:
+            return None
+        cls = {
+            Verdict.NO_QUOTA: NoQuotaForRequest,
+            Verdict.NO_CAPACITY: NoCapacityForRequest,
+            Verdict.OVER_PRICE_CAP: OverPriceCapForRequest,
+        }[self.verdict]
+        return cls(
+            self.message or "no candidate can take the request",
+            fix=self.fix,
+            attempts=attempts,
+            candidates=[self.candidate_dict(c) for c in self.candidates],
+        )
+
+    def candidate_dict(self, candidate: Candidate) -> dict[str, Any]:
+        status, why = self.status_of(candidate)
+        rank_ = next((i + 1 for i, c in enumerate(self.order) if c.key == candidate.key), None)
+        return {**candidate.to_dict(), "rank": rank_, "status": status, "reason": why}
+
+    def estimated_price_per_hour(self) -> float | None:
+        chosen = self.chosen
+        return None if chosen is None or chosen.price_per_hour is None else round(chosen.price_per_hour, 6)
+
+    def to_dict(self) -> dict[str, Any]:
+        chosen = self.chosen
+        return {
+            "feasible": self.feasible,
+            "verdict": self.verdict.value,
+            "exit_code": self.verdict.exit_code,
+            "message": self.message,
+            "fix": self.fix,
+            "request": self.request.to_dict(),
+            "chosen": None if chosen is None else self.candidate_dict(chosen),
+            "estimated_price_per_hour": self.estimated_price_per_hour(),
+            "order": [c.key for c in self.order],
+            "zones_considered": list(self.zones),
+            "candidates": [self.candidate_dict(c) for c in self.candidates],
+            "requests": [r.to_dict() for r in self.requests],
+            "warnings": list(self.warnings),
+        }
+
+
+def _chosen_why(candidate: Candidate, feasible: int) -> str:
+    price = "price unknown" if candidate.price_per_hour is None else f"{candidate.price_per_hour:.2f} USD/h"
+    if feasible == 1:
+        return f"the only feasible candidate ({price})"
+    return f"cheapest feasible candidate ({price}); {feasible - 1} fallback(s) if it is stocked out"
+
+
+def decide(
+    request: PlacementRequest,
+    candidates: Sequence[Candidate],
+    *,
+    zones: Sequence[str],
+    warnings: Sequence[str] = (),
+) -> Plan:
+    """Rank the candidates and reach a verdict. The requests are added by the allocator (they need the
+    cloud's request builder)."""
+    order = rank(candidates)
+    plan = Plan(
+        request=request,
+        candidates=_display_order(candidates, order),
+        order=order,
+        verdict=Verdict.FEASIBLE,
+        warnings=list(warnings),
+        zones=list(zones),
+    )
+    if order:
+        return plan
+    plan.verdict, plan.message, plan.fix = _infeasible(request, candidates, zones)
+    return plan
+
+
+def _infeasible(
+    request: PlacementRequest, candidates: Sequence[Candidate], zones: Sequence[str]
+) -> tuple[Verdict, str, str]:
+    """The verdict of a request no candidate can take: the stage where the last candidates fell."""
+    accel = request.accelerator
+    what = f"{request.slices} x {accel.api_name}" if request.slices > 1 else accel.api_name
+    offered = [c for c in candidates if c.offered]
+    if not offered:
+        where = ", ".join(zones) if zones else "no zone (none matched the zones/region given)"
+        return (
+            Verdict.NO_CAPACITY,
+            f"{what} is not offered in any zone considered: {where}",
+            f"choose another type or zone (`tpuctl catalog zones` lists where {accel.generation.name} is "
+            "offered), or drop --zone/--region to consider every zone",
+        )
+    priced = [c for c in offered if c.rejection not in (Rejection.OVER_CAP, Rejection.NO_PRICE)]
+    if not priced:
+        assert request.max_price is not None
+        prices = "; ".join(
+            f"{c.zone} {c.capacity.value} "
+            + ("no price" if c.price_per_hour is None else f"{c.price_per_hour:.2f} USD/h")
+            for c in sorted(offered, key=lambda c: (c.price_per_hour is None, c.price_per_hour or 0, c.zone))
+        )
+        cheaper = [] if CapacityType.SPOT in request.capacity_types else ["allow spot capacity (--spot)"]
+        return (
+            Verdict.OVER_PRICE_CAP,
+            f"every candidate for {what} is over the price cap of {request.max_price:.2f} USD/h: {prices}",
+            "raise --max-price, or " + ", ".join([*cheaper, "choose a smaller type or fewer slices"]),
+        )
+    parts = []
+    for c in priced:
+        short = [q for q in c.quota if not q.fits]
+        parts.append(f"{c.zone} {c.capacity.value}: " + "; ".join(q.shortfall() for q in short))
+    fixes = ["choose another type or zone"]
+    if not any(c.is_preemptible for c in request.capacity_types):
+        fixes.append("allow spot capacity (--spot), whose quota is separate from on-demand")
+    if any(q.reclaimable for c in priced for q in c.quota if not q.fits):
+        fixes.append("free quota held by preempted or failed slices with `tpuctl pod gc`")
+    fixes.append(f"or request more quota ({QUOTA_REQUEST_URL})")
+    unit = accel.generation.quota_unit
+    return (
+        Verdict.NO_QUOTA,
+        f"not enough quota for {what} ({request.quota_needed} {unit}) anywhere: " + " | ".join(parts),
+        ", ".join(fixes),
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Errors that carry the candidates (so `-o json` shows every candidate and why it was rejected)
+
+
+class NoQuotaForRequest(NoQuotaError):
+    def __init__(
+        self,
+        message: str,
+        *,
+        fix: str | None = None,
+        attempts: Sequence[Mapping[str, Any]] = (),
+        candidates: Sequence[dict[str, Any]] = (),
+    ) -> None:
+        super().__init__(message, fix=fix, attempts=[dict(a) for a in attempts])
+        self.candidates = list(candidates)
+
+    def details(self) -> dict[str, Any]:
+        return {**super().details(), "candidates": self.candidates}
+
+
+class NoCapacityForRequest(NoCapacityError):
+    def __init__(
+        self,
+        message: str,
+        *,
+        fix: str | None = None,
+        attempts: Sequence[Mapping[str, Any]] = (),
+        candidates: Sequence[dict[str, Any]] = (),
+    ) -> None:
+        super().__init__(message, fix=fix, attempts=[dict(a) for a in attempts])
+        self.candidates = list(candidates)
+
+    def details(self) -> dict[str, Any]:
+        return {**super().details(), "candidates": self.candidates}
+
+
+class OverPriceCapForRequest(OverPriceCapError):
+    def __init__(
+        self,
+        message: str,
+        *,
+        fix: str | None = None,
+        attempts: Sequence[Mapping[str, Any]] = (),
+        candidates: Sequence[dict[str, Any]] = (),
+    ) -> None:
+        super().__init__(message, fix=fix, attempts=[dict(a) for a in attempts])
+        self.candidates = list(candidates)
+
+    def details(self) -> dict[str, Any]:
+        return {**super().details(), "candidates": self.candidates}
