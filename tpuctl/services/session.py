@@ -103,4 +103,4 @@ def _simulator(settings: Settings, state_dir: Path, closers: list[Callable[[], N
     server = SimServer(state_dir, world)
     url = server.start()
     closers.append(server.stop)
-    return url, server.project
+    return url, server.world.project
