@@ -9,6 +9,7 @@ it; this server stands on 127.0.0.1 instead. A test scripts it with ``FakeGoogle
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import re
@@ -86,16 +87,22 @@ class FakeGoogle:
                         r.hits += 1
                         break
                 else:
-                    resp = (404, {"error": {"code": 404, "message": f"no route for {parts.path}",
-                                            "status": "NOT_FOUND"}})
+                    resp = (
+                        404,
+                        {
+                            "error": {
+                                "code": 404,
+                                "message": f"no route for {parts.path}",
+                                "status": "NOT_FOUND",
+                            }
+                        },
+                    )
                 if callable(resp) and not isinstance(resp, Hang):
                     resp = resp(rec)
                 if resp == DROP:
                     self.close_connection = True
-                    try:
+                    with contextlib.suppress(OSError):
                         self.connection.shutdown(socket.SHUT_RDWR)
-                    except OSError:
-                        pass
                     return
                 if isinstance(resp, Hang):
                     time.sleep(resp.seconds)
@@ -117,7 +124,9 @@ class FakeGoogle:
 
         self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
+        threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+        ).start()
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         return self.url
 
@@ -132,7 +141,9 @@ class FakeGoogle:
 P = "projects/p/locations/us-east5-b"
 
 
-def error(http_status: int, status: str, message: str, details: list[dict[str, Any]] | None = None) -> tuple[int, Any]:
+def error(
+    http_status: int, status: str, message: str, details: list[dict[str, Any]] | None = None
+) -> tuple[int, Any]:
     body: dict[str, Any] = {"code": http_status, "message": message, "status": status}
     if details:
         body["details"] = details
@@ -161,9 +172,17 @@ def node_json(name: str = "n1", zone: str = "us-east5-b", **over: Any) -> dict[s
     return node
 
 
-def operation(name: str = "op1", *, done: bool = False, zone: str = "us-east5-b", verb: str = "create",
-              target: str = "", response: dict[str, Any] | None = None,
-              error: dict[str, Any] | None = None, status_detail: str = "") -> dict[str, Any]:
+def operation(
+    name: str = "op1",
+    *,
+    done: bool = False,
+    zone: str = "us-east5-b",
+    verb: str = "create",
+    target: str = "",
+    response: dict[str, Any] | None = None,
+    error: dict[str, Any] | None = None,
+    status_detail: str = "",
+) -> dict[str, Any]:
     op: dict[str, Any] = {
         "name": f"projects/p/locations/{zone}/operations/{name}",
         "metadata": {
@@ -187,4 +206,7 @@ STOCKOUT_MSG = (
     'There is no more capacity in the zone "us-east5-b"; you can try in another zone where Cloud TPU Nodes '
     "are offered (see https://cloud.google.com/tpu/docs/regions) [EID: 0x5a0c6fc2d1e4b3a9]"
 )
-QUOTA_MSG = "Quota limit 'TPUV6EPreemptiblePerProjectPerRegionForTPUAPI' has been exceeded. Limit: 0 in region us-east5."
+QUOTA_MSG = (
+    "Quota limit 'TPUV6EPreemptiblePerProjectPerRegionForTPUAPI' has been exceeded. "
+    "Limit: 0 in region us-east5."
+)

@@ -61,7 +61,10 @@ def test_node_from_proto_every_field() -> None:
     assert node.capacity is CapacityType.PREEMPTIBLE
     assert node.labels == {"managed-by": "tpuctl", "tpuctl-request": "r1"} and node.is_tpuctl_managed
     assert node.metadata == {"startup-script": "echo hi"}
-    assert node.network_endpoints == (NetworkEndpoint("10.0.0.2", 8470, "34.1.2.3"), NetworkEndpoint("10.0.0.3", 8470))
+    assert node.network_endpoints == (
+        NetworkEndpoint("10.0.0.2", 8470, "34.1.2.3"),
+        NetworkEndpoint("10.0.0.3", 8470),
+    )
     assert node.create_time == datetime(2025, 4, 10, 12, 0, 1, 250000, tzinfo=UTC)
     assert node.queued_resource == "projects/proj/locations/us-east5-b/queuedResources/q1"
     assert node.multislice_node is True and node.id == "7781234" and node.description == "created by tpuctl"
@@ -69,15 +72,29 @@ def test_node_from_proto_every_field() -> None:
 
 def test_node_from_proto_numeric_enums_and_defaults() -> None:
     # The client asks for enum-encoding=int, so a server may answer with numbers; both must read the same.
-    data = {"name": "projects/proj/locations/us-west4-a/nodes/n", "state": 2, "health": 0,
-            "acceleratorConfig": {"type": 11}, "schedulingConfig": {}}
+    data = {
+        "name": "projects/proj/locations/us-west4-a/nodes/n",
+        "state": 2,
+        "health": 0,
+        "acceleratorConfig": {"type": 11},
+        "schedulingConfig": {},
+    }
     node = node_from_proto(parse(cloud_tpu.Node, data))
     assert (node.state, node.health, node.capacity, node.topology, node.create_time) == (
-        "READY", None, CapacityType.ON_DEMAND, None, None)
+        "READY",
+        None,
+        CapacityType.ON_DEMAND,
+        None,
+        None,
+    )
     assert node_from_proto(parse(cloud_tpu.Node, {**data, "state": 99})).state == "99"
-    assert node_from_proto(parse(cloud_tpu.Node, {**data, "schedulingConfig": {"spot": True}})).capacity is CapacityType.SPOT
-    assert node_from_proto(parse(cloud_tpu.Node, {**data, "schedulingConfig": {"reserved": True}})).capacity is (
-        CapacityType.RESERVED)
+    assert (
+        node_from_proto(parse(cloud_tpu.Node, {**data, "schedulingConfig": {"spot": True}})).capacity
+        is CapacityType.SPOT
+    )
+    assert node_from_proto(
+        parse(cloud_tpu.Node, {**data, "schedulingConfig": {"reserved": True}})
+    ).capacity is (CapacityType.RESERVED)
     # proto-plus wrappers are accepted as well as raw messages.
     assert node_from_proto(cloud_tpu.Node.wrap(parse(cloud_tpu.Node, data))).zone == "us-west4-a"
 
@@ -86,23 +103,39 @@ def test_queued_resource_from_proto() -> None:
     multislice = {
         "name": "projects/proj/locations/us-east5-b/queuedResources/q1",
         "createTime": "2025-04-10T12:00:00Z",
-        "tpu": {"nodeSpec": [{"parent": "projects/proj/locations/us-east5-b",
-                              "multisliceParams": {"nodeCount": 3},
-                              "node": {"acceleratorType": "v6e-8", "labels": {"tpuctl-request": "r9"}}}]},
+        "tpu": {
+            "nodeSpec": [
+                {
+                    "parent": "projects/proj/locations/us-east5-b",
+                    "multisliceParams": {"nodeCount": 3},
+                    "node": {"acceleratorType": "v6e-8", "labels": {"tpuctl-request": "r9"}},
+                }
+            ]
+        },
         "guaranteed": {},
         "state": {"state": "ACTIVE", "stateInitiator": "USER", "activeData": {}},
     }
     qr = queued_resource_from_proto(parse(cloud_tpu.QueuedResource, multislice))
-    assert (qr.id, qr.zone, qr.state, qr.state_initiator, qr.tier) == ("q1", "us-east5-b", "ACTIVE", "USER", "guaranteed")
+    assert (qr.id, qr.zone, qr.state, qr.state_initiator, qr.tier) == (
+        "q1",
+        "us-east5-b",
+        "ACTIVE",
+        "USER",
+        "guaranteed",
+    )
     assert qr.node_ids == ("q1-0", "q1-1", "q1-2") and qr.node_count == 3  # prefix defaults to the QR id
     assert qr.accelerator_type == "v6e-8" and qr.labels == {"tpuctl-request": "r9"}
     assert qr.create_time == datetime(2025, 4, 10, 12, 0, tzinfo=UTC)
 
     failed = {
-        "name": "projects/proj/locations/us-east5-b/queuedResources/q2", "spot": {},
+        "name": "projects/proj/locations/us-east5-b/queuedResources/q2",
+        "spot": {},
         "tpu": {"nodeSpec": [{"parent": "projects/proj/locations/us-east5-b", "nodeId": "solo", "node": {}}]},
-        "state": {"state": 4, "stateInitiator": 2,
-                  "failedData": {"error": {"code": 8, "message": "valid-until passed"}}},
+        "state": {
+            "state": 4,
+            "stateInitiator": 2,
+            "failedData": {"error": {"code": 8, "message": "valid-until passed"}},
+        },
     }
     qr = queued_resource_from_proto(parse(cloud_tpu.QueuedResource, failed))
     assert (qr.state, qr.state_initiator, qr.tier, qr.node_ids) == ("FAILED", "SERVICE", "spot", ("solo",))
@@ -112,9 +145,14 @@ def test_queued_resource_from_proto() -> None:
 # ---- plans: exact method, URL and body ------------------------------------------------------------------
 
 NODE_REQ = NodeRequest(
-    name="pod-a", zone="us-east5-b", accelerator_type="v5litepod-64", runtime_version="v2-alpha-tpuv5-lite",
-    capacity=CapacityType.SPOT, labels={"managed-by": "tpuctl", "tpuctl-owner": "alice"},
-    metadata={"startup-script": "true"}, description="created by tpuctl",
+    name="pod-a",
+    zone="us-east5-b",
+    accelerator_type="v5litepod-64",
+    runtime_version="v2-alpha-tpuv5-lite",
+    capacity=CapacityType.SPOT,
+    labels={"managed-by": "tpuctl", "tpuctl-owner": "alice"},
+    metadata={"startup-script": "true"},
+    description="created by tpuctl",
 )
 
 
@@ -147,48 +185,94 @@ def test_plan_create_node_exact() -> None:
     ],
 )
 def test_plan_create_node_scheduling(capacity: CapacityType, reservation: str | None, sched: Any) -> None:
-    req = NodeRequest(name="n", zone="us-central1-a", accelerator_type="v4-8", runtime_version="tpu-ubuntu2204-base",
-                      capacity=capacity, reservation=reservation)
+    req = NodeRequest(
+        name="n",
+        zone="us-central1-a",
+        accelerator_type="v4-8",
+        runtime_version="tpu-ubuntu2204-base",
+        capacity=capacity,
+        reservation=reservation,
+    )
     body = cloud().plan_create_node(req).body
     assert body is not None and body.get("schedulingConfig") == sched
 
 
 def test_plan_create_queued_resource_multislice_exact() -> None:
-    req = QueuedResourceRequest(id="qr-1", zone="us-east5-b", node=NODE_REQ, node_count=4, node_id_prefix="ms",
-                                tier="spot", valid_for_seconds=7200)
+    req = QueuedResourceRequest(
+        id="qr-1",
+        zone="us-east5-b",
+        node=NODE_REQ,
+        node_count=4,
+        node_id_prefix="ms",
+        tier="spot",
+        valid_for_seconds=7200,
+    )
     plan = cloud().plan_create_queued_resource(req, request_id="0b7f6a1e-5c2d-4f3e-9a8b-1c2d3e4f5a6b")
     assert plan.method == "POST"
-    assert plan.url == (f"{GOOGLE}/v2/projects/proj/locations/us-east5-b/queuedResources?queuedResourceId=qr-1"
-                        f"&requestId=0b7f6a1e-5c2d-4f3e-9a8b-1c2d3e4f5a6b&{ALT}")
+    assert plan.url == (
+        f"{GOOGLE}/v2/projects/proj/locations/us-east5-b/queuedResources?queuedResourceId=qr-1"
+        f"&requestId=0b7f6a1e-5c2d-4f3e-9a8b-1c2d3e4f5a6b&{ALT}"
+    )
     assert plan.body == {
-        "tpu": {"nodeSpec": [{
-            "parent": "projects/proj/locations/us-east5-b",
-            "multisliceParams": {"nodeCount": 4, "nodeIdPrefix": "ms"},
-            "node": {
-                "description": "created by tpuctl",
-                "acceleratorType": "v5litepod-64",
-                "runtimeVersion": "v2-alpha-tpuv5-lite",
-                "labels": {"managed-by": "tpuctl", "tpuctl-owner": "alice",
-                           "tpuctl-request": "0b7f6a1e-5c2d-4f3e-9a8b-1c2d3e4f5a6b"},
-                "metadata": {"startup-script": "true"},
-            },
-        }]},
+        "tpu": {
+            "nodeSpec": [
+                {
+                    "parent": "projects/proj/locations/us-east5-b",
+                    "multisliceParams": {"nodeCount": 4, "nodeIdPrefix": "ms"},
+                    "node": {
+                        "description": "created by tpuctl",
+                        "acceleratorType": "v5litepod-64",
+                        "runtimeVersion": "v2-alpha-tpuv5-lite",
+                        "labels": {
+                            "managed-by": "tpuctl",
+                            "tpuctl-owner": "alice",
+                            "tpuctl-request": "0b7f6a1e-5c2d-4f3e-9a8b-1c2d3e4f5a6b",
+                        },
+                        "metadata": {"startup-script": "true"},
+                    },
+                }
+            ]
+        },
         "spot": {},
         "queueingPolicy": {"validUntilDuration": "7200s"},
     }
 
 
 def test_plan_create_queued_resource_single_guaranteed_reserved() -> None:
-    node = NodeRequest(name="solo", zone="us-central2-b", accelerator_type="v4-32", runtime_version="rt",
-                       capacity=CapacityType.RESERVED)
-    req = QueuedResourceRequest(id="qr-2", zone="us-central2-b", node=node, tier="guaranteed",
-                                reservation="my-res", valid_for_seconds=90.5)
+    node = NodeRequest(
+        name="solo",
+        zone="us-central2-b",
+        accelerator_type="v4-32",
+        runtime_version="rt",
+        capacity=CapacityType.RESERVED,
+    )
+    req = QueuedResourceRequest(
+        id="qr-2",
+        zone="us-central2-b",
+        node=node,
+        tier="guaranteed",
+        reservation="my-res",
+        valid_for_seconds=90.5,
+    )
     plan = cloud().plan_create_queued_resource(req)
-    assert plan.url == f"{GOOGLE}/v2/projects/proj/locations/us-central2-b/queuedResources?queuedResourceId=qr-2&{ALT}"
+    assert (
+        plan.url
+        == f"{GOOGLE}/v2/projects/proj/locations/us-central2-b/queuedResources?queuedResourceId=qr-2&{ALT}"
+    )
     assert plan.body == {
-        "tpu": {"nodeSpec": [{"parent": "projects/proj/locations/us-central2-b", "nodeId": "solo",
-                              "node": {"acceleratorType": "v4-32", "runtimeVersion": "rt",
-                                       "schedulingConfig": {"reserved": True}}}]},
+        "tpu": {
+            "nodeSpec": [
+                {
+                    "parent": "projects/proj/locations/us-central2-b",
+                    "nodeId": "solo",
+                    "node": {
+                        "acceleratorType": "v4-32",
+                        "runtimeVersion": "rt",
+                        "schedulingConfig": {"reserved": True},
+                    },
+                }
+            ]
+        },
         "guaranteed": {},
         "queueingPolicy": {"validUntilDuration": "90.500s"},
         "reservationName": "projects/proj/locations/us-central2-b/reservations/my-res",
@@ -198,10 +282,15 @@ def test_plan_create_queued_resource_single_guaranteed_reserved() -> None:
 def test_plan_deletes_exact() -> None:
     c = cloud()
     assert c.plan_delete_node("us-east5-b", "pod-a") == PlannedRequest(
-        "DELETE", f"{GOOGLE}/v2/projects/proj/locations/us-east5-b/nodes/pod-a?{ALT}", None)
-    assert c.plan_delete_queued_resource("us-east5-b", "qr-1", force=True, request_id="rid") == PlannedRequest(
-        "DELETE", f"{GOOGLE}/v2/projects/proj/locations/us-east5-b/queuedResources/qr-1?requestId=rid&force=true&{ALT}",
-        None)
+        "DELETE", f"{GOOGLE}/v2/projects/proj/locations/us-east5-b/nodes/pod-a?{ALT}", None
+    )
+    assert c.plan_delete_queued_resource(
+        "us-east5-b", "qr-1", force=True, request_id="rid"
+    ) == PlannedRequest(
+        "DELETE",
+        f"{GOOGLE}/v2/projects/proj/locations/us-east5-b/queuedResources/qr-1?requestId=rid&force=true&{ALT}",
+        None,
+    )
 
 
 def test_simulator_plan_keeps_http() -> None:
@@ -211,7 +300,11 @@ def test_simulator_plan_keeps_http() -> None:
 
 @pytest.mark.parametrize(
     ("kwargs", "field"),
-    [({"node_count": 0}, "slices"), ({"tier": "best-effort"}, "tier"), ({"valid_for_seconds": -5}, "valid-for")],
+    [
+        ({"node_count": 0}, "slices"),
+        ({"tier": "best-effort"}, "tier"),
+        ({"valid_for_seconds": -5}, "valid-for"),
+    ],
 )
 def test_bad_queued_resource_requests_are_refused(kwargs: dict[str, Any], field: str) -> None:
     req = QueuedResourceRequest(id="q", zone="us-east5-b", node=NODE_REQ, **kwargs)
@@ -223,8 +316,15 @@ def test_bad_queued_resource_requests_are_refused(kwargs: dict[str, Any], field:
 def test_request_id_must_be_a_label_value_and_match_an_existing_label() -> None:
     with pytest.raises(UsageError, match="not a valid label value"):
         cloud().plan_create_node(NODE_REQ, request_id="Has Spaces")
-    labelled = NodeRequest(name="n", zone="us-east5-b", accelerator_type="v6e-8", runtime_version="rt",
-                           labels={"tpuctl-request": "other"})
+    labelled = NodeRequest(
+        name="n",
+        zone="us-east5-b",
+        accelerator_type="v6e-8",
+        runtime_version="rt",
+        labels={"tpuctl-request": "other"},
+    )
     with pytest.raises(UsageError, match="conflicts"):
         cloud().plan_create_node(labelled, request_id="mine")
-    assert cloud().plan_create_node(labelled, request_id="other").body["labels"] == {"tpuctl-request": "other"}  # type: ignore[index]
+    assert cloud().plan_create_node(labelled, request_id="other").body["labels"] == {
+        "tpuctl-request": "other"
+    }  # type: ignore[index]

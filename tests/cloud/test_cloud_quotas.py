@@ -18,8 +18,9 @@ URL = f"{BASE}/v1/projects/p/locations/global/services/tpu.googleapis.com/quotaI
 FAST = RetryPolicy(max_attempts=3, initial_wait_s=0.0, max_wait_s=0.0, deadline_s=5.0)
 
 
-def info(quota_id: str, metric: str, dims: list[tuple[dict[str, str], dict[str, Any]]], dimension: str = "zone"
-         ) -> dict[str, Any]:
+def info(
+    quota_id: str, metric: str, dims: list[tuple[dict[str, str], dict[str, Any]]], dimension: str = "zone"
+) -> dict[str, Any]:
     """A QuotaInfo as the API returns it (google/api/cloudquotas/v1/resources.proto)."""
     return {
         "name": f"projects/123/locations/global/services/tpu.googleapis.com/quotaInfos/{quota_id}",
@@ -43,15 +44,22 @@ def info(quota_id: str, metric: str, dims: list[tuple[dict[str, str], dict[str, 
 
 PAGE1 = {
     "quotaInfos": [
-        info("TPUV5sLitepodPerProjectPerZoneForTPUAPI", "tpu.googleapis.com/v5litepod",
-             [({"zone": "us-east5-b"}, {"value": "64"}), ({"zone": "us-west4-a"}, {})]),
+        info(
+            "TPUV5sLitepodPerProjectPerZoneForTPUAPI",
+            "tpu.googleapis.com/v5litepod",
+            [({"zone": "us-east5-b"}, {"value": "64"}), ({"zone": "us-west4-a"}, {})],
+        ),
     ],
     "nextPageToken": "tok-2",
 }
 PAGE2 = {
     "quotaInfos": [
-        info("TPUV6EPreemptiblePerProjectPerRegionForTPUAPI", "tpu.googleapis.com/v6e_preemptible",
-             [({"region": "us-east5"}, {"value": "-1"})], dimension="region"),
+        info(
+            "TPUV6EPreemptiblePerProjectPerRegionForTPUAPI",
+            "tpu.googleapis.com/v6e_preemptible",
+            [({"region": "us-east5"}, {"value": "-1"})],
+            dimension="region",
+        ),
     ],
 }
 
@@ -63,14 +71,24 @@ def client(**kw: Any) -> CloudQuotasClient:
 
 @respx.mock
 def test_pages_are_followed_and_every_dimension_is_a_row() -> None:
-    route = respx.get(URL).mock(side_effect=[httpx.Response(200, json=PAGE1), httpx.Response(200, json=PAGE2)])
+    route = respx.get(URL).mock(
+        side_effect=[httpx.Response(200, json=PAGE1), httpx.Response(200, json=PAGE2)]
+    )
     rows = client().list_quota_limits("p")
     assert rows == [
-        QuotaLimit("TPUV5sLitepodPerProjectPerZoneForTPUAPI", "tpu.googleapis.com/v5litepod", 64, zone="us-east5-b"),
+        QuotaLimit(
+            "TPUV5sLitepodPerProjectPerZoneForTPUAPI", "tpu.googleapis.com/v5litepod", 64, zone="us-east5-b"
+        ),
         # proto3 JSON omits a zero int64: no "value" means a limit of 0.
-        QuotaLimit("TPUV5sLitepodPerProjectPerZoneForTPUAPI", "tpu.googleapis.com/v5litepod", 0, zone="us-west4-a"),
-        QuotaLimit("TPUV6EPreemptiblePerProjectPerRegionForTPUAPI", "tpu.googleapis.com/v6e_preemptible", -1,
-                   region="us-east5"),
+        QuotaLimit(
+            "TPUV5sLitepodPerProjectPerZoneForTPUAPI", "tpu.googleapis.com/v5litepod", 0, zone="us-west4-a"
+        ),
+        QuotaLimit(
+            "TPUV6EPreemptiblePerProjectPerRegionForTPUAPI",
+            "tpu.googleapis.com/v6e_preemptible",
+            -1,
+            region="us-east5",
+        ),
     ]
     assert route.call_count == 2
     first, second = (c.request.url.params for c in route.calls)
@@ -79,9 +97,18 @@ def test_pages_are_followed_and_every_dimension_is_a_row() -> None:
 
 @respx.mock
 def test_permission_denied_is_translated_and_not_retried() -> None:
-    route = respx.get(URL).mock(return_value=httpx.Response(403, json={"error": {
-        "code": 403, "status": "PERMISSION_DENIED",
-        "message": "Permission 'cloudquotas.quotas.get' denied on resource 'projects/p'"}}))
+    route = respx.get(URL).mock(
+        return_value=httpx.Response(
+            403,
+            json={
+                "error": {
+                    "code": 403,
+                    "status": "PERMISSION_DENIED",
+                    "message": "Permission 'cloudquotas.quotas.get' denied on resource 'projects/p'",
+                }
+            },
+        )
+    )
     with pytest.raises(PermissionDeniedError) as err:
         client().list_quota_limits("p")
     assert "list quota infos of tpu.googleapis.com in project p" in err.value.message
@@ -91,10 +118,19 @@ def test_permission_denied_is_translated_and_not_retried() -> None:
 
 @respx.mock
 def test_rate_limit_is_retried_then_surfaces() -> None:
-    limited = httpx.Response(429, json={"error": {"code": 429, "status": "RESOURCE_EXHAUSTED",
-                                                  "message": "Quota exceeded for quota metric 'Read requests'",
-                                                  "details": [{"@type": "type.googleapis.com/google.rpc.ErrorInfo",
-                                                               "reason": "RATE_LIMIT_EXCEEDED"}]}})
+    limited = httpx.Response(
+        429,
+        json={
+            "error": {
+                "code": 429,
+                "status": "RESOURCE_EXHAUSTED",
+                "message": "Quota exceeded for quota metric 'Read requests'",
+                "details": [
+                    {"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": "RATE_LIMIT_EXCEEDED"}
+                ],
+            }
+        },
+    )
     route = respx.get(URL).mock(side_effect=[limited, httpx.Response(200, json=PAGE2)])
     assert len(client().list_quota_limits("p")) == 1
     assert route.call_count == 2
@@ -106,19 +142,22 @@ def test_rate_limit_is_retried_then_surfaces() -> None:
 
 @respx.mock
 def test_transient_5xx_and_connection_errors_are_retried() -> None:
-    route = respx.get(URL).mock(side_effect=[
-        httpx.Response(503, json={"error": {"code": 503, "status": "UNAVAILABLE", "message": "later"}}),
-        httpx.ConnectError("refused"),
-        httpx.Response(200, json=PAGE2),
-    ])
+    route = respx.get(URL).mock(
+        side_effect=[
+            httpx.Response(503, json={"error": {"code": 503, "status": "UNAVAILABLE", "message": "later"}}),
+            httpx.ConnectError("refused"),
+            httpx.Response(200, json=PAGE2),
+        ]
+    )
     assert len(client().list_quota_limits("p")) == 1
     assert route.call_count == 3
 
 
 @respx.mock
 def test_malformed_json_is_a_clear_error_and_not_retried() -> None:
-    route = respx.get(URL).mock(return_value=httpx.Response(200, content=b"<html>login</html>",
-                                                            headers={"content-type": "text/html"}))
+    route = respx.get(URL).mock(
+        return_value=httpx.Response(200, content=b"<html>login</html>", headers={"content-type": "text/html"})
+    )
     with pytest.raises(CloudError) as err:
         client().list_quota_limits("p")
     assert "not valid JSON" in err.value.message and "text/html" in err.value.message
@@ -158,11 +197,22 @@ class FakeCredentials:
 @respx.mock
 def test_bearer_token_is_refreshed_once_and_never_shown() -> None:
     creds = FakeCredentials()
-    route = respx.get(URL).mock(side_effect=[
-        httpx.Response(200, json=PAGE1), httpx.Response(200, json=PAGE2),
-        httpx.Response(401, json={"error": {"code": 401, "status": "UNAUTHENTICATED",
-                                            "message": "Request had invalid authentication credentials."}}),
-    ])
+    route = respx.get(URL).mock(
+        side_effect=[
+            httpx.Response(200, json=PAGE1),
+            httpx.Response(200, json=PAGE2),
+            httpx.Response(
+                401,
+                json={
+                    "error": {
+                        "code": 401,
+                        "status": "UNAUTHENTICATED",
+                        "message": "Request had invalid authentication credentials.",
+                    }
+                },
+            ),
+        ]
+    )
     c = CloudQuotasClient.for_google(creds, retry=FAST)  # type: ignore[arg-type]
     assert len(c.list_quota_limits("p")) == 3
     assert creds.refreshes == 1

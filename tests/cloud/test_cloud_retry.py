@@ -74,8 +74,12 @@ def test_mutations_retry_refusals_but_not_ambiguous() -> None:
 @pytest.mark.parametrize(
     "error",
     [
-        NotFoundError("x"), AlreadyExistsError("x"), QuotaExceededError("x"), StockoutError("x"),
-        CloudError("bad request", code=3), ValueError("a bug"),
+        NotFoundError("x"),
+        AlreadyExistsError("x"),
+        QuotaExceededError("x"),
+        StockoutError("x"),
+        CloudError("bad request", code=3),
+        ValueError("a bug"),
     ],
 )
 def test_non_retryable_errors_are_raised_at_once(error: Exception) -> None:
@@ -91,8 +95,12 @@ def test_attempts_are_bounded_and_the_last_error_surfaces() -> None:
     errors: list[Exception] = [TransientError(f"503 #{i}") for i in range(10)]
     fn, calls = flaky(errors)
     with pytest.raises(TransientError, match="503 #2"):
-        call_with_retry(fn, policy=RetryPolicy(max_attempts=3, initial_wait_s=0, max_wait_s=0), idempotent=True,
-                        sleep=no_sleep)
+        call_with_retry(
+            fn,
+            policy=RetryPolicy(max_attempts=3, initial_wait_s=0, max_wait_s=0),
+            idempotent=True,
+            sleep=no_sleep,
+        )
     assert calls[0] == 3
 
 
@@ -111,8 +119,9 @@ def test_waits_are_jittered_exponential_and_capped() -> None:
     fn, _ = flaky([TransientError("503")] * 6)
     policy = RetryPolicy(max_attempts=7, initial_wait_s=1.0, max_wait_s=5.0, deadline_s=1000.0)
     seen: list[tuple[int, float]] = []
-    call_with_retry(fn, policy=policy, idempotent=True, sleep=waits.append,
-                    on_retry=lambda n, e, w: seen.append((n, w)))
+    call_with_retry(
+        fn, policy=policy, idempotent=True, sleep=waits.append, on_retry=lambda n, e, w: seen.append((n, w))
+    )
     assert len(waits) == 6 and [n for n, _ in seen] == [1, 2, 3, 4, 5, 6]
     # initial * 2^n plus up to `initial` of jitter, never above the cap.
     assert 1.0 <= waits[0] <= 2.0 and 2.0 <= waits[1] <= 3.0
@@ -124,8 +133,15 @@ def test_poll_until_grows_its_interval_and_reports_each_poll() -> None:
     states = iter(["PENDING", "RUNNING", "RUNNING", "RUNNING", "RUNNING", "DONE"])
     sleeps: list[float] = []
     polled: list[str] = []
-    out = poll_until(lambda: next(states), lambda s: s == "DONE", timeout_s=60, initial_interval_s=0.25,
-                     max_interval_s=2.0, on_poll=lambda s, _e: polled.append(s), sleep=sleeps.append)
+    out = poll_until(
+        lambda: next(states),
+        lambda s: s == "DONE",
+        timeout_s=60,
+        initial_interval_s=0.25,
+        max_interval_s=2.0,
+        on_poll=lambda s, _e: polled.append(s),
+        sleep=sleeps.append,
+    )
     assert out == "DONE"
     assert polled == ["PENDING", "RUNNING", "RUNNING", "RUNNING", "RUNNING", "DONE"]
     assert sleeps == [0.25, 0.5, 1.0, 2.0, 2.0]
@@ -133,8 +149,13 @@ def test_poll_until_grows_its_interval_and_reports_each_poll() -> None:
 
 def test_poll_until_times_out_with_the_last_value() -> None:
     with pytest.raises(PollTimeout) as info:
-        poll_until(lambda: "RUNNING", lambda s: s == "DONE", timeout_s=0.05, initial_interval_s=0.01,
-                   max_interval_s=0.01)
+        poll_until(
+            lambda: "RUNNING",
+            lambda s: s == "DONE",
+            timeout_s=0.05,
+            initial_interval_s=0.01,
+            max_interval_s=0.01,
+        )
     assert info.value.last == "RUNNING"
 
 

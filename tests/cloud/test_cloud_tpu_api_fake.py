@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from cloud_fakes import DROP, P, QUOTA_MSG, STOCKOUT_MSG, FakeGoogle, Hang, error, node_json, operation
+from cloud_fakes import DROP, QUOTA_MSG, STOCKOUT_MSG, FakeGoogle, Hang, P, error, node_json, operation
 
 from tpuctl.catalog import CapacityType
 from tpuctl.cloud.base import NodeRequest, QueuedResourceRequest
@@ -32,9 +32,14 @@ from tpuctl.errors import (
 FAST = RetryPolicy(max_attempts=4, initial_wait_s=0.0, max_wait_s=0.0, deadline_s=10.0)
 NODE_RE = r"/v2/projects/p/locations/us-east5-b/nodes$"
 OP_RE = r"/operations/op1$"
-REQ = NodeRequest(name="n1", zone="us-east5-b", accelerator_type="v5litepod-8",
-                  runtime_version="v2-alpha-tpuv5-lite", capacity=CapacityType.SPOT,
-                  labels={"managed-by": "tpuctl"})
+REQ = NodeRequest(
+    name="n1",
+    zone="us-east5-b",
+    accelerator_type="v5litepod-8",
+    runtime_version="v2-alpha-tpuv5-lite",
+    capacity=CapacityType.SPOT,
+    labels={"managed-by": "tpuctl"},
+)
 
 
 @pytest.fixture
@@ -47,8 +52,9 @@ def fake() -> Iterator[FakeGoogle]:
 
 @pytest.fixture
 def cloud(fake: FakeGoogle) -> Iterator[TpuApiCloud]:
-    c = TpuApiCloud.for_simulator("p", fake.url, retry=FAST, request_timeout_s=2.0, poll_interval_s=0.001,
-                                  poll_max_interval_s=0.01)
+    c = TpuApiCloud.for_simulator(
+        "p", fake.url, retry=FAST, request_timeout_s=2.0, poll_interval_s=0.001, poll_max_interval_s=0.01
+    )
     yield c
     c.close()
 
@@ -63,15 +69,27 @@ class Progress:
 
 def test_create_node_polls_the_operation_and_reports_progress(fake: FakeGoogle, cloud: TpuApiCloud) -> None:
     fake.route("POST", NODE_RE, (200, operation(target=f"{P}/nodes/n1")))
-    fake.route("GET", OP_RE,
-               (200, operation(status_detail="allocating 2 hosts")),
-               (200, operation(status_detail="booting")),
-               (200, operation(done=True, response={"@type": "type.googleapis.com/google.cloud.tpu.v2.Node",
-                                                    **node_json()})))
+    fake.route(
+        "GET",
+        OP_RE,
+        (200, operation(status_detail="allocating 2 hosts")),
+        (200, operation(status_detail="booting")),
+        (
+            200,
+            operation(
+                done=True, response={"@type": "type.googleapis.com/google.cloud.tpu.v2.Node", **node_json()}
+            ),
+        ),
+    )
     progress = Progress()
     node = cloud.create_node(REQ, request_id="req-1", progress=progress)
     assert (node.name, node.zone, node.state, node.capacity, node.topology) == (
-        "n1", "us-east5-b", "READY", CapacityType.SPOT, "2x4")
+        "n1",
+        "us-east5-b",
+        "READY",
+        CapacityType.SPOT,
+        "2x4",
+    )
     assert [d for d, _ in progress.updates] == [
         "create node n1 in us-east5-b: running",
         "create node n1 in us-east5-b: allocating 2 hosts",
@@ -85,11 +103,16 @@ def test_create_node_polls_the_operation_and_reports_progress(fake: FakeGoogle, 
     assert sent.body["schedulingConfig"] == {"spot": True}
     # The dry-run plan is the request that was sent.
     plan = cloud.plan_create_node(REQ, request_id="req-1")
-    assert plan.body == sent.body and plan.url == fake.url + "/v2/projects/p/locations/us-east5-b/nodes?nodeId=n1&%24alt=json%3Benum-encoding%3Dint"
+    assert (
+        plan.body == sent.body
+        and plan.url
+        == fake.url + "/v2/projects/p/locations/us-east5-b/nodes?nodeId=n1&%24alt=json%3Benum-encoding%3Dint"
+    )
 
 
-def test_create_node_falls_back_to_get_when_the_operation_has_no_response(fake: FakeGoogle,
-                                                                           cloud: TpuApiCloud) -> None:
+def test_create_node_falls_back_to_get_when_the_operation_has_no_response(
+    fake: FakeGoogle, cloud: TpuApiCloud
+) -> None:
     fake.route("POST", NODE_RE, (200, operation(done=True)))
     fake.route("GET", r"/nodes/n1$", (200, node_json(state="READY")))
     assert cloud.create_node(REQ).state == "READY"
@@ -97,7 +120,9 @@ def test_create_node_falls_back_to_get_when_the_operation_has_no_response(fake: 
 
 def test_stockout_operation_raises_stockout_with_zone(fake: FakeGoogle, cloud: TpuApiCloud) -> None:
     fake.route("POST", NODE_RE, (200, operation()))
-    fake.route("GET", OP_RE, (200, operation(done=True, error={"code": 8, "message": STOCKOUT_MSG, "details": []})))
+    fake.route(
+        "GET", OP_RE, (200, operation(done=True, error={"code": 8, "message": STOCKOUT_MSG, "details": []}))
+    )
     with pytest.raises(StockoutError) as err:
         cloud.create_node(REQ)
     assert err.value.zone == "us-east5-b" and err.value.code == 8
@@ -106,15 +131,37 @@ def test_stockout_operation_raises_stockout_with_zone(fake: FakeGoogle, cloud: T
 
 
 def test_quota_429_with_quota_failure_is_not_retried(fake: FakeGoogle, cloud: TpuApiCloud) -> None:
-    fake.route("POST", NODE_RE, error(429, "RESOURCE_EXHAUSTED", QUOTA_MSG, [{
-        "@type": "type.googleapis.com/google.rpc.QuotaFailure",
-        "violations": [{"subject": "project:p", "description": QUOTA_MSG,
-                        "quotaId": "TPUV6EPreemptiblePerProjectPerRegionForTPUAPI",
-                        "quotaDimensions": {"region": "us-east5"}, "quotaValue": "0"}]}]))
+    fake.route(
+        "POST",
+        NODE_RE,
+        error(
+            429,
+            "RESOURCE_EXHAUSTED",
+            QUOTA_MSG,
+            [
+                {
+                    "@type": "type.googleapis.com/google.rpc.QuotaFailure",
+                    "violations": [
+                        {
+                            "subject": "project:p",
+                            "description": QUOTA_MSG,
+                            "quotaId": "TPUV6EPreemptiblePerProjectPerRegionForTPUAPI",
+                            "quotaDimensions": {"region": "us-east5"},
+                            "quotaValue": "0",
+                        }
+                    ],
+                }
+            ],
+        ),
+    )
     with pytest.raises(QuotaExceededError) as err:
         cloud.create_node(REQ)
     e = err.value
-    assert (e.quota_id, e.limit, e.location) == ("TPUV6EPreemptiblePerProjectPerRegionForTPUAPI", 0.0, "us-east5")
+    assert (e.quota_id, e.limit, e.location) == (
+        "TPUV6EPreemptiblePerProjectPerRegionForTPUAPI",
+        0.0,
+        "us-east5",
+    )
     assert fake.hits("POST", NODE_RE) == 1
 
 
@@ -123,8 +170,17 @@ def test_503_is_retried_for_reads_and_for_creates(fake: FakeGoogle, cloud: TpuAp
     fake.route("GET", r"/nodes/n1$", unavailable, unavailable, (200, node_json()))
     assert cloud.get_node("us-east5-b", "n1").name == "n1"
     assert fake.hits("GET", r"/nodes/n1$") == 3
-    fake.route("POST", NODE_RE, unavailable, (200, operation(done=True, response={
-        "@type": "type.googleapis.com/google.cloud.tpu.v2.Node", **node_json()})))
+    fake.route(
+        "POST",
+        NODE_RE,
+        unavailable,
+        (
+            200,
+            operation(
+                done=True, response={"@type": "type.googleapis.com/google.cloud.tpu.v2.Node", **node_json()}
+            ),
+        ),
+    )
     assert cloud.create_node(REQ).state == "READY"
     assert fake.hits("POST", NODE_RE) == 2
 
@@ -136,8 +192,9 @@ def test_500_on_create_is_ambiguous_and_not_retried(fake: FakeGoogle, cloud: Tpu
     assert fake.hits("POST", NODE_RE) == 1
 
 
-def test_dropped_connection_is_ambiguous_for_create_and_retried_for_get(fake: FakeGoogle,
-                                                                         cloud: TpuApiCloud) -> None:
+def test_dropped_connection_is_ambiguous_for_create_and_retried_for_get(
+    fake: FakeGoogle, cloud: TpuApiCloud
+) -> None:
     fake.route("POST", NODE_RE, DROP)
     with pytest.raises(AmbiguousError) as err:
         cloud.create_node(REQ)
@@ -169,8 +226,9 @@ def test_already_exists_and_not_found(fake: FakeGoogle, cloud: TpuApiCloud) -> N
 
 
 def test_operation_that_never_finishes_times_out(fake: FakeGoogle) -> None:
-    c = TpuApiCloud.for_simulator("p", fake.url, retry=FAST, poll_interval_s=0.01, poll_max_interval_s=0.02,
-                                  operation_timeout_s=0.1)
+    c = TpuApiCloud.for_simulator(
+        "p", fake.url, retry=FAST, poll_interval_s=0.01, poll_max_interval_s=0.02, operation_timeout_s=0.1
+    )
     fake.route("DELETE", r"/nodes/n1$", (200, operation(verb="delete")))
     fake.route("GET", OP_RE, (200, operation(verb="delete")))
     with pytest.raises(TransientError, match="still running"):
@@ -186,20 +244,49 @@ def test_list_nodes_all_zones_follows_pages(fake: FakeGoogle, cloud: TpuApiCloud
 
     fake.route("GET", r"/v2/projects/p/locations/-/nodes$", page)
     nodes = cloud.list_nodes()
-    assert [(n.name, n.zone, n.state) for n in nodes] == [("n1", "us-east5-b", "READY"),
-                                                         ("n2", "us-west4-a", "PREEMPTED")]
+    assert [(n.name, n.zone, n.state) for n in nodes] == [
+        ("n1", "us-east5-b", "READY"),
+        ("n2", "us-west4-a", "PREEMPTED"),
+    ]
 
 
-def test_queued_resource_create_with_request_id_is_retried_after_a_drop(fake: FakeGoogle,
-                                                                         cloud: TpuApiCloud) -> None:
-    qr_json = {"name": f"{P}/queuedResources/q1", "state": {"state": "WAITING_FOR_RESOURCES"}, "spot": {},
-               "tpu": {"nodeSpec": [{"parent": P, "multisliceParams": {"nodeCount": 2, "nodeIdPrefix": "ms"},
-                                     "node": {"acceleratorType": "v5litepod-8"}}]}}
-    fake.route("POST", r"/queuedResources$", DROP, (200, operation(done=True, response={
-        "@type": "type.googleapis.com/google.cloud.tpu.v2.QueuedResource", **qr_json})))
+def test_queued_resource_create_with_request_id_is_retried_after_a_drop(
+    fake: FakeGoogle, cloud: TpuApiCloud
+) -> None:
+    qr_json = {
+        "name": f"{P}/queuedResources/q1",
+        "state": {"state": "WAITING_FOR_RESOURCES"},
+        "spot": {},
+        "tpu": {
+            "nodeSpec": [
+                {
+                    "parent": P,
+                    "multisliceParams": {"nodeCount": 2, "nodeIdPrefix": "ms"},
+                    "node": {"acceleratorType": "v5litepod-8"},
+                }
+            ]
+        },
+    }
+    fake.route(
+        "POST",
+        r"/queuedResources$",
+        DROP,
+        (
+            200,
+            operation(
+                done=True,
+                response={"@type": "type.googleapis.com/google.cloud.tpu.v2.QueuedResource", **qr_json},
+            ),
+        ),
+    )
     req = QueuedResourceRequest(id="q1", zone="us-east5-b", node=REQ, node_count=2, node_id_prefix="ms")
     qr = cloud.create_queued_resource(req, request_id="rid-7")
-    assert (qr.id, qr.state, qr.tier, qr.node_ids) == ("q1", "WAITING_FOR_RESOURCES", "spot", ("ms-0", "ms-1"))
+    assert (qr.id, qr.state, qr.tier, qr.node_ids) == (
+        "q1",
+        "WAITING_FOR_RESOURCES",
+        "spot",
+        ("ms-0", "ms-1"),
+    )
     posts = [r for r in fake.requests if r.method == "POST"]
     assert len(posts) == 2 and all(r.query["requestId"] == ["rid-7"] for r in posts)
     # Without a request id the same drop is ambiguous and not retried.
@@ -211,7 +298,11 @@ def test_queued_resource_create_with_request_id_is_retried_after_a_drop(fake: Fa
 def test_delete_queued_resource_sends_force_and_request_id(fake: FakeGoogle, cloud: TpuApiCloud) -> None:
     fake.route("DELETE", r"/queuedResources/q1$", (200, operation(done=True, verb="delete")))
     cloud.delete_queued_resource("us-east5-b", "q1", force=True, request_id="rid-8")
-    assert fake.requests[-1].query == {"force": ["true"], "requestId": ["rid-8"], "$alt": ["json;enum-encoding=int"]}
+    assert fake.requests[-1].query == {
+        "force": ["true"],
+        "requestId": ["rid-8"],
+        "$alt": ["json;enum-encoding=int"],
+    }
 
 
 def test_for_google_without_adc(monkeypatch: pytest.MonkeyPatch) -> None:

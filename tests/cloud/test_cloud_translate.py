@@ -31,11 +31,19 @@ from tpuctl.errors import (
 URL = "https://tpu.googleapis.com/v2/projects/p/locations/us-east5-b/nodes?nodeId=n1&key=SECRET123"
 QUOTA_FAILURE = "type.googleapis.com/google.rpc.QuotaFailure"
 ERROR_INFO = "type.googleapis.com/google.rpc.ErrorInfo"
+V6E_QUOTA_MSG = (
+    "Quota limit 'TPUV6EPreemptiblePerProjectPerRegionForTPUAPI' has been exceeded. "
+    "Limit: 0 in region us-east5."
+)
 
 
 def api_error(
-    http_status: int, status: str | None, message: str, details: list[dict[str, Any]] | None = None,
-    *, body: bytes | None = None,
+    http_status: int,
+    status: str | None,
+    message: str,
+    details: list[dict[str, Any]] | None = None,
+    *,
+    body: bytes | None = None,
 ) -> gexc.GoogleAPICallError:
     """What the REST transport raises for this HTTP answer."""
     err: dict[str, Any] = {"code": http_status, "message": message}
@@ -89,9 +97,17 @@ def test_permission_denied_and_service_disabled() -> None:
     out = translate(api_error(403, "PERMISSION_DENIED", "Permission 'tpu.nodes.create' denied"))
     assert type(out) is PermissionDeniedError and out.code == 7 and "roles/tpu.admin" in (out.fix or "")
     disabled = api_error(
-        403, "PERMISSION_DENIED", "Cloud TPU API has not been used in project p before or it is disabled.",
-        [{"@type": ERROR_INFO, "reason": "SERVICE_DISABLED", "domain": "googleapis.com",
-          "metadata": {"service": "tpu.googleapis.com", "consumer": "projects/p"}}],
+        403,
+        "PERMISSION_DENIED",
+        "Cloud TPU API has not been used in project p before or it is disabled.",
+        [
+            {
+                "@type": ERROR_INFO,
+                "reason": "SERVICE_DISABLED",
+                "domain": "googleapis.com",
+                "metadata": {"service": "tpu.googleapis.com", "consumer": "projects/p"},
+            }
+        ],
     )
     out = translate(disabled)
     assert type(out) is PermissionDeniedError
@@ -105,37 +121,70 @@ def test_unauthenticated() -> None:
 
 def test_quota_from_quota_failure_detail() -> None:
     exc = api_error(
-        429, "RESOURCE_EXHAUSTED", "Quota exceeded.",
-        [{"@type": QUOTA_FAILURE, "violations": [{
-            "subject": "project:p", "description": "TPU quota",
-            "quotaId": "TPUV5sLitepodPerProjectPerZoneForTPUAPI", "quotaMetric": "tpu.googleapis.com/v5e",
-            "quotaDimensions": {"zone": "us-east5-b"}, "quotaValue": "64"}]}],
+        429,
+        "RESOURCE_EXHAUSTED",
+        "Quota exceeded.",
+        [
+            {
+                "@type": QUOTA_FAILURE,
+                "violations": [
+                    {
+                        "subject": "project:p",
+                        "description": "TPU quota",
+                        "quotaId": "TPUV5sLitepodPerProjectPerZoneForTPUAPI",
+                        "quotaMetric": "tpu.googleapis.com/v5e",
+                        "quotaDimensions": {"zone": "us-east5-b"},
+                        "quotaValue": "64",
+                    }
+                ],
+            }
+        ],
     )
     out = translate(exc, mutating=True)
     assert type(out) is QuotaExceededError
-    assert (out.quota_id, out.limit, out.location) == ("TPUV5sLitepodPerProjectPerZoneForTPUAPI", 64.0, "us-east5-b")
+    assert (out.quota_id, out.limit, out.location) == (
+        "TPUV5sLitepodPerProjectPerZoneForTPUAPI",
+        64.0,
+        "us-east5-b",
+    )
     assert out.code == 8 and "quota increase" in (out.fix or "")
 
 
 def test_quota_from_detail_with_only_a_description() -> None:
     # Old-style violations say it in prose; the message parser fills the fields.
-    msg = "Quota limit 'TPUV6EPreemptiblePerProjectPerRegionForTPUAPI' has been exceeded. Limit: 0 in region us-east5."
-    exc = api_error(429, "RESOURCE_EXHAUSTED", msg,
-                    [{"@type": QUOTA_FAILURE, "violations": [{"subject": "project:p", "description": msg}]}])
+    msg = V6E_QUOTA_MSG
+    exc = api_error(
+        429,
+        "RESOURCE_EXHAUSTED",
+        msg,
+        [{"@type": QUOTA_FAILURE, "violations": [{"subject": "project:p", "description": msg}]}],
+    )
     out = translate(exc)
-    assert (out.quota_id, out.limit, out.location) == ("TPUV6EPreemptiblePerProjectPerRegionForTPUAPI", 0.0, "us-east5")
+    assert (out.quota_id, out.limit, out.location) == (
+        "TPUV6EPreemptiblePerProjectPerRegionForTPUAPI",
+        0.0,
+        "us-east5",
+    )
 
 
 @pytest.mark.parametrize(
     ("message", "expected"),
     [
-        ("Quota limit 'TPUV6EPreemptiblePerProjectPerRegionForTPUAPI' has been exceeded. Limit: 0 in region us-east5.",
-         ("TPUV6EPreemptiblePerProjectPerRegionForTPUAPI", 0.0, "us-east5")),
-        ("RESOURCE_EXHAUSTED: Quota limit 'TPUV2sPodPerProjectPerRegionForTPUAPI,TPUV2sPodPerProjectPerZoneForTPUAPI' "
-         "has been exceeded. Limit: 0,0 in region us-central1,zone us-central1-a.",
-         ("TPUV2sPodPerProjectPerRegionForTPUAPI", 0.0, "us-central1")),
-        ("Quota 'TPUV4sPreemptiblePodPerProjectPerRegionForTPUAPI' exhausted. Limit 20800 in region us-central2",
-         ("TPUV4sPreemptiblePodPerProjectPerRegionForTPUAPI", 20800.0, "us-central2")),
+        (
+            V6E_QUOTA_MSG,
+            ("TPUV6EPreemptiblePerProjectPerRegionForTPUAPI", 0.0, "us-east5"),
+        ),
+        (
+            "RESOURCE_EXHAUSTED: Quota limit "
+            "'TPUV2sPodPerProjectPerRegionForTPUAPI,TPUV2sPodPerProjectPerZoneForTPUAPI' "
+            "has been exceeded. Limit: 0,0 in region us-central1,zone us-central1-a.",
+            ("TPUV2sPodPerProjectPerRegionForTPUAPI", 0.0, "us-central1"),
+        ),
+        (
+            "Quota 'TPUV4sPreemptiblePodPerProjectPerRegionForTPUAPI' exhausted. "
+            "Limit 20800 in region us-central2",
+            ("TPUV4sPreemptiblePodPerProjectPerRegionForTPUAPI", 20800.0, "us-central2"),
+        ),
     ],
 )
 def test_quota_from_the_three_message_forms(message: str, expected: tuple[str, float, str]) -> None:
@@ -149,12 +198,15 @@ def test_gcloud_comma_form_keeps_every_violation() -> None:
         "Quota limit 'A,B' has been exceeded. Limit: 0,8 in region us-central1,zone us-central1-a."
     )
     assert [(v.quota_id, v.limit, v.location) for v in got] == [
-        ("A", 0.0, "us-central1"), ("B", 8.0, "us-central1-a")]
+        ("A", 0.0, "us-central1"),
+        ("B", 8.0, "us-central1-a"),
+    ]
 
 
 def test_rate_limit_by_error_info_and_by_message() -> None:
     exc = api_error(
-        429, "RESOURCE_EXHAUSTED",
+        429,
+        "RESOURCE_EXHAUSTED",
         "Quota exceeded for quota metric 'tpu.googleapis.com/qps/create' and limit 'CreateNode requests per "
         "minute' of service 'tpu.googleapis.com' for consumer 'project:p'.",
         [{"@type": ERROR_INFO, "reason": "RATE_LIMIT_EXCEEDED", "domain": "googleapis.com"}],
@@ -165,7 +217,9 @@ def test_rate_limit_by_error_info_and_by_message() -> None:
     assert type(out) is RateLimitedError
 
 
-@pytest.mark.parametrize(("http_status", "status"), [(500, "INTERNAL"), (502, None), (504, "DEADLINE_EXCEEDED")])
+@pytest.mark.parametrize(
+    ("http_status", "status"), [(500, "INTERNAL"), (502, None), (504, "DEADLINE_EXCEEDED")]
+)
 def test_5xx_transient_on_reads_ambiguous_on_mutations(http_status: int, status: str | None) -> None:
     exc = api_error(http_status, status, "Internal error encountered.")
     assert type(translate(exc, mutating=False)) is TransientError
@@ -179,9 +233,15 @@ def test_503_is_transient_even_for_a_mutation() -> None:
 
 def test_bad_request_names_the_field() -> None:
     exc = api_error(
-        400, "INVALID_ARGUMENT", "Invalid value for field 'node.acceleratorType': 'v5litepod-48'.",
-        [{"@type": "type.googleapis.com/google.rpc.BadRequest",
-          "fieldViolations": [{"field": "node.acceleratorType", "description": "unknown type"}]}],
+        400,
+        "INVALID_ARGUMENT",
+        "Invalid value for field 'node.acceleratorType': 'v5litepod-48'.",
+        [
+            {
+                "@type": "type.googleapis.com/google.rpc.BadRequest",
+                "fieldViolations": [{"field": "node.acceleratorType", "description": "unknown type"}],
+            }
+        ],
     )
     out = translate(exc, mutating=True)
     assert type(out) is CloudError and out.code == 3
@@ -238,16 +298,22 @@ def _requests_error(kind: str) -> Exception:
 
     if kind == "disconnected":
         inner = urllib3.exceptions.ProtocolError(
-            "Connection aborted.", http.client.RemoteDisconnected("Remote end closed connection without response"))
+            "Connection aborted.",
+            http.client.RemoteDisconnected("Remote end closed connection without response"),
+        )
         return requests.exceptions.ConnectionError(inner)
     if kind == "reset":
         inner = urllib3.exceptions.ProtocolError("Connection aborted.", ConnectionResetError(104, "reset"))
         return requests.exceptions.ConnectionError(inner)
     if kind == "read_timeout":
-        return requests.exceptions.ReadTimeout("HTTPSConnectionPool(host='tpu.googleapis.com'): Read timed out.")
+        return requests.exceptions.ReadTimeout(
+            "HTTPSConnectionPool(host='tpu.googleapis.com'): Read timed out."
+        )
     if kind == "refused":
         conn = urllib3.connection.HTTPConnection("127.0.0.1", 1)
-        new = urllib3.exceptions.NewConnectionError(conn, "Failed to establish a new connection: [Errno 111] refused")
+        new = urllib3.exceptions.NewConnectionError(
+            conn, "Failed to establish a new connection: [Errno 111] refused"
+        )
         return requests.exceptions.ConnectionError(urllib3.exceptions.MaxRetryError(None, "/", new))
     if kind == "connect_timeout":
         return requests.exceptions.ConnectTimeout("connect timed out")
@@ -287,7 +353,8 @@ def test_httpx_errors() -> None:
     assert type(translate(httpx.ReadTimeout("slow", request=req))) is TransientError
     assert type(translate(httpx.RemoteProtocolError("closed", request=req))) is TransientError
     resp = httpx.Response(
-        403, request=req, json={"error": {"code": 403, "message": "denied", "status": "PERMISSION_DENIED"}})
+        403, request=req, json={"error": {"code": 403, "message": "denied", "status": "PERMISSION_DENIED"}}
+    )
     status_error = httpx.HTTPStatusError("403", request=req, response=resp)
     assert type(translate(status_error)) is PermissionDeniedError
 
@@ -309,24 +376,45 @@ def test_google_auth_errors() -> None:
 
 
 def test_operation_stockout_and_reserved_capacity() -> None:
-    msg = ('There is no more capacity in the zone "us-central1-c"; you can try in another zone where Cloud TPU '
-           "Nodes are offered (see https://cloud.google.com/tpu/docs/regions) [EID: 0x1234]")
+    msg = (
+        'There is no more capacity in the zone "us-central1-c"; you can try in another zone where Cloud TPU '
+        "Nodes are offered (see https://cloud.google.com/tpu/docs/regions) [EID: 0x1234]"
+    )
     out = error_from_status(what="create node n1", message=msg, rpc_code=8, from_operation=True, zone="x")
     assert type(out) is StockoutError and out.zone == "us-central1-c" and out.code == 8
     out = error_from_status(
-        what="create node n1", rpc_code=8, from_operation=True, zone="us-east5-b",
-        message="Insufficient reserved capacity. Contact customer support to increase your reservation. [EID: 0x1]")
+        what="create node n1",
+        rpc_code=8,
+        from_operation=True,
+        zone="us-east5-b",
+        message="Insufficient reserved capacity. Contact customer support to increase your reservation. "
+        "[EID: 0x1]",
+    )
     assert type(out) is StockoutError and out.zone == "us-east5-b"
 
 
 def test_operation_quota_and_other_codes() -> None:
-    out = error_from_status(what="create node", rpc_code=8, from_operation=True,
-                            message="Quota 'X' exhausted. Limit 8 in zone us-east5-b")
-    assert type(out) is QuotaExceededError and (out.quota_id, out.limit, out.location) == ("X", 8.0, "us-east5-b")
-    assert type(error_from_status(what="w", rpc_code=13, message="internal", from_operation=True)) is TransientError
+    out = error_from_status(
+        what="create node",
+        rpc_code=8,
+        from_operation=True,
+        message="Quota 'X' exhausted. Limit 8 in zone us-east5-b",
+    )
+    assert type(out) is QuotaExceededError and (out.quota_id, out.limit, out.location) == (
+        "X",
+        8.0,
+        "us-east5-b",
+    )
+    assert (
+        type(error_from_status(what="w", rpc_code=13, message="internal", from_operation=True))
+        is TransientError
+    )
     assert type(error_from_status(what="w", rpc_code=3, message="bad", from_operation=True)) is CloudError
     # Code 8 without a capacity or quota message, in an operation: capacity is what operations run out of.
-    assert type(error_from_status(what="w", rpc_code=8, message="exhausted", from_operation=True)) is StockoutError
+    assert (
+        type(error_from_status(what="w", rpc_code=8, message="exhausted", from_operation=True))
+        is StockoutError
+    )
 
 
 # ---- the context manager ------------------------------------------------------------------------------
@@ -341,3 +429,20 @@ def test_context_manager_translates_chains_and_passes_others_through() -> None:
         raise ValueError("a bug stays a bug")
     with pytest.raises(UsageError), translate_errors("get node", "n1"):
         raise UsageError("already ours")
+
+
+def test_quota_message_with_trailing_text_and_compute_engine_form() -> None:
+    got = quota_violations("Quota limit 'Q' has been exceeded. Limit: 16 in zone us-west4-a. In use: 16.")
+    assert [(v.quota_id, v.limit, v.location) for v in got] == [("Q", 16.0, "us-west4-a")]
+    got = quota_violations("Quota 'GPUS_ALL_REGIONS' exceeded.  Limit: 0.0 globally.")
+    assert [(v.quota_id, v.limit, v.location) for v in got] == [("GPUS_ALL_REGIONS", 0.0, "global")]
+    assert quota_violations("Quota exceeded for quota metric 'tpu.googleapis.com/qps/create'") == []
+
+
+def test_unparseable_answers() -> None:
+    from google.protobuf import json_format
+
+    exc = json_format.ParseError("Failed to parse id field: Value out of range: 9733224497149883078.")
+    out = translate(exc)
+    assert type(out) is CloudError and "could not be parsed" in out.message and "out of range" in out.message
+    assert type(translate(exc, mutating=True)) is AmbiguousError

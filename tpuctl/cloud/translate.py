@@ -101,23 +101,21 @@ _STOCKOUT_RE = re.compile(
     re.IGNORECASE,
 )
 _STOCKOUT_ZONE_RE = re.compile(r"in the zone \"([^\"]+)\"")
+# One place, or a comma-joined list of them: "region us-east5", "zone us-central1-a", "us-central2".
+_LOCS = r"(?:(?:region|zone|location)\s+)?[a-z0-9-]+(?:\s*,\s*(?:(?:region|zone|location)\s+)?[a-z0-9-]+)*"
 # "Quota limit 'A' has been exceeded. Limit: 0 in region us-east5."
 # "RESOURCE_EXHAUSTED: Quota limit 'A,B' has been exceeded. Limit: 0,0 in region us-central1,zone us-c1-a."
 _QUOTA_LIMIT_RE = re.compile(
-    r"Quota limit '(?P<ids>[^']+)' has been exceeded\.?\s*Limit:\s*(?P<limits>[-\d.,\s]+?)\s+in\s+"
-    r"(?P<locs>.+?)\.?\s*$",
-    re.MULTILINE,
+    rf"Quota limit '(?P<ids>[^']+)' has been exceeded\.?\s*Limit:\s*(?P<limits>-?[\d.]+(?:\s*,\s*-?[\d.]+)*)"
+    rf"\s+in\s+(?P<locs>{_LOCS})"
 )
 # "Quota 'X' exhausted. Limit 20800 in region us-central2"
 _QUOTA_EXHAUSTED_RE = re.compile(
-    r"Quota '(?P<id>[^']+)' exhausted\.?\s*Limit:?\s*(?P<limit>-?[\d.]+)\s+in\s+(?P<loc>.+?)\.?\s*$",
-    re.MULTILINE,
+    rf"Quota '(?P<id>[^']+)' exhausted\.?\s*Limit:?\s*(?P<limit>-?[\d.]+)\s+in\s+(?P<loc>{_LOCS})"
 )
 # Compute Engine's form: "Quota 'GPUS_ALL_REGIONS' exceeded.  Limit: 0.0 globally." / "... in region R."
 _QUOTA_EXCEEDED_RE = re.compile(
-    r"Quota '(?P<id>[^']+)' exceeded\.?\s*Limit:?\s*(?P<limit>-?[\d.]+)\s+"
-    r"(?:in\s+(?P<loc>.+?)|globally)\.?\s*$",
-    re.MULTILINE,
+    rf"Quota '(?P<id>[^']+)' exceeded\.?\s*Limit:?\s*(?P<limit>-?[\d.]+)\s+(?:in\s+(?P<loc>{_LOCS})|globally)"
 )
 _URL_RE = re.compile(r"https?://\S+")
 
@@ -169,7 +167,14 @@ def translate_exception(
     if isinstance(exc, TpuctlError):
         return exc
     what = _what(action, resource)
-    for translator in (_from_api_core, _from_google_auth, _from_httpx, _from_requests, _from_builtin):
+    for translator in (
+        _from_api_core,
+        _from_google_auth,
+        _from_httpx,
+        _from_requests,
+        _from_protobuf,
+        _from_builtin,
+    ):
         out = translator(exc, what, mutating, zone)
         if out is not None:
             return out
@@ -536,6 +541,27 @@ def _from_requests(exc: BaseException, what: str, mutating: bool, zone: str | No
     if isinstance(exc, requests.exceptions.RequestException):
         return CloudError(f"{what}: {type(exc).__name__}: {scrub(_first_line(exc))}")
     return None
+
+
+def _from_protobuf(exc: BaseException, what: str, mutating: bool, zone: str | None) -> CloudError | None:
+    # The client parses every response with json_format; an answer it cannot read (a field out of range,
+    # a wrong type) is a server-side defect, not a transient. After a mutation was sent, though, the server
+    # has acted on it: we just cannot read what it said.
+    if "google.protobuf.json_format" not in sys.modules:
+        return None
+    from google.protobuf import json_format, message
+
+    if not isinstance(exc, json_format.ParseError | message.DecodeError):
+        return None
+    if mutating:
+        return AmbiguousError(
+            f"{what}: the server's answer could not be parsed ({_first_line(exc)}); it may have been applied",
+            fix=FIX_AMBIGUOUS,
+        )
+    return CloudError(
+        f"{what}: the server's answer could not be parsed ({_first_line(exc)})",
+        fix="check that the endpoint is the Cloud TPU API v2; this is a server-side defect",
+    )
 
 
 def _from_builtin(exc: BaseException, what: str, mutating: bool, zone: str | None) -> CloudError | None:
