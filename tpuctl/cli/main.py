@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
-from tpuctl.cli import catalog_cmds, misc_cmds, pod_cmds, sim_cmds
+from tpuctl.cli import catalog_cmds, misc_cmds, pod_cmds, run_cmds, sim_cmds
 from tpuctl.cli.context import GlobalOptions
 
 app = typer.Typer(
@@ -29,6 +29,7 @@ app.add_typer(pod_cmds.app, name="pod")
 app.add_typer(catalog_cmds.app, name="catalog")
 app.add_typer(sim_cmds.app, name="sim")
 misc_cmds.register(app)
+run_cmds.register(app)
 
 
 @app.callback()

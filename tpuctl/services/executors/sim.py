@@ -220,7 +220,12 @@ class SimExecutor:
             self._hosts[plan.worker] = _Host(plan.worker, proc, reader, exited)
         reader.start()
         if self._registry is not None:
-            self._registry.register_host(self._zone, self._node, plan.worker, proc.pid)
+            try:
+                self._registry.register_host(self._zone, self._node, plan.worker, proc.pid)
+            except Exception:
+                # A program that already finished cannot be preempted any more: nothing to register.
+                if proc.poll() is None:
+                    raise
             self._registered = True
 
     def _pump(self, worker: int, proc: subprocess.Popen[bytes], exited: threading.Event) -> None:

@@ -1,0 +1,364 @@
+"""`tpuctl run` and `tpuctl runs ...`: run a program on every host of a slice, and look at past runs.
+
+Host output streams to stdout with a worker prefix (stderr for machine formats, so `-o json` stays one
+clean document); tpuctl's own steps go to stderr.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from tpuctl.cli.context import is_dry_run, make_output, session
+from tpuctl.cli.options import DryRunOpt, OutputOpt
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from tpuctl.cli.render import Output, Progress
+    from tpuctl.store.records import RunRecord
+
+runs_app = typer.Typer(help="List runs, describe one, show its hosts' logs.", no_args_is_help=True)
+
+#: Worker prefix colours, cycled; picked so neighbours differ on dark and light terminals.
+_COLOURS = ("cyan", "magenta", "green", "yellow", "blue", "red", "bright_cyan", "bright_magenta")
+
+
+class _Printer:
+    """Implements ``tpuctl.services.launcher.LaunchObserver``: host lines with a coloured worker prefix."""
+
+    def __init__(self, out: Output, hosts: int) -> None:
+        self._out = out
+        self._lines: Console = out.err if out.machine else out.out
+        self._width = len(str(max(hosts - 1, 0)))
+        #: The spinner shown while the slice is created; stopped when the hosts start talking.
+        self.spinner: Progress | None = None
+
+    def line(self, worker: int, text: str) -> None:
+        from rich.markup import escape
+
+        if self.spinner is not None:
+            self.spinner.stop()
+            self.spinner = None
+        colour = _COLOURS[worker % len(_COLOURS)]
+        self._lines.print(f"[{colour}]w{worker:<{self._width}}[/] | {escape(text)}", soft_wrap=True)
+
+    def status(self, text: str) -> None:
+        from rich.markup import escape
+
+        if not self._out.machine:
+            self._out.err.print(f"[dim]tpuctl:[/] {escape(text)}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command(
+        "run",
+        # Options may come before or after SCRIPT; anything tpuctl does not know, and everything after
+        # `--`, goes to the program as its arguments.
+        context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    )(run)
+    app.add_typer(runs_app, name="runs")
+
+
+def run(
+    ctx: typer.Context,
+    script: Annotated[
+        str | None, typer.Argument(metavar="SCRIPT", help="The Python program to run on every host.")
+    ] = None,
+    args: Annotated[
+        list[str] | None, typer.Argument(metavar="[ARGS]...", help="Arguments for the program.")
+    ] = None,
+    pod: Annotated[str | None, typer.Option("--pod", help="Run on this existing READY slice.")] = None,
+    accelerator_type: Annotated[
+        str | None, typer.Option("--type", help="Create a slice of this type for the run, e.g. v5e-16.")
+    ] = None,
+    zone: Annotated[str | None, typer.Option("--zone", help="Zone of --pod, or where to create.")] = None,
+    spot: Annotated[bool, typer.Option("--spot", help="Create the slice on spot capacity.")] = False,
+    preemptible: Annotated[
+        bool, typer.Option("--preemptible", help="Create the slice on preemptible capacity.")
+    ] = False,
+    keep_pod: Annotated[
+        bool, typer.Option("--keep-pod", help="Keep the slice this run created (default: delete it).")
+    ] = False,
+    env: Annotated[
+        list[str] | None, typer.Option("--env", help="KEY=VALUE for the program (repeatable).")
+    ] = None,
+    workdir: Annotated[
+        str | None,
+        typer.Option("--workdir", help="Directory to ship (default: the script's directory)."),
+    ] = None,
+    example: Annotated[
+        str | None, typer.Option("--example", help="Run a program bundled with tpuctl instead: lm.")
+    ] = None,
+    checkpoint_every: Annotated[
+        int | None,
+        typer.Option("--checkpoint-every", help="Checkpoint every N steps (passed to the program)."),
+    ] = None,
+    checkpoint_dir: Annotated[
+        str | None, typer.Option("--checkpoint-dir", help="TPUCTL_CHECKPOINT_DIR (default: per run).")
+    ] = None,
+    timeout: Annotated[
+        float | None, typer.Option("--timeout", help="Stop the run after this many seconds.")
+    ] = None,
+    grace: Annotated[
+        float, typer.Option("--grace", help="Seconds between SIGTERM and SIGKILL when stopping hosts.")
+    ] = 5.0,
+    executor: Annotated[
+        str | None, typer.Option("--executor", help="sim or ssh (default: sim on the simulator).")
+    ] = None,
+    max_bundle_mb: Annotated[
+        float, typer.Option("--max-bundle-mb", help="Refuse bundles bigger than this (MiB).")
+    ] = 64.0,
+    output: OutputOpt = None,
+    dry_run: DryRunOpt = False,
+) -> None:
+    """Run SCRIPT (or --example) on every host of a slice and stream the hosts' output.
+
+    Ships the script's directory (minus .gitignore/.tpuctlignore) with tpuctl's runtime, starts the
+    program on all hosts at once, and ends with its result: if a host fails, the others are stopped and
+    the run fails naming it.
+    """
+    from tpuctl.catalog import CapacityType
+    from tpuctl.errors import UsageError
+    from tpuctl.services.launcher import Launcher, RunRequest
+
+    out = make_output(ctx, output)
+    program_args = [*(args or []), *ctx.args]
+    if example is not None and script is not None:
+        # With --example every positional is the example's: SCRIPT caught the first of them.
+        program_args = [script, *program_args]
+        script = None
+    if spot and preemptible:
+        raise UsageError(
+            "--spot and --preemptible exclude each other",
+            field="capacity",
+            value="spot, preemptible",
+            fix="pick one capacity type",
+        )
+    capacity = (
+        CapacityType.SPOT if spot else CapacityType.PREEMPTIBLE if preemptible else CapacityType.ON_DEMAND
+    )
+    if max_bundle_mb <= 0:
+        raise UsageError(
+            f"--max-bundle-mb must be positive, got {max_bundle_mb}",
+            field="--max-bundle-mb",
+            value=max_bundle_mb,
+            fix="e.g. --max-bundle-mb 128",
+        )
+    request = RunRequest(
+        script=script,
+        args=tuple(program_args),
+        example=example,
+        workdir=workdir,
+        env=tuple(env or ()),
+        pod=pod,
+        accelerator_type=accelerator_type,
+        zone=zone,
+        capacity=capacity,
+        keep_pod=keep_pod,
+        checkpoint_every=checkpoint_every,
+        checkpoint_dir=checkpoint_dir,
+        executor=executor,
+        timeout_s=timeout,
+        grace_s=grace,
+        bundle_limit_bytes=int(max_bundle_mb * 1024 * 1024),
+    )
+    with session(ctx, out) as sess:
+        launcher = Launcher(sess)
+        prepared = launcher.prepare(request)
+        if is_dry_run(ctx, dry_run):
+            _render_plan(out, launcher.plan(prepared))
+            return
+        printer = _Printer(out, prepared.target.accelerator.hosts)
+        launcher = Launcher(sess, observer=printer)
+        with out.progress(f"run {prepared.run_id}") as prog:
+            printer.spinner = prog
+            result = launcher.run_prepared(prepared, progress=prog)
+    if out.machine:
+        out.document(out.envelope(run=result.to_dict()))
+        return
+    out.out.print(
+        f"[green]run {result.run_id} succeeded[/] on {result.pod} ({result.zone}, {result.hosts} hosts) "
+        f"in {result.duration_s:.1f} s"
+        + (f"; {result.pod} deleted" if result.deleted_pod else "")
+        + f". Logs: tpuctl runs logs {result.run_id}"
+    )
+
+
+def _render_plan(out: Output, plan: dict[str, Any]) -> None:
+    if out.machine:
+        out.document(out.envelope(dry_run=True, plan=plan))
+        return
+    import shlex
+
+    from rich.markup import escape
+
+    p = out.out.print
+    bundle = plan["bundle"]
+    target = plan["target"]
+    p("[bold]dry run[/]: nothing was shipped, created or started.")
+    p(f"run id: {plan['run_id']}  executor: {plan['executor']}")
+    verb = "existing slice" if target["existing"] else "new slice (created for the run"
+    verb += "" if target["existing"] else (", deleted after)" if target.get("delete_after") else ", kept)")
+    p(
+        f"where: {verb} {target['pod']} in {target['zone']}: {target['accelerator_type']} "
+        f"({target['topology']}, {target['hosts']} hosts x {target['chips_per_host']} chips), "
+        f"{target['capacity']}"
+    )
+    create = target.get("create")
+    if create:
+        if create.get("price_per_hour") is not None:
+            p(f"  estimated price: {create['price_per_hour']:.2f} USD/h")
+        for req in create.get("requests", []):
+            p(f"  request: {req['method']} {escape(req['url'])}")
+    p(
+        f"bundle: sha256 {bundle['sha256']}, {bundle['files']} files, {bundle['bytes']} bytes "
+        f"(limit {bundle['limit_bytes']}); from {bundle['workdir'] or '(runtime only)'}"
+    )
+    for f in bundle["user_files"]:
+        p(f"  {f['bytes']:>10}  {escape(f['path'])}")
+    p(f"  {'':>10}  + tpuctl runtime ({bundle['runtime_files']} files)")
+    p(f"checkpoint dir: {plan['checkpoint_dir']}")
+    for host in plan["hosts"]:
+        p(f"[bold]host {host['worker']}[/]: {escape(host['where'])}")
+        p(f"  cwd: {escape(host['cwd'])}")
+        if "command" in host:
+            p(f"  command: {escape(host['command'])}")
+        else:
+            p(f"  argv: {escape(shlex.join(host['argv']))}")
+        for key, value in host["env"].items():
+            p(f"  env {key}={escape(value)}")
+
+
+# --- runs ----------------------------------------------------------------------------------------------
+
+_RUN_COLUMNS = ("RUN", "STATUS", "PROGRAM", "POD", "ZONE", "TYPE", "EXIT", "STARTED", "DURATION")
+
+
+def _run_dict(record: RunRecord) -> dict[str, Any]:
+    from datetime import UTC, datetime
+
+    def iso(ts: float | None) -> str | None:
+        return None if ts is None else datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds")
+
+    return {
+        "run_id": record.run_id,
+        "status": str(record.status),
+        "program": record.script,
+        "args": list(record.args),
+        "pod": record.pod,
+        "zone": record.zone,
+        "accelerator_type": record.accelerator_type,
+        "capacity": None if record.capacity is None else record.capacity.value,
+        "exit_code": record.exit_code,
+        "created_at": iso(record.created_at),
+        "ended_at": iso(record.ended_at),
+        "duration_s": None if record.ended_at is None else round(record.ended_at - record.created_at, 3),
+        "restarts": record.restarts,
+        "preemptions": record.preemptions,
+        "detail": record.detail or {},
+    }
+
+
+@runs_app.command("list")
+def list_runs(
+    ctx: typer.Context,
+    limit: Annotated[int, typer.Option("--limit", help="Show at most this many (newest first).")] = 50,
+    output: OutputOpt = None,
+) -> None:
+    """List runs, newest first."""
+    out = make_output(ctx, output)
+    with session(ctx, out) as sess:
+        records = sess.ledger.list_runs(limit=limit)
+    data = [_run_dict(r) for r in records]
+    out.rows(
+        "runs",
+        _RUN_COLUMNS,
+        (
+            [
+                d["run_id"],
+                d["status"],
+                d["program"],
+                d["pod"],
+                d["zone"],
+                d["accelerator_type"],
+                d["exit_code"],
+                d["created_at"],
+                None if d["duration_s"] is None else f"{d['duration_s']:.1f} s",
+            ]
+            for d in data
+        ),
+        key="runs",
+        records=data,
+    )
+
+
+@runs_app.command("describe")
+def describe_run(
+    ctx: typer.Context,
+    run_id: Annotated[str, typer.Argument(metavar="RUN", help="Run id (see `tpuctl runs list`).")],
+    output: OutputOpt = None,
+) -> None:
+    """Show one run: status, slice, exit code, hosts, bundle, and its segments."""
+    from tpuctl.errors import UsageError
+
+    out = make_output(ctx, output)
+    with session(ctx, out) as sess:
+        record = sess.ledger.get_run(run_id)
+        if record is None:
+            raise UsageError(
+                f"no run {run_id!r}", field="RUN", value=run_id, fix="`tpuctl runs list` shows the runs"
+            )
+        segments = sess.ledger.segments(run_id)
+    data = _run_dict(record)
+    segs = [
+        {
+            "kind": str(s.kind),
+            "start": s.start,
+            "end": s.end,
+            "duration_s": None if s.duration_s is None else round(s.duration_s, 3),
+            "pod": s.pod,
+            "zone": s.zone,
+            "capacity": None if s.capacity is None else s.capacity.value,
+            "detail": s.detail or {},
+        }
+        for s in segments
+    ]
+    if out.machine:
+        out.document(out.envelope(run={**data, "segments": segs}))
+        return
+    detail = data.pop("detail")
+    out.fields(f"run {run_id}", {**data, **detail})
+    out.rows(
+        "segments",
+        ("KIND", "POD", "ZONE", "DURATION"),
+        ([s["kind"], s["pod"], s["zone"], s["duration_s"]] for s in segs),
+        key="segments",
+        records=segs,
+    )
+
+
+@runs_app.command("logs")
+def run_logs(
+    ctx: typer.Context,
+    run_id: Annotated[str, typer.Argument(metavar="RUN", help="Run id (see `tpuctl runs list`).")],
+    worker: Annotated[int | None, typer.Option("--worker", help="Only this host's log.")] = None,
+) -> None:
+    """Print the hosts' logs of a run (one host's with --worker N, unprefixed)."""
+    import sys
+
+    from tpuctl.services.launcher import Launcher
+
+    out = make_output(ctx, None)
+    with session(ctx, out) as sess:
+        paths = Launcher(sess).log_paths(run_id, worker)
+    width = len(str(max(len(paths) - 1, 0)))
+    for w, path in paths:
+        if not path.exists():
+            out.note(f"(no log for worker {w})")
+            continue
+        with path.open(encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                sys.stdout.write(line if worker is not None else f"w{w:<{width}} | {line}")
+    sys.stdout.flush()
