@@ -42,6 +42,7 @@ from tpuctl.cloud.base import (
     QueuedResource,
     QueuedResourceRequest,
     QuotaLimit,
+    TpuCloud,
 )
 from tpuctl.cloud.quotas import CloudQuotasClient, _default_credentials
 from tpuctl.cloud.retry import PollTimeout, RetryPolicy, Sleep, call_with_retry, poll_until
@@ -905,3 +906,9 @@ def _describe_op(op: Any, what: str) -> str:
 def _duration(seconds: float) -> timedelta:
     # proto-plus marshals google.protobuf.Duration fields from timedelta.
     return timedelta(seconds=seconds)
+
+
+if TYPE_CHECKING:
+    # mypy proves TpuApiCloud implements the whole TpuCloud protocol (never runs).
+    def _conforms(cloud: TpuApiCloud) -> TpuCloud:
+        return cloud
