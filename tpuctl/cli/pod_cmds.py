@@ -11,7 +11,10 @@ from tpuctl.cli.options import DryRunOpt, OutputOpt, YesOpt, ZoneOpt
 
 if TYPE_CHECKING:
     from tpuctl.cli.render import Output
+    from tpuctl.services.attempts import Placement
+    from tpuctl.services.placement import Plan
     from tpuctl.services.pods import PodView
+    from tpuctl.services.session import Session
 
 app = typer.Typer(help="Create, list, describe and delete TPU slices (pods).", no_args_is_help=True)
 
@@ -38,12 +41,55 @@ def create(
     accelerator_type: Annotated[str, typer.Argument(metavar="TYPE", help="e.g. v5e-64, v6e-8, v5p-128.")],
     name: Annotated[str | None, typer.Option("--name", help="Slice name (default: generated).")] = None,
     zone: Annotated[
-        list[str] | None, typer.Option("--zone", help="Zone (repeatable; the first is used).")
+        list[str] | None,
+        typer.Option("--zone", help="A zone to consider (repeatable; default: every zone offering it)."),
     ] = None,
-    spot: Annotated[bool, typer.Option("--spot", help="Spot capacity.")] = False,
-    preemptible: Annotated[bool, typer.Option("--preemptible", help="Preemptible capacity.")] = False,
+    region: Annotated[
+        str | None, typer.Option("--region", help="Consider the zones of this region only.")
+    ] = None,
+    capacity_type: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--capacity-type",
+            help="Allowed capacity type (repeatable): on-demand, spot, preemptible, reserved, queued. "
+            "Default: the profile's capacity_types, else on-demand.",
+        ),
+    ] = None,
+    spot: Annotated[
+        bool, typer.Option("--spot", help="Allow spot capacity (= --capacity-type spot).")
+    ] = False,
+    preemptible: Annotated[
+        bool, typer.Option("--preemptible", help="Allow preemptible capacity (= --capacity-type preemptible)")
+    ] = False,
     reserved: Annotated[
-        str | None, typer.Option("--reserved", help="Reserved capacity from this reservation.")
+        str | None,
+        typer.Option("--reserved", help="Allow reserved capacity from this reservation (implies reserved)."),
+    ] = None,
+    max_price: Annotated[
+        str | None,
+        typer.Option("--max-price", help="Price cap in USD per hour for the whole request (all slices)."),
+    ] = None,
+    queued: Annotated[
+        bool, typer.Option("--queued", help="Place through a queued resource and wait until it is ACTIVE.")
+    ] = False,
+    valid_for: Annotated[
+        str | None,
+        typer.Option("--valid-for", help="Queued resources: give up after this long, e.g. 2h, 30m, 1h30m."),
+    ] = None,
+    strategy: Annotated[
+        str | None,
+        typer.Option(
+            "--strategy",
+            help="cheapest (default: one zone at a time, cheapest first, failing over) or race (queue in "
+            "the top --race-k zones at once, keep the first ACTIVE).",
+        ),
+    ] = None,
+    race_k: Annotated[
+        str | None, typer.Option("--race-k", help="How many zones --strategy race queues in (default 3).")
+    ] = None,
+    slices: Annotated[
+        str | None,
+        typer.Option("--slices", help="Number of slices (N > 1: a multislice through one queued resource)."),
     ] = None,
     runtime_version: Annotated[
         str | None, typer.Option("--runtime-version", help="TPU software version (default per type).")
@@ -51,77 +97,272 @@ def create(
     label: Annotated[
         list[str] | None, typer.Option("--label", help="KEY=VALUE label (repeatable).")
     ] = None,
-    wait: Annotated[bool, typer.Option("--wait/--no-wait", help="Wait until the slice is READY.")] = True,
+    wait: Annotated[
+        bool,
+        typer.Option("--wait/--no-wait", help="Wait until READY (without waiting there is no failover)."),
+    ] = True,
     output: OutputOpt = None,
     dry_run: DryRunOpt = False,
-) -> None:
-    """Create a TPU slice and wait until it is READY."""
-    from tpuctl.catalog import CapacityType
-    from tpuctl.errors import UsageError
-    from tpuctl.services.pods import PodService, parse_labels
+) -> int:
+    """Create TPU slices where they are allowed, offered, available and under the cap; wait until READY.
+
+    Every candidate (zone x capacity type) is checked for offer, price and zone/region quota; the
+    cheapest feasible one is tried first and stockouts fail over to the next. --dry-run prints the plan
+    and exits 0 if feasible, 4 (no quota), 5 (not offered / no capacity) or 6 (over the price cap).
+    """
+    from tpuctl.catalog import Catalog
+    from tpuctl.cli.context import build_settings
+    from tpuctl.services.allocator import Allocator, build_request
+    from tpuctl.services.pods import parse_labels
 
     out = make_output(ctx, output)
-    chosen = [c for c, flag in ((CapacityType.SPOT, spot), (CapacityType.PREEMPTIBLE, preemptible)) if flag]
-    if reserved is not None:
-        chosen.append(CapacityType.RESERVED)
-    if len(chosen) > 1:
-        raise UsageError(
-            "--spot, --preemptible and --reserved exclude each other",
-            field="capacity",
-            value=", ".join(c.value for c in chosen),
-            fix="pick one capacity type",
-        )
-    if reserved is not None and not reserved.strip():
-        raise UsageError(
-            "--reserved needs a reservation name", field="--reserved", fix="--reserved RESERVATION"
-        )
-    capacity = chosen[0] if chosen else CapacityType.ON_DEMAND
-    labels = parse_labels(label or [])
-    with session(ctx, out, zones=zone or None) as sess:
-        pods = PodService(sess)
-        spec = pods.build_spec(
-            accelerator_type,
-            name=name,
-            zone=(zone or [None])[0],
-            capacity=capacity,
-            runtime_version=runtime_version,
-            labels=labels,
-            reservation=reserved,
-        )
+    # Every flag is checked before anything is contacted: bad input exits 2 without starting a backend.
+    request = build_request(
+        Catalog.load(),
+        build_settings(ctx),
+        accelerator_type,
+        name=name,
+        zones=zone or [],
+        region=region,
+        capacity_types=capacity_type or [],
+        spot=spot,
+        preemptible=preemptible,
+        reserved=reserved,
+        max_price=max_price,
+        queued=queued,
+        valid_for=valid_for,
+        strategy=strategy,
+        race_k=race_k,
+        slices=slices,
+        runtime_version=runtime_version,
+        labels=parse_labels(label or []),
+        wait=wait,
+    )
+    with session(ctx, out) as sess:
+        allocator = Allocator(sess)
+        plan = allocator.plan(request)
         if is_dry_run(ctx, dry_run):
-            plan = pods.plan_create(spec)
             _render_plan(out, plan)
-            return
-        with out.progress(f"creating {spec.name} ({spec.accelerator.api_name}) in {spec.zone}") as prog:
-            pods.create(spec, wait=wait, progress=prog)
-        view = next(v for v in pods.list(spec.zone) if v.name == spec.name)
+            if not plan.feasible:
+                out.err.print(f"[red]infeasible ({plan.verdict.value}):[/] {_escape(plan.message or '')}")
+                if plan.fix:
+                    out.err.print(f"[dim]fix:[/] {_escape(plan.fix)}")
+            return plan.verdict.exit_code
+        for warning in plan.warnings:
+            out.warn(warning)
+        error = plan.error()
+        if error is not None:
+            if not out.machine:
+                _render_candidates(out, plan)
+            raise error
+        what = f"{request.slices} x {request.accelerator.api_name}" if request.slices > 1 else (
+            request.accelerator.api_name
+        )
+        with out.progress(f"placing {request.name} ({what})") as prog:
+            placement = allocator.place(request, progress=prog, plan=plan)
+        views = _placed_views(sess, placement)
         if out.machine:
-            out.document(out.envelope(pod=view.to_dict()))
-        else:
-            out.out.print(
-                f"created [bold]{view.name}[/] in {view.zone}: {view.accelerator_type} "
-                f"({view.topology}, {view.hosts} hosts), {view.state}, {view.capacity}"
-                + (f", {view.price_per_hour:.2f} USD/h" if view.price_per_hour is not None else "")
-                + f" in {prog.elapsed_s:.1f} s"
+            out.document(
+                out.envelope(
+                    pod=views[0] if views else None,
+                    pods=views,
+                    placement=placement.to_dict(),
+                )
             )
+            return 0
+        _render_placement(out, placement, views, prog.elapsed_s)
+    return 0
 
 
-def _render_plan(out: Output, plan: dict[str, Any]) -> None:
+def _escape(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)
+
+
+def _placed_views(sess: Session, placement: Placement) -> list[dict[str, Any]]:
+    """The placed slices as `pod list` shows them, each with its slice index."""
+    from tpuctl.services.pods import PodService
+
+    by_name = {d["name"]: d for d in placement.to_dict()["pods"]}
+    views: list[dict[str, Any]] = []
+    listed = {(v.zone, v.name): v for v in PodService(sess).list(placement.candidate.zone)}
+    for name, pod in by_name.items():
+        view = listed.get((placement.candidate.zone, name))
+        data = view.to_dict() if view is not None else dict(pod)
+        data["slice_index"] = pod["slice_index"]
+        data["request_id"] = placement.request.request_id
+        views.append(data)
+    return views
+
+
+def _render_placement(
+    out: Output, placement: Placement, views: list[dict[str, Any]], elapsed_s: float
+) -> None:
+    cand = placement.candidate
+    failed = [a for a in placement.attempts if a.outcome.value not in ("created", "queued")]
+    price = "" if cand.price_per_hour is None else f", {cand.price_per_hour:.2f} USD/h"
+    tried = f" after {len(failed)} failed attempt(s)" if failed else ""
+    state = "READY" if placement.ready_at is not None else "accepted (not waited for)"
+    out.out.print(
+        f"placed [bold]{placement.request.name}[/] in {cand.zone} ({cand.capacity.value}{price}): "
+        f"{len(views) or placement.request.slices} slice(s) {state} in {elapsed_s:.1f} s{tried}"
+        + (f", queued resource {placement.queued_resource}" if placement.queued_resource else "")
+    )
+    out.rows(
+        "slices",
+        ("SLICE", "NAME", "ZONE", "TYPE", "TOPOLOGY", "HOSTS", "STATE", "CAPACITY"),
+        (
+            [
+                "-" if v.get("slice_index") is None else v["slice_index"],
+                v["name"],
+                v["zone"],
+                v.get("accelerator_type"),
+                v.get("topology"),
+                v.get("hosts"),
+                v.get("state"),
+                v.get("capacity", cand.capacity.value),
+            ]
+            for v in views
+        ),
+        key="pods",
+        records=views,
+    )
+    if failed:
+        out.rows(
+            "attempts",
+            ("ZONE", "CAPACITY", "OUTCOME", "SECONDS", "COST USD", "MESSAGE"),
+            (
+                [
+                    a.zone,
+                    a.capacity.value,
+                    a.outcome.value,
+                    f"{a.duration_s:.1f}",
+                    "" if a.cost_usd is None else f"{a.cost_usd:.4f}",
+                    a.message[:100],
+                ]
+                for a in placement.attempts
+            ),
+            key="attempts",
+            records=[a.to_dict() for a in placement.attempts],
+        )
+
+
+def _render_candidates(out: Output, plan: Plan) -> None:
+    def quota_cell(c: dict[str, Any]) -> str:
+        parts = []
+        for q in c["quota"]:
+            avail = "unlimited" if q["available"] is None else str(q["available"])
+            parts.append(f"{q['scope']} {avail}/{q['needed']}")
+        return ", ".join(parts) or "reservation"
+
+    records = plan.to_dict()["candidates"]
+    out.rows(
+        "candidates",
+        ("RANK", "ZONE", "CAPACITY", "USD/H", "QUOTA AVAIL/NEEDED", "STATUS", "WHY"),
+        (
+            [
+                c["rank"] or "-",
+                c["zone"],
+                c["capacity"],
+                "-" if c["price_per_hour"] is None else f"{c['price_per_hour']:.2f}",
+                quota_cell(c),
+                c["status"],
+                c["reason"],
+            ]
+            for c in records
+        ),
+        key="candidates",
+        records=records,
+    )
+
+
+def _render_plan(out: Output, plan: Plan) -> None:
     if out.machine:
-        out.document(out.envelope(dry_run=True, plan=plan))
+        out.document(out.envelope(dry_run=True, plan=plan.to_dict()))
         return
     import json
 
-    out.out.print("[bold]dry run[/]: nothing was changed. Plan:")
-    for key in ("action", "name", "zone", "accelerator_type", "topology", "chips", "hosts", "capacity"):
-        if key in plan:
-            out.out.print(f"  {key}: {plan[key]}")
-    if plan.get("price_per_hour") is not None:
-        out.out.print(f"  estimated price: {plan['price_per_hour']:.2f} USD/h")
-    for request in plan.get("requests", []):
-        out.out.print(f"  request: {request['method']} {request['url']}")
-        if request.get("body") is not None:
-            out.out.print("  body: " + json.dumps(request["body"], indent=2).replace("\n", "\n  "))
+    req = plan.request
+    cap = "no price cap" if req.max_price is None else f"cap {req.max_price:.2f} USD/h"
+    slices = f"{req.slices} x " if req.slices > 1 else ""
+    out.out.print(
+        f"[bold]dry run[/]: nothing was changed. Plan for {req.name}: {slices}{req.accelerator.api_name} "
+        f"({req.accelerator.topology}, {req.accelerator.hosts} hosts each), "
+        f"{', '.join(c.value for c in req.capacity_types)}, {cap}, strategy {req.strategy.value}"
+        + (", queued" if req.uses_queued_resource else "")
+    )
+    _render_candidates(out, plan)
+    chosen = plan.chosen
+    if chosen is not None:
+        price = plan.estimated_price_per_hour()
+        out.out.print(
+            f"chosen: {chosen.zone} {chosen.capacity.value}"
+            + ("" if price is None else f", estimated {price:.2f} USD/h")
+        )
+    for request in plan.requests:
+        out.out.print(f"request: {request.method} {request.url}")
+        if request.body is not None:
+            out.out.print("body: " + json.dumps(request.body, indent=2))
+    for warning in plan.warnings:
+        out.warn(warning)
+    out.out.print(f"verdict: {plan.verdict.value} (exit {plan.verdict.exit_code})")
+
+
+@app.command("gc")
+def gc(
+    ctx: typer.Context,
+    zone: ZoneOpt = None,
+    output: OutputOpt = None,
+    dry_run: DryRunOpt = False,
+    yes: YesOpt = False,
+) -> None:
+    """Delete what holds quota and gives nothing back: PREEMPTED/TERMINATED slices, failed or suspended
+    queued resources, and your tpuctl-labelled slices that no ledger entry owns. --dry-run lists only."""
+    from tpuctl.errors import CloudError
+    from tpuctl.services.gc import GarbageCollector
+
+    out = make_output(ctx, output)
+    with session(ctx, out) as sess:
+        collector = GarbageCollector(sess)
+        items = collector.find(zone)
+        records = [i.to_dict() for i in items]
+        columns = ("KIND", "NAME", "ZONE", "STATE", "TYPE", "WHY")
+
+        def rows() -> list[list[Any]]:
+            return [[i.kind, i.name, i.zone, i.state, i.accelerator_type, i.reason] for i in items]
+
+        if is_dry_run(ctx, dry_run) or not items:
+            if out.machine:
+                out.document(out.envelope(dry_run=is_dry_run(ctx, dry_run), gc=records, deleted=[]))
+            elif not items:
+                out.out.print("nothing to collect")
+            else:
+                out.out.print("[bold]dry run[/]: nothing was changed. Would delete:")
+                out.rows("garbage", columns, rows(), key="gc", records=records)
+            return
+        if not out.machine:
+            out.rows("garbage", columns, rows(), key="gc", records=records)
+        if not assume_yes(ctx, yes) and not out.machine:
+            typer.confirm(f"delete these {len(items)}?", abort=True)
+        with out.progress("collecting") as prog:
+            results = collector.collect(items, progress=prog)
+        if out.machine:
+            out.document(
+                out.envelope(
+                    gc=[r.to_dict() for r in results], deleted=[r.item.name for r in results if r.deleted]
+                )
+            )
+        else:
+            for r in results:
+                verdict = "deleted" if r.deleted else f"[red]not deleted[/]: {_escape(r.error or '')}"
+                out.out.print(f"{r.item.kind} {r.item.name} ({r.item.zone}): {verdict}")
+        failures = [r for r in results if not r.deleted]
+        if failures:
+            names = ", ".join(f"{r.item.name} ({r.item.zone})" for r in failures)
+            raise CloudError(
+                f"could not delete {names}", fix="run `tpuctl pod gc` again; `tpuctl pod list` shows them"
+            )
 
 
 @app.command("list")

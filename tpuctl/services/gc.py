@@ -1,0 +1,225 @@
+"""``pod gc``: find and delete what costs quota (or money) and gives nothing back.
+
+* slices in state PREEMPTED or TERMINATED: they no longer run, but hold their quota until deleted;
+* queued resources that FAILED or were SUSPENDED: they hold quota until deleted (tpu-facts §5); deleting
+  one (with force) deletes its slices too, so their dead slices are not listed separately;
+* slices and queued resources labelled as tpuctl's and this user's (``managed-by=tpuctl``,
+  ``tpuctl-owner=<owner>``) that no live ledger entry owns: left over by a tpuctl that was killed, or
+  made from another machine's state dir. Another user's slices are never touched.
+
+``find()`` only reads; ``collect(items)`` deletes, retrying transient failures, and records each deletion
+in the ledger (a ``gc`` event, and ``deleted`` for the slices).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from tpuctl.catalog import validate_zone
+from tpuctl.cloud.base import (
+    LABEL_MANAGED_BY,
+    LABEL_MANAGED_BY_VALUE,
+    LABEL_OWNER,
+    Node,
+    OperationProgress,
+    PlannedRequest,
+    QueuedResource,
+)
+from tpuctl.cloud.retry import RetryPolicy
+from tpuctl.errors import NotFoundError, TpuctlError
+from tpuctl.services.attempts import retrying
+from tpuctl.store.records import EventKind
+
+if TYPE_CHECKING:
+    from tpuctl.services.session import Session
+
+DEAD_NODE_STATES = frozenset({"PREEMPTED", "TERMINATED"})
+DEAD_QUEUED_STATES = frozenset({"FAILED", "SUSPENDED"})
+_GC_RETRY = RetryPolicy(max_attempts=5, initial_wait_s=0.2, max_wait_s=5.0, deadline_s=60.0)
+_SIM_GC_RETRY = RetryPolicy(max_attempts=8, initial_wait_s=0.02, max_wait_s=0.5, deadline_s=30.0)
+
+
+@dataclass(frozen=True)
+class GcItem:
+    """One thing to delete, and why."""
+
+    kind: str  # "slice" | "queued_resource"
+    name: str
+    zone: str
+    state: str
+    reason: str
+    accelerator_type: str
+    slices: tuple[str, ...]  # the slices that go with it (a queued resource's nodes; the slice itself)
+    request: PlannedRequest
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "name": self.name,
+            "zone": self.zone,
+            "state": self.state,
+            "accelerator_type": self.accelerator_type,
+            "reason": self.reason,
+            "slices": list(self.slices),
+            "request": self.request.to_dict(),
+        }
+
+
+@dataclass(frozen=True)
+class GcResult:
+    item: GcItem
+    deleted: bool
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.item.to_dict(), "deleted": self.deleted, "error": self.error}
+
+
+class GarbageCollector:
+    """Finds and deletes dead and orphaned slices and queued resources for one session."""
+
+    def __init__(
+        self,
+        session: Session,
+        *,
+        retry: RetryPolicy | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._session = session
+        self._cloud = session.cloud
+        self._ledger = session.ledger
+        self._owner = session.settings.resolved_owner
+        self._retry = retry or (_SIM_GC_RETRY if self._cloud.backend == "sim" else _GC_RETRY)
+        self._sleep = sleep
+
+    def find(self, zone: str | None = None) -> list[GcItem]:
+        where = validate_zone(zone) if zone else None
+        nodes = self._cloud.list_nodes(where)
+        queued = self._cloud.list_queued_resources(where)
+        items: list[GcItem] = []
+        covered: set[tuple[str, str]] = set()  # slices deleted with their queued resource
+        queued_names: set[tuple[str, str]] = set()
+        for qr in sorted(queued, key=lambda q: (q.zone, q.id)):
+            queued_names.add((qr.zone, qr.id))
+            reason = self._queued_reason(qr)
+            if reason is None:
+                continue
+            slices = tuple(qr.node_ids)
+            covered.update((qr.zone, n) for n in slices)
+            items.append(
+                GcItem(
+                    kind="queued_resource",
+                    name=qr.id,
+                    zone=qr.zone,
+                    state=qr.state,
+                    reason=reason,
+                    accelerator_type=qr.accelerator_type,
+                    slices=slices,
+                    request=self._cloud.plan_delete_queued_resource(qr.zone, qr.id, force=True),
+                )
+            )
+        for node in sorted(nodes, key=lambda n: (n.zone, n.name)):
+            if (node.zone, node.name) in covered or node.state == "DELETING":
+                continue
+            reason = self._node_reason(node, queued_names)
+            if reason is None:
+                continue
+            items.append(
+                GcItem(
+                    kind="slice",
+                    name=node.name,
+                    zone=node.zone,
+                    state=node.state,
+                    reason=reason,
+                    accelerator_type=node.accelerator_type,
+                    slices=(node.name,),
+                    request=self._cloud.plan_delete_node(node.zone, node.name),
+                )
+            )
+        return items
+
+    def _queued_reason(self, qr: QueuedResource) -> str | None:
+        if qr.state == "FAILED":
+            why = f": {qr.error_message}" if qr.error_message else ""
+            return f"failed queued resource; it holds quota until deleted{why}"
+        if qr.state == "SUSPENDED":
+            return "suspended (preempted) queued resource; it holds quota until deleted"
+        if qr.state == "DELETING":
+            return None
+        if self._is_ours(qr.labels) and not any(
+            self._owned(qr.zone, name) for name in (qr.node_ids or (qr.id,))
+        ):
+            return f"tpuctl queued resource of {self._owner} that no ledger entry owns ({qr.state})"
+        return None
+
+    def _node_reason(self, node: Node, queued_names: set[tuple[str, str]]) -> str | None:
+        if node.state in DEAD_NODE_STATES:
+            return f"{node.state} slice; it holds quota until deleted"
+        if self._is_ours(node.labels) and not self._owned(node.zone, node.name):
+            qr = _short(node.queued_resource)
+            if qr and (node.zone, qr) in queued_names:
+                return None  # its queued resource decides (listed above if it is an orphan too)
+            return f"tpuctl slice of {self._owner} that no ledger entry owns ({node.state})"
+        return None
+
+    def _is_ours(self, labels: dict[str, str]) -> bool:
+        managed = labels.get(LABEL_MANAGED_BY) == LABEL_MANAGED_BY_VALUE
+        return managed and labels.get(LABEL_OWNER) == self._owner
+
+    def _owned(self, zone: str, name: str) -> bool:
+        record = self._ledger.get_pod(name, zone=zone)
+        return record is not None and record.alive
+
+    # --- deleting ------------------------------------------------------------------------------------------
+
+    def collect(
+        self, items: Sequence[GcItem], *, progress: OperationProgress | None = None
+    ) -> list[GcResult]:
+        started = time.monotonic()
+        results: list[GcResult] = []
+        for item in items:
+            if progress is not None:
+                progress.update(
+                    f"deleting {item.kind} {item.name} in {item.zone}", elapsed_s=time.monotonic() - started
+                )
+            try:
+                retrying(self._retry, self._sleep)(self._delete, item)
+            except TpuctlError as exc:
+                results.append(GcResult(item, deleted=False, error=exc.message))
+                self._ledger.record_event(
+                    EventKind.GC,
+                    zone=item.zone,
+                    detail={"action": "delete_failed", **_brief(item), "error": exc.message},
+                )
+                continue
+            results.append(GcResult(item, deleted=True))
+            self._ledger.record_event(
+                EventKind.GC, zone=item.zone, detail={"action": "deleted", **_brief(item)}
+            )
+            for name in item.slices:
+                self._ledger.record_event(
+                    EventKind.DELETED, pod=name, zone=item.zone, detail={"reason": f"gc: {item.reason}"}
+                )
+        return results
+
+    def _delete(self, item: GcItem) -> None:
+        try:
+            if item.kind == "queued_resource":
+                self._cloud.delete_queued_resource(item.zone, item.name, force=True, wait=True)
+            else:
+                self._cloud.delete_node(item.zone, item.name, wait=True)
+        except NotFoundError:
+            # Gone already: what we wanted. (After an ambiguous failure the retry lands here or on the
+            # running delete operation: repeating a delete is harmless.)
+            return
+
+
+def _short(full_name: str | None) -> str | None:
+    return full_name.rsplit("/", 1)[-1] if full_name else None
+
+
+def _brief(item: GcItem) -> dict[str, Any]:
+    return {"kind": item.kind, "name": item.name, "state": item.state, "reason": item.reason}
