@@ -129,11 +129,13 @@ class SimAdminClient:
             f"{self.base_url}/sim/metadata/{zone}/{node}/{worker}/computeMetadata/v1/{key}",
             headers={"Metadata-Flavor": "Google"},
         )
+        if response.status_code == 404:
+            raise NotFoundError(f"no metadata {key} for host {worker} of node {node} in {zone}")
         if response.status_code != 200:
             raise SimAdminError(
                 f"metadata {key} of {zone}/{node}/{worker}: HTTP {response.status_code}",
                 http_status=response.status_code,
-                status="NOT_FOUND" if response.status_code == 404 else "UNKNOWN",
+                status="UNKNOWN",
             )
         return response.text
 

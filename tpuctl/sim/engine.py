@@ -15,6 +15,7 @@ processes are sent after the transaction commits.
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import json
 import random
 import secrets
@@ -694,7 +695,7 @@ class SimEngine:
                 project,
                 zone,
                 plan.node_id,
-                str(secrets.randbits(62) + 10**18),
+                _node_uid(self.world.seed, project, zone, plan.node_id, now),
                 accel.generation.name,
                 accel.api_name,
                 accel.topology,
@@ -1857,6 +1858,13 @@ class SimEngine:
 # =================================================================================================
 # Helpers
 # =================================================================================================
+
+
+def _node_uid(seed: int, project: str, zone: str, node_id: str, create_time: float) -> str:
+    # Deterministic (not random) so a run driven by an injected clock replays exactly, preemption draws
+    # included (they are seeded by the uid). 19 digits, like GCP's node ids.
+    digest = hashlib.sha256(f"{seed}:{project}/{zone}/{node_id}@{create_time!r}".encode()).digest()
+    return str(10**18 + int.from_bytes(digest[:8], "big") % (8 * 10**18))  # < 2**63: int64
 
 
 def _placeholders(values: tuple[str, ...]) -> str:

@@ -175,8 +175,12 @@ class SimDatabase:
 
     @contextmanager
     def read(self) -> Iterator[sqlite3.Connection]:
-        """A read transaction: one consistent snapshot for several queries."""
+        """A read transaction: one consistent snapshot for several queries. Inside a write transaction
+        (same thread, lock held) it simply joins that transaction."""
         with self._lock:
+            if self._conn.in_transaction:
+                yield self._conn
+                return
             self._conn.execute("BEGIN")
             try:
                 yield self._conn

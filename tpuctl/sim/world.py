@@ -250,8 +250,11 @@ def default_world() -> World:
 
 def parse_world(text: str, where: str) -> World:
     """Validate world YAML text; ``where`` names its source in errors."""
+    # libyaml's loader when present: ~10x faster than the pure-Python one, and a first start of the
+    # in-process simulator parses the default world on the CLI's clock.
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=loader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -295,6 +298,14 @@ def _config_error_from(exc: ValidationError, where: str) -> ConfigError:
             value=field.rsplit(".", 1)[-1],
             fix="remove it or correct its spelling; tpuctl/sim/data/world.yaml documents the fields of "
             + parent,
+        )
+    if kind == "missing":
+        name = field.rsplit(".", 1)[-1]
+        return ConfigError(
+            f"world file {where}: {field} is required",
+            path=where,
+            field=field,
+            fix=f"add `{name}:` there; tpuctl/sim/data/world.yaml documents it",
         )
     return ConfigError(
         f"world file {where}: {field} = {value!r} is invalid: {first['msg']}",

@@ -1,0 +1,226 @@
+"""Preemption: on demand (admin API), on a schedule and at a random rate; notice (metadata flag, SIGTERM,
+SIGKILL after the grace period) or none; quota held until deleted; pid-reuse guard."""
+
+from __future__ import annotations
+
+import signal
+import sqlite3
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from google.api_core import exceptions
+from google.cloud import tpu_v2
+from sim_helpers import (
+    FAST_POLLING,
+    PARENT,
+    ZONE,
+    ManualClock,
+    create_ready,
+    make_world,
+    node,
+    spot_node,
+    tpu_client,
+    wait_for,
+)
+
+from tpuctl.sim import SimAdminClient, SimServer, processes
+
+Spawn = Callable[[str], "subprocess.Popen[bytes]"]
+
+# 300 simulated seconds of grace = 0.3 real seconds at the test world's speed (1000).
+SLOW_GRACE = {"durations": {"preemption_grace_s": 300}}
+
+
+def host_process(spawn: Spawn, tmp_path: Path) -> tuple[subprocess.Popen[bytes], Path]:
+    """A dummy host that records SIGTERM in a file and keeps running (as a program saving a checkpoint
+    would), so only SIGKILL ends it."""
+    term_marker = tmp_path / "got-sigterm"
+    ready_marker = tmp_path / "ready"
+    script = (
+        "import pathlib, signal, time\n"
+        f"term = pathlib.Path({str(term_marker)!r})\n"
+        "signal.signal(signal.SIGTERM, lambda *_: term.write_text('TERM'))\n"
+        f"pathlib.Path({str(ready_marker)!r}).write_text('ready')\n"
+        "while True:\n"
+        "    time.sleep(0.01)\n"
+    )
+    proc = spawn(script)
+    wait_for(ready_marker.exists)
+    return proc, term_marker
+
+
+def node_state(client: tpu_v2.TpuClient, node_id: str) -> tpu_v2.Node.State:
+    state: tpu_v2.Node.State = client.get_node(name=f"{PARENT}/nodes/{node_id}").state
+    return state
+
+
+def test_preemption_with_notice_sigterm_then_sigkill_after_grace(
+    start_server: Callable[..., SimServer], children: Spawn, tmp_path: Path
+) -> None:
+    server = start_server(make_world(**SLOW_GRACE))
+    client = tpu_client(server.url)
+    admin = SimAdminClient(server.url)
+    create_ready(client, "pre", spot_node("v5litepod-8"))
+    proc, term_marker = host_process(children, tmp_path)
+    admin.register_host(ZONE, "pre", 0, proc.pid)
+    assert admin.metadata(ZONE, "pre", 0) == "FALSE"
+
+    started = time.monotonic()
+    answer = admin.preempt(ZONE, "pre", notice=True)
+    assert answer["state"] == "READY"  # until the grace period ends
+    assert admin.metadata(ZONE, "pre", 0, "instance/preempted") == "TRUE"
+    wait_for(term_marker.exists, timeout_s=5)
+    assert proc.poll() is None  # SIGTERM was handled; the process lives on through the grace period
+    assert node_state(client, "pre") == tpu_v2.Node.State.READY
+
+    assert proc.wait(timeout=10) == -signal.SIGKILL
+    killed_after = time.monotonic() - started
+    assert killed_after >= 0.25, killed_after  # not before the 0.3 s grace period
+    wait_for(lambda: node_state(client, "pre") == tpu_v2.Node.State.PREEMPTED)
+    admin.close()
+
+
+def test_preemption_without_notice_kills_at_once(
+    client: tpu_v2.TpuClient, admin: SimAdminClient, children: Spawn, tmp_path: Path
+) -> None:
+    create_ready(client, "now", spot_node("v5litepod-8"))
+    proc, term_marker = host_process(children, tmp_path)
+    admin.register_host(ZONE, "now", 0, proc.pid)
+    answer = admin.preempt(ZONE, "now", notice=False)
+    assert answer["state"] == "PREEMPTED"
+    assert proc.wait(timeout=5) == -signal.SIGKILL
+    assert not term_marker.exists()
+    assert admin.metadata(ZONE, "now", 0) == "TRUE"
+    with pytest.raises(Exception, match="only a READY node"):
+        admin.preempt(ZONE, "now")
+
+
+def test_preempted_node_holds_quota_until_deleted_but_frees_capacity(
+    start_server: Callable[..., SimServer],
+) -> None:
+    server = start_server(
+        make_world(
+            zones={"us-central1-a": {"v5e": {"on_demand": 0, "preemptible": 8}}},
+            quotas={"generations": {"v5e": {"preemptible": {"zone": 16, "region": 16}}}},
+        )
+    )
+    client = tpu_client(server.url)
+    admin = SimAdminClient(server.url)
+    create_ready(client, "p1", spot_node("v5litepod-8"))
+    admin.preempt(ZONE, "p1", notice=False)
+    assert node_state(client, "p1") == tpu_v2.Node.State.PREEMPTED
+    # Capacity came back: an 8-chip node fits in the 8-chip pool again...
+    create_ready(client, "p2", spot_node("v5litepod-8"))
+    # ...but quota did not: 8 (preempted) + 8 (p2) = 16 is the limit.
+    with pytest.raises(exceptions.TooManyRequests):
+        client.create_node(parent=PARENT, node_id="p3", node=spot_node("v5litepod-1"))
+    client.delete_node(name=f"{PARENT}/nodes/p1").result(polling=FAST_POLLING)
+    status = admin.status()
+    assert [n["name"] for n in status["nodes"]] == ["p2"]
+    client.delete_node(name=f"{PARENT}/nodes/p2").result(polling=FAST_POLLING)
+    create_ready(client, "p3", spot_node("v5litepod-8"))
+    admin.close()
+
+
+def test_scheduled_preemption_fires_count_times(start_server: Callable[..., SimServer]) -> None:
+    server = start_server(
+        make_world(preemption={"schedule": [{"after_s": 50, "node": "sched-*", "notice": False, "count": 1}]})
+    )
+    client = tpu_client(server.url)
+    create_ready(client, "sched-a", node("v5litepod-8"))  # the schedule applies to any capacity class
+    create_ready(client, "other", spot_node("v5litepod-8"))
+    wait_for(lambda: node_state(client, "sched-a") == tpu_v2.Node.State.PREEMPTED)
+    client.delete_node(name=f"{PARENT}/nodes/sched-a").result(polling=FAST_POLLING)
+    create_ready(client, "sched-a", node("v5litepod-8"))
+    time.sleep(0.2)  # 200 simulated seconds, well past after_s
+    assert node_state(client, "sched-a") == tpu_v2.Node.State.READY
+    assert node_state(client, "other") == tpu_v2.Node.State.READY
+
+
+def test_random_preemption_of_spot_nodes_only(start_server: Callable[..., SimServer]) -> None:
+    # 72 per simulated hour: a mean of 50 simulated seconds = 0.05 real seconds.
+    server = start_server(make_world(preemption={"rate_per_hour": 72}))
+    client = tpu_client(server.url)
+    for i in range(4):
+        client.create_node(parent=PARENT, node_id=f"spot-{i}", node=spot_node("v5litepod-4"))
+    create_ready(client, "steady", node("v5litepod-4"))
+    for i in range(4):
+        wait_for(lambda i=i: node_state(client, f"spot-{i}") == tpu_v2.Node.State.PREEMPTED, timeout_s=15)
+    assert node_state(client, "steady") == tpu_v2.Node.State.READY
+
+
+def test_random_preemption_times_are_seeded(start_server: Callable[..., SimServer], tmp_path: Path) -> None:
+    def preempt_at(seed: int, state: Path) -> str:
+        clock = ManualClock(start=1_800_000_000.0)
+        server = start_server(
+            make_world(seed=seed, preemption={"rate_per_hour": 1}),
+            state=state,
+            clock=clock,
+            ticker_interval_s=0,
+        )
+        client = tpu_client(server.url)
+        client.create_node(parent=PARENT, node_id="s", node=spot_node("v5litepod-4"))
+        clock.advance(1.0)  # past the 0.12 s create
+        (status_node,) = server.engine.status()["nodes"]
+        assert status_node["state"] == "READY"
+        value = status_node["preempt_at"]
+        assert isinstance(value, str)
+        return value
+
+    first = preempt_at(7, tmp_path / "a")
+    assert preempt_at(7, tmp_path / "b") == first
+    assert preempt_at(8, tmp_path / "c") != first
+
+
+def test_deleting_a_node_kills_its_registered_hosts(
+    client: tpu_v2.TpuClient, admin: SimAdminClient, children: Spawn, tmp_path: Path
+) -> None:
+    create_ready(client, "gone", node("v5litepod-8"))
+    proc, _ = host_process(children, tmp_path)
+    admin.register_host(ZONE, "gone", 0, proc.pid)
+    client.delete_node(name=f"{PARENT}/nodes/gone").result(polling=FAST_POLLING)
+    assert proc.wait(timeout=5) == -signal.SIGKILL
+
+
+def test_a_reused_pid_is_never_signalled(
+    server: SimServer, client: tpu_v2.TpuClient, admin: SimAdminClient, children: Spawn, tmp_path: Path
+) -> None:
+    create_ready(client, "reuse", spot_node("v5litepod-8"))
+    proc, term_marker = host_process(children, tmp_path)
+    admin.register_host(ZONE, "reuse", 0, proc.pid)
+    # Pretend the registered process died and its pid now names another process: a different start time.
+    with sqlite3.connect(server.state_dir / "sim" / "sim.db") as db:
+        db.execute("UPDATE hosts SET start_ticks = start_ticks - 1")
+    admin.preempt(ZONE, "reuse", notice=False)
+    assert node_state(client, "reuse") == tpu_v2.Node.State.PREEMPTED
+    time.sleep(0.1)
+    assert proc.poll() is None and not term_marker.exists()
+
+
+def test_signal_registered_checks_the_start_time(children: Spawn, tmp_path: Path) -> None:
+    proc, term_marker = host_process(children, tmp_path)
+    ticks = processes.process_start_ticks(proc.pid)
+    assert ticks is not None
+    assert not processes.signal_registered(proc.pid, ticks + 1, signal.SIGTERM)
+    assert processes.signal_registered(proc.pid, ticks, signal.SIGTERM)
+    wait_for(term_marker.exists)
+    assert processes.process_start_ticks(2**22 + 12345) is None
+
+
+def test_register_host_validation(
+    client: tpu_v2.TpuClient, admin: SimAdminClient, children: Spawn, tmp_path: Path
+) -> None:
+    create_ready(client, "h", node("v5litepod-8"))
+    proc, _ = host_process(children, tmp_path)
+    with pytest.raises(Exception, match="out of range"):
+        admin.register_host(ZONE, "h", 1, proc.pid)  # a single-host node has worker 0 only
+    with pytest.raises(Exception, match="No process"):
+        admin.register_host(ZONE, "h", 0, 2**22 + 12345)
+    registration = admin.register_host(ZONE, "h", 0, proc.pid)
+    assert registration["pid"] == proc.pid
+    assert admin.status()["nodes"][0]["registered_hosts"] == 1
+    assert admin.unregister_hosts(ZONE, "h") == 1
+    assert admin.status()["nodes"][0]["registered_hosts"] == 0
