@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import threading
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -128,6 +129,9 @@ class TpuApiCloud:
         self._op_timeout = operation_timeout_s
         self._sleep = sleep
         self._client_obj: Any = None
+        # The allocator may drive one cloud from several threads (queued-resource races): build the
+        # client once.
+        self._client_lock = threading.Lock()
 
     def __repr__(self) -> str:  # never show the credentials
         return (
@@ -541,7 +545,11 @@ class TpuApiCloud:
 
     @property
     def _client(self) -> Any:
-        if self._client_obj is None:
+        if self._client_obj is not None:
+            return self._client_obj
+        with self._client_lock:
+            if self._client_obj is not None:
+                return self._client_obj
             tpu_v2 = _tpu_v2()
             from google.api_core.client_options import ClientOptions
 
