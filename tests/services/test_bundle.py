@@ -125,7 +125,7 @@ def test_symlink_escaping_the_workdir_is_refused_naming_it(tmp_path: Path) -> No
         build_bundle(w)
     (w / "up").unlink()
     (w / "dangling").symlink_to("nowhere.txt")
-    with pytest.raises(BundleError, match="symlink dangling points to 'nowhere.txt', which does not exist"):
+    with pytest.raises(BundleError, match=r"symlink dangling points to 'nowhere\.txt', which does not exist"):
         build_bundle(w)
     # An ignored link is never looked at.
     _write(w, ".tpuctlignore", "dangling\n")

@@ -268,6 +268,13 @@ class SimExecutor:
             # An unkillable host (uninterruptible sleep) is left to the caller's pid checks.
             with contextlib.suppress(subprocess.TimeoutExpired):
                 host.proc.wait(timeout=max(0.01, deadline - time.monotonic()))
+        # SIGKILL is delivered at once but a process takes a moment to die; the children, orphaned to
+        # init, are not ours to wait for, so watch the groups empty out instead.
+        groups = {host.proc.pid for host in hosts}
+        while groups and time.monotonic() < deadline:
+            groups = _live_groups(groups)
+            if groups:
+                time.sleep(0.01)
 
     def close(self) -> None:
         if self._closed:
@@ -301,6 +308,27 @@ def _complete(directory: Path, digest: str) -> bool:
         return (directory / COMPLETE_MARKER).read_text(encoding="ascii").strip() == digest
     except OSError:
         return False
+
+
+def _live_groups(pgids: set[int]) -> set[int]:
+    """The process groups among ``pgids`` that still have a member that is not a zombie."""
+    live: set[int] = set()
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return live  # no /proc: the leaders' wait above is all we can do
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", encoding="ascii", errors="replace") as fh:
+                fields = fh.read().rsplit(")", 1)[-1].split()
+        except OSError:
+            continue
+        # fields[0] is the state (field 3), fields[2] the process group (field 5).
+        if len(fields) > 2 and fields[0] != "Z" and int(fields[2]) in pgids:
+            live.add(int(fields[2]))
+    return live
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:

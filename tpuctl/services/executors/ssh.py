@@ -172,21 +172,22 @@ class SshExecutor:
 
         if remote.conn is not None:
             return remote.conn
-        try:
-            remote.conn = await asyncio.wait_for(
-                asyncssh.connect(
-                    remote.host.address,
-                    remote.host.port,
-                    username=self._username,
-                    client_keys=[str(self._key.private_path)],
-                    known_hosts=None,
-                    agent_path=None,
-                    config=None,
-                    keepalive_interval=10,
-                    keepalive_count_max=3,
-                ),
-                timeout=self._connect_timeout_s,
+
+        async def connect() -> asyncssh.SSHClientConnection:
+            return await asyncssh.connect(
+                remote.host.address,
+                remote.host.port,
+                username=self._username,
+                client_keys=[str(self._key.private_path)],
+                known_hosts=None,
+                agent_path=None,
+                config=None,
+                keepalive_interval=10,
+                keepalive_count_max=3,
             )
+
+        try:
+            remote.conn = await asyncio.wait_for(connect(), timeout=self._connect_timeout_s)
         except (OSError, asyncssh.Error, TimeoutError) as exc:
             raise RunFailedError(
                 f"cannot reach host {remote.worker} at {self._where(remote)}: {exc or type(exc).__name__}",
@@ -355,7 +356,7 @@ class SshExecutor:
         if remote.conn is None or not remote.pidfile:
             return
         # The pid file holds the session leader's pid, which is also its process group id.
-        command = f'pid=$(cat {_q(remote.pidfile)}) && kill -{name} -- "-$pid" 2>/dev/null; true'
+        command = f'pid=$(cat {_q(remote.pidfile)}) && kill -{name} "-$pid" 2>/dev/null; true'
         with contextlib.suppress(Exception):
             await remote.conn.run(command, check=False, timeout=_COMMAND_TIMEOUT_S)
 

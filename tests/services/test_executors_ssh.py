@@ -1,0 +1,328 @@
+"""SshExecutor for real: two asyncssh servers on 127.0.0.1, started by the test, each standing in for
+one TPU VM (its own home directory), running commands through a shell as sshd does. A 2-host program is
+shipped, started, streamed and stopped over SSH; hostile names, args and env values stay inert."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import asyncssh
+import pytest
+
+from tpuctl.services.bundle import build_bundle
+from tpuctl.services.executors.base import HostEvent, LaunchSpec
+from tpuctl.services.executors.ssh import (
+    DEFAULT_USERNAME,
+    KeyPair,
+    SshExecutor,
+    SshHost,
+    ensure_key_pair,
+    ssh_keys_metadata,
+)
+
+
+@dataclass
+class LoopbackHost:
+    port: int
+    home: Path
+    commands: list[str]
+
+
+class LoopbackSsh:
+    """asyncssh servers in a thread of their own: public-key auth with one authorized key, and a process
+    factory that runs each command with ``sh -c`` in the host's home, in a new session (as sshd does)."""
+
+    def __init__(self, homes: list[Path], authorized_public_key: str) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+        self._children: list[asyncio.subprocess.Process] = []
+        self._servers: list[asyncssh.SSHAcceptor] = []
+        self.hosts = [LoopbackHost(0, home, []) for home in homes]
+        host_key = asyncssh.generate_private_key("ssh-ed25519")
+        authorized = asyncssh.import_authorized_keys(authorized_public_key + "\n")
+        for host in self.hosts:
+
+            async def start(h: LoopbackHost = host) -> asyncssh.SSHAcceptor:
+                return await asyncssh.create_server(
+                    asyncssh.SSHServer,
+                    "127.0.0.1",
+                    0,
+                    server_host_keys=[host_key],
+                    authorized_client_keys=authorized,
+                    process_factory=lambda process: self._handle(process, h),
+                    encoding=None,
+                )
+
+            server = self._run(start())
+            self._servers.append(server)
+            host.port = server.sockets[0].getsockname()[1]
+
+    def _run(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(30)
+
+    async def _handle(self, process: asyncssh.SSHServerProcess[bytes], host: LoopbackHost) -> None:
+        command = str(process.command)
+        host.commands.append(command)
+        child = await asyncio.create_subprocess_exec(
+            "/bin/sh",
+            "-c",
+            command,
+            cwd=host.home,
+            env={**os.environ, "HOME": str(host.home)},
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self._children.append(child)
+
+        async def feed() -> None:
+            assert child.stdin is not None
+            try:
+                while data := await process.stdin.read(65536):
+                    child.stdin.write(data)
+                    await child.stdin.drain()
+            except (asyncssh.Error, ConnectionError, BrokenPipeError):
+                pass
+            finally:
+                child.stdin.close()
+
+        feeder = asyncio.ensure_future(feed())
+        assert child.stdout is not None
+        try:
+            while chunk := await child.stdout.read(65536):
+                process.stdout.write(chunk)
+            returncode = await child.wait()
+            process.exit(returncode if returncode >= 0 else 128 - returncode)
+        except (asyncssh.Error, ConnectionError, BrokenPipeError):
+            pass
+        finally:
+            feeder.cancel()
+
+    def close(self) -> None:
+        async def shutdown() -> None:
+            for child in self._children:
+                if child.returncode is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(child.pid, 9)
+                    await child.wait()
+            for server in self._servers:
+                server.close()
+                await server.wait_closed()
+
+        self._run(shutdown())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+
+@pytest.fixture
+def key(tmp_path: Path) -> KeyPair:
+    return ensure_key_pair(tmp_path / "state")
+
+
+@pytest.fixture
+def servers(tmp_path: Path, key: KeyPair) -> Iterator[LoopbackSsh]:
+    homes = [tmp_path / f"vm-{i}" for i in range(2)]
+    for home in homes:
+        home.mkdir()
+    loopback = LoopbackSsh(homes, key.public_openssh)
+    try:
+        yield loopback
+    finally:
+        loopback.close()
+
+
+def collect(executor: SshExecutor, hosts: int, timeout_s: float = 30.0) -> list[HostEvent]:
+    events: list[HostEvent] = []
+    deadline = time.monotonic() + timeout_s
+    while sum(1 for e in events if e.kind == "exit") < hosts:
+        assert time.monotonic() < deadline, f"hosts did not all exit: {events}"
+        event = executor.next_event(0.2)
+        if event is not None:
+            events.append(event)
+    return events
+
+
+def spec(program: tuple[str, ...], env: dict[str, str], run_id: str = "run-ssh-0001") -> LaunchSpec:
+    return LaunchSpec(
+        run_id=run_id,
+        program=program,
+        num_workers=2,
+        chips_per_host=4,
+        accelerator_type="v4-16",
+        topology="2x2x2",
+        checkpoint_dir="gs://bucket/ckpt",
+        user_env=env,
+    )
+
+
+def test_key_pair_is_generated_once_private_and_goes_into_ssh_keys_metadata(tmp_path: Path) -> None:
+    first = ensure_key_pair(tmp_path / "s")
+    again = ensure_key_pair(tmp_path / "s")
+    assert first == again
+    assert first.private_path.stat().st_mode & 0o777 == 0o600
+    assert first.private_path.parent.stat().st_mode & 0o777 == 0o700
+    assert first.public_openssh.startswith("ssh-ed25519 ")
+    assert ssh_keys_metadata(DEFAULT_USERNAME, first.public_openssh) == f"tpuctl:{first.public_openssh}"
+
+
+PROGRAM = """\
+import json, os, sys
+import tpuctl.runtime.hostenv as hostenv  # shipped with the bundle, found through PYTHONPATH
+worker = int(os.environ[hostenv.WORKER_ID])
+print(json.dumps({"worker": worker, "workers": os.environ[hostenv.NUM_WORKERS],
+                  "type": os.environ[hostenv.ACCELERATOR_TYPE], "ckpt": os.environ[hostenv.CHECKPOINT_DIR],
+                  "argv": sys.argv[1:], "evil": os.environ["EVIL"], "quote": os.environ["QUOTE"],
+                  "cwd_ok": os.path.exists("prog.py")}), flush=True)
+print("partial sum", sum(range(worker * 10, worker * 10 + 10)), flush=True)
+sys.exit(0)
+"""
+
+
+def test_two_host_program_runs_over_ssh_and_hostile_values_stay_inert(
+    tmp_path: Path, servers: LoopbackSsh, key: KeyPair
+) -> None:
+    pwned = tmp_path / "pwned"
+    evil = f"$(touch {pwned})"
+    quote = "'; rm -rf ~'; touch " + str(pwned)
+    work = tmp_path / "proj"
+    work.mkdir()
+    (work / "prog.py").write_text(PROGRAM)
+    bundle = build_bundle(work)
+    executor = SshExecutor(
+        [SshHost("127.0.0.1", h.port) for h in servers.hosts],
+        username=DEFAULT_USERNAME,
+        key=key,
+        # A root with a space and shell syntax in it: quoting must hold for paths too.
+        remote_root=f"tpuctl root $(touch {pwned})",
+        python=sys.executable,
+    )
+    try:
+        shipped = executor.ship(bundle)
+        assert [s.shipped for s in shipped] == [True, True]
+        executor.start(spec(("prog.py", evil, quote, "a b"), {"EVIL": evil, "QUOTE": quote}))
+        events = collect(executor, 2)
+    finally:
+        executor.close()
+
+    for worker in (0, 1):
+        mine = [e for e in events if e.worker == worker]
+        assert [e.kind for e in mine] == ["line", "line", "exit"], mine
+        report = json.loads(mine[0].text)
+        assert report == {
+            "worker": worker,
+            "workers": "2",
+            "type": "v4-16",
+            "ckpt": "gs://bucket/ckpt",
+            "argv": [evil, quote, "a b"],
+            "evil": evil,
+            "quote": quote,
+            "cwd_ok": True,
+        }
+        assert mine[1].text == f"partial sum {sum(range(worker * 10, worker * 10 + 10))}"
+        assert mine[2].returncode == 0
+        bundle_dir = servers.hosts[worker].home / f"tpuctl root $(touch {pwned})" / "bundles" / bundle.digest
+        assert (bundle_dir / "prog.py").read_text() == PROGRAM
+    assert not pwned.exists()
+    assert not (tmp_path / "~").exists()
+
+    # Same bundle again: each host already has it, nothing is sent.
+    again = SshExecutor(
+        [SshHost("127.0.0.1", h.port) for h in servers.hosts],
+        username=DEFAULT_USERNAME,
+        key=key,
+        remote_root=f"tpuctl root $(touch {pwned})",
+    )
+    try:
+        assert [s.shipped for s in again.ship(bundle)] == [False, False]
+        assert [s.bytes for s in again.ship(bundle)] == [0, 0]
+    finally:
+        again.close()
+
+
+SLEEPER = """\
+import os, sys, time
+print("pid", os.getpid(), flush=True)
+if os.environ["TPUCTL_WORKER_ID"] == "1":
+    sys.exit(7)
+time.sleep(300)
+"""
+
+
+def test_failed_host_exit_status_and_stop_kills_the_remote_program(
+    tmp_path: Path, servers: LoopbackSsh, key: KeyPair
+) -> None:
+    work = tmp_path / "proj"
+    work.mkdir()
+    (work / "sleeper.py").write_text(SLEEPER)
+    executor = SshExecutor(
+        [SshHost("127.0.0.1", h.port) for h in servers.hosts],
+        username=DEFAULT_USERNAME,
+        key=key,
+        python=sys.executable,
+    )
+    try:
+        executor.ship(build_bundle(work))
+        executor.start(spec(("sleeper.py",), {}, run_id="run-ssh-0002"))
+        pids: dict[int, int] = {}
+        exits: dict[int, int | None] = {}
+        deadline = time.monotonic() + 30
+        while len(pids) < 2 or 1 not in exits:
+            assert time.monotonic() < deadline
+            event = executor.next_event(0.2)
+            if event is None:
+                continue
+            if event.kind == "line" and event.text.startswith("pid "):
+                pids[event.worker] = int(event.text.split()[1])
+            elif event.kind == "exit":
+                exits[event.worker] = event.returncode
+        assert exits == {1: 7}
+        assert Path(f"/proc/{pids[0]}").exists()
+        started = time.monotonic()
+        executor.stop(grace_s=2.0)
+        assert time.monotonic() - started < 2.0 + 5.0
+        rest = collect(executor, 1, timeout_s=10)
+        assert [e.returncode for e in rest if e.kind == "exit"] in ([143], [-15], [None])
+        deadline = time.monotonic() + 5
+        while Path(f"/proc/{pids[0]}").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not Path(f"/proc/{pids[0]}").exists(), (Path(f"/proc/{pids[0]}/stat").read_text(), rest)
+        # The stop went through the pid file (a path of safe characters needs no quotes).
+        stops = [c for c in servers.hosts[0].commands if "kill -TERM" in c]
+        assert stops == [
+            'pid=$(cat .tpuctl/runs/run-ssh-0002/worker-0.pid) && kill -TERM "-$pid" 2>/dev/null; true'
+        ]
+    finally:
+        executor.close()
+
+
+def test_unreachable_host_fails_naming_it(tmp_path: Path, key: KeyPair) -> None:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # nothing listens here once closed
+    work = tmp_path / "proj"
+    work.mkdir()
+    (work / "p.py").write_text("print(1)\n")
+    executor = SshExecutor([SshHost("127.0.0.1", port)], username="tpuctl", key=key, connect_timeout_s=5)
+    from tpuctl.errors import RunFailedError
+
+    try:
+        with pytest.raises(RunFailedError) as info:
+            executor.ship(build_bundle(work))
+        assert info.value.worker == 0
+        assert f"cannot reach host 0 at tpuctl@127.0.0.1:{port}" in info.value.message
+    finally:
+        executor.close()
