@@ -235,3 +235,17 @@ def test_invalid_queued_resources(client: tpu_v2.TpuClient) -> None:
             parent=PARENT, queued_resource_id="empty", queued_resource=tpu_v2.QueuedResource(spot=QR.Spot())
         )
     assert list(client.list_queued_resources(parent=PARENT)) == []
+
+
+def test_deleting_a_node_while_provisioning_fails_the_queued_resource(
+    start_server: Callable[..., SimServer],
+) -> None:
+    server = start_server(make_world(durations={"queued_provision_s": 5000}))
+    client = tpu_client(server.url)
+    client.create_queued_resource(parent=PARENT, queued_resource_id="qr8", queued_resource=queued())
+    wait_for(lambda: state_of(client, "qr8") == QRState.PROVISIONING)
+    assert client.get_node(name=f"{PARENT}/nodes/q-node").state == tpu_v2.Node.State.CREATING
+    client.delete_node(name=f"{PARENT}/nodes/q-node").result(polling=FAST_POLLING)
+    qr = client.get_queued_resource(name=f"{PARENT}/queuedResources/qr8")
+    assert qr.state.state == QRState.FAILED
+    assert qr.state.failed_data.error.code == 10  # ABORTED

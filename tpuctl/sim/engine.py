@@ -422,7 +422,11 @@ class SimEngine:
             return
         if state == "PROVISIONING":
             plan = json.loads(row["plan"])
-            if len(nodes) == len(plan) and all(n["state"] == "READY" for n in nodes):
+            if len(nodes) < len(plan):
+                # Someone deleted one of its nodes before it was ready: it can never become ACTIVE.
+                message = "A node of the queued resource was deleted while it was being provisioned."
+                self._fail_queued_resource(conn, key, rpc_status("ABORTED", message))
+            elif all(n["state"] == "READY" for n in nodes):
                 self._set_qr_state(conn, key, "ACTIVE", "SERVICE")
             return
         # ACCEPTED or WAITING_FOR_RESOURCES.

@@ -186,8 +186,9 @@ class SimServer:
 
 class _Httpd(ThreadingHTTPServer):
     daemon_threads = True
-    # Loopback only, and never SO_REUSEADDR tricks that would let two servers share a port.
-    allow_reuse_address = False
+    # SO_REUSEADDR (Linux): a restarted `tpuctl sim serve --port P` can rebind while old connections sit
+    # in TIME_WAIT; it does not let two live servers share the port (that would be SO_REUSEPORT).
+    allow_reuse_address = True
 
     def __init__(
         self,
