@@ -208,8 +208,11 @@ def _render_plan(out: Output, plan: dict[str, Any]) -> None:
     )
     create = target.get("create")
     if create:
-        if create.get("price_per_hour") is not None:
-            p(f"  estimated price: {create['price_per_hour']:.2f} USD/h")
+        price = create.get("price_per_hour", create.get("estimated_price_per_hour"))
+        if price is not None:
+            p(f"  estimated price: {price:.2f} USD/h")
+        if create.get("message"):
+            p(f"  placement: {escape(str(create['message']))}")
         for req in create.get("requests", []):
             p(f"  request: {req['method']} {escape(req['url'])}")
     p(

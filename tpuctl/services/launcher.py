@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import secrets
+import shutil
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -49,6 +50,7 @@ from tpuctl.services.executors.base import (
 from tpuctl.store.records import RunStatus, SegmentKind
 
 if TYPE_CHECKING:
+    from tpuctl.services.placement import PlacementRequest
     from tpuctl.services.pods import CreateSpec
     from tpuctl.services.session import Session
 
@@ -121,23 +123,33 @@ class RunRequest:
 
 @dataclass(frozen=True)
 class Target:
-    """Where the run goes: an existing READY node, or a slice to create."""
+    """Where the run goes: an existing READY node, or a slice to create. A new slice is placed by the
+    allocator (any allowed zone, cheapest first, failing over on stockouts), except for SSH runs, which
+    need tpuctl's key in the node's metadata at creation and so go through ``PodService`` in one zone
+    (the allocator's requests carry no metadata yet)."""
 
     accelerator: AcceleratorType
     node: Node | None = None  # --pod
-    create: CreateSpec | None = None  # placement flags
+    create: CreateSpec | None = None  # placement flags, one zone (SSH runs)
+    placement: PlacementRequest | None = None  # placement flags, through the allocator
 
     @property
     def name(self) -> str:
         if self.node is not None:
             return self.node.name
+        if self.placement is not None:
+            return self.placement.name
         assert self.create is not None
         return self.create.name
 
     @property
-    def zone(self) -> str:
+    def zone(self) -> str | None:
+        """The zone, when known before placement (None: the allocator chooses)."""
         if self.node is not None:
             return self.node.zone
+        if self.placement is not None:
+            zones = self.placement.zones
+            return zones[0] if len(zones) == 1 else None
         assert self.create is not None
         return self.create.zone
 
@@ -145,8 +157,14 @@ class Target:
     def capacity(self) -> CapacityType:
         if self.node is not None:
             return self.node.capacity
+        if self.placement is not None:
+            return self.placement.capacity_types[0]
         assert self.create is not None
         return self.create.capacity
+
+    @property
+    def creates(self) -> bool:
+        return self.node is None
 
 
 @dataclass(frozen=True)
@@ -331,7 +349,7 @@ class Launcher:
                 value=run_id,
                 fix="use lowercase letters, digits and dashes, starting with a letter (at most 63)",
             )
-        target = self._target(request, run_id)
+        target = self._target(request, run_id, executor_kind)
         bundle = build_bundle(workdir, limit_bytes=request.bundle_limit_bytes)
         log_dir = self.runs_dir / run_id
         checkpoint_dir = request.checkpoint_dir or self._default_checkpoint_dir(
@@ -410,7 +428,7 @@ class Launcher:
             )
         return (rel, *request.args), rel, workdir
 
-    def _target(self, request: RunRequest, run_id: str) -> Target:
+    def _target(self, request: RunRequest, run_id: str, executor_kind: str) -> Target:
         catalog = self._session.catalog
         if request.pod is not None:
             if request.accelerator_type is not None:
@@ -445,6 +463,19 @@ class Launcher:
                 field="--type",
                 fix="e.g. --type v5e-8, or --pod my-slice (see `tpuctl pod list`)",
             )
+        if executor_kind == "sim":
+            from tpuctl.services.allocator import build_request
+
+            placement = build_request(
+                catalog,
+                self._session.settings,
+                request.accelerator_type,
+                zones=[request.zone] if request.zone else (),
+                spot=request.capacity is CapacityType.SPOT,
+                preemptible=request.capacity is CapacityType.PREEMPTIBLE,
+                labels={LABEL_RUN: run_id},
+            )
+            return Target(accelerator=placement.accelerator, placement=placement)
         spec = self._pods.build_spec(
             request.accelerator_type,
             zone=request.zone,
@@ -506,8 +537,20 @@ class Launcher:
             where["create"] = self._pods.plan_create(
                 self._with_ssh_metadata(prepared, target.create, plan=True)
             )
+        chosen_zone = target.zone
+        if target.placement is not None:
+            from tpuctl.services.allocator import Allocator
+
+            placement_plan = Allocator(self._session).plan(target.placement)
+            error = placement_plan.error()
+            if error is not None:
+                raise error  # the run could not start: say why, with the placement's exit code
+            where["create"] = placement_plan.to_dict()
+            chosen_zone = (where["create"].get("chosen") or {}).get("zone") or chosen_zone
+            where["zone"] = chosen_zone
+        if target.creates:
             where["delete_after"] = not prepared.request.keep_pod
-        executor = self._plan_executor(prepared)
+        executor = self._plan_executor(prepared, chosen_zone)
         spec = prepared.spec()
         hosts: list[HostPlan] = executor.plan(spec, digest=prepared.bundle.digest)  # type: ignore[call-arg]
         return {
@@ -520,7 +563,7 @@ class Launcher:
             "hosts": [h.to_dict(user_keys=list(prepared.user_env)) for h in hosts],
         }
 
-    def _plan_executor(self, prepared: PreparedRun) -> Executor:
+    def _plan_executor(self, prepared: PreparedRun, zone: str | None) -> Executor:
         if prepared.target.node is not None:
             return self._build_executor(prepared, prepared.target.node, for_plan=True)
         # No node yet: plan against placeholder endpoints of the right size.
@@ -529,7 +572,7 @@ class Launcher:
         accel = prepared.target.accelerator
         node = Node(
             name=prepared.target.name,
-            zone=prepared.target.zone,
+            zone=zone or "<zone chosen by the allocator>",
             accelerator_type=accel.api_name,
             state="PLANNED",
             capacity=prepared.target.capacity,
@@ -552,7 +595,7 @@ class Launcher:
             prepared.run_id,
             script=prepared.display,
             args=list(prepared.program),
-            status=RunStatus.PROVISIONING if target.create is not None else RunStatus.PENDING,
+            status=RunStatus.PROVISIONING if target.creates else RunStatus.PENDING,
             pod=target.name,
             zone=target.zone,
             accelerator_type=target.accelerator.api_name,
@@ -564,7 +607,7 @@ class Launcher:
                 "executor": prepared.executor_kind,
                 "log_dir": str(prepared.log_dir),
                 "checkpoint_dir": prepared.checkpoint_dir,
-                "created_pod": target.create is not None,
+                "created_pod": target.creates,
                 "env_keys": sorted(prepared.user_env),
             },
         )
@@ -611,6 +654,9 @@ class Launcher:
         finally:
             if created and node is not None and not prepared.request.keep_pod:
                 deleted = self._delete_pod(node, prepared.run_id)
+                if deleted and prepared.executor_kind == "sim":
+                    # The simulated hosts' disks go with the slice.
+                    shutil.rmtree(self._sim_hosts_dir(node), ignore_errors=True)
             detail: dict[str, Any] = {"deleted_pod": deleted}
             if attempt is not None:
                 detail.update(
@@ -642,25 +688,31 @@ class Launcher:
     def provision(self, prepared: PreparedRun, *, progress: OperationProgress | None = None) -> Node:
         """Create the run's slice and wait until READY (a provisioning segment in the ledger)."""
         target = prepared.target
-        assert target.create is not None
-        spec = self._with_ssh_metadata(prepared, target.create, plan=False)
         ledger = self._session.ledger
         segment = ledger.add_segment(
             prepared.run_id,
             SegmentKind.PROVISIONING,
             start=self._session.clock(),
-            pod=spec.name,
-            zone=spec.zone,
-            capacity=spec.capacity,
+            pod=target.name,
+            zone=target.zone,
+            capacity=target.capacity,
         )
-        self._observer.status(
-            f"creating {spec.name} ({spec.accelerator.api_name}, {spec.accelerator.hosts} hosts) "
-            f"in {spec.zone}"
-        )
+        accel = target.accelerator
+        where = f"in {target.zone}" if target.zone else "where the allocator finds room"
+        self._observer.status(f"creating {target.name} ({accel.api_name}, {accel.hosts} hosts) {where}")
         try:
-            node = self._pods.create(spec, wait=True, progress=progress, run_id=prepared.run_id)
+            if target.placement is not None:
+                from tpuctl.services.allocator import Allocator
+
+                placement = Allocator(self._session).place(target.placement, progress=progress)
+                node = placement.nodes[0]
+            else:
+                assert target.create is not None
+                spec = self._with_ssh_metadata(prepared, target.create, plan=False)
+                node = self._pods.create(spec, wait=True, progress=progress, run_id=prepared.run_id)
         finally:
             ledger.close_segment(segment, end=self._session.clock())
+        self._observer.status(f"{node.name} is {node.state} in {node.zone}")
         return node
 
     def execute(self, prepared: PreparedRun, node: Node, *, restart_count: int = 0) -> AttemptResult:
@@ -827,6 +879,9 @@ class Launcher:
 
     # --- executors ---------------------------------------------------------------------------------
 
+    def _sim_hosts_dir(self, node: Node) -> Path:
+        return self._session.state_dir / "sim-hosts" / node.zone / node.name
+
     def _default_executor(self, prepared: PreparedRun, node: Node) -> Executor:
         return self._build_executor(prepared, node, for_plan=False)
 
@@ -837,7 +892,7 @@ class Launcher:
 
             registry = None if for_plan else _SimRegistry.for_session(self._session)
             return SimExecutor(
-                self._session.state_dir / "sim-hosts" / node.zone / node.name,
+                self._sim_hosts_dir(node),
                 zone=node.zone,
                 node=node.name,
                 num_hosts=hosts,

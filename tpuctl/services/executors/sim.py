@@ -147,7 +147,7 @@ class SimExecutor:
         self, spec: LaunchSpec, *, coordinator_port: int | None = None, digest: str | None = None
     ) -> list[HostPlan]:
         self._check_spec(spec)
-        port = coordinator_port or self._coordinator_port or 1  # 1: placeholder in a dry run
+        port = coordinator_port or self._coordinator_port
         chosen = digest or self._digest or "<bundle-sha256>"
         plans = []
         for worker in range(self._num_hosts):
@@ -157,7 +157,7 @@ class SimExecutor:
                 worker_id=worker,
                 num_workers=spec.num_workers,
                 chips_per_host=spec.chips_per_host,
-                coordinator_port=port,
+                coordinator_port=port or 1,  # replaced below: the port is picked at start
                 accelerator_type=spec.accelerator_type,
                 topology=spec.topology,
                 checkpoint_dir=spec.checkpoint_dir,
@@ -165,6 +165,8 @@ class SimExecutor:
                 bundle_dir=bundle_dir,
                 metadata_url=self.metadata_url(worker),
             )
+            if port is None:
+                env[hostenv.COORDINATOR_ADDRESS] = "127.0.0.1:<a free port, chosen at start>"
             env.update(spec.contract_env(worker))
             env.update(spec.user_env)
             plans.append(
