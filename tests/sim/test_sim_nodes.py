@@ -271,3 +271,13 @@ def test_spot_node_echoes_scheduling_config(client: tpu_v2.TpuClient) -> None:
 def test_ticker_finishes_creates_without_requests(server: SimServer, client: tpu_v2.TpuClient) -> None:
     client.create_node(parent=PARENT, node_id="tick", node=node())
     wait_for(lambda: server.engine.status()["nodes"][0]["state"] == "READY")
+
+
+def test_delete_operation_and_service_identity(client: tpu_v2.TpuClient) -> None:
+    op = client.create_node(parent=PARENT, node_id="gone-op", node=node())
+    op.result(polling=FAST_POLLING)
+    client.delete_operation(request={"name": op.operation.name})
+    with pytest.raises(exceptions.NotFound):
+        client.get_operation(request={"name": op.operation.name})
+    identity = client.generate_service_identity(request={"parent": PARENT}).identity
+    assert identity.email.endswith("@cloud-tpu.iam.gserviceaccount.com")

@@ -15,7 +15,6 @@ processes are sent after the transaction commits.
 from __future__ import annotations
 
 import fnmatch
-import hashlib
 import json
 import random
 import secrets
@@ -39,6 +38,18 @@ from tpuctl.sim.api_errors import (
     not_found,
     rpc_status,
 )
+from tpuctl.sim.shapes import (
+    accelerator_type_json,
+    location_json,
+    node_name,
+    node_uid,
+    qr_name,
+    quota_error,
+    quota_info_json,
+    size_for_topology,
+    split_op_name,
+    validity_window,
+)
 from tpuctl.sim.state import STATE_TABLES, SimDatabase
 from tpuctl.sim.wire import (
     ACCELERATOR_TYPE_ENUM,
@@ -50,8 +61,6 @@ from tpuctl.sim.wire import (
     check_resource_id,
     check_zone,
     paginate,
-    parse_duration,
-    parse_rfc3339,
     rfc3339,
 )
 from tpuctl.sim.world import CapacityClass, Faults, PoolClass, World, region_of
@@ -448,7 +457,7 @@ class SimEngine:
             return
         for plan in plans:
             if self._node_row(conn, row["project"], row["zone"], plan.node_id) is not None:
-                name = _node_name(row["project"], row["zone"], plan.node_id)
+                name = node_name(row["project"], row["zone"], plan.node_id)
                 self._fail_queued_resource(
                     conn, key, rpc_status("ALREADY_EXISTS", f"Resource '{name}' already exists")
                 )
@@ -564,7 +573,7 @@ class SimEngine:
                     quota_id = gen.quota_id(capacity, scope) or ""
                     violations.append((quota_id, limit, scope, location, used))
         if violations:
-            raise _quota_error(project, violations)
+            raise quota_error(project, violations)
 
     def _pool_in_use(self, conn: sqlite3.Connection, zone: str, generation: str, capacity_class: str) -> int:
         row = conn.execute(
@@ -639,10 +648,10 @@ class SimEngine:
         plan = self._parse_node(project, zone, node_id, body, field_prefix="node", world=world)
         with self.db.write() as conn:
             if self._node_row(conn, project, zone, node_id) is not None:
-                raise already_exists(_node_name(project, zone, node_id))
+                raise already_exists(node_name(project, zone, node_id))
             self._check_quota(conn, world, project, zone, [plan])
             placement = self._place(conn, world, zone, [plan])
-            target = _node_name(project, zone, node_id)
+            target = node_name(project, zone, node_id)
             if placement is None:
                 if plan.capacity_class == "reserved":
                     message = (
@@ -699,7 +708,7 @@ class SimEngine:
                 project,
                 zone,
                 plan.node_id,
-                _node_uid(self.world.seed, project, zone, plan.node_id, now),
+                node_uid(self.world.seed, project, zone, plan.node_id, now),
                 accel.generation.name,
                 accel.api_name,
                 accel.topology,
@@ -723,7 +732,7 @@ class SimEngine:
         with self.db.read() as conn:
             row = self._node_row(conn, project, zone, node_id)
             if row is None:
-                raise not_found(_node_name(project, zone, node_id))
+                raise not_found(node_name(project, zone, node_id))
             return self._node_json(row)
 
     def list_nodes(self, project: str, zone: str, page_size: int = 0, page_token: str = "") -> dict[str, Any]:
@@ -745,7 +754,7 @@ class SimEngine:
         world = self.world
         with self.db.write() as conn:
             row = self._node_row(conn, project, zone, node_id)
-            name = _node_name(project, zone, node_id)
+            name = node_name(project, zone, node_id)
             if row is None:
                 raise not_found(name)
             if row["state"] == "DELETING" and row["op_name"]:
@@ -766,7 +775,7 @@ class SimEngine:
                 now,
                 error=rpc_status("ABORTED", "The operation was aborted: the node is being deleted."),
             )
-        op_name = self._insert_op(conn, key[0], key[1], _node_name(*key), "delete", now)
+        op_name = self._insert_op(conn, key[0], key[1], node_name(*key), "delete", now)
         self._update_node(
             conn,
             key,
@@ -795,7 +804,7 @@ class SimEngine:
         world = self.world
         with self.db.write() as conn:
             row = self._node_row(conn, project, zone, node_id)
-            name = _node_name(project, zone, node_id)
+            name = node_name(project, zone, node_id)
             if row is None:
                 raise not_found(name)
             if stop and int(row["hosts"]) > 1:
@@ -850,7 +859,7 @@ class SimEngine:
             check_labels(body.get("labels"), "node.labels")
         with self.db.write() as conn:
             row = self._node_row(conn, project, zone, node_id)
-            name = _node_name(project, zone, node_id)
+            name = node_name(project, zone, node_id)
             if row is None:
                 raise not_found(name)
             spec = json.loads(row["spec"])
@@ -963,7 +972,7 @@ class SimEngine:
             enum_name = ACCELERATOR_TYPE_ENUM.get(raw_type) if isinstance(raw_type, int) else str(raw_type)
             gen = self.catalog.generation_for_api_enum(enum_name or "")
             topology = str(config.get("topology", ""))
-            size = _size_for_topology(gen, topology) if gen is not None else None
+            size = size_for_topology(gen, topology) if gen is not None else None
             if gen is None or size is None:
                 raise invalid_argument(
                     f"Invalid value for field '{field_prefix}.acceleratorConfig': type {raw_type!r} with "
@@ -1016,8 +1025,8 @@ class SimEngine:
         spec, plans, capacity_class, reservation = self._parse_queued_resource(
             project, zone, qr_id, body, world
         )
-        valid_after, valid_until = _validity(spec.get("queueingPolicy"), now, world)
-        name = _qr_name(project, zone, qr_id)
+        valid_after, valid_until = validity_window(spec.get("queueingPolicy"), now, world)
+        name = qr_name(project, zone, qr_id)
         with self.db.write() as conn:
             if request_id:
                 row = conn.execute(
@@ -1030,7 +1039,7 @@ class SimEngine:
                 raise already_exists(name)
             for plan in plans:
                 if self._node_row(conn, project, zone, plan.node_id) is not None:
-                    raise already_exists(_node_name(project, zone, plan.node_id))
+                    raise already_exists(node_name(project, zone, plan.node_id))
             conn.execute(
                 """
                 INSERT INTO queued_resources (project, zone, qr_id, spec, plan, capacity_class, reservation,
@@ -1167,7 +1176,7 @@ class SimEngine:
         with self.db.read() as conn:
             row = self._qr_row(conn, project, zone, qr_id)
             if row is None:
-                raise not_found(_qr_name(project, zone, qr_id))
+                raise not_found(qr_name(project, zone, qr_id))
             return self._qr_json(conn, row)
 
     def list_queued_resources(
@@ -1195,7 +1204,7 @@ class SimEngine:
             if replay is not None:
                 return replay
         world = self.world
-        name = _qr_name(project, zone, qr_id)
+        name = qr_name(project, zone, qr_id)
         with self.db.write() as conn:
             row = self._qr_row(conn, project, zone, qr_id)
             if row is None:
@@ -1243,7 +1252,7 @@ class SimEngine:
         self.advance(now)
         world = self.world
         orders: list[SignalOrder] = []
-        name = _qr_name(project, zone, qr_id)
+        name = qr_name(project, zone, qr_id)
         with self.db.write() as conn:
             row = self._qr_row(conn, project, zone, qr_id)
             if row is None:
@@ -1266,7 +1275,9 @@ class SimEngine:
                     "DELETE FROM nodes WHERE project = ? AND zone = ? AND node_id = ?",
                     (project, zone, node["node_id"]),
                 )
-            valid_after, valid_until = _validity(json.loads(row["spec"]).get("queueingPolicy"), now, world)
+            valid_after, valid_until = validity_window(
+                json.loads(row["spec"]).get("queueingPolicy"), now, world
+            )
             conn.execute(
                 "UPDATE queued_resources SET state = 'ACCEPTED', state_initiator = 'USER', error = NULL, "
                 "valid_after = ?, valid_until = ? WHERE project = ? AND zone = ? AND qr_id = ?",
@@ -1312,7 +1323,7 @@ class SimEngine:
         response: dict[str, Any] | None = None,
         error: dict[str, Any] | None = None,
     ) -> None:
-        project, zone, op_id = _split_op_name(op_name)
+        project, zone, op_id = split_op_name(op_name)
         conn.execute(
             "UPDATE operations SET done = 1, end_time = ?, due_at = NULL, response = ?, error = ? "
             "WHERE project = ? AND zone = ? AND op_id = ? AND done = 0",
@@ -1327,7 +1338,7 @@ class SimEngine:
         )
 
     def _op_row(self, conn: sqlite3.Connection, op_name: str) -> sqlite3.Row:
-        project, zone, op_id = _split_op_name(op_name)
+        project, zone, op_id = split_op_name(op_name)
         row = conn.execute(
             "SELECT * FROM operations WHERE project = ? AND zone = ? AND op_id = ?", (project, zone, op_id)
         ).fetchone()
@@ -1403,7 +1414,7 @@ class SimEngine:
         self, project: str, zone: str, page_size: int = 0, page_token: str = ""
     ) -> dict[str, Any]:
         items = [
-            _accelerator_type_json(project, zone, AcceleratorType(generation=gen, size=size))
+            accelerator_type_json(project, zone, AcceleratorType(generation=gen, size=size))
             for gen in self._zone_generations(zone)
             for size in gen.valid_sizes
         ]
@@ -1417,7 +1428,7 @@ class SimEngine:
         accel = self._accelerator_by_api_name(type_name)
         if accel is None or accel.generation not in self._zone_generations(zone):
             raise not_found(f"projects/{project}/locations/{zone}/acceleratorTypes/{type_name}")
-        return _accelerator_type_json(project, zone, accel)
+        return accelerator_type_json(project, zone, accel)
 
     def _runtime_versions(self, zone: str) -> list[str]:
         versions = {gen.runtime_version for gen in self._zone_generations(zone)}
@@ -1444,7 +1455,7 @@ class SimEngine:
         return {"name": f"projects/{project}/locations/{zone}/runtimeVersions/{version}", "version": version}
 
     def list_locations(self, project: str, page_size: int = 0, page_token: str = "") -> dict[str, Any]:
-        items = [_location_json(project, zone) for zone in sorted(self.world.zones)]
+        items = [location_json(project, zone) for zone in sorted(self.world.zones)]
         page, token = paginate(items, page_size, page_token)
         out: dict[str, Any] = {"locations": page}
         if token:
@@ -1454,7 +1465,7 @@ class SimEngine:
     def get_location(self, project: str, zone: str) -> dict[str, Any]:
         if zone not in self.world.zones:
             raise not_found(f"projects/{project}/locations/{zone}")
-        return _location_json(project, zone)
+        return location_json(project, zone)
 
     # =============================================================================================
     # Cloud Quotas
@@ -1475,7 +1486,7 @@ class SimEngine:
                 for scope, locations in (("zone", zones), ("region", regions)):
                     quota_id = gen.quota_id(capacity, scope) or ""
                     infos.append(
-                        _quota_info_json(
+                        quota_info_json(
                             project,
                             gen,
                             quota_id,
@@ -1649,7 +1660,7 @@ class SimEngine:
         with self.db.write() as conn:
             row = self._node_row(conn, project, zone, node_id)
             if row is None:
-                raise not_found(_node_name(project, zone, node_id))
+                raise not_found(node_name(project, zone, node_id))
             if row["state"] != "READY" or row["kill_at"] is not None:
                 raise failed_precondition(
                     f"Node '{node_id}' is {row['state']}"
@@ -1687,7 +1698,7 @@ class SimEngine:
         with self.db.write() as conn:
             row = self._node_row(conn, project, zone, node_id)
             if row is None:
-                raise not_found(_node_name(project, zone, node_id))
+                raise not_found(node_name(project, zone, node_id))
             if not 0 <= worker < int(row["hosts"]):
                 raise invalid_argument(
                     f"Worker {worker} is out of range: node '{node_id}' has {row['hosts']} hosts.", "worker"
@@ -1731,7 +1742,7 @@ class SimEngine:
         with self.db.write() as conn:
             row = self._node_row(conn, project, zone, node_id)
             if row is None:
-                raise not_found(_node_name(project, zone, node_id))
+                raise not_found(node_name(project, zone, node_id))
             self._update_node(
                 conn,
                 (project, zone, node_id),
@@ -1809,7 +1820,7 @@ class SimEngine:
         project, zone, node_id = row["project"], row["zone"], row["node_id"]
         spec = json.loads(row["spec"])
         gen = self.catalog.generations[row["generation"]]
-        out: dict[str, Any] = {"name": _node_name(project, zone, node_id)}
+        out: dict[str, Any] = {"name": node_name(project, zone, node_id)}
         out.update(spec)
         out["acceleratorType"] = row["accelerator_type"]
         out["acceleratorConfig"] = {"type": gen.api_enum, "topology": row["topology"]}
@@ -1828,7 +1839,7 @@ class SimEngine:
         if row["state"] != "CREATING":
             out["networkEndpoints"] = self._endpoints(row)
         if row["queued_resource"]:
-            out["queuedResource"] = _qr_name(project, zone, row["queued_resource"])
+            out["queuedResource"] = qr_name(project, zone, row["queued_resource"])
         if row["multislice"]:
             out["multisliceNode"] = True
         return out
@@ -1836,7 +1847,7 @@ class SimEngine:
     def _qr_json(self, conn: sqlite3.Connection, row: sqlite3.Row) -> dict[str, Any]:
         spec = json.loads(row["spec"])
         out: dict[str, Any] = {
-            "name": _qr_name(row["project"], row["zone"], row["qr_id"]),
+            "name": qr_name(row["project"], row["zone"], row["qr_id"]),
             "createTime": rfc3339(float(row["create_time"])),
         }
         out.update(spec)
@@ -1859,155 +1870,5 @@ class SimEngine:
         return out
 
 
-# =================================================================================================
-# Helpers
-# =================================================================================================
-
-
-def _node_uid(seed: int, project: str, zone: str, node_id: str, create_time: float) -> str:
-    # Deterministic (not random) so a run driven by an injected clock replays exactly, preemption draws
-    # included (they are seeded by the uid). 19 digits, like GCP's node ids.
-    digest = hashlib.sha256(f"{seed}:{project}/{zone}/{node_id}@{create_time!r}".encode()).digest()
-    return str(10**18 + int.from_bytes(digest[:8], "big") % (8 * 10**18))  # < 2**63: int64
-
-
 def _placeholders(values: tuple[str, ...]) -> str:
     return ", ".join("?" for _ in values)
-
-
-def _node_name(project: str, zone: str, node_id: str) -> str:
-    return f"projects/{project}/locations/{zone}/nodes/{node_id}"
-
-
-def _qr_name(project: str, zone: str, qr_id: str) -> str:
-    return f"projects/{project}/locations/{zone}/queuedResources/{qr_id}"
-
-
-def _split_op_name(op_name: str) -> tuple[str, str, str]:
-    parts = op_name.split("/")
-    if len(parts) != 6 or parts[0] != "projects" or parts[2] != "locations" or parts[4] != "operations":
-        raise not_found(op_name)
-    return parts[1], parts[3], parts[5]
-
-
-def _size_for_topology(gen: Generation, topology: str) -> int | None:
-    for size, shape in gen.sizes:
-        if shape == topology:
-            return size
-    return None
-
-
-def _validity(policy: Any, now: float, world: World) -> tuple[float | None, float | None]:
-    """(valid_after, valid_until) in real epoch seconds from a queueingPolicy. Durations are SIMULATED
-    seconds (scaled by the world's speed, like every duration here); times are absolute."""
-    if not isinstance(policy, dict):
-        return None, None
-    valid_after: float | None = None
-    valid_until: float | None = None
-    if "validUntilDuration" in policy:
-        seconds = parse_duration(policy["validUntilDuration"], "queueingPolicy.validUntilDuration")
-        valid_until = now + world.real_seconds(seconds)
-    if "validUntilTime" in policy:
-        valid_until = parse_rfc3339(str(policy["validUntilTime"]), "queueingPolicy.validUntilTime")
-    if "validAfterDuration" in policy:
-        seconds = parse_duration(policy["validAfterDuration"], "queueingPolicy.validAfterDuration")
-        valid_after = now + world.real_seconds(seconds)
-    if "validAfterTime" in policy:
-        valid_after = parse_rfc3339(str(policy["validAfterTime"]), "queueingPolicy.validAfterTime")
-    interval = policy.get("validInterval")
-    if isinstance(interval, dict):
-        if interval.get("startTime"):
-            valid_after = parse_rfc3339(str(interval["startTime"]), "queueingPolicy.validInterval.startTime")
-        if interval.get("endTime"):
-            valid_until = parse_rfc3339(str(interval["endTime"]), "queueingPolicy.validInterval.endTime")
-    return valid_after, valid_until
-
-
-def _quota_error(project: str, violations: list[tuple[str, int, str, str, int]]) -> ApiError:
-    ids = ",".join(v[0] for v in violations)
-    limits = ",".join(str(v[1]) for v in violations)
-    where = ",".join(f"{v[2]} {v[3]}" for v in violations)
-    message = f"Quota limit '{ids}' has been exceeded. Limit: {limits} in {where}."
-    details = [
-        {
-            "@type": "type.googleapis.com/google.rpc.QuotaFailure",
-            "violations": [
-                {
-                    "subject": f"project:{project}",
-                    "description": f"Quota limit '{quota_id}' has been exceeded. Limit: {limit} in {scope} "
-                    f"{location}. In use: {used}.",
-                    "apiService": "tpu.googleapis.com",
-                    "quotaMetric": _quota_metric(quota_id),
-                    "quotaId": quota_id,
-                    "quotaDimensions": {scope: location},
-                    "quotaValue": str(limit),
-                }
-                for quota_id, limit, scope, location, used in violations
-            ],
-        }
-    ]
-    return ApiError(429, "RESOURCE_EXHAUSTED", message, details)
-
-
-def _quota_metric(quota_id: str) -> str:
-    # Cloud Quotas names a metric per quota family; the real TPU metric names were not found (unc.), so
-    # the simulator derives one from the quota id without its scope.
-    base = quota_id.replace("PerProjectPerZone", "PerProject").replace("PerProjectPerRegion", "PerProject")
-    return f"tpu.googleapis.com/{base}"
-
-
-def _accelerator_type_json(project: str, zone: str, accel: AcceleratorType) -> dict[str, Any]:
-    return {
-        "name": f"projects/{project}/locations/{zone}/acceleratorTypes/{accel.api_name}",
-        "type": accel.api_name,
-        "acceleratorConfigs": [{"type": accel.generation.api_enum, "topology": accel.topology}],
-    }
-
-
-def _location_json(project: str, zone: str) -> dict[str, Any]:
-    return {
-        "name": f"projects/{project}/locations/{zone}",
-        "locationId": zone,
-        "displayName": zone,
-        "labels": {},
-    }
-
-
-def _quota_info_json(
-    project: str,
-    gen: Generation,
-    quota_id: str,
-    capacity_class: str,
-    scope: str,
-    limits: list[tuple[str, int]],
-) -> dict[str, Any]:
-    unit = "TensorCores" if gen.quota_unit == "cores" else "chips"
-    kind = "preemptible " if capacity_class == "preemptible" else ""
-    return {
-        "name": f"projects/{project}/locations/global/services/tpu.googleapis.com/quotaInfos/{quota_id}",
-        "quotaId": quota_id,
-        "metric": _quota_metric(quota_id),
-        "service": "tpu.googleapis.com",
-        "isPrecise": True,
-        "refreshInterval": "",
-        "containerType": "PROJECT",
-        "dimensions": [scope],
-        "metricDisplayName": f"TPU {gen.name} {kind}{unit}",
-        "quotaDisplayName": f"TPU {gen.name} {kind}{unit} per project per {scope} (TPU API)",
-        "metricUnit": "1",
-        "quotaIncreaseEligibility": {
-            "isEligible": True,
-            "ineligibilityReason": "INELIGIBILITY_REASON_UNSPECIFIED",
-        },
-        "isFixed": False,
-        "isConcurrent": False,
-        "serviceRequestQuotaUri": "",
-        "dimensionsInfos": [
-            {
-                "dimensions": {scope: location},
-                "details": {"value": str(limit)},
-                "applicableLocations": [location],
-            }
-            for location, limit in limits
-        ],
-    }

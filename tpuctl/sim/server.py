@@ -35,6 +35,7 @@ from tpuctl.sim import api_errors
 from tpuctl.sim.api_errors import ApiError, invalid_argument
 from tpuctl.sim.engine import SimEngine
 from tpuctl.sim.state import SimDatabase, db_path_for
+from tpuctl.sim.wire import paginate
 from tpuctl.sim.world import World, world_from_data
 
 Clock = Callable[[], float]
@@ -521,8 +522,6 @@ def _route_quotas(engine: SimEngine, method: str, path: str, query: Query) -> An
     if m := re.fullmatch(base, path):
         project, service = m.groups()
         infos = engine.quota_infos(project) if service == "tpu.googleapis.com" else []
-        from tpuctl.sim.wire import paginate
-
         page, token = paginate(infos, *_page(query))
         out: dict[str, Any] = {"quotaInfos": page}
         if token:
