@@ -93,9 +93,8 @@ def retrying(policy: RetryPolicy, sleep: Sleep) -> Any:
 
     return tenacity.Retrying(
         stop=tenacity.stop_after_attempt(policy.max_attempts) | tenacity.stop_before_delay(policy.deadline_s),
-        wait=tenacity.wait_exponential_jitter(
-            initial=policy.initial_wait_s, max=policy.max_wait_s, jitter=policy.initial_wait_s
-        ),
+        # The policy's own jittered exponential wait, the same the cloud layer uses.
+        wait=lambda state: policy.wait_for(state.attempt_number),
         retry=tenacity.retry_if_exception_type((RateLimitedError, TransientError)),
         reraise=True,
         sleep=sleep,

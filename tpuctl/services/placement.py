@@ -727,7 +727,7 @@ def _infeasible(
             "raise --max-price, or " + ", ".join([*cheaper, "choose a smaller type or fewer slices"]),
         )
     parts = []
-    for c in priced:
+    for c in sorted(priced, key=lambda c: (c.price_per_hour is None, c.price_per_hour or 0, c.zone)):
         short = [q for q in c.quota if not q.fits]
         parts.append(f"{c.zone} {c.capacity.value}: " + "; ".join(q.shortfall() for q in short))
     fixes = ["choose another type or zone"]
