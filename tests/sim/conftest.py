@@ -67,3 +67,18 @@ def children() -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
         if proc.poll() is None:
             proc.kill()
         proc.wait(timeout=10)
+
+
+@pytest.fixture
+def connect_admin() -> Iterator[Callable[[SimServer], SimAdminClient]]:
+    """Admin clients for servers a test starts itself; closed at teardown."""
+    opened: list[SimAdminClient] = []
+
+    def connect(server: SimServer) -> SimAdminClient:
+        sim_admin = SimAdminClient(server.url)
+        opened.append(sim_admin)
+        return sim_admin
+
+    yield connect
+    for sim_admin in opened:
+        sim_admin.close()

@@ -58,11 +58,14 @@ def node_state(client: tpu_v2.TpuClient, node_id: str) -> tpu_v2.Node.State:
 
 
 def test_preemption_with_notice_sigterm_then_sigkill_after_grace(
-    start_server: Callable[..., SimServer], children: Spawn, tmp_path: Path
+    start_server: Callable[..., SimServer],
+    connect_admin: Callable[[SimServer], SimAdminClient],
+    children: Spawn,
+    tmp_path: Path,
 ) -> None:
     server = start_server(make_world(**SLOW_GRACE))
     client = tpu_client(server.url)
-    admin = SimAdminClient(server.url)
+    admin = connect_admin(server)
     create_ready(client, "pre", spot_node("v5litepod-8"))
     proc, term_marker = host_process(children, tmp_path)
     admin.register_host(ZONE, "pre", 0, proc.pid)
@@ -80,7 +83,6 @@ def test_preemption_with_notice_sigterm_then_sigkill_after_grace(
     killed_after = time.monotonic() - started
     assert killed_after >= 0.25, killed_after  # not before the 0.3 s grace period
     wait_for(lambda: node_state(client, "pre") == tpu_v2.Node.State.PREEMPTED)
-    admin.close()
 
 
 def test_preemption_without_notice_kills_at_once(
@@ -99,7 +101,7 @@ def test_preemption_without_notice_kills_at_once(
 
 
 def test_preempted_node_holds_quota_until_deleted_but_frees_capacity(
-    start_server: Callable[..., SimServer],
+    start_server: Callable[..., SimServer], connect_admin: Callable[[SimServer], SimAdminClient]
 ) -> None:
     server = start_server(
         make_world(
@@ -108,7 +110,7 @@ def test_preempted_node_holds_quota_until_deleted_but_frees_capacity(
         )
     )
     client = tpu_client(server.url)
-    admin = SimAdminClient(server.url)
+    admin = connect_admin(server)
     create_ready(client, "p1", spot_node("v5litepod-8"))
     admin.preempt(ZONE, "p1", notice=False)
     assert node_state(client, "p1") == tpu_v2.Node.State.PREEMPTED
@@ -122,7 +124,6 @@ def test_preempted_node_holds_quota_until_deleted_but_frees_capacity(
     assert [n["name"] for n in status["nodes"]] == ["p2"]
     client.delete_node(name=f"{PARENT}/nodes/p2").result(polling=FAST_POLLING)
     create_ready(client, "p3", spot_node("v5litepod-8"))
-    admin.close()
 
 
 def test_scheduled_preemption_fires_count_times(start_server: Callable[..., SimServer]) -> None:

@@ -90,7 +90,8 @@ def test_fails_when_valid_until_passes(start_server: Callable[..., SimServer]) -
     clock = ManualClock()
     server = start_server(make_world(), clock=clock, ticker_interval_s=0)
     client = tpu_client(server.url)
-    SimAdminClient(server.url).stockout(ZONE)
+    with SimAdminClient(server.url) as admin:
+        admin.stockout(ZONE)
     client.create_queued_resource(
         parent=PARENT, queued_resource_id="qr2", queued_resource=queued(valid_for_s=600)
     )
@@ -249,3 +250,20 @@ def test_deleting_a_node_while_provisioning_fails_the_queued_resource(
     qr = client.get_queued_resource(name=f"{PARENT}/queuedResources/qr8")
     assert qr.state.state == QRState.FAILED
     assert qr.state.failed_data.error.code == 10  # ABORTED
+
+
+def test_preempted_spot_queued_resource_goes_suspending_then_suspended(
+    start_server: Callable[..., SimServer],
+) -> None:
+    server = start_server(make_world(durations={"preemption_grace_s": 300}))  # 0.3 s of grace
+    client = tpu_client(server.url)
+    client.create_queued_resource(parent=PARENT, queued_resource_id="qr9", queued_resource=queued())
+    wait_for(lambda: state_of(client, "qr9") == QRState.ACTIVE)
+    with SimAdminClient(server.url) as admin:
+        admin.preempt(ZONE, "q-node", notice=True)
+        qr = client.get_queued_resource(name=f"{PARENT}/queuedResources/qr9")
+        assert qr.state.state == QRState.SUSPENDING
+        assert qr.state.state_initiator == tpu_v2.QueuedResourceState.StateInitiator.SERVICE
+        assert admin.metadata(ZONE, "q-node", 0) == "TRUE"
+    wait_for(lambda: state_of(client, "qr9") == QRState.SUSPENDED)
+    assert client.get_node(name=f"{PARENT}/nodes/q-node").state == tpu_v2.Node.State.PREEMPTED
