@@ -130,8 +130,8 @@ def test_max_price_below_every_candidate_exits_6_with_each_price(
     error = real.json
     assert error["error"] == "over_price_cap"
     assert error["message"] == (
-        "every candidate for v5litepod-16 is over the price cap of 2.50 USD/h: us-central1-a spot 3.92 USD/h; "
-        "us-west4-a spot 7.68 USD/h; us-east5-b spot 9.60 USD/h"
+        "every candidate for v5litepod-16 is over the price cap of 2.50 USD/h: "
+        "us-central1-a spot 3.92 USD/h; us-west4-a spot 7.68 USD/h; us-east5-b spot 9.60 USD/h"
     )
     assert error["fix"] == "raise --max-price, or choose a smaller type or fewer slices"
     assert [c["price_per_hour"] for c in error["candidates"]] == [
@@ -189,8 +189,8 @@ def test_quota_short_everywhere_exits_4_naming_where_needed_available_and_fix(
 def test_not_offered_anywhere_exits_5(sim: Callable[..., SimEnv], cli: Cli) -> None:
     env = sim(zones={"us-central1-b": {"v6e": {"on_demand": 64, "preemptible": 64}}})
     # us-central1-b offers only v6e; europe-west4-a is not a zone of this world at all.
-    result = cli("pod", "create", "v5e-16", "--zone", "us-central1-b", "--zone", "europe-west4-a", "--dry-run",
-                 "-o", "json", env=env)  # fmt: skip
+    result = cli("pod", "create", "v5e-16", "--zone", "us-central1-b", "--zone", "europe-west4-a",
+                 "--dry-run", "-o", "json", env=env)  # fmt: skip
     assert result.code == 5
     plan = result.json["plan"]
     assert plan["verdict"] == "no_capacity"
@@ -229,12 +229,15 @@ def test_create_warns_when_preempted_slices_hold_needed_quota(sim: Callable[...,
 BAD_INPUT: list[tuple[list[str], dict[str, Any]]] = [
     (
         ["--capacity-type", "cheap"],
-        {"field": "--capacity-type", "value": "cheap", "message": "unknown capacity type 'cheap'",
-         "fix": "use one of: on-demand, spot, preemptible, reserved, queued (repeat the flag to allow several)"},
+        {"field": "--capacity-type", "value": "cheap",
+         "message": "unknown capacity type 'cheap'",
+         "fix": "use one of: on-demand, spot, preemptible, reserved, queued "
+                "(repeat the flag to allow several)"},
     ),
     (
         ["--capacity-type", "reserved"],
-        {"field": "--capacity-type", "value": "reserved", "message": "reserved capacity needs a reservation name",
+        {"field": "--capacity-type", "value": "reserved",
+         "message": "reserved capacity needs a reservation name",
          "fix": "pass --reserved RESERVATION_NAME (it implies --capacity-type reserved)"},
     ),
     (
@@ -258,11 +261,13 @@ BAD_INPUT: list[tuple[list[str], dict[str, Any]]] = [
     (
         ["--slices", "0"],
         {"field": "--slices", "value": "0", "message": "--slices must be a whole number >= 1, got '0'",
-         "fix": "use --slices 1 for one slice, or N >= 2 for N slices through one queued resource (multislice)"},
+         "fix": "use --slices 1 for one slice, or N >= 2 for N slices through one queued resource "
+                "(multislice)"},
     ),
     (
         ["--queued", "--valid-for", "a while"],
-        {"field": "--valid-for", "value": "a while", "message": "cannot parse --valid-for 'a while' as a duration",
+        {"field": "--valid-for", "value": "a while",
+         "message": "cannot parse --valid-for 'a while' as a duration",
          "fix": "use a duration such as 2h, 30m, 1h30m, 1d or 3600s"},
     ),
     (

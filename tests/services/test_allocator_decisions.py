@@ -120,7 +120,8 @@ CASES = [
             "asia-northeast1-b/spot": ("chosen", "the only feasible candidate (6.78 USD/h)"),
             "us-central1-a/spot": (
                 "rejected",
-                f"region quota {SPOT_R} in region us-central1: needs 16 chips, 8 available (limit 8, 0 in use)",
+                f"region quota {SPOT_R} in region us-central1: needs 16 chips, 8 available "
+                "(limit 8, 0 in use)",
             ),
         },
         attempts=[("asia-northeast1-b", "spot", AttemptOutcome.CREATED)],

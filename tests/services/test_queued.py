@@ -42,7 +42,9 @@ def test_race_keeps_the_first_active_and_deletes_the_others(sim: Callable[..., S
     worker = threading.Thread(target=lambda: result.setdefault("p", allocator.place(request, plan=plan)))
     worker.start()
     status = env.admin.status
-    wait_for(lambda: len([q for q in status()["queued_resources"] if q["state"] == "WAITING_FOR_RESOURCES"]) == 3)
+    wait_for(
+        lambda: len([q for q in status()["queued_resources"] if q["state"] == "WAITING_FOR_RESOURCES"]) == 3
+    )
     env.admin.stockout("us-west4-a", clear=True)
     time.sleep(0.4)  # the placer sees us-west4-a ACTIVE and cancels the rest before this
     env.admin.stockout("us-central1-a", clear=True)
@@ -123,8 +125,8 @@ def test_slices_2_makes_two_slices_through_one_queued_resource(sim: Callable[...
                 env=env)  # fmt: skip
     assert three.code == 4  # 24 chips > the zone quota of 16
 
-    result = cli("pod", "create", "v5e-8", "--slices", "2", "--zone", "us-east5-b", "--name", "ms", "-o", "json",
-                 env=env)  # fmt: skip
+    result = cli("pod", "create", "v5e-8", "--slices", "2", "--zone", "us-east5-b", "--name", "ms",
+                 "-o", "json", env=env)  # fmt: skip
     assert result.code == 0, result.stderr
     data = result.json
     assert [(p["name"], p["slice_index"], p["state"]) for p in data["pods"]] == [
@@ -141,7 +143,9 @@ def test_slices_2_makes_two_slices_through_one_queued_resource(sim: Callable[...
         ]
     table = cli("pod", "create", "v5e-8", "--slices", "2", "--zone", "us-west4-a", "--name", "mt", env=env)
     assert table.code == 0, table.stderr
-    rows = [[cell.strip() for cell in line.split("│")[1:3]] for line in table.stdout.splitlines() if "mt-" in line]
+    rows = [
+        [cell.strip() for cell in line.split("│")[1:3]] for line in table.stdout.splitlines() if "mt-" in line
+    ]
     assert rows == [["0", "mt-0"], ["1", "mt-1"]]
 
 

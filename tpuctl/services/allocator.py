@@ -444,9 +444,7 @@ class Allocator:
             attempt = rec.attempt(request, cand, outcome, message=describe_error(exc), started=t0)
             return attempt, None, exc
         state = node.state
-        attempt = rec.attempt(
-            request, cand, AttemptOutcome.CREATED, message=f"{state} in {zone}", started=t0
-        )
+        attempt = rec.attempt(request, cand, AttemptOutcome.CREATED, message=f"{state} in {zone}", started=t0)
         return attempt, node, None
 
     def _clean_up_node(self, request: PlacementRequest, zone: str) -> None:
@@ -495,4 +493,3 @@ def quota_warnings(candidates: Sequence[Candidate]) -> list[str]:
                 f"{q.available} available): {holders}; deleting them (`tpuctl pod gc`) {would}"
             )
     return out
-

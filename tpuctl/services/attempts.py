@@ -170,9 +170,7 @@ class Placement:
                 for i, n in enumerate(self.nodes)
             ],
             "attempts": [a.to_dict() for a in self.attempts],
-            "seconds_to_ready": None
-            if self.ready_at is None
-            else round(self.ready_at - self.started_at, 3),
+            "seconds_to_ready": None if self.ready_at is None else round(self.ready_at - self.started_at, 3),
         }
 
 

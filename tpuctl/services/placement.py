@@ -361,9 +361,7 @@ class QuotaCheck:
             f"{self.available} available (limit {limit}, {self.in_use} in use)"
         )
         if self.reclaimable:
-            text += (
-                f", {self.reclaimable} of them held by preempted/failed slices that `tpuctl pod gc` frees"
-            )
+            text += f", {self.reclaimable} of them held by preempted/failed slices that `tpuctl pod gc` frees"
         return text
 
     def to_dict(self) -> dict[str, Any]:

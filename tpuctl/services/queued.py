@@ -541,4 +541,3 @@ class QueuedPlacer:
             started_at=started,
             ready_at=self._ctx.clock() if ready else None,
         )
-
