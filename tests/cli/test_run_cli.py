@@ -1,0 +1,309 @@
+"""`tpuctl run` and `tpuctl runs` end to end on the simulator, in-process: real simulated hosts (local
+processes; JAX on CPU for the examples), a simulator per test in the test's own state dir with a fast
+world. The JAX runs are few and short: the machine that runs CI has 2 cores."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tpuctl.sim import SimAdminClient, SimServer
+from tpuctl.sim.world import world_from_data
+
+WORLD: dict[str, Any] = {
+    "speed": 1000,
+    "zones": {
+        "us-central1-a": {"v5e": {"on_demand": 256, "preemptible": 256}},
+        "us-central2-b": {"v4": {"on_demand": 64, "preemptible": 64}},
+    },
+    "quotas": {
+        "default": {"on_demand": {"zone": -1, "region": -1}, "preemptible": {"zone": -1, "region": -1}}
+    },
+    "latency": {"base_ms": 0, "jitter_ms": 0},
+}
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Result:
+    code: int
+    stdout: str
+    stderr: str
+    seconds: float
+
+    @property
+    def json(self) -> dict[str, Any]:
+        data = json.loads(self.stdout)
+        assert isinstance(data, dict)
+        return data
+
+
+@pytest.fixture
+def admin(state_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SimAdminClient]:
+    """One simulator for the test; every CLI command talks to it (TPUCTL_SIM_URL)."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    server = SimServer(state_dir, world_from_data(WORLD, "test world"))
+    url = server.start()
+    monkeypatch.setenv("TPUCTL_SIM_URL", url)
+    client = SimAdminClient(url)
+    try:
+        yield client
+    finally:
+        client.close()
+        server.stop()
+
+
+@pytest.fixture
+def tpuctl(capsys: pytest.CaptureFixture[str]) -> Callable[..., Result]:
+    def run(*args: str) -> Result:
+        from tpuctl.cli.main import run as main
+
+        capsys.readouterr()
+        started = time.monotonic()
+        try:
+            main(list(args))
+            code = 0
+        except SystemExit as exc:
+            code = int(exc.code or 0)
+        out = capsys.readouterr()
+        return Result(code, out.out, out.err, time.monotonic() - started)
+
+    return run
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def run_id_of(result: Result) -> str:
+    match = re.search(r"run (run-[0-9a-z-]+) (succeeded|failed)", result.stdout + result.stderr)
+    assert match, result.stdout + result.stderr
+    return match.group(1)
+
+
+def losses(log: str) -> list[float]:
+    return [float(m.group(1)) for m in re.finditer(r"^step \d+ loss ([0-9.]+)", log, re.MULTILINE)]
+
+
+# --- bad input -------------------------------------------------------------------------------------------
+
+
+def test_bad_input_exits_2_with_the_value_and_the_fix(
+    tmp_path: Path, admin: SimAdminClient, tpuctl: Callable[..., Result]
+) -> None:
+    script = write(tmp_path / "proj" / "ok.py", "print(1)\n")
+    missing = str(tmp_path / "nope.py")
+    assert tpuctl("pod", "create", "v5e-8", "--zone", "us-central1-a", "--name", "busy").code == 0
+    admin.preempt("us-central1-a", "busy", notice=False)
+
+    cases: list[tuple[list[str], str, str, str]] = [
+        ([missing, "--type", "v5e-8"], "SCRIPT", missing, "check the path"),
+        (["--example", "gpt5", "--type", "v5e-8"], "--example", "gpt5", "use one of: lm"),
+        ([str(script), "--pod", "ghost"], "--pod", "ghost", "`tpuctl pod list` shows the slices"),
+        ([str(script), "--pod", "busy"], "--pod", "busy", "wait until `tpuctl pod list` shows it READY"),
+        ([str(script), "--type", "v5e-8", "--env", "NOEQUALS"], "--env", "NOEQUALS", "--env NAME=value"),
+        ([str(script), "--type", "v5e-8", "--env", "1X=2"], "--env", "1X=2", "--env NAME=value"),
+        (
+            [str(script), "--type", "v5e-8", "--env", "TPUCTL_RUN_ID=x"],
+            "--env",
+            "TPUCTL_RUN_ID=x",
+            "tpuctl sets",
+        ),
+        ([str(script)], "--type", "", "--type v5e-8, or --pod my-slice"),
+    ]
+    for args, field, value, fix in cases:
+        result = tpuctl("run", "-o", "json", *args)
+        assert result.code == 2, (args, result.stderr)
+        error = result.json
+        assert error["error"] in ("usage", "bundle"), error
+        assert error["field"] == field, error
+        if value:
+            assert error["value"] == value, error
+            assert value in error["message"] or value in result.stderr
+        assert fix in error["fix"], error
+        assert "fix:" in result.stderr
+    # Nothing was started or recorded for any of them; the one slice is the preempted one.
+    assert tpuctl("runs", "list", "-o", "json").json["runs"] == []
+    assert [n["name"] for n in admin.status()["nodes"]] == ["busy"]
+
+
+def test_preempted_pod_message_names_its_state(
+    tmp_path: Path, admin: SimAdminClient, tpuctl: Callable[..., Result]
+) -> None:
+    script = write(tmp_path / "proj" / "ok.py", "print(1)\n")
+    assert tpuctl("pod", "create", "v5e-8", "--zone", "us-central1-a", "--name", "gone").code == 0
+    admin.preempt("us-central1-a", "gone", notice=False)
+    result = tpuctl("run", str(script), "--pod", "gone")
+    assert result.code == 2
+    assert "pod gone in us-central1-a is PREEMPTED, not READY" in result.stderr
+
+
+# --- dry run -----------------------------------------------------------------------------------------------
+
+
+def test_dry_run_shows_bundle_and_each_hosts_command_and_env_but_no_secret(
+    tmp_path: Path, admin: SimAdminClient, tpuctl: Callable[..., Result]
+) -> None:
+    work = tmp_path / "proj"
+    write(work / "train.py", "print('hi')\n")
+    write(work / "data" / "big.bin", "x" * 1000)
+    write(work / ".tpuctlignore", "data/\n")
+    secret = "hf_s3cr3t_value"
+    args = ["run", str(work / "train.py"), "--type", "v5e-16", "--zone", "us-central1-a", "--dry-run",
+            "--env", f"HF_TOKEN={secret}", "--env", "LR=3e-4", "--", "--steps", "5"]  # fmt: skip
+    result = tpuctl(args[0], "-o", "json", *args[1:])
+    assert result.code == 0, result.stderr
+    plan = result.json["plan"]
+    assert secret not in result.stdout + result.stderr
+    bundle = plan["bundle"]
+    assert [f["path"] for f in bundle["user_files"]] == [".tpuctlignore", "train.py"]
+    assert re.fullmatch(r"[0-9a-f]{64}", bundle["sha256"])
+    assert bundle["bytes"] > 12 and bundle["runtime_files"] >= 10
+    assert plan["target"]["hosts"] == 4 and plan["target"]["zone"] == "us-central1-a"
+    assert plan["target"]["create"]["verdict"] == "feasible" or plan["target"]["create"]["feasible"]
+    assert len(plan["hosts"]) == 4
+    for worker, host in enumerate(plan["hosts"]):
+        assert host["argv"][1:] == ["-u", "train.py", "--steps", "5"]
+        assert host["env"]["TPUCTL_WORKER_ID"] == str(worker)
+        assert host["env"]["TPUCTL_NUM_WORKERS"] == "4"
+        assert host["env"]["TPUCTL_ACCELERATOR_TYPE"] == "v5litepod-16"
+        assert host["env"]["TPUCTL_TOPOLOGY"] == "4x4"
+        assert host["env"]["HF_TOKEN"] == "***"
+        assert host["env"]["LR"] == "3e-4"
+        assert host["cwd"].endswith(f"worker-{worker}/bundles/{bundle['sha256']}")
+    table = tpuctl(*args)
+    assert table.code == 0
+    assert secret not in table.stdout + table.stderr
+    assert "env HF_TOKEN=***" in table.stdout
+    assert "train.py" in table.stdout and "big.bin" not in table.stdout
+    # Nothing happened.
+    assert admin.status()["nodes"] == []
+    assert tpuctl("runs", "list", "-o", "json").json["runs"] == []
+
+
+# --- runs --------------------------------------------------------------------------------------------------
+
+
+EXAMPLE_ARGS = ("--steps", "6", "--log-every", "1", "--batch", "16", "--seq-len", "16")
+
+
+def test_example_lm_on_v5e_8_completes_with_decreasing_loss_and_is_recorded(
+    admin: SimAdminClient, tpuctl: Callable[..., Result], state_dir: Path
+) -> None:
+    result = tpuctl(
+        "run", "--example", "lm", "--type", "v5e-8", "--checkpoint-every", "3", "--", *EXAMPLE_ARGS
+    )
+    assert result.code == 0, result.stderr[-3000:]
+    run_id = run_id_of(result)
+    assert "w0 | process 0/1 devices 8/8" in result.stdout
+    log = (state_dir / "runs" / run_id / "worker-0.log").read_text()
+    assert "process 0/1 devices 8/8" in log
+    curve = losses(log)
+    assert len(curve) == 6 and curve[-1] < curve[0]
+    # --checkpoint-every reached the example: checkpoints at steps 3 and 6 in the run's dir.
+    ckpts = state_dir / "runs" / run_id / "checkpoints"
+    assert {p.name for p in ckpts.iterdir() if p.name.isdigit()} >= {"3", "6"}
+    # The slice made for the run is gone, and the run is in the ledger.
+    assert admin.status()["nodes"] == []
+    described = tpuctl("runs", "describe", run_id, "-o", "json").json["run"]
+    assert described["status"] == "succeeded" and described["exit_code"] == 0
+    assert described["program"] == "example:lm" and described["accelerator_type"] == "v5litepod-8"
+    assert [s["kind"] for s in described["segments"]] == ["provisioning", "running"]
+    listed = tpuctl("runs", "list", "-o", "json").json["runs"]
+    assert [r["run_id"] for r in listed] == [run_id]
+    logs = tpuctl("runs", "logs", run_id)
+    assert logs.code == 0 and "w0 | process 0/1 devices 8/8" in logs.stdout
+    assert tpuctl("runs", "logs", run_id, "--worker", "3").code == 2
+
+
+def test_example_lm_on_v5e_16_runs_on_4_hosts_of_4_chips(
+    admin: SimAdminClient, tpuctl: Callable[..., Result], state_dir: Path
+) -> None:
+    result = tpuctl("run", "--example", "lm", "--type", "v5e-16", "--", *EXAMPLE_ARGS)
+    assert result.code == 0, result.stderr[-3000:]
+    run_id = run_id_of(result)
+    for worker in range(4):
+        log = (state_dir / "runs" / run_id / f"worker-{worker}.log").read_text()
+        assert f"process {worker}/4 devices 4/16" in log
+    curve = losses((state_dir / "runs" / run_id / "worker-0.log").read_text())
+    assert len(curve) == 6 and curve[-1] < curve[0]
+    assert "final_params_sha256" in (state_dir / "runs" / run_id / "worker-0.log").read_text()
+
+
+def test_unmodified_script_psums_over_all_devices_of_a_4_host_slice(
+    tmp_path: Path, admin: SimAdminClient, tpuctl: Callable[..., Result]
+) -> None:
+    script = tmp_path / "user" / "psum_user.py"
+    script.parent.mkdir()
+    shutil.copy(REPO / "tests" / "runtime" / "scripts" / "psum_user.py", script)
+    assert "tpuctl" not in script.read_text().replace("no tpuctl import", "")
+    result = tpuctl("run", str(script), "--type", "v5e-16")
+    assert result.code == 0, result.stderr[-3000:]
+    results = sorted(re.findall(r"^w(\d) \| RESULT (.*)$", result.stdout, re.MULTILINE))
+    # 16 devices, device k contributes k + 1: 16 * 17 / 2 = 136 on every host.
+    assert results == [(str(w), f"{w} 4 16 4 136.0") for w in range(4)]
+
+
+FAILING = """\
+import os, signal, sys, time
+worker = int(os.environ["TPUCTL_WORKER_ID"])
+print("pid", os.getpid(), flush=True)
+if worker == 1:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # only SIGKILL will do for this one
+if worker == 2:
+    time.sleep(1.0)
+    print("failing at", time.time(), flush=True)
+    sys.exit(3)
+time.sleep(300)
+"""
+
+
+def test_host_2_failing_ends_the_run_naming_it_and_no_host_survives(
+    tmp_path: Path, admin: SimAdminClient, tpuctl: Callable[..., Result], state_dir: Path
+) -> None:
+    script = write(tmp_path / "proj" / "fail.py", FAILING)
+    assert tpuctl("pod", "create", "v5e-16", "--zone", "us-central1-a", "--name", "p16").code == 0
+    result = tpuctl("run", str(script), "--pod", "p16", "--grace", "2", "-o", "json")
+    ended = time.time()
+    assert result.code == 8, result.stderr
+    error = result.json
+    assert error["error"] == "run_failed"
+    assert error["worker"] == 2 and error["returncode"] == 3
+    assert "host 2 exited with status 3" in error["message"]
+    assert "--worker 2" in error["fix"]
+    run_id = re.search(r"run (run-[0-9a-z-]+) failed", error["message"]).group(1)  # type: ignore[union-attr]
+    logs = {w: (state_dir / "runs" / run_id / f"worker-{w}.log").read_text() for w in range(4)}
+    pids = [int(re.search(r"^pid (\d+)$", logs[w], re.MULTILINE).group(1)) for w in range(4)]  # type: ignore[union-attr]
+    failed_at = float(re.search(r"failing at ([0-9.]+)", logs[2]).group(1))  # type: ignore[union-attr]
+    assert ended - failed_at < 10.0
+    for pid in pids:
+        stat = Path(f"/proc/{pid}/stat")
+        assert not stat.exists() or stat.read_text().rsplit(")", 1)[-1].split()[0] == "Z", pid
+    record = tpuctl("runs", "describe", run_id, "-o", "json").json["run"]
+    assert record["status"] == "failed" and record["exit_code"] == 3
+    assert record["detail"]["failed_worker"] == 2
+    # --pod runs leave the slice alone.
+    assert [n["name"] for n in admin.status()["nodes"]] == ["p16"]
+
+
+def test_second_run_on_a_pod_does_not_ship_the_unchanged_bundle(
+    tmp_path: Path, admin: SimAdminClient, tpuctl: Callable[..., Result]
+) -> None:
+    script = write(tmp_path / "proj" / "hi.py", "import os; print('hi', os.environ['TPUCTL_WORKER_ID'])\n")
+    assert tpuctl("pod", "create", "v5e-16", "--zone", "us-central1-a", "--name", "warm").code == 0
+    first = tpuctl("run", str(script), "--pod", "warm")
+    assert first.code == 0 and "(4 copied, 0 already had it)" in first.stderr
+    second = tpuctl("run", str(script), "--pod", "warm", "-o", "json")
+    assert second.code == 0
+    assert second.json["run"]["shipped_hosts"] == 0
+    assert sorted(re.findall(r"w\d \| hi (\d)", second.stderr)) == ["0", "1", "2", "3"]
