@@ -326,3 +326,98 @@ def test_unreachable_host_fails_naming_it(tmp_path: Path, key: KeyPair) -> None:
         assert f"cannot reach host 0 at tpuctl@127.0.0.1:{port}" in info.value.message
     finally:
         executor.close()
+
+
+# --- through the launcher: the simulator reports endpoints that point at the loopback servers ------------
+
+
+def test_launcher_runs_a_2_host_slice_over_ssh_via_the_nodes_endpoints(
+    tmp_path: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tpuctl.services.launcher import Launcher, RunRequest
+    from tpuctl.services.session import open_session
+    from tpuctl.settings import load_settings
+    from tpuctl.sim import SimAdminClient, SimServer
+    from tpuctl.sim.world import world_from_data
+
+    world = world_from_data(
+        {
+            "speed": 1000,
+            "zones": {"us-central2-b": {"v4": {"on_demand": 64, "preemptible": 64}}},
+            "quotas": {"default": {"on_demand": {"zone": -1, "region": -1}}},
+            "latency": {"base_ms": 0, "jitter_ms": 0},
+        },
+        "test world",
+    )
+    state_dir.mkdir(parents=True, exist_ok=True)
+    server = SimServer(state_dir, world)
+    url = server.start()
+    key = ensure_key_pair(state_dir)  # the key the launcher will use: tpuctl's own, in the state dir
+    homes = [tmp_path / "vm-a", tmp_path / "vm-b"]
+    for home in homes:
+        home.mkdir()
+    loopback = LoopbackSsh(homes, key.public_openssh)
+    admin = SimAdminClient(url)
+    session = open_session(load_settings({"backend": "sim", "sim_url": url, "state_dir": state_dir}))
+    try:
+        from tpuctl.services.pods import PodService
+
+        pods = PodService(session)
+        pods.create(pods.build_spec("v4-16", name="ssh-pod", zone="us-central2-b"))
+        admin.set_endpoints(
+            "us-central2-b", "ssh-pod", [{"ipAddress": "127.0.0.1", "port": h.port} for h in loopback.hosts]
+        )
+        work = tmp_path / "proj"
+        work.mkdir()
+        (work / "prog.py").write_text(PROGRAM)
+        lines: list[tuple[int, str]] = []
+
+        class Observer:
+            def line(self, worker: int, text: str) -> None:
+                lines.append((worker, text))
+
+            def status(self, text: str) -> None:
+                pass
+
+        evil = f"$(touch {tmp_path / 'pwned'})"
+        result = Launcher(session, observer=Observer()).run(
+            RunRequest(
+                script=str(work / "prog.py"),
+                args=(evil,),
+                pod="ssh-pod",
+                executor="ssh",
+                env=(f"EVIL={evil}", "QUOTE='; rm -rf ~'"),
+                python=sys.executable,
+            )
+        )
+        assert result.exit_code == 0 and result.hosts == 2 and result.shipped_hosts == 2
+        reports = {w: json.loads(t) for w, t in lines if t.startswith("{")}
+        assert sorted(reports) == [0, 1]
+        for worker, report in reports.items():
+            assert report["worker"] == worker and report["workers"] == "2" and report["type"] == "v4-16"
+            assert report["argv"] == [evil] and report["evil"] == evil and report["quote"] == "'; rm -rf ~'"
+        assert not (tmp_path / "pwned").exists()
+        # Each "VM" got the bundle in its own home, and the run's logs are in the state dir.
+        for home in homes:
+            assert (home / ".tpuctl" / "bundles" / result.bundle_sha256 / "prog.py").is_file()
+        log = (state_dir / "runs" / result.run_id / "worker-1.log").read_text()
+        assert "partial sum 145" in log
+        record = session.ledger.get_run(result.run_id)
+        assert record is not None and record.status == "succeeded" and record.exit_code == 0
+
+        # A slice the launcher creates for an SSH run carries tpuctl's public key in its metadata.
+        launcher = Launcher(session)
+        prepared = launcher.prepare(
+            RunRequest(
+                script=str(work / "prog.py"), accelerator_type="v4-16", zone="us-central2-b", executor="ssh"
+            )
+        )
+        session.ledger.create_run(prepared.run_id, script="prog.py")
+        node = launcher.provision(prepared)
+        ssh_keys = admin.metadata("us-central2-b", node.name, 1, "instance/attributes/ssh-keys")
+        assert ssh_keys == f"tpuctl:{key.public_openssh}"
+    finally:
+        session.close()
+        admin.close()
+        loopback.close()
+        server.stop()
