@@ -1,0 +1,814 @@
+"""Cost reports from the ledger, with GCP's billing rules, aggregated in SQL.
+
+Billing rules (tpu-facts §4), applied to each incarnation of a slice (a row of the ledger's ``pods``):
+
+* billed from ``ready_at`` (the first READY) until ``ended_at`` (preempted, failed, deleted or seen gone),
+  or until now while it is still alive;
+* a spot or preemptible slice preempted within its first minute (``ended_at - ready_at < 60 s``) is not
+  charged at all;
+* cost = chips x USD per chip-hour in force at each moment x hours. The price in force is the one the
+  ledger recorded with the slice; a ``price_change`` event splits the interval and each price is billed
+  for its own part. A slice with no recorded price is priced at the catalog's current list price (and the
+  report says so).
+
+Everything is clipped to the window ``[since, until)``.
+
+Beyond spend, per group: what the same chip-hours would have cost on demand (the on-demand list price of
+the same generation and region) and so the spot savings; the cost of recomputed work (from
+``run_segments.steps_recomputed``: that share of the segment's slice time, see ``recompute_fraction``);
+and quota held after preemption (the time from a preemption until the slice was deleted, in chip-hours
+and at the slice's own price: GCP does not bill it, but the quota could have run something else).
+
+Why SQL: a ledger of a million events has a few hundred thousand slices. The report reads the ``pods``
+view (one row per incarnation) and the few ``price_change`` events through a read-only connection and
+lets SQLite group them; Python then only touches one row per (group, zone, type, capacity) to apply
+catalog prices. The schema is the ledger's versioned one (``tpuctl.store.schema``); a ledger of another
+version is refused with a clear error rather than misread.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import sqlite3
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+from typing import Any, Final
+
+from tpuctl.catalog import CapacityType, Catalog, region_of_zone
+from tpuctl.errors import UsageError
+from tpuctl.services.prices import PriceSource
+from tpuctl.store.records import LedgerError
+
+#: A spot/preemptible slice preempted within this many seconds of READY is not charged.
+FREE_PREEMPTION_S: Final = 60.0
+#: The ledger schema version these queries are written for.
+KNOWN_SCHEMA: Final = 1
+GROUP_BY_CHOICES: Final = ("slice", "run", "zone", "region", "type", "capacity", "day", "label:KEY")
+_LABEL_KEY_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+_DURATION_PART_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*(w|d|h|m|s)")
+_DURATION_UNITS = {"w": 604800.0, "d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
+_TIME_FIX = (
+    "use a date (2026-11-01), a UTC time (2026-11-01T12:00 or 2026-11-01T12:00:00Z), a time with an "
+    "offset (2026-11-01T12:00+02:00), a duration ago (7d, 12h, 1h30m), or today, yesterday, month, now"
+)
+_NONE_KEY = "(none)"
+
+
+# --------------------------------------------------------------------------------------------------
+# Input
+
+
+@dataclass(frozen=True)
+class GroupBy:
+    kind: str  # slice | run | zone | region | type | capacity | day | label
+    label_key: str | None = None
+
+    @property
+    def name(self) -> str:
+        return f"label:{self.label_key}" if self.kind == "label" else self.kind
+
+
+def parse_group_by(value: str | None) -> GroupBy:
+    """``slice|run|zone|region|type|capacity|day|label:KEY`` (default slice) -> ``GroupBy``."""
+    if value is None:
+        return GroupBy("slice")
+    text = value.strip().lower()
+    fix = "use one of: " + ", ".join(GROUP_BY_CHOICES) + " (e.g. --group-by label:team)"
+    if text.startswith("label:"):
+        key = text.split(":", 1)[1]
+        if not _LABEL_KEY_RE.match(key):
+            raise UsageError(
+                f"--group-by {value!r}: {key!r} is not a label key",
+                field="--group-by",
+                value=value,
+                fix="a label key is lowercase letters, digits, - and _, starting with a letter, "
+                "e.g. --group-by label:team",
+            )
+        return GroupBy("label", key)
+    if text not in GROUP_BY_CHOICES or text == "label:key":
+        raise UsageError(f"unknown --group-by {value!r}", field="--group-by", value=value, fix=fix)
+    return GroupBy(text)
+
+
+def parse_instant(value: str, *, field_name: str, now: float) -> float:
+    """A point in time as epoch seconds. Naive dates and times are UTC (cost reports are in UTC days)."""
+    text = value.strip()
+    lowered = text.lower()
+    today = datetime.fromtimestamp(now, UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    named = {
+        "now": now,
+        "today": today.timestamp(),
+        "yesterday": (today - timedelta(days=1)).timestamp(),
+        "month": today.replace(day=1).timestamp(),
+    }
+    if lowered in named:
+        return named[lowered]
+    if lowered and re.fullmatch(r"(\s*[0-9]+(\.[0-9]+)?\s*[wdhms])+\s*", lowered):
+        return now - sum(float(n) * _DURATION_UNITS[u] for n, u in _DURATION_PART_RE.findall(lowered))
+    try:
+        if re.fullmatch(r"[0-9]{4}-[0-9]{2}-[0-9]{2}", text):
+            day = date.fromisoformat(text)
+            return datetime(day.year, day.month, day.day, tzinfo=UTC).timestamp()
+        parsed = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise UsageError(
+            f"cannot parse {field_name} {value!r} as a date or time",
+            field=field_name,
+            value=value,
+            fix=_TIME_FIX,
+        ) from None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=UTC)
+    return parsed.timestamp()
+
+
+def parse_window(since: str | None, until: str | None, *, now: float) -> tuple[float | None, float]:
+    """``--since``/``--until`` -> ``(since or None, until)``; until defaults to now. since >= until is an
+    error (exit 2) naming both values."""
+    start = None if since is None else parse_instant(since, field_name="--since", now=now)
+    end = now if until is None else parse_instant(until, field_name="--until", now=now)
+    if start is not None and start >= end:
+        raise UsageError(
+            f"--since {since!r} ({iso(start)}) is not before --until {until or 'now'!r} ({iso(end)})",
+            field="--since",
+            value=since,
+            fix="give a --since earlier than --until (the window is [since, until), in UTC)",
+        )
+    return start, end
+
+
+def iso(ts: float | None) -> str | None:
+    if ts is None:
+        return None
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+# --------------------------------------------------------------------------------------------------
+# Output records
+
+
+@dataclass
+class CostLine:
+    """One group of a report (a slice, a run, a zone, a day, ...): what it was billed and what it wasted.
+
+    USD figures are exact sums of chips x price x seconds / 3600; rounding happens only in ``to_dict``.
+    """
+
+    key: str
+    slices: int = 0
+    billed_hours: float = 0.0  # slice-hours billed (summed over slices)
+    chip_hours: float = 0.0
+    cost_usd: float = 0.0
+    on_demand_usd: float = 0.0  # the same chip-hours at the on-demand list price of type and region
+    spot_savings_usd: float = 0.0  # on_demand_usd - cost_usd, for spot/preemptible time only
+    recomputed_usd: float = 0.0  # cost of slice time whose work was recomputed after a preemption
+    quota_held_chip_hours: float = 0.0  # chip-hours a preempted slice held quota until deleted
+    quota_held_usd: float = 0.0  # the same at the slice's price (not billed: what the quota was worth)
+    info: dict[str, Any] = field(default_factory=dict)  # per-kind facts (a slice's zone, a run's status)
+
+    def add(self, other: CostLine) -> None:
+        self.slices += other.slices
+        self.billed_hours += other.billed_hours
+        self.chip_hours += other.chip_hours
+        self.cost_usd += other.cost_usd
+        self.on_demand_usd += other.on_demand_usd
+        self.spot_savings_usd += other.spot_savings_usd
+        self.recomputed_usd += other.recomputed_usd
+        self.quota_held_chip_hours += other.quota_held_chip_hours
+        self.quota_held_usd += other.quota_held_usd
+
+    @property
+    def waste_usd(self) -> float:
+        return self.recomputed_usd + self.quota_held_usd
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            **self.info,
+            "slices": self.slices,
+            "billed_hours": _r(self.billed_hours),
+            "chip_hours": _r(self.chip_hours),
+            "cost_usd": _r(self.cost_usd),
+            "on_demand_usd": _r(self.on_demand_usd),
+            "spot_savings_usd": _r(self.spot_savings_usd),
+            "recomputed_usd": _r(self.recomputed_usd),
+            "quota_held_chip_hours": _r(self.quota_held_chip_hours),
+            "quota_held_usd": _r(self.quota_held_usd),
+            "waste_usd": _r(self.waste_usd),
+        }
+
+
+#: CSV columns of ``cost report -o csv`` (one row per group; documented in the README).
+CSV_COLUMNS: Final = (
+    "group_by",
+    "key",
+    "slices",
+    "billed_hours",
+    "chip_hours",
+    "cost_usd",
+    "on_demand_usd",
+    "spot_savings_usd",
+    "recomputed_usd",
+    "quota_held_chip_hours",
+    "quota_held_usd",
+    "waste_usd",
+)
+
+
+def _r(value: float) -> float:
+    # 6 decimals: exact to a millionth of a dollar, and 64 x 0.245 x 1.5 prints as 23.52, not 23.519999.
+    out = round(value, 6)
+    return 0.0 if out == 0 else out
+
+
+@dataclass
+class CostReport:
+    group_by: GroupBy
+    since: float | None
+    until: float
+    now: float
+    lines: list[CostLine]
+    totals: CostLine
+    by_day: list[dict[str, Any]]
+    preemptions: int
+    free_preemptions: int
+    prices: PriceSource
+    warnings: list[str] = field(default_factory=list)
+    untracked: list[dict[str, Any]] = field(default_factory=list)
+    reconciled: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``cost report -o json`` document body (schema in the README's Cost section)."""
+        totals = self.totals.to_dict()
+        totals.pop("key")
+        totals.update(
+            {
+                "preemptions": self.preemptions,
+                "free_preemptions": self.free_preemptions,
+                "untracked_usd_per_hour": _r(sum(u["usd_per_hour"] or 0.0 for u in self.untracked)),
+            }
+        )
+        return {
+            "window": {"since": iso(self.since), "until": iso(self.until), "now": iso(self.now)},
+            "group_by": self.group_by.name,
+            "currency": "USD",
+            "prices": {
+                "ledger": "each slice is billed at the price per chip-hour the ledger recorded for it, "
+                "in force at each moment (price_change events split its time)",
+                "catalog": self.prices.to_dict(),
+            },
+            "totals": totals,
+            "groups": [line.to_dict() for line in self.lines],
+            "by_day": self.by_day,
+            "untracked": self.untracked,
+            "reconciled": self.reconciled,
+            "warnings": list(self.warnings),
+        }
+
+    def csv_rows(self) -> list[list[Any]]:
+        rows = []
+        for line in self.lines:
+            d = line.to_dict()
+            rows.append([self.group_by.name, *(d[c] for c in CSV_COLUMNS[1:])])
+        return rows
+
+
+# --------------------------------------------------------------------------------------------------
+# SQL
+
+
+def recompute_fraction_sql(alias: str) -> str:
+    """The share of a segment's slice time whose work was recomputed: steps_recomputed / steps_completed,
+    where steps_completed counts every step the segment ran, recomputed ones included (capped at 1)."""
+    return (
+        f"MIN(1.0, CAST({alias}.steps_recomputed AS REAL) / MAX(COALESCE({alias}.steps_completed, 0), "
+        f"{alias}.steps_recomputed, 1))"
+    )
+
+
+_BASE_CTES: Final = """
+base AS (
+    SELECT p.id, p.price_per_chip_hour AS last_price, p.ready_at,
+           COALESCE(p.ended_at, :now) AS bill_end
+    FROM pods AS p
+    WHERE p.ready_at IS NOT NULL AND p.chips IS NOT NULL
+      AND p.ready_at < :until AND COALESCE(p.ended_at, :now) > :since
+      AND NOT (p.end_reason = 'preempted' AND p.capacity IN ('spot', 'preemptible')
+               AND p.ended_at - p.ready_at < :free_s)
+),
+pc AS (
+    SELECT e.pod_id, e.ts, e.id, e.price_per_chip_hour AS price
+    FROM events AS e WHERE e.kind = 'price_change' AND e.pod_id IS NOT NULL
+),
+changed AS (SELECT DISTINCT pod_id FROM pc),
+marks AS (
+    SELECT b.id AS pod_id, b.ready_at AS t, 0 AS ord,
+           COALESCE((SELECT e.price_per_chip_hour FROM events AS e
+                     WHERE e.pod_id = b.id AND e.ts <= b.ready_at AND e.price_per_chip_hour IS NOT NULL
+                     ORDER BY e.ts DESC, e.id DESC LIMIT 1), b.last_price) AS price
+    FROM base AS b WHERE b.id IN changed
+    UNION ALL
+    SELECT pc.pod_id, pc.ts, pc.id, pc.price
+    FROM pc JOIN base AS b ON b.id = pc.pod_id
+    WHERE pc.ts > b.ready_at AND pc.ts < b.bill_end
+),
+raw AS (
+    SELECT b.id, b.ready_at AS ps, b.bill_end AS pe, b.last_price AS price
+    FROM base AS b WHERE b.id NOT IN changed
+    UNION ALL
+    SELECT m.pod_id, m.t,
+           COALESCE(LEAD(m.t) OVER (PARTITION BY m.pod_id ORDER BY m.t, m.ord), b.bill_end), m.price
+    FROM marks AS m JOIN base AS b ON b.id = m.pod_id
+),
+pieces AS (
+    SELECT id, MAX(ps, :since) AS ps, MIN(pe, :until) AS pe, price FROM raw
+    WHERE MIN(pe, :until) > MAX(ps, :since)
+)"""
+
+#: Billed intervals: (pod id, start, end, price, weight, run of a segment).
+_SRC_BILLED: Final = "SELECT id, ps, pe, price, 1.0, NULL FROM pieces"
+#: Billed intervals of slices no run created, attributed to the runs whose segments ran on them.
+_SRC_SEGMENT_RUNS: Final = """
+SELECT x.id, MAX(x.ps, rs.started_at), MIN(x.pe, COALESCE(rs.ended_at, :now)), x.price, 1.0, rs.run_id
+FROM pieces AS x JOIN pods AS p ON p.id = x.id
+JOIN run_segments AS rs ON rs.zone = p.zone AND rs.pod = p.name
+WHERE p.run_id IS NULL AND rs.started_at < x.pe AND COALESCE(rs.ended_at, :now) > x.ps"""
+#: The recomputed share of billed intervals, from the segments that recomputed steps.
+_SRC_RECOMPUTED: Final = f"""
+SELECT x.id, MAX(x.ps, rs.started_at), MIN(x.pe, COALESCE(rs.ended_at, :now)), x.price,
+       {recompute_fraction_sql("rs")}, rs.run_id
+FROM pieces AS x JOIN pods AS p ON p.id = x.id
+JOIN run_segments AS rs ON rs.zone = p.zone AND rs.pod = p.name
+WHERE rs.steps_recomputed > 0 AND rs.started_at < x.pe AND COALESCE(rs.ended_at, :now) > x.ps"""
+#: Time a preempted slice held its quota until deleted (or until now).
+_SRC_HELD: Final = """
+SELECT p.id, MAX(p.ended_at, :since), MIN(COALESCE(p.deleted_at, :now), :until), p.price_per_chip_hour,
+       1.0, NULL
+FROM pods AS p
+WHERE p.end_reason = 'preempted' AND p.chips IS NOT NULL
+  AND MIN(COALESCE(p.deleted_at, :now), :until) > MAX(p.ended_at, :since)"""
+
+_DAY_SPLIT: Final = """
+days(id, s, e, price, w, run, pe) AS (
+    SELECT id, s, MIN(e, (CAST(s / 86400 AS INTEGER) + 1) * 86400.0), price, w, run, e FROM src
+    UNION ALL
+    SELECT id, e, MIN(pe, e + 86400.0), price, w, run, pe FROM days WHERE e < pe
+),
+iv(id, s, e, price, w, run) AS (SELECT id, s, e, price, w, run FROM days)"""
+
+
+def _key_sql(group: GroupBy) -> str:
+    return {
+        "slice": "p.id",
+        "run": "COALESCE(p.run_id, iv.run)",
+        "zone": "p.zone",
+        "region": "p.zone",  # mapped to the region in Python (SQLite has no rsplit)
+        "type": "p.accelerator_type",
+        "capacity": "p.capacity",
+        "day": "date(iv.s, 'unixepoch')",
+        "label": "json_extract(p.labels, :label_path)",
+        "total": "NULL",
+    }[group.kind]
+
+
+def _aggregate_sql(source: str, group: GroupBy) -> str:
+    split = _DAY_SPLIT if group.kind == "day" else "iv(id, s, e, price, w, run) AS (SELECT * FROM src)"
+    return f"""
+WITH RECURSIVE {_BASE_CTES},
+src(id, s, e, price, w, run) AS ({source}),
+{split}
+SELECT {_key_sql(group)} AS k, p.zone, p.accelerator_type, p.capacity,
+       COUNT(DISTINCT p.id),
+       SUM((iv.e - iv.s) * iv.w),
+       SUM(p.chips * (iv.e - iv.s) * iv.w),
+       SUM(p.chips * (iv.e - iv.s) * iv.w * iv.price),
+       SUM(CASE WHEN iv.price IS NULL THEN p.chips * (iv.e - iv.s) * iv.w ELSE 0 END)
+FROM iv JOIN pods AS p ON p.id = iv.id
+WHERE iv.e > iv.s
+GROUP BY 1, 2, 3, 4"""
+
+
+@dataclass(frozen=True)
+class _Sub:
+    """One aggregate row: a group's share in one (zone, type, capacity)."""
+
+    key: Any
+    zone: str
+    accelerator_type: str | None
+    capacity: str | None
+    slices: int
+    seconds: float
+    chip_seconds: float
+    priced_usd_seconds: float  # sum of chips x seconds x price: USD x 3600
+    unpriced_chip_seconds: float
+
+
+class LedgerReader:
+    """A read-only SQLite connection to the ledger file, for the report's aggregate queries."""
+
+    def __init__(self, path: Path, *, timeout_s: float = 30.0) -> None:
+        self.path = Path(path)
+        if not self.path.exists():
+            raise LedgerError(f"no ledger at {self.path}", fix="run a tpuctl command to create it")
+        try:
+            self._conn = sqlite3.connect(
+                self.path.resolve().as_uri() + "?mode=ro",
+                uri=True,
+                timeout=timeout_s,
+                check_same_thread=False,
+            )
+            version = int(self._conn.execute("PRAGMA user_version").fetchone()[0])
+        except sqlite3.Error as exc:
+            raise LedgerError(f"cannot read the ledger {self.path}: {exc}") from None
+        if version != KNOWN_SCHEMA:
+            self._conn.close()
+            raise LedgerError(
+                f"the ledger {self.path} has schema version {version}; cost reports know version "
+                f"{KNOWN_SCHEMA}",
+                fix="use the tpuctl version that wrote this ledger",
+            )
+
+    def query(self, sql: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+        try:
+            return self._conn.execute(sql, dict(params)).fetchall()
+        except sqlite3.OperationalError as exc:
+            raise LedgerError(
+                f"ledger {self.path}: {exc}", fix="retry; run `tpuctl doctor` if it persists"
+            ) from exc
+        except sqlite3.DatabaseError as exc:
+            raise LedgerError(f"the ledger {self.path} is unreadable: {exc}") from exc
+
+    def snapshot(self) -> _Snapshot:
+        return _Snapshot(self._conn)
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self) -> LedgerReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _Snapshot:
+    """One read transaction: every query of a report sees the same ledger state."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+
+    def __enter__(self) -> None:
+        self._conn.execute("BEGIN")
+
+    def __exit__(self, *exc: object) -> None:
+        if self._conn.in_transaction:
+            self._conn.execute("COMMIT")
+
+
+# --------------------------------------------------------------------------------------------------
+# The report
+
+
+class CostService:
+    """Builds cost reports from the ledger file. ``catalog`` prices what the ledger left unpriced and
+    gives the on-demand prices that savings are measured against."""
+
+    def __init__(
+        self,
+        ledger_path: Path,
+        catalog: Catalog,
+        prices: PriceSource,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._path = Path(ledger_path)
+        self._catalog = catalog
+        self._prices = prices
+        self._clock = clock
+        self._price_cache: dict[tuple[str | None, str, str | None], tuple[float | None, float | None]] = {}
+
+    # --- entry points ----------------------------------------------------------------------------
+
+    def report(
+        self,
+        *,
+        since: float | None = None,
+        until: float | None = None,
+        group_by: GroupBy | None = None,
+        with_days: bool = True,
+    ) -> CostReport:
+        now = self._clock()
+        end = now if until is None else until
+        group = group_by or GroupBy("slice")
+        params = self._params(since, end, now, group)
+        warnings: list[str] = list(self._prices.warnings)
+        with LedgerReader(self._path) as reader, reader.snapshot():
+            lines = self._lines(reader, group, params, warnings)
+            by_day = self._by_day(reader, params, warnings) if with_days else []
+            preemptions, free = reader.query(
+                "SELECT COUNT(*), COALESCE(SUM(capacity IN ('spot', 'preemptible') AND "
+                "ended_at - COALESCE(ready_at, ended_at) < :free_s AND ready_at IS NOT NULL), 0) "
+                "FROM pods WHERE end_reason = 'preempted' AND ended_at >= :since AND ended_at < :until",
+                params,
+            )[0]
+            total_slices = reader.query(
+                f"WITH {_BASE_CTES} SELECT COUNT(*) FROM (SELECT id FROM pieces UNION "
+                f"SELECT id FROM ({_SRC_HELD}))",
+                params,
+            )[0][0]
+            if group.kind == "slice":
+                self._slice_info(reader, lines)
+            elif group.kind == "run":
+                self._run_info(reader, lines)
+        totals = CostLine("total")
+        for line in lines:
+            totals.add(line)
+        totals.slices = int(total_slices)
+        return CostReport(
+            group_by=group,
+            since=since,
+            until=end,
+            now=now,
+            lines=lines,
+            totals=totals,
+            by_day=by_day,
+            preemptions=int(preemptions),
+            free_preemptions=int(free),
+            prices=self._prices,
+            warnings=_dedupe(warnings),
+        )
+
+    def spend(self, *, since: float | None = None, until: float | None = None) -> float:
+        """Total billed USD in the window (for budgets)."""
+        report = self.report(since=since, until=until, group_by=GroupBy("total"), with_days=False)
+        return report.totals.cost_usd
+
+    # --- pieces ---------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _params(since: float | None, until: float, now: float, group: GroupBy) -> dict[str, Any]:
+        return {
+            # -inf would do, but SQLite binds it as a REAL fine only on some builds: a far past is plain.
+            "since": -1e18 if since is None else float(since),
+            "until": float(until),
+            "now": float(now),
+            "free_s": FREE_PREEMPTION_S,
+            "label_path": f'$."{group.label_key}"' if group.label_key else "$",
+        }
+
+    def _subs(
+        self, reader: LedgerReader, source: str, group: GroupBy, params: Mapping[str, Any]
+    ) -> list[_Sub]:
+        return [
+            _Sub(
+                r[0],
+                r[1],
+                r[2],
+                r[3],
+                int(r[4]),
+                float(r[5] or 0),
+                float(r[6] or 0),
+                float(r[7] or 0),
+                float(r[8] or 0),
+            )
+            for r in reader.query(_aggregate_sql(source, group), params)
+        ]
+
+    def _lines(
+        self, reader: LedgerReader, group: GroupBy, params: Mapping[str, Any], warnings: list[str]
+    ) -> list[CostLine]:
+        lines: dict[Any, CostLine] = {}
+
+        def line_for(sub: _Sub) -> CostLine:
+            key = self._display_key(group, sub)
+            if key not in lines:
+                lines[key] = CostLine(str(key))
+            return lines[key]
+
+        for sub in self._subs(reader, _SRC_BILLED, group, params):
+            line = line_for(sub)
+            self._add_billed(line, sub, warnings, sign=1.0)
+            if group.kind == "day":
+                line.slices += sub.slices  # a slice is in one (zone, type, capacity): no double count
+        if group.kind == "run":
+            # Slices no run created are billed to the runs that ran on them, for the time they did; the
+            # rest of their time stays with "(none)".
+            for sub in self._subs(reader, _SRC_SEGMENT_RUNS, group, params):
+                self._add_billed(line_for(sub), sub, warnings, sign=1.0)
+                none = _Sub(None, sub.zone, sub.accelerator_type, sub.capacity, 0, sub.seconds,
+                            sub.chip_seconds, sub.priced_usd_seconds, sub.unpriced_chip_seconds)  # fmt: skip
+                self._add_billed(line_for(none), none, warnings, sign=-1.0)
+        for sub in self._subs(reader, _SRC_RECOMPUTED, group, params):
+            line_for(sub).recomputed_usd += self._usd(sub, warnings)
+        for sub in self._subs(reader, _SRC_HELD, group, params):
+            line = line_for(sub)
+            line.quota_held_chip_hours += sub.chip_seconds / 3600.0
+            line.quota_held_usd += self._usd(sub, warnings)
+        out = list(lines.values())
+        for line in out:
+            # Subtracting floats can leave -1e-13 where the truth is 0.
+            for name in ("billed_hours", "chip_hours", "cost_usd", "on_demand_usd", "spot_savings_usd"):
+                if abs(getattr(line, name)) < 1e-9:
+                    setattr(line, name, 0.0)
+        self._count_slices(reader, group, params, lines)
+        rest = lines.get(_NONE_KEY)
+        if group.kind == "run" and rest is not None and not rest.slices and rest.chip_hours == 0:
+            out.remove(rest)  # only the runs' shares were moved out of it: nothing is left
+        return self._sorted(group, out)
+
+    def _count_slices(
+        self, reader: LedgerReader, group: GroupBy, params: Mapping[str, Any], lines: dict[Any, CostLine]
+    ) -> None:
+        """Distinct slices per group, over billed and quota-held time together."""
+        if group.kind == "day":
+            return  # per-day counts come from the billed query (a slice counts on each day it ran)
+        sources = [_SRC_BILLED, _SRC_HELD]
+        only_own = ""
+        if group.kind == "run":
+            sources.append(_SRC_SEGMENT_RUNS)
+            # A slice no run created counts for the runs that ran on it, and for "(none)" only when no
+            # run ever did.
+            only_own = (
+                "AND (p.run_id IS NOT NULL OR iv.run IS NOT NULL OR NOT EXISTS "
+                "(SELECT 1 FROM run_segments AS rs WHERE rs.zone = p.zone AND rs.pod = p.name))"
+            )
+        sql = f"""
+WITH RECURSIVE {_BASE_CTES},
+src(id, s, e, price, w, run) AS ({" UNION ALL ".join(sources)}),
+iv(id, s, e, price, w, run) AS (SELECT * FROM src)
+SELECT {_key_sql(group)} AS k, p.zone, COUNT(DISTINCT p.id) FROM iv JOIN pods AS p ON p.id = iv.id
+WHERE iv.e > iv.s {only_own}
+GROUP BY 1, 2"""
+        counts: dict[str, int] = {}
+        for k, zone, n in reader.query(sql, params):
+            display = str(self._display_key(group, _Sub(k, zone, None, None, 0, 0, 0, 0, 0)))
+            counts[display] = counts.get(display, 0) + int(n)
+        for display, line in lines.items():
+            line.slices = counts.get(str(display), 0)
+
+    def _by_day(
+        self, reader: LedgerReader, params: Mapping[str, Any], warnings: list[str]
+    ) -> list[dict[str, Any]]:
+        days: dict[str, float] = {}
+        for sub in self._subs(reader, _SRC_BILLED, GroupBy("day"), params):
+            days[str(sub.key)] = days.get(str(sub.key), 0.0) + self._usd(sub, warnings)
+        return [{"day": d, "cost_usd": _r(v)} for d, v in sorted(days.items())]
+
+    # --- prices ---------------------------------------------------------------------------------------
+
+    def _catalog_prices(
+        self, accel_type: str | None, zone: str, capacity: str | None
+    ) -> tuple[float | None, float | None]:
+        """(this capacity's list price, the on-demand list price) per chip-hour, from the catalog."""
+        key = (accel_type, zone, capacity)
+        if key not in self._price_cache:
+            own: float | None = None
+            od: float | None = None
+            try:
+                if accel_type is not None:
+                    accel = self._catalog.resolve(accel_type)
+                    region = region_of_zone(zone)
+                    od = self._catalog.prices.per_chip_hour(
+                        accel.generation.name, region, CapacityType.ON_DEMAND
+                    )
+                    if capacity is not None:
+                        own = self._catalog.prices.per_chip_hour(
+                            accel.generation.name, region, CapacityType(capacity)
+                        )
+            except (UsageError, ValueError):
+                pass
+            self._price_cache[key] = (own, od)
+        return self._price_cache[key]
+
+    def _usd(self, sub: _Sub, warnings: list[str]) -> float:
+        usd = sub.priced_usd_seconds / 3600.0
+        if sub.unpriced_chip_seconds > 0:
+            own, _od = self._catalog_prices(sub.accelerator_type, sub.zone, sub.capacity)
+            if own is None:
+                warnings.append(
+                    f"no price for {sub.accelerator_type} {sub.capacity} in {sub.zone}, in the ledger or the "
+                    "catalog: that time is counted at 0 USD"
+                )
+            else:
+                warnings.append(
+                    "some slices had no price in the ledger; they are priced at the catalog's current "
+                    "list price"
+                )
+                usd += sub.unpriced_chip_seconds / 3600.0 * own
+        return usd
+
+    def _add_billed(self, line: CostLine, sub: _Sub, warnings: list[str], *, sign: float) -> None:
+        usd = self._usd(sub, warnings)
+        chip_hours = sub.chip_seconds / 3600.0
+        line.billed_hours += sign * sub.seconds / 3600.0
+        line.chip_hours += sign * chip_hours
+        line.cost_usd += sign * usd
+        preemptible = sub.capacity in (CapacityType.SPOT.value, CapacityType.PREEMPTIBLE.value)
+        if not preemptible:
+            line.on_demand_usd += sign * usd
+            return
+        _own, od = self._catalog_prices(sub.accelerator_type, sub.zone, sub.capacity)
+        if od is None:
+            warnings.append(
+                f"no on-demand price for {sub.accelerator_type} in {_region_or(sub.zone)}: its spot time is "
+                "compared at its own price (no savings counted)"
+            )
+            line.on_demand_usd += sign * usd
+            return
+        od_usd = chip_hours * od
+        line.on_demand_usd += sign * od_usd
+        line.spot_savings_usd += sign * (od_usd - usd)
+
+    # --- keys and details -----------------------------------------------------------------------------
+
+    @staticmethod
+    def _display_key(group: GroupBy, sub: _Sub) -> Any:
+        if sub.key is None:
+            return _NONE_KEY
+        if group.kind == "region":
+            return _region_or(str(sub.key))
+        if group.kind == "slice":
+            return int(sub.key)
+        return str(sub.key)
+
+    @staticmethod
+    def _sorted(group: GroupBy, lines: list[CostLine]) -> list[CostLine]:
+        if group.kind == "day":
+            return sorted(lines, key=lambda line: line.key)
+        if group.kind == "slice":
+            return lines  # ordered by _slice_info (ready time, then id)
+        return sorted(lines, key=lambda line: (-line.cost_usd, line.key))
+
+    def _slice_info(self, reader: LedgerReader, lines: list[CostLine]) -> None:
+        by_id = {int(line.key): line for line in lines}
+        if not by_id:
+            return
+        rows = reader.query(
+            "SELECT id, zone, name, incarnation, accelerator_type, chips, capacity, state, run_id, ready_at, "
+            "ended_at, end_reason, deleted_at, price_per_chip_hour, labels FROM pods "
+            "WHERE id IN (SELECT value FROM json_each(:ids))",
+            {"ids": json.dumps(sorted(by_id))},
+        )
+        order: dict[int, tuple[float, int]] = {}
+        for r in rows:
+            line = by_id[int(r[0])]
+            line.key = f"{r[1]}/{r[2]}#{r[3]}"
+            line.info = {
+                "name": r[2],
+                "zone": r[1],
+                "incarnation": r[3],
+                "accelerator_type": r[4],
+                "chips": r[5],
+                "capacity": r[6],
+                "state": r[7],
+                "run_id": r[8],
+                "ready_at": iso(r[9]),
+                "ended_at": iso(r[10]),
+                "end_reason": r[11],
+                "deleted_at": iso(r[12]),
+                "price_per_chip_hour": r[13],
+                "labels": json.loads(r[14]) if r[14] else {},
+            }
+            order[id(line)] = (r[9] if r[9] is not None else math.inf, int(r[0]))
+        lines.sort(key=lambda line: order.get(id(line), (math.inf, 0)))
+
+    def _run_info(self, reader: LedgerReader, lines: list[CostLine]) -> None:
+        ids = [line.key for line in lines if line.key != _NONE_KEY]
+        if not ids:
+            return
+        rows = reader.query(
+            "SELECT run_id, status, created_at, ended_at, restarts, preemptions, steps, script FROM runs "
+            "WHERE run_id IN (SELECT value FROM json_each(:ids))",
+            {"ids": json.dumps(ids)},
+        )
+        info = {
+            r[0]: {
+                "status": r[1],
+                "created_at": iso(r[2]),
+                "ended_at": iso(r[3]),
+                "restarts": r[4],
+                "preemptions": r[5],
+                "steps": r[6],
+                "program": r[7],
+            }
+            for r in rows
+        }
+        for line in lines:
+            if line.key in info:
+                line.info = info[line.key]
+
+
+def _region_or(zone: str) -> str:
+    try:
+        return region_of_zone(zone)
+    except UsageError:
+        return zone
+
+
+def _dedupe(items: Iterable[str]) -> list[str]:
+    return list(dict.fromkeys(items))
