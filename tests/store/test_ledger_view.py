@@ -16,6 +16,7 @@ from tpuctl.store import (
     EventKind,
     Ledger,
     NewEvent,
+    PodRecord,
     PodState,
 )
 from tpuctl.store import ledger as ledger_module
@@ -297,7 +298,10 @@ def test_list_pods_filters(ledger: Ledger) -> None:
     ledger.record_event(EventKind.DELETED, pod="a", zone=Z1, ts=200.0)
     request(ledger, "b", Z2, ts=300.0, run_id="r2")
     request(ledger, "c", Z1, ts=400.0, run_id="r2")
-    names = lambda pods: [p.name for p in pods]  # noqa: E731
+
+    def names(pods: list[PodRecord]) -> list[str]:
+        return [p.name for p in pods]
+
     assert names(ledger.list_pods()) == ["a", "b", "c"]
     assert names(ledger.list_pods(alive=True)) == ["b", "c"]
     assert names(ledger.list_pods(zone=Z1)) == ["a", "c"]
@@ -389,3 +393,11 @@ def test_view_is_the_replay_of_the_log_and_bulk_matches_singles(
         for key in {(p.zone, p.name) for p in pods}:
             incs = sorted(p.incarnation for p in pods if (p.zone, p.name) == key)
             assert incs == list(range(1, len(incs) + 1))
+
+
+def test_check_view_reports_a_tampered_view(ledger: Ledger) -> None:
+    request(ledger, ts=1.0)
+    assert ledger.check_view() == []
+    ledger._conn.execute("UPDATE pods SET state = 'READY'")
+    problems = ledger.check_view()
+    assert len(problems) == 1 and "REQUESTED" in problems[0]

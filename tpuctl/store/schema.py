@@ -203,7 +203,7 @@ _V1 = Migration(
         "CREATE INDEX events_ts ON events (ts)",
         "CREATE INDEX events_pod ON events (pod_id, ts) WHERE pod_id IS NOT NULL",
         "CREATE INDEX events_run ON events (run_id, ts) WHERE run_id IS NOT NULL",
-        "CREATE INDEX events_price ON events (pod_id, ts) WHERE kind = 'price_change'",
+        "CREATE INDEX events_price ON events (ts) WHERE kind = 'price_change'",
         """
         CREATE TABLE attempts (
             id                  INTEGER PRIMARY KEY,

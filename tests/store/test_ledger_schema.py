@@ -1,0 +1,158 @@
+"""Opening the ledger: permissions, pragmas, schema creation, migrations, bad files."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tpuctl.store import SCHEMA_VERSION, EventKind, Ledger, LedgerError
+from tpuctl.store import schema as schema_module
+from tpuctl.store.schema import Migration
+
+TABLES = {"events", "pods", "attempts", "runs", "run_segments"}
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def tables(db: Path) -> set[str]:
+    with sqlite3.connect(db) as conn:
+        return {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+
+
+@pytest.fixture
+def loose_umask() -> Iterator[None]:
+    old = os.umask(0)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def test_fresh_state_dir_is_0700_and_files_0600(tmp_path: Path, loose_umask: None) -> None:
+    state = tmp_path / "nested" / "state"
+    with Ledger(state) as ledger:
+        ledger.record_event(EventKind.GC)  # make sure the WAL has content
+        db = state / "ledger.db"
+        assert ledger.path == db
+        assert mode(state) == 0o700
+        for name in ("ledger.db", "ledger.db-wal", "ledger.db-shm"):
+            assert (state / name).exists(), name
+            assert mode(state / name) == 0o600, name
+
+
+def test_existing_loose_dir_and_files_are_tightened(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    with Ledger(state) as ledger:
+        ledger.record_event(EventKind.GC)
+    state.chmod(0o755)
+    (state / "ledger.db").chmod(0o644)
+    with Ledger(state) as ledger:
+        assert mode(state) == 0o700
+        assert mode(state / "ledger.db") == 0o600
+        assert mode(state / "ledger.db-wal") == 0o600
+        assert len(list(ledger.events())) == 1
+
+
+def test_file_path_leaves_an_existing_parent_alone(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o755)
+    with Ledger(shared / "custom.db") as ledger:
+        assert ledger.path == shared / "custom.db"
+    assert mode(shared) == 0o755
+    assert mode(shared / "custom.db") == 0o600
+    with Ledger(tmp_path / "new-parent" / "x.db"):
+        pass
+    assert mode(tmp_path / "new-parent") == 0o700
+
+
+def test_pragmas(tmp_path: Path) -> None:
+    with Ledger(tmp_path) as ledger:
+        conn = ledger._conn
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+        assert conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1
+        assert conn.execute("PRAGMA busy_timeout").fetchone()[0] >= 5000
+
+
+def test_schema_from_an_empty_file_and_idempotent_reopen(tmp_path: Path) -> None:
+    db = tmp_path / "ledger.db"
+    db.touch()  # a zero-byte file is an empty SQLite database
+    with Ledger(tmp_path) as ledger:
+        assert ledger.schema_version == SCHEMA_VERSION
+        ledger.record_event(EventKind.REQUESTED, pod="p", zone="us-central1-a", ts=1.0)
+    assert tables(db) >= TABLES
+    for _ in range(3):
+        with Ledger(tmp_path) as ledger:
+            assert ledger.schema_version == SCHEMA_VERSION
+            assert [p.name for p in ledger.list_pods()] == ["p"]
+            assert ledger.integrity_check() == "ok"
+
+
+def test_a_new_migration_adds_a_table_to_an_existing_ledger(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with Ledger(tmp_path) as ledger:
+        ledger.record_event(EventKind.REQUESTED, pod="p", zone="us-central1-a", ts=1.0)
+    # What a later issue does: append a migration.
+    v2 = Migration(
+        SCHEMA_VERSION + 1,
+        "budgets",
+        ("CREATE TABLE budgets (run_id TEXT PRIMARY KEY, usd REAL NOT NULL) STRICT",),
+    )
+    monkeypatch.setattr(schema_module, "MIGRATIONS", (*schema_module.MIGRATIONS, v2))
+    monkeypatch.setattr(schema_module, "SCHEMA_VERSION", SCHEMA_VERSION + 1)
+    with Ledger(tmp_path) as ledger:
+        assert ledger.schema_version == SCHEMA_VERSION + 1
+        assert [p.name for p in ledger.list_pods()] == ["p"]  # data kept
+    assert "budgets" in tables(tmp_path / "ledger.db")
+
+
+def test_a_failing_migration_changes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with Ledger(tmp_path):
+        pass
+    broken = Migration(
+        SCHEMA_VERSION + 1,
+        "half",
+        ("CREATE TABLE first_half (x INTEGER) STRICT", "CREATE TABLE oops ("),
+    )
+    monkeypatch.setattr(schema_module, "MIGRATIONS", (*schema_module.MIGRATIONS, broken))
+    monkeypatch.setattr(schema_module, "SCHEMA_VERSION", SCHEMA_VERSION + 1)
+    with pytest.raises(LedgerError):
+        Ledger(tmp_path)
+    monkeypatch.undo()
+    assert "first_half" not in tables(tmp_path / "ledger.db")
+    with Ledger(tmp_path) as ledger:
+        assert ledger.schema_version == SCHEMA_VERSION
+
+
+def test_a_newer_ledger_is_refused(tmp_path: Path) -> None:
+    with Ledger(tmp_path):
+        pass
+    with sqlite3.connect(tmp_path / "ledger.db") as conn:
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 5}")
+    with pytest.raises(LedgerError, match="newer than this tpuctl") as info:
+        Ledger(tmp_path)
+    assert "upgrade tpuctl" in (info.value.fix or "")
+
+
+def test_a_corrupt_file_gives_a_ledger_error(tmp_path: Path) -> None:
+    (tmp_path / "ledger.db").write_bytes(b"this is not a database" * 100)
+    with pytest.raises(LedgerError) as info:
+        Ledger(tmp_path)
+    assert info.value.fix is not None and "move it aside" in info.value.fix
+
+
+def test_close_and_context_manager(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path)
+    ledger.close()
+    ledger.close()  # idempotent
+    with pytest.raises(sqlite3.ProgrammingError):  # use after close is a bug, not a corrupt ledger
+        ledger.record_event(EventKind.GC)
