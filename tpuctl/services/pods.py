@@ -10,6 +10,7 @@ import secrets
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from tpuctl.catalog import AcceleratorType, CapacityType, region_of_zone, validate_zone
@@ -33,6 +34,7 @@ from tpuctl.errors import (
 )
 from tpuctl.services.session import Session
 from tpuctl.store.ledger import EventKind
+from tpuctl.store.records import EventRecord
 
 _NODE_ID_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 _LABEL_KEY_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
@@ -148,6 +150,21 @@ class PodView:
             "tracked": self.tracked,
             "queued_resource": self.queued_resource,
         }
+
+
+def _event_dict(event: EventRecord) -> dict[str, Any]:
+    """A ledger event as shown by `pod describe`: when, what, and the facts recorded with it."""
+    detail = dict(event.detail or {})
+    return {
+        "time": datetime.fromtimestamp(event.ts, tz=UTC).isoformat(timespec="seconds"),
+        "kind": str(event.kind),
+        "zone": event.zone,
+        "capacity": event.capacity.value if event.capacity is not None else None,
+        "price_per_chip_hour": event.price_per_chip_hour,
+        "request_id": event.request_id,
+        "run_id": event.run_id,
+        "detail": detail or None,
+    }
 
 
 class PodService:
@@ -400,7 +417,7 @@ class PodService:
     def describe(self, name: str, zone: str | None = None) -> dict[str, Any]:
         node = self._locate(name, zone)
         view = self._view(node)
-        events = [e.to_dict() for e in self._ledger.pod_events(node.name, zone=node.zone)]
+        events = [_event_dict(e) for e in self._ledger.pod_events(node.name, zone=node.zone)]
         return {
             **view.to_dict(),
             "runtime_version": node.runtime_version,
