@@ -255,13 +255,16 @@ def test_unmodified_script_psums_over_all_devices_of_a_4_host_slice(
 
 
 FAILING = """\
-import os, signal, sys, time
+import os, pathlib, signal, sys, time
 worker = int(os.environ["TPUCTL_WORKER_ID"])
-print("pid", os.getpid(), flush=True)
 if worker == 1:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # only SIGKILL will do for this one
+print("pid", os.getpid(), flush=True)
+barrier = pathlib.Path(os.environ["BARRIER"])
+(barrier / str(worker)).touch()
 if worker == 2:
-    time.sleep(1.0)
+    while len(list(barrier.iterdir())) < 4:  # every host is up (and has said its pid)
+        time.sleep(0.05)
     print("failing at", time.time(), flush=True)
     sys.exit(3)
 time.sleep(300)
@@ -273,7 +276,11 @@ def test_host_2_failing_ends_the_run_naming_it_and_no_host_survives(
 ) -> None:
     script = write(tmp_path / "proj" / "fail.py", FAILING)
     assert tpuctl("pod", "create", "v5e-16", "--zone", "us-central1-a", "--name", "p16").code == 0
-    result = tpuctl("run", str(script), "--pod", "p16", "--grace", "2", "-o", "json")
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+    result = tpuctl(
+        "run", str(script), "--pod", "p16", "--grace", "2", "--env", f"BARRIER={barrier}", "-o", "json"
+    )
     ended = time.time()
     assert result.code == 8, result.stderr
     error = result.json
