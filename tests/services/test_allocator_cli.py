@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from conftest import V5E_ZONES, CliResult, SimEnv
+from allocator_helpers import V5E_ZONES, CliResult, SimEnv
 
 from tpuctl.store.ledger import Ledger
 from tpuctl.store.records import AttemptOutcome, PodState

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from conftest import SimEnv
+from allocator_helpers import SimEnv
 
 from tpuctl.store.records import AttemptOutcome
 

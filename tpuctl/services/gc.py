@@ -196,6 +196,13 @@ class GarbageCollector:
                 )
                 continue
             results.append(GcResult(item, deleted=True))
+            if item.kind == "slice" and item.state == "PREEMPTED":
+                # The ledger may not have seen the preemption yet: billing stopped then, not now.
+                record = self._ledger.get_pod(item.name, zone=item.zone)
+                if record is not None and record.alive:
+                    self._ledger.record_event(
+                        EventKind.PREEMPTED, pod=item.name, zone=item.zone, detail={"seen_by": "pod gc"}
+                    )
             self._ledger.record_event(
                 EventKind.GC, zone=item.zone, detail={"action": "deleted", **_brief(item)}
             )

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 
 import pytest
-from conftest import CliResult, SimEnv
+from allocator_helpers import CliResult, SimEnv
 
 from tpuctl.services.attempts import Placement
 from tpuctl.store.ledger import Ledger

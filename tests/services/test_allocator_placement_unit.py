@@ -1,0 +1,201 @@
+"""The pure part of placement: flag parsing, quota accounting, candidate judging, ranking and verdicts.
+No simulator: QuotaBook is built from QuotaLimit and Node values directly."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from tpuctl.catalog import CapacityType, Catalog
+from tpuctl.cloud.base import Node, QueuedResource, QuotaLimit
+from tpuctl.errors import UsageError
+from tpuctl.services.placement import (
+    Offer,
+    PlacementRequest,
+    Rejection,
+    Verdict,
+    build_candidates,
+    candidate_zones,
+    decide,
+    parse_count,
+    parse_duration,
+    parse_price,
+    resolve_capacity_types,
+)
+from tpuctl.services.quota import QuotaBook
+
+CATALOG = Catalog.load()
+V5E = CATALOG.resolve("v5e-16")
+OD_Z, OD_R = "TPUV5sLitepodPerProjectPerZoneForTPUAPI", "TPUV5sLitepodPerProjectPerRegionForTPUAPI"
+SP_Z, SP_R = (
+    "TPUV5sPreemptibleLitepodPerProjectPerZoneForTPUAPI",
+    "TPUV5sPreemptibleLitepodPerProjectPerRegionForTPUAPI",
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("2h", 7200), ("90m", 5400), ("1h30m", 5400), ("1d", 86400), ("3600s", 3600), ("3600", 3600),
+     ("1.5h", 5400), (" 2H ", 7200), ("1h 30m", 5400)],
+)  # fmt: skip
+def test_parse_duration(text: str, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "soon", "2x", "-1h", "h", "1h-30m", "0s", "0"])
+def test_parse_duration_rejects(text: str) -> None:
+    with pytest.raises(UsageError) as err:
+        parse_duration(text)
+    assert err.value.field == "--valid-for" and err.value.value == text
+    assert err.value.fix == "use a duration such as 2h, 30m, 1h30m, 1d or 3600s"
+
+
+def test_parse_price() -> None:
+    assert parse_price("20") == 20.0
+    assert parse_price(" 0.5 ") == 0.5
+    assert parse_price(None) is None
+    for bad in ("abc", "-1", "0", "nan", "inf", ""):
+        with pytest.raises(UsageError) as err:
+            parse_price(bad)
+        assert err.value.field == "--max-price" and err.value.value == bad
+
+
+def test_parse_count() -> None:
+    assert parse_count(None, field_name="--slices", default=1, fix="f") == 1
+    assert parse_count("4", field_name="--slices", default=1, fix="f") == 4
+    for bad in ("0", "-2", "two", "1.5"):
+        with pytest.raises(UsageError, match="--slices must be a whole number >= 1"):
+            parse_count(bad, field_name="--slices", default=1, fix="f")
+
+
+def test_capacity_types_flags_shorthands_and_defaults() -> None:
+    assert resolve_capacity_types() == ((CapacityType.ON_DEMAND,), False, None)
+    assert resolve_capacity_types(defaults=[CapacityType.SPOT]) == ((CapacityType.SPOT,), False, None)
+    assert resolve_capacity_types(capacity_types=["on-demand", "queued"], spot=True) == (
+        (CapacityType.ON_DEMAND, CapacityType.SPOT),
+        True,
+        None,
+    )
+    assert resolve_capacity_types(reserved="res-a") == ((CapacityType.RESERVED,), False, "res-a")
+    # A reserved default without a reservation name is dropped rather than failing every create.
+    assert resolve_capacity_types(defaults=[CapacityType.RESERVED, CapacityType.SPOT]) == (
+        (CapacityType.SPOT,),
+        False,
+        None,
+    )
+
+
+def node(name: str, zone: str, state: str = "READY", capacity: CapacityType = CapacityType.SPOT) -> Node:
+    return Node(name=name, zone=zone, accelerator_type="v5litepod-16", state=state, capacity=capacity)
+
+
+def limits(**by_key: int) -> list[QuotaLimit]:
+    out = []
+    for key, value in by_key.items():
+        quota_id, location = key.split("@")
+        scope = {"zone": location} if location.count("-") == 2 else {"region": location}
+        out.append(QuotaLimit(quota_id=quota_id, metric="m", limit=value, **scope))  # type: ignore[arg-type]
+    return out
+
+
+def request(**over: Any) -> PlacementRequest:
+    fields: dict[str, Any] = {
+        "accelerator": V5E,
+        "name": "p",
+        "request_id": "r1",
+        "capacity_types": (CapacityType.SPOT,),
+        "runtime_version": "rt",
+        "labels": {},
+    }
+    fields.update(over)
+    return PlacementRequest(**fields)
+
+
+def test_quota_book_counts_dead_queued_resources_and_names_holders() -> None:
+    book = QuotaBook(
+        CATALOG,
+        limits(**{f"{SP_Z}@us-central1-a": 64}),
+        [node("a", "us-central1-a"), node("b", "us-central1-a", state="PREEMPTED")],
+        [
+            QueuedResource(id="q1", zone="us-central1-a", state="FAILED", tier="spot",
+                           node_ids=("q1",), accelerator_type="v5litepod-16"),
+            # Its node is listed (and counted) already: only the missing one counts here.
+            QueuedResource(id="q2", zone="us-central1-a", state="SUSPENDED", tier="spot",
+                           node_ids=("b", "q2-1"), accelerator_type="v5litepod-16"),
+            QueuedResource(id="q3", zone="us-central1-a", state="WAITING_FOR_RESOURCES", tier="spot",
+                           node_ids=("q3",), accelerator_type="v5litepod-16"),
+        ],
+    )  # fmt: skip
+    use = book.use(SP_Z, "us-central1-a")
+    assert (use.limit, use.in_use, use.available, use.preempted_holding, use.reclaimable) == (
+        64,
+        64,
+        0,
+        16,
+        48,
+    )
+    assert book.holders(SP_Z, "us-central1-a") == [
+        "slice b (PREEMPTED, us-central1-a)",
+        "queued resource q1 (FAILED, us-central1-a)",
+        "queued resource q2 (SUSPENDED, us-central1-a)",
+    ]
+
+
+def test_candidates_judged_offer_then_price_then_quota() -> None:
+    req = request(capacity_types=(CapacityType.SPOT, CapacityType.RESERVED), max_price=5.0, reservation="r")
+    book = QuotaBook(CATALOG, limits(**{f"{SP_Z}@us-west4-a": -1, f"{SP_R}@us-west4": 8}), [])
+    zones = ["us-central1-a", "us-west4-a", "us-west1-c"]
+    offers = {"us-central1-a": Offer(False), "us-west4-a": Offer(True), "us-west1-c": Offer(True)}
+    cands = {c.key: c for c in build_candidates(req, catalog=CATALOG, book=book, zones=zones, offers=offers)}
+    assert cands["us-central1-a/spot"].rejection is Rejection.NOT_OFFERED
+    assert cands["us-west4-a/spot"].rejection is Rejection.OVER_CAP  # 7.68 > 5
+    assert cands["us-west1-c/spot"].rejection is Rejection.NO_PRICE  # the catalog has no us-west1 price
+    assert cands["us-west1-c/spot"].reason == (
+        "no price for v5e spot in region us-west1, so the cap of 5.00 USD/h cannot be checked"
+    )
+    # Reserved capacity draws on its reservation: no TPU API quota applies.
+    assert cands["us-west4-a/reserved"].quota == ()
+    assert cands["us-west4-a/reserved"].rejection is Rejection.OVER_CAP  # priced at on-demand: 19.20
+
+    uncapped = request()
+    cands2 = build_candidates(uncapped, catalog=CATALOG, book=book, zones=["us-west4-a"], offers=offers)
+    [spot] = cands2
+    zone_check, region_check = spot.quota
+    assert (zone_check.available, zone_check.fits, zone_check.headroom) == (None, True, math.inf)
+    assert (region_check.available, region_check.fits) == (8, False)
+    assert spot.reason == (
+        f"region quota {SP_R} in region us-west4: needs 16 chips, 8 available (limit 8, 0 in use)"
+    )
+
+
+def test_ranking_price_then_headroom_then_capacity_order_then_zone() -> None:
+    req = request(capacity_types=(CapacityType.ON_DEMAND,))
+    zones = ["us-west4-a", "us-east5-b", "us-central1-a"]  # all 1.20 USD/chip-h on demand
+    book = QuotaBook(
+        CATALOG,
+        limits(**{f"{OD_Z}@us-west4-a": 32, f"{OD_Z}@us-east5-b": 64, f"{OD_Z}@us-central1-a": 64,
+                  f"{OD_R}@us-west4": 512, f"{OD_R}@us-east5": 512, f"{OD_R}@us-central1": 512}),
+        [],
+    )  # fmt: skip
+    offers = {z: Offer(True) for z in zones}
+    plan = decide(
+        req, build_candidates(req, catalog=CATALOG, book=book, zones=zones, offers=offers), zones=zones
+    )
+    # Equal prices: more headroom first (48 left vs 16 in us-west4-a), then the zone name.
+    assert [c.zone for c in plan.order] == ["us-central1-a", "us-east5-b", "us-west4-a"]
+    assert plan.verdict is Verdict.FEASIBLE and plan.verdict.exit_code == 0
+
+
+def test_verdict_codes() -> None:
+    assert [v.exit_code for v in Verdict] == [0, 4, 5, 6]
+
+
+def test_candidate_zones() -> None:
+    assert candidate_zones(V5E, zones=["us-east5-b", "us-east5-b"]) == ["us-east5-b"]
+    assert candidate_zones(V5E, region="us-central1", cloud_zones=["us-central1-f", "us-east5-b"]) == [
+        "us-central1-a",
+        "us-central1-f",
+    ]
+    assert candidate_zones(V5E) == sorted(V5E.generation.zones)

@@ -1,0 +1,106 @@
+"""`tpuctl pod gc`: PREEMPTED slices, failed queued resources and this user's tpuctl-labelled slices that no
+ledger entry owns are listed and deleted (with confirmation unless -y; --dry-run lists only); everything
+else (live tracked slices, another user's, non-tpuctl ones) is left alone."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+
+import pytest
+from allocator_helpers import CliResult, SimEnv
+
+from tpuctl.catalog import CapacityType
+from tpuctl.cloud.base import LABEL_MANAGED_BY, LABEL_OWNER, NodeRequest, QueuedResourceRequest
+from tpuctl.cloud.retry import poll_until
+from tpuctl.store.ledger import Ledger
+from tpuctl.store.records import EventKind, PodState
+
+Cli = Callable[..., CliResult]
+RT = "v2-alpha-tpuv5-lite"
+
+
+@pytest.fixture
+def garbage(sim: Callable[..., SimEnv], monkeypatch: pytest.MonkeyPatch) -> SimEnv:
+    """A project with one of each kind of garbage, and three slices that are not garbage."""
+    monkeypatch.setenv("TPUCTL_OWNER", "alice")
+    env = sim(zones={"us-central1-a": {"v5e": {"on_demand": 64, "preemptible": 64}}})
+    session = env.session()
+    cloud = session.cloud
+    allocator = env.allocator(session)
+    zone = "us-central1-a"
+    # Tracked and healthy: stays.
+    allocator.place(env.request("v5e-4", session=session, zones=[zone], name="keep"))
+    # Tracked, then preempted: holds quota, goes.
+    allocator.place(env.request("v5e-4", session=session, zones=[zone], spot=True, name="dead"))
+    env.admin.preempt(zone, "dead", notice=False)
+    # A queued resource that FAILED at its valid-until (the zone was stocked out): goes.
+    env.admin.stockout(zone)
+    template = NodeRequest(name="qf", zone=zone, accelerator_type="v5litepod-4", runtime_version=RT)
+    cloud.create_queued_resource(
+        QueuedResourceRequest(id="qf", zone=zone, node=template, valid_for_seconds=5)
+    )
+    poll_until(lambda: cloud.get_queued_resource(zone, "qf"), lambda q: q.state == "FAILED", timeout_s=10)
+    env.admin.stockout(zone, clear=True)
+    # tpuctl's and alice's, but no ledger entry owns it (made by a tpuctl elsewhere): goes.
+    mine = {LABEL_MANAGED_BY: "tpuctl", LABEL_OWNER: "alice"}
+    cloud.create_node(NodeRequest("orphan", zone, "v5litepod-4", RT, labels=mine))
+    # tpuctl's but bob's: stays. Not tpuctl's at all: stays.
+    cloud.create_node(NodeRequest("bobs", zone, "v5litepod-4", RT, labels={**mine, LABEL_OWNER: "bob"}))
+    cloud.create_node(NodeRequest("other", zone, "v5litepod-4", RT, capacity=CapacityType.ON_DEMAND))
+    return env
+
+
+def test_gc_dry_run_lists_only(garbage: SimEnv, cli: Cli) -> None:
+    result = cli("pod", "gc", "--dry-run", "-o", "json", env=garbage)
+    assert result.code == 0, result.stderr
+    data = result.json
+    assert data["dry_run"] is True and data["deleted"] == []
+    assert [(i["kind"], i["name"], i["state"], i["reason"]) for i in data["gc"]] == [
+        (
+            "queued_resource",
+            "qf",
+            "FAILED",
+            "failed queued resource; it holds quota until deleted: "
+            + data["gc"][0]["reason"].split("deleted: ", 1)[1],
+        ),
+        ("slice", "dead", "PREEMPTED", "PREEMPTED slice; it holds quota until deleted"),
+        ("slice", "orphan", "READY", "tpuctl slice of alice that no ledger entry owns (READY)"),
+    ]
+    assert "validUntil" in data["gc"][0]["reason"]
+    assert [
+        (i["request"]["method"], i["request"]["url"].split("?")[0].rsplit("/", 2)[-2:]) for i in data["gc"]
+    ] == [
+        ("DELETE", ["queuedResources", "qf"]),
+        ("DELETE", ["nodes", "dead"]),
+        ("DELETE", ["nodes", "orphan"]),
+    ]
+    assert "force=true" in data["gc"][0]["request"]["url"]
+    names = sorted(n["name"] for n in garbage.admin.status()["nodes"])
+    assert names == ["bobs", "dead", "keep", "orphan", "other"]
+
+
+def test_gc_asks_before_deleting(garbage: SimEnv, cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("sys.stdin", io.StringIO("n\n"))
+    result = cli("pod", "gc", env=garbage)
+    assert result.code == 130  # declined: nothing deleted
+    assert "orphan" in result.stdout and "delete these 3?" in result.stdout
+    assert len(garbage.admin.status()["nodes"]) == 5
+
+
+def test_gc_deletes_with_yes_and_records_it(garbage: SimEnv, cli: Cli) -> None:
+    result = cli("pod", "gc", "-y", "-o", "json", env=garbage)
+    assert result.code == 0, result.stderr
+    assert sorted(result.json["deleted"]) == ["dead", "orphan", "qf"]
+    status = garbage.admin.status()
+    assert sorted(n["name"] for n in status["nodes"]) == ["bobs", "keep", "other"]
+    assert status["queued_resources"] == []
+    with Ledger(garbage.state_dir) as ledger:
+        gc_events = [e for e in ledger.events(kinds=[EventKind.GC])]
+        assert sorted(e.detail["name"] for e in gc_events if e.detail) == ["dead", "orphan", "qf"]
+        dead = ledger.get_pod("dead", zone="us-central1-a")
+        assert dead is not None and dead.state == PodState.DELETED and dead.end_reason == "preempted"
+        keep = ledger.get_pod("keep", zone="us-central1-a")
+        assert keep is not None and keep.state == PodState.READY
+    again = cli("pod", "gc", "-y", env=garbage)
+    assert again.code == 0 and "nothing to collect" in again.stdout
