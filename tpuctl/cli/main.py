@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
-from tpuctl.cli import catalog_cmds, misc_cmds, pod_cmds, run_cmds, sim_cmds
+from tpuctl.cli import catalog_cmds, cost_cmds, misc_cmds, pod_cmds, run_cmds, sim_cmds
 from tpuctl.cli.context import GlobalOptions
 
 app = typer.Typer(
@@ -28,6 +28,7 @@ app = typer.Typer(
 app.add_typer(pod_cmds.app, name="pod")
 app.add_typer(catalog_cmds.app, name="catalog")
 app.add_typer(sim_cmds.app, name="sim")
+app.add_typer(cost_cmds.app, name="cost")
 misc_cmds.register(app)
 run_cmds.register(app)
 

@@ -77,10 +77,10 @@ def parse_group_by(value: str | None) -> GroupBy:
     """``slice|run|zone|region|type|capacity|day|label:KEY`` (default slice) -> ``GroupBy``."""
     if value is None:
         return GroupBy("slice")
-    text = value.strip().lower()
+    text = value.strip()
     fix = "use one of: " + ", ".join(GROUP_BY_CHOICES) + " (e.g. --group-by label:team)"
-    if text.startswith("label:"):
-        key = text.split(":", 1)[1]
+    if text.lower().startswith("label:"):
+        key = text.split(":", 1)[1]  # as given: label keys are case-sensitive (and lowercase on GCP)
         if not _LABEL_KEY_RE.match(key):
             raise UsageError(
                 f"--group-by {value!r}: {key!r} is not a label key",
@@ -90,9 +90,10 @@ def parse_group_by(value: str | None) -> GroupBy:
                 "e.g. --group-by label:team",
             )
         return GroupBy("label", key)
-    if text not in GROUP_BY_CHOICES or text == "label:key":
+    kind = text.lower()
+    if kind not in GROUP_BY_CHOICES or kind == "label:key":
         raise UsageError(f"unknown --group-by {value!r}", field="--group-by", value=value, fix=fix)
-    return GroupBy(text)
+    return GroupBy(kind)
 
 
 def parse_instant(value: str, *, field_name: str, now: float) -> float:
@@ -298,8 +299,8 @@ base AS (
     FROM pods AS p
     WHERE p.ready_at IS NOT NULL AND p.chips IS NOT NULL
       AND p.ready_at < :until AND COALESCE(p.ended_at, :now) > :since
-      AND NOT (p.end_reason = 'preempted' AND p.capacity IN ('spot', 'preemptible')
-               AND p.ended_at - p.ready_at < :free_s)
+      AND NOT COALESCE(p.end_reason = 'preempted' AND p.capacity IN ('spot', 'preemptible')
+                        AND p.ended_at - p.ready_at < :free_s, 0)
 ),
 pc AS (
     SELECT e.pod_id, e.ts, e.id, e.price_per_chip_hour AS price

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from tpuctl.catalog import CapacityType, Catalog, PriceTable, region_of_zone
-from tpuctl.errors import ConfigError, UsageError
+from tpuctl.errors import CloudError, ConfigError, UsageError
 
 if TYPE_CHECKING:
     from tpuctl.cloud.billing import CloudBillingCatalogClient, Sku
@@ -281,38 +281,40 @@ def refresh_from_billing(
     backend: str,
     now: float,
     service_ids: Sequence[str] | None = None,
+    write: bool = True,
 ) -> RefreshResult:
-    """Pull the TPU SKUs of both services, map them, fill gaps from the bundled table, cache the result."""
+    """Pull the TPU SKUs of both services, map them, fill gaps from the bundled table, cache the result
+    (``write=False``: a dry run, nothing is written)."""
     from tpuctl.cloud.billing import TPU_SERVICE_IDS
 
     catalog = Catalog.load()
     skus = [sku for service in (service_ids or TPU_SERVICE_IDS) for sku in client.iter_skus(service)]
     mapping = map_skus(skus, catalog)
     if not mapping.matched:
-        raise UsageError(
+        raise CloudError(
             f"the Cloud Billing Catalog API at {client.base_url} listed {len(skus)} SKUs and none is a TPU "
             "price tpuctl recognizes; the cache was not changed",
-            field="--billing-url",
-            value=client.base_url,
-            fix="check the endpoint (it must be the Cloud Billing Catalog API) and the service ids",
+            fix="check the endpoint (--billing-url / TPUCTL_BILLING_URL must be the Cloud Billing Catalog "
+            "API); the bundled prices stay in force",
         )
     merged, filled = fill_gaps(mapping.prices, catalog.prices)
     source = "Cloud Billing Catalog API (services " + ", ".join(service_ids or TPU_SERVICE_IDS) + ")"
     if filled:
         source += f"; gaps from {catalog.prices.source}"
     path = cache_path(state_dir, backend)
-    write_cache(
-        path,
-        source=source,
-        date=_today(now),
-        fetched_at=_stamp(now),
-        prices=merged,
-        extra={
-            "billing_url": client.base_url,
-            "matched_skus": [m.to_dict() for m in mapping.matched],
-            "filled_from_bundled": filled,
-        },
-    )
+    if write:
+        write_cache(
+            path,
+            source=source,
+            date=_today(now),
+            fetched_at=_stamp(now),
+            prices=merged,
+            extra={
+                "billing_url": client.base_url,
+                "matched_skus": [m.to_dict() for m in mapping.matched],
+                "filled_from_bundled": filled,
+            },
+        )
     return RefreshResult(
         path=path,
         source=source,
@@ -338,7 +340,9 @@ def prices_from_world(world: World, bundled: PriceTable) -> dict[str, dict[str, 
     return merged
 
 
-def refresh_from_world(world: World, where: str, *, state_dir: Path, now: float) -> RefreshResult:
+def refresh_from_world(
+    world: World, where: str, *, state_dir: Path, now: float, write: bool = True
+) -> RefreshResult:
     """The simulator's prices: the world file's, cached like a refresh so every command uses them."""
     bundled = Catalog.load().prices
     merged = prices_from_world(world, bundled)
@@ -349,7 +353,8 @@ def refresh_from_world(world: World, where: str, *, state_dir: Path, now: float)
         else f" (no price overrides: {bundled.source})"
     )
     path = cache_path(state_dir, "sim")
-    write_cache(path, source=source, date=_today(now), fetched_at=_stamp(now), prices=merged,
+    if write:
+        write_cache(path, source=source, date=_today(now), fetched_at=_stamp(now), prices=merged,
                 extra={"world": where})  # fmt: skip
     return RefreshResult(
         path=path,

@@ -1,0 +1,316 @@
+"""`tpuctl cost ...`: estimate before spending (every zone x capacity type), report after (from the ledger,
+reconciled with the live listing), with the price source and date each used."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from tpuctl.cli.context import build_settings, is_dry_run, make_output
+from tpuctl.cli.options import DryRunOpt, OutputOpt
+
+if TYPE_CHECKING:
+    from tpuctl.cli.render import Output
+    from tpuctl.services.cost import CostReport
+    from tpuctl.services.cost_estimate import Estimate
+    from tpuctl.services.prices import PriceSource
+    from tpuctl.services.session import Session
+    from tpuctl.settings import Settings
+
+app = typer.Typer(help="What TPU slices will cost, and what they cost.", no_args_is_help=True)
+
+_BAR_WIDTH = 40
+_EIGHTHS = " ▏▎▍▌▋▊▉"
+
+
+@contextmanager
+def cost_session(
+    ctx: typer.Context, out: Output, settings: Settings
+) -> Iterator[tuple[Session, PriceSource]]:
+    """Like ``context.session``, with the catalog's prices from the backend's refreshed cache if present."""
+    from tpuctl.services.prices import load_catalog
+    from tpuctl.services.session import open_session
+
+    catalog, source = load_catalog(settings.resolved_state_dir, settings.resolved_backend.value)
+    with open_session(settings, catalog=catalog) as sess:
+        detail = f", state {sess.state_dir}" if sess.backend.value == "sim" else ""
+        out.backend_banner(sess.backend.value, sess.project, detail)
+        for warning in source.warnings:
+            out.warn(warning)
+        yield sess, source
+
+
+# --- estimate ----------------------------------------------------------------------------------------
+
+
+@app.command("estimate")
+def estimate(
+    ctx: typer.Context,
+    accelerator_type: Annotated[str, typer.Argument(metavar="TYPE", help="e.g. v5e-64, v6e-8, v5p-128.")],
+    hours: Annotated[
+        str | None, typer.Option("--hours", help="How long it would run (default 1; 1.5 = 90 minutes).")
+    ] = None,
+    zone: Annotated[
+        list[str] | None, typer.Option("--zone", help="Only this zone (repeatable; default: every zone).")
+    ] = None,
+    region: Annotated[str | None, typer.Option("--region", help="Only the zones of this region.")] = None,
+    slices: Annotated[str | None, typer.Option("--slices", help="Number of slices (default 1).")] = None,
+    output: OutputOpt = None,
+) -> None:
+    """Every zone x capacity type where TYPE is offered, cheapest first: USD/hour, USD for --hours, the
+    saving against on-demand in the same zone, and whether quota fits now. Creates nothing."""
+    from tpuctl.services.cost_estimate import build_estimate_request
+    from tpuctl.services.cost_estimate import estimate as run_estimate
+    from tpuctl.services.prices import load_catalog
+
+    out = make_output(ctx, output)
+    settings = build_settings(ctx)
+    # Every flag is checked before a backend is contacted: bad input exits 2 at once.
+    catalog, _source = load_catalog(settings.resolved_state_dir, settings.resolved_backend.value)
+    request = build_estimate_request(
+        catalog, settings, accelerator_type, hours=hours, zones=zone or [], region=region, slices=slices
+    )
+    with cost_session(ctx, out, settings) as (sess, source):
+        result = run_estimate(sess, request, source)
+    _render_estimate(out, result)
+
+
+def _render_estimate(out: Output, result: Estimate) -> None:
+    data = result.to_dict()
+    if out.fmt in ("json", "yaml"):
+        out.document(out.envelope(estimate=data))
+        return
+    hours = result.request.hours
+    req = result.request.placement
+    what = f"{req.slices} x {req.accelerator.api_name}" if req.slices > 1 else req.accelerator.api_name
+    columns = ("ZONE", "CAPACITY", "USD/CHIP-H", "USD/H", f"USD FOR {hours:g} H", "VS ON-DEMAND", "QUOTA")
+
+    def saving(row: dict[str, Any]) -> str:
+        if row["saving_usd"] is None or row["capacity"] == "on-demand":
+            return "-"
+        return f"-{row['saving_usd']:.2f} ({row['saving_pct']:.0f}%)"
+
+    def money(value: float | None) -> str | None:
+        return None if value is None else f"{value:.2f}"
+
+    rows = [
+        [
+            r["zone"],
+            r["capacity"],
+            r["usd_per_chip_hour"],
+            money(r["usd_per_hour"]) if out.fmt != "csv" else r["usd_per_hour"],
+            money(r["usd_total"]) if out.fmt != "csv" else r["usd_total"],
+            saving(r) if out.fmt != "csv" else r["saving_usd"],
+            ("fits" if r["quota_fits"] else "short") if out.fmt != "csv" else r["quota_fits"],
+        ]
+        for r in data["options"]
+    ]
+    out.rows(
+        f"{what} ({req.chips} chips) for {hours:g} h, cheapest first",
+        columns,
+        rows,
+        key="options",
+        records=data["options"],
+    )
+    out.note(f"{result.prices.line()}; reserved capacity is not listed (contract prices)")
+    if result.not_offered:
+        out.note(f"not offered in: {', '.join(result.not_offered)}")
+    for warning in result.warnings:
+        out.warn(warning)
+
+
+# --- report ------------------------------------------------------------------------------------------
+
+
+@app.command("report")
+def report(
+    ctx: typer.Context,
+    since: Annotated[
+        str | None,
+        typer.Option("--since", help="From (UTC): 2026-11-01, 2026-11-01T12:00Z, 7d, today, month."),
+    ] = None,
+    until: Annotated[str | None, typer.Option("--until", help="Until (exclusive; default now).")] = None,
+    group_by: Annotated[
+        str | None,
+        typer.Option(
+            "--group-by", help="slice (default), run, zone, region, type, capacity, day or label:KEY."
+        ),
+    ] = None,
+    reconcile: Annotated[
+        bool,
+        typer.Option(
+            "--reconcile/--no-reconcile",
+            help="Compare the ledger with the live listing first (default); --no-reconcile stays offline.",
+        ),
+    ] = True,
+    output: OutputOpt = None,
+    dry_run: DryRunOpt = False,
+) -> None:
+    """What was spent, from the ledger with GCP's billing rules: per group, totals, spot savings against
+    on-demand, what preemptions wasted, untracked slices, and a per-day chart. With --dry-run the
+    reconciliation records nothing."""
+    from tpuctl.services.cost import parse_group_by, parse_window
+
+    out = make_output(ctx, output)
+    settings = build_settings(ctx)
+    group = parse_group_by(group_by)
+    start, end = parse_window(since, until, now=time.time())
+    dry = is_dry_run(ctx, dry_run)
+    if reconcile:
+        with cost_session(ctx, out, settings) as (sess, source):
+            result = _report(sess, source, group, start, end, reconcile=True, dry_run=dry)
+    else:
+        result = _offline_report(out, settings, group, start, end)
+    _render_report(out, result)
+
+
+def _report(
+    sess: Session,
+    source: PriceSource,
+    group: Any,
+    start: float | None,
+    end: float,
+    *,
+    reconcile: bool,
+    dry_run: bool,
+) -> CostReport:
+    from tpuctl.services.budget import expired_slices
+    from tpuctl.services.cost import CostService
+    from tpuctl.services.cost_reconcile import Reconciler
+
+    untracked: list[dict[str, Any]] = []
+    actions: list[dict[str, Any]] = []
+    warnings: list[str] = []
+    if reconcile:
+        rec = Reconciler(sess.ledger, sess.cloud, sess.catalog, clock=time.time).reconcile(dry_run=dry_run)
+        untracked, actions, warnings = rec.untracked, rec.actions, rec.warnings
+    result = CostService(sess.ledger.path, sess.catalog, source).report(
+        since=start, until=end, group_by=group
+    )
+    result.untracked = untracked
+    result.reconciled = actions
+    result.warnings = [*warnings, *result.warnings, *expired_slices(sess.ledger, now=time.time())]
+    return result
+
+
+def _offline_report(
+    out: Output, settings: Settings, group: Any, start: float | None, end: float
+) -> CostReport:
+    from tpuctl.services.budget import expired_slices
+    from tpuctl.services.cost import CostService
+    from tpuctl.services.prices import load_catalog
+    from tpuctl.store.ledger import Ledger
+
+    catalog, source = load_catalog(settings.resolved_state_dir, settings.resolved_backend.value)
+    out.note("offline: the ledger only, not reconciled with the live listing")
+    with Ledger(settings.resolved_state_dir) as ledger:
+        result = CostService(ledger.path, catalog, source).report(since=start, until=end, group_by=group)
+        result.warnings.extend(expired_slices(ledger, now=time.time()))
+    return result
+
+
+def _money(value: float) -> str:
+    return f"{value:,.2f}"
+
+
+def _render_report(out: Output, result: CostReport) -> None:
+    from tpuctl.services.cost import CSV_COLUMNS, iso
+
+    data = result.to_dict()
+    if out.fmt in ("json", "yaml"):
+        out.document(out.envelope(**data))
+        return
+    if out.fmt == "csv":
+        out.rows("cost", CSV_COLUMNS, result.csv_rows(), key="groups", records=data["groups"])
+        return
+    window = f"{iso(result.since) or 'the beginning'} .. {iso(result.until)}"
+    out.out.print(f"[bold]cost report[/], {window} (UTC), by {result.group_by.name}")
+    if result.group_by.kind == "slice":
+        columns = ["SLICE", "ZONE", "TYPE", "CAPACITY", "STATE", "HOURS"]
+        key_cells = [
+            [
+                f"{line.info.get('name', line.key)}"
+                + (f"#{line.info['incarnation']}" if line.info.get("incarnation", 1) != 1 else ""),
+                line.info.get("zone"),
+                line.info.get("accelerator_type"),
+                line.info.get("capacity"),
+                line.info.get("state"),
+            ]
+            for line in result.lines
+        ]
+    else:
+        label = {"run": "RUN", "label": result.group_by.name.upper()}.get(
+            result.group_by.kind, result.group_by.kind.upper()
+        )
+        columns = [label, "SLICES", "HOURS"]
+        key_cells = [[line.key, line.slices] for line in result.lines]
+    columns += ["CHIP-H", "COST USD", "SAVED USD", "WASTE USD"]
+    rows = [
+        [
+            *cells,
+            f"{line.billed_hours:.2f}",
+            f"{line.chip_hours:.1f}",
+            _money(line.cost_usd),
+            _money(line.spot_savings_usd),
+            _money(line.waste_usd),
+        ]
+        for cells, line in zip(key_cells, result.lines, strict=True)
+    ]
+    out.rows(f"by {result.group_by.name}", columns, rows, key="groups", records=data["groups"])
+    t = result.totals
+    out.out.print(
+        f"[bold]total {_money(t.cost_usd)} USD[/] for {t.chip_hours:,.1f} chip-hours on {t.slices} slice(s); "
+        f"spot saved {_money(t.spot_savings_usd)} USD against on-demand ({_money(t.on_demand_usd)} USD)"
+    )
+    out.out.print(
+        f"preemptions: {result.preemptions} ({result.free_preemptions} in the first minute, not billed); "
+        f"waste {_money(t.waste_usd)} USD: recomputed work {_money(t.recomputed_usd)} USD, quota held after "
+        f"preemption {t.quota_held_chip_hours:,.1f} chip-hours ({_money(t.quota_held_usd)} USD at list "
+        "price, not billed)"
+    )
+    _render_days(out, data["by_day"])
+    if result.untracked:
+        out.rows(
+            "untracked slices (in the cloud, not in the ledger)",
+            ("NAME", "ZONE", "TYPE", "STATE", "CAPACITY", "USD/H NOW"),
+            (
+                [u["name"], u["zone"], u["accelerator_type"], u["state"], u["capacity"], u["usd_per_hour"]]
+                for u in result.untracked
+            ),
+            key="untracked",
+            records=result.untracked,
+        )
+        rate = sum(u["usd_per_hour"] or 0.0 for u in result.untracked)
+        out.out.print(
+            f"untracked slices bill {_money(rate)} USD/h now; the report above does not include them"
+        )
+    for action in result.reconciled:
+        verb = "closed" if action["event"] == "gone" else f"marked {action['event']}"
+        if not action["recorded"]:
+            verb = f"would be {verb} (dry run)"
+        out.note(f"{action['name']} ({action['zone']}) {verb} at {action['at']}: {action['reason']}")
+    out.note(result.prices.line())
+    for warning in result.warnings:
+        out.warn(warning)
+
+
+def _render_days(out: Output, days: list[dict[str, Any]]) -> None:
+    """A horizontal bar per day (rich), scaled to the most expensive day, with eighth-block precision."""
+    if not days:
+        return
+    from rich.table import Table
+
+    top = max(d["cost_usd"] for d in days) or 1.0
+    table = Table(title="per day (UTC)", title_justify="left", box=None, show_header=False)
+    table.add_column(style="bold")
+    table.add_column(justify="right")
+    table.add_column(style="cyan")
+    for day in days:
+        eighths = round(day["cost_usd"] / top * _BAR_WIDTH * 8)
+        bar = "█" * (eighths // 8) + (_EIGHTHS[eighths % 8] if eighths % 8 else "")
+        table.add_row(day["day"], _money(day["cost_usd"]), bar)
+    out.out.print(table)

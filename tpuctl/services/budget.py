@@ -1,0 +1,543 @@
+"""Budgets: a run's USD limit (``tpuctl run --budget``), a slice's time limit (``pod create --max-hours``),
+and a profile's monthly budget (a warning on every create once exceeded).
+
+``BudgetGuard`` is the decision, pure and clock-driven so it can be tested exactly: it knows the slices a
+run is billed for (each with its USD/hour and when billing started and ended), what was spent before it
+was built, and the steps it has seen; ``check()`` answers CONTINUE, WARN (once, when 80 % is reached) or
+STOP (the next step would go over the limit or past the deadline). The caller acts on STOP: checkpoint
+at the step boundary, delete the slice, end the run with ``BudgetExceededError`` (exit 7).
+
+``RunBudgetWatch`` applies a guard to a running ``tpuctl run`` from outside the program: it polls the
+ledger (the run's slices as the launcher records them) and, when the guard says STOP, calls the stop
+callback it was given. Without step boundaries from the runtime it keeps a safety margin instead of one
+step's cost (see the class).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+from tpuctl.catalog import Catalog, region_of_zone
+from tpuctl.errors import BudgetExceededError, UsageError
+
+if TYPE_CHECKING:
+    from tpuctl.services.prices import PriceSource
+    from tpuctl.store.ledger import Ledger
+    from tpuctl.store.records import PodRecord
+
+#: The label ``pod create --max-hours`` puts on a slice: its billed-time limit in whole seconds (label
+#: values allow only lowercase letters, digits, - and _, so no decimal point).
+LABEL_MAX_SECONDS: Final = "tpuctl-max-seconds"
+WARN_FRACTION: Final = 0.8
+
+
+class Action(StrEnum):
+    CONTINUE = "continue"
+    WARN = "warn"  # the 80 % mark was just passed (said once)
+    STOP = "stop"  # the next step would go over: checkpoint, delete the slice, end the run
+
+
+def parse_budget(value: str | float | None, *, field_name: str = "--budget") -> float | None:
+    """A budget in USD: a finite number > 0, or None when not given."""
+    if value is None:
+        return None
+    fix = f"give the limit in US dollars, a positive number, e.g. {field_name} 50"
+    try:
+        amount = float(str(value).strip())
+    except ValueError:
+        raise UsageError(
+            f"{field_name} {value!r} is not a number", field=field_name, value=value, fix=fix
+        ) from None
+    if not math.isfinite(amount) or amount <= 0:
+        raise UsageError(
+            f"{field_name} must be a positive number of USD, got {value!r}",
+            field=field_name,
+            value=value,
+            fix=fix,
+        )
+    return amount
+
+
+def parse_hours(value: str | float | None, *, field_name: str) -> float | None:
+    """Hours: a finite number > 0 (fractions allowed: 1.5 is 90 minutes), or None when not given."""
+    if value is None:
+        return None
+    fix = f"give a positive number of hours, e.g. {field_name} 12 or {field_name} 1.5"
+    try:
+        hours = float(str(value).strip())
+    except ValueError:
+        raise UsageError(
+            f"{field_name} {value!r} is not a number", field=field_name, value=value, fix=fix
+        ) from None
+    if not math.isfinite(hours) or hours <= 0:
+        raise UsageError(
+            f"{field_name} must be a positive number of hours, got {value!r}",
+            field=field_name,
+            value=value,
+            fix=fix,
+        )
+    return hours
+
+
+def max_hours_labels(max_hours: str | float | None) -> dict[str, str]:
+    """The labels ``pod create --max-hours H`` adds (empty without the flag); validates H (exit 2)."""
+    hours = parse_hours(max_hours, field_name="--max-hours")
+    if hours is None:
+        return {}
+    return {LABEL_MAX_SECONDS: str(max(1, round(hours * 3600)))}
+
+
+def max_seconds_of(labels: Mapping[str, str]) -> float | None:
+    raw = labels.get(LABEL_MAX_SECONDS)
+    if raw is None or not raw.isdigit():
+        return None
+    return float(raw)
+
+
+# --------------------------------------------------------------------------------------------------
+# The guard
+
+
+@dataclass(frozen=True)
+class BudgetDecision:
+    action: Action
+    spent_usd: float
+    projected_usd: float  # spent + the cost of the next step (and the margin) at the current rate
+    limit_usd: float | None
+    rate_usd_per_hour: float
+    next_step_s: float
+    deadline: float | None
+    message: str
+
+    @property
+    def fraction(self) -> float | None:
+        return None if not self.limit_usd else self.spent_usd / self.limit_usd
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "action": self.action.value,
+            "spent_usd": round(self.spent_usd, 6),
+            "projected_usd": round(self.projected_usd, 6),
+            "limit_usd": self.limit_usd,
+            "fraction": None if self.fraction is None else round(self.fraction, 6),
+            "rate_usd_per_hour": round(self.rate_usd_per_hour, 6),
+            "next_step_s": round(self.next_step_s, 3),
+            "deadline": self.deadline,
+            "message": self.message,
+        }
+
+    def error(self, *, run_id: str | None = None) -> BudgetExceededError:
+        what = f"run {run_id}" if run_id else "the run"
+        return BudgetExceededError(
+            f"{what} stopped at its budget: {self.message}",
+            fix="raise --budget (or --max-hours), or resume from the last checkpoint with a new budget",
+        )
+
+
+@dataclass
+class _Billed:
+    usd_per_hour: float
+    start: float
+    end: float | None = None
+
+
+@dataclass
+class BudgetGuard:
+    """Would the next step go over? Has 80 % been reached? For one run (or one slice's time limit).
+
+    ``limit_usd``: the run's budget; ``deadline``: an epoch time not to run past (``--max-hours``);
+    either may be None. ``spent_before_usd``: what earlier segments of the run cost (after a recovery
+    the guard is rebuilt with it). ``margin_s``: time to keep in hand beyond the next step (stopping and
+    deleting a slice takes a while, and the slice bills until it is gone).
+
+    Spend is counted conservatively: a preemption within the first minute is still counted (GCP would not
+    bill it), so a run never finds out later that it spent more than the guard thought.
+    """
+
+    limit_usd: float | None = None
+    clock: Callable[[], float] = time.time
+    spent_before_usd: float = 0.0
+    deadline: float | None = None
+    warn_fraction: float = WARN_FRACTION
+    margin_s: float = 0.0
+    _slices: dict[str, _Billed] = field(default_factory=dict)
+    _step_s: float | None = None
+    _warned: bool = False
+    _stopped: bool = False
+
+    def __post_init__(self) -> None:
+        if self.limit_usd is not None and not (math.isfinite(self.limit_usd) and self.limit_usd > 0):
+            raise ValueError(f"limit_usd must be a positive number, got {self.limit_usd!r}")
+        if not 0 < self.warn_fraction <= 1:
+            raise ValueError(f"warn_fraction must be in (0, 1], got {self.warn_fraction!r}")
+
+    # --- what is billed -------------------------------------------------------------------------------
+
+    def slice_started(self, key: str, usd_per_hour: float, at: float | None = None) -> None:
+        """Billing of ``key`` (a slice) starts at ``at`` (its READY) at ``usd_per_hour`` for the slice."""
+        self._slices[key] = _Billed(float(usd_per_hour), self.clock() if at is None else float(at))
+
+    def slice_ended(self, key: str, at: float | None = None) -> None:
+        billed = self._slices.get(key)
+        if billed is not None and billed.end is None:
+            billed.end = self.clock() if at is None else float(at)
+
+    def observe_step(self, duration_s: float) -> None:
+        """A step took ``duration_s``; the next is assumed to take as long as the longest seen so far
+        (a cautious guess: a checkpointing step is slower than the rest)."""
+        if duration_s >= 0 and math.isfinite(duration_s):
+            self._step_s = duration_s if self._step_s is None else max(self._step_s, duration_s)
+
+    def spent(self, now: float | None = None) -> float:
+        at = self.clock() if now is None else now
+        total = self.spent_before_usd
+        for billed in self._slices.values():
+            end = at if billed.end is None else min(billed.end, at)
+            if end > billed.start:
+                total += billed.usd_per_hour * (end - billed.start) / 3600.0
+        return total
+
+    def rate(self, now: float | None = None) -> float:
+        """USD/hour of the slices billing at ``now``."""
+        at = self.clock() if now is None else now
+        return sum(
+            b.usd_per_hour for b in self._slices.values() if b.start <= at and (b.end is None or b.end > at)
+        )
+
+    # --- the decision ---------------------------------------------------------------------------------
+
+    def check(self, now: float | None = None, *, next_step_s: float | None = None) -> BudgetDecision:
+        at = self.clock() if now is None else now
+        step = next_step_s if next_step_s is not None else (self._step_s or 0.0)
+        ahead = step + self.margin_s
+        spent = self.spent(at)
+        rate = self.rate(at)
+        projected = spent + rate * ahead / 3600.0
+        limit = self.limit_usd
+        if self._stopped:
+            return self._decision(Action.STOP, spent, projected, rate, step, "already stopped")
+        if limit is not None and projected > limit + 1e-12:
+            self._stopped = True
+            return self._decision(
+                Action.STOP,
+                spent,
+                projected,
+                rate,
+                step,
+                f"spent {spent:.2f} of {limit:.2f} USD; the next step ({step:.1f} s + {self.margin_s:.0f} s "
+                f"to stop) at {rate:.2f} USD/h would bring it to {projected:.2f} USD",
+            )
+        if self.deadline is not None and at + ahead > self.deadline:
+            self._stopped = True
+            return self._decision(
+                Action.STOP,
+                spent,
+                projected,
+                rate,
+                step,
+                f"the slice's time limit ends at {_iso(self.deadline)}; the next step would run past it",
+            )
+        if not self._warned and self._over_warn_mark(spent, at):
+            self._warned = True
+            return self._decision(Action.WARN, spent, projected, rate, step, self._warn_text(spent, at))
+        return self._decision(Action.CONTINUE, spent, projected, rate, step, "within budget")
+
+    def _over_warn_mark(self, spent: float, at: float) -> bool:
+        if self.limit_usd is not None and spent >= self.warn_fraction * self.limit_usd:
+            return True
+        start = min((b.start for b in self._slices.values()), default=None)
+        if self.deadline is not None and start is not None and self.deadline > start:
+            return (at - start) >= self.warn_fraction * (self.deadline - start)
+        return False
+
+    def _warn_text(self, spent: float, at: float) -> str:
+        pct = round(self.warn_fraction * 100)
+        if self.limit_usd is not None and spent >= self.warn_fraction * self.limit_usd:
+            return f"{pct}% of the budget reached: spent {spent:.2f} of {self.limit_usd:.2f} USD"
+        return f"{pct}% of the slice's time limit reached (it ends at {_iso(self.deadline)})"
+
+    def _decision(
+        self, action: Action, spent: float, projected: float, rate: float, step: float, message: str
+    ) -> BudgetDecision:
+        return BudgetDecision(
+            action=action,
+            spent_usd=spent,
+            projected_usd=projected,
+            limit_usd=self.limit_usd,
+            rate_usd_per_hour=rate,
+            next_step_s=step,
+            deadline=self.deadline,
+            message=message,
+        )
+
+    # --- from the ledger ------------------------------------------------------------------------------
+
+    @classmethod
+    def for_run(
+        cls,
+        ledger: Ledger,
+        run_id: str,
+        catalog: Catalog,
+        *,
+        limit_usd: float | None,
+        clock: Callable[[], float] = time.time,
+        margin_s: float = 0.0,
+        warn_fraction: float = WARN_FRACTION,
+    ) -> BudgetGuard:
+        """A guard for ``run_id`` from what the ledger knows: every slice created for the run (billed from
+        READY), and slices it ran on that it did not create (billed from the run's first segment on them);
+        the deadline is the earliest ``--max-hours`` limit among them."""
+        guard = cls(limit_usd=limit_usd, clock=clock, margin_s=margin_s, warn_fraction=warn_fraction)
+        own = ledger.list_pods(run_id=run_id)
+        seen = {(p.zone, p.name, p.incarnation) for p in own}
+        for pod in own:
+            guard._add_pod(pod, catalog, start=pod.ready_at)
+        # Slices the run did not create: billed to it from its first segment on them to its last one's end
+        # (still open: until now).
+        spans: dict[tuple[str, str], tuple[float, float | None]] = {}
+        for seg in ledger.segments(run_id):
+            if seg.pod is None or seg.zone is None:
+                continue
+            key = (seg.zone, seg.pod)
+            first, last = spans.get(key, (seg.start, seg.end))
+            open_end = last is None or seg.end is None
+            spans[key] = (min(first, seg.start), None if open_end else max(last or 0.0, seg.end or 0.0))
+        for (zone, name), (first, last) in spans.items():
+            used = ledger.get_pod(name, zone=zone)
+            if used is None or (used.zone, used.name, used.incarnation) in seen:
+                continue
+            begin = max(first, used.ready_at) if used.ready_at is not None else None
+            guard._add_pod(used, catalog, start=begin, end=last)
+        return guard
+
+    def _add_pod(
+        self, pod: PodRecord, catalog: Catalog, *, start: float | None, end: float | None = None
+    ) -> None:
+        if start is None:
+            return  # never READY: nothing billed yet
+        rate = usd_per_hour_of(pod, catalog)
+        if rate is not None:
+            key = f"{pod.zone}/{pod.name}#{pod.incarnation}"
+            self._slices[key] = _Billed(rate, start, _earliest(pod.ended_at, end))
+        limit_s = max_seconds_of(pod.labels)
+        if limit_s is not None and pod.ended_at is None:
+            deadline = (pod.ready_at or start) + limit_s
+            self.deadline = deadline if self.deadline is None else min(self.deadline, deadline)
+
+
+def usd_per_hour_of(pod: PodRecord, catalog: Catalog) -> float | None:
+    """The slice's rate: chips x the price the ledger recorded, else the catalog's list price."""
+    if pod.chips is None:
+        return None
+    per_chip = pod.price_per_chip_hour
+    if per_chip is None and pod.accelerator_type and pod.capacity is not None:
+        try:
+            accel = catalog.resolve(pod.accelerator_type)
+            per_chip = catalog.prices.per_chip_hour(
+                accel.generation.name, region_of_zone(pod.zone), pod.capacity
+            )
+        except UsageError:
+            per_chip = None
+    return None if per_chip is None else per_chip * pod.chips
+
+
+def _earliest(a: float | None, b: float | None) -> float | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return min(a, b)
+
+
+def _iso(ts: float | None) -> str:
+    if ts is None:
+        return "-"
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+# --------------------------------------------------------------------------------------------------
+# Watching a run from outside the program
+
+
+class RunBudgetWatch:
+    """Polls a run's spend on a background thread and calls ``stop()`` once the guard says STOP.
+
+    Until the runtime reports step boundaries, the "next step" is the time the watch needs to react:
+    one poll interval plus ``stop_margin_s`` (stopping the hosts and deleting the slice, which bills until
+    it is gone). So the run stops with at least that much of the budget in hand. ``warn(text)`` is called
+    once at 80 %. After the run, ``tripped`` says whether the budget stopped it and ``decision`` why.
+    """
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        run_id: str,
+        catalog: Catalog,
+        *,
+        limit_usd: float,
+        stop: Callable[[], bool],
+        warn: Callable[[str], None] = lambda text: None,
+        poll_s: float = 1.0,
+        stop_margin_s: float = 60.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._ledger = ledger
+        self._run_id = run_id
+        self._catalog = catalog
+        self._limit = limit_usd
+        self._stop = stop
+        self._warn = warn
+        self._poll_s = poll_s
+        self._margin_s = poll_s + stop_margin_s
+        self._clock = clock
+        self._halt = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._warned = False
+        self._stop_sent = False
+        self.tripped = False
+        self.decision: BudgetDecision | None = None
+        self.error: BaseException | None = None
+
+    def check_once(self) -> BudgetDecision:
+        """One poll: rebuild the guard from the ledger, decide, act. Returns the decision."""
+        guard = BudgetGuard.for_run(
+            self._ledger,
+            self._run_id,
+            self._catalog,
+            limit_usd=self._limit,
+            clock=self._clock,
+            margin_s=self._margin_s,
+        )
+        guard._warned = self._warned  # the 80 % warning is said once per run, not once per poll
+        decision = guard.check()
+        if decision.action is Action.WARN:
+            self._warned = True
+            self._warn(decision.message)
+        elif decision.action is Action.STOP:
+            self.tripped = True
+            self.decision = decision
+            # The stop callback says whether it could act (no hosts yet while the slice is created);
+            # it is tried again on every poll until it can.
+            if not self._stop_sent:
+                self._stop_sent = bool(self._stop())
+        return decision
+
+    def _loop(self) -> None:
+        while not self._halt.wait(self._poll_s):
+            try:
+                self.check_once()
+            except Exception as exc:  # a watch must never kill the run it guards
+                self.error = exc
+            if self._stop_sent:
+                return
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="tpuctl-budget", daemon=True)
+            self._thread.start()
+
+    def close(self) -> None:
+        self._halt.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+
+
+@contextmanager
+def watch_run_budget(
+    ledger: Ledger,
+    run_id: str,
+    catalog: Catalog,
+    *,
+    limit_usd: float | None,
+    stop: Callable[[], bool],
+    warn: Callable[[str], None],
+    poll_s: float = 1.0,
+    stop_margin_s: float = 60.0,
+) -> Iterator[RunBudgetWatch | None]:
+    """``with watch_run_budget(...)`` around a run: nothing without a limit; with one, a running watch,
+    and when the budget stopped the run, whatever the run raised becomes ``BudgetExceededError`` (exit 7)
+    and the run is marked ``budget_exceeded`` in the ledger."""
+    if limit_usd is None:
+        yield None
+        return
+    from tpuctl.store.records import RunStatus
+
+    watch = RunBudgetWatch(
+        ledger, run_id, catalog, limit_usd=limit_usd, stop=stop, warn=warn, poll_s=poll_s,
+        stop_margin_s=stop_margin_s,
+    )  # fmt: skip
+    watch.start()
+    try:
+        yield watch
+    except BaseException as exc:
+        watch.close()
+        if not watch.tripped or watch.decision is None:
+            raise
+        record = ledger.get_run(run_id)
+        if record is not None:
+            detail = dict(record.detail or {})
+            detail["budget"] = watch.decision.to_dict()
+            ledger.update_run(run_id, status=RunStatus.BUDGET_EXCEEDED, detail=detail)
+        raise watch.decision.error(run_id=run_id) from exc
+    finally:
+        watch.close()
+
+
+# --------------------------------------------------------------------------------------------------
+# The monthly budget
+
+
+def month_start(now: float) -> float:
+    day = datetime.fromtimestamp(now, UTC)
+    return datetime(day.year, day.month, 1, tzinfo=UTC).timestamp()
+
+
+def monthly_budget_warning(
+    ledger_path: Path,
+    catalog: Catalog,
+    prices: PriceSource,
+    *,
+    monthly_budget: float | None,
+    now: float | None = None,
+) -> str | None:
+    """The warning every create prints once this calendar month's (UTC) spend exceeds the profile's
+    ``monthly_budget``; None while under it, or without one."""
+    if monthly_budget is None or not Path(ledger_path).exists():
+        return None
+    from tpuctl.services.cost import CostService
+
+    at = time.time() if now is None else now
+    start = month_start(at)
+    spent = CostService(Path(ledger_path), catalog, prices, clock=lambda: at).spend(since=start, until=at)
+    if spent <= monthly_budget:
+        return None
+    month = datetime.fromtimestamp(start, UTC).strftime("%Y-%m")
+    return (
+        f"this month's TPU spend ({month}, UTC) is {spent:.2f} USD, over the profile's monthly_budget of "
+        f"{monthly_budget:.2f} USD; see `tpuctl cost report --since month`"
+    )
+
+
+def expired_slices(ledger: Ledger, *, now: float) -> list[str]:
+    """Warnings for live slices past their ``--max-hours`` limit (a run on them stops at the limit; an
+    idle slice has nobody to stop it, so the report says so)."""
+    out: list[str] = []
+    for pod in ledger.list_pods(alive=True):
+        limit_s = max_seconds_of(pod.labels)
+        if limit_s is None or pod.ready_at is None or pod.ready_at + limit_s > now:
+            continue
+        out.append(
+            f"slice {pod.name} ({pod.zone}) passed its --max-hours limit ({limit_s / 3600:g} h) at "
+            f"{_iso(pod.ready_at + limit_s)} and is still billing; delete it: tpuctl pod delete {pod.name}"
+        )
+    return out
