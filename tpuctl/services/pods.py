@@ -5,6 +5,8 @@ Plain Python: no CLI, no rendering. Collaborators come in through the ``Session`
 
 from __future__ import annotations
 
+import builtins
+import contextlib
 import re
 import secrets
 import time
@@ -24,24 +26,20 @@ from tpuctl.cloud.base import (
     OperationProgress,
     PlannedRequest,
 )
+from tpuctl.cloud.idempotent import create_node_idempotent, delete_node_idempotent
 from tpuctl.errors import (
-    AlreadyExistsError,
-    AmbiguousError,
     CloudError,
     NotFoundError,
     TransientError,
     UsageError,
 )
 from tpuctl.services.session import Session
-from tpuctl.store.ledger import EventKind
-from tpuctl.store.records import EventRecord
+from tpuctl.store.records import AttemptOutcome, EventKind, EventRecord
 
 _NODE_ID_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 _LABEL_KEY_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 _LABEL_VALUE_RE = re.compile(r"^[a-z0-9_-]{0,63}$")
 _RESERVED_LABEL_KEYS = {LABEL_MANAGED_BY, LABEL_OWNER, LABEL_REQUEST}
-#: How many times a create is retried after an ambiguous failure showed that nothing was created.
-_AMBIGUOUS_CREATE_RETRIES = 5
 
 
 def parse_labels(pairs: Sequence[str]) -> dict[str, str]:
@@ -150,6 +148,15 @@ class PodView:
             "tracked": self.tracked,
             "queued_resource": self.queued_resource,
         }
+
+
+def _attempt_outcome(kind: str) -> AttemptOutcome:
+    """The ledger's outcome for an error kind (stockout, quota_exceeded, ...); unknown kinds are 'failed'."""
+    aliases = {"quota_exceeded": "quota"}
+    try:
+        return AttemptOutcome(aliases.get(kind, kind))
+    except ValueError:
+        return AttemptOutcome.FAILED
 
 
 def _event_dict(event: EventRecord) -> dict[str, Any]:
@@ -287,8 +294,8 @@ class PodService:
             self._ledger.record_attempt(
                 request_id=spec.request_id,
                 zone=spec.zone,
-                capacity=spec.capacity.value,
-                outcome=exc.kind,
+                capacity=spec.capacity,
+                outcome=_attempt_outcome(exc.kind),
                 message=exc.message,
                 duration_s=time.monotonic() - started,
             )
@@ -297,8 +304,8 @@ class PodService:
         self._ledger.record_attempt(
             request_id=spec.request_id,
             zone=spec.zone,
-            capacity=spec.capacity.value,
-            outcome="created",
+            capacity=spec.capacity,
+            outcome=AttemptOutcome.CREATED,
             message="",
             duration_s=time.monotonic() - started,
         )
@@ -313,28 +320,14 @@ class PodService:
     def _create_once(
         self, spec: CreateSpec, *, wait: bool, progress: OperationProgress | None
     ) -> Node:
-        request = self.node_request(spec)
-        for _ in range(_AMBIGUOUS_CREATE_RETRIES):
-            try:
-                return self._cloud.create_node(request, wait=wait, progress=progress)
-            except AmbiguousError:
-                # The create may have happened: look before creating again.
-                existing = self._find_own(spec)
-                if existing is not None:
-                    return self._cloud_wait(spec, existing, wait=wait, progress=progress)
-            except AlreadyExistsError:
-                existing = self._find_own(spec)
-                if existing is None:
-                    raise AlreadyExistsError(
-                        f"a slice named {spec.name!r} already exists in {spec.zone} and is not this "
-                        "request's",
-                        fix="choose another --name, or delete the existing slice first",
-                    ) from None
-                return self._cloud_wait(spec, existing, wait=wait, progress=progress)
-        raise TransientError(
-            f"creating {spec.name} in {spec.zone} kept failing ambiguously "
-            f"({_AMBIGUOUS_CREATE_RETRIES} tries); nothing was created",
-            fix="retry later; `tpuctl pod list` shows what exists",
+        # At most one slice per request, even across ambiguous failures: the cloud layer looks before
+        # it sends the create again, and recognises our node by its request label.
+        return create_node_idempotent(
+            self._cloud,
+            self.node_request(spec),
+            request_id=spec.request_id,
+            wait=wait,
+            progress=progress,
         )
 
     def _find_own(self, spec: CreateSpec) -> Node | None:
@@ -343,13 +336,6 @@ class PodService:
         except NotFoundError:
             return None
         return node if node.labels.get(LABEL_REQUEST) == spec.request_id else None
-
-    def _cloud_wait(
-        self, spec: CreateSpec, node: Node, *, wait: bool, progress: OperationProgress | None
-    ) -> Node:
-        # The create went through after all; if it is still creating, let wait_ready follow it.
-        del wait, progress
-        return node
 
     def wait_ready(
         self,
@@ -396,10 +382,8 @@ class PodService:
             return
         if leftover is None:
             return
-        try:
+        with contextlib.suppress(NotFoundError):
             self._cloud.delete_node(spec.zone, spec.name, wait=True)
-        except NotFoundError:
-            pass
         self._ledger.record_event(
             EventKind.DELETED,
             pod=spec.name,
@@ -410,7 +394,7 @@ class PodService:
 
     # --- read ------------------------------------------------------------------------------------------
 
-    def list(self, zone: str | None = None) -> list[PodView]:
+    def list(self, zone: str | None = None) -> builtins.list[PodView]:
         nodes = self._cloud.list_nodes(validate_zone(zone) if zone else None)
         return [self._view(node) for node in sorted(nodes, key=lambda n: (n.zone, n.name))]
 
@@ -486,7 +470,7 @@ class PodService:
 
     # --- delete ----------------------------------------------------------------------------------------
 
-    def plan_delete(self, names: Sequence[str], zone: str | None = None) -> list[dict[str, Any]]:
+    def plan_delete(self, names: Sequence[str], zone: str | None = None) -> builtins.list[dict[str, Any]]:
         plans = []
         for name in names:
             node = self._locate(name, zone)
@@ -510,24 +494,14 @@ class PodService:
         reason: str = "user",
     ) -> Node:
         node = self._locate(name, zone)
-        try:
-            self._cloud.delete_node(node.zone, node.name, wait=wait, progress=progress)
-        except AmbiguousError:
-            # Did the delete land? Look: gone or deleting is what we wanted.
-            try:
-                again = self._cloud.get_node(node.zone, node.name)
-            except NotFoundError:
-                again = None
-            if again is not None and again.state != "DELETING":
-                self._cloud.delete_node(node.zone, node.name, wait=wait, progress=progress)
-        except NotFoundError:
-            pass  # gone already: the outcome the user asked for
+        # Gone (or DELETING) after an unknown outcome is the outcome the user asked for.
+        delete_node_idempotent(self._cloud, node.zone, node.name, wait=wait, progress=progress)
         self._ledger.record_event(
             EventKind.DELETED,
             pod=node.name,
             zone=node.zone,
             accelerator_type=node.accelerator_type,
-            capacity=node.capacity.value,
+            capacity=node.capacity,
             labels=dict(node.labels),
             detail={"reason": reason, "state_before": node.state},
         )
