@@ -372,7 +372,7 @@ event_strategy = st.builds(
 )
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(events=st.lists(event_strategy, max_size=40))
 def test_view_is_the_replay_of_the_log_and_bulk_matches_singles(
     tmp_path_factory: pytest.TempPathFactory, events: list[NewEvent]

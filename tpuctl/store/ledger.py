@@ -171,8 +171,10 @@ class Ledger:
                     mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
                     break
                 except sqlite3.OperationalError as exc:
-                    # The busy handler is not consulted for this change; another process switching
-                    # the same fresh file at the same moment is the only expected cause.
+                    # The switch takes an exclusive lock, and SQLite can answer "locked" for it
+                    # without going through the busy handler; another tpuctl opening the same fresh
+                    # file at the same moment is the only expected cause. (Not seen in practice with
+                    # 6 racing openers, but cheap to be safe about.)
                     if "locked" not in str(exc) or time.monotonic() > deadline:
                         raise
                     time.sleep(0.01)
