@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+import dataclasses
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from tpuctl.cli.context import make_output
-from tpuctl.cli.options import OutputOpt
+from tpuctl.cli.options import DryRunOpt, OutputOpt
+
+if TYPE_CHECKING:
+    from tpuctl.cli.render import Output
+    from tpuctl.services.prices import RefreshResult
+    from tpuctl.settings import Settings
 
 app = typer.Typer(help="Accelerator types, prices and zones.", no_args_is_help=True)
 
@@ -26,7 +32,17 @@ def types(ctx: typer.Context, generation: GenerationOpt = None, output: OutputOp
     accels = catalog.types(generation)
     out.rows(
         f"accelerator types (source: {catalog.source}, {catalog.date})",
-        ("TYPE", "API NAME", "CHIPS", "HOSTS", "CHIPS/HOST", "TOPOLOGY", "HBM GiB", "PEAK TFLOP/s", "RUNTIME"),
+        (
+            "TYPE",
+            "API NAME",
+            "CHIPS",
+            "HOSTS",
+            "CHIPS/HOST",
+            "TOPOLOGY",
+            "HBM GiB",
+            "PEAK TFLOP/s",
+            "RUNTIME",
+        ),
         (
             (
                 a.friendly_name,
@@ -48,12 +64,48 @@ def types(ctx: typer.Context, generation: GenerationOpt = None, output: OutputOp
 
 
 @app.command("prices")
-def prices(ctx: typer.Context, generation: GenerationOpt = None, output: OutputOpt = None) -> None:
-    """USD per chip-hour by generation and region, on-demand and spot/preemptible."""
-    from tpuctl.catalog import Catalog
+def prices(
+    ctx: typer.Context,
+    generation: GenerationOpt = None,
+    refresh: Annotated[
+        bool,
+        typer.Option(
+            "--refresh",
+            help="Pull current TPU SKUs from the Cloud Billing Catalog API and cache them in the state dir "
+            "(on the simulator: take the world file's prices).",
+        ),
+    ] = False,
+    billing_url: Annotated[
+        str | None,
+        typer.Option(
+            "--billing-url",
+            help="Cloud Billing Catalog API base URL (default $TPUCTL_BILLING_URL, else Google's); "
+            "an API key may come from $TPUCTL_BILLING_API_KEY.",
+        ),
+    ] = None,
+    output: OutputOpt = None,
+    dry_run: DryRunOpt = False,
+) -> None:
+    """USD per chip-hour by generation and region, on-demand and spot/preemptible, from the refreshed
+    cache when there is one (else the bundled catalog), with the source and date."""
+    from tpuctl.cli.context import build_settings, is_dry_run
+    from tpuctl.services.prices import load_catalog
 
     out = make_output(ctx, output)
-    catalog = Catalog.load()
+    settings = build_settings(ctx)
+    refreshed = None
+    if refresh:
+        refreshed = _refresh_prices(out, settings, billing_url, dry_run=is_dry_run(ctx, dry_run))
+    catalog, source = load_catalog(settings.resolved_state_dir, settings.resolved_backend.value)
+    for warning in source.warnings:
+        out.warn(warning)
+    if refreshed is not None and is_dry_run(ctx, dry_run):
+        from tpuctl.catalog import PriceTable
+
+        catalog = dataclasses.replace(
+            catalog,
+            prices=PriceTable(source=refreshed.source, date=refreshed.date, prices=refreshed.prices),
+        )
     gens = [catalog.generation(generation)] if generation else list(catalog.generations.values())
     table = catalog.prices
     records = []
@@ -68,6 +120,15 @@ def prices(ctx: typer.Context, generation: GenerationOpt = None, output: OutputO
                     "spot_per_chip_hour": pair.get("spot"),
                 }
             )
+    extra: dict[str, Any] = {
+        "source": table.source,
+        "date": table.date,
+        "unit": "USD per chip-hour",
+        # A dry-run refresh shows what was fetched, which is not what the cache holds.
+        "cached": source.cached and not (refreshed is not None and is_dry_run(ctx, dry_run)),
+    }
+    if refreshed is not None:
+        extra["refresh"] = {**refreshed.to_dict(), "dry_run": is_dry_run(ctx, dry_run)}
     out.rows(
         f"prices, USD per chip-hour (source: {table.source}, {table.date})",
         ("GENERATION", "REGION", "ON-DEMAND", "SPOT/PREEMPTIBLE"),
@@ -77,8 +138,77 @@ def prices(ctx: typer.Context, generation: GenerationOpt = None, output: OutputO
         ),
         key="prices",
         records=records,
-        extra={"source": table.source, "date": table.date, "unit": "USD per chip-hour"},
+        extra=extra,
     )
+
+
+def _refresh_prices(
+    out: Output, settings: Settings, billing_url: str | None, *, dry_run: bool
+) -> RefreshResult:
+    """The refresh itself (prices issue 6): Google's catalog, a given Billing-API endpoint, or on the
+    simulator its world file. Then a price_change event for every live slice whose price moved."""
+    import os
+    import time
+
+    from tpuctl.services.prices import (
+        load_catalog,
+        record_price_changes,
+        refresh_from_billing,
+        refresh_from_world,
+    )
+    from tpuctl.store.ledger import Ledger
+
+    backend = settings.resolved_backend.value
+    state_dir = settings.resolved_state_dir
+    url = billing_url or os.environ.get("TPUCTL_BILLING_URL") or None
+    now = time.time()
+    project = settings.project or ""
+    if backend == "sim" and url is None:
+        from tpuctl.sim import default_world, load_world
+
+        world = load_world(settings.sim_world) if settings.sim_world else default_world()
+        where = str(settings.sim_world) if settings.sim_world else "(built-in default world)"
+        project = world.project
+        out.note(
+            "simulator: the simulator serves no billing catalog; its prices come from its world file "
+            f"{where} (the bundled catalog where the world sets none). Give --billing-url to pull from a "
+            "Billing Catalog API endpoint instead."
+        )
+        result = refresh_from_world(world, where, state_dir=state_dir, now=now, write=not dry_run)
+    else:
+        from tpuctl.cloud.billing import GOOGLE_BILLING_URL, CloudBillingCatalogClient
+
+        key = os.environ.get("TPUCTL_BILLING_API_KEY") or None
+        if url is None or url.rstrip("/") == GOOGLE_BILLING_URL:
+            client = CloudBillingCatalogClient.for_google(api_key=key)
+        else:
+            client = CloudBillingCatalogClient(base_url=url, api_key=key)
+        with client, out.progress(f"reading TPU SKUs from {client.base_url}"):
+            result = refresh_from_billing(
+                client, state_dir=state_dir, backend=backend, now=now, write=not dry_run
+            )
+    out.note(
+        f"{'dry run: would cache' if dry_run else 'cached'} {result.path} ({result.date}): "
+        + (f"{result.matched} SKUs matched, {result.skipped} skipped" if result.matched else result.source)
+        + (
+            f"; from the bundled catalog: {', '.join(result.filled_from_bundled)}"
+            if result.filled_from_bundled
+            else ""
+        )
+    )
+    for warning in result.warnings:
+        out.warn(warning)
+    if not dry_run:
+        catalog, _ = load_catalog(state_dir, backend)
+        with Ledger(state_dir) as ledger:
+            changes = record_price_changes(ledger, catalog, backend=backend, project=project, now=now)
+        result = dataclasses.replace(result, price_changes=tuple(changes))
+        for change in changes:
+            out.note(
+                f"price change recorded for {change['pod']} ({change['zone']}): "
+                f"{change['old']} -> {change['new']} USD per chip-hour"
+            )
+    return result
 
 
 @app.command("zones")
@@ -93,9 +223,7 @@ def zones(ctx: typer.Context, generation: GenerationOpt = None, output: OutputOp
     for gen in gens:
         for zone in gen.zones:
             by_zone.setdefault(zone, []).append(gen.name)
-    records = [
-        {"zone": z, "region": region_of_zone(z), "generations": g} for z, g in sorted(by_zone.items())
-    ]
+    records = [{"zone": z, "region": region_of_zone(z), "generations": g} for z, g in sorted(by_zone.items())]
     out.rows(
         f"zones (source: {catalog.source}, {catalog.date})",
         ("ZONE", "REGION", "GENERATIONS"),

@@ -205,7 +205,9 @@ def _offline_report(
     from tpuctl.services.prices import load_catalog
     from tpuctl.store.ledger import Ledger
 
-    catalog, source = load_catalog(settings.resolved_state_dir, settings.resolved_backend.value)
+    backend = settings.resolved_backend.value
+    catalog, source = load_catalog(settings.resolved_state_dir, backend)
+    out.backend_banner(backend, settings.project or "(not contacted)", ", offline")
     out.note("offline: the ledger only, not reconciled with the live listing")
     with Ledger(settings.resolved_state_dir) as ledger:
         result = CostService(ledger.path, catalog, source).report(since=start, until=end, group_by=group)
