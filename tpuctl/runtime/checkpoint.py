@@ -126,13 +126,52 @@ def _abstract(target: PyTree) -> PyTree:
     return jax.tree.map(one, target)
 
 
+def _path_names(path: tuple[Any, ...]) -> tuple[str, ...]:
+    """Key path as plain names: NamedTuple fields and dict keys read alike (orbax stores both as dicts)."""
+    names = []
+    for k in path:
+        for attr in ("name", "key", "idx"):
+            if hasattr(k, attr):
+                names.append(str(getattr(k, attr)))
+                break
+        else:
+            names.append(str(k))
+    return tuple(names)
+
+
+def _layout(tree: PyTree) -> dict[tuple[str, ...], tuple[tuple[int, ...], str]]:
+    return {_path_names(p): (tuple(x.shape), str(np.dtype(x.dtype)))
+            for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def _layout_mismatch(stored: PyTree, target: PyTree) -> str | None:
+    """Why ``stored`` (orbax metadata) cannot restore into ``target``, or None if it can."""
+    have, want = _layout(stored), _layout(target)
+    missing, extra = sorted(want.keys() - have.keys()), sorted(have.keys() - want.keys())
+    if missing or extra:
+        first = "/".join((missing or extra)[0])
+        return f"tree differs from the target ({len(missing)} missing, {len(extra)} unexpected, e.g. {first})"
+    for key in sorted(want):
+        if have[key] != want[key]:
+            (h_shape, h_dtype), (w_shape, w_dtype) = have[key], want[key]
+            return f"{'/'.join(key)} is {h_dtype}{list(h_shape)}, target {w_dtype}{list(w_shape)}"
+    return None
+
+
 def _short(exc: BaseException) -> str:
-    """One line for the log: tensorstore errors run to kilobytes of spec dump after this marker."""
-    text = " ".join(str(exc).split()).split(" See full TensorStore details")[0]
+    """One line for the log, with the cause (orbax wraps the tensorstore error that says what is wrong).
+
+    Tensorstore messages run to kilobytes of spec dump after the "See full" marker; cut it.
+    """
+    def one(e: BaseException) -> str:
+        text = " ".join(str(e).split()).split(" See full TensorStore details")[0]
+        return f"{type(e).__name__}: {text}"
+
+    text = one(exc)
     cause = exc.__cause__ or exc.__context__
-    if cause is not None and len(text) < 80:
-        text += f" <- {type(cause).__name__}: {' '.join(str(cause).split())}"
-    return f"{type(exc).__name__}: {text[:240]}"
+    if cause is not None:
+        text += f" <- {one(cause)}"
+    return text if len(text) <= 400 else text[:397] + "..."
 
 
 class Checkpointer:
@@ -217,8 +256,13 @@ class Checkpointer:
         try:
             step_dir = self._step_dir(step)
             verify = ocp.JsonCheckpointHandler().restore(step_dir / VERIFY_ITEM, args=ocp.args.JsonRestore())
-            state = ocp.StandardCheckpointHandler().restore(
-                step_dir / STATE_ITEM, args=ocp.args.StandardRestore(_abstract(target)))
+            handler = ocp.StandardCheckpointHandler()
+            # Shapes and dtypes first, from the small metadata file: a clear reason, and no doomed read
+            # of every array (which also leaves orbax's reader tasks failing noisily in the background).
+            mismatch = _layout_mismatch(handler.metadata(step_dir / STATE_ITEM), target)
+            if mismatch is not None:
+                return None, None, mismatch
+            state = handler.restore(step_dir / STATE_ITEM, args=ocp.args.StandardRestore(_abstract(target)))
             return state, verify, None
         except Exception as exc:  # any failure to read means this step is not usable
             return None, None, _short(exc)

@@ -26,6 +26,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="seeds the params and the data")
     p.add_argument("--batch", type=int, default=32, help="global batch size (sequences)")
     p.add_argument("--seq-len", type=int, default=64)
+    p.add_argument("--vocab", type=int, default=256)
+    p.add_argument("--d-model", type=int, default=64)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--heads", type=int, default=4)
     p.add_argument("--lr", type=float, default=1e-2)
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--model-parallel", type=int, default=1, help="size of the mesh's 'model' axis")
@@ -62,7 +66,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"--batch {args.batch} must be a multiple of the {jax.device_count()} devices", file=sys.stderr)
         return 2
 
-    cfg = lm.LMConfig(seq_len=args.seq_len)
+    cfg = lm.LMConfig(vocab=args.vocab, d_model=args.d_model, n_layers=args.layers, n_heads=args.heads,
+                      d_ff=4 * args.d_model, seq_len=args.seq_len)
     mesh = dist.make_mesh(args.model_parallel)
     optimizer = train.make_optimizer(args.lr, warmup_steps=min(10, args.steps // 10 + 1),
                                      total_steps=args.steps)

@@ -1,0 +1,128 @@
+"""Checkpoint checks in one process with 4 CPU devices; prints a JSON report on stdout (logs on stderr).
+
+Run by tests/runtime/test_checkpoint.py in a subprocess, with the checkpoint root as argv[1].
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from tpuctl.runtime import dist, train
+from tpuctl.runtime.checkpoint import Checkpointer
+from tpuctl.runtime.models import lm
+
+CFG = lm.LMConfig(vocab=64, d_model=32, n_layers=1, n_heads=2, d_ff=64, seq_len=16)
+
+
+def tree_equal(a: Any, b: Any) -> bool:
+    la, lb = jax.tree.leaves(jax.device_get(a)), jax.tree.leaves(jax.device_get(b))
+    return len(la) == len(lb) and all(np.array_equal(x, y) for x, y in zip(la, lb, strict=True))
+
+
+def specs(tree: Any) -> list[str]:
+    return [str(x.sharding.spec) for x in jax.tree.leaves(tree)]
+
+
+def state_at(base: train.TrainState, k: int) -> train.TrainState:
+    """A distinct state per step number, keeping the base state's shardings."""
+    return base._replace(step=base.step + k, params=jax.tree.map(lambda p: p + float(k), base.params))
+
+
+def largest_data_file(step_dir: Path) -> Path:
+    files = [p for p in step_dir.rglob("*") if p.is_file() and p.parent.name == "d"]
+    return max(files, key=lambda p: p.stat().st_size)
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    root = Path(sys.argv[1])
+    dist.init()
+    mesh = dist.make_mesh(2)
+    fsdp = train.make_train_step(lm.make_loss_fn(CFG), train.make_optimizer(), mesh,
+                                 param_sharding="fsdp", fsdp_min_size=256)
+    params = lm.init_params(CFG, 0)
+    base = fsdp.init(params)
+    target = fsdp.abstract_state(params)
+    out: dict[str, Any] = {}
+
+    # Round trip, periodic saving and keep-last-N.
+    ck = Checkpointer(root / "a", save_interval_steps=2, max_to_keep=2)
+    started = [k for k in range(1, 8) if ck.maybe_save(k, state_at(base, k))]
+    out["periodic_saved"] = started
+    out["forced_saved"] = ck.save(7, state_at(base, 7), force=True)
+    out["forced_again"] = ck.save(7, state_at(base, 7), force=True)  # already there: a no-op
+    ck.wait()
+    out["kept"] = ck.all_steps()
+    r = ck.restore_latest(target)
+    out["restored_step"] = r.step
+    out["restored_equal"] = tree_equal(r.state, state_at(base, 7))
+    out["restored_specs_match"] = specs(r.state) == specs(base)
+    out["restored_step_field"] = int(r.state.step)
+    out["latest_good_step"] = ck.latest_good_step(target)
+    # The same checkpoint into a different layout (e.g. a restart with other sharding flags).
+    rep = train.make_train_step(lm.make_loss_fn(CFG), train.make_optimizer(), mesh)
+    out["reshard_equal"] = tree_equal(ck.restore(6, rep.abstract_state(params)), state_at(base, 6))
+    ck.close()
+
+    # A truncated file in the latest step: fall back to the previous one, say so, drop the bad one.
+    ck = Checkpointer(root / "b", save_interval_steps=1, max_to_keep=3)
+    for k in (1, 2, 3):
+        ck.save(k, state_at(base, k))
+    ck.wait()
+    victim = largest_data_file(root / "b" / "3")
+    victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
+    out["b_latest_good_step"] = ck.latest_good_step(target)
+    r = ck.restore_latest(target)
+    out["b_restored_step"] = r.step
+    out["b_skipped"] = [[s.step, s.reason] for s in r.skipped]
+    out["b_restored_equal"] = tree_equal(r.state, state_at(base, 2))
+    out["b_steps_after"] = ck.all_steps()
+    # Training resumes from 2 and saves 3 again.
+    out["b_resave_3"] = ck.save(3, state_at(base, 3))
+    ck.wait()
+    out["b_steps_final"] = ck.all_steps()
+    ck.close()
+
+    # A flipped byte (no truncation) is caught by the checksum, not by the reader.
+    ck = Checkpointer(root / "c", save_interval_steps=1, max_to_keep=3)
+    for k in (1, 2):
+        ck.save(k, state_at(base, k))
+    ck.wait()
+    victim = largest_data_file(root / "c" / "2")
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    r = ck.restore_latest(target)
+    out["c_restored_step"] = r.step
+    out["c_skipped"] = [[s.step, s.reason] for s in r.skipped]
+    ck.close()
+
+    # Everything unreadable (here: a target of another model): start fresh, delete nothing.
+    other = train.make_train_step(lm.make_loss_fn(lm.LMConfig(**{**CFG.__dict__, "d_model": 16})),
+                                  train.make_optimizer(), mesh)
+    ck = Checkpointer(root / "a", save_interval_steps=1, max_to_keep=2)
+    r = ck.restore_latest(other.abstract_state(lm.init_params(lm.LMConfig(
+        vocab=64, d_model=16, n_layers=1, n_heads=2, d_ff=64, seq_len=16), 0)))
+    out["mismatch_restored"] = r.step
+    out["mismatch_kept"] = ck.all_steps()
+    ck.close()
+
+    # A save that crashed half-way leaves only orbax's tmp dir: never a step; cleaned at start-up.
+    tmp = root / "a" / "9.orbax-checkpoint-tmp-1234567"
+    (tmp / "state").mkdir(parents=True)
+    ck = Checkpointer(root / "a", save_interval_steps=1, max_to_keep=2)
+    out["tmp_steps"] = ck.all_steps()
+    out["tmp_removed"] = not tmp.exists()
+    ck.close()
+    json.dump(out, sys.stdout)
+
+
+if __name__ == "__main__":
+    main()

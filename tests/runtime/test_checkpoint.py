@@ -1,0 +1,74 @@
+"""Checkpointing: round trip, periodic and forced saves, keep-last-N, verified restore with fallback.
+
+The checks run in one subprocess with 4 CPU devices (scripts/ckpt_checks.py) so FSDP-sharded states
+are saved and restored; its JSON report and its log lines are asserted here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def result(run_py: Callable[..., Any], scripts_dir: Path,
+           tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str]:
+    root = tmp_path_factory.mktemp("ckpt")
+    proc = run_py([str(scripts_dir / "ckpt_checks.py"), str(root)], env={"JAX_NUM_CPU_DEVICES": "4"},
+                  timeout=180)
+    assert proc.returncode == 0, proc.describe()
+    return json.loads(proc.stdout), proc.stderr
+
+
+def test_round_trip_restores_equal_state_with_same_shardings(result: tuple[dict[str, Any], str]) -> None:
+    r, _ = result
+    assert r["restored_step"] == 7 and r["restored_step_field"] == 7
+    assert r["restored_equal"] and r["restored_specs_match"]
+    assert r["latest_good_step"] == 7
+
+
+def test_restore_into_another_sharding(result: tuple[dict[str, Any], str]) -> None:
+    assert result[0]["reshard_equal"]
+
+
+def test_periodic_forced_and_keep_last_n(result: tuple[dict[str, Any], str]) -> None:
+    r, _ = result
+    assert r["periodic_saved"] == [2, 4, 6]  # save_interval_steps=2
+    assert r["forced_saved"] is True and r["forced_again"] is False
+    assert r["kept"] == [6, 7]  # max_to_keep=2
+
+
+def test_truncated_latest_falls_back_and_says_so(result: tuple[dict[str, Any], str]) -> None:
+    r, log = result
+    assert r["b_latest_good_step"] == 2
+    assert r["b_restored_step"] == 2 and r["b_restored_equal"]
+    assert [s for s, _ in r["b_skipped"]] == [3]
+    assert "checkpoint step 3 unreadable (" in log and "); falling back to step 2" in log
+    assert "OUT_OF_RANGE" in r["b_skipped"][0][1] or "read" in r["b_skipped"][0][1]
+    # The damaged step is dropped so training can save step 3 again.
+    assert r["b_steps_after"] == [1, 2]
+    assert r["b_resave_3"] is True and r["b_steps_final"] == [1, 2, 3]
+
+
+def test_flipped_byte_caught_by_checksum(result: tuple[dict[str, Any], str]) -> None:
+    r, log = result
+    assert r["c_restored_step"] == 1
+    assert r["c_skipped"][0][0] == 2 and "checksum mismatch" in r["c_skipped"][0][1]
+    assert "checkpoint step 2 unreadable (checksum mismatch" in log
+
+
+def test_incompatible_target_starts_fresh_and_deletes_nothing(result: tuple[dict[str, Any], str]) -> None:
+    r, log = result
+    assert r["mismatch_restored"] is None
+    assert r["mismatch_kept"] == [6, 7]
+    assert "no earlier checkpoint; starting fresh" in log
+    assert "target float32[64, 16]" in log
+
+
+def test_unfinished_save_is_not_a_step(result: tuple[dict[str, Any], str]) -> None:
+    r, _ = result
+    assert r["tmp_steps"] == [6, 7] and r["tmp_removed"]

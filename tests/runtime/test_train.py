@@ -1,0 +1,81 @@
+"""The bundled train step, the mesh and the step-keyed data, on one process with 4 CPU devices.
+
+All checks run in one subprocess (scripts/train_checks.py) whose JSON report the tests below read:
+jax must see 4 devices from its start, and one process pays jax start-up and compiles once.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+
+@pytest.fixture(scope="module")
+def report(run_py: Callable[..., Any], scripts_dir: Path) -> dict[str, Any]:
+    proc = run_py([str(scripts_dir / "train_checks.py")], env={"JAX_NUM_CPU_DEVICES": "4"}, timeout=180)
+    assert proc.returncode == 0, proc.describe()
+    out: dict[str, Any] = json.loads(proc.stdout)
+    return out
+
+
+def test_four_devices_and_mesh(report: dict[str, Any]) -> None:
+    assert report["device_count"] == 4
+    assert report["mesh_shape"] == {"data": 2, "model": 2}
+    assert "model_parallel=3 must divide the device count 4" in report["bad_mesh_error"]
+
+
+def test_loss_decreases_over_20_steps(report: dict[str, Any]) -> None:
+    losses = report["replicated"]["losses"]
+    assert len(losses) == 20 and report["replicated"]["step"] == 20
+    assert all(np.isfinite(losses))
+    assert losses[-1] < 0.5 * losses[0], losses
+    assert np.mean(losses[-5:]) < np.mean(losses[:5])
+    assert all(np.isfinite(report["replicated"]["grad_norms"]))
+
+
+def test_matches_plain_jit_optax_step(report: dict[str, Any]) -> None:
+    np.testing.assert_allclose(report["replicated"]["losses"][:3], report["plain_losses"], rtol=1e-5)
+    assert report["plain_param_diff"] < 1e-5
+
+
+def test_fsdp_matches_replicated_and_really_shards(report: dict[str, Any]) -> None:
+    np.testing.assert_allclose(report["fsdp"]["losses"], report["replicated"]["losses"], rtol=1e-4)
+    assert report["fsdp"]["param_diff"] < 1e-5
+    specs = report["fsdp"]["specs"]
+    assert all(s == "P()" for s in report["replicated"]["specs"].values())
+    # Large params: largest divisible axis over "model"; the 32-element norm scales stay replicated.
+    assert specs["['embed']"] == "P('model', None)"  # (64, 32)
+    assert specs["['head']"] == "P(None, 'model')"  # (32, 64)
+    assert specs["['layers'][0]['ln1']"] == "P()"
+    # Adam's moments follow their params.
+    assert "P('model', None)" in report["fsdp"]["mu_specs"]
+
+
+def test_grad_accum_2_matches_accum_1(report: dict[str, Any]) -> None:
+    np.testing.assert_allclose(report["accum"]["losses"][:5], report["replicated"]["losses"][:5], rtol=1e-5)
+    assert report["accum"]["param_diff"] < 1e-5
+
+
+def test_bf16_compute_keeps_fp32_master_weights(report: dict[str, Any]) -> None:
+    bf16 = report["bf16"]
+    assert bf16["param_dtypes"] == ["float32"]
+    assert bf16["opt_dtypes"] == ["float32"]
+    assert bf16["hlo_has_bf16_dot"] and not report["f32_hlo_has_bf16_dot"]
+    # Close to the fp32 run, but not identical (it really computed in bf16).
+    np.testing.assert_allclose(bf16["losses"][:5], report["replicated"]["losses"][:5], rtol=2e-2)
+    assert 0 < bf16["param_diff"] < 0.2
+    assert bf16["losses"][-1] < 0.5 * bf16["losses"][0]
+
+
+def test_data_is_keyed_by_step(report: dict[str, Any]) -> None:
+    d = report["data"]
+    assert d["same_step_equal"] and d["next_step_differs"]
+    assert d["rows_slice_equal"], "a process generating only its rows must get the same rows"
+    assert d["sharded_equal"] == [True, True, True], "global arrays must match the numpy batch on any mesh"
+    assert d["targets_are_shifted_inputs"]
+    assert d["dtype"] == "int32" and d["shape"] == [16, 16]
