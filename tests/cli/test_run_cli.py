@@ -314,3 +314,41 @@ def test_second_run_on_a_pod_does_not_ship_the_unchanged_bundle(
     assert second.code == 0
     assert second.json["run"]["shipped_hosts"] == 0
     assert sorted(re.findall(r"w\d \| hi (\d)", second.stderr)) == ["0", "1", "2", "3"]
+
+
+# --- bench step --------------------------------------------------------------------------------------------
+
+
+def test_bench_step_reports_consistent_figures_against_the_measured_peak(
+    admin: SimAdminClient, tpuctl: Callable[..., Result]
+) -> None:
+    result = tpuctl("bench", "step", "v5e-4", "--steps", "3", "--seq-len", "32", "--d-model", "64",
+                    "--layers", "1", "-o", "json")  # fmt: skip
+    assert result.code == 0, result.stderr[-3000:]
+    bench = result.json["bench"]
+    assert (bench["accelerator_type"], bench["hosts"], bench["devices"], bench["platform"]) == (
+        "v5litepod-4", 1, 4, "cpu",
+    )  # fmt: skip
+    assert bench["global_batch"] == 2 * 4 and bench["seq_len"] == 32
+    assert bench["tokens_per_s"] == pytest.approx(8 * 32 / bench["step_time_s"])
+    assert bench["peak_tflops"] > 0 and bench["peak_source"].startswith("measured: 2048^3 float32 matmul")
+    assert bench["fraction_of_peak"] == pytest.approx(bench["achieved_tflops"] / bench["peak_tflops"])
+    assert admin.status()["nodes"] == []  # the slice made for it is gone
+
+
+def test_bench_figures_use_the_catalog_peak_on_tpu() -> None:
+    from tpuctl.catalog import Catalog
+    from tpuctl.services.launcher import bench_step_figures
+
+    accel = Catalog.load().resolve("v5e-16")
+    raw = {
+        "platform": "tpu",
+        "achieved_tflops": 394.0,
+        "step_time_s": 0.1,
+        "tokens_per_s": 1e6,
+        "processes": 4,
+    }
+    figures = bench_step_figures(raw, accel)
+    assert figures["peak_tflops"] == accel.peak_bf16_tflops
+    assert figures["fraction_of_peak"] == pytest.approx(394.0 / accel.peak_bf16_tflops)
+    assert figures["peak_source"] == "catalog: v5e-16 peak bf16 (16 chips)"

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from tpuctl.store.records import RunRecord
 
 runs_app = typer.Typer(help="List runs, describe one, show its hosts' logs.", no_args_is_help=True)
+bench_app = typer.Typer(help="Benchmarks on a (simulated) slice.", no_args_is_help=True)
 
 #: Worker prefix colours, cycled; picked so neighbours differ on dark and light terminals.
 _COLOURS = ("cyan", "magenta", "green", "yellow", "blue", "red", "bright_cyan", "bright_magenta")
@@ -59,6 +60,7 @@ def register(app: typer.Typer) -> None:
         context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
     )(run)
     app.add_typer(runs_app, name="runs")
+    app.add_typer(bench_app, name="bench")
 
 
 def run(
@@ -365,3 +367,107 @@ def run_logs(
             for line in fh:
                 sys.stdout.write(line if worker is not None else f"w{w:<{width}} | {line}")
     sys.stdout.flush()
+
+
+# --- bench ----------------------------------------------------------------------------------------------
+
+
+@bench_app.command("step")
+def bench_step(
+    ctx: typer.Context,
+    accelerator_type: Annotated[str, typer.Argument(metavar="TYPE", help="Slice type, e.g. v5e-16.")],
+    pod: Annotated[str | None, typer.Option("--pod", help="Use this existing READY slice (of TYPE).")] = None,
+    zone: Annotated[str | None, typer.Option("--zone", help="Zone to create the slice in.")] = None,
+    steps: Annotated[int, typer.Option("--steps", help="Timed steps.")] = 10,
+    batch_per_device: Annotated[
+        int, typer.Option("--batch-per-device", help="Sequences per device per step.")
+    ] = 2,
+    seq_len: Annotated[int, typer.Option("--seq-len", help="Tokens per sequence.")] = 128,
+    d_model: Annotated[int, typer.Option("--d-model", help="Model width.")] = 256,
+    layers: Annotated[int, typer.Option("--layers", help="Transformer layers.")] = 2,
+    compute_dtype: Annotated[
+        str, typer.Option("--compute-dtype", help="float32 or bfloat16 (fp32 master weights).")
+    ] = "float32",
+    keep_pod: Annotated[bool, typer.Option("--keep-pod", help="Keep a slice created for this.")] = False,
+    output: OutputOpt = None,
+) -> None:
+    """Run the bundled train step on every host of a slice; report step time, tokens/s, achieved
+    TFLOP/s and the fraction of peak (the catalog's on TPU; on the simulator, a large matmul measured
+    on the same CPU in the same run)."""
+    from tpuctl.errors import TpuctlError, UsageError
+    from tpuctl.services.launcher import (
+        BenchCollector,
+        Launcher,
+        RunRequest,
+        bench_step_figures,
+        bench_step_program,
+    )
+
+    out = make_output(ctx, output)
+    for flag, value in (("--steps", steps), ("--batch-per-device", batch_per_device), ("--seq-len", seq_len),
+                        ("--d-model", d_model), ("--layers", layers)):  # fmt: skip
+        if value < 1:
+            raise UsageError(
+                f"{flag} must be 1 or more, got {value}", field=flag, value=value, fix=f"{flag} 4"
+            )
+    if compute_dtype not in ("float32", "bfloat16"):
+        raise UsageError(
+            f"unknown --compute-dtype {compute_dtype!r}",
+            field="--compute-dtype",
+            value=compute_dtype,
+            fix="use float32 or bfloat16",
+        )
+    program_args = ("--steps", str(steps), "--batch-per-device", str(batch_per_device), "--seq-len",
+                    str(seq_len), "--d-model", str(d_model), "--layers", str(layers), "--compute-dtype",
+                    compute_dtype)  # fmt: skip
+    with session(ctx, out) as sess:
+        accel = sess.catalog.resolve(accelerator_type)
+        request = RunRequest(
+            script=str(bench_step_program()),
+            args=program_args,
+            pod=pod,
+            accelerator_type=None if pod else accelerator_type,
+            zone=zone,
+            keep_pod=keep_pod,
+        )
+        collector = BenchCollector()
+        launcher = Launcher(sess, observer=collector)
+        prepared = launcher.prepare(request)
+        if prepared.target.accelerator.api_name != accel.api_name:
+            raise UsageError(
+                f"pod {pod} is a {prepared.target.accelerator.friendly_name}, not a {accel.friendly_name}",
+                field="--pod",
+                value=pod,
+                fix=f"pass TYPE {prepared.target.accelerator.friendly_name}, or drop --pod",
+            )
+        printer = _Printer(out, accel.hosts)
+        collector = BenchCollector(printer if not out.machine else None)
+        launcher = Launcher(sess, observer=collector)
+        with out.progress(f"bench step on {accel.friendly_name}") as prog:
+            printer.spinner = prog
+            result = launcher.run_prepared(prepared, progress=prog)
+    if collector.result is None:
+        raise TpuctlError(
+            f"the bench program printed no result (run {result.run_id})",
+            fix=f"see `tpuctl runs logs {result.run_id} --worker 0`",
+        )
+    figures = {"run_id": result.run_id, **bench_step_figures(collector.result, accel)}
+    if out.machine:
+        out.document(out.envelope(bench=figures))
+        return
+    peak = figures["peak_tflops"]
+    fraction = figures["fraction_of_peak"]
+    out.fields(
+        f"bench step {accel.friendly_name}",
+        {
+            "hosts x devices": f"{figures['hosts']} x {figures['devices'] // max(figures['hosts'], 1)}",
+            "model": f"{figures['params'] / 1e6:.2f}M params, batch "
+            f"{figures['global_batch']}x{figures['seq_len']}, {figures['compute_dtype']}",
+            "step time": f"{figures['step_time_s'] * 1e3:.1f} ms",
+            "tokens/s": f"{figures['tokens_per_s']:.0f}",
+            "achieved": f"{figures['achieved_tflops']:.4f} TFLOP/s",
+            "peak": "-" if peak is None else f"{peak:.4f} TFLOP/s ({figures['peak_source']})",
+            "fraction of peak": "-" if fraction is None else f"{fraction:.1%}",
+            "run": result.run_id,
+        },
+    )
