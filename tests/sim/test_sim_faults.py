@@ -94,7 +94,7 @@ def test_ambiguous_rate_is_statistically_right(start_server: Callable[..., SimSe
 
 
 def test_latency_applies_to_the_tpu_api_only(start_server: Callable[..., SimServer]) -> None:
-    server = start_server(make_world(latency={"base_ms": 60, "jitter_ms": 0}))
+    server = start_server(make_world(latency={"base_ms": 200, "jitter_ms": 0}))
     with httpx.Client(base_url=server.url) as http:
         http.get("/sim/v1/status")  # connect first
         started = time.perf_counter()
@@ -103,8 +103,8 @@ def test_latency_applies_to_the_tpu_api_only(start_server: Callable[..., SimServ
         started = time.perf_counter()
         http.get("/sim/v1/faults")
         admin_s = time.perf_counter() - started
-    assert api_s >= 0.055, api_s
-    assert admin_s < 0.05, admin_s
+    assert api_s >= 0.195, api_s
+    assert admin_s < 0.15, admin_s
 
 
 def test_lro_polling_survives_no_faults_and_default_polling_is_slow(server: SimServer) -> None:

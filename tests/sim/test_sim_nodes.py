@@ -15,6 +15,7 @@ from sim_helpers import (
     PARENT,
     PROJECT,
     ZONE,
+    ManualClock,
     create_ready,
     make_world,
     node,
@@ -36,8 +37,9 @@ def test_accelerator_type_enum_numbers_match_the_client() -> None:
 
 
 def test_create_get_list_delete_node(start_server: Callable[..., SimServer]) -> None:
-    # Slow enough to see the CREATING and DELETING states between requests.
-    server = start_server(make_world(durations={"node_create_s": 300, "node_delete_s": 300}))
+    # Time moves only when the test says so, to see CREATING and DELETING between requests.
+    clock = ManualClock()
+    server = start_server(make_world(), clock=clock, ticker_interval_s=0)
     client = tpu_client(server.url)
     operation = client.create_node(
         parent=PARENT,
@@ -45,12 +47,13 @@ def test_create_get_list_delete_node(start_server: Callable[..., SimServer]) -> 
         node=node("v5litepod-16", labels={"team": "ml", "managed-by": "tpuctl"}, metadata={"k": "v"}),
     )
     # The LRO is pending at first: the node is CREATING.
-    assert not operation.done()
+    assert not operation.done()  # done() asks the server again
     assert operation.metadata.verb == "create"
     assert operation.metadata.target == f"{PARENT}/nodes/pod-a"
     assert operation.metadata.api_version == "v2"
     creating = client.get_node(name=f"{PARENT}/nodes/pod-a")
     assert creating.state == tpu_v2.Node.State.CREATING
+    clock.advance(0.12)  # 120 simulated seconds
 
     ready = operation.result(polling=FAST_POLLING)
     assert ready.name == f"{PARENT}/nodes/pod-a"
@@ -75,6 +78,7 @@ def test_create_get_list_delete_node(start_server: Callable[..., SimServer]) -> 
 
     delete = client.delete_node(name=f"{PARENT}/nodes/pod-a")
     assert client.get_node(name=f"{PARENT}/nodes/pod-a").state == tpu_v2.Node.State.DELETING
+    clock.advance(0.03)
     delete.result(polling=FAST_POLLING)  # google.protobuf.Empty
     assert delete.metadata.verb == "delete"
     assert list(client.list_nodes(parent=PARENT)) == []

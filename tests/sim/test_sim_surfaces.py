@@ -100,23 +100,26 @@ def test_metadata_server(server: SimServer, client: tpu_v2.TpuClient) -> None:
 def test_metadata_wait_for_change(server: SimServer, client: tpu_v2.TpuClient, admin: SimAdminClient) -> None:
     create_ready(client, "wait", spot_node("v5litepod-4"))
     url = server.metadata_url(ZONE, "wait", 0) + "/computeMetadata/v1/instance/preempted"
+    google = {"Metadata-Flavor": "Google"}
+    first = httpx.get(url, headers=google)
+    assert first.text == "FALSE" and first.headers["ETag"]
     answers: list[str] = []
 
     def watch() -> None:
-        response = httpx.get(
-            url,
-            params={"wait_for_change": "true", "timeout_sec": "10"},
-            headers={"Metadata-Flavor": "Google"},
-            timeout=15,
-        )
-        answers.append(response.text)
+        # last_etag: answered at once if the value changed before this request arrived (as on GCE).
+        params = {"wait_for_change": "true", "timeout_sec": "10", "last_etag": first.headers["ETag"]}
+        answers.append(httpx.get(url, params=params, headers=google, timeout=15).text)
 
     watcher = threading.Thread(target=watch)
     watcher.start()
-    time.sleep(0.1)
+    time.sleep(0.05)
     admin.preempt(ZONE, "wait", notice=True)
-    watcher.join(timeout=10)
+    watcher.join(timeout=12)
     assert answers == ["TRUE"]
+    # Nothing changes any more: a watch with the current ETag times out with the same value.
+    current = httpx.get(url, headers=google).headers["ETag"]
+    params = {"wait_for_change": "true", "timeout_sec": "0.1", "last_etag": current}
+    assert httpx.get(url, params=params, headers=google).text == "TRUE"
 
 
 def test_admin_status(server: SimServer, client: tpu_v2.TpuClient, admin: SimAdminClient) -> None:

@@ -17,6 +17,7 @@ Latency and injected faults apply to the TPU API and Cloud Quotas surfaces only.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import random
 import re
@@ -50,11 +51,16 @@ class _Drop(Exception):
 
 
 class _Text:
-    """A plain-text answer (the metadata server's)."""
+    """A plain-text answer (the metadata server's), with its ETag when it is a value."""
 
-    def __init__(self, text: str, status: int = 200) -> None:
+    def __init__(self, text: str, status: int = 200, *, etag: str | None = None) -> None:
         self.text = text
         self.status = status
+        self.etag = etag
+
+
+def _etag(value: str) -> str:
+    return hashlib.sha1(value.encode(), usedforsecurity=False).hexdigest()[:16]
 
 
 Answer = dict[str, Any] | _Text
@@ -304,7 +310,7 @@ class _Handler(BaseHTTPRequestHandler):
             )
             return
         if isinstance(answer, _Text):
-            self._send_text(answer.status, answer.text)
+            self._send_text(answer.status, answer.text, answer.etag)
         else:
             self._send_json(200, answer)
 
@@ -367,32 +373,37 @@ class _Handler(BaseHTTPRequestHandler):
         if value is None:
             return _Text("not found\n", 404)
         if _first(query, "wait_for_change") == "true":
+            # As on GCE: answer when the value's ETag differs from last_etag (default: the ETag at the
+            # time of the request), or at timeout_sec with the unchanged value.
+            last_etag = _first(query, "last_etag") or _etag(value)
             timeout = min(float(_first(query, "timeout_sec") or 60), 300.0)
             deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline:
-                time.sleep(0.05)
+            while _etag(value) == last_etag and time.monotonic() < deadline:
+                time.sleep(0.02)
                 try:
-                    current = engine.metadata_value(zone, node, worker, key)
+                    value = engine.metadata_value(zone, node, worker, key)
                 except ApiError:
                     return _Text("not found\n", 404)
-                if current != value:
-                    return _Text(current or "")
-        return _Text(value)
+                if value is None:
+                    return _Text("not found\n", 404)
+        return _Text(value, etag=_etag(value))
 
     def _send_json(self, status: int, payload: dict[str, Any]) -> None:
         data = json.dumps(payload).encode()
         self._send(status, data, "application/json; charset=UTF-8")
 
-    def _send_text(self, status: int, text: str) -> None:
-        self._send(status, text.encode(), "application/text")
+    def _send_text(self, status: int, text: str, etag: str | None = None) -> None:
+        self._send(status, text.encode(), "application/text", etag=etag)
 
-    def _send(self, status: int, data: bytes, content_type: str) -> None:
+    def _send(self, status: int, data: bytes, content_type: str, *, etag: str | None = None) -> None:
         try:
             self.send_response(status)
             self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(data)))
             if self.path.startswith("/sim/metadata/"):
                 self.send_header("Metadata-Flavor", "Google")
+            if etag is not None:
+                self.send_header("ETag", etag)
             self.end_headers()
             self.wfile.write(data)
         except OSError:
