@@ -167,6 +167,7 @@ class BudgetGuard:
     clock: Callable[[], float] = time.time
     spent_before_usd: float = 0.0
     deadline: float | None = None
+    deadline_start: float | None = None  # when the time limit started counting (default: first slice)
     warn_fraction: float = WARN_FRACTION
     margin_s: float = 0.0
     _slices: dict[str, _Billed] = field(default_factory=dict)
@@ -254,7 +255,9 @@ class BudgetGuard:
     def _over_warn_mark(self, spent: float, at: float) -> bool:
         if self.limit_usd is not None and spent >= self.warn_fraction * self.limit_usd:
             return True
-        start = min((b.start for b in self._slices.values()), default=None)
+        start = self.deadline_start
+        if start is None:
+            start = min((b.start for b in self._slices.values()), default=None)
         if self.deadline is not None and start is not None and self.deadline > start:
             return (at - start) >= self.warn_fraction * (self.deadline - start)
         return False
@@ -330,8 +333,10 @@ class BudgetGuard:
             self._slices[key] = _Billed(rate, start, _earliest(pod.ended_at, end))
         limit_s = max_seconds_of(pod.labels)
         if limit_s is not None and pod.ended_at is None:
-            deadline = (pod.ready_at or start) + limit_s
-            self.deadline = deadline if self.deadline is None else min(self.deadline, deadline)
+            counted_from = pod.ready_at or start
+            deadline = counted_from + limit_s
+            if self.deadline is None or deadline < self.deadline:
+                self.deadline, self.deadline_start = deadline, counted_from
 
 
 def usd_per_hour_of(pod: PodRecord, catalog: Catalog) -> float | None:
@@ -463,10 +468,13 @@ def watch_run_budget(
     warn: Callable[[str], None],
     poll_s: float = 1.0,
     stop_margin_s: float = 60.0,
+    clock: Callable[[], float] = time.time,
+    poll_thread: bool = True,
 ) -> Iterator[RunBudgetWatch | None]:
     """``with watch_run_budget(...)`` around a run: nothing without a limit; with one, a running watch,
     and when the budget stopped the run, whatever the run raised becomes ``BudgetExceededError`` (exit 7)
-    and the run is marked ``budget_exceeded`` in the ledger."""
+    and the run is marked ``budget_exceeded`` in the ledger. ``poll_thread=False``: no thread, the caller
+    calls ``check_once()`` itself (a supervisor does, at each step boundary)."""
     if limit_usd is None:
         yield None
         return
@@ -474,9 +482,10 @@ def watch_run_budget(
 
     watch = RunBudgetWatch(
         ledger, run_id, catalog, limit_usd=limit_usd, stop=stop, warn=warn, poll_s=poll_s,
-        stop_margin_s=stop_margin_s,
+        stop_margin_s=stop_margin_s, clock=clock,
     )  # fmt: skip
-    watch.start()
+    if poll_thread:
+        watch.start()
     try:
         yield watch
     except BaseException as exc:
