@@ -295,3 +295,34 @@ def test_bad_input_table_output_names_value_and_fix(cli: Cli) -> None:
     assert result.code == 2
     assert "--valid-for only applies to queued resources" in result.stderr
     assert "fix:" in result.stderr and "add --queued" in result.stderr
+
+
+def test_every_feasible_zone_stocked_out_exits_5_and_leaves_nothing(
+    sim: Callable[..., SimEnv], cli: Cli
+) -> None:
+    env = sim()
+    zones = ["us-central1-a", "us-west4-a"]
+    for zone in zones:
+        env.admin.stockout(zone)
+    result = cli("pod", "create", "v5e-4", "--spot", *zone_flags(zones), "-o", "json", env=env)
+    assert result.code == 5
+    error = result.json
+    assert error["error"] == "no_capacity"
+    assert error["message"].startswith(
+        "no capacity: every feasible candidate failed: us-central1-a spot: stockout"
+    )
+    assert [(a["zone"], a["outcome"]) for a in error["attempts"]] == [
+        ("us-central1-a", "stockout"),
+        ("us-west4-a", "stockout"),
+    ]
+    assert "--queued" in error["fix"]
+    assert env.admin.status()["nodes"] == []
+
+
+def test_a_name_in_use_is_refused_before_creating(sim: Callable[..., SimEnv], cli: Cli) -> None:
+    env = sim()
+    assert cli("pod", "create", "v5e-4", "--zone", "us-west4-a", "--name", "dup", env=env).code == 0
+    again = cli("pod", "create", "v5e-4", "--zone", "us-east5-b", "--name", "dup", "-o", "json", env=env)
+    assert again.code == 12
+    assert again.json["message"] == "a slice named 'dup' already exists in us-west4-a (READY)"
+    assert [n["zone"] for n in env.admin.status()["nodes"]] == ["us-west4-a"]

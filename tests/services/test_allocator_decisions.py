@@ -190,3 +190,27 @@ def test_preempted_slices_holding_quota_are_reported(sim: Callable[..., SimEnv])
         "request needs (16 chips, 0 available): slice old (PREEMPTED, us-central1-a); deleting them "
         "(`tpuctl pod gc`) would make room"
     ]
+
+
+def test_quota_race_at_create_fails_over(sim: Callable[..., SimEnv]) -> None:
+    """The plan saw room; by the time of the create something else took the quota: the 429 is an attempt
+    with outcome quota, and the next candidate takes the request."""
+    env = sim(quotas={"default": {"preemptible": {"zone": 16, "region": 512}}})
+    session = env.session()
+    allocator = env.allocator(session)
+    request = env.request("v5e-16", session=session, zones=["us-central1-a", "us-west4-a"], spot=True)
+    plan = allocator.plan(request)
+    assert [c.zone for c in plan.order] == ["us-central1-a", "us-west4-a"]
+    # Someone else takes the zone's whole spot quota between the plan and the create.
+    thief = env.request("v5e-16", session=session, zones=["us-central1-a"], spot=True, name="thief")
+    allocator.place(thief)
+
+    placement = allocator.place(request, plan=plan)
+
+    assert placement.candidate.zone == "us-west4-a"
+    first, second = placement.attempts
+    assert (first.zone, first.outcome) == ("us-central1-a", AttemptOutcome.QUOTA)
+    assert f"Quota limit '{SPOT_Z}' has been exceeded" in first.message
+    assert (second.zone, second.outcome) == ("us-west4-a", AttemptOutcome.CREATED)
+    names = sorted((n.name, n.zone) for n in session.cloud.list_nodes(None))
+    assert names == sorted([("thief", "us-central1-a"), (request.name, "us-west4-a")])

@@ -77,3 +77,32 @@ def test_fifty_placements_under_faults_no_duplicate_no_orphan(sim: Callable[...,
         assert outcomes.count(AttemptOutcome.CREATED) == 1
     alive = {(p.zone, p.name) for p in ledger.list_pods(alive=True)}
     assert alive == {(n.zone, n.name) for n in listed}
+
+
+def test_queued_placements_under_faults_no_duplicate_no_orphan(sim: Callable[..., SimEnv]) -> None:
+    """The same through queued resources (the race strategy, two zones each): creates carry a requestId
+    and are looked for after an ambiguous failure, so no queued resource or slice is made twice."""
+    zones = ["us-central1-a", "us-west4-a"]
+    env = sim(
+        zones={z: {"v5e": {"on_demand": 512, "preemptible": 512}} for z in zones},
+        quotas={
+            "default": {"on_demand": {"zone": -1, "region": -1}, "preemptible": {"zone": -1, "region": -1}}
+        },
+        faults={"transient_error_rate": 0.2, "ambiguous_error_rate": 0.1},
+        durations={"queued_provision_s": 20},
+    )
+    session = env.session()
+    allocator = env.allocator(session)
+    placed: dict[str, str] = {}
+    for i in range(10):
+        request = env.request(
+            "v5e-4", session=session, zones=zones, name=f"q{i}", strategy="race", race_k="2"
+        )
+        placement = allocator.place(request)
+        placed[request.name] = placement.candidate.zone
+    env.admin.set_faults(transient_error_rate=0.0, ambiguous_error_rate=0.0)
+    status = env.admin.status()
+    assert sorted((n["name"], n["zone"]) for n in status["nodes"]) == sorted(placed.items())
+    assert sorted((q["name"], q["zone"], q["state"]) for q in status["queued_resources"]) == sorted(
+        (name, zone, "ACTIVE") for name, zone in placed.items()
+    )

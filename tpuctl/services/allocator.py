@@ -265,10 +265,11 @@ class Allocator:
     def survey(self, request: PlacementRequest) -> Survey:
         """The live listing, queued resources, quota limits and offers, read in parallel where independent."""
         accel = request.accelerator
-        # The first call runs alone: it builds the API client, which must not happen in two threads at once.
-        nodes = self._cloud.list_nodes(None)
         with ThreadPoolExecutor(max_workers=self._max_workers, thread_name_prefix="tpuctl-survey") as pool:
+            # Cloud Quotas has its own HTTP client: start it at once. The first TPU API call runs alone:
+            # it builds the API client, which must not happen in two threads at once.
             limits_f = pool.submit(self._cloud.quota_limits)
+            nodes = self._cloud.list_nodes(None)
             queued_f = pool.submit(self._cloud.list_queued_resources, None)
             cloud_zones: list[str] = []
             if request.region and not request.zones:
@@ -395,7 +396,9 @@ class Allocator:
                     raise exc
             raise exhausted_error(plan, attempts)
         finally:
-            self._sweep(request, keep=kept)
+            # One attempt that succeeded left nothing else; any failure may have (the listing finds it).
+            if kept is None or len(attempts) > 1:
+                self._sweep(request, keep=kept)
 
     def _attempt_node(
         self,
@@ -426,7 +429,10 @@ class Allocator:
             node = ctx.retried(create_once)
             rec.pod_event(EventKind.CREATED, request, cand, name, detail={"state": node.state})
             if request.wait:
-                node = ctx.wait_node_ready(zone, name, progress)
+                # A create waited on returns the node as its operation left it (READY); a node adopted
+                # after an ambiguous failure may still be CREATING: follow it.
+                if node.state != "READY":
+                    node = ctx.wait_node_ready(zone, name, progress)
                 rec.pod_event(EventKind.READY, request, cand, name)
         except BaseException as exc:  # every failure (Ctrl-C included) is recorded, cleaned up, then judged
             outcome = outcome_for(exc)
