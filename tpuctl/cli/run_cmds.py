@@ -388,6 +388,9 @@ def bench_step(
     compute_dtype: Annotated[
         str, typer.Option("--compute-dtype", help="float32 or bfloat16 (fp32 master weights).")
     ] = "float32",
+    matmul_n: Annotated[
+        int, typer.Option("--matmul-n", help="Square matmul size for the simulator's measured peak.")
+    ] = 2048,
     keep_pod: Annotated[bool, typer.Option("--keep-pod", help="Keep a slice created for this.")] = False,
     output: OutputOpt = None,
 ) -> None:
@@ -405,7 +408,7 @@ def bench_step(
 
     out = make_output(ctx, output)
     for flag, value in (("--steps", steps), ("--batch-per-device", batch_per_device), ("--seq-len", seq_len),
-                        ("--d-model", d_model), ("--layers", layers)):  # fmt: skip
+                        ("--d-model", d_model), ("--layers", layers), ("--matmul-n", matmul_n)):  # fmt: skip
         if value < 1:
             raise UsageError(
                 f"{flag} must be 1 or more, got {value}", field=flag, value=value, fix=f"{flag} 4"
@@ -419,7 +422,7 @@ def bench_step(
         )
     program_args = ("--steps", str(steps), "--batch-per-device", str(batch_per_device), "--seq-len",
                     str(seq_len), "--d-model", str(d_model), "--layers", str(layers), "--compute-dtype",
-                    compute_dtype)  # fmt: skip
+                    compute_dtype, "--matmul-n", str(matmul_n))  # fmt: skip
     with session(ctx, out) as sess:
         accel = sess.catalog.resolve(accelerator_type)
         request = RunRequest(
