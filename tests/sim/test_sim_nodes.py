@@ -179,19 +179,27 @@ def test_existing_name_is_409(client: tpu_v2.TpuClient) -> None:
     assert info.value.message.endswith(f"Resource '{PARENT}/nodes/dup' already exists")
 
 
-def test_delete_twice_returns_the_same_operation(client: tpu_v2.TpuClient) -> None:
-    create_ready(client, "del", node())
+def test_delete_twice_returns_the_same_operation(start_server: Callable[..., SimServer]) -> None:
+    clock = ManualClock()
+    client = tpu_client(start_server(make_world(), clock=clock, ticker_interval_s=0).url)
+    client.create_node(parent=PARENT, node_id="del", node=node())
+    clock.advance(0.12)
     first = client.delete_node(name=f"{PARENT}/nodes/del")
     second = client.delete_node(name=f"{PARENT}/nodes/del")
     assert first.operation.name == second.operation.name
+    clock.advance(0.03)
     first.result(polling=FAST_POLLING)
     with pytest.raises(exceptions.NotFound):
         client.delete_node(name=f"{PARENT}/nodes/del")
 
 
-def test_delete_while_creating_aborts_the_create(client: tpu_v2.TpuClient) -> None:
+def test_delete_while_creating_aborts_the_create(start_server: Callable[..., SimServer]) -> None:
+    clock = ManualClock()
+    client = tpu_client(start_server(make_world(), clock=clock, ticker_interval_s=0).url)
     create = client.create_node(parent=PARENT, node_id="early", node=node())
-    client.delete_node(name=f"{PARENT}/nodes/early").result(polling=FAST_POLLING)
+    delete = client.delete_node(name=f"{PARENT}/nodes/early")
+    clock.advance(0.2)
+    delete.result(polling=FAST_POLLING)
     with pytest.raises(exceptions.GoogleAPICallError) as info:
         create.result(polling=FAST_POLLING)
     assert info.value.code == 409  # ABORTED
