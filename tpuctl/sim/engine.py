@@ -92,6 +92,10 @@ _QR_QUOTA_HOLDING_STATES = ("SUSPENDED", "FAILED")
 #: Runtime versions offered in every zone besides each generation's default (GCP lists many more).
 _COMMON_RUNTIME_VERSIONS = ("tpu-ubuntu2204-base", "tpu-vm-base", "tpu-vm-tf-2.16.1-pjrt")
 
+# Old private name, still probed by a workaround in tests/cloud/test_cloud_tpu_api_sim.py for the int64
+# overflow fixed in shapes.node_uid; remove once that workaround is gone.
+_node_uid = node_uid
+
 DEFAULT_ENDPOINT_PORT = 8470
 DEFAULT_ENDPOINT_IP = "127.0.0.1"
 
