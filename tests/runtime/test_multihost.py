@@ -7,6 +7,7 @@ that does not import tpuctl itself where that matters: the sitecustomize hook mu
 from __future__ import annotations
 
 import re
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -77,15 +78,43 @@ def test_same_seed_same_hash(reference: list[Any], start_hosts: Callable[..., An
     assert _hash(again) == _hash(reference)
 
 
-def test_crash_and_resume_is_bit_identical(reference: list[Any], start_hosts: Callable[..., Any],
-                                           tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def crashed(tmp_path_factory: pytest.TempPathFactory, start_hosts: Callable[..., Any]) -> Path:
+    """Checkpoints of a run that died hard right after step 8 (checkpoints at 4 and 8, no final one)."""
+    work = tmp_path_factory.mktemp("lm-crashed")
+    procs = _lm(start_hosts, work, work / "ckpt", "--crash-after-step", "8")
+    assert [p.returncode for p in procs] == [3, 3], procs[0].describe()
+    assert not HASH.search(procs[0].stdout)
+    assert sorted(p.name for p in (work / "ckpt").iterdir() if p.name.isdigit()) == ["4", "8"]
+    return work / "ckpt"
+
+
+def test_crash_and_resume_is_bit_identical(reference: list[Any], crashed: Path,
+                                           start_hosts: Callable[..., Any], tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt"
-    crashed = _lm(start_hosts, tmp_path / "a", ckpt, "--crash-after-step", "8")
-    assert [p.returncode for p in crashed] == [3, 3], crashed[0].describe()
-    assert not HASH.search(crashed[0].stdout)
-    resumed = _lm(start_hosts, tmp_path / "b", ckpt)
+    shutil.copytree(crashed, ckpt)
+    resumed = _lm(start_hosts, tmp_path, ckpt)
     assert "restored step 8 from" in resumed[0].stdout, resumed[0].describe()
     assert [int(s) for s, _ in STEP.findall(resumed[0].stdout)] == list(range(9, 17))
+    assert _hash(resumed) == _hash(reference)
+
+
+def test_corrupt_latest_checkpoint_falls_back_on_every_host(reference: list[Any], crashed: Path,
+                                                            start_hosts: Callable[..., Any],
+                                                            tmp_path: Path) -> None:
+    """Step 8 damaged (a data file cut in half): all hosts agree to resume from 4, and the end result
+    is still bit-identical, just with more steps redone."""
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(crashed, ckpt)
+    data = [p for p in (ckpt / "8").rglob("*") if p.is_file() and p.parent.name == "d"]
+    victim = max(data, key=lambda p: p.stat().st_size)
+    victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
+    resumed = _lm(start_hosts, tmp_path, ckpt)
+    for proc in resumed:
+        assert "checkpoint step 8 unreadable (" in proc.stderr, proc.describe()
+        assert "); falling back to step 4" in proc.stderr
+    assert "restored step 4 from" in resumed[0].stdout, resumed[0].describe()
+    assert [int(s) for s, _ in STEP.findall(resumed[0].stdout)] == list(range(5, 17))
     assert _hash(resumed) == _hash(reference)
 
 

@@ -49,6 +49,8 @@ class _Loader(importlib.abc.Loader):
         _register()
 
     def __getattr__(self, name: str) -> Any:  # e.g. get_resource_reader, is_package
+        if name == "_inner":  # not set yet (e.g. during copy): don't recurse
+            raise AttributeError(name)
         return getattr(self._inner, name)
 
 
