@@ -51,6 +51,8 @@ def _leaf_checksum(x: jax.Array) -> jax.Array:
     are caught too. Computed elementwise over the array's own shape (no ravel), so a sharded array is
     reduced where it lies rather than gathered.
     """
+    if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):  # typed PRNG keys: checksum their raw words
+        x = jax.random.key_data(x)
     if x.dtype == jnp.bool_:
         x = x.astype(jnp.uint8)
     size = x.dtype.itemsize

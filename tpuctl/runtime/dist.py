@@ -10,7 +10,6 @@ import logging
 import math
 import os
 import threading
-from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from tpuctl.runtime import hostenv
@@ -88,7 +87,7 @@ def _on_tpu_vm(worker: hostenv.WorkerEnv) -> bool:
     return not worker.sim and worker.accelerator_type != ""
 
 
-def init(*, tune_libtpu: bool = True, env: Mapping[str, str] | None = None) -> hostenv.WorkerEnv:
+def init(*, tune_libtpu: bool = True) -> hostenv.WorkerEnv:
     """Join the distributed job described by the worker environment; safe to call more than once.
 
     - Simulated host (``TPUCTL_SIM=1``): registers tpuctl's cluster detector, then
@@ -100,7 +99,7 @@ def init(*, tune_libtpu: bool = True, env: Mapping[str, str] | None = None) -> h
     Must run before anything touches a JAX backend (libtpu reads its flags at backend start-up).
     Returns the parsed worker environment.
     """
-    worker = hostenv.WorkerEnv.from_env(env)
+    worker = hostenv.WorkerEnv.from_env()
     with _init_lock:
         import jax
         from jax._src import xla_bridge  # private, but the only way to ask "backend started yet?"
