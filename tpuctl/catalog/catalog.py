@@ -207,7 +207,7 @@ def _safe_loader() -> type[yaml.SafeLoader]:
 
 def _load_yaml(name: str) -> dict[str, Any]:
     text = resources.files("tpuctl.catalog").joinpath("data", name).read_text(encoding="utf-8")
-    data = yaml.load(text, Loader=_safe_loader())  # noqa: S506 - a safe loader
+    data = yaml.load(text, Loader=_safe_loader())
     if not isinstance(data, dict):
         raise ConfigError(f"catalog file {name} is not a mapping", path=name)
     return data
@@ -340,7 +340,7 @@ class Catalog:
 
 def load_price_table(path: Path) -> PriceTable:
     try:
-        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_safe_loader())  # noqa: S506
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_safe_loader())
     except (OSError, yaml.YAMLError) as exc:
         raise ConfigError(
             f"cannot read price file {path}: {exc}",
