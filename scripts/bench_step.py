@@ -27,7 +27,7 @@ from typing import Any
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--out", default="docs/bench/step.json", help="where to write the JSON figures")
-    p.add_argument("--steps", type=int, default=30, help="timed steps per variant")
+    p.add_argument("--steps", type=int, default=40, help="timed steps per variant")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per variant after compiling")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seq-len", type=int, default=128)
