@@ -352,3 +352,61 @@ def test_bench_figures_use_the_catalog_peak_on_tpu() -> None:
     assert figures["peak_tflops"] == accel.peak_bf16_tflops
     assert figures["fraction_of_peak"] == pytest.approx(394.0 / accel.peak_bf16_tflops)
     assert figures["peak_source"] == "catalog: v5e-16 peak bf16 (16 chips)"
+
+
+# --- Ctrl-C and termination of the tpuctl process itself ---------------------------------------------------
+
+SLEEPER = """\
+import os, time
+print("pid", os.getpid(), flush=True)
+time.sleep(300)
+"""
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_interrupting_tpuctl_stops_every_host(
+    sig: str, tmp_path: Path, admin: SimAdminClient, state_dir: Path
+) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import threading
+
+    script = write(tmp_path / "proj" / "sleeper.py", SLEEPER)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tpuctl", "run", str(script), "--type", "v5e-16", "--grace", "2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TPUCTL_STATE_DIR": str(state_dir)},
+    )
+    pids: list[int] = []
+    four = threading.Event()
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            match = re.search(r"\| pid (\d+)", line)
+            if match:
+                pids.append(int(match.group(1)))
+                if len(pids) == 4:
+                    four.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        assert four.wait(60), "the 4 hosts did not start"
+        proc.send_signal(getattr(signal, sig))
+        code = proc.wait(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    stderr = proc.stderr.read() if proc.stderr else ""
+    assert code == 130, stderr
+    assert "interrupted" in stderr
+    for pid in pids:
+        stat = Path(f"/proc/{pid}/stat")
+        assert not stat.exists() or stat.read_text().rsplit(")", 1)[-1].split()[0] == "Z", pid
+    assert admin.status()["nodes"] == []  # the slice made for the run was deleted on the way out

@@ -6,6 +6,8 @@ clean document); tpuctl's own steps go to stderr.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -50,6 +52,28 @@ class _Printer:
 
         if not self._out.machine:
             self._out.err.print(f"[dim]tpuctl:[/] {escape(text)}")
+
+
+@contextmanager
+def _stop_hosts_on_termination() -> Iterator[None]:
+    """SIGTERM and SIGHUP (a closed terminal) end the run like Ctrl-C does: the launcher stops every
+    host before tpuctl exits. Without this the hosts, each in a session of its own, would outlive us."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def register(app: typer.Typer) -> None:
@@ -174,7 +198,7 @@ def run(
             return
         printer = _Printer(out, prepared.target.accelerator.hosts)
         launcher = Launcher(sess, observer=printer)
-        with out.progress(f"run {prepared.run_id}") as prog:
+        with _stop_hosts_on_termination(), out.progress(f"run {prepared.run_id}") as prog:
             printer.spinner = prog
             result = launcher.run_prepared(prepared, progress=prog)
     if out.machine:
@@ -446,7 +470,7 @@ def bench_step(
         printer = _Printer(out, accel.hosts)
         collector = BenchCollector(printer if not out.machine else None)
         launcher = Launcher(sess, observer=collector)
-        with out.progress(f"bench step on {accel.friendly_name}") as prog:
+        with _stop_hosts_on_termination(), out.progress(f"bench step on {accel.friendly_name}") as prog:
             printer.spinner = prog
             result = launcher.run_prepared(prepared, progress=prog)
     if collector.result is None:
