@@ -143,7 +143,11 @@ def run(
 
     Ships the script's directory (minus .gitignore/.tpuctlignore) with tpuctl's runtime, starts the
     program on all hosts at once, and ends with its result: if a host fails, the others are stopped and
-    the run fails naming it.
+    the run fails naming it (exit 8). Ctrl-C stops every host (exit 130).
+
+    tpuctl's options may come before or after SCRIPT; options it does not know go to the program, and
+    everything after `--` goes to the program as is, e.g.
+    `tpuctl run train.py --type v5e-16 -- --lr 3e-4` or `tpuctl run --example lm --type v5e-8 -- --steps 50`.
     """
     from tpuctl.catalog import CapacityType
     from tpuctl.errors import UsageError
