@@ -709,7 +709,12 @@ class Launcher:
             else:
                 assert target.create is not None
                 spec = self._with_ssh_metadata(prepared, target.create, plan=False)
-                node = self._pods.create(spec, wait=True, progress=progress, run_id=prepared.run_id)
+                try:
+                    node = self._pods.create(spec, wait=True, progress=progress, run_id=prepared.run_id)
+                except BaseException:
+                    # PodService cleans up after a cloud failure; after Ctrl-C mid-create, so do we.
+                    self._delete_own_leftover(spec.zone, spec.name, spec.request_id)
+                    raise
         finally:
             ledger.close_segment(segment, end=self._session.clock())
         self._observer.status(f"{node.name} is {node.state} in {node.zone}")
@@ -870,12 +875,23 @@ class Launcher:
         self._observer.status(f"deleting {node.name} ({node.zone})")
         try:
             self._pods.delete(node.name, zone=node.zone, wait=True, reason=f"end of run {run_id}")
-        except TpuctlError as exc:
+        except Exception as exc:  # reported; it must not mask how the run itself ended
+            message = exc.message if isinstance(exc, TpuctlError) else f"{type(exc).__name__}: {exc}"
             self._observer.status(
-                f"could not delete {node.name}: {exc.message}; delete it with `tpuctl pod delete {node.name}`"
+                f"could not delete {node.name}: {message}; delete it with `tpuctl pod delete {node.name}`"
             )
             return False
         return True
+
+    def _delete_own_leftover(self, zone: str, name: str, request_id: str) -> None:
+        from tpuctl.cloud.base import LABEL_REQUEST
+
+        try:
+            node = self._session.cloud.get_node(zone, name)
+            if node.labels.get(LABEL_REQUEST) == request_id:
+                self._session.cloud.delete_node(zone, name, wait=False)
+        except Exception:  # best effort: `tpuctl pod gc` finds whatever is left
+            pass
 
     # --- executors ---------------------------------------------------------------------------------
 
