@@ -37,6 +37,7 @@ def test_sim_host_env_is_exactly_the_contract() -> None:
         "TPUCTL_SIM": "1",
         "TPUCTL_COORDINATOR_ADDRESS": "127.0.0.1:12345",
         "TPUCTL_CHIPS_PER_HOST": "4",
+        "JAX_COORDINATOR_BIND_ADDRESS": "127.0.0.1:12345",
         "JAX_PLATFORMS": "cpu",
         "JAX_NUM_CPU_DEVICES": "4",
         "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo",

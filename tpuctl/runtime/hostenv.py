@@ -90,6 +90,9 @@ def sim_host_env(
         SIM: "1",
         COORDINATOR_ADDRESS: f"127.0.0.1:{coordinator_port}",
         CHIPS_PER_HOST: str(chips_per_host),
+        # jax's coordinator (worker 0) binds [::]:port by default, i.e. every interface; the simulator
+        # stays on loopback.
+        "JAX_COORDINATOR_BIND_ADDRESS": f"127.0.0.1:{coordinator_port}",
         # A simulated host has no accelerator: force the CPU backend so a stray GPU/TPU plugin on the
         # machine running the simulator is never picked up, and give it one CPU device per chip
         # (jax >= 0.4.38 reads this into `jax_num_cpu_devices`).
