@@ -271,6 +271,14 @@ BAD_INPUT: list[tuple[list[str], dict[str, Any]]] = [
          "fix": "use a duration such as 2h, 30m, 1h30m, 1d or 3600s"},
     ),
     (
+        ["--strategy", "race", "--no-wait"],
+        {"field": "--no-wait", "message": "--strategy race cannot be combined with --no-wait"},
+    ),
+    (
+        ["--race-k", "4"],
+        {"field": "--race-k", "value": "4", "message": "--race-k only applies to --strategy race"},
+    ),
+    (
         ["--strategy", "fastest"],
         {"field": "--strategy", "value": "fastest", "message": "unknown strategy 'fastest'"},
     ),

@@ -151,6 +151,13 @@ def build_request(
             value=race_k,
             fix="add --strategy race, or drop --race-k",
         )
+    if chosen_strategy is Strategy.RACE and not wait:
+        raise UsageError(
+            "--strategy race cannot be combined with --no-wait",
+            field="--no-wait",
+            fix="a race must wait to keep one winner and delete the others: drop --no-wait, or use --queued "
+            "--no-wait to queue in the cheapest zone only",
+        )
     valid_for_s = parse_duration(valid_for)
     use_queued = queued or queued_type
     if valid_for_s is not None and not (use_queued or count > 1 or chosen_strategy is Strategy.RACE):

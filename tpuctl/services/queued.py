@@ -154,7 +154,9 @@ class QueuedPlacer:
                 except BaseException as exc:
                     for entry in live:
                         attempts.append(self._give_up(request, entry, exc))
-                    raise
+                    if is_fatal(exc) or isinstance(exc, KeyboardInterrupt):
+                        raise
+                    continue  # e.g. none went ACTIVE in time: race the next batch
                 if winner is None:
                     continue
                 losers = [e for e in live if e is not winner and e.attempt is None]
