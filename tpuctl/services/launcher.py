@@ -552,7 +552,7 @@ class Launcher:
             where["delete_after"] = not prepared.request.keep_pod
         executor = self._plan_executor(prepared, chosen_zone)
         spec = prepared.spec()
-        hosts: list[HostPlan] = executor.plan(spec, digest=prepared.bundle.digest)  # type: ignore[call-arg]
+        hosts: list[HostPlan] = executor.plan(spec, digest=prepared.bundle.digest)
         return {
             "run_id": prepared.run_id,
             "program": list(prepared.program),

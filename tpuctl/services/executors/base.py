@@ -135,8 +135,8 @@ class Executor(Protocol):
        directory keyed by ``bundle.digest``. A host that already holds a complete copy of that digest is
        not sent it again (``ShipResult.shipped`` is False). A partial copy is never mistaken for a
        complete one (the completion marker is written last, then the directory renamed into place).
-    2. ``plan(spec)`` has no side effects and returns, per host, exactly the command, directory and
-       environment that ``start(spec)`` will use; --dry-run prints it.
+    2. ``plan(spec, digest=...)`` has no side effects and returns, per host, exactly the command,
+       directory and environment that ``start(spec)`` will use; --dry-run prints it.
     3. ``start(spec)`` starts the program on all hosts without waiting for any of them to finish; it
        raises if a host cannot be started (after stopping those already started).
     4. ``next_event(timeout_s)`` returns the next :class:`HostEvent` from any host, or None when
@@ -156,7 +156,9 @@ class Executor(Protocol):
 
     def ship(self, bundle: Any) -> list[ShipResult]: ...
 
-    def plan(self, spec: LaunchSpec) -> list[HostPlan]: ...
+    def plan(self, spec: LaunchSpec, *, digest: str | None = None) -> list[HostPlan]:
+        """Per host, what ``start(spec)`` runs; ``digest`` names the bundle before it is shipped."""
+        ...
 
     def start(self, spec: LaunchSpec) -> None: ...
 
