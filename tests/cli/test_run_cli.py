@@ -120,7 +120,12 @@ def test_bad_input_exits_2_with_the_value_and_the_fix(
             "tpuctl sets",
         ),
         ([str(script)], "--type", "", "--type v5e-8, or --pod my-slice"),
-    ]
+        ([str(script), "--type", "v5e-8", "--workdir", str(tmp_path / "other")], "--workdir",
+         str(tmp_path / "other"), "--workdir that contains the script"),
+        ([str(script), "--type", "v5e-8", "--max-bundle-mb", "0.01"], "--workdir", str(script.parent),
+         "with a .tpuctlignore in"),
+    ]  # fmt: skip
+    (tmp_path / "other").mkdir()
     for args, field, value, fix in cases:
         result = tpuctl("run", "-o", "json", *args)
         assert result.code == 2, (args, result.stderr)
