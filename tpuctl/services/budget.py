@@ -19,7 +19,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -31,6 +31,7 @@ from tpuctl.errors import BudgetExceededError, UsageError
 
 if TYPE_CHECKING:
     from tpuctl.services.prices import PriceSource
+    from tpuctl.services.session import Session
     from tpuctl.store.ledger import Ledger
     from tpuctl.store.records import PodRecord
 
@@ -234,8 +235,9 @@ class BudgetGuard:
                 projected,
                 rate,
                 step,
-                f"spent {spent:.2f} of {limit:.2f} USD; the next step ({step:.1f} s + {self.margin_s:.0f} s "
-                f"to stop) at {rate:.2f} USD/h would bring it to {projected:.2f} USD",
+                f"spent {_usd(spent)} of {_usd(limit)} USD; the next step ({step:.1f} s + "
+                f"{self.margin_s:.0f} s "
+                f"to stop) at {rate:.2f} USD/h would bring it to {_usd(projected)} USD",
             )
         if self.deadline is not None and at + ahead > self.deadline:
             self._stopped = True
@@ -265,7 +267,7 @@ class BudgetGuard:
     def _warn_text(self, spent: float, at: float) -> str:
         pct = round(self.warn_fraction * 100)
         if self.limit_usd is not None and spent >= self.warn_fraction * self.limit_usd:
-            return f"{pct}% of the budget reached: spent {spent:.2f} of {self.limit_usd:.2f} USD"
+            return f"{pct}% of the budget reached: spent {_usd(spent)} of {_usd(self.limit_usd)} USD"
         return f"{pct}% of the slice's time limit reached (it ends at {_iso(self.deadline)})"
 
     def _decision(
@@ -353,6 +355,11 @@ def usd_per_hour_of(pod: PodRecord, catalog: Catalog) -> float | None:
         except UsageError:
             per_chip = None
     return None if per_chip is None else per_chip * pod.chips
+
+
+def _usd(value: float) -> str:
+    # Cents hide what a small budget is doing: show four decimals below one dollar.
+    return f"{value:.2f}" if abs(value) >= 1 else f"{value:.4f}"
 
 
 def _earliest(a: float | None, b: float | None) -> float | None:
@@ -550,3 +557,61 @@ def expired_slices(ledger: Ledger, *, now: float) -> list[str]:
             f"{_iso(pod.ready_at + limit_s)} and is still billing; delete it: tpuctl pod delete {pod.name}"
         )
     return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Hooks for the CLI commands that create slices and run programs (kept here so their edits stay small)
+
+
+def warn_monthly_budget(session: Session, warn: Callable[[str], None], *, now: float | None = None) -> None:
+    """Say ``monthly_budget_warning`` (if any) through ``warn``: every create calls this."""
+    from tpuctl.services.prices import PriceSource
+
+    prices = session.catalog.prices
+    text = monthly_budget_warning(
+        session.ledger.path,
+        session.catalog,
+        PriceSource(prices.source, prices.date, cached=False),
+        monthly_budget=session.settings.monthly_budget,
+        now=now,
+    )
+    if text is not None:
+        warn(text)
+
+
+def _interrupt_main() -> bool:
+    # The run is stopped the way Ctrl-C stops it: the launcher's own, tested path stops every host
+    # (SIGTERM, SIGKILL after --grace), deletes a slice it created, and records the run.
+    import _thread
+
+    _thread.interrupt_main()
+    return True
+
+
+def run_budget(
+    session: Session,
+    run_id: str,
+    limit_usd: float | None,
+    *,
+    grace_s: float,
+    creates_slice: bool,
+    warn: Callable[[str], None],
+) -> AbstractContextManager[RunBudgetWatch | None]:
+    """What ``tpuctl run`` wraps the run in: the monthly-budget warning when it creates a slice, and with
+    ``--budget`` a watch that stops the run before it spends the limit (exit 7, run status
+    ``budget_exceeded``). Without a budget it is a no-op context."""
+    if creates_slice:
+        warn_monthly_budget(session, warn)
+    sim = session.cloud.backend == "sim"
+    return watch_run_budget(
+        session.ledger,
+        run_id,
+        session.catalog,
+        limit_usd=limit_usd,
+        stop=_interrupt_main,
+        warn=warn,
+        poll_s=1.0 if sim else 5.0,
+        # Stopping the hosts takes up to --grace, deleting the slice a few seconds on the simulator and a
+        # minute or two on Google, and the slice bills until it is gone.
+        stop_margin_s=grace_s + (5.0 if sim else 120.0),
+    )

@@ -30,10 +30,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import sqlite3
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
@@ -292,106 +293,251 @@ def recompute_fraction_sql(alias: str) -> str:
     )
 
 
-_BASE_CTES: Final = """
-base AS (
-    SELECT p.id, p.price_per_chip_hour AS last_price, p.ready_at,
-           COALESCE(p.ended_at, :now) AS bill_end
-    FROM pods AS p
-    WHERE p.ready_at IS NOT NULL AND p.chips IS NOT NULL
+#: Which incarnations are billed in the window: READY at some point, and not a spot/preemptible slice
+#: preempted within its first minute. (COALESCE: with a NULL end_reason the NOT would be NULL, not true.)
+#: The pods scans run in parallel over id ranges (one connection and thread each); a query over the whole
+#: table binds the full range.
+_PART: Final = "p.id >= :lo AND p.id < :hi"
+_BILLED_POD: Final = f"""{_PART} AND p.ready_at IS NOT NULL AND p.chips IS NOT NULL
       AND p.ready_at < :until AND COALESCE(p.ended_at, :now) > :since
       AND NOT COALESCE(p.end_reason = 'preempted' AND p.capacity IN ('spot', 'preemptible')
-                        AND p.ended_at - p.ready_at < :free_s, 0)
-),
+                        AND p.ended_at - p.ready_at < :free_s, 0)"""
+#: A preempted incarnation's quota-holding time in the window (until deleted, or until now).
+_HELD_S: Final = "MIN(COALESCE(p.deleted_at, :now), :until) - MAX(p.ended_at, :since)"
+_BILLED_S: Final = "MIN(COALESCE(p.ended_at, :now), :until) - MAX(p.ready_at, :since)"
+_IN_WINDOW_PREEMPTION: Final = "(p.end_reason = 'preempted' AND p.ended_at >= :since AND p.ended_at < :until)"
+
+#: The few slices whose price changed while billed, cut into one piece per price (the log's
+#: ``price_change`` events through the small partial index events_price; the price in force at READY is
+#: the one on the last event recorded up to then).
+_CHANGE_CTES: Final = f"""
 pc AS (
-    SELECT e.pod_id, e.ts, e.id, e.price_per_chip_hour AS price
-    FROM events AS e WHERE e.kind = 'price_change' AND e.pod_id IS NOT NULL
+    -- The price_change events were read beforehand by a query of their own (which the planner answers
+    -- from the small partial index events_price) and come in as JSON: inside a join the planner may
+    -- prefer walking events_pod, i.e. most of the log. Joined to pods by primary key.
+    SELECT CAST(json_extract(j.value, '$[0]') AS INTEGER) AS pod_id, json_extract(j.value, '$[1]') AS ts,
+           json_extract(j.value, '$[2]') AS id, json_extract(j.value, '$[3]') AS price, p.ready_at,
+           COALESCE(p.ended_at, :now) AS bill_end, p.price_per_chip_hour AS last_price
+    FROM json_each(:price_changes) AS j CROSS JOIN pods AS p
+         ON p.id = CAST(json_extract(j.value, '$[0]') AS INTEGER)
+    WHERE {_BILLED_POD}
 ),
-changed AS (SELECT DISTINCT pod_id FROM pc),
+changed AS (SELECT DISTINCT pod_id, ready_at, bill_end, last_price FROM pc),
 marks AS (
-    SELECT b.id AS pod_id, b.ready_at AS t, 0 AS ord,
+    SELECT c.pod_id, c.ready_at AS t, 0 AS ord, c.bill_end AS be,
            COALESCE((SELECT e.price_per_chip_hour FROM events AS e
-                     WHERE e.pod_id = b.id AND e.ts <= b.ready_at AND e.price_per_chip_hour IS NOT NULL
-                     ORDER BY e.ts DESC, e.id DESC LIMIT 1), b.last_price) AS price
-    FROM base AS b WHERE b.id IN changed
+                     WHERE e.pod_id = c.pod_id AND e.ts <= c.ready_at AND e.price_per_chip_hour IS NOT NULL
+                     ORDER BY e.ts DESC, e.id DESC LIMIT 1), c.last_price) AS price
+    FROM changed AS c
     UNION ALL
-    SELECT pc.pod_id, pc.ts, pc.id, pc.price
-    FROM pc JOIN base AS b ON b.id = pc.pod_id
-    WHERE pc.ts > b.ready_at AND pc.ts < b.bill_end
-),
-raw AS (
-    SELECT b.id, b.ready_at AS ps, b.bill_end AS pe, b.last_price AS price
-    FROM base AS b WHERE b.id NOT IN changed
-    UNION ALL
-    SELECT m.pod_id, m.t,
-           COALESCE(LEAD(m.t) OVER (PARTITION BY m.pod_id ORDER BY m.t, m.ord), b.bill_end), m.price
-    FROM marks AS m JOIN base AS b ON b.id = m.pod_id
+    SELECT pod_id, ts, id, bill_end, price FROM pc WHERE ts > ready_at AND ts < bill_end
 ),
 pieces AS (
-    SELECT id, MAX(ps, :since) AS ps, MIN(pe, :until) AS pe, price FROM raw
-    WHERE MIN(pe, :until) > MAX(ps, :since)
+    SELECT pod_id AS id, MAX(t, :since) AS s,
+           MIN(COALESCE(LEAD(t) OVER (PARTITION BY pod_id ORDER BY t, ord), be), :until) AS e, price
+    FROM marks
 )"""
 
-#: Billed intervals: (pod id, start, end, price, weight, run of a segment).
-_SRC_BILLED: Final = "SELECT id, ps, pe, price, 1.0, NULL FROM pieces"
-#: Billed intervals of slices no run created, attributed to the runs whose segments ran on them.
-_SRC_SEGMENT_RUNS: Final = """
-SELECT x.id, MAX(x.ps, rs.started_at), MIN(x.pe, COALESCE(rs.ended_at, :now)), x.price, 1.0, rs.run_id
-FROM pieces AS x JOIN pods AS p ON p.id = x.id
-JOIN run_segments AS rs ON rs.zone = p.zone AND rs.pod = p.name
-WHERE p.run_id IS NULL AND rs.started_at < x.pe AND COALESCE(rs.ended_at, :now) > x.ps"""
-#: The recomputed share of billed intervals, from the segments that recomputed steps.
-_SRC_RECOMPUTED: Final = f"""
-SELECT x.id, MAX(x.ps, rs.started_at), MIN(x.pe, COALESCE(rs.ended_at, :now)), x.price,
-       {recompute_fraction_sql("rs")}, rs.run_id
-FROM pieces AS x JOIN pods AS p ON p.id = x.id
-JOIN run_segments AS rs ON rs.zone = p.zone AND rs.pod = p.name
-WHERE rs.steps_recomputed > 0 AND rs.started_at < x.pe AND COALESCE(rs.ended_at, :now) > x.ps"""
-#: Time a preempted slice held its quota until deleted (or until now).
-_SRC_HELD: Final = """
-SELECT p.id, MAX(p.ended_at, :since), MIN(COALESCE(p.deleted_at, :now), :until), p.price_per_chip_hour,
-       1.0, NULL
-FROM pods AS p
-WHERE p.end_reason = 'preempted' AND p.chips IS NOT NULL
-  AND MIN(COALESCE(p.deleted_at, :now), :until) > MAX(p.ended_at, :since)"""
+#: Interval relations, all with these columns: (pod id, start, end, price, weight, run of a segment,
+#: the slice's attributes).
+_IV_COLUMNS: Final = "id, s, e, price, w, run, zone, name, atype, capacity, chips, run_id, labels"
+_ATTRS: Final = "p.zone, p.name, p.accelerator_type, p.capacity, p.chips, p.run_id, p.labels"
+_UNCHANGED: Final = "p.id NOT IN (SELECT pod_id FROM changed)"
+_SRC_BILLED: Final = f"""
+SELECT p.id, MAX(p.ready_at, :since), MIN(COALESCE(p.ended_at, :now), :until), p.price_per_chip_hour, 1.0,
+       NULL, {_ATTRS}
+FROM pods AS p WHERE {_BILLED_POD} AND {_UNCHANGED}
+UNION ALL
+SELECT x.id, x.s, x.e, x.price, 1.0, NULL, {_ATTRS} FROM pieces AS x JOIN pods AS p ON p.id = x.id"""
+_SRC_CHANGED: Final = (
+    f"SELECT x.id, x.s, x.e, x.price, 1.0, NULL, {_ATTRS} FROM pieces AS x JOIN pods AS p ON p.id = x.id"
+)
+_SRC_HELD: Final = f"""
+SELECT p.id, MAX(p.ended_at, :since), MIN(COALESCE(p.deleted_at, :now), :until), p.price_per_chip_hour, 1.0,
+       NULL, {_ATTRS}
+FROM pods AS p WHERE p.end_reason = 'preempted' AND p.chips IS NOT NULL"""
 
-_DAY_SPLIT: Final = """
-days(id, s, e, price, w, run, pe) AS (
-    SELECT id, s, MIN(e, (CAST(s / 86400 AS INTEGER) + 1) * 86400.0), price, w, run, e FROM src
+
+def _segment_source(condition: str, weight: str) -> str:
+    """Billed intervals cut to the run segments that ran on them (driven from the segments, through the
+    ``pods_name`` index; price-changed slices through their pieces)."""
+    seg = "MAX({s}, rs.started_at), MIN({e}, COALESCE(rs.ended_at, :now))"
+    return f"""
+SELECT p.id, {seg.format(s="MAX(p.ready_at, :since)", e="MIN(COALESCE(p.ended_at, :now), :until)")},
+       p.price_per_chip_hour, {weight}, rs.run_id, {_ATTRS}
+FROM run_segments AS rs JOIN pods AS p ON p.name = rs.pod AND p.zone = rs.zone
+WHERE {condition} AND {_BILLED_POD} AND {_UNCHANGED}
+UNION ALL
+SELECT p.id, {seg.format(s="x.s", e="x.e")}, x.price, {weight}, rs.run_id, {_ATTRS}
+FROM run_segments AS rs JOIN pods AS p ON p.name = rs.pod AND p.zone = rs.zone JOIN pieces AS x ON x.id = p.id
+WHERE {condition}"""
+
+
+#: Billed time of slices no run created, attributed to the runs whose segments ran on them.
+_SRC_SEGMENT_RUNS: Final = _segment_source("p.run_id IS NULL", "1.0")
+#: The recomputed share of billed time, from the segments that recomputed steps.
+_SRC_RECOMPUTED: Final = _segment_source("rs.steps_recomputed > 0", recompute_fraction_sql("rs"))
+
+#: UTC days: the first day of every interval comes straight out; only intervals that cross midnight
+#: recurse for the days after.
+_DAY_SPLIT: Final = f"""
+days({_IV_COLUMNS}, pe) AS (
+    SELECT id, s, MIN(e, (CAST(s / 86400 AS INTEGER) + 1) * 86400.0), price, w, run, zone, name, atype,
+           capacity, chips, run_id, labels, e
+    FROM src
     UNION ALL
-    SELECT id, e, MIN(pe, e + 86400.0), price, w, run, pe FROM days WHERE e < pe
+    SELECT id, e, MIN(pe, e + 86400.0), price, w, run, zone, name, atype, capacity, chips, run_id, labels, pe
+    FROM days WHERE e < pe
 ),
-iv(id, s, e, price, w, run) AS (SELECT id, s, e, price, w, run FROM days)"""
+iv AS (SELECT {_IV_COLUMNS} FROM days)"""
 
 
-def _key_sql(group: GroupBy) -> str:
+def _key_sql(group: GroupBy, alias: str) -> str:
+    a = alias
     return {
-        "slice": "p.id",
-        "run": "COALESCE(p.run_id, iv.run)",
-        "zone": "p.zone",
-        "region": "p.zone",  # mapped to the region in Python (SQLite has no rsplit)
-        "type": "p.accelerator_type",
-        "capacity": "p.capacity",
-        "day": "date(iv.s, 'unixepoch')",
-        "label": "json_extract(p.labels, :label_path)",
+        "slice": f"{a}.id",
+        "run": f"COALESCE({a}.run_id, {a}.run)" if a == "iv" else f"{a}.run_id",
+        "zone": f"{a}.zone",
+        "region": f"{a}.zone",  # mapped to the region in Python (SQLite has no rsplit)
+        "type": f"{a}.{'atype' if a == 'iv' else 'accelerator_type'}",
+        "capacity": f"{a}.capacity",
+        "day": f"CAST({a}.s / 86400 AS INTEGER)",  # the UTC day number; a date in Python
+        "label": f"json_extract({a}.labels, :label_path)",
         "total": "NULL",
     }[group.kind]
 
 
-def _aggregate_sql(source: str, group: GroupBy) -> str:
-    split = _DAY_SPLIT if group.kind == "day" else "iv(id, s, e, price, w, run) AS (SELECT * FROM src)"
+def _aggregate_sql(source: str, group: GroupBy, *, count: bool = False) -> str:
+    """Sum an interval relation per (group key, zone, type, capacity); ``count``: distinct slices too."""
+    split = _DAY_SPLIT if group.kind == "day" else "iv AS (SELECT * FROM src)"
     return f"""
-WITH RECURSIVE {_BASE_CTES},
-src(id, s, e, price, w, run) AS ({source}),
+WITH RECURSIVE {_CHANGE_CTES},
+src({_IV_COLUMNS}) AS ({source}),
 {split}
-SELECT {_key_sql(group)} AS k, p.zone, p.accelerator_type, p.capacity,
-       COUNT(DISTINCT p.id),
+SELECT {_key_sql(group, "iv")} AS k, iv.zone, iv.atype, iv.capacity,
+       {"COUNT(DISTINCT iv.id)" if count else "0"},
        SUM((iv.e - iv.s) * iv.w),
-       SUM(p.chips * (iv.e - iv.s) * iv.w),
-       SUM(p.chips * (iv.e - iv.s) * iv.w * iv.price),
-       SUM(CASE WHEN iv.price IS NULL THEN p.chips * (iv.e - iv.s) * iv.w ELSE 0 END)
-FROM iv JOIN pods AS p ON p.id = iv.id
+       SUM(iv.chips * (iv.e - iv.s) * iv.w),
+       SUM(iv.chips * (iv.e - iv.s) * iv.w * iv.price),
+       SUM(CASE WHEN iv.price IS NULL THEN iv.chips * (iv.e - iv.s) * iv.w ELSE 0 END)
+FROM iv
 WHERE iv.e > iv.s
 GROUP BY 1, 2, 3, 4"""
+
+
+#: Stands for a NULL group key or attribute inside the temp tables (NULLs never conflict in a UNIQUE key).
+_NULL_KEY: Final = "\x00"
+_AGG_TABLE: Final = """CREATE TEMP TABLE cost_agg (
+    k, zone TEXT, atype TEXT, capacity TEXT, day0 INTEGER,
+    slices INTEGER DEFAULT 0, seen INTEGER DEFAULT 0, bs REAL DEFAULT 0, cs REAL DEFAULT 0,
+    priced REAL DEFAULT 0, unpriced REAL DEFAULT 0, d0s REAL DEFAULT 0, d0cs REAL DEFAULT 0,
+    d0priced REAL DEFAULT 0, d0unpriced REAL DEFAULT 0, hcs REAL DEFAULT 0, hpriced REAL DEFAULT 0,
+    hunpriced REAL DEFAULT 0,
+    PRIMARY KEY (k, zone, atype, capacity, day0)
+)"""
+_DAY_TABLE: Final = """CREATE TEMP TABLE cost_days (
+    day INTEGER, zone TEXT, atype TEXT, capacity TEXT, slices INTEGER, s REAL, cs REAL, priced REAL,
+    unpriced REAL, PRIMARY KEY (day, zone, atype, capacity)
+)"""
+_GROUP_COLUMNS: Final = (
+    "COALESCE({k}, :null_key), p.zone, COALESCE(p.accelerator_type, :null_key), "
+    "COALESCE(p.capacity, :null_key)"
+)
+
+
+def _upsert(columns: Sequence[str]) -> str:
+    return "ON CONFLICT (k, zone, atype, capacity, day0) DO UPDATE SET " + ", ".join(
+        f"{c} = {c} + excluded.{c}" for c in columns
+    )
+
+
+def _own_sql(group: GroupBy) -> str:
+    """Whether a slice counts for its own group: always, except that with --group-by run a slice no run
+    created counts for "(none)" only when no run ever ran on it (the runs that did get it through the
+    segment query). NULLs are kept out of the list: NOT IN a list holding a NULL is NULL."""
+    if group.kind != "run":
+        return "1"
+    return (
+        "(p.run_id IS NOT NULL OR p.zone || '/' || p.name NOT IN "
+        "(SELECT zone || '/' || pod FROM run_segments WHERE zone IS NOT NULL AND pod IS NOT NULL))"
+    )
+
+
+def _pods_billed_sql(group: GroupBy, *, changes: bool) -> str:
+    """ONE scan of ``pods``: the billed time of every slice whose price never changed, and its share on
+    the day it started, summed per (group key, zone, type, capacity, first billed day).
+
+    Summed by an UPSERT into a small keyed temp table rather than GROUP BY: SQLite groups by sorting
+    every row, which costs more than the scan itself for a few hundred thousand slices. The predicate
+    sits in the WHERE so the per-row expressions stay plain arithmetic."""
+    b0 = "MAX(p.ready_at, :since)"
+    be = "MIN(COALESCE(p.ended_at, :now), :until)"
+    day0 = f"CAST({b0} / 86400 AS INTEGER)"
+    d0 = f"(MIN({be}, ({day0} + 1) * 86400.0) - {b0})"
+    columns = ("slices", "seen", "bs", "cs", "priced", "unpriced", "d0s", "d0cs", "d0priced", "d0unpriced")
+    unchanged = f"AND {_UNCHANGED}" if changes else ""
+    return f"""
+WITH {_CHANGE_CTES if changes else "changed(pod_id) AS (SELECT NULL WHERE 0)"}
+INSERT INTO cost_agg (k, zone, atype, capacity, day0, {", ".join(columns)})
+SELECT {_GROUP_COLUMNS.format(k=_key_sql(group, "p"))}, {day0}, {_own_sql(group)}, 1,
+       {be} - {b0}, p.chips * ({be} - {b0}), COALESCE(p.chips * ({be} - {b0}) * p.price_per_chip_hour, 0),
+       CASE WHEN p.price_per_chip_hour IS NULL THEN p.chips * ({be} - {b0}) ELSE 0 END,
+       {d0}, p.chips * {d0}, COALESCE(p.chips * {d0} * p.price_per_chip_hour, 0),
+       CASE WHEN p.price_per_chip_hour IS NULL THEN p.chips * {d0} ELSE 0 END
+FROM pods AS p NOT INDEXED  -- a rowid range scan: the planner would walk an index for the key
+WHERE {_BILLED_POD} {unchanged}
+{_upsert(columns)}"""
+
+
+def _pods_held_sql(group: GroupBy) -> str:
+    """Quota held after preemption (preempted until deleted, or until now), per group; a slice only
+    holding quota in the window (not billed in it) counts as a slice of its group here."""
+    held = f"({_HELD_S})"
+    columns = ("slices", "seen", "hcs", "hpriced", "hunpriced")
+    return f"""
+INSERT INTO cost_agg (k, zone, atype, capacity, day0, {", ".join(columns)})
+SELECT {_GROUP_COLUMNS.format(k=_key_sql(group, "p"))}, -1,
+       CASE WHEN {_BILLED_POD} THEN 0 ELSE {_own_sql(group)} END, CASE WHEN {_BILLED_POD} THEN 0 ELSE 1 END,
+       p.chips * {held}, COALESCE(p.chips * {held} * p.price_per_chip_hour, 0),
+       CASE WHEN p.price_per_chip_hour IS NULL THEN p.chips * {held} ELSE 0 END
+FROM pods AS p NOT INDEXED
+WHERE {_PART} AND p.end_reason = 'preempted' AND p.chips IS NOT NULL AND {held} > 0
+{_upsert(columns)}"""
+
+
+#: Preemptions in the window, and those within the first minute (not billed): totals, no grouping.
+_PREEMPTIONS_SQL: Final = f"""
+SELECT COALESCE(SUM({_IN_WINDOW_PREEMPTION}), 0),
+       COALESCE(SUM({_IN_WINDOW_PREEMPTION} AND p.capacity IN ('spot', 'preemptible')
+                    AND p.ready_at IS NOT NULL AND p.ended_at - p.ready_at < :free_s), 0)
+FROM pods AS p WHERE {_PART} AND p.end_reason = 'preempted'"""
+
+
+#: The days after the first of every billed interval that crosses midnight (UTC), for the per-day
+#: figures: seeded only with those intervals, so the recursion touches few rows.
+_LATER_DAYS_SQL: Final = f"""
+WITH RECURSIVE {_CHANGE_CTES},
+x AS (
+    SELECT p.zone, p.accelerator_type AS atype, p.capacity, p.chips, p.price_per_chip_hour AS price,
+           (CAST(MAX(p.ready_at, :since) / 86400 AS INTEGER) + 1) * 86400.0 AS s,
+           MIN(COALESCE(p.ended_at, :now), :until) AS e
+    FROM pods AS p NOT INDEXED
+    WHERE {_BILLED_POD} AND {_UNCHANGED}
+      AND MIN(COALESCE(p.ended_at, :now), :until)
+          > (CAST(MAX(p.ready_at, :since) / 86400 AS INTEGER) + 1) * 86400.0
+),
+days(zone, atype, capacity, chips, price, s, e, pe) AS (
+    SELECT zone, atype, capacity, chips, price, s, MIN(e, s + 86400.0), e FROM x
+    UNION ALL
+    SELECT zone, atype, capacity, chips, price, e, MIN(pe, e + 86400.0), pe FROM days WHERE e < pe
+)
+INSERT INTO cost_days (day, zone, atype, capacity, slices, s, cs, priced, unpriced)
+SELECT CAST(s / 86400 AS INTEGER), zone, COALESCE(atype, :null_key), COALESCE(capacity, :null_key), 1,
+       e - s, chips * (e - s), chips * (e - s) * price,
+       CASE WHEN price IS NULL THEN chips * (e - s) ELSE 0 END
+FROM days WHERE 1
+ON CONFLICT (day, zone, atype, capacity) DO UPDATE SET slices = slices + 1, s = s + excluded.s,
+    cs = cs + excluded.cs, priced = priced + excluded.priced, unpriced = unpriced + excluded.unpriced"""
 
 
 @dataclass(frozen=True)
@@ -409,6 +555,31 @@ class _Sub:
     unpriced_chip_seconds: float
 
 
+@dataclass
+class _Partial:
+    """What one id range of the pods table contributed."""
+
+    rows: list[tuple[Any, ...]]
+    preemptions: int
+    free: int
+    changed: int = 0
+    changed_subs: list[_Sub] = field(default_factory=list)
+    changed_days: list[_Sub] = field(default_factory=list)
+    later: list[_Sub] = field(default_factory=list)
+
+
+#: Below this many pods one scan is quicker than starting threads and connections.
+_PARALLEL_MIN_PODS: Final = 20_000
+
+
+def _partitions(lo: int, hi: int, workers: int) -> list[tuple[int, int]]:
+    """Split the id range [lo, hi) into ``workers`` ranges (one when the table is small)."""
+    if workers <= 1 or hi - lo < _PARALLEL_MIN_PODS:
+        return [(lo, hi)]
+    step = -(-(hi - lo) // workers)
+    return [(start, min(start + step, hi)) for start in range(lo, hi, step)]
+
+
 class LedgerReader:
     """A read-only SQLite connection to the ledger file, for the report's aggregate queries."""
 
@@ -424,6 +595,9 @@ class LedgerReader:
                 check_same_thread=False,
             )
             version = int(self._conn.execute("PRAGMA user_version").fetchone()[0])
+            # The report's temp tables and sorts stay in memory (a few tens of MB for a million events).
+            self._conn.execute("PRAGMA temp_store = MEMORY")
+            self._conn.execute("PRAGMA cache_size = -65536")
         except sqlite3.Error as exc:
             raise LedgerError(f"cannot read the ledger {self.path}: {exc}") from None
         if version != KNOWN_SCHEMA:
@@ -443,6 +617,12 @@ class LedgerReader:
             ) from exc
         except sqlite3.DatabaseError as exc:
             raise LedgerError(f"the ledger {self.path} is unreadable: {exc}") from exc
+
+    def execute(self, sql: str, params: Mapping[str, Any]) -> None:
+        try:
+            self._conn.execute(sql, dict(params))
+        except sqlite3.Error as exc:
+            raise LedgerError(f"ledger {self.path}: {exc}") from exc
 
     def snapshot(self) -> _Snapshot:
         return _Snapshot(self._conn)
@@ -486,12 +666,16 @@ class CostService:
         prices: PriceSource,
         *,
         clock: Callable[[], float] = time.time,
+        workers: int | None = None,
     ) -> None:
         self._path = Path(ledger_path)
         self._catalog = catalog
         self._prices = prices
         self._clock = clock
         self._price_cache: dict[tuple[str | None, str, str | None], tuple[float | None, float | None]] = {}
+        self._segments = False
+        self._changes = False
+        self._workers = workers if workers is not None else min(4, os.cpu_count() or 1)
 
     # --- entry points ----------------------------------------------------------------------------
 
@@ -509,27 +693,24 @@ class CostService:
         params = self._params(since, end, now, group)
         warnings: list[str] = list(self._prices.warnings)
         with LedgerReader(self._path) as reader, reader.snapshot():
-            lines = self._lines(reader, group, params, warnings)
-            by_day = self._by_day(reader, params, warnings) if with_days else []
-            preemptions, free = reader.query(
-                "SELECT COUNT(*), COALESCE(SUM(capacity IN ('spot', 'preemptible') AND "
-                "ended_at - COALESCE(ready_at, ended_at) < :free_s AND ready_at IS NOT NULL), 0) "
-                "FROM pods WHERE end_reason = 'preempted' AND ended_at >= :since AND ended_at < :until",
-                params,
-            )[0]
-            total_slices = reader.query(
-                f"WITH {_BASE_CTES} SELECT COUNT(*) FROM (SELECT id FROM pieces UNION "
-                f"SELECT id FROM ({_SRC_HELD}))",
-                params,
-            )[0][0]
+            self._segments = bool(
+                reader.query("SELECT EXISTS (SELECT 1 FROM run_segments WHERE pod IS NOT NULL)", {})[0][0]
+            )
+            changes = reader.query(
+                "SELECT pod_id, ts, id, price_per_chip_hour FROM events WHERE kind = 'price_change'", {}
+            )
+            params["price_changes"] = json.dumps([c for c in changes if c[0] is not None])
+            self._changes = bool(changes)
+            lines, by_day, counts = self._lines(reader, group, params, warnings, with_days=with_days)
             if group.kind == "slice":
                 self._slice_info(reader, lines)
             elif group.kind == "run":
                 self._run_info(reader, lines)
+        preemptions, free, total_slices = counts
         totals = CostLine("total")
         for line in lines:
             totals.add(line)
-        totals.slices = int(total_slices)
+        totals.slices = total_slices
         return CostReport(
             group_by=group,
             since=since,
@@ -560,10 +741,20 @@ class CostService:
             "now": float(now),
             "free_s": FREE_PREEMPTION_S,
             "label_path": f'$."{group.label_key}"' if group.label_key else "$",
+            "price_changes": "[]",
+            "null_key": _NULL_KEY,
+            "lo": -(2**62),
+            "hi": 2**62,
         }
 
     def _subs(
-        self, reader: LedgerReader, source: str, group: GroupBy, params: Mapping[str, Any]
+        self,
+        reader: LedgerReader,
+        source: str,
+        group: GroupBy,
+        params: Mapping[str, Any],
+        *,
+        count: bool = False,
     ) -> list[_Sub]:
         return [
             _Sub(
@@ -577,12 +768,19 @@ class CostService:
                 float(r[7] or 0),
                 float(r[8] or 0),
             )
-            for r in reader.query(_aggregate_sql(source, group), params)
+            for r in reader.query(_aggregate_sql(source, group, count=count), params)
         ]
 
     def _lines(
-        self, reader: LedgerReader, group: GroupBy, params: Mapping[str, Any], warnings: list[str]
-    ) -> list[CostLine]:
+        self,
+        reader: LedgerReader,
+        group: GroupBy,
+        params: Mapping[str, Any],
+        warnings: list[str],
+        *,
+        with_days: bool,
+    ) -> tuple[list[CostLine], list[dict[str, Any]], tuple[int, int, int]]:
+        """The groups, the per-day spend, and (preemptions, free preemptions, distinct slices)."""
         lines: dict[Any, CostLine] = {}
 
         def line_for(sub: _Sub) -> CostLine:
@@ -591,74 +789,136 @@ class CostService:
                 lines[key] = CostLine(str(key))
             return lines[key]
 
-        for sub in self._subs(reader, _SRC_BILLED, group, params):
-            line = line_for(sub)
-            self._add_billed(line, sub, warnings, sign=1.0)
-            if group.kind == "day":
-                line.slices += sub.slices  # a slice is in one (zone, type, capacity): no double count
-        if group.kind == "run":
+        day = GroupBy("day")
+        by_group = group.kind != "day"
+        main = group if by_group else GroupBy("total")
+        need_days = with_days or not by_group
+        lo, hi = reader.query("SELECT COALESCE(MIN(id), 0), COALESCE(MAX(id), 0) + 1 FROM pods", {})[0]
+        parts = _partitions(int(lo), int(hi), self._workers)
+        if len(parts) == 1:
+            partials = [self._scan(reader, main, group, {**params, "lo": lo, "hi": hi}, need_days)]
+        else:
+            from concurrent.futures import ThreadPoolExecutor
+
+            def scan(bounds: tuple[int, int]) -> _Partial:
+                # sqlite3 releases the GIL while a statement runs: one connection per thread scans its
+                # range of pods on its own core.
+                with LedgerReader(self._path) as part_reader, part_reader.snapshot():
+                    return self._scan(
+                        part_reader, main, group, {**params, "lo": bounds[0], "hi": bounds[1]}, need_days
+                    )
+
+            with ThreadPoolExecutor(max_workers=len(parts), thread_name_prefix="tpuctl-cost") as pool:
+                partials = list(pool.map(scan, parts))
+        preemptions = sum(part.preemptions for part in partials)
+        free = sum(part.free for part in partials)
+        total_slices = sum(part.changed for part in partials)
+        first_days: list[_Sub] = []
+        day_subs: list[_Sub] = []
+        for part in partials:
+            for r in part.rows:
+                key, zone, atype, capacity = _unnull(r[0]), str(r[1]), _unnull(r[2]), _unnull(r[3])
+                total_slices += int(r[6] or 0)
+                if r[4] >= 0:
+                    first_days.append(_Sub(r[4], zone, atype, capacity, int(r[5] or 0), *_floats(r[11:15])))
+                if by_group:
+                    billed = _Sub(key, zone, atype, capacity, int(r[5] or 0), *_floats(r[7:11]))
+                    line = line_for(billed)
+                    line.slices += billed.slices
+                    self._add_billed(line, billed, warnings, sign=1.0)
+                    held = _Sub(key, zone, atype, capacity, 0, 0.0, *_floats(r[15:18]))
+                    self._add_held(line, held, warnings)
+            if by_group:
+                # Slices whose price changed: their pieces, each at its own price.
+                for sub in part.changed_subs:
+                    line = line_for(sub)
+                    self._add_billed(line, sub, warnings, sign=1.0)
+                    line.slices += sub.slices
+            day_subs += part.later + part.changed_days
+        day_subs = first_days + day_subs
+        if not by_group:
+            for sub in day_subs:
+                line = line_for(sub)
+                self._add_billed(line, sub, warnings, sign=1.0)
+                line.slices += sub.slices
+            for sub in self._subs(reader, _SRC_HELD, group, params):
+                self._add_held(line_for(sub), sub, warnings)
+        if group.kind == "run" and self._segments:
             # Slices no run created are billed to the runs that ran on them, for the time they did; the
             # rest of their time stays with "(none)".
-            for sub in self._subs(reader, _SRC_SEGMENT_RUNS, group, params):
-                self._add_billed(line_for(sub), sub, warnings, sign=1.0)
+            for sub in self._subs(reader, _SRC_SEGMENT_RUNS, group, params, count=True):
+                line = line_for(sub)
+                self._add_billed(line, sub, warnings, sign=1.0)
+                line.slices += sub.slices
                 none = _Sub(None, sub.zone, sub.accelerator_type, sub.capacity, 0, sub.seconds,
                             sub.chip_seconds, sub.priced_usd_seconds, sub.unpriced_chip_seconds)  # fmt: skip
                 self._add_billed(line_for(none), none, warnings, sign=-1.0)
-        for sub in self._subs(reader, _SRC_RECOMPUTED, group, params):
-            line_for(sub).recomputed_usd += self._usd(sub, warnings)
-        for sub in self._subs(reader, _SRC_HELD, group, params):
-            line = line_for(sub)
-            line.quota_held_chip_hours += sub.chip_seconds / 3600.0
-            line.quota_held_usd += self._usd(sub, warnings)
+        if self._segments:
+            for sub in self._subs(reader, _SRC_RECOMPUTED, group, params):
+                line_for(sub).recomputed_usd += self._usd(sub, warnings)
         out = list(lines.values())
         for line in out:
             # Subtracting floats can leave -1e-13 where the truth is 0.
             for name in ("billed_hours", "chip_hours", "cost_usd", "on_demand_usd", "spot_savings_usd"):
                 if abs(getattr(line, name)) < 1e-9:
                     setattr(line, name, 0.0)
-        self._count_slices(reader, group, params, lines)
         rest = lines.get(_NONE_KEY)
         if group.kind == "run" and rest is not None and not rest.slices and rest.chip_hours == 0:
             out.remove(rest)  # only the runs' shares were moved out of it: nothing is left
-        return self._sorted(group, out)
-
-    def _count_slices(
-        self, reader: LedgerReader, group: GroupBy, params: Mapping[str, Any], lines: dict[Any, CostLine]
-    ) -> None:
-        """Distinct slices per group, over billed and quota-held time together."""
+        by_day: dict[str, float] = {}
         if group.kind == "day":
-            return  # per-day counts come from the billed query (a slice counts on each day it ran)
-        sources = [_SRC_BILLED, _SRC_HELD]
-        only_own = ""
-        if group.kind == "run":
-            sources.append(_SRC_SEGMENT_RUNS)
-            # A slice no run created counts for the runs that ran on it, and for "(none)" only when no
-            # run ever did.
-            only_own = (
-                "AND (p.run_id IS NOT NULL OR iv.run IS NOT NULL OR NOT EXISTS "
-                "(SELECT 1 FROM run_segments AS rs WHERE rs.zone = p.zone AND rs.pod = p.name))"
-            )
-        sql = f"""
-WITH RECURSIVE {_BASE_CTES},
-src(id, s, e, price, w, run) AS ({" UNION ALL ".join(sources)}),
-iv(id, s, e, price, w, run) AS (SELECT * FROM src)
-SELECT {_key_sql(group)} AS k, p.zone, COUNT(DISTINCT p.id) FROM iv JOIN pods AS p ON p.id = iv.id
-WHERE iv.e > iv.s {only_own}
-GROUP BY 1, 2"""
-        counts: dict[str, int] = {}
-        for k, zone, n in reader.query(sql, params):
-            display = str(self._display_key(group, _Sub(k, zone, None, None, 0, 0, 0, 0, 0)))
-            counts[display] = counts.get(display, 0) + int(n)
-        for display, line in lines.items():
-            line.slices = counts.get(str(display), 0)
+            by_day = {line.key: line.cost_usd for line in out}
+        else:
+            for sub in day_subs:
+                key = str(self._display_key(day, sub))
+                by_day[key] = by_day.get(key, 0.0) + self._usd(sub, warnings)
+        days = [{"day": d, "cost_usd": _r(v)} for d, v in sorted(by_day.items())]
+        return self._sorted(group, out), days, (preemptions, free, total_slices)
 
-    def _by_day(
-        self, reader: LedgerReader, params: Mapping[str, Any], warnings: list[str]
-    ) -> list[dict[str, Any]]:
-        days: dict[str, float] = {}
-        for sub in self._subs(reader, _SRC_BILLED, GroupBy("day"), params):
-            days[str(sub.key)] = days.get(str(sub.key), 0.0) + self._usd(sub, warnings)
-        return [{"day": d, "cost_usd": _r(v)} for d, v in sorted(days.items())]
+    def _scan(
+        self,
+        reader: LedgerReader,
+        main: GroupBy,
+        group: GroupBy,
+        params: Mapping[str, Any],
+        need_days: bool,
+    ) -> _Partial:
+        """The pods scans over one id range (its bounds in ``params``), in one read transaction."""
+        reader.execute(_AGG_TABLE, {})
+        reader.execute(_pods_billed_sql(main, changes=self._changes), params)
+        reader.execute(_pods_held_sql(main), params)
+        rows = reader.query(
+            "SELECT k, zone, atype, capacity, day0, slices, seen, bs, cs, priced, unpriced, d0s, d0cs, "
+            "d0priced, d0unpriced, hcs, hpriced, hunpriced FROM cost_agg",
+            {},
+        )
+        preemptions, free = (int(v) for v in reader.query(_PREEMPTIONS_SQL, params)[0])
+        part = _Partial(rows=rows, preemptions=preemptions, free=free)
+        if self._changes:
+            part.changed = int(
+                reader.query(f"WITH {_CHANGE_CTES} SELECT COUNT(*) FROM changed", params)[0][0]
+            )
+            if group.kind != "day":
+                part.changed_subs = self._subs(reader, _SRC_CHANGED, group, params, count=True)
+        if need_days:
+            # Per day: each interval's first day (in rows), the days after it for those crossing
+            # midnight, and the price-changed slices' pieces cut at midnight.
+            reader.execute(_DAY_TABLE, {})
+            reader.execute(_LATER_DAYS_SQL, params)
+            part.later = [
+                _Sub(r[0], r[1], _unnull(r[2]), _unnull(r[3]), int(r[4]), *_floats(r[5:9]))
+                for r in reader.query(
+                    "SELECT day, zone, atype, capacity, slices, s, cs, priced, unpriced FROM cost_days", {}
+                )
+            ]
+            if self._changes:
+                part.changed_days = self._subs(reader, _SRC_CHANGED, GroupBy("day"), params, count=True)
+        return part
+
+    def _add_held(self, line: CostLine, sub: _Sub, warnings: list[str]) -> None:
+        line.quota_held_chip_hours += sub.chip_seconds / 3600.0
+        if sub.chip_seconds:
+            line.quota_held_usd += self._usd(sub, warnings)
 
     # --- prices ---------------------------------------------------------------------------------------
 
@@ -733,6 +993,8 @@ GROUP BY 1, 2"""
             return _NONE_KEY
         if group.kind == "region":
             return _region_or(str(sub.key))
+        if group.kind == "day":
+            return datetime.fromtimestamp(int(sub.key) * 86400, UTC).date().isoformat()
         if group.kind == "slice":
             return int(sub.key)
         return str(sub.key)
@@ -802,6 +1064,14 @@ GROUP BY 1, 2"""
         for line in lines:
             if line.key in info:
                 line.info = info[line.key]
+
+
+def _unnull(value: Any) -> Any:
+    return None if value == _NULL_KEY else value
+
+
+def _floats(values: Sequence[Any]) -> list[float]:
+    return [float(v or 0.0) for v in values]
 
 
 def _region_or(zone: str) -> str:

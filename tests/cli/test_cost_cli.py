@@ -1,0 +1,403 @@
+"""`tpuctl cost ...`, `catalog prices --refresh` and the budget flags end to end: the CLI in-process
+against a fast simulator world (started by the command itself from TPUCTL_SIM_WORLD), reconciliation with
+slices made or deleted behind tpuctl's back through the cloud layer, bad input, and a run stopped by its
+budget."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import respx
+import yaml
+
+from tpuctl.catalog import CapacityType
+from tpuctl.cloud.base import NodeRequest
+from tpuctl.cloud.tpu_api import TpuApiCloud
+from tpuctl.sim import SimServer
+from tpuctl.sim.world import world_from_data
+from tpuctl.store.ledger import Ledger
+from tpuctl.store.records import EventKind, PodState, RunStatus
+
+ZONE = "us-central1-a"
+WORLD: dict[str, Any] = {
+    "project": "tpuctl-sim",
+    "speed": 1000,  # a 60 s create takes 60 ms
+    "seed": 3,
+    "zones": {
+        ZONE: {"v5e": {"on_demand": 64, "preemptible": 64}},
+        "us-east1-c": {"v5e": {"on_demand": 64, "preemptible": 64}},
+    },
+    "quotas": {
+        "default": {"on_demand": {"zone": 64, "region": 64}, "preemptible": {"zone": 64, "region": 128}}
+    },
+    "latency": {"base_ms": 0, "jitter_ms": 0},
+    "durations": {"node_create_s": 60, "node_delete_s": 10, "preemption_grace_s": 1},
+}
+
+
+@dataclass
+class Result:
+    code: int
+    stdout: str
+    stderr: str
+
+    @property
+    def json(self) -> dict[str, Any]:
+        data = json.loads(self.stdout)
+        assert isinstance(data, dict)
+        return data
+
+
+@pytest.fixture
+def world_file(tmp_path: Path) -> Path:
+    path = tmp_path / "world.yaml"
+    path.write_text(yaml.safe_dump(WORLD))
+    return path
+
+
+@pytest.fixture
+def cli(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], state_dir: Path, world_file: Path
+) -> Callable[..., Result]:
+    monkeypatch.setenv("TPUCTL_STATE_DIR", str(state_dir))
+    monkeypatch.setenv("TPUCTL_SIM_WORLD", str(world_file))
+
+    def run(*args: str) -> Result:
+        from tpuctl.cli.main import run as tpuctl_main
+
+        capsys.readouterr()
+        try:
+            tpuctl_main(list(args))
+            code = 0
+        except SystemExit as exc:
+            code = int(exc.code or 0)
+        captured = capsys.readouterr()
+        return Result(code, captured.out, captured.err)
+
+    return run
+
+
+@pytest.fixture
+def behind_the_back(state_dir: Path, world_file: Path) -> Iterator[TpuApiCloud]:
+    """The cloud layer on the same simulator state, with no ledger: what another tool would do."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    server = SimServer(state_dir, world_from_data(WORLD, str(world_file)))
+    url = server.start()
+    cloud = TpuApiCloud.for_simulator(project="tpuctl-sim", base_url=url)
+    try:
+        yield cloud
+    finally:
+        cloud.close()
+        server.stop()
+
+
+# --- report ------------------------------------------------------------------------------------------
+
+
+def test_report_bills_a_slice_tpuctl_created(cli: Callable[..., Result], state_dir: Path) -> None:
+    created = cli("pod", "create", "v5e-8", "--spot", "--name", "a", "--zone", ZONE, "-o", "json")
+    assert created.code == 0, created.stderr
+    time.sleep(0.2)
+
+    report = cli("cost", "report", "-o", "json")
+
+    assert report.code == 0, report.stderr
+    doc = report.json
+    assert doc["backend"] == "sim"
+    (group,) = doc["groups"]
+    assert (group["name"], group["zone"], group["capacity"], group["state"]) == ("a", ZONE, "spot", "READY")
+    assert group["price_per_chip_hour"] == 0.245
+    with Ledger(state_dir) as ledger:
+        pod = ledger.get_pod("a", zone=ZONE)
+    assert pod is not None and pod.ready_at is not None
+    billed_s = group["billed_hours"] * 3600
+    assert billed_s == pytest.approx(time.time() - pod.ready_at, abs=2.0)
+    assert group["cost_usd"] == pytest.approx(8 * 0.245 * billed_s / 3600, abs=1e-5)
+    assert doc["prices"]["catalog"]["cached"] is False
+    assert doc["untracked"] == [] and doc["reconciled"] == []
+
+
+def test_untracked_slice_made_outside_tpuctl_is_shown_with_its_rate(
+    cli: Callable[..., Result], behind_the_back: TpuApiCloud
+) -> None:
+    behind_the_back.create_node(
+        NodeRequest(name="rogue", zone=ZONE, accelerator_type="v5litepod-16",
+                    runtime_version="v2-alpha-tpuv5-lite", capacity=CapacityType.ON_DEMAND)
+    )  # fmt: skip
+
+    doc = cli("cost", "report", "-o", "json").json
+
+    (rogue,) = doc["untracked"]
+    assert (rogue["name"], rogue["zone"], rogue["state"], rogue["capacity"]) == (
+        "rogue",
+        ZONE,
+        "READY",
+        "on-demand",
+    )
+    assert rogue["chips"] == 16
+    assert rogue["usd_per_hour"] == pytest.approx(16 * 1.20)
+    assert doc["totals"]["untracked_usd_per_hour"] == pytest.approx(19.2)
+    assert doc["totals"]["cost_usd"] == 0.0  # not billed to the ledger: its past is unknown
+    table = cli("cost", "report")
+    assert "untracked slices" in table.stdout and "rogue" in table.stdout
+
+
+def test_slice_deleted_behind_tpuctls_back_is_closed_when_seen_gone(
+    cli: Callable[..., Result], behind_the_back: TpuApiCloud, state_dir: Path
+) -> None:
+    assert cli("pod", "create", "v5e-8", "--spot", "--name", "gone", "--zone", ZONE).code == 0
+    behind_the_back.delete_node(ZONE, "gone")
+    time.sleep(0.1)
+
+    dry = cli("--dry-run", "cost", "report", "-o", "json").json
+    assert dry["reconciled"][0]["recorded"] is False
+    with Ledger(state_dir) as ledger:
+        pod = ledger.get_pod("gone", zone=ZONE)
+        assert pod is not None and pod.alive  # a dry run recorded nothing
+
+    before = time.time()
+    doc = cli("cost", "report", "-o", "json").json
+
+    (action,) = doc["reconciled"]
+    assert (action["name"], action["event"], action["recorded"]) == ("gone", "gone", True)
+    with Ledger(state_dir) as ledger:
+        pod = ledger.get_pod("gone", zone=ZONE)
+        events = [e.kind for e in ledger.pod_events("gone", zone=ZONE)]
+    assert pod is not None and pod.state is PodState.DELETED and pod.end_reason == "gone"
+    assert pod.ended_at is not None and before <= pod.ended_at <= time.time()
+    assert events[-1] is EventKind.GONE
+    # Closed: a later report bills it only up to the time it was seen gone.
+    later = cli("cost", "report", "-o", "json", "--no-reconcile").json
+    assert later["groups"][0]["ended_at"] is not None
+    assert cli("cost", "report", "-o", "json").json["reconciled"] == []
+
+
+def test_csv_has_the_documented_header_and_a_row_per_group(cli: Callable[..., Result]) -> None:
+    assert cli("pod", "create", "v5e-8", "--spot", "--name", "a", "--zone", ZONE).code == 0
+    result = cli("cost", "report", "--group-by", "capacity", "-o", "csv", "--no-reconcile")
+    lines = result.stdout.strip().splitlines()
+    assert lines[0] == (
+        "group_by,key,slices,billed_hours,chip_hours,cost_usd,on_demand_usd,spot_savings_usd,recomputed_usd,"
+        "quota_held_chip_hours,quota_held_usd,waste_usd"
+    )
+    assert lines[1].startswith("capacity,spot,1,")
+    assert len(lines) == 2
+
+
+def test_table_shows_totals_chart_and_price_source(cli: Callable[..., Result]) -> None:
+    assert cli("pod", "create", "v5e-8", "--spot", "--name", "a", "--zone", ZONE).code == 0
+    result = cli("cost", "report", "--group-by", "zone")
+    assert result.code == 0
+    assert "total " in result.stdout and "per day (UTC)" in result.stdout
+    assert "█" in result.stdout or "▏" in result.stdout or "0.00" in result.stdout
+    assert "prices: bundled catalog" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "field", "value"),
+    [
+        (("cost", "report", "--since", "last tuesday"), "--since", "last tuesday"),
+        (("cost", "report", "--until", "2026-13-40"), "--until", "2026-13-40"),
+        (("cost", "report", "--since", "2026-11-02", "--until", "2026-11-01"), "--since", "2026-11-02"),
+        (("cost", "report", "--group-by", "node"), "--group-by", "node"),
+        (("cost", "estimate", "v5e-8", "--hours", "-3"), "--hours", "-3"),
+        (("cost", "estimate", "v5e-8", "--hours", "soon"), "--hours", "soon"),
+        (("run", "x.py", "--type", "v5e-8", "--budget", "-5"), "--budget", "-5"),
+        (("pod", "create", "v5e-8", "--max-hours", "0"), "--max-hours", "0"),
+    ],
+)
+def test_bad_input_exits_2_naming_the_value_and_the_fix(
+    cli: Callable[..., Result], args: tuple[str, ...], field: str, value: str
+) -> None:
+    result = cli(*args, "-o", "json")
+    assert result.code == 2, result.stderr
+    error = result.json
+    assert error["exit_code"] == 2
+    assert error["field"] == field and error["value"] == value
+    assert error["fix"]
+    assert "fix:" in result.stderr
+
+
+# --- estimate ----------------------------------------------------------------------------------------
+
+
+def test_estimate_lists_every_offered_option_cheapest_first(cli: Callable[..., Result]) -> None:
+    result = cli("cost", "estimate", "v5e-64", "--hours", "12", "-o", "json")
+
+    assert result.code == 0, result.stderr
+    est = result.json["estimate"]
+    options = est["options"]
+    assert [(o["zone"], o["capacity"]) for o in options] == [
+        ("us-central1-a", "spot"), ("us-central1-a", "preemptible"), ("us-east1-c", "spot"),
+        ("us-east1-c", "preemptible"), ("us-central1-a", "on-demand"), ("us-east1-c", "on-demand"),
+    ]  # fmt: skip
+    spot = options[0]
+    assert spot["usd_per_hour"] == 15.68  # 64 x 0.245
+    assert spot["usd_total"] == 188.16
+    assert spot["saving_usd"] == pytest.approx((76.8 - 15.68) * 12)
+    assert spot["saving_pct"] == pytest.approx(79.58, abs=0.01)
+    # 64 chips of on-demand quota per zone, 64 per region: one slice fits; preemptible quota too.
+    assert all(o["quota_fits"] for o in options)
+    assert est["hours"] == 12.0 and est["chips"] == 64
+    assert "us-west4-a" in est["not_offered_in"]
+
+
+def test_estimate_says_when_quota_does_not_fit(cli: Callable[..., Result]) -> None:
+    # 8 of the 64 preemptible chips of us-central1-a's zone quota in use: a spot v5e-64 no longer fits
+    # there, still fits in us-east1-c; on-demand quota is separate and free.
+    assert cli("pod", "create", "v5e-8", "--spot", "--name", "a", "--zone", ZONE).code == 0
+
+    est = cli("cost", "estimate", "v5e-64", "-o", "json").json["estimate"]
+
+    fits = {(o["zone"], o["capacity"]): o["quota_fits"] for o in est["options"]}
+    assert fits == {
+        (ZONE, "spot"): False, (ZONE, "preemptible"): False, (ZONE, "on-demand"): True,
+        ("us-east1-c", "spot"): True, ("us-east1-c", "preemptible"): True, ("us-east1-c", "on-demand"): True,
+    }  # fmt: skip
+    table = cli("cost", "estimate", "v5e-64")
+    assert "short" in table.stdout and "fits" in table.stdout
+
+
+# --- prices ------------------------------------------------------------------------------------------
+
+
+def test_refresh_on_the_simulator_takes_the_world_prices(
+    cli: Callable[..., Result], world_file: Path, state_dir: Path
+) -> None:
+    data = {**WORLD, "prices": {"v5e": {"us-central1": {"spot": 0.5}}}}
+    world_file.write_text(yaml.safe_dump(data))
+    assert cli("pod", "create", "v5e-8", "--spot", "--name", "a", "--zone", ZONE).code == 0
+
+    result = cli("catalog", "prices", "--refresh", "-g", "v5e", "-o", "json")
+
+    assert result.code == 0, result.stderr
+    doc = result.json
+    assert doc["source"].startswith(f"simulator world {world_file}")
+    assert doc["cached"] is True
+    row = next(r for r in doc["prices"] if r["region"] == "us-central1")
+    assert (row["on_demand_per_chip_hour"], row["spot_per_chip_hour"]) == (1.2, 0.5)
+    # The live slice's price moved: a price_change event, so the report bills each price for its part.
+    assert doc["refresh"]["price_changes"] == [{"pod": "a", "zone": ZONE, "old": 0.245, "new": 0.5}]
+    with Ledger(state_dir) as ledger:
+        pod = ledger.get_pod("a", zone=ZONE)
+    assert pod is not None and pod.price_per_chip_hour == 0.5
+    report = cli("cost", "report", "-o", "json", "--no-reconcile").json
+    assert report["prices"]["catalog"]["source"].startswith("simulator world")
+    assert "the simulator serves no billing catalog" in result.stderr or result.stderr == ""
+
+
+@respx.mock
+def test_refresh_from_a_billing_endpoint(cli: Callable[..., Result], state_dir: Path) -> None:
+    base = "https://billing.test"
+    sku = {
+        "skuId": "X", "description": "Preemptible TpuV5e chip", "serviceRegions": ["us-central1"],
+        "category": {"usageType": "OnDemand", "resourceGroup": "TPU"},
+        "pricingInfo": [{"pricingExpression": {"usageUnit": "h", "tieredRates": [
+            {"unitPrice": {"currencyCode": "USD", "units": "0", "nanos": 300000000}}]}}],
+    }  # fmt: skip
+    respx.route(host="127.0.0.1").pass_through()  # the simulator itself
+    respx.get(f"{base}/v1/services/6F81-5844-456A/skus").respond(200, json={"skus": [sku]})
+    respx.get(f"{base}/v1/services/E000-3F24-B8AA/skus").respond(200, json={"skus": []})
+
+    result = cli("catalog", "prices", "--refresh", "--billing-url", base, "-g", "v5e", "-o", "json")
+
+    assert result.code == 0, result.stderr
+    doc = result.json
+    assert doc["source"].startswith("Cloud Billing Catalog API")
+    row = next(r for r in doc["prices"] if r["region"] == "us-central1")
+    assert row["spot_per_chip_hour"] == 0.3
+    assert row["on_demand_per_chip_hour"] == 1.2  # not listed: from the bundled table, and said so
+    assert "v5e/us-central1/on_demand" in doc["refresh"]["filled_from_bundled"]
+    assert (state_dir / "prices" / "sim.yaml").exists()
+    est = cli("cost", "estimate", "v5e-8", "--zone", ZONE, "-o", "json").json["estimate"]
+    assert est["prices"]["cached"] is True
+    assert est["options"][0]["usd_per_chip_hour"] == 0.3
+
+
+def test_refresh_dry_run_writes_nothing(cli: Callable[..., Result], state_dir: Path) -> None:
+    result = cli("--dry-run", "catalog", "prices", "--refresh", "-o", "json")
+    assert result.code == 0, result.stderr
+    assert result.json["refresh"]["dry_run"] is True
+    assert not (state_dir / "prices").exists()
+
+
+@respx.mock
+def test_refresh_from_an_unreachable_endpoint_is_a_cloud_error(cli: Callable[..., Result]) -> None:
+    respx.get(url__regex=r"https://billing\.test/.*").mock(side_effect=httpx.ConnectError("refused"))
+    result = cli("catalog", "prices", "--refresh", "--billing-url", "https://billing.test", "-o", "json")
+    assert result.code == 14
+    assert "could not connect" in result.json["message"]
+
+
+# --- budgets -----------------------------------------------------------------------------------------
+
+
+def test_monthly_budget_warns_on_create_once_exceeded(
+    cli: Callable[..., Result], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, state_dir: Path
+) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"profiles": {"default": {"monthly_budget": 10}}}))
+    monkeypatch.setenv("TPUCTL_CONFIG", str(config))
+    first = cli("pod", "create", "v5e-8", "--spot", "--name", "a", "--zone", ZONE)
+    assert first.code == 0 and "over the profile's monthly_budget" not in first.stderr
+    with Ledger(state_dir) as ledger:  # 12 USD earlier this month
+        now = time.time()
+        ledger.record_event(
+            EventKind.REQUESTED, pod="old", zone=ZONE, accelerator_type="v5litepod-8", chips=8,
+            capacity="on-demand", price_per_chip_hour=1.5, ts=now - 3600,
+        )  # fmt: skip
+        ledger.record_event(EventKind.READY, pod="old", zone=ZONE, ts=now - 3600)
+        ledger.record_event(EventKind.DELETED, pod="old", zone=ZONE, ts=now - 3600 + 3600)
+    second = cli("pod", "create", "v5e-8", "--spot", "--name", "b", "--zone", ZONE)
+    assert second.code == 0
+    assert "over the profile's monthly_budget of 10.00 USD" in second.stderr
+
+
+def test_max_hours_labels_the_slice(cli: Callable[..., Result], state_dir: Path) -> None:
+    assert cli("pod", "create", "v5e-8", "--name", "t", "--zone", ZONE, "--max-hours", "1.5").code == 0
+    with Ledger(state_dir) as ledger:
+        pod = ledger.get_pod("t", zone=ZONE)
+    assert pod is not None and pod.labels["tpuctl-max-seconds"] == "5400"
+
+
+def test_run_stops_at_its_budget_deletes_the_slice_and_exits_7(
+    cli: Callable[..., Result], tmp_path: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    program = tmp_path / "proj" / "loop.py"
+    program.parent.mkdir()
+    program.write_text(
+        "import time\nfor i in range(600):\n    print('step', i, flush=True)\n    time.sleep(0.1)\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    started = time.monotonic()
+
+    # 1.96 USD/h; the watch keeps 1 s of polling + --grace + 5 s to delete in hand: 0.001 USD is gone at
+    # the first look after READY.
+    result = cli("run", "proj/loop.py", "--type", "v5e-8", "--spot", "--zone", ZONE, "--budget", "0.001",
+                 "--grace", "1")  # fmt: skip
+
+    assert result.code == 7, result.stderr
+    assert "stopped at its budget" in result.stderr
+    assert time.monotonic() - started < 60
+    with Ledger(state_dir) as ledger:
+        (run,) = ledger.list_runs()
+        assert run.pod is not None
+        pod = ledger.get_pod(run.pod, zone=ZONE)
+    assert run.status is RunStatus.BUDGET_EXCEEDED
+    assert run.detail is not None and run.detail["budget"]["limit_usd"] == 0.001
+    assert pod is not None and pod.state is PodState.DELETED
+    # The report bills the run for its slice (through the run's segments on it).
+    by_run = cli("cost", "report", "--group-by", "run", "-o", "json", "--no-reconcile").json["groups"]
+    groups = {g["key"]: g for g in by_run}
+    assert groups[run.run_id]["status"] == "budget_exceeded"
+    assert 0 < groups[run.run_id]["cost_usd"] < 0.01
+    # The allocator does not record the run on the slices it places for a run yet, so the seconds
+    # between the run's last segment and the delete stay with "(none)".
+    assert set(groups) <= {run.run_id, "(none)"}
