@@ -101,6 +101,10 @@ def create(
         bool,
         typer.Option("--wait/--no-wait", help="Wait until READY (without waiting there is no failover)."),
     ] = True,
+    max_hours: Annotated[
+        str | None,
+        typer.Option("--max-hours", help="A run on this slice stops before H hours from READY (cost)."),
+    ] = None,
     output: OutputOpt = None,
     dry_run: DryRunOpt = False,
 ) -> int:
@@ -113,6 +117,7 @@ def create(
     from tpuctl.catalog import Catalog
     from tpuctl.cli.context import build_settings
     from tpuctl.services.allocator import Allocator, build_request
+    from tpuctl.services.budget import max_hours_labels, warn_monthly_budget  # cost (issue 6)
     from tpuctl.services.pods import parse_labels
 
     out = make_output(ctx, output)
@@ -135,10 +140,12 @@ def create(
         race_k=race_k,
         slices=slices,
         runtime_version=runtime_version,
-        labels=parse_labels(label or []),
+        labels={**parse_labels(label or []), **max_hours_labels(max_hours)},
         wait=wait,
     )
     with session(ctx, out) as sess:
+        if not is_dry_run(ctx, dry_run):
+            warn_monthly_budget(sess, out.warn)  # cost (issue 6): the profile's monthly_budget
         allocator = Allocator(sess)
         plan = allocator.plan(request)
         if is_dry_run(ctx, dry_run):

@@ -136,6 +136,10 @@ def run(
     max_bundle_mb: Annotated[
         float, typer.Option("--max-bundle-mb", help="Refuse bundles bigger than this (MiB).")
     ] = 64.0,
+    budget: Annotated[
+        str | None,
+        typer.Option("--budget", help="Stop the run before it spends more than this many USD (warn at 80%)."),
+    ] = None,
     output: OutputOpt = None,
     dry_run: DryRunOpt = False,
 ) -> None:
@@ -176,6 +180,9 @@ def run(
             value=max_bundle_mb,
             fix="e.g. --max-bundle-mb 128",
         )
+    from tpuctl.services.budget import parse_budget, run_budget  # cost (issue 6): --budget
+
+    budget_usd = parse_budget(budget)
     request = RunRequest(
         script=script,
         args=tuple(program_args),
@@ -202,7 +209,12 @@ def run(
             return
         printer = _Printer(out, prepared.target.accelerator.hosts)
         launcher = Launcher(sess, observer=printer)
-        with _stop_hosts_on_termination(), out.progress(f"run {prepared.run_id}") as prog:
+        # cost (issue 6): the monthly-budget warning, and --budget's watch (stops the run, exit 7)
+        creates = prepared.target.node is None  # not --pod: the run creates its slice
+        budget_watch = run_budget(
+            sess, prepared.run_id, budget_usd, grace_s=grace, creates_slice=creates, warn=out.warn
+        )
+        with _stop_hosts_on_termination(), out.progress(f"run {prepared.run_id}") as prog, budget_watch:
             printer.spinner = prog
             result = launcher.run_prepared(prepared, progress=prog)
     if out.machine:
