@@ -439,3 +439,40 @@ def test_group_by_values() -> None:
     assert parse_group_by(None).name == "slice"
     assert parse_group_by("Zone").name == "zone"
     assert parse_group_by("label:team").label_key == "team"
+
+
+def test_parallel_scans_over_id_ranges_give_the_same_report(
+    ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tpuctl.services.cost as cost_module
+
+    midnight = (T0 // DAY + 1) * DAY
+    ledger.create_run("r", script="t.py", ts=T0 - 100)
+    for i in range(12):
+        capacity = ("spot", "preemptible", "on-demand")[i % 3]
+        price = 1.2 if capacity == "on-demand" else 0.245
+        end_kind = EventKind.PREEMPTED if capacity != "on-demand" and i % 2 else EventKind.DELETED
+        slice_life(ledger, f"s{i}", ready=midnight - 3600 * (i + 1), end=midnight + 600 * i + 30,
+                   end_kind=end_kind, zone=("us-central1-a", "us-east1-c")[i % 2], capacity=capacity,
+                   price=price, run_id="r" if i < 4 else None, labels={"team": f"t{i % 3}"},
+                   chips=8, accel="v5litepod-8")  # fmt: skip
+    ledger.record_event(EventKind.PRICE_CHANGE, pod="s5", zone="us-east1-c", price_per_chip_hour=0.5,
+                        ts=midnight - 1800)  # fmt: skip
+    seg = ledger.add_segment("r", SegmentKind.RUNNING, start=midnight - 3000, pod="s7", zone="us-east1-c")
+    ledger.close_segment(seg, end=midnight + 100, steps_completed=10, steps_recomputed=3)
+    catalog = Catalog.load()
+    source = PriceSource(catalog.prices.source, catalog.prices.date, cached=False)
+
+    def doc(workers: int, group: str) -> dict[str, Any]:
+        service = CostService(ledger.path, catalog, source, clock=lambda: midnight + DAY, workers=workers)
+        return service.report(group_by=parse_group_by(group), since=midnight - 5 * 3600).to_dict()
+
+    monkeypatch.setattr(cost_module, "_PARALLEL_MIN_PODS", 0)
+    for group in ("slice", "zone", "day", "run", "label:team", "capacity"):
+        one, three = doc(1, group), doc(3, group)
+        assert one == three, group
+        assert one["totals"]["cost_usd"] > 0
+    # s5 (on-demand, 1.20) in the window from 5 h before midnight: 1.20 up to the price change 30 min
+    # before midnight (16200 s), 0.5 after it until its end 3030 s after midnight (4830 s).
+    s5 = next(g for g in doc(3, "slice")["groups"] if g["name"] == "s5")
+    assert s5["cost_usd"] == round(8 * (1.2 * 16200 + 0.5 * 4830) / 3600, 6)

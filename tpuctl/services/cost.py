@@ -352,6 +352,14 @@ SELECT x.id, x.s, x.e, x.price, 1.0, NULL, {_ATTRS} FROM pieces AS x JOIN pods A
 _SRC_CHANGED: Final = (
     f"SELECT x.id, x.s, x.e, x.price, 1.0, NULL, {_ATTRS} FROM pieces AS x JOIN pods AS p ON p.id = x.id"
 )
+#: The same slices over their whole billed interval at their last price: what the pods scan counted
+#: for them, to take back before adding their pieces.
+_SRC_CHANGED_WHOLE: Final = f"""
+SELECT p.id, MAX(p.ready_at, :since), MIN(COALESCE(p.ended_at, :now), :until), p.price_per_chip_hour, 1.0,
+       NULL, {_ATTRS}
+FROM changed AS c JOIN pods AS p ON p.id = c.pod_id"""
+_SRC_CHANGED_TEMP: Final = "SELECT * FROM cost_pieces"
+_SRC_CHANGED_WHOLE_TEMP: Final = "SELECT * FROM cost_whole"
 _SRC_HELD: Final = f"""
 SELECT p.id, MAX(p.ended_at, :since), MIN(COALESCE(p.deleted_at, :now), :until), p.price_per_chip_hour, 1.0,
        NULL, {_ATTRS}
@@ -463,21 +471,21 @@ def _own_sql(group: GroupBy) -> str:
     )
 
 
-def _pods_billed_sql(group: GroupBy, *, changes: bool) -> str:
+def _pods_billed_sql(group: GroupBy) -> str:
     """ONE scan of ``pods``: the billed time of every slice whose price never changed, and its share on
     the day it started, summed per (group key, zone, type, capacity, first billed day).
 
     Summed by an UPSERT into a small keyed temp table rather than GROUP BY: SQLite groups by sorting
     every row, which costs more than the scan itself for a few hundred thousand slices. The predicate
-    sits in the WHERE so the per-row expressions stay plain arithmetic."""
+    sits in the WHERE so the per-row expressions stay plain arithmetic. Price-changed slices are summed
+    here at their last price like the rest and corrected afterwards from their pieces (excluding the few
+    of them here would cost a lookup on every row)."""
     b0 = "MAX(p.ready_at, :since)"
     be = "MIN(COALESCE(p.ended_at, :now), :until)"
     day0 = f"CAST({b0} / 86400 AS INTEGER)"
     d0 = f"(MIN({be}, ({day0} + 1) * 86400.0) - {b0})"
     columns = ("slices", "seen", "bs", "cs", "priced", "unpriced", "d0s", "d0cs", "d0priced", "d0unpriced")
-    unchanged = f"AND {_UNCHANGED}" if changes else ""
     return f"""
-WITH {_CHANGE_CTES if changes else "changed(pod_id) AS (SELECT NULL WHERE 0)"}
 INSERT INTO cost_agg (k, zone, atype, capacity, day0, {", ".join(columns)})
 SELECT {_GROUP_COLUMNS.format(k=_key_sql(group, "p"))}, {day0}, {_own_sql(group)}, 1,
        {be} - {b0}, p.chips * ({be} - {b0}), COALESCE(p.chips * ({be} - {b0}) * p.price_per_chip_hour, 0),
@@ -485,7 +493,7 @@ SELECT {_GROUP_COLUMNS.format(k=_key_sql(group, "p"))}, {day0}, {_own_sql(group)
        {d0}, p.chips * {d0}, COALESCE(p.chips * {d0} * p.price_per_chip_hour, 0),
        CASE WHEN p.price_per_chip_hour IS NULL THEN p.chips * {d0} ELSE 0 END
 FROM pods AS p NOT INDEXED  -- a rowid range scan: the planner would walk an index for the key
-WHERE {_BILLED_POD} {unchanged}
+WHERE {_BILLED_POD}
 {_upsert(columns)}"""
 
 
@@ -516,13 +524,12 @@ FROM pods AS p WHERE {_PART} AND p.end_reason = 'preempted'"""
 #: The days after the first of every billed interval that crosses midnight (UTC), for the per-day
 #: figures: seeded only with those intervals, so the recursion touches few rows.
 _LATER_DAYS_SQL: Final = f"""
-WITH RECURSIVE {_CHANGE_CTES},
-x AS (
+WITH RECURSIVE x AS (
     SELECT p.zone, p.accelerator_type AS atype, p.capacity, p.chips, p.price_per_chip_hour AS price,
            (CAST(MAX(p.ready_at, :since) / 86400 AS INTEGER) + 1) * 86400.0 AS s,
            MIN(COALESCE(p.ended_at, :now), :until) AS e
     FROM pods AS p NOT INDEXED
-    WHERE {_BILLED_POD} AND {_UNCHANGED}
+    WHERE {_BILLED_POD}
       AND MIN(COALESCE(p.ended_at, :now), :until)
           > (CAST(MAX(p.ready_at, :since) / 86400 AS INTEGER) + 1) * 86400.0
 ),
@@ -562,9 +569,10 @@ class _Partial:
     rows: list[tuple[Any, ...]]
     preemptions: int
     free: int
-    changed: int = 0
-    changed_subs: list[_Sub] = field(default_factory=list)
+    changed_subs: list[_Sub] = field(default_factory=list)  # their pieces, each at its price
+    changed_whole: list[_Sub] = field(default_factory=list)  # what the scan counted for them
     changed_days: list[_Sub] = field(default_factory=list)
+    changed_days_whole: list[_Sub] = field(default_factory=list)
     later: list[_Sub] = field(default_factory=list)
 
 
@@ -812,7 +820,7 @@ class CostService:
                 partials = list(pool.map(scan, parts))
         preemptions = sum(part.preemptions for part in partials)
         free = sum(part.free for part in partials)
-        total_slices = sum(part.changed for part in partials)
+        total_slices = 0
         first_days: list[_Sub] = []
         day_subs: list[_Sub] = []
         for part in partials:
@@ -828,13 +836,14 @@ class CostService:
                     self._add_billed(line, billed, warnings, sign=1.0)
                     held = _Sub(key, zone, atype, capacity, 0, 0.0, *_floats(r[15:18]))
                     self._add_held(line, held, warnings)
-            if by_group:
-                # Slices whose price changed: their pieces, each at its own price.
-                for sub in part.changed_subs:
-                    line = line_for(sub)
-                    self._add_billed(line, sub, warnings, sign=1.0)
-                    line.slices += sub.slices
+            # Slices whose price changed: the scan billed them at their last price; take that back and
+            # bill their pieces, each at its own price.
+            for sub in part.changed_whole:
+                self._add_billed(line_for(sub), sub, warnings, sign=-1.0)
+            for sub in part.changed_subs:
+                self._add_billed(line_for(sub), sub, warnings, sign=1.0)
             day_subs += part.later + part.changed_days
+            day_subs += [_negate(sub) for sub in part.changed_days_whole]
         day_subs = first_days + day_subs
         if not by_group:
             for sub in day_subs:
@@ -885,7 +894,7 @@ class CostService:
     ) -> _Partial:
         """The pods scans over one id range (its bounds in ``params``), in one read transaction."""
         reader.execute(_AGG_TABLE, {})
-        reader.execute(_pods_billed_sql(main, changes=self._changes), params)
+        reader.execute(_pods_billed_sql(main), params)
         reader.execute(_pods_held_sql(main), params)
         rows = reader.query(
             "SELECT k, zone, atype, capacity, day0, slices, seen, bs, cs, priced, unpriced, d0s, d0cs, "
@@ -894,12 +903,10 @@ class CostService:
         )
         preemptions, free = (int(v) for v in reader.query(_PREEMPTIONS_SQL, params)[0])
         part = _Partial(rows=rows, preemptions=preemptions, free=free)
-        if self._changes:
-            part.changed = int(
-                reader.query(f"WITH {_CHANGE_CTES} SELECT COUNT(*) FROM changed", params)[0][0]
-            )
-            if group.kind != "day":
-                part.changed_subs = self._subs(reader, _SRC_CHANGED, group, params, count=True)
+        changed = self._changes and self._materialize_changed(reader, params)
+        if changed and group.kind != "day":
+            part.changed_subs = self._subs(reader, _SRC_CHANGED_TEMP, group, params)
+            part.changed_whole = self._subs(reader, _SRC_CHANGED_WHOLE_TEMP, group, params)
         if need_days:
             # Per day: each interval's first day (in rows), the days after it for those crossing
             # midnight, and the price-changed slices' pieces cut at midnight.
@@ -911,9 +918,19 @@ class CostService:
                     "SELECT day, zone, atype, capacity, slices, s, cs, priced, unpriced FROM cost_days", {}
                 )
             ]
-            if self._changes:
-                part.changed_days = self._subs(reader, _SRC_CHANGED, GroupBy("day"), params, count=True)
+            if changed:
+                day = GroupBy("day")
+                part.changed_days = self._subs(reader, _SRC_CHANGED_TEMP, day, params)
+                part.changed_days_whole = self._subs(reader, _SRC_CHANGED_WHOLE_TEMP, day, params)
         return part
+
+    @staticmethod
+    def _materialize_changed(reader: LedgerReader, params: Mapping[str, Any]) -> bool:
+        """The price-changed slices of this range, cut into pieces, in temp tables read four times
+        (per group and per day, pieces and whole); False when this range has none."""
+        reader.execute(f"CREATE TEMP TABLE cost_pieces AS WITH {_CHANGE_CTES} {_SRC_CHANGED}", params)
+        reader.execute(f"CREATE TEMP TABLE cost_whole AS WITH {_CHANGE_CTES} {_SRC_CHANGED_WHOLE}", params)
+        return bool(reader.query("SELECT EXISTS (SELECT 1 FROM cost_whole)", {})[0][0])
 
     def _add_held(self, line: CostLine, sub: _Sub, warnings: list[str]) -> None:
         line.quota_held_chip_hours += sub.chip_seconds / 3600.0
@@ -1064,6 +1081,12 @@ class CostService:
         for line in lines:
             if line.key in info:
                 line.info = info[line.key]
+
+
+def _negate(sub: _Sub) -> _Sub:
+    """The same amounts taken away (slices are not counted twice, so theirs stay 0)."""
+    return _Sub(sub.key, sub.zone, sub.accelerator_type, sub.capacity, 0, -sub.seconds, -sub.chip_seconds,
+                -sub.priced_usd_seconds, -sub.unpriced_chip_seconds)  # fmt: skip
 
 
 def _unnull(value: Any) -> Any:
