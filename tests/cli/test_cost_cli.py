@@ -179,6 +179,29 @@ def test_slice_deleted_behind_tpuctls_back_is_closed_when_seen_gone(
     assert cli("cost", "report", "-o", "json").json["reconciled"] == []
 
 
+def test_a_slice_preempted_in_the_cloud_is_marked_preempted_and_then_holds_quota(
+    cli: Callable[..., Result], state_dir: Path
+) -> None:
+    assert cli("pod", "create", "v5e-8", "--spot", "--name", "p", "--zone", ZONE).code == 0
+    time.sleep(0.2)
+    assert cli("sim", "preempt", "p", "--zone", ZONE, "--no-notice").code == 0
+    time.sleep(0.2)
+
+    doc = cli("cost", "report", "-o", "json").json
+
+    (action,) = doc["reconciled"]
+    assert (action["name"], action["event"], action["ledger_state"]) == ("p", "preempted", "READY")
+    with Ledger(state_dir) as ledger:
+        pod = ledger.get_pod("p", zone=ZONE)
+    assert pod is not None and pod.state is PodState.PREEMPTED and pod.deleted_at is None
+    # Preempted within its first minute (of real time): GCP does not charge it.
+    assert doc["totals"]["cost_usd"] == 0.0
+    assert doc["totals"]["free_preemptions"] == 1
+    time.sleep(0.3)
+    held = cli("cost", "report", "-o", "json", "--no-reconcile").json["totals"]
+    assert held["quota_held_chip_hours"] > 0  # still listed PREEMPTED: it holds quota until deleted
+
+
 def test_csv_has_the_documented_header_and_a_row_per_group(cli: Callable[..., Result]) -> None:
     assert cli("pod", "create", "v5e-8", "--spot", "--name", "a", "--zone", ZONE).code == 0
     result = cli("cost", "report", "--group-by", "capacity", "-o", "csv", "--no-reconcile")

@@ -158,7 +158,10 @@ def report(
     out = make_output(ctx, output)
     settings = build_settings(ctx)
     group = parse_group_by(group_by)
-    start, end = parse_window(since, until, now=time.time())
+    start, end_given = parse_window(since, until, now=time.time())
+    # Without --until the window ends when the report is computed (after reconciliation recorded what it
+    # saw), not when the command started.
+    end = end_given if until is not None else None
     dry = is_dry_run(ctx, dry_run)
     if reconcile:
         with cost_session(ctx, out, settings) as (sess, source):
@@ -173,7 +176,7 @@ def _report(
     source: PriceSource,
     group: Any,
     start: float | None,
-    end: float,
+    end: float | None,
     *,
     reconcile: bool,
     dry_run: bool,
@@ -198,7 +201,7 @@ def _report(
 
 
 def _offline_report(
-    out: Output, settings: Settings, group: Any, start: float | None, end: float
+    out: Output, settings: Settings, group: Any, start: float | None, end: float | None
 ) -> CostReport:
     from tpuctl.services.budget import expired_slices
     from tpuctl.services.cost import CostService
