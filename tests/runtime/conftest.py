@@ -73,8 +73,10 @@ class Hosts:
 
     def __init__(self, workdir: Path, base: dict[str, str], num: int, chips: int, argv: Sequence[str],
                  checkpoint_dir: Path | None = None, restart_count: int = 0,
-                 accelerator_type: str = "v5litepod-16", topology: str = "4x4") -> None:
+                 accelerator_type: str = "v5litepod-16", topology: str = "4x4",
+                 metadata_url: str = "http://127.0.0.1:9", env: dict[str, str] | None = None) -> None:
         self.workdir = workdir
+        env_extra = dict(env or {})
         port = free_port()
         self.procs: list[subprocess.Popen[bytes]] = []
         self.logs: list[tuple[Path, Path]] = []
@@ -86,7 +88,8 @@ class Hosts:
                     run_id="run-test", worker_id=w, num_workers=num, chips_per_host=chips,
                     coordinator_port=port, accelerator_type=accelerator_type, topology=topology,
                     checkpoint_dir=str(checkpoint_dir or workdir / "ckpt"), restart_count=restart_count,
-                    bundle_dir=REPO, metadata_url="http://127.0.0.1:9"))
+                    bundle_dir=REPO, metadata_url=metadata_url))
+                env.update(env_extra)
                 out, err = workdir / f"host{w}.out", workdir / f"host{w}.err"
                 self.logs.append((out, err))
                 with out.open("wb") as fo, err.open("wb") as fe:

@@ -14,6 +14,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -39,6 +40,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--crash-after-step", type=int, default=None,
                    help="rehearse a failure: once this step's checkpoint is durable, exit hard (code 3) "
                         "without a final save")
+    p.add_argument("--step-delay", type=float, default=0.0,
+                   help="sleep this many seconds after each step (rehearsals: time to preempt a short run)")
     return p.parse_args(argv)
 
 
@@ -50,15 +53,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
     from tpuctl.runtime import dist
+    from tpuctl.runtime.preemption import PreemptionWatch
 
+    # Listen for a preemption notice from the start: a SIGTERM during start-up is kept, not fatal.
+    watch = PreemptionWatch.from_env().install()
     worker = dist.init()  # before anything touches a JAX backend
+    watch.attach()
+    try:
+        return _train(args, worker, watch)
+    finally:
+        watch.close()
+
+
+def _train(args: argparse.Namespace, worker: Any, watch: Any) -> int:
+    import time
 
     import jax
     import jax.numpy as jnp
 
-    from tpuctl.runtime import train
+    from tpuctl.runtime import dist, train
     from tpuctl.runtime.checkpoint import Checkpointer
     from tpuctl.runtime.models import lm
+    from tpuctl.runtime.preemption import emit, exit_preempted
 
     pid, nproc = jax.process_index(), jax.process_count()
     print(f"process {pid}/{nproc} devices {jax.local_device_count()}/{jax.device_count()}", flush=True)
@@ -82,10 +98,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     state = None
     directory = args.checkpoint_dir or worker.checkpoint_dir
     ckpt = None
+    restored_step: int | None = None
+    skipped: list[dict[str, Any]] = []
     if directory:
         every = args.checkpoint_every if args.checkpoint_every > 0 else max(args.steps, 1)
         ckpt = Checkpointer(directory, save_interval_steps=every, max_to_keep=args.keep)
         restored = ckpt.restore_latest(step.abstract_state(init_params))
+        skipped = [{"step": k.step, "reason": k.reason} for k in restored.skipped]
+        restored_step = restored.step
         if restored.step is not None:
             state = restored.state
             if pid == 0:
@@ -94,10 +114,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         state = step.init(init_params)
 
     first = int(state.step)
+    if pid == 0:
+        # Where this start begins (the supervisor counts recomputed steps and checkpoint fallbacks).
+        emit("start", step=first, restored=restored_step, skipped=skipped, restart_count=worker.restart_count,
+             steps=args.steps, sync=watch.mode, t=time.time())
     for s in range(first, args.steps):
+        started = time.perf_counter()
         batch = lm.batch_for_step(s, args.batch, cfg.seq_len, cfg.vocab, args.seed, step.batch_sharding)
         state, metrics = step(state, batch)
         done = s + 1
+        if pid == 0:
+            # Block on this step's result so its time is the step's, not the dispatch's.
+            jax.block_until_ready(metrics)  # type: ignore[no-untyped-call]
+            emit("step", step=done, dt=round(time.perf_counter() - started, 6))
         if pid == 0 and (done % args.log_every == 0 or s == first or done == args.steps):
             loss, grad_norm = float(metrics["loss"]), float(metrics["grad_norm"])
             print(f"step {done} loss {loss:.4f} grad_norm {grad_norm:.4f}", flush=True)
@@ -107,6 +136,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                 ckpt.wait()
                 print(f"crashing after step {done} as asked", flush=True)
                 os._exit(3)
+        if args.step_delay > 0:
+            time.sleep(args.step_delay)
+        if done < args.steps and watch.should_stop(done):
+            # Every host is here at the same step: save it, make it durable, and leave.
+            save_started = time.perf_counter()
+            if ckpt is not None:
+                ckpt.save(done, state, force=True)
+                ckpt.close()
+            return exit_preempted(done, saved=ckpt is not None, say=pid == 0,
+                                  save_s=time.perf_counter() - save_started)
 
     if ckpt is not None:
         ckpt.save(int(state.step), state, force=True)
@@ -114,6 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     digest = train.params_sha256(state.params)
     if pid == 0:
         print(f"final_params_sha256 {digest}", flush=True)
+        emit("done", step=int(state.step))
     return 0
 
 
