@@ -58,6 +58,9 @@ _TIME_FIX = (
     "offset (2026-11-01T12:00+02:00), a duration ago (7d, 12h, 1h30m), or today, yesterday, month, now"
 )
 _NONE_KEY = "(none)"
+_PREEMPTIBLE_VALUES = frozenset({CapacityType.SPOT.value, CapacityType.PREEMPTIBLE.value})
+#: ISO 8601 UTC with a Z, as ``iso()`` writes it, computed by SQLite (NULL stays NULL).
+_ISO_SQL = "strftime('%Y-%m-%dT%H:%M:%SZ', {0}, 'unixepoch')"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -828,13 +831,14 @@ class CostService:
                 key, zone, atype, capacity = _unnull(r[0]), str(r[1]), _unnull(r[2]), _unnull(r[3])
                 total_slices += int(r[6] or 0)
                 if r[4] >= 0:
-                    first_days.append(_Sub(r[4], zone, atype, capacity, int(r[5] or 0), *_floats(r[11:15])))
+                    first_days.append(_Sub(r[4], zone, atype, capacity, r[5], r[11], r[12], r[13], r[14]))
                 if by_group:
-                    billed = _Sub(key, zone, atype, capacity, int(r[5] or 0), *_floats(r[7:11]))
+                    # The temp table's sums default to 0, never NULL: no conversion needed.
+                    billed = _Sub(key, zone, atype, capacity, r[5], r[7], r[8], r[9], r[10])
                     line = line_for(billed)
                     line.slices += billed.slices
                     self._add_billed(line, billed, warnings, sign=1.0)
-                    held = _Sub(key, zone, atype, capacity, 0, 0.0, *_floats(r[15:18]))
+                    held = _Sub(key, zone, atype, capacity, 0, 0.0, r[15], r[16], r[17])
                     self._add_held(line, held, warnings)
             # Slices whose price changed: the scan billed them at their last price; take that back and
             # bill their pieces, each at its own price.
@@ -986,7 +990,7 @@ class CostService:
         line.billed_hours += sign * sub.seconds / 3600.0
         line.chip_hours += sign * chip_hours
         line.cost_usd += sign * usd
-        preemptible = sub.capacity in (CapacityType.SPOT.value, CapacityType.PREEMPTIBLE.value)
+        preemptible = sub.capacity in _PREEMPTIBLE_VALUES
         if not preemptible:
             line.on_demand_usd += sign * usd
             return
@@ -1029,8 +1033,10 @@ class CostService:
         if not by_id:
             return
         rows = reader.query(
-            "SELECT id, zone, name, incarnation, accelerator_type, chips, capacity, state, run_id, ready_at, "
-            "ended_at, end_reason, deleted_at, price_per_chip_hour, labels FROM pods "
+            # Times formatted by SQLite: a few hundred thousand datetime objects cost seconds in Python.
+            f"SELECT id, zone, name, incarnation, accelerator_type, chips, capacity, state, run_id, "
+            f"{_ISO_SQL.format('ready_at')}, {_ISO_SQL.format('ended_at')}, end_reason, "
+            f"{_ISO_SQL.format('deleted_at')}, price_per_chip_hour, labels, ready_at FROM pods "
             "WHERE id IN (SELECT value FROM json_each(:ids))",
             {"ids": json.dumps(sorted(by_id))},
         )
@@ -1047,14 +1053,14 @@ class CostService:
                 "capacity": r[6],
                 "state": r[7],
                 "run_id": r[8],
-                "ready_at": iso(r[9]),
-                "ended_at": iso(r[10]),
+                "ready_at": r[9],
+                "ended_at": r[10],
                 "end_reason": r[11],
-                "deleted_at": iso(r[12]),
+                "deleted_at": r[12],
                 "price_per_chip_hour": r[13],
                 "labels": json.loads(r[14]) if r[14] else {},
             }
-            order[id(line)] = (r[9] if r[9] is not None else math.inf, int(r[0]))
+            order[id(line)] = (r[15] if r[15] is not None else math.inf, int(r[0]))
         lines.sort(key=lambda line: order.get(id(line), (math.inf, 0)))
 
     def _run_info(self, reader: LedgerReader, lines: list[CostLine]) -> None:
