@@ -86,7 +86,9 @@ def populate(state_dir: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--runs", type=int, default=15)
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "bench" / "cli.json")
     args = parser.parse_args()
@@ -111,7 +113,10 @@ def main() -> None:
         "pod_list_10_slices_8_zones_median_s": round(statistics.median(list_samples), 4),
         "pod_list_target_s": 1.0,
         "runs": args.runs,
-        "samples": {"help": [round(s, 4) for s in help_samples], "pod_list": [round(s, 4) for s in list_samples]},
+        "samples": {
+            "help": [round(s, 4) for s in help_samples],
+            "pod_list": [round(s, 4) for s in list_samples],
+        },
         "machine": {
             "cpus": os.cpu_count(),
             "python": platform.python_version(),

@@ -108,7 +108,13 @@ def test_explicit_config_file_via_env(tmp_path: Path, monkeypatch: pytest.Monkey
         ("profiles:\n  a:\n    zonez: [x]\n", "a", "profiles.a.zonez", ["x"], "unknown key"),
         ("profiles:\n  a:\n    zones: [uscentral1]\n", "a", "profiles.a.zones", None, "us-central1-a"),
         ("profiles:\n  a:\n    backend: aws\n", "a", "profiles.a.backend", "aws", "sim or backend: gcp"),
-        ("profiles:\n  a:\n    capacity_types: [cheap]\n", "a", "profiles.a.capacity_types.0", "cheap", "spot"),
+        (
+            "profiles:\n  a:\n    capacity_types: [cheap]\n",
+            "a",
+            "profiles.a.capacity_types.0",
+            "cheap",
+            "spot",
+        ),
         ("profiles:\n  a: {}\n", "nope", "profile", "nope", "a"),
     ],
 )

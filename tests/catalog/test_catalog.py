@@ -58,7 +58,14 @@ def test_unknown_types_are_usage_errors(catalog: Catalog, name: str) -> None:
 
 
 def test_every_generation_of_the_v2_api_is_present(catalog: Catalog) -> None:
-    assert {g.api_enum for g in catalog.generations.values()} == {"V2", "V3", "V4", "V5LITE_POD", "V5P", "V6E"}
+    assert {g.api_enum for g in catalog.generations.values()} == {
+        "V2",
+        "V3",
+        "V4",
+        "V5LITE_POD",
+        "V5P",
+        "V6E",
+    }
     for gen in catalog.generations.values():
         assert gen.zones, gen.name
         assert gen.runtime_version
@@ -76,19 +83,28 @@ def test_every_generation_of_the_v2_api_is_present(catalog: Catalog) -> None:
 def test_prices_match_the_fact_sheet(catalog: Catalog) -> None:
     v5e64 = catalog.resolve("v5e-64")
     assert catalog.price_per_chip_hour(v5e64, "us-central1-a", CapacityType.SPOT) == pytest.approx(0.245)
-    assert catalog.price_per_chip_hour(v5e64, "us-central1-a", CapacityType.PREEMPTIBLE) == pytest.approx(0.245)
+    assert catalog.price_per_chip_hour(v5e64, "us-central1-a", CapacityType.PREEMPTIBLE) == pytest.approx(
+        0.245
+    )
     assert catalog.price_per_chip_hour(v5e64, "us-central1-a", CapacityType.ON_DEMAND) == pytest.approx(1.20)
     assert catalog.price_per_hour(v5e64, "us-central1-a", CapacityType.SPOT) == pytest.approx(64 * 0.245)
     v6e8 = catalog.resolve("v6e-8")
-    assert catalog.price_per_hour(v6e8, "us-east5-b", CapacityType.SPOT, slices=2) == pytest.approx(2 * 8 * 1.215)
+    assert catalog.price_per_hour(v6e8, "us-east5-b", CapacityType.SPOT, slices=2) == pytest.approx(
+        2 * 8 * 1.215
+    )
     assert catalog.price_per_chip_hour(v5e64, "us-west1-c", CapacityType.SPOT) is None
     assert catalog.prices.source and catalog.prices.date
 
 
 def test_quota_ids_and_units(catalog: Catalog) -> None:
     v5e = catalog.resolve("v5e-64")
-    assert v5e.generation.quota_id(CapacityType.SPOT, "region") == "TPUV5sPreemptibleLitepodPerProjectPerRegionForTPUAPI"
-    assert v5e.generation.quota_id(CapacityType.ON_DEMAND, "zone") == "TPUV5sLitepodPerProjectPerZoneForTPUAPI"
+    assert (
+        v5e.generation.quota_id(CapacityType.SPOT, "region")
+        == "TPUV5sPreemptibleLitepodPerProjectPerRegionForTPUAPI"
+    )
+    assert (
+        v5e.generation.quota_id(CapacityType.ON_DEMAND, "zone") == "TPUV5sLitepodPerProjectPerZoneForTPUAPI"
+    )
     assert v5e.generation.quota_id(CapacityType.RESERVED, "zone") is None
     assert v5e.quota_units == 64
     assert catalog.resolve("v5p-8").quota_units == 8  # counted in TensorCores
@@ -106,7 +122,9 @@ def test_region_of_zone() -> None:
     assert region_of_zone("us-central1-a") == "us-central1"
 
 
-@pytest.mark.parametrize("zone", ["us-central1", "uscentral1-a", "US-CENTRAL1-A", "us-central1-", "", "a-b-c-d"])
+@pytest.mark.parametrize(
+    "zone", ["us-central1", "uscentral1-a", "US-CENTRAL1-A", "us-central1-", "", "a-b-c-d"]
+)
 def test_malformed_zones(zone: str) -> None:
     with pytest.raises(UsageError) as info:
         validate_zone(zone)

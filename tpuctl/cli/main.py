@@ -77,7 +77,7 @@ def run(argv: list[str] | None = None) -> None:
         result = app(args=args, prog_name="tpuctl", standalone_mode=False, obj=opts)
     except SystemExit as exc:
         raise SystemExit(_code(exc.code)) from None
-    except BaseException as exc:  # noqa: BLE001 - the CLI edge: every error becomes an exit code here
+    except BaseException as exc:
         raise SystemExit(exit_code_for(exc, args, opts)) from None
     # Commands return an int exit code when they end with a non-error status (e.g. a gate's verdict).
     raise SystemExit(result if isinstance(result, int) else 0)

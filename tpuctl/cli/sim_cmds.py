@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -13,6 +13,7 @@ from tpuctl.cli.options import OutputOpt, ZoneOpt
 
 if TYPE_CHECKING:
     from tpuctl.sim import SimAdminClient
+    from tpuctl.sim.admin import PoolStatus
 
 app = typer.Typer(help="Run and steer the built-in simulated TPU cloud.", no_args_is_help=True)
 
@@ -82,35 +83,30 @@ def status(ctx: typer.Context, output: OutputOpt = None) -> None:
     if out.machine:
         out.document({"backend": "sim", **data})
         return
-    out.backend_banner("sim", str(data.get("project", "")))
-    zones: list[dict[str, Any]] = data.get("zones", [])
+    out.backend_banner("sim", data["project"])
+    out.note(f"simulated clock: {data['sim_time_s']:.0f} s at speed {data['speed']:g}")
+    zones = data["zones"]
     out.rows(
-        "zones",
-        ("ZONE", "STOCKOUT", "CAPACITY"),
-        ((z.get("zone"), "yes" if z.get("stockout") else "", _capacity(z)) for z in zones),
+        "zones (free/total chips per generation and pool)",
+        ("ZONE", "STOCKOUT", "FREE CHIPS"),
+        ((z["zone"], "yes" if z["stockout"] else "", _pools(z["pools"])) for z in zones),
         key="zones",
-        records=zones,
+        records=[dict(z) for z in zones],
     )
-    nodes: list[dict[str, Any]] = data.get("nodes", [])
+    nodes = data["nodes"]
     out.rows(
         "nodes",
-        ("NAME", "ZONE", "TYPE", "STATE"),
-        ((n.get("name"), n.get("zone"), n.get("accelerator_type"), n.get("state")) for n in nodes),
+        ("NAME", "ZONE", "TYPE", "STATE", "POOL"),
+        ((n["name"], n["zone"], n["accelerator_type"], n["state"], n["capacity_class"]) for n in nodes),
         key="nodes",
-        records=nodes,
+        records=[dict(n) for n in nodes],
     )
 
 
-def _capacity(zone: dict[str, Any]) -> str:
-    capacity = zone.get("capacity")
-    if not isinstance(capacity, dict):
-        return str(capacity or "")
-    parts = []
-    for gen, classes in sorted(capacity.items()):
-        if isinstance(classes, dict):
-            inner = ", ".join(f"{k} {v}" for k, v in classes.items())
-            parts.append(f"{gen}: {inner}")
-    return "; ".join(parts)
+def _pools(pools: list[PoolStatus]) -> str:
+    return ", ".join(
+        f"{p['generation']} {p['capacity_class']} {p['free_chips']}/{p['capacity_chips']}" for p in pools
+    )
 
 
 @app.command("reset")

@@ -7,6 +7,7 @@ previous one did.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -48,10 +49,9 @@ class Session:
     def close(self) -> None:
         while self._closers:
             closer = self._closers.pop()
-            try:
+            # Closing must not mask the command's own outcome.
+            with contextlib.suppress(Exception):
                 closer()
-            except Exception:  # noqa: BLE001 - closing must not mask the command's own outcome
-                pass
 
     def __enter__(self) -> Session:
         return self
