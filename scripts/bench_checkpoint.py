@@ -1,0 +1,162 @@
+#!/usr/bin/env python3
+"""Benchmark: checkpoint save/restore throughput against a plain sequential write/read of the same bytes.
+
+A train-state-like pytree of float32 arrays (``--mb`` MiB in ``--arrays`` leaves) on the CPU is saved with
+``tpuctl.runtime.checkpoint.Checkpointer`` (orbax, checksummed, committed by rename) and restored with
+``restore_latest`` (read back and verified), then the same bytes are written to one file on the same disk
+(``write`` + ``fsync``) and read back (``np.fromfile``) as the baseline. Throughput is MiB/s of array
+bytes; the ratio is checkpoint / plain (target: 0.7 or better). Best of ``--repeat``. The page cache is
+not dropped (that needs root), so reads of the baseline and the checkpoint alike may come from memory.
+
+    .venv/bin/python scripts/bench_checkpoint.py [--mb 256] [--arrays 16] [--repeat 3] [--dir DIR]
+        [--out docs/bench/checkpoint.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def _state(mb: int, arrays: int) -> dict[str, Any]:
+    import jax.numpy as jnp
+    import numpy as np
+
+    per = max(1, (mb * 1024 * 1024) // (4 * arrays))
+    rng = np.random.default_rng(0)
+    return {f"w{i:03d}": jnp.asarray(rng.standard_normal(per, dtype=np.float32)) for i in range(arrays)}
+
+
+def _nbytes(state: dict[str, Any]) -> int:
+    return sum(int(v.size) * int(v.dtype.itemsize) for v in state.values())
+
+
+def _checkpoint_once(state: dict[str, Any], directory: Path, step: int) -> tuple[float, float]:
+    import jax
+
+    from tpuctl.runtime.checkpoint import Checkpointer
+
+    ckpt = Checkpointer(directory, save_interval_steps=1, max_to_keep=1, async_save=False)
+    try:
+        t0 = time.perf_counter()
+        ckpt.save(step, state, force=True)
+        ckpt.wait()
+        save_s = time.perf_counter() - t0
+        target = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=v.sharding) for k, v in state.items()}
+        t0 = time.perf_counter()
+        result = ckpt.restore_latest(target)
+        jax.block_until_ready(result.state)
+        restore_s = time.perf_counter() - t0
+        if result.step != step:
+            raise SystemExit(f"restore returned step {result.step}, expected {step}")
+    finally:
+        ckpt.close()
+    return save_s, restore_s
+
+
+def _plain_once(state: dict[str, Any], path: Path) -> tuple[float, float]:
+    import numpy as np
+
+    host = [np.asarray(v) for v in state.values()]
+    t0 = time.perf_counter()
+    with open(path, "wb") as fh:
+        for arr in host:
+            fh.write(arr.tobytes())
+        fh.flush()
+        os.fsync(fh.fileno())
+    write_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    with open(path, "rb") as fh:
+        back = [np.fromfile(fh, dtype=arr.dtype, count=arr.size) for arr in host]
+    read_s = time.perf_counter() - t0
+    if sum(b.nbytes for b in back) != sum(a.nbytes for a in host):
+        raise SystemExit("plain read came back short")
+    return write_s, read_s
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mb", type=int, default=256, help="MiB of array data (default 256)")
+    parser.add_argument("--arrays", type=int, default=16, help="leaves in the pytree (default 16)")
+    parser.add_argument("--repeat", type=int, default=3, help="best of N (default 3)")
+    parser.add_argument("--dir", type=Path, default=None, help="where to write (default: a temp dir)")
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "bench" / "checkpoint.json")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+    state = _state(args.mb, args.arrays)
+    nbytes = _nbytes(state)
+    mib = nbytes / (1024 * 1024)
+    base = Path(tempfile.mkdtemp(prefix="tpuctl-bench-ckpt-", dir=args.dir))
+    saves, restores, writes, reads = [], [], [], []
+    try:
+        for i in range(args.repeat):
+            ck_dir = base / f"ckpt{i}"
+            save_s, restore_s = _checkpoint_once(state, ck_dir, step=i + 1)
+            shutil.rmtree(ck_dir, ignore_errors=True)
+            write_s, read_s = _plain_once(state, base / f"plain{i}.bin")
+            (base / f"plain{i}.bin").unlink()
+            saves.append(save_s)
+            restores.append(restore_s)
+            writes.append(write_s)
+            reads.append(read_s)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+    def mbps(seconds: list[float]) -> float:
+        return round(mib / min(seconds), 1)
+
+    figures = {
+        "save_mib_s": mbps(saves),
+        "restore_mib_s": mbps(restores),
+        "plain_write_mib_s": mbps(writes),
+        "plain_read_mib_s": mbps(reads),
+    }
+    save_ratio = round(figures["save_mib_s"] / figures["plain_write_mib_s"], 3)
+    restore_ratio = round(figures["restore_mib_s"] / figures["plain_read_mib_s"], 3)
+    result = {
+        "benchmark": "checkpoint save/restore (Checkpointer, CPU) vs plain sequential write/read",
+        "target_ratio": 0.7,
+        "bytes": nbytes,
+        "arrays": args.arrays,
+        "repeat": args.repeat,
+        **figures,
+        "save_ratio": save_ratio,
+        "restore_ratio": restore_ratio,
+        "met": save_ratio >= 0.7 and restore_ratio >= 0.7,
+        "seconds": {"save": saves, "restore": restores, "plain_write": writes, "plain_read": reads},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+        },
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "note": "page cache not dropped; best of --repeat; save includes fsync-free orbax commit + rename",
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"{mib:.0f} MiB in {args.arrays} arrays, best of {args.repeat}")
+    print(
+        f"save    {figures['save_mib_s']:>8} MiB/s  vs write {figures['plain_write_mib_s']:>8} MiB/s  "
+        f"ratio {save_ratio}"
+    )
+    print(
+        f"restore {figures['restore_mib_s']:>8} MiB/s  vs read  {figures['plain_read_mib_s']:>8} MiB/s  "
+        f"ratio {restore_ratio}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,245 @@
+#!/usr/bin/env python3
+"""Write docs/benchmarks.md from the figures the benchmarks left in docs/bench/*.json (run by scripts/bench).
+
+A benchmark whose JSON is missing, or whose run failed (its exit status in --status), is reported as
+"not measured" with the reason, never with stale figures.
+
+    .venv/bin/python scripts/bench_report.py [--status docs/bench/_status.json] [--out docs/benchmarks.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "docs" / "bench"
+
+Row = tuple[str, str, str, str]  # figure, value, target, note
+
+
+def _f(value: Any, unit: str = "", digits: int = 3) -> str:
+    if isinstance(value, (int, float)):
+        return f"{value:.{digits}f}{unit}"
+    return "n/a"
+
+
+def _cli(d: dict[str, Any]) -> list[Row]:
+    return [
+        ("`tpuctl --help`, median", _f(d.get("help_median_s"), " s"), "≤ 0.20 s", f"{d.get('runs')} runs"),
+        (
+            "`tpuctl pod list`, 10 slices in 8 zones, median",
+            _f(d.get("pod_list_10_slices_8_zones_median_s"), " s"),
+            "≤ 1.0 s",
+            "fresh process, in-process simulator",
+        ),
+    ]
+
+
+def _placement(d: dict[str, Any]) -> list[Row]:
+    rows: list[Row] = []
+    for name, r in d.get("results", {}).items():
+        ready, wall = r.get("to_ready_s", {}), r.get("wall_s", {})
+        rows.append(
+            (
+                f"placement `{name}`: start → READY, median (min–max)",
+                f"{_f(ready.get('median'), ' s')} ({_f(ready.get('min'))}–{_f(ready.get('max'))})",
+                "",
+                f"wall {_f(wall.get('median'), ' s')}; attempts {r.get('attempts')}",
+            )
+        )
+    sim = d.get("simulator", {})
+    if rows:
+        rows[0] = (
+            *rows[0][:3],
+            rows[0][3] + f"; {sim.get('latency_ms')} ms API latency, speed {sim.get('speed')}",
+        )
+    return rows
+
+
+def _launch(d: dict[str, Any]) -> list[Row]:
+    rows: list[Row] = []
+    for r in d.get("results", []):
+        rows.append(
+            (
+                f"run start-up, {r.get('hosts')} host(s) ({r.get('accelerator_type')}): spawn → all running",
+                f"{_f(r.get('warm_s'), ' s')} warm, {_f(r.get('cold_s'), ' s')} cold",
+                "",
+                f"jax.distributed ready {_f(r.get('jax_ready_s'), ' s')}",
+            )
+        )
+    return rows
+
+
+def _step(d: dict[str, Any]) -> list[Row]:
+    b, p = d.get("bundled", {}), d.get("plain", {})
+    return [
+        (
+            "bundled step vs plain jit+optax: throughput ratio",
+            _f(d.get("throughput_ratio_bundled_over_plain")),
+            f"≥ {d.get('target_ratio')}",
+            f"paired median {_f(d.get('throughput_ratio_paired_median'))}; median step "
+            f"{_f(b.get('median_step_s'), ' s')} vs {_f(p.get('median_step_s'), ' s')} (CPU)",
+        )
+    ]
+
+
+def _checkpoint(d: dict[str, Any]) -> list[Row]:
+    mib = d.get("bytes", 0) / (1024 * 1024)
+    return [
+        (
+            "checkpoint save vs plain sequential write",
+            f"{d.get('save_mib_s')} vs {d.get('plain_write_mib_s')} MiB/s"
+            f" = {_f(d.get('save_ratio'), 'x', 2)}",
+            "≥ 0.7x",
+            f"{mib:.0f} MiB in {d.get('arrays')} arrays, best of {d.get('repeat')}",
+        ),
+        (
+            "checkpoint restore (verified) vs plain sequential read",
+            f"{d.get('restore_mib_s')} vs {d.get('plain_read_mib_s')} MiB/s"
+            f" = {_f(d.get('restore_ratio'), 'x', 2)}",
+            "≥ 0.7x",
+            "page cache warm",
+        ),
+    ]
+
+
+def _cost(d: dict[str, Any]) -> list[Row]:
+    ledger = d.get("ledger", {})
+    by_group = d.get("report_best_s_by_group", {})
+    groups = ", ".join(f"{k} {_f(v, ' s', 2)}" for k, v in by_group.items())
+    return [
+        (
+            f"`cost report` over {ledger.get('events', 0):,} events (headline: --group-by zone)",
+            _f(d.get("headline_s"), " s"),
+            f"≤ {d.get('target_s')} s",
+            f"per group-by: {groups}; CLI end to end {_f(d.get('cli_end_to_end_best_s'), ' s')}",
+        )
+    ]
+
+
+def _recovery(d: dict[str, Any]) -> list[Row]:
+    rows: list[Row] = []
+    for key, value in d.items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            rows.append((f"recovery: {key}", _f(value), "", ""))
+        elif isinstance(value, dict) and key not in ("machine", "host"):
+            for sub, v in value.items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    rows.append((f"recovery: {key}.{sub}", _f(v), "", ""))
+    return rows
+
+
+BENCHES: list[tuple[str, str, str, Callable[[dict[str, Any]], list[Row]]]] = [
+    ("cli", "CLI start-up and pod list", "scripts/bench_cli.py", _cli),
+    ("placement", "Placement under stockouts (7 of 8 zones)", "scripts/bench_placement.py", _placement),
+    ("launch", "Run start-up per host count (simulator)", "scripts/bench_launch.py", _launch),
+    ("step", "Bundled train step vs plain jit+optax", "scripts/bench_step.py", _step),
+    (
+        "recovery",
+        "Preemption recovery: detection latency, recovery overhead, goodput",
+        "scripts/bench_recovery.py",
+        _recovery,
+    ),
+    ("checkpoint", "Checkpoint save/restore throughput", "scripts/bench_checkpoint.py", _checkpoint),
+    ("cost", "Cost report on 1,000,000 events", "scripts/bench_cost.py", _cost),
+]
+
+
+def _machine() -> str:
+    mem = "?"
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                mem = f"{int(line.split()[1]) / 1024 / 1024:.1f} GiB"
+    except OSError:
+        pass
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return (
+        f"{os.cpu_count()} cores ({cpu}), {mem} memory, load average {load} (1/5/15 min) at the end; "
+        f"Python {platform.python_version()}, {platform.platform()}"
+    )
+
+
+def _commit() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False
+        )
+        return out.stdout.strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--status", type=Path, default=BENCH / "_status.json")
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md")
+    args = parser.parse_args(argv)
+    status: dict[str, Any] = json.loads(args.status.read_text()) if args.status.exists() else {}
+
+    lines = [
+        "# Benchmarks",
+        "",
+        "Produced by `scripts/bench` (every benchmark in one go; raw figures in `docs/bench/*.json`).",
+        "",
+        f"- Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; commit {_commit()}",
+        f"- Machine: {_machine()}",
+        "- Rerun: `scripts/bench` from the repository root (sets up `.venv`; about 15 minutes on 2 cores).",
+        "  `BENCH_QUICK=1 scripts/bench` runs smaller sizes (a pipeline check); each script runs alone",
+        "  too (`.venv/bin/python scripts/bench_X.py --help`).",
+        "- Tests: `scripts/test` (CI's fast mode); `scripts/test --slow` adds the long cases, among them the",
+        "  hardening suite's 200+ faulted operations, 100 kill -9 crashes and 10,000+ fuzzed inputs.",
+        "",
+        "| figure | value | target | note |",
+        "|---|---|---|---|",
+    ]
+    sections: list[str] = []
+    for key, title, script, render in BENCHES:
+        path = BENCH / f"{key}.json"
+        st = status.get(key)
+        reason = None
+        if st is None and status:
+            reason = "not yet measured" + (
+                "" if (ROOT / script).exists() else f" ({script} does not exist yet)"
+            )
+        elif st is not None and st.get("exit") != 0:
+            reason = f"not measured: `{st.get('command')}` exited {st.get('exit')}"
+        elif not path.exists():
+            reason = "not yet measured (no figures file)"
+        if reason is None:
+            try:
+                rows = render(json.loads(path.read_text()))
+            except (ValueError, AttributeError, TypeError) as exc:
+                rows, reason = [], f"figures unreadable: {exc}"
+        if reason is not None:
+            lines.append(f"| **{title}** | {reason} | | `{script}` |")
+            continue
+        for figure, value, target, note in rows:
+            lines.append(f"| {figure} | {value} | {target} | {note} |")
+        took = f", took {st.get('seconds')} s" if st else ""
+        sections.append(f"- {title}: `{st.get('command') if st else script}`{took} → `docs/bench/{key}.json`")
+    lines += ["", "## Commands run", "", *sections, ""]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text("\n".join(lines))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
