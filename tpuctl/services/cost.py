@@ -48,7 +48,7 @@ from tpuctl.store.records import LedgerError
 #: A spot/preemptible slice preempted within this many seconds of READY is not charged.
 FREE_PREEMPTION_S: Final = 60.0
 #: The ledger schema version these queries are written for.
-KNOWN_SCHEMA: Final = 1
+KNOWN_SCHEMA: Final = 2
 GROUP_BY_CHOICES: Final = ("slice", "run", "zone", "region", "type", "capacity", "day", "label:KEY")
 _LABEL_KEY_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 _DURATION_PART_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*(w|d|h|m|s)")

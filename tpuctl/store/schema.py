@@ -28,6 +28,7 @@ Design notes (what the later features need):
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tpuctl.store.records import LedgerError
@@ -38,6 +39,8 @@ class Migration:
     version: int  # the user_version after this migration
     summary: str
     statements: tuple[str, ...]
+    #: Run after the statements, in the same transaction: fills what SQL alone cannot compute.
+    backfill: Callable[[sqlite3.Connection], None] | None = None
 
 
 POD_COLUMNS: tuple[str, ...] = (
@@ -66,6 +69,11 @@ POD_COLUMNS: tuple[str, ...] = (
     "deleted_at",
     "updated_at",
     "last_event_id",
+    "bill_mark",
+    "billed_s",
+    "billed_chip_s",
+    "billed_usd_s",
+    "billed_unpriced_chip_s",
 )
 
 EVENT_COLUMNS: tuple[str, ...] = (
@@ -263,7 +271,47 @@ _V1 = Migration(
     ),
 )
 
-MIGRATIONS: tuple[Migration, ...] = (_V1,)
+
+def _backfill_billing(conn: sqlite3.Connection) -> None:
+    """Compute the v2 billing facts of every existing pod by replaying the log through ``apply_event``
+    (the function every write path uses), so ``check_view`` holds on a migrated ledger."""
+    from tpuctl.store.view import Ev, replay_pods  # view imports nothing from here; late to keep it so
+
+    events = (
+        (r[0], Ev(r[1], r[2], r[3], r[4], *r[6:]))
+        for r in conn.execute(f"SELECT {', '.join(EVENT_COLUMNS)} FROM events ORDER BY id")
+    )
+    rows = [
+        (row.bill_mark, row.billed_s, row.billed_chip_s, row.billed_usd_s, row.billed_unpriced_chip_s, pod_id)
+        for pod_id, row in replay_pods(events).items()
+    ]
+    conn.executemany(
+        "UPDATE pods SET bill_mark = ?, billed_s = ?, billed_chip_s = ?, billed_usd_s = ?, "
+        "billed_unpriced_chip_s = ? WHERE id = ?",
+        rows,
+    )
+
+
+#: Per-slice billing facts, kept by the view function as events arrive: a report sums them instead of
+#: re-deriving every slice's billed interval (and its price pieces from the log) on every run.
+#: ``bill_mark`` is where the open price piece of a billed, still-open slice began (NULL otherwise);
+#: ``billed_*`` hold the closed pieces (final once ``ended_at`` is set; 0 for a free preemption):
+#: seconds, chip-seconds, chips x seconds x USD per chip-hour (USD x 3600, exact like the old sums) and
+#: chip-seconds with no recorded price (priced from the catalog at report time).
+_V2 = Migration(
+    2,
+    "pods billing facts (billed seconds, chip-seconds, USD at the prices in force) and report indexes",
+    (
+        "ALTER TABLE pods ADD COLUMN bill_mark REAL",
+        "ALTER TABLE pods ADD COLUMN billed_s REAL NOT NULL DEFAULT 0",
+        "ALTER TABLE pods ADD COLUMN billed_chip_s REAL NOT NULL DEFAULT 0",
+        "ALTER TABLE pods ADD COLUMN billed_usd_s REAL NOT NULL DEFAULT 0",
+        "ALTER TABLE pods ADD COLUMN billed_unpriced_chip_s REAL NOT NULL DEFAULT 0",
+    ),
+    _backfill_billing,
+)
+
+MIGRATIONS: tuple[Migration, ...] = (_V1, _V2)
 SCHEMA_VERSION: int = len(MIGRATIONS)
 
 
@@ -296,6 +344,8 @@ def migrate(conn: sqlite3.Connection, *, where: str) -> int:
         for migration in MIGRATIONS[found:]:
             for statement in migration.statements:
                 conn.execute(statement)
+            if migration.backfill is not None:
+                migration.backfill(conn)
         # user_version lives in the database header, which is written as part of this transaction.
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION:d}")
         conn.execute("COMMIT")

@@ -23,10 +23,11 @@ Rules, for the latest incarnation ``cur`` of the event's zone+name:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple
 
+from tpuctl.catalog import CapacityType
 from tpuctl.store.records import EventKind, PodState
 
 
@@ -81,6 +82,12 @@ class PodRow:
     deleted_at: float | None
     updated_at: float
     last_event_id: int
+    # Billing facts (schema v2), kept up to date as events arrive; see ``_bill_piece``.
+    bill_mark: float | None = None
+    billed_s: float = 0.0
+    billed_chip_s: float = 0.0
+    billed_usd_s: float = 0.0
+    billed_unpriced_chip_s: float = 0.0
 
     def as_tuple(self) -> tuple[Any, ...]:
         return (
@@ -109,6 +116,11 @@ class PodRow:
             self.deleted_at,
             self.updated_at,
             self.last_event_id,
+            self.bill_mark,
+            self.billed_s,
+            self.billed_chip_s,
+            self.billed_usd_s,
+            self.billed_unpriced_chip_s,
         )
 
     @classmethod
@@ -141,6 +153,9 @@ _ENDING: dict[str, str] = {
     EventKind.DELETED: PodState.DELETED,
     EventKind.GONE: PodState.DELETED,
 }
+_PREEMPTIBLE = frozenset({CapacityType.SPOT.value, CapacityType.PREEMPTIBLE.value})
+#: A spot/preemptible slice preempted within this many seconds of READY is not charged (GCP's rule).
+FREE_PREEMPTION_S: Final = 60.0
 _DELETING = frozenset({EventKind.DELETED.value, EventKind.GONE.value})
 
 #: Kinds that move the view: for these an event must name a pod and a zone.
@@ -216,7 +231,11 @@ def apply_event(
             changed = False
         # Tracked field by field (not by comparing snapshots) so a duplicate event, which changes
         # nothing, does not move updated_at / last_event_id, and replay gives the same answer.
-        changed = _merge(row, ev) or changed
+        price, chips = row.price_per_chip_hour, row.chips
+        if _merge(row, ev):
+            changed = True
+            if row.bill_mark is not None and (row.price_per_chip_hour != price or row.chips != chips):
+                _bill_piece(row, ts, price, chips)  # the time so far at what was in force
         if _RANK[opening_state] > _RANK[row.state]:
             row.state = opening_state
             changed = True
@@ -227,6 +246,7 @@ def apply_event(
         elif kind == EventKind.READY:
             if row.ready_at is None:
                 row.ready_at = ts
+                row.bill_mark = ts  # billing starts at the first READY
                 changed = True
             if row.created_at is None:  # a slice first seen READY (adopted) existed by then
                 row.created_at = ts
@@ -246,8 +266,11 @@ def apply_event(
             _end(row, kind, ending_state, ts, deleting)
             return _touched(row, ts, event_id)
         if cur.ended_at is None:
+            price, chips = cur.price_per_chip_hour, cur.chips
             _merge(cur, ev)
             _end(cur, kind, ending_state, ts, deleting)
+            if cur.ready_at is not None:
+                _close_bill(cur, ts, price, chips)
             return _touched(cur, ts, event_id)
         if deleting and cur.deleted_at is None:
             cur.deleted_at = ts
@@ -263,6 +286,8 @@ def apply_event(
             and price is not None
             and price != cur.price_per_chip_hour
         ):
+            if cur.bill_mark is not None:
+                _bill_piece(cur, ts, cur.price_per_chip_hour, cur.chips)  # each price for its own part
             cur.price_per_chip_hour = price
             return _touched(cur, ts, event_id)
         return cur, False
@@ -278,7 +303,68 @@ def _end(row: PodRow, kind: str, state: str, ts: float, deleting: bool) -> None:
         row.deleted_at = ts
 
 
+def _bill_piece(row: PodRow, ts: float, price: float | None, chips: int | None) -> None:
+    """Bill ``row``'s open piece [bill_mark, ts) at ``price`` x ``chips`` (what was in force during it)."""
+    mark = row.bill_mark
+    assert mark is not None
+    dt = ts - mark
+    if dt <= 0:
+        return  # an event stamped before the piece began (clocks disagree): nothing to bill
+    if chips is not None:
+        chip_s = chips * dt
+        row.billed_chip_s += chip_s
+        if price is None:
+            row.billed_unpriced_chip_s += chip_s
+        else:
+            row.billed_usd_s += chip_s * price
+    row.bill_mark = ts
+
+
+def _close_bill(row: PodRow, ts: float, price: float | None, chips: int | None) -> None:
+    """The billable interval [ready_at, ts) is over: bill its last piece and make the facts final.
+
+    A spot/preemptible slice preempted within ``FREE_PREEMPTION_S`` of READY, or one whose chip count
+    was never known, is billed nothing."""
+    assert row.ready_at is not None
+    if row.bill_mark is not None:
+        _bill_piece(row, ts, price, chips)
+    row.bill_mark = None
+    free = (
+        row.end_reason == EventKind.PREEMPTED
+        and row.capacity in _PREEMPTIBLE
+        and ts - row.ready_at < FREE_PREEMPTION_S
+    )
+    if free or row.chips is None:
+        row.billed_s = row.billed_chip_s = row.billed_usd_s = row.billed_unpriced_chip_s = 0.0
+    else:
+        row.billed_s = max(ts - row.ready_at, 0.0)
+
+
 def _touched(row: PodRow, ts: float, event_id: int) -> tuple[PodRow, bool]:
     row.updated_at = ts
     row.last_event_id = event_id
     return row, True
+
+
+def replay_pods(events: Iterable[tuple[int, Ev]]) -> dict[int, PodRow]:
+    """The pods view an empty ledger reaches by applying ``(event id, event)`` in order: every pod row
+    an event changed, by id (pod ids allocated 1, 2, ... as the write paths do)."""
+    replayed: dict[int, PodRow] = {}
+    latest: dict[tuple[str, str], PodRow] = {}
+    next_pod = 1
+
+    def new_pod_id() -> int:
+        nonlocal next_pod
+        next_pod += 1
+        return next_pod - 1
+
+    for event_id, ev in events:
+        if ev.pod is None or ev.zone is None:
+            continue
+        key = (ev.zone, ev.pod)
+        row, changed = apply_event(latest.get(key), ev, event_id, new_pod_id)
+        if row is not None:
+            latest[key] = row
+            if changed:
+                replayed[row.id] = row
+    return replayed

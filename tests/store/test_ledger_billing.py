@@ -1,0 +1,156 @@
+"""Schema v2: the per-slice billing facts the view function keeps (billed seconds, chip-seconds, USD at
+the prices in force), the same on the single, bulk and replay paths, and backfilled by the migration."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from tpuctl.catalog import CapacityType
+from tpuctl.store import EventKind, Ledger, NewEvent
+from tpuctl.store import schema as schema_module
+
+Z = "us-central1-a"
+T0 = 1_790_000_000.0
+
+
+def _facts(ledger: Ledger, name: str) -> tuple[float | None, float, float, float, float]:
+    conn = sqlite3.connect(ledger.path)
+    try:
+        row = conn.execute(
+            "SELECT bill_mark, billed_s, billed_chip_s, billed_usd_s, billed_unpriced_chip_s FROM pods "
+            "WHERE name = ? ORDER BY incarnation DESC LIMIT 1",
+            (name,),
+        ).fetchone()
+    finally:
+        conn.close()
+    return row  # type: ignore[no-any-return]
+
+
+def _life(
+    name: str,
+    capacity: CapacityType,
+    price: float | None,
+    life_s: float,
+    end: EventKind,
+    chips: int = 64,
+    change: tuple[float, float] | None = None,
+) -> list[NewEvent]:
+    events = [
+        NewEvent(
+            EventKind.REQUESTED,
+            accelerator_type="v5litepod-64",
+            chips=chips,
+            capacity=capacity,
+            price_per_chip_hour=price,
+            ts=T0,
+            pod=name,
+            zone=Z,
+        ),
+        NewEvent(EventKind.CREATED, ts=T0 + 10, pod=name, zone=Z),
+        NewEvent(EventKind.READY, ts=T0 + 100, pod=name, zone=Z),
+    ]
+    if change is not None:
+        events.append(
+            NewEvent(
+                EventKind.PRICE_CHANGE,
+                price_per_chip_hour=change[1],
+                ts=T0 + 100 + change[0],
+                pod=name,
+                zone=Z,
+            )
+        )
+    events.append(NewEvent(end, ts=T0 + 100 + life_s, pod=name, zone=Z))
+    return events
+
+
+CASES = {
+    "spot90": (_life("spot90", CapacityType.SPOT, 0.245, 5400, EventKind.DELETED), 5400.0, 23.52),
+    "free40": (_life("free40", CapacityType.PREEMPTIBLE, 0.245, 40, EventKind.PREEMPTED), 0.0, 0.0),
+    "paid70": (
+        _life("paid70", CapacityType.PREEMPTIBLE, 1.0, 70, EventKind.PREEMPTED, chips=8),
+        70.0,
+        8 * 70 / 3600,
+    ),
+    "ondemand40": (
+        _life("ondemand40", CapacityType.ON_DEMAND, 1.0, 40, EventKind.PREEMPTED, chips=8),
+        40.0,
+        8 * 40 / 3600,
+    ),
+    # 1 h at 1.00 then 1 h at 2.00 on 8 chips: 8 + 16 USD.
+    "change": (
+        _life("change", CapacityType.ON_DEMAND, 1.0, 7200, EventKind.DELETED, chips=8, change=(3600, 2.0)),
+        7200.0,
+        24.0,
+    ),
+}
+
+
+def _single(tmp_path: Path, events: list[NewEvent]) -> Ledger:
+    ledger = Ledger(tmp_path / "single")
+    for e in events:
+        ledger.record_event(
+            e.kind,
+            pod=e.pod,
+            zone=e.zone,
+            accelerator_type=e.accelerator_type,
+            chips=e.chips,
+            capacity=e.capacity,
+            price_per_chip_hour=e.price_per_chip_hour,
+            ts=e.ts,
+        )
+    return ledger
+
+
+@pytest.mark.parametrize("path", ["single", "bulk"])
+def test_hand_computed_billing_facts(tmp_path: Path, path: str) -> None:
+    events = [e for evs, _s, _usd in CASES.values() for e in evs]
+    if path == "single":
+        ledger = _single(tmp_path, events)
+    else:
+        ledger = Ledger(tmp_path / "bulk")
+        ledger.record_events_bulk(events)
+    with ledger:
+        for name, (_evs, billed_s, usd) in CASES.items():
+            mark, s, chip_s, usd_s, unpriced = _facts(ledger, name)
+            assert mark is None, name
+            assert s == billed_s, name
+            assert round(usd_s / 3600, 6) == round(usd, 6), name
+            assert unpriced == 0.0
+            assert chip_s == (0.0 if not billed_s else chip_s)
+        assert ledger.check_view() == []
+
+
+def test_open_slice_keeps_its_open_piece_and_unpriced_time(tmp_path: Path) -> None:
+    events = _life("open", CapacityType.SPOT, None, 3600, EventKind.DELETED, chips=4, change=(1800, 3.0))[:-1]
+    with Ledger(tmp_path / "s") as ledger:
+        ledger.record_events_bulk(events)
+        mark, s, chip_s, usd_s, unpriced = _facts(ledger, "open")
+        # Still open: the first half hour had no price (unpriced chip-seconds); the rest runs from the mark.
+        assert mark == T0 + 100 + 1800
+        assert (s, chip_s, usd_s, unpriced) == (0.0, 4 * 1800.0, 0.0, 4 * 1800.0)
+        ledger.record_event(EventKind.DELETED, pod="open", zone=Z, ts=T0 + 100 + 3600)
+        mark, s, chip_s, usd_s, unpriced = _facts(ledger, "open")
+        assert mark is None
+        assert (s, chip_s, usd_s, unpriced) == (3600.0, 4 * 3600.0, 4 * 1800.0 * 3.0, 4 * 1800.0)
+        assert ledger.check_view() == []
+
+
+def test_migration_from_v1_backfills_the_facts(tmp_path: Path) -> None:
+    events = [e for evs, _s, _usd in CASES.values() for e in evs]
+    with Ledger(tmp_path / "s") as ledger:
+        ledger.record_events_bulk(events)
+        db = ledger.path
+    # Make it a v1 ledger: the columns v2 added are not there.
+    conn = sqlite3.connect(db)
+    for column in ("bill_mark", "billed_s", "billed_chip_s", "billed_usd_s", "billed_unpriced_chip_s"):
+        conn.execute(f"ALTER TABLE pods DROP COLUMN {column}")
+    conn.execute("PRAGMA user_version = 1")
+    conn.commit()
+    conn.close()
+    with Ledger(tmp_path / "s") as ledger:
+        assert ledger.schema_version == schema_module.SCHEMA_VERSION
+        assert ledger.check_view() == []
+        assert round(_facts(ledger, "spot90")[3] / 3600, 6) == 23.52
