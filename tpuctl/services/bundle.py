@@ -95,16 +95,25 @@ class Bundle:
         }
 
     def write_to(self, directory: Path) -> None:
-        """Materialize the bundle in ``directory`` (which must not exist yet), marker last."""
-        directory.mkdir(parents=True)
+        """Materialize the bundle in ``directory`` (which must not exist yet), marker last.
+
+        It lives in the state dir: directories are 0700 and files keep only their owner bits (an
+        executable stays executable, nothing is readable by group or others)."""
+        from tpuctl.store.paths import ensure_private_dir
+
+        ensure_private_dir(directory.parent)
+        directory.mkdir(mode=0o700)
         for f in self.files:
             target = directory / PurePosixPath(f.path)
-            target.parent.mkdir(parents=True, exist_ok=True)
+            for parent in reversed(target.relative_to(directory).parents[:-1]):
+                (directory / parent).mkdir(mode=0o700, exist_ok=True)
             with f.source.open("rb") as src, target.open("wb") as dst:
                 while chunk := src.read(1 << 20):
                     dst.write(chunk)
-            target.chmod(f.mode)
-        (directory / COMPLETE_MARKER).write_text(self.digest + "\n", encoding="ascii")
+            target.chmod(f.mode & 0o700)
+        marker = directory / COMPLETE_MARKER
+        marker.write_text(self.digest + "\n", encoding="ascii")
+        marker.chmod(0o600)
 
     def tar_gz(self) -> bytes:
         """The bundle as a deterministic .tar.gz (fixed mtimes, owners and order) for remote hosts."""

@@ -131,6 +131,7 @@ class SimExecutor:
                 if target.exists():
                     shutil.rmtree(target)  # a copy interrupted half way: never trust it
                 staging = target.with_name(f".{target.name}.tmp-{secrets.token_hex(4)}")
+                private_dirs(staging.parent)
                 try:
                     bundle.write_to(staging)
                     staging.rename(target)
@@ -202,7 +203,7 @@ class SimExecutor:
     def _start_one(self, plan: HostPlan) -> None:
         env = _inherited_env(self._base_env)
         env.update(plan.env)
-        self.host_dir(plan.worker).mkdir(parents=True, exist_ok=True)
+        private_dirs(self.host_dir(plan.worker))
         proc = subprocess.Popen(
             list(plan.argv),
             cwd=plan.cwd,
@@ -336,3 +337,15 @@ def _live_groups(pgids: set[int]) -> set[int]:
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
+
+
+def private_dirs(path: Path) -> None:
+    """Create ``path`` and its missing parents 0700 (they live in the private state dir)."""
+    missing: list[Path] = []
+    p = path
+    while not p.exists():
+        missing.append(p)
+        p = p.parent
+    for d in reversed(missing):
+        d.mkdir(mode=0o700, exist_ok=True)
+        d.chmod(0o700)
