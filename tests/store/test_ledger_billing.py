@@ -143,8 +143,10 @@ def test_migration_from_v1_backfills_the_facts(tmp_path: Path) -> None:
     with Ledger(tmp_path / "s") as ledger:
         ledger.record_events_bulk(events)
         db = ledger.path
-    # Make it a v1 ledger: the columns v2 added are not there.
+    # Make it a v1 ledger: the columns v2 added (and the v3 indexes over them) are not there.
     conn = sqlite3.connect(db)
+    for index in ("pods_closed", "pods_preempted", "pods_ended"):
+        conn.execute(f"DROP INDEX {index}")
     for column in ("bill_mark", "billed_s", "billed_chip_s", "billed_usd_s", "billed_unpriced_chip_s"):
         conn.execute(f"ALTER TABLE pods DROP COLUMN {column}")
     conn.execute("PRAGMA user_version = 1")

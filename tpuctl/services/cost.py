@@ -48,7 +48,7 @@ from tpuctl.store.records import LedgerError
 #: A spot/preemptible slice preempted within this many seconds of READY is not charged.
 FREE_PREEMPTION_S: Final = 60.0
 #: The ledger schema version these queries are written for.
-KNOWN_SCHEMA: Final = 2
+KNOWN_SCHEMA: Final = 3
 GROUP_BY_CHOICES: Final = ("slice", "run", "zone", "region", "type", "capacity", "day", "label:KEY")
 _LABEL_KEY_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 _DURATION_PART_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*(w|d|h|m|s)")
@@ -474,7 +474,13 @@ def _own_sql(group: GroupBy) -> str:
     )
 
 
-def _pods_billed_sql(group: GroupBy) -> str:
+#: Where the scans read slices from: every pod (a rowid range scan: the planner would walk an index for
+#: the key), or, on the fast path, only the slices that need interval arithmetic (``cost_rest``).
+_ALL_PODS: Final = "pods AS p NOT INDEXED"
+_REST_PODS: Final = "cost_rest AS r CROSS JOIN pods AS p ON p.id = r.id"
+
+
+def _pods_billed_sql(group: GroupBy, source: str = _ALL_PODS) -> str:
     """ONE scan of ``pods``: the billed time of every slice whose price never changed, and its share on
     the day it started, summed per (group key, zone, type, capacity, first billed day).
 
@@ -495,12 +501,12 @@ SELECT {_GROUP_COLUMNS.format(k=_key_sql(group, "p"))}, {day0}, {_own_sql(group)
        CASE WHEN p.price_per_chip_hour IS NULL THEN p.chips * ({be} - {b0}) ELSE 0 END,
        {d0}, p.chips * {d0}, COALESCE(p.chips * {d0} * p.price_per_chip_hour, 0),
        CASE WHEN p.price_per_chip_hour IS NULL THEN p.chips * {d0} ELSE 0 END
-FROM pods AS p NOT INDEXED  -- a rowid range scan: the planner would walk an index for the key
+FROM {source}
 WHERE {_BILLED_POD}
 {_upsert(columns)}"""
 
 
-def _pods_held_sql(group: GroupBy) -> str:
+def _pods_held_sql(group: GroupBy, source: str = _ALL_PODS) -> str:
     """Quota held after preemption (preempted until deleted, or until now), per group; a slice only
     holding quota in the window (not billed in it) counts as a slice of its group here."""
     held = f"({_HELD_S})"
@@ -511,8 +517,71 @@ SELECT {_GROUP_COLUMNS.format(k=_key_sql(group, "p"))}, -1,
        CASE WHEN {_BILLED_POD} THEN 0 ELSE {_own_sql(group)} END, CASE WHEN {_BILLED_POD} THEN 0 ELSE 1 END,
        p.chips * {held}, COALESCE(p.chips * {held} * p.price_per_chip_hour, 0),
        CASE WHEN p.price_per_chip_hour IS NULL THEN p.chips * {held} ELSE 0 END
-FROM pods AS p NOT INDEXED
+FROM {source}
 WHERE {_PART} AND p.end_reason = 'preempted' AND p.chips IS NOT NULL AND {held} > 0
+{_upsert(columns)}"""
+
+
+#: The fast path (every grouping but slice and run). A slice whose billing closed inside the window
+#: contributes the billing facts the view function stored when it closed (``tpuctl.store.view``: billed
+#: seconds, chip-seconds and USD at each price in force), summed in SQL straight from the covering index
+#: ``pods_closed``. Only the rest -- slices still open, cut by --since/--until, and price-changed slices
+#: crossing midnight (their per-day split needs their pieces) -- goes through the interval arithmetic,
+#: found through indexes, never a scan of the pods rows.
+_REST_TABLE: Final = "CREATE TEMP TABLE cost_rest (id INTEGER PRIMARY KEY)"
+_LATER_TABLE: Final = "CREATE TEMP TABLE cost_later (id INTEGER PRIMARY KEY)"
+_REST_PODS_LATER: Final = "cost_later AS r CROSS JOIN pods AS p ON p.id = r.id"
+_CROSSES_MIDNIGHT: Final = "p.ended_at > (CAST(p.ready_at / 86400 AS INTEGER) + 1) * 86400.0"
+_REST_OPEN: Final = (
+    "INSERT OR IGNORE INTO cost_rest (id) SELECT id FROM pods "
+    "WHERE ended_at IS NULL AND ready_at IS NOT NULL AND ready_at < :until"
+)
+#: ``cut``: the window bound; pods_ended's range after it holds every slice it cuts.
+_REST_CUT: Final = (
+    "INSERT OR IGNORE INTO cost_rest (id) SELECT id FROM pods INDEXED BY pods_ended "
+    "WHERE ended_at > :cut AND ready_at < :cut"
+)
+_REST_CHANGED: Final = f"""
+INSERT OR IGNORE INTO cost_rest (id)
+SELECT p.id FROM json_each(:price_changes) AS j CROSS JOIN pods AS p
+     ON p.id = CAST(json_extract(j.value, '$[0]') AS INTEGER)
+WHERE p.ended_at IS NOT NULL AND p.ready_at IS NOT NULL AND {_CROSSES_MIDNIGHT}"""
+#: The price changes of the slices in cost_rest (the others' facts already hold their pieces).
+_REST_PRICE_CHANGES: Final = """
+SELECT json_group_array(json(j.value)) FROM json_each(:price_changes) AS j
+WHERE CAST(json_extract(j.value, '$[0]') AS INTEGER) IN (SELECT id FROM cost_rest)"""
+#: Billed, closed inside [since, until), not a free preemption, not in cost_rest.
+_CLOSED: Final = """p.ended_at IS NOT NULL AND p.ready_at IS NOT NULL
+      AND p.ready_at >= :since AND p.ready_at < :until AND p.ended_at <= :until AND p.ended_at > :since
+      AND p.chips IS NOT NULL
+      AND NOT COALESCE(p.end_reason = 'preempted' AND p.capacity IN ('spot', 'preemptible')
+                        AND p.ended_at - p.ready_at < :free_s, 0)
+      AND p.id NOT IN (SELECT id FROM cost_rest)"""
+_LATER_CLOSED: Final = f"""
+INSERT OR IGNORE INTO cost_later (id)
+SELECT p.id FROM pods AS p INDEXED BY pods_closed WHERE {_CLOSED} AND {_CROSSES_MIDNIGHT}"""
+
+
+def _closed_billed_sql(group: GroupBy) -> str:
+    """The closed slices' stored facts, summed per (group key, zone, type, capacity, first day); the
+    first day's share is the whole for a slice within one UTC day (most), else cut at midnight at its one
+    price (a price-changed slice crossing midnight is in cost_rest)."""
+    day0 = "CAST(p.ready_at / 86400 AS INTEGER)"
+    one = f"p.ended_at <= ({day0} + 1) * 86400.0"
+    d0 = f"(({day0} + 1) * 86400.0 - p.ready_at)"
+    columns = ("slices", "seen", "bs", "cs", "priced", "unpriced", "d0s", "d0cs", "d0priced", "d0unpriced")
+    return f"""
+INSERT INTO cost_agg (k, zone, atype, capacity, day0, {", ".join(columns)})
+SELECT {_GROUP_COLUMNS.format(k=_key_sql(group, "p"))}, {day0} AS d, COUNT(*), COUNT(*),
+       SUM(p.billed_s), SUM(p.billed_chip_s), SUM(p.billed_usd_s), SUM(p.billed_unpriced_chip_s),
+       SUM(CASE WHEN {one} THEN p.billed_s ELSE {d0} END),
+       SUM(CASE WHEN {one} THEN p.billed_chip_s ELSE p.chips * {d0} END),
+       SUM(CASE WHEN {one} THEN p.billed_usd_s ELSE COALESCE(p.chips * {d0} * p.price_per_chip_hour, 0) END),
+       SUM(CASE WHEN {one} THEN p.billed_unpriced_chip_s
+                WHEN p.price_per_chip_hour IS NULL THEN p.chips * {d0} ELSE 0 END)
+FROM pods AS p INDEXED BY pods_closed
+WHERE {_CLOSED}
+GROUP BY 1, 2, 3, 4, 5
 {_upsert(columns)}"""
 
 
@@ -526,13 +595,13 @@ FROM pods AS p WHERE {_PART} AND p.end_reason = 'preempted'"""
 
 #: The days after the first of every billed interval that crosses midnight (UTC), for the per-day
 #: figures: seeded only with those intervals, so the recursion touches few rows.
-_LATER_DAYS_SQL: Final = f"""
+_LATER_DAYS_SQL: Final = """
 WITH RECURSIVE x AS (
     SELECT p.zone, p.accelerator_type AS atype, p.capacity, p.chips, p.price_per_chip_hour AS price,
            (CAST(MAX(p.ready_at, :since) / 86400 AS INTEGER) + 1) * 86400.0 AS s,
            MIN(COALESCE(p.ended_at, :now), :until) AS e
-    FROM pods AS p NOT INDEXED
-    WHERE {_BILLED_POD}
+    FROM {source}
+    WHERE {billed}
       AND MIN(COALESCE(p.ended_at, :now), :until)
           > (CAST(MAX(p.ready_at, :since) / 86400 AS INTEGER) + 1) * 86400.0
 ),
@@ -678,6 +747,7 @@ class CostService:
         *,
         clock: Callable[[], float] = time.time,
         workers: int | None = None,
+        fast: bool = True,
     ) -> None:
         self._path = Path(ledger_path)
         self._catalog = catalog
@@ -687,6 +757,8 @@ class CostService:
         self._segments = False
         self._changes = False
         self._workers = workers if workers is not None else min(4, os.cpu_count() or 1)
+        # False: every slice through the interval arithmetic (the reference the fast path is tested on).
+        self._fast = fast
 
     # --- entry points ----------------------------------------------------------------------------
 
@@ -805,9 +877,10 @@ class CostService:
         main = group if by_group else GroupBy("total")
         need_days = with_days or not by_group
         lo, hi = reader.query("SELECT COALESCE(MIN(id), 0), COALESCE(MAX(id), 0) + 1 FROM pods", {})[0]
-        parts = _partitions(int(lo), int(hi), self._workers)
+        fast = self._fast and group.kind not in ("slice", "run")
+        parts = [(int(lo), int(hi))] if fast else _partitions(int(lo), int(hi), self._workers)
         if len(parts) == 1:
-            partials = [self._scan(reader, main, group, {**params, "lo": lo, "hi": hi}, need_days)]
+            partials = [self._scan(reader, main, group, {**params, "lo": lo, "hi": hi}, need_days, fast=fast)]
         else:
             from concurrent.futures import ThreadPoolExecutor
 
@@ -895,11 +968,28 @@ class CostService:
         group: GroupBy,
         params: Mapping[str, Any],
         need_days: bool,
+        *,
+        fast: bool = False,
     ) -> _Partial:
-        """The pods scans over one id range (its bounds in ``params``), in one read transaction."""
+        """The pods scans over one id range (its bounds in ``params``), in one read transaction; ``fast``:
+        closed slices from their stored facts, the rest (``cost_rest``) by interval arithmetic."""
         reader.execute(_AGG_TABLE, {})
-        reader.execute(_pods_billed_sql(main), params)
-        reader.execute(_pods_held_sql(main), params)
+        if fast:
+            params = dict(params)
+            reader.execute(_REST_TABLE, {})
+            reader.execute(_REST_OPEN, params)
+            for cut in (params["since"], params["until"]):
+                if cut > -1e17:  # no --since: nothing is cut at the start
+                    reader.execute(_REST_CUT, {"cut": cut})
+            if self._changes:
+                reader.execute(_REST_CHANGED, params)
+                params["price_changes"] = reader.query(_REST_PRICE_CHANGES, params)[0][0] or "[]"
+            reader.execute(_pods_billed_sql(main, _REST_PODS), params)
+            reader.execute(_closed_billed_sql(main), params)
+            reader.execute(_pods_held_sql(main, "pods AS p INDEXED BY pods_preempted"), params)
+        else:
+            reader.execute(_pods_billed_sql(main), params)
+            reader.execute(_pods_held_sql(main), params)
         rows = reader.query(
             "SELECT k, zone, atype, capacity, day0, slices, seen, bs, cs, priced, unpriced, d0s, d0cs, "
             "d0priced, d0unpriced, hcs, hpriced, hunpriced FROM cost_agg",
@@ -915,7 +1005,13 @@ class CostService:
             # Per day: each interval's first day (in rows), the days after it for those crossing
             # midnight, and the price-changed slices' pieces cut at midnight.
             reader.execute(_DAY_TABLE, {})
-            reader.execute(_LATER_DAYS_SQL, params)
+            source = _ALL_PODS
+            if fast:
+                reader.execute(_LATER_TABLE, {})
+                reader.execute("INSERT INTO cost_later (id) SELECT id FROM cost_rest", {})
+                reader.execute(_LATER_CLOSED, params)
+                source = _REST_PODS_LATER
+            reader.execute(_LATER_DAYS_SQL.format(source=source, billed=_BILLED_POD), params)
             part.later = [
                 _Sub(r[0], r[1], _unnull(r[2]), _unnull(r[3]), int(r[4]), *_floats(r[5:9]))
                 for r in reader.query(
