@@ -202,8 +202,15 @@ class Checkpointer:
             # Leftover tmp dirs of a save that crashed are never valid steps; clear them at start-up.
             cleanup_tmp_directories=True,
         )
-        self._manager = ocp.CheckpointManager(self.directory, options=options,
-                                              item_names=(STATE_ITEM, VERIFY_ITEM))
+        # Train state is mostly float weights and optimizer moments, which zstd barely shrinks; orbax's
+        # default compression cost ~2/3 of save time and ~half of restore time for no saving on disk.
+        # OCDBT stays on (a few large files per step instead of one tree per array, which matters on
+        # GCS); its writes are fsynced by tensorstore, so a committed step is durable.
+        handlers = {
+            STATE_ITEM: ocp.PyTreeCheckpointHandler(use_ocdbt=True, use_compression=False),
+            VERIFY_ITEM: ocp.JsonCheckpointHandler(),
+        }
+        self._manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
 
     # Saving ---------------------------------------------------------------------------------------
 
@@ -222,7 +229,7 @@ class Checkpointer:
             return False
         verify = {"format": _VERIFY_FORMAT, "step": step, "checksums": checksums(state)}
         args = ocp.args.Composite(**{
-            STATE_ITEM: ocp.args.StandardSave(state),
+            STATE_ITEM: ocp.args.PyTreeSave(state),
             VERIFY_ITEM: ocp.args.JsonSave(verify),
         })
         return bool(self._manager.save(step, args=args, force=True))
