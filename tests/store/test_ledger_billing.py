@@ -143,10 +143,13 @@ def test_migration_from_v1_backfills_the_facts(tmp_path: Path) -> None:
     with Ledger(tmp_path / "s") as ledger:
         ledger.record_events_bulk(events)
         db = ledger.path
-    # Make it a v1 ledger: the columns v2 added (and the v3 indexes over them) are not there.
+    # Make it a v1 ledger: the columns v2 added, and the v3/v4 indexes and rollup over them, are not there.
     conn = sqlite3.connect(db)
-    for index in ("pods_closed", "pods_preempted", "pods_ended"):
+    for index in ("pods_closed", "pods_preempted", "pods_ended", "pods_crossing"):
         conn.execute(f"DROP INDEX {index}")
+    conn.execute("DROP TRIGGER pods_rollup_insert")
+    conn.execute("DROP TRIGGER pods_rollup_close")
+    conn.execute("DROP TABLE cost_rollup")
     for column in ("bill_mark", "billed_s", "billed_chip_s", "billed_usd_s", "billed_unpriced_chip_s"):
         conn.execute(f"ALTER TABLE pods DROP COLUMN {column}")
     conn.execute("PRAGMA user_version = 1")
@@ -156,3 +159,33 @@ def test_migration_from_v1_backfills_the_facts(tmp_path: Path) -> None:
         assert ledger.schema_version == schema_module.SCHEMA_VERSION
         assert ledger.check_view() == []
         assert round(_facts(ledger, "spot90")[3] / 3600, 6) == 23.52
+        _assert_rollup_matches_pods(ledger)
+
+
+def _assert_rollup_matches_pods(ledger: Ledger) -> None:
+    conn = sqlite3.connect(ledger.path)
+    try:
+        stored = conn.execute("SELECT * FROM cost_rollup ORDER BY 1, 2, 3, 4, 5").fetchall()
+        want = conn.execute(schema_module.ROLLUP_CHECK_SQL).fetchall()
+    finally:
+        conn.close()
+    assert stored == want
+    assert stored  # the hand cases are single-day slices: all rolled up
+
+
+@pytest.mark.parametrize("path", ["single", "bulk"])
+def test_rollup_is_kept_in_the_events_transaction(tmp_path: Path, path: str) -> None:
+    events = [e for evs, _s, _usd in CASES.values() for e in evs]
+    if path == "single":
+        ledger = _single(tmp_path, events)
+    else:
+        ledger = Ledger(tmp_path / "bulk")
+        ledger.record_events_bulk(events)
+    with ledger:
+        _assert_rollup_matches_pods(ledger)
+        conn = sqlite3.connect(ledger.path)
+        try:
+            # The free preemption is not billed, so not rolled up; the other four are.
+            assert conn.execute("SELECT SUM(slices) FROM cost_rollup").fetchone()[0] == 4
+        finally:
+            conn.close()

@@ -48,7 +48,7 @@ from tpuctl.store.records import LedgerError
 #: A spot/preemptible slice preempted within this many seconds of READY is not charged.
 FREE_PREEMPTION_S: Final = 60.0
 #: The ledger schema version these queries are written for.
-KNOWN_SCHEMA: Final = 3
+KNOWN_SCHEMA: Final = 4
 GROUP_BY_CHOICES: Final = ("slice", "run", "zone", "region", "type", "capacity", "day", "label:KEY")
 _LABEL_KEY_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 _DURATION_PART_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*(w|d|h|m|s)")
@@ -557,12 +557,36 @@ _CLOSED: Final = """p.ended_at IS NOT NULL AND p.ready_at IS NOT NULL
       AND NOT COALESCE(p.end_reason = 'preempted' AND p.capacity IN ('spot', 'preemptible')
                         AND p.ended_at - p.ready_at < :free_s, 0)
       AND p.id NOT IN (SELECT id FROM cost_rest)"""
+#: The closed slices cost_rollup does not answer: those crossing midnight (partial index), and the
+#: single-day ones of the window's partial first and last days (a ready_at range of pods_closed).
+_CLOSED_CROSSING: Final = f"INDEXED BY pods_crossing WHERE {_CLOSED} AND {_CROSSES_MIDNIGHT}"
+_CLOSED_EDGE_DAY: Final = f"""INDEXED BY pods_closed WHERE {_CLOSED} AND NOT {_CROSSES_MIDNIGHT}
+      AND p.ready_at >= :b_lo AND p.ready_at < :b_hi
+      AND NOT (CAST(p.ready_at / 86400 AS INTEGER) >= :d_lo
+               AND CAST(p.ready_at / 86400 AS INTEGER) < :d_hi)"""
+
+
 _LATER_CLOSED: Final = f"""
 INSERT OR IGNORE INTO cost_later (id)
-SELECT p.id FROM pods AS p INDEXED BY pods_closed WHERE {_CLOSED} AND {_CROSSES_MIDNIGHT}"""
+SELECT p.id FROM pods AS p {_CLOSED_CROSSING}"""
 
 
-def _closed_billed_sql(group: GroupBy) -> str:
+def _rollup_sql(group: GroupBy) -> str:
+    """The closed single-day slices of the days wholly inside the window, from ``cost_rollup`` (a few
+    rows per day), in the pods scan's shape: for a single-day slice its first day's share is the whole."""
+    columns = ("slices", "seen", "bs", "cs", "priced", "unpriced", "d0s", "d0cs", "d0priced", "d0unpriced")
+    sums = "SUM(r.billed_s), SUM(r.billed_chip_s), SUM(r.billed_usd_s), SUM(r.billed_unpriced_chip_s)"
+    return f"""
+INSERT INTO cost_agg (k, zone, atype, capacity, day0, {", ".join(columns)})
+SELECT COALESCE({_key_sql(group, "r")}, :null_key), r.zone, r.accelerator_type, r.capacity, r.day,
+       SUM(r.slices), SUM(r.slices), {sums}, {sums}
+FROM cost_rollup AS r
+WHERE r.day >= :d_lo AND r.day < :d_hi
+GROUP BY 1, 2, 3, 4, 5
+{_upsert(columns)}"""
+
+
+def _closed_billed_sql(group: GroupBy, where: str) -> str:
     """The closed slices' stored facts, summed per (group key, zone, type, capacity, first day); the
     first day's share is the whole for a slice within one UTC day (most), else cut at midnight at its one
     price (a price-changed slice crossing midnight is in cost_rest)."""
@@ -579,8 +603,7 @@ SELECT {_GROUP_COLUMNS.format(k=_key_sql(group, "p"))}, {day0} AS d, COUNT(*), C
        SUM(CASE WHEN {one} THEN p.billed_usd_s ELSE COALESCE(p.chips * {d0} * p.price_per_chip_hour, 0) END),
        SUM(CASE WHEN {one} THEN p.billed_unpriced_chip_s
                 WHEN p.price_per_chip_hour IS NULL THEN p.chips * {d0} ELSE 0 END)
-FROM pods AS p INDEXED BY pods_closed
-WHERE {_CLOSED}
+FROM pods AS p {where}
 GROUP BY 1, 2, 3, 4, 5
 {_upsert(columns)}"""
 
@@ -985,7 +1008,15 @@ class CostService:
                 reader.execute(_REST_CHANGED, params)
                 params["price_changes"] = reader.query(_REST_PRICE_CHANGES, params)[0][0] or "[]"
             reader.execute(_pods_billed_sql(main, _REST_PODS), params)
-            reader.execute(_closed_billed_sql(main), params)
+            # Whole UTC days inside the window come from the rollup; the rest slice by slice.
+            d_lo = math.ceil(params["since"] / 86400.0)
+            d_hi = math.floor(params["until"] / 86400.0)
+            days = {"d_lo": d_lo, "d_hi": d_hi}
+            reader.execute(_rollup_sql(main), {**params, **days})
+            reader.execute(_closed_billed_sql(main, _CLOSED_CROSSING), params)
+            for edge in {d_lo - 1, d_hi}:
+                bounds = {"b_lo": edge * 86400.0, "b_hi": (edge + 1) * 86400.0}
+                reader.execute(_closed_billed_sql(main, _CLOSED_EDGE_DAY), {**params, **days, **bounds})
             reader.execute(_pods_held_sql(main, "pods AS p INDEXED BY pods_preempted"), params)
         else:
             reader.execute(_pods_billed_sql(main), params)

@@ -331,7 +331,78 @@ _V3 = Migration(
     ),
 )
 
-MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3)
+#: A closed, billed slice whose billing stayed within one UTC day (most slices; not a free preemption).
+_ROLLED = """{r}.ended_at IS NOT NULL AND {r}.ready_at IS NOT NULL AND {r}.chips IS NOT NULL
+    AND {r}.ended_at >= {r}.ready_at
+    AND {r}.ended_at <= (CAST({r}.ready_at / 86400 AS INTEGER) + 1) * 86400.0
+    AND NOT COALESCE({r}.end_reason = 'preempted' AND {r}.capacity IN ('spot', 'preemptible')
+                      AND {r}.ended_at - {r}.ready_at < 60.0, 0)"""
+_ROLLUP_KEY = (
+    "CAST({r}.ready_at / 86400 AS INTEGER), {r}.zone, COALESCE({r}.accelerator_type, char(0)), "
+    "COALESCE({r}.capacity, char(0)), {r}.labels"
+)
+_ROLLUP_ADD = """INSERT INTO cost_rollup VALUES ({key}, 1, NEW.billed_s, NEW.billed_chip_s, NEW.billed_usd_s,
+        NEW.billed_unpriced_chip_s)
+    ON CONFLICT DO UPDATE SET slices = slices + 1, billed_s = billed_s + excluded.billed_s,
+        billed_chip_s = billed_chip_s + excluded.billed_chip_s,
+        billed_usd_s = billed_usd_s + excluded.billed_usd_s,
+        billed_unpriced_chip_s = billed_unpriced_chip_s + excluded.billed_unpriced_chip_s;""".format(
+    key=_ROLLUP_KEY.format(r="NEW")
+)
+
+#: The common report reads a few thousand rows, not one per slice: ``cost_rollup`` sums the billing
+#: facts of every slice whose billing closed within one UTC day, per (day, zone, type, capacity, labels).
+#: Triggers on ``pods`` add a slice the moment its billing closes, in the transaction of the event that
+#: closed it (single, bulk and migrated writes alike; a closed slice's facts never change again), so it
+#: always equals ``SELECT ... FROM pods GROUP BY`` (``Ledger.check_view`` callers can verify it with
+#: ``ROLLUP_CHECK_SQL``). Slices crossing midnight (a few percent) are read per slice through the
+#: partial index ``pods_crossing``; ``pods_closed`` is rebuilt to lead with ready_at for the window's
+#: boundary days.
+_V4 = Migration(
+    4,
+    "cost_rollup: billing facts per day, zone, type, capacity and labels, kept by triggers",
+    (
+        """CREATE TABLE cost_rollup (
+            day                    INTEGER NOT NULL,
+            zone                   TEXT    NOT NULL,
+            accelerator_type       TEXT    NOT NULL,
+            capacity               TEXT    NOT NULL,
+            labels                 TEXT    NOT NULL,
+            slices                 INTEGER NOT NULL,
+            billed_s               REAL    NOT NULL,
+            billed_chip_s          REAL    NOT NULL,
+            billed_usd_s           REAL    NOT NULL,
+            billed_unpriced_chip_s REAL    NOT NULL,
+            PRIMARY KEY (day, zone, accelerator_type, capacity, labels)
+        ) STRICT, WITHOUT ROWID""",
+        f"""CREATE TRIGGER pods_rollup_insert AFTER INSERT ON pods WHEN {_ROLLED.format(r="NEW")}
+        BEGIN {_ROLLUP_ADD} END""",
+        f"""CREATE TRIGGER pods_rollup_close AFTER UPDATE ON pods
+        WHEN OLD.ended_at IS NULL AND {_ROLLED.format(r="NEW")}
+        BEGIN {_ROLLUP_ADD} END""",
+        f"""INSERT INTO cost_rollup
+        SELECT {_ROLLUP_KEY.format(r="p")}, COUNT(*), SUM(billed_s), SUM(billed_chip_s), SUM(billed_usd_s),
+               SUM(billed_unpriced_chip_s)
+        FROM pods AS p WHERE {_ROLLED.format(r="p")} GROUP BY 1, 2, 3, 4, 5""",
+        "DROP INDEX pods_closed",
+        """CREATE INDEX pods_closed ON pods (
+            ready_at, ended_at, zone, accelerator_type, capacity, end_reason, chips, price_per_chip_hour,
+            billed_s, billed_chip_s, billed_usd_s, billed_unpriced_chip_s, labels
+        ) WHERE ended_at IS NOT NULL AND ready_at IS NOT NULL""",
+        """CREATE INDEX pods_crossing ON pods (
+            ready_at, ended_at, zone, accelerator_type, capacity, end_reason, chips, price_per_chip_hour,
+            billed_s, billed_chip_s, billed_usd_s, billed_unpriced_chip_s, labels
+        ) WHERE ended_at IS NOT NULL AND ready_at IS NOT NULL
+            AND ended_at > (CAST(ready_at / 86400 AS INTEGER) + 1) * 86400.0""",
+    ),
+)
+
+#: What ``cost_rollup`` must hold, recomputed from ``pods`` (rows in key order; for checks and tests).
+ROLLUP_CHECK_SQL = f"""SELECT {_ROLLUP_KEY.format(r="p")}, COUNT(*), SUM(billed_s), SUM(billed_chip_s),
+    SUM(billed_usd_s), SUM(billed_unpriced_chip_s)
+FROM pods AS p WHERE {_ROLLED.format(r="p")} GROUP BY 1, 2, 3, 4, 5 ORDER BY 1, 2, 3, 4, 5"""
+
+MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4)
 SCHEMA_VERSION: int = len(MIGRATIONS)
 
 
