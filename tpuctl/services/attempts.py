@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from tpuctl.catalog import CapacityType
 from tpuctl.cloud.base import (
     LABEL_REQUEST,
+    LABEL_RUN,
     Node,
     NodeRequest,
     OperationProgress,
@@ -213,6 +214,8 @@ class Recorder:
             capacity=candidate.capacity,
             price_per_chip_hour=candidate.price_per_chip_hour,
             labels=labels,
+            # A slice placed for a run belongs to it in the ledger (per-run cost, budgets).
+            run_id=request.labels.get(LABEL_RUN),
             request_id=request.request_id,
             queued_resource=queued_resource,
             slice_index=slice_index,

@@ -212,10 +212,16 @@ class AttemptResult:
     shipped: list[ShipResult]
     started_at: float
     ended_at: float
+    exit_times: dict[int, float] = field(default_factory=dict)  # worker -> when its exit was seen
 
     @property
     def succeeded(self) -> bool:
-        return self.failed_worker is None and not self.interrupted and not self.timed_out
+        return (
+            self.failed_worker is None
+            and not self.interrupted
+            and not self.timed_out
+            and all(code == 0 for code in self.exit_codes.values())
+        )
 
 
 @dataclass(frozen=True)
@@ -685,8 +691,18 @@ class Launcher:
             deleted_pod=deleted,
         )
 
-    def provision(self, prepared: PreparedRun, *, progress: OperationProgress | None = None) -> Node:
-        """Create the run's slice and wait until READY (a provisioning segment in the ledger)."""
+    def provision(
+        self,
+        prepared: PreparedRun,
+        *,
+        progress: OperationProgress | None = None,
+        prefer_zone: str | None = None,
+        detail: Mapping[str, Any] | None = None,
+    ) -> Node:
+        """Create the run's slice and wait until READY (a provisioning segment in the ledger).
+
+        ``prefer_zone``: try that zone first, then the others in the allocator's order (a recovery goes
+        back where the run was: its data and its quota are there)."""
         target = prepared.target
         ledger = self._session.ledger
         segment = ledger.add_segment(
@@ -696,6 +712,7 @@ class Launcher:
             pod=target.name,
             zone=target.zone,
             capacity=target.capacity,
+            detail=detail,
         )
         accel = target.accelerator
         where = f"in {target.zone}" if target.zone else "where the allocator finds room"
@@ -704,7 +721,14 @@ class Launcher:
             if target.placement is not None:
                 from tpuctl.services.allocator import Allocator
 
-                placement = Allocator(self._session).place(target.placement, progress=progress)
+                allocator = Allocator(self._session)
+                plan = allocator.plan(target.placement)
+                if prefer_zone is not None:
+                    first = [c for c in plan.order if c.zone == prefer_zone]
+                    plan = dataclasses.replace(
+                        plan, order=[*first, *(c for c in plan.order if c.zone != prefer_zone)]
+                    )
+                placement = allocator.place(target.placement, progress=progress, plan=plan)
                 node = placement.nodes[0]
             else:
                 assert target.create is not None
@@ -715,14 +739,33 @@ class Launcher:
                     # PodService cleans up after a cloud failure; after Ctrl-C mid-create, so do we.
                     self._delete_own_leftover(spec.zone, spec.name, spec.request_id)
                     raise
-        finally:
-            ledger.close_segment(segment, end=self._session.clock())
+        except BaseException as exc:
+            failed = {**(detail or {}), "error": str(exc) or type(exc).__name__}
+            ledger.close_segment(segment, end=self._session.clock(), detail=failed)
+            raise
+        ledger.close_segment(segment, end=self._session.clock())
+        ledger.update_segment(segment, pod=node.name, zone=node.zone, capacity=node.capacity)
         self._observer.status(f"{node.name} is {node.state} in {node.zone}")
         return node
 
-    def execute(self, prepared: PreparedRun, node: Node, *, restart_count: int = 0) -> AttemptResult:
+    def execute(
+        self,
+        prepared: PreparedRun,
+        node: Node,
+        *,
+        restart_count: int = 0,
+        record_segment: bool = True,
+        soft_exit_codes: frozenset[int] = frozenset(),
+        soft_wait_s: float = 60.0,
+        on_started: Callable[[Executor], None] | None = None,
+    ) -> AttemptResult:
         """Ship and start on every host of ``node``, stream until all exit; never raises for the
-        program's own failure (see ``AttemptResult``). A running segment is recorded in the ledger."""
+        program's own failure (see ``AttemptResult``). A running segment is recorded in the ledger unless
+        ``record_segment`` is False (the preemption supervisor keeps its own segments).
+
+        ``soft_exit_codes``: statuses that end a host without failing the others (the runtime's
+        "preempted, checkpoint saved"): the other hosts get ``soft_wait_s`` to reach the same end before
+        they are stopped. ``on_started(executor)`` is called once every host has started."""
         ledger = self._session.ledger
         spec = prepared.spec(restart_count)
         if len(node.network_endpoints) not in (0, spec.num_workers):
@@ -733,18 +776,23 @@ class Launcher:
         prepared.log_dir.mkdir(parents=True, exist_ok=True)
         executor = self._executor_factory(prepared, node)
         self.current_executor = executor
-        segment = ledger.add_segment(
-            prepared.run_id,
-            SegmentKind.RUNNING,
-            start=self._session.clock(),
-            pod=node.name,
-            zone=node.zone,
-            capacity=node.capacity,
-            detail={"restart_count": restart_count},
+        segment = (
+            ledger.add_segment(
+                prepared.run_id,
+                SegmentKind.RUNNING,
+                start=self._session.clock(),
+                pod=node.name,
+                zone=node.zone,
+                capacity=node.capacity,
+                detail={"restart_count": restart_count},
+            )
+            if record_segment
+            else None
         )
         logs: dict[int, IO[str]] = {}
         shipped: list[ShipResult] = []
         exit_codes: dict[int, int | None] = {}
+        exit_times: dict[int, float] = {}
         failed: tuple[int, int | None] | None = None
         interrupted = timed_out = False
         started_at = time.time()
@@ -766,13 +814,16 @@ class Launcher:
             ledger.update_run(prepared.run_id, status=RunStatus.RUNNING, pod=node.name, zone=node.zone)
             executor.start(spec)
             self._observer.status(f"started {' '.join(prepared.program)} on {spec.num_workers} hosts")
+            if on_started is not None:
+                on_started(executor)
             deadline = (
                 None if prepared.request.timeout_s is None else time.monotonic() + prepared.request.timeout_s
             )
             try:
                 failed, timed_out = self._pump(
-                    executor, spec.num_workers, logs, exit_codes, deadline, prepared
-                )
+                    executor, spec.num_workers, logs, exit_codes, deadline, prepared, soft_exit_codes,
+                    soft_wait_s, exit_times,
+                )  # fmt: skip
             except KeyboardInterrupt:
                 interrupted = True
                 self._observer.status("interrupted: stopping every host")
@@ -785,14 +836,15 @@ class Launcher:
                 self.current_executor = None
                 for fh in logs.values():
                     fh.close()
-                ledger.close_segment(
-                    segment,
-                    end=self._session.clock(),
-                    detail={
-                        "restart_count": restart_count,
-                        "exit_codes": {str(k): v for k, v in exit_codes.items()},
-                    },
-                )
+                if segment is not None:
+                    ledger.close_segment(
+                        segment,
+                        end=self._session.clock(),
+                        detail={
+                            "restart_count": restart_count,
+                            "exit_codes": {str(k): v for k, v in exit_codes.items()},
+                        },
+                    )
         return AttemptResult(
             exit_codes=exit_codes,
             failed_worker=None if failed is None else failed[0],
@@ -802,6 +854,7 @@ class Launcher:
             shipped=shipped,
             started_at=started_at,
             ended_at=time.time(),
+            exit_times=exit_times,
         )
 
     def _pump(
@@ -812,15 +865,28 @@ class Launcher:
         exit_codes: dict[int, int | None],
         deadline: float | None,
         prepared: PreparedRun,
+        soft_exit_codes: frozenset[int] = frozenset(),
+        soft_wait_s: float = 60.0,
+        exit_times: dict[int, float] | None = None,
     ) -> tuple[tuple[int, int | None] | None, bool]:
         """Route events until every host exited; returns (first failure, timed out)."""
         failed: tuple[int, int | None] | None = None
         timed_out = False
         stop_deadline: float | None = None
+        soft_deadline: float | None = None
+        exit_times = {} if exit_times is None else exit_times
         while len(exit_codes) < num_workers:
             now = time.monotonic()
             if stop_deadline is not None and now > stop_deadline:
                 break  # the executor promised exits after stop(); don't wait on one that never comes
+            if soft_deadline is not None and now > soft_deadline and stop_deadline is None:
+                self._observer.status(
+                    f"{num_workers - len(exit_codes)} host(s) did not stop within {soft_wait_s:g} s of the "
+                    "others: stopping them"
+                )
+                executor.stop(prepared.request.grace_s)
+                stop_deadline = time.monotonic() + _DRAIN_AFTER_STOP_S
+                continue
             if deadline is not None and now > deadline and stop_deadline is None:
                 timed_out = True
                 self._observer.status("--timeout reached: stopping every host")
@@ -835,7 +901,13 @@ class Launcher:
                 self._observer.line(event.worker, event.text)
                 continue
             exit_codes[event.worker] = event.returncode
+            exit_times[event.worker] = event.at
             if event.returncode == 0 or failed is not None or timed_out:
+                continue
+            if event.returncode in soft_exit_codes:
+                # An agreed stop (every host stops at the same step): let the others get there too.
+                if soft_deadline is None:
+                    soft_deadline = time.monotonic() + soft_wait_s
                 continue
             failed = (event.worker, event.returncode)
             self._observer.status(

@@ -765,7 +765,7 @@ class Ledger:
         steps_recomputed: int | None = None,
         detail: Mapping[str, Any] | None = None,
     ) -> SegmentRecord:
-        """Close an open segment (``detail``, when given, replaces the segment's)."""
+        """Close an open segment (``detail`` and the step counts, when given, replace the segment's)."""
         finish = self._now(end)
         with self._write() as conn:
             row = conn.execute(
@@ -775,14 +775,54 @@ class Ledger:
                 raise LedgerError(f"no run segment with id {segment_id}")
             if row[4] is not None:
                 raise LedgerError(f"run segment {segment_id} is already closed (at {row[4]})")
+            # Step counts, like detail, keep what update_segment() already set when not given here.
             conn.execute(
-                "UPDATE run_segments SET ended_at = ?, steps_completed = ?, steps_recomputed = ?, "
-                "detail = COALESCE(?, detail) WHERE id = ?",
+                "UPDATE run_segments SET ended_at = ?, steps_completed = COALESCE(?, steps_completed), "
+                "steps_recomputed = COALESCE(?, steps_recomputed), detail = COALESCE(?, detail) WHERE id = ?",
                 (finish, steps_completed, steps_recomputed, _json_or_none(detail), segment_id),
             )
             row = conn.execute(
                 f"SELECT {_SEGMENT_COLS} FROM run_segments WHERE id = ?", (segment_id,)
             ).fetchone()
+        return _segment_record(row)
+
+    def update_segment(
+        self,
+        segment_id: int,
+        *,
+        pod: _Maybe[str | None] = UNSET,
+        zone: _Maybe[str | None] = UNSET,
+        capacity: _Maybe[CapacityType | None] = UNSET,
+        steps_completed: _Maybe[int | None] = UNSET,
+        steps_recomputed: _Maybe[int | None] = UNSET,
+        detail: _Maybe[Mapping[str, Any] | None] = UNSET,
+    ) -> SegmentRecord:
+        """Set fields of a segment, open or closed (what was learnt after it was opened: the zone a
+        placement chose, the steps a running segment did once its host output is in)."""
+        changes: dict[str, Any] = {}
+        for column, value in (
+            ("pod", pod),
+            ("zone", zone),
+            ("steps_completed", steps_completed),
+            ("steps_recomputed", steps_recomputed),
+        ):
+            if value is not UNSET:
+                changes[column] = value
+        if capacity is not UNSET:
+            changes["capacity"] = None if capacity is None else CapacityType(capacity).value
+        if detail is not UNSET:
+            changes["detail"] = _json_or_none(detail)
+        with self._write() as conn:
+            if changes:
+                assignments = ", ".join(f"{c} = ?" for c in changes)
+                conn.execute(
+                    f"UPDATE run_segments SET {assignments} WHERE id = ?", [*changes.values(), segment_id]
+                )
+            row = conn.execute(
+                f"SELECT {_SEGMENT_COLS} FROM run_segments WHERE id = ?", (segment_id,)
+            ).fetchone()
+        if row is None:
+            raise LedgerError(f"no run segment with id {segment_id}")
         return _segment_record(row)
 
     def segments(self, run_id: str) -> list[SegmentRecord]:
