@@ -19,6 +19,8 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from tpuctl.cli.render import Output, Progress
+    from tpuctl.services.recovery import RecoveryPolicy, SupervisedResult
+    from tpuctl.services.session import Session
     from tpuctl.store.records import RunRecord
 
 runs_app = typer.Typer(help="List runs, describe one, show its hosts' logs.", no_args_is_help=True)
@@ -140,6 +142,18 @@ def run(
         str | None,
         typer.Option("--budget", help="Stop the run before it spends more than this many USD (warn at 80%)."),
     ] = None,
+    max_restarts: Annotated[
+        int,
+        typer.Option("--max-restarts", help="Restart a failing program at most N times (not preemptions)."),
+    ] = 0,
+    max_preemptions: Annotated[
+        int,
+        typer.Option("--max-preemptions", help="Recover from at most N preemptions, then stop."),
+    ] = 10,
+    detach: Annotated[
+        bool,
+        typer.Option("--detach", help="Supervise the run from a background process; return at once."),
+    ] = False,
     output: OutputOpt = None,
     dry_run: DryRunOpt = False,
 ) -> None:
@@ -180,9 +194,10 @@ def run(
             value=max_bundle_mb,
             fix="e.g. --max-bundle-mb 128",
         )
-    from tpuctl.services.budget import parse_budget, run_budget  # cost (issue 6): --budget
+    from tpuctl.services.budget import parse_budget  # cost (issue 6): --budget
 
     budget_usd = parse_budget(budget)
+    policy = _policy(max_restarts, max_preemptions)
     request = RunRequest(
         script=script,
         args=tuple(program_args),
@@ -207,24 +222,75 @@ def run(
         if is_dry_run(ctx, dry_run):
             _render_plan(out, launcher.plan(prepared))
             return
+        from tpuctl.services.budget import warn_monthly_budget
+        from tpuctl.services.recovery import Supervisor
+
+        if prepared.target.node is None:  # the run creates its slice: cost (issue 6)'s monthly warning
+            warn_monthly_budget(sess, out.warn)
         printer = _Printer(out, prepared.target.accelerator.hosts)
-        launcher = Launcher(sess, observer=printer)
-        # cost (issue 6): the monthly-budget warning, and --budget's watch (stops the run, exit 7)
-        creates = prepared.target.node is None  # not --pod: the run creates its slice
-        budget_watch = run_budget(
-            sess, prepared.run_id, budget_usd, grace_s=grace, creates_slice=creates, warn=out.warn
-        )
-        with _stop_hosts_on_termination(), out.progress(f"run {prepared.run_id}") as prog, budget_watch:
+        supervisor = Supervisor(sess, observer=printer, policy=policy, budget_usd=budget_usd, warn=out.warn)
+        if detach:
+            supervisor.create_record(prepared)
+            started = _start_detached(sess, prepared.run_id)
+            _render_detached(out, prepared.run_id, started)
+            return
+        with _stop_hosts_on_termination(), out.progress(f"run {prepared.run_id}") as prog:
             printer.spinner = prog
-            result = launcher.run_prepared(prepared, progress=prog)
+            supervised = supervisor.run(prepared, progress=prog)
+    _render_result(out, supervised)
+
+
+def _policy(max_restarts: int, max_preemptions: int) -> RecoveryPolicy:
+    from tpuctl.errors import UsageError
+    from tpuctl.services.recovery import RecoveryPolicy
+
+    for flag, value in (("--max-restarts", max_restarts), ("--max-preemptions", max_preemptions)):
+        if value < 0:
+            raise UsageError(
+                f"{flag} must be 0 or more, got {value}", field=flag, value=value, fix=f"e.g. {flag} 3"
+            )
+    return RecoveryPolicy(max_restarts=max_restarts, max_preemptions=max_preemptions)
+
+
+def _render_result(out: Output, supervised: SupervisedResult) -> None:
+    result = supervised.run
     if out.machine:
-        out.document(out.envelope(run=result.to_dict()))
+        out.document(out.envelope(run=supervised.to_dict()))
         return
+    summary = supervised.summary
+    recovered = ""
+    if supervised.preemptions:
+        n = len(supervised.preemptions)
+        recovered = (
+            f"; recovered from {n} preemption{'s' if n != 1 else ''} "
+            f"({summary.get('steps_recomputed', 0)} steps recomputed"
+            + (f", goodput {summary['goodput']:.0%}" if summary.get("goodput") is not None else "")
+            + ")"
+        )
+    if supervised.restarts:
+        recovered += f"; {supervised.restarts} restart{'s' if supervised.restarts != 1 else ''}"
     out.out.print(
         f"[green]run {result.run_id} succeeded[/] on {result.pod} ({result.zone}, {result.hosts} hosts) "
         f"in {result.duration_s:.1f} s"
+        + recovered
         + (f"; {result.pod} deleted" if result.deleted_pod else "")
         + f". Logs: tpuctl runs logs {result.run_id}"
+    )
+
+
+def _start_detached(sess: Session, run_id: str, *, resume: bool = False) -> dict[str, Any]:
+    from tpuctl.services.recovery import start_detached
+
+    return start_detached(sess, run_id, resume=resume)
+
+
+def _render_detached(out: Output, run_id: str, started: dict[str, Any]) -> None:
+    if out.machine:
+        out.document(out.envelope(run={"run_id": run_id, "status": "detached", "supervisor": started}))
+        return
+    out.out.print(
+        f"run {run_id} is supervised in the background (pid {started['pid']}, log {started['log']}).\n"
+        f"  tpuctl runs describe {run_id}    tpuctl runs logs {run_id}    tpuctl runs cancel {run_id}"
     )
 
 
@@ -345,8 +411,10 @@ def describe_run(
     run_id: Annotated[str, typer.Argument(metavar="RUN", help="Run id (see `tpuctl runs list`).")],
     output: OutputOpt = None,
 ) -> None:
-    """Show one run: status, slice, exit code, hosts, bundle, and its segments."""
+    """Show one run: status, slice, exit code, its segments (a timeline), and what preemptions cost:
+    steps completed and recomputed, goodput, detection latency and recovery time of each."""
     from tpuctl.errors import UsageError
+    from tpuctl.services.recovery import describe_run as describe
 
     out = make_output(ctx, output)
     with session(ctx, out) as sess:
@@ -355,33 +423,104 @@ def describe_run(
             raise UsageError(
                 f"no run {run_id!r}", field="RUN", value=run_id, fix="`tpuctl runs list` shows the runs"
             )
-        segments = sess.ledger.segments(run_id)
-    data = _run_dict(record)
-    segs = [
-        {
-            "kind": str(s.kind),
-            "start": s.start,
-            "end": s.end,
-            "duration_s": None if s.duration_s is None else round(s.duration_s, 3),
-            "pod": s.pod,
-            "zone": s.zone,
-            "capacity": None if s.capacity is None else s.capacity.value,
-            "detail": s.detail or {},
-        }
-        for s in segments
-    ]
+        described = describe(sess, record)
+    data = {**_run_dict(record), **described}
     if out.machine:
-        out.document(out.envelope(run={**data, "segments": segs}))
+        out.document(out.envelope(run=data))
         return
-    detail = data.pop("detail")
-    out.fields(f"run {run_id}", {**data, **detail})
+    _render_description(out, run_id, data)
+
+
+def _render_description(out: Output, run_id: str, data: dict[str, Any]) -> None:
+    from rich.markup import escape
+
+    detail = dict(data.get("detail") or {})
+    recovery = data.get("recovery") or {}
+    fields = {
+        k: data[k]
+        for k in ("status", "program", "pod", "zone", "accelerator_type", "capacity", "exit_code",
+                  "created_at", "ended_at", "duration_s", "restarts", "preemptions")
+    }  # fmt: skip
+    fields["supervisor"] = data.get("supervisor_state")
+    for key in ("steps_completed", "steps_recomputed", "goodput", "productive_step_s", "wall_s"):
+        fields[key] = recovery.get(key)
+    for key in ("hosts", "executor", "checkpoint_dir", "log_dir", "error"):
+        if key in detail:
+            fields[key] = detail[key]
+    out.fields(f"run {run_id}", fields)
+    segs = data["segments"]
     out.rows(
         "segments",
-        ("KIND", "POD", "ZONE", "DURATION"),
-        ([s["kind"], s["pod"], s["zone"], s["duration_s"]] for s in segs),
+        ("#", "KIND", "START", "DURATION", "POD", "ZONE", "CAPACITY", "STEPS", "RECOMPUTED"),
+        (
+            [
+                i,
+                s["kind"],
+                s["start_iso"],
+                s["duration_s"],
+                s["pod"],
+                s["zone"],
+                s["capacity"],
+                s["steps_completed"],
+                s["steps_recomputed"],
+            ]
+            for i, s in enumerate(segs, 1)
+        ),
         key="segments",
         records=segs,
     )
+    timeline = data.get("timeline") or []
+    if timeline:
+        out.out.print("[bold]timeline[/]")
+        colours = {"provisioning": "blue", "running": "green", "checkpointing": "yellow",
+                   "preempted": "red", "recovering": "magenta"}  # fmt: skip
+        for row in timeline:
+            colour = colours.get(row["kind"], "white")
+            bar = " " * row["offset"] + "█" * max(1, row["width"])
+            out.out.print(
+                f"  {row['kind']:<13} [{colour}]{bar}[/] {row['duration_s']:.1f} s", highlight=False
+            )
+    preemptions = recovery.get("preemptions") or []
+    if preemptions:
+        out.rows(
+            "preemptions",
+            (
+                "#",
+                "KIND",
+                "POD",
+                "ZONE",
+                "CHECKPOINT",
+                "DETECTED IN",
+                "RECOVERED IN",
+                "NEW ZONE",
+                "RECOMPUTED",
+            ),
+            (
+                [
+                    p["number"],
+                    p["kind"],
+                    p["pod"],
+                    p["zone"],
+                    p.get("checkpoint_step"),
+                    _secs(p.get("detection_latency_s")),
+                    _secs(p.get("recovery_s")),
+                    p.get("new_zone"),
+                    p.get("steps_recomputed"),
+                ]
+                for p in preemptions
+            ),
+            key="preemptions",
+            records=preemptions,
+        )
+    for fallback in recovery.get("checkpoint_fallbacks") or []:
+        skipped = ", ".join(f"step {s.get('step')} ({s.get('reason')})" for s in fallback.get("skipped", []))
+        out.out.print(
+            f"checkpoint fallback: skipped {escape(skipped)}; restored step {fallback.get('restored')}"
+        )
+
+
+def _secs(value: Any) -> str | None:
+    return None if value is None else f"{value:.2f} s"
 
 
 @runs_app.command("logs")
@@ -407,6 +546,125 @@ def run_logs(
             for line in fh:
                 sys.stdout.write(line if worker is not None else f"w{w:<{width}} | {line}")
     sys.stdout.flush()
+
+
+@runs_app.command("resume")
+def resume_run(
+    ctx: typer.Context,
+    run_id: Annotated[str, typer.Argument(metavar="RUN", help="Run id (see `tpuctl runs list`).")],
+    detach: Annotated[bool, typer.Option("--detach", help="Supervise it from a background process.")] = False,
+    budget: Annotated[
+        str | None,
+        typer.Option("--budget", help="A new budget in USD for the whole run (spent so far counts)."),
+    ] = None,
+    max_preemptions: Annotated[
+        int | None, typer.Option("--max-preemptions", help="A new preemption cap (default: the run's).")
+    ] = None,
+    output: OutputOpt = None,
+) -> None:
+    """Take over a run whose supervisor is gone (killed, machine rebooted) or that stopped (budget,
+    cancel, failure) and carry it on from its last good checkpoint."""
+    import dataclasses
+
+    from tpuctl.errors import UsageError
+    from tpuctl.services.budget import parse_budget
+    from tpuctl.services.launcher import Launcher
+    from tpuctl.services.recovery import Supervisor, lease_holder, resume_prepared
+    from tpuctl.store.records import RunStatus
+
+    out = make_output(ctx, output)
+    new_budget = parse_budget(budget)
+    with session(ctx, out) as sess:
+        record = sess.ledger.get_run(run_id)
+        if record is None:
+            raise UsageError(
+                f"no run {run_id!r}", field="RUN", value=run_id, fix="`tpuctl runs list` shows the runs"
+            )
+        if record.status == RunStatus.SUCCEEDED:
+            raise UsageError(
+                f"run {run_id} already succeeded; there is nothing to resume",
+                field="RUN",
+                value=run_id,
+                fix="start a new run with `tpuctl run`",
+            )
+        log_dir = sess.state_dir / "runs" / run_id
+        holder = lease_holder(log_dir)
+        if holder is not None:
+            raise UsageError(
+                f"run {run_id} is still supervised (pid {holder.get('pid')})",
+                field="RUN",
+                value=run_id,
+                fix=f"watch it with `tpuctl runs describe {run_id}`, or stop it with "
+                f"`tpuctl runs cancel {run_id}`",
+            )
+        printer = _Printer(out, int((record.detail or {}).get("hosts", 1)))
+        prepared, saved_budget, policy, note = resume_prepared(sess, run_id, Launcher(sess))
+        if note:
+            out.warn(note)
+        if max_preemptions is not None:
+            policy = dataclasses.replace(policy, max_preemptions=_policy(0, max_preemptions).max_preemptions)
+        chosen_budget = new_budget if new_budget is not None else saved_budget
+        if new_budget is not None or max_preemptions is not None:
+            from tpuctl.services.recovery import save_request
+
+            save_request(prepared.log_dir, prepared.request, run_id=run_id, budget_usd=chosen_budget,
+                         policy=policy)  # fmt: skip
+        if record.status != RunStatus.RUNNING:
+            sess.ledger.update_run(run_id, status=RunStatus.RECOVERING, ended_at=None, exit_code=None)
+        if detach:
+            _render_detached(out, run_id, _start_detached(sess, run_id, resume=True))
+            return
+        supervisor = Supervisor(
+            sess, observer=printer, policy=policy, budget_usd=chosen_budget, warn=out.warn
+        )
+        with _stop_hosts_on_termination(), out.progress(f"resume {run_id}") as prog:
+            printer.spinner = prog
+            supervised = supervisor.supervise(prepared, progress=prog, resume=True)
+    _render_result(out, supervised)
+
+
+@runs_app.command("cancel")
+def cancel_run(
+    ctx: typer.Context,
+    run_id: Annotated[str, typer.Argument(metavar="RUN", help="Run id (see `tpuctl runs list`).")],
+    output: OutputOpt = None,
+) -> None:
+    """Stop a run: its hosts checkpoint and stop, its slice is deleted, it is recorded as cancelled."""
+    from tpuctl.services.recovery import cancel_run as cancel
+
+    out = make_output(ctx, output)
+    with session(ctx, out) as sess:
+        result = cancel(sess, run_id)
+    if out.machine:
+        out.document(out.envelope(cancel=result))
+        return
+    if not result.get("cancelled"):
+        out.note(f"run {run_id}: {result.get('note')} ({result.get('status')})")
+        return
+    out.out.print(f"run {run_id} cancelled" + (f" by {result['by']}" if result.get("by") else "")
+                  + (f"; deleted {result['deleted']}" if result.get("deleted") else ""))  # fmt: skip
+
+
+@runs_app.command("supervise", hidden=True)
+def supervise_run(
+    ctx: typer.Context,
+    run_id: Annotated[str, typer.Argument(metavar="RUN")],
+    resume: Annotated[bool, typer.Option("--resume")] = False,
+) -> None:
+    """Internal: the background supervisor of a --detach run (started by tpuctl itself)."""
+    from tpuctl.services.launcher import Launcher
+    from tpuctl.services.recovery import Supervisor, resume_prepared
+
+    out = make_output(ctx, None)
+    with session(ctx, out) as sess:
+        printer = _Printer(out, 1)
+        prepared, budget, policy, note = resume_prepared(sess, run_id, Launcher(sess))
+        if note:
+            out.warn(note)
+        supervisor = Supervisor(sess, observer=printer, policy=policy, budget_usd=budget, warn=out.warn)
+        with _stop_hosts_on_termination():
+            supervised = supervisor.supervise(prepared, resume=resume)
+    _render_result(out, supervised)
 
 
 # --- bench ----------------------------------------------------------------------------------------------

@@ -1,0 +1,228 @@
+"""Helpers for the preemption-recovery tests: a fast simulated world, a reference run of the LM example
+on local processes (no tpuctl), and a "chaos" thread that preempts a run's slice when its host 0 has
+reached a given step. (A module of its own: several test directories have a conftest.py.)"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tpuctl.runtime.hostenv import sim_host_env
+from tpuctl.runtime.preemption import parse_event
+from tpuctl.sim import SimAdminClient
+
+REPO = Path(__file__).resolve().parents[2]
+ZONE = "us-central2-b"
+OTHER_ZONE = "europe-west4-a"
+V5E_ZONE = "us-central1-a"
+V5E_OTHER = "us-east1-c"
+
+WORLD: dict[str, Any] = {
+    # A 60 s create takes 60 ms; the notice's grace is long enough (in real seconds) for the tiny LM
+    # to save a checkpoint on a loaded 2-core machine, as 30 s is for a real model.
+    "speed": 1000,
+    "seed": 5,
+    "zones": {
+        ZONE: {"v4": {"on_demand": 64, "preemptible": 64}},
+        OTHER_ZONE: {"v4": {"on_demand": 64, "preemptible": 64}},
+        V5E_ZONE: {"v5e": {"on_demand": 64, "preemptible": 64}},
+        V5E_OTHER: {"v5e": {"on_demand": 64, "preemptible": 64}},
+    },
+    "quotas": {
+        "default": {"on_demand": {"zone": -1, "region": -1}, "preemptible": {"zone": -1, "region": -1}}
+    },
+    "latency": {"base_ms": 0, "jitter_ms": 0},
+    "durations": {
+        "node_create_s": 60,
+        "node_delete_s": 10,
+        "stockout_s": 5,
+        "preemption_grace_s": 20000,
+    },
+}
+
+#: The tiny LM: a 2-host v4-16 slice (2 x 4 chips); --step-delay leaves time to preempt between steps.
+LM_ARGS = ["--steps", "24", "--checkpoint-every", "4", "--log-every", "4", "--batch", "8", "--seed", "7",
+           "--layers", "1", "--d-model", "16", "--heads", "2", "--vocab", "32", "--seq-len", "16",
+           "--step-delay", "0.08"]  # fmt: skip
+HASH = re.compile(r"final_params_sha256 ([0-9a-f]{64})")
+
+
+def fast_jax_env(cache_dir: Path) -> dict[str, str]:
+    """What simulated hosts inherit to start fast: no LLVM optimisation for these tiny programs, and a
+    compilation cache shared by every start (a restart loads the executable instead of compiling)."""
+    return {
+        "XLA_FLAGS": "--xla_backend_optimization_level=0",
+        "JAX_COMPILATION_CACHE_DIR": str(cache_dir),
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+    }
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run_reference(
+    workdir: Path,
+    args: list[str],
+    *,
+    hosts: int = 2,
+    chips: int = 4,
+    accelerator_type: str = "v4-16",
+    topology: str = "2x2x2",
+    extra_env: dict[str, str] | None = None,
+    timeout: float = 240,
+) -> str:
+    """The final params hash of an uninterrupted run, on local processes started as the launcher
+    starts simulated hosts (same device count and mesh), without tpuctl."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    port = _free_port()
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("TPUCTL_", "JAX_", "XLA_"))}
+    procs: list[subprocess.Popen[bytes]] = []
+    outs: list[Path] = []
+    try:
+        for w in range(hosts):
+            env = dict(base)
+            env.update(extra_env or {})
+            env.update(sim_host_env(
+                run_id="reference", worker_id=w, num_workers=hosts, chips_per_host=chips,
+                coordinator_port=port, accelerator_type=accelerator_type, topology=topology,
+                checkpoint_dir=str(workdir / "ckpt"), restart_count=0, bundle_dir=REPO,
+                metadata_url="http://127.0.0.1:9",
+            ))  # fmt: skip
+            out = workdir / f"host{w}.log"
+            outs.append(out)
+            with out.open("wb") as fh:
+                procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "tpuctl.runtime.examples.lm_train", *args],
+                    env=env, cwd=workdir, stdout=fh, stderr=subprocess.STDOUT,
+                ))  # fmt: skip
+        deadline = time.monotonic() + timeout
+        for p in procs:
+            p.wait(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=10)
+    text = outs[0].read_text(errors="replace")
+    assert [p.returncode for p in procs] == [0] * hosts, text[-3000:]
+    match = HASH.search(text)
+    assert match, text[-3000:]
+    return match.group(1)
+
+
+def events_of(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text(errors="replace").splitlines():
+        event = parse_event(line)
+        if event is not None:
+            out.append(event)
+    return out
+
+
+def final_hash(path: Path) -> str | None:
+    matches = HASH.findall(path.read_text(errors="replace")) if path.exists() else []
+    return matches[-1] if matches else None
+
+
+def run_dir(state_dir: Path, timeout: float = 60) -> Path:
+    """The one run directory under the state dir, once it exists."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        runs = [p for p in (state_dir / "runs").glob("run-*") if p.is_dir()]
+        if runs:
+            return runs[0]
+        time.sleep(0.05)
+    raise AssertionError("no run directory appeared")
+
+
+@dataclass
+class Preempt:
+    """Preempt the run's slice once its ``attempt``-th start (1-based) has done ``after_step``."""
+
+    attempt: int
+    after_step: int
+    notice: bool = True
+    stockout: str | None = None  # stock this zone out first
+    done_at: float | None = None
+    node: str | None = None
+    zone: str | None = None
+
+
+@dataclass
+class Chaos:
+    """A thread that plays the preemptions of a plan against the run in ``state_dir``."""
+
+    admin: SimAdminClient
+    state_dir: Path
+    plan: list[Preempt]
+    timeout: float = 300.0
+    error: BaseException | None = None
+    _thread: threading.Thread | None = None
+    _halt: threading.Event = field(default_factory=threading.Event)
+    preempt: Callable[[str, str, bool], None] | None = None
+
+    def start(self) -> Chaos:
+        self._thread = threading.Thread(target=self._run, name="chaos", daemon=True)
+        self._thread.start()
+        return self
+
+    def _live_node(self) -> dict[str, Any] | None:
+        nodes = [n for n in self.admin.status()["nodes"] if n.get("state") == "READY"]
+        return nodes[0] if len(nodes) == 1 else None
+
+    def _run(self) -> None:
+        try:
+            deadline = time.monotonic() + self.timeout
+            log = run_dir(self.state_dir) / "worker-0.log"
+            for step in self.plan:
+                while not self._halt.is_set() and time.monotonic() < deadline:
+                    evs = events_of(log)
+                    starts = [i for i, e in enumerate(evs) if e["event"] == "start"]
+                    if len(starts) >= step.attempt:
+                        mine = evs[starts[step.attempt - 1] :]
+                        done = [e["step"] for e in mine if e["event"] == "step"]
+                        node = self._live_node()
+                        if done and done[-1] >= step.after_step and node is not None:
+                            if step.stockout:
+                                self.admin.stockout(step.stockout)
+                            step.node, step.zone = node["name"], node["zone"]
+                            step.done_at = time.time()
+                            if self.preempt is not None:
+                                self.preempt(node["zone"], node["name"], step.notice)
+                            else:
+                                self.admin.preempt(node["zone"], node["name"], notice=step.notice)
+                            break
+                    time.sleep(0.02)
+        except BaseException as exc:  # reported by join()
+            self.error = exc
+
+    def join(self, timeout: float = 30.0) -> None:
+        self._halt.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        if self.error is not None:
+            raise self.error
+
+
+def kill_quietly(proc: subprocess.Popen[Any]) -> None:
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=10)

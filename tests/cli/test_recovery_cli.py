@@ -1,0 +1,295 @@
+"""Preemption recovery end to end on the simulator: `tpuctl run` survives preemptions with and without
+notice, comes back bit for bit, frees every slice, and accounts for each segment; limits, stockouts,
+transient API errors, checkpoint fallbacks, budgets and detached supervisors. JAX runs are few and tiny:
+the machine has 2 cores."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from recovery_helpers import (
+    LM_ARGS,
+    WORLD,
+    ZONE,
+    Chaos,
+    Preempt,
+    events_of,
+    fast_jax_env,
+    final_hash,
+    run_reference,
+)
+
+from tpuctl.sim import SimAdminClient, SimServer
+from tpuctl.sim.world import world_from_data
+from tpuctl.store.ledger import Ledger
+from tpuctl.store.records import RunStatus
+
+
+@dataclass
+class Result:
+    code: int
+    stdout: str
+    stderr: str
+
+    @property
+    def json(self) -> dict[str, Any]:
+        data = json.loads(self.stdout)
+        assert isinstance(data, dict)
+        return data
+
+
+@pytest.fixture(scope="module")
+def jax_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("jax-cache")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory, jax_cache: Path) -> str:
+    """The uninterrupted run's final hash (2 hosts x 4 chips, as a v4-16 slice)."""
+    return run_reference(tmp_path_factory.mktemp("reference"), LM_ARGS, extra_env=fast_jax_env(jax_cache))
+
+
+@pytest.fixture
+def world_file(tmp_path: Path) -> Path:
+    path = tmp_path / "world.yaml"
+    path.write_text(yaml.safe_dump(WORLD))
+    return path
+
+
+@pytest.fixture
+def admin(
+    state_dir: Path, world_file: Path, monkeypatch: pytest.MonkeyPatch, jax_cache: Path
+) -> Iterator[SimAdminClient]:
+    """A simulator serving this test's state dir; CLI commands run in-process against it."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    server = SimServer(state_dir, world_from_data(WORLD, "recovery test world"))
+    url = server.start()
+    monkeypatch.setenv("TPUCTL_SIM_URL", url)
+    monkeypatch.setenv("TPUCTL_STATE_DIR", str(state_dir))
+    for key, value in fast_jax_env(jax_cache).items():
+        monkeypatch.setenv(key, value)
+    client = SimAdminClient(url)
+    try:
+        yield client
+    finally:
+        client.close()
+        server.stop()
+
+
+@pytest.fixture
+def tpuctl(capsys: pytest.CaptureFixture[str]) -> Callable[..., Result]:
+    def run(*args: str) -> Result:
+        from tpuctl.cli.main import run as main
+
+        capsys.readouterr()
+        try:
+            main(list(args))
+            code = 0
+        except SystemExit as exc:
+            code = int(exc.code or 0)
+        out = capsys.readouterr()
+        return Result(code, out.out, out.err)
+
+    return run
+
+
+def lm_run(*extra: str) -> list[str]:
+    return ["run", "--example", "lm", "--type", "v4-16", "--spot", "--zone", ZONE, "--checkpoint-every", "4",
+            *extra, "--", *LM_ARGS]  # fmt: skip
+
+
+# --- three preemptions, bit for bit -------------------------------------------------------------------
+
+
+def test_three_preemptions_two_with_notice_end_bit_identical_and_every_segment_is_recorded(
+    admin: SimAdminClient, tpuctl: Callable[..., Result], state_dir: Path, reference: str
+) -> None:
+    plan = [Preempt(1, 5, notice=True), Preempt(2, 10, notice=False), Preempt(3, 16, notice=True)]
+    chaos = Chaos(admin, state_dir, plan).start()
+    try:
+        result = tpuctl(*lm_run("-o", "json"))
+    finally:
+        chaos.join()
+    assert result.code == 0, result.stderr[-4000:]
+    run = result.json["run"]
+    run_id = run["run_id"]
+    log = state_dir / "runs" / run_id / "worker-0.log"
+    assert final_hash(log) == reference
+    assert all(p.done_at is not None for p in plan)
+
+    # Nothing is left in the simulator: no preempted slice, no extra one.
+    assert admin.status()["nodes"] == []
+
+    described = tpuctl("runs", "describe", run_id, "-o", "json").json["run"]
+    assert described["status"] == "succeeded" and described["preemptions"] == 3
+    recovery = described["recovery"]
+    kinds = [p["kind"] for p in recovery["preemptions"]]
+    assert kinds == ["notice", "hard", "notice"], recovery["preemptions"]
+    first, hard, third = recovery["preemptions"]
+    # Noticed: checkpoint at the step every host stopped at, nothing done twice.
+    for noticed in (first, third):
+        assert noticed["checkpoint_step"] == noticed["last_step"] == noticed["restored_step"]
+        assert noticed["steps_recomputed"] == 0
+    # The hard kill: back to the last periodic checkpoint, at most one interval (4 steps) lost.
+    assert hard["checkpoint_step"] is None
+    # (The newest checkpoint is a periodic one, or the first notice's if no multiple of 4 came since.)
+    assert hard["restored_step"] in (first["checkpoint_step"], hard["last_step"] // 4 * 4)
+    assert 0 <= hard["steps_recomputed"] <= 4
+    assert hard["steps_recomputed"] == hard["last_step"] - hard["restored_step"]
+    assert recovery["steps_recomputed"] == hard["steps_recomputed"]
+    assert recovery["steps_completed"] == 24
+    for p in recovery["preemptions"]:
+        assert p["detection_latency_s"] is not None and p["detection_latency_s"] <= 2.0, p
+        assert p["recovery_s"] is not None and p["recovery_s"] > 0, p
+        assert p["new_pod"] and p["new_pod"] != p["pod"] and p["new_zone"] == ZONE
+    assert 0 < recovery["goodput"] < 1
+
+    # Every segment, closed, in order; the running ones carry their slice and step counts.
+    segs = described["segments"]
+    assert all(not s["open"] and s["end"] >= s["start"] for s in segs)
+    kinds_seen = [s["kind"] for s in segs]
+    assert kinds_seen[0] == "provisioning" and kinds_seen[-1] == "running"
+    assert {"provisioning", "running", "checkpointing", "preempted", "recovering"} <= set(kinds_seen)
+    assert kinds_seen.count("running") == 4 and kinds_seen.count("preempted") == 3
+    assert kinds_seen.count("checkpointing") == 2
+    running = [s for s in segs if s["kind"] == "running"]
+    assert sum(s["steps_completed"] for s in running) == 24 + recovery["steps_recomputed"]
+    assert [s["steps_recomputed"] for s in running] == [0, 0, hard["steps_recomputed"], 0]
+    assert all(s["pod"] and s["zone"] == ZONE and s["capacity"] == "spot" for s in running)
+    for a, b in itertools.pairwise(segs):
+        assert b["start"] >= a["start"]
+
+    # The table form shows the same, with a timeline.
+    table = tpuctl("runs", "describe", run_id)
+    assert table.code == 0 and "timeline" in table.stdout and "checkpointing" in table.stdout
+    with Ledger(state_dir) as ledger:
+        record = ledger.get_run(run_id)
+    assert record is not None and record.status is RunStatus.SUCCEEDED
+    assert record.preemptions == 3 and record.restarts == 0 and record.steps == 24
+    # Each start saw its restart count.
+    starts = [e for e in events_of(log) if e["event"] == "start"]
+    assert [e["restart_count"] for e in starts] == [0, 1, 2, 3]
+    assert time.time() - plan[-1].done_at < 120
+
+
+# --- limits, stockouts, transient errors ---------------------------------------------------------------
+
+CRASHER = "import sys\nprint('starting, then crashing', flush=True)\nsys.exit(3)\n"
+
+SLEEPER = """\
+import os, sys, time
+restart = int(os.environ["TPUCTL_RESTART_COUNT"])
+print("attempt", restart, "on", os.environ["TPUCTL_ACCELERATOR_TYPE"], flush=True)
+time.sleep(float(os.environ.get("SLEEP_S", "3")) if restart == 0 else 0.2)
+print("done", flush=True)
+"""
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def test_a_program_that_crashes_on_every_start_stops_after_max_restarts_with_its_error(
+    admin: SimAdminClient, tpuctl: Callable[..., Result], tmp_path: Path
+) -> None:
+    script = write(tmp_path / "proj" / "crash.py", CRASHER)
+    result = tpuctl("run", str(script), "--type", "v5e-8", "--spot", "--max-restarts", "2", "-o", "json")
+    assert result.code == 8, result.stderr[-3000:]
+    error = result.json
+    assert error["error"] == "run_failed" and error["returncode"] == 3 and error["worker"] == 0
+    assert "host 0 exited with status 3" in error["message"]
+    assert "after 2 restarts, --max-restarts 2" in error["message"]
+    assert result.stderr.count("starting, then crashing") == 3  # the first start and two restarts
+    runs = tpuctl("runs", "list", "-o", "json").json["runs"]
+    assert len(runs) == 1
+    run = tpuctl("runs", "describe", runs[0]["run_id"], "-o", "json").json["run"]
+    assert run["status"] == "failed" and run["exit_code"] == 3
+    assert run["restarts"] == 2 and run["preemptions"] == 0
+    assert run["recovery"]["preemptions"] == []
+    kinds = [s["kind"] for s in run["segments"]]
+    assert kinds == ["provisioning", "running", "running", "running"]
+    assert admin.status()["nodes"] == []  # the run's slice is deleted at the end
+
+
+def test_a_preemption_while_the_zone_is_stocked_out_recovers_in_another_zone(
+    admin: SimAdminClient, tpuctl: Callable[..., Result], tmp_path: Path, state_dir: Path
+) -> None:
+    from recovery_helpers import V5E_OTHER, V5E_ZONE
+
+    script = write(tmp_path / "proj" / "sleeper.py", SLEEPER)
+    # The stockout comes with the preemption: the same zone is tried first and is full.
+    chaos = _Seen(admin, state_dir, stockout=V5E_ZONE).start()
+    try:
+        result = tpuctl("run", str(script), "--type", "v5e-8", "--spot", "--env", "SLEEP_S=30", "-o", "json")
+    finally:
+        chaos.join()
+    assert result.code == 0, result.stderr[-3000:]
+    run = tpuctl("runs", "describe", result.json["run"]["run_id"], "-o", "json").json["run"]
+    (preemption,) = run["recovery"]["preemptions"]
+    assert preemption["zone"] == V5E_ZONE and preemption["new_zone"] == V5E_OTHER
+    assert preemption["kind"] == "hard" and run["zone"] == V5E_OTHER
+    assert admin.status()["nodes"] == []
+
+
+@dataclass
+class _Seen:
+    """Preempts (without notice) the run's slice once its program has said "attempt 0"."""
+
+    admin: SimAdminClient
+    state_dir: Path
+    stockout: str | None = None
+    notice: bool = False
+
+    def start(self) -> Chaos:
+        plan = [Preempt(1, 0, notice=self.notice, stockout=self.stockout)]
+        return _LineChaos(self.admin, self.state_dir, plan).start()
+
+
+class _LineChaos(Chaos):
+    """Chaos for programs without runtime events: the first start is the first "attempt 0" line."""
+
+    def _run(self) -> None:
+        from recovery_helpers import run_dir
+
+        try:
+            deadline = time.monotonic() + self.timeout
+            log = run_dir(self.state_dir) / "worker-0.log"
+            step = self.plan[0]
+            while not self._halt.is_set() and time.monotonic() < deadline:
+                node = self._live_node()
+                if log.exists() and "attempt 0" in log.read_text() and node is not None:
+                    if step.stockout:
+                        self.admin.stockout(step.stockout)
+                    step.node, step.zone, step.done_at = node["name"], node["zone"], time.time()
+                    self.admin.preempt(node["zone"], node["name"], notice=step.notice)
+                    return
+                time.sleep(0.02)
+        except BaseException as exc:
+            self.error = exc
+
+
+def test_transient_api_errors_during_a_run_cause_no_recovery(
+    admin: SimAdminClient, tpuctl: Callable[..., Result], tmp_path: Path
+) -> None:
+    script = write(tmp_path / "proj" / "sleeper.py", SLEEPER)
+    admin.set_faults(transient_error_rate=0.2)
+    result = tpuctl("run", str(script), "--type", "v5e-8", "--spot", "--env", "SLEEP_S=4", "-o", "json")
+    admin.set_faults(transient_error_rate=0.0)
+    assert result.code == 0, result.stderr[-3000:]
+    run = tpuctl("runs", "describe", result.json["run"]["run_id"], "-o", "json").json["run"]
+    assert run["preemptions"] == 0 and run["restarts"] == 0
+    assert run["recovery"]["preemptions"] == []
+    assert [s["kind"] for s in run["segments"]] == ["provisioning", "running"]
+    # The slice was polled all along (4 s at 0.25 s), so errors did happen and were shrugged off.
+    assert result.stderr.count("attempt 0") == 1 and "attempt 1" not in result.stderr
+    assert admin.status()["nodes"] == []
