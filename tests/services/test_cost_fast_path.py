@@ -6,6 +6,7 @@ free and paid preemptions, quota held after preemption and unpriced slices."""
 from __future__ import annotations
 
 import random
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from tpuctl.services.cost import CostService, parse_group_by
 from tpuctl.services.prices import PriceSource
 from tpuctl.store.ledger import Ledger
 from tpuctl.store.records import EventKind, NewEvent
+from tpuctl.store.schema import ROLLUP_CHECK_SQL
 
 T0 = 1_800_000_000.0  # 2027-01-15T08:00:00Z
 DAY = 86400.0
@@ -59,7 +61,15 @@ def _ledger(path: Path, seed: int) -> Path:
     with Ledger(path) as ledger:
         ledger.record_events_bulk(events)
         assert ledger.check_view() == []
-        return ledger.path
+        db = ledger.path
+    conn = sqlite3.connect(db)
+    try:  # the rollup the triggers kept is what the pods view sums to
+        stored = conn.execute("SELECT * FROM cost_rollup ORDER BY 1, 2, 3, 4, 5").fetchall()
+        assert stored == conn.execute(ROLLUP_CHECK_SQL).fetchall()
+        assert stored
+    finally:
+        conn.close()
+    return db
 
 
 def _rounded(doc: dict[str, Any]) -> dict[str, Any]:

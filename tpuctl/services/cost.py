@@ -19,10 +19,18 @@ the same generation and region) and so the spot savings; the cost of recomputed 
 and quota held after preemption (the time from a preemption until the slice was deleted, in chip-hours
 and at the slice's own price: GCP does not bill it, but the quota could have run something else).
 
-Why SQL: a ledger of a million events has a few hundred thousand slices. The report reads the ``pods``
-view (one row per incarnation) and the few ``price_change`` events through a read-only connection and
-lets SQLite group them; Python then only touches one row per (group, zone, type, capacity) to apply
-catalog prices. The schema is the ledger's versioned one (``tpuctl.store.schema``); a ledger of another
+Why it is fast: the ledger keeps the report's facts as events arrive (schema v2-v4). The view function
+(``tpuctl.store.view``) accumulates each slice's billed seconds, chip-seconds and USD at each price in
+force (price changes are events, so each closed price interval is billed as it closes), final when its
+billing closes; triggers on ``pods`` add every slice whose billing closed within one UTC day to
+``cost_rollup`` (per day, zone, type, capacity and labels) in the same transaction. A report over the
+aggregate groupings (all but slice and run) reads the rollup for the days wholly inside the window (a few
+thousand rows, whatever the number of slices), the stored facts of the closed slices crossing midnight or
+on the window's partial edge days (covering indexes), and only the slices still open, cut by
+--since/--until, or price-changed across midnight go through interval arithmetic (found by index).
+Per-slice and per-run reports (one group per slice or run) still scan ``pods`` in parallel id ranges;
+``CostService(fast=False)`` puts every grouping through that reference path, which the fast one is
+tested against. The schema is the ledger's versioned one (``tpuctl.store.schema``); a ledger of another
 version is refused with a clear error rather than misread.
 """
 

@@ -354,10 +354,10 @@ _ROLLUP_ADD = """INSERT INTO cost_rollup VALUES ({key}, 1, NEW.billed_s, NEW.bil
 #: facts of every slice whose billing closed within one UTC day, per (day, zone, type, capacity, labels).
 #: Triggers on ``pods`` add a slice the moment its billing closes, in the transaction of the event that
 #: closed it (single, bulk and migrated writes alike; a closed slice's facts never change again), so it
-#: always equals ``SELECT ... FROM pods GROUP BY`` (``Ledger.check_view`` callers can verify it with
-#: ``ROLLUP_CHECK_SQL``). Slices crossing midnight (a few percent) are read per slice through the
-#: partial index ``pods_crossing``; ``pods_closed`` is rebuilt to lead with ready_at for the window's
-#: boundary days.
+#: always equals ``ROLLUP_CHECK_SQL`` over ``pods`` (tests check it; ``pods`` itself is what
+#: ``check_view`` verifies by replay). Slices crossing midnight (a few percent) are read per slice
+#: through the partial index ``pods_crossing``; ``pods_closed`` is rebuilt to lead with ready_at for the
+#: window's boundary days.
 _V4 = Migration(
     4,
     "cost_rollup: billing facts per day, zone, type, capacity and labels, kept by triggers",
