@@ -80,11 +80,91 @@ def _tree_checksums(tree: PyTree) -> list[jax.Array]:
     return [_leaf_checksum(x) for x in jax.tree.leaves(tree)]
 
 
+# The same checksum computed on the host, for arrays that live in host memory (the CPU backend: the
+# simulator, tests, benchmarks). XLA's CPU integer reductions run at a few hundred MB/s, slower than the
+# disk; numpy's are SIMD and read the buffers in place (no copy). Same value, so a step saved on one
+# platform verifies on another. The weighted sum is rewritten per shard so that no index array is built:
+# for a block of words w at global offset ``base`` with global strides G,
+#     sum w*(2*idx + 1) = (2*base + 1)*sum(w) + 2 * sum_a G_a * sum_k k * (w summed over all axes but a)[k]
+# which is a handful of plain reductions (one per axis), all mod 2**32.
+
+_U32 = np.uint32
+_MOD = 2**32
+_HOST_WORDS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint32}
+
+
+def _host_block_sum(words: np.ndarray, start: tuple[int, ...], global_shape: tuple[int, ...]) -> int:
+    strides, n = [], 1
+    for d in reversed(global_shape):
+        strides.append(n)
+        n *= d
+    strides.reverse()
+    base = sum(s * g for s, g in zip(start, strides, strict=True)) % _MOD
+    if words.ndim == 0:
+        return int(words) * (2 * base + 1) % _MOD
+    shape = list(words.shape)
+    # A long last axis is viewed as (rows, block) so that its weights come from two short marginals.
+    for block in (4096, 1024, 256, 64):
+        if shape[-1] > block and shape[-1] % block == 0:
+            shape[-1:] = [shape[-1] // block, block]
+            strides[-1:] = [strides[-1] * block, strides[-1]]
+            words = words.reshape(shape)
+            break
+    weighted, total = 0, 0
+    for axis in range(words.ndim):
+        others = tuple(a for a in range(words.ndim) if a != axis)
+        marginal = words.sum(axis=others, dtype=_U32) if others else words.astype(_U32)
+        if axis == 0:
+            total = int(marginal.sum(dtype=_U32))
+        k = np.arange(shape[axis], dtype=_U32)
+        weighted += int((k * marginal).sum(dtype=_U32)) * strides[axis]
+    return (2 * weighted + (2 * base + 1) * total) % _MOD
+
+
+def _host_leaf_checksum(x: jax.Array) -> int:
+    """This process's part of ``_leaf_checksum(x)``: the shards it holds a primary copy of."""
+    if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
+        x = jax.random.key_data(x)
+    value = 0
+    for shard in x.addressable_shards:
+        if shard.replica_id != 0:
+            continue
+        data = np.asarray(shard.data)  # CPU: a view of the device buffer
+        if data.dtype == np.bool_:
+            data = data.view(np.uint8)
+        words = data.view(_HOST_WORDS[data.dtype.itemsize])
+        start = tuple(s.indices(d)[0] for s, d in zip(shard.index, x.shape, strict=True))
+        shape = tuple(x.shape)
+        if data.dtype.itemsize == 8:  # two words per element, low first (as bitcast_convert_type)
+            words, start, shape = words.reshape((*data.shape, 2)), (*start, 0), (*shape, 2)
+        value += _host_block_sum(words, start, shape)
+    return value % _MOD
+
+
+def _on_host(x: Any) -> bool:
+    if not isinstance(x, jax.Array):
+        return False
+    size = (jax.random.key_data(x) if jnp.issubdtype(x.dtype, jax.dtypes.prng_key) else x).dtype.itemsize
+    return size in _HOST_WORDS and all(getattr(d, "platform", None) == "cpu" for d in x.sharding.device_set)
+
+
 def checksums(tree: PyTree) -> dict[str, int]:
     """Checksum of every array leaf, keyed by its path in the tree (same value on every process)."""
-    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
-    values = jax.device_get(_tree_checksums(tree))
-    return {p: int(v) for p, v in zip(paths, values, strict=True)}
+    flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+    paths = [jax.tree_util.keystr(p) for p, _ in flat]
+    leaves = [x for _, x in flat]
+    # The choice depends only on the platform, so every process takes the same branch.
+    if leaves and all(_on_host(x) for x in leaves):
+        partial = np.array([_host_leaf_checksum(x) for x in leaves], dtype=np.uint64)
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+
+            partial = np.asarray(multihost_utils.process_allgather(partial)).reshape(-1, len(leaves)).sum(
+                axis=0, dtype=np.uint64)
+        values = [int(v) % _MOD for v in partial]
+    else:
+        values = [int(v) for v in jax.device_get(_tree_checksums(tree))]
+    return dict(zip(paths, values, strict=True))
 
 
 # Multi-host vote --------------------------------------------------------------------------------------
