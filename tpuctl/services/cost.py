@@ -568,7 +568,14 @@ _CLOSED: Final = """p.ended_at IS NOT NULL AND p.ready_at IS NOT NULL
 #: The closed slices cost_rollup does not answer: those crossing midnight (partial index), and the
 #: single-day ones of the window's partial first and last days (a ready_at range of pods_closed).
 _CLOSED_CROSSING: Final = f"INDEXED BY pods_crossing WHERE {_CLOSED} AND {_CROSSES_MIDNIGHT}"
-_CLOSED_EDGE_DAY: Final = f"""INDEXED BY pods_closed WHERE {_CLOSED} AND NOT {_CROSSES_MIDNIGHT}
+#: (The window's own ready_at bounds are kept off the index with a unary +: the day's range is the tight
+#: one, and the planner would otherwise walk the whole window.)
+_UNINDEXED_WINDOW: Final = _CLOSED.replace(
+    "p.ready_at >= :since AND p.ready_at < :until", "+p.ready_at >= :since AND +p.ready_at < :until"
+)
+_CLOSED_EDGE_DAY: Final = f"""INDEXED BY pods_closed
+WHERE {_UNINDEXED_WINDOW}
+      AND NOT {_CROSSES_MIDNIGHT}
       AND p.ready_at >= :b_lo AND p.ready_at < :b_hi
       AND NOT (CAST(p.ready_at / 86400 AS INTEGER) >= :d_lo
                AND CAST(p.ready_at / 86400 AS INTEGER) < :d_hi)"""
@@ -1034,7 +1041,13 @@ class CostService:
             "d0priced, d0unpriced, hcs, hpriced, hunpriced FROM cost_agg",
             {},
         )
-        preemptions, free = (int(v) for v in reader.query(_PREEMPTIONS_SQL, params)[0])
+        # Fast: the narrow partial index of preempted slices, not every pods row.
+        preemptions_sql = (
+            _PREEMPTIONS_SQL.replace("FROM pods AS p", "FROM pods AS p INDEXED BY pods_preempted")
+            if fast
+            else _PREEMPTIONS_SQL
+        )
+        preemptions, free = (int(v) for v in reader.query(preemptions_sql, params)[0])
         part = _Partial(rows=rows, preemptions=preemptions, free=free)
         changed = self._changes and self._materialize_changed(reader, params)
         if changed and group.kind != "day":
