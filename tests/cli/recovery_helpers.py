@@ -50,9 +50,9 @@ WORLD: dict[str, Any] = {
 }
 
 #: The tiny LM: a 2-host v4-16 slice (2 x 4 chips); --step-delay leaves time to preempt between steps.
-LM_ARGS = ["--steps", "24", "--checkpoint-every", "4", "--log-every", "4", "--batch", "8", "--seed", "7",
+LM_ARGS = ["--steps", "16", "--checkpoint-every", "4", "--log-every", "4", "--batch", "8", "--seed", "7",
            "--layers", "1", "--d-model", "16", "--heads", "2", "--vocab", "32", "--seq-len", "16",
-           "--step-delay", "0.08"]  # fmt: skip
+           "--step-delay", "0.03"]  # fmt: skip
 HASH = re.compile(r"final_params_sha256 ([0-9a-f]{64})")
 
 

@@ -5,6 +5,7 @@ the machine has 2 cores."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import time
@@ -112,7 +113,7 @@ def lm_run(*extra: str) -> list[str]:
 def test_three_preemptions_two_with_notice_end_bit_identical_and_every_segment_is_recorded(
     admin: SimAdminClient, tpuctl: Callable[..., Result], state_dir: Path, reference: str
 ) -> None:
-    plan = [Preempt(1, 5, notice=True), Preempt(2, 10, notice=False), Preempt(3, 16, notice=True)]
+    plan = [Preempt(1, 3, notice=True), Preempt(2, 7, notice=False), Preempt(3, 11, notice=True)]
     chaos = Chaos(admin, state_dir, plan).start()
     try:
         result = tpuctl(*lm_run("-o", "json"))
@@ -145,7 +146,7 @@ def test_three_preemptions_two_with_notice_end_bit_identical_and_every_segment_i
     assert 0 <= hard["steps_recomputed"] <= 4
     assert hard["steps_recomputed"] == hard["last_step"] - hard["restored_step"]
     assert recovery["steps_recomputed"] == hard["steps_recomputed"]
-    assert recovery["steps_completed"] == 24
+    assert recovery["steps_completed"] == 16
     for p in recovery["preemptions"]:
         assert p["detection_latency_s"] is not None and p["detection_latency_s"] <= 2.0, p
         assert p["recovery_s"] is not None and p["recovery_s"] > 0, p
@@ -161,7 +162,7 @@ def test_three_preemptions_two_with_notice_end_bit_identical_and_every_segment_i
     assert kinds_seen.count("running") == 4 and kinds_seen.count("preempted") == 3
     assert kinds_seen.count("checkpointing") == 2
     running = [s for s in segs if s["kind"] == "running"]
-    assert sum(s["steps_completed"] for s in running) == 24 + recovery["steps_recomputed"]
+    assert sum(s["steps_completed"] for s in running) == 16 + recovery["steps_recomputed"]
     assert [s["steps_recomputed"] for s in running] == [0, 0, hard["steps_recomputed"], 0]
     assert all(s["pod"] and s["zone"] == ZONE and s["capacity"] == "spot" for s in running)
     for a, b in itertools.pairwise(segs):
@@ -173,7 +174,7 @@ def test_three_preemptions_two_with_notice_end_bit_identical_and_every_segment_i
     with Ledger(state_dir) as ledger:
         record = ledger.get_run(run_id)
     assert record is not None and record.status is RunStatus.SUCCEEDED
-    assert record.preemptions == 3 and record.restarts == 0 and record.steps == 24
+    assert record.preemptions == 3 and record.restarts == 0 and record.steps == 16
     # Each start saw its restart count.
     starts = [e for e in events_of(log) if e["event"] == "start"]
     assert [e["restart_count"] for e in starts] == [0, 1, 2, 3]
@@ -293,3 +294,219 @@ def test_transient_api_errors_during_a_run_cause_no_recovery(
     # The slice was polled all along (4 s at 0.25 s), so errors did happen and were shrugged off.
     assert result.stderr.count("attempt 0") == 1 and "attempt 1" not in result.stderr
     assert admin.status()["nodes"] == []
+
+
+# --- detached supervisors: another process preempts, kill -9, resume, cancel -----------------------------
+
+
+@pytest.fixture
+def own_sim(
+    state_dir: Path, world_file: Path, monkeypatch: pytest.MonkeyPatch, jax_cache: Path
+) -> Iterator[Path]:
+    """No shared simulator: every tpuctl process (this test's CLI calls, the detached supervisor) starts
+    its own in-process one over the state dir's sim.db, as on a user's machine."""
+    monkeypatch.delenv("TPUCTL_SIM_URL", raising=False)
+    monkeypatch.setenv("TPUCTL_STATE_DIR", str(state_dir))
+    monkeypatch.setenv("TPUCTL_SIM_WORLD", str(world_file))
+    for key, value in fast_jax_env(jax_cache).items():
+        monkeypatch.setenv(key, value)
+    yield state_dir
+    _kill_leftovers(state_dir)
+
+
+def _kill_leftovers(state_dir: Path) -> None:
+    """Whatever a failed test left running: the detached supervisor and its hosts."""
+    import os
+    import signal
+
+    from tpuctl.services.recovery import kill_recorded_hosts
+
+    if not (state_dir / "ledger.db").exists():
+        return
+    with Ledger(state_dir) as ledger:
+        for run in ledger.list_runs():
+            detail = run.detail or {}
+            holder = (detail.get("supervisor") or {}).get("pid")
+            if isinstance(holder, int) and holder != os.getpid():
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(holder, signal.SIGKILL)
+            kill_recorded_hosts(detail.get("host_pids"))
+
+
+def _wait(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _steps(log: Path) -> list[int]:
+    return [e["step"] for e in events_of(log) if e["event"] == "step"]
+
+
+def test_detached_run_is_preempted_by_another_process_survives_kill_9_and_resumes_bit_identical(
+    own_sim: Path, tpuctl: Callable[..., Result], reference: str
+) -> None:
+    import os
+    import signal
+
+    from tpuctl.sim.processes import is_same_process, is_zombie
+
+    state_dir = own_sim
+    started = tpuctl(*lm_run("--detach", "-o", "json"))
+    assert started.code == 0, started.stderr[-3000:]
+    run_id = started.json["run"]["run_id"]
+    supervisor_pid = started.json["run"]["supervisor"]["pid"]
+    log = state_dir / "runs" / run_id / "worker-0.log"
+    _wait(lambda: len(_steps(log)) >= 3, 120, "the first steps")
+
+    # While it runs, every `runs` command sees it, and it is supervised by the background process.
+    listed = tpuctl("runs", "list", "-o", "json").json["runs"]
+    assert [r["run_id"] for r in listed] == [run_id] and listed[0]["status"] == "running"
+    live = tpuctl("runs", "describe", run_id, "-o", "json").json["run"]
+    assert live["supervisor"]["pid"] == supervisor_pid and live["supervisor_state"].startswith("alive")
+
+    # 6. `tpuctl sim preempt` from this process: its own simulator engine signals the pids the
+    # supervisor's process registered (same machine, shared sim.db).
+    pod = live["pod"]
+    preempted = tpuctl("sim", "preempt", pod)
+    assert preempted.code == 0, preempted.stderr
+    _wait(lambda: len([e for e in events_of(log) if e["event"] == "start"]) >= 2, 120, "the recovery")
+    first_stop = next(e for e in events_of(log) if e["event"] == "preempted")
+    assert first_stop["checkpoint"] == "saved"
+
+    # kill -9 of the supervisor mid-run (its hosts are left running, orphaned).
+    _wait(lambda: _steps(log)[-1] >= first_stop["step"] + 2, 120, "steps after the recovery")
+    os.kill(supervisor_pid, signal.SIGKILL)
+    # (It is this process's child, so it stays a zombie until reaped: dead all the same.)
+    _wait(lambda: not is_same_process(supervisor_pid, None) or is_zombie(supervisor_pid), 10, "its death")
+    orphaned = tpuctl("runs", "describe", run_id, "-o", "json").json["run"]
+    assert orphaned["status"] == "running" and orphaned["supervisor_state"].startswith("gone")
+    host_pids = orphaned["detail"]["host_pids"]
+
+    resumed = tpuctl("runs", "resume", run_id, "-o", "json")
+    assert resumed.code == 0, resumed.stderr[-4000:]
+    assert final_hash(log) == reference
+    for pid, ticks in host_pids.values():
+        assert not is_same_process(pid, ticks)  # the orphans were stopped before the restart
+    done = tpuctl("runs", "describe", run_id, "-o", "json").json["run"]
+    assert done["status"] == "succeeded" and done["preemptions"] == 1
+    assert done["supervisor_state"].startswith("none")
+    assert done["recovery"]["steps_completed"] == 16
+    starts = [e for e in events_of(log) if e["event"] == "start"]
+    assert [e["restart_count"] for e in starts] == [0, 1, 2]
+    assert starts[1]["restored"] == first_stop["step"]
+    assert all(not s["open"] for s in done["segments"])
+    assert tpuctl("sim", "status", "-o", "json").json["nodes"] == []
+    logs = tpuctl("runs", "logs", run_id, "--worker", "0")
+    assert logs.code == 0 and "final_params_sha256" in logs.stdout
+
+
+def test_runs_cancel_stops_a_detached_run_and_deletes_its_slice(
+    own_sim: Path, tpuctl: Callable[..., Result], tmp_path: Path
+) -> None:
+    script = write(tmp_path / "proj" / "sleeper.py", SLEEPER)
+    started = tpuctl("run", str(script), "--type", "v5e-8", "--env", "SLEEP_S=120", "--detach", "-o", "json")
+    assert started.code == 0, started.stderr
+    run_id = started.json["run"]["run_id"]
+    log = own_sim / "runs" / run_id / "worker-0.log"
+    _wait(lambda: log.exists() and "attempt 0" in log.read_text(), 60, "the program to start")
+    cancelled = tpuctl("runs", "cancel", run_id, "-o", "json")
+    assert cancelled.code == 0, cancelled.stderr
+    assert cancelled.json["cancel"]["cancelled"] is True and cancelled.json["cancel"]["status"] == "cancelled"
+    run = tpuctl("runs", "describe", run_id, "-o", "json").json["run"]
+    assert run["status"] == "cancelled" and run["exit_code"] == 130 and run["preemptions"] == 0
+    assert tpuctl("sim", "status", "-o", "json").json["nodes"] == []
+    again = tpuctl("runs", "cancel", run_id, "-o", "json")
+    assert again.code == 0 and again.json["cancel"]["cancelled"] is False
+
+
+# --- checkpoint fallback, budget -----------------------------------------------------------------------
+
+SMALL_LM = ["--checkpoint-every", "4", "--log-every", "4", "--batch", "8", "--seed", "2", "--layers", "1",
+            "--d-model", "16", "--heads", "2", "--vocab", "32", "--seq-len", "16"]  # fmt: skip
+
+
+FALLBACK_REPORTER = """\
+import json
+skipped = [{"step": 8, "reason": "checksum mismatch in 1 array(s), first ['params']"}]
+print("TPUCTL_EVENT " + json.dumps({"event": "start", "step": 4, "restored": 4, "skipped": skipped}))
+print("TPUCTL_EVENT " + json.dumps({"event": "step", "step": 5, "dt": 0.01}))
+"""
+
+
+def test_the_runtimes_checkpoint_fallback_is_said_and_recorded(
+    admin: SimAdminClient, tpuctl: Callable[..., Result], tmp_path: Path
+) -> None:
+    """The supervisor's side of a fallback (the runtime's is tests/runtime/test_multihost.py's; the
+    end-to-end case below is slow)."""
+    script = write(tmp_path / "proj" / "reporter.py", FALLBACK_REPORTER)
+    result = tpuctl("run", str(script), "--type", "v5e-8")
+    assert result.code == 0, result.stderr
+    assert "checkpoint fallback: step 8 (checksum mismatch in 1 array(s)" in result.stderr
+    assert "unreadable; restored step 4" in result.stderr
+    assert "TPUCTL_EVENT" not in result.stdout  # events go to the log, not the screen
+    run_id = tpuctl("runs", "list", "-o", "json").json["runs"][0]["run_id"]
+    run = tpuctl("runs", "describe", run_id, "-o", "json").json["run"]
+    (fallback,) = run["recovery"]["checkpoint_fallbacks"]
+    assert fallback["restored"] == 4 and fallback["skipped"][0]["step"] == 8
+
+
+@pytest.mark.slow
+def test_a_truncated_latest_checkpoint_falls_back_to_the_previous_one_and_the_run_says_so(
+    admin: SimAdminClient, tpuctl: Callable[..., Result], tmp_path: Path
+) -> None:
+    ckpt = tmp_path / "ckpt"
+    common = ["run", "--example", "lm", "--type", "v5e-4", "--checkpoint-dir", str(ckpt)]
+    first = tpuctl(*common, "--", *SMALL_LM, "--steps", "8")
+    assert first.code == 0, first.stderr[-3000:]
+    assert {p.name for p in ckpt.iterdir() if p.name.isdigit()} == {"4", "8"}
+    # Every data file of step 8 cut in half on disk (orbax may keep the same bytes under two paths).
+    for victim in (p for p in (ckpt / "8").rglob("*") if p.is_file() and p.parent.name == "d"):
+        victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
+
+    second = tpuctl(*common, "--", *SMALL_LM, "--steps", "12")
+    assert second.code == 0, second.stderr[-3000:]
+    assert "checkpoint fallback: step 8 (" in second.stderr and "unreadable; restored step 4" in second.stderr
+    run_id = tpuctl("runs", "list", "-o", "json").json["runs"][0]["run_id"]
+    run = tpuctl("runs", "describe", run_id, "-o", "json").json["run"]
+    (fallback,) = run["recovery"]["checkpoint_fallbacks"]
+    assert fallback["restored"] == 4 and [s["step"] for s in fallback["skipped"]] == [8]
+    assert fallback["skipped"][0]["reason"]
+    table = tpuctl("runs", "describe", run_id)
+    assert "checkpoint fallback: skipped step 8" in table.stdout and "restored step 4" in table.stdout
+
+
+def test_a_run_with_a_budget_below_its_cost_stops_checkpointed_at_the_budget_and_deletes_its_slice(
+    admin: SimAdminClient, tpuctl: Callable[..., Result], state_dir: Path
+) -> None:
+    from tpuctl.catalog import Catalog
+    from tpuctl.services.budget import BudgetGuard
+
+    limit = 0.003  # v5e-4 spot: 4 chips x 0.245 = 0.98 USD/h, so about 11 s; the run would take far longer
+    result = tpuctl("run", "--example", "lm", "--type", "v5e-4", "--spot", "--budget", str(limit), "--",
+                    *SMALL_LM, "--steps", "2000", "--step-delay", "0.02")  # fmt: skip
+    assert result.code == 7, result.stderr[-3000:]
+    assert "stopped at its budget" in result.stderr
+    assert admin.status()["nodes"] == []
+    with Ledger(state_dir) as ledger:
+        (run,) = ledger.list_runs()
+        guard = BudgetGuard.for_run(ledger, run.run_id, Catalog.load(), limit_usd=limit)
+        pods = ledger.list_pods(run_id=run.run_id)
+    assert run.status is RunStatus.BUDGET_EXCEEDED and run.exit_code == 7
+    assert run.detail is not None and run.detail["budget"]["limit_usd"] == limit
+    assert [p.state.value for p in pods] == ["DELETED"]  # the slice is gone, billing ended
+    # Checkpointed on the way out, at the step every host stopped at.
+    log = state_dir / "runs" / run.run_id / "worker-0.log"
+    (stop,) = [e for e in events_of(log) if e["event"] == "preempted"]
+    assert stop["checkpoint"] == "saved"
+    assert (state_dir / "runs" / run.run_id / "checkpoints" / str(stop["step"])).is_dir()
+    # Within one step's cost of the limit, never over it by more.
+    steps = [e["dt"] for e in events_of(log) if e["event"] == "step"]
+    step_usd = 0.98 * max(steps) / 3600
+    spent = guard.spent()
+    assert spent <= limit + step_usd, (spent, limit)
+    assert spent >= 0.5 * limit  # it did use its budget

@@ -1441,7 +1441,12 @@ def _settings_env(session: Session) -> dict[str, str]:
         ("TPUCTL_PROFILE", settings.profile),
         ("TPUCTL_PROJECT", settings.project),
         ("TPUCTL_BACKEND", None if settings.backend is None else settings.backend.value),
-        ("TPUCTL_CONFIG", settings.config_file),
+        # The resolved default path even when there is no file: pass it on only if it exists (named,
+        # a missing file is an error).
+        (
+            "TPUCTL_CONFIG",
+            settings.config_file if settings.config_file and settings.config_file.exists() else None,
+        ),
         ("TPUCTL_SIM_URL", settings.sim_url),
         ("TPUCTL_SIM_WORLD", settings.sim_world),
     ):
