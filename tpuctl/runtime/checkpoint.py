@@ -291,6 +291,12 @@ class Checkpointer:
             VERIFY_ITEM: ocp.JsonCheckpointHandler(),
         }
         self._manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
+        # Orbax clears those tmp dirs in a background future and awaits it only at the next save, so a
+        # restore right after start-up could still see them (and a loaded machine made the test flaky).
+        # It is one directory listing: finish it here.
+        await_cleanup = getattr(self._manager, "_maybe_await_cleanup_tmp_directory", None)
+        if callable(await_cleanup):
+            await_cleanup()
 
     # Saving ---------------------------------------------------------------------------------------
 
