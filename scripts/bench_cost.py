@@ -6,6 +6,8 @@ created, ready, then deleted, or preempted and deleted later, or failed before R
 labels; most slices created for runs), plus runs and their segments (with recomputed steps after
 preemptions), then times the report for each --group-by, best of ``--repeat``, and ``tpuctl cost report``
 end to end in a fresh process (offline: --no-reconcile). Writes the figures to docs/bench/cost.json.
+The bulk path maintains the per-slice billing facts and the ``cost_rollup`` the report reads (schema v4),
+so the timed reports take the same path as on a ledger written event by event.
 
     .venv/bin/python scripts/bench_cost.py [--events 1000000] [--repeat 3] [--out docs/bench/cost.json]
 """
