@@ -47,6 +47,7 @@ from tpuctl.services.executors.base import (
     LaunchSpec,
     ShipResult,
 )
+from tpuctl.store.paths import ensure_private_dir, private_file
 from tpuctl.store.records import RunStatus, SegmentKind
 
 if TYPE_CHECKING:
@@ -773,7 +774,9 @@ class Launcher:
                 f"note: {node.name} reports {len(node.network_endpoints)} endpoints for "
                 f"{spec.num_workers} hosts"
             )
-        prepared.log_dir.mkdir(parents=True, exist_ok=True)
+        # Run logs hold the program's output: private like the rest of the state dir.
+        ensure_private_dir(prepared.log_dir.parent)
+        ensure_private_dir(prepared.log_dir)
         executor = self._executor_factory(prepared, node)
         self.current_executor = executor
         segment = (
@@ -798,7 +801,7 @@ class Launcher:
         started_at = time.time()
         try:
             for worker in range(spec.num_workers):
-                logs[worker] = (prepared.log_dir / f"worker-{worker}.log").open(
+                logs[worker] = private_file(prepared.log_dir / f"worker-{worker}.log").open(
                     "a", encoding="utf-8", buffering=1
                 )
             self._observer.status(

@@ -72,6 +72,7 @@ from tpuctl.services.launcher import (
     _describe_exit,
     _exit_status,
 )
+from tpuctl.store.paths import ensure_private_dir, private_file
 from tpuctl.store.records import EventKind, RunStatus, SegmentKind
 
 if TYPE_CHECKING:
@@ -480,8 +481,9 @@ class Lease:
 
     @staticmethod
     def acquire(path: Path) -> Lease | None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fh = path.open("a+", encoding="utf-8")
+        ensure_private_dir(path.parent.parent)
+        ensure_private_dir(path.parent)
+        fh = private_file(path).open("a+", encoding="utf-8")
         try:
             fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -941,6 +943,10 @@ class Supervisor:
                 f"every host saved checkpoint step {event.get('step')} and stopped "
                 f"({event.get('save_s')} s to save)"
             )
+            if event.get("checkpoint") == "saved":
+                # Host 0 says so only once the step is committed (orbax finalizes after every host
+                # wrote): nothing the hosts still do matters, and jax's shutdown at exit takes seconds.
+                self._stop_hosts(Outcome.PREEMPTED, grace_s=1.0)
 
     def _budget_stop(self) -> None:
         assert self._budget is not None and self._budget.decision is not None
@@ -1464,8 +1470,9 @@ def start_detached(
     import sys
 
     log_dir = session.state_dir / "runs" / run_id
-    log_dir.mkdir(parents=True, exist_ok=True)
-    log_path = log_dir / SUPERVISOR_LOG
+    ensure_private_dir(log_dir.parent)
+    ensure_private_dir(log_dir)
+    log_path = private_file(log_dir / SUPERVISOR_LOG)
     env = {**os.environ, **_settings_env(session)}
     argv = [sys.executable, "-m", "tpuctl", "runs", "supervise", run_id] + (["--resume"] if resume else [])
     with log_path.open("ab") as log:
