@@ -1,0 +1,294 @@
+#!/usr/bin/env python3
+"""Benchmark: preemption recovery on the simulator. Detection latency, recovery time net of the
+simulator's provisioning and of JAX start-up, and the goodput of a run with 3 preemptions.
+
+A simulator runs in this process (``--speed``, default 100: a 120 s create takes 1.2 s, a 30 s delete
+0.3 s). The notice's grace is kept at a real 30 s whatever the speed (GCP's spot notice; at the speed
+factor it would be 0.3 s, too short for any checkpoint), so hosts checkpoint on the notice as they
+would on GCP. `tpuctl run --example lm` (2-host v4-16 slice, spot; the tiny LM, ``--steps`` with a
+small ``--step-delay``) runs through the CLI in this process; a thread preempts its slice three times
+at given steps: with notice, without notice (hard kill), with notice.
+
+Per preemption (from the run's ledger record and the thread's clock):
+- ``detection_latency_s``: the admin ``preempt`` call -> the supervisor knowing (the runtime's notice line
+  on host output, or for the hard kill, the API confirming the slice PREEMPTED after the hosts died);
+- ``recovery_s``: detected -> the first step done on the new slice; ``provisioning_s``: the placement of
+  the new slice (create -> READY in the simulator); ``startup_s``: hosts started -> first step done
+  (interpreter, jax import, jax.distributed, restore, compile); ``net_recovery_s`` = recovery minus both
+  (what tpuctl itself adds: waiting for the checkpoint on the notice, deleting the old slice, placement
+  overhead, shipping, starting processes).
+Per run: goodput = productive step time (each final step's last computation) / wall time, and steps
+recomputed; the same run without preemptions is the baseline (start-up and compilation alone already
+cost a tiny model most of its wall time). Targets (issue 5): detection <= 2 s, net recovery <= 5 s.
+
+Writes docs/bench/recovery.json (or --out) and prints a summary. Run from the repository root:
+``.venv/bin/python scripts/bench_recovery.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+ZONE = "us-central2-b"
+
+
+def world(speed: float) -> dict[str, Any]:
+    return {
+        "speed": speed,
+        "seed": 1,
+        "zones": {ZONE: {"v4": {"on_demand": 64, "preemptible": 64}}},
+        "quotas": {
+            "default": {"on_demand": {"zone": -1, "region": -1}, "preemptible": {"zone": -1, "region": -1}}
+        },
+        "latency": {"base_ms": 20, "jitter_ms": 5},
+        # Simulated seconds: the default world's create/delete, and a grace of 30 REAL seconds.
+        "durations": {"node_create_s": 120, "node_delete_s": 30, "preemption_grace_s": 30 * speed},
+    }
+
+
+class Chaos(threading.Thread):
+    """Preempts the run's slice when the given start (attempt) has done the given step."""
+
+    def __init__(self, admin: Any, state_dir: Path, plan: list[tuple[int, int, bool]]) -> None:
+        super().__init__(name="chaos", daemon=True)
+        self.admin = admin
+        self.state_dir = state_dir
+        self.plan = plan
+        self.fired: list[dict[str, Any]] = []
+        self.error: BaseException | None = None
+        self.halt = threading.Event()
+
+    def _events(self, log: Path) -> list[dict[str, Any]]:
+        from tpuctl.runtime.preemption import parse_event
+
+        if not log.exists():
+            return []
+        return [e for e in map(parse_event, log.read_text(errors="replace").splitlines()) if e]
+
+    def run(self) -> None:
+        try:
+            deadline = time.monotonic() + 900
+            log: Path | None = None
+            for attempt, step, notice in self.plan:
+                while not self.halt.is_set() and time.monotonic() < deadline:
+                    if log is None:
+                        runs = list((self.state_dir / "runs").glob("run-*"))
+                        log = runs[0] / "worker-0.log" if runs else None
+                    evs = self._events(log) if log else []
+                    starts = [i for i, e in enumerate(evs) if e["event"] == "start"]
+                    nodes = [n for n in self.admin.status()["nodes"] if n.get("state") == "READY"]
+                    if len(starts) >= attempt and len(nodes) == 1:
+                        done = [e["step"] for e in evs[starts[attempt - 1] :] if e["event"] == "step"]
+                        if done and done[-1] >= step:
+                            at = time.time()
+                            self.admin.preempt(nodes[0]["zone"], nodes[0]["name"], notice=notice)
+                            self.fired.append({"at": at, "node": nodes[0]["name"], "notice": notice,
+                                               "after_step": done[-1]})  # fmt: skip
+                            break
+                    time.sleep(0.01)
+        except BaseException as exc:
+            self.error = exc
+
+
+def one_run(speed: float, steps: int, every: int, delay: float, plan: list[tuple[int, int, bool]]) -> dict:
+    import yaml
+
+    from tpuctl.cli.main import run as tpuctl_main
+    from tpuctl.sim import SimAdminClient, SimServer
+    from tpuctl.sim.world import world_from_data
+
+    with tempfile.TemporaryDirectory(prefix="bench-recovery-") as tmp:
+        state = Path(tmp) / "state"
+        state.mkdir()
+        (Path(tmp) / "world.yaml").write_text(yaml.safe_dump(world(speed)))
+        server = SimServer(state, world_from_data(world(speed), "bench world"))
+        url = server.start()
+        admin = SimAdminClient(url)
+        env = {
+            "TPUCTL_SIM_URL": url,
+            "TPUCTL_STATE_DIR": str(state),
+            "XLA_FLAGS": "--xla_backend_optimization_level=0",
+            "JAX_COMPILATION_CACHE_DIR": str(Path(tmp) / "jax-cache"),
+            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+        }
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        chaos = Chaos(admin, state, plan)
+        chaos.start()
+        args = ["run", "--example", "lm", "--type", "v4-16", "--spot", "--zone", ZONE, "--checkpoint-every",
+                str(every), "-o", "json", "--", "--steps", str(steps), "--checkpoint-every", str(every),
+                "--log-every", "10", "--batch", "8", "--seed", "7", "--layers", "1", "--d-model", "16",
+                "--heads", "2", "--vocab", "32", "--seq-len", "16", "--step-delay", str(delay)]  # fmt: skip
+        out, err = io.StringIO(), io.StringIO()
+        started = time.time()
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                try:
+                    tpuctl_main(args)
+                    code = 0
+                except SystemExit as exc:
+                    code = int(exc.code or 0)
+            chaos.halt.set()
+            chaos.join(timeout=30)
+            if code != 0 or chaos.error is not None:
+                raise SystemExit(f"run failed ({code}, {chaos.error}):\n{err.getvalue()[-4000:]}")
+            run = json.loads(out.getvalue())["run"]
+            out2 = io.StringIO()
+            with (
+                contextlib.redirect_stdout(out2),
+                contextlib.redirect_stderr(io.StringIO()),
+                contextlib.suppress(SystemExit),
+            ):
+                tpuctl_main(["runs", "describe", run["run_id"], "-o", "json"])
+            described = json.loads(out2.getvalue())["run"]
+            leftover = admin.status()["nodes"]
+        finally:
+            chaos.halt.set()
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+            admin.close()
+            server.stop()
+    recovery = described["recovery"]
+    rows = []
+    for fired, p in zip(chaos.fired, recovery["preemptions"], strict=True):
+        provisioning = p.get("provisioning_s") or 0.0
+        startup = p.get("startup_s") or 0.0
+        recovery_s = p.get("recovery_s")
+        rows.append({
+            "number": p["number"],
+            "notice": fired["notice"],
+            "kind": p["kind"],
+            "preempted_after_step": fired["after_step"],
+            "checkpoint_step": p.get("checkpoint_step"),
+            "steps_recomputed": p.get("steps_recomputed"),
+            "detection_latency_s": round(p["detected_at"] - fired["at"], 3),
+            "recovery_s": recovery_s,
+            "provisioning_s": provisioning,
+            "startup_s": startup,
+            "net_recovery_s": None if recovery_s is None else round(recovery_s - provisioning - startup, 3),
+            "breakdown": {
+                "notice_to_hosts_stopped_s": _seg(described, p["number"], "checkpointing"),
+                "delete_preempted_slice_s": _seg(described, p["number"], "preempted"),
+            },
+        })  # fmt: skip
+    return {
+        "run_id": run["run_id"],
+        "wall_s": round(time.time() - started, 3),
+        "goodput": recovery["goodput"],
+        "productive_step_s": recovery["productive_step_s"],
+        "steps": recovery["steps_completed"],
+        "steps_recomputed": recovery["steps_recomputed"],
+        "preemptions": rows,
+        "slices_left": len(leftover),
+        "segments": [(s["kind"], s["duration_s"]) for s in described["segments"]],
+    }
+
+
+def _seg(described: dict[str, Any], number: int, kind: str) -> float | None:
+    """The duration of the ``number``-th segment of ``kind`` ("checkpointing" only exists for notices:
+    matched through the preemption's order among the noticed ones)."""
+    segs = [s for s in described["segments"] if s["kind"] == kind]
+    if kind == "checkpointing":
+        noticed = [p["number"] for p in described["recovery"]["preemptions"] if p["kind"] == "notice"]
+        if number not in noticed:
+            return None
+        index = noticed.index(number)
+    else:
+        index = number - 1
+    return segs[index]["duration_s"] if index < len(segs) else None
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--speed", type=float, default=100.0)
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--checkpoint-every", type=int, default=10)
+    parser.add_argument("--step-delay", type=float, default=0.05)
+    parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--out", default=str(REPO / "docs" / "bench" / "recovery.json"))
+    args = parser.parse_args()
+    plan = [(1, 8, True), (2, 18, False), (3, 28, True)]
+    runs = [one_run(args.speed, args.steps, args.checkpoint_every, args.step_delay, plan)
+            for _ in range(args.runs)]  # fmt: skip
+    rows = [r for run in runs for r in run["preemptions"]]
+    # The same run without preemptions: its goodput is what start-up and compilation alone leave.
+    baseline = one_run(args.speed, args.steps, args.checkpoint_every, args.step_delay, [])
+
+    def stats(key: str, pick: list[dict[str, Any]]) -> dict[str, float | None]:
+        values = [r[key] for r in pick if r.get(key) is not None]
+        if not values:
+            return {"median": None, "max": None}
+        return {"median": round(statistics.median(values), 3), "max": round(max(values), 3)}
+
+    noticed = [r for r in rows if r["notice"]]
+    hard = [r for r in rows if not r["notice"]]
+    summary = {
+        "detection_latency_s": {
+            "notice": stats("detection_latency_s", noticed),
+            "no_notice": stats("detection_latency_s", hard),
+            "target_s": 2.0,
+        },
+        "net_recovery_s": {
+            "notice": stats("net_recovery_s", noticed),
+            "no_notice": stats("net_recovery_s", hard),
+            "target_s": 5.0,
+        },
+        "recovery_s": stats("recovery_s", rows),
+        "provisioning_s": stats("provisioning_s", rows),
+        "startup_s": stats("startup_s", rows),
+        "goodput_3_preemptions": [r["goodput"] for r in runs],
+        "goodput_no_preemption": baseline["goodput"],
+        "wall_s_3_preemptions": [r["wall_s"] for r in runs],
+        "wall_s_no_preemption": baseline["wall_s"],
+        "steps_recomputed": [r["steps_recomputed"] for r in runs],
+    }
+    report = {
+        "benchmark": "preemption recovery on the simulator (2-host v4-16, tiny LM, 3 preemptions per run)",
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+        },
+        "settings": {
+            "speed": args.speed,
+            "steps": args.steps,
+            "checkpoint_every": args.checkpoint_every,
+            "step_delay_s": args.step_delay,
+            "grace_real_s": 30.0,
+            "create_real_s": 120 / args.speed,
+            "delete_real_s": 30 / args.speed,
+            "metadata_poll_s": 0.5,
+            "plan": "attempt 1 step 8 notice; attempt 2 step 18 no notice; attempt 3 step 28 notice",
+        },
+        "summary": summary,
+        "runs": runs,
+        "baseline": baseline,
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(summary, indent=2))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
