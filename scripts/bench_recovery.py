@@ -279,6 +279,15 @@ def main() -> int:
             "metadata_poll_s": 0.5,
             "plan": "attempt 1 step 8 notice; attempt 2 step 18 no notice; attempt 3 step 28 notice",
         },
+        # Flat figures for scripts/bench_report.py (docs/benchmarks.md).
+        "headline": {
+            "detection_latency_notice_median_s": summary["detection_latency_s"]["notice"]["median"],
+            "detection_latency_no_notice_median_s": summary["detection_latency_s"]["no_notice"]["median"],
+            "net_recovery_notice_median_s": summary["net_recovery_s"]["notice"]["median"],
+            "net_recovery_no_notice_median_s": summary["net_recovery_s"]["no_notice"]["median"],
+            "goodput_3_preemptions": runs[0]["goodput"],
+            "goodput_no_preemption": baseline["goodput"],
+        },
         "summary": summary,
         "runs": runs,
         "baseline": baseline,
