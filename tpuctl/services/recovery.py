@@ -885,6 +885,16 @@ class Supervisor:
         finally:
             watch.close()
             self._join_stopper()
+        if self._running_segment is not None:
+            # How the slice looked from the API meanwhile (failed polls are counted, never acted on).
+            self._session.ledger.update_segment(
+                self._running_segment,
+                detail={
+                    "restart_count": restart_count,
+                    "api_polls": watch.polls,
+                    "api_poll_errors": watch.errors,
+                },
+            )
         attempt.result = result
         attempt.outcome = self._classify(attempt, watch)
         self._after_attempt(attempt)
