@@ -528,3 +528,39 @@ def test_a_run_with_a_budget_below_its_cost_stops_checkpointed_at_the_budget_and
     spent = guard.spent()
     assert spent <= limit + step_usd, (spent, limit)
     assert spent >= 0.5 * limit  # it did use its budget
+
+
+def test_with_no_capacity_anywhere_the_recovery_backs_off_with_progress_until_a_zone_frees_up(
+    admin: SimAdminClient, tpuctl: Callable[..., Result], tmp_path: Path, state_dir: Path
+) -> None:
+    import threading
+
+    from recovery_helpers import V5E_OTHER, V5E_ZONE
+
+    script = write(tmp_path / "proj" / "sleeper.py", SLEEPER)
+    chaos = _Seen(admin, state_dir, stockout=V5E_ZONE).start()
+    admin.stockout(V5E_OTHER)  # both zones full once the preemption comes
+
+    def clear_later() -> None:
+        deadline = time.monotonic() + 120
+        while chaos.plan[0].done_at is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(2.0)  # a few backoff rounds
+        admin.stockout(V5E_OTHER, clear=True)
+
+    clearer = threading.Thread(target=clear_later, daemon=True)
+    clearer.start()
+    try:
+        result = tpuctl("run", str(script), "--type", "v5e-8", "--spot", "--env", "SLEEP_S=30")
+    finally:
+        chaos.join()
+        clearer.join(timeout=130)
+    assert result.code == 0, result.stderr[-3000:]
+    assert "no capacity for v5e-8 yet (try 1:" in result.stderr and "retrying in" in result.stderr
+    run_id = tpuctl("runs", "list", "-o", "json").json["runs"][0]["run_id"]
+    run = tpuctl("runs", "describe", run_id, "-o", "json").json["run"]
+    (preemption,) = run["recovery"]["preemptions"]
+    assert preemption["new_zone"] == V5E_OTHER and preemption["provisioning_s"] >= 1.5
+    waits = [s for s in run["segments"] if s["kind"] == "recovering" and s["detail"].get("waiting_for")]
+    assert len(waits) >= 1 and all(s["detail"]["waiting_for"] == "capacity" for s in waits)
+    assert admin.status()["nodes"] == []
