@@ -16,12 +16,13 @@ from tpuctl.sim import SimAdminClient, SimServer
 
 @pytest.fixture
 def sim(state_dir: Path) -> Iterator[Callable[..., SimEnv]]:
-    """``sim(**world_overrides)`` starts a simulator in this test's state dir (stopped at teardown)."""
+    """``sim(**world_overrides)`` starts a simulator in this test's state dir (stopped at teardown);
+    ``ticker_interval_s=0`` turns its ticker off, so time only moves when a request comes."""
     envs: list[SimEnv] = []
 
-    def start(**overrides: Any) -> SimEnv:
+    def start(*, ticker_interval_s: float = 0.05, **overrides: Any) -> SimEnv:
         state_dir.mkdir(parents=True, exist_ok=True)
-        server = SimServer(state_dir, make_world(**overrides))
+        server = SimServer(state_dir, make_world(**overrides), ticker_interval_s=ticker_interval_s)
         server.start()
         env = SimEnv(server=server, admin=SimAdminClient(server.url), state_dir=state_dir)
         envs.append(env)

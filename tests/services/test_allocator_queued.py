@@ -6,10 +6,12 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from allocator_helpers import CliResult, SimEnv
 
+from tpuctl.cloud.base import QueuedResource
 from tpuctl.services.attempts import Placement
 from tpuctl.store.ledger import Ledger
 from tpuctl.store.records import AttemptOutcome, EventKind, PodState
@@ -104,6 +106,39 @@ def test_queued_fails_over_when_valid_for_runs_out(sim: Callable[..., SimEnv], c
     [request] = plan["requests"]
     assert request["body"]["queueingPolicy"] == {"validUntilDuration": "7200s"}
     assert "spot" in request["body"]
+
+
+def test_queued_failover_when_the_placer_looks_only_after_valid_until(
+    sim: Callable[..., SimEnv], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a loaded machine the placer's first look at a queued resource can come after its validUntil
+    (--valid-for 30s is 30 ms at speed 1000). One created where there is capacity started provisioning when
+    it was created, so it must not fail then: the failover above flaked on this. With the simulator's
+    ticker off, nothing looks at it between the create and the placer's first poll, so this is exact."""
+    env = sim(ticker_interval_s=0)
+    env.admin.stockout("us-central1-a")
+    allocator = env.allocator()
+    cloud = allocator.context.cloud
+    create = cloud.create_queued_resource
+
+    def create_then_stall(*args: Any, **kwargs: Any) -> QueuedResource:
+        created = create(*args, **kwargs)
+        time.sleep(0.05)  # 50 simulated seconds: past validUntil before the placer looks
+        return created
+
+    monkeypatch.setattr(cloud, "create_queued_resource", create_then_stall)
+    zones = ["us-central1-a", "us-west4-a"]
+    request = env.request("v5e-4", zones=zones, spot=True, queued=True, valid_for="30s", name="q")
+    placement = allocator.place(request)
+    assert [(a.zone, a.outcome) for a in placement.attempts] == [
+        ("us-central1-a", AttemptOutcome.STOCKOUT),
+        ("us-west4-a", AttemptOutcome.CREATED),
+    ]
+    assert "validUntil" in placement.attempts[0].message
+    assert [(n.name, n.zone, n.state) for n in placement.nodes] == [("q", "us-west4-a", "READY")]
+    assert [(q["zone"], q["name"], q["state"]) for q in env.admin.status()["queued_resources"]] == [
+        ("us-west4-a", "q", "ACTIVE")
+    ]
 
 
 def test_slices_2_makes_two_slices_through_one_queued_resource(sim: Callable[..., SimEnv], cli: Cli) -> None:

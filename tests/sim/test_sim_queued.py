@@ -109,6 +109,34 @@ def test_fails_when_valid_until_passes(start_server: Callable[..., SimServer]) -
     assert list(client.list_queued_resources(parent=PARENT)) == []
 
 
+def test_a_queued_resource_is_looked_at_when_it_is_queued(start_server: Callable[..., SimServer]) -> None:
+    """Where there is capacity when it is created (or reset), a queued resource starts provisioning then,
+    not at the next request: that may come only after its validUntil, and it must not fail for that."""
+    clock = ManualClock()
+    server = start_server(make_world(), clock=clock, ticker_interval_s=0)
+    client = tpu_client(server.url)
+    client.create_queued_resource(
+        parent=PARENT, queued_resource_id="qr10", queued_resource=queued(valid_for_s=30)
+    )
+    clock.advance(31 / 1000)  # the next request comes after validUntil
+    assert state_of(client, "qr10") == QRState.PROVISIONING  # its node is due 60 s after the create
+    clock.advance(30 / 1000)
+    assert state_of(client, "qr10") == QRState.ACTIVE
+
+    # Reset starts a new validity window, and looks at once too.
+    with SimAdminClient(server.url) as admin:
+        admin.stockout(ZONE)
+        client.create_queued_resource(
+            parent=PARENT, queued_resource_id="qr11", queued_resource=queued("q-node-2", valid_for_s=30)
+        )
+        clock.advance(31 / 1000)
+        assert state_of(client, "qr11") == QRState.FAILED
+        admin.stockout(ZONE, clear=True)
+    client.reset_queued_resource(name=f"{PARENT}/queuedResources/qr11")
+    clock.advance(31 / 1000)
+    assert state_of(client, "qr11") == QRState.PROVISIONING
+
+
 def test_multislice_makes_n_nodes(client: tpu_v2.TpuClient) -> None:
     client.create_queued_resource(
         parent=PARENT, queued_resource_id="ms", queued_resource=queued(node_count=2, prefix="slice")

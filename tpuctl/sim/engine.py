@@ -1072,7 +1072,17 @@ class SimEngine:
                     "INSERT INTO request_ids (project, request_id, op_name) VALUES (?, ?, ?)",
                     (project, request_id, op_name),
                 )
+            self._queue_now(conn, world, project, zone, qr_id, now)
             return self._op_json(self._op_row(conn, op_name))
+
+    def _queue_now(
+        self, conn: sqlite3.Connection, world: World, project: str, zone: str, qr_id: str, now: float
+    ) -> None:
+        """The service looks at a queued resource the moment it is queued (created or reset): with
+        capacity there it starts provisioning at ``now``. Left to the next ``advance``, it would be looked
+        at first whenever the next request (or tick) comes, and fail if that is after its validUntil
+        (``--valid-for 30s`` is 30 ms at speed 1000), though capacity was there all along."""
+        self._advance_queued_resource(conn, world, self._existing_qr_row(conn, project, zone, qr_id), now)
 
     def _operation_for_request(self, project: str, request_id: str) -> dict[str, Any] | None:
         with self.db.read() as conn:
@@ -1290,6 +1300,7 @@ class SimEngine:
             op_name = self._insert_op(conn, project, zone, name, "reset", now)
             qr = self._qr_json(conn, self._existing_qr_row(conn, project, zone, qr_id))
             self._complete_op(conn, op_name, now, response={"@type": QUEUED_RESOURCE_TYPE, **qr})
+            self._queue_now(conn, world, project, zone, qr_id, now)
             op = self._op_json(self._op_row(conn, op_name))
         self._send(orders)
         return op
