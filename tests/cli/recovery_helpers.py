@@ -50,9 +50,12 @@ WORLD: dict[str, Any] = {
 }
 
 #: The tiny LM: a 2-host v4-16 slice (2 x 4 chips); --step-delay leaves time to preempt between steps.
-LM_ARGS = ["--steps", "16", "--checkpoint-every", "4", "--log-every", "4", "--batch", "8", "--seed", "7",
+#: Enough steps that every attempt outlives its preemption: a notice reaches all hosts' sync point a few
+#: steps after it lands (more on a loaded machine), and a run that finishes first is simply done.
+LM_ARGS = ["--steps", "30", "--checkpoint-every", "4", "--log-every", "5", "--batch", "8", "--seed", "7",
            "--layers", "1", "--d-model", "16", "--heads", "2", "--vocab", "32", "--seq-len", "16",
-           "--step-delay", "0.03"]  # fmt: skip
+           "--step-delay", "0.06"]  # fmt: skip
+LM_STEPS = 30
 HASH = re.compile(r"final_params_sha256 ([0-9a-f]{64})")
 
 
@@ -153,10 +156,11 @@ def run_dir(state_dir: Path, timeout: float = 60) -> Path:
 
 @dataclass
 class Preempt:
-    """Preempt the run's slice once its ``attempt``-th start (1-based) has done ``after_step``."""
+    """Preempt the run's slice once its ``attempt``-th start (1-based) has done ``after_steps`` steps
+    (counted from where that start began, so a late checkpoint cannot make two preemptions collapse)."""
 
     attempt: int
-    after_step: int
+    after_steps: int
     notice: bool = True
     stockout: str | None = None  # stock this zone out first
     done_at: float | None = None
@@ -196,9 +200,10 @@ class Chaos:
                     starts = [i for i, e in enumerate(evs) if e["event"] == "start"]
                     if len(starts) >= step.attempt:
                         mine = evs[starts[step.attempt - 1] :]
+                        first = mine[0]["step"]
                         done = [e["step"] for e in mine if e["event"] == "step"]
                         node = self._live_node()
-                        if done and done[-1] >= step.after_step and node is not None:
+                        if done and done[-1] - first >= step.after_steps and node is not None:
                             if step.stockout:
                                 self.admin.stockout(step.stockout)
                             step.node, step.zone = node["name"], node["zone"]

@@ -18,6 +18,7 @@ import pytest
 import yaml
 from recovery_helpers import (
     LM_ARGS,
+    LM_STEPS,
     WORLD,
     ZONE,
     Chaos,
@@ -110,14 +111,10 @@ def lm_run(*extra: str) -> list[str]:
 # --- three preemptions, bit for bit -------------------------------------------------------------------
 
 
-# Known flake (open, issue 5): on a loaded 2-core machine these end-to-end runs have timed out waiting
-# for a recovery, and once counted 2 of 3 preemptions; one rerun is allowed (and reported) until the
-# supervisor's timing under load is root-caused. See the closing note of the first session.
-@pytest.mark.flaky(reruns=1)
 def test_three_preemptions_two_with_notice_end_bit_identical_and_every_segment_is_recorded(
     admin: SimAdminClient, tpuctl: Callable[..., Result], state_dir: Path, reference: str
 ) -> None:
-    plan = [Preempt(1, 3, notice=True), Preempt(2, 7, notice=False), Preempt(3, 11, notice=True)]
+    plan = [Preempt(1, 3, notice=True), Preempt(2, 3, notice=False), Preempt(3, 3, notice=True)]
     chaos = Chaos(admin, state_dir, plan).start()
     try:
         result = tpuctl(*lm_run("-o", "json"))
@@ -150,7 +147,7 @@ def test_three_preemptions_two_with_notice_end_bit_identical_and_every_segment_i
     assert 0 <= hard["steps_recomputed"] <= 4
     assert hard["steps_recomputed"] == hard["last_step"] - hard["restored_step"]
     assert recovery["steps_recomputed"] == hard["steps_recomputed"]
-    assert recovery["steps_completed"] == 16
+    assert recovery["steps_completed"] == LM_STEPS
     for p in recovery["preemptions"]:
         assert p["detection_latency_s"] is not None and p["detection_latency_s"] <= 2.0, p
         assert p["recovery_s"] is not None and p["recovery_s"] > 0, p
@@ -166,7 +163,7 @@ def test_three_preemptions_two_with_notice_end_bit_identical_and_every_segment_i
     assert kinds_seen.count("running") == 4 and kinds_seen.count("preempted") == 3
     assert kinds_seen.count("checkpointing") == 2
     running = [s for s in segs if s["kind"] == "running"]
-    assert sum(s["steps_completed"] for s in running) == 16 + recovery["steps_recomputed"]
+    assert sum(s["steps_completed"] for s in running) == LM_STEPS + recovery["steps_recomputed"]
     assert [s["steps_recomputed"] for s in running] == [0, 0, hard["steps_recomputed"], 0]
     assert all(s["pod"] and s["zone"] == ZONE and s["capacity"] == "spot" for s in running)
     for a, b in itertools.pairwise(segs):
@@ -178,7 +175,7 @@ def test_three_preemptions_two_with_notice_end_bit_identical_and_every_segment_i
     with Ledger(state_dir) as ledger:
         record = ledger.get_run(run_id)
     assert record is not None and record.status is RunStatus.SUCCEEDED
-    assert record.preemptions == 3 and record.restarts == 0 and record.steps == 16
+    assert record.preemptions == 3 and record.restarts == 0 and record.steps == LM_STEPS
     # Each start saw its restart count.
     starts = [e for e in events_of(log) if e["event"] == "start"]
     assert [e["restart_count"] for e in starts] == [0, 1, 2, 3]
@@ -369,10 +366,6 @@ def _steps(log: Path) -> list[int]:
     return [e["step"] for e in events_of(log) if e["event"] == "step"]
 
 
-# Known flake (open, issue 5): on a loaded 2-core machine these end-to-end runs have timed out waiting
-# for a recovery, and once counted 2 of 3 preemptions; one rerun is allowed (and reported) until the
-# supervisor's timing under load is root-caused. See the closing note of the first session.
-@pytest.mark.flaky(reruns=1)
 def test_detached_run_is_preempted_by_another_process_survives_kill_9_and_resumes_bit_identical(
     own_sim: Path, tpuctl: Callable[..., Result], reference: str
 ) -> None:
@@ -421,7 +414,7 @@ def test_detached_run_is_preempted_by_another_process_survives_kill_9_and_resume
     done = tpuctl("runs", "describe", run_id, "-o", "json").json["run"]
     assert done["status"] == "succeeded" and done["preemptions"] == 1
     assert done["supervisor_state"].startswith("none")
-    assert done["recovery"]["steps_completed"] == 16
+    assert done["recovery"]["steps_completed"] == LM_STEPS
     starts = [e for e in events_of(log) if e["event"] == "start"]
     assert [e["restart_count"] for e in starts] == [0, 1, 2]
     assert starts[1]["restored"] == first_stop["step"]
