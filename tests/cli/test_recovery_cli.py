@@ -424,6 +424,55 @@ def test_detached_run_is_preempted_by_another_process_survives_kill_9_and_resume
     assert logs.code == 0 and "final_params_sha256" in logs.stdout
 
 
+@pytest.mark.parametrize("died", ["placing", "deleting"])
+def test_resume_takes_over_every_slice_the_ledger_has_for_the_run(
+    own_sim: Path, tpuctl: Callable[..., Result], tmp_path: Path, died: str
+) -> None:
+    """A supervisor killed while the allocator placed its slice (any zone: the run record names no zone
+    yet), or right after its delete of the slice landed (the ledger never heard): `runs resume` finds the
+    slice through the ledger's entries for the run, uses it again or records it gone, and the run ends
+    with no slice left and no ledger entry alive."""
+    from recovery_helpers import V5E_OTHER, V5E_ZONE
+
+    from tpuctl.services.launcher import Launcher, RunRequest
+    from tpuctl.services.recovery import Supervisor
+    from tpuctl.services.session import open_session
+    from tpuctl.settings import load_settings
+    from tpuctl.store.records import PodState
+
+    script = write(tmp_path / "proj" / "sleeper.py", SLEEPER)
+    with open_session(load_settings()) as sess:
+        launcher = Launcher(sess)
+        prepared = launcher.prepare(
+            RunRequest(script=str(script), accelerator_type="v5e-8", env=("SLEEP_S=0",))
+        )
+        Supervisor(sess).create_record(prepared)
+        placed = launcher.provision(prepared)  # what the killed supervisor's allocator made
+        run_id = prepared.run_id
+        record = sess.ledger.get_run(run_id)
+        assert record is not None and record.zone is None and placed.zone in (V5E_ZONE, V5E_OTHER)
+        if died == "deleting":
+            sess.ledger.update_run(run_id, pod=placed.name, zone=placed.zone)
+            sess.cloud.delete_node(placed.zone, placed.name, wait=True)
+
+    resumed = tpuctl("runs", "resume", run_id, "-o", "json")
+    assert resumed.code == 0, resumed.stderr[-3000:]
+    assert tpuctl("sim", "status", "-o", "json").json["nodes"] == []
+    with Ledger(own_sim) as ledger:
+        assert ledger.list_pods(alive=True) == []
+        pods = {p.name: p for p in ledger.list_pods(run_id=run_id)}
+        first = pods[placed.name]
+        assert first.state is PodState.DELETED
+        assert ledger.check_view() == []
+    if died == "placing":
+        # The placed slice was used again: no second slice was made.
+        assert list(pods) == [placed.name] and resumed.json["run"]["pod"] == placed.name
+        assert first.end_reason == "deleted"
+    else:
+        assert first.end_reason == "gone" and len(pods) == 2
+        assert resumed.json["run"]["pod"] != placed.name
+
+
 def test_runs_cancel_stops_a_detached_run_and_deletes_its_slice(
     own_sim: Path, tpuctl: Callable[..., Result], tmp_path: Path
 ) -> None:

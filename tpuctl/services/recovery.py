@@ -1251,20 +1251,47 @@ class Supervisor:
         self._inner.status(f"taking over run {prepared.run_id} (restart {restart_count})")
         if prepared.target.node is not None:
             return prepared.target.node, restart_count, None
-        zone = record.zone
-        if record.pod and zone:
+        node = self._adopt_slices(prepared, record)
+        return node, restart_count, node.zone if node is not None else record.zone
+
+    def _adopt_slices(self, prepared: PreparedRun, record: Any) -> Node | None:
+        """What becomes of the dead supervisor's slices: the one the run record names (it ran there) and
+        every other the ledger still has alive for the run: a placement or a recovery that was still making
+        one when the supervisor died (the run record names a slice only once it is placed, and names no
+        zone at all while the allocator chooses). The first READY one is used again on the simulator (its
+        hosts were killed above; the slice itself is fine), the others are deleted, and one the API no
+        longer has (a delete that landed before the kill could record it) is recorded gone: no slice is
+        left that the run forgot, and no ledger entry outlives its slice."""
+        ledger = self._session.ledger
+        run_id = prepared.run_id
+        slices: list[tuple[str, str]] = []
+        if record.pod and record.zone:
+            slices.append((record.zone, record.pod))
+        for pod in ledger.list_pods(run_id=run_id, alive=True):
+            if (pod.zone, pod.name) not in slices:
+                slices.append((pod.zone, pod.name))
+        keep: Node | None = None
+        for zone, name in slices:
             try:
-                node = self._session.cloud.get_node(zone, record.pod)
+                node = self._session.cloud.get_node(zone, name)
             except NotFoundError:
-                node = None
+                known = ledger.get_pod(name, zone=zone)
+                if known is not None and known.alive:
+                    ledger.record_event(
+                        EventKind.GONE,
+                        pod=name,
+                        zone=zone,
+                        run_id=run_id,
+                        detail={"seen_by": "runs resume", "why": "not found when the run was taken over"},
+                    )
+                continue
             except CloudError:
-                node = None
-            if node is not None and node.state == "READY" and prepared.executor_kind == "sim":
-                # The simulated hosts were killed above; the slice itself is fine: use it again.
-                return node, restart_count, zone
-            if node is not None:
-                self._delete_slice(prepared, node, reason=f"replaced by resume of run {prepared.run_id}")
-        return None, restart_count, zone
+                continue  # cannot tell now; the ledger still has it, so `tpuctl pod gc` will
+            if keep is None and node.state == "READY" and prepared.executor_kind == "sim":
+                keep = node
+                continue
+            self._delete_slice(prepared, node, reason=f"replaced by resume of run {run_id}")
+        return keep
 
     def _seed_progress(self, prepared: PreparedRun) -> None:
         """Read the steps done so far back from host 0's log (the killed supervisor kept them in memory)."""
