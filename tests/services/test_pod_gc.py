@@ -104,3 +104,39 @@ def test_gc_deletes_with_yes_and_records_it(garbage: SimEnv, cli: Cli) -> None:
         assert keep is not None and keep.state == PodState.READY
     again = cli("pod", "gc", "-y", env=garbage)
     assert again.code == 0 and "nothing to collect" in again.stdout
+
+
+def test_gc_records_a_tracked_slice_the_cloud_no_longer_has(sim: Callable[..., SimEnv], cli: Cli) -> None:
+    """A `pod delete` (or a run's supervisor) killed after its delete landed, or a slice deleted behind
+    tpuctl's back, leaves a live ledger entry with no slice: gc records it gone, so after one gc the ledger
+    agrees with the cloud. A dry run only says so; an entry still at REQUESTED is left alone (its create
+    may be on its way from another tpuctl)."""
+    env = sim(zones={"us-central1-a": {"v5e": {"on_demand": 64, "preemptible": 64}}})
+    session = env.session()
+    allocator = env.allocator(session)
+    zone = "us-central1-a"
+    allocator.place(env.request("v5e-4", session=session, zones=[zone], name="keep"))
+    allocator.place(env.request("v5e-4", session=session, zones=[zone], name="vanished"))
+    session.cloud.delete_node(zone, "vanished", wait=True)
+    session.ledger.record_event(
+        EventKind.REQUESTED, pod="inflight", zone=zone, accelerator_type="v5litepod-4"
+    )
+
+    dry = cli("pod", "gc", "--dry-run", "-o", "json", env=env)
+    assert dry.code == 0, dry.stderr
+    assert dry.json["gc"] == [] and dry.json["deleted"] == []
+    assert dry.json["gone"] == [{"name": "vanished", "zone": zone, "state": "READY", "recorded": False}]
+    vanished = session.ledger.get_pod("vanished", zone=zone)
+    assert vanished is not None and vanished.alive
+
+    result = cli("pod", "gc", "-y", "-o", "json", env=env)
+    assert result.code == 0, result.stderr
+    assert result.json["gone"] == [{"name": "vanished", "zone": zone, "state": "READY", "recorded": True}]
+    assert result.json["deleted"] == []
+    vanished = session.ledger.get_pod("vanished", zone=zone)
+    assert vanished is not None and vanished.state == PodState.DELETED and vanished.end_reason == "gone"
+    alive = sorted(p.name for p in session.ledger.list_pods(alive=True))
+    assert alive == ["inflight", "keep"]
+    assert [n["name"] for n in env.admin.status()["nodes"]] == ["keep"]
+    table = cli("pod", "gc", "-y", env=env)
+    assert table.code == 0 and "nothing to collect" in table.stdout

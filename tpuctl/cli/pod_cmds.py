@@ -325,13 +325,26 @@ def gc(
     yes: YesOpt = False,
 ) -> None:
     """Delete what holds quota and gives nothing back: PREEMPTED/TERMINATED slices, failed or suspended
-    queued resources, and your tpuctl-labelled slices that no ledger entry owns. --dry-run lists only."""
+    queued resources, and your tpuctl-labelled slices that no ledger entry owns; record ledger entries
+    whose slice no longer exists as gone. --dry-run lists only."""
     from tpuctl.errors import CloudError
     from tpuctl.services.gc import GarbageCollector
 
     out = make_output(ctx, output)
     with session(ctx, out) as sess:
         collector = GarbageCollector(sess)
+        dry = is_dry_run(ctx, dry_run)
+        # Ledger entries whose slice is gone: recorded at once (only the ledger changes, nothing to ask).
+        vanished = collector.vanished(zone)
+        if not dry:
+            collector.record_gone(vanished)
+        gone = [
+            {"name": p.name, "zone": p.zone, "state": p.state.value, "recorded": not dry} for p in vanished
+        ]
+        if not out.machine:
+            for p in vanished:
+                verdict = "would be recorded as gone" if dry else "recorded as gone"
+                out.out.print(f"slice {p.name} ({p.zone}) no longer exists; its ledger entry {verdict}")
         items = collector.find(zone)
         records = [i.to_dict() for i in items]
         columns = ("KIND", "NAME", "ZONE", "STATE", "TYPE", "WHY")
@@ -339,9 +352,9 @@ def gc(
         def rows() -> list[list[Any]]:
             return [[i.kind, i.name, i.zone, i.state, i.accelerator_type, i.reason] for i in items]
 
-        if is_dry_run(ctx, dry_run) or not items:
+        if dry or not items:
             if out.machine:
-                out.document(out.envelope(dry_run=is_dry_run(ctx, dry_run), gc=records, deleted=[]))
+                out.document(out.envelope(dry_run=dry, gc=records, deleted=[], gone=gone))
             elif not items:
                 out.out.print("nothing to collect")
             else:
@@ -357,7 +370,9 @@ def gc(
         if out.machine:
             out.document(
                 out.envelope(
-                    gc=[r.to_dict() for r in results], deleted=[r.item.name for r in results if r.deleted]
+                    gc=[r.to_dict() for r in results],
+                    deleted=[r.item.name for r in results if r.deleted],
+                    gone=gone,
                 )
             )
         else:

@@ -7,8 +7,14 @@
   ``tpuctl-owner=<owner>``) that no live ledger entry owns: left over by a tpuctl that was killed, or
   made from another machine's state dir. Another user's slices are never touched.
 
-``find()`` only reads; ``collect(items)`` deletes, retrying transient failures, and records each deletion
-in the ledger (a ``gc`` event, and ``deleted`` for the slices).
+The other way round, ``vanished()`` finds live ledger entries whose slice the cloud no longer has: a
+delete that landed before the tpuctl that sent it was killed could record it, or a slice deleted behind
+tpuctl's back. ``record_gone()`` ends them in the ledger (a ``gone`` event), so after one gc the ledger
+and the cloud agree. Entries still REQUESTED or QUEUED are left alone: their create may be on its way
+from another tpuctl.
+
+``find()`` and ``vanished()`` only read; ``collect(items)`` deletes, retrying transient failures, and
+records each deletion in the ledger (a ``gc`` event, and ``deleted`` for the slices).
 """
 
 from __future__ import annotations
@@ -29,12 +35,13 @@ from tpuctl.cloud.base import (
     QueuedResource,
 )
 from tpuctl.cloud.retry import RetryPolicy
-from tpuctl.errors import NotFoundError, TpuctlError
+from tpuctl.errors import CloudError, NotFoundError, TpuctlError
 from tpuctl.services.attempts import retrying
-from tpuctl.store.records import EventKind
+from tpuctl.store.records import EventKind, PodState
 
 if TYPE_CHECKING:
     from tpuctl.services.session import Session
+    from tpuctl.store.records import PodRecord
 
 DEAD_NODE_STATES = frozenset({"PREEMPTED", "TERMINATED"})
 DEAD_QUEUED_STATES = frozenset({"FAILED", "SUSPENDED"})
@@ -140,6 +147,35 @@ class GarbageCollector:
                 )
             )
         return items
+
+    def vanished(self, zone: str | None = None) -> list[PodRecord]:
+        """Live ledger entries of this backend and project whose slice the cloud no longer has: missing
+        from the listing, and a look at each one says not found (a listing may miss a zone)."""
+        where = validate_zone(zone) if zone else None
+        listed = {(n.zone, n.name) for n in self._cloud.list_nodes(where)}
+        backend, project = self._cloud.backend, self._cloud.project
+        out: list[PodRecord] = []
+        for pod in self._ledger.list_pods(alive=True, zone=where):
+            if pod.state in (PodState.REQUESTED, PodState.QUEUED) or (pod.zone, pod.name) in listed:
+                continue
+            if pod.backend not in (None, backend) or pod.project not in (None, project):
+                continue
+            try:
+                self._cloud.get_node(pod.zone, pod.name)
+            except NotFoundError:
+                out.append(pod)
+            except CloudError:
+                continue  # cannot tell now: the next gc looks again
+        return out
+
+    def record_gone(self, pods: Sequence[PodRecord]) -> None:
+        for pod in pods:
+            self._ledger.record_event(
+                EventKind.GONE,
+                pod=pod.name,
+                zone=pod.zone,
+                detail={"seen_by": "pod gc", "why": "missing from the listing and not found"},
+            )
 
     def _queued_reason(self, qr: QueuedResource) -> str | None:
         if qr.state == "FAILED":
