@@ -286,6 +286,47 @@ def _no_replica_slicing_on_cpu() -> None:
         absl_log.setLevel(level)
 
 
+# Restores read with a TensorStore context of their own. Orbax gives every array read the default context,
+# whose file I/O pool is 128 threads wide: each array's read becomes its own pread stream, and on a local
+# disk a dozen concurrent 16 MiB streams defeat the kernel's per-file readahead and contend on the page
+# cache (measured on the 2-core simulator box: a fresh 256 MiB step read back with the default in
+# 0.28 s and 0.24 s of CPU, with 2 streams in 0.22-0.26 s and 0.19 s of CPU; 1 stream loses the overlap
+# of one read's copy with the next read). Two streams keep the disk busy while the previous chunk is
+# copied out. The limit applies to the "file" kvstore only: gs:// reads go through GCS's own pool.
+_READ_FILE_IO_CONCURRENCY = 2
+
+
+class _ReadContextArrayHandler(ocp.type_handlers.TypeHandler):  # type: ignore[misc]  # orbax is untyped
+    """The registered ``jax.Array`` handler, reading with ``context`` instead of orbax's default.
+
+    Delegates everything to the handler registered for ``jax.Array`` at construction (orbax's, or the
+    CPU one from ``_no_replica_slicing_on_cpu``), so reads behave exactly as before apart from the
+    TensorStore context the arrays are opened with. Used only in the registry of the restore handler:
+    saves and anything else in the process keep the global registry.
+    """
+
+    def __init__(self, context: Any) -> None:
+        self._inner = ocp.type_handlers.get_type_handler(jax.Array)
+        self._context = context
+
+    def typestr(self) -> str:
+        return str(self._inner.typestr())
+
+    async def metadata(self, infos: Any) -> Any:
+        return await self._inner.metadata(infos)
+
+    async def serialize(self, values: Any, infos: Any, args: Any = None) -> Any:
+        return await self._inner.serialize(values, infos, args)
+
+    async def deserialize(self, infos: Any, args: Any = None) -> Any:
+        for info in infos:  # ParamInfos are made afresh for each restore call; nothing else sees them
+            info.ts_context = self._context
+        return await self._inner.deserialize(infos, args)
+
+    def __getattr__(self, name: str) -> Any:  # optional TypeHandler methods (memory_size, finalize, ...)
+        return getattr(self._inner, name)
+
+
 class Checkpointer:
     """Periodic, asynchronous, verified checkpoints of a train state in ``directory``.
 
@@ -328,6 +369,10 @@ class Checkpointer:
         await_cleanup = getattr(self._manager, "_maybe_await_cleanup_tmp_directory", None)
         if callable(await_cleanup):
             await_cleanup()
+        read_context = ocp.type_handlers.get_ts_context(
+            use_ocdbt=True, file_io_concurrency_limit=_READ_FILE_IO_CONCURRENCY)
+        self._read_registry = ocp.type_handlers.create_type_handler_registry(
+            (jax.Array, _ReadContextArrayHandler(read_context)))
 
     # Saving ---------------------------------------------------------------------------------------
 
@@ -382,16 +427,27 @@ class Checkpointer:
         try:
             step_dir = self._step_dir(step)
             verify = ocp.JsonCheckpointHandler().restore(step_dir / VERIFY_ITEM, args=ocp.args.JsonRestore())
-            handler = ocp.StandardCheckpointHandler()
             # Shapes and dtypes first, from the small metadata file: a clear reason, and no doomed read
             # of every array (which also leaves orbax's reader tasks failing noisily in the background).
-            mismatch = _layout_mismatch(handler.metadata(step_dir / STATE_ITEM), target)
+            stored = ocp.StandardCheckpointHandler().metadata(step_dir / STATE_ITEM)
+            mismatch = _layout_mismatch(stored, target)
             if mismatch is not None:
                 return None, None, mismatch
-            state = handler.restore(step_dir / STATE_ITEM, args=ocp.args.StandardRestore(_abstract(target)))
+            state = self._restore_state(step_dir / STATE_ITEM, _abstract(target))
             return state, verify, None
         except Exception as exc:  # any failure to read means this step is not usable
             return None, None, _short(exc)
+
+    def _restore_state(self, directory: epath.Path, abstract: PyTree) -> PyTree:
+        if all(getattr(x, "sharding", None) is not None for x in jax.tree.leaves(abstract)):
+            # StandardRestore's arguments for a target whose leaves all carry a sharding (every leaf read
+            # as a jax.Array), on a handler with the registry that reads with our TensorStore context.
+            handler = ocp.PyTreeCheckpointHandler(type_handler_registry=self._read_registry)
+            return handler.restore(directory, args=ocp.args.PyTreeRestore(
+                item=abstract, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract)))
+        # A leaf without a sharding takes its saved sharding from the checkpoint's metadata (or comes back
+        # as numpy): StandardRestore's own logic, with orbax's registry and context.
+        return ocp.StandardCheckpointHandler().restore(directory, args=ocp.args.StandardRestore(abstract))
 
     def _verify(self, step: int, state: PyTree, verify: Any) -> str | None:
         if not isinstance(verify, dict) or verify.get("format") != _VERIFY_FORMAT:
