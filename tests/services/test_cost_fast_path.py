@@ -1,7 +1,9 @@
-"""The report's fast path (closed slices summed from the billing facts the view function stored) gives
-exactly what the interval arithmetic over every slice gives, for every aggregate grouping and window,
-on a random ledger with open slices, window cuts, price changes (within a day and across midnight),
-free and paid preemptions, quota held after preemption and unpriced slices."""
+"""The report's fast path (closed slices summed from the billing facts the view function stored; slice
+and run groups computed in SQL) gives exactly what the interval arithmetic over every slice gives, for
+every grouping and window, on a random ledger with open slices, window cuts, price changes (within a day
+and across midnight), free and paid preemptions, quota held after preemption, unpriced slices, runs that
+created slices, runs on slices they did not create, and recomputed steps; and a --limit keeps the
+costliest groups of that same report."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from tpuctl.catalog import CapacityType, Catalog
 from tpuctl.services.cost import CostService, parse_group_by
 from tpuctl.services.prices import PriceSource
 from tpuctl.store.ledger import Ledger
-from tpuctl.store.records import EventKind, NewEvent
+from tpuctl.store.records import EventKind, NewEvent, SegmentKind
 from tpuctl.store.schema import ROLLUP_CHECK_SQL
 
 T0 = 1_800_000_000.0  # 2027-01-15T08:00:00Z
@@ -28,6 +30,8 @@ TYPES = (("v5litepod-8", 8), ("v5litepod-64", 64), ("v6e-16", 16))
 def _ledger(path: Path, seed: int) -> Path:
     rng = random.Random(seed)
     events: list[NewEvent] = []
+    runs = [f"r{i}" for i in range(12)]  # r11 has no runs row: its slices name a run the ledger lacks
+    segments: list[tuple[str, str, str, float, float, int, int]] = []
     for n in range(300):
         zone = rng.choice(ZONES)
         accel, chips = rng.choice(TYPES)
@@ -35,9 +39,11 @@ def _ledger(path: Path, seed: int) -> Path:
         price = None if rng.random() < 0.05 else rng.choice((0.245, 1.2, 3.22))
         ready = T0 + rng.uniform(-3 * DAY, 3 * DAY)
         common: dict[str, Any] = {"pod": f"s{n}", "zone": zone}
+        run_id = rng.choice(runs) if rng.random() < 0.5 else None
         events.append(
             NewEvent(EventKind.REQUESTED, accelerator_type=accel, chips=chips, capacity=capacity,
-                     price_per_chip_hour=price, labels={"team": rng.choice("ab")}, ts=ready - 60, **common)
+                     price_per_chip_hour=price, labels={"team": rng.choice("ab")}, ts=ready - 60,
+                     run_id=run_id, **common)
         )  # fmt: skip
         events.append(NewEvent(EventKind.READY, ts=ready, **common))
         life = rng.choice((30.0, 45.0, 90.0, rng.expovariate(1 / 20000.0), rng.uniform(DAY, 2.5 * DAY)))
@@ -49,6 +55,15 @@ def _ledger(path: Path, seed: int) -> Path:
                          ts=ready + life * rng.random(), **common)
             )  # fmt: skip
         end = ready + life
+        if rng.random() < 0.3:
+            # A run's segment on the slice (its own or, --pod, one it did not create), over part of its
+            # life or past its end, sometimes redoing steps lost at a preemption.
+            start = ready + rng.uniform(-600, life * 0.5)
+            completed = rng.randint(1, 400)
+            recomputed = rng.choice((0, 0, rng.randint(0, completed)))
+            segment_run = run_id if run_id in runs[:11] else rng.choice(runs[:11])
+            segments.append((segment_run, f"s{n}", zone, start,
+                             start + rng.uniform(60, life + 1200), completed, recomputed))  # fmt: skip
         if end > T0 + 3.5 * DAY or rng.random() < 0.05:
             continue  # still open at report time
         if capacity != "on-demand" and rng.random() < 0.4:
@@ -61,6 +76,11 @@ def _ledger(path: Path, seed: int) -> Path:
     with Ledger(path) as ledger:
         ledger.record_events_bulk(events)
         assert ledger.check_view() == []
+        for run in runs[:11]:
+            ledger.create_run(run, script=f"{run}.py", ts=T0 - 4 * DAY)
+        for run, pod, zone, start, end, completed, recomputed in segments:
+            seg = ledger.add_segment(run, SegmentKind.RUNNING, start=start, pod=pod, zone=zone)
+            ledger.close_segment(seg, end=end, steps_completed=completed, steps_recomputed=recomputed)
         db = ledger.path
     conn = sqlite3.connect(db)
     try:  # the rollup the triggers kept is what the pods view sums to
@@ -103,7 +123,7 @@ def test_fast_path_equals_interval_arithmetic(tmp_path: Path, seed: int) -> None
     def service(fast: bool) -> CostService:
         return CostService(db, catalog, source, clock=lambda: now, workers=1, fast=fast)
 
-    for group in ("zone", "region", "type", "capacity", "day", "label:team"):
+    for group in ("slice", "run", "zone", "region", "type", "capacity", "day", "label:team"):
         for since, until in WINDOWS:
             fast, slow = (
                 service(f).report(since=since, until=until, group_by=parse_group_by(group)).to_dict()
@@ -111,3 +131,38 @@ def test_fast_path_equals_interval_arithmetic(tmp_path: Path, seed: int) -> None
             )
             assert _rounded(fast) == _rounded(slow), (group, since, until)
             assert fast["totals"]["cost_usd"] > 0
+            assert fast["groups_total"] == len(fast["groups"]) > 0
+            if group in ("slice", "run"):
+                # The ledger exercises what these groupings add: waste, and runs' shares of slices.
+                assert fast["totals"]["recomputed_usd"] > 0 and fast["totals"]["quota_held_usd"] > 0
+    runs = {g["key"]: g for g in service(True).report(group_by=parse_group_by("run")).to_dict()["groups"]}
+    assert runs["r3"]["status"] == "pending" and runs["r3"]["program"] == "r3.py"
+    assert "status" not in runs["r11"]  # slices name it, the runs table does not: no run facts
+    assert runs["(none)"]["slices"] > 0
+
+
+@pytest.mark.parametrize("group", ["slice", "run", "zone", "day"])
+def test_limit_keeps_the_costliest_groups_of_the_same_report(tmp_path: Path, group: str) -> None:
+    db = _ledger(tmp_path / "state", 3)
+    catalog = Catalog.load()
+    source = PriceSource(catalog.prices.source, catalog.prices.date, cached=False)
+    now = T0 + 4 * DAY
+    since = T0 - 1.5 * DAY + 1234.5
+    n = 2
+    for fast in (True, False):
+        service = CostService(db, catalog, source, clock=lambda: now, workers=1, fast=fast)
+        full = service.report(since=since, group_by=parse_group_by(group)).to_dict()
+        top = service.report(since=since, group_by=parse_group_by(group), limit=n).to_dict()
+        assert top["limit"] == n and full["limit"] is None
+        assert top["groups_total"] == full["groups_total"] == len(full["groups"]) > n
+        assert (top["totals"], top["by_day"]) == (full["totals"], full["by_day"])  # every group counts
+        costliest = sorted(full["groups"], key=lambda g: (-g["cost_usd"], full["groups"].index(g)))[:n]
+        if group == "day":
+            assert top["groups"] == [g for g in full["groups"] if g in costliest]  # in date order
+            assert [g["key"] for g in top["groups"]] == sorted(g["key"] for g in top["groups"])
+        else:
+            assert top["groups"] == full["groups"][:n] == costliest  # most expensive first
+        costs = [g["cost_usd"] for g in full["groups"]]
+        if group != "day":
+            assert costs == sorted(costs, reverse=True)
+        assert service.report(since=since, group_by=parse_group_by(group), limit=0).to_dict() == full

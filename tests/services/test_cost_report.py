@@ -63,8 +63,10 @@ def report(ledger: Ledger) -> Callable[..., CostReport]:
     catalog = Catalog.load()
     source = PriceSource(catalog.prices.source, catalog.prices.date, cached=False)
 
-    def run(*, now: float = T0 + DAY, group_by: str | None = None, **kwargs: Any) -> CostReport:
-        service = CostService(ledger.path, catalog, source, clock=lambda: now)
+    def run(
+        *, now: float = T0 + DAY, group_by: str | None = None, fast: bool = True, **kwargs: Any
+    ) -> CostReport:
+        service = CostService(ledger.path, catalog, source, clock=lambda: now, fast=fast)
         return service.report(group_by=parse_group_by(group_by), **kwargs)
 
     return run
@@ -273,15 +275,67 @@ def test_group_by_zone_region_type_capacity_and_label(
     }  # fmt: skip
 
 
-def test_groups_are_sorted_by_cost_and_slices_by_ready_time(
-    ledger: Ledger, report: Callable[..., CostReport]
+@pytest.mark.parametrize("fast", [True, False])
+def test_groups_are_sorted_by_cost_then_slices_by_ready_time(
+    ledger: Ledger, report: Callable[..., CostReport], fast: bool
 ) -> None:
-    slice_life(ledger, "late", ready=T0 + 600, end=T0 + 4200)
     slice_life(ledger, "early", ready=T0, end=T0 + 60 * 5)
-    assert [g["name"] for g in report().to_dict()["groups"]] == ["early", "late"]
+    slice_life(ledger, "late", ready=T0 + 600, end=T0 + 4200)  # an hour: costs more than early's 5 min
+    slice_life(ledger, "twin-b", ready=T0 + 120, end=T0 + 120 + 60 * 5)  # costs what early costs
+    rep = report(fast=fast)
+    assert [g["name"] for g in rep.to_dict()["groups"]] == ["late", "early", "twin-b"]
+    assert [g["cost_usd"] for g in rep.to_dict()["groups"]] == [15.68, 1.306667, 1.306667]
     slice_life(ledger, "big", ready=T0, end=T0 + 3600, zone="us-east1-c")
     slice_life(ledger, "small", ready=T0, end=T0 + 60, zone="us-west4-a")
     assert [g.key for g in report(group_by="zone").lines] == ["us-central1-a", "us-east1-c", "us-west4-a"]
+
+
+@pytest.mark.parametrize("group_by", [None, "run", "zone"])
+@pytest.mark.parametrize("fast", [True, False])
+def test_limit_keeps_the_costliest_groups_and_totals_cover_all(
+    ledger: Ledger, report: Callable[..., CostReport], group_by: str | None, fast: bool
+) -> None:
+    for i, (zone, hours) in enumerate([(Z, 1), ("us-east1-c", 3), ("us-west4-a", 2), (Z, 0.5)]):
+        ledger.create_run(f"r{i}", script="t.py", ts=T0 - 100)
+        slice_life(ledger, f"s{i}", ready=T0, end=T0 + hours * 3600, zone=zone, chips=8,
+                   accel="v5litepod-8", run_id=f"r{i}")  # fmt: skip
+
+    full = report(group_by=group_by, fast=fast)
+    top = report(group_by=group_by, fast=fast, limit=2)
+
+    groups = 3 if group_by == "zone" else 4
+    assert (full.groups_total, len(full.groups), full.limit) == (groups, groups, None)
+    assert (top.groups_total, len(top.groups), top.limit) == (full.groups_total, 2, 2)
+    assert top.groups == full.groups[:2]
+    # 3 h, 2 h, then 1 h + 0.5 h in us-central1-a
+    costs = {"run": ["r1", "r2"], "zone": ["us-east1-c", "us-west4-a"]}.get(str(group_by))
+    if costs is not None:
+        assert [g["key"] for g in top.groups] == costs
+    else:
+        assert [g["name"] for g in top.groups] == ["s1", "s2"]  # 3 h and 2 h of 8 x 0.245
+    assert [g["cost_usd"] for g in full.groups] == sorted((g["cost_usd"] for g in full.groups), reverse=True)
+    assert top.to_dict()["totals"] == full.to_dict()["totals"]  # totals are over every group
+    assert full.totals.cost_usd == pytest.approx(8 * 0.245 * 6.5)
+    rest = top.omitted
+    assert rest is not None and full.omitted is None
+    assert rest.cost_usd == pytest.approx(full.totals.cost_usd - sum(g["cost_usd"] for g in top.groups))
+    assert report(group_by=group_by, fast=fast, limit=0).to_dict() == full.to_dict()
+
+
+def test_limit_on_days_keeps_the_costliest_days_in_date_order(
+    ledger: Ledger, report: Callable[..., CostReport]
+) -> None:
+    midnight = (T0 // DAY + 1) * DAY
+    for day, hours in enumerate([1, 4, 2]):
+        slice_life(ledger, f"d{day}", ready=midnight + day * DAY, end=midnight + day * DAY + hours * 3600)
+    rep = report(group_by="day", now=midnight + 4 * DAY, limit=2)
+    assert [g["key"] for g in rep.groups] == ["2027-01-17", "2027-01-18"]  # 4 h and 2 h, by date
+    assert rep.groups_total == 3
+
+
+def test_a_negative_limit_is_refused(report: Callable[..., CostReport]) -> None:
+    with pytest.raises(ValueError, match="limit"):
+        report(limit=-1)
 
 
 def test_name_reused_after_delete_is_a_separate_slice(
@@ -362,9 +416,10 @@ def test_json_document_schema(ledger: Ledger, report: Callable[..., CostReport])
     doc = report(group_by="zone", since=T0 - 3600).to_dict()
 
     assert list(doc) == [
-        "window", "group_by", "currency", "prices", "totals", "groups", "by_day", "untracked", "reconciled",
-        "warnings",
+        "window", "group_by", "currency", "prices", "totals", "groups_total", "limit", "groups", "by_day",
+        "untracked", "reconciled", "warnings",
     ]  # fmt: skip
+    assert (doc["groups_total"], doc["limit"]) == (1, None)
     assert doc["window"] == {
         "since": "2027-01-15T07:00:00Z", "until": "2027-01-16T08:00:00Z", "now": "2027-01-16T08:00:00Z",
     }  # fmt: skip

@@ -145,8 +145,9 @@ def test_migration_from_v1_backfills_the_facts(tmp_path: Path) -> None:
         db = ledger.path
     # Make it a v1 ledger: the columns v2 added, and the v3/v4 indexes and rollup over them, are not there.
     conn = sqlite3.connect(db)
-    for index in ("pods_closed", "pods_preempted", "pods_ended", "pods_crossing"):
+    for index in ("pods_closed", "pods_preempted", "pods_ended", "pods_crossing", *_V5_INDEXES):
         conn.execute(f"DROP INDEX {index}")
+    conn.execute("CREATE INDEX pods_run ON pods (run_id) WHERE run_id IS NOT NULL")  # as v1 made it
     conn.execute("DROP TRIGGER pods_rollup_insert")
     conn.execute("DROP TRIGGER pods_rollup_close")
     conn.execute("DROP TABLE cost_rollup")
@@ -160,6 +161,42 @@ def test_migration_from_v1_backfills_the_facts(tmp_path: Path) -> None:
         assert ledger.check_view() == []
         assert round(_facts(ledger, "spot90")[3] / 3600, 6) == 23.52
         _assert_rollup_matches_pods(ledger)
+
+
+_V5_INDEXES = ("pods_run", "pods_norun", "run_segments_pod", "run_segments_recomputed")
+
+
+def _indexes(db: Path) -> dict[str, list[str]]:
+    conn = sqlite3.connect(db)
+    try:
+        names = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")]
+        return {n: [r[2] for r in conn.execute(f"PRAGMA index_info({n})")] for n in names}
+    finally:
+        conn.close()
+
+
+def test_migration_from_v4_adds_the_report_indexes(tmp_path: Path) -> None:
+    events = [e for evs, _s, _usd in CASES.values() for e in evs]
+    with Ledger(tmp_path / "s") as ledger:
+        ledger.record_events_bulk(events)
+        db = ledger.path
+    conn = sqlite3.connect(db)  # back to v4: v5 added three indexes and widened pods_run
+    for index in _V5_INDEXES:
+        conn.execute(f"DROP INDEX {index}")
+    conn.execute("CREATE INDEX pods_run ON pods (run_id) WHERE run_id IS NOT NULL")
+    conn.execute("PRAGMA user_version = 4")
+    conn.commit()
+    conn.close()
+    assert _indexes(db)["pods_run"] == ["run_id"]
+
+    with Ledger(tmp_path / "s") as ledger:
+        assert ledger.schema_version == schema_module.SCHEMA_VERSION == 5
+        assert ledger.check_view() == []
+    indexes = _indexes(db)
+    assert indexes["pods_run"][:3] == ["run_id", "ready_at", "ended_at"]  # covers billing a slice
+    assert indexes["pods_norun"][:2] == ["zone", "name"] and "price_per_chip_hour" in indexes["pods_norun"]
+    assert indexes["run_segments_pod"] == ["zone", "pod"]
+    assert "steps_recomputed" in indexes["run_segments_recomputed"]
 
 
 def _assert_rollup_matches_pods(ledger: Ledger) -> None:

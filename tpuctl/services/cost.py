@@ -56,7 +56,7 @@ from tpuctl.store.records import LedgerError
 #: A spot/preemptible slice preempted within this many seconds of READY is not charged.
 FREE_PREEMPTION_S: Final = 60.0
 #: The ledger schema version these queries are written for.
-KNOWN_SCHEMA: Final = 4
+KNOWN_SCHEMA: Final = 5
 GROUP_BY_CHOICES: Final = ("slice", "run", "zone", "region", "type", "capacity", "day", "label:KEY")
 _LABEL_KEY_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 _DURATION_PART_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*(w|d|h|m|s)")
@@ -241,19 +241,52 @@ def _r(value: float) -> float:
 
 @dataclass
 class CostReport:
+    """A report. ``groups`` are the group records (``CostLine.to_dict`` shape, figures rounded), in report
+    order: most expensive first (then by key; slices by READY time, then id), days in date order. With a
+    ``limit`` they are the ``limit`` costliest of ``groups_total``; totals and per-day figures always
+    cover every group."""
+
     group_by: GroupBy
     since: float | None
     until: float
     now: float
-    lines: list[CostLine]
+    groups: list[dict[str, Any]]
     totals: CostLine
     by_day: list[dict[str, Any]]
     preemptions: int
     free_preemptions: int
     prices: PriceSource
+    groups_total: int = 0
+    limit: int | None = None
     warnings: list[str] = field(default_factory=list)
     untracked: list[dict[str, Any]] = field(default_factory=list)
     reconciled: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def lines(self) -> list[CostLine]:
+        """The groups as ``CostLine`` objects (with their rounded figures)."""
+        figures = set(_FIGURE_FIELDS) | {"key", "waste_usd"}
+        return [
+            CostLine(
+                str(g["key"]),
+                **{name: g[name] for name in _FIGURE_FIELDS},
+                info={k: v for k, v in g.items() if k not in figures},
+            )
+            for g in self.groups
+        ]
+
+    @property
+    def omitted(self) -> CostLine | None:
+        """What the groups a --limit left out add up to (totals less the groups shown), or None."""
+        if self.groups_total <= len(self.groups):
+            return None
+        rest = CostLine(f"{self.groups_total - len(self.groups)} more")
+        rest.add(self.totals)
+        for g in self.groups:
+            for name in _FIGURE_FIELDS[1:]:  # not slices: a slice may count in several groups
+                setattr(rest, name, getattr(rest, name) - g[name])
+        rest.slices = 0
+        return rest
 
     def to_dict(self) -> dict[str, Any]:
         """The ``cost report -o json`` document body (schema in the README's Cost section)."""
@@ -276,7 +309,9 @@ class CostReport:
                 "catalog": self.prices.to_dict(),
             },
             "totals": totals,
-            "groups": [line.to_dict() for line in self.lines],
+            "groups_total": self.groups_total,
+            "limit": self.limit,
+            "groups": self.groups,
             "by_day": self.by_day,
             "untracked": self.untracked,
             "reconciled": self.reconciled,
@@ -284,11 +319,23 @@ class CostReport:
         }
 
     def csv_rows(self) -> list[list[Any]]:
-        rows = []
-        for line in self.lines:
-            d = line.to_dict()
-            rows.append([self.group_by.name, *(d[c] for c in CSV_COLUMNS[1:])])
-        return rows
+        name = self.group_by.name
+        columns = CSV_COLUMNS[1:]
+        return [[name, *(g[c] for c in columns)] for g in self.groups]
+
+
+#: CostLine's figures, as constructor arguments (waste_usd is derived).
+_FIGURE_FIELDS: Final = (
+    "slices",
+    "billed_hours",
+    "chip_hours",
+    "cost_usd",
+    "on_demand_usd",
+    "spot_savings_usd",
+    "recomputed_usd",
+    "quota_held_chip_hours",
+    "quota_held_usd",
+)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -377,14 +424,14 @@ SELECT p.id, MAX(p.ended_at, :since), MIN(COALESCE(p.deleted_at, :now), :until),
 FROM pods AS p WHERE p.end_reason = 'preempted' AND p.chips IS NOT NULL"""
 
 
-def _segment_source(condition: str, weight: str) -> str:
-    """Billed intervals cut to the run segments that ran on them (driven from the segments, through the
-    ``pods_name`` index; price-changed slices through their pieces)."""
+def _segment_source(condition: str, weight: str, source: str) -> str:
+    """Billed intervals cut to the run segments that ran on them (``source`` joins run_segments rs to pods
+    p, in the order the condition's index makes cheap; price-changed slices through their pieces)."""
     seg = "MAX({s}, rs.started_at), MIN({e}, COALESCE(rs.ended_at, :now))"
     return f"""
 SELECT p.id, {seg.format(s="MAX(p.ready_at, :since)", e="MIN(COALESCE(p.ended_at, :now), :until)")},
        p.price_per_chip_hour, {weight}, rs.run_id, {_ATTRS}
-FROM run_segments AS rs JOIN pods AS p ON p.name = rs.pod AND p.zone = rs.zone
+FROM {source}
 WHERE {condition} AND {_BILLED_POD} AND {_UNCHANGED}
 UNION ALL
 SELECT p.id, {seg.format(s="x.s", e="x.e")}, x.price, {weight}, rs.run_id, {_ATTRS}
@@ -392,10 +439,21 @@ FROM run_segments AS rs JOIN pods AS p ON p.name = rs.pod AND p.zone = rs.zone J
 WHERE {condition}"""
 
 
-#: Billed time of slices no run created, attributed to the runs whose segments ran on them.
-_SRC_SEGMENT_RUNS: Final = _segment_source("p.run_id IS NULL", "1.0")
-#: The recomputed share of billed time, from the segments that recomputed steps.
-_SRC_RECOMPUTED: Final = _segment_source("rs.steps_recomputed > 0", recompute_fraction_sql("rs"))
+#: Billed time of slices no run created, attributed to the runs whose segments ran on them: from those
+#: slices (partial index pods_norun) to their segments (run_segments_pod), not from every segment.
+_SRC_SEGMENT_RUNS: Final = _segment_source(
+    "p.run_id IS NULL",
+    "1.0",
+    "pods AS p INDEXED BY pods_norun CROSS JOIN run_segments AS rs ON rs.zone = p.zone AND rs.pod = p.name",
+)
+#: The recomputed share of billed time, from the segments that recomputed steps (a partial index: most
+#: segments redo nothing, and a report should not read them all to find that out).
+_SRC_RECOMPUTED: Final = _segment_source(
+    "rs.steps_recomputed > 0",
+    recompute_fraction_sql("rs"),
+    "run_segments AS rs INDEXED BY run_segments_recomputed CROSS JOIN pods AS p "
+    "ON p.name = rs.pod AND p.zone = rs.zone",
+)
 
 #: UTC days: the first day of every interval comes straight out; only intervals that cross midnight
 #: recurse for the days after.
@@ -433,12 +491,12 @@ def _aggregate_sql(source: str, group: GroupBy, *, count: bool = False) -> str:
 WITH RECURSIVE {_CHANGE_CTES},
 src({_IV_COLUMNS}) AS ({source}),
 {split}
-SELECT {_key_sql(group, "iv")} AS k, iv.zone, iv.atype, iv.capacity,
-       {"COUNT(DISTINCT iv.id)" if count else "0"},
-       SUM((iv.e - iv.s) * iv.w),
-       SUM(iv.chips * (iv.e - iv.s) * iv.w),
-       SUM(iv.chips * (iv.e - iv.s) * iv.w * iv.price),
-       SUM(CASE WHEN iv.price IS NULL THEN iv.chips * (iv.e - iv.s) * iv.w ELSE 0 END)
+SELECT {_key_sql(group, "iv")} AS k, iv.zone AS zone, iv.atype AS atype, iv.capacity AS capacity,
+       {"COUNT(DISTINCT iv.id)" if count else "0"} AS slices,
+       SUM((iv.e - iv.s) * iv.w) AS s,
+       SUM(iv.chips * (iv.e - iv.s) * iv.w) AS cs,
+       SUM(iv.chips * (iv.e - iv.s) * iv.w * iv.price) AS priced,
+       SUM(CASE WHEN iv.price IS NULL THEN iv.chips * (iv.e - iv.s) * iv.w ELSE 0 END) AS unpriced
 FROM iv
 WHERE iv.e > iv.s
 GROUP BY 1, 2, 3, 4"""
@@ -476,9 +534,11 @@ def _own_sql(group: GroupBy) -> str:
     segment query). NULLs are kept out of the list: NOT IN a list holding a NULL is NULL."""
     if group.kind != "run":
         return "1"
+    # NOT EXISTS through run_segments_pod: a look-up for each slice no run created, where a NOT IN list
+    # would be built from every segment on each use.
     return (
-        "(p.run_id IS NOT NULL OR p.zone || '/' || p.name NOT IN "
-        "(SELECT zone || '/' || pod FROM run_segments WHERE zone IS NOT NULL AND pod IS NOT NULL))"
+        "(p.run_id IS NOT NULL OR NOT EXISTS (SELECT 1 FROM run_segments AS rs "
+        "WHERE rs.zone = p.zone AND rs.pod = p.name))"
     )
 
 
@@ -516,17 +576,22 @@ WHERE {_BILLED_POD}
 
 def _pods_held_sql(group: GroupBy, source: str = _ALL_PODS) -> str:
     """Quota held after preemption (preempted until deleted, or until now), per group; a slice only
-    holding quota in the window (not billed in it) counts as a slice of its group here."""
+    holding quota in the window (not billed in it) counts as a slice of its group here.
+
+    Grouped before the UPSERT: one upsert per preempted slice cost more than the rest of the query (tens
+    of thousands of them), and pods_preempted hands the rows over in (zone, type, capacity) order."""
     held = f"({_HELD_S})"
     columns = ("slices", "seen", "hcs", "hpriced", "hunpriced")
     return f"""
 INSERT INTO cost_agg (k, zone, atype, capacity, day0, {", ".join(columns)})
 SELECT {_GROUP_COLUMNS.format(k=_key_sql(group, "p"))}, -1,
-       CASE WHEN {_BILLED_POD} THEN 0 ELSE {_own_sql(group)} END, CASE WHEN {_BILLED_POD} THEN 0 ELSE 1 END,
-       p.chips * {held}, COALESCE(p.chips * {held} * p.price_per_chip_hour, 0),
-       CASE WHEN p.price_per_chip_hour IS NULL THEN p.chips * {held} ELSE 0 END
+       SUM(CASE WHEN {_BILLED_POD} THEN 0 ELSE {_own_sql(group)} END),
+       SUM(CASE WHEN {_BILLED_POD} THEN 0 ELSE 1 END),
+       SUM(p.chips * {held}), SUM(COALESCE(p.chips * {held} * p.price_per_chip_hour, 0)),
+       SUM(CASE WHEN p.price_per_chip_hour IS NULL THEN p.chips * {held} ELSE 0 END)
 FROM {source}
 WHERE {_PART} AND p.end_reason = 'preempted' AND p.chips IS NOT NULL AND {held} > 0
+GROUP BY 1, 2, 3, 4
 {_upsert(columns)}"""
 
 
@@ -649,11 +714,15 @@ days(zone, atype, capacity, chips, price, s, e, pe) AS (
     SELECT zone, atype, capacity, chips, price, e, MIN(pe, e + 86400.0), pe FROM days WHERE e < pe
 )
 INSERT INTO cost_days (day, zone, atype, capacity, slices, s, cs, priced, unpriced)
-SELECT CAST(s / 86400 AS INTEGER), zone, COALESCE(atype, :null_key), COALESCE(capacity, :null_key), 1,
-       e - s, chips * (e - s), chips * (e - s) * price,
-       CASE WHEN price IS NULL THEN chips * (e - s) ELSE 0 END
+SELECT CAST(s / 86400 AS INTEGER), zone, COALESCE(atype, :null_key), COALESCE(capacity, :null_key),
+       COUNT(*), SUM(e - s), SUM(chips * (e - s)),
+       -- TOTAL, not SUM: a day's unpriced piece must not make its priced sum NULL
+       TOTAL(chips * (e - s) * price), SUM(CASE WHEN price IS NULL THEN chips * (e - s) ELSE 0 END)
 FROM days WHERE 1
-ON CONFLICT (day, zone, atype, capacity) DO UPDATE SET slices = slices + 1, s = s + excluded.s,
+-- Grouped before the UPSERT: one upsert per day of every midnight-crossing slice cost more than the
+-- recursion itself.
+GROUP BY 1, 2, 3, 4
+ON CONFLICT (day, zone, atype, capacity) DO UPDATE SET slices = slices + excluded.slices, s = s + excluded.s,
     cs = cs + excluded.cs, priced = priced + excluded.priced, unpriced = unpriced + excluded.unpriced"""
 
 
@@ -807,7 +876,13 @@ class CostService:
         until: float | None = None,
         group_by: GroupBy | None = None,
         with_days: bool = True,
+        limit: int | None = None,
     ) -> CostReport:
+        """The report over ``[since, until)`` (until defaults to now). ``limit``: keep only the ``limit``
+        costliest groups (None or 0: all); totals and per-day figures still cover every group."""
+        if limit is not None and limit < 0:
+            raise ValueError(f"limit must be >= 0, got {limit}")
+        limit = limit or None
         now = self._clock()
         end = now if until is None else until
         group = group_by or GroupBy("slice")
@@ -822,29 +897,104 @@ class CostService:
             )
             params["price_changes"] = json.dumps([c for c in changes if c[0] is not None])
             self._changes = bool(changes)
-            lines, by_day, counts = self._lines(reader, group, params, warnings, with_days=with_days)
-            if group.kind == "slice":
-                self._slice_info(reader, lines)
-            elif group.kind == "run":
-                self._run_info(reader, lines)
+            if self._fast and group.kind in ("slice", "run"):
+                groups, groups_total, by_day, counts, totals = self._item_report(
+                    reader, group, params, warnings, with_days=with_days, limit=limit
+                )
+            else:
+                lines, by_day, counts = self._lines(reader, group, params, warnings, with_days=with_days)
+                if group.kind == "slice":
+                    self._slice_info(reader, lines)
+                elif group.kind == "run":
+                    self._run_info(reader, lines)
+                totals = CostLine("total")
+                for line in lines:
+                    totals.add(line)
+                groups_total = len(lines)
+                groups = [line.to_dict() for line in _limited(group, lines, limit)]
         preemptions, free, total_slices = counts
-        totals = CostLine("total")
-        for line in lines:
-            totals.add(line)
+        totals.key = "total"
         totals.slices = total_slices
         return CostReport(
             group_by=group,
             since=since,
             until=end,
             now=now,
-            lines=lines,
+            groups=groups,
             totals=totals,
             by_day=by_day,
             preemptions=int(preemptions),
             free_preemptions=int(free),
             prices=self._prices,
+            groups_total=groups_total,
+            limit=limit,
             warnings=_dedupe(warnings),
         )
+
+    def _item_report(
+        self,
+        reader: LedgerReader,
+        group: GroupBy,
+        params: dict[str, Any],
+        warnings: list[str],
+        *,
+        with_days: bool,
+        limit: int | None,
+    ) -> tuple[list[dict[str, Any]], int, list[dict[str, Any]], tuple[int, int, int], CostLine]:
+        """Slice and run groups on the fast path (``cost_items``): (groups, how many in all, by_day,
+        counts, totals). Totals, per-day spend and counts come from the aggregate fast path grouped by
+        nothing, which leaves its temp tables (the combinations priced, the price pieces) for the groups'
+        one pass over ``pods``."""
+        from tpuctl.services import cost_items as items
+
+        # Recomputed work is added below, per group, and summed into the totals from the same rows.
+        lines, by_day, counts = self._lines(
+            reader, GroupBy("total"), params, warnings, with_days=with_days, recomputed=False
+        )
+        totals = lines[0] if lines else CostLine("total")
+        for statement in items.PREPARE:
+            reader.execute(statement, {})
+        items.fill_prices(reader, items.combos(reader), self._combo_prices)
+        if self._changes:
+            reader.execute(items.pieces_sql(f"WITH {_CHANGE_CTES} {_SRC_CHANGED}"), params)
+        if self._segments:
+            rec = _aggregate_sql(_SRC_RECOMPUTED, group)
+            reader.execute(items.adj_sql(rec, recomputed=True), params)
+            for r in reader.query(
+                "SELECT zone, atype, capacity, SUM(rpriced), SUM(runpriced) FROM cost_item_adj "
+                "GROUP BY 1, 2, 3",
+                {},
+            ):
+                sub = _Sub(None, r[0], _unnull(r[1]), _unnull(r[2]), 0, 0.0, 0.0, float(r[3]), float(r[4]))
+                totals.recomputed_usd += self._usd(sub, warnings)
+            reader.execute(items.REC_SQL, {})
+            if group.kind == "run":
+                # Slices no run created are billed to the runs that ran on them, for the time they did;
+                # the rest of their time stays with "(none)".
+                runs = _aggregate_sql(_SRC_SEGMENT_RUNS, group, count=True)
+                reader.execute(f"CREATE TEMP TABLE cost_seg AS {runs}", params)
+                reader.execute(items.adj_sql("SELECT * FROM cost_seg", recomputed=False), params)
+                reader.execute(items.adj_sql("SELECT * FROM cost_seg", recomputed=False, sign="-"), params)
+        bound = {**params, "limit": limit if limit is not None else -1}
+        ranked = limit is not None
+        if group.kind == "slice":
+            if ranked:
+                reader.execute(items.SLICE_RANK_SQL, bound)
+            groups = items.slice_records(reader.query(items.slice_sql(ranked=ranked), bound))
+            # One group per slice billed or holding quota in the window: what the aggregate pass counted.
+            total = counts[2]
+        else:
+            reader.execute(items.NONE_SQL, bound)
+            if ranked:
+                for statement in items.RUN_RANK_SQL:
+                    reader.execute(statement, bound)
+            groups = items.run_records(reader.query(items.run_sql(ranked=ranked), bound))
+            total = int(reader.query("SELECT COUNT(*) FROM cost_runs", {})[0][0]) if ranked else len(groups)
+        return groups, total, by_day, counts, totals
+
+    def _combo_prices(self, zone: str, atype: str, capacity: str) -> tuple[float | None, float | None]:
+        """(own, on-demand) catalog prices per chip-hour of a temp-table combination (NULLs as _NULL_KEY)."""
+        return self._catalog_prices(_unnull(atype), zone, _unnull(capacity))
 
     def spend(self, *, since: float | None = None, until: float | None = None) -> float:
         """Total billed USD in the window (for budgets)."""
@@ -900,8 +1050,10 @@ class CostService:
         warnings: list[str],
         *,
         with_days: bool,
+        recomputed: bool = True,
     ) -> tuple[list[CostLine], list[dict[str, Any]], tuple[int, int, int]]:
-        """The groups, the per-day spend, and (preemptions, free preemptions, distinct slices)."""
+        """The groups, the per-day spend, and (preemptions, free preemptions, distinct slices); without
+        ``recomputed`` the cost of recomputed work is left out (the caller adds it)."""
         lines: dict[Any, CostLine] = {}
 
         def line_for(sub: _Sub) -> CostLine:
@@ -914,7 +1066,11 @@ class CostService:
         by_group = group.kind != "day"
         main = group if by_group else GroupBy("total")
         need_days = with_days or not by_group
-        lo, hi = reader.query("SELECT COALESCE(MIN(id), 0), COALESCE(MAX(id), 0) + 1 FROM pods", {})[0]
+        # Two subqueries: SQLite reads MIN or MAX of the rowid from the B-tree's ends only when each is
+        # the query's sole aggregate (both in one SELECT scan the table).
+        lo, hi = reader.query(
+            "SELECT COALESCE((SELECT MIN(id) FROM pods), 0), COALESCE((SELECT MAX(id) FROM pods), 0) + 1", {}
+        )[0]
         fast = self._fast and group.kind not in ("slice", "run")
         parts = [(int(lo), int(hi))] if fast else _partitions(int(lo), int(hi), self._workers)
         if len(parts) == 1:
@@ -977,7 +1133,7 @@ class CostService:
                 none = _Sub(None, sub.zone, sub.accelerator_type, sub.capacity, 0, sub.seconds,
                             sub.chip_seconds, sub.priced_usd_seconds, sub.unpriced_chip_seconds)  # fmt: skip
                 self._add_billed(line_for(none), none, warnings, sign=-1.0)
-        if self._segments:
+        if self._segments and recomputed:
             for sub in self._subs(reader, _SRC_RECOMPUTED, group, params):
                 line_for(sub).recomputed_usd += self._usd(sub, warnings)
         out = list(lines.values())
@@ -1173,8 +1329,10 @@ class CostService:
         if group.kind == "day":
             return sorted(lines, key=lambda line: line.key)
         if group.kind == "slice":
-            return lines  # ordered by _slice_info (ready time, then id)
-        return sorted(lines, key=lambda line: (-line.cost_usd, line.key))
+            return lines  # ordered by _slice_info (cost, then ready time and id)
+        # By the cost as shown (rounded): the order must not hang on the last bits of a float sum, which
+        # the fast path adds up in another order.
+        return sorted(lines, key=lambda line: (-_r(line.cost_usd), line.key))
 
     def _slice_info(self, reader: LedgerReader, lines: list[CostLine]) -> None:
         by_id = {int(line.key): line for line in lines}
@@ -1209,7 +1367,7 @@ class CostService:
                 "labels": json.loads(r[14]) if r[14] else {},
             }
             order[id(line)] = (r[15] if r[15] is not None else math.inf, int(r[0]))
-        lines.sort(key=lambda line: order.get(id(line), (math.inf, 0)))
+        lines.sort(key=lambda line: (-_r(line.cost_usd), *order.get(id(line), (math.inf, 0))))
 
     def _run_info(self, reader: LedgerReader, lines: list[CostLine]) -> None:
         ids = [line.key for line in lines if line.key != _NONE_KEY]
@@ -1235,6 +1393,17 @@ class CostService:
         for line in lines:
             if line.key in info:
                 line.info = info[line.key]
+
+
+def _limited(group: GroupBy, lines: list[CostLine], limit: int | None) -> list[CostLine]:
+    """The ``limit`` costliest of ``lines`` (already in report order), kept in that order."""
+    if limit is None or len(lines) <= limit:
+        return lines
+    if group.kind != "day":
+        return lines[:limit]  # already most expensive first
+    ranked = sorted(range(len(lines)), key=lambda i: (-_r(lines[i].cost_usd), lines[i].key))
+    keep = sorted(ranked[:limit])
+    return [lines[i] for i in keep]
 
 
 def _negate(sub: _Sub) -> _Sub:

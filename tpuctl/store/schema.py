@@ -402,7 +402,35 @@ ROLLUP_CHECK_SQL = f"""SELECT {_ROLLUP_KEY.format(r="p")}, COUNT(*), SUM(billed_
     SUM(billed_usd_s), SUM(billed_unpriced_chip_s)
 FROM pods AS p WHERE {_ROLLED.format(r="p")} GROUP BY 1, 2, 3, 4, 5 ORDER BY 1, 2, 3, 4, 5"""
 
-MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4)
+#: What a cost report reads of a slice to bill it in a window (cost_items: its billed time, price, quota
+#: held), after the index's own key columns.
+_BILLING_COLUMNS = (
+    "ready_at, ended_at, end_reason, deleted_at, chips, capacity, accelerator_type, price_per_chip_hour"
+)
+
+#: Indexes for the per-run and per-slice report groups (and the totals' recomputed work). Without them
+#: every report scanned all of ``run_segments`` twice (the segments that recomputed steps, and the
+#: segments on slices no run created) and all of ``pods`` for the slices no run created, and ranking the
+#: runs looked up every slice's row from ``pods_run``; with them those are index-only ranges over the rows
+#: that matter. ``pods_run`` (was run_id alone) and ``pods_norun`` (slices no run created, "(none)" of
+#: --group-by run) cover what billing a slice reads. ``run_segments_pod``: the segments that ran on a
+#: slice. ``run_segments_recomputed``: covers the segments that redid steps (a small share, often none).
+_V5 = Migration(
+    5,
+    "report indexes: runs' slices (covering), slices no run created, segments by slice, recomputing segments",
+    (
+        "DROP INDEX pods_run",
+        f"CREATE INDEX pods_run ON pods (run_id, {_BILLING_COLUMNS}, zone) WHERE run_id IS NOT NULL",
+        # run_id (always NULL here) too: SQLite evaluates "run_id IS NULL" from the index, not the row.
+        f"CREATE INDEX pods_norun ON pods (zone, name, {_BILLING_COLUMNS}, run_id) WHERE run_id IS NULL",
+        "CREATE INDEX run_segments_pod ON run_segments (zone, pod) WHERE pod IS NOT NULL",
+        """CREATE INDEX run_segments_recomputed ON run_segments (
+            zone, pod, run_id, started_at, ended_at, steps_completed, steps_recomputed
+        ) WHERE steps_recomputed > 0""",
+    ),
+)
+
+MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, _V5)
 SCHEMA_VERSION: int = len(MIGRATIONS)
 
 

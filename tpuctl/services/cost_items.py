@@ -1,0 +1,397 @@
+"""The groups of ``cost report --group-by slice`` and ``--group-by run``, computed in SQL.
+
+Why a path of their own: one group per slice or per run is hundreds of thousands of groups on a big
+ledger (230k slices, 158k runs for 1,000,000 events). Building each in Python (a line object, catalog
+look-ups, ten roundings, a dict) took 16 s for the slices. Here SQLite computes every group's figures,
+catalog prices included (``cost_prices``: the few zone x type x capacity combinations in the window),
+and Python only zips the rows it gets into dicts. With a ``limit`` (the table's default) the groups are
+first ranked on their cost alone, one cheap pass, and the full figures computed and formatted only for
+the ``limit`` shown. Totals, per-day figures and preemption counts are not computed here: ``CostService``
+takes them from the aggregate fast path (the report as if grouped by nothing), so they are the same
+figures every other grouping shows.
+
+The figures are the reference path's (``CostService(fast=False)``, which the tests hold this to): a
+slice is billed for its time in the window at its recorded price (a slice with no recorded price at the
+catalog's), a slice whose price changed from its price pieces (``cost_item_pieces``, made from the few
+``price_change`` events), quota held after preemption at its last price, recomputed work per segment
+(``cost_item_adj``, made by cost.py's interval SQL); a run's group sums the slices it created plus its
+share of slices it ran on without creating them, taken from "(none)".
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final, Protocol
+
+#: ISO 8601 UTC with a Z, as ``cost.iso()`` writes it (seconds truncated, like isoformat does).
+_ISO: Final = "strftime('%Y-%m-%dT%H:%M:%SZ', {0}, 'unixepoch')"
+
+#: The figures of a group record, in the documented order (after the key and the per-kind facts).
+FIGURES: Final = (
+    "slices",
+    "billed_hours",
+    "chip_hours",
+    "cost_usd",
+    "on_demand_usd",
+    "spot_savings_usd",
+    "recomputed_usd",
+    "quota_held_chip_hours",
+    "quota_held_usd",
+    "waste_usd",
+)
+SLICE_INFO: Final = (
+    "name",
+    "zone",
+    "incarnation",
+    "accelerator_type",
+    "chips",
+    "capacity",
+    "state",
+    "run_id",
+    "ready_at",
+    "ended_at",
+    "end_reason",
+    "deleted_at",
+    "price_per_chip_hour",
+    "labels",
+)
+RUN_INFO: Final = ("status", "created_at", "ended_at", "restarts", "preemptions", "steps", "program")
+
+
+class Reader(Protocol):
+    def query(self, sql: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]: ...
+
+    def execute(self, sql: str, params: Mapping[str, Any]) -> None: ...
+
+
+# --- per-slice expressions (alias p: pods; x: its price pieces, LEFT JOINed) -------------------------
+
+#: Billed in the window (cost._BILLED_POD without the id range).
+_BILLED: Final = """(p.ready_at IS NOT NULL AND p.chips IS NOT NULL
+      AND p.ready_at < :until AND COALESCE(p.ended_at, :now) > :since
+      AND NOT COALESCE(p.end_reason = 'preempted' AND p.capacity IN ('spot', 'preemptible')
+                        AND p.ended_at - p.ready_at < :free_s, 0))"""
+_SECONDS: Final = "(MIN(COALESCE(p.ended_at, :now), :until) - MAX(p.ready_at, :since))"
+#: Quota a preempted slice held in the window (until deleted, or until now), in chip-seconds; else 0.
+_HELD_S: Final = "(MIN(COALESCE(p.deleted_at, :now), :until) - MAX(p.ended_at, :since))"
+_HELD_CS: Final = f"""(CASE WHEN p.end_reason = 'preempted' AND p.chips IS NOT NULL AND {_HELD_S} > 0
+      THEN p.chips * {_HELD_S} ELSE 0 END)"""
+#: Held quota in the window but not billed in it: such a slice still counts as a slice of its group.
+#: Found through the narrow partial index of preempted slices, not a scan of every pods row.
+_HELD_ONLY: Final = f"p.end_reason = 'preempted' AND NOT {_BILLED} AND {_HELD_CS} > 0"
+_PREEMPTED: Final = "pods AS p INDEXED BY pods_preempted"
+#: A catalog price of the slice's combination (a primary-key look-up in a few dozen rows).
+_CATALOG: Final = (
+    "(SELECT c.{0} FROM cost_prices AS c WHERE c.zone = p.zone "
+    "AND c.atype = COALESCE(p.accelerator_type, :null_key) AND c.capacity = COALESCE(p.capacity, :null_key))"
+)
+_OWN: Final = _CATALOG.format("own")
+_OD: Final = _CATALOG.format("od")
+#: Billed USD of a billed slice: its pieces if its price changed, else its time at its recorded price or,
+#: with none recorded, the catalog's (0 where neither has one). COALESCE evaluates the catalog look-up
+#: only for an unpriced slice. The same text ranks and reports, so a limit keeps exactly the costliest.
+_USD: Final = f"""((CASE WHEN x.id IS NOT NULL THEN x.priced + x.unpriced * COALESCE({_OWN}, 0)
+       ELSE p.chips * {_SECONDS} * COALESCE(p.price_per_chip_hour, {_OWN}, 0) END) / 3600.0)"""
+_HELD_USD: Final = f"({_HELD_CS} * COALESCE(p.price_per_chip_hour, {_OWN}, 0) / 3600.0)"
+_SPOT: Final = "p.capacity IN ('spot', 'preemptible')"
+_PIECES_JOIN: Final = "LEFT JOIN cost_item_pieces AS x ON x.id = p.id"
+
+
+def _own(kind: str) -> str:
+    """Whether a slice counts as a slice of its group (cost._own_sql): for runs, a slice no run created
+    counts for "(none)" only when no run ran on it (those runs count it through their segments)."""
+    if kind != "run":
+        return "1"
+    return (
+        "(CASE WHEN p.run_id IS NOT NULL OR NOT EXISTS (SELECT 1 FROM run_segments AS rs "
+        "WHERE rs.zone = p.zone AND rs.pod = p.name) THEN 1 ELSE 0 END)"
+    )
+
+
+def _slice_figures(kind: str, recomputed: str) -> list[tuple[str, str]]:
+    """(name, expression) of a slice p's figures (billed or holding quota in the window): slices, bs
+    (seconds), cs (chip-seconds), usd, od (on-demand USD), sav, rec, hcs (held chip-seconds), husd."""
+    od_usd = f"(p.chips * {_SECONDS} * {_OD} / 3600.0)"
+    spot_od = f"({_SPOT} AND {_OD} IS NOT NULL)"
+    return [
+        ("slices", _own(kind)),
+        ("bs", f"CASE WHEN {_BILLED} THEN {_SECONDS} ELSE 0 END"),
+        ("cs", f"CASE WHEN {_BILLED} THEN p.chips * {_SECONDS} ELSE 0 END"),
+        ("usd", f"CASE WHEN {_BILLED} THEN {_USD} ELSE 0 END"),
+        ("od", f"CASE WHEN NOT {_BILLED} THEN 0 WHEN {spot_od} THEN {od_usd} ELSE {_USD} END"),
+        ("sav", f"CASE WHEN {_BILLED} AND {spot_od} THEN {od_usd} - {_USD} ELSE 0 END"),
+        ("rec", recomputed),
+        ("hcs", _HELD_CS),
+        ("husd", _HELD_USD),
+    ]
+
+
+def _select(figures: list[tuple[str, str]]) -> str:
+    return ",\n       ".join(f"{expr} AS {name}" for name, expr in figures)
+
+
+def _sums(figures: list[tuple[str, str]]) -> str:
+    return ",\n       ".join(f"SUM({expr}) AS {name}" for name, expr in figures)
+
+
+_NAMES: Final = "slices, bs, cs, usd, od, sav, rec, hcs, husd"
+
+
+def _round(expr: str) -> str:
+    # 6 decimals like cost._r; "+ 0.0" turns SQLite's -0.0 into 0.0 as _r does.
+    return f"(ROUND({expr}, 6) + 0.0)"
+
+
+def _rounded_figures(a: str) -> str:
+    return ", ".join(
+        [
+            f"{a}.slices",
+            _round(f"{a}.bs / 3600.0"),
+            _round(f"{a}.cs / 3600.0"),
+            _round(f"{a}.usd"),
+            _round(f"{a}.od"),
+            _round(f"{a}.sav"),
+            _round(f"{a}.rec"),
+            _round(f"{a}.hcs / 3600.0"),
+            _round(f"{a}.husd"),
+            _round(f"{a}.rec + {a}.husd"),
+        ]
+    )
+
+
+# --- slices -------------------------------------------------------------------------------------------
+
+#: The ``:limit`` costliest slices (then by READY time and id), numbered, into cost_top.
+SLICE_RANK_SQL: Final = f"""
+INSERT INTO cost_top (k, n)
+SELECT id, ROW_NUMBER() OVER (ORDER BY ru DESC, ready_at IS NULL, ready_at, id) FROM (
+    SELECT id, ready_at, ru FROM (
+        SELECT p.id AS id, p.ready_at AS ready_at, ROUND({_USD}, 6) AS ru
+        FROM pods AS p {_PIECES_JOIN} WHERE {_BILLED}
+        UNION ALL
+        SELECT p.id, p.ready_at, 0.0 FROM {_PREEMPTED} WHERE {_HELD_ONLY}
+    )
+    ORDER BY ru DESC, ready_at IS NULL, ready_at, id LIMIT :limit
+)"""
+
+
+def slice_sql(*, ranked: bool) -> str:
+    """Slice group rows (key, facts, figures): those in cost_top in its order (``ranked``), else every
+    slice billed or holding quota in the window, most expensive first, then by READY time and id."""
+    columns = f"""p.zone || '/' || p.name || '#' || p.incarnation, p.name, p.zone, p.incarnation,
+       p.accelerator_type, p.chips, p.capacity, p.state, p.run_id, {_ISO.format("p.ready_at")},
+       {_ISO.format("p.ended_at")}, p.end_reason, {_ISO.format("p.deleted_at")}, p.price_per_chip_hour,
+       p.labels"""
+    figures = _select(
+        _slice_figures("slice", "COALESCE((SELECT r.rec FROM cost_item_rec AS r WHERE r.k = p.id), 0)")
+    )
+    # "LIMIT -1" keeps SQLite from flattening the figures into the outer query, which would copy each
+    # figure's expression into every use of it (the cost into the ordering, the on-demand figure, the
+    # savings...) and evaluate it that many times per slice.
+    if ranked:
+        return f"""
+SELECT {columns}, {_rounded_figures("f")}
+FROM (SELECT t.n AS n, p.id AS id, {figures}
+      FROM cost_top AS t CROSS JOIN pods AS p ON p.id = t.k {_PIECES_JOIN} LIMIT -1) AS f
+     CROSS JOIN pods AS p ON p.id = f.id
+ORDER BY f.n"""
+    return f"""
+SELECT {columns}, {_rounded_figures("f")}
+FROM (SELECT p.id AS id, p.ready_at AS ready_at, {figures}
+      FROM pods AS p {_PIECES_JOIN} WHERE {_BILLED} OR (p.end_reason = 'preempted' AND {_HELD_CS} > 0)
+      LIMIT -1) AS f
+     CROSS JOIN pods AS p ON p.id = f.id
+ORDER BY ROUND(f.usd, 6) DESC, f.ready_at IS NULL, f.ready_at, f.id"""
+
+
+# --- runs ---------------------------------------------------------------------------------------------
+
+#: Priced rows of cost_item_adj (alias a): billed time moved between runs, and recomputed work.
+_ADJ_USD: Final = "((a.priced + a.unpriced * COALESCE(c.own, 0)) / 3600.0)"
+_ADJ_PRICES: Final = (
+    "LEFT JOIN cost_prices AS c ON c.zone = a.zone AND c.atype = a.atype AND c.capacity = a.capacity"
+)
+_RUN_UPSERT: Final = (
+    "ON CONFLICT (k) DO UPDATE SET usd = usd + excluded.usd, slices = slices + excluded.slices, "
+    "cs = cs + excluded.cs"
+)
+_BILLED_OR_HELD: Final = f"({_BILLED} OR (p.end_reason = 'preempted' AND {_HELD_CS} > 0))"
+_RUN_FIGURES: Final = _slice_figures("run", "0")
+
+#: "(none)": every figure of the slices no run created, in one pass over the covering pods_norun (ranking
+#: and reporting it read it from here).
+NONE_SQL: Final = f"""
+INSERT INTO cost_none (n, {_NAMES})
+SELECT COUNT(*), {_sums(_RUN_FIGURES)}
+FROM pods AS p INDEXED BY pods_norun {_PIECES_JOIN}
+WHERE p.run_id IS NULL AND {_BILLED_OR_HELD}"""
+
+#: Every run group's cost (and what decides whether "(none)" is a group), into cost_runs, then the
+#: ``:limit`` costliest into cost_top. The slices runs created are summed in run order straight off the
+#: covering pods_run index (no sort, no row look-ups); the rest is small.
+RUN_RANK_SQL: Final = (
+    f"""INSERT INTO cost_runs (k, usd, slices, cs)
+SELECT p.run_id, SUM({_USD}), COUNT(*), SUM(p.chips * {_SECONDS})
+FROM pods AS p INDEXED BY pods_run {_PIECES_JOIN}
+WHERE p.run_id IS NOT NULL AND {_BILLED}
+GROUP BY p.run_id""",
+    f"""INSERT INTO cost_runs (k, usd, slices, cs)
+SELECT p.run_id, 0.0, 1, 0.0 FROM {_PREEMPTED} WHERE p.run_id IS NOT NULL AND {_HELD_ONLY}
+{_RUN_UPSERT}""",
+    f"""INSERT INTO cost_runs (k, usd, slices, cs)
+SELECT :null_key, usd, slices, cs FROM cost_none WHERE n > 0
+{_RUN_UPSERT}""",
+    f"""INSERT INTO cost_runs (k, usd, slices, cs)
+SELECT a.k, SUM({_ADJ_USD}), SUM(a.slices), SUM(a.cs) FROM cost_item_adj AS a {_ADJ_PRICES}
+WHERE 1 GROUP BY a.k
+{_RUN_UPSERT}""",
+    # "(none)" when only the runs' shares were moved out of it: nothing is left (as the reference path).
+    "DELETE FROM cost_runs WHERE k = :null_key AND slices = 0 AND ABS(cs) < 3.6e-6",
+    """INSERT INTO cost_top (k, n)
+SELECT k, ROW_NUMBER() OVER (ORDER BY ru DESC, key) FROM (
+    SELECT k, ROUND(usd, 6) AS ru, CASE WHEN k = :null_key THEN '(none)' ELSE k END AS key FROM cost_runs
+    ORDER BY ru DESC, key LIMIT :limit
+)""",
+)
+
+
+def run_sql(*, ranked: bool) -> str:
+    """Run group rows (key, whether the run is in ``runs``, its facts, figures): those in cost_top in its
+    order (``ranked``), else every group, most expensive first, then by key ("(none)" for slices no run
+    created, as the reference path names it)."""
+    # a.slices: a run counts the slices it ran on without creating them with its share of their time.
+    adj = f"""a.slices AS slices, a.bs AS bs, a.cs AS cs, {_ADJ_USD} AS usd,
+       CASE WHEN a.capacity IN ('spot', 'preemptible') AND c.od IS NOT NULL THEN a.cs * c.od / 3600.0
+            ELSE {_ADJ_USD} END AS od,
+       CASE WHEN a.capacity IN ('spot', 'preemptible') AND c.od IS NOT NULL
+            THEN a.cs * c.od / 3600.0 - {_ADJ_USD} ELSE 0 END AS sav,
+       (a.rpriced + a.runpriced * COALESCE(c.own, 0)) / 3600.0 AS rec, 0 AS hcs, 0 AS husd"""
+    top = "CROSS JOIN cost_top AS t ON t.k = p.run_id" if ranked else ""
+    in_top = "AND EXISTS (SELECT 1 FROM cost_top WHERE k = :null_key)" if ranked else ""
+    adj_in_top = "WHERE a.k IN (SELECT k FROM cost_top)" if ranked else ""
+    items = f"""
+    SELECT p.run_id AS k, {_sums(_RUN_FIGURES)}
+    FROM pods AS p INDEXED BY pods_run {top} {_PIECES_JOIN}
+    WHERE p.run_id IS NOT NULL AND {_BILLED_OR_HELD}
+    GROUP BY p.run_id
+    UNION ALL
+    SELECT :null_key, {_NAMES} FROM cost_none WHERE n > 0 {in_top}
+    UNION ALL
+    SELECT a.k, {adj} FROM cost_item_adj AS a {_ADJ_PRICES} {adj_in_top}"""
+    having = "" if ranked else "HAVING NOT (k = :null_key AND SUM(slices) = 0 AND ABS(SUM(cs)) < 3.6e-6)"
+    order = "(SELECT n FROM cost_top WHERE cost_top.k = g.k)" if ranked else "ROUND(g.usd, 6) DESC, g.key"
+    return f"""
+WITH g AS (
+    SELECT k, CASE WHEN k = :null_key THEN '(none)' ELSE k END AS key, SUM(slices) AS slices, SUM(bs) AS bs,
+           SUM(cs) AS cs, SUM(usd) AS usd, SUM(od) AS od, SUM(sav) AS sav, SUM(rec) AS rec,
+           SUM(hcs) AS hcs, SUM(husd) AS husd
+    FROM ({items}) GROUP BY k
+    {having}
+)
+SELECT g.key, r.run_id IS NOT NULL, r.status, {_ISO.format("r.created_at")}, {_ISO.format("r.ended_at")},
+       r.restarts, r.preemptions, r.steps, r.script, {_rounded_figures("g")}
+FROM g LEFT JOIN runs AS r ON r.run_id = g.key
+ORDER BY {order}"""
+
+
+# --- set-up -------------------------------------------------------------------------------------------
+
+PREPARE: Final = (
+    "CREATE TEMP TABLE cost_prices (zone TEXT, atype TEXT, capacity TEXT, own REAL, od REAL, "
+    "PRIMARY KEY (zone, atype, capacity))",
+    "CREATE TEMP TABLE cost_item_pieces (id INTEGER PRIMARY KEY, priced REAL, unpriced REAL)",
+    "CREATE TEMP TABLE cost_item_adj (k, zone TEXT, atype TEXT, capacity TEXT, slices INTEGER DEFAULT 0, "
+    "bs REAL DEFAULT 0, cs REAL DEFAULT 0, priced REAL DEFAULT 0, unpriced REAL DEFAULT 0, "
+    "rpriced REAL DEFAULT 0, runpriced REAL DEFAULT 0)",
+    "CREATE TEMP TABLE cost_item_rec (k PRIMARY KEY, rec REAL)",
+    "CREATE TEMP TABLE cost_top (k PRIMARY KEY, n INTEGER)",
+    "CREATE TEMP TABLE cost_runs (k TEXT PRIMARY KEY, usd REAL, slices INTEGER, cs REAL) WITHOUT ROWID",
+    f"CREATE TEMP TABLE cost_none (n INTEGER, {_NAMES})",
+)
+
+
+def pieces_sql(pieces: str) -> str:
+    """The price pieces of every price-changed slice billed in the window (``pieces``: cost.py's interval
+    SQL, rows (id, s, e, price, ...)), summed per slice: USD x 3600 and unpriced chip-seconds."""
+    return f"""
+INSERT INTO cost_item_pieces (id, priced, unpriced)
+SELECT x.id, COALESCE(SUM(x.chips * (x.e - x.s) * x.price), 0),
+       SUM(CASE WHEN x.price IS NULL THEN x.chips * (x.e - x.s) ELSE 0 END)
+FROM ({pieces}) AS x WHERE x.e > x.s GROUP BY x.id"""
+
+
+def adj_sql(aggregate: str, *, recomputed: bool, sign: str = "") -> str:
+    """Rows of an interval aggregate (cost._aggregate_sql: k, zone, atype, capacity, slices, s, cs, priced,
+    unpriced) into cost_item_adj: as recomputed work, or as billed time (``sign`` "-" takes it away from
+    "(none)")."""
+    columns = "rpriced, runpriced" if recomputed else "slices, bs, cs, priced, unpriced"
+    # SUM over only unpriced time is NULL, not 0.
+    sums = "COALESCE(a.priced, 0), COALESCE(a.unpriced, 0)"
+    values = sums if recomputed else f"a.slices, a.s, a.cs, {sums}"
+    if sign:
+        values = "0, -a.s, -a.cs, -COALESCE(a.priced, 0), -COALESCE(a.unpriced, 0)"
+    return f"""
+INSERT INTO cost_item_adj (k, zone, atype, capacity, {columns})
+SELECT {":null_key" if sign else "COALESCE(a.k, :null_key)"}, a.zone, COALESCE(a.atype, :null_key),
+       COALESCE(a.capacity, :null_key), {values}
+FROM ({aggregate}) AS a"""
+
+
+#: Recomputed work per group, priced (after cost_prices is filled).
+REC_SQL: Final = f"""
+INSERT INTO cost_item_rec (k, rec)
+SELECT a.k, SUM((a.rpriced + a.runpriced * COALESCE(c.own, 0)) / 3600.0)
+FROM cost_item_adj AS a {_ADJ_PRICES}
+WHERE a.rpriced != 0 OR a.runpriced != 0
+GROUP BY a.k"""
+
+
+def combos(reader: Reader) -> list[tuple[str, str, str]]:
+    """The (zone, type, capacity) combinations the aggregate pass saw billed or holding quota."""
+    rows = reader.query("SELECT DISTINCT zone, atype, capacity FROM cost_agg", {})
+    return [(str(r[0]), str(r[1]), str(r[2])) for r in rows]
+
+
+def fill_prices(
+    reader: Reader,
+    combos: Sequence[tuple[str, str, str]],
+    prices: Callable[[str, str, str], tuple[float | None, float | None]],
+) -> None:
+    """``cost_prices`` for these combinations (a few dozen rows: one statement each is cheap)."""
+    for zone, atype, capacity in combos:
+        own, od = prices(zone, atype, capacity)
+        reader.execute(
+            "INSERT INTO cost_prices VALUES (:zone, :atype, :capacity, :own, :od)",
+            {"zone": zone, "atype": atype, "capacity": capacity, "own": own, "od": od},
+        )
+
+
+# --- rows -> records ----------------------------------------------------------------------------------
+
+
+def slice_records(rows: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
+    keys = ("key", *SLICE_INFO, *FIGURES)
+    labels_at = keys.index("labels")
+    parsed: dict[str, dict[str, str]] = {}
+    out = []
+    for row in rows:
+        record = dict(zip(keys, row, strict=True))
+        text = row[labels_at]
+        if text not in parsed:
+            parsed[text] = json.loads(text) if text else {}
+        record["labels"] = dict(parsed[text])  # each record its own dict: callers may change one
+        out.append(record)
+    return out
+
+
+def run_records(rows: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
+    known = ("key", *RUN_INFO, *FIGURES)
+    unknown = ("key", *FIGURES)
+    # A run id on slices with no runs row (or "(none)") has no run facts, as in the reference path.
+    return [
+        dict(zip(known, (r[0], *r[2:]), strict=True))
+        if r[1]
+        else dict(zip(unknown, (r[0], *r[9:]), strict=True))
+        for r in rows
+    ]
