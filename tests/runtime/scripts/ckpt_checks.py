@@ -104,6 +104,25 @@ def main() -> None:
     out["c_skipped"] = [[s.step, s.reason] for s in r.skipped]
     ck.close()
 
+    # A step saved before the verification record carried the layout: restores as before, and a target
+    # that does not fit is still named (from orbax's metadata).
+    ck = Checkpointer(root / "d", save_interval_steps=1, max_to_keep=2)
+    ck.save(1, state_at(base, 1))
+    ck.wait()
+    record_file = root / "d" / "1" / "verify" / "metadata"
+    record = json.loads(record_file.read_text())
+    out["d_had_layout"] = "layout" in record
+    del record["layout"]
+    record_file.write_text(json.dumps(record))
+    r = ck.restore_latest(target)
+    out["d_restored_step"] = r.step
+    out["d_restored_equal"] = tree_equal(r.state, state_at(base, 1))
+    r = ck.restore_latest(train.make_train_step(
+        lm.make_loss_fn(lm.LMConfig(**{**CFG.__dict__, "d_model": 16})), train.make_optimizer(), mesh,
+    ).abstract_state(lm.init_params(lm.LMConfig(**{**CFG.__dict__, "d_model": 16}), 0)))
+    out["d_mismatch_skipped"] = [[s.step, s.reason] for s in r.skipped]
+    ck.close()
+
     # Everything unreadable (here: a target of another model): start fresh, delete nothing.
     other = train.make_train_step(lm.make_loss_fn(lm.LMConfig(**{**CFG.__dict__, "d_model": 16})),
                                   train.make_optimizer(), mesh)
