@@ -54,6 +54,10 @@ def test_truncated_latest_falls_back_and_says_so(result: tuple[dict[str, Any], s
     assert r["b_resave_3"] is True and r["b_steps_final"] == [1, 2, 3]
 
 
+def test_host_checksum_equals_the_device_one(result: tuple[dict[str, Any], str]) -> None:
+    assert result[0]["checksum_disagreements"] == []
+
+
 def test_flipped_byte_caught_by_checksum(result: tuple[dict[str, Any], str]) -> None:
     r, log = result
     assert r["c_restored_step"] == 1

@@ -40,6 +40,38 @@ def largest_data_file(step_dir: Path) -> Path:
     return max(files, key=lambda p: p.stat().st_size)
 
 
+def checksum_disagreements(mesh: Any) -> list[str]:
+    """Leaves whose host-side checksum (numpy, used on CPU) differs from the on-device one (XLA, the
+    definition): they must agree so that a step saved on one platform verifies on another, and so that
+    steps saved before any change to the host code still verify."""
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from tpuctl.runtime import checkpoint
+
+    rng = np.random.default_rng(3)
+
+    def put(x: Any, *spec: Any) -> Any:
+        return jax.device_put(x, NamedSharding(mesh, P(*spec)))
+
+    tree = {
+        "long": put(rng.standard_normal(1 << 20, dtype=np.float32)),  # reshaped into blocks of a row
+        "odd": put(rng.standard_normal(3000, dtype=np.float32)),  # no block divides it
+        "five_k": put(rng.standard_normal(5 * 1024, dtype=np.float32), "data"),
+        "matrix": put(rng.standard_normal((256, 4096), dtype=np.float32), "data", "model"),
+        "cols": put(rng.integers(0, 2**32, (2, 8192), dtype=np.uint32), None, "model"),
+        "bf16": put(jnp.asarray(rng.standard_normal((64, 1024)), jnp.bfloat16), "model"),
+        "int8": put(rng.integers(-128, 128, 4096, dtype=np.int8)),
+        "bool": put(rng.integers(0, 2, 100).astype(bool)),
+        "scalar": put(np.int32(-7)),
+    }
+    host = checkpoint.checksums(tree)
+    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
+    device = dict(zip(paths, (int(v) for v in jax.device_get(checkpoint._tree_checksums(tree))), strict=True))
+    return sorted(p for p in paths if host[p] != device[p])
+
+
 def main() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     root = Path(sys.argv[1])
@@ -50,7 +82,7 @@ def main() -> None:
     params = lm.init_params(CFG, 0)
     base = fsdp.init(params)
     target = fsdp.abstract_state(params)
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {"checksum_disagreements": checksum_disagreements(mesh)}
 
     # Round trip, periodic saving and keep-last-N.
     ck = Checkpointer(root / "a", save_interval_steps=2, max_to_keep=2)
