@@ -23,6 +23,8 @@ Directories are passed to orbax as given: a local path on the simulator, ``gs://
 from __future__ import annotations
 
 import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,6 +96,11 @@ _MOD = 2**32
 _HOST_WORDS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint32}
 
 
+# Any block gives the same value. 1024 words keep the column sums' accumulator (4 KiB) in L1: 16 arrays of
+# 16 MiB summed in 18 ms with blocks of 1024 against 26 ms with 4096 (median of 15, simulator box).
+_BLOCKS = (1024, 256, 64)
+
+
 def _host_block_sum(words: np.ndarray, start: tuple[int, ...], global_shape: tuple[int, ...]) -> int:
     strides, n = [], 1
     for d in reversed(global_shape):
@@ -105,7 +112,7 @@ def _host_block_sum(words: np.ndarray, start: tuple[int, ...], global_shape: tup
         return int(words) * (2 * base + 1) % _MOD
     shape = list(words.shape)
     # A long last axis is viewed as (rows, block) so that its weights come from two short marginals.
-    for block in (4096, 1024, 256, 64):
+    for block in _BLOCKS:
         if shape[-1] > block and shape[-1] % block == 0:
             shape[-1:] = [shape[-1] // block, block]
             strides[-1:] = [strides[-1] * block, strides[-1]]
@@ -122,11 +129,15 @@ def _host_block_sum(words: np.ndarray, start: tuple[int, ...], global_shape: tup
     return (2 * weighted + (2 * base + 1) * total) % _MOD
 
 
-def _host_leaf_checksum(x: jax.Array) -> int:
-    """This process's part of ``_leaf_checksum(x)``: the shards it holds a primary copy of."""
+Block = tuple[np.ndarray, tuple[int, ...], tuple[int, ...]]
+
+
+def _host_blocks(x: jax.Array) -> list[Block]:
+    """``_host_block_sum`` arguments for each shard of ``x`` this process holds a primary copy of: their
+    sums add up to this process's part of ``_leaf_checksum(x)``."""
     if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
         x = jax.random.key_data(x)
-    value = 0
+    blocks = []
     for shard in x.addressable_shards:
         if shard.replica_id != 0:
             continue
@@ -138,8 +149,30 @@ def _host_leaf_checksum(x: jax.Array) -> int:
         shape = tuple(x.shape)
         if data.dtype.itemsize == 8:  # two words per element, low first (as bitcast_convert_type)
             words, start, shape = words.reshape((*data.shape, 2)), (*start, 0), (*shape, 2)
-        value += _host_block_sum(words, start, shape)
-    return value % _MOD
+        blocks.append((words, start, shape))
+    return blocks
+
+
+# Numpy releases the GIL while it sums, so the shards are summed on a few threads at once (largest first);
+# small trees are summed inline, where starting threads would cost more than it saves.
+_CHECKSUM_THREADS = 4
+_CHECKSUM_THREADS_MIN_BYTES = 8 << 20
+
+
+def _host_leaf_checksums(leaves: list[jax.Array]) -> list[int]:
+    """This process's part of ``_leaf_checksum`` of each leaf."""
+    jobs = [(i, block) for i, x in enumerate(leaves) for block in _host_blocks(x)]
+    workers = min(_CHECKSUM_THREADS, os.cpu_count() or 1, len(jobs))
+    if workers > 1 and sum(block[0].nbytes for _, block in jobs) >= _CHECKSUM_THREADS_MIN_BYTES:
+        jobs.sort(key=lambda job: -job[1][0].nbytes)
+        with ThreadPoolExecutor(workers, thread_name_prefix="checksum") as pool:
+            sums = list(pool.map(lambda job: _host_block_sum(*job[1]), jobs))
+    else:
+        sums = [_host_block_sum(*block) for _, block in jobs]
+    values = [0] * len(leaves)
+    for (i, _), value in zip(jobs, sums, strict=True):
+        values[i] = (values[i] + value) % _MOD
+    return values
 
 
 def _on_host(x: Any) -> bool:
@@ -156,7 +189,7 @@ def checksums(tree: PyTree) -> dict[str, int]:
     leaves = [x for _, x in flat]
     # The choice depends only on the platform, so every process takes the same branch.
     if leaves and all(_on_host(x) for x in leaves):
-        partial = np.array([_host_leaf_checksum(x) for x in leaves], dtype=np.uint64)
+        partial = np.array(_host_leaf_checksums(leaves), dtype=np.uint64)
         if jax.process_count() > 1:
             from jax.experimental import multihost_utils
 
