@@ -10,11 +10,18 @@ better). Both sides are measured alike, so the ratio compares the work and not t
 - durable writes on both sides: the baseline writes straight from the arrays' buffers (no ``tobytes``
   copy) and fsyncs; the checkpoint is timed until ``wait()`` says the step is committed (tensorstore
   fsyncs its files, then orbax renames the step into place);
-- cold-ish reads on both sides: after writing, every file is fsynced and dropped from the page cache
-  with ``posix_fadvise(DONTNEED)`` (no root needed), so neither read is served from memory that the
-  write just filled;
-- runs interleave checkpoint and plain, after one untimed warm-up of each; the median of ``--repeat`` is
-  reported (the machine may be shared: the load average before and after is recorded).
+- cold reads on both sides: after writing, every file is fsynced and dropped from the page cache with
+  ``posix_fadvise(DONTNEED)`` (no root needed), so neither read is served from memory that the write
+  just filled;
+- the restore is what a restarted job waits for once it has its ``Checkpointer``: ``restore_latest``
+  with everything it does (list the steps, read the verification record, read every array, the
+  multi-process vote, verify every array's checksum), into jax arrays. It runs on a fresh
+  ``Checkpointer``, as after a restart; building one (which a job needs to save anyway) is timed apart
+  and reported as ``checkpointer_open_s``, not counted in the restore. The plain read is the floor:
+  ``np.fromfile`` of each array into a new buffer, nothing verified;
+- runs interleave checkpoint and plain, alternating which goes first, after one untimed warm-up of each;
+  the median of ``--repeat`` is reported with each side's process CPU time (the machine may be shared:
+  the load average before and after is recorded, and CPU seconds say how much work each side did).
 
     .venv/bin/python scripts/bench_checkpoint.py [--mb 256] [--arrays 16] [--repeat 5] [--dir DIR]
         [--out docs/bench/checkpoint.json]
@@ -67,49 +74,66 @@ def _drop_cache(root: Path) -> None:
             os.close(fd)
 
 
-def _checkpoint_once(state: dict[str, Any], directory: Path, step: int) -> tuple[float, float]:
+Timing = tuple[float, float]  # (wall seconds, process CPU seconds)
+
+
+def _timed(start: Timing) -> Timing:
+    return time.perf_counter() - start[0], time.process_time() - start[1]
+
+
+def _now() -> Timing:
+    return time.perf_counter(), time.process_time()
+
+
+def _checkpoint_once(state: dict[str, Any], directory: Path, step: int) -> tuple[Timing, Timing, float]:
     import jax
 
     from tpuctl.runtime.checkpoint import Checkpointer
 
     ckpt = Checkpointer(directory, save_interval_steps=1, max_to_keep=1, async_save=False)
     try:
-        target = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=v.sharding) for k, v in state.items()}
-        t0 = time.perf_counter()
+        t0 = _now()
         ckpt.save(step, state, force=True)
         ckpt.wait()
-        save_s = time.perf_counter() - t0
-        _drop_cache(directory)
-        t0 = time.perf_counter()
+        save = _timed(t0)
+    finally:
+        ckpt.close()
+    _drop_cache(directory)
+    target = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=v.sharding) for k, v in state.items()}
+    t0 = _now()
+    ckpt = Checkpointer(directory, save_interval_steps=1, max_to_keep=1, async_save=False)
+    open_s = _timed(t0)[0]
+    try:
+        t0 = _now()
         result = ckpt.restore_latest(target)
         jax.block_until_ready(result.state)
-        restore_s = time.perf_counter() - t0
+        restore = _timed(t0)
         if result.step != step:
             raise SystemExit(f"restore returned step {result.step}, expected {step}")
     finally:
         ckpt.close()
-    return save_s, restore_s
+    return save, restore, open_s
 
 
-def _plain_once(state: dict[str, Any], path: Path) -> tuple[float, float]:
+def _plain_once(state: dict[str, Any], path: Path) -> tuple[Timing, Timing]:
     import numpy as np
 
     host = [np.asarray(v) for v in state.values()]  # CPU arrays: views, no copy
-    t0 = time.perf_counter()
+    t0 = _now()
     with open(path, "wb") as fh:
         for arr in host:
             fh.write(arr.data.cast("B"))
         fh.flush()
         os.fsync(fh.fileno())
-    write_s = time.perf_counter() - t0
+    write = _timed(t0)
     _drop_cache(path)
-    t0 = time.perf_counter()
+    t0 = _now()
     with open(path, "rb") as fh:
         back = [np.fromfile(fh, dtype=arr.dtype, count=arr.size) for arr in host]
-    read_s = time.perf_counter() - t0
+    read = _timed(t0)
     if sum(b.nbytes for b in back) != sum(a.nbytes for a in host):
         raise SystemExit("plain read came back short")
-    return write_s, read_s
+    return write, read
 
 
 def _load() -> list[float]:
@@ -130,26 +154,39 @@ def main(argv: list[str] | None = None) -> int:
     nbytes = _nbytes(state)
     mib = nbytes / (1024 * 1024)
     base = Path(tempfile.mkdtemp(prefix="tpuctl-bench-ckpt-", dir=args.dir))
-    saves, restores, writes, reads = [], [], [], []
+    saves: list[Timing] = []
+    restores: list[Timing] = []
+    writes: list[Timing] = []
+    reads: list[Timing] = []
+    opens: list[float] = []
     load_before = _load()
     try:
         for i in range(args.repeat + 1):  # round 0 warms up (imports, orbax threads) and is not counted
-            ck_dir = base / f"ckpt{i}"
-            save_s, restore_s = _checkpoint_once(state, ck_dir, step=i + 1)
+            ck_dir, plain = base / f"ckpt{i}", base / f"plain{i}.bin"
+            plain_first = i % 2 == 1
+            if plain_first:
+                write, read = _plain_once(state, plain)
+                plain.unlink()
+            save, restore, open_s = _checkpoint_once(state, ck_dir, step=i + 1)
             shutil.rmtree(ck_dir, ignore_errors=True)
-            write_s, read_s = _plain_once(state, base / f"plain{i}.bin")
-            (base / f"plain{i}.bin").unlink()
+            if not plain_first:
+                write, read = _plain_once(state, plain)
+                plain.unlink()
             if i:
-                saves.append(save_s)
-                restores.append(restore_s)
-                writes.append(write_s)
-                reads.append(read_s)
+                saves.append(save)
+                restores.append(restore)
+                writes.append(write)
+                reads.append(read)
+                opens.append(open_s)
     finally:
         shutil.rmtree(base, ignore_errors=True)
     load_after = _load()
 
-    def mbps(seconds: list[float]) -> float:
-        return round(mib / statistics.median(seconds), 1)
+    def mbps(runs: list[Timing]) -> float:
+        return round(mib / statistics.median(wall for wall, _ in runs), 1)
+
+    def cpu(runs: list[Timing]) -> float:
+        return round(statistics.median(c for _, c in runs), 3)
 
     figures = {
         "save_mib_s": mbps(saves),
@@ -171,15 +208,21 @@ def main(argv: list[str] | None = None) -> int:
         "met": save_ratio >= 0.7 and restore_ratio >= 0.7,
         "loadavg_before": load_before,
         "loadavg_after": load_after,
-        "seconds": {"save": saves, "restore": restores, "plain_write": writes, "plain_read": reads},
+        "checkpointer_open_s": round(statistics.median(opens), 4),
+        "cpu_seconds_median": {"save": cpu(saves), "restore": cpu(restores), "plain_write": cpu(writes),
+                               "plain_read": cpu(reads)},
+        "seconds": {"save": [w for w, _ in saves], "restore": [w for w, _ in restores],
+                    "plain_write": [w for w, _ in writes], "plain_read": [w for w, _ in reads]},
         "machine": {
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
             "platform": platform.platform(),
         },
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "note": ("median of --repeat after a warm-up, checkpoint and plain interleaved; both writes durable "
-                 "(fsync), both reads after fsync + posix_fadvise(DONTNEED) of the files just written"),
+        "note": ("median of --repeat after a warm-up, checkpoint and plain interleaved (alternating which "
+                 "goes first); both writes durable (fsync), both reads after fsync + posix_fadvise(DONTNEED) "
+                 "of the files just written; the restore is restore_latest on a fresh Checkpointer (listing, "
+                 "record, arrays, vote, checksum of every array), the Checkpointer's construction apart"),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
@@ -193,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
         f"restore {figures['restore_mib_s']:>8} MiB/s  vs read  {figures['plain_read_mib_s']:>8} MiB/s  "
         f"ratio {restore_ratio}"
     )
+    print(f"cpu s   save {cpu(saves)} write {cpu(writes)} restore {cpu(restores)} read {cpu(reads)}; "
+          f"Checkpointer() {statistics.median(opens):.4f} s")
     return 0
 
 
