@@ -167,6 +167,8 @@ def test_slice_deleted_behind_tpuctls_back_is_closed_when_seen_gone(
 
     (action,) = doc["reconciled"]
     assert (action["name"], action["event"], action["recorded"]) == ("gone", "gone", True)
+    (group,) = doc["groups"]  # the report that reconciled already bills it only until it was seen gone
+    assert (group["state"], group["end_reason"], group["ended_at"]) == ("DELETED", "gone", action["at"])
     with Ledger(state_dir) as ledger:
         pod = ledger.get_pod("gone", zone=ZONE)
         events = [e.kind for e in ledger.pod_events("gone", zone=ZONE)]
@@ -223,9 +225,64 @@ def test_table_shows_totals_chart_and_price_source(cli: Callable[..., Result]) -
     assert "prices: bundled catalog" in result.stderr
 
 
+def _ledger_of(state_dir: Path, hours: list[float]) -> None:
+    """Slices s0, s1, ... of 8 on-demand v5e chips (1.20 USD/chip-hour), run for ``hours`` each."""
+    from tpuctl.store.records import NewEvent
+
+    start = time.time() - 2 * 86400
+    events = []
+    for i, h in enumerate(hours):
+        common: dict[str, Any] = {"pod": f"s{i}", "zone": ZONE}
+        events += [
+            NewEvent(EventKind.REQUESTED, accelerator_type="v5litepod-8", chips=8, capacity="on-demand",
+                     price_per_chip_hour=1.2, ts=start, backend="sim", project="tpuctl-sim", **common),
+            NewEvent(EventKind.READY, ts=start + 60, **common),
+            NewEvent(EventKind.DELETED, ts=start + 60 + h * 3600, **common),
+        ]  # fmt: skip
+    with Ledger(state_dir) as ledger:
+        ledger.record_events_bulk(events)
+
+
+def test_table_shows_the_50_costliest_and_says_how_to_see_the_rest(
+    cli: Callable[..., Result], state_dir: Path
+) -> None:
+    _ledger_of(state_dir, [1.0 + i / 100 for i in range(53)])
+
+    table = cli("cost", "report", "--no-reconcile")
+
+    assert table.code == 0, table.stderr
+    assert "the 50 costliest of 53" in table.stdout
+    shown = [n for n in (f"s{i}" for i in range(53)) if f" {n} " in table.stdout]
+    assert shown == [f"s{i}" for i in range(3, 53)]  # the three cheapest are left out
+    # s0..s2: 8 x 1.20 x (1.00 + 1.01 + 1.02) h = 29.088 USD
+    assert "... and 3 more slices costing 29.09 USD" in table.stdout
+    assert "--limit 0 shows them all" in table.stdout
+    everything = cli("cost", "report", "--no-reconcile", "--limit", "0")
+    assert "costliest" not in everything.stdout and "more slices" not in everything.stdout
+    assert all(f" s{i} " in everything.stdout for i in range(53))
+
+
+def test_json_and_csv_list_every_group_unless_limited(cli: Callable[..., Result], state_dir: Path) -> None:
+    _ledger_of(state_dir, [1.0, 3.0, 2.0])
+
+    doc = cli("cost", "report", "--no-reconcile", "-o", "json").json
+    assert (doc["groups_total"], doc["limit"]) == (3, None)
+    assert [g["name"] for g in doc["groups"]] == ["s1", "s2", "s0"]  # most expensive first
+    top = cli("cost", "report", "--no-reconcile", "-o", "json", "--limit", "2").json
+    assert (top["groups_total"], top["limit"]) == (3, 2)
+    assert top["groups"] == doc["groups"][:2]
+    assert top["totals"] == doc["totals"] and top["totals"]["cost_usd"] == pytest.approx(8 * 1.2 * 6)
+    csv_rows = cli("cost", "report", "--no-reconcile", "-o", "csv").stdout.strip().splitlines()
+    assert len(csv_rows) == 1 + 3
+    limited = cli("cost", "report", "--no-reconcile", "-o", "csv", "--limit", "1").stdout.strip().splitlines()
+    assert len(limited) == 2 and limited[1].startswith("slice,us-central1-a/s1#1,1,3.0,")
+
+
 @pytest.mark.parametrize(
     ("args", "field", "value"),
     [
+        (("cost", "report", "--limit", "-1"), "--limit", "-1"),
+        (("cost", "report", "--limit", "ten"), "--limit", "ten"),
         (("cost", "report", "--since", "last tuesday"), "--since", "last tuesday"),
         (("cost", "report", "--until", "2026-13-40"), "--until", "2026-13-40"),
         (("cost", "report", "--since", "2026-11-02", "--until", "2026-11-01"), "--since", "2026-11-02"),

@@ -147,17 +147,26 @@ def report(
             help="Compare the ledger with the live listing first (default); --no-reconcile stays offline.",
         ),
     ] = True,
+    limit: Annotated[
+        str | None,
+        typer.Option(
+            "--limit",
+            help="Show the N costliest groups (default: 50 in the table, every group with -o json/yaml/csv);"
+            " 0 shows all. Totals always cover every group.",
+        ),
+    ] = None,
     output: OutputOpt = None,
     dry_run: DryRunOpt = False,
 ) -> None:
-    """What was spent, from the ledger with GCP's billing rules: per group, totals, spot savings against
-    on-demand, what preemptions wasted, untracked slices, and a per-day chart. With --dry-run the
-    reconciliation records nothing."""
-    from tpuctl.services.cost import parse_group_by, parse_window
+    """What was spent, from the ledger with GCP's billing rules: per group (most expensive first),
+    totals, spot savings against on-demand, what preemptions wasted, untracked slices, and a per-day
+    chart. With --dry-run the reconciliation records nothing."""
+    from tpuctl.services.cost import parse_group_by, parse_limit, parse_window
 
     out = make_output(ctx, output)
     settings = build_settings(ctx)
     group = parse_group_by(group_by)
+    keep = parse_limit(limit, table=not out.machine)
     start, end_given = parse_window(since, until, now=time.time())
     # Without --until the window ends when the report is computed (after reconciliation recorded what it
     # saw), not when the command started.
@@ -165,9 +174,9 @@ def report(
     dry = is_dry_run(ctx, dry_run)
     if reconcile:
         with cost_session(ctx, out, settings) as (sess, source):
-            result = _report(sess, source, group, start, end, reconcile=True, dry_run=dry)
+            result = _report(sess, source, group, start, end, keep, reconcile=True, dry_run=dry)
     else:
-        result = _offline_report(out, settings, group, start, end)
+        result = _offline_report(out, settings, group, start, end, keep)
     _render_report(out, result)
 
 
@@ -177,31 +186,31 @@ def _report(
     group: Any,
     start: float | None,
     end: float | None,
+    limit: int | None,
     *,
     reconcile: bool,
     dry_run: bool,
 ) -> CostReport:
     from tpuctl.services.budget import expired_slices
     from tpuctl.services.cost import CostService
-    from tpuctl.services.cost_reconcile import Reconciler
+    from tpuctl.services.cost_reconcile import Reconciler, reconciled_report
 
-    untracked: list[dict[str, Any]] = []
-    actions: list[dict[str, Any]] = []
-    warnings: list[str] = []
+    service = CostService(sess.ledger.path, sess.catalog, source)
+
+    def compute() -> CostReport:
+        return service.report(since=start, until=end, group_by=group, limit=limit)
+
     if reconcile:
-        rec = Reconciler(sess.ledger, sess.cloud, sess.catalog, clock=time.time).reconcile(dry_run=dry_run)
-        untracked, actions, warnings = rec.untracked, rec.actions, rec.warnings
-    result = CostService(sess.ledger.path, sess.catalog, source).report(
-        since=start, until=end, group_by=group
-    )
-    result.untracked = untracked
-    result.reconciled = actions
-    result.warnings = [*warnings, *result.warnings, *expired_slices(sess.ledger, now=time.time())]
+        reconciler = Reconciler(sess.ledger, sess.cloud, sess.catalog, clock=time.time)
+        result = reconciled_report(reconciler, sess.cloud, compute, dry_run=dry_run)
+    else:
+        result = compute()
+    result.warnings = [*result.warnings, *expired_slices(sess.ledger, now=time.time())]
     return result
 
 
 def _offline_report(
-    out: Output, settings: Settings, group: Any, start: float | None, end: float | None
+    out: Output, settings: Settings, group: Any, start: float | None, end: float | None, limit: int | None
 ) -> CostReport:
     from tpuctl.services.budget import expired_slices
     from tpuctl.services.cost import CostService
@@ -213,7 +222,9 @@ def _offline_report(
     out.backend_banner(backend, settings.project or "(not contacted)", ", offline")
     out.note("offline: the ledger only, not reconciled with the live listing")
     with Ledger(settings.resolved_state_dir) as ledger:
-        result = CostService(ledger.path, catalog, source).report(since=start, until=end, group_by=group)
+        result = CostService(ledger.path, catalog, source).report(
+            since=start, until=end, group_by=group, limit=limit
+        )
         result.warnings.extend(expired_slices(ledger, now=time.time()))
     return result
 
@@ -234,6 +245,10 @@ def _render_report(out: Output, result: CostReport) -> None:
         return
     window = f"{iso(result.since) or 'the beginning'} .. {iso(result.until)}"
     out.out.print(f"[bold]cost report[/], {window} (UTC), by {result.group_by.name}")
+    lines = result.lines
+    title = f"by {result.group_by.name}"
+    if result.groups_total > len(lines):
+        title += f": the {len(lines)} costliest of {result.groups_total:,}"
     if result.group_by.kind == "slice":
         columns = ["SLICE", "ZONE", "TYPE", "CAPACITY", "STATE", "HOURS"]
         key_cells = [
@@ -245,14 +260,14 @@ def _render_report(out: Output, result: CostReport) -> None:
                 line.info.get("capacity"),
                 line.info.get("state"),
             ]
-            for line in result.lines
+            for line in lines
         ]
     else:
         label = {"run": "RUN", "label": result.group_by.name.upper()}.get(
             result.group_by.kind, result.group_by.kind.upper()
         )
         columns = [label, "SLICES", "HOURS"]
-        key_cells = [[line.key, line.slices] for line in result.lines]
+        key_cells = [[line.key, line.slices] for line in lines]
     columns += ["CHIP-H", "COST USD", "SAVED USD", "WASTE USD"]
     rows = [
         [
@@ -263,9 +278,18 @@ def _render_report(out: Output, result: CostReport) -> None:
             _money(line.spot_savings_usd),
             _money(line.waste_usd),
         ]
-        for cells, line in zip(key_cells, result.lines, strict=True)
+        for cells, line in zip(key_cells, lines, strict=True)
     ]
-    out.rows(f"by {result.group_by.name}", columns, rows, key="groups", records=data["groups"])
+    out.rows(title, columns, rows, key="groups", records=data["groups"])
+    rest = result.omitted
+    if rest is not None:
+        hidden = result.groups_total - len(lines)
+        total = result.totals.cost_usd
+        share = f", {rest.cost_usd / total:.0%} of the total" if total else ""
+        out.out.print(
+            f"... and {hidden:,} more {_plural(result.group_by.kind)} costing {_money(rest.cost_usd)} USD"
+            f"{share}, not shown: --limit 0 shows them all; -o json and -o csv list every group"
+        )
     t = result.totals
     out.out.print(
         f"[bold]total {_money(t.cost_usd)} USD[/] for {t.chip_hours:,.1f} chip-hours on {t.slices} slice(s); "
@@ -301,6 +325,11 @@ def _render_report(out: Output, result: CostReport) -> None:
     out.note(result.prices.line())
     for warning in result.warnings:
         out.warn(warning)
+
+
+def _plural(kind: str) -> str:
+    return {"slice": "slices", "run": "runs", "day": "days", "capacity": "capacity types",
+            "type": "types", "label": "label values"}.get(kind, f"{kind}s")  # fmt: skip
 
 
 def _render_days(out: Output, days: list[dict[str, Any]]) -> None:

@@ -108,6 +108,27 @@ def parse_group_by(value: str | None) -> GroupBy:
     return GroupBy(kind)
 
 
+#: Groups the table shows by default (the costliest); machine formats list every group unless --limit.
+DEFAULT_TABLE_LIMIT: Final = 50
+
+
+def parse_limit(value: str | None, *, table: bool) -> int | None:
+    """``--limit N`` -> the number of groups to keep (None: all). N is a whole number >= 0, 0 meaning
+    all; without it the table keeps ``DEFAULT_TABLE_LIMIT`` (hundreds of thousands of slices do not make
+    a readable table) and JSON/YAML/CSV keep every group (a script wants them all)."""
+    if value is None:
+        return DEFAULT_TABLE_LIMIT if table else None
+    text = value.strip()
+    if not text.isdigit():
+        raise UsageError(
+            f"--limit {value!r} is not a whole number >= 0",
+            field="--limit",
+            value=value,
+            fix="give how many of the costliest groups to show, e.g. --limit 20, or --limit 0 for all",
+        )
+    return int(text) or None
+
+
 def parse_instant(value: str, *, field_name: str, now: float) -> float:
     """A point in time as epoch seconds. Naive dates and times are UTC (cost reports are in UTC days)."""
     text = value.strip()
@@ -745,7 +766,8 @@ class _Sub:
 class _Partial:
     """What one id range of the pods table contributed."""
 
-    rows: list[tuple[Any, ...]]
+    rows: list[tuple[Any, ...]]  # per group key x zone x type x capacity (cost_agg summed over days)
+    first_days: list[tuple[Any, ...]]  # per first billed day x zone x type x capacity
     preemptions: int
     free: int
     changed_subs: list[_Sub] = field(default_factory=list)  # their pieces, each at its price
@@ -1094,18 +1116,18 @@ class CostService:
         first_days: list[_Sub] = []
         day_subs: list[_Sub] = []
         for part in partials:
+            for r in part.first_days:
+                first_days.append(_Sub(r[0], str(r[1]), _unnull(r[2]), _unnull(r[3]), r[4], *r[5:9]))
             for r in part.rows:
                 key, zone, atype, capacity = _unnull(r[0]), str(r[1]), _unnull(r[2]), _unnull(r[3])
-                total_slices += int(r[6] or 0)
-                if r[4] >= 0:
-                    first_days.append(_Sub(r[4], zone, atype, capacity, r[5], r[11], r[12], r[13], r[14]))
+                total_slices += int(r[5] or 0)
                 if by_group:
                     # The temp table's sums default to 0, never NULL: no conversion needed.
-                    billed = _Sub(key, zone, atype, capacity, r[5], r[7], r[8], r[9], r[10])
+                    billed = _Sub(key, zone, atype, capacity, r[4], r[6], r[7], r[8], r[9])
                     line = line_for(billed)
                     line.slices += billed.slices
                     self._add_billed(line, billed, warnings, sign=1.0)
-                    held = _Sub(key, zone, atype, capacity, 0, 0.0, r[15], r[16], r[17])
+                    held = _Sub(key, zone, atype, capacity, 0, 0.0, r[10], r[11], r[12])
                     self._add_held(line, held, warnings)
             # Slices whose price changed: the scan billed them at their last price; take that back and
             # bill their pieces, each at its own price.
@@ -1192,9 +1214,16 @@ class CostService:
         else:
             reader.execute(_pods_billed_sql(main), params)
             reader.execute(_pods_held_sql(main), params)
+        # Summed here rather than row by row in Python: cost_agg holds a row per day as well (tens of
+        # thousands on a big ledger), which the groups do not need and the per-day figures need apart.
         rows = reader.query(
-            "SELECT k, zone, atype, capacity, day0, slices, seen, bs, cs, priced, unpriced, d0s, d0cs, "
-            "d0priced, d0unpriced, hcs, hpriced, hunpriced FROM cost_agg",
+            "SELECT k, zone, atype, capacity, SUM(slices), SUM(seen), SUM(bs), SUM(cs), SUM(priced), "
+            "SUM(unpriced), SUM(hcs), SUM(hpriced), SUM(hunpriced) FROM cost_agg GROUP BY 1, 2, 3, 4",
+            {},
+        )
+        first_days = reader.query(
+            "SELECT day0, zone, atype, capacity, SUM(slices), SUM(d0s), SUM(d0cs), SUM(d0priced), "
+            "SUM(d0unpriced) FROM cost_agg WHERE day0 >= 0 GROUP BY 1, 2, 3, 4",
             {},
         )
         # Fast: the narrow partial index of preempted slices, not every pods row.
@@ -1204,7 +1233,7 @@ class CostService:
             else _PREEMPTIONS_SQL
         )
         preemptions, free = (int(v) for v in reader.query(preemptions_sql, params)[0])
-        part = _Partial(rows=rows, preemptions=preemptions, free=free)
+        part = _Partial(rows=rows, first_days=first_days, preemptions=preemptions, free=free)
         changed = self._changes and self._materialize_changed(reader, params)
         if changed and group.kind != "day":
             part.changed_subs = self._subs(reader, _SRC_CHANGED_TEMP, group, params)

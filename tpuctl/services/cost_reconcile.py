@@ -17,6 +17,7 @@ rows that recorded neither are taken as this backend's.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,7 +25,7 @@ from typing import Any
 from tpuctl.catalog import Catalog, region_of_zone
 from tpuctl.cloud.base import Node, TpuCloud
 from tpuctl.errors import NotFoundError, UsageError
-from tpuctl.services.cost import iso
+from tpuctl.services.cost import CostReport, iso
 from tpuctl.store.ledger import Ledger
 from tpuctl.store.records import EventKind, PodRecord, PodState
 
@@ -152,3 +153,53 @@ class Reconciler:
             "created_at": node.create_time.isoformat() if node.create_time else None,
             "labels": dict(node.labels),
         }
+
+
+class _Listing:
+    """The live listing, fetched on a thread of its own. Its first call imports and builds the TPU
+    client (``google.cloud.tpu_v2`` and protobuf: a few tenths of a second of Python); the report's
+    queries meanwhile run in SQLite, which releases the GIL, so the two overlap instead of adding up."""
+
+    def __init__(self, cloud: TpuCloud) -> None:
+        self._cloud = cloud
+        self._nodes: list[Node] = []
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="tpuctl-cost-listing", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._nodes = list(self._cloud.list_nodes(None))
+        except BaseException as exc:  # handed to the caller's thread by result()
+            self._error = exc
+
+    def wait(self) -> None:
+        self._thread.join()
+
+    def result(self) -> list[Node]:
+        self.wait()
+        if self._error is not None:
+            raise self._error
+        return self._nodes
+
+
+def reconciled_report(
+    reconciler: Reconciler, cloud: TpuCloud, report: Callable[[], CostReport], *, dry_run: bool = False
+) -> CostReport:
+    """``report()`` reconciled with the live listing: untracked slices, and the events reconciliation
+    records (a slice gone, preempted or READY), which the report includes.
+
+    The listing is fetched while the report is computed; in the rare case reconciliation then records
+    an event, the report is computed again so that it bills what was recorded."""
+    listing = _Listing(cloud)
+    try:
+        result = report()
+        rec = reconciler.reconcile(dry_run=dry_run, nodes=listing.result())
+    finally:
+        listing.wait()  # never leave the listing running against a session being closed
+    if any(action["recorded"] for action in rec.actions):
+        result = report()
+    result.untracked = rec.untracked
+    result.reconciled = rec.actions
+    result.warnings = [*rec.warnings, *result.warnings]
+    return result
