@@ -166,3 +166,23 @@ def test_limit_keeps_the_costliest_groups_of_the_same_report(tmp_path: Path, gro
         if group != "day":
             assert costs == sorted(costs, reverse=True)
         assert service.report(since=since, group_by=parse_group_by(group), limit=0).to_dict() == full
+
+
+@pytest.mark.parametrize("seed", [4, 5])
+def test_the_costliest_slices_are_the_full_reports_first_ones_in_every_window(
+    tmp_path: Path, seed: int
+) -> None:
+    """The limited slice report ranks only slices that can make it (closed ones down to the stored USD of
+    the limit-th, plus open, window-cut and unpriced ones), or all of them when fewer closed slices cost
+    anything: either way, the full report's first groups."""
+    db = _ledger(tmp_path / "state", seed)
+    catalog = Catalog.load()
+    source = PriceSource(catalog.prices.source, catalog.prices.date, cached=False)
+    service = CostService(db, catalog, source, clock=lambda: T0 + 4 * DAY, workers=1)
+    for since, until in WINDOWS:
+        full = service.report(since=since, until=until).to_dict()
+        assert len(full["groups"]) > 20
+        for limit in (1, 3, 20, len(full["groups"]) - 1, len(full["groups"]) + 5):
+            top = service.report(since=since, until=until, limit=limit).to_dict()
+            assert top["groups"] == full["groups"][:limit], (since, until, limit)
+            assert top["groups_total"] == full["groups_total"]

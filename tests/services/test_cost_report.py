@@ -322,6 +322,26 @@ def test_limit_keeps_the_costliest_groups_and_totals_cover_all(
     assert report(group_by=group_by, fast=fast, limit=0).to_dict() == full.to_dict()
 
 
+@pytest.mark.parametrize("fast", [True, False])
+def test_the_costliest_slice_may_be_one_the_ledger_has_no_price_for(
+    ledger: Ledger, report: Callable[..., CostReport], fast: bool
+) -> None:
+    # Its stored USD is 0 (no price recorded); the catalog's on-demand v5e price makes it the costliest.
+    slice_life(ledger, "priced-a", ready=T0, end=T0 + 3600, chips=8, accel="v5litepod-8")
+    slice_life(ledger, "priced-b", ready=T0, end=T0 + 1800, chips=8, accel="v5litepod-8")
+    slice_life(ledger, "unpriced", ready=T0, end=T0 + 3600, chips=8, accel="v5litepod-8",
+               capacity="on-demand", price=None)  # fmt: skip
+    slice_life(ledger, "open", ready=T0 + 600, chips=8, accel="v5litepod-8", capacity="on-demand",
+               price=1.2)  # still running: no stored USD either  # fmt: skip
+
+    top = report(limit=2, fast=fast, now=T0 + 600 + 2 * 3600)
+
+    assert [g["name"] for g in top.groups] == ["open", "unpriced"]
+    assert [g["cost_usd"] for g in top.groups] == [19.2, 9.6]  # 8 x 1.20 x 2 h so far; 8 x 1.20 x 1 h
+    assert top.groups_total == 4
+    assert "some slices had no price in the ledger" in " ".join(top.warnings)
+
+
 def test_limit_on_days_keeps_the_costliest_days_in_date_order(
     ledger: Ledger, report: Callable[..., CostReport]
 ) -> None:

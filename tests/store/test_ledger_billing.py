@@ -145,7 +145,7 @@ def test_migration_from_v1_backfills_the_facts(tmp_path: Path) -> None:
         db = ledger.path
     # Make it a v1 ledger: the columns v2 added, and the v3/v4 indexes and rollup over them, are not there.
     conn = sqlite3.connect(db)
-    for index in ("pods_closed", "pods_preempted", "pods_ended", "pods_crossing", *_V5_INDEXES):
+    for index in ("pods_closed", "pods_preempted", "pods_ended", "pods_crossing", *_V5_INDEXES, *_V6_INDEXES):
         conn.execute(f"DROP INDEX {index}")
     conn.execute("CREATE INDEX pods_run ON pods (run_id) WHERE run_id IS NOT NULL")  # as v1 made it
     conn.execute("DROP TRIGGER pods_rollup_insert")
@@ -164,6 +164,7 @@ def test_migration_from_v1_backfills_the_facts(tmp_path: Path) -> None:
 
 
 _V5_INDEXES = ("pods_run", "pods_norun", "run_segments_pod", "run_segments_recomputed")
+_V6_INDEXES = ("pods_cost", "pods_unpriced")
 
 
 def _indexes(db: Path) -> dict[str, list[str]]:
@@ -180,8 +181,8 @@ def test_migration_from_v4_adds_the_report_indexes(tmp_path: Path) -> None:
     with Ledger(tmp_path / "s") as ledger:
         ledger.record_events_bulk(events)
         db = ledger.path
-    conn = sqlite3.connect(db)  # back to v4: v5 added three indexes and widened pods_run
-    for index in _V5_INDEXES:
+    conn = sqlite3.connect(db)  # back to v4: v5 added three indexes and widened pods_run, v6 added two
+    for index in (*_V5_INDEXES, *_V6_INDEXES):
         conn.execute(f"DROP INDEX {index}")
     conn.execute("CREATE INDEX pods_run ON pods (run_id) WHERE run_id IS NOT NULL")
     conn.execute("PRAGMA user_version = 4")
@@ -190,13 +191,15 @@ def test_migration_from_v4_adds_the_report_indexes(tmp_path: Path) -> None:
     assert _indexes(db)["pods_run"] == ["run_id"]
 
     with Ledger(tmp_path / "s") as ledger:
-        assert ledger.schema_version == schema_module.SCHEMA_VERSION == 5
+        assert ledger.schema_version == schema_module.SCHEMA_VERSION == 6
         assert ledger.check_view() == []
     indexes = _indexes(db)
     assert indexes["pods_run"][:3] == ["run_id", "ready_at", "ended_at"]  # covers billing a slice
     assert indexes["pods_norun"][:2] == ["zone", "name"] and "price_per_chip_hour" in indexes["pods_norun"]
     assert indexes["run_segments_pod"] == ["zone", "pod"]
     assert "steps_recomputed" in indexes["run_segments_recomputed"]
+    assert indexes["pods_cost"][:3] == ["billed_usd_s", "ready_at", "ended_at"]
+    assert indexes["pods_unpriced"] == ["billed_unpriced_chip_s"]
 
 
 def _assert_rollup_matches_pods(ledger: Ledger) -> None:

@@ -56,7 +56,7 @@ from tpuctl.store.records import LedgerError
 #: A spot/preemptible slice preempted within this many seconds of READY is not charged.
 FREE_PREEMPTION_S: Final = 60.0
 #: The ledger schema version these queries are written for.
-KNOWN_SCHEMA: Final = 5
+KNOWN_SCHEMA: Final = 6
 GROUP_BY_CHOICES: Final = ("slice", "run", "zone", "region", "type", "capacity", "day", "label:KEY")
 _LABEL_KEY_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 _DURATION_PART_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*(w|d|h|m|s)")
@@ -505,11 +505,18 @@ def _key_sql(group: GroupBy, alias: str) -> str:
     }[group.kind]
 
 
-def _aggregate_sql(source: str, group: GroupBy, *, count: bool = False) -> str:
+#: _CHANGE_CTES's ``changed`` and ``pieces`` read back from ``cost_all_pieces``, where a report that
+#: needs them in several queries computed them once.
+_STORED_CHANGE_CTES: Final = """
+changed AS (SELECT DISTINCT id AS pod_id FROM cost_all_pieces),
+pieces AS (SELECT id, s, e, price FROM cost_all_pieces)"""
+
+
+def _aggregate_sql(source: str, group: GroupBy, *, count: bool = False, ctes: str = _CHANGE_CTES) -> str:
     """Sum an interval relation per (group key, zone, type, capacity); ``count``: distinct slices too."""
     split = _DAY_SPLIT if group.kind == "day" else "iv AS (SELECT * FROM src)"
     return f"""
-WITH RECURSIVE {_CHANGE_CTES},
+WITH RECURSIVE {ctes},
 src({_IV_COLUMNS}) AS ({source}),
 {split}
 SELECT {_key_sql(group, "iv")} AS k, iv.zone AS zone, iv.atype AS atype, iv.capacity AS capacity,
@@ -977,10 +984,15 @@ class CostService:
         for statement in items.PREPARE:
             reader.execute(statement, {})
         items.fill_prices(reader, items.combos(reader), self._combo_prices)
+        ctes = _CHANGE_CTES
         if self._changes:
-            reader.execute(items.pieces_sql(f"WITH {_CHANGE_CTES} {_SRC_CHANGED}"), params)
+            # Every price-changed slice's pieces, once: the groups and both segment queries read them.
+            pieces = f"WITH {_CHANGE_CTES} SELECT id, s, e, price FROM pieces"
+            reader.execute(f"CREATE TEMP TABLE cost_all_pieces AS {pieces}", params)
+            reader.execute(items.PIECES_SQL, {})
+            ctes = _STORED_CHANGE_CTES
         if self._segments:
-            rec = _aggregate_sql(_SRC_RECOMPUTED, group)
+            rec = _aggregate_sql(_SRC_RECOMPUTED, group, ctes=ctes)
             reader.execute(items.adj_sql(rec, recomputed=True), params)
             for r in reader.query(
                 "SELECT zone, atype, capacity, SUM(rpriced), SUM(runpriced) FROM cost_item_adj "
@@ -993,7 +1005,7 @@ class CostService:
             if group.kind == "run":
                 # Slices no run created are billed to the runs that ran on them, for the time they did;
                 # the rest of their time stays with "(none)".
-                runs = _aggregate_sql(_SRC_SEGMENT_RUNS, group, count=True)
+                runs = _aggregate_sql(_SRC_SEGMENT_RUNS, group, count=True, ctes=ctes)
                 reader.execute(f"CREATE TEMP TABLE cost_seg AS {runs}", params)
                 reader.execute(items.adj_sql("SELECT * FROM cost_seg", recomputed=False), params)
                 reader.execute(items.adj_sql("SELECT * FROM cost_seg", recomputed=False, sign="-"), params)
@@ -1001,7 +1013,13 @@ class CostService:
         ranked = limit is not None
         if group.kind == "slice":
             if ranked:
-                reader.execute(items.SLICE_RANK_SQL, bound)
+                bar, found = reader.query(items.SLICE_BAR_SQL, bound)[0]
+                if found == limit and bar is not None and bar > items.BAR_MARGIN_USD_S:
+                    # Only slices that can be among the costliest: closed ones down to the bar, and those
+                    # the stored facts cannot rank (open, cut by the window, unpriced).
+                    reader.execute(items.SLICE_RANK_ABOVE_SQL, {**bound, "bar": bar - items.BAR_MARGIN_USD_S})
+                else:  # fewer than `limit` closed slices cost anything: rank them all
+                    reader.execute(items.SLICE_RANK_SQL, bound)
             groups = items.slice_records(reader.query(items.slice_sql(ranked=ranked), bound))
             # One group per slice billed or holding quota in the window: what the aggregate pass counted.
             total = counts[2]

@@ -176,6 +176,39 @@ SELECT id, ROW_NUMBER() OVER (ORDER BY ru DESC, ready_at IS NULL, ready_at, id) 
 )"""
 
 
+#: A closed slice billed inside the window: its stored facts are its bill (pods_cost's columns).
+_CLOSED_INSIDE: Final = f"""p.ended_at IS NOT NULL AND p.ready_at IS NOT NULL
+      AND p.ready_at >= :since AND p.ended_at <= :until AND {_BILLED}"""
+#: The ``:limit``-th highest stored USD (x 3600) of a closed slice inside the window, and how many were
+#: found: pods_cost walked from the top, so it reads ``:limit`` entries when the window holds the costliest
+#: slices (and at most the index when it holds none of them).
+SLICE_BAR_SQL: Final = f"""
+SELECT MIN(usd_s), COUNT(*) FROM (
+    SELECT p.billed_usd_s AS usd_s FROM pods AS p INDEXED BY pods_cost
+    WHERE {_CLOSED_INSIDE}
+    ORDER BY p.billed_usd_s DESC LIMIT :limit
+)"""
+#: How far below the bar (USD x 3600) candidates still count: two millionths of a dollar, so that float
+#: noise between the stored facts and the ranking's own sum cannot keep a slice out.
+BAR_MARGIN_USD_S: Final = 3600 * 2e-6
+#: SLICE_RANK_SQL over the only slices that can rank among the ``:limit`` costliest once ``:limit``
+#: closed slices cost at least ``:bar``: closed ones from the bar up (pods_cost), and those whose stored
+#: USD is not their bill: open or cut by the window (cost_rest, from the aggregate pass) or with unpriced
+#: time (pods_unpriced). Everything else costs less than ``:limit`` slices already found.
+SLICE_RANK_ABOVE_SQL: Final = f"""
+INSERT INTO cost_top (k, n)
+SELECT id, ROW_NUMBER() OVER (ORDER BY ru DESC, ready_at IS NULL, ready_at, id) FROM (
+    SELECT p.id AS id, p.ready_at AS ready_at, ROUND({_USD}, 6) AS ru
+    FROM pods AS p {_PIECES_JOIN}
+    WHERE p.id IN (
+        SELECT p.id FROM pods AS p INDEXED BY pods_cost WHERE {_CLOSED_INSIDE} AND p.billed_usd_s >= :bar
+        UNION SELECT id FROM cost_rest
+        UNION SELECT id FROM pods INDEXED BY pods_unpriced WHERE billed_unpriced_chip_s > 0
+    ) AND {_BILLED}
+    ORDER BY ru DESC, ready_at IS NULL, ready_at, id LIMIT :limit
+)"""
+
+
 def slice_sql(*, ranked: bool) -> str:
     """Slice group rows (key, facts, figures): those in cost_top in its order (``ranked``), else every
     slice billed or holding quota in the window, most expensive first, then by READY time and id."""
@@ -311,14 +344,13 @@ PREPARE: Final = (
 )
 
 
-def pieces_sql(pieces: str) -> str:
-    """The price pieces of every price-changed slice billed in the window (``pieces``: cost.py's interval
-    SQL, rows (id, s, e, price, ...)), summed per slice: USD x 3600 and unpriced chip-seconds."""
-    return f"""
+#: The price pieces of every price-changed slice billed in the window (``cost_all_pieces``), summed per
+#: slice: USD x 3600 and unpriced chip-seconds.
+PIECES_SQL: Final = """
 INSERT INTO cost_item_pieces (id, priced, unpriced)
-SELECT x.id, COALESCE(SUM(x.chips * (x.e - x.s) * x.price), 0),
-       SUM(CASE WHEN x.price IS NULL THEN x.chips * (x.e - x.s) ELSE 0 END)
-FROM ({pieces}) AS x WHERE x.e > x.s GROUP BY x.id"""
+SELECT x.id, COALESCE(SUM(p.chips * (x.e - x.s) * x.price), 0),
+       SUM(CASE WHEN x.price IS NULL THEN p.chips * (x.e - x.s) ELSE 0 END)
+FROM cost_all_pieces AS x CROSS JOIN pods AS p ON p.id = x.id WHERE x.e > x.s GROUP BY x.id"""
 
 
 def adj_sql(aggregate: str, *, recomputed: bool, sign: str = "") -> str:

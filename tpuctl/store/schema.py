@@ -430,7 +430,21 @@ _V5 = Migration(
     ),
 )
 
-MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, _V5)
+#: The costliest slices without reading every slice: ``pods_cost`` orders the closed ones by the USD
+#: their stored facts hold (with what decides whether one is billed inside a window), so a report that
+#: shows the N costliest walks it from the top; ``pods_unpriced`` finds the (usually no) slices with time
+#: at no recorded price, whose cost the catalog decides and the order above does not know.
+_V6 = Migration(
+    6,
+    "cost ranking indexes: closed slices by billed USD, slices with unpriced time",
+    (
+        """CREATE INDEX pods_cost ON pods (billed_usd_s, ready_at, ended_at, chips, capacity, end_reason)
+        WHERE ended_at IS NOT NULL AND ready_at IS NOT NULL""",
+        "CREATE INDEX pods_unpriced ON pods (billed_unpriced_chip_s) WHERE billed_unpriced_chip_s > 0",
+    ),
+)
+
+MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, _V5, _V6)
 SCHEMA_VERSION: int = len(MIGRATIONS)
 
 
