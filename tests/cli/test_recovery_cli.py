@@ -424,21 +424,22 @@ def test_detached_run_is_preempted_by_another_process_survives_kill_9_and_resume
     assert logs.code == 0 and "final_params_sha256" in logs.stdout
 
 
-@pytest.mark.parametrize("died", ["placing", "deleting"])
+@pytest.mark.parametrize("died", ["placing", "deleting", "preempted"])
 def test_resume_takes_over_every_slice_the_ledger_has_for_the_run(
     own_sim: Path, tpuctl: Callable[..., Result], tmp_path: Path, died: str
 ) -> None:
     """A supervisor killed while the allocator placed its slice (any zone: the run record names no zone
-    yet), or right after its delete of the slice landed (the ledger never heard): `runs resume` finds the
-    slice through the ledger's entries for the run, uses it again or records it gone, and the run ends
-    with no slice left and no ledger entry alive."""
+    yet), right after its delete of the slice landed (the ledger never heard), or after it recorded a
+    preemption but before it deleted the preempted slice (which holds quota): `runs resume` finds the slice
+    through the ledger's entries for the run, uses it again, records it gone or deletes it, and the run
+    ends with no slice left and no ledger entry alive."""
     from recovery_helpers import V5E_OTHER, V5E_ZONE
 
     from tpuctl.services.launcher import Launcher, RunRequest
     from tpuctl.services.recovery import Supervisor
     from tpuctl.services.session import open_session
     from tpuctl.settings import load_settings
-    from tpuctl.store.records import PodState
+    from tpuctl.store.records import EventKind, PodState
 
     script = write(tmp_path / "proj" / "sleeper.py", SLEEPER)
     with open_session(load_settings()) as sess:
@@ -451,9 +452,14 @@ def test_resume_takes_over_every_slice_the_ledger_has_for_the_run(
         run_id = prepared.run_id
         record = sess.ledger.get_run(run_id)
         assert record is not None and record.zone is None and placed.zone in (V5E_ZONE, V5E_OTHER)
-        if died == "deleting":
+        if died != "placing":
             sess.ledger.update_run(run_id, pod=placed.name, zone=placed.zone)
+        if died == "deleting":
             sess.cloud.delete_node(placed.zone, placed.name, wait=True)
+        if died == "preempted":
+            assert tpuctl("sim", "preempt", placed.name, "--no-notice").code == 0
+            assert sess.cloud.get_node(placed.zone, placed.name).state == "PREEMPTED"
+            sess.ledger.record_event(EventKind.PREEMPTED, pod=placed.name, zone=placed.zone, run_id=run_id)
 
     resumed = tpuctl("runs", "resume", run_id, "-o", "json")
     assert resumed.code == 0, resumed.stderr[-3000:]
@@ -469,8 +475,51 @@ def test_resume_takes_over_every_slice_the_ledger_has_for_the_run(
         assert list(pods) == [placed.name] and resumed.json["run"]["pod"] == placed.name
         assert first.end_reason == "deleted"
     else:
-        assert first.end_reason == "gone" and len(pods) == 2
+        assert first.end_reason == ("gone" if died == "deleting" else "preempted")
+        assert first.deleted_at is not None and len(pods) == 2
         assert resumed.json["run"]["pod"] != placed.name
+
+
+@pytest.mark.parametrize("command", ["resume", "cancel"])
+def test_hosts_started_before_their_pids_were_recorded_are_stopped_too(
+    own_sim: Path, tpuctl: Callable[..., Result], tmp_path: Path, command: str
+) -> None:
+    """A supervisor killed between starting a host and recording the hosts' pids in the run (host 0 then
+    waits for host 1 forever and never writes to its closed pipe): `runs resume` and `runs cancel` stop it
+    all the same, found by the run id in its environment under this state dir's simulated hosts."""
+    from tpuctl.services.executors.sim import SimExecutor
+    from tpuctl.services.launcher import Launcher, RunRequest
+    from tpuctl.services.recovery import Supervisor
+    from tpuctl.services.session import open_session
+    from tpuctl.settings import load_settings
+    from tpuctl.sim.processes import is_same_process, is_zombie, process_start_ticks
+
+    script = write(tmp_path / "proj" / "sleeper.py", SLEEPER)
+    with open_session(load_settings()) as sess:
+        launcher = Launcher(sess)
+        prepared = launcher.prepare(
+            RunRequest(script=str(script), accelerator_type="v5e-8", env=("SLEEP_S=300",))
+        )
+        Supervisor(sess).create_record(prepared)
+        node = launcher.provision(prepared)
+        sess.ledger.update_run(prepared.run_id, pod=node.name, zone=node.zone)
+        # The dead supervisor's host: started on the run's slice, never recorded in the run.
+        orphan = SimExecutor(
+            own_sim / "sim-hosts" / node.zone / node.name, zone=node.zone, node=node.name, num_hosts=1
+        )
+        orphan.ship(prepared.bundle)
+        orphan.start(prepared.spec(0))
+        (pid,) = orphan.pids().values()
+        ticks = process_start_ticks(pid)
+    record = Ledger(own_sim).get_run(prepared.run_id)
+    assert record is not None and "host_pids" not in (record.detail or {})
+    try:
+        result = tpuctl("runs", command, prepared.run_id, "-o", "json")
+        assert result.code == 0, result.stderr[-3000:]
+        assert not is_same_process(pid, ticks) or is_zombie(pid)  # (our child: dead, not yet reaped)
+    finally:
+        orphan.close()
+    assert tpuctl("sim", "status", "-o", "json").json["nodes"] == []
 
 
 def test_runs_cancel_stops_a_detached_run_and_deletes_its_slice(

@@ -1246,7 +1246,12 @@ class Supervisor:
                 ledger.close_segment(
                     seg.id, end=time.time(), detail={**(seg.detail or {}), "closed_by": "resume"}
                 )
-        kill_recorded_hosts(detail.get("host_pids"))
+        kill_left_hosts(
+            self._session.state_dir,
+            prepared.run_id,
+            detail.get("host_pids"),
+            local=prepared.executor_kind == "sim",
+        )
         restart_count = int(detail.get("restart_count", self.restarts + len(self.preemptions))) + 1
         self._inner.status(f"taking over run {prepared.run_id} (restart {restart_count})")
         if prepared.target.node is not None:
@@ -1255,13 +1260,13 @@ class Supervisor:
         return node, restart_count, node.zone if node is not None else record.zone
 
     def _adopt_slices(self, prepared: PreparedRun, record: Any) -> Node | None:
-        """What becomes of the dead supervisor's slices: the one the run record names (it ran there) and
-        every other the ledger still has alive for the run: a placement or a recovery that was still making
-        one when the supervisor died (the run record names a slice only once it is placed, and names no
-        zone at all while the allocator chooses). The first READY one is used again on the simulator (its
-        hosts were killed above; the slice itself is fine), the others are deleted, and one the API no
-        longer has (a delete that landed before the kill could record it) is recorded gone: no slice is
-        left that the run forgot, and no ledger entry outlives its slice."""
+        """What becomes of the dead supervisor's slices: the one the run record names (it ran there; it may
+        be preempted) and every other the ledger still has alive for the run: a placement or a recovery
+        that was still making one when the supervisor died (the run record names a slice only once it is
+        placed, and names no zone at all while the allocator chooses). The first READY one is used again on
+        the simulator (its hosts were killed above; the slice itself is fine), the others are deleted, and
+        one the API no longer has (a delete that landed before the kill could record it) is recorded gone:
+        no slice is left that the run forgot, and no ledger entry outlives its slice."""
         ledger = self._session.ledger
         run_id = prepared.run_id
         slices: list[tuple[str, str]] = []
@@ -1418,6 +1423,38 @@ def kill_recorded_hosts(host_pids: Any) -> int:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)  # each host leads its own group (start_new_session)
                 killed += 1
+    return killed
+
+
+def kill_left_hosts(state_dir: Path, run_id: str, host_pids: Any, *, local: bool) -> int:
+    """SIGKILL the hosts a dead supervisor left: those recorded in the run (``host_pids``) and, for
+    simulated hosts (``local``), every other process of the run still running on this machine: a
+    supervisor killed between starting a host and recording the hosts' pids leaves one that nobody knows
+    of (host 0 then waits for its peers for minutes and never writes to its closed pipe). Only for a run
+    nobody supervises. Returns how many were signalled."""
+    from tpuctl.services.executors.sim import local_hosts
+    from tpuctl.sim.processes import is_same_process, process_start_ticks
+
+    killed = kill_recorded_hosts(host_pids)
+    if not local:
+        return killed
+    recorded = (
+        {v[0] for v in host_pids.values() if isinstance(v, list) and v}
+        if isinstance(host_pids, dict)
+        else set()
+    )
+    for pid in local_hosts(state_dir / "sim-hosts", run_id):
+        ticks = process_start_ticks(pid)
+        if pid in recorded or not is_same_process(pid, ticks):
+            continue
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            # A host leads its own group (whatever it started goes with it); a leftover child of a
+            # host that is gone is signalled alone.
+            if os.getpgid(pid) == pid:
+                os.killpg(pid, signal.SIGKILL)
+            else:
+                os.kill(pid, signal.SIGKILL)
+            killed += 1
     return killed
 
 
@@ -1601,7 +1638,9 @@ def cancel_run(session: Session, run_id: str, *, wait_s: float = 120.0) -> dict[
     # Nobody supervises it: stop what it left and free the slice it made.
     lease = Lease.acquire(log_dir / LOCK_FILE)
     try:
-        killed = kill_recorded_hosts(detail.get("host_pids"))
+        killed = kill_left_hosts(
+            session.state_dir, run_id, detail.get("host_pids"), local=detail.get("executor") == "sim"
+        )
         for seg in ledger.segments(run_id):
             if seg.end is None:
                 ledger.close_segment(seg.id, end=time.time())

@@ -306,6 +306,30 @@ class SimExecutor:
             raise ValueError(f"spec is for {spec.num_workers} workers, the node has {self._num_hosts}")
 
 
+def local_hosts(hosts_root: Path, run_id: str) -> list[int]:
+    """Pids of the live processes started as simulated hosts of ``run_id`` under ``hosts_root`` (the state
+    dir's ``sim-hosts``): the run id in their environment, their working directory below the root. Found
+    from /proc alone (none without one), so also the hosts nobody recorded."""
+    marker = f"{hostenv.RUN_ID}={run_id}".encode()
+    root = os.path.realpath(hosts_root)
+    found: list[int] = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return found
+    for name in entries:
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            cwd = os.readlink(f"/proc/{name}/cwd")  # fails for a zombie: nothing to stop there
+            environ = Path(f"/proc/{name}/environ").read_bytes()
+        except OSError:
+            continue
+        if (cwd == root or cwd.startswith(root + os.sep)) and marker in environ.split(b"\0"):
+            found.append(int(name))
+    return found
+
+
 def _complete(directory: Path, digest: str) -> bool:
     try:
         return (directory / COMPLETE_MARKER).read_text(encoding="ascii").strip() == digest
