@@ -85,3 +85,9 @@ def test_step_saved_without_layout_in_its_record_still_restores(result: tuple[di
     # The layout check falls back to orbax's metadata for such a step and still names the mismatch.
     [[step, reason]] = r["d_mismatch_skipped"]
     assert step == 1 and "target float32[64, 16]" in reason
+
+
+def test_leaf_restored_as_another_type_is_refused(result: tuple[dict[str, Any], str]) -> None:
+    r, _ = result
+    assert r["e_restored_step"] is None
+    assert r["e_skipped"] == [[1, "restored key is uint32[2], target key<fry>[]"]]

@@ -492,10 +492,16 @@ class Checkpointer:
             have = _recorded_layout(verify.get("layout")) if isinstance(verify, dict) else None
             if have is None:
                 have = _layout(ocp.StandardCheckpointHandler().metadata(step_dir / STATE_ITEM))
-            mismatch = _layout_mismatch(have, _layout(target))
+            want = _layout(target)
+            mismatch = _layout_mismatch(have, want)
             if mismatch is not None:
                 return None, None, mismatch
             state = self._restore_state(step_dir / STATE_ITEM, _abstract(target))
+            # What came back must be what was asked for: orbax's CPU handler, for one, returns a typed
+            # PRNG key as its raw uint32 words, which the checksum (computed on those words) would pass.
+            mismatch = _layout_mismatch(_layout(state), want)
+            if mismatch is not None:
+                return None, None, f"restored {mismatch}"
             return state, verify, None
         except Exception as exc:  # any failure to read means this step is not usable
             return None, None, _short(exc)

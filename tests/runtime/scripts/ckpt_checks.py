@@ -155,6 +155,17 @@ def main() -> None:
     out["d_mismatch_skipped"] = [[s.step, s.reason] for s in r.skipped]
     ck.close()
 
+    # A leaf that does not come back as the target asks (orbax's CPU handler returns a typed PRNG key as
+    # its raw words, whose checksum matches) makes the step unreadable instead of resuming with it.
+    ck = Checkpointer(root / "e", save_interval_steps=1, max_to_keep=1)
+    keyed = {"w": base.params, "key": jax.random.key(0)}
+    ck.save(1, keyed)
+    ck.wait()
+    r = ck.restore_latest(keyed)
+    out["e_restored_step"] = r.step
+    out["e_skipped"] = [[s.step, s.reason] for s in r.skipped]
+    ck.close()
+
     # Everything unreadable (here: a target of another model): start fresh, delete nothing.
     other = train.make_train_step(lm.make_loss_fn(lm.LMConfig(**{**CFG.__dict__, "d_model": 16})),
                                   train.make_optimizer(), mesh)
