@@ -97,7 +97,7 @@ _HOST_WORDS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint32}
 
 
 # Any block gives the same value. 1024 words keep the column sums' accumulator (4 KiB) in L1: 16 arrays of
-# 16 MiB summed in 18 ms with blocks of 1024 against 26 ms with 4096 (median of 15, simulator box).
+# 16 MiB summed in 22 ms with blocks of 1024 against 33 ms with 4096 (medians of 15, simulator box).
 _BLOCKS = (1024, 256, 64)
 
 
@@ -345,10 +345,10 @@ def _no_replica_slicing_on_cpu() -> None:
 # Restores read with a TensorStore context of their own. Orbax gives every array read the default context,
 # whose file I/O pool is 128 threads wide: each array's read becomes its own pread stream, and on a local
 # disk a dozen concurrent 16 MiB streams defeat the kernel's per-file readahead and contend on the page
-# cache (measured on the 2-core simulator box: a fresh 256 MiB step read back with the default in
-# 0.28 s and 0.24 s of CPU, with 2 streams in 0.22-0.26 s and 0.19 s of CPU; 1 stream loses the overlap
-# of one read's copy with the next read). Two streams keep the disk busy while the previous chunk is
-# copied out. The limit applies to the "file" kvstore only: gs:// reads go through GCS's own pool.
+# cache (2-core simulator box, a 256 MiB step of 16 arrays read back cold, medians of 13-15 runs paired
+# with a plain read: default 0.28 s with 0.24-0.30 s of CPU, 2 streams 0.22-0.26 s with 0.19-0.22 s of
+# CPU; 1 stream was no better than 2, 4 and 8 worse). Two streams keep the disk busy while a finished
+# read is copied out. The limit applies to the "file" kvstore only: gs:// reads go through GCS's pool.
 _READ_FILE_IO_CONCURRENCY = 2
 
 
