@@ -186,3 +186,43 @@ def test_the_costliest_slices_are_the_full_reports_first_ones_in_every_window(
             top = service.report(since=since, until=until, limit=limit).to_dict()
             assert top["groups"] == full["groups"][:limit], (since, until, limit)
             assert top["groups_total"] == full["groups_total"]
+
+
+@pytest.mark.parametrize("group", ["slice", "run"])
+@pytest.mark.parametrize("limit", [None, 5])
+def test_no_correlated_subquery_scans_a_table(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, group: str, limit: int | None
+) -> None:
+    """Every look-up a report makes per slice or per group is a SEARCH by key: a SCAN there costs a pass
+    over a table per row, quadratic on a big ledger (an untyped temp-table key once did exactly that)."""
+    import tpuctl.services.cost as cost_module
+
+    db = _ledger(tmp_path / "state", 6)
+    plans: list[tuple[str, list[tuple[int, int, str]]]] = []
+    real_query, real_execute = cost_module.LedgerReader.query, cost_module.LedgerReader.execute
+
+    def explain(reader: Any, sql: str, params: Any) -> None:
+        if sql.lstrip().upper().startswith(("SELECT", "INSERT", "WITH", "CREATE TEMP TABLE COST_ALL")):
+            rows = reader._conn.execute("EXPLAIN QUERY PLAN " + sql, dict(params)).fetchall()
+            plans.append((sql, [(r[0], r[1], r[3]) for r in rows]))
+
+    def query(reader: Any, sql: str, params: Any) -> Any:
+        explain(reader, sql, params)
+        return real_query(reader, sql, params)
+
+    def execute(reader: Any, sql: str, params: Any) -> None:
+        explain(reader, sql, params)
+        real_execute(reader, sql, params)
+
+    monkeypatch.setattr(cost_module.LedgerReader, "query", query)
+    monkeypatch.setattr(cost_module.LedgerReader, "execute", execute)
+    catalog = Catalog.load()
+    source = PriceSource(catalog.prices.source, catalog.prices.date, cached=False)
+    service = CostService(db, catalog, source, clock=lambda: T0 + 4 * DAY, workers=1)
+    service.report(group_by=parse_group_by(group), limit=limit)
+
+    assert any("cost_item_rec" in sql or "cost_item_adj" in sql for sql, _ in plans)
+    for sql, plan in plans:
+        correlated = {node for node, _parent, detail in plan if detail.startswith("CORRELATED")}
+        scans = [d for _n, parent, d in plan if parent in correlated and d.startswith("SCAN")]
+        assert not scans, (scans, sql)

@@ -1001,8 +1001,9 @@ class CostService:
             ):
                 sub = _Sub(None, r[0], _unnull(r[1]), _unnull(r[2]), 0, 0.0, 0.0, float(r[3]), float(r[4]))
                 totals.recomputed_usd += self._usd(sub, warnings)
-            reader.execute(items.REC_SQL, {})
-            if group.kind == "run":
+            if group.kind == "slice":
+                reader.execute(items.REC_SQL, {})
+            else:
                 # Slices no run created are billed to the runs that ran on them, for the time they did;
                 # the rest of their time stays with "(none)".
                 runs = _aggregate_sql(_SRC_SEGMENT_RUNS, group, count=True, ctes=ctes)

@@ -261,7 +261,7 @@ FROM pods AS p INDEXED BY pods_norun {_PIECES_JOIN}
 WHERE p.run_id IS NULL AND {_BILLED_OR_HELD}"""
 
 #: Every run group's cost (and what decides whether "(none)" is a group), into cost_runs, then the
-#: ``:limit`` costliest into cost_top. The slices runs created are summed in run order straight off the
+#: ``:limit`` costliest into cost_top_runs. The slices runs created are summed in run order straight off the
 #: covering pods_run index (no sort, no row look-ups); the rest is small.
 RUN_RANK_SQL: Final = (
     f"""INSERT INTO cost_runs (k, usd, slices, cs)
@@ -281,7 +281,7 @@ WHERE 1 GROUP BY a.k
 {_RUN_UPSERT}""",
     # "(none)" when only the runs' shares were moved out of it: nothing is left (as the reference path).
     "DELETE FROM cost_runs WHERE k = :null_key AND slices = 0 AND ABS(cs) < 3.6e-6",
-    """INSERT INTO cost_top (k, n)
+    """INSERT INTO cost_top_runs (k, n)
 SELECT k, ROW_NUMBER() OVER (ORDER BY ru DESC, key) FROM (
     SELECT k, ROUND(usd, 6) AS ru, CASE WHEN k = :null_key THEN '(none)' ELSE k END AS key FROM cost_runs
     ORDER BY ru DESC, key LIMIT :limit
@@ -290,7 +290,7 @@ SELECT k, ROW_NUMBER() OVER (ORDER BY ru DESC, key) FROM (
 
 
 def run_sql(*, ranked: bool) -> str:
-    """Run group rows (key, whether the run is in ``runs``, its facts, figures): those in cost_top in its
+    """Run group rows (key, whether the run is in ``runs``, its facts, figures): those in cost_top_runs in its
     order (``ranked``), else every group, most expensive first, then by key ("(none)" for slices no run
     created, as the reference path names it)."""
     # a.slices: a run counts the slices it ran on without creating them with its share of their time.
@@ -300,9 +300,9 @@ def run_sql(*, ranked: bool) -> str:
        CASE WHEN a.capacity IN ('spot', 'preemptible') AND c.od IS NOT NULL
             THEN a.cs * c.od / 3600.0 - {_ADJ_USD} ELSE 0 END AS sav,
        (a.rpriced + a.runpriced * COALESCE(c.own, 0)) / 3600.0 AS rec, 0 AS hcs, 0 AS husd"""
-    top = "CROSS JOIN cost_top AS t ON t.k = p.run_id" if ranked else ""
-    in_top = "AND EXISTS (SELECT 1 FROM cost_top WHERE k = :null_key)" if ranked else ""
-    adj_in_top = "WHERE a.k IN (SELECT k FROM cost_top)" if ranked else ""
+    top = "CROSS JOIN cost_top_runs AS t ON t.k = p.run_id" if ranked else ""
+    in_top = "AND EXISTS (SELECT 1 FROM cost_top_runs WHERE k = :null_key)" if ranked else ""
+    adj_in_top = "WHERE a.k IN (SELECT k FROM cost_top_runs)" if ranked else ""
     items = f"""
     SELECT p.run_id AS k, {_sums(_RUN_FIGURES)}
     FROM pods AS p INDEXED BY pods_run {top} {_PIECES_JOIN}
@@ -313,7 +313,8 @@ def run_sql(*, ranked: bool) -> str:
     UNION ALL
     SELECT a.k, {adj} FROM cost_item_adj AS a {_ADJ_PRICES} {adj_in_top}"""
     having = "" if ranked else "HAVING NOT (k = :null_key AND SUM(slices) = 0 AND ABS(SUM(cs)) < 3.6e-6)"
-    order = "(SELECT n FROM cost_top WHERE cost_top.k = g.k)" if ranked else "ROUND(g.usd, 6) DESC, g.key"
+    rank = "LEFT JOIN cost_top_runs AS t ON t.k = g.k" if ranked else ""
+    order = "t.n" if ranked else "ROUND(g.usd, 6) DESC, g.key"
     return f"""
 WITH g AS (
     SELECT k, CASE WHEN k = :null_key THEN '(none)' ELSE k END AS key, SUM(slices) AS slices, SUM(bs) AS bs,
@@ -324,7 +325,7 @@ WITH g AS (
 )
 SELECT g.key, r.run_id IS NOT NULL, r.status, {_ISO.format("r.created_at")}, {_ISO.format("r.ended_at")},
        r.restarts, r.preemptions, r.steps, r.script, {_rounded_figures("g")}
-FROM g LEFT JOIN runs AS r ON r.run_id = g.key
+FROM g LEFT JOIN runs AS r ON r.run_id = g.key {rank}
 ORDER BY {order}"""
 
 
@@ -337,8 +338,10 @@ PREPARE: Final = (
     "CREATE TEMP TABLE cost_item_adj (k, zone TEXT, atype TEXT, capacity TEXT, slices INTEGER DEFAULT 0, "
     "bs REAL DEFAULT 0, cs REAL DEFAULT 0, priced REAL DEFAULT 0, unpriced REAL DEFAULT 0, "
     "rpriced REAL DEFAULT 0, runpriced REAL DEFAULT 0)",
-    "CREATE TEMP TABLE cost_item_rec (k PRIMARY KEY, rec REAL)",
-    "CREATE TEMP TABLE cost_top (k PRIMARY KEY, n INTEGER)",
+    # Typed keys: an untyped key compared with an INTEGER id cannot use its index (a scan per slice).
+    "CREATE TEMP TABLE cost_item_rec (k INTEGER PRIMARY KEY, rec REAL)",
+    "CREATE TEMP TABLE cost_top (k INTEGER PRIMARY KEY, n INTEGER)",
+    "CREATE TEMP TABLE cost_top_runs (k TEXT PRIMARY KEY, n INTEGER) WITHOUT ROWID",
     "CREATE TEMP TABLE cost_runs (k TEXT PRIMARY KEY, usd REAL, slices INTEGER, cs REAL) WITHOUT ROWID",
     f"CREATE TEMP TABLE cost_none (n INTEGER, {_NAMES})",
 )
@@ -370,7 +373,7 @@ SELECT {":null_key" if sign else "COALESCE(a.k, :null_key)"}, a.zone, COALESCE(a
 FROM ({aggregate}) AS a"""
 
 
-#: Recomputed work per group, priced (after cost_prices is filled).
+#: Recomputed work per slice, priced (after cost_prices is filled); the run groups sum cost_item_adj.
 REC_SQL: Final = f"""
 INSERT INTO cost_item_rec (k, rec)
 SELECT a.k, SUM((a.rpriced + a.runpriced * COALESCE(c.own, 0)) / 3600.0)
