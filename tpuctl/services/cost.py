@@ -1021,7 +1021,9 @@ class CostService:
                     reader.execute(items.SLICE_RANK_ABOVE_SQL, {**bound, "bar": bar - items.BAR_MARGIN_USD_S})
                 else:  # fewer than `limit` closed slices cost anything: rank them all
                     reader.execute(items.SLICE_RANK_SQL, bound)
-            groups = items.slice_records(reader.query(items.slice_sql(ranked=ranked), bound))
+            else:
+                reader.execute(items.SLICE_RANK_ALL_SQL, bound)
+            groups = items.slice_records(reader.query(items.slice_sql(), bound))
             # One group per slice billed or holding quota in the window: what the aggregate pass counted.
             total = counts[2]
         else:

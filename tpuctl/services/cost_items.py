@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
+from operator import itemgetter
 from typing import Any, Final, Protocol
 
 #: ISO 8601 UTC with a Z, as ``cost.iso()`` writes it (seconds truncated, like isoformat does).
@@ -139,8 +140,17 @@ _NAMES: Final = "slices, bs, cs, usd, od, sav, rec, hcs, husd"
 
 
 def _round(expr: str) -> str:
-    # 6 decimals like cost._r; "+ 0.0" turns SQLite's -0.0 into 0.0 as _r does.
-    return f"(ROUND({expr}, 6) + 0.0)"
+    """``expr`` (columns: it is evaluated three times) to 6 decimals like cost._r, half away from zero.
+
+    Integer arithmetic rather than ROUND(): SQLite's ROUND goes through printf (twice the cost of the
+    rest of a figure) and disagreed with Python's round() on 47 of 241k bench values, this on none; the
+    integer 0 it gives for a tiny negative is 0.0, not -0.0, as _r wants. Beyond 1e12 (no bill is) the
+    product would overflow an integer: ROUND there."""
+    x = f"({expr})"
+    return (
+        f"(CASE WHEN ABS({x}) < 1e12 THEN CAST({x} * 1e6 + (CASE WHEN {x} < 0 THEN -0.5 ELSE 0.5 END)"
+        f" AS INTEGER) / 1e6 ELSE ROUND({x}, 6) END)"
+    )
 
 
 def _rounded_figures(a: str) -> str:
@@ -166,8 +176,8 @@ def _rounded_figures(a: str) -> str:
 SLICE_RANK_SQL: Final = f"""
 INSERT INTO cost_top (k, n)
 SELECT id, ROW_NUMBER() OVER (ORDER BY ru DESC, ready_at IS NULL, ready_at, id) FROM (
-    SELECT id, ready_at, ru FROM (
-        SELECT p.id AS id, p.ready_at AS ready_at, ROUND({_USD}, 6) AS ru
+    SELECT id, ready_at, {_round("usd")} AS ru FROM (
+        SELECT p.id AS id, p.ready_at AS ready_at, {_USD} AS usd
         FROM pods AS p {_PIECES_JOIN} WHERE {_BILLED}
         UNION ALL
         SELECT p.id, p.ready_at, 0.0 FROM {_PREEMPTED} WHERE {_HELD_ONLY}
@@ -198,44 +208,74 @@ BAR_MARGIN_USD_S: Final = 3600 * 2e-6
 SLICE_RANK_ABOVE_SQL: Final = f"""
 INSERT INTO cost_top (k, n)
 SELECT id, ROW_NUMBER() OVER (ORDER BY ru DESC, ready_at IS NULL, ready_at, id) FROM (
-    SELECT p.id AS id, p.ready_at AS ready_at, ROUND({_USD}, 6) AS ru
+    SELECT id, ready_at, {_round("usd")} AS ru FROM (
+    SELECT p.id AS id, p.ready_at AS ready_at, {_USD} AS usd
     FROM pods AS p {_PIECES_JOIN}
     WHERE p.id IN (
         SELECT p.id FROM pods AS p INDEXED BY pods_cost WHERE {_CLOSED_INSIDE} AND p.billed_usd_s >= :bar
         UNION SELECT id FROM cost_rest
         UNION SELECT id FROM pods INDEXED BY pods_unpriced WHERE billed_unpriced_chip_s > 0
     ) AND {_BILLED}
+    )
     ORDER BY ru DESC, ready_at IS NULL, ready_at, id LIMIT :limit
 )"""
 
 
-def slice_sql(*, ranked: bool) -> str:
-    """Slice group rows (key, facts, figures): those in cost_top in its order (``ranked``), else every
-    slice billed or holding quota in the window, most expensive first, then by READY time and id."""
-    columns = f"""p.zone || '/' || p.name || '#' || p.incarnation, p.name, p.zone, p.incarnation,
+#: Per slice in cost_top, what its figures are made of, each evaluated once: billed in the window (b, 0 or
+#: 1), seconds in the window (s), chips, the price its time is billed at (price: recorded, else the
+#: catalog's, else 0), its price pieces' USD x 3600 if its price changed (xusd), the on-demand price its
+#: spot time compares with (odp, NULL if not spot or none known), held chip-seconds (hcs), recomputed USD.
+_SLICE_PARTS: Final = f"""
+SELECT t.n AS n, p.id AS id, {_BILLED} AS b, {_SECONDS} AS s, p.chips AS chips,
+       COALESCE(p.price_per_chip_hour, {_OWN}, 0) AS price,
+       CASE WHEN x.id IS NOT NULL THEN x.priced + x.unpriced * COALESCE({_OWN}, 0) END AS xusd,
+       CASE WHEN {_SPOT} THEN {_OD} END AS odp, {_HELD_CS} AS hcs,
+       COALESCE((SELECT r.rec FROM cost_item_rec AS r WHERE r.k = p.id), 0) AS rec
+FROM cost_top AS t CROSS JOIN pods AS p ON p.id = t.k {_PIECES_JOIN}
+LIMIT -1"""
+#: The same figures as _slice_figures, from _SLICE_PARTS' columns (USD x 3600 until the last division).
+_SLICE_FROM_PARTS: Final = """
+SELECT q.n AS n, q.id AS id, 1 AS slices,
+       CASE WHEN q.b THEN q.s ELSE 0 END AS bs,
+       CASE WHEN q.b THEN q.chips * q.s ELSE 0 END AS cs,
+       CASE WHEN q.b THEN COALESCE(q.xusd, q.chips * q.s * q.price) / 3600.0 ELSE 0 END AS usd,
+       CASE WHEN NOT q.b THEN 0 WHEN q.odp IS NOT NULL THEN q.chips * q.s * q.odp / 3600.0
+            ELSE COALESCE(q.xusd, q.chips * q.s * q.price) / 3600.0 END AS od,
+       CASE WHEN q.b AND q.odp IS NOT NULL
+            THEN q.chips * q.s * q.odp / 3600.0 - COALESCE(q.xusd, q.chips * q.s * q.price) / 3600.0
+            ELSE 0 END AS sav,
+       q.rec AS rec, q.hcs AS hcs, q.hcs * q.price / 3600.0 AS husd
+FROM ({parts}) AS q
+LIMIT -1"""
+#: Every slice billed or holding quota in the window, numbered most expensive first, into cost_top
+#: (what the unlimited report lists, in that order).
+SLICE_RANK_ALL_SQL: Final = f"""
+INSERT INTO cost_top (n, k)
+SELECT ROW_NUMBER() OVER (ORDER BY ru DESC, ready_at IS NULL, ready_at, id), id FROM (
+    SELECT id, ready_at, {_round("usd")} AS ru FROM (
+        SELECT p.id AS id, p.ready_at AS ready_at, {_USD} AS usd
+        FROM pods AS p {_PIECES_JOIN} WHERE {_BILLED}
+        UNION ALL
+        SELECT p.id, p.ready_at, 0.0 FROM {_PREEMPTED} WHERE {_HELD_ONLY}
+    )
+)"""
+
+
+def slice_sql() -> str:
+    """The rows of the slices in cost_top (rank, key, facts, figures). Unordered: cost_top is scanned in
+    rank order and the caller sorts by rank, which costs nothing on rows already in order, where an ORDER
+    BY here would sort hundreds of thousands of wide rows.
+
+    Each level is kept from being flattened into the next ("LIMIT -1"): flattening copies an expression
+    into every use of it (the cost into the on-demand figure and the savings, the billed test into each
+    figure...) and evaluates it that many times per slice."""
+    figures = _SLICE_FROM_PARTS.format(parts=_SLICE_PARTS)
+    return f"""
+SELECT f.n, p.zone || '/' || p.name || '#' || p.incarnation, p.name, p.zone, p.incarnation,
        p.accelerator_type, p.chips, p.capacity, p.state, p.run_id, {_ISO.format("p.ready_at")},
        {_ISO.format("p.ended_at")}, p.end_reason, {_ISO.format("p.deleted_at")}, p.price_per_chip_hour,
-       p.labels"""
-    figures = _select(
-        _slice_figures("slice", "COALESCE((SELECT r.rec FROM cost_item_rec AS r WHERE r.k = p.id), 0)")
-    )
-    # "LIMIT -1" keeps SQLite from flattening the figures into the outer query, which would copy each
-    # figure's expression into every use of it (the cost into the ordering, the on-demand figure, the
-    # savings...) and evaluate it that many times per slice.
-    if ranked:
-        return f"""
-SELECT {columns}, {_rounded_figures("f")}
-FROM (SELECT t.n AS n, p.id AS id, {figures}
-      FROM cost_top AS t CROSS JOIN pods AS p ON p.id = t.k {_PIECES_JOIN} LIMIT -1) AS f
-     CROSS JOIN pods AS p ON p.id = f.id
-ORDER BY f.n"""
-    return f"""
-SELECT {columns}, {_rounded_figures("f")}
-FROM (SELECT p.id AS id, p.ready_at AS ready_at, {figures}
-      FROM pods AS p {_PIECES_JOIN} WHERE {_BILLED} OR (p.end_reason = 'preempted' AND {_HELD_CS} > 0)
-      LIMIT -1) AS f
-     CROSS JOIN pods AS p ON p.id = f.id
-ORDER BY ROUND(f.usd, 6) DESC, f.ready_at IS NULL, f.ready_at, f.id"""
+       p.labels, {_rounded_figures("f")}
+FROM ({figures}) AS f CROSS JOIN pods AS p ON p.id = f.id"""
 
 
 # --- runs ---------------------------------------------------------------------------------------------
@@ -281,9 +321,9 @@ WHERE 1 GROUP BY a.k
 {_RUN_UPSERT}""",
     # "(none)" when only the runs' shares were moved out of it: nothing is left (as the reference path).
     "DELETE FROM cost_runs WHERE k = :null_key AND slices = 0 AND ABS(cs) < 3.6e-6",
-    """INSERT INTO cost_top_runs (k, n)
+    f"""INSERT INTO cost_top_runs (k, n)
 SELECT k, ROW_NUMBER() OVER (ORDER BY ru DESC, key) FROM (
-    SELECT k, ROUND(usd, 6) AS ru, CASE WHEN k = :null_key THEN '(none)' ELSE k END AS key FROM cost_runs
+    SELECT k, {_round("usd")} AS ru, CASE WHEN k = :null_key THEN '(none)' ELSE k END AS key FROM cost_runs
     ORDER BY ru DESC, key LIMIT :limit
 )""",
 )
@@ -314,7 +354,7 @@ def run_sql(*, ranked: bool) -> str:
     SELECT a.k, {adj} FROM cost_item_adj AS a {_ADJ_PRICES} {adj_in_top}"""
     having = "" if ranked else "HAVING NOT (k = :null_key AND SUM(slices) = 0 AND ABS(SUM(cs)) < 3.6e-6)"
     rank = "LEFT JOIN cost_top_runs AS t ON t.k = g.k" if ranked else ""
-    order = "t.n" if ranked else "ROUND(g.usd, 6) DESC, g.key"
+    order = "t.n" if ranked else f"{_round('g.usd')} DESC, g.key"
     return f"""
 WITH g AS (
     SELECT k, CASE WHEN k = :null_key THEN '(none)' ELSE k END AS key, SUM(slices) AS slices, SUM(bs) AS bs,
@@ -340,7 +380,8 @@ PREPARE: Final = (
     "rpriced REAL DEFAULT 0, runpriced REAL DEFAULT 0)",
     # Typed keys: an untyped key compared with an INTEGER id cannot use its index (a scan per slice).
     "CREATE TEMP TABLE cost_item_rec (k INTEGER PRIMARY KEY, rec REAL)",
-    "CREATE TEMP TABLE cost_top (k INTEGER PRIMARY KEY, n INTEGER)",
+    # By rank: scanned in rowid order, its slices come out most expensive first.
+    "CREATE TEMP TABLE cost_top (n INTEGER PRIMARY KEY, k INTEGER)",
     "CREATE TEMP TABLE cost_top_runs (k TEXT PRIMARY KEY, n INTEGER) WITHOUT ROWID",
     "CREATE TEMP TABLE cost_runs (k TEXT PRIMARY KEY, usd REAL, slices INTEGER, cs REAL) WITHOUT ROWID",
     f"CREATE TEMP TABLE cost_none (n INTEGER, {_NAMES})",
@@ -406,12 +447,14 @@ def fill_prices(
 
 
 def slice_records(rows: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
+    """Records from slice_sql rows, in rank order (their first column)."""
+    rows.sort(key=itemgetter(0))  # already in order (cost_top's): a linear pass
     keys = ("key", *SLICE_INFO, *FIGURES)
-    labels_at = keys.index("labels")
+    labels_at = keys.index("labels") + 1
     parsed: dict[str, dict[str, str]] = {}
     out = []
     for row in rows:
-        record = dict(zip(keys, row, strict=True))
+        record = dict(zip(keys, row[1:], strict=True))
         text = row[labels_at]
         if text not in parsed:
             parsed[text] = json.loads(text) if text else {}
