@@ -28,10 +28,14 @@ aggregate groupings (all but slice and run) reads the rollup for the days wholly
 thousand rows, whatever the number of slices), the stored facts of the closed slices crossing midnight or
 on the window's partial edge days (covering indexes), and only the slices still open, cut by
 --since/--until, or price-changed across midnight go through interval arithmetic (found by index).
-Per-slice and per-run reports (one group per slice or run) still scan ``pods`` in parallel id ranges;
-``CostService(fast=False)`` puts every grouping through that reference path, which the fast one is
-tested against. The schema is the ledger's versioned one (``tpuctl.store.schema``); a ledger of another
-version is refused with a clear error rather than misread.
+Per-slice and per-run reports (one group per slice or run: hundreds of thousands on a big ledger) are
+computed in SQL by ``tpuctl.services.cost_items``, ranked by cost so that a ``limit`` (the table's 50)
+computes and formats only the groups shown; their totals come from the aggregate path grouped by
+nothing. ``CostService(fast=False)`` puts every grouping through the reference path (interval arithmetic
+over every slice, scanned in parallel id ranges), which the fast one is tested against. Groups are
+ordered most expensive first (days by date). The schema is the ledger's versioned one
+(``tpuctl.store.schema``); a ledger of another version is refused with a clear error rather than
+misread.
 """
 
 from __future__ import annotations
