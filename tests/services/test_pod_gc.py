@@ -140,3 +140,50 @@ def test_gc_records_a_tracked_slice_the_cloud_no_longer_has(sim: Callable[..., S
     assert [n["name"] for n in env.admin.status()["nodes"]] == ["keep"]
     table = cli("pod", "gc", "-y", env=env)
     assert table.code == 0 and "nothing to collect" in table.stdout
+
+
+def test_gc_ends_a_request_whose_tpuctl_died_before_its_create_reached_the_cloud(
+    sim: Callable[..., SimEnv], cli: Cli
+) -> None:
+    """`pod create` killed between recording its request and the create reaching the API leaves a
+    REQUESTED entry that nothing will ever complete: the request names its process, and once that process
+    is gone gc records the entry failed (abandoned). One whose requester still runs is left alone: its
+    create may be on its way."""
+    import os
+    import subprocess
+    import sys
+
+    from tpuctl.services.attempts import REQUESTED_BY, requester
+    from tpuctl.sim.processes import process_start_ticks
+
+    env = sim(zones={"us-central1-a": {"v5e": {"on_demand": 64, "preemptible": 64}}})
+    session = env.session()
+    zone = "us-central1-a"
+    env.allocator(session).place(env.request("v5e-4", session=session, zones=[zone], name="placed"))
+    (requested,) = session.ledger.events(kinds=[EventKind.REQUESTED])
+    assert requested.detail is not None and requested.detail[REQUESTED_BY]["pid"] == os.getpid()
+
+    killed = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    ticks = process_start_ticks(killed.pid)
+    killed.kill()
+    killed.wait()
+    dead = {"pid": killed.pid, "start_ticks": ticks, "host": os.uname().nodename}
+    for name, who in (("abandoned", dead), ("on-its-way", requester())):
+        session.ledger.record_event(
+            EventKind.REQUESTED,
+            pod=name,
+            zone=zone,
+            accelerator_type="v5litepod-4",
+            detail={REQUESTED_BY: who},
+        )
+
+    result = cli("pod", "gc", "-y", "-o", "json", env=env)
+    assert result.code == 0, result.stderr
+    assert result.json["gone"] == [
+        {"name": "abandoned", "zone": zone, "state": "REQUESTED", "recorded": True}
+    ]
+    abandoned = session.ledger.get_pod("abandoned", zone=zone)
+    assert abandoned is not None and abandoned.state == PodState.FAILED and not abandoned.alive
+    (failed,) = session.ledger.events(kinds=[EventKind.FAILED])
+    assert failed.detail is not None and failed.detail["outcome"] == "abandoned"
+    assert sorted(p.name for p in session.ledger.list_pods(alive=True)) == ["on-its-way", "placed"]

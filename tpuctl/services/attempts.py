@@ -7,6 +7,7 @@ Shared by the node path (``tpuctl.services.allocator``) and the queued-resource 
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -100,6 +101,33 @@ def retrying(policy: RetryPolicy, sleep: Sleep) -> Any:
         reraise=True,
         sleep=sleep,
     )
+
+
+#: In a ``requested`` event's detail: the process that is about to create the slice (``requester()``).
+REQUESTED_BY = "requested_by"
+
+
+def requester() -> dict[str, Any]:
+    """This process, as a ``requested`` event records it: so that `pod gc` can tell a request whose tpuctl
+    died before its create reached the cloud (nothing will ever come of it) from one still on its way."""
+    from tpuctl.sim.processes import process_start_ticks
+
+    pid = os.getpid()
+    return {"pid": pid, "start_ticks": process_start_ticks(pid), "host": os.uname().nodename}
+
+
+def requester_gone(detail: Mapping[str, Any] | None) -> bool:
+    """True when a ``requested`` event's requester is a process of this machine that no longer runs (False
+    when it runs, or cannot be told: another machine, or no requester recorded by an older tpuctl)."""
+    from tpuctl.sim.processes import is_same_process, is_zombie
+
+    who = (detail or {}).get(REQUESTED_BY)
+    if not isinstance(who, Mapping) or who.get("host") != os.uname().nodename:
+        return False
+    pid, ticks = who.get("pid"), who.get("start_ticks")
+    if not isinstance(pid, int) or not isinstance(ticks, int):
+        return False
+    return not is_same_process(pid, ticks) or is_zombie(pid)
 
 
 @dataclass
@@ -204,6 +232,8 @@ class Recorder:
         detail: Mapping[str, Any] | None = None,
     ) -> None:
         accel = request.accelerator
+        if kind is EventKind.REQUESTED:
+            detail = {**(detail or {}), REQUESTED_BY: requester()}
         self._ledger.record_event(
             kind,
             pod=name,

@@ -7,11 +7,13 @@
   ``tpuctl-owner=<owner>``) that no live ledger entry owns: left over by a tpuctl that was killed, or
   made from another machine's state dir. Another user's slices are never touched.
 
-The other way round, ``vanished()`` finds live ledger entries whose slice the cloud no longer has: a
-delete that landed before the tpuctl that sent it was killed could record it, or a slice deleted behind
-tpuctl's back. ``record_gone()`` ends them in the ledger (a ``gone`` event), so after one gc the ledger
-and the cloud agree. Entries still REQUESTED or QUEUED are left alone: their create may be on its way
-from another tpuctl.
+The other way round, ``vanished()`` finds live ledger entries whose slice the cloud does not have: a
+delete that landed before the tpuctl that sent it was killed could record it, a slice deleted behind
+tpuctl's back, or a request whose tpuctl was killed before its create reached the cloud (the ``requested``
+event names the requesting process; while it runs, or when it cannot be told, the create may still be on
+its way and the entry is left alone; QUEUED entries are their queued resource's business).
+``record_gone()`` ends them in the ledger (``gone``; ``failed`` for a request that never got anywhere), so
+after one gc the ledger and the cloud agree.
 
 ``find()`` and ``vanished()`` only read; ``collect(items)`` deletes, retrying transient failures, and
 records each deletion in the ledger (a ``gc`` event, and ``deleted`` for the slices).
@@ -36,7 +38,7 @@ from tpuctl.cloud.base import (
 )
 from tpuctl.cloud.retry import RetryPolicy
 from tpuctl.errors import CloudError, NotFoundError, TpuctlError
-from tpuctl.services.attempts import retrying
+from tpuctl.services.attempts import requester_gone, retrying
 from tpuctl.store.records import EventKind, PodState
 
 if TYPE_CHECKING:
@@ -156,20 +158,49 @@ class GarbageCollector:
         backend, project = self._cloud.backend, self._cloud.project
         out: list[PodRecord] = []
         for pod in self._ledger.list_pods(alive=True, zone=where):
-            if pod.state in (PodState.REQUESTED, PodState.QUEUED) or (pod.zone, pod.name) in listed:
+            if pod.state is PodState.QUEUED or (pod.zone, pod.name) in listed:
                 continue
             if pod.backend not in (None, backend) or pod.project not in (None, project):
                 continue
+            if pod.state is PodState.REQUESTED and not self._abandoned(pod):
+                continue
             try:
                 self._cloud.get_node(pod.zone, pod.name)
+                continue
             except NotFoundError:
-                out.append(pod)
+                pass
             except CloudError:
                 continue  # cannot tell now: the next gc looks again
+            if pod.state is PodState.REQUESTED and pod.queued_resource:
+                try:
+                    self._cloud.get_queued_resource(pod.zone, _short(pod.queued_resource) or "")
+                    continue  # the queue may still make it
+                except NotFoundError:
+                    pass
+                except CloudError:
+                    continue
+            out.append(pod)
         return out
+
+    def _abandoned(self, pod: PodRecord) -> bool:
+        """A REQUESTED entry whose requesting tpuctl no longer runs (so no create is on its way)."""
+        requested = list(self._ledger.events(kinds=[EventKind.REQUESTED], pod_id=pod.id))
+        return bool(requested) and requester_gone(requested[-1].detail)
 
     def record_gone(self, pods: Sequence[PodRecord]) -> None:
         for pod in pods:
+            if pod.state is PodState.REQUESTED:
+                self._ledger.record_event(
+                    EventKind.FAILED,
+                    pod=pod.name,
+                    zone=pod.zone,
+                    detail={
+                        "outcome": "abandoned",
+                        "seen_by": "pod gc",
+                        "why": "its tpuctl stopped before the slice was created",
+                    },
+                )
+                continue
             self._ledger.record_event(
                 EventKind.GONE,
                 pod=pod.name,

@@ -33,6 +33,7 @@ from tpuctl.errors import (
     TransientError,
     UsageError,
 )
+from tpuctl.services.attempts import REQUESTED_BY, requester
 from tpuctl.services.session import Session
 from tpuctl.store.records import AttemptOutcome, EventKind, EventRecord
 
@@ -285,7 +286,7 @@ class PodService:
             "request_id": spec.request_id,
             "run_id": run_id,
         }
-        self._ledger.record_event(EventKind.REQUESTED, **common)
+        self._ledger.record_event(EventKind.REQUESTED, **common, detail={REQUESTED_BY: requester()})
         started = time.monotonic()
         try:
             node = self._create_once(spec, wait=wait, progress=progress)
