@@ -341,8 +341,10 @@ def main() -> int:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
-    print(f"wrote {args.out}")
-    return 0 if doc["met"] else 2
+    print(f"wrote {args.out} (target {'met' if doc['met'] else 'not met'})")
+    # Exit 0 whenever the figures were measured: a missed target is a figure for the report (its "met"),
+    # not a failed benchmark run, which scripts/bench reports as "not measured".
+    return 0
 
 
 if __name__ == "__main__":
