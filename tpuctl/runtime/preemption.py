@@ -13,7 +13,8 @@ way on every host: "stop here?" (``should_stop(step)``).
   simulator): tests/runtime/test_preemption.py.
 - Distributed without JAX's preemption service: the local flag is all-gathered at each step (any host
   noticed -> all stop), a collective per step, so only as the fallback.
-- A single process: the local flag.
+- A single process (with or without ``jax.distributed``): the local flag, with SIGTERM caught by our
+  own handler (taken back from JAX's notifier, whose sync point a lone process does not need).
 
 The program then saves a checkpoint at that step, waits until it is durable, prints
 ``TPUCTL_EVENT {"event": "preempted", "step": S, ...}`` and exits with :data:`PREEMPTED_EXIT_CODE`,
@@ -202,8 +203,14 @@ class PreemptionWatch:
         from jax._src import distributed
 
         state = distributed.global_state
-        if state.client is None:
+        if state.client is None or getattr(state, "num_processes", 1) == 1:
+            # One process has no one to agree with. Its own flag is the answer, and it must be ours:
+            # JAX's sync point for a lone process was seen in CI (2 cores, loaded) to keep answering
+            # False after its notifier had logged the SIGTERM, until the host was killed: a budget stop
+            # with no checkpoint. So take SIGTERM back from JAX's handler.
             self._mode = "local"
+            if state.client is not None and threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGTERM, self._on_sigterm)
         elif getattr(state, "preemption_sync_manager", None) is not None:
             self._mode = "jax"
             if self._noticed.is_set():
