@@ -54,6 +54,8 @@ from typing import Any, Final
 
 from tpuctl.catalog import CapacityType, Catalog, region_of_zone
 from tpuctl.errors import UsageError
+from tpuctl.services import cost_items as items
+from tpuctl.services.cost_items import FIGURES
 from tpuctl.services.prices import PriceSource
 from tpuctl.store.records import LedgerError
 
@@ -242,20 +244,7 @@ class CostLine:
 
 
 #: CSV columns of ``cost report -o csv`` (one row per group; documented in the README).
-CSV_COLUMNS: Final = (
-    "group_by",
-    "key",
-    "slices",
-    "billed_hours",
-    "chip_hours",
-    "cost_usd",
-    "on_demand_usd",
-    "spot_savings_usd",
-    "recomputed_usd",
-    "quota_held_chip_hours",
-    "quota_held_usd",
-    "waste_usd",
-)
+CSV_COLUMNS: Final = ("group_by", "key", *FIGURES)
 
 
 def _r(value: float) -> float:
@@ -349,18 +338,8 @@ class CostReport:
         return [[name, *(g[c] for c in columns)] for g in self.groups]
 
 
-#: CostLine's figures, as constructor arguments (waste_usd is derived).
-_FIGURE_FIELDS: Final = (
-    "slices",
-    "billed_hours",
-    "chip_hours",
-    "cost_usd",
-    "on_demand_usd",
-    "spot_savings_usd",
-    "recomputed_usd",
-    "quota_held_chip_hours",
-    "quota_held_usd",
-)
+#: CostLine's figures, as constructor arguments (waste_usd, the last, is derived).
+_FIGURE_FIELDS: Final = FIGURES[:-1]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -978,8 +957,6 @@ class CostService:
         counts, totals). Totals, per-day spend and counts come from the aggregate fast path grouped by
         nothing, which leaves its temp tables (the combinations priced, the price pieces) for the groups'
         one pass over ``pods``."""
-        from tpuctl.services import cost_items as items
-
         # Recomputed work is added below, per group, and summed into the totals from the same rows.
         lines, by_day, counts = self._lines(
             reader, GroupBy("total"), params, warnings, with_days=with_days, recomputed=False
