@@ -87,6 +87,16 @@ def _ledger(path: Path, seed: int) -> Path:
         stored = conn.execute("SELECT * FROM cost_rollup ORDER BY 1, 2, 3, 4, 5").fetchall()
         assert stored == conn.execute(ROLLUP_CHECK_SQL).fetchall()
         assert stored
+        # Both ways of costing recomputed work are exercised: figures stored on closed slices (schema v7)
+        # and segments on slices still open at report time.
+        assert conn.execute("SELECT COUNT(*) FROM pods WHERE rec_priced > 0").fetchone()[0] > 0
+        assert (
+            conn.execute(
+                "SELECT COUNT(*) FROM run_segments AS rs JOIN pods AS p "
+                "ON p.zone = rs.zone AND p.name = rs.pod WHERE rs.steps_recomputed > 0 AND p.ended_at IS NULL"
+            ).fetchone()[0]
+            > 0
+        )
     finally:
         conn.close()
     return db

@@ -145,6 +145,7 @@ def test_migration_from_v1_backfills_the_facts(tmp_path: Path) -> None:
         db = ledger.path
     # Make it a v1 ledger: the columns v2 added, and the v3/v4 indexes and rollup over them, are not there.
     conn = sqlite3.connect(db)
+    _undo_v7(conn)
     for index in ("pods_closed", "pods_preempted", "pods_ended", "pods_crossing", *_V5_INDEXES, *_V6_INDEXES):
         conn.execute(f"DROP INDEX {index}")
     conn.execute("CREATE INDEX pods_run ON pods (run_id) WHERE run_id IS NOT NULL")  # as v1 made it
@@ -165,6 +166,106 @@ def test_migration_from_v1_backfills_the_facts(tmp_path: Path) -> None:
 
 _V5_INDEXES = ("pods_run", "pods_norun", "run_segments_pod", "run_segments_recomputed")
 _V6_INDEXES = ("pods_cost", "pods_unpriced")
+_V7_TRIGGERS = (
+    "pods_rec_insert",
+    "pods_rec_update",
+    "run_segments_rec_insert",
+    "run_segments_rec_update",
+    "run_segments_rec_delete",
+)
+
+
+def _undo_v7(conn: sqlite3.Connection) -> None:
+    """Take a ledger back to v6: no stored recomputed work, its triggers or its index."""
+    for trigger in _V7_TRIGGERS:
+        conn.execute(f"DROP TRIGGER {trigger}")
+    conn.execute("DROP INDEX pods_rec")
+    for column in ("rec_priced", "rec_unpriced"):
+        conn.execute(f"ALTER TABLE pods DROP COLUMN {column}")
+
+
+def _rec(ledger: Ledger, name: str) -> tuple[float, float]:
+    conn = sqlite3.connect(ledger.path)
+    try:
+        row = conn.execute(
+            "SELECT rec_priced, rec_unpriced FROM pods WHERE name = ? ORDER BY incarnation DESC LIMIT 1",
+            (name,),
+        ).fetchone()
+    finally:
+        conn.close()
+    return row  # type: ignore[no-any-return]
+
+
+def _rec_problems(ledger: Ledger) -> list[tuple[float, ...]]:
+    conn = sqlite3.connect(ledger.path)
+    try:
+        rows = conn.execute(schema_module.REC_CHECK_SQL).fetchall()
+    finally:
+        conn.close()
+    return [r for r in rows if abs(r[1] - r[3]) > 1e-6 or abs(r[2] - r[4]) > 1e-6]
+
+
+def test_recomputed_work_is_stored_as_segments_and_slices_change(tmp_path: Path) -> None:
+    """v7: a closed slice's recomputed work (segment overlap x recomputed share x chips x price) follows
+    every change the triggers watch: a segment opened before the slice closes, the slice closing, the
+    segment closing with its step counts, a second segment, an update of the counts, a deletion."""
+    from tpuctl.store.records import SegmentKind
+
+    events = _life("s", CapacityType.SPOT, 1.2, 3600, EventKind.DELETED, chips=8)  # READY T0+100..T0+3700
+    with Ledger(tmp_path / "s") as ledger:
+        ledger.create_run("r1", script="train.py", ts=T0)
+        ledger.record_events_bulk(events[:-1])
+        seg = ledger.add_segment("r1", SegmentKind.RUNNING, start=T0 + 700, pod="s", zone=Z)
+        assert _rec(ledger, "s") == (0.0, 0.0)  # still open: nothing stored
+        ledger.record_event(EventKind.DELETED, pod="s", zone=Z, ts=T0 + 3700)
+        assert _rec(ledger, "s") == (0.0, 0.0)  # the segment has redone nothing (yet)
+        ledger.close_segment(seg, end=T0 + 3100, steps_completed=100, steps_recomputed=25)
+        # 2400 s of overlap x 25/100 x 8 chips x 1.2 USD = 1.6 USD (5760 USD-seconds).
+        assert _rec(ledger, "s") == pytest.approx((8 * 2400 * 0.25 * 1.2, 0.0))
+        # An open segment on the closed slice counts up to the slice's end (T0+3700): 600 s x 10/20.
+        seg2 = ledger.add_segment("r1", SegmentKind.RUNNING, start=T0 + 3100, pod="s", zone=Z)
+        ledger.update_segment(seg2, steps_completed=20, steps_recomputed=10)
+        assert _rec(ledger, "s") == pytest.approx((5760.0 + 8 * 600 * 0.5 * 1.2, 0.0))
+        ledger.update_segment(seg2, pod=None)  # moved off the slice: its share goes
+        assert _rec(ledger, "s") == pytest.approx((5760.0, 0.0))
+        assert _rec_problems(ledger) == []
+        assert ledger.check_view() == []
+
+
+def test_recomputed_work_of_a_free_preemption_or_unpriced_slice(tmp_path: Path) -> None:
+    from tpuctl.store.records import SegmentKind
+
+    free = _life("free", CapacityType.SPOT, 1.2, 40, EventKind.PREEMPTED, chips=8)
+    unpriced = _life("unpriced", CapacityType.ON_DEMAND, None, 3600, EventKind.DELETED, chips=8)
+    with Ledger(tmp_path / "s") as ledger:
+        ledger.record_events_bulk([*free, *unpriced])
+        ledger.create_run("r1", script="train.py", ts=T0)
+        for name in ("free", "unpriced"):
+            seg = ledger.add_segment("r1", SegmentKind.RUNNING, start=T0, pod=name, zone=Z)
+            ledger.close_segment(seg, end=T0 + 7200, steps_completed=10, steps_recomputed=5)
+        assert _rec(ledger, "free") == (0.0, 0.0)  # preempted in its first minute: not billed at all
+        assert _rec(ledger, "unpriced") == pytest.approx((0.0, 8 * 3600 * 0.5))  # chip-seconds to price
+        assert _rec_problems(ledger) == []
+
+
+def test_migration_to_v7_stores_the_recomputed_work(tmp_path: Path) -> None:
+    from tpuctl.store.records import SegmentKind
+
+    with Ledger(tmp_path / "s") as ledger:
+        ledger.record_events_bulk(_life("s", CapacityType.SPOT, 1.2, 3600, EventKind.DELETED, chips=8))
+        ledger.create_run("r1", script="train.py", ts=T0)
+        seg = ledger.add_segment("r1", SegmentKind.RUNNING, start=T0 + 700, pod="s", zone=Z)
+        ledger.close_segment(seg, end=T0 + 3100, steps_completed=100, steps_recomputed=25)
+        db = ledger.path
+    conn = sqlite3.connect(db)
+    _undo_v7(conn)
+    conn.execute("PRAGMA user_version = 6")
+    conn.commit()
+    conn.close()
+    with Ledger(tmp_path / "s") as ledger:
+        assert ledger.schema_version == schema_module.SCHEMA_VERSION == 7
+        assert _rec(ledger, "s") == pytest.approx((5760.0, 0.0))
+        assert ledger.check_view() == []
 
 
 def _indexes(db: Path) -> dict[str, list[str]]:
@@ -182,6 +283,7 @@ def test_migration_from_v4_adds_the_report_indexes(tmp_path: Path) -> None:
         ledger.record_events_bulk(events)
         db = ledger.path
     conn = sqlite3.connect(db)  # back to v4: v5 added three indexes and widened pods_run, v6 added two
+    _undo_v7(conn)
     for index in (*_V5_INDEXES, *_V6_INDEXES):
         conn.execute(f"DROP INDEX {index}")
     conn.execute("CREATE INDEX pods_run ON pods (run_id) WHERE run_id IS NOT NULL")
@@ -191,7 +293,7 @@ def test_migration_from_v4_adds_the_report_indexes(tmp_path: Path) -> None:
     assert _indexes(db)["pods_run"] == ["run_id"]
 
     with Ledger(tmp_path / "s") as ledger:
-        assert ledger.schema_version == schema_module.SCHEMA_VERSION == 6
+        assert ledger.schema_version == schema_module.SCHEMA_VERSION == 7
         assert ledger.check_view() == []
     indexes = _indexes(db)
     assert indexes["pods_run"][:3] == ["run_id", "ready_at", "ended_at"]  # covers billing a slice

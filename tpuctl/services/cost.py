@@ -62,7 +62,7 @@ from tpuctl.store.records import LedgerError
 #: A spot/preemptible slice preempted within this many seconds of READY is not charged.
 FREE_PREEMPTION_S: Final = 60.0
 #: The ledger schema version these queries are written for.
-KNOWN_SCHEMA: Final = 6
+KNOWN_SCHEMA: Final = 7
 GROUP_BY_CHOICES: Final = ("slice", "run", "zone", "region", "type", "capacity", "day", "label:KEY")
 _LABEL_KEY_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 _DURATION_PART_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*(w|d|h|m|s)")
@@ -428,15 +428,16 @@ SELECT p.id, MAX(p.ended_at, :since), MIN(COALESCE(p.deleted_at, :now), :until),
 FROM pods AS p WHERE p.end_reason = 'preempted' AND p.chips IS NOT NULL"""
 
 
-def _segment_source(condition: str, weight: str, source: str) -> str:
+def _segment_source(condition: str, weight: str, source: str, *, unchanged_only: str = "1") -> str:
     """Billed intervals cut to the run segments that ran on them (``source`` joins run_segments rs to pods
-    p, in the order the condition's index makes cheap; price-changed slices through their pieces)."""
+    p, in the order the condition's index makes cheap; price-changed slices through their pieces).
+    ``unchanged_only``: a further condition on the slices whose price did not change."""
     seg = "MAX({s}, rs.started_at), MIN({e}, COALESCE(rs.ended_at, :now))"
     return f"""
 SELECT p.id, {seg.format(s="MAX(p.ready_at, :since)", e="MIN(COALESCE(p.ended_at, :now), :until)")},
        p.price_per_chip_hour, {weight}, rs.run_id, {_ATTRS}
 FROM {source}
-WHERE {condition} AND {_BILLED_POD} AND {_UNCHANGED}
+WHERE {condition} AND {_BILLED_POD} AND {_UNCHANGED} AND {unchanged_only}
 UNION ALL
 SELECT p.id, {seg.format(s="x.s", e="x.e")}, x.price, {weight}, rs.run_id, {_ATTRS}
 FROM run_segments AS rs JOIN pods AS p ON p.name = rs.pod AND p.zone = rs.zone JOIN pieces AS x ON x.id = p.id
@@ -458,6 +459,46 @@ _SRC_RECOMPUTED: Final = _segment_source(
     "run_segments AS rs INDEXED BY run_segments_recomputed CROSS JOIN pods AS p "
     "ON p.name = rs.pod AND p.zone = rs.zone",
 )
+
+#: A slice whose recomputed work in the window is the figure the ledger stored for it (``pods.rec_*``,
+#: schema v7): closed, and billed wholly inside the window (and before now, where an open segment's time
+#: ends). Its price must not have changed either (the stored figure is at its last price).
+_REC_STORED: Final = (
+    "p.ended_at IS NOT NULL AND p.ready_at >= :since AND p.ended_at <= :until AND p.ended_at <= :now"
+)
+
+
+def _recomputed_sql(group: GroupBy, ctes: str = _CHANGE_CTES) -> str:
+    """The recomputed share of billed time per (group key, zone, type, capacity), in _aggregate_sql's
+    columns: the slices the ledger stored it for summed from ``pods_rec`` (one row per slice that redid
+    work), the rest from their segments. Those are found from the slices, not from every recomputing
+    segment: ``cost_rest`` (the aggregate pass's slices still open or cut by the window, which must exist
+    on the connection), slices that end after now (only a test clock has them), and the price-changed
+    ones (through their pieces). Per day the stored figures are no use (a slice's segments may cross
+    midnight): all from the segments. For runs the stored figure serves only slices a run created (the
+    group is then the slice's run whatever segment ran on it); the others' segments name their run, so
+    all slices no run created are computed too."""
+    if group.kind == "day":
+        return _aggregate_sql(_SRC_RECOMPUTED, group, ctes=ctes)
+    stored = _REC_STORED + (" AND p.run_id IS NOT NULL" if group.kind == "run" else "")
+    rest = "SELECT id FROM cost_rest UNION SELECT id FROM pods INDEXED BY pods_ended WHERE ended_at > :now"
+    if group.kind == "run":
+        rest += " UNION SELECT id FROM pods INDEXED BY pods_norun WHERE run_id IS NULL"
+    computed = _segment_source(
+        "rs.steps_recomputed > 0",
+        recompute_fraction_sql("rs"),
+        f"({rest}) AS r CROSS JOIN pods AS p ON p.id = r.id CROSS JOIN run_segments AS rs "
+        "INDEXED BY run_segments_recomputed ON rs.zone = p.zone AND rs.pod = p.name",
+        unchanged_only=f"NOT ({stored})",
+    )
+    return f"""{_aggregate_sql(computed, group, ctes=ctes)}
+UNION ALL
+SELECT {_key_sql(group, "p")} AS k, p.zone AS zone, p.accelerator_type AS atype, p.capacity AS capacity,
+       0 AS slices, 0.0 AS s, 0.0 AS cs, TOTAL(p.rec_priced) AS priced, TOTAL(p.rec_unpriced) AS unpriced
+FROM pods AS p INDEXED BY pods_rec
+WHERE (p.rec_priced != 0 OR p.rec_unpriced != 0) AND {stored} AND {_UNCHANGED}
+GROUP BY 1, 2, 3, 4"""
+
 
 #: UTC days: the first day of every interval comes straight out; only intervals that cross midnight
 #: recurse for the days after.
@@ -973,7 +1014,7 @@ class CostService:
             reader.execute(items.PIECES_SQL, {})
             ctes = _STORED_CHANGE_CTES
         if self._segments:
-            rec = _aggregate_sql(_SRC_RECOMPUTED, group, ctes=ctes)
+            rec = _recomputed_sql(group, ctes)
             reader.execute(items.adj_sql(rec, recomputed=True), params)
             for r in reader.query(
                 "SELECT zone, atype, capacity, SUM(rpriced), SUM(runpriced) FROM cost_item_adj "
@@ -1050,7 +1091,9 @@ class CostService:
         params: Mapping[str, Any],
         *,
         count: bool = False,
+        sql: str | None = None,
     ) -> list[_Sub]:
+        """Rows of ``_aggregate_sql(source, group)``, or of ``sql`` (in its columns) where given."""
         return [
             _Sub(
                 r[0],
@@ -1063,7 +1106,7 @@ class CostService:
                 float(r[7] or 0),
                 float(r[8] or 0),
             )
-            for r in reader.query(_aggregate_sql(source, group, count=count), params)
+            for r in reader.query(sql or _aggregate_sql(source, group, count=count), params)
         ]
 
     def _lines(
@@ -1158,7 +1201,8 @@ class CostService:
                             sub.chip_seconds, sub.priced_usd_seconds, sub.unpriced_chip_seconds)  # fmt: skip
                 self._add_billed(line_for(none), none, warnings, sign=-1.0)
         if self._segments and recomputed:
-            for sub in self._subs(reader, _SRC_RECOMPUTED, group, params):
+            sql = _recomputed_sql(group) if self._fast else None
+            for sub in self._subs(reader, _SRC_RECOMPUTED, group, params, sql=sql):
                 line_for(sub).recomputed_usd += self._usd(sub, warnings)
         out = list(lines.values())
         for line in out:

@@ -890,7 +890,18 @@ class Ledger:
                         f"event {r[0]} points at pod {r[5]}, replay says {None if row is None else row.id}"
                     ]
             stored = {r[0]: r for r in conn.execute(f"SELECT {_POD_COLS} FROM pods")}
+            recomputed = conn.execute(schema.REC_CHECK_SQL).fetchall()
         problems: list[str] = []
+        for pod_id, priced, unpriced, want_priced, want_unpriced in recomputed:
+            # Triggers keep these; the tolerance is for float sums taken in another order.
+            if not (
+                math.isclose(priced, want_priced, rel_tol=1e-9, abs_tol=1e-6)
+                and math.isclose(unpriced, want_unpriced, rel_tol=1e-9, abs_tol=1e-6)
+            ):
+                problems.append(
+                    f"pod {pod_id}: stored recomputed work ({priced}, {unpriced}), its segments give "
+                    f"({want_priced}, {want_unpriced})"
+                )
         for pod_id in sorted(stored.keys() | replayed.keys()):
             want = replayed[pod_id].as_tuple() if pod_id in replayed else None
             have = stored.get(pod_id)

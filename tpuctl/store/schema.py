@@ -444,7 +444,74 @@ _V6 = Migration(
     ),
 )
 
-MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, _V5, _V6)
+#: A closed slice's recomputed work, as ``cost._SRC_RECOMPUTED`` computes it for a slice billed wholly
+#: inside a report's window: for every segment on it (zone + name) that redid steps, the recomputed share
+#: of the time the segment and the slice's billing overlap, at the slice's recorded price (priced: chips x
+#: seconds x share x USD per chip-hour, i.e. USD x 3600) or, with none recorded, as chip-seconds the
+#: catalog prices at report time (unpriced). 0 for a slice not billed (never READY, a free preemption).
+#: An open segment on a closed slice counts up to the slice's end, as it does in the report.
+_REC_SUM = """(SELECT TOTAL({value}) FROM run_segments AS rs
+        WHERE rs.zone = pods.zone AND rs.pod = pods.name AND rs.steps_recomputed > 0
+          AND pods.ready_at IS NOT NULL AND pods.chips IS NOT NULL
+          AND NOT COALESCE(pods.end_reason = 'preempted' AND pods.capacity IN ('spot', 'preemptible')
+                           AND pods.ended_at - pods.ready_at < 60.0, 0))"""
+_REC_PART = """pods.chips * MAX(0.0, MIN(pods.ended_at, COALESCE(rs.ended_at, pods.ended_at))
+                    - MAX(pods.ready_at, rs.started_at))
+        * MIN(1.0, CAST(rs.steps_recomputed AS REAL)
+                   / MAX(COALESCE(rs.steps_completed, 0), rs.steps_recomputed, 1))"""
+_REC_SET = "rec_priced = {priced}, rec_unpriced = {unpriced}".format(
+    priced=_REC_SUM.format(value=f"{_REC_PART} * pods.price_per_chip_hour"),
+    unpriced=_REC_SUM.format(value=f"CASE WHEN pods.price_per_chip_hour IS NULL THEN {_REC_PART} ELSE 0 END"),
+)
+#: Re-derive the facts of the closed incarnations of one zone + name.
+_REC_UPDATE = (
+    "UPDATE pods SET " + _REC_SET + " WHERE zone = {zone} AND name = {name} AND ended_at IS NOT NULL;"
+)
+
+#: Recomputed work stored per closed slice, kept by triggers (a segment recorded or updated, a slice
+#: closed or its billing facts changed), so that a report sums one stored figure per slice that redid
+#: work instead of joining every recomputing segment to its slice and cutting their intervals: that join
+#: was a third of a report's time on a 1,000,000-event ledger. ``pods_rec`` covers what a report groups
+#: these figures by. Price-changed slices, slices still open or cut by the window are still computed from
+#: their segments at report time (``cost._recomputed_sql``); ``REC_CHECK_SQL`` re-derives every stored
+#: figure for checks and tests.
+_V7 = Migration(
+    7,
+    "recomputed work per closed slice (rec_priced, rec_unpriced), kept by triggers, and its index",
+    (
+        "ALTER TABLE pods ADD COLUMN rec_priced REAL NOT NULL DEFAULT 0",
+        "ALTER TABLE pods ADD COLUMN rec_unpriced REAL NOT NULL DEFAULT 0",
+        f"""CREATE TRIGGER pods_rec_insert AFTER INSERT ON pods WHEN NEW.ended_at IS NOT NULL
+        BEGIN {_REC_UPDATE.format(zone="NEW.zone", name="NEW.name")} END""",
+        f"""CREATE TRIGGER pods_rec_update
+        AFTER UPDATE OF ended_at, ready_at, chips, price_per_chip_hour, end_reason, capacity ON pods
+        WHEN NEW.ended_at IS NOT NULL
+        BEGIN {_REC_UPDATE.format(zone="NEW.zone", name="NEW.name")} END""",
+        f"""CREATE TRIGGER run_segments_rec_insert AFTER INSERT ON run_segments WHEN NEW.pod IS NOT NULL
+        BEGIN {_REC_UPDATE.format(zone="NEW.zone", name="NEW.pod")} END""",
+        f"""CREATE TRIGGER run_segments_rec_update AFTER UPDATE ON run_segments
+        BEGIN {_REC_UPDATE.format(zone="NEW.zone", name="NEW.pod")}
+              {_REC_UPDATE.format(zone="OLD.zone", name="OLD.pod")} END""",
+        f"""CREATE TRIGGER run_segments_rec_delete AFTER DELETE ON run_segments WHEN OLD.pod IS NOT NULL
+        BEGIN {_REC_UPDATE.format(zone="OLD.zone", name="OLD.pod")} END""",
+        "UPDATE pods SET " + _REC_SET + " WHERE ended_at IS NOT NULL",
+        """CREATE INDEX pods_rec ON pods (
+            zone, accelerator_type, capacity, ready_at, ended_at, run_id, labels, rec_priced, rec_unpriced
+        ) WHERE rec_priced != 0 OR rec_unpriced != 0""",
+    ),
+)
+
+#: Every closed slice's stored recomputed figures next to what the triggers should have made of them
+#: (id, stored priced, stored unpriced, derived priced, derived unpriced); for checks and tests.
+REC_CHECK_SQL = (
+    "SELECT id, rec_priced, rec_unpriced, "
+    + _REC_SUM.format(value=f"{_REC_PART} * pods.price_per_chip_hour")
+    + ", "
+    + _REC_SUM.format(value=f"CASE WHEN pods.price_per_chip_hour IS NULL THEN {_REC_PART} ELSE 0 END")
+    + " FROM pods WHERE ended_at IS NOT NULL ORDER BY id"
+)
+
+MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7)
 SCHEMA_VERSION: int = len(MIGRATIONS)
 
 
