@@ -468,7 +468,7 @@ _REC_STORED: Final = (
 )
 
 
-def _recomputed_sql(group: GroupBy, ctes: str = _CHANGE_CTES) -> str:
+def _recomputed_sql(group: GroupBy, ctes: str = _CHANGE_CTES, *, only: str = "1") -> str:
     """The recomputed share of billed time per (group key, zone, type, capacity), in _aggregate_sql's
     columns: the slices the ledger stored it for summed from ``pods_rec`` (one row per slice that redid
     work), the rest from their segments. Those are found from the slices, not from every recomputing
@@ -477,7 +477,7 @@ def _recomputed_sql(group: GroupBy, ctes: str = _CHANGE_CTES) -> str:
     ones (through their pieces). Per day the stored figures are no use (a slice's segments may cross
     midnight): all from the segments. For runs the stored figure serves only slices a run created (the
     group is then the slice's run whatever segment ran on it); the others' segments name their run, so
-    all slices no run created are computed too."""
+    all slices no run created are computed too. ``only``: a condition on the slice (alias p)."""
     if group.kind == "day":
         return _aggregate_sql(_SRC_RECOMPUTED, group, ctes=ctes)
     stored = _REC_STORED + (" AND p.run_id IS NOT NULL" if group.kind == "run" else "")
@@ -485,7 +485,7 @@ def _recomputed_sql(group: GroupBy, ctes: str = _CHANGE_CTES) -> str:
     if group.kind == "run":
         rest += " UNION SELECT id FROM pods INDEXED BY pods_norun WHERE run_id IS NULL"
     computed = _segment_source(
-        "rs.steps_recomputed > 0",
+        f"rs.steps_recomputed > 0 AND {only}",
         recompute_fraction_sql("rs"),
         f"({rest}) AS r CROSS JOIN pods AS p ON p.id = r.id CROSS JOIN run_segments AS rs "
         "INDEXED BY run_segments_recomputed ON rs.zone = p.zone AND rs.pod = p.name",
@@ -496,7 +496,7 @@ UNION ALL
 SELECT {_key_sql(group, "p")} AS k, p.zone AS zone, p.accelerator_type AS atype, p.capacity AS capacity,
        0 AS slices, 0.0 AS s, 0.0 AS cs, TOTAL(p.rec_priced) AS priced, TOTAL(p.rec_unpriced) AS unpriced
 FROM pods AS p INDEXED BY pods_rec
-WHERE (p.rec_priced != 0 OR p.rec_unpriced != 0) AND {stored} AND {_UNCHANGED}
+WHERE (p.rec_priced != 0 OR p.rec_unpriced != 0) AND {stored} AND {_UNCHANGED} AND {only}
 GROUP BY 1, 2, 3, 4"""
 
 
@@ -1014,18 +1014,11 @@ class CostService:
             reader.execute(items.PIECES_SQL, {})
             ctes = _STORED_CHANGE_CTES
         if self._segments:
-            rec = _recomputed_sql(group, ctes)
-            reader.execute(items.adj_sql(rec, recomputed=True), params)
-            for r in reader.query(
-                "SELECT zone, atype, capacity, SUM(rpriced), SUM(runpriced) FROM cost_item_adj "
-                "GROUP BY 1, 2, 3",
-                {},
-            ):
-                sub = _Sub(None, r[0], _unnull(r[1]), _unnull(r[2]), 0, 0.0, 0.0, float(r[3]), float(r[4]))
+            # The total from the few per-combination rows; per group below (for slices: only those shown).
+            for sub in self._subs(reader, "", group, params, sql=_recomputed_sql(GroupBy("total"), ctes)):
                 totals.recomputed_usd += self._usd(sub, warnings)
-            if group.kind == "slice":
-                reader.execute(items.REC_SQL, {})
-            else:
+            if group.kind == "run":
+                reader.execute(items.adj_sql(_recomputed_sql(group, ctes), recomputed=True), params)
                 # Slices no run created are billed to the runs that ran on them, for the time they did;
                 # the rest of their time stays with "(none)".
                 runs = _aggregate_sql(_SRC_SEGMENT_RUNS, group, count=True, ctes=ctes)
@@ -1045,6 +1038,10 @@ class CostService:
                     reader.execute(items.SLICE_RANK_SQL, bound)
             else:
                 reader.execute(items.SLICE_RANK_ALL_SQL, bound)
+            if self._segments:
+                shown = _recomputed_sql(group, ctes, only="p.id IN (SELECT k FROM cost_top)")
+                reader.execute(items.adj_sql(shown, recomputed=True), params)
+                reader.execute(items.REC_SQL, {})
             groups = items.slice_records(reader.query(items.slice_sql(), bound))
             # One group per slice billed or holding quota in the window: what the aggregate pass counted.
             total = counts[2]
