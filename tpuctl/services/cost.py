@@ -483,7 +483,13 @@ def _recomputed_sql(group: GroupBy, ctes: str = _CHANGE_CTES, *, only: str = "1"
     stored = _REC_STORED + (" AND p.run_id IS NOT NULL" if group.kind == "run" else "")
     rest = "SELECT id FROM cost_rest UNION SELECT id FROM pods INDEXED BY pods_ended WHERE ended_at > :now"
     if group.kind == "run":
-        rest += " UNION SELECT id FROM pods INDEXED BY pods_norun WHERE run_id IS NULL"
+        # From the recomputing segments to the covering pods_norun: few rows fetched, not every slice
+        # no run created.
+        rest += (
+            " UNION SELECT p.id FROM run_segments AS rs INDEXED BY run_segments_recomputed"
+            " CROSS JOIN pods AS p INDEXED BY pods_norun ON p.zone = rs.zone AND p.name = rs.pod"
+            " WHERE rs.steps_recomputed > 0 AND p.run_id IS NULL"
+        )
     computed = _segment_source(
         f"rs.steps_recomputed > 0 AND {only}",
         recompute_fraction_sql("rs"),
