@@ -87,6 +87,15 @@ def _ledger(path: Path, seed: int) -> Path:
         stored = conn.execute("SELECT * FROM cost_rollup ORDER BY 1, 2, 3, 4, 5").fetchall()
         assert stored == conn.execute(ROLLUP_CHECK_SQL).fetchall()
         assert stored
+        # Both ways of billing slices crossing midnight and quota held are exercised (schema v8): rolled
+        # up (and, per window, some of those read slice by slice) and never rolled (price-changed).
+        rolled = "SELECT COUNT(*) FROM pods WHERE rolled = 1"
+        unrolled = (
+            "SELECT COUNT(*) FROM pods WHERE rolled = 0 AND ended_at IS NOT NULL AND ready_at IS NOT NULL "
+            "AND ended_at > (CAST(ready_at / 86400 AS INTEGER) + 1) * 86400.0"
+        )
+        assert conn.execute(rolled).fetchone()[0] > 0 and conn.execute(unrolled).fetchone()[0] > 0
+        assert conn.execute("SELECT COUNT(*) FROM cost_rollup_held").fetchone()[0] > 0
         # Both ways of costing recomputed work are exercised: figures stored on closed slices (schema v7)
         # and segments on slices still open at report time.
         assert conn.execute("SELECT COUNT(*) FROM pods WHERE rec_priced > 0").fetchone()[0] > 0

@@ -175,8 +175,25 @@ _V7_TRIGGERS = (
 )
 
 
+def _undo_v8(conn: sqlite3.Connection) -> None:
+    """Take a ledger back to v7: no rollups of slices crossing midnight or of quota held."""
+    for trigger in (
+        "pods_rollup_x_insert",
+        "pods_rollup_x_close",
+        "pods_rollup_held_insert",
+        "pods_rollup_held_delete",
+    ):
+        conn.execute(f"DROP TRIGGER {trigger}")
+    for index in ("pods_held", "pods_unrolled_crossing"):
+        conn.execute(f"DROP INDEX {index}")
+    for table in ("cost_rollup_x", "cost_rollup_xdays", "cost_rollup_held", "cost_day_offsets"):
+        conn.execute(f"DROP TABLE {table}")
+    conn.execute("ALTER TABLE pods DROP COLUMN rolled")
+
+
 def _undo_v7(conn: sqlite3.Connection) -> None:
-    """Take a ledger back to v6: no stored recomputed work, its triggers or its index."""
+    """Take a ledger back to v6: no stored recomputed work, its triggers or its index (nor v8)."""
+    _undo_v8(conn)
     for trigger in _V7_TRIGGERS:
         conn.execute(f"DROP TRIGGER {trigger}")
     conn.execute("DROP INDEX pods_rec")
@@ -263,7 +280,7 @@ def test_migration_to_v7_stores_the_recomputed_work(tmp_path: Path) -> None:
     conn.commit()
     conn.close()
     with Ledger(tmp_path / "s") as ledger:
-        assert ledger.schema_version == schema_module.SCHEMA_VERSION == 7
+        assert ledger.schema_version == schema_module.SCHEMA_VERSION == 8
         assert _rec(ledger, "s") == pytest.approx((5760.0, 0.0))
         assert ledger.check_view() == []
 
@@ -293,7 +310,7 @@ def test_migration_from_v4_adds_the_report_indexes(tmp_path: Path) -> None:
     assert _indexes(db)["pods_run"] == ["run_id"]
 
     with Ledger(tmp_path / "s") as ledger:
-        assert ledger.schema_version == schema_module.SCHEMA_VERSION == 7
+        assert ledger.schema_version == schema_module.SCHEMA_VERSION == 8
         assert ledger.check_view() == []
     indexes = _indexes(db)
     assert indexes["pods_run"][:3] == ["run_id", "ready_at", "ended_at"]  # covers billing a slice

@@ -62,7 +62,7 @@ from tpuctl.store.records import LedgerError
 #: A spot/preemptible slice preempted within this many seconds of READY is not charged.
 FREE_PREEMPTION_S: Final = 60.0
 #: The ledger schema version these queries are written for.
-KNOWN_SCHEMA: Final = 7
+KNOWN_SCHEMA: Final = 8
 GROUP_BY_CHOICES: Final = ("slice", "run", "zone", "region", "type", "capacity", "day", "label:KEY")
 _LABEL_KEY_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 _DURATION_PART_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*(w|d|h|m|s)")
@@ -676,7 +676,7 @@ _REST_CHANGED: Final = f"""
 INSERT OR IGNORE INTO cost_rest (id)
 SELECT p.id FROM json_each(:price_changes) AS j CROSS JOIN pods AS p
      ON p.id = CAST(json_extract(j.value, '$[0]') AS INTEGER)
-WHERE p.ended_at IS NOT NULL AND p.ready_at IS NOT NULL AND {_CROSSES_MIDNIGHT}"""
+WHERE p.ended_at IS NOT NULL AND p.ready_at IS NOT NULL AND {_CROSSES_MIDNIGHT} AND p.rolled = 0"""
 #: The price changes of the slices in cost_rest (the others' facts already hold their pieces).
 _REST_PRICE_CHANGES: Final = """
 SELECT json_group_array(json(j.value)) FROM json_each(:price_changes) AS j
@@ -688,9 +688,8 @@ _CLOSED: Final = """p.ended_at IS NOT NULL AND p.ready_at IS NOT NULL
       AND NOT COALESCE(p.end_reason = 'preempted' AND p.capacity IN ('spot', 'preemptible')
                         AND p.ended_at - p.ready_at < :free_s, 0)
       AND p.id NOT IN (SELECT id FROM cost_rest)"""
-#: The closed slices cost_rollup does not answer: those crossing midnight (partial index), and the
-#: single-day ones of the window's partial first and last days (a ready_at range of pods_closed).
-_CLOSED_CROSSING: Final = f"INDEXED BY pods_crossing WHERE {_CLOSED} AND {_CROSSES_MIDNIGHT}"
+#: The single-day closed slices cost_rollup does not answer: those of the window's partial first and last
+#: days (a ready_at range of pods_closed; the ones crossing midnight are below, _CLOSED_XREST).
 #: (The window's own ready_at bounds are kept off the index with a unary +: the day's range is the tight
 #: one, and the planner would otherwise walk the whole window.)
 _UNINDEXED_WINDOW: Final = _CLOSED.replace(
@@ -704,9 +703,86 @@ WHERE {_UNINDEXED_WINDOW}
                AND CAST(p.ready_at / 86400 AS INTEGER) < :d_hi)"""
 
 
+#: Closed slices crossing midnight that the rollups (schema v8: cost_rollup_x, cost_rollup_xdays) hold
+#: for the window: rolled, and every day they were billed in is a whole day of the window.
+_X_INSIDE: Final = (
+    "p.rolled = 1 AND CAST(p.ready_at / 86400 AS INTEGER) >= :d_lo "
+    "AND CAST(p.ended_at / 86400 AS INTEGER) + (p.ended_at > CAST(p.ended_at / 86400 AS INTEGER) * 86400.0) "
+    "<= :d_hi"
+)
+#: The candidates for the other closed slices crossing midnight, found by index: beginning before the
+#: window's first whole day, ending after its last, or not rolled up at all (price-changed, free, long).
+_XREST_TABLE: Final = "CREATE TEMP TABLE cost_xrest (id INTEGER PRIMARY KEY)"
+_XREST_FILL: Final = (
+    "INSERT OR IGNORE INTO cost_xrest (id) SELECT id FROM pods INDEXED BY pods_crossing "
+    "WHERE ended_at IS NOT NULL AND ready_at IS NOT NULL "
+    "AND ended_at > (CAST(ready_at / 86400 AS INTEGER) + 1) * 86400.0 AND ready_at < :d_lo * 86400.0",
+    f"INSERT OR IGNORE INTO cost_xrest (id) SELECT p.id FROM pods AS p INDEXED BY pods_ended "
+    f"WHERE p.ended_at > :d_hi * 86400.0 AND p.ready_at IS NOT NULL AND {_CROSSES_MIDNIGHT}",
+    "INSERT OR IGNORE INTO cost_xrest (id) SELECT id FROM pods INDEXED BY pods_unrolled_crossing "
+    "WHERE ended_at IS NOT NULL AND ready_at IS NOT NULL "
+    "AND ended_at > (CAST(ready_at / 86400 AS INTEGER) + 1) * 86400.0 AND rolled = 0",
+)
+_CLOSED_XREST: Final = (
+    f"WHERE p.id IN (SELECT id FROM cost_xrest) AND {_CLOSED} AND {_CROSSES_MIDNIGHT} AND NOT ({_X_INSIDE})"
+)
 _LATER_CLOSED: Final = f"""
 INSERT OR IGNORE INTO cost_later (id)
-SELECT p.id FROM pods AS p {_CLOSED_CROSSING}"""
+SELECT p.id FROM pods AS p {_CLOSED_XREST}"""
+
+
+def _rollup_x_sql(group: GroupBy) -> str:
+    """The rolled-up slices crossing midnight inside the window's whole days, from ``cost_rollup_x``: their
+    stored facts and first day's share, per first day."""
+    columns = ("slices", "seen", "bs", "cs", "priced", "unpriced", "d0s", "d0cs", "d0priced", "d0unpriced")
+    return f"""
+INSERT INTO cost_agg (k, zone, atype, capacity, day0, {", ".join(columns)})
+SELECT COALESCE({_key_sql(group, "r")}, :null_key), r.zone, r.accelerator_type, r.capacity, r.first_day,
+       SUM(r.slices), SUM(r.slices), SUM(r.billed_s), SUM(r.billed_chip_s), SUM(r.billed_usd_s),
+       SUM(r.billed_unpriced_chip_s), SUM(r.d0_s), SUM(r.d0_chip_s), SUM(r.d0_usd_s),
+       SUM(r.d0_unpriced_chip_s)
+FROM cost_rollup_x AS r
+WHERE r.first_day >= :d_lo AND r.end_day <= :d_hi
+GROUP BY 1, 2, 3, 4, 5
+{_upsert(columns)}"""
+
+
+#: Their days after the first, from ``cost_rollup_xdays``, into cost_days.
+_ROLLUP_XDAYS_SQL: Final = """
+INSERT INTO cost_days (day, zone, atype, capacity, slices, s, cs, priced, unpriced)
+SELECT r.day, r.zone, r.accelerator_type, r.capacity, SUM(r.slices), SUM(r.s), SUM(r.chip_s), SUM(r.usd_s),
+       SUM(r.unpriced_chip_s)
+FROM cost_rollup_xdays AS r
+WHERE r.first_day >= :d_lo AND r.end_day <= :d_hi
+GROUP BY 1, 2, 3, 4
+ON CONFLICT (day, zone, atype, capacity) DO UPDATE SET slices = slices + excluded.slices, s = s + excluded.s,
+    cs = cs + excluded.cs, priced = priced + excluded.priced, unpriced = unpriced + excluded.unpriced"""
+
+#: Quota held: the preempted slices deleted inside the window's days (preempted after the day holding
+#: :since began, deleted by the end of its last whole day) from ``cost_rollup_held``; the rest -- still
+#: held, deleted later, or preempted before that -- slice by slice (pods_held finds them).
+_HREST_TABLE: Final = "CREATE TEMP TABLE cost_hrest (id INTEGER PRIMARY KEY)"
+_HREST_FILL: Final = (
+    "INSERT OR IGNORE INTO cost_hrest (id) SELECT id FROM pods INDEXED BY pods_held "
+    "WHERE end_reason = 'preempted' AND deleted_at IS NULL",
+    "INSERT OR IGNORE INTO cost_hrest (id) SELECT id FROM pods INDEXED BY pods_held "
+    "WHERE end_reason = 'preempted' AND deleted_at > :d_hi * 86400.0",
+    "INSERT OR IGNORE INTO cost_hrest (id) SELECT id FROM pods INDEXED BY pods_held "
+    "WHERE end_reason = 'preempted' AND deleted_at > :since AND ended_at < :h_lo * 86400.0",
+)
+_HREST_PODS: Final = "cost_hrest AS r CROSS JOIN pods AS p ON p.id = r.id"
+
+
+def _rollup_held_sql(group: GroupBy) -> str:
+    columns = ("slices", "seen", "hcs", "hpriced", "hunpriced")
+    return f"""
+INSERT INTO cost_agg (k, zone, atype, capacity, day0, {", ".join(columns)})
+SELECT COALESCE({_key_sql(group, "r")}, :null_key), r.zone, r.accelerator_type, r.capacity, -1,
+       SUM(r.slices), SUM(r.slices), SUM(r.held_chip_s), SUM(r.held_usd_s), SUM(r.held_unpriced_chip_s)
+FROM cost_rollup_held AS r
+WHERE r.end_day >= :h_lo AND r.deleted_day <= :d_hi
+GROUP BY 1, 2, 3, 4
+{_upsert(columns)}"""
 
 
 def _rollup_sql(group: GroupBy) -> str:
@@ -1255,11 +1331,23 @@ class CostService:
             d_hi = math.floor(params["until"] / 86400.0)
             days = {"d_lo": d_lo, "d_hi": d_hi}
             reader.execute(_rollup_sql(main), {**params, **days})
-            reader.execute(_closed_billed_sql(main, _CLOSED_CROSSING), params)
+            reader.execute(_rollup_x_sql(main), {**params, **days})
+            reader.execute(_XREST_TABLE, {})
+            for statement in _XREST_FILL:
+                reader.execute(statement, days)
+            reader.execute(_closed_billed_sql(main, _CLOSED_XREST), {**params, **days})
             for edge in {d_lo - 1, d_hi}:
                 bounds = {"b_lo": edge * 86400.0, "b_hi": (edge + 1) * 86400.0}
                 reader.execute(_closed_billed_sql(main, _CLOSED_EDGE_DAY), {**params, **days, **bounds})
-            reader.execute(_pods_held_sql(main, "pods AS p INDEXED BY pods_preempted"), params)
+            # Held quota: rolled up when preempted after the day holding :since began (so the slice
+            # ended after :since, as being billed in the window asks) and deleted by :d_hi.
+            held_days = {"d_hi": d_hi, "h_lo": math.floor(params["since"] / 86400.0) + 1}
+            reader.execute(_rollup_held_sql(main), {**params, **held_days})
+            reader.execute(_HREST_TABLE, {})
+            for statement in _HREST_FILL:
+                reader.execute(statement, {**params, **held_days})
+            reader.execute(_pods_held_sql(main, _HREST_PODS), params)
+            params["d_lo"], params["d_hi"] = d_lo, d_hi  # for the later days
         else:
             reader.execute(_pods_billed_sql(main), params)
             reader.execute(_pods_held_sql(main), params)
@@ -1298,6 +1386,8 @@ class CostService:
                 reader.execute(_LATER_CLOSED, params)
                 source = _REST_PODS_LATER
             reader.execute(_LATER_DAYS_SQL.format(source=source, billed=_BILLED_POD), params)
+            if fast:
+                reader.execute(_ROLLUP_XDAYS_SQL, params)
             part.later = [
                 _Sub(r[0], r[1], _unnull(r[2]), _unnull(r[3]), int(r[4]), *_floats(r[5:9]))
                 for r in reader.query(
