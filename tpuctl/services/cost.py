@@ -1028,7 +1028,9 @@ class CostService:
                 reader.query("SELECT EXISTS (SELECT 1 FROM run_segments WHERE pod IS NOT NULL)", {})[0][0]
             )
             changes = reader.query(
-                "SELECT pod_id, ts, id, price_per_chip_hour FROM events WHERE kind = 'price_change'", {}
+                "SELECT pod_id, ts, id, price_per_chip_hour FROM events INDEXED BY events_price_facts "
+                "WHERE kind = 'price_change'",
+                {},
             )
             params["price_changes"] = json.dumps([c for c in changes if c[0] is not None])
             self._changes = bool(changes)

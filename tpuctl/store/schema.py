@@ -687,6 +687,9 @@ _V8 = Migration(
         f"INSERT INTO cost_rollup_xdays {ROLLUP_XDAYS_CHECK_SQL}",
         f"INSERT INTO cost_rollup_held {ROLLUP_HELD_CHECK_SQL}",
         "CREATE INDEX pods_held ON pods (deleted_at, ended_at) WHERE end_reason = 'preempted'",
+        # Every report reads all price changes: from this index alone, not a row of the log each.
+        "CREATE INDEX events_price_facts ON events (pod_id, ts, price_per_chip_hour, kind) "
+        "WHERE kind = 'price_change'",
         """CREATE INDEX pods_unrolled_crossing ON pods (ready_at)
         WHERE ended_at IS NOT NULL AND ready_at IS NOT NULL
           AND ended_at > (CAST(ready_at / 86400 AS INTEGER) + 1) * 86400.0 AND rolled = 0""",
