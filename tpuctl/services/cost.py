@@ -860,6 +860,22 @@ ON CONFLICT (day, zone, atype, capacity) DO UPDATE SET slices = slices + exclude
     cs = cs + excluded.cs, priced = priced + excluded.priced, unpriced = unpriced + excluded.unpriced"""
 
 
+#: The per-day spend of the fast path without a per-day grouping (the chart's figures): each interval's
+#: first day (cost_agg) and its later days (cost_days), summed per day in SQL rather than as thousands of
+#: per-day x zone x type x capacity rows in Python. Unpriced time comes per combination (the catalog
+#: prices it), usually none.
+_DAY_USD_SQL: Final = """
+WITH d AS (
+    SELECT day0 AS day, zone, atype, capacity, d0priced AS priced, d0unpriced AS unpriced
+    FROM cost_agg WHERE day0 >= 0
+    UNION ALL
+    SELECT day, zone, atype, capacity, priced, unpriced FROM cost_days
+)
+SELECT day, NULL, NULL, NULL, TOTAL(priced), 0.0 FROM d GROUP BY day
+UNION ALL
+SELECT day, zone, atype, capacity, 0.0, SUM(unpriced) FROM d WHERE unpriced != 0 GROUP BY 1, 2, 3, 4"""
+
+
 @dataclass(frozen=True)
 class _Sub:
     """One aggregate row: a group's share in one (zone, type, capacity)."""
@@ -888,6 +904,9 @@ class _Partial:
     changed_days: list[_Sub] = field(default_factory=list)
     changed_days_whole: list[_Sub] = field(default_factory=list)
     later: list[_Sub] = field(default_factory=list)
+    #: The fast path's per-day spend, summed in SQL (_DAY_USD_SQL): (day, None, None, None, priced, 0)
+    #: per day and (day, zone, type, capacity, 0, unpriced) where the catalog prices some time.
+    day_rows: list[tuple[Any, ...]] = field(default_factory=list)
 
 
 #: Below this many pods one scan is quicker than starting threads and connections.
@@ -1301,6 +1320,11 @@ class CostService:
             for sub in day_subs:
                 key = str(self._display_key(day, sub))
                 by_day[key] = by_day.get(key, 0.0) + self._usd(sub, warnings)
+            for part in partials:
+                for r in part.day_rows:
+                    sub = _Sub(r[0], r[1], _unnull(r[2]), _unnull(r[3]), 0, 0.0, 0.0, r[4], r[5])
+                    key = str(self._display_key(day, sub))
+                    by_day[key] = by_day.get(key, 0.0) + self._usd(sub, warnings)
         days = [{"day": d, "cost_usd": _r(v)} for d, v in sorted(by_day.items())]
         return self._sorted(group, out), days, (preemptions, free, total_slices)
 
@@ -1360,10 +1384,16 @@ class CostService:
             "SUM(unpriced), SUM(hcs), SUM(hpriced), SUM(hunpriced) FROM cost_agg GROUP BY 1, 2, 3, 4",
             {},
         )
-        first_days = reader.query(
-            "SELECT day0, zone, atype, capacity, SUM(slices), SUM(d0s), SUM(d0cs), SUM(d0priced), "
-            "SUM(d0unpriced) FROM cost_agg WHERE day0 >= 0 GROUP BY 1, 2, 3, 4",
-            {},
+        # The fast path sums the days in SQL unless the groups are the days themselves.
+        sql_days = fast and need_days and group.kind != "day"
+        first_days = (
+            []
+            if sql_days
+            else reader.query(
+                "SELECT day0, zone, atype, capacity, SUM(slices), SUM(d0s), SUM(d0cs), SUM(d0priced), "
+                "SUM(d0unpriced) FROM cost_agg WHERE day0 >= 0 GROUP BY 1, 2, 3, 4",
+                {},
+            )
         )
         # Fast: the narrow partial index of preempted slices, not every pods row.
         preemptions_sql = (
@@ -1390,12 +1420,16 @@ class CostService:
             reader.execute(_LATER_DAYS_SQL.format(source=source, billed=_BILLED_POD), params)
             if fast:
                 reader.execute(_ROLLUP_XDAYS_SQL, params)
-            part.later = [
-                _Sub(r[0], r[1], _unnull(r[2]), _unnull(r[3]), int(r[4]), *_floats(r[5:9]))
-                for r in reader.query(
-                    "SELECT day, zone, atype, capacity, slices, s, cs, priced, unpriced FROM cost_days", {}
-                )
-            ]
+            if sql_days:
+                part.day_rows = reader.query(_DAY_USD_SQL, {})
+            else:
+                part.later = [
+                    _Sub(r[0], r[1], _unnull(r[2]), _unnull(r[3]), int(r[4]), *_floats(r[5:9]))
+                    for r in reader.query(
+                        "SELECT day, zone, atype, capacity, slices, s, cs, priced, unpriced FROM cost_days",
+                        {},
+                    )
+                ]
             if changed:
                 day = GroupBy("day")
                 part.changed_days = self._subs(reader, _SRC_CHANGED_TEMP, day, params)
