@@ -939,6 +939,11 @@ class LedgerReader:
             # The report's temp tables and sorts stay in memory (a few tens of MB for a million events).
             self._conn.execute("PRAGMA temp_store = MEMORY")
             self._conn.execute("PRAGMA cache_size = -65536")
+            # A report is a new connection in a new process: every page it reads is a first read. Mapped,
+            # those are memory reads rather than a read() call each (13% of a 1,000,000-event report).
+            # Safe here: the connection only reads, and the ledger file never shrinks (WAL, no VACUUM),
+            # which is what makes a mapping fault.
+            self._conn.execute("PRAGMA mmap_size = 1073741824")
         except sqlite3.Error as exc:
             raise LedgerError(f"cannot read the ledger {self.path}: {exc}") from None
         if version != KNOWN_SCHEMA:
