@@ -535,8 +535,35 @@ def _key_sql(group: GroupBy, alias: str) -> str:
     }[group.kind]
 
 
+#: A price-changed slice (alias p) billed wholly inside the window, and before now: its stored billing
+#: facts are its bill.
+_CHANGED_INSIDE: Final = (
+    "p.ended_at IS NOT NULL AND p.ready_at >= :since AND p.ended_at <= :until AND p.ended_at <= :now"
+)
+_CHANGED_IDS: Final = "SELECT CAST(json_extract(value, '$[0]') AS INTEGER) FROM json_each(:price_changes)"
+#: The price changes (as JSON, like :price_changes) of the slices whose pieces a per-slice or per-run
+#: report needs: not billed wholly inside the window, or with segments whose share is priced by piece.
+_PIECES_NEEDED_SQL: Final = f"""
+SELECT json_group_array(json(j.value)) FROM json_each(:price_changes) AS j
+WHERE CAST(json_extract(j.value, '$[0]') AS INTEGER) IN (
+    SELECT p.id FROM pods AS p
+    WHERE p.id IN ({_CHANGED_IDS})
+      AND (NOT ({_CHANGED_INSIDE})
+           OR EXISTS (SELECT 1 FROM run_segments AS rs INDEXED BY run_segments_recomputed
+                      WHERE rs.zone = p.zone AND rs.pod = p.name AND rs.steps_recomputed > 0)
+           OR (p.run_id IS NULL AND EXISTS (SELECT 1 FROM run_segments AS rs INDEXED BY run_segments_pod
+                                            WHERE rs.zone = p.zone AND rs.pod = p.name)))
+)"""
+#: The other price-changed slices billed in the window, into cost_item_pieces from their stored facts
+#: (USD x 3600 at each price in force, and chip-seconds with no price).
+_STORED_PIECES_SQL: Final = f"""
+INSERT OR IGNORE INTO cost_item_pieces (id, priced, unpriced)
+SELECT p.id, p.billed_usd_s, p.billed_unpriced_chip_s FROM pods AS p
+WHERE p.id IN ({_CHANGED_IDS}) AND {_CHANGED_INSIDE} AND {_BILLED_POD}"""
+
 #: _CHANGE_CTES's ``changed`` and ``pieces`` read back from ``cost_all_pieces``, where a report that
-#: needs them in several queries computed them once.
+#: needs them in several queries computed them once (only the slices that need pieces: see
+#: _PIECES_NEEDED_SQL; the segment queries, the only readers of ``changed``, meet no other).
 _STORED_CHANGE_CTES: Final = """
 changed AS (SELECT DISTINCT id AS pod_id FROM cost_all_pieces),
 pieces AS (SELECT id, s, e, price FROM cost_all_pieces)"""
@@ -1116,10 +1143,17 @@ class CostService:
         items.fill_prices(reader, items.combos(reader), self._combo_prices)
         ctes = _CHANGE_CTES
         if self._changes:
-            # Every price-changed slice's pieces, once: the groups and both segment queries read them.
+            # The pieces of the price-changed slices that need them, once (the groups and both segment
+            # queries read them): those still open or cut by the window, and those segments ran on
+            # (their recomputed work, or a run's share of a slice it did not create, is priced piece by
+            # piece). For the other ones, billed wholly inside the window, the stored facts are the bill.
+            needed = reader.query(_PIECES_NEEDED_SQL, params)[0][0] or "[]"
             pieces = f"WITH {_CHANGE_CTES} SELECT id, s, e, price FROM pieces"
-            reader.execute(f"CREATE TEMP TABLE cost_all_pieces AS {pieces}", params)
+            reader.execute(
+                f"CREATE TEMP TABLE cost_all_pieces AS {pieces}", {**params, "price_changes": needed}
+            )
             reader.execute(items.PIECES_SQL, {})
+            reader.execute(_STORED_PIECES_SQL, params)
             ctes = _STORED_CHANGE_CTES
         if self._segments:
             # The total from the few per-combination rows; per group below (for slices: only those shown).
