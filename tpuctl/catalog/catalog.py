@@ -326,9 +326,7 @@ class Catalog:
         gens = [self.generation(generation)] if generation else list(self.generations.values())
         return sorted({z for g in gens for z in g.zones})
 
-    def price_per_chip_hour(
-        self, accel: AcceleratorType, zone: str, capacity: CapacityType
-    ) -> float | None:
+    def price_per_chip_hour(self, accel: AcceleratorType, zone: str, capacity: CapacityType) -> float | None:
         return self.prices.per_chip_hour(accel.generation.name, region_of_zone(zone), capacity)
 
     def price_per_hour(
@@ -365,9 +363,7 @@ def _parse_price_table(data: Any, where: str) -> PriceTable:
 def _bundled_catalog() -> Catalog:
     # Cached: the files are package data and never change within a process.
     accel = _load_yaml("accelerators.yaml")
-    generations = {
-        name: _parse_generation(name, raw) for name, raw in accel["generations"].items()
-    }
+    generations = {name: _parse_generation(name, raw) for name, raw in accel["generations"].items()}
     prices = _parse_price_table(_load_yaml("prices.yaml"), "prices.yaml")
     return Catalog(
         generations=generations, prices=prices, source=str(accel["source"]), date=str(accel["date"])

@@ -43,9 +43,7 @@ def main(
     output: Annotated[
         str | None, typer.Option("-o", "--output", help="Output format: table, json, yaml or csv.")
     ] = None,
-    dry_run: Annotated[
-        bool, typer.Option("--dry-run", help="Print the plan; change nothing.")
-    ] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan; change nothing.")] = False,
     yes: Annotated[bool, typer.Option("-y", "--yes", help="Do not ask for confirmation.")] = False,
     state_dir: Annotated[
         Path | None, typer.Option("--state-dir", help="Where the ledger and simulator state live.")

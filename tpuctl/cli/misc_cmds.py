@@ -90,7 +90,5 @@ def _state_dir_check(path: Any) -> str:
 
     mode = path.stat().st_mode & 0o777
     if mode & 0o077:
-        raise TpuctlError(
-            f"state dir {path} is readable by others (mode {mode:o})", fix=f"chmod 700 {path}"
-        )
+        raise TpuctlError(f"state dir {path} is readable by others (mode {mode:o})", fix=f"chmod 700 {path}")
     return f"{path} (mode {mode:o})"

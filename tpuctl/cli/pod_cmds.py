@@ -94,9 +94,7 @@ def create(
     runtime_version: Annotated[
         str | None, typer.Option("--runtime-version", help="TPU software version (default per type).")
     ] = None,
-    label: Annotated[
-        list[str] | None, typer.Option("--label", help="KEY=VALUE label (repeatable).")
-    ] = None,
+    label: Annotated[list[str] | None, typer.Option("--label", help="KEY=VALUE label (repeatable).")] = None,
     wait: Annotated[
         bool,
         typer.Option("--wait/--no-wait", help="Wait until READY (without waiting there is no failover)."),
@@ -162,8 +160,10 @@ def create(
             if not out.machine:
                 _render_candidates(out, plan)
             raise error
-        what = f"{request.slices} x {request.accelerator.api_name}" if request.slices > 1 else (
-            request.accelerator.api_name
+        what = (
+            f"{request.slices} x {request.accelerator.api_name}"
+            if request.slices > 1
+            else (request.accelerator.api_name)
         )
         with out.progress(f"placing {request.name} ({what})") as prog:
             placement = allocator.place(request, progress=prog, plan=plan)

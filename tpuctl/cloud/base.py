@@ -145,7 +145,7 @@ class TpuCloud(Protocol):
 
     @property
     def backend(self) -> str:
-        """"sim" or "gcp"."""
+        """ "sim" or "gcp"."""
         ...
 
     @property

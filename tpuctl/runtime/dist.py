@@ -110,8 +110,7 @@ def init(*, tune_libtpu: bool = True) -> hostenv.WorkerEnv:
 
         if _on_tpu_vm(worker) and tune_libtpu:
             if backends_started:
-                log.warning("JAX backend already started; libtpu flags for %s not applied",
-                            worker.generation)
+                log.warning("JAX backend already started; libtpu flags for %s not applied", worker.generation)
             else:
                 args = libtpu_init_args(worker.generation, os.environ.get("LIBTPU_INIT_ARGS", ""))
                 if args:
@@ -171,8 +170,9 @@ def make_mesh(model_parallel: int = 1) -> Mesh:
     n = jax.device_count()
     if model_parallel < 1 or n % model_parallel:
         divisors = [d for d in range(1, n + 1) if n % d == 0]
-        raise ValueError(f"model_parallel={model_parallel} must divide the device count {n}; "
-                         f"choose one of {divisors}")
+        raise ValueError(
+            f"model_parallel={model_parallel} must divide the device count {n}; choose one of {divisors}"
+        )
     worker = hostenv.WorkerEnv.from_env()
     chips = _topology_chips(worker.topology) if worker.topology else None
     if chips is not None and chips != n and jax.devices()[0].platform == "tpu":

@@ -34,8 +34,10 @@ def sim_env_present() -> bool:
 def _required(name: str) -> str:
     value = os.environ.get(name, "")
     if not value:
-        raise RuntimeError(f"{hostenv.SIM}=1 but {name} is not set; the simulated host was launched without "
-                           "the environment from tpuctl.runtime.hostenv.sim_host_env()")
+        raise RuntimeError(
+            f"{hostenv.SIM}=1 but {name} is not set; the simulated host was launched without "
+            "the environment from tpuctl.runtime.hostenv.sim_host_env()"
+        )
     return value
 
 
@@ -65,8 +67,9 @@ def register() -> type[Any] | None:
                 return sim_env_present()
 
             @classmethod
-            def get_coordinator_address(cls, timeout_secs: int | None,
-                                        override_coordinator_port: str | None) -> str:
+            def get_coordinator_address(
+                cls, timeout_secs: int | None, override_coordinator_port: str | None
+            ) -> str:
                 address = _required(hostenv.COORDINATOR_ADDRESS)
                 if override_coordinator_port:
                     # JAX_COORDINATOR_PORT lets a user move the port; keep the host we were given.

@@ -164,18 +164,28 @@ class TrainStep:
 
         Handy as the restore target of a checkpoint.
         """
-        shapes = jax.eval_shape(self._make_state, params) if not callable(params) else \
-            jax.eval_shape(lambda: self._make_state(params()))
+        shapes = (
+            jax.eval_shape(self._make_state, params)
+            if not callable(params)
+            else jax.eval_shape(lambda: self._make_state(params()))
+        )
         shardings = self.state_sharding(shapes)
         out: TrainState = jax.tree.map(
-            lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings)
+            lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings
+        )
         return out
 
     # Init and step -------------------------------------------------------------------------------
 
     def _make_state(self, params: PyTree) -> TrainState:
-        params = jax.tree.map(lambda p: jnp.asarray(p, jnp.float32) if jnp.issubdtype(
-            jnp.asarray(p).dtype, jnp.floating) else jnp.asarray(p), params)
+        params = jax.tree.map(
+            lambda p: (
+                jnp.asarray(p, jnp.float32)
+                if jnp.issubdtype(jnp.asarray(p).dtype, jnp.floating)
+                else jnp.asarray(p)
+            ),
+            params,
+        )
         return TrainState(jnp.zeros((), jnp.int32), params, self.optimizer.init(params))
 
     def init(self, params: PyTree | Callable[[], PyTree]) -> TrainState:
@@ -263,8 +273,7 @@ def make_train_step(
     ``fsdp_min_size``: params with fewer elements stay replicated under "fsdp" (gathering them would
     cost more than storing them).
     """
-    return TrainStep(loss_fn, optimizer, mesh, param_sharding, compute_dtype, grad_accum_steps,
-                     fsdp_min_size)
+    return TrainStep(loss_fn, optimizer, mesh, param_sharding, compute_dtype, grad_accum_steps, fsdp_min_size)
 
 
 def params_sha256(tree: PyTree) -> str:

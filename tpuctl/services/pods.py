@@ -318,9 +318,7 @@ class PodService:
             self._ledger.record_event(EventKind.READY, **common)
         return node
 
-    def _create_once(
-        self, spec: CreateSpec, *, wait: bool, progress: OperationProgress | None
-    ) -> Node:
+    def _create_once(self, spec: CreateSpec, *, wait: bool, progress: OperationProgress | None) -> Node:
         # At most one slice per request, even across ambiguous failures: the cloud layer looks before
         # it sends the create again, and recognises our node by its request label.
         return create_node_idempotent(

@@ -29,8 +29,11 @@ def _register() -> None:
     try:
         from tpuctl.runtime import simcluster
     except ImportError as exc:  # the bundle root is missing from PYTHONPATH: say so, don't crash
-        print(f"tpuctl sitecustomize: cannot import tpuctl.runtime.simcluster ({exc}); "
-              "jax.distributed.initialize() will not find the simulated slice", file=sys.stderr)
+        print(
+            f"tpuctl sitecustomize: cannot import tpuctl.runtime.simcluster ({exc}); "
+            "jax.distributed.initialize() will not find the simulated slice",
+            file=sys.stderr,
+        )
         return
     simcluster.register()
 
@@ -55,8 +58,9 @@ class _Loader(importlib.abc.Loader):
 
 
 class _ClustersFinder(importlib.abc.MetaPathFinder):
-    def find_spec(self, fullname: str, path: Sequence[str] | None,
-                  target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
         if fullname != _TARGET:
             return None
         # Fire once: remove ourselves, then ask the remaining finders for the real spec.

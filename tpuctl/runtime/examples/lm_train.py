@@ -22,8 +22,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=100, help="train until this many steps are done")
     p.add_argument("--checkpoint-every", type=int, default=50, help="save every N steps (0: only at the end)")
     p.add_argument("--keep", type=int, default=3, help="checkpoints to keep")
-    p.add_argument("--checkpoint-dir", default=None,
-                   help="default: $TPUCTL_CHECKPOINT_DIR; without either, no checkpoints")
+    p.add_argument(
+        "--checkpoint-dir",
+        default=None,
+        help="default: $TPUCTL_CHECKPOINT_DIR; without either, no checkpoints",
+    )
     p.add_argument("--seed", type=int, default=0, help="seeds the params and the data")
     p.add_argument("--batch", type=int, default=32, help="global batch size (sequences)")
     p.add_argument("--seq-len", type=int, default=64)
@@ -37,11 +40,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--param-sharding", choices=("replicated", "fsdp"), default="replicated")
     p.add_argument("--bf16", action="store_true", help="bf16 compute, fp32 master weights")
     p.add_argument("--grad-accum", type=int, default=1)
-    p.add_argument("--crash-after-step", type=int, default=None,
-                   help="rehearse a failure: once this step's checkpoint is durable, exit hard (code 3) "
-                        "without a final save")
-    p.add_argument("--step-delay", type=float, default=0.0,
-                   help="sleep this many seconds after each step (rehearsals: time to preempt a short run)")
+    p.add_argument(
+        "--crash-after-step",
+        type=int,
+        default=None,
+        help="rehearse a failure: once this step's checkpoint is durable, exit hard (code 3) "
+        "without a final save",
+    )
+    p.add_argument(
+        "--step-delay",
+        type=float,
+        default=0.0,
+        help="sleep this many seconds after each step (rehearsals: time to preempt a short run)",
+    )
     return p.parse_args(argv)
 
 
@@ -82,13 +93,22 @@ def _train(args: argparse.Namespace, worker: Any, watch: Any) -> int:
         print(f"--batch {args.batch} must be a multiple of the {jax.device_count()} devices", file=sys.stderr)
         return 2
 
-    cfg = lm.LMConfig(vocab=args.vocab, d_model=args.d_model, n_layers=args.layers, n_heads=args.heads,
-                      d_ff=4 * args.d_model, seq_len=args.seq_len)
+    cfg = lm.LMConfig(
+        vocab=args.vocab,
+        d_model=args.d_model,
+        n_layers=args.layers,
+        n_heads=args.heads,
+        d_ff=4 * args.d_model,
+        seq_len=args.seq_len,
+    )
     mesh = dist.make_mesh(args.model_parallel)
-    optimizer = train.make_optimizer(args.lr, warmup_steps=min(10, args.steps // 10 + 1),
-                                     total_steps=args.steps)
+    optimizer = train.make_optimizer(
+        args.lr, warmup_steps=min(10, args.steps // 10 + 1), total_steps=args.steps
+    )
     step = train.make_train_step(
-        lm.make_loss_fn(cfg), optimizer, mesh,
+        lm.make_loss_fn(cfg),
+        optimizer,
+        mesh,
         param_sharding=args.param_sharding,
         compute_dtype=jnp.bfloat16 if args.bf16 else jnp.float32,
         grad_accum_steps=args.grad_accum,
@@ -116,8 +136,16 @@ def _train(args: argparse.Namespace, worker: Any, watch: Any) -> int:
     first = int(state.step)
     if pid == 0:
         # Where this start begins (the supervisor counts recomputed steps and checkpoint fallbacks).
-        emit("start", step=first, restored=restored_step, skipped=skipped, restart_count=worker.restart_count,
-             steps=args.steps, sync=watch.mode, t=time.time())
+        emit(
+            "start",
+            step=first,
+            restored=restored_step,
+            skipped=skipped,
+            restart_count=worker.restart_count,
+            steps=args.steps,
+            sync=watch.mode,
+            t=time.time(),
+        )
     for s in range(first, args.steps):
         started = time.perf_counter()
         batch = lm.batch_for_step(s, args.batch, cfg.seq_len, cfg.vocab, args.seed, step.batch_sharding)
@@ -144,8 +172,9 @@ def _train(args: argparse.Namespace, worker: Any, watch: Any) -> int:
             if ckpt is not None:
                 ckpt.save(done, state, force=True)
                 ckpt.close()
-            return exit_preempted(done, saved=ckpt is not None, say=pid == 0,
-                                  save_s=time.perf_counter() - save_started)
+            return exit_preempted(
+                done, saved=ckpt is not None, say=pid == 0, save_s=time.perf_counter() - save_started
+            )
 
     if ckpt is not None:
         ckpt.save(int(state.step), state, force=True)

@@ -84,8 +84,13 @@ def init_params(cfg: LMConfig, seed: int = 0) -> Params:
         }
         for _ in range(cfg.n_layers)
     ]
-    return {"embed": embed, "pos": pos, "layers": layers, "ln_f": np.ones((d,), np.float32),
-            "head": dense(d, cfg.vocab)}
+    return {
+        "embed": embed,
+        "pos": pos,
+        "layers": layers,
+        "ln_f": np.ones((d,), np.float32),
+        "head": dense(d, cfg.vocab),
+    }
 
 
 def _rms_norm(x: jax.Array, scale: jax.Array) -> jax.Array:
@@ -119,6 +124,7 @@ def apply(params: Params, tokens: jax.Array, cfg: LMConfig) -> jax.Array:
 
 def make_loss_fn(cfg: LMConfig) -> Callable[[Params, Batch], jax.Array]:
     """Mean next-token cross-entropy, as ``loss_fn(params, batch)`` for ``train.make_train_step``."""
+
     def loss_fn(params: Params, batch: Batch) -> jax.Array:
         logits = apply(params, batch["inputs"], cfg)
         logp = jax.nn.log_softmax(logits, axis=-1)
@@ -135,8 +141,9 @@ def _rule(vocab: int, seed: int) -> tuple[int, int]:
     return a % vocab, b
 
 
-def batch_rows(step: int, rows: range | slice, global_batch: int, seq_len: int, vocab: int,
-               seed: int) -> dict[str, np.ndarray]:
+def batch_rows(
+    step: int, rows: range | slice, global_batch: int, seq_len: int, vocab: int, seed: int
+) -> dict[str, np.ndarray]:
     """Rows ``rows`` of the global batch for ``step`` as numpy arrays: a pure function of its arguments."""
     if isinstance(rows, slice):
         rows = range(*rows.indices(global_batch))
@@ -145,15 +152,16 @@ def batch_rows(step: int, rows: range | slice, global_batch: int, seq_len: int, 
     # process, restart or sharding sees the same numbers for the same row.
     starts = np.random.default_rng([seed, step]).integers(0, vocab, size=global_batch, dtype=np.int64)
     tok = np.empty((len(rows), seq_len + 1), dtype=np.int64)
-    tok[:, 0] = starts[rows.start:rows.stop:rows.step]
+    tok[:, 0] = starts[rows.start : rows.stop : rows.step]
     for i in range(seq_len):
         tok[:, i + 1] = (a * tok[:, i] + b) % vocab
     tok32 = tok.astype(np.int32)
     return {"inputs": tok32[:, :-1], "targets": tok32[:, 1:]}
 
 
-def batch_for_step(step: int, global_batch: int, seq_len: int, vocab: int, seed: int,
-                   sharding: Sharding | None = None) -> dict[str, Any]:
+def batch_for_step(
+    step: int, global_batch: int, seq_len: int, vocab: int, seed: int, sharding: Sharding | None = None
+) -> dict[str, Any]:
     """The global batch for ``step``: identical for the same arguments in every process and restart.
 
     With ``sharding`` (a sharding of the (global_batch, seq_len) arrays, e.g. ``TrainStep.batch_sharding``)
