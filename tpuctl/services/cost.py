@@ -855,6 +855,12 @@ SELECT COALESCE(SUM({_IN_WINDOW_PREEMPTION}), 0),
        COALESCE(SUM({_IN_WINDOW_PREEMPTION} AND p.capacity IN ('spot', 'preemptible')
                     AND p.ready_at IS NOT NULL AND p.ended_at - p.ready_at < :free_s), 0)
 FROM pods AS p WHERE {_PART} AND p.end_reason = 'preempted'"""
+#: The same on the fast path (one range, every id): the window's range of the narrow pods_preemptions.
+_PREEMPTIONS_FAST_SQL: Final = """
+SELECT COUNT(*), COALESCE(SUM(p.capacity IN ('spot', 'preemptible') AND p.ready_at IS NOT NULL
+                              AND p.ended_at - p.ready_at < :free_s), 0)
+FROM pods AS p INDEXED BY pods_preemptions
+WHERE p.end_reason = 'preempted' AND p.ended_at >= :since AND p.ended_at < :until"""
 
 
 #: The days after the first of every billed interval that crosses midnight (UTC), for the per-day
@@ -1434,12 +1440,7 @@ class CostService:
                 {},
             )
         )
-        # Fast: the narrow partial index of preempted slices, not every pods row.
-        preemptions_sql = (
-            _PREEMPTIONS_SQL.replace("FROM pods AS p", "FROM pods AS p INDEXED BY pods_preempted")
-            if fast
-            else _PREEMPTIONS_SQL
-        )
+        preemptions_sql = _PREEMPTIONS_FAST_SQL if fast else _PREEMPTIONS_SQL
         preemptions, free = (int(v) for v in reader.query(preemptions_sql, params)[0])
         part = _Partial(rows=rows, first_days=first_days, preemptions=preemptions, free=free)
         changed = self._changes and self._materialize_changed(reader, params)

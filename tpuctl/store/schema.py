@@ -687,6 +687,8 @@ _V8 = Migration(
         f"INSERT INTO cost_rollup_xdays {ROLLUP_XDAYS_CHECK_SQL}",
         f"INSERT INTO cost_rollup_held {ROLLUP_HELD_CHECK_SQL}",
         "CREATE INDEX pods_held ON pods (deleted_at, ended_at) WHERE end_reason = 'preempted'",
+        # The preemptions in a window, counted from a narrow range (pods_preempted is wide and whole).
+        "CREATE INDEX pods_preemptions ON pods (ended_at, ready_at, capacity) WHERE end_reason = 'preempted'",
         # Every report reads all price changes: from this index alone, not a row of the log each.
         "CREATE INDEX events_price_facts ON events (pod_id, ts, price_per_chip_hour, kind) "
         "WHERE kind = 'price_change'",
