@@ -468,7 +468,13 @@ _REC_STORED: Final = (
 )
 
 
-def _recomputed_sql(group: GroupBy, ctes: str = _CHANGE_CTES, *, only: str = "1") -> str:
+def _recomputed_sql(
+    group: GroupBy,
+    ctes: str = _CHANGE_CTES,
+    *,
+    only: str = "1",
+    stored_from: str = "pods AS p INDEXED BY pods_rec",
+) -> str:
     """The recomputed share of billed time per (group key, zone, type, capacity), in _aggregate_sql's
     columns: the slices the ledger stored it for summed from ``pods_rec`` (one row per slice that redid
     work), the rest from their segments. Those are found from the slices, not from every recomputing
@@ -477,7 +483,8 @@ def _recomputed_sql(group: GroupBy, ctes: str = _CHANGE_CTES, *, only: str = "1"
     ones (through their pieces). Per day the stored figures are no use (a slice's segments may cross
     midnight): all from the segments. For runs the stored figure serves only slices a run created (the
     group is then the slice's run whatever segment ran on it); the others' segments name their run, so
-    all slices no run created are computed too. ``only``: a condition on the slice (alias p)."""
+    all slices no run created are computed too. ``only``: a condition on the slice (alias p);
+    ``stored_from``: where the stored figures are read from (a few given slices: from their list)."""
     if group.kind == "day":
         return _aggregate_sql(_SRC_RECOMPUTED, group, ctes=ctes)
     stored = _REC_STORED + (" AND p.run_id IS NOT NULL" if group.kind == "run" else "")
@@ -501,7 +508,7 @@ def _recomputed_sql(group: GroupBy, ctes: str = _CHANGE_CTES, *, only: str = "1"
 UNION ALL
 SELECT {_key_sql(group, "p")} AS k, p.zone AS zone, p.accelerator_type AS atype, p.capacity AS capacity,
        0 AS slices, 0.0 AS s, 0.0 AS cs, TOTAL(p.rec_priced) AS priced, TOTAL(p.rec_unpriced) AS unpriced
-FROM pods AS p INDEXED BY pods_rec
+FROM {stored_from}
 WHERE (p.rec_priced != 0 OR p.rec_unpriced != 0) AND {stored} AND {_UNCHANGED} AND {only}
 GROUP BY 1, 2, 3, 4"""
 
@@ -1187,7 +1194,12 @@ class CostService:
             else:
                 reader.execute(items.SLICE_RANK_ALL_SQL, bound)
             if self._segments:
-                shown = _recomputed_sql(group, ctes, only="p.id IN (SELECT k FROM cost_top)")
+                shown = _recomputed_sql(
+                    group,
+                    ctes,
+                    only="p.id IN (SELECT k FROM cost_top)",
+                    stored_from="cost_top AS t CROSS JOIN pods AS p ON p.id = t.k",
+                )
                 reader.execute(items.adj_sql(shown, recomputed=True), params)
                 reader.execute(items.REC_SQL, {})
             groups = items.slice_records(reader.query(items.slice_sql(), bound))
