@@ -222,12 +222,24 @@ def main(argv: list[str] | None = None) -> int:
         "loadavg_before": load_before,
         "loadavg_after": load_after,
         "checkpointer_open_s": round(statistics.median(opens), 4),
-        "cpu_seconds_median": {"save": cpu(saves), "restore": cpu(restores), "plain_write": cpu(writes),
-                               "plain_read": cpu(reads)},
-        "seconds": {"save": [w for w, _ in saves], "restore": [w for w, _ in restores],
-                    "plain_write": [w for w, _ in writes], "plain_read": [w for w, _ in reads]},
-        "cpu_seconds": {"save": [c for _, c in saves], "restore": [c for _, c in restores],
-                        "plain_write": [c for _, c in writes], "plain_read": [c for _, c in reads]},
+        "cpu_seconds_median": {
+            "save": cpu(saves),
+            "restore": cpu(restores),
+            "plain_write": cpu(writes),
+            "plain_read": cpu(reads),
+        },
+        "seconds": {
+            "save": [w for w, _ in saves],
+            "restore": [w for w, _ in restores],
+            "plain_write": [w for w, _ in writes],
+            "plain_read": [w for w, _ in reads],
+        },
+        "cpu_seconds": {
+            "save": [c for _, c in saves],
+            "restore": [c for _, c in restores],
+            "plain_write": [c for _, c in writes],
+            "plain_read": [c for _, c in reads],
+        },
         "loadavg_1min_per_round": loads,
         "machine": {
             "cpus": os.cpu_count(),
@@ -235,16 +247,19 @@ def main(argv: list[str] | None = None) -> int:
             "platform": platform.platform(),
         },
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "note": ("median of --repeat after a warm-up, checkpoint and plain interleaved (alternating which "
-                 "goes first); *_ratio_paired is the median of per-round plain/checkpoint seconds; both "
-                 "writes durable (fsync), both reads after fsync + posix_fadvise(DONTNEED) "
-                 "of the files just written; the restore is restore_latest on a fresh Checkpointer (listing, "
-                 "record, arrays, vote, checksum of every array), the Checkpointer's construction apart"),
+        "note": (
+            "median of --repeat after a warm-up, checkpoint and plain interleaved (alternating which "
+            "goes first); *_ratio_paired is the median of per-round plain/checkpoint seconds; both "
+            "writes durable (fsync), both reads after fsync + posix_fadvise(DONTNEED) "
+            "of the files just written; the restore is restore_latest on a fresh Checkpointer (listing, "
+            "record, arrays, vote, checksum of every array), the Checkpointer's construction apart"
+        ),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"{mib:.0f} MiB in {args.arrays} arrays, median of {args.repeat}; "
-          f"load {load_before} -> {load_after}")
+    print(
+        f"{mib:.0f} MiB in {args.arrays} arrays, median of {args.repeat}; load {load_before} -> {load_after}"
+    )
     print(
         f"save    {figures['save_mib_s']:>8} MiB/s  vs write {figures['plain_write_mib_s']:>8} MiB/s  "
         f"ratio {save_ratio} (paired {save_paired})"
@@ -253,8 +268,10 @@ def main(argv: list[str] | None = None) -> int:
         f"restore {figures['restore_mib_s']:>8} MiB/s  vs read  {figures['plain_read_mib_s']:>8} MiB/s  "
         f"ratio {restore_ratio} (paired {restore_paired})"
     )
-    print(f"cpu s   save {cpu(saves)} write {cpu(writes)} restore {cpu(restores)} read {cpu(reads)}; "
-          f"Checkpointer() {statistics.median(opens):.4f} s")
+    print(
+        f"cpu s   save {cpu(saves)} write {cpu(writes)} restore {cpu(restores)} read {cpu(reads)}; "
+        f"Checkpointer() {statistics.median(opens):.4f} s"
+    )
     return 0
 
 

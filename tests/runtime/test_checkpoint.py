@@ -15,11 +15,13 @@ import pytest
 
 
 @pytest.fixture(scope="module")
-def result(run_py: Callable[..., Any], scripts_dir: Path,
-           tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str]:
+def result(
+    run_py: Callable[..., Any], scripts_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[dict[str, Any], str]:
     root = tmp_path_factory.mktemp("ckpt")
-    proc = run_py([str(scripts_dir / "ckpt_checks.py"), str(root)], env={"JAX_NUM_CPU_DEVICES": "4"},
-                  timeout=180)
+    proc = run_py(
+        [str(scripts_dir / "ckpt_checks.py"), str(root)], env={"JAX_NUM_CPU_DEVICES": "4"}, timeout=180
+    )
     assert proc.returncode == 0, proc.describe()
     return json.loads(proc.stdout), proc.stderr
 

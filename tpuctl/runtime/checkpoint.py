@@ -203,8 +203,11 @@ def checksums(tree: PyTree, read: _ReadChecksums | None = None) -> dict[str, int
         if jax.process_count() > 1:
             from jax.experimental import multihost_utils
 
-            partial = np.asarray(multihost_utils.process_allgather(partial)).reshape(-1, len(leaves)).sum(
-                axis=0, dtype=np.uint64)
+            partial = (
+                np.asarray(multihost_utils.process_allgather(partial))
+                .reshape(-1, len(leaves))
+                .sum(axis=0, dtype=np.uint64)
+            )
         values = [int(v) % _MOD for v in partial]
     else:
         values = [int(v) for v in jax.device_get(_tree_checksums(tree))]
@@ -285,6 +288,7 @@ class RestoreResult:
 
 def _abstract(target: PyTree) -> PyTree:
     """ShapeDtypeStructs (with shardings) for a target given as arrays or as ShapeDtypeStructs."""
+
     def one(x: Any) -> Any:
         if isinstance(x, jax.ShapeDtypeStruct):
             return x
@@ -317,8 +321,10 @@ def _dtype_name(dtype: Any) -> str:
 
 
 def _layout(tree: PyTree) -> Layout:
-    return {_path_names(p): (tuple(x.shape), _dtype_name(x.dtype))
-            for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
+    return {
+        _path_names(p): (tuple(x.shape), _dtype_name(x.dtype))
+        for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]
+    }
 
 
 def _layout_record(tree: PyTree) -> list[list[Any]]:
@@ -330,8 +336,10 @@ def _recorded_layout(record: Any) -> Layout | None:
     """The layout a verification record carries, or None for a record written before it had one."""
     if not isinstance(record, list):
         return None
-    return {tuple(str(n) for n in names): (tuple(int(d) for d in shape), str(dtype))
-            for names, shape, dtype in record}
+    return {
+        tuple(str(n) for n in names): (tuple(int(d) for d in shape), str(dtype))
+        for names, shape, dtype in record
+    }
 
 
 def _layout_mismatch(have: Layout, want: Layout) -> str | None:
@@ -352,6 +360,7 @@ def _short(exc: BaseException) -> str:
 
     Tensorstore messages run to kilobytes of spec dump after the "See full" marker; cut it.
     """
+
     def one(e: BaseException) -> str:
         text = " ".join(str(e).split()).split(" See full TensorStore details")[0]
         return f"{type(e).__name__}: {text}"
@@ -474,8 +483,15 @@ class Checkpointer:
     background. All methods must be called by every process of the job, in the same order.
     """
 
-    def __init__(self, directory: str | epath.PathLike, *, save_interval_steps: int = 100,
-                 max_to_keep: int = 3, async_save: bool = True, delete_unreadable: bool = True) -> None:
+    def __init__(
+        self,
+        directory: str | epath.PathLike,
+        *,
+        save_interval_steps: int = 100,
+        max_to_keep: int = 3,
+        async_save: bool = True,
+        delete_unreadable: bool = True,
+    ) -> None:
         if save_interval_steps < 1:
             raise ValueError(f"save_interval_steps must be >= 1, got {save_interval_steps}")
         if max_to_keep < 1:
@@ -507,10 +523,10 @@ class Checkpointer:
         if callable(await_cleanup):
             await_cleanup()
         read_context = ocp.type_handlers.get_ts_context(
-            use_ocdbt=True, file_io_concurrency_limit=_READ_FILE_IO_CONCURRENCY)
+            use_ocdbt=True, file_io_concurrency_limit=_READ_FILE_IO_CONCURRENCY
+        )
         self._read_handler = _ReadContextArrayHandler(read_context)
-        self._read_registry = ocp.type_handlers.create_type_handler_registry(
-            (jax.Array, self._read_handler))
+        self._read_registry = ocp.type_handlers.create_type_handler_registry((jax.Array, self._read_handler))
 
     # Saving ---------------------------------------------------------------------------------------
 
@@ -527,12 +543,18 @@ class Checkpointer:
             return False
         if step in self._manager.all_steps():
             return False
-        verify = {"format": _VERIFY_FORMAT, "step": step, "checksums": checksums(state),
-                  "layout": _layout_record(state)}
-        args = ocp.args.Composite(**{
-            STATE_ITEM: ocp.args.PyTreeSave(state),
-            VERIFY_ITEM: ocp.args.JsonSave(verify),
-        })
+        verify = {
+            "format": _VERIFY_FORMAT,
+            "step": step,
+            "checksums": checksums(state),
+            "layout": _layout_record(state),
+        }
+        args = ocp.args.Composite(
+            **{
+                STATE_ITEM: ocp.args.PyTreeSave(state),
+                VERIFY_ITEM: ocp.args.JsonSave(verify),
+            }
+        )
         return bool(self._manager.save(step, args=args, force=True))
 
     def maybe_save(self, step: int, state: PyTree) -> bool:
@@ -560,8 +582,12 @@ class Checkpointer:
     def _step_dir(self, step: int) -> epath.Path:
         return ocp.step.find_step_path(self.directory, ocp.step.standard_name_format(), step=step)
 
-    def _read(self, step: int, target: PyTree, sums: _ReadChecksums | None = None,
-              ) -> tuple[PyTree | None, dict[str, Any] | None, str | None]:
+    def _read(
+        self,
+        step: int,
+        target: PyTree,
+        sums: _ReadChecksums | None = None,
+    ) -> tuple[PyTree | None, dict[str, Any] | None, str | None]:
         """Read one step on this process. Handler-level reads, not ``CheckpointManager.restore``: the
         latter ends in a cross-process barrier that a process which failed to read would never reach."""
         try:
@@ -589,24 +615,34 @@ class Checkpointer:
         except Exception as exc:  # any failure to read means this step is not usable
             return None, None, _short(exc)
 
-    def _restore_state(self, directory: epath.Path, abstract: PyTree,
-                       sums: _ReadChecksums | None = None) -> PyTree:
+    def _restore_state(
+        self, directory: epath.Path, abstract: PyTree, sums: _ReadChecksums | None = None
+    ) -> PyTree:
         if all(getattr(x, "sharding", None) is not None for x in jax.tree.leaves(abstract)):
             # StandardRestore's arguments for a target whose leaves all carry a sharding (every leaf read
             # as a jax.Array), on a handler with the registry that reads with our TensorStore context.
             handler = ocp.PyTreeCheckpointHandler(type_handler_registry=self._read_registry)
             self._read_handler.read_sums = sums
             try:
-                return handler.restore(directory, args=ocp.args.PyTreeRestore(
-                    item=abstract, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract)))
+                return handler.restore(
+                    directory,
+                    args=ocp.args.PyTreeRestore(
+                        item=abstract, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract)
+                    ),
+                )
             finally:
                 self._read_handler.read_sums = None
         # A leaf without a sharding takes its saved sharding from the checkpoint's metadata (or comes back
         # as numpy): StandardRestore's own logic, with orbax's registry and context.
         return ocp.StandardCheckpointHandler().restore(directory, args=ocp.args.StandardRestore(abstract))
 
-    def _verify(self, step: int, state: PyTree, verify: Any, sums: _ReadChecksums | None = None,
-                ) -> str | None:
+    def _verify(
+        self,
+        step: int,
+        state: PyTree,
+        verify: Any,
+        sums: _ReadChecksums | None = None,
+    ) -> str | None:
         if not isinstance(verify, dict) or verify.get("format") != _VERIFY_FORMAT:
             return "missing or unknown verification record"
         if verify.get("step") != step:

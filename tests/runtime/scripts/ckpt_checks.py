@@ -97,8 +97,9 @@ def main() -> None:
     root = Path(sys.argv[1])
     dist.init()
     mesh = dist.make_mesh(2)
-    fsdp = train.make_train_step(lm.make_loss_fn(CFG), train.make_optimizer(), mesh,
-                                 param_sharding="fsdp", fsdp_min_size=256)
+    fsdp = train.make_train_step(
+        lm.make_loss_fn(CFG), train.make_optimizer(), mesh, param_sharding="fsdp", fsdp_min_size=256
+    )
     params = lm.init_params(CFG, 0)
     base = fsdp.init(params)
     target = fsdp.abstract_state(params)
@@ -175,9 +176,13 @@ def main() -> None:
     r = ck.restore_latest(target)
     out["d_restored_step"] = r.step
     out["d_restored_equal"] = tree_equal(r.state, state_at(base, 1))
-    r = ck.restore_latest(train.make_train_step(
-        lm.make_loss_fn(lm.LMConfig(**{**CFG.__dict__, "d_model": 16})), train.make_optimizer(), mesh,
-    ).abstract_state(lm.init_params(lm.LMConfig(**{**CFG.__dict__, "d_model": 16}), 0)))
+    r = ck.restore_latest(
+        train.make_train_step(
+            lm.make_loss_fn(lm.LMConfig(**{**CFG.__dict__, "d_model": 16})),
+            train.make_optimizer(),
+            mesh,
+        ).abstract_state(lm.init_params(lm.LMConfig(**{**CFG.__dict__, "d_model": 16}), 0))
+    )
     out["d_mismatch_skipped"] = [[s.step, s.reason] for s in r.skipped]
     ck.close()
 
@@ -193,11 +198,15 @@ def main() -> None:
     ck.close()
 
     # Everything unreadable (here: a target of another model): start fresh, delete nothing.
-    other = train.make_train_step(lm.make_loss_fn(lm.LMConfig(**{**CFG.__dict__, "d_model": 16})),
-                                  train.make_optimizer(), mesh)
+    other = train.make_train_step(
+        lm.make_loss_fn(lm.LMConfig(**{**CFG.__dict__, "d_model": 16})), train.make_optimizer(), mesh
+    )
     ck = Checkpointer(root / "a", save_interval_steps=1, max_to_keep=2)
-    r = ck.restore_latest(other.abstract_state(lm.init_params(lm.LMConfig(
-        vocab=64, d_model=16, n_layers=1, n_heads=2, d_ff=64, seq_len=16), 0)))
+    r = ck.restore_latest(
+        other.abstract_state(
+            lm.init_params(lm.LMConfig(vocab=64, d_model=16, n_layers=1, n_heads=2, d_ff=64, seq_len=16), 0)
+        )
+    )
     out["mismatch_restored"] = r.step
     out["mismatch_kept"] = ck.all_steps()
     ck.close()
