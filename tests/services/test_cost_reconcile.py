@@ -13,10 +13,10 @@ from tpuctl.catalog import CapacityType, Catalog
 from tpuctl.cloud.base import Node, TpuCloud
 from tpuctl.errors import NotFoundError, TransientError
 from tpuctl.services.cost import CostReport, CostService, GroupBy
-from tpuctl.services.cost_reconcile import Reconciler, reconciled_report
+from tpuctl.services.cost_reconcile import InBackground, Reconciler, reconciled_report
 from tpuctl.services.prices import PriceSource
 from tpuctl.store.ledger import Ledger
-from tpuctl.store.records import EventKind, PodState
+from tpuctl.store.records import EventKind, LedgerError, PodState
 
 T0 = 1_800_000_000.0
 Z = "us-central1-a"
@@ -145,3 +145,45 @@ def test_a_failed_listing_fails_the_report(ledger: Ledger) -> None:
     with pytest.raises(TransientError, match="could not connect"):
         _reconciled(ledger, cloud, report)
     assert len(made) == 1  # computed while the listing was out; its failure fails the command
+
+
+def _early(ledger: Ledger, cloud: FakeCloud, report: Any, first: InBackground[CostReport]) -> CostReport:
+    tpu = cast(TpuCloud, cloud)
+    reconciler = Reconciler(ledger, tpu, Catalog.load(), clock=lambda: T0 + 3600)
+    return reconciled_report(reconciler, tpu, report, first=first)
+
+
+def test_a_report_started_before_the_session_is_the_one_returned(ledger: Ledger) -> None:
+    cloud = FakeCloud([_node("kept"), _node("vanished")])
+    made, report = _reporter(ledger, [T0 + 3600])
+    first = InBackground(report, name="tpuctl-cost-report")
+
+    result = _early(ledger, cloud, report, first)
+
+    assert len(made) == 1 and result is made[0]  # not computed a second time
+    assert result.totals.cost_usd == pytest.approx(2 * 8 * 0.245)
+
+
+def test_a_report_started_before_the_ledger_could_be_read_is_computed_again(ledger: Ledger) -> None:
+    cloud = FakeCloud([_node("kept"), _node("vanished")])
+    made, report = _reporter(ledger, [T0 + 3600])
+
+    def too_early() -> CostReport:
+        raise LedgerError("the ledger has schema version 7; cost reports know version 8")
+
+    result = _early(ledger, cloud, report, InBackground(too_early, name="tpuctl-cost-report"))
+
+    assert len(made) == 1 and result is made[0]  # the session's own report, on the migrated ledger
+    assert result.totals.cost_usd == pytest.approx(2 * 8 * 0.245)
+
+
+def test_an_early_report_that_fails_otherwise_fails_the_command(ledger: Ledger) -> None:
+    cloud = FakeCloud([_node("kept"), _node("vanished")])
+    made, report = _reporter(ledger, [T0 + 3600])
+
+    def broken() -> CostReport:
+        raise ValueError("a bug")
+
+    with pytest.raises(ValueError, match="a bug"):
+        _early(ledger, cloud, report, InBackground(broken, name="tpuctl-cost-report"))
+    assert made == []

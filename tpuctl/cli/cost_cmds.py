@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from tpuctl.cli.render import Output
     from tpuctl.services.cost import CostReport
     from tpuctl.services.cost_estimate import Estimate
+    from tpuctl.services.cost_reconcile import InBackground
     from tpuctl.services.prices import PriceSource
     from tpuctl.services.session import Session
     from tpuctl.settings import Settings
@@ -173,11 +174,37 @@ def report(
     end = end_given if until is not None else None
     dry = is_dry_run(ctx, dry_run)
     if reconcile:
-        with cost_session(ctx, out, settings) as (sess, source):
-            result = _report(sess, source, group, start, end, keep, reconcile=True, dry_run=dry)
+        # The report starts now, on a thread, while the session opens and the cloud is listed.
+        early = _start_report(settings, group, start, end, keep)
+        try:
+            with cost_session(ctx, out, settings) as (sess, source):
+                result = _report(
+                    sess, source, group, start, end, keep, reconcile=True, dry_run=dry, early=early
+                )
+        finally:
+            early.wait()
     else:
         result = _offline_report(out, settings, group, start, end, keep)
     _render_report(out, result)
+
+
+def _start_report(
+    settings: Settings, group: Any, start: float | None, end: float | None, limit: int | None
+) -> InBackground[CostReport]:
+    """The report over the ledger as it is, computed on a thread from now on (it fails with a
+    LedgerError, and is computed again once the session is open, if there is no ledger yet or it must be
+    migrated first)."""
+    from tpuctl.services.cost import CostService
+    from tpuctl.services.cost_reconcile import InBackground
+    from tpuctl.services.prices import load_catalog
+    from tpuctl.store.ledger import resolve_ledger_path
+
+    state_dir = settings.resolved_state_dir
+    catalog, source = load_catalog(state_dir, settings.resolved_backend.value)
+    service = CostService(resolve_ledger_path(state_dir), catalog, source)
+    return InBackground(
+        lambda: service.report(since=start, until=end, group_by=group, limit=limit), name="tpuctl-cost-report"
+    )
 
 
 def _report(
@@ -190,6 +217,7 @@ def _report(
     *,
     reconcile: bool,
     dry_run: bool,
+    early: InBackground[CostReport] | None = None,
 ) -> CostReport:
     from tpuctl.services.budget import expired_slices
     from tpuctl.services.cost import CostService
@@ -202,7 +230,7 @@ def _report(
 
     if reconcile:
         reconciler = Reconciler(sess.ledger, sess.cloud, sess.catalog, clock=time.time)
-        result = reconciled_report(reconciler, sess.cloud, compute, dry_run=dry_run)
+        result = reconciled_report(reconciler, sess.cloud, compute, dry_run=dry_run, first=early)
     else:
         result = compute()
     result.warnings = [*result.warnings, *expired_slices(sess.ledger, now=time.time())]

@@ -20,14 +20,16 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from tpuctl.catalog import Catalog, region_of_zone
 from tpuctl.cloud.base import Node, TpuCloud
 from tpuctl.errors import NotFoundError, UsageError
 from tpuctl.services.cost import CostReport, iso
 from tpuctl.store.ledger import Ledger
-from tpuctl.store.records import EventKind, PodRecord, PodState
+from tpuctl.store.records import EventKind, LedgerError, PodRecord, PodState
+
+T = TypeVar("T")
 
 #: Node states GCP bills. READY is the documented one; the in-place maintenance states keep the hardware.
 BILLABLE_NODE_STATES = frozenset({"READY", "RESTARTING", "REIMAGING", "REPAIRING"})
@@ -155,45 +157,60 @@ class Reconciler:
         }
 
 
-class _Listing:
-    """The live listing, fetched on a thread of its own. Its first call imports and builds the TPU
-    client (``google.cloud.tpu_v2`` and protobuf: a few tenths of a second of Python); the report's
-    queries meanwhile run in SQLite, which releases the GIL, so the two overlap instead of adding up."""
+class InBackground(Generic[T]):
+    """``fn()`` on a thread of its own, started at once; ``result()`` joins it and returns its value or
+    raises its exception. The cost report uses two: the live listing (its first call imports and builds
+    the TPU client, ``google.cloud.tpu_v2`` and protobuf: a few tenths of a second of Python) and the
+    report itself (its queries run in SQLite, which releases the GIL), so that the two, and the command's
+    own start-up, overlap instead of adding up."""
 
-    def __init__(self, cloud: TpuCloud) -> None:
-        self._cloud = cloud
-        self._nodes: list[Node] = []
+    def __init__(self, fn: Callable[[], T], *, name: str) -> None:
+        self._fn = fn
+        self._value: T | None = None
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="tpuctl-cost-listing", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         try:
-            self._nodes = list(self._cloud.list_nodes(None))
+            self._value = self._fn()
         except BaseException as exc:  # handed to the caller's thread by result()
             self._error = exc
 
     def wait(self) -> None:
         self._thread.join()
 
-    def result(self) -> list[Node]:
+    def result(self) -> T:
         self.wait()
         if self._error is not None:
             raise self._error
-        return self._nodes
+        return self._value  # type: ignore[return-value]  # set when no error
 
 
 def reconciled_report(
-    reconciler: Reconciler, cloud: TpuCloud, report: Callable[[], CostReport], *, dry_run: bool = False
+    reconciler: Reconciler,
+    cloud: TpuCloud,
+    report: Callable[[], CostReport],
+    *,
+    dry_run: bool = False,
+    first: InBackground[CostReport] | None = None,
 ) -> CostReport:
     """``report()`` reconciled with the live listing: untracked slices, and the events reconciliation
     records (a slice gone, preempted or READY), which the report includes.
 
-    The listing is fetched while the report is computed; in the rare case reconciliation then records
-    an event, the report is computed again so that it bills what was recorded."""
-    listing = _Listing(cloud)
+    The listing is fetched while the report is computed (``first``: a report already under way, started
+    before the session; if it could not read the ledger, which opening the session creates or migrates,
+    ``report()`` runs instead). In the rare case reconciliation then records an event, the report is
+    computed again so that it bills what was recorded."""
+    listing = InBackground(lambda: list(cloud.list_nodes(None)), name="tpuctl-cost-listing")
     try:
-        result = report()
+        if first is not None:
+            try:
+                result = first.result()
+            except LedgerError:
+                result = report()
+        else:
+            result = report()
         rec = reconciler.reconcile(dry_run=dry_run, nodes=listing.result())
     finally:
         listing.wait()  # never leave the listing running against a session being closed
