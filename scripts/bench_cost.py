@@ -11,7 +11,7 @@ listing) and ``tpuctl cost report -o json`` (every slice), plus ``--no-reconcile
 Each figure records wall time and CPU time (the machine may be shared: CPU time is what other processes
 do not inflate) and the load average around it. Writes the figures to docs/bench/cost.json.
 The bulk path maintains the per-slice billing facts, the ``cost_rollup`` and the indexes the report reads
-(schema v6), so the timed reports take the same path as on a ledger written event by event.
+(schema v8), so the timed reports take the same path as on a ledger written event by event.
 
     .venv/bin/python scripts/bench_cost.py [--events 1000000] [--repeat 3] [--out docs/bench/cost.json]
 """

@@ -19,15 +19,18 @@ the same generation and region) and so the spot savings; the cost of recomputed 
 and quota held after preemption (the time from a preemption until the slice was deleted, in chip-hours
 and at the slice's own price: GCP does not bill it, but the quota could have run something else).
 
-Why it is fast: the ledger keeps the report's facts as events arrive (schema v2-v4). The view function
+Why it is fast: the ledger keeps the report's facts as events arrive (schema v2-v8). The view function
 (``tpuctl.store.view``) accumulates each slice's billed seconds, chip-seconds and USD at each price in
 force (price changes are events, so each closed price interval is billed as it closes), final when its
-billing closes; triggers on ``pods`` add every slice whose billing closed within one UTC day to
-``cost_rollup`` (per day, zone, type, capacity and labels) in the same transaction. A report over the
-aggregate groupings (all but slice and run) reads the rollup for the days wholly inside the window (a few
-thousand rows, whatever the number of slices), the stored facts of the closed slices crossing midnight or
-on the window's partial edge days (covering indexes), and only the slices still open, cut by
---since/--until, or price-changed across midnight go through interval arithmetic (found by index).
+billing closes; triggers on ``pods`` and ``run_segments`` keep, in the same transaction: ``cost_rollup``
+(every slice whose billing closed within one UTC day, per day, zone, type, capacity and labels),
+``cost_rollup_x``/``cost_rollup_xdays`` (closed slices crossing midnight: their facts and first-day share,
+and their piece of each later day), ``cost_rollup_held`` (quota held from a preemption to the deletion)
+and each closed slice's recomputed work (``pods.rec_*``, from the segments that redid steps on it). A
+report over the aggregate groupings (all but slice and run) reads the rollups for the days wholly inside
+the window (thousands of rows, whatever the number of slices); only the slices on the window's partial
+edge days, still open, cut by --since/--until, price-changed across midnight or still holding quota are
+read one by one (found by index), and only the open or cut ones go through interval arithmetic.
 Per-slice and per-run reports (one group per slice or run: hundreds of thousands on a big ledger) are
 computed in SQL by ``tpuctl.services.cost_items``, ranked by cost so that a ``limit`` (the table's 50)
 computes and formats only the groups shown; their totals come from the aggregate path grouped by
