@@ -77,6 +77,14 @@ def test_checksums_summed_during_the_read_are_the_ones_verified(result: tuple[di
     assert r["c_restored_step"] == 1 and "checksum mismatch" in r["c_skipped"][0][1]
 
 
+def test_record_summed_in_the_background_write_holds_the_saved_checksums(
+    result: tuple[dict[str, Any], str],
+) -> None:
+    r, _ = result
+    assert r["records_summed_in_background"] == 4  # steps 2, 4, 6 and 7 of the first checkpointer
+    assert r["record_checksums_match"]
+
+
 def test_incompatible_target_starts_fresh_and_deletes_nothing(result: tuple[dict[str, Any], str]) -> None:
     r, log = result
     assert r["mismatch_restored"] is None

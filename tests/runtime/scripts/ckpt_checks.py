@@ -75,7 +75,7 @@ def checksum_disagreements(mesh: Any) -> list[str]:
 class ReadSumsSeen:
     """Counts, per restore attempt, the leaves whose checksum part was summed while the step was being
     read (``_ReadChecksums``) rather than after it: the verification must use them and still catch a
-    damaged array."""
+    damaged array. Also counts the verification records summed in a save's background write."""
 
     def __init__(self) -> None:
         from tpuctl.runtime import checkpoint
@@ -90,6 +90,15 @@ class ReadSumsSeen:
             return found
 
         checkpoint._ReadChecksums.parts = counting  # type: ignore[method-assign]
+
+        self.pending_resolved = 0
+        resolve = checkpoint._PendingRecord.resolve
+
+        def resolving(record: Any) -> dict[str, Any]:
+            seen.pending_resolved += 1
+            return resolve(record)
+
+        checkpoint._PendingRecord.resolve = resolving  # type: ignore[method-assign]
 
 
 def main() -> None:
@@ -115,6 +124,13 @@ def main() -> None:
     out["forced_again"] = ck.save(7, state_at(base, 7), force=True)  # already there: a no-op
     ck.wait()
     out["kept"] = ck.all_steps()
+    # The record's checksums are summed in the save's background write (single process, CPU): they are
+    # those of the state saved, summed the ordinary way.
+    from tpuctl.runtime import checkpoint
+
+    record = json.loads((root / "a" / "7" / "verify" / "metadata").read_text())
+    out["record_checksums_match"] = record["checksums"] == checkpoint.checksums(state_at(base, 7))
+    out["records_summed_in_background"] = read_sums.pending_resolved
     read_sums.counts.clear()
     r = ck.restore_latest(target)
     out["restored_read_sums"] = list(read_sums.counts)
