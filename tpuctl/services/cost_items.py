@@ -294,11 +294,22 @@ _RUN_FIGURES: Final = _slice_figures("run", "0")
 
 #: "(none)": every figure of the slices no run created, in one pass over the covering pods_norun (ranking
 #: and reporting it read it from here).
+#: Its parts are evaluated once per slice (as for the slices shown, _SLICE_PARTS): summing the figures
+#: straight from the expressions evaluated the billed test, the price look-ups and the window's seconds
+#: once per figure.
+_NONE_PARTS: Final = f"""
+SELECT 0 AS n, p.id AS id, {_BILLED} AS b, {_SECONDS} AS s, p.chips AS chips,
+       COALESCE(p.price_per_chip_hour, {_OWN}, 0) AS price,
+       CASE WHEN x.id IS NOT NULL THEN x.priced + x.unpriced * COALESCE({_OWN}, 0) END AS xusd,
+       CASE WHEN {_SPOT} THEN {_OD} END AS odp, {_HELD_CS} AS hcs, 0 AS rec, {_own("run")} AS own
+FROM pods AS p INDEXED BY pods_norun {_PIECES_JOIN}
+WHERE p.run_id IS NULL AND {_BILLED_OR_HELD}
+LIMIT -1"""
 NONE_SQL: Final = f"""
 INSERT INTO cost_none (n, {_NAMES})
-SELECT COUNT(*), {_sums(_RUN_FIGURES)}
-FROM pods AS p INDEXED BY pods_norun {_PIECES_JOIN}
-WHERE p.run_id IS NULL AND {_BILLED_OR_HELD}"""
+SELECT COUNT(*), SUM(f.slices), SUM(f.bs), SUM(f.cs), SUM(f.usd), SUM(f.od), SUM(f.sav), SUM(f.rec),
+       SUM(f.hcs), SUM(f.husd)
+FROM ({_SLICE_FROM_PARTS.format(parts=_NONE_PARTS).replace("1 AS slices", "q.own AS slices")}) AS f"""
 
 #: Every run group's cost (and what decides whether "(none)" is a group), into cost_runs, then the
 #: ``:limit`` costliest into cost_top_runs. The slices runs created are summed in run order straight off the
