@@ -187,6 +187,22 @@ def test_limit_keeps_the_costliest_groups_of_the_same_report(tmp_path: Path, gro
         assert service.report(since=since, group_by=parse_group_by(group), limit=0).to_dict() == full
 
 
+@pytest.mark.parametrize("group", ["slice", "run"])
+def test_the_groups_shown_carry_their_recomputed_work(tmp_path: Path, group: str) -> None:
+    """With a limit only the groups shown get their recomputed work (it does not rank them): the same
+    figures as the full report's, in every window, for the many groups that redid steps."""
+    db = _ledger(tmp_path / "state", 6)
+    catalog = Catalog.load()
+    source = PriceSource(catalog.prices.source, catalog.prices.date, cached=False)
+    service = CostService(db, catalog, source, clock=lambda: T0 + 4 * DAY, workers=1)
+    for since, until in WINDOWS:
+        full = service.report(since=since, until=until, group_by=parse_group_by(group)).to_dict()
+        assert sum(1 for g in full["groups"] if g["recomputed_usd"] > 0) >= 3
+        for limit in (1, 5, len(full["groups"]) - 1):
+            top = service.report(since=since, until=until, group_by=parse_group_by(group), limit=limit)
+            assert top.to_dict()["groups"] == full["groups"][:limit], (since, until, limit)
+
+
 @pytest.mark.parametrize("seed", [4, 5])
 def test_the_costliest_slices_are_the_full_reports_first_ones_in_every_window(
     tmp_path: Path, seed: int

@@ -476,6 +476,7 @@ def _recomputed_sql(
     ctes: str = _CHANGE_CTES,
     *,
     only: str = "1",
+    only_stored: str | None = None,
     stored_from: str = "pods AS p INDEXED BY pods_rec",
 ) -> str:
     """The recomputed share of billed time per (group key, zone, type, capacity), in _aggregate_sql's
@@ -486,8 +487,9 @@ def _recomputed_sql(
     ones (through their pieces). Per day the stored figures are no use (a slice's segments may cross
     midnight): all from the segments. For runs the stored figure serves only slices a run created (the
     group is then the slice's run whatever segment ran on it); the others' segments name their run, so
-    all slices no run created are computed too. ``only``: a condition on the slice (alias p);
-    ``stored_from``: where the stored figures are read from (a few given slices: from their list)."""
+    all slices no run created are computed too. ``only``: a condition on the slice (alias p) and its
+    segment (alias rs), ``only_stored`` the same on the slice alone (default: ``only``); ``stored_from``:
+    where the stored figures are read from (a few given slices: from their list)."""
     if group.kind == "day":
         return _aggregate_sql(_SRC_RECOMPUTED, group, ctes=ctes)
     stored = _REC_STORED + (" AND p.run_id IS NOT NULL" if group.kind == "run" else "")
@@ -512,7 +514,8 @@ UNION ALL
 SELECT {_key_sql(group, "p")} AS k, p.zone AS zone, p.accelerator_type AS atype, p.capacity AS capacity,
        0 AS slices, 0.0 AS s, 0.0 AS cs, TOTAL(p.rec_priced) AS priced, TOTAL(p.rec_unpriced) AS unpriced
 FROM {stored_from}
-WHERE (p.rec_priced != 0 OR p.rec_unpriced != 0) AND {stored} AND {_UNCHANGED} AND {only}
+WHERE (p.rec_priced != 0 OR p.rec_unpriced != 0) AND {stored} AND {_UNCHANGED}
+      AND {only if only_stored is None else only_stored}
 GROUP BY 1, 2, 3, 4"""
 
 
@@ -1176,7 +1179,6 @@ class CostService:
             for sub in self._subs(reader, "", group, params, sql=_recomputed_sql(GroupBy("total"), ctes)):
                 totals.recomputed_usd += self._usd(sub, warnings)
             if group.kind == "run":
-                reader.execute(items.adj_sql(_recomputed_sql(group, ctes), recomputed=True), params)
                 # Slices no run created are billed to the runs that ran on them, for the time they did;
                 # the rest of their time stays with "(none)".
                 runs = _aggregate_sql(_SRC_SEGMENT_RUNS, group, count=True, ctes=ctes)
@@ -1213,6 +1215,20 @@ class CostService:
             if ranked:
                 for statement in items.RUN_RANK_SQL:
                     reader.execute(statement, bound)
+            if self._segments:
+                # Recomputed work is not part of the ranking: only the runs shown need it.
+                rec = (
+                    _recomputed_sql(
+                        group,
+                        ctes,
+                        only="COALESCE(p.run_id, rs.run_id) IN (SELECT k FROM cost_top_runs)",
+                        only_stored="1",
+                        stored_from="cost_top_runs AS t CROSS JOIN pods AS p ON p.run_id = t.k",
+                    )
+                    if ranked
+                    else _recomputed_sql(group, ctes)
+                )
+                reader.execute(items.adj_sql(rec, recomputed=True), params)
             groups = items.run_records(reader.query(items.run_sql(ranked=ranked), bound))
             total = int(reader.query("SELECT COUNT(*) FROM cost_runs", {})[0][0]) if ranked else len(groups)
         return groups, total, by_day, counts, totals
