@@ -67,24 +67,6 @@ def test_flipped_byte_caught_by_checksum(result: tuple[dict[str, Any], str]) -> 
     assert "checkpoint step 2 unreadable (checksum mismatch" in log
 
 
-def test_checksums_summed_during_the_read_are_the_ones_verified(result: tuple[dict[str, Any], str]) -> None:
-    r, _ = result
-    # Every leaf's sum came from the read (one verification: the latest step restored at once) and it
-    # matched the record written at save time, which was summed the ordinary way.
-    assert r["restored_read_sums"] == [r["leaves"]] and r["restored_step"] == 7 and r["restored_equal"]
-    # With sums from the read, a flipped byte is still a mismatch (step 2), then step 1 verifies.
-    assert r["c_read_sums"] == [r["leaves"], r["leaves"]]
-    assert r["c_restored_step"] == 1 and "checksum mismatch" in r["c_skipped"][0][1]
-
-
-def test_record_summed_in_the_background_write_holds_the_saved_checksums(
-    result: tuple[dict[str, Any], str],
-) -> None:
-    r, _ = result
-    assert r["records_summed_in_background"] == 4  # steps 2, 4, 6 and 7 of the first checkpointer
-    assert r["record_checksums_match"]
-
-
 def test_incompatible_target_starts_fresh_and_deletes_nothing(result: tuple[dict[str, Any], str]) -> None:
     r, log = result
     assert r["mismatch_restored"] is None

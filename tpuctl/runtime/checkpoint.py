@@ -22,12 +22,9 @@ Directories are passed to orbax as given: a local path on the simulator, ``gs://
 
 from __future__ import annotations
 
-import asyncio
-import itertools
 import logging
 import os
-import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -162,15 +159,9 @@ _CHECKSUM_THREADS = 4
 _CHECKSUM_THREADS_MIN_BYTES = 8 << 20
 
 
-def _host_leaf_checksums(leaves: list[jax.Array], known: dict[int, int] | None = None) -> list[int]:
-    """This process's part of ``_leaf_checksum`` of each leaf; ``known`` maps leaf indices to parts
-    already computed (by ``_ReadChecksums``), which are taken as they are."""
-    known = known or {}
-    jobs = [(i, block) for i, x in enumerate(leaves) if i not in known for block in _host_blocks(x)]
-    return _sum_host_jobs(jobs, len(leaves), known)
-
-
-def _sum_host_jobs(jobs: list[tuple[int, Block]], n: int, known: dict[int, int]) -> list[int]:
+def _host_leaf_checksums(leaves: list[jax.Array]) -> list[int]:
+    """This process's part of ``_leaf_checksum`` of each leaf."""
+    jobs = [(i, block) for i, x in enumerate(leaves) for block in _host_blocks(x)]
     workers = min(_CHECKSUM_THREADS, os.cpu_count() or 1, len(jobs))
     if workers > 1 and sum(block[0].nbytes for _, block in jobs) >= _CHECKSUM_THREADS_MIN_BYTES:
         jobs.sort(key=lambda job: -job[1][0].nbytes)
@@ -178,7 +169,7 @@ def _sum_host_jobs(jobs: list[tuple[int, Block]], n: int, known: dict[int, int])
             sums = list(pool.map(lambda job: _host_block_sum(*job[1]), jobs))
     else:
         sums = [_host_block_sum(*block) for _, block in jobs]
-    values = [known.get(i, 0) for i in range(n)]
+    values = [0] * len(leaves)
     for (i, _), value in zip(jobs, sums, strict=True):
         values[i] = (values[i] + value) % _MOD
     return values
@@ -191,19 +182,14 @@ def _on_host(x: Any) -> bool:
     return size in _HOST_WORDS and all(getattr(d, "platform", None) == "cpu" for d in x.sharding.device_set)
 
 
-def checksums(tree: PyTree, read: _ReadChecksums | None = None) -> dict[str, int]:
-    """Checksum of every array leaf, keyed by its path in the tree (same value on every process).
-
-    ``read``: this process's parts of the checksums of leaves summed while they were being read; leaves
-    it has no part for are summed here.
-    """
+def checksums(tree: PyTree) -> dict[str, int]:
+    """Checksum of every array leaf, keyed by its path in the tree (same value on every process)."""
     flat = jax.tree_util.tree_flatten_with_path(tree)[0]
     paths = [jax.tree_util.keystr(p) for p, _ in flat]
     leaves = [x for _, x in flat]
     # The choice depends only on the platform, so every process takes the same branch.
     if leaves and all(_on_host(x) for x in leaves):
-        known = read.parts(leaves) if read is not None else None
-        partial = np.array(_host_leaf_checksums(leaves, known), dtype=np.uint64)
+        partial = np.array(_host_leaf_checksums(leaves), dtype=np.uint64)
         if jax.process_count() > 1:
             from jax.experimental import multihost_utils
 
@@ -216,90 +202,6 @@ def checksums(tree: PyTree, read: _ReadChecksums | None = None) -> dict[str, int
     else:
         values = [int(v) for v in jax.device_get(_tree_checksums(tree))]
     return dict(zip(paths, values, strict=True))
-
-
-class _ReadChecksums:
-    """This process's part of each array's checksum, summed on a thread as soon as orbax hands the array
-    over, while later arrays are still being read (``_ReadContextArrayHandler`` submits them).
-
-    A restore is mostly waiting on the disk; summing after the last read put ~25 ms of CPU for a 256 MiB
-    step (16 arrays, 2-core simulator box) behind the read. The sums are keyed by the array object itself
-    and used only for that same (immutable) object in the restored tree: a leaf orbax replaced or
-    rebuilt after reading it (a typed PRNG key, say) is summed afterwards as before. Host (CPU) arrays
-    only; the device checksum path is unchanged.
-    """
-
-    def __init__(self) -> None:
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="read-checksum")
-        self._lock = threading.Lock()
-        self._sums: dict[int, tuple[jax.Array, Future[int]]] = {}
-
-    def submit(self, x: Any) -> None:
-        if not _on_host(x):
-            return
-        future = self._pool.submit(lambda: sum(_host_block_sum(*b) for b in _host_blocks(x)) % _MOD)
-        with self._lock:
-            self._sums[id(x)] = (x, future)  # the entry keeps x alive, so its id is not reused
-
-    def parts(self, leaves: list[Any]) -> dict[int, int]:
-        """Sums for the leaves (by index) that are the very arrays submitted (a sum that failed is left
-        out, to be done again by the caller)."""
-        with self._lock:
-            sums = dict(self._sums)
-        found = {}
-        for i, x in enumerate(leaves):
-            entry = sums.get(id(x))
-            if entry is not None and entry[0] is x and entry[1].exception() is None:
-                found[i] = entry[1].result()
-        return found
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
-        with self._lock:
-            self._sums.clear()
-
-
-class _PendingRecord:
-    """A step's verification record whose checksums are summed in the save's background phase, while
-    orbax writes the arrays, instead of before the save starts.
-
-    Single-process CPU states only (``Checkpointer.save`` decides): the shards are taken at ``save`` as
-    views of the arrays' host buffers, as orbax takes them for its own write of the same step, so the
-    sums cover the very bytes being written. Summing before the save put ~22 ms per 256 MiB (2-core
-    simulator box) on the caller's critical path, ahead of any write. Across processes the checksum is a
-    collective, which must not run on a background thread: those saves sum first, as before.
-    """
-
-    def __init__(self, record: dict[str, Any], paths: list[str], jobs: list[tuple[int, Block]]) -> None:
-        self._record, self._paths, self._jobs = record, paths, jobs
-
-    def resolve(self) -> dict[str, Any]:
-        values = _sum_host_jobs(self._jobs, len(self._paths), {})
-        self._jobs = []  # drop the views of the arrays
-        return {**self._record, "checksums": dict(zip(self._paths, values, strict=True))}
-
-
-class _VerifyHandler(ocp.JsonCheckpointHandler):  # type: ignore[misc]  # orbax is untyped
-    """Orbax's JSON item handler that also takes a ``_PendingRecord``: resolved in the save's background
-    write, then written by orbax as the dict would have been (same file; read with JsonCheckpointHandler).
-    """
-
-    async def _save_fn(self, x: Any, directory: epath.Path) -> None:
-        if isinstance(x, _PendingRecord):
-            x = await asyncio.to_thread(x.resolve)
-        await super()._save_fn(x, directory)
-
-
-@ocp.args.register_with_handler(_VerifyHandler, for_save=True)
-@dataclass
-class _VerifySave(ocp.args.JsonSave):  # type: ignore[misc]  # orbax is untyped
-    """``JsonSave`` for ``_VerifyHandler`` (orbax matches an item's args to its handler by type)."""
-
-
-@ocp.args.register_with_handler(_VerifyHandler, for_restore=True)
-@dataclass
-class _VerifyRestore(ocp.args.JsonRestore):  # type: ignore[misc]  # orbax is untyped
-    """``JsonRestore`` for ``_VerifyHandler`` (the record is read with JsonCheckpointHandler directly)."""
 
 
 # Multi-host vote --------------------------------------------------------------------------------------
@@ -458,14 +360,6 @@ def _no_replica_slicing_on_cpu() -> None:
 # read is copied out. The limit applies to the "file" kvstore only: gs:// reads go through GCS's pool.
 _READ_FILE_IO_CONCURRENCY = 2
 
-# A restore hands the arrays to orbax in this many batches (of consecutive leaves), each summed for the
-# verification as soon as it is read (``_ReadChecksums``). One call per array works as well for 16 arrays
-# (256 MiB step, 2-core simulator box: medians of 15 restores 0.253 s in one batch, 0.251 in 2, 0.239 in
-# 4, 0.237 in 16), but each call repeats orbax's per-call set-up (a sharding-file check, the array
-# metadata file), which for a state of hundreds of leaves would be hundreds of small reads; 8 bounds it
-# and leaves 1/8 of the sums after the last read.
-_READ_BATCHES = 8
-
 
 class _ReadContextArrayHandler(ocp.type_handlers.TypeHandler):  # type: ignore[misc]  # orbax is untyped
     """The registered ``jax.Array`` handler, reading with ``context`` instead of orbax's default.
@@ -479,8 +373,6 @@ class _ReadContextArrayHandler(ocp.type_handlers.TypeHandler):  # type: ignore[m
     def __init__(self, context: Any) -> None:
         self._inner = ocp.type_handlers.get_type_handler(jax.Array)
         self._context = context
-        # Set by ``Checkpointer._restore_state`` for the duration of one restore.
-        self.read_sums: _ReadChecksums | None = None
 
     def typestr(self) -> str:
         return str(self._inner.typestr())
@@ -494,27 +386,7 @@ class _ReadContextArrayHandler(ocp.type_handlers.TypeHandler):  # type: ignore[m
     async def deserialize(self, infos: Any, args: Any = None) -> Any:
         for info in infos:  # ParamInfos are made afresh for each restore call; nothing else sees them
             info.ts_context = self._context
-        sink = self.read_sums
-        if sink is None or args is None or len(infos) < 2:
-            arrays = await self._inner.deserialize(infos, args)
-            if sink is not None:
-                for x in arrays:
-                    sink.submit(x)
-            return arrays
-        read_sums: _ReadChecksums = sink
-
-        # The arrays in a few batches, read all at once (orbax's single call gathers the same per-array
-        # reads), so that each batch is summed as soon as it is in instead of after the last array.
-        async def batch(infos: Any, args: Any) -> Any:
-            arrays = await self._inner.deserialize(infos, args)
-            for x in arrays:
-                read_sums.submit(x)
-            return arrays
-
-        n, k = len(infos), min(_READ_BATCHES, len(infos))
-        cuts = [n * i // k for i in range(k + 1)]
-        batches = await asyncio.gather(*(batch(infos[a:b], args[a:b]) for a, b in itertools.pairwise(cuts)))
-        return [x for arrays in batches for x in arrays]
+        return await self._inner.deserialize(infos, args)
 
     def __getattr__(self, name: str) -> Any:  # optional TypeHandler methods (memory_size, finalize, ...)
         return getattr(self._inner, name)
@@ -560,7 +432,7 @@ class Checkpointer:
         _no_replica_slicing_on_cpu()
         handlers = {
             STATE_ITEM: ocp.PyTreeCheckpointHandler(use_ocdbt=True, use_compression=False),
-            VERIFY_ITEM: _VerifyHandler(),
+            VERIFY_ITEM: ocp.JsonCheckpointHandler(),
         }
         self._manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
         # Orbax clears those tmp dirs in a background future and awaits it only at the next save, so a
@@ -572,8 +444,9 @@ class Checkpointer:
         read_context = ocp.type_handlers.get_ts_context(
             use_ocdbt=True, file_io_concurrency_limit=_READ_FILE_IO_CONCURRENCY
         )
-        self._read_handler = _ReadContextArrayHandler(read_context)
-        self._read_registry = ocp.type_handlers.create_type_handler_registry((jax.Array, self._read_handler))
+        self._read_registry = ocp.type_handlers.create_type_handler_registry(
+            (jax.Array, _ReadContextArrayHandler(read_context))
+        )
 
     # Saving ---------------------------------------------------------------------------------------
 
@@ -590,18 +463,16 @@ class Checkpointer:
             return False
         if step in self._manager.all_steps():
             return False
-        record: dict[str, Any] = {"format": _VERIFY_FORMAT, "step": step, "layout": _layout_record(state)}
-        verify: dict[str, Any] | _PendingRecord = record
-        flat = jax.tree_util.tree_flatten_with_path(state)[0]
-        if jax.process_count() == 1 and flat and all(_on_host(x) for _, x in flat):
-            jobs = [(i, block) for i, (_, x) in enumerate(flat) for block in _host_blocks(x)]
-            verify = _PendingRecord(record, [jax.tree_util.keystr(p) for p, _ in flat], jobs)
-        else:
-            record["checksums"] = checksums(state)
+        verify = {
+            "format": _VERIFY_FORMAT,
+            "step": step,
+            "checksums": checksums(state),
+            "layout": _layout_record(state),
+        }
         args = ocp.args.Composite(
             **{
                 STATE_ITEM: ocp.args.PyTreeSave(state),
-                VERIFY_ITEM: _VerifySave(verify),
+                VERIFY_ITEM: ocp.args.JsonSave(verify),
             }
         )
         return bool(self._manager.save(step, args=args, force=True))
@@ -631,12 +502,7 @@ class Checkpointer:
     def _step_dir(self, step: int) -> epath.Path:
         return ocp.step.find_step_path(self.directory, ocp.step.standard_name_format(), step=step)
 
-    def _read(
-        self,
-        step: int,
-        target: PyTree,
-        sums: _ReadChecksums | None = None,
-    ) -> tuple[PyTree | None, dict[str, Any] | None, str | None]:
+    def _read(self, step: int, target: PyTree) -> tuple[PyTree | None, dict[str, Any] | None, str | None]:
         """Read one step on this process. Handler-level reads, not ``CheckpointManager.restore``: the
         latter ends in a cross-process barrier that a process which failed to read would never reach."""
         try:
@@ -654,7 +520,7 @@ class Checkpointer:
             mismatch = _layout_mismatch(have, want)
             if mismatch is not None:
                 return None, None, mismatch
-            state = self._restore_state(step_dir / STATE_ITEM, _abstract(target), sums)
+            state = self._restore_state(step_dir / STATE_ITEM, _abstract(target))
             # What came back must be what was asked for: orbax's CPU handler, for one, returns a typed
             # PRNG key as its raw uint32 words, which the checksum (computed on those words) would pass.
             mismatch = _layout_mismatch(_layout(state), want)
@@ -664,40 +530,28 @@ class Checkpointer:
         except Exception as exc:  # any failure to read means this step is not usable
             return None, None, _short(exc)
 
-    def _restore_state(
-        self, directory: epath.Path, abstract: PyTree, sums: _ReadChecksums | None = None
-    ) -> PyTree:
+    def _restore_state(self, directory: epath.Path, abstract: PyTree) -> PyTree:
         if all(getattr(x, "sharding", None) is not None for x in jax.tree.leaves(abstract)):
             # StandardRestore's arguments for a target whose leaves all carry a sharding (every leaf read
             # as a jax.Array), on a handler with the registry that reads with our TensorStore context.
             handler = ocp.PyTreeCheckpointHandler(type_handler_registry=self._read_registry)
-            self._read_handler.read_sums = sums
-            try:
-                return handler.restore(
-                    directory,
-                    args=ocp.args.PyTreeRestore(
-                        item=abstract, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract)
-                    ),
-                )
-            finally:
-                self._read_handler.read_sums = None
+            return handler.restore(
+                directory,
+                args=ocp.args.PyTreeRestore(
+                    item=abstract, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract)
+                ),
+            )
         # A leaf without a sharding takes its saved sharding from the checkpoint's metadata (or comes back
         # as numpy): StandardRestore's own logic, with orbax's registry and context.
         return ocp.StandardCheckpointHandler().restore(directory, args=ocp.args.StandardRestore(abstract))
 
-    def _verify(
-        self,
-        step: int,
-        state: PyTree,
-        verify: Any,
-        sums: _ReadChecksums | None = None,
-    ) -> str | None:
+    def _verify(self, step: int, state: PyTree, verify: Any) -> str | None:
         if not isinstance(verify, dict) or verify.get("format") != _VERIFY_FORMAT:
             return "missing or unknown verification record"
         if verify.get("step") != step:
             return f"verification record is for step {verify.get('step')}"
         expected: dict[str, int] = verify.get("checksums", {})
-        actual = checksums(state, sums)
+        actual = checksums(state)
         if set(expected) != set(actual):
             return "tree structure differs from the verification record"
         bad = [p for p in actual if actual[p] != expected[p]]
@@ -706,16 +560,12 @@ class Checkpointer:
         return None
 
     def _try(self, step: int, target: PyTree) -> tuple[PyTree | None, str | None]:
-        sums = _ReadChecksums()
-        try:
-            state, verify, reason = self._read(step, target, sums)
-            if not _all_processes_ok(reason is None):
-                return None, reason or "another process could not read it"
-            # Every process holds its shards now, so the (collective) checksum can run everywhere.
-            reason = self._verify(step, state, verify, sums)
-            return (None, reason) if reason else (state, None)
-        finally:
-            sums.close()
+        state, verify, reason = self._read(step, target)
+        if not _all_processes_ok(reason is None):
+            return None, reason or "another process could not read it"
+        # Every process holds its shards now, so the (collective) checksum can run everywhere.
+        reason = self._verify(step, state, verify)
+        return (None, reason) if reason else (state, None)
 
     def restore_latest(self, target: PyTree) -> RestoreResult:
         """Restore the newest step that reads back intact, into ``target``'s shapes/dtypes/shardings.
