@@ -348,3 +348,58 @@ def test_rollup_is_kept_in_the_events_transaction(tmp_path: Path, path: str) -> 
             assert conn.execute("SELECT SUM(slices) FROM cost_rollup").fetchone()[0] == 4
         finally:
             conn.close()
+
+
+def _v8_events() -> list[NewEvent]:
+    """A slice crossing two midnights, one crossing midnight whose price changed (not rolled up), quota
+    held for 30 min after a preemption, and quota held across midnight."""
+    day = 86400.0
+    ready = T0 + 100  # 14:15 UTC
+    held = _life("held", CapacityType.PREEMPTIBLE, 1.0, 3 * 3600, EventKind.PREEMPTED, chips=8)
+    held.append(NewEvent(EventKind.DELETED, ts=ready + 3 * 3600 + 1800, pod="held", zone=Z))
+    late = ((T0 // day) + 1) * day - 600 - ready  # preempted ten minutes before midnight
+    heldx = _life("heldx", CapacityType.SPOT, 2.0, late, EventKind.PREEMPTED, chips=4)
+    heldx.append(NewEvent(EventKind.DELETED, ts=ready + late + 1200, pod="heldx", zone=Z))
+    return [
+        *_life("cross2d", CapacityType.SPOT, 0.245, 2.2 * day, EventKind.DELETED, chips=8),
+        *_life(
+            "crosschg", CapacityType.SPOT, 0.245, 1.5 * day, EventKind.DELETED, chips=8, change=(3600, 0.5)
+        ),
+        *held,
+        *heldx,
+    ]
+
+
+@pytest.mark.parametrize("path", ["single", "bulk"])
+def test_crossing_and_held_rollups_are_kept_in_the_events_transaction(tmp_path: Path, path: str) -> None:
+    events = sorted(_v8_events(), key=lambda e: e.ts or 0.0)
+    if path == "single":
+        ledger = _single(tmp_path, events)
+    else:
+        ledger = Ledger(tmp_path / "bulk")
+        ledger.record_events_bulk(events)
+    with ledger:
+        assert ledger.check_view() == []  # every rollup equals what pods gives, and `rolled` is right
+        conn = sqlite3.connect(ledger.path)
+        try:
+            rolled = dict(conn.execute("SELECT name, rolled FROM pods").fetchall())
+            assert rolled == {"cross2d": 1, "crosschg": 0, "held": 0, "heldx": 0}
+            (slices, usd_s, d0_s), *more = conn.execute(
+                "SELECT slices, billed_usd_s, d0_s FROM cost_rollup_x"
+            ).fetchall()
+            assert not more and slices == 1
+            assert usd_s == pytest.approx(8 * 2.2 * 86400 * 0.245)
+            day = 86400.0
+            assert d0_s == pytest.approx(((T0 + 100) // day + 1) * day - (T0 + 100))  # to the first midnight
+            later = conn.execute("SELECT day, s FROM cost_rollup_xdays ORDER BY day").fetchall()
+            assert len(later) == 2 and later[0][1] == day  # a whole second day, then the rest of the third
+            assert d0_s + day + later[1][1] == pytest.approx(2.2 * day)
+            held = conn.execute(
+                "SELECT deleted_day - end_day, held_chip_s, held_usd_s FROM cost_rollup_held ORDER BY 2"
+            ).fetchall()
+            assert held == [
+                (2, pytest.approx(4 * 1200.0), pytest.approx(4 * 1200.0 * 2.0)),  # across midnight
+                (1, pytest.approx(8 * 1800.0), pytest.approx(8 * 1800.0 * 1.0)),
+            ]
+        finally:
+            conn.close()
