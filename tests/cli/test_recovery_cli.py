@@ -372,7 +372,7 @@ def test_detached_run_is_preempted_by_another_process_survives_kill_9_and_resume
     import os
     import signal
 
-    from tpuctl.sim.processes import is_same_process, is_zombie
+    from tpuctl.processes import is_same_process, is_zombie
 
     state_dir = own_sim
     started = tpuctl(*lm_run("--detach", "-o", "json"))
@@ -487,12 +487,12 @@ def test_hosts_started_before_their_pids_were_recorded_are_stopped_too(
     """A supervisor killed between starting a host and recording the hosts' pids in the run (host 0 then
     waits for host 1 forever and never writes to its closed pipe): `runs resume` and `runs cancel` stop it
     all the same, found by the run id in its environment under this state dir's simulated hosts."""
+    from tpuctl.processes import is_same_process, is_zombie, process_start_ticks
     from tpuctl.services.executors.sim import SimExecutor
     from tpuctl.services.launcher import Launcher, RunRequest
     from tpuctl.services.recovery import Supervisor
     from tpuctl.services.session import open_session
     from tpuctl.settings import load_settings
-    from tpuctl.sim.processes import is_same_process, is_zombie, process_start_ticks
 
     script = write(tmp_path / "proj" / "sleeper.py", SLEEPER)
     with open_session(load_settings()) as sess:

@@ -254,7 +254,7 @@ def _descendants(pid: int) -> list[int]:
 
 def run_processes(run_id: str) -> list[int]:
     """Live (not zombie) processes started as a host of ``run_id`` (their environment says so)."""
-    from tpuctl.sim.processes import is_zombie
+    from tpuctl.processes import is_zombie
 
     marker = f"TPUCTL_RUN_ID={run_id}".encode()
     found = []

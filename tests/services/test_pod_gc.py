@@ -153,8 +153,8 @@ def test_gc_ends_a_request_whose_tpuctl_died_before_its_create_reached_the_cloud
     import subprocess
     import sys
 
+    from tpuctl.processes import process_start_ticks
     from tpuctl.services.attempts import REQUESTED_BY, requester
-    from tpuctl.sim.processes import process_start_ticks
 
     env = sim(zones={"us-central1-a": {"v5e": {"on_demand": 64, "preemptible": 64}}})
     session = env.session()

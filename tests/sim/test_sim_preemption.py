@@ -26,7 +26,8 @@ from sim_helpers import (
     wait_for,
 )
 
-from tpuctl.sim import SimAdminClient, SimServer, processes
+from tpuctl import processes
+from tpuctl.sim import SimAdminClient, SimServer
 
 Spawn = Callable[[str], "subprocess.Popen[bytes]"]
 

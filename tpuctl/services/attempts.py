@@ -110,7 +110,7 @@ REQUESTED_BY = "requested_by"
 def requester() -> dict[str, Any]:
     """This process, as a ``requested`` event records it: so that `pod gc` can tell a request whose tpuctl
     died before its create reached the cloud (nothing will ever come of it) from one still on its way."""
-    from tpuctl.sim.processes import process_start_ticks
+    from tpuctl.processes import process_start_ticks
 
     pid = os.getpid()
     return {"pid": pid, "start_ticks": process_start_ticks(pid), "host": os.uname().nodename}
@@ -119,7 +119,7 @@ def requester() -> dict[str, Any]:
 def requester_gone(detail: Mapping[str, Any] | None) -> bool:
     """True when a ``requested`` event's requester is a process of this machine that no longer runs (False
     when it runs, or cannot be told: another machine, or no requester recorded by an older tpuctl)."""
-    from tpuctl.sim.processes import is_same_process, is_zombie
+    from tpuctl.processes import is_same_process, is_zombie
 
     who = (detail or {}).get(REQUESTED_BY)
     if not isinstance(who, Mapping) or who.get("host") != os.uname().nodename:

@@ -502,7 +502,7 @@ class Lease:
 
 
 def supervisor_identity() -> dict[str, Any]:
-    from tpuctl.sim.processes import process_start_ticks
+    from tpuctl.processes import process_start_ticks
 
     pid = os.getpid()
     return {
@@ -1325,7 +1325,7 @@ class Supervisor:
         attempt = self._attempt
         changes: dict[str, Any] = {"restart_count": attempt.restart_count if attempt else 0}
         if callable(pids):
-            from tpuctl.sim.processes import process_start_ticks
+            from tpuctl.processes import process_start_ticks
 
             changes["host_pids"] = {str(w): [p, process_start_ticks(p)] for w, p in pids().items()}
         self._update_detail(**changes)
@@ -1410,7 +1410,7 @@ def _renamed(prepared: PreparedRun, restart: int, tries: int) -> PreparedRun:
 def kill_recorded_hosts(host_pids: Any) -> int:
     """SIGKILL the process groups of simulated hosts a dead supervisor left (only while each pid is
     still the process that was recorded). Returns how many were signalled."""
-    from tpuctl.sim.processes import is_same_process
+    from tpuctl.processes import is_same_process
 
     if not isinstance(host_pids, dict):
         return 0
@@ -1432,8 +1432,8 @@ def kill_left_hosts(state_dir: Path, run_id: str, host_pids: Any, *, local: bool
     supervisor killed between starting a host and recording the hosts' pids leaves one that nobody knows
     of (host 0 then waits for its peers for minutes and never writes to its closed pipe). Only for a run
     nobody supervises. Returns how many were signalled."""
+    from tpuctl.processes import is_same_process, process_start_ticks
     from tpuctl.services.executors.sim import local_hosts
-    from tpuctl.sim.processes import is_same_process, process_start_ticks
 
     killed = kill_recorded_hosts(host_pids)
     if not local:
@@ -1602,7 +1602,7 @@ def resume_prepared(
 def cancel_run(session: Session, run_id: str, *, wait_s: float = 120.0) -> dict[str, Any]:
     """Stop a run: its live supervisor is sent SIGTERM (it stops the hosts, which checkpoint, deletes the
     slice and records CANCELLED); without one (it was killed), tpuctl cleans up itself."""
-    from tpuctl.sim.processes import is_same_process
+    from tpuctl.processes import is_same_process
 
     ledger = session.ledger
     record = ledger.get_run(run_id)

@@ -26,9 +26,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from tpuctl import processes
 from tpuctl.catalog import AcceleratorType, CapacityType, Catalog, Generation
 from tpuctl.errors import TpuctlError
-from tpuctl.sim import processes
 from tpuctl.sim.api_errors import (
     ApiError,
     already_exists,

@@ -1,9 +1,10 @@
-"""Signalling the local processes that stand in for a simulated node's hosts.
+"""Local processes named by pid and start time, so that a recycled pid is never taken for the process it
+once named.
 
-The simulator only ever signals a pid the launcher registered, and only while that pid still names the
-same process: a pid is recorded with its start time (field 22 of ``/proc/<pid>/stat``, in clock ticks
-since boot) and the start time is compared again right before each signal, so a recycled pid that now
-belongs to some unrelated process is never touched.
+A pid is recorded with its start time (field 22 of ``/proc/<pid>/stat``, in clock ticks since boot) and
+the start time is compared again right before the pid is signalled or judged alive. The launcher and
+recovery use this for the hosts and supervisors they started (and tpuctl processes that died), the
+simulator to signal the local processes that stand in for a node's hosts: a neutral module, below both.
 """
 
 from __future__ import annotations
