@@ -1,6 +1,6 @@
 """`python -m tpuctl`."""
 
-from tpuctl.cli.main import run
+from tpuctl.cli.main import console_main
 
 if __name__ == "__main__":
-    run()
+    console_main()
