@@ -97,14 +97,14 @@ def _checkpoint(d: dict[str, Any]) -> list[Row]:
         (
             "checkpoint save vs plain sequential write",
             f"{d.get('save_mib_s')} vs {d.get('plain_write_mib_s')} MiB/s"
-            f" = {_f(d.get('save_ratio'), 'x', 2)}",
+            f" = {_f(d.get('save_ratio'), 'x', 2)} (paired {_f(d.get('save_ratio_paired'), 'x', 2)})",
             "≥ 0.7x",
             f"{mib:.0f} MiB in {d.get('arrays')} arrays, median of {d.get('repeat')}; durable writes (fsync)",
         ),
         (
             "checkpoint restore (verified) vs plain sequential read",
             f"{d.get('restore_mib_s')} vs {d.get('plain_read_mib_s')} MiB/s"
-            f" = {_f(d.get('restore_ratio'), 'x', 2)}",
+            f" = {_f(d.get('restore_ratio'), 'x', 2)} (paired {_f(d.get('restore_ratio_paired'), 'x', 2)})",
             "≥ 0.7x",
             "read back and checksummed; both reads after fsync + fadvise(DONTNEED) of the files",
         ),
