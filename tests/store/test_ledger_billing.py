@@ -88,6 +88,15 @@ CASES = {
 }
 
 
+def _recorded(tmp_path: Path, path: str, events: list[NewEvent]) -> Ledger:
+    """A ledger with ``events`` recorded one by one (``path`` "single") or in bulk."""
+    if path == "single":
+        return _single(tmp_path, events)
+    ledger = Ledger(tmp_path / "bulk")
+    ledger.record_events_bulk(events)
+    return ledger
+
+
 def _single(tmp_path: Path, events: list[NewEvent]) -> Ledger:
     ledger = Ledger(tmp_path / "single")
     for e in events:
@@ -107,11 +116,7 @@ def _single(tmp_path: Path, events: list[NewEvent]) -> Ledger:
 @pytest.mark.parametrize("path", ["single", "bulk"])
 def test_hand_computed_billing_facts(tmp_path: Path, path: str) -> None:
     events = [e for evs, _s, _usd in CASES.values() for e in evs]
-    if path == "single":
-        ledger = _single(tmp_path, events)
-    else:
-        ledger = Ledger(tmp_path / "bulk")
-        ledger.record_events_bulk(events)
+    ledger = _recorded(tmp_path, path, events)
     with ledger:
         for name, (_evs, billed_s, usd) in CASES.items():
             mark, s, chip_s, usd_s, unpriced = _facts(ledger, name)
@@ -335,11 +340,7 @@ def _assert_rollup_matches_pods(ledger: Ledger) -> None:
 @pytest.mark.parametrize("path", ["single", "bulk"])
 def test_rollup_is_kept_in_the_events_transaction(tmp_path: Path, path: str) -> None:
     events = [e for evs, _s, _usd in CASES.values() for e in evs]
-    if path == "single":
-        ledger = _single(tmp_path, events)
-    else:
-        ledger = Ledger(tmp_path / "bulk")
-        ledger.record_events_bulk(events)
+    ledger = _recorded(tmp_path, path, events)
     with ledger:
         _assert_rollup_matches_pods(ledger)
         conn = sqlite3.connect(ledger.path)
@@ -373,11 +374,7 @@ def _v8_events() -> list[NewEvent]:
 @pytest.mark.parametrize("path", ["single", "bulk"])
 def test_crossing_and_held_rollups_are_kept_in_the_events_transaction(tmp_path: Path, path: str) -> None:
     events = sorted(_v8_events(), key=lambda e: e.ts or 0.0)
-    if path == "single":
-        ledger = _single(tmp_path, events)
-    else:
-        ledger = Ledger(tmp_path / "bulk")
-        ledger.record_events_bulk(events)
+    ledger = _recorded(tmp_path, path, events)
     with ledger:
         assert ledger.check_view() == []  # every rollup equals what pods gives, and `rolled` is right
         conn = sqlite3.connect(ledger.path)
