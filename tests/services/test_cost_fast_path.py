@@ -261,3 +261,105 @@ def test_no_correlated_subquery_scans_a_table(
         correlated = {node for node, _parent, detail in plan if detail.startswith("CORRELATED")}
         scans = [d for _n, parent, d in plan if parent in correlated and d.startswith("SCAN")]
         assert not scans, (scans, sql)
+
+
+# --- regressions found by review (schema v8): price changes and the slices crossing midnight ----------
+
+D0 = 1_800_057_600.0  # 2027-01-16T00:00:00Z: a midnight
+
+
+def _both(db: Path, now: float, windows: list[tuple[float | None, float | None]]) -> list[str]:
+    """Where the fast path differs from the reference (groups, totals, per day), for zone, day and slice."""
+    catalog = Catalog.load()
+    source = PriceSource(catalog.prices.source, catalog.prices.date, cached=False)
+    diffs = []
+    for group in ("zone", "day", "slice"):
+        for since, until in windows:
+            fast, slow = (
+                CostService(db, catalog, source, clock=lambda: now, workers=1, fast=f)
+                .report(since=since, until=until, group_by=parse_group_by(group))
+                .to_dict()
+                for f in (True, False)
+            )
+            if _rounded(fast) != _rounded(slow):
+                diffs.append(f"{group} {since} {until}: {fast['totals']} != {slow['totals']}")
+    return diffs
+
+
+def _requested(name: str, ts: float, price: float = 1.0) -> NewEvent:
+    return NewEvent(EventKind.REQUESTED, pod=name, zone=ZONES[0], accelerator_type="v5litepod-8", chips=8,
+                    capacity=CapacityType.SPOT, price_per_chip_hour=price, ts=ts)  # fmt: skip
+
+
+def test_a_price_change_stamped_at_the_end_does_not_set_the_days_price(tmp_path: Path) -> None:
+    """20:00 -> 06:00 across midnight at 1 USD, a change to 3 USD stamped at the very end: billed wholly
+    at 1 USD (80 USD for 8 chips x 10 h), each day at 1 USD, not cut at the last price."""
+    ready, end = D0 + 20 * 3600, D0 + DAY + 6 * 3600
+    z = ZONES[0]
+    with Ledger(tmp_path / "state") as ledger:
+        ledger.record_events_bulk(
+            [_requested("a", ready - 60), NewEvent(EventKind.READY, pod="a", zone=z, ts=ready)]
+        )
+        ledger.record_event(EventKind.PRICE_CHANGE, pod="a", zone=z, price_per_chip_hour=3.0, ts=end)
+        ledger.record_event(EventKind.DELETED, pod="a", zone=z, ts=end)
+        assert ledger.check_view() == []
+        db = ledger.path
+    assert _both(db, D0 + 5 * DAY, [(None, None), (D0, D0 + 3 * DAY)]) == []
+    catalog = Catalog.load()
+    source = PriceSource(catalog.prices.source, catalog.prices.date, cached=False)
+    report = CostService(db, catalog, source, clock=lambda: D0 + 5 * DAY).report(
+        group_by=parse_group_by("day")
+    )
+    assert [d["cost_usd"] for d in report.by_day] == [pytest.approx(8 * 4 * 1.0), pytest.approx(8 * 6 * 1.0)]
+    assert report.totals.cost_usd == pytest.approx(80.0)
+
+
+@pytest.mark.parametrize("hours", [10, 2])  # across midnight, and within one day
+def test_a_price_change_recorded_after_the_slice_ended_changes_nothing(tmp_path: Path, hours: int) -> None:
+    """Events out of order: a change stamped inside the slice's life but recorded after its end. The
+    ledger's view ignores it, and so do both report paths: billed at the price in force when it ran."""
+    ready = D0 + 20 * 3600
+    end = ready + hours * 3600
+    z = ZONES[0]
+    with Ledger(tmp_path / "state") as ledger:
+        ledger.record_events_bulk(
+            [_requested("a", ready - 60), NewEvent(EventKind.READY, pod="a", zone=z, ts=ready)]
+        )
+        ledger.record_event(EventKind.DELETED, pod="a", zone=z, ts=end)
+        ledger.record_event(EventKind.PRICE_CHANGE, pod="a", zone=z, price_per_chip_hour=3.0, ts=ready + 1800)
+        assert ledger.check_view() == []
+        db = ledger.path
+    assert _both(db, D0 + 5 * DAY, [(None, None), (D0, D0 + 3 * DAY), (D0 + 21 * 3600, None)]) == []
+    catalog = Catalog.load()
+    source = PriceSource(catalog.prices.source, catalog.prices.date, cached=False)
+    report = CostService(db, catalog, source, clock=lambda: D0 + 5 * DAY).report()
+    assert report.totals.cost_usd == pytest.approx(8 * hours * 1.0)
+
+
+def test_a_bulk_import_never_rolls_up_a_slice_whose_price_change_is_not_written_yet(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bulk path writes pod rows every _POD_FLUSH dirty pods and events every _EVENT_CHUNK: a slice
+    closed in a pod flush must find its price change already written (the trigger reads it)."""
+    import tpuctl.store.ledger as ledger_module
+
+    monkeypatch.setattr(ledger_module, "_POD_FLUSH", 2)  # the interleaving of 50,000 pods, in a few events
+    rx, ex = D0 + 20 * 3600, D0 + DAY + 6 * 3600
+    z = ZONES[0]
+    events = [
+        _requested("x", rx - 60),
+        NewEvent(EventKind.READY, pod="x", zone=z, ts=rx),
+        NewEvent(EventKind.PRICE_CHANGE, pod="x", zone=z, price_per_chip_hour=3.0, ts=D0 + 22 * 3600),
+        NewEvent(EventKind.DELETED, pod="x", zone=z, ts=ex),
+        _requested("y", ex + 1),  # the dirty set reaches the flush size with x closed
+    ]
+    with Ledger(tmp_path / "state") as ledger:
+        ledger.record_events_bulk(events)
+        assert ledger.check_view() == []
+        db = ledger.path
+    conn = sqlite3.connect(db)
+    try:
+        assert conn.execute("SELECT rolled FROM pods WHERE name = 'x'").fetchone() == (0,)
+    finally:
+        conn.close()
+    assert _both(db, D0 + 5 * DAY, [(None, None), (D0, D0 + 3 * DAY)]) == []

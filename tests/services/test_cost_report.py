@@ -527,12 +527,16 @@ def test_parallel_scans_over_id_ranges_give_the_same_report(
         capacity = ("spot", "preemptible", "on-demand")[i % 3]
         price = 1.2 if capacity == "on-demand" else 0.245
         end_kind = EventKind.PREEMPTED if capacity != "on-demand" and i % 2 else EventKind.DELETED
-        slice_life(ledger, f"s{i}", ready=midnight - 3600 * (i + 1), end=midnight + 600 * i + 30,
-                   end_kind=end_kind, zone=("us-central1-a", "us-east1-c")[i % 2], capacity=capacity,
+        end = midnight + 600 * i + 30
+        zone = ("us-central1-a", "us-east1-c")[i % 2]
+        slice_life(ledger, f"s{i}", ready=midnight - 3600 * (i + 1), end=None if i == 5 else end,
+                   end_kind=end_kind, zone=zone, capacity=capacity,
                    price=price, run_id="r" if i < 4 else None, labels={"team": f"t{i % 3}"},
                    chips=8, accel="v5litepod-8")  # fmt: skip
-    ledger.record_event(EventKind.PRICE_CHANGE, pod="s5", zone="us-east1-c", price_per_chip_hour=0.5,
-                        ts=midnight - 1800)  # fmt: skip
+        if i == 5:  # its price changes while it runs (a change recorded after its end would change nothing)
+            ledger.record_event(EventKind.PRICE_CHANGE, pod="s5", zone=zone, price_per_chip_hour=0.5,
+                                ts=midnight - 1800)  # fmt: skip
+            ledger.record_event(end_kind, pod="s5", zone=zone, ts=end)
     seg = ledger.add_segment("r", SegmentKind.RUNNING, start=midnight - 3000, pod="s7", zone="us-east1-c")
     ledger.close_segment(seg, end=midnight + 100, steps_completed=10, steps_recomputed=3)
     catalog = Catalog.load()

@@ -189,7 +189,13 @@ def _undo_v8(conn: sqlite3.Connection) -> None:
         "pods_rollup_held_delete",
     ):
         conn.execute(f"DROP TRIGGER {trigger}")
-    for index in ("pods_held", "pods_unrolled_crossing", "events_price_facts", "pods_preemptions"):
+    for index in (
+        "pods_held",
+        "pods_unrolled_crossing",
+        "events_price_facts",
+        "pods_preemptions",
+        "events_end",
+    ):
         conn.execute(f"DROP INDEX {index}")
     for table in ("cost_rollup_x", "cost_rollup_xdays", "cost_rollup_held", "cost_day_offsets"):
         conn.execute(f"DROP TABLE {table}")

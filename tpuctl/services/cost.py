@@ -61,6 +61,7 @@ from tpuctl.services import cost_items as items
 from tpuctl.services.cost_items import FIGURES
 from tpuctl.services.prices import PriceSource
 from tpuctl.store.records import LedgerError
+from tpuctl.store.schema import END_KINDS_SQL
 
 #: A spot/preemptible slice preempted within this many seconds of READY is not charged.
 FREE_PREEMPTION_S: Final = 60.0
@@ -547,6 +548,15 @@ def _key_sql(group: GroupBy, alias: str) -> str:
         "total": "NULL",
     }[group.kind]
 
+
+#: The price changes in force: each one recorded while its slice was open. One recorded after the slice
+#: ended (events out of order) changed nothing: the ledger's view ignores it when it bills the slice
+#: (``tpuctl.store.view``), and so do both report paths, whichever way the slice is summed.
+_PRICE_CHANGES_SQL: Final = f"""
+SELECT e.pod_id, e.ts, e.id, e.price_per_chip_hour FROM events AS e INDEXED BY events_price_facts
+WHERE e.kind = 'price_change'
+  AND NOT EXISTS (SELECT 1 FROM events AS x INDEXED BY events_end
+                  WHERE x.pod_id = e.pod_id AND x.id < e.id AND x.kind IN {END_KINDS_SQL})"""
 
 #: A price-changed slice (alias p) billed wholly inside the window, and before now: its stored billing
 #: facts are its bill.
@@ -1097,11 +1107,7 @@ class CostService:
             self._segments = bool(
                 reader.query("SELECT EXISTS (SELECT 1 FROM run_segments WHERE pod IS NOT NULL)", {})[0][0]
             )
-            changes = reader.query(
-                "SELECT pod_id, ts, id, price_per_chip_hour FROM events INDEXED BY events_price_facts "
-                "WHERE kind = 'price_change'",
-                {},
-            )
+            changes = reader.query(_PRICE_CHANGES_SQL, {})
             params["price_changes"] = json.dumps([c for c in changes if c[0] is not None])
             self._changes = bool(changes)
             if self._fast and group.kind in ("slice", "run"):

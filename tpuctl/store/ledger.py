@@ -402,6 +402,10 @@ class Ledger:
                 conn.executemany(_INSERT_EVENT, rows)
                 rows.clear()
             if len(dirty) >= _POD_FLUSH:
+                # The events first: the triggers a pod row fires read its events (a slice whose price
+                # changed is never rolled up as crossing midnight at one price).
+                conn.executemany(_INSERT_EVENT, rows)
+                rows.clear()
                 _flush_pods(conn, dirty)
                 cache.clear()
         if rows:

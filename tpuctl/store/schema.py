@@ -511,6 +511,8 @@ REC_CHECK_SQL = (
     + " FROM pods WHERE ended_at IS NOT NULL ORDER BY id"
 )
 
+#: The event kinds that end a slice's billing (as ``tpuctl.store.view`` applies them), as SQL.
+END_KINDS_SQL = "('preempted', 'failed', 'deleted', 'gone')"
 #: The longest billed life (in UTC days) whose per-day pieces ``cost_rollup_xdays`` holds; a longer one
 #: is billed slice by slice at report time.
 ROLLUP_MAX_DAYS = 3660
@@ -520,15 +522,15 @@ _END_DAY = (
     "(CAST({r}.ended_at / 86400 AS INTEGER) "
     "+ ({r}.ended_at > CAST({r}.ended_at / 86400 AS INTEGER) * 86400.0))"
 )
-#: A closed, billed slice crossing midnight, not longer than ROLLUP_MAX_DAYS, whose price did not change
-#: before its end (a price-changed slice crossing midnight needs its pieces, at report time).
+#: A closed, billed slice crossing midnight, not longer than ROLLUP_MAX_DAYS, with no price change at all
+#: (a price-changed slice crossing midnight needs its pieces, at report time; one stamped at or after
+#: the end still sets the slice's last price, which its days would then be cut at).
 _ROLLED_X = f"""{{r}}.ended_at IS NOT NULL AND {{r}}.ready_at IS NOT NULL AND {{r}}.chips IS NOT NULL
     AND {{r}}.ended_at > ({_FIRST_DAY} + 1) * 86400.0
     AND {_END_DAY} - {_FIRST_DAY} <= {ROLLUP_MAX_DAYS}
     AND NOT COALESCE({{r}}.end_reason = 'preempted' AND {{r}}.capacity IN ('spot', 'preemptible')
                       AND {{r}}.ended_at - {{r}}.ready_at < 60.0, 0)
-    AND NOT EXISTS (SELECT 1 FROM events AS e WHERE e.pod_id = {{r}}.id AND e.kind = 'price_change'
-                    AND e.ts < {{r}}.ended_at)"""
+    AND NOT EXISTS (SELECT 1 FROM events AS e WHERE e.pod_id = {{r}}.id AND e.kind = 'price_change')"""
 _X_KEY = (
     f"{_FIRST_DAY}, {_END_DAY}, {{r}}.zone, COALESCE({{r}}.accelerator_type, char(0)), "
     "COALESCE({r}.capacity, char(0)), {r}.labels"
@@ -629,8 +631,13 @@ ROLLUP_CHECKS: tuple[tuple[str, int, str], ...] = (
     ("cost_rollup_held", 6, ROLLUP_HELD_CHECK_SQL),
 )
 #: Rolled slices that should not be (an open, unbilled, or too long slice), for checks and tests.
-ROLLED_CHECK_SQL = f"""SELECT id FROM pods AS p WHERE p.rolled = 1 AND NOT (
-    {_ROLLED_X.format(r="p").split("AND NOT EXISTS")[0]})"""
+#: A rolled slice may have a price change recorded after it closed (the view ignored it too), but none
+#: recorded before its first end event.
+ROLLED_CHECK_SQL = f"""SELECT id FROM pods AS p WHERE p.rolled = 1 AND (NOT (
+    {_ROLLED_X.format(r="p").split("AND NOT EXISTS")[0]})
+    OR EXISTS (SELECT 1 FROM events AS e WHERE e.pod_id = p.id AND e.kind = 'price_change'
+               AND e.id < (SELECT MIN(x.id) FROM events AS x WHERE x.pod_id = p.id
+                           AND x.kind IN {END_KINDS_SQL})))"""
 
 #: Slices crossing midnight (a few percent) and the quota preempted slices held until deleted were summed
 #: slice by slice on every report: two thirds of a default report's time on a 1,000,000-event ledger
@@ -689,9 +696,11 @@ _V8 = Migration(
         "CREATE INDEX pods_held ON pods (deleted_at, ended_at) WHERE end_reason = 'preempted'",
         # The preemptions in a window, counted from a narrow range (pods_preempted is wide and whole).
         "CREATE INDEX pods_preemptions ON pods (ended_at, ready_at, capacity) WHERE end_reason = 'preempted'",
-        # Every report reads all price changes: from this index alone, not a row of the log each.
+        # Every report reads all price changes: from this index alone, not a row of the log each; and
+        # whether each was recorded before its slice ended, from the narrow index of the end events.
         "CREATE INDEX events_price_facts ON events (pod_id, ts, price_per_chip_hour, kind) "
         "WHERE kind = 'price_change'",
+        f"CREATE INDEX events_end ON events (pod_id) WHERE kind IN {END_KINDS_SQL}",
         """CREATE INDEX pods_unrolled_crossing ON pods (ready_at)
         WHERE ended_at IS NOT NULL AND ready_at IS NOT NULL
           AND ended_at > (CAST(ready_at / 86400 AS INTEGER) + 1) * 86400.0 AND rolled = 0""",
