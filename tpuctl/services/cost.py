@@ -7,8 +7,9 @@ Billing rules (tpu-facts §4), applied to each incarnation of a slice (a row of 
 * a spot or preemptible slice preempted within its first minute (``ended_at - ready_at < 60 s``) is not
   charged at all;
 * cost = chips x USD per chip-hour in force at each moment x hours. The price in force is the one the
-  ledger recorded with the slice; a ``price_change`` event splits the interval and each price is billed
-  for its own part. A slice with no recorded price is priced at the catalog's current list price (and the
+  ledger recorded with the slice; a ``price_change`` event recorded while the slice was open splits the
+  interval and each price is billed for its own part (one recorded after it ended changes nothing, as
+  in the ledger's view). A slice with no recorded price is priced at the catalog's current list price (and the
   report says so).
 
 Everything is clipped to the window ``[since, until)``.
