@@ -450,19 +450,24 @@ _V6 = Migration(
 #: seconds x share x USD per chip-hour, i.e. USD x 3600) or, with none recorded, as chip-seconds the
 #: catalog prices at report time (unpriced). 0 for a slice not billed (never READY, a free preemption).
 #: An open segment on a closed slice counts up to the slice's end, as it does in the report.
-_REC_SUM = """(SELECT TOTAL({value}) FROM run_segments AS rs
+#: A spot or preemptible slice ({r}) preempted within its first minute: not billed (v7 and v8's SQL).
+_FREE_PREEMPTION = """COALESCE({r}.end_reason = 'preempted' AND {r}.capacity IN ('spot', 'preemptible')
+                  AND {r}.ended_at - {r}.ready_at < 60.0, 0)"""
+#: The day after the one holding the instant {t} (rounded up to midnight; an exact midnight stays).
+_CEIL_DAY = "(CAST({t} / 86400 AS INTEGER) + ({t} > CAST({t} / 86400 AS INTEGER) * 86400.0))"
+_REC_SUM = f"""(SELECT TOTAL({{value}}) FROM run_segments AS rs
         WHERE rs.zone = pods.zone AND rs.pod = pods.name AND rs.steps_recomputed > 0
           AND pods.ready_at IS NOT NULL AND pods.chips IS NOT NULL
-          AND NOT COALESCE(pods.end_reason = 'preempted' AND pods.capacity IN ('spot', 'preemptible')
-                           AND pods.ended_at - pods.ready_at < 60.0, 0))"""
+          AND NOT {_FREE_PREEMPTION.format(r="pods")})"""
 _REC_PART = """pods.chips * MAX(0.0, MIN(pods.ended_at, COALESCE(rs.ended_at, pods.ended_at))
                     - MAX(pods.ready_at, rs.started_at))
         * MIN(1.0, CAST(rs.steps_recomputed AS REAL)
                    / MAX(COALESCE(rs.steps_completed, 0), rs.steps_recomputed, 1))"""
-_REC_SET = "rec_priced = {priced}, rec_unpriced = {unpriced}".format(
-    priced=_REC_SUM.format(value=f"{_REC_PART} * pods.price_per_chip_hour"),
-    unpriced=_REC_SUM.format(value=f"CASE WHEN pods.price_per_chip_hour IS NULL THEN {_REC_PART} ELSE 0 END"),
+_REC_PRICED = _REC_SUM.format(value=f"{_REC_PART} * pods.price_per_chip_hour")
+_REC_UNPRICED = _REC_SUM.format(
+    value=f"CASE WHEN pods.price_per_chip_hour IS NULL THEN {_REC_PART} ELSE 0 END"
 )
+_REC_SET = f"rec_priced = {_REC_PRICED}, rec_unpriced = {_REC_UNPRICED}"
 #: Re-derive the facts of the closed incarnations of one zone + name.
 _REC_UPDATE = (
     "UPDATE pods SET " + _REC_SET + " WHERE zone = {zone} AND name = {name} AND ended_at IS NOT NULL;"
@@ -504,11 +509,8 @@ _V7 = Migration(
 #: Every closed slice's stored recomputed figures next to what the triggers should have made of them
 #: (id, stored priced, stored unpriced, derived priced, derived unpriced); for checks and tests.
 REC_CHECK_SQL = (
-    "SELECT id, rec_priced, rec_unpriced, "
-    + _REC_SUM.format(value=f"{_REC_PART} * pods.price_per_chip_hour")
-    + ", "
-    + _REC_SUM.format(value=f"CASE WHEN pods.price_per_chip_hour IS NULL THEN {_REC_PART} ELSE 0 END")
-    + " FROM pods WHERE ended_at IS NOT NULL ORDER BY id"
+    f"SELECT id, rec_priced, rec_unpriced, {_REC_PRICED}, {_REC_UNPRICED} FROM pods "
+    "WHERE ended_at IS NOT NULL ORDER BY id"
 )
 
 #: The event kinds that end a slice's billing (as ``tpuctl.store.view`` applies them), as SQL.
@@ -517,19 +519,21 @@ END_KINDS_SQL = "('preempted', 'failed', 'deleted', 'gone')"
 #: is billed slice by slice at report time.
 ROLLUP_MAX_DAYS = 3660
 _FIRST_DAY = "CAST({r}.ready_at / 86400 AS INTEGER)"
+#: For the report's queries (``{r}``: the pods alias): a slice's first billed day and the day after its
+#: last, as the rollups key them.
+FIRST_DAY_SQL = _FIRST_DAY
 #: The day after the last one the slice was billed in (its end rounded up to midnight).
-_END_DAY = (
-    "(CAST({r}.ended_at / 86400 AS INTEGER) "
-    "+ ({r}.ended_at > CAST({r}.ended_at / 86400 AS INTEGER) * 86400.0))"
-)
-#: A closed, billed slice crossing midnight, not longer than ROLLUP_MAX_DAYS, with no price change at all
-#: (a price-changed slice crossing midnight needs its pieces, at report time; one stamped at or after
-#: the end still sets the slice's last price, which its days would then be cut at).
-_ROLLED_X = f"""{{r}}.ended_at IS NOT NULL AND {{r}}.ready_at IS NOT NULL AND {{r}}.chips IS NOT NULL
+_END_DAY = _CEIL_DAY.format(t="{r}.ended_at")
+END_DAY_SQL = _END_DAY
+#: A closed, billed slice crossing midnight, not longer than ROLLUP_MAX_DAYS: what may be rolled up.
+_CROSSING_BILLED = f"""{{r}}.ended_at IS NOT NULL AND {{r}}.ready_at IS NOT NULL AND {{r}}.chips IS NOT NULL
     AND {{r}}.ended_at > ({_FIRST_DAY} + 1) * 86400.0
     AND {_END_DAY} - {_FIRST_DAY} <= {ROLLUP_MAX_DAYS}
-    AND NOT COALESCE({{r}}.end_reason = 'preempted' AND {{r}}.capacity IN ('spot', 'preemptible')
-                      AND {{r}}.ended_at - {{r}}.ready_at < 60.0, 0)
+    AND NOT {_FREE_PREEMPTION}"""
+#: One that is rolled up: no price change at all (a price-changed slice crossing midnight needs its pieces,
+#: at report time; one stamped at or after the end still sets the slice's last price, which its days
+#: would then be cut at).
+_ROLLED_X = f"""{_CROSSING_BILLED}
     AND NOT EXISTS (SELECT 1 FROM events AS e WHERE e.pod_id = {{r}}.id AND e.kind = 'price_change')"""
 _X_KEY = (
     f"{_FIRST_DAY}, {_END_DAY}, {{r}}.zone, COALESCE({{r}}.accelerator_type, char(0)), "
@@ -583,8 +587,7 @@ _HELD_FINAL = """{r}.end_reason = 'preempted' AND {r}.chips IS NOT NULL AND {r}.
     AND {r}.ended_at IS NOT NULL AND {r}.deleted_at > {r}.ended_at"""
 #: Preemption day, the day after the deletion's (rounded up to midnight), zone, type, capacity, labels.
 _HELD_KEY = (
-    "CAST({r}.ended_at / 86400 AS INTEGER), (CAST({r}.deleted_at / 86400 AS INTEGER) "
-    "+ ({r}.deleted_at > CAST({r}.deleted_at / 86400 AS INTEGER) * 86400.0)), "
+    "CAST({r}.ended_at / 86400 AS INTEGER), " + _CEIL_DAY.format(t="{r}.deleted_at") + ", "
     "{r}.zone, COALESCE({r}.accelerator_type, char(0)), COALESCE({r}.capacity, char(0)), {r}.labels"
 )
 
@@ -594,10 +597,7 @@ def _held_values(r: str) -> list[str]:
     or a free preemption: it counts as a slice of its group for the quota it held), chip-seconds held,
     at its price (USD x 3600), and unpriced."""
     held = f"({r}.deleted_at - {r}.ended_at)"
-    billed = (
-        f"({r}.ready_at IS NOT NULL AND NOT COALESCE({r}.capacity IN ('spot', 'preemptible') "
-        f"AND {r}.ended_at - {r}.ready_at < 60.0, 0))"
-    )
+    billed = f"({r}.ready_at IS NOT NULL AND NOT {_FREE_PREEMPTION.format(r=r)})"
     return [
         f"CASE WHEN {billed} THEN 0 ELSE 1 END", f"{r}.chips * {held}",
         f"COALESCE({r}.chips * {held} * {r}.price_per_chip_hour, 0)",
@@ -633,8 +633,7 @@ ROLLUP_CHECKS: tuple[tuple[str, int, str], ...] = (
 #: Rolled slices that should not be (an open, unbilled, or too long slice), for checks and tests.
 #: A rolled slice may have a price change recorded after it closed (the view ignored it too), but none
 #: recorded before its first end event.
-ROLLED_CHECK_SQL = f"""SELECT id FROM pods AS p WHERE p.rolled = 1 AND (NOT (
-    {_ROLLED_X.format(r="p").split("AND NOT EXISTS")[0]})
+ROLLED_CHECK_SQL = f"""SELECT id FROM pods AS p WHERE p.rolled = 1 AND (NOT ({_CROSSING_BILLED.format(r="p")})
     OR EXISTS (SELECT 1 FROM events AS e WHERE e.pod_id = p.id AND e.kind = 'price_change'
                AND e.id < (SELECT MIN(x.id) FROM events AS x WHERE x.pod_id = p.id
                            AND x.kind IN {END_KINDS_SQL})))"""
