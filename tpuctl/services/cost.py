@@ -62,7 +62,7 @@ from tpuctl.services import cost_items as items
 from tpuctl.services.cost_items import FIGURES
 from tpuctl.services.prices import PriceSource
 from tpuctl.store.records import LedgerError
-from tpuctl.store.schema import END_KINDS_SQL
+from tpuctl.store.schema import END_DAY_SQL, END_KINDS_SQL, FIRST_DAY_SQL
 
 #: A spot/preemptible slice preempted within this many seconds of READY is not charged.
 FREE_PREEMPTION_S: Final = 60.0
@@ -465,10 +465,11 @@ _SRC_RECOMPUTED: Final = _segment_source(
     "ON p.name = rs.pod AND p.zone = rs.zone",
 )
 
-#: A slice whose recomputed work in the window is the figure the ledger stored for it (``pods.rec_*``,
-#: schema v7): closed, and billed wholly inside the window (and before now, where an open segment's time
-#: ends). Its price must not have changed either (the stored figure is at its last price).
-_REC_STORED: Final = (
+#: A slice (alias p) closed, billed wholly inside the window, and before now: what the ledger stored for
+#: it is its bill (its billing facts) and its recomputed work (``pods.rec_*``, schema v7; an open segment's
+#: time ends at now). For the recomputed work its price must not have changed either (the stored figure
+#: is at its last price).
+_CLOSED_IN_WINDOW: Final = (
     "p.ended_at IS NOT NULL AND p.ready_at >= :since AND p.ended_at <= :until AND p.ended_at <= :now"
 )
 
@@ -494,7 +495,7 @@ def _recomputed_sql(
     where the stored figures are read from (a few given slices: from their list)."""
     if group.kind == "day":
         return _aggregate_sql(_SRC_RECOMPUTED, group, ctes=ctes)
-    stored = _REC_STORED + (" AND p.run_id IS NOT NULL" if group.kind == "run" else "")
+    stored = _CLOSED_IN_WINDOW + (" AND p.run_id IS NOT NULL" if group.kind == "run" else "")
     rest = "SELECT id FROM cost_rest UNION SELECT id FROM pods INDEXED BY pods_ended WHERE ended_at > :now"
     if group.kind == "run":
         # From the recomputing segments to the covering pods_norun: few rows fetched, not every slice
@@ -559,11 +560,6 @@ WHERE e.kind = 'price_change'
   AND NOT EXISTS (SELECT 1 FROM events AS x INDEXED BY events_end
                   WHERE x.pod_id = e.pod_id AND x.id < e.id AND x.kind IN {END_KINDS_SQL})"""
 
-#: A price-changed slice (alias p) billed wholly inside the window, and before now: its stored billing
-#: facts are its bill.
-_CHANGED_INSIDE: Final = (
-    "p.ended_at IS NOT NULL AND p.ready_at >= :since AND p.ended_at <= :until AND p.ended_at <= :now"
-)
 _CHANGED_IDS: Final = "SELECT CAST(json_extract(value, '$[0]') AS INTEGER) FROM json_each(:price_changes)"
 #: The price changes (as JSON, like :price_changes) of the slices whose pieces a per-slice or per-run
 #: report needs: not billed wholly inside the window, or with segments whose share is priced by piece.
@@ -572,7 +568,7 @@ SELECT json_group_array(json(j.value)) FROM json_each(:price_changes) AS j
 WHERE CAST(json_extract(j.value, '$[0]') AS INTEGER) IN (
     SELECT p.id FROM pods AS p
     WHERE p.id IN ({_CHANGED_IDS})
-      AND (NOT ({_CHANGED_INSIDE})
+      AND (NOT ({_CLOSED_IN_WINDOW})
            OR EXISTS (SELECT 1 FROM run_segments AS rs INDEXED BY run_segments_recomputed
                       WHERE rs.zone = p.zone AND rs.pod = p.name AND rs.steps_recomputed > 0)
            OR (p.run_id IS NULL AND EXISTS (SELECT 1 FROM run_segments AS rs INDEXED BY run_segments_pod
@@ -583,7 +579,7 @@ WHERE CAST(json_extract(j.value, '$[0]') AS INTEGER) IN (
 _STORED_PIECES_SQL: Final = f"""
 INSERT OR IGNORE INTO cost_item_pieces (id, priced, unpriced)
 SELECT p.id, p.billed_usd_s, p.billed_unpriced_chip_s FROM pods AS p
-WHERE p.id IN ({_CHANGED_IDS}) AND {_CHANGED_INSIDE} AND {_BILLED_POD}"""
+WHERE p.id IN ({_CHANGED_IDS}) AND {_CLOSED_IN_WINDOW} AND {_BILLED_POD}"""
 
 #: _CHANGE_CTES's ``changed`` and ``pieces`` read back from ``cost_all_pieces``, where a report that
 #: needs them in several queries computed them once (only the slices that need pieces: see
@@ -714,6 +710,7 @@ _REST_TABLE: Final = "CREATE TEMP TABLE cost_rest (id INTEGER PRIMARY KEY)"
 _LATER_TABLE: Final = "CREATE TEMP TABLE cost_later (id INTEGER PRIMARY KEY)"
 _REST_PODS_LATER: Final = "cost_later AS r CROSS JOIN pods AS p ON p.id = r.id"
 _CROSSES_MIDNIGHT: Final = "p.ended_at > (CAST(p.ready_at / 86400 AS INTEGER) + 1) * 86400.0"
+_CLOSED_CROSSING: Final = f"p.ended_at IS NOT NULL AND p.ready_at IS NOT NULL AND {_CROSSES_MIDNIGHT}"
 _REST_OPEN: Final = (
     "INSERT OR IGNORE INTO cost_rest (id) SELECT id FROM pods "
     "WHERE ended_at IS NULL AND ready_at IS NOT NULL AND ready_at < :until"
@@ -727,7 +724,7 @@ _REST_CHANGED: Final = f"""
 INSERT OR IGNORE INTO cost_rest (id)
 SELECT p.id FROM json_each(:price_changes) AS j CROSS JOIN pods AS p
      ON p.id = CAST(json_extract(j.value, '$[0]') AS INTEGER)
-WHERE p.ended_at IS NOT NULL AND p.ready_at IS NOT NULL AND {_CROSSES_MIDNIGHT} AND p.rolled = 0"""
+WHERE {_CLOSED_CROSSING} AND p.rolled = 0"""
 #: The price changes of the slices in cost_rest (the others' facts already hold their pieces).
 _REST_PRICE_CHANGES: Final = """
 SELECT json_group_array(json(j.value)) FROM json_each(:price_changes) AS j
@@ -757,22 +754,19 @@ WHERE {_UNINDEXED_WINDOW}
 #: Closed slices crossing midnight that the rollups (schema v8: cost_rollup_x, cost_rollup_xdays) hold
 #: for the window: rolled, and every day they were billed in is a whole day of the window.
 _X_INSIDE: Final = (
-    "p.rolled = 1 AND CAST(p.ready_at / 86400 AS INTEGER) >= :d_lo "
-    "AND CAST(p.ended_at / 86400 AS INTEGER) + (p.ended_at > CAST(p.ended_at / 86400 AS INTEGER) * 86400.0) "
-    "<= :d_hi"
+    f"p.rolled = 1 AND {FIRST_DAY_SQL.format(r='p')} >= :d_lo AND {END_DAY_SQL.format(r='p')} <= :d_hi"
 )
 #: The candidates for the other closed slices crossing midnight, found by index: beginning before the
 #: window's first whole day, ending after its last, or not rolled up at all (price-changed, free, long).
 _XREST_TABLE: Final = "CREATE TEMP TABLE cost_xrest (id INTEGER PRIMARY KEY)"
-_XREST_FILL: Final = (
-    "INSERT OR IGNORE INTO cost_xrest (id) SELECT id FROM pods INDEXED BY pods_crossing "
-    "WHERE ended_at IS NOT NULL AND ready_at IS NOT NULL "
-    "AND ended_at > (CAST(ready_at / 86400 AS INTEGER) + 1) * 86400.0 AND ready_at < :d_lo * 86400.0",
-    f"INSERT OR IGNORE INTO cost_xrest (id) SELECT p.id FROM pods AS p INDEXED BY pods_ended "
-    f"WHERE p.ended_at > :d_hi * 86400.0 AND p.ready_at IS NOT NULL AND {_CROSSES_MIDNIGHT}",
-    "INSERT OR IGNORE INTO cost_xrest (id) SELECT id FROM pods INDEXED BY pods_unrolled_crossing "
-    "WHERE ended_at IS NOT NULL AND ready_at IS NOT NULL "
-    "AND ended_at > (CAST(ready_at / 86400 AS INTEGER) + 1) * 86400.0 AND rolled = 0",
+_XREST_FILL: Final = tuple(
+    f"INSERT OR IGNORE INTO cost_xrest (id) SELECT p.id FROM pods AS p INDEXED BY {index} "
+    f"WHERE {_CLOSED_CROSSING} AND {where}"
+    for index, where in (
+        ("pods_crossing", "p.ready_at < :d_lo * 86400.0"),
+        ("pods_ended", "p.ended_at > :d_hi * 86400.0"),
+        ("pods_unrolled_crossing", "p.rolled = 0"),
+    )
 )
 _CLOSED_XREST: Final = (
     f"WHERE p.id IN (SELECT id FROM cost_xrest) AND {_CLOSED} AND {_CROSSES_MIDNIGHT} AND NOT ({_X_INSIDE})"
@@ -1183,7 +1177,7 @@ class CostService:
             ctes = _STORED_CHANGE_CTES
         if self._segments:
             # The total from the few per-combination rows; per group below (for slices: only those shown).
-            for sub in self._subs(reader, "", group, params, sql=_recomputed_sql(GroupBy("total"), ctes)):
+            for sub in self._sub_rows(reader, _recomputed_sql(GroupBy("total"), ctes), params):
                 totals.recomputed_usd += self._usd(sub, warnings)
             if group.kind == "run":
                 # Slices no run created are billed to the runs that ran on them, for the time they did;
@@ -1274,9 +1268,12 @@ class CostService:
         params: Mapping[str, Any],
         *,
         count: bool = False,
-        sql: str | None = None,
     ) -> list[_Sub]:
-        """Rows of ``_aggregate_sql(source, group)``, or of ``sql`` (in its columns) where given."""
+        return self._sub_rows(reader, _aggregate_sql(source, group, count=count), params)
+
+    @staticmethod
+    def _sub_rows(reader: LedgerReader, sql: str, params: Mapping[str, Any]) -> list[_Sub]:
+        """The rows of ``sql``, in ``_aggregate_sql``'s columns."""
         return [
             _Sub(
                 r[0],
@@ -1289,7 +1286,7 @@ class CostService:
                 float(r[7] or 0),
                 float(r[8] or 0),
             )
-            for r in reader.query(sql or _aggregate_sql(source, group, count=count), params)
+            for r in reader.query(sql, params)
         ]
 
     def _lines(
@@ -1384,8 +1381,8 @@ class CostService:
                             sub.chip_seconds, sub.priced_usd_seconds, sub.unpriced_chip_seconds)  # fmt: skip
                 self._add_billed(line_for(none), none, warnings, sign=-1.0)
         if self._segments and recomputed:
-            sql = _recomputed_sql(group) if self._fast else None
-            for sub in self._subs(reader, _SRC_RECOMPUTED, group, params, sql=sql):
+            sql = _recomputed_sql(group) if self._fast else _aggregate_sql(_SRC_RECOMPUTED, group)
+            for sub in self._sub_rows(reader, sql, params):
                 line_for(sub).recomputed_usd += self._usd(sub, warnings)
         out = list(lines.values())
         for line in out:
