@@ -225,17 +225,19 @@ SELECT id, ROW_NUMBER() OVER (ORDER BY ru DESC, ready_at IS NULL, ready_at, id) 
 #: 1), seconds in the window (s), chips, the price its time is billed at (price: recorded, else the
 #: catalog's, else 0), its price pieces' USD x 3600 if its price changed (xusd), the on-demand price its
 #: spot time compares with (odp, NULL if not spot or none known), held chip-seconds (hcs), recomputed USD.
-_SLICE_PARTS: Final = f"""
-SELECT t.n AS n, p.id AS id, {_BILLED} AS b, {_SECONDS} AS s, p.chips AS chips,
+_PARTS: Final = f"""{_BILLED} AS b, {_SECONDS} AS s, p.chips AS chips,
        COALESCE(p.price_per_chip_hour, {_OWN}, 0) AS price,
        CASE WHEN x.id IS NOT NULL THEN x.priced + x.unpriced * COALESCE({_OWN}, 0) END AS xusd,
-       CASE WHEN {_SPOT} THEN {_OD} END AS odp, {_HELD_CS} AS hcs,
+       CASE WHEN {_SPOT} THEN {_OD} END AS odp, {_HELD_CS} AS hcs"""
+_SLICE_PARTS: Final = f"""
+SELECT t.n AS n, p.id AS id, 1 AS own, {_PARTS},
        COALESCE((SELECT r.rec FROM cost_item_rec AS r WHERE r.k = p.id), 0) AS rec
 FROM cost_top AS t CROSS JOIN pods AS p ON p.id = t.k {_PIECES_JOIN}
 LIMIT -1"""
-#: The same figures as _slice_figures, from _SLICE_PARTS' columns (USD x 3600 until the last division).
+#: The same figures as _slice_figures, from _SLICE_PARTS' columns (USD x 3600 until the last division;
+#: ``own``: whether the slice counts as a slice of its group).
 _SLICE_FROM_PARTS: Final = """
-SELECT q.n AS n, q.id AS id, 1 AS slices,
+SELECT q.n AS n, q.id AS id, q.own AS slices,
        CASE WHEN q.b THEN q.s ELSE 0 END AS bs,
        CASE WHEN q.b THEN q.chips * q.s ELSE 0 END AS cs,
        CASE WHEN q.b THEN COALESCE(q.xusd, q.chips * q.s * q.price) / 3600.0 ELSE 0 END AS usd,
@@ -298,10 +300,7 @@ _RUN_FIGURES: Final = _slice_figures("run", "0")
 #: straight from the expressions evaluated the billed test, the price look-ups and the window's seconds
 #: once per figure.
 _NONE_PARTS: Final = f"""
-SELECT 0 AS n, p.id AS id, {_BILLED} AS b, {_SECONDS} AS s, p.chips AS chips,
-       COALESCE(p.price_per_chip_hour, {_OWN}, 0) AS price,
-       CASE WHEN x.id IS NOT NULL THEN x.priced + x.unpriced * COALESCE({_OWN}, 0) END AS xusd,
-       CASE WHEN {_SPOT} THEN {_OD} END AS odp, {_HELD_CS} AS hcs, 0 AS rec, {_own("run")} AS own
+SELECT 0 AS n, p.id AS id, {_own("run")} AS own, {_PARTS}, 0 AS rec
 FROM pods AS p INDEXED BY pods_norun {_PIECES_JOIN}
 WHERE p.run_id IS NULL AND {_BILLED_OR_HELD}
 LIMIT -1"""
@@ -309,7 +308,7 @@ NONE_SQL: Final = f"""
 INSERT INTO cost_none (n, {_NAMES})
 SELECT COUNT(*), SUM(f.slices), SUM(f.bs), SUM(f.cs), SUM(f.usd), SUM(f.od), SUM(f.sav), SUM(f.rec),
        SUM(f.hcs), SUM(f.husd)
-FROM ({_SLICE_FROM_PARTS.format(parts=_NONE_PARTS).replace("1 AS slices", "q.own AS slices")}) AS f"""
+FROM ({_SLICE_FROM_PARTS.format(parts=_NONE_PARTS)}) AS f"""
 
 #: Every run group's cost (and what decides whether "(none)" is a group), into cost_runs, then the
 #: ``:limit`` costliest into cost_top_runs. The slices runs created are summed in run order straight off the
