@@ -14,6 +14,7 @@ from tpuctl.cli.context import build_settings, is_dry_run, make_output
 from tpuctl.cli.options import DryRunOpt, OutputOpt
 
 if TYPE_CHECKING:
+    from tpuctl.catalog import Catalog
     from tpuctl.cli.render import Output
     from tpuctl.services.cost import CostReport
     from tpuctl.services.cost_estimate import Estimate
@@ -30,13 +31,17 @@ _EIGHTHS = " ▏▎▍▌▋▊▉"
 
 @contextmanager
 def cost_session(
-    ctx: typer.Context, out: Output, settings: Settings
+    ctx: typer.Context,
+    out: Output,
+    settings: Settings,
+    prices: tuple[Catalog, PriceSource] | None = None,
 ) -> Iterator[tuple[Session, PriceSource]]:
-    """Like ``context.session``, with the catalog's prices from the backend's refreshed cache if present."""
+    """Like ``context.session``, with the catalog's prices from the backend's refreshed cache if present
+    (``prices``: that catalog, already loaded)."""
     from tpuctl.services.prices import load_catalog
     from tpuctl.services.session import open_session
 
-    catalog, source = load_catalog(settings.resolved_state_dir, settings.resolved_backend.value)
+    catalog, source = prices or load_catalog(settings.resolved_state_dir, settings.resolved_backend.value)
     with open_session(settings, catalog=catalog) as sess:
         detail = f", state {sess.state_dir}" if sess.backend.value == "sim" else ""
         out.backend_banner(sess.backend.value, sess.project, detail)
@@ -174,10 +179,13 @@ def report(
     end = end_given if until is not None else None
     dry = is_dry_run(ctx, dry_run)
     if reconcile:
+        from tpuctl.services.prices import load_catalog
+
+        prices = load_catalog(settings.resolved_state_dir, settings.resolved_backend.value)
         # The report starts now, on a thread, while the session opens and the cloud is listed.
-        early = _start_report(settings, group, start, end, keep)
+        early = _start_report(settings, prices, group, start, end, keep)
         try:
-            with cost_session(ctx, out, settings) as (sess, source):
+            with cost_session(ctx, out, settings, prices) as (sess, source):
                 result = _report(
                     sess, source, group, start, end, keep, reconcile=True, dry_run=dry, early=early
                 )
@@ -189,19 +197,21 @@ def report(
 
 
 def _start_report(
-    settings: Settings, group: Any, start: float | None, end: float | None, limit: int | None
+    settings: Settings,
+    prices: tuple[Catalog, PriceSource],
+    group: Any,
+    start: float | None,
+    end: float | None,
+    limit: int | None,
 ) -> InBackground[CostReport]:
     """The report over the ledger as it is, computed on a thread from now on (it fails with a
     LedgerError, and is computed again once the session is open, if there is no ledger yet or it must be
     migrated first)."""
     from tpuctl.services.cost import CostService
     from tpuctl.services.cost_reconcile import InBackground
-    from tpuctl.services.prices import load_catalog
     from tpuctl.store.ledger import resolve_ledger_path
 
-    state_dir = settings.resolved_state_dir
-    catalog, source = load_catalog(state_dir, settings.resolved_backend.value)
-    service = CostService(resolve_ledger_path(state_dir), catalog, source)
+    service = CostService(resolve_ledger_path(settings.resolved_state_dir), *prices)
     return InBackground(
         lambda: service.report(since=start, until=end, group_by=group, limit=limit), name="tpuctl-cost-report"
     )
