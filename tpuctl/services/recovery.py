@@ -1432,7 +1432,6 @@ def kill_left_hosts(state_dir: Path, run_id: str, host_pids: Any, *, local: bool
     supervisor killed between starting a host and recording the hosts' pids leaves one that nobody knows
     of (host 0 then waits for its peers for minutes and never writes to its closed pipe). Only for a run
     nobody supervises. Returns how many were signalled."""
-    from tpuctl.processes import is_same_process, process_start_ticks
     from tpuctl.services.executors.sim import local_hosts
 
     killed = kill_recorded_hosts(host_pids)
@@ -1444,9 +1443,8 @@ def kill_left_hosts(state_dir: Path, run_id: str, host_pids: Any, *, local: bool
         else set()
     )
     for pid in local_hosts(state_dir / "sim-hosts", run_id):
-        ticks = process_start_ticks(pid)
-        if pid in recorded or not is_same_process(pid, ticks):
-            continue
+        if pid in recorded:
+            continue  # signalled above, if still the recorded process
         with contextlib.suppress(ProcessLookupError, PermissionError):
             # A host leads its own group (whatever it started goes with it); a leftover child of a
             # host that is gone is signalled alone.
