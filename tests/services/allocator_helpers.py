@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tpuctl.backends.sim import SimBackend
 from tpuctl.catalog import Catalog
 from tpuctl.cloud.retry import RetryPolicy
 from tpuctl.cloud.tpu_api import TpuApiCloud
@@ -119,6 +120,7 @@ class SimEnv:
         ledger = Ledger(self.state_dir)
         sess = Session(
             settings=settings,
+            backend=SimBackend(url=self.url),
             catalog=Catalog.load(),
             cloud=cloud,
             ledger=ledger,

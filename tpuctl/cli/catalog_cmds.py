@@ -163,18 +163,17 @@ def _refresh_prices(
     url = billing_url or os.environ.get("TPUCTL_BILLING_URL") or None
     now = time.time()
     project = settings.project or ""
-    if backend == "sim" and url is None:
-        from tpuctl.sim import default_world, load_world
+    from tpuctl.backends import open_backend
 
-        world = load_world(settings.sim_world) if settings.sim_world else default_world()
-        where = str(settings.sim_world) if settings.sim_world else "(built-in default world)"
-        project = world.project
+    own = open_backend(settings).own_prices() if url is None else None
+    if own is not None:
+        project = own.project
         out.note(
             "simulator: the simulator serves no billing catalog; its prices come from its world file "
-            f"{where} (the bundled catalog where the world sets none). Give --billing-url to pull from a "
-            "Billing Catalog API endpoint instead."
+            f"{own.where} (the bundled catalog where the world sets none). Give --billing-url to pull from "
+            "a Billing Catalog API endpoint instead."
         )
-        result = refresh_from_world(world, where, state_dir=state_dir, now=now, write=not dry_run)
+        result = refresh_from_world(own.overrides, own.where, state_dir=state_dir, now=now, write=not dry_run)
     else:
         from tpuctl.cloud.billing import GOOGLE_BILLING_URL, CloudBillingCatalogClient
 

@@ -96,8 +96,8 @@ def session(ctx: typer.Context, out: Output, **flags: Any) -> Iterator[Session]:
 
     settings = build_settings(ctx, **flags)
     with open_session(settings) as sess:
-        detail = f", state {_home(sess.state_dir)}" if sess.backend.value == "sim" else ""
-        out.backend_banner(sess.backend.value, sess.project, detail)
+        detail = f", state {_home(sess.state_dir)}" if sess.backend.name == "sim" else ""
+        out.backend_banner(sess.backend.name, sess.project, detail)
         yield sess
 
 

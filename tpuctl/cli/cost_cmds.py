@@ -43,8 +43,8 @@ def cost_session(
 
     catalog, source = prices or load_catalog(settings.resolved_state_dir, settings.resolved_backend.value)
     with open_session(settings, catalog=catalog) as sess:
-        detail = f", state {sess.state_dir}" if sess.backend.value == "sim" else ""
-        out.backend_banner(sess.backend.value, sess.project, detail)
+        detail = f", state {sess.state_dir}" if sess.backend.name == "sim" else ""
+        out.backend_banner(sess.backend.name, sess.project, detail)
         for warning in source.warnings:
             out.warn(warning)
         yield sess, source

@@ -66,9 +66,9 @@ def doctor(ctx: typer.Context, output: OutputOpt = None) -> int:
             return None
 
     with session(ctx, out) as sess:
-        check("backend", lambda: f"{sess.backend.value} at {sess.cloud.endpoint}")
+        check("backend", lambda: f"{sess.backend.name} at {sess.cloud.endpoint}")
         check("project", lambda: sess.project)
-        check("credentials", lambda: "anonymous (simulator)" if sess.backend.value == "sim" else "ADC")
+        check("credentials", lambda: "anonymous (simulator)" if sess.backend.name == "sim" else "ADC")
         check("api reachable", lambda: f"{len(sess.cloud.list_zones())} zones listed")
         check("quotas readable", lambda: f"{len(sess.cloud.quota_limits())} quota limits")
         check("state dir", lambda: _state_dir_check(sess.state_dir))

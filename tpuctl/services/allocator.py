@@ -91,11 +91,6 @@ if TYPE_CHECKING:
 
 Clock = Callable[[], float]
 
-#: Retries of one placement step against Google: rate limits there are per minute, so wait longer.
-GCP_STEP_RETRY = RetryPolicy(max_attempts=6, initial_wait_s=0.5, max_wait_s=10.0, deadline_s=120.0)
-#: Against the simulator its injected faults should cost milliseconds.
-SIM_STEP_RETRY = RetryPolicy(max_attempts=8, initial_wait_s=0.02, max_wait_s=0.5, deadline_s=30.0)
-
 
 def build_request(
     catalog: Catalog,
@@ -248,7 +243,7 @@ class Allocator:
         self._session = session
         self._cloud = session.cloud
         self._catalog = session.catalog
-        sim = self._cloud.backend == "sim"
+        tuning = session.backend.tuning
         monotonic: Clock = clock or time.monotonic
         self._clock = monotonic
         self._max_workers = max_workers
@@ -257,11 +252,11 @@ class Allocator:
             recorder=Recorder(
                 session.ledger, backend=self._cloud.backend, project=self._cloud.project, clock=monotonic
             ),
-            retry=retry or (SIM_STEP_RETRY if sim else GCP_STEP_RETRY),
+            retry=retry or tuning.step_retry,
             sleep=sleep,
             clock=monotonic,
-            poll_interval_s=poll_interval_s or (0.05 if sim else 2.0),
-            poll_max_interval_s=poll_max_interval_s or (0.5 if sim else 15.0),
+            poll_interval_s=poll_interval_s or tuning.poll_interval_s,
+            poll_max_interval_s=poll_max_interval_s or tuning.poll_max_interval_s,
             ready_timeout_s=ready_timeout_s,
             max_workers=max_workers,
             queued_timeout_s=queued_timeout_s,

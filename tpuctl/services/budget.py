@@ -602,7 +602,7 @@ def run_budget(
     ``budget_exceeded``). Without a budget it is a no-op context."""
     if creates_slice:
         warn_monthly_budget(session, warn)
-    sim = session.cloud.backend == "sim"
+    tuning = session.backend.tuning
     return watch_run_budget(
         session.ledger,
         run_id,
@@ -610,8 +610,7 @@ def run_budget(
         limit_usd=limit_usd,
         stop=_interrupt_main,
         warn=warn,
-        poll_s=1.0 if sim else 5.0,
-        # Stopping the hosts takes up to --grace, deleting the slice a few seconds on the simulator and a
-        # minute or two on Google, and the slice bills until it is gone.
-        stop_margin_s=grace_s + (5.0 if sim else 120.0),
+        poll_s=tuning.budget_poll_s,
+        # Stopping the hosts takes up to --grace, then deleting the slice its time: it bills until gone.
+        stop_margin_s=grace_s + tuning.delete_margin_s,
     )

@@ -47,8 +47,6 @@ if TYPE_CHECKING:
 
 DEAD_NODE_STATES = frozenset({"PREEMPTED", "TERMINATED"})
 DEAD_QUEUED_STATES = frozenset({"FAILED", "SUSPENDED"})
-_GC_RETRY = RetryPolicy(max_attempts=5, initial_wait_s=0.2, max_wait_s=5.0, deadline_s=60.0)
-_SIM_GC_RETRY = RetryPolicy(max_attempts=8, initial_wait_s=0.02, max_wait_s=0.5, deadline_s=30.0)
 
 
 @dataclass(frozen=True)
@@ -101,7 +99,7 @@ class GarbageCollector:
         self._cloud = session.cloud
         self._ledger = session.ledger
         self._owner = session.settings.resolved_owner
-        self._retry = retry or (_SIM_GC_RETRY if self._cloud.backend == "sim" else _GC_RETRY)
+        self._retry = retry or session.backend.tuning.gc_retry
         self._sleep = sleep
 
     def find(self, zone: str | None = None) -> list[GcItem]:

@@ -333,7 +333,7 @@ class Launcher:
                 value=request.timeout_s,
                 fix="give seconds, e.g. --timeout 3600",
             )
-        executor_kind = request.executor or ("sim" if self._session.backend.value == "sim" else "ssh")
+        executor_kind = request.executor or ("sim" if self._session.backend.name == "sim" else "ssh")
         if executor_kind not in EXECUTOR_KINDS:
             raise UsageError(
                 f"unknown executor {executor_kind!r}",
@@ -341,7 +341,7 @@ class Launcher:
                 value=executor_kind,
                 fix="use one of: " + ", ".join(EXECUTOR_KINDS),
             )
-        if executor_kind == "sim" and self._session.backend.value != "sim":
+        if executor_kind == "sim" and self._session.backend.name != "sim":
             raise UsageError(
                 "the sim executor runs simulated hosts only; this command talks to Google",
                 field="--executor",
@@ -1007,7 +1007,7 @@ class Launcher:
                 value=node.name,
                 fix="wait until the slice is READY with every host up (`tpuctl pod describe`)",
             )
-        on_sim = self._session.backend.value == "sim"
+        on_sim = self._session.backend.name == "sim"
         ssh_hosts = [
             # On Google, the endpoints' port is the TPU runtime's (8470), not SSH: use 22. The
             # simulator's endpoints are overridden to point at test SSH servers, port included.

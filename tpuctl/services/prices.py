@@ -36,8 +36,8 @@ from tpuctl.catalog import CapacityType, Catalog, PriceTable, region_of_zone
 from tpuctl.errors import CloudError, ConfigError, UsageError
 
 if TYPE_CHECKING:
+    from tpuctl.backends.base import PriceOverrides
     from tpuctl.cloud.billing import CloudBillingCatalogClient, Sku
-    from tpuctl.sim.world import World
     from tpuctl.store.ledger import Ledger
 
 PRICES_DIR = "prices"
@@ -327,26 +327,24 @@ def refresh_from_billing(
     )
 
 
-def prices_from_world(world: World, bundled: PriceTable) -> dict[str, dict[str, dict[str, float]]]:
-    """The bundled table with the world file's ``prices:`` overrides laid over it."""
+def prices_from_world(
+    overrides: PriceOverrides, bundled: PriceTable
+) -> dict[str, dict[str, dict[str, float]]]:
+    """The bundled table with a backend's own price overrides (a world file's ``prices:``) laid over it."""
     merged = {g: {r: dict(p) for r, p in regions.items()} for g, regions in bundled.prices.items()}
-    for generation, regions in world.prices.items():
+    for generation, regions in overrides.items():
         for region, price in regions.items():
-            entry = merged.setdefault(generation, {}).setdefault(region, {})
-            if price.on_demand is not None:
-                entry["on_demand"] = float(price.on_demand)
-            if price.spot is not None:
-                entry["spot"] = float(price.spot)
+            merged.setdefault(generation, {}).setdefault(region, {}).update(price)
     return merged
 
 
 def refresh_from_world(
-    world: World, where: str, *, state_dir: Path, now: float, write: bool = True
+    overrides: PriceOverrides, where: str, *, state_dir: Path, now: float, write: bool = True
 ) -> RefreshResult:
     """The simulator's prices: the world file's, cached like a refresh so every command uses them."""
     bundled = Catalog.load().prices
-    merged = prices_from_world(world, bundled)
-    overridden = sorted(f"{g}/{r}" for g, regions in world.prices.items() for r in regions)
+    merged = prices_from_world(overrides, bundled)
+    overridden = sorted(f"{g}/{r}" for g, regions in overrides.items() for r in regions)
     source = f"simulator world {where}" + (
         f" (overrides {', '.join(overridden)}; the rest from {bundled.source})"
         if overridden

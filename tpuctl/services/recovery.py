@@ -572,7 +572,7 @@ class Supervisor:
     ) -> None:
         self._session = session
         self._inner: LaunchObserver = observer or _Silent()
-        sim = session.backend.value == "sim"
+        sim = session.backend.name == "sim"
         self._sim = sim
         chosen = policy or RecoveryPolicy()
         if sim and chosen.confirm_timeout_s is None:

@@ -1,0 +1,69 @@
+"""The Google backend: the Cloud TPU API at tpu.googleapis.com, with Application Default Credentials.
+
+Google answers in seconds and rate-limits, so tpuctl polls and retries it patiently; its hosts are VMs
+reached over SSH on port 22 (the endpoints' own port is the TPU runtime's, 8470), through their
+external IP where they have one, else their internal IP (optionally through a ProxyCommand).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tpuctl.backends.base import Closer, HostAddress, LocalHosts, OwnPrices, RecoveryTuning, Tuning
+from tpuctl.cloud.retry import RetryPolicy
+
+if TYPE_CHECKING:
+    from tpuctl.cloud.base import NetworkEndpoint, TpuCloud
+
+GCP_TUNING = Tuning(
+    # Rate limits on Google are per minute: wait longer between tries.
+    step_retry=RetryPolicy(max_attempts=6, initial_wait_s=0.5, max_wait_s=10.0, deadline_s=120.0),
+    gc_retry=RetryPolicy(max_attempts=5, initial_wait_s=0.2, max_wait_s=5.0, deadline_s=60.0),
+    poll_interval_s=2.0,
+    poll_max_interval_s=15.0,
+    recovery=RecoveryTuning(
+        poll_s=10.0,
+        confirm_timeout_s=120.0,
+        backoff_initial_s=15.0,
+        backoff_max_s=300.0,
+        budget_margin_s=120.0,
+    ),
+    budget_poll_s=5.0,
+    # Deleting a slice takes a minute or two on Google, and the slice bills until it is gone.
+    delete_margin_s=120.0,
+)
+
+#: SSH's port on a TPU VM (a node's network endpoints carry the TPU runtime's port, 8470).
+SSH_PORT = 22
+
+
+@dataclass
+class GcpBackend:
+    """Google Cloud, project ``project``."""
+
+    project: str
+    proxy_command: str | None = None
+    name: str = "gcp"
+    tuning: Tuning = GCP_TUNING
+    default_executor: str = "ssh"
+
+    def open_cloud(self, state_dir: Path, closers: list[Closer]) -> TpuCloud:
+        from tpuctl.cloud.tpu_api import TpuApiCloud
+
+        return TpuApiCloud.for_google(project=self.project)
+
+    def ssh_address(self, endpoint: NetworkEndpoint) -> HostAddress:
+        if self.proxy_command:
+            return HostAddress(endpoint.ip_address, SSH_PORT, self.proxy_command)
+        return HostAddress(endpoint.external_ip or endpoint.ip_address, SSH_PORT)
+
+    def notice_grace_s(self, cloud: TpuCloud) -> float | None:
+        return None  # Google does not say; the supervisor's default confirmation timeout stands
+
+    def local_hosts(self, cloud: TpuCloud, state_dir: Path) -> LocalHosts | None:
+        return None
+
+    def own_prices(self) -> OwnPrices | None:
+        return None
