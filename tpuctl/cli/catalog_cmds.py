@@ -165,7 +165,8 @@ def _refresh_prices(
     project = settings.project or ""
     from tpuctl.backends import open_backend
 
-    own = open_backend(settings).own_prices() if url is None else None
+    chosen = open_backend(settings)
+    own = chosen.own_prices() if url is None else None
     if own is not None:
         project = own.project
         out.note(
@@ -173,7 +174,9 @@ def _refresh_prices(
             f"{own.where} (the bundled catalog where the world sets none). Give --billing-url to pull from "
             "a Billing Catalog API endpoint instead."
         )
-        result = refresh_from_world(own.overrides, own.where, state_dir=state_dir, now=now, write=not dry_run)
+        result = refresh_from_world(
+            own.overrides, own.where, backend=chosen.name, state_dir=state_dir, now=now, write=not dry_run
+        )
     else:
         from tpuctl.cloud.billing import GOOGLE_BILLING_URL, CloudBillingCatalogClient
 

@@ -112,6 +112,7 @@ def build_request(
     slices: str | int | None = None,
     runtime_version: str | None = None,
     labels: Mapping[str, str] | None = None,
+    metadata: Mapping[str, str] | None = None,
     wait: bool = True,
     request_id: str | None = None,
 ) -> PlacementRequest:
@@ -210,6 +211,7 @@ def build_request(
         race_k=k,
         reservation=reservation,
         wait=wait,
+        metadata=dict(metadata or {}),
     )
 
 

@@ -314,6 +314,7 @@ def node_request(request: PlacementRequest, candidate: Candidate, label_request_
         runtime_version=request.runtime_version,
         capacity=candidate.capacity,
         labels=labels,
+        metadata=dict(request.metadata),
         reservation=request.reservation if candidate.capacity is CapacityType.RESERVED else None,
         description=f"created by tpuctl (request {request.request_id})",
     )

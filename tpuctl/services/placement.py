@@ -209,6 +209,8 @@ class PlacementRequest:
     race_k: int = DEFAULT_RACE_K
     reservation: str | None = None
     wait: bool = True
+    #: The node's metadata, sent with every create of this request (e.g. ``ssh-keys`` for SSH runs).
+    metadata: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def uses_queued_resource(self) -> bool:

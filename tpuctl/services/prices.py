@@ -339,7 +339,13 @@ def prices_from_world(
 
 
 def refresh_from_world(
-    overrides: PriceOverrides, where: str, *, state_dir: Path, now: float, write: bool = True
+    overrides: PriceOverrides,
+    where: str,
+    *,
+    backend: str,
+    state_dir: Path,
+    now: float,
+    write: bool = True,
 ) -> RefreshResult:
     """The simulator's prices: the world file's, cached like a refresh so every command uses them."""
     bundled = Catalog.load().prices
@@ -350,7 +356,7 @@ def refresh_from_world(
         if overridden
         else f" (no price overrides: {bundled.source})"
     )
-    path = cache_path(state_dir, "sim")
+    path = cache_path(state_dir, backend)
     if write:
         write_cache(path, source=source, date=_today(now), fetched_at=_stamp(now), prices=merged,
                 extra={"world": where})  # fmt: skip
