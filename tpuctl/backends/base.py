@@ -8,7 +8,7 @@ What lives here, and nowhere else:
 
 * how the cloud is reached: endpoint and credentials (:meth:`Backend.open_cloud`);
 * how patient tpuctl is with it: retry, poll and margin defaults (:class:`Tuning`);
-* how a host is reached over SSH: address, port, user, proxy (:meth:`Backend.ssh_address`);
+* how a host is reached over SSH: address, port, proxy (:meth:`Backend.host_addresses`);
 * the preemption notice's grace, where the backend can tell it (:meth:`Backend.notice_grace_s`);
 * local host processes, where the backend has them (:meth:`Backend.local_hosts`: the simulator's
   host mechanism; ``None`` on Google, whose hosts are VMs reached over SSH);
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Protocol
 from tpuctl.cloud.retry import RetryPolicy
 
 if TYPE_CHECKING:
-    from tpuctl.cloud.base import NetworkEndpoint, Node, TpuCloud
+    from tpuctl.cloud.base import Node, TpuCloud
     from tpuctl.services.executors.base import Executor
 
 #: A function run when the session closes (a server to stop, a client to close).
@@ -127,8 +127,8 @@ class Backend(Protocol):
         """The cloud client of this backend; what it starts is closed by ``closers`` (last first)."""
         ...
 
-    def ssh_address(self, endpoint: NetworkEndpoint) -> HostAddress:
-        """How to reach the host behind one of a node's network endpoints over SSH."""
+    def host_addresses(self, node: Node) -> list[HostAddress]:
+        """How to reach each host of ``node`` over SSH, in worker order (one per network endpoint)."""
         ...
 
     def notice_grace_s(self, cloud: TpuCloud) -> float | None:

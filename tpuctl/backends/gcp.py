@@ -15,7 +15,7 @@ from tpuctl.backends.base import Closer, HostAddress, LocalHosts, OwnPrices, Rec
 from tpuctl.cloud.retry import RetryPolicy
 
 if TYPE_CHECKING:
-    from tpuctl.cloud.base import NetworkEndpoint, TpuCloud
+    from tpuctl.cloud.base import Node, TpuCloud
 
 GCP_TUNING = Tuning(
     # Rate limits on Google are per minute: wait longer between tries.
@@ -54,10 +54,10 @@ class GcpBackend:
 
         return TpuApiCloud.for_google(project=self.project)
 
-    def ssh_address(self, endpoint: NetworkEndpoint) -> HostAddress:
-        if self.proxy_command:
-            return HostAddress(endpoint.ip_address, SSH_PORT, self.proxy_command)
-        return HostAddress(endpoint.external_ip or endpoint.ip_address, SSH_PORT)
+    def host_addresses(self, node: Node) -> list[HostAddress]:
+        if self.proxy_command:  # no external IP needed: the proxy reaches the internal one
+            return [HostAddress(e.ip_address, SSH_PORT, self.proxy_command) for e in node.network_endpoints]
+        return [HostAddress(e.external_ip or e.ip_address, SSH_PORT) for e in node.network_endpoints]
 
     def notice_grace_s(self, cloud: TpuCloud) -> float | None:
         return None  # Google does not say; the supervisor's default confirmation timeout stands

@@ -17,7 +17,7 @@ from tpuctl.backends.base import Closer, HostAddress, OwnPrices, RecoveryTuning,
 from tpuctl.cloud.retry import RetryPolicy
 
 if TYPE_CHECKING:
-    from tpuctl.cloud.base import NetworkEndpoint, Node, TpuCloud
+    from tpuctl.cloud.base import Node, TpuCloud
     from tpuctl.services.executors.base import Executor
     from tpuctl.sim.world import World
 
@@ -77,9 +77,9 @@ class SimBackend:
 
         return load_world(self.world_path) if self.world_path else None
 
-    def ssh_address(self, endpoint: NetworkEndpoint) -> HostAddress:
+    def host_addresses(self, node: Node) -> list[HostAddress]:
         # A simulated endpoint names the SSH server standing in for its host, port included.
-        return HostAddress(endpoint.ip_address, endpoint.port)
+        return [HostAddress(e.ip_address, e.port) for e in node.network_endpoints]
 
     def notice_grace_s(self, cloud: TpuCloud) -> float | None:
         """The world's preemption grace in real seconds (its durations are scaled by its speed)."""
