@@ -8,7 +8,7 @@ What lives here, and nowhere else:
 
 * how the cloud is reached: endpoint and credentials (:meth:`Backend.open_cloud`);
 * how patient tpuctl is with it: retry, poll and margin defaults (:class:`Tuning`);
-* how a host is reached over SSH: address, port, proxy (:meth:`Backend.host_addresses`);
+* how a host is reached over SSH: address and port (:meth:`Backend.host_addresses`);
 * the preemption notice's grace, where the backend can tell it (:meth:`Backend.notice_grace_s`);
 * local host processes, where the backend has them (:meth:`Backend.local_hosts`: the simulator's
   host mechanism; ``None`` on Google, whose hosts are VMs reached over SSH);
@@ -79,8 +79,6 @@ class HostAddress:
 
     address: str
     port: int = 22
-    #: A ProxyCommand for networks without external IPs (e.g. an IAP tunnel); None connects directly.
-    proxy_command: str | None = None
 
 
 class LocalHosts(Protocol):

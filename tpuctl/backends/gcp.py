@@ -2,7 +2,7 @@
 
 Google answers in seconds and rate-limits, so tpuctl polls and retries it patiently; its hosts are VMs
 reached over SSH on port 22 (the endpoints' own port is the TPU runtime's, 8470), through their
-external IP where they have one, else their internal IP (optionally through a ProxyCommand).
+external IP where they have one, else their internal IP.
 """
 
 from __future__ import annotations
@@ -44,7 +44,6 @@ class GcpBackend:
     """Google Cloud, project ``project``."""
 
     project: str
-    proxy_command: str | None = None
     name: str = "gcp"
     tuning: Tuning = GCP_TUNING
     default_executor: str = "ssh"
@@ -55,8 +54,6 @@ class GcpBackend:
         return TpuApiCloud.for_google(project=self.project)
 
     def host_addresses(self, node: Node) -> list[HostAddress]:
-        if self.proxy_command:  # no external IP needed: the proxy reaches the internal one
-            return [HostAddress(e.ip_address, SSH_PORT, self.proxy_command) for e in node.network_endpoints]
         return [HostAddress(e.external_ip or e.ip_address, SSH_PORT) for e in node.network_endpoints]
 
     def notice_grace_s(self, cloud: TpuCloud) -> float | None:
