@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from tpuctl.errors import ConfigError
 from tpuctl.sim import api_errors, metadata
@@ -47,15 +46,15 @@ Handler = Callable[[SimEngine, SimRequest, tuple[str, ...]], Answer]
 ANY = "*"
 
 
-@dataclass(frozen=True)
-class Route:
+class Route(NamedTuple):
     method: str
-    pattern: re.Pattern[str]
+    #: Matched against the whole path. Kept as text: ``re`` compiles it on first use and caches it, so
+    #: importing this module (every CLI command starts a simulator) compiles nothing.
+    pattern: str
     handler: Handler
 
 
-@dataclass(frozen=True)
-class Surface:
+class Surface(NamedTuple):
     """The routes under one path prefix and what it answers when none fits (``path_known``: some route's
     pattern matched the path, for another method)."""
 
@@ -65,7 +64,7 @@ class Surface:
 
 
 def route(method: str, pattern: str, handler: Handler) -> Route:
-    return Route(method, re.compile(pattern), handler)
+    return Route(method, pattern, handler)
 
 
 def dispatch(engine: SimEngine, request: SimRequest) -> SimResponse:
@@ -89,7 +88,7 @@ def _dispatch(engine: SimEngine, request: SimRequest) -> SimResponse:
         raise _url_not_found(request)
     path_known = False
     for entry in surface.routes:
-        match = entry.pattern.fullmatch(request.path)
+        match = re.fullmatch(entry.pattern, request.path)
         if match is None:
             continue
         if entry.method in (ANY, request.method):

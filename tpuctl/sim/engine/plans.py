@@ -4,7 +4,7 @@ queued-resource body, with the field paths Google names in its INVALID_ARGUMENT 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from tpuctl.catalog import AcceleratorType, Catalog
 from tpuctl.sim.api_errors import invalid_argument
@@ -53,8 +53,7 @@ class NodePlan:
         }
 
 
-@dataclass(frozen=True)
-class QueuedPlan:
+class QueuedPlan(NamedTuple):
     """A queued resource to create: the body's kept fields, its nodes, and its class and reservation."""
 
     spec: dict[str, Any]
