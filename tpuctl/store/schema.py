@@ -31,6 +31,7 @@ import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from tpuctl.store import billing
 from tpuctl.store.records import LedgerError
 
 
@@ -332,13 +333,17 @@ _V3 = Migration(
 )
 
 #: A closed, billed slice whose billing stayed within one UTC day (most slices; not a free preemption).
-_ROLLED = """{r}.ended_at IS NOT NULL AND {r}.ready_at IS NOT NULL AND {r}.chips IS NOT NULL
+_ROLLED = (
+    """{r}.ended_at IS NOT NULL AND {r}.ready_at IS NOT NULL AND {r}.chips IS NOT NULL
     AND {r}.ended_at >= {r}.ready_at
-    AND {r}.ended_at <= (CAST({r}.ready_at / 86400 AS INTEGER) + 1) * 86400.0
-    AND NOT COALESCE({r}.end_reason = 'preempted' AND {r}.capacity IN ('spot', 'preemptible')
-                      AND {r}.ended_at - {r}.ready_at < 60.0, 0)"""
+    AND {r}.ended_at <= """
+    + billing.midnight_after_sql("{r}.ready_at")
+    + """
+    AND NOT """
+    + billing.free_preemption_sql("{r}")
+)
 _ROLLUP_KEY = (
-    "CAST({r}.ready_at / 86400 AS INTEGER), {r}.zone, COALESCE({r}.accelerator_type, char(0)), "
+    billing.first_day_sql("{r}") + ", {r}.zone, COALESCE({r}.accelerator_type, char(0)), "
     "COALESCE({r}.capacity, char(0)), {r}.labels"
 )
 _ROLLUP_ADD = """INSERT INTO cost_rollup VALUES ({key}, 1, NEW.billed_s, NEW.billed_chip_s, NEW.billed_usd_s,
@@ -451,18 +456,16 @@ _V6 = Migration(
 #: catalog prices at report time (unpriced). 0 for a slice not billed (never READY, a free preemption).
 #: An open segment on a closed slice counts up to the slice's end, as it does in the report.
 #: A spot or preemptible slice ({r}) preempted within its first minute: not billed (v7 and v8's SQL).
-_FREE_PREEMPTION = """COALESCE({r}.end_reason = 'preempted' AND {r}.capacity IN ('spot', 'preemptible')
-                  AND {r}.ended_at - {r}.ready_at < 60.0, 0)"""
+_FREE_PREEMPTION = billing.free_preemption_sql("{r}")
 #: The day after the one holding the instant {t} (rounded up to midnight; an exact midnight stays).
-_CEIL_DAY = "(CAST({t} / 86400 AS INTEGER) + ({t} > CAST({t} / 86400 AS INTEGER) * 86400.0))"
+_CEIL_DAY = billing.ceil_day_sql("{t}")
 _REC_SUM = f"""(SELECT TOTAL({{value}}) FROM run_segments AS rs
         WHERE rs.zone = pods.zone AND rs.pod = pods.name AND rs.steps_recomputed > 0
           AND pods.ready_at IS NOT NULL AND pods.chips IS NOT NULL
           AND NOT {_FREE_PREEMPTION.format(r="pods")})"""
 _REC_PART = """pods.chips * MAX(0.0, MIN(pods.ended_at, COALESCE(rs.ended_at, pods.ended_at))
                     - MAX(pods.ready_at, rs.started_at))
-        * MIN(1.0, CAST(rs.steps_recomputed AS REAL)
-                   / MAX(COALESCE(rs.steps_completed, 0), rs.steps_recomputed, 1))"""
+        * """ + billing.recompute_fraction_sql("rs")
 _REC_PRICED = _REC_SUM.format(value=f"{_REC_PART} * pods.price_per_chip_hour")
 _REC_UNPRICED = _REC_SUM.format(
     value=f"CASE WHEN pods.price_per_chip_hour IS NULL THEN {_REC_PART} ELSE 0 END"
@@ -514,11 +517,11 @@ REC_CHECK_SQL = (
 )
 
 #: The event kinds that end a slice's billing (as ``tpuctl.store.view`` applies them), as SQL.
-END_KINDS_SQL = "('preempted', 'failed', 'deleted', 'gone')"
+END_KINDS_SQL = billing.END_KINDS_SQL
 #: The longest billed life (in UTC days) whose per-day pieces ``cost_rollup_xdays`` holds; a longer one
 #: is billed slice by slice at report time.
 ROLLUP_MAX_DAYS = 3660
-_FIRST_DAY = "CAST({r}.ready_at / 86400 AS INTEGER)"
+_FIRST_DAY = billing.first_day_sql("{r}")
 #: For the report's queries (``{r}``: the pods alias): a slice's first billed day and the day after its
 #: last, as the rollups key them.
 FIRST_DAY_SQL = _FIRST_DAY
@@ -527,7 +530,7 @@ _END_DAY = _CEIL_DAY.format(t="{r}.ended_at")
 END_DAY_SQL = _END_DAY
 #: A closed, billed slice crossing midnight, not longer than ROLLUP_MAX_DAYS: what may be rolled up.
 _CROSSING_BILLED = f"""{{r}}.ended_at IS NOT NULL AND {{r}}.ready_at IS NOT NULL AND {{r}}.chips IS NOT NULL
-    AND {{r}}.ended_at > ({_FIRST_DAY} + 1) * 86400.0
+    AND {billing.crosses_midnight_sql("{r}")}
     AND {_END_DAY} - {_FIRST_DAY} <= {ROLLUP_MAX_DAYS}
     AND NOT {_FREE_PREEMPTION}"""
 #: One that is rolled up: no price change at all (a price-changed slice crossing midnight needs its pieces,
@@ -587,7 +590,7 @@ _HELD_FINAL = """{r}.end_reason = 'preempted' AND {r}.chips IS NOT NULL AND {r}.
     AND {r}.ended_at IS NOT NULL AND {r}.deleted_at > {r}.ended_at"""
 #: Preemption day, the day after the deletion's (rounded up to midnight), zone, type, capacity, labels.
 _HELD_KEY = (
-    "CAST({r}.ended_at / 86400 AS INTEGER), " + _CEIL_DAY.format(t="{r}.deleted_at") + ", "
+    billing.day_sql("{r}.ended_at") + ", " + _CEIL_DAY.format(t="{r}.deleted_at") + ", "
     "{r}.zone, COALESCE({r}.accelerator_type, char(0)), COALESCE({r}.capacity, char(0)), {r}.labels"
 )
 

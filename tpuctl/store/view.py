@@ -25,9 +25,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Final, NamedTuple
+from typing import Any, NamedTuple
 
-from tpuctl.catalog import CapacityType
+from tpuctl.store.billing import is_free_preemption
 from tpuctl.store.records import EventKind, PodState
 
 
@@ -153,9 +153,6 @@ _ENDING: dict[str, str] = {
     EventKind.DELETED: PodState.DELETED,
     EventKind.GONE: PodState.DELETED,
 }
-_PREEMPTIBLE = frozenset({CapacityType.SPOT.value, CapacityType.PREEMPTIBLE.value})
-#: A spot/preemptible slice preempted within this many seconds of READY is not charged (GCP's rule).
-FREE_PREEMPTION_S: Final = 60.0
 _DELETING = frozenset({EventKind.DELETED.value, EventKind.GONE.value})
 
 #: Kinds that move the view: for these an event must name a pod and a zone.
@@ -323,18 +320,13 @@ def _bill_piece(row: PodRow, ts: float, price: float | None, chips: int | None) 
 def _close_bill(row: PodRow, ts: float, price: float | None, chips: int | None) -> None:
     """The billable interval [ready_at, ts) is over: bill its last piece and make the facts final.
 
-    A spot/preemptible slice preempted within ``FREE_PREEMPTION_S`` of READY, or one whose chip count
-    was never known, is billed nothing."""
+    A free preemption (``tpuctl.store.billing``), or a slice whose chip count was never known, is billed
+    nothing."""
     assert row.ready_at is not None
     if row.bill_mark is not None:
         _bill_piece(row, ts, price, chips)
     row.bill_mark = None
-    free = (
-        row.end_reason == EventKind.PREEMPTED
-        and row.capacity in _PREEMPTIBLE
-        and ts - row.ready_at < FREE_PREEMPTION_S
-    )
-    if free or row.chips is None:
+    if is_free_preemption(row.end_reason, row.capacity, row.ready_at, ts) or row.chips is None:
         row.billed_s = row.billed_chip_s = row.billed_usd_s = row.billed_unpriced_chip_s = 0.0
     else:
         row.billed_s = max(ts - row.ready_at, 0.0)
