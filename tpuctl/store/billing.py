@@ -115,9 +115,14 @@ def ceil_day_sql(t: str) -> str:
     return f"({day_sql(t)} + ({t} > {day_sql(t)} * {DAY_S}.0))"
 
 
+def midnight_sql(day: str) -> str:
+    """The instant (epoch seconds) the UTC day numbered ``day`` begins."""
+    return f"({day}) * {DAY_S}.0"
+
+
 def midnight_after_sql(t: str) -> str:
     """The first midnight after the day holding ``t``, as epoch seconds."""
-    return f"({day_sql(t)} + 1) * {DAY_S}.0"
+    return midnight_sql(f"{day_sql(t)} + 1")
 
 
 def first_day_sql(r: str) -> str:
@@ -131,8 +136,10 @@ def end_day_sql(r: str) -> str:
 
 
 def crosses_midnight_sql(r: str) -> str:
-    """A closed slice billed past the midnight after its READY."""
-    return f"{r}.ended_at > {midnight_after_sql(f'{r}.ready_at')}"
+    """A closed slice billed past the midnight after its READY (``r`` "": the columns unqualified, as in
+    an index's WHERE)."""
+    col = f"{r}." if r else ""
+    return f"{col}ended_at > {midnight_after_sql(f'{col}ready_at')}"
 
 
 def recompute_fraction_sql(rs: str) -> str:

@@ -398,7 +398,8 @@ _V4 = Migration(
             ready_at, ended_at, zone, accelerator_type, capacity, end_reason, chips, price_per_chip_hour,
             billed_s, billed_chip_s, billed_usd_s, billed_unpriced_chip_s, labels
         ) WHERE ended_at IS NOT NULL AND ready_at IS NOT NULL
-            AND ended_at > (CAST(ready_at / 86400 AS INTEGER) + 1) * 86400.0""",
+            AND """
+        + billing.crosses_midnight_sql(""),
     ),
 )
 
@@ -547,7 +548,7 @@ _X_KEY = (
 def _x_values(r: str) -> list[str]:
     """A rolled slice's row of cost_rollup_x after the key: 1 slice, its billing facts, its first day's
     share (it is billed at one price)."""
-    d0 = f"(({_FIRST_DAY.format(r=r)} + 1) * 86400.0 - {r}.ready_at)"
+    d0 = f"({billing.midnight_after_sql(f'{r}.ready_at')} - {r}.ready_at)"
     return [
         "1", f"{r}.billed_s", f"{r}.billed_chip_s", f"{r}.billed_usd_s", f"{r}.billed_unpriced_chip_s",
         d0, f"{r}.chips * {d0}", f"COALESCE({r}.chips * {d0} * {r}.price_per_chip_hour, 0)",
@@ -558,7 +559,8 @@ def _x_values(r: str) -> list[str]:
 def _xdays_values(r: str) -> list[str]:
     """Day first_day + o.n (n >= 1) of a rolled slice: the day, its key, 1 piece, the piece's figures."""
     fd = _FIRST_DAY.format(r=r)
-    piece = f"(MIN({r}.ended_at, ({fd} + o.n + 1) * 86400.0) - ({fd} + o.n) * 86400.0)"
+    day_start, day_end = billing.midnight_sql(f"{fd} + o.n"), billing.midnight_sql(f"{fd} + o.n + 1")
+    piece = f"(MIN({r}.ended_at, {day_end}) - {day_start})"
     return [
         "1", piece, f"{r}.chips * {piece}", f"COALESCE({r}.chips * {piece} * {r}.price_per_chip_hour, 0)",
         f"CASE WHEN {r}.price_per_chip_hour IS NULL THEN {r}.chips * {piece} ELSE 0 END",
@@ -705,7 +707,9 @@ _V8 = Migration(
         f"CREATE INDEX events_end ON events (pod_id) WHERE kind IN {END_KINDS_SQL}",
         """CREATE INDEX pods_unrolled_crossing ON pods (ready_at)
         WHERE ended_at IS NOT NULL AND ready_at IS NOT NULL
-          AND ended_at > (CAST(ready_at / 86400 AS INTEGER) + 1) * 86400.0 AND rolled = 0""",
+          AND """
+        + billing.crosses_midnight_sql("")
+        + " AND rolled = 0",
     ),
 )
 

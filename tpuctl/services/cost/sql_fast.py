@@ -18,6 +18,8 @@ from tpuctl.store.billing import (
     first_day_sql,
     free_if_preempted_sql,
     free_preemption_sql,
+    midnight_after_sql,
+    midnight_sql,
 )
 
 #: The fast path (every grouping but slice and run). A slice whose billing closed inside the window
@@ -66,8 +68,7 @@ CLOSED_EDGE_DAY: Final = f"""INDEXED BY pods_closed
 WHERE {UNINDEXED_WINDOW}
       AND NOT {CROSSES_MIDNIGHT}
       AND p.ready_at >= :b_lo AND p.ready_at < :b_hi
-      AND NOT (CAST(p.ready_at / 86400 AS INTEGER) >= :d_lo
-               AND CAST(p.ready_at / 86400 AS INTEGER) < :d_hi)"""
+      AND NOT ({first_day_sql("p")} >= :d_lo AND {first_day_sql("p")} < :d_hi)"""
 
 
 #: Closed slices crossing midnight that the rollups (schema v8: cost_rollup_x, cost_rollup_xdays) hold
@@ -80,8 +81,8 @@ XREST_FILL: Final = tuple(
     f"INSERT OR IGNORE INTO cost_xrest (id) SELECT p.id FROM pods AS p INDEXED BY {index} "
     f"WHERE {CLOSED_CROSSING} AND {where}"
     for index, where in (
-        ("pods_crossing", "p.ready_at < :d_lo * 86400.0"),
-        ("pods_ended", "p.ended_at > :d_hi * 86400.0"),
+        ("pods_crossing", f"p.ready_at < {midnight_sql(':d_lo')}"),
+        ("pods_ended", f"p.ended_at > {midnight_sql(':d_hi')}"),
         ("pods_unrolled_crossing", "p.rolled = 0"),
     )
 )
@@ -128,9 +129,9 @@ HREST_FILL: Final = (
     "INSERT OR IGNORE INTO cost_hrest (id) SELECT id FROM pods INDEXED BY pods_held "
     "WHERE end_reason = 'preempted' AND deleted_at IS NULL",
     "INSERT OR IGNORE INTO cost_hrest (id) SELECT id FROM pods INDEXED BY pods_held "
-    "WHERE end_reason = 'preempted' AND deleted_at > :d_hi * 86400.0",
+    f"WHERE end_reason = 'preempted' AND deleted_at > {midnight_sql(':d_hi')}",
     "INSERT OR IGNORE INTO cost_hrest (id) SELECT id FROM pods INDEXED BY pods_held "
-    "WHERE end_reason = 'preempted' AND deleted_at > :since AND ended_at < :h_lo * 86400.0",
+    f"WHERE end_reason = 'preempted' AND deleted_at > :since AND ended_at < {midnight_sql(':h_lo')}",
 )
 HREST_PODS: Final = "cost_hrest AS r CROSS JOIN pods AS p ON p.id = r.id"
 
@@ -166,9 +167,9 @@ def closed_billed_sql(group: GroupBy, where: str) -> str:
     """The closed slices' stored facts, summed per (group key, zone, type, capacity, first day); the
     first day's share is the whole for a slice within one UTC day (most), else cut at midnight at its one
     price (a price-changed slice crossing midnight is in cost_rest)."""
-    day0 = "CAST(p.ready_at / 86400 AS INTEGER)"
-    one = f"p.ended_at <= ({day0} + 1) * 86400.0"
-    d0 = f"(({day0} + 1) * 86400.0 - p.ready_at)"
+    day0 = first_day_sql("p")
+    one = f"NOT {CROSSES_MIDNIGHT}"
+    d0 = f"({midnight_after_sql('p.ready_at')} - p.ready_at)"
     columns = ("slices", "seen", "bs", "cs", "priced", "unpriced", "d0s", "d0cs", "d0priced", "d0unpriced")
     return f"""
 INSERT INTO cost_agg (k, zone, atype, capacity, day0, {", ".join(columns)})

@@ -11,7 +11,7 @@ from typing import Final
 
 from tpuctl.services.cost.sql_intervals import BILLED_POD, HELD_S, IN_WINDOW_PREEMPTION, PART, key_sql
 from tpuctl.services.cost.window import GroupBy
-from tpuctl.store.billing import free_if_preempted_sql
+from tpuctl.store.billing import DAY_S, day_sql, free_if_preempted_sql, midnight_after_sql
 
 #: Stands for a NULL group key or attribute inside the temp tables (NULLs never conflict in a UNIQUE key).
 NULL_KEY: Final = "\x00"
@@ -70,8 +70,8 @@ def pods_billed_sql(group: GroupBy, source: str = ALL_PODS) -> str:
     of them here would cost a lookup on every row)."""
     b0 = "MAX(p.ready_at, :since)"
     be = "MIN(COALESCE(p.ended_at, :now), :until)"
-    day0 = f"CAST({b0} / 86400 AS INTEGER)"
-    d0 = f"(MIN({be}, ({day0} + 1) * 86400.0) - {b0})"
+    day0 = day_sql(b0)
+    d0 = f"(MIN({be}, {midnight_after_sql(b0)}) - {b0})"
     columns = ("slices", "seen", "bs", "cs", "priced", "unpriced", "d0s", "d0cs", "d0priced", "d0unpriced")
     return f"""
 INSERT INTO cost_agg (k, zone, atype, capacity, day0, {", ".join(columns)})
@@ -113,23 +113,23 @@ SELECT COALESCE(SUM({IN_WINDOW_PREEMPTION}), 0),
 FROM pods AS p WHERE {PART} AND p.end_reason = 'preempted'"""
 #: The days after the first of every billed interval that crosses midnight (UTC), for the per-day
 #: figures: seeded only with those intervals, so the recursion touches few rows.
-LATER_DAYS_SQL: Final = """
+LATER_DAYS_SQL: Final = f"""
 WITH RECURSIVE x AS (
     SELECT p.zone, p.accelerator_type AS atype, p.capacity, p.chips, p.price_per_chip_hour AS price,
-           (CAST(MAX(p.ready_at, :since) / 86400 AS INTEGER) + 1) * 86400.0 AS s,
+           {midnight_after_sql("MAX(p.ready_at, :since)")} AS s,
            MIN(COALESCE(p.ended_at, :now), :until) AS e
-    FROM {source}
-    WHERE {billed}
+    FROM {{source}}
+    WHERE {{billed}}
       AND MIN(COALESCE(p.ended_at, :now), :until)
-          > (CAST(MAX(p.ready_at, :since) / 86400 AS INTEGER) + 1) * 86400.0
+          > {midnight_after_sql("MAX(p.ready_at, :since)")}
 ),
 days(zone, atype, capacity, chips, price, s, e, pe) AS (
-    SELECT zone, atype, capacity, chips, price, s, MIN(e, s + 86400.0), e FROM x
+    SELECT zone, atype, capacity, chips, price, s, MIN(e, s + {DAY_S}.0), e FROM x
     UNION ALL
-    SELECT zone, atype, capacity, chips, price, e, MIN(pe, e + 86400.0), pe FROM days WHERE e < pe
+    SELECT zone, atype, capacity, chips, price, e, MIN(pe, e + {DAY_S}.0), pe FROM days WHERE e < pe
 )
 INSERT INTO cost_days (day, zone, atype, capacity, slices, s, cs, priced, unpriced)
-SELECT CAST(s / 86400 AS INTEGER), zone, COALESCE(atype, :null_key), COALESCE(capacity, :null_key),
+SELECT {day_sql("s")}, zone, COALESCE(atype, :null_key), COALESCE(capacity, :null_key),
        COUNT(*), SUM(e - s), SUM(chips * (e - s)),
        -- TOTAL, not SUM: a day's unpriced piece must not make its priced sum NULL
        TOTAL(chips * (e - s) * price), SUM(CASE WHEN price IS NULL THEN chips * (e - s) ELSE 0 END)
