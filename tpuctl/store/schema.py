@@ -408,8 +408,8 @@ ROLLUP_CHECK_SQL = f"""SELECT {_ROLLUP_KEY.format(r="p")}, COUNT(*), SUM(billed_
     SUM(billed_usd_s), SUM(billed_unpriced_chip_s)
 FROM pods AS p WHERE {_ROLLED.format(r="p")} GROUP BY 1, 2, 3, 4, 5 ORDER BY 1, 2, 3, 4, 5"""
 
-#: What a cost report reads of a slice to bill it in a window (cost_items: its billed time, price, quota
-#: held), after the index's own key columns.
+#: What a cost report reads of a slice to bill it in a window (``tpuctl.services.cost.items``: its billed
+#: time, price, quota held), after the index's own key columns.
 _BILLING_COLUMNS = (
     "ready_at, ended_at, end_reason, deleted_at, chips, capacity, accelerator_type, price_per_chip_hour"
 )
@@ -450,12 +450,13 @@ _V6 = Migration(
     ),
 )
 
-#: A closed slice's recomputed work, as ``cost._SRC_RECOMPUTED`` computes it for a slice billed wholly
-#: inside a report's window: for every segment on it (zone + name) that redid steps, the recomputed share
-#: of the time the segment and the slice's billing overlap, at the slice's recorded price (priced: chips x
-#: seconds x share x USD per chip-hour, i.e. USD x 3600) or, with none recorded, as chip-seconds the
-#: catalog prices at report time (unpriced). 0 for a slice not billed (never READY, a free preemption).
-#: An open segment on a closed slice counts up to the slice's end, as it does in the report.
+#: A closed slice's recomputed work, as ``tpuctl.services.cost.sql_intervals.SRC_RECOMPUTED`` computes it
+#: for a slice billed wholly inside a report's window: for every segment on it (zone + name) that redid
+#: steps, the recomputed share of the time the segment and the slice's billing overlap, at the slice's
+#: recorded price (priced: chips x seconds x share x USD per chip-hour, i.e. USD x 3600) or, with none
+#: recorded, as chip-seconds the catalog prices at report time (unpriced). 0 for a slice not billed (never
+#: READY, a free preemption). An open segment on a closed slice counts up to the slice's end, as it does in
+#: the report.
 #: A spot or preemptible slice ({r}) preempted within its first minute: not billed (v7 and v8's SQL).
 _FREE_PREEMPTION = billing.free_preemption_sql("{r}")
 #: The day after the one holding the instant {t} (rounded up to midnight; an exact midnight stays).
@@ -482,7 +483,7 @@ _REC_UPDATE = (
 #: work instead of joining every recomputing segment to its slice and cutting their intervals: that join
 #: was a third of a report's time on a 1,000,000-event ledger. ``pods_rec`` covers what a report groups
 #: these figures by. Price-changed slices, slices still open or cut by the window are still computed from
-#: their segments at report time (``cost._recomputed_sql``); ``REC_CHECK_SQL`` re-derives every stored
+#: their segments at report time (``sql_intervals.recomputed_sql``); ``REC_CHECK_SQL`` re-derives every stored
 #: figure for checks and tests.
 _V7 = Migration(
     7,
