@@ -13,7 +13,7 @@ from tpuctl.catalog import CapacityType, Catalog
 from tpuctl.cloud.base import Node, TpuCloud
 from tpuctl.errors import NotFoundError, TransientError
 from tpuctl.services.cost import CostReport, CostService, GroupBy
-from tpuctl.services.cost_reconcile import InBackground, Reconciler, reconciled_report
+from tpuctl.services.cost.reconcile import InBackground, Reconciler, reconciled_report
 from tpuctl.services.prices import PriceSource
 from tpuctl.store.ledger import Ledger
 from tpuctl.store.records import EventKind, LedgerError, PodState

@@ -519,7 +519,7 @@ def test_group_by_values() -> None:
 def test_parallel_scans_over_id_ranges_give_the_same_report(
     ledger: Ledger, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import tpuctl.services.cost as cost_module
+    import tpuctl.services.cost.scan as cost_module
 
     midnight = (T0 // DAY + 1) * DAY
     ledger.create_run("r", script="t.py", ts=T0 - 100)

@@ -17,8 +17,8 @@ if TYPE_CHECKING:
     from tpuctl.catalog import Catalog
     from tpuctl.cli.render import Output
     from tpuctl.services.cost import CostReport
-    from tpuctl.services.cost_estimate import Estimate
-    from tpuctl.services.cost_reconcile import InBackground
+    from tpuctl.services.cost.estimate import Estimate
+    from tpuctl.services.cost.reconcile import InBackground
     from tpuctl.services.prices import PriceSource
     from tpuctl.services.session import Session
     from tpuctl.settings import Settings
@@ -69,8 +69,8 @@ def estimate(
 ) -> None:
     """Every zone x capacity type where TYPE is offered, cheapest first: USD/hour, USD for --hours, the
     saving against on-demand in the same zone, and whether quota fits now. Creates nothing."""
-    from tpuctl.services.cost_estimate import build_estimate_request
-    from tpuctl.services.cost_estimate import estimate as run_estimate
+    from tpuctl.services.cost.estimate import build_estimate_request
+    from tpuctl.services.cost.estimate import estimate as run_estimate
     from tpuctl.services.prices import load_catalog
 
     out = make_output(ctx, output)
@@ -208,7 +208,7 @@ def _start_report(
     LedgerError, and is computed again once the session is open, if there is no ledger yet or it must be
     migrated first)."""
     from tpuctl.services.cost import CostService
-    from tpuctl.services.cost_reconcile import InBackground
+    from tpuctl.services.cost.reconcile import InBackground
     from tpuctl.store.ledger import resolve_ledger_path
 
     service = CostService(resolve_ledger_path(settings.resolved_state_dir), *prices)
@@ -231,7 +231,7 @@ def _report(
 ) -> CostReport:
     from tpuctl.services.budget import expired_slices
     from tpuctl.services.cost import CostService
-    from tpuctl.services.cost_reconcile import Reconciler, reconciled_report
+    from tpuctl.services.cost.reconcile import Reconciler, reconciled_report
 
     service = CostService(sess.ledger.path, sess.catalog, source)
 

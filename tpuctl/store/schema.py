@@ -31,6 +31,7 @@ import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from tpuctl.store import billing
 from tpuctl.store.records import LedgerError
 
 
@@ -332,13 +333,17 @@ _V3 = Migration(
 )
 
 #: A closed, billed slice whose billing stayed within one UTC day (most slices; not a free preemption).
-_ROLLED = """{r}.ended_at IS NOT NULL AND {r}.ready_at IS NOT NULL AND {r}.chips IS NOT NULL
+_ROLLED = (
+    """{r}.ended_at IS NOT NULL AND {r}.ready_at IS NOT NULL AND {r}.chips IS NOT NULL
     AND {r}.ended_at >= {r}.ready_at
-    AND {r}.ended_at <= (CAST({r}.ready_at / 86400 AS INTEGER) + 1) * 86400.0
-    AND NOT COALESCE({r}.end_reason = 'preempted' AND {r}.capacity IN ('spot', 'preemptible')
-                      AND {r}.ended_at - {r}.ready_at < 60.0, 0)"""
+    AND {r}.ended_at <= """
+    + billing.midnight_after_sql("{r}.ready_at")
+    + """
+    AND NOT """
+    + billing.free_preemption_sql("{r}")
+)
 _ROLLUP_KEY = (
-    "CAST({r}.ready_at / 86400 AS INTEGER), {r}.zone, COALESCE({r}.accelerator_type, char(0)), "
+    billing.first_day_sql("{r}") + ", {r}.zone, COALESCE({r}.accelerator_type, char(0)), "
     "COALESCE({r}.capacity, char(0)), {r}.labels"
 )
 _ROLLUP_ADD = """INSERT INTO cost_rollup VALUES ({key}, 1, NEW.billed_s, NEW.billed_chip_s, NEW.billed_usd_s,
@@ -393,7 +398,8 @@ _V4 = Migration(
             ready_at, ended_at, zone, accelerator_type, capacity, end_reason, chips, price_per_chip_hour,
             billed_s, billed_chip_s, billed_usd_s, billed_unpriced_chip_s, labels
         ) WHERE ended_at IS NOT NULL AND ready_at IS NOT NULL
-            AND ended_at > (CAST(ready_at / 86400 AS INTEGER) + 1) * 86400.0""",
+            AND """
+        + billing.crosses_midnight_sql(""),
     ),
 )
 
@@ -402,8 +408,8 @@ ROLLUP_CHECK_SQL = f"""SELECT {_ROLLUP_KEY.format(r="p")}, COUNT(*), SUM(billed_
     SUM(billed_usd_s), SUM(billed_unpriced_chip_s)
 FROM pods AS p WHERE {_ROLLED.format(r="p")} GROUP BY 1, 2, 3, 4, 5 ORDER BY 1, 2, 3, 4, 5"""
 
-#: What a cost report reads of a slice to bill it in a window (cost_items: its billed time, price, quota
-#: held), after the index's own key columns.
+#: What a cost report reads of a slice to bill it in a window (``tpuctl.services.cost.items``: its billed
+#: time, price, quota held), after the index's own key columns.
 _BILLING_COLUMNS = (
     "ready_at, ended_at, end_reason, deleted_at, chips, capacity, accelerator_type, price_per_chip_hour"
 )
@@ -444,25 +450,24 @@ _V6 = Migration(
     ),
 )
 
-#: A closed slice's recomputed work, as ``cost._SRC_RECOMPUTED`` computes it for a slice billed wholly
-#: inside a report's window: for every segment on it (zone + name) that redid steps, the recomputed share
-#: of the time the segment and the slice's billing overlap, at the slice's recorded price (priced: chips x
-#: seconds x share x USD per chip-hour, i.e. USD x 3600) or, with none recorded, as chip-seconds the
-#: catalog prices at report time (unpriced). 0 for a slice not billed (never READY, a free preemption).
-#: An open segment on a closed slice counts up to the slice's end, as it does in the report.
+#: A closed slice's recomputed work, as ``tpuctl.services.cost.sql_intervals.SRC_RECOMPUTED`` computes it
+#: for a slice billed wholly inside a report's window: for every segment on it (zone + name) that redid
+#: steps, the recomputed share of the time the segment and the slice's billing overlap, at the slice's
+#: recorded price (priced: chips x seconds x share x USD per chip-hour, i.e. USD x 3600) or, with none
+#: recorded, as chip-seconds the catalog prices at report time (unpriced). 0 for a slice not billed (never
+#: READY, a free preemption). An open segment on a closed slice counts up to the slice's end, as it does in
+#: the report.
 #: A spot or preemptible slice ({r}) preempted within its first minute: not billed (v7 and v8's SQL).
-_FREE_PREEMPTION = """COALESCE({r}.end_reason = 'preempted' AND {r}.capacity IN ('spot', 'preemptible')
-                  AND {r}.ended_at - {r}.ready_at < 60.0, 0)"""
+_FREE_PREEMPTION = billing.free_preemption_sql("{r}")
 #: The day after the one holding the instant {t} (rounded up to midnight; an exact midnight stays).
-_CEIL_DAY = "(CAST({t} / 86400 AS INTEGER) + ({t} > CAST({t} / 86400 AS INTEGER) * 86400.0))"
+_CEIL_DAY = billing.ceil_day_sql("{t}")
 _REC_SUM = f"""(SELECT TOTAL({{value}}) FROM run_segments AS rs
         WHERE rs.zone = pods.zone AND rs.pod = pods.name AND rs.steps_recomputed > 0
           AND pods.ready_at IS NOT NULL AND pods.chips IS NOT NULL
           AND NOT {_FREE_PREEMPTION.format(r="pods")})"""
 _REC_PART = """pods.chips * MAX(0.0, MIN(pods.ended_at, COALESCE(rs.ended_at, pods.ended_at))
                     - MAX(pods.ready_at, rs.started_at))
-        * MIN(1.0, CAST(rs.steps_recomputed AS REAL)
-                   / MAX(COALESCE(rs.steps_completed, 0), rs.steps_recomputed, 1))"""
+        * """ + billing.recompute_fraction_sql("rs")
 _REC_PRICED = _REC_SUM.format(value=f"{_REC_PART} * pods.price_per_chip_hour")
 _REC_UNPRICED = _REC_SUM.format(
     value=f"CASE WHEN pods.price_per_chip_hour IS NULL THEN {_REC_PART} ELSE 0 END"
@@ -478,7 +483,7 @@ _REC_UPDATE = (
 #: work instead of joining every recomputing segment to its slice and cutting their intervals: that join
 #: was a third of a report's time on a 1,000,000-event ledger. ``pods_rec`` covers what a report groups
 #: these figures by. Price-changed slices, slices still open or cut by the window are still computed from
-#: their segments at report time (``cost._recomputed_sql``); ``REC_CHECK_SQL`` re-derives every stored
+#: their segments at report time (``sql_intervals.recomputed_sql``); ``REC_CHECK_SQL`` re-derives every stored
 #: figure for checks and tests.
 _V7 = Migration(
     7,
@@ -514,11 +519,11 @@ REC_CHECK_SQL = (
 )
 
 #: The event kinds that end a slice's billing (as ``tpuctl.store.view`` applies them), as SQL.
-END_KINDS_SQL = "('preempted', 'failed', 'deleted', 'gone')"
+END_KINDS_SQL = billing.END_KINDS_SQL
 #: The longest billed life (in UTC days) whose per-day pieces ``cost_rollup_xdays`` holds; a longer one
 #: is billed slice by slice at report time.
 ROLLUP_MAX_DAYS = 3660
-_FIRST_DAY = "CAST({r}.ready_at / 86400 AS INTEGER)"
+_FIRST_DAY = billing.first_day_sql("{r}")
 #: For the report's queries (``{r}``: the pods alias): a slice's first billed day and the day after its
 #: last, as the rollups key them.
 FIRST_DAY_SQL = _FIRST_DAY
@@ -527,7 +532,7 @@ _END_DAY = _CEIL_DAY.format(t="{r}.ended_at")
 END_DAY_SQL = _END_DAY
 #: A closed, billed slice crossing midnight, not longer than ROLLUP_MAX_DAYS: what may be rolled up.
 _CROSSING_BILLED = f"""{{r}}.ended_at IS NOT NULL AND {{r}}.ready_at IS NOT NULL AND {{r}}.chips IS NOT NULL
-    AND {{r}}.ended_at > ({_FIRST_DAY} + 1) * 86400.0
+    AND {billing.crosses_midnight_sql("{r}")}
     AND {_END_DAY} - {_FIRST_DAY} <= {ROLLUP_MAX_DAYS}
     AND NOT {_FREE_PREEMPTION}"""
 #: One that is rolled up: no price change at all (a price-changed slice crossing midnight needs its pieces,
@@ -544,7 +549,7 @@ _X_KEY = (
 def _x_values(r: str) -> list[str]:
     """A rolled slice's row of cost_rollup_x after the key: 1 slice, its billing facts, its first day's
     share (it is billed at one price)."""
-    d0 = f"(({_FIRST_DAY.format(r=r)} + 1) * 86400.0 - {r}.ready_at)"
+    d0 = f"({billing.midnight_after_sql(f'{r}.ready_at')} - {r}.ready_at)"
     return [
         "1", f"{r}.billed_s", f"{r}.billed_chip_s", f"{r}.billed_usd_s", f"{r}.billed_unpriced_chip_s",
         d0, f"{r}.chips * {d0}", f"COALESCE({r}.chips * {d0} * {r}.price_per_chip_hour, 0)",
@@ -555,7 +560,8 @@ def _x_values(r: str) -> list[str]:
 def _xdays_values(r: str) -> list[str]:
     """Day first_day + o.n (n >= 1) of a rolled slice: the day, its key, 1 piece, the piece's figures."""
     fd = _FIRST_DAY.format(r=r)
-    piece = f"(MIN({r}.ended_at, ({fd} + o.n + 1) * 86400.0) - ({fd} + o.n) * 86400.0)"
+    day_start, day_end = billing.midnight_sql(f"{fd} + o.n"), billing.midnight_sql(f"{fd} + o.n + 1")
+    piece = f"(MIN({r}.ended_at, {day_end}) - {day_start})"
     return [
         "1", piece, f"{r}.chips * {piece}", f"COALESCE({r}.chips * {piece} * {r}.price_per_chip_hour, 0)",
         f"CASE WHEN {r}.price_per_chip_hour IS NULL THEN {r}.chips * {piece} ELSE 0 END",
@@ -587,7 +593,7 @@ _HELD_FINAL = """{r}.end_reason = 'preempted' AND {r}.chips IS NOT NULL AND {r}.
     AND {r}.ended_at IS NOT NULL AND {r}.deleted_at > {r}.ended_at"""
 #: Preemption day, the day after the deletion's (rounded up to midnight), zone, type, capacity, labels.
 _HELD_KEY = (
-    "CAST({r}.ended_at / 86400 AS INTEGER), " + _CEIL_DAY.format(t="{r}.deleted_at") + ", "
+    billing.day_sql("{r}.ended_at") + ", " + _CEIL_DAY.format(t="{r}.deleted_at") + ", "
     "{r}.zone, COALESCE({r}.accelerator_type, char(0)), COALESCE({r}.capacity, char(0)), {r}.labels"
 )
 
@@ -702,7 +708,9 @@ _V8 = Migration(
         f"CREATE INDEX events_end ON events (pod_id) WHERE kind IN {END_KINDS_SQL}",
         """CREATE INDEX pods_unrolled_crossing ON pods (ready_at)
         WHERE ended_at IS NOT NULL AND ready_at IS NOT NULL
-          AND ended_at > (CAST(ready_at / 86400 AS INTEGER) + 1) * 86400.0 AND rolled = 0""",
+          AND """
+        + billing.crosses_midnight_sql("")
+        + " AND rolled = 0",
     ),
 )
 

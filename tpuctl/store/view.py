@@ -25,9 +25,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Final, NamedTuple
+from typing import Any, NamedTuple
 
-from tpuctl.catalog import CapacityType
+from tpuctl.store.billing import is_free_preemption
 from tpuctl.store.records import EventKind, PodState
 
 
@@ -153,9 +153,6 @@ _ENDING: dict[str, str] = {
     EventKind.DELETED: PodState.DELETED,
     EventKind.GONE: PodState.DELETED,
 }
-_PREEMPTIBLE = frozenset({CapacityType.SPOT.value, CapacityType.PREEMPTIBLE.value})
-#: A spot/preemptible slice preempted within this many seconds of READY is not charged (GCP's rule).
-FREE_PREEMPTION_S: Final = 60.0
 _DELETING = frozenset({EventKind.DELETED.value, EventKind.GONE.value})
 
 #: Kinds that move the view: for these an event must name a pod and a zone.
@@ -218,80 +215,92 @@ def apply_event(
     ``new_pod_id`` allocates the id of a new incarnation.
     """
     kind = ev.kind
-    ts = ev.ts
     opening_state = _OPENING.get(kind)
     if opening_state is not None:
-        assert ev.zone is not None and ev.pod is not None
-        if cur is None or cur.ended_at is not None:
-            incarnation = 1 if cur is None else cur.incarnation + 1
-            row = PodRow.new(new_pod_id(), ev.zone, ev.pod, incarnation, opening_state, ts)
-            changed = True
-        else:
-            row = cur
-            changed = False
-        # Tracked field by field (not by comparing snapshots) so a duplicate event, which changes
-        # nothing, does not move updated_at / last_event_id, and replay gives the same answer.
-        price, chips = row.price_per_chip_hour, row.chips
-        if _merge(row, ev):
-            changed = True
-            if row.bill_mark is not None and (row.price_per_chip_hour != price or row.chips != chips):
-                _bill_piece(row, ts, price, chips)  # the time so far at what was in force
-        if _RANK[opening_state] > _RANK[row.state]:
-            row.state = opening_state
-            changed = True
-        if kind == EventKind.CREATED:
-            if row.created_at is None:
-                row.created_at = ts
-                changed = True
-        elif kind == EventKind.READY:
-            if row.ready_at is None:
-                row.ready_at = ts
-                row.bill_mark = ts  # billing starts at the first READY
-                changed = True
-            if row.created_at is None:  # a slice first seen READY (adopted) existed by then
-                row.created_at = ts
-                changed = True
-        elif row.requested_at is None:  # requested, queued
-            row.requested_at = ts
-            changed = True
-        return _touched(row, ts, event_id) if changed else (row, False)
-
+        return _apply_opening(cur, ev, opening_state, event_id, new_pod_id)
     ending_state = _ENDING.get(kind)
     if ending_state is not None:
-        assert ev.zone is not None and ev.pod is not None
-        deleting = kind in _DELETING
-        if cur is None:
-            row = PodRow.new(new_pod_id(), ev.zone, ev.pod, 1, ending_state, ts)
-            _merge(row, ev)
-            _end(row, kind, ending_state, ts, deleting)
-            return _touched(row, ts, event_id)
-        if cur.ended_at is None:
-            price, chips = cur.price_per_chip_hour, cur.chips
-            _merge(cur, ev)
-            _end(cur, kind, ending_state, ts, deleting)
-            if cur.ready_at is not None:
-                _close_bill(cur, ts, price, chips)
-            return _touched(cur, ts, event_id)
-        if deleting and cur.deleted_at is None:
-            cur.deleted_at = ts
-            cur.state = PodState.DELETED
-            return _touched(cur, ts, event_id)
-        return cur, False
-
+        return _apply_ending(cur, ev, ending_state, event_id, new_pod_id)
     if kind == EventKind.PRICE_CHANGE:
-        price = ev.price_per_chip_hour
-        if (
-            cur is not None
-            and cur.ended_at is None
-            and price is not None
-            and price != cur.price_per_chip_hour
-        ):
-            if cur.bill_mark is not None:
-                _bill_piece(cur, ts, cur.price_per_chip_hour, cur.chips)  # each price for its own part
-            cur.price_per_chip_hour = price
-            return _touched(cur, ts, event_id)
-        return cur, False
+        return _apply_price_change(cur, ev, event_id)
+    return cur, False
 
+
+def _apply_opening(
+    cur: PodRow | None, ev: Ev, opening_state: str, event_id: int, new_pod_id: Callable[[], int]
+) -> tuple[PodRow, bool]:
+    """requested / queued / created / ready: a new incarnation, or the open one moved forward."""
+    assert ev.zone is not None and ev.pod is not None
+    kind, ts = ev.kind, ev.ts
+    if cur is None or cur.ended_at is not None:
+        incarnation = 1 if cur is None else cur.incarnation + 1
+        row = PodRow.new(new_pod_id(), ev.zone, ev.pod, incarnation, opening_state, ts)
+        changed = True
+    else:
+        row = cur
+        changed = False
+    # Tracked field by field (not by comparing snapshots) so a duplicate event, which changes
+    # nothing, does not move updated_at / last_event_id, and replay gives the same answer.
+    price, chips = row.price_per_chip_hour, row.chips
+    if _merge(row, ev):
+        changed = True
+        if row.bill_mark is not None and (row.price_per_chip_hour != price or row.chips != chips):
+            _bill_piece(row, ts, price, chips)  # the time so far at what was in force
+    if _RANK[opening_state] > _RANK[row.state]:
+        row.state = opening_state
+        changed = True
+    if kind == EventKind.CREATED:
+        if row.created_at is None:
+            row.created_at = ts
+            changed = True
+    elif kind == EventKind.READY:
+        if row.ready_at is None:
+            row.ready_at = ts
+            row.bill_mark = ts  # billing starts at the first READY
+            changed = True
+        if row.created_at is None:  # a slice first seen READY (adopted) existed by then
+            row.created_at = ts
+            changed = True
+    elif row.requested_at is None:  # requested, queued
+        row.requested_at = ts
+        changed = True
+    return _touched(row, ts, event_id) if changed else (row, False)
+
+
+def _apply_ending(
+    cur: PodRow | None, ev: Ev, ending_state: str, event_id: int, new_pod_id: Callable[[], int]
+) -> tuple[PodRow, bool]:
+    """preempted / failed / deleted / gone: billing ends (or, on an ended slice, it is deleted)."""
+    assert ev.zone is not None and ev.pod is not None
+    kind, ts = ev.kind, ev.ts
+    deleting = kind in _DELETING
+    if cur is None:
+        row = PodRow.new(new_pod_id(), ev.zone, ev.pod, 1, ending_state, ts)
+        _merge(row, ev)
+        _end(row, kind, ending_state, ts, deleting)
+        return _touched(row, ts, event_id)
+    if cur.ended_at is None:
+        price, chips = cur.price_per_chip_hour, cur.chips
+        _merge(cur, ev)
+        _end(cur, kind, ending_state, ts, deleting)
+        if cur.ready_at is not None:
+            _close_bill(cur, ts, price, chips)
+        return _touched(cur, ts, event_id)
+    if deleting and cur.deleted_at is None:
+        cur.deleted_at = ts
+        cur.state = PodState.DELETED
+        return _touched(cur, ts, event_id)
+    return cur, False
+
+
+def _apply_price_change(cur: PodRow | None, ev: Ev, event_id: int) -> tuple[PodRow | None, bool]:
+    """price_change on an open slice: the time so far billed at the old price, the new one from now."""
+    price = ev.price_per_chip_hour
+    if cur is not None and cur.ended_at is None and price is not None and price != cur.price_per_chip_hour:
+        if cur.bill_mark is not None:
+            _bill_piece(cur, ev.ts, cur.price_per_chip_hour, cur.chips)  # each price for its own part
+        cur.price_per_chip_hour = price
+        return _touched(cur, ev.ts, event_id)
     return cur, False
 
 
@@ -323,18 +332,13 @@ def _bill_piece(row: PodRow, ts: float, price: float | None, chips: int | None) 
 def _close_bill(row: PodRow, ts: float, price: float | None, chips: int | None) -> None:
     """The billable interval [ready_at, ts) is over: bill its last piece and make the facts final.
 
-    A spot/preemptible slice preempted within ``FREE_PREEMPTION_S`` of READY, or one whose chip count
-    was never known, is billed nothing."""
+    A free preemption (``tpuctl.store.billing``), or a slice whose chip count was never known, is billed
+    nothing."""
     assert row.ready_at is not None
     if row.bill_mark is not None:
         _bill_piece(row, ts, price, chips)
     row.bill_mark = None
-    free = (
-        row.end_reason == EventKind.PREEMPTED
-        and row.capacity in _PREEMPTIBLE
-        and ts - row.ready_at < FREE_PREEMPTION_S
-    )
-    if free or row.chips is None:
+    if is_free_preemption(row.end_reason, row.capacity, row.ready_at, ts) or row.chips is None:
         row.billed_s = row.billed_chip_s = row.billed_usd_s = row.billed_unpriced_chip_s = 0.0
     else:
         row.billed_s = max(ts - row.ready_at, 0.0)

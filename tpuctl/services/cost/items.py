@@ -14,7 +14,7 @@ The figures are the reference path's (``CostService(fast=False)``, which the tes
 slice is billed for its time in the window at its recorded price (a slice with no recorded price at the
 catalog's), a slice whose price changed from its price pieces (``cost_item_pieces``, made from the few
 ``price_change`` events), quota held after preemption at its last price, recomputed work per segment
-(``cost_item_adj``, made by cost.py's interval SQL); a run's group sums the slices it created plus its
+(``cost_item_adj``, made by ``sql_intervals``); a run's group sums the slices it created plus its
 share of slices it ran on without creating them, taken from "(none)".
 """
 
@@ -25,22 +25,14 @@ from collections.abc import Callable, Mapping, Sequence
 from operator import itemgetter
 from typing import Any, Final, Protocol
 
-#: ISO 8601 UTC with a Z, as ``cost.iso()`` writes it (seconds truncated, like isoformat does).
+from tpuctl.services.cost.model import FIGURES
+from tpuctl.services.cost.sql_intervals import BILLED_IN_WINDOW, BILLED_S, HELD_S
+from tpuctl.store.billing import preemptible_sql
+
+_A_SPOT: Final = preemptible_sql("a")
+#: ISO 8601 UTC with a Z, as ``window.iso()`` writes it (seconds truncated, like isoformat does).
 _ISO: Final = "strftime('%Y-%m-%dT%H:%M:%SZ', {0}, 'unixepoch')"
 
-#: The figures of a group record, in the documented order (after the key and the per-kind facts).
-FIGURES: Final = (
-    "slices",
-    "billed_hours",
-    "chip_hours",
-    "cost_usd",
-    "on_demand_usd",
-    "spot_savings_usd",
-    "recomputed_usd",
-    "quota_held_chip_hours",
-    "quota_held_usd",
-    "waste_usd",
-)
 SLICE_INFO: Final = (
     "name",
     "zone",
@@ -68,14 +60,11 @@ class Reader(Protocol):
 
 # --- per-slice expressions (alias p: pods; x: its price pieces, LEFT JOINed) -------------------------
 
-#: Billed in the window (cost._BILLED_POD without the id range).
-_BILLED: Final = """(p.ready_at IS NOT NULL AND p.chips IS NOT NULL
-      AND p.ready_at < :until AND COALESCE(p.ended_at, :now) > :since
-      AND NOT COALESCE(p.end_reason = 'preempted' AND p.capacity IN ('spot', 'preemptible')
-                        AND p.ended_at - p.ready_at < :free_s, 0))"""
-_SECONDS: Final = "(MIN(COALESCE(p.ended_at, :now), :until) - MAX(p.ready_at, :since))"
+#: Billed in the window, and its billed seconds there (the aggregate paths' own expressions).
+_BILLED: Final = f"({BILLED_IN_WINDOW})"
+_SECONDS: Final = f"({BILLED_S})"
 #: Quota a preempted slice held in the window (until deleted, or until now), in chip-seconds; else 0.
-_HELD_S: Final = "(MIN(COALESCE(p.deleted_at, :now), :until) - MAX(p.ended_at, :since))"
+_HELD_S: Final = f"({HELD_S})"
 _HELD_CS: Final = f"""(CASE WHEN p.end_reason = 'preempted' AND p.chips IS NOT NULL AND {_HELD_S} > 0
       THEN p.chips * {_HELD_S} ELSE 0 END)"""
 #: Held quota in the window but not billed in it: such a slice still counts as a slice of its group.
@@ -95,12 +84,12 @@ _OD: Final = _CATALOG.format("od")
 _USD: Final = f"""((CASE WHEN x.id IS NOT NULL THEN x.priced + x.unpriced * COALESCE({_OWN}, 0)
        ELSE p.chips * {_SECONDS} * COALESCE(p.price_per_chip_hour, {_OWN}, 0) END) / 3600.0)"""
 _HELD_USD: Final = f"({_HELD_CS} * COALESCE(p.price_per_chip_hour, {_OWN}, 0) / 3600.0)"
-_SPOT: Final = "p.capacity IN ('spot', 'preemptible')"
+_SPOT: Final = preemptible_sql("p")
 _PIECES_JOIN: Final = "LEFT JOIN cost_item_pieces AS x ON x.id = p.id"
 
 
 def _own(kind: str) -> str:
-    """Whether a slice counts as a slice of its group (cost._own_sql): for runs, a slice no run created
+    """Whether a slice counts as a slice of its group (``sql_scan.own_sql``): for runs, a slice no run created
     counts for "(none)" only when no run ran on it (those runs count it through their segments)."""
     if kind != "run":
         return "1"
@@ -140,7 +129,8 @@ _NAMES: Final = "slices, bs, cs, usd, od, sav, rec, hcs, husd"
 
 
 def _round(expr: str) -> str:
-    """``expr`` (columns: it is evaluated three times) to 6 decimals like cost._r, half away from zero.
+    """``expr`` (columns: it is evaluated three times) to 6 decimals like ``billing.round_usd``, half away
+    from zero.
 
     Integer arithmetic rather than ROUND(): SQLite's ROUND goes through printf (twice the cost of the
     rest of a figure) and disagreed with Python's round() on 47 of 241k bench values, this on none; the
@@ -345,9 +335,9 @@ def run_sql(*, ranked: bool) -> str:
     created, as the reference path names it)."""
     # a.slices: a run counts the slices it ran on without creating them with its share of their time.
     adj = f"""a.slices AS slices, a.bs AS bs, a.cs AS cs, {_ADJ_USD} AS usd,
-       CASE WHEN a.capacity IN ('spot', 'preemptible') AND c.od IS NOT NULL THEN a.cs * c.od / 3600.0
+       CASE WHEN {_A_SPOT} AND c.od IS NOT NULL THEN a.cs * c.od / 3600.0
             ELSE {_ADJ_USD} END AS od,
-       CASE WHEN a.capacity IN ('spot', 'preemptible') AND c.od IS NOT NULL
+       CASE WHEN {_A_SPOT} AND c.od IS NOT NULL
             THEN a.cs * c.od / 3600.0 - {_ADJ_USD} ELSE 0 END AS sav,
        (a.rpriced + a.runpriced * COALESCE(c.own, 0)) / 3600.0 AS rec, 0 AS hcs, 0 AS husd"""
     top = "CROSS JOIN cost_top_runs AS t ON t.k = p.run_id" if ranked else ""
@@ -408,9 +398,9 @@ FROM cost_all_pieces AS x CROSS JOIN pods AS p ON p.id = x.id WHERE x.e > x.s GR
 
 
 def adj_sql(aggregate: str, *, recomputed: bool, sign: str = "") -> str:
-    """Rows of an interval aggregate (cost._aggregate_sql: k, zone, atype, capacity, slices, s, cs, priced,
-    unpriced) into cost_item_adj: as recomputed work, or as billed time (``sign`` "-" takes it away from
-    "(none)")."""
+    """Rows of an interval aggregate (``sql_intervals.aggregate_sql``: k, zone, atype, capacity, slices, s,
+    cs, priced, unpriced) into cost_item_adj: as recomputed work, or as billed time (``sign`` "-" takes it
+    away from "(none)")."""
     columns = "rpriced, runpriced" if recomputed else "slices, bs, cs, priced, unpriced"
     # SUM over only unpriced time is NULL, not 0.
     sums = "COALESCE(a.priced, 0), COALESCE(a.unpriced, 0)"

@@ -25,7 +25,8 @@ from typing import Any, Generic, TypeVar
 from tpuctl.catalog import Catalog, region_of_zone
 from tpuctl.cloud.base import Node, TpuCloud
 from tpuctl.errors import NotFoundError, UsageError
-from tpuctl.services.cost import CostReport, iso
+from tpuctl.services.cost.model import CostReport
+from tpuctl.services.cost.window import iso
 from tpuctl.store.ledger import Ledger
 from tpuctl.store.records import EventKind, LedgerError, PodRecord, PodState
 

@@ -1,0 +1,104 @@
+"""Cost: reports from the ledger, reconciliation with the live listing, and estimates before creating.
+
+Modules, each one idea (the billing rules themselves are ``tpuctl.store.billing``):
+
+* ``service``: ``CostService``, the report's facade; ``window``: its inputs (grouping, limit, window);
+  ``model``: its records (``CostLine``, ``CostReport``); ``reader``: the read-only ledger connection.
+* The aggregate groupings: ``aggregate`` (groups from the scans' rows), ``scan`` (the fast path and its
+  reference oracle side by side), ``subs`` (the rows), ``pricing`` (catalog and on-demand prices).
+* The slice and run groupings: ``item_report`` and the SQL that computes them, ``items``.
+* The SQL: ``sql_intervals`` (billed intervals, price pieces, segments, per-day split: both paths),
+  ``sql_scan`` (the pods scans), ``sql_fast`` (the rollup-driven fast path).
+* ``details``: the groups' keys, order and facts; ``reconcile``: the ledger against the live listing;
+  ``estimate``: ``cost estimate``.
+
+The public names are importable from here; each is loaded with its module on first use, so that a command
+importing one of them (``cost report`` parses its flags first) does not load the rest.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tpuctl.services.cost.estimate import Estimate, EstimateRequest, build_estimate_request, estimate
+    from tpuctl.services.cost.model import CSV_COLUMNS, FIGURES, CostLine, CostReport
+    from tpuctl.services.cost.reader import KNOWN_SCHEMA, LedgerReader
+    from tpuctl.services.cost.reconcile import InBackground, Reconciler, reconciled_report
+    from tpuctl.services.cost.service import CostService
+    from tpuctl.services.cost.window import (
+        DEFAULT_TABLE_LIMIT,
+        GROUP_BY_CHOICES,
+        GroupBy,
+        iso,
+        parse_group_by,
+        parse_instant,
+        parse_limit,
+        parse_window,
+    )
+    from tpuctl.store.billing import FREE_PREEMPTION_S, recompute_fraction_sql
+
+#: Public name -> the module that defines it.
+_HOMES = {
+    "CostService": "tpuctl.services.cost.service",
+    "CostLine": "tpuctl.services.cost.model",
+    "CostReport": "tpuctl.services.cost.model",
+    "CSV_COLUMNS": "tpuctl.services.cost.model",
+    "FIGURES": "tpuctl.services.cost.model",
+    "LedgerReader": "tpuctl.services.cost.reader",
+    "KNOWN_SCHEMA": "tpuctl.services.cost.reader",
+    "DEFAULT_TABLE_LIMIT": "tpuctl.services.cost.window",
+    "GROUP_BY_CHOICES": "tpuctl.services.cost.window",
+    "GroupBy": "tpuctl.services.cost.window",
+    "iso": "tpuctl.services.cost.window",
+    "parse_group_by": "tpuctl.services.cost.window",
+    "parse_instant": "tpuctl.services.cost.window",
+    "parse_limit": "tpuctl.services.cost.window",
+    "parse_window": "tpuctl.services.cost.window",
+    "InBackground": "tpuctl.services.cost.reconcile",
+    "Reconciler": "tpuctl.services.cost.reconcile",
+    "reconciled_report": "tpuctl.services.cost.reconcile",
+    "Estimate": "tpuctl.services.cost.estimate",
+    "EstimateRequest": "tpuctl.services.cost.estimate",
+    "build_estimate_request": "tpuctl.services.cost.estimate",
+    "estimate": "tpuctl.services.cost.estimate",
+    "FREE_PREEMPTION_S": "tpuctl.store.billing",
+    "recompute_fraction_sql": "tpuctl.store.billing",
+}
+
+__all__ = [
+    "CSV_COLUMNS",
+    "DEFAULT_TABLE_LIMIT",
+    "FIGURES",
+    "FREE_PREEMPTION_S",
+    "GROUP_BY_CHOICES",
+    "KNOWN_SCHEMA",
+    "CostLine",
+    "CostReport",
+    "CostService",
+    "Estimate",
+    "EstimateRequest",
+    "GroupBy",
+    "InBackground",
+    "LedgerReader",
+    "Reconciler",
+    "build_estimate_request",
+    "estimate",
+    "iso",
+    "parse_group_by",
+    "parse_instant",
+    "parse_limit",
+    "parse_window",
+    "recompute_fraction_sql",
+    "reconciled_report",
+]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value  # once: later look-ups are plain attribute reads
+    return value

@@ -1,0 +1,212 @@
+"""The pods scans: every slice's billed time, first-day share and held quota summed per group in SQL, by
+the fast path (closed slices from the ledger's rollups and stored facts, the rest slice by slice) or by its
+reference oracle (interval arithmetic over every slice, in parallel id ranges), side by side."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Final
+
+from tpuctl.services.cost import sql_fast as fsql
+from tpuctl.services.cost import sql_scan as ssql
+from tpuctl.services.cost.reader import LedgerReader
+from tpuctl.services.cost.sql_intervals import (
+    BILLED_POD,
+    CHANGE_CTES,
+    SRC_CHANGED,
+    SRC_CHANGED_TEMP,
+    SRC_CHANGED_WHOLE,
+    SRC_CHANGED_WHOLE_TEMP,
+)
+from tpuctl.services.cost.subs import Partial, Sub, floats, subs, unnull
+from tpuctl.services.cost.window import GroupBy
+from tpuctl.store.billing import DAY_S
+
+#: Below this many pods one scan is quicker than starting threads and connections.
+_PARALLEL_MIN_PODS: Final = 20_000
+
+
+def partitions(lo: int, hi: int, workers: int) -> list[tuple[int, int]]:
+    """Split the id range [lo, hi) into ``workers`` ranges (one when the table is small)."""
+    if workers <= 1 or hi - lo < _PARALLEL_MIN_PODS:
+        return [(lo, hi)]
+    step = -(-(hi - lo) // workers)
+    return [(start, min(start + step, hi)) for start in range(lo, hi, step)]
+
+
+def scan_all(
+    path: Path,
+    reader: LedgerReader,
+    main: GroupBy,
+    group: GroupBy,
+    params: Mapping[str, Any],
+    *,
+    need_days: bool,
+    fast: bool,
+    changes: bool,
+    workers: int,
+) -> list[Partial]:
+    """Every slice scanned: in one range on the fast path (it reads few rows), else in ``workers`` id
+    ranges, each on a connection of its own to the ledger at ``path``."""
+    # Two subqueries: SQLite reads MIN or MAX of the rowid from the B-tree's ends only when each is
+    # the query's sole aggregate (both in one SELECT scan the table).
+    lo, hi = reader.query(
+        "SELECT COALESCE((SELECT MIN(id) FROM pods), 0), COALESCE((SELECT MAX(id) FROM pods), 0) + 1", {}
+    )[0]
+    parts = [(int(lo), int(hi))] if fast else partitions(int(lo), int(hi), workers)
+    if len(parts) == 1:
+        bounds = {**params, "lo": lo, "hi": hi}
+        return [scan(reader, main, group, bounds, need_days, fast=fast, changes=changes)]
+
+    def scan_range(bounds: tuple[int, int]) -> Partial:
+        # sqlite3 releases the GIL while a statement runs: one connection per thread scans its
+        # range of pods on its own core.
+        with LedgerReader(path) as part_reader, part_reader.snapshot():
+            part_params = {**params, "lo": bounds[0], "hi": bounds[1]}
+            return scan(part_reader, main, group, part_params, need_days, fast=False, changes=changes)
+
+    with ThreadPoolExecutor(max_workers=len(parts), thread_name_prefix="tpuctl-cost") as pool:
+        return list(pool.map(scan_range, parts))
+
+
+def scan(
+    reader: LedgerReader,
+    main: GroupBy,
+    group: GroupBy,
+    params: Mapping[str, Any],
+    need_days: bool,
+    *,
+    fast: bool = False,
+    changes: bool = False,
+) -> Partial:
+    """The pods scans over one id range (its bounds in ``params``), in one read transaction; ``fast``:
+    closed slices from their stored facts, the rest (``cost_rest``) by interval arithmetic; ``changes``:
+    whether the ledger holds price changes (their slices are billed by piece)."""
+    reader.execute(ssql.AGG_TABLE, {})
+    if fast:
+        params = _billed_fast(reader, main, params, changes=changes)
+    else:
+        _billed_reference(reader, main, params)
+    # Summed here rather than row by row in Python: cost_agg holds a row per day as well (tens of
+    # thousands on a big ledger), which the groups do not need and the per-day figures need apart.
+    rows = reader.query(
+        "SELECT k, zone, atype, capacity, SUM(slices), SUM(seen), SUM(bs), SUM(cs), SUM(priced), "
+        "SUM(unpriced), SUM(hcs), SUM(hpriced), SUM(hunpriced) FROM cost_agg GROUP BY 1, 2, 3, 4",
+        {},
+    )
+    # The fast path sums the days in SQL unless the groups are the days themselves.
+    sql_days = fast and need_days and group.kind != "day"
+    first_days = (
+        []
+        if sql_days
+        else reader.query(
+            "SELECT day0, zone, atype, capacity, SUM(slices), SUM(d0s), SUM(d0cs), SUM(d0priced), "
+            "SUM(d0unpriced) FROM cost_agg WHERE day0 >= 0 GROUP BY 1, 2, 3, 4",
+            {},
+        )
+    )
+    preemptions_sql = fsql.PREEMPTIONS_FAST_SQL if fast else ssql.PREEMPTIONS_SQL
+    preemptions, free = (int(v) for v in reader.query(preemptions_sql, params)[0])
+    part = Partial(rows=rows, first_days=first_days, preemptions=preemptions, free=free)
+    changed = changes and _materialize_changed(reader, params)
+    if changed and group.kind != "day":
+        part.changed_subs = subs(reader, SRC_CHANGED_TEMP, group, params)
+        part.changed_whole = subs(reader, SRC_CHANGED_WHOLE_TEMP, group, params)
+    if need_days:
+        _scan_days(reader, part, params, fast=fast, sql_days=sql_days, changed=changed)
+    return part
+
+
+def _billed_reference(reader: LedgerReader, main: GroupBy, params: Mapping[str, Any]) -> None:
+    """The reference path: every slice of the range through the interval arithmetic."""
+    reader.execute(ssql.pods_billed_sql(main), params)
+    reader.execute(ssql.pods_held_sql(main), params)
+
+
+def _billed_fast(
+    reader: LedgerReader, main: GroupBy, params: Mapping[str, Any], *, changes: bool
+) -> dict[str, Any]:
+    """The fast path into cost_agg: the whole UTC days inside the window from the rollups, the closed
+    slices of its edge days from their stored facts, and only the rest (cost_rest: open, cut by the
+    window, price-changed across midnight) by interval arithmetic. Returns the parameters the later
+    queries take (the price changes of cost_rest's slices only, the window's whole days)."""
+    params = dict(params)
+    reader.execute(fsql.REST_TABLE, {})
+    reader.execute(fsql.REST_OPEN, params)
+    for cut in (params["since"], params["until"]):
+        if cut > -1e17:  # no --since: nothing is cut at the start
+            reader.execute(fsql.REST_CUT, {"cut": cut})
+    if changes:
+        reader.execute(fsql.REST_CHANGED, params)
+        params["price_changes"] = reader.query(fsql.REST_PRICE_CHANGES, params)[0][0] or "[]"
+    reader.execute(ssql.pods_billed_sql(main, ssql.REST_PODS), params)
+    # Whole UTC days inside the window come from the rollup; the rest slice by slice.
+    d_lo = math.ceil(params["since"] / DAY_S)
+    d_hi = math.floor(params["until"] / DAY_S)
+    days = {"d_lo": d_lo, "d_hi": d_hi}
+    reader.execute(fsql.rollup_sql(main), {**params, **days})
+    reader.execute(fsql.rollup_x_sql(main), {**params, **days})
+    reader.execute(fsql.XREST_TABLE, {})
+    for statement in fsql.XREST_FILL:
+        reader.execute(statement, days)
+    reader.execute(fsql.closed_billed_sql(main, fsql.CLOSED_XREST), {**params, **days})
+    for edge in {d_lo - 1, d_hi}:
+        bounds = {"b_lo": float(edge * DAY_S), "b_hi": float((edge + 1) * DAY_S)}
+        reader.execute(fsql.closed_billed_sql(main, fsql.CLOSED_EDGE_DAY), {**params, **days, **bounds})
+    # Held quota: rolled up when preempted after the day holding :since began (so the slice
+    # ended after :since, as being billed in the window asks) and deleted by :d_hi.
+    held_days = {"d_hi": d_hi, "h_lo": math.floor(params["since"] / DAY_S) + 1}
+    reader.execute(fsql.rollup_held_sql(main), {**params, **held_days})
+    reader.execute(fsql.HREST_TABLE, {})
+    for statement in fsql.HREST_FILL:
+        reader.execute(statement, {**params, **held_days})
+    reader.execute(ssql.pods_held_sql(main, fsql.HREST_PODS), params)
+    params["d_lo"], params["d_hi"] = d_lo, d_hi  # for the later days
+    return params
+
+
+def _scan_days(
+    reader: LedgerReader,
+    part: Partial,
+    params: Mapping[str, Any],
+    *,
+    fast: bool,
+    sql_days: bool,
+    changed: bool,
+) -> None:
+    """Per day: each interval's first day (in the rows), the days after it for those crossing midnight,
+    and the price-changed slices' pieces cut at midnight."""
+    reader.execute(ssql.DAY_TABLE, {})
+    source = ssql.ALL_PODS
+    if fast:
+        reader.execute(fsql.LATER_TABLE, {})
+        reader.execute("INSERT INTO cost_later (id) SELECT id FROM cost_rest", {})
+        reader.execute(fsql.LATER_CLOSED, params)
+        source = fsql.REST_PODS_LATER
+    reader.execute(ssql.LATER_DAYS_SQL.format(source=source, billed=BILLED_POD), params)
+    if fast:
+        reader.execute(fsql.ROLLUP_XDAYS_SQL, params)
+    if sql_days:
+        part.day_rows = reader.query(ssql.DAY_USD_SQL, {})
+    else:
+        part.later = [
+            Sub(r[0], r[1], unnull(r[2]), unnull(r[3]), int(r[4]), *floats(r[5:9]))
+            for r in reader.query(
+                "SELECT day, zone, atype, capacity, slices, s, cs, priced, unpriced FROM cost_days", {}
+            )
+        ]
+    if changed:
+        day = GroupBy("day")
+        part.changed_days = subs(reader, SRC_CHANGED_TEMP, day, params)
+        part.changed_days_whole = subs(reader, SRC_CHANGED_WHOLE_TEMP, day, params)
+
+
+def _materialize_changed(reader: LedgerReader, params: Mapping[str, Any]) -> bool:
+    """The price-changed slices of this range, cut into pieces, in temp tables read four times
+    (per group and per day, pieces and whole); False when this range has none."""
+    reader.execute(f"CREATE TEMP TABLE cost_pieces AS WITH {CHANGE_CTES} {SRC_CHANGED}", params)
+    reader.execute(f"CREATE TEMP TABLE cost_whole AS WITH {CHANGE_CTES} {SRC_CHANGED_WHOLE}", params)
+    return bool(reader.query("SELECT EXISTS (SELECT 1 FROM cost_whole)", {})[0][0])

@@ -1,0 +1,160 @@
+"""Cost reports from the ledger: ``CostService``, the facade over the report's paths.
+
+The billing rules are ``tpuctl.store.billing``'s (its docstring writes them out). Beyond spend, per group:
+what the same chip-hours would have cost on demand (the on-demand list price of the same generation and
+region) and so the spot savings; the cost of recomputed work; and quota held after preemption (in
+chip-hours and at the slice's own price: GCP does not bill it, but the quota could have run something
+else). Everything is clipped to the window ``[since, until)``.
+
+Why it is fast: the ledger keeps the report's facts as events arrive (schema v2-v8). The view function
+(``tpuctl.store.view``) accumulates each slice's billed seconds, chip-seconds and USD at each price in
+force (price changes are events, so each closed price interval is billed as it closes), final when its
+billing closes; triggers on ``pods`` and ``run_segments`` keep, in the same transaction: ``cost_rollup``
+(every slice whose billing closed within one UTC day, per day, zone, type, capacity and labels),
+``cost_rollup_x``/``cost_rollup_xdays`` (closed slices crossing midnight: their facts and first-day share,
+and their piece of each later day), ``cost_rollup_held`` (quota held from a preemption to the deletion)
+and each closed slice's recomputed work (``pods.rec_*``, from the segments that redid steps on it). A
+report over the aggregate groupings (all but slice and run) reads the rollups for the days wholly inside
+the window (thousands of rows, whatever the number of slices); only the slices on the window's partial
+edge days, still open, cut by --since/--until, price-changed across midnight or still holding quota are
+read one by one (found by index), and only the open or cut ones go through interval arithmetic.
+Per-slice and per-run reports (one group per slice or run: hundreds of thousands on a big ledger) are
+computed in SQL by ``items`` (``item_report``), ranked by cost so that a ``limit`` (the table's 50)
+computes and formats only the groups shown; their totals come from the aggregate path grouped by
+nothing. ``CostService(fast=False)`` puts every grouping through the reference path (interval arithmetic
+over every slice, scanned in parallel id ranges), which the fast one is tested against. Groups are
+ordered most expensive first (days by date). The schema is the ledger's versioned one
+(``tpuctl.store.schema``); a ledger of another version is refused with a clear error rather than
+misread.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tpuctl.services.cost.aggregate import Query, aggregate_lines
+from tpuctl.services.cost.details import dedupe, limited, run_info, slice_info
+from tpuctl.services.cost.item_report import item_report
+from tpuctl.services.cost.model import CostLine, CostReport
+from tpuctl.services.cost.pricing import Pricer
+from tpuctl.services.cost.reader import LedgerReader
+from tpuctl.services.cost.sql_intervals import PRICE_CHANGES_SQL
+from tpuctl.services.cost.sql_scan import NULL_KEY
+from tpuctl.services.cost.window import GroupBy
+
+if TYPE_CHECKING:
+    from tpuctl.catalog import Catalog
+    from tpuctl.services.prices import PriceSource
+
+
+class CostService:
+    """Builds cost reports from the ledger file. ``catalog`` prices what the ledger left unpriced and
+    gives the on-demand prices that savings are measured against."""
+
+    def __init__(
+        self,
+        ledger_path: Path,
+        catalog: Catalog,
+        prices: PriceSource,
+        *,
+        clock: Callable[[], float] = time.time,
+        workers: int | None = None,
+        fast: bool = True,
+    ) -> None:
+        self._path = Path(ledger_path)
+        self._prices = prices
+        self._clock = clock
+        self._pricer = Pricer(catalog)
+        self._workers = workers if workers is not None else min(4, os.cpu_count() or 1)
+        # False: every slice through the interval arithmetic (the reference the fast path is tested on).
+        self._fast = fast
+
+    def report(
+        self,
+        *,
+        since: float | None = None,
+        until: float | None = None,
+        group_by: GroupBy | None = None,
+        with_days: bool = True,
+        limit: int | None = None,
+    ) -> CostReport:
+        """The report over ``[since, until)`` (until defaults to now). ``limit``: keep only the ``limit``
+        costliest groups (None or 0: all); totals and per-day figures still cover every group."""
+        if limit is not None and limit < 0:
+            raise ValueError(f"limit must be >= 0, got {limit}")
+        limit = limit or None
+        now = self._clock()
+        end = now if until is None else until
+        group = group_by or GroupBy("slice")
+        warnings: list[str] = list(self._prices.warnings)
+        with LedgerReader(self._path) as reader, reader.snapshot():
+            q = self._query(reader, _params(since, end, now, group), warnings)
+            if self._fast and group.kind in ("slice", "run"):
+                groups, groups_total, by_day, counts, totals = item_report(
+                    q, group, with_days=with_days, limit=limit
+                )
+            else:
+                lines, by_day, counts = aggregate_lines(q, group, with_days=with_days)
+                if group.kind == "slice":
+                    slice_info(reader, lines)
+                elif group.kind == "run":
+                    run_info(reader, lines)
+                totals = CostLine("total")
+                for line in lines:
+                    totals.add(line)
+                groups_total = len(lines)
+                groups = [line.to_dict() for line in limited(group, lines, limit)]
+        preemptions, free, total_slices = counts
+        totals.key = "total"
+        totals.slices = total_slices
+        return CostReport(
+            group_by=group,
+            since=since,
+            until=end,
+            now=now,
+            groups=groups,
+            totals=totals,
+            by_day=by_day,
+            preemptions=int(preemptions),
+            free_preemptions=int(free),
+            prices=self._prices,
+            groups_total=groups_total,
+            limit=limit,
+            warnings=dedupe(warnings),
+        )
+
+    def spend(self, *, since: float | None = None, until: float | None = None) -> float:
+        """Total billed USD in the window (for budgets)."""
+        report = self.report(since=since, until=until, group_by=GroupBy("total"), with_days=False)
+        return report.totals.cost_usd
+
+    def _query(self, reader: LedgerReader, params: dict[str, Any], warnings: list[str]) -> Query:
+        """The report's query state, with what the ledger holds: run segments on slices, price changes."""
+        segments = bool(
+            reader.query("SELECT EXISTS (SELECT 1 FROM run_segments WHERE pod IS NOT NULL)", {})[0][0]
+        )
+        changes = reader.query(PRICE_CHANGES_SQL, {})
+        params["price_changes"] = json.dumps([c for c in changes if c[0] is not None])
+        return Query(
+            path=self._path, reader=reader, params=params, warnings=warnings, pricer=self._pricer,
+            fast=self._fast, workers=self._workers, segments=segments, changes=bool(changes),
+        )  # fmt: skip
+
+
+def _params(since: float | None, until: float, now: float, group: GroupBy) -> dict[str, Any]:
+    return {
+        # -inf would do, but SQLite binds it as a REAL fine only on some builds: a far past is plain.
+        "since": -1e18 if since is None else float(since),
+        "until": float(until),
+        "now": float(now),
+        "label_path": f'$."{group.label_key}"' if group.label_key else "$",
+        "price_changes": "[]",
+        "null_key": NULL_KEY,
+        "lo": -(2**62),
+        "hi": 2**62,
+    }

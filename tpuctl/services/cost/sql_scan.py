@@ -1,0 +1,157 @@
+"""The pods scans' SQL: every billed slice's time in the window, its share of its first UTC day and its
+later days, and the quota preempted slices held, summed per (group key, zone, type, capacity, first day) into
+the temp table ``cost_agg`` (and ``cost_days``). The reference path runs these over every slice; the fast
+path (``sql_fast``) over only the slices its rollups cannot answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final
+
+from tpuctl.services.cost.sql_intervals import BILLED_POD, HELD_S, IN_WINDOW_PREEMPTION, PART, key_sql
+from tpuctl.services.cost.window import GroupBy
+from tpuctl.store.billing import DAY_S, day_sql, free_if_preempted_sql, midnight_after_sql
+
+#: Stands for a NULL group key or attribute inside the temp tables (NULLs never conflict in a UNIQUE key).
+NULL_KEY: Final = "\x00"
+AGG_TABLE: Final = """CREATE TEMP TABLE cost_agg (
+    k, zone TEXT, atype TEXT, capacity TEXT, day0 INTEGER,
+    slices INTEGER DEFAULT 0, seen INTEGER DEFAULT 0, bs REAL DEFAULT 0, cs REAL DEFAULT 0,
+    priced REAL DEFAULT 0, unpriced REAL DEFAULT 0, d0s REAL DEFAULT 0, d0cs REAL DEFAULT 0,
+    d0priced REAL DEFAULT 0, d0unpriced REAL DEFAULT 0, hcs REAL DEFAULT 0, hpriced REAL DEFAULT 0,
+    hunpriced REAL DEFAULT 0,
+    PRIMARY KEY (k, zone, atype, capacity, day0)
+)"""
+DAY_TABLE: Final = """CREATE TEMP TABLE cost_days (
+    day INTEGER, zone TEXT, atype TEXT, capacity TEXT, slices INTEGER, s REAL, cs REAL, priced REAL,
+    unpriced REAL, PRIMARY KEY (day, zone, atype, capacity)
+)"""
+GROUP_COLUMNS: Final = (
+    "COALESCE({k}, :null_key), p.zone, COALESCE(p.accelerator_type, :null_key), "
+    "COALESCE(p.capacity, :null_key)"
+)
+
+
+def upsert(columns: Sequence[str]) -> str:
+    return "ON CONFLICT (k, zone, atype, capacity, day0) DO UPDATE SET " + ", ".join(
+        f"{c} = {c} + excluded.{c}" for c in columns
+    )
+
+
+def own_sql(group: GroupBy) -> str:
+    """Whether a slice counts for its own group: always, except that with --group-by run a slice no run
+    created counts for "(none)" only when no run ever ran on it (the runs that did get it through the
+    segment query). NULLs are kept out of the list: NOT IN a list holding a NULL is NULL."""
+    if group.kind != "run":
+        return "1"
+    # NOT EXISTS through run_segments_pod: a look-up for each slice no run created, where a NOT IN list
+    # would be built from every segment on each use.
+    return (
+        "(p.run_id IS NOT NULL OR NOT EXISTS (SELECT 1 FROM run_segments AS rs "
+        "WHERE rs.zone = p.zone AND rs.pod = p.name))"
+    )
+
+
+#: Where the scans read slices from: every pod (a rowid range scan: the planner would walk an index for
+#: the key), or, on the fast path, only the slices that need interval arithmetic (``cost_rest``).
+ALL_PODS: Final = "pods AS p NOT INDEXED"
+REST_PODS: Final = "cost_rest AS r CROSS JOIN pods AS p ON p.id = r.id"
+
+
+def pods_billed_sql(group: GroupBy, source: str = ALL_PODS) -> str:
+    """ONE scan of ``pods``: the billed time of every slice whose price never changed, and its share on
+    the day it started, summed per (group key, zone, type, capacity, first billed day).
+
+    Summed by an UPSERT into a small keyed temp table rather than GROUP BY: SQLite groups by sorting
+    every row, which costs more than the scan itself for a few hundred thousand slices. The predicate
+    sits in the WHERE so the per-row expressions stay plain arithmetic. Price-changed slices are summed
+    here at their last price like the rest and corrected afterwards from their pieces (excluding the few
+    of them here would cost a lookup on every row)."""
+    b0 = "MAX(p.ready_at, :since)"
+    be = "MIN(COALESCE(p.ended_at, :now), :until)"
+    day0 = day_sql(b0)
+    d0 = f"(MIN({be}, {midnight_after_sql(b0)}) - {b0})"
+    columns = ("slices", "seen", "bs", "cs", "priced", "unpriced", "d0s", "d0cs", "d0priced", "d0unpriced")
+    return f"""
+INSERT INTO cost_agg (k, zone, atype, capacity, day0, {", ".join(columns)})
+SELECT {GROUP_COLUMNS.format(k=key_sql(group, "p"))}, {day0}, {own_sql(group)}, 1,
+       {be} - {b0}, p.chips * ({be} - {b0}), COALESCE(p.chips * ({be} - {b0}) * p.price_per_chip_hour, 0),
+       CASE WHEN p.price_per_chip_hour IS NULL THEN p.chips * ({be} - {b0}) ELSE 0 END,
+       {d0}, p.chips * {d0}, COALESCE(p.chips * {d0} * p.price_per_chip_hour, 0),
+       CASE WHEN p.price_per_chip_hour IS NULL THEN p.chips * {d0} ELSE 0 END
+FROM {source}
+WHERE {BILLED_POD}
+{upsert(columns)}"""
+
+
+def pods_held_sql(group: GroupBy, source: str = ALL_PODS) -> str:
+    """Quota held after preemption (preempted until deleted, or until now), per group; a slice only
+    holding quota in the window (not billed in it) counts as a slice of its group here.
+
+    Grouped before the UPSERT: one upsert per preempted slice cost more than the rest of the query (tens
+    of thousands of them), and pods_preempted hands the rows over in (zone, type, capacity) order."""
+    held = f"({HELD_S})"
+    columns = ("slices", "seen", "hcs", "hpriced", "hunpriced")
+    return f"""
+INSERT INTO cost_agg (k, zone, atype, capacity, day0, {", ".join(columns)})
+SELECT {GROUP_COLUMNS.format(k=key_sql(group, "p"))}, -1,
+       SUM(CASE WHEN {BILLED_POD} THEN 0 ELSE {own_sql(group)} END),
+       SUM(CASE WHEN {BILLED_POD} THEN 0 ELSE 1 END),
+       SUM(p.chips * {held}), SUM(COALESCE(p.chips * {held} * p.price_per_chip_hour, 0)),
+       SUM(CASE WHEN p.price_per_chip_hour IS NULL THEN p.chips * {held} ELSE 0 END)
+FROM {source}
+WHERE {PART} AND p.end_reason = 'preempted' AND p.chips IS NOT NULL AND {held} > 0
+GROUP BY 1, 2, 3, 4
+{upsert(columns)}"""
+
+
+#: Preemptions in the window, and those within the first minute (not billed): totals, no grouping.
+PREEMPTIONS_SQL: Final = f"""
+SELECT COALESCE(SUM({IN_WINDOW_PREEMPTION}), 0),
+       COALESCE(SUM({IN_WINDOW_PREEMPTION} AND {free_if_preempted_sql("p")}), 0)
+FROM pods AS p WHERE {PART} AND p.end_reason = 'preempted'"""
+#: The days after the first of every billed interval that crosses midnight (UTC), for the per-day
+#: figures: seeded only with those intervals, so the recursion touches few rows.
+LATER_DAYS_SQL: Final = f"""
+WITH RECURSIVE x AS (
+    SELECT p.zone, p.accelerator_type AS atype, p.capacity, p.chips, p.price_per_chip_hour AS price,
+           {midnight_after_sql("MAX(p.ready_at, :since)")} AS s,
+           MIN(COALESCE(p.ended_at, :now), :until) AS e
+    FROM {{source}}
+    WHERE {{billed}}
+      AND MIN(COALESCE(p.ended_at, :now), :until)
+          > {midnight_after_sql("MAX(p.ready_at, :since)")}
+),
+days(zone, atype, capacity, chips, price, s, e, pe) AS (
+    SELECT zone, atype, capacity, chips, price, s, MIN(e, s + {DAY_S}.0), e FROM x
+    UNION ALL
+    SELECT zone, atype, capacity, chips, price, e, MIN(pe, e + {DAY_S}.0), pe FROM days WHERE e < pe
+)
+INSERT INTO cost_days (day, zone, atype, capacity, slices, s, cs, priced, unpriced)
+SELECT {day_sql("s")}, zone, COALESCE(atype, :null_key), COALESCE(capacity, :null_key),
+       COUNT(*), SUM(e - s), SUM(chips * (e - s)),
+       -- TOTAL, not SUM: a day's unpriced piece must not make its priced sum NULL
+       TOTAL(chips * (e - s) * price), SUM(CASE WHEN price IS NULL THEN chips * (e - s) ELSE 0 END)
+FROM days WHERE 1
+-- Grouped before the UPSERT: one upsert per day of every midnight-crossing slice cost more than the
+-- recursion itself.
+GROUP BY 1, 2, 3, 4
+ON CONFLICT (day, zone, atype, capacity) DO UPDATE SET slices = slices + excluded.slices, s = s + excluded.s,
+    cs = cs + excluded.cs, priced = priced + excluded.priced, unpriced = unpriced + excluded.unpriced"""
+
+
+#: The per-day spend of the fast path without a per-day grouping (the chart's figures): each interval's
+#: first day (cost_agg) and its later days (cost_days), summed per day in SQL rather than as thousands of
+#: per-day x zone x type x capacity rows in Python. Unpriced time comes per combination (the catalog
+#: prices it), usually none.
+DAY_USD_SQL: Final = """
+WITH d AS (
+    SELECT day0 AS day, zone, atype, capacity, d0priced AS priced, d0unpriced AS unpriced
+    FROM cost_agg WHERE day0 >= 0
+    UNION ALL
+    SELECT day, zone, atype, capacity, priced, unpriced FROM cost_days
+)
+SELECT day, NULL, NULL, NULL, TOTAL(priced), 0.0 FROM d GROUP BY day
+UNION ALL
+SELECT day, zone, atype, capacity, 0.0, SUM(unpriced) FROM d WHERE unpriced != 0 GROUP BY 1, 2, 3, 4"""

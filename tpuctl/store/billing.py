@@ -1,0 +1,150 @@
+"""The billing rules: the one place they are written, in Python and as the SQL fragments made from them.
+
+The ledger's view function (``tpuctl.store.view``) applies them as events arrive, the ledger's triggers
+(``tpuctl.store.schema``) roll up what they produce, and the cost report's queries
+(``tpuctl.services.cost``) bill a window with them; all three take their constants, predicates and SQL
+expressions from here, so a rule changed here changes everywhere at once. (This module sits in the store
+layer because the store may not import services; the services import it.)
+
+Rules, applied to each incarnation of a slice (a row of the ledger's ``pods``; GCP's billing model):
+
+* **Billed from READY until the end.** Billing starts at the first READY (``ready_at``) and ends at the
+  first of the events in ``END_KINDS`` (preempted, failed, deleted, gone: ``ended_at``), or runs on to
+  now while the slice is alive. A slice never READY, or whose chip count was never known, costs nothing.
+* **Per second.** Time is billed to the second, as a real number: no rounding to minutes or hours.
+  cost = chips x USD per chip-hour x seconds / 3600. Sums are kept exact (USD x 3600, "usd_s") and only
+  rounded for display, to 6 decimals (``round_usd``).
+* **A spot or preemptible slice preempted in its first minute is free**: ``end_reason = 'preempted'``,
+  capacity in ``PREEMPTIBLE_CAPACITIES``, and ``ended_at - ready_at < FREE_PREEMPTION_S`` (60 s) bill
+  nothing at all (``is_free_preemption``, ``free_preemption_sql``).
+* **The price in force.** A slice is billed at the price per chip-hour recorded with it. A
+  ``price_change`` event recorded while the slice is open splits its billed time: each price is billed for
+  its own part. One recorded after the slice ended (an event arriving late) changes nothing. A slice with
+  no recorded price is billed at the catalog's current list price at report time.
+* **UTC days.** Per-day figures cut a slice's billed time at UTC midnight (``day_sql``); a slice's
+  first billed day is the day of ``ready_at``, and its end day is ``ended_at`` rounded *up* to the next
+  midnight (``ceil_day_sql``: an exact midnight stays where it is).
+* **Quota held.** A preempted slice holds its quota from the preemption until it is deleted (or until
+  now): not billed by GCP, but reported (chip-hours, and USD at the slice's price) as waste. A slice only
+  holding quota in a window (not billed in it) still counts as a slice of its group there.
+* **Recomputed work.** A run segment that redid steps after a preemption wasted the share
+  ``steps_recomputed / steps_completed`` (capped at 1; ``steps_completed`` counts every step the segment
+  ran) of the slice time it overlaps (``recompute_fraction_sql``), reported as waste at the slice's price.
+
+Everything a report shows is clipped to its window ``[since, until)``.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from tpuctl.catalog import CapacityType
+from tpuctl.store.records import EventKind
+
+#: A spot/preemptible slice preempted within this many seconds of READY is not charged (GCP's rule).
+FREE_PREEMPTION_S: Final = 60.0
+#: The capacity types (``pods.capacity`` values) that can be preempted, and so can be free, and whose
+#: time is compared with the on-demand price for savings.
+PREEMPTIBLE_CAPACITIES: Final = (CapacityType.SPOT.value, CapacityType.PREEMPTIBLE.value)
+#: The event kinds that end a slice's billing, in ``tpuctl.store.view``'s order.
+END_KINDS: Final = (EventKind.PREEMPTED.value, EventKind.FAILED.value, EventKind.DELETED.value,
+                    EventKind.GONE.value)  # fmt: skip
+#: Seconds in a (UTC) day: days are numbered from the epoch.
+DAY_S: Final = 86400
+#: Display rounding of USD and hour figures: exact to a millionth.
+DISPLAY_DECIMALS: Final = 6
+
+
+def _sql_list(values: tuple[str, ...]) -> str:
+    return "(" + ", ".join(f"'{v}'" for v in values) + ")"
+
+
+#: ``END_KINDS`` as an SQL list.
+END_KINDS_SQL: Final = _sql_list(END_KINDS)
+
+
+# --- Python ------------------------------------------------------------------------------------------
+
+
+def is_preemptible(capacity: str | None) -> bool:
+    return capacity in PREEMPTIBLE_CAPACITIES
+
+
+def is_free_preemption(
+    end_reason: str | None, capacity: str | None, ready_at: float, ended_at: float
+) -> bool:
+    """Whether a slice READY at ``ready_at`` and ended at ``ended_at`` is billed nothing."""
+    return (
+        end_reason == EventKind.PREEMPTED.value
+        and is_preemptible(capacity)
+        and ended_at - ready_at < FREE_PREEMPTION_S
+    )
+
+
+def round_usd(value: float) -> float:
+    """A figure as shown: 6 decimals (64 x 0.245 x 1.5 prints as 23.52, not 23.519999), never -0.0."""
+    out = round(value, DISPLAY_DECIMALS)
+    return 0.0 if out == 0 else out
+
+
+# --- SQL (``r``: the alias of a pods row, e.g. "p" or "NEW") -------------------------------------------
+
+
+def preemptible_sql(r: str) -> str:
+    return f"{r}.capacity IN {_sql_list(PREEMPTIBLE_CAPACITIES)}"
+
+
+def free_if_preempted_sql(r: str) -> str:
+    """For a slice known to be preempted (e.g. read from an index of preempted slices only): whether the
+    preemption is free (NULL when ``ready_at`` is: never READY, never billed)."""
+    return f"{preemptible_sql(r)}\n                  AND {r}.ended_at - {r}.ready_at < {FREE_PREEMPTION_S!r}"
+
+
+def free_preemption_sql(r: str) -> str:
+    """1 for a free preemption, else 0 (never NULL: a NULL end_reason must not make ``NOT`` of it NULL)."""
+    return f"COALESCE({r}.end_reason = '{EventKind.PREEMPTED.value}' AND {free_if_preempted_sql(r)}, 0)"
+
+
+def day_sql(t: str) -> str:
+    """The UTC day number of the instant ``t``."""
+    return f"CAST({t} / {DAY_S} AS INTEGER)"
+
+
+def ceil_day_sql(t: str) -> str:
+    """The day after the one holding the instant ``t`` (rounded up to midnight; an exact midnight stays)."""
+    return f"({day_sql(t)} + ({t} > {day_sql(t)} * {DAY_S}.0))"
+
+
+def midnight_sql(day: str) -> str:
+    """The instant (epoch seconds) the UTC day numbered ``day`` begins."""
+    return f"({day}) * {DAY_S}.0"
+
+
+def midnight_after_sql(t: str) -> str:
+    """The first midnight after the day holding ``t``, as epoch seconds."""
+    return midnight_sql(f"{day_sql(t)} + 1")
+
+
+def first_day_sql(r: str) -> str:
+    """A slice's first billed day (as the rollups key it)."""
+    return day_sql(f"{r}.ready_at")
+
+
+def end_day_sql(r: str) -> str:
+    """The day after the last one a closed slice was billed in (its end rounded up to midnight)."""
+    return ceil_day_sql(f"{r}.ended_at")
+
+
+def crosses_midnight_sql(r: str) -> str:
+    """A closed slice billed past the midnight after its READY (``r`` "": the columns unqualified, as in
+    an index's WHERE)."""
+    col = f"{r}." if r else ""
+    return f"{col}ended_at > {midnight_after_sql(f'{col}ready_at')}"
+
+
+def recompute_fraction_sql(rs: str) -> str:
+    """The share of a run segment's (alias ``rs``) slice time whose work was recomputed."""
+    return (
+        f"MIN(1.0, CAST({rs}.steps_recomputed AS REAL) / MAX(COALESCE({rs}.steps_completed, 0), "
+        f"{rs}.steps_recomputed, 1))"
+    )
