@@ -54,8 +54,6 @@ class QuotaUse:
 class QuotaBook:
     """Limits and usage, looked up by (quota id, location). Built from one listing: a snapshot."""
 
-    #: Node states that give nothing but still hold quota until the node is deleted.
-    DEAD_NODE_STATES = frozenset({"PREEMPTED", "TERMINATED"})
     #: Queued-resource states that hold quota until deleted (tpu-facts §5).
     DEAD_QUEUED_STATES = frozenset({"FAILED", "SUSPENDED"})
 
@@ -86,7 +84,7 @@ class QuotaBook:
                 self._use[key] += accel.quota_units
                 if node.state == "PREEMPTED":
                     self._preempted[key] += accel.quota_units
-                if node.state in self.DEAD_NODE_STATES:
+                if node.is_dead:  # gives nothing, holds quota until deleted
                     self._reclaimable[key] += accel.quota_units
                     self._holders[key].append(f"slice {node.name} ({node.state}, {node.zone})")
         for qr in queued_resources:
