@@ -7,7 +7,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tpuctl.cloud.base import Node
+    from tpuctl.services.run.model import AttemptResult
 
 
 @dataclass
@@ -177,3 +181,31 @@ def recovery_summary(
         # Unknown (None) for a program that reports no steps: there is nothing to call productive.
         "goodput": None if not wall or not progress.step_dt else round(productive / wall, 4),
     }
+
+
+def preemption_record(
+    number: int, node: Node, source: str, result: AttemptResult, progress: Progress, *, detected_at: float
+) -> PreemptionRecord:
+    """The record of the preemption that ended an attempt on ``node``: occurred at the earliest evidence
+    (the host's notice time, else the first host's death); a "notice" preemption when every host saved a
+    checkpoint on the way out, else "hard"."""
+    notice, preempted = progress.notice, progress.preempted
+    occurred: float | None = None
+    if notice is not None and isinstance(notice.get("t"), (int, float)):
+        occurred = float(notice["t"])
+    elif result.exit_times:
+        occurred = min(result.exit_times.values())
+    saved = preempted is not None and preempted.get("checkpoint") == "saved"
+    checkpoint_step = int_or_none(preempted.get("step")) if saved and preempted is not None else None
+    return PreemptionRecord(
+        number=number,
+        kind="notice" if checkpoint_step is not None else "hard",
+        source=source,
+        pod=node.name,
+        zone=node.zone,
+        capacity=node.capacity.value,
+        occurred_at=occurred,
+        detected_at=detected_at,
+        checkpoint_step=checkpoint_step,
+        last_step=progress.attempt_last,
+    )

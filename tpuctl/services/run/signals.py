@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 from tpuctl.cloud.base import DEAD_NODE_STATES, Node
 from tpuctl.errors import NotFoundError
-from tpuctl.runtime.preemption import parse_event
-from tpuctl.services.run.model import LaunchObserver
+from tpuctl.runtime.preemption import PREEMPTED_EXIT_CODE, parse_event
+from tpuctl.services.run.accounting import Progress
+from tpuctl.services.run.model import AttemptResult, LaunchObserver, Outcome, RecoveryPolicy
 
 if TYPE_CHECKING:
     from tpuctl.services.budget import BudgetDecision, BudgetGuard
@@ -194,3 +195,37 @@ class StepBudget:
             self.decision = decision
             return decision
         return None
+
+
+def classify(
+    result: AttemptResult,
+    stop_reason: Outcome | None,
+    progress: Progress,
+    watch: SliceWatch,
+    policy: RecoveryPolicy,
+) -> tuple[Outcome, str | None]:
+    """The one outcome of an attempt, from every sign at hand; for a preemption, also what told first
+    (runtime-notice | runtime-exit | api | hosts+api). ``stop_reason``: why the supervisor itself stopped
+    the hosts, if it did."""
+    if result.interrupted:
+        return Outcome.CANCELLED, None
+    if stop_reason in (Outcome.CANCELLED, Outcome.BUDGET):
+        return stop_reason, None
+    if result.timed_out:
+        return Outcome.TIMED_OUT, None
+    if result.succeeded:
+        return Outcome.SUCCEEDED, None
+    codes = result.exit_codes
+    preempted_exit = any(c == PREEMPTED_EXIT_CODE for c in codes.values())
+    if preempted_exit or progress.notice is not None or progress.preempted is not None:
+        return Outcome.PREEMPTED, "runtime-notice" if progress.notice is not None else "runtime-exit"
+    if watch.confirmed.is_set():
+        return Outcome.PREEMPTED, "api"
+    # Hosts died: ask the API whether the slice went with them. A signal or a lost host is what a
+    # preemption looks like from here, so wait for the API to catch up; a plain exit status gets the
+    # confirming polls only.
+    died = any(c is None or c < 0 for c in codes.values())
+    timeout = (policy.confirm_timeout_s or 5.0) if died else (policy.poll_s or 1.0)
+    if watch.confirm_now(timeout) is not None:
+        return Outcome.PREEMPTED, "hosts+api"
+    return Outcome.FAILED, None

@@ -51,7 +51,7 @@ from tpuctl.errors import (
 )
 from tpuctl.runtime.preemption import PREEMPTED_EXIT_CODE
 from tpuctl.services.run import hosts
-from tpuctl.services.run.accounting import PreemptionRecord, Progress, int_or_none, recovery_summary
+from tpuctl.services.run.accounting import PreemptionRecord, Progress, preemption_record, recovery_summary
 from tpuctl.services.run.control import save_request
 from tpuctl.services.run.launcher import Launcher
 from tpuctl.services.run.lease import LOCK_FILE, Lease, lease_holder, supervisor_identity
@@ -68,7 +68,7 @@ from tpuctl.services.run.model import (
     exit_status,
 )
 from tpuctl.services.run.provision import renamed
-from tpuctl.services.run.signals import EventTap, SliceWatch, StepBudget
+from tpuctl.services.run.signals import EventTap, SliceWatch, StepBudget, classify
 from tpuctl.services.run.takeover import take_over
 from tpuctl.store.records import EventKind, RunStatus, SegmentKind
 
@@ -591,67 +591,21 @@ class Supervisor:
             self._stopper = None
 
     def _classify(self, attempt: _Attempt, watch: SliceWatch) -> Outcome:
-        result = attempt.result
-        assert result is not None
-        reason = self._stop_reason
-        if result.interrupted:
-            return Outcome.CANCELLED
-        if reason in (Outcome.CANCELLED, Outcome.BUDGET):
-            return reason
-        if result.timed_out:
-            return Outcome.TIMED_OUT
-        if result.succeeded:
-            return Outcome.SUCCEEDED
-        codes = result.exit_codes
-        preempted_exit = any(c == PREEMPTED_EXIT_CODE for c in codes.values())
-        notice = self.progress.notice
-        if preempted_exit or notice is not None or self.progress.preempted is not None:
-            source = "runtime-notice" if notice is not None else "runtime-exit"
-            attempt.preemption = self._preemption(attempt, source, watch)
-            return Outcome.PREEMPTED
-        if watch.confirmed.is_set():
-            attempt.preemption = self._preemption(attempt, "api", watch)
-            return Outcome.PREEMPTED
-        # Hosts died: ask the API whether the slice went with them. A signal or a lost host is what a
-        # preemption looks like from here, so wait for the API to catch up; a plain exit status gets the
-        # confirming polls only.
-        died = any(c is None or c < 0 for c in codes.values())
-        timeout = (self.policy.confirm_timeout_s or 5.0) if died else (self.policy.poll_s or 1.0)
-        if watch.confirm_now(timeout) is not None:
-            attempt.preemption = self._preemption(attempt, "hosts+api", watch)
-            return Outcome.PREEMPTED
-        return Outcome.FAILED
-
-    def _preemption(self, attempt: _Attempt, source: str, watch: SliceWatch) -> PreemptionRecord:
-        """The record of the preemption that ended ``attempt``: detected when the supervisor first knew
-        (the notice line, the runtime's "preempted", or the API's confirmation), occurred at the earliest
-        evidence (the host's notice time, else the first host's death)."""
-        result = attempt.result
-        assert result is not None
-        notice = self.progress.notice
-        preempted = self.progress.preempted
-        candidates = [self._notice_seen_at, self._preempted_seen_at, watch.confirmed_at]
-        detected_at = min((c for c in candidates if c is not None), default=time.time())
-        occurred: float | None = None
-        if notice is not None and isinstance(notice.get("t"), (int, float)):
-            occurred = float(notice["t"])
-        elif result.exit_times:
-            occurred = min(result.exit_times.values())
-        saved = preempted is not None and preempted.get("checkpoint") == "saved"
-        checkpoint_step = int_or_none(preempted.get("step")) if saved and preempted is not None else None
-        node = attempt.node
-        return PreemptionRecord(
-            number=len(self.preemptions) + 1,
-            kind="notice" if checkpoint_step is not None else "hard",
-            source=source,
-            pod=node.name,
-            zone=node.zone,
-            capacity=node.capacity.value,
-            occurred_at=occurred,
-            detected_at=detected_at,
-            checkpoint_step=checkpoint_step,
-            last_step=self.progress.attempt_last,
-        )
+        assert attempt.result is not None
+        outcome, source = classify(attempt.result, self._stop_reason, self.progress, watch, self.policy)
+        if source is not None:
+            seen = [self._notice_seen_at, self._preempted_seen_at, watch.confirmed_at]
+            attempt.preemption = preemption_record(
+                len(self.preemptions) + 1,
+                attempt.node,
+                source,
+                attempt.result,
+                self.progress,
+                # Detected when the supervisor first knew: the notice line, the runtime's "preempted", or
+                # the API's confirmation.
+                detected_at=min((t for t in seen if t is not None), default=time.time()),
+            )
+        return outcome
 
     def _after_attempt(self, attempt: _Attempt) -> None:
         """Close the attempt's last segment with its step counts; note where a recovery resumed."""
