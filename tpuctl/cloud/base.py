@@ -26,6 +26,8 @@ LABEL_RUN = "tpuctl-run"
 DEAD_NODE_STATES = frozenset({"PREEMPTED", "TERMINATED"})
 #: Node states from which a slice does not become READY by itself: dead, stopped, or going away.
 NEVER_READY_NODE_STATES = DEAD_NODE_STATES | {"STOPPED", "STOPPING", "DELETING", "HIDDEN"}
+#: Queued-resource states of a dead request: it places nothing, and holds quota until it is deleted.
+DEAD_QUEUED_STATES = frozenset({"FAILED", "SUSPENDED"})
 
 
 @dataclass(frozen=True)

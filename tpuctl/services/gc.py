@@ -45,7 +45,6 @@ if TYPE_CHECKING:
     from tpuctl.services.session import Session
     from tpuctl.store.records import PodRecord
 
-DEAD_QUEUED_STATES = frozenset({"FAILED", "SUSPENDED"})
 _GC_RETRY = RetryPolicy(max_attempts=5, initial_wait_s=0.2, max_wait_s=5.0, deadline_s=60.0)
 _SIM_GC_RETRY = RetryPolicy(max_attempts=8, initial_wait_s=0.02, max_wait_s=0.5, deadline_s=30.0)
 

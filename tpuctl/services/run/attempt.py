@@ -11,7 +11,7 @@ returns an ``AttemptResult`` and the supervisor decides what it means.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING
 
@@ -196,13 +196,12 @@ class _EventLoop:
 
     def drain(self) -> None:
         """After a stop: collect exits (and log lines, not shown) for a bounded while."""
-        streams: Mapping[int, IO[str]] = self.streams.logs
         deadline = time.monotonic() + _DRAIN_AFTER_STOP_S
         while len(self.streams.exit_codes) < self.num_workers and time.monotonic() < deadline:
             event = self.executor.next_event(_POLL_S)
             if event is None:
                 continue
             if event.kind == "line":
-                streams[event.worker].write(event.text + "\n")
+                self.streams.logs[event.worker].write(event.text + "\n")
             else:
                 self.streams.exit_codes[event.worker] = event.returncode
