@@ -338,7 +338,7 @@ def _kill_leftovers(state_dir: Path) -> None:
     import os
     import signal
 
-    from tpuctl.services.recovery import kill_recorded_hosts
+    from tpuctl.services.run.hosts import kill_recorded_hosts
 
     if not (state_dir / "ledger.db").exists():
         return
@@ -435,8 +435,9 @@ def test_resume_takes_over_every_slice_the_ledger_has_for_the_run(
     ends with no slice left and no ledger entry alive."""
     from recovery_helpers import V5E_OTHER, V5E_ZONE
 
-    from tpuctl.services.launcher import Launcher, RunRequest
-    from tpuctl.services.recovery import Supervisor
+    from tpuctl.services.run.launcher import Launcher
+    from tpuctl.services.run.model import RunRequest
+    from tpuctl.services.run.supervisor import Supervisor
     from tpuctl.services.session import open_session
     from tpuctl.settings import load_settings
     from tpuctl.store.records import EventKind, PodState
@@ -489,8 +490,9 @@ def test_hosts_started_before_their_pids_were_recorded_are_stopped_too(
     all the same, found by the run id in its environment under this state dir's simulated hosts."""
     from tpuctl.processes import is_same_process, is_zombie, process_start_ticks
     from tpuctl.services.executors.sim import SimExecutor
-    from tpuctl.services.launcher import Launcher, RunRequest
-    from tpuctl.services.recovery import Supervisor
+    from tpuctl.services.run.launcher import Launcher
+    from tpuctl.services.run.model import RunRequest
+    from tpuctl.services.run.supervisor import Supervisor
     from tpuctl.services.session import open_session
     from tpuctl.settings import load_settings
 

@@ -343,7 +343,7 @@ def test_bench_step_reports_consistent_figures_against_the_measured_peak(
 
 def test_bench_figures_use_the_catalog_peak_on_tpu() -> None:
     from tpuctl.catalog import Catalog
-    from tpuctl.services.launcher import bench_step_figures
+    from tpuctl.services.run.bench import bench_step_figures
 
     accel = Catalog.load().resolve("v5e-16")
     raw = {

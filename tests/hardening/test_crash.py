@@ -442,7 +442,7 @@ def run_crash_loop(
 ) -> Counter[str]:
     from recovery_helpers import fast_jax_env, final_hash
 
-    from tpuctl.services.recovery import lease_holder
+    from tpuctl.services.run.lease import lease_holder
     from tpuctl.store import Ledger
     from tpuctl.store.records import RunStatus, SegmentKind
 

@@ -334,7 +334,8 @@ def test_unreachable_host_fails_naming_it(tmp_path: Path, key: KeyPair) -> None:
 def test_launcher_runs_a_2_host_slice_over_ssh_via_the_nodes_endpoints(
     tmp_path: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tpuctl.services.launcher import Launcher, RunRequest
+    from tpuctl.services.run.launcher import Launcher
+    from tpuctl.services.run.model import RunRequest
     from tpuctl.services.session import open_session
     from tpuctl.settings import load_settings
     from tpuctl.sim import SimAdminClient, SimServer

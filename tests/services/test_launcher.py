@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 
 from tpuctl.errors import InterruptedByUser, RunFailedError, UsageError
-from tpuctl.services.launcher import Launcher, RunRequest, parse_env
+from tpuctl.services.run.launcher import Launcher
+from tpuctl.services.run.model import RunRequest
+from tpuctl.services.run.prepare import parse_env
 from tpuctl.services.session import Session, open_session
 from tpuctl.settings import load_settings
 from tpuctl.sim import SimServer

@@ -16,19 +16,11 @@ import pytest
 from tpuctl.catalog import CapacityType
 from tpuctl.cloud.base import Node
 from tpuctl.errors import NotFoundError, TransientError
-from tpuctl.services.launcher import RunRequest
-from tpuctl.services.recovery import (
-    LOCK_FILE,
-    Lease,
-    PreemptionRecord,
-    Progress,
-    RecoveryPolicy,
-    _SliceWatch,
-    lease_holder,
-    load_request,
-    recovery_summary,
-    save_request,
-)
+from tpuctl.services.run.accounting import PreemptionRecord, Progress, recovery_summary
+from tpuctl.services.run.control import load_request, save_request
+from tpuctl.services.run.lease import LOCK_FILE, Lease, lease_holder
+from tpuctl.services.run.model import RecoveryPolicy, RunRequest
+from tpuctl.services.run.signals import SliceWatch as _SliceWatch
 
 NODE = Node(name="p", zone="us-central1-a", accelerator_type="v5litepod-8", state="READY",
             capacity=CapacityType.SPOT)  # fmt: skip
@@ -169,7 +161,8 @@ def test_the_lease_is_exclusive_and_dies_with_its_holder(tmp_path: Path) -> None
     # A holder killed with SIGKILL leaves the lock free (the kernel drops it with the process).
     code = (
         "import sys, time\nsys.path.insert(0, sys.argv[2])\nfrom pathlib import Path\n"
-        "from tpuctl.services.recovery import Lease\nlease = Lease.acquire(Path(sys.argv[1]))\nassert lease\n"
+        "from tpuctl.services.run.lease import Lease\n"
+        "lease = Lease.acquire(Path(sys.argv[1]))\nassert lease\n"
         "print('held', flush=True)\ntime.sleep(60)\n"
     )
     proc = subprocess.Popen([sys.executable, "-c", code, str(run_dir / LOCK_FILE), str(Path.cwd())],

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from tpuctl.cli.render import Output, Progress
-    from tpuctl.services.recovery import RecoveryPolicy, SupervisedResult
+    from tpuctl.services.run.model import RecoveryPolicy, SupervisedResult
     from tpuctl.services.session import Session
     from tpuctl.store.records import RunRecord
 
@@ -31,7 +31,7 @@ _COLOURS = ("cyan", "magenta", "green", "yellow", "blue", "red", "bright_cyan", 
 
 
 class _Printer:
-    """Implements ``tpuctl.services.launcher.LaunchObserver``: host lines with a coloured worker prefix."""
+    """Implements ``tpuctl.services.run.model.LaunchObserver``: host lines with a coloured worker prefix."""
 
     def __init__(self, out: Output, hosts: int) -> None:
         self._out = out
@@ -169,7 +169,8 @@ def run(
     """
     from tpuctl.catalog import CapacityType
     from tpuctl.errors import UsageError
-    from tpuctl.services.launcher import Launcher, RunRequest
+    from tpuctl.services.run.launcher import Launcher
+    from tpuctl.services.run.model import RunRequest
 
     out = make_output(ctx, output)
     program_args = [*(args or []), *ctx.args]
@@ -223,7 +224,7 @@ def run(
             _render_plan(out, launcher.plan(prepared))
             return
         from tpuctl.services.budget import warn_monthly_budget
-        from tpuctl.services.recovery import Supervisor
+        from tpuctl.services.run.supervisor import Supervisor
 
         if prepared.target.node is None:  # the run creates its slice: cost (issue 6)'s monthly warning
             warn_monthly_budget(sess, out.warn)
@@ -242,7 +243,7 @@ def run(
 
 def _policy(max_restarts: int, max_preemptions: int) -> RecoveryPolicy:
     from tpuctl.errors import UsageError
-    from tpuctl.services.recovery import RecoveryPolicy
+    from tpuctl.services.run.model import RecoveryPolicy
 
     for flag, value in (("--max-restarts", max_restarts), ("--max-preemptions", max_preemptions)):
         if value < 0:
@@ -279,7 +280,7 @@ def _render_result(out: Output, supervised: SupervisedResult) -> None:
 
 
 def _start_detached(sess: Session, run_id: str, *, resume: bool = False) -> dict[str, Any]:
-    from tpuctl.services.recovery import start_detached
+    from tpuctl.services.run.control import start_detached
 
     return start_detached(sess, run_id, resume=resume)
 
@@ -414,7 +415,7 @@ def describe_run(
     """Show one run: status, slice, exit code, its segments (a timeline), and what preemptions cost:
     steps completed and recomputed, goodput, detection latency and recovery time of each."""
     from tpuctl.errors import UsageError
-    from tpuctl.services.recovery import describe_run as describe
+    from tpuctl.services.run.describe import describe_run as describe
 
     out = make_output(ctx, output)
     with session(ctx, out) as sess:
@@ -532,7 +533,7 @@ def run_logs(
     """Print the hosts' logs of a run (one host's with --worker N, unprefixed)."""
     import sys
 
-    from tpuctl.services.launcher import Launcher
+    from tpuctl.services.run.launcher import Launcher
 
     out = make_output(ctx, None)
     with session(ctx, out) as sess:
@@ -568,8 +569,10 @@ def resume_run(
 
     from tpuctl.errors import UsageError
     from tpuctl.services.budget import parse_budget
-    from tpuctl.services.launcher import Launcher
-    from tpuctl.services.recovery import Supervisor, lease_holder, resume_prepared
+    from tpuctl.services.run.control import resume_prepared
+    from tpuctl.services.run.launcher import Launcher
+    from tpuctl.services.run.lease import lease_holder
+    from tpuctl.services.run.supervisor import Supervisor
     from tpuctl.store.records import RunStatus
 
     out = make_output(ctx, output)
@@ -605,7 +608,7 @@ def resume_run(
             policy = dataclasses.replace(policy, max_preemptions=_policy(0, max_preemptions).max_preemptions)
         chosen_budget = new_budget if new_budget is not None else saved_budget
         if new_budget is not None or max_preemptions is not None:
-            from tpuctl.services.recovery import save_request
+            from tpuctl.services.run.control import save_request
 
             save_request(prepared.log_dir, prepared.request, run_id=run_id, budget_usd=chosen_budget,
                          policy=policy)  # fmt: skip
@@ -630,7 +633,7 @@ def cancel_run(
     output: OutputOpt = None,
 ) -> None:
     """Stop a run: its hosts checkpoint and stop, its slice is deleted, it is recorded as cancelled."""
-    from tpuctl.services.recovery import cancel_run as cancel
+    from tpuctl.services.run.control import cancel_run as cancel
 
     out = make_output(ctx, output)
     with session(ctx, out) as sess:
@@ -652,8 +655,9 @@ def supervise_run(
     resume: Annotated[bool, typer.Option("--resume")] = False,
 ) -> None:
     """Internal: the background supervisor of a --detach run (started by tpuctl itself)."""
-    from tpuctl.services.launcher import Launcher
-    from tpuctl.services.recovery import Supervisor, resume_prepared
+    from tpuctl.services.run.control import resume_prepared
+    from tpuctl.services.run.launcher import Launcher
+    from tpuctl.services.run.supervisor import Supervisor
 
     out = make_output(ctx, None)
     with session(ctx, out) as sess:
@@ -696,13 +700,9 @@ def bench_step(
     TFLOP/s and the fraction of peak (the catalog's on TPU; on the simulator, a large matmul measured
     on the same CPU in the same run)."""
     from tpuctl.errors import TpuctlError, UsageError
-    from tpuctl.services.launcher import (
-        BenchCollector,
-        Launcher,
-        RunRequest,
-        bench_step_figures,
-        bench_step_program,
-    )
+    from tpuctl.services.run.bench import BenchCollector, bench_step_figures, bench_step_program
+    from tpuctl.services.run.launcher import Launcher
+    from tpuctl.services.run.model import RunRequest
 
     out = make_output(ctx, output)
     for flag, value in (("--steps", steps), ("--batch-per-device", batch_per_device), ("--seq-len", seq_len),

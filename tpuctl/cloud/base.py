@@ -21,6 +21,14 @@ LABEL_OWNER = "tpuctl-owner"
 LABEL_REQUEST = "tpuctl-request"
 LABEL_RUN = "tpuctl-run"
 
+#: Node states of a dead slice: it will not run again, and it holds its quota until it is deleted. The one
+#: definition of "dead" (``Node.is_dead``); the sets below add to it, never restate it.
+DEAD_NODE_STATES = frozenset({"PREEMPTED", "TERMINATED"})
+#: Node states from which a slice does not become READY by itself: dead, stopped, or going away.
+NEVER_READY_NODE_STATES = DEAD_NODE_STATES | {"STOPPED", "STOPPING", "DELETING", "HIDDEN"}
+#: Queued-resource states of a dead request: it places nothing, and holds quota until it is deleted.
+DEAD_QUEUED_STATES = frozenset({"FAILED", "SUSPENDED"})
+
 
 @dataclass(frozen=True)
 class NodeRequest:
@@ -69,6 +77,11 @@ class Node:
     @property
     def is_tpuctl_managed(self) -> bool:
         return self.labels.get(LABEL_MANAGED_BY) == LABEL_MANAGED_BY_VALUE
+
+    @property
+    def is_dead(self) -> bool:
+        """Preempted or terminated: nothing runs on it again; it holds quota until deleted."""
+        return self.state in DEAD_NODE_STATES
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from tpuctl.catalog import CapacityType
 from tpuctl.cloud.base import (
     LABEL_REQUEST,
     LABEL_RUN,
+    NEVER_READY_NODE_STATES,
     Node,
     NodeRequest,
     OperationProgress,
@@ -47,8 +48,6 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-#: Node states after which a slice will not become READY by itself.
-NODE_DEAD_STATES = frozenset({"PREEMPTED", "TERMINATED", "STOPPED", "STOPPING", "DELETING", "HIDDEN"})
 #: A queued resource in one of these states is finished waiting, one way or the other.
 QR_SETTLED_STATES = frozenset({"ACTIVE", "FAILED", "SUSPENDED", "SUSPENDING", "DELETING"})
 
@@ -409,7 +408,7 @@ class PlacementContext:
         from tpuctl.cloud.retry import PollTimeout, poll_until
 
         def done(node: Node) -> bool:
-            if node.state in NODE_DEAD_STATES:
+            if node.state in NEVER_READY_NODE_STATES:
                 raise CloudError(
                     f"slice {name} in {zone} went {node.state} before it was READY",
                     fix="`tpuctl pod gc` cleans up dead slices",

@@ -45,8 +45,6 @@ if TYPE_CHECKING:
     from tpuctl.services.session import Session
     from tpuctl.store.records import PodRecord
 
-DEAD_NODE_STATES = frozenset({"PREEMPTED", "TERMINATED"})
-DEAD_QUEUED_STATES = frozenset({"FAILED", "SUSPENDED"})
 
 
 @dataclass(frozen=True)
@@ -221,7 +219,7 @@ class GarbageCollector:
         return None
 
     def _node_reason(self, node: Node, queued_names: set[tuple[str, str]]) -> str | None:
-        if node.state in DEAD_NODE_STATES:
+        if node.is_dead:
             return f"{node.state} slice; it holds quota until deleted"
         if self._is_ours(node.labels) and not self._owned(node.zone, node.name):
             qr = _short(node.queued_resource)

@@ -21,6 +21,7 @@ from tpuctl.cloud.base import (
     LABEL_MANAGED_BY_VALUE,
     LABEL_OWNER,
     LABEL_REQUEST,
+    NEVER_READY_NODE_STATES,
     Node,
     NodeRequest,
     OperationProgress,
@@ -352,7 +353,7 @@ class PodService:
         def _not_ready(node: Node) -> bool:
             if progress is not None:
                 progress.update(f"{name}: {node.state}", elapsed_s=time.monotonic() - started)
-            if node.state in ("PREEMPTED", "TERMINATED", "STOPPED", "DELETING"):
+            if node.state in NEVER_READY_NODE_STATES:
                 raise CloudError(
                     f"slice {name} in {zone} went {node.state} while waiting for READY",
                     fix="`tpuctl pod describe` shows its history; `tpuctl pod gc` cleans it up",

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tpuctl.catalog import AcceleratorType, CapacityType, Catalog, region_of_zone
-from tpuctl.cloud.base import Node, QueuedResource, QuotaLimit, TpuCloud
+from tpuctl.cloud.base import DEAD_QUEUED_STATES, Node, QueuedResource, QuotaLimit, TpuCloud
 from tpuctl.errors import UsageError
 
 
@@ -54,11 +54,6 @@ class QuotaUse:
 class QuotaBook:
     """Limits and usage, looked up by (quota id, location). Built from one listing: a snapshot."""
 
-    #: Node states that give nothing but still hold quota until the node is deleted.
-    DEAD_NODE_STATES = frozenset({"PREEMPTED", "TERMINATED"})
-    #: Queued-resource states that hold quota until deleted (tpu-facts §5).
-    DEAD_QUEUED_STATES = frozenset({"FAILED", "SUSPENDED"})
-
     def __init__(
         self,
         catalog: Catalog,
@@ -86,11 +81,11 @@ class QuotaBook:
                 self._use[key] += accel.quota_units
                 if node.state == "PREEMPTED":
                     self._preempted[key] += accel.quota_units
-                if node.state in self.DEAD_NODE_STATES:
+                if node.is_dead:  # gives nothing, holds quota until deleted
                     self._reclaimable[key] += accel.quota_units
                     self._holders[key].append(f"slice {node.name} ({node.state}, {node.zone})")
         for qr in queued_resources:
-            if qr.state not in self.DEAD_QUEUED_STATES:
+            if qr.state not in DEAD_QUEUED_STATES:
                 continue
             accel = self._resolve(qr.accelerator_type)
             # Nodes of the queued resource that still exist were counted above; count only the rest.

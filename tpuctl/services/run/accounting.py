@@ -1,0 +1,211 @@
+"""What a supervised run accounts for: its preemptions (detection latency, recovery time) and its steps
+(done, recomputed, productive time), read from the runtime's event lines and summed into the run's
+``recovery`` record."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tpuctl.cloud.base import Node
+    from tpuctl.services.run.model import AttemptResult
+
+
+@dataclass
+class PreemptionRecord:
+    """One preemption, from the first sign of it to training running again."""
+
+    number: int
+    kind: str  # notice (the runtime checkpointed on the notice) | hard (no checkpoint on the way out)
+    source: str  # what told the supervisor first: runtime-notice | runtime-exit | api | hosts+api
+    pod: str
+    zone: str
+    capacity: str | None
+    occurred_at: float | None  # the earliest evidence: the host's notice, else the first host death
+    detected_at: float
+    checkpoint_step: int | None = None
+    last_step: int | None = None
+    slice_deleted_at: float | None = None
+    new_pod: str | None = None
+    new_zone: str | None = None
+    provisioning_s: float | None = None
+    hosts_started_at: float | None = None
+    resumed_at: float | None = None  # first step done on the new slice
+    restored_step: int | None = None
+    steps_recomputed: int | None = None
+
+    @property
+    def detection_latency_s(self) -> float | None:
+        if self.occurred_at is None:
+            return None
+        return max(0.0, self.detected_at - self.occurred_at)
+
+    @property
+    def recovery_s(self) -> float | None:
+        return None if self.resumed_at is None else self.resumed_at - self.detected_at
+
+    @property
+    def startup_s(self) -> float | None:
+        if self.resumed_at is None or self.hosts_started_at is None:
+            return None
+        return self.resumed_at - self.hosts_started_at
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data.update(
+            detection_latency_s=_round(self.detection_latency_s),
+            recovery_s=_round(self.recovery_s),
+            startup_s=_round(self.startup_s),
+        )
+        overhead = None
+        if self.recovery_s is not None:
+            overhead = self.recovery_s - (self.provisioning_s or 0.0) - (self.startup_s or 0.0)
+        data["recovery_overhead_s"] = _round(overhead)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PreemptionRecord:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def _round(value: float | None, digits: int = 3) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+@dataclass
+class Progress:
+    """Steps as the runtime reports them (``start``/``step``/``preempted``/``done`` events of host 0).
+
+    ``step_dt`` keeps the time of the LAST computation of each step: a step done again after a
+    preemption replaces the lost one, so the sum over the final steps is the productive step time.
+    """
+
+    step_dt: dict[int, float] = field(default_factory=dict)
+    computed_s: float = 0.0  # every step computed, recomputations included
+    recomputed: int = 0
+    fallbacks: list[dict[str, Any]] = field(default_factory=list)
+    last_step: int | None = None  # the last step done, over all attempts
+    # This attempt:
+    first_step: int | None = None
+    restored: int | None = None
+    attempt_last: int | None = None
+    attempt_recomputed: int = 0
+    first_step_at: float | None = None
+    notice: dict[str, Any] | None = None
+    preempted: dict[str, Any] | None = None
+    done: bool = False
+
+    def new_attempt(self) -> None:
+        self.first_step = self.restored = self.attempt_last = self.first_step_at = None
+        self.attempt_recomputed = 0
+        self.notice = self.preempted = None
+        self.done = False
+
+    def on_event(self, event: Mapping[str, Any], at: float) -> None:
+        kind = event.get("event")
+        if kind == "start":
+            step = int_or_none(event.get("step"))
+            self.first_step = step
+            self.restored = int_or_none(event.get("restored"))
+            if step is not None and self.last_step is not None and step < self.last_step:
+                # Steps done before the preemption that the checkpoint did not keep: done again now.
+                self.attempt_recomputed = self.last_step - step
+                self.recomputed += self.attempt_recomputed
+            skipped = event.get("skipped") or []
+            if skipped:
+                self.fallbacks.append(
+                    {"at": at, "restored": self.restored, "skipped": list(skipped), "attempt_start": step}
+                )
+        elif kind == "step":
+            step = int_or_none(event.get("step"))
+            dt = event.get("dt")
+            if step is None:
+                return
+            if self.first_step_at is None:
+                self.first_step_at = at
+            if isinstance(dt, (int, float)):
+                self.step_dt[step] = float(dt)
+                self.computed_s += float(dt)
+            self.attempt_last = step
+            self.last_step = step
+        elif kind == "notice":
+            if self.notice is None:
+                self.notice = dict(event)
+        elif kind == "preempted":
+            self.preempted = dict(event)
+        elif kind == "done":
+            self.done = True
+
+    @property
+    def attempt_steps(self) -> int | None:
+        if self.attempt_last is None or self.first_step is None:
+            return None
+        return self.attempt_last - self.first_step
+
+    def productive_s(self, final_step: int | None) -> float:
+        last = final_step if final_step is not None else self.last_step
+        if last is None:
+            return 0.0
+        return sum(dt for s, dt in self.step_dt.items() if s <= last)
+
+
+def int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def recovery_summary(
+    progress: Progress,
+    preemptions: list[PreemptionRecord],
+    restarts: int,
+    *,
+    final_step: int | None,
+    end: float | None,
+    wall_start: float | None,
+) -> dict[str, Any]:
+    productive = progress.productive_s(final_step)
+    wall = None if end is None or wall_start is None else max(0.0, end - wall_start)
+    return {
+        "preemptions": [p.to_dict() for p in preemptions],
+        "preemption_count": len(preemptions),
+        "restarts": restarts,
+        "steps_completed": final_step,
+        "steps_recomputed": progress.recomputed,
+        "checkpoint_fallbacks": progress.fallbacks,
+        "productive_step_s": round(productive, 4),
+        "computed_step_s": round(progress.computed_s, 4),
+        "wall_s": _round(wall),
+        # Unknown (None) for a program that reports no steps: there is nothing to call productive.
+        "goodput": None if not wall or not progress.step_dt else round(productive / wall, 4),
+    }
+
+
+def preemption_record(
+    number: int, node: Node, source: str, result: AttemptResult, progress: Progress, *, detected_at: float
+) -> PreemptionRecord:
+    """The record of the preemption that ended an attempt on ``node``: occurred at the earliest evidence
+    (the host's notice time, else the first host's death); a "notice" preemption when every host saved a
+    checkpoint on the way out, else "hard"."""
+    notice, preempted = progress.notice, progress.preempted
+    occurred: float | None = None
+    if notice is not None and isinstance(notice.get("t"), (int, float)):
+        occurred = float(notice["t"])
+    elif result.exit_times:
+        occurred = min(result.exit_times.values())
+    saved = preempted is not None and preempted.get("checkpoint") == "saved"
+    checkpoint_step = int_or_none(preempted.get("step")) if saved and preempted is not None else None
+    return PreemptionRecord(
+        number=number,
+        kind="notice" if checkpoint_step is not None else "hard",
+        source=source,
+        pod=node.name,
+        zone=node.zone,
+        capacity=node.capacity.value,
+        occurred_at=occurred,
+        detected_at=detected_at,
+        checkpoint_step=checkpoint_step,
+        last_step=progress.attempt_last,
+    )

@@ -1,0 +1,207 @@
+"""One attempt of a run: ship the bundle to every host of a slice, start the program on all of them at
+once, and stream their output until every host has exited.
+
+Failure semantics: the first host to exit non-zero (or to die: killed by a signal, connection lost) fails
+the attempt. The others get SIGTERM to their process groups, SIGKILL after ``grace_s``. Ctrl-C stops
+every host the same way. No wait is unbounded: the event loop polls, stops are bounded, and
+``timeout_s`` caps the attempt when given. An attempt never raises for the program's own failure: it
+returns an ``AttemptResult`` and the supervisor decides what it means.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import IO, TYPE_CHECKING
+
+from tpuctl.services.run.model import AttemptResult, LaunchObserver, PreparedRun, describe_exit
+from tpuctl.store.paths import ensure_private_dir, private_file
+from tpuctl.store.records import RunStatus
+
+if TYPE_CHECKING:
+    from tpuctl.cloud.base import Node
+    from tpuctl.services.executors.base import Executor, LaunchSpec, ShipResult
+    from tpuctl.services.session import Session
+
+_POLL_S = 0.25
+#: After the hosts were told to stop, how long to wait for their exit events before giving up on them.
+_DRAIN_AFTER_STOP_S = 10.0
+
+
+@dataclass
+class _Streams:
+    """What the event loop collects: each host's log file, exit status and the time it was seen."""
+
+    logs: dict[int, IO[str]] = field(default_factory=dict)
+    exit_codes: dict[int, int | None] = field(default_factory=dict)
+    exit_times: dict[int, float] = field(default_factory=dict)
+
+    def close(self) -> None:
+        for fh in self.logs.values():
+            fh.close()
+
+
+def execute(
+    session: Session,
+    observer: LaunchObserver,
+    executor: Executor,
+    prepared: PreparedRun,
+    node: Node,
+    *,
+    restart_count: int = 0,
+    soft_exit_codes: frozenset[int] = frozenset(),
+    soft_wait_s: float = 60.0,
+    on_started: Callable[[Executor], None] | None = None,
+) -> AttemptResult:
+    """Ship and start on every host of ``node``, stream until all exit (see the module docstring).
+
+    ``soft_exit_codes``: statuses that end a host without failing the others (the runtime's
+    "preempted, checkpoint saved"): the other hosts get ``soft_wait_s`` to reach the same end before
+    they are stopped. ``on_started(executor)`` is called once every host has started."""
+    spec = prepared.spec(restart_count)
+    if len(node.network_endpoints) not in (0, spec.num_workers):
+        observer.status(
+            f"note: {node.name} reports {len(node.network_endpoints)} endpoints for {spec.num_workers} hosts"
+        )
+    # Run logs hold the program's output: private like the rest of the state dir.
+    ensure_private_dir(prepared.log_dir.parent)
+    ensure_private_dir(prepared.log_dir)
+    streams = _Streams()
+    shipped: list[ShipResult] = []
+    failed: tuple[int, int | None] | None = None
+    interrupted = timed_out = False
+    started_at = time.time()
+    try:
+        shipped = _ship_and_start(session, observer, executor, prepared, node, spec, streams)
+        if on_started is not None:
+            on_started(executor)
+        timeout_s = prepared.request.timeout_s
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        loop = _EventLoop(observer, executor, prepared.request.grace_s, spec.num_workers, streams)
+        try:
+            failed, timed_out = loop.pump(deadline, soft_exit_codes, soft_wait_s)
+        except KeyboardInterrupt:
+            interrupted = True
+            observer.status("interrupted: stopping every host")
+            executor.stop(prepared.request.grace_s)
+            loop.drain()
+    finally:
+        try:
+            executor.close()
+        finally:
+            streams.close()
+    return AttemptResult(
+        exit_codes=streams.exit_codes,
+        failed_worker=None if failed is None else failed[0],
+        returncode=None if failed is None else failed[1],
+        interrupted=interrupted,
+        timed_out=timed_out,
+        shipped=shipped,
+        started_at=started_at,
+        ended_at=time.time(),
+        exit_times=streams.exit_times,
+    )
+
+
+def _ship_and_start(
+    session: Session,
+    observer: LaunchObserver,
+    executor: Executor,
+    prepared: PreparedRun,
+    node: Node,
+    spec: LaunchSpec,
+    streams: _Streams,
+) -> list[ShipResult]:
+    for worker in range(spec.num_workers):
+        streams.logs[worker] = private_file(prepared.log_dir / f"worker-{worker}.log").open(
+            "a", encoding="utf-8", buffering=1
+        )
+    bundle = prepared.bundle
+    observer.status(
+        f"shipping bundle {bundle.short_digest} ({len(bundle.files)} files, {bundle.total_bytes} bytes) "
+        f"to {spec.num_workers} hosts"
+    )
+    shipped = executor.ship(bundle)
+    copied = sum(1 for s in shipped if s.shipped)
+    observer.status(
+        f"bundle on {spec.num_workers} hosts ({copied} copied, {len(shipped) - copied} already had it)"
+    )
+    session.ledger.update_run(prepared.run_id, status=RunStatus.RUNNING, pod=node.name, zone=node.zone)
+    executor.start(spec)
+    observer.status(f"started {' '.join(prepared.program)} on {spec.num_workers} hosts")
+    return shipped
+
+
+@dataclass
+class _EventLoop:
+    observer: LaunchObserver
+    executor: Executor
+    grace_s: float
+    num_workers: int
+    streams: _Streams
+
+    def _stop_all(self) -> float:
+        """Tell every host to stop; the deadline for their exit events."""
+        self.executor.stop(self.grace_s)
+        return time.monotonic() + _DRAIN_AFTER_STOP_S
+
+    def pump(
+        self, deadline: float | None, soft_exit_codes: frozenset[int], soft_wait_s: float
+    ) -> tuple[tuple[int, int | None] | None, bool]:
+        """Route events until every host exited; returns (first failure, timed out)."""
+        exit_codes = self.streams.exit_codes
+        failed: tuple[int, int | None] | None = None
+        timed_out = False
+        stop_deadline: float | None = None
+        soft_deadline: float | None = None
+        while len(exit_codes) < self.num_workers:
+            now = time.monotonic()
+            if stop_deadline is not None and now > stop_deadline:
+                break  # the executor promised exits after stop(); don't wait on one that never comes
+            if soft_deadline is not None and now > soft_deadline and stop_deadline is None:
+                self.observer.status(
+                    f"{self.num_workers - len(exit_codes)} host(s) did not stop within {soft_wait_s:g} s of "
+                    "the others: stopping them"
+                )
+                stop_deadline = self._stop_all()
+                continue
+            if deadline is not None and now > deadline and stop_deadline is None:
+                timed_out = True
+                self.observer.status("--timeout reached: stopping every host")
+                stop_deadline = self._stop_all()
+                continue
+            event = self.executor.next_event(_POLL_S)
+            if event is None:
+                continue
+            if event.kind == "line":
+                self.streams.logs[event.worker].write(event.text + "\n")
+                self.observer.line(event.worker, event.text)
+                continue
+            exit_codes[event.worker] = event.returncode
+            self.streams.exit_times[event.worker] = event.at
+            if event.returncode == 0 or failed is not None or timed_out:
+                continue
+            if event.returncode in soft_exit_codes:
+                # An agreed stop (every host stops at the same step): let the others get there too.
+                if soft_deadline is None:
+                    soft_deadline = time.monotonic() + soft_wait_s
+                continue
+            failed = (event.worker, event.returncode)
+            self.observer.status(
+                f"host {event.worker} {describe_exit(event.returncode)}: stopping the other hosts"
+            )
+            stop_deadline = self._stop_all()
+        return failed, timed_out
+
+    def drain(self) -> None:
+        """After a stop: collect exits (and log lines, not shown) for a bounded while."""
+        deadline = time.monotonic() + _DRAIN_AFTER_STOP_S
+        while len(self.streams.exit_codes) < self.num_workers and time.monotonic() < deadline:
+            event = self.executor.next_event(_POLL_S)
+            if event is None:
+                continue
+            if event.kind == "line":
+                self.streams.logs[event.worker].write(event.text + "\n")
+            else:
+                self.streams.exit_codes[event.worker] = event.returncode

@@ -1,0 +1,227 @@
+"""Controlling runs from outside their supervisor: the saved request (``--detach``, ``runs resume``), a
+supervisor started in the background, preparing a run again to resume it, and ``runs cancel``."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tpuctl.errors import NotFoundError, TpuctlError, UsageError
+from tpuctl.services.run import hosts
+from tpuctl.services.run.lease import LOCK_FILE, Lease, lease_holder
+from tpuctl.services.run.model import PreparedRun, RecoveryPolicy, RunRequest
+from tpuctl.store.paths import ensure_private_dir, private_file
+from tpuctl.store.records import RunStatus
+
+if TYPE_CHECKING:
+    from tpuctl.services.run.launcher import Launcher
+    from tpuctl.services.session import Session
+
+#: What a --detach run's request is saved as, next to its logs (0600: --env values may be secrets).
+REQUEST_FILE = "request.json"
+SUPERVISOR_LOG = "supervisor.log"
+
+
+def save_request(
+    log_dir: Path, request: RunRequest, *, run_id: str, budget_usd: float | None, policy: RecoveryPolicy
+) -> Path:
+    """Write what ``runs resume`` / a detached supervisor needs to prepare the run again (0600)."""
+    ensure_private_dir(log_dir)
+    data = dataclasses.asdict(request)
+    data["capacity"] = request.capacity.value
+    data["run_id"] = run_id
+    payload = {"request": data, "budget_usd": budget_usd, "policy": policy.to_dict()}
+    path = log_dir / REQUEST_FILE
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        json.dump(payload, fh)
+    tmp.replace(path)
+    return path
+
+
+def load_request(log_dir: Path) -> tuple[RunRequest, float | None, RecoveryPolicy]:
+    from tpuctl.catalog import CapacityType
+
+    path = log_dir / REQUEST_FILE
+    try:
+        payload = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise UsageError(
+            f"cannot read the saved request of this run ({path}: {exc})",
+            field="RUN",
+            value=log_dir.name,
+            fix="only runs started by a tpuctl that saves requests can be resumed; start it again with "
+            "`tpuctl run`",
+        ) from None
+    raw = dict(payload["request"])
+    raw["capacity"] = CapacityType(raw["capacity"])
+    for key in ("args", "env"):
+        raw[key] = tuple(raw.get(key) or ())
+    names = {f.name for f in dataclasses.fields(RunRequest)}
+    request = RunRequest(**{k: v for k, v in raw.items() if k in names})
+    policy_raw = payload.get("policy") or {}
+    policy_names = {f.name for f in dataclasses.fields(RecoveryPolicy)}
+    policy = RecoveryPolicy(**{k: v for k, v in policy_raw.items() if k in policy_names})
+    budget = payload.get("budget_usd")
+    return request, (float(budget) if budget is not None else None), policy
+
+
+def _settings_env(session: Session) -> dict[str, str]:
+    """The settings a background supervisor must share with the command that started it."""
+    settings = session.settings
+    env = {"TPUCTL_STATE_DIR": str(session.state_dir)}
+    for name, value in (
+        ("TPUCTL_PROFILE", settings.profile),
+        ("TPUCTL_PROJECT", settings.project),
+        ("TPUCTL_BACKEND", None if settings.backend is None else settings.backend.value),
+        # The resolved default path even when there is no file: pass it on only if it exists (named,
+        # a missing file is an error).
+        (
+            "TPUCTL_CONFIG",
+            settings.config_file if settings.config_file and settings.config_file.exists() else None,
+        ),
+        ("TPUCTL_SIM_URL", settings.sim_url),
+        ("TPUCTL_SIM_WORLD", settings.sim_world),
+    ):
+        if value is not None:
+            env[name] = str(value)
+    return env
+
+
+def start_detached(
+    session: Session, run_id: str, *, resume: bool = False, wait_s: float = 30.0
+) -> dict[str, Any]:
+    """Start ``python -m tpuctl runs supervise RUN`` in a session of its own (it survives the terminal
+    and this process) and wait until it holds the run's lease. Returns its pid and log file."""
+    import subprocess
+    import sys
+
+    log_dir = session.state_dir / "runs" / run_id
+    ensure_private_dir(log_dir.parent)
+    ensure_private_dir(log_dir)
+    log_path = private_file(log_dir / SUPERVISOR_LOG)
+    env = {**os.environ, **_settings_env(session)}
+    argv = [sys.executable, "-m", "tpuctl", "runs", "supervise", run_id] + (["--resume"] if resume else [])
+    with log_path.open("ab") as log:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=str(log_dir),
+            # A new session: no controlling terminal, so closing the terminal (SIGHUP) or Ctrl-C in it
+            # does not reach the supervisor.
+            start_new_session=True,
+        )
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        holder = lease_holder(log_dir)
+        if holder is not None and holder.get("pid") == proc.pid:
+            return {"pid": proc.pid, "log": str(log_path)}
+        if proc.poll() is not None:
+            tail = log_path.read_text(encoding="utf-8", errors="replace")[-2000:]
+            raise TpuctlError(
+                f"the background supervisor of run {run_id} exited at once (status {proc.returncode}): "
+                f"{tail.strip()}",
+                fix=f"see {log_path}",
+            )
+        time.sleep(0.05)
+    return {"pid": proc.pid, "log": str(log_path), "lease": "not yet taken"}
+
+
+def resume_prepared(
+    session: Session, run_id: str, launcher: Launcher
+) -> tuple[PreparedRun, float | None, RecoveryPolicy, str | None]:
+    """The saved request of ``run_id``, prepared again under the same run id; with a note when the
+    program's files changed since (the new ones are shipped)."""
+    record = session.ledger.get_run(run_id)
+    if record is None:
+        raise UsageError(
+            f"no run {run_id!r}", field="RUN", value=run_id, fix="`tpuctl runs list` shows the runs"
+        )
+    log_dir = Path((record.detail or {}).get("log_dir") or session.state_dir / "runs" / run_id)
+    request, budget, policy = load_request(log_dir)
+    prepared = launcher.prepare(dataclasses.replace(request, run_id=run_id))
+    note = None
+    if prepared.bundle.digest != (record.detail or {}).get("bundle_sha256"):
+        note = (
+            f"the program's files changed since run {run_id} started (bundle now "
+            f"{prepared.bundle.short_digest}); the new files are shipped"
+        )
+    return prepared, budget, policy, note
+
+
+def cancel_run(session: Session, run_id: str, *, wait_s: float = 120.0) -> dict[str, Any]:
+    """Stop a run: its live supervisor is sent SIGTERM (it stops the hosts, which checkpoint, deletes the
+    slice and records CANCELLED); without one (it was killed), tpuctl cleans up itself."""
+    from tpuctl.processes import is_same_process
+
+    ledger = session.ledger
+    record = ledger.get_run(run_id)
+    if record is None:
+        raise UsageError(
+            f"no run {run_id!r}", field="RUN", value=run_id, fix="`tpuctl runs list` shows the runs"
+        )
+    status = RunStatus(record.status)
+    if status.finished:
+        return {
+            "run_id": run_id,
+            "status": status.value,
+            "cancelled": False,
+            "note": "the run had already ended",
+        }
+    detail = dict(record.detail or {})
+    log_dir = Path(detail.get("log_dir") or session.state_dir / "runs" / run_id)
+    holder = lease_holder(log_dir)
+    if holder is not None:
+        pid = holder.get("pid")
+        if isinstance(pid, int) and is_same_process(pid, holder.get("start_ticks")):
+            os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + wait_s
+            while time.monotonic() < deadline and lease_holder(log_dir) is not None:
+                time.sleep(0.1)
+            after = ledger.get_run(run_id)
+            return {
+                "run_id": run_id,
+                "status": None if after is None else str(after.status),
+                "cancelled": True,
+                "by": f"its supervisor (pid {pid})",
+            }
+    # Nobody supervises it: stop what it left and free the slice it made.
+    lease = Lease.acquire(log_dir / LOCK_FILE)
+    try:
+        killed = hosts.kill_left_hosts(
+            session.state_dir, run_id, detail.get("host_pids"), executor_kind=detail.get("executor")
+        )
+        for seg in ledger.segments(run_id):
+            if seg.end is None:
+                ledger.close_segment(seg.id, end=time.time())
+        deleted = None
+        if detail.get("created_pod") and record.pod and record.zone:
+            from tpuctl.services.pods import PodService
+
+            with contextlib.suppress(NotFoundError):
+                PodService(session).delete(
+                    record.pod, zone=record.zone, wait=True, reason=f"cancel of run {run_id}"
+                )
+                deleted = record.pod
+        detail.update(supervisor=None, cancelled_by="runs cancel (no live supervisor)")
+        ledger.update_run(run_id, status=RunStatus.CANCELLED, exit_code=130, detail=detail)
+        return {
+            "run_id": run_id,
+            "status": "cancelled",
+            "cancelled": True,
+            "hosts_killed": killed,
+            "deleted": deleted,
+        }
+    finally:
+        if lease is not None:
+            lease.release()

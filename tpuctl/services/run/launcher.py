@@ -1,0 +1,128 @@
+"""The launcher: ``tpuctl run``'s entry point. ``prepare`` -> ``plan`` (``--dry-run``) or ``run``, which is
+the supervisor's lifecycle with recovery off; ``provision`` and ``execute`` are the steps the supervisor
+runs for each attempt.
+
+Plain Python: the CLI renders through a ``LaunchObserver`` (``line(worker, text)`` for host output,
+``status(text)`` for the launcher's own steps). State: the run is a row of the ledger's ``runs`` table
+with its segments; each host's output goes to ``<state>/runs/<run_id>/worker-N.log``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tpuctl.services.run import attempt, describe, hosts, prepare, provision
+from tpuctl.services.run.model import (
+    AttemptResult,
+    LaunchObserver,
+    PreparedRun,
+    RecoveryPolicy,
+    RunRequest,
+    RunResult,
+    Silent,
+)
+
+if TYPE_CHECKING:
+    from tpuctl.cloud.base import Node, OperationProgress
+    from tpuctl.services.executors.base import Executor
+    from tpuctl.services.session import Session
+
+
+class Launcher:
+    """Runs a program on every host of a slice. Collaborators come in through the session; the executor
+    for a node comes from ``executor_factory`` (tests inject their own)."""
+
+    def __init__(
+        self,
+        session: Session,
+        *,
+        observer: LaunchObserver | None = None,
+        executor_factory: Callable[[PreparedRun, Node], Executor] | None = None,
+    ) -> None:
+        self._session = session
+        self._observer: LaunchObserver = observer or Silent()
+        self._executor_factory = executor_factory or self._default_executor
+        #: The executor of the attempt in progress (tests and the supervisor look at it).
+        self.current_executor: Executor | None = None
+
+    @property
+    def runs_dir(self) -> Path:
+        return prepare.runs_dir(self._session)
+
+    def prepare(self, request: RunRequest) -> PreparedRun:
+        """Validate the request and build the bundle; raises UsageError for any bad input."""
+        return prepare.prepare(self._session, request)
+
+    def plan(self, prepared: PreparedRun) -> dict[str, Any]:
+        """What ``run`` would ship and run where (``--dry-run``). Changes nothing."""
+        return prepare.plan(self._session, prepared)
+
+    def run(self, request: RunRequest, *, progress: OperationProgress | None = None) -> RunResult:
+        """Prepare and run to the end. Raises RunFailedError / InterruptedByUser on failure."""
+        return self.run_prepared(self.prepare(request), progress=progress)
+
+    def run_prepared(self, prepared: PreparedRun, *, progress: OperationProgress | None = None) -> RunResult:
+        """The supervisor's lifecycle with recovery off: the first failure or preemption ends the run."""
+        from tpuctl.services.run.supervisor import Supervisor
+
+        supervisor = Supervisor(
+            self._session,
+            observer=self._observer,
+            policy=RecoveryPolicy.off(),
+            launcher_factory=self._sibling,
+        )
+        return supervisor.run(prepared, progress=progress).run
+
+    def provision(
+        self,
+        prepared: PreparedRun,
+        *,
+        progress: OperationProgress | None = None,
+        prefer_zone: str | None = None,
+        detail: Mapping[str, Any] | None = None,
+    ) -> Node:
+        """Create the run's slice and wait until READY (see ``provision.provision``)."""
+        return provision.provision(
+            self._session, self._observer, prepared, progress=progress, prefer_zone=prefer_zone, detail=detail
+        )
+
+    def execute(
+        self,
+        prepared: PreparedRun,
+        node: Node,
+        *,
+        restart_count: int = 0,
+        soft_exit_codes: frozenset[int] = frozenset(),
+        soft_wait_s: float = 60.0,
+        on_started: Callable[[Executor], None] | None = None,
+    ) -> AttemptResult:
+        """One attempt on ``node`` (see ``attempt.execute``)."""
+        executor = self._executor_factory(prepared, node)
+        self.current_executor = executor
+        try:
+            return attempt.execute(
+                self._session,
+                self._observer,
+                executor,
+                prepared,
+                node,
+                restart_count=restart_count,
+                soft_exit_codes=soft_exit_codes,
+                soft_wait_s=soft_wait_s,
+                on_started=on_started,
+            )
+        finally:
+            self.current_executor = None
+
+    def log_paths(self, run_id: str, worker: int | None = None) -> list[tuple[int, Path]]:
+        """(worker, log file) of a run, all workers or one; raises UsageError for an unknown one."""
+        return describe.log_paths(self._session, run_id, worker)
+
+    def _default_executor(self, prepared: PreparedRun, node: Node) -> Executor:
+        return hosts.build_executor(self._session, prepared, node, for_plan=False)
+
+    def _sibling(self, observer: LaunchObserver) -> Launcher:
+        """This launcher (same session and executors) reporting to ``observer``."""
+        return Launcher(self._session, observer=observer, executor_factory=self._executor_factory)

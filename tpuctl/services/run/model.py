@@ -1,0 +1,310 @@
+"""The run's data: what the user asked for (``RunRequest``), where it goes (``Target``), the validated
+request (``PreparedRun``), how one start of the program ended (``AttemptResult``), how the run ended
+(``RunResult``, ``SupervisedResult``) and the limits of its recovery (``RecoveryPolicy``). Plain values:
+no I/O here."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import signal
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from tpuctl.catalog import AcceleratorType, CapacityType
+from tpuctl.cloud.base import Node
+from tpuctl.services.bundle import DEFAULT_LIMIT_BYTES, Bundle
+from tpuctl.services.executors.base import LaunchSpec, ShipResult
+from tpuctl.services.run.accounting import PreemptionRecord
+
+if TYPE_CHECKING:
+    from tpuctl.services.placement import PlacementRequest
+    from tpuctl.services.pods import CreateSpec
+
+
+@dataclass(frozen=True)
+class Example:
+    module: str
+    description: str
+
+
+#: Programs shipped with tpuctl's runtime, runnable with ``--example NAME`` and no user script.
+EXAMPLES: dict[str, Example] = {
+    "lm": Example(
+        "tpuctl.runtime.examples.lm_train",
+        "a small transformer language model on deterministic synthetic data, with checkpoints",
+    ),
+}
+
+#: The variable (beyond DESIGN.md's contract) that carries ``--checkpoint-every`` to any program.
+CHECKPOINT_EVERY_ENV = "TPUCTL_CHECKPOINT_EVERY"
+EXECUTOR_KINDS = ("sim", "ssh")
+RUN_ID_RE = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
+
+
+class LaunchObserver(Protocol):
+    """Told what happens during a run; the CLI renders it (rich), tests collect it."""
+
+    def line(self, worker: int, text: str) -> None:
+        """One line of output from host ``worker``, as it arrives."""
+
+    def status(self, text: str) -> None:
+        """A step of the launcher itself (creating the slice, shipping, a host failed, ...)."""
+
+
+class Silent:
+    """The observer of nobody: a run nobody watches."""
+
+    def line(self, worker: int, text: str) -> None:
+        pass
+
+    def status(self, text: str) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """What the user asked for, as given (validated by ``Launcher.prepare``)."""
+
+    script: str | None = None
+    args: tuple[str, ...] = ()
+    example: str | None = None
+    workdir: str | None = None
+    env: tuple[str, ...] = ()  # "KEY=VALUE" pairs
+    pod: str | None = None
+    accelerator_type: str | None = None
+    zone: str | None = None
+    capacity: CapacityType = CapacityType.ON_DEMAND
+    keep_pod: bool = False
+    checkpoint_every: int | None = None
+    checkpoint_dir: str | None = None
+    executor: str | None = None  # sim | ssh; None: sim on the simulator, ssh on Google
+    timeout_s: float | None = None
+    grace_s: float = 5.0
+    bundle_limit_bytes: int = DEFAULT_LIMIT_BYTES
+    run_id: str | None = None
+    python: str | None = None  # the hosts' interpreter (default: this one on the simulator, python3 on SSH)
+    ssh_remote_root: str = ".tpuctl"
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where the run goes: an existing READY node, or a slice to create. A new slice is placed by the
+    allocator (any allowed zone, cheapest first, failing over on stockouts), except for SSH runs, which
+    need tpuctl's key in the node's metadata at creation and so go through ``PodService`` in one zone
+    (the allocator's requests carry no metadata yet)."""
+
+    accelerator: AcceleratorType
+    node: Node | None = None  # --pod
+    create: CreateSpec | None = None  # placement flags, one zone (SSH runs)
+    placement: PlacementRequest | None = None  # placement flags, through the allocator
+
+    @property
+    def name(self) -> str:
+        if self.node is not None:
+            return self.node.name
+        if self.placement is not None:
+            return self.placement.name
+        assert self.create is not None
+        return self.create.name
+
+    @property
+    def zone(self) -> str | None:
+        """The zone, when known before placement (None: the allocator chooses)."""
+        if self.node is not None:
+            return self.node.zone
+        if self.placement is not None:
+            zones = self.placement.zones
+            return zones[0] if len(zones) == 1 else None
+        assert self.create is not None
+        return self.create.zone
+
+    @property
+    def capacity(self) -> CapacityType:
+        if self.node is not None:
+            return self.node.capacity
+        if self.placement is not None:
+            return self.placement.capacity_types[0]
+        assert self.create is not None
+        return self.create.capacity
+
+    @property
+    def creates(self) -> bool:
+        return self.node is None
+
+
+@dataclass(frozen=True)
+class PreparedRun:
+    """A validated request: nothing outside the process has changed yet."""
+
+    request: RunRequest
+    run_id: str
+    program: tuple[str, ...]
+    display: str  # the script (relative to the workdir) or "example:lm"
+    user_env: dict[str, str]
+    bundle: Bundle
+    target: Target
+    executor_kind: str
+    checkpoint_dir: str
+    log_dir: Path
+
+    def spec(self, restart_count: int = 0) -> LaunchSpec:
+        accel = self.target.accelerator
+        env = dict(self.user_env)
+        if self.request.checkpoint_every is not None:
+            env.setdefault(CHECKPOINT_EVERY_ENV, str(self.request.checkpoint_every))
+        return LaunchSpec(
+            run_id=self.run_id,
+            program=self.program,
+            num_workers=accel.hosts,
+            chips_per_host=accel.chips_per_host,
+            accelerator_type=accel.api_name,
+            topology=accel.topology,
+            checkpoint_dir=self.checkpoint_dir,
+            restart_count=restart_count,
+            user_env=env,
+        )
+
+
+@dataclass(frozen=True)
+class AttemptResult:
+    """How one start of the program on one slice ended (``execute`` does not raise for a failure)."""
+
+    exit_codes: dict[int, int | None]
+    failed_worker: int | None  # the first host that failed, None when all exited 0
+    returncode: int | None  # that host's status (negative: signal; None: host lost)
+    interrupted: bool
+    timed_out: bool
+    shipped: list[ShipResult]
+    started_at: float
+    ended_at: float
+    exit_times: dict[int, float] = field(default_factory=dict)  # worker -> when its exit was seen
+
+    @property
+    def succeeded(self) -> bool:
+        return (
+            self.failed_worker is None
+            and not self.interrupted
+            and not self.timed_out
+            and all(code == 0 for code in self.exit_codes.values())
+        )
+
+
+@dataclass(frozen=True)
+class RunResult:
+    run_id: str
+    pod: str
+    zone: str
+    hosts: int
+    exit_code: int
+    duration_s: float
+    log_dir: Path
+    bundle_sha256: str
+    shipped_hosts: int
+    deleted_pod: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "status": "succeeded" if self.exit_code == 0 else "failed",
+            "pod": self.pod,
+            "zone": self.zone,
+            "hosts": self.hosts,
+            "exit_code": self.exit_code,
+            "duration_s": round(self.duration_s, 3),
+            "log_dir": str(self.log_dir),
+            "bundle_sha256": self.bundle_sha256,
+            "shipped_hosts": self.shipped_hosts,
+            "deleted_pod": self.deleted_pod,
+        }
+
+
+class Outcome(StrEnum):
+    SUCCEEDED = "succeeded"
+    PREEMPTED = "preempted"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    BUDGET = "budget"
+    TIMED_OUT = "timed_out"
+
+
+@dataclass(frozen=True)
+class RecoveryPolicy:
+    """Limits and timings of a supervised run. ``None`` timings take the backend's default (the
+    simulator's are short; Google's follow its 30 s spot notice and its API's pace)."""
+
+    max_restarts: int = 0
+    max_preemptions: int = 10
+    poll_s: float | None = None
+    confirm_polls: int = 2
+    confirm_timeout_s: float | None = None
+    checkpoint_wait_s: float = 60.0
+    backoff_initial_s: float | None = None
+    backoff_max_s: float | None = None
+    capacity_timeout_s: float = 6 * 3600.0
+    budget_margin_s: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_restarts", "max_preemptions"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.confirm_polls < 1:
+            raise ValueError(f"confirm_polls must be >= 1, got {self.confirm_polls}")
+
+    @classmethod
+    def off(cls) -> RecoveryPolicy:
+        """No recovery: the first failure or preemption ends the run (``Launcher.run``, ``bench step``)."""
+        return cls(max_restarts=0, max_preemptions=0)
+
+    def resolved(self, sim: bool) -> RecoveryPolicy:
+        return dataclasses.replace(
+            self,
+            poll_s=self.poll_s if self.poll_s is not None else (0.25 if sim else 10.0),
+            confirm_timeout_s=self.confirm_timeout_s
+            if self.confirm_timeout_s is not None
+            else (5.0 if sim else 120.0),
+            backoff_initial_s=self.backoff_initial_s
+            if self.backoff_initial_s is not None
+            else (0.2 if sim else 15.0),
+            backoff_max_s=self.backoff_max_s if self.backoff_max_s is not None else (2.0 if sim else 300.0),
+            budget_margin_s=self.budget_margin_s
+            if self.budget_margin_s is not None
+            else (3.0 if sim else 120.0),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class SupervisedResult:
+    run: RunResult
+    preemptions: list[PreemptionRecord]
+    restarts: int
+    summary: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.run.to_dict(), "restarts": self.restarts, "recovery": self.summary}
+
+
+def exit_status(returncode: int | None) -> int:
+    """The process-style exit status for a host's end: 128+N for a signal, 255 for a lost host."""
+    if returncode is None:
+        return 255
+    if returncode < 0:
+        return 128 - returncode
+    return returncode
+
+
+def describe_exit(returncode: int | None) -> str:
+    if returncode is None:
+        return "was lost (no exit status: the connection dropped)"
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"was killed by {name}"
+    return f"exited with status {returncode}"

@@ -1,0 +1,200 @@
+"""Preparing a run: validate everything the user gave and build the bundle before anything outside the
+process changes (``prepare``), and say what the run would do without doing it (``plan``)."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tpuctl.errors import UsageError
+from tpuctl.services.bundle import build_bundle
+from tpuctl.services.executors.base import ENV_NAME_RE, HostPlan
+from tpuctl.services.run import hosts, provision
+from tpuctl.services.run.model import EXAMPLES, RUN_ID_RE, PreparedRun, RunRequest
+
+if TYPE_CHECKING:
+    from tpuctl.services.session import Session
+
+
+def runs_dir(session: Session) -> Path:
+    """Where each run keeps its logs, saved request and lease: ``<state>/runs/<run_id>/``."""
+    return session.state_dir / "runs"
+
+
+def prepare(session: Session, request: RunRequest) -> PreparedRun:
+    """Validate the request and build the bundle; raises UsageError for any bad input."""
+    user_env = parse_env(request.env)
+    program, display, workdir = _program(request)
+    if request.checkpoint_every is not None and request.checkpoint_every < 0:
+        raise UsageError(
+            f"--checkpoint-every must be 0 or more, got {request.checkpoint_every}",
+            field="--checkpoint-every",
+            value=request.checkpoint_every,
+            fix="give a number of steps, e.g. --checkpoint-every 50",
+        )
+    if request.example is not None and request.checkpoint_every is not None:
+        program = (*program, "--checkpoint-every", str(request.checkpoint_every))
+    if request.timeout_s is not None and request.timeout_s <= 0:
+        raise UsageError(
+            f"--timeout must be positive, got {request.timeout_s}",
+            field="--timeout",
+            value=request.timeout_s,
+            fix="give seconds, e.g. --timeout 3600",
+        )
+    executor_kind = hosts.executor_kind(session, request.executor)
+    run_id = request.run_id or new_run_id(session.clock())
+    if not RUN_ID_RE.match(run_id):
+        raise UsageError(
+            f"invalid run id {run_id!r}",
+            field="--run-id",
+            value=run_id,
+            fix="use lowercase letters, digits and dashes, starting with a letter (at most 63)",
+        )
+    where = provision.target(session, request, run_id, executor_kind)
+    bundle = build_bundle(workdir, limit_bytes=request.bundle_limit_bytes)
+    checkpoint_dir = request.checkpoint_dir or hosts.default_checkpoint_dir(
+        runs_dir(session), run_id, executor_kind, request
+    )
+    return PreparedRun(
+        request=request,
+        run_id=run_id,
+        program=program,
+        display=display,
+        user_env=user_env,
+        bundle=bundle,
+        target=where,
+        executor_kind=executor_kind,
+        checkpoint_dir=checkpoint_dir,
+        log_dir=runs_dir(session) / run_id,
+    )
+
+
+def _program(request: RunRequest) -> tuple[tuple[str, ...], str, Path | None]:
+    if request.example is not None:
+        example = EXAMPLES.get(request.example)
+        if example is None:
+            raise UsageError(
+                f"unknown example {request.example!r}",
+                field="--example",
+                value=request.example,
+                fix="use one of: " + ", ".join(f"{k} ({v.description})" for k, v in EXAMPLES.items()),
+            )
+        if request.script is not None:
+            raise UsageError(
+                "give either a SCRIPT or --example, not both",
+                field="SCRIPT",
+                value=request.script,
+                fix="with --example, pass the example's own arguments after `--`",
+            )
+        workdir = Path(request.workdir).expanduser() if request.workdir else None
+        return ("-m", example.module, *request.args), f"example:{request.example}", workdir
+    if request.script is None:
+        raise UsageError(
+            "nothing to run: give a SCRIPT or --example NAME",
+            field="SCRIPT",
+            fix="e.g. `tpuctl run train.py --type v5e-8` or `tpuctl run --example lm --type v5e-8`",
+        )
+    script = Path(request.script).expanduser()
+    if not script.is_file():
+        raise UsageError(
+            f"script {request.script} does not exist" + (" (it is a directory)" if script.is_dir() else ""),
+            field="SCRIPT",
+            value=request.script,
+            fix="check the path (relative paths are from the current directory)",
+        )
+    script = script.resolve()
+    workdir = Path(request.workdir).expanduser().resolve() if request.workdir else script.parent
+    if not workdir.is_dir():
+        raise UsageError(
+            f"--workdir {request.workdir} does not exist or is not a directory",
+            field="--workdir",
+            value=request.workdir,
+            fix="pass the directory that holds your program and its files",
+        )
+    if not script.is_relative_to(workdir):
+        raise UsageError(
+            f"script {script} is outside the working directory {workdir}",
+            field="--workdir",
+            value=str(workdir),
+            fix="pass a --workdir that contains the script (it is shipped with its directory)",
+        )
+    rel = script.relative_to(workdir).as_posix()
+    if rel == "tpuctl" or rel.startswith("tpuctl/"):
+        raise UsageError(
+            f"script {rel} is inside a tpuctl/ directory, whose paths the runtime takes in the bundle",
+            field="SCRIPT",
+            value=request.script,
+            fix="move the script out of tpuctl/, or pick another --workdir",
+        )
+    return (rel, *request.args), rel, workdir
+
+
+def parse_env(pairs: Sequence[str]) -> dict[str, str]:
+    """``["A=1", "B=x=y"]`` -> dict, validated: a shell identifier, not one of tpuctl's own names."""
+    env: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not ENV_NAME_RE.match(key):
+            raise UsageError(
+                f"bad --env {pair!r}: expected KEY=VALUE with KEY a letter or _ followed by letters, "
+                "digits or _",
+                field="--env",
+                value=pair,
+                fix="write it as --env NAME=value, e.g. --env LEARNING_RATE=3e-4",
+            )
+        if key.startswith("TPUCTL_") or key == "PYTHONPATH":
+            raise UsageError(
+                f"bad --env {pair!r}: {key} is set by tpuctl on every host (the worker environment)",
+                field="--env",
+                value=pair,
+                fix="choose another name; tpuctl sets TPUCTL_* and PYTHONPATH itself",
+            )
+        if "\x00" in value:
+            raise UsageError(
+                f"bad --env {key}: the value holds a NUL byte", field="--env", value=key, fix="remove it"
+            )
+        env[key] = value
+    return env
+
+
+def new_run_id(now: float | None = None) -> str:
+    stamp = datetime.fromtimestamp(time.time() if now is None else now, UTC).strftime("%Y%m%d-%H%M%S")
+    return f"run-{stamp}-{secrets.token_hex(2)}"
+
+
+def plan(session: Session, prepared: PreparedRun) -> dict[str, Any]:
+    """What the run would ship and run where: bundle, target, and each host's command and env
+    (secret-looking --env values redacted). Changes nothing."""
+    target = prepared.target
+    accel = target.accelerator
+    where: dict[str, Any] = {
+        "pod": target.name,
+        "zone": target.zone,
+        "accelerator_type": accel.api_name,
+        "topology": accel.topology,
+        "hosts": accel.hosts,
+        "chips_per_host": accel.chips_per_host,
+        "capacity": target.capacity.value,
+        "existing": target.node is not None,
+    }
+    created, chosen_zone = provision.plan_creation(session, prepared)
+    if created is not None:
+        where["create"] = created
+        where["zone"] = chosen_zone
+    if target.creates:
+        where["delete_after"] = not prepared.request.keep_pod
+    executor = hosts.plan_executor(session, prepared, chosen_zone)
+    host_plans: list[HostPlan] = executor.plan(prepared.spec(), digest=prepared.bundle.digest)
+    return {
+        "run_id": prepared.run_id,
+        "program": list(prepared.program),
+        "executor": prepared.executor_kind,
+        "bundle": prepared.bundle.summary(),
+        "target": where,
+        "checkpoint_dir": prepared.checkpoint_dir,
+        "hosts": [h.to_dict(user_keys=list(prepared.user_env)) for h in host_plans],
+    }

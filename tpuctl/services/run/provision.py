@@ -1,0 +1,229 @@
+"""Where a run goes and how its slice is made: the ``Target`` (an existing READY slice, or one to create),
+its part of a plan, and creating it.
+
+A new slice is created by one of two paths, chosen by the executor: through the allocator (any allowed
+zone, cheapest first, failing over on stockouts), or, for hosts reached over SSH, through ``PodService``
+in one zone with tpuctl's key in the node's metadata (the allocator's requests carry no metadata yet).
+Both branches are kept side by side in this module, in ``target``, ``plan_creation``, ``provision`` and
+``renamed``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from tpuctl.catalog import CapacityType
+from tpuctl.cloud.base import LABEL_REQUEST, LABEL_RUN, Node, OperationProgress
+from tpuctl.errors import NotFoundError, UsageError
+from tpuctl.services.run import hosts
+from tpuctl.services.run.model import LaunchObserver, PreparedRun, RunRequest, Target
+from tpuctl.store.records import SegmentKind
+
+if TYPE_CHECKING:
+    from tpuctl.services.session import Session
+
+
+def target(session: Session, request: RunRequest, run_id: str, executor_kind: str) -> Target:
+    """Where ``request`` runs: the ``--pod`` slice (READY, of a known type) or a slice of ``--type``."""
+    if request.pod is not None:
+        return _existing(session, request)
+    if request.accelerator_type is None:
+        raise UsageError(
+            "say where to run: --pod NAME (an existing slice) or --type TYPE (a new one)",
+            field="--type",
+            fix="e.g. --type v5e-8, or --pod my-slice (see `tpuctl pod list`)",
+        )
+    if not hosts.needs_key_at_creation(executor_kind):
+        from tpuctl.services.allocator import build_request
+
+        placement = build_request(
+            session.catalog,
+            session.settings,
+            request.accelerator_type,
+            zones=[request.zone] if request.zone else (),
+            spot=request.capacity is CapacityType.SPOT,
+            preemptible=request.capacity is CapacityType.PREEMPTIBLE,
+            labels={LABEL_RUN: run_id},
+        )
+        return Target(accelerator=placement.accelerator, placement=placement)
+    from tpuctl.services.pods import PodService
+
+    spec = PodService(session).build_spec(
+        request.accelerator_type,
+        zone=request.zone,
+        capacity=request.capacity,
+        labels={LABEL_RUN: run_id},
+    )
+    return Target(accelerator=spec.accelerator, create=spec)
+
+
+def _existing(session: Session, request: RunRequest) -> Target:
+    assert request.pod is not None
+    if request.accelerator_type is not None:
+        raise UsageError(
+            "--pod and --type exclude each other",
+            field="--pod",
+            value=request.pod,
+            fix="run on an existing slice with --pod, or create one with --type",
+        )
+    node = find_pod(session, request.pod, request.zone)
+    if node.state != "READY":
+        raise UsageError(
+            f"pod {node.name} in {node.zone} is {node.state}, not READY",
+            field="--pod",
+            value=request.pod,
+            fix="wait until `tpuctl pod list` shows it READY, or run with --type to create a slice",
+        )
+    try:
+        accel = session.catalog.resolve(node.accelerator_type)
+    except UsageError as exc:
+        raise UsageError(
+            f"pod {node.name} has accelerator type {node.accelerator_type!r}, which the catalog "
+            "does not know",
+            field="--pod",
+            value=request.pod,
+            fix="update tpuctl",
+        ) from exc
+    return Target(accelerator=accel, node=node)
+
+
+def find_pod(session: Session, name: str, zone: str | None) -> Node:
+    cloud = session.cloud
+    try:
+        if zone:
+            return cloud.get_node(zone, name)
+        matches = [n for n in cloud.list_nodes(None) if n.name == name]
+    except NotFoundError:
+        matches = []
+    if not matches:
+        raise UsageError(
+            f"pod {name!r} does not exist" + (f" in {zone}" if zone else ""),
+            field="--pod",
+            value=name,
+            fix="`tpuctl pod list` shows the slices; or run with --type TYPE to create one",
+        )
+    if len(matches) > 1:
+        raise UsageError(
+            f"pod name {name!r} exists in several zones ({', '.join(sorted(n.zone for n in matches))})",
+            field="--zone",
+            value=name,
+            fix="pass --zone to say which",
+        )
+    return matches[0]
+
+
+def plan_creation(session: Session, prepared: PreparedRun) -> tuple[dict[str, Any] | None, str | None]:
+    """The plan of the slice's creation (None for an existing slice) and the zone it would land in."""
+    target = prepared.target
+    if target.create is not None:
+        from tpuctl.services.pods import PodService
+
+        spec = hosts.with_ssh_key(session, prepared, target.create, plan=True)
+        return PodService(session).plan_create(spec), target.zone
+    if target.placement is not None:
+        from tpuctl.services.allocator import Allocator
+
+        placement_plan = Allocator(session).plan(target.placement)
+        error = placement_plan.error()
+        if error is not None:
+            raise error  # the run could not start: say why, with the placement's exit code
+        created = placement_plan.to_dict()
+        return created, (created.get("chosen") or {}).get("zone") or target.zone
+    return None, target.zone
+
+
+def provision(
+    session: Session,
+    observer: LaunchObserver,
+    prepared: PreparedRun,
+    *,
+    progress: OperationProgress | None = None,
+    prefer_zone: str | None = None,
+    detail: Mapping[str, Any] | None = None,
+) -> Node:
+    """Create the run's slice and wait until READY (a provisioning segment in the ledger).
+
+    ``prefer_zone``: try that zone first, then the others in the allocator's order (a recovery goes
+    back where the run was: its data and its quota are there)."""
+    target = prepared.target
+    ledger = session.ledger
+    segment = ledger.add_segment(
+        prepared.run_id,
+        SegmentKind.PROVISIONING,
+        start=session.clock(),
+        pod=target.name,
+        zone=target.zone,
+        capacity=target.capacity,
+        detail=detail,
+    )
+    accel = target.accelerator
+    where = f"in {target.zone}" if target.zone else "where the allocator finds room"
+    observer.status(f"creating {target.name} ({accel.api_name}, {accel.hosts} hosts) {where}")
+    try:
+        node = _create(session, prepared, progress, prefer_zone)
+    except BaseException as exc:
+        failed = {**(detail or {}), "error": str(exc) or type(exc).__name__}
+        ledger.close_segment(segment, end=session.clock(), detail=failed)
+        raise
+    ledger.close_segment(segment, end=session.clock())
+    ledger.update_segment(segment, pod=node.name, zone=node.zone, capacity=node.capacity)
+    observer.status(f"{node.name} is {node.state} in {node.zone}")
+    return node
+
+
+def _create(
+    session: Session, prepared: PreparedRun, progress: OperationProgress | None, prefer_zone: str | None
+) -> Node:
+    target = prepared.target
+    if target.placement is not None:
+        from tpuctl.services.allocator import Allocator
+
+        allocator = Allocator(session)
+        plan = allocator.plan(target.placement)
+        if prefer_zone is not None:
+            first = [c for c in plan.order if c.zone == prefer_zone]
+            plan = dataclasses.replace(
+                plan, order=[*first, *(c for c in plan.order if c.zone != prefer_zone)]
+            )
+        return allocator.place(target.placement, progress=progress, plan=plan).nodes[0]
+    assert target.create is not None
+    from tpuctl.services.pods import PodService
+
+    spec = hosts.with_ssh_key(session, prepared, target.create, plan=False)
+    try:
+        return PodService(session).create(spec, wait=True, progress=progress, run_id=prepared.run_id)
+    except BaseException:
+        # PodService cleans up after a cloud failure; after Ctrl-C mid-create, so do we.
+        _delete_own_leftover(session, spec.zone, spec.name, spec.request_id)
+        raise
+
+
+def _delete_own_leftover(session: Session, zone: str, name: str, request_id: str) -> None:
+    try:
+        node = session.cloud.get_node(zone, name)
+        if node.labels.get(LABEL_REQUEST) == request_id:
+            session.cloud.delete_node(zone, name, wait=False)
+    except Exception:  # best effort: `tpuctl pod gc` finds whatever is left
+        pass
+
+
+def renamed(prepared: PreparedRun, restart: int, tries: int) -> PreparedRun:
+    """The prepared run with a fresh slice name and request id for a recovery (the old name may still
+    be deleting, and a new request must not be mistaken for the old one's retry)."""
+    from tpuctl.services.pods import new_request_id
+
+    target = prepared.target
+    suffix = f"-r{restart}" + (f"-{tries}" if tries > 1 else "")
+    if target.placement is not None:
+        base = target.placement.name
+        name = base[: 63 - len(suffix)] + suffix
+        placement = dataclasses.replace(target.placement, name=name, request_id=new_request_id())
+        return dataclasses.replace(prepared, target=dataclasses.replace(target, placement=placement))
+    if target.create is not None:
+        base = target.create.name
+        name = base[: 63 - len(suffix)] + suffix
+        create = dataclasses.replace(target.create, name=name, request_id=new_request_id())
+        return dataclasses.replace(prepared, target=dataclasses.replace(target, create=create))
+    return prepared

@@ -1,0 +1,231 @@
+"""The signs a run watches while its hosts run: the runtime's event lines on host output (``EventTap``),
+the slice's state from the API (``SliceWatch``), and the budget at every step (``StepBudget``)."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from tpuctl.cloud.base import DEAD_NODE_STATES, Node
+from tpuctl.errors import NotFoundError
+from tpuctl.runtime.preemption import PREEMPTED_EXIT_CODE, parse_event
+from tpuctl.services.run.accounting import Progress
+from tpuctl.services.run.model import AttemptResult, LaunchObserver, Outcome, RecoveryPolicy
+
+if TYPE_CHECKING:
+    from tpuctl.services.budget import BudgetDecision, BudgetGuard
+    from tpuctl.services.session import Session
+
+#: What ``SliceWatch.state`` says of a slice the API no longer has.
+GONE = "GONE"
+#: Queued-resource states of a preemption (SUSPENDING: with notice, the hosts still run).
+PREEMPTED_QR_STATES = frozenset({"SUSPENDING", "SUSPENDED"})
+
+
+def is_lost(state: str | None) -> bool:
+    """Whether a state ``SliceWatch.state`` read means the slice is lost to the run: dead, gone, or its
+    queued resource preempted."""
+    return state is not None and (state in DEAD_NODE_STATES or state == GONE or state.startswith("QR_"))
+
+
+class EventTap:
+    """Between the launcher and the user's observer: takes the runtime's event lines (they go to the
+    hosts' log files, not the screen) and passes everything else on."""
+
+    def __init__(self, inner: LaunchObserver, on_event: Callable[[int, dict[str, Any], float], None]) -> None:
+        self._inner = inner
+        self._on_event = on_event
+
+    def line(self, worker: int, text: str) -> None:
+        event = parse_event(text)
+        if event is None:
+            self._inner.line(worker, text)
+            return
+        self._on_event(worker, event, time.time())
+
+    def status(self, text: str) -> None:
+        self._inner.status(text)
+
+
+@dataclass
+class SliceWatch:
+    """Polls the slice's state on a thread while the hosts run; ``confirmed`` once ``confirm`` polls in
+    a row saw it lost. Errors are counted, never taken for a preemption."""
+
+    cloud: Any
+    node: Node
+    poll_s: float
+    confirm: int
+    on_poll: Callable[[], None] | None = None
+    confirmed_state: str | None = None
+    confirmed_at: float | None = None
+    errors: int = 0
+    polls: int = 0
+    _streak: int = 0
+    _halt: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+    confirmed: threading.Event = field(default_factory=threading.Event)
+
+    def state(self) -> str | None:
+        """The slice's state now (GONE when the API says it does not exist), or None if the API could
+        not be asked. A queued resource's preemption state wins over its node's."""
+        try:
+            node = self.cloud.get_node(self.node.zone, self.node.name)
+        except NotFoundError:
+            return GONE
+        except Exception:
+            self.errors += 1
+            return None
+        state = str(node.state)
+        qr = node.queued_resource or self.node.queued_resource
+        if qr and not is_lost(state):
+            try:
+                queued = self.cloud.get_queued_resource(self.node.zone, qr.rsplit("/", 1)[-1])
+                if queued.state in PREEMPTED_QR_STATES:
+                    return f"QR_{queued.state}"
+            except Exception:
+                self.errors += 1
+                return None
+        return state
+
+    def poll_once(self) -> bool:
+        """One poll; True once confirmed."""
+        state = self.state()
+        self.polls += 1
+        if state is None:
+            return self.confirmed.is_set()  # a missed poll: no evidence either way
+        if is_lost(state):
+            self._streak += 1
+            if self._streak >= self.confirm and not self.confirmed.is_set():
+                self.confirmed_state = state
+                self.confirmed_at = time.time()
+                self.confirmed.set()
+        else:
+            self._streak = 0
+        return self.confirmed.is_set()
+
+    def confirm_now(self, timeout_s: float) -> str | None:
+        """Poll until confirmed or ``timeout_s``; the confirmed state or None."""
+        deadline = time.monotonic() + timeout_s
+        while not self.poll_once() and time.monotonic() < deadline:
+            time.sleep(min(self.poll_s, max(0.0, deadline - time.monotonic())))
+        return self.confirmed_state if self.confirmed.is_set() else None
+
+    def _loop(self) -> None:
+        while not self._halt.wait(self.poll_s):
+            if not self.confirmed.is_set():
+                self.poll_once()
+            if self.on_poll is not None:
+                with contextlib.suppress(Exception):  # the budget check must not end the watch
+                    self.on_poll()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="tpuctl-slice-watch", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._halt.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+            self._thread = None
+
+
+class StepBudget:
+    """``BudgetGuard`` (tpuctl.services.budget) applied at step boundaries: rebuilt from the ledger when
+    the run's slices change, asked at every reported step and every poll."""
+
+    def __init__(
+        self, session: Session, run_id: str, limit_usd: float, margin_s: float, warn: Callable[[str], None]
+    ) -> None:
+        self._session = session
+        self._run_id = run_id
+        self._limit = limit_usd
+        self._margin_s = margin_s
+        self._warn = warn
+        self._guard: BudgetGuard | None = None
+        self._lock = threading.Lock()
+        self._step_s = 0.0
+        self.warned = False
+        self.decision: BudgetDecision | None = None
+
+    def refresh(self) -> None:
+        from tpuctl.services.budget import BudgetGuard
+
+        guard = BudgetGuard.for_run(
+            self._session.ledger,
+            self._run_id,
+            self._session.catalog,
+            limit_usd=self._limit,
+            margin_s=self._margin_s,
+        )
+        if self._step_s:
+            guard.observe_step(self._step_s)
+        with self._lock:
+            self._guard = guard
+
+    @property
+    def step_s(self) -> float:
+        """The longest step seen (the guard's guess for the next one)."""
+        return self._step_s
+
+    def observe_step(self, dt: float) -> None:
+        self._step_s = max(self._step_s, dt)
+        with self._lock:
+            if self._guard is not None:
+                self._guard.observe_step(dt)
+
+    def check(self, *, next_step_s: float | None = None) -> BudgetDecision | None:
+        """None while within budget; the STOP decision once (and from then on) it says stop."""
+        from tpuctl.services.budget import Action
+
+        with self._lock:
+            if self.decision is not None:
+                return self.decision
+            if self._guard is None:
+                return None
+            decision = self._guard.check(next_step_s=next_step_s)
+        if decision.action is Action.WARN and not self.warned:
+            self.warned = True
+            self._warn(decision.message)
+        elif decision.action is Action.STOP:
+            self.decision = decision
+            return decision
+        return None
+
+
+def classify(
+    result: AttemptResult,
+    stop_reason: Outcome | None,
+    progress: Progress,
+    watch: SliceWatch,
+    policy: RecoveryPolicy,
+) -> tuple[Outcome, str | None]:
+    """The one outcome of an attempt, from every sign at hand; for a preemption, also what told first
+    (runtime-notice | runtime-exit | api | hosts+api). ``stop_reason``: why the supervisor itself stopped
+    the hosts, if it did."""
+    if result.interrupted:
+        return Outcome.CANCELLED, None
+    if stop_reason in (Outcome.CANCELLED, Outcome.BUDGET):
+        return stop_reason, None
+    if result.timed_out:
+        return Outcome.TIMED_OUT, None
+    if result.succeeded:
+        return Outcome.SUCCEEDED, None
+    codes = result.exit_codes
+    preempted_exit = any(c == PREEMPTED_EXIT_CODE for c in codes.values())
+    if preempted_exit or progress.notice is not None or progress.preempted is not None:
+        return Outcome.PREEMPTED, "runtime-notice" if progress.notice is not None else "runtime-exit"
+    if watch.confirmed.is_set():
+        return Outcome.PREEMPTED, "api"
+    # Hosts died: ask the API whether the slice went with them. A signal or a lost host is what a
+    # preemption looks like from here, so wait for the API to catch up; a plain exit status gets the
+    # confirming polls only.
+    died = any(c is None or c < 0 for c in codes.values())
+    timeout = (policy.confirm_timeout_s or 5.0) if died else (policy.poll_s or 1.0)
+    if watch.confirm_now(timeout) is not None:
+        return Outcome.PREEMPTED, "hosts+api"
+    return Outcome.FAILED, None

@@ -1,0 +1,806 @@
+"""The supervisor: the one lifecycle of every run. A run is a sequence of attempts (starts of the program
+on a slice); a run without recovery is this lifecycle with a policy that allows none
+(``RecoveryPolicy.off``).
+
+While an attempt runs, the supervisor combines every sign of a preemption (``signals``):
+
+- the runtime's own words on host output (``TPUCTL_EVENT`` lines, ``tpuctl.runtime.preemption``): a
+  ``notice`` (the metadata flag or SIGTERM seen on a host), then ``preempted`` with the step whose
+  checkpoint every host saved, and exit status 75;
+- the slice's state from the API, polled on a thread: PREEMPTED / TERMINATED / gone, or its queued
+  resource SUSPENDING / SUSPENDED. A state counts only after ``confirm_polls`` polls in a row agree; a
+  failed poll (a transient API error) neither counts nor resets the count;
+- hosts dying: killed by a signal or lost, which is a preemption only when the API confirms it (within
+  ``confirm_timeout_s``), otherwise a failure of the program.
+
+Each attempt ends with exactly one ``Outcome`` (SUCCEEDED, PREEMPTED, FAILED, CANCELLED, BUDGET,
+TIMED_OUT) and one handler per outcome acts on it, once. On PREEMPTED: delete the slice (it holds quota
+until deleted), place a new one through the allocator (the same zone first, then the others, same price
+cap; backing off while no zone has capacity), ship, and start again with ``TPUCTL_RESTART_COUNT`` + 1; the
+runtime restores the newest checkpoint that verifies. A program failure restarts on the same slice at most
+``max_restarts`` times; preemptions have their own cap, ``max_preemptions``.
+
+Accounting goes to the ledger as it happens: segments (provisioning, running, checkpointing, preempted,
+recovering) with their slice, zone, capacity and step counts, and in the run's detail a ``recovery``
+record (``accounting``). Budget (``--budget``): checked at every step boundary the runtime reports and on
+the poll thread; when the next step would go over, every host is told to stop the way a preemption notice
+does (they checkpoint at one step), the slice is deleted and the run ends with ``BudgetExceededError``.
+
+Supervision is leased (``lease``): ``runs resume`` takes a run whose lease is free (``takeover``);
+``runs cancel`` signals a live supervisor (``control``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from tpuctl.errors import (
+    BudgetExceededError,
+    InfeasibleError,
+    InterruptedByUser,
+    NotFoundError,
+    RunFailedError,
+    TpuctlError,
+    UsageError,
+)
+from tpuctl.runtime.preemption import PREEMPTED_EXIT_CODE
+from tpuctl.services.run import hosts
+from tpuctl.services.run.accounting import PreemptionRecord, Progress, preemption_record, recovery_summary
+from tpuctl.services.run.control import save_request
+from tpuctl.services.run.launcher import Launcher
+from tpuctl.services.run.lease import LOCK_FILE, Lease, lease_holder, supervisor_identity
+from tpuctl.services.run.model import (
+    AttemptResult,
+    LaunchObserver,
+    Outcome,
+    PreparedRun,
+    RecoveryPolicy,
+    RunResult,
+    Silent,
+    SupervisedResult,
+    describe_exit,
+    exit_status,
+)
+from tpuctl.services.run.provision import renamed
+from tpuctl.services.run.signals import EventTap, SliceWatch, StepBudget, classify
+from tpuctl.services.run.takeover import take_over
+from tpuctl.store.records import EventKind, RunStatus, SegmentKind
+
+if TYPE_CHECKING:
+    from tpuctl.cloud.base import Node, OperationProgress
+    from tpuctl.services.executors.base import Executor
+    from tpuctl.services.session import Session
+
+
+@dataclass
+class _Attempt:
+    """One start of the program, and how it ended."""
+
+    node: Node
+    restart_count: int
+    result: AttemptResult | None = None
+    outcome: Outcome | None = None
+    preemption: PreemptionRecord | None = None
+    started_at: float | None = None
+    executor: Executor | None = None
+
+
+@dataclass
+class _Run:
+    """Where a supervised run stands between attempts."""
+
+    started: float  # monotonic, for the result's duration
+    wall_start: float | None  # when the run was recorded (goodput's wall time)
+    node: Node | None  # the slice the next attempt runs on; None: place one
+    current: Node | None = None  # the slice of the attempt in progress (or the last one)
+    created: list[Node] = field(default_factory=list)  # slices this run made (and so deletes)
+    restart_count: int = 0
+    prefer_zone: str | None = None
+    status: RunStatus = RunStatus.FAILED
+    exit_code: int | None = None
+    deleted: bool = False
+
+    def end(self, status: RunStatus, exit_code: int) -> None:
+        self.status, self.exit_code = status, exit_code
+
+
+#: A handler of one outcome: True when the run is done (succeeded), False to start the next attempt;
+#: raises to end the run otherwise.
+_Handler = Callable[[PreparedRun, "_Run", _Attempt], bool]
+
+
+def _waits_for_capacity(exc: BaseException) -> bool:
+    """No room now (stockouts everywhere, or quota a preempted slice still holds): wait and retry.
+    Anything else (over the price cap, bad input) will not change by waiting."""
+    from tpuctl.errors import NoCapacityError, NoQuotaError, StockoutError
+
+    return isinstance(exc, (NoCapacityError, NoQuotaError, StockoutError)) or (
+        isinstance(exc, InfeasibleError) and "no capacity" in exc.message.lower()
+    )
+
+
+class Supervisor:
+    """Runs a prepared run to its end through preemptions (see the module docstring)."""
+
+    def __init__(
+        self,
+        session: Session,
+        *,
+        observer: LaunchObserver | None = None,
+        policy: RecoveryPolicy | None = None,
+        budget_usd: float | None = None,
+        warn: Callable[[str], None] | None = None,
+        launcher_factory: Callable[[LaunchObserver], Launcher] | None = None,
+    ) -> None:
+        self._session = session
+        self._inner: LaunchObserver = observer or Silent()
+        chosen = policy or RecoveryPolicy()
+        if chosen.confirm_timeout_s is None:
+            grace = hosts.notice_grace_s(session)
+            if grace:
+                # A killed host is confirmed preempted only once the node is PREEMPTED, which the backend
+                # makes it at the end of its notice grace: wait at least that long.
+                chosen = dataclasses.replace(chosen, confirm_timeout_s=max(5.0, grace + 2.0))
+        self.policy = chosen.resolved(hosts.on_simulator(session))
+        self._budget_usd = budget_usd
+        self._warn = warn or self._inner.status
+        self._observer = EventTap(self._inner, self._on_event)
+        factory = launcher_factory or (lambda obs: Launcher(session, observer=obs))
+        self.launcher = factory(self._observer)
+        self.progress = Progress()
+        self.preemptions: list[PreemptionRecord] = []
+        self.restarts = 0
+        self._run_id: str | None = None
+        self._attempt: _Attempt | None = None
+        self._segment: int | None = None
+        self._lock = threading.Lock()
+        self._stop_reason: Outcome | None = None  # set when we stop the hosts ourselves
+        self._stopper: threading.Thread | None = None
+        self._budget: StepBudget | None = None
+        self._lease: Lease | None = None
+        self._cancel = threading.Event()
+        self._running_segment: int | None = None
+        self._notice_seen_at: float | None = None  # when the supervisor read this attempt's notice
+        self._preempted_seen_at: float | None = None  # ... and its "preempted, checkpoint saved"
+        self._handlers: dict[Outcome, _Handler] = {
+            Outcome.SUCCEEDED: self._on_succeeded,
+            Outcome.CANCELLED: self._on_cancelled,
+            Outcome.TIMED_OUT: self._on_timed_out,
+            Outcome.BUDGET: self._on_budget,
+            Outcome.FAILED: self._on_failed,
+            Outcome.PREEMPTED: self._on_preempted,
+        }
+
+    # --- public ---------------------------------------------------------------------------------
+
+    def run(self, prepared: PreparedRun, *, progress: OperationProgress | None = None) -> SupervisedResult:
+        """A new run: recorded, leased, run to its end. Raises ``RunFailedError`` (a host failed, the
+        timeout, too many preemptions), ``InterruptedByUser`` (Ctrl-C, cancel) or ``BudgetExceededError``
+        (exit 7) when the budget stopped it."""
+        self.create_record(prepared)
+        return self.supervise(prepared, progress=progress)
+
+    def create_record(self, prepared: PreparedRun) -> None:
+        target = prepared.target
+        self._session.ledger.create_run(
+            prepared.run_id,
+            script=prepared.display,
+            args=list(prepared.program),
+            status=RunStatus.PROVISIONING if target.creates else RunStatus.PENDING,
+            pod=target.name,
+            zone=target.zone,
+            accelerator_type=target.accelerator.api_name,
+            capacity=target.capacity,
+            detail={
+                "hosts": target.accelerator.hosts,
+                "bundle_sha256": prepared.bundle.digest,
+                "bundle_bytes": prepared.bundle.total_bytes,
+                "executor": prepared.executor_kind,
+                "log_dir": str(prepared.log_dir),
+                "checkpoint_dir": prepared.checkpoint_dir,
+                "created_pod": target.creates,
+                "env_keys": sorted(prepared.user_env),
+                "supervised": True,
+                "policy": self.policy.to_dict(),
+                "budget_usd": self._budget_usd,
+            },
+        )
+        save_request(prepared.log_dir, prepared.request, run_id=prepared.run_id, budget_usd=self._budget_usd,
+                     policy=self.policy)  # fmt: skip
+
+    def cancel(self) -> None:
+        """Stop the run from another thread: the hosts are told to stop as on a preemption notice (they
+        checkpoint), then the run ends CANCELLED."""
+        self._cancel.set()
+        self._stop_hosts(Outcome.CANCELLED)
+
+    def supervise(
+        self, prepared: PreparedRun, *, progress: OperationProgress | None = None, resume: bool = False
+    ) -> SupervisedResult:
+        """Run (or, with ``resume``, take over and continue) a run already in the ledger."""
+        self._run_id = prepared.run_id
+        self._take_lease(prepared)
+        record = self._session.ledger.get_run(prepared.run_id)
+        assert record is not None
+        run = _Run(started=time.monotonic(), wall_start=record.created_at, node=prepared.target.node)
+        if self._budget_usd is not None:
+            margin_s = self.policy.budget_margin_s or 0.0
+            self._budget = StepBudget(self._session, prepared.run_id, self._budget_usd, margin_s, self._warn)
+        failure: BaseException | None = None
+        try:
+            self._update_detail(supervisor=supervisor_identity())
+            if resume:
+                self._resume(prepared, record, run)
+            while not self._next_attempt(prepared, run, progress):
+                pass
+        except KeyboardInterrupt:
+            run.end(RunStatus.CANCELLED, 130)
+            failure = InterruptedByUser("interrupted: every host was stopped")
+        except BaseException as exc:
+            failure = exc
+            if isinstance(exc, InterruptedByUser):
+                run.end(RunStatus.CANCELLED, 130)
+        finally:
+            try:
+                summary = self._settle(prepared, run, failure)
+            finally:
+                if self._lease is not None:
+                    self._lease.release()
+                    self._lease = None
+        if failure is not None:
+            raise failure
+        return self._result(prepared, run, summary)
+
+    # --- the lifecycle --------------------------------------------------------------------------
+
+    def _take_lease(self, prepared: PreparedRun) -> None:
+        self._lease = Lease.acquire(prepared.log_dir / LOCK_FILE)
+        if self._lease is None:
+            holder = lease_holder(prepared.log_dir) or {}
+            run_id = prepared.run_id
+            raise UsageError(
+                f"run {run_id} is supervised by another live process (pid {holder.get('pid', '?')})",
+                field="RUN",
+                value=run_id,
+                fix=f"wait for it, or stop it with `tpuctl runs cancel {run_id}`",
+            )
+
+    def _resume(self, prepared: PreparedRun, record: Any, run: _Run) -> None:
+        """Take over from a dead supervisor: its counts, its progress, and what becomes of its slices."""
+        taken = take_over(
+            self._session,
+            self._inner,
+            prepared,
+            record,
+            self.progress,
+            lambda node, reason: self._delete_slice(prepared, node, reason=reason),
+        )
+        self.restarts, self.preemptions = taken.restarts, taken.preemptions
+        run.node, run.restart_count, run.prefer_zone = taken.node, taken.restart_count, taken.prefer_zone
+        given = prepared.target.node.name if prepared.target.node else ""
+        if run.node is not None and run.node.name != given:
+            run.created.append(run.node)
+
+    def _next_attempt(self, prepared: PreparedRun, run: _Run, progress: OperationProgress | None) -> bool:
+        """Place the slice if there is none, run one attempt, act on its outcome. True once done."""
+        if self._cancel.is_set():
+            raise InterruptedByUser("cancelled: the run was stopped")
+        if run.node is None:
+            run.node = self._provision(prepared, run.prefer_zone, progress, run.restart_count)
+            run.created.append(run.node)
+        run.current = run.node
+        attempt = self._run_attempt(prepared, run.node, run.restart_count)
+        assert attempt.outcome is not None
+        return self._handlers[attempt.outcome](prepared, run, attempt)
+
+    def _on_succeeded(self, prepared: PreparedRun, run: _Run, attempt: _Attempt) -> bool:
+        run.end(RunStatus.SUCCEEDED, 0)
+        return True
+
+    def _on_cancelled(self, prepared: PreparedRun, run: _Run, attempt: _Attempt) -> bool:
+        run.end(RunStatus.CANCELLED, 130)
+        raise InterruptedByUser("interrupted: every host was stopped")
+
+    def _on_timed_out(self, prepared: PreparedRun, run: _Run, attempt: _Attempt) -> bool:
+        run.end(RunStatus.FAILED, 124)
+        run_id = prepared.run_id
+        raise RunFailedError(
+            f"run {run_id} exceeded --timeout {prepared.request.timeout_s:g} s; every host was stopped",
+            fix=f"raise --timeout, or check the logs with `tpuctl runs logs {run_id}`",
+            returncode=124,
+        )
+
+    def _on_budget(self, prepared: PreparedRun, run: _Run, attempt: _Attempt) -> bool:
+        assert self._budget is not None and self._budget.decision is not None
+        run.end(RunStatus.BUDGET_EXCEEDED, 7)
+        raise self._budget.decision.error(run_id=prepared.run_id)
+
+    def _on_failed(self, prepared: PreparedRun, run: _Run, attempt: _Attempt) -> bool:
+        """The program failed: restart it on the same slice while ``max_restarts`` allows, else end."""
+        result = attempt.result
+        assert result is not None and run.node is not None
+        run_id, limit = prepared.run_id, self.policy.max_restarts
+        if self.restarts >= limit:
+            worker, rc = result.failed_worker, result.returncode
+            if worker is None:  # every host ended, none 0 nor "preempted": the first non-0
+                worker, rc = next(((w, c) for w, c in sorted(result.exit_codes.items()) if c != 0), (0, None))
+            run.end(RunStatus.FAILED, exit_status(rc))
+            plural = "s" if self.restarts != 1 else ""
+            after = f" (after {self.restarts} restart{plural}, --max-restarts {limit})" if limit else ""
+            raise RunFailedError(
+                f"run {run_id} failed: host {worker} {describe_exit(rc)}; the other hosts were "
+                f"stopped{after}",
+                worker=worker,
+                returncode=rc,
+                fix=f"see its output: `tpuctl runs logs {run_id} --worker {worker}`",
+            )
+        self.restarts += 1
+        run.restart_count += 1
+        self._session.ledger.update_run(run_id, restarts=self.restarts, status=RunStatus.RECOVERING)
+        self._inner.status(
+            f"the program failed; restarting it on {run.node.name} "
+            f"(restart {self.restarts} of --max-restarts {limit})"
+        )
+        return False
+
+    def _on_preempted(self, prepared: PreparedRun, run: _Run, attempt: _Attempt) -> bool:
+        """The slice was preempted: free it and go on on a new one, while ``max_preemptions`` allows."""
+        assert attempt.preemption is not None and run.node is not None
+        record, node, run_id = attempt.preemption, run.node, prepared.run_id
+        self.preemptions.append(record)
+        self._session.ledger.update_run(
+            run_id, preemptions=len(self.preemptions), status=RunStatus.RECOVERING
+        )
+        if len(self.preemptions) > self.policy.max_preemptions:
+            run.end(RunStatus.FAILED, 8)
+            self._free_slice(prepared, node, record, created=node in run.created)
+            run.deleted = True
+            raise RunFailedError(
+                f"run {run_id} was preempted {len(self.preemptions)} times, more than "
+                f"--max-preemptions {self.policy.max_preemptions}; stopped",
+                fix="raise --max-preemptions, use on-demand capacity, or resume it later with "
+                f"`tpuctl runs resume {run_id}`",
+            )
+        if prepared.target.node is not None:
+            run.end(RunStatus.FAILED, 8)
+            raise RunFailedError(
+                f"run {run_id}: slice {node.name} (given with --pod) was preempted; tpuctl does not "
+                "replace a slice it did not create",
+                fix=f"run with --type {prepared.target.accelerator.friendly_name} (and --spot) so "
+                "tpuctl places and replaces the slice itself",
+            )
+        self._free_slice(prepared, node, record, created=True)
+        run.prefer_zone = node.zone
+        run.node = run.current = None
+        run.restart_count += 1
+        self._save_recovery(final_step=None)
+        if self._budget is not None:
+            self._budget.refresh()
+            if self._budget.check(next_step_s=0.0) is not None:
+                return self._on_budget(prepared, run, attempt)
+        return False
+
+    def _settle(self, prepared: PreparedRun, run: _Run, failure: BaseException | None) -> dict[str, Any]:
+        """However the run ended: delete the slice it made (unless kept), record the end and the recovery
+        summary in the ledger, and give up supervision in the run's detail."""
+        self._close_segment()
+        run_id, current = prepared.run_id, run.current
+        ours = current is not None and current in run.created
+        if ours and current is not None and not prepared.request.keep_pod:
+            run.deleted = self._delete_slice(prepared, current, reason=f"end of run {run_id}")
+        elif run.status is RunStatus.BUDGET_EXCEEDED and ours and current is not None:
+            run.deleted = self._delete_slice(prepared, current, reason=f"run {run_id} at its budget")
+        final_step = self.progress.last_step
+        detail: dict[str, Any] = {"deleted_pod": run.deleted or current is None}
+        last = self._attempt.result if self._attempt is not None else None
+        if last is not None:
+            detail.update(
+                exit_codes={str(k): v for k, v in last.exit_codes.items()},
+                failed_worker=last.failed_worker,
+                shipped_hosts=sum(1 for s in last.shipped if s.shipped),
+            )
+        if run.status is RunStatus.BUDGET_EXCEEDED and self._budget and self._budget.decision:
+            detail["budget"] = self._budget.decision.to_dict()
+        if failure is not None and not isinstance(
+            failure, (RunFailedError, InterruptedByUser, BudgetExceededError)
+        ):
+            detail["error"] = str(failure)
+            if isinstance(failure, TpuctlError) and failure.exit_code:
+                run.exit_code = failure.exit_code
+        summary = self._save_recovery(final_step=final_step, end=time.time(), wall_start=run.wall_start)
+        detail["supervisor"] = None
+        self._update_detail(**detail)
+        self._session.ledger.update_run(
+            run_id,
+            status=run.status,
+            exit_code=run.exit_code,
+            steps=final_step or 0,
+            restarts=self.restarts,
+            preemptions=len(self.preemptions),
+        )
+        return summary
+
+    def _result(self, prepared: PreparedRun, run: _Run, summary: dict[str, Any]) -> SupervisedResult:
+        assert run.current is not None and self._attempt is not None and self._attempt.result is not None
+        result = self._attempt.result
+        return SupervisedResult(
+            run=RunResult(
+                run_id=prepared.run_id,
+                pod=run.current.name,
+                zone=run.current.zone,
+                hosts=prepared.target.accelerator.hosts,
+                exit_code=0,
+                duration_s=time.monotonic() - run.started,
+                log_dir=prepared.log_dir,
+                bundle_sha256=prepared.bundle.digest,
+                shipped_hosts=sum(1 for s in result.shipped if s.shipped),
+                deleted_pod=run.deleted,
+            ),
+            preemptions=self.preemptions,
+            restarts=self.restarts,
+            summary=summary,
+        )
+
+    # --- one attempt ----------------------------------------------------------------------------
+
+    def _run_attempt(self, prepared: PreparedRun, node: Node, restart_count: int) -> _Attempt:
+        attempt = _Attempt(node=node, restart_count=restart_count)
+        with self._lock:
+            self._attempt = attempt
+            self._stop_reason = None
+        self.progress.new_attempt()
+        self._open_segment(SegmentKind.RUNNING, node, detail={"restart_count": restart_count})
+        if self._budget is not None:
+            self._budget.refresh()
+        watch = SliceWatch(
+            self._session.cloud,
+            node,
+            poll_s=self.policy.poll_s or 1.0,
+            confirm=self.policy.confirm_polls,
+            on_poll=lambda: self._poll_tick(watch),
+        )
+        watch.start()
+
+        def started(executor: Executor) -> None:
+            attempt.started_at = time.time()
+            attempt.executor = executor
+            self._record_hosts(executor)
+            if self._cancel.is_set():
+                self._stop_hosts(Outcome.CANCELLED)
+
+        try:
+            result = self.launcher.execute(
+                prepared,
+                node,
+                restart_count=restart_count,
+                soft_exit_codes=frozenset({PREEMPTED_EXIT_CODE}),
+                soft_wait_s=self.policy.checkpoint_wait_s,
+                on_started=started,
+            )
+        finally:
+            watch.close()
+            self._join_stopper()
+        if self._running_segment is not None:
+            # How the slice looked from the API meanwhile (failed polls are counted, never acted on).
+            self._session.ledger.update_segment(
+                self._running_segment,
+                detail={
+                    "restart_count": restart_count,
+                    "api_polls": watch.polls,
+                    "api_poll_errors": watch.errors,
+                },
+            )
+        attempt.result = result
+        attempt.outcome = self._classify(attempt, watch)
+        self._after_attempt(attempt)
+        return attempt
+
+    def _poll_tick(self, watch: SliceWatch) -> None:
+        """Every poll while hosts run: act on a confirmed lost slice, and check the budget."""
+        if watch.confirmed.is_set() and watch.confirmed_state != "QR_SUSPENDING":
+            # The slice is gone from under the hosts: do not wait for their connections to time out.
+            # (SUSPENDING is the notice: the hosts are checkpointing, let them.)
+            self._stop_hosts(Outcome.PREEMPTED, grace_s=1.0)
+        if self._budget is not None:
+            poll = self.policy.poll_s or 1.0
+            if self._budget.check(next_step_s=max(poll, self._budget.step_s)) is not None:
+                self._budget_stop()
+
+    def _on_event(self, worker: int, event: dict[str, Any], at: float) -> None:
+        """A runtime event line from a host (called on the launcher's thread, in order)."""
+        kind = event.get("event")
+        if kind == "notice":
+            first = self.progress.notice is None
+            self.progress.on_event(event, at)
+            if first:
+                self._inner.status(
+                    f"host {event.get('worker', worker)}: preemption notice ({event.get('source')}); every "
+                    "host checkpoints at the next common step"
+                )
+                attempt = self._attempt
+                if attempt is not None and self._stop_reason is None:
+                    self._open_segment(
+                        SegmentKind.CHECKPOINTING, attempt.node, detail={"notice": event, "seen_at": at}
+                    )
+            return
+        if worker != 0 and kind != "preempted":
+            return
+        self.progress.on_event(event, at)
+        if kind == "start":
+            if event.get("skipped"):
+                skipped = ", ".join(f"step {s.get('step')} ({s.get('reason')})" for s in event["skipped"])
+                restored = event.get("restored")
+                self._inner.status(
+                    f"checkpoint fallback: {skipped} unreadable; restored "
+                    + (f"step {restored}" if restored is not None else "nothing (starting fresh)")
+                )
+            elif event.get("restored") is not None:
+                self._inner.status(f"restored checkpoint step {event.get('restored')}")
+        elif kind == "step":
+            dt = event.get("dt")
+            if self._budget is not None and isinstance(dt, (int, float)):
+                self._budget.observe_step(float(dt))
+                if self._budget.check() is not None:
+                    self._budget_stop()
+        elif kind == "preempted":
+            self._preempted_seen_at = at
+            self._inner.status(
+                f"every host saved checkpoint step {event.get('step')} and stopped "
+                f"({event.get('save_s')} s to save)"
+            )
+            if event.get("checkpoint") == "saved":
+                # Host 0 says so only once the step is committed (orbax finalizes after every host
+                # wrote): nothing the hosts still do matters, and jax's shutdown at exit takes seconds.
+                self._stop_hosts(Outcome.PREEMPTED, grace_s=1.0)
+
+    def _budget_stop(self) -> None:
+        assert self._budget is not None and self._budget.decision is not None
+        if self._stop_reason is None:
+            self._inner.status(f"budget: {self._budget.decision.message}; checkpointing and stopping")
+        self._stop_hosts(Outcome.BUDGET)
+
+    def _stop_hosts(self, reason: Outcome, grace_s: float | None = None) -> None:
+        """Tell every host to stop (SIGTERM: the runtime checkpoints at the next common step; SIGKILL after
+        the grace). Once per attempt, on a thread (``Executor.stop`` blocks for the grace)."""
+        with self._lock:
+            if self._stop_reason is not None:
+                return
+            attempt = self._attempt
+            if attempt is None or attempt.executor is None:
+                if reason is Outcome.CANCELLED:
+                    self._stop_reason = reason
+                return
+            self._stop_reason = reason
+            executor = attempt.executor
+            wait = grace_s if grace_s is not None else self.policy.checkpoint_wait_s
+            self._stopper = threading.Thread(
+                target=executor.stop, args=(wait,), name="tpuctl-stop-hosts", daemon=True
+            )
+            self._stopper.start()
+
+    def _join_stopper(self) -> None:
+        stopper = self._stopper
+        if stopper is not None:
+            stopper.join(timeout=self.policy.checkpoint_wait_s + 30.0)
+            self._stopper = None
+
+    def _classify(self, attempt: _Attempt, watch: SliceWatch) -> Outcome:
+        assert attempt.result is not None
+        outcome, source = classify(attempt.result, self._stop_reason, self.progress, watch, self.policy)
+        if source is not None:
+            seen = [self._notice_seen_at, self._preempted_seen_at, watch.confirmed_at]
+            attempt.preemption = preemption_record(
+                len(self.preemptions) + 1,
+                attempt.node,
+                source,
+                attempt.result,
+                self.progress,
+                # Detected when the supervisor first knew: the notice line, the runtime's "preempted", or
+                # the API's confirmation.
+                detected_at=min((t for t in seen if t is not None), default=time.time()),
+            )
+        return outcome
+
+    def _after_attempt(self, attempt: _Attempt) -> None:
+        """Close the attempt's last segment with its step counts; note where a recovery resumed."""
+        steps = self.progress.attempt_steps
+        recomputed = self.progress.attempt_recomputed
+        # The running segment of this attempt carries its step counts.
+        if self._running_segment is not None:
+            self._session.ledger.update_segment(
+                self._running_segment, steps_completed=steps, steps_recomputed=recomputed
+            )
+        previous = self.preemptions[-1] if self.preemptions else None
+        if previous is not None and previous.resumed_at is None and self.progress.first_step_at is not None:
+            previous.resumed_at = self.progress.first_step_at
+            previous.hosts_started_at = attempt.started_at
+            previous.restored_step = self.progress.restored
+            previous.steps_recomputed = recomputed
+        self._close_segment()
+
+    # --- segments -------------------------------------------------------------------------------
+
+    def _open_segment(
+        self, kind: SegmentKind, node: Node | None, *, detail: Mapping[str, Any] | None = None
+    ) -> int:
+        assert self._run_id is not None
+        at = time.time()
+        if kind is SegmentKind.CHECKPOINTING:
+            self._notice_seen_at = at
+            if self._running_segment is not None:
+                self._session.ledger.update_segment(
+                    self._running_segment,
+                    steps_completed=self.progress.attempt_steps,
+                    steps_recomputed=self.progress.attempt_recomputed,
+                )
+        segment = self._session.ledger.add_segment(
+            self._run_id,
+            kind,
+            start=at,
+            pod=None if node is None else node.name,
+            zone=None if node is None else node.zone,
+            capacity=None if node is None else node.capacity,
+            detail=detail,
+        )
+        self._segment = segment
+        if kind is SegmentKind.RUNNING:
+            self._running_segment = segment
+            self._notice_seen_at = self._preempted_seen_at = None
+        return segment
+
+    def _close_segment(self) -> None:
+        segment, self._segment = self._segment, None
+        if segment is None:
+            return
+        with contextlib.suppress(TpuctlError):  # already closed by the next one's start
+            self._session.ledger.close_segment(segment, end=time.time())
+
+    # --- slices ---------------------------------------------------------------------------------
+
+    def _free_slice(
+        self, prepared: PreparedRun, node: Node, record: PreemptionRecord, *, created: bool
+    ) -> None:
+        """The PREEMPTED segment: note the preemption on the slice, delete it (frees its quota)."""
+        self._open_segment(
+            SegmentKind.PREEMPTED,
+            node,
+            detail={"preemption": record.number, "kind": record.kind, "source": record.source},
+        )
+        what = (
+            f"checkpoint at step {record.checkpoint_step}"
+            if record.checkpoint_step is not None
+            else "no checkpoint on the way out (the last periodic one will do)"
+        )
+        self._inner.status(f"{node.name} ({node.zone}) was preempted [{record.kind}, {what}]; deleting it")
+        with contextlib.suppress(Exception):  # the ledger view must not block the recovery
+            self._session.ledger.record_event(
+                EventKind.PREEMPTED,
+                pod=node.name,
+                zone=node.zone,
+                run_id=prepared.run_id,
+                ts=record.occurred_at or record.detected_at,
+                detail={"seen_by": "run supervisor", "kind": record.kind, "source": record.source},
+            )
+        if created:
+            self._delete_slice(prepared, node, reason=f"preempted during run {prepared.run_id}")
+        record.slice_deleted_at = time.time()
+        self._close_segment()
+
+    def _delete_slice(self, prepared: PreparedRun, node: Node, *, reason: str) -> bool:
+        from tpuctl.services.pods import PodService
+
+        self._inner.status(f"deleting {node.name} ({node.zone})")
+        try:
+            PodService(self._session).delete(node.name, zone=node.zone, wait=True, reason=reason)
+        except NotFoundError:
+            pass  # already gone: what we wanted
+        except Exception as exc:  # reported; it must not mask how the run itself ended
+            message = exc.message if isinstance(exc, TpuctlError) else f"{type(exc).__name__}: {exc}"
+            self._inner.status(
+                f"could not delete {node.name}: {message}; delete it with `tpuctl pod delete {node.name}`"
+            )
+            return False
+        hosts.remove_host_disks(self._session, prepared, node)
+        return True
+
+    def _provision(
+        self, prepared: PreparedRun, prefer_zone: str | None, progress: OperationProgress | None, restart: int
+    ) -> Node:
+        """Place the run's slice (a recovery: a fresh name and request, the old zone first), backing off
+        while no allowed zone has capacity; every wait is a RECOVERING segment."""
+        from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential
+
+        recovering = prefer_zone is not None or restart > 0
+        tries = 0
+
+        def one() -> Node:
+            nonlocal tries
+            tries += 1
+            if self._cancel.is_set():
+                raise InterruptedByUser("cancelled: the run was stopped")
+            again = prepared if not recovering else renamed(prepared, restart, tries)
+            self._segment = None  # provision() keeps its own segment
+            return self.launcher.provision(
+                again,
+                progress=progress,
+                prefer_zone=prefer_zone,
+                detail={"recovery": recovering, "try": tries} if recovering else None,
+            )
+
+        if recovering:
+            self._open_segment(
+                SegmentKind.RECOVERING, None, detail={"after_preemption": len(self.preemptions)}
+            )
+        started = time.time()
+        initial_s = self.policy.backoff_initial_s or 1.0
+        retrying = Retrying(
+            retry=retry_if_exception(lambda exc: recovering and _waits_for_capacity(exc)),
+            wait=wait_exponential(multiplier=initial_s, min=initial_s, max=self.policy.backoff_max_s or 60.0),
+            stop=stop_after_delay(self.policy.capacity_timeout_s),
+            before_sleep=lambda state: self._waiting_for_capacity(prepared, progress, state),
+            reraise=True,
+        )
+        node: Node = retrying(one)
+        if self.preemptions and self.preemptions[-1].new_pod is None:
+            record = self.preemptions[-1]
+            record.new_pod, record.new_zone = node.name, node.zone
+            record.provisioning_s = round(time.time() - started, 3)
+            if record.new_zone != record.zone:
+                self._inner.status(f"recovered in another zone: {record.zone} -> {record.new_zone}")
+        self._session.ledger.update_run(prepared.run_id, pod=node.name, zone=node.zone)
+        return node
+
+    def _waiting_for_capacity(
+        self, prepared: PreparedRun, progress: OperationProgress | None, state: Any
+    ) -> None:
+        exc = state.outcome.exception() if state.outcome is not None else None
+        wait = state.next_action.sleep if state.next_action is not None else 0.0
+        self._inner.status(
+            f"no capacity for {prepared.target.accelerator.friendly_name} yet (try {state.attempt_number}: "
+            f"{getattr(exc, 'message', exc)}); retrying in {wait:.1f} s"
+        )
+        if progress is not None:
+            progress.update(f"waiting for capacity (try {state.attempt_number})", elapsed_s=0.0)
+        self._open_segment(
+            SegmentKind.RECOVERING, None, detail={"waiting_for": "capacity", "try": state.attempt_number}
+        )
+
+    # --- ledger detail --------------------------------------------------------------------------
+
+    def _update_detail(self, **changes: Any) -> None:
+        assert self._run_id is not None
+        ledger = self._session.ledger
+        record = ledger.get_run(self._run_id)
+        merged = dict(record.detail or {}) if record is not None else {}
+        merged.update(changes)
+        ledger.update_run(self._run_id, detail=merged)
+
+    def _record_hosts(self, executor: Executor) -> None:
+        pids = getattr(executor, "pids", None)
+        attempt = self._attempt
+        changes: dict[str, Any] = {"restart_count": attempt.restart_count if attempt else 0}
+        if callable(pids):
+            from tpuctl.processes import process_start_ticks
+
+            changes["host_pids"] = {str(w): [p, process_start_ticks(p)] for w, p in pids().items()}
+        self._update_detail(**changes)
+
+    def _save_recovery(
+        self, *, final_step: int | None, end: float | None = None, wall_start: float | None = None
+    ) -> dict[str, Any]:
+        summary = recovery_summary(
+            self.progress,
+            self.preemptions,
+            self.restarts,
+            final_step=final_step,
+            end=end,
+            wall_start=wall_start,
+        )
+        self._update_detail(recovery=summary)
+        return summary

@@ -1,0 +1,123 @@
+"""Taking over a run whose supervisor died (``runs resume``): stop what it left running, end its open
+segments, decide what becomes of its slices, and read its progress back, so the supervisor carries on
+from the last checkpoint."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from tpuctl.errors import CloudError, NotFoundError
+from tpuctl.runtime.preemption import parse_event
+from tpuctl.services.run import hosts
+from tpuctl.services.run.accounting import PreemptionRecord, Progress
+from tpuctl.services.run.model import LaunchObserver, PreparedRun
+from tpuctl.store.records import EventKind
+
+if TYPE_CHECKING:
+    from tpuctl.cloud.base import Node
+    from tpuctl.services.session import Session
+
+#: Deletes a slice for a reason; False when it could not (reported already).
+DeleteSlice = Callable[["Node", str], bool]
+
+
+@dataclass
+class TakenOver:
+    """Where the resumed run goes on from."""
+
+    node: Node | None  # a slice to run on again; None: place a new one
+    restart_count: int
+    prefer_zone: str | None
+    restarts: int
+    preemptions: list[PreemptionRecord]
+
+
+def take_over(
+    session: Session,
+    observer: LaunchObserver,
+    prepared: PreparedRun,
+    record: Any,
+    progress: Progress,
+    delete_slice: DeleteSlice,
+) -> TakenOver:
+    """Continue a run whose supervisor died: stop what it left running, end its open segment, and
+    start again from the last checkpoint (the old slice is replaced: its hosts' state is unknown)."""
+    ledger = session.ledger
+    detail = dict(record.detail or {})
+    restarts = int(record.restarts or 0)
+    recovery = detail.get("recovery") or {}
+    preemptions = [PreemptionRecord.from_dict(p) for p in recovery.get("preemptions", [])]
+    seed_progress(progress, prepared)
+    for seg in ledger.segments(prepared.run_id):
+        if seg.end is None:
+            ledger.close_segment(
+                seg.id, end=time.time(), detail={**(seg.detail or {}), "closed_by": "resume"}
+            )
+    hosts.kill_left_hosts(
+        session.state_dir, prepared.run_id, detail.get("host_pids"), executor_kind=prepared.executor_kind
+    )
+    restart_count = int(detail.get("restart_count", restarts + len(preemptions))) + 1
+    observer.status(f"taking over run {prepared.run_id} (restart {restart_count})")
+    if prepared.target.node is not None:
+        return TakenOver(prepared.target.node, restart_count, None, restarts, preemptions)
+    node = adopt_slices(session, prepared, record, delete_slice)
+    prefer_zone = node.zone if node is not None else record.zone
+    return TakenOver(node, restart_count, prefer_zone, restarts, preemptions)
+
+
+def adopt_slices(
+    session: Session, prepared: PreparedRun, record: Any, delete_slice: DeleteSlice
+) -> Node | None:
+    """What becomes of the dead supervisor's slices: the one the run record names (it ran there; it may
+    be preempted) and every other the ledger still has alive for the run: a placement or a recovery
+    that was still making one when the supervisor died (the run record names a slice only once it is
+    placed, and names no zone at all while the allocator chooses). The first READY one is used again
+    where the hosts are local processes (they were killed above; the slice itself is fine), the others
+    are deleted, and one the API no longer has (a delete that landed before the kill could record it) is
+    recorded gone: no slice is left that the run forgot, and no ledger entry outlives its slice."""
+    ledger = session.ledger
+    run_id = prepared.run_id
+    slices: list[tuple[str, str]] = []
+    if record.pod and record.zone:
+        slices.append((record.zone, record.pod))
+    for pod in ledger.list_pods(run_id=run_id, alive=True):
+        if (pod.zone, pod.name) not in slices:
+            slices.append((pod.zone, pod.name))
+    keep: Node | None = None
+    for zone, name in slices:
+        try:
+            node = session.cloud.get_node(zone, name)
+        except NotFoundError:
+            known = ledger.get_pod(name, zone=zone)
+            if known is not None and known.alive:
+                ledger.record_event(
+                    EventKind.GONE,
+                    pod=name,
+                    zone=zone,
+                    run_id=run_id,
+                    detail={"seen_by": "runs resume", "why": "not found when the run was taken over"},
+                )
+            continue
+        except CloudError:
+            continue  # cannot tell now; the ledger still has it, so `tpuctl pod gc` will
+        if keep is None and node.state == "READY" and hosts.hosts_run_locally(prepared.executor_kind):
+            keep = node
+            continue
+        delete_slice(node, f"replaced by resume of run {run_id}")
+    return keep
+
+
+def seed_progress(progress: Progress, prepared: PreparedRun) -> None:
+    """Read the steps done so far back from host 0's log (the killed supervisor kept them in memory)."""
+    path = prepared.log_dir / "worker-0.log"
+    if not path.exists():
+        return
+    with path.open(encoding="utf-8", errors="replace") as fh:
+        for line in fh:
+            event = parse_event(line.rstrip("\n"))
+            if event is not None:
+                progress.on_event(event, time.time())
+    progress.new_attempt()
