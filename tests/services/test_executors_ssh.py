@@ -361,10 +361,12 @@ def test_launcher_runs_a_2_host_slice_over_ssh_via_the_nodes_endpoints(
     admin = SimAdminClient(url)
     session = open_session(load_settings({"backend": "sim", "sim_url": url, "state_dir": state_dir}))
     try:
-        from tpuctl.services.pods import PodService
+        from tpuctl.services.allocator import Allocator, build_request
 
-        pods = PodService(session)
-        pods.create(pods.build_spec("v4-16", name="ssh-pod", zone="us-central2-b"))
+        placement = build_request(
+            session.catalog, session.settings, "v4-16", name="ssh-pod", zones=["us-central2-b"]
+        )
+        Allocator(session).place(placement)
         admin.set_endpoints(
             "us-central2-b", "ssh-pod", [{"ipAddress": "127.0.0.1", "port": h.port} for h in loopback.hosts]
         )

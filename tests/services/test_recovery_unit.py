@@ -128,10 +128,13 @@ def test_policy_validation_and_backend_defaults() -> None:
         RecoveryPolicy(max_restarts=-1)
     with pytest.raises(ValueError, match="confirm_polls"):
         RecoveryPolicy(confirm_polls=0)
-    sim, gcp = RecoveryPolicy().resolved(True), RecoveryPolicy().resolved(False)
+    from tpuctl.backends.gcp import GCP_TUNING
+    from tpuctl.backends.sim import SIM_TUNING
+
+    sim, gcp = RecoveryPolicy().resolved(SIM_TUNING.recovery), RecoveryPolicy().resolved(GCP_TUNING.recovery)
     assert sim.poll_s == 0.25 and gcp.poll_s == 10.0
     assert gcp.confirm_timeout_s == 120.0 and gcp.budget_margin_s == 120.0
-    assert RecoveryPolicy(poll_s=3.0).resolved(True).poll_s == 3.0
+    assert RecoveryPolicy(poll_s=3.0).resolved(SIM_TUNING.recovery).poll_s == 3.0
 
 
 def test_the_saved_request_round_trips_and_is_private(tmp_path: Path) -> None:

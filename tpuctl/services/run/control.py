@@ -199,7 +199,7 @@ def cancel_run(session: Session, run_id: str, *, wait_s: float = 120.0) -> dict[
     lease = Lease.acquire(log_dir / LOCK_FILE)
     try:
         killed = hosts.kill_left_hosts(
-            session.state_dir, run_id, detail.get("host_pids"), executor_kind=detail.get("executor")
+            session, run_id, detail.get("host_pids"), executor_kind=detail.get("executor")
         )
         for seg in ledger.segments(run_id):
             if seg.end is None:

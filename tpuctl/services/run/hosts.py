@@ -1,43 +1,52 @@
-"""How a run reaches its hosts, and everything about it that depends on the executor kind or the backend:
-which executor a run gets, building it for a node (or a placeholder one for a plan), the simulated
-hosts' registry and disks, the notice grace, and killing host processes a dead supervisor left.
+"""How a run reaches its hosts: which executor a run gets, building it for a node (or a placeholder one
+for a plan), the hosts' disks, the notice grace, and killing host processes a dead supervisor left.
 
-Every ``executor_kind == "sim"`` and ``backend == "sim"`` test of the run machinery is in this module and
-nowhere else in ``tpuctl.services.run``: it is the one place a backend seam replaces.
+Everything here that differs between backends is asked of ``session.backend`` (``tpuctl.backends``):
+whether it has local host processes, how each host is reached over SSH, its notice grace.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
-import shutil
 import signal
-import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tpuctl.cloud.base import NetworkEndpoint, Node
 from tpuctl.errors import UsageError
-from tpuctl.services.run.model import EXECUTOR_KINDS, PreparedRun, RunRequest
+from tpuctl.services.run.model import EXECUTOR_KINDS, ExecutorKind, PreparedRun, RunRequest
 
 if TYPE_CHECKING:
+    from tpuctl.backends.base import LocalHosts
     from tpuctl.services.executors.base import Executor
-    from tpuctl.services.pods import CreateSpec
     from tpuctl.services.session import Session
 
 #: The public key a plan shows in place of the real one (a plan creates no key).
 _PLAN_PUBLIC_KEY = "<tpuctl public key>"
 
 
-def on_simulator(session: Session) -> bool:
-    return session.backend.name == "sim"
+def local_hosts(session: Session) -> LocalHosts | None:
+    """The backend's local host processes, or None where every host is reached over SSH."""
+    return session.backend.local_hosts(session.cloud, session.state_dir)
 
 
-def executor_kind(session: Session, requested: str | None) -> str:
-    """The executor a run gets: the one asked for, else sim on the simulator and ssh on Google."""
-    kind = requested or ("sim" if on_simulator(session) else "ssh")
+def _local_hosts_or_refuse(session: Session) -> LocalHosts:
+    local = local_hosts(session)
+    if local is None:
+        raise UsageError(
+            f"the {ExecutorKind.LOCAL.value} executor runs simulated hosts only; this command talks to "
+            f"{session.backend.name}, whose hosts are reached over SSH",
+            field="--executor",
+            value=ExecutorKind.LOCAL.value,
+            fix="drop --executor (real slices use ssh)",
+        )
+    return local
+
+
+def executor_kind(session: Session, requested: str | None) -> ExecutorKind:
+    """The executor a run gets: the one asked for, else the backend's default."""
+    kind = requested or session.backend.default_executor
     if kind not in EXECUTOR_KINDS:
         raise UsageError(
             f"unknown executor {kind!r}",
@@ -45,83 +54,62 @@ def executor_kind(session: Session, requested: str | None) -> str:
             value=kind,
             fix="use one of: " + ", ".join(EXECUTOR_KINDS),
         )
-    if kind == "sim" and not on_simulator(session):
-        raise UsageError(
-            "the sim executor runs simulated hosts only; this command talks to Google",
-            field="--executor",
-            value=kind,
-            fix="drop --executor (real slices use ssh)",
-        )
-    return kind
+    chosen = ExecutorKind(kind)
+    if chosen is ExecutorKind.LOCAL:
+        _local_hosts_or_refuse(session)
+    return chosen
 
 
-def hosts_run_locally(executor_kind: str) -> bool:
-    """Whether the hosts are processes of this machine (simulated hosts) rather than remote ones."""
-    return executor_kind == "sim"
+def ssh_key_metadata(session: Session, kind: ExecutorKind, *, plan: bool) -> dict[str, str]:
+    """The node metadata a new slice needs for ``kind``: tpuctl's public key in ``ssh-keys`` for hosts
+    reached over SSH (nothing for local hosts). A plan shows a placeholder and creates no key."""
+    if kind is not ExecutorKind.SSH:
+        return {}
+    from tpuctl.services.executors.ssh import DEFAULT_USERNAME, ensure_key_pair, ssh_keys_metadata
+
+    public = _PLAN_PUBLIC_KEY if plan else ensure_key_pair(session.state_dir).public_openssh
+    return {"ssh-keys": ssh_keys_metadata(DEFAULT_USERNAME, public)}
 
 
-def needs_key_at_creation(executor_kind: str) -> bool:
-    """Whether the slice must carry tpuctl's SSH key in its metadata from its creation on."""
-    return executor_kind == "ssh"
-
-
-def default_checkpoint_dir(runs_dir: Path, run_id: str, executor_kind: str, request: RunRequest) -> str:
-    if hosts_run_locally(executor_kind):
-        # Simulated hosts share this machine's disk, as real hosts share a gs:// bucket.
-        return str(runs_dir / run_id / "checkpoints")
+def default_checkpoint_dir(
+    session: Session, runs_dir: Path, run_id: str, kind: ExecutorKind, request: RunRequest
+) -> str:
+    if kind is ExecutorKind.LOCAL:
+        return _local_hosts_or_refuse(session).checkpoint_dir(runs_dir, run_id)
     # A host-local default; multi-host runs that checkpoint want --checkpoint-dir gs://...
     return f"{request.ssh_remote_root}/runs/{run_id}/checkpoints"
 
 
-def sim_hosts_dir(session: Session, node: Node) -> Path:
-    return session.state_dir / "sim-hosts" / node.zone / node.name
-
-
 def remove_host_disks(session: Session, prepared: PreparedRun, node: Node) -> None:
-    """After the slice was deleted: simulated hosts' disks go with it (real ones went with the VMs)."""
-    if hosts_run_locally(prepared.executor_kind):
-        shutil.rmtree(sim_hosts_dir(session, node), ignore_errors=True)
+    """After the slice was deleted: local hosts' disks go with it (remote ones went with their VMs)."""
+    if prepared.executor_kind is ExecutorKind.LOCAL:
+        _local_hosts_or_refuse(session).cleanup(node)
 
 
 def build_executor(session: Session, prepared: PreparedRun, node: Node, *, for_plan: bool) -> Executor:
     """The executor for ``node``'s hosts; ``for_plan``: one that only plans (no key made, no registry)."""
     hosts = prepared.target.accelerator.hosts
-    if hosts_run_locally(prepared.executor_kind):
-        from tpuctl.services.executors.sim import SimExecutor
-
-        return SimExecutor(
-            sim_hosts_dir(session, node),
-            zone=node.zone,
-            node=node.name,
-            num_hosts=hosts,
-            registry=None if for_plan else SimRegistry.for_session(session),
-            metadata_base_url=session.cloud.endpoint,
-            python=prepared.request.python or sys.executable,
+    if prepared.executor_kind is ExecutorKind.LOCAL:
+        return _local_hosts_or_refuse(session).executor(
+            node, num_hosts=hosts, python=prepared.request.python, for_plan=for_plan
         )
     from tpuctl.services.executors.ssh import DEFAULT_USERNAME, KeyPair, SshExecutor, SshHost, ensure_key_pair
 
-    endpoints = list(node.network_endpoints)
-    if len(endpoints) != hosts:
+    addresses = session.backend.host_addresses(node)
+    if len(addresses) != hosts:
         raise UsageError(
-            f"pod {node.name} reports {len(endpoints)} network endpoints for its {hosts} hosts",
+            f"pod {node.name} reports {len(addresses)} network endpoints for its {hosts} hosts",
             field="--pod",
             value=node.name,
             fix="wait until the slice is READY with every host up (`tpuctl pod describe`)",
         )
-    on_sim = on_simulator(session)
-    ssh_hosts = [
-        # On Google, the endpoints' port is the TPU runtime's (8470), not SSH: use 22. The
-        # simulator's endpoints are overridden to point at test SSH servers, port included.
-        SshHost(e.external_ip or e.ip_address if not on_sim else e.ip_address, e.port if on_sim else 22)
-        for e in endpoints
-    ]
     key = (
         KeyPair(session.state_dir / "ssh" / "tpuctl_ed25519", _PLAN_PUBLIC_KEY)
         if for_plan
         else ensure_key_pair(session.state_dir)
     )
     return SshExecutor(
-        ssh_hosts,
+        [SshHost(a.address, a.port) for a in addresses],
         username=DEFAULT_USERNAME,
         key=key,
         remote_root=prepared.request.ssh_remote_root,
@@ -146,63 +134,9 @@ def plan_executor(session: Session, prepared: PreparedRun, zone: str | None) -> 
     return build_executor(session, prepared, node, for_plan=True)
 
 
-def with_ssh_key(session: Session, prepared: PreparedRun, spec: CreateSpec, *, plan: bool) -> CreateSpec:
-    """The create spec with tpuctl's public key in the node's ``ssh-keys`` metadata (SSH runs)."""
-    if not needs_key_at_creation(prepared.executor_kind):
-        return spec
-    from tpuctl.services.executors.ssh import DEFAULT_USERNAME, ensure_key_pair, ssh_keys_metadata
-
-    public = _PLAN_PUBLIC_KEY if plan else ensure_key_pair(session.state_dir).public_openssh
-    metadata = {**spec.metadata, "ssh-keys": ssh_keys_metadata(DEFAULT_USERNAME, public)}
-    return dataclasses.replace(spec, metadata=metadata)
-
-
-@dataclass
-class SimRegistry:
-    """Registers host pids with the simulator's admin API (so simulated preemptions can signal them)."""
-
-    base_url: str
-    _client: Any = field(default=None, repr=False)
-
-    @classmethod
-    def for_session(cls, session: Session) -> SimRegistry:
-        return cls(session.cloud.endpoint)
-
-    def _admin(self) -> Any:
-        if self._client is None:
-            from tpuctl.sim import SimAdminClient
-
-            self._client = SimAdminClient(self.base_url, timeout_s=10.0)
-        return self._client
-
-    def register_host(self, zone: str, node: str, worker: int, pid: int) -> object:
-        return self._admin().register_host(zone, node, worker, pid)
-
-    def unregister_hosts(self, zone: str, node: str) -> object:
-        try:
-            return self._admin().unregister_hosts(zone, node)
-        finally:
-            self._admin().close()
-            self._client = None
-
-
 def notice_grace_s(session: Session) -> float:
-    """The backend's preemption notice grace in real seconds, where it can be asked (the simulator's,
-    scaled by its speed); 0 when it cannot."""
-    if not on_simulator(session):
-        return 0.0
-    from tpuctl.sim import SimAdminClient
-
-    try:
-        admin = SimAdminClient(session.cloud.endpoint, timeout_s=5.0)
-        try:
-            world = admin.status().get("world") or {}
-        finally:
-            admin.close()
-        grace = float((world.get("durations") or {}).get("preemption_grace_s", 0.0))
-        return grace / float(world.get("speed") or 1.0)
-    except Exception:  # an older or foreign simulator: the default timeout stands
-        return 0.0
+    """The backend's preemption notice grace in real seconds; 0 when it cannot tell."""
+    return session.backend.notice_grace_s(session.cloud) or 0.0
 
 
 def kill_recorded_hosts(host_pids: Any) -> int:
@@ -224,23 +158,22 @@ def kill_recorded_hosts(host_pids: Any) -> int:
     return killed
 
 
-def kill_left_hosts(state_dir: Path, run_id: str, host_pids: Any, *, executor_kind: str | None) -> int:
-    """SIGKILL the hosts a dead supervisor left: those recorded in the run (``host_pids``) and, for
-    simulated hosts, every other process of the run still running on this machine: a supervisor killed
-    between starting a host and recording the hosts' pids leaves one that nobody knows of (host 0 then
-    waits for its peers for minutes and never writes to its closed pipe). Only for a run nobody
-    supervises. Returns how many were signalled."""
-    from tpuctl.services.executors.sim import local_hosts
-
+def kill_left_hosts(session: Session, run_id: str, host_pids: Any, *, executor_kind: str | None) -> int:
+    """SIGKILL the hosts a dead supervisor left: those recorded in the run (``host_pids``) and, for local
+    hosts, every other process of the run still running on this machine: a supervisor killed between
+    starting a host and recording the hosts' pids leaves one that nobody knows of (host 0 then waits for
+    its peers for minutes and never writes to its closed pipe). Only for a run nobody supervises.
+    Returns how many were signalled."""
     killed = kill_recorded_hosts(host_pids)
-    if executor_kind is None or not hosts_run_locally(executor_kind):
+    local = local_hosts(session)
+    if executor_kind != ExecutorKind.LOCAL.value or local is None:
         return killed
     recorded = (
         {v[0] for v in host_pids.values() if isinstance(v, list) and v}
         if isinstance(host_pids, dict)
         else set()
     )
-    for pid in local_hosts(state_dir / "sim-hosts", run_id):
+    for pid in local.leftover_pids(run_id):
         if pid in recorded:
             continue  # signalled above, if still the recorded process
         with contextlib.suppress(ProcessLookupError, PermissionError):

@@ -20,8 +20,8 @@ from tpuctl.services.executors.base import LaunchSpec, ShipResult
 from tpuctl.services.run.accounting import PreemptionRecord
 
 if TYPE_CHECKING:
+    from tpuctl.backends.base import RecoveryTuning
     from tpuctl.services.placement import PlacementRequest
-    from tpuctl.services.pods import CreateSpec
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,18 @@ EXAMPLES: dict[str, Example] = {
 
 #: The variable (beyond DESIGN.md's contract) that carries ``--checkpoint-every`` to any program.
 CHECKPOINT_EVERY_ENV = "TPUCTL_CHECKPOINT_EVERY"
-EXECUTOR_KINDS = ("sim", "ssh")
+
+
+class ExecutorKind(StrEnum):
+    """How a run reaches its hosts (``--executor``, and the run's record)."""
+
+    #: The backend's local host processes (the simulator's hosts); spelled ``sim`` on the command line.
+    LOCAL = "sim"
+    #: Every host over SSH, as on Google.
+    SSH = "ssh"
+
+
+EXECUTOR_KINDS = tuple(kind.value for kind in ExecutorKind)
 RUN_ID_RE = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
 
 
@@ -91,44 +102,36 @@ class RunRequest:
 
 @dataclass(frozen=True)
 class Target:
-    """Where the run goes: an existing READY node, or a slice to create. A new slice is placed by the
-    allocator (any allowed zone, cheapest first, failing over on stockouts), except for SSH runs, which
-    need tpuctl's key in the node's metadata at creation and so go through ``PodService`` in one zone
-    (the allocator's requests carry no metadata yet)."""
+    """Where the run goes: an existing READY node (``--pod``), or a slice to create, placed by the
+    allocator like every slice tpuctl creates (any allowed zone, cheapest first under the price cap,
+    failing over on stockouts), on every backend and with every executor."""
 
     accelerator: AcceleratorType
     node: Node | None = None  # --pod
-    create: CreateSpec | None = None  # placement flags, one zone (SSH runs)
     placement: PlacementRequest | None = None  # placement flags, through the allocator
 
     @property
     def name(self) -> str:
         if self.node is not None:
             return self.node.name
-        if self.placement is not None:
-            return self.placement.name
-        assert self.create is not None
-        return self.create.name
+        assert self.placement is not None
+        return self.placement.name
 
     @property
     def zone(self) -> str | None:
         """The zone, when known before placement (None: the allocator chooses)."""
         if self.node is not None:
             return self.node.zone
-        if self.placement is not None:
-            zones = self.placement.zones
-            return zones[0] if len(zones) == 1 else None
-        assert self.create is not None
-        return self.create.zone
+        assert self.placement is not None
+        zones = self.placement.zones
+        return zones[0] if len(zones) == 1 else None
 
     @property
     def capacity(self) -> CapacityType:
         if self.node is not None:
             return self.node.capacity
-        if self.placement is not None:
-            return self.placement.capacity_types[0]
-        assert self.create is not None
-        return self.create.capacity
+        assert self.placement is not None
+        return self.placement.capacity_types[0]
 
     @property
     def creates(self) -> bool:
@@ -146,7 +149,7 @@ class PreparedRun:
     user_env: dict[str, str]
     bundle: Bundle
     target: Target
-    executor_kind: str
+    executor_kind: ExecutorKind
     checkpoint_dir: str
     log_dir: Path
 
@@ -258,20 +261,19 @@ class RecoveryPolicy:
         """No recovery: the first failure or preemption ends the run (``Launcher.run``, ``bench step``)."""
         return cls(max_restarts=0, max_preemptions=0)
 
-    def resolved(self, sim: bool) -> RecoveryPolicy:
+    def resolved(self, defaults: RecoveryTuning) -> RecoveryPolicy:
+        """This policy with every unset timing taken from the backend's defaults."""
+
+        def pick(value: float | None, default: float) -> float:
+            return value if value is not None else default
+
         return dataclasses.replace(
             self,
-            poll_s=self.poll_s if self.poll_s is not None else (0.25 if sim else 10.0),
-            confirm_timeout_s=self.confirm_timeout_s
-            if self.confirm_timeout_s is not None
-            else (5.0 if sim else 120.0),
-            backoff_initial_s=self.backoff_initial_s
-            if self.backoff_initial_s is not None
-            else (0.2 if sim else 15.0),
-            backoff_max_s=self.backoff_max_s if self.backoff_max_s is not None else (2.0 if sim else 300.0),
-            budget_margin_s=self.budget_margin_s
-            if self.budget_margin_s is not None
-            else (3.0 if sim else 120.0),
+            poll_s=pick(self.poll_s, defaults.poll_s),
+            confirm_timeout_s=pick(self.confirm_timeout_s, defaults.confirm_timeout_s),
+            backoff_initial_s=pick(self.backoff_initial_s, defaults.backoff_initial_s),
+            backoff_max_s=pick(self.backoff_max_s, defaults.backoff_max_s),
+            budget_margin_s=pick(self.budget_margin_s, defaults.budget_margin_s),
         )
 
     def to_dict(self) -> dict[str, Any]:

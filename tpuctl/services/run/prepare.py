@@ -54,10 +54,10 @@ def prepare(session: Session, request: RunRequest) -> PreparedRun:
             value=run_id,
             fix="use lowercase letters, digits and dashes, starting with a letter (at most 63)",
         )
-    where = provision.target(session, request, run_id, executor_kind)
+    where = provision.target(session, request, run_id)
     bundle = build_bundle(workdir, limit_bytes=request.bundle_limit_bytes)
     checkpoint_dir = request.checkpoint_dir or hosts.default_checkpoint_dir(
-        runs_dir(session), run_id, executor_kind, request
+        session, runs_dir(session), run_id, executor_kind, request
     )
     return PreparedRun(
         request=request,

@@ -1,11 +1,10 @@
 """Where a run goes and how its slice is made: the ``Target`` (an existing READY slice, or one to create),
 its part of a plan, and creating it.
 
-A new slice is created by one of two paths, chosen by the executor: through the allocator (any allowed
-zone, cheapest first, failing over on stockouts), or, for hosts reached over SSH, through ``PodService``
-in one zone with tpuctl's key in the node's metadata (the allocator's requests carry no metadata yet).
-Both branches are kept side by side in this module, in ``target``, ``plan_creation``, ``provision`` and
-``renamed``.
+A new slice goes through the allocator, as every slice tpuctl creates does (``pod create``, a run's
+first slice, a recovery's re-creation, ``runs resume``): the same capacity types, price cap, zones,
+quota check and failover, whatever the backend or executor. What the hosts need at creation (tpuctl's
+SSH key) travels in the placement request's node metadata.
 """
 
 from __future__ import annotations
@@ -15,17 +14,18 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from tpuctl.catalog import CapacityType
-from tpuctl.cloud.base import LABEL_REQUEST, LABEL_RUN, Node, OperationProgress
+from tpuctl.cloud.base import LABEL_RUN, Node, OperationProgress
 from tpuctl.errors import NotFoundError, UsageError
 from tpuctl.services.run import hosts
 from tpuctl.services.run.model import LaunchObserver, PreparedRun, RunRequest, Target
 from tpuctl.store.records import SegmentKind
 
 if TYPE_CHECKING:
+    from tpuctl.services.placement import PlacementRequest
     from tpuctl.services.session import Session
 
 
-def target(session: Session, request: RunRequest, run_id: str, executor_kind: str) -> Target:
+def target(session: Session, request: RunRequest, run_id: str) -> Target:
     """Where ``request`` runs: the ``--pod`` slice (READY, of a known type) or a slice of ``--type``."""
     if request.pod is not None:
         return _existing(session, request)
@@ -35,28 +35,18 @@ def target(session: Session, request: RunRequest, run_id: str, executor_kind: st
             field="--type",
             fix="e.g. --type v5e-8, or --pod my-slice (see `tpuctl pod list`)",
         )
-    if not hosts.needs_key_at_creation(executor_kind):
-        from tpuctl.services.allocator import build_request
+    from tpuctl.services.allocator import build_request
 
-        placement = build_request(
-            session.catalog,
-            session.settings,
-            request.accelerator_type,
-            zones=[request.zone] if request.zone else (),
-            spot=request.capacity is CapacityType.SPOT,
-            preemptible=request.capacity is CapacityType.PREEMPTIBLE,
-            labels={LABEL_RUN: run_id},
-        )
-        return Target(accelerator=placement.accelerator, placement=placement)
-    from tpuctl.services.pods import PodService
-
-    spec = PodService(session).build_spec(
+    placement = build_request(
+        session.catalog,
+        session.settings,
         request.accelerator_type,
-        zone=request.zone,
-        capacity=request.capacity,
+        zones=[request.zone] if request.zone else (),
+        spot=request.capacity is CapacityType.SPOT,
+        preemptible=request.capacity is CapacityType.PREEMPTIBLE,
         labels={LABEL_RUN: run_id},
     )
-    return Target(accelerator=spec.accelerator, create=spec)
+    return Target(accelerator=placement.accelerator, placement=placement)
 
 
 def _existing(session: Session, request: RunRequest) -> Target:
@@ -117,15 +107,10 @@ def find_pod(session: Session, name: str, zone: str | None) -> Node:
 def plan_creation(session: Session, prepared: PreparedRun) -> tuple[dict[str, Any] | None, str | None]:
     """The plan of the slice's creation (None for an existing slice) and the zone it would land in."""
     target = prepared.target
-    if target.create is not None:
-        from tpuctl.services.pods import PodService
-
-        spec = hosts.with_ssh_key(session, prepared, target.create, plan=True)
-        return PodService(session).plan_create(spec), target.zone
     if target.placement is not None:
         from tpuctl.services.allocator import Allocator
 
-        placement_plan = Allocator(session).plan(target.placement)
+        placement_plan = Allocator(session).plan(_with_host_metadata(session, prepared, plan=True))
         error = placement_plan.error()
         if error is not None:
             raise error  # the run could not start: say why, with the placement's exit code
@@ -181,32 +166,24 @@ def _create(
         from tpuctl.services.allocator import Allocator
 
         allocator = Allocator(session)
-        plan = allocator.plan(target.placement)
+        placement = _with_host_metadata(session, prepared, plan=False)
+        plan = allocator.plan(placement)
         if prefer_zone is not None:
             first = [c for c in plan.order if c.zone == prefer_zone]
             plan = dataclasses.replace(
                 plan, order=[*first, *(c for c in plan.order if c.zone != prefer_zone)]
             )
-        return allocator.place(target.placement, progress=progress, plan=plan).nodes[0]
-    assert target.create is not None
-    from tpuctl.services.pods import PodService
-
-    spec = hosts.with_ssh_key(session, prepared, target.create, plan=False)
-    try:
-        return PodService(session).create(spec, wait=True, progress=progress, run_id=prepared.run_id)
-    except BaseException:
-        # PodService cleans up after a cloud failure; after Ctrl-C mid-create, so do we.
-        _delete_own_leftover(session, spec.zone, spec.name, spec.request_id)
-        raise
+        return allocator.place(placement, progress=progress, plan=plan).nodes[0]
+    raise AssertionError("provision() of a run on an existing slice")
 
 
-def _delete_own_leftover(session: Session, zone: str, name: str, request_id: str) -> None:
-    try:
-        node = session.cloud.get_node(zone, name)
-        if node.labels.get(LABEL_REQUEST) == request_id:
-            session.cloud.delete_node(zone, name, wait=False)
-    except Exception:  # best effort: `tpuctl pod gc` finds whatever is left
-        pass
+def _with_host_metadata(session: Session, prepared: PreparedRun, *, plan: bool) -> PlacementRequest:
+    """The run's placement request with what its hosts need at creation in the node metadata (tpuctl's
+    SSH key for hosts reached over SSH). A plan shows a placeholder key and creates none."""
+    placement = prepared.target.placement
+    assert placement is not None
+    extra = hosts.ssh_key_metadata(session, prepared.executor_kind, plan=plan)
+    return dataclasses.replace(placement, metadata={**placement.metadata, **extra}) if extra else placement
 
 
 def renamed(prepared: PreparedRun, restart: int, tries: int) -> PreparedRun:
@@ -221,9 +198,4 @@ def renamed(prepared: PreparedRun, restart: int, tries: int) -> PreparedRun:
         name = base[: 63 - len(suffix)] + suffix
         placement = dataclasses.replace(target.placement, name=name, request_id=new_request_id())
         return dataclasses.replace(prepared, target=dataclasses.replace(target, placement=placement))
-    if target.create is not None:
-        base = target.create.name
-        name = base[: 63 - len(suffix)] + suffix
-        create = dataclasses.replace(target.create, name=name, request_id=new_request_id())
-        return dataclasses.replace(prepared, target=dataclasses.replace(target, create=create))
     return prepared

@@ -147,7 +147,7 @@ class Supervisor:
                 # A killed host is confirmed preempted only once the node is PREEMPTED, which the backend
                 # makes it at the end of its notice grace: wait at least that long.
                 chosen = dataclasses.replace(chosen, confirm_timeout_s=max(5.0, grace + 2.0))
-        self.policy = chosen.resolved(hosts.on_simulator(session))
+        self.policy = chosen.resolved(session.backend.tuning.recovery)
         self._budget_usd = budget_usd
         self._warn = warn or self._inner.status
         self._observer = EventTap(self._inner, self._on_event)

@@ -13,7 +13,7 @@ from tpuctl.errors import CloudError, NotFoundError
 from tpuctl.runtime.preemption import parse_event
 from tpuctl.services.run import hosts
 from tpuctl.services.run.accounting import PreemptionRecord, Progress
-from tpuctl.services.run.model import LaunchObserver, PreparedRun
+from tpuctl.services.run.model import ExecutorKind, LaunchObserver, PreparedRun
 from tpuctl.store.records import EventKind
 
 if TYPE_CHECKING:
@@ -57,7 +57,7 @@ def take_over(
                 seg.id, end=time.time(), detail={**(seg.detail or {}), "closed_by": "resume"}
             )
     hosts.kill_left_hosts(
-        session.state_dir, prepared.run_id, detail.get("host_pids"), executor_kind=prepared.executor_kind
+        session, prepared.run_id, detail.get("host_pids"), executor_kind=prepared.executor_kind
     )
     restart_count = int(detail.get("restart_count", restarts + len(preemptions))) + 1
     observer.status(f"taking over run {prepared.run_id} (restart {restart_count})")
@@ -103,7 +103,7 @@ def adopt_slices(
             continue
         except CloudError:
             continue  # cannot tell now; the ledger still has it, so `tpuctl pod gc` will
-        if keep is None and node.state == "READY" and hosts.hosts_run_locally(prepared.executor_kind):
+        if keep is None and node.state == "READY" and prepared.executor_kind is ExecutorKind.LOCAL:
             keep = node
             continue
         delete_slice(node, f"replaced by resume of run {run_id}")
