@@ -46,7 +46,6 @@ if TYPE_CHECKING:
     from tpuctl.store.records import PodRecord
 
 
-
 @dataclass(frozen=True)
 class GcItem:
     """One thing to delete, and why."""
