@@ -4,13 +4,13 @@ FROM python:3.11-slim
 WORKDIR /opt/tpuctl
 COPY pyproject.toml uv.lock README.md ./
 COPY tpuctl ./tpuctl
-# The image's interpreter is the environment (UV_PROJECT_ENVIRONMENT); --inexact keeps pip and uv there
-# until uv is uninstalled.
+# uv sync makes /opt/tpuctl/.venv from the image's python; uv itself is not kept.
 RUN python -m pip install --no-cache-dir uv==0.13.9 \
- && UV_PROJECT_ENVIRONMENT=/usr/local UV_PYTHON_DOWNLOADS=never \
-    uv sync --locked --inexact --no-editable --compile-bytecode --no-cache --no-progress --quiet \
+ && UV_PYTHON_DOWNLOADS=never uv sync --locked --no-editable --compile-bytecode --no-cache --no-progress \
+    --quiet \
  && python -m pip uninstall --yes --quiet uv \
  && useradd --create-home --uid 10001 tpuctl
+ENV PATH=/opt/tpuctl/.venv/bin:$PATH
 USER tpuctl
 ENV XDG_STATE_HOME=/home/tpuctl/.local/state
 ENTRYPOINT ["tpuctl"]
