@@ -1,11 +1,16 @@
-# tpuctl in a container, installed the same way as scripts/setup does, run as a non-root user.
+# tpuctl in a container, with the locked versions (uv.lock) as scripts/setup installs them (uv pinned as
+# there), not editable, without the test tools; run as a non-root user.
 FROM python:3.11-slim
 WORKDIR /opt/tpuctl
-COPY pyproject.toml README.md ./
+COPY pyproject.toml uv.lock README.md ./
 COPY tpuctl ./tpuctl
-RUN python -m pip install --no-cache-dir --upgrade pip \
- && python -m pip install --no-cache-dir . \
+# uv sync makes /opt/tpuctl/.venv from the image's python; uv itself is not kept.
+RUN python -m pip install --no-cache-dir uv==0.13.9 \
+ && UV_PYTHON_DOWNLOADS=never uv sync --locked --no-editable --compile-bytecode --no-cache --no-progress \
+    --quiet \
+ && python -m pip uninstall --yes --quiet uv \
  && useradd --create-home --uid 10001 tpuctl
+ENV PATH=/opt/tpuctl/.venv/bin:$PATH
 USER tpuctl
 ENV XDG_STATE_HOME=/home/tpuctl/.local/state
 ENTRYPOINT ["tpuctl"]

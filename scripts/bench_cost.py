@@ -30,12 +30,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tpuctl.catalog import Catalog  # noqa: E402
+from tpuctl.catalog import CapacityType, Catalog  # noqa: E402
 from tpuctl.services.cost import DEFAULT_TABLE_LIMIT, CostService, parse_group_by  # noqa: E402
 from tpuctl.services.prices import load_catalog  # noqa: E402
 from tpuctl.store.ledger import Ledger  # noqa: E402
@@ -51,7 +51,15 @@ ZONES = {
 SIZES = {"v5litepod": [8, 16, 32, 64, 256], "v6e": [8, 16, 64], "v5p": [8, 32, 128]}
 GENERATION = {"v5litepod": "v5e", "v6e": "v6e", "v5p": "v5p"}
 TEAMS = ["nlp", "vision", "speech", "infra"]
-CAPACITIES = ["spot", "spot", "spot", "preemptible", "on-demand"]
+SPOT, PREEMPTIBLE, ON_DEMAND = CapacityType.SPOT, CapacityType.PREEMPTIBLE, CapacityType.ON_DEMAND
+CAPACITIES = [SPOT, SPOT, SPOT, PREEMPTIBLE, ON_DEMAND]
+
+
+class Where(TypedDict):
+    """The keys every event of one slice shares."""
+
+    pod: str
+    zone: str
 
 
 AGGREGATE_GROUPS = ("zone", "type", "capacity", "day", "label:team")
@@ -94,7 +102,7 @@ def generate(
         owner = run_id
         name = f"s{n}"
         t = run_clock if owner else START + rng.random() * SPAN_S
-        common = {"pod": name, "zone": zone}
+        common: Where = {"pod": name, "zone": zone}
         events.append(
             NewEvent(
                 EventKind.REQUESTED,

@@ -105,7 +105,9 @@ class Chaos(threading.Thread):
             self.error = exc
 
 
-def one_run(speed: float, steps: int, every: int, delay: float, plan: list[tuple[int, int, bool]]) -> dict:
+def one_run(
+    speed: float, steps: int, every: int, delay: float, plan: list[tuple[int, int, bool]]
+) -> dict[str, Any]:
     import yaml
 
     from tpuctl.cli.main import run as tpuctl_main

@@ -21,7 +21,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -83,8 +83,14 @@ def main(argv: list[str] | None = None) -> int:
     from tpuctl.runtime.models import lm
 
     compute_dtype = jnp.bfloat16 if args.compute_dtype == "bfloat16" else jnp.float32
-    cfg = lm.LMConfig(vocab=args.vocab, d_model=args.d_model, n_layers=args.layers, n_heads=args.heads,
-                      d_ff=4 * args.d_model, seq_len=args.seq_len)
+    cfg = lm.LMConfig(
+        vocab=args.vocab,
+        d_model=args.d_model,
+        n_layers=args.layers,
+        n_heads=args.heads,
+        d_ff=4 * args.d_model,
+        seq_len=args.seq_len,
+    )
     loss_fn = lm.make_loss_fn(cfg)
     opt = train.make_optimizer(1e-3, warmup_steps=10, total_steps=1000)
     params = lm.init_params(cfg, 0)
@@ -98,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     bundled = train.make_train_step(loss_fn, opt, mesh, compute_dtype=compute_dtype)
     b_state = bundled.init(params)
     b_batches = [jax.device_put(b, bundled.batch_sharding) for b in host_batches]
-    b_fn = bundled.compiled(b_state)
+    # jit-wrapped: it has .lower, which the step's Callable annotation does not show.
+    b_fn = cast(jax.stages.Wrapped, bundled.compiled(b_state))
     b_compiled = b_fn.lower(b_state, b_batches[0]).compile()
 
     # --- the plain step, written directly -----------------------------------------------------------
@@ -118,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     p_batches = [jax.device_put(b, device) for b in host_batches]
     p_compiled = plain_step.lower(p_params, p_opt, p_batches[0]).compile()
 
-    state = {"b": b_state, "p": (p_params, p_opt), "i": 0}
+    state: dict[str, Any] = {"b": b_state, "p": (p_params, p_opt), "i": 0}
 
     def run_bundled() -> None:
         s, m = b_fn(state["b"], b_batches[state["i"] % n_batches])
@@ -152,8 +159,10 @@ def main(argv: list[str] | None = None) -> int:
     paired = statistics.median(p / b for p, b in zip(times["plain"], times["bundled"], strict=True))
     flops_model = cfg.train_flops_per_token() * tokens
     flops_xla = {"bundled": _cost_flops(b_compiled), "plain": _cost_flops(p_compiled)}
-    peaks = {"float32": matmul_peak(args.matmul_n, jnp.float32),
-             "bfloat16": matmul_peak(args.matmul_n, jnp.bfloat16)}
+    peaks = {
+        "float32": matmul_peak(args.matmul_n, jnp.float32),
+        "bfloat16": matmul_peak(args.matmul_n, jnp.bfloat16),
+    }
     peak = peaks[args.compute_dtype]["tflops"]
 
     def figures(name: str, med: float) -> dict[str, Any]:
@@ -168,16 +177,33 @@ def main(argv: list[str] | None = None) -> int:
             "fraction_of_matmul_peak": (flops_model / med / 1e12) / peak,
         }
 
-    result = {
+    result: dict[str, Any] = {
         "what": "bundled tpuctl.runtime.train step vs plain jax.jit+optax step, same model/batch/device",
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-                    "cpu_count": os.cpu_count(), "device": str(device), "device_kind": device.device_kind,
-                    "jax": jax.__version__, "optax": optax.__version__, "python": sys.version.split()[0]},
-        "config": {"batch": args.batch, "seq_len": cfg.seq_len, "vocab": cfg.vocab, "d_model": cfg.d_model,
-                   "layers": cfg.n_layers, "heads": cfg.n_heads, "d_ff": cfg.d_ff, "params": cfg.n_params,
-                   "compute_dtype": args.compute_dtype, "timed_steps": args.steps, "warmup": args.warmup,
-                   "plain_step_donates": True},
+        "machine": {
+            "platform": platform.platform(),
+            "processor": platform.processor() or platform.machine(),
+            "cpu_count": os.cpu_count(),
+            "device": str(device),
+            "device_kind": device.device_kind,
+            "jax": jax.__version__,
+            "optax": optax.__version__,
+            "python": sys.version.split()[0],
+        },
+        "config": {
+            "batch": args.batch,
+            "seq_len": cfg.seq_len,
+            "vocab": cfg.vocab,
+            "d_model": cfg.d_model,
+            "layers": cfg.n_layers,
+            "heads": cfg.n_heads,
+            "d_ff": cfg.d_ff,
+            "params": cfg.n_params,
+            "compute_dtype": args.compute_dtype,
+            "timed_steps": args.steps,
+            "warmup": args.warmup,
+            "plain_step_donates": True,
+        },
         "bundled": figures("bundled", b_med),
         "plain": figures("plain", p_med),
         "throughput_ratio_bundled_over_plain": p_med / b_med,
@@ -189,20 +215,28 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
 
-    print(f"device {device.device_kind} ({os.cpu_count()} cpus), model {cfg.n_params / 1e6:.2f}M params, "
-          f"batch {args.batch}x{cfg.seq_len} tokens, {args.compute_dtype}")
-    print(f"{'variant':<10}{'median ms':>11}{'tokens/s':>12}{'TFLOP/s(6N)':>13}{'TFLOP/s(XLA)':>14}"
-          f"{'of peak':>9}")
+    print(
+        f"device {device.device_kind} ({os.cpu_count()} cpus), model {cfg.n_params / 1e6:.2f}M params, "
+        f"batch {args.batch}x{cfg.seq_len} tokens, {args.compute_dtype}"
+    )
+    print(
+        f"{'variant':<10}{'median ms':>11}{'tokens/s':>12}{'TFLOP/s(6N)':>13}{'TFLOP/s(XLA)':>14}"
+        f"{'of peak':>9}"
+    )
     for name in ("bundled", "plain"):
         f = result[name]
         xla = f"{f['tflops_xla_cost']:.4f}" if f["tflops_xla_cost"] else "n/a"
-        print(f"{name:<10}{f['median_step_s'] * 1e3:>11.2f}{f['tokens_per_s']:>12.0f}"
-              f"{f['tflops_model_estimate']:>13.4f}{xla:>14}{f['fraction_of_matmul_peak']:>9.1%}")
+        print(
+            f"{name:<10}{f['median_step_s'] * 1e3:>11.2f}{f['tokens_per_s']:>12.0f}"
+            f"{f['tflops_model_estimate']:>13.4f}{xla:>14}{f['fraction_of_matmul_peak']:>9.1%}"
+        )
     for dt, pk in peaks.items():
         print(f"matmul peak {dt:<9} n={pk['n']}: {pk['tflops']:.4f} TFLOP/s")
     ratio = result["throughput_ratio_bundled_over_plain"]
-    print(f"throughput ratio bundled/plain: {ratio:.3f}x of medians, {paired:.3f}x paired per round "
-          f"(target >= 0.95x) -> {out}")
+    print(
+        f"throughput ratio bundled/plain: {ratio:.3f}x of medians, {paired:.3f}x paired per round "
+        f"(target >= 0.95x) -> {out}"
+    )
     return 0
 
 

@@ -19,6 +19,7 @@ from typing import Any
 from tpuctl.runtime.hostenv import sim_host_env
 from tpuctl.runtime.preemption import parse_event
 from tpuctl.sim import SimAdminClient
+from tpuctl.sim.admin import NodeStatus
 
 REPO = Path(__file__).resolve().parents[2]
 ZONE = "us-central2-b"
@@ -186,7 +187,7 @@ class Chaos:
         self._thread.start()
         return self
 
-    def _live_node(self) -> dict[str, Any] | None:
+    def _live_node(self) -> NodeStatus | None:
         nodes = [n for n in self.admin.status()["nodes"] if n.get("state") == "READY"]
         return nodes[0] if len(nodes) == 1 else None
 

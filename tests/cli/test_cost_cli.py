@@ -234,8 +234,9 @@ def _ledger_of(state_dir: Path, hours: list[float]) -> None:
     for i, h in enumerate(hours):
         common: dict[str, Any] = {"pod": f"s{i}", "zone": ZONE}
         events += [
-            NewEvent(EventKind.REQUESTED, accelerator_type="v5litepod-8", chips=8, capacity="on-demand",
-                     price_per_chip_hour=1.2, ts=start, backend="sim", project="tpuctl-sim", **common),
+            NewEvent(EventKind.REQUESTED, accelerator_type="v5litepod-8", chips=8,
+                     capacity=CapacityType.ON_DEMAND, price_per_chip_hour=1.2, ts=start, backend="sim",
+                     project="tpuctl-sim", **common),
             NewEvent(EventKind.READY, ts=start + 60, **common),
             NewEvent(EventKind.DELETED, ts=start + 60 + h * 3600, **common),
         ]  # fmt: skip
@@ -431,7 +432,7 @@ def test_monthly_budget_warns_on_create_once_exceeded(
         now = time.time()
         ledger.record_event(
             EventKind.REQUESTED, pod="old", zone=ZONE, accelerator_type="v5litepod-8", chips=8,
-            capacity="on-demand", price_per_chip_hour=1.5, ts=now - 3600,
+            capacity=CapacityType.ON_DEMAND, price_per_chip_hour=1.5, ts=now - 3600,
         )  # fmt: skip
         ledger.record_event(EventKind.READY, pod="old", zone=ZONE, ts=now - 3600)
         ledger.record_event(EventKind.DELETED, pod="old", zone=ZONE, ts=now - 3600 + 3600)

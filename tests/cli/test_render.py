@@ -23,14 +23,19 @@ def _written(capsys: pytest.CaptureFixture[str], data: dict[str, object]) -> str
 
 
 def test_small_documents_keep_their_indentation(capsys: pytest.CaptureFixture[str]) -> None:
-    data = {"a": 1, "items": [{"x": 1}, {"x": 2}], "nested": {"b": [1, 2]}}
+    data: dict[str, object] = {"a": 1, "items": [{"x": 1}, {"x": 2}], "nested": {"b": [1, 2]}}
     out = _written(capsys, data)
     assert out == json.dumps(data, indent=2) + "\n"
 
 
 def test_a_long_list_is_one_item_per_line_and_parses_back(capsys: pytest.CaptureFixture[str]) -> None:
     groups = [{"key": f"g{i}", "labels": {"team": "a"}, "cost_usd": i / 3, "name": None} for i in range(1500)]
-    data = {"backend": "sim", "totals": {"cost_usd": 1.5}, "groups": groups, "warnings": ["w"]}
+    data: dict[str, object] = {
+        "backend": "sim",
+        "totals": {"cost_usd": 1.5},
+        "groups": groups,
+        "warnings": ["w"],
+    }
 
     out = _written(capsys, data)
 

@@ -81,7 +81,7 @@ def sku(
     }
 
 
-COMPUTE_PAGE_1 = {
+COMPUTE_PAGE_1: dict[str, Any] = {
     "skus": [
         sku("TpuV5e chip usage in Americas", ["us-central1", "us-east1"], "1", 300_000_000, sku_id="V5E-OD"),
         sku("Preemptible TpuV5e chip usage", ["us-central1"], "0", 200_000_000, sku_id="V5E-SPOT"),
@@ -89,7 +89,7 @@ COMPUTE_PAGE_1 = {
     ],
     "nextPageToken": "page-2",
 }
-COMPUTE_PAGE_2 = {
+COMPUTE_PAGE_2: dict[str, Any] = {
     "skus": [
         sku("TpuV6e chip usage", ["europe-west4"], "3", 0, sku_id="V6E-OD"),
         sku("Commitment v1: TpuV6e in Europe for 1 year", ["europe-west4"], "2", 0, usage_type="Commit1Yr"),
@@ -97,7 +97,7 @@ COMPUTE_PAGE_2 = {
     ],
     "nextPageToken": "",
 }
-TPU_PAGE = {
+TPU_PAGE: dict[str, Any] = {
     "skus": [
         # v2/v3/v4 are priced per 8 TensorCores = 4 chips.
         sku("Tpu-v3 device usage", ["us-central1"], "8", 0, service=TPU_SERVICE_ID, sku_id="V3-OD"),

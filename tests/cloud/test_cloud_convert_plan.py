@@ -325,6 +325,5 @@ def test_request_id_must_be_a_label_value_and_match_an_existing_label() -> None:
     )
     with pytest.raises(UsageError, match="conflicts"):
         cloud().plan_create_node(labelled, request_id="mine")
-    assert cloud().plan_create_node(labelled, request_id="other").body["labels"] == {
-        "tpuctl-request": "other"
-    }  # type: ignore[index]
+    body = cloud().plan_create_node(labelled, request_id="other").body
+    assert body is not None and body["labels"] == {"tpuctl-request": "other"}  # type: ignore[index]

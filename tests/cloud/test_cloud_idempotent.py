@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from tpuctl.catalog import CapacityType
-from tpuctl.cloud.base import LABEL_REQUEST, Node, NodeRequest
+from tpuctl.cloud.base import LABEL_REQUEST, Node, NodeRequest, TpuCloud
 from tpuctl.cloud.idempotent import create_node_idempotent, delete_node_idempotent
 from tpuctl.errors import (
     AlreadyExistsError,
@@ -70,7 +70,7 @@ class ScriptedCloud:
 
 def create(cloud: ScriptedCloud, **kw: Any) -> Node:
     return create_node_idempotent(
-        cloud,
+        cast(TpuCloud, cloud),  # it has the three methods the helpers call, not the whole protocol
         REQ,
         request_id="mine",
         sleep=lambda _: None,  # type: ignore[arg-type]
@@ -82,7 +82,7 @@ def create(cloud: ScriptedCloud, **kw: Any) -> Node:
 
 def delete(cloud: ScriptedCloud, **kw: Any) -> None:
     delete_node_idempotent(
-        cloud,
+        cast(TpuCloud, cloud),
         "z-a",
         "n1",
         sleep=lambda _: None,  # type: ignore[arg-type]

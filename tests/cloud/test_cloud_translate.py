@@ -314,7 +314,8 @@ def _requests_error(kind: str) -> Exception:
         new = urllib3.exceptions.NewConnectionError(
             conn, "Failed to establish a new connection: [Errno 111] refused"
         )
-        return requests.exceptions.ConnectionError(urllib3.exceptions.MaxRetryError(None, "/", new))
+        pool = urllib3.HTTPConnectionPool("127.0.0.1", 1)
+        return requests.exceptions.ConnectionError(urllib3.exceptions.MaxRetryError(pool, "/", new))
     if kind == "connect_timeout":
         return requests.exceptions.ConnectTimeout("connect timed out")
     if kind == "chunked":

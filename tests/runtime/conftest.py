@@ -37,16 +37,18 @@ def free_port() -> int:
 def base_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """The parent's environment minus anything that steers jax or tpuctl, plus test speed-ups."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TPUCTL_", "JAX_", "XLA_", "LIBTPU"))}
-    env.update({
-        "PYTHONPATH": str(REPO),
-        "JAX_PLATFORMS": "cpu",
-        # LLVM optimisation is most of XLA's CPU compile time and these programs are tiny.
-        "XLA_FLAGS": "--xla_backend_optimization_level=0",
-        # Reruns of the same program (the resume tests) load the executable instead of compiling it.
-        "JAX_COMPILATION_CACHE_DIR": str(tmp_path_factory.mktemp("jax-cache")),
-        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-        "PYTHONUNBUFFERED": "1",
-    })
+    env.update(
+        {
+            "PYTHONPATH": str(REPO),
+            "JAX_PLATFORMS": "cpu",
+            # LLVM optimisation is most of XLA's CPU compile time and these programs are tiny.
+            "XLA_FLAGS": "--xla_backend_optimization_level=0",
+            # Reruns of the same program (the resume tests) load the executable instead of compiling it.
+            "JAX_COMPILATION_CACHE_DIR": str(tmp_path_factory.mktemp("jax-cache")),
+            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
     return env
 
 
@@ -57,8 +59,10 @@ class Proc:
     stderr: str
 
     def describe(self) -> str:
-        return (f"rc={self.returncode}\n--- stdout ---\n{self.stdout[-4000:]}\n"
-                f"--- stderr ---\n{self.stderr[-4000:]}")
+        return (
+            f"rc={self.returncode}\n--- stdout ---\n{self.stdout[-4000:]}\n"
+            f"--- stderr ---\n{self.stderr[-4000:]}"
+        )
 
 
 def _kill(p: subprocess.Popen[bytes]) -> None:
@@ -71,10 +75,20 @@ def _kill(p: subprocess.Popen[bytes]) -> None:
 class Hosts:
     """n simulated hosts running one program, started with ``sim_host_env`` exactly as the launcher would."""
 
-    def __init__(self, workdir: Path, base: dict[str, str], num: int, chips: int, argv: Sequence[str],
-                 checkpoint_dir: Path | None = None, restart_count: int = 0,
-                 accelerator_type: str = "v5litepod-16", topology: str = "4x4",
-                 metadata_url: str = "http://127.0.0.1:9", env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        base: dict[str, str],
+        num: int,
+        chips: int,
+        argv: Sequence[str],
+        checkpoint_dir: Path | None = None,
+        restart_count: int = 0,
+        accelerator_type: str = "v5litepod-16",
+        topology: str = "4x4",
+        metadata_url: str = "http://127.0.0.1:9",
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.workdir = workdir
         env_extra = dict(env or {})
         port = free_port()
@@ -84,17 +98,28 @@ class Hosts:
         try:
             for w in range(num):
                 env = dict(base)
-                env.update(sim_host_env(
-                    run_id="run-test", worker_id=w, num_workers=num, chips_per_host=chips,
-                    coordinator_port=port, accelerator_type=accelerator_type, topology=topology,
-                    checkpoint_dir=str(checkpoint_dir or workdir / "ckpt"), restart_count=restart_count,
-                    bundle_dir=REPO, metadata_url=metadata_url))
+                env.update(
+                    sim_host_env(
+                        run_id="run-test",
+                        worker_id=w,
+                        num_workers=num,
+                        chips_per_host=chips,
+                        coordinator_port=port,
+                        accelerator_type=accelerator_type,
+                        topology=topology,
+                        checkpoint_dir=str(checkpoint_dir or workdir / "ckpt"),
+                        restart_count=restart_count,
+                        bundle_dir=REPO,
+                        metadata_url=metadata_url,
+                    )
+                )
                 env.update(env_extra)
                 out, err = workdir / f"host{w}.out", workdir / f"host{w}.err"
                 self.logs.append((out, err))
                 with out.open("wb") as fo, err.open("wb") as fe:
-                    self.procs.append(subprocess.Popen([sys.executable, *argv], env=env, cwd=workdir,
-                                                       stdout=fo, stderr=fe))
+                    self.procs.append(
+                        subprocess.Popen([sys.executable, *argv], env=env, cwd=workdir, stdout=fo, stderr=fe)
+                    )
         except BaseException:
             self.kill()
             raise
@@ -137,13 +162,20 @@ def start_hosts(base_env: dict[str, str]) -> Iterator[Callable[..., Hosts]]:
             h.kill()
 
 
-def run_python(base: dict[str, str], argv: Sequence[str], *, env: dict[str, str] | None = None,
-               timeout: float = 120, cwd: Path | None = None) -> Proc:
+def run_python(
+    base: dict[str, str],
+    argv: Sequence[str],
+    *,
+    env: dict[str, str] | None = None,
+    timeout: float = 120,
+    cwd: Path | None = None,
+) -> Proc:
     """Run ``python argv...`` to completion (killed at ``timeout``)."""
     full = dict(base)
     full.update(env or {})
-    p = subprocess.Popen([sys.executable, *argv], env=full, cwd=cwd, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE)
+    p = subprocess.Popen(
+        [sys.executable, *argv], env=full, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     try:
         out, err = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -158,6 +190,7 @@ def run_python(base: dict[str, str], argv: Sequence[str], *, env: dict[str, str]
 @pytest.fixture(scope="session")
 def run_py(base_env: dict[str, str]) -> Callable[..., Proc]:
     """``run_py(argv, env=..., timeout=...)``: a python subprocess with the clean JAX test environment."""
+
     def run(argv: Sequence[str], **kw: object) -> Proc:
         return run_python(base_env, argv, **kw)  # type: ignore[arg-type]
 

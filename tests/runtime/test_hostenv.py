@@ -16,9 +16,17 @@ from tpuctl.runtime.hostenv import WorkerEnv, sim_host_env
 
 def _env(**kw: object) -> dict[str, str]:
     args: dict[str, object] = dict(
-        run_id="r-1", worker_id=1, num_workers=4, chips_per_host=4, coordinator_port=12345,
-        accelerator_type="v5litepod-16", topology="4x4", checkpoint_dir="/ck", restart_count=2,
-        bundle_dir="/bundle")
+        run_id="r-1",
+        worker_id=1,
+        num_workers=4,
+        chips_per_host=4,
+        coordinator_port=12345,
+        accelerator_type="v5litepod-16",
+        topology="4x4",
+        checkpoint_dir="/ck",
+        restart_count=2,
+        bundle_dir="/bundle",
+    )
     args.update(kw)
     return sim_host_env(**args)  # type: ignore[arg-type]
 
@@ -59,10 +67,18 @@ def test_sitecustomize_dir_in_env_exists_in_the_package() -> None:
     assert (Path(path) / "sitecustomize.py").is_file()
 
 
-@pytest.mark.parametrize("bad", [
-    {"worker_id": 4}, {"worker_id": -1}, {"num_workers": 0}, {"chips_per_host": 0},
-    {"coordinator_port": 0}, {"coordinator_port": 70000}, {"restart_count": -1},
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"worker_id": 4},
+        {"worker_id": -1},
+        {"num_workers": 0},
+        {"chips_per_host": 0},
+        {"coordinator_port": 0},
+        {"coordinator_port": 70000},
+        {"restart_count": -1},
+    ],
+)
 def test_sim_host_env_rejects_nonsense(bad: dict[str, int]) -> None:
     with pytest.raises(ValueError):
         _env(**bad)
@@ -93,8 +109,10 @@ def test_libtpu_flags_table_and_user_override() -> None:
 
 
 def test_importing_the_runtime_does_not_import_jax(run_py: Callable[..., Any]) -> None:
-    code = ("import sys, tpuctl.runtime, tpuctl.runtime.hostenv, tpuctl.runtime.dist; "
-            "heavy = [m for m in ('jax', 'optax', 'orbax') if m in sys.modules]; print(heavy)")
+    code = (
+        "import sys, tpuctl.runtime, tpuctl.runtime.hostenv, tpuctl.runtime.dist; "
+        "heavy = [m for m in ('jax', 'optax', 'orbax') if m in sys.modules]; print(heavy)"
+    )
     proc = run_py(["-c", code], timeout=60)
     assert proc.returncode == 0, proc.describe()
     assert proc.stdout.strip() == "[]"

@@ -18,17 +18,41 @@ import pytest
 LM = ["-m", "tpuctl.runtime.examples.lm_train"]
 # Short, but long enough that the loss falls clearly and checkpoints land mid-run.
 # A one-layer model: compile time is most of a run on a small CPU, and depth adds nothing here.
-LM_ARGS = ["--steps", "16", "--checkpoint-every", "4", "--log-every", "1", "--batch", "16", "--seed", "5",
-           "--model-parallel", "2", "--param-sharding", "fsdp", "--layers", "1", "--d-model", "32",
-           "--heads", "2", "--vocab", "64", "--seq-len", "32"]
+LM_ARGS = [
+    "--steps",
+    "16",
+    "--checkpoint-every",
+    "4",
+    "--log-every",
+    "1",
+    "--batch",
+    "16",
+    "--seed",
+    "5",
+    "--model-parallel",
+    "2",
+    "--param-sharding",
+    "fsdp",
+    "--layers",
+    "1",
+    "--d-model",
+    "32",
+    "--heads",
+    "2",
+    "--vocab",
+    "64",
+    "--seq-len",
+    "32",
+]
 HASH = re.compile(r"^final_params_sha256 ([0-9a-f]{64})$", re.M)
 STEP = re.compile(r"^step (\d+) loss ([0-9.]+)", re.M)
 HOST_TIMEOUT = 150
 
 
 @pytest.mark.parametrize("hosts", [2, 4])
-def test_unmodified_script_sees_the_whole_slice(hosts: int, start_hosts: Callable[..., Any],
-                                                scripts_dir: Path, tmp_path: Path) -> None:
+def test_unmodified_script_sees_the_whole_slice(
+    hosts: int, start_hosts: Callable[..., Any], scripts_dir: Path, tmp_path: Path
+) -> None:
     chips = 2
     results = start_hosts(tmp_path, hosts, chips, [str(scripts_dir / "psum_user.py")]).wait(HOST_TIMEOUT)
     n = hosts * chips
@@ -89,8 +113,9 @@ def crashed(tmp_path_factory: pytest.TempPathFactory, start_hosts: Callable[...,
     return work / "ckpt"
 
 
-def test_crash_and_resume_is_bit_identical(reference: list[Any], crashed: Path,
-                                           start_hosts: Callable[..., Any], tmp_path: Path) -> None:
+def test_crash_and_resume_is_bit_identical(
+    reference: list[Any], crashed: Path, start_hosts: Callable[..., Any], tmp_path: Path
+) -> None:
     ckpt = tmp_path / "ckpt"
     shutil.copytree(crashed, ckpt)
     resumed = _lm(start_hosts, tmp_path, ckpt)
@@ -99,9 +124,9 @@ def test_crash_and_resume_is_bit_identical(reference: list[Any], crashed: Path,
     assert _hash(resumed) == _hash(reference)
 
 
-def test_corrupt_latest_checkpoint_falls_back_on_every_host(reference: list[Any], crashed: Path,
-                                                            start_hosts: Callable[..., Any],
-                                                            tmp_path: Path) -> None:
+def test_corrupt_latest_checkpoint_falls_back_on_every_host(
+    reference: list[Any], crashed: Path, start_hosts: Callable[..., Any], tmp_path: Path
+) -> None:
     """Step 8 damaged (a data file cut in half): all hosts agree to resume from 4, and the end result
     is still bit-identical, just with more steps redone."""
     ckpt = tmp_path / "ckpt"
@@ -119,8 +144,9 @@ def test_corrupt_latest_checkpoint_falls_back_on_every_host(reference: list[Any]
 
 
 @pytest.mark.slow
-def test_sigkill_mid_run_and_resume_is_bit_identical(reference: list[Any], start_hosts: Callable[..., Any],
-                                                     tmp_path: Path) -> None:
+def test_sigkill_mid_run_and_resume_is_bit_identical(
+    reference: list[Any], start_hosts: Callable[..., Any], tmp_path: Path
+) -> None:
     """A preemption-like kill: every host SIGKILLed as soon as the first checkpoint is committed.
 
     Where exactly the kill lands is up to the scheduler; the final hash must not depend on it. (Slow:

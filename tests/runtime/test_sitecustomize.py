@@ -11,8 +11,9 @@ from tpuctl.runtime.hostenv import sim_host_env
 
 REPO = Path(__file__).resolve().parents[2]
 
-LIST_CLUSTERS = ("import jax._src.clusters as c; "
-                 "print(','.join(t.__name__ for t in c.ClusterEnv._cluster_types))")
+LIST_CLUSTERS = (
+    "import jax._src.clusters as c; print(','.join(t.__name__ for t in c.ClusterEnv._cluster_types))"
+)
 
 
 def _sim_env(**extra: str) -> dict[str, str]:
@@ -28,8 +29,10 @@ def test_hook_registers_our_cluster_first_when_jax_clusters_load(run_py: Callabl
 
 
 def test_detector_reads_the_environment(run_py: Callable[..., Any]) -> None:
-    code = ("from jax._src.clusters import ClusterEnv as C; "
-            "print(C.auto_detect_unset_distributed_params(None, None, None, None, None, 10))")
+    code = (
+        "from jax._src.clusters import ClusterEnv as C; "
+        "print(C.auto_detect_unset_distributed_params(None, None, None, None, None, 10))"
+    )
     p = run_py(["-c", code], env=_sim_env(), timeout=60)
     assert p.returncode == 0, p.describe()
     assert p.stdout.strip() == "('127.0.0.1:23456', 3, 1, None)"

@@ -122,7 +122,7 @@ def test_queued_failover_when_the_placer_looks_only_after_valid_until(
     create = cloud.create_queued_resource
 
     def create_then_stall(*args: Any, **kwargs: Any) -> QueuedResource:
-        created = create(*args, **kwargs)
+        created: QueuedResource = create(*args, **kwargs)
         time.sleep(0.05)  # 50 simulated seconds: past validUntil before the placer looks
         return created
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tpuctl.catalog import Catalog
+from tpuctl.catalog import CapacityType, Catalog
 from tpuctl.errors import BudgetExceededError, RunFailedError, UsageError
 from tpuctl.services.budget import (
     LABEL_MAX_SECONDS,
@@ -139,8 +139,8 @@ def test_decision_error_is_exit_7_with_the_figures(clock: FakeClock) -> None:
 def _slice(ledger: Ledger, name: str, *, ready: float, run_id: str | None, end: float | None = None,
            labels: dict[str, str] | None = None) -> None:  # fmt: skip
     ledger.record_event(
-        EventKind.REQUESTED, pod=name, zone=Z, accelerator_type="v5litepod-8", chips=8, capacity="spot",
-        price_per_chip_hour=0.25, run_id=run_id, labels=labels, ts=ready - 60,
+        EventKind.REQUESTED, pod=name, zone=Z, accelerator_type="v5litepod-8", chips=8,
+        capacity=CapacityType.SPOT, price_per_chip_hour=0.25, run_id=run_id, labels=labels, ts=ready - 60,
     )  # fmt: skip
     ledger.record_event(EventKind.READY, pod=name, zone=Z, ts=ready)
     if end is not None:

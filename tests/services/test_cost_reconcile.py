@@ -4,6 +4,7 @@ computed again only when reconciliation recorded an event (which it then bills).
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -71,7 +72,7 @@ def _reconciled(
     return reconciled_report(reconciler, tpu, report, dry_run=dry_run)
 
 
-def _reporter(ledger: Ledger, now: list[float]) -> tuple[list[CostReport], Any]:
+def _reporter(ledger: Ledger, now: list[float]) -> tuple[list[CostReport], Callable[[], CostReport]]:
     catalog = Catalog.load()
     source = PriceSource(catalog.prices.source, catalog.prices.date, cached=False)
     service = CostService(ledger.path, catalog, source, clock=lambda: now[0])

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tpuctl.catalog import Catalog
+from tpuctl.catalog import CapacityType, Catalog
 from tpuctl.errors import UsageError
 from tpuctl.services.cost import CSV_COLUMNS, CostReport, CostService, parse_group_by, parse_window
 from tpuctl.services.prices import PriceSource
@@ -47,8 +47,9 @@ def slice_life(
 ) -> None:
     """requested (60 s before READY) -> created -> ready -> [end] -> [deleted]."""
     ledger.record_event(
-        EventKind.REQUESTED, pod=name, zone=zone, accelerator_type=accel, chips=chips, capacity=capacity,
-        price_per_chip_hour=price, run_id=run_id, labels=labels, ts=ready - 60, backend="sim",
+        EventKind.REQUESTED, pod=name, zone=zone, accelerator_type=accel, chips=chips,
+        capacity=CapacityType(capacity), price_per_chip_hour=price, run_id=run_id, labels=labels,
+        ts=ready - 60, backend="sim",
     )  # fmt: skip
     ledger.record_event(EventKind.CREATED, pod=name, zone=zone, ts=ready - 30)
     ledger.record_event(EventKind.READY, pod=name, zone=zone, ts=ready)
@@ -179,7 +180,7 @@ def test_price_change_before_ready_sets_the_starting_price(
     ledger: Ledger, report: Callable[..., CostReport]
 ) -> None:
     ledger.record_event(EventKind.REQUESTED, pod="a", zone=Z, accelerator_type="v5litepod-8", chips=8,
-                        capacity="spot", price_per_chip_hour=0.245, ts=T0 - 60)  # fmt: skip
+                        capacity=CapacityType.SPOT, price_per_chip_hour=0.245, ts=T0 - 60)  # fmt: skip
     ledger.record_event(EventKind.PRICE_CHANGE, pod="a", zone=Z, price_per_chip_hour=0.5, ts=T0 - 30)
     ledger.record_event(EventKind.READY, pod="a", zone=Z, ts=T0)
     ledger.record_event(EventKind.PRICE_CHANGE, pod="a", zone=Z, price_per_chip_hour=1.0, ts=T0 + 3600)
@@ -195,7 +196,7 @@ def test_a_live_slice_is_billed_until_now(ledger: Ledger, report: Callable[..., 
 
 def test_a_slice_never_ready_costs_nothing(ledger: Ledger, report: Callable[..., CostReport]) -> None:
     ledger.record_event(EventKind.REQUESTED, pod="q", zone=Z, accelerator_type="v5litepod-8", chips=8,
-                        capacity="spot", price_per_chip_hour=0.245, ts=T0)  # fmt: skip
+                        capacity=CapacityType.SPOT, price_per_chip_hour=0.245, ts=T0)  # fmt: skip
     ledger.record_event(EventKind.FAILED, pod="q", zone=Z, ts=T0 + 100)
     rep = report()
     assert rep.totals.cost_usd == 0.0
@@ -244,7 +245,7 @@ def test_group_by_day_splits_a_slice_at_midnight(ledger: Ledger, report: Callabl
 def test_group_by_zone_region_type_capacity_and_label(
     ledger: Ledger, report: Callable[..., CostReport]
 ) -> None:
-    hour = {"end": T0 + 3600, "chips": 8, "accel": "v5litepod-8"}
+    hour: dict[str, Any] = {"end": T0 + 3600, "chips": 8, "accel": "v5litepod-8"}
     slice_life(ledger, "a", ready=T0, zone="us-central1-a", labels={"team": "nlp"}, **hour)  # 1.96
     slice_life(ledger, "b", ready=T0, zone="us-central1-b", labels={"team": "vision"}, **hour)  # 1.96
     slice_life(ledger, "c", ready=T0, zone="us-east1-c", capacity="on-demand", price=1.2,

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
+from typing import cast
 
 import httpx
 import pytest
@@ -30,9 +32,11 @@ from tpuctl.sim.wire import ACCELERATOR_TYPE_ENUM
 
 def test_accelerator_type_enum_numbers_match_the_client() -> None:
     # The REST transport sends enums as numbers; the simulator's table must be the client's.
+    # A proto-plus enum is an IntEnum whose stubs show it to mypy as a constructor only.
+    accelerator_types = cast(type[enum.IntEnum], tpu_v2.AcceleratorConfig.Type)
     for number, name in ACCELERATOR_TYPE_ENUM.items():
-        assert tpu_v2.AcceleratorConfig.Type[name].value == number
-    names = {t.name for t in tpu_v2.AcceleratorConfig.Type} - {"TYPE_UNSPECIFIED"}
+        assert accelerator_types[name].value == number
+    names = {t.name for t in accelerator_types} - {"TYPE_UNSPECIFIED"}
     assert names == set(ACCELERATOR_TYPE_ENUM.values())
 
 

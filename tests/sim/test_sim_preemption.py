@@ -3,6 +3,7 @@ SIGKILL after the grace period) or none; quota held until deleted; pid-reuse gua
 
 from __future__ import annotations
 
+import functools
 import signal
 import sqlite3
 import subprocess
@@ -150,8 +151,12 @@ def test_random_preemption_of_spot_nodes_only(start_server: Callable[..., SimSer
     for i in range(4):
         client.create_node(parent=PARENT, node_id=f"spot-{i}", node=spot_node("v5litepod-4"))
     create_ready(client, "steady", node("v5litepod-4"))
+
+    def preempted(name: str) -> bool:
+        return node_state(client, name) == tpu_v2.Node.State.PREEMPTED
+
     for i in range(4):
-        wait_for(lambda i=i: node_state(client, f"spot-{i}") == tpu_v2.Node.State.PREEMPTED, timeout_s=15)
+        wait_for(functools.partial(preempted, f"spot-{i}"), timeout_s=15)
     assert node_state(client, "steady") == tpu_v2.Node.State.READY
 
 

@@ -97,6 +97,7 @@ def main() -> None:
     out["restored_step"] = r.step
     out["restored_equal"] = tree_equal(r.state, state_at(base, 7))
     out["restored_specs_match"] = specs(r.state) == specs(base)
+    assert r.state is not None
     out["restored_step_field"] = int(r.state.step)
     out["latest_good_step"] = ck.latest_good_step(target)
     # The same checkpoint into a different layout (e.g. a restart with other sharding flags).

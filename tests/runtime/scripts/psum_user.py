@@ -16,5 +16,12 @@ ids = jax.make_array_from_process_local_data(NamedSharding(mesh, P("i")), local)
 total = jax.jit(
     jax.shard_map(lambda x: jax.lax.psum(jnp.sum(x + 1), "i"), mesh=mesh, in_specs=P("i"), out_specs=P())
 )(ids)
-print("RESULT", jax.process_index(), jax.process_count(), jax.device_count(), jax.local_device_count(),
-      float(total.addressable_data(0)), flush=True)
+print(
+    "RESULT",
+    jax.process_index(),
+    jax.process_count(),
+    jax.device_count(),
+    jax.local_device_count(),
+    float(total.addressable_data(0)),
+    flush=True,
+)

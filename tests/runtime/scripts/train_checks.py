@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -30,8 +30,10 @@ def host(tree: Any) -> Any:
 
 
 def max_diff(a: Any, b: Any) -> float:
-    return max(float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))))
-               for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True))
+    return max(
+        float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))))
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
+    )
 
 
 def optimizer() -> optax.GradientTransformation:
@@ -41,25 +43,33 @@ def optimizer() -> optax.GradientTransformation:
 def run(mesh: jax.sharding.Mesh, **kw: Any) -> dict[str, Any]:
     step = train.make_train_step(lm.make_loss_fn(CFG), optimizer(), mesh, fsdp_min_size=256, **kw)
     state = step.init(lm.init_params(CFG, SEED))
-    specs = {jax.tree_util.keystr(p): str(x.sharding.spec)
-             for p, x in jax.tree_util.tree_flatten_with_path(state.params)[0]}
+    specs = {
+        jax.tree_util.keystr(p): str(x.sharding.spec)
+        for p, x in jax.tree_util.tree_flatten_with_path(state.params)[0]
+    }
     mu_specs = [str(x.sharding.spec) for x in jax.tree.leaves(state.opt_state) if x.ndim >= 1]
     losses, norms, snaps = [], [], {}
     hlo = ""
     for s in range(STEPS):
         batch = lm.batch_for_step(s, BATCH, CFG.seq_len, CFG.vocab, SEED, step.batch_sharding)
         if s == 0:
-            hlo = step.compiled(state).lower(state, batch).as_text()
+            # jit-wrapped: it has .lower, which the step's Callable annotation does not show.
+            hlo = cast(jax.stages.Wrapped, step.compiled(state)).lower(state, batch).as_text()
         state, metrics = step(state, batch)
         losses.append(float(metrics["loss"]))
         norms.append(float(metrics["grad_norm"]))
         if s + 1 in (3, SNAP):
             snaps[s + 1] = host(state.params)
     return {
-        "losses": losses, "grad_norms": norms, "snaps": snaps, "specs": specs, "mu_specs": mu_specs,
+        "losses": losses,
+        "grad_norms": norms,
+        "snaps": snaps,
+        "specs": specs,
+        "mu_specs": mu_specs,
         "param_dtypes": sorted({str(x.dtype) for x in jax.tree.leaves(state.params)}),
         "opt_dtypes": sorted({str(x.dtype) for x in jax.tree.leaves(state.opt_state) if x.ndim >= 1}),
-        "step": int(state.step), "hlo_has_bf16_dot": "bf16" in hlo and "dot" in hlo,
+        "step": int(state.step),
+        "hlo_has_bf16_dot": "bf16" in hlo and "dot" in hlo,
     }
 
 
@@ -102,7 +112,8 @@ def data_checks() -> dict[str, Any]:
         "rows_slice_equal": all(np.array_equal(rows[k], a[k][4:12]) for k in a),
         "sharded_equal": sharded_equal,
         "targets_are_shifted_inputs": shifted,
-        "dtype": str(a["inputs"].dtype), "shape": list(a["inputs"].shape),
+        "dtype": str(a["inputs"].dtype),
+        "shape": list(a["inputs"].shape),
     }
 
 
@@ -125,13 +136,23 @@ def main() -> None:
     out["replicated"] = {k: rep[k] for k in ("losses", "grad_norms", "specs", "step", "param_dtypes")}
     out["plain_losses"] = ref["losses"]
     out["plain_param_diff"] = max_diff(ref["params"], rep["snaps"][3])
-    out["fsdp"] = {"losses": fsdp["losses"], "specs": fsdp["specs"], "mu_specs": fsdp["mu_specs"],
-                   "param_diff": max_diff(fsdp["snaps"][SNAP], rep["snaps"][SNAP])}
-    out["accum"] = {"losses": accum["losses"],
-                    "param_diff": max_diff(accum["snaps"][SNAP], rep["snaps"][SNAP])}
-    out["bf16"] = {"losses": bf16["losses"], "param_dtypes": bf16["param_dtypes"],
-                   "opt_dtypes": bf16["opt_dtypes"], "hlo_has_bf16_dot": bf16["hlo_has_bf16_dot"],
-                   "param_diff": max_diff(bf16["snaps"][SNAP], rep["snaps"][SNAP])}
+    out["fsdp"] = {
+        "losses": fsdp["losses"],
+        "specs": fsdp["specs"],
+        "mu_specs": fsdp["mu_specs"],
+        "param_diff": max_diff(fsdp["snaps"][SNAP], rep["snaps"][SNAP]),
+    }
+    out["accum"] = {
+        "losses": accum["losses"],
+        "param_diff": max_diff(accum["snaps"][SNAP], rep["snaps"][SNAP]),
+    }
+    out["bf16"] = {
+        "losses": bf16["losses"],
+        "param_dtypes": bf16["param_dtypes"],
+        "opt_dtypes": bf16["opt_dtypes"],
+        "hlo_has_bf16_dot": bf16["hlo_has_bf16_dot"],
+        "param_diff": max_diff(bf16["snaps"][SNAP], rep["snaps"][SNAP]),
+    }
     out["f32_hlo_has_bf16_dot"] = rep["hlo_has_bf16_dot"]
     out["data"] = data_checks()
     json.dump(out, sys.stdout)
