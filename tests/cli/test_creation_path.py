@@ -1,0 +1,146 @@
+"""One creation path: `pod create`, `run --type` (whatever the executor) and a run's recovery all place
+their slice through the allocator, with the same capacity types, price cap, zones and failover."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tpuctl.sim import SimAdminClient, SimServer
+from tpuctl.sim.world import world_from_data
+
+ZONES = ("us-central1-a", "us-east1-c")
+
+
+@dataclass
+class Result:
+    code: int
+    stdout: str
+    stderr: str
+
+    def document(self) -> dict[str, Any]:
+        doc = json.loads(self.stdout)
+        assert isinstance(doc, dict)
+        return doc
+
+
+@pytest.fixture
+def tpuctl(capsys: pytest.CaptureFixture[str]) -> Callable[..., Result]:
+    def run(*args: str) -> Result:
+        from tpuctl.cli.main import run as main
+
+        capsys.readouterr()
+        try:
+            main(list(args))
+            code = 0
+        except SystemExit as exc:
+            code = int(exc.code or 0)
+        out = capsys.readouterr()
+        return Result(code, out.out, out.err)
+
+    return run
+
+
+def profile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **keys: Any) -> None:
+    config = tmp_path / "config.yaml"
+    lines = "".join(f"    {k}: {json.dumps(v)}\n" for k, v in keys.items())
+    config.write_text(f"profiles:\n  default:\n{lines}")
+    monkeypatch.setenv("TPUCTL_CONFIG", str(config))
+
+
+@pytest.fixture
+def script(tmp_path: Path) -> Path:
+    path = tmp_path / "train.py"
+    path.write_text("print('hello')\n")
+    return path
+
+
+@pytest.mark.parametrize("executor", ["sim", "ssh"])
+def test_run_and_pod_create_give_the_same_verdict_over_the_price_cap(
+    tpuctl: Callable[..., Result],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    script: Path,
+    executor: str,
+) -> None:
+    profile(tmp_path, monkeypatch, capacity_types=["spot"], max_price=5)
+    pod = tpuctl("pod", "create", "v5e-64", "--dry-run", "-o", "json")
+    run = tpuctl("run", str(script), "--type", "v5e-64", "--executor", executor, "--dry-run", "-o", "json")
+    assert pod.code == run.code == 6, (pod.stderr, run.stderr)
+    assert pod.document()["plan"]["verdict"] == run.document()["error"] == "over_price_cap"
+
+
+@pytest.mark.parametrize("executor", ["sim", "ssh"])
+def test_run_and_pod_create_plan_the_same_spot_placement_under_the_cap(
+    tpuctl: Callable[..., Result],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    script: Path,
+    executor: str,
+) -> None:
+    profile(tmp_path, monkeypatch, capacity_types=["spot"], max_price=100)
+    pod = tpuctl("pod", "create", "v5e-64", "--dry-run", "-o", "json")
+    run = tpuctl("run", str(script), "--type", "v5e-64", "--executor", executor, "--dry-run", "-o", "json")
+    assert pod.code == run.code == 0, (pod.stderr, run.stderr)
+    chosen = pod.document()["plan"]["chosen"]
+    target = run.document()["plan"]["target"]
+    assert chosen["capacity"] == target["capacity"] == "spot"
+    assert target["zone"] == chosen["zone"] == target["create"]["chosen"]["zone"]
+    assert target["create"]["request"]["max_price_per_hour"] == 100.0
+    bodies = json.dumps(target["create"]["requests"])
+    # Hosts reached over SSH need tpuctl's key at creation: it travels in the placement's node metadata.
+    assert ("ssh-keys" in bodies) is (executor == "ssh")
+
+
+@pytest.fixture
+def two_zone_sim(state_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SimAdminClient]:
+    world = world_from_data(
+        {
+            "speed": 1000,
+            "zones": {z: {"v4": {"on_demand": 64, "preemptible": 64}} for z in ZONES},
+            "quotas": {"default": {"on_demand": {"zone": -1, "region": -1}}},
+            "latency": {"base_ms": 0, "jitter_ms": 0},
+        },
+        "two-zone test world",
+    )
+    state_dir.mkdir(parents=True, exist_ok=True)
+    server = SimServer(state_dir, world)
+    url = server.start()
+    admin = SimAdminClient(url)
+    try:
+        yield admin
+    finally:
+        admin.close()
+        server.stop()
+
+
+def test_a_recovery_re_creation_fails_over_to_another_zone_on_the_ssh_path(
+    two_zone_sim: SimAdminClient, state_dir: Path, script: Path
+) -> None:
+    # The recovery's re-creation is `provision(prefer_zone=the zone it ran in)`: with that zone stocked
+    # out, the allocator places the slice in another allowed zone, hosts reached over SSH as on Google.
+    from tpuctl.services.run.launcher import Launcher
+    from tpuctl.services.run.model import RunRequest
+    from tpuctl.services.run.provision import renamed
+    from tpuctl.services.session import open_session
+    from tpuctl.settings import load_settings
+
+    settings = load_settings(
+        {"backend": "sim", "sim_url": two_zone_sim.base_url, "state_dir": state_dir, "zones": list(ZONES)}
+    )
+    with open_session(settings) as session:
+        launcher = Launcher(session)
+        prepared = launcher.prepare(RunRequest(script=str(script), accelerator_type="v4-8", executor="ssh"))
+        session.ledger.create_run(prepared.run_id, script="train.py")
+        first = launcher.provision(prepared)
+        assert first.zone == ZONES[0]  # the cheapest first (same price: the allocator's order)
+        assert two_zone_sim.stockout(first.zone)
+        again = launcher.provision(renamed(prepared, 1, 1), prefer_zone=first.zone)
+        assert again.zone == ZONES[1] and again.state == "READY"
+        ssh_keys = two_zone_sim.metadata(again.zone, again.name, 0, "instance/attributes/ssh-keys")
+        assert ssh_keys.startswith("tpuctl:ssh-ed25519 ")
