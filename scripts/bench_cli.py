@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""CLI start-up benchmark (issue 2): median wall time of `tpuctl --help` (target <= 0.20 s) and of
+"""CLI start-up benchmark: median wall time of `tpuctl --help` (target <= 0.20 s) and of
 `tpuctl pod list` on the simulator with 10 slices in 8 zones (target <= 1.0 s).
 
 Each figure is the median of N runs of the installed console script as a fresh process, measured from

@@ -19,7 +19,7 @@ Per preemption (from the run's ledger record and the thread's clock):
   overhead, shipping, starting processes).
 Per run: goodput = productive step time (each final step's last computation) / wall time, and steps
 recomputed; the same run without preemptions is the baseline (start-up and compilation alone already
-cost a tiny model most of its wall time). Targets (issue 5): detection <= 2 s, net recovery <= 5 s.
+cost a tiny model most of its wall time). Targets: detection <= 2 s, net recovery <= 5 s.
 
 Writes docs/bench/recovery.json (or --out) and prints a summary. Run from the repository root:
 ``.venv/bin/python scripts/bench_recovery.py``.

@@ -45,7 +45,7 @@ def sku(
     service: str = COMPUTE_SERVICE_ID,
     unit: str = "h",
 ) -> dict[str, Any]:
-    """A SKU as services.skus.list returns it (tpu-facts §7); proto3 JSON drops zero nanos."""
+    """A SKU as services.skus.list returns it (Cloud Billing Catalog API v1); proto3 JSON drops zero nanos."""
     price: dict[str, Any] = {"currencyCode": "USD", "units": units}
     if nanos:
         price["nanos"] = nanos

@@ -1,10 +1,11 @@
 """Cloud Billing Catalog API client (httpx): the public SKUs of a service, with their unit prices.
 
 ``GET {base}/v1/services/{SERVICE_ID}/skus`` with ``pageToken`` pagination (up to 5000 SKUs a page). TPU
-SKUs live under two services (tpu-facts §7): Cloud TPU (``E000-3F24-B8AA``: v2, v3, v4) and Compute Engine
-(``6F81-5844-456A``: v5e, v5p, v6e). A SKU's unit price is ``units + nanos / 1e9`` of
-``pricingInfo[0].pricingExpression.tieredRates[0].unitPrice``; ``units`` is an int64, so JSON carries it as
-a string, and proto3 JSON omits zero fields (a missing ``nanos`` is 0).
+SKUs live under two services (as SkyPilot's ``fetch_gcp.py`` reads them): Cloud TPU
+(``E000-3F24-B8AA``: v2, v3, v4) and Compute Engine (``6F81-5844-456A``: v5e, v5p, v6e). A SKU's unit
+price is ``units + nanos / 1e9`` of ``pricingInfo[0].pricingExpression.tieredRates[0].unitPrice``;
+``units`` is an int64, so JSON carries it as a string, and proto3 JSON omits zero fields (a missing
+``nanos`` is 0).
 
 The catalog is public: Google accepts an API key (``?key=``) or OAuth credentials. The base URL is a
 constructor argument so tests (respx) and Billing-API-compatible stand-ins can be used; errors go through

@@ -10,8 +10,8 @@ Facts about the client this module relies on (google-cloud-tpu 1.28.0, checked b
   (``"type": 9`` for V5LITE_POD); responses may use names or numbers, the parser takes both.
 * Its methods have NO default timeout and NO default retry. We pass ``timeout=request_timeout_s`` to every
   call (else a dead server hangs us forever) and retry with our own tenacity policies (``retry.py``).
-* An ``http://`` scheme in ``api_endpoint`` is kept (tpu-facts §2), so the simulator needs no custom
-  transport.
+* An ``http://`` scheme in ``api_endpoint`` is kept (google-cloud-tpu's ``_BaseTpuRestTransport`` keeps
+  a scheme given in the host), so the simulator needs no custom transport.
 * Transport errors are ``requests`` exceptions (the transport is google-auth's ``AuthorizedSession``),
   HTTP errors are ``google.api_core.exceptions`` with the JSON error body still attached; both are
   translated in ``translate.py``.

@@ -12,7 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-# The contract every host gets, on Google and on the simulator alike (DESIGN.md, "Worker environment").
+# The contract every host gets, on Google and on the simulator alike
+# (docs/architecture.md, "The worker contract").
 RUN_ID = "TPUCTL_RUN_ID"
 WORKER_ID = "TPUCTL_WORKER_ID"
 NUM_WORKERS = "TPUCTL_NUM_WORKERS"

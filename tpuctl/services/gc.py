@@ -1,7 +1,8 @@
 """``pod gc``: find and delete what costs quota (or money) and gives nothing back.
 
 * slices in state PREEMPTED or TERMINATED: they no longer run, but hold their quota until deleted;
-* queued resources that FAILED or were SUSPENDED: they hold quota until deleted (tpu-facts §5); deleting
+* queued resources that FAILED or were SUSPENDED: they hold quota until deleted
+  (https://cloud.google.com/tpu/docs/queued-resources); deleting
   one (with force) deletes its slices too, so their dead slices are not listed separately;
 * slices and queued resources labelled as tpuctl's and this user's (``managed-by=tpuctl``,
   ``tpuctl-owner=<owner>``) that no live ledger entry owns: left over by a tpuctl that was killed, or

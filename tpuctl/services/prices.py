@@ -11,7 +11,8 @@ for the simulator's and the other way round. On the simulator, ``--refresh`` tak
 world file (the bundled catalog with the world's ``prices:`` overrides) unless a billing endpoint is given
 explicitly; the simulator serves no billing surface, and its world file is where its prices are decided.
 
-Mapping SKUs to (generation, region, capacity) follows SkyPilot's catalog fetcher (tpu-facts §7): the
+Mapping SKUs to (generation, region, capacity) follows SkyPilot's catalog fetcher (skypilot-org/skypilot,
+``sky/catalog/data_fetchers/fetch_gcp.py``): the
 description names the generation (``Tpu-v2``, ``Tpu-v3``, ``Tpu-v4``, ``TpuV5e``, ``TpuV5p``, ``TpuV6e``),
 spot/preemptible SKUs say ``Preemptible`` (their usageType is still ``OnDemand``), v2/v3 pod SKUs say
 ``Pod``. v2, v3 and v4 SKUs are priced per 8 TensorCores (4 chips), v5e, v5p and v6e per chip.
@@ -149,7 +150,7 @@ def map_skus(skus: Iterable[Sku], catalog: Catalog) -> SkuMapping:
     """TPU SKUs -> USD per chip-hour by generation, region and capacity (see the module docstring).
 
     Per (generation, region, capacity) a single-device SKU wins over a pod SKU (v2/v3 pods have their own,
-    higher, price; the catalog holds the single-device one, as tpu-facts §4 does). Two SKUs of the same
+    higher, price; the catalog holds the single-device one, as SkyPilot's catalog does). Two SKUs of the same
     kind with different prices keep the first and say so.
     """
     out = SkuMapping()

@@ -1,6 +1,6 @@
 """The executor interface and the plain data that crosses it.
 
-The launcher builds a :class:`LaunchSpec` (what to run, and the worker environment of DESIGN.md), an
+The launcher builds a :class:`LaunchSpec` (what to run, and the worker contract of docs/architecture.md), an
 executor turns it into one process per host. Everything here is plain Python: no rendering, no typer.
 """
 
@@ -54,7 +54,7 @@ class LaunchSpec:
     user_env: Mapping[str, str] = field(default_factory=dict)
 
     def contract_env(self, worker: int) -> dict[str, str]:
-        """The worker environment every host gets (DESIGN.md, "Worker environment")."""
+        """The worker environment every host gets (docs/architecture.md, "The worker contract")."""
         return {
             hostenv.RUN_ID: self.run_id,
             hostenv.WORKER_ID: str(worker),

@@ -38,7 +38,8 @@ EXAMPLES: dict[str, Example] = {
     ),
 }
 
-#: The variable (beyond DESIGN.md's contract) that carries ``--checkpoint-every`` to any program.
+#: The variable (beyond the worker contract of docs/architecture.md) that carries ``--checkpoint-every``
+#: to any program.
 CHECKPOINT_EVERY_ENV = "TPUCTL_CHECKPOINT_EVERY"
 
 
