@@ -3,10 +3,12 @@ settings, so no test can see the developer's real config or reach Google."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
+
+from tpuctl.testing.cli import Cli, CliResult, invoke
 
 # Variables that would steer tpuctl towards a real project or a foreign state dir.
 _CLEARED_PREFIXES = ("TPUCTL_",)
@@ -54,3 +56,14 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterat
 def state_dir(clean_environment: Path) -> Path:
     """The state dir tpuctl will use in this test (created by tpuctl itself)."""
     return clean_environment
+
+
+@pytest.fixture
+def cli() -> Cli:
+    """The in-process CLI runner every test shares; a directory's conftest or a test file may wrap it
+    (a fixture of the same name that asks for ``cli``) to add its own environment."""
+
+    def run(*args: str, env: Mapping[str, str | None] | None = None, stdin: str = "") -> CliResult:
+        return invoke(args, env=env, stdin=stdin)
+
+    return run

@@ -9,9 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from allocator_helpers import CliResult, SimEnv, make_world
+from allocator_helpers import SimEnv, make_world
 
 from tpuctl.sim import SimAdminClient, SimServer
+from tpuctl.testing.cli import Cli, CliResult
 
 
 @pytest.fixture
@@ -34,21 +35,13 @@ def sim(state_dir: Path) -> Iterator[Callable[..., SimEnv]]:
 
 
 @pytest.fixture
-def cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Callable[..., CliResult]:
-    """Run ``tpuctl ARGS`` in-process; with ``env`` (a SimEnv) against that simulator."""
+def cli(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> Callable[..., CliResult]:
+    """Run ``tpuctl ARGS`` in-process; with ``env`` (a SimEnv) against that simulator (and every later
+    command of the test too)."""
 
     def run(*args: str, env: SimEnv | None = None) -> CliResult:
-        from tpuctl.cli.main import run as tpuctl_main
-
         if env is not None:
             monkeypatch.setenv("TPUCTL_SIM_URL", env.url)
-        capsys.readouterr()
-        try:
-            tpuctl_main(list(args))
-            code = 0
-        except SystemExit as exc:
-            code = int(exc.code or 0)
-        captured = capsys.readouterr()
-        return CliResult(code, captured.out, captured.err)
+        return cli(*args)
 
     return run

@@ -9,22 +9,16 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from allocator_helpers import CliResult, SimEnv
+from allocator_helpers import SimEnv
 
 from tpuctl.cloud.base import QueuedResource
 from tpuctl.services.attempts import Placement
 from tpuctl.store.ledger import Ledger
 from tpuctl.store.records import AttemptOutcome, EventKind, PodState
+from tpuctl.testing.cli import CliResult
+from tpuctl.testing.clock import wait_for
 
 Cli = Callable[..., CliResult]
-
-
-def wait_for(predicate: Callable[[], object], timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.01)
 
 
 def test_race_keeps_the_first_active_and_deletes_the_others(sim: Callable[..., SimEnv]) -> None:
