@@ -1,0 +1,207 @@
+"""The rows of nodes and queued resources: finding, writing and rendering them as the TPU API's JSON."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from typing import Any
+
+from tpuctl.catalog import Catalog
+from tpuctl.sim.engine.plans import NodePlan
+from tpuctl.sim.shapes import node_name, node_uid, qr_name
+from tpuctl.sim.wire import rfc3339
+from tpuctl.sim.world import region_of
+
+#: Queued-resource states in which the service still has work to do for it.
+QR_PENDING_STATES = ("ACCEPTED", "WAITING_FOR_RESOURCES", "PROVISIONING", "SUSPENDING", "DELETING")
+#: Queued-resource states whose quota stays consumed until the QR is deleted (GCP behaviour).
+QR_QUOTA_HOLDING_STATES = ("SUSPENDED", "FAILED")
+
+#: Where a node's hosts answer when nobody set its endpoints (admin API): one per host.
+DEFAULT_ENDPOINT_PORT = 8470
+DEFAULT_ENDPOINT_IP = "127.0.0.1"
+
+#: The queued-resource state's data field for each state (FAILED's carries the error).
+_QR_STATE_DATA = {
+    "ACCEPTED": "acceptedData",
+    "PROVISIONING": "provisioningData",
+    "ACTIVE": "activeData",
+    "SUSPENDING": "suspendingData",
+    "SUSPENDED": "suspendedData",
+    "DELETING": "deletingData",
+    "CREATING": "creatingData",
+}
+
+
+def placeholders(values: tuple[str, ...]) -> str:
+    return ", ".join("?" for _ in values)
+
+
+def node_row(conn: sqlite3.Connection, project: str, zone: str, node_id: str) -> sqlite3.Row | None:
+    return conn.execute(  # type: ignore[no-any-return]
+        "SELECT * FROM nodes WHERE project = ? AND zone = ? AND node_id = ?", (project, zone, node_id)
+    ).fetchone()
+
+
+def qr_row(conn: sqlite3.Connection, project: str, zone: str, qr_id: str) -> sqlite3.Row | None:
+    return conn.execute(  # type: ignore[no-any-return]
+        "SELECT * FROM queued_resources WHERE project = ? AND zone = ? AND qr_id = ?",
+        (project, zone, qr_id),
+    ).fetchone()
+
+
+def existing_node_row(conn: sqlite3.Connection, project: str, zone: str, node_id: str) -> sqlite3.Row:
+    row = node_row(conn, project, zone, node_id)
+    if row is None:  # only after this transaction wrote it: a bug, not a user error
+        raise RuntimeError(f"node {project}/{zone}/{node_id} vanished inside its own transaction")
+    return row
+
+
+def existing_qr_row(conn: sqlite3.Connection, project: str, zone: str, qr_id: str) -> sqlite3.Row:
+    row = qr_row(conn, project, zone, qr_id)
+    if row is None:
+        raise RuntimeError(f"queued resource {project}/{zone}/{qr_id} vanished inside its own transaction")
+    return row
+
+
+def rows_in(
+    conn: sqlite3.Connection, table: str, project: str, zone: str, order_by: str
+) -> list[sqlite3.Row]:
+    """A project's rows of ``table`` in ``zone`` ("-": every zone), as a List call returns them."""
+    if zone == "-":
+        return conn.execute(
+            f"SELECT * FROM {table} WHERE project = ? ORDER BY zone, {order_by}", (project,)
+        ).fetchall()
+    return conn.execute(
+        f"SELECT * FROM {table} WHERE project = ? AND zone = ? ORDER BY {order_by}", (project, zone)
+    ).fetchall()
+
+
+def update_node(conn: sqlite3.Connection, key: tuple[str, str, str], updates: dict[str, Any]) -> None:
+    columns = ", ".join(f"{column} = ?" for column in updates)
+    conn.execute(
+        f"UPDATE nodes SET {columns} WHERE project = ? AND zone = ? AND node_id = ?",
+        (*updates.values(), *key),
+    )
+
+
+def delete_node_rows(conn: sqlite3.Connection, key: tuple[str, str, str]) -> None:
+    """A node and its host registrations go (the caller signals the hosts first)."""
+    conn.execute("DELETE FROM hosts WHERE project = ? AND zone = ? AND node_id = ?", key)
+    conn.execute("DELETE FROM nodes WHERE project = ? AND zone = ? AND node_id = ?", key)
+
+
+def insert_node(
+    conn: sqlite3.Connection,
+    seed: int,
+    project: str,
+    zone: str,
+    plan: NodePlan,
+    reservation: str | None,
+    now: float,
+    due: float,
+    *,
+    op_name: str | None,
+    queued_resource: str | None = None,
+) -> None:
+    """A new CREATING node that becomes READY at ``due``; ``seed`` is the world's (for its uid)."""
+    accel = plan.accel
+    conn.execute(
+        """
+        INSERT INTO nodes (project, zone, node_id, uid, generation, accelerator_type, topology, chips,
+                           hosts, quota_units, capacity_class, reservation, state, next_state, due_at,
+                           op_name, create_time, spec, queued_resource, multislice)
+        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'CREATING', 'READY', ?, ?, ?, ?, ?, ?)
+        """,
+        (
+            project,
+            zone,
+            plan.node_id,
+            node_uid(seed, project, zone, plan.node_id, now),
+            accel.generation.name,
+            accel.api_name,
+            accel.topology,
+            accel.chips,
+            accel.hosts,
+            accel.quota_units,
+            plan.capacity_class,
+            reservation,
+            due,
+            op_name,
+            now,
+            json.dumps(plan.spec),
+            queued_resource,
+            int(plan.multislice),
+        ),
+    )
+
+
+def set_qr_state(conn: sqlite3.Connection, key: tuple[str, str, str], state: str, initiator: str) -> None:
+    conn.execute(
+        "UPDATE queued_resources SET state = ?, state_initiator = ? "
+        "WHERE project = ? AND zone = ? AND qr_id = ?",
+        (state, initiator, *key),
+    )
+
+
+def endpoints(row: sqlite3.Row) -> list[dict[str, Any]]:
+    """A node's networkEndpoints: the ones set through the admin API, or the default per host."""
+    if row["endpoints"]:
+        return list(json.loads(row["endpoints"]))
+    return [
+        {
+            "ipAddress": DEFAULT_ENDPOINT_IP,
+            "port": DEFAULT_ENDPOINT_PORT,
+            "accessConfig": {"externalIp": DEFAULT_ENDPOINT_IP},
+        }
+        for _ in range(int(row["hosts"]))
+    ]
+
+
+def node_json(catalog: Catalog, row: sqlite3.Row) -> dict[str, Any]:
+    """A node row as the TPU API's Node."""
+    project, zone, node_id = row["project"], row["zone"], row["node_id"]
+    spec = json.loads(row["spec"])
+    gen = catalog.generations[row["generation"]]
+    out: dict[str, Any] = {"name": node_name(project, zone, node_id)}
+    out.update(spec)
+    out["acceleratorType"] = row["accelerator_type"]
+    out["acceleratorConfig"] = {"type": gen.api_enum, "topology": row["topology"]}
+    if "networkConfig" not in spec and "networkConfigs" not in spec:
+        out["networkConfig"] = {
+            "network": f"projects/{project}/global/networks/default",
+            "subnetwork": f"projects/{project}/regions/{region_of(zone)}/subnetworks/default",
+            "enableExternalIps": True,
+        }
+    out["state"] = row["state"]
+    if row["state"] == "READY":
+        out["health"] = "HEALTHY"
+    out["id"] = row["uid"]
+    out["createTime"] = rfc3339(float(row["create_time"]))
+    out["apiVersion"] = "V2"
+    if row["state"] != "CREATING":
+        out["networkEndpoints"] = endpoints(row)
+    if row["queued_resource"]:
+        out["queuedResource"] = qr_name(project, zone, row["queued_resource"])
+    if row["multislice"]:
+        out["multisliceNode"] = True
+    return out
+
+
+def qr_json(row: sqlite3.Row) -> dict[str, Any]:
+    """A queued-resource row as the TPU API's QueuedResource."""
+    spec = json.loads(row["spec"])
+    out: dict[str, Any] = {
+        "name": qr_name(row["project"], row["zone"], row["qr_id"]),
+        "createTime": rfc3339(float(row["create_time"])),
+    }
+    out.update(spec)
+    state_name = row["state"]
+    state: dict[str, Any] = {"state": state_name, "stateInitiator": row["state_initiator"]}
+    data_key = _QR_STATE_DATA.get(state_name)
+    if data_key:
+        state[data_key] = {}
+    if state_name == "FAILED":
+        state["failedData"] = {"error": json.loads(row["error"]) if row["error"] else {}}
+    out["state"] = state
+    return out

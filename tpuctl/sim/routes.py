@@ -1,0 +1,369 @@
+"""What the simulator answers, as a route table: ``dispatch(engine, request)`` for every surface.
+
+Surfaces (all JSON unless noted):
+
+- ``/v2/...``: the Cloud TPU API v2 REST surface as google-cloud-tpu's tpu_v2 REST transport sends it
+  (it appends ``?$alt=json;enum-encoding=int``; we answer enum NAMES, as Google's JSON does, which the
+  client parses too).
+- ``/v1/projects/{p}/locations/global/services/tpu.googleapis.com/quotaInfos[/{id}]``: Cloud Quotas.
+- ``/sim/metadata/{zone}/{node}/{worker}/computeMetadata/v1/...``: each simulated host's metadata
+  server (text; see ``tpuctl.sim.metadata``).
+- ``/sim/v1/...``: the admin API (status, reset, preempt, stockout, hosts, endpoints, faults); see
+  ``SimAdminClient``.
+
+Transport faults (latency, transient 5xx/429, dropped connections) are the HTTP server's, not here.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
+
+from tpuctl.errors import ConfigError
+from tpuctl.sim import api_errors, metadata
+from tpuctl.sim.api_errors import ApiError, invalid_argument
+from tpuctl.sim.engine import SimEngine
+from tpuctl.sim.exchange import (
+    SimRequest,
+    SimResponse,
+    error_response,
+    first,
+    json_response,
+    parse_body,
+    text_response,
+)
+from tpuctl.sim.wire import paginate
+from tpuctl.sim.world import world_from_data
+
+__all__ = ["SimRequest", "SimResponse", "dispatch", "error_response", "internal_error", "parse_body"]
+
+Answer = Mapping[str, Any] | SimResponse
+#: A route's handler: the engine, the request and the path pattern's groups.
+Handler = Callable[[SimEngine, SimRequest, tuple[str, ...]], Answer]
+
+#: A route that answers every method (the metadata server does not look at it).
+ANY = "*"
+
+
+class Route(NamedTuple):
+    method: str
+    #: Matched against the whole path. Kept as text: ``re`` compiles it on first use and caches it, so
+    #: importing this module (every CLI command starts a simulator) compiles nothing.
+    pattern: str
+    handler: Handler
+
+
+class Surface(NamedTuple):
+    """The routes under one path prefix and what it answers when none fits (``path_known``: some route's
+    pattern matched the path, for another method)."""
+
+    prefix: str
+    routes: tuple[Route, ...]
+    unrouted: Callable[[SimRequest, bool], SimResponse]
+
+
+def route(method: str, pattern: str, handler: Handler) -> Route:
+    return Route(method, pattern, handler)
+
+
+def dispatch(engine: SimEngine, request: SimRequest) -> SimResponse:
+    """The simulator's answer to one request; errors come back in Google's JSON shape."""
+    try:
+        return _dispatch(engine, request)
+    except ApiError as exc:
+        return error_response(exc)
+    except Exception as exc:
+        # A bug in the simulator: answer as Google's frontend would, never leave the client hanging.
+        return error_response(internal_error(exc))
+
+
+def internal_error(exc: Exception) -> ApiError:
+    return ApiError(500, "INTERNAL", f"Internal error in the simulator: {exc!r}")
+
+
+def _dispatch(engine: SimEngine, request: SimRequest) -> SimResponse:
+    surface = next((s for s in SURFACES if request.path.startswith(s.prefix)), None)
+    if surface is None:
+        raise _url_not_found(request)
+    path_known = False
+    for entry in surface.routes:
+        match = re.fullmatch(entry.pattern, request.path)
+        if match is None:
+            continue
+        if entry.method in (ANY, request.method):
+            answer = entry.handler(engine, request, match.groups())
+            return answer if isinstance(answer, SimResponse) else json_response(answer)
+        path_known = True
+    return surface.unrouted(request, path_known)
+
+
+# --- shared pieces -------------------------------------------------------------------------------
+
+
+def _url_not_found(request: SimRequest) -> ApiError:
+    return ApiError(404, "NOT_FOUND", f"The requested URL {request.path} was not found on this server.")
+
+
+def _not_allowed(request: SimRequest) -> ApiError:
+    return ApiError(405, "UNIMPLEMENTED", f"Method {request.method} is not allowed on {request.path}.")
+
+
+def _page(request: SimRequest) -> tuple[int, str]:
+    raw = first(request.query, "pageSize", "0") or "0"
+    try:
+        size = int(raw)
+    except ValueError:
+        raise invalid_argument(f"Invalid value for field 'pageSize': {raw!r}.", "pageSize") from None
+    return size, first(request.query, "pageToken")
+
+
+def _flag(request: SimRequest, key: str) -> bool:
+    return first(request.query, key).lower() in ("true", "1")
+
+
+def _required(body: Mapping[str, Any], key: str) -> Any:
+    value = body.get(key)
+    if value is None or value == "":
+        raise invalid_argument(f"Field '{key}' is required.", key)
+    return value
+
+
+def _unimplemented(message: str) -> Handler:
+    def handler(engine: SimEngine, request: SimRequest, args: tuple[str, ...]) -> Answer:
+        raise ApiError(501, "UNIMPLEMENTED", message)
+
+    return handler
+
+
+# --- the TPU API v2 ------------------------------------------------------------------------------
+
+_SEGMENT = r"([^/:]+)"
+_LOC = rf"/v2/projects/{_SEGMENT}/locations/{_SEGMENT}"
+_NODE = _LOC + rf"/nodes/{_SEGMENT}"
+_QR = _LOC + rf"/queuedResources/{_SEGMENT}"
+_OP = _LOC + rf"/operations/{_SEGMENT}"
+
+
+def _service_identity(engine: SimEngine, request: SimRequest, args: tuple[str, ...]) -> Answer:
+    project = args[0]
+    return {
+        "identity": {
+            "email": f"service-{project}@cloud-tpu.iam.gserviceaccount.com",
+            "uid": "100000000000000000001",
+        }
+    }
+
+
+def _create_queued_resource(engine: SimEngine, request: SimRequest, args: tuple[str, ...]) -> Answer:
+    project, zone = args
+    return engine.create_queued_resource(
+        project,
+        zone,
+        first(request.query, "queuedResourceId"),
+        dict(request.body),
+        first(request.query, "requestId"),
+    )
+
+
+def _delete_queued_resource(engine: SimEngine, request: SimRequest, args: tuple[str, ...]) -> Answer:
+    project, zone, qr = args
+    return engine.delete_queued_resource(
+        project, zone, qr, force=_flag(request, "force"), request_id=first(request.query, "requestId")
+    )
+
+
+def _tpu_unrouted(request: SimRequest, path_known: bool) -> SimResponse:
+    raise _not_allowed(request) if path_known else _url_not_found(request)
+
+
+TPU_ROUTES = (
+    route("GET", rf"/v2/projects/{_SEGMENT}/locations", lambda e, r, a: e.list_locations(a[0], *_page(r))),
+    route("GET", _LOC, lambda e, r, a: e.get_location(*a)),
+    route("POST", _LOC + ":generateServiceIdentity", _service_identity),
+    route("GET", _LOC + "/nodes", lambda e, r, a: e.list_nodes(a[0], a[1], *_page(r))),
+    route(
+        "POST",
+        _LOC + "/nodes",
+        lambda e, r, a: e.create_node(a[0], a[1], first(r.query, "nodeId"), dict(r.body)),
+    ),
+    route("GET", _NODE, lambda e, r, a: e.get_node(*a)),
+    route("DELETE", _NODE, lambda e, r, a: e.delete_node(*a)),
+    route(
+        "PATCH",
+        _NODE,
+        lambda e, r, a: e.update_node(a[0], a[1], a[2], dict(r.body), first(r.query, "updateMask")),
+    ),
+    route("POST", _NODE + ":stop", lambda e, r, a: e.stop_node(*a)),
+    route("POST", _NODE + ":start", lambda e, r, a: e.start_node(*a)),
+    route("POST", _NODE + ":getGuestAttributes", _unimplemented("getGuestAttributes is not simulated.")),
+    route("GET", _LOC + "/queuedResources", lambda e, r, a: e.list_queued_resources(a[0], a[1], *_page(r))),
+    route("POST", _LOC + "/queuedResources", _create_queued_resource),
+    route("GET", _QR, lambda e, r, a: e.get_queued_resource(*a)),
+    route("DELETE", _QR, _delete_queued_resource),
+    route("POST", _QR + ":reset", lambda e, r, a: e.reset_queued_resource(*a)),
+    route("GET", _LOC + "/operations", lambda e, r, a: e.list_operations(a[0], a[1], *_page(r))),
+    route("GET", _OP, lambda e, r, a: e.get_operation(*a)),
+    route("DELETE", _OP, lambda e, r, a: e.delete_operation(*a)),
+    route("POST", _OP + ":cancel", _unimplemented("Cancelling TPU operations is not supported.")),
+    route("GET", _LOC + "/acceleratorTypes", lambda e, r, a: e.list_accelerator_types(a[0], a[1], *_page(r))),
+    route("GET", _LOC + rf"/acceleratorTypes/{_SEGMENT}", lambda e, r, a: e.get_accelerator_type(*a)),
+    route("GET", _LOC + "/runtimeVersions", lambda e, r, a: e.list_runtime_versions(a[0], a[1], *_page(r))),
+    route("GET", _LOC + rf"/runtimeVersions/{_SEGMENT}", lambda e, r, a: e.get_runtime_version(*a)),
+)
+
+
+# --- Cloud Quotas --------------------------------------------------------------------------------
+
+_QUOTA_INFOS = rf"/v1/projects/{_SEGMENT}/locations/global/services/{_SEGMENT}/quotaInfos"
+_TPU_SERVICE = "tpu.googleapis.com"
+
+
+def _list_quota_infos(engine: SimEngine, request: SimRequest, args: tuple[str, ...]) -> Answer:
+    project, service = args
+    infos = engine.quota_infos(project) if service == _TPU_SERVICE else []
+    page, token = paginate(infos, *_page(request))
+    out: dict[str, Any] = {"quotaInfos": page}
+    if token:
+        out["nextPageToken"] = token
+    return out
+
+
+def _get_quota_info(engine: SimEngine, request: SimRequest, args: tuple[str, ...]) -> Answer:
+    project, service, quota_id = args
+    if service == _TPU_SERVICE:
+        for info in engine.quota_infos(project):
+            if info["quotaId"] == quota_id:
+                return info
+    raise api_errors.not_found(
+        f"projects/{project}/locations/global/services/{service}/quotaInfos/{quota_id}"
+    )
+
+
+def _quotas_unrouted(request: SimRequest, path_known: bool) -> SimResponse:
+    # The surface is read-only: any other method is refused whatever the path.
+    raise _not_allowed(request) if request.method != "GET" else _url_not_found(request)
+
+
+QUOTA_ROUTES = (
+    route("GET", _QUOTA_INFOS, _list_quota_infos),
+    route("GET", _QUOTA_INFOS + rf"/{_SEGMENT}", _get_quota_info),
+)
+
+
+# --- the metadata server -------------------------------------------------------------------------
+
+
+def _metadata(engine: SimEngine, request: SimRequest, args: tuple[str, ...]) -> Answer:
+    zone, node, worker, key = args
+    return metadata.answer(engine, request, zone, node, int(worker), key)
+
+
+def _metadata_unrouted(request: SimRequest, path_known: bool) -> SimResponse:
+    return text_response(metadata.NOT_FOUND, 404)
+
+
+METADATA_ROUTES = (route(ANY, r"/sim/metadata/([^/]+)/([^/]+)/([0-9]+)/computeMetadata/v1/(.*)", _metadata),)
+
+
+# --- the admin API -------------------------------------------------------------------------------
+
+
+def _admin(name: str) -> str:
+    # Trailing slashes are forgiven.
+    return rf"/sim/v1/{name}/*"
+
+
+def _reset(engine: SimEngine, request: SimRequest, args: tuple[str, ...]) -> Answer:
+    new_world = None
+    if isinstance(request.body.get("world"), dict):
+        try:
+            new_world = world_from_data(request.body["world"], "POST /sim/v1/reset")
+        except ConfigError as exc:
+            raise invalid_argument(str(exc), exc.field) from None
+    return {"world": engine.reset(new_world).summary()}
+
+
+def _preempt(engine: SimEngine, request: SimRequest, args: tuple[str, ...]) -> Answer:
+    body = request.body
+    zone, node = _required(body, "zone"), _required(body, "node")
+    return engine.preempt(zone, node, notice=bool(body.get("notice", True)), project=body.get("project"))
+
+
+def _stockout(engine: SimEngine, request: SimRequest, args: tuple[str, ...]) -> Answer:
+    zone = _required(request.body, "zone")
+    return {"zone": zone, "stockout": engine.set_stockout(zone, clear=bool(request.body.get("clear", False)))}
+
+
+def _register_host(engine: SimEngine, request: SimRequest, args: tuple[str, ...]) -> Answer:
+    body = request.body
+    return engine.register_host(
+        _required(body, "zone"),
+        _required(body, "node"),
+        int(body.get("worker", 0)),
+        int(_required(body, "pid")),
+        project=body.get("project"),
+    )
+
+
+def _unregister_hosts(engine: SimEngine, request: SimRequest, args: tuple[str, ...]) -> Answer:
+    query = request.query
+    worker = first(query, "worker")
+    removed = engine.unregister_hosts(
+        first(query, "zone"),
+        first(query, "node"),
+        int(worker) if worker else None,
+        project=first(query, "project") or None,
+    )
+    return {"removed": removed}
+
+
+def _set_endpoints(engine: SimEngine, request: SimRequest, args: tuple[str, ...]) -> Answer:
+    body = request.body
+    return engine.set_endpoints(
+        _required(body, "zone"), _required(body, "node"), body.get("endpoints"), project=body.get("project")
+    )
+
+
+def _set_faults(engine: SimEngine, request: SimRequest, args: tuple[str, ...]) -> Answer:
+    try:
+        faults = engine.set_faults(
+            transient_error_rate=request.body.get("transient_error_rate"),
+            ambiguous_error_rate=request.body.get("ambiguous_error_rate"),
+        )
+    except ValueError as exc:
+        raise invalid_argument(f"Invalid fault rates: {exc}") from None
+    return faults.model_dump()
+
+
+def _advance(engine: SimEngine, request: SimRequest, args: tuple[str, ...]) -> Answer:
+    engine.advance()
+    return {"now": engine.clock()}
+
+
+def _admin_unrouted(request: SimRequest, path_known: bool) -> SimResponse:
+    raise ApiError(404, "NOT_FOUND", f"No admin route {request.method} {request.path}.")
+
+
+ADMIN_ROUTES = (
+    route("GET", _admin("status"), lambda e, r, a: e.status()),
+    route("GET", _admin("world"), lambda e, r, a: e.world.model_dump(mode="json")),
+    route("POST", _admin("reset"), _reset),
+    route("POST", _admin("preempt"), _preempt),
+    route("POST", _admin("stockout"), _stockout),
+    route("POST", _admin("hosts"), _register_host),
+    route("DELETE", _admin("hosts"), _unregister_hosts),
+    route("POST", _admin("endpoints"), _set_endpoints),
+    route("PUT", _admin("endpoints"), _set_endpoints),
+    route("GET", _admin("faults"), lambda e, r, a: e.faults().model_dump()),
+    route("POST", _admin("faults"), _set_faults),
+    route("POST", _admin("advance"), _advance),
+)
+
+
+SURFACES = (
+    Surface("/v2/", TPU_ROUTES, _tpu_unrouted),
+    Surface("/v1/", QUOTA_ROUTES, _quotas_unrouted),
+    Surface("/sim/metadata/", METADATA_ROUTES, _metadata_unrouted),
+    Surface("/sim/v1/", ADMIN_ROUTES, _admin_unrouted),
+)
