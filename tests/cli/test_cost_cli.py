@@ -6,7 +6,7 @@ budget."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +18,7 @@ import yaml
 from tpuctl.catalog import CapacityType
 from tpuctl.cloud.base import NodeRequest
 from tpuctl.cloud.tpu_api import TpuApiCloud
-from tpuctl.sim import SimServer
-from tpuctl.sim.world import world_from_data
+from tpuctl.sim import SimAdminClient
 from tpuctl.store.ledger import Ledger
 from tpuctl.store.records import EventKind, PodState, RunStatus
 from tpuctl.testing.cli import Cli
@@ -56,17 +55,11 @@ def cli(cli: Cli, monkeypatch: pytest.MonkeyPatch, state_dir: Path, world_file: 
 
 
 @pytest.fixture
-def behind_the_back(state_dir: Path, world_file: Path) -> Iterator[TpuApiCloud]:
+def behind_the_back(serve_sim: Callable[..., SimAdminClient]) -> Iterator[TpuApiCloud]:
     """The cloud layer on the same simulator state, with no ledger: what another tool would do."""
-    state_dir.mkdir(parents=True, exist_ok=True)
-    server = SimServer(state_dir, world_from_data(WORLD, str(world_file)))
-    url = server.start()
-    cloud = TpuApiCloud.for_simulator(project="tpuctl-sim", base_url=url)
-    try:
+    admin = serve_sim(WORLD, point_cli=False)  # the CLI's commands start their own over the state dir
+    with TpuApiCloud.for_simulator(project="tpuctl-sim", base_url=admin.base_url) as cloud:
         yield cloud
-    finally:
-        cloud.close()
-        server.stop()
 
 
 # --- report ------------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,8 +28,7 @@ from recovery_helpers import (
     run_reference,
 )
 
-from tpuctl.sim import SimAdminClient, SimServer
-from tpuctl.sim.world import world_from_data
+from tpuctl.sim import SimAdminClient
 from tpuctl.store.ledger import Ledger
 from tpuctl.store.records import RunStatus
 from tpuctl.testing.cli import Cli
@@ -56,22 +55,17 @@ def world_file(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def admin(
-    state_dir: Path, world_file: Path, monkeypatch: pytest.MonkeyPatch, jax_cache: Path
-) -> Iterator[SimAdminClient]:
+    serve_sim: Callable[..., SimAdminClient],
+    state_dir: Path,
+    world_file: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    jax_cache: Path,
+) -> SimAdminClient:
     """A simulator serving this test's state dir; CLI commands run in-process against it."""
-    state_dir.mkdir(parents=True, exist_ok=True)
-    server = SimServer(state_dir, world_from_data(WORLD, "recovery test world"))
-    url = server.start()
-    monkeypatch.setenv("TPUCTL_SIM_URL", url)
     monkeypatch.setenv("TPUCTL_STATE_DIR", str(state_dir))
     for key, value in fast_jax_env(jax_cache).items():
         monkeypatch.setenv(key, value)
-    client = SimAdminClient(url)
-    try:
-        yield client
-    finally:
-        client.close()
-        server.stop()
+    return serve_sim(WORLD)
 
 
 def lm_run(*extra: str) -> list[str]:

@@ -7,14 +7,13 @@ from __future__ import annotations
 import re
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tpuctl.sim import SimAdminClient, SimServer
-from tpuctl.sim.world import world_from_data
+from tpuctl.sim import SimAdminClient
 from tpuctl.testing.cli import Cli, CliResult
 
 WORLD: dict[str, Any] = {
@@ -32,18 +31,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def admin(state_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SimAdminClient]:
+def admin(serve_sim: Callable[..., SimAdminClient]) -> SimAdminClient:
     """One simulator for the test; every CLI command talks to it (TPUCTL_SIM_URL)."""
-    state_dir.mkdir(parents=True, exist_ok=True)
-    server = SimServer(state_dir, world_from_data(WORLD, "test world"))
-    url = server.start()
-    monkeypatch.setenv("TPUCTL_SIM_URL", url)
-    client = SimAdminClient(url)
-    try:
-        yield client
-    finally:
-        client.close()
-        server.stop()
+    return serve_sim(WORLD)
 
 
 def write(path: Path, text: str) -> Path:

@@ -4,6 +4,7 @@ against the same simulator. The helpers live in ``allocator_helpers``."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,12 +19,17 @@ from tpuctl.testing.cli import Cli, CliResult
 @pytest.fixture
 def sim(state_dir: Path) -> Iterator[Callable[..., SimEnv]]:
     """``sim(**world_overrides)`` starts a simulator in this test's state dir (stopped at teardown);
-    ``ticker_interval_s=0`` turns its ticker off, so time only moves when a request comes."""
+    ``ticker_interval_s=0`` turns its ticker off, so time only moves when a request comes; ``clock`` is
+    the simulator's (a ``FakeClock`` lets the test move simulated time)."""
     envs: list[SimEnv] = []
 
-    def start(*, ticker_interval_s: float = 0.05, **overrides: Any) -> SimEnv:
+    def start(
+        *, ticker_interval_s: float = 0.05, clock: Callable[[], float] = time.time, **overrides: Any
+    ) -> SimEnv:
         state_dir.mkdir(parents=True, exist_ok=True)
-        server = SimServer(state_dir, make_world(**overrides), ticker_interval_s=ticker_interval_s)
+        server = SimServer(
+            state_dir, make_world(**overrides), clock=clock, ticker_interval_s=ticker_interval_s
+        )
         server.start()
         env = SimEnv(server=server, admin=SimAdminClient(server.url), state_dir=state_dir)
         envs.append(env)
