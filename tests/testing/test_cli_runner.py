@@ -31,3 +31,11 @@ def test_table_output_has_no_document() -> None:
     result = invoke(["--help"])
     assert result.code == 0 and "Usage" in result.stdout
     assert result.document is None
+
+
+def test_stdin_answers_a_confirmation(cli: Cli) -> None:
+    declined = cli("sim", "reset", stdin="n\n")
+    assert declined.code != 0 and "reset the simulator" in declined.stdout
+    assert "simulator reset" not in declined.stderr
+    accepted = cli("sim", "reset", stdin="y\n")
+    assert accepted.code == 0 and "simulator reset" in accepted.stderr
