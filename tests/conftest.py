@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from tpuctl.sim import SimAdminClient, SimServer, World
 from tpuctl.testing.cli import Cli, CliResult, invoke
+
+if TYPE_CHECKING:
+    from tpuctl.sim import SimAdminClient, SimServer, World
 
 # Variables that would steer tpuctl towards a real project or a foreign state dir.
 _CLEARED_PREFIXES = ("TPUCTL_",)
@@ -77,6 +79,7 @@ def serve_sim(state_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Call
     and returns its admin client; with ``point_cli`` every CLI command of the test talks to it
     (TPUCTL_SIM_URL). ``world`` is a ``World`` or the data of a world file; ``server_kwargs`` go to
     ``SimServer`` (``clock``, ``ticker_interval_s``). Everything is stopped at teardown."""
+    from tpuctl.sim import SimAdminClient, SimServer, World
     from tpuctl.sim.world import world_from_data
 
     started: list[tuple[SimServer, SimAdminClient]] = []
