@@ -3,10 +3,16 @@ settings, so no test can see the developer's real config or reach Google."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+from tpuctl.testing.cli import Cli, CliResult, invoke
+
+if TYPE_CHECKING:
+    from tpuctl.sim import SimAdminClient, SimServer, World
 
 # Variables that would steer tpuctl towards a real project or a foreign state dir.
 _CLEARED_PREFIXES = ("TPUCTL_",)
@@ -54,3 +60,45 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterat
 def state_dir(clean_environment: Path) -> Path:
     """The state dir tpuctl will use in this test (created by tpuctl itself)."""
     return clean_environment
+
+
+@pytest.fixture
+def cli() -> Cli:
+    """The in-process CLI runner every test shares; a directory's conftest or a test file may wrap it
+    (a fixture of the same name that asks for ``cli``) to add its own environment."""
+
+    def run(*args: str, env: Mapping[str, str | None] | None = None, stdin: str = "") -> CliResult:
+        return invoke(args, env=env, stdin=stdin)
+
+    return run
+
+
+@pytest.fixture
+def serve_sim(state_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., SimAdminClient]]:
+    """``serve_sim(world, point_cli=True, **server_kwargs)`` serves a simulator over this test's state dir
+    and returns its admin client; with ``point_cli`` every CLI command of the test talks to it
+    (TPUCTL_SIM_URL). ``world`` is a ``World`` or the data of a world file; ``server_kwargs`` go to
+    ``SimServer`` (``clock``, ``ticker_interval_s``). Everything is stopped at teardown."""
+    from tpuctl.sim import SimAdminClient, SimServer, World
+    from tpuctl.sim.world import world_from_data
+
+    started: list[tuple[SimServer, SimAdminClient]] = []
+
+    def serve(
+        world: World | Mapping[str, Any], *, point_cli: bool = True, **server_kwargs: Any
+    ) -> SimAdminClient:
+        if not isinstance(world, World):
+            world = world_from_data(dict(world), "test world")
+        state_dir.mkdir(parents=True, exist_ok=True)
+        server = SimServer(state_dir, world, **server_kwargs)
+        url = server.start()
+        admin = SimAdminClient(url)
+        started.append((server, admin))
+        if point_cli:
+            monkeypatch.setenv("TPUCTL_SIM_URL", url)
+        return admin
+
+    yield serve
+    for server, admin in started:
+        admin.close()
+        server.stop()

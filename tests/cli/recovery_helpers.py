@@ -20,6 +20,7 @@ from tpuctl.runtime.hostenv import sim_host_env
 from tpuctl.runtime.preemption import parse_event
 from tpuctl.sim import SimAdminClient
 from tpuctl.sim.admin import NodeStatus
+from tpuctl.testing.clock import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 ZONE = "us-central2-b"
@@ -146,13 +147,13 @@ def final_hash(path: Path) -> str | None:
 
 def run_dir(state_dir: Path, timeout: float = 60) -> Path:
     """The one run directory under the state dir, once it exists."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        runs = [p for p in (state_dir / "runs").glob("run-*") if p.is_dir()]
-        if runs:
-            return runs[0]
-        time.sleep(0.05)
-    raise AssertionError("no run directory appeared")
+    runs = wait_for(
+        lambda: [p for p in (state_dir / "runs").glob("run-*") if p.is_dir()],
+        timeout,
+        0.05,
+        what="a run directory",
+    )
+    return runs[0]
 
 
 @dataclass

@@ -5,10 +5,8 @@ budget."""
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +18,10 @@ import yaml
 from tpuctl.catalog import CapacityType
 from tpuctl.cloud.base import NodeRequest
 from tpuctl.cloud.tpu_api import TpuApiCloud
-from tpuctl.sim import SimServer
-from tpuctl.sim.world import world_from_data
+from tpuctl.sim import SimAdminClient
 from tpuctl.store.ledger import Ledger
 from tpuctl.store.records import EventKind, PodState, RunStatus
+from tpuctl.testing.cli import Cli
 
 ZONE = "us-central1-a"
 WORLD: dict[str, Any] = {
@@ -42,19 +40,6 @@ WORLD: dict[str, Any] = {
 }
 
 
-@dataclass
-class Result:
-    code: int
-    stdout: str
-    stderr: str
-
-    @property
-    def json(self) -> dict[str, Any]:
-        data = json.loads(self.stdout)
-        assert isinstance(data, dict)
-        return data
-
-
 @pytest.fixture
 def world_file(tmp_path: Path) -> Path:
     path = tmp_path / "world.yaml"
@@ -63,45 +48,24 @@ def world_file(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def cli(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], state_dir: Path, world_file: Path
-) -> Callable[..., Result]:
+def cli(cli: Cli, monkeypatch: pytest.MonkeyPatch, state_dir: Path, world_file: Path) -> Cli:
     monkeypatch.setenv("TPUCTL_STATE_DIR", str(state_dir))
     monkeypatch.setenv("TPUCTL_SIM_WORLD", str(world_file))
-
-    def run(*args: str) -> Result:
-        from tpuctl.cli.main import run as tpuctl_main
-
-        capsys.readouterr()
-        try:
-            tpuctl_main(list(args))
-            code = 0
-        except SystemExit as exc:
-            code = int(exc.code or 0)
-        captured = capsys.readouterr()
-        return Result(code, captured.out, captured.err)
-
-    return run
+    return cli
 
 
 @pytest.fixture
-def behind_the_back(state_dir: Path, world_file: Path) -> Iterator[TpuApiCloud]:
+def behind_the_back(serve_sim: Callable[..., SimAdminClient]) -> Iterator[TpuApiCloud]:
     """The cloud layer on the same simulator state, with no ledger: what another tool would do."""
-    state_dir.mkdir(parents=True, exist_ok=True)
-    server = SimServer(state_dir, world_from_data(WORLD, str(world_file)))
-    url = server.start()
-    cloud = TpuApiCloud.for_simulator(project="tpuctl-sim", base_url=url)
-    try:
+    admin = serve_sim(WORLD, point_cli=False)  # the CLI's commands start their own over the state dir
+    with TpuApiCloud.for_simulator(project="tpuctl-sim", base_url=admin.base_url) as cloud:
         yield cloud
-    finally:
-        cloud.close()
-        server.stop()
 
 
 # --- report ------------------------------------------------------------------------------------------
 
 
-def test_report_bills_a_slice_tpuctl_created(cli: Callable[..., Result], state_dir: Path) -> None:
+def test_report_bills_a_slice_tpuctl_created(cli: Cli, state_dir: Path) -> None:
     created = cli("pod", "create", "v5e-8", "--spot", "--name", "a", "--zone", ZONE, "-o", "json")
     assert created.code == 0, created.stderr
     time.sleep(0.2)
@@ -125,7 +89,7 @@ def test_report_bills_a_slice_tpuctl_created(cli: Callable[..., Result], state_d
 
 
 def test_untracked_slice_made_outside_tpuctl_is_shown_with_its_rate(
-    cli: Callable[..., Result], behind_the_back: TpuApiCloud
+    cli: Cli, behind_the_back: TpuApiCloud
 ) -> None:
     behind_the_back.create_node(
         NodeRequest(name="rogue", zone=ZONE, accelerator_type="v5litepod-16",
@@ -150,7 +114,7 @@ def test_untracked_slice_made_outside_tpuctl_is_shown_with_its_rate(
 
 
 def test_slice_deleted_behind_tpuctls_back_is_closed_when_seen_gone(
-    cli: Callable[..., Result], behind_the_back: TpuApiCloud, state_dir: Path
+    cli: Cli, behind_the_back: TpuApiCloud, state_dir: Path
 ) -> None:
     assert cli("pod", "create", "v5e-8", "--spot", "--name", "gone", "--zone", ZONE).code == 0
     behind_the_back.delete_node(ZONE, "gone")
@@ -182,7 +146,7 @@ def test_slice_deleted_behind_tpuctls_back_is_closed_when_seen_gone(
 
 
 def test_a_slice_preempted_in_the_cloud_is_marked_preempted_and_then_holds_quota(
-    cli: Callable[..., Result], state_dir: Path
+    cli: Cli, state_dir: Path
 ) -> None:
     assert cli("pod", "create", "v5e-8", "--spot", "--name", "p", "--zone", ZONE).code == 0
     time.sleep(0.2)
@@ -204,7 +168,7 @@ def test_a_slice_preempted_in_the_cloud_is_marked_preempted_and_then_holds_quota
     assert held["quota_held_chip_hours"] > 0  # still listed PREEMPTED: it holds quota until deleted
 
 
-def test_csv_has_the_documented_header_and_a_row_per_group(cli: Callable[..., Result]) -> None:
+def test_csv_has_the_documented_header_and_a_row_per_group(cli: Cli) -> None:
     assert cli("pod", "create", "v5e-8", "--spot", "--name", "a", "--zone", ZONE).code == 0
     result = cli("cost", "report", "--group-by", "capacity", "-o", "csv", "--no-reconcile")
     lines = result.stdout.strip().splitlines()
@@ -216,7 +180,7 @@ def test_csv_has_the_documented_header_and_a_row_per_group(cli: Callable[..., Re
     assert len(lines) == 2
 
 
-def test_table_shows_totals_chart_and_price_source(cli: Callable[..., Result]) -> None:
+def test_table_shows_totals_chart_and_price_source(cli: Cli) -> None:
     assert cli("pod", "create", "v5e-8", "--spot", "--name", "a", "--zone", ZONE).code == 0
     result = cli("cost", "report", "--group-by", "zone")
     assert result.code == 0
@@ -244,9 +208,7 @@ def _ledger_of(state_dir: Path, hours: list[float]) -> None:
         ledger.record_events_bulk(events)
 
 
-def test_table_shows_the_50_costliest_and_says_how_to_see_the_rest(
-    cli: Callable[..., Result], state_dir: Path
-) -> None:
+def test_table_shows_the_50_costliest_and_says_how_to_see_the_rest(cli: Cli, state_dir: Path) -> None:
     _ledger_of(state_dir, [1.0 + i / 100 for i in range(53)])
 
     table = cli("cost", "report", "--no-reconcile")
@@ -263,7 +225,7 @@ def test_table_shows_the_50_costliest_and_says_how_to_see_the_rest(
     assert all(f" s{i} " in everything.stdout for i in range(53))
 
 
-def test_json_and_csv_list_every_group_unless_limited(cli: Callable[..., Result], state_dir: Path) -> None:
+def test_json_and_csv_list_every_group_unless_limited(cli: Cli, state_dir: Path) -> None:
     _ledger_of(state_dir, [1.0, 3.0, 2.0])
 
     doc = cli("cost", "report", "--no-reconcile", "-o", "json").json
@@ -295,7 +257,7 @@ def test_json_and_csv_list_every_group_unless_limited(cli: Callable[..., Result]
     ],
 )
 def test_bad_input_exits_2_naming_the_value_and_the_fix(
-    cli: Callable[..., Result], args: tuple[str, ...], field: str, value: str
+    cli: Cli, args: tuple[str, ...], field: str, value: str
 ) -> None:
     result = cli(*args, "-o", "json")
     assert result.code == 2, result.stderr
@@ -309,7 +271,7 @@ def test_bad_input_exits_2_naming_the_value_and_the_fix(
 # --- estimate ----------------------------------------------------------------------------------------
 
 
-def test_estimate_lists_every_offered_option_cheapest_first(cli: Callable[..., Result]) -> None:
+def test_estimate_lists_every_offered_option_cheapest_first(cli: Cli) -> None:
     result = cli("cost", "estimate", "v5e-64", "--hours", "12", "-o", "json")
 
     assert result.code == 0, result.stderr
@@ -330,7 +292,7 @@ def test_estimate_lists_every_offered_option_cheapest_first(cli: Callable[..., R
     assert "us-west4-a" in est["not_offered_in"]
 
 
-def test_estimate_says_when_quota_does_not_fit(cli: Callable[..., Result]) -> None:
+def test_estimate_says_when_quota_does_not_fit(cli: Cli) -> None:
     # 8 of the 64 preemptible chips of us-central1-a's zone quota in use: a spot v5e-64 no longer fits
     # there, still fits in us-east1-c; on-demand quota is separate and free.
     assert cli("pod", "create", "v5e-8", "--spot", "--name", "a", "--zone", ZONE).code == 0
@@ -349,9 +311,7 @@ def test_estimate_says_when_quota_does_not_fit(cli: Callable[..., Result]) -> No
 # --- prices ------------------------------------------------------------------------------------------
 
 
-def test_refresh_on_the_simulator_takes_the_world_prices(
-    cli: Callable[..., Result], world_file: Path, state_dir: Path
-) -> None:
+def test_refresh_on_the_simulator_takes_the_world_prices(cli: Cli, world_file: Path, state_dir: Path) -> None:
     data = {**WORLD, "prices": {"v5e": {"us-central1": {"spot": 0.5}}}}
     world_file.write_text(yaml.safe_dump(data))
     assert cli("pod", "create", "v5e-8", "--spot", "--name", "a", "--zone", ZONE).code == 0
@@ -375,7 +335,7 @@ def test_refresh_on_the_simulator_takes_the_world_prices(
 
 
 @respx.mock
-def test_refresh_from_a_billing_endpoint(cli: Callable[..., Result], state_dir: Path) -> None:
+def test_refresh_from_a_billing_endpoint(cli: Cli, state_dir: Path) -> None:
     base = "https://billing.test"
     sku = {
         "skuId": "X", "description": "Preemptible TpuV5e chip", "serviceRegions": ["us-central1"],
@@ -402,7 +362,7 @@ def test_refresh_from_a_billing_endpoint(cli: Callable[..., Result], state_dir: 
     assert est["options"][0]["usd_per_chip_hour"] == 0.3
 
 
-def test_refresh_dry_run_writes_nothing(cli: Callable[..., Result], state_dir: Path) -> None:
+def test_refresh_dry_run_writes_nothing(cli: Cli, state_dir: Path) -> None:
     result = cli("--dry-run", "catalog", "prices", "--refresh", "-o", "json")
     assert result.code == 0, result.stderr
     assert result.json["refresh"]["dry_run"] is True
@@ -410,7 +370,7 @@ def test_refresh_dry_run_writes_nothing(cli: Callable[..., Result], state_dir: P
 
 
 @respx.mock
-def test_refresh_from_an_unreachable_endpoint_is_a_cloud_error(cli: Callable[..., Result]) -> None:
+def test_refresh_from_an_unreachable_endpoint_is_a_cloud_error(cli: Cli) -> None:
     respx.get(url__regex=r"https://billing\.test/.*").mock(side_effect=httpx.ConnectError("refused"))
     result = cli("catalog", "prices", "--refresh", "--billing-url", "https://billing.test", "-o", "json")
     assert result.code == 14
@@ -421,7 +381,7 @@ def test_refresh_from_an_unreachable_endpoint_is_a_cloud_error(cli: Callable[...
 
 
 def test_monthly_budget_warns_on_create_once_exceeded(
-    cli: Callable[..., Result], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, state_dir: Path
+    cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, state_dir: Path
 ) -> None:
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump({"profiles": {"default": {"monthly_budget": 10}}}))
@@ -441,7 +401,7 @@ def test_monthly_budget_warns_on_create_once_exceeded(
     assert "over the profile's monthly_budget of 10.00 USD" in second.stderr
 
 
-def test_max_hours_labels_the_slice(cli: Callable[..., Result], state_dir: Path) -> None:
+def test_max_hours_labels_the_slice(cli: Cli, state_dir: Path) -> None:
     assert cli("pod", "create", "v5e-8", "--name", "t", "--zone", ZONE, "--max-hours", "1.5").code == 0
     with Ledger(state_dir) as ledger:
         pod = ledger.get_pod("t", zone=ZONE)
@@ -449,7 +409,7 @@ def test_max_hours_labels_the_slice(cli: Callable[..., Result], state_dir: Path)
 
 
 def test_run_stops_at_its_budget_deletes_the_slice_and_exits_7(
-    cli: Callable[..., Result], tmp_path: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch
+    cli: Cli, tmp_path: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     program = tmp_path / "proj" / "loop.py"
     program.parent.mkdir()

@@ -4,46 +4,16 @@ their slice through the allocator, with the same capacity types, price cap, zone
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tpuctl.sim import SimAdminClient, SimServer
-from tpuctl.sim.world import world_from_data
+from tpuctl.sim import SimAdminClient
+from tpuctl.testing.cli import Cli
 
 ZONES = ("us-central1-a", "us-east1-c")
-
-
-@dataclass
-class Result:
-    code: int
-    stdout: str
-    stderr: str
-
-    def document(self) -> dict[str, Any]:
-        doc = json.loads(self.stdout)
-        assert isinstance(doc, dict)
-        return doc
-
-
-@pytest.fixture
-def tpuctl(capsys: pytest.CaptureFixture[str]) -> Callable[..., Result]:
-    def run(*args: str) -> Result:
-        from tpuctl.cli.main import run as main
-
-        capsys.readouterr()
-        try:
-            main(list(args))
-            code = 0
-        except SystemExit as exc:
-            code = int(exc.code or 0)
-        out = capsys.readouterr()
-        return Result(code, out.out, out.err)
-
-    return run
 
 
 def profile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **keys: Any) -> None:
@@ -62,33 +32,33 @@ def script(tmp_path: Path) -> Path:
 
 @pytest.mark.parametrize("executor", ["sim", "ssh"])
 def test_run_and_pod_create_give_the_same_verdict_over_the_price_cap(
-    tpuctl: Callable[..., Result],
+    cli: Cli,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     script: Path,
     executor: str,
 ) -> None:
     profile(tmp_path, monkeypatch, capacity_types=["spot"], max_price=5)
-    pod = tpuctl("pod", "create", "v5e-64", "--dry-run", "-o", "json")
-    run = tpuctl("run", str(script), "--type", "v5e-64", "--executor", executor, "--dry-run", "-o", "json")
+    pod = cli("pod", "create", "v5e-64", "--dry-run", "-o", "json")
+    run = cli("run", str(script), "--type", "v5e-64", "--executor", executor, "--dry-run", "-o", "json")
     assert pod.code == run.code == 6, (pod.stderr, run.stderr)
-    assert pod.document()["plan"]["verdict"] == run.document()["error"] == "over_price_cap"
+    assert pod.json["plan"]["verdict"] == run.json["error"] == "over_price_cap"
 
 
 @pytest.mark.parametrize("executor", ["sim", "ssh"])
 def test_run_and_pod_create_plan_the_same_spot_placement_under_the_cap(
-    tpuctl: Callable[..., Result],
+    cli: Cli,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     script: Path,
     executor: str,
 ) -> None:
     profile(tmp_path, monkeypatch, capacity_types=["spot"], max_price=100)
-    pod = tpuctl("pod", "create", "v5e-64", "--dry-run", "-o", "json")
-    run = tpuctl("run", str(script), "--type", "v5e-64", "--executor", executor, "--dry-run", "-o", "json")
+    pod = cli("pod", "create", "v5e-64", "--dry-run", "-o", "json")
+    run = cli("run", str(script), "--type", "v5e-64", "--executor", executor, "--dry-run", "-o", "json")
     assert pod.code == run.code == 0, (pod.stderr, run.stderr)
-    chosen = pod.document()["plan"]["chosen"]
-    target = run.document()["plan"]["target"]
+    chosen = pod.json["plan"]["chosen"]
+    target = run.json["plan"]["target"]
     assert chosen["capacity"] == target["capacity"] == "spot"
     assert target["zone"] == chosen["zone"] == target["create"]["chosen"]["zone"]
     assert target["create"]["request"]["max_price_per_hour"] == 100.0
@@ -98,25 +68,15 @@ def test_run_and_pod_create_plan_the_same_spot_placement_under_the_cap(
 
 
 @pytest.fixture
-def two_zone_sim(state_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SimAdminClient]:
-    world = world_from_data(
+def two_zone_sim(serve_sim: Callable[..., SimAdminClient]) -> SimAdminClient:
+    return serve_sim(
         {
             "speed": 1000,
             "zones": {z: {"v4": {"on_demand": 64, "preemptible": 64}} for z in ZONES},
             "quotas": {"default": {"on_demand": {"zone": -1, "region": -1}}},
             "latency": {"base_ms": 0, "jitter_ms": 0},
-        },
-        "two-zone test world",
+        }
     )
-    state_dir.mkdir(parents=True, exist_ok=True)
-    server = SimServer(state_dir, world)
-    url = server.start()
-    admin = SimAdminClient(url)
-    try:
-        yield admin
-    finally:
-        admin.close()
-        server.stop()
 
 
 def test_a_recovery_re_creation_fails_over_to_another_zone_on_the_ssh_path(

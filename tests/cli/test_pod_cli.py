@@ -4,13 +4,9 @@ runs `tpuctl pod create`, then `tpuctl pod list`, then `tpuctl pod delete`."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -18,43 +14,17 @@ import yaml
 from tpuctl.sim import default_world
 from tpuctl.store import Ledger
 from tpuctl.store.records import EventKind
-
-
-@dataclass
-class Result:
-    code: int
-    stdout: str
-    stderr: str
-
-    @property
-    def json(self) -> Any:
-        return json.loads(self.stdout)
-
-
-Cli = Callable[..., Result]
+from tpuctl.testing.cli import Cli
 
 
 @pytest.fixture
-def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Cli:
+def cli(cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Cli:
     """Run `tpuctl ARGS` in-process against the default world sped up (a create takes ~0.1 s)."""
     world = default_world().model_copy(update={"speed": 1200.0})
     world_file = tmp_path / "world.yaml"
     world_file.write_text(yaml.safe_dump(world.model_dump(mode="json", exclude_none=True)))
     monkeypatch.setenv("TPUCTL_SIM_WORLD", str(world_file))
-
-    def run(*args: str) -> Result:
-        from tpuctl.cli.main import run as tpuctl_main
-
-        capsys.readouterr()
-        try:
-            tpuctl_main(list(args))
-            code = 0
-        except SystemExit as exc:
-            code = int(exc.code or 0)
-        captured = capsys.readouterr()
-        return Result(code, captured.out, captured.err)
-
-    return run
+    return cli
 
 
 def test_create_list_describe_delete_v5e_64(cli: Cli, state_dir: Path) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -29,23 +28,11 @@ from recovery_helpers import (
     run_reference,
 )
 
-from tpuctl.sim import SimAdminClient, SimServer
-from tpuctl.sim.world import world_from_data
+from tpuctl.sim import SimAdminClient
 from tpuctl.store.ledger import Ledger
 from tpuctl.store.records import RunStatus
-
-
-@dataclass
-class Result:
-    code: int
-    stdout: str
-    stderr: str
-
-    @property
-    def json(self) -> dict[str, Any]:
-        data = json.loads(self.stdout)
-        assert isinstance(data, dict)
-        return data
+from tpuctl.testing.cli import Cli
+from tpuctl.testing.clock import wait_for
 
 
 @pytest.fixture(scope="module")
@@ -68,39 +55,17 @@ def world_file(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def admin(
-    state_dir: Path, world_file: Path, monkeypatch: pytest.MonkeyPatch, jax_cache: Path
-) -> Iterator[SimAdminClient]:
+    serve_sim: Callable[..., SimAdminClient],
+    state_dir: Path,
+    world_file: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    jax_cache: Path,
+) -> SimAdminClient:
     """A simulator serving this test's state dir; CLI commands run in-process against it."""
-    state_dir.mkdir(parents=True, exist_ok=True)
-    server = SimServer(state_dir, world_from_data(WORLD, "recovery test world"))
-    url = server.start()
-    monkeypatch.setenv("TPUCTL_SIM_URL", url)
     monkeypatch.setenv("TPUCTL_STATE_DIR", str(state_dir))
     for key, value in fast_jax_env(jax_cache).items():
         monkeypatch.setenv(key, value)
-    client = SimAdminClient(url)
-    try:
-        yield client
-    finally:
-        client.close()
-        server.stop()
-
-
-@pytest.fixture
-def tpuctl(capsys: pytest.CaptureFixture[str]) -> Callable[..., Result]:
-    def run(*args: str) -> Result:
-        from tpuctl.cli.main import run as main
-
-        capsys.readouterr()
-        try:
-            main(list(args))
-            code = 0
-        except SystemExit as exc:
-            code = int(exc.code or 0)
-        out = capsys.readouterr()
-        return Result(code, out.out, out.err)
-
-    return run
+    return serve_sim(WORLD)
 
 
 def lm_run(*extra: str) -> list[str]:
@@ -112,12 +77,12 @@ def lm_run(*extra: str) -> list[str]:
 
 
 def test_three_preemptions_two_with_notice_end_bit_identical_and_every_segment_is_recorded(
-    admin: SimAdminClient, tpuctl: Callable[..., Result], state_dir: Path, reference: str
+    admin: SimAdminClient, cli: Cli, state_dir: Path, reference: str
 ) -> None:
     plan = [Preempt(1, 3, notice=True), Preempt(2, 3, notice=False), Preempt(3, 3, notice=True)]
     chaos = Chaos(admin, state_dir, plan).start()
     try:
-        result = tpuctl(*lm_run("-o", "json"))
+        result = cli(*lm_run("-o", "json"))
     finally:
         chaos.join()
     assert result.code == 0, result.stderr[-4000:]
@@ -130,7 +95,7 @@ def test_three_preemptions_two_with_notice_end_bit_identical_and_every_segment_i
     # Nothing is left in the simulator: no preempted slice, no extra one.
     assert admin.status()["nodes"] == []
 
-    described = tpuctl("runs", "describe", run_id, "-o", "json").json["run"]
+    described = cli("runs", "describe", run_id, "-o", "json").json["run"]
     assert described["status"] == "succeeded" and described["preemptions"] == 3
     recovery = described["recovery"]
     kinds = [p["kind"] for p in recovery["preemptions"]]
@@ -170,7 +135,7 @@ def test_three_preemptions_two_with_notice_end_bit_identical_and_every_segment_i
         assert b["start"] >= a["start"]
 
     # The table form shows the same, with a timeline.
-    table = tpuctl("runs", "describe", run_id)
+    table = cli("runs", "describe", run_id)
     assert table.code == 0 and "timeline" in table.stdout and "checkpointing" in table.stdout
     with Ledger(state_dir) as ledger:
         record = ledger.get_run(run_id)
@@ -203,19 +168,19 @@ def write(path: Path, text: str) -> Path:
 
 
 def test_a_program_that_crashes_on_every_start_stops_after_max_restarts_with_its_error(
-    admin: SimAdminClient, tpuctl: Callable[..., Result], tmp_path: Path
+    admin: SimAdminClient, cli: Cli, tmp_path: Path
 ) -> None:
     script = write(tmp_path / "proj" / "crash.py", CRASHER)
-    result = tpuctl("run", str(script), "--type", "v5e-8", "--spot", "--max-restarts", "2", "-o", "json")
+    result = cli("run", str(script), "--type", "v5e-8", "--spot", "--max-restarts", "2", "-o", "json")
     assert result.code == 8, result.stderr[-3000:]
     error = result.json
     assert error["error"] == "run_failed" and error["returncode"] == 3 and error["worker"] == 0
     assert "host 0 exited with status 3" in error["message"]
     assert "after 2 restarts, --max-restarts 2" in error["message"]
     assert result.stderr.count("starting, then crashing") == 3  # the first start and two restarts
-    runs = tpuctl("runs", "list", "-o", "json").json["runs"]
+    runs = cli("runs", "list", "-o", "json").json["runs"]
     assert len(runs) == 1
-    run = tpuctl("runs", "describe", runs[0]["run_id"], "-o", "json").json["run"]
+    run = cli("runs", "describe", runs[0]["run_id"], "-o", "json").json["run"]
     assert run["status"] == "failed" and run["exit_code"] == 3
     assert run["restarts"] == 2 and run["preemptions"] == 0
     assert run["recovery"]["preemptions"] == []
@@ -225,7 +190,7 @@ def test_a_program_that_crashes_on_every_start_stops_after_max_restarts_with_its
 
 
 def test_a_preemption_while_the_zone_is_stocked_out_recovers_in_another_zone(
-    admin: SimAdminClient, tpuctl: Callable[..., Result], tmp_path: Path, state_dir: Path
+    admin: SimAdminClient, cli: Cli, tmp_path: Path, state_dir: Path
 ) -> None:
     from recovery_helpers import V5E_OTHER, V5E_ZONE
 
@@ -233,11 +198,11 @@ def test_a_preemption_while_the_zone_is_stocked_out_recovers_in_another_zone(
     # The stockout comes with the preemption: the same zone is tried first and is full.
     chaos = _Seen(admin, state_dir, stockout=V5E_ZONE).start()
     try:
-        result = tpuctl("run", str(script), "--type", "v5e-8", "--spot", "--env", "SLEEP_S=30", "-o", "json")
+        result = cli("run", str(script), "--type", "v5e-8", "--spot", "--env", "SLEEP_S=30", "-o", "json")
     finally:
         chaos.join()
     assert result.code == 0, result.stderr[-3000:]
-    run = tpuctl("runs", "describe", result.json["run"]["run_id"], "-o", "json").json["run"]
+    run = cli("runs", "describe", result.json["run"]["run_id"], "-o", "json").json["run"]
     (preemption,) = run["recovery"]["preemptions"]
     assert preemption["zone"] == V5E_ZONE and preemption["new_zone"] == V5E_OTHER
     assert preemption["kind"] == "hard" and run["zone"] == V5E_OTHER
@@ -282,7 +247,7 @@ class _LineChaos(Chaos):
 
 
 def test_transient_api_errors_during_a_run_cause_no_recovery(
-    admin: SimAdminClient, tpuctl: Callable[..., Result], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    admin: SimAdminClient, cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from tpuctl.sim import server as sim_server
 
@@ -299,10 +264,10 @@ def test_transient_api_errors_during_a_run_cause_no_recovery(
     monkeypatch.setattr(sim_server._Handler, "_inject_transient", counting)
     script = write(tmp_path / "proj" / "sleeper.py", SLEEPER)
     admin.set_faults(transient_error_rate=0.2)
-    result = tpuctl("run", str(script), "--type", "v5e-8", "--spot", "--env", "SLEEP_S=4", "-o", "json")
+    result = cli("run", str(script), "--type", "v5e-8", "--spot", "--env", "SLEEP_S=4", "-o", "json")
     admin.set_faults(transient_error_rate=0.0)
     assert result.code == 0, result.stderr[-3000:]
-    run = tpuctl("runs", "describe", result.json["run"]["run_id"], "-o", "json").json["run"]
+    run = cli("runs", "describe", result.json["run"]["run_id"], "-o", "json").json["run"]
     assert run["preemptions"] == 0 and run["restarts"] == 0
     assert run["recovery"]["preemptions"] == []
     assert [s["kind"] for s in run["segments"]] == ["provisioning", "running"]
@@ -353,22 +318,12 @@ def _kill_leftovers(state_dir: Path) -> None:
             kill_recorded_hosts(detail.get("host_pids"))
 
 
-def _wait(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def _steps(log: Path) -> list[int]:
     return [e["step"] for e in events_of(log) if e["event"] == "step"]
 
 
 def test_detached_run_is_preempted_by_another_process_survives_kill_9_and_resumes_bit_identical(
-    own_sim: Path, tpuctl: Callable[..., Result], reference: str
+    own_sim: Path, cli: Cli, reference: str
 ) -> None:
     import os
     import signal
@@ -376,43 +331,50 @@ def test_detached_run_is_preempted_by_another_process_survives_kill_9_and_resume
     from tpuctl.processes import is_same_process, is_zombie
 
     state_dir = own_sim
-    started = tpuctl(*lm_run("--detach", "-o", "json"))
+    started = cli(*lm_run("--detach", "-o", "json"))
     assert started.code == 0, started.stderr[-3000:]
     run_id = started.json["run"]["run_id"]
     supervisor_pid = started.json["run"]["supervisor"]["pid"]
     log = state_dir / "runs" / run_id / "worker-0.log"
-    _wait(lambda: len(_steps(log)) >= 3, 120, "the first steps")
+    wait_for(lambda: len(_steps(log)) >= 3, 120, 0.1, what="the first steps")
 
     # While it runs, every `runs` command sees it, and it is supervised by the background process.
-    listed = tpuctl("runs", "list", "-o", "json").json["runs"]
+    listed = cli("runs", "list", "-o", "json").json["runs"]
     assert [r["run_id"] for r in listed] == [run_id] and listed[0]["status"] == "running"
-    live = tpuctl("runs", "describe", run_id, "-o", "json").json["run"]
+    live = cli("runs", "describe", run_id, "-o", "json").json["run"]
     assert live["supervisor"]["pid"] == supervisor_pid and live["supervisor_state"].startswith("alive")
 
     # 6. `tpuctl sim preempt` from this process: its own simulator engine signals the pids the
     # supervisor's process registered (same machine, shared sim.db).
     pod = live["pod"]
-    preempted = tpuctl("sim", "preempt", pod)
+    preempted = cli("sim", "preempt", pod)
     assert preempted.code == 0, preempted.stderr
-    _wait(lambda: len([e for e in events_of(log) if e["event"] == "start"]) >= 2, 120, "the recovery")
+    wait_for(
+        lambda: len([e for e in events_of(log) if e["event"] == "start"]) >= 2, 120, 0.1, what="the recovery"
+    )
     first_stop = next(e for e in events_of(log) if e["event"] == "preempted")
     assert first_stop["checkpoint"] == "saved"
 
     # kill -9 of the supervisor mid-run (its hosts are left running, orphaned).
-    _wait(lambda: _steps(log)[-1] >= first_stop["step"] + 2, 120, "steps after the recovery")
+    wait_for(lambda: _steps(log)[-1] >= first_stop["step"] + 2, 120, 0.1, what="steps after the recovery")
     os.kill(supervisor_pid, signal.SIGKILL)
     # (It is this process's child, so it stays a zombie until reaped: dead all the same.)
-    _wait(lambda: not is_same_process(supervisor_pid, None) or is_zombie(supervisor_pid), 10, "its death")
-    orphaned = tpuctl("runs", "describe", run_id, "-o", "json").json["run"]
+    wait_for(
+        lambda: not is_same_process(supervisor_pid, None) or is_zombie(supervisor_pid),
+        10,
+        0.1,
+        what="its death",
+    )
+    orphaned = cli("runs", "describe", run_id, "-o", "json").json["run"]
     assert orphaned["status"] == "running" and orphaned["supervisor_state"].startswith("gone")
     host_pids = orphaned["detail"]["host_pids"]
 
-    resumed = tpuctl("runs", "resume", run_id, "-o", "json")
+    resumed = cli("runs", "resume", run_id, "-o", "json")
     assert resumed.code == 0, resumed.stderr[-4000:]
     assert final_hash(log) == reference
     for pid, ticks in host_pids.values():
         assert not is_same_process(pid, ticks)  # the orphans were stopped before the restart
-    done = tpuctl("runs", "describe", run_id, "-o", "json").json["run"]
+    done = cli("runs", "describe", run_id, "-o", "json").json["run"]
     assert done["status"] == "succeeded" and done["preemptions"] == 1
     assert done["supervisor_state"].startswith("none")
     assert done["recovery"]["steps_completed"] == LM_STEPS
@@ -420,14 +382,14 @@ def test_detached_run_is_preempted_by_another_process_survives_kill_9_and_resume
     assert [e["restart_count"] for e in starts] == [0, 1, 2]
     assert starts[1]["restored"] == first_stop["step"]
     assert all(not s["open"] for s in done["segments"])
-    assert tpuctl("sim", "status", "-o", "json").json["nodes"] == []
-    logs = tpuctl("runs", "logs", run_id, "--worker", "0")
+    assert cli("sim", "status", "-o", "json").json["nodes"] == []
+    logs = cli("runs", "logs", run_id, "--worker", "0")
     assert logs.code == 0 and "final_params_sha256" in logs.stdout
 
 
 @pytest.mark.parametrize("died", ["placing", "deleting", "preempted"])
 def test_resume_takes_over_every_slice_the_ledger_has_for_the_run(
-    own_sim: Path, tpuctl: Callable[..., Result], tmp_path: Path, died: str
+    own_sim: Path, cli: Cli, tmp_path: Path, died: str
 ) -> None:
     """A supervisor killed while the allocator placed its slice (any zone: the run record names no zone
     yet), right after its delete of the slice landed (the ledger never heard), or after it recorded a
@@ -459,13 +421,13 @@ def test_resume_takes_over_every_slice_the_ledger_has_for_the_run(
         if died == "deleting":
             sess.cloud.delete_node(placed.zone, placed.name, wait=True)
         if died == "preempted":
-            assert tpuctl("sim", "preempt", placed.name, "--no-notice").code == 0
+            assert cli("sim", "preempt", placed.name, "--no-notice").code == 0
             assert sess.cloud.get_node(placed.zone, placed.name).state == "PREEMPTED"
             sess.ledger.record_event(EventKind.PREEMPTED, pod=placed.name, zone=placed.zone, run_id=run_id)
 
-    resumed = tpuctl("runs", "resume", run_id, "-o", "json")
+    resumed = cli("runs", "resume", run_id, "-o", "json")
     assert resumed.code == 0, resumed.stderr[-3000:]
-    assert tpuctl("sim", "status", "-o", "json").json["nodes"] == []
+    assert cli("sim", "status", "-o", "json").json["nodes"] == []
     with Ledger(own_sim) as ledger:
         assert ledger.list_pods(alive=True) == []
         pods = {p.name: p for p in ledger.list_pods(run_id=run_id)}
@@ -484,7 +446,7 @@ def test_resume_takes_over_every_slice_the_ledger_has_for_the_run(
 
 @pytest.mark.parametrize("command", ["resume", "cancel"])
 def test_hosts_started_before_their_pids_were_recorded_are_stopped_too(
-    own_sim: Path, tpuctl: Callable[..., Result], tmp_path: Path, command: str
+    own_sim: Path, cli: Cli, tmp_path: Path, command: str
 ) -> None:
     """A supervisor killed between starting a host and recording the hosts' pids in the run (host 0 then
     waits for host 1 forever and never writes to its closed pipe): `runs resume` and `runs cancel` stop it
@@ -517,30 +479,30 @@ def test_hosts_started_before_their_pids_were_recorded_are_stopped_too(
     record = Ledger(own_sim).get_run(prepared.run_id)
     assert record is not None and "host_pids" not in (record.detail or {})
     try:
-        result = tpuctl("runs", command, prepared.run_id, "-o", "json")
+        result = cli("runs", command, prepared.run_id, "-o", "json")
         assert result.code == 0, result.stderr[-3000:]
         assert not is_same_process(pid, ticks) or is_zombie(pid)  # (our child: dead, not yet reaped)
     finally:
         orphan.close()
-    assert tpuctl("sim", "status", "-o", "json").json["nodes"] == []
+    assert cli("sim", "status", "-o", "json").json["nodes"] == []
 
 
 def test_runs_cancel_stops_a_detached_run_and_deletes_its_slice(
-    own_sim: Path, tpuctl: Callable[..., Result], tmp_path: Path
+    own_sim: Path, cli: Cli, tmp_path: Path
 ) -> None:
     script = write(tmp_path / "proj" / "sleeper.py", SLEEPER)
-    started = tpuctl("run", str(script), "--type", "v5e-8", "--env", "SLEEP_S=120", "--detach", "-o", "json")
+    started = cli("run", str(script), "--type", "v5e-8", "--env", "SLEEP_S=120", "--detach", "-o", "json")
     assert started.code == 0, started.stderr
     run_id = started.json["run"]["run_id"]
     log = own_sim / "runs" / run_id / "worker-0.log"
-    _wait(lambda: log.exists() and "attempt 0" in log.read_text(), 60, "the program to start")
-    cancelled = tpuctl("runs", "cancel", run_id, "-o", "json")
+    wait_for(lambda: log.exists() and "attempt 0" in log.read_text(), 60, 0.1, what="the program to start")
+    cancelled = cli("runs", "cancel", run_id, "-o", "json")
     assert cancelled.code == 0, cancelled.stderr
     assert cancelled.json["cancel"]["cancelled"] is True and cancelled.json["cancel"]["status"] == "cancelled"
-    run = tpuctl("runs", "describe", run_id, "-o", "json").json["run"]
+    run = cli("runs", "describe", run_id, "-o", "json").json["run"]
     assert run["status"] == "cancelled" and run["exit_code"] == 130 and run["preemptions"] == 0
-    assert tpuctl("sim", "status", "-o", "json").json["nodes"] == []
-    again = tpuctl("runs", "cancel", run_id, "-o", "json")
+    assert cli("sim", "status", "-o", "json").json["nodes"] == []
+    again = cli("runs", "cancel", run_id, "-o", "json")
     assert again.code == 0 and again.json["cancel"]["cancelled"] is False
 
 
@@ -559,49 +521,49 @@ print("TPUCTL_EVENT " + json.dumps({"event": "step", "step": 5, "dt": 0.01}))
 
 
 def test_the_runtimes_checkpoint_fallback_is_said_and_recorded(
-    admin: SimAdminClient, tpuctl: Callable[..., Result], tmp_path: Path
+    admin: SimAdminClient, cli: Cli, tmp_path: Path
 ) -> None:
     """The supervisor's side of a fallback (the runtime's is tests/runtime/test_multihost.py's; the
     end-to-end case below is slow)."""
     script = write(tmp_path / "proj" / "reporter.py", FALLBACK_REPORTER)
-    result = tpuctl("run", str(script), "--type", "v5e-8")
+    result = cli("run", str(script), "--type", "v5e-8")
     assert result.code == 0, result.stderr
     assert "checkpoint fallback: step 8 (checksum mismatch in 1 array(s)" in result.stderr
     assert "unreadable; restored step 4" in result.stderr
     assert "TPUCTL_EVENT" not in result.stdout  # events go to the log, not the screen
-    run_id = tpuctl("runs", "list", "-o", "json").json["runs"][0]["run_id"]
-    run = tpuctl("runs", "describe", run_id, "-o", "json").json["run"]
+    run_id = cli("runs", "list", "-o", "json").json["runs"][0]["run_id"]
+    run = cli("runs", "describe", run_id, "-o", "json").json["run"]
     (fallback,) = run["recovery"]["checkpoint_fallbacks"]
     assert fallback["restored"] == 4 and fallback["skipped"][0]["step"] == 8
 
 
 @pytest.mark.slow
 def test_a_truncated_latest_checkpoint_falls_back_to_the_previous_one_and_the_run_says_so(
-    admin: SimAdminClient, tpuctl: Callable[..., Result], tmp_path: Path
+    admin: SimAdminClient, cli: Cli, tmp_path: Path
 ) -> None:
     ckpt = tmp_path / "ckpt"
     common = ["run", "--example", "lm", "--type", "v5e-4", "--checkpoint-dir", str(ckpt)]
-    first = tpuctl(*common, "--", *SMALL_LM, "--steps", "8")
+    first = cli(*common, "--", *SMALL_LM, "--steps", "8")
     assert first.code == 0, first.stderr[-3000:]
     assert {p.name for p in ckpt.iterdir() if p.name.isdigit()} == {"4", "8"}
     # Every data file of step 8 cut in half on disk (orbax may keep the same bytes under two paths).
     for victim in (p for p in (ckpt / "8").rglob("*") if p.is_file() and p.parent.name == "d"):
         victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
 
-    second = tpuctl(*common, "--", *SMALL_LM, "--steps", "12")
+    second = cli(*common, "--", *SMALL_LM, "--steps", "12")
     assert second.code == 0, second.stderr[-3000:]
     assert "checkpoint fallback: step 8 (" in second.stderr and "unreadable; restored step 4" in second.stderr
-    run_id = tpuctl("runs", "list", "-o", "json").json["runs"][0]["run_id"]
-    run = tpuctl("runs", "describe", run_id, "-o", "json").json["run"]
+    run_id = cli("runs", "list", "-o", "json").json["runs"][0]["run_id"]
+    run = cli("runs", "describe", run_id, "-o", "json").json["run"]
     (fallback,) = run["recovery"]["checkpoint_fallbacks"]
     assert fallback["restored"] == 4 and [s["step"] for s in fallback["skipped"]] == [8]
     assert fallback["skipped"][0]["reason"]
-    table = tpuctl("runs", "describe", run_id)
+    table = cli("runs", "describe", run_id)
     assert "checkpoint fallback: skipped step 8" in table.stdout and "restored step 4" in table.stdout
 
 
 def test_a_run_with_a_budget_below_its_cost_stops_checkpointed_at_the_budget_and_deletes_its_slice(
-    admin: SimAdminClient, tpuctl: Callable[..., Result], state_dir: Path
+    admin: SimAdminClient, cli: Cli, state_dir: Path
 ) -> None:
     from tpuctl.catalog import Catalog
     from tpuctl.services.budget import BudgetGuard
@@ -610,7 +572,7 @@ def test_a_run_with_a_budget_below_its_cost_stops_checkpointed_at_the_budget_and
     # machine (a stop before the program listens is a hard stop, nothing to checkpoint yet; JAX start-up
     # alone took 15 s at load 5, and an 18 s budget failed there); the run itself would take minutes.
     limit = 0.01
-    result = tpuctl("run", "--example", "lm", "--type", "v5e-4", "--spot", "--budget", str(limit), "--",
+    result = cli("run", "--example", "lm", "--type", "v5e-4", "--spot", "--budget", str(limit), "--",
                     *SMALL_LM, "--steps", "5000", "--step-delay", "0.02")  # fmt: skip
     assert result.code == 7, result.stderr[-3000:]
     assert "stopped at its budget" in result.stderr
@@ -636,7 +598,7 @@ def test_a_run_with_a_budget_below_its_cost_stops_checkpointed_at_the_budget_and
 
 
 def test_with_no_capacity_anywhere_the_recovery_backs_off_with_progress_until_a_zone_frees_up(
-    admin: SimAdminClient, tpuctl: Callable[..., Result], tmp_path: Path, state_dir: Path
+    admin: SimAdminClient, cli: Cli, tmp_path: Path, state_dir: Path
 ) -> None:
     import threading
 
@@ -656,14 +618,14 @@ def test_with_no_capacity_anywhere_the_recovery_backs_off_with_progress_until_a_
     clearer = threading.Thread(target=clear_later, daemon=True)
     clearer.start()
     try:
-        result = tpuctl("run", str(script), "--type", "v5e-8", "--spot", "--env", "SLEEP_S=30")
+        result = cli("run", str(script), "--type", "v5e-8", "--spot", "--env", "SLEEP_S=30")
     finally:
         chaos.join()
         clearer.join(timeout=130)
     assert result.code == 0, result.stderr[-3000:]
     assert "no capacity for v5e-8 yet (try 1:" in result.stderr and "retrying in" in result.stderr
-    run_id = tpuctl("runs", "list", "-o", "json").json["runs"][0]["run_id"]
-    run = tpuctl("runs", "describe", run_id, "-o", "json").json["run"]
+    run_id = cli("runs", "list", "-o", "json").json["runs"][0]["run_id"]
+    run = cli("runs", "describe", run_id, "-o", "json").json["run"]
     (preemption,) = run["recovery"]["preemptions"]
     assert preemption["new_zone"] == V5E_OTHER and preemption["provisioning_s"] >= 1.5
     waits = [s for s in run["segments"] if s["kind"] == "recovering" and s["detail"].get("waiting_for")]

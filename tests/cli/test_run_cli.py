@@ -4,19 +4,17 @@ world. The JAX runs are few and short: the machine that runs CI has 2 cores."""
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tpuctl.sim import SimAdminClient, SimServer
-from tpuctl.sim.world import world_from_data
+from tpuctl.sim import SimAdminClient
+from tpuctl.testing.cli import Cli, CliResult
 
 WORLD: dict[str, Any] = {
     "speed": 1000,
@@ -32,51 +30,10 @@ WORLD: dict[str, Any] = {
 REPO = Path(__file__).resolve().parents[2]
 
 
-@dataclass
-class Result:
-    code: int
-    stdout: str
-    stderr: str
-    seconds: float
-
-    @property
-    def json(self) -> dict[str, Any]:
-        data = json.loads(self.stdout)
-        assert isinstance(data, dict)
-        return data
-
-
 @pytest.fixture
-def admin(state_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SimAdminClient]:
+def admin(serve_sim: Callable[..., SimAdminClient]) -> SimAdminClient:
     """One simulator for the test; every CLI command talks to it (TPUCTL_SIM_URL)."""
-    state_dir.mkdir(parents=True, exist_ok=True)
-    server = SimServer(state_dir, world_from_data(WORLD, "test world"))
-    url = server.start()
-    monkeypatch.setenv("TPUCTL_SIM_URL", url)
-    client = SimAdminClient(url)
-    try:
-        yield client
-    finally:
-        client.close()
-        server.stop()
-
-
-@pytest.fixture
-def tpuctl(capsys: pytest.CaptureFixture[str]) -> Callable[..., Result]:
-    def run(*args: str) -> Result:
-        from tpuctl.cli.main import run as main
-
-        capsys.readouterr()
-        started = time.monotonic()
-        try:
-            main(list(args))
-            code = 0
-        except SystemExit as exc:
-            code = int(exc.code or 0)
-        out = capsys.readouterr()
-        return Result(code, out.out, out.err, time.monotonic() - started)
-
-    return run
+    return serve_sim(WORLD)
 
 
 def write(path: Path, text: str) -> Path:
@@ -85,7 +42,7 @@ def write(path: Path, text: str) -> Path:
     return path
 
 
-def run_id_of(result: Result) -> str:
+def run_id_of(result: CliResult) -> str:
     match = re.search(r"run (run-[0-9a-z-]+) (succeeded|failed)", result.stdout + result.stderr)
     assert match, result.stdout + result.stderr
     return match.group(1)
@@ -99,11 +56,11 @@ def losses(log: str) -> list[float]:
 
 
 def test_bad_input_exits_2_with_the_value_and_the_fix(
-    tmp_path: Path, admin: SimAdminClient, tpuctl: Callable[..., Result]
+    tmp_path: Path, admin: SimAdminClient, cli: Cli
 ) -> None:
     script = write(tmp_path / "proj" / "ok.py", "print(1)\n")
     missing = str(tmp_path / "nope.py")
-    assert tpuctl("pod", "create", "v5e-8", "--zone", "us-central1-a", "--name", "busy").code == 0
+    assert cli("pod", "create", "v5e-8", "--zone", "us-central1-a", "--name", "busy").code == 0
     admin.preempt("us-central1-a", "busy", notice=False)
 
     cases: list[tuple[list[str], str, str, str]] = [
@@ -127,7 +84,7 @@ def test_bad_input_exits_2_with_the_value_and_the_fix(
     ]  # fmt: skip
     (tmp_path / "other").mkdir()
     for args, field, value, fix in cases:
-        result = tpuctl("run", "-o", "json", *args)
+        result = cli("run", "-o", "json", *args)
         assert result.code == 2, (args, result.stderr)
         error = result.json
         assert error["error"] in ("usage", "bundle"), error
@@ -138,17 +95,15 @@ def test_bad_input_exits_2_with_the_value_and_the_fix(
         assert fix in error["fix"], error
         assert "fix:" in result.stderr
     # Nothing was started or recorded for any of them; the one slice is the preempted one.
-    assert tpuctl("runs", "list", "-o", "json").json["runs"] == []
+    assert cli("runs", "list", "-o", "json").json["runs"] == []
     assert [n["name"] for n in admin.status()["nodes"]] == ["busy"]
 
 
-def test_preempted_pod_message_names_its_state(
-    tmp_path: Path, admin: SimAdminClient, tpuctl: Callable[..., Result]
-) -> None:
+def test_preempted_pod_message_names_its_state(tmp_path: Path, admin: SimAdminClient, cli: Cli) -> None:
     script = write(tmp_path / "proj" / "ok.py", "print(1)\n")
-    assert tpuctl("pod", "create", "v5e-8", "--zone", "us-central1-a", "--name", "gone").code == 0
+    assert cli("pod", "create", "v5e-8", "--zone", "us-central1-a", "--name", "gone").code == 0
     admin.preempt("us-central1-a", "gone", notice=False)
-    result = tpuctl("run", str(script), "--pod", "gone")
+    result = cli("run", str(script), "--pod", "gone")
     assert result.code == 2
     assert "pod gone in us-central1-a is PREEMPTED, not READY" in result.stderr
 
@@ -157,7 +112,7 @@ def test_preempted_pod_message_names_its_state(
 
 
 def test_dry_run_shows_bundle_and_each_hosts_command_and_env_but_no_secret(
-    tmp_path: Path, admin: SimAdminClient, tpuctl: Callable[..., Result]
+    tmp_path: Path, admin: SimAdminClient, cli: Cli
 ) -> None:
     work = tmp_path / "proj"
     write(work / "train.py", "print('hi')\n")
@@ -166,7 +121,7 @@ def test_dry_run_shows_bundle_and_each_hosts_command_and_env_but_no_secret(
     secret = "hf_s3cr3t_value"
     args = ["run", str(work / "train.py"), "--type", "v5e-16", "--zone", "us-central1-a", "--dry-run",
             "--env", f"HF_TOKEN={secret}", "--env", "LR=3e-4", "--", "--steps", "5"]  # fmt: skip
-    result = tpuctl(args[0], "-o", "json", *args[1:])
+    result = cli(args[0], "-o", "json", *args[1:])
     assert result.code == 0, result.stderr
     plan = result.json["plan"]
     assert secret not in result.stdout + result.stderr
@@ -186,14 +141,14 @@ def test_dry_run_shows_bundle_and_each_hosts_command_and_env_but_no_secret(
         assert host["env"]["HF_TOKEN"] == "***"
         assert host["env"]["LR"] == "3e-4"
         assert host["cwd"].endswith(f"worker-{worker}/bundles/{bundle['sha256']}")
-    table = tpuctl(*args)
+    table = cli(*args)
     assert table.code == 0
     assert secret not in table.stdout + table.stderr
     assert "env HF_TOKEN=***" in table.stdout
     assert "train.py" in table.stdout and "big.bin" not in table.stdout
     # Nothing happened.
     assert admin.status()["nodes"] == []
-    assert tpuctl("runs", "list", "-o", "json").json["runs"] == []
+    assert cli("runs", "list", "-o", "json").json["runs"] == []
 
 
 # --- runs --------------------------------------------------------------------------------------------------
@@ -203,11 +158,9 @@ EXAMPLE_ARGS = ("--steps", "6", "--log-every", "1", "--batch", "16", "--seq-len"
 
 
 def test_example_lm_on_v5e_8_completes_with_decreasing_loss_and_is_recorded(
-    admin: SimAdminClient, tpuctl: Callable[..., Result], state_dir: Path
+    admin: SimAdminClient, cli: Cli, state_dir: Path
 ) -> None:
-    result = tpuctl(
-        "run", "--example", "lm", "--type", "v5e-8", "--checkpoint-every", "3", "--", *EXAMPLE_ARGS
-    )
+    result = cli("run", "--example", "lm", "--type", "v5e-8", "--checkpoint-every", "3", "--", *EXAMPLE_ARGS)
     assert result.code == 0, result.stderr[-3000:]
     run_id = run_id_of(result)
     assert "w0 | process 0/1 devices 8/8" in result.stdout
@@ -220,21 +173,21 @@ def test_example_lm_on_v5e_8_completes_with_decreasing_loss_and_is_recorded(
     assert {p.name for p in ckpts.iterdir() if p.name.isdigit()} >= {"3", "6"}
     # The slice made for the run is gone, and the run is in the ledger.
     assert admin.status()["nodes"] == []
-    described = tpuctl("runs", "describe", run_id, "-o", "json").json["run"]
+    described = cli("runs", "describe", run_id, "-o", "json").json["run"]
     assert described["status"] == "succeeded" and described["exit_code"] == 0
     assert described["program"] == "example:lm" and described["accelerator_type"] == "v5litepod-8"
     assert [s["kind"] for s in described["segments"]] == ["provisioning", "running"]
-    listed = tpuctl("runs", "list", "-o", "json").json["runs"]
+    listed = cli("runs", "list", "-o", "json").json["runs"]
     assert [r["run_id"] for r in listed] == [run_id]
-    logs = tpuctl("runs", "logs", run_id)
+    logs = cli("runs", "logs", run_id)
     assert logs.code == 0 and "w0 | process 0/1 devices 8/8" in logs.stdout
-    assert tpuctl("runs", "logs", run_id, "--worker", "3").code == 2
+    assert cli("runs", "logs", run_id, "--worker", "3").code == 2
 
 
 def test_example_lm_on_v5e_16_runs_on_4_hosts_of_4_chips(
-    admin: SimAdminClient, tpuctl: Callable[..., Result], state_dir: Path
+    admin: SimAdminClient, cli: Cli, state_dir: Path
 ) -> None:
-    result = tpuctl("run", "--example", "lm", "--type", "v5e-16", "--", *EXAMPLE_ARGS)
+    result = cli("run", "--example", "lm", "--type", "v5e-16", "--", *EXAMPLE_ARGS)
     assert result.code == 0, result.stderr[-3000:]
     run_id = run_id_of(result)
     for worker in range(4):
@@ -246,13 +199,13 @@ def test_example_lm_on_v5e_16_runs_on_4_hosts_of_4_chips(
 
 
 def test_unmodified_script_psums_over_all_devices_of_a_4_host_slice(
-    tmp_path: Path, admin: SimAdminClient, tpuctl: Callable[..., Result]
+    tmp_path: Path, admin: SimAdminClient, cli: Cli
 ) -> None:
     script = tmp_path / "user" / "psum_user.py"
     script.parent.mkdir()
     shutil.copy(REPO / "tests" / "runtime" / "scripts" / "psum_user.py", script)
     assert "tpuctl" not in script.read_text().replace("no tpuctl import", "")
-    result = tpuctl("run", str(script), "--type", "v5e-16")
+    result = cli("run", str(script), "--type", "v5e-16")
     assert result.code == 0, result.stderr[-3000:]
     results = sorted(re.findall(r"^w(\d) \| RESULT (.*)$", result.stdout, re.MULTILINE))
     # 16 devices, device k contributes k + 1: 16 * 17 / 2 = 136 on every host.
@@ -277,13 +230,13 @@ time.sleep(300)
 
 
 def test_host_2_failing_ends_the_run_naming_it_and_no_host_survives(
-    tmp_path: Path, admin: SimAdminClient, tpuctl: Callable[..., Result], state_dir: Path
+    tmp_path: Path, admin: SimAdminClient, cli: Cli, state_dir: Path
 ) -> None:
     script = write(tmp_path / "proj" / "fail.py", FAILING)
-    assert tpuctl("pod", "create", "v5e-16", "--zone", "us-central1-a", "--name", "p16").code == 0
+    assert cli("pod", "create", "v5e-16", "--zone", "us-central1-a", "--name", "p16").code == 0
     barrier = tmp_path / "barrier"
     barrier.mkdir()
-    result = tpuctl(
+    result = cli(
         "run", str(script), "--pod", "p16", "--grace", "2", "--env", f"BARRIER={barrier}", "-o", "json"
     )
     ended = time.time()
@@ -301,7 +254,7 @@ def test_host_2_failing_ends_the_run_naming_it_and_no_host_survives(
     for pid in pids:
         stat = Path(f"/proc/{pid}/stat")
         assert not stat.exists() or stat.read_text().rsplit(")", 1)[-1].split()[0] == "Z", pid
-    record = tpuctl("runs", "describe", run_id, "-o", "json").json["run"]
+    record = cli("runs", "describe", run_id, "-o", "json").json["run"]
     assert record["status"] == "failed" and record["exit_code"] == 3
     assert record["detail"]["failed_worker"] == 2
     # --pod runs leave the slice alone.
@@ -309,13 +262,13 @@ def test_host_2_failing_ends_the_run_naming_it_and_no_host_survives(
 
 
 def test_second_run_on_a_pod_does_not_ship_the_unchanged_bundle(
-    tmp_path: Path, admin: SimAdminClient, tpuctl: Callable[..., Result]
+    tmp_path: Path, admin: SimAdminClient, cli: Cli
 ) -> None:
     script = write(tmp_path / "proj" / "hi.py", "import os; print('hi', os.environ['TPUCTL_WORKER_ID'])\n")
-    assert tpuctl("pod", "create", "v5e-16", "--zone", "us-central1-a", "--name", "warm").code == 0
-    first = tpuctl("run", str(script), "--pod", "warm")
+    assert cli("pod", "create", "v5e-16", "--zone", "us-central1-a", "--name", "warm").code == 0
+    first = cli("run", str(script), "--pod", "warm")
     assert first.code == 0 and "(4 copied, 0 already had it)" in first.stderr
-    second = tpuctl("run", str(script), "--pod", "warm", "-o", "json")
+    second = cli("run", str(script), "--pod", "warm", "-o", "json")
     assert second.code == 0
     assert second.json["run"]["shipped_hosts"] == 0
     assert sorted(re.findall(r"w\d \| hi (\d)", second.stderr)) == ["0", "1", "2", "3"]
@@ -325,9 +278,9 @@ def test_second_run_on_a_pod_does_not_ship_the_unchanged_bundle(
 
 
 def test_bench_step_reports_consistent_figures_against_the_measured_peak(
-    admin: SimAdminClient, tpuctl: Callable[..., Result]
+    admin: SimAdminClient, cli: Cli
 ) -> None:
-    result = tpuctl("bench", "step", "v5e-4", "--steps", "3", "--seq-len", "32", "--d-model", "64",
+    result = cli("bench", "step", "v5e-4", "--steps", "3", "--seq-len", "32", "--d-model", "64",
                     "--layers", "1", "--matmul-n", "512", "-o", "json")  # fmt: skip
     assert result.code == 0, result.stderr[-3000:]
     bench = result.json["bench"]

@@ -3,16 +3,15 @@ ledger and the simulator agree. (Not conftest.py: several test directories have 
 
 from __future__ import annotations
 
-import json
 import os
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from tpuctl.sim import SimAdminClient
+from tpuctl.testing.cli import CliResult
 
 PROJECT = "tpuctl-sim"
 ZONES = ["us-central1-a", "us-east1-c", "us-west4-a", "europe-west4-b"]
@@ -51,21 +50,7 @@ def write_world(path: Path, world: dict[str, Any]) -> Path:
     return path
 
 
-@dataclass
-class Result:
-    code: int
-    stdout: str
-    stderr: str
-
-    @property
-    def output(self) -> str:
-        return self.stdout + self.stderr
-
-    def json(self) -> Any:
-        return json.loads(self.stdout)
-
-
-def no_crash(result: Result) -> None:
+def no_crash(result: CliResult) -> None:
     """No traceback and no internal error, whatever the outcome."""
     assert "Traceback" not in result.output, result.output
     assert "internal error" not in result.output, result.output

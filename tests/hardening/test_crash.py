@@ -37,7 +37,6 @@ import pytest
 import yaml
 from hardening_helpers import (
     PROJECT,
-    Result,
     assert_ledger_agrees,
     fast_world,
     no_crash,
@@ -47,6 +46,7 @@ from hardening_helpers import (
 
 from tpuctl.sim import SimAdminClient, SimServer
 from tpuctl.sim.world import world_from_data
+from tpuctl.testing.cli import CliResult, invoke
 
 #: Kills of `pod create`/`pod delete`/`cost report`, and of `tpuctl run`: by default, and with --slow
 #: (100 kills over the four commands).
@@ -82,7 +82,7 @@ def _kill_during(argv: list[str], env: dict[str, str], delay_s: float) -> int | 
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate(timeout=30)
             return None
-        no_crash(Result(proc.returncode, out.decode(), err.decode()))
+        no_crash(CliResult(proc.returncode, out.decode(), err.decode()))
         return proc.returncode
     finally:
         if proc.poll() is None:
@@ -90,19 +90,12 @@ def _kill_during(argv: list[str], env: dict[str, str], delay_s: float) -> int | 
             proc.wait(timeout=30)
 
 
-def _check(
-    state_dir: Path, world: Path, capsys: pytest.CaptureFixture[str], *, no_slices: bool = False
-) -> None:
+def _check(state_dir: Path, world: Path, *, no_slices: bool = False) -> None:
     """One `pod gc -y` (in-process, its own simulator over the state dir), then the agreement; with
     ``no_slices``, also that the simulator has no slice at all."""
-    from tpuctl.cli.main import run as tpuctl
-
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as exit_info:
-        tpuctl(["--state-dir", str(state_dir), "pod", "gc", "-y", "-o", "json"])
-    out = capsys.readouterr()
-    no_crash(Result(int(exit_info.value.code or 0), out.out, out.err))
-    assert exit_info.value.code == 0, out.out + out.err
+    result = invoke(["--state-dir", str(state_dir), "pod", "gc", "-y", "-o", "json"])
+    no_crash(result)
+    assert result.code == 0, result.stdout + result.stderr
     server = SimServer(
         state_dir, world_from_data(yaml.safe_load(world.read_text()), "test"), ticker_interval_s=0
     )
@@ -118,7 +111,7 @@ def _check(
         server.stop()
 
 
-def crash_loop(kills: int, seed: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Counter[str]:
+def crash_loop(kills: int, seed: int, tmp_path: Path) -> Counter[str]:
     state_dir = tmp_path / "state"
     world = write_world(tmp_path / "world.yaml", fast_world())
     env = _env(state_dir, world)
@@ -154,21 +147,21 @@ def crash_loop(kills: int, seed: int, tmp_path: Path, capsys: pytest.CaptureFixt
         else:
             assert code == 0, (argv, code)
             tally[f"finished_{what}"] += 1
-        _check(state_dir, world, capsys)
+        _check(state_dir, world)
     assert tally["killed"] == kills, tally
     return tally
 
 
-def test_kill_9_during_commands(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    tally = crash_loop(POD_KILLS, 5, tmp_path, capsys)
+def test_kill_9_during_commands(tmp_path: Path) -> None:
+    tally = crash_loop(POD_KILLS, 5, tmp_path)
     assert tally["killed_create"] > 0, tally
 
 
 @pytest.mark.slow
 def test_kill_9_during_pod_and_cost_commands_many_times(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
 ) -> None:
-    tally = crash_loop(SLOW_POD_KILLS, 6, tmp_path, capsys)
+    tally = crash_loop(SLOW_POD_KILLS, 6, tmp_path)
     print("crash tally:", dict(tally))
     assert tally["killed_create"] > 15 and tally["killed_delete"] > 7 and tally["killed_cost"] > 2, tally
 
@@ -403,11 +396,11 @@ def _kill_run(
     return run_id, code, run.output
 
 
-def _tpuctl(env: dict[str, str], *argv: str, timeout: float = 240) -> Result:
+def _tpuctl(env: dict[str, str], *argv: str, timeout: float = 240) -> CliResult:
     done = subprocess.run(
         [sys.executable, "-m", "tpuctl", *argv], env=env, capture_output=True, timeout=timeout
     )
-    result = Result(
+    result = CliResult(
         done.returncode, done.stdout.decode(errors="replace"), done.stderr.decode(errors="replace")
     )
     no_crash(result)
@@ -435,7 +428,6 @@ def run_crash_loop(
     kills: int,
     seed: int,
     tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
     reference: str,
     jax_cache: Path,
@@ -462,7 +454,7 @@ def run_crash_loop(
         chain_due = chain_due or kill.chain
         run_id, code, output = _kill_run(env, state_dir, kill, rng)
         assert run_id is not None, output[-3000:]
-        no_crash(Result(code or 0, output, ""))
+        no_crash(CliResult(code or 0, output, ""))
         if code is None:
             tally["killed"] += 1
             tally[f"killed_{kill.phase}_{kill.how}"] += 1
@@ -483,7 +475,7 @@ def run_crash_loop(
             takeover = _Watched(env, "runs", "resume", run_id)
             time.sleep(rng.uniform(0.3, 7.0))
             ended = takeover.end(how)
-            no_crash(Result(ended or 0, takeover.output, ""))
+            no_crash(CliResult(ended or 0, takeover.output, ""))
             tally["killed_resume" if ended is None else "finished_resume"] += 1
             _ledger_sound(state_dir)
 
@@ -492,13 +484,13 @@ def run_crash_loop(
         if before is RunStatus.SUCCEEDED:
             # It had finished, and said so in the ledger, before the kill: nothing to resume, and it says so.
             assert resumed.code == 2, (where, resumed.output[-3000:])
-            error = resumed.json()
+            error = resumed.json
             assert error["error"] == "usage" and error["exit_code"] == 2, error
             assert error["message"] == f"run {run_id} already succeeded; there is nothing to resume", error
             tally["already_done"] += 1
         else:
             assert resumed.code == 0, (where, resumed.output[-4000:])
-            assert resumed.json()["run"]["status"] == "succeeded", (where, resumed.stdout)
+            assert resumed.json["run"]["status"] == "succeeded", (where, resumed.stdout)
             tally["resumed"] += 1
 
         # Bit for bit what the uninterrupted run computes; recorded as done, by nobody now.
@@ -515,7 +507,7 @@ def run_crash_loop(
         # Nothing any of its supervisors started is left running.
         assert run_processes(run_id) == [], where
         # One `pod gc`: the ledger and the simulator agree, and no slice is left.
-        _check(state_dir, world, capsys, no_slices=True)
+        _check(state_dir, world, no_slices=True)
     return tally
 
 
@@ -540,12 +532,11 @@ def run_reference_hash(tmp_path_factory: pytest.TempPathFactory, jax_cache: Path
 
 def test_kill_9_during_tpuctl_run_then_runs_resume(
     tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
     run_reference_hash: str,
     jax_cache: Path,
 ) -> None:
-    tally = run_crash_loop(RUN_KILLS, 24, tmp_path, capsys, monkeypatch, run_reference_hash, jax_cache)
+    tally = run_crash_loop(RUN_KILLS, 24, tmp_path, monkeypatch, run_reference_hash, jax_cache)
     print("run crash tally:", dict(tally))
     phases = {phase for phase in PHASES for how in HOW if tally[f"killed_{phase}_{how}"]}
     assert len(phases) == RUN_KILLS, tally
@@ -555,12 +546,11 @@ def test_kill_9_during_tpuctl_run_then_runs_resume(
 @pytest.mark.slow
 def test_kill_9_during_tpuctl_run_many_times(
     tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
     run_reference_hash: str,
     jax_cache: Path,
 ) -> None:
-    tally = run_crash_loop(SLOW_RUN_KILLS, 22, tmp_path, capsys, monkeypatch, run_reference_hash, jax_cache)
+    tally = run_crash_loop(SLOW_RUN_KILLS, 22, tmp_path, monkeypatch, run_reference_hash, jax_cache)
     print("run crash tally:", dict(tally))
     for phase in PHASES:
         for how in HOW:

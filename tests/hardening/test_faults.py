@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 from hardening_helpers import (
     ZONES,
-    Result,
     assert_ledger_agrees,
     fast_world,
     no_crash,
@@ -27,6 +26,7 @@ from hardening_helpers import (
 
 from tpuctl.sim import SimAdminClient, SimServer
 from tpuctl.sim.world import world_from_data
+from tpuctl.testing.cli import CliResult, invoke
 
 # 4: quota (shrunk under it, or short everywhere); 5: every zone stocked out; 14: retries exhausted.
 CREATE_FAILS = {
@@ -117,24 +117,14 @@ def run_ops(
     n_ops: int,
     seed: int,
     sim: tuple[SimServer, SimAdminClient],
-    capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
     state_dir: Path,
 ) -> Counter[str]:
-    from tpuctl.cli.main import run as tpuctl
-
     server, admin = sim
     monkeypatch.setenv("TPUCTL_SIM_URL", server.url)
 
-    def cli(*args: str) -> Result:
-        capsys.readouterr()
-        try:
-            tpuctl(list(args))
-            code = 0
-        except SystemExit as exc:
-            code = int(exc.code or 0)
-        out = capsys.readouterr()
-        result = Result(code, out.out, out.err)
+    def cli(*args: str) -> CliResult:
+        result = invoke(args)
         no_crash(result)
         return result
 
@@ -153,7 +143,7 @@ def run_ops(
                     args += ["--spot"]
                 r = cli(*args)
                 if r.code == 0:
-                    pod = r.json()["pod"]
+                    pod = r.json["pod"]
                     assert pod["name"] == name and pod["state"] == "READY"
                     created[name] = pod["zone"]
                     tally["create_ok"] += 1
@@ -168,7 +158,7 @@ def run_ops(
                 r = cli("pod", "list", "-o", "json")
                 assert r.code in (0, 14), r.output
                 if r.code == 0:
-                    listed = {p["name"] for p in r.json()["pods"]}
+                    listed = {p["name"] for p in r.json["pods"]}
                     assert set(created) <= listed, set(created) - listed
                 tally[f"list_{r.code}"] += 1
             elif pick < 0.9:
@@ -176,13 +166,13 @@ def run_ops(
                 r = cli("pod", "delete", name, "-y", "-o", "json")
                 assert r.code in (0, 14), r.output
                 if r.code == 0:
-                    assert r.json()["deleted"] == [{"name": name, "zone": created.pop(name)}]
+                    assert r.json["deleted"] == [{"name": name, "zone": created.pop(name)}]
                 tally[f"delete_{r.code}"] += 1
             else:
                 r = cli("pod", "gc", "-y", "-o", "json")
                 assert r.code in (0, 14), r.output
                 if r.code == 0:
-                    assert not set(r.json()["deleted"]) & set(created), "gc deleted a live, tracked slice"
+                    assert not set(r.json["deleted"]) & set(created), "gc deleted a live, tracked slice"
                 tally[f"gc_{r.code}"] += 1
     assert not chaos.errors, chaos.errors
     # The chaos happened: zones stocked out and quotas shrunk while commands ran.
@@ -204,21 +194,19 @@ def run_ops(
 
 def test_mixed_operations_under_faults(
     sim: tuple[SimServer, SimAdminClient],
-    capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
     state_dir: Path,
 ) -> None:
-    tally = run_ops(40, 1, sim, capsys, monkeypatch, state_dir)
+    tally = run_ops(40, 1, sim, monkeypatch, state_dir)
     assert tally["create_ok"] > 5, tally
 
 
 @pytest.mark.slow
 def test_240_mixed_operations_under_faults(
     sim: tuple[SimServer, SimAdminClient],
-    capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
     state_dir: Path,
 ) -> None:
-    tally = run_ops(240, 2, sim, capsys, monkeypatch, state_dir)
+    tally = run_ops(240, 2, sim, monkeypatch, state_dir)
     print("fault-injection tally:", dict(tally))
     assert tally["create_ok"] > 30, tally

@@ -15,13 +15,14 @@ from typing import Any
 
 import pytest
 import yaml
-from hardening_helpers import Result, fast_world, no_crash
+from hardening_helpers import fast_world, no_crash
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tpuctl.errors import TpuctlError, UsageError
 from tpuctl.sim import SimServer
 from tpuctl.sim.world import load_world, world_from_data
+from tpuctl.testing.cli import CliResult, invoke
 
 # Cases per test: (default, --slow).
 CASES = {
@@ -99,24 +100,13 @@ def fuzz_settings(n: int) -> Callable[[Any], Any]:
 
 
 @pytest.fixture
-def cli(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> Iterator[Callable[..., Result]]:
+def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., CliResult]]:
     """`tpuctl -o json ARGS` in-process, against one simulator for the whole test (no start per case)."""
-    from tpuctl.cli.main import run as tpuctl
-
     server = SimServer(tmp_path / "sim-state", world_from_data(fast_world(), "test"))
     monkeypatch.setenv("TPUCTL_SIM_URL", server.start())
 
-    def run(*args: str) -> Result:
-        capsys.readouterr()
-        try:
-            tpuctl(["-o", "json", *args])
-            code = 0
-        except SystemExit as exc:
-            code = int(exc.code) if isinstance(exc.code, int) else 1
-        out = capsys.readouterr()
-        return Result(code, out.out, out.err)
+    def run(*args: str) -> CliResult:
+        return invoke(["-o", "json", *args])
 
     try:
         yield run
@@ -124,7 +114,7 @@ def cli(
         server.stop()
 
 
-def error_doc(result: Result) -> dict[str, Any]:
+def error_doc(result: CliResult) -> dict[str, Any]:
     try:
         doc = json.loads(result.stdout)
     except ValueError:
@@ -133,7 +123,7 @@ def error_doc(result: Result) -> dict[str, Any]:
     return doc
 
 
-def check(result: Result, args: list[str]) -> None:
+def check(result: CliResult, args: list[str]) -> None:
     no_crash(result)
     assert result.code in ALLOWED, (args, result.code, result.output)
     if result.code != 2:
@@ -161,7 +151,7 @@ types = st.one_of(
 )
 
 
-def test_fuzz_pod_create_dry_run(request: pytest.FixtureRequest, cli: Callable[..., Result]) -> None:
+def test_fuzz_pod_create_dry_run(request: pytest.FixtureRequest, cli: Callable[..., CliResult]) -> None:
     flags = argv_of(
         types.map(lambda t: [t]),
         _opt("--zone", hostile),
@@ -186,7 +176,7 @@ def test_fuzz_pod_create_dry_run(request: pytest.FixtureRequest, cli: Callable[.
     case()
 
 
-def test_fuzz_cost(request: pytest.FixtureRequest, cli: Callable[..., Result]) -> None:
+def test_fuzz_cost(request: pytest.FixtureRequest, cli: Callable[..., CliResult]) -> None:
     report = argv_of(_opt("--since", hostile), _opt("--until", hostile), _opt("--group-by", hostile)).map(
         lambda a: ["cost", "report", "--no-reconcile", *a]
     )
@@ -204,7 +194,7 @@ def test_fuzz_cost(request: pytest.FixtureRequest, cli: Callable[..., Result]) -
 
 def test_fuzz_run_job_arguments(
     request: pytest.FixtureRequest,
-    cli: Callable[..., Result],
+    cli: Callable[..., CliResult],
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -268,7 +258,7 @@ CONFIG_KEYS = [
 
 def test_fuzz_config_files(
     request: pytest.FixtureRequest,
-    cli: Callable[..., Result],
+    cli: Callable[..., CliResult],
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -340,18 +330,12 @@ def test_fuzz_world_files(request: pytest.FixtureRequest, tmp_path: Path) -> Non
     case()
 
 
-def test_world_file_through_the_cli(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_world_file_through_the_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A sample through the CLI: a bad world file exits 2 naming the file and the field."""
-    from tpuctl.cli.main import run as tpuctl
-
     path = tmp_path / "world.yaml"
     path.write_text(yaml.safe_dump({**fast_world(), "speed": -3}))
     monkeypatch.setenv("TPUCTL_SIM_WORLD", str(path))
-    with pytest.raises(SystemExit) as info:
-        tpuctl(["-o", "json", "pod", "list"])
-    out = capsys.readouterr()
-    assert info.value.code == 2, out
-    doc = json.loads(out.out)
+    out = invoke(["-o", "json", "pod", "list"])
+    assert out.code == 2, out
+    doc = json.loads(out.stdout)
     assert str(path) in doc["message"] + str(doc.get("path")) and "speed" in json.dumps(doc), doc

@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hardening_helpers import Result, fast_world, no_crash, walk_modes, write_world
+from hardening_helpers import fast_world, no_crash, walk_modes, write_world
 
 from tpuctl.sim import SimServer
 from tpuctl.sim.world import world_from_data
+from tpuctl.testing.cli import CliResult, invoke
 
 SENTINEL_KEY = "SENTINELPRIVKEY9f3a1c"
 SENTINEL_TOKEN = "SENTINELTOKEN7b2e44"
@@ -25,20 +26,11 @@ SENTINELS = (SENTINEL_KEY, SENTINEL_TOKEN, SENTINEL_ENV)
 
 
 @pytest.fixture
-def cli(capsys: pytest.CaptureFixture[str]) -> tuple[Callable[..., Result], list[str]]:
-    from tpuctl.cli.main import run as tpuctl
-
+def cli() -> tuple[Callable[..., CliResult], list[str]]:
     seen: list[str] = []
 
-    def run(*args: str) -> Result:
-        capsys.readouterr()
-        try:
-            tpuctl(list(args))
-            code = 0
-        except SystemExit as exc:
-            code = int(exc.code) if isinstance(exc.code, int) else 1
-        out = capsys.readouterr()
-        result = Result(code, out.out, out.err)
+    def run(*args: str) -> CliResult:
+        result = invoke(args)
         seen.append(result.output)
         no_crash(result)
         return result
@@ -80,7 +72,7 @@ def scan(root: Path, texts: list[str], *, skip: tuple[str, ...] = (RESUME_REQUES
 
 
 def test_sentinels_never_leak_and_state_is_private(
-    cli: tuple[Callable[..., Result], list[str]],
+    cli: tuple[Callable[..., CliResult], list[str]],
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     state_dir: Path,
@@ -170,7 +162,7 @@ def test_simulator_binds_loopback_only(tmp_path: Path) -> None:
 
 
 def test_config_file_secrets_are_not_echoed(
-    cli: tuple[Callable[..., Result], list[str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    cli: tuple[Callable[..., CliResult], list[str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A bad config file is reported by field, not by dumping the file (which may hold a secret)."""
     run, seen = cli

@@ -24,6 +24,7 @@ from tpuctl.runtime.preemption import (
     PreemptionWatch,
     parse_event,
 )
+from tpuctl.testing.clock import wait_for
 
 LM = ["-m", "tpuctl.runtime.examples.lm_train"]
 LM_ARGS = ["--steps", "14", "--checkpoint-every", "5", "--log-every", "1", "--batch", "8", "--seed", "3",
@@ -127,7 +128,8 @@ def test_local_watch_stops_on_the_metadata_flag_and_survives_failed_polls(metada
     watch.install()
     dead.install()
     try:
-        time.sleep(0.3)
+        # Both watches have polled at least twice (the dead one failing each time).
+        wait_for(lambda: metadata.requests >= 2 and dead.poll_errors >= 2, 5, what="two polls of each watch")
         assert not watch.should_stop(1) and metadata.requests >= 2
         assert not dead.should_stop(1) and dead.poll_errors >= 2  # unreachable: never a preemption
         metadata.flag = "TRUE"

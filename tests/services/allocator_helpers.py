@@ -1,11 +1,10 @@
 """Helpers for the allocator's tests: the test world, a running simulator with a Session over the real
-TpuApiCloud client, and the in-process CLI's result. (A module of its own, not conftest.py: several
+TpuApiCloud client. (A module of its own, not conftest.py: several
 test directories have a conftest.py, so `import conftest` would be ambiguous.)"""
 
 from __future__ import annotations
 
 import copy
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,19 +77,6 @@ def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
 def make_world(**overrides: Any) -> World:
     """The base world with ``overrides`` deep-merged (dicts merge; lists and scalars replace)."""
     return world_from_data(merge(BASE_WORLD, overrides), "test world")
-
-
-@dataclass
-class CliResult:
-    code: int
-    stdout: str
-    stderr: str
-
-    @property
-    def json(self) -> dict[str, Any]:
-        data = json.loads(self.stdout)
-        assert isinstance(data, dict)
-        return data
 
 
 @dataclass

@@ -4,25 +4,32 @@ against the same simulator. The helpers live in ``allocator_helpers``."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from allocator_helpers import CliResult, SimEnv, make_world
+from allocator_helpers import SimEnv, make_world
 
 from tpuctl.sim import SimAdminClient, SimServer
+from tpuctl.testing.cli import Cli, CliResult
 
 
 @pytest.fixture
 def sim(state_dir: Path) -> Iterator[Callable[..., SimEnv]]:
     """``sim(**world_overrides)`` starts a simulator in this test's state dir (stopped at teardown);
-    ``ticker_interval_s=0`` turns its ticker off, so time only moves when a request comes."""
+    ``ticker_interval_s=0`` turns its ticker off, so time only moves when a request comes; ``clock`` is
+    the simulator's (a ``FakeClock`` lets the test move simulated time)."""
     envs: list[SimEnv] = []
 
-    def start(*, ticker_interval_s: float = 0.05, **overrides: Any) -> SimEnv:
+    def start(
+        *, ticker_interval_s: float = 0.05, clock: Callable[[], float] = time.time, **overrides: Any
+    ) -> SimEnv:
         state_dir.mkdir(parents=True, exist_ok=True)
-        server = SimServer(state_dir, make_world(**overrides), ticker_interval_s=ticker_interval_s)
+        server = SimServer(
+            state_dir, make_world(**overrides), clock=clock, ticker_interval_s=ticker_interval_s
+        )
         server.start()
         env = SimEnv(server=server, admin=SimAdminClient(server.url), state_dir=state_dir)
         envs.append(env)
@@ -34,21 +41,13 @@ def sim(state_dir: Path) -> Iterator[Callable[..., SimEnv]]:
 
 
 @pytest.fixture
-def cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Callable[..., CliResult]:
-    """Run ``tpuctl ARGS`` in-process; with ``env`` (a SimEnv) against that simulator."""
+def cli(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> Callable[..., CliResult]:
+    """Run ``tpuctl ARGS`` in-process; with ``env`` (a SimEnv) against that simulator (and every later
+    command of the test too)."""
 
     def run(*args: str, env: SimEnv | None = None) -> CliResult:
-        from tpuctl.cli.main import run as tpuctl_main
-
         if env is not None:
             monkeypatch.setenv("TPUCTL_SIM_URL", env.url)
-        capsys.readouterr()
-        try:
-            tpuctl_main(list(args))
-            code = 0
-        except SystemExit as exc:
-            code = int(exc.code or 0)
-        captured = capsys.readouterr()
-        return CliResult(code, captured.out, captured.err)
+        return cli(*args)
 
     return run

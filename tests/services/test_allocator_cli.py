@@ -8,10 +8,11 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from allocator_helpers import V5E_ZONES, CliResult, SimEnv
+from allocator_helpers import V5E_ZONES, SimEnv
 
 from tpuctl.store.ledger import Ledger
 from tpuctl.store.records import AttemptOutcome, PodState
+from tpuctl.testing.cli import CliResult
 
 SPOT_Z = "TPUV5sPreemptibleLitepodPerProjectPerZoneForTPUAPI"
 SPOT_R = "TPUV5sPreemptibleLitepodPerProjectPerRegionForTPUAPI"

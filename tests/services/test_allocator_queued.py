@@ -9,22 +9,16 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from allocator_helpers import CliResult, SimEnv
+from allocator_helpers import SimEnv
 
 from tpuctl.cloud.base import QueuedResource
 from tpuctl.services.attempts import Placement
 from tpuctl.store.ledger import Ledger
 from tpuctl.store.records import AttemptOutcome, EventKind, PodState
+from tpuctl.testing.cli import CliResult
+from tpuctl.testing.clock import FakeClock, wait_for
 
 Cli = Callable[..., CliResult]
-
-
-def wait_for(predicate: Callable[[], object], timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.01)
 
 
 def test_race_keeps_the_first_active_and_deletes_the_others(sim: Callable[..., SimEnv]) -> None:
@@ -48,7 +42,16 @@ def test_race_keeps_the_first_active_and_deletes_the_others(sim: Callable[..., S
         lambda: len([q for q in status()["queued_resources"] if q["state"] == "WAITING_FOR_RESOURCES"]) == 3
     )
     env.admin.stockout("us-west4-a", clear=True)
-    time.sleep(0.4)  # the placer sees us-west4-a ACTIVE and cancels the rest before this
+    # The placer sees us-west4-a ACTIVE and cancels the rest (none waits any more) before this.
+    wait_for(
+        lambda: (
+            not [
+                q
+                for q in status()["queued_resources"]
+                if q["zone"] != "us-west4-a" and q["state"] == "WAITING_FOR_RESOURCES"
+            ]
+        )
+    )
     env.admin.stockout("us-central1-a", clear=True)
     worker.join(timeout=30)
     assert not worker.is_alive()
@@ -115,7 +118,8 @@ def test_queued_failover_when_the_placer_looks_only_after_valid_until(
     (--valid-for 30s is 30 ms at speed 1000). One created where there is capacity started provisioning when
     it was created, so it must not fail then: the failover above flaked on this. With the simulator's
     ticker off, nothing looks at it between the create and the placer's first poll, so this is exact."""
-    env = sim(ticker_interval_s=0)
+    clock = FakeClock(time.time(), ticking=True)
+    env = sim(ticker_interval_s=0, clock=clock)
     env.admin.stockout("us-central1-a")
     allocator = env.allocator()
     cloud = allocator.context.cloud
@@ -123,7 +127,7 @@ def test_queued_failover_when_the_placer_looks_only_after_valid_until(
 
     def create_then_stall(*args: Any, **kwargs: Any) -> QueuedResource:
         created: QueuedResource = create(*args, **kwargs)
-        time.sleep(0.05)  # 50 simulated seconds: past validUntil before the placer looks
+        clock.advance(0.05)  # 50 simulated seconds: past validUntil before the placer looks
         return created
 
     monkeypatch.setattr(cloud, "create_queued_resource", create_then_stall)

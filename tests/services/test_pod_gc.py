@@ -8,13 +8,14 @@ import io
 from collections.abc import Callable
 
 import pytest
-from allocator_helpers import CliResult, SimEnv
+from allocator_helpers import SimEnv
 
 from tpuctl.catalog import CapacityType
 from tpuctl.cloud.base import LABEL_MANAGED_BY, LABEL_OWNER, NodeRequest, QueuedResourceRequest
 from tpuctl.cloud.retry import poll_until
 from tpuctl.store.ledger import Ledger
 from tpuctl.store.records import EventKind, PodState
+from tpuctl.testing.cli import CliResult
 
 Cli = Callable[..., CliResult]
 RT = "v2-alpha-tpuv5-lite"

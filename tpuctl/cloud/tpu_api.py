@@ -101,7 +101,10 @@ class TpuApiCloud:
         poll_max_interval_s: float = 2.0,
         operation_timeout_s: float = 1800.0,
         sleep: Sleep | None = None,
+        http_adapter: Any = None,
     ) -> None:
+        """``http_adapter`` (a ``requests`` transport adapter) carries every request of the client's
+        session instead of a socket: tests serve the simulator in-process through it."""
         if not project:
             raise UsageError(
                 "a project is required", field="project", fix="pass --project or set one in a profile"
@@ -128,6 +131,7 @@ class TpuApiCloud:
         self._poll_max_interval = max(poll_max_interval_s, poll_interval_s)
         self._op_timeout = operation_timeout_s
         self._sleep = sleep
+        self._http_adapter = http_adapter
         self._client_obj: Any = None
         # The allocator may drive one cloud from several threads (queued-resource races): build the
         # client once.
@@ -558,11 +562,15 @@ class TpuApiCloud:
                 transport="rest",
                 client_options=ClientOptions(api_endpoint=self._endpoint),
             )
-            if self._backend == "sim":
+            session = getattr(self._client_obj.transport, "_session", None)
+            if self._backend == "sim" and session is not None:
                 # The transport's requests session would honour HTTP(S)_PROXY even for loopback.
-                session = getattr(self._client_obj.transport, "_session", None)
-                if session is not None:
-                    session.trust_env = False
+                session.trust_env = False
+            if self._http_adapter is not None:
+                if session is None:
+                    raise CloudError("the TPU client's transport has no requests session to adapt")
+                for scheme in ("http://", "https://"):
+                    session.mount(scheme, self._http_adapter)
         return self._client_obj
 
     def _resolve_credentials(self) -> Credentials:
