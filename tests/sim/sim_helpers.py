@@ -4,9 +4,6 @@ node bodies and polling."""
 from __future__ import annotations
 
 import copy
-import threading
-import time
-from collections.abc import Callable
 from typing import Any
 
 from google.api_core.future import polling
@@ -68,22 +65,6 @@ def make_world(**overrides: Any) -> World:
     return world_from_data(_merge(BASE_WORLD, overrides), "test world")
 
 
-class ManualClock:
-    """A clock the test moves by hand (real epoch seconds, starting now)."""
-
-    def __init__(self, start: float | None = None) -> None:
-        self._now = time.time() if start is None else start
-        self._lock = threading.Lock()
-
-    def __call__(self) -> float:
-        with self._lock:
-            return self._now
-
-    def advance(self, seconds: float) -> None:
-        with self._lock:
-            self._now += seconds
-
-
 def tpu_client(url: str) -> tpu_v2.TpuClient:
     return tpu_v2.TpuClient(
         credentials=AnonymousCredentials(), transport="rest", client_options={"api_endpoint": url}
@@ -110,15 +91,3 @@ def create_ready(
         polling=FAST_POLLING
     )
     return result
-
-
-def wait_for(predicate: Callable[[], Any], timeout_s: float = 10.0, interval_s: float = 0.01) -> Any:
-    """Poll ``predicate`` until it returns something truthy; fail the test after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout_s} s (last value: {value!r})")
-        time.sleep(interval_s)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import enum
+import time
 from collections.abc import Callable
 from typing import cast
 
@@ -17,17 +18,16 @@ from sim_helpers import (
     PARENT,
     PROJECT,
     ZONE,
-    ManualClock,
     create_ready,
     make_world,
     node,
     spot_node,
     tpu_client,
-    wait_for,
 )
 
 from tpuctl.sim import SimServer
 from tpuctl.sim.wire import ACCELERATOR_TYPE_ENUM
+from tpuctl.testing.clock import FakeClock, wait_for
 
 
 def test_accelerator_type_enum_numbers_match_the_client() -> None:
@@ -42,7 +42,7 @@ def test_accelerator_type_enum_numbers_match_the_client() -> None:
 
 def test_create_get_list_delete_node(start_server: Callable[..., SimServer]) -> None:
     # Time moves only when the test says so, to see CREATING and DELETING between requests.
-    clock = ManualClock()
+    clock = FakeClock(time.time())
     server = start_server(make_world(), clock=clock, ticker_interval_s=0)
     client = tpu_client(server.url)
     operation = client.create_node(
@@ -184,7 +184,7 @@ def test_existing_name_is_409(client: tpu_v2.TpuClient) -> None:
 
 
 def test_delete_twice_returns_the_same_operation(start_server: Callable[..., SimServer]) -> None:
-    clock = ManualClock()
+    clock = FakeClock(time.time())
     client = tpu_client(start_server(make_world(), clock=clock, ticker_interval_s=0).url)
     client.create_node(parent=PARENT, node_id="del", node=node())
     clock.advance(0.12)
@@ -198,7 +198,7 @@ def test_delete_twice_returns_the_same_operation(start_server: Callable[..., Sim
 
 
 def test_delete_while_creating_aborts_the_create(start_server: Callable[..., SimServer]) -> None:
-    clock = ManualClock()
+    clock = FakeClock(time.time())
     client = tpu_client(start_server(make_world(), clock=clock, ticker_interval_s=0).url)
     create = client.create_node(parent=PARENT, node_id="early", node=node())
     delete = client.delete_node(name=f"{PARENT}/nodes/early")

@@ -18,17 +18,16 @@ from sim_helpers import (
     FAST_POLLING,
     PARENT,
     ZONE,
-    ManualClock,
     create_ready,
     make_world,
     node,
     spot_node,
     tpu_client,
-    wait_for,
 )
 
 from tpuctl import processes
 from tpuctl.sim import SimAdminClient, SimServer
+from tpuctl.testing.clock import FakeClock, wait_for
 
 Spawn = Callable[[str], "subprocess.Popen[bytes]"]
 
@@ -78,7 +77,7 @@ def test_preemption_with_notice_sigterm_then_sigkill_after_grace(
     answer = admin.preempt(ZONE, "pre", notice=True)
     assert answer["state"] == "READY"  # until the grace period ends
     assert admin.metadata(ZONE, "pre", 0, "instance/preempted") == "TRUE"
-    wait_for(term_marker.exists, timeout_s=5)
+    wait_for(term_marker.exists, timeout=5)
     assert proc.poll() is None  # SIGTERM was handled; the process lives on through the grace period
     assert node_state(client, "pre") == tpu_v2.Node.State.READY
 
@@ -130,8 +129,10 @@ def test_preempted_node_holds_quota_until_deleted_but_frees_capacity(
 
 
 def test_scheduled_preemption_fires_count_times(start_server: Callable[..., SimServer]) -> None:
+    clock = FakeClock(time.time(), ticking=True)  # real time for the client's polls, advanced below
     server = start_server(
-        make_world(preemption={"schedule": [{"after_s": 50, "node": "sched-*", "notice": False, "count": 1}]})
+        make_world(preemption={"schedule": [{"after_s": 50, "node": "sched-*", "notice": False, "count": 1}]}),
+        clock=clock,
     )
     client = tpu_client(server.url)
     create_ready(client, "sched-a", node("v5litepod-8"))  # the schedule applies to any capacity class
@@ -139,7 +140,8 @@ def test_scheduled_preemption_fires_count_times(start_server: Callable[..., SimS
     wait_for(lambda: node_state(client, "sched-a") == tpu_v2.Node.State.PREEMPTED)
     client.delete_node(name=f"{PARENT}/nodes/sched-a").result(polling=FAST_POLLING)
     create_ready(client, "sched-a", node("v5litepod-8"))
-    time.sleep(0.2)  # 200 simulated seconds, well past after_s
+    clock.advance(0.2)  # 200 simulated seconds, well past after_s
+    server.engine.advance()
     assert node_state(client, "sched-a") == tpu_v2.Node.State.READY
     assert node_state(client, "other") == tpu_v2.Node.State.READY
 
@@ -156,13 +158,13 @@ def test_random_preemption_of_spot_nodes_only(start_server: Callable[..., SimSer
         return node_state(client, name) == tpu_v2.Node.State.PREEMPTED
 
     for i in range(4):
-        wait_for(functools.partial(preempted, f"spot-{i}"), timeout_s=15)
+        wait_for(functools.partial(preempted, f"spot-{i}"), timeout=15)
     assert node_state(client, "steady") == tpu_v2.Node.State.READY
 
 
 def test_random_preemption_times_are_seeded(start_server: Callable[..., SimServer], tmp_path: Path) -> None:
     def preempt_at(seed: int, state: Path) -> str:
-        clock = ManualClock(start=1_800_000_000.0)
+        clock = FakeClock(1_800_000_000.0)
         server = start_server(
             make_world(seed=seed, preemption={"rate_per_hour": 1}),
             state=state,

@@ -3,6 +3,7 @@ valid-until, multislice, delete (with and without force), reset, requestId idemp
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -15,16 +16,15 @@ from sim_helpers import (
     PARENT,
     PROJECT,
     ZONE,
-    ManualClock,
     create_ready,
     make_world,
     node,
     spot_node,
     tpu_client,
-    wait_for,
 )
 
 from tpuctl.sim import SimAdminClient, SimServer
+from tpuctl.testing.clock import FakeClock, wait_for
 
 QR = tpu_v2.QueuedResource
 QRState = tpu_v2.QueuedResourceState.State
@@ -87,7 +87,7 @@ def test_waits_for_resources_then_becomes_active(client: tpu_v2.TpuClient) -> No
 
 
 def test_fails_when_valid_until_passes(start_server: Callable[..., SimServer]) -> None:
-    clock = ManualClock()
+    clock = FakeClock(time.time())
     server = start_server(make_world(), clock=clock, ticker_interval_s=0)
     client = tpu_client(server.url)
     with SimAdminClient(server.url) as admin:
@@ -112,7 +112,7 @@ def test_fails_when_valid_until_passes(start_server: Callable[..., SimServer]) -
 def test_a_queued_resource_is_looked_at_when_it_is_queued(start_server: Callable[..., SimServer]) -> None:
     """Where there is capacity when it is created (or reset), a queued resource starts provisioning then,
     not at the next request: that may come only after its validUntil, and it must not fail for that."""
-    clock = ManualClock()
+    clock = FakeClock(time.time())
     server = start_server(make_world(), clock=clock, ticker_interval_s=0)
     client = tpu_client(server.url)
     client.create_queued_resource(

@@ -6,20 +6,22 @@ from __future__ import annotations
 
 import stat
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 from google.api_core import exceptions
 from google.cloud import tpu_v2
-from sim_helpers import PARENT, ZONE, ManualClock, create_ready, make_world, node, spot_node, tpu_client
+from sim_helpers import PARENT, ZONE, create_ready, make_world, node, spot_node, tpu_client
 
 from tpuctl.sim import SimAdminClient, SimServer, default_world
+from tpuctl.testing.clock import FakeClock
 
 
 def test_state_persists_across_restarts_and_time_is_lazy(
     start_server: Callable[..., SimServer], state_dir: Path
 ) -> None:
-    clock = ManualClock()
+    clock = FakeClock(time.time())
     first = start_server(make_world(), clock=clock, ticker_interval_s=0)
     client = tpu_client(first.url)
     client.create_node(parent=PARENT, node_id="kept", node=node("v5litepod-16"))

@@ -3,10 +3,10 @@ the field, the bad value and the fix."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
-from sim_helpers import ManualClock
 
 from tpuctl.catalog import Catalog
 from tpuctl.errors import ConfigError
@@ -14,6 +14,7 @@ from tpuctl.sim import default_world, load_world
 from tpuctl.sim.engine import SimEngine
 from tpuctl.sim.state import SimDatabase
 from tpuctl.sim.world import World
+from tpuctl.testing.clock import FakeClock
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -39,7 +40,7 @@ def test_default_world_offers_each_generation_in_the_catalog_zones() -> None:
 
 @pytest.mark.parametrize("capacity", ["on_demand", "spot"])
 def test_default_world_creates_v5e_64_in_us_central1_a(tmp_path: Path, capacity: str) -> None:
-    clock = ManualClock()
+    clock = FakeClock(time.time())
     db = SimDatabase(tmp_path / "sim.db")
     engine = SimEngine(db, clock=clock)
     world = engine.install_world(None)
