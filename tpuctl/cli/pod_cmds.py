@@ -7,7 +7,15 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from tpuctl.cli.context import assume_yes, is_dry_run, make_output, session
-from tpuctl.cli.options import DryRunOpt, OutputOpt, YesOpt, ZoneOpt
+from tpuctl.cli.options import (
+    CAPACITY_TYPE_HELP,
+    PREEMPTIBLE_HELP,
+    SPOT_HELP,
+    DryRunOpt,
+    OutputOpt,
+    YesOpt,
+    ZoneOpt,
+)
 
 if TYPE_CHECKING:
     from tpuctl.cli.render import Output
@@ -51,16 +59,11 @@ def create(
         list[str] | None,
         typer.Option(
             "--capacity-type",
-            help="Allowed capacity type (repeatable): on-demand, spot, preemptible, reserved, queued. "
-            "Default: the profile's capacity_types, else on-demand.",
+            help=CAPACITY_TYPE_HELP + " queued: through a queued resource.",
         ),
     ] = None,
-    spot: Annotated[
-        bool, typer.Option("--spot", help="Allow spot capacity (= --capacity-type spot).")
-    ] = False,
-    preemptible: Annotated[
-        bool, typer.Option("--preemptible", help="Allow preemptible capacity (= --capacity-type preemptible)")
-    ] = False,
+    spot: Annotated[bool, typer.Option("--spot", help=SPOT_HELP)] = False,
+    preemptible: Annotated[bool, typer.Option("--preemptible", help=PREEMPTIBLE_HELP)] = False,
     reserved: Annotated[
         str | None,
         typer.Option("--reserved", help="Allow reserved capacity from this reservation (implies reserved)."),
@@ -112,11 +115,15 @@ def create(
     cheapest feasible one is tried first and stockouts fail over to the next. --dry-run prints the plan
     and exits 0 if feasible, 4 (no quota), 5 (not offered / no capacity) or 6 (over the price cap).
     """
+    from tpuctl import params
     from tpuctl.catalog import Catalog
     from tpuctl.cli.context import build_settings
     from tpuctl.services.allocator import Allocator, build_request
     from tpuctl.services.budget import max_hours_labels, warn_monthly_budget  # cost (issue 6)
     from tpuctl.services.pods import parse_labels
+
+    def hours_of(value: str | None) -> float | None:
+        return None if value is None else params.hours(value, "max_hours")
 
     out = make_output(ctx, output)
     # Every flag is checked before anything is contacted: bad input exits 2 without starting a backend.
@@ -131,14 +138,14 @@ def create(
         spot=spot,
         preemptible=preemptible,
         reserved=reserved,
-        max_price=max_price,
+        max_price=None if max_price is None else params.usd(max_price, "max_price", per_hour=True),
         queued=queued,
-        valid_for=valid_for,
+        valid_for=None if valid_for is None else params.duration(valid_for, "valid_for"),
         strategy=strategy,
-        race_k=race_k,
-        slices=slices,
+        race_k=None if race_k is None else params.whole(race_k, "race_k"),
+        slices=None if slices is None else params.whole(slices, "slices"),
         runtime_version=runtime_version,
-        labels={**parse_labels(label or []), **max_hours_labels(max_hours)},
+        labels={**parse_labels(label or []), **max_hours_labels(hours_of(max_hours))},
         wait=wait,
     )
     with session(ctx, out) as sess:

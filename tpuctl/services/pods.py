@@ -51,7 +51,7 @@ def parse_labels(pairs: Sequence[str]) -> dict[str, str]:
         if not sep:
             raise UsageError(
                 f"bad label {pair!r}: expected KEY=VALUE",
-                field="--label",
+                field="label",
                 value=pair,
                 fix="write labels as KEY=VALUE, e.g. --label team=ml",
             )
@@ -59,14 +59,14 @@ def parse_labels(pairs: Sequence[str]) -> dict[str, str]:
             raise UsageError(
                 f"bad label {pair!r}: keys must start with a lowercase letter and both key and value may "
                 "hold only lowercase letters, digits, - and _ (keys 1-63, values 0-63 characters)",
-                field="--label",
+                field="label",
                 value=pair,
                 fix="e.g. --label team=ml-infra",
             )
         if key in _RESERVED_LABEL_KEYS:
             raise UsageError(
                 f"label key {key!r} is reserved for tpuctl",
-                field="--label",
+                field="label",
                 value=pair,
                 fix="choose another key",
             )
@@ -78,7 +78,7 @@ def validate_node_name(name: str) -> str:
     if not _NODE_ID_RE.match(name):
         raise UsageError(
             f"invalid pod name {name!r}",
-            field="--name",
+            field="pod_name",
             value=name,
             fix="use 1-63 lowercase letters, digits and dashes, starting with a letter and not ending "
             "with a dash",
@@ -202,7 +202,7 @@ class PodService:
         if capacity is CapacityType.RESERVED and not reservation:
             raise UsageError(
                 "reserved capacity needs a reservation name",
-                field="--reserved",
+                field="reserved",
                 fix="pass --reserved RESERVATION_NAME",
             )
         chosen_zone = zone or (self._session.settings.zones[0] if self._session.settings.zones else None)
@@ -431,7 +431,7 @@ class PodService:
             zones = ", ".join(sorted(n.zone for n in matches))
             raise UsageError(
                 f"slice name {name!r} exists in several zones ({zones})",
-                field="--zone",
+                field="zone",
                 value=name,
                 fix="pass --zone to say which",
             )
