@@ -69,6 +69,7 @@ def estimate(
 ) -> None:
     """Every zone x capacity type where TYPE is offered, cheapest first: USD/hour, USD for --hours, the
     saving against on-demand in the same zone, and whether quota fits now. Creates nothing."""
+    from tpuctl import params
     from tpuctl.services.cost_estimate import build_estimate_request
     from tpuctl.services.cost_estimate import estimate as run_estimate
     from tpuctl.services.prices import load_catalog
@@ -78,7 +79,13 @@ def estimate(
     # Every flag is checked before a backend is contacted: bad input exits 2 at once.
     catalog, _source = load_catalog(settings.resolved_state_dir, settings.resolved_backend.value)
     request = build_estimate_request(
-        catalog, settings, accelerator_type, hours=hours, zones=zone or [], region=region, slices=slices
+        catalog,
+        settings,
+        accelerator_type,
+        hours=None if hours is None else params.hours(hours, "hours"),
+        zones=zone or [],
+        region=region,
+        slices=None if slices is None else params.whole(slices, "slices"),
     )
     with cost_session(ctx, out, settings) as (sess, source):
         result = run_estimate(sess, request, source)
