@@ -18,7 +18,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Final
 
-from tpuctl.catalog import CapacityType
+from tpuctl.catalog import CapacityType, validate_zone
 from tpuctl.errors import ConfigError, UsageError
 
 #: Parameter name -> the flag a user types for it. Names not listed are shown as they are (arguments
@@ -91,6 +91,7 @@ COUNT_FIXES: Final[Mapping[str, str]] = {
     "race_k": "use --race-k 2 or more: how many zones to queue in at once",
 }
 
+_REGION_RE = re.compile(r"[a-z]+-[a-z]+[0-9]+")
 _WHOLE_RE = re.compile(r"[+]?[0-9]+")
 _DURATION_PART_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*(d|h|m|s)")
 _DURATION_RE = re.compile(r"(\s*[0-9]+(\.[0-9]+)?\s*[dhms])+\s*")
@@ -257,6 +258,30 @@ def whole(
             eg=eg,
         )
     return number
+
+
+# --------------------------------------------------------------------------------------------------
+# Places
+
+
+def zone(value: str, param: str = "zone") -> str:
+    """A zone, shaped like ``us-central1-a`` (whether it exists is the catalog's and the cloud's say)."""
+    try:
+        return validate_zone(value, field_name=param)
+    except UsageError as exc:
+        raise ParamError(exc.message, param=param, value=value, fix=exc.fix or "") from None
+
+
+def region(value: str, param: str = "region") -> str:
+    """A region, shaped like ``us-central1``."""
+    if not _REGION_RE.fullmatch(value):
+        raise ParamError(
+            f"malformed region {value!r}",
+            param=param,
+            value=value,
+            fix="a region looks like us-central1 (`tpuctl catalog zones` lists them)",
+        )
+    return value
 
 
 # --------------------------------------------------------------------------------------------------

@@ -37,12 +37,11 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from tpuctl.catalog import CapacityType, validate_zone
+from tpuctl.catalog import CapacityType
 from tpuctl.errors import ConfigError, TpuctlError, UsageError
-from tpuctl.params import ParamError, flag, usd
+from tpuctl.params import ParamError, flag, region, usd, zone
 
 DEFAULT_PROFILE = "default"
-_REGION_RE = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")
 _LABEL_VALUE_RE = re.compile(r"[^a-z0-9_-]")
 
 
@@ -80,18 +79,11 @@ def _split_list(value: Any) -> Any:
 
 
 def _check_zones(zones: list[str]) -> list[str]:
-    for zone in zones:
-        try:
-            validate_zone(zone)
-        except UsageError as exc:
-            raise ValueError(f"malformed zone {zone!r}: {exc.fix}") from None
-    return zones
+    return [zone(z, "zones") for z in zones]
 
 
-def _check_region(region: str | None) -> str | None:
-    if region is not None and not _REGION_RE.match(region):
-        raise ValueError(f"malformed region {region!r}: a region looks like us-central1")
-    return region
+def _check_region(value: str | None) -> str | None:
+    return None if value is None else region(value)
 
 
 class Profile(BaseModel):
@@ -230,8 +222,6 @@ def _fix_for(field: str, message: str) -> str:
         "backend": "use backend: sim or backend: gcp",
         "capacity_types": "use a list of: " + ", ".join(c.value for c in CapacityType),
         "output": "use one of: " + ", ".join(f.value for f in OutputFormat),
-        "zones": "zones look like us-central1-a; `tpuctl catalog zones` lists them",
-        "region": "a region looks like us-central1",
     }
     top = field.split(".")[0]
     if "extra" in message.lower() or "not permitted" in message.lower():

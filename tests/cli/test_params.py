@@ -230,3 +230,36 @@ def test_services_name_parameters_and_the_cli_shows_flags(cli: Cli) -> None:
     assert all(spelling.startswith("-") for spelling in TABLE.values())
     result = cli("pod", "create", "v5e-8", "--race-k", "4", "--dry-run", "-o", "json")
     assert result.code == 2 and result.json["field"] == "--race-k"
+
+
+@pytest.mark.parametrize(
+    ("command", "env", "config", "field", "value"),
+    [
+        (("--zone", "nowhere"), {}, "", "--zone", "nowhere"),
+        ((), {"TPUCTL_ZONES": "nowhere"}, "", "TPUCTL_ZONES", "nowhere"),
+        ((), {}, "zones: [nowhere]", "profiles.default.zones", "nowhere"),
+        (("--region", "x"), {}, "", "--region", "x"),
+        ((), {"TPUCTL_REGION": "x"}, "", "TPUCTL_REGION", "x"),
+        ((), {}, "region: x", "profiles.default.region", "x"),
+        ((), {"TPUCTL_OUTPUT": "xml"}, "", "TPUCTL_OUTPUT", "xml"),
+    ],
+)
+def test_zones_regions_and_output_name_their_source(
+    cli: Cli,
+    monkeypatch: pytest.MonkeyPatch,
+    profile: Callable[[str, str], Path],
+    command: tuple[str, ...],
+    env: dict[str, str],
+    config: str,
+    field: str,
+    value: str,
+) -> None:
+    for name, text in env.items():
+        monkeypatch.setenv(name, text)
+    if config:
+        profile(*config.split(": ", 1))
+    result = cli("-o", "json", "pod", "create", "v5e-8", "--dry-run", *command)
+    assert result.code == 2, result.stderr
+    error = result.json
+    assert error["field"] == field and error["fix"], error
+    assert value in error.get("value", "") or value in error["message"], error

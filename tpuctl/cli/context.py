@@ -46,13 +46,14 @@ def global_options(ctx: typer.Context) -> GlobalOptions:
 
 
 def output_format(ctx: typer.Context, command_output: str | None) -> str:
-    fmt = command_output or global_options(ctx).output or os.environ.get("TPUCTL_OUTPUT") or "table"
+    given = command_output or global_options(ctx).output
+    fmt = given or os.environ.get("TPUCTL_OUTPUT") or "table"
     if fmt not in OUTPUT_FORMATS:
         from tpuctl.errors import UsageError
 
         raise UsageError(
             f"unknown output format {fmt!r}",
-            field="-o/--output",
+            field="-o/--output" if given else "TPUCTL_OUTPUT",
             value=fmt,
             fix="use one of: " + ", ".join(OUTPUT_FORMATS),
         )

@@ -21,14 +21,14 @@ Plain Python: no CLI, no rendering; progress goes to an ``OperationProgress``.
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tpuctl.catalog import Catalog, validate_zone
+from tpuctl import params
+from tpuctl.catalog import Catalog
 from tpuctl.cloud.base import (
     LABEL_MANAGED_BY,
     LABEL_MANAGED_BY_VALUE,
@@ -158,18 +158,10 @@ def build_request(
             value=valid_for,
             fix="add --queued (or --strategy race), or drop --valid-for",
         )
-    explicit_zones = [validate_zone(z, field_name="zones") for z in zones] or (
-        [] if region else list(settings.zones)
-    )
+    explicit_zones = [params.zone(z, "zones") for z in zones] or ([] if region else list(settings.zones))
     chosen_region = region if region is not None else (None if explicit_zones else settings.region)
     if region is not None:
-        if not re.fullmatch(r"[a-z]+-[a-z]+[0-9]+", region):
-            raise UsageError(
-                f"malformed region {region!r}",
-                field="region",
-                value=region,
-                fix="a region looks like us-central1 (`tpuctl catalog zones` lists them)",
-            )
+        params.region(region)
         if zones:
             raise UsageError(
                 "--zone and --region exclude each other",
