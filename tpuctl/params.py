@@ -91,6 +91,11 @@ COUNT_FIXES: Final[Mapping[str, str]] = {
     "race_k": "use --race-k 2 or more: how many zones to queue in at once",
 }
 
+# Where a message or fix names the parameter and where it shows an example. Marked with NUL, not with
+# str.format's braces: the text also quotes the user's value, and no argument or variable holds a NUL.
+LABEL: Final = "\0label\0"
+EG: Final = "\0eg\0"
+
 _REGION_RE = re.compile(r"[a-z]+-[a-z]+[0-9]+")
 _WHOLE_RE = re.compile(r"[+]?[0-9]+")
 _DURATION_PART_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*(d|h|m|s)")
@@ -114,8 +119,8 @@ def example(label: str, value: str) -> str:
 
 
 class ParamError(UsageError):
-    """A bad value for one parameter. The message and the fix are templates over ``{label}`` (how the
-    parameter is named where the value came from) and ``{eg}`` (an example written that way), so the
+    """A bad value for one parameter. The message and the fix are templates over ``LABEL`` (how the
+    parameter is named where the value came from) and ``EG`` (an example written that way), so the
     same error can name a flag, an environment variable or a profile key."""
 
     def __init__(self, template: str, *, param: str, value: object, fix: str, eg: str | None = None) -> None:
@@ -129,9 +134,8 @@ class ParamError(UsageError):
         )
 
     def _render(self, text: str, label: str) -> str:
-        # Plain replacement, not str.format: the value quoted in the text may hold braces.
         eg = "" if self.eg is None else example(label, self.eg)
-        return text.replace("{label}", label).replace("{eg}", eg)
+        return text.replace(LABEL, label).replace(EG, eg)
 
     def for_source(self, label: str, *, path: str | None = None) -> UsageError:
         """This error, naming ``label`` (an environment variable; with ``path``, a config file's key)."""
@@ -159,11 +163,11 @@ def _finite(value: str | float, param: str, *, fix: str, eg: str) -> float:
         number = float(str(value).strip())
     except ValueError:
         raise ParamError(
-            "{label} " + f"{value!r} is not a number", param=param, value=value, fix=fix, eg=eg
+            f"{LABEL} {value!r} is not a number", param=param, value=value, fix=fix, eg=eg
         ) from None
     if not math.isfinite(number):
         raise ParamError(
-            "{label} " + f"must be a finite number, got {value!r}", param=param, value=value, fix=fix, eg=eg
+            f"{LABEL} must be a finite number, got {value!r}", param=param, value=value, fix=fix, eg=eg
         )
     return number
 
@@ -172,15 +176,15 @@ def usd(value: str | float, param: str, *, per_hour: bool = False) -> float:
     """An amount of US dollars (per hour for a price cap): a finite number > 0."""
     unit = "USD per hour" if per_hour else "USD"
     fix = (
-        "give a positive number of USD per hour for the whole request (all slices), e.g. {eg}"
+        f"give a positive number of USD per hour for the whole request (all slices), e.g. {EG}"
         if per_hour
-        else "give the limit in US dollars, a positive number, e.g. {eg}"
+        else f"give the limit in US dollars, a positive number, e.g. {EG}"
     )
     eg = "20" if per_hour else "50"
     amount = _finite(value, param, fix=fix, eg=eg)
     if amount <= 0:
         raise ParamError(
-            "{label} " + f"must be a positive number of {unit}, got {value!r}",
+            f"{LABEL} must be a positive number of {unit}, got {value!r}",
             param=param,
             value=value,
             fix=fix,
@@ -191,11 +195,11 @@ def usd(value: str | float, param: str, *, per_hour: bool = False) -> float:
 
 def hours(value: str | float, param: str) -> float:
     """Hours: a finite number > 0 (fractions allowed: 1.5 is 90 minutes)."""
-    fix = "give a positive number of hours, e.g. {eg} (1.5 is 90 minutes)"
+    fix = f"give a positive number of hours, e.g. {EG} (1.5 is 90 minutes)"
     amount = _finite(value, param, fix=fix, eg="12")
     if amount <= 0:
         raise ParamError(
-            "{label} " + f"must be a positive number of hours, got {value!r}",
+            f"{LABEL} must be a positive number of hours, got {value!r}",
             param=param,
             value=value,
             fix=fix,
@@ -206,11 +210,11 @@ def hours(value: str | float, param: str) -> float:
 
 def mebibytes(value: str | float, param: str) -> float:
     """A size in MiB: a finite number > 0."""
-    fix = "give a positive size in MiB, e.g. {eg}"
+    fix = f"give a positive size in MiB, e.g. {EG}"
     size = _finite(value, param, fix=fix, eg="128")
     if size <= 0:
         raise ParamError(
-            "{label} " + f"must be positive, got {value!r}", param=param, value=value, fix=fix, eg="128"
+            f"{LABEL} must be positive, got {value!r}", param=param, value=value, fix=fix, eg="128"
         )
     return size
 
@@ -226,12 +230,10 @@ def duration(value: str | float, param: str, *, allow_zero: bool = False) -> flo
     elif text and _DURATION_RE.fullmatch(text):
         seconds = sum(float(n) * _DURATION_UNITS[u] for n, u in _DURATION_PART_RE.findall(text))
     if seconds is None or not math.isfinite(seconds):
-        raise ParamError(
-            "cannot parse {label} " + f"{value!r} as a duration", param=param, value=value, fix=fix
-        )
+        raise ParamError(f"cannot parse {LABEL} {value!r} as a duration", param=param, value=value, fix=fix)
     if seconds < 0 or (seconds == 0 and not allow_zero):
         bound = "zero or more" if allow_zero else "longer than zero"
-        raise ParamError("{label} " + f"must be {bound}, got {value!r}", param=param, value=value, fix=fix)
+        raise ParamError(f"{LABEL} must be {bound}, got {value!r}", param=param, value=value, fix=fix)
     return seconds
 
 
@@ -247,11 +249,11 @@ def whole(
     text = str(value).strip()
     bounds = f">= {minimum}" if maximum is None else f"from {minimum} to {maximum}"
     eg = str(max(minimum, 1) if maximum is None else minimum)
-    how = fix or COUNT_FIXES.get(param) or "give a whole number " + bounds + ", e.g. {eg}"
+    how = fix or COUNT_FIXES.get(param) or f"give a whole number {bounds}, e.g. {EG}"
     number = int(text) if _WHOLE_RE.fullmatch(text) else None
     if number is None or number < minimum or (maximum is not None and number > maximum):
         raise ParamError(
-            "{label} " + f"must be a whole number {bounds}, got {value!r}",
+            f"{LABEL} must be a whole number {bounds}, got {value!r}",
             param=param,
             value=value,
             fix=how,
