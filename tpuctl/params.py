@@ -318,3 +318,46 @@ def capacity_types(
         if given and capacity not in types:
             types.append(capacity)
     return types, queued
+
+
+# --------------------------------------------------------------------------------------------------
+# Labels
+
+#: GCP's label rules: a key starts with a lowercase letter; keys and values hold lowercase letters,
+#: digits, - and _ (keys 1-63 characters, values 0-63).
+LABEL_KEY_RE: Final = re.compile(r"[a-z][a-z0-9_-]{0,62}")
+LABEL_VALUE_RE: Final = re.compile(r"[a-z0-9_-]{0,63}")
+
+
+def labels(pairs: Iterable[str], param: str = "label") -> dict[str, str]:
+    """``["team=ml", "env=dev"]`` -> a dict, each pair checked against GCP's label rules; the keys
+    tpuctl sets itself are refused."""
+    from tpuctl.cloud.base import LABEL_MANAGED_BY, LABEL_OWNER, LABEL_REQUEST
+
+    reserved = {LABEL_MANAGED_BY, LABEL_OWNER, LABEL_REQUEST}
+    out: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise ParamError(
+                f"bad label {pair!r}: expected KEY=VALUE",
+                param=param,
+                value=pair,
+                fix=f"write labels as KEY=VALUE, e.g. {EG}",
+                eg="team=ml",
+            )
+        if not LABEL_KEY_RE.fullmatch(key) or not LABEL_VALUE_RE.fullmatch(value):
+            raise ParamError(
+                f"bad label {pair!r}: keys must start with a lowercase letter and both key and value may "
+                "hold only lowercase letters, digits, - and _ (keys 1-63, values 0-63 characters)",
+                param=param,
+                value=pair,
+                fix=f"e.g. {EG}",
+                eg="team=ml-infra",
+            )
+        if key in reserved:
+            raise ParamError(
+                f"label key {key!r} is reserved for tpuctl", param=param, value=pair, fix="choose another key"
+            )
+        out[key] = value
+    return out

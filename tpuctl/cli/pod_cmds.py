@@ -120,7 +120,6 @@ def create(
     from tpuctl.cli.context import build_settings
     from tpuctl.services.allocator import Allocator, build_request
     from tpuctl.services.budget import max_hours_labels, warn_monthly_budget  # cost (issue 6)
-    from tpuctl.services.pods import parse_labels
 
     def hours_of(value: str | None) -> float | None:
         return None if value is None else params.hours(value, "max_hours")
@@ -145,7 +144,7 @@ def create(
         race_k=None if race_k is None else params.whole(race_k, "race_k"),
         slices=None if slices is None else params.whole(slices, "slices"),
         runtime_version=runtime_version,
-        labels={**parse_labels(label or []), **max_hours_labels(hours_of(max_hours))},
+        labels={**params.labels(label or []), **max_hours_labels(hours_of(max_hours))},
         wait=wait,
     )
     with session(ctx, out) as sess:

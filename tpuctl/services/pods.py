@@ -38,40 +38,6 @@ from tpuctl.services.session import Session
 from tpuctl.store.records import AttemptOutcome, EventKind, EventRecord
 
 _NODE_ID_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
-_LABEL_KEY_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
-_LABEL_VALUE_RE = re.compile(r"^[a-z0-9_-]{0,63}$")
-_RESERVED_LABEL_KEYS = {LABEL_MANAGED_BY, LABEL_OWNER, LABEL_REQUEST}
-
-
-def parse_labels(pairs: Sequence[str]) -> dict[str, str]:
-    """``["team=ml", "env=dev"]`` -> dict, validated against GCP's label rules."""
-    labels: dict[str, str] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep:
-            raise UsageError(
-                f"bad label {pair!r}: expected KEY=VALUE",
-                field="label",
-                value=pair,
-                fix="write labels as KEY=VALUE, e.g. --label team=ml",
-            )
-        if not _LABEL_KEY_RE.match(key) or not _LABEL_VALUE_RE.match(value):
-            raise UsageError(
-                f"bad label {pair!r}: keys must start with a lowercase letter and both key and value may "
-                "hold only lowercase letters, digits, - and _ (keys 1-63, values 0-63 characters)",
-                field="label",
-                value=pair,
-                fix="e.g. --label team=ml-infra",
-            )
-        if key in _RESERVED_LABEL_KEYS:
-            raise UsageError(
-                f"label key {key!r} is reserved for tpuctl",
-                field="label",
-                value=pair,
-                fix="choose another key",
-            )
-        labels[key] = value
-    return labels
 
 
 def validate_node_name(name: str) -> str:
