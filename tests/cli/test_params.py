@@ -263,3 +263,18 @@ def test_zones_regions_and_output_name_their_source(
     error = result.json
     assert error["field"] == field and error["fix"], error
     assert value in error.get("value", "") or value in error["message"], error
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("pod", "list"),
+        ("pod", "gc", "--dry-run"),
+        ("pod", "describe", "some-pod"),
+        ("pod", "delete", "some-pod", "--dry-run"),
+        ("run", "train.py", "--type", "v5e-8", "--dry-run"),
+    ],
+    ids=" ".join,
+)
+def test_a_malformed_zone_is_refused_before_a_backend_opens(cli: Cli, command: tuple[str, ...]) -> None:
+    _assert_usage_error(cli("-o", "json", *command, "--zone", "nowhere"), "--zone", "nowhere")

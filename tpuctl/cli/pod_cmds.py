@@ -187,6 +187,13 @@ def create(
     return 0
 
 
+def _zone(zone: str | None) -> str | None:
+    """--zone, checked before a backend is opened."""
+    from tpuctl import params
+
+    return None if zone is None else params.zone(zone)
+
+
 def _escape(text: str) -> str:
     from rich.markup import escape
 
@@ -337,6 +344,7 @@ def gc(
     from tpuctl.services.gc import GarbageCollector
 
     out = make_output(ctx, output)
+    zone = _zone(zone)
     with session(ctx, out) as sess:
         collector = GarbageCollector(sess)
         dry = is_dry_run(ctx, dry_run)
@@ -399,6 +407,7 @@ def list_pods(ctx: typer.Context, zone: ZoneOpt = None, output: OutputOpt = None
     from tpuctl.services.pods import PodService
 
     out = make_output(ctx, output)
+    zone = _zone(zone)
     with session(ctx, out) as sess:
         views = PodService(sess).list(zone)
     out.rows(
@@ -421,6 +430,7 @@ def describe(
     from tpuctl.services.pods import PodService
 
     out = make_output(ctx, output)
+    zone = _zone(zone)
     with session(ctx, out) as sess:
         data = PodService(sess).describe(name, zone)
     if out.machine:
@@ -452,6 +462,7 @@ def delete(
     from tpuctl.services.pods import PodService
 
     out = make_output(ctx, output)
+    zone = _zone(zone)
     with session(ctx, out) as sess:
         pods = PodService(sess)
         plans = pods.plan_delete(names, zone)

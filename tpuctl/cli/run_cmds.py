@@ -193,7 +193,7 @@ def run(
         env=tuple(env or ()),
         pod=pod,
         accelerator_type=accelerator_type,
-        zone=zone,
+        zone=None if zone is None else params.zone(zone),
         capacity=capacity,
         keep_pod=keep_pod,
         checkpoint_every=None
