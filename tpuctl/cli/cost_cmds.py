@@ -58,13 +58,16 @@ def estimate(
     ctx: typer.Context,
     accelerator_type: Annotated[str, typer.Argument(metavar="TYPE", help="e.g. v5e-64, v6e-8, v5p-128.")],
     hours: Annotated[
-        str | None, typer.Option("--hours", help="How long it would run (default 1; 1.5 = 90 minutes).")
+        str | None,
+        typer.Option("--hours", metavar="HOURS", help="How long it would run (default 1; 1.5 = 90 minutes)."),
     ] = None,
     zone: Annotated[
         list[str] | None, typer.Option("--zone", help="Only this zone (repeatable; default: every zone).")
     ] = None,
     region: Annotated[str | None, typer.Option("--region", help="Only the zones of this region.")] = None,
-    slices: Annotated[str | None, typer.Option("--slices", help="Number of slices (default 1).")] = None,
+    slices: Annotated[
+        str | None, typer.Option("--slices", metavar="N", help="Number of slices (default 1).")
+    ] = None,
     output: OutputOpt = None,
 ) -> None:
     """Every zone x capacity type where TYPE is offered, cheapest first: USD/hour, USD for --hours, the
@@ -164,6 +167,7 @@ def report(
         str | None,
         typer.Option(
             "--limit",
+            metavar="N",
             help="Show the N costliest groups (default: 50 in the table, every group with -o json/yaml/csv);"
             " 0 shows all. Totals always cover every group.",
         ),

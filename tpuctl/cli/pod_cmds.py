@@ -70,14 +70,20 @@ def create(
     ] = None,
     max_price: Annotated[
         str | None,
-        typer.Option("--max-price", help="Price cap in USD per hour for the whole request (all slices)."),
+        typer.Option(
+            "--max-price", metavar="USD", help="Price cap in USD per hour for the whole request (all slices)."
+        ),
     ] = None,
     queued: Annotated[
         bool, typer.Option("--queued", help="Place through a queued resource and wait until it is ACTIVE.")
     ] = False,
     valid_for: Annotated[
         str | None,
-        typer.Option("--valid-for", help="Queued resources: give up after this long, e.g. 2h, 30m, 1h30m."),
+        typer.Option(
+            "--valid-for",
+            metavar="DURATION",
+            help="Queued resources: give up after this long, e.g. 2h, 30m, 1h30m.",
+        ),
     ] = None,
     strategy: Annotated[
         str | None,
@@ -88,11 +94,16 @@ def create(
         ),
     ] = None,
     race_k: Annotated[
-        str | None, typer.Option("--race-k", help="How many zones --strategy race queues in (default 3).")
+        str | None,
+        typer.Option("--race-k", metavar="K", help="How many zones --strategy race queues in (default 3)."),
     ] = None,
     slices: Annotated[
         str | None,
-        typer.Option("--slices", help="Number of slices (N > 1: a multislice through one queued resource)."),
+        typer.Option(
+            "--slices",
+            metavar="N",
+            help="Number of slices (N > 1: a multislice through one queued resource).",
+        ),
     ] = None,
     runtime_version: Annotated[
         str | None, typer.Option("--runtime-version", help="TPU software version (default per type).")
@@ -104,7 +115,9 @@ def create(
     ] = True,
     max_hours: Annotated[
         str | None,
-        typer.Option("--max-hours", help="A run on this slice stops before H hours from READY (cost)."),
+        typer.Option(
+            "--max-hours", metavar="HOURS", help="A run on this slice stops before H hours from READY (cost)."
+        ),
     ] = None,
     output: OutputOpt = None,
     dry_run: DryRunOpt = False,

@@ -123,34 +123,50 @@ def run(
     ] = None,
     checkpoint_every: Annotated[
         str | None,
-        typer.Option("--checkpoint-every", help="Checkpoint every N steps (passed to the program)."),
+        typer.Option(
+            "--checkpoint-every", metavar="N", help="Checkpoint every N steps (passed to the program)."
+        ),
     ] = None,
     checkpoint_dir: Annotated[
         str | None, typer.Option("--checkpoint-dir", help="TPUCTL_CHECKPOINT_DIR (default: per run).")
     ] = None,
     timeout: Annotated[
-        str | None, typer.Option("--timeout", help="Stop the run after this long: seconds, or 30m, 2h.")
+        str | None,
+        typer.Option(
+            "--timeout", metavar="DURATION", help="Stop the run after this long: seconds, or 30m, 2h."
+        ),
     ] = None,
     grace: Annotated[
-        str, typer.Option("--grace", help="Seconds between SIGTERM and SIGKILL when stopping hosts (>= 0).")
+        str,
+        typer.Option(
+            "--grace",
+            metavar="DURATION",
+            help="Seconds between SIGTERM and SIGKILL when stopping hosts (>= 0).",
+        ),
     ] = "5",
     executor: Annotated[
         str | None, typer.Option("--executor", help="sim or ssh (default: sim on the simulator).")
     ] = None,
     max_bundle_mb: Annotated[
-        str, typer.Option("--max-bundle-mb", help="Refuse bundles bigger than this (MiB).")
+        str, typer.Option("--max-bundle-mb", metavar="MIB", help="Refuse bundles bigger than this (MiB).")
     ] = "64",
     budget: Annotated[
         str | None,
-        typer.Option("--budget", help="Stop the run before it spends more than this many USD (warn at 80%)."),
+        typer.Option(
+            "--budget",
+            metavar="USD",
+            help="Stop the run before it spends more than this many USD (warn at 80%).",
+        ),
     ] = None,
     max_restarts: Annotated[
         str,
-        typer.Option("--max-restarts", help="Restart a failing program at most N times (not preemptions)."),
+        typer.Option(
+            "--max-restarts", metavar="N", help="Restart a failing program at most N times (not preemptions)."
+        ),
     ] = "0",
     max_preemptions: Annotated[
         str,
-        typer.Option("--max-preemptions", help="Recover from at most N preemptions, then stop."),
+        typer.Option("--max-preemptions", metavar="N", help="Recover from at most N preemptions, then stop."),
     ] = "10",
     detach: Annotated[
         bool,
@@ -388,7 +404,9 @@ def _run_dict(record: RunRecord) -> dict[str, Any]:
 @runs_app.command("list")
 def list_runs(
     ctx: typer.Context,
-    limit: Annotated[str, typer.Option("--limit", help="Show at most this many (newest first).")] = "50",
+    limit: Annotated[
+        str, typer.Option("--limit", metavar="N", help="Show at most this many (newest first).")
+    ] = "50",
     output: OutputOpt = None,
 ) -> None:
     """List runs, newest first."""
@@ -543,7 +561,9 @@ def _secs(value: Any) -> str | None:
 def run_logs(
     ctx: typer.Context,
     run_id: Annotated[str, typer.Argument(metavar="RUN", help="Run id (see `tpuctl runs list`).")],
-    worker_flag: Annotated[str | None, typer.Option("--worker", help="Only this host's log.")] = None,
+    worker_flag: Annotated[
+        str | None, typer.Option("--worker", metavar="N", help="Only this host's log.")
+    ] = None,
 ) -> None:
     """Print the hosts' logs of a run (one host's with --worker N, unprefixed)."""
     import sys
@@ -573,10 +593,13 @@ def resume_run(
     detach: Annotated[bool, typer.Option("--detach", help="Supervise it from a background process.")] = False,
     budget: Annotated[
         str | None,
-        typer.Option("--budget", help="A new budget in USD for the whole run (spent so far counts)."),
+        typer.Option(
+            "--budget", metavar="USD", help="A new budget in USD for the whole run (spent so far counts)."
+        ),
     ] = None,
     max_preemptions_flag: Annotated[
-        str | None, typer.Option("--max-preemptions", help="A new preemption cap (default: the run's).")
+        str | None,
+        typer.Option("--max-preemptions", metavar="N", help="A new preemption cap (default: the run's)."),
     ] = None,
     output: OutputOpt = None,
 ) -> None:
@@ -699,18 +722,19 @@ def bench_step(
     accelerator_type: Annotated[str, typer.Argument(metavar="TYPE", help="Slice type, e.g. v5e-16.")],
     pod: Annotated[str | None, typer.Option("--pod", help="Use this existing READY slice (of TYPE).")] = None,
     zone: Annotated[str | None, typer.Option("--zone", help="Zone to create the slice in.")] = None,
-    steps: Annotated[str, typer.Option("--steps", help="Timed steps.")] = "10",
+    steps: Annotated[str, typer.Option("--steps", metavar="N", help="Timed steps.")] = "10",
     batch_per_device: Annotated[
-        str, typer.Option("--batch-per-device", help="Sequences per device per step.")
+        str, typer.Option("--batch-per-device", metavar="N", help="Sequences per device per step.")
     ] = "2",
-    seq_len: Annotated[str, typer.Option("--seq-len", help="Tokens per sequence.")] = "128",
-    d_model: Annotated[str, typer.Option("--d-model", help="Model width.")] = "256",
-    layers: Annotated[str, typer.Option("--layers", help="Transformer layers.")] = "2",
+    seq_len: Annotated[str, typer.Option("--seq-len", metavar="N", help="Tokens per sequence.")] = "128",
+    d_model: Annotated[str, typer.Option("--d-model", metavar="N", help="Model width.")] = "256",
+    layers: Annotated[str, typer.Option("--layers", metavar="N", help="Transformer layers.")] = "2",
     compute_dtype: Annotated[
         str, typer.Option("--compute-dtype", help="float32 or bfloat16 (fp32 master weights).")
     ] = "float32",
     matmul_n: Annotated[
-        str, typer.Option("--matmul-n", help="Square matmul size for the simulator's measured peak.")
+        str,
+        typer.Option("--matmul-n", metavar="N", help="Square matmul size for the simulator's measured peak."),
     ] = "2048",
     keep_pod: Annotated[bool, typer.Option("--keep-pod", help="Keep a slice created for this.")] = False,
     output: OutputOpt = None,

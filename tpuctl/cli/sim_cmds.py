@@ -46,7 +46,9 @@ def _admin(ctx: typer.Context) -> Iterator[SimAdminClient]:
 @app.command("serve")
 def serve(
     ctx: typer.Context,
-    port_flag: Annotated[str, typer.Option("--port", help="Port on 127.0.0.1 (0: any free port).")] = "8470",
+    port_flag: Annotated[
+        str, typer.Option("--port", metavar="PORT", help="Port on 127.0.0.1 (0: any free port).")
+    ] = "8470",
 ) -> None:
     """Run the simulator in the foreground on 127.0.0.1 until Ctrl-C.
 
