@@ -5,8 +5,9 @@ Precedence, highest first: command-line flag > environment (``TPUCTL_*``; the pr
 (``$TPUCTL_CONFIG``, else ``$XDG_CONFIG_HOME/tpuctl/config.yaml``) > defaults.
 
 Nothing here is read at import: ``load_settings(flags)`` builds a ``Settings`` for one command, and the
-caller passes it on. Bad values raise ``ConfigError`` (from the config file: names the file, the field,
-the value and the fix) or ``UsageError`` (from a flag or the environment).
+caller passes it on. Values are parsed by the same functions as the commands' flags (``tpuctl.params``),
+so a bad one reads the same from every source: ``ConfigError`` from the config file (names the file, the
+key, the value and the fix), else ``UsageError`` naming the flag or the environment variable.
 """
 
 from __future__ import annotations

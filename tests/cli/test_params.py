@@ -278,3 +278,20 @@ def test_zones_regions_and_output_name_their_source(
 )
 def test_a_malformed_zone_is_refused_before_a_backend_opens(cli: Cli, command: tuple[str, ...]) -> None:
     _assert_usage_error(cli("-o", "json", *command, "--zone", "nowhere"), "--zone", "nowhere")
+
+
+def test_a_param_error_names_each_source_its_own_way() -> None:
+    from tpuctl.errors import ConfigError
+    from tpuctl.params import ParamError, flag_error, usd
+
+    with pytest.raises(ParamError) as info:
+        usd("{label} and {eg}", "max_price", per_hour=True)
+    err = info.value
+    assert err.field == "max_price" and "{label} and {eg}" in err.message  # the value is quoted as given
+    env = err.for_source("TPUCTL_MAX_PRICE")
+    assert env.field == "TPUCTL_MAX_PRICE" and env.fix and "TPUCTL_MAX_PRICE=20" in env.fix
+    key = err.for_source("profiles.team.max_price", path="/etc/tpuctl.yaml")
+    assert (
+        isinstance(key, ConfigError) and key.path == "/etc/tpuctl.yaml" and "max_price: 20" in (key.fix or "")
+    )
+    assert flag_error(err).field == "--max-price"
