@@ -214,11 +214,30 @@ def test_a_missing_argument_or_unknown_option_is_the_field(
     assert result.json["field"] == field and result.json["fix"]
 
 
-def test_spot_and_preemptible_allow_both_on_pod_create(cli: Cli) -> None:
-    """--spot and --preemptible each add to the allowed set (the README's one meaning)."""
-    result = cli("pod", "create", "v5e-8", "--spot", "--preemptible", "--dry-run", "-o", "json")
-    assert result.code in (0, 4, 5, 6), result.stderr
-    assert result.json["plan"]["request"]["capacity_types"] == ["spot", "preemptible"]
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ("--spot", "--preemptible"),
+        ("--capacity-type", "preemptible", "--spot"),
+        ("--capacity-type", "on-demand"),
+    ],
+    ids=" ".join,
+)
+def test_the_capacity_flags_mean_the_same_on_pod_create_and_run(
+    cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flags: tuple[str, ...]
+) -> None:
+    """Each capacity flag adds to the allowed set, and both commands take the cheapest allowed (the
+    README's one meaning); before, `--spot --preemptible` was an error on `run`."""
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    monkeypatch.chdir(tmp_path)
+    create = cli("pod", "create", "v5e-8", *flags, "--dry-run", "-o", "json")
+    assert create.code == 0, create.stderr
+    plan = create.json["plan"]
+    run = cli("run", "train.py", "--type", "v5e-8", *flags, "--dry-run", "-o", "json")
+    assert run.code == 0, run.stderr
+    target = run.json["plan"]["target"]
+    assert target["capacity"] == plan["chosen"]["capacity"]
+    assert target["zone"] == plan["chosen"]["zone"]
 
 
 def test_services_name_parameters_and_the_cli_shows_flags(cli: Cli) -> None:
@@ -295,3 +314,15 @@ def test_a_param_error_names_each_source_its_own_way() -> None:
         isinstance(key, ConfigError) and key.path == "/etc/tpuctl.yaml" and "max_price: 20" in (key.fix or "")
     )
     assert flag_error(err).field == "--max-price"
+
+
+def test_an_explicit_capacity_flag_wins_over_the_profile_on_run(
+    cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, profile: Callable[[str, str], Path]
+) -> None:
+    profile("capacity_types", "[spot]")
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    monkeypatch.chdir(tmp_path)
+    for flags, expected in ((("--capacity-type", "on-demand"), "on-demand"), ((), "spot")):
+        run = cli("run", "train.py", "--type", "v5e-8", *flags, "--dry-run", "-o", "json")
+        assert run.code == 0, run.stderr
+        assert run.json["plan"]["target"]["capacity"] == expected

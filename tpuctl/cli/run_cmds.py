@@ -194,7 +194,7 @@ def run(
         # With --example every positional is the example's: SCRIPT caught the first of them.
         program_args = [script, *program_args]
         script = None
-    capacity = _run_capacity(capacity_type or [], spot=spot, preemptible=preemptible)
+    capacity, allowed = _run_capacity(capacity_type or [], spot=spot, preemptible=preemptible)
     budget_usd = None if budget is None else params.usd(budget, "budget")
     limit_mb = params.mebibytes(max_bundle_mb, "max_bundle_mb")
     policy = _policy(
@@ -221,7 +221,8 @@ def run(
         grace_s=params.duration(grace, "grace", allow_zero=True),
         bundle_limit_bytes=int(limit_mb * 1024 * 1024),
     )
-    with session(ctx, out) as sess:
+    with session(ctx, out, **({"capacity_types": allowed} if allowed else {})) as sess:
+        _check_one_capacity(sess, executor, allowed)
         launcher = Launcher(sess)
         prepared = launcher.prepare(request)
         if is_dry_run(ctx, dry_run):
@@ -251,34 +252,48 @@ def _policy(max_restarts: int, max_preemptions: int) -> RecoveryPolicy:
     return RecoveryPolicy(max_restarts=max_restarts, max_preemptions=max_preemptions)
 
 
-def _run_capacity(capacity_types: list[str], *, spot: bool, preemptible: bool) -> CapacityType:
-    """The capacity type a run's new slice is created on, from the flags that mean the same on `pod
-    create`: --capacity-type (repeatable), --spot and --preemptible each add to the allowed set."""
+def _run_capacity(
+    capacity_types: list[str], *, spot: bool, preemptible: bool
+) -> tuple[CapacityType, list[CapacityType]]:
+    """What a run's new slice may be created on, from the flags that mean the same as on `pod create`:
+    --capacity-type (repeatable), --spot and --preemptible each add to the allowed set. Returns the one
+    capacity type for the launcher's request and the allowed set for the session's settings (empty: none
+    given, the profile's decide).
+
+    The allocator (the simulator executor's path) reads the set from the settings when the request names
+    no capacity type, so with several allowed the request names none (on-demand) and the settings carry
+    them all; with one, both say it, so that an explicit on-demand is not replaced by the profile's."""
     from tpuctl import params
     from tpuctl.catalog import CapacityType
     from tpuctl.errors import UsageError
 
     types, queued = params.capacity_types(capacity_types, spot=spot, preemptible=preemptible)
     if queued or CapacityType.RESERVED in types:
+        what = "queued" if queued else "reserved"
         raise UsageError(
-            f"`tpuctl run` cannot create its slice as {'queued' if queued else 'reserved'} capacity",
+            f"`tpuctl run` cannot create its slice as {what} capacity",
             field="capacity_types",
-            value="queued" if queued else "reserved",
+            value=what,
             fix="create the slice with `tpuctl pod create --queued/--reserved`, then `tpuctl run --pod NAME`",
         )
-    if len(types) > 1:
-        # The launcher still takes one capacity type; allowing several waits for runs to place through
-        # the allocator (issue 13, item 2).
+    return (types[0] if len(types) == 1 else CapacityType.ON_DEMAND), types
+
+
+def _check_one_capacity(sess: Session, executor: str | None, allowed: list[CapacityType]) -> None:
+    """The SSH executor still creates its slice itself, in one zone on one capacity type, until every
+    run places through the allocator (issue 13, item 2): several allowed types are refused there."""
+    from tpuctl.errors import UsageError
+
+    ssh = executor == "ssh" or (executor is None and sess.backend.value != "sim")
+    if ssh and len(allowed) > 1:
+        names = ", ".join(t.value for t in allowed)
         raise UsageError(
-            "`tpuctl run` creates its slice on one capacity type; "
-            + ", ".join(t.value for t in types)
-            + " were allowed",
+            f"runs over SSH create their slice on one capacity type; {names} were allowed",
             field="capacity_types",
-            value=", ".join(t.value for t in types),
-            fix="allow one capacity type (e.g. --spot), or create the slice with `tpuctl pod create` and "
-            "run on it with --pod",
+            value=names,
+            fix="allow one (e.g. --spot), or create the slice with `tpuctl pod create --spot --preemptible` "
+            "and run on it with --pod",
         )
-    return types[0] if types else CapacityType.ON_DEMAND
 
 
 def _render_result(out: Output, supervised: SupervisedResult) -> None:
