@@ -6,16 +6,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from tpuctl.cli.capacity import CAPACITY_TYPE_HELP, PREEMPTIBLE_HELP, SPOT_HELP
 from tpuctl.cli.context import assume_yes, is_dry_run, make_output, session
-from tpuctl.cli.options import (
-    CAPACITY_TYPE_HELP,
-    PREEMPTIBLE_HELP,
-    SPOT_HELP,
-    DryRunOpt,
-    OutputOpt,
-    YesOpt,
-    ZoneOpt,
-)
+from tpuctl.cli.options import DryRunOpt, OutputOpt, YesOpt, ZoneOpt
 
 if TYPE_CHECKING:
     from tpuctl.cli.render import Output

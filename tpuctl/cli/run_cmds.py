@@ -12,13 +12,19 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from tpuctl.cli.capacity import (
+    CAPACITY_TYPE_HELP,
+    PREEMPTIBLE_HELP,
+    SPOT_HELP,
+    check_one_capacity,
+    run_capacity,
+)
 from tpuctl.cli.context import is_dry_run, make_output, session
-from tpuctl.cli.options import CAPACITY_TYPE_HELP, PREEMPTIBLE_HELP, SPOT_HELP, DryRunOpt, OutputOpt
+from tpuctl.cli.options import DryRunOpt, OutputOpt
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from tpuctl.catalog import CapacityType
     from tpuctl.cli.render import Output, Progress
     from tpuctl.services.recovery import RecoveryPolicy, SupervisedResult
     from tpuctl.services.session import Session
@@ -194,7 +200,7 @@ def run(
         # With --example every positional is the example's: SCRIPT caught the first of them.
         program_args = [script, *program_args]
         script = None
-    capacity, allowed = _run_capacity(capacity_type or [], spot=spot, preemptible=preemptible)
+    capacity, allowed = run_capacity(capacity_type or [], spot=spot, preemptible=preemptible)
     budget_usd = None if budget is None else params.usd(budget, "budget")
     limit_mb = params.mebibytes(max_bundle_mb, "max_bundle_mb")
     policy = _policy(
@@ -222,7 +228,7 @@ def run(
         bundle_limit_bytes=int(limit_mb * 1024 * 1024),
     )
     with session(ctx, out, **({"capacity_types": allowed} if allowed else {})) as sess:
-        _check_one_capacity(sess, executor, allowed)
+        check_one_capacity(sess, executor, allowed)
         launcher = Launcher(sess)
         prepared = launcher.prepare(request)
         if is_dry_run(ctx, dry_run):
@@ -250,50 +256,6 @@ def _policy(max_restarts: int, max_preemptions: int) -> RecoveryPolicy:
     from tpuctl.services.recovery import RecoveryPolicy
 
     return RecoveryPolicy(max_restarts=max_restarts, max_preemptions=max_preemptions)
-
-
-def _run_capacity(
-    capacity_types: list[str], *, spot: bool, preemptible: bool
-) -> tuple[CapacityType, list[CapacityType]]:
-    """What a run's new slice may be created on, from the flags that mean the same as on `pod create`:
-    --capacity-type (repeatable), --spot and --preemptible each add to the allowed set. Returns the one
-    capacity type for the launcher's request and the allowed set for the session's settings (empty: none
-    given, the profile's decide).
-
-    The allocator (the simulator executor's path) reads the set from the settings when the request names
-    no capacity type, so with several allowed the request names none (on-demand) and the settings carry
-    them all; with one, both say it, so that an explicit on-demand is not replaced by the profile's."""
-    from tpuctl import params
-    from tpuctl.catalog import CapacityType
-    from tpuctl.errors import UsageError
-
-    types, queued = params.capacity_types(capacity_types, spot=spot, preemptible=preemptible)
-    if queued or CapacityType.RESERVED in types:
-        what = "queued" if queued else "reserved"
-        raise UsageError(
-            f"`tpuctl run` cannot create its slice as {what} capacity",
-            field="capacity_types",
-            value=what,
-            fix="create the slice with `tpuctl pod create --queued/--reserved`, then `tpuctl run --pod NAME`",
-        )
-    return (types[0] if len(types) == 1 else CapacityType.ON_DEMAND), types
-
-
-def _check_one_capacity(sess: Session, executor: str | None, allowed: list[CapacityType]) -> None:
-    """The SSH executor still creates its slice itself, in one zone on one capacity type, until every
-    run places through the allocator (issue 13, item 2): several allowed types are refused there."""
-    from tpuctl.errors import UsageError
-
-    ssh = executor == "ssh" or (executor is None and sess.backend.value != "sim")
-    if ssh and len(allowed) > 1:
-        names = ", ".join(t.value for t in allowed)
-        raise UsageError(
-            f"runs over SSH create their slice on one capacity type; {names} were allowed",
-            field="capacity_types",
-            value=names,
-            fix="allow one (e.g. --spot), or create the slice with `tpuctl pod create --spot --preemptible` "
-            "and run on it with --pod",
-        )
 
 
 def _render_result(out: Output, supervised: SupervisedResult) -> None:
