@@ -5,8 +5,9 @@ Precedence, highest first: command-line flag > environment (``TPUCTL_*``; the pr
 (``$TPUCTL_CONFIG``, else ``$XDG_CONFIG_HOME/tpuctl/config.yaml``) > defaults.
 
 Nothing here is read at import: ``load_settings(flags)`` builds a ``Settings`` for one command, and the
-caller passes it on. Bad values raise ``ConfigError`` (from the config file: names the file, the field,
-the value and the fix) or ``UsageError`` (from a flag or the environment).
+caller passes it on. Values are parsed by the same functions as the commands' flags (``tpuctl.params``),
+so a bad one reads the same from every source: ``ConfigError`` from the config file (names the file, the
+key, the value and the fix), else ``UsageError`` naming the flag or the environment variable.
 """
 
 from __future__ import annotations
@@ -20,7 +21,15 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import yaml
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+)
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
@@ -29,11 +38,11 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from tpuctl.catalog import CapacityType, validate_zone
+from tpuctl.catalog import CapacityType
 from tpuctl.errors import ConfigError, TpuctlError, UsageError
+from tpuctl.params import ParamError, flag, region, usd, zone
 
 DEFAULT_PROFILE = "default"
-_REGION_RE = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")
 _LABEL_VALUE_RE = re.compile(r"[^a-z0-9_-]")
 
 
@@ -49,6 +58,20 @@ class OutputFormat(StrEnum):
     CSV = "csv"
 
 
+def _usd_setting(name: str, *, per_hour: bool) -> BeforeValidator:
+    # tpuctl.params.usd raises a ParamError, which pydantic lets through (it wraps only ValueError):
+    # load_settings and read_profile then name the variable or the key it came from.
+    def parse(value: Any) -> float | None:
+        return None if value is None else usd(value, name, per_hour=per_hour)
+
+    return BeforeValidator(parse)
+
+
+#: USD amounts, parsed by the same function as the flags: finite and > 0.
+MaxPrice = Annotated[float | None, _usd_setting("max_price", per_hour=True)]
+MonthlyBudget = Annotated[float | None, _usd_setting("monthly_budget", per_hour=False)]
+
+
 def _split_list(value: Any) -> Any:
     # Environment variables hold lists as "a,b"; YAML and flags give real lists.
     if isinstance(value, str):
@@ -57,18 +80,11 @@ def _split_list(value: Any) -> Any:
 
 
 def _check_zones(zones: list[str]) -> list[str]:
-    for zone in zones:
-        try:
-            validate_zone(zone)
-        except UsageError as exc:
-            raise ValueError(f"malformed zone {zone!r}: {exc.fix}") from None
-    return zones
+    return [zone(z, "zones") for z in zones]
 
 
-def _check_region(region: str | None) -> str | None:
-    if region is not None and not _REGION_RE.match(region):
-        raise ValueError(f"malformed region {region!r}: a region looks like us-central1")
-    return region
+def _check_region(value: str | None) -> str | None:
+    return None if value is None else region(value)
 
 
 class Profile(BaseModel):
@@ -81,8 +97,8 @@ class Profile(BaseModel):
     zones: list[str] | None = None
     region: str | None = None
     capacity_types: list[CapacityType] | None = None
-    max_price: float | None = Field(default=None, gt=0)
-    monthly_budget: float | None = Field(default=None, gt=0)
+    max_price: MaxPrice = None
+    monthly_budget: MonthlyBudget = None
     state_dir: Path | None = None
     sim_world: Path | None = None
     output: OutputFormat | None = None
@@ -188,6 +204,8 @@ def read_profile(path: Path, profile: str | None, *, explicit: bool) -> Profile:
         )
     try:
         return Profile.model_validate(raw)
+    except ParamError as exc:
+        raise exc.for_source(f"profiles.{profile}.{exc.param}", path=where) from None
     except ValidationError as exc:
         err = exc.errors()[0]
         loc = ".".join(str(p) for p in err["loc"])
@@ -204,11 +222,7 @@ def _fix_for(field: str, message: str) -> str:
     hints = {
         "backend": "use backend: sim or backend: gcp",
         "capacity_types": "use a list of: " + ", ".join(c.value for c in CapacityType),
-        "max_price": "give a positive number of USD per hour, e.g. 20",
-        "monthly_budget": "give a positive number of USD, e.g. 5000",
         "output": "use one of: " + ", ".join(f.value for f in OutputFormat),
-        "zones": "zones look like us-central1-a; `tpuctl catalog zones` lists them",
-        "region": "a region looks like us-central1",
     }
     top = field.split(".")[0]
     if "extra" in message.lower() or "not permitted" in message.lower():
@@ -256,8 +270,8 @@ class Settings(BaseSettings):
     zones: Annotated[list[str], NoDecode] = Field(default_factory=list)
     region: str | None = None
     capacity_types: Annotated[list[CapacityType], NoDecode] = Field(default_factory=list)
-    max_price: float | None = Field(default=None, gt=0)
-    monthly_budget: float | None = Field(default=None, gt=0)
+    max_price: MaxPrice = None
+    monthly_budget: MonthlyBudget = None
     state_dir: Path | None = None
     sim_world: Path | None = None
     # An already running simulator (`tpuctl sim serve`) to talk to instead of starting one in-process.
@@ -324,30 +338,17 @@ def _safe_getuser() -> str:
         return "unknown"
 
 
-_FLAG_NAMES = {
-    "project": "--project",
-    "zones": "--zone",
-    "region": "--region",
-    "capacity_types": "--capacity-type",
-    "max_price": "--max-price",
-    "monthly_budget": "monthly_budget",
-    "profile": "--profile",
-    "backend": "--backend",
-    "output": "-o/--output",
-    "state_dir": "--state-dir",
-    "config_file": "--config",
-}
-
-
 def load_settings(flags: Mapping[str, Any] | None = None) -> Settings:
     """Settings for one command: ``flags`` holds only the flags the user gave (None values are dropped)."""
     given = {k: v for k, v in (flags or {}).items() if v is not None and v != [] and v != ()}
     try:
         settings = Settings(**given)
+    except ParamError as exc:
+        raise exc.for_source(_source(exc.param, given)) from None
     except ValidationError as exc:
         err = exc.errors()[0]
         field = str(err["loc"][0]) if err["loc"] else "settings"
-        source = _FLAG_NAMES.get(field, field) if field in given else f"TPUCTL_{field.upper()}"
+        source = _source(field, given)
         raise UsageError(
             f"invalid value {err.get('input')!r} for {source}: {err['msg']}",
             field=source,
@@ -364,3 +365,9 @@ def load_settings(flags: Mapping[str, Any] | None = None) -> Settings:
             fix="pass --project ID, set GOOGLE_CLOUD_PROJECT, or set project: in the profile",
         )
     return settings
+
+
+def _source(name: str, given: Mapping[str, Any]) -> str:
+    """How the user gave setting ``name``: its flag, else its environment variable (a bad profile value
+    never gets here: read_profile names the file and the key)."""
+    return flag(name) if name in given else f"TPUCTL_{name.upper()}"

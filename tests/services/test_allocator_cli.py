@@ -249,7 +249,9 @@ BAD_INPUT: list[tuple[list[str], dict[str, Any]]] = [
         ["--max-price=-5"],
         {"field": "--max-price", "value": "-5",
          "message": "--max-price must be a positive number of USD per hour, got '-5'",
-         "fix": "give the cap in USD per hour for the whole request (all slices), e.g. --max-price 20"},
+         # One fix for the price cap from every source (flag, environment, profile): issue 13.
+         "fix": "give a positive number of USD per hour for the whole request (all slices), "
+                "e.g. --max-price 20"},
     ),
     (
         ["--max-price", "-5"],

@@ -48,7 +48,7 @@ def test_parse_duration(text: str, seconds: float) -> None:
 def test_parse_duration_rejects(text: str) -> None:
     with pytest.raises(UsageError) as err:
         parse_duration(text)
-    assert err.value.field == "--valid-for" and err.value.value == text
+    assert err.value.field == "valid_for" and err.value.value == text
     assert err.value.fix == "use a duration such as 2h, 30m, 1h30m, 1d or 3600s"
 
 
@@ -59,7 +59,7 @@ def test_parse_price() -> None:
     for bad in ("abc", "-1", "0", "nan", "inf", ""):
         with pytest.raises(UsageError) as err:
             parse_price(bad)
-        assert err.value.field == "--max-price" and err.value.value == bad
+        assert err.value.field == "max_price" and err.value.value == bad
 
 
 def test_parse_count() -> None:

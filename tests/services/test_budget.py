@@ -268,7 +268,7 @@ def test_max_hours_labels_and_expired_slices(ledger: Ledger) -> None:
 def test_bad_budgets_and_hours_name_the_value_and_the_fix(value: str) -> None:
     with pytest.raises(UsageError) as err:
         parse_budget(value)
-    assert err.value.field == "--budget" and err.value.value == value and err.value.fix
+    assert err.value.field == "budget" and err.value.value == value and err.value.fix
     with pytest.raises(UsageError) as err:
         parse_hours(value, field_name="--max-hours")
     assert err.value.field == "--max-hours" and err.value.value == value and err.value.fix

@@ -12,6 +12,7 @@ import pytest
 
 from tpuctl.catalog import CapacityType, Catalog
 from tpuctl.errors import UsageError
+from tpuctl.params import flag
 from tpuctl.services.cost import CSV_COLUMNS, CostReport, CostService, parse_group_by, parse_window
 from tpuctl.services.prices import PriceSource
 from tpuctl.store.ledger import Ledger
@@ -491,7 +492,7 @@ def test_window_values(value: str, expected: float) -> None:
 def test_unparsable_dates_name_the_value_and_the_fix(value: str) -> None:
     with pytest.raises(UsageError) as err:
         parse_window(value, None, now=T0)
-    assert err.value.field == "--since"
+    assert err.value.field == "since" and flag(err.value.field) == "--since"
     assert err.value.value == value
     assert err.value.fix is not None and "2026-11-01" in err.value.fix
 
@@ -500,14 +501,14 @@ def test_since_after_until_is_refused() -> None:
     with pytest.raises(UsageError) as err:
         parse_window("2027-01-16", "2027-01-15", now=T0 + 5 * DAY)
     assert "2027-01-16" in err.value.message and "2027-01-15" in err.value.message
-    assert err.value.field == "--since"
+    assert err.value.field == "since" and flag(err.value.field) == "--since"
 
 
 @pytest.mark.parametrize("value", ["node", "label:", "label:Team", "zones", "label:KEY"])
 def test_unknown_group_by_is_refused(value: str) -> None:
     with pytest.raises(UsageError) as err:
         parse_group_by(value)
-    assert err.value.field == "--group-by"
+    assert err.value.field == "group_by" and flag(err.value.field) == "--group-by"
     assert err.value.value == value
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tpuctl.errors import InterruptedByUser, RunFailedError, UsageError
+from tpuctl.params import flag
 from tpuctl.services.run.launcher import Launcher
 from tpuctl.services.run.model import RunRequest
 from tpuctl.services.run.prepare import parse_env
@@ -153,7 +154,7 @@ def test_env_pairs_are_validated_and_kept_verbatim() -> None:
     for bad in ("A", "=1", "A-B=1", "PYTHONPATH=/x", "TPUCTL_WORKER_ID=3"):
         with pytest.raises(UsageError) as info:
             parse_env([bad])
-        assert info.value.field == "--env" and info.value.value == bad
+        assert info.value.field == "env" and flag(info.value.field) == "--env" and info.value.value == bad
 
 
 def test_plan_has_no_side_effects(session: Session, tmp_path: Path) -> None:

@@ -139,14 +139,29 @@ def test_policy_validation_and_backend_defaults() -> None:
 
 def test_the_saved_request_round_trips_and_is_private(tmp_path: Path) -> None:
     request = RunRequest(example="lm", args=("--steps", "5"), env=("TOKEN=s3cret",), accelerator_type="v5e-8",
-                         capacity=CapacityType.SPOT, checkpoint_every=4)  # fmt: skip
+                         capacity_types=(CapacityType.SPOT,), checkpoint_every=4)  # fmt: skip
     policy = RecoveryPolicy(max_restarts=2, max_preemptions=5)
     path = save_request(tmp_path / "run", request, run_id="run-x", budget_usd=12.5, policy=policy)
     assert path.stat().st_mode & 0o777 == 0o600
     loaded, budget, loaded_policy = load_request(tmp_path / "run")
     assert loaded == RunRequest(**{**request.__dict__, "run_id": "run-x"})
     assert budget == 12.5 and loaded_policy == policy
-    assert json.loads(path.read_text())["request"]["capacity"] == "spot"
+    assert json.loads(path.read_text())["request"]["capacity_types"] == ["spot"]
+
+
+def test_a_request_saved_with_one_capacity_loads_as_that_allowed_set(tmp_path: Path) -> None:
+    # Requests saved before capacity sets carried one "capacity"; on-demand meant "none named".
+    for saved, expected in (("spot", (CapacityType.SPOT,)), ("on-demand", ())):
+        run = tmp_path / saved
+        path = save_request(
+            run, RunRequest(example="lm"), run_id="run-x", budget_usd=None, policy=RecoveryPolicy()
+        )
+        payload = json.loads(path.read_text())
+        del payload["request"]["capacity_types"]
+        payload["request"]["capacity"] = saved
+        path.write_text(json.dumps(payload))
+        loaded, _budget, _policy = load_request(run)
+        assert loaded.capacity_types == expected
 
 
 def test_the_lease_is_exclusive_and_dies_with_its_holder(tmp_path: Path) -> None:

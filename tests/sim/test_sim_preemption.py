@@ -131,7 +131,9 @@ def test_preempted_node_holds_quota_until_deleted_but_frees_capacity(
 def test_scheduled_preemption_fires_count_times(start_server: Callable[..., SimServer]) -> None:
     clock = FakeClock(time.time(), ticking=True)  # real time for the client's polls, advanced below
     server = start_server(
-        make_world(preemption={"schedule": [{"after_s": 50, "node": "sched-*", "notice": False, "count": 1}]}),
+        make_world(
+            preemption={"schedule": [{"after_s": 50, "node": "sched-*", "notice": False, "count": 1}]}
+        ),
         clock=clock,
     )
     client = tpu_client(server.url)

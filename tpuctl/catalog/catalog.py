@@ -52,7 +52,7 @@ def region_of_zone(zone: str) -> str:
     return validate_zone(zone).rsplit("-", 1)[0]
 
 
-def validate_zone(zone: str, *, field_name: str = "--zone") -> str:
+def validate_zone(zone: str, *, field_name: str = "zone") -> str:
     """Return ``zone`` if it is shaped like a GCP zone (``us-central1-a``), else raise a UsageError."""
     if not isinstance(zone, str) or not _ZONE_RE.match(zone):
         raise UsageError(

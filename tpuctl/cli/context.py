@@ -46,13 +46,14 @@ def global_options(ctx: typer.Context) -> GlobalOptions:
 
 
 def output_format(ctx: typer.Context, command_output: str | None) -> str:
-    fmt = command_output or global_options(ctx).output or os.environ.get("TPUCTL_OUTPUT") or "table"
+    given = command_output or global_options(ctx).output
+    fmt = given or os.environ.get("TPUCTL_OUTPUT") or "table"
     if fmt not in OUTPUT_FORMATS:
         from tpuctl.errors import UsageError
 
         raise UsageError(
             f"unknown output format {fmt!r}",
-            field="-o/--output",
+            field="-o/--output" if given else "TPUCTL_OUTPUT",
             value=fmt,
             fix="use one of: " + ", ".join(OUTPUT_FORMATS),
         )
@@ -118,18 +119,25 @@ def exit_code_for(exc: BaseException, argv: list[str], opts: GlobalOptions) -> i
         return EXIT_INTERRUPTED
     if isinstance(exc, typer.Exit):
         return exc.exit_code
-    if isinstance(exc, typer.TyperException):
-        # Typer's own usage errors (missing argument, unknown option): one line, exit 2, no traceback.
+    if _is_framework_error(exc):
+        # The CLI framework's own usage errors (missing argument, unknown option): one line, exit 2, no
+        # traceback. Matched by class name: typer 0.29+ vendors click, older typers raise click's own.
         if type(exc).__name__ == "NoArgsIsHelpError":
-            out.err.print(exc.format_message(), markup=False, highlight=False)
+            out.err.print(exc.format_message(), markup=False, highlight=False)  # type: ignore[attr-defined]
             return EXIT_USAGE
         command_ctx = getattr(exc, "ctx", None)
         hint = f"{command_ctx.command_path} --help" if command_ctx is not None else "tpuctl --help"
-        if exc.exit_code == EXIT_USAGE:
-            out.error(UsageError(exc.format_message(), fix=f"see `{hint}`"))
+        message = exc.format_message()  # type: ignore[attr-defined]
+        code = getattr(exc, "exit_code", EXIT_ERROR)
+        if code == EXIT_USAGE:
+            out.error(UsageError(message, field=_param_name(exc), fix=f"see `{hint}`"))
             return EXIT_USAGE
-        out.error(TpuctlError(exc.format_message()))
-        return exc.exit_code or EXIT_ERROR
+        out.error(TpuctlError(message))
+        return code or EXIT_ERROR
+    if isinstance(exc, UsageError):
+        from tpuctl.params import flag_error
+
+        exc = flag_error(exc)
     if isinstance(exc, TpuctlError):
         out.error(exc)
         return exc.exit_code
@@ -147,8 +155,29 @@ def exit_code_for(exc: BaseException, argv: list[str], opts: GlobalOptions) -> i
     return EXIT_ERROR
 
 
+def _is_framework_error(exc: BaseException) -> bool:
+    return any(cls.__name__ == "ClickException" for cls in type(exc).__mro__)
+
+
+def _param_name(exc: BaseException) -> str | None:
+    """The argument (its metavar, e.g. TYPE) or option (its long flag) a framework error is about.
+    Read by attribute: the classes differ between click and the click that typer 0.29+ vendors."""
+    param = getattr(exc, "param", None)
+    if param is None:
+        option = getattr(exc, "option_name", None)  # an unknown option
+        return str(option) if option else None
+    if getattr(param, "param_type_name", None) == "argument":
+        name = getattr(param, "metavar", None) or getattr(param, "name", None)
+        return str(name).strip("[]. ").upper() if name else None
+    opts = [str(o) for o in getattr(param, "opts", []) or []]
+    return max(opts, key=len) if opts else None
+
+
 def _output_from_argv(argv: list[str]) -> Output:
-    fmt = "table"
+    # The command did not get as far as choosing its output: read -o from the arguments, else the
+    # environment, so an early error is still one JSON document when JSON was asked for.
+    env = os.environ.get("TPUCTL_OUTPUT")
+    fmt = env if env in OUTPUT_FORMATS else "table"
     for i, arg in enumerate(argv):
         if arg in ("-o", "--output") and i + 1 < len(argv) and argv[i + 1] in OUTPUT_FORMATS:
             fmt = argv[i + 1]

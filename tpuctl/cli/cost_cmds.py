@@ -58,17 +58,21 @@ def estimate(
     ctx: typer.Context,
     accelerator_type: Annotated[str, typer.Argument(metavar="TYPE", help="e.g. v5e-64, v6e-8, v5p-128.")],
     hours: Annotated[
-        str | None, typer.Option("--hours", help="How long it would run (default 1; 1.5 = 90 minutes).")
+        str | None,
+        typer.Option("--hours", metavar="HOURS", help="How long it would run (default 1; 1.5 = 90 minutes)."),
     ] = None,
     zone: Annotated[
         list[str] | None, typer.Option("--zone", help="Only this zone (repeatable; default: every zone).")
     ] = None,
     region: Annotated[str | None, typer.Option("--region", help="Only the zones of this region.")] = None,
-    slices: Annotated[str | None, typer.Option("--slices", help="Number of slices (default 1).")] = None,
+    slices: Annotated[
+        str | None, typer.Option("--slices", metavar="N", help="Number of slices (default 1).")
+    ] = None,
     output: OutputOpt = None,
 ) -> None:
     """Every zone x capacity type where TYPE is offered, cheapest first: USD/hour, USD for --hours, the
     saving against on-demand in the same zone, and whether quota fits now. Creates nothing."""
+    from tpuctl import params
     from tpuctl.services.cost.estimate import build_estimate_request
     from tpuctl.services.cost.estimate import estimate as run_estimate
     from tpuctl.services.prices import load_catalog
@@ -78,7 +82,13 @@ def estimate(
     # Every flag is checked before a backend is contacted: bad input exits 2 at once.
     catalog, _source = load_catalog(settings.resolved_state_dir, settings.resolved_backend.value)
     request = build_estimate_request(
-        catalog, settings, accelerator_type, hours=hours, zones=zone or [], region=region, slices=slices
+        catalog,
+        settings,
+        accelerator_type,
+        hours=None if hours is None else params.hours(hours, "hours"),
+        zones=zone or [],
+        region=region,
+        slices=None if slices is None else params.whole(slices, "slices"),
     )
     with cost_session(ctx, out, settings) as (sess, source):
         result = run_estimate(sess, request, source)
@@ -157,6 +167,7 @@ def report(
         str | None,
         typer.Option(
             "--limit",
+            metavar="N",
             help="Show the N costliest groups (default: 50 in the table, every group with -o json/yaml/csv);"
             " 0 shows all. Totals always cover every group.",
         ),

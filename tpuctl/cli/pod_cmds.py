@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from tpuctl.cli.capacity import CAPACITY_TYPE_HELP, PREEMPTIBLE_HELP, SPOT_HELP
 from tpuctl.cli.context import assume_yes, is_dry_run, make_output, session
 from tpuctl.cli.options import DryRunOpt, OutputOpt, YesOpt, ZoneOpt
 
@@ -51,30 +52,31 @@ def create(
         list[str] | None,
         typer.Option(
             "--capacity-type",
-            help="Allowed capacity type (repeatable): on-demand, spot, preemptible, reserved, queued. "
-            "Default: the profile's capacity_types, else on-demand.",
+            help=CAPACITY_TYPE_HELP + " queued: through a queued resource.",
         ),
     ] = None,
-    spot: Annotated[
-        bool, typer.Option("--spot", help="Allow spot capacity (= --capacity-type spot).")
-    ] = False,
-    preemptible: Annotated[
-        bool, typer.Option("--preemptible", help="Allow preemptible capacity (= --capacity-type preemptible)")
-    ] = False,
+    spot: Annotated[bool, typer.Option("--spot", help=SPOT_HELP)] = False,
+    preemptible: Annotated[bool, typer.Option("--preemptible", help=PREEMPTIBLE_HELP)] = False,
     reserved: Annotated[
         str | None,
         typer.Option("--reserved", help="Allow reserved capacity from this reservation (implies reserved)."),
     ] = None,
     max_price: Annotated[
         str | None,
-        typer.Option("--max-price", help="Price cap in USD per hour for the whole request (all slices)."),
+        typer.Option(
+            "--max-price", metavar="USD", help="Price cap in USD per hour for the whole request (all slices)."
+        ),
     ] = None,
     queued: Annotated[
         bool, typer.Option("--queued", help="Place through a queued resource and wait until it is ACTIVE.")
     ] = False,
     valid_for: Annotated[
         str | None,
-        typer.Option("--valid-for", help="Queued resources: give up after this long, e.g. 2h, 30m, 1h30m."),
+        typer.Option(
+            "--valid-for",
+            metavar="DURATION",
+            help="Queued resources: give up after this long, e.g. 2h, 30m, 1h30m.",
+        ),
     ] = None,
     strategy: Annotated[
         str | None,
@@ -85,11 +87,16 @@ def create(
         ),
     ] = None,
     race_k: Annotated[
-        str | None, typer.Option("--race-k", help="How many zones --strategy race queues in (default 3).")
+        str | None,
+        typer.Option("--race-k", metavar="K", help="How many zones --strategy race queues in (default 3)."),
     ] = None,
     slices: Annotated[
         str | None,
-        typer.Option("--slices", help="Number of slices (N > 1: a multislice through one queued resource)."),
+        typer.Option(
+            "--slices",
+            metavar="N",
+            help="Number of slices (N > 1: a multislice through one queued resource).",
+        ),
     ] = None,
     runtime_version: Annotated[
         str | None, typer.Option("--runtime-version", help="TPU software version (default per type).")
@@ -101,7 +108,9 @@ def create(
     ] = True,
     max_hours: Annotated[
         str | None,
-        typer.Option("--max-hours", help="A run on this slice stops before H hours from READY (cost)."),
+        typer.Option(
+            "--max-hours", metavar="HOURS", help="A run on this slice stops before H hours from READY (cost)."
+        ),
     ] = None,
     output: OutputOpt = None,
     dry_run: DryRunOpt = False,
@@ -112,11 +121,14 @@ def create(
     cheapest feasible one is tried first and stockouts fail over to the next. --dry-run prints the plan
     and exits 0 if feasible, 4 (no quota), 5 (not offered / no capacity) or 6 (over the price cap).
     """
+    from tpuctl import params
     from tpuctl.catalog import Catalog
     from tpuctl.cli.context import build_settings
     from tpuctl.services.allocator import Allocator, build_request
     from tpuctl.services.budget import max_hours_labels, warn_monthly_budget  # cost (issue 6)
-    from tpuctl.services.pods import parse_labels
+
+    def hours_of(value: str | None) -> float | None:
+        return None if value is None else params.hours(value, "max_hours")
 
     out = make_output(ctx, output)
     # Every flag is checked before anything is contacted: bad input exits 2 without starting a backend.
@@ -131,14 +143,14 @@ def create(
         spot=spot,
         preemptible=preemptible,
         reserved=reserved,
-        max_price=max_price,
+        max_price=None if max_price is None else params.usd(max_price, "max_price", per_hour=True),
         queued=queued,
-        valid_for=valid_for,
+        valid_for=None if valid_for is None else params.duration(valid_for, "valid_for"),
         strategy=strategy,
-        race_k=race_k,
-        slices=slices,
+        race_k=None if race_k is None else params.whole(race_k, "race_k"),
+        slices=None if slices is None else params.whole(slices, "slices"),
         runtime_version=runtime_version,
-        labels={**parse_labels(label or []), **max_hours_labels(max_hours)},
+        labels={**params.labels(label or []), **max_hours_labels(hours_of(max_hours))},
         wait=wait,
     )
     with session(ctx, out) as sess:
@@ -179,6 +191,13 @@ def create(
             return 0
         _render_placement(out, placement, views, prog.elapsed_s)
     return 0
+
+
+def _zone(zone: str | None) -> str | None:
+    """--zone, checked before a backend is opened."""
+    from tpuctl import params
+
+    return None if zone is None else params.zone(zone)
 
 
 def _escape(text: str) -> str:
@@ -331,6 +350,7 @@ def gc(
     from tpuctl.services.gc import GarbageCollector
 
     out = make_output(ctx, output)
+    zone = _zone(zone)
     with session(ctx, out) as sess:
         collector = GarbageCollector(sess)
         dry = is_dry_run(ctx, dry_run)
@@ -393,6 +413,7 @@ def list_pods(ctx: typer.Context, zone: ZoneOpt = None, output: OutputOpt = None
     from tpuctl.services.pods import PodService
 
     out = make_output(ctx, output)
+    zone = _zone(zone)
     with session(ctx, out) as sess:
         views = PodService(sess).list(zone)
     out.rows(
@@ -415,6 +436,7 @@ def describe(
     from tpuctl.services.pods import PodService
 
     out = make_output(ctx, output)
+    zone = _zone(zone)
     with session(ctx, out) as sess:
         data = PodService(sess).describe(name, zone)
     if out.machine:
@@ -446,6 +468,7 @@ def delete(
     from tpuctl.services.pods import PodService
 
     out = make_output(ctx, output)
+    zone = _zone(zone)
     with session(ctx, out) as sess:
         pods = PodService(sess)
         plans = pods.plan_delete(names, zone)

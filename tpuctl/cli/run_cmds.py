@@ -12,6 +12,12 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from tpuctl.cli.capacity import (
+    CAPACITY_TYPE_HELP,
+    PREEMPTIBLE_HELP,
+    SPOT_HELP,
+    run_capacity,
+)
 from tpuctl.cli.context import is_dry_run, make_output, session
 from tpuctl.cli.options import DryRunOpt, OutputOpt
 
@@ -102,10 +108,11 @@ def run(
         str | None, typer.Option("--type", help="Create a slice of this type for the run, e.g. v5e-16.")
     ] = None,
     zone: Annotated[str | None, typer.Option("--zone", help="Zone of --pod, or where to create.")] = None,
-    spot: Annotated[bool, typer.Option("--spot", help="Create the slice on spot capacity.")] = False,
-    preemptible: Annotated[
-        bool, typer.Option("--preemptible", help="Create the slice on preemptible capacity.")
-    ] = False,
+    capacity_type: Annotated[
+        list[str] | None, typer.Option("--capacity-type", help=CAPACITY_TYPE_HELP)
+    ] = None,
+    spot: Annotated[bool, typer.Option("--spot", help=SPOT_HELP)] = False,
+    preemptible: Annotated[bool, typer.Option("--preemptible", help=PREEMPTIBLE_HELP)] = False,
     keep_pod: Annotated[
         bool, typer.Option("--keep-pod", help="Keep the slice this run created (default: delete it).")
     ] = False,
@@ -120,36 +127,52 @@ def run(
         str | None, typer.Option("--example", help="Run a program bundled with tpuctl instead: lm.")
     ] = None,
     checkpoint_every: Annotated[
-        int | None,
-        typer.Option("--checkpoint-every", help="Checkpoint every N steps (passed to the program)."),
+        str | None,
+        typer.Option(
+            "--checkpoint-every", metavar="N", help="Checkpoint every N steps (passed to the program)."
+        ),
     ] = None,
     checkpoint_dir: Annotated[
         str | None, typer.Option("--checkpoint-dir", help="TPUCTL_CHECKPOINT_DIR (default: per run).")
     ] = None,
     timeout: Annotated[
-        float | None, typer.Option("--timeout", help="Stop the run after this many seconds.")
+        str | None,
+        typer.Option(
+            "--timeout", metavar="DURATION", help="Stop the run after this long: seconds, or 30m, 2h."
+        ),
     ] = None,
     grace: Annotated[
-        float, typer.Option("--grace", help="Seconds between SIGTERM and SIGKILL when stopping hosts.")
-    ] = 5.0,
+        str,
+        typer.Option(
+            "--grace",
+            metavar="DURATION",
+            help="Seconds between SIGTERM and SIGKILL when stopping hosts (>= 0).",
+        ),
+    ] = "5",
     executor: Annotated[
         str | None, typer.Option("--executor", help="sim or ssh (default: sim on the simulator).")
     ] = None,
     max_bundle_mb: Annotated[
-        float, typer.Option("--max-bundle-mb", help="Refuse bundles bigger than this (MiB).")
-    ] = 64.0,
+        str, typer.Option("--max-bundle-mb", metavar="MIB", help="Refuse bundles bigger than this (MiB).")
+    ] = "64",
     budget: Annotated[
         str | None,
-        typer.Option("--budget", help="Stop the run before it spends more than this many USD (warn at 80%)."),
+        typer.Option(
+            "--budget",
+            metavar="USD",
+            help="Stop the run before it spends more than this many USD (warn at 80%).",
+        ),
     ] = None,
     max_restarts: Annotated[
-        int,
-        typer.Option("--max-restarts", help="Restart a failing program at most N times (not preemptions)."),
-    ] = 0,
+        str,
+        typer.Option(
+            "--max-restarts", metavar="N", help="Restart a failing program at most N times (not preemptions)."
+        ),
+    ] = "0",
     max_preemptions: Annotated[
-        int,
-        typer.Option("--max-preemptions", help="Recover from at most N preemptions, then stop."),
-    ] = 10,
+        str,
+        typer.Option("--max-preemptions", metavar="N", help="Recover from at most N preemptions, then stop."),
+    ] = "10",
     detach: Annotated[
         bool,
         typer.Option("--detach", help="Supervise the run from a background process; return at once."),
@@ -167,8 +190,7 @@ def run(
     everything after `--` goes to the program as is, e.g.
     `tpuctl run train.py --type v5e-16 -- --lr 3e-4` or `tpuctl run --example lm --type v5e-8 -- --steps 50`.
     """
-    from tpuctl.catalog import CapacityType
-    from tpuctl.errors import UsageError
+    from tpuctl import params
     from tpuctl.services.run.launcher import Launcher
     from tpuctl.services.run.model import RunRequest
 
@@ -178,27 +200,13 @@ def run(
         # With --example every positional is the example's: SCRIPT caught the first of them.
         program_args = [script, *program_args]
         script = None
-    if spot and preemptible:
-        raise UsageError(
-            "--spot and --preemptible exclude each other",
-            field="capacity",
-            value="spot, preemptible",
-            fix="pick one capacity type",
-        )
-    capacity = (
-        CapacityType.SPOT if spot else CapacityType.PREEMPTIBLE if preemptible else CapacityType.ON_DEMAND
+    allowed = run_capacity(capacity_type or [], spot=spot, preemptible=preemptible)
+    budget_usd = None if budget is None else params.usd(budget, "budget")
+    limit_mb = params.mebibytes(max_bundle_mb, "max_bundle_mb")
+    policy = _policy(
+        params.whole(max_restarts, "max_restarts", minimum=0),
+        params.whole(max_preemptions, "max_preemptions", minimum=0),
     )
-    if max_bundle_mb <= 0:
-        raise UsageError(
-            f"--max-bundle-mb must be positive, got {max_bundle_mb}",
-            field="--max-bundle-mb",
-            value=max_bundle_mb,
-            fix="e.g. --max-bundle-mb 128",
-        )
-    from tpuctl.services.budget import parse_budget  # cost (issue 6): --budget
-
-    budget_usd = parse_budget(budget)
-    policy = _policy(max_restarts, max_preemptions)
     request = RunRequest(
         script=script,
         args=tuple(program_args),
@@ -207,15 +215,17 @@ def run(
         env=tuple(env or ()),
         pod=pod,
         accelerator_type=accelerator_type,
-        zone=zone,
-        capacity=capacity,
+        zone=None if zone is None else params.zone(zone),
+        capacity_types=tuple(allowed),
         keep_pod=keep_pod,
-        checkpoint_every=checkpoint_every,
+        checkpoint_every=None
+        if checkpoint_every is None
+        else params.whole(checkpoint_every, "checkpoint_every"),
         checkpoint_dir=checkpoint_dir,
         executor=executor,
-        timeout_s=timeout,
-        grace_s=grace,
-        bundle_limit_bytes=int(max_bundle_mb * 1024 * 1024),
+        timeout_s=None if timeout is None else params.duration(timeout, "timeout"),
+        grace_s=params.duration(grace, "grace", allow_zero=True),
+        bundle_limit_bytes=int(limit_mb * 1024 * 1024),
     )
     with session(ctx, out) as sess:
         launcher = Launcher(sess)
@@ -242,14 +252,8 @@ def run(
 
 
 def _policy(max_restarts: int, max_preemptions: int) -> RecoveryPolicy:
-    from tpuctl.errors import UsageError
     from tpuctl.services.run.model import RecoveryPolicy
 
-    for flag, value in (("--max-restarts", max_restarts), ("--max-preemptions", max_preemptions)):
-        if value < 0:
-            raise UsageError(
-                f"{flag} must be 0 or more, got {value}", field=flag, value=value, fix=f"e.g. {flag} 3"
-            )
     return RecoveryPolicy(max_restarts=max_restarts, max_preemptions=max_preemptions)
 
 
@@ -376,13 +380,18 @@ def _run_dict(record: RunRecord) -> dict[str, Any]:
 @runs_app.command("list")
 def list_runs(
     ctx: typer.Context,
-    limit: Annotated[int, typer.Option("--limit", help="Show at most this many (newest first).")] = 50,
+    limit: Annotated[
+        str, typer.Option("--limit", metavar="N", help="Show at most this many (newest first).")
+    ] = "50",
     output: OutputOpt = None,
 ) -> None:
     """List runs, newest first."""
+    from tpuctl import params
+
     out = make_output(ctx, output)
+    count = params.whole(limit, "limit")
     with session(ctx, out) as sess:
-        records = sess.ledger.list_runs(limit=limit)
+        records = sess.ledger.list_runs(limit=count)
     data = [_run_dict(r) for r in records]
     out.rows(
         "runs",
@@ -528,14 +537,18 @@ def _secs(value: Any) -> str | None:
 def run_logs(
     ctx: typer.Context,
     run_id: Annotated[str, typer.Argument(metavar="RUN", help="Run id (see `tpuctl runs list`).")],
-    worker: Annotated[int | None, typer.Option("--worker", help="Only this host's log.")] = None,
+    worker_flag: Annotated[
+        str | None, typer.Option("--worker", metavar="N", help="Only this host's log.")
+    ] = None,
 ) -> None:
     """Print the hosts' logs of a run (one host's with --worker N, unprefixed)."""
     import sys
 
+    from tpuctl import params
     from tpuctl.services.run.launcher import Launcher
 
     out = make_output(ctx, None)
+    worker = None if worker_flag is None else params.whole(worker_flag, "worker", minimum=0)
     with session(ctx, out) as sess:
         paths = Launcher(sess).log_paths(run_id, worker)
     width = len(str(max(len(paths) - 1, 0)))
@@ -556,10 +569,13 @@ def resume_run(
     detach: Annotated[bool, typer.Option("--detach", help="Supervise it from a background process.")] = False,
     budget: Annotated[
         str | None,
-        typer.Option("--budget", help="A new budget in USD for the whole run (spent so far counts)."),
+        typer.Option(
+            "--budget", metavar="USD", help="A new budget in USD for the whole run (spent so far counts)."
+        ),
     ] = None,
-    max_preemptions: Annotated[
-        int | None, typer.Option("--max-preemptions", help="A new preemption cap (default: the run's).")
+    max_preemptions_flag: Annotated[
+        str | None,
+        typer.Option("--max-preemptions", metavar="N", help="A new preemption cap (default: the run's)."),
     ] = None,
     output: OutputOpt = None,
 ) -> None:
@@ -567,8 +583,8 @@ def resume_run(
     cancel, failure) and carry it on from its last good checkpoint."""
     import dataclasses
 
+    from tpuctl import params
     from tpuctl.errors import UsageError
-    from tpuctl.services.budget import parse_budget
     from tpuctl.services.run.control import resume_prepared
     from tpuctl.services.run.launcher import Launcher
     from tpuctl.services.run.lease import lease_holder
@@ -576,7 +592,12 @@ def resume_run(
     from tpuctl.store.records import RunStatus
 
     out = make_output(ctx, output)
-    new_budget = parse_budget(budget)
+    new_budget = None if budget is None else params.usd(budget, "budget")
+    max_preemptions = (
+        None
+        if max_preemptions_flag is None
+        else params.whole(max_preemptions_flag, "max_preemptions", minimum=0)
+    )
     with session(ctx, out) as sess:
         record = sess.ledger.get_run(run_id)
         if record is None:
@@ -680,47 +701,47 @@ def bench_step(
     accelerator_type: Annotated[str, typer.Argument(metavar="TYPE", help="Slice type, e.g. v5e-16.")],
     pod: Annotated[str | None, typer.Option("--pod", help="Use this existing READY slice (of TYPE).")] = None,
     zone: Annotated[str | None, typer.Option("--zone", help="Zone to create the slice in.")] = None,
-    steps: Annotated[int, typer.Option("--steps", help="Timed steps.")] = 10,
+    steps: Annotated[str, typer.Option("--steps", metavar="N", help="Timed steps.")] = "10",
     batch_per_device: Annotated[
-        int, typer.Option("--batch-per-device", help="Sequences per device per step.")
-    ] = 2,
-    seq_len: Annotated[int, typer.Option("--seq-len", help="Tokens per sequence.")] = 128,
-    d_model: Annotated[int, typer.Option("--d-model", help="Model width.")] = 256,
-    layers: Annotated[int, typer.Option("--layers", help="Transformer layers.")] = 2,
+        str, typer.Option("--batch-per-device", metavar="N", help="Sequences per device per step.")
+    ] = "2",
+    seq_len: Annotated[str, typer.Option("--seq-len", metavar="N", help="Tokens per sequence.")] = "128",
+    d_model: Annotated[str, typer.Option("--d-model", metavar="N", help="Model width.")] = "256",
+    layers: Annotated[str, typer.Option("--layers", metavar="N", help="Transformer layers.")] = "2",
     compute_dtype: Annotated[
         str, typer.Option("--compute-dtype", help="float32 or bfloat16 (fp32 master weights).")
     ] = "float32",
     matmul_n: Annotated[
-        int, typer.Option("--matmul-n", help="Square matmul size for the simulator's measured peak.")
-    ] = 2048,
+        str,
+        typer.Option("--matmul-n", metavar="N", help="Square matmul size for the simulator's measured peak."),
+    ] = "2048",
     keep_pod: Annotated[bool, typer.Option("--keep-pod", help="Keep a slice created for this.")] = False,
     output: OutputOpt = None,
 ) -> None:
     """Run the bundled train step on every host of a slice; report step time, tokens/s, achieved
     TFLOP/s and the fraction of peak (the catalog's on TPU; on the simulator, a large matmul measured
     on the same CPU in the same run)."""
+    from tpuctl import params
     from tpuctl.errors import TpuctlError, UsageError
     from tpuctl.services.run.bench import BenchCollector, bench_step_figures, bench_step_program
     from tpuctl.services.run.launcher import Launcher
     from tpuctl.services.run.model import RunRequest
 
     out = make_output(ctx, output)
-    for flag, value in (("--steps", steps), ("--batch-per-device", batch_per_device), ("--seq-len", seq_len),
-                        ("--d-model", d_model), ("--layers", layers), ("--matmul-n", matmul_n)):  # fmt: skip
-        if value < 1:
-            raise UsageError(
-                f"{flag} must be 1 or more, got {value}", field=flag, value=value, fix=f"{flag} 4"
-            )
+    sizes = {"steps": steps, "batch_per_device": batch_per_device, "seq_len": seq_len, "d_model": d_model,
+             "layers": layers, "matmul_n": matmul_n}  # fmt: skip
+    # The program gets them as flags again: each checked here (a whole number >= 1) and passed on as given.
+    program_args: tuple[str, ...] = ()
+    for name, value in sizes.items():
+        program_args += (params.flag(name), str(params.whole(value, name)))
     if compute_dtype not in ("float32", "bfloat16"):
         raise UsageError(
             f"unknown --compute-dtype {compute_dtype!r}",
-            field="--compute-dtype",
+            field="compute_dtype",
             value=compute_dtype,
             fix="use float32 or bfloat16",
         )
-    program_args = ("--steps", str(steps), "--batch-per-device", str(batch_per_device), "--seq-len",
-                    str(seq_len), "--d-model", str(d_model), "--layers", str(layers), "--compute-dtype",
-                    compute_dtype, "--matmul-n", str(matmul_n))  # fmt: skip
+    program_args += ("--compute-dtype", compute_dtype)
     with session(ctx, out) as sess:
         accel = sess.catalog.resolve(accelerator_type)
         request = RunRequest(
@@ -737,7 +758,7 @@ def bench_step(
         if prepared.target.accelerator.api_name != accel.api_name:
             raise UsageError(
                 f"pod {pod} is a {prepared.target.accelerator.friendly_name}, not a {accel.friendly_name}",
-                field="--pod",
+                field="pod",
                 value=pod,
                 fix=f"pass TYPE {prepared.target.accelerator.friendly_name}, or drop --pod",
             )

@@ -46,7 +46,9 @@ def _admin(ctx: typer.Context) -> Iterator[SimAdminClient]:
 @app.command("serve")
 def serve(
     ctx: typer.Context,
-    port: Annotated[int, typer.Option("--port", help="Port on 127.0.0.1 (0: any free port).")] = 8470,
+    port_flag: Annotated[
+        str, typer.Option("--port", metavar="PORT", help="Port on 127.0.0.1 (0: any free port).")
+    ] = "8470",
 ) -> None:
     """Run the simulator in the foreground on 127.0.0.1 until Ctrl-C.
 
@@ -54,12 +56,11 @@ def serve(
     """
     import time
 
-    from tpuctl.errors import UsageError
+    from tpuctl import params
     from tpuctl.sim import SimServer, load_world
     from tpuctl.store.paths import ensure_private_dir
 
-    if not 0 <= port <= 65535:
-        raise UsageError(f"invalid port {port}", field="--port", value=port, fix="use 0-65535")
+    port = params.whole(port_flag, "port", minimum=0, maximum=65535)
     out = make_output(ctx, None)
     settings = build_settings(ctx, backend="sim")
     world = load_world(settings.sim_world) if settings.sim_world else None
@@ -151,7 +152,7 @@ def _zone_of(admin: SimAdminClient, pod: str) -> str:
         raise NotFoundError(f"no simulated slice named {pod!r}", fix="`tpuctl pod list` shows the slices")
     if len(zones) > 1:
         raise UsageError(
-            f"{pod!r} exists in several zones ({', '.join(zones)})", field="--zone", fix="pass --zone"
+            f"{pod!r} exists in several zones ({', '.join(zones)})", field="zone", fix="pass --zone"
         )
     return zones[0]
 

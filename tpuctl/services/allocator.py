@@ -21,14 +21,14 @@ Plain Python: no CLI, no rendering; progress goes to an ``OperationProgress``.
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tpuctl.catalog import Catalog, validate_zone
+from tpuctl import params
+from tpuctl.catalog import Catalog
 from tpuctl.cloud.base import (
     LABEL_MANAGED_BY,
     LABEL_MANAGED_BY_VALUE,
@@ -106,7 +106,7 @@ def build_request(
     reserved: str | None = None,
     max_price: str | float | None = None,
     queued: bool = False,
-    valid_for: str | None = None,
+    valid_for: str | float | None = None,
     strategy: str | None = None,
     race_k: str | int | None = None,
     slices: str | int | None = None,
@@ -116,8 +116,9 @@ def build_request(
     wait: bool = True,
     request_id: str | None = None,
 ) -> PlacementRequest:
-    """Validate the flags into a ``PlacementRequest``; flags win over settings (env, profile). Every bad
-    value raises a ``UsageError`` (exit 2) naming the flag, the value and the fix; nothing is contacted."""
+    """Validate the request's parameters into a ``PlacementRequest``; given values win over settings (env,
+    profile). Every bad value raises a ``UsageError`` (exit 2) naming the parameter (the CLI shows it as
+    its flag), the value and the fix; nothing is contacted."""
     accel = catalog.resolve(type_name)
     types, queued_type, reservation = resolve_capacity_types(
         capacity_types=capacity_types,
@@ -127,30 +128,20 @@ def build_request(
         defaults=settings.capacity_types,
     )
     price = parse_price(max_price) if max_price is not None else settings.max_price
-    count = parse_count(
-        slices,
-        field_name="--slices",
-        default=1,
-        fix="use --slices 1 for one slice, or N >= 2 for N slices through one queued resource (multislice)",
-    )
+    count = parse_count(slices, field_name="slices", default=1)
     chosen_strategy = parse_strategy(strategy)
-    k = parse_count(
-        race_k,
-        field_name="--race-k",
-        default=DEFAULT_RACE_K,
-        fix="use --race-k 2 or more: how many zones to queue in at once",
-    )
+    k = parse_count(race_k, field_name="race_k", default=DEFAULT_RACE_K)
     if race_k is not None and chosen_strategy is not Strategy.RACE:
         raise UsageError(
             "--race-k only applies to --strategy race",
-            field="--race-k",
+            field="race_k",
             value=race_k,
             fix="add --strategy race, or drop --race-k",
         )
     if chosen_strategy is Strategy.RACE and not wait:
         raise UsageError(
             "--strategy race cannot be combined with --no-wait",
-            field="--no-wait",
+            field="wait",
             fix="a race must wait to keep one winner and delete the others: drop --no-wait, or use --queued "
             "--no-wait to queue in the cheapest zone only",
         )
@@ -159,24 +150,18 @@ def build_request(
     if valid_for_s is not None and not (use_queued or count > 1 or chosen_strategy is Strategy.RACE):
         raise UsageError(
             "--valid-for only applies to queued resources",
-            field="--valid-for",
+            field="valid_for",
             value=valid_for,
             fix="add --queued (or --strategy race), or drop --valid-for",
         )
-    explicit_zones = [validate_zone(z) for z in zones] or ([] if region else list(settings.zones))
+    explicit_zones = [params.zone(z, "zones") for z in zones] or ([] if region else list(settings.zones))
     chosen_region = region if region is not None else (None if explicit_zones else settings.region)
     if region is not None:
-        if not re.fullmatch(r"[a-z]+-[a-z]+[0-9]+", region):
-            raise UsageError(
-                f"malformed region {region!r}",
-                field="--region",
-                value=region,
-                fix="a region looks like us-central1 (`tpuctl catalog zones` lists them)",
-            )
+        params.region(region)
         if zones:
             raise UsageError(
                 "--zone and --region exclude each other",
-                field="--region",
+                field="region",
                 value=region,
                 fix="give zones (--zone, repeatable) or one region, not both",
             )
@@ -188,7 +173,7 @@ def build_request(
                 raise UsageError(
                     f"--name {pod_name!r} is too long for {count} slices ({node_name!r} has more than 63 "
                     "characters)",
-                    field="--name",
+                    field="pod_name",
                     value=pod_name,
                     fix="use a shorter name",
                 )

@@ -26,6 +26,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
+from tpuctl import params
 from tpuctl.catalog import Catalog, region_of_zone
 from tpuctl.errors import BudgetExceededError, UsageError
 
@@ -47,51 +48,19 @@ class Action(StrEnum):
     STOP = "stop"  # the next step would go over: checkpoint, delete the slice, end the run
 
 
-def parse_budget(value: str | float | None, *, field_name: str = "--budget") -> float | None:
+def parse_budget(value: str | float | None, *, field_name: str = "budget") -> float | None:
     """A budget in USD: a finite number > 0, or None when not given."""
-    if value is None:
-        return None
-    fix = f"give the limit in US dollars, a positive number, e.g. {field_name} 50"
-    try:
-        amount = float(str(value).strip())
-    except ValueError:
-        raise UsageError(
-            f"{field_name} {value!r} is not a number", field=field_name, value=value, fix=fix
-        ) from None
-    if not math.isfinite(amount) or amount <= 0:
-        raise UsageError(
-            f"{field_name} must be a positive number of USD, got {value!r}",
-            field=field_name,
-            value=value,
-            fix=fix,
-        )
-    return amount
+    return None if value is None else params.usd(value, field_name)
 
 
 def parse_hours(value: str | float | None, *, field_name: str) -> float | None:
     """Hours: a finite number > 0 (fractions allowed: 1.5 is 90 minutes), or None when not given."""
-    if value is None:
-        return None
-    fix = f"give a positive number of hours, e.g. {field_name} 12 or {field_name} 1.5"
-    try:
-        hours = float(str(value).strip())
-    except ValueError:
-        raise UsageError(
-            f"{field_name} {value!r} is not a number", field=field_name, value=value, fix=fix
-        ) from None
-    if not math.isfinite(hours) or hours <= 0:
-        raise UsageError(
-            f"{field_name} must be a positive number of hours, got {value!r}",
-            field=field_name,
-            value=value,
-            fix=fix,
-        )
-    return hours
+    return None if value is None else params.hours(value, field_name)
 
 
 def max_hours_labels(max_hours: str | float | None) -> dict[str, str]:
     """The labels ``pod create --max-hours H`` adds (empty without the flag); validates H (exit 2)."""
-    hours = parse_hours(max_hours, field_name="--max-hours")
+    hours = parse_hours(max_hours, field_name="max_hours")
     if hours is None:
         return {}
     return {LABEL_MAX_SECONDS: str(max(1, round(hours * 3600)))}

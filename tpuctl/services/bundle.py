@@ -210,7 +210,7 @@ def _walk_user_files(workdir: Path) -> Iterator[tuple[str, Path]]:
         except OSError as exc:
             raise BundleError(
                 f"cannot read {abs_dir}: {exc.strerror}",
-                field="--workdir",
+                field="workdir",
                 value=str(abs_dir),
                 fix="make it readable, or exclude it in .tpuctlignore",
             ) from None
@@ -239,7 +239,7 @@ def _checked_link(link: Path, rel: str, root_real: Path) -> Path:
     except (OSError, RuntimeError):
         raise BundleError(
             f"symlink {rel} points to {os.readlink(link)!r}, which does not exist",
-            field="--workdir",
+            field="workdir",
             value=str(link),
             fix=f"remove the link or add {rel!r} to .tpuctlignore",
         ) from None
@@ -247,14 +247,14 @@ def _checked_link(link: Path, rel: str, root_real: Path) -> Path:
         raise BundleError(
             f"symlink {rel} points outside the working directory (to {target}); tpuctl ships only what "
             "is inside it",
-            field="--workdir",
+            field="workdir",
             value=str(link),
             fix=f"copy the file into the working directory, or add {rel!r} to .tpuctlignore",
         )
     if target.is_dir():
         raise BundleError(
             f"symlink {rel} is a symlinked directory; tpuctl does not follow those",
-            field="--workdir",
+            field="workdir",
             value=str(link),
             fix=f"replace it with a real directory, or add {rel!r}/ to .tpuctlignore",
         )
@@ -268,7 +268,7 @@ def build_bundle(workdir: Path | None, *, limit_bytes: int = DEFAULT_LIMIT_BYTES
         if not workdir.is_dir():
             raise BundleError(
                 f"working directory {workdir} does not exist or is not a directory",
-                field="--workdir",
+                field="workdir",
                 value=str(workdir),
                 fix="pass an existing directory with --workdir",
             )
@@ -288,7 +288,7 @@ def build_bundle(workdir: Path | None, *, limit_bytes: int = DEFAULT_LIMIT_BYTES
         raise BundleError(
             f"the bundle of {where} is {_human(total)} ({total} bytes), over the {_human(limit_bytes)} "
             f"limit; largest files: " + ", ".join(f"{f.path} ({_human(f.size)})" for f in largest),
-            field="--workdir",
+            field="workdir",
             value=str(where),
             fix=f"exclude what the hosts do not need with a .tpuctlignore in {where} (gitignore syntax, "
             "e.g. `data/` or `*.ckpt`), or point --workdir at a smaller directory",

@@ -23,12 +23,12 @@ name (so the order is deterministic).
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from tpuctl import params
 from tpuctl.catalog import AcceleratorType, CapacityType, Catalog, region_of_zone, validate_zone
 from tpuctl.cloud.base import PlannedRequest
 from tpuctl.errors import (
@@ -44,14 +44,9 @@ from tpuctl.errors import (
 )
 from tpuctl.services.quota import QuotaBook, QuotaUse
 
-#: What ``--capacity-type`` accepts besides the catalog's capacity types: ``queued`` asks for a queued
-#: resource (it is a way of provisioning, not a capacity class; the tier follows the other types).
-QUEUED_CAPACITY = "queued"
+QUEUED_CAPACITY = params.QUEUED_CAPACITY
 DEFAULT_RACE_K = 3
 QUOTA_REQUEST_URL = "https://console.cloud.google.com/iam-admin/quotas?service=tpu.googleapis.com"
-
-_DURATION_PART_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*(d|h|m|s)")
-_DURATION_UNITS = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
 
 
 class Strategy(StrEnum):
@@ -89,85 +84,28 @@ class Verdict(StrEnum):
 
 
 # --------------------------------------------------------------------------------------------------
-# Input parsing: every bad value is a UsageError (exit 2) that names the flag, the value and the fix.
+# Input parsing, through tpuctl.params: every bad value is a UsageError (exit 2) that names the
+# parameter, the value and the fix (the CLI shows the parameter as its flag).
 
 
-def parse_price(value: str | float | None, *, field_name: str = "--max-price") -> float | None:
+def parse_price(value: str | float | None, *, field_name: str = "max_price") -> float | None:
     """A price cap in USD per hour: a finite number > 0, or None when not given."""
-    if value is None:
-        return None
-    fix = "give the cap in USD per hour for the whole request (all slices), e.g. --max-price 20"
-    try:
-        price = float(str(value).strip())
-    except ValueError:
-        raise UsageError(
-            f"{field_name} {value!r} is not a number", field=field_name, value=value, fix=fix
-        ) from None
-    if not math.isfinite(price) or price <= 0:
-        raise UsageError(
-            f"{field_name} must be a positive number of USD per hour, got {value!r}",
-            field=field_name,
-            value=value,
-            fix=fix,
-        )
-    return price
+    return None if value is None else params.usd(value, field_name, per_hour=True)
 
 
-def parse_count(value: str | int | None, *, field_name: str, default: int, fix: str) -> int:
-    """A whole number >= 1 (``--slices``, ``--race-k``)."""
-    if value is None:
-        return default
-    text = str(value).strip()
-    if not re.fullmatch(r"[0-9]+", text) or int(text) < 1:
-        raise UsageError(
-            f"{field_name} must be a whole number >= 1, got {value!r}", field=field_name, value=value, fix=fix
-        )
-    return int(text)
+def parse_count(value: str | int | None, *, field_name: str, default: int, fix: str | None = None) -> int:
+    """A whole number >= 1 (``slices``, ``race_k``)."""
+    return default if value is None else params.whole(value, field_name, minimum=1, fix=fix)
 
 
-def parse_duration(value: str | None, *, field_name: str = "--valid-for") -> float | None:
+def parse_duration(value: str | float | None, *, field_name: str = "valid_for") -> float | None:
     """``2h``, ``90m``, ``1h30m``, ``1d``, ``3600s`` or plain seconds (``3600``) -> seconds > 0."""
-    if value is None:
-        return None
-    text = str(value).strip().lower()
-    fix = "use a duration such as 2h, 30m, 1h30m, 1d or 3600s"
-    seconds: float | None = None
-    if re.fullmatch(r"[0-9]+(\.[0-9]+)?", text):
-        seconds = float(text)
-    elif text and re.fullmatch(r"(\s*[0-9]+(\.[0-9]+)?\s*[dhms])+\s*", text):
-        seconds = sum(float(n) * _DURATION_UNITS[u] for n, u in _DURATION_PART_RE.findall(text))
-    if seconds is None:
-        raise UsageError(
-            f"cannot parse {field_name} {value!r} as a duration", field=field_name, value=value, fix=fix
-        )
-    if seconds <= 0:
-        raise UsageError(
-            f"{field_name} must be longer than zero, got {value!r}", field=field_name, value=value, fix=fix
-        )
-    return seconds
+    return None if value is None else params.duration(value, field_name)
 
 
 def parse_capacity_types(values: Iterable[str]) -> tuple[list[CapacityType], bool]:
-    """``--capacity-type`` values -> (capacity types in the order given, whether ``queued`` was given)."""
-    types: list[CapacityType] = []
-    queued = False
-    allowed = ", ".join([*(c.value for c in CapacityType), QUEUED_CAPACITY])
-    for raw in values:
-        if raw.strip().lower() == QUEUED_CAPACITY:
-            queued = True
-            continue
-        try:
-            capacity = CapacityType.parse(raw, field_name="--capacity-type")
-        except UsageError:
-            raise UsageError(
-                f"unknown capacity type {raw!r}",
-                field="--capacity-type",
-                value=raw,
-                fix=f"use one of: {allowed} (repeat the flag to allow several)",
-            ) from None
-        if capacity not in types:
-            types.append(capacity)
-    return types, queued
+    """Capacity type names -> (capacity types in the order given, whether ``queued`` was given)."""
+    return params.capacity_types(values)
 
 
 def parse_strategy(value: str | None) -> Strategy:
@@ -178,7 +116,7 @@ def parse_strategy(value: str | None) -> Strategy:
     except ValueError:
         raise UsageError(
             f"unknown strategy {value!r}",
-            field="--strategy",
+            field="strategy",
             value=value,
             fix="use --strategy cheapest (one zone at a time, cheapest first) or --strategy race "
             "(queue in the top --race-k zones at once, keep the first to become ACTIVE)",
@@ -270,17 +208,14 @@ def resolve_capacity_types(
     """The allowed capacity types from the flags (``--capacity-type`` plus the shorthands, in that order),
     else ``defaults`` (settings), else on-demand; with whether ``queued`` was asked for and the
     reservation name. Reserved capacity without a reservation name is a usage error."""
-    types, queued = parse_capacity_types(capacity_types)
-    for capacity, flag in ((CapacityType.SPOT, spot), (CapacityType.PREEMPTIBLE, preemptible)):
-        if flag and capacity not in types:
-            types.append(capacity)
+    types, queued = params.capacity_types(capacity_types, spot=spot, preemptible=preemptible)
     reservation: str | None = None
     if reserved is not None:
         reservation = reserved.strip()
         if not reservation:
             raise UsageError(
                 "--reserved needs a reservation name, got an empty one",
-                field="--reserved",
+                field="reserved",
                 value=reserved,
                 fix="pass --reserved RESERVATION_NAME (the name of a TPU reservation in the zone)",
             )
@@ -293,7 +228,7 @@ def resolve_capacity_types(
     if CapacityType.RESERVED in types and not reservation:
         raise UsageError(
             "reserved capacity needs a reservation name",
-            field="--capacity-type",
+            field="capacity_types",
             value=CapacityType.RESERVED.value,
             fix="pass --reserved RESERVATION_NAME (it implies --capacity-type reserved)",
         )

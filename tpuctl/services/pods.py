@@ -17,9 +17,6 @@ from typing import Any
 
 from tpuctl.catalog import AcceleratorType, validate_zone
 from tpuctl.cloud.base import (
-    LABEL_MANAGED_BY,
-    LABEL_OWNER,
-    LABEL_REQUEST,
     Node,
     OperationProgress,
 )
@@ -32,47 +29,13 @@ from tpuctl.services.session import Session
 from tpuctl.store.records import EventKind, EventRecord
 
 _NODE_ID_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
-_LABEL_KEY_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
-_LABEL_VALUE_RE = re.compile(r"^[a-z0-9_-]{0,63}$")
-_RESERVED_LABEL_KEYS = {LABEL_MANAGED_BY, LABEL_OWNER, LABEL_REQUEST}
-
-
-def parse_labels(pairs: Sequence[str]) -> dict[str, str]:
-    """``["team=ml", "env=dev"]`` -> dict, validated against GCP's label rules."""
-    labels: dict[str, str] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep:
-            raise UsageError(
-                f"bad label {pair!r}: expected KEY=VALUE",
-                field="--label",
-                value=pair,
-                fix="write labels as KEY=VALUE, e.g. --label team=ml",
-            )
-        if not _LABEL_KEY_RE.match(key) or not _LABEL_VALUE_RE.match(value):
-            raise UsageError(
-                f"bad label {pair!r}: keys must start with a lowercase letter and both key and value may "
-                "hold only lowercase letters, digits, - and _ (keys 1-63, values 0-63 characters)",
-                field="--label",
-                value=pair,
-                fix="e.g. --label team=ml-infra",
-            )
-        if key in _RESERVED_LABEL_KEYS:
-            raise UsageError(
-                f"label key {key!r} is reserved for tpuctl",
-                field="--label",
-                value=pair,
-                fix="choose another key",
-            )
-        labels[key] = value
-    return labels
 
 
 def validate_node_name(name: str) -> str:
     if not _NODE_ID_RE.match(name):
         raise UsageError(
             f"invalid pod name {name!r}",
-            field="--name",
+            field="pod_name",
             value=name,
             fix="use 1-63 lowercase letters, digits and dashes, starting with a letter and not ending "
             "with a dash",
@@ -190,7 +153,7 @@ class PodService:
             zones = ", ".join(sorted(n.zone for n in matches))
             raise UsageError(
                 f"slice name {name!r} exists in several zones ({zones})",
-                field="--zone",
+                field="zone",
                 value=name,
                 fix="pass --zone to say which",
             )

@@ -49,7 +49,7 @@ def build_estimate_request(
     """Validate the flags (exit 2 on a bad one) before any backend is contacted."""
     from tpuctl.services.allocator import build_request
 
-    chosen_hours = parse_hours(hours, field_name="--hours")
+    chosen_hours = parse_hours(hours, field_name="hours")
     placement = build_request(
         catalog,
         settings,

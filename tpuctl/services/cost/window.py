@@ -40,7 +40,7 @@ def parse_group_by(value: str | None) -> GroupBy:
         if not _LABEL_KEY_RE.match(key):
             raise UsageError(
                 f"--group-by {value!r}: {key!r} is not a label key",
-                field="--group-by",
+                field="group_by",
                 value=value,
                 fix="a label key is lowercase letters, digits, - and _, starting with a letter, "
                 "e.g. --group-by label:team",
@@ -48,7 +48,7 @@ def parse_group_by(value: str | None) -> GroupBy:
         return GroupBy("label", key)
     kind = text.lower()
     if kind not in GROUP_BY_CHOICES or kind == "label:key":
-        raise UsageError(f"unknown --group-by {value!r}", field="--group-by", value=value, fix=fix)
+        raise UsageError(f"unknown --group-by {value!r}", field="group_by", value=value, fix=fix)
     return GroupBy(kind)
 
 
@@ -66,7 +66,7 @@ def parse_limit(value: str | None, *, table: bool) -> int | None:
     if not text.isdigit():
         raise UsageError(
             f"--limit {value!r} is not a whole number >= 0",
-            field="--limit",
+            field="limit",
             value=value,
             fix="give how many of the costliest groups to show, e.g. --limit 20, or --limit 0 for all",
         )
@@ -108,12 +108,12 @@ def parse_instant(value: str, *, field_name: str, now: float) -> float:
 def parse_window(since: str | None, until: str | None, *, now: float) -> tuple[float | None, float]:
     """``--since``/``--until`` -> ``(since or None, until)``; until defaults to now. since >= until is an
     error (exit 2) naming both values."""
-    start = None if since is None else parse_instant(since, field_name="--since", now=now)
-    end = now if until is None else parse_instant(until, field_name="--until", now=now)
+    start = None if since is None else parse_instant(since, field_name="since", now=now)
+    end = now if until is None else parse_instant(until, field_name="until", now=now)
     if start is not None and start >= end:
         raise UsageError(
             f"--since {since!r} ({iso(start)}) is not before --until {until or 'now'!r} ({iso(end)})",
-            field="--since",
+            field="since",
             value=since,
             fix="give a --since earlier than --until (the window is [since, until), in UTC)",
         )

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tpuctl.catalog import CapacityType
 from tpuctl.errors import NotFoundError, TpuctlError, UsageError
 from tpuctl.services.run import hosts
 from tpuctl.services.run.lease import LOCK_FILE, Lease, lease_holder
@@ -34,7 +35,7 @@ def save_request(
     """Write what ``runs resume`` / a detached supervisor needs to prepare the run again (0600)."""
     ensure_private_dir(log_dir)
     data = dataclasses.asdict(request)
-    data["capacity"] = request.capacity.value
+    data["capacity_types"] = [t.value for t in request.capacity_types]
     data["run_id"] = run_id
     payload = {"request": data, "budget_usd": budget_usd, "policy": policy.to_dict()}
     path = log_dir / REQUEST_FILE
@@ -47,8 +48,6 @@ def save_request(
 
 
 def load_request(log_dir: Path) -> tuple[RunRequest, float | None, RecoveryPolicy]:
-    from tpuctl.catalog import CapacityType
-
     path = log_dir / REQUEST_FILE
     try:
         payload = json.loads(path.read_text(encoding="utf-8"))
@@ -61,7 +60,7 @@ def load_request(log_dir: Path) -> tuple[RunRequest, float | None, RecoveryPolic
             "`tpuctl run`",
         ) from None
     raw = dict(payload["request"])
-    raw["capacity"] = CapacityType(raw["capacity"])
+    raw["capacity_types"] = _capacity_types(raw)
     for key in ("args", "env"):
         raw[key] = tuple(raw.get(key) or ())
     names = {f.name for f in dataclasses.fields(RunRequest)}
@@ -71,6 +70,15 @@ def load_request(log_dir: Path) -> tuple[RunRequest, float | None, RecoveryPolic
     policy = RecoveryPolicy(**{k: v for k, v in policy_raw.items() if k in policy_names})
     budget = payload.get("budget_usd")
     return request, (float(budget) if budget is not None else None), policy
+
+
+def _capacity_types(raw: dict[str, Any]) -> tuple[CapacityType, ...]:
+    """The saved allowed set; a request saved with one ``capacity`` (before sets) reads as that one, an
+    on-demand one as none named (the profile's decided then, as they do now)."""
+    if "capacity_types" in raw:
+        return tuple(CapacityType(t) for t in raw["capacity_types"])
+    legacy = CapacityType(raw.get("capacity") or CapacityType.ON_DEMAND.value)
+    return () if legacy is CapacityType.ON_DEMAND else (legacy,)
 
 
 def _settings_env(session: Session) -> dict[str, str]:

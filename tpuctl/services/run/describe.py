@@ -96,7 +96,7 @@ def log_paths(session: Session, run_id: str, worker: int | None = None) -> list[
     if worker is not None and not 0 <= worker < max(hosts, 1):
         raise UsageError(
             f"run {run_id} has workers 0..{hosts - 1}, not {worker}",
-            field="--worker",
+            field="worker",
             value=worker,
             fix=f"pass --worker between 0 and {hosts - 1}",
         )

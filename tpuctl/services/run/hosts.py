@@ -37,7 +37,7 @@ def _local_hosts_or_refuse(session: Session) -> LocalHosts:
         raise UsageError(
             f"the {ExecutorKind.LOCAL.value} executor runs simulated hosts only; this command talks to "
             f"{session.backend.name}, whose hosts are reached over SSH",
-            field="--executor",
+            field="executor",
             value=ExecutorKind.LOCAL.value,
             fix="drop --executor (real slices use ssh)",
         )
@@ -50,7 +50,7 @@ def executor_kind(session: Session, requested: str | None) -> ExecutorKind:
     if kind not in EXECUTOR_KINDS:
         raise UsageError(
             f"unknown executor {kind!r}",
-            field="--executor",
+            field="executor",
             value=kind,
             fix="use one of: " + ", ".join(EXECUTOR_KINDS),
         )
@@ -99,7 +99,7 @@ def build_executor(session: Session, prepared: PreparedRun, node: Node, *, for_p
     if len(addresses) != hosts:
         raise UsageError(
             f"pod {node.name} reports {len(addresses)} network endpoints for its {hosts} hosts",
-            field="--pod",
+            field="pod",
             value=node.name,
             fix="wait until the slice is READY with every host up (`tpuctl pod describe`)",
         )

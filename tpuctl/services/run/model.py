@@ -88,7 +88,8 @@ class RunRequest:
     pod: str | None = None
     accelerator_type: str | None = None
     zone: str | None = None
-    capacity: CapacityType = CapacityType.ON_DEMAND
+    #: The capacity types a new slice may be placed on, cheapest first (empty: the profile's decide).
+    capacity_types: tuple[CapacityType, ...] = ()
     keep_pod: bool = False
     checkpoint_every: int | None = None
     checkpoint_dir: str | None = None

@@ -32,7 +32,7 @@ def prepare(session: Session, request: RunRequest) -> PreparedRun:
     if request.checkpoint_every is not None and request.checkpoint_every < 0:
         raise UsageError(
             f"--checkpoint-every must be 0 or more, got {request.checkpoint_every}",
-            field="--checkpoint-every",
+            field="checkpoint_every",
             value=request.checkpoint_every,
             fix="give a number of steps, e.g. --checkpoint-every 50",
         )
@@ -41,7 +41,7 @@ def prepare(session: Session, request: RunRequest) -> PreparedRun:
     if request.timeout_s is not None and request.timeout_s <= 0:
         raise UsageError(
             f"--timeout must be positive, got {request.timeout_s}",
-            field="--timeout",
+            field="timeout",
             value=request.timeout_s,
             fix="give seconds, e.g. --timeout 3600",
         )
@@ -50,7 +50,7 @@ def prepare(session: Session, request: RunRequest) -> PreparedRun:
     if not RUN_ID_RE.match(run_id):
         raise UsageError(
             f"invalid run id {run_id!r}",
-            field="--run-id",
+            field="run_id",
             value=run_id,
             fix="use lowercase letters, digits and dashes, starting with a letter (at most 63)",
         )
@@ -79,7 +79,7 @@ def _program(request: RunRequest) -> tuple[tuple[str, ...], str, Path | None]:
         if example is None:
             raise UsageError(
                 f"unknown example {request.example!r}",
-                field="--example",
+                field="example",
                 value=request.example,
                 fix="use one of: " + ", ".join(f"{k} ({v.description})" for k, v in EXAMPLES.items()),
             )
@@ -111,14 +111,14 @@ def _program(request: RunRequest) -> tuple[tuple[str, ...], str, Path | None]:
     if not workdir.is_dir():
         raise UsageError(
             f"--workdir {request.workdir} does not exist or is not a directory",
-            field="--workdir",
+            field="workdir",
             value=request.workdir,
             fix="pass the directory that holds your program and its files",
         )
     if not script.is_relative_to(workdir):
         raise UsageError(
             f"script {script} is outside the working directory {workdir}",
-            field="--workdir",
+            field="workdir",
             value=str(workdir),
             fix="pass a --workdir that contains the script (it is shipped with its directory)",
         )
@@ -142,20 +142,20 @@ def parse_env(pairs: Sequence[str]) -> dict[str, str]:
             raise UsageError(
                 f"bad --env {pair!r}: expected KEY=VALUE with KEY a letter or _ followed by letters, "
                 "digits or _",
-                field="--env",
+                field="env",
                 value=pair,
                 fix="write it as --env NAME=value, e.g. --env LEARNING_RATE=3e-4",
             )
         if key.startswith("TPUCTL_") or key == "PYTHONPATH":
             raise UsageError(
                 f"bad --env {pair!r}: {key} is set by tpuctl on every host (the worker environment)",
-                field="--env",
+                field="env",
                 value=pair,
                 fix="choose another name; tpuctl sets TPUCTL_* and PYTHONPATH itself",
             )
         if "\x00" in value:
             raise UsageError(
-                f"bad --env {key}: the value holds a NUL byte", field="--env", value=key, fix="remove it"
+                f"bad --env {key}: the value holds a NUL byte", field="env", value=key, fix="remove it"
             )
         env[key] = value
     return env

@@ -13,7 +13,6 @@ import dataclasses
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from tpuctl.catalog import CapacityType
 from tpuctl.cloud.base import LABEL_RUN, Node, OperationProgress
 from tpuctl.errors import NotFoundError, UsageError
 from tpuctl.services.run import hosts
@@ -32,7 +31,7 @@ def target(session: Session, request: RunRequest, run_id: str) -> Target:
     if request.accelerator_type is None:
         raise UsageError(
             "say where to run: --pod NAME (an existing slice) or --type TYPE (a new one)",
-            field="--type",
+            field="type",
             fix="e.g. --type v5e-8, or --pod my-slice (see `tpuctl pod list`)",
         )
     from tpuctl.services.allocator import build_request
@@ -42,8 +41,7 @@ def target(session: Session, request: RunRequest, run_id: str) -> Target:
         session.settings,
         request.accelerator_type,
         zones=[request.zone] if request.zone else (),
-        spot=request.capacity is CapacityType.SPOT,
-        preemptible=request.capacity is CapacityType.PREEMPTIBLE,
+        capacity_types=[t.value for t in request.capacity_types],
         labels={LABEL_RUN: run_id},
     )
     return Target(accelerator=placement.accelerator, placement=placement)
@@ -54,7 +52,7 @@ def _existing(session: Session, request: RunRequest) -> Target:
     if request.accelerator_type is not None:
         raise UsageError(
             "--pod and --type exclude each other",
-            field="--pod",
+            field="pod",
             value=request.pod,
             fix="run on an existing slice with --pod, or create one with --type",
         )
@@ -62,7 +60,7 @@ def _existing(session: Session, request: RunRequest) -> Target:
     if node.state != "READY":
         raise UsageError(
             f"pod {node.name} in {node.zone} is {node.state}, not READY",
-            field="--pod",
+            field="pod",
             value=request.pod,
             fix="wait until `tpuctl pod list` shows it READY, or run with --type to create a slice",
         )
@@ -72,7 +70,7 @@ def _existing(session: Session, request: RunRequest) -> Target:
         raise UsageError(
             f"pod {node.name} has accelerator type {node.accelerator_type!r}, which the catalog "
             "does not know",
-            field="--pod",
+            field="pod",
             value=request.pod,
             fix="update tpuctl",
         ) from exc
@@ -90,14 +88,14 @@ def find_pod(session: Session, name: str, zone: str | None) -> Node:
     if not matches:
         raise UsageError(
             f"pod {name!r} does not exist" + (f" in {zone}" if zone else ""),
-            field="--pod",
+            field="pod",
             value=name,
             fix="`tpuctl pod list` shows the slices; or run with --type TYPE to create one",
         )
     if len(matches) > 1:
         raise UsageError(
             f"pod name {name!r} exists in several zones ({', '.join(sorted(n.zone for n in matches))})",
-            field="--zone",
+            field="zone",
             value=name,
             fix="pass --zone to say which",
         )

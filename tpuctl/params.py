@@ -1,0 +1,364 @@
+"""Typed parameters: the one place a flag, an environment variable or a profile key becomes a value.
+
+Every user-given value is parsed here once, at the edge (the CLI's commands and ``tpuctl.settings``), by
+one function per kind of value: a USD amount, hours, a duration, a whole number, a size in MiB, the
+allowed capacity types. A bad value raises ``ParamError`` (a ``UsageError``, exit 2) that carries the
+parameter's name, the value and the fix; non-finite numbers (inf, nan) are refused everywhere.
+
+Services name parameters, not flags: their errors say ``field="pod"``. ``FLAGS`` is the table that turns
+a parameter name into what the user typed (``--pod``); the CLI applies it when it renders an error
+(``flag_error``), and settings name the environment variable or the profile key instead
+(``ParamError.for_source``), so one bad value reads the same from every source.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping
+from typing import Final
+
+from tpuctl.catalog import CapacityType, validate_zone
+from tpuctl.errors import ConfigError, UsageError
+
+#: Parameter name -> the flag a user types for it. Names not listed are shown as they are (arguments
+#: such as TYPE or RUN, and fields that are already spelled for the user).
+FLAGS: Final[Mapping[str, str]] = {
+    # settings (flags shared by every command)
+    "profile": "--profile",
+    "project": "--project",
+    "backend": "--backend",
+    "output": "-o/--output",
+    "state_dir": "--state-dir",
+    "config_file": "--config",
+    "zones": "--zone",
+    "zone": "--zone",
+    "region": "--region",
+    "capacity_types": "--capacity-type",
+    "max_price": "--max-price",
+    # placement
+    "pod_name": "--name",
+    "label": "--label",
+    "reserved": "--reserved",
+    "spot": "--spot",
+    "preemptible": "--preemptible",
+    "slices": "--slices",
+    "strategy": "--strategy",
+    "race_k": "--race-k",
+    "wait": "--no-wait",  # the only wait-related error is about --no-wait
+    "valid_for": "--valid-for",
+    "max_hours": "--max-hours",
+    # runs
+    "pod": "--pod",
+    "type": "--type",
+    "example": "--example",
+    "env": "--env",
+    "workdir": "--workdir",
+    "executor": "--executor",
+    "timeout": "--timeout",
+    "grace": "--grace",
+    "budget": "--budget",
+    "checkpoint_every": "--checkpoint-every",
+    "max_restarts": "--max-restarts",
+    "max_preemptions": "--max-preemptions",
+    "max_bundle_mb": "--max-bundle-mb",
+    "limit": "--limit",
+    "worker": "--worker",
+    "run_id": "--run-id",
+    # bench step
+    "steps": "--steps",
+    "batch_per_device": "--batch-per-device",
+    "seq_len": "--seq-len",
+    "d_model": "--d-model",
+    "layers": "--layers",
+    "matmul_n": "--matmul-n",
+    "compute_dtype": "--compute-dtype",
+    # cost
+    "hours": "--hours",
+    "since": "--since",
+    "until": "--until",
+    "group_by": "--group-by",
+    # sim
+    "port": "--port",
+}
+
+#: What ``--capacity-type`` accepts besides the catalog's capacity types: ``queued`` asks for a queued
+#: resource (a way of provisioning, not a capacity class).
+QUEUED_CAPACITY: Final = "queued"
+
+#: The fix for a bad whole number, where a generic "give a whole number" would not say enough.
+COUNT_FIXES: Final[Mapping[str, str]] = {
+    "slices": "use --slices 1 for one slice, or N >= 2 for N slices through one queued resource (multislice)",
+    "race_k": "use --race-k 2 or more: how many zones to queue in at once",
+}
+
+# Where a message or fix names the parameter and where it shows an example. Marked with NUL, not with
+# str.format's braces: the text also quotes the user's value, and no argument or variable holds a NUL.
+LABEL: Final = "\0label\0"
+EG: Final = "\0eg\0"
+
+_REGION_RE = re.compile(r"[a-z]+-[a-z]+[0-9]+")
+_WHOLE_RE = re.compile(r"[+]?[0-9]+")
+_DURATION_PART_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*(d|h|m|s)")
+_DURATION_RE = re.compile(r"(\s*[0-9]+(\.[0-9]+)?\s*[dhms])+\s*")
+_PLAIN_SECONDS_RE = re.compile(r"[0-9]+(\.[0-9]+)?")
+_DURATION_UNITS: Final = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
+
+
+def flag(name: str) -> str:
+    """How the user spells parameter ``name`` on the command line."""
+    return FLAGS.get(name, name)
+
+
+def example(label: str, value: str) -> str:
+    """``value`` given as ``label`` would be written: a flag, an environment variable or a profile key."""
+    if label.startswith("-"):
+        return f"{label} {value}"
+    if label.isupper():
+        return f"{label}={value}"
+    return f"{label.rsplit('.', 1)[-1]}: {value}"
+
+
+class ParamError(UsageError):
+    """A bad value for one parameter. The message and the fix are templates over ``LABEL`` (how the
+    parameter is named where the value came from) and ``EG`` (an example written that way), so the
+    same error can name a flag, an environment variable or a profile key."""
+
+    def __init__(self, template: str, *, param: str, value: object, fix: str, eg: str | None = None) -> None:
+        self.param = param
+        self.template = template
+        self.fix_template = fix
+        self.eg = eg
+        label = flag(param)
+        super().__init__(
+            self._render(template, label), field=param, value=value, fix=self._render(fix, label)
+        )
+
+    def _render(self, text: str, label: str) -> str:
+        eg = "" if self.eg is None else example(label, self.eg)
+        return text.replace(LABEL, label).replace(EG, eg)
+
+    def for_source(self, label: str, *, path: str | None = None) -> UsageError:
+        """This error, naming ``label`` (an environment variable; with ``path``, a config file's key)."""
+        message = self._render(self.template, label)
+        fix = self._render(self.fix_template, label)
+        if path is None:
+            return UsageError(message, field=label, value=self.value, fix=fix)
+        return ConfigError(f"{message} in {path}", path=path, field=label, value=self.value, fix=fix)
+
+
+def flag_error(exc: UsageError) -> UsageError:
+    """``exc`` with its field spelled as the user typed it (the CLI's rendering of a service's error)."""
+    if isinstance(exc, ConfigError) or exc.field is None:
+        return exc
+    exc.field = flag(exc.field)
+    return exc
+
+
+# --------------------------------------------------------------------------------------------------
+# Numbers
+
+
+def _finite(value: str | float, param: str, *, fix: str, eg: str) -> float:
+    try:
+        number = float(str(value).strip())
+    except ValueError:
+        raise ParamError(
+            f"{LABEL} {value!r} is not a number", param=param, value=value, fix=fix, eg=eg
+        ) from None
+    if not math.isfinite(number):
+        raise ParamError(
+            f"{LABEL} must be a finite number, got {value!r}", param=param, value=value, fix=fix, eg=eg
+        )
+    return number
+
+
+def usd(value: str | float, param: str, *, per_hour: bool = False) -> float:
+    """An amount of US dollars (per hour for a price cap): a finite number > 0."""
+    unit = "USD per hour" if per_hour else "USD"
+    fix = (
+        f"give a positive number of USD per hour for the whole request (all slices), e.g. {EG}"
+        if per_hour
+        else f"give the limit in US dollars, a positive number, e.g. {EG}"
+    )
+    eg = "20" if per_hour else "50"
+    amount = _finite(value, param, fix=fix, eg=eg)
+    if amount <= 0:
+        raise ParamError(
+            f"{LABEL} must be a positive number of {unit}, got {value!r}",
+            param=param,
+            value=value,
+            fix=fix,
+            eg=eg,
+        )
+    return amount
+
+
+def hours(value: str | float, param: str) -> float:
+    """Hours: a finite number > 0 (fractions allowed: 1.5 is 90 minutes)."""
+    fix = f"give a positive number of hours, e.g. {EG} (1.5 is 90 minutes)"
+    amount = _finite(value, param, fix=fix, eg="12")
+    if amount <= 0:
+        raise ParamError(
+            f"{LABEL} must be a positive number of hours, got {value!r}",
+            param=param,
+            value=value,
+            fix=fix,
+            eg="12",
+        )
+    return amount
+
+
+def mebibytes(value: str | float, param: str) -> float:
+    """A size in MiB: a finite number > 0."""
+    fix = f"give a positive size in MiB, e.g. {EG}"
+    size = _finite(value, param, fix=fix, eg="128")
+    if size <= 0:
+        raise ParamError(
+            f"{LABEL} must be positive, got {value!r}", param=param, value=value, fix=fix, eg="128"
+        )
+    return size
+
+
+def duration(value: str | float, param: str, *, allow_zero: bool = False) -> float:
+    """``2h``, ``90m``, ``1h30m``, ``1d``, ``3600s`` or plain seconds (``3600``, ``2.5``) -> seconds,
+    finite and > 0 (>= 0 with ``allow_zero``)."""
+    text = str(value).strip().lower()
+    fix = "use a duration such as 2h, 30m, 1h30m, 1d or 3600s"
+    seconds: float | None = None
+    if _PLAIN_SECONDS_RE.fullmatch(text):
+        seconds = float(text)
+    elif text and _DURATION_RE.fullmatch(text):
+        seconds = sum(float(n) * _DURATION_UNITS[u] for n, u in _DURATION_PART_RE.findall(text))
+    if seconds is None or not math.isfinite(seconds):
+        raise ParamError(f"cannot parse {LABEL} {value!r} as a duration", param=param, value=value, fix=fix)
+    if seconds < 0 or (seconds == 0 and not allow_zero):
+        bound = "zero or more" if allow_zero else "longer than zero"
+        raise ParamError(f"{LABEL} must be {bound}, got {value!r}", param=param, value=value, fix=fix)
+    return seconds
+
+
+def whole(
+    value: str | int,
+    param: str,
+    *,
+    minimum: int = 1,
+    maximum: int | None = None,
+    fix: str | None = None,
+) -> int:
+    """A whole number in ``[minimum, maximum]`` (``--slices``, ``--max-restarts``, ``--port``...)."""
+    text = str(value).strip()
+    bounds = f">= {minimum}" if maximum is None else f"from {minimum} to {maximum}"
+    eg = str(max(minimum, 1) if maximum is None else minimum)
+    how = fix or COUNT_FIXES.get(param) or f"give a whole number {bounds}, e.g. {EG}"
+    number = int(text) if _WHOLE_RE.fullmatch(text) else None
+    if number is None or number < minimum or (maximum is not None and number > maximum):
+        raise ParamError(
+            f"{LABEL} must be a whole number {bounds}, got {value!r}",
+            param=param,
+            value=value,
+            fix=how,
+            eg=eg,
+        )
+    return number
+
+
+# --------------------------------------------------------------------------------------------------
+# Places
+
+
+def zone(value: str, param: str = "zone") -> str:
+    """A zone, shaped like ``us-central1-a`` (whether it exists is the catalog's and the cloud's say)."""
+    try:
+        return validate_zone(value, field_name=param)
+    except UsageError as exc:
+        raise ParamError(exc.message, param=param, value=value, fix=exc.fix or "") from None
+
+
+def region(value: str, param: str = "region") -> str:
+    """A region, shaped like ``us-central1``."""
+    if not _REGION_RE.fullmatch(value):
+        raise ParamError(
+            f"malformed region {value!r}",
+            param=param,
+            value=value,
+            fix="a region looks like us-central1 (`tpuctl catalog zones` lists them)",
+        )
+    return value
+
+
+# --------------------------------------------------------------------------------------------------
+# Capacity types
+
+
+def capacity_types(
+    values: Iterable[str] = (), *, spot: bool = False, preemptible: bool = False
+) -> tuple[list[CapacityType], bool]:
+    """The allowed capacity types from ``--capacity-type`` (repeatable) plus the shorthands ``--spot`` and
+    ``--preemptible``, in that order and without repeats; with whether ``queued`` was given. The same on
+    every command: each flag adds a type to the allowed set, and placement takes the cheapest allowed."""
+    types: list[CapacityType] = []
+    queued = False
+    allowed = ", ".join([*(c.value for c in CapacityType), QUEUED_CAPACITY])
+    for raw in values:
+        if raw.strip().lower() == QUEUED_CAPACITY:
+            queued = True
+            continue
+        try:
+            capacity = CapacityType.parse(raw, field_name="capacity_types")
+        except UsageError:
+            raise ParamError(
+                f"unknown capacity type {raw!r}",
+                param="capacity_types",
+                value=raw,
+                fix=f"use one of: {allowed} (repeat the flag to allow several)",
+            ) from None
+        if capacity not in types:
+            types.append(capacity)
+    for capacity, given in ((CapacityType.SPOT, spot), (CapacityType.PREEMPTIBLE, preemptible)):
+        if given and capacity not in types:
+            types.append(capacity)
+    return types, queued
+
+
+# --------------------------------------------------------------------------------------------------
+# Labels
+
+#: GCP's label rules: a key starts with a lowercase letter; keys and values hold lowercase letters,
+#: digits, - and _ (keys 1-63 characters, values 0-63).
+LABEL_KEY_RE: Final = re.compile(r"[a-z][a-z0-9_-]{0,62}")
+LABEL_VALUE_RE: Final = re.compile(r"[a-z0-9_-]{0,63}")
+
+
+def labels(pairs: Iterable[str], param: str = "label") -> dict[str, str]:
+    """``["team=ml", "env=dev"]`` -> a dict, each pair checked against GCP's label rules; the keys
+    tpuctl sets itself are refused."""
+    from tpuctl.cloud.base import LABEL_MANAGED_BY, LABEL_OWNER, LABEL_REQUEST
+
+    reserved = {LABEL_MANAGED_BY, LABEL_OWNER, LABEL_REQUEST}
+    out: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise ParamError(
+                f"bad label {pair!r}: expected KEY=VALUE",
+                param=param,
+                value=pair,
+                fix=f"write labels as KEY=VALUE, e.g. {EG}",
+                eg="team=ml",
+            )
+        if not LABEL_KEY_RE.fullmatch(key) or not LABEL_VALUE_RE.fullmatch(value):
+            raise ParamError(
+                f"bad label {pair!r}: keys must start with a lowercase letter and both key and value may "
+                "hold only lowercase letters, digits, - and _ (keys 1-63, values 0-63 characters)",
+                param=param,
+                value=pair,
+                fix=f"e.g. {EG}",
+                eg="team=ml-infra",
+            )
+        if key in reserved:
+            raise ParamError(
+                f"label key {key!r} is reserved for tpuctl", param=param, value=pair, fix="choose another key"
+            )
+        out[key] = value
+    return out
