@@ -451,8 +451,8 @@ def test_hosts_started_before_their_pids_were_recorded_are_stopped_too(
     """A supervisor killed between starting a host and recording the hosts' pids in the run (host 0 then
     waits for host 1 forever and never writes to its closed pipe): `runs resume` and `runs cancel` stop it
     all the same, found by the run id in its environment under this state dir's simulated hosts."""
+    from tpuctl.hosts.sim import SimExecutor
     from tpuctl.processes import is_same_process, is_zombie, process_start_ticks
-    from tpuctl.services.executors.sim import SimExecutor
     from tpuctl.services.run.launcher import Launcher
     from tpuctl.services.run.model import RunRequest
     from tpuctl.services.run.supervisor import Supervisor

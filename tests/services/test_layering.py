@@ -88,3 +88,35 @@ def test_the_checks_catch_what_they_look_for() -> None:
     imports = [name for _, name in _imported(tree)]
     assert "tpuctl.sim" in imports and "tpuctl.sim.world" in imports and "tpuctl.sim" in imports
     assert len(list(_backend_tests(tree))) == 3
+
+
+PACKAGE = SERVICES.parent
+#: Imports point down only: each layer below the services, and what it may never import.
+LOWER_LAYERS = ("backends", "hosts", "cloud", "sim", "store", "catalog")
+UPPER = ("tpuctl.services", "tpuctl.cli")
+
+
+def _lower_modules() -> list[Path]:
+    return sorted(p for layer in LOWER_LAYERS for p in (PACKAGE / layer).rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", _lower_modules(), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_lower_layers_import_neither_services_nor_the_cli(path: Path) -> None:
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    found = [
+        f"{path.relative_to(PACKAGE)}:{line} imports {name}"
+        for line, name in _imported(tree)
+        if any(name == upper or name.startswith(upper + ".") for upper in UPPER)
+    ]
+    assert not found, "imports point down only (docs/architecture.md, Layers):\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(SERVICES)))
+def test_services_import_nothing_from_the_cli(path: Path) -> None:
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    found = [
+        f"{path.name}:{line} imports {name}"
+        for line, name in _imported(tree)
+        if name.startswith("tpuctl.cli")
+    ]
+    assert not found, "services know nothing of the CLI:\n" + "\n".join(found)

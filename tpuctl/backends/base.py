@@ -26,7 +26,7 @@ from tpuctl.cloud.retry import RetryPolicy
 
 if TYPE_CHECKING:
     from tpuctl.cloud.base import Node, TpuCloud
-    from tpuctl.services.executors.base import Executor
+    from tpuctl.hosts.base import Executor
 
 #: A function run when the session closes (a server to stop, a client to close).
 Closer = Callable[[], None]

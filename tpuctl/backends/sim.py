@@ -18,7 +18,7 @@ from tpuctl.cloud.retry import RetryPolicy
 
 if TYPE_CHECKING:
     from tpuctl.cloud.base import Node, TpuCloud
-    from tpuctl.services.executors.base import Executor
+    from tpuctl.hosts.base import Executor
     from tpuctl.sim.world import World
 
 #: One retry policy for every step: the simulator's faults are injected at a fixed rate, so a few
@@ -129,7 +129,7 @@ class LocalSimHosts:
         return self.root / node.zone / node.name
 
     def executor(self, node: Node, *, num_hosts: int, python: str | None, for_plan: bool) -> Executor:
-        from tpuctl.services.executors.sim import SimExecutor
+        from tpuctl.hosts.sim import SimExecutor
 
         return SimExecutor(
             self._node_dir(node),
@@ -149,7 +149,7 @@ class LocalSimHosts:
         shutil.rmtree(self._node_dir(node), ignore_errors=True)
 
     def leftover_pids(self, run_id: str) -> list[int]:
-        from tpuctl.services.executors.sim import local_hosts
+        from tpuctl.hosts.sim import local_hosts
 
         return local_hosts(self.root, run_id)
 

@@ -21,7 +21,7 @@ from tpuctl.store.records import RunStatus
 
 if TYPE_CHECKING:
     from tpuctl.cloud.base import Node
-    from tpuctl.services.executors.base import Executor, LaunchSpec, ShipResult
+    from tpuctl.hosts.base import Executor, LaunchSpec, ShipResult
     from tpuctl.services.session import Session
 
 _POLL_S = 0.25

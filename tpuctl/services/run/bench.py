@@ -12,13 +12,13 @@ from typing import Any
 from tpuctl.catalog import AcceleratorType
 from tpuctl.services.run.model import LaunchObserver, Silent
 
-#: The line the bench program's host 0 prints (tpuctl/services/executors/programs/bench_step.py).
+#: The line the bench program's host 0 prints (tpuctl/hosts/programs/bench_step.py).
 BENCH_STEP_PREFIX = "TPUCTL_BENCH_STEP "
 
 
 def bench_step_program() -> Path:
     """The bench program shipped as the run's script (its directory is the bundle's workdir)."""
-    from tpuctl.services.executors import programs
+    from tpuctl.hosts import programs
 
     return Path(programs.__file__).resolve().parent / "bench_step.py"
 

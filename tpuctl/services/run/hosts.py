@@ -19,7 +19,7 @@ from tpuctl.services.run.model import EXECUTOR_KINDS, ExecutorKind, PreparedRun,
 
 if TYPE_CHECKING:
     from tpuctl.backends.base import LocalHosts
-    from tpuctl.services.executors.base import Executor
+    from tpuctl.hosts.base import Executor
     from tpuctl.services.session import Session
 
 #: The public key a plan shows in place of the real one (a plan creates no key).
@@ -65,7 +65,7 @@ def ssh_key_metadata(session: Session, kind: ExecutorKind, *, plan: bool) -> dic
     reached over SSH (nothing for local hosts). A plan shows a placeholder and creates no key."""
     if kind is not ExecutorKind.SSH:
         return {}
-    from tpuctl.services.executors.ssh import DEFAULT_USERNAME, ensure_key_pair, ssh_keys_metadata
+    from tpuctl.hosts.ssh import DEFAULT_USERNAME, ensure_key_pair, ssh_keys_metadata
 
     public = _PLAN_PUBLIC_KEY if plan else ensure_key_pair(session.state_dir).public_openssh
     return {"ssh-keys": ssh_keys_metadata(DEFAULT_USERNAME, public)}
@@ -93,7 +93,7 @@ def build_executor(session: Session, prepared: PreparedRun, node: Node, *, for_p
         return _local_hosts_or_refuse(session).executor(
             node, num_hosts=hosts, python=prepared.request.python, for_plan=for_plan
         )
-    from tpuctl.services.executors.ssh import DEFAULT_USERNAME, KeyPair, SshExecutor, SshHost, ensure_key_pair
+    from tpuctl.hosts.ssh import DEFAULT_USERNAME, KeyPair, SshExecutor, SshHost, ensure_key_pair
 
     addresses = session.backend.host_addresses(node)
     if len(addresses) != hosts:

@@ -26,7 +26,7 @@ from tpuctl.services.run.model import (
 
 if TYPE_CHECKING:
     from tpuctl.cloud.base import Node, OperationProgress
-    from tpuctl.services.executors.base import Executor
+    from tpuctl.hosts.base import Executor
     from tpuctl.services.session import Session
 
 

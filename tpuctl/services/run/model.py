@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from tpuctl.catalog import AcceleratorType, CapacityType
 from tpuctl.cloud.base import Node
-from tpuctl.services.bundle import DEFAULT_LIMIT_BYTES, Bundle
-from tpuctl.services.executors.base import LaunchSpec, ShipResult
+from tpuctl.hosts.base import LaunchSpec, ShipResult
+from tpuctl.hosts.bundle import DEFAULT_LIMIT_BYTES, Bundle
 from tpuctl.services.run.accounting import PreemptionRecord
 
 if TYPE_CHECKING:

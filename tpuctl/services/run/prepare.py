@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tpuctl.errors import UsageError
-from tpuctl.services.bundle import build_bundle
-from tpuctl.services.executors.base import ENV_NAME_RE, HostPlan
+from tpuctl.hosts.base import ENV_NAME_RE, HostPlan
+from tpuctl.hosts.bundle import build_bundle
 from tpuctl.services.run import hosts, provision
 from tpuctl.services.run.model import EXAMPLES, RUN_ID_RE, PreparedRun, RunRequest
 

@@ -74,7 +74,7 @@ from tpuctl.store.records import EventKind, RunStatus, SegmentKind
 
 if TYPE_CHECKING:
     from tpuctl.cloud.base import Node, OperationProgress
-    from tpuctl.services.executors.base import Executor
+    from tpuctl.hosts.base import Executor
     from tpuctl.services.session import Session
 
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from tpuctl.services.bundle import build_bundle
-from tpuctl.services.executors.base import HostEvent, LaunchSpec
-from tpuctl.services.executors.sim import SimExecutor
+from tpuctl.hosts.base import HostEvent, LaunchSpec
+from tpuctl.hosts.bundle import build_bundle
+from tpuctl.hosts.sim import SimExecutor
 
 
 class FakeRegistry:

@@ -29,9 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Protocol
 
-from tpuctl.runtime import hostenv
-from tpuctl.services.bundle import COMPLETE_MARKER, Bundle
-from tpuctl.services.executors.base import (
+from tpuctl.hosts.base import (
     EventQueue,
     HostEvent,
     HostPlan,
@@ -39,6 +37,8 @@ from tpuctl.services.executors.base import (
     ShipResult,
     decode_line,
 )
+from tpuctl.hosts.bundle import COMPLETE_MARKER, Bundle
+from tpuctl.runtime import hostenv
 
 #: How long an exited host's reader may take to drain the pipe before its exit is reported anyway (a
 #: grandchild that inherited stdout could keep it open forever).

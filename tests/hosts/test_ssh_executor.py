@@ -19,9 +19,9 @@ from typing import Any
 import asyncssh
 import pytest
 
-from tpuctl.services.bundle import build_bundle
-from tpuctl.services.executors.base import HostEvent, LaunchSpec
-from tpuctl.services.executors.ssh import (
+from tpuctl.hosts.base import HostEvent, LaunchSpec
+from tpuctl.hosts.bundle import build_bundle
+from tpuctl.hosts.ssh import (
     DEFAULT_USERNAME,
     KeyPair,
     SshExecutor,

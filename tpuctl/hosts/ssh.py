@@ -37,8 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from tpuctl.errors import RunFailedError, TpuctlError
-from tpuctl.services.bundle import COMPLETE_MARKER, Bundle
-from tpuctl.services.executors.base import (
+from tpuctl.hosts.base import (
     EventQueue,
     HostEvent,
     HostPlan,
@@ -46,6 +45,7 @@ from tpuctl.services.executors.base import (
     ShipResult,
     decode_line,
 )
+from tpuctl.hosts.bundle import COMPLETE_MARKER, Bundle
 
 if TYPE_CHECKING:
     import asyncssh

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from tpuctl.errors import EXIT_USAGE
-from tpuctl.services.bundle import COMPLETE_MARKER, BundleError, build_bundle
-from tpuctl.services.executors.sim import SimExecutor
+from tpuctl.hosts.bundle import COMPLETE_MARKER, BundleError, build_bundle
+from tpuctl.hosts.sim import SimExecutor
 
 
 def _write(root: Path, rel: str, text: str = "x") -> Path:
