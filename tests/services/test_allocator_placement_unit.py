@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from tpuctl import params
 from tpuctl.catalog import CapacityType, Catalog
 from tpuctl.cloud.base import Node, QueuedResource, QuotaLimit
 from tpuctl.errors import UsageError
@@ -71,18 +72,16 @@ def test_parse_count() -> None:
 
 
 def test_capacity_types_flags_shorthands_and_defaults() -> None:
-    assert resolve_capacity_types() == ((CapacityType.ON_DEMAND,), False, None)
-    assert resolve_capacity_types(defaults=[CapacityType.SPOT]) == ((CapacityType.SPOT,), False, None)
-    assert resolve_capacity_types(capacity_types=["on-demand", "queued"], spot=True) == (
-        (CapacityType.ON_DEMAND, CapacityType.SPOT),
-        True,
-        None,
-    )
-    assert resolve_capacity_types(reserved="res-a") == ((CapacityType.RESERVED,), False, "res-a")
+    assert resolve_capacity_types() == ((CapacityType.ON_DEMAND,), None)
+    assert resolve_capacity_types(defaults=[CapacityType.SPOT]) == ((CapacityType.SPOT,), None)
+    # The flags are parsed at the edge: --capacity-type (in order) plus the shorthands, and `queued`.
+    types, queued = params.capacity_types(["on-demand", "queued"], spot=True)
+    assert (types, queued) == ([CapacityType.ON_DEMAND, CapacityType.SPOT], True)
+    assert resolve_capacity_types(capacity_types=types) == ((CapacityType.ON_DEMAND, CapacityType.SPOT), None)
+    assert resolve_capacity_types(reserved="res-a") == ((CapacityType.RESERVED,), "res-a")
     # A reserved default without a reservation name is dropped rather than failing every create.
     assert resolve_capacity_types(defaults=[CapacityType.RESERVED, CapacityType.SPOT]) == (
         (CapacityType.SPOT,),
-        False,
         None,
     )
 

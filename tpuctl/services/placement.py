@@ -103,26 +103,6 @@ def parse_duration(value: str | float | None, *, field_name: str = "valid_for") 
     return None if value is None else params.duration(value, field_name)
 
 
-def parse_capacity_types(values: Iterable[str]) -> tuple[list[CapacityType], bool]:
-    """Capacity type names -> (capacity types in the order given, whether ``queued`` was given)."""
-    return params.capacity_types(values)
-
-
-def parse_strategy(value: str | None) -> Strategy:
-    if value is None:
-        return Strategy.CHEAPEST
-    try:
-        return Strategy(value.strip().lower())
-    except ValueError:
-        raise UsageError(
-            f"unknown strategy {value!r}",
-            field="strategy",
-            value=value,
-            fix="use --strategy cheapest (one zone at a time, cheapest first) or --strategy race "
-            "(queue in the top --race-k zones at once, keep the first to become ACTIVE)",
-        ) from None
-
-
 # --------------------------------------------------------------------------------------------------
 # The request
 
@@ -199,16 +179,14 @@ class PlacementRequest:
 
 def resolve_capacity_types(
     *,
-    capacity_types: Sequence[str] = (),
-    spot: bool = False,
-    preemptible: bool = False,
+    capacity_types: Sequence[CapacityType] = (),
     reserved: str | None = None,
     defaults: Sequence[CapacityType] = (),
-) -> tuple[tuple[CapacityType, ...], bool, str | None]:
-    """The allowed capacity types from the flags (``--capacity-type`` plus the shorthands, in that order),
-    else ``defaults`` (settings), else on-demand; with whether ``queued`` was asked for and the
-    reservation name. Reserved capacity without a reservation name is a usage error."""
-    types, queued = params.capacity_types(capacity_types, spot=spot, preemptible=preemptible)
+) -> tuple[tuple[CapacityType, ...], str | None]:
+    """The allowed capacity types: the given ones (parsed at the edge: ``--capacity-type`` plus the
+    shorthands, in that order) plus reserved with ``reserved``, else ``defaults`` (settings), else
+    on-demand; with the reservation name. Reserved capacity without a reservation name is a usage error."""
+    types = list(dict.fromkeys(capacity_types))  # without repeats, in the order given
     reservation: str | None = None
     if reserved is not None:
         reservation = reserved.strip()
@@ -232,7 +210,7 @@ def resolve_capacity_types(
             value=CapacityType.RESERVED.value,
             fix="pass --reserved RESERVATION_NAME (it implies --capacity-type reserved)",
         )
-    return tuple(types), queued, reservation
+    return tuple(types), reservation
 
 
 # --------------------------------------------------------------------------------------------------
