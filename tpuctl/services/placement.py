@@ -84,26 +84,6 @@ class Verdict(StrEnum):
 
 
 # --------------------------------------------------------------------------------------------------
-# Input parsing, through tpuctl.params: every bad value is a UsageError (exit 2) that names the
-# parameter, the value and the fix (the CLI shows the parameter as its flag).
-
-
-def parse_price(value: str | float | None, *, field_name: str = "max_price") -> float | None:
-    """A price cap in USD per hour: a finite number > 0, or None when not given."""
-    return None if value is None else params.usd(value, field_name, per_hour=True)
-
-
-def parse_count(value: str | int | None, *, field_name: str, default: int, fix: str | None = None) -> int:
-    """A whole number >= 1 (``slices``, ``race_k``)."""
-    return default if value is None else params.whole(value, field_name, minimum=1, fix=fix)
-
-
-def parse_duration(value: str | float | None, *, field_name: str = "valid_for") -> float | None:
-    """``2h``, ``90m``, ``1h30m``, ``1d``, ``3600s`` or plain seconds (``3600``) -> seconds > 0."""
-    return None if value is None else params.duration(value, field_name)
-
-
-# --------------------------------------------------------------------------------------------------
 # The request
 
 
