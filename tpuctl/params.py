@@ -16,10 +16,13 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable, Mapping
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from tpuctl.catalog import CapacityType, validate_zone
 from tpuctl.errors import ConfigError, UsageError
+
+if TYPE_CHECKING:
+    from tpuctl.services.placement import Strategy
 
 #: Parameter name -> the flag a user types for it. Names not listed are shown as they are (arguments
 #: such as TYPE or RUN, and fields that are already spelled for the user).
@@ -319,6 +322,26 @@ def capacity_types(
         if given and capacity not in types:
             types.append(capacity)
     return types, queued
+
+
+# --------------------------------------------------------------------------------------------------
+# Placement strategy
+
+
+def strategy(value: str, param: str = "strategy") -> Strategy:
+    """``cheapest`` (one zone at a time, cheapest first) or ``race`` (queue in several zones at once)."""
+    from tpuctl.services.placement import Strategy
+
+    try:
+        return Strategy(value.strip().lower())
+    except ValueError:
+        raise ParamError(
+            f"unknown strategy {value!r}",
+            param=param,
+            value=value,
+            fix="use --strategy cheapest (one zone at a time, cheapest first) or --strategy race "
+            "(queue in the top --race-k zones at once, keep the first to become ACTIVE)",
+        ) from None
 
 
 # --------------------------------------------------------------------------------------------------

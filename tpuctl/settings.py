@@ -136,22 +136,54 @@ def read_profile(path: Path, profile: str | None, *, explicit: bool) -> Profile:
     """
     where = str(path)
     if not path.exists():
-        profile = profile or DEFAULT_PROFILE
-        if explicit:
-            raise ConfigError(
-                f"config file {where} does not exist",
-                path=where,
-                fix="create it (see configs/config.example.yaml) or point TPUCTL_CONFIG at an existing file",
-            )
-        if profile != DEFAULT_PROFILE:
-            raise ConfigError(
-                f"unknown profile {profile!r}: no config file at {where}",
-                path=where,
-                field="profile",
-                value=profile,
-                fix="create the config file with that profile, or drop --profile",
-            )
-        return Profile()
+        return _without_file(where, profile, explicit=explicit)
+    data = _load_config(path)
+    profile = profile or str(data.get("default_profile") or DEFAULT_PROFILE)
+    profiles = data.get("profiles") or {}
+    if not isinstance(profiles, dict):
+        raise ConfigError(
+            f"'profiles' in {where} must be a mapping of profile names to settings",
+            path=where,
+            field="profiles",
+            fix="see configs/config.example.yaml",
+        )
+    if profile not in profiles:
+        if profile == DEFAULT_PROFILE and "default_profile" not in data:
+            return Profile()
+        known = ", ".join(sorted(profiles)) or "none"
+        raise ConfigError(
+            f"unknown profile {profile!r} in {where}",
+            path=where,
+            field="profile",
+            value=profile,
+            fix=f"use one of the profiles defined there ({known})",
+        )
+    return _validate_profile(profiles[profile] or {}, profile, where)
+
+
+def _without_file(where: str, profile: str | None, *, explicit: bool) -> Profile:
+    """No config file at ``where``: the empty default profile, unless a file or a profile was asked for."""
+    if explicit:
+        raise ConfigError(
+            f"config file {where} does not exist",
+            path=where,
+            fix="create it (see configs/config.example.yaml) or point TPUCTL_CONFIG at an existing file",
+        )
+    profile = profile or DEFAULT_PROFILE
+    if profile != DEFAULT_PROFILE:
+        raise ConfigError(
+            f"unknown profile {profile!r}: no config file at {where}",
+            path=where,
+            field="profile",
+            value=profile,
+            fix="create the config file with that profile, or drop --profile",
+        )
+    return Profile()
+
+
+def _load_config(path: Path) -> dict[Any, Any]:
+    """The config file's top-level mapping (empty for an empty file)."""
+    where = str(path)
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as exc:
@@ -174,27 +206,11 @@ def read_profile(path: Path, profile: str | None, *, explicit: bool) -> Profile:
             path=where,
             fix="see configs/config.example.yaml",
         )
-    profile = profile or str(data.get("default_profile") or DEFAULT_PROFILE)
-    profiles = data.get("profiles") or {}
-    if not isinstance(profiles, dict):
-        raise ConfigError(
-            f"'profiles' in {where} must be a mapping of profile names to settings",
-            path=where,
-            field="profiles",
-            fix="see configs/config.example.yaml",
-        )
-    if profile not in profiles:
-        if profile == DEFAULT_PROFILE and "default_profile" not in data:
-            return Profile()
-        known = ", ".join(sorted(profiles)) or "none"
-        raise ConfigError(
-            f"unknown profile {profile!r} in {where}",
-            path=where,
-            field="profile",
-            value=profile,
-            fix=f"use one of the profiles defined there ({known})",
-        )
-    raw = profiles[profile] or {}
+    return data
+
+
+def _validate_profile(raw: object, profile: str, where: str) -> Profile:
+    """Profile ``profile``'s settings as read from the file at ``where``; a bad one names its key."""
     if not isinstance(raw, dict):
         raise ConfigError(
             f"profile {profile!r} in {where} must be a mapping",

@@ -5,16 +5,18 @@ test directories have a conftest.py, so `import conftest` would be ambiguous.)""
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tpuctl import params
 from tpuctl.backends.sim import SimBackend
 from tpuctl.catalog import Catalog
 from tpuctl.cloud.retry import RetryPolicy
 from tpuctl.cloud.tpu_api import TpuApiCloud
 from tpuctl.services.allocator import Allocator, build_request
-from tpuctl.services.placement import PlacementRequest
+from tpuctl.services.placement import PlacementRequest, Strategy
 from tpuctl.services.session import Session
 from tpuctl.settings import load_settings
 from tpuctl.sim import SimAdminClient, SimServer
@@ -122,9 +124,34 @@ class SimEnv:
         kwargs.setdefault("poll_max_interval_s", 0.05)
         return Allocator(session or self.session(), **kwargs)
 
-    def request(self, type_name: str, session: Session | None = None, **flags: Any) -> PlacementRequest:
+    def request(
+        self,
+        type_name: str,
+        session: Session | None = None,
+        *,
+        capacity_types: Sequence[str] = (),
+        spot: bool = False,
+        queued: bool = False,
+        strategy: str | None = None,
+        race_k: str | None = None,
+        valid_for: str | None = None,
+        **typed: Any,
+    ) -> PlacementRequest:
+        """The request the CLI would build from these flags: raw values parsed at the edge, as pod create
+        does, the rest passed as they are."""
         sess = session or self.session()
-        return build_request(sess.catalog, sess.settings, type_name, **flags)
+        types, queued_type = params.capacity_types(capacity_types, spot=spot)
+        return build_request(
+            sess.catalog,
+            sess.settings,
+            type_name,
+            capacity_types=types,
+            queued=queued or queued_type,
+            strategy=Strategy.CHEAPEST if strategy is None else params.strategy(strategy),
+            race_k=None if race_k is None else params.whole(race_k, "race_k"),
+            valid_for_s=None if valid_for is None else params.duration(valid_for, "valid_for"),
+            **typed,
+        )
 
     def close(self) -> None:
         for sess in self._sessions:

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from tpuctl import params
 from tpuctl.catalog import CapacityType, Catalog
 from tpuctl.cloud.base import Node, QueuedResource, QuotaLimit
 from tpuctl.errors import UsageError
@@ -19,9 +20,6 @@ from tpuctl.services.placement import (
     build_candidates,
     candidate_zones,
     decide,
-    parse_count,
-    parse_duration,
-    parse_price,
     resolve_capacity_types,
 )
 from tpuctl.services.quota import QuotaBook
@@ -41,48 +39,44 @@ SP_Z, SP_R = (
      ("1.5h", 5400), (" 2H ", 7200), ("1h 30m", 5400)],
 )  # fmt: skip
 def test_parse_duration(text: str, seconds: float) -> None:
-    assert parse_duration(text) == seconds
+    assert params.duration(text, "valid_for") == seconds
 
 
 @pytest.mark.parametrize("text", ["", "soon", "2x", "-1h", "h", "1h-30m", "0s", "0"])
 def test_parse_duration_rejects(text: str) -> None:
     with pytest.raises(UsageError) as err:
-        parse_duration(text)
+        params.duration(text, "valid_for")
     assert err.value.field == "valid_for" and err.value.value == text
     assert err.value.fix == "use a duration such as 2h, 30m, 1h30m, 1d or 3600s"
 
 
 def test_parse_price() -> None:
-    assert parse_price("20") == 20.0
-    assert parse_price(" 0.5 ") == 0.5
-    assert parse_price(None) is None
+    assert params.usd("20", "max_price", per_hour=True) == 20.0
+    assert params.usd(" 0.5 ", "max_price", per_hour=True) == 0.5
     for bad in ("abc", "-1", "0", "nan", "inf", ""):
         with pytest.raises(UsageError) as err:
-            parse_price(bad)
+            params.usd(bad, "max_price", per_hour=True)
         assert err.value.field == "max_price" and err.value.value == bad
 
 
 def test_parse_count() -> None:
-    assert parse_count(None, field_name="--slices", default=1, fix="f") == 1
-    assert parse_count("4", field_name="--slices", default=1, fix="f") == 4
+    assert params.whole("4", "slices", fix="f") == 4
     for bad in ("0", "-2", "two", "1.5"):
         with pytest.raises(UsageError, match="--slices must be a whole number >= 1"):
-            parse_count(bad, field_name="--slices", default=1, fix="f")
+            params.whole(bad, "slices", fix="f")
 
 
 def test_capacity_types_flags_shorthands_and_defaults() -> None:
-    assert resolve_capacity_types() == ((CapacityType.ON_DEMAND,), False, None)
-    assert resolve_capacity_types(defaults=[CapacityType.SPOT]) == ((CapacityType.SPOT,), False, None)
-    assert resolve_capacity_types(capacity_types=["on-demand", "queued"], spot=True) == (
-        (CapacityType.ON_DEMAND, CapacityType.SPOT),
-        True,
-        None,
-    )
-    assert resolve_capacity_types(reserved="res-a") == ((CapacityType.RESERVED,), False, "res-a")
+    assert resolve_capacity_types() == ((CapacityType.ON_DEMAND,), None)
+    assert resolve_capacity_types(defaults=[CapacityType.SPOT]) == ((CapacityType.SPOT,), None)
+    # The flags are parsed at the edge: --capacity-type (in order) plus the shorthands, and `queued`.
+    types, queued = params.capacity_types(["on-demand", "queued"], spot=True)
+    assert (types, queued) == ([CapacityType.ON_DEMAND, CapacityType.SPOT], True)
+    assert resolve_capacity_types(capacity_types=types) == ((CapacityType.ON_DEMAND, CapacityType.SPOT), None)
+    assert resolve_capacity_types(reserved="res-a") == ((CapacityType.RESERVED,), "res-a")
     # A reserved default without a reservation name is dropped rather than failing every create.
     assert resolve_capacity_types(defaults=[CapacityType.RESERVED, CapacityType.SPOT]) == (
         (CapacityType.SPOT,),
-        False,
         None,
     )
 

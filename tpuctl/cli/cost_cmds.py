@@ -88,7 +88,7 @@ def estimate(
         hours=None if hours is None else params.hours(hours, "hours"),
         zones=zone or [],
         region=region,
-        slices=None if slices is None else params.whole(slices, "slices"),
+        slices=1 if slices is None else params.whole(slices, "slices"),
     )
     with cost_session(ctx, out, settings) as (sess, source):
         result = run_estimate(sess, request, source)
@@ -294,10 +294,55 @@ def _render_report(out: Output, result: CostReport) -> None:
         return
     window = f"{iso(result.since) or 'the beginning'} .. {iso(result.until)}"
     out.out.print(f"[bold]cost report[/], {window} (UTC), by {result.group_by.name}")
+    _render_groups(out, result, data["groups"])
+    _render_totals(out, result)
+    _render_days(out, data["by_day"])
+    _render_untracked(out, result)
+    for action in result.reconciled:
+        verb = "closed" if action["event"] == "gone" else f"marked {action['event']}"
+        if not action["recorded"]:
+            verb = f"would be {verb} (dry run)"
+        out.note(f"{action['name']} ({action['zone']}) {verb} at {action['at']}: {action['reason']}")
+    out.note(result.prices.line())
+    for warning in result.warnings:
+        out.warn(warning)
+
+
+def _render_groups(out: Output, result: CostReport, records: list[dict[str, Any]]) -> None:
+    """The table of groups (the costliest first) and a line for those not shown."""
     lines = result.lines
     title = f"by {result.group_by.name}"
     if result.groups_total > len(lines):
         title += f": the {len(lines)} costliest of {result.groups_total:,}"
+    columns, key_cells = _group_keys(result)
+    columns += ["CHIP-H", "COST USD", "SAVED USD", "WASTE USD"]
+    rows = [
+        [
+            *cells,
+            f"{line.billed_hours:.2f}",
+            f"{line.chip_hours:.1f}",
+            _money(line.cost_usd),
+            _money(line.spot_savings_usd),
+            _money(line.waste_usd),
+        ]
+        for cells, line in zip(key_cells, lines, strict=True)
+    ]
+    out.rows(title, columns, rows, key="groups", records=records)
+    rest = result.omitted
+    if rest is not None:
+        hidden = result.groups_total - len(lines)
+        total = result.totals.cost_usd
+        share = f", {rest.cost_usd / total:.0%} of the total" if total else ""
+        out.out.print(
+            f"... and {hidden:,} more {_plural(result.group_by.kind)} costing {_money(rest.cost_usd)} USD"
+            f"{share}, not shown: --limit 0 shows them all; -o json and -o csv list every group"
+        )
+
+
+def _group_keys(result: CostReport) -> tuple[list[str], list[list[Any]]]:
+    """The columns that name each group (a slice's name, zone, type...; a run or a label's value) and
+    their cells, one row per group."""
+    lines = result.lines
     if result.group_by.kind == "slice":
         columns = ["SLICE", "ZONE", "TYPE", "CAPACITY", "STATE", "HOURS"]
         key_cells = [
@@ -311,34 +356,14 @@ def _render_report(out: Output, result: CostReport) -> None:
             ]
             for line in lines
         ]
-    else:
-        label = {"run": "RUN", "label": result.group_by.name.upper()}.get(
-            result.group_by.kind, result.group_by.kind.upper()
-        )
-        columns = [label, "SLICES", "HOURS"]
-        key_cells = [[line.key, line.slices] for line in lines]
-    columns += ["CHIP-H", "COST USD", "SAVED USD", "WASTE USD"]
-    rows = [
-        [
-            *cells,
-            f"{line.billed_hours:.2f}",
-            f"{line.chip_hours:.1f}",
-            _money(line.cost_usd),
-            _money(line.spot_savings_usd),
-            _money(line.waste_usd),
-        ]
-        for cells, line in zip(key_cells, lines, strict=True)
-    ]
-    out.rows(title, columns, rows, key="groups", records=data["groups"])
-    rest = result.omitted
-    if rest is not None:
-        hidden = result.groups_total - len(lines)
-        total = result.totals.cost_usd
-        share = f", {rest.cost_usd / total:.0%} of the total" if total else ""
-        out.out.print(
-            f"... and {hidden:,} more {_plural(result.group_by.kind)} costing {_money(rest.cost_usd)} USD"
-            f"{share}, not shown: --limit 0 shows them all; -o json and -o csv list every group"
-        )
+        return columns, key_cells
+    label = {"run": "RUN", "label": result.group_by.name.upper()}.get(
+        result.group_by.kind, result.group_by.kind.upper()
+    )
+    return [label, "SLICES", "HOURS"], [[line.key, line.slices] for line in lines]
+
+
+def _render_totals(out: Output, result: CostReport) -> None:
     t = result.totals
     out.out.print(
         f"[bold]total {_money(t.cost_usd)} USD[/] for {t.chip_hours:,.1f} chip-hours on {t.slices} slice(s); "
@@ -350,30 +375,24 @@ def _render_report(out: Output, result: CostReport) -> None:
         f"preemption {t.quota_held_chip_hours:,.1f} chip-hours ({_money(t.quota_held_usd)} USD at list "
         "price, not billed)"
     )
-    _render_days(out, data["by_day"])
-    if result.untracked:
-        out.rows(
-            "untracked slices (in the cloud, not in the ledger)",
-            ("NAME", "ZONE", "TYPE", "STATE", "CAPACITY", "USD/H NOW"),
-            (
-                [u["name"], u["zone"], u["accelerator_type"], u["state"], u["capacity"], u["usd_per_hour"]]
-                for u in result.untracked
-            ),
-            key="untracked",
-            records=result.untracked,
-        )
-        rate = sum(u["usd_per_hour"] or 0.0 for u in result.untracked)
-        out.out.print(
-            f"untracked slices bill {_money(rate)} USD/h now; the report above does not include them"
-        )
-    for action in result.reconciled:
-        verb = "closed" if action["event"] == "gone" else f"marked {action['event']}"
-        if not action["recorded"]:
-            verb = f"would be {verb} (dry run)"
-        out.note(f"{action['name']} ({action['zone']}) {verb} at {action['at']}: {action['reason']}")
-    out.note(result.prices.line())
-    for warning in result.warnings:
-        out.warn(warning)
+
+
+def _render_untracked(out: Output, result: CostReport) -> None:
+    """Slices billing in the cloud that the ledger does not know (not in the report's figures)."""
+    if not result.untracked:
+        return
+    out.rows(
+        "untracked slices (in the cloud, not in the ledger)",
+        ("NAME", "ZONE", "TYPE", "STATE", "CAPACITY", "USD/H NOW"),
+        (
+            [u["name"], u["zone"], u["accelerator_type"], u["state"], u["capacity"], u["usd_per_hour"]]
+            for u in result.untracked
+        ),
+        key="untracked",
+        records=result.untracked,
+    )
+    rate = sum(u["usd_per_hour"] or 0.0 for u in result.untracked)
+    out.out.print(f"untracked slices bill {_money(rate)} USD/h now; the report above does not include them")
 
 
 def _plural(kind: str) -> str:

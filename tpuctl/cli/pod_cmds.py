@@ -126,12 +126,15 @@ def create(
     from tpuctl.cli.context import build_settings
     from tpuctl.services.allocator import Allocator, build_request
     from tpuctl.services.budget import max_hours_labels, warn_monthly_budget  # cost (issue 6)
+    from tpuctl.services.placement import Strategy
 
     def hours_of(value: str | None) -> float | None:
         return None if value is None else params.hours(value, "max_hours")
 
     out = make_output(ctx, output)
-    # Every flag is checked before anything is contacted: bad input exits 2 without starting a backend.
+    # Every flag is parsed and checked before anything is contacted: bad input exits 2 without starting
+    # a backend.
+    types, queued_type = params.capacity_types(capacity_type or [], spot=spot, preemptible=preemptible)
     request = build_request(
         Catalog.load(),
         build_settings(ctx),
@@ -139,16 +142,14 @@ def create(
         name=name,
         zones=zone or [],
         region=region,
-        capacity_types=capacity_type or [],
-        spot=spot,
-        preemptible=preemptible,
+        capacity_types=types,
         reserved=reserved,
         max_price=None if max_price is None else params.usd(max_price, "max_price", per_hour=True),
-        queued=queued,
-        valid_for=None if valid_for is None else params.duration(valid_for, "valid_for"),
-        strategy=strategy,
+        queued=queued or queued_type,
+        valid_for_s=None if valid_for is None else params.duration(valid_for, "valid_for"),
+        strategy=Strategy.CHEAPEST if strategy is None else params.strategy(strategy),
         race_k=None if race_k is None else params.whole(race_k, "race_k"),
-        slices=None if slices is None else params.whole(slices, "slices"),
+        slices=1 if slices is None else params.whole(slices, "slices"),
         runtime_version=runtime_version,
         labels={**params.labels(label or []), **max_hours_labels(hours_of(max_hours))},
         wait=wait,

@@ -442,8 +442,16 @@ def describe_run(
 
 
 def _render_description(out: Output, run_id: str, data: dict[str, Any]) -> None:
-    from rich.markup import escape
+    recovery = data.get("recovery") or {}
+    out.fields(f"run {run_id}", _description_fields(data))
+    _render_segments(out, data["segments"])
+    _render_timeline(out, data.get("timeline") or [])
+    _render_preemptions(out, recovery.get("preemptions") or [])
+    _render_fallbacks(out, recovery.get("checkpoint_fallbacks") or [])
 
+
+def _description_fields(data: dict[str, Any]) -> dict[str, Any]:
+    """The run's own fields, its recovery figures and what its detail holds."""
     detail = dict(data.get("detail") or {})
     recovery = data.get("recovery") or {}
     fields = {
@@ -457,8 +465,10 @@ def _render_description(out: Output, run_id: str, data: dict[str, Any]) -> None:
     for key in ("hosts", "executor", "checkpoint_dir", "log_dir", "error"):
         if key in detail:
             fields[key] = detail[key]
-    out.fields(f"run {run_id}", fields)
-    segs = data["segments"]
+    return fields
+
+
+def _render_segments(out: Output, segs: list[dict[str, Any]]) -> None:
     out.rows(
         "segments",
         ("#", "KIND", "START", "DURATION", "POD", "ZONE", "CAPACITY", "STEPS", "RECOMPUTED"),
@@ -479,50 +489,51 @@ def _render_description(out: Output, run_id: str, data: dict[str, Any]) -> None:
         key="segments",
         records=segs,
     )
-    timeline = data.get("timeline") or []
-    if timeline:
-        out.out.print("[bold]timeline[/]")
-        colours = {"provisioning": "blue", "running": "green", "checkpointing": "yellow",
-                   "preempted": "red", "recovering": "magenta"}  # fmt: skip
-        for row in timeline:
-            colour = colours.get(row["kind"], "white")
-            bar = " " * row["offset"] + "█" * max(1, row["width"])
-            out.out.print(
-                f"  {row['kind']:<13} [{colour}]{bar}[/] {row['duration_s']:.1f} s", highlight=False
-            )
-    preemptions = recovery.get("preemptions") or []
-    if preemptions:
-        out.rows(
-            "preemptions",
-            (
-                "#",
-                "KIND",
-                "POD",
-                "ZONE",
-                "CHECKPOINT",
-                "DETECTED IN",
-                "RECOVERED IN",
-                "NEW ZONE",
-                "RECOMPUTED",
-            ),
-            (
-                [
-                    p["number"],
-                    p["kind"],
-                    p["pod"],
-                    p["zone"],
-                    p.get("checkpoint_step"),
-                    _secs(p.get("detection_latency_s")),
-                    _secs(p.get("recovery_s")),
-                    p.get("new_zone"),
-                    p.get("steps_recomputed"),
-                ]
-                for p in preemptions
-            ),
-            key="preemptions",
-            records=preemptions,
-        )
-    for fallback in recovery.get("checkpoint_fallbacks") or []:
+
+
+def _render_timeline(out: Output, timeline: list[dict[str, Any]]) -> None:
+    """One bar per segment, placed and sized by its share of the run's wall time."""
+    if not timeline:
+        return
+    out.out.print("[bold]timeline[/]")
+    colours = {"provisioning": "blue", "running": "green", "checkpointing": "yellow",
+               "preempted": "red", "recovering": "magenta"}  # fmt: skip
+    for row in timeline:
+        colour = colours.get(row["kind"], "white")
+        bar = " " * row["offset"] + "█" * max(1, row["width"])
+        out.out.print(f"  {row['kind']:<13} [{colour}]{bar}[/] {row['duration_s']:.1f} s", highlight=False)
+
+
+def _render_preemptions(out: Output, preemptions: list[dict[str, Any]]) -> None:
+    if not preemptions:
+        return
+    out.rows(
+        "preemptions",
+        ("#", "KIND", "POD", "ZONE", "CHECKPOINT", "DETECTED IN", "RECOVERED IN", "NEW ZONE", "RECOMPUTED"),
+        (
+            [
+                p["number"],
+                p["kind"],
+                p["pod"],
+                p["zone"],
+                p.get("checkpoint_step"),
+                _secs(p.get("detection_latency_s")),
+                _secs(p.get("recovery_s")),
+                p.get("new_zone"),
+                p.get("steps_recomputed"),
+            ]
+            for p in preemptions
+        ),
+        key="preemptions",
+        records=preemptions,
+    )
+
+
+def _render_fallbacks(out: Output, fallbacks: list[dict[str, Any]]) -> None:
+    """Checkpoints skipped on restore (unreadable, incomplete...) and the one restored instead."""
+    from rich.markup import escape
+
+    for fallback in fallbacks:
         skipped = ", ".join(f"step {s.get('step')} ({s.get('reason')})" for s in fallback.get("skipped", []))
         out.out.print(
             f"checkpoint fallback: skipped {escape(skipped)}; restored step {fallback.get('restored')}"
@@ -584,10 +595,8 @@ def resume_run(
     import dataclasses
 
     from tpuctl import params
-    from tpuctl.errors import UsageError
     from tpuctl.services.run.control import resume_prepared
     from tpuctl.services.run.launcher import Launcher
-    from tpuctl.services.run.lease import lease_holder
     from tpuctl.services.run.supervisor import Supervisor
     from tpuctl.store.records import RunStatus
 
@@ -599,28 +608,7 @@ def resume_run(
         else params.whole(max_preemptions_flag, "max_preemptions", minimum=0)
     )
     with session(ctx, out) as sess:
-        record = sess.ledger.get_run(run_id)
-        if record is None:
-            raise UsageError(
-                f"no run {run_id!r}", field="RUN", value=run_id, fix="`tpuctl runs list` shows the runs"
-            )
-        if record.status == RunStatus.SUCCEEDED:
-            raise UsageError(
-                f"run {run_id} already succeeded; there is nothing to resume",
-                field="RUN",
-                value=run_id,
-                fix="start a new run with `tpuctl run`",
-            )
-        log_dir = sess.state_dir / "runs" / run_id
-        holder = lease_holder(log_dir)
-        if holder is not None:
-            raise UsageError(
-                f"run {run_id} is still supervised (pid {holder.get('pid')})",
-                field="RUN",
-                value=run_id,
-                fix=f"watch it with `tpuctl runs describe {run_id}`, or stop it with "
-                f"`tpuctl runs cancel {run_id}`",
-            )
+        record = _resumable_run(sess, run_id)
         printer = _Printer(out, int((record.detail or {}).get("hosts", 1)))
         prepared, saved_budget, policy, note = resume_prepared(sess, run_id, Launcher(sess))
         if note:
@@ -645,6 +633,37 @@ def resume_run(
             printer.spinner = prog
             supervised = supervisor.supervise(prepared, progress=prog, resume=True)
     _render_result(out, supervised)
+
+
+def _resumable_run(sess: Session, run_id: str) -> RunRecord:
+    """Run ``run_id``'s record, if it can be resumed: it exists, has not succeeded, and no supervisor
+    holds it."""
+    from tpuctl.errors import UsageError
+    from tpuctl.services.run.lease import lease_holder
+    from tpuctl.store.records import RunStatus
+
+    record = sess.ledger.get_run(run_id)
+    if record is None:
+        raise UsageError(
+            f"no run {run_id!r}", field="RUN", value=run_id, fix="`tpuctl runs list` shows the runs"
+        )
+    if record.status == RunStatus.SUCCEEDED:
+        raise UsageError(
+            f"run {run_id} already succeeded; there is nothing to resume",
+            field="RUN",
+            value=run_id,
+            fix="start a new run with `tpuctl run`",
+        )
+    holder = lease_holder(sess.state_dir / "runs" / run_id)
+    if holder is not None:
+        raise UsageError(
+            f"run {run_id} is still supervised (pid {holder.get('pid')})",
+            field="RUN",
+            value=run_id,
+            fix=f"watch it with `tpuctl runs describe {run_id}`, or stop it with "
+            f"`tpuctl runs cancel {run_id}`",
+        )
+    return record
 
 
 @runs_app.command("cancel")

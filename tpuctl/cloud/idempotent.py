@@ -14,11 +14,15 @@ These work on any ``TpuCloud`` (services can use them with a fake), and retry th
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from tpuctl.cloud.base import LABEL_REQUEST, Node, NodeRequest, OperationProgress, TpuCloud
 from tpuctl.cloud.retry import PollTimeout, Sleep, poll_until
 from tpuctl.errors import AlreadyExistsError, NotFoundError, TransientError
+
+if TYPE_CHECKING:
+    from tenacity import RetryCallState
 
 #: States a node passes through on its way to READY (waiting for it stops at any other state).
 _SETTLING = frozenset({"CREATING", "STATE_UNSPECIFIED"})
@@ -26,6 +30,16 @@ _SETTLING = frozenset({"CREATING", "STATE_UNSPECIFIED"})
 
 class _SendAgain(Exception):
     """The earlier request certainly did not take effect: send it again."""
+
+
+@dataclass(frozen=True)
+class _Polling:
+    """How to wait for a node found after a retry."""
+
+    interval_s: float
+    max_interval_s: float
+    timeout_s: float
+    sleep: Sleep | None
 
 
 def create_node_idempotent(
@@ -49,53 +63,7 @@ def create_node_idempotent(
     """
     import tenacity
 
-    def wait_settled(node: Node) -> Node:
-        if not wait or node.state not in _SETTLING:
-            return node
-        if progress is not None:
-            progress.update(
-                f"create node {request.name} in {request.zone}: waiting (found after a retry)", elapsed_s=0.0
-            )
-
-        def poll() -> Node | None:
-            try:
-                return cloud.get_node(request.zone, request.name)
-            except NotFoundError:
-                return None  # it went away: the create failed (a lost stockout, say)
-
-        try:
-            final = poll_until(
-                poll,
-                lambda n: n is None or n.state not in _SETTLING,
-                timeout_s=timeout_s,
-                initial_interval_s=poll_interval_s,
-                max_interval_s=poll_max_interval_s,
-                sleep=sleep,
-            )
-        except PollTimeout as exc:
-            raise TransientError(
-                f"create node {request.name} in {request.zone}: still {node.state} "
-                f"after {exc.elapsed_s:.0f}s",
-                fix="it continues on the server: check it later with tpuctl pod describe",
-            ) from None
-        if final is None:
-            raise _SendAgain()  # send it again: the real error (if any) will be answered this time
-        return final
-
-    def own_node() -> Node | None:
-        try:
-            node = cloud.get_node(request.zone, request.name)
-        except NotFoundError:
-            return None
-        if node.labels.get(LABEL_REQUEST) != request_id:
-            raise AlreadyExistsError(
-                f"create node {request.name} in {request.zone}: a node with this name exists and was not "
-                f"made by this request (its {LABEL_REQUEST} label is "
-                f"{node.labels.get(LABEL_REQUEST)!r}, not {request_id!r})",
-                code=6,
-                fix="choose another name, or delete the existing node first",
-            )
-        return node
+    polling = _Polling(poll_interval_s, poll_max_interval_s, timeout_s, sleep)
 
     def attempt() -> Node:
         try:
@@ -103,30 +71,87 @@ def create_node_idempotent(
         except (TransientError, AlreadyExistsError):
             # Ambiguous (may have happened), transient after sending (the operation poll gave up), or
             # already there (an earlier attempt of ours succeeded?): look before anything else.
-            node = own_node()
+            node = _own_node(cloud, request, request_id)
             if node is None:
                 raise _SendAgain() from None
-            return wait_settled(node)
-
-    def give_up(state: tenacity.RetryCallState) -> Node:
-        exc = state.outcome.exception() if state.outcome is not None else None
-        if isinstance(exc, TransientError):
-            raise exc
-        raise TransientError(
-            f"create node {request.name} in {request.zone}: the outcome stayed unknown after {attempts} "
-            "attempts; no node of this request exists",
-            fix="retry later; tpuctl pod list shows what exists",
-        )
+            if not wait or node.state not in _SETTLING:
+                return node
+            return _wait_settled(cloud, request, node, polling, progress)
 
     retrying = tenacity.Retrying(
         stop=tenacity.stop_after_attempt(attempts),
         retry=tenacity.retry_if_exception_type((_SendAgain, TransientError)),
         wait=tenacity.wait_random_exponential(multiplier=poll_interval_s, max=poll_max_interval_s),
         sleep=sleep or _sleep,
-        retry_error_callback=give_up,
+        retry_error_callback=lambda state: _give_up(state, request, attempts),
     )
     result: Node = retrying(attempt)
     return result
+
+
+def _own_node(cloud: TpuCloud, request: NodeRequest, request_id: str) -> Node | None:
+    """The node named by ``request`` if this request made it; None if there is none; someone else's is
+    ``AlreadyExistsError``."""
+    try:
+        node = cloud.get_node(request.zone, request.name)
+    except NotFoundError:
+        return None
+    if node.labels.get(LABEL_REQUEST) != request_id:
+        raise AlreadyExistsError(
+            f"create node {request.name} in {request.zone}: a node with this name exists and was not "
+            f"made by this request (its {LABEL_REQUEST} label is "
+            f"{node.labels.get(LABEL_REQUEST)!r}, not {request_id!r})",
+            code=6,
+            fix="choose another name, or delete the existing node first",
+        )
+    return node
+
+
+def _wait_settled(
+    cloud: TpuCloud, request: NodeRequest, node: Node, polling: _Polling, progress: OperationProgress | None
+) -> Node:
+    """Wait for our ``node`` (found still settling after a retry) to settle; ``_SendAgain`` if it went."""
+    if progress is not None:
+        progress.update(
+            f"create node {request.name} in {request.zone}: waiting (found after a retry)", elapsed_s=0.0
+        )
+
+    def poll() -> Node | None:
+        try:
+            return cloud.get_node(request.zone, request.name)
+        except NotFoundError:
+            return None  # it went away: the create failed (a lost stockout, say)
+
+    try:
+        final = poll_until(
+            poll,
+            lambda n: n is None or n.state not in _SETTLING,
+            timeout_s=polling.timeout_s,
+            initial_interval_s=polling.interval_s,
+            max_interval_s=polling.max_interval_s,
+            sleep=polling.sleep,
+        )
+    except PollTimeout as exc:
+        raise TransientError(
+            f"create node {request.name} in {request.zone}: still {node.state} after {exc.elapsed_s:.0f}s",
+            fix="it continues on the server: check it later with tpuctl pod describe",
+        ) from None
+    if final is None:
+        raise _SendAgain()  # send it again: the real error (if any) will be answered this time
+    return final
+
+
+def _give_up(state: RetryCallState, request: NodeRequest, attempts: int) -> Node:
+    """After the last attempt: its transient error as it is, else (the node never appeared) a transient
+    error saying so."""
+    exc = state.outcome.exception() if state.outcome is not None else None
+    if isinstance(exc, TransientError):
+        raise exc
+    raise TransientError(
+        f"create node {request.name} in {request.zone}: the outcome stayed unknown after {attempts} "
+        "attempts; no node of this request exists",
+        fix="retry later; tpuctl pod list shows what exists",
+    )
 
 
 def delete_node_idempotent(

@@ -203,13 +203,10 @@ def error_from_status(
     of (rate limits are answered synchronously, never through an operation).
     """
     if rpc_code is None and http_status is not None:
-        rpc_code = _HTTP_TO_RPC.get(http_status)
-        if rpc_code is None:
-            rpc_code = 13 if http_status >= 500 else (3 if http_status >= 400 else 2)
+        rpc_code = _rpc_code_of_http(http_status)
     error_info = _find_detail(details, "google.rpc.ErrorInfo")
     reason = str(error_info.get("reason", "")) if error_info else ""
     text = f"{what}: {message}" if message else f"{what} failed"
-    code_name = RPC_NAMES.get(rpc_code or -1, "UNKNOWN")
 
     if rpc_code == 5:
         return NotFoundError(text, code=5, fix="check the name, the zone and the project")
@@ -221,38 +218,11 @@ def error_from_status(
         # ABORTED (also HTTP 409): a concurrency conflict; the server did not act.
         return TransientError(text, code=10, fix=FIX_TRANSIENT)
     if rpc_code == 7:
-        if reason == "SERVICE_DISABLED":
-            service = _meta(error_info, "service") or "tpu.googleapis.com"
-            return PermissionDeniedError(
-                text, code=7, fix=f"enable the API: gcloud services enable {service}"
-            )
-        return PermissionDeniedError(
-            text,
-            code=7,
-            fix="grant the caller a role with this permission (e.g. roles/tpu.admin) on the project, "
-            "or check that the project is the one you meant",
-        )
+        return _permission_denied(text, reason, error_info)
     if rpc_code == 16:
         return UnauthenticatedError(text, code=16, fix=FIX_LOGIN)
     if rpc_code == 8:
-        if _STOCKOUT_RE.search(message):
-            return _stockout(text, message, zone)
-        violations = quota_violations(message, details)
-        if violations or reason in ("QUOTA_EXCEEDED", "RESOURCE_QUOTA_EXCEEDED"):
-            first = violations[0] if violations else QuotaViolation(None, None, None)
-            return QuotaExceededError(
-                text,
-                quota_id=first.quota_id,
-                limit=first.limit,
-                location=first.location,
-                code=8,
-                fix=FIX_QUOTA,
-            )
-        if from_operation:
-            return _stockout(text, message, zone)
-        return RateLimitedError(
-            text, code=8, fix="wait a minute and retry (tpuctl retries rate limits with backoff)"
-        )
+        return _resource_exhausted(text, message, details, reason, zone=zone, from_operation=from_operation)
     if rpc_code == 14:
         # UNAVAILABLE: the server refused before acting (a 503), safe to retry even for a mutation.
         # A 502 also lands here; for a mutation it may hide a completed action.
@@ -264,8 +234,66 @@ def error_from_status(
         if mutating and not from_operation:
             return AmbiguousError(text, code=rpc_code, fix=FIX_AMBIGUOUS)
         return TransientError(text, code=rpc_code, fix=FIX_TRANSIENT)
-    # INVALID_ARGUMENT, FAILED_PRECONDITION, OUT_OF_RANGE, UNIMPLEMENTED, ...: the request itself is wrong;
-    # the server's message names the field. Keep the status name so the user can search for it.
+    return _bad_request(text, rpc_code, details)
+
+
+def _rpc_code_of_http(http_status: int) -> int:
+    """The RPC code an HTTP status stands for; unlisted: INTERNAL (5xx), INVALID_ARGUMENT (4xx), else
+    UNKNOWN."""
+    rpc_code = _HTTP_TO_RPC.get(http_status)
+    if rpc_code is None:
+        rpc_code = 13 if http_status >= 500 else (3 if http_status >= 400 else 2)
+    return rpc_code
+
+
+def _permission_denied(text: str, reason: str, error_info: Mapping[str, Any] | None) -> CloudError:
+    """PERMISSION_DENIED: a disabled API (enable it) or a missing role (grant it)."""
+    if reason == "SERVICE_DISABLED":
+        service = _meta(error_info, "service") or "tpu.googleapis.com"
+        return PermissionDeniedError(text, code=7, fix=f"enable the API: gcloud services enable {service}")
+    return PermissionDeniedError(
+        text,
+        code=7,
+        fix="grant the caller a role with this permission (e.g. roles/tpu.admin) on the project, "
+        "or check that the project is the one you meant",
+    )
+
+
+def _resource_exhausted(
+    text: str,
+    message: str,
+    details: Sequence[Mapping[str, Any]],
+    reason: str,
+    *,
+    zone: str | None,
+    from_operation: bool,
+) -> CloudError:
+    """RESOURCE_EXHAUSTED: a stockout, a quota, or a rate limit (never from an operation: there, a
+    stockout)."""
+    if _STOCKOUT_RE.search(message):
+        return _stockout(text, message, zone)
+    violations = quota_violations(message, details)
+    if violations or reason in ("QUOTA_EXCEEDED", "RESOURCE_QUOTA_EXCEEDED"):
+        first = violations[0] if violations else QuotaViolation(None, None, None)
+        return QuotaExceededError(
+            text,
+            quota_id=first.quota_id,
+            limit=first.limit,
+            location=first.location,
+            code=8,
+            fix=FIX_QUOTA,
+        )
+    if from_operation:
+        return _stockout(text, message, zone)
+    return RateLimitedError(
+        text, code=8, fix="wait a minute and retry (tpuctl retries rate limits with backoff)"
+    )
+
+
+def _bad_request(text: str, rpc_code: int | None, details: Sequence[Mapping[str, Any]]) -> CloudError:
+    """INVALID_ARGUMENT, FAILED_PRECONDITION, OUT_OF_RANGE, UNIMPLEMENTED, ...: the request itself is wrong;
+    the server's message names the field. Keep the status name so the user can search for it."""
+    code_name = RPC_NAMES.get(rpc_code or -1, "UNKNOWN")
     bad = _find_detail(details, "google.rpc.BadRequest")
     if bad:
         fields = [

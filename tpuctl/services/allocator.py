@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tpuctl import params
-from tpuctl.catalog import Catalog
+from tpuctl.catalog import AcceleratorType, CapacityType, Catalog
 from tpuctl.cloud.base import (
     LABEL_MANAGED_BY,
     LABEL_MANAGED_BY_VALUE,
@@ -75,10 +75,6 @@ from tpuctl.services.placement import (
     build_candidates,
     candidate_zones,
     decide,
-    parse_count,
-    parse_duration,
-    parse_price,
-    parse_strategy,
     resolve_capacity_types,
 )
 from tpuctl.services.pods import default_pod_name, new_request_id, validate_node_name
@@ -100,60 +96,92 @@ def build_request(
     name: str | None = None,
     zones: Sequence[str] = (),
     region: str | None = None,
-    capacity_types: Sequence[str] = (),
-    spot: bool = False,
-    preemptible: bool = False,
+    capacity_types: Sequence[CapacityType] = (),
     reserved: str | None = None,
-    max_price: str | float | None = None,
+    max_price: float | None = None,
     queued: bool = False,
-    valid_for: str | float | None = None,
-    strategy: str | None = None,
-    race_k: str | int | None = None,
-    slices: str | int | None = None,
+    valid_for_s: float | None = None,
+    strategy: Strategy = Strategy.CHEAPEST,
+    race_k: int | None = None,
+    slices: int = 1,
     runtime_version: str | None = None,
     labels: Mapping[str, str] | None = None,
     metadata: Mapping[str, str] | None = None,
     wait: bool = True,
     request_id: str | None = None,
 ) -> PlacementRequest:
-    """Validate the request's parameters into a ``PlacementRequest``; given values win over settings (env,
-    profile). Every bad value raises a ``UsageError`` (exit 2) naming the parameter (the CLI shows it as
-    its flag), the value and the fix; nothing is contacted."""
+    """Check the request's parsed values against each other into a ``PlacementRequest``; given values win
+    over settings (env, profile). The values come parsed from the edge (``tpuctl.params``): the allowed
+    capacity types in order (``queued`` when ``--capacity-type queued`` or ``--queued`` was given), the
+    reservation name, the price cap, seconds, the strategy, and ``race_k`` None when not given. A bad
+    combination raises a ``UsageError`` (exit 2) naming the parameter, the value and the fix; nothing is
+    contacted."""
     accel = catalog.resolve(type_name)
-    types, queued_type, reservation = resolve_capacity_types(
-        capacity_types=capacity_types,
-        spot=spot,
-        preemptible=preemptible,
-        reserved=reserved,
-        defaults=settings.capacity_types,
+    types, reservation = resolve_capacity_types(
+        capacity_types=capacity_types, reserved=reserved, defaults=settings.capacity_types
     )
-    price = parse_price(max_price) if max_price is not None else settings.max_price
-    count = parse_count(slices, field_name="slices", default=1)
-    chosen_strategy = parse_strategy(strategy)
-    k = parse_count(race_k, field_name="race_k", default=DEFAULT_RACE_K)
-    if race_k is not None and chosen_strategy is not Strategy.RACE:
+    _check_race(strategy, race_k, wait=wait)
+    _check_valid_for(valid_for_s, queued=queued or slices > 1 or strategy is Strategy.RACE)
+    explicit_zones, chosen_region = _places(settings, zones, region)
+    rid = request_id or new_request_id()
+    pod_name = _pod_name(name, accel, rid, slices)
+    all_labels = dict(labels or {})
+    all_labels.update({LABEL_MANAGED_BY: LABEL_MANAGED_BY_VALUE, LABEL_OWNER: settings.resolved_owner})
+    return PlacementRequest(
+        accelerator=accel,
+        name=pod_name,
+        request_id=rid,
+        capacity_types=types,
+        runtime_version=runtime_version or accel.runtime_version,
+        labels=all_labels,
+        zones=explicit_zones,
+        region=chosen_region,
+        max_price=settings.max_price if max_price is None else max_price,
+        slices=slices,
+        queued=queued,
+        valid_for_s=valid_for_s,
+        strategy=strategy,
+        race_k=DEFAULT_RACE_K if race_k is None else race_k,
+        reservation=reservation,
+        wait=wait,
+        metadata=dict(metadata or {}),
+    )
+
+
+def _check_race(strategy: Strategy, race_k: int | None, *, wait: bool) -> None:
+    """``race_k`` belongs to a race, and a race must wait for its winner."""
+    if race_k is not None and strategy is not Strategy.RACE:
         raise UsageError(
             "--race-k only applies to --strategy race",
             field="race_k",
             value=race_k,
             fix="add --strategy race, or drop --race-k",
         )
-    if chosen_strategy is Strategy.RACE and not wait:
+    if strategy is Strategy.RACE and not wait:
         raise UsageError(
             "--strategy race cannot be combined with --no-wait",
             field="wait",
             fix="a race must wait to keep one winner and delete the others: drop --no-wait, or use --queued "
             "--no-wait to queue in the cheapest zone only",
         )
-    valid_for_s = parse_duration(valid_for)
-    use_queued = queued or queued_type
-    if valid_for_s is not None and not (use_queued or count > 1 or chosen_strategy is Strategy.RACE):
+
+
+def _check_valid_for(valid_for_s: float | None, *, queued: bool) -> None:
+    """A validity window only means something for a queued resource."""
+    if valid_for_s is not None and not queued:
         raise UsageError(
             "--valid-for only applies to queued resources",
             field="valid_for",
-            value=valid_for,
+            value=valid_for_s,
             fix="add --queued (or --strategy race), or drop --valid-for",
         )
+
+
+def _places(
+    settings: Settings, zones: Sequence[str], region: str | None
+) -> tuple[tuple[str, ...], str | None]:
+    """The explicit zones and the region: the given ones, else the settings'; zones and a region exclude
+    each other."""
     explicit_zones = [params.zone(z, "zones") for z in zones] or ([] if region else list(settings.zones))
     chosen_region = region if region is not None else (None if explicit_zones else settings.region)
     if region is not None:
@@ -165,39 +193,23 @@ def build_request(
                 value=region,
                 fix="give zones (--zone, repeatable) or one region, not both",
             )
-    rid = request_id or new_request_id()
-    pod_name = validate_node_name(name) if name else default_pod_name(accel, rid)
-    if count > 1:
-        for node_name in (f"{pod_name}-{i}" for i in range(count)):
+    return tuple(explicit_zones), chosen_region
+
+
+def _pod_name(name: str | None, accel: AcceleratorType, request_id: str, slices: int) -> str:
+    """The given name (checked; each slice's ``<name>-i`` must fit GCP's 63 characters), else a default."""
+    pod_name = validate_node_name(name) if name else default_pod_name(accel, request_id)
+    if slices > 1:
+        for node_name in (f"{pod_name}-{i}" for i in range(slices)):
             if len(node_name) > 63:
                 raise UsageError(
-                    f"--name {pod_name!r} is too long for {count} slices ({node_name!r} has more than 63 "
+                    f"--name {pod_name!r} is too long for {slices} slices ({node_name!r} has more than 63 "
                     "characters)",
                     field="pod_name",
                     value=pod_name,
                     fix="use a shorter name",
                 )
-    all_labels = dict(labels or {})
-    all_labels.update({LABEL_MANAGED_BY: LABEL_MANAGED_BY_VALUE, LABEL_OWNER: settings.resolved_owner})
-    return PlacementRequest(
-        accelerator=accel,
-        name=pod_name,
-        request_id=rid,
-        capacity_types=types,
-        runtime_version=runtime_version or accel.runtime_version,
-        labels=all_labels,
-        zones=tuple(explicit_zones),
-        region=chosen_region,
-        max_price=price,
-        slices=count,
-        queued=use_queued,
-        valid_for_s=valid_for_s,
-        strategy=chosen_strategy,
-        race_k=k,
-        reservation=reservation,
-        wait=wait,
-        metadata=dict(metadata or {}),
-    )
+    return pod_name
 
 
 @dataclass(frozen=True)

@@ -84,46 +84,6 @@ class Verdict(StrEnum):
 
 
 # --------------------------------------------------------------------------------------------------
-# Input parsing, through tpuctl.params: every bad value is a UsageError (exit 2) that names the
-# parameter, the value and the fix (the CLI shows the parameter as its flag).
-
-
-def parse_price(value: str | float | None, *, field_name: str = "max_price") -> float | None:
-    """A price cap in USD per hour: a finite number > 0, or None when not given."""
-    return None if value is None else params.usd(value, field_name, per_hour=True)
-
-
-def parse_count(value: str | int | None, *, field_name: str, default: int, fix: str | None = None) -> int:
-    """A whole number >= 1 (``slices``, ``race_k``)."""
-    return default if value is None else params.whole(value, field_name, minimum=1, fix=fix)
-
-
-def parse_duration(value: str | float | None, *, field_name: str = "valid_for") -> float | None:
-    """``2h``, ``90m``, ``1h30m``, ``1d``, ``3600s`` or plain seconds (``3600``) -> seconds > 0."""
-    return None if value is None else params.duration(value, field_name)
-
-
-def parse_capacity_types(values: Iterable[str]) -> tuple[list[CapacityType], bool]:
-    """Capacity type names -> (capacity types in the order given, whether ``queued`` was given)."""
-    return params.capacity_types(values)
-
-
-def parse_strategy(value: str | None) -> Strategy:
-    if value is None:
-        return Strategy.CHEAPEST
-    try:
-        return Strategy(value.strip().lower())
-    except ValueError:
-        raise UsageError(
-            f"unknown strategy {value!r}",
-            field="strategy",
-            value=value,
-            fix="use --strategy cheapest (one zone at a time, cheapest first) or --strategy race "
-            "(queue in the top --race-k zones at once, keep the first to become ACTIVE)",
-        ) from None
-
-
-# --------------------------------------------------------------------------------------------------
 # The request
 
 
@@ -199,16 +159,14 @@ class PlacementRequest:
 
 def resolve_capacity_types(
     *,
-    capacity_types: Sequence[str] = (),
-    spot: bool = False,
-    preemptible: bool = False,
+    capacity_types: Sequence[CapacityType] = (),
     reserved: str | None = None,
     defaults: Sequence[CapacityType] = (),
-) -> tuple[tuple[CapacityType, ...], bool, str | None]:
-    """The allowed capacity types from the flags (``--capacity-type`` plus the shorthands, in that order),
-    else ``defaults`` (settings), else on-demand; with whether ``queued`` was asked for and the
-    reservation name. Reserved capacity without a reservation name is a usage error."""
-    types, queued = params.capacity_types(capacity_types, spot=spot, preemptible=preemptible)
+) -> tuple[tuple[CapacityType, ...], str | None]:
+    """The allowed capacity types: the given ones (parsed at the edge: ``--capacity-type`` plus the
+    shorthands, in that order) plus reserved with ``reserved``, else ``defaults`` (settings), else
+    on-demand; with the reservation name. Reserved capacity without a reservation name is a usage error."""
+    types = list(dict.fromkeys(capacity_types))  # without repeats, in the order given
     reservation: str | None = None
     if reserved is not None:
         reservation = reserved.strip()
@@ -232,7 +190,7 @@ def resolve_capacity_types(
             value=CapacityType.RESERVED.value,
             fix="pass --reserved RESERVATION_NAME (it implies --capacity-type reserved)",
         )
-    return tuple(types), queued, reservation
+    return tuple(types), reservation
 
 
 # --------------------------------------------------------------------------------------------------

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tpuctl.catalog import CapacityType, Catalog
-from tpuctl.services.budget import parse_hours
 
 if TYPE_CHECKING:
     from tpuctl.services.placement import Candidate, PlacementRequest
@@ -41,25 +40,25 @@ def build_estimate_request(
     settings: Settings,
     type_name: str,
     *,
-    hours: str | float | None = None,
+    hours: float | None = None,
     zones: Sequence[str] = (),
     region: str | None = None,
-    slices: str | int | None = None,
+    slices: int = 1,
 ) -> EstimateRequest:
-    """Validate the flags (exit 2 on a bad one) before any backend is contacted."""
+    """Check the parsed values (exit 2 on a bad one) before any backend is contacted; ``hours`` None is
+    the default."""
     from tpuctl.services.allocator import build_request
 
-    chosen_hours = parse_hours(hours, field_name="hours")
     placement = build_request(
         catalog,
         settings,
         type_name,
         zones=zones,
         region=region,
-        capacity_types=[c.value for c in ESTIMATE_CAPACITIES],
+        capacity_types=ESTIMATE_CAPACITIES,
         slices=slices,
     )
-    return EstimateRequest(placement=placement, hours=DEFAULT_HOURS if chosen_hours is None else chosen_hours)
+    return EstimateRequest(placement=placement, hours=DEFAULT_HOURS if hours is None else hours)
 
 
 @dataclass(frozen=True)

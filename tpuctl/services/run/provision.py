@@ -41,7 +41,7 @@ def target(session: Session, request: RunRequest, run_id: str) -> Target:
         session.settings,
         request.accelerator_type,
         zones=[request.zone] if request.zone else (),
-        capacity_types=[t.value for t in request.capacity_types],
+        capacity_types=request.capacity_types,
         labels={LABEL_RUN: run_id},
     )
     return Target(accelerator=placement.accelerator, placement=placement)

@@ -20,11 +20,12 @@ cap; backing off while no zone has capacity), ship, and start again with ``TPUCT
 runtime restores the newest checkpoint that verifies. A program failure restarts on the same slice at most
 ``max_restarts`` times; preemptions have their own cap, ``max_preemptions``.
 
-Accounting goes to the ledger as it happens: segments (provisioning, running, checkpointing, preempted,
-recovering) with their slice, zone, capacity and step counts, and in the run's detail a ``recovery``
-record (``accounting``). Budget (``--budget``): checked at every step boundary the runtime reports and on
-the poll thread; when the next step would go over, every host is told to stop the way a preemption notice
-does (they checkpoint at one step), the slice is deleted and the run ends with ``BudgetExceededError``.
+Accounting goes to the ledger as it happens: segments (``segments``: provisioning, running,
+checkpointing, preempted, recovering) with their slice, zone, capacity and step counts, and in the run's
+detail a ``recovery`` record (``accounting``). Budget (``--budget``): checked at every step boundary the
+runtime reports and on the poll thread; when the next step would go over, every host is told to stop the
+way a preemption notice does (they checkpoint at one step), the slice is deleted and the run ends with
+``BudgetExceededError``.
 
 Supervision is leased (``lease``): ``runs resume`` takes a run whose lease is free (``takeover``);
 ``runs cancel`` signals a live supervisor (``control``).
@@ -68,6 +69,7 @@ from tpuctl.services.run.model import (
     exit_status,
 )
 from tpuctl.services.run.provision import renamed
+from tpuctl.services.run.segments import Segments
 from tpuctl.services.run.signals import EventTap, SliceWatch, StepBudget, classify
 from tpuctl.services.run.takeover import take_over
 from tpuctl.store.records import EventKind, RunStatus, SegmentKind
@@ -158,14 +160,13 @@ class Supervisor:
         self.restarts = 0
         self._run_id: str | None = None
         self._attempt: _Attempt | None = None
-        self._segment: int | None = None
+        self._segments = Segments(session, self.progress)
         self._lock = threading.Lock()
         self._stop_reason: Outcome | None = None  # set when we stop the hosts ourselves
         self._stopper: threading.Thread | None = None
         self._budget: StepBudget | None = None
         self._lease: Lease | None = None
         self._cancel = threading.Event()
-        self._running_segment: int | None = None
         self._notice_seen_at: float | None = None  # when the supervisor read this attempt's notice
         self._preempted_seen_at: float | None = None  # ... and its "preempted, checkpoint saved"
         self._handlers: dict[Outcome, _Handler] = {
@@ -389,7 +390,7 @@ class Supervisor:
     def _settle(self, prepared: PreparedRun, run: _Run, failure: BaseException | None) -> dict[str, Any]:
         """However the run ended: delete the slice it made (unless kept), record the end and the recovery
         summary in the ledger, and give up supervision in the run's detail."""
-        self._close_segment()
+        self._segments.close()
         run_id, current = prepared.run_id, run.current
         ours = current is not None and current in run.created
         if ours and current is not None and not prepared.request.keep_pod:
@@ -486,16 +487,10 @@ class Supervisor:
         finally:
             watch.close()
             self._join_stopper()
-        if self._running_segment is not None:
-            # How the slice looked from the API meanwhile (failed polls are counted, never acted on).
-            self._session.ledger.update_segment(
-                self._running_segment,
-                detail={
-                    "restart_count": restart_count,
-                    "api_polls": watch.polls,
-                    "api_poll_errors": watch.errors,
-                },
-            )
+        # How the slice looked from the API meanwhile (failed polls are counted, never acted on).
+        self._segments.describe_running(
+            {"restart_count": restart_count, "api_polls": watch.polls, "api_poll_errors": watch.errors}
+        )
         attempt.result = result
         attempt.outcome = self._classify(attempt, watch)
         self._after_attempt(attempt)
@@ -609,57 +604,30 @@ class Supervisor:
 
     def _after_attempt(self, attempt: _Attempt) -> None:
         """Close the attempt's last segment with its step counts; note where a recovery resumed."""
-        steps = self.progress.attempt_steps
         recomputed = self.progress.attempt_recomputed
-        # The running segment of this attempt carries its step counts.
-        if self._running_segment is not None:
-            self._session.ledger.update_segment(
-                self._running_segment, steps_completed=steps, steps_recomputed=recomputed
-            )
+        self._segments.record_steps()  # the running segment of this attempt carries its step counts
         previous = self.preemptions[-1] if self.preemptions else None
         if previous is not None and previous.resumed_at is None and self.progress.first_step_at is not None:
             previous.resumed_at = self.progress.first_step_at
             previous.hosts_started_at = attempt.started_at
             previous.restored_step = self.progress.restored
             previous.steps_recomputed = recomputed
-        self._close_segment()
+        self._segments.close()
 
     # --- segments -------------------------------------------------------------------------------
 
     def _open_segment(
         self, kind: SegmentKind, node: Node | None, *, detail: Mapping[str, Any] | None = None
     ) -> int:
+        """A new segment (``Segments.open``), noting when this attempt's notice was seen."""
         assert self._run_id is not None
         at = time.time()
         if kind is SegmentKind.CHECKPOINTING:
             self._notice_seen_at = at
-            if self._running_segment is not None:
-                self._session.ledger.update_segment(
-                    self._running_segment,
-                    steps_completed=self.progress.attempt_steps,
-                    steps_recomputed=self.progress.attempt_recomputed,
-                )
-        segment = self._session.ledger.add_segment(
-            self._run_id,
-            kind,
-            start=at,
-            pod=None if node is None else node.name,
-            zone=None if node is None else node.zone,
-            capacity=None if node is None else node.capacity,
-            detail=detail,
-        )
-        self._segment = segment
+        segment = self._segments.open(self._run_id, kind, node, at=at, detail=detail)
         if kind is SegmentKind.RUNNING:
-            self._running_segment = segment
             self._notice_seen_at = self._preempted_seen_at = None
         return segment
-
-    def _close_segment(self) -> None:
-        segment, self._segment = self._segment, None
-        if segment is None:
-            return
-        with contextlib.suppress(TpuctlError):  # already closed by the next one's start
-            self._session.ledger.close_segment(segment, end=time.time())
 
     # --- slices ---------------------------------------------------------------------------------
 
@@ -690,7 +658,7 @@ class Supervisor:
         if created:
             self._delete_slice(prepared, node, reason=f"preempted during run {prepared.run_id}")
         record.slice_deleted_at = time.time()
-        self._close_segment()
+        self._segments.close()
 
     def _delete_slice(self, prepared: PreparedRun, node: Node, *, reason: str) -> bool:
         from tpuctl.services.pods import PodService
@@ -725,7 +693,7 @@ class Supervisor:
             if self._cancel.is_set():
                 raise InterruptedByUser("cancelled: the run was stopped")
             again = prepared if not recovering else renamed(prepared, restart, tries)
-            self._segment = None  # provision() keeps its own segment
+            self._segments.forget()  # provision() keeps its own segment
             return self.launcher.provision(
                 again,
                 progress=progress,
