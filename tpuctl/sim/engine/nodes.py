@@ -104,7 +104,10 @@ class Nodes:
                 # A stockout: the operation fails on its own after the world's stockout delay.
                 message = _no_capacity_message(plan.capacity_class, zone)
                 due = now + world.real_seconds(world.durations.stockout_s)
-                error = rpc_status("RESOURCE_EXHAUSTED", message)
+                # Reserved capacity short is FAILED_PRECONDITION (code 9), not a stockout's code 8: the
+                # reservation, not the zone, is what is missing (issue 16, Google's answer).
+                code = "FAILED_PRECONDITION" if plan.capacity_class == "reserved" else "RESOURCE_EXHAUSTED"
+                error = rpc_status(code, message)
                 op_name = insert_op(conn, project, zone, target, "create", now, due_at=due, error=error)
             else:
                 op_name = insert_op(conn, project, zone, target, "create", now)
@@ -206,6 +209,12 @@ class Nodes:
             name = node_name(project, zone, node_id)
             if row is None:
                 raise not_found(name)
+            if row["state"] == "PREEMPTED":
+                # Google fails an update of a preempted node with code 3 (issue 16); its operation carries it.
+                op_name = insert_op(conn, project, zone, name, "update", now)
+                message = f"Node '{name}' is PREEMPTED and cannot be updated; delete it and create it again."
+                complete_op(conn, op_name, now, error=rpc_status("INVALID_ARGUMENT", message))
+                return answered_op(conn, op_name)
             spec = json.loads(row["spec"])
             for path in paths:
                 if path in body:
