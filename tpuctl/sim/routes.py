@@ -180,9 +180,8 @@ def _guest_attributes(engine: SimEngine, request: SimRequest, args: tuple[str, .
             )
     query_path = str(request.body.get("queryPath", ""))
     return {
-        "guestAttributes": [
-            {"queryPath": query_path, "queryValue": {"items": []}, "workerId": worker} for worker in asked
-        ]
+        # One entry per asked worker, in order (GuestAttributes names no worker: discovery document).
+        "guestAttributes": [{"queryPath": query_path, "queryValue": {"items": []}} for _ in asked]
     }
 
 
