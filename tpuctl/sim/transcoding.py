@@ -41,7 +41,8 @@ _PROTO_SCALAR = {"boolean": "TYPE_BOOL", "string": "TYPE_STRING", "number": "TYP
 
 
 def snake(name: str) -> str:
-    return re.sub(r"([A-Z])", lambda m: "_" + m.group(1).lower(), name)
+    """A JSON (lowerCamel) or schema (UpperCamel) name as its proto field name."""
+    return re.sub(r"([A-Z])", lambda m: "_" + m.group(1).lower(), name[:1].lower() + name[1:])
 
 
 def _camel(name: str) -> str:
@@ -119,17 +120,24 @@ def _read_object(version: str, prop: dict[str, Any], value: Any, path: str, faul
             continue
         if item is None:
             continue  # proto3 JSON: null is the field's default
-        out[name] = _read_value(version, props[name], item, _join(path, snake(name)), faults)
+        # An enum's proto type is named after its field, nested in the message (AcceleratorConfig.Type).
+        enum_type = _type_url(version, f"{schema_name}.{name[:1].upper()}{name[1:]}")
+        out[name] = _read_value(version, props[name], item, _join(path, snake(name)), faults, enum_type)
     return out
 
 
-def _read_value(version: str, prop: dict[str, Any], value: Any, path: str, faults: _Faults) -> Any:
+def _read_value(
+    version: str, prop: dict[str, Any], value: Any, path: str, faults: _Faults, enum_type: str = "TYPE_ENUM"
+) -> Any:
     if "$ref" in prop:
         return _read_object(version, prop, value, path, faults)
     kind = prop.get("type")
     if kind == "array":
         items = value if isinstance(value, list) else [value]
-        return [_read_value(version, prop["items"], v, f"{path}[{i}]", faults) for i, v in enumerate(items)]
+        return [
+            _read_value(version, prop["items"], v, f"{path}[{i}]", faults, enum_type)
+            for i, v in enumerate(items)
+        ]
     if kind == "object" and "additionalProperties" in prop:
         if not isinstance(value, dict):
             _invalid(faults, path, "TYPE_MESSAGE", value)
@@ -138,10 +146,10 @@ def _read_value(version: str, prop: dict[str, Any], value: Any, path: str, fault
         return {k: _read_value(version, inner, v, f"{path}[{k}]", faults) for k, v in value.items()}
     if kind == "any" or kind == "object":
         return value
-    return _read_scalar(prop, value, path, faults)
+    return _read_scalar(prop, value, path, faults, enum_type)
 
 
-def _read_scalar(prop: dict[str, Any], value: Any, path: str, faults: _Faults) -> Any:
+def _read_scalar(prop: dict[str, Any], value: Any, path: str, faults: _Faults, enum_type: str) -> Any:
     kind, fmt = prop.get("type"), prop.get("format")
     if kind == "boolean":
         if not isinstance(value, bool):
@@ -160,7 +168,7 @@ def _read_scalar(prop: dict[str, Any], value: Any, path: str, faults: _Faults) -
         return value
     if "enum" in prop:
         if not (isinstance(value, int) and not isinstance(value, bool)) and value not in prop["enum"]:
-            _invalid(faults, path, "TYPE_ENUM", value)
+            _invalid(faults, path, enum_type, value)
         return value
     if not isinstance(value, str):
         _invalid(faults, path, "TYPE_STRING", value)
