@@ -11,7 +11,7 @@ import functools
 import json
 import re
 from dataclasses import dataclass
-from importlib import resources
+from pathlib import Path
 from typing import Any
 
 #: The TPU API versions the simulator serves, each with its discovery document.
@@ -35,7 +35,7 @@ def document(version: str) -> dict[str, Any]:
     """The discovery document of ``version`` as Google publishes it (do not mutate)."""
     if version not in VERSIONS:
         raise KeyError(version)
-    text = resources.files("tpuctl.sim").joinpath("data", "discovery", f"tpu.{version}.json").read_text()
+    text = (Path(__file__).parent / "data" / "discovery" / f"tpu.{version}.json").read_text()
     data: dict[str, Any] = json.loads(text)
     return data
 
