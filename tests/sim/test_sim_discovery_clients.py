@@ -205,3 +205,24 @@ def test_google_cloud_tpu_v2alpha1_types_round_trip(server: SimServer) -> None:
     nodes = alpha.ListNodesResponse.from_json(listed, ignore_unknown_fields=False).nodes
     assert sorted(n.name.rsplit("/", 1)[-1] for n in nodes) == ["ck-0", "ck-1"]
     assert all(n.autocheckpoint_enabled and n.api_version == alpha.Node.ApiVersion.V2_ALPHA1 for n in nodes)
+
+
+def test_v2alpha1_own_methods(server: SimServer) -> None:
+    from googleapiclient.errors import HttpError
+
+    api = Api(server.url, "v2alpha1")
+    nodes, qrs = api.locations.nodes(), api.locations.queuedResources()
+    reservations = api.run(api.locations.reservations().list(parent=PARENT))["reservations"]
+    assert [(r["name"].rsplit("/", 1)[-1], r["standard"]["size"]) for r in reservations] == [("res-a", 16)]
+    api.wait(api.run(nodes.create(parent=PARENT, nodeId="m", body=_node())))
+    done = api.wait(
+        api.run(nodes.simulateMaintenanceEvent(name=f"{PARENT}/nodes/m", body={"workerIds": ["0"]}))
+    )
+    assert done["response"]["name"] == f"{PARENT}/nodes/m"
+    with pytest.raises(HttpError) as info:
+        nodes.performMaintenance(name=f"{PARENT}/nodes/m", body={}).execute()
+    assert info.value.status_code == 400
+    body = {"tpu": {"nodeSpec": [_spec(api, nodeId="q-0")]}, "spot": {}}
+    api.wait(api.run(qrs.create(parent=PARENT, queuedResourceId="q", body=body)))
+    assert api.run(qrs.getMaintenanceInfo(name=f"{PARENT}/queuedResources/q")) == {}
+    api.service.close()

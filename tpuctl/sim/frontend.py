@@ -20,7 +20,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from tpuctl.sim import discovery, transcoding
+from tpuctl.sim import alpha_methods, discovery, transcoding
 from tpuctl.sim.api_errors import ApiError, invalid_argument
 from tpuctl.sim.engine import SimEngine
 from tpuctl.sim.exchange import SimRequest, SimResponse, first, json_response
@@ -42,13 +42,19 @@ def answer(engine: SimEngine, request: SimRequest, version: str, dispatch_v2: Di
         body = transcoding.read_body(version, method.request, body)
         if version == "v2alpha1":
             body = _alpha_body_to_v2(method.request, body)
+    own = None
+    if version == "v2alpha1":
+        own = alpha_methods.answer(engine, dataclasses.replace(request, body=body))
     path = "/v2/" + request.path[len(version) + 2 :]
     listing = _listing_query(request, method)
     query = dict(request.query)
     if listing is not None:
         for key in ("pageSize", "pageToken", "filter", "orderBy"):
             query.pop(key, None)
-    response = dispatch_v2(engine, dataclasses.replace(request, path=path, body=body, query=query))
+    if own is not None:
+        response = json_response(own)
+    else:
+        response = dispatch_v2(engine, dataclasses.replace(request, path=path, body=body, query=query))
     if response.status != 200 or method is None or method.response is None:
         return response
     data = json.loads(response.body)

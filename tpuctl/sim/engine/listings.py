@@ -7,6 +7,7 @@ from typing import Any
 
 from tpuctl.catalog import AcceleratorType, Generation
 from tpuctl.sim.api_errors import not_found
+from tpuctl.sim.engine.capacity import reservation_in_use
 from tpuctl.sim.engine.context import Context
 from tpuctl.sim.engine.plans import accelerator_by_api_name, zone_runtime_versions
 from tpuctl.sim.shapes import accelerator_type_json, location_json
@@ -77,3 +78,26 @@ class Listings:
         if zone not in self.ctx.world.zones:
             raise not_found(f"projects/{project}/locations/{zone}")
         return location_json(project, zone)
+
+    def list_reservations(
+        self, project: str, zone: str, page_size: int = 0, page_token: str = ""
+    ) -> dict[str, Any]:
+        """The world's reservations in ``zone`` as v2alpha1's Reservation (size and use in chips)."""
+        check_zone(zone)
+        world = self.ctx.world
+        with self.ctx.db.read() as conn:
+            items = [
+                {
+                    "name": f"projects/{project}/locations/{zone}/reservations/{r.name}",
+                    "standard": {
+                        "size": r.chips,
+                        "capacityUnits": "CHIPS",
+                        "resourceType": self.ctx.catalog.generations[r.generation].api_prefix,
+                        "usage": {"total": str(reservation_in_use(conn, r.name))},
+                    },
+                    "state": "ACTIVE",
+                }
+                for r in world.reservations
+                if r.zone == zone
+            ]
+        return _page_of("reservations", items, page_size, page_token)

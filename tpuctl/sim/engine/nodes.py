@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Sequence
 from typing import Any
 
 from tpuctl.sim.api_errors import (
@@ -225,6 +226,30 @@ class Nodes:
             op_name = insert_op(conn, project, zone, name, "update", now)
             node = node_json(self.ctx.catalog, existing_node_row(conn, project, zone, node_id))
             complete_op(conn, op_name, now, response={"@type": NODE_TYPE, **node})
+            return answered_op(conn, op_name)
+
+    def simulate_maintenance(
+        self, project: str, zone: str, node_id: str, workers: Sequence[str]
+    ) -> dict[str, Any]:
+        """v2alpha1's simulateMaintenanceEvent: a done operation answering the node. The simulated hosts
+        live through it (Google's live-migrates or restarts them; neither shows in the API's state)."""
+        check_zone(zone)
+        now = self.ctx.clock()
+        self.timeline.advance(now)
+        name = node_name(project, zone, node_id)
+        with self.ctx.db.write() as conn:
+            row = node_row(conn, project, zone, node_id)
+            if row is None:
+                raise not_found(name)
+            for worker in workers:
+                if not worker.isdigit() or int(worker) >= int(row["hosts"]):
+                    raise invalid_argument(
+                        f"Worker '{worker}' does not exist in node '{name}'.", "worker_ids"
+                    )
+            if row["state"] != "READY":
+                raise failed_precondition(f"Node '{name}' is {row['state']}; maintenance needs it READY.")
+            op_name = insert_op(conn, project, zone, name, "simulateMaintenanceEvent", now)
+            complete_op(conn, op_name, now, response={"@type": NODE_TYPE, **node_json(self.ctx.catalog, row)})
             return answered_op(conn, op_name)
 
 
