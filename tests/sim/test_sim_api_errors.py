@@ -109,6 +109,20 @@ CASES = [
         details={BAD_REQUEST: {"fieldViolations": [{"field": "node.runtime_version"}]}},
     ),
     Case(
+        "unknown-query-parameter",
+        "GET",
+        f"{PARENT}/nodes?spot=true",
+        message=re.escape('Invalid JSON payload received. Unknown name "spot": Cannot find field.'),
+        details={BAD_REQUEST: {"fieldViolations": [{"field": ""}]}},
+    ),
+    Case(
+        "bool-query-parameter",
+        "DELETE",
+        f"{PARENT}/queuedResources/q?force=yes",
+        message=re.escape("Invalid value at 'force' (TYPE_BOOL), \"yes\""),
+        details={BAD_REQUEST: {"fieldViolations": [{"field": "force"}]}},
+    ),
+    Case(
         "zone-without-tpus",
         "GET",
         f"projects/{PROJECT}/locations/europe-west4-a/nodes",

@@ -38,6 +38,8 @@ def answer(engine: SimEngine, request: SimRequest, version: str, dispatch_v2: Di
     _check_location(engine, request)
     method = discovery.method_for(version, request.method, request.path)
     body = dict(request.body)
+    if method is not None:
+        transcoding.read_query(version, method.parameters, request.query)
     if method is not None and method.request is not None:
         body = transcoding.read_body(version, method.request, body)
         if version == "v2alpha1":

@@ -220,7 +220,9 @@ def _versioned(version: str) -> Handler:
 
 
 def _discovery_document(engine: SimEngine, request: SimRequest, args: tuple[str, ...]) -> Answer:
-    version = first(request.query, "version")
+    # /$discovery/rest?version=V (the API's own host) or /discovery/v1/apis/tpu/V/rest (the discovery
+    # service's form, google-api-python-client's fallback).
+    version = args[0] if args else first(request.query, "version")
     if version not in discovery.VERSIONS:
         raise ApiError(404, "NOT_FOUND", f"Discovery document for API tpu version {version!r} not found.")
     host = request.headers.get("host", "127.0.0.1")
@@ -412,12 +414,16 @@ ADMIN_ROUTES = (
 
 
 FRONT_ROUTES = tuple(route(ANY, rf"/{v}/.*", _versioned(v)) for v in discovery.VERSIONS)
-DISCOVERY_ROUTES = (route("GET", r"/\$discovery/rest", _discovery_document),)
+DISCOVERY_ROUTES = (
+    route("GET", r"/\$discovery/rest", _discovery_document),
+    route("GET", r"/discovery/v1/apis/tpu/([^/]+)/rest", _discovery_document),
+)
 
 SURFACES = (
     Surface("/v2/", FRONT_ROUTES, _tpu_unrouted),
     Surface("/v2alpha1/", FRONT_ROUTES, _tpu_unrouted),
     Surface("/$discovery/", DISCOVERY_ROUTES, _tpu_unrouted),
+    Surface("/discovery/", DISCOVERY_ROUTES, _tpu_unrouted),
     Surface("/v1/", QUOTA_ROUTES, _quotas_unrouted),
     Surface("/sim/metadata/", METADATA_ROUTES, _metadata_unrouted),
     Surface("/sim/v1/", ADMIN_ROUTES, _admin_unrouted),

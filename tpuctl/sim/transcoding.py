@@ -25,10 +25,11 @@ One generic walker over the discovery document's schemas (``tpuctl.sim.discovery
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from tpuctl.sim.api_errors import BAD_REQUEST_TYPE, ApiError
-from tpuctl.sim.discovery import schemas
+from tpuctl.sim.discovery import document, schemas
 
 _DURATION_RE = re.compile(r"^-?[0-9]+(\.[0-9]{1,9})?s$")
 _TIMESTAMP_RE = re.compile(
@@ -66,6 +67,12 @@ def read_body(version: str, schema_name: str, body: Any) -> dict[str, Any]:
     faults = _Faults()
     root = body_field(schema_name)
     value = _read_object(version, {"$ref": schema_name}, body, root, faults)
+    _raise(faults)
+    return value if isinstance(value, dict) else {}
+
+
+def _raise(faults: _Faults) -> None:
+    """The 400 for what ``faults`` holds (unknown names first, as Google reports them), if anything."""
     if faults.unknown:
         lines = [
             f'Unknown name "{name}"' + (f" at '{at}'" if at else "") + ": Cannot find field."
@@ -85,7 +92,6 @@ def read_body(version: str, schema_name: str, body: Any) -> dict[str, Any]:
         raise ApiError(
             400, "INVALID_ARGUMENT", message, [{"@type": BAD_REQUEST_TYPE, "fieldViolations": violations}]
         )
-    return value if isinstance(value, dict) else {}
 
 
 def _join(path: str, name: str) -> str:
@@ -221,3 +227,26 @@ def _project_value(version: str, prop: dict[str, Any], value: Any) -> Any:
         if kind in schemas(version):
             return {"@type": value["@type"], **project(version, kind, value)}
     return value
+
+
+def read_query(version: str, parameters: Mapping[str, Any], query: Mapping[str, list[str]]) -> None:
+    """The query string checked as Google's frontend checks it: a name that is neither one of the
+    method's parameters nor a system parameter (``alt``, ``fields``, ``key``, ...; ``$``-prefixed forms
+    such as google-cloud-tpu's ``$alt``) is an unknown name; a bool or int parameter holds one."""
+    system = document(version).get("parameters", {})
+    faults = _Faults()
+    for key, values in query.items():
+        if key.startswith("$") or key in system:
+            continue
+        prop = parameters.get(key)
+        if prop is None or prop.get("location") != "query":
+            faults.unknown.append((key, ""))
+            continue
+        for value in values:
+            if prop.get("type") == "boolean":
+                # A query string has no JSON types: the words true/false are its bools.
+                if value not in ("true", "false"):
+                    _invalid(faults, snake(key), "TYPE_BOOL", value)
+            elif prop.get("type") == "integer":
+                _read_scalar(prop, value, snake(key), faults, "TYPE_ENUM")
+    _raise(faults)
