@@ -72,7 +72,8 @@ def test_reserved_capacity(client: tpu_v2.TpuClient) -> None:
     )
     with pytest.raises(exceptions.GoogleAPICallError):
         operation.result(polling=FAST_POLLING)
-    assert operation.operation.error.code == 8
+    # FAILED_PRECONDITION, not RESOURCE_EXHAUSTED: what Google answers for reserved capacity (issue 16).
+    assert operation.operation.error.code == 9
     assert re.match(
         r"^Insufficient reserved capacity\. Contact customer support to increase your reservation\. "
         r"\[EID: 0x[0-9a-f]{16}\]$",

@@ -48,7 +48,10 @@ from tpuctl.cloud.base import (
 from tpuctl.cloud.quotas import CloudQuotasClient, _default_credentials
 from tpuctl.cloud.retry import PollTimeout, RetryPolicy, Sleep, call_with_retry, poll_until
 from tpuctl.cloud.translate import error_from_status, translate_errors
-from tpuctl.errors import CloudError, NotFoundError, TransientError, UsageError
+from tpuctl.errors import CloudError, NotFoundError, PermissionDeniedError, TransientError, UsageError
+
+#: What Google's 403 for a location without Cloud TPU says (after the location's name).
+_LOCATION_UNKNOWN = "is not found or access is unauthorized"
 
 if TYPE_CHECKING:
     from google.auth.credentials import Credentials
@@ -389,13 +392,20 @@ class TpuApiCloud:
 
     def list_accelerator_types(self, zone: str) -> list[str]:
         parent = self._parent(zone)
-        raw = self._read(
-            "list accelerator types",
-            f"in {zone}",
-            lambda: list(
-                self._client.list_accelerator_types(request={"parent": parent}, timeout=self._timeout)
-            ),
-        )
+        try:
+            raw = self._read(
+                "list accelerator types",
+                f"in {zone}",
+                lambda: list(
+                    self._client.list_accelerator_types(request={"parent": parent}, timeout=self._timeout)
+                ),
+            )
+        except PermissionDeniedError as exc:
+            # A zone without Cloud TPU answers 403 "Location Z is not found or access is unauthorized.":
+            # it offers no type (a 403 for any other reason still stops the command).
+            if _LOCATION_UNKNOWN not in str(exc):
+                raise
+            return []
         return [str(a.type_ or a.name.rsplit("/", 1)[-1]) for a in raw]
 
     def list_runtime_versions(self, zone: str) -> list[str]:

@@ -223,6 +223,9 @@ def error_from_status(
         return UnauthenticatedError(text, code=16, fix=FIX_LOGIN)
     if rpc_code == 8:
         return _resource_exhausted(text, message, details, reason, zone=zone, from_operation=from_operation)
+    if rpc_code == 9 and _STOCKOUT_RE.search(message):
+        # Google answers "Insufficient reserved capacity" with FAILED_PRECONDITION: still a stockout.
+        return _stockout(text, message, zone)
     if rpc_code == 14:
         # UNAVAILABLE: the server refused before acting (a 503), safe to retry even for a mutation.
         # A 502 also lands here; for a mutation it may hide a completed action.

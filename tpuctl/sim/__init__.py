@@ -1,5 +1,6 @@
-"""The local simulated TPU cloud: an HTTP server on 127.0.0.1 speaking the TPU API v2 REST surface, the
-Cloud Quotas quotaInfos surface, a metadata-server lookalike and an admin API, with state in SQLite.
+"""The local simulated TPU cloud: an HTTP server on 127.0.0.1 speaking the TPU API v2 and v2alpha1 REST
+surfaces (with their discovery documents), the Cloud Quotas quotaInfos surface, a metadata-server
+lookalike and an admin API, with state in SQLite.
 
 ``SimServer`` runs it; ``SimAdminClient`` drives its admin API; ``World`` / ``load_world`` /
 ``default_world`` describe what it simulates. Names are imported lazily so that ``import tpuctl.sim``

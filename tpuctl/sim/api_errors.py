@@ -35,6 +35,19 @@ RPC_CODES: dict[str, int] = {
 ERROR_INFO_TYPE = "type.googleapis.com/google.rpc.ErrorInfo"
 QUOTA_FAILURE_TYPE = "type.googleapis.com/google.rpc.QuotaFailure"
 BAD_REQUEST_TYPE = "type.googleapis.com/google.rpc.BadRequest"
+RESOURCE_INFO_TYPE = "type.googleapis.com/google.rpc.ResourceInfo"
+
+#: The ResourceInfo ``resourceType`` of each TPU API collection (Google names a resource type by its
+#: service and kind, as in google.api.resource's ``type``: "tpu.googleapis.com/Node").
+_RESOURCE_TYPES = {
+    "nodes": "tpu.googleapis.com/Node",
+    "queuedResources": "tpu.googleapis.com/QueuedResource",
+    "operations": "tpu.googleapis.com/Operation",
+    "acceleratorTypes": "tpu.googleapis.com/AcceleratorType",
+    "runtimeVersions": "tpu.googleapis.com/RuntimeVersion",
+    "locations": "locations.googleapis.com/Location",
+    "quotaInfos": "cloudquotas.googleapis.com/QuotaInfo",
+}
 
 
 class ApiError(Exception):
@@ -61,12 +74,29 @@ def eid() -> str:
     return f"[EID: 0x{secrets.token_hex(8)}]"
 
 
+def resource_info(resource_name: str, description: str) -> dict[str, Any]:
+    """A google.rpc.ResourceInfo detail naming the resource an error is about (AIP-193: NOT_FOUND and
+    ALREADY_EXISTS carry one)."""
+    parts = resource_name.split("/")
+    kind = parts[-2] if len(parts) >= 2 else ""
+    project = parts[1] if len(parts) > 1 and parts[0] == "projects" else ""
+    return {
+        "@type": RESOURCE_INFO_TYPE,
+        "resourceType": _RESOURCE_TYPES.get(kind, kind),
+        "resourceName": resource_name,
+        "owner": f"projects/{project}" if project else "",
+        "description": description,
+    }
+
+
 def not_found(resource_name: str) -> ApiError:
-    return ApiError(404, "NOT_FOUND", f"Resource '{resource_name}' was not found")
+    message = f"Resource '{resource_name}' was not found"
+    return ApiError(404, "NOT_FOUND", message, [resource_info(resource_name, message)])
 
 
 def already_exists(resource_name: str) -> ApiError:
-    return ApiError(409, "ALREADY_EXISTS", f"Resource '{resource_name}' already exists")
+    message = f"Resource '{resource_name}' already exists"
+    return ApiError(409, "ALREADY_EXISTS", message, [resource_info(resource_name, message)])
 
 
 def invalid_argument(message: str, field: str | None = None) -> ApiError:

@@ -2,9 +2,12 @@
 
 Surfaces (all JSON unless noted):
 
-- ``/v2/...``: the Cloud TPU API v2 REST surface as google-cloud-tpu's tpu_v2 REST transport sends it
-  (it appends ``?$alt=json;enum-encoding=int``; we answer enum NAMES, as Google's JSON does, which the
-  client parses too).
+- ``/v2/...`` and ``/v2alpha1/...``: the Cloud TPU API as Google serves it, behind Google's frontend
+  (``tpuctl.sim.frontend``: transcoding, version mapping, location check, filter/orderBy). google-cloud-tpu's
+  REST transport appends ``?$alt=json;enum-encoding=int``; we answer enum NAMES, as Google's JSON does,
+  which the client parses too.
+- ``/$discovery/rest?version=v2|v2alpha1``: Google's discovery documents (``tpuctl.sim.discovery``),
+  pointing at this server.
 - ``/v1/projects/{p}/locations/global/services/tpu.googleapis.com/quotaInfos[/{id}]``: Cloud Quotas.
 - ``/sim/metadata/{zone}/{node}/{worker}/computeMetadata/v1/...``: each simulated host's metadata
   server (text; see ``tpuctl.sim.metadata``).
@@ -21,7 +24,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from tpuctl.errors import ConfigError
-from tpuctl.sim import api_errors, metadata
+from tpuctl.sim import api_errors, discovery, frontend, metadata
 from tpuctl.sim.api_errors import ApiError, invalid_argument
 from tpuctl.sim.engine import SimEngine
 from tpuctl.sim.exchange import (
@@ -86,8 +89,17 @@ def _dispatch(engine: SimEngine, request: SimRequest) -> SimResponse:
     surface = next((s for s in SURFACES if request.path.startswith(s.prefix)), None)
     if surface is None:
         raise _url_not_found(request)
+    return _answer_from(surface.routes, surface.unrouted, engine, request)
+
+
+def _answer_from(
+    routes: tuple[Route, ...],
+    unrouted: Callable[[SimRequest, bool], SimResponse],
+    engine: SimEngine,
+    request: SimRequest,
+) -> SimResponse:
     path_known = False
-    for entry in surface.routes:
+    for entry in routes:
         match = re.fullmatch(entry.pattern, request.path)
         if match is None:
             continue
@@ -95,7 +107,7 @@ def _dispatch(engine: SimEngine, request: SimRequest) -> SimResponse:
             answer = entry.handler(engine, request, match.groups())
             return answer if isinstance(answer, SimResponse) else json_response(answer)
         path_known = True
-    return surface.unrouted(request, path_known)
+    return unrouted(request, path_known)
 
 
 # --- shared pieces -------------------------------------------------------------------------------
@@ -155,6 +167,24 @@ def _service_identity(engine: SimEngine, request: SimRequest, args: tuple[str, .
     }
 
 
+def _guest_attributes(engine: SimEngine, request: SimRequest, args: tuple[str, ...]) -> Answer:
+    """Each asked worker's guest attributes under ``queryPath``: none are set on a simulated host (a
+    real TPU VM's come from its guest agent), so every worker answers an empty list."""
+    node = engine.get_node(*args)
+    workers = [str(i) for i in range(len(node.get("networkEndpoints", [])) or 1)]
+    asked = [str(w) for w in request.body.get("workerIds", [])] or workers
+    for worker in asked:
+        if worker not in workers:
+            raise invalid_argument(
+                f"Invalid value for field 'worker_ids': worker {worker} does not exist.", "worker_ids"
+            )
+    query_path = str(request.body.get("queryPath", ""))
+    return {
+        # One entry per asked worker, in order (GuestAttributes names no worker: discovery document).
+        "guestAttributes": [{"queryPath": query_path, "queryValue": {"items": []}} for _ in asked]
+    }
+
+
 def _create_queued_resource(engine: SimEngine, request: SimRequest, args: tuple[str, ...]) -> Answer:
     project, zone = args
     return engine.create_queued_resource(
@@ -177,6 +207,28 @@ def _tpu_unrouted(request: SimRequest, path_known: bool) -> SimResponse:
     raise _not_allowed(request) if path_known else _url_not_found(request)
 
 
+def _route_v2(engine: SimEngine, request: SimRequest) -> SimResponse:
+    """The v2 route table's answer (the engine's own surface, behind the frontend)."""
+    return _answer_from(TPU_ROUTES, _tpu_unrouted, engine, request)
+
+
+def _versioned(version: str) -> Handler:
+    def handler(engine: SimEngine, request: SimRequest, args: tuple[str, ...]) -> Answer:
+        return frontend.answer(engine, request, version, _route_v2)
+
+    return handler
+
+
+def _discovery_document(engine: SimEngine, request: SimRequest, args: tuple[str, ...]) -> Answer:
+    # /$discovery/rest?version=V (the API's own host) or /discovery/v1/apis/tpu/V/rest (the discovery
+    # service's form, google-api-python-client's fallback).
+    version = args[0] if args else first(request.query, "version")
+    if version not in discovery.VERSIONS:
+        raise ApiError(404, "NOT_FOUND", f"Discovery document for API tpu version {version!r} not found.")
+    host = request.headers.get("host", "127.0.0.1")
+    return discovery.served_document(version, f"http://{host}/")
+
+
 TPU_ROUTES = (
     route("GET", rf"/v2/projects/{_SEGMENT}/locations", lambda e, r, a: e.list_locations(a[0], *_page(r))),
     route("GET", _LOC, lambda e, r, a: e.get_location(*a)),
@@ -196,7 +248,7 @@ TPU_ROUTES = (
     ),
     route("POST", _NODE + ":stop", lambda e, r, a: e.stop_node(*a)),
     route("POST", _NODE + ":start", lambda e, r, a: e.start_node(*a)),
-    route("POST", _NODE + ":getGuestAttributes", _unimplemented("getGuestAttributes is not simulated.")),
+    route("POST", _NODE + ":getGuestAttributes", _guest_attributes),
     route("GET", _LOC + "/queuedResources", lambda e, r, a: e.list_queued_resources(a[0], a[1], *_page(r))),
     route("POST", _LOC + "/queuedResources", _create_queued_resource),
     route("GET", _QR, lambda e, r, a: e.get_queued_resource(*a)),
@@ -361,8 +413,17 @@ ADMIN_ROUTES = (
 )
 
 
+FRONT_ROUTES = tuple(route(ANY, rf"/{v}/.*", _versioned(v)) for v in discovery.VERSIONS)
+DISCOVERY_ROUTES = (
+    route("GET", r"/\$discovery/rest", _discovery_document),
+    route("GET", r"/discovery/v1/apis/tpu/([^/]+)/rest", _discovery_document),
+)
+
 SURFACES = (
-    Surface("/v2/", TPU_ROUTES, _tpu_unrouted),
+    Surface("/v2/", FRONT_ROUTES, _tpu_unrouted),
+    Surface("/v2alpha1/", FRONT_ROUTES, _tpu_unrouted),
+    Surface("/$discovery/", DISCOVERY_ROUTES, _tpu_unrouted),
+    Surface("/discovery/", DISCOVERY_ROUTES, _tpu_unrouted),
     Surface("/v1/", QUOTA_ROUTES, _quotas_unrouted),
     Surface("/sim/metadata/", METADATA_ROUTES, _metadata_unrouted),
     Surface("/sim/v1/", ADMIN_ROUTES, _admin_unrouted),

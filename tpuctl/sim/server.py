@@ -32,7 +32,7 @@ from tpuctl.sim.world import World
 Clock = Callable[[], float]
 
 #: The surfaces a real network sits in front of; faults are injected there only.
-_FAULTY_SURFACES = ("/v2/", "/v1/")
+_FAULTY_SURFACES = ("/v2/", "/v2alpha1/", "/v1/")
 _MUTATIONS = frozenset({"POST", "PATCH", "DELETE"})
 
 

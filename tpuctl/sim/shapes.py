@@ -68,10 +68,12 @@ def validity_window(policy: Any, now: float, world: World) -> tuple[float | None
 
 
 def quota_error(project: str, violations: list[tuple[str, int, str, str, int]]) -> ApiError:
-    ids = ",".join(v[0] for v in violations)
-    limits = ",".join(str(v[1]) for v in violations)
-    where = ",".join(f"{v[2]} {v[3]}" for v in violations)
-    message = f"Quota limit '{ids}' has been exceeded. Limit: {limits} in {where}."
+    # One sentence per violated quota, each id quoted on its own (issue 16: joining the ids into one
+    # quoted name, "Quota limit 'A,B'", reads as one quota that does not exist).
+    message = " ".join(
+        f"Quota limit '{quota_id}' has been exceeded. Limit: {limit} in {scope} {location}."
+        for quota_id, limit, scope, location, _ in violations
+    )
     details = [
         {
             "@type": "type.googleapis.com/google.rpc.QuotaFailure",

@@ -112,6 +112,11 @@ class SimEngine:
         """PATCH: only description, labels, metadata and tags here (GCP also allows network fields)."""
         return self.nodes.update(project, zone, node_id, body, update_mask)
 
+    def simulate_maintenance(
+        self, project: str, zone: str, node_id: str, workers: list[str]
+    ) -> dict[str, Any]:
+        return self.nodes.simulate_maintenance(project, zone, node_id, workers)
+
     # --- queued resources ------------------------------------------------------------------------
 
     def create_queued_resource(
@@ -172,6 +177,11 @@ class SimEngine:
 
     def get_location(self, project: str, zone: str) -> dict[str, Any]:
         return self.listings.get_location(project, zone)
+
+    def list_reservations(
+        self, project: str, zone: str, page_size: int = 0, page_token: str = ""
+    ) -> dict[str, Any]:
+        return self.listings.list_reservations(project, zone, page_size, page_token)
 
     def quota_infos(self, project: str) -> list[dict[str, Any]]:
         """Every TPU API quota of the generations this world offers, as Cloud Quotas' QuotaInfo."""

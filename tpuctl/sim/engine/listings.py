@@ -7,13 +7,11 @@ from typing import Any
 
 from tpuctl.catalog import AcceleratorType, Generation
 from tpuctl.sim.api_errors import not_found
+from tpuctl.sim.engine.capacity import reservation_in_use
 from tpuctl.sim.engine.context import Context
-from tpuctl.sim.engine.plans import accelerator_by_api_name
+from tpuctl.sim.engine.plans import accelerator_by_api_name, zone_runtime_versions
 from tpuctl.sim.shapes import accelerator_type_json, location_json
 from tpuctl.sim.wire import check_zone, paginate
-
-#: Runtime versions offered in every zone besides each generation's default (GCP lists many more).
-_COMMON_RUNTIME_VERSIONS = ("tpu-ubuntu2204-base", "tpu-vm-base", "tpu-vm-tf-2.16.1-pjrt")
 
 
 def _page_of(
@@ -55,10 +53,8 @@ class Listings:
         return accelerator_type_json(project, zone, accel)
 
     def _runtime_versions(self, zone: str) -> list[str]:
-        versions = {gen.runtime_version for gen in self._zone_generations(zone)}
-        if versions:
-            versions.update(_COMMON_RUNTIME_VERSIONS)
-        return sorted(versions)
+        check_zone(zone)
+        return zone_runtime_versions(self.ctx.catalog, self.ctx.world, zone)
 
     def list_runtime_versions(
         self, project: str, zone: str, page_size: int = 0, page_token: str = ""
@@ -82,3 +78,26 @@ class Listings:
         if zone not in self.ctx.world.zones:
             raise not_found(f"projects/{project}/locations/{zone}")
         return location_json(project, zone)
+
+    def list_reservations(
+        self, project: str, zone: str, page_size: int = 0, page_token: str = ""
+    ) -> dict[str, Any]:
+        """The world's reservations in ``zone`` as v2alpha1's Reservation (size and use in chips)."""
+        check_zone(zone)
+        world = self.ctx.world
+        with self.ctx.db.read() as conn:
+            items = [
+                {
+                    "name": f"projects/{project}/locations/{zone}/reservations/{r.name}",
+                    "standard": {
+                        "size": r.chips,
+                        "capacityUnits": "CHIPS",
+                        "resourceType": self.ctx.catalog.generations[r.generation].api_prefix,
+                        "usage": {"total": str(reservation_in_use(conn, r.name))},
+                    },
+                    "state": "ACTIVE",
+                }
+                for r in world.reservations
+                if r.zone == zone
+            ]
+        return _page_of("reservations", items, page_size, page_token)

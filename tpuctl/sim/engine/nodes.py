@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Sequence
 from typing import Any
 
 from tpuctl.sim.api_errors import (
@@ -104,7 +105,10 @@ class Nodes:
                 # A stockout: the operation fails on its own after the world's stockout delay.
                 message = _no_capacity_message(plan.capacity_class, zone)
                 due = now + world.real_seconds(world.durations.stockout_s)
-                error = rpc_status("RESOURCE_EXHAUSTED", message)
+                # Reserved capacity short is FAILED_PRECONDITION (code 9), not a stockout's code 8: the
+                # reservation, not the zone, is what is missing (issue 16, Google's answer).
+                code = "FAILED_PRECONDITION" if plan.capacity_class == "reserved" else "RESOURCE_EXHAUSTED"
+                error = rpc_status(code, message)
                 op_name = insert_op(conn, project, zone, target, "create", now, due_at=due, error=error)
             else:
                 op_name = insert_op(conn, project, zone, target, "create", now)
@@ -206,6 +210,12 @@ class Nodes:
             name = node_name(project, zone, node_id)
             if row is None:
                 raise not_found(name)
+            if row["state"] == "PREEMPTED":
+                # Google fails an update of a preempted node with code 3 (issue 16); its operation carries it.
+                op_name = insert_op(conn, project, zone, name, "update", now)
+                message = f"Node '{name}' is PREEMPTED and cannot be updated; delete it and create it again."
+                complete_op(conn, op_name, now, error=rpc_status("INVALID_ARGUMENT", message))
+                return answered_op(conn, op_name)
             spec = json.loads(row["spec"])
             for path in paths:
                 if path in body:
@@ -216,6 +226,30 @@ class Nodes:
             op_name = insert_op(conn, project, zone, name, "update", now)
             node = node_json(self.ctx.catalog, existing_node_row(conn, project, zone, node_id))
             complete_op(conn, op_name, now, response={"@type": NODE_TYPE, **node})
+            return answered_op(conn, op_name)
+
+    def simulate_maintenance(
+        self, project: str, zone: str, node_id: str, workers: Sequence[str]
+    ) -> dict[str, Any]:
+        """v2alpha1's simulateMaintenanceEvent: a done operation answering the node. The simulated hosts
+        live through it (Google's live-migrates or restarts them; neither shows in the API's state)."""
+        check_zone(zone)
+        now = self.ctx.clock()
+        self.timeline.advance(now)
+        name = node_name(project, zone, node_id)
+        with self.ctx.db.write() as conn:
+            row = node_row(conn, project, zone, node_id)
+            if row is None:
+                raise not_found(name)
+            for worker in workers:
+                if not worker.isdigit() or int(worker) >= int(row["hosts"]):
+                    raise invalid_argument(
+                        f"Worker '{worker}' does not exist in node '{name}'.", "worker_ids"
+                    )
+            if row["state"] != "READY":
+                raise failed_precondition(f"Node '{name}' is {row['state']}; maintenance needs it READY.")
+            op_name = insert_op(conn, project, zone, name, "simulateMaintenanceEvent", now)
+            complete_op(conn, op_name, now, response={"@type": NODE_TYPE, **node_json(self.ctx.catalog, row)})
             return answered_op(conn, op_name)
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from tpuctl.catalog import AcceleratorType, Catalog
-from tpuctl.sim.api_errors import invalid_argument
+from tpuctl.sim.api_errors import eid, invalid_argument
 from tpuctl.sim.shapes import size_for_topology
 from tpuctl.sim.wire import ACCELERATOR_TYPE_ENUM, check_labels, check_resource_id
 from tpuctl.sim.world import CapacityClass, World
@@ -26,9 +26,20 @@ _KEPT_NODE_FIELDS = (
     "tags",
     "dataDisks",
     "shieldedInstanceConfig",
+    "autocheckpointEnabled",  # v2alpha1 only; a v2 read projects it away
 )
 #: The queued-resource fields kept as the request gave them and echoed back.
-_KEPT_QR_FIELDS = ("tpu", "spot", "guaranteed", "queueingPolicy", "reservationName")
+_KEPT_QR_FIELDS = ("tpu", "spot", "guaranteed", "bestEffort", "queueingPolicy", "reservationName")
+#: Runtime versions offered in every zone with TPUs besides each generation's default (GCP lists more).
+COMMON_RUNTIME_VERSIONS = ("tpu-ubuntu2204-base", "tpu-vm-base", "tpu-vm-tf-2.16.1-pjrt", "tpu-vm-v4-base")
+
+
+def zone_runtime_versions(catalog: Catalog, world: World, zone: str) -> list[str]:
+    """The runtime versions a zone offers: its generations' defaults and the common ones."""
+    versions = {catalog.generations[g].runtime_version for g in world.zones.get(zone, {})}
+    if versions:
+        versions.update(COMMON_RUNTIME_VERSIONS)
+    return sorted(versions)
 
 
 @dataclass(frozen=True)
@@ -111,6 +122,7 @@ def parse_node(
             f"{field_prefix}.acceleratorType",
         )
     _check_node_fields(body, field_prefix)
+    _check_runtime_version(catalog, world, zone, body["runtimeVersion"], field_prefix)
     scheduling = body.get("schedulingConfig") or {}
     if not isinstance(scheduling, dict):
         raise invalid_argument(
@@ -144,6 +156,21 @@ def parse_node(
         spec=spec,
         multislice=multislice,
     )
+
+
+def _check_runtime_version(
+    catalog: Catalog, world: World, zone: str, version: Any, field_prefix: str
+) -> None:
+    """An unknown runtime version is refused at once, in the words Cloud TPU used for the v1 API's
+    ``tensorflowVersion`` ("Cloud TPU received an invalid argument. The field "TensorflowVersion" cannot
+    be "2.4".", tensorflow/tpu#877). That v2 refuses synchronously with the same words is unconfirmed:
+    the stricter choice, so a typo never yields a READY node here that Google would refuse."""
+    if version not in zone_runtime_versions(catalog, world, zone):
+        message = (
+            "Cloud TPU received an invalid argument. "
+            f'The field "RuntimeVersion" cannot be "{version}". {eid()}'
+        )
+        raise invalid_argument(message, f"{field_prefix}.runtime_version")
 
 
 def _check_node_fields(body: dict[str, Any], field_prefix: str) -> None:
@@ -212,6 +239,8 @@ def parse_queued_resource(
         raise invalid_argument("Field 'queuedResource' is required.", "queuedResource")
     if "spot" in body and "guaranteed" in body:
         raise invalid_argument("Only one of 'spot' and 'guaranteed' may be set.", "queuedResource.tier")
+    if "bestEffort" in body and "guaranteed" in body:
+        raise invalid_argument("Only one of 'bestEffort' and 'guaranteed' may be set.", "queuedResource.tier")
     reservation = _reservation_of(world, zone, body.get("reservationName"))
     tier_class: CapacityClass | None = None
     if "spot" in body:

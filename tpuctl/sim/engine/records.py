@@ -144,18 +144,33 @@ def set_qr_state(conn: sqlite3.Connection, key: tuple[str, str, str], state: str
     )
 
 
-def endpoints(row: sqlite3.Row) -> list[dict[str, Any]]:
-    """A node's networkEndpoints: the ones set through the admin API, or the default per host."""
+def endpoints(row: sqlite3.Row, *, external: bool = True) -> list[dict[str, Any]]:
+    """A node's networkEndpoints: the ones set through the admin API, or the default per host (with an
+    external address only when the node has external IPs)."""
     if row["endpoints"]:
         return list(json.loads(row["endpoints"]))
+    access = {"accessConfig": {"externalIp": DEFAULT_ENDPOINT_IP}} if external else {}
     return [
-        {
-            "ipAddress": DEFAULT_ENDPOINT_IP,
-            "port": DEFAULT_ENDPOINT_PORT,
-            "accessConfig": {"externalIp": DEFAULT_ENDPOINT_IP},
-        }
+        {"ipAddress": DEFAULT_ENDPOINT_IP, "port": DEFAULT_ENDPOINT_PORT, **access}
         for _ in range(int(row["hosts"]))
     ]
+
+
+def resolved_network_config(project: str, zone: str, given: Any) -> dict[str, Any]:
+    """The networkConfig as Google answers it: the network and subnetwork resolved to full resource names
+    (``default`` when not given), the rest as sent. External IPs are off unless asked for: the field's
+    proto3 default is false (discovery document, NetworkConfig.enableExternalIps; gcloud sends true unless
+    ``--internal-ips``), and SkyPilot's provisioner reads the resolved ``network`` (issue 16)."""
+    config = dict(given) if isinstance(given, dict) else {}
+    network = str(config.get("network") or "default")
+    if "/" not in network:
+        network = f"projects/{project}/global/networks/{network}"
+    config["network"] = network
+    subnetwork = str(config.get("subnetwork") or "default")
+    if "/" not in subnetwork:
+        subnetwork = f"projects/{project}/regions/{region_of(zone)}/subnetworks/{subnetwork}"
+    config["subnetwork"] = subnetwork
+    return config
 
 
 def node_json(catalog: Catalog, row: sqlite3.Row) -> dict[str, Any]:
@@ -167,12 +182,8 @@ def node_json(catalog: Catalog, row: sqlite3.Row) -> dict[str, Any]:
     out.update(spec)
     out["acceleratorType"] = row["accelerator_type"]
     out["acceleratorConfig"] = {"type": gen.api_enum, "topology": row["topology"]}
-    if "networkConfig" not in spec and "networkConfigs" not in spec:
-        out["networkConfig"] = {
-            "network": f"projects/{project}/global/networks/default",
-            "subnetwork": f"projects/{project}/regions/{region_of(zone)}/subnetworks/default",
-            "enableExternalIps": True,
-        }
+    if "networkConfigs" not in spec:
+        out["networkConfig"] = resolved_network_config(project, zone, spec.get("networkConfig"))
     out["state"] = row["state"]
     if row["state"] == "READY":
         out["health"] = "HEALTHY"
@@ -180,7 +191,8 @@ def node_json(catalog: Catalog, row: sqlite3.Row) -> dict[str, Any]:
     out["createTime"] = rfc3339(float(row["create_time"]))
     out["apiVersion"] = "V2"
     if row["state"] != "CREATING":
-        out["networkEndpoints"] = endpoints(row)
+        external = bool(out.get("networkConfig", {}).get("enableExternalIps"))
+        out["networkEndpoints"] = endpoints(row, external=external)
     if row["queued_resource"]:
         out["queuedResource"] = qr_name(project, zone, row["queued_resource"])
     if row["multislice"]:

@@ -21,7 +21,7 @@ from tpuctl.sim.engine.capacity import Capacity
 from tpuctl.sim.engine.context import Context
 from tpuctl.sim.engine.hosts import SignalOrder, host_signals, send
 from tpuctl.sim.engine.operations import complete_op
-from tpuctl.sim.engine.plans import plan_from_json
+from tpuctl.sim.engine.plans import NodePlan, plan_from_json
 from tpuctl.sim.engine.records import (
     QR_PENDING_STATES,
     delete_node_rows,
@@ -222,6 +222,10 @@ class Timeline:
         except ApiError as exc:
             _fail_queued_resource(conn, key, rpc_status("RESOURCE_EXHAUSTED", exc.message))
             return
+        short = _undersized_reservation(world, plans)
+        if short is not None:
+            _fail_queued_resource(conn, key, rpc_status("FAILED_PRECONDITION", short))
+            return
         for plan in plans:
             if node_row(conn, project, zone, plan.node_id) is not None:
                 name = node_name(project, zone, plan.node_id)
@@ -320,3 +324,20 @@ def _fail_queued_resource(conn: sqlite3.Connection, key: tuple[str, str, str], e
         "WHERE project = ? AND zone = ? AND qr_id = ?",
         (json.dumps(error), *key),
     )
+
+
+def _undersized_reservation(world: World, plans: list[NodePlan]) -> str | None:
+    """The error message when a named reservation is smaller than the nodes asked of it (it can never
+    fit, so Google fails the request with FAILED_PRECONDITION rather than let it wait; issue 16)."""
+    need: dict[str, int] = {}
+    for plan in plans:
+        if plan.reservation is not None:
+            need[plan.reservation] = need.get(plan.reservation, 0) + plan.accel.chips
+    for name, chips in need.items():
+        reservation = world.reservation(name)
+        if reservation is not None and reservation.chips < chips:
+            return (
+                "Insufficient reserved capacity. Contact customer support to increase your reservation. "
+                f"{eid()}"
+            )
+    return None
