@@ -63,8 +63,10 @@ def test_run_and_pod_create_plan_the_same_spot_placement_under_the_cap(
     assert target["zone"] == chosen["zone"] == target["create"]["chosen"]["zone"]
     assert target["create"]["request"]["max_price_per_hour"] == 100.0
     bodies = json.dumps(target["create"]["requests"])
-    # Hosts reached over SSH need tpuctl's key at creation: it travels in the placement's node metadata.
+    # Hosts reached over SSH need tpuctl's key at creation (in the placement's node metadata) and an
+    # external IP (the API gives none unless asked).
     assert ("ssh-keys" in bodies) is (executor == "ssh")
+    assert ("enableExternalIps" in bodies or "enable_external_ips" in bodies) is (executor == "ssh")
 
 
 @pytest.fixture
@@ -104,3 +106,4 @@ def test_a_recovery_re_creation_fails_over_to_another_zone_on_the_ssh_path(
         assert again.zone == ZONES[1] and again.state == "READY"
         ssh_keys = two_zone_sim.metadata(again.zone, again.name, 0, "instance/attributes/ssh-keys")
         assert ssh_keys.startswith("tpuctl:ssh-ed25519 ")
+        assert all(e.external_ip for e in again.network_endpoints)

@@ -44,6 +44,9 @@ class NodeRequest:
     description: str = ""
     # Reserved capacity: the reservation's name (projects/P/locations/Z/reservations/R or just R).
     reservation: str | None = None
+    # External IPs on every host (networkConfig.enableExternalIps): the API's default is none, and a host
+    # tpuctl reaches over SSH from outside the VPC needs one.
+    external_ips: bool = False
 
 
 @dataclass(frozen=True)

@@ -742,6 +742,8 @@ def _node_message(request: NodeRequest, *, request_id: str | None, in_queued_res
         sched["preemptible"] = True
     if sched:
         node["scheduling_config"] = sched
+    if request.external_ips:
+        node["network_config"] = {"enable_external_ips": True}
     return t.Node(**node)
 
 

@@ -109,6 +109,8 @@ class PlacementRequest:
     wait: bool = True
     #: The node's metadata, sent with every create of this request (e.g. ``ssh-keys`` for SSH runs).
     metadata: Mapping[str, str] = field(default_factory=dict)
+    #: Ask for external IPs on every host (SSH runs reach their hosts from outside the VPC).
+    external_ips: bool = False
 
     @property
     def uses_queued_resource(self) -> bool:

@@ -181,7 +181,10 @@ def _with_host_metadata(session: Session, prepared: PreparedRun, *, plan: bool) 
     placement = prepared.target.placement
     assert placement is not None
     extra = hosts.ssh_key_metadata(session, prepared.executor_kind, plan=plan)
-    return dataclasses.replace(placement, metadata={**placement.metadata, **extra}) if extra else placement
+    if not extra:
+        return placement
+    # Hosts reached over SSH from here need an address outside the VPC: ask for external IPs.
+    return dataclasses.replace(placement, metadata={**placement.metadata, **extra}, external_ips=True)
 
 
 def renamed(prepared: PreparedRun, restart: int, tries: int) -> PreparedRun:
