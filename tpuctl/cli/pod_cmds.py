@@ -344,8 +344,9 @@ def gc(
     yes: YesOpt = False,
 ) -> None:
     """Delete what holds quota and gives nothing back: PREEMPTED/TERMINATED slices, failed or suspended
-    queued resources, and your tpuctl-labelled slices that no ledger entry owns; record ledger entries
-    whose slice no longer exists as gone. --dry-run lists only."""
+    queued resources, and the slices this ledger created that no ledger entry owns (a live slice it cannot
+    prove its own is listed as not ours, never deleted); record ledger entries whose slice no longer exists
+    as gone. --dry-run lists only."""
     from tpuctl.errors import CloudError
     from tpuctl.services.gc import GarbageCollector
 
@@ -365,7 +366,12 @@ def gc(
             for p in vanished:
                 verdict = "would be recorded as gone" if dry else "recorded as gone"
                 out.out.print(f"slice {p.name} ({p.zone}) no longer exists; its ledger entry {verdict}")
-        items = collector.find(zone)
+        found = collector.survey(zone)
+        items = found.items
+        not_ours = [n.to_dict() for n in found.not_ours]
+        if not out.machine:
+            for n in found.not_ours:
+                out.out.print(f"{n.kind.replace('_', ' ')} {n.name} ({n.zone}, {n.state}): {_escape(n.reason)}")
         records = [i.to_dict() for i in items]
         columns = ("KIND", "NAME", "ZONE", "STATE", "TYPE", "WHY")
 
@@ -374,7 +380,7 @@ def gc(
 
         if dry or not items:
             if out.machine:
-                out.document(out.envelope(dry_run=dry, gc=records, deleted=[], gone=gone))
+                out.document(out.envelope(dry_run=dry, gc=records, deleted=[], gone=gone, not_ours=not_ours))
             elif not items:
                 out.out.print("nothing to collect")
             else:
@@ -393,6 +399,7 @@ def gc(
                     gc=[r.to_dict() for r in results],
                     deleted=[r.item.name for r in results if r.deleted],
                     gone=gone,
+                    not_ours=not_ours,
                 )
             )
         else:

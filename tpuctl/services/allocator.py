@@ -21,6 +21,7 @@ Plain Python: no CLI, no rendering; progress goes to an ``OperationProgress``.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING
 from tpuctl import params
 from tpuctl.catalog import Catalog
 from tpuctl.cloud.base import (
+    LABEL_LEDGER,
     LABEL_MANAGED_BY,
     LABEL_MANAGED_BY_VALUE,
     LABEL_OWNER,
@@ -311,6 +313,7 @@ class Allocator:
 
     def plan(self, request: PlacementRequest, survey: Survey | None = None) -> Plan:
         """The dry-run plan: every candidate judged, the verdict, and the exact requests. Mutates nothing."""
+        request = self.stamped(request)
         seen = survey or self.survey(request)
         candidates = build_candidates(
             request, catalog=self._catalog, book=seen.book, zones=seen.zones, offers=seen.offers
@@ -320,6 +323,14 @@ class Allocator:
         plan = decide(request, candidates, zones=seen.zones, warnings=warnings)
         plan.requests = self._planned_requests(request, plan)
         return plan
+
+    def stamped(self, request: PlacementRequest) -> PlacementRequest:
+        """The request with this ledger's identity among its labels: what lets `pod gc` prove a live
+        slice is its own (``$USER`` cannot: two machines may both be root)."""
+        identity = self._session.ledger.identity
+        if request.labels.get(LABEL_LEDGER) == identity:
+            return request
+        return dataclasses.replace(request, labels={**request.labels, LABEL_LEDGER: identity})
 
     def _planned_requests(self, request: PlacementRequest, plan: Plan) -> list[PlannedRequest]:
         if not plan.order:
@@ -347,6 +358,7 @@ class Allocator:
         """Carry the plan out (see the module docstring). Raises the plan's InfeasibleError when no
         candidate can take the request, or one naming every attempt when all feasible ones failed."""
         started = self._clock()
+        request = self.stamped(request)
         chosen_plan = plan or self.plan(request)
         error = chosen_plan.error()
         if error is not None:
