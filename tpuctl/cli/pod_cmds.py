@@ -371,7 +371,8 @@ def gc(
         not_ours = [n.to_dict() for n in found.not_ours]
         if not out.machine:
             for n in found.not_ours:
-                out.out.print(f"{n.kind.replace('_', ' ')} {n.name} ({n.zone}, {n.state}): {_escape(n.reason)}")
+                what = n.kind.replace("_", " ")
+                out.out.print(f"{what} {n.name} ({n.zone}, {n.state}): {_escape(n.reason)}")
         records = [i.to_dict() for i in items]
         columns = ("KIND", "NAME", "ZONE", "STATE", "TYPE", "WHY")
 
