@@ -486,8 +486,8 @@ def delete(
             else:
                 out.out.print("[bold]dry run[/]: nothing was changed. Would delete:")
                 for plan in plans:
-                    req = plan["requests"][0]
-                    out.out.print(f"  {plan['name']} ({plan['zone']}): {req['method']} {req['url']}")
+                    for req in plan["requests"]:
+                        out.out.print(f"  {plan['name']} ({plan['zone']}): {req['method']} {req['url']}")
             return
         if not assume_yes(ctx, yes) and not out.machine:
             listing = ", ".join(f"{p['name']} ({p['zone']})" for p in plans)
@@ -497,9 +497,14 @@ def delete(
         for plan in plans:
             try:
                 with out.progress(f"deleting {plan['name']}") as prog:
-                    pods.delete(plan["name"], zone=plan["zone"], wait=wait, progress=prog)
-                deleted.append({"name": plan["name"], "zone": plan["zone"]})
-                out.note(f"deleted {plan['name']} ({plan['zone']})")
+                    done = pods.delete(plan["name"], zone=plan["zone"], wait=wait, progress=prog)
+                qr = done.queued_resource
+                entry: dict[str, Any] = {"name": plan["name"], "zone": plan["zone"]}
+                if qr:
+                    entry["queued_resource"] = qr
+                deleted.append(entry)
+                also = f" and its queued resource {qr}" if qr else ""
+                out.note(f"deleted {plan['name']} ({plan['zone']}){also}")
             except NotFoundError as exc:
                 failures.append(exc)
         if out.machine:
