@@ -189,3 +189,36 @@ def test_bad_flag_names_the_flag() -> None:
 def test_owner_label_is_sanitized(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("USER", "Jane.Doe@Corp")
     assert load_settings({}).resolved_owner == "jane-doe-corp"
+
+
+@pytest.mark.parametrize(
+    ("env", "flags", "profile", "expected"),
+    [
+        ({"GOOGLE_CLOUD_PROJECT": "g"}, {}, None, "GOOGLE_CLOUD_PROJECT"),
+        ({"CLOUDSDK_CORE_PROJECT": "c"}, {}, None, "CLOUDSDK_CORE_PROJECT"),
+        ({"GOOGLE_CLOUD_PROJECT": "g", "CLOUDSDK_CORE_PROJECT": "c"}, {}, None, "CLOUDSDK_CORE_PROJECT"),
+        ({"GOOGLE_CLOUD_PROJECT": "g"}, {"project": "g"}, None, None),  # --project: explicit
+        ({"GOOGLE_CLOUD_PROJECT": "g", "TPUCTL_PROJECT": "t"}, {}, None, None),
+        ({"GOOGLE_CLOUD_PROJECT": "g"}, {}, "g", None),  # the profile chose the same project
+        ({}, {}, "p", None),
+        ({}, {}, None, None),
+    ],
+)
+def test_a_project_from_an_ambient_variable_is_named(
+    env: dict[str, str],
+    flags: dict[str, str],
+    profile: str | None,
+    expected: str | None,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    if profile is not None:
+        path = tmp_path / "config.yaml"
+        path.write_text(f"profiles:\n  default:\n    project: {profile}\n")
+        monkeypatch.setenv("TPUCTL_CONFIG", str(path))
+    settings = load_settings(flags)
+    assert settings.project_from == expected
+    if expected:
+        assert settings.resolved_backend is Backend.GCP

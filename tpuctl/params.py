@@ -356,9 +356,9 @@ LABEL_VALUE_RE: Final = re.compile(r"[a-z0-9_-]{0,63}")
 def labels(pairs: Iterable[str], param: str = "label") -> dict[str, str]:
     """``["team=ml", "env=dev"]`` -> a dict, each pair checked against GCP's label rules; the keys
     tpuctl sets itself are refused."""
-    from tpuctl.cloud.base import LABEL_MANAGED_BY, LABEL_OWNER, LABEL_REQUEST
+    from tpuctl.cloud.base import LABEL_LEDGER, LABEL_MANAGED_BY, LABEL_OWNER, LABEL_REQUEST
 
-    reserved = {LABEL_MANAGED_BY, LABEL_OWNER, LABEL_REQUEST}
+    reserved = {LABEL_MANAGED_BY, LABEL_OWNER, LABEL_REQUEST, LABEL_LEDGER}
     out: dict[str, str] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")

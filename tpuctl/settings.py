@@ -27,6 +27,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
     field_validator,
 )
@@ -294,6 +295,9 @@ class Settings(BaseSettings):
     sim_url: str | None = None
     output: OutputFormat = OutputFormat.TABLE
     owner: str | None = None
+    # The gcloud/ADC variable the project was taken from (set by load_settings), when nothing of
+    # tpuctl's own (flag, TPUCTL_PROJECT, profile) chose it: the CLI announces it on stderr.
+    _project_from: str | None = PrivateAttr(default=None)
 
     @field_validator("zones", mode="before")
     @classmethod
@@ -336,6 +340,12 @@ class Settings(BaseSettings):
         return Backend.GCP if self.project else Backend.SIM
 
     @property
+    def project_from(self) -> str | None:
+        """``GOOGLE_CLOUD_PROJECT`` or ``CLOUDSDK_CORE_PROJECT`` when the project (and with it real Google)
+        came from that variable alone; None when tpuctl's own settings chose it, or no project is set."""
+        return self._project_from
+
+    @property
     def resolved_state_dir(self) -> Path:
         return (self.state_dir or default_state_dir(os.environ)).expanduser()
 
@@ -373,6 +383,7 @@ def load_settings(flags: Mapping[str, Any] | None = None) -> Settings:
         ) from None
     except TpuctlError:
         raise
+    settings._project_from = _ambient_project_source(settings, given)
     if settings.resolved_backend is Backend.GCP and not settings.project:
         raise ConfigError(
             "backend gcp needs a project",
@@ -381,6 +392,26 @@ def load_settings(flags: Mapping[str, Any] | None = None) -> Settings:
             fix="pass --project ID, set GOOGLE_CLOUD_PROJECT, or set project: in the profile",
         )
     return settings
+
+
+#: Variables other tools set (gcloud, client libraries) that tpuctl also reads for the project, first wins.
+_AMBIENT_PROJECT_VARS = ("CLOUDSDK_CORE_PROJECT", "GOOGLE_CLOUD_PROJECT")
+
+
+def _ambient_project_source(settings: Settings, given: Mapping[str, Any]) -> str | None:
+    """The ambient variable the project came from, when no flag or TPUCTL_PROJECT gave one. (A profile
+    with the same project is tpuctl's own choice too: then there is nothing to announce.)"""
+    if settings.project is None or "project" in given or os.environ.get("TPUCTL_PROJECT"):
+        return None
+    var = next((v for v in _AMBIENT_PROJECT_VARS if os.environ.get(v)), None)
+    if var is None or os.environ[var] != settings.project:
+        return None
+    try:
+        path = settings.config_file or default_config_path(os.environ)
+        profile_project = read_profile(path, settings.profile, explicit=False).project
+    except TpuctlError:
+        profile_project = None
+    return None if profile_project == settings.project else var
 
 
 def _source(name: str, given: Mapping[str, Any]) -> str:

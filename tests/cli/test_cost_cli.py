@@ -293,9 +293,10 @@ def test_estimate_lists_every_offered_option_cheapest_first(cli: Cli) -> None:
 
 
 def test_estimate_says_when_quota_does_not_fit(cli: Cli) -> None:
-    # 8 of the 64 preemptible chips of us-central1-a's zone quota in use: a spot v5e-64 no longer fits
-    # there, still fits in us-east1-c; on-demand quota is separate and free.
-    assert cli("pod", "create", "v5e-8", "--spot", "--name", "a", "--zone", ZONE).code == 0
+    # 16 of the 64 preemptible chips of us-central1-a's zone quota in use: a spot v5e-64 no longer fits
+    # there, still fits in us-east1-c; on-demand quota is separate and free. (A multi-host slice: a
+    # single-host v5e draws on the serving quota family instead.)
+    assert cli("pod", "create", "v5e-16", "--spot", "--name", "a", "--zone", ZONE).code == 0
 
     est = cli("cost", "estimate", "v5e-64", "-o", "json").json["estimate"]
 

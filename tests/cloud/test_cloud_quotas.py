@@ -247,3 +247,35 @@ def test_no_adc_gives_the_login_fix(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_parse_skips_entries_that_are_not_objects() -> None:
     assert parse_quota_infos([{"quotaId": "Q", "metric": "m", "dimensionsInfos": ["junk"]}]) == []
+
+
+@pytest.mark.parametrize(
+    ("dims", "entries", "expected"),
+    [
+        # The default entry (no dimensions) expands to every location it lists; an override wins.
+        (
+            ["zone"],
+            [{"details": {"value": "64"}, "applicableLocations": ["us-east5-b", "us-west4-a"]},
+             {"dimensions": {"zone": "us-west4-a"}, "details": {"value": "0"},
+              "applicableLocations": ["us-west4-a"]}],
+            {("us-east5-b", None, 64), ("us-west4-a", None, 0)},
+        ),
+        (
+            ["region"],
+            [{"details": {"value": "-1"}, "applicableLocations": ["us-east5", "us-central1"]}],
+            {(None, "us-east5", -1), (None, "us-central1", -1)},
+        ),
+        # A default that lists no locations applies wherever no row says otherwise: a row without one.
+        (["zone"], [{"details": {}}], {(None, None, 0)}),
+    ],
+)  # fmt: skip
+def test_default_entries_become_rows(
+    dims: list[str], entries: list[dict[str, Any]], expected: set[tuple[str | None, str | None, int]]
+) -> None:
+    raw = {
+        "quotaId": "Q",
+        "metric": "tpu.googleapis.com/tpu-v6e",
+        "dimensions": dims,
+        "dimensionsInfos": entries,
+    }
+    assert {(r.zone, r.region, r.limit) for r in parse_quota_infos([raw])} == expected

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import io
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from allocator_helpers import SimEnv
 
 from tpuctl.catalog import CapacityType
-from tpuctl.cloud.base import LABEL_MANAGED_BY, LABEL_OWNER, NodeRequest, QueuedResourceRequest
+from tpuctl.cloud.base import LABEL_LEDGER, LABEL_MANAGED_BY, LABEL_OWNER, NodeRequest, QueuedResourceRequest
 from tpuctl.cloud.retry import poll_until
 from tpuctl.store.ledger import Ledger
 from tpuctl.store.records import EventKind, PodState
@@ -43,9 +44,11 @@ def garbage(sim: Callable[..., SimEnv], monkeypatch: pytest.MonkeyPatch) -> SimE
     )
     poll_until(lambda: cloud.get_queued_resource(zone, "qf"), lambda q: q.state == "FAILED", timeout_s=10)
     env.admin.stockout(zone, clear=True)
-    # tpuctl's and alice's, but no ledger entry owns it (made by a tpuctl elsewhere): goes.
+    # Made by this ledger's tpuctl (its identity label), but no ledger entry owns it (that tpuctl was
+    # killed): goes.
     mine = {LABEL_MANAGED_BY: "tpuctl", LABEL_OWNER: "alice"}
-    cloud.create_node(NodeRequest("orphan", zone, "v5litepod-4", RT, labels=mine))
+    ours = {**mine, LABEL_LEDGER: session.ledger.identity}
+    cloud.create_node(NodeRequest("orphan", zone, "v5litepod-4", RT, labels=ours))
     # tpuctl's but bob's: stays. Not tpuctl's at all: stays.
     cloud.create_node(NodeRequest("bobs", zone, "v5litepod-4", RT, labels={**mine, LABEL_OWNER: "bob"}))
     cloud.create_node(NodeRequest("other", zone, "v5litepod-4", RT, capacity=CapacityType.ON_DEMAND))
@@ -188,3 +191,30 @@ def test_gc_ends_a_request_whose_tpuctl_died_before_its_create_reached_the_cloud
     (failed,) = session.ledger.events(kinds=[EventKind.FAILED])
     assert failed.detail is not None and failed.detail["outcome"] == "abandoned"
     assert sorted(p.name for p in session.ledger.list_pods(alive=True)) == ["on-its-way", "placed"]
+
+
+def test_gc_on_a_second_ledger_lists_another_ledgers_live_slice_and_deletes_nothing(
+    sim: Callable[..., SimEnv], cli: Cli, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # Two machines of one user (USER=root on both), one project: each has its own ledger.
+    monkeypatch.setenv("USER", "root")
+    monkeypatch.delenv("TPUCTL_OWNER", raising=False)
+    env = sim()
+    monkeypatch.setenv("TPUCTL_STATE_DIR", str(tmp_path / "machine-a"))
+    made = cli(
+        "pod", "create", "v5e-16", "--zone", "us-central1-a", "--name", "theirs", "-o", "json", env=env
+    )
+    assert made.code == 0, made.stderr
+    monkeypatch.setenv("TPUCTL_STATE_DIR", str(tmp_path / "machine-b"))
+    for args in (("--dry-run",), ("-y",)):
+        result = cli("pod", "gc", *args, "-o", "json", env=env)
+        assert result.code == 0, result.stderr
+        assert result.json["gc"] == [] and result.json["deleted"] == []
+        [listed] = result.json["not_ours"]
+        assert (listed["kind"], listed["name"], listed["state"]) == ("slice", "theirs", "READY")
+        assert listed["reason"].startswith("not ours") and listed["ledger"]
+    assert [n["name"] for n in env.admin.status()["nodes"]] == ["theirs"]
+    # The machine that made it still owns it: its own gc has nothing to say.
+    monkeypatch.setenv("TPUCTL_STATE_DIR", str(tmp_path / "machine-a"))
+    again = cli("pod", "gc", "--dry-run", "-o", "json", env=env)
+    assert again.json["gc"] == [] and again.json["not_ours"] == []

@@ -109,7 +109,8 @@ def _quota_world_server(start_server: Callable[..., SimServer]) -> SimServer:
 
 def test_quota_rejection_is_429_with_quota_failure(start_server: Callable[..., SimServer]) -> None:
     client = tpu_client(_quota_world_server(start_server).url)
-    create_ready(client, "spot-8", spot_node("v5litepod-8"))
+    # Multi-host shapes: single-host v5e (1, 4, 8 chips) draws on the serving family instead.
+    create_ready(client, "spot-16a", spot_node("v5litepod-16"))
     with pytest.raises(exceptions.TooManyRequests) as info:
         client.create_node(parent=PARENT, node_id="spot-16", node=spot_node("v5litepod-16"))
     exc = info.value
@@ -130,14 +131,14 @@ def test_quota_rejection_is_429_with_quota_failure(start_server: Callable[..., S
     assert violation["subject"] == f"project:{PROJECT}"
     assert "has been exceeded" in violation["description"]
     # Rejected synchronously, before capacity: nothing was created.
-    assert [n.name.rsplit("/", 1)[-1] for n in client.list_nodes(parent=PARENT)] == ["spot-8"]
+    assert [n.name.rsplit("/", 1)[-1] for n in client.list_nodes(parent=PARENT)] == ["spot-16a"]
 
 
 def test_zone_and_region_quota_both_apply(start_server: Callable[..., SimServer]) -> None:
     client = tpu_client(_quota_world_server(start_server).url)
     create_ready(client, "od-64", node("v5litepod-64"))  # on-demand zone limit 64 reached
     with pytest.raises(exceptions.TooManyRequests) as info:
-        client.create_node(parent=PARENT, node_id="od-1", node=node("v5litepod-1"))
+        client.create_node(parent=PARENT, node_id="od-16", node=node("v5litepod-16"))
     assert "TPUV5sLitepodPerProjectPerZoneForTPUAPI" in info.value.message
     assert "in zone us-central1-a" in info.value.message
     # Another zone of the same region has its own zone quota but shares the region's (128).
@@ -151,7 +152,7 @@ def test_quota_counts_creating_nodes(start_server: Callable[..., SimServer]) -> 
     client.create_node(parent=PARENT, node_id="a", node=node("v5litepod-32"))  # still CREATING
     client.create_node(parent=PARENT, node_id="b", node=node("v5litepod-32"))
     with pytest.raises(exceptions.TooManyRequests):
-        client.create_node(parent=PARENT, node_id="c", node=node("v5litepod-1"))
+        client.create_node(parent=PARENT, node_id="c", node=node("v5litepod-16"))
 
 
 def test_rate_limit_429_is_distinguishable(

@@ -246,11 +246,12 @@ def test_quota_is_checked_at_provisioning_and_held_while_failed(
     qr = client.get_queued_resource(name=f"{PARENT}/queuedResources/qr7")
     assert qr.state.failed_data.error.code == 8
     assert "TPUV5sPreemptibleLitepodPer" in qr.state.failed_data.error.message
-    # A FAILED queued resource keeps its quota until deleted (GCP behaviour).
+    # A FAILED queued resource keeps its quota until deleted (GCP behaviour). A multi-host shape: a
+    # single-host v5e draws on the serving family instead.
     with pytest.raises(exceptions.TooManyRequests):
-        client.create_node(parent=PARENT, node_id="n", node=spot_node("v5litepod-1"))
+        client.create_node(parent=PARENT, node_id="n", node=spot_node("v5litepod-16"))
     client.delete_queued_resource(name=f"{PARENT}/queuedResources/qr7").result(polling=FAST_POLLING)
-    create_ready(client, "n", spot_node("v5litepod-1"))
+    create_ready(client, "n", spot_node("v5litepod-16"))
 
 
 def test_invalid_queued_resources(client: tpu_v2.TpuClient) -> None:

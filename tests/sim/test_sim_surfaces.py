@@ -34,8 +34,9 @@ def test_quota_infos_list_shape_and_pages(start_server: Callable[..., SimServer]
     with httpx.Client(base_url=server.url) as http:
         everything = http.get(QUOTAS).json()
         infos = {i["quotaId"]: i for i in everything["quotaInfos"]}
-        # v5e and v6e and v5p are offered: on-demand and preemptible, per zone and per region.
-        assert len(infos) == 3 * 2 * 2
+        # v5e and v6e and v5p are offered: on-demand and preemptible, per zone and per region; and v5e's
+        # serving family, on-demand and preemptible, per zone only.
+        assert len(infos) == 3 * 2 * 2 + 2
         zone_info = infos["TPUV5sPreemptibleLitepodPerProjectPerZoneForTPUAPI"]
         assert zone_info["name"] == f"{QUOTAS[4:]}/TPUV5sPreemptibleLitepodPerProjectPerZoneForTPUAPI"
         assert zone_info["service"] == "tpu.googleapis.com"
@@ -43,16 +44,19 @@ def test_quota_infos_list_shape_and_pages(start_server: Callable[..., SimServer]
         assert zone_info["containerType"] == "PROJECT"
         assert zone_info["isPrecise"] is True
         assert zone_info["metric"].startswith("tpu.googleapis.com/")
-        by_zone = {d["dimensions"]["zone"]: d for d in zone_info["dimensionsInfos"]}
-        assert by_zone["us-central1-a"]["details"]["value"] == "48"  # int64 as a JSON string
+        # Google's shape: one default entry (no dimensions) for every zone it lists, then the overrides.
+        default, *overrides = zone_info["dimensionsInfos"]
+        assert "dimensions" not in default
+        assert default["details"]["value"] == "48"  # int64 as a JSON string
+        assert default["applicableLocations"] == ["us-central1-a"]
+        by_zone = {d["dimensions"]["zone"]: d for d in overrides}
         assert by_zone["us-east5-b"]["details"]["value"] == "8"
-        assert by_zone["us-central1-a"]["applicableLocations"] == ["us-central1-a"]
+        assert by_zone["us-east5-b"]["applicableLocations"] == ["us-east5-b"]
         region_info = infos["TPUV5sPreemptibleLitepodPerProjectPerRegionForTPUAPI"]
         assert region_info["dimensions"] == ["region"]
-        assert {d["dimensions"]["region"]: d["details"]["value"] for d in region_info["dimensionsInfos"]} == {
-            "us-central1": "96",
-            "us-east5": "96",
-        }
+        (region_default,) = region_info["dimensionsInfos"]
+        assert region_default["details"]["value"] == "96"
+        assert region_default["applicableLocations"] == ["us-central1", "us-east5"]
         assert infos["TPUV5PPerProjectPerZoneForTPUAPI"]["dimensionsInfos"][0]["details"]["value"] == "512"
 
         collected: list[str] = []

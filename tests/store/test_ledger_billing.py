@@ -180,8 +180,14 @@ _V7_TRIGGERS = (
 )
 
 
+def _undo_v9(conn: sqlite3.Connection) -> None:
+    """Take a ledger back to v8: no identity."""
+    conn.execute("DROP TABLE ledger_meta")
+
+
 def _undo_v8(conn: sqlite3.Connection) -> None:
-    """Take a ledger back to v7: no rollups of slices crossing midnight or of quota held."""
+    """Take a ledger back to v7: no rollups of slices crossing midnight or of quota held (nor v9)."""
+    _undo_v9(conn)
     for trigger in (
         "pods_rollup_x_insert",
         "pods_rollup_x_close",
@@ -291,7 +297,7 @@ def test_migration_to_v7_stores_the_recomputed_work(tmp_path: Path) -> None:
     conn.commit()
     conn.close()
     with Ledger(tmp_path / "s") as ledger:
-        assert ledger.schema_version == schema_module.SCHEMA_VERSION == 8
+        assert ledger.schema_version == schema_module.SCHEMA_VERSION == 9
         assert _rec(ledger, "s") == pytest.approx((5760.0, 0.0))
         assert ledger.check_view() == []
 
@@ -321,7 +327,7 @@ def test_migration_from_v4_adds_the_report_indexes(tmp_path: Path) -> None:
     assert _indexes(db)["pods_run"] == ["run_id"]
 
     with Ledger(tmp_path / "s") as ledger:
-        assert ledger.schema_version == schema_module.SCHEMA_VERSION == 8
+        assert ledger.schema_version == schema_module.SCHEMA_VERSION == 9
         assert ledger.check_view() == []
     indexes = _indexes(db)
     assert indexes["pods_run"][:3] == ["run_id", "ready_at", "ended_at"]  # covers billing a slice

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
 import stat
 from collections.abc import Iterator
@@ -156,3 +157,12 @@ def test_close_and_context_manager(tmp_path: Path) -> None:
     ledger.close()  # idempotent
     with pytest.raises(sqlite3.ProgrammingError):  # use after close is a bug, not a corrupt ledger
         ledger.record_event(EventKind.GC)
+
+
+def test_each_ledger_has_its_own_random_identity(tmp_path: Path) -> None:
+    with Ledger(tmp_path / "a") as a, Ledger(tmp_path / "b") as b:
+        assert a.identity != b.identity
+        assert re.fullmatch(r"[0-9a-f]{16}", a.identity)  # a valid GCP label value
+        first = a.identity
+    with Ledger(tmp_path / "a") as again:
+        assert again.identity == first  # made once, with the ledger

@@ -11,6 +11,7 @@ from tpuctl.catalog.catalog import (
     Catalog,
     Generation,
     PriceTable,
+    QuotaFamily,
     region_of_zone,
     validate_zone,
 )
@@ -21,6 +22,7 @@ __all__ = [
     "Catalog",
     "Generation",
     "PriceTable",
+    "QuotaFamily",
     "region_of_zone",
     "validate_zone",
 ]

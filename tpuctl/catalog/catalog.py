@@ -66,6 +66,33 @@ def validate_zone(zone: str, *, field_name: str = "zone") -> str:
 
 
 @dataclass(frozen=True)
+class QuotaFamily:
+    """One TPU API quota family: on-demand or preemptible, training or serving. ``template`` is the quota
+    id with ``{scope}`` for Zone or Region; ``metric`` the Cloud Quotas metric its quotas count."""
+
+    template: str
+    metric: str
+    preemptible: bool
+    serving: bool = False
+    scopes: tuple[str, ...] = ("zone", "region")
+
+    def quota_id(self, scope: str) -> str | None:
+        return self.template.format(scope=scope.capitalize()) if scope in self.scopes else None
+
+
+@dataclass(frozen=True)
+class ServingQuota:
+    """A generation's serving family (v5e): single-host shapes of at most ``max_chips`` draw on it instead
+    of the training family."""
+
+    on_demand: str
+    preemptible: str
+    metric: str
+    max_chips: int
+    scopes: tuple[str, ...] = ("zone",)
+
+
+@dataclass(frozen=True)
 class Generation:
     """One TPU generation as the TPU API v2 offers it."""
 
@@ -84,6 +111,8 @@ class Generation:
     quota_unit: str = "chips"  # what this generation's TPU API quotas count: "chips" or "cores"
     quota_on_demand: str = ""  # quota id template, {scope} = Zone | Region
     quota_preemptible: str = ""
+    quota_metric: str = ""  # the Cloud Quotas metric name without service and "-preemptible"
+    serving: ServingQuota | None = None
 
     @property
     def valid_sizes(self) -> list[int]:
@@ -99,6 +128,22 @@ class Generation:
             return None
         template = self.quota_preemptible if capacity.is_preemptible else self.quota_on_demand
         return template.format(scope=scope.capitalize())
+
+    def quota_families(self) -> list[QuotaFamily]:
+        """Every quota family of this generation: training on-demand and preemptible, then serving."""
+        metric = f"tpu.googleapis.com/{self.quota_metric or self.api_prefix}"
+        families = [
+            QuotaFamily(self.quota_on_demand, metric, preemptible=False),
+            QuotaFamily(self.quota_preemptible, f"{metric}-preemptible", preemptible=True),
+        ]
+        if self.serving is not None:
+            serving_metric = f"tpu.googleapis.com/{self.serving.metric}"
+            for template, preemptible in ((self.serving.on_demand, False), (self.serving.preemptible, True)):
+                metric_name = f"{serving_metric}-preemptible" if preemptible else serving_metric
+                families.append(
+                    QuotaFamily(template, metric_name, preemptible, serving=True, scopes=self.serving.scopes)
+                )
+        return families
 
     def quota_units(self, chips: int) -> int:
         """How much of this generation's quota ``chips`` chips use."""
@@ -146,6 +191,30 @@ class AcceleratorType:
     @property
     def quota_units(self) -> int:
         return self.generation.quota_units(self.chips)
+
+    @property
+    def draws_on_serving(self) -> bool:
+        """Single-host v5e shapes draw on the serving quota family, not the training one."""
+        serving = self.generation.serving
+        return serving is not None and self.chips <= serving.max_chips
+
+    def quota_family(self, capacity: CapacityType) -> QuotaFamily | None:
+        """The quota family a slice of this type draws on; None for reserved capacity (its reservation)."""
+        if capacity is CapacityType.RESERVED:
+            return None
+        serving = self.draws_on_serving
+        return next(
+            f
+            for f in self.generation.quota_families()
+            if f.preemptible == capacity.is_preemptible and f.serving == serving
+        )
+
+    def quota_ids(self, capacity: CapacityType) -> list[tuple[str, str]]:
+        """(scope, quota id) of every quota a slice of this type and capacity draws on."""
+        family = self.quota_family(capacity)
+        if family is None:
+            return []
+        return [(scope, qid) for scope in ("zone", "region") if (qid := family.quota_id(scope))]
 
     @property
     def hbm_gib(self) -> float:
@@ -231,6 +300,20 @@ def _parse_generation(name: str, raw: dict[str, Any]) -> Generation:
         quota_unit=str(raw["quota"]["unit"]),
         quota_on_demand=str(raw["quota"]["on_demand"]),
         quota_preemptible=str(raw["quota"]["preemptible"]),
+        quota_metric=str(raw["quota"].get("metric", "")),
+        serving=_parse_serving(raw.get("serving")),
+    )
+
+
+def _parse_serving(raw: dict[str, Any] | None) -> ServingQuota | None:
+    if raw is None:
+        return None
+    return ServingQuota(
+        on_demand=str(raw["on_demand"]),
+        preemptible=str(raw["preemptible"]),
+        metric=str(raw["metric"]),
+        max_chips=int(raw["max_chips"]),
+        scopes=tuple(str(s) for s in raw.get("scopes", ("zone",))),
     )
 
 
@@ -297,6 +380,14 @@ class Catalog:
         for gen in self.generations.values():
             if prefix in (gen.name, gen.api_prefix, gen.api_enum.lower()):
                 return gen
+        return None
+
+    def quota_family_of(self, quota_id: str) -> tuple[Generation, QuotaFamily] | None:
+        """The generation and family a TPU API quota id belongs to (None: not one the catalog knows)."""
+        for gen in self.generations.values():
+            for family in gen.quota_families():
+                if quota_id in (family.quota_id("zone"), family.quota_id("region")):
+                    return gen, family
         return None
 
     def generation_for_api_enum(self, api_enum: str) -> Generation | None:

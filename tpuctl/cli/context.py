@@ -98,6 +98,12 @@ def session(ctx: typer.Context, out: Output, **flags: Any) -> Iterator[Session]:
     settings = build_settings(ctx, **flags)
     with open_session(settings) as sess:
         detail = f", state {_home(sess.state_dir)}" if sess.backend.name == "sim" else ""
+        ambient = settings.project_from if sess.backend.name != "sim" else None
+        if ambient:
+            # Real Google chosen by a variable another tool set: say so, whatever the output format.
+            detail += f", taken from {ambient}; pass --project or set TPUCTL_PROJECT to choose it yourself"
+            if out.machine:
+                out.err.print(f"gcp: project {sess.project} taken from {ambient}")
         out.backend_banner(sess.backend.name, sess.project, detail)
         yield sess
 

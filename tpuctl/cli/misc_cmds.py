@@ -29,6 +29,10 @@ def quota(
     with session(ctx, out) as sess:
         book = QuotaBook.from_cloud(sess.cloud, sess.catalog)
     uses = [u for u in book.all_uses() if all_ or u.in_use or u.limit != 0]
+
+    def limit_text(limit: int | None) -> str | int:
+        return "unknown" if limit is None else "unlimited" if limit < 0 else limit
+
     out.rows(
         "quota",
         ("QUOTA", "LOCATION", "LIMIT", "IN USE", "AVAILABLE", "UNIT", "HELD BY PREEMPTED"),
@@ -36,9 +40,9 @@ def quota(
             (
                 u.quota_id,
                 u.location,
-                "unlimited" if u.limit < 0 else u.limit,
+                limit_text(u.limit),
                 u.in_use,
-                "unlimited" if u.available is None else u.available,
+                limit_text(u.limit) if u.available is None else u.available,
                 u.unit,
                 u.preempted_holding or "",
             )

@@ -345,8 +345,9 @@ def gc(
     yes: YesOpt = False,
 ) -> None:
     """Delete what holds quota and gives nothing back: PREEMPTED/TERMINATED slices, failed or suspended
-    queued resources, and your tpuctl-labelled slices that no ledger entry owns; record ledger entries
-    whose slice no longer exists as gone. --dry-run lists only."""
+    queued resources, and the slices this ledger created that no ledger entry owns (a live slice it cannot
+    prove its own is listed as not ours, never deleted); record ledger entries whose slice no longer exists
+    as gone. --dry-run lists only."""
     from tpuctl.errors import CloudError
     from tpuctl.services.gc import GarbageCollector
 
@@ -366,7 +367,13 @@ def gc(
             for p in vanished:
                 verdict = "would be recorded as gone" if dry else "recorded as gone"
                 out.out.print(f"slice {p.name} ({p.zone}) no longer exists; its ledger entry {verdict}")
-        items = collector.find(zone)
+        found = collector.survey(zone)
+        items = found.items
+        not_ours = [n.to_dict() for n in found.not_ours]
+        if not out.machine:
+            for n in found.not_ours:
+                what = n.kind.replace("_", " ")
+                out.out.print(f"{what} {n.name} ({n.zone}, {n.state}): {_escape(n.reason)}")
         records = [i.to_dict() for i in items]
         columns = ("KIND", "NAME", "ZONE", "STATE", "TYPE", "WHY")
 
@@ -375,7 +382,7 @@ def gc(
 
         if dry or not items:
             if out.machine:
-                out.document(out.envelope(dry_run=dry, gc=records, deleted=[], gone=gone))
+                out.document(out.envelope(dry_run=dry, gc=records, deleted=[], gone=gone, not_ours=not_ours))
             elif not items:
                 out.out.print("nothing to collect")
             else:
@@ -394,6 +401,7 @@ def gc(
                     gc=[r.to_dict() for r in results],
                     deleted=[r.item.name for r in results if r.deleted],
                     gone=gone,
+                    not_ours=not_ours,
                 )
             )
         else:
@@ -479,8 +487,8 @@ def delete(
             else:
                 out.out.print("[bold]dry run[/]: nothing was changed. Would delete:")
                 for plan in plans:
-                    req = plan["requests"][0]
-                    out.out.print(f"  {plan['name']} ({plan['zone']}): {req['method']} {req['url']}")
+                    for req in plan["requests"]:
+                        out.out.print(f"  {plan['name']} ({plan['zone']}): {req['method']} {req['url']}")
             return
         if not assume_yes(ctx, yes) and not out.machine:
             listing = ", ".join(f"{p['name']} ({p['zone']})" for p in plans)
@@ -490,9 +498,14 @@ def delete(
         for plan in plans:
             try:
                 with out.progress(f"deleting {plan['name']}") as prog:
-                    pods.delete(plan["name"], zone=plan["zone"], wait=wait, progress=prog)
-                deleted.append({"name": plan["name"], "zone": plan["zone"]})
-                out.note(f"deleted {plan['name']} ({plan['zone']})")
+                    done = pods.delete(plan["name"], zone=plan["zone"], wait=wait, progress=prog)
+                qr = done.queued_resource
+                entry: dict[str, Any] = {"name": plan["name"], "zone": plan["zone"]}
+                if qr:
+                    entry["queued_resource"] = qr
+                deleted.append(entry)
+                also = f" and its queued resource {qr}" if qr else ""
+                out.note(f"deleted {plan['name']} ({plan['zone']}){also}")
             except NotFoundError as exc:
                 failures.append(exc)
         if out.machine:

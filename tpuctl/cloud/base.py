@@ -18,6 +18,7 @@ from tpuctl.catalog import CapacityType
 LABEL_MANAGED_BY = "managed-by"
 LABEL_MANAGED_BY_VALUE = "tpuctl"
 LABEL_OWNER = "tpuctl-owner"
+LABEL_LEDGER = "tpuctl-ledger"  # the identity of the ledger whose tpuctl created the slice
 LABEL_REQUEST = "tpuctl-request"
 LABEL_RUN = "tpuctl-run"
 

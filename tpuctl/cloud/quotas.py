@@ -1,10 +1,13 @@
 """Cloud Quotas API client (httpx): the TPU quota *limits* of a project, from ``quotaInfos.list``.
 
 ``GET {base}/v1/projects/{project}/locations/global/services/tpu.googleapis.com/quotaInfos`` with
-``pageToken`` pagination. Each QuotaInfo has one ``dimensionsInfos`` entry per place the limit applies
-(``{"zone": ...}``, ``{"region": ...}`` or ``{}`` for global), and each becomes one ``QuotaLimit`` row.
-``details.value`` is an int64, so JSON carries it as a string; proto3 JSON omits zero values, so a
-missing ``value`` means a limit of 0 (and ``-1`` means unlimited).
+``pageToken`` pagination. A QuotaInfo's ``dimensionsInfos`` hold per-location overrides
+(``{"dimensions": {"zone": Z}, ...}``) plus one entry with empty (omitted) ``dimensions``: the project
+default for every location in its ``applicableLocations``. Each location becomes one ``QuotaLimit`` row
+(an override wins over the default); a default with no locations listed becomes one row without a
+location, the limit wherever no row says otherwise. ``details.value`` is an int64, so JSON carries it as
+a string; proto3 JSON omits zero values, so a missing ``value`` means a limit of 0 (and ``-1`` means
+unlimited).
 
 Against Google the base URL is ``https://cloudquotas.googleapis.com`` with a bearer token from
 google-auth credentials (refreshed when expired); against the simulator it is the simulator's URL with no
@@ -162,37 +165,57 @@ class CloudQuotasClient:
 
 
 def parse_quota_infos(infos: list[dict[str, Any]]) -> list[QuotaLimit]:
-    """QuotaInfo JSON objects -> one ``QuotaLimit`` per ``dimensionsInfos`` entry."""
+    """QuotaInfo JSON objects -> one ``QuotaLimit`` per (quota id, location), defaults expanded."""
     rows: list[QuotaLimit] = []
     for info in infos:
         quota_id = str(info.get("quotaId") or str(info.get("name", "")).rsplit("/", 1)[-1])
         if not quota_id:
             raise CloudError(f"quota info without quotaId or name: {json.dumps(info)[:200]}")
-        metric = str(info.get("metric", ""))
-        for entry in info.get("dimensionsInfos", []) or []:
-            if not isinstance(entry, Mapping):
-                continue
-            dims = entry.get("dimensions") or {}
-            details = entry.get("details") or {}
-            raw = details.get("value", "0") if isinstance(details, Mapping) else "0"
-            try:
-                limit = int(str(raw))
-            except ValueError:
-                raise CloudError(
-                    f"quota {quota_id}: limit value {raw!r} is not an integer (dimensions {dict(dims)})"
-                ) from None
-            zone = dims.get("zone") if isinstance(dims, Mapping) else None
-            region = dims.get("region") if isinstance(dims, Mapping) else None
-            rows.append(
-                QuotaLimit(
-                    quota_id=quota_id,
-                    metric=metric,
-                    limit=limit,
-                    zone=str(zone) if zone else None,
-                    region=str(region) if region else None,
-                )
-            )
+        rows.extend(_info_rows(info, quota_id))
     return rows
+
+
+def _info_rows(info: Mapping[str, Any], quota_id: str) -> list[QuotaLimit]:
+    metric = str(info.get("metric", ""))
+    scopes = info.get("dimensions") or []
+    scope = "region" if "region" in scopes and "zone" not in scopes else "zone"
+    overrides: dict[str, QuotaLimit] = {}
+    defaults: list[QuotaLimit] = []
+    for entry in info.get("dimensionsInfos", []) or []:
+        if not isinstance(entry, Mapping):
+            continue
+        dims = entry.get("dimensions") or {}
+        limit = _limit_value(entry, quota_id)
+        zone = dims.get("zone") if isinstance(dims, Mapping) else None
+        region = dims.get("region") if isinstance(dims, Mapping) else None
+        if zone or region:
+            row = QuotaLimit(
+                quota_id, metric, limit, str(zone) if zone else None, str(region) if region else None
+            )
+            overrides[str(zone or region)] = row
+            continue
+        # The project default: it applies to every location it lists (Google lists them).
+        places = [str(loc) for loc in entry.get("applicableLocations") or [] if loc and loc != "global"]
+        if not places:
+            defaults.append(QuotaLimit(quota_id, metric, limit))
+        for place in places:
+            at_zone = scope == "zone" and place.count("-") >= 2
+            defaults.append(
+                QuotaLimit(quota_id, metric, limit, place if at_zone else None, None if at_zone else place)
+            )
+    kept = [d for d in defaults if (d.zone or d.region or "") not in overrides]
+    return kept + list(overrides.values())
+
+
+def _limit_value(entry: Mapping[str, Any], quota_id: str) -> int:
+    details = entry.get("details") or {}
+    raw = details.get("value", "0") if isinstance(details, Mapping) else "0"
+    try:
+        return int(str(raw))
+    except ValueError:
+        raise CloudError(
+            f"quota {quota_id}: limit value {raw!r} is not an integer (dimensions {entry.get('dimensions')})"
+        ) from None
 
 
 def _default_credentials() -> Credentials:

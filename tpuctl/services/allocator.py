@@ -21,15 +21,17 @@ Plain Python: no CLI, no rendering; progress goes to an ``OperationProgress``.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tpuctl import params
 from tpuctl.catalog import AcceleratorType, CapacityType, Catalog
 from tpuctl.cloud.base import (
+    LABEL_LEDGER,
     LABEL_MANAGED_BY,
     LABEL_MANAGED_BY_VALUE,
     LABEL_OWNER,
@@ -38,6 +40,7 @@ from tpuctl.cloud.base import (
     OperationProgress,
     PlannedRequest,
     QueuedResource,
+    QuotaLimit,
 )
 from tpuctl.cloud.retry import RetryPolicy, Sleep
 from tpuctl.errors import (
@@ -221,6 +224,7 @@ class Survey:
     book: QuotaBook
     zones: list[str]
     offers: dict[str, Offer]
+    warnings: tuple[str, ...] = ()  # what the plan should say about the survey (unreadable quotas)
 
 
 class Allocator:
@@ -280,11 +284,13 @@ class Allocator:
             )
             offer_fs = {z: pool.submit(self._offer, z, accel.api_name) for z in zones}
             offers = {z: f.result() for z, f in offer_fs.items()}
-            limits = limits_f.result()
+            limits, unread = _read_limits(limits_f)
             queued = queued_f.result()
         self._check_name_free(request, nodes, queued)
         book = QuotaBook(self._catalog, limits, nodes, queued)
-        return Survey(nodes=nodes, queued=queued, book=book, zones=zones, offers=offers)
+        return Survey(
+            nodes=nodes, queued=queued, book=book, zones=zones, offers=offers, warnings=tuple(unread)
+        )
 
     def _offer(self, zone: str, api_name: str) -> Offer:
         try:
@@ -319,13 +325,24 @@ class Allocator:
 
     def plan(self, request: PlacementRequest, survey: Survey | None = None) -> Plan:
         """The dry-run plan: every candidate judged, the verdict, and the exact requests. Mutates nothing."""
+        request = self.stamped(request)
         seen = survey or self.survey(request)
         candidates = build_candidates(
             request, catalog=self._catalog, book=seen.book, zones=seen.zones, offers=seen.offers
         )
-        plan = decide(request, candidates, zones=seen.zones, warnings=quota_warnings(candidates))
+        # Unreadable quotas are said once, not once per quota and zone.
+        warnings = [*seen.warnings, *quota_warnings(candidates, name_unknown=not seen.warnings)]
+        plan = decide(request, candidates, zones=seen.zones, warnings=warnings)
         plan.requests = self._planned_requests(request, plan)
         return plan
+
+    def stamped(self, request: PlacementRequest) -> PlacementRequest:
+        """The request with this ledger's identity among its labels: what lets `pod gc` prove a live
+        slice is its own (``$USER`` cannot: two machines may both be root)."""
+        identity = self._session.ledger.identity
+        if request.labels.get(LABEL_LEDGER) == identity:
+            return request
+        return dataclasses.replace(request, labels={**request.labels, LABEL_LEDGER: identity})
 
     def _planned_requests(self, request: PlacementRequest, plan: Plan) -> list[PlannedRequest]:
         if not plan.order:
@@ -353,6 +370,7 @@ class Allocator:
         """Carry the plan out (see the module docstring). Raises the plan's InfeasibleError when no
         candidate can take the request, or one naming every attempt when all feasible ones failed."""
         started = self._clock()
+        request = self.stamped(request)
         chosen_plan = plan or self.plan(request)
         error = chosen_plan.error()
         if error is not None:
@@ -480,15 +498,32 @@ class Allocator:
                 self.context.recorder.gone(node.zone, node.name, request.request_id, "cleanup sweep")
 
 
-def quota_warnings(candidates: Sequence[Candidate]) -> list[str]:
+def _read_limits(limits_f: Future[list[QuotaLimit]]) -> tuple[list[QuotaLimit] | None, list[str]]:
+    """The quota limits, or None and a warning when Cloud Quotas refuses to tell (403: the API not
+    enabled, or a caller with roles/tpu.admin only): every limit is then unknown and the create answers,
+    as it would have without the check."""
+    try:
+        return limits_f.result(), []
+    except PermissionDeniedError as exc:
+        return None, [
+            f"could not read quota limits from Cloud Quotas ({exc.message}); placement goes on without "
+            "a quota check and lets the create answer"
+        ]
+
+
+def quota_warnings(candidates: Sequence[Candidate], *, name_unknown: bool = True) -> list[str]:
     """One warning per quota the request is short of while dead slices (PREEMPTED/TERMINATED, or failed
-    and suspended queued resources) hold some of it: deleting them (`tpuctl pod gc`) may make room."""
+    and suspended queued resources) hold some of it: deleting them (`tpuctl pod gc`) may make room; and
+    one per quota whose limit is unknown (the create is tried and answers for it)."""
     seen: set[tuple[str, str]] = set()
     out: list[str] = []
     for cand in candidates:
         if not cand.offered:
             continue
         for q in cand.quota:
+            if name_unknown and not q.known and (q.quota_id, q.location) not in seen:
+                seen.add((q.quota_id, q.location))
+                out.append(q.shortfall())
             if q.fits or not q.reclaimable or (q.quota_id, q.location) in seen:
                 continue
             seen.add((q.quota_id, q.location))

@@ -4,9 +4,11 @@
 * queued resources that FAILED or were SUSPENDED: they hold quota until deleted
   (https://cloud.google.com/tpu/docs/queued-resources); deleting
   one (with force) deletes its slices too, so their dead slices are not listed separately;
-* slices and queued resources labelled as tpuctl's and this user's (``managed-by=tpuctl``,
-  ``tpuctl-owner=<owner>``) that no live ledger entry owns: left over by a tpuctl that was killed, or
-  made from another machine's state dir. Another user's slices are never touched.
+* slices and queued resources that this ledger created (``managed-by=tpuctl`` and ``tpuctl-ledger=<this
+  ledger's identity>``, a random id made with the ledger) that no live ledger entry owns: left over by a
+  tpuctl that was killed. A live slice gc cannot prove its own (another machine's ledger, even of the same
+  ``$USER``, or a slice made before slices carried the identity) is never deleted: ``survey()`` lists it
+  as not ours. Another user's slices are never touched.
 
 The other way round, ``vanished()`` finds live ledger entries whose slice the cloud does not have: a
 delete that landed before the tpuctl that sent it was killed could record it, a slice deleted behind
@@ -29,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from tpuctl.catalog import validate_zone
 from tpuctl.cloud.base import (
+    LABEL_LEDGER,
     LABEL_MANAGED_BY,
     LABEL_MANAGED_BY_VALUE,
     LABEL_OWNER,
@@ -74,6 +77,40 @@ class GcItem:
 
 
 @dataclass(frozen=True)
+class NotOurs:
+    """A live tpuctl slice or queued resource of this owner that gc cannot prove this ledger created."""
+
+    kind: str  # "slice" | "queued_resource"
+    name: str
+    zone: str
+    state: str
+    ledger: str | None  # the identity it carries; None: made before slices carried one
+
+    @property
+    def reason(self) -> str:
+        made_by = f"ledger {self.ledger}" if self.ledger else "a tpuctl that did not stamp its ledger"
+        return f"not ours: made by {made_by}, not this one; left alone"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "name": self.name,
+            "zone": self.zone,
+            "state": self.state,
+            "ledger": self.ledger,
+            "reason": self.reason,
+        }
+
+
+@dataclass(frozen=True)
+class GcSurvey:
+    """What gc would delete, and the live slices it leaves because it cannot prove they are its own."""
+
+    items: list[GcItem]
+    not_ours: list[NotOurs]
+
+
+@dataclass(frozen=True)
 class GcResult:
     item: GcItem
     deleted: bool
@@ -97,20 +134,30 @@ class GarbageCollector:
         self._cloud = session.cloud
         self._ledger = session.ledger
         self._owner = session.settings.resolved_owner
+        self._identity = session.ledger.identity
         self._retry = retry or session.backend.tuning.gc_retry
         self._sleep = sleep
 
     def find(self, zone: str | None = None) -> list[GcItem]:
+        return self.survey(zone).items
+
+    def survey(self, zone: str | None = None) -> GcSurvey:
         where = validate_zone(zone) if zone else None
         nodes = self._cloud.list_nodes(where)
         queued = self._cloud.list_queued_resources(where)
         items: list[GcItem] = []
+        not_ours: list[NotOurs] = []
         covered: set[tuple[str, str]] = set()  # slices deleted with their queued resource
         queued_names: set[tuple[str, str]] = set()
         for qr in sorted(queued, key=lambda q: (q.zone, q.id)):
             queued_names.add((qr.zone, qr.id))
             reason = self._queued_reason(qr)
             if reason is None:
+                if self._foreign(qr.labels, qr.zone, qr.node_ids or (qr.id,)):
+                    not_ours.append(
+                        NotOurs("queued_resource", qr.id, qr.zone, qr.state, qr.labels.get(LABEL_LEDGER))
+                    )
+                    covered.update((qr.zone, n) for n in qr.node_ids)
                 continue
             slices = tuple(qr.node_ids)
             covered.update((qr.zone, n) for n in slices)
@@ -131,6 +178,12 @@ class GarbageCollector:
                 continue
             reason = self._node_reason(node, queued_names)
             if reason is None:
+                if self._foreign(node.labels, node.zone, (node.name,)) and not _queued_listed(
+                    node, queued_names
+                ):
+                    not_ours.append(
+                        NotOurs("slice", node.name, node.zone, node.state, node.labels.get(LABEL_LEDGER))
+                    )
                 continue
             items.append(
                 GcItem(
@@ -144,7 +197,7 @@ class GarbageCollector:
                     request=self._cloud.plan_delete_node(node.zone, node.name),
                 )
             )
-        return items
+        return GcSurvey(items, not_ours)
 
     def vanished(self, zone: str | None = None) -> list[PodRecord]:
         """Live ledger entries of this backend and project whose slice the cloud no longer has: missing
@@ -229,8 +282,16 @@ class GarbageCollector:
         return None
 
     def _is_ours(self, labels: dict[str, str]) -> bool:
+        """Provably made by this ledger's tpuctl: the identity label, not ``$USER``, decides."""
         managed = labels.get(LABEL_MANAGED_BY) == LABEL_MANAGED_BY_VALUE
-        return managed and labels.get(LABEL_OWNER) == self._owner
+        return managed and labels.get(LABEL_LEDGER) == self._identity
+
+    def _foreign(self, labels: dict[str, str], zone: str, names: Sequence[str]) -> bool:
+        """A live tpuctl thing of this owner, not tracked here, that another ledger (or none) made."""
+        managed = labels.get(LABEL_MANAGED_BY) == LABEL_MANAGED_BY_VALUE
+        if not managed or labels.get(LABEL_OWNER) != self._owner or self._is_ours(labels):
+            return False
+        return not any(self._owned(zone, name) for name in names)
 
     def _owned(self, zone: str, name: str) -> bool:
         record = self._ledger.get_pod(name, zone=zone)
@@ -285,6 +346,11 @@ class GarbageCollector:
             # Gone already: what we wanted. (After an ambiguous failure the retry lands here or on the
             # running delete operation: repeating a delete is harmless.)
             return
+
+
+def _queued_listed(node: Node, queued_names: set[tuple[str, str]]) -> bool:
+    qr = _short(node.queued_resource)
+    return bool(qr) and (node.zone, qr) in queued_names
 
 
 def _short(full_name: str | None) -> str | None:

@@ -206,7 +206,7 @@ class QuotaCheck:
     quota_id: str
     scope: str  # "zone" | "region"
     location: str
-    limit: int  # -1: unlimited
+    limit: int | None  # -1: unlimited; None: unknown (tried, and the create answers)
     in_use: int
     needed: int
     unit: str
@@ -230,8 +230,15 @@ class QuotaCheck:
         )
 
     @property
+    def known(self) -> bool:
+        return self.limit is not None
+
+    @property
     def available(self) -> int | None:
-        return None if self.limit < 0 else max(self.limit - self.in_use, 0)
+        """What is left; None when unlimited or unknown (both let the request through)."""
+        if self.limit is None or self.limit < 0:
+            return None
+        return max(self.limit - self.in_use, 0)
 
     @property
     def fits(self) -> bool:
@@ -252,6 +259,8 @@ class QuotaCheck:
     def shortfall(self) -> str:
         """``zone quota Q in us-central1-a: needs 64 chips, 32 available (limit 64, 32 in use)``."""
         where = f"zone {self.location}" if self.scope == "zone" else f"region {self.location}"
+        if self.limit is None:
+            return f"{self.scope} quota {self.quota_id} in {where}: unknown — try and let the create answer"
         limit = "unlimited" if self.limit < 0 else str(self.limit)
         text = (
             f"{self.scope} quota {self.quota_id} in {where}: needs {self.needed} {self.unit}, "

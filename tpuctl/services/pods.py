@@ -8,6 +8,7 @@ Plain Python: no CLI, no rendering. Collaborators come in through the ``Session`
 from __future__ import annotations
 
 import builtins
+import contextlib
 import re
 import secrets
 from collections.abc import Sequence
@@ -104,6 +105,14 @@ def _event_dict(event: EventRecord) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True)
+class Deletion:
+    """A deleted slice, and the queued resource deleted with it (its id), if any."""
+
+    node: Node
+    queued_resource: str | None = None
+
+
 class PodService:
     """List, describe and delete slices through the cloud boundary, recording to the ledger."""
 
@@ -195,12 +204,19 @@ class PodService:
         plans = []
         for name in names:
             node = self._locate(name, zone)
+            requests = [self._cloud.plan_delete_node(node.zone, node.name).to_dict()]
+            qr_id = self._queue_to_delete(node)
+            if qr_id is not None:
+                requests.append(
+                    self._cloud.plan_delete_queued_resource(node.zone, qr_id, force=True).to_dict()
+                )
             plans.append(
                 {
                     "action": "delete",
                     "name": node.name,
                     "zone": node.zone,
-                    "requests": [self._cloud.plan_delete_node(node.zone, node.name).to_dict()],
+                    "queued_resource": qr_id,
+                    "requests": requests,
                 }
             )
         return plans
@@ -213,10 +229,19 @@ class PodService:
         wait: bool = True,
         progress: OperationProgress | None = None,
         reason: str = "user",
-    ) -> Node:
+    ) -> Deletion:
+        """Delete the slice, and the queued resource that made it when nothing else of it is left (a
+        queued resource holds quota until it is deleted, whatever became of its slices)."""
         node = self._locate(name, zone)
+        qr_id = self._queue_to_delete(node)
         # Gone (or DELETING) after an unknown outcome is the outcome the user asked for.
         delete_node_idempotent(self._cloud, node.zone, node.name, wait=wait, progress=progress)
+        if qr_id is not None:
+            with contextlib.suppress(NotFoundError):
+                self._cloud.delete_queued_resource(node.zone, qr_id, force=True, wait=wait)
+        detail: dict[str, Any] = {"reason": reason, "state_before": node.state}
+        if qr_id is not None:
+            detail["queued_resource_deleted"] = qr_id
         self._ledger.record_event(
             EventKind.DELETED,
             pod=node.name,
@@ -224,6 +249,20 @@ class PodService:
             accelerator_type=node.accelerator_type,
             capacity=node.capacity,
             labels=dict(node.labels),
-            detail={"reason": reason, "state_before": node.state},
+            detail=detail,
         )
-        return node
+        return Deletion(node, qr_id)
+
+    def _queue_to_delete(self, node: Node) -> str | None:
+        """The id of the queued resource that made ``node``, when deleting ``node`` leaves it no slice."""
+        qr_id = (node.queued_resource or "").rsplit("/", 1)[-1]
+        if not qr_id:
+            return None
+        try:
+            qr = self._cloud.get_queued_resource(node.zone, qr_id)
+        except NotFoundError:
+            return None
+        others = set(qr.node_ids) - {node.name}
+        if others and others & {n.name for n in self._cloud.list_nodes(node.zone)}:
+            return None  # a multislice queued resource with other slices alive: they still use it
+        return qr_id

@@ -4,6 +4,10 @@ Usage is counted from the live listing (every node in any state holds quota unti
 included) and from queued resources that hold quota while SUSPENDED or FAILED (when their nodes are not in
 the listing already). Quota held by such dead things is "reclaimable": `tpuctl pod gc` frees it, and the
 allocator names the holders when a request is short of that quota.
+
+A limit is *unknown* when Cloud Quotas does not list the quota id, or could not be read at all (a 403:
+the API not enabled, or a caller with roles/tpu.admin only): placement then tries and lets the create
+answer, as it would have worked without the check; it never counts an unknown limit as 0.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ class QuotaUse:
     quota_id: str
     scope: str  # "zone" | "region"
     location: str
-    limit: int  # -1: unlimited
+    limit: int | None  # -1: unlimited; None: unknown (not listed, or Cloud Quotas unreadable)
     in_use: int
     unit: str  # "chips" | "cores"
     preempted_holding: int = 0  # of in_use, units held by PREEMPTED slices (freed by deleting them)
@@ -34,8 +38,15 @@ class QuotaUse:
     reclaimable: int = 0
 
     @property
+    def known(self) -> bool:
+        return self.limit is not None
+
+    @property
     def available(self) -> int | None:
-        return None if self.limit < 0 else max(self.limit - self.in_use, 0)
+        """What is left; None when unlimited or unknown."""
+        if self.limit is None or self.limit < 0:
+            return None
+        return max(self.limit - self.in_use, 0)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -57,16 +68,20 @@ class QuotaBook:
     def __init__(
         self,
         catalog: Catalog,
-        limits: Iterable[QuotaLimit],
+        limits: Iterable[QuotaLimit] | None,
         nodes: Iterable[Node],
         queued_resources: Iterable[QueuedResource] = (),
     ) -> None:
+        """``limits`` None: Cloud Quotas could not be read, so every limit is unknown."""
         self._catalog = catalog
         self._limits: dict[tuple[str, str], QuotaLimit] = {}
-        for limit in limits:
+        self._defaults: dict[str, QuotaLimit] = {}  # a default entry that named no locations
+        for limit in limits or ():
             location = limit.zone or limit.region
             if location:
                 self._limits[(limit.quota_id, location)] = limit
+            else:
+                self._defaults[limit.quota_id] = limit
         self._use: dict[tuple[str, str], int] = defaultdict(int)
         self._preempted: dict[tuple[str, str], int] = defaultdict(int)
         self._reclaimable: dict[tuple[str, str], int] = defaultdict(int)
@@ -116,22 +131,18 @@ class QuotaBook:
     @staticmethod
     def keys_for(accel: AcceleratorType, zone: str, capacity: CapacityType) -> list[tuple[str, str]]:
         """The (quota id, location) pairs a slice of this type and capacity in ``zone`` draws on."""
-        keys = []
-        for scope, location in (("zone", zone), ("region", region_of_zone(zone))):
-            quota_id = accel.generation.quota_id(capacity, scope)
-            if quota_id is not None:
-                keys.append((quota_id, location))
-        return keys
+        places = {"zone": zone, "region": region_of_zone(zone)}
+        return [(quota_id, places[scope]) for scope, quota_id in accel.quota_ids(capacity)]
 
     def use(self, quota_id: str, location: str, unit: str = "chips") -> QuotaUse:
-        limit = self._limits.get((quota_id, location))
+        limit = self._limits.get((quota_id, location)) or self._defaults.get(quota_id)
         scope = "zone" if location.count("-") >= 2 else "region"
         return QuotaUse(
             quota_id=quota_id,
             scope=scope,
             location=location,
-            # An id the quota service does not list is treated as zero quota, as GCP does.
-            limit=limit.limit if limit is not None else 0,
+            # An id Cloud Quotas does not list is unknown, not zero: the create answers for it.
+            limit=limit.limit if limit is not None else None,
             in_use=self._use.get((quota_id, location), 0),
             unit=unit,
             preempted_holding=self._preempted.get((quota_id, location), 0),
@@ -146,9 +157,9 @@ class QuotaBook:
         keys = set(self._limits) | set(self._use)
         units = {}
         for gen in self._catalog.generations.values():
-            for capacity in (CapacityType.ON_DEMAND, CapacityType.SPOT):
+            for family in gen.quota_families():
                 for scope in ("zone", "region"):
-                    qid = gen.quota_id(capacity, scope)
+                    qid = family.quota_id(scope)
                     if qid:
                         units[qid] = gen.quota_unit
         return [self.use(qid, loc, units.get(qid, "chips")) for qid, loc in sorted(keys)]

@@ -59,8 +59,13 @@ class Session:
 
 
 def open_session(settings: Settings, *, catalog: Catalog | None = None) -> Session:
-    """Open the backend the settings choose (``tpuctl.backends.open_backend``), its cloud and the ledger."""
+    """Open the backend the settings choose (``tpuctl.backends.open_backend``), its cloud and the ledger.
+
+    The catalog carries the backend's refreshed prices (`tpuctl catalog prices --refresh`) when cached:
+    a placement's price cap, estimate, budget check and the price recorded in the ledger all use one
+    price, the refreshed one."""
     from tpuctl.backends import open_backend
+    from tpuctl.services.prices import load_catalog
     from tpuctl.store.ledger import Ledger
 
     state_dir = ensure_private_dir(settings.resolved_state_dir)
@@ -73,7 +78,7 @@ def open_session(settings: Settings, *, catalog: Catalog | None = None) -> Sessi
     return Session(
         settings=settings,
         backend=backend,
-        catalog=catalog or Catalog.load(),
+        catalog=catalog or load_catalog(state_dir, backend.name)[0],
         cloud=cloud,
         ledger=ledger,
         state_dir=state_dir,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from tpuctl.catalog import AcceleratorType, Generation
+from tpuctl.catalog import AcceleratorType, Catalog, Generation, QuotaFamily
 from tpuctl.sim.api_errors import ApiError, not_found
 from tpuctl.sim.wire import parse_duration, parse_rfc3339
 from tpuctl.sim.world import World
@@ -96,8 +96,11 @@ def quota_error(project: str, violations: list[tuple[str, int, str, str, int]]) 
 
 
 def quota_metric(quota_id: str) -> str:
-    # Cloud Quotas names a metric per quota family; the real TPU metric names were not found (unc.), so
-    # the simulator derives one from the quota id without its scope.
+    # Cloud Quotas names one metric per quota family (tpu.googleapis.com/tpu-v6e-preemptible counts both
+    # the zone and the region quota); the catalog holds the names.
+    found = Catalog.load().quota_family_of(quota_id)
+    if found is not None:
+        return found[1].metric
     base = quota_id.replace("PerProjectPerZone", "PerProject").replace("PerProjectPerRegion", "PerProject")
     return f"tpu.googleapis.com/{base}"
 
@@ -122,17 +125,27 @@ def location_json(project: str, zone: str) -> dict[str, Any]:
 def quota_info_json(
     project: str,
     gen: Generation,
+    family: QuotaFamily,
     quota_id: str,
-    capacity_class: str,
     scope: str,
-    limits: list[tuple[str, int]],
+    default: int,
+    locations: list[str],
+    overrides: list[tuple[str, int]],
 ) -> dict[str, Any]:
+    """A QuotaInfo as Cloud Quotas serves it: one entry with no ``dimensions`` that is the project default
+    for every location in its ``applicableLocations``, then one entry per location whose limit differs;
+    int64 values as JSON strings."""
     unit = "TensorCores" if gen.quota_unit == "cores" else "chips"
-    kind = "preemptible " if capacity_class == "preemptible" else ""
+    kind = ("preemptible " if family.preemptible else "") + ("serving " if family.serving else "")
+    overridden = {loc for loc, _ in overrides}
+    default_entry: dict[str, Any] = {
+        "details": {"value": str(default)},
+        "applicableLocations": [loc for loc in locations if loc not in overridden],
+    }
     return {
         "name": f"projects/{project}/locations/global/services/tpu.googleapis.com/quotaInfos/{quota_id}",
         "quotaId": quota_id,
-        "metric": quota_metric(quota_id),
+        "metric": family.metric,
         "service": "tpu.googleapis.com",
         "isPrecise": True,
         "refreshInterval": "",
@@ -148,12 +161,13 @@ def quota_info_json(
         "isFixed": False,
         "isConcurrent": False,
         "serviceRequestQuotaUri": "",
-        "dimensionsInfos": [
+        "dimensionsInfos": [default_entry]
+        + [
             {
                 "dimensions": {scope: location},
                 "details": {"value": str(limit)},
                 "applicableLocations": [location],
             }
-            for location, limit in limits
+            for location, limit in overrides
         ],
     }

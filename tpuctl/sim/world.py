@@ -94,11 +94,14 @@ class QuotaOverride(_Strict):
     capacity: PoolClass
     location: str
     limit: Annotated[int, Field(ge=-1)]
+    serving: bool = False  # the generation's serving family (v5e single-host shapes)
 
 
 class Quotas(_Strict):
     default: ClassLimits = ClassLimits()
     generations: dict[str, ClassLimits] = Field(default_factory=dict)
+    #: The serving families' limits, per generation that has one (zone only on GCP; region unused).
+    serving: dict[str, ClassLimits] = Field(default_factory=dict)
     overrides: list[QuotaOverride] = Field(default_factory=list)
 
 
@@ -191,16 +194,38 @@ class World(_Strict):
                 return res
         return None
 
-    def quota_limit(self, generation: str, capacity_class: PoolClass, location: str) -> int:
+    def quota_limit(
+        self, generation: str, capacity_class: PoolClass, location: str, serving: bool = False
+    ) -> int:
         """The limit at ``location`` (a zone or a region) in quota units; -1 = unlimited."""
+        override = self.quota_override(generation, capacity_class, location, serving)
+        return (
+            override
+            if override is not None
+            else self.quota_default(generation, capacity_class, location, serving)
+        )
+
+    def quota_override(
+        self, generation: str, capacity_class: PoolClass, location: str, serving: bool = False
+    ) -> int | None:
+        """The explicit limit at ``location``, if the world sets one."""
         for override in self.quotas.overrides:
             if (
                 override.generation == generation
                 and override.capacity == capacity_class
                 and override.location == location
+                and override.serving == serving
             ):
                 return override.limit
+        return None
+
+    def quota_default(
+        self, generation: str, capacity_class: PoolClass, location: str, serving: bool = False
+    ) -> int:
+        """The project default for every zone (or region) of the scope ``location`` is in."""
         limits = self.quotas.generations.get(generation, self.quotas.default)
+        if serving:  # a world that does not set the serving family gives it the training limits
+            limits = self.quotas.serving.get(generation, limits)
         scope = limits.on_demand if capacity_class == "on_demand" else limits.preemptible
         return scope.zone if _ZONE_RE.match(location) else scope.region
 
@@ -386,6 +411,8 @@ def check_world(world: World, where: str) -> None:
             )
     for gen_name in world.quotas.generations:
         check_generation(f"quotas.generations.{gen_name}", gen_name)
+    for gen_name in world.quotas.serving:
+        check_generation(f"quotas.serving.{gen_name}", gen_name)
     for i, override in enumerate(world.quotas.overrides):
         check_generation(f"quotas.overrides.{i}.generation", override.generation)
         if not (_ZONE_RE.match(override.location) or _REGION_RE.match(override.location)):

@@ -211,6 +211,14 @@ class Ledger:
         with self._lock, self._translate():
             return schema.schema_version(self._conn)
 
+    @property
+    def identity(self) -> str:
+        """This ledger's random id (made once, with the ledger): the ``tpuctl-ledger`` label of the slices
+        it creates, by which `pod gc` tells its own orphans from another machine's live slices."""
+        with self._read() as conn:
+            row = conn.execute("SELECT value FROM ledger_meta WHERE key = 'identity'").fetchone()
+        return str(row[0])
+
     # -- transactions ------------------------------------------------------------------------------
 
     @contextlib.contextmanager

@@ -27,6 +27,7 @@ Design notes (what the later features need):
 
 from __future__ import annotations
 
+import secrets
 import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -714,7 +715,23 @@ _V8 = Migration(
     ),
 )
 
-MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8)
+
+def _new_identity(conn: sqlite3.Connection) -> None:
+    # Random, not $USER: two machines of one user (USER=root on both) must not take each other's
+    # slices for their own. 16 hex digits fit a GCP label value.
+    conn.execute("INSERT INTO ledger_meta (key, value) VALUES ('identity', ?)", (secrets.token_hex(8),))
+
+
+#: The ledger's identity: a random id stamped on every slice this ledger's tpuctl creates (the
+#: ``tpuctl-ledger`` label), so `pod gc` deletes a live slice only when it can prove this ledger made it.
+_V9 = Migration(
+    9,
+    "the ledger's identity, stamped on the slices it creates",
+    ("CREATE TABLE ledger_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) STRICT",),
+    backfill=_new_identity,
+)
+
+MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9)
 SCHEMA_VERSION: int = len(MIGRATIONS)
 
 

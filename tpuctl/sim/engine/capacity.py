@@ -8,7 +8,7 @@ import sqlite3
 from dataclasses import dataclass, field
 from typing import Any
 
-from tpuctl.catalog import AcceleratorType, CapacityType
+from tpuctl.catalog import AcceleratorType, QuotaFamily
 from tpuctl.sim.engine.context import Context
 from tpuctl.sim.engine.plans import NodePlan, plan_from_json
 from tpuctl.sim.engine.records import QR_QUOTA_HOLDING_STATES, placeholders
@@ -21,19 +21,13 @@ Violation = tuple[str, int, str, str, int]
 
 @dataclass
 class _Demand:
-    """Chips and quota units one request needs, per (generation, capacity class)."""
+    """Quota units one request needs, per (generation, capacity class, serving family)."""
 
-    chips: dict[tuple[str, CapacityClass], int] = field(default_factory=dict)
-    units: dict[tuple[str, CapacityClass], int] = field(default_factory=dict)
+    units: dict[tuple[str, CapacityClass, bool], int] = field(default_factory=dict)
 
     def add(self, accel: AcceleratorType, capacity_class: CapacityClass) -> None:
-        key = (accel.generation.name, capacity_class)
-        self.chips[key] = self.chips.get(key, 0) + accel.chips
+        key = (accel.generation.name, capacity_class, accel.draws_on_serving)
         self.units[key] = self.units.get(key, 0) + accel.quota_units
-
-
-def _capacity_type(capacity_class: str) -> CapacityType:
-    return CapacityType.ON_DEMAND if capacity_class == "on_demand" else CapacityType.PREEMPTIBLE
 
 
 def pool_in_use(conn: sqlite3.Connection, zone: str, generation: str, capacity_class: str) -> int:
@@ -64,9 +58,19 @@ class Capacity:
         self.ctx = ctx
 
     def quota_usage(
-        self, conn: sqlite3.Connection, project: str, generation: str, capacity_class: str, location: str
+        self,
+        conn: sqlite3.Connection,
+        project: str,
+        generation: str,
+        capacity_class: str,
+        location: str,
+        serving: bool = False,
     ) -> int:
-        """Quota units ``project`` uses of one (generation, class) quota in a zone or region."""
+        """Quota units ``project`` uses of one (generation, class, family) quota in a zone or region."""
+        gen = self.ctx.catalog.generations[generation]
+        # Single-host shapes of a generation with a serving family count there, the rest in training.
+        max_serving = gen.serving.max_chips if gen.serving is not None else 0
+        family = "n.chips <= ?" if serving else "n.chips > ?"
         is_zone = location.count("-") >= 2
         where = "n.zone = ?" if is_zone else "n.zone LIKE ?"
         pattern = location if is_zone else f"{location}-%"
@@ -76,12 +80,12 @@ class Capacity:
         row = conn.execute(
             f"""
             SELECT COALESCE(SUM(n.quota_units), 0) FROM nodes n
-            WHERE n.project = ? AND n.generation = ? AND n.capacity_class = ? AND {where}
+            WHERE n.project = ? AND n.generation = ? AND n.capacity_class = ? AND {where} AND {family}
               AND NOT EXISTS (SELECT 1 FROM queued_resources q
                               WHERE q.project = n.project AND q.zone = n.zone AND q.qr_id = n.queued_resource
                                 AND q.state IN ({holding}))
             """,
-            (project, generation, capacity_class, pattern, *QR_QUOTA_HOLDING_STATES),
+            (project, generation, capacity_class, pattern, max_serving, *QR_QUOTA_HOLDING_STATES),
         ).fetchone()
         used = int(row[0])
         qr_where = "zone = ?" if is_zone else "zone LIKE ?"
@@ -91,7 +95,11 @@ class Capacity:
         ).fetchall():
             for item in json.loads(qr["plan"]):
                 plan = plan_from_json(self.ctx.catalog, item)
-                if plan.accel.generation.name == generation and plan.capacity_class == capacity_class:
+                if (
+                    plan.accel.generation.name == generation
+                    and plan.capacity_class == capacity_class
+                    and plan.accel.draws_on_serving == serving
+                ):
                     used += plan.accel.quota_units
         return used
 
@@ -103,17 +111,19 @@ class Capacity:
         for plan in plans:
             demand.add(plan.accel, plan.capacity_class)
         violations: list[Violation] = []
-        for (gen_name, capacity_class), units in sorted(demand.units.items()):
+        for (gen_name, capacity_class, serving), units in sorted(demand.units.items()):
             if capacity_class == "reserved":
                 continue  # reserved capacity draws on its reservation, not on a quota
-            gen = self.ctx.catalog.generations[gen_name]
+            family = self._family(gen_name, capacity_class, serving)
             for scope, location in (("region", region_of(zone)), ("zone", zone)):
-                limit = world.quota_limit(gen_name, capacity_class, location)  # type: ignore[arg-type]
+                quota_id = family.quota_id(scope)
+                if quota_id is None:
+                    continue  # a family without this scope (serving quotas are per zone)
+                limit = world.quota_limit(gen_name, capacity_class, location, serving)  # type: ignore[arg-type]
                 if limit < 0:
                     continue
-                used = self.quota_usage(conn, project, gen_name, capacity_class, location)
+                used = self.quota_usage(conn, project, gen_name, capacity_class, location, serving)
                 if used + units > limit:
-                    quota_id = gen.quota_id(_capacity_type(capacity_class), scope) or ""
                     violations.append((quota_id, limit, scope, location, used))
         if violations:
             raise quota_error(project, violations)
@@ -156,20 +166,34 @@ class Capacity:
             for p in plans
         ]
 
+    def _family(self, generation: str, capacity_class: str, serving: bool) -> QuotaFamily:
+        gen = self.ctx.catalog.generations[generation]
+        preemptible = capacity_class != "on_demand"
+        return next(f for f in gen.quota_families() if f.preemptible == preemptible and f.serving == serving)
+
     def quota_infos(self, project: str) -> list[dict[str, Any]]:
-        """Every TPU API quota of the generations this world offers, as Cloud Quotas' QuotaInfo."""
+        """Every TPU API quota of the generations this world offers, as Cloud Quotas serves a QuotaInfo: one
+        default entry (no dimensions) for every location of its scope, plus one entry per override."""
         world = self.ctx.world
         infos: list[dict[str, Any]] = []
         for gen_name in world.generations_offered():
             gen = self.ctx.catalog.generations[gen_name]
             zones = sorted(z for z in world.zones if world.offers(z, gen_name))
             regions = sorted({region_of(z) for z in zones})
-            for capacity_class in ("on_demand", "preemptible"):
+            for family in gen.quota_families():
+                capacity_class = "preemptible" if family.preemptible else "on_demand"
                 for scope, locations in (("zone", zones), ("region", regions)):
-                    quota_id = gen.quota_id(_capacity_type(capacity_class), scope) or ""
-                    limits = [
-                        (loc, world.quota_limit(gen_name, capacity_class, loc))  # type: ignore[arg-type]
+                    quota_id = family.quota_id(scope)
+                    if quota_id is None:
+                        continue
+                    default = world.quota_default(gen_name, capacity_class, locations[0], family.serving)  # type: ignore[arg-type]
+                    overrides = [
+                        (loc, limit)
                         for loc in locations
+                        if (limit := world.quota_override(gen_name, capacity_class, loc, family.serving))  # type: ignore[arg-type]
+                        is not None
                     ]
-                    infos.append(quota_info_json(project, gen, quota_id, capacity_class, scope, limits))
+                    infos.append(
+                        quota_info_json(project, gen, family, quota_id, scope, default, locations, overrides)
+                    )
         return sorted(infos, key=lambda i: str(i["quotaId"]))

@@ -1,0 +1,53 @@
+"""`pod delete` of a slice made through a queued resource deletes the queued resource too (it holds quota
+until deleted), and says so; a multislice queued resource stays while another of its slices lives."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from allocator_helpers import SimEnv
+
+from tpuctl.testing.cli import CliResult
+
+Cli = Callable[..., CliResult]
+ZONE = "us-central1-a"
+
+
+def _queued_ids(env: SimEnv) -> list[str]:
+    return [q["name"].rsplit("/", 1)[-1] for q in env.admin.status()["queued_resources"]]
+
+
+def test_delete_removes_the_queued_resource_and_says_so(sim: Callable[..., SimEnv], cli: Cli) -> None:
+    env = sim()
+    made = cli("pod", "create", "v5e-16", "--queued", "--zone", ZONE, "--name", "qd", "-o", "json", env=env)
+    assert made.code == 0, made.stderr
+    [qr_id] = _queued_ids(env)
+
+    plan = cli("pod", "delete", "qd", "--dry-run", "-o", "json", env=env)
+    [entry] = plan.json["plan"]
+    assert entry["queued_resource"] == qr_id
+    assert [r["method"] for r in entry["requests"]] == ["DELETE", "DELETE"]
+    assert (
+        "queuedResources/" + qr_id in entry["requests"][1]["url"]
+        and "force=true" in entry["requests"][1]["url"]
+    )
+
+    deleted = cli("pod", "delete", "qd", "-y", env=env)
+    assert deleted.code == 0, deleted.stderr
+    assert f"deleted qd ({ZONE}) and its queued resource {qr_id}" in deleted.stdout + deleted.stderr
+    assert _queued_ids(env) == [] and env.admin.status()["nodes"] == []
+
+
+def test_a_multislice_queued_resource_goes_with_its_last_slice(sim: Callable[..., SimEnv], cli: Cli) -> None:
+    env = sim()
+    made = cli(
+        "pod", "create", "v5e-16", "--slices", "2", "--zone", ZONE, "--name", "ms", "-o", "json", env=env
+    )
+    assert made.code == 0, made.stderr
+    [qr_id] = _queued_ids(env)
+    first = cli("pod", "delete", "ms-0", "-y", "-o", "json", env=env)
+    assert first.json["deleted"] == [{"name": "ms-0", "zone": ZONE}]  # ms-1 still uses it
+    assert _queued_ids(env) == [qr_id]
+    last = cli("pod", "delete", "ms-1", "-y", "-o", "json", env=env)
+    assert last.json["deleted"] == [{"name": "ms-1", "zone": ZONE, "queued_resource": qr_id}]
+    assert _queued_ids(env) == []

@@ -1,0 +1,54 @@
+"""A session's catalog carries the refreshed prices: after `catalog prices --refresh`, a placement's
+estimate, price cap and the price recorded in the ledger are the refreshed ones, not the bundled table."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import respx
+from allocator_helpers import SimEnv
+
+from tpuctl.store.ledger import Ledger
+from tpuctl.testing.cli import CliResult
+
+Cli = Callable[..., CliResult]
+ZONE = "us-central1-a"
+BILLING = "https://billing.test"
+REFRESHED = 4.44  # USD per chip-hour, spot v5e in us-central1 (the bundled table says 0.245)
+
+
+def _refresh(cli: Cli, env: SimEnv) -> None:
+    sku = {
+        "skuId": "X", "description": "Preemptible TpuV5e chip", "serviceRegions": ["us-central1"],
+        "category": {"usageType": "OnDemand", "resourceGroup": "TPU"},
+        "pricingInfo": [{"pricingExpression": {"usageUnit": "h", "tieredRates": [
+            {"unitPrice": {"currencyCode": "USD", "units": "4", "nanos": 440000000}}]}}],
+    }  # fmt: skip
+    respx.route(host="127.0.0.1").pass_through()  # the simulator itself
+    respx.get(f"{BILLING}/v1/services/6F81-5844-456A/skus").respond(200, json={"skus": [sku]})
+    respx.get(f"{BILLING}/v1/services/E000-3F24-B8AA/skus").respond(200, json={"skus": []})
+    result = cli(
+        "catalog", "prices", "--refresh", "--billing-url", BILLING, "-g", "v5e", "-o", "json", env=env
+    )
+    assert result.code == 0, result.stderr
+
+
+@respx.mock
+def test_a_placement_uses_the_refreshed_price(sim: Callable[..., SimEnv], cli: Cli, state_dir: Path) -> None:
+    env = sim()
+    _refresh(cli, env)
+    create = ("pod", "create", "v5e-16", "--spot", "--zone", ZONE, "--name", "priced", "-o", "json")
+
+    plan = cli(*create, "--dry-run", env=env).json["plan"]
+    assert plan["chosen"]["price_per_chip_hour"] == REFRESHED
+    assert plan["estimated_price_per_hour"] == REFRESHED * 16
+
+    capped = cli(*create, "--max-price", "10", "--dry-run", env=env)  # 71.04 USD/h refreshed, 3.92 bundled
+    assert capped.json["plan"]["feasible"] is False
+
+    made = cli(*create, env=env)
+    assert made.code == 0, made.stderr
+    with Ledger(state_dir) as ledger:
+        pod = ledger.get_pod("priced", zone=ZONE)
+    assert pod is not None and pod.price_per_chip_hour == REFRESHED
