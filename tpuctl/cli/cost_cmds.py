@@ -282,6 +282,11 @@ def _money(value: float) -> str:
     return f"{value:,.2f}"
 
 
+#: What a narrow terminal keeps of the report, and what it loses first (``Output.rows``).
+_KEEP = frozenset({"SLICE", "ZONE", "RUN", "COST USD"})
+_DROP = ("SAVED USD", "HOURS", "STATE", "TYPE", "CHIP-H", "SLICES", "WASTE USD", "CAPACITY")
+
+
 def _render_report(out: Output, result: CostReport) -> None:
     from tpuctl.services.cost import CSV_COLUMNS, iso
 
@@ -329,7 +334,7 @@ def _render_report(out: Output, result: CostReport) -> None:
         ]
         for cells, line in zip(key_cells, lines, strict=True)
     ]
-    out.rows(title, columns, rows, key="groups", records=data["groups"])
+    out.rows(title, columns, rows, key="groups", records=data["groups"], keep=_KEEP, drop=_DROP)
     rest = result.omitted
     if rest is not None:
         hidden = result.groups_total - len(lines)

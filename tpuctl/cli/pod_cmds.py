@@ -422,6 +422,8 @@ def list_pods(ctx: typer.Context, zone: ZoneOpt = None, output: OutputOpt = None
         (_pod_row(v) for v in views),
         key="pods",
         records=[v.to_dict() for v in views],
+        keep=frozenset({"NAME", "ZONE", "STATE"}),
+        drop=("TOPOLOGY", "HOSTS", "USD/H", "CAPACITY", "TYPE"),
     )
 
 

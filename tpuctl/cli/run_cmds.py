@@ -349,7 +349,9 @@ def _render_plan(out: Output, plan: dict[str, Any]) -> None:
 
 # --- runs ----------------------------------------------------------------------------------------------
 
-_RUN_COLUMNS = ("RUN", "STATUS", "PROGRAM", "POD", "ZONE", "TYPE", "EXIT", "STARTED", "DURATION")
+_RUN_HELP = "Run id, a unique start or end of one (`ab16`), or `latest`."
+
+_RUN_COLUMNS = ("RUN", "STATUS", "PROGRAM", "POD", "ZONE", "TYPE", "EXIT", "STARTED (UTC)", "DURATION S")
 
 
 def _run_dict(record: RunRecord) -> dict[str, Any]:
@@ -405,34 +407,41 @@ def list_runs(
                 d["zone"],
                 d["accelerator_type"],
                 d["exit_code"],
-                d["created_at"],
-                None if d["duration_s"] is None else f"{d['duration_s']:.1f} s",
+                _short_time(d["created_at"]),
+                d["duration_s"],
             ]
             for d in data
         ),
         key="runs",
         records=data,
+        keep=frozenset({"RUN", "STATUS", "POD", "ZONE"}),
+        drop=("PROGRAM", "STARTED", "EXIT", "DURATION"),
     )
+
+
+def _short_time(iso: str | None) -> str | None:
+    """An ISO time in a table: date and time to the second, in UTC (the header says so)."""
+    return None if iso is None else iso.replace("T", " ").removesuffix("+00:00")
 
 
 @runs_app.command("describe")
 def describe_run(
     ctx: typer.Context,
-    run_id: Annotated[str, typer.Argument(metavar="RUN", help="Run id (see `tpuctl runs list`).")],
+    run_id: Annotated[
+        str | None, typer.Argument(metavar="[RUN]", help=_RUN_HELP + " Default: latest.")
+    ] = None,
     output: OutputOpt = None,
 ) -> None:
     """Show one run: status, slice, exit code, its segments (a timeline), and what preemptions cost:
     steps completed and recomputed, goodput, detection latency and recovery time of each."""
-    from tpuctl.errors import UsageError
     from tpuctl.services.run.describe import describe_run as describe
+    from tpuctl.services.run.lookup import resolve_run_id
 
     out = make_output(ctx, output)
     with session(ctx, out) as sess:
+        run_id = resolve_run_id(sess.ledger, run_id)
         record = sess.ledger.get_run(run_id)
-        if record is None:
-            raise UsageError(
-                f"no run {run_id!r}", field="RUN", value=run_id, fix="`tpuctl runs list` shows the runs"
-            )
+        assert record is not None  # resolved just now
         described = describe(sess, record)
     data = {**_run_dict(record), **described}
     if out.machine:
@@ -536,7 +545,9 @@ def _secs(value: Any) -> str | None:
 @runs_app.command("logs")
 def run_logs(
     ctx: typer.Context,
-    run_id: Annotated[str, typer.Argument(metavar="RUN", help="Run id (see `tpuctl runs list`).")],
+    run_id: Annotated[
+        str | None, typer.Argument(metavar="[RUN]", help=_RUN_HELP + " Default: latest.")
+    ] = None,
     worker_flag: Annotated[
         str | None, typer.Option("--worker", metavar="N", help="Only this host's log.")
     ] = None,
@@ -546,10 +557,12 @@ def run_logs(
 
     from tpuctl import params
     from tpuctl.services.run.launcher import Launcher
+    from tpuctl.services.run.lookup import resolve_run_id
 
     out = make_output(ctx, None)
     worker = None if worker_flag is None else params.whole(worker_flag, "worker", minimum=0)
     with session(ctx, out) as sess:
+        run_id = resolve_run_id(sess.ledger, run_id)
         paths = Launcher(sess).log_paths(run_id, worker)
     width = len(str(max(len(paths) - 1, 0)))
     for w, path in paths:
@@ -565,7 +578,7 @@ def run_logs(
 @runs_app.command("resume")
 def resume_run(
     ctx: typer.Context,
-    run_id: Annotated[str, typer.Argument(metavar="RUN", help="Run id (see `tpuctl runs list`).")],
+    run_id: Annotated[str, typer.Argument(metavar="RUN", help=_RUN_HELP)],
     detach: Annotated[bool, typer.Option("--detach", help="Supervise it from a background process.")] = False,
     budget: Annotated[
         str | None,
@@ -588,6 +601,7 @@ def resume_run(
     from tpuctl.services.run.control import resume_prepared
     from tpuctl.services.run.launcher import Launcher
     from tpuctl.services.run.lease import lease_holder
+    from tpuctl.services.run.lookup import resolve_run_id
     from tpuctl.services.run.supervisor import Supervisor
     from tpuctl.store.records import RunStatus
 
@@ -599,11 +613,9 @@ def resume_run(
         else params.whole(max_preemptions_flag, "max_preemptions", minimum=0)
     )
     with session(ctx, out) as sess:
+        run_id = resolve_run_id(sess.ledger, run_id)
         record = sess.ledger.get_run(run_id)
-        if record is None:
-            raise UsageError(
-                f"no run {run_id!r}", field="RUN", value=run_id, fix="`tpuctl runs list` shows the runs"
-            )
+        assert record is not None  # resolved just now
         if record.status == RunStatus.SUCCEEDED:
             raise UsageError(
                 f"run {run_id} already succeeded; there is nothing to resume",
@@ -650,14 +662,16 @@ def resume_run(
 @runs_app.command("cancel")
 def cancel_run(
     ctx: typer.Context,
-    run_id: Annotated[str, typer.Argument(metavar="RUN", help="Run id (see `tpuctl runs list`).")],
+    run_id: Annotated[str, typer.Argument(metavar="RUN", help=_RUN_HELP)],
     output: OutputOpt = None,
 ) -> None:
     """Stop a run: its hosts checkpoint and stop, its slice is deleted, it is recorded as cancelled."""
     from tpuctl.services.run.control import cancel_run as cancel
+    from tpuctl.services.run.lookup import resolve_run_id
 
     out = make_output(ctx, output)
     with session(ctx, out) as sess:
+        run_id = resolve_run_id(sess.ledger, run_id)
         result = cancel(sess, run_id)
     if out.machine:
         out.document(out.envelope(cancel=result))
