@@ -26,6 +26,7 @@ GenerationOpt = Annotated[
 def types(ctx: typer.Context, generation: GenerationOpt = None, output: OutputOpt = None) -> None:
     """Every slice type: chips, hosts, topology, HBM, peak bf16 TFLOP/s and default runtime."""
     from tpuctl.catalog import Catalog
+    from tpuctl.cli.render import human
 
     out = make_output(ctx, output)
     catalog = Catalog.load()
@@ -51,8 +52,8 @@ def types(ctx: typer.Context, generation: GenerationOpt = None, output: OutputOp
                 a.hosts,
                 a.chips_per_host,
                 a.topology,
-                f"{a.hbm_gib:g}",
-                f"{a.peak_bf16_tflops:g}",
+                human(a.hbm_gib),
+                human(a.peak_bf16_tflops),
                 a.runtime_version,
             )
             for a in accels

@@ -181,9 +181,11 @@ class Output:
         table.add_column(style="bold")
         table.add_column()
         for key, value in data.items():
-            if isinstance(value, (list, dict)):
-                value = json.dumps(value) if value else "-"
-            table.add_row(key, "-" if value is None else str(value))
+            if isinstance(value, dict):
+                value = words(value) or None
+            elif isinstance(value, list):
+                value = ", ".join(human(v) for v in value) if value else None
+            table.add_row(key, _escape(human(value)))
         self.out.print(table)
 
     def note(self, message: str) -> None:
@@ -236,6 +238,46 @@ class Progress:
     @property
     def elapsed_s(self) -> float:
         return time.monotonic() - self._started
+
+
+def human(value: Any) -> str:
+    """A value for people: numbers without scientific notation or 16 digits, nothing as "-"."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        text = f"{value:.3f}".rstrip("0").rstrip(".")
+        return text if text not in ("", "-0") else "0"
+    return str(value)
+
+
+def words(detail: dict[str, Any], prefix: str = "") -> str:
+    """A record's facts as ``key=value`` words (nested ones as ``outer.key=value``), e.g. an event's
+    detail in `pod describe`."""
+    parts = []
+    for key, value in detail.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            parts.append(words(value, f"{name}."))
+        elif isinstance(value, (list, tuple)):
+            parts.append(f"{name}={','.join(human(v) for v in value)}")
+        else:
+            text = human(value)
+            parts.append(f"{name}={text!r}" if " " in text else f"{name}={text}")
+    return " ".join(p for p in parts if p)
+
+
+_BARS = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: Sequence[float]) -> str:
+    """``values`` as one line of block characters, lowest to highest."""
+    low, high = min(values), max(values)
+    span = high - low
+    if span <= 0:
+        return _BARS[len(_BARS) // 2] * len(values)
+    return "".join(_BARS[min(len(_BARS) - 1, int((v - low) / span * len(_BARS)))] for v in values)
 
 
 def _escape(text: str) -> str:

@@ -18,7 +18,7 @@ from tpuctl.cli.capacity import (
     SPOT_HELP,
     run_capacity,
 )
-from tpuctl.cli.context import is_dry_run, make_output, session
+from tpuctl.cli.context import ONE_OBJECT, is_dry_run, make_output, session
 from tpuctl.cli.options import DryRunOpt, OutputOpt
 
 if TYPE_CHECKING:
@@ -40,6 +40,9 @@ class _Printer:
     """Implements ``tpuctl.services.run.model.LaunchObserver``: host lines with a coloured worker prefix."""
 
     def __init__(self, out: Output, hosts: int) -> None:
+        from tpuctl.services.run.hostlog import is_noise
+
+        self._noise = is_noise  # the simulator's Gloo lines: in the log files, not on the console
         self._out = out
         self._lines: Console = out.err if out.machine else out.out
         self._width = len(str(max(hosts - 1, 0)))
@@ -49,6 +52,8 @@ class _Printer:
     def line(self, worker: int, text: str) -> None:
         from rich.markup import escape
 
+        if self._noise(text):
+            return
         if self.spinner is not None:
             self.spinner.stop()
             self.spinner = None
@@ -194,7 +199,7 @@ def run(
     from tpuctl.services.run.launcher import Launcher
     from tpuctl.services.run.model import RunRequest
 
-    out = make_output(ctx, output)
+    out = make_output(ctx, output, ONE_OBJECT)
     program_args = [*(args or []), *ctx.args]
     if example is not None and script is not None:
         # With --example every positional is the example's: SCRIPT caught the first of them.
@@ -427,9 +432,7 @@ def _short_time(iso: str | None) -> str | None:
 @runs_app.command("describe")
 def describe_run(
     ctx: typer.Context,
-    run_id: Annotated[
-        str | None, typer.Argument(metavar="[RUN]", help=_RUN_HELP + " Default: latest.")
-    ] = None,
+    run_id: Annotated[str | None, typer.Argument(metavar="RUN", help=_RUN_HELP + " Default: latest.")] = None,
     output: OutputOpt = None,
 ) -> None:
     """Show one run: status, slice, exit code, its segments (a timeline), and what preemptions cost:
@@ -437,7 +440,7 @@ def describe_run(
     from tpuctl.services.run.describe import describe_run as describe
     from tpuctl.services.run.lookup import resolve_run_id
 
-    out = make_output(ctx, output)
+    out = make_output(ctx, output, ONE_OBJECT)
     with session(ctx, out) as sess:
         run_id = resolve_run_id(sess.ledger, run_id)
         record = sess.ledger.get_run(run_id)
@@ -463,19 +466,20 @@ def _render_description(out: Output, run_id: str, data: dict[str, Any]) -> None:
     fields["supervisor"] = data.get("supervisor_state")
     for key in ("steps_completed", "steps_recomputed", "goodput", "productive_step_s", "wall_s"):
         fields[key] = recovery.get(key)
-    for key in ("hosts", "executor", "checkpoint_dir", "log_dir", "error"):
+    for key in ("hosts", "executor", "checkpoint_dir", "log_dir"):
         if key in detail:
             fields[key] = detail[key]
+    fields.update(_ending(data))
     out.fields(f"run {run_id}", fields)
     segs = data["segments"]
     out.rows(
         "segments",
-        ("#", "KIND", "START", "DURATION", "POD", "ZONE", "CAPACITY", "STEPS", "RECOMPUTED"),
+        ("#", "KIND", "START", "DURATION S", "POD", "ZONE", "CAPACITY", "STEPS", "RECOMPUTED"),
         (
             [
                 i,
                 s["kind"],
-                s["start_iso"],
+                s["start"],
                 s["duration_s"],
                 s["pod"],
                 s["zone"],
@@ -538,6 +542,26 @@ def _render_description(out: Output, run_id: str, data: dict[str, Any]) -> None:
         )
 
 
+def _ending(data: dict[str, Any]) -> dict[str, Any]:
+    """Why the run ended, each host's exit status, and sparklines of its step times and losses."""
+    from tpuctl.cli.render import human, sparkline
+
+    fields: dict[str, Any] = {}
+    if data.get("reason"):
+        fields["reason"] = data["reason"]
+    exits = data.get("host_exits") or []
+    if exits:
+        fields["host exits"] = ", ".join(
+            f"w{e['worker']} {e['exit_code']}" + (" (failed first)" if e["failed"] else "") for e in exits
+        )
+    series = data.get("series") or {}
+    for key, label, unit in (("step_time_s", "step time", " s"), ("loss", "loss", "")):
+        values = series.get(key) or []
+        if values:
+            fields[label] = f"{sparkline(values)}  {human(values[0])}{unit} .. {human(values[-1])}{unit}"
+    return fields
+
+
 def _secs(value: Any) -> str | None:
     return None if value is None else f"{value:.2f} s"
 
@@ -545,17 +569,27 @@ def _secs(value: Any) -> str | None:
 @runs_app.command("logs")
 def run_logs(
     ctx: typer.Context,
-    run_id: Annotated[
-        str | None, typer.Argument(metavar="[RUN]", help=_RUN_HELP + " Default: latest.")
-    ] = None,
+    run_id: Annotated[str | None, typer.Argument(metavar="RUN", help=_RUN_HELP + " Default: latest.")] = None,
     worker_flag: Annotated[
         str | None, typer.Option("--worker", metavar="N", help="Only this host's log.")
     ] = None,
+    follow: Annotated[
+        bool, typer.Option("-f", "--follow", help="Keep printing new lines until the run ends.")
+    ] = False,
+    timestamps: Annotated[
+        bool, typer.Option("-t", "--timestamps", help="Start each line with the time it arrived (UTC).")
+    ] = False,
+    everything: Annotated[
+        bool, typer.Option("--all", help="Also the simulator's noise lines (Gloo peer connections).")
+    ] = False,
 ) -> None:
-    """Print the hosts' logs of a run (one host's with --worker N, unprefixed)."""
+    """Print the hosts' logs of a run (one host's with --worker N, unprefixed). Each attempt starts
+    with a `=== tpuctl: attempt N on POD (ZONE) ===` line."""
     import sys
 
     from tpuctl import params
+    from tpuctl.services.run.describe import is_live
+    from tpuctl.services.run.hostlog import is_noise, iso, read_logs
     from tpuctl.services.run.launcher import Launcher
     from tpuctl.services.run.lookup import resolve_run_id
 
@@ -564,14 +598,20 @@ def run_logs(
     with session(ctx, out) as sess:
         run_id = resolve_run_id(sess.ledger, run_id)
         paths = Launcher(sess).log_paths(run_id, worker)
-    width = len(str(max(len(paths) - 1, 0)))
-    for w, path in paths:
-        if not path.exists():
-            out.note(f"(no log for worker {w})")
-            continue
-        with path.open(encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                sys.stdout.write(line if worker is not None else f"w{w:<{width}} | {line}")
+        for w, path in paths:
+            if not path.exists() and not follow:
+                out.note(f"(no log for worker {w})")
+        width = len(str(max(len(paths) - 1, 0)))
+        live = (lambda: is_live(sess, run_id)) if follow else None
+        for line in read_logs(paths, follow=live):
+            if is_noise(line.text) and not everything:
+                continue
+            prefix = "" if worker is not None else f"w{line.worker:<{width}} | "
+            if timestamps:
+                prefix = ("-" * 24 if line.at is None else iso(line.at)) + " " + prefix
+            sys.stdout.write(f"{prefix}{line.text}\n")
+            if follow:
+                sys.stdout.flush()
     sys.stdout.flush()
 
 
@@ -605,7 +645,7 @@ def resume_run(
     from tpuctl.services.run.supervisor import Supervisor
     from tpuctl.store.records import RunStatus
 
-    out = make_output(ctx, output)
+    out = make_output(ctx, output, ONE_OBJECT)
     new_budget = None if budget is None else params.usd(budget, "budget")
     max_preemptions = (
         None
@@ -669,7 +709,7 @@ def cancel_run(
     from tpuctl.services.run.control import cancel_run as cancel
     from tpuctl.services.run.lookup import resolve_run_id
 
-    out = make_output(ctx, output)
+    out = make_output(ctx, output, ONE_OBJECT)
     with session(ctx, out) as sess:
         run_id = resolve_run_id(sess.ledger, run_id)
         result = cancel(sess, run_id)
@@ -741,7 +781,7 @@ def bench_step(
     from tpuctl.services.run.launcher import Launcher
     from tpuctl.services.run.model import RunRequest
 
-    out = make_output(ctx, output)
+    out = make_output(ctx, output, ONE_OBJECT)
     sizes = {"steps": steps, "batch_per_device": batch_per_device, "seq_len": seq_len, "d_model": d_model,
              "layers": layers, "matmul_n": matmul_n}  # fmt: skip
     # The program gets them as flags again: each checked here (a whole number >= 1) and passed on as given.
