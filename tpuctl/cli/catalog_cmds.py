@@ -132,7 +132,7 @@ def prices(
         extra["refresh"] = {**refreshed.to_dict(), "dry_run": is_dry_run(ctx, dry_run)}
     out.rows(
         f"prices, USD per chip-hour (source: {table.source}, {table.date})",
-        ("GENERATION", "REGION", "ON-DEMAND", "SPOT/PREEMPTIBLE"),
+        ("GENERATION", "REGION", "ON-DEMAND USD/CHIP-H", "SPOT/PREEMPTIBLE USD/CHIP-H"),
         (
             (r["generation"], r["region"], r["on_demand_per_chip_hour"], r["spot_per_chip_hour"])
             for r in records

@@ -20,6 +20,8 @@ from tpuctl.cli.capacity import (
 )
 from tpuctl.cli.context import ONE_OBJECT, is_dry_run, make_output, session
 from tpuctl.cli.options import DryRunOpt, OutputOpt
+from tpuctl.cli.run_reading import RUN_HELP as _RUN_HELP
+from tpuctl.cli.run_reading import ending_fields, run_logs, short_time
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -96,6 +98,7 @@ def register(app: typer.Typer) -> None:
         # `--`, goes to the program as its arguments.
         context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
     )(run)
+    runs_app.command("logs")(run_logs)
     app.add_typer(runs_app, name="runs")
     app.add_typer(bench_app, name="bench")
 
@@ -265,7 +268,9 @@ def _policy(max_restarts: int, max_preemptions: int) -> RecoveryPolicy:
 def _render_result(out: Output, supervised: SupervisedResult) -> None:
     result = supervised.run
     if out.machine:
-        out.document(out.envelope(run=supervised.to_dict()))
+        from tpuctl.services.run.describe import iso_times
+
+        out.document(out.envelope(run=iso_times(supervised.to_dict())))
         return
     summary = supervised.summary
     recovered = ""
@@ -354,7 +359,6 @@ def _render_plan(out: Output, plan: dict[str, Any]) -> None:
 
 # --- runs ----------------------------------------------------------------------------------------------
 
-_RUN_HELP = "Run id, a unique start or end of one (`ab16`), or `latest`."
 
 _RUN_COLUMNS = ("RUN", "STATUS", "PROGRAM", "POD", "ZONE", "TYPE", "EXIT", "STARTED (UTC)", "DURATION S")
 
@@ -412,7 +416,7 @@ def list_runs(
                 d["zone"],
                 d["accelerator_type"],
                 d["exit_code"],
-                _short_time(d["created_at"]),
+                short_time(d["created_at"]),
                 d["duration_s"],
             ]
             for d in data
@@ -422,11 +426,6 @@ def list_runs(
         keep=frozenset({"RUN", "STATUS", "POD", "ZONE"}),
         drop=("PROGRAM", "STARTED", "EXIT", "DURATION"),
     )
-
-
-def _short_time(iso: str | None) -> str | None:
-    """An ISO time in a table: date and time to the second, in UTC (the header says so)."""
-    return None if iso is None else iso.replace("T", " ").removesuffix("+00:00")
 
 
 @runs_app.command("describe")
@@ -469,7 +468,7 @@ def _render_description(out: Output, run_id: str, data: dict[str, Any]) -> None:
     for key in ("hosts", "executor", "checkpoint_dir", "log_dir"):
         if key in detail:
             fields[key] = detail[key]
-    fields.update(_ending(data))
+    fields.update(ending_fields(data))
     out.fields(f"run {run_id}", fields)
     segs = data["segments"]
     out.rows(
@@ -542,77 +541,8 @@ def _render_description(out: Output, run_id: str, data: dict[str, Any]) -> None:
         )
 
 
-def _ending(data: dict[str, Any]) -> dict[str, Any]:
-    """Why the run ended, each host's exit status, and sparklines of its step times and losses."""
-    from tpuctl.cli.render import human, sparkline
-
-    fields: dict[str, Any] = {}
-    if data.get("reason"):
-        fields["reason"] = data["reason"]
-    exits = data.get("host_exits") or []
-    if exits:
-        fields["host exits"] = ", ".join(
-            f"w{e['worker']} {e['exit_code']}" + (" (failed first)" if e["failed"] else "") for e in exits
-        )
-    series = data.get("series") or {}
-    for key, label, unit in (("step_time_s", "step time", " s"), ("loss", "loss", "")):
-        values = series.get(key) or []
-        if values:
-            fields[label] = f"{sparkline(values)}  {human(values[0])}{unit} .. {human(values[-1])}{unit}"
-    return fields
-
-
 def _secs(value: Any) -> str | None:
     return None if value is None else f"{value:.2f} s"
-
-
-@runs_app.command("logs")
-def run_logs(
-    ctx: typer.Context,
-    run_id: Annotated[str | None, typer.Argument(metavar="RUN", help=_RUN_HELP + " Default: latest.")] = None,
-    worker_flag: Annotated[
-        str | None, typer.Option("--worker", metavar="N", help="Only this host's log.")
-    ] = None,
-    follow: Annotated[
-        bool, typer.Option("-f", "--follow", help="Keep printing new lines until the run ends.")
-    ] = False,
-    timestamps: Annotated[
-        bool, typer.Option("-t", "--timestamps", help="Start each line with the time it arrived (UTC).")
-    ] = False,
-    everything: Annotated[
-        bool, typer.Option("--all", help="Also the simulator's noise lines (Gloo peer connections).")
-    ] = False,
-) -> None:
-    """Print the hosts' logs of a run (one host's with --worker N, unprefixed). Each attempt starts
-    with a `=== tpuctl: attempt N on POD (ZONE) ===` line."""
-    import sys
-
-    from tpuctl import params
-    from tpuctl.services.run.describe import is_live
-    from tpuctl.services.run.hostlog import is_noise, iso, read_logs
-    from tpuctl.services.run.launcher import Launcher
-    from tpuctl.services.run.lookup import resolve_run_id
-
-    out = make_output(ctx, None)
-    worker = None if worker_flag is None else params.whole(worker_flag, "worker", minimum=0)
-    with session(ctx, out) as sess:
-        run_id = resolve_run_id(sess.ledger, run_id)
-        paths = Launcher(sess).log_paths(run_id, worker)
-        for w, path in paths:
-            if not path.exists() and not follow:
-                out.note(f"(no log for worker {w})")
-        width = len(str(max(len(paths) - 1, 0)))
-        live = (lambda: is_live(sess, run_id)) if follow else None
-        for line in read_logs(paths, follow=live):
-            if is_noise(line.text) and not everything:
-                continue
-            prefix = "" if worker is not None else f"w{line.worker:<{width}} | "
-            if timestamps:
-                prefix = ("-" * 24 if line.at is None else iso(line.at)) + " " + prefix
-            sys.stdout.write(f"{prefix}{line.text}\n")
-            if follow:
-                sys.stdout.flush()
-    sys.stdout.flush()
 
 
 @runs_app.command("resume")
