@@ -16,8 +16,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from tpuctl.cli import tables
-
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.status import Status
@@ -128,6 +126,8 @@ class Output:
         if not cells:
             self.out.print(f"{title}: none")
             return
+        from tpuctl.cli import tables
+
         if self.plain:
             # A title that says more than the list's name ("by slice: the 50 costliest of 53") stays.
             sys.stdout.write(("" if title == key else f"{title}\n") + tables.plain(columns, cells))
@@ -146,6 +146,8 @@ class Output:
         """A rich table that fits the terminal without cutting an identifier (``tables.fit``)."""
         from rich import box
         from rich.table import Table
+
+        from tpuctl.cli import tables
 
         layout = tables.fit(columns, cells, self.out.width, keep, drop)
         shown = [columns[i] for i in layout.shown]
