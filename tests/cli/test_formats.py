@@ -60,6 +60,10 @@ def test_pod_describe_reads_as_words_and_refuses_csv(cli: Cli) -> None:
     assert refused.code == 2 and refused.stdout == ""
     assert "-o csv does not apply to `pod describe`" in refused.stderr
     assert "use -o table, -o json, -o yaml" in refused.stderr
+    # Refused before anything happens: no slice is made for a CSV nobody can write.
+    assert cli("pod", "create", "v5e-8", "--name", "x", "--zone", ZONE, "-o", "csv").code == 2
+    assert [p["name"] for p in cli("pod", "list", "-o", "json").json["pods"]] == ["p16"]
+    assert cli("sim", "status", "-o", "csv").code == 2
 
 
 def test_catalog_types_has_plain_numbers_and_a_clean_source(cli: Cli) -> None:

@@ -130,7 +130,7 @@ def create(
     def hours_of(value: str | None) -> float | None:
         return None if value is None else params.hours(value, "max_hours")
 
-    out = make_output(ctx, output)
+    out = make_output(ctx, output, ONE_OBJECT)
     # Every flag is checked before anything is contacted: bad input exits 2 without starting a backend.
     request = build_request(
         Catalog.load(),
