@@ -160,21 +160,19 @@ def test_quota_short_everywhere_exits_4_naming_where_needed_available_and_fix(
     assert result.code == 4
     error = result.json
     assert error["error"] == "no_quota"
+    # 16 chips is over every candidate's LIMIT (on-demand zones 8, spot regions 4): the message says so
+    # in one line, and the fix names the limits to raise (issue 18), not every candidate.
     assert error["message"] == (
-        "not enough quota for v5litepod-16 (16 chips) anywhere: "
-        f"us-central1-a spot: region quota {SPOT_R} in region us-central1: needs 16 chips, 4 available "
-        "(limit 4, 0 in use) | "
-        f"us-east5-b spot: region quota {SPOT_R} in region us-east5: needs 16 chips, 4 available "
-        "(limit 4, 0 in use) | "
-        f"us-central1-a on-demand: zone quota {OD_Z} in zone us-central1-a: needs 16 chips, 8 available "
-        "(limit 8, 0 in use) | "
-        f"us-east5-b on-demand: zone quota {OD_Z} in zone us-east5-b: needs 16 chips, 8 available "
-        "(limit 8, 0 in use)"
+        "not enough quota for v5litepod-16 (16 chips) in any of 4 candidates: 16 chips is more than the "
+        f"quota limit itself in every one (the highest is 8 chips, {OD_Z} in us-central1-a) "
+        "(-o json lists every candidate)"
     )
     assert error["fix"] == (
-        "choose another type or zone, or request more quota "
-        "(https://console.cloud.google.com/iam-admin/quotas?service=tpu.googleapis.com)"
+        f"request a limit of at least 16 chips for {', '.join(sorted([OD_Z, SPOT_R]))} "
+        "(https://console.cloud.google.com/iam-admin/quotas?service=tpu.googleapis.com); "
+        "or ask for fewer chips (a smaller type, fewer slices)"
     )
+    assert len(error["candidates"]) == 4
     assert env.session().cloud.list_nodes(None) == []
 
     only_on_demand = cli(

@@ -26,6 +26,7 @@ GenerationOpt = Annotated[
 def types(ctx: typer.Context, generation: GenerationOpt = None, output: OutputOpt = None) -> None:
     """Every slice type: chips, hosts, topology, HBM, peak bf16 TFLOP/s and default runtime."""
     from tpuctl.catalog import Catalog
+    from tpuctl.cli.render import human
 
     out = make_output(ctx, output)
     catalog = Catalog.load()
@@ -51,8 +52,8 @@ def types(ctx: typer.Context, generation: GenerationOpt = None, output: OutputOp
                 a.hosts,
                 a.chips_per_host,
                 a.topology,
-                f"{a.hbm_gib:g}",
-                f"{a.peak_bf16_tflops:g}",
+                human(a.hbm_gib),
+                human(a.peak_bf16_tflops),
                 a.runtime_version,
             )
             for a in accels
@@ -131,7 +132,7 @@ def prices(
         extra["refresh"] = {**refreshed.to_dict(), "dry_run": is_dry_run(ctx, dry_run)}
     out.rows(
         f"prices, USD per chip-hour (source: {table.source}, {table.date})",
-        ("GENERATION", "REGION", "ON-DEMAND", "SPOT/PREEMPTIBLE"),
+        ("GENERATION", "REGION", "ON-DEMAND USD/CHIP-H", "SPOT/PREEMPTIBLE USD/CHIP-H"),
         (
             (r["generation"], r["region"], r["on_demand_per_chip_hour"], r["spot_per_chip_hour"])
             for r in records

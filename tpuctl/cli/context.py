@@ -60,10 +60,30 @@ def output_format(ctx: typer.Context, command_output: str | None) -> str:
     return fmt
 
 
-def make_output(ctx: typer.Context, command_output: str | None) -> Output:
+#: The formats of a command that shows one object (CSV is for lists).
+ONE_OBJECT = ("table", "json", "yaml")
+
+
+def make_output(
+    ctx: typer.Context, command_output: str | None, formats: tuple[str, ...] | None = None
+) -> Output:
+    """The command's output in the chosen format; ``formats``: the ones that apply to this command
+    (another is refused, exit 2, rather than silently printed as something else)."""
     # Record the chosen format early so an error raised later is rendered in it.
     out = Output(fmt=output_format(ctx, command_output))
     global_options(ctx).current_output = out
+    if formats is not None and out.fmt not in formats:
+        from tpuctl.errors import UsageError
+
+        chosen = out.fmt
+        out.fmt = "table"  # the refusal itself is a message, not a document in the refused format
+        command = ctx.command_path.removeprefix("tpuctl ") if ctx.command_path else "this command"
+        raise UsageError(
+            f"-o {chosen} does not apply to `{command}`",
+            field="output",
+            value=chosen,
+            fix=f"use -o {', -o '.join(formats)}",
+        )
     return out
 
 

@@ -95,6 +95,32 @@ def estimate(
     _render_estimate(out, result)
 
 
+#: Capacity types that are one offer under two names when zone and price agree (spot is the newer
+#: name of preemptible on TPUs: same price, same preemption); a table shows them as one row.
+_TWINS = ("spot", "preemptible")
+
+
+def _merge_twins(options: list[dict[str, Any]]) -> list[tuple[dict[str, Any], str]]:
+    """Each option with the name of its capacity; a spot and a preemptible option with the same zone,
+    price and quota verdict become one row "spot/preemptible"."""
+    merged: list[tuple[dict[str, Any], str]] = []
+    seen: dict[tuple[Any, ...], int] = {}
+    for option in options:
+        key = (option["zone"], option["usd_per_chip_hour"], option["quota_fits"])
+        if option["capacity"] in _TWINS and key in seen:
+            first, _ = merged[seen[key]]
+            merged[seen[key]] = (first, "/".join(_TWINS))
+            continue
+        if option["capacity"] in _TWINS:
+            seen[key] = len(merged)
+        merged.append((option, option["capacity"]))
+    return merged
+
+
+def _each(options: list[dict[str, Any]]) -> list[tuple[dict[str, Any], str]]:
+    return [(option, option["capacity"]) for option in options]
+
+
 def _render_estimate(out: Output, result: Estimate) -> None:
     data = result.to_dict()
     if out.fmt in ("json", "yaml"):
@@ -116,14 +142,14 @@ def _render_estimate(out: Output, result: Estimate) -> None:
     rows = [
         [
             r["zone"],
-            r["capacity"],
+            capacity,
             r["usd_per_chip_hour"],
             money(r["usd_per_hour"]) if out.fmt != "csv" else r["usd_per_hour"],
             money(r["usd_total"]) if out.fmt != "csv" else r["usd_total"],
             saving(r) if out.fmt != "csv" else r["saving_usd"],
             ("fits" if r["quota_fits"] else "short") if out.fmt != "csv" else r["quota_fits"],
         ]
-        for r in data["options"]
+        for r, capacity in (_merge_twins(data["options"]) if out.fmt != "csv" else _each(data["options"]))
     ]
     out.rows(
         f"{what} ({req.chips} chips) for {hours:g} h, cheapest first",
@@ -282,15 +308,20 @@ def _money(value: float) -> str:
     return f"{value:,.2f}"
 
 
+#: What a narrow terminal keeps of the report, and what it loses first (``Output.rows``).
+_KEEP = frozenset({"SLICE", "ZONE", "RUN", "COST USD"})
+_DROP = ("SAVED USD", "HOURS", "STATE", "TYPE", "CHIP-H", "SLICES", "WASTE USD", "CAPACITY")
+
+
 def _render_report(out: Output, result: CostReport) -> None:
-    from tpuctl.services.cost import CSV_COLUMNS, iso
+    from tpuctl.services.cost import iso
 
     data = result.to_dict()
     if out.fmt in ("json", "yaml"):
         out.document(out.envelope(**data))
         return
     if out.fmt == "csv":
-        out.rows("cost", CSV_COLUMNS, result.csv_rows(), key="groups", records=data["groups"])
+        out.rows("cost", result.csv_columns(), result.csv_rows(), key="groups", records=data["groups"])
         return
     window = f"{iso(result.since) or 'the beginning'} .. {iso(result.until)}"
     out.out.print(f"[bold]cost report[/], {window} (UTC), by {result.group_by.name}")
@@ -327,7 +358,7 @@ def _render_groups(out: Output, result: CostReport, records: list[dict[str, Any]
         ]
         for cells, line in zip(key_cells, lines, strict=True)
     ]
-    out.rows(title, columns, rows, key="groups", records=records)
+    out.rows(title, columns, rows, key="groups", records=records, keep=_KEEP, drop=_DROP)
     rest = result.omitted
     if rest is not None:
         hidden = result.groups_total - len(lines)

@@ -74,7 +74,7 @@ def run(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     opts = GlobalOptions()
     try:
-        result = app(args=args, prog_name="tpuctl", standalone_mode=False, obj=opts)
+        result = _command()(args=args, prog_name="tpuctl", standalone_mode=False, obj=opts)
     except SystemExit as exc:
         raise SystemExit(_code(exc.code)) from None
     except BaseException as exc:
@@ -111,6 +111,18 @@ def console_main() -> NoReturn:
     if "logging" in sys.modules:  # flush and close log handlers, as the interpreter's exit would
         sys.modules["logging"].shutdown()
     os._exit(code)
+
+
+def _command() -> Any:
+    """The click command tree typer builds for ``app`` (what ``app()`` runs), its help polished
+    (``tpuctl.cli.helpfmt``): commands in order, whole descriptions, named values."""
+    from typer.main import get_command
+
+    from tpuctl.cli.helpfmt import polish
+
+    command = get_command(app)
+    polish(command)
+    return command
 
 
 def _code(code: Any) -> int:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from tpuctl.cli.capacity import CAPACITY_TYPE_HELP, PREEMPTIBLE_HELP, SPOT_HELP
-from tpuctl.cli.context import assume_yes, is_dry_run, make_output, session
+from tpuctl.cli.context import ONE_OBJECT, assume_yes, is_dry_run, make_output, session
 from tpuctl.cli.options import DryRunOpt, OutputOpt, YesOpt, ZoneOpt
 
 if TYPE_CHECKING:
@@ -131,7 +131,7 @@ def create(
     def hours_of(value: str | None) -> float | None:
         return None if value is None else params.hours(value, "max_hours")
 
-    out = make_output(ctx, output)
+    out = make_output(ctx, output, ONE_OBJECT)
     # Every flag is parsed and checked before anything is contacted: bad input exits 2 without starting
     # a backend.
     types, queued_type = params.capacity_types(capacity_type or [], spot=spot, preemptible=preemptible)
@@ -431,6 +431,8 @@ def list_pods(ctx: typer.Context, zone: ZoneOpt = None, output: OutputOpt = None
         (_pod_row(v) for v in views),
         key="pods",
         records=[v.to_dict() for v in views],
+        keep=frozenset({"NAME", "ZONE", "STATE"}),
+        drop=("TOPOLOGY", "HOSTS", "USD/H", "CAPACITY", "TYPE"),
     )
 
 
@@ -444,19 +446,44 @@ def describe(
     """Show one slice: its state, hosts, price and the events tpuctl recorded for it."""
     from tpuctl.services.pods import PodService
 
-    out = make_output(ctx, output)
+    out = make_output(ctx, output, ONE_OBJECT)
     zone = _zone(zone)
     with session(ctx, out) as sess:
         data = PodService(sess).describe(name, zone)
     if out.machine:
         out.document(out.envelope(pod=data))
         return
-    events = data.pop("events")
-    out.fields(f"pod {name}", data)
+    _render_description(out, name, data)
+
+
+def _render_description(out: Output, name: str, data: dict[str, Any]) -> None:
+    """`pod describe` for people: prices with their units, labels as k=v, one row per host, events in
+    words."""
+    from tpuctl.cli.render import human, words
+
+    fields = dict(data)
+    events, endpoints = fields.pop("events"), fields.pop("network_endpoints")
+    for key, unit in (("price_per_chip_hour", "USD/chip-hour"), ("price_per_hour", "USD/hour")):
+        if fields.get(key) is not None:
+            fields[key] = f"{fields[key]:.2f} {unit}"
+    fields["labels"] = ", ".join(f"{k}={v}" for k, v in sorted((fields.get("labels") or {}).items()))
+    if isinstance(fields.get("created_at"), str):
+        fields["created_at"] = fields["created_at"][:19].replace("T", " ") + " UTC"
+    out.fields(f"pod {name}", fields)
+    out.rows(
+        "hosts",
+        ("WORKER", "ADDRESS", "PORT"),
+        ([i, e["ip_address"], e["port"]] for i, e in enumerate(endpoints)),
+        key="hosts",
+        records=endpoints,
+    )
     out.rows(
         "events",
-        ("TIME", "EVENT", "DETAIL"),
-        ([e["time"], e["kind"], e.get("detail") or ""] for e in events),
+        ("TIME (UTC)", "EVENT", "DETAIL"),
+        (
+            [e["time"][:19].replace("T", " "), e["kind"], words(e.get("detail") or {}) or human(None)]
+            for e in events
+        ),
         key="events",
         records=events,
     )

@@ -23,6 +23,10 @@ if TYPE_CHECKING:
     from tpuctl.errors import TpuctlError
 
 
+#: The width of a piped stdout: wide enough that no line is wrapped or cut.
+PIPE_WIDTH = 100_000
+
+
 @dataclass
 class Output:
     """Where and how one command writes. ``fmt`` is table | json | yaml | csv."""
@@ -42,8 +46,17 @@ class Output:
         if self._stdout is None:
             from rich.console import Console
 
-            self._stdout = Console(highlight=False, soft_wrap=True)
+            console = Console(highlight=False, soft_wrap=True)
+            if not console.is_terminal:
+                # Piped: nothing is cut or wrapped at an assumed 80 columns; the reader decides.
+                console.width = PIPE_WIDTH
+            self._stdout = console
         return self._stdout
+
+    @property
+    def plain(self) -> bool:
+        """stdout is not a terminal: tables are plain text at full width (see ``tpuctl.cli.tables``)."""
+        return not self.out.is_terminal
 
     @property
     def err(self) -> Console:
@@ -92,8 +105,12 @@ class Output:
         key: str,
         records: list[dict[str, Any]],
         extra: dict[str, Any] | None = None,
+        keep: frozenset[str] | None = None,
+        drop: Sequence[str] = (),
     ) -> None:
-        """Render a list: a rich table, a CSV, or a JSON/YAML document ``{..., key: records}``."""
+        """Render a list: a table (``tables``: identifiers whole, plain when piped), a CSV, or a JSON/YAML
+        document ``{..., key: records}``. ``keep``: the headers never dropped (default: identifiers);
+        ``drop``: the headers a narrow terminal loses first, in order (see ``tables.fit``)."""
         if self.fmt in ("json", "yaml"):
             self.document(self.envelope(**{key: records}, **(extra or {})))
             return
@@ -105,19 +122,55 @@ class Output:
                 writer.writerow(["" if v is None else v for v in row])
             sys.stdout.write(buf.getvalue())
             return
-        from rich.table import Table
-
-        table = Table(title=title, title_justify="left", header_style="bold")
-        for column in columns:
-            table.add_column(column)
-        count = 0
-        for row in rows:
-            table.add_row(*("-" if v is None else str(v) for v in row))
-            count += 1
-        if count == 0:
+        cells = [["-" if v is None else str(v) for v in row] for row in rows]
+        if not cells:
             self.out.print(f"{title}: none")
             return
-        self.out.print(table)
+        from tpuctl.cli import tables
+
+        if self.plain:
+            # A title that says more than the list's name ("by slice: the 50 costliest of 53") stays.
+            sys.stdout.write(("" if title == key else f"{title}\n") + tables.plain(columns, cells))
+            sys.stdout.flush()
+            return
+        self._table(title, columns, cells, keep, drop)
+
+    def _table(
+        self,
+        title: str,
+        columns: Sequence[str],
+        cells: list[list[str]],
+        keep: frozenset[str] | None,
+        drop: Sequence[str],
+    ) -> None:
+        """A rich table that fits the terminal without cutting an identifier (``tables.fit``)."""
+        from rich import box
+        from rich.table import Table
+
+        from tpuctl.cli import tables
+
+        layout = tables.fit(columns, cells, self.out.width, keep, drop)
+        shown = [columns[i] for i in layout.shown]
+        rows = [[row[i] for i in layout.shown] for row in cells]
+        if not layout.boxed:
+            # Even the kept columns overflow: plain lines, which the terminal wraps; rich would cut.
+            self.out.print(f"[italic]{_escape(title)}[/]")
+            self.out.print(
+                tables.plain(shown, rows), end="", markup=False, highlight=False, crop=False, soft_wrap=True
+            )
+        else:
+            table = Table(title=title, title_justify="left", header_style="bold", box=box.SQUARE)
+            for header in shown:
+                whole = header in (tables.IDENTIFIERS if keep is None else keep)
+                table.add_column(header, no_wrap=whole, overflow="fold")
+            for row in rows:
+                table.add_row(*map(_escape, row))
+            self.out.print(table)
+        if layout.dropped:
+            self.err.print(
+                f"[dim]({', '.join(layout.dropped)} not shown at {self.out.width} columns: "
+                "a wider terminal, or -o csv / -o json, shows every column)[/]"
+            )
 
     def fields(self, title: str, data: dict[str, Any]) -> None:
         """Render one object: key/value lines, or the JSON/YAML document."""
@@ -130,9 +183,11 @@ class Output:
         table.add_column(style="bold")
         table.add_column()
         for key, value in data.items():
-            if isinstance(value, (list, dict)):
-                value = json.dumps(value) if value else "-"
-            table.add_row(key, "-" if value is None else str(value))
+            if isinstance(value, dict):
+                value = words(value) or None
+            elif isinstance(value, list):
+                value = ", ".join(human(v) for v in value) if value else None
+            table.add_row(key, _escape(human(value)))
         self.out.print(table)
 
     def note(self, message: str) -> None:
@@ -185,6 +240,46 @@ class Progress:
     @property
     def elapsed_s(self) -> float:
         return time.monotonic() - self._started
+
+
+def human(value: Any) -> str:
+    """A value for people: numbers without scientific notation or 16 digits, nothing as "-"."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        text = f"{value:.3f}".rstrip("0").rstrip(".")
+        return text if text not in ("", "-0") else "0"
+    return str(value)
+
+
+def words(detail: dict[str, Any], prefix: str = "") -> str:
+    """A record's facts as ``key=value`` words (nested ones as ``outer.key=value``), e.g. an event's
+    detail in `pod describe`."""
+    parts = []
+    for key, value in detail.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            parts.append(words(value, f"{name}."))
+        elif isinstance(value, (list, tuple)):
+            parts.append(f"{name}={','.join(human(v) for v in value)}")
+        else:
+            text = human(value)
+            parts.append(f"{name}={text!r}" if " " in text else f"{name}={text}")
+    return " ".join(p for p in parts if p)
+
+
+_BARS = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: Sequence[float]) -> str:
+    """``values`` as one line of block characters, lowest to highest."""
+    low, high = min(values), max(values)
+    span = high - low
+    if span <= 0:
+        return _BARS[len(_BARS) // 2] * len(values)
+    return "".join(_BARS[min(len(_BARS) - 1, int((v - low) / span * len(_BARS)))] for v in values)
 
 
 def _escape(text: str) -> str:

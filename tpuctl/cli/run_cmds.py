@@ -18,8 +18,10 @@ from tpuctl.cli.capacity import (
     SPOT_HELP,
     run_capacity,
 )
-from tpuctl.cli.context import is_dry_run, make_output, session
+from tpuctl.cli.context import ONE_OBJECT, is_dry_run, make_output, session
 from tpuctl.cli.options import DryRunOpt, OutputOpt
+from tpuctl.cli.run_reading import RUN_HELP as _RUN_HELP
+from tpuctl.cli.run_reading import ending_fields, run_logs, short_time
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -40,6 +42,9 @@ class _Printer:
     """Implements ``tpuctl.services.run.model.LaunchObserver``: host lines with a coloured worker prefix."""
 
     def __init__(self, out: Output, hosts: int) -> None:
+        from tpuctl.services.run.hostlog import is_noise
+
+        self._noise = is_noise  # the simulator's Gloo lines: in the log files, not on the console
         self._out = out
         self._lines: Console = out.err if out.machine else out.out
         self._width = len(str(max(hosts - 1, 0)))
@@ -49,6 +54,8 @@ class _Printer:
     def line(self, worker: int, text: str) -> None:
         from rich.markup import escape
 
+        if self._noise(text):
+            return
         if self.spinner is not None:
             self.spinner.stop()
             self.spinner = None
@@ -91,6 +98,7 @@ def register(app: typer.Typer) -> None:
         # `--`, goes to the program as its arguments.
         context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
     )(run)
+    runs_app.command("logs")(run_logs)
     app.add_typer(runs_app, name="runs")
     app.add_typer(bench_app, name="bench")
 
@@ -194,7 +202,7 @@ def run(
     from tpuctl.services.run.launcher import Launcher
     from tpuctl.services.run.model import RunRequest
 
-    out = make_output(ctx, output)
+    out = make_output(ctx, output, ONE_OBJECT)
     program_args = [*(args or []), *ctx.args]
     if example is not None and script is not None:
         # With --example every positional is the example's: SCRIPT caught the first of them.
@@ -260,7 +268,9 @@ def _policy(max_restarts: int, max_preemptions: int) -> RecoveryPolicy:
 def _render_result(out: Output, supervised: SupervisedResult) -> None:
     result = supervised.run
     if out.machine:
-        out.document(out.envelope(run=supervised.to_dict()))
+        from tpuctl.services.run.describe import iso_times
+
+        out.document(out.envelope(run=iso_times(supervised.to_dict())))
         return
     summary = supervised.summary
     recovered = ""
@@ -349,7 +359,8 @@ def _render_plan(out: Output, plan: dict[str, Any]) -> None:
 
 # --- runs ----------------------------------------------------------------------------------------------
 
-_RUN_COLUMNS = ("RUN", "STATUS", "PROGRAM", "POD", "ZONE", "TYPE", "EXIT", "STARTED", "DURATION")
+
+_RUN_COLUMNS = ("RUN", "STATUS", "PROGRAM", "POD", "ZONE", "TYPE", "EXIT", "STARTED (UTC)", "DURATION S")
 
 
 def _run_dict(record: RunRecord) -> dict[str, Any]:
@@ -405,34 +416,34 @@ def list_runs(
                 d["zone"],
                 d["accelerator_type"],
                 d["exit_code"],
-                d["created_at"],
-                None if d["duration_s"] is None else f"{d['duration_s']:.1f} s",
+                short_time(d["created_at"]),
+                d["duration_s"],
             ]
             for d in data
         ),
         key="runs",
         records=data,
+        keep=frozenset({"RUN", "STATUS", "POD", "ZONE"}),
+        drop=("PROGRAM", "STARTED", "EXIT", "DURATION"),
     )
 
 
 @runs_app.command("describe")
 def describe_run(
     ctx: typer.Context,
-    run_id: Annotated[str, typer.Argument(metavar="RUN", help="Run id (see `tpuctl runs list`).")],
+    run_id: Annotated[str | None, typer.Argument(metavar="RUN", help=_RUN_HELP + " Default: latest.")] = None,
     output: OutputOpt = None,
 ) -> None:
     """Show one run: status, slice, exit code, its segments (a timeline), and what preemptions cost:
     steps completed and recomputed, goodput, detection latency and recovery time of each."""
-    from tpuctl.errors import UsageError
     from tpuctl.services.run.describe import describe_run as describe
+    from tpuctl.services.run.lookup import resolve_run_id
 
-    out = make_output(ctx, output)
+    out = make_output(ctx, output, ONE_OBJECT)
     with session(ctx, out) as sess:
+        run_id = resolve_run_id(sess.ledger, run_id)
         record = sess.ledger.get_run(run_id)
-        if record is None:
-            raise UsageError(
-                f"no run {run_id!r}", field="RUN", value=run_id, fix="`tpuctl runs list` shows the runs"
-            )
+        assert record is not None  # resolved just now
         described = describe(sess, record)
     data = {**_run_dict(record), **described}
     if out.machine:
@@ -462,21 +473,22 @@ def _description_fields(data: dict[str, Any]) -> dict[str, Any]:
     fields["supervisor"] = data.get("supervisor_state")
     for key in ("steps_completed", "steps_recomputed", "goodput", "productive_step_s", "wall_s"):
         fields[key] = recovery.get(key)
-    for key in ("hosts", "executor", "checkpoint_dir", "log_dir", "error"):
+    for key in ("hosts", "executor", "checkpoint_dir", "log_dir"):
         if key in detail:
             fields[key] = detail[key]
+    fields.update(ending_fields(data))
     return fields
 
 
 def _render_segments(out: Output, segs: list[dict[str, Any]]) -> None:
     out.rows(
         "segments",
-        ("#", "KIND", "START", "DURATION", "POD", "ZONE", "CAPACITY", "STEPS", "RECOMPUTED"),
+        ("#", "KIND", "START", "DURATION S", "POD", "ZONE", "CAPACITY", "STEPS", "RECOMPUTED"),
         (
             [
                 i,
                 s["kind"],
-                s["start_iso"],
+                s["start"],
                 s["duration_s"],
                 s["pod"],
                 s["zone"],
@@ -544,39 +556,10 @@ def _secs(value: Any) -> str | None:
     return None if value is None else f"{value:.2f} s"
 
 
-@runs_app.command("logs")
-def run_logs(
-    ctx: typer.Context,
-    run_id: Annotated[str, typer.Argument(metavar="RUN", help="Run id (see `tpuctl runs list`).")],
-    worker_flag: Annotated[
-        str | None, typer.Option("--worker", metavar="N", help="Only this host's log.")
-    ] = None,
-) -> None:
-    """Print the hosts' logs of a run (one host's with --worker N, unprefixed)."""
-    import sys
-
-    from tpuctl import params
-    from tpuctl.services.run.launcher import Launcher
-
-    out = make_output(ctx, None)
-    worker = None if worker_flag is None else params.whole(worker_flag, "worker", minimum=0)
-    with session(ctx, out) as sess:
-        paths = Launcher(sess).log_paths(run_id, worker)
-    width = len(str(max(len(paths) - 1, 0)))
-    for w, path in paths:
-        if not path.exists():
-            out.note(f"(no log for worker {w})")
-            continue
-        with path.open(encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                sys.stdout.write(line if worker is not None else f"w{w:<{width}} | {line}")
-    sys.stdout.flush()
-
-
 @runs_app.command("resume")
 def resume_run(
     ctx: typer.Context,
-    run_id: Annotated[str, typer.Argument(metavar="RUN", help="Run id (see `tpuctl runs list`).")],
+    run_id: Annotated[str, typer.Argument(metavar="RUN", help=_RUN_HELP)],
     detach: Annotated[bool, typer.Option("--detach", help="Supervise it from a background process.")] = False,
     budget: Annotated[
         str | None,
@@ -597,10 +580,11 @@ def resume_run(
     from tpuctl import params
     from tpuctl.services.run.control import resume_prepared
     from tpuctl.services.run.launcher import Launcher
+    from tpuctl.services.run.lookup import resolve_run_id
     from tpuctl.services.run.supervisor import Supervisor
     from tpuctl.store.records import RunStatus
 
-    out = make_output(ctx, output)
+    out = make_output(ctx, output, ONE_OBJECT)
     new_budget = None if budget is None else params.usd(budget, "budget")
     max_preemptions = (
         None
@@ -608,6 +592,7 @@ def resume_run(
         else params.whole(max_preemptions_flag, "max_preemptions", minimum=0)
     )
     with session(ctx, out) as sess:
+        run_id = resolve_run_id(sess.ledger, run_id)
         record = _resumable_run(sess, run_id)
         printer = _Printer(out, int((record.detail or {}).get("hosts", 1)))
         prepared, saved_budget, policy, note = resume_prepared(sess, run_id, Launcher(sess))
@@ -669,14 +654,16 @@ def _resumable_run(sess: Session, run_id: str) -> RunRecord:
 @runs_app.command("cancel")
 def cancel_run(
     ctx: typer.Context,
-    run_id: Annotated[str, typer.Argument(metavar="RUN", help="Run id (see `tpuctl runs list`).")],
+    run_id: Annotated[str, typer.Argument(metavar="RUN", help=_RUN_HELP)],
     output: OutputOpt = None,
 ) -> None:
     """Stop a run: its hosts checkpoint and stop, its slice is deleted, it is recorded as cancelled."""
     from tpuctl.services.run.control import cancel_run as cancel
+    from tpuctl.services.run.lookup import resolve_run_id
 
-    out = make_output(ctx, output)
+    out = make_output(ctx, output, ONE_OBJECT)
     with session(ctx, out) as sess:
+        run_id = resolve_run_id(sess.ledger, run_id)
         result = cancel(sess, run_id)
     if out.machine:
         out.document(out.envelope(cancel=result))
@@ -746,7 +733,7 @@ def bench_step(
     from tpuctl.services.run.launcher import Launcher
     from tpuctl.services.run.model import RunRequest
 
-    out = make_output(ctx, output)
+    out = make_output(ctx, output, ONE_OBJECT)
     sizes = {"steps": steps, "batch_per_device": batch_per_device, "seq_len": seq_len, "d_model": d_model,
              "layers": layers, "matmul_n": matmul_n}  # fmt: skip
     # The program gets them as flags again: each checked here (a whole number >= 1) and passed on as given.

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from tpuctl.cli.context import build_settings, make_output
+from tpuctl.cli.context import ONE_OBJECT, build_settings, make_output
 from tpuctl.cli.options import OutputOpt, ZoneOpt
 
 if TYPE_CHECKING:
@@ -78,7 +78,7 @@ def serve(
 @app.command("status")
 def status(ctx: typer.Context, output: OutputOpt = None) -> None:
     """Zones, capacity in use and free, stockouts, nodes and the simulated clock."""
-    out = make_output(ctx, output)
+    out = make_output(ctx, output, ONE_OBJECT)
     with _admin(ctx) as admin:
         data = admin.status()
     if out.machine:

@@ -630,22 +630,52 @@ def _infeasible(
             f"every candidate for {what} is over the price cap of {request.max_price:.2f} USD/h: {prices}",
             "raise --max-price, or " + ", ".join([*cheaper, "choose a smaller type or fewer slices"]),
         )
-    parts = []
-    for c in sorted(priced, key=lambda c: (c.price_per_hour is None, c.price_per_hour or 0, c.zone)):
-        short = [q for q in c.quota if not q.fits]
-        parts.append(f"{c.zone} {c.capacity.value}: " + "; ".join(q.shortfall() for q in short))
-    fixes = ["choose another type or zone"]
+    return _no_quota(request, what, priced)
+
+
+def _no_quota(request: PlacementRequest, what: str, priced: list[Candidate]) -> tuple[Verdict, str, str]:
+    """The no-quota verdict in a few lines: whether the request is over the quota LIMIT everywhere (then
+    only a higher limit, or a smaller request, helps) or over what is left, and the closest candidate;
+    `-o json` (the error's candidates) has every one."""
+    unit = request.accelerator.generation.quota_unit
+    needed = request.quota_needed
+    short = [(c, q) for c in priced for q in c.quota if not q.fits]
+
+    def under(q: QuotaCheck) -> bool:  # the limit itself is below the request (an unknown one is not)
+        return q.limit is not None and 0 <= q.limit < needed
+
+    def limit_of(q: QuotaCheck) -> float:
+        return math.inf if q.limit is None else q.limit
+
+    over_limit = all(any(under(q) for q in c.quota) for c in priced)
+    closest = max(priced, key=lambda c: min((q.headroom for q in c.quota), default=math.inf))
+    head = f"not enough quota for {what} ({needed} {unit}) in any of {len(priced)} candidates"
+    fixes = []
+    if over_limit:
+        # Each candidate's binding limit (its lowest short one); the most generous of those.
+        binding = [min((q for q in c.quota if not q.fits), key=limit_of) for c in priced]
+        highest = max(binding, key=limit_of)
+        ids = sorted({q.quota_id for _, q in short if under(q)})
+        message = (
+            f"{head}: {needed} {unit} is more than the quota limit itself in every one (the highest is "
+            f"{highest.limit} {unit}, {highest.quota_id} in {highest.location})"
+        )
+        fixes.append(
+            f"request a limit of at least {needed} {unit} for {', '.join(ids[:3])}"
+            + (f" (+{len(ids) - 3} more)" if len(ids) > 3 else "")
+            + f" ({QUOTA_REQUEST_URL})"
+        )
+        fixes.append("or ask for fewer chips (a smaller type, fewer slices)")
+    else:
+        nearest = "; ".join(q.shortfall() for q in closest.quota if not q.fits)
+        message = f"{head}; the closest is {closest.zone} {closest.capacity.value}: {nearest}"
+        fixes.append("choose another type or zone")
+        if any(q.reclaimable for _, q in short):
+            fixes.append("free quota held by preempted or failed slices with `tpuctl pod gc`")
+        fixes.append(f"request more quota ({QUOTA_REQUEST_URL})")
     if not any(c.is_preemptible for c in request.capacity_types):
         fixes.append("allow spot capacity (--spot), whose quota is separate from on-demand")
-    if any(q.reclaimable for c in priced for q in c.quota if not q.fits):
-        fixes.append("free quota held by preempted or failed slices with `tpuctl pod gc`")
-    fixes.append(f"or request more quota ({QUOTA_REQUEST_URL})")
-    unit = accel.generation.quota_unit
-    return (
-        Verdict.NO_QUOTA,
-        f"not enough quota for {what} ({request.quota_needed} {unit}) anywhere: " + " | ".join(parts),
-        ", ".join(fixes),
-    )
+    return Verdict.NO_QUOTA, message + " (-o json lists every candidate)", "; ".join(fixes)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -729,6 +729,17 @@ class Ledger:
             row = conn.execute(f"SELECT {_RUN_COLS} FROM runs WHERE run_id = ?", (run_id,)).fetchone()
         return None if row is None else _run_record(row)
 
+    def run_ids_around(self, fragment: str, *, limit: int = 20) -> list[str]:
+        """Run ids that start or end with ``fragment`` (literally: no wildcards), newest first."""
+        escaped = fragment.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        sql = (
+            "SELECT run_id FROM runs WHERE run_id LIKE ? ESCAPE '\\' OR run_id LIKE ? ESCAPE '\\' "
+            "ORDER BY created_at DESC, run_id LIMIT ?"
+        )
+        with self._read() as conn:
+            rows = conn.execute(sql, (f"{escaped}%", f"%{escaped}", limit)).fetchall()
+        return [str(r[0]) for r in rows]
+
     def list_runs(self, *, status: RunStatus | None = None, limit: int | None = None) -> list[RunRecord]:
         """Runs, newest first."""
         sql = f"SELECT {_RUN_COLS} FROM runs"

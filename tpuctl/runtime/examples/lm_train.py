@@ -154,7 +154,8 @@ def _train(args: argparse.Namespace, worker: Any, watch: Any) -> int:
         if pid == 0:
             # Block on this step's result so its time is the step's, not the dispatch's.
             jax.block_until_ready(metrics)  # type: ignore[no-untyped-call]
-            emit("step", step=done, dt=round(time.perf_counter() - started, 6))
+            dt = round(time.perf_counter() - started, 6)
+            emit("step", step=done, dt=dt, loss=round(float(metrics["loss"]), 6))
         if pid == 0 and (done % args.log_every == 0 or s == first or done == args.steps):
             loss, grad_norm = float(metrics["loss"]), float(metrics["grad_norm"])
             print(f"step {done} loss {loss:.4f} grad_norm {grad_norm:.4f}", flush=True)

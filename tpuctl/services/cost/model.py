@@ -82,6 +82,13 @@ class CostLine:
 #: CSV columns of ``cost report -o csv`` (one row per group; documented in the README).
 CSV_COLUMNS: Final = ("group_by", "key", *FIGURES)
 
+#: What ``--group-by slice`` adds after the key, one fact per column, so a spreadsheet can filter and
+#: sum by zone, type or capacity without taking the key (``zone/name#incarnation``) apart.
+SLICE_CSV_FACTS: Final = (
+    "zone", "name", "incarnation", "accelerator_type", "chips", "capacity", "state", "run_id",
+    "ready_at", "ended_at", "end_reason",
+)  # fmt: skip
+
 
 @dataclass
 class CostReport:
@@ -162,7 +169,13 @@ class CostReport:
             "warnings": list(self.warnings),
         }
 
+    def csv_columns(self) -> tuple[str, ...]:
+        """``CSV_COLUMNS``, with the slice's facts after the key when grouped by slice."""
+        if self.group_by.kind == "slice":
+            return (*CSV_COLUMNS[:2], *SLICE_CSV_FACTS, *CSV_COLUMNS[2:])
+        return CSV_COLUMNS
+
     def csv_rows(self) -> list[list[Any]]:
         name = self.group_by.name
-        columns = CSV_COLUMNS[1:]
-        return [[name, *(g[c] for c in columns)] for g in self.groups]
+        columns = self.csv_columns()[1:]
+        return [[name, *(g.get(c) for c in columns)] for g in self.groups]

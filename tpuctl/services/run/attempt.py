@@ -13,10 +13,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import IO, TYPE_CHECKING
+from typing import TYPE_CHECKING
 
+from tpuctl.services.run.hostlog import HostLog
 from tpuctl.services.run.model import AttemptResult, LaunchObserver, PreparedRun, describe_exit
-from tpuctl.store.paths import ensure_private_dir, private_file
+from tpuctl.store.paths import ensure_private_dir
 from tpuctl.store.records import RunStatus
 
 if TYPE_CHECKING:
@@ -33,7 +34,7 @@ _DRAIN_AFTER_STOP_S = 10.0
 class _Streams:
     """What the event loop collects: each host's log file, exit status and the time it was seen."""
 
-    logs: dict[int, IO[str]] = field(default_factory=dict)
+    logs: dict[int, HostLog] = field(default_factory=dict)
     exit_codes: dict[int, int | None] = field(default_factory=dict)
     exit_times: dict[int, float] = field(default_factory=dict)
 
@@ -114,9 +115,8 @@ def _ship_and_start(
     streams: _Streams,
 ) -> list[ShipResult]:
     for worker in range(spec.num_workers):
-        streams.logs[worker] = private_file(prepared.log_dir / f"worker-{worker}.log").open(
-            "a", encoding="utf-8", buffering=1
-        )
+        streams.logs[worker] = HostLog(prepared.log_dir / f"worker-{worker}.log")
+        streams.logs[worker].mark_attempt(spec.restart_count + 1, node.name, node.zone)
     bundle = prepared.bundle
     observer.status(
         f"shipping bundle {bundle.short_digest} ({len(bundle.files)} files, {bundle.total_bytes} bytes) "
@@ -175,7 +175,7 @@ class _EventLoop:
             if event is None:
                 continue
             if event.kind == "line":
-                self.streams.logs[event.worker].write(event.text + "\n")
+                self.streams.logs[event.worker].write(event.text)
                 self.observer.line(event.worker, event.text)
                 continue
             exit_codes[event.worker] = event.returncode
@@ -202,6 +202,6 @@ class _EventLoop:
             if event is None:
                 continue
             if event.kind == "line":
-                self.streams.logs[event.worker].write(event.text + "\n")
+                self.streams.logs[event.worker].write(event.text)
             else:
                 self.streams.exit_codes[event.worker] = event.returncode

@@ -408,6 +408,8 @@ class Supervisor:
             )
         if run.status is RunStatus.BUDGET_EXCEEDED and self._budget and self._budget.decision:
             detail["budget"] = self._budget.decision.to_dict()
+        if failure is not None:  # why it ended, for `runs describe` (the message the user saw)
+            detail["reason"] = failure.message if isinstance(failure, TpuctlError) else str(failure)
         if failure is not None and not isinstance(
             failure, (RunFailedError, InterruptedByUser, BudgetExceededError)
         ):

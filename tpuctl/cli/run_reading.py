@@ -1,0 +1,87 @@
+"""Reading a run back on the command line: `runs logs` (registered on `tpuctl runs` by ``run_cmds``),
+and what `runs list` and `runs describe` add for people: short times, why the run ended, each host's
+exit status, sparklines of its steps."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from tpuctl.cli.context import make_output, session
+
+#: How a RUN argument may name a run (``tpuctl.services.run.lookup``).
+RUN_HELP = "Run id, a unique start or end of one (`ab16`), or `latest`."
+
+
+def run_logs(
+    ctx: typer.Context,
+    run_id: Annotated[str | None, typer.Argument(metavar="RUN", help=RUN_HELP + " Default: latest.")] = None,
+    worker_flag: Annotated[
+        str | None, typer.Option("--worker", metavar="N", help="Only this host's log.")
+    ] = None,
+    follow: Annotated[
+        bool, typer.Option("-f", "--follow", help="Keep printing new lines until the run ends.")
+    ] = False,
+    timestamps: Annotated[
+        bool, typer.Option("-t", "--timestamps", help="Start each line with the time it arrived (UTC).")
+    ] = False,
+    everything: Annotated[
+        bool, typer.Option("--all", help="Also the simulator's noise lines (Gloo peer connections).")
+    ] = False,
+) -> None:
+    """Print the hosts' logs of a run (one host's with --worker N, unprefixed). Each attempt starts
+    with a `=== tpuctl: attempt N on POD (ZONE) ===` line."""
+    import sys
+
+    from tpuctl import params
+    from tpuctl.services.run.describe import is_live
+    from tpuctl.services.run.hostlog import is_noise, iso, read_logs
+    from tpuctl.services.run.launcher import Launcher
+    from tpuctl.services.run.lookup import resolve_run_id
+
+    out = make_output(ctx, None)
+    worker = None if worker_flag is None else params.whole(worker_flag, "worker", minimum=0)
+    with session(ctx, out) as sess:
+        run_id = resolve_run_id(sess.ledger, run_id)
+        paths = Launcher(sess).log_paths(run_id, worker)
+        for w, path in paths:
+            if not path.exists() and not follow:
+                out.note(f"(no log for worker {w})")
+        width = len(str(max(len(paths) - 1, 0)))
+        live = (lambda: is_live(sess, run_id)) if follow else None
+        for line in read_logs(paths, follow=live):
+            if is_noise(line.text) and not everything:
+                continue
+            prefix = "" if worker is not None else f"w{line.worker:<{width}} | "
+            if timestamps:
+                prefix = ("-" * 24 if line.at is None else iso(line.at)) + " " + prefix
+            sys.stdout.write(f"{prefix}{line.text}\n")
+            if follow:
+                sys.stdout.flush()
+    sys.stdout.flush()
+
+
+def ending_fields(data: dict[str, Any]) -> dict[str, Any]:
+    """Why the run ended, each host's exit status, and sparklines of its step times and losses."""
+    from tpuctl.cli.render import human, sparkline
+
+    fields: dict[str, Any] = {}
+    if data.get("reason"):
+        fields["reason"] = data["reason"]
+    exits = data.get("host_exits") or []
+    if exits:
+        fields["host exits"] = ", ".join(
+            f"w{e['worker']} {e['exit_code']}" + (" (failed first)" if e["failed"] else "") for e in exits
+        )
+    series = data.get("series") or {}
+    for key, label, unit in (("step_time_s", "step time", " s"), ("loss", "loss", "")):
+        values = series.get(key) or []
+        if values:
+            fields[label] = f"{sparkline(values)}  {human(values[0])}{unit} .. {human(values[-1])}{unit}"
+    return fields
+
+
+def short_time(iso: str | None) -> str | None:
+    """An ISO time in a table: date and time to the second, in UTC (the header says so)."""
+    return None if iso is None else iso.replace("T", " ").removesuffix("+00:00")

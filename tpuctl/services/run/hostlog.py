@@ -1,0 +1,134 @@
+"""A run's host logs: how they are written (a marker line per attempt, the time of every line) and read
+back (``runs logs``: all hosts or one, with times, following a live run).
+
+``<run dir>/worker-N.log`` holds the host's output exactly as printed, one line per line, so grep and
+tail work on it; ``worker-N.times`` beside it holds the arrival time (epoch seconds) of each of those
+lines, one per line, for ``runs logs --timestamps``. A log without its times file (an older run) reads
+with no times.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from tpuctl.store.paths import private_file
+
+#: Output that only the simulator's hosts print (JAX's CPU collectives announcing each peer), one line
+#: per host pair: dozens on a 16-host start. Kept in the log files, not shown on the console.
+NOISE = re.compile(r"^\[Gloo\] Rank \d+ is connected to \d+ peer ranks?\b")
+
+#: The first words of the line that starts each attempt in a host's log.
+MARKER = "=== tpuctl: attempt "
+
+
+def is_noise(text: str) -> bool:
+    return NOISE.match(text) is not None
+
+
+def times_path(log: Path) -> Path:
+    return log.with_suffix(".times")
+
+
+def iso(ts: float) -> str:
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class HostLog:
+    """One host's log of a run, open for appending: each line with its arrival time."""
+
+    def __init__(self, path: Path, *, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        self._text: IO[str] = private_file(path).open("a", encoding="utf-8", buffering=1)
+        self._times: IO[str] = private_file(times_path(path)).open("a", encoding="utf-8", buffering=1)
+
+    def write(self, text: str) -> None:
+        """One whole line (``text`` has no newline), so lines of different hosts never mix."""
+        self._text.write(text + "\n")
+        self._times.write(f"{self._clock():.3f}\n")
+
+    def mark_attempt(self, number: int, pod: str, zone: str) -> None:
+        self.write(f"{MARKER}{number} on {pod} ({zone}), {iso(self._clock())} ===")
+
+    def close(self) -> None:
+        self._text.close()
+        self._times.close()
+
+
+@dataclass(frozen=True)
+class LogLine:
+    worker: int
+    text: str
+    at: float | None
+
+
+class LogReader:
+    """Reads one host's log from where it last stopped, whole lines only (a line still being written is
+    left for the next read)."""
+
+    def __init__(self, worker: int, path: Path) -> None:
+        self.worker = worker
+        self._path = path
+        self._offset = 0
+        self._times_offset = 0
+
+    def read(self) -> list[LogLine]:
+        if not self._path.exists():
+            return []
+        with self._path.open("rb") as fh:
+            fh.seek(self._offset)
+            data = fh.read()
+        end = data.rfind(b"\n") + 1
+        if end == 0:
+            return []
+        self._offset += end
+        texts = data[:end].decode("utf-8", errors="replace").split("\n")[:-1]
+        times = self._times(len(texts))
+        return [LogLine(self.worker, text, at) for text, at in zip(texts, times, strict=True)]
+
+    def _times(self, count: int) -> list[float | None]:
+        path = times_path(self._path)
+        found: list[float | None] = []
+        if path.exists():
+            with path.open("rb") as fh:
+                fh.seek(self._times_offset)
+                for raw in fh:
+                    if len(found) == count or not raw.endswith(b"\n"):
+                        break
+                    self._times_offset += len(raw)
+                    try:
+                        found.append(float(raw))
+                    except ValueError:
+                        found.append(None)
+        return found + [None] * (count - len(found))
+
+
+def read_logs(
+    paths: list[tuple[int, Path]],
+    *,
+    follow: Callable[[], bool] | None = None,
+    poll_s: float = 0.5,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Iterator[LogLine]:
+    """The lines of each host's log, host after host; with ``follow`` (a live run), then the lines as
+    they arrive, from every host in arrival order, until ``follow()`` says the run is over (a last read
+    then takes what it wrote on its way out)."""
+    readers = [LogReader(w, p) for w, p in paths]
+    for reader in readers:
+        yield from reader.read()
+    if follow is None:
+        return
+    while True:
+        going = follow()
+        fresh = [line for reader in readers for line in reader.read()]
+        fresh.sort(key=lambda line: line.at if line.at is not None else 0.0)
+        yield from fresh
+        if not going:
+            return
+        sleep(poll_s)
