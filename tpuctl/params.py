@@ -13,9 +13,10 @@ a parameter name into what the user typed (``--pod``); the CLI applies it when i
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Final
 
 from tpuctl.catalog import CapacityType, validate_zone
@@ -267,16 +268,20 @@ def whole(
 # Places
 
 
-def zone(value: str, param: str = "zone") -> str:
-    """A zone, shaped like ``us-central1-a`` (whether it exists is the catalog's and the cloud's say)."""
+def zone(value: str, param: str = "zone", *, known: Collection[str] | None = None) -> str:
+    """A zone, shaped like ``us-central1-a``; with ``known`` (the catalog's and the backend's zones), one
+    of them. A typo is a usage error (exit 2, "did you mean"), never a capacity problem."""
     try:
-        return validate_zone(value, field_name=param)
+        validate_zone(value, field_name=param)
     except UsageError as exc:
         raise ParamError(exc.message, param=param, value=value, fix=exc.fix or "") from None
+    if known is not None and value not in known:
+        raise _unknown_place("zone", value, param, known, listing="`tpuctl catalog zones` lists them")
+    return value
 
 
-def region(value: str, param: str = "region") -> str:
-    """A region, shaped like ``us-central1``."""
+def region(value: str, param: str = "region", *, known: Collection[str] | None = None) -> str:
+    """A region, shaped like ``us-central1``; with ``known``, one of them."""
     if not _REGION_RE.fullmatch(value):
         raise ParamError(
             f"malformed region {value!r}",
@@ -284,7 +289,26 @@ def region(value: str, param: str = "region") -> str:
             value=value,
             fix="a region looks like us-central1 (`tpuctl catalog zones` lists them)",
         )
+    if known is not None and value not in known:
+        raise _unknown_place("region", value, param, known, listing="`tpuctl catalog zones` lists the zones")
     return value
+
+
+def did_you_mean(value: str, choices: Iterable[str]) -> str | None:
+    """The choice nearest to ``value`` (difflib's ratio >= 0.6), if one is near enough."""
+    near = difflib.get_close_matches(value, sorted(set(choices)), n=1, cutoff=0.6)
+    return near[0] if near else None
+
+
+def _unknown_place(kind: str, value: str, param: str, known: Collection[str], *, listing: str) -> ParamError:
+    near = did_you_mean(value, known)
+    return ParamError(
+        f"unknown {kind} {value!r}" + (f"; did you mean {near}?" if near else ""),
+        param=param,
+        value=value,
+        fix=(f"use {EG}; " if near else "") + listing,
+        eg=near,
+    )
 
 
 # --------------------------------------------------------------------------------------------------

@@ -126,6 +126,7 @@ def create(
     from tpuctl.cli.context import build_settings
     from tpuctl.services.allocator import Allocator, build_request
     from tpuctl.services.budget import max_hours_labels, warn_monthly_budget  # cost (issue 6)
+    from tpuctl.services.locations import check_region, check_zones
 
     def hours_of(value: str | None) -> float | None:
         return None if value is None else params.hours(value, "max_hours")
@@ -154,6 +155,9 @@ def create(
         wait=wait,
     )
     with session(ctx, out) as sess:
+        check_zones(sess.catalog, sess.cloud, zone or [])  # a typo is exit 2, not "not offered"
+        if region is not None:
+            check_region(sess.catalog, sess.cloud, region)
         if not is_dry_run(ctx, dry_run):
             warn_monthly_budget(sess, out.warn)  # cost (issue 6): the profile's monthly_budget
         allocator = Allocator(sess)

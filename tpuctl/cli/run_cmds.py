@@ -89,7 +89,7 @@ def register(app: typer.Typer) -> None:
         "run",
         # Options may come before or after SCRIPT; anything tpuctl does not know, and everything after
         # `--`, goes to the program as its arguments.
-        context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+        context_settings={"allow_extra_args": True},
     )(run)
     app.add_typer(runs_app, name="runs")
     app.add_typer(bench_app, name="bench")
@@ -186,11 +186,12 @@ def run(
     program on all hosts at once, and ends with its result: if a host fails, the others are stopped and
     the run fails naming it (exit 8). Ctrl-C stops every host (exit 130).
 
-    tpuctl's options may come before or after SCRIPT; options it does not know go to the program, and
-    everything after `--` goes to the program as is, e.g.
+    tpuctl's options may come before or after SCRIPT; the program's own options go after `--` (an option
+    tpuctl does not know is refused, with the nearest one it does: a typo must not reach the program), e.g.
     `tpuctl run train.py --type v5e-16 -- --lr 3e-4` or `tpuctl run --example lm --type v5e-8 -- --steps 50`.
     """
     from tpuctl import params
+    from tpuctl.services.locations import check_zones
     from tpuctl.services.run.launcher import Launcher
     from tpuctl.services.run.model import RunRequest
 
@@ -228,6 +229,8 @@ def run(
         bundle_limit_bytes=int(limit_mb * 1024 * 1024),
     )
     with session(ctx, out) as sess:
+        if request.zone is not None:  # a typo is exit 2 with "did you mean", before anything is made
+            check_zones(sess.catalog, sess.cloud, [request.zone])
         launcher = Launcher(sess)
         prepared = launcher.prepare(request)
         if is_dry_run(ctx, dry_run):
