@@ -17,6 +17,7 @@ import difflib
 import math
 import re
 from collections.abc import Collection, Iterable, Mapping
+from pathlib import Path
 from typing import Final
 
 from tpuctl.catalog import CapacityType, validate_zone
@@ -262,6 +263,19 @@ def whole(
             eg=eg,
         )
     return number
+
+
+# --------------------------------------------------------------------------------------------------
+# Paths
+
+
+def local_path(value: str) -> str:
+    """A path on this machine, made absolute where the user typed it (``~`` expanded, relative to the
+    current directory): the value may be used later from elsewhere (a detached supervisor starts in the
+    run's log directory; ``runs resume`` in any directory). A URL (``gs://...``) is left as it is."""
+    if "://" in value:
+        return value
+    return str(Path(value).expanduser().absolute())
 
 
 # --------------------------------------------------------------------------------------------------

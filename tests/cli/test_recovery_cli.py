@@ -506,6 +506,55 @@ def test_runs_cancel_stops_a_detached_run_and_deletes_its_slice(
     assert again.code == 0 and again.json["cancel"]["cancelled"] is False
 
 
+def test_a_detached_run_takes_relative_paths_where_the_user_typed_them(
+    own_sim: Path, cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The background supervisor starts in the run's log directory: `train.py`, `--workdir .` and
+    `--checkpoint-dir ck` are the user's directory's, not that one's."""
+    work = tmp_path / "proj"
+    write(work / "train.py", "import os\nprint('ckpt', os.environ['TPUCTL_CHECKPOINT_DIR'], flush=True)\n")
+    monkeypatch.chdir(work)
+    started = cli("run", "train.py", "--type", "v5e-8", "--workdir", ".", "--checkpoint-dir", "ck",
+                  "--detach", "-o", "json")  # fmt: skip
+    assert started.code == 0, started.stderr
+    run_id = started.json["run"]["run_id"]
+
+    def finished() -> bool:
+        status = cli("runs", "describe", run_id, "-o", "json").json["run"]["status"]
+        return status in ("succeeded", "failed")
+
+    wait_for(finished, 120, 0.2, what="the detached run to end")
+    run = cli("runs", "describe", run_id, "-o", "json").json["run"]
+    assert run["status"] == "succeeded", run
+    log = (own_sim / "runs" / run_id / "worker-0.log").read_text()
+    assert f"ckpt {work / 'ck'}" in log
+
+
+def test_a_supervisor_that_cannot_start_leaves_its_run_failed_with_the_reason(
+    own_sim: Path, cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    script = write(tmp_path / "proj" / "ok.py", "print(1)\n")
+    monkeypatch.setattr(sys, "executable", "/bin/false")  # the supervisor's interpreter exits 1 at once
+    started = cli("run", str(script), "--type", "v5e-8", "--detach", "-o", "json")
+    assert started.code != 0
+    assert "exited at once (status 1)" in started.json["message"]
+    [run] = cli("runs", "list", "-o", "json").json["runs"]
+    assert run["status"] == "failed"
+    assert "exited at once (status 1)" in run["detail"]["error"]
+    assert run["duration_s"] is None  # it never ran
+
+
+def test_a_cancelled_run_that_never_started_shows_no_duration(own_sim: Path, cli: Cli) -> None:
+    with Ledger(own_sim) as ledger:
+        ledger.create_run("run-20260101-000000-abcd", script="train.py", ts=time.time() - 575)
+    cancelled = cli("runs", "cancel", "run-20260101-000000-abcd", "-o", "json")
+    assert cancelled.code == 0, cancelled.stderr
+    [run] = cli("runs", "list", "-o", "json").json["runs"]
+    assert run["status"] == "cancelled" and run["duration_s"] is None
+
+
 # --- checkpoint fallback, budget -----------------------------------------------------------------------
 
 SMALL_LM = ["--checkpoint-every", "4", "--log-every", "4", "--batch", "8", "--seed", "2", "--layers", "1",

@@ -190,6 +190,8 @@ def run(
     tpuctl does not know is refused, with the nearest one it does: a typo must not reach the program), e.g.
     `tpuctl run train.py --type v5e-16 -- --lr 3e-4` or `tpuctl run --example lm --type v5e-8 -- --steps 50`.
     """
+    import dataclasses
+
     from tpuctl import params
     from tpuctl.services.locations import check_zones
     from tpuctl.services.run.launcher import Launcher
@@ -209,10 +211,10 @@ def run(
         params.whole(max_preemptions, "max_preemptions", minimum=0),
     )
     request = RunRequest(
-        script=script,
+        script=None if script is None else params.local_path(script),
         args=tuple(program_args),
         example=example,
-        workdir=workdir,
+        workdir=None if workdir is None else params.local_path(workdir),
         env=tuple(env or ()),
         pod=pod,
         accelerator_type=accelerator_type,
@@ -222,7 +224,7 @@ def run(
         checkpoint_every=None
         if checkpoint_every is None
         else params.whole(checkpoint_every, "checkpoint_every"),
-        checkpoint_dir=checkpoint_dir,
+        checkpoint_dir=checkpoint_dir,  # resolved below once the executor is known
         executor=executor,
         timeout_s=None if timeout is None else params.duration(timeout, "timeout"),
         grace_s=params.duration(grace, "grace", allow_zero=True),
@@ -231,6 +233,10 @@ def run(
     with session(ctx, out) as sess:
         if request.zone is not None:  # a typo is exit 2 with "did you mean", before anything is made
             check_zones(sess.catalog, sess.cloud, [request.zone])
+        if checkpoint_dir is not None and (executor or sess.backend.default_executor) == "sim":
+            # The hosts are local processes: the directory is this machine's, where the user typed it
+            # (on SSH hosts a relative path is the host's own, relative to the program's directory).
+            request = dataclasses.replace(request, checkpoint_dir=params.local_path(checkpoint_dir))
         launcher = Launcher(sess)
         prepared = launcher.prepare(request)
         if is_dry_run(ctx, dry_run):
@@ -373,7 +379,9 @@ def _run_dict(record: RunRecord) -> dict[str, Any]:
         "exit_code": record.exit_code,
         "created_at": iso(record.created_at),
         "ended_at": iso(record.ended_at),
-        "duration_s": None if record.ended_at is None else round(record.ended_at - record.created_at, 3),
+        "duration_s": None
+        if record.ended_at is None or (record.detail or {}).get("never_started")
+        else round(record.ended_at - record.created_at, 3),
         "restarts": record.restarts,
         "preemptions": record.preemptions,
         "detail": record.detail or {},
