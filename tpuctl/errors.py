@@ -291,6 +291,13 @@ class RunFailedError(TpuctlError):
         return {"worker": self.worker, "returncode": self.returncode}
 
 
+class Aborted(TpuctlError):
+    """The user answered no to a confirmation: nothing was changed (exit 1, not an interruption)."""
+
+    exit_code = EXIT_ERROR
+    kind = "aborted"
+
+
 class InterruptedByUser(TpuctlError):
     exit_code = EXIT_INTERRUPTED
     kind = "interrupted"

@@ -91,6 +91,36 @@ def assume_yes(ctx: typer.Context, command_yes: bool) -> bool:
     return command_yes or bool(global_options(ctx).yes)
 
 
+def stdin_is_tty() -> bool:
+    """Whether a question can be asked (tests replace this to answer one)."""
+    import sys
+
+    return sys.stdin is not None and sys.stdin.isatty()
+
+
+def confirm(ctx: typer.Context, yes: bool, question: str, out: Output) -> None:
+    """Ask ``question`` before a destructive step, unless -y was given. "n" (or Enter) is ``Aborted``
+    (exit 1); with no terminal to ask on it is a usage error (exit 2) asking for -y: a script must say
+    so, and must never hang on a question nobody sees."""
+    from tpuctl.errors import Aborted, UsageError
+
+    if assume_yes(ctx, yes):
+        return
+    if not stdin_is_tty():
+        raise UsageError(
+            f"{question} (needs a confirmation, and there is no terminal to ask on)",
+            field="--yes",
+            fix="pass -y to confirm",
+        )
+    # The question goes to stderr with a machine format, so stdout stays one document.
+    try:
+        agreed = typer.confirm(question, default=False, err=out.machine)
+    except typer.Abort:  # end of input or Ctrl-C at the question: no answer is no
+        agreed = False
+    if not agreed:
+        raise Aborted("aborted: nothing was changed")
+
+
 @contextmanager
 def session(ctx: typer.Context, out: Output, **flags: Any) -> Iterator[Session]:
     """Open the backend for one command and say which it is."""

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from tpuctl.cli.capacity import CAPACITY_TYPE_HELP, PREEMPTIBLE_HELP, SPOT_HELP
-from tpuctl.cli.context import assume_yes, is_dry_run, make_output, session
+from tpuctl.cli.context import confirm, is_dry_run, make_output, session
 from tpuctl.cli.options import DryRunOpt, OutputOpt, YesOpt, ZoneOpt
 
 if TYPE_CHECKING:
@@ -387,8 +387,7 @@ def gc(
             return
         if not out.machine:
             out.rows("garbage", columns, rows(), key="gc", records=records)
-        if not assume_yes(ctx, yes) and not out.machine:
-            typer.confirm(f"delete these {len(items)}?", abort=True)
+        confirm(ctx, yes, f"delete these {len(items)}?", out)
         with out.progress("collecting") as prog:
             results = collector.collect(items, progress=prog)
         if out.machine:
@@ -485,9 +484,8 @@ def delete(
                     req = plan["requests"][0]
                     out.out.print(f"  {plan['name']} ({plan['zone']}): {req['method']} {req['url']}")
             return
-        if not assume_yes(ctx, yes) and not out.machine:
-            listing = ", ".join(f"{p['name']} ({p['zone']})" for p in plans)
-            typer.confirm(f"delete {listing}?", abort=True)
+        listing = ", ".join(f"{p['name']} ({p['zone']})" for p in plans)
+        confirm(ctx, yes, f"delete {listing}?", out)
         deleted: list[dict[str, Any]] = []
         failures: list[TpuctlError] = []
         for plan in plans:

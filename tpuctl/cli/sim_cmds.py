@@ -116,11 +116,10 @@ def reset(
     yes: Annotated[bool, typer.Option("-y", "--yes", help="Do not ask for confirmation.")] = False,
 ) -> None:
     """Forget every simulated node, queued resource and operation (the ledger is kept)."""
-    from tpuctl.cli.context import assume_yes
+    from tpuctl.cli.context import confirm
 
     out = make_output(ctx, None)
-    if not assume_yes(ctx, yes):
-        typer.confirm("reset the simulator, deleting every simulated slice?", abort=True)
+    confirm(ctx, yes, "reset the simulator, deleting every simulated slice?", out)
     with _admin(ctx) as admin:
         admin.reset()
     out.note("simulator reset")
