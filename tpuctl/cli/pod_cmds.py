@@ -182,7 +182,16 @@ def create(
             else (request.accelerator.api_name)
         )
         with out.progress(f"placing {request.name} ({what})") as prog:
-            placement = allocator.place(request, progress=prog, plan=plan)
+            try:
+                placement = allocator.place(request, progress=prog, plan=plan)
+            except KeyboardInterrupt as exc:
+                from tpuctl.errors import InterruptedByUser
+
+                raise InterruptedByUser(
+                    f"interrupted while placing {request.name}: a slice may have been created",
+                    fix=f"`tpuctl pod list` shows it; `tpuctl pod delete {request.name}` deletes it, "
+                    "`tpuctl pod gc` collects what tpuctl left",
+                ) from exc
         views = _placed_views(sess, placement)
         if out.machine:
             out.document(

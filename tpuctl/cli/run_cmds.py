@@ -119,6 +119,10 @@ def run(
     env: Annotated[
         list[str] | None, typer.Option("--env", help="KEY=VALUE for the program (repeatable).")
     ] = None,
+    label: Annotated[
+        list[str] | None,
+        typer.Option("--label", help="KEY=VALUE label on the run and its slice (repeatable)."),
+    ] = None,
     workdir: Annotated[
         str | None,
         typer.Option("--workdir", help="Directory to ship (default: the script's directory)."),
@@ -216,6 +220,7 @@ def run(
         example=example,
         workdir=None if workdir is None else params.local_path(workdir),
         env=tuple(env or ()),
+        labels=params.labels(label or []),
         pod=pod,
         accelerator_type=accelerator_type,
         zone=None if zone is None else params.zone(zone),
@@ -256,8 +261,25 @@ def run(
             return
         with _stop_hosts_on_termination(), out.progress(f"run {prepared.run_id}") as prog:
             printer.spinner = prog
-            supervised = supervisor.run(prepared, progress=prog)
+            with _resumable(prepared.run_id):
+                supervised = supervisor.run(prepared, progress=prog)
     _render_result(out, supervised)
+
+
+@contextmanager
+def _resumable(run_id: str) -> Iterator[None]:
+    """Ctrl-C (or SIGTERM) names the run and how to carry it on: it ends cancelled, resumable."""
+    from tpuctl.errors import InterruptedByUser
+
+    try:
+        yield
+    except (InterruptedByUser, KeyboardInterrupt) as exc:
+        what = exc.message if isinstance(exc, InterruptedByUser) else "interrupted"
+        raise InterruptedByUser(
+            f"run {run_id} {what}",
+            fix=f"carry it on from its last checkpoint with `tpuctl runs resume {run_id}`; "
+            f"`tpuctl runs describe {run_id}` shows where it stopped",
+        ) from exc
 
 
 def _policy(max_restarts: int, max_preemptions: int) -> RecoveryPolicy:
@@ -384,6 +406,7 @@ def _run_dict(record: RunRecord) -> dict[str, Any]:
         else round(record.ended_at - record.created_at, 3),
         "restarts": record.restarts,
         "preemptions": record.preemptions,
+        "labels": dict(record.labels or {}),
         "detail": record.detail or {},
     }
 

@@ -63,6 +63,7 @@ def load_request(log_dir: Path) -> tuple[RunRequest, float | None, RecoveryPolic
     raw["capacity_types"] = _capacity_types(raw)
     for key in ("args", "env"):
         raw[key] = tuple(raw.get(key) or ())
+    raw["labels"] = {str(k): str(v) for k, v in (raw.get("labels") or {}).items()}
     names = {f.name for f in dataclasses.fields(RunRequest)}
     request = RunRequest(**{k: v for k, v in raw.items() if k in names})
     policy_raw = payload.get("policy") or {}

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import signal
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -85,6 +86,8 @@ class RunRequest:
     example: str | None = None
     workdir: str | None = None
     env: tuple[str, ...] = ()  # "KEY=VALUE" pairs
+    #: The run's labels (``--label``, checked by ``tpuctl.params.labels``): on the run and on its slice.
+    labels: Mapping[str, str] = field(default_factory=dict)
     pod: str | None = None
     accelerator_type: str | None = None
     zone: str | None = None

@@ -42,7 +42,7 @@ def target(session: Session, request: RunRequest, run_id: str) -> Target:
         request.accelerator_type,
         zones=[request.zone] if request.zone else (),
         capacity_types=[t.value for t in request.capacity_types],
-        labels={LABEL_RUN: run_id},
+        labels={**request.labels, LABEL_RUN: run_id},
     )
     return Target(accelerator=placement.accelerator, placement=placement)
 

@@ -197,6 +197,7 @@ class Supervisor:
             zone=target.zone,
             accelerator_type=target.accelerator.api_name,
             capacity=target.capacity,
+            labels=prepared.request.labels,
             detail={
                 "hosts": target.accelerator.hosts,
                 "bundle_sha256": prepared.bundle.digest,
