@@ -48,6 +48,7 @@ EXIT_NOT_FOUND = 11
 EXIT_ALREADY_EXISTS = 12
 EXIT_PERMISSION = 13
 EXIT_RETRYABLE = 14
+EXIT_UNREACHABLE = 15
 EXIT_INTERRUPTED = 130
 
 
@@ -168,6 +169,14 @@ class PermissionDeniedError(CloudError):
 class UnauthenticatedError(CloudError):
     exit_code = EXIT_PERMISSION
     kind = "unauthenticated"
+
+
+class UnreachableError(TpuctlError):
+    """The endpoint tpuctl was told to use does not answer (a ``TPUCTL_SIM_URL`` with no simulator behind
+    it): a setup problem, not a cloud error and not a bug."""
+
+    exit_code = EXIT_UNREACHABLE
+    kind = "unreachable"
 
 
 class RateLimitedError(CloudError):
