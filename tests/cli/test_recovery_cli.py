@@ -207,6 +207,15 @@ def test_a_preemption_while_the_zone_is_stocked_out_recovers_in_another_zone(
     assert preemption["zone"] == V5E_ZONE and preemption["new_zone"] == V5E_OTHER
     assert preemption["kind"] == "hard" and run["zone"] == V5E_OTHER
     assert admin.status()["nodes"] == []
+    # The sleeper reports no steps: what it recomputed is unknown (null), not 0, and no checkpoint is
+    # promised that does not exist.
+    recovery = run["recovery"]
+    assert recovery["steps_reported"] is False
+    assert recovery["steps_recomputed"] is None and recovery["goodput"] is None
+    assert recovery["productive_step_s"] is None and preemption["steps_recomputed"] is None
+    assert [s["steps_recomputed"] for s in run["segments"] if s["kind"] == "running"] == [None, None]
+    table = cli("runs", "describe", result.json["run"]["run_id"])
+    assert table.stdout.count("unknown (the program reports no steps)") >= 3
 
 
 @dataclass

@@ -32,6 +32,9 @@ if TYPE_CHECKING:
 runs_app = typer.Typer(help="List runs, describe one, show its hosts' logs.", no_args_is_help=True)
 bench_app = typer.Typer(help="Benchmarks on a (simulated) slice.", no_args_is_help=True)
 
+#: What a table says where JSON says null: a program with no step events has no step figures.
+UNKNOWN_STEPS = "unknown (the program reports no steps)"
+
 #: Worker prefix colours, cycled; picked so neighbours differ on dark and light terminals.
 _COLOURS = ("cyan", "magenta", "green", "yellow", "blue", "red", "bright_cyan", "bright_magenta")
 
@@ -297,16 +300,20 @@ def _render_result(out: Output, supervised: SupervisedResult) -> None:
     recovered = ""
     if supervised.preemptions:
         n = len(supervised.preemptions)
-        recovered = (
-            f"; recovered from {n} preemption{'s' if n != 1 else ''} "
-            f"({summary.get('steps_recomputed', 0)} steps recomputed"
+        recovered = f"; recovered from {n} preemption{'s' if n != 1 else ''} " + (
+            f"({summary['steps_recomputed']} steps recomputed"
             + (f", goodput {summary['goodput']:.0%}" if summary.get("goodput") is not None else "")
             + ")"
+            if summary.get("steps_recomputed") is not None
+            else f"(steps recomputed, goodput and waste: {UNKNOWN_STEPS})"
         )
     if supervised.restarts:
         recovered += f"; {supervised.restarts} restart{'s' if supervised.restarts != 1 else ''}"
     out.out.print(
-        f"[green]run {result.run_id} succeeded[/] on {result.pod} ({result.zone}, {result.hosts} hosts) "
+        f"[green]run {result.run_id} succeeded[/] on {result.pod} ({result.zone}, {result.hosts} hosts, "
+        f"{result.capacity}, "
+        + ("price unknown" if result.price_per_hour is None else f"{result.price_per_hour:.2f} USD/h")
+        + ") "
         f"in {result.duration_s:.1f} s"
         + recovered
         + (f"; {result.pod} deleted" if result.deleted_pod else "")
@@ -487,7 +494,8 @@ def _render_description(out: Output, run_id: str, data: dict[str, Any]) -> None:
     }  # fmt: skip
     fields["supervisor"] = data.get("supervisor_state")
     for key in ("steps_completed", "steps_recomputed", "goodput", "productive_step_s", "wall_s"):
-        fields[key] = recovery.get(key)
+        unknown = recovery.get("steps_reported") is False and key != "wall_s"
+        fields[key] = UNKNOWN_STEPS if unknown else recovery.get(key)
     for key in ("hosts", "executor", "checkpoint_dir", "log_dir", "error"):
         if key in detail:
             fields[key] = detail[key]

@@ -212,6 +212,8 @@ class RunResult:
     bundle_sha256: str
     shipped_hosts: int
     deleted_pod: bool
+    capacity: str | None = None  # the last slice's capacity type
+    price_per_hour: float | None = None  # its price, USD per hour (None: unknown)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -226,6 +228,8 @@ class RunResult:
             "bundle_sha256": self.bundle_sha256,
             "shipped_hosts": self.shipped_hosts,
             "deleted_pod": self.deleted_pod,
+            "capacity": self.capacity,
+            "price_per_hour": self.price_per_hour,
         }
 
 

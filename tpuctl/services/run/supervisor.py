@@ -442,6 +442,10 @@ class Supervisor:
                 bundle_sha256=prepared.bundle.digest,
                 shipped_hosts=sum(1 for s in result.shipped if s.shipped),
                 deleted_pod=run.deleted,
+                capacity=run.current.capacity.value,
+                price_per_hour=self._session.catalog.price_per_hour(
+                    prepared.target.accelerator, run.current.zone, run.current.capacity
+                ),
             ),
             preemptions=self.preemptions,
             restarts=self.restarts,
@@ -611,7 +615,7 @@ class Supervisor:
     def _after_attempt(self, attempt: _Attempt) -> None:
         """Close the attempt's last segment with its step counts; note where a recovery resumed."""
         steps = self.progress.attempt_steps
-        recomputed = self.progress.attempt_recomputed
+        recomputed = self.progress.attempt_recomputed_known
         # The running segment of this attempt carries its step counts.
         if self._running_segment is not None:
             self._session.ledger.update_segment(
@@ -638,7 +642,7 @@ class Supervisor:
                 self._session.ledger.update_segment(
                     self._running_segment,
                     steps_completed=self.progress.attempt_steps,
-                    steps_recomputed=self.progress.attempt_recomputed,
+                    steps_recomputed=self.progress.attempt_recomputed_known,
                 )
         segment = self._session.ledger.add_segment(
             self._run_id,
@@ -673,11 +677,7 @@ class Supervisor:
             node,
             detail={"preemption": record.number, "kind": record.kind, "source": record.source},
         )
-        what = (
-            f"checkpoint at step {record.checkpoint_step}"
-            if record.checkpoint_step is not None
-            else "no checkpoint on the way out (the last periodic one will do)"
-        )
+        what = self.progress.checkpoint_note(record.checkpoint_step, prepared.request.checkpoint_every)
         self._inner.status(f"{node.name} ({node.zone}) was preempted [{record.kind}, {what}]; deleting it")
         with contextlib.suppress(Exception):  # the ledger view must not block the recovery
             self._session.ledger.record_event(
