@@ -655,6 +655,42 @@ def test_a_run_with_a_budget_below_its_cost_stops_checkpointed_at_the_budget_and
     assert spent >= 0.5 * limit  # it did use its budget
 
 
+STUBBORN = """\
+import signal, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+print("ignoring SIGTERM", flush=True)
+while True:
+    time.sleep(0.05)
+"""
+
+
+def test_a_budget_stop_the_program_ignores_is_enforced_and_the_spend_reported_is_the_ledgers(
+    admin: SimAdminClient, cli: Cli, tmp_path: Path, state_dir: Path
+) -> None:
+    """SIGTERM ignored: SIGKILL at the end of --grace, the slice deleted, the run over within grace + 10 s
+    of the stop, and the error and the run's record say what the ledger says was spent."""
+    from tpuctl.catalog import Catalog
+    from tpuctl.services.budget import BudgetGuard
+
+    script = write(tmp_path / "proj" / "stubborn.py", STUBBORN)
+    limit, grace = 0.01, 2.0  # v5e-4 on demand, 4.80 USD/h: 7.5 s of it
+    result = cli("run", str(script), "--type", "v5e-4", "--budget", str(limit), "--grace", str(grace),
+                 "-o", "json")  # fmt: skip
+    assert result.code == 7, result.stderr[-3000:]
+    assert admin.status()["nodes"] == []
+    with Ledger(state_dir) as ledger:
+        (run,) = ledger.list_runs()
+        ledger_spent = BudgetGuard.for_run(ledger, run.run_id, Catalog.load(), limit_usd=limit).spent()
+    assert run.status is RunStatus.BUDGET_EXCEEDED and run.ended_at is not None
+    budget = (run.detail or {})["budget"]
+    assert run.ended_at - budget["stopped_at"] <= grace + 10
+    assert budget["spent_usd"] == pytest.approx(ledger_spent, abs=1e-9)
+    assert f"spent {ledger_spent:.4f} of {limit:.4f} USD" in result.json["message"]
+    [group] = cli("cost", "report", "--group-by", "run", "-o", "json").json["groups"]
+    assert group["cost_usd"] == pytest.approx(ledger_spent, abs=1e-4)
+    assert ledger_spent <= limit  # the stop left room for the grace
+
+
 def test_with_no_capacity_anywhere_the_recovery_backs_off_with_progress_until_a_zone_frees_up(
     admin: SimAdminClient, cli: Cli, tmp_path: Path, state_dir: Path
 ) -> None:

@@ -163,6 +163,7 @@ class Supervisor:
         self._stop_reason: Outcome | None = None  # set when we stop the hosts ourselves
         self._stopper: threading.Thread | None = None
         self._budget: StepBudget | None = None
+        self._grace_s: float | None = None  # the run's --grace: how long a budget stop waits for SIGTERM
         self._lease: Lease | None = None
         self._cancel = threading.Event()
         self._running_segment: int | None = None
@@ -226,12 +227,14 @@ class Supervisor:
     ) -> SupervisedResult:
         """Run (or, with ``resume``, take over and continue) a run already in the ledger."""
         self._run_id = prepared.run_id
+        self._grace_s = prepared.request.grace_s
         self._take_lease(prepared)
         record = self._session.ledger.get_run(prepared.run_id)
         assert record is not None
         run = _Run(started=time.monotonic(), wall_start=record.created_at, node=prepared.target.node)
         if self._budget_usd is not None:
-            margin_s = self.policy.budget_margin_s or 0.0
+            # Stopping takes up to --grace (SIGTERM, then SIGKILL) before the slice is deleted.
+            margin_s = (self.policy.budget_margin_s or 0.0) + prepared.request.grace_s
             self._budget = StepBudget(self._session, prepared.run_id, self._budget_usd, margin_s, self._warn)
         failure: BaseException | None = None
         try:
@@ -254,6 +257,10 @@ class Supervisor:
                 if self._lease is not None:
                     self._lease.release()
                     self._lease = None
+        if isinstance(failure, BudgetExceededError) and self._budget is not None and self._budget.decision:
+            failure = self._budget.final_error(run_id=prepared.run_id)
+            final = {"spent_usd": self._budget.spent_usd, "stopped_at": self._budget.stopped_at}
+            self._update_detail(budget={**self._budget.decision.to_dict(), **final})
         if failure is not None:
             raise failure
         return self._result(prepared, run, summary)
@@ -568,7 +575,9 @@ class Supervisor:
         assert self._budget is not None and self._budget.decision is not None
         if self._stop_reason is None:
             self._inner.status(f"budget: {self._budget.decision.message}; checkpointing and stopping")
-        self._stop_hosts(Outcome.BUDGET)
+        # SIGKILL at the end of --grace, then the slice goes: a program that ignores SIGTERM must not
+        # keep spending past the budget for the minute a preemption's checkpoint may take.
+        self._stop_hosts(Outcome.BUDGET, grace_s=self._grace_s)
 
     def _stop_hosts(self, reason: Outcome, grace_s: float | None = None) -> None:
         """Tell every host to stop (SIGTERM: the runtime checkpoints at the next common step; SIGKILL after
