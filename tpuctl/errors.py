@@ -307,6 +307,14 @@ class Aborted(TpuctlError):
     kind = "aborted"
 
 
+class SliceDeletedError(TpuctlError):
+    """The run's slice was deleted by the user (``pod delete --force``) while the run was on it: a
+    deletion, not a preemption (no recovery; the run ends cancelled)."""
+
+    exit_code = EXIT_ERROR
+    kind = "slice_deleted"
+
+
 class InterruptedByUser(TpuctlError):
     exit_code = EXIT_INTERRUPTED
     kind = "interrupted"

@@ -50,6 +50,7 @@ FLAGS: Final[Mapping[str, str]] = {
     "wait": "--no-wait",  # the only wait-related error is about --no-wait
     "valid_for": "--valid-for",
     "max_hours": "--max-hours",
+    "force": "--force",
     # runs
     "pod": "--pod",
     "type": "--type",

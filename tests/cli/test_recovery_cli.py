@@ -515,6 +515,42 @@ def test_runs_cancel_stops_a_detached_run_and_deletes_its_slice(
     assert again.code == 0 and again.json["cancel"]["cancelled"] is False
 
 
+def test_a_slice_in_use_is_protected_and_its_forced_deletion_is_not_a_preemption(
+    own_sim: Path, cli: Cli, tmp_path: Path
+) -> None:
+    script = write(tmp_path / "proj" / "sleeper.py", SLEEPER)
+    assert cli("pod", "create", "v5e-8", "--zone", "us-central1-a", "--name", "shared").code == 0
+    started = cli("run", str(script), "--pod", "shared", "--env", "SLEEP_S=120", "--detach", "-o", "json")
+    assert started.code == 0, started.stderr
+    run_id = started.json["run"]["run_id"]
+    log = own_sim / "runs" / run_id / "worker-0.log"
+    wait_for(lambda: log.exists() and "attempt 0" in log.read_text(), 60, 0.1, what="the program to start")
+
+    second = cli("run", str(script), "--pod", "shared", "-o", "json")
+    assert second.code == 2, second.stderr
+    assert second.json["field"] == "--pod" and f"in use by run {run_id}" in second.json["message"]
+    assert f"tpuctl runs cancel {run_id}" in second.json["fix"]
+    plain = cli("pod", "delete", "shared", "-y", "-o", "json")
+    assert plain.code == 2, plain.stderr
+    assert plain.json["field"] == "--force" and run_id in plain.json["message"]
+    assert [n["name"] for n in cli("sim", "status", "-o", "json").json["nodes"]] == ["shared"]
+    dry = cli("pod", "delete", "shared", "--dry-run", "-o", "json")
+    assert dry.json["plan"][0]["in_use_by"] == [run_id]
+
+    forced = cli("pod", "delete", "shared", "-y", "--force", "-o", "json")
+    assert forced.code == 0, forced.stderr
+
+    def ended() -> bool:
+        return cli("runs", "describe", run_id, "-o", "json").json["run"]["status"] not in (
+            "pending", "provisioning", "running", "recovering")  # fmt: skip
+
+    wait_for(ended, 60, 0.2, what="the run to end")
+    run = cli("runs", "describe", run_id, "-o", "json").json["run"]
+    assert run["status"] == "cancelled" and run["exit_code"] == 1, run
+    assert run["preemptions"] == 0 and run["recovery"]["preemptions"] == []
+    assert "was deleted (pod delete --force)" in run["detail"]["error"]
+
+
 def test_a_detached_run_takes_relative_paths_where_the_user_typed_them(
     own_sim: Path, cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -474,16 +474,22 @@ def delete(
     output: OutputOpt = None,
     dry_run: DryRunOpt = False,
     yes: YesOpt = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="Delete a slice even while a run is on it (the run stops).")
+    ] = False,
 ) -> None:
-    """Delete slices (they stop billing and free their quota)."""
+    """Delete slices (they stop billing and free their quota). A slice a live run is on needs --force."""
     from tpuctl.errors import NotFoundError, TpuctlError
     from tpuctl.services.pods import PodService
+    from tpuctl.services.run.occupancy import guard_deletion, live_runs_on
 
     out = make_output(ctx, output)
     zone = _zone(zone)
     with session(ctx, out) as sess:
         pods = PodService(sess)
         plans = pods.plan_delete(names, zone)
+        for plan in plans:
+            plan["in_use_by"] = [r.run_id for r in live_runs_on(sess, plan["name"], plan["zone"])]
         if is_dry_run(ctx, dry_run):
             if out.machine:
                 out.document(out.envelope(dry_run=True, plan=plans))
@@ -493,8 +499,17 @@ def delete(
                     req = plan["requests"][0]
                     out.out.print(f"  {plan['name']} ({plan['zone']}): {req['method']} {req['url']}")
             return
-        listing = ", ".join(f"{p['name']} ({p['zone']})" for p in plans)
+        for plan in plans:  # refused without --force while a run is on it (checked before asking)
+            if plan["in_use_by"] and not force:
+                guard_deletion(sess, plan["name"], plan["zone"], force=False)
+        listing = ", ".join(
+            f"{p['name']} ({p['zone']}"
+            + (f"; in use by run {', '.join(p['in_use_by'])})" if p["in_use_by"] else ")")
+            for p in plans
+        )
         confirm(ctx, yes, f"delete {listing}?", out)
+        for plan in plans:  # the runs on it will record a deletion, not a preemption
+            guard_deletion(sess, plan["name"], plan["zone"], force=True)
         deleted: list[dict[str, Any]] = []
         failures: list[TpuctlError] = []
         for plan in plans:

@@ -17,6 +17,7 @@ from tpuctl.cloud.base import LABEL_RUN, Node, OperationProgress
 from tpuctl.errors import NotFoundError, UsageError
 from tpuctl.services.run import hosts
 from tpuctl.services.run.model import LaunchObserver, PreparedRun, RunRequest, Target
+from tpuctl.services.run.occupancy import refuse_second_run
 from tpuctl.store.records import SegmentKind
 
 if TYPE_CHECKING:
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
 def target(session: Session, request: RunRequest, run_id: str) -> Target:
     """Where ``request`` runs: the ``--pod`` slice (READY, of a known type) or a slice of ``--type``."""
     if request.pod is not None:
-        return _existing(session, request)
+        return _existing(session, request, run_id)
     if request.accelerator_type is None:
         raise UsageError(
             "say where to run: --pod NAME (an existing slice) or --type TYPE (a new one)",
@@ -48,7 +49,7 @@ def target(session: Session, request: RunRequest, run_id: str) -> Target:
     return Target(accelerator=placement.accelerator, placement=placement)
 
 
-def _existing(session: Session, request: RunRequest) -> Target:
+def _existing(session: Session, request: RunRequest, run_id: str) -> Target:
     assert request.pod is not None
     if request.accelerator_type is not None:
         raise UsageError(
@@ -65,6 +66,7 @@ def _existing(session: Session, request: RunRequest) -> Target:
             value=request.pod,
             fix="wait until `tpuctl pod list` shows it READY, or run with --type to create a slice",
         )
+    refuse_second_run(session, node.name, node.zone, run_id)
     try:
         accel = session.catalog.resolve(node.accelerator_type)
     except UsageError as exc:

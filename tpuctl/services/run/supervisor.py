@@ -46,6 +46,7 @@ from tpuctl.errors import (
     InterruptedByUser,
     NotFoundError,
     RunFailedError,
+    SliceDeletedError,
     TpuctlError,
     UsageError,
 )
@@ -67,6 +68,7 @@ from tpuctl.services.run.model import (
     describe_exit,
     exit_status,
 )
+from tpuctl.services.run.occupancy import deletion_of
 from tpuctl.services.run.provision import renamed
 from tpuctl.services.run.signals import EventTap, SliceWatch, StepBudget, classify
 from tpuctl.services.run.takeover import take_over
@@ -361,6 +363,14 @@ class Supervisor:
         """The slice was preempted: free it and go on on a new one, while ``max_preemptions`` allows."""
         assert attempt.preemption is not None and run.node is not None
         record, node, run_id = attempt.preemption, run.node, prepared.run_id
+        deleted = deletion_of(self._session.ledger, run_id)
+        if deleted is not None:  # the user deleted the slice: the run stops, nothing to recover from
+            run.end(RunStatus.CANCELLED, SliceDeletedError.exit_code)
+            raise SliceDeletedError(
+                f"run {run_id}: slice {node.name} ({node.zone}) was deleted ({deleted.get('by')}) while the "
+                "run was on it; stopped",
+                fix=f"resume it on a new slice with `tpuctl runs resume {run_id}`",
+            )
         self.preemptions.append(record)
         self._session.ledger.update_run(
             run_id, preemptions=len(self.preemptions), status=RunStatus.RECOVERING
