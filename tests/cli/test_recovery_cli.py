@@ -18,6 +18,7 @@ import yaml
 from recovery_helpers import (
     LM_ARGS,
     LM_STEPS,
+    REPO,
     WORLD,
     ZONE,
     Chaos,
@@ -760,4 +761,30 @@ def test_with_no_capacity_anywhere_the_recovery_backs_off_with_progress_until_a_
     assert preemption["new_zone"] == V5E_OTHER and preemption["provisioning_s"] >= 1.5
     waits = [s for s in run["segments"] if s["kind"] == "recovering" and s["detail"].get("waiting_for")]
     assert len(waits) >= 1 and all(s["detail"]["waiting_for"] == "capacity" for s in waits)
+    assert admin.status()["nodes"] == []
+
+
+# --- the README's "bring your own train.py" example -------------------------------------------------------
+
+
+def test_the_readmes_own_train_py_checkpoints_on_the_notice_and_loses_no_step(
+    admin: SimAdminClient, cli: Cli, state_dir: Path
+) -> None:
+    """examples/train.py, as the README shows it: preempted with notice after 5 steps, it checkpoints at
+    the step it stopped at, and the run goes on from there on a new slice with nothing recomputed."""
+    example = REPO / "examples" / "train.py"
+    assert example.read_text() in (REPO / "README.md").read_text()  # the README shows this very file
+    chaos = Chaos(admin, state_dir, [Preempt(1, 5, notice=True)]).start()
+    try:
+        result = cli("run", str(example), "--type", "v5e-4", "--spot", "--env", "STEPS=40", "-o", "json")
+    finally:
+        chaos.join()
+    assert result.code == 0, result.stderr[-3000:]
+    assert "done at step 40" in result.stderr
+    run = cli("runs", "describe", result.json["run"]["run_id"], "-o", "json").json["run"]
+    (preemption,) = run["recovery"]["preemptions"]
+    assert preemption["kind"] == "notice" and preemption["checkpoint_step"] is not None
+    assert preemption["restored_step"] == preemption["checkpoint_step"]
+    assert run["recovery"]["steps_recomputed"] == 0 and run["recovery"]["steps_completed"] == 40
+    assert run["recovery"]["goodput"] is not None
     assert admin.status()["nodes"] == []
