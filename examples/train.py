@@ -10,15 +10,15 @@ from tpuctl.runtime.preemption import PreemptionWatch, emit, exit_preempted
 
 watch = PreemptionWatch.from_env().install()  # before jax.distributed.initialize(); watch.attach() after
 ckpt = Path(os.environ.get("TPUCTL_CHECKPOINT_DIR", "checkpoints")) / "state.json"
-state = json.loads(ckpt.read_text()) if ckpt.exists() else {"step": 0, "loss": 10.0}
-emit("start", step=state["step"], restored=state["step"] if ckpt.exists() else None)
-while state["step"] < int(os.environ.get("STEPS", "100")):
+step, loss = json.loads(ckpt.read_text()) if ckpt.exists() else (0, 10.0)
+emit("start", step=step, restored=step if ckpt.exists() else None)
+while step < int(os.environ.get("STEPS", "100")):
     started = time.perf_counter()
     time.sleep(0.05)  # your training step
-    state = {"step": state["step"] + 1, "loss": state["loss"] * 0.99}
-    emit("step", step=state["step"], dt=time.perf_counter() - started)  # steps, goodput, budget
-    if watch.should_stop(state["step"]):  # a notice on any host: every host stops at the same step
+    step, loss = step + 1, loss * 0.99
+    emit("step", step=step, dt=time.perf_counter() - started)  # steps recomputed, goodput, budget
+    if watch.should_stop(step):  # a notice on any host: every host stops at the same step
         ckpt.parent.mkdir(parents=True, exist_ok=True)
-        ckpt.write_text(json.dumps(state))
-        sys.exit(exit_preempted(state["step"], saved=True))  # exit 75: "checkpointed, move me"
-print(f"done at step {state['step']}, loss {state['loss']:.4f}")
+        ckpt.write_text(json.dumps([step, loss]))
+        sys.exit(exit_preempted(step, saved=True))  # exit 75: "checkpointed, move me"
+print(f"done at step {step}, loss {loss:.4f}")
