@@ -189,3 +189,12 @@ def test_bad_flag_names_the_flag() -> None:
 def test_owner_label_is_sanitized(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("USER", "Jane.Doe@Corp")
     assert load_settings({}).resolved_owner == "jane-doe-corp"
+
+
+def test_a_relative_state_dir_is_where_the_user_typed_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A detached supervisor runs in the run's log directory: the state dir it is handed is absolute."""
+    monkeypatch.chdir(tmp_path)
+    settings = load_settings({"state_dir": Path("st")})
+    assert settings.resolved_state_dir == tmp_path / "st"

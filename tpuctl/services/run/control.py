@@ -85,7 +85,8 @@ def _capacity_types(raw: dict[str, Any]) -> tuple[CapacityType, ...]:
 def _settings_env(session: Session) -> dict[str, str]:
     """The settings a background supervisor must share with the command that started it."""
     settings = session.settings
-    env = {"TPUCTL_STATE_DIR": str(session.state_dir)}
+    # Paths absolute, as the user meant them: the supervisor starts in the run's log directory.
+    env = {"TPUCTL_STATE_DIR": str(session.state_dir.absolute())}
     for name, value in (
         ("TPUCTL_PROFILE", settings.profile),
         ("TPUCTL_PROJECT", settings.project),
@@ -100,7 +101,7 @@ def _settings_env(session: Session) -> dict[str, str]:
         ("TPUCTL_SIM_WORLD", settings.sim_world),
     ):
         if value is not None:
-            env[name] = str(value)
+            env[name] = str(value.absolute() if isinstance(value, Path) else value)
     return env
 
 
