@@ -317,11 +317,13 @@ def did_you_mean(value: str, choices: Iterable[str]) -> str | None:
 
 def _unknown_place(kind: str, value: str, param: str, known: Collection[str], *, listing: str) -> ParamError:
     near = did_you_mean(value, known)
+    # An argument (ZONE) is given as the value alone; a flag, variable or key as they are written.
+    eg = near if param.isupper() and param not in FLAGS else EG
     return ParamError(
         f"unknown {kind} {value!r}" + (f"; did you mean {near}?" if near else ""),
         param=param,
         value=value,
-        fix=(f"use {EG}; " if near else "") + listing,
+        fix=(f"use {eg}; " if near else "") + listing,
         eg=near,
     )
 

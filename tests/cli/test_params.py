@@ -372,7 +372,7 @@ def test_a_typod_zone_or_region_exits_2_with_did_you_mean(
     error = result.json
     assert (error["field"], error["value"]) == (field, value), error
     assert f"did you mean {near}" in error["message"], error
-    assert near in error["fix"]
+    assert f"use {near}" in error["fix"] or f"use {field} {near}" in error["fix"]
     listed = cli("-o", "json", "pod", "list")
     assert listed.code == 0 and listed.json["pods"] == []
 
