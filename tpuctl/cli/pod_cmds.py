@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -181,17 +183,8 @@ def create(
             if request.slices > 1
             else (request.accelerator.api_name)
         )
-        with out.progress(f"placing {request.name} ({what})") as prog:
-            try:
-                placement = allocator.place(request, progress=prog, plan=plan)
-            except KeyboardInterrupt as exc:
-                from tpuctl.errors import InterruptedByUser
-
-                raise InterruptedByUser(
-                    f"interrupted while placing {request.name}: a slice may have been created",
-                    fix=f"`tpuctl pod list` shows it; `tpuctl pod delete {request.name}` deletes it, "
-                    "`tpuctl pod gc` collects what tpuctl left",
-                ) from exc
+        with out.progress(f"placing {request.name} ({what})") as prog, _placing(request.name):
+            placement = allocator.place(request, progress=prog, plan=plan)
         views = _placed_views(sess, placement)
         if out.machine:
             out.document(
@@ -204,6 +197,21 @@ def create(
             return 0
         _render_placement(out, placement, views, prog.elapsed_s)
     return 0
+
+
+@contextmanager
+def _placing(name: str) -> Iterator[None]:
+    """Ctrl-C while a slice is placed says that one may exist, and how to find and delete it."""
+    from tpuctl.errors import InterruptedByUser
+
+    try:
+        yield
+    except KeyboardInterrupt as exc:
+        raise InterruptedByUser(
+            f"interrupted while placing {name}: a slice may have been created",
+            fix=f"`tpuctl pod list` shows it; `tpuctl pod delete {name}` deletes it, "
+            "`tpuctl pod gc` collects what tpuctl left",
+        ) from exc
 
 
 def _zone(zone: str | None) -> str | None:

@@ -6,8 +6,6 @@ clean document); tpuctl's own steps go to stderr.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -20,6 +18,7 @@ from tpuctl.cli.capacity import (
 )
 from tpuctl.cli.context import is_dry_run, make_output, session
 from tpuctl.cli.options import DryRunOpt, OutputOpt
+from tpuctl.cli.run_signals import resumable, stop_hosts_on_termination
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -63,28 +62,6 @@ class _Printer:
 
         if not self._out.machine:
             self._out.err.print(f"[dim]tpuctl:[/] {escape(text)}")
-
-
-@contextmanager
-def _stop_hosts_on_termination() -> Iterator[None]:
-    """SIGTERM and SIGHUP (a closed terminal) end the run like Ctrl-C does: the launcher stops every
-    host before tpuctl exits. Without this the hosts, each in a session of its own, would outlive us."""
-    import signal
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt(signal.Signals(signum).name)
-
-    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 def register(app: typer.Typer) -> None:
@@ -262,27 +239,11 @@ def run(
             started = _start_detached(sess, prepared.run_id)
             _render_detached(out, prepared.run_id, started)
             return
-        with _stop_hosts_on_termination(), out.progress(f"run {prepared.run_id}") as prog:
+        with stop_hosts_on_termination(), out.progress(f"run {prepared.run_id}") as prog:
             printer.spinner = prog
-            with _resumable(prepared.run_id):
+            with resumable(prepared.run_id):
                 supervised = supervisor.run(prepared, progress=prog)
     _render_result(out, supervised)
-
-
-@contextmanager
-def _resumable(run_id: str) -> Iterator[None]:
-    """Ctrl-C (or SIGTERM) names the run and how to carry it on: it ends cancelled, resumable."""
-    from tpuctl.errors import InterruptedByUser
-
-    try:
-        yield
-    except (InterruptedByUser, KeyboardInterrupt) as exc:
-        what = exc.message if isinstance(exc, InterruptedByUser) else "interrupted"
-        raise InterruptedByUser(
-            f"run {run_id} {what}",
-            fix=f"carry it on from its last checkpoint with `tpuctl runs resume {run_id}`; "
-            f"`tpuctl runs describe {run_id}` shows where it stopped",
-        ) from exc
 
 
 def _policy(max_restarts: int, max_preemptions: int) -> RecoveryPolicy:
@@ -683,7 +644,7 @@ def resume_run(
         supervisor = Supervisor(
             sess, observer=printer, policy=policy, budget_usd=chosen_budget, warn=out.warn
         )
-        with _stop_hosts_on_termination(), out.progress(f"resume {run_id}") as prog:
+        with stop_hosts_on_termination(), out.progress(f"resume {run_id}") as prog:
             printer.spinner = prog
             supervised = supervisor.supervise(prepared, progress=prog, resume=True)
     _render_result(out, supervised)
@@ -729,7 +690,7 @@ def supervise_run(
         if note:
             out.warn(note)
         supervisor = Supervisor(sess, observer=printer, policy=policy, budget_usd=budget, warn=out.warn)
-        with _stop_hosts_on_termination():
+        with stop_hosts_on_termination(), resumable(prepared.run_id):
             supervised = supervisor.supervise(prepared, resume=resume)
     _render_result(out, supervised)
 
@@ -807,7 +768,7 @@ def bench_step(
         printer = _Printer(out, accel.hosts)
         collector = BenchCollector(printer if not out.machine else None)
         launcher = Launcher(sess, observer=collector)
-        with _stop_hosts_on_termination(), out.progress(f"bench step on {accel.friendly_name}") as prog:
+        with stop_hosts_on_termination(), out.progress(f"bench step on {accel.friendly_name}") as prog:
             printer.spinner = prog
             result = launcher.run_prepared(prepared, progress=prog)
     if collector.result is None:
