@@ -726,6 +726,11 @@ def test_a_budget_stop_the_program_ignores_is_enforced_and_the_spend_reported_is
     [group] = cli("cost", "report", "--group-by", "run", "-o", "json").json["groups"]
     assert group["cost_usd"] == pytest.approx(ledger_spent, abs=1e-4)
     assert ledger_spent <= limit  # the stop left room for the grace
+    # The program reports no steps: its recomputed work and waste are unknown, not 0.
+    assert group["steps_reported"] is False
+    assert group["recomputed_usd"] is None and group["waste_usd"] is None and group["steps"] is None
+    table = cli("cost", "report", "--group-by", "run")
+    assert "unknown" in table.stdout and "the program reports no steps" in table.stdout
 
 
 def test_with_no_capacity_anywhere_the_recovery_backs_off_with_progress_until_a_zone_frees_up(
@@ -788,3 +793,5 @@ def test_the_readmes_own_train_py_checkpoints_on_the_notice_and_loses_no_step(
     assert run["recovery"]["steps_recomputed"] == 0 and run["recovery"]["steps_completed"] == 40
     assert run["recovery"]["goodput"] is not None
     assert admin.status()["nodes"] == []
+    [group] = cli("cost", "report", "--group-by", "run", "-o", "json").json["groups"]
+    assert group["waste_usd"] is not None and "steps_reported" not in group  # it reports steps
