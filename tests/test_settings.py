@@ -222,3 +222,12 @@ def test_a_project_from_an_ambient_variable_is_named(
     assert settings.project_from == expected
     if expected:
         assert settings.resolved_backend is Backend.GCP
+
+
+def test_a_relative_state_dir_is_where_the_user_typed_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A detached supervisor runs in the run's log directory: the state dir it is handed is absolute."""
+    monkeypatch.chdir(tmp_path)
+    settings = load_settings({"state_dir": Path("st")})
+    assert settings.resolved_state_dir == tmp_path / "st"

@@ -48,6 +48,7 @@ EXIT_NOT_FOUND = 11
 EXIT_ALREADY_EXISTS = 12
 EXIT_PERMISSION = 13
 EXIT_RETRYABLE = 14
+EXIT_UNREACHABLE = 15
 EXIT_INTERRUPTED = 130
 
 
@@ -170,6 +171,14 @@ class UnauthenticatedError(CloudError):
     kind = "unauthenticated"
 
 
+class UnreachableError(TpuctlError):
+    """The endpoint tpuctl was told to use does not answer (a ``TPUCTL_SIM_URL`` with no simulator behind
+    it): a setup problem, not a cloud error and not a bug."""
+
+    exit_code = EXIT_UNREACHABLE
+    kind = "unreachable"
+
+
 class RateLimitedError(CloudError):
     exit_code = EXIT_RETRYABLE
     kind = "rate_limited"
@@ -289,6 +298,21 @@ class RunFailedError(TpuctlError):
 
     def details(self) -> dict[str, Any]:
         return {"worker": self.worker, "returncode": self.returncode}
+
+
+class Aborted(TpuctlError):
+    """The user answered no to a confirmation: nothing was changed (exit 1, not an interruption)."""
+
+    exit_code = EXIT_ERROR
+    kind = "aborted"
+
+
+class SliceDeletedError(TpuctlError):
+    """The run's slice was deleted by the user (``pod delete --force``) while the run was on it: a
+    deletion, not a preemption (no recovery; the run ends cancelled)."""
+
+    exit_code = EXIT_ERROR
+    kind = "slice_deleted"
 
 
 class InterruptedByUser(TpuctlError):

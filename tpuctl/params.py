@@ -13,9 +13,11 @@ a parameter name into what the user typed (``--pod``); the CLI applies it when i
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 from tpuctl.catalog import CapacityType, validate_zone
@@ -51,6 +53,7 @@ FLAGS: Final[Mapping[str, str]] = {
     "wait": "--no-wait",  # the only wait-related error is about --no-wait
     "valid_for": "--valid-for",
     "max_hours": "--max-hours",
+    "force": "--force",
     # runs
     "pod": "--pod",
     "type": "--type",
@@ -267,19 +270,36 @@ def whole(
 
 
 # --------------------------------------------------------------------------------------------------
+# Paths
+
+
+def local_path(value: str) -> str:
+    """A path on this machine, made absolute where the user typed it (``~`` expanded, relative to the
+    current directory): the value may be used later from elsewhere (a detached supervisor starts in the
+    run's log directory; ``runs resume`` in any directory). A URL (``gs://...``) is left as it is."""
+    if "://" in value:
+        return value
+    return str(Path(value).expanduser().absolute())
+
+
+# --------------------------------------------------------------------------------------------------
 # Places
 
 
-def zone(value: str, param: str = "zone") -> str:
-    """A zone, shaped like ``us-central1-a`` (whether it exists is the catalog's and the cloud's say)."""
+def zone(value: str, param: str = "zone", *, known: Collection[str] | None = None) -> str:
+    """A zone, shaped like ``us-central1-a``; with ``known`` (the catalog's and the backend's zones), one
+    of them. A typo is a usage error (exit 2, "did you mean"), never a capacity problem."""
     try:
-        return validate_zone(value, field_name=param)
+        validate_zone(value, field_name=param)
     except UsageError as exc:
         raise ParamError(exc.message, param=param, value=value, fix=exc.fix or "") from None
+    if known is not None and value not in known:
+        raise _unknown_place("zone", value, param, known, listing="`tpuctl catalog zones` lists them")
+    return value
 
 
-def region(value: str, param: str = "region") -> str:
-    """A region, shaped like ``us-central1``."""
+def region(value: str, param: str = "region", *, known: Collection[str] | None = None) -> str:
+    """A region, shaped like ``us-central1``; with ``known``, one of them."""
     if not _REGION_RE.fullmatch(value):
         raise ParamError(
             f"malformed region {value!r}",
@@ -287,7 +307,28 @@ def region(value: str, param: str = "region") -> str:
             value=value,
             fix="a region looks like us-central1 (`tpuctl catalog zones` lists them)",
         )
+    if known is not None and value not in known:
+        raise _unknown_place("region", value, param, known, listing="`tpuctl catalog zones` lists the zones")
     return value
+
+
+def did_you_mean(value: str, choices: Iterable[str]) -> str | None:
+    """The choice nearest to ``value`` (difflib's ratio >= 0.6), if one is near enough."""
+    near = difflib.get_close_matches(value, sorted(set(choices)), n=1, cutoff=0.6)
+    return near[0] if near else None
+
+
+def _unknown_place(kind: str, value: str, param: str, known: Collection[str], *, listing: str) -> ParamError:
+    near = did_you_mean(value, known)
+    # An argument (ZONE) is given as the value alone; a flag, variable or key as they are written.
+    eg = near if param.isupper() and param not in FLAGS else EG
+    return ParamError(
+        f"unknown {kind} {value!r}" + (f"; did you mean {near}?" if near else ""),
+        param=param,
+        value=value,
+        fix=(f"use {eg}; " if near else "") + listing,
+        eg=near,
+    )
 
 
 # --------------------------------------------------------------------------------------------------

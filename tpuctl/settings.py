@@ -347,7 +347,8 @@ class Settings(BaseSettings):
 
     @property
     def resolved_state_dir(self) -> Path:
-        return (self.state_dir or default_state_dir(os.environ)).expanduser()
+        # Absolute, where the user typed it: a detached supervisor runs in another directory.
+        return (self.state_dir or default_state_dir(os.environ)).expanduser().absolute()
 
     @property
     def resolved_owner(self) -> str:

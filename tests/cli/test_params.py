@@ -326,3 +326,99 @@ def test_an_explicit_capacity_flag_wins_over_the_profile_on_run(
         run = cli("run", "train.py", "--type", "v5e-8", *flags, "--dry-run", "-o", "json")
         assert run.code == 0, run.stderr
         assert run.json["plan"]["target"]["capacity"] == expected
+
+
+@pytest.mark.parametrize(
+    ("command", "field", "value", "near"),
+    [
+        (("pod", "create", "v5e-8", "--zone", "us-centrl1-a"), "--zone", "us-centrl1-a", "us-central1-a"),
+        (
+            ("pod", "create", "v5e-8", "--zone", "us-centrl1-a", "--dry-run"),
+            "--zone",
+            "us-centrl1-a",
+            "us-central1-a",
+        ),
+        (
+            ("pod", "create", "v5e-8", "--region", "us-centrl1", "--dry-run"),
+            "--region",
+            "us-centrl1",
+            "us-central1",
+        ),
+        (
+            ("run", "train.py", "--type", "v5e-8", "--zone", "us-central1-x", "--dry-run"),
+            "--zone",
+            "us-central1-x",
+            "us-central1-",
+        ),
+        (("sim", "stockout", "us-centrl1-a"), "ZONE", "us-centrl1-a", "us-central1-a"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else " ".join(v[:2]),
+)
+def test_a_typod_zone_or_region_exits_2_with_did_you_mean(
+    cli: Cli,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    command: tuple[str, ...],
+    field: str,
+    value: str,
+    near: str,
+) -> None:
+    """A zone nobody offers is a usage error (exit 2), not "not offered" (exit 5): a CI gate must not page
+    someone about capacity for a typo. Nothing is created."""
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    monkeypatch.chdir(tmp_path)
+    result = cli("-o", "json", *command)
+    assert result.code == 2, result.stderr
+    error = result.json
+    assert (error["field"], error["value"]) == (field, value), error
+    assert f"did you mean {near}" in error["message"], error
+    assert f"use {near}" in error["fix"] or f"use {field} {near}" in error["fix"]
+    listed = cli("-o", "json", "pod", "list")
+    assert listed.code == 0 and listed.json["pods"] == []
+
+
+def test_a_zone_the_backend_offers_beyond_the_catalog_is_accepted() -> None:
+    """The simulator's world (or a project) may offer a zone the catalog does not list."""
+    from tpuctl.catalog import Catalog
+    from tpuctl.params import ParamError
+    from tpuctl.services.locations import check_region, check_zones
+
+    class Cloud:
+        calls = 0
+
+        def list_zones(self) -> list[str]:
+            Cloud.calls += 1
+            return ["us-central1-f"]
+
+    catalog = Catalog.load()
+    cloud: Any = Cloud()
+    assert check_zones(catalog, cloud, ["us-central1-a"]) == ["us-central1-a"]
+    assert Cloud.calls == 0  # the catalog knew it: no API call
+    assert check_zones(catalog, cloud, ["us-central1-f"]) == ["us-central1-f"]
+    assert check_region(catalog, cloud, "us-central1") == "us-central1"
+    with pytest.raises(ParamError, match="did you mean us-central1-f"):
+        check_zones(catalog, cloud, ["us-central1-g"])
+
+
+def test_an_option_run_does_not_know_is_refused_with_did_you_mean(
+    cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--preemptable` once reached the program and the run billed an on-demand slice; the program's own
+    options go after `--`."""
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    monkeypatch.chdir(tmp_path)
+    typo = cli("-o", "json", "run", "train.py", "--type", "v5e-8", "--preemptable")
+    assert typo.code == 2, typo.stderr
+    error = typo.json
+    assert error["field"] == "--preemptable"
+    assert "did you mean --preemptible?" in error["message"]
+    assert "after `--`" in error["fix"] and "--preemptible" in error["fix"]
+    assert cli("-o", "json", "pod", "list").json["pods"] == []
+    assert cli("-o", "json", "runs", "list").json["runs"] == []
+    passed = cli("-o", "json", "run", "train.py", "--type", "v5e-8", "--dry-run", "--", "--preemptable")
+    assert passed.code == 0, passed.stderr
+    assert passed.json["plan"]["hosts"][0]["argv"][-2:] == ["train.py", "--preemptable"]
+    spaced = cli(
+        "-o", "json", "run", "train.py", "--type", "v5e-8", "--dry-run", "--", "data.txt", "--lr", "3"
+    )
+    assert spaced.json["plan"]["hosts"][0]["argv"][-4:] == ["train.py", "data.txt", "--lr", "3"]

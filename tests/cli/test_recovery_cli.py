@@ -18,6 +18,7 @@ import yaml
 from recovery_helpers import (
     LM_ARGS,
     LM_STEPS,
+    REPO,
     WORLD,
     ZONE,
     Chaos,
@@ -207,6 +208,15 @@ def test_a_preemption_while_the_zone_is_stocked_out_recovers_in_another_zone(
     assert preemption["zone"] == V5E_ZONE and preemption["new_zone"] == V5E_OTHER
     assert preemption["kind"] == "hard" and run["zone"] == V5E_OTHER
     assert admin.status()["nodes"] == []
+    # The sleeper reports no steps: what it recomputed is unknown (null), not 0, and no checkpoint is
+    # promised that does not exist.
+    recovery = run["recovery"]
+    assert recovery["steps_reported"] is False
+    assert recovery["steps_recomputed"] is None and recovery["goodput"] is None
+    assert recovery["productive_step_s"] is None and preemption["steps_recomputed"] is None
+    assert [s["steps_recomputed"] for s in run["segments"] if s["kind"] == "running"] == [None, None]
+    table = cli("runs", "describe", result.json["run"]["run_id"])
+    assert table.stdout.count("unknown (the program reports no steps)") >= 3
 
 
 @dataclass
@@ -506,6 +516,91 @@ def test_runs_cancel_stops_a_detached_run_and_deletes_its_slice(
     assert again.code == 0 and again.json["cancel"]["cancelled"] is False
 
 
+def test_a_slice_in_use_is_protected_and_its_forced_deletion_is_not_a_preemption(
+    own_sim: Path, cli: Cli, tmp_path: Path
+) -> None:
+    script = write(tmp_path / "proj" / "sleeper.py", SLEEPER)
+    assert cli("pod", "create", "v5e-8", "--zone", "us-central1-a", "--name", "shared").code == 0
+    started = cli("run", str(script), "--pod", "shared", "--env", "SLEEP_S=120", "--detach", "-o", "json")
+    assert started.code == 0, started.stderr
+    run_id = started.json["run"]["run_id"]
+    log = own_sim / "runs" / run_id / "worker-0.log"
+    wait_for(lambda: log.exists() and "attempt 0" in log.read_text(), 60, 0.1, what="the program to start")
+
+    second = cli("run", str(script), "--pod", "shared", "-o", "json")
+    assert second.code == 2, second.stderr
+    assert second.json["field"] == "--pod" and f"in use by run {run_id}" in second.json["message"]
+    assert f"tpuctl runs cancel {run_id}" in second.json["fix"]
+    plain = cli("pod", "delete", "shared", "-y", "-o", "json")
+    assert plain.code == 2, plain.stderr
+    assert plain.json["field"] == "--force" and run_id in plain.json["message"]
+    assert [n["name"] for n in cli("sim", "status", "-o", "json").json["nodes"]] == ["shared"]
+    dry = cli("pod", "delete", "shared", "--dry-run", "-o", "json")
+    assert dry.json["plan"][0]["in_use_by"] == [run_id]
+
+    forced = cli("pod", "delete", "shared", "-y", "--force", "-o", "json")
+    assert forced.code == 0, forced.stderr
+
+    def ended() -> bool:
+        return cli("runs", "describe", run_id, "-o", "json").json["run"]["status"] not in (
+            "pending", "provisioning", "running", "recovering")  # fmt: skip
+
+    wait_for(ended, 60, 0.2, what="the run to end")
+    run = cli("runs", "describe", run_id, "-o", "json").json["run"]
+    assert run["status"] == "cancelled" and run["exit_code"] == 1, run
+    assert run["preemptions"] == 0 and run["recovery"]["preemptions"] == []
+    assert "was deleted (pod delete --force)" in run["detail"]["error"]
+
+
+def test_a_detached_run_takes_relative_paths_where_the_user_typed_them(
+    own_sim: Path, cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The background supervisor starts in the run's log directory: `train.py`, `--workdir .` and
+    `--checkpoint-dir ck` are the user's directory's, not that one's."""
+    work = tmp_path / "proj"
+    write(work / "train.py", "import os\nprint('ckpt', os.environ['TPUCTL_CHECKPOINT_DIR'], flush=True)\n")
+    monkeypatch.chdir(work)
+    started = cli("run", "train.py", "--type", "v5e-8", "--workdir", ".", "--checkpoint-dir", "ck",
+                  "--detach", "-o", "json")  # fmt: skip
+    assert started.code == 0, started.stderr
+    run_id = started.json["run"]["run_id"]
+
+    def finished() -> bool:
+        status = cli("runs", "describe", run_id, "-o", "json").json["run"]["status"]
+        return status in ("succeeded", "failed")
+
+    wait_for(finished, 120, 0.2, what="the detached run to end")
+    run = cli("runs", "describe", run_id, "-o", "json").json["run"]
+    assert run["status"] == "succeeded", run
+    log = (own_sim / "runs" / run_id / "worker-0.log").read_text()
+    assert f"ckpt {work / 'ck'}" in log
+
+
+def test_a_supervisor_that_cannot_start_leaves_its_run_failed_with_the_reason(
+    own_sim: Path, cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    script = write(tmp_path / "proj" / "ok.py", "print(1)\n")
+    monkeypatch.setattr(sys, "executable", "/bin/false")  # the supervisor's interpreter exits 1 at once
+    started = cli("run", str(script), "--type", "v5e-8", "--detach", "-o", "json")
+    assert started.code != 0
+    assert "exited at once (status 1)" in started.json["message"]
+    [run] = cli("runs", "list", "-o", "json").json["runs"]
+    assert run["status"] == "failed"
+    assert "exited at once (status 1)" in run["detail"]["error"]
+    assert run["duration_s"] is None  # it never ran
+
+
+def test_a_cancelled_run_that_never_started_shows_no_duration(own_sim: Path, cli: Cli) -> None:
+    with Ledger(own_sim) as ledger:
+        ledger.create_run("run-20260101-000000-abcd", script="train.py", ts=time.time() - 575)
+    cancelled = cli("runs", "cancel", "run-20260101-000000-abcd", "-o", "json")
+    assert cancelled.code == 0, cancelled.stderr
+    [run] = cli("runs", "list", "-o", "json").json["runs"]
+    assert run["status"] == "cancelled" and run["duration_s"] is None
+
+
 # --- checkpoint fallback, budget -----------------------------------------------------------------------
 
 SMALL_LM = ["--checkpoint-every", "4", "--log-every", "4", "--batch", "8", "--seed", "2", "--layers", "1",
@@ -597,6 +692,47 @@ def test_a_run_with_a_budget_below_its_cost_stops_checkpointed_at_the_budget_and
     assert spent >= 0.5 * limit  # it did use its budget
 
 
+STUBBORN = """\
+import signal, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+print("ignoring SIGTERM", flush=True)
+while True:
+    time.sleep(0.05)
+"""
+
+
+def test_a_budget_stop_the_program_ignores_is_enforced_and_the_spend_reported_is_the_ledgers(
+    admin: SimAdminClient, cli: Cli, tmp_path: Path, state_dir: Path
+) -> None:
+    """SIGTERM ignored: SIGKILL at the end of --grace, the slice deleted, the run over within grace + 10 s
+    of the stop, and the error and the run's record say what the ledger says was spent."""
+    from tpuctl.catalog import Catalog
+    from tpuctl.services.budget import BudgetGuard
+
+    script = write(tmp_path / "proj" / "stubborn.py", STUBBORN)
+    limit, grace = 0.01, 2.0  # v5e-4 on demand, 4.80 USD/h: 7.5 s of it
+    result = cli("run", str(script), "--type", "v5e-4", "--budget", str(limit), "--grace", str(grace),
+                 "-o", "json")  # fmt: skip
+    assert result.code == 7, result.stderr[-3000:]
+    assert admin.status()["nodes"] == []
+    with Ledger(state_dir) as ledger:
+        (run,) = ledger.list_runs()
+        ledger_spent = BudgetGuard.for_run(ledger, run.run_id, Catalog.load(), limit_usd=limit).spent()
+    assert run.status is RunStatus.BUDGET_EXCEEDED and run.ended_at is not None
+    budget = (run.detail or {})["budget"]
+    assert run.ended_at - budget["stopped_at"] <= grace + 10
+    assert budget["spent_usd"] == pytest.approx(ledger_spent, abs=1e-9)
+    assert f"spent {ledger_spent:.4f} of {limit:.4f} USD" in result.json["message"]
+    [group] = cli("cost", "report", "--group-by", "run", "-o", "json").json["groups"]
+    assert group["cost_usd"] == pytest.approx(ledger_spent, abs=1e-4)
+    assert ledger_spent <= limit  # the stop left room for the grace
+    # The program reports no steps: its recomputed work and waste are unknown, not 0.
+    assert group["steps_reported"] is False
+    assert group["recomputed_usd"] is None and group["waste_usd"] is None and group["steps"] is None
+    table = cli("cost", "report", "--group-by", "run")
+    assert "unknown" in table.stdout and "the program reports no steps" in table.stdout
+
+
 def test_with_no_capacity_anywhere_the_recovery_backs_off_with_progress_until_a_zone_frees_up(
     admin: SimAdminClient, cli: Cli, tmp_path: Path, state_dir: Path
 ) -> None:
@@ -631,3 +767,31 @@ def test_with_no_capacity_anywhere_the_recovery_backs_off_with_progress_until_a_
     waits = [s for s in run["segments"] if s["kind"] == "recovering" and s["detail"].get("waiting_for")]
     assert len(waits) >= 1 and all(s["detail"]["waiting_for"] == "capacity" for s in waits)
     assert admin.status()["nodes"] == []
+
+
+# --- the README's "bring your own train.py" example -------------------------------------------------------
+
+
+def test_the_readmes_own_train_py_checkpoints_on_the_notice_and_loses_no_step(
+    admin: SimAdminClient, cli: Cli, state_dir: Path
+) -> None:
+    """docs/examples/train.py, as the README shows it: preempted with notice after 5 steps, it checkpoints at
+    the step it stopped at, and the run goes on from there on a new slice with nothing recomputed."""
+    example = REPO / "docs" / "examples" / "train.py"
+    assert example.read_text() in (REPO / "README.md").read_text()  # the README shows this very file
+    chaos = Chaos(admin, state_dir, [Preempt(1, 5, notice=True)]).start()
+    try:
+        result = cli("run", str(example), "--type", "v5e-4", "--spot", "--env", "STEPS=40", "-o", "json")
+    finally:
+        chaos.join()
+    assert result.code == 0, result.stderr[-3000:]
+    assert "done at step 40" in result.stderr
+    run = cli("runs", "describe", result.json["run"]["run_id"], "-o", "json").json["run"]
+    (preemption,) = run["recovery"]["preemptions"]
+    assert preemption["kind"] == "notice" and preemption["checkpoint_step"] is not None
+    assert preemption["restored_step"] == preemption["checkpoint_step"]
+    assert run["recovery"]["steps_recomputed"] == 0 and run["recovery"]["steps_completed"] == 40
+    assert run["recovery"]["goodput"] is not None
+    assert admin.status()["nodes"] == []
+    [group] = cli("cost", "report", "--group-by", "run", "-o", "json").json["groups"]
+    assert group["waste_usd"] is not None and "steps_reported" not in group  # it reports steps

@@ -364,7 +364,33 @@ def test_interrupting_tpuctl_stops_every_host(
     stderr = proc.stderr.read() if proc.stderr else ""
     assert code == 130, stderr
     assert "interrupted" in stderr
+    # Which run, and how to carry it on.
+    run_id = re.search(r"run (run-[0-9a-z-]+) interrupted", stderr)
+    assert run_id, stderr
+    assert f"tpuctl runs resume {run_id.group(1)}" in stderr
     for pid in pids:
         stat = Path(f"/proc/{pid}/stat")
         assert not stat.exists() or stat.read_text().rsplit(")", 1)[-1].split()[0] == "Z", pid
     assert admin.status()["nodes"] == []  # the slice made for the run was deleted on the way out
+
+
+def test_run_labels_go_on_the_run_and_its_slice(tmp_path: Path, admin: SimAdminClient, cli: Cli) -> None:
+    script = write(tmp_path / "proj" / "ok.py", "print('ok')\n")
+    labels = ("--label", "team=ml", "--label", "exp=a1")
+    result = cli("run", str(script), "--type", "v5e-8", *labels, "--keep-pod", "-o", "json")
+    assert result.code == 0, result.stderr
+    [run] = cli("runs", "list", "-o", "json").json["runs"]
+    assert run["labels"] == {"team": "ml", "exp": "a1"}
+    [pod] = cli("pod", "list", "-o", "json").json["pods"]
+    assert pod["labels"]["team"] == "ml" and pod["labels"]["exp"] == "a1"
+    bad = cli("run", str(script), "--type", "v5e-8", "--label", "Team=ML", "-o", "json")
+    assert bad.code == 2 and bad.json["field"] == "--label"
+
+
+def test_version_and_shell_completion(cli: Cli) -> None:
+    import tpuctl
+
+    version = cli("--version")
+    assert version.code == 0 and version.stdout.strip() == f"tpuctl {tpuctl.__version__}"
+    completion = cli("--show-completion", "bash")
+    assert completion.code == 0 and "_tpuctl_completion" in completion.stdout

@@ -86,9 +86,15 @@ def test_gc_dry_run_lists_only(garbage: SimEnv, cli: Cli) -> None:
 
 def test_gc_asks_before_deleting(garbage: SimEnv, cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("sys.stdin", io.StringIO("n\n"))
+    monkeypatch.setattr("tpuctl.cli.context.stdin_is_tty", lambda: True)
     result = cli("pod", "gc", env=garbage)
-    assert result.code == 130  # declined: nothing deleted
+    assert result.code == 1  # declined: aborted, nothing deleted (it was 130, "interrupted")
     assert "orphan" in result.stdout and "delete these 3?" in result.stdout
+    assert "aborted" in result.stderr and "interrupted" not in result.stderr
+    assert len(garbage.admin.status()["nodes"]) == 5
+    monkeypatch.setattr("tpuctl.cli.context.stdin_is_tty", lambda: False)
+    unasked = cli("pod", "gc", env=garbage)
+    assert unasked.code == 2 and "pass -y" in unasked.stderr  # no terminal to ask on
     assert len(garbage.admin.status()["nodes"]) == 5
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from tpuctl.testing.cli import Cli, invoke
 
 
@@ -33,9 +35,11 @@ def test_table_output_has_no_document() -> None:
     assert result.document is None
 
 
-def test_stdin_answers_a_confirmation(cli: Cli) -> None:
+def test_stdin_answers_a_confirmation(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("tpuctl.cli.context.stdin_is_tty", lambda: True)  # as if a terminal asked
     declined = cli("sim", "reset", stdin="n\n")
-    assert declined.code != 0 and "reset the simulator" in declined.stdout
+    assert declined.code == 1 and "reset the simulator" in declined.stdout
+    assert "aborted" in declined.stderr
     assert "simulator reset" not in declined.stderr
     accepted = cli("sim", "reset", stdin="y\n")
     assert accepted.code == 0 and "simulator reset" in accepted.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
 from dataclasses import dataclass, field
@@ -358,8 +359,11 @@ class Catalog:
         generation = self._generation_for_prefix(prefix)
         if generation is None:
             known = ", ".join(f"{g.name} ({g.api_prefix})" for g in self.generations.values())
+            names = [n for g in self.generations.values() for n in (g.name, g.api_prefix)]
+            near = difflib.get_close_matches(prefix, names, n=1, cutoff=0.6)
             raise UnknownAcceleratorError(
-                f"unknown accelerator generation {match['prefix']!r} in {name!r}",
+                f"unknown accelerator generation {match['prefix']!r} in {name!r}"
+                + (f"; did you mean {near[0]}-{match['size']}?" if near else ""),
                 field="TYPE",
                 value=name,
                 fix=f"use one of: {known}",

@@ -15,6 +15,7 @@ import typer
 from tpuctl.cli.render import Output
 
 if TYPE_CHECKING:
+    from tpuctl.errors import UsageError
     from tpuctl.services.session import Session
     from tpuctl.settings import Settings
 
@@ -110,6 +111,36 @@ def assume_yes(ctx: typer.Context, command_yes: bool) -> bool:
     return command_yes or bool(global_options(ctx).yes)
 
 
+def stdin_is_tty() -> bool:
+    """Whether a question can be asked (tests replace this to answer one)."""
+    import sys
+
+    return sys.stdin is not None and sys.stdin.isatty()
+
+
+def confirm(ctx: typer.Context, yes: bool, question: str, out: Output) -> None:
+    """Ask ``question`` before a destructive step, unless -y was given. "n" (or Enter) is ``Aborted``
+    (exit 1); with no terminal to ask on it is a usage error (exit 2) asking for -y: a script must say
+    so, and must never hang on a question nobody sees."""
+    from tpuctl.errors import Aborted, UsageError
+
+    if assume_yes(ctx, yes):
+        return
+    if not stdin_is_tty():
+        raise UsageError(
+            f"{question} (needs a confirmation, and there is no terminal to ask on)",
+            field="--yes",
+            fix="pass -y to confirm",
+        )
+    # The question goes to stderr with a machine format, so stdout stays one document.
+    try:
+        agreed = typer.confirm(question, default=False, err=out.machine)
+    except typer.Abort:  # end of input or Ctrl-C at the question: no answer is no
+        agreed = False
+    if not agreed:
+        raise Aborted("aborted: nothing was changed")
+
+
 @contextmanager
 def session(ctx: typer.Context, out: Output, **flags: Any) -> Iterator[Session]:
     """Open the backend for one command and say which it is."""
@@ -155,6 +186,10 @@ def exit_code_for(exc: BaseException, argv: list[str], opts: GlobalOptions) -> i
         hint = f"{command_ctx.command_path} --help" if command_ctx is not None else "tpuctl --help"
         message = exc.format_message()  # type: ignore[attr-defined]
         code = getattr(exc, "exit_code", EXIT_ERROR)
+        unknown = _unknown_option(exc, hint)
+        if unknown is not None:
+            out.error(unknown)
+            return EXIT_USAGE
         if code == EXIT_USAGE:
             out.error(UsageError(message, field=_param_name(exc), fix=f"see `{hint}`"))
             return EXIT_USAGE
@@ -179,6 +214,32 @@ def exit_code_for(exc: BaseException, argv: list[str], opts: GlobalOptions) -> i
         )
     )
     return EXIT_ERROR
+
+
+def _unknown_option(exc: BaseException, hint: str) -> UsageError | None:
+    """An option the command does not know, with the nearest one it does ("did you mean"); for `run`, whose
+    program takes options of its own, also how to pass it to the program (after `--`). A typo such as
+    --preemptable must never reach the program silently: it would have run on the wrong capacity."""
+    import difflib
+
+    from tpuctl.errors import UsageError
+
+    option = getattr(exc, "option_name", None)
+    if type(exc).__name__ != "NoSuchOption" or not option:
+        return None
+    known = sorted(getattr(exc, "possibilities", None) or [])
+    command_ctx = getattr(exc, "ctx", None)
+    if command_ctx is not None:
+        known = sorted({o for p in command_ctx.command.params for o in getattr(p, "opts", [])})
+    near = difflib.get_close_matches(option, known, n=1, cutoff=0.6)
+    message = f"no such option: {option}" + (f"; did you mean {near[0]}?" if near else "")
+    fix = f"see `{hint}`"
+    if command_ctx is not None and command_ctx.command.name == "run":
+        fix = (
+            f"{'use ' + near[0] + ', or ' if near else ''}if {option} is the program's own option, put it "
+            f"after `--`: tpuctl run SCRIPT [tpuctl options] -- {option} ..."
+        )
+    return UsageError(message, field=str(option), value=str(option), fix=fix)
 
 
 def _is_framework_error(exc: BaseException) -> bool:

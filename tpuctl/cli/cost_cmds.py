@@ -354,11 +354,13 @@ def _render_groups(out: Output, result: CostReport, records: list[dict[str, Any]
             f"{line.chip_hours:.1f}",
             _money(line.cost_usd),
             _money(line.spot_savings_usd),
-            _money(line.waste_usd),
+            "unknown" if line.info.get("steps_reported") is False else _money(line.waste_usd),
         ]
         for cells, line in zip(key_cells, lines, strict=True)
     ]
     out.rows(title, columns, rows, key="groups", records=records, keep=_KEEP, drop=_DROP)
+    if any(line.info.get("steps_reported") is False for line in lines):
+        out.out.print("waste unknown: the program reports no steps (recomputed work cannot be known)")
     rest = result.omitted
     if rest is not None:
         hidden = result.groups_total - len(lines)

@@ -22,7 +22,8 @@ app = typer.Typer(
     help="A control plane for Google Cloud TPU slices. With no GCP project configured, every command "
     "runs against a built-in simulated TPU cloud.",
     no_args_is_help=True,
-    add_completion=False,
+    # --install-completion / --show-completion: typer's, for bash, zsh, fish and PowerShell.
+    add_completion=True,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"]},
@@ -35,9 +36,21 @@ misc_cmds.register(app)
 run_cmds.register(app)
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from tpuctl import __version__
+
+        typer.echo(f"tpuctl {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
 def main(
     ctx: typer.Context,
+    version: Annotated[
+        bool,
+        typer.Option("--version", help="Print the version and exit.", is_eager=True, callback=_print_version),
+    ] = False,
     profile: Annotated[str | None, typer.Option("--profile", help="Config profile to use.")] = None,
     project: Annotated[
         str | None, typer.Option("--project", help="GCP project; giving one selects the gcp backend.")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -54,45 +54,20 @@ def quota(
 
 
 def doctor(ctx: typer.Context, output: OutputOpt = None) -> int:
-    """Check the setup: backend, credentials, project, API reachable, quotas readable, state dir."""
-    from tpuctl.errors import TpuctlError
+    """Check the setup: config file, profile, backend, credentials, project, API reachable, quotas
+    readable, state dir. Every check runs; exit 0 if all pass, else the first failure's exit code."""
+    from tpuctl.cli.context import build_settings
+    from tpuctl.services.doctor import diagnose
 
     out = make_output(ctx, output)
-    checks: list[dict[str, Any]] = []
-
-    def check(name: str, fn: Any) -> Any:
-        try:
-            detail = fn()
-            checks.append({"check": name, "ok": True, "detail": str(detail)})
-            return detail
-        except TpuctlError as exc:
-            checks.append({"check": name, "ok": False, "detail": exc.message, "fix": exc.fix})
-            return None
-
-    with session(ctx, out) as sess:
-        check("backend", lambda: f"{sess.backend.name} at {sess.cloud.endpoint}")
-        check("project", lambda: sess.project)
-        check("credentials", lambda: "anonymous (simulator)" if sess.backend.name == "sim" else "ADC")
-        check("api reachable", lambda: f"{len(sess.cloud.list_zones())} zones listed")
-        check("quotas readable", lambda: f"{len(sess.cloud.quota_limits())} quota limits")
-        check("state dir", lambda: _state_dir_check(sess.state_dir))
-        check("ledger", lambda: sess.ledger.integrity_check())
-    ok = all(c["ok"] for c in checks)
+    report = diagnose(lambda: build_settings(ctx))
+    records = [c.to_dict() for c in report.checks]
     out.rows(
         "doctor",
-        ("CHECK", "OK", "DETAIL"),
-        ((c["check"], "ok" if c["ok"] else "FAIL", c["detail"]) for c in checks),
+        ("CHECK", "STATUS", "DETAIL", "FIX"),
+        ((c.check, c.status, c.detail, c.fix or "") for c in report.checks),
         key="checks",
-        records=checks,
-        extra={"ok": ok},
+        records=records,
+        extra={"ok": report.ok},
     )
-    return 0 if ok else 1
-
-
-def _state_dir_check(path: Any) -> str:
-    from tpuctl.errors import TpuctlError
-
-    mode = path.stat().st_mode & 0o777
-    if mode & 0o077:
-        raise TpuctlError(f"state dir {path} is readable by others (mode {mode:o})", fix=f"chmod 700 {path}")
-    return f"{path} (mode {mode:o})"
+    return report.exit_code

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from tpuctl.cli.capacity import CAPACITY_TYPE_HELP, PREEMPTIBLE_HELP, SPOT_HELP
-from tpuctl.cli.context import ONE_OBJECT, assume_yes, is_dry_run, make_output, session
+from tpuctl.cli.context import ONE_OBJECT, confirm, is_dry_run, make_output, session
 from tpuctl.cli.options import DryRunOpt, OutputOpt, YesOpt, ZoneOpt
 
 if TYPE_CHECKING:
@@ -126,6 +128,7 @@ def create(
     from tpuctl.cli.context import build_settings
     from tpuctl.services.allocator import Allocator, build_request
     from tpuctl.services.budget import max_hours_labels, warn_monthly_budget  # cost (issue 6)
+    from tpuctl.services.locations import check_region, check_zones
     from tpuctl.services.placement import Strategy
 
     def hours_of(value: str | None) -> float | None:
@@ -155,6 +158,9 @@ def create(
         wait=wait,
     )
     with session(ctx, out) as sess:
+        check_zones(sess.catalog, sess.cloud, zone or [])  # a typo is exit 2, not "not offered"
+        if region is not None:
+            check_region(sess.catalog, sess.cloud, region)
         if not is_dry_run(ctx, dry_run):
             warn_monthly_budget(sess, out.warn)  # cost (issue 6): the profile's monthly_budget
         allocator = Allocator(sess)
@@ -178,7 +184,7 @@ def create(
             if request.slices > 1
             else (request.accelerator.api_name)
         )
-        with out.progress(f"placing {request.name} ({what})") as prog:
+        with out.progress(f"placing {request.name} ({what})") as prog, _placing(request.name):
             placement = allocator.place(request, progress=prog, plan=plan)
         views = _placed_views(sess, placement)
         if out.machine:
@@ -192,6 +198,21 @@ def create(
             return 0
         _render_placement(out, placement, views, prog.elapsed_s)
     return 0
+
+
+@contextmanager
+def _placing(name: str) -> Iterator[None]:
+    """Ctrl-C while a slice is placed says that one may exist, and how to find and delete it."""
+    from tpuctl.errors import InterruptedByUser
+
+    try:
+        yield
+    except KeyboardInterrupt as exc:
+        raise InterruptedByUser(
+            f"interrupted while placing {name}: a slice may have been created",
+            fix=f"`tpuctl pod list` shows it; `tpuctl pod delete {name}` deletes it, "
+            "`tpuctl pod gc` collects what tpuctl left",
+        ) from exc
 
 
 def _zone(zone: str | None) -> str | None:
@@ -391,8 +412,7 @@ def gc(
             return
         if not out.machine:
             out.rows("garbage", columns, rows(), key="gc", records=records)
-        if not assume_yes(ctx, yes) and not out.machine:
-            typer.confirm(f"delete these {len(items)}?", abort=True)
+        confirm(ctx, yes, f"delete these {len(items)}?", out)
         with out.progress("collecting") as prog:
             results = collector.collect(items, progress=prog)
         if out.machine:
@@ -498,16 +518,22 @@ def delete(
     output: OutputOpt = None,
     dry_run: DryRunOpt = False,
     yes: YesOpt = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="Delete a slice even while a run is on it (the run stops).")
+    ] = False,
 ) -> None:
-    """Delete slices (they stop billing and free their quota)."""
+    """Delete slices (they stop billing and free their quota). A slice a live run is on needs --force."""
     from tpuctl.errors import NotFoundError, TpuctlError
     from tpuctl.services.pods import PodService
+    from tpuctl.services.run.occupancy import guard_deletion, live_runs_on
 
     out = make_output(ctx, output)
     zone = _zone(zone)
     with session(ctx, out) as sess:
         pods = PodService(sess)
         plans = pods.plan_delete(names, zone)
+        for plan in plans:
+            plan["in_use_by"] = [r.run_id for r in live_runs_on(sess, plan["name"], plan["zone"])]
         if is_dry_run(ctx, dry_run):
             if out.machine:
                 out.document(out.envelope(dry_run=True, plan=plans))
@@ -517,9 +543,17 @@ def delete(
                     for req in plan["requests"]:
                         out.out.print(f"  {plan['name']} ({plan['zone']}): {req['method']} {req['url']}")
             return
-        if not assume_yes(ctx, yes) and not out.machine:
-            listing = ", ".join(f"{p['name']} ({p['zone']})" for p in plans)
-            typer.confirm(f"delete {listing}?", abort=True)
+        for plan in plans:  # refused without --force while a run is on it (checked before asking)
+            if plan["in_use_by"] and not force:
+                guard_deletion(sess, plan["name"], plan["zone"], force=False)
+        listing = ", ".join(
+            f"{p['name']} ({p['zone']}"
+            + (f"; in use by run {', '.join(p['in_use_by'])})" if p["in_use_by"] else ")")
+            for p in plans
+        )
+        confirm(ctx, yes, f"delete {listing}?", out)
+        for plan in plans:  # the runs on it will record a deletion, not a preemption
+            guard_deletion(sess, plan["name"], plan["zone"], force=True)
         deleted: list[dict[str, Any]] = []
         failures: list[TpuctlError] = []
         for plan in plans:

@@ -6,8 +6,6 @@ clean document); tpuctl's own steps go to stderr.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -22,6 +20,7 @@ from tpuctl.cli.context import ONE_OBJECT, is_dry_run, make_output, session
 from tpuctl.cli.options import DryRunOpt, OutputOpt
 from tpuctl.cli.run_reading import RUN_HELP as _RUN_HELP
 from tpuctl.cli.run_reading import ending_fields, run_logs, short_time
+from tpuctl.cli.run_signals import resumable, stop_hosts_on_termination
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -33,6 +32,9 @@ if TYPE_CHECKING:
 
 runs_app = typer.Typer(help="List runs, describe one, show its hosts' logs.", no_args_is_help=True)
 bench_app = typer.Typer(help="Benchmarks on a (simulated) slice.", no_args_is_help=True)
+
+#: What a table says where JSON says null: a program with no step events has no step figures.
+UNKNOWN_STEPS = "unknown (the program reports no steps)"
 
 #: Worker prefix colours, cycled; picked so neighbours differ on dark and light terminals.
 _COLOURS = ("cyan", "magenta", "green", "yellow", "blue", "red", "bright_cyan", "bright_magenta")
@@ -69,34 +71,12 @@ class _Printer:
             self._out.err.print(f"[dim]tpuctl:[/] {escape(text)}")
 
 
-@contextmanager
-def _stop_hosts_on_termination() -> Iterator[None]:
-    """SIGTERM and SIGHUP (a closed terminal) end the run like Ctrl-C does: the launcher stops every
-    host before tpuctl exits. Without this the hosts, each in a session of its own, would outlive us."""
-    import signal
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt(signal.Signals(signum).name)
-
-    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
 def register(app: typer.Typer) -> None:
     app.command(
         "run",
         # Options may come before or after SCRIPT; anything tpuctl does not know, and everything after
         # `--`, goes to the program as its arguments.
-        context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+        context_settings={"allow_extra_args": True},
     )(run)
     runs_app.command("logs")(run_logs)
     app.add_typer(runs_app, name="runs")
@@ -126,6 +106,10 @@ def run(
     ] = False,
     env: Annotated[
         list[str] | None, typer.Option("--env", help="KEY=VALUE for the program (repeatable).")
+    ] = None,
+    label: Annotated[
+        list[str] | None,
+        typer.Option("--label", help="KEY=VALUE label on the run and its slice (repeatable)."),
     ] = None,
     workdir: Annotated[
         str | None,
@@ -194,11 +178,14 @@ def run(
     program on all hosts at once, and ends with its result: if a host fails, the others are stopped and
     the run fails naming it (exit 8). Ctrl-C stops every host (exit 130).
 
-    tpuctl's options may come before or after SCRIPT; options it does not know go to the program, and
-    everything after `--` goes to the program as is, e.g.
+    tpuctl's options may come before or after SCRIPT; the program's own options go after `--` (an option
+    tpuctl does not know is refused, with the nearest one it does: a typo must not reach the program), e.g.
     `tpuctl run train.py --type v5e-16 -- --lr 3e-4` or `tpuctl run --example lm --type v5e-8 -- --steps 50`.
     """
+    import dataclasses
+
     from tpuctl import params
+    from tpuctl.services.locations import check_zones
     from tpuctl.services.run.launcher import Launcher
     from tpuctl.services.run.model import RunRequest
 
@@ -216,11 +203,12 @@ def run(
         params.whole(max_preemptions, "max_preemptions", minimum=0),
     )
     request = RunRequest(
-        script=script,
+        script=None if script is None else params.local_path(script),
         args=tuple(program_args),
         example=example,
-        workdir=workdir,
+        workdir=None if workdir is None else params.local_path(workdir),
         env=tuple(env or ()),
+        labels=params.labels(label or []),
         pod=pod,
         accelerator_type=accelerator_type,
         zone=None if zone is None else params.zone(zone),
@@ -229,13 +217,19 @@ def run(
         checkpoint_every=None
         if checkpoint_every is None
         else params.whole(checkpoint_every, "checkpoint_every"),
-        checkpoint_dir=checkpoint_dir,
+        checkpoint_dir=checkpoint_dir,  # resolved below once the executor is known
         executor=executor,
         timeout_s=None if timeout is None else params.duration(timeout, "timeout"),
         grace_s=params.duration(grace, "grace", allow_zero=True),
         bundle_limit_bytes=int(limit_mb * 1024 * 1024),
     )
     with session(ctx, out) as sess:
+        if request.zone is not None:  # a typo is exit 2 with "did you mean", before anything is made
+            check_zones(sess.catalog, sess.cloud, [request.zone])
+        if checkpoint_dir is not None and (executor or sess.backend.default_executor) == "sim":
+            # The hosts are local processes: the directory is this machine's, where the user typed it
+            # (on SSH hosts a relative path is the host's own, relative to the program's directory).
+            request = dataclasses.replace(request, checkpoint_dir=params.local_path(checkpoint_dir))
         launcher = Launcher(sess)
         prepared = launcher.prepare(request)
         if is_dry_run(ctx, dry_run):
@@ -253,9 +247,10 @@ def run(
             started = _start_detached(sess, prepared.run_id)
             _render_detached(out, prepared.run_id, started)
             return
-        with _stop_hosts_on_termination(), out.progress(f"run {prepared.run_id}") as prog:
+        with stop_hosts_on_termination(), out.progress(f"run {prepared.run_id}") as prog:
             printer.spinner = prog
-            supervised = supervisor.run(prepared, progress=prog)
+            with resumable(prepared.run_id):
+                supervised = supervisor.run(prepared, progress=prog)
     _render_result(out, supervised)
 
 
@@ -276,16 +271,20 @@ def _render_result(out: Output, supervised: SupervisedResult) -> None:
     recovered = ""
     if supervised.preemptions:
         n = len(supervised.preemptions)
-        recovered = (
-            f"; recovered from {n} preemption{'s' if n != 1 else ''} "
-            f"({summary.get('steps_recomputed', 0)} steps recomputed"
+        recovered = f"; recovered from {n} preemption{'s' if n != 1 else ''} " + (
+            f"({summary['steps_recomputed']} steps recomputed"
             + (f", goodput {summary['goodput']:.0%}" if summary.get("goodput") is not None else "")
             + ")"
+            if summary.get("steps_recomputed") is not None
+            else f"(steps recomputed, goodput and waste: {UNKNOWN_STEPS})"
         )
     if supervised.restarts:
         recovered += f"; {supervised.restarts} restart{'s' if supervised.restarts != 1 else ''}"
     out.out.print(
-        f"[green]run {result.run_id} succeeded[/] on {result.pod} ({result.zone}, {result.hosts} hosts) "
+        f"[green]run {result.run_id} succeeded[/] on {result.pod} ({result.zone}, {result.hosts} hosts, "
+        f"{result.capacity}, "
+        + ("price unknown" if result.price_per_hour is None else f"{result.price_per_hour:.2f} USD/h")
+        + ") "
         f"in {result.duration_s:.1f} s"
         + recovered
         + (f"; {result.pod} deleted" if result.deleted_pod else "")
@@ -381,9 +380,12 @@ def _run_dict(record: RunRecord) -> dict[str, Any]:
         "exit_code": record.exit_code,
         "created_at": iso(record.created_at),
         "ended_at": iso(record.ended_at),
-        "duration_s": None if record.ended_at is None else round(record.ended_at - record.created_at, 3),
+        "duration_s": None
+        if record.ended_at is None or (record.detail or {}).get("never_started")
+        else round(record.ended_at - record.created_at, 3),
         "restarts": record.restarts,
         "preemptions": record.preemptions,
+        "labels": dict(record.labels or {}),
         "detail": record.detail or {},
     }
 
@@ -472,8 +474,9 @@ def _description_fields(data: dict[str, Any]) -> dict[str, Any]:
     }  # fmt: skip
     fields["supervisor"] = data.get("supervisor_state")
     for key in ("steps_completed", "steps_recomputed", "goodput", "productive_step_s", "wall_s"):
-        fields[key] = recovery.get(key)
-    for key in ("hosts", "executor", "checkpoint_dir", "log_dir"):
+        unknown = recovery.get("steps_reported") is False and key != "wall_s"
+        fields[key] = UNKNOWN_STEPS if unknown else recovery.get(key)
+    for key in ("hosts", "executor", "checkpoint_dir", "log_dir", "error"):
         if key in detail:
             fields[key] = detail[key]
     fields.update(ending_fields(data))
@@ -614,7 +617,7 @@ def resume_run(
         supervisor = Supervisor(
             sess, observer=printer, policy=policy, budget_usd=chosen_budget, warn=out.warn
         )
-        with _stop_hosts_on_termination(), out.progress(f"resume {run_id}") as prog:
+        with stop_hosts_on_termination(), out.progress(f"resume {run_id}") as prog:
             printer.spinner = prog
             supervised = supervisor.supervise(prepared, progress=prog, resume=True)
     _render_result(out, supervised)
@@ -693,7 +696,7 @@ def supervise_run(
         if note:
             out.warn(note)
         supervisor = Supervisor(sess, observer=printer, policy=policy, budget_usd=budget, warn=out.warn)
-        with _stop_hosts_on_termination():
+        with stop_hosts_on_termination(), resumable(prepared.run_id):
             supervised = supervisor.supervise(prepared, resume=resume)
     _render_result(out, supervised)
 
@@ -771,7 +774,7 @@ def bench_step(
         printer = _Printer(out, accel.hosts)
         collector = BenchCollector(printer if not out.machine else None)
         launcher = Launcher(sess, observer=collector)
-        with _stop_hosts_on_termination(), out.progress(f"bench step on {accel.friendly_name}") as prog:
+        with stop_hosts_on_termination(), out.progress(f"bench step on {accel.friendly_name}") as prog:
             printer.spinner = prog
             result = launcher.run_prepared(prepared, progress=prog)
     if collector.result is None:

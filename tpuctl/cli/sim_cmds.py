@@ -116,11 +116,10 @@ def reset(
     yes: Annotated[bool, typer.Option("-y", "--yes", help="Do not ask for confirmation.")] = False,
 ) -> None:
     """Forget every simulated node, queued resource and operation (the ledger is kept)."""
-    from tpuctl.cli.context import assume_yes
+    from tpuctl.cli.context import confirm
 
     out = make_output(ctx, None)
-    if not assume_yes(ctx, yes):
-        typer.confirm("reset the simulator, deleting every simulated slice?", abort=True)
+    confirm(ctx, yes, "reset the simulator, deleting every simulated slice?", out)
     with _admin(ctx) as admin:
         admin.reset()
     out.note("simulator reset")
@@ -164,10 +163,13 @@ def stockout(
     clear: Annotated[bool, typer.Option("--clear", help="End the stockout.")] = False,
 ) -> None:
     """Make a simulated zone have no capacity (or restore it with --clear)."""
-    from tpuctl.catalog import validate_zone
+    from tpuctl import params
+    from tpuctl.catalog import Catalog
 
     out = make_output(ctx, None)
-    validate_zone(zone, field_name="ZONE")
+    params.zone(zone, "ZONE")
     with _admin(ctx) as admin:
+        # The catalog's zones and the world's: a typo must not "succeed" on a zone nothing offers.
+        params.zone(zone, "ZONE", known={*Catalog.load().zones(), *admin.world().get("zones", {})})
         admin.stockout(zone, clear=clear)
     out.note(f"{zone}: " + ("stockout cleared" if clear else "stocked out"))

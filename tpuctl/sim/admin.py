@@ -12,7 +12,7 @@ from typing import Any, TypedDict, cast
 
 import httpx
 
-from tpuctl.errors import CloudError, NotFoundError
+from tpuctl.errors import CloudError, NotFoundError, UnreachableError
 
 
 class SimAdminError(CloudError):
@@ -201,7 +201,14 @@ class SimAdminClient:
     # --- plumbing --------------------------------------------------------------------------------
 
     def _call(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
-        response = self._http.request(method, path, **kwargs)
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise UnreachableError(
+                f"no simulator answers at {self.base_url} ({exc})",
+                fix="start one with `tpuctl sim serve` (it prints the URL), or unset TPUCTL_SIM_URL to use "
+                "an in-process simulator",
+            ) from None
         try:
             data = response.json()
         except ValueError:

@@ -196,3 +196,27 @@ def test_the_lease_is_exclusive_and_dies_with_its_holder(tmp_path: Path) -> None
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=10)
+
+
+def test_a_preemption_note_promises_only_a_checkpoint_that_exists() -> None:
+    from tpuctl.services.run.accounting import Progress
+
+    silent = Progress()  # a program with no step events
+    assert (
+        silent.checkpoint_note(None, None)
+        == "no checkpoint on the way out, and none known: the program starts over"
+    )
+    assert silent.checkpoint_note(None, 10) == silent.checkpoint_note(None, None)  # no step ever reached 10
+    assert not silent.reports_steps and silent.attempt_recomputed_known is None
+    assert silent.checkpoint_note(40, None) == "checkpoint at step 40"
+    stepping = Progress()
+    for step in range(1, 13):
+        stepping.on_event({"event": "step", "step": step, "dt": 0.1}, at=float(step))
+    assert stepping.checkpoint_note(None, 5) == (
+        "no checkpoint on the way out; the newest periodic one (every 5 steps) will do"
+    )
+    assert stepping.checkpoint_note(None, 20).endswith("none known: the program starts over")
+    assert stepping.attempt_recomputed_known == 0
+    restored = Progress()
+    restored.on_event({"event": "start", "step": 8, "restored": 8}, at=0.0)
+    assert "step 8 or later" in restored.checkpoint_note(None, None)

@@ -107,6 +107,24 @@ def run_info(reader: LedgerReader, lines: list[CostLine]) -> None:
             line.info = info[line.key]
 
 
+def mark_unknown_steps(reader: LedgerReader, groups: list[dict[str, Any]]) -> None:
+    """Run groups whose program reports no steps: what they recomputed, and so their waste, is unknown
+    (null), not 0 (the supervisor records ``recovery.steps_reported`` false for them). Their quota held
+    after a preemption is still known, and counts in the totals as before."""
+    ids = [g["key"] for g in groups if g["key"] != NONE_KEY]
+    if not ids:
+        return
+    rows = reader.query(
+        "SELECT run_id FROM runs WHERE run_id IN (SELECT value FROM json_each(:ids)) "
+        "AND json_extract(detail, '$.recovery.steps_reported') = 0",
+        {"ids": json.dumps(ids)},
+    )
+    silent = {r[0] for r in rows}
+    for g in groups:
+        if g["key"] in silent:
+            g.update(steps=None, recomputed_usd=None, waste_usd=None, steps_reported=False)
+
+
 def limited(group: GroupBy, lines: list[CostLine], limit: int | None) -> list[CostLine]:
     """The ``limit`` costliest of ``lines`` (already in report order), kept in that order."""
     if limit is None or len(lines) <= limit:

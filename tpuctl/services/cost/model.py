@@ -120,7 +120,7 @@ class CostReport:
         return [
             CostLine(
                 str(g["key"]),
-                **{name: g[name] for name in FIGURE_FIELDS},
+                **{name: _unknown_as_zero(g[name]) for name in FIGURE_FIELDS},
                 info={k: v for k, v in g.items() if k not in figures},
             )
             for g in self.groups
@@ -135,7 +135,7 @@ class CostReport:
         rest.add(self.totals)
         for g in self.groups:
             for name in FIGURE_FIELDS[1:]:  # not slices: a slice may count in several groups
-                setattr(rest, name, getattr(rest, name) - g[name])
+                setattr(rest, name, getattr(rest, name) - _unknown_as_zero(g[name]))
         rest.slices = 0
         return rest
 
@@ -179,3 +179,9 @@ class CostReport:
         name = self.group_by.name
         columns = self.csv_columns()[1:]
         return [[name, *(g.get(c) for c in columns)] for g in self.groups]
+
+
+def _unknown_as_zero(value: Any) -> Any:
+    """A group's figure for arithmetic: None (unknown: a run whose program reports no steps; the group's
+    ``steps_reported`` says so) counts as nothing, as it does in the totals."""
+    return 0.0 if value is None else value

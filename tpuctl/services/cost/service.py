@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tpuctl.services.cost.aggregate import Query, aggregate_lines
-from tpuctl.services.cost.details import dedupe, limited, run_info, slice_info
+from tpuctl.services.cost.details import dedupe, limited, mark_unknown_steps, run_info, slice_info
 from tpuctl.services.cost.item_report import item_report
 from tpuctl.services.cost.model import CostLine, CostReport
 from tpuctl.services.cost.pricing import Pricer
@@ -109,6 +109,8 @@ class CostService:
                     totals.add(line)
                 groups_total = len(lines)
                 groups = [line.to_dict() for line in limited(group, lines, limit)]
+            if group.kind == "run":
+                mark_unknown_steps(reader, groups)
         preemptions, free, total_slices = counts
         totals.key = "total"
         totals.slices = total_slices

@@ -141,6 +141,28 @@ class Progress:
             self.done = True
 
     @property
+    def reports_steps(self) -> bool:
+        """Whether the program reports steps at all (step events); if not, recomputed work is unknown,
+        not zero."""
+        return self.last_step is not None
+
+    @property
+    def attempt_recomputed_known(self) -> int | None:
+        """This attempt's recomputed steps; None (unknown) for a program that reports no steps."""
+        return self.attempt_recomputed if self.reports_steps else None
+
+    def checkpoint_note(self, checkpoint_step: int | None, checkpoint_every: int | None) -> str:
+        """What a preempted attempt leaves to resume from, saying only what is known to exist."""
+        if checkpoint_step is not None:
+            return f"checkpoint at step {checkpoint_step}"
+        fallback = "no checkpoint on the way out; the newest periodic one"
+        if self.restored is not None:
+            return f"{fallback} (step {self.restored} or later) will do"
+        if checkpoint_every is not None and (self.last_step or 0) >= checkpoint_every:
+            return f"{fallback} (every {checkpoint_every} steps) will do"
+        return "no checkpoint on the way out, and none known: the program starts over"
+
+    @property
     def attempt_steps(self) -> int | None:
         if self.attempt_last is None or self.first_step is None:
             return None
@@ -172,10 +194,12 @@ def recovery_summary(
         "preemptions": [p.to_dict() for p in preemptions],
         "preemption_count": len(preemptions),
         "restarts": restarts,
+        # Unknown (None), not 0, for a program that reports no steps (no step events).
+        "steps_reported": progress.reports_steps,
         "steps_completed": final_step,
-        "steps_recomputed": progress.recomputed,
+        "steps_recomputed": progress.recomputed if progress.reports_steps else None,
         "checkpoint_fallbacks": progress.fallbacks,
-        "productive_step_s": round(productive, 4),
+        "productive_step_s": round(productive, 4) if progress.step_dt else None,
         "computed_step_s": round(progress.computed_s, 4),
         "wall_s": _round(wall),
         # Unknown (None) for a program that reports no steps: there is nothing to call productive.

@@ -63,6 +63,7 @@ def load_request(log_dir: Path) -> tuple[RunRequest, float | None, RecoveryPolic
     raw["capacity_types"] = _capacity_types(raw)
     for key in ("args", "env"):
         raw[key] = tuple(raw.get(key) or ())
+    raw["labels"] = {str(k): str(v) for k, v in (raw.get("labels") or {}).items()}
     names = {f.name for f in dataclasses.fields(RunRequest)}
     request = RunRequest(**{k: v for k, v in raw.items() if k in names})
     policy_raw = payload.get("policy") or {}
@@ -84,7 +85,8 @@ def _capacity_types(raw: dict[str, Any]) -> tuple[CapacityType, ...]:
 def _settings_env(session: Session) -> dict[str, str]:
     """The settings a background supervisor must share with the command that started it."""
     settings = session.settings
-    env = {"TPUCTL_STATE_DIR": str(session.state_dir)}
+    # Paths absolute, as the user meant them: the supervisor starts in the run's log directory.
+    env = {"TPUCTL_STATE_DIR": str(session.state_dir.absolute())}
     for name, value in (
         ("TPUCTL_PROFILE", settings.profile),
         ("TPUCTL_PROJECT", settings.project),
@@ -99,7 +101,7 @@ def _settings_env(session: Session) -> dict[str, str]:
         ("TPUCTL_SIM_WORLD", settings.sim_world),
     ):
         if value is not None:
-            env[name] = str(value)
+            env[name] = str(value.absolute() if isinstance(value, Path) else value)
     return env
 
 
@@ -117,18 +119,23 @@ def start_detached(
     log_path = private_file(log_dir / SUPERVISOR_LOG)
     env = {**os.environ, **_settings_env(session)}
     argv = [sys.executable, "-m", "tpuctl", "runs", "supervise", run_id] + (["--resume"] if resume else [])
-    with log_path.open("ab") as log:
-        proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=str(log_dir),
-            # A new session: no controlling terminal, so closing the terminal (SIGHUP) or Ctrl-C in it
-            # does not reach the supervisor.
-            start_new_session=True,
-        )
+    try:
+        with log_path.open("ab") as log:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=str(log_dir),
+                # A new session: no controlling terminal, so closing the terminal (SIGHUP) or Ctrl-C in it
+                # does not reach the supervisor.
+                start_new_session=True,
+            )
+    except OSError as exc:
+        raise _not_started(
+            session, run_id, f"the background supervisor could not start: {exc}", log_path
+        ) from exc
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         holder = lease_holder(log_dir)
@@ -136,13 +143,20 @@ def start_detached(
             return {"pid": proc.pid, "log": str(log_path)}
         if proc.poll() is not None:
             tail = log_path.read_text(encoding="utf-8", errors="replace")[-2000:]
-            raise TpuctlError(
-                f"the background supervisor of run {run_id} exited at once (status {proc.returncode}): "
-                f"{tail.strip()}",
-                fix=f"see {log_path}",
-            )
+            reason = f"the background supervisor exited at once (status {proc.returncode}): {tail.strip()}"
+            raise _not_started(session, run_id, reason, log_path)
         time.sleep(0.05)
     return {"pid": proc.pid, "log": str(log_path), "lease": "not yet taken"}
+
+
+def _not_started(session: Session, run_id: str, reason: str, log_path: Path) -> TpuctlError:
+    """Record that ``run_id``'s supervisor never started (the run is FAILED with the reason, not left
+    PENDING forever: nothing will ever take it up) and return the error to raise."""
+    record = session.ledger.get_run(run_id)
+    if record is not None and not RunStatus(record.status).finished:
+        detail = {**(record.detail or {}), "error": reason, "never_started": True, "supervisor": None}
+        session.ledger.update_run(run_id, status=RunStatus.FAILED, detail=detail)
+    return TpuctlError(f"run {run_id}: {reason}", fix=f"see {log_path}")
 
 
 def resume_prepared(
@@ -221,6 +235,8 @@ def cancel_run(session: Session, run_id: str, *, wait_s: float = 120.0) -> dict[
                     record.pod, zone=record.zone, wait=True, reason=f"cancel of run {run_id}"
                 )
                 deleted = record.pod
+        if status is RunStatus.PENDING and not ledger.segments(run_id):
+            detail["never_started"] = True  # it has no duration to show
         detail.update(supervisor=None, cancelled_by="runs cancel (no live supervisor)")
         ledger.update_run(run_id, status=RunStatus.CANCELLED, exit_code=130, detail=detail)
         return {

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import signal
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -85,6 +86,8 @@ class RunRequest:
     example: str | None = None
     workdir: str | None = None
     env: tuple[str, ...] = ()  # "KEY=VALUE" pairs
+    #: The run's labels (``--label``, checked by ``tpuctl.params.labels``): on the run and on its slice.
+    labels: Mapping[str, str] = field(default_factory=dict)
     pod: str | None = None
     accelerator_type: str | None = None
     zone: str | None = None
@@ -209,6 +212,8 @@ class RunResult:
     bundle_sha256: str
     shipped_hosts: int
     deleted_pod: bool
+    capacity: str | None = None  # the last slice's capacity type
+    price_per_hour: float | None = None  # its price, USD per hour (None: unknown)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -223,6 +228,8 @@ class RunResult:
             "bundle_sha256": self.bundle_sha256,
             "shipped_hosts": self.shipped_hosts,
             "deleted_pod": self.deleted_pod,
+            "capacity": self.capacity,
+            "price_per_hour": self.price_per_hour,
         }
 
 

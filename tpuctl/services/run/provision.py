@@ -17,9 +17,11 @@ from tpuctl.cloud.base import LABEL_RUN, Node, OperationProgress
 from tpuctl.errors import NotFoundError, UsageError
 from tpuctl.services.run import hosts
 from tpuctl.services.run.model import LaunchObserver, PreparedRun, RunRequest, Target
+from tpuctl.services.run.occupancy import refuse_second_run
 from tpuctl.store.records import SegmentKind
 
 if TYPE_CHECKING:
+    from tpuctl.services.attempts import Placement
     from tpuctl.services.placement import PlacementRequest
     from tpuctl.services.session import Session
 
@@ -27,7 +29,7 @@ if TYPE_CHECKING:
 def target(session: Session, request: RunRequest, run_id: str) -> Target:
     """Where ``request`` runs: the ``--pod`` slice (READY, of a known type) or a slice of ``--type``."""
     if request.pod is not None:
-        return _existing(session, request)
+        return _existing(session, request, run_id)
     if request.accelerator_type is None:
         raise UsageError(
             "say where to run: --pod NAME (an existing slice) or --type TYPE (a new one)",
@@ -42,12 +44,12 @@ def target(session: Session, request: RunRequest, run_id: str) -> Target:
         request.accelerator_type,
         zones=[request.zone] if request.zone else (),
         capacity_types=request.capacity_types,
-        labels={LABEL_RUN: run_id},
+        labels={**request.labels, LABEL_RUN: run_id},
     )
     return Target(accelerator=placement.accelerator, placement=placement)
 
 
-def _existing(session: Session, request: RunRequest) -> Target:
+def _existing(session: Session, request: RunRequest, run_id: str) -> Target:
     assert request.pod is not None
     if request.accelerator_type is not None:
         raise UsageError(
@@ -64,6 +66,7 @@ def _existing(session: Session, request: RunRequest) -> Target:
             value=request.pod,
             fix="wait until `tpuctl pod list` shows it READY, or run with --type to create a slice",
         )
+    refuse_second_run(session, node.name, node.zone, run_id)
     try:
         accel = session.catalog.resolve(node.accelerator_type)
     except UsageError as exc:
@@ -141,38 +144,54 @@ def provision(
         capacity=target.capacity,
         detail=detail,
     )
-    accel = target.accelerator
-    where = f"in {target.zone}" if target.zone else "where the allocator finds room"
-    observer.status(f"creating {target.name} ({accel.api_name}, {accel.hosts} hosts) {where}")
     try:
-        node = _create(session, prepared, progress, prefer_zone)
+        placed = _create(session, observer, prepared, progress, prefer_zone)
     except BaseException as exc:
         failed = {**(detail or {}), "error": str(exc) or type(exc).__name__}
         ledger.close_segment(segment, end=session.clock(), detail=failed)
         raise
+    node: Node = placed.nodes[0]
     ledger.close_segment(segment, end=session.clock())
     ledger.update_segment(segment, pod=node.name, zone=node.zone, capacity=node.capacity)
-    observer.status(f"{node.name} is {node.state} in {node.zone}")
+    observer.status(
+        f"{node.name} is {node.state} in {node.zone} "
+        f"({_terms(node.capacity.value, placed.candidate.price_per_hour)})"
+    )
     return node
 
 
-def _create(
-    session: Session, prepared: PreparedRun, progress: OperationProgress | None, prefer_zone: str | None
-) -> Node:
-    target = prepared.target
-    if target.placement is not None:
-        from tpuctl.services.allocator import Allocator
+def _terms(capacity: str, price_per_hour: float | None) -> str:
+    """``spot, 4.80 USD/h``: what a slice costs, said wherever one is created."""
+    return f"{capacity}, " + ("price unknown" if price_per_hour is None else f"{price_per_hour:.2f} USD/h")
 
-        allocator = Allocator(session)
-        placement = _with_host_metadata(session, prepared, plan=False)
-        plan = allocator.plan(placement)
-        if prefer_zone is not None:
-            first = [c for c in plan.order if c.zone == prefer_zone]
-            plan = dataclasses.replace(
-                plan, order=[*first, *(c for c in plan.order if c.zone != prefer_zone)]
-            )
-        return allocator.place(placement, progress=progress, plan=plan).nodes[0]
-    raise AssertionError("provision() of a run on an existing slice")
+
+def _create(
+    session: Session,
+    observer: LaunchObserver,
+    prepared: PreparedRun,
+    progress: OperationProgress | None,
+    prefer_zone: str | None,
+) -> Placement:
+    from tpuctl.services.allocator import Allocator
+
+    target = prepared.target
+    if target.placement is None:
+        raise AssertionError("provision() of a run on an existing slice")
+    allocator = Allocator(session)
+    placement = _with_host_metadata(session, prepared, plan=False)
+    plan = allocator.plan(placement)
+    if prefer_zone is not None:
+        first = [c for c in plan.order if c.zone == prefer_zone]
+        plan = dataclasses.replace(plan, order=[*first, *(c for c in plan.order if c.zone != prefer_zone)])
+    accel = target.accelerator
+    best = plan.order[0] if plan.order else None
+    where = (
+        f"first choice {best.zone} ({_terms(best.capacity.value, best.price_per_hour)})"
+        if best is not None
+        else "where the allocator finds room"
+    )
+    observer.status(f"creating {target.name} ({accel.api_name}, {accel.hosts} hosts); {where}")
+    return allocator.place(placement, progress=progress, plan=plan)
 
 
 def _with_host_metadata(session: Session, prepared: PreparedRun, *, plan: bool) -> PlacementRequest:

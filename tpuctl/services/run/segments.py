@@ -61,7 +61,7 @@ class Segments:
             self._session.ledger.update_segment(
                 self.running,
                 steps_completed=self._progress.attempt_steps,
-                steps_recomputed=self._progress.attempt_recomputed,
+                steps_recomputed=self._progress.attempt_recomputed_known,
             )
 
     def describe_running(self, detail: Mapping[str, Any]) -> None:

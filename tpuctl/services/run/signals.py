@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tpuctl.cloud.base import DEAD_NODE_STATES, Node
-from tpuctl.errors import NotFoundError
+from tpuctl.errors import BudgetExceededError, NotFoundError
 from tpuctl.runtime.preemption import PREEMPTED_EXIT_CODE, parse_event
 from tpuctl.services.run.accounting import Progress
 from tpuctl.services.run.model import AttemptResult, LaunchObserver, Outcome, RecoveryPolicy
@@ -151,6 +151,9 @@ class StepBudget:
         self._step_s = 0.0
         self.warned = False
         self.decision: BudgetDecision | None = None
+        #: What the run spent in the end, from the ledger (``final_error``); None until it ended.
+        self.spent_usd: float | None = None
+        self.stopped_at: float | None = None  # when the guard said stop
 
     def refresh(self) -> None:
         from tpuctl.services.budget import BudgetGuard
@@ -193,8 +196,26 @@ class StepBudget:
             self._warn(decision.message)
         elif decision.action is Action.STOP:
             self.decision = decision
+            self.stopped_at = time.time()
             return decision
         return None
+
+    def final_error(self, *, run_id: str) -> BudgetExceededError:
+        """The error that ends the run once its slice is gone, with what it actually spent: the ledger's
+        figure (billed to the slice's deletion, a program that ignored the stop included), not the
+        figure at the moment the guard said stop."""
+        assert self.decision is not None
+        self.refresh()
+        with self._lock:
+            assert self._guard is not None
+            spent = self._guard.spent()
+        self.spent_usd = spent
+        limit = self.decision.limit_usd
+        return BudgetExceededError(
+            f"run {run_id} stopped at its budget: spent {spent:.4f} of {limit or 0:.4f} USD "
+            f"({self.decision.spent_usd:.4f} when it was stopped: {self.decision.message})",
+            fix="raise --budget (or --max-hours), or resume from the last checkpoint with a new budget",
+        )
 
 
 def classify(

@@ -47,6 +47,7 @@ from tpuctl.errors import (
     InterruptedByUser,
     NotFoundError,
     RunFailedError,
+    SliceDeletedError,
     TpuctlError,
     UsageError,
 )
@@ -68,6 +69,7 @@ from tpuctl.services.run.model import (
     describe_exit,
     exit_status,
 )
+from tpuctl.services.run.occupancy import deletion_of
 from tpuctl.services.run.provision import renamed
 from tpuctl.services.run.segments import Segments
 from tpuctl.services.run.signals import EventTap, SliceWatch, StepBudget, classify
@@ -165,6 +167,7 @@ class Supervisor:
         self._stop_reason: Outcome | None = None  # set when we stop the hosts ourselves
         self._stopper: threading.Thread | None = None
         self._budget: StepBudget | None = None
+        self._grace_s: float | None = None  # the run's --grace: how long a budget stop waits for SIGTERM
         self._lease: Lease | None = None
         self._cancel = threading.Event()
         self._notice_seen_at: float | None = None  # when the supervisor read this attempt's notice
@@ -198,6 +201,7 @@ class Supervisor:
             zone=target.zone,
             accelerator_type=target.accelerator.api_name,
             capacity=target.capacity,
+            labels=prepared.request.labels,
             detail={
                 "hosts": target.accelerator.hosts,
                 "bundle_sha256": prepared.bundle.digest,
@@ -226,12 +230,14 @@ class Supervisor:
     ) -> SupervisedResult:
         """Run (or, with ``resume``, take over and continue) a run already in the ledger."""
         self._run_id = prepared.run_id
+        self._grace_s = prepared.request.grace_s
         self._take_lease(prepared)
         record = self._session.ledger.get_run(prepared.run_id)
         assert record is not None
         run = _Run(started=time.monotonic(), wall_start=record.created_at, node=prepared.target.node)
         if self._budget_usd is not None:
-            margin_s = self.policy.budget_margin_s or 0.0
+            # Stopping takes up to --grace (SIGTERM, then SIGKILL) before the slice is deleted.
+            margin_s = (self.policy.budget_margin_s or 0.0) + prepared.request.grace_s
             self._budget = StepBudget(self._session, prepared.run_id, self._budget_usd, margin_s, self._warn)
         failure: BaseException | None = None
         try:
@@ -254,6 +260,10 @@ class Supervisor:
                 if self._lease is not None:
                     self._lease.release()
                     self._lease = None
+        if isinstance(failure, BudgetExceededError) and self._budget is not None and self._budget.decision:
+            failure = self._budget.final_error(run_id=prepared.run_id)
+            final = {"spent_usd": self._budget.spent_usd, "stopped_at": self._budget.stopped_at}
+            self._update_detail(budget={**self._budget.decision.to_dict(), **final})
         if failure is not None:
             raise failure
         return self._result(prepared, run, summary)
@@ -354,6 +364,14 @@ class Supervisor:
         """The slice was preempted: free it and go on on a new one, while ``max_preemptions`` allows."""
         assert attempt.preemption is not None and run.node is not None
         record, node, run_id = attempt.preemption, run.node, prepared.run_id
+        deleted = deletion_of(self._session.ledger, run_id)
+        if deleted is not None:  # the user deleted the slice: the run stops, nothing to recover from
+            run.end(RunStatus.CANCELLED, SliceDeletedError.exit_code)
+            raise SliceDeletedError(
+                f"run {run_id}: slice {node.name} ({node.zone}) was deleted ({deleted.get('by')}) while the "
+                "run was on it; stopped",
+                fix=f"resume it on a new slice with `tpuctl runs resume {run_id}`",
+            )
         self.preemptions.append(record)
         self._session.ledger.update_run(
             run_id, preemptions=len(self.preemptions), status=RunStatus.RECOVERING
@@ -444,6 +462,10 @@ class Supervisor:
                 bundle_sha256=prepared.bundle.digest,
                 shipped_hosts=sum(1 for s in result.shipped if s.shipped),
                 deleted_pod=run.deleted,
+                capacity=run.current.capacity.value,
+                price_per_hour=self._session.catalog.price_per_hour(
+                    prepared.target.accelerator, run.current.zone, run.current.capacity
+                ),
             ),
             preemptions=self.preemptions,
             restarts=self.restarts,
@@ -560,7 +582,9 @@ class Supervisor:
         assert self._budget is not None and self._budget.decision is not None
         if self._stop_reason is None:
             self._inner.status(f"budget: {self._budget.decision.message}; checkpointing and stopping")
-        self._stop_hosts(Outcome.BUDGET)
+        # SIGKILL at the end of --grace, then the slice goes: a program that ignores SIGTERM must not
+        # keep spending past the budget for the minute a preemption's checkpoint may take.
+        self._stop_hosts(Outcome.BUDGET, grace_s=self._grace_s)
 
     def _stop_hosts(self, reason: Outcome, grace_s: float | None = None) -> None:
         """Tell every host to stop (SIGTERM: the runtime checkpoints at the next common step; SIGKILL after
@@ -606,7 +630,7 @@ class Supervisor:
 
     def _after_attempt(self, attempt: _Attempt) -> None:
         """Close the attempt's last segment with its step counts; note where a recovery resumed."""
-        recomputed = self.progress.attempt_recomputed
+        recomputed = self.progress.attempt_recomputed_known
         self._segments.record_steps()  # the running segment of this attempt carries its step counts
         previous = self.preemptions[-1] if self.preemptions else None
         if previous is not None and previous.resumed_at is None and self.progress.first_step_at is not None:
@@ -642,11 +666,7 @@ class Supervisor:
             node,
             detail={"preemption": record.number, "kind": record.kind, "source": record.source},
         )
-        what = (
-            f"checkpoint at step {record.checkpoint_step}"
-            if record.checkpoint_step is not None
-            else "no checkpoint on the way out (the last periodic one will do)"
-        )
+        what = self.progress.checkpoint_note(record.checkpoint_step, prepared.request.checkpoint_every)
         self._inner.status(f"{node.name} ({node.zone}) was preempted [{record.kind}, {what}]; deleting it")
         with contextlib.suppress(Exception):  # the ledger view must not block the recovery
             self._session.ledger.record_event(

@@ -1,0 +1,65 @@
+"""`tpuctl doctor` (tpuctl/services/doctor.py): every check runs and is shown, a failure does not hide
+the others, and the exit code is the first failure's own."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tpuctl.testing.cli import Cli
+
+CHECKS = ["config file", "profile", "backend", "credentials", "project", "api reachable", "quotas readable",
+          "state dir", "ledger"]  # fmt: skip
+
+
+def test_doctor_on_the_simulator_passes_every_check(cli: Cli, tmp_path: Path) -> None:
+    config = tmp_path / "tpuctl.yaml"
+    config.write_text("profiles:\n  lab:\n    zones: [us-central1-a]\n")
+    result = cli("--config", str(config), "--profile", "lab", "doctor", "-o", "json")
+    assert result.code == 0, result.stderr
+    doc = result.json
+    assert [c["check"] for c in doc["checks"]] == CHECKS
+    assert all(c["status"] == "ok" for c in doc["checks"]) and doc["ok"] is True
+    detail = {c["check"]: c["detail"] for c in doc["checks"]}
+    assert detail["config file"] == str(config)  # which file, and which profile, are in use
+    assert detail["profile"] == "lab"
+    assert detail["backend"] == "sim" and detail["project"] == "tpuctl-sim"
+    table = cli("doctor")
+    assert table.code == 0 and "quotas readable" in table.stdout
+
+
+def test_doctor_without_credentials_on_gcp_shows_the_whole_table_and_exits_13(
+    cli: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TPUCTL_PROJECT", "my-project")
+    result = cli("doctor", "-o", "json")
+    assert result.code == 13, result.stderr
+    doc = result.json
+    status = {c["check"]: c["status"] for c in doc["checks"]}
+    assert [c["check"] for c in doc["checks"]] == CHECKS
+    assert status == {
+        "config file": "ok", "profile": "ok", "backend": "ok", "credentials": "FAIL", "project": "ok",
+        "api reachable": "skipped", "quotas readable": "skipped", "state dir": "ok", "ledger": "ok",
+    }  # fmt: skip
+    failed = next(c for c in doc["checks"] if c["status"] == "FAIL")
+    assert "credentials" in failed["detail"] and "gcloud auth application-default login" in failed["fix"]
+    assert doc["ok"] is False
+    table = cli("doctor")
+    assert table.code == 13
+    assert "FAIL" in table.stdout and "skipped" in table.stdout and "state dir" in table.stdout
+
+
+def test_an_unreachable_simulator_url_is_its_own_error_not_an_internal_one(
+    cli: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TPUCTL_SIM_URL", "http://127.0.0.1:9")
+    listed = cli("pod", "list", "-o", "json")
+    assert listed.code == 15, listed.stderr
+    assert listed.json["error"] == "unreachable"
+    assert "http://127.0.0.1:9" in listed.json["message"] and "internal error" not in listed.stderr
+    assert "tpuctl sim serve" in listed.json["fix"]
+    doctor = cli("doctor", "-o", "json")
+    assert doctor.code == 15
+    [failed] = [c for c in doctor.json["checks"] if c["status"] == "FAIL"]
+    assert failed["check"] == "credentials" and "no simulator answers" in failed["detail"]

@@ -1,0 +1,160 @@
+"""`tpuctl doctor`: every check of the setup, each on its own, so one failure does not hide the others.
+
+The checks run in order (config file, profile, backend, credentials, project, API, quotas, state dir,
+ledger); one that needs what an earlier one failed to give is *skipped*, not failed again. The command's
+exit code is the first failure's own (no credentials: 13), so a script learns the same thing from doctor as
+from the command that would have failed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+from tpuctl.errors import EXIT_ERROR, TpuctlError
+
+if TYPE_CHECKING:
+    from tpuctl.backends.base import Backend
+    from tpuctl.cloud.base import TpuCloud
+    from tpuctl.settings import Settings
+
+OK: Final = "ok"
+FAIL: Final = "FAIL"
+SKIPPED: Final = "skipped"
+
+
+@dataclass(frozen=True)
+class Check:
+    """One row of the report."""
+
+    check: str
+    status: str  # OK | FAIL | SKIPPED
+    detail: str
+    fix: str | None = None
+    exit_code: int | None = None  # a failure's own exit code
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"check": self.check, "status": self.status, "ok": self.status == OK, "detail": self.detail,
+                "fix": self.fix}  # fmt: skip
+
+
+@dataclass
+class Report:
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(c.status != FAIL for c in self.checks)
+
+    @property
+    def exit_code(self) -> int:
+        """0, or the first failure's exit code."""
+        return next((c.exit_code or EXIT_ERROR for c in self.checks if c.status == FAIL), 0)
+
+    def run(self, name: str, fn: Callable[[], str], *, needs: bool = True) -> bool:
+        """Run ``fn`` as check ``name`` (skipped unless ``needs``); whether it passed."""
+        if not needs:
+            self.checks.append(Check(name, SKIPPED, "needs an earlier check to pass"))
+            return False
+        try:
+            detail = fn()
+        except TpuctlError as exc:
+            self.checks.append(Check(name, FAIL, exc.message, exc.fix, exc.exit_code))
+            return False
+        except Exception as exc:  # a check reports whatever went wrong; doctor itself goes on
+            self.checks.append(Check(name, FAIL, f"{type(exc).__name__}: {exc}", None, EXIT_ERROR))
+            return False
+        self.checks.append(Check(name, OK, detail))
+        return True
+
+
+def diagnose(load_settings: Callable[[], Settings], environ: Mapping[str, str] = os.environ) -> Report:
+    """Every check, in order; ``load_settings`` builds the settings as the command would."""
+    from tpuctl.settings import default_config_path
+
+    report = Report()
+    found: dict[str, Any] = {}
+
+    def config() -> str:
+        settings = found["settings"] = load_settings()
+        path = settings.config_file or default_config_path(environ)
+        return f"{path}" + ("" if Path(path).exists() else " (not there: defaults apply)")
+
+    settings_ok = report.run("config file", config)
+    settings: Settings | None = found.get("settings")
+    report.run("profile", lambda: _profile(settings), needs=settings_ok)
+    backend_ok = report.run("backend", lambda: _backend(found, settings), needs=settings_ok)
+    closers: list[Callable[[], None]] = []
+    try:
+        cloud_ok = report.run("credentials", lambda: _credentials(found, closers), needs=backend_ok)
+        cloud: TpuCloud | None = found.get("cloud")
+        given = settings.project if settings is not None else None
+        report.run(
+            "project", lambda: given or (cloud.project if cloud else ""), needs=bool(given) or cloud_ok
+        )
+        reached = report.run(
+            "api reachable",
+            lambda: f"{len(cloud.list_zones())} zones listed" if cloud else "",
+            needs=cloud_ok,
+        )
+        report.run(
+            "quotas readable",
+            lambda: f"{len(cloud.quota_limits())} quota limits" if cloud else "",
+            needs=reached,
+        )
+    finally:
+        for close in reversed(closers):
+            with contextlib.suppress(Exception):
+                close()
+    state_ok = report.run("state dir", lambda: _state_dir(found, settings), needs=settings_ok)
+    report.run("ledger", lambda: _ledger(found["state_dir"]), needs=state_ok)
+    return report
+
+
+def _profile(settings: Settings | None) -> str:
+    assert settings is not None
+    return settings.profile or "default (none chosen)"
+
+
+def _backend(found: dict[str, Any], settings: Settings | None) -> str:
+    from tpuctl.backends import open_backend
+
+    assert settings is not None
+    backend: Backend = open_backend(settings)
+    found["backend"] = backend
+    where = f" at {settings.sim_url}" if settings.sim_url else ""
+    return f"{backend.name}{where}"
+
+
+def _credentials(found: dict[str, Any], closers: list[Callable[[], None]]) -> str:
+    from tpuctl.store.paths import ensure_private_dir
+
+    backend: Backend = found["backend"]
+    settings: Settings = found["settings"]
+    cloud = backend.open_cloud(ensure_private_dir(settings.resolved_state_dir), closers)
+    closers.append(cloud.close)
+    found["cloud"] = cloud
+    return f"found, for {cloud.endpoint}"
+
+
+def _state_dir(found: dict[str, Any], settings: Settings | None) -> str:
+    from tpuctl.store.paths import ensure_private_dir
+
+    assert settings is not None
+    path = ensure_private_dir(settings.resolved_state_dir)
+    mode = path.stat().st_mode & 0o777
+    if mode & 0o077:
+        raise TpuctlError(f"state dir {path} is readable by others (mode {mode:o})", fix=f"chmod 700 {path}")
+    found["state_dir"] = path
+    return f"{path} (mode {mode:o})"
+
+
+def _ledger(state_dir: Path) -> str:
+    from tpuctl.store.ledger import Ledger
+
+    with Ledger(state_dir) as ledger:
+        return str(ledger.integrity_check())
