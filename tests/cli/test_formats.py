@@ -48,7 +48,10 @@ def test_pod_describe_reads_as_words_and_refuses_csv(cli: Cli) -> None:
     out = shown.stdout
     assert re.search(r"price_per_chip_hour\s+1\.20 USD/chip-hour", out)
     assert re.search(r"price_per_hour\s+19\.20 USD/hour", out)
-    assert re.search(r"labels\s+managed-by=tpuctl, tpuctl-owner=\S+, tpuctl-request=[0-9a-f]+", out)
+    assert re.search(
+        r"labels\s+managed-by=tpuctl, tpuctl-ledger=[0-9a-f]{16}, tpuctl-owner=\S+, tpuctl-request=[0-9a-f]+",
+        out,
+    )
     assert re.search(r"created_at\s+\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", out)
     hosts = [line.split() for line in out.splitlines() if re.match(r"^\d\s+127\.0\.0\.1\s+\d+$", line)]
     assert [h[0] for h in hosts] == ["0", "1", "2", "3"]
