@@ -38,6 +38,7 @@ import sys
 import tempfile
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +104,13 @@ class Chaos(threading.Thread):
                     time.sleep(0.01)
         except BaseException as exc:
             self.error = exc
+
+
+def _epoch(instant: str | float) -> float:
+    """Epoch seconds of an instant of `runs describe -o json` (ISO 8601 UTC, to the millisecond)."""
+    if isinstance(instant, int | float):
+        return float(instant)
+    return datetime.fromisoformat(instant.replace("Z", "+00:00")).timestamp()
 
 
 def one_run(
@@ -181,7 +189,7 @@ def one_run(
             "preempted_after_step": fired["after_step"],
             "checkpoint_step": p.get("checkpoint_step"),
             "steps_recomputed": p.get("steps_recomputed"),
-            "detection_latency_s": round(p["detected_at"] - fired["at"], 3),
+            "detection_latency_s": round(_epoch(p["detected_at"]) - fired["at"], 3),
             "recovery_s": recovery_s,
             "provisioning_s": provisioning,
             "startup_s": startup,
