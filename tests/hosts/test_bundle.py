@@ -204,3 +204,19 @@ def test_unchanged_bundle_is_not_shipped_again(tmp_path: Path) -> None:
     assert [r.shipped for r in executor.ship(changed)] == [True, True, True]
     assert (executor.bundle_dir(0, changed.digest) / "train.py").read_text() == "print(2)\n"
     executor.close()
+
+
+def test_tpuctls_state_dir_inside_the_workdir_is_never_shipped(tmp_path: Path) -> None:
+    # A state dir below the workdir (TPUCTL_STATE_DIR=./state): its ledger, keys and live SQLite files
+    # are no program's files.
+    work = tmp_path / "proj"
+    (work / "state" / "tpuctl" / "ssh").mkdir(parents=True)
+    (work / "state" / "tpuctl" / "ledger.db").write_bytes(b"SQLite format 3\x00")
+    (work / "state" / "tpuctl" / "ssh" / "tpuctl_ed25519").write_text("PRIVATE KEY")
+    (work / "train.py").write_text("print('hi')\n")
+    (work / "data").mkdir()
+    (work / "data" / "state.txt").write_text("kept: only the state dir itself is excluded\n")
+    bundle = build_bundle(work, exclude=(work / "state" / "tpuctl",))
+    paths = {f.path for f in bundle.files}
+    assert "train.py" in paths and "data/state.txt" in paths
+    assert not [p for p in paths if p.startswith("state/tpuctl/")]

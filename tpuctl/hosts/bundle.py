@@ -28,7 +28,7 @@ import io
 import os
 import stat
 import tarfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -196,8 +196,8 @@ class _IgnoreRules:
         return bool(verdict)
 
 
-def _walk_user_files(workdir: Path) -> Iterator[tuple[str, Path]]:
-    """(bundle path, real file) for every file of the workdir that the rules keep."""
+def _walk_user_files(workdir: Path, excluded: set[Path]) -> Iterator[tuple[str, Path]]:
+    """(bundle path, real file) for every file of the workdir that the rules keep, outside ``excluded``."""
     rules = _IgnoreRules()
     root_real = workdir.resolve()
     stack = [""]
@@ -226,7 +226,8 @@ def _walk_user_files(workdir: Path) -> Iterator[tuple[str, Path]]:
             if is_link:
                 yield rel, _checked_link(Path(entry.path), rel, root_real)
             elif is_dir:
-                subdirs.append(rel)
+                if Path(entry.path).resolve() not in excluded:
+                    subdirs.append(rel)
             elif entry.is_file(follow_symlinks=False):
                 yield rel, Path(entry.path)
             # sockets, fifos and devices are not program files: skip them silently
@@ -261,8 +262,12 @@ def _checked_link(link: Path, rel: str, root_real: Path) -> Path:
     return target
 
 
-def build_bundle(workdir: Path | None, *, limit_bytes: int = DEFAULT_LIMIT_BYTES) -> Bundle:
-    """Collect, check and hash the bundle of ``workdir`` (None: the runtime alone, for ``--example``)."""
+def build_bundle(
+    workdir: Path | None, *, limit_bytes: int = DEFAULT_LIMIT_BYTES, exclude: Sequence[Path] = ()
+) -> Bundle:
+    """Collect, check and hash the bundle of ``workdir`` (None: the runtime alone, for ``--example``).
+    Directories in ``exclude`` are never shipped, wherever they sit below the workdir (tpuctl's own state
+    dir: its ledger and keys are no program's files, and its live SQLite files come and go)."""
     pairs: list[tuple[str, Path]] = []
     if workdir is not None:
         if not workdir.is_dir():
@@ -272,7 +277,7 @@ def build_bundle(workdir: Path | None, *, limit_bytes: int = DEFAULT_LIMIT_BYTES
                 value=str(workdir),
                 fix="pass an existing directory with --workdir",
             )
-        pairs.extend(_walk_user_files(workdir))
+        pairs.extend(_walk_user_files(workdir, {p.resolve() for p in exclude}))
     pairs.extend(_runtime_files())
     pairs.sort(key=lambda p: p[0])
 

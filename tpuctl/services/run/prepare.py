@@ -55,7 +55,7 @@ def prepare(session: Session, request: RunRequest) -> PreparedRun:
             fix="use lowercase letters, digits and dashes, starting with a letter (at most 63)",
         )
     where = provision.target(session, request, run_id)
-    bundle = build_bundle(workdir, limit_bytes=request.bundle_limit_bytes)
+    bundle = build_bundle(workdir, limit_bytes=request.bundle_limit_bytes, exclude=(session.state_dir,))
     checkpoint_dir = request.checkpoint_dir or hosts.default_checkpoint_dir(
         session, runs_dir(session), run_id, executor_kind, request
     )
