@@ -111,6 +111,20 @@ def _check(state_dir: Path, world: Path, *, no_slices: bool = False) -> None:
         server.stop()
 
 
+#: At most this many live v5e-4 slices before the loop deletes instead of creating: half of what the
+#: fast world's four zones hold (64 chips each), whatever killed creates left behind meanwhile.
+MAX_ALIVE = 32
+
+
+def _alive_pods(state_dir: Path) -> list[str]:
+    from tpuctl.store import Ledger
+
+    if not (state_dir / "ledger.db").exists():
+        return []
+    with Ledger(state_dir) as ledger:
+        return sorted(p.name for p in ledger.list_pods(alive=True))
+
+
 def crash_loop(kills: int, seed: int, tmp_path: Path) -> Counter[str]:
     state_dir = tmp_path / "state"
     world = write_world(tmp_path / "world.yaml", fast_world())
@@ -122,18 +136,13 @@ def crash_loop(kills: int, seed: int, tmp_path: Path) -> Counter[str]:
     while tally["killed"] < kills and time.monotonic() < deadline:
         i += 1
         pick = rng.random()
-        if pick < 0.55:
+        names = _alive_pods(state_dir)
+        # Creates outnumber deletes; once the world is half full, delete instead, so that every create
+        # that finishes has quota and capacity left (a full world would answer exit 4, rightly).
+        if pick < 0.55 and len(names) < MAX_ALIVE:
             argv = ["pod", "create", "v5e-4", "--name", f"c{i:03d}", "-o", "json"]
             what = "create"
         elif pick < 0.85:
-            from tpuctl.store import Ledger
-
-            ledger = Ledger(state_dir) if (state_dir / "ledger.db").exists() else None
-            try:
-                names = sorted(p.name for p in ledger.list_pods(alive=True)) if ledger else []
-            finally:
-                if ledger:
-                    ledger.close()
             if not names:
                 continue
             argv, what = ["pod", "delete", rng.choice(names), "-y"], "delete"
