@@ -363,10 +363,7 @@ _RUN_COLUMNS = ("RUN", "STATUS", "PROGRAM", "POD", "ZONE", "TYPE", "EXIT", "STAR
 
 
 def _run_dict(record: RunRecord) -> dict[str, Any]:
-    from datetime import UTC, datetime
-
-    def iso(ts: float | None) -> str | None:
-        return None if ts is None else datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds")
+    from tpuctl.timefmt import iso_or_none as iso
 
     return {
         "run_id": record.run_id,

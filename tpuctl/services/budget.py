@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Final
 from tpuctl import params
 from tpuctl.catalog import Catalog, region_of_zone
 from tpuctl.errors import BudgetExceededError, UsageError
+from tpuctl.timefmt import iso
 
 if TYPE_CHECKING:
     from tpuctl.services.prices import PriceSource
@@ -342,7 +343,7 @@ def _earliest(a: float | None, b: float | None) -> float | None:
 def _iso(ts: float | None) -> str:
     if ts is None:
         return "-"
-    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+    return iso(ts)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -13,7 +13,6 @@ import re
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from tpuctl.catalog import AcceleratorType, validate_zone
@@ -28,6 +27,7 @@ from tpuctl.errors import (
 )
 from tpuctl.services.session import Session
 from tpuctl.store.records import EventKind, EventRecord
+from tpuctl.timefmt import iso
 
 _NODE_ID_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 
@@ -94,7 +94,7 @@ def _event_dict(event: EventRecord) -> dict[str, Any]:
     """A ledger event as shown by `pod describe`: when, what, and the facts recorded with it."""
     detail = dict(event.detail or {})
     return {
-        "time": datetime.fromtimestamp(event.ts, tz=UTC).isoformat(timespec="seconds"),
+        "time": iso(event.ts),
         "kind": str(event.kind),
         "zone": event.zone,
         "capacity": event.capacity.value if event.capacity is not None else None,

@@ -35,6 +35,7 @@ import yaml
 
 from tpuctl.catalog import CapacityType, Catalog, PriceTable, region_of_zone
 from tpuctl.errors import CloudError, ConfigError, UsageError
+from tpuctl.timefmt import iso
 
 if TYPE_CHECKING:
     from tpuctl.backends.base import PriceOverrides
@@ -231,7 +232,7 @@ def _today(now: float) -> str:
 
 
 def _stamp(now: float) -> str:
-    return datetime.fromtimestamp(now, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+    return iso(now)
 
 
 def fill_gaps(

@@ -8,6 +8,7 @@ from datetime import UTC, date, datetime, timedelta
 from typing import Final
 
 from tpuctl.errors import UsageError
+from tpuctl.timefmt import iso_or_none
 
 GROUP_BY_CHOICES: Final = ("slice", "run", "zone", "region", "type", "capacity", "day", "label:KEY")
 _LABEL_KEY_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
@@ -121,6 +122,4 @@ def parse_window(since: str | None, until: str | None, *, now: float) -> tuple[f
 
 
 def iso(ts: float | None) -> str | None:
-    if ts is None:
-        return None
-    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+    return iso_or_none(ts)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from tpuctl import timefmt
 from tpuctl.store.paths import private_file
 
 #: Output that only the simulator's hosts print (JAX's CPU collectives announcing each peer), one line
@@ -35,9 +36,8 @@ def times_path(log: Path) -> Path:
 
 
 def iso(ts: float) -> str:
-    from datetime import UTC, datetime
-
-    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    """A host line's or segment's instant, to the millisecond."""
+    return timefmt.iso(ts, milliseconds=True)
 
 
 class HostLog:
