@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from tpuctl.sim import SimAdminClient
-from tpuctl.testing.cli import Cli
+from tpuctl.testing.cli import Cli, CliResult
 
 ZONES = ("us-central1-a", "us-east1-c")
 
@@ -30,32 +30,29 @@ def script(tmp_path: Path) -> Path:
     return path
 
 
-@pytest.mark.parametrize("executor", ["sim", "ssh"])
-def test_run_and_pod_create_give_the_same_verdict_over_the_price_cap(
-    cli: Cli,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    script: Path,
-    executor: str,
-) -> None:
-    profile(tmp_path, monkeypatch, capacity_types=["spot"], max_price=5)
+def plan_both(cli: Cli, script: Path, executor: str) -> tuple[CliResult, CliResult]:
+    """`pod create v5e-64` and `run --type v5e-64` with ``executor``, both dry runs under the profile."""
     pod = cli("pod", "create", "v5e-64", "--dry-run", "-o", "json")
     run = cli("run", str(script), "--type", "v5e-64", "--executor", executor, "--dry-run", "-o", "json")
+    return pod, run
+
+
+@pytest.mark.parametrize("executor", ["sim", "ssh"])
+def test_run_and_pod_create_give_the_same_verdict_over_the_price_cap(
+    cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: Path, executor: str
+) -> None:
+    profile(tmp_path, monkeypatch, capacity_types=["spot"], max_price=5)
+    pod, run = plan_both(cli, script, executor)
     assert pod.code == run.code == 6, (pod.stderr, run.stderr)
     assert pod.json["plan"]["verdict"] == run.json["error"] == "over_price_cap"
 
 
 @pytest.mark.parametrize("executor", ["sim", "ssh"])
 def test_run_and_pod_create_plan_the_same_spot_placement_under_the_cap(
-    cli: Cli,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    script: Path,
-    executor: str,
+    cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: Path, executor: str
 ) -> None:
     profile(tmp_path, monkeypatch, capacity_types=["spot"], max_price=100)
-    pod = cli("pod", "create", "v5e-64", "--dry-run", "-o", "json")
-    run = cli("run", str(script), "--type", "v5e-64", "--executor", executor, "--dry-run", "-o", "json")
+    pod, run = plan_both(cli, script, executor)
     assert pod.code == run.code == 0, (pod.stderr, run.stderr)
     chosen = pod.json["plan"]["chosen"]
     target = run.json["plan"]["target"]
