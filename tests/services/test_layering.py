@@ -50,6 +50,16 @@ def _string_constants(node: ast.AST) -> set[str]:
     return set()
 
 
+def _imports_of(path: Path, *packages: str) -> list[str]:
+    """Where ``path`` imports any of ``packages`` (or a module below one), as ``file:line imports name``."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    return [
+        f"{path.name}:{line} imports {name}"
+        for line, name in _imported(tree)
+        if any(name == package or name.startswith(package + ".") for package in packages)
+    ]
+
+
 def test_services_exist() -> None:
     # A walk over nothing would pass anything.
     assert len(_modules()) > 10
@@ -57,12 +67,7 @@ def test_services_exist() -> None:
 
 @pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(SERVICES)))
 def test_services_import_nothing_from_the_simulator(path: Path) -> None:
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-    found = [
-        f"{path.name}:{line} imports {name}"
-        for line, name in _imported(tree)
-        if name == "tpuctl.sim" or name.startswith("tpuctl.sim.")
-    ]
+    found = _imports_of(path, "tpuctl.sim")
     assert not found, "services must reach the simulator only through tpuctl.backends:\n" + "\n".join(found)
 
 
@@ -102,21 +107,11 @@ def _lower_modules() -> list[Path]:
 
 @pytest.mark.parametrize("path", _lower_modules(), ids=lambda p: str(p.relative_to(PACKAGE)))
 def test_lower_layers_import_neither_services_nor_the_cli(path: Path) -> None:
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-    found = [
-        f"{path.relative_to(PACKAGE)}:{line} imports {name}"
-        for line, name in _imported(tree)
-        if any(name == upper or name.startswith(upper + ".") for upper in UPPER)
-    ]
+    found = _imports_of(path, *UPPER)
     assert not found, "imports point down only (docs/architecture.md, Layers):\n" + "\n".join(found)
 
 
 @pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(SERVICES)))
 def test_services_import_nothing_from_the_cli(path: Path) -> None:
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-    found = [
-        f"{path.name}:{line} imports {name}"
-        for line, name in _imported(tree)
-        if name.startswith("tpuctl.cli")
-    ]
+    found = _imports_of(path, "tpuctl.cli")
     assert not found, "services know nothing of the CLI:\n" + "\n".join(found)
