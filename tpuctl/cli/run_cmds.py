@@ -223,10 +223,13 @@ def run(
         grace_s=params.duration(grace, "grace", allow_zero=True),
         bundle_limit_bytes=int(limit_mb * 1024 * 1024),
     )
+    from tpuctl.services.run.hosts import executor_kind
+    from tpuctl.services.run.model import ExecutorKind
+
     with session(ctx, out) as sess:
         if request.zone is not None:  # a typo is exit 2 with "did you mean", before anything is made
             check_zones(sess.catalog, sess.cloud, [request.zone])
-        if checkpoint_dir is not None and (executor or sess.backend.default_executor) == "sim":
+        if checkpoint_dir is not None and executor_kind(sess, executor) is ExecutorKind.LOCAL:
             # The hosts are local processes: the directory is this machine's, where the user typed it
             # (on SSH hosts a relative path is the host's own, relative to the program's directory).
             request = dataclasses.replace(request, checkpoint_dir=params.local_path(checkpoint_dir))
