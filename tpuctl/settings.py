@@ -104,6 +104,13 @@ class Profile(BaseModel):
     sim_world: Path | None = None
     output: OutputFormat | None = None
     owner: str | None = None
+    # Runs: the bucket they checkpoint to, what every host installs and runs after each provision, and
+    # a ProxyCommand for hosts without external IPs (e.g. an IAP tunnel).
+    bucket: str | None = None
+    setup: list[str] | None = None
+    requirements: Path | None = None
+    ssh_proxy_command: str | None = None
+    sim_wheelhouse: Path | None = None
 
     _zones = field_validator("zones")(lambda cls, v: v if v is None else _check_zones(v))
     _region = field_validator("region")(lambda cls, v: _check_region(v))
@@ -295,9 +302,21 @@ class Settings(BaseSettings):
     sim_url: str | None = None
     output: OutputFormat = OutputFormat.TABLE
     owner: str | None = None
+    bucket: str | None = None
+    setup: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    requirements: Path | None = None
+    ssh_proxy_command: str | None = None
+    # The wheels the simulator's package mirror serves its hosts (primed by scripts/setup).
+    sim_wheelhouse: Path | None = None
     # The gcloud/ADC variable the project was taken from (set by load_settings), when nothing of
     # tpuctl's own (flag, TPUCTL_PROJECT, profile) chose it: the CLI announces it on stderr.
     _project_from: str | None = PrivateAttr(default=None)
+
+    @field_validator("setup", mode="before")
+    @classmethod
+    def _setup_from_env(cls, value: Any) -> Any:
+        # TPUCTL_SETUP holds one shell command (commands have commas and spaces: never split it).
+        return [value] if isinstance(value, str) else value
 
     @field_validator("zones", mode="before")
     @classmethod

@@ -8,10 +8,12 @@ What lives here, and nowhere else:
 
 * how the cloud is reached: endpoint and credentials (:meth:`Backend.open_cloud`);
 * how patient tpuctl is with it: retry, poll and margin defaults (:class:`Tuning`);
-* how a host is reached over SSH: address and port (:meth:`Backend.host_addresses`);
+* how a host is reached over SSH: address and port (:meth:`Backend.host_addresses`); every backend's
+  hosts are VMs reached over SSH only;
+* what a host's program needs beyond the worker contract (:meth:`Backend.host_env`: the simulator's CPU
+  stand-in for the chips) and which pinned runtime set its setup installs (``runtime``);
+* where checkpoints go when the user names no bucket (``default_bucket``);
 * the preemption notice's grace, where the backend can tell it (:meth:`Backend.notice_grace_s`);
-* local host processes, where the backend has them (:meth:`Backend.local_hosts`: the simulator's
-  host mechanism; ``None`` on Google, whose hosts are VMs reached over SSH);
 * where price refreshes come from when no billing endpoint is given (:meth:`Backend.own_prices`).
 """
 
@@ -20,13 +22,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from tpuctl.cloud.retry import RetryPolicy
 
 if TYPE_CHECKING:
     from tpuctl.cloud.base import Node, TpuCloud
-    from tpuctl.hosts.base import Executor
 
 #: A function run when the session closes (a server to stop, a client to close).
 Closer = Callable[[], None]
@@ -81,30 +82,6 @@ class HostAddress:
     port: int = 22
 
 
-class LocalHosts(Protocol):
-    """Host processes on this machine: the simulator's hosts (until they are VMs of their own).
-
-    Contract: every path is below one directory of the state dir per slice; ``cleanup`` wipes a slice's
-    host disks (a host's disk dies with it); ``leftover_pids`` finds a run's host processes that nobody
-    supervises any more (so a takeover can stop them)."""
-
-    def executor(self, node: Node, *, num_hosts: int, python: str | None, for_plan: bool) -> Executor:
-        """An executor that starts one local process per host of ``node``."""
-        ...
-
-    def checkpoint_dir(self, runs_dir: Path, run_id: str) -> str:
-        """Where a run's checkpoints go by default: somewhere every host of the slice can read."""
-        ...
-
-    def cleanup(self, node: Node) -> None:
-        """Wipe the host disks of ``node`` (it was deleted or re-created)."""
-        ...
-
-    def leftover_pids(self, run_id: str) -> list[int]:
-        """Pids of host processes of ``run_id`` still running on this machine."""
-        ...
-
-
 class Backend(Protocol):
     """One cloud surface tpuctl can run against. Built by ``open_backend``; see the module docstring."""
 
@@ -117,24 +94,31 @@ class Backend(Protocol):
     def tuning(self) -> Tuning: ...
 
     @property
-    def default_executor(self) -> str:
-        """The executor a run uses when none is asked for (``sim``: local hosts; ``ssh``)."""
+    def runtime(self) -> Literal["cpu", "tpu"]:
+        """The pinned runtime set a host's setup installs (``tpuctl/runtime/requirements/``): CPU JAX on
+        the simulator, ``jax[tpu]`` on Google."""
+        ...
+
+    @property
+    def default_bucket(self) -> str | None:
+        """The bucket runs checkpoint to when neither ``--checkpoint-dir`` nor the profile names one
+        (the simulator's emulator has one; Google has none: the user names it)."""
         ...
 
     def open_cloud(self, state_dir: Path, closers: list[Closer]) -> TpuCloud:
         """The cloud client of this backend; what it starts is closed by ``closers`` (last first)."""
         ...
 
-    def host_addresses(self, node: Node) -> list[HostAddress]:
+    def host_addresses(self, cloud: TpuCloud, node: Node) -> list[HostAddress]:
         """How to reach each host of ``node`` over SSH, in worker order (one per network endpoint)."""
+        ...
+
+    def host_env(self, worker: int, addresses: list[HostAddress], chips_per_host: int) -> dict[str, str]:
+        """Variables host ``worker``'s program gets beyond the worker contract (empty on Google)."""
         ...
 
     def notice_grace_s(self, cloud: TpuCloud) -> float | None:
         """The preemption notice's grace in real seconds, where the backend can tell (None: unknown)."""
-        ...
-
-    def local_hosts(self, cloud: TpuCloud, state_dir: Path) -> LocalHosts | None:
-        """Local host processes, where this backend has them; None where hosts are reached by SSH only."""
         ...
 
     def own_prices(self) -> OwnPrices | None:

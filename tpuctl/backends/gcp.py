@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
-from tpuctl.backends.base import Closer, HostAddress, LocalHosts, OwnPrices, RecoveryTuning, Tuning
+from tpuctl.backends.base import Closer, HostAddress, OwnPrices, RecoveryTuning, Tuning
 from tpuctl.cloud.retry import RetryPolicy
 
 if TYPE_CHECKING:
@@ -46,21 +46,22 @@ class GcpBackend:
     project: str
     name: str = "gcp"
     tuning: Tuning = GCP_TUNING
-    default_executor: str = "ssh"
+    runtime: Literal["cpu", "tpu"] = "tpu"
+    default_bucket: str | None = None
 
     def open_cloud(self, state_dir: Path, closers: list[Closer]) -> TpuCloud:
         from tpuctl.cloud.tpu_api import TpuApiCloud
 
         return TpuApiCloud.for_google(project=self.project)
 
-    def host_addresses(self, node: Node) -> list[HostAddress]:
+    def host_addresses(self, cloud: TpuCloud, node: Node) -> list[HostAddress]:
         return [HostAddress(e.external_ip or e.ip_address, SSH_PORT) for e in node.network_endpoints]
+
+    def host_env(self, worker: int, addresses: list[HostAddress], chips_per_host: int) -> dict[str, str]:
+        return {}  # a real TPU VM: JAX finds its chips, its peers and its coordinator itself
 
     def notice_grace_s(self, cloud: TpuCloud) -> float | None:
         return None  # Google does not say; the supervisor's default confirmation timeout stands
-
-    def local_hosts(self, cloud: TpuCloud, state_dir: Path) -> LocalHosts | None:
-        return None
 
     def own_prices(self) -> OwnPrices | None:
         return None

@@ -1,24 +1,22 @@
 """The simulator backend: the built-in simulated TPU cloud on loopback, in-process or at ``sim_url``.
 
-The simulator answers in milliseconds, so tpuctl polls and retries it fast; its hosts are, for now,
-local processes under the state dir (``LocalSimHosts``), registered with the simulator's admin API so
-that a simulated preemption can signal them as Google's would the real host.
+The simulator answers in milliseconds, so tpuctl polls and retries it fast. Its hosts are VMs served by
+the simulator (``tpuctl.sim.vms``): each has its own loopback address, disk and sshd, and tpuctl reaches
+them over SSH exactly as it reaches Google's, on the port the simulator's status names (22 where it can
+bind it). Their programs get CPU devices standing in for the chips (``host_env``).
 """
 
 from __future__ import annotations
 
-import shutil
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from tpuctl.backends.base import Closer, HostAddress, OwnPrices, RecoveryTuning, Tuning
 from tpuctl.cloud.retry import RetryPolicy
 
 if TYPE_CHECKING:
     from tpuctl.cloud.base import Node, TpuCloud
-    from tpuctl.hosts.base import Executor
     from tpuctl.sim.world import World
 
 #: One retry policy for every step: the simulator's faults are injected at a fixed rate, so a few
@@ -37,8 +35,11 @@ SIM_TUNING = Tuning(
     delete_margin_s=5.0,
 )
 
-#: Below the state dir: one directory per simulated slice, one per host below it (the host's "disk").
-HOSTS_DIR = "sim-hosts"
+#: The port a simulated slice's JAX coordinator listens on, on host 0's own address: the one JAX uses on
+#: Cloud TPU VMs (jax/_src/clusters/cloud_tpu_cluster.py, ``coordinator_port = 8476``).
+COORDINATOR_PORT = 8476
+#: The bucket of the simulator's GCS emulator that runs checkpoint to by default.
+SIM_BUCKET = "tpuctl-sim"
 
 
 @dataclass
@@ -49,7 +50,9 @@ class SimBackend:
     url: str | None = None
     name: str = "sim"
     tuning: Tuning = SIM_TUNING
-    default_executor: str = "sim"
+    runtime: Literal["cpu", "tpu"] = "cpu"
+    default_bucket: str | None = SIM_BUCKET
+    _status: dict[str, Any] | None = field(default=None, repr=False)
 
     def open_cloud(self, state_dir: Path, closers: list[Closer]) -> TpuCloud:
         from tpuctl.cloud.tpu_api import TpuApiCloud
@@ -77,27 +80,47 @@ class SimBackend:
 
         return load_world(self.world_path) if self.world_path else None
 
-    def host_addresses(self, node: Node) -> list[HostAddress]:
-        # A simulated endpoint names the SSH server standing in for its host, port included.
-        return [HostAddress(e.ip_address, e.port) for e in node.network_endpoints]
+    def host_addresses(self, cloud: TpuCloud, node: Node) -> list[HostAddress]:
+        # Each host's own address (external where the node has one, as on Google); the sshd's port is
+        # the simulator's (22 when it could bind it).
+        port = int(self._sim_status(cloud).get("ssh_port") or 22)
+        return [HostAddress(e.external_ip or e.ip_address, port) for e in node.network_endpoints]
+
+    def host_env(self, worker: int, addresses: list[HostAddress], chips_per_host: int) -> dict[str, str]:
+        """A simulated host has no chips: JAX runs on CPU devices, one per chip, and the hosts join one
+        job over loopback with gloo collectives (the runtime's sim cluster reads the coordinator from the
+        metadata server; the port comes from here)."""
+        coordinator = f"{addresses[0].address}:{COORDINATOR_PORT}"
+        return {
+            "TPUCTL_SIM": "1",
+            "TPUCTL_COORDINATOR_PORT": str(COORDINATOR_PORT),
+            # jax's coordinator binds [::]:port (every interface) unless told: host 0's own address.
+            "JAX_COORDINATOR_BIND_ADDRESS": coordinator,
+            "JAX_PLATFORMS": "cpu",
+            "JAX_NUM_CPU_DEVICES": str(chips_per_host),
+            "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo",
+        }
 
     def notice_grace_s(self, cloud: TpuCloud) -> float | None:
-        """The world's preemption grace in real seconds (its durations are scaled by its speed)."""
-        from tpuctl.sim import SimAdminClient
+        """The world's preemption grace, in real seconds (the simulator honours it unscaled)."""
+        world = self._sim_status(cloud).get("world") or {}
+        grace = (world.get("durations") or {}).get("preemption_grace_s")
+        return float(grace) if grace is not None else None
 
-        try:
-            admin = SimAdminClient(cloud.endpoint, timeout_s=5.0)
+    def _sim_status(self, cloud: TpuCloud) -> dict[str, Any]:
+        """The simulator's admin status, read once per backend (empty when it cannot be read)."""
+        if self._status is None:
+            from tpuctl.sim import SimAdminClient
+
             try:
-                world = admin.status().get("world") or {}
-            finally:
-                admin.close()
-            grace = float((world.get("durations") or {}).get("preemption_grace_s", 0.0))
-            return grace / float(world.get("speed") or 1.0)
-        except Exception:  # an older or foreign simulator: the caller's default stands
-            return None
-
-    def local_hosts(self, cloud: TpuCloud, state_dir: Path) -> LocalSimHosts:
-        return LocalSimHosts(state_dir / HOSTS_DIR, admin_url=cloud.endpoint)
+                admin = SimAdminClient(cloud.endpoint, timeout_s=5.0)
+                try:
+                    self._status = dict(admin.status())
+                finally:
+                    admin.close()
+            except Exception:  # an older or foreign simulator: the callers' defaults stand
+                return {}
+        return self._status
 
     def own_prices(self) -> OwnPrices:
         from tpuctl.sim import default_world, load_world
@@ -116,64 +139,3 @@ class SimBackend:
             for generation, regions in world.prices.items()
         }
         return OwnPrices(overrides, where, world.project)
-
-
-@dataclass
-class LocalSimHosts:
-    """Simulated hosts as local processes: each host's disk is ``<root>/<zone>/<node>/worker-N``."""
-
-    root: Path
-    admin_url: str
-
-    def _node_dir(self, node: Node) -> Path:
-        return self.root / node.zone / node.name
-
-    def executor(self, node: Node, *, num_hosts: int, python: str | None, for_plan: bool) -> Executor:
-        from tpuctl.hosts.sim import SimExecutor
-
-        return SimExecutor(
-            self._node_dir(node),
-            zone=node.zone,
-            node=node.name,
-            num_hosts=num_hosts,
-            registry=None if for_plan else _AdminRegistry(self.admin_url),
-            metadata_base_url=self.admin_url,
-            python=python or sys.executable,
-        )
-
-    def checkpoint_dir(self, runs_dir: Path, run_id: str) -> str:
-        # Local hosts share this machine's disk, as real hosts share a gs:// bucket.
-        return str(runs_dir / run_id / "checkpoints")
-
-    def cleanup(self, node: Node) -> None:
-        shutil.rmtree(self._node_dir(node), ignore_errors=True)
-
-    def leftover_pids(self, run_id: str) -> list[int]:
-        from tpuctl.hosts.sim import local_hosts
-
-        return local_hosts(self.root, run_id)
-
-
-@dataclass
-class _AdminRegistry:
-    """Registers host pids with the simulator's admin API (so simulated preemptions can signal them)."""
-
-    base_url: str
-    _client: Any = field(default=None, repr=False)
-
-    def _admin(self) -> Any:
-        if self._client is None:
-            from tpuctl.sim import SimAdminClient
-
-            self._client = SimAdminClient(self.base_url, timeout_s=10.0)
-        return self._client
-
-    def register_host(self, zone: str, node: str, worker: int, pid: int) -> object:
-        return self._admin().register_host(zone, node, worker, pid)
-
-    def unregister_hosts(self, zone: str, node: str) -> object:
-        try:
-            return self._admin().unregister_hosts(zone, node)
-        finally:
-            self._admin().close()
-            self._client = None

@@ -125,7 +125,48 @@ def run(
         ),
     ] = None,
     checkpoint_dir: Annotated[
-        str | None, typer.Option("--checkpoint-dir", help="TPUCTL_CHECKPOINT_DIR (default: per run).")
+        str | None,
+        typer.Option(
+            "--checkpoint-dir",
+            metavar="gs://BUCKET/PATH",
+            help="Where the program checkpoints (TPUCTL_CHECKPOINT_DIR); default: "
+            "gs://BUCKET/tpuctl/runs/RUN_ID/checkpoints with --bucket.",
+        ),
+    ] = None,
+    bucket: Annotated[
+        str | None,
+        typer.Option(
+            "--bucket", help="Cloud Storage bucket for checkpoints (profile: bucket; the simulator has one)."
+        ),
+    ] = None,
+    setup: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--setup",
+            metavar="CMD",
+            help="Shell command run on every host after each provision, before the program (repeatable).",
+        ),
+    ] = None,
+    requirements: Annotated[
+        str | None,
+        typer.Option(
+            "--requirements", metavar="FILE", help="pip requirements installed on every host after each provision."
+        ),
+    ] = None,
+    runtime_deps: Annotated[
+        bool,
+        typer.Option(
+            "--runtime-deps/--no-runtime-deps",
+            help="Install the bundled runtime's pinned JAX, optax and orbax on every host.",
+        ),
+    ] = True,
+    ssh_proxy_command: Annotated[
+        str | None,
+        typer.Option(
+            "--ssh-proxy-command",
+            metavar="CMD",
+            help="Reach hosts through this ProxyCommand (%h %p %r), e.g. an IAP tunnel; no external IPs.",
+        ),
     ] = None,
     timeout: Annotated[
         str | None,
@@ -142,7 +183,7 @@ def run(
         ),
     ] = "5",
     executor: Annotated[
-        str | None, typer.Option("--executor", help="sim or ssh (default: sim on the simulator).")
+        str | None, typer.Option("--executor", help="ssh: every host, simulated or not, is reached over SSH.")
     ] = None,
     max_bundle_mb: Annotated[
         str, typer.Option("--max-bundle-mb", metavar="MIB", help="Refuse bundles bigger than this (MiB).")
@@ -217,24 +258,33 @@ def run(
         checkpoint_every=None
         if checkpoint_every is None
         else params.whole(checkpoint_every, "checkpoint_every"),
-        checkpoint_dir=checkpoint_dir,  # resolved below once the executor is known
+        checkpoint_dir=checkpoint_dir,
+        runtime_deps=runtime_deps,
         executor=executor,
         timeout_s=None if timeout is None else params.duration(timeout, "timeout"),
         grace_s=params.duration(grace, "grace", allow_zero=True),
         bundle_limit_bytes=int(limit_mb * 1024 * 1024),
     )
-    from tpuctl.services.run.hosts import executor_kind
-    from tpuctl.services.run.model import ExecutorKind
-
-    with session(ctx, out) as sess:
+    host_flags = {
+        "bucket": bucket,
+        "setup": setup,
+        "requirements": None if requirements is None else params.local_path(requirements),
+        "ssh_proxy_command": ssh_proxy_command,
+    }
+    with session(ctx, out, **host_flags) as sess:
+        # Flag, environment or profile: each parsed once, by the settings.
+        chosen = sess.settings
+        request = dataclasses.replace(
+            request,
+            bucket=chosen.bucket,
+            setup=tuple(chosen.setup),
+            requirements=None if chosen.requirements is None else str(chosen.requirements),
+            ssh_proxy_command=chosen.ssh_proxy_command,
+        )
         if request.zone is not None:  # a typo is exit 2 with "did you mean", before anything is made
             check_zones(sess.catalog, sess.cloud, [request.zone])
-        if checkpoint_dir is not None and executor_kind(sess, executor) is ExecutorKind.LOCAL:
-            # The hosts are local processes: the directory is this machine's, where the user typed it
-            # (on SSH hosts a relative path is the host's own, relative to the program's directory).
-            request = dataclasses.replace(request, checkpoint_dir=params.local_path(checkpoint_dir))
         launcher = Launcher(sess)
-        prepared = launcher.prepare(request)
+        prepared = launcher.prepare(request)  # a bad value is exit 2, before the cloud is asked anything
         if is_dry_run(ctx, dry_run):
             _render_plan(out, launcher.plan(prepared))
             return

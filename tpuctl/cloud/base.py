@@ -177,6 +177,12 @@ class TpuCloud(Protocol):
 
     def get_node(self, zone: str, name: str) -> Node: ...
 
+    def host_keys(self, zone: str, name: str) -> list[tuple[str, ...]]:
+        """Each worker's SSH host keys (``"ssh-ed25519 AAAA..."``), in worker order, as the hosts' guest
+        agent publishes them (``nodes.getGuestAttributes``, query path ``hostkeys/``); a worker whose
+        agent has published nothing yet has an empty tuple."""
+        ...
+
     def create_node(
         self,
         request: NodeRequest,

@@ -237,6 +237,27 @@ class TpuApiCloud:
         )
         return node_from_proto(pb)
 
+    def host_keys(self, zone: str, name: str) -> list[tuple[str, ...]]:
+        # The guest agent writes each host key under namespace "hostkeys", key = the key type, value =
+        # the base64 blob (https://cloud.google.com/compute/docs/connect/verify-host-keys; the v2
+        # method: https://cloud.google.com/tpu/docs/reference/rest/v2/projects.locations.nodes/getGuestAttributes).
+        full = self._node_name(zone, name)
+        response = self._read(
+            "get guest attributes",
+            f"{name} in {zone}",
+            lambda: self._client.get_guest_attributes(
+                request={"name": full, "query_path": "hostkeys/"}, timeout=self._timeout
+            ),
+        )
+        return [
+            tuple(
+                f"{item.key} {item.value}"
+                for item in attributes.query_value.items
+                if item.namespace == "hostkeys" and item.key and item.value
+            )
+            for attributes in response.guest_attributes
+        ]
+
     def create_node(
         self,
         request: NodeRequest,

@@ -89,6 +89,9 @@ class Progress:
     recomputed: int = 0
     fallbacks: list[dict[str, Any]] = field(default_factory=list)
     last_step: int | None = None  # the last step done, over all attempts
+    saved_step: int | None = None  # the last checkpoint a host reported saved ("preempted" event)
+    #: Restarts that restored less than the checkpoint reported saved before them: {saved, restored, at}.
+    lost_restores: list[dict[str, Any]] = field(default_factory=list)
     # This attempt:
     first_step: int | None = None
     restored: int | None = None
@@ -111,6 +114,8 @@ class Progress:
             step = int_or_none(event.get("step"))
             self.first_step = step
             self.restored = int_or_none(event.get("restored"))
+            if self.saved_step is not None and (self.restored or 0) < self.saved_step:
+                self.lost_restores.append({"saved": self.saved_step, "restored": self.restored, "at": at})
             if step is not None and self.last_step is not None and step < self.last_step:
                 # Steps done before the preemption that the checkpoint did not keep: done again now.
                 self.attempt_recomputed = self.last_step - step
@@ -137,6 +142,9 @@ class Progress:
                 self.notice = dict(event)
         elif kind == "preempted":
             self.preempted = dict(event)
+            saved = int_or_none(event.get("step")) if event.get("checkpoint") == "saved" else None
+            if saved is not None:
+                self.saved_step = max(saved, self.saved_step or 0)
         elif kind == "done":
             self.done = True
 

@@ -15,6 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from tpuctl.runtime.preemption import EVENT_PREFIX, parse_event
+from tpuctl.services.run import hostsetup
 from tpuctl.services.run.hostlog import HostLog
 from tpuctl.services.run.model import AttemptResult, LaunchObserver, PreparedRun, describe_exit
 from tpuctl.store.paths import ensure_private_dir
@@ -37,6 +39,8 @@ class _Streams:
     logs: dict[int, HostLog] = field(default_factory=dict)
     exit_codes: dict[int, int | None] = field(default_factory=dict)
     exit_times: dict[int, float] = field(default_factory=dict)
+    #: worker -> "ValueError: boom": the uncaught exception the runtime's hook reported on that host.
+    exceptions: dict[int, str] = field(default_factory=dict)
 
     def close(self) -> None:
         for fh in self.logs.values():
@@ -102,6 +106,7 @@ def execute(
         started_at=started_at,
         ended_at=time.time(),
         exit_times=streams.exit_times,
+        exceptions=streams.exceptions,
     )
 
 
@@ -127,6 +132,8 @@ def _ship_and_start(
     observer.status(
         f"bundle on {spec.num_workers} hosts ({copied} copied, {len(shipped) - copied} already had it)"
     )
+    hostsetup.run_setup(observer, executor, prepared, streams.logs)
+    hostsetup.check_imports(observer, executor, prepared)
     session.ledger.update_run(prepared.run_id, status=RunStatus.RUNNING, pod=node.name, zone=node.zone)
     executor.start(spec)
     observer.status(f"started {' '.join(prepared.program)} on {spec.num_workers} hosts")
@@ -177,6 +184,7 @@ class _EventLoop:
             if event.kind == "line":
                 self.streams.logs[event.worker].write(event.text)
                 self.observer.line(event.worker, event.text)
+                self._note_exception(event.worker, event.text)
                 continue
             exit_codes[event.worker] = event.returncode
             self.streams.exit_times[event.worker] = event.at
@@ -188,11 +196,18 @@ class _EventLoop:
                     soft_deadline = time.monotonic() + soft_wait_s
                 continue
             failed = (event.worker, event.returncode)
-            self.observer.status(
-                f"host {event.worker} {describe_exit(event.returncode)}: stopping the other hosts"
-            )
+            raised = self.streams.exceptions.get(event.worker)
+            how = f"raised {raised}" if raised else describe_exit(event.returncode)
+            self.observer.status(f"host {event.worker} {how}: stopping the other hosts")
             stop_deadline = self._stop_all()
         return failed, timed_out
+
+    def _note_exception(self, worker: int, text: str) -> None:
+        """Remember the first uncaught exception a host's runtime hook reported (``exception`` event)."""
+        event = parse_event(text) if text.startswith(EVENT_PREFIX) else None
+        if event is not None and event.get("event") == "exception":
+            message = f"{event.get('type') or 'an exception'}: {event.get('message') or ''}".rstrip(": ")
+            self.streams.exceptions.setdefault(worker, message)
 
     def drain(self) -> None:
         """After a stop: collect exits (and log lines, not shown) for a bounded while."""

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tpuctl.catalog import CapacityType
-from tpuctl.errors import NotFoundError, TpuctlError, UsageError
+from tpuctl.errors import CloudError, NotFoundError, TpuctlError, UsageError
 from tpuctl.services.run import hosts
 from tpuctl.services.run.lease import LOCK_FILE, Lease, lease_holder
 from tpuctl.services.run.model import PreparedRun, RecoveryPolicy, RunRequest
@@ -47,6 +47,15 @@ def save_request(
     return path
 
 
+def _remote_root(log_dir: Path) -> str:
+    """The hosts' tpuctl directory the run used (its saved request's; the default otherwise)."""
+    try:
+        payload = json.loads((log_dir / REQUEST_FILE).read_text(encoding="utf-8"))
+        return str(payload["request"].get("ssh_remote_root") or ".tpuctl")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return ".tpuctl"
+
+
 def load_request(log_dir: Path) -> tuple[RunRequest, float | None, RecoveryPolicy]:
     path = log_dir / REQUEST_FILE
     try:
@@ -61,8 +70,10 @@ def load_request(log_dir: Path) -> tuple[RunRequest, float | None, RecoveryPolic
         ) from None
     raw = dict(payload["request"])
     raw["capacity_types"] = _capacity_types(raw)
-    for key in ("args", "env"):
+    for key in ("args", "env", "setup"):
         raw[key] = tuple(raw.get(key) or ())
+    if raw.get("executor") == "sim":
+        raw["executor"] = None  # saved before simulated hosts became VMs: they are reached over SSH now
     raw["labels"] = {str(k): str(v) for k, v in (raw.get("labels") or {}).items()}
     names = {f.name for f in dataclasses.fields(RunRequest)}
     request = RunRequest(**{k: v for k, v in raw.items() if k in names})
@@ -220,9 +231,12 @@ def cancel_run(session: Session, run_id: str, *, wait_s: float = 120.0) -> dict[
     # Nobody supervises it: stop what it left and free the slice it made.
     lease = Lease.acquire(log_dir / LOCK_FILE)
     try:
-        killed = hosts.kill_left_hosts(
-            session, run_id, detail.get("host_pids"), executor_kind=detail.get("executor")
-        )
+        killed = 0
+        if not detail.get("created_pod") and record.pod and record.zone:
+            # The user's own slice stays: stop the program the run left on it (it runs detached).
+            with contextlib.suppress(CloudError):
+                node = session.cloud.get_node(record.zone, record.pod)
+                killed = hosts.stop_left_hosts(session, node, run_id, _remote_root(log_dir))
         for seg in ledger.segments(run_id):
             if seg.end is None:
                 ledger.close_segment(seg.id, end=time.time())

@@ -1,101 +1,87 @@
-"""How a run reaches its hosts: which executor a run gets, building it for a node (or a placeholder one
-for a plan), the hosts' disks, the notice grace, and killing host processes a dead supervisor left.
+"""How a run reaches its hosts: over SSH, on every backend (a simulated host is a VM too).
 
-Everything here that differs between backends is asked of ``session.backend`` (``tpuctl.backends``):
-whether it has local host processes, how each host is reached over SSH, its notice grace.
+Building the executor for a node (or a placeholder one for a plan), the SSH key the node's metadata
+carries, each host's expected host key (from the node's guest attributes: no trust-on-first-use), the
+notice grace, and stopping what a dead supervisor left on the hosts. What differs between backends is
+asked of ``session.backend``: each host's address and port, and what its program needs beyond the worker
+contract (``host_env``).
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+import time
+from typing import TYPE_CHECKING
 
 from tpuctl.cloud.base import NetworkEndpoint, Node
-from tpuctl.errors import UsageError
-from tpuctl.services.run.model import EXECUTOR_KINDS, ExecutorKind, PreparedRun, RunRequest
+from tpuctl.errors import CloudError, RunFailedError, TpuctlError, UsageError
+from tpuctl.services.run.model import EXECUTOR_KINDS, ExecutorKind, PreparedRun
 
 if TYPE_CHECKING:
-    from tpuctl.backends.base import LocalHosts
-    from tpuctl.hosts.base import Executor
+    from tpuctl.backends.base import HostAddress
+    from tpuctl.hosts.ssh import SshExecutor
     from tpuctl.services.session import Session
 
 #: The public key a plan shows in place of the real one (a plan creates no key).
 _PLAN_PUBLIC_KEY = "<tpuctl public key>"
-
-
-def local_hosts(session: Session) -> LocalHosts | None:
-    """The backend's local host processes, or None where every host is reached over SSH."""
-    return session.backend.local_hosts(session.cloud, session.state_dir)
-
-
-def _local_hosts_or_refuse(session: Session) -> LocalHosts:
-    local = local_hosts(session)
-    if local is None:
-        raise UsageError(
-            f"the {ExecutorKind.LOCAL.value} executor runs simulated hosts only; this command talks to "
-            f"{session.backend.name}, whose hosts are reached over SSH",
-            field="executor",
-            value=ExecutorKind.LOCAL.value,
-            fix="drop --executor (real slices use ssh)",
-        )
-    return local
+#: How long a READY slice's guest agents may take to publish their host keys.
+_HOST_KEYS_DEADLINE_S = 300.0
 
 
 def executor_kind(session: Session, requested: str | None) -> ExecutorKind:
-    """The executor a run gets: the one asked for, else the backend's default."""
-    kind = requested or session.backend.default_executor
+    """The executor a run gets: SSH, on every backend (``--executor sim`` is gone: simulated hosts are
+    VMs reached over SSH like Google's)."""
+    kind = requested or ExecutorKind.SSH.value
     if kind not in EXECUTOR_KINDS:
-        raise UsageError(
-            f"unknown executor {kind!r}",
-            field="executor",
-            value=kind,
-            fix="use one of: " + ", ".join(EXECUTOR_KINDS),
-        )
-    chosen = ExecutorKind(kind)
-    if chosen is ExecutorKind.LOCAL:
-        _local_hosts_or_refuse(session)
-    return chosen
+        fix = "drop --executor: every host, simulated or not, is reached over SSH"
+        raise UsageError(f"unknown executor {kind!r}", field="executor", value=kind, fix=fix)
+    return ExecutorKind(kind)
 
 
-def ssh_key_metadata(session: Session, kind: ExecutorKind, *, plan: bool) -> dict[str, str]:
-    """The node metadata a new slice needs for ``kind``: tpuctl's public key in ``ssh-keys`` for hosts
-    reached over SSH (nothing for local hosts). A plan shows a placeholder and creates no key."""
-    if kind is not ExecutorKind.SSH:
-        return {}
+def ssh_key_metadata(session: Session, *, plan: bool) -> dict[str, str]:
+    """The node metadata a new slice needs: tpuctl's public key in ``ssh-keys``. A plan shows a
+    placeholder and creates no key."""
     from tpuctl.hosts.ssh import DEFAULT_USERNAME, ensure_key_pair, ssh_keys_metadata
 
     public = _PLAN_PUBLIC_KEY if plan else ensure_key_pair(session.state_dir).public_openssh
     return {"ssh-keys": ssh_keys_metadata(DEFAULT_USERNAME, public)}
 
 
-def default_checkpoint_dir(
-    session: Session, runs_dir: Path, run_id: str, kind: ExecutorKind, request: RunRequest
-) -> str:
-    if kind is ExecutorKind.LOCAL:
-        return _local_hosts_or_refuse(session).checkpoint_dir(runs_dir, run_id)
-    # A host-local default; multi-host runs that checkpoint want --checkpoint-dir gs://...
-    return f"{request.ssh_remote_root}/runs/{run_id}/checkpoints"
-
-
-def remove_host_disks(session: Session, prepared: PreparedRun, node: Node) -> None:
-    """After the slice was deleted: local hosts' disks go with it (remote ones went with their VMs)."""
-    if prepared.executor_kind is ExecutorKind.LOCAL:
-        _local_hosts_or_refuse(session).cleanup(node)
-
-
-def build_executor(session: Session, prepared: PreparedRun, node: Node, *, for_plan: bool) -> Executor:
-    """The executor for ``node``'s hosts; ``for_plan``: one that only plans (no key made, no registry)."""
-    hosts = prepared.target.accelerator.hosts
-    if prepared.executor_kind is ExecutorKind.LOCAL:
-        return _local_hosts_or_refuse(session).executor(
-            node, num_hosts=hosts, python=prepared.request.python, for_plan=for_plan
-        )
+def build_executor(session: Session, prepared: PreparedRun, node: Node, *, for_plan: bool) -> SshExecutor:
+    """The executor for ``node``'s hosts; ``for_plan``: one that only plans (no key made, no cloud call
+    for host keys)."""
     from tpuctl.hosts.ssh import DEFAULT_USERNAME, KeyPair, SshExecutor, SshHost, ensure_key_pair
 
-    addresses = session.backend.host_addresses(node)
+    accel = prepared.target.accelerator
+    addresses = _addresses(session, node, accel.hosts, for_plan=for_plan)
+    keys = [None] * len(addresses) if for_plan else expected_host_keys(session, node)
+    key = (
+        KeyPair(session.state_dir / "ssh" / "tpuctl_ed25519", _PLAN_PUBLIC_KEY)
+        if for_plan
+        else ensure_key_pair(session.state_dir)
+    )
+    backend = session.backend
+    request = prepared.request
+
+    def host_env(worker: int) -> dict[str, str]:
+        return backend.host_env(worker, addresses, accel.chips_per_host)
+
+    return SshExecutor(
+        [SshHost(a.address, a.port, host_keys=k) for a, k in zip(addresses, keys, strict=True)],
+        username=DEFAULT_USERNAME,
+        key=key,
+        remote_root=request.ssh_remote_root,
+        python=prepared.python,
+        host_env=host_env,
+        proxy_command=request.ssh_proxy_command,
+    )
+
+
+def _addresses(session: Session, node: Node, hosts: int, *, for_plan: bool) -> list[HostAddress]:
+    if for_plan and node.state == "PLANNED":
+        from tpuctl.backends.base import HostAddress
+
+        return [HostAddress(e.ip_address, 22) for e in node.network_endpoints]
+    addresses = session.backend.host_addresses(session.cloud, node)
     if len(addresses) != hosts:
         raise UsageError(
             f"pod {node.name} reports {len(addresses)} network endpoints for its {hosts} hosts",
@@ -103,21 +89,38 @@ def build_executor(session: Session, prepared: PreparedRun, node: Node, *, for_p
             value=node.name,
             fix="wait until the slice is READY with every host up (`tpuctl pod describe`)",
         )
-    key = (
-        KeyPair(session.state_dir / "ssh" / "tpuctl_ed25519", _PLAN_PUBLIC_KEY)
-        if for_plan
-        else ensure_key_pair(session.state_dir)
-    )
-    return SshExecutor(
-        [SshHost(a.address, a.port) for a in addresses],
-        username=DEFAULT_USERNAME,
-        key=key,
-        remote_root=prepared.request.ssh_remote_root,
-        python=prepared.request.python or "python3",
-    )
+    return addresses
 
 
-def plan_executor(session: Session, prepared: PreparedRun, zone: str | None) -> Executor:
+def expected_host_keys(
+    session: Session, node: Node, *, deadline_s: float = _HOST_KEYS_DEADLINE_S
+) -> list[tuple[str, ...]]:
+    """Each host's SSH host keys as its guest agent published them (``getGuestAttributes``), waiting
+    with a bounded backoff for hosts that have not published yet (a VM's agent starts after READY)."""
+    deadline = time.monotonic() + deadline_s
+    wait = 0.1
+    while True:
+        try:
+            keys = session.cloud.host_keys(node.zone, node.name)
+        except CloudError as exc:
+            keys, error = [], exc.message
+        else:
+            error = None
+            if len(keys) == len(node.network_endpoints) and all(keys):
+                return keys
+        if time.monotonic() + wait > deadline:
+            missing = [str(w) for w, k in enumerate(keys) if not k] if keys else ["all"]
+            raise RunFailedError(
+                f"the hosts of {node.name} did not publish their SSH host keys within {deadline_s:g} s "
+                f"(workers without keys: {', '.join(missing)}" + (f"; last error: {error})" if error else ")"),
+                fix="check the slice's health (`tpuctl pod describe`); tpuctl verifies every host's key "
+                "before it connects and never trusts one on first use",
+            )
+        time.sleep(wait)
+        wait = min(wait * 2, 5.0)
+
+
+def plan_executor(session: Session, prepared: PreparedRun, zone: str | None) -> SshExecutor:
     """The executor a plan asks for each host's command: the node's, or (no node yet) one of placeholder
     endpoints of the right size."""
     if prepared.target.node is not None:
@@ -139,49 +142,29 @@ def notice_grace_s(session: Session) -> float:
     return session.backend.notice_grace_s(session.cloud) or 0.0
 
 
-def kill_recorded_hosts(host_pids: Any) -> int:
-    """SIGKILL the process groups of simulated hosts a dead supervisor left (only while each pid is
-    still the process that was recorded). Returns how many were signalled."""
-    from tpuctl.processes import is_same_process
+def stop_left_hosts(session: Session, node: Node | None, run_id: str, remote_root: str) -> int:
+    """Over SSH, stop every process group a dead supervisor's run left on ``node``'s hosts (the program
+    runs detached from SSH, so it outlives its supervisor). Returns how many were stopped; a slice that
+    is gone or unreachable has nothing left to stop (a deleted VM's processes went with it)."""
+    from tpuctl.hosts.ssh import DEFAULT_USERNAME, SshExecutor, SshHost, ensure_key_pair
 
-    if not isinstance(host_pids, dict):
+    if node is None or node.state != "READY":
         return 0
-    killed = 0
-    for value in host_pids.values():
-        if not isinstance(value, list) or len(value) != 2 or not isinstance(value[0], int):
-            continue
-        pid, ticks = value
-        if is_same_process(pid, ticks):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, signal.SIGKILL)  # each host leads its own group (start_new_session)
-                killed += 1
-    return killed
-
-
-def kill_left_hosts(session: Session, run_id: str, host_pids: Any, *, executor_kind: str | None) -> int:
-    """SIGKILL the hosts a dead supervisor left: those recorded in the run (``host_pids``) and, for local
-    hosts, every other process of the run still running on this machine: a supervisor killed between
-    starting a host and recording the hosts' pids leaves one that nobody knows of (host 0 then waits for
-    its peers for minutes and never writes to its closed pipe). Only for a run nobody supervises.
-    Returns how many were signalled."""
-    killed = kill_recorded_hosts(host_pids)
-    local = local_hosts(session)
-    if executor_kind != ExecutorKind.LOCAL.value or local is None:
-        return killed
-    recorded = (
-        {v[0] for v in host_pids.values() if isinstance(v, list) and v}
-        if isinstance(host_pids, dict)
-        else set()
-    )
-    for pid in local.leftover_pids(run_id):
-        if pid in recorded:
-            continue  # signalled above, if still the recorded process
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            # A host leads its own group (whatever it started goes with it); a leftover child of a
-            # host that is gone is signalled alone.
-            if os.getpgid(pid) == pid:
-                os.killpg(pid, signal.SIGKILL)
-            else:
-                os.kill(pid, signal.SIGKILL)
-            killed += 1
-    return killed
+    try:
+        addresses = session.backend.host_addresses(session.cloud, node)
+        keys = expected_host_keys(session, node, deadline_s=30.0)
+        executor = SshExecutor(
+            [SshHost(a.address, a.port, host_keys=k) for a, k in zip(addresses, keys, strict=True)],
+            username=DEFAULT_USERNAME,
+            key=ensure_key_pair(session.state_dir),
+            remote_root=remote_root,
+            connect_deadline_s=30.0,
+        )
+    except TpuctlError:
+        return 0
+    try:
+        return executor.stop_leftovers(run_id)
+    except TpuctlError:
+        return 0
+    finally:
+        executor.close()

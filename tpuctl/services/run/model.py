@@ -22,6 +22,7 @@ from tpuctl.services.run.accounting import PreemptionRecord
 
 if TYPE_CHECKING:
     from tpuctl.backends.base import RecoveryTuning
+    from tpuctl.hosts.setup import SetupSpec
     from tpuctl.services.placement import PlacementRequest
 
 
@@ -45,11 +46,9 @@ CHECKPOINT_EVERY_ENV = "TPUCTL_CHECKPOINT_EVERY"
 
 
 class ExecutorKind(StrEnum):
-    """How a run reaches its hosts (``--executor``, and the run's record)."""
+    """How a run reaches its hosts (``--executor``, and the run's record): over SSH, on every backend
+    (the simulator's hosts are VMs too; the old local-process executor ``sim`` is gone)."""
 
-    #: The backend's local host processes (the simulator's hosts); spelled ``sim`` on the command line.
-    LOCAL = "sim"
-    #: Every host over SSH, as on Google.
     SSH = "ssh"
 
 
@@ -96,13 +95,23 @@ class RunRequest:
     keep_pod: bool = False
     checkpoint_every: int | None = None
     checkpoint_dir: str | None = None
-    executor: str | None = None  # sim | ssh; None: sim on the simulator, ssh on Google
+    executor: str | None = None  # ssh (the only one; kept so --executor ssh keeps working)
     timeout_s: float | None = None
     grace_s: float = 5.0
     bundle_limit_bytes: int = DEFAULT_LIMIT_BYTES
     run_id: str | None = None
-    python: str | None = None  # the hosts' interpreter (default: this one on the simulator, python3 on SSH)
+    python: str | None = None  # the hosts' interpreter; default: the setup's environment (or python3)
     ssh_remote_root: str = ".tpuctl"
+    #: Shell commands run on every host after each provision, before the program (``--setup``).
+    setup: tuple[str, ...] = ()
+    #: A requirements file installed on every host after each provision (``--requirements``).
+    requirements: str | None = None
+    #: Install the bundled runtime's pinned packages (JAX, optax, orbax) on every host.
+    runtime_deps: bool = True
+    #: The bucket runs checkpoint to (``gs://<bucket>/tpuctl/runs/<run id>/checkpoints``).
+    bucket: str | None = None
+    #: An OpenSSH-style ProxyCommand (``%h %p %r``) for hosts without external IPs, e.g. an IAP tunnel.
+    ssh_proxy_command: str | None = None
 
 
 @dataclass(frozen=True)
@@ -157,6 +166,14 @@ class PreparedRun:
     executor_kind: ExecutorKind
     checkpoint_dir: str
     log_dir: Path
+    setup: SetupSpec
+
+    @property
+    def python(self) -> str:
+        """The hosts' interpreter: ``--python``, else the setup's environment (python3 when none)."""
+        from tpuctl.hosts.setup import env_python
+
+        return self.request.python or env_python(self.setup, self.request.ssh_remote_root)
 
     def spec(self, restart_count: int = 0) -> LaunchSpec:
         accel = self.target.accelerator
@@ -189,6 +206,7 @@ class AttemptResult:
     started_at: float
     ended_at: float
     exit_times: dict[int, float] = field(default_factory=dict)  # worker -> when its exit was seen
+    exceptions: dict[int, str] = field(default_factory=dict)  # worker -> "ValueError: boom"
 
     @property
     def succeeded(self) -> bool:

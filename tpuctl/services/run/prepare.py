@@ -13,10 +13,11 @@ from typing import TYPE_CHECKING, Any
 from tpuctl.errors import UsageError
 from tpuctl.hosts.base import ENV_NAME_RE, HostPlan
 from tpuctl.hosts.bundle import build_bundle
-from tpuctl.services.run import hosts, provision
+from tpuctl.services.run import checkpoints, hosts, provision
 from tpuctl.services.run.model import EXAMPLES, RUN_ID_RE, PreparedRun, RunRequest
 
 if TYPE_CHECKING:
+    from tpuctl.hosts.setup import SetupSpec
     from tpuctl.services.session import Session
 
 
@@ -55,10 +56,9 @@ def prepare(session: Session, request: RunRequest) -> PreparedRun:
             fix="use lowercase letters, digits and dashes, starting with a letter (at most 63)",
         )
     where = provision.target(session, request, run_id)
+    checkpoint_dir = checkpoints.checkpoint_dir(session, request, run_id, where)
+    setup = _setup_spec(session, request)
     bundle = build_bundle(workdir, limit_bytes=request.bundle_limit_bytes, exclude=(session.state_dir,))
-    checkpoint_dir = request.checkpoint_dir or hosts.default_checkpoint_dir(
-        session, runs_dir(session), run_id, executor_kind, request
-    )
     return PreparedRun(
         request=request,
         run_id=run_id,
@@ -70,6 +70,38 @@ def prepare(session: Session, request: RunRequest) -> PreparedRun:
         executor_kind=executor_kind,
         checkpoint_dir=checkpoint_dir,
         log_dir=runs_dir(session) / run_id,
+        setup=setup,
+    )
+
+
+def _setup_spec(session: Session, request: RunRequest) -> SetupSpec:
+    """What every host installs and runs after each provision (``tpuctl.hosts.setup``)."""
+    from tpuctl.hosts.setup import SetupSpec
+
+    requirements = None
+    if request.requirements is not None:
+        path = Path(request.requirements).expanduser()
+        try:
+            requirements = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UsageError(
+                f"cannot read --requirements {request.requirements}: {exc}",
+                field="requirements",
+                value=request.requirements,
+                fix="give a readable pip requirements file (one requirement per line)",
+            ) from None
+    for command in request.setup:
+        if not command.strip() or "\x00" in command:
+            raise UsageError(
+                f"bad --setup {command!r}: an empty command or one holding a NUL byte",
+                field="setup",
+                value=command,
+                fix="give a shell command, e.g. --setup 'sudo apt-get install -y libsndfile1'",
+            )
+    return SetupSpec(
+        runtime=session.backend.runtime if request.runtime_deps else None,
+        requirements=requirements,
+        commands=request.setup,
     )
 
 
@@ -196,5 +228,12 @@ def plan(session: Session, prepared: PreparedRun) -> dict[str, Any]:
         "bundle": prepared.bundle.summary(),
         "target": where,
         "checkpoint_dir": prepared.checkpoint_dir,
+        "setup": {
+            "key": prepared.setup.key(),
+            "runtime": prepared.setup.runtime,
+            "requirements": prepared.request.requirements,
+            "commands": list(prepared.setup.commands),
+            "python": prepared.python,
+        },
         "hosts": [h.to_dict(user_keys=list(prepared.user_env)) for h in host_plans],
     }

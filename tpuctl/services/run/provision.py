@@ -196,14 +196,14 @@ def _create(
 
 def _with_host_metadata(session: Session, prepared: PreparedRun, *, plan: bool) -> PlacementRequest:
     """The run's placement request with what its hosts need at creation in the node metadata (tpuctl's
-    SSH key for hosts reached over SSH). A plan shows a placeholder key and creates none."""
+    SSH key). A plan shows a placeholder key and creates none."""
     placement = prepared.target.placement
     assert placement is not None
-    extra = hosts.ssh_key_metadata(session, prepared.executor_kind, plan=plan)
-    if not extra:
-        return placement
-    # Hosts reached over SSH from here need an address outside the VPC: ask for external IPs.
-    return dataclasses.replace(placement, metadata={**placement.metadata, **extra}, external_ips=True)
+    extra = hosts.ssh_key_metadata(session, plan=plan)
+    # Hosts reached over SSH from here need an address outside the VPC (the API's default is none), unless
+    # a ProxyCommand (e.g. an IAP tunnel) reaches their internal addresses.
+    external = prepared.request.ssh_proxy_command is None
+    return dataclasses.replace(placement, metadata={**placement.metadata, **extra}, external_ips=external)
 
 
 def renamed(prepared: PreparedRun, restart: int, tries: int) -> PreparedRun:

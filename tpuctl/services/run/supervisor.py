@@ -344,9 +344,10 @@ class Supervisor:
             run.end(RunStatus.FAILED, exit_status(rc))
             plural = "s" if self.restarts != 1 else ""
             after = f" (after {self.restarts} restart{plural}, --max-restarts {limit})" if limit else ""
+            raised = result.exceptions.get(worker)
+            how = f"raised {raised}" if raised else describe_exit(rc)
             raise RunFailedError(
-                f"run {run_id} failed: host {worker} {describe_exit(rc)}; the other hosts were "
-                f"stopped{after}",
+                f"run {run_id} failed: host {worker} {how}; the other hosts were stopped{after}",
                 worker=worker,
                 returncode=rc,
                 fix=f"see its output: `tpuctl runs logs {run_id} --worker {worker}`",
@@ -550,7 +551,10 @@ class Supervisor:
             return
         if worker != 0 and kind != "preempted":
             return
+        lost = len(self.progress.lost_restores)
         self.progress.on_event(event, at)
+        if kind == "start" and len(self.progress.lost_restores) > lost:
+            self._lost_restore(self.progress.lost_restores[-1])
         if kind == "start":
             if event.get("skipped"):
                 skipped = ", ".join(f"step {s.get('step')} ({s.get('reason')})" for s in event["skipped"])
@@ -577,6 +581,18 @@ class Supervisor:
                 # Host 0 says so only once the step is committed (orbax finalizes after every host
                 # wrote): nothing the hosts still do matters, and jax's shutdown at exit takes seconds.
                 self._stop_hosts(Outcome.PREEMPTED, grace_s=1.0)
+
+    def _lost_restore(self, lost: dict[str, Any]) -> None:
+        """The program reported a checkpoint, and its restart restored less: say so, and keep it in the
+        run record (``runs describe``), never silence."""
+        restored = lost.get("restored")
+        self._inner.status(
+            f"error: the program reported a checkpoint at step {lost.get('saved')}, and its restart restored "
+            + (f"only step {restored}" if restored is not None else "nothing (it starts again from step 0)")
+            + "; check that --checkpoint-dir is a bucket every host reads and that the program restores from "
+            "TPUCTL_CHECKPOINT_DIR"
+        )
+        self._update_detail(lost_restores=list(self.progress.lost_restores))
 
     def _budget_stop(self) -> None:
         assert self._budget is not None and self._budget.decision is not None
@@ -696,7 +712,6 @@ class Supervisor:
                 f"could not delete {node.name}: {message}; delete it with `tpuctl pod delete {node.name}`"
             )
             return False
-        hosts.remove_host_disks(self._session, prepared, node)
         return True
 
     def _provision(
@@ -772,14 +787,8 @@ class Supervisor:
         ledger.update_run(self._run_id, detail=merged)
 
     def _record_hosts(self, executor: Executor) -> None:
-        pids = getattr(executor, "pids", None)
         attempt = self._attempt
-        changes: dict[str, Any] = {"restart_count": attempt.restart_count if attempt else 0}
-        if callable(pids):
-            from tpuctl.processes import process_start_ticks
-
-            changes["host_pids"] = {str(w): [p, process_start_ticks(p)] for w, p in pids().items()}
-        self._update_detail(**changes)
+        self._update_detail(restart_count=attempt.restart_count if attempt else 0)
 
     def _save_recovery(
         self, *, final_step: int | None, end: float | None = None, wall_start: float | None = None

@@ -13,7 +13,7 @@ from tpuctl.errors import CloudError, NotFoundError
 from tpuctl.runtime.preemption import parse_event
 from tpuctl.services.run import hosts
 from tpuctl.services.run.accounting import PreemptionRecord, Progress
-from tpuctl.services.run.model import ExecutorKind, LaunchObserver, PreparedRun
+from tpuctl.services.run.model import LaunchObserver, PreparedRun
 from tpuctl.store.records import EventKind
 
 if TYPE_CHECKING:
@@ -56,9 +56,10 @@ def take_over(
             ledger.close_segment(
                 seg.id, end=time.time(), detail={**(seg.detail or {}), "closed_by": "resume"}
             )
-    hosts.kill_left_hosts(
-        session, prepared.run_id, detail.get("host_pids"), executor_kind=prepared.executor_kind
-    )
+    if prepared.target.node is not None:  # the user's own slice stays: stop what the run left on it
+        hosts.stop_left_hosts(
+            session, _current(session, prepared.target.node), prepared.run_id, prepared.request.ssh_remote_root
+        )
     restart_count = int(detail.get("restart_count", restarts + len(preemptions))) + 1
     observer.status(f"taking over run {prepared.run_id} (restart {restart_count})")
     if prepared.target.node is not None:
@@ -74,9 +75,8 @@ def adopt_slices(
     """What becomes of the dead supervisor's slices: the one the run record names (it ran there; it may
     be preempted) and every other the ledger still has alive for the run: a placement or a recovery
     that was still making one when the supervisor died (the run record names a slice only once it is
-    placed, and names no zone at all while the allocator chooses). The first READY one is used again
-    where the hosts are local processes (they were killed above; the slice itself is fine), the others
-    are deleted, and one the API no longer has (a delete that landed before the kill could record it) is
+    placed, and names no zone at all while the allocator chooses). Every one is deleted (what ran on
+    its hosts is in an unknown state; the run restarts from its bucket on a fresh slice), and one the API no longer has (a delete that landed before the kill could record it) is
     recorded gone: no slice is left that the run forgot, and no ledger entry outlives its slice."""
     ledger = session.ledger
     run_id = prepared.run_id
@@ -86,7 +86,6 @@ def adopt_slices(
     for pod in ledger.list_pods(run_id=run_id, alive=True):
         if (pod.zone, pod.name) not in slices:
             slices.append((pod.zone, pod.name))
-    keep: Node | None = None
     for zone, name in slices:
         try:
             node = session.cloud.get_node(zone, name)
@@ -103,11 +102,16 @@ def adopt_slices(
             continue
         except CloudError:
             continue  # cannot tell now; the ledger still has it, so `tpuctl pod gc` will
-        if keep is None and node.state == "READY" and prepared.executor_kind is ExecutorKind.LOCAL:
-            keep = node
-            continue
         delete_slice(node, f"replaced by resume of run {run_id}")
-    return keep
+    return None  # never reused: see above
+
+
+def _current(session: Session, node: Node) -> Node | None:
+    """``node`` as the API has it now (None when it is gone or cannot be read)."""
+    try:
+        return session.cloud.get_node(node.zone, node.name)
+    except CloudError:
+        return None
 
 
 def seed_progress(progress: Progress, prepared: PreparedRun) -> None:

@@ -1,0 +1,82 @@
+"""Where a run's checkpoints live: a ``gs://`` directory every host can reach, on every backend.
+
+A host's disk dies with it and a recovery lands on fresh VMs (maybe in another zone), and a multi-host
+restore reads what every host wrote: only a bucket serves both. So a checkpoint directory is
+``--checkpoint-dir gs://...`` as given, else ``gs://<bucket>/tpuctl/runs/<run id>/checkpoints`` with the
+bucket from ``--bucket`` / the profile, else the backend's own (the simulator's emulator has one). A run
+that may be preempted with no bucket anywhere is refused before anything is created: its work would be
+lost at the first preemption. Checked here, at the edge of the run service, before any cloud call.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+from tpuctl.errors import UsageError
+
+if TYPE_CHECKING:
+    from tpuctl.catalog import CapacityType
+    from tpuctl.services.run.model import RunRequest, Target
+    from tpuctl.services.session import Session
+
+#: Bucket names as Cloud Storage allows them (https://cloud.google.com/storage/docs/buckets#naming),
+#: without the dotted (domain) form's extra rules.
+_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$")
+_FIX = (
+    "name a bucket every host can write: --checkpoint-dir gs://BUCKET/PATH, --bucket BUCKET, or "
+    "`bucket: BUCKET` in the profile"
+)
+
+
+def checkpoint_dir(session: Session, request: RunRequest, run_id: str, target: Target) -> str:
+    """The run's checkpoint directory ('' when the run cannot checkpoint: no bucket and it cannot be
+    preempted). Raises UsageError (exit 2) for a local path or a preemptible run with no bucket."""
+    if request.checkpoint_dir:
+        return _given(request.checkpoint_dir)
+    bucket = request.bucket or session.backend.default_bucket
+    if bucket:
+        return f"gs://{_bucket(bucket)}/tpuctl/runs/{run_id}/checkpoints"
+    capacities = [target.capacity] if target.node is not None else _placement_capacities(target)
+    if any(c.is_preemptible for c in capacities):
+        raise UsageError(
+            f"a {'/'.join(c.value for c in capacities)} run checkpoints to a bucket, and none is named: a "
+            "preempted VM's disk is gone and the run would restart from step 0",
+            field="checkpoint_dir",
+            fix=_FIX,
+        )
+    return ""
+
+
+def _placement_capacities(target: Target) -> list[CapacityType]:
+    assert target.placement is not None
+    return list(target.placement.capacity_types)
+
+
+def _given(path: str) -> str:
+    if not path.startswith("gs://"):
+        where = "a relative path" if not path.startswith("/") else "a path on one host's own disk"
+        raise UsageError(
+            f"--checkpoint-dir {path} is {where}: a preempted host's disk is gone, and the other hosts "
+            "cannot read it",
+            field="checkpoint_dir",
+            value=path,
+            fix=_FIX,
+        )
+    bucket, _, rest = path.removeprefix("gs://").partition("/")
+    _bucket(bucket)
+    return f"gs://{bucket}/{rest.strip('/')}".rstrip("/")
+
+
+def _bucket(name: str) -> str:
+    bucket = name.removeprefix("gs://").strip("/")
+    if not _BUCKET_RE.match(bucket):
+        raise UsageError(
+            f"{name!r} is not a Cloud Storage bucket name",
+            field="bucket",
+            value=name,
+            fix="3-222 lowercase letters, digits, '-', '_' or '.', starting and ending with a letter or "
+            "digit, e.g. my-team-checkpoints",
+        )
+    return bucket
+

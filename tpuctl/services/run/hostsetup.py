@@ -1,0 +1,137 @@
+"""After every provision, before the program: set every host up, then check the program's imports.
+
+A TPU VM (and a simulated one) boots a stock image: no JAX, optax or orbax, maybe an older Python. Every
+attempt therefore runs the setup script of ``tpuctl.hosts.setup`` on every host (skipped on a host that
+already has the same setup, keyed by its inputs), each host's output streamed with its prefix and kept in
+its log. A failure names the host, the command and its last lines, and nothing starts. Then one check
+that the program's imports resolve in the hosts' environment, so a missing module is reported in seconds
+with the fix, not as a traceback on every host after start-up.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import shlex
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tpuctl.errors import RunFailedError
+
+if TYPE_CHECKING:
+    from tpuctl.hosts.ssh import SshExecutor
+    from tpuctl.services.run.hostlog import HostLog
+    from tpuctl.services.run.model import LaunchObserver, PreparedRun
+
+#: The longest a host's setup may take (a cold install of jax[tpu] on Google takes a few minutes).
+SETUP_TIMEOUT_S = 1800.0
+_CHECK_TIMEOUT_S = 120.0
+#: The exit status of the import check when a module is missing.
+_MISSING = 3
+_CHECK_CODE = (
+    "import importlib.util, sys\n"
+    "missing = [m for m in sys.argv[1:] if importlib.util.find_spec(m) is None]\n"
+    "print('missing:', ' '.join(missing)) if missing else None\n"
+    f"sys.exit({_MISSING} if missing else 0)\n"
+)
+
+
+def run_setup(
+    observer: LaunchObserver, executor: SshExecutor, prepared: PreparedRun, logs: Mapping[int, HostLog]
+) -> None:
+    """Run the setup on every host; raises RunFailedError naming the first failed host and command."""
+    from tpuctl.hosts.setup import failed_command, setup_script
+
+    spec = prepared.setup
+    script = setup_script(spec, prepared.request.ssh_remote_root)
+    what = ", ".join(
+        part
+        for part in (
+            f"runtime ({spec.runtime})" if spec.runtime else "",
+            "--requirements" if spec.requirements else "",
+            f"{len(spec.commands)} --setup command(s)" if spec.commands else "",
+        )
+        if part
+    )
+    observer.status(f"setting up {executor.num_hosts} hosts: {what or 'nothing to install'}")
+    started = time.monotonic()
+
+    def on_line(worker: int, text: str) -> None:
+        logs[worker].write(text)
+        observer.line(worker, text)
+
+    results = executor.run_command(script, on_line=on_line, timeout_s=SETUP_TIMEOUT_S)
+    failed = sorted(w for w, r in results.items() if r.exit_status != 0)
+    if failed:
+        worker = failed[0]
+        result = results[worker]
+        command = failed_command(result.tail) or "the setup script"
+        status = "no exit status (the host was lost)" if result.exit_status is None else f"exit {result.exit_status}"
+        tail = "\n".join(f"    {line}" for line in result.tail[-10:])
+        raise RunFailedError(
+            f"setup failed on host {worker} ({status}) running: {command}\n{tail}"
+            + (f"\n(hosts {', '.join(map(str, failed[1:]))} failed too)" if len(failed) > 1 else ""),
+            worker=worker,
+            fix="fix the --setup command or --requirements file; the host's whole output is in "
+            f"`tpuctl runs logs {prepared.run_id} --worker {worker}`",
+        )
+    observer.status(f"setup done on {executor.num_hosts} hosts in {time.monotonic() - started:.1f} s")
+
+
+def check_imports(observer: LaunchObserver, executor: SshExecutor, prepared: PreparedRun) -> None:
+    """Raise RunFailedError when a module the program imports is missing from the hosts' environment."""
+    modules = program_imports(prepared)
+    if not modules:
+        return
+    command = " ".join(
+        shlex.quote(part) for part in (prepared.python, "-c", _CHECK_CODE, *sorted(modules))
+    )
+    results = executor.run_command(command, on_line=lambda w, t: None, timeout_s=_CHECK_TIMEOUT_S)
+    result = results[min(results)]
+    if result.exit_status == 0:
+        return
+    missing = next((line.split(":", 1)[1].split() for line in result.tail if line.startswith("missing:")), [])
+    if result.exit_status == _MISSING and missing:
+        names = ", ".join(missing)
+        raise RunFailedError(
+            f"the program imports {names}, which the hosts' environment does not have "
+            f"(checked on host {result.worker} before starting)",
+            worker=result.worker,
+            fix=f"install it on every host: --requirements FILE listing {missing[0]}, or "
+            f"--setup 'uv pip install {missing[0]}'",
+        )
+    tail = " / ".join(result.tail[-3:])
+    observer.status(f"note: could not check the program's imports on host {result.worker}: {tail}")
+
+
+def program_imports(prepared: PreparedRun) -> set[str]:
+    """The top-level modules the program imports that neither its bundle nor the standard library has
+    (``tpuctl`` itself ships in the bundle)."""
+    source = _program_source(prepared)
+    if source is None:
+        return set()
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return set()  # Python on the host reports it, with the line
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module.split(".")[0])
+    local = {f.path.split("/")[0].removesuffix(".py") for f in prepared.bundle.files}
+    return {m for m in found if m not in local and m != "__future__" and m not in sys.stdlib_module_names}
+
+
+def _program_source(prepared: PreparedRun) -> str | None:
+    program = prepared.program
+    if program and program[0] == "-m":
+        spec = importlib.util.find_spec(program[1])
+        origin = spec.origin if spec is not None else None
+        return Path(origin).read_text(encoding="utf-8") if origin else None
+    source = next((f.source for f in prepared.bundle.files if f.path == program[0]), None)
+    return source.read_text(encoding="utf-8", errors="replace") if source is not None else None
