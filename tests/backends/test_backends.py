@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,9 +32,12 @@ def node(*endpoints: NetworkEndpoint) -> Node:
 def test_the_settings_choose_the_backend_once(state_dir: Path) -> None:
     sim = open_backend(load_settings({"backend": "sim", "state_dir": state_dir}))
     gcp = open_backend(load_settings({"project": "my-proj", "state_dir": state_dir}))
-    assert isinstance(sim, SimBackend) and sim.name == "sim" and sim.default_executor == "sim"
+    assert isinstance(sim, SimBackend) and sim.name == "sim" and sim.runtime == "cpu"
     assert isinstance(gcp, GcpBackend) and gcp.name == "gcp" and gcp.project == "my-proj"
-    assert gcp.default_executor == "ssh"
+    assert gcp.runtime == "tpu"
+    # Only the simulator has a bucket of its own; on Google the user names one.
+    assert sim.default_bucket == "tpuctl-sim" and gcp.default_bucket is None
+    assert gcp.own_prices() is None
     # Both are what services see: the Backend protocol.
     for backend in (sim, gcp):
         check: Backend = backend
@@ -52,50 +56,21 @@ def test_google_is_patient_and_the_simulator_is_fast() -> None:
 def test_google_hosts_are_reached_on_port_22_through_their_external_ip_when_they_have_one() -> None:
     # The endpoints' own port is the TPU runtime's (8470), never SSH's.
     n = node(NetworkEndpoint("10.0.0.2", 8470, "34.1.2.3"), NetworkEndpoint("10.0.0.3", 8470))
-    assert GcpBackend(project="p").host_addresses(n) == [
+    cloud: Any = None  # Google's addresses come from the node alone
+    assert GcpBackend(project="p").host_addresses(cloud, n) == [
         HostAddress("34.1.2.3", 22),
         HostAddress("10.0.0.3", 22),
     ]
 
 
-def test_simulated_hosts_are_reached_at_their_endpoint_port() -> None:
-    n = node(NetworkEndpoint("127.0.0.1", 2201), NetworkEndpoint("127.0.0.1", 2202))
-    assert SimBackend().host_addresses(n) == [HostAddress("127.0.0.1", 2201), HostAddress("127.0.0.1", 2202)]
-
-
-def test_only_the_simulator_has_local_hosts_and_its_own_prices(state_dir: Path) -> None:
-    from tpuctl.cloud.tpu_api import TpuApiCloud
-
-    cloud = TpuApiCloud.for_simulator(project="p", base_url="http://127.0.0.1:9")
-    try:
-        assert GcpBackend(project="p").local_hosts(cloud, state_dir) is None
-        assert GcpBackend(project="p").own_prices() is None
-        local = SimBackend().local_hosts(cloud, state_dir)
-        assert local is not None
-        assert local.checkpoint_dir(state_dir / "runs", "run-1") == str(
-            state_dir / "runs" / "run-1" / "checkpoints"
-        )
-    finally:
-        cloud.close()
-    own = SimBackend().own_prices()
-    assert own.project == "tpuctl-sim" and own.where == "(built-in default world)"
-    for regions in own.overrides.values():
-        for prices in regions.values():
-            assert set(prices) <= {"on_demand", "spot"}
-            assert all(value >= 0 for value in prices.values())
-
-
-def test_local_host_disks_are_wiped_with_their_slice(state_dir: Path) -> None:
-    from tpuctl.backends.sim import HOSTS_DIR, LocalSimHosts
-
-    local = LocalSimHosts(state_dir / HOSTS_DIR, admin_url="http://127.0.0.1:9")
-    disk = state_dir / HOSTS_DIR / "us-central1-a" / "n" / "worker-0"
-    disk.mkdir(parents=True)
-    (disk / "ckpt").write_text("x")
-    other = state_dir / HOSTS_DIR / "us-central1-a" / "other" / "worker-0"
-    other.mkdir(parents=True)
-    local.cleanup(node())
-    assert not disk.exists() and other.exists()
+def test_only_simulated_hosts_get_cpu_devices_for_their_chips() -> None:
+    addresses = [HostAddress("127.20.0.1", 22), HostAddress("127.20.0.2", 22)]
+    assert GcpBackend(project="p").host_env(1, addresses, 4) == {}
+    env = SimBackend().host_env(1, addresses, 4)
+    assert env["JAX_PLATFORMS"] == "cpu" and env["JAX_NUM_CPU_DEVICES"] == "4"
+    # The coordinator listens on host 0's own address, never on every interface.
+    assert env["JAX_COORDINATOR_BIND_ADDRESS"] == "127.20.0.1:8476"
+    assert env["TPUCTL_COORDINATOR_PORT"] == "8476" and env["TPUCTL_SIM"] == "1"
 
 
 @pytest.mark.parametrize("speed", [1.0, 100.0])
@@ -107,7 +82,8 @@ def test_the_simulator_reports_its_notice_grace_in_real_seconds(
     admin = serve_sim({"speed": speed, "durations": {"preemption_grace_s": 30}}, point_cli=False)
     cloud = TpuApiCloud.for_simulator(project="p", base_url=admin.base_url)
     try:
-        assert SimBackend().notice_grace_s(cloud) == pytest.approx(30 / speed)
+        # The grace is honoured in real seconds, whatever the world's speed.
+        assert SimBackend().notice_grace_s(cloud) == pytest.approx(30)
         assert GcpBackend(project="p").notice_grace_s(cloud) is None
     finally:
         cloud.close()

@@ -30,29 +30,33 @@ def script(tmp_path: Path) -> Path:
     return path
 
 
-def plan_both(cli: Cli, script: Path, executor: str) -> tuple[CliResult, CliResult]:
-    """`pod create v5e-64` and `run --type v5e-64` with ``executor``, both dry runs under the profile."""
+#: A ProxyCommand reaching hosts by their internal address (as an IAP tunnel would).
+PROXY = ["--ssh-proxy-command", "nc %h %p"]
+
+
+def plan_both(cli: Cli, script: Path, *run_flags: str) -> tuple[CliResult, CliResult]:
+    """`pod create v5e-64` and `run --type v5e-64 RUN_FLAGS`, both dry runs under the profile."""
     pod = cli("pod", "create", "v5e-64", "--dry-run", "-o", "json")
-    run = cli("run", str(script), "--type", "v5e-64", "--executor", executor, "--dry-run", "-o", "json")
+    run = cli("run", str(script), "--type", "v5e-64", *run_flags, "--dry-run", "-o", "json")
     return pod, run
 
 
-@pytest.mark.parametrize("executor", ["sim", "ssh"])
+@pytest.mark.parametrize("proxy", [[], PROXY])
 def test_run_and_pod_create_give_the_same_verdict_over_the_price_cap(
-    cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: Path, executor: str
+    cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: Path, proxy: list[str]
 ) -> None:
     profile(tmp_path, monkeypatch, capacity_types=["spot"], max_price=5)
-    pod, run = plan_both(cli, script, executor)
+    pod, run = plan_both(cli, script, *proxy)
     assert pod.code == run.code == 6, (pod.stderr, run.stderr)
     assert pod.json["plan"]["verdict"] == run.json["error"] == "over_price_cap"
 
 
-@pytest.mark.parametrize("executor", ["sim", "ssh"])
+@pytest.mark.parametrize("proxy", [[], PROXY])
 def test_run_and_pod_create_plan_the_same_spot_placement_under_the_cap(
-    cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: Path, executor: str
+    cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: Path, proxy: list[str]
 ) -> None:
     profile(tmp_path, monkeypatch, capacity_types=["spot"], max_price=100)
-    pod, run = plan_both(cli, script, executor)
+    pod, run = plan_both(cli, script, *proxy)
     assert pod.code == run.code == 0, (pod.stderr, run.stderr)
     chosen = pod.json["plan"]["chosen"]
     target = run.json["plan"]["target"]
@@ -60,10 +64,11 @@ def test_run_and_pod_create_plan_the_same_spot_placement_under_the_cap(
     assert target["zone"] == chosen["zone"] == target["create"]["chosen"]["zone"]
     assert target["create"]["request"]["max_price_per_hour"] == 100.0
     bodies = json.dumps(target["create"]["requests"])
-    # Hosts reached over SSH need tpuctl's key at creation (in the placement's node metadata) and an
-    # external IP (the API gives none unless asked).
-    assert ("ssh-keys" in bodies) is (executor == "ssh")
-    assert ("enableExternalIps" in bodies or "enable_external_ips" in bodies) is (executor == "ssh")
+    # Every host is reached over SSH: tpuctl's key goes in at creation (the placement's node metadata),
+    # and an external IP is asked for (the API gives none unless asked) unless a ProxyCommand reaches
+    # the internal addresses.
+    assert "ssh-keys" in bodies
+    assert ("enableExternalIps" in bodies or "enable_external_ips" in bodies) is (not proxy)
 
 
 @pytest.fixture

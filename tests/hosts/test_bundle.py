@@ -12,7 +12,6 @@ import pytest
 
 from tpuctl.errors import EXIT_USAGE
 from tpuctl.hosts.bundle import COMPLETE_MARKER, BundleError, build_bundle
-from tpuctl.hosts.sim import SimExecutor
 
 
 def _write(root: Path, rel: str, text: str = "x") -> Path:
@@ -174,36 +173,6 @@ def test_tar_is_deterministic_and_holds_the_marker_last(tmp_path: Path) -> None:
         assert marker is not None and marker.read().decode().strip() == bundle.digest
     assert names[-1] == COMPLETE_MARKER
     assert set(names[:-1]) == {f.path for f in bundle.files}
-
-
-def test_unchanged_bundle_is_not_shipped_again(tmp_path: Path) -> None:
-    w = tmp_path / "proj"
-    _write(w, "train.py", "print(1)\n")
-    executor = SimExecutor(tmp_path / "hosts", zone="us-central1-a", node="n1", num_hosts=3)
-    bundle = build_bundle(w)
-
-    first = executor.ship(bundle)
-    assert [r.shipped for r in first] == [True, True, True]
-    assert all(r.bytes == bundle.total_bytes for r in first)
-    copy = executor.bundle_dir(1, bundle.digest)
-    assert (copy / "train.py").read_text() == "print(1)\n"
-    assert (copy / "tpuctl/runtime/hostenv.py").is_file()
-    assert (copy / COMPLETE_MARKER).read_text().strip() == bundle.digest
-
-    again = executor.ship(build_bundle(w))
-    assert [r.shipped for r in again] == [False, False, False]
-    assert [r.bytes for r in again] == [0, 0, 0]
-
-    # A copy interrupted before its marker was written is never trusted.
-    (executor.bundle_dir(2, bundle.digest) / COMPLETE_MARKER).unlink()
-    assert [r.shipped for r in executor.ship(bundle)] == [False, False, True]
-
-    # A change ships a new bundle next to the old one.
-    (w / "train.py").write_text("print(2)\n")
-    changed = build_bundle(w)
-    assert [r.shipped for r in executor.ship(changed)] == [True, True, True]
-    assert (executor.bundle_dir(0, changed.digest) / "train.py").read_text() == "print(2)\n"
-    executor.close()
 
 
 def test_tpuctls_state_dir_inside_the_workdir_is_never_shipped(tmp_path: Path) -> None:

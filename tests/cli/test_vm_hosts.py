@@ -1,0 +1,163 @@
+"""Simulated hosts are VMs (issue 14): `tpuctl run` reaches them over SSH only, each has its own address,
+disk and metadata server at Google's standard paths, and nothing of the launcher's machine shows through.
+Stdlib-only programs with ``--no-runtime-deps``: nothing to install, so these runs take seconds."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tpuctl.sim import SimAdminClient
+from tpuctl.testing.cli import Cli
+
+WORLD: dict[str, Any] = {
+    "speed": 1000,
+    "zones": {"us-central1-a": {"v5e": {"on_demand": 64, "preemptible": 64}}},
+    "quotas": {
+        "default": {"on_demand": {"zone": -1, "region": -1}, "preemptible": {"zone": -1, "region": -1}}
+    },
+    "latency": {"base_ms": 0, "jitter_ms": 0},
+}
+
+PROBE = r"""
+import json, os, urllib.request
+
+def metadata(path):
+    request = urllib.request.Request(
+        f"http://{os.environ['GCE_METADATA_HOST']}/computeMetadata/v1/{path}",
+        headers={"Metadata-Flavor": "Google"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        return answer.read().decode()
+
+worker = metadata("instance/attributes/agent-worker-number")
+mine = os.path.join(os.path.expanduser("~"), f"probe-{worker}")
+with open(mine, "w") as fh:
+    fh.write(worker)
+others = sorted(n for n in os.listdir(os.path.expanduser("~")) if n.startswith("probe-"))
+print("PROBE " + json.dumps({
+    "worker": int(worker),
+    "ip": metadata("instance/network-interfaces/0/ip"),
+    "endpoints": metadata("instance/attributes/worker-network-endpoints"),
+    "home": os.path.expanduser("~"),
+    "cwd": os.getcwd(),
+    "seen": others,
+    "env": dict(os.environ),
+}), flush=True)
+"""
+
+
+@pytest.fixture
+def admin(serve_sim: Callable[..., SimAdminClient]) -> SimAdminClient:
+    return serve_sim(WORLD)
+
+
+def probes(stdout: str) -> list[dict[str, Any]]:
+    found = [json.loads(m.group(1)) for m in re.finditer(r"PROBE (\{.*\})$", stdout, re.MULTILINE)]
+    return sorted(found, key=lambda p: p["worker"])
+
+
+def test_each_host_of_a_v5e_16_is_a_vm_of_its_own(
+    admin: SimAdminClient, cli: Cli, tmp_path: Path, state_dir: Path
+) -> None:
+    script = tmp_path / "proj" / "probe.py"
+    script.parent.mkdir()
+    script.write_text(PROBE)
+    assert cli("pod", "create", "v5e-16", "--zone", "us-central1-a", "--name", "vms").code == 0
+    result = cli("run", str(script), "--pod", "vms", "--no-runtime-deps")
+    assert result.code == 0, result.stderr[-3000:]
+    found = probes(result.stdout)
+    assert [p["worker"] for p in found] == [0, 1, 2, 3]
+    ips = [p["ip"] for p in found]
+    assert len(set(ips)) == 4 and all(ip.startswith("127.") and ip != "127.0.0.1" for ip in ips)
+    # The real format, with every host's own address, in worker order.
+    assert found[0]["endpoints"] == ",".join(f"unknown:unknown:{ip}" for ip in ips)
+    for probe in found:
+        # Its own disk: it sees its own file only, and nothing of tpuctl's state dir shows through.
+        assert probe["seen"] == [f"probe-{probe['worker']}"]
+        assert str(state_dir) not in json.dumps(probe["env"]) and str(state_dir) not in probe["cwd"]
+        assert not any(k.startswith("TPUCTL_STATE") or k == "TPUCTL_SIM_URL" for k in probe["env"])
+    homes = {p["home"] for p in found}
+    assert len(homes) == 4
+    # A second run on the same slice finds the files again (the disk lives as long as the VM) ...
+    again = probes(cli("run", str(script), "--pod", "vms", "--no-runtime-deps").stdout)
+    assert [p["seen"] for p in again] == [[f"probe-{w}"] for w in range(4)]
+    # ... and the disk goes with the slice.
+    assert cli("pod", "delete", "vms", "-y").code == 0
+    assert not any(Path(h).exists() for h in homes)
+
+
+def test_a_program_that_imports_a_missing_module_fails_in_seconds_naming_it(
+    admin: SimAdminClient, cli: Cli, tmp_path: Path
+) -> None:
+    script = tmp_path / "proj" / "needs.py"
+    script.parent.mkdir()
+    script.write_text("import tpuctl_not_installed_anywhere\nprint('never')\n")
+    result = cli("run", str(script), "--type", "v5e-8", "--no-runtime-deps")
+    assert result.code == 8, result.stderr[-2000:]
+    assert "tpuctl_not_installed_anywhere" in result.stderr and "--requirements" in result.stderr
+    assert "never" not in result.stdout
+    assert cli("sim", "status", "-o", "json").json["nodes"] == []  # nothing left billing
+
+
+def test_setup_failing_on_one_host_names_it_and_the_command(
+    admin: SimAdminClient, cli: Cli, tmp_path: Path
+) -> None:
+    script = tmp_path / "proj" / "ok.py"
+    script.parent.mkdir()
+    script.write_text("print('ran')\n")
+    failing = (
+        "python3 -c \"import os, sys, urllib.request as u; "
+        "r = u.Request('http://' + os.environ['GCE_METADATA_HOST'] + "
+        "'/computeMetadata/v1/instance/attributes/agent-worker-number', headers={'Metadata-Flavor': 'Google'}); "
+        "sys.exit(1 if u.urlopen(r).read() == b'3' else 0)\""
+    )
+    result = cli("run", str(script), "--type", "v5e-16", "--no-runtime-deps", "--setup", failing)
+    assert result.code == 8, result.stderr[-3000:]
+    assert "setup failed on host 3" in result.stderr and "agent-worker-number" in result.stderr
+    assert "ran" not in result.stdout
+    assert cli("sim", "status", "-o", "json").json["nodes"] == []
+
+
+def test_a_local_checkpoint_dir_is_refused_before_anything_is_made(
+    admin: SimAdminClient, cli: Cli, tmp_path: Path
+) -> None:
+    script = tmp_path / "proj" / "ok.py"
+    script.parent.mkdir()
+    script.write_text("print('ran')\n")
+    for path, says in (("ckpt", "relative path"), ("/tmp/ckpt", "one host's own disk")):
+        result = cli("run", str(script), "--type", "v5e-8", "--checkpoint-dir", path)
+        assert result.code == 2 and says in result.stderr and "gs://" in result.stderr
+    assert cli("sim", "status", "-o", "json").json["nodes"] == []
+
+
+@pytest.mark.parametrize("flags", [["--spot"], ["--preemptible"]])
+def test_on_google_a_preemptible_run_without_a_bucket_is_refused_before_any_request(
+    cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flags: list[str]
+) -> None:
+    import google.auth
+    import requests
+    import respx
+
+    def refuse(what: str) -> Callable[..., object]:
+        def call(*args: object, **kwargs: object) -> object:
+            raise AssertionError(f"{what} before the refusal")
+
+        return call
+
+    # The TPU client speaks requests (google-auth's AuthorizedSession); other clients speak httpx.
+    monkeypatch.setattr(google.auth, "default", refuse("credentials were looked up"))
+    monkeypatch.setattr(requests.Session, "send", refuse("a request was sent"))
+    script = tmp_path / "proj" / "train.py"
+    script.parent.mkdir()
+    script.write_text("print('ran')\n")
+    with respx.mock(assert_all_called=False) as router:
+        result = cli("--backend", "gcp", "--project", "p", "run", str(script), "--type", "v5e-8", *flags)
+        assert router.calls.call_count == 0
+    assert result.code == 2, result.stderr[-2000:]
+    assert "--checkpoint-dir gs://" in result.stderr and "bucket" in result.stderr
