@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
 from metadata_server import MetadataServer, slice_values
+
 from tpuctl.runtime.hostenv import sim_host_env
 
 REPO = Path(__file__).resolve().parents[2]

@@ -73,7 +73,9 @@ class MetadataServer:
                 last = query.get("last_etag", "")
                 current = self.values.get(key)
                 self._changed.wait_for(
-                    lambda: self._closing or etag_of(self.values.get(key, "")) != (last or etag_of(current or "")),
+                    lambda: (
+                        self._closing or etag_of(self.values.get(key, "")) != (last or etag_of(current or ""))
+                    ),
                     timeout=float(query.get("timeout_sec", "60")),
                 )
             value = self.values.get(key)

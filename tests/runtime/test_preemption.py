@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from metadata_server import MetadataServer, etag_of, slice_values
 
 from tpuctl.runtime import preemption
@@ -68,7 +67,7 @@ def test_metadata_client_reads_values_with_the_header_and_etag(metadata: Metadat
     finally:
         client.close()
     assert {flavor for _, _, flavor in metadata.requests} == {"Google"}
-    assert [path for path, _, _ in metadata.requests][0] == "/computeMetadata/v1/instance/preempted"
+    assert metadata.requests[0][0] == "/computeMetadata/v1/instance/preempted"
     for bad in ("ftp://x", "http://127.0.0.1:9/sim/metadata", ""):
         with pytest.raises(ValueError, match="host"):
             MetadataClient(bad or "http://")
@@ -85,7 +84,7 @@ def test_long_poll_returns_at_the_change_not_at_the_timeout(metadata: MetadataSe
         client.close()
     assert changed.text == "TRUE" and changed.etag != first.etag
     assert 0.2 < time.monotonic() - started < 10
-    path, query, _ = metadata.requests[-1]
+    query = metadata.requests[-1][1]
     assert query == {"wait_for_change": "true", "last_etag": str(first.etag), "timeout_sec": "30"}
 
 

@@ -445,8 +445,8 @@ def exit_preempted(step: int, *, saved: bool, save_s: float | None = None, say: 
 
 __all__ = [
     "EVENT_PREFIX",
-    "PREEMPTED_EXIT_CODE",
     "MAINTENANCE_PATH",
+    "PREEMPTED_EXIT_CODE",
     "PREEMPTED_PATH",
     "MetadataClient",
     "MetadataValue",

@@ -88,7 +88,7 @@ def worker_addresses(endpoints: str) -> list[str]:
 
 
 def coordinator_address(override_port: str | None = None) -> str:
-    """"host:port" of the coordinator (host 0): see the module docstring for the precedence."""
+    """ "host:port" of the coordinator (host 0): see the module docstring for the precedence."""
     explicit = os.environ.get(hostenv.COORDINATOR_ADDRESS, "")
     if explicit:
         host, _, port = explicit.rpartition(":")
@@ -127,7 +127,9 @@ def _make_cluster() -> type[Any]:
             return sim_env_present()
 
         @classmethod
-        def get_coordinator_address(cls, timeout_secs: int | None, override_coordinator_port: str | None) -> str:
+        def get_coordinator_address(
+            cls, timeout_secs: int | None, override_coordinator_port: str | None
+        ) -> str:
             address = coordinator_address(override_coordinator_port)
             # JAX's coordinator binds [::]:port unless told otherwise (jax/_src/distributed.py reads
             # JAX_COORDINATOR_BIND_ADDRESS after this call). Simulated VMs share one network namespace,
