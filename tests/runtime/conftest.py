@@ -1,5 +1,6 @@
 """Helpers for runtime tests: JAX runs in subprocesses (device counts and the distributed client must be
-set before jax starts), simulated hosts are local processes on loopback.
+set before jax starts), simulated hosts are local processes on loopback, each with a metadata server of
+its own (tests/runtime/metadata_server.py) that tells it its worker number and the slice's endpoints.
 
 Every child gets a timeout and is killed in a ``finally``; outputs go to files, not pipes, so a chatty
 host can never block on a full pipe while we wait on another.
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from metadata_server import MetadataServer, slice_values
 
 from tpuctl.runtime.hostenv import sim_host_env
 
@@ -86,7 +88,6 @@ class Hosts:
         restart_count: int = 0,
         accelerator_type: str = "v5litepod-16",
         topology: str = "4x4",
-        metadata_url: str = "http://127.0.0.1:9",
         env: dict[str, str] | None = None,
     ) -> None:
         self.workdir = workdir
@@ -94,9 +95,11 @@ class Hosts:
         port = free_port()
         self.procs: list[subprocess.Popen[bytes]] = []
         self.logs: list[tuple[Path, Path]] = []
+        self.metadata: list[MetadataServer] = []
         workdir.mkdir(parents=True, exist_ok=True)
         try:
             for w in range(num):
+                self.metadata.append(MetadataServer(slice_values(w, ["127.0.0.1"] * num, accelerator_type)))
                 env = dict(base)
                 env.update(
                     sim_host_env(
@@ -110,7 +113,7 @@ class Hosts:
                         checkpoint_dir=str(checkpoint_dir or workdir / "ckpt"),
                         restart_count=restart_count,
                         bundle_dir=REPO,
-                        metadata_url=metadata_url,
+                        metadata_host=self.metadata[w].host,
                     )
                 )
                 env.update(env_extra)
@@ -142,6 +145,9 @@ class Hosts:
     def kill(self) -> None:
         for p in self.procs:
             _kill(p)
+        for m in self.metadata:
+            m.close()
+        self.metadata = []
 
 
 @pytest.fixture(scope="session")

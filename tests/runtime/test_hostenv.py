@@ -41,11 +41,9 @@ def test_sim_host_env_is_exactly_the_contract() -> None:
         "TPUCTL_TOPOLOGY": "4x4",
         "TPUCTL_CHECKPOINT_DIR": "/ck",
         "TPUCTL_RESTART_COUNT": "2",
-        "TPUCTL_METADATA_URL": "http://metadata.google.internal",
         "TPUCTL_SIM": "1",
-        "TPUCTL_COORDINATOR_ADDRESS": "127.0.0.1:12345",
+        "TPUCTL_COORDINATOR_PORT": "12345",
         "TPUCTL_CHIPS_PER_HOST": "4",
-        "JAX_COORDINATOR_BIND_ADDRESS": "127.0.0.1:12345",
         "JAX_PLATFORMS": "cpu",
         "JAX_NUM_CPU_DEVICES": "4",
         "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo",
@@ -56,8 +54,8 @@ def test_sim_host_env_is_exactly_the_contract() -> None:
 
 
 def test_sim_host_env_options() -> None:
-    env = _env(metadata_url="http://127.0.0.1:8080", base_pythonpath="/x:/y")
-    assert env["TPUCTL_METADATA_URL"] == "http://127.0.0.1:8080"
+    env = _env(metadata_host="127.16.0.2:8080", base_pythonpath="/x:/y")
+    assert env["GCE_METADATA_HOST"] == env["GCE_METADATA_IP"] == "127.16.0.2:8080"
     assert env["PYTHONPATH"].split(os.pathsep)[-2:] == ["/x", "/y"]
 
 
@@ -85,15 +83,23 @@ def test_sim_host_env_rejects_nonsense(bad: dict[str, int]) -> None:
 
 
 def test_worker_env_round_trip_and_defaults() -> None:
-    w = WorkerEnv.from_env(_env())
+    w = WorkerEnv.from_env({**_env(), "TPUCTL_COORDINATOR_ADDRESS": "127.16.0.9:5"})
     assert (w.run_id, w.worker_id, w.num_workers, w.restart_count) == ("r-1", 1, 4, 2)
-    assert w.sim and w.coordinator_address == "127.0.0.1:12345" and w.chips_per_host == 4
+    assert w.sim and w.coordinator_address == "127.16.0.9:5" and w.chips_per_host == 4
     assert w.generation == "v5litepod" and w.launched_by_tpuctl
     local = WorkerEnv.from_env({})
     assert (local.worker_id, local.num_workers, local.sim, local.launched_by_tpuctl) == (0, 1, False, False)
-    assert local.metadata_url == hostenv.DEFAULT_METADATA_URL
+    assert local.metadata_host == hostenv.DEFAULT_METADATA_HOST == "metadata.google.internal"
     with pytest.raises(ValueError, match="TPUCTL_NUM_WORKERS"):
         WorkerEnv.from_env({"TPUCTL_NUM_WORKERS": "two"})
+
+
+def test_metadata_host_follows_google_auth_then_jax() -> None:
+    assert hostenv.metadata_host({}) == "metadata.google.internal"
+    assert hostenv.metadata_host({"GCE_METADATA_IP": "10.0.0.1"}) == "10.0.0.1"
+    both = {"GCE_METADATA_HOST": "127.16.0.2:8080", "GCE_METADATA_IP": "10.0.0.1"}
+    assert hostenv.metadata_host(both) == "127.16.0.2:8080"
+    assert WorkerEnv.from_env(both).metadata_host == "127.16.0.2:8080"
 
 
 def test_libtpu_flags_table_and_user_override() -> None:

@@ -5,7 +5,8 @@ Plus the watcher itself without JAX (single process: its own SIGTERM handler, th
 
 from __future__ import annotations
 
-import http.server
+import http.client
+import inspect
 import json
 import os
 import re
@@ -17,10 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from metadata_server import MetadataServer, etag_of, slice_values
 
+from tpuctl.runtime import preemption
 from tpuctl.runtime.preemption import (
     PREEMPTED_EXIT_CODE,
     MetadataClient,
+    MetadataValue,
     PreemptionWatch,
     parse_event,
 )
@@ -38,50 +42,9 @@ def events(text: str) -> list[dict[str, Any]]:
     return [e for e in (parse_event(line) for line in text.splitlines()) if e is not None]
 
 
-class _Metadata:
-    """A metadata server lookalike: ``instance/preempted`` is FALSE until ``preempt()``."""
-
-    def __init__(self) -> None:
-        self.flag = "FALSE"
-        self.requests = 0
-        outer = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def do_GET(self) -> None:
-                outer.requests += 1
-                ok = self.path.endswith("/computeMetadata/v1/instance/preempted")
-                ok = ok and self.headers.get("Metadata-Flavor") == "Google"
-                body = outer.flag.encode() if ok else b"no"
-                self.send_response(200 if ok else 403)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.thread = threading.Thread(
-            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
-        self.thread.start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}/sim/metadata/z/n/0"
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self.thread.join(timeout=5)
-
-
 @pytest.fixture
-def metadata() -> Iterator[_Metadata]:
-    server = _Metadata()
+def metadata() -> Iterator[MetadataServer]:
+    server = MetadataServer(slice_values(0, ["127.0.0.1"]))
     try:
         yield server
     finally:
@@ -91,16 +54,51 @@ def metadata() -> Iterator[_Metadata]:
 # --- the watcher on its own (no JAX) ----------------------------------------------------------------
 
 
-def test_metadata_client_reads_the_flag_and_sends_the_header(metadata: _Metadata) -> None:
-    client = MetadataClient(metadata.url)
+def test_metadata_client_reads_values_with_the_header_and_etag(metadata: MetadataServer) -> None:
+    client = MetadataClient(metadata.host)
     try:
         assert client.preempted() is False
-        metadata.flag = "TRUE"
+        metadata.set("instance/preempted", "TRUE")
         assert client.preempted() is True
+        value = client.get("instance/maintenance-event")
+        assert value == MetadataValue("NONE", etag_of("NONE"))
+        with pytest.raises(http.client.HTTPException, match="404"):
+            client.get("instance/attributes/no-such-key")
     finally:
         client.close()
-    with pytest.raises(ValueError, match="http://"):
-        MetadataClient("ftp://x")
+    assert {flavor for _, _, flavor in metadata.requests} == {"Google"}
+    assert metadata.requests[0][0] == "/computeMetadata/v1/instance/preempted"
+    for bad in ("ftp://x", "http://127.0.0.1:9/sim/metadata", ""):
+        with pytest.raises(ValueError, match="host"):
+            MetadataClient(bad or "http://")
+
+
+def test_long_poll_returns_at_the_change_not_at_the_timeout(metadata: MetadataServer) -> None:
+    client = MetadataClient(metadata.host)
+    first = client.get("instance/preempted")
+    threading.Timer(0.3, metadata.set, args=("instance/preempted", "TRUE")).start()
+    started = time.monotonic()
+    try:
+        changed = client.get("instance/preempted", wait_for_change=True, last_etag=first.etag, timeout_sec=30)
+    finally:
+        client.close()
+    assert changed.text == "TRUE" and changed.etag != first.etag
+    assert 0.2 < time.monotonic() - started < 10
+    query = metadata.requests[-1][1]
+    assert query == {"wait_for_change": "true", "last_etag": str(first.etag), "timeout_sec": "30"}
+
+
+def test_from_env_finds_the_server_as_google_auth_does() -> None:
+    def host(env: dict[str, str]) -> str | None:
+        return PreemptionWatch.from_env(env).metadata_host
+
+    assert host({"GCE_METADATA_HOST": "127.16.0.3:8080", "GCE_METADATA_IP": "x"}) == "127.16.0.3:8080"
+    assert host({"GCE_METADATA_IP": "127.16.0.4"}) == "127.16.0.4"
+    # Launched by tpuctl on a real TPU VM: the standard name.
+    assert host({"TPUCTL_RUN_ID": "r"}) == "metadata.google.internal"
+    # A plain run on a laptop: SIGTERM only.
+    assert host({}) is None
+    assert "TPUCTL_METADATA_URL" not in inspect.getsource(preemption)
 
 
 def test_local_watch_stops_on_sigterm_and_says_so_once() -> None:
@@ -122,24 +120,68 @@ def test_local_watch_stops_on_sigterm_and_says_so_once() -> None:
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # put back
 
 
-def test_local_watch_stops_on_the_metadata_flag_and_survives_failed_polls(metadata: _Metadata) -> None:
-    watch = PreemptionWatch(metadata.url, poll_s=0.05, announce=lambda *a, **k: None)
-    dead = PreemptionWatch("http://127.0.0.1:9", poll_s=0.05, announce=lambda *a, **k: None)
+@pytest.mark.parametrize(
+    ("path", "value", "source"),
+    [
+        ("instance/preempted", "TRUE", "metadata"),
+        ("instance/maintenance-event", "TERMINATE_ON_HOST_MAINTENANCE", "maintenance"),
+    ],
+)
+def test_watch_long_polls_both_keys_and_stops_on_either(
+    metadata: MetadataServer, path: str, value: str, source: str
+) -> None:
+    said: list[dict[str, Any]] = []
+    watch = PreemptionWatch(metadata.host, poll_s=0.05, wait_s=30, announce=lambda e, **f: said.append(f))
     watch.install()
+    try:
+        # Each key: one plain GET, then a long poll from its ETag (held by the server, not repeated).
+        def polling(key: str) -> bool:
+            return any(q.get("last_etag") for p, q, _ in metadata.requests if p.endswith(key))
+
+        wait_for(lambda: polling("preempted") and polling("maintenance-event"), 5, what="two long polls")
+        held = len(metadata.requests)
+        metadata.set("instance/maintenance-event", "MIGRATE_ON_HOST_MAINTENANCE")  # not an end for a TPU
+        wait_for(lambda: len(metadata.requests) >= held + 1, 5, what="the next long poll")
+        assert not watch.should_stop(1)
+        noticed_at = time.time()
+        metadata.set(path, value)
+        wait_for(lambda: watch.noticed, 5, what="the notice")
+        assert watch.should_stop(2) and watch.notice_source == source
+        assert said and said[0]["source"] == source and said[0]["t"] - noticed_at < 2
+        assert len(metadata.requests) <= held + 4  # long polls, not a busy loop
+    finally:
+        started = time.monotonic()
+        watch.close()
+    assert time.monotonic() - started < 2  # a long poll in flight is cut, not waited for
+    assert watch.poll_errors == 0
+
+
+def test_watch_survives_an_unreachable_server() -> None:
+    gone = MetadataServer()
+    host = gone.host
+    gone.close()  # nobody listens there now
+    dead = PreemptionWatch(host, poll_s=0.05, announce=lambda *a, **k: None)
     dead.install()
     try:
-        # Both watches have polled at least twice (the dead one failing each time).
-        wait_for(lambda: metadata.requests >= 2 and dead.poll_errors >= 2, 5, what="two polls of each watch")
-        assert not watch.should_stop(1) and metadata.requests >= 2
-        assert not dead.should_stop(1) and dead.poll_errors >= 2  # unreachable: never a preemption
-        metadata.flag = "TRUE"
-        deadline = time.monotonic() + 5
-        while not watch.noticed and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert watch.should_stop(2) and watch.notice_source == "metadata"
+        wait_for(lambda: dead.poll_errors >= 4, 5, what="failed requests on both keys")
+        assert not dead.should_stop(1)  # unreachable: never a preemption
+    finally:
+        dead.close()
+
+
+def test_a_server_without_etags_is_polled_instead() -> None:
+    server = MetadataServer(slice_values(0, ["127.0.0.1"]), etags=False)
+    watch = PreemptionWatch(server.host, poll_s=0.05, announce=lambda *a, **k: None)
+    watch.install()
+    try:
+        wait_for(lambda: len(server.requests) >= 6, 5, what="plain polls")
+        assert not any(q for _, q, _ in server.requests)  # never a wait_for_change without an ETag
+        server.set("instance/preempted", "TRUE")
+        wait_for(lambda: watch.noticed, 5, what="the notice")
+        assert watch.notice_source == "metadata"
     finally:
         watch.close()
-        dead.close()
+        server.close()
 
 
 # --- on a 2-host slice, through JAX's sync point ----------------------------------------------------
@@ -172,17 +214,16 @@ def reference(tmp_path_factory: pytest.TempPathFactory, start_hosts: Callable[..
 # host 1 learns it through the coordination service); the direct SIGTERM case is one more pair of runs.
 @pytest.mark.parametrize("how", [pytest.param("sigterm-host-1", marks=pytest.mark.slow), "metadata-host-0"])
 def test_notice_on_one_host_checkpoints_every_host_at_one_step_then_resumes_bit_identical(
-    how: str, reference: str, start_hosts: Callable[..., Any], tmp_path: Path, metadata: _Metadata
+    how: str, reference: str, start_hosts: Callable[..., Any], tmp_path: Path
 ) -> None:
     ckpt = tmp_path / "ckpt"
-    # Only host 0 gets a working metadata server; in the SIGTERM case it never says TRUE.
+    # Each host has its own metadata server; only host 0's says TRUE, and only in the metadata case.
     hosts = start_hosts(
         tmp_path / "a",
         2,
         2,
         [*LM, *LM_ARGS, "--step-delay", "0.1"],
         checkpoint_dir=ckpt,
-        metadata_url=metadata.url,
         env={"TPUCTL_PREEMPTION_POLL_S": "0.1"},
     )
     _wait_for_step(hosts, 3)
@@ -190,7 +231,7 @@ def test_notice_on_one_host_checkpoints_every_host_at_one_step_then_resumes_bit_
     if how == "sigterm-host-1":
         hosts.procs[1].send_signal(signal.SIGTERM)
     else:
-        metadata.flag = "TRUE"
+        hosts.metadata[0].set("instance/preempted", "TRUE")
     procs = hosts.wait(HOST_TIMEOUT)
     described = procs[0].describe() + procs[1].describe()
     assert [p.returncode for p in procs] == [PREEMPTED_EXIT_CODE] * 2, described

@@ -21,15 +21,19 @@ ACCELERATOR_TYPE = "TPUCTL_ACCELERATOR_TYPE"
 TOPOLOGY = "TPUCTL_TOPOLOGY"
 CHECKPOINT_DIR = "TPUCTL_CHECKPOINT_DIR"
 RESTART_COUNT = "TPUCTL_RESTART_COUNT"
-METADATA_URL = "TPUCTL_METADATA_URL"
 
 # Only on the simulator.
 SIM = "TPUCTL_SIM"
 COORDINATOR_ADDRESS = "TPUCTL_COORDINATOR_ADDRESS"
+COORDINATOR_PORT = "TPUCTL_COORDINATOR_PORT"
 CHIPS_PER_HOST = "TPUCTL_CHIPS_PER_HOST"
 
-# Where real hosts find the metadata server; the simulator serves a lookalike elsewhere.
-DEFAULT_METADATA_URL = "http://metadata.google.internal"
+# Where a host finds its metadata server, as unmodified on-VM code does: google-auth reads
+# GCE_METADATA_HOST, JAX's cloud_tpu_cluster.get_metadata reads GCE_METADATA_IP (both "host[:port]", no
+# scheme); on a real TPU VM neither is set and the name metadata.google.internal answers.
+METADATA_HOST = "GCE_METADATA_HOST"
+METADATA_IP = "GCE_METADATA_IP"
+DEFAULT_METADATA_HOST = "metadata.google.internal"
 
 # Relative to the bundle root: the directory holding our sitecustomize.py.
 SITECUSTOMIZE_SUBDIR = Path("tpuctl") / "runtime" / "_sitecustomize"
@@ -47,17 +51,20 @@ def sim_host_env(
     restart_count: int,
     bundle_dir: str | os.PathLike[str],
     *,
-    metadata_url: str | None = None,
+    metadata_host: str | None = None,
     base_pythonpath: str | None = None,
 ) -> dict[str, str]:
     """Return the variables a simulated host process needs, to be laid over the launcher's environment.
 
     Every simulated host is one local process whose CPU devices stand in for the host's chips; the
-    processes join one `jax.distributed` job over loopback, with worker 0 as coordinator. An unmodified
+    processes join one `jax.distributed` job over loopback, with worker 0 as coordinator (its address
+    from the metadata server's ``worker-network-endpoints``, the port ``coordinator_port``). An unmodified
     script calling ``jax.distributed.initialize()`` then sees ``process_count() == num_workers`` and
     ``device_count() == num_workers * chips_per_host``.
 
     ``bundle_dir`` is the directory the user's script and the ``tpuctl`` package were unpacked into.
+    ``metadata_host`` ("host:port" of the host's metadata server) sets ``GCE_METADATA_HOST`` and
+    ``GCE_METADATA_IP``; the simulated cluster reads its process id and count there.
     ``base_pythonpath`` (default: nothing) is appended after our two entries so a caller can keep an
     existing PYTHONPATH.
     """
@@ -79,7 +86,7 @@ def sim_host_env(
     if base_pythonpath:
         path_entries.append(base_pythonpath)
 
-    return {
+    env = {
         RUN_ID: run_id,
         WORKER_ID: str(worker_id),
         NUM_WORKERS: str(num_workers),
@@ -87,13 +94,9 @@ def sim_host_env(
         TOPOLOGY: topology,
         CHECKPOINT_DIR: checkpoint_dir,
         RESTART_COUNT: str(restart_count),
-        METADATA_URL: metadata_url or DEFAULT_METADATA_URL,
         SIM: "1",
-        COORDINATOR_ADDRESS: f"127.0.0.1:{coordinator_port}",
+        COORDINATOR_PORT: str(coordinator_port),
         CHIPS_PER_HOST: str(chips_per_host),
-        # jax's coordinator (worker 0) binds [::]:port by default, i.e. every interface; the simulator
-        # stays on loopback.
-        "JAX_COORDINATOR_BIND_ADDRESS": f"127.0.0.1:{coordinator_port}",
         # A simulated host has no accelerator: force the CPU backend so a stray GPU/TPU plugin on the
         # machine running the simulator is never picked up, and give it one CPU device per chip
         # (jax >= 0.4.38 reads this into `jax_num_cpu_devices`).
@@ -106,6 +109,16 @@ def sim_host_env(
         # Host logs are collected line by line by the launcher; don't let them sit in a buffer.
         "PYTHONUNBUFFERED": "1",
     }
+    if metadata_host:
+        env[METADATA_HOST] = env[METADATA_IP] = metadata_host
+    return env
+
+
+def metadata_host(env: Mapping[str, str] | None = None) -> str:
+    """The metadata server's "host[:port]": ``GCE_METADATA_HOST``, else ``GCE_METADATA_IP``, else
+    ``metadata.google.internal`` (the precedence google-auth gives its own variable)."""
+    e = os.environ if env is None else env
+    return e.get(METADATA_HOST) or e.get(METADATA_IP) or DEFAULT_METADATA_HOST
 
 
 def _int(env: Mapping[str, str], name: str, default: int) -> int:
@@ -129,7 +142,7 @@ class WorkerEnv:
     topology: str
     checkpoint_dir: str
     restart_count: int
-    metadata_url: str
+    metadata_host: str
     sim: bool
     coordinator_address: str | None
     chips_per_host: int | None
@@ -155,7 +168,7 @@ class WorkerEnv:
             topology=e.get(TOPOLOGY, ""),
             checkpoint_dir=e.get(CHECKPOINT_DIR, ""),
             restart_count=_int(e, RESTART_COUNT, 0),
-            metadata_url=e.get(METADATA_URL, DEFAULT_METADATA_URL),
+            metadata_host=metadata_host(e),
             sim=e.get(SIM, "") == "1",
             coordinator_address=e.get(COORDINATOR_ADDRESS) or None,
             chips_per_host=chips or None,

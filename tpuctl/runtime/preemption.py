@@ -1,9 +1,12 @@
 """Preemption notices on a host, turned into one checkpoint at the same step on every host.
 
 A spot/preemptible TPU VM learns of its preemption two ways: SIGTERM (the guest's soft-off), and the
-metadata server's ``instance/preempted`` turning ``TRUE``. Either may come first, on any one host.
-:class:`PreemptionWatch` listens to both and answers one question at every step boundary, the same
-way on every host: "stop here?" (``should_stop(step)``).
+metadata server's ``instance/preempted`` turning ``TRUE``; a host about to be taken for maintenance sees
+``instance/maintenance-event`` turn ``TERMINATE_ON_HOST_MAINTENANCE``. Any may come first, on any one
+host. :class:`PreemptionWatch` listens to all three (the metadata keys long-polled with
+``wait_for_change``, the server found as google-auth finds it: ``GCE_METADATA_HOST``, else
+``metadata.google.internal``; the same code on Google and on the simulator) and answers one question at
+every step boundary, the same way on every host: "stop here?" (``should_stop(step)``).
 
 - Multi-process jobs (``jax.distributed`` initialized, its preemption service on, which is JAX's
   default): JAX's own sync point, ``multihost_utils.reached_preemption_sync_point(step)``. Its C++
@@ -32,11 +35,13 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
@@ -46,10 +51,33 @@ log = logging.getLogger(__name__)
 PREEMPTED_EXIT_CODE = 75
 #: The prefix of every line the runtime prints for the supervisor.
 EVENT_PREFIX = "TPUCTL_EVENT "
-#: Seconds between two polls of the metadata server (each is one small GET on a kept-alive connection).
+#: Seconds between the watcher's ticks: how soon a SIGTERM is announced, and the first retry delay of
+#: a failed metadata request (the metadata keys themselves are long-polled, not ticked).
 POLL_ENV = "TPUCTL_PREEMPTION_POLL_S"
 DEFAULT_POLL_S = 0.5
-_PREEMPTED_PATH = "/computeMetadata/v1/instance/preempted"
+#: How long the metadata server may hold one long poll (its ``timeout_sec``).
+DEFAULT_WAIT_S = 60
+PREEMPTED_PATH = "instance/preempted"
+MAINTENANCE_PATH = "instance/maintenance-event"
+_METADATA_ROOT = "/computeMetadata/v1/"
+_MAX_RETRY_S = 5.0
+
+
+def _preempted(value: str) -> bool:
+    return value.strip().upper() == "TRUE"
+
+
+def _terminating(value: str) -> bool:
+    # NONE, MIGRATE_ON_HOST_MAINTENANCE or TERMINATE_ON_HOST_MAINTENANCE (ce-tpu-facts.md 1.7, as
+    # TensorFlow's GCE failure handler reads it). A TPU VM cannot live-migrate, so only TERMINATE ends it.
+    return value.strip().upper().startswith("TERMINATE")
+
+
+#: The metadata keys watched: (path, "is this a notice?", the notice's source in the event).
+WATCHED_KEYS: tuple[tuple[str, Callable[[str], bool], str], ...] = (
+    (PREEMPTED_PATH, _preempted, "metadata"),
+    (MAINTENANCE_PATH, _terminating, "maintenance"),
+)
 
 
 def emit(event: str, **fields: Any) -> None:
@@ -68,33 +96,87 @@ def parse_event(line: str) -> dict[str, Any] | None:
     return data if isinstance(data, dict) and isinstance(data.get("event"), str) else None
 
 
-class MetadataClient:
-    """Reads ``instance/preempted`` from a metadata server (GCE's, or the simulator's per-host one)."""
+@dataclass(frozen=True)
+class MetadataValue:
+    """One answer of the metadata server: the value's text and its ETag (None if the server sent none)."""
 
-    def __init__(self, base_url: str, *, timeout_s: float = 2.0) -> None:
-        parsed = urllib.parse.urlsplit(base_url.rstrip("/"))
-        if parsed.scheme != "http" or not parsed.hostname:
-            raise ValueError(f"metadata URL must be http://host[:port][/path], got {base_url!r}")
-        self._host = parsed.hostname
+    text: str
+    etag: str | None
+
+
+class MetadataClient:
+    """GETs under ``/computeMetadata/v1/`` of one metadata server, on one kept-alive connection.
+
+    ``host`` is "host[:port]" as in ``GCE_METADATA_HOST`` (default: :func:`hostenv.metadata_host`, i.e.
+    that variable, else ``GCE_METADATA_IP``, else ``metadata.google.internal``). Not thread-safe: one
+    client per thread; :meth:`abort` is the one method another thread may call.
+    """
+
+    def __init__(self, host: str | None = None, *, timeout_s: float = 2.0) -> None:
+        from tpuctl.runtime import hostenv
+
+        raw = host or hostenv.metadata_host()
+        parsed = urllib.parse.urlsplit(raw if "://" in raw else "http://" + raw)
+        if parsed.scheme != "http" or not parsed.hostname or parsed.path.strip("/"):
+            raise ValueError(f"metadata host must be host[:port] (as GCE_METADATA_HOST), got {raw!r}")
+        self.host = parsed.netloc
+        self._hostname = parsed.hostname
         self._port = parsed.port or 80
-        self._path = parsed.path + _PREEMPTED_PATH
         self._timeout_s = timeout_s
         self._conn: http.client.HTTPConnection | None = None
 
-    def preempted(self) -> bool:
-        """True once the server says TRUE; raises OSError/HTTPException when it cannot be asked."""
-        if self._conn is None:
-            self._conn = http.client.HTTPConnection(self._host, self._port, timeout=self._timeout_s)
+    def get(
+        self, path: str, *, wait_for_change: bool = False, last_etag: str | None = None, timeout_sec: int = 60
+    ) -> MetadataValue:
+        """The value at ``path`` (relative to ``/computeMetadata/v1/``), sent with ``Metadata-Flavor``.
+
+        With ``wait_for_change`` the server holds the request until the value's ETag differs from
+        ``last_etag`` (at once if it already does) or ``timeout_sec`` passes, then answers the current
+        value; this is Google's long poll:
+        https://cloud.google.com/compute/docs/metadata/querying-metadata#waitforchange
+        Raises OSError/HTTPException when the server cannot be asked or answers other than 200.
+        """
+        query = {}
+        if wait_for_change:
+            query = {"wait_for_change": "true", "timeout_sec": str(timeout_sec)}
+            if last_etag:
+                query["last_etag"] = last_etag
+        url = _METADATA_ROOT + path.lstrip("/")
+        if query:
+            url += "?" + urllib.parse.urlencode(query)
+        # A long poll may legitimately take timeout_sec; only silence beyond that is a dead server.
+        timeout = self._timeout_s + (timeout_sec if wait_for_change else 0)
+        conn = self._connection(timeout)
         try:
-            self._conn.request("GET", self._path, headers={"Metadata-Flavor": "Google"})
-            response = self._conn.getresponse()
-            body = response.read().decode("utf-8", "replace").strip()
+            conn.request("GET", url, headers={"Metadata-Flavor": "Google"})
+            response = conn.getresponse()
+            body = response.read().decode("utf-8", "replace")
         except (OSError, http.client.HTTPException):
             self.close()  # a fresh connection next time
             raise
         if response.status != 200:
-            raise http.client.HTTPException(f"metadata server answered {response.status}")
-        return body.upper() == "TRUE"
+            raise http.client.HTTPException(f"metadata server answered {response.status} for {path}")
+        return MetadataValue(body, response.getheader("ETag"))
+
+    def preempted(self) -> bool:
+        """True once ``instance/preempted`` says TRUE (one plain GET)."""
+        return self.get(PREEMPTED_PATH).text.strip().upper() == "TRUE"
+
+    def _connection(self, timeout: float) -> http.client.HTTPConnection:
+        if self._conn is None:
+            self._conn = http.client.HTTPConnection(self._hostname, self._port, timeout=timeout)
+        self._conn.timeout = timeout
+        if self._conn.sock is not None:
+            self._conn.sock.settimeout(timeout)
+        return self._conn
+
+    def abort(self) -> None:
+        """Unblock a request in flight on another thread (it then raises OSError)."""
+        conn = self._conn
+        sock = conn.sock if conn is not None else None
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
 
     def close(self) -> None:
         if self._conn is not None:
@@ -112,15 +194,20 @@ class PreemptionWatch:
 
     def __init__(
         self,
-        metadata_url: str | None,
+        metadata_host: str | None,
         *,
         poll_s: float = DEFAULT_POLL_S,
+        wait_s: int = DEFAULT_WAIT_S,
         worker: int = 0,
         clock: Callable[[], float] = time.time,
         announce: Callable[..., None] = emit,
     ) -> None:
-        self._client = MetadataClient(metadata_url) if metadata_url else None
+        """``metadata_host``: "host[:port]" of the metadata server, or None to watch SIGTERM only."""
+        self._metadata_host = metadata_host
+        if metadata_host is not None:
+            MetadataClient(metadata_host)  # a malformed host fails here, not in a thread
         self._poll_s = max(0.05, poll_s)
+        self._wait_s = max(1, wait_s)
         self._worker = worker
         self._clock = clock
         self._announce = announce
@@ -130,24 +217,33 @@ class PreemptionWatch:
         self._announced = False
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
+        self._clients: list[MetadataClient] = []
         self._previous_handler: Any = None
         self._handler_installed = False
         self._mode = "local"  # local | jax | allgather
         self.poll_errors = 0
 
     @classmethod
-    def from_env(cls, env: dict[str, str] | None = None) -> PreemptionWatch:
-        """From the worker environment: the metadata URL tpuctl gave the host (none outside tpuctl:
-        polling metadata.google.internal from a laptop would only time out)."""
-        e = dict(os.environ if env is None else env)
-        url = e.get("TPUCTL_METADATA_URL") or None
+    def from_env(cls, env: Mapping[str, str] | None = None) -> PreemptionWatch:
+        """From the worker environment, on every backend: the metadata server is ``GCE_METADATA_HOST``
+        (else ``GCE_METADATA_IP``, else ``metadata.google.internal``), watched when one of those
+        variables is set or tpuctl launched the program (``TPUCTL_RUN_ID``); a plain run on a laptop
+        watches SIGTERM only (polling metadata.google.internal there would only fail)."""
+        from tpuctl.runtime import hostenv
+
+        e = os.environ if env is None else env
+        watched = bool(e.get(hostenv.METADATA_HOST) or e.get(hostenv.METADATA_IP) or e.get(hostenv.RUN_ID))
         try:
             poll_s = float(e.get(POLL_ENV, "") or DEFAULT_POLL_S)
         except ValueError:
             poll_s = DEFAULT_POLL_S
-        worker = int(e.get("TPUCTL_WORKER_ID", "0") or 0)
-        return cls(url, poll_s=poll_s, worker=worker)
+        worker = int(e.get(hostenv.WORKER_ID, "0") or 0)
+        return cls(hostenv.metadata_host(e) if watched else None, poll_s=poll_s, worker=worker)
+
+    @property
+    def metadata_host(self) -> str | None:
+        return self._metadata_host
 
     # --- state ------------------------------------------------------------------------------------
 
@@ -185,14 +281,24 @@ class PreemptionWatch:
     # --- lifecycle --------------------------------------------------------------------------------
 
     def install(self) -> PreemptionWatch:
-        """Catch SIGTERM (main thread only; Python's rule) and start polling the metadata server."""
+        """Catch SIGTERM (main thread only; Python's rule) and start watching the metadata server."""
         if threading.current_thread() is threading.main_thread():
             self._previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
             self._handler_installed = True
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="tpuctl-preemption", daemon=True)
-            self._thread.start()
+        if self._threads:
+            return self
+        self._spawn("tpuctl-preemption", self._loop)
+        if self._metadata_host is not None:
+            for path, is_notice, source in WATCHED_KEYS:
+                client = MetadataClient(self._metadata_host)
+                self._clients.append(client)
+                self._spawn(f"tpuctl-watch-{path}", self._watch, client, path, is_notice, source)
         return self
+
+    def _spawn(self, name: str, target: Callable[..., None], *args: Any) -> None:
+        thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
 
     def attach(self) -> str:
         """Choose how hosts agree, once ``jax.distributed`` is up (or known not to be). Returns the mode.
@@ -224,12 +330,16 @@ class PreemptionWatch:
         return self._mode
 
     def close(self) -> None:
+        """Stop watching (a long poll in flight is cut, not waited for) and put SIGTERM back."""
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None
-        if self._client is not None:
-            self._client.close()
+        for client in self._clients:
+            client.abort()
+        for thread in self._threads:
+            thread.join(timeout=5)
+        self._threads = []
+        for client in self._clients:
+            client.close()
+        self._clients = []
         if (
             self._handler_installed
             and self._mode != "jax"
@@ -252,19 +362,50 @@ class PreemptionWatch:
             os.kill(os.getpid(), signal.SIGTERM)  # JAX's notifier listens for exactly this
 
     def _loop(self) -> None:
+        # A SIGTERM caught by our handler is said here, off the handler.
         while not self._stop.wait(self._poll_s):
-            self._announce_once()  # a SIGTERM caught by our handler is said here, off the handler
-            if self._client is None or self._noticed.is_set():
-                continue
+            self._announce_once()
+
+    def _watch(
+        self, client: MetadataClient, path: str, is_notice: Callable[[str], bool], source: str
+    ) -> None:
+        """Long-poll one key until it says "notice" (or the watch closes).
+
+        The first GET is plain (the value now and its ETag); each next one waits for a change from that
+        ETag, so a change between two requests is never missed. A server that sends no ETag cannot be
+        long-polled safely: it is polled every ``poll_s`` instead.
+        """
+        etag: str | None = None
+        failures = 0
+        while not self._stop.is_set() and not self._noticed.is_set():
             try:
-                if self._client.preempted():
-                    self.notify("metadata")
-                    self._announce_once()
+                value = client.get(
+                    path, wait_for_change=etag is not None, last_etag=etag, timeout_sec=self._wait_s
+                )
             except (OSError, http.client.HTTPException) as exc:
-                # One failed poll is not a preemption; the next one asks again.
-                self.poll_errors += 1
-                if self.poll_errors in (1, 10, 100):
-                    log.warning("metadata server poll failed (%s); will keep trying", exc)
+                if self._stop.is_set():
+                    return
+                # One failed request is not a preemption; ask again, backing off to _MAX_RETRY_S.
+                failures += 1
+                self._poll_failed(path, exc)
+                self._stop.wait(min(self._poll_s * 2 ** min(failures - 1, 8), _MAX_RETRY_S))
+                etag = None
+                continue
+            failures = 0
+            if is_notice(value.text):
+                self.notify(source)
+                self._announce_once()
+                return
+            etag = value.etag
+            if etag is None:
+                self._stop.wait(self._poll_s)
+
+    def _poll_failed(self, path: str, exc: BaseException) -> None:
+        with self._lock:
+            self.poll_errors += 1
+            count = self.poll_errors
+        if count in (1, 10, 100):
+            log.warning("metadata server request for %s failed (%s); will keep trying", path, exc)
 
     # --- the decision -----------------------------------------------------------------------------
 
@@ -304,8 +445,11 @@ def exit_preempted(step: int, *, saved: bool, save_s: float | None = None, say: 
 
 __all__ = [
     "EVENT_PREFIX",
+    "MAINTENANCE_PATH",
     "PREEMPTED_EXIT_CODE",
+    "PREEMPTED_PATH",
     "MetadataClient",
+    "MetadataValue",
     "PreemptionWatch",
     "emit",
     "exit_preempted",

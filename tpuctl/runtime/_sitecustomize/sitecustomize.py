@@ -1,10 +1,14 @@
-"""Start-up hook for simulated TPU hosts (the launcher puts this directory on PYTHONPATH).
+"""Start-up hook for TPU hosts on every backend (the executor puts this directory on PYTHONPATH).
 
-Python's ``site`` module imports the first ``sitecustomize`` on ``sys.path`` at start-up. We use that to
-install a tiny ``sys.meta_path`` finder that waits for ``jax._src.clusters`` to be imported and then
-registers tpuctl's simulated-slice cluster detector, so that an unmodified script calling
-``jax.distributed.initialize()`` finds its coordinator, process count and process id. Programs that never
-import JAX pay for one dict lookup per import and nothing else.
+Python's ``site`` module imports the first ``sitecustomize`` on ``sys.path`` at start-up. We use that to:
+
+- install :mod:`tpuctl.runtime.crash`'s uncaught-exception hooks (every backend): a host whose program
+  raises prints the traceback and an ``exception`` event and exits at once, instead of waiting in JAX's
+  shutdown barrier while the other hosts hang;
+- on a simulated slice only (``TPUCTL_SIM=1``), install a tiny ``sys.meta_path`` finder that waits for
+  ``jax._src.clusters`` to be imported and then registers tpuctl's simulated-slice cluster detector, so
+  that an unmodified script calling ``jax.distributed.initialize()`` finds its coordinator, process count
+  and process id. Programs that never import JAX pay for one dict lookup per import and nothing else.
 
 Because we shadow any other ``sitecustomize`` (distributions and virtualenvs sometimes ship one), we
 run the next one on ``sys.path`` afterwards.
@@ -85,6 +89,15 @@ def _uninstall() -> None:
         sys.meta_path.remove(_finder)
 
 
+def _install_crash_hook() -> None:
+    try:
+        from tpuctl.runtime import crash
+    except ImportError as exc:  # the bundle root is missing from PYTHONPATH: say so, don't crash
+        print(f"tpuctl sitecustomize: cannot import tpuctl.runtime.crash ({exc})", file=sys.stderr)
+        return
+    crash.install()
+
+
 def _install() -> None:
     if os.environ.get("TPUCTL_SIM", "") != "1":
         return
@@ -107,5 +120,6 @@ def _chain_next_sitecustomize() -> None:
         print(f"Error in shadowed sitecustomize {spec.origin}: {exc!r}", file=sys.stderr)
 
 
+_install_crash_hook()
 _install()
 _chain_next_sitecustomize()

@@ -1,0 +1,97 @@
+"""The simulated slice as JAX's GCE TPU cluster sees a real one: from each host's metadata server.
+
+A tiny metadata server per test (tests/runtime/metadata_server.py: loopback, standard paths, 403 without
+Metadata-Flavor) stands in for the simulator's; the detector must find the coordinator (host 0's endpoint
+address + TPUCTL_COORDINATOR_PORT), the process id (agent-worker-number) and count (the endpoints).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from metadata_server import MetadataServer, slice_values
+
+from tpuctl.runtime import simcluster
+from tpuctl.runtime.hostenv import sim_host_env
+
+REPO = Path(__file__).resolve().parents[2]
+ADDRESSES = ["127.16.0.2", "127.16.0.3", "127.16.0.4", "127.16.0.5"]
+
+DETECT = (
+    "import os; from jax._src.clusters import ClusterEnv as C; "
+    "print(C.auto_detect_unset_distributed_params(None, None, None, None, None, 10)); "
+    "print(os.environ.get('JAX_COORDINATOR_BIND_ADDRESS'))"
+)
+
+
+@pytest.fixture
+def server() -> Iterator[MetadataServer]:
+    s = MetadataServer(slice_values(2, ADDRESSES))
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def _env(server: MetadataServer, **extra: str) -> dict[str, str]:
+    env = sim_host_env("r", 2, 4, 2, 23456, "v5litepod-16", "4x4", "/ck", 0, REPO, metadata_host=server.host)
+    env.update(extra)
+    return env
+
+
+def test_endpoints_parse_as_jax_parses_them() -> None:
+    assert simcluster.worker_addresses("unknown:unknown:127.16.0.2,unknown:unknown:127.16.0.3") == [
+        "127.16.0.2",
+        "127.16.0.3",
+    ]
+    assert simcluster.worker_addresses("t1v-n-0,t1v-n-1") == ["t1v-n-0", "t1v-n-1"]  # the new format
+    with pytest.raises(ValueError, match="a:b"):
+        simcluster.worker_addresses("a:b")
+
+
+def test_coordinator_is_host_0_at_the_backends_port(
+    server: MetadataServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GCE_METADATA_HOST", server.host)
+    monkeypatch.setenv("TPUCTL_COORDINATOR_PORT", "23456")
+    monkeypatch.delenv("TPUCTL_COORDINATOR_ADDRESS", raising=False)
+    assert simcluster.coordinator_address() == "127.16.0.2:23456"
+    assert simcluster.coordinator_address("9999") == "127.16.0.2:9999"  # JAX_COORDINATOR_PORT wins
+    assert simcluster.attribute("agent-worker-number") == "2"
+    assert all(flavor == "Google" for _, _, flavor in server.requests)
+    monkeypatch.delenv("TPUCTL_COORDINATOR_PORT")
+    assert simcluster.coordinator_address() == "127.16.0.2:8482"  # JAX's own TPU port
+    monkeypatch.setenv("TPUCTL_COORDINATOR_ADDRESS", "127.16.0.9:7777")
+    assert simcluster.coordinator_address() == "127.16.0.9:7777"
+
+
+def test_a_missing_server_is_named_after_jaxs_tries(monkeypatch: pytest.MonkeyPatch) -> None:
+    gone = MetadataServer()
+    host = gone.host
+    gone.close()
+    monkeypatch.setenv("GCE_METADATA_HOST", host)
+    sleeps: list[float] = []
+    with pytest.raises(RuntimeError, match=f"{host}.*agent-worker-number in 6 tries"):
+        simcluster.attribute("agent-worker-number", sleep=sleeps.append)
+    assert sleeps == [0.5] * 5
+
+
+def test_detector_reads_the_metadata_server(run_py: Callable[..., Any], server: MetadataServer) -> None:
+    p = run_py(["-c", DETECT], env=_env(server), timeout=60)
+    assert p.returncode == 0, p.describe()
+    assert p.stdout.split("\n")[:2] == ["('127.16.0.2:23456', 4, 2, None)", "127.16.0.2:23456"]
+    paths = {path for path, _, _ in server.requests}
+    assert paths == {
+        "/computeMetadata/v1/instance/attributes/agent-worker-number",
+        "/computeMetadata/v1/instance/attributes/worker-network-endpoints",
+    }
+
+
+def test_coordinator_address_env_still_overrides(run_py: Callable[..., Any], server: MetadataServer) -> None:
+    env = _env(server, TPUCTL_COORDINATOR_ADDRESS="127.0.0.1:4444", JAX_COORDINATOR_BIND_ADDRESS="[::]:4444")
+    p = run_py(["-c", DETECT], env=env, timeout=60)
+    assert p.returncode == 0, p.describe()
+    assert p.stdout.split("\n")[:2] == ["('127.0.0.1:4444', 4, 2, None)", "[::]:4444"]
