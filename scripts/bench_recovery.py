@@ -58,7 +58,7 @@ def world(speed: float) -> dict[str, Any]:
         },
         "latency": {"base_ms": 20, "jitter_ms": 5},
         # Simulated seconds: the default world's create/delete, and a grace of 30 REAL seconds.
-        "durations": {"node_create_s": 120, "node_delete_s": 30, "preemption_grace_s": 30 * speed},
+        "durations": {"node_create_s": 120, "node_delete_s": 30, "preemption_grace_s": 30},
     }
 
 

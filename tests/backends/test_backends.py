@@ -69,8 +69,8 @@ def test_only_simulated_hosts_get_cpu_devices_for_their_chips() -> None:
     env = SimBackend().host_env(1, addresses, 4)
     assert env["JAX_PLATFORMS"] == "cpu" and env["JAX_NUM_CPU_DEVICES"] == "4"
     # The coordinator listens on host 0's own address, never on every interface.
-    assert env["JAX_COORDINATOR_BIND_ADDRESS"] == "127.20.0.1:8476"
-    assert env["TPUCTL_COORDINATOR_PORT"] == "8476" and env["TPUCTL_SIM"] == "1"
+    assert env["JAX_COORDINATOR_BIND_ADDRESS"] == "127.20.0.1:8482"
+    assert env["TPUCTL_COORDINATOR_PORT"] == "8482" and env["TPUCTL_SIM"] == "1"
 
 
 @pytest.mark.parametrize("speed", [1.0, 100.0])

@@ -21,6 +21,7 @@ from tpuctl.runtime.preemption import parse_event
 from tpuctl.sim import SimAdminClient
 from tpuctl.sim.admin import NodeStatus
 from tpuctl.testing.clock import wait_for
+from tpuctl.testing.metadata_server import MetadataServer, slice_values
 
 REPO = Path(__file__).resolve().parents[2]
 ZONE = "us-central2-b"
@@ -47,7 +48,7 @@ WORLD: dict[str, Any] = {
         "node_create_s": 60,
         "node_delete_s": 10,
         "stockout_s": 5,
-        "preemption_grace_s": 20000,
+        "preemption_grace_s": 20,
     },
 }
 
@@ -97,6 +98,10 @@ def run_reference(
     base = {k: v for k, v in os.environ.items() if not k.startswith(("TPUCTL_", "JAX_", "XLA_"))}
     procs: list[subprocess.Popen[bytes]] = []
     outs: list[Path] = []
+    # Each host has its metadata server (the runtime's sim cluster reads its worker number there).
+    servers = [
+        MetadataServer(slice_values(w, ["127.0.0.1"] * hosts, accelerator_type)) for w in range(hosts)
+    ]
     try:
         for w in range(hosts):
             env = dict(base)
@@ -105,7 +110,7 @@ def run_reference(
                 run_id="reference", worker_id=w, num_workers=hosts, chips_per_host=chips,
                 coordinator_port=port, accelerator_type=accelerator_type, topology=topology,
                 checkpoint_dir=str(workdir / "ckpt"), restart_count=0, bundle_dir=REPO,
-                metadata_url="http://127.0.0.1:9",
+                metadata_host=servers[w].host,
             ))  # fmt: skip
             out = workdir / f"host{w}.log"
             outs.append(out)
@@ -122,6 +127,8 @@ def run_reference(
             if p.poll() is None:
                 p.kill()
                 p.wait(timeout=10)
+        for server in servers:
+            server.close()
     text = outs[0].read_text(errors="replace")
     assert [p.returncode for p in procs] == [0] * hosts, text[-3000:]
     match = HASH.search(text)

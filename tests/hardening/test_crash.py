@@ -216,7 +216,7 @@ def _run_world() -> dict[str, Any]:
             "node_create_s": 500,
             "node_delete_s": 200,
             "stockout_s": 5,
-            "preemption_grace_s": 20000,
+            "preemption_grace_s": 20,
         },
     }
 

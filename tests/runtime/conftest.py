@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from metadata_server import MetadataServer, slice_values
+from tpuctl.testing.metadata_server import MetadataServer, slice_values
 
 from tpuctl.runtime.hostenv import sim_host_env
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from metadata_server import MetadataServer, etag_of, slice_values
+from tpuctl.testing.metadata_server import MetadataServer, etag_of, slice_values
 
 from tpuctl.runtime import preemption
 from tpuctl.runtime.preemption import (

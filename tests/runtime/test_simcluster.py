@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from metadata_server import MetadataServer, slice_values
+from tpuctl.testing.metadata_server import MetadataServer, slice_values
 
 from tpuctl.runtime import simcluster
 from tpuctl.runtime.hostenv import sim_host_env

@@ -36,8 +36,8 @@ SIM_TUNING = Tuning(
 )
 
 #: The port a simulated slice's JAX coordinator listens on, on host 0's own address: the one JAX uses on
-#: Cloud TPU VMs (jax/_src/clusters/cloud_tpu_cluster.py, ``coordinator_port = 8476``).
-COORDINATOR_PORT = 8476
+#: Cloud TPU VMs (jax/_src/clusters/cloud_tpu_cluster.py, ``coordinator_port = '8482'``).
+COORDINATOR_PORT = 8482
 #: The bucket of the simulator's GCS emulator that runs checkpoint to by default.
 SIM_BUCKET = "tpuctl-sim"
 
