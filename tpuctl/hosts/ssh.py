@@ -206,6 +206,18 @@ def _client_factory(sink: list[str]) -> Callable[[], asyncssh.SSHClient]:
     return _Recorder
 
 
+async def _each(coros: Sequence[Coroutine[Any, Any, T]]) -> list[T]:
+    """Run ``coros`` concurrently; the first failure cancels the rest (a host refused for its key must
+    not wait for another host's connect deadline) and is raised once they are all done."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
 def _describe(exc: BaseException) -> str:
     text = str(exc).strip()
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
@@ -419,9 +431,7 @@ class SshExecutor:
         payload = _with_follow(bundle).tar_gz()
 
         async def all_hosts() -> list[ShipResult]:
-            return list(
-                await asyncio.gather(*(self._ship_one(r, bundle.digest, payload) for r in self._hosts))
-            )
+            return await _each([self._ship_one(r, bundle.digest, payload) for r in self._hosts])
 
         results = self._call(all_hosts(), _SHIP_TIMEOUT_S + self._connect_deadline_s)
         self._digest = bundle.digest
@@ -498,13 +508,9 @@ class SshExecutor:
         bundle, run_dir = self._bundle_path(self._digest), self._run_dir(spec)
 
         async def all_hosts() -> None:
-            outcomes = await asyncio.gather(
-                *(self._start_one(r, p, bundle, run_dir) for r, p in zip(self._hosts, plans, strict=True)),
-                return_exceptions=True,
+            await _each(
+                [self._start_one(r, p, bundle, run_dir) for r, p in zip(self._hosts, plans, strict=True)]
             )
-            for outcome in outcomes:
-                if isinstance(outcome, BaseException):
-                    raise outcome
 
         try:
             self._call(all_hosts(), self._connect_deadline_s + 2 * _COMMAND_TIMEOUT_S)
@@ -666,11 +672,7 @@ class SshExecutor:
         RunFailedError when a host cannot be reached, HostKeyMismatchError when it is not the right one."""
 
         async def all_hosts() -> list[CommandResult]:
-            return list(
-                await asyncio.gather(
-                    *(self._command_one(r, command, on_line, timeout_s) for r in self._hosts)
-                )
-            )
+            return await _each([self._command_one(r, command, on_line, timeout_s) for r in self._hosts])
 
         results = self._call(all_hosts(), self._connect_deadline_s + timeout_s + _COMMAND_TIMEOUT_S)
         return {r.worker: r for r in results}
@@ -724,7 +726,7 @@ class SshExecutor:
             return remote.worker, int(text) if text.isdigit() else 0
 
         async def all_hosts() -> dict[int, int]:
-            return dict(await asyncio.gather(*(one(r) for r in self._hosts)))
+            return dict(await _each([one(r) for r in self._hosts]))
 
         return self._call(all_hosts(), self._connect_deadline_s + 2 * _COMMAND_TIMEOUT_S)
 
@@ -779,9 +781,13 @@ class SshExecutor:
         self.stop(grace_s=1.0)
 
         async def disconnect() -> None:
+            # Whatever is left (a follower, a command cut short by a failure) ends before the loop does.
+            others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in others:
+                task.cancel()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.gather(*others, return_exceptions=True), timeout=2.0)
             for remote in self._hosts:
-                if remote.follower is not None:
-                    remote.follower.cancel()
                 conn, remote.conn = remote.conn, None
                 if conn is not None:
                     conn.close()
