@@ -139,17 +139,18 @@ class LoopbackSsh:
         )
         self._children.append(child)
         feeder = asyncio.ensure_future(self._feed(process, child))  # stdin may never see EOF
-        pumps = asyncio.gather(
+        pumps: asyncio.Future[Any] = asyncio.gather(
             self._drain(child.stdout, process.stdout),
             self._drain(child.stderr, process.stderr),
         )
-        closed = asyncio.ensure_future(process.wait_closed())
+        closed: asyncio.Future[Any] = asyncio.ensure_future(process.wait_closed())
         await asyncio.wait({pumps, closed}, return_when=asyncio.FIRST_COMPLETED)
         feeder.cancel()
         if not pumps.done():  # the channel went first: hang up the session, as sshd does
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(child.pid, signal.SIGHUP)
             pumps.cancel()
+            await asyncio.gather(pumps, return_exceptions=True)
             return
         closed.cancel()
         returncode = await child.wait()
