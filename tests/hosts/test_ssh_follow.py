@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -258,3 +259,22 @@ def test_plan_shows_exactly_what_start_runs_with_host_env_and_pythonpath(
             "cwd": absolute,
             "sid": True,
         }
+
+
+def test_a_program_whose_supervisor_died_without_an_exit_status_is_reported_lost(
+    tmp_path: Path, servers: LoopbackSsh, key: KeyPair
+) -> None:
+    executor = executor_for(servers, key)
+    try:
+        executor.ship(build_bundle(_bundle_of(tmp_path, "sleepy.py", SLEEPY)))
+        executor.start(spec(("sleepy.py",), {}, workers=2))
+        assert {executor.next_event(10) is not None for _ in range(2)} == {True}
+        run = servers.hosts[1].home / ".tpuctl" / "runs" / "run-ssh-0001" / "0"
+        os.kill(int((run / "supervisor").read_text()), signal.SIGKILL)  # no exit file will come
+        os.killpg(int((run / "pid").read_text()), signal.SIGKILL)
+        lost = [e for e in collect(executor, 1, timeout_s=10) if e.worker == 1]
+        assert [e.kind for e in lost] == ["line", "exit"] and lost[1].returncode is None
+        assert lost[0].text.startswith("[tpuctl] host 1: cannot follow its program: the supervisor (pid ")
+        assert lost[0].text.endswith(") ended without an exit status")
+    finally:
+        executor.close()

@@ -60,13 +60,18 @@ def _read_int(path: str) -> int | None:
 
 
 def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs: a zombie does not (an orphan waits for a reaper that may be slow to come)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
+            return fh.read().rpartition(")")[2].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True  # no /proc: kill(0) said it exists
 
 
 def launch(directory: str, cwd: str, env_pairs: list[str], argv: list[str]) -> int:
