@@ -708,10 +708,10 @@ class SshExecutor:
             status = None
         return CommandResult(remote.worker, status, tuple(tail))
 
-    def stop_leftovers(self, run_id: str) -> dict[int, int]:
+    def stop_leftovers(self, run_id: str) -> int:
         """SIGKILL, on every host, each process group of run ``run_id`` still running (a pid file
         without an exit file), whoever started it: before another launcher takes the run over. Returns
-        the number of groups signalled per worker."""
+        how many groups were signalled on all hosts together."""
         runs = f"{self._root}/runs/{run_id}"
         command = (
             f'n=0; for p in {_q(runs)}/*/pid; do [ -e "$p" ] || continue; d="${{p%/pid}}"; '
@@ -719,14 +719,14 @@ class SshExecutor:
             f'&& n=$((n+1)); done; echo "$n"'
         )
 
-        async def one(remote: _Remote) -> tuple[int, int]:
+        async def one(remote: _Remote) -> int:
             conn = await self._connect_or_fail(remote)
             result = await conn.run(command, check=False, timeout=_COMMAND_TIMEOUT_S)
             text = str(result.stdout or "").strip()
-            return remote.worker, int(text) if text.isdigit() else 0
+            return int(text) if text.isdigit() else 0
 
-        async def all_hosts() -> dict[int, int]:
-            return dict(await _each([one(r) for r in self._hosts]))
+        async def all_hosts() -> int:
+            return sum(await _each([one(r) for r in self._hosts]))
 
         return self._call(all_hosts(), self._connect_deadline_s + 2 * _COMMAND_TIMEOUT_S)
 
