@@ -26,6 +26,7 @@ Hierarchy, with exit codes::
     │   └── OverPriceCapError        6   every candidate costs more than the cap
     ├── BudgetExceededError          7
     ├── RunFailedError               8   the user's program failed (carries the host)
+    │   └── HostKeyMismatchError     8   a host's SSH key is not the one its node published
     └── InterruptedByUser            130
 """
 
@@ -298,6 +299,34 @@ class RunFailedError(TpuctlError):
 
     def details(self) -> dict[str, Any]:
         return {"worker": self.worker, "returncode": self.returncode}
+
+
+class HostKeyMismatchError(RunFailedError):
+    """A host presented an SSH host key other than the ones expected for it (the node's guest attributes),
+    or none was known: tpuctl refuses to log in (no trust on first use). Names the worker, its address and
+    both SHA256 fingerprints."""
+
+    kind = "host_key_mismatch"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        worker: int,
+        address: str,
+        expected: Sequence[str],
+        presented: str | None,
+        fix: str | None = None,
+    ) -> None:
+        super().__init__(message, worker=worker, fix=fix)
+        self.address = address
+        self.expected = tuple(expected)
+        self.presented = presented
+
+    def details(self) -> dict[str, Any]:
+        out = super().details()
+        out.update({"address": self.address, "expected": list(self.expected), "presented": self.presented})
+        return out
 
 
 class Aborted(TpuctlError):

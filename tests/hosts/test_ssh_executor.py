@@ -1,6 +1,9 @@
-"""SshExecutor for real: two asyncssh servers on 127.0.0.1, started by the test, each standing in for
-one TPU VM (its own home directory), running commands through a shell as sshd does. A 2-host program is
-shipped, started, streamed and stopped over SSH; hostile names, args and env values stay inert."""
+"""SshExecutor for real: asyncssh servers on loopback, started by the test, each standing in for one TPU
+VM (its own home directory and host key), running commands through bash in a session of their own and
+hanging that session up when its channel goes, as sshd does. A 2-host program is shipped, started,
+streamed and stopped over SSH; hostile names, args and env values stay inert.
+
+The other test_ssh_*.py modules import the loopback servers and helpers from here."""
 
 from __future__ import annotations
 
@@ -8,11 +11,13 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
+import socket
 import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,84 +36,148 @@ from tpuctl.hosts.ssh import (
 )
 
 
+def free_port(address: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((address, 0))
+        return int(sock.getsockname()[1])
+
+
 @dataclass
 class LoopbackHost:
+    address: str
     port: int
     home: Path
-    commands: list[str]
+    host_key: asyncssh.SSHKey
+    commands: list[str] = field(default_factory=list)
+    server: asyncssh.SSHAcceptor | None = None
+    connections: list[asyncssh.SSHServerConnection] = field(default_factory=list)
+
+    @property
+    def public_key(self) -> str:
+        """The OpenSSH public host key, as a node's guest attributes publish it."""
+        return self.host_key.export_public_key().decode("ascii").strip()
+
+    def ssh_host(self) -> SshHost:
+        return SshHost(self.address, self.port, (self.public_key,))
 
 
 class LoopbackSsh:
-    """asyncssh servers in a thread of their own: public-key auth with one authorized key, and a process
-    factory that runs each command with ``sh -c`` in the host's home, in a new session (as sshd does)."""
+    """asyncssh servers in a thread of their own, one per home: public-key auth with one authorized key,
+    each its own ed25519 host key; each command runs as ``bash -c CMD`` in the host's home in a new
+    session, and the session gets SIGHUP when its channel closes first (as sshd does)."""
 
-    def __init__(self, homes: list[Path], authorized_public_key: str) -> None:
+    def __init__(self, homes: list[Path], authorized_public_key: str, *, start: bool = True) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._thread.start()
         self._children: list[asyncio.subprocess.Process] = []
-        self._servers: list[asyncssh.SSHAcceptor] = []
-        self.hosts = [LoopbackHost(0, home, []) for home in homes]
-        host_key = asyncssh.generate_private_key("ssh-ed25519")
-        authorized = asyncssh.import_authorized_keys(authorized_public_key + "\n")
-        for host in self.hosts:
-
-            async def start(h: LoopbackHost = host) -> asyncssh.SSHAcceptor:
-                return await asyncssh.create_server(
-                    asyncssh.SSHServer,
-                    "127.0.0.1",
-                    0,
-                    server_host_keys=[host_key],
-                    authorized_client_keys=authorized,
-                    process_factory=lambda process: self._handle(process, h),
-                    encoding=None,
-                )
-
-            server = self._run(start())
-            self._servers.append(server)
-            host.port = server.sockets[0].getsockname()[1]
+        self._authorized = asyncssh.import_authorized_keys(authorized_public_key + "\n")
+        self.hosts = [
+            LoopbackHost("127.0.0.1", free_port(), home, asyncssh.generate_private_key("ssh-ed25519"))
+            for home in homes
+        ]
+        if start:
+            for worker in range(len(self.hosts)):
+                self.start_host(worker)
 
     def _run(self, coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(30)
+
+    def start_host(self, worker: int) -> None:
+        """Listen on the host's (fixed) address and port."""
+        host = self.hosts[worker]
+
+        def make_server() -> asyncssh.SSHServer:
+            class Server(asyncssh.SSHServer):
+                def connection_made(self, conn: asyncssh.SSHServerConnection) -> None:
+                    host.connections.append(conn)
+
+            return Server()
+
+        async def start() -> asyncssh.SSHAcceptor:
+            return await asyncssh.create_server(
+                make_server,
+                host.address,
+                host.port,
+                server_host_keys=[host.host_key],
+                authorized_client_keys=self._authorized,
+                process_factory=lambda process: self._handle(process, host),
+                encoding=None,
+                reuse_address=True,
+            )
+
+        host.server = self._run(start())
+
+    def stop_host(self, worker: int) -> None:
+        """Stop listening and drop every connection (the machine is gone from the network)."""
+        host = self.hosts[worker]
+
+        async def stop() -> None:
+            if host.server is not None:
+                host.server.close()
+                await host.server.wait_closed()
+                host.server = None
+            for conn in host.connections:
+                conn.abort()
+            host.connections.clear()
+
+        self._run(stop())
 
     async def _handle(self, process: asyncssh.SSHServerProcess[bytes], host: LoopbackHost) -> None:
         command = str(process.command)
         host.commands.append(command)
         child = await asyncio.create_subprocess_exec(
-            "/bin/sh",
+            "/bin/bash",
             "-c",
             command,
             cwd=host.home,
             env={**os.environ, "HOME": str(host.home)},
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
+            stderr=asyncio.subprocess.PIPE,
             start_new_session=True,
         )
         self._children.append(child)
+        feeder = asyncio.ensure_future(self._feed(process, child))  # stdin may never see EOF
+        pumps: asyncio.Future[Any] = asyncio.gather(
+            self._drain(child.stdout, process.stdout),
+            self._drain(child.stderr, process.stderr),
+        )
+        closed: asyncio.Future[Any] = asyncio.ensure_future(process.wait_closed())
+        await asyncio.wait({pumps, closed}, return_when=asyncio.FIRST_COMPLETED)
+        feeder.cancel()
+        if not pumps.done():  # the channel went first: hang up the session, as sshd does
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signal.SIGHUP)
+            pumps.cancel()
+            await asyncio.gather(pumps, return_exceptions=True)
+            return
+        closed.cancel()
+        returncode = await child.wait()
+        with contextlib.suppress(Exception):
+            if returncode < 0:
+                process.exit_with_signal(signal.Signals(-returncode).name.removeprefix("SIG"))
+            else:
+                process.exit(returncode)
 
-        async def feed() -> None:
-            assert child.stdin is not None
-            try:
-                while data := await process.stdin.read(65536):
-                    child.stdin.write(data)
-                    await child.stdin.drain()
-            except (asyncssh.Error, ConnectionError, BrokenPipeError):
-                pass
-            finally:
-                child.stdin.close()
-
-        feeder = asyncio.ensure_future(feed())
-        assert child.stdout is not None
+    async def _feed(
+        self, process: asyncssh.SSHServerProcess[bytes], child: asyncio.subprocess.Process
+    ) -> None:
+        assert child.stdin is not None
         try:
-            while chunk := await child.stdout.read(65536):
-                process.stdout.write(chunk)
-            returncode = await child.wait()
-            process.exit(returncode if returncode >= 0 else 128 - returncode)
+            while data := await process.stdin.read(65536):
+                child.stdin.write(data)
+                await child.stdin.drain()
         except (asyncssh.Error, ConnectionError, BrokenPipeError):
             pass
         finally:
-            feeder.cancel()
+            child.stdin.close()
+
+    async def _drain(self, source: asyncio.StreamReader | None, sink: asyncssh.SSHWriter[bytes]) -> None:
+        assert source is not None
+        with contextlib.suppress(asyncssh.Error, ConnectionError, BrokenPipeError):
+            while chunk := await source.read(65536):
+                sink.write(chunk)
 
     def close(self) -> None:
         async def shutdown() -> None:
@@ -117,13 +186,23 @@ class LoopbackSsh:
                     with contextlib.suppress(ProcessLookupError):
                         os.killpg(child.pid, 9)
                     await child.wait()
-            for server in self._servers:
-                server.close()
-                await server.wait_closed()
+            for host in self.hosts:
+                if host.server is not None:
+                    host.server.close()
+                    await host.server.wait_closed()
 
         self._run(shutdown())
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
+
+
+def kill_detached(homes: list[Path]) -> None:
+    """SIGKILL every detached program group still running under these homes (their pid files)."""
+    for home in homes:
+        for pidfile in home.glob("**/runs/*/*/pid"):
+            if not (pidfile.parent / "exit").exists():
+                with contextlib.suppress(ProcessLookupError, ValueError):
+                    os.killpg(int(pidfile.read_text()), signal.SIGKILL)
 
 
 @pytest.fixture
@@ -141,6 +220,13 @@ def servers(tmp_path: Path, key: KeyPair) -> Iterator[LoopbackSsh]:
         yield loopback
     finally:
         loopback.close()
+        kill_detached(homes)
+
+
+def executor_for(servers: LoopbackSsh, key: KeyPair, **options: Any) -> SshExecutor:
+    """An executor for the loopback hosts, trusting exactly their host keys."""
+    options.setdefault("python", sys.executable)
+    return SshExecutor([h.ssh_host() for h in servers.hosts], username=DEFAULT_USERNAME, key=key, **options)
 
 
 def collect(executor: SshExecutor, hosts: int, timeout_s: float = 30.0) -> list[HostEvent]:
@@ -154,11 +240,13 @@ def collect(executor: SshExecutor, hosts: int, timeout_s: float = 30.0) -> list[
     return events
 
 
-def spec(program: tuple[str, ...], env: dict[str, str], run_id: str = "run-ssh-0001") -> LaunchSpec:
+def spec(
+    program: tuple[str, ...], env: dict[str, str], run_id: str = "run-ssh-0001", workers: int = 2
+) -> LaunchSpec:
     return LaunchSpec(
         run_id=run_id,
         program=program,
-        num_workers=2,
+        num_workers=workers,
         chips_per_host=4,
         accelerator_type="v4-16",
         topology="2x2x2",
@@ -200,13 +288,11 @@ def test_two_host_program_runs_over_ssh_and_hostile_values_stay_inert(
     work.mkdir()
     (work / "prog.py").write_text(PROGRAM)
     bundle = build_bundle(work)
-    executor = SshExecutor(
-        [SshHost("127.0.0.1", h.port) for h in servers.hosts],
-        username=DEFAULT_USERNAME,
-        key=key,
+    executor = executor_for(
+        servers,
+        key,
         # A root with a space and shell syntax in it: quoting must hold for paths too.
         remote_root=f"tpuctl root $(touch {pwned})",
-        python=sys.executable,
     )
     try:
         shipped = executor.ship(bundle)
@@ -238,12 +324,7 @@ def test_two_host_program_runs_over_ssh_and_hostile_values_stay_inert(
     assert not (tmp_path / "~").exists()
 
     # Same bundle again: each host already has it, nothing is sent.
-    again = SshExecutor(
-        [SshHost("127.0.0.1", h.port) for h in servers.hosts],
-        username=DEFAULT_USERNAME,
-        key=key,
-        remote_root=f"tpuctl root $(touch {pwned})",
-    )
+    again = executor_for(servers, key, remote_root=f"tpuctl root $(touch {pwned})")
     try:
         assert [s.shipped for s in again.ship(bundle)] == [False, False]
         assert [s.bytes for s in again.ship(bundle)] == [0, 0]
@@ -266,12 +347,7 @@ def test_failed_host_exit_status_and_stop_kills_the_remote_program(
     work = tmp_path / "proj"
     work.mkdir()
     (work / "sleeper.py").write_text(SLEEPER)
-    executor = SshExecutor(
-        [SshHost("127.0.0.1", h.port) for h in servers.hosts],
-        username=DEFAULT_USERNAME,
-        key=key,
-        python=sys.executable,
-    )
+    executor = executor_for(servers, key)
     try:
         executor.ship(build_bundle(work))
         executor.start(spec(("sleeper.py",), {}, run_id="run-ssh-0002"))
@@ -293,37 +369,19 @@ def test_failed_host_exit_status_and_stop_kills_the_remote_program(
         executor.stop(grace_s=2.0)
         assert time.monotonic() - started < 2.0 + 5.0
         rest = collect(executor, 1, timeout_s=10)
-        assert [e.returncode for e in rest if e.kind == "exit"] in ([143], [-15], [None])
+        # The detached program's own status, from its supervisor: killed by SIGTERM.
+        assert [e.returncode for e in rest if e.kind == "exit"] == [-15]
         deadline = time.monotonic() + 5
         while Path(f"/proc/{pids[0]}").exists() and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not Path(f"/proc/{pids[0]}").exists(), (Path(f"/proc/{pids[0]}/stat").read_text(), rest)
-        # The stop went through the pid file (a path of safe characters needs no quotes).
+        # The stop went through the pid file, unless the exit file says the group is gone (a path of
+        # safe characters needs no quotes).
         stops = [c for c in servers.hosts[0].commands if "kill -TERM" in c]
         assert stops == [
-            'pid=$(cat .tpuctl/runs/run-ssh-0002/worker-0.pid) && kill -TERM "-$pid" 2>/dev/null; true'
+            "[ -e .tpuctl/runs/run-ssh-0002/0/exit ] || { pid=$(cat .tpuctl/runs/run-ssh-0002/0/pid) && "
+            'kill -TERM -- "-$pid"; } 2>/dev/null; true'
         ]
-    finally:
-        executor.close()
-
-
-def test_unreachable_host_fails_naming_it(tmp_path: Path, key: KeyPair) -> None:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]  # nothing listens here once closed
-    work = tmp_path / "proj"
-    work.mkdir()
-    (work / "p.py").write_text("print(1)\n")
-    executor = SshExecutor([SshHost("127.0.0.1", port)], username="tpuctl", key=key, connect_timeout_s=5)
-    from tpuctl.errors import RunFailedError
-
-    try:
-        with pytest.raises(RunFailedError) as info:
-            executor.ship(build_bundle(work))
-        assert info.value.worker == 0
-        assert f"cannot reach host 0 at tpuctl@127.0.0.1:{port}" in info.value.message
     finally:
         executor.close()
 
@@ -334,6 +392,11 @@ def test_unreachable_host_fails_naming_it(tmp_path: Path, key: KeyPair) -> None:
 def test_launcher_runs_a_2_host_slice_over_ssh_via_the_nodes_endpoints(
     tmp_path: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # The launcher does not pass the nodes' host keys yet (services/run/hosts.py reads no guest
+    # attributes); until it does, this test trusts whatever the loopback hosts present.
+    import functools
+
+    import tpuctl.hosts.ssh
     from tpuctl.services.run.launcher import Launcher
     from tpuctl.services.run.model import RunRequest
     from tpuctl.services.session import open_session
@@ -341,6 +404,11 @@ def test_launcher_runs_a_2_host_slice_over_ssh_via_the_nodes_endpoints(
     from tpuctl.sim import SimAdminClient, SimServer
     from tpuctl.sim.world import world_from_data
 
+    monkeypatch.setattr(
+        tpuctl.hosts.ssh,
+        "SshExecutor",
+        functools.partial(tpuctl.hosts.ssh.SshExecutor, verify_host_keys=False),
+    )
     world = world_from_data(
         {
             "speed": 1000,

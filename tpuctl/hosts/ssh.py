@@ -1,42 +1,56 @@
-"""The SSH executor: asyncssh to every worker of a slice, in parallel.
+"""The SSH executor: asyncssh to every worker of a slice, in parallel; the program detached on each host.
 
 Key pair: tpuctl manages one ed25519 key pair per state dir (``<state>/ssh/tpuctl_ed25519``, 0600 in a
 0700 directory), generated once. Its public key goes into the node's ``ssh-keys`` metadata when tpuctl
 creates the slice (``ssh_keys_metadata``), which is how TPU VMs authorize logins.
 
+Host keys: each :class:`SshHost` carries the OpenSSH public host keys its node published (the guest
+agent writes them to the node's guest attributes, query path ``hostkeys/``; see
+https://cloud.google.com/compute/docs/instances/access-overview#instance-host-keys and the v2 API's
+``nodes.getGuestAttributes``). They are the only keys trusted (asyncssh ``known_hosts``); any other key,
+or a host with none known, is refused with :class:`~tpuctl.errors.HostKeyMismatchError`. There is no
+trust on first use: addresses are reused across slices. Only ``verify_host_keys=False`` (tests) skips it.
+
+Connecting retries with a bounded backoff (0.5 s doubling to 8 s, for ``connect_deadline_s`` in all):
+a node is READY before its sshd listens. ``proxy_command`` (OpenSSH's ``%h %p %r %%`` tokens) reaches
+hosts without external IPs, e.g. through an IAP tunnel; as OpenSSH does (ssh_config(5), ProxyCommand:
+"executed using the user's shell 'exec' directive"), it runs as ``/bin/sh -c 'exec COMMAND'``.
+
 Remote layout, relative to the login directory unless ``remote_root`` is absolute::
 
-    <remote_root>/bundles/<sha256>/        the bundle, .tpuctl-bundle marker last (the per-host cache)
-    <remote_root>/runs/<run_id>/worker-N.pid
+    <remote_root>/bundles/<sha256>/                     the bundle, .tpuctl-bundle marker last (cache)
+    <remote_root>/runs/<run_id>/<attempt>/{out,pid,exit,supervisor}   one start (follow.py's layout)
 
-Shipping pipes a deterministic .tar.gz into ``tar -xzf -`` on the host (no sftp subsystem needed) into a
-temporary directory that is renamed into place once complete. The program runs as
-``cd BUNDLE && exec env K=V ... PYTHON -u PROGRAM...``; sshd makes each session's shell a session and
-process-group leader and ``exec`` keeps its pid, so the pid file names the group that a stop signals.
+``<attempt>`` is the spec's ``restart_count``. The program is detached from SSH: ``start`` runs
+``python3 -I <bundle>/tpuctl/hosts/follow.py launch ...`` (the image's python3), which starts it in a
+session of its own with output to ``out``; a follower per host then runs ``follow.py tail DIR OFFSET``
+and turns the bytes into lines. When a connection drops (or goes silent: ``tail`` beats every second),
+the follower reconnects with the same backoff and resumes at the offset just past the last complete line
+it emitted, so no line is lost or repeated. A host is lost (exit event with returncode None) only when it
+cannot be reached for ``lost_after_s`` since the last contact. ``stop`` signals the program's process
+group (its pid file) over SSH: SIGTERM, then SIGKILL after the grace.
 
 Quoting: every piece of every remote command that comes from a name, a path, an argument or an env value
 goes through ``shlex.quote``; the only unquoted shell text is tpuctl's own constant syntax.
-
-Host keys are not verified (``known_hosts=None``): a new TPU VM's host key is not known in advance, and
-IP addresses are reused across slices, so a trust-on-first-use file would reject every re-created slice.
-Fetching the host keys from the node's guest attributes would close this; see the module's report.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import dataclasses
 import os
 import secrets
 import shlex
 import threading
 import time
-from collections.abc import Coroutine, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from tpuctl.errors import RunFailedError, TpuctlError
+from tpuctl.errors import HostKeyMismatchError, RunFailedError, TpuctlError
 from tpuctl.hosts.base import (
     EventQueue,
     HostEvent,
@@ -45,7 +59,7 @@ from tpuctl.hosts.base import (
     ShipResult,
     decode_line,
 )
-from tpuctl.hosts.bundle import COMPLETE_MARKER, Bundle
+from tpuctl.hosts.bundle import COMPLETE_MARKER, Bundle, BundleFile
 
 if TYPE_CHECKING:
     import asyncssh
@@ -54,21 +68,46 @@ T = TypeVar("T")
 
 KEY_NAME = "tpuctl_ed25519"
 DEFAULT_USERNAME = "tpuctl"
-_CONNECT_TIMEOUT_S = 20.0
+#: Where follow.py sits inside a bundle, and the package file that must come with it.
+FOLLOW_PATH = "tpuctl/hosts/follow.py"
+_FOLLOW_PACKAGE = "tpuctl/hosts/__init__.py"
+SITECUSTOMIZE_DIR = "tpuctl/runtime/_sitecustomize"
 _SHIP_TIMEOUT_S = 300.0
 _COMMAND_TIMEOUT_S = 15.0
+_ATTEMPT_TIMEOUT_S = 20.0  # one connection attempt, inside the overall deadline
+_BACKOFF_FIRST_S = 0.5
+_BACKOFF_MAX_S = 8.0
+#: follow.py's tail beats every second; this long without a byte means the connection is dead.
+_SILENCE_S = 10.0
+_STOP_COMMAND_S = 3.0  # one signal command during stop(): stop must return in about grace + seconds
+_STOP_REPORT_S = 5.0  # after SIGKILL, how long a host gets to report its exit before it is given up
+TAIL_LINES = 20
 
 
 @dataclass(frozen=True)
 class SshHost:
+    """One worker: where its sshd listens and the OpenSSH public host keys it must present
+    (``"ssh-ed25519 AAAA..."``; None: unknown, refused unless the executor skips verification)."""
+
     address: str
     port: int = 22
+    host_keys: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
 class KeyPair:
     private_path: Path
     public_openssh: str  # "ssh-ed25519 AAAA... tpuctl"
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """One host's outcome of :meth:`SshExecutor.run_command`: its exit status (negative: killed by that
+    signal; None: timed out or the connection was lost) and its last ``TAIL_LINES`` output lines."""
+
+    worker: int
+    exit_status: int | None
+    tail: tuple[str, ...]
 
 
 def ensure_key_pair(state_dir: Path) -> KeyPair:
@@ -102,8 +141,36 @@ def ssh_keys_metadata(username: str, public_openssh: str) -> str:
     return f"{username}:{public_openssh}"
 
 
+def fingerprint(public_openssh: str) -> str:
+    """The ``SHA256:...`` fingerprint of an OpenSSH public key line, as ``ssh-keygen -l`` prints it."""
+    import asyncssh
+
+    return str(asyncssh.import_public_key(public_openssh).get_fingerprint("sha256"))
+
+
+def expand_proxy_command(template: str, *, host: str, port: int, user: str) -> str:
+    """OpenSSH's ProxyCommand tokens: ``%h`` host, ``%p`` port, ``%r`` remote user, ``%%`` a percent
+    (ssh_config(5), TOKENS). Values are shell-quoted: the result runs through ``sh -c``."""
+    values = {"h": shlex.quote(host), "p": str(port), "r": shlex.quote(user), "%": "%"}
+    out: list[str] = []
+    i = 0
+    while i < len(template):
+        char = template[i]
+        if char == "%" and i + 1 < len(template) and template[i + 1] in values:
+            out.append(values[template[i + 1]])
+            i += 2
+        else:
+            out.append(char)
+            i += 1
+    return "".join(out)
+
+
 def _q(value: str) -> str:
     return shlex.quote(value)
+
+
+class _Unreachable(Exception):
+    """Connecting gave up: every attempt until the deadline failed."""
 
 
 @dataclass
@@ -111,14 +178,58 @@ class _Remote:
     worker: int
     host: SshHost
     conn: asyncssh.SSHClientConnection | None = None
-    process: asyncssh.SSHClientProcess[bytes] | None = None
-    done: asyncio.Event | None = None
-    pidfile: str = ""
-    pump: asyncio.Future[None] | None = None
+    lock: asyncio.Lock | None = None
+    run_dir: str = ""
+    follower: asyncio.Future[None] | None = None
+    finished: asyncio.Event | None = None
+    presented: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _FollowState:
+    offset: int  # just past the last complete line emitted: where a reconnect resumes
+    last_contact: float  # monotonic time of the last byte (data or heartbeat) from the host
+    errors: int = 0  # consecutive tails that ended with an error on a live connection
+    note: str = ""  # the last problem seen, for the lost message
+
+
+def _client_factory(sink: list[str]) -> Callable[[], asyncssh.SSHClient]:
+    """An asyncssh client that records the fingerprint of a host key it was asked to judge (one not in
+    the trusted set) and refuses it, so a mismatch can name the key the host presented."""
+    import asyncssh
+
+    class _Recorder(asyncssh.SSHClient):
+        def validate_host_public_key(self, host: str, addr: str, port: int, key: asyncssh.SSHKey) -> bool:
+            sink.append(str(key.get_fingerprint("sha256")))
+            return False
+
+    return _Recorder
+
+
+async def _each(coros: Sequence[Coroutine[Any, Any, T]]) -> list[T]:
+    """Run ``coros`` concurrently; the first failure cancels the rest (a host refused for its key must
+    not wait for another host's connect deadline) and is raised once they are all done."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 class SshExecutor:
-    """Runs the program on every worker of a slice over SSH. See ``executors.base.Executor``."""
+    """Runs the program on every worker of a slice over SSH. See ``hosts.base.Executor``.
+
+    ``python`` runs the program (the setup environment's interpreter); ``image_python`` runs follow.py
+    (the stock image's python3). ``host_env(worker)`` adds environment for one host (after the contract's
+    and the user's). Line events and ``run_command``'s ``on_line`` come from the executor's own thread.
+    """
 
     def __init__(
         self,
@@ -128,7 +239,12 @@ class SshExecutor:
         key: KeyPair,
         remote_root: str = ".tpuctl",
         python: str = "python3",
-        connect_timeout_s: float = _CONNECT_TIMEOUT_S,
+        image_python: str = "python3",
+        host_env: Callable[[int], Mapping[str, str]] | None = None,
+        proxy_command: str | None = None,
+        verify_host_keys: bool = True,
+        connect_deadline_s: float = 300.0,
+        lost_after_s: float = 60.0,
     ) -> None:
         if not hosts:
             raise ValueError("SshExecutor needs at least one host")
@@ -137,12 +253,18 @@ class SshExecutor:
         self._key = key
         self._root = remote_root.rstrip("/") or "/"
         self._python = python
-        self._connect_timeout_s = connect_timeout_s
+        self._image_python = image_python
+        self._host_env = host_env
+        self._proxy_command = proxy_command
+        self._verify = verify_host_keys
+        self._connect_deadline_s = connect_deadline_s
+        self._lost_after_s = lost_after_s
         self._events = EventQueue()
         self._digest: str | None = None
         # The event loop thread starts on first use, so that plan() (--dry-run) has no side effects.
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        self._watchers: set[asyncio.Future[None]] = set()
         self._started = False
         self._closed = False
 
@@ -167,59 +289,157 @@ class SshExecutor:
             future.cancel()
             raise
 
-    async def _connect(self, remote: _Remote) -> asyncssh.SSHClientConnection:
-        import asyncssh
-
-        if remote.conn is not None:
-            return remote.conn
-
-        async def connect() -> asyncssh.SSHClientConnection:
-            return await asyncssh.connect(
-                remote.host.address,
-                remote.host.port,
-                username=self._username,
-                client_keys=[str(self._key.private_path)],
-                known_hosts=None,
-                agent_path=None,
-                config=None,
-                keepalive_interval=10,
-                keepalive_count_max=3,
-            )
-
-        try:
-            remote.conn = await asyncio.wait_for(connect(), timeout=self._connect_timeout_s)
-        except (OSError, asyncssh.Error, TimeoutError) as exc:
-            raise RunFailedError(
-                f"cannot reach host {remote.worker} at {self._where(remote)}: {exc or type(exc).__name__}",
-                worker=remote.worker,
-                fix="check that the slice is READY and that tpuctl's key is in its ssh-keys metadata "
-                "(`tpuctl pod describe`)",
-            ) from None
-        return remote.conn
-
     def _where(self, remote: _Remote) -> str:
         return f"{self._username}@{remote.host.address}:{remote.host.port}"
 
     def _bundle_path(self, digest: str) -> str:
         return f"{self._root}/bundles/{digest}"
 
+    def _run_dir(self, spec: LaunchSpec) -> str:
+        return f"{self._root}/runs/{spec.run_id}/{spec.restart_count}"
+
+    # --- connections -------------------------------------------------------------------------------
+
+    async def _connect(self, remote: _Remote, give_up_at: float) -> asyncssh.SSHClientConnection:
+        """The host's live connection, or a new one: attempts with a doubling pause (0.5 s to 8 s) until
+        ``give_up_at`` (monotonic). Raises _Unreachable (what was tried) or HostKeyMismatchError (never
+        retried: a wrong key does not become right)."""
+        import asyncssh
+
+        if remote.lock is None:
+            remote.lock = asyncio.Lock()
+        async with remote.lock:
+            if remote.conn is not None:
+                return remote.conn
+            started, attempts, delay, last = time.monotonic(), 0, _BACKOFF_FIRST_S, ""
+            while True:
+                attempts += 1
+                budget = min(_ATTEMPT_TIMEOUT_S, give_up_at - time.monotonic())
+                try:
+                    conn = await asyncio.wait_for(self._open(remote), timeout=max(0.2, budget))
+                except asyncssh.HostKeyNotVerifiable:
+                    raise self._mismatch(remote) from None
+                except (OSError, asyncssh.Error, TimeoutError) as exc:
+                    last = _describe(exc)
+                else:
+                    self._adopt(remote, conn)
+                    return conn
+                remaining = give_up_at - time.monotonic()
+                if remaining <= 0:
+                    raise _Unreachable(
+                        f"{attempts} connection attempts over {time.monotonic() - started:.1f} s, "
+                        f"last error: {last}"
+                    )
+                await asyncio.sleep(min(delay, remaining))
+                delay = min(delay * 2, _BACKOFF_MAX_S)
+
+    async def _open(self, remote: _Remote) -> asyncssh.SSHClientConnection:
+        import asyncssh
+
+        host = remote.host
+        options: dict[str, Any] = {}
+        if self._verify:
+            trusted = [asyncssh.import_public_key(k) for k in host.host_keys or ()]
+            options["known_hosts"] = (trusted, [], [])
+        else:
+            options["known_hosts"] = None
+        if self._proxy_command:
+            expanded = expand_proxy_command(
+                self._proxy_command, host=host.address, port=host.port, user=self._username
+            )
+            options["proxy_command"] = ["/bin/sh", "-c", f"exec {expanded}"]
+        remote.presented.clear()
+        return await asyncssh.connect(
+            host.address,
+            host.port,
+            username=self._username,
+            client_keys=[str(self._key.private_path)],
+            client_factory=_client_factory(remote.presented),
+            agent_path=None,
+            config=None,
+            keepalive_interval=10,
+            keepalive_count_max=3,
+            **options,
+        )
+
+    def _adopt(self, remote: _Remote, conn: asyncssh.SSHClientConnection) -> None:
+        remote.conn = conn
+
+        async def forget_when_closed() -> None:
+            await conn.wait_closed()
+            if remote.conn is conn:
+                remote.conn = None
+
+        watcher = asyncio.ensure_future(forget_when_closed())
+        self._watchers.add(watcher)  # the loop holds tasks weakly
+        watcher.add_done_callback(self._watchers.discard)
+
+    def _mismatch(self, remote: _Remote) -> HostKeyMismatchError:
+        expected = tuple(fingerprint(k) for k in remote.host.host_keys or ())
+        presented = remote.presented[-1] if remote.presented else None
+        address = f"{remote.host.address}:{remote.host.port}"
+        if expected:
+            message = (
+                f"host {remote.worker} at {address} presented SSH host key {presented}, not the key its "
+                f"node published ({', '.join(expected)}); refusing to log in"
+            )
+        else:
+            message = (
+                f"no SSH host key is known for host {remote.worker} at {address} (it presented "
+                f"{presented}); tpuctl does not trust a key on first use"
+            )
+        return HostKeyMismatchError(
+            message,
+            worker=remote.worker,
+            address=address,
+            expected=expected,
+            presented=presented,
+            fix="if the slice was re-created, run again so tpuctl reads its new host keys from the node's "
+            "guest attributes; otherwise another machine answers at that address: do not connect to it",
+        )
+
+    async def _connect_or_fail(self, remote: _Remote) -> asyncssh.SSHClientConnection:
+        """``_connect`` within the executor's connect deadline; giving up is a RunFailedError naming the
+        host, its address and what was tried."""
+        try:
+            return await self._connect(remote, time.monotonic() + self._connect_deadline_s)
+        except _Unreachable as exc:
+            raise RunFailedError(
+                f"cannot reach host {remote.worker} at {self._where(remote)}: {exc}",
+                worker=remote.worker,
+                fix="check that the slice is READY, that tpuctl's key is in its ssh-keys metadata "
+                "(`tpuctl pod describe`) and that this machine can reach the address (or configure a "
+                "proxy command)",
+            ) from None
+
+    def close_connections(self) -> None:
+        """Cut every SSH connection now (abruptly, as a network failure would); followers reconnect."""
+        if self._loop is None or self._loop.is_closed():
+            return
+
+        async def cut() -> None:
+            for remote in self._hosts:
+                conn, remote.conn = remote.conn, None
+                if conn is not None:
+                    conn.abort()
+
+        self._call(cut(), 10.0)
+
     # --- ship --------------------------------------------------------------------------------------
 
     def ship(self, bundle: Bundle) -> list[ShipResult]:
-        payload = bundle.tar_gz()
+        payload = _with_follow(bundle).tar_gz()
 
         async def all_hosts() -> list[ShipResult]:
-            return list(
-                await asyncio.gather(*(self._ship_one(r, bundle.digest, payload) for r in self._hosts))
-            )
+            return await _each([self._ship_one(r, bundle.digest, payload) for r in self._hosts])
 
-        results = self._call(all_hosts(), _SHIP_TIMEOUT_S + self._connect_timeout_s)
+        results = self._call(all_hosts(), _SHIP_TIMEOUT_S + self._connect_deadline_s)
         self._digest = bundle.digest
         return results
 
     async def _ship_one(self, remote: _Remote, digest: str, payload: bytes) -> ShipResult:
         started = time.monotonic()
-        conn = await self._connect(remote)
+        conn = await self._connect_or_fail(remote)
         target = self._bundle_path(digest)
         marker = f"{target}/{COMPLETE_MARKER}"
         probe = await conn.run(f"cat {_q(marker)} 2>/dev/null", check=False, timeout=_COMMAND_TIMEOUT_S)
@@ -244,22 +464,27 @@ class SshExecutor:
     # --- plan and start ----------------------------------------------------------------------------
 
     def plan(self, spec: LaunchSpec, *, digest: str | None = None) -> list[HostPlan]:
+        """Per host: ``follow.py launch`` from the bundle, starting ``python -u PROGRAM`` in the bundle
+        with the contract's env, the user's, ``host_env(worker)`` and PYTHONPATH (the bundle's absolute
+        path, shown as ``<path>``: it is resolved on the host, then its sitecustomize directory)."""
         if spec.num_workers != self.num_hosts:
             raise ValueError(f"spec is for {spec.num_workers} workers, the slice has {self.num_hosts}")
-        chosen = digest or self._digest or "<bundle-sha256>"
-        bundle = self._bundle_path(chosen)
-        run_dir = f"{self._root}/runs/{spec.run_id}"
+        bundle = self._bundle_path(digest or self._digest or "<bundle-sha256>")
+        run_dir = self._run_dir(spec)
+        argv = (self._python, "-u", *spec.program)
         plans = []
         for remote in self._hosts:
             env = spec.contract_env(remote.worker)
             env.update(spec.user_env)
-            argv = (self._python, "-u", *spec.program)
-            pidfile = f"{run_dir}/worker-{remote.worker}.pid"
-            assignments = " ".join(_q(f"{k}={v}") for k, v in env.items())
+            if self._host_env is not None:
+                env.update(self._host_env(remote.worker))
             command = (
-                f"mkdir -p {_q(run_dir)} && echo $$ > {_q(pidfile)} && cd {_q(bundle)} && "
-                # PYTHONPATH is the bundle's absolute path, known only on the host: "$PWD" after cd.
-                f'exec env {assignments} PYTHONPATH="$PWD" {" ".join(_q(a) for a in argv)}'
+                # The bundle's absolute path is known only on the host: "$b", expanded there.
+                f'b=$(cd {_q(bundle)} && pwd) && exec {_q(self._image_python)} -I "$b"/{FOLLOW_PATH} '
+                f'launch {_q(run_dir)} --cwd "$b" '
+                + "".join(f"--env {_q(f'{k}={v}')} " for k, v in env.items())
+                + f'--env "PYTHONPATH=$b:$b/{SITECUSTOMIZE_DIR}" -- '
+                + " ".join(_q(a) for a in argv)
             )
             plans.append(
                 HostPlan(
@@ -267,7 +492,7 @@ class SshExecutor:
                     where=self._where(remote),
                     cwd=bundle,
                     argv=argv,
-                    env={**env, "PYTHONPATH": f"<{bundle}>"},
+                    env={**env, "PYTHONPATH": f"<{bundle}>:<{bundle}>/{SITECUSTOMIZE_DIR}"},
                     shell_command=command,
                 )
             )
@@ -280,85 +505,272 @@ class SshExecutor:
             raise RuntimeError("this executor already started its hosts")
         self._started = True
         plans = self.plan(spec)
-        run_dir = f"{self._root}/runs/{spec.run_id}"
+        bundle, run_dir = self._bundle_path(self._digest), self._run_dir(spec)
 
         async def all_hosts() -> None:
-            await asyncio.gather(
-                *(self._start_one(r, p, run_dir) for r, p in zip(self._hosts, plans, strict=True))
+            await _each(
+                [self._start_one(r, p, bundle, run_dir) for r, p in zip(self._hosts, plans, strict=True)]
             )
 
         try:
-            self._call(all_hosts(), self._connect_timeout_s + _COMMAND_TIMEOUT_S)
+            self._call(all_hosts(), self._connect_deadline_s + 2 * _COMMAND_TIMEOUT_S)
         except BaseException:
             self.stop(grace_s=1.0)
             raise
 
-    async def _start_one(self, remote: _Remote, plan: HostPlan, run_dir: str) -> None:
-        import asyncssh
-
-        conn = await self._connect(remote)
+    async def _start_one(self, remote: _Remote, plan: HostPlan, bundle: str, run_dir: str) -> None:
+        conn = await self._connect_or_fail(remote)
         assert plan.shell_command is not None
-        remote.pidfile = f"{run_dir}/worker-{remote.worker}.pid"
-        remote.done = asyncio.Event()
-        remote.process = await conn.create_process(
-            plan.shell_command, stdin=asyncssh.DEVNULL, stderr=asyncssh.STDOUT, encoding=None
-        )
-        # Keep a reference: the loop holds tasks only weakly, and a collected pump would lose the host.
-        remote.pump = asyncio.ensure_future(self._pump(remote))
-
-    async def _pump(self, remote: _Remote) -> None:
-        process = remote.process
-        assert process is not None and remote.done is not None
-        returncode: int | None = None
-        try:
-            while True:
-                raw = await process.stdout.readline()
-                if not raw:
-                    break
-                self._events.put(HostEvent(remote.worker, "line", decode_line(raw)))
-            completed = await process.wait()
-            if completed.exit_status is not None and completed.exit_status >= 0:
-                returncode = completed.exit_status
-            elif completed.exit_signal:
-                returncode = -_signal_number(completed.exit_signal[0])
-        except Exception as exc:
-            self._events.put(HostEvent(remote.worker, "line", f"[tpuctl] connection to host lost: {exc}"))
-        finally:
-            remote.done.set()
-            self._events.put(HostEvent(remote.worker, "exit", returncode=returncode))
+        result = await conn.run(plan.shell_command, check=False, timeout=_COMMAND_TIMEOUT_S)
+        stdout, stderr = str(result.stdout or ""), str(result.stderr or "")
+        if result.exit_status != 0 or not stdout.startswith("pid "):
+            raise RunFailedError(
+                f"starting the program on host {remote.worker} ({self._where(remote)}) failed "
+                f"(exit {result.exit_status}): {(stderr or stdout).strip()[-300:]}",
+                worker=remote.worker,
+                fix="check that the bundle reached the host and that its python3 runs",
+            )
+        remote.run_dir = run_dir
+        remote.finished = asyncio.Event()
+        state = _FollowState(offset=0, last_contact=time.monotonic())
+        # Keep a reference: the loop holds tasks only weakly, and a collected follower loses the host.
+        remote.follower = asyncio.ensure_future(self._follow(remote, bundle, state))
 
     def next_event(self, timeout_s: float) -> HostEvent | None:
         return self._events.get(timeout_s)
+
+    # --- following ---------------------------------------------------------------------------------
+
+    def _line(self, remote: _Remote, text: str) -> None:
+        if remote.finished is not None and not remote.finished.is_set():
+            self._events.put(HostEvent(remote.worker, "line", text))
+
+    def _finish(self, remote: _Remote, returncode: int | None) -> None:
+        """The host's one exit event (later calls do nothing)."""
+        if remote.finished is not None and not remote.finished.is_set():
+            remote.finished.set()
+            self._events.put(HostEvent(remote.worker, "exit", returncode=returncode))
+
+    async def _follow(self, remote: _Remote, bundle: str, state: _FollowState) -> None:
+        """Tail the host's output until its exit status comes; reconnect whenever a tail ends without
+        one; give the host up after ``lost_after_s`` without contact, or after 3 failed tails in a row
+        on a live connection."""
+        delay = _BACKOFF_FIRST_S
+        while not remote.finished or not remote.finished.is_set():
+            silent_for = time.monotonic() - state.last_contact
+            try:
+                if silent_for > self._lost_after_s:
+                    raise _Unreachable(state.note or "no contact")
+                conn = await self._connect(remote, state.last_contact + self._lost_after_s)
+            except (_Unreachable, HostKeyMismatchError) as exc:
+                self._line(
+                    remote,
+                    f"[tpuctl] host {remote.worker} ({self._where(remote)}) lost: not reached for "
+                    f"{time.monotonic() - state.last_contact:.0f} s ({exc})",
+                )
+                self._finish(remote, None)
+                return
+            before = state.offset, state.last_contact
+            outcome = await self._tail(remote, conn, bundle, state)
+            if outcome is not None:
+                kind, value = outcome
+                if kind == "exit":
+                    self._finish(remote, int(value))
+                    return
+                state.errors += 1
+                state.note = value
+                if kind == "lost" or state.errors >= 3:
+                    self._line(remote, f"[tpuctl] host {remote.worker}: cannot follow its program: {value}")
+                    self._finish(remote, None)
+                    return
+            if (state.offset, state.last_contact) != before:
+                delay = _BACKOFF_FIRST_S
+                continue
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, _BACKOFF_MAX_S)
+
+    async def _tail(
+        self, remote: _Remote, conn: asyncssh.SSHClientConnection, bundle: str, state: _FollowState
+    ) -> tuple[str, str] | None:
+        """One ``follow.py tail`` from ``state.offset``: emits complete lines, advancing the offset past
+        each. Returns ("exit", status) once the program ended (its last unterminated line emitted too),
+        ("lost", why) when the supervisor is gone, ("error", stderr) when tail failed on a live
+        connection, None when the connection dropped or went silent (the caller reconnects)."""
+        import asyncssh
+
+        command = (
+            f"exec {_q(self._image_python)} -I {_q(f'{bundle}/{FOLLOW_PATH}')} tail "
+            f"{_q(remote.run_dir)} {state.offset}"
+        )
+        try:
+            process = await conn.create_process(command, stdin=asyncssh.DEVNULL, encoding=None)
+        except (OSError, asyncssh.Error) as exc:
+            state.note = _describe(exc)
+            return None
+        control: list[str] = []
+        reader = asyncio.ensure_future(self._read_control(process, state, control))
+        watchdog = asyncio.ensure_future(self._watch_silence(conn, state))
+        pending = b""
+        try:
+            while chunk := await process.stdout.read(1 << 16):
+                state.last_contact = time.monotonic()
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for raw in lines:
+                    self._line(remote, decode_line(raw))
+                    state.offset += len(raw) + 1
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(reader), timeout=_STOP_COMMAND_S)
+        except (OSError, asyncssh.Error) as exc:
+            state.note = _describe(exc)
+        finally:
+            watchdog.cancel()
+            reader.cancel()
+        for text in control:
+            word, _, rest = text.partition(" ")
+            if word == "exit" and rest.lstrip("-").isdigit():
+                if pending:
+                    self._line(remote, decode_line(pending))
+                    state.offset += len(pending)
+                return "exit", rest
+            if word == "lost":
+                return "lost", rest
+        if remote.conn is conn and process.exit_status is not None:
+            return "error", " | ".join(control)[-300:] or f"tail exited {process.exit_status}"
+        if remote.conn is conn:
+            remote.conn = None
+            conn.abort()  # half-open or silent: start afresh
+        state.note = state.note or "the connection dropped"
+        return None
+
+    async def _read_control(
+        self, process: asyncssh.SSHClientProcess[bytes], state: _FollowState, control: list[str]
+    ) -> None:
+        while raw := await process.stderr.readline():
+            state.last_contact = time.monotonic()
+            text = decode_line(raw)
+            if text != "alive":
+                control.append(text)
+
+    async def _watch_silence(self, conn: asyncssh.SSHClientConnection, state: _FollowState) -> None:
+        """Abort a connection that stays silent past the heartbeats (a half-open TCP connection)."""
+        while True:
+            await asyncio.sleep(1.0)
+            if time.monotonic() - state.last_contact > _SILENCE_S:
+                state.note = f"no byte for {_SILENCE_S:.0f} s"
+                conn.abort()
+                return
+
+    # --- commands ----------------------------------------------------------------------------------
+
+    def run_command(
+        self, command: str, *, on_line: Callable[[int, str], None], timeout_s: float
+    ) -> dict[int, CommandResult]:
+        """Run ``command`` (through the login shell) on every host at once, for setup: each output line
+        (stdout and stderr merged) goes to ``on_line(worker, text)`` as it comes (from the executor's
+        thread). A host that does not finish within ``timeout_s`` gets exit_status None. Raises
+        RunFailedError when a host cannot be reached, HostKeyMismatchError when it is not the right one."""
+
+        async def all_hosts() -> list[CommandResult]:
+            return await _each([self._command_one(r, command, on_line, timeout_s) for r in self._hosts])
+
+        results = self._call(all_hosts(), self._connect_deadline_s + timeout_s + _COMMAND_TIMEOUT_S)
+        return {r.worker: r for r in results}
+
+    async def _command_one(
+        self, remote: _Remote, command: str, on_line: Callable[[int, str], None], timeout_s: float
+    ) -> CommandResult:
+        import asyncssh
+
+        conn = await self._connect_or_fail(remote)
+        tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        process = await conn.create_process(
+            command, stdin=asyncssh.DEVNULL, stderr=asyncssh.STDOUT, encoding=None
+        )
+
+        async def pump() -> int | None:
+            while raw := await process.stdout.readline():
+                tail.append(decode_line(raw))
+                on_line(remote.worker, tail[-1])
+            completed = await process.wait()
+            if completed.exit_signal:
+                return -_signal_number(completed.exit_signal[0])
+            return completed.exit_status
+
+        try:
+            status = await asyncio.wait_for(pump(), timeout=timeout_s)
+        except TimeoutError:
+            process.close()  # the channel closes: sshd hangs up the command's session
+            tail.append(f"[tpuctl] timed out after {timeout_s:.0f} s")
+            status = None
+        except (OSError, asyncssh.Error) as exc:
+            tail.append(f"[tpuctl] connection lost: {_describe(exc)}")
+            status = None
+        return CommandResult(remote.worker, status, tuple(tail))
+
+    def stop_leftovers(self, run_id: str) -> int:
+        """SIGKILL, on every host, each process group of run ``run_id`` still running (a pid file
+        without an exit file), whoever started it: before another launcher takes the run over. Returns
+        how many groups were signalled on all hosts together."""
+        runs = f"{self._root}/runs/{run_id}"
+        command = (
+            f'n=0; for p in {_q(runs)}/*/pid; do [ -e "$p" ] || continue; d="${{p%/pid}}"; '
+            f'[ -e "$d/exit" ] && continue; pid=$(cat "$p") && kill -KILL -- "-$pid" 2>/dev/null '
+            f'&& n=$((n+1)); done; echo "$n"'
+        )
+
+        async def one(remote: _Remote) -> int:
+            conn = await self._connect_or_fail(remote)
+            result = await conn.run(command, check=False, timeout=_COMMAND_TIMEOUT_S)
+            text = str(result.stdout or "").strip()
+            return int(text) if text.isdigit() else 0
+
+        async def all_hosts() -> int:
+            return sum(await _each([one(r) for r in self._hosts]))
+
+        return self._call(all_hosts(), self._connect_deadline_s + 2 * _COMMAND_TIMEOUT_S)
 
     # --- stop and close ----------------------------------------------------------------------------
 
     def stop(self, grace_s: float = 5.0) -> None:
         if self._loop is None or self._loop.is_closed():
             return
-        # Bounded: a host that could not be reached is reported by its exit event.
+        # Bounded: each step has its own timeout, and a host that never reports is given up.
         with contextlib.suppress(TimeoutError, TpuctlError):
-            self._call(self._stop_all(grace_s), grace_s + 2 * _COMMAND_TIMEOUT_S)
+            self._call(self._stop_all(grace_s), grace_s + 3 * _STOP_COMMAND_S + _STOP_REPORT_S + 2.0)
 
     async def _stop_all(self, grace_s: float) -> None:
-        live = [r for r in self._hosts if r.done is not None and not r.done.is_set()]
+        live = [r for r in self._hosts if r.finished is not None and not r.finished.is_set()]
         if not live:
             return
         await asyncio.gather(*(self._signal(r, "TERM") for r in live))
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.gather(*(r.done.wait() for r in live if r.done)), timeout=grace_s)
-        still = [r for r in live if r.done is not None and not r.done.is_set()]
+        await self._wait_finished(live, grace_s)
+        still = [r for r in live if r.finished is not None and not r.finished.is_set()]
         await asyncio.gather(*(self._signal(r, "KILL") for r in still))
-        for r in still:
-            if r.process is not None:
-                r.process.close()  # closes the channel: the pump sees EOF and reports the exit
+        await self._wait_finished(still, _STOP_REPORT_S)
+        for remote in still:
+            if remote.finished is not None and not remote.finished.is_set():
+                if remote.follower is not None:
+                    remote.follower.cancel()
+                self._line(remote, f"[tpuctl] host {remote.worker} did not report its exit after SIGKILL")
+                self._finish(remote, None)
+
+    async def _wait_finished(self, remotes: list[_Remote], timeout_s: float) -> None:
+        waits = [r.finished.wait() for r in remotes if r.finished is not None]
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.gather(*waits), timeout=timeout_s)
 
     async def _signal(self, remote: _Remote, name: str) -> None:
-        if remote.conn is None or not remote.pidfile:
-            return
-        # The pid file holds the session leader's pid, which is also its process group id.
-        command = f'pid=$(cat {_q(remote.pidfile)}) && kill -{name} "-$pid" 2>/dev/null; true'
+        """Signal the program's process group (pid == pgid, from its pid file) unless it has exited:
+        after its exit the pid may belong to someone else."""
+        pidfile, exitfile = f"{remote.run_dir}/pid", f"{remote.run_dir}/exit"
+        command = (
+            f"[ -e {_q(exitfile)} ] || {{ pid=$(cat {_q(pidfile)}) && "
+            f'kill -{name} -- "-$pid"; }} 2>/dev/null; true'
+        )
         with contextlib.suppress(Exception):
-            await remote.conn.run(command, check=False, timeout=_COMMAND_TIMEOUT_S)
+            conn = await self._connect(remote, time.monotonic() + _STOP_COMMAND_S)
+            await asyncio.wait_for(conn.run(command, check=False), timeout=_STOP_COMMAND_S)
 
     def close(self) -> None:
         if self._closed:
@@ -369,11 +781,18 @@ class SshExecutor:
         self.stop(grace_s=1.0)
 
         async def disconnect() -> None:
+            # Whatever is left (a follower, a command cut short by a failure) ends before the loop does.
+            others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in others:
+                task.cancel()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.gather(*others, return_exceptions=True), timeout=2.0)
             for remote in self._hosts:
-                if remote.conn is not None:
-                    remote.conn.close()
+                conn, remote.conn = remote.conn, None
+                if conn is not None:
+                    conn.close()
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(remote.conn.wait_closed(), timeout=2.0)
+                        await asyncio.wait_for(conn.wait_closed(), timeout=2.0)
 
         with contextlib.suppress(TimeoutError):
             self._call(disconnect(), 10.0)
@@ -383,6 +802,26 @@ class SshExecutor:
             if self._thread.is_alive():
                 return  # a stuck callback: leave the daemon thread; the process exit ends it
         self._loop.close()
+
+
+def _with_follow(bundle: Bundle) -> Bundle:
+    """``bundle`` with follow.py (and its package file) in it, which the host side of start needs.
+
+    The bundle builder ships only ``tpuctl/runtime``; until it ships these too, they are added here to
+    the payload (same digest: they are tpuctl's code, like the runtime, and change only with it)."""
+    have = {f.path for f in bundle.files}
+    if FOLLOW_PATH in have:
+        return bundle
+    hosts_dir = Path(__file__).resolve().parent
+    extra = [
+        BundleFile(path, source, source.stat().st_size, 0o644)
+        for path, source in (
+            (_FOLLOW_PACKAGE, hosts_dir / "__init__.py"),
+            (FOLLOW_PATH, hosts_dir / "follow.py"),
+        )
+        if path not in have
+    ]
+    return dataclasses.replace(bundle, files=tuple(sorted((*bundle.files, *extra), key=lambda f: f.path)))
 
 
 def _signal_number(name: str) -> int:

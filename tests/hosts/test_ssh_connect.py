@@ -1,0 +1,173 @@
+"""Reaching hosts: host keys checked against the expected ones (no trust on first use), an sshd that
+comes up late waited for with a bounded backoff, a clear give-up, and a ProxyCommand path."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import threading
+import time
+from pathlib import Path
+
+import asyncssh
+import pytest
+from test_ssh_executor import LoopbackSsh, executor_for, key, servers
+
+from tpuctl.errors import HostKeyMismatchError, RunFailedError
+from tpuctl.hosts.ssh import (
+    DEFAULT_USERNAME,
+    KeyPair,
+    SshExecutor,
+    SshHost,
+    expand_proxy_command,
+    fingerprint,
+)
+
+__all__ = ["key", "servers"]  # fixtures shared with test_ssh_executor
+
+
+def _echo(executor: SshExecutor) -> dict[int, int | None]:
+    results = executor.run_command("echo up", on_line=lambda w, t: None, timeout_s=10)
+    return {w: r.exit_status for w, r in results.items()}
+
+
+def test_wrong_host_key_is_refused_naming_worker_address_and_both_fingerprints(
+    servers: LoopbackSsh, key: KeyPair
+) -> None:
+    impostor = asyncssh.generate_private_key("ssh-ed25519").export_public_key().decode().strip()
+    real = servers.hosts[1]
+    hosts = [servers.hosts[0].ssh_host(), SshHost(real.address, real.port, (impostor,))]
+    executor = SshExecutor(hosts, username=DEFAULT_USERNAME, key=key)
+    started = time.monotonic()
+    try:
+        with pytest.raises(HostKeyMismatchError) as info:
+            _echo(executor)
+    finally:
+        executor.close()
+    assert time.monotonic() - started < 5  # refused at once, not retried until the deadline
+    error = info.value
+    assert error.worker == 1 and error.address == f"127.0.0.1:{real.port}"
+    assert error.expected == (fingerprint(impostor),)
+    assert error.presented == fingerprint(real.public_key) != fingerprint(impostor)
+    assert error.message == (
+        f"host 1 at 127.0.0.1:{real.port} presented SSH host key {fingerprint(real.public_key)}, not the "
+        f"key its node published ({fingerprint(impostor)}); refusing to log in"
+    )
+    assert error.presented.startswith("SHA256:") and error.to_dict()["error"] == "host_key_mismatch"
+
+
+def test_unknown_host_key_is_refused_unless_verification_is_off(servers: LoopbackSsh, key: KeyPair) -> None:
+    unknown = [SshHost(h.address, h.port) for h in servers.hosts]
+    strict = SshExecutor(unknown, username=DEFAULT_USERNAME, key=key)
+    try:
+        with pytest.raises(HostKeyMismatchError, match="no SSH host key is known for host") as info:
+            _echo(strict)
+        assert info.value.expected == () and info.value.presented is not None
+    finally:
+        strict.close()
+    trusting = SshExecutor(unknown, username=DEFAULT_USERNAME, key=key, verify_host_keys=False)
+    try:
+        assert _echo(trusting) == {0: 0, 1: 0}
+    finally:
+        trusting.close()
+    right = executor_for(servers, key)
+    try:
+        assert _echo(right) == {0: 0, 1: 0}
+    finally:
+        right.close()
+
+
+def test_an_sshd_that_comes_up_late_is_waited_for(tmp_path: Path, key: KeyPair) -> None:
+    (tmp_path / "vm").mkdir()
+    late = LoopbackSsh([tmp_path / "vm"], key.public_openssh, start=False)
+    timer = threading.Timer(1.2, late.start_host, args=(0,))
+    executor = executor_for(late, key, connect_deadline_s=20)
+    started = time.monotonic()
+    try:
+        timer.start()
+        assert _echo(executor) == {0: 0}
+        assert 1.2 <= time.monotonic() - started < 5  # retried (0.5 s, 1 s, 2 s pauses), not given up
+    finally:
+        timer.join()
+        executor.close()
+        late.close()
+
+
+def test_giving_up_names_the_host_its_address_and_what_was_tried(tmp_path: Path, key: KeyPair) -> None:
+    (tmp_path / "vm").mkdir()
+    down = LoopbackSsh([tmp_path / "vm"], key.public_openssh, start=False)
+    executor = executor_for(down, key, connect_deadline_s=1.6)
+    port = down.hosts[0].port
+    started = time.monotonic()
+    try:
+        with pytest.raises(RunFailedError) as info:
+            _echo(executor)
+    finally:
+        executor.close()
+        down.close()
+    assert 1.6 <= time.monotonic() - started < 4
+    message = info.value.message
+    assert info.value.worker == 0
+    assert message.startswith(f"cannot reach host 0 at tpuctl@127.0.0.1:{port}: ")
+    match = re.search(r"(\d+) connection attempts over (\d+\.\d) s, last error: (.*)", message)
+    assert match is not None, message
+    # 0 s, 0.5 s, 1.5 s, then at the deadline: the pauses double from 0.5 s.
+    assert int(match[1]) == 4 and float(match[2]) >= 1.6
+    assert "ConnectionRefusedError" in match[3] or "OSError" in match[3]
+
+
+RELAY = """\
+import json, socket, sys, threading
+table, name, port, user = sys.argv[1:]
+with open(table + ".log", "a") as log:
+    log.write(json.dumps([name, port, user]) + "\\n")
+address, real_port = json.load(open(table))[name]
+sock = socket.create_connection((address, real_port))
+def up():
+    while data := sys.stdin.buffer.read1(65536):
+        sock.sendall(data)
+    sock.shutdown(socket.SHUT_WR)
+threading.Thread(target=up, daemon=True).start()
+while data := sock.recv(65536):
+    sys.stdout.buffer.write(data)
+    sys.stdout.buffer.flush()
+"""
+
+
+def test_proxy_command_reaches_hosts_that_have_no_direct_route(
+    tmp_path: Path, servers: LoopbackSsh, key: KeyPair
+) -> None:
+    # Names no resolver knows: only the relay (an IAP tunnel's stand-in) can reach them.
+    table = tmp_path / "routes.json"
+    table.write_text(json.dumps({f"tpu-worker-{h.port}": [h.address, h.port] for h in servers.hosts}))
+    relay = tmp_path / "relay.py"
+    relay.write_text(RELAY)
+    hosts = [SshHost(f"tpu-worker-{h.port}", 22, (h.public_key,)) for h in servers.hosts]
+    executor = SshExecutor(
+        hosts,
+        username=DEFAULT_USERNAME,
+        key=key,
+        proxy_command=f"{sys.executable} {relay} {table} %h %p %r",
+        connect_deadline_s=5,
+    )
+    try:
+        assert _echo(executor) == {0: 0, 1: 0}
+    finally:
+        executor.close()
+    log = [json.loads(line) for line in (tmp_path / "routes.json.log").read_text().splitlines()]
+    assert sorted(log) == sorted([f"tpu-worker-{h.port}", "22", "tpuctl"] for h in servers.hosts)
+    direct = SshExecutor(hosts[:1], username=DEFAULT_USERNAME, key=key, connect_deadline_s=0.5)
+    try:
+        with pytest.raises(RunFailedError, match="cannot reach host 0 at tpuctl@tpu-worker-"):
+            _echo(direct)
+    finally:
+        direct.close()
+
+
+def test_proxy_command_tokens_expand_as_openssh_does() -> None:
+    assert (
+        expand_proxy_command("gcloud x %h --port=%p -u %r 100%% %z", host="10.0.0.2", port=22, user="me")
+        == "gcloud x 10.0.0.2 --port=22 -u me 100% %z"
+    )
+    assert expand_proxy_command("nc %h %p", host="a b", port=2222, user="u") == "nc 'a b' 2222"

@@ -1,0 +1,211 @@
+"""The host side of a detached program: launch it, then follow its output file from any SSH session.
+
+Runs on the host with the image's stock ``python3`` (>= 3.10), standard library only, and imports nothing
+of tpuctl: the SSH executor runs it as a script out of the shipped bundle
+(``python3 -I <bundle>/tpuctl/hosts/follow.py ...``; ``-I`` so neither PYTHONPATH nor the user's files in
+the bundle can shadow the standard library it uses).
+
+A run directory (``<remote_root>/runs/<run_id>/<attempt>``) holds::
+
+    out          the program's stdout and stderr, appended, never truncated
+    supervisor   the pid of the supervisor that waits for the program
+    pid          the program's pid, which is also its process group id (written once it leads a session)
+    exit         its exit status, written atomically once it ended: N, or -SIG when a signal killed it
+
+``launch DIR --cwd D [--env K=V]... -- ARGV...`` starts ARGV in a session of its own (stdin /dev/null,
+stdout+stderr to ``out``) under a supervisor that is itself a session leader, so nothing of it belongs to
+the SSH session that launched it (sshd's hangup of that session reaches neither). It prints ``pid N``
+once the pid file exists and exits 0; it refuses (exit 2) a directory that already has a pid file. The
+program's environment is this process's (the host's login environment) plus the ``--env`` pairs; a
+relative ARGV[0] with a slash is resolved against the launching directory, before the chdir to ``--cwd``.
+
+``tail DIR OFFSET`` writes the bytes of ``out`` from OFFSET on to stdout as they come, and control lines
+to stderr: ``alive`` about every second (so a silent program still shows the connection is up, and a
+tail whose connection is gone hits a broken pipe and ends), then ``exit N`` after the last byte once the
+program ended, or ``lost <why>`` when the supervisor is gone without writing an exit status. Exit 0
+after a control line; 2 when DIR is not a launched run directory.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+OUT = "out"
+PID = "pid"
+EXIT = "exit"
+SUPERVISOR = "supervisor"
+HEARTBEAT_S = 1.0
+_POLL_S = 0.05
+
+
+def _write_atomic(path: str, text: str) -> None:
+    """``path`` holds ``text`` or does not exist; never a partial write (rename is atomic)."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="ascii") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def _read_int(path: str) -> int | None:
+    try:
+        with open(path, encoding="ascii") as fh:
+            return int(fh.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs: a zombie does not (an orphan waits for a reaper that may be slow to come)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
+            return fh.read().rpartition(")")[2].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True  # no /proc: kill(0) said it exists
+
+
+def launch(directory: str, cwd: str, env_pairs: list[str], argv: list[str]) -> int:
+    """Start ``argv`` detached (see the module docstring); returns the process exit code."""
+    directory = os.path.abspath(directory)
+    os.makedirs(directory, exist_ok=True)
+    if os.path.exists(os.path.join(directory, PID)):
+        print(f"follow: {directory} already holds a launched program", file=sys.stderr)
+        return 2
+    if "/" in argv[0]:
+        argv = [os.path.abspath(argv[0]), *argv[1:]]
+    env = dict(os.environ)
+    for pair in env_pairs:
+        name, _, value = pair.partition("=")
+        env[name] = value
+    read_fd, write_fd = os.pipe()
+    if os.fork() == 0:  # the supervisor
+        os.close(read_fd)
+        code = 1
+        try:
+            code = _supervise(directory, os.path.abspath(cwd), env, argv, write_fd)
+        finally:
+            os._exit(code)
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as pipe:
+        reply = pipe.read().decode("ascii", "replace").strip()
+    if not reply.isdigit():
+        print(f"follow: the supervisor did not start the program: {reply}", file=sys.stderr)
+        return 1
+    print(f"pid {reply}", flush=True)
+    return 0
+
+
+def _supervise(directory: str, cwd: str, env: dict[str, str], argv: list[str], report_fd: int) -> int:
+    os.setsid()
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)  # nothing of the SSH session stays open here
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    out = os.open(os.path.join(directory, OUT), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    _write_atomic(os.path.join(directory, SUPERVISOR), f"{os.getpid()}\n")
+    ready_r, ready_w = os.pipe()
+    child = os.fork()
+    if child == 0:
+        os.close(ready_r)
+        os.setsid()  # its own session and group: pid == pgid, what a stop signals
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+        os.dup2(null, 0)
+        os.dup2(out, 1)
+        os.dup2(out, 2)
+        os.write(ready_w, b"s")
+        os.close(ready_w)
+        try:
+            os.chdir(cwd)
+            os.execvpe(argv[0], argv, env)
+        except OSError as exc:
+            os.write(2, f"follow: cannot run {argv[0]!r}: {exc}\n".encode())
+        os._exit(127)
+    os.close(ready_w)
+    os.read(ready_r, 1)  # the child leads its group before anyone is told its pid
+    os.close(ready_r)
+    _write_atomic(os.path.join(directory, PID), f"{child}\n")
+    os.write(report_fd, str(child).encode("ascii"))
+    os.close(report_fd)
+    _, status = os.waitpid(child, 0)
+    _write_atomic(os.path.join(directory, EXIT), f"{os.waitstatus_to_exitcode(status)}\n")
+    return 0
+
+
+def tail(directory: str, offset: int) -> int:
+    """Stream ``out`` from ``offset`` (see the module docstring); returns the process exit code."""
+    out_path, exit_path = os.path.join(directory, OUT), os.path.join(directory, EXIT)
+    supervisor = _read_int(os.path.join(directory, SUPERVISOR))
+    if supervisor is None or not os.path.exists(out_path):
+        print(f"follow: {directory} is not a launched run directory", file=sys.stderr)
+        return 2
+    stdout, stderr = sys.stdout.buffer, sys.stderr
+    last_beat = 0.0
+    with open(out_path, "rb") as fh:
+        fh.seek(offset)
+        while True:
+            # Looked at before reading: once the exit file exists, a read to EOF has every byte.
+            done = os.path.exists(exit_path)
+            chunk = fh.read(1 << 16)
+            if chunk:
+                stdout.write(chunk)
+                stdout.flush()
+                continue
+            if done:
+                stderr.write(f"exit {_read_int(exit_path)}\n")
+                stderr.flush()
+                return 0
+            now = time.monotonic()
+            if now - last_beat >= HEARTBEAT_S:
+                if not _alive(supervisor) and not os.path.exists(exit_path):
+                    stderr.write(f"lost the supervisor (pid {supervisor}) ended without an exit status\n")
+                    stderr.flush()
+                    return 0
+                stderr.write("alive\n")
+                stderr.flush()
+                last_beat = now
+            time.sleep(_POLL_S)
+
+
+def main(args: list[str]) -> int:
+    """``launch`` or ``tail`` (see the module docstring)."""
+    try:
+        if len(args) >= 3 and args[0] == "tail":
+            return tail(args[1], int(args[2]))
+        if len(args) >= 5 and args[0] == "launch" and "--" in args:
+            split = args.index("--")
+            options, argv = args[2:split], args[split + 1 :]
+            cwd, env_pairs = ".", []
+            for flag, value in zip(options[::2], options[1::2], strict=True):
+                if flag == "--cwd":
+                    cwd = value
+                elif flag == "--env":
+                    env_pairs.append(value)
+                else:
+                    raise ValueError(flag)
+            if argv:
+                return launch(args[1], cwd, env_pairs, argv)
+    except BrokenPipeError:
+        # The SSH channel is gone: nothing to report to. Quiet exit (stdout is a dead pipe).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except ValueError:
+        pass
+    print(
+        "usage: follow.py launch DIR [--cwd D] [--env K=V]... -- ARGV... | follow.py tail DIR OFFSET",
+        file=sys.stderr,
+    )
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
