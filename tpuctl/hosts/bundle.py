@@ -147,7 +147,13 @@ def runtime_root() -> Path:
 
 def _runtime_files() -> list[tuple[str, Path]]:
     root = runtime_root()
-    out = [("tpuctl/__init__.py", root / "__init__.py")]
+    # The host side of the SSH executor (stdlib only) travels with the runtime: it keeps the program
+    # detached from the SSH session on every host.
+    out = [
+        ("tpuctl/__init__.py", root / "__init__.py"),
+        ("tpuctl/hosts/__init__.py", root / "hosts" / "__init__.py"),
+        ("tpuctl/hosts/follow.py", root / "hosts" / "follow.py"),
+    ]
     runtime = root / "runtime"
     for dirpath, dirnames, filenames in os.walk(runtime):
         dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")

@@ -39,7 +39,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import dataclasses
 import os
 import secrets
 import shlex
@@ -59,7 +58,7 @@ from tpuctl.hosts.base import (
     ShipResult,
     decode_line,
 )
-from tpuctl.hosts.bundle import COMPLETE_MARKER, Bundle, BundleFile
+from tpuctl.hosts.bundle import COMPLETE_MARKER, Bundle
 
 if TYPE_CHECKING:
     import asyncssh
@@ -428,7 +427,7 @@ class SshExecutor:
     # --- ship --------------------------------------------------------------------------------------
 
     def ship(self, bundle: Bundle) -> list[ShipResult]:
-        payload = _with_follow(bundle).tar_gz()
+        payload = bundle.tar_gz()
 
         async def all_hosts() -> list[ShipResult]:
             return await _each([self._ship_one(r, bundle.digest, payload) for r in self._hosts])
@@ -802,26 +801,6 @@ class SshExecutor:
             if self._thread.is_alive():
                 return  # a stuck callback: leave the daemon thread; the process exit ends it
         self._loop.close()
-
-
-def _with_follow(bundle: Bundle) -> Bundle:
-    """``bundle`` with follow.py (and its package file) in it, which the host side of start needs.
-
-    The bundle builder ships only ``tpuctl/runtime``; until it ships these too, they are added here to
-    the payload (same digest: they are tpuctl's code, like the runtime, and change only with it)."""
-    have = {f.path for f in bundle.files}
-    if FOLLOW_PATH in have:
-        return bundle
-    hosts_dir = Path(__file__).resolve().parent
-    extra = [
-        BundleFile(path, source, source.stat().st_size, 0o644)
-        for path, source in (
-            (_FOLLOW_PACKAGE, hosts_dir / "__init__.py"),
-            (FOLLOW_PATH, hosts_dir / "follow.py"),
-        )
-        if path not in have
-    ]
-    return dataclasses.replace(bundle, files=tuple(sorted((*bundle.files, *extra), key=lambda f: f.path)))
 
 
 def _signal_number(name: str) -> int:
