@@ -6,6 +6,10 @@ flat HTML page of links, one per distribution file, which is what both installer
 ``--find-links`` (pip: "If a URL or path to an html file, then parse for links to archives"; uv: a
 "flat index", an HTML page of links to distributions). Files are served with byte ranges, which uv uses
 to read a wheel's METADATA from the end of the zip instead of downloading the whole wheel.
+
+The same files are also served as a PEP 503 "simple" index under ``/simple/``: uv 0.13 has no environment
+variable for ``--no-index`` (``uv pip install --help`` lists none), so the simulated network makes the
+mirror uv's default index (``UV_DEFAULT_INDEX``) and nothing is ever asked of PyPI.
 """
 
 from __future__ import annotations
@@ -34,12 +38,35 @@ def distributions(wheelhouse: Path) -> list[str]:
     return sorted(p.name for p in wheelhouse.iterdir() if p.is_file() and p.name.endswith(DIST_SUFFIXES))
 
 
-def index_page(names: list[str]) -> bytes:
-    """The find-links page: one relative link per file."""
+def project_name(filename: str) -> str:
+    """The PEP 503 normalized project name of a distribution file (a wheel's or sdist's first field)."""
+    stem = filename[: -len(".tar.gz")] if filename.endswith(".tar.gz") else filename.rsplit(".", 1)[0]
+    name = stem.split("-")[0] if filename.endswith(".whl") else stem.rsplit("-", 1)[0]
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def index_page(names: list[str], prefix: str = "", suffix: str = "") -> bytes:
+    """An HTML page of links: one per name, to ``prefix + name + suffix``."""
     links = "".join(
-        f'<a href="{html.escape(urllib.parse.quote(n))}">{html.escape(n)}</a><br>\n' for n in names
+        f'<a href="{html.escape(prefix + urllib.parse.quote(n) + suffix)}">{html.escape(n)}</a><br>\n'
+        for n in names
     )
     return f"<!DOCTYPE html>\n<html><body>\n{links}</body></html>\n".encode()
+
+
+def _page(wheelhouse: Path, path: str) -> bytes | None:
+    """The HTML page at ``path``: the find-links page (``/``), the simple index's project list
+    (``/simple/``) or a project's files (``/simple/<project>/``); None if there is none."""
+    names = distributions(wheelhouse)
+    if path in ("/", "/index.html"):
+        return index_page(names)
+    if path == "/simple/":
+        return index_page(sorted({project_name(n) for n in names}), suffix="/")
+    parts = path.split("/")
+    if len(parts) == 4 and parts[1] == "simple" and parts[3] == "":
+        files = [n for n in names if project_name(n) == parts[2]]
+        return index_page(files, prefix="../../") if files else None
+    return None
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -62,8 +89,15 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _serve(self, *, body: bool) -> None:
         path = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
-        if path in ("/", "/index.html"):
-            page = index_page(distributions(self.wheelhouse))
+        if path == "/simple" or (path.startswith("/simple/") and path.count("/") == 2 and path[-1] != "/"):
+            # PEP 503: project URLs end with a slash; send clients there.
+            self.send_response(HTTPStatus.MOVED_PERMANENTLY)
+            self.send_header("Location", path + "/")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        page = _page(self.wheelhouse, path)
+        if page is not None:
             self._head(HTTPStatus.OK, len(page), "text/html; charset=utf-8")
             if body:
                 self.wfile.write(page)

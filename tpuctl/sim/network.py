@@ -11,8 +11,10 @@ What each variable does, in the tool that reads it:
   emulator checks none, and gcsfs would otherwise walk its credential chain first.
 - ``PIP_NO_INDEX`` / ``PIP_FIND_LINKS``: pip installs from the simulator's package mirror only (the uv
   bootstrap of host setup).
-- ``UV_NO_INDEX`` / ``UV_FIND_LINKS``: the same for uv; ``UV_PYTHON_DOWNLOADS=never``: uv uses the image's
-  interpreter and never tries to download one.
+- ``UV_NO_INDEX`` / ``UV_FIND_LINKS``: the same for uv, and ``UV_DEFAULT_INDEX``: the mirror's simple
+  index, because uv 0.13 reads no ``UV_NO_INDEX`` (``uv pip install --help`` names no variable for
+  ``--no-index``; later uv releases may) and would otherwise ask PyPI; ``UV_PYTHON_DOWNLOADS=never``: uv uses
+  the image's interpreter and never tries to download one.
 - ``PIP_DISABLE_PIP_VERSION_CHECK``: pip's self-check would ask PyPI, which the simulated network lacks.
 """
 
@@ -33,6 +35,7 @@ def network_env(*, mirror_url: str, storage_url: str) -> dict[str, str]:
         "PIP_DISABLE_PIP_VERSION_CHECK": "1",
         "UV_NO_INDEX": "1",
         "UV_FIND_LINKS": mirror_url,
+        "UV_DEFAULT_INDEX": mirror_url.rstrip("/") + "/simple/",
         "UV_PYTHON_DOWNLOADS": "never",
     }
 
