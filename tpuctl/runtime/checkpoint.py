@@ -14,7 +14,10 @@ finished), saves asynchronously, and prunes old steps. What we add:
   succeeds. Processes vote after each attempt and all move on together; the checksum is computed on
   the global arrays, so its verdict is the same everywhere.
 
-Directories are passed to orbax as given: a local path on the simulator, ``gs://...`` on Google.
+Directories are passed to orbax as given: ``gs://...`` on Google and on the simulator (whose GCS emulator
+tensorstore reaches through ``TENSORSTORE_GCS_HTTP_URL`` and gcsfs through ``STORAGE_EMULATOR_HOST``), or an
+absolute local path (tests, a single machine). A relative path is refused: orbax refuses it too (``ValueError:
+Checkpoint path should be absolute``), but only at the first save.
 """
 
 # jax leaves parts of its public API unannotated (PartitionSpec, ShapeDtypeStruct, ...).
@@ -392,6 +395,21 @@ class _ReadContextArrayHandler(ocp.type_handlers.TypeHandler):  # type: ignore[m
         return getattr(self._inner, name)
 
 
+def checkpoint_directory(directory: str | epath.PathLike) -> str:
+    """``directory`` as a string, checked: a URL (``gs://bucket/...``) or an absolute local path.
+
+    Raises ValueError naming the path and the fix for a relative one (it would land in whatever directory
+    each host's process starts in, and no host but the one that wrote it could restore from it).
+    """
+    text = os.fspath(directory)
+    if "://" in text or os.path.isabs(text):
+        return text
+    raise ValueError(
+        f"checkpoint directory {text!r} is a relative path: checkpoints need a location every host can "
+        "reach after a recovery; use a bucket (gs://BUCKET/PREFIX) or an absolute path"
+    )
+
+
 class Checkpointer:
     """Periodic, asynchronous, verified checkpoints of a train state in ``directory``.
 
@@ -415,7 +433,7 @@ class Checkpointer:
             raise ValueError(f"save_interval_steps must be >= 1, got {save_interval_steps}")
         if max_to_keep < 1:
             raise ValueError(f"max_to_keep must be >= 1, got {max_to_keep}")
-        self.directory = epath.Path(directory)
+        self.directory = epath.Path(checkpoint_directory(directory))
         self.delete_unreadable = delete_unreadable
         options = ocp.CheckpointManagerOptions(
             save_decision_policy=ocp.checkpoint_managers.FixedIntervalPolicy(save_interval_steps),
@@ -618,4 +636,4 @@ def abstract_like(state: PyTree) -> PyTree:
     return _abstract(state)
 
 
-__all__ = ["Checkpointer", "RestoreResult", "Skipped", "abstract_like", "checksums"]
+__all__ = ["Checkpointer", "RestoreResult", "Skipped", "abstract_like", "checkpoint_directory", "checksums"]

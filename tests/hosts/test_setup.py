@@ -1,0 +1,170 @@
+"""Host setup: the pinned runtime sets match uv.lock, the key covers every input, and the generated script,
+run for real with bash on a stock image (a venv with pip only) in a fresh HOME against the simulator's
+package mirror, installs, skips a second time and names a failing command."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+import tomllib
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from tpuctl.hosts.setup import (
+    REQUIREMENTS_DIR,
+    STEP_PREFIX,
+    SetupSpec,
+    env_python,
+    failed_command,
+    setup_script,
+)
+from tpuctl.sim.mirror import PackageMirror, distributions
+from tpuctl.sim.network import network_env
+
+ROOT = Path(__file__).resolve().parents[2]
+WHEELHOUSE = Path(
+    os.environ.get("TPUCTL_SIM_WHEELHOUSE")
+    or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tpuctl" / "wheels"
+)
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _pins(text: str) -> dict[str, str]:
+    pins = {}
+    for line in text.splitlines():
+        line = line.split("#")[0].strip()
+        if line:
+            name, version = line.split("==")
+            pins[_canonical(name.split("[")[0])] = version
+    return pins
+
+
+@pytest.mark.parametrize("runtime", ["cpu", "tpu"])
+def test_runtime_sets_pin_the_locks_versions(runtime: str) -> None:
+    lock = tomllib.loads((ROOT / "uv.lock").read_text())
+    locked = {_canonical(p["name"]): p["version"] for p in lock["package"]}
+    pins = _pins((REQUIREMENTS_DIR / f"{runtime}.txt").read_text())
+    assert {"jax", "jaxlib", "optax", "orbax-checkpoint", "gcsfs"} <= pins.keys()
+    assert {n: v for n, v in pins.items() if locked.get(n) != v} == {}
+
+
+def test_tpu_set_asks_for_jax_tpu() -> None:
+    assert "jax[tpu]==" in (REQUIREMENTS_DIR / "tpu.txt").read_text()
+
+
+def test_key_changes_with_every_input() -> None:
+    base = SetupSpec("cpu", "six\n", ("echo a",))
+    variants = [
+        replace(base, runtime="tpu"),
+        replace(base, runtime=None),
+        replace(base, requirements="six==1.16\n"),
+        replace(base, commands=("echo b",)),
+        replace(base, commands=("echo a", "echo a")),
+        replace(base, python="3.12"),
+        replace(base, uv_version="0.13.8"),
+    ]
+    keys = {base.key(), *(v.key() for v in variants)}
+    assert len(keys) == len(variants) + 1
+    assert base.key() == SetupSpec("cpu", "six\n", ("echo a",)).key()
+
+
+def test_env_python() -> None:
+    assert env_python(SetupSpec(None)) == "python3"
+    assert env_python(SetupSpec(None, commands=("echo",))) == "python3"
+    spec = SetupSpec("cpu")
+    assert env_python(spec) == f".tpuctl/envs/{spec.key()}/bin/python"
+    reqs = SetupSpec(None, "six\n")
+    assert env_python(reqs, "/r") == f"/r/envs/{reqs.key()}/bin/python"
+
+
+def test_failed_command_is_the_last_step_line() -> None:
+    lines = [f"{STEP_PREFIX}uv venv x\n", "ok", f"{STEP_PREFIX}make it\n", "make: *** Error 2"]
+    assert failed_command(lines) == "make it"
+    assert failed_command(["nothing here"]) is None
+
+
+# The real script -----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def image(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The stock image: a venv with pip (ensurepip) of this machine's base interpreter, nothing else."""
+    root = tmp_path_factory.mktemp("image")
+    subprocess.run([sys._base_executable, "-m", "venv", str(root)], check=True)  # type: ignore[attr-defined]
+    return root
+
+
+@pytest.fixture(scope="module")
+def mirror_url() -> Iterator[str]:
+    names = distributions(WHEELHOUSE)
+    if not any(n.startswith("uv-") for n in names) or not any(n.startswith("jax-") for n in names):
+        pytest.fail(f"the wheelhouse {WHEELHOUSE} is not primed: run scripts/setup")
+    mirror = PackageMirror(WHEELHOUSE)
+    yield mirror.start()
+    mirror.stop()
+
+
+def _host_env(image: Path, home: Path, mirror_url: str) -> dict[str, str]:
+    """A login environment from scratch, as a simulated host's (no network beyond loopback services)."""
+    return {
+        "HOME": str(home),
+        "PATH": f"{image}/bin:{home}/.local/bin:/usr/local/bin:/usr/bin:/bin",
+        "LANG": "C.UTF-8",
+        # The storage emulator is not needed here; an unused port.
+        **network_env(mirror_url=mirror_url, storage_url="http://127.0.0.1:9"),
+    }
+
+
+def _run(script: str, env: dict[str, str]) -> tuple[int, list[str], float]:
+    t0 = time.perf_counter()
+    done = subprocess.run(
+        ["bash", "-c", script], env=env, cwd=env["HOME"], capture_output=True, text=True, timeout=300
+    )
+    return done.returncode, done.stdout.splitlines(), time.perf_counter() - t0
+
+
+def test_setup_installs_then_skips(image: Path, mirror_url: str, tmp_path: Path) -> None:
+    env = _host_env(image, tmp_path, mirror_url)
+    spec = SetupSpec("cpu", commands=("python -c 'import jax, optax, orbax.checkpoint, gcsfs' && echo imported",))
+    script = setup_script(spec)
+    rc, lines, first = _run(script, env)
+    assert rc == 0, "\n".join(lines)
+    assert "imported" in lines
+    python = tmp_path / env_python(spec)
+    assert (python.parent.parent / ".complete").is_file()
+    version = subprocess.run([python, "-c", "import jax; print(jax.__version__)"], capture_output=True, text=True)
+    assert version.stdout.strip() == _pins((REQUIREMENTS_DIR / "cpu.txt").read_text())["jax"]
+    rc, lines, second = _run(script, env)
+    assert rc == 0
+    assert [line for line in lines if line.startswith(STEP_PREFIX)] == []
+    assert any("up to date" in line for line in lines)
+    print(f"setup cpu on a fresh HOME: {first:.2f} s; again: {second:.3f} s")
+
+
+def test_failing_command_fails_and_is_named(image: Path, mirror_url: str, tmp_path: Path) -> None:
+    env = _host_env(image, tmp_path, mirror_url)
+    spec = SetupSpec(None, commands=("echo first", "echo broken >&2; exit 7", "echo never"))
+    rc, lines, _ = _run(setup_script(spec), env)
+    assert rc == 7
+    assert failed_command(lines) == "echo broken >&2; exit 7"
+    assert "broken" in lines and "never" not in lines
+    assert not (tmp_path / ".tpuctl" / "envs" / spec.key() / ".complete").exists()
+
+
+def test_user_requirements_from_the_mirror(image: Path, mirror_url: str, tmp_path: Path) -> None:
+    """User requirements install into the environment too (here a small wheel the mirror has)."""
+    env = _host_env(image, tmp_path, mirror_url)
+    spec = SetupSpec(None, "zipp\n", ("python -c 'import zipp; print(zipp.__name__)'",))
+    rc, lines, _ = _run(setup_script(spec), env)
+    assert rc == 0, "\n".join(lines)
+    assert "zipp" in lines
+    assert failed_command(lines) == "python -c 'import zipp; print(zipp.__name__)'"

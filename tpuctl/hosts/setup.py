@@ -1,0 +1,181 @@
+"""Host setup: the bash script that prepares a host's Python environment before a run starts on it.
+
+Every provision gives stock hosts (a fresh disk after each recovery), so a run's environment is built on
+the host, from its inputs, by a script the executor runs over SSH: uv (bootstrapped with the image's own
+pip) makes a virtual environment with the Python the runtime needs, installs the runtime's pinned set
+(``tpuctl/runtime/requirements/{cpu,tpu}.txt``) and the user's requirements, then runs the user's setup
+commands in it. The environment lives at ``<remote_root>/envs/<key>``, where the key hashes every input,
+and a ``.complete`` marker written last makes the script a no-op on a host that already has that setup.
+
+The script prints ``[tpuctl-setup] $ <command>`` before each step (stdout and stderr go to one stream), so
+``failed_command`` can name the step a failed setup stopped at from the output's lines.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+Runtime = Literal["cpu", "tpu"]
+
+#: The prefix of the lines the script prints itself; ``STEP_PREFIX`` starts each step's line.
+LINE_PREFIX = "[tpuctl-setup]"
+STEP_PREFIX = f"{LINE_PREFIX} $ "
+#: Part of every key: a change to the script's steps makes hosts set up again rather than trust a marker
+#: written by an older script.
+SCRIPT_VERSION = 1
+REQUIREMENTS_DIR = Path(__file__).resolve().parent.parent / "runtime" / "requirements"
+
+
+def runtime_requirements(runtime: Runtime) -> str:
+    """The text of the runtime's pinned set (``tpuctl/runtime/requirements/<runtime>.txt``)."""
+    return (REQUIREMENTS_DIR / f"{runtime}.txt").read_text(encoding="utf-8")
+
+
+@dataclass(frozen=True)
+class SetupSpec:
+    """What a host's setup installs and runs.
+
+    ``runtime``: the bundled runtime's pinned set to install (``"cpu"``: CPU JAX, the simulator;
+    ``"tpu"``: ``jax[tpu]``, Google), or None for none. ``requirements``: the text of a user requirements
+    file (uv pip syntax), or None. ``commands``: shell commands run in order after the installs, with the
+    environment activated. ``python``: the interpreter version uv creates the environment with (found on
+    the host, or downloaded by uv where allowed). ``uv_version``: the uv that the script bootstraps.
+    """
+
+    runtime: Runtime | None
+    requirements: str | None = None
+    commands: tuple[str, ...] = ()
+    python: str = "3.11"
+    uv_version: str = "0.13.9"
+
+    @property
+    def needs_env(self) -> bool:
+        """Whether the setup makes a virtual environment (anything to install)."""
+        return self.runtime is not None or bool(self.requirements)
+
+    def key(self) -> str:
+        """sha256 (hex) of every input: the runtime's pinned set (its text, not its name), the user's
+        requirements and commands, the Python and uv versions, and the script's version."""
+        inputs = {
+            "script": SCRIPT_VERSION,
+            "runtime": self.runtime,
+            "runtime_set": runtime_requirements(self.runtime) if self.runtime else None,
+            "requirements": self.requirements,
+            "commands": list(self.commands),
+            "python": self.python,
+            "uv": self.uv_version,
+        }
+        return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
+
+
+def env_dir(spec: SetupSpec, remote_root: str = ".tpuctl") -> str:
+    """The host path of the setup's directory (relative paths are relative to the login home)."""
+    return f"{remote_root.rstrip('/')}/envs/{spec.key()}"
+
+
+def env_python(spec: SetupSpec, remote_root: str = ".tpuctl") -> str:
+    """The host path of the python a run should use after this setup: the environment's, or the image's
+    ``python3`` when the setup installs nothing (relative paths are relative to the login home)."""
+    if not spec.needs_env:
+        return "python3"
+    return f"{env_dir(spec, remote_root)}/bin/python"
+
+
+def failed_command(lines: Iterable[str]) -> str | None:
+    """The step a setup's output stopped at: the last ``[tpuctl-setup] $ <command>`` line's command."""
+    last = None
+    for line in lines:
+        line = line.rstrip("\r\n")
+        if line.startswith(STEP_PREFIX):
+            last = line[len(STEP_PREFIX) :]
+    return last
+
+
+# The script ---------------------------------------------------------------------------------------------
+
+_PREAMBLE = r"""#!/usr/bin/env bash
+# tpuctl host setup {key}
+set -euo pipefail
+exec 2>&1  # one stream, so a step's errors follow its line
+root={root}
+case $root in /*) ;; *) root=$HOME/$root ;; esac
+env=$root/envs/{key}
+if [ -f "$env/.complete" ]; then
+  echo "{prefix} up to date: $env"
+  exit 0
+fi
+step() {{ printf '{prefix} $'; printf ' %s' "$@"; printf '\n'; "$@"; }}
+run() {{ printf '{prefix} $ %s\n' "$1"; bash -c "$1"; }}
+rm -rf "$env"
+"""
+
+# uv from PyPI with the image's pip. ``--target`` rather than ``--user``: pip refuses ``--user`` inside a
+# virtual environment (the simulator's image is one) and, by PEP 668, on Debian/Ubuntu releases whose
+# Python is marked externally managed (Ubuntu 23.04+); ``--target`` is allowed in both (PEP 668 exempts
+# it), and keeps this uv next to the environments it made.
+_UV = r"""uv_dir=$root/tools/uv-{uv_version}
+uv=$uv_dir/bin/uv
+if [ ! -x "$uv" ]; then
+  rm -rf "$uv_dir.tmp"
+  step python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location \
+    --target "$uv_dir.tmp" uv=={uv_version}
+  rm -rf "$uv_dir"
+  mv "$uv_dir.tmp" "$uv_dir"
+fi
+# The environment's files are hard links into uv's cache (same disk), and nothing is byte-compiled at
+# install time: Python compiles what it imports, on first import.
+export UV_LINK_MODE=${{UV_LINK_MODE:-hardlink}}
+"""
+
+_FILE = """cat > "$env/{name}" <<'{tag}'
+{text}
+{tag}
+"""
+
+
+def setup_script(spec: SetupSpec, remote_root: str = ".tpuctl") -> str:
+    """The bash script that sets a host up for ``spec`` (run it with bash, in the login home).
+
+    Idempotent: exits 0 at once when ``<remote_root>/envs/<key>/.complete`` exists; otherwise starts that
+    directory afresh, installs uv ``spec.uv_version`` with ``python3 -m pip`` unless this root already has
+    it, creates the environment with ``uv venv --python <spec.python>``, ``uv pip install``s the runtime set
+    and the user's requirements, runs ``spec.commands`` with the environment activated (``bash -c``, in
+    order), and writes the marker last. Exits non-zero at the first failing step, whose
+    ``[tpuctl-setup] $`` line is the last one printed. The package index is the host's (pip's and uv's
+    own environment variables; the simulator points them at its mirror).
+    """
+    key = spec.key()
+    parts = [_PREAMBLE.format(key=key, root=shlex.quote(remote_root), prefix=LINE_PREFIX)]
+    if spec.needs_env:
+        parts.append(_UV.format(uv_version=spec.uv_version))
+        parts.append(_env_steps(spec, key))
+    else:
+        parts.append('mkdir -p "$env"\n')
+    if spec.commands:
+        parts.append(
+            'export VIRTUAL_ENV="$env" PATH="$env/bin:$PATH"\n' if spec.needs_env else ""
+        )
+        parts += [f"run {shlex.quote(command)}\n" for command in spec.commands]
+    parts.append(f'touch "$env/.complete"\necho "{LINE_PREFIX} done: $env"\n')
+    return "".join(parts)
+
+
+def _env_steps(spec: SetupSpec, key: str) -> str:
+    """Make the venv, write the requirement files into it, install them."""
+    tag = f"TPUCTL_SETUP_{key[:16]}"
+    files = []
+    if spec.runtime is not None:
+        files.append(("tpuctl-runtime.txt", runtime_requirements(spec.runtime)))
+    if spec.requirements:
+        files.append(("tpuctl-requirements.txt", spec.requirements))
+    steps = [f'step "$uv" venv --quiet --python {shlex.quote(spec.python)} "$env"\n']
+    steps += [_FILE.format(name=n, tag=tag, text=t.rstrip("\n")) for n, t in files]
+    reqs = " ".join(f'-r "$env/{n}"' for n, _ in files)
+    steps.append(f'step "$uv" pip install --quiet --python "$env/bin/python" {reqs}\n')
+    return "".join(steps)

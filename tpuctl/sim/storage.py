@@ -1,0 +1,100 @@
+"""The simulated network's Cloud Storage: gcp-storage-emulator, in-process, on loopback.
+
+gcp-storage-emulator (PyPI ``gcp-storage-emulator``) serves GCS's JSON API (``/storage/v1/...``,
+``/upload/storage/v1/...``, ``/download/storage/v1/...``), which is what tensorstore's gs:// driver (orbax's
+array writes and reads; pointed here with ``TENSORSTORE_GCS_HTTP_URL``) and gcsfs (etils.epath's gs://
+directories; pointed here with ``STORAGE_EMULATOR_HOST``) speak. Its server handles one request at a time
+on a thread of its own, so its storage needs no locking.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from http import server as http_server
+from pathlib import Path
+from typing import Any
+
+DEFAULT_BUCKET = "tpuctl-sim"
+
+
+class _QuietHTTPServer(http_server.HTTPServer):
+    """The emulator's HTTPServer, silent about clients that hang up mid-answer (tensorstore and gcsfs close
+    pooled connections freely); any other error is still printed, as the base class does."""
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
+
+
+def _api_thread(host: str, storage: Any) -> Any:
+    """The emulator's API thread on an ephemeral port, serving with ``_QuietHTTPServer``; a daemon, so one
+    left running does not keep the interpreter from exiting."""
+    from functools import partial
+
+    from gcp_storage_emulator.server import APIThread, RequestHandler
+
+    class _Thread(APIThread):  # type: ignore[misc]  # the package is untyped
+        def run(self) -> None:
+            # As APIThread.run, with the quiet server class.
+            self._httpd = _QuietHTTPServer((self._host, self._port), partial(RequestHandler, self._storage))
+            self.is_running.set()
+            self._httpd.serve_forever()
+
+    return _Thread(host, 0, storage, name="tpuctl-storage", daemon=True)
+
+
+class StorageEmulator:
+    """A GCS emulator on ``http://127.0.0.1:<ephemeral port>`` with ``default_bucket`` created.
+
+    ``data_dir`` keeps the objects on disk there (surviving a restart of the emulator); None keeps them in
+    memory. ``start()`` returns the URL (no trailing slash, as STORAGE_EMULATOR_HOST takes it) and is
+    idempotent; ``stop()`` closes the socket.
+    """
+
+    def __init__(
+        self, data_dir: Path | None = None, default_bucket: str = DEFAULT_BUCKET, *, host: str = "127.0.0.1"
+    ) -> None:
+        self.data_dir = data_dir
+        self.default_bucket = default_bucket
+        self.host = host
+        self._server: Any = None
+
+    @property
+    def url(self) -> str:
+        if self._server is None:
+            raise RuntimeError("the storage emulator is not started")
+        # The emulator creates its HTTPServer in its API thread, so the bound port is read from there
+        # once start() has waited for it (the package has no public accessor for an ephemeral port).
+        port = self._server._api._httpd.server_address[1]
+        return f"http://{self.host}:{port}"
+
+    def start(self) -> str:
+        if self._server is None:
+            # Imported here: the emulator pulls in google-cloud-storage, which only the simulator needs.
+            from gcp_storage_emulator.server import create_server
+
+            if self.data_dir is not None:
+                self.data_dir.mkdir(parents=True, exist_ok=True)
+            server = create_server(
+                self.host,
+                0,
+                in_memory=self.data_dir is None,
+                default_bucket=self.default_bucket,
+                data_dir=str(self.data_dir.absolute()) if self.data_dir is not None else None,
+            )
+            # Every 404 (orbax asks for files before creating them) is logged at ERROR by the emulator.
+            logging.getLogger("gcp_storage_emulator").setLevel(logging.CRITICAL)
+            server._api = _api_thread(self.host, server._storage)
+            server.start()
+            self._server = server
+        return self.url
+
+    def stop(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.stop()
+
+
+__all__ = ["DEFAULT_BUCKET", "StorageEmulator"]
