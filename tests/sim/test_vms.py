@@ -6,6 +6,7 @@ every process of the VM."""
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import ipaddress
 import os
 import signal
@@ -61,7 +62,9 @@ def test_each_host_has_its_own_address_everywhere(vms: Vms) -> None:
 
 def test_external_ips_only_when_asked(start_server: Callable[..., SimServer]) -> None:
     server = start_server(make_world())
-    vms = start_vms(server, "ext", "v5litepod-8", network_config=tpu_v2.NetworkConfig(enable_external_ips=True))
+    vms = start_vms(
+        server, "ext", "v5litepod-8", network_config=tpu_v2.NetworkConfig(enable_external_ips=True)
+    )
     endpoint = vms.node.network_endpoints[0]
     assert endpoint.access_config.external_ip == endpoint.ip_address
 
@@ -69,7 +72,9 @@ def test_external_ips_only_when_asked(start_server: Callable[..., SimServer]) ->
 def test_metadata_server_as_google_auth_finds_it(vms: Vms) -> None:
     for worker in range(4):
         host = str(vms.ssh(worker, "echo $GCE_METADATA_HOST").stdout).strip()
-        answer = httpx.get(f"http://{host}/computeMetadata/v1/instance/attributes/agent-worker-number", headers=MD)
+        answer = httpx.get(
+            f"http://{host}/computeMetadata/v1/instance/attributes/agent-worker-number", headers=MD
+        )
         assert answer.text == str(worker) and answer.headers["Metadata-Flavor"] == "Google"
     # Unmodified google-auth (it reads GCE_METADATA_HOST at import: a process of its own), the host
     # implied by the address, the standard path.
@@ -115,7 +120,9 @@ def test_login_environment_is_built_from_scratch(vms: Vms) -> None:
     disk = disk_dir(vms.server.engine.ctx.vm_root, str(vms.node.id), 2)
     assert env["HOME"] == str(disk / "home" / USER) == env["CWD"]
     assert env["USER"] == env["LOGNAME"] == USER and env["SHELL"] == "/bin/bash"
-    assert env["GCE_METADATA_HOST"] == env["GCE_METADATA_IP"] == f"{vms.addresses[2]}:{vms.server.metadata_port}"
+    assert (
+        env["GCE_METADATA_HOST"] == env["GCE_METADATA_IP"] == f"{vms.addresses[2]}:{vms.server.metadata_port}"
+    )
     assert env["STORAGE_EMULATOR_HOST"] == NETWORK_ENV["STORAGE_EMULATOR_HOST"] and env["PIP_NO_INDEX"] == "1"
     image_python = str(vms.server.engine.ctx.vm_root / "image" / "bin" / "python3")
     assert env_text.splitlines()[-1] == image_python
@@ -155,17 +162,24 @@ def test_os_login_keys_replace_ssh_keys(start_server: Callable[..., SimServer]) 
     public = vms.key.export_public_key().decode().strip()
     email = "alice.b@example.com"
     imported = httpx.post(
-        f"{server.url}/v1/users/{email}:importSshPublicKey", params={"projectId": "tpuctl-sim"}, json={"key": public}
+        f"{server.url}/v1/users/{email}:importSshPublicKey",
+        params={"projectId": "tpuctl-sim"},
+        json={"key": public},
     ).json()
     (account,) = imported["loginProfile"]["posixAccounts"]
     assert account["username"] == "alice_b_example_com" and account["primary"] is True
     (fingerprint,) = imported["loginProfile"]["sshPublicKeys"]
     profile = httpx.get(f"{server.url}/v1/users/{email}/loginProfile").json()
     assert profile["sshPublicKeys"][fingerprint]["key"] == " ".join(public.split()[:2])
-    assert vms.ssh(0, "whoami >/dev/null; echo $USER", user="alice_b_example_com").stdout == "alice_b_example_com\n"
+    assert (
+        vms.ssh(0, "whoami >/dev/null; echo $USER", user="alice_b_example_com").stdout
+        == "alice_b_example_com\n"
+    )
 
 
-def test_preemption_with_notice_reaches_every_process_of_the_vm(start_server: Callable[..., SimServer]) -> None:
+def test_preemption_with_notice_reaches_every_process_of_the_vm(
+    start_server: Callable[..., SimServer],
+) -> None:
     clock = FakeClock(time.time(), ticking=True)
     server = start_server(make_world(durations={"preemption_grace_s": 30}), clock=clock)
     vms = start_vms(server, "pre", "v5litepod-8")
@@ -232,7 +246,10 @@ def test_ports_fall_back_when_the_first_choice_cannot_be_bound() -> None:
 def test_admin_status_names_the_ports(vms: Vms) -> None:
     with SimAdminClient(vms.server.url) as admin:
         status = admin.status()
-        assert (status["ssh_port"], status["metadata_port"]) == (vms.server.ssh_port, vms.server.metadata_port)
+        assert (status["ssh_port"], status["metadata_port"]) == (
+            vms.server.ssh_port,
+            vms.server.metadata_port,
+        )
         assert status["nodes"][0]["host_addresses"] == vms.addresses
         assert admin.metadata(ZONE, "vm", 3, "instance/attributes/agent-worker-number") == "3"
 
@@ -250,8 +267,5 @@ def _alive(pid: int) -> bool:
 
 
 def _reap(pid: int) -> None:
-    try:
+    with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, 0)
-    except ChildProcessError:
-        pass
-

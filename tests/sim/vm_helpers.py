@@ -30,7 +30,9 @@ class Vms:
     def metadata_base(self, worker: int) -> str:
         return f"http://{self.addresses[worker]}:{self.server.metadata_port}"
 
-    def ssh(self, worker: int, command: str, *, user: str = USER, key: Any = None) -> asyncssh.SSHCompletedProcess:
+    def ssh(
+        self, worker: int, command: str, *, user: str = USER, key: Any = None
+    ) -> asyncssh.SSHCompletedProcess:
         """Run ``command`` on host ``worker`` (as ``user`` with ``key``, default the node's) over SSH."""
 
         async def run() -> asyncssh.SSHCompletedProcess:
