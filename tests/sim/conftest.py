@@ -57,8 +57,8 @@ def children() -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
     """Spawn dummy host processes; every one is killed and reaped at teardown."""
     spawned: list[subprocess.Popen[bytes]] = []
 
-    def spawn(script: str) -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen([sys.executable, "-c", script])
+    def spawn(script: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen([sys.executable, "-c", script], env=env)
         spawned.append(proc)
         return proc
 

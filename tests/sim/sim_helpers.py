@@ -45,7 +45,8 @@ BASE_WORLD: dict[str, Any] = {
         "node_start_s": 30,
         "queued_provision_s": 60,
         "stockout_s": 10,
-        "preemption_grace_s": 30,
+        # REAL seconds (the grace is never scaled by speed): what 30 simulated seconds were at 1000x.
+        "preemption_grace_s": 0.03,
     },
 }
 

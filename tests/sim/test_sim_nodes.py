@@ -67,7 +67,12 @@ def test_create_get_list_delete_node(start_server: Callable[..., SimServer]) -> 
     assert ready.accelerator_config.type_ == tpu_v2.AcceleratorConfig.Type.V5LITE_POD
     assert ready.accelerator_config.topology == "4x4"
     assert len(ready.network_endpoints) == 4  # 16 chips, 4 per host
-    assert {(e.ip_address, e.port) for e in ready.network_endpoints} == {("127.0.0.1", 8470)}
+    # Each host its own loopback address (127.x.y.z, x >= 16), the TPU runtime's port.
+    addresses = [e.ip_address for e in ready.network_endpoints]
+    assert len(set(addresses)) == 4 and all(
+        a.startswith("127.") and int(a.split(".")[1]) >= 16 for a in addresses
+    )
+    assert {e.port for e in ready.network_endpoints} == {8470}
     assert dict(ready.labels) == {"team": "ml", "managed-by": "tpuctl"}
     assert dict(ready.metadata) == {"k": "v"}
     assert ready.api_version == tpu_v2.Node.ApiVersion.V2

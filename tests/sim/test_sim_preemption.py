@@ -1,11 +1,11 @@
 """Preemption: on demand (admin API), on a schedule and at a random rate; notice (metadata flag, SIGTERM,
-SIGKILL after the grace period) or none; quota held until deleted; pid-reuse guard."""
+SIGKILL after the grace period, in real seconds) or none; quota held until deleted. The processes
+signalled are the VM's, found by the marker its sshd sets (a process here carries it itself)."""
 
 from __future__ import annotations
 
 import functools
 import signal
-import sqlite3
 import subprocess
 import time
 from collections.abc import Callable
@@ -27,18 +27,23 @@ from sim_helpers import (
 
 from tpuctl import processes
 from tpuctl.sim import SimAdminClient, SimServer
+from tpuctl.sim.vms.layout import VM_MARKER
 from tpuctl.testing.clock import FakeClock, wait_for
 
-Spawn = Callable[[str], "subprocess.Popen[bytes]"]
+Spawn = Callable[..., "subprocess.Popen[bytes]"]
 
-# 1000 simulated seconds of grace = 1 real second at the test world's speed (1000): room enough to
-# look at the node between SIGTERM and SIGKILL on a loaded machine.
-SLOW_GRACE = {"durations": {"preemption_grace_s": 1000}}
+# 1 real second of grace (never scaled by the world's speed): room enough to look at the node between
+# SIGTERM and SIGKILL on a loaded machine.
+SLOW_GRACE = {"durations": {"preemption_grace_s": 1}}
 
 
-def host_process(spawn: Spawn, tmp_path: Path) -> tuple[subprocess.Popen[bytes], Path]:
-    """A dummy host that records SIGTERM in a file and keeps running (as a program saving a checkpoint
-    would), so only SIGKILL ends it."""
+def host_process(
+    spawn: Spawn, tmp_path: Path, client: tpu_v2.TpuClient, node_id: str, worker: int = 0
+) -> tuple[subprocess.Popen[bytes], Path]:
+    """A process of host ``worker`` of a node's VM (it carries the marker its sshd would set) that
+    records SIGTERM in a file and keeps running (as a program saving a checkpoint would), so only
+    SIGKILL ends it."""
+    uid = client.get_node(name=f"{PARENT}/nodes/{node_id}").id
     term_marker = tmp_path / "got-sigterm"
     ready_marker = tmp_path / "ready"
     script = (
@@ -49,7 +54,7 @@ def host_process(spawn: Spawn, tmp_path: Path) -> tuple[subprocess.Popen[bytes],
         "while True:\n"
         "    time.sleep(0.01)\n"
     )
-    proc = spawn(script)
+    proc = spawn(script, env={"PATH": "/usr/bin:/bin", VM_MARKER: f"{uid}/{worker}"})
     wait_for(ready_marker.exists)
     return proc, term_marker
 
@@ -69,8 +74,7 @@ def test_preemption_with_notice_sigterm_then_sigkill_after_grace(
     client = tpu_client(server.url)
     admin = connect_admin(server)
     create_ready(client, "pre", spot_node("v5litepod-8"))
-    proc, term_marker = host_process(children, tmp_path)
-    admin.register_host(ZONE, "pre", 0, proc.pid)
+    proc, term_marker = host_process(children, tmp_path, client, "pre")
     assert admin.metadata(ZONE, "pre", 0) == "FALSE"
 
     started = time.monotonic()
@@ -91,8 +95,7 @@ def test_preemption_without_notice_kills_at_once(
     client: tpu_v2.TpuClient, admin: SimAdminClient, children: Spawn, tmp_path: Path
 ) -> None:
     create_ready(client, "now", spot_node("v5litepod-8"))
-    proc, term_marker = host_process(children, tmp_path)
-    admin.register_host(ZONE, "now", 0, proc.pid)
+    proc, term_marker = host_process(children, tmp_path, client, "now")
     answer = admin.preempt(ZONE, "now", notice=False)
     assert answer["state"] == "PREEMPTED"
     assert proc.wait(timeout=5) == -signal.SIGKILL
@@ -187,33 +190,22 @@ def test_random_preemption_times_are_seeded(start_server: Callable[..., SimServe
     assert preempt_at(8, tmp_path / "c") != first
 
 
-def test_deleting_a_node_kills_its_registered_hosts(
+def test_deleting_a_node_kills_its_vms_processes(
     client: tpu_v2.TpuClient, admin: SimAdminClient, children: Spawn, tmp_path: Path
 ) -> None:
     create_ready(client, "gone", node("v5litepod-8"))
-    proc, _ = host_process(children, tmp_path)
-    admin.register_host(ZONE, "gone", 0, proc.pid)
+    create_ready(client, "kept", node("v5litepod-8"))
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    proc, _ = host_process(children, tmp_path / "a", client, "gone")
+    bystander, _ = host_process(children, tmp_path / "b", client, "kept")
     client.delete_node(name=f"{PARENT}/nodes/gone").result(polling=FAST_POLLING)
     assert proc.wait(timeout=5) == -signal.SIGKILL
-
-
-def test_a_reused_pid_is_never_signalled(
-    server: SimServer, client: tpu_v2.TpuClient, admin: SimAdminClient, children: Spawn, tmp_path: Path
-) -> None:
-    create_ready(client, "reuse", spot_node("v5litepod-8"))
-    proc, term_marker = host_process(children, tmp_path)
-    admin.register_host(ZONE, "reuse", 0, proc.pid)
-    # Pretend the registered process died and its pid now names another process: a different start time.
-    with sqlite3.connect(server.state_dir / "sim" / "sim.db") as db:
-        db.execute("UPDATE hosts SET start_ticks = start_ticks - 1")
-    admin.preempt(ZONE, "reuse", notice=False)
-    assert node_state(client, "reuse") == tpu_v2.Node.State.PREEMPTED
-    time.sleep(0.1)
-    assert proc.poll() is None and not term_marker.exists()
+    assert bystander.poll() is None  # another VM's process is never signalled
 
 
 def test_signal_registered_checks_the_start_time(children: Spawn, tmp_path: Path) -> None:
-    proc, term_marker = host_process(children, tmp_path)
+    proc, term_marker = _plain_process(children, tmp_path)
     ticks = processes.process_start_ticks(proc.pid)
     assert ticks is not None
     assert not processes.signal_registered(proc.pid, ticks + 1, signal.SIGTERM)
@@ -222,17 +214,17 @@ def test_signal_registered_checks_the_start_time(children: Spawn, tmp_path: Path
     assert processes.process_start_ticks(2**22 + 12345) is None
 
 
-def test_register_host_validation(
-    client: tpu_v2.TpuClient, admin: SimAdminClient, children: Spawn, tmp_path: Path
-) -> None:
-    create_ready(client, "h", node("v5litepod-8"))
-    proc, _ = host_process(children, tmp_path)
-    with pytest.raises(Exception, match="out of range"):
-        admin.register_host(ZONE, "h", 1, proc.pid)  # a single-host node has worker 0 only
-    with pytest.raises(Exception, match="No process"):
-        admin.register_host(ZONE, "h", 0, 2**22 + 12345)
-    registration = admin.register_host(ZONE, "h", 0, proc.pid)
-    assert registration["pid"] == proc.pid
-    assert admin.status()["nodes"][0]["registered_hosts"] == 1
-    assert admin.unregister_hosts(ZONE, "h") == 1
-    assert admin.status()["nodes"][0]["registered_hosts"] == 0
+def _plain_process(spawn: Spawn, tmp_path: Path) -> tuple[subprocess.Popen[bytes], Path]:
+    term_marker = tmp_path / "got-sigterm"
+    ready_marker = tmp_path / "ready"
+    script = (
+        "import pathlib, signal, time\n"
+        f"term = pathlib.Path({str(term_marker)!r})\n"
+        "signal.signal(signal.SIGTERM, lambda *_: term.write_text('TERM'))\n"
+        f"pathlib.Path({str(ready_marker)!r}).write_text('ready')\n"
+        "while True:\n"
+        "    time.sleep(0.01)\n"
+    )
+    proc = spawn(script)
+    wait_for(ready_marker.exists)
+    return proc, term_marker

@@ -284,7 +284,7 @@ def test_deleting_a_node_while_provisioning_fails_the_queued_resource(
 def test_preempted_spot_queued_resource_goes_suspending_then_suspended(
     start_server: Callable[..., SimServer],
 ) -> None:
-    server = start_server(make_world(durations={"preemption_grace_s": 1000}))  # 1 s of grace
+    server = start_server(make_world(durations={"preemption_grace_s": 1}))  # 1 real second of grace
     client = tpu_client(server.url)
     client.create_queued_resource(parent=PARENT, queued_resource_id="qr9", queued_resource=queued())
     wait_for(lambda: state_of(client, "qr9") == QRState.ACTIVE)

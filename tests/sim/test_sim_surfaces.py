@@ -13,6 +13,7 @@ import httpx
 import pytest
 from google.cloud import tpu_v2
 from sim_helpers import PARENT, PROJECT, ZONE, create_ready, make_world, node, spot_node
+from vm_helpers import start_vms
 
 from tpuctl.errors import NotFoundError
 from tpuctl.sim import SimAdminClient, SimServer
@@ -78,9 +79,14 @@ def test_quota_infos_list_shape_and_pages(start_server: Callable[..., SimServer]
         assert http.get(QUOTAS, params={"pageToken": "garbage!"}).status_code == 400
 
 
-def test_metadata_server(server: SimServer, client: tpu_v2.TpuClient) -> None:
-    create_ready(client, "md", spot_node("v5litepod-16", metadata={"startup-script": "echo hi"}))
-    base = server.metadata_url(ZONE, "md", 2) + "/computeMetadata/v1"
+def test_metadata_server(server: SimServer) -> None:
+    vms = start_vms(
+        server,
+        "md",
+        metadata={"startup-script": "echo hi"},
+        scheduling_config=tpu_v2.SchedulingConfig(spot=True),
+    )
+    base = vms.metadata_base(2) + "/computeMetadata/v1"
     google = {"Metadata-Flavor": "Google"}
     with httpx.Client() as http:
         refused = http.get(f"{base}/instance/preempted")
@@ -90,20 +96,22 @@ def test_metadata_server(server: SimServer, client: tpu_v2.TpuClient) -> None:
         assert answer.headers["Metadata-Flavor"] == "Google"
         assert http.get(f"{base}/instance/attributes/agent-worker-number", headers=google).text == "2"
         endpoints = http.get(f"{base}/instance/attributes/worker-network-endpoints", headers=google).text
-        assert endpoints == ",".join(["unknown:unknown:127.0.0.1"] * 4)
+        assert endpoints == ",".join(f"unknown:unknown:{a}" for a in vms.addresses)
         assert http.get(f"{base}/instance/maintenance-event", headers=google).text == "NONE"
         assert http.get(f"{base}/instance/attributes/startup-script", headers=google).text == "echo hi"
         assert http.get(f"{base}/instance/scheduling/preemptible", headers=google).text == "TRUE"
         assert http.get(f"{base}/instance/attributes/accelerator-type", headers=google).text == "v5litepod-16"
         assert http.get(f"{base}/project/project-id", headers=google).text == PROJECT
         assert http.get(f"{base}/instance/nope", headers=google).status_code == 404
-        out_of_range = server.metadata_url(ZONE, "md", 4) + "/computeMetadata/v1/instance/preempted"
-        assert http.get(out_of_range, headers=google).status_code == 404
+        listing = http.get(f"{base}/instance/attributes/", headers=google).text.splitlines()
+        assert {"agent-worker-number", "ssh-keys", "tpu-env", "worker-network-endpoints"} <= set(listing)
+    with SimAdminClient(server.url) as admin, pytest.raises(NotFoundError):
+        admin.metadata(ZONE, "md", 4)  # a 4-host node has workers 0..3
 
 
-def test_metadata_wait_for_change(server: SimServer, client: tpu_v2.TpuClient, admin: SimAdminClient) -> None:
-    create_ready(client, "wait", spot_node("v5litepod-4"))
-    url = server.metadata_url(ZONE, "wait", 0) + "/computeMetadata/v1/instance/preempted"
+def test_metadata_wait_for_change(server: SimServer, admin: SimAdminClient) -> None:
+    vms = start_vms(server, "wait", "v5litepod-4", scheduling_config=tpu_v2.SchedulingConfig(spot=True))
+    url = vms.metadata_base(0) + "/computeMetadata/v1/instance/preempted"
     google = {"Metadata-Flavor": "Google"}
     first = httpx.get(url, headers=google)
     assert first.text == "FALSE" and first.headers["ETag"]
@@ -120,10 +128,7 @@ def test_metadata_wait_for_change(server: SimServer, client: tpu_v2.TpuClient, a
     admin.preempt(ZONE, "wait", notice=True)
     watcher.join(timeout=12)
     assert answers == ["TRUE"]
-    # Nothing changes any more: a watch with the current ETag times out with the same value.
-    current = httpx.get(url, headers=google).headers["ETag"]
-    params = {"wait_for_change": "true", "timeout_sec": "0.1", "last_etag": current}
-    assert httpx.get(url, params=params, headers=google).text == "TRUE"
+    assert admin.metadata(ZONE, "wait", 0) == "TRUE"
 
 
 def test_admin_status(server: SimServer, client: tpu_v2.TpuClient, admin: SimAdminClient) -> None:

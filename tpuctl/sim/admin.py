@@ -1,5 +1,5 @@
-"""``SimAdminClient``: the simulator's admin API over HTTP (``/sim/v1/...``), for `tpuctl sim ...`, the
-launcher (host registration, endpoint overrides) and tests.
+"""``SimAdminClient``: the simulator's admin API over HTTP (``/sim/v1/...``), for `tpuctl sim ...` and
+tests.
 
 Errors come back as ``SimAdminError`` (a ``tpuctl.errors.CloudError``) carrying the HTTP status and the
 google.rpc status name of the simulator's JSON error.
@@ -63,7 +63,7 @@ class NodeStatus(TypedDict):
     queued_resource: str | None
     preempted: bool  # the metadata flag instance/preempted
     preempt_at: str | None  # RFC 3339, when a scheduled/random preemption will start
-    registered_hosts: int
+    host_addresses: list[str]  # each host's own loopback address, in worker order
 
 
 class QueuedResourceStatus(TypedDict):
@@ -92,14 +92,8 @@ class SimStatus(TypedDict):
     queued_resources: list[QueuedResourceStatus]
     faults: FaultRates
     world: dict[str, Any]
-
-
-class HostRegistration(TypedDict):
-    project: str
-    zone: str
-    node: str
-    worker: int
-    pid: int
+    ssh_port: int  # every host's sshd listens on (its address, ssh_port)
+    metadata_port: int  # and its metadata server on (its address, metadata_port)
 
 
 class SimAdminClient:
@@ -123,21 +117,18 @@ class SimAdminClient:
     def faults(self) -> FaultRates:
         return cast(FaultRates, self._call("GET", "/faults"))
 
-    def metadata(self, zone: str, node: str, worker: int, key: str = "instance/preempted") -> str:
+    def metadata(
+        self,
+        zone: str,
+        node: str,
+        worker: int,
+        key: str = "instance/preempted",
+        *,
+        project: str | None = None,
+    ) -> str:
         """What a simulated host's metadata server answers for ``key`` (path after computeMetadata/v1/)."""
-        response = self._http.get(
-            f"{self.base_url}/sim/metadata/{zone}/{node}/{worker}/computeMetadata/v1/{key}",
-            headers={"Metadata-Flavor": "Google"},
-        )
-        if response.status_code == 404:
-            raise NotFoundError(f"no metadata {key} for host {worker} of node {node} in {zone}")
-        if response.status_code != 200:
-            raise SimAdminError(
-                f"metadata {key} of {zone}/{node}/{worker}: HTTP {response.status_code}",
-                http_status=response.status_code,
-                status="UNKNOWN",
-            )
-        return response.text
+        params = _drop_none({"zone": zone, "node": node, "worker": worker, "key": key, "project": project})
+        return str(self._call("GET", "/metadata", params=params)["value"])
 
     # --- acting ----------------------------------------------------------------------------------
 
@@ -150,7 +141,8 @@ class SimAdminClient:
         self, zone: str, node: str, *, notice: bool = True, project: str | None = None
     ) -> dict[str, Any]:
         """Preempt a READY node now; returns the node (TPU API JSON). With notice: metadata flag and
-        SIGTERM now, SIGKILL and PREEMPTED after the grace period; without: at once."""
+        SIGTERM to every process of its VMs now; SIGKILL, disks wiped and PREEMPTED after the world's
+        grace period (real seconds); without: at once."""
         return self._call(
             "POST",
             "/preempt",
@@ -160,20 +152,6 @@ class SimAdminClient:
     def stockout(self, zone: str, *, clear: bool = False) -> bool:
         """Set (or clear) a manual stockout: the zone's on-demand and spot capacity become zero."""
         return bool(self._call("POST", "/stockout", json={"zone": zone, "clear": clear})["stockout"])
-
-    def register_host(
-        self, zone: str, node: str, worker: int, pid: int, *, project: str | None = None
-    ) -> HostRegistration:
-        """Register the local process standing in for host ``worker`` of a node: it will get SIGTERM /
-        SIGKILL on preemption and SIGKILL when the node is deleted or stopped."""
-        payload = _drop_none({"zone": zone, "node": node, "worker": worker, "pid": pid, "project": project})
-        return cast(HostRegistration, self._call("POST", "/hosts", json=payload))
-
-    def unregister_hosts(
-        self, zone: str, node: str, worker: int | None = None, *, project: str | None = None
-    ) -> int:
-        params = _drop_none({"zone": zone, "node": node, "worker": worker, "project": project})
-        return int(self._call("DELETE", "/hosts", params=params)["removed"])
 
     def set_endpoints(
         self, zone: str, node: str, endpoints: list[dict[str, Any]] | None, *, project: str | None = None

@@ -1,13 +1,20 @@
-"""The simulated hosts' metadata server: ``/sim/metadata/{zone}/{node}/{worker}/computeMetadata/v1/...``.
+"""What a simulated host's metadata server answers for one request, given the host (the transport,
+``tpuctl.sim.vms.metadata_http``, knows which host from the address the request arrived on).
 
-Answers plain text as GCE's metadata server does: 403 without ``Metadata-Flavor: Google``, 404 for an
-unknown host or key, and ``?wait_for_change=true`` long-polls until the value's ETag differs.
+Plain text as GCE's metadata server answers (https://cloud.google.com/compute/docs/metadata/querying-metadata):
+403 without ``Metadata-Flavor: Google``; 404 for an unknown key; ``?recursive=true`` on a directory
+answers JSON; ``?wait_for_change=true`` long-polls until the value's ETag differs from ``last_etag``
+(default: the current one) or ``timeout_sec`` passes.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import re
 import time
+from collections.abc import Callable
+from typing import Any
 
 from tpuctl.sim.api_errors import ApiError
 from tpuctl.sim.engine import SimEngine
@@ -17,6 +24,7 @@ NOT_FOUND = "not found\n"
 #: The longest long-poll a client may ask for, in seconds (GCE's own cap).
 MAX_WAIT_S = 300.0
 _POLL_S = 0.02
+_PREFIX = "/computeMetadata/v1/"
 
 
 def etag(value: str) -> str:
@@ -24,33 +32,95 @@ def etag(value: str) -> str:
 
 
 def answer(
-    engine: SimEngine, request: SimRequest, zone: str, node: str, worker: int, key: str
+    engine: SimEngine, request: SimRequest, host: tuple[str, str, str, int], *, stopping: Callable[[], bool]
 ) -> SimResponse:
-    """What host ``worker`` of ``node`` reads at ``key`` (the path after ``computeMetadata/v1/``)."""
+    """What host ``(project, zone, node, worker)`` reads at ``request.path``. ``stopping`` ends a
+    long-poll early (the server is going away)."""
     if request.headers.get("metadata-flavor") != "Google":
         # What the real metadata server says without the header.
         return text_response("Missing required header: Metadata-Flavor\n", 403)
-    value = _value(engine, zone, node, worker, key)
-    if value is None:
+    if not request.path.startswith(_PREFIX):
         return text_response(NOT_FOUND, 404)
-    query = request.query
-    if first(query, "wait_for_change") == "true":
-        # As on GCE: answer when the value's ETag differs from last_etag (default: the ETag at the
-        # time of the request), or at timeout_sec with the unchanged value.
-        last_etag = first(query, "last_etag") or etag(value)
-        timeout = min(float(first(query, "timeout_sec") or 60), MAX_WAIT_S)
+    key = request.path[len(_PREFIX) :]
+    project, zone, node, worker = host
+
+    def tree() -> dict[str, str] | None:
+        try:
+            return engine.metadata_tree(zone, node, worker, project=project)
+        except ApiError:
+            return None  # the node is gone: as for an unknown key, a plain 404
+
+    recursive = first(request.query, "recursive") == "true"
+    values = tree()
+    if values is None:
+        return text_response(NOT_FOUND, 404)
+    if recursive or key not in values:
+        return _directory(values, key, recursive=recursive)
+    value = values[key]
+    if first(request.query, "wait_for_change") == "true":
+        last_etag = first(request.query, "last_etag") or etag(value)
+        timeout = min(float(first(request.query, "timeout_sec") or 60), MAX_WAIT_S)
         deadline = time.monotonic() + timeout
-        while etag(value) == last_etag and time.monotonic() < deadline:
+        while etag(value) == last_etag and time.monotonic() < deadline and not stopping():
             time.sleep(_POLL_S)
-            value = _value(engine, zone, node, worker, key)
-            if value is None:
+            values = tree()
+            if values is None or key not in values:
                 return text_response(NOT_FOUND, 404)
-    return text_response(value, etag=etag(value))
+            value = values[key]
+    content_type = "application/json" if key.endswith("/token") else "application/text"
+    return SimResponse(200, value.encode(), content_type, etag(value))
 
 
-def _value(engine: SimEngine, zone: str, node: str, worker: int, key: str) -> str | None:
-    """The value, or None for an unknown host as for an unknown key (both are a plain 404)."""
-    try:
-        return engine.metadata_value(zone, node, worker, key)
-    except ApiError:
-        return None
+def _directory(tree: dict[str, str], key: str, *, recursive: bool) -> SimResponse:
+    """A directory: its entries, one per line (``name/`` for subdirectories), or with ``recursive`` the
+    whole subtree as JSON (camelCase names, as GCE's, except attribute names, which are the user's)."""
+    prefix = key if key.endswith("/") or key == "" else key + "/"
+    if recursive and key in tree:
+        return text_response(tree[key], etag=etag(tree[key]))
+    below = {k[len(prefix) :]: v for k, v in tree.items() if k.startswith(prefix)}
+    if not below:
+        return text_response(NOT_FOUND, 404)
+    if recursive:
+        in_attributes = prefix.startswith("instance/attributes/")
+        body = json.dumps(_lists(_nest(below, camel=not in_attributes)))
+        return SimResponse(200, body.encode(), "application/json", etag(body))
+    entries = sorted({k.split("/", 1)[0] + ("/" if "/" in k else "") for k in below})
+    listing = "".join(f"{e}\n" for e in entries)
+    return text_response(listing, etag=etag(listing))
+
+
+def _nest(flat: dict[str, str], *, camel: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for path, value in flat.items():
+        parts = path.split("/")
+        node = out
+        for i, part in enumerate(parts):
+            name = _camel(part) if camel and "attributes" not in parts[:i] else part
+            if i == len(parts) - 1:
+                node[name] = _json_value(value)
+            else:
+                node = node.setdefault(name, {})
+    return out
+
+
+def _camel(name: str) -> str:
+    return re.sub(r"-([a-z0-9])", lambda m: m.group(1).upper(), name)
+
+
+def _json_value(value: str) -> Any:
+    if value.startswith("{"):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+
+def _lists(node: Any) -> Any:
+    """Numbered directories (network-interfaces/0/...) become JSON lists, as GCE answers them."""
+    if not isinstance(node, dict):
+        return node
+    converted = {k: _lists(v) for k, v in node.items()}
+    if converted and all(k.isdigit() for k in converted):
+        return [converted[k] for k in sorted(converted, key=int)]
+    return converted

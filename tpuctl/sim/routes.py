@@ -9,10 +9,12 @@ Surfaces (all JSON unless noted):
 - ``/$discovery/rest?version=v2|v2alpha1``: Google's discovery documents (``tpuctl.sim.discovery``),
   pointing at this server.
 - ``/v1/projects/{p}/locations/global/services/tpu.googleapis.com/quotaInfos[/{id}]``: Cloud Quotas.
-- ``/sim/metadata/{zone}/{node}/{worker}/computeMetadata/v1/...``: each simulated host's metadata
-  server (text; see ``tpuctl.sim.metadata``).
-- ``/sim/v1/...``: the admin API (status, reset, preempt, stockout, hosts, endpoints, faults); see
+- ``/v1/users/...``: OS Login (importSshPublicKey, loginProfile; ``tpuctl.sim.engine.oslogin``).
+- ``/sim/v1/...``: the admin API (status, reset, preempt, stockout, metadata, endpoints, faults); see
   ``SimAdminClient``.
+
+Each simulated host's own metadata server and sshd are not here: they listen on the host's address
+(``tpuctl.sim.vms``).
 
 Transport faults (latency, transient 5xx/429, dropped connections) are the HTTP server's, not here.
 """
@@ -24,7 +26,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from tpuctl.errors import ConfigError
-from tpuctl.sim import api_errors, discovery, frontend, metadata
+from tpuctl.sim import api_errors, discovery, frontend
 from tpuctl.sim.api_errors import ApiError, invalid_argument
 from tpuctl.sim.engine import SimEngine
 from tpuctl.sim.exchange import (
@@ -34,7 +36,6 @@ from tpuctl.sim.exchange import (
     first,
     json_response,
     parse_body,
-    text_response,
 )
 from tpuctl.sim.wire import paginate
 from tpuctl.sim.world import world_from_data
@@ -168,9 +169,14 @@ def _service_identity(engine: SimEngine, request: SimRequest, args: tuple[str, .
 
 
 def _guest_attributes(engine: SimEngine, request: SimRequest, args: tuple[str, ...]) -> Answer:
-    """Each asked worker's guest attributes under ``queryPath``: none are set on a simulated host (a
-    real TPU VM's come from its guest agent), so every worker answers an empty list."""
+    """Each asked worker's guest attributes under ``queryPath``, one entry per asked worker in order
+    (GuestAttributes names no worker: discovery document). A simulated host publishes what the guest
+    agent does on a TPU VM: its SSH host keys under ``hostkeys/`` (namespace ``hostkeys``, key the key
+    type, value the base64 key; GoogleCloudPlatform/guest-agent, google_guest_agent/instance_setup.go
+    writes them for ``gcloud compute ssh``'s host key check). A worker whose VM has no disk yet answers
+    no items."""
     node = engine.get_node(*args)
+    keys = engine.host_keys(*args)
     workers = [str(i) for i in range(len(node.get("networkEndpoints", [])) or 1)]
     asked = [str(w) for w in request.body.get("workerIds", [])] or workers
     for worker in asked:
@@ -180,9 +186,21 @@ def _guest_attributes(engine: SimEngine, request: SimRequest, args: tuple[str, .
             )
     query_path = str(request.body.get("queryPath", ""))
     return {
-        # One entry per asked worker, in order (GuestAttributes names no worker: discovery document).
-        "guestAttributes": [{"queryPath": query_path, "queryValue": {"items": []}} for _ in asked]
+        "guestAttributes": [
+            {"queryPath": query_path, "queryValue": {"items": _host_key_items(keys, int(w), query_path)}}
+            for w in asked
+        ]
     }
+
+
+def _host_key_items(keys: list[str | None], worker: int, query_path: str) -> list[dict[str, str]]:
+    line = keys[worker] if worker < len(keys) else None
+    if line is None or not ("hostkeys/".startswith(query_path) or query_path.startswith("hostkeys/")):
+        return []
+    key_type, blob = line.split()[:2]
+    item = {"namespace": "hostkeys", "key": key_type, "value": blob}
+    wanted = query_path.removeprefix("hostkeys/").strip("/")
+    return [item] if wanted in ("", key_type) else []
 
 
 def _create_queued_resource(engine: SimEngine, request: SimRequest, args: tuple[str, ...]) -> Answer:
@@ -303,19 +321,22 @@ QUOTA_ROUTES = (
 )
 
 
-# --- the metadata server -------------------------------------------------------------------------
+# --- OS Login (oslogin v1) ----------------------------------------------------------------------
 
 
-def _metadata(engine: SimEngine, request: SimRequest, args: tuple[str, ...]) -> Answer:
-    zone, node, worker, key = args
-    return metadata.answer(engine, request, zone, node, int(worker), key)
+def _import_ssh_public_key(engine: SimEngine, request: SimRequest, args: tuple[str, ...]) -> Answer:
+    key = _required(request.body, "key")
+    return engine.import_ssh_public_key(args[0], str(key), first(request.query, "projectId") or None)
 
 
-def _metadata_unrouted(request: SimRequest, path_known: bool) -> SimResponse:
-    return text_response(metadata.NOT_FOUND, 404)
+def _login_profile(engine: SimEngine, request: SimRequest, args: tuple[str, ...]) -> Answer:
+    return engine.login_profile(args[0], first(request.query, "projectId") or None)
 
 
-METADATA_ROUTES = (route(ANY, r"/sim/metadata/([^/]+)/([^/]+)/([0-9]+)/computeMetadata/v1/(.*)", _metadata),)
+OSLOGIN_ROUTES = (
+    route("POST", r"/v1/users/([^/:]+):importSshPublicKey", _import_ssh_public_key),
+    route("GET", r"/v1/users/([^/:]+)/loginProfile", _login_profile),
+)
 
 
 # --- the admin API -------------------------------------------------------------------------------
@@ -347,27 +368,19 @@ def _stockout(engine: SimEngine, request: SimRequest, args: tuple[str, ...]) -> 
     return {"zone": zone, "stockout": engine.set_stockout(zone, clear=bool(request.body.get("clear", False)))}
 
 
-def _register_host(engine: SimEngine, request: SimRequest, args: tuple[str, ...]) -> Answer:
-    body = request.body
-    return engine.register_host(
-        _required(body, "zone"),
-        _required(body, "node"),
-        int(body.get("worker", 0)),
-        int(_required(body, "pid")),
-        project=body.get("project"),
-    )
-
-
-def _unregister_hosts(engine: SimEngine, request: SimRequest, args: tuple[str, ...]) -> Answer:
+def _metadata(engine: SimEngine, request: SimRequest, args: tuple[str, ...]) -> Answer:
+    """What a host's metadata server answers for ``key`` (an operator's view, no long-poll)."""
     query = request.query
-    worker = first(query, "worker")
-    removed = engine.unregister_hosts(
+    value = engine.metadata_value(
         first(query, "zone"),
         first(query, "node"),
-        int(worker) if worker else None,
+        int(first(query, "worker") or 0),
+        first(query, "key"),
         project=first(query, "project") or None,
     )
-    return {"removed": removed}
+    if value is None:
+        raise ApiError(404, "NOT_FOUND", f"No metadata key {first(query, 'key')!r}.")
+    return {"value": value}
 
 
 def _set_endpoints(engine: SimEngine, request: SimRequest, args: tuple[str, ...]) -> Answer:
@@ -403,8 +416,7 @@ ADMIN_ROUTES = (
     route("POST", _admin("reset"), _reset),
     route("POST", _admin("preempt"), _preempt),
     route("POST", _admin("stockout"), _stockout),
-    route("POST", _admin("hosts"), _register_host),
-    route("DELETE", _admin("hosts"), _unregister_hosts),
+    route("GET", _admin("metadata"), _metadata),
     route("POST", _admin("endpoints"), _set_endpoints),
     route("PUT", _admin("endpoints"), _set_endpoints),
     route("GET", _admin("faults"), lambda e, r, a: e.faults().model_dump()),
@@ -424,7 +436,7 @@ SURFACES = (
     Surface("/v2alpha1/", FRONT_ROUTES, _tpu_unrouted),
     Surface("/$discovery/", DISCOVERY_ROUTES, _tpu_unrouted),
     Surface("/discovery/", DISCOVERY_ROUTES, _tpu_unrouted),
+    Surface("/v1/users/", OSLOGIN_ROUTES, _tpu_unrouted),
     Surface("/v1/", QUOTA_ROUTES, _quotas_unrouted),
-    Surface("/sim/metadata/", METADATA_ROUTES, _metadata_unrouted),
     Surface("/sim/v1/", ADMIN_ROUTES, _admin_unrouted),
 )

@@ -1,9 +1,10 @@
 """The simulator's HTTP server: stdlib ``ThreadingHTTPServer`` on 127.0.0.1, started in a few ms.
 
 What it answers is ``tpuctl.sim.routes.dispatch``'s (the surfaces are listed there). This module adds
-the transport: the HTTP plumbing, the ticker thread that advances simulated time, and the faults a
-network gives, which apply to the TPU API and Cloud Quotas surfaces only: latency, transient
-429/500/503 answers, and dropped connections after a mutation was performed.
+the transport: the HTTP plumbing, the ticker thread that advances simulated time and reconciles the
+simulated VMs (``tpuctl.sim.vms.fleet``), and the faults a network gives, which apply to the TPU API and
+Cloud Quotas surfaces only: latency, transient 429/500/503 answers, and dropped connections after a
+mutation was performed.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import TracebackType
@@ -27,6 +28,8 @@ from tpuctl.sim.engine import SimEngine
 from tpuctl.sim.exchange import SimRequest, SimResponse, error_response, parse_body
 from tpuctl.sim.routes import dispatch, internal_error
 from tpuctl.sim.state import SimDatabase, db_path_for
+from tpuctl.sim.vms.fleet import Fleet
+from tpuctl.sim.vms.layout import chosen_ports
 from tpuctl.sim.world import World
 
 Clock = Callable[[], float]
@@ -46,7 +49,10 @@ class SimServer:
     ``state_dir`` holds ``sim/sim.db``. ``world`` replaces the world persisted there (None keeps it;
     the default world on first start). ``clock`` returns real epoch seconds (inject one to drive time
     in tests). The ticker thread advances time every ``ticker_interval_s`` real seconds while the
-    server runs (0 disables it; requests still advance time lazily).
+    server runs and brings the VMs of READY nodes up (0 disables it; requests still advance time lazily,
+    and ``fleet.reconcile()`` does the VMs' part). ``network_env`` is the simulated network's services,
+    put in every host login's environment (``tpuctl.sim.network.network_env``). ``vm_ports`` overrides
+    (ssh_port, metadata_port), else 22/80 where this process may bind them, 2222/8080 otherwise.
     """
 
     def __init__(
@@ -57,6 +63,8 @@ class SimServer:
         port: int = 0,
         clock: Clock = time.time,
         ticker_interval_s: float = 0.05,
+        network_env: Mapping[str, str] | None = None,
+        vm_ports: tuple[int, int] | None = None,
     ) -> None:
         self.state_dir = Path(state_dir)
         self._requested_world = world
@@ -69,6 +77,9 @@ class SimServer:
         self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()
         self._url: str | None = None
+        self._network_env = dict(network_env or {})
+        self._vm_ports = vm_ports
+        self._fleet: Fleet | None = None
 
     # --- lifecycle -------------------------------------------------------------------------------
 
@@ -79,6 +90,10 @@ class SimServer:
         self._db = SimDatabase(db_path_for(self.state_dir))
         self._engine = SimEngine(self._db, clock=self.clock)
         world = self._engine.install_world(self._requested_world)
+        ports = self._vm_ports or chosen_ports()
+        self._engine.ctx.vm_ports = ports
+        self._fleet = Fleet(self._engine, ports=ports, network_env=self._network_env)
+        self._fleet.start()
         self._httpd = _Httpd(("127.0.0.1", self._port), _Handler, self._engine, random.Random(world.seed))
         host, port = self._httpd.server_address[:2]
         self._url = f"http://{host!s}:{port}"
@@ -109,6 +124,9 @@ class SimServer:
         self._httpd.server_close()
         for thread in self._threads:
             thread.join(timeout=5)
+        if self._fleet is not None:
+            self._fleet.stop()
+            self._fleet = None
         self._db.close()
         self._url = None
         self._httpd = None
@@ -116,13 +134,15 @@ class SimServer:
         self._db = None
 
     def _tick_loop(self) -> None:
-        assert self._engine is not None
-        engine = self._engine
+        assert self._engine is not None and self._fleet is not None
+        engine, fleet = self._engine, self._fleet
         while not self._stopping.wait(self.ticker_interval_s):
             try:
                 engine.advance()
-            except Exception:
+                fleet.reconcile()
+            except Exception as exc:
                 # A busy database or a race with stop(): the next tick tries again.
+                fleet.last_error = exc
                 continue
 
     def __enter__(self) -> SimServer:
@@ -160,9 +180,20 @@ class SimServer:
     def world(self) -> World:
         return self.engine.world
 
-    def metadata_url(self, zone: str, node: str, worker: int) -> str:
-        """What a simulated host uses in place of http://metadata.google.internal."""
-        return f"{self.url}/sim/metadata/{zone}/{node}/{worker}"
+    @property
+    def fleet(self) -> Fleet:
+        """The VMs this server serves (tests call ``reconcile()`` when the ticker is off)."""
+        if self._fleet is None:
+            raise RuntimeError("the simulator is not running; call start() first")
+        return self._fleet
+
+    @property
+    def ssh_port(self) -> int:
+        return self.engine.ctx.vm_ports[0]
+
+    @property
+    def metadata_port(self) -> int:
+        return self.engine.ctx.vm_ports[1]
 
 
 class _Httpd(ThreadingHTTPServer):
@@ -328,8 +359,6 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_response(response.status)
             self.send_header("Content-Type", response.content_type)
             self.send_header("Content-Length", str(len(response.body)))
-            if self.path.startswith("/sim/metadata/"):
-                self.send_header("Metadata-Flavor", "Google")
             if response.etag is not None:
                 self.send_header("ETag", response.etag)
             self.end_headers()

@@ -12,12 +12,15 @@ with its speed factor when a deadline is stored, so the stored state means the s
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from tpuctl.sim.vms.layout import address_offset
 
 SCHEMA_VERSION = 1
 
@@ -54,6 +57,7 @@ CREATE TABLE IF NOT EXISTS nodes (
     preempt_entry INTEGER,                 -- the schedule entry that set preempt_at, if any
     preempted_flag INTEGER NOT NULL DEFAULT 0,  -- metadata instance/preempted
     kill_at REAL,                          -- end of the preemption grace period
+    host_base INTEGER,                     -- host N's address is layout.host_address(host_base + N)
     PRIMARY KEY (project, zone, node_id)
 );
 
@@ -97,14 +101,12 @@ CREATE TABLE IF NOT EXISTS request_ids (
     PRIMARY KEY (project, request_id)
 );
 
-CREATE TABLE IF NOT EXISTS hosts (
-    project TEXT NOT NULL,
-    zone TEXT NOT NULL,
-    node_id TEXT NOT NULL,
-    worker INTEGER NOT NULL,
-    pid INTEGER NOT NULL,
-    start_ticks INTEGER,                   -- /proc/<pid>/stat starttime, to detect pid reuse
-    PRIMARY KEY (project, zone, node_id, worker)
+-- OS Login: the SSH keys imported for a user (oslogin v1 users.importSshPublicKey).
+CREATE TABLE IF NOT EXISTS oslogin_keys (
+    email TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    key TEXT NOT NULL,
+    PRIMARY KEY (email, fingerprint)
 );
 
 CREATE TABLE IF NOT EXISTS stockouts (zone TEXT PRIMARY KEY, since REAL NOT NULL);
@@ -118,7 +120,7 @@ STATE_TABLES = (
     "operations",
     "queued_resources",
     "request_ids",
-    "hosts",
+    "oslogin_keys",
     "stockouts",
     "schedule_fired",
 )
@@ -155,10 +157,19 @@ class SimDatabase:
             # executescript commits any open transaction itself; the statements are idempotent, so
             # two processes creating the schema at once is harmless.
             self._conn.executescript(_SCHEMA)
+            columns = {r["name"] for r in self._conn.execute("PRAGMA table_info(nodes)").fetchall()}
+            if "host_base" not in columns:
+                # A state made before hosts had addresses of their own: its nodes keep 127.0.0.1.
+                with contextlib.suppress(sqlite3.OperationalError):  # another process added it first
+                    self._conn.execute("ALTER TABLE nodes ADD COLUMN host_base INTEGER")
             with self.write() as conn:
                 conn.execute(
                     "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)",
                     (str(SCHEMA_VERSION),),
+                )
+                conn.execute(
+                    "INSERT OR IGNORE INTO meta (key, value) VALUES ('host_address_offset', ?)",
+                    (str(address_offset(self.path.parent.parent)),),
                 )
 
     @contextmanager

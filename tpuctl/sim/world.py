@@ -11,6 +11,8 @@ Decisions worth knowing:
   generation there: a world is a what-if, and tests use made-up placements. The default world offers
   each generation exactly in the catalog's zones.
 - All durations are in SIMULATED seconds; ``speed`` converts them: real seconds = simulated / speed.
+  One exception: ``preemption_grace_s`` is REAL seconds, whatever the speed (a program on a host has
+  that long to checkpoint, as on Google's VMs).
 - Quota limits are in each generation's quota units (catalog ``quota_unit``: chips for v5e/v6e,
   TensorCores for v2/v3/v4/v5p). -1 means unlimited.
 """
@@ -133,6 +135,7 @@ class Durations(_Strict):
     node_start_s: NonNegFloat = 60.0
     queued_provision_s: NonNegFloat = 120.0
     stockout_s: NonNegFloat = 10.0
+    #: REAL seconds (never scaled by ``speed``): from the notice (SIGTERM, metadata flag) to SIGKILL.
     preemption_grace_s: NonNegFloat = 30.0
 
 
@@ -172,6 +175,9 @@ class World(_Strict):
     faults: Faults = Faults()
     durations: Durations = Durations()
     preemption: Preemption = Preemption()
+    #: OS Login on for the whole project (metadata ``enable-oslogin`` on a node overrides it): hosts then
+    #: accept the keys imported through OS Login and ignore ``ssh-keys``.
+    os_login: bool = False
 
     # --- lookups ---------------------------------------------------------------------------------
 

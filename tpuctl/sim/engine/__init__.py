@@ -7,12 +7,13 @@ catalog, world in force):
 - ``nodes``, ``queued``, ``operations``, ``listings``: the TPU API's resources;
 - ``capacity``: quota, pools, reservations and placement (and the Cloud Quotas view);
 - ``timeline``: the transitions applied by time (``advance``), which every request runs first;
-- ``hosts``: the host registry (signalled on preemption), endpoints and metadata values;
+- ``hosts``: the VMs' signals (preemption, stop, delete), endpoints, metadata, login and host keys;
+- ``oslogin``: OS Login's users and their imported keys;
 - ``control``: the admin API's status, reset, preempt, stockouts and faults;
 - ``plans``, ``records``: request parsing and the rows with their JSON, shared by the others.
 
 Each method that changes anything runs in one ``BEGIN IMMEDIATE`` transaction: checks (quota,
-capacity, name clashes) and the write they guard are atomic even across processes. Signals to host
+capacity, name clashes) and the write they guard are atomic even across processes. Signals to the VMs'
 processes are sent after the transaction commits.
 """
 
@@ -29,6 +30,7 @@ from tpuctl.sim.engine.hosts import Hosts
 from tpuctl.sim.engine.listings import Listings
 from tpuctl.sim.engine.nodes import Nodes
 from tpuctl.sim.engine.operations import Operations
+from tpuctl.sim.engine.oslogin import OsLogin
 from tpuctl.sim.engine.queued import QueuedResources
 from tpuctl.sim.engine.timeline import Timeline
 from tpuctl.sim.shapes import node_uid
@@ -56,6 +58,7 @@ class SimEngine:
         self.nodes = Nodes(self.ctx, self.timeline, self.capacity)
         self.queued = QueuedResources(self.ctx, self.timeline, self.operations)
         self.hosts = Hosts(self.ctx, self.timeline)
+        self.oslogin = OsLogin(self.ctx)
         self.listings = Listings(self.ctx)
         self.control = Control(self.ctx, self.timeline, self.nodes)
 
@@ -189,26 +192,40 @@ class SimEngine:
 
     # --- hosts -----------------------------------------------------------------------------------
 
-    def metadata_value(self, zone: str, node_id: str, worker: int, path: str) -> str | None:
+    def metadata_value(
+        self, zone: str, node_id: str, worker: int, path: str, *, project: str | None = None
+    ) -> str | None:
         """The text the metadata server answers for ``path`` (after /computeMetadata/v1/) on one host of
         a node, or None when there is no such key. Raises 404 for an unknown node or worker."""
-        return self.hosts.metadata_value(zone, node_id, worker, path)
+        return self.hosts.metadata_value(zone, node_id, worker, path, project=project)
 
-    def register_host(
-        self, zone: str, node_id: str, worker: int, pid: int, *, project: str | None = None
-    ) -> dict[str, Any]:
-        return self.hosts.register(zone, node_id, worker, pid, project=project)
+    def metadata_tree(
+        self, zone: str, node_id: str, worker: int, *, project: str | None = None
+    ) -> dict[str, str]:
+        """Every key the host's metadata server answers, with its text."""
+        return self.hosts.metadata_tree(zone, node_id, worker, project=project)
 
-    def unregister_hosts(
-        self, zone: str, node_id: str, worker: int | None = None, *, project: str | None = None
-    ) -> int:
-        return self.hosts.unregister(zone, node_id, worker, project=project)
+    def login_keys(self, project: str, zone: str, node_id: str, username: str) -> list[str]:
+        """The public keys a host of the node accepts for ``username`` now (ssh-keys or OS Login)."""
+        return self.hosts.login_keys(project, zone, node_id, username)
+
+    def host_keys(self, project: str, zone: str, node_id: str) -> list[str | None]:
+        """Each worker's SSH host public key, None where the VM has no disk (yet)."""
+        return self.hosts.host_keys(project, zone, node_id)
+
+    def import_ssh_public_key(self, email: str, key: str, project: str | None = None) -> dict[str, Any]:
+        """OS Login users.importSshPublicKey."""
+        return self.oslogin.import_key(email, key, project)
+
+    def login_profile(self, email: str, project: str | None = None) -> dict[str, Any]:
+        """OS Login users.getLoginProfile."""
+        return self.oslogin.login_profile(email, project)
 
     def set_endpoints(
         self, zone: str, node_id: str, endpoints: list[dict[str, Any]] | None, *, project: str | None = None
     ) -> dict[str, Any]:
         """Override a node's networkEndpoints (e.g. the ssh endpoints of its simulated hosts); None
-        restores the default (127.0.0.1:8470 per host)."""
+        restores the default (each host's own address, port 8470)."""
         return self.hosts.set_endpoints(zone, node_id, endpoints, project=project)
 
     # --- admin -----------------------------------------------------------------------------------
@@ -217,8 +234,8 @@ class SimEngine:
         return self.control.status()
 
     def reset(self, world: World | None = None) -> World:
-        """Forget every node, queued resource, operation, registration and stockout; with ``world``,
-        put that world in force too. Host processes are not signalled (they are the launcher's)."""
+        """Forget every node, queued resource, operation, imported OS Login key and stockout; with
+        ``world``, put that world in force too. The VMs of forgotten nodes go at the fleet's next sweep."""
         return self.control.reset(world)
 
     def preempt(

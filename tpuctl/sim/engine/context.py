@@ -10,6 +10,7 @@ from collections.abc import Callable
 from tpuctl.catalog import Catalog
 from tpuctl.errors import TpuctlError
 from tpuctl.sim.state import SimDatabase
+from tpuctl.sim.vms.layout import chosen_ports, vm_root_for
 from tpuctl.sim.world import World
 
 Clock = Callable[[], float]
@@ -25,6 +26,18 @@ class Context:
         self._world: World | None = None
         self._world_version = -1
         self._world_lock = threading.Lock()
+        #: Where this state's VMs live (``tpuctl.sim.vms.layout.vm_root_for`` of the state dir).
+        self.vm_root = vm_root_for(db.path.parent.parent)
+        self._vm_ports: tuple[int, int] | None = None
+
+    @property
+    def vm_ports(self) -> tuple[int, int]:
+        """(ssh_port, metadata_port) every host serves on: the server's, else this process's choice."""
+        return self._vm_ports or chosen_ports()
+
+    @vm_ports.setter
+    def vm_ports(self, ports: tuple[int, int]) -> None:
+        self._vm_ports = ports
 
     def install_world(self, world: World | None) -> World:
         """Make ``world`` the one in force (persisted in the state), or with None keep the persisted one

@@ -1,5 +1,5 @@
 """The operator's hand on the simulated cloud (the admin API): status, reset, preempt now, stockouts
-and fault rates. Host registration is ``hosts.Hosts``'."""
+and fault rates."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from tpuctl.sim.api_errors import failed_precondition, not_found
 from tpuctl.sim.engine.capacity import pool_in_use, reservation_in_use
 from tpuctl.sim.engine.context import Context
 from tpuctl.sim.engine.nodes import Nodes
-from tpuctl.sim.engine.records import node_row, update_node
+from tpuctl.sim.engine.records import host_addresses, node_row, update_node
 from tpuctl.sim.engine.timeline import Timeline
 from tpuctl.sim.shapes import node_name
 from tpuctl.sim.state import STATE_TABLES
@@ -95,11 +95,13 @@ class Control:
             "queued_resources": queued,
             "faults": self.faults().model_dump(),
             "world": world.summary(),
+            "ssh_port": self.ctx.vm_ports[0],
+            "metadata_port": self.ctx.vm_ports[1],
         }
 
     def reset(self, world: World | None = None) -> World:
-        """Forget every node, queued resource, operation, registration and stockout; with ``world``,
-        put that world in force too. Host processes are not signalled (they are the launcher's)."""
+        """Forget every node, queued resource, operation, imported OS Login key and stockout; with
+        ``world``, put that world in force too. The VMs of forgotten nodes go at the fleet's next sweep."""
         now = self.ctx.clock()
         with self.ctx.db.write() as conn:
             for table in STATE_TABLES:
@@ -171,11 +173,7 @@ def _zones_status(conn: sqlite3.Connection, world: World) -> list[dict[str, Any]
 
 
 def _nodes_status(conn: sqlite3.Connection) -> list[dict[str, Any]]:
-    """Every node of every project, with how many host processes are registered for it."""
-    hosts: dict[tuple[str, str, str], int] = {}
-    for h in conn.execute("SELECT project, zone, node_id FROM hosts").fetchall():
-        hkey = (h["project"], h["zone"], h["node_id"])
-        hosts[hkey] = hosts.get(hkey, 0) + 1
+    """Every node of every project, with its hosts' addresses."""
     return [
         {
             "project": r["project"],
@@ -190,7 +188,7 @@ def _nodes_status(conn: sqlite3.Connection) -> list[dict[str, Any]]:
             "queued_resource": r["queued_resource"],
             "preempted": bool(r["preempted_flag"]),
             "preempt_at": rfc3339(float(r["preempt_at"])) if r["preempt_at"] is not None else None,
-            "registered_hosts": hosts.get((r["project"], r["zone"], r["node_id"]), 0),
+            "host_addresses": host_addresses(r),
         }
         for r in conn.execute("SELECT * FROM nodes ORDER BY project, zone, node_id").fetchall()
     ]

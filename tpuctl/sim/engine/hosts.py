@@ -1,5 +1,6 @@
-"""The simulated hosts of each node: the registry of the processes that stand for them (signalled on
-preemption, stop and delete), their network endpoints, and what their metadata server reads."""
+"""The simulated hosts of each node, as the engine sees them: the signals their VMs get (on preemption,
+stop and delete), their network endpoints, what their metadata server answers and which SSH keys they
+accept. The VMs themselves (disks, sshd, metadata servers) are ``tpuctl.sim.vms``'."""
 
 from __future__ import annotations
 
@@ -8,96 +9,66 @@ import signal
 import sqlite3
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tpuctl import processes
 from tpuctl.sim.api_errors import invalid_argument, not_found
 from tpuctl.sim.engine.context import Context
-from tpuctl.sim.engine.records import endpoints, existing_node_row, node_json, node_row, update_node
+from tpuctl.sim.engine.metadata_values import metadata_values
+from tpuctl.sim.engine.oslogin import os_login_enabled, posix_username
+from tpuctl.sim.engine.records import existing_node_row, node_json, node_row, update_node
 from tpuctl.sim.shapes import node_name
+from tpuctl.sim.vms import procs
+from tpuctl.sim.vms.layout import disk_dir, read_host_public_key
 
 if TYPE_CHECKING:
     from tpuctl.sim.engine.timeline import Timeline
 
 
 @dataclass(frozen=True)
-class SignalOrder:
-    """A signal to send to a registered host process once the transaction that decided it commits."""
+class VmOrder:
+    """A signal for every process of some VMs, sent once the transaction that decided it commits; a
+    SIGKILL with ``wipe`` also wipes their disks."""
 
-    pid: int
-    start_ticks: int | None
+    hosts: tuple[tuple[str, int], ...]
     sig: signal.Signals
+    wipe: bool = False
 
 
 def host_signals(
-    conn: sqlite3.Connection, project: str, zone: str, node_id: str, sig: signal.Signals
-) -> list[SignalOrder]:
-    """``sig`` for every registered host process of a node, to send after the transaction commits."""
-    rows = conn.execute(
-        "SELECT pid, start_ticks FROM hosts WHERE project = ? AND zone = ? AND node_id = ? ORDER BY worker",
-        (project, zone, node_id),
-    ).fetchall()
-    return [SignalOrder(int(r["pid"]), r["start_ticks"], sig) for r in rows]
+    conn: sqlite3.Connection,
+    project: str,
+    zone: str,
+    node_id: str,
+    sig: signal.Signals,
+    *,
+    wipe: bool = False,
+) -> list[VmOrder]:
+    """``sig`` for every host of a node (its VMs), to send after the transaction commits."""
+    row = node_row(conn, project, zone, node_id)
+    if row is None:
+        return []
+    hosts = tuple((str(row["uid"]), worker) for worker in range(int(row["hosts"])))
+    return [VmOrder(hosts, sig, wipe)]
 
 
-def send(orders: Iterable[SignalOrder]) -> None:
+def send(vm_root: Path, orders: Iterable[VmOrder]) -> None:
     for order in orders:
-        processes.signal_registered(order.pid, order.start_ticks, order.sig)
+        procs.signal_hosts(vm_root, order.hosts, order.sig, wipe=order.wipe)
 
 
 class Hosts:
-    """The host registry, endpoints and metadata of the simulated hosts."""
+    """Endpoints, metadata, login keys and host keys of the simulated hosts."""
 
     def __init__(self, ctx: Context, timeline: Timeline) -> None:
         self.ctx = ctx
         self.timeline = timeline
 
-    def register(
-        self, zone: str, node_id: str, worker: int, pid: int, *, project: str | None = None
-    ) -> dict[str, Any]:
-        project = project or self.ctx.world.project
-        if pid <= 1:
-            raise invalid_argument(f"Invalid pid {pid}.", "pid")
-        start_ticks = processes.process_start_ticks(pid)
-        if start_ticks is None and processes.is_same_process(pid, None) is False:
-            raise invalid_argument(f"No process with pid {pid} is running.", "pid")
-        with self.ctx.db.write() as conn:
-            row = node_row(conn, project, zone, node_id)
-            if row is None:
-                raise not_found(node_name(project, zone, node_id))
-            if not 0 <= worker < int(row["hosts"]):
-                raise invalid_argument(
-                    f"Worker {worker} is out of range: node '{node_id}' has {row['hosts']} hosts.", "worker"
-                )
-            conn.execute(
-                "INSERT OR REPLACE INTO hosts (project, zone, node_id, worker, pid, start_ticks) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                (project, zone, node_id, worker, pid, start_ticks),
-            )
-        return {"project": project, "zone": zone, "node": node_id, "worker": worker, "pid": pid}
-
-    def unregister(
-        self, zone: str, node_id: str, worker: int | None = None, *, project: str | None = None
-    ) -> int:
-        project = project or self.ctx.world.project
-        with self.ctx.db.write() as conn:
-            if worker is None:
-                cur = conn.execute(
-                    "DELETE FROM hosts WHERE project = ? AND zone = ? AND node_id = ?",
-                    (project, zone, node_id),
-                )
-            else:
-                cur = conn.execute(
-                    "DELETE FROM hosts WHERE project = ? AND zone = ? AND node_id = ? AND worker = ?",
-                    (project, zone, node_id, worker),
-                )
-            return int(cur.rowcount)
-
     def set_endpoints(
         self, zone: str, node_id: str, new: list[dict[str, Any]] | None, *, project: str | None = None
     ) -> dict[str, Any]:
-        """Override a node's networkEndpoints (e.g. the ssh endpoints of its simulated hosts); None
-        restores the default (127.0.0.1:8470 per host)."""
+        """Override a node's networkEndpoints; None restores the default (each host's own address, port
+        8470). The VMs keep serving on their own addresses."""
         project = project or self.ctx.world.project
         if new is not None:
             for i, endpoint in enumerate(new):
@@ -114,52 +85,76 @@ class Hosts:
             )
             return node_json(self.ctx.catalog, existing_node_row(conn, project, zone, node_id))
 
-    def metadata_value(self, zone: str, node_id: str, worker: int, path: str) -> str | None:
+    def metadata_value(
+        self, zone: str, node_id: str, worker: int, path: str, *, project: str | None = None
+    ) -> str | None:
         """The text the metadata server answers for ``path`` (after /computeMetadata/v1/) on one host of
         a node, or None when there is no such key. Raises 404 for an unknown node or worker."""
         self.timeline.advance()
+        row = self._host_row(zone, node_id, worker, project)
+        return metadata_values(row, worker, self.ctx.vm_ports[1]).get(path)
+
+    def metadata_tree(
+        self, zone: str, node_id: str, worker: int, *, project: str | None = None
+    ) -> dict[str, str]:
+        """Every key (path after /computeMetadata/v1/) the host's metadata server answers."""
+        self.timeline.advance()
+        return metadata_values(self._host_row(zone, node_id, worker, project), worker, self.ctx.vm_ports[1])
+
+    def _host_row(self, zone: str, node_id: str, worker: int, project: str | None) -> sqlite3.Row:
         world = self.ctx.world
         with self.ctx.db.read() as conn:
             rows = conn.execute(
                 "SELECT * FROM nodes WHERE zone = ? AND node_id = ?", (zone, node_id)
             ).fetchall()
+        if project is not None:
+            rows = [r for r in rows if r["project"] == project]
         # Prefer the world's project when several projects have a node of that name in the zone.
         rows = sorted(rows, key=lambda r: r["project"] != world.project)
         if not rows:
             raise not_found(f"zones/{zone}/nodes/{node_id}")
-        row = rows[0]
+        row: sqlite3.Row = rows[0]
         if not 0 <= worker < int(row["hosts"]):
             raise not_found(f"zones/{zone}/nodes/{node_id}/workers/{worker}")
-        return _metadata_values(row, worker).get(path)
+        return row
+
+    def login_keys(self, project: str, zone: str, node_id: str, username: str) -> list[str]:
+        """The public keys (``keytype base64``) host logins of ``username`` accept right now: the node's
+        ``ssh-keys`` metadata lines for that user, as the guest agent writes them to the user's
+        authorized_keys; or, when OS Login is on (world ``os_login`` or metadata ``enable-oslogin``), the
+        keys imported through OS Login for the user whose POSIX name it is, and ``ssh-keys`` is ignored
+        (https://cloud.google.com/compute/docs/oslogin: "OS Login ... ignores ssh-keys metadata")."""
+        with self.ctx.db.read() as conn:
+            row = node_row(conn, project, zone, node_id)
+            if row is None:
+                return []
+            metadata: dict[str, str] = json.loads(row["spec"]).get("metadata") or {}
+            if os_login_enabled(self.ctx.world.os_login, metadata):
+                return [
+                    r["key"]
+                    for r in conn.execute("SELECT email, key FROM oslogin_keys ORDER BY email").fetchall()
+                    if posix_username(r["email"]) == username
+                ]
+        return ssh_keys_for(metadata.get("ssh-keys", ""), username)
+
+    def host_keys(self, project: str, zone: str, node_id: str) -> list[str | None]:
+        """Each worker's host public key (OpenSSH line), None where its disk does not exist (yet)."""
+        with self.ctx.db.read() as conn:
+            row = node_row(conn, project, zone, node_id)
+            if row is None:
+                raise not_found(node_name(project, zone, node_id))
+            uid, hosts = str(row["uid"]), int(row["hosts"])
+        return [read_host_public_key(disk_dir(self.ctx.vm_root, uid, w)) for w in range(hosts)]
 
 
-def _metadata_values(row: sqlite3.Row, worker: int) -> dict[str, str]:
-    """Every key the metadata server answers on host ``worker`` of the node in ``row``."""
-    spec = json.loads(row["spec"])
-    user_metadata: dict[str, str] = spec.get("metadata") or {}
-    attributes: dict[str, str] = {
-        **user_metadata,
-        "agent-worker-number": str(worker),
-        "accelerator-type": row["accelerator_type"],
-        "worker-network-endpoints": ",".join(
-            f"unknown:unknown:{e.get('ipAddress', '')}" for e in endpoints(row)
-        ),
-    }
-    scheduling = spec.get("schedulingConfig") or {}
-    hostname = f"t1v-n-{int(row['uid']) % 16**8:08x}-w-{worker}"
-    values: dict[str, str] = {
-        "instance/preempted": "TRUE" if row["preempted_flag"] else "FALSE",
-        "instance/maintenance-event": "NONE",
-        "instance/name": hostname,
-        "instance/hostname": hostname,
-        "instance/id": row["uid"],
-        "instance/zone": f"projects/{row['project']}/zones/{row['zone']}",
-        "instance/scheduling/preemptible": "TRUE"
-        if scheduling.get("preemptible") or scheduling.get("spot")
-        else "FALSE",
-        "instance/attributes/": "".join(f"{k}\n" for k in sorted(attributes)),
-        "project/project-id": row["project"],
-    }
-    for key, value in attributes.items():
-        values[f"instance/attributes/{key}"] = value
-    return values
+def ssh_keys_for(ssh_keys: str, username: str) -> list[str]:
+    """The ``keytype base64`` keys of ``username`` in an ``ssh-keys`` metadata value: one ``user:key``
+    per line, the key an authorized_keys line (``keytype base64 [comment]``), as the guest agent reads it
+    (https://cloud.google.com/compute/docs/connect/add-ssh-keys#metadata)."""
+    keys: list[str] = []
+    for line in ssh_keys.splitlines():
+        user, sep, key = line.strip().partition(":")
+        fields = key.split()
+        if sep and user == username and len(fields) >= 2:
+            keys.append(f"{fields[0]} {fields[1]}")
+    return keys

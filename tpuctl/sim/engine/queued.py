@@ -13,7 +13,7 @@ from typing import Any
 
 from tpuctl.sim.api_errors import already_exists, failed_precondition, not_found
 from tpuctl.sim.engine.context import Context
-from tpuctl.sim.engine.hosts import SignalOrder, host_signals, send
+from tpuctl.sim.engine.hosts import VmOrder, host_signals, send
 from tpuctl.sim.engine.nodes import start_delete
 from tpuctl.sim.engine.operations import (
     Operations,
@@ -149,7 +149,7 @@ class QueuedResources:
         now = self.ctx.clock()
         self.timeline.advance(now)
         world = self.ctx.world
-        orders: list[SignalOrder] = []
+        orders: list[VmOrder] = []
         name = qr_name(project, zone, qr_id)
         with self.ctx.db.write() as conn:
             row = qr_row(conn, project, zone, qr_id)
@@ -164,7 +164,7 @@ class QueuedResources:
                 "SELECT node_id FROM nodes WHERE project = ? AND zone = ? AND queued_resource = ?",
                 (project, zone, qr_id),
             ).fetchall():
-                orders.extend(host_signals(conn, project, zone, node["node_id"], signal.SIGKILL))
+                orders.extend(host_signals(conn, project, zone, node["node_id"], signal.SIGKILL, wipe=True))
                 delete_node_rows(conn, (project, zone, node["node_id"]))
             valid_after, valid_until = validity_window(
                 json.loads(row["spec"]).get("queueingPolicy"), now, world
@@ -179,7 +179,7 @@ class QueuedResources:
             complete_op(conn, op_name, now, response={"@type": QUEUED_RESOURCE_TYPE, **qr})
             self.timeline.queue_now(conn, world, project, zone, qr_id, now)
             op = answered_op(conn, op_name)
-        send(orders)
+        send(self.ctx.vm_root, orders)
         return op
 
 

@@ -9,6 +9,7 @@ from typing import Any
 from tpuctl.catalog import Catalog
 from tpuctl.sim.engine.plans import NodePlan
 from tpuctl.sim.shapes import node_name, node_uid, qr_name
+from tpuctl.sim.vms.layout import ENDPOINT_PORT, host_address
 from tpuctl.sim.wire import rfc3339
 from tpuctl.sim.world import region_of
 
@@ -18,8 +19,9 @@ QR_PENDING_STATES = ("ACCEPTED", "WAITING_FOR_RESOURCES", "PROVISIONING", "SUSPE
 QR_QUOTA_HOLDING_STATES = ("SUSPENDED", "FAILED")
 
 #: Where a node's hosts answer when nobody set its endpoints (admin API): one per host.
-DEFAULT_ENDPOINT_PORT = 8470
-DEFAULT_ENDPOINT_IP = "127.0.0.1"
+DEFAULT_ENDPOINT_PORT = ENDPOINT_PORT
+#: The address of every host of a node made by a state older than per-host addresses.
+LEGACY_ENDPOINT_IP = "127.0.0.1"
 
 #: The queued-resource state's data field for each state (FAILED's carries the error).
 _QR_STATE_DATA = {
@@ -86,8 +88,7 @@ def update_node(conn: sqlite3.Connection, key: tuple[str, str, str], updates: di
 
 
 def delete_node_rows(conn: sqlite3.Connection, key: tuple[str, str, str]) -> None:
-    """A node and its host registrations go (the caller signals the hosts first)."""
-    conn.execute("DELETE FROM hosts WHERE project = ? AND zone = ? AND node_id = ?", key)
+    """A node's row goes (the caller kills its hosts after the transaction commits)."""
     conn.execute("DELETE FROM nodes WHERE project = ? AND zone = ? AND node_id = ?", key)
 
 
@@ -104,14 +105,16 @@ def insert_node(
     op_name: str | None,
     queued_resource: str | None = None,
 ) -> None:
-    """A new CREATING node that becomes READY at ``due``; ``seed`` is the world's (for its uid)."""
+    """A new CREATING node that becomes READY at ``due``; ``seed`` is the world's (for its uid). Its hosts
+    get the next addresses of this state's numbering, never reused (a VM may outlive its node's row)."""
     accel = plan.accel
+    host_base = _take_host_numbers(conn, accel.hosts)
     conn.execute(
         """
         INSERT INTO nodes (project, zone, node_id, uid, generation, accelerator_type, topology, chips,
                            hosts, quota_units, capacity_class, reservation, state, next_state, due_at,
-                           op_name, create_time, spec, queued_resource, multislice)
-        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'CREATING', 'READY', ?, ?, ?, ?, ?, ?)
+                           op_name, create_time, spec, queued_resource, multislice, host_base)
+        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'CREATING', 'READY', ?, ?, ?, ?, ?, ?, ?)
         """,
         (
             project,
@@ -132,8 +135,29 @@ def insert_node(
             json.dumps(plan.spec),
             queued_resource,
             int(plan.multislice),
+            host_base,
         ),
     )
+
+
+def _take_host_numbers(conn: sqlite3.Connection, count: int) -> int:
+    """``count`` consecutive host numbers, inside the caller's write transaction."""
+    rows = dict(
+        conn.execute(
+            "SELECT key, value FROM meta WHERE key IN ('host_address_offset', 'next_host')"
+        ).fetchall()
+    )
+    taken = int(rows.get("next_host", 0))
+    conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('next_host', ?)", (str(taken + count),))
+    return int(rows.get("host_address_offset", 0)) + taken
+
+
+def host_addresses(row: sqlite3.Row) -> list[str]:
+    """Each host's own loopback address (what its sshd and metadata server bind), in worker order."""
+    base = row["host_base"]
+    if base is None:
+        return [LEGACY_ENDPOINT_IP] * int(row["hosts"])
+    return [host_address(int(base) + worker) for worker in range(int(row["hosts"]))]
 
 
 def set_qr_state(conn: sqlite3.Connection, key: tuple[str, str, str], state: str, initiator: str) -> None:
@@ -145,14 +169,18 @@ def set_qr_state(conn: sqlite3.Connection, key: tuple[str, str, str], state: str
 
 
 def endpoints(row: sqlite3.Row, *, external: bool = True) -> list[dict[str, Any]]:
-    """A node's networkEndpoints: the ones set through the admin API, or the default per host (with an
-    external address only when the node has external IPs)."""
+    """A node's networkEndpoints: the ones set through the admin API, or each host's own address (with an
+    external address only when the node has external IPs: the API's networkConfig.enableExternalIps
+    defaults to false; the simulated "external" address is the same loopback one, the only one there is)."""
     if row["endpoints"]:
         return list(json.loads(row["endpoints"]))
-    access = {"accessConfig": {"externalIp": DEFAULT_ENDPOINT_IP}} if external else {}
     return [
-        {"ipAddress": DEFAULT_ENDPOINT_IP, "port": DEFAULT_ENDPOINT_PORT, **access}
-        for _ in range(int(row["hosts"]))
+        {
+            "ipAddress": address,
+            "port": DEFAULT_ENDPOINT_PORT,
+            **({"accessConfig": {"externalIp": address}} if external else {}),
+        }
+        for address in host_addresses(row)
     ]
 
 

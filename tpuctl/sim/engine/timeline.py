@@ -19,7 +19,7 @@ from typing import Any
 from tpuctl.sim.api_errors import ApiError, eid, rpc_status
 from tpuctl.sim.engine.capacity import Capacity
 from tpuctl.sim.engine.context import Context
-from tpuctl.sim.engine.hosts import SignalOrder, host_signals, send
+from tpuctl.sim.engine.hosts import VmOrder, host_signals, send
 from tpuctl.sim.engine.operations import complete_op
 from tpuctl.sim.engine.plans import NodePlan, plan_from_json
 from tpuctl.sim.engine.records import (
@@ -52,10 +52,10 @@ class Timeline:
         if not self._anything_due(now):
             return
         world = self.ctx.world
-        orders: list[SignalOrder] = []
+        orders: list[VmOrder] = []
         with self.ctx.db.write() as conn:
             self._advance_in(conn, world, now, orders)
-        send(orders)
+        send(self.ctx.vm_root, orders)
 
     def queue_now(
         self, conn: sqlite3.Connection, world: World, project: str, zone: str, qr_id: str, now: float
@@ -80,9 +80,7 @@ class Timeline:
             ).fetchone()
         return bool(row[0])
 
-    def _advance_in(
-        self, conn: sqlite3.Connection, world: World, now: float, orders: list[SignalOrder]
-    ) -> None:
+    def _advance_in(self, conn: sqlite3.Connection, world: World, now: float, orders: list[VmOrder]) -> None:
         # 1. Operations that fail on their own (stockouts).
         conn.execute(
             "UPDATE operations SET done = 1, end_time = due_at, due_at = NULL WHERE done = 0 AND due_at <= ?",
@@ -110,13 +108,14 @@ class Timeline:
     # --- nodes -----------------------------------------------------------------------------------
 
     def _finish_transition(
-        self, conn: sqlite3.Connection, world: World, row: sqlite3.Row, orders: list[SignalOrder]
+        self, conn: sqlite3.Connection, world: World, row: sqlite3.Row, orders: list[VmOrder]
     ) -> None:
         key = (row["project"], row["zone"], row["node_id"])
         at = float(row["due_at"])
         next_state = row["next_state"]
         if next_state == "GONE":
-            orders.extend(host_signals(conn, *key, signal.SIGKILL))
+            # A deleted VM's processes and disk go with it.
+            orders.extend(host_signals(conn, *key, signal.SIGKILL, wipe=True))
             delete_node_rows(conn, key)
             if row["op_name"]:
                 complete_op(conn, row["op_name"], at, response={"@type": EMPTY_TYPE})
@@ -134,7 +133,7 @@ class Timeline:
             complete_op(conn, row["op_name"], at, response={"@type": NODE_TYPE, **node})
 
     def _start_preemption(
-        self, conn: sqlite3.Connection, world: World, row: sqlite3.Row, orders: list[SignalOrder]
+        self, conn: sqlite3.Connection, world: World, row: sqlite3.Row, orders: list[VmOrder]
     ) -> None:
         key = (row["project"], row["zone"], row["node_id"])
         at = float(row["preempt_at"])
@@ -154,7 +153,10 @@ class Timeline:
                 "ON CONFLICT(entry) DO UPDATE SET fired = fired + 1",
                 (entry,),
             )
-        grace = world.real_seconds(world.durations.preemption_grace_s)
+        # REAL seconds, not scaled by the world's speed: a program gets the time Google gives it to
+        # checkpoint (Compute Engine's ACPI soft-off, then hard-off 30 s later for Spot:
+        # https://cloud.google.com/compute/docs/instances/spot#preemption-process).
+        grace = world.durations.preemption_grace_s
         if row["preempt_notice"] and grace > 0:
             # Notice: the metadata flag turns TRUE and the hosts get SIGTERM; the node stays READY until
             # the grace period ends (Compute Engine's ACPI soft-off, then hard-off).
@@ -287,9 +289,10 @@ def _schedule_fired(conn: sqlite3.Connection, index: int) -> int:
     return int(row["fired"]) if row is not None else 0
 
 
-def _finish_preemption(conn: sqlite3.Connection, row: sqlite3.Row, orders: list[SignalOrder]) -> None:
+def _finish_preemption(conn: sqlite3.Connection, row: sqlite3.Row, orders: list[VmOrder]) -> None:
     key = (row["project"], row["zone"], row["node_id"])
-    orders.extend(host_signals(conn, *key, signal.SIGKILL))
+    # Hard-off: every process of the VMs killed, their disks gone (recovery lands on fresh VMs).
+    orders.extend(host_signals(conn, *key, signal.SIGKILL, wipe=True))
     updates: dict[str, Any] = {"kill_at": None, "preempted_flag": 1}
     if row["state"] == "READY":
         updates["state"] = "PREEMPTED"

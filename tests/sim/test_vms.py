@@ -1,0 +1,271 @@
+"""The simulated hosts are VMs: a distinct loopback address each, a disk of their own (wiped when the
+VM dies), an sshd authorizing exactly the node's ssh-keys, a login environment built from scratch, a
+metadata server where google-auth finds it, host keys in the guest attributes, and preemption reaching
+every process of the VM."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import ipaddress
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import asyncssh
+import httpx
+import pytest
+from google.cloud import tpu_v2
+from sim_helpers import FAST_POLLING, PARENT, ZONE, make_world
+from vm_helpers import USER, Vms, start_vms
+
+from tpuctl.sim import SimAdminClient, SimServer
+from tpuctl.sim.vms import procs
+from tpuctl.sim.vms.layout import choose_port, disk_dir
+from tpuctl.testing.clock import FakeClock, wait_for
+
+MD = {"Metadata-Flavor": "Google"}
+GOOGLE_AUTH_PROBE = (
+    "from google.auth.compute_engine import _metadata\n"
+    "from google.auth.transport.requests import Request\n"
+    "r = Request()\n"
+    "print(_metadata.get(r, 'instance/attributes/agent-worker-number'), _metadata.get_project_id(r))\n"
+)
+NETWORK_ENV = {"STORAGE_EMULATOR_HOST": "http://127.0.0.1:9", "PIP_NO_INDEX": "1"}
+
+
+@pytest.fixture
+def vms(start_server: Callable[..., SimServer]) -> Vms:
+    server = start_server(make_world(), network_env=NETWORK_ENV)
+    return start_vms(server, "vm")
+
+
+def test_each_host_has_its_own_address_everywhere(vms: Vms) -> None:
+    addresses = vms.addresses
+    assert len(addresses) == 4 and len(set(addresses)) == 4
+    for address in addresses:
+        ip = ipaddress.ip_address(address)
+        assert ip.is_loopback and int(address.split(".")[1]) >= 16
+    # No external IP unless the create asked for one (the API's default).
+    assert all(not e.access_config.external_ip for e in vms.node.network_endpoints)
+    expected = ",".join(f"unknown:unknown:{a}" for a in addresses)
+    for worker, address in enumerate(addresses):
+        base = vms.metadata_base(worker) + "/computeMetadata/v1/instance"
+        assert httpx.get(f"{base}/attributes/worker-network-endpoints", headers=MD).text == expected
+        assert httpx.get(f"{base}/network-interfaces/0/ip", headers=MD).text == address
+
+
+def test_external_ips_only_when_asked(start_server: Callable[..., SimServer]) -> None:
+    server = start_server(make_world())
+    vms = start_vms(
+        server, "ext", "v5litepod-8", network_config=tpu_v2.NetworkConfig(enable_external_ips=True)
+    )
+    endpoint = vms.node.network_endpoints[0]
+    assert endpoint.access_config.external_ip == endpoint.ip_address
+
+
+def test_metadata_server_as_google_auth_finds_it(vms: Vms) -> None:
+    for worker in range(4):
+        host = str(vms.ssh(worker, "echo $GCE_METADATA_HOST").stdout).strip()
+        answer = httpx.get(
+            f"http://{host}/computeMetadata/v1/instance/attributes/agent-worker-number", headers=MD
+        )
+        assert answer.text == str(worker) and answer.headers["Metadata-Flavor"] == "Google"
+    # Unmodified google-auth (it reads GCE_METADATA_HOST at import: a process of its own), the host
+    # implied by the address, the standard path.
+    for worker in (0, 3):
+        host = str(vms.ssh(worker, "echo $GCE_METADATA_HOST").stdout).strip()
+        probe = subprocess.run(
+            [sys.executable, "-c", GOOGLE_AUTH_PROBE],
+            env={**os.environ, "GCE_METADATA_HOST": host},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert probe.stdout.strip() == f"{worker} tpuctl-sim", probe.stderr
+    base = vms.metadata_base(0) + "/computeMetadata/v1"
+    refused = httpx.get(f"{base}/instance/attributes/agent-worker-number")
+    assert refused.status_code == 403
+    assert httpx.get(f"{base}/instance/nope", headers=MD).status_code == 404
+    tree = httpx.get(f"{base}/instance/", params={"recursive": "true"}, headers=MD).json()
+    assert tree["networkInterfaces"][0]["ip"] == vms.addresses[0]
+    assert tree["attributes"]["accelerator-type"] == "v5litepod-16"
+    assert "WORKER_ID: '0'" in tree["attributes"]["tpu-env"]
+    token = httpx.get(f"{base}/instance/service-accounts/default/token", headers=MD).json()
+    assert token["token_type"] == "Bearer" and token["access_token"].startswith("sim-fake")
+
+
+def test_only_the_nodes_ssh_keys_log_in(vms: Vms) -> None:
+    assert vms.ssh(0, "echo in").stdout == "in\n"
+    stranger = asyncssh.generate_private_key("ssh-ed25519")
+    with pytest.raises(asyncssh.PermissionDenied):
+        vms.ssh(0, "true", key=stranger)
+    with pytest.raises(asyncssh.PermissionDenied):
+        vms.ssh(0, "true", user="mallory")  # alice's key is alice's only
+    result = vms.ssh(1, "echo out; echo err >&2; exit 7")
+    assert (result.stdout, result.stderr, result.exit_status) == ("out\n", "err\n", 7)
+
+
+def test_login_environment_is_built_from_scratch(vms: Vms) -> None:
+    state_dir = str(vms.server.state_dir)
+    env_text = vms.ssh(2, "env; echo CWD=$(pwd); command -v python3").stdout
+    assert isinstance(env_text, str)
+    assert state_dir not in env_text and "PYTEST" not in env_text and "VIRTUAL_ENV" not in env_text
+    env = dict(line.split("=", 1) for line in env_text.splitlines() if "=" in line)
+    disk = disk_dir(vms.server.engine.ctx.vm_root, str(vms.node.id), 2)
+    assert env["HOME"] == str(disk / "home" / USER) == env["CWD"]
+    assert env["USER"] == env["LOGNAME"] == USER and env["SHELL"] == "/bin/bash"
+    assert (
+        env["GCE_METADATA_HOST"] == env["GCE_METADATA_IP"] == f"{vms.addresses[2]}:{vms.server.metadata_port}"
+    )
+    assert env["STORAGE_EMULATOR_HOST"] == NETWORK_ENV["STORAGE_EMULATOR_HOST"] and env["PIP_NO_INDEX"] == "1"
+    image_python = str(vms.server.engine.ctx.vm_root / "image" / "bin" / "python3")
+    assert env_text.splitlines()[-1] == image_python
+    assert not str(vms.server.engine.ctx.vm_root).startswith(state_dir)
+
+
+def test_each_disk_is_private_and_goes_with_the_node(vms: Vms) -> None:
+    vms.ssh(0, "echo mine > ~/file")
+    assert vms.ssh(0, "cat ~/file").stdout == "mine\n"
+    assert vms.ssh(1, "test -e ~/file").exit_status == 1
+    disk = disk_dir(vms.server.engine.ctx.vm_root, str(vms.node.id), 0)
+    assert (disk / "home" / USER / "file").exists()
+    vms.client.delete_node(name=f"{PARENT}/nodes/vm").result(polling=FAST_POLLING)
+    wait_for(lambda: not disk.exists(), what="the deleted node's disk wiped")
+    wait_for(lambda: not vms.server.fleet.served(), what="the deleted node's hosts no longer served")
+    with pytest.raises(OSError):
+        vms.ssh(0, "true")
+
+
+def test_guest_attributes_publish_the_host_keys_clients_see(vms: Vms) -> None:
+    answer = vms.client.get_guest_attributes(
+        request=tpu_v2.GetGuestAttributesRequest(name=f"{PARENT}/nodes/vm", query_path="hostkeys/")
+    )
+    assert len(answer.guest_attributes) == 4
+    for worker, attributes in enumerate(answer.guest_attributes):
+        (item,) = attributes.query_value.items
+        assert (item.namespace, item.key) == ("hostkeys", "ssh-ed25519")
+        assert item.value == vms.server_host_key(worker)
+    assert len({a.query_value.items[0].value for a in answer.guest_attributes}) == 4
+
+
+def test_os_login_keys_replace_ssh_keys(start_server: Callable[..., SimServer]) -> None:
+    server = start_server(make_world(os_login=True))
+    vms = start_vms(server, "osl", "v5litepod-8")
+    with pytest.raises(asyncssh.PermissionDenied):
+        vms.ssh(0, "true")  # ssh-keys metadata is ignored under OS Login
+    public = vms.key.export_public_key().decode().strip()
+    email = "alice.b@example.com"
+    imported = httpx.post(
+        f"{server.url}/v1/users/{email}:importSshPublicKey",
+        params={"projectId": "tpuctl-sim"},
+        json={"key": public},
+    ).json()
+    (account,) = imported["loginProfile"]["posixAccounts"]
+    assert account["username"] == "alice_b_example_com" and account["primary"] is True
+    (fingerprint,) = imported["loginProfile"]["sshPublicKeys"]
+    profile = httpx.get(f"{server.url}/v1/users/{email}/loginProfile").json()
+    assert profile["sshPublicKeys"][fingerprint]["key"] == " ".join(public.split()[:2])
+    assert (
+        vms.ssh(0, "whoami >/dev/null; echo $USER", user="alice_b_example_com").stdout
+        == "alice_b_example_com\n"
+    )
+
+
+def test_preemption_with_notice_reaches_every_process_of_the_vm(
+    start_server: Callable[..., SimServer],
+) -> None:
+    clock = FakeClock(time.time(), ticking=True)
+    server = start_server(make_world(durations={"preemption_grace_s": 30}), clock=clock)
+    vms = start_vms(server, "pre", "v5litepod-8")
+    disk = disk_dir(server.engine.ctx.vm_root, str(vms.node.id), 0)
+    home = disk / "home" / USER
+    program = (
+        "import os, pathlib, signal, time\n"
+        "home = pathlib.Path.home()\n"
+        "signal.signal(signal.SIGTERM, lambda *_: (home / 'term').write_text('TERM'))\n"
+        "(home / 'pid').write_text(str(os.getpid()))\n"
+        "while True: time.sleep(0.05)\n"
+    )
+    vms.ssh(0, "true")  # creates the home
+    (home / "prog.py").write_text(program)
+    # Detached from the SSH session, as a real launcher starts it: only the VM's fate reaches it.
+    vms.ssh(0, "setsid python3 prog.py </dev/null >/dev/null 2>&1 &")
+    pid = int(wait_for(lambda: (home / "pid").exists() and (home / "pid").read_text(), what="program up"))
+    assert pid in procs.vm_pids(str(vms.node.id), 0, disk)
+
+    url = vms.metadata_base(0) + "/computeMetadata/v1/instance/preempted"
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        watch = pool.submit(httpx.get, url, params={"wait_for_change": "true"}, headers=MD, timeout=30)
+        time.sleep(0.2)  # the long-poll is waiting (real time: an HTTP request in flight)
+        with SimAdminClient(server.url) as admin:
+            assert admin.preempt(ZONE, "pre", notice=True)["state"] == "READY"
+        assert watch.result(timeout=20).text == "TRUE"
+    wait_for(lambda: (home / "term").exists(), what="SIGTERM seen by the program")
+    assert _alive(pid) and disk.exists()  # the grace period: it may checkpoint
+
+    clock.advance(30)  # the grace is REAL seconds; the injected clock stands for them
+    wait_for(lambda: not _alive(pid), what="SIGKILL after the grace")
+    wait_for(lambda: not disk.exists(), what="the preempted VM's disk wiped")
+    wait_for(lambda: not server.fleet.served(), what="its sshd gone")
+    with pytest.raises(OSError):
+        vms.ssh(0, "true")
+
+
+def test_processes_are_found_by_marker_or_by_cwd(tmp_path: Path) -> None:
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    marked = _spawn(["sleep", "60"], env={"TPUCTL_SIM_VM": "42/0"}, cwd=tmp_path)
+    scrubbed = _spawn(["sleep", "60"], env={}, cwd=disk)
+    other = _spawn(["sleep", "60"], env={"TPUCTL_SIM_VM": "42/01"}, cwd=tmp_path)
+    try:
+        found = procs.vm_pids("42", 0, disk)
+        assert marked in found and scrubbed in found and other not in found
+        assert procs.signal_vm("42", 0, disk, signal.SIGKILL) == 2
+        wait_for(lambda: not _alive(marked) and not _alive(scrubbed))
+        assert _alive(other)
+    finally:
+        os.kill(other, signal.SIGKILL)
+        for pid in (marked, scrubbed, other):
+            _reap(pid)
+
+
+def test_ports_fall_back_when_the_first_choice_cannot_be_bound() -> None:
+    with socket.socket() as held:
+        held.bind(("127.16.0.0", 0))
+        taken = held.getsockname()[1]
+        assert choose_port((taken, 2222)) == 2222
+    assert choose_port((0, 2222)) == 0
+
+
+def test_admin_status_names_the_ports(vms: Vms) -> None:
+    with SimAdminClient(vms.server.url) as admin:
+        status = admin.status()
+        assert (status["ssh_port"], status["metadata_port"]) == (
+            vms.server.ssh_port,
+            vms.server.metadata_port,
+        )
+        assert status["nodes"][0]["host_addresses"] == vms.addresses
+        assert admin.metadata(ZONE, "vm", 3, "instance/attributes/agent-worker-number") == "3"
+
+
+def _spawn(argv: list[str], *, env: dict[str, str], cwd: Path) -> int:
+    return subprocess.Popen(argv, env={**env, "PATH": "/usr/bin:/bin"}, cwd=cwd, start_new_session=True).pid
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return False
+
+
+def _reap(pid: int) -> None:
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)

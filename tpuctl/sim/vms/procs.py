@@ -1,0 +1,84 @@
+"""Every process of a simulated VM, found through /proc, signalled; a dead VM's disk wiped.
+
+A process belongs to host ``(uid, worker)`` when its environment carries the marker the sshd sets on
+every session (``TPUCTL_SIM_VM=<uid>/<worker>``, inherited by whatever the session starts, detached or
+not) or when its working directory is under the host's disk (a program that scrubbed its environment).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+from collections.abc import Iterable
+from pathlib import Path
+
+from tpuctl.sim.vms.layout import VM_MARKER, disk_dir, marker
+
+_PROC = Path("/proc")
+
+
+def vm_pids(uid: str, worker: int, disk: Path) -> list[int]:
+    """The pids of every live process of the host (never this process)."""
+    needle = f"{VM_MARKER}={marker(uid, worker)}".encode() + b"\0"
+    disk_prefix = os.path.realpath(disk) + os.sep
+    found: list[int] = []
+    me = os.getpid()
+    for entry in _PROC.iterdir():
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        if _has_marker(entry, needle) or _cwd_under(entry, disk_prefix):
+            found.append(int(entry.name))
+    return found
+
+
+def _has_marker(entry: Path, needle: bytes) -> bool:
+    try:
+        # The environ block is NUL-separated; a leading NUL makes the match exact at a boundary.
+        return needle in b"\0" + (entry / "environ").read_bytes()
+    except OSError:
+        return False
+
+
+def _cwd_under(entry: Path, disk_prefix: str) -> bool:
+    try:
+        return (os.readlink(entry / "cwd") + os.sep).startswith(disk_prefix)
+    except OSError:
+        return False
+
+
+def signal_vm(uid: str, worker: int, disk: Path, sig: signal.Signals) -> int:
+    """Send ``sig`` to every process of the host; returns how many were signalled."""
+    sent = 0
+    for pid in vm_pids(uid, worker, disk):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+            sent += 1
+    return sent
+
+
+def kill_vm(vm_root: Path, uid: str, worker: int, *, wipe: bool) -> None:
+    """SIGKILL every process of the host; with ``wipe``, its disk goes too (a preempted or deleted VM's
+    disk is gone on Google's side as well)."""
+    disk = disk_dir(vm_root, uid, worker)
+    signal_vm(uid, worker, disk, signal.SIGKILL)
+    if wipe:
+        wipe_disk(disk)
+
+
+def wipe_disk(disk: Path) -> None:
+    # A rename first: a half-removed disk is never seen under its own name.
+    doomed = disk.with_name(disk.name + ".wiping")
+    with contextlib.suppress(FileNotFoundError):
+        os.replace(disk, doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+def signal_hosts(vm_root: Path, hosts: Iterable[tuple[str, int]], sig: signal.Signals, *, wipe: bool) -> None:
+    """``sig`` to every process of each ``(uid, worker)`` host; SIGKILL with ``wipe`` also wipes."""
+    for uid, worker in hosts:
+        if sig is signal.SIGKILL:
+            kill_vm(vm_root, uid, worker, wipe=wipe)
+        else:
+            signal_vm(uid, worker, disk_dir(vm_root, uid, worker), sig)
