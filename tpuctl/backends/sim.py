@@ -48,6 +48,7 @@ class SimBackend:
 
     world_path: Path | None = None
     url: str | None = None
+    wheelhouse: Path | None = None  # what the simulator's package mirror serves its hosts
     name: str = "sim"
     tuning: Tuning = SIM_TUNING
     runtime: Literal["cpu", "tpu"] = "cpu"
@@ -70,7 +71,7 @@ class SimBackend:
             finally:
                 admin.close()
             return self.url.rstrip("/"), str(project)
-        server = SimServer(state_dir, self._world())
+        server = SimServer(state_dir, self._world(), wheelhouse=self.wheelhouse)
         url = server.start()
         closers.append(server.stop)
         return url, server.world.project

@@ -14,6 +14,8 @@ mirror uv's default index (``UV_DEFAULT_INDEX``) and nothing is ever asked of Py
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import html
 import re
 import shutil
@@ -154,6 +156,15 @@ class _Handler(BaseHTTPRequestHandler):
         if status is HTTPStatus.PARTIAL_CONTENT and content_range is not None:
             self.send_header("Content-Range", "bytes {}-{}/{}".format(*content_range))
         self.end_headers()
+
+
+def default_wheelhouse(environ: Mapping[str, str]) -> Path:
+    """Where scripts/setup primes the wheels: ``$TPUCTL_SIM_WHEELHOUSE``, else
+    ``${XDG_CACHE_HOME:-~/.cache}/tpuctl/wheels``."""
+    if environ.get("TPUCTL_SIM_WHEELHOUSE"):
+        return Path(environ["TPUCTL_SIM_WHEELHOUSE"]).expanduser()
+    base = environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "tpuctl" / "wheels"
 
 
 class PackageMirror:

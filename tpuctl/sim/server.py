@@ -10,6 +10,7 @@ mutation was performed.
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 import re
 import socket
@@ -65,6 +66,7 @@ class SimServer:
         ticker_interval_s: float = 0.05,
         network_env: Mapping[str, str] | None = None,
         vm_ports: tuple[int, int] | None = None,
+        wheelhouse: Path | None = None,
     ) -> None:
         self.state_dir = Path(state_dir)
         self._requested_world = world
@@ -77,7 +79,11 @@ class SimServer:
         self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()
         self._url: str | None = None
-        self._network_env = dict(network_env or {})
+        # None: the simulator serves its own network (a GCS emulator and the package mirror over
+        # ``wheelhouse``) and its hosts get their endpoints; a mapping: exactly that (tests).
+        self._network_env = None if network_env is None else dict(network_env)
+        self._wheelhouse = wheelhouse
+        self._services: list[Any] = []
         self._vm_ports = vm_ports
         self._fleet: Fleet | None = None
 
@@ -92,7 +98,8 @@ class SimServer:
         world = self._engine.install_world(self._requested_world)
         ports = self._vm_ports or chosen_ports()
         self._engine.ctx.vm_ports = ports
-        self._fleet = Fleet(self._engine, ports=ports, network_env=self._network_env)
+        network = self._network_env if self._network_env is not None else self._start_network()
+        self._fleet = Fleet(self._engine, ports=ports, network_env=network)
         self._fleet.start()
         self._httpd = _Httpd(("127.0.0.1", self._port), _Handler, self._engine, random.Random(world.seed))
         host, port = self._httpd.server_address[:2]
@@ -113,6 +120,18 @@ class SimServer:
             self._threads.append(ticker)
         return self._url
 
+    def _start_network(self) -> dict[str, str]:
+        """The simulated network's services: Cloud Storage (its objects kept below the state dir, so a
+        later simulator process sees the same bucket) and the package mirror hosts install from."""
+        from tpuctl.sim.mirror import PackageMirror, default_wheelhouse
+        from tpuctl.sim.network import network_env
+        from tpuctl.sim.storage import StorageEmulator
+
+        storage = StorageEmulator(self.state_dir / "sim-gcs")
+        mirror = PackageMirror(self._wheelhouse or default_wheelhouse(os.environ))
+        self._services = [storage, mirror]
+        return network_env(mirror_url=mirror.start(), storage_url=storage.start())
+
     def stop(self) -> None:
         """Stop serving, close open connections and the database. Safe to call twice."""
         if self._url is None:
@@ -127,6 +146,9 @@ class SimServer:
         if self._fleet is not None:
             self._fleet.stop()
             self._fleet = None
+        for service in self._services:
+            service.stop()
+        self._services = []
         self._db.close()
         self._url = None
         self._httpd = None
