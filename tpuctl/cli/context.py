@@ -142,11 +142,14 @@ def confirm(ctx: typer.Context, yes: bool, question: str, out: Output) -> None:
 
 
 @contextmanager
-def session(ctx: typer.Context, out: Output, **flags: Any) -> Iterator[Session]:
-    """Open the backend for one command and say which it is."""
+def session(
+    ctx: typer.Context, out: Output, settings: Settings | None = None, **flags: Any
+) -> Iterator[Session]:
+    """Open the backend for one command and say which it is; ``settings`` when the command built them
+    already (with its ``flags``)."""
     from tpuctl.services.session import open_session
 
-    settings = build_settings(ctx, **flags)
+    settings = settings or build_settings(ctx, **flags)
     with open_session(settings) as sess:
         detail = f", state {_home(sess.state_dir)}" if sess.backend.name == "sim" else ""
         ambient = settings.project_from if sess.backend.name != "sim" else None

@@ -126,6 +126,7 @@ def create(
     from tpuctl import params
     from tpuctl.catalog import Catalog
     from tpuctl.cli.context import build_settings
+    from tpuctl.services.access import with_host_access
     from tpuctl.services.allocator import Allocator, build_request
     from tpuctl.services.budget import max_hours_labels, warn_monthly_budget  # cost (issue 6)
     from tpuctl.services.locations import check_region, check_zones
@@ -138,9 +139,10 @@ def create(
     # Every flag is parsed and checked before anything is contacted: bad input exits 2 without starting
     # a backend.
     types, queued_type = params.capacity_types(capacity_type or [], spot=spot, preemptible=preemptible)
+    settings = build_settings(ctx)
     request = build_request(
         Catalog.load(),
-        build_settings(ctx),
+        settings,
         accelerator_type,
         name=name,
         zones=zone or [],
@@ -163,6 +165,10 @@ def create(
             check_region(sess.catalog, sess.cloud, region)
         if not is_dry_run(ctx, dry_run):
             warn_monthly_budget(sess, out.warn)  # cost (issue 6): the profile's monthly_budget
+        # The slice is made reachable by `tpuctl run` (its key, external IPs unless a ProxyCommand).
+        request = with_host_access(
+            sess, request, proxy_command=settings.ssh_proxy_command, plan=is_dry_run(ctx, dry_run)
+        )
         allocator = Allocator(sess)
         plan = allocator.plan(request)
         if is_dry_run(ctx, dry_run):

@@ -16,7 +16,7 @@ from tpuctl.cli.capacity import (
     SPOT_HELP,
     run_capacity,
 )
-from tpuctl.cli.context import ONE_OBJECT, is_dry_run, make_output, session
+from tpuctl.cli.context import ONE_OBJECT, build_settings, is_dry_run, make_output, session
 from tpuctl.cli.options import DryRunOpt, OutputOpt
 from tpuctl.cli.run_reading import RUN_HELP as _RUN_HELP
 from tpuctl.cli.run_reading import ending_fields, run_logs, short_time
@@ -228,6 +228,8 @@ def run(
     from tpuctl import params
     from tpuctl.services.locations import check_zones
     from tpuctl.services.run.launcher import Launcher
+    from tpuctl.backends import open_backend
+    from tpuctl.services.run.checkpoints import refuse_unrecoverable
     from tpuctl.services.run.model import RunRequest
 
     out = make_output(ctx, output, ONE_OBJECT)
@@ -271,7 +273,15 @@ def run(
         "requirements": None if requirements is None else params.local_path(requirements),
         "ssh_proxy_command": ssh_proxy_command,
     }
-    with session(ctx, out, **host_flags) as sess:
+    settings = build_settings(ctx, **host_flags)
+    # A run that would lose its work at the first preemption is refused before credentials or requests.
+    refuse_unrecoverable(
+        request,
+        bucket=settings.bucket,
+        default_bucket=open_backend(settings).default_bucket,
+        defaults=settings.capacity_types or (),
+    )
+    with session(ctx, out, settings) as sess:
         # Flag, environment or profile: each parsed once, by the settings.
         chosen = sess.settings
         request = dataclasses.replace(

@@ -75,6 +75,8 @@ _SHIP_TIMEOUT_S = 300.0
 _COMMAND_TIMEOUT_S = 15.0
 _ATTEMPT_TIMEOUT_S = 20.0  # one connection attempt, inside the overall deadline
 _BACKOFF_FIRST_S = 0.5
+#: How long a host may refuse tpuctl's key (the guest agent not yet done) before it counts as final.
+_DENIED_DEADLINE_S = 30.0  # (unc.) how fast a guest agent applies ssh-keys after READY
 _BACKOFF_MAX_S = 8.0
 #: follow.py's tail beats every second; this long without a byte means the connection is dead.
 _SILENCE_S = 10.0
@@ -311,6 +313,7 @@ class SshExecutor:
             if remote.conn is not None:
                 return remote.conn
             started, attempts, delay, last = time.monotonic(), 0, _BACKOFF_FIRST_S, ""
+            denied_since: float | None = None
             while True:
                 attempts += 1
                 budget = min(_ATTEMPT_TIMEOUT_S, give_up_at - time.monotonic())
@@ -318,8 +321,18 @@ class SshExecutor:
                     conn = await asyncio.wait_for(self._open(remote), timeout=max(0.2, budget))
                 except asyncssh.HostKeyNotVerifiable:
                     raise self._mismatch(remote) from None
-                except (OSError, asyncssh.Error, TimeoutError) as exc:
+                except asyncssh.PermissionDenied as exc:
+                    # A guest agent writes the ssh-keys metadata into authorized_keys shortly after boot,
+                    # so a refusal may pass; one that lasts is a key the host will never take.
                     last = _describe(exc)
+                    denied_since = time.monotonic() if denied_since is None else denied_since
+                    if time.monotonic() - denied_since >= _DENIED_DEADLINE_S:
+                        raise _Unreachable(
+                            f"the host refused tpuctl's key for {time.monotonic() - denied_since:.0f} s "
+                            f"({attempts} attempts): {last}"
+                        ) from None
+                except (OSError, asyncssh.Error, TimeoutError) as exc:
+                    last, denied_since = _describe(exc), None
                 else:
                     self._adopt(remote, conn)
                     return conn

@@ -168,15 +168,17 @@ def default_wheelhouse(environ: Mapping[str, str]) -> Path:
 
 
 class PackageMirror:
-    """Serves ``wheelhouse`` at ``http://127.0.0.1:<ephemeral port>/`` from a daemon thread.
+    """Serves ``wheelhouse`` at ``http://<host>:<port>/`` (an ephemeral port by default) from a daemon
+    thread.
 
     ``start()`` returns the URL of the find-links page (idempotent); ``stop()`` closes the socket. The
     directory is read on every request, so wheels added later are served too.
     """
 
-    def __init__(self, wheelhouse: Path, *, host: str = "127.0.0.1") -> None:
+    def __init__(self, wheelhouse: Path, *, host: str = "127.0.0.1", port: int = 0) -> None:
         self.wheelhouse = wheelhouse
         self.host = host
+        self.port = port
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -188,7 +190,7 @@ class PackageMirror:
 
     def start(self) -> str:
         if self._server is None:
-            server = ThreadingHTTPServer((self.host, 0), partial(_Handler, self.wheelhouse))
+            server = ThreadingHTTPServer((self.host, self.port), partial(_Handler, self.wheelhouse))
             server.daemon_threads = True
             self._thread = threading.Thread(target=server.serve_forever, name="tpuctl-mirror", daemon=True)
             self._server = server

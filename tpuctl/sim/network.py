@@ -1,4 +1,13 @@
-"""The simulated network's service endpoints, as the environment a simulated host's login shell gets.
+"""The simulated network's services (Cloud Storage, the package mirror) and the environment that points a
+simulated host's tools at them.
+
+Like storage.googleapis.com, the services of one simulator state have one fixed address (a loopback
+address of their own, outside the hosts' range; ``tpuctl.sim.vms.layout.services_address``) whichever
+simulator process serves them: a host's programs outlive the CLI command whose in-process simulator
+served their login, so the URLs in their environment must stay right. Every simulator process over the
+state tries to bind them and serves them if it can; the others find the address in use and try again
+later, so when the serving process exits another one takes over within a second (the bucket's objects
+are on disk below the state dir, and the emulator reads them when it starts).
 
 What each variable does, in the tool that reads it:
 
@@ -20,6 +29,17 @@ What each variable does, in the tool that reads it:
 
 from __future__ import annotations
 
+import errno
+import threading
+from pathlib import Path
+from typing import Any
+
+#: The ports of the services on their address (the emulator's own default, and a PyPI mirror's usual).
+STORAGE_PORT = 9023
+MIRROR_PORT = 3141
+#: How often a process that does not serve them checks whether it should take them over.
+_TAKEOVER_INTERVAL_S = 0.5
+
 
 def network_env(*, mirror_url: str, storage_url: str) -> dict[str, str]:
     """The variables that point a host's tools at the package mirror (``mirror_url``, its find-links
@@ -40,4 +60,74 @@ def network_env(*, mirror_url: str, storage_url: str) -> dict[str, str]:
     }
 
 
-__all__ = ["network_env"]
+class NetworkServices:
+    """The storage emulator and package mirror of one simulator state, on ``address`` at fixed ports,
+    served by this process whenever no other process does. ``env`` is known before anything is bound;
+    ``start()`` returns at once (binding happens on a thread of its own: the emulator's import alone
+    takes a noticeable part of a second); ``stop()`` closes whatever this process serves."""
+
+    def __init__(self, address: str, *, storage_dir: Path, wheelhouse: Path) -> None:
+        self.address = address
+        self.storage_dir = storage_dir
+        self.wheelhouse = wheelhouse
+        self._served: dict[str, Any] = {}
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.last_error: BaseException | None = None
+
+    @property
+    def storage_url(self) -> str:
+        return f"http://{self.address}:{STORAGE_PORT}"
+
+    @property
+    def mirror_url(self) -> str:
+        return f"http://{self.address}:{MIRROR_PORT}/"
+
+    @property
+    def env(self) -> dict[str, str]:
+        return network_env(mirror_url=self.mirror_url, storage_url=self.storage_url)
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._stopping.clear()
+            self._thread = threading.Thread(target=self._keep_served, name="tpuctl-sim-network", daemon=True)
+            self._thread.start()
+
+    def _keep_served(self) -> None:
+        while True:
+            self.serve_what_is_free()
+            if len(self._served) == 2 or self._stopping.wait(_TAKEOVER_INTERVAL_S):
+                return
+
+    def serve_what_is_free(self) -> None:
+        """Bind each service no process serves yet (one in use is another process's)."""
+        from tpuctl.sim.mirror import PackageMirror
+        from tpuctl.sim.storage import StorageEmulator
+
+        makers = {
+            "storage": lambda: StorageEmulator(self.storage_dir, host=self.address, port=STORAGE_PORT),
+            "mirror": lambda: PackageMirror(self.wheelhouse, host=self.address, port=MIRROR_PORT),
+        }
+        for name, make in makers.items():
+            if name in self._served or self._stopping.is_set():
+                continue
+            service = make()
+            try:
+                service.start()
+            except OSError as exc:
+                if exc.errno != errno.EADDRINUSE:
+                    self.last_error = exc
+                continue
+            self._served[name] = service
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+        for service in self._served.values():
+            service.stop()
+        self._served.clear()
+
+
+__all__ = ["MIRROR_PORT", "STORAGE_PORT", "NetworkServices", "network_env"]

@@ -121,16 +121,21 @@ class SimServer:
         return self._url
 
     def _start_network(self) -> dict[str, str]:
-        """The simulated network's services: Cloud Storage (its objects kept below the state dir, so a
-        later simulator process sees the same bucket) and the package mirror hosts install from."""
-        from tpuctl.sim.mirror import PackageMirror, default_wheelhouse
-        from tpuctl.sim.network import network_env
-        from tpuctl.sim.storage import StorageEmulator
+        """The simulated network's services (Cloud Storage, its objects kept below the state dir so a
+        later simulator process sees the same bucket, and the package mirror hosts install from), served
+        at the state's own address by whichever simulator process over it can."""
+        from tpuctl.sim.mirror import default_wheelhouse
+        from tpuctl.sim.network import NetworkServices
+        from tpuctl.sim.vms.layout import services_address
 
-        storage = StorageEmulator(self.state_dir / "sim-gcs")
-        mirror = PackageMirror(self._wheelhouse or default_wheelhouse(os.environ))
-        self._services = [storage, mirror]
-        return network_env(mirror_url=mirror.start(), storage_url=storage.start())
+        services = NetworkServices(
+            services_address(self.state_dir),
+            storage_dir=self.state_dir / "sim-gcs",
+            wheelhouse=self._wheelhouse or default_wheelhouse(os.environ),
+        )
+        services.start()
+        self._services = [services]
+        return services.env
 
     def stop(self) -> None:
         """Stop serving, close open connections and the database. Safe to call twice."""

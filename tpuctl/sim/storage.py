@@ -28,25 +28,29 @@ class _QuietHTTPServer(http_server.HTTPServer):
         super().handle_error(request, client_address)
 
 
-def _api_thread(host: str, storage: Any) -> Any:
-    """The emulator's API thread on an ephemeral port, serving with ``_QuietHTTPServer``; a daemon, so one
-    left running does not keep the interpreter from exiting."""
+def _api_thread(host: str, port: int, storage: Any) -> Any:
+    """The emulator's API thread on ``port`` (0: an ephemeral one), serving with ``_QuietHTTPServer``; a
+    daemon, so one left running does not keep the interpreter from exiting. The socket is bound here, in
+    the caller's thread, so a port in use raises OSError to the caller (in the emulator's own thread it
+    would leave ``start()`` waiting forever)."""
     from functools import partial
 
     from gcp_storage_emulator.server import APIThread, RequestHandler
 
+    httpd = _QuietHTTPServer((host, port), partial(RequestHandler, storage))
+
     class _Thread(APIThread):  # type: ignore[misc]  # the package is untyped
         def run(self) -> None:
-            # As APIThread.run, with the quiet server class.
-            self._httpd = _QuietHTTPServer((self._host, self._port), partial(RequestHandler, self._storage))
+            self._httpd = httpd
             self.is_running.set()
             self._httpd.serve_forever()
 
-    return _Thread(host, 0, storage, name="tpuctl-storage", daemon=True)
+    return _Thread(host, port, storage, name="tpuctl-storage", daemon=True)
 
 
 class StorageEmulator:
-    """A GCS emulator on ``http://127.0.0.1:<ephemeral port>`` with ``default_bucket`` created.
+    """A GCS emulator on ``http://<host>:<port>`` (an ephemeral port by default) with ``default_bucket``
+    created.
 
     ``data_dir`` keeps the objects on disk there (surviving a restart of the emulator); None keeps them in
     memory. ``start()`` returns the URL (no trailing slash, as STORAGE_EMULATOR_HOST takes it) and is
@@ -54,11 +58,17 @@ class StorageEmulator:
     """
 
     def __init__(
-        self, data_dir: Path | None = None, default_bucket: str = DEFAULT_BUCKET, *, host: str = "127.0.0.1"
+        self,
+        data_dir: Path | None = None,
+        default_bucket: str = DEFAULT_BUCKET,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
     ) -> None:
         self.data_dir = data_dir
         self.default_bucket = default_bucket
         self.host = host
+        self.port = port
         self._server: Any = None
 
     @property
@@ -79,14 +89,14 @@ class StorageEmulator:
                 self.data_dir.mkdir(parents=True, exist_ok=True)
             server = create_server(
                 self.host,
-                0,
+                self.port,
                 in_memory=self.data_dir is None,
                 default_bucket=self.default_bucket,
                 data_dir=str(self.data_dir.absolute()) if self.data_dir is not None else None,
             )
             # Every 404 (orbax asks for files before creating them) is logged at ERROR by the emulator.
             logging.getLogger("gcp_storage_emulator").setLevel(logging.CRITICAL)
-            server._api = _api_thread(self.host, server._storage)
+            server._api = _api_thread(self.host, self.port, server._storage)
             server.start()
             self._server = server
         return self.url

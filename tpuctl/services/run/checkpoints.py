@@ -11,6 +11,7 @@ lost at the first preemption. Checked here, at the edge of the run service, befo
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from tpuctl.errors import UsageError
@@ -46,6 +47,28 @@ def checkpoint_dir(session: Session, request: RunRequest, run_id: str, target: T
             fix=_FIX,
         )
     return ""
+
+
+def refuse_unrecoverable(
+    request: RunRequest, *, bucket: str | None, default_bucket: str | None, defaults: Sequence[CapacityType]
+) -> None:
+    """What ``checkpoint_dir`` would refuse, checked before the backend is opened (no credentials, no
+    request): a local ``--checkpoint-dir``, and a run that makes a preemptible slice (its capacity types,
+    else the profile's ``defaults``) with no bucket anywhere. A run on an existing slice is checked once
+    the slice's capacity is known."""
+    if request.checkpoint_dir:
+        _given(request.checkpoint_dir)
+        return
+    if bucket or default_bucket or request.pod is not None:
+        return
+    capacities = list(request.capacity_types or defaults)
+    if any(c.is_preemptible for c in capacities):
+        raise UsageError(
+            f"a {'/'.join(c.value for c in capacities)} run checkpoints to a bucket, and none is named: a "
+            "preempted VM's disk is gone and the run would restart from step 0",
+            field="checkpoint_dir",
+            fix=_FIX,
+        )
 
 
 def _placement_capacities(target: Target) -> list[CapacityType]:

@@ -16,7 +16,7 @@ from tpuctl.catalog import CapacityType
 from tpuctl.errors import CloudError, NotFoundError, TpuctlError, UsageError
 from tpuctl.services.run import hosts
 from tpuctl.services.run.lease import LOCK_FILE, Lease, lease_holder
-from tpuctl.services.run.model import PreparedRun, RecoveryPolicy, RunRequest
+from tpuctl.services.run.model import EXECUTOR_KINDS, PreparedRun, RecoveryPolicy, RunRequest
 from tpuctl.store.paths import ensure_private_dir, private_file
 from tpuctl.store.records import RunStatus
 
@@ -72,8 +72,8 @@ def load_request(log_dir: Path) -> tuple[RunRequest, float | None, RecoveryPolic
     raw["capacity_types"] = _capacity_types(raw)
     for key in ("args", "env", "setup"):
         raw[key] = tuple(raw.get(key) or ())
-    if raw.get("executor") == "sim":
-        raw["executor"] = None  # saved before simulated hosts became VMs: they are reached over SSH now
+    if raw.get("executor") not in EXECUTOR_KINDS:
+        raw["executor"] = None  # one that is gone (simulated hosts are VMs now, reached over SSH)
     raw["labels"] = {str(k): str(v) for k, v in (raw.get("labels") or {}).items()}
     names = {f.name for f in dataclasses.fields(RunRequest)}
     request = RunRequest(**{k: v for k, v in raw.items() if k in names})

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from tpuctl.cloud.base import NetworkEndpoint, Node
 from tpuctl.errors import CloudError, RunFailedError, TpuctlError, UsageError
+from tpuctl.services.access import PLAN_PUBLIC_KEY, authorizes_tpuctl
 from tpuctl.services.run.model import EXECUTOR_KINDS, ExecutorKind, PreparedRun
 
 if TYPE_CHECKING:
@@ -21,8 +22,6 @@ if TYPE_CHECKING:
     from tpuctl.hosts.ssh import SshExecutor
     from tpuctl.services.session import Session
 
-#: The public key a plan shows in place of the real one (a plan creates no key).
-_PLAN_PUBLIC_KEY = "<tpuctl public key>"
 #: How long a READY slice's guest agents may take to publish their host keys.
 _HOST_KEYS_DEADLINE_S = 300.0
 
@@ -37,25 +36,25 @@ def executor_kind(session: Session, requested: str | None) -> ExecutorKind:
     return ExecutorKind(kind)
 
 
-def ssh_key_metadata(session: Session, *, plan: bool) -> dict[str, str]:
-    """The node metadata a new slice needs: tpuctl's public key in ``ssh-keys``. A plan shows a
-    placeholder and creates no key."""
-    from tpuctl.hosts.ssh import DEFAULT_USERNAME, ensure_key_pair, ssh_keys_metadata
-
-    public = _PLAN_PUBLIC_KEY if plan else ensure_key_pair(session.state_dir).public_openssh
-    return {"ssh-keys": ssh_keys_metadata(DEFAULT_USERNAME, public)}
-
-
 def build_executor(session: Session, prepared: PreparedRun, node: Node, *, for_plan: bool) -> SshExecutor:
     """The executor for ``node``'s hosts; ``for_plan``: one that only plans (no key made, no cloud call
     for host keys)."""
     from tpuctl.hosts.ssh import DEFAULT_USERNAME, KeyPair, SshExecutor, SshHost, ensure_key_pair
 
     accel = prepared.target.accelerator
+    if not for_plan and not authorizes_tpuctl(session, node):
+        raise UsageError(
+            f"pod {node.name} does not authorize tpuctl's SSH key: its ssh-keys metadata lacks it and OS "
+            "Login is off",
+            field="pod",
+            value=node.name,
+            fix=f"create the slice with `tpuctl pod create` (which adds the key), or add the line from "
+            f"{session.state_dir / 'ssh' / 'tpuctl_ed25519.pub'} (as tpuctl:KEY) to the node's ssh-keys",
+        )
     addresses = _addresses(session, node, accel.hosts, for_plan=for_plan)
     keys = [None] * len(addresses) if for_plan else expected_host_keys(session, node)
     key = (
-        KeyPair(session.state_dir / "ssh" / "tpuctl_ed25519", _PLAN_PUBLIC_KEY)
+        KeyPair(session.state_dir / "ssh" / "tpuctl_ed25519", PLAN_PUBLIC_KEY)
         if for_plan
         else ensure_key_pair(session.state_dir)
     )

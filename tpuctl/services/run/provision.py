@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from tpuctl.cloud.base import LABEL_RUN, Node, OperationProgress
 from tpuctl.errors import NotFoundError, UsageError
-from tpuctl.services.run import hosts
+from tpuctl.services.access import with_host_access
 from tpuctl.services.run.model import LaunchObserver, PreparedRun, RunRequest, Target
 from tpuctl.services.run.occupancy import refuse_second_run
 from tpuctl.store.records import SegmentKind
@@ -195,15 +195,11 @@ def _create(
 
 
 def _with_host_metadata(session: Session, prepared: PreparedRun, *, plan: bool) -> PlacementRequest:
-    """The run's placement request with what its hosts need at creation in the node metadata (tpuctl's
-    SSH key). A plan shows a placeholder key and creates none."""
+    """The run's placement request with what its hosts need at creation (tpuctl's SSH key; external IPs
+    unless a ProxyCommand reaches the internal ones). A plan shows a placeholder key and creates none."""
     placement = prepared.target.placement
     assert placement is not None
-    extra = hosts.ssh_key_metadata(session, plan=plan)
-    # Hosts reached over SSH from here need an address outside the VPC (the API's default is none), unless
-    # a ProxyCommand (e.g. an IAP tunnel) reaches their internal addresses.
-    external = prepared.request.ssh_proxy_command is None
-    return dataclasses.replace(placement, metadata={**placement.metadata, **extra}, external_ips=external)
+    return with_host_access(session, placement, proxy_command=prepared.request.ssh_proxy_command, plan=plan)
 
 
 def renamed(prepared: PreparedRun, restart: int, tries: int) -> PreparedRun:

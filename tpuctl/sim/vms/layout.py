@@ -43,6 +43,14 @@ def address_offset(state_dir: Path) -> int:
     return int(digest[:12], 16) % ADDRESS_SPACE
 
 
+def services_address(state_dir: Path) -> str:
+    """The loopback address of one simulator state's network services (Cloud Storage, the package
+    mirror): fixed for the state, in 127.15.0.0/16, outside the hosts' range (127.16.0.0 and up)."""
+    digest = int(hashlib.sha256(os.path.realpath(state_dir).encode()).hexdigest()[:8], 16) % (256 * 254)
+    y, z = divmod(digest, 254)
+    return f"127.15.{y}.{1 + z}"
+
+
 def vm_root_for(state_dir: Path) -> Path:
     """The VMs' root for the simulator whose state dir is ``state_dir`` (the dir holding ``sim/sim.db``):
     in the temp dir, never below the state dir, stable for one state."""
