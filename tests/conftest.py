@@ -54,6 +54,18 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterat
     monkeypatch.setenv("GCE_METADATA_HOST", "127.0.0.1:9")
     monkeypatch.setenv("NO_GCE_CHECK", "True")
     yield state_home / "tpuctl"
+    _discard_simulated_vms(tmp_path)
+
+
+def _discard_simulated_vms(tmp_path: Path) -> None:
+    """The simulated VMs of every simulator state the test made (below its tmp dir) live in the temp
+    dir and outlive the simulator process, as VMs do: what the test left running is killed and their
+    disks removed."""
+    from tpuctl.sim.vms.layout import vm_roots_of
+    from tpuctl.sim.vms.procs import discard_vms
+
+    for vm_root in vm_roots_of(tmp_path):
+        discard_vms(vm_root)
 
 
 @pytest.fixture

@@ -240,3 +240,22 @@ def kill_quietly(proc: subprocess.Popen[Any]) -> None:
             proc.kill()
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=10)
+
+
+def program_pids(run_id: str) -> dict[int, int | None]:
+    """{pid: start ticks} of every live process a simulated VM runs for ``run_id`` (found by the VM
+    marker and the run id in its environment, as the simulator and ``runs resume`` find them)."""
+    from tpuctl.processes import process_start_ticks
+
+    found: dict[int, int | None] = {}
+    wanted = f"TPUCTL_RUN_ID={run_id}".encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if wanted in environ and any(v.startswith(b"TPUCTL_SIM_VM=") for v in environ):
+            found[int(entry.name)] = process_start_ticks(int(entry.name))
+    return found

@@ -53,8 +53,9 @@ def test_pod_describe_reads_as_words_and_refuses_csv(cli: Cli) -> None:
         out,
     )
     assert re.search(r"created_at\s+\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", out)
-    hosts = [line.split() for line in out.splitlines() if re.match(r"^\d\s+127\.0\.0\.1\s+\d+$", line)]
+    hosts = [line.split() for line in out.splitlines() if re.match(r"^\d\s+127\.\d+\.\d+\.\d+\s+", line)]
     assert [h[0] for h in hosts] == ["0", "1", "2", "3"]
+    assert len({h[1] for h in hosts}) == 4  # each host its own address
     attempt = next(line for line in out.splitlines() if " attempt " in line)
     assert "outcome=created" in attempt and "message='READY in us-central1-a'" in attempt
     assert not re.search(r"\d\.\d{4,}", out) and "{" not in out  # no 16-digit floats, no reprs

@@ -310,11 +310,10 @@ def own_sim(
 
 
 def _kill_leftovers(state_dir: Path) -> None:
-    """Whatever a failed test left running: the detached supervisor and its hosts."""
+    """What a failed test left running: the detached supervisor (its hosts are VMs, discarded with the
+    test's state by the root conftest)."""
     import os
     import signal
-
-    from tpuctl.services.run.hosts import kill_recorded_hosts
 
     if not (state_dir / "ledger.db").exists():
         return
@@ -325,7 +324,6 @@ def _kill_leftovers(state_dir: Path) -> None:
             if isinstance(holder, int) and holder != os.getpid():
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(holder, signal.SIGKILL)
-            kill_recorded_hosts(detail.get("host_pids"))
 
 
 def _steps(log: Path) -> list[int]:
@@ -377,12 +375,15 @@ def test_detached_run_is_preempted_by_another_process_survives_kill_9_and_resume
     )
     orphaned = cli("runs", "describe", run_id, "-o", "json").json["run"]
     assert orphaned["status"] == "running" and orphaned["supervisor_state"].startswith("gone")
-    host_pids = orphaned["detail"]["host_pids"]
+    from recovery_helpers import program_pids
+
+    orphans = program_pids(run_id)
+    assert orphans  # the hosts' programs outlive their supervisor: they run detached from SSH
 
     resumed = cli("runs", "resume", run_id, "-o", "json")
     assert resumed.code == 0, resumed.stderr[-4000:]
     assert final_hash(log) == reference
-    for pid, ticks in host_pids.values():
+    for pid, ticks in orphans.items():
         assert not is_same_process(pid, ticks)  # the orphans were stopped before the restart
     done = cli("runs", "describe", run_id, "-o", "json").json["run"]
     assert done["status"] == "succeeded" and done["preemptions"] == 1
@@ -455,14 +456,16 @@ def test_resume_takes_over_every_slice_the_ledger_has_for_the_run(
 
 
 @pytest.mark.parametrize("command", ["resume", "cancel"])
-def test_hosts_started_before_their_pids_were_recorded_are_stopped_too(
+def test_programs_started_before_the_supervisor_recorded_them_are_stopped_too(
     own_sim: Path, cli: Cli, tmp_path: Path, command: str
 ) -> None:
-    """A supervisor killed between starting a host and recording the hosts' pids in the run (host 0 then
-    waits for host 1 forever and never writes to its closed pipe): `runs resume` and `runs cancel` stop it
-    all the same, found by the run id in its environment under this state dir's simulated hosts."""
-    from tpuctl.hosts.sim import SimExecutor
-    from tpuctl.processes import is_same_process, is_zombie, process_start_ticks
+    """A supervisor killed right after it started the hosts' programs (which run detached from SSH and
+    outlive it) and before it recorded anything: `runs resume` and `runs cancel` stop them all the same,
+    found over SSH by the run id."""
+    from recovery_helpers import program_pids
+
+    from tpuctl.processes import is_same_process
+    from tpuctl.services.run.hosts import build_executor
     from tpuctl.services.run.launcher import Launcher
     from tpuctl.services.run.model import RunRequest
     from tpuctl.services.run.supervisor import Supervisor
@@ -473,27 +476,23 @@ def test_hosts_started_before_their_pids_were_recorded_are_stopped_too(
     with open_session(load_settings()) as sess:
         launcher = Launcher(sess)
         prepared = launcher.prepare(
-            RunRequest(script=str(script), accelerator_type="v5e-8", env=("SLEEP_S=300",))
+            RunRequest(script=str(script), accelerator_type="v5e-8", env=("SLEEP_S=300",), runtime_deps=False)
         )
         Supervisor(sess).create_record(prepared)
         node = launcher.provision(prepared)
         sess.ledger.update_run(prepared.run_id, pod=node.name, zone=node.zone)
-        # The dead supervisor's host: started on the run's slice, never recorded in the run.
-        orphan = SimExecutor(
-            own_sim / "sim-hosts" / node.zone / node.name, zone=node.zone, node=node.name, num_hosts=1
-        )
-        orphan.ship(prepared.bundle)
-        orphan.start(prepared.spec(0))
-        (pid,) = orphan.pids().values()
-        ticks = process_start_ticks(pid)
-    record = Ledger(own_sim).get_run(prepared.run_id)
-    assert record is not None and "host_pids" not in (record.detail or {})
-    try:
-        result = cli("runs", command, prepared.run_id, "-o", "json")
-        assert result.code == 0, result.stderr[-3000:]
-        assert not is_same_process(pid, ticks) or is_zombie(pid)  # (our child: dead, not yet reaped)
-    finally:
-        orphan.close()
+        # The dead supervisor's program: started on the run's slice, never recorded in the run.
+        orphan = build_executor(sess, prepared, node, for_plan=False)
+        try:
+            orphan.ship(prepared.bundle)
+            orphan.start(prepared.spec(0))
+            wait_for(lambda: program_pids(prepared.run_id), 30, 0.1, what="the orphan program")
+        finally:
+            orphan.close()
+    pids = program_pids(prepared.run_id)
+    result = cli("runs", command, prepared.run_id, "-o", "json")
+    assert result.code == 0, result.stderr[-3000:]
+    assert not [pid for pid, ticks in pids.items() if is_same_process(pid, ticks)]
     assert cli("sim", "status", "-o", "json").json["nodes"] == []
 
 

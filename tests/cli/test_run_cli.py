@@ -168,9 +168,14 @@ def test_example_lm_on_v5e_8_completes_with_decreasing_loss_and_is_recorded(
     assert "process 0/1 devices 8/8" in log
     curve = losses(log)
     assert len(curve) == 6 and curve[-1] < curve[0]
-    # --checkpoint-every reached the example: checkpoints at steps 3 and 6 in the run's dir.
-    ckpts = state_dir / "runs" / run_id / "checkpoints"
-    assert {p.name for p in ckpts.iterdir() if p.name.isdigit()} >= {"3", "6"}
+    # --checkpoint-every reached the example: checkpoints at steps 3 and 6 in the run's prefix of the
+    # simulator's bucket, none in tpuctl's state dir.
+    from tpuctl.sim.storage import stored_objects
+
+    prefix = f"tpuctl/runs/{run_id}/checkpoints/"
+    steps = {name.removeprefix(prefix).split("/")[0] for name in stored_objects(state_dir / "sim-gcs", prefix=prefix)}
+    assert steps >= {"3", "6"}, steps
+    assert not (state_dir / "runs" / run_id / "checkpoints").exists()
     # The slice made for the run is gone, and the run is in the ledger.
     assert admin.status()["nodes"] == []
     described = cli("runs", "describe", run_id, "-o", "json").json["run"]

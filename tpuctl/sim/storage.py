@@ -107,4 +107,19 @@ class StorageEmulator:
             server.stop()
 
 
-__all__ = ["DEFAULT_BUCKET", "StorageEmulator"]
+def stored_objects(data_dir: Path, bucket: str = DEFAULT_BUCKET, prefix: str = "") -> list[str]:
+    """The names of the objects in ``bucket`` under ``prefix`` that the emulator keeps in ``data_dir``,
+    read from its index file (no emulator need be running: the simulator's CLI and tests look)."""
+    import json
+
+    from gcp_storage_emulator.storage import STORAGE_DIR
+
+    try:
+        meta = json.loads((data_dir / STORAGE_DIR / ".meta").read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return []
+    objects = (meta.get("objects") or {}).get(bucket) or {}
+    return sorted(name for name in objects if name.startswith(prefix))
+
+
+__all__ = ["DEFAULT_BUCKET", "StorageEmulator", "stored_objects"]

@@ -245,7 +245,13 @@ def classify(
     # Hosts died: ask the API whether the slice went with them. A signal or a lost host is what a
     # preemption looks like from here, so wait for the API to catch up; a plain exit status gets the
     # confirming polls only.
-    died = any(c is None or c < 0 for c in codes.values())
+    # The first host to fail tells; the others were stopped by the supervisor after it (a SIGKILL of
+    # ours is no sign of a preemption).
+    first = codes.get(result.failed_worker) if result.failed_worker is not None else None
+    died = (
+        first is None or first < 0 if result.failed_worker is not None
+        else any(c is None or c < 0 for c in codes.values())
+    )
     timeout = (policy.confirm_timeout_s or 5.0) if died else (policy.poll_s or 1.0)
     if watch.confirm_now(timeout) is not None:
         return Outcome.PREEMPTED, "hosts+api"

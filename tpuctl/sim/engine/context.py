@@ -27,7 +27,8 @@ class Context:
         self._world_version = -1
         self._world_lock = threading.Lock()
         #: Where this state's VMs live (``tpuctl.sim.vms.layout.vm_root_for`` of the state dir).
-        self.vm_root = vm_root_for(db.path.parent.parent)
+        self.state_dir = db.path.parent.parent
+        self.vm_root = vm_root_for(self.state_dir)
         self._vm_ports: tuple[int, int] | None = None
 
     @property

@@ -29,7 +29,7 @@ from tpuctl.sim.engine import SimEngine
 from tpuctl.sim.engine.records import host_addresses
 from tpuctl.sim.vms import procs
 from tpuctl.sim.vms.disks import create_disk, ensure_image, image_dir
-from tpuctl.sim.vms.layout import disk_dir, host_key_path
+from tpuctl.sim.vms.layout import STATE_DIR_FILE, disk_dir, host_key_path
 from tpuctl.sim.vms.metadata_http import MetadataServer
 from tpuctl.sim.vms.sshd import HostRef, LoginSetup, serve
 
@@ -68,6 +68,8 @@ class Fleet:
         """Start the sshd loop and build the image, both in the background (returns at once)."""
         if self._loop is not None:
             return
+        self.vm_root.mkdir(parents=True, exist_ok=True)
+        (self.vm_root / STATE_DIR_FILE).write_text(str(self.engine.ctx.state_dir), encoding="utf-8")
         self._loop = asyncio.new_event_loop()
         threading.Thread(target=self._loop.run_forever, name="tpuctl-sim-sshd", daemon=True).start()
         threading.Thread(target=self._build_image, name="tpuctl-sim-image", daemon=True).start()

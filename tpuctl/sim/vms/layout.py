@@ -43,6 +43,24 @@ def address_offset(state_dir: Path) -> int:
     return int(digest[:12], 16) % ADDRESS_SPACE
 
 
+#: The file in a VM root that names the state dir it belongs to (so a test can find its VMs).
+STATE_DIR_FILE = "state-dir"
+
+
+def vm_roots_of(parent: Path) -> list[Path]:
+    """The VM roots (in the temp dir) of every simulator state below ``parent``."""
+    found: list[Path] = []
+    prefix = os.path.realpath(parent) + os.sep
+    for root in Path(tempfile.gettempdir()).glob("tpuctl-sim-vms-*"):
+        try:
+            owner = (root / STATE_DIR_FILE).read_text(encoding="utf-8")
+        except OSError:
+            continue
+        if (os.path.realpath(owner) + os.sep).startswith(prefix):
+            found.append(root)
+    return found
+
+
 def services_address(state_dir: Path) -> str:
     """The loopback address of one simulator state's network services (Cloud Storage, the package
     mirror): fixed for the state, in 127.15.0.0/16, outside the hosts' range (127.16.0.0 and up)."""

@@ -82,3 +82,17 @@ def signal_hosts(vm_root: Path, hosts: Iterable[tuple[str, int]], sig: signal.Si
             kill_vm(vm_root, uid, worker, wipe=wipe)
         else:
             signal_vm(uid, worker, disk_dir(vm_root, uid, worker), sig)
+
+
+def discard_vms(vm_root: Path) -> int:
+    """SIGKILL every process of every VM under ``vm_root`` and remove the root (disks and image): what a
+    simulator state's VMs leave behind when the state itself is thrown away (a test's teardown).
+    Returns how many processes were killed."""
+    killed = 0
+    disks = vm_root / "disks"
+    for disk in disks.iterdir() if disks.is_dir() else ():
+        uid, _, worker = disk.name.partition(".")[0].rpartition("-")
+        if uid and worker.isdigit():
+            killed += signal_vm(uid, int(worker), disk, signal.SIGKILL)
+    shutil.rmtree(vm_root, ignore_errors=True)
+    return killed
