@@ -9,7 +9,9 @@ on a thread of its own, so its storage needs no locking.
 
 from __future__ import annotations
 
+import json
 import logging
+import re
 import sys
 from http import server as http_server
 from pathlib import Path
@@ -28,6 +30,85 @@ class _QuietHTTPServer(http_server.HTTPServer):
         super().handle_error(request, client_address)
 
 
+_UPLOAD_PATH = re.compile(r"^/upload/storage/v1/b/(?P<bucket>[^/]+)/o$")
+_MEDIA_PATH = re.compile(r"^(?:/download)?/storage/v1/b/(?P<bucket>[^/]+)/o/(?P<object>[^?]+)")
+
+
+def _request_handler() -> Any:
+    """The emulator's request handler, with the object's ``x-goog-generation`` and
+    ``x-goog-metageneration`` on a media download, as Cloud Storage sends them
+    (https://cloud.google.com/storage/docs/xml-api/reference-headers#xgooggeneration). The emulator
+    omits them, and tensorstore reads the generation it makes its next conditional write against from
+    them: without them, overwriting an object (OCDBT's manifest) fails with "Malformed
+    StorageGeneration", where Google's answers work."""
+    from urllib.parse import parse_qs, unquote, urlsplit
+
+    from gcp_storage_emulator.server import RequestHandler
+
+    class _Handler(RequestHandler):  # type: ignore[misc]  # the package is untyped
+        _status = 0
+
+        def send_response(self, code: int, message: str | None = None) -> None:
+            self._status = int(code)
+            super().send_response(code, message)
+
+        def end_headers(self) -> None:
+            if self.command in ("GET", "HEAD") and self._status in (200, 206):
+                for name, value in self._generation_headers().items():
+                    self.send_header(name, value)
+            super().end_headers()
+
+        def do_POST(self) -> None:
+            if not self._precondition_failed():
+                super().do_POST()
+
+        def _precondition_failed(self) -> bool:
+            """Answer 412 to an upload whose ``ifGenerationMatch`` is not the object's generation (0: it
+            must not exist), as Cloud Storage does; the emulator ignores the condition, which would let
+            a stale writer win. Only uploads that name the object in the query are checked (tensorstore's
+            media uploads; a multipart upload names it in its body)."""
+            url = urlsplit(self.path)
+            query = parse_qs(url.query)
+            match = _UPLOAD_PATH.match(url.path)
+            wanted, name = query.get("ifGenerationMatch"), query.get("name")
+            if match is None or not wanted or not name:
+                return False
+            try:
+                current = str(self.storage.get_file_obj(match["bucket"], name[0])["generation"])
+            except Exception:  # no such object: generation 0
+                current = "0"
+            if wanted[0] == current:
+                return False
+            body = json.dumps(
+                {"error": {"code": 412, "message": "At least one of the pre-conditions you specified did not hold.",
+                           "errors": [{"reason": "conditionNotMet", "domain": "global"}]}}
+            ).encode()
+            self.rfile.read(int(self.headers.get("content-length") or 0))
+            self.send_response(412)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return True
+
+        def _generation_headers(self) -> dict[str, str]:
+            url = urlsplit(self.path)
+            match = _MEDIA_PATH.match(url.path)
+            media = url.path.startswith("/download/") or parse_qs(url.query).get("alt") == ["media"]
+            if match is None or not media:
+                return {}
+            try:
+                obj = self.storage.get_file_obj(match["bucket"], unquote(match["object"]))
+            except Exception:  # the emulator's NotFound and the like: no object, no headers
+                return {}
+            return {
+                "x-goog-generation": str(obj["generation"]),
+                "x-goog-metageneration": str(obj["metageneration"]),
+            }
+
+    return _Handler
+
+
 def _api_thread(host: str, port: int, storage: Any) -> Any:
     """The emulator's API thread on ``port`` (0: an ephemeral one), serving with ``_QuietHTTPServer``; a
     daemon, so one left running does not keep the interpreter from exiting. The socket is bound here, in
@@ -35,9 +116,9 @@ def _api_thread(host: str, port: int, storage: Any) -> Any:
     would leave ``start()`` waiting forever)."""
     from functools import partial
 
-    from gcp_storage_emulator.server import APIThread, RequestHandler
+    from gcp_storage_emulator.server import APIThread
 
-    httpd = _QuietHTTPServer((host, port), partial(RequestHandler, storage))
+    httpd = _QuietHTTPServer((host, port), partial(_request_handler(), storage))
 
     class _Thread(APIThread):  # type: ignore[misc]  # the package is untyped
         def run(self) -> None:
