@@ -4,12 +4,13 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
+
+from etils import epath  # paths that also take gs:// (checkpoints live in a bucket: a VM's disk dies)
 
 from tpuctl.runtime.preemption import PreemptionWatch, emit, exit_preempted
 
 watch = PreemptionWatch.from_env().install()  # before jax.distributed.initialize(); watch.attach() after
-ckpt = Path(os.environ.get("TPUCTL_CHECKPOINT_DIR", "checkpoints")) / "state.json"
+ckpt = epath.Path(os.environ["TPUCTL_CHECKPOINT_DIR"]) / "state.json"
 step, loss = json.loads(ckpt.read_text()) if ckpt.exists() else (0, 10.0)
 emit("start", step=step, restored=step if ckpt.exists() else None)
 while step < int(os.environ.get("STEPS", "100")):

@@ -226,10 +226,16 @@ class Chaos:
         except BaseException as exc:  # reported by join()
             self.error = exc
 
-    def join(self, timeout: float = 30.0) -> None:
+    def join(self, timeout: float = 30.0, *, check: bool = True) -> None:
+        """Stop the thread; with ``check``, raise what it raised (call ``check()`` later otherwise, so
+        a test can first show what the run said)."""
         self._halt.set()
         if self._thread is not None:
             self._thread.join(timeout)
+        if check:
+            self.check()
+
+    def check(self) -> None:
         if self.error is not None:
             raise self.error
 

@@ -242,7 +242,7 @@ def test_host_2_failing_ends_the_run_naming_it_and_no_host_survives(
     barrier = tmp_path / "barrier"
     barrier.mkdir()
     result = cli(
-        "run", str(script), "--pod", "p16", "--grace", "2", "--env", f"BARRIER={barrier}", "-o", "json"
+        "run", str(script), "--no-runtime-deps", "--pod", "p16", "--grace", "2", "--env", f"BARRIER={barrier}", "-o", "json"
     )
     ended = time.time()
     assert result.code == 8, result.stderr
@@ -271,9 +271,9 @@ def test_second_run_on_a_pod_does_not_ship_the_unchanged_bundle(
 ) -> None:
     script = write(tmp_path / "proj" / "hi.py", "import os; print('hi', os.environ['TPUCTL_WORKER_ID'])\n")
     assert cli("pod", "create", "v5e-16", "--zone", "us-central1-a", "--name", "warm").code == 0
-    first = cli("run", str(script), "--pod", "warm")
+    first = cli("run", str(script), "--no-runtime-deps", "--pod", "warm")
     assert first.code == 0 and "(4 copied, 0 already had it)" in first.stderr
-    second = cli("run", str(script), "--pod", "warm", "-o", "json")
+    second = cli("run", str(script), "--no-runtime-deps", "--pod", "warm", "-o", "json")
     assert second.code == 0
     assert second.json["run"]["shipped_hosts"] == 0
     assert sorted(re.findall(r"w\d \| hi (\d)", second.stderr)) == ["0", "1", "2", "3"]
@@ -338,7 +338,7 @@ def test_interrupting_tpuctl_stops_every_host(
 
     script = write(tmp_path / "proj" / "sleeper.py", SLEEPER)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tpuctl", "run", str(script), "--type", "v5e-16", "--grace", "2"],
+        [sys.executable, "-m", "tpuctl", "run", str(script), "--no-runtime-deps", "--type", "v5e-16", "--grace", "2"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -382,13 +382,13 @@ def test_interrupting_tpuctl_stops_every_host(
 def test_run_labels_go_on_the_run_and_its_slice(tmp_path: Path, admin: SimAdminClient, cli: Cli) -> None:
     script = write(tmp_path / "proj" / "ok.py", "print('ok')\n")
     labels = ("--label", "team=ml", "--label", "exp=a1")
-    result = cli("run", str(script), "--type", "v5e-8", *labels, "--keep-pod", "-o", "json")
+    result = cli("run", str(script), "--no-runtime-deps", "--type", "v5e-8", *labels, "--keep-pod", "-o", "json")
     assert result.code == 0, result.stderr
     [run] = cli("runs", "list", "-o", "json").json["runs"]
     assert run["labels"] == {"team": "ml", "exp": "a1"}
     [pod] = cli("pod", "list", "-o", "json").json["pods"]
     assert pod["labels"]["team"] == "ml" and pod["labels"]["exp"] == "a1"
-    bad = cli("run", str(script), "--type", "v5e-8", "--label", "Team=ML", "-o", "json")
+    bad = cli("run", str(script), "--no-runtime-deps", "--type", "v5e-8", "--label", "Team=ML", "-o", "json")
     assert bad.code == 2 and bad.json["field"] == "--label"
 
 

@@ -28,8 +28,10 @@ SIM_TUNING = Tuning(
     gc_retry=_SIM_RETRY,
     poll_interval_s=0.05,
     poll_max_interval_s=0.5,
+    # The budget margin covers a stop over SSH: the signal commands, the hosts' exit reports and the
+    # delete (a few seconds on a loaded machine).
     recovery=RecoveryTuning(
-        poll_s=0.25, confirm_timeout_s=5.0, backoff_initial_s=0.2, backoff_max_s=2.0, budget_margin_s=3.0
+        poll_s=0.25, confirm_timeout_s=5.0, backoff_initial_s=0.2, backoff_max_s=2.0, budget_margin_s=5.0
     ),
     budget_poll_s=1.0,
     delete_margin_s=5.0,
