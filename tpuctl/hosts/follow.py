@@ -111,6 +111,9 @@ def _supervise(directory: str, cwd: str, env: dict[str, str], argv: list[str], r
     for fd in (0, 1, 2):
         os.dup2(null, fd)  # nothing of the SSH session stays open here
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    # A VM's shutdown (a preemption's, a stop's) sends SIGTERM to every process: the supervisor outlives
+    # it to record how the program ended (what tpuctl's stop signals is the program's group, not this).
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     out = os.open(os.path.join(directory, OUT), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     _write_atomic(os.path.join(directory, SUPERVISOR), f"{os.getpid()}\n")
     ready_r, ready_w = os.pipe()
@@ -119,6 +122,7 @@ def _supervise(directory: str, cwd: str, env: dict[str, str], argv: list[str], r
         os.close(ready_r)
         os.setsid()  # its own session and group: pid == pgid, what a stop signals
         signal.signal(signal.SIGHUP, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # ignored dispositions survive exec
         os.dup2(null, 0)
         os.dup2(out, 1)
         os.dup2(out, 2)
