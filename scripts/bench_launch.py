@@ -35,6 +35,7 @@ import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 #: (hosts, accelerator type, zone): the smallest slice of each host count the default catalog has.
 SHAPES = [
@@ -58,6 +59,7 @@ JAX_READY = """\
 import jax
 jax.distributed.initialize()
 import time
+from typing import Any
 print("READY", time.time(), jax.process_index(), jax.process_count(), flush=True)
 """
 
@@ -87,7 +89,7 @@ def main() -> int:
     parser.add_argument("--no-jax", action="store_true", help="skip the jax.distributed start-up figure")
     args = parser.parse_args()
 
-    results = []
+    results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="tpuctl-bench-launch-") as tmp:
         root = Path(tmp)
         (root / "world.yaml").write_text(WORLD)
@@ -150,8 +152,8 @@ def main() -> int:
     for r in results:
         jr = "-" if r["jax_ready_s"] is None else f"{r['jax_ready_s']:.2f}"
         print(f"{r['hosts']:>5} {r['accelerator_type']:>8} {r['cold_s']:>8.2f} {r['warm_s']:>8.2f} {jr:>12}")
-    one = results[0]["warm_s"]
-    print(f"64 hosts / 1 host (warm): {results[-1]['warm_s'] / one:.2f}x (target <= 3x)")
+    one, last = float(results[0]["warm_s"]), float(results[-1]["warm_s"])
+    print(f"64 hosts / 1 host (warm): {last / one:.2f}x (target <= 3x)")
     print(f"baseline `tpuctl pod list`: {doc['baseline_pod_list_s']:.2f} s; wrote {args.out}")
     return 0
 

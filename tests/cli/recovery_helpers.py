@@ -99,9 +99,7 @@ def run_reference(
     procs: list[subprocess.Popen[bytes]] = []
     outs: list[Path] = []
     # Each host has its metadata server (the runtime's sim cluster reads its worker number there).
-    servers = [
-        MetadataServer(slice_values(w, ["127.0.0.1"] * hosts, accelerator_type)) for w in range(hosts)
-    ]
+    servers = [MetadataServer(slice_values(w, ["127.0.0.1"] * hosts, accelerator_type)) for w in range(hosts)]
     try:
         for w in range(hosts):
             env = dict(base)

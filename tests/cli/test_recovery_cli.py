@@ -173,7 +173,18 @@ def test_a_program_that_crashes_on_every_start_stops_after_max_restarts_with_its
     admin: SimAdminClient, cli: Cli, tmp_path: Path
 ) -> None:
     script = write(tmp_path / "proj" / "crash.py", CRASHER)
-    result = cli("run", str(script), "--no-runtime-deps", "--type", "v5e-8", "--spot", "--max-restarts", "2", "-o", "json")
+    result = cli(
+        "run",
+        str(script),
+        "--no-runtime-deps",
+        "--type",
+        "v5e-8",
+        "--spot",
+        "--max-restarts",
+        "2",
+        "-o",
+        "json",
+    )
     assert result.code == 8, result.stderr[-3000:]
     error = result.json
     assert error["error"] == "run_failed" and error["returncode"] == 3 and error["worker"] == 0
@@ -200,7 +211,18 @@ def test_a_preemption_while_the_zone_is_stocked_out_recovers_in_another_zone(
     # The stockout comes with the preemption: the same zone is tried first and is full.
     chaos = _Seen(admin, state_dir, stockout=V5E_ZONE).start()
     try:
-        result = cli("run", str(script), "--no-runtime-deps", "--type", "v5e-8", "--spot", "--env", "SLEEP_S=30", "-o", "json")
+        result = cli(
+            "run",
+            str(script),
+            "--no-runtime-deps",
+            "--type",
+            "v5e-8",
+            "--spot",
+            "--env",
+            "SLEEP_S=30",
+            "-o",
+            "json",
+        )
     finally:
         chaos.join(check=False)
     assert result.code == 0, result.stderr[-3000:]
@@ -276,7 +298,18 @@ def test_transient_api_errors_during_a_run_cause_no_recovery(
     monkeypatch.setattr(sim_server._Handler, "_inject_transient", counting)
     script = write(tmp_path / "proj" / "sleeper.py", SLEEPER)
     admin.set_faults(transient_error_rate=0.2)
-    result = cli("run", str(script), "--no-runtime-deps", "--type", "v5e-8", "--spot", "--env", "SLEEP_S=4", "-o", "json")
+    result = cli(
+        "run",
+        str(script),
+        "--no-runtime-deps",
+        "--type",
+        "v5e-8",
+        "--spot",
+        "--env",
+        "SLEEP_S=4",
+        "-o",
+        "json",
+    )
     admin.set_faults(transient_error_rate=0.0)
     assert result.code == 0, result.stderr[-3000:]
     run = cli("runs", "describe", result.json["run"]["run_id"], "-o", "json").json["run"]
@@ -499,7 +532,18 @@ def test_runs_cancel_stops_a_detached_run_and_deletes_its_slice(
     own_sim: Path, cli: Cli, tmp_path: Path
 ) -> None:
     script = write(tmp_path / "proj" / "sleeper.py", SLEEPER)
-    started = cli("run", str(script), "--no-runtime-deps", "--type", "v5e-8", "--env", "SLEEP_S=120", "--detach", "-o", "json")
+    started = cli(
+        "run",
+        str(script),
+        "--no-runtime-deps",
+        "--type",
+        "v5e-8",
+        "--env",
+        "SLEEP_S=120",
+        "--detach",
+        "-o",
+        "json",
+    )
     assert started.code == 0, started.stderr
     run_id = started.json["run"]["run_id"]
     log = own_sim / "runs" / run_id / "worker-0.log"
@@ -519,7 +563,18 @@ def test_a_slice_in_use_is_protected_and_its_forced_deletion_is_not_a_preemption
 ) -> None:
     script = write(tmp_path / "proj" / "sleeper.py", SLEEPER)
     assert cli("pod", "create", "v5e-8", "--zone", "us-central1-a", "--name", "shared").code == 0
-    started = cli("run", str(script), "--no-runtime-deps", "--pod", "shared", "--env", "SLEEP_S=120", "--detach", "-o", "json")
+    started = cli(
+        "run",
+        str(script),
+        "--no-runtime-deps",
+        "--pod",
+        "shared",
+        "--env",
+        "SLEEP_S=120",
+        "--detach",
+        "-o",
+        "json",
+    )
     assert started.code == 0, started.stderr
     run_id = started.json["run"]["run_id"]
     log = own_sim / "runs" / run_id / "worker-0.log"
@@ -686,7 +741,10 @@ def test_a_run_with_a_budget_below_its_cost_stops_checkpointed_at_the_budget_and
     log = state_dir / "runs" / run.run_id / "worker-0.log"
     (stop,) = [e for e in events_of(log) if e["event"] == "preempted"]
     assert stop["checkpoint"] == "saved"
-    assert (state_dir / "runs" / run.run_id / "checkpoints" / str(stop["step"])).is_dir()
+    from tpuctl.sim.storage import stored_objects
+
+    prefix = f"tpuctl/runs/{run.run_id}/checkpoints/{stop['step']}/"
+    assert stored_objects(state_dir / "sim-gcs", prefix=prefix)  # in the bucket, not on a host's disk
     # Within one step's cost of the limit, never over it by more.
     steps = [e["dt"] for e in events_of(log) if e["event"] == "step"]
     step_usd = 0.98 * max(steps) / 3600
@@ -714,7 +772,8 @@ def test_a_budget_stop_the_program_ignores_is_enforced_and_the_spend_reported_is
 
     script = write(tmp_path / "proj" / "stubborn.py", STUBBORN)
     limit, grace = 0.015, 2.0  # v5e-4 on demand, 4.80 USD/h: 11.25 s of it
-    result = cli("run", str(script), "--no-runtime-deps", "--type", "v5e-4", "--budget", str(limit), "--grace", str(grace),
+    result = cli("run", str(script), "--no-runtime-deps", "--type", "v5e-4", "--budget", str(limit),
+                 "--grace", str(grace),
                  "-o", "json")  # fmt: skip
     assert result.code == 7, result.stderr[-3000:]
     assert admin.status()["nodes"] == []
@@ -757,7 +816,9 @@ def test_with_no_capacity_anywhere_the_recovery_backs_off_with_progress_until_a_
     clearer = threading.Thread(target=clear_later, daemon=True)
     clearer.start()
     try:
-        result = cli("run", str(script), "--no-runtime-deps", "--type", "v5e-8", "--spot", "--env", "SLEEP_S=30")
+        result = cli(
+            "run", str(script), "--no-runtime-deps", "--type", "v5e-8", "--spot", "--env", "SLEEP_S=30"
+        )
     finally:
         chaos.join()
         clearer.join(timeout=130)

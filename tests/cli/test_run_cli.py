@@ -140,7 +140,7 @@ def test_dry_run_shows_bundle_and_each_hosts_command_and_env_but_no_secret(
         assert host["env"]["TPUCTL_TOPOLOGY"] == "4x4"
         assert host["env"]["HF_TOKEN"] == "***"
         assert host["env"]["LR"] == "3e-4"
-        assert host["cwd"].endswith(f"worker-{worker}/bundles/{bundle['sha256']}")
+        assert host["cwd"] == f".tpuctl/bundles/{bundle['sha256']}"  # relative to the login's home
     table = cli(*args)
     assert table.code == 0
     assert secret not in table.stdout + table.stderr
@@ -173,7 +173,10 @@ def test_example_lm_on_v5e_8_completes_with_decreasing_loss_and_is_recorded(
     from tpuctl.sim.storage import stored_objects
 
     prefix = f"tpuctl/runs/{run_id}/checkpoints/"
-    steps = {name.removeprefix(prefix).split("/")[0] for name in stored_objects(state_dir / "sim-gcs", prefix=prefix)}
+    steps = {
+        name.removeprefix(prefix).split("/")[0]
+        for name in stored_objects(state_dir / "sim-gcs", prefix=prefix)
+    }
     assert steps >= {"3", "6"}, steps
     assert not (state_dir / "runs" / run_id / "checkpoints").exists()
     # The slice made for the run is gone, and the run is in the ledger.
@@ -242,7 +245,17 @@ def test_host_2_failing_ends_the_run_naming_it_and_no_host_survives(
     barrier = tmp_path / "barrier"
     barrier.mkdir()
     result = cli(
-        "run", str(script), "--no-runtime-deps", "--pod", "p16", "--grace", "2", "--env", f"BARRIER={barrier}", "-o", "json"
+        "run",
+        str(script),
+        "--no-runtime-deps",
+        "--pod",
+        "p16",
+        "--grace",
+        "2",
+        "--env",
+        f"BARRIER={barrier}",
+        "-o",
+        "json",
     )
     ended = time.time()
     assert result.code == 8, result.stderr
@@ -338,7 +351,18 @@ def test_interrupting_tpuctl_stops_every_host(
 
     script = write(tmp_path / "proj" / "sleeper.py", SLEEPER)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tpuctl", "run", str(script), "--no-runtime-deps", "--type", "v5e-16", "--grace", "2"],
+        [
+            sys.executable,
+            "-m",
+            "tpuctl",
+            "run",
+            str(script),
+            "--no-runtime-deps",
+            "--type",
+            "v5e-16",
+            "--grace",
+            "2",
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -382,7 +406,9 @@ def test_interrupting_tpuctl_stops_every_host(
 def test_run_labels_go_on_the_run_and_its_slice(tmp_path: Path, admin: SimAdminClient, cli: Cli) -> None:
     script = write(tmp_path / "proj" / "ok.py", "print('ok')\n")
     labels = ("--label", "team=ml", "--label", "exp=a1")
-    result = cli("run", str(script), "--no-runtime-deps", "--type", "v5e-8", *labels, "--keep-pod", "-o", "json")
+    result = cli(
+        "run", str(script), "--no-runtime-deps", "--type", "v5e-8", *labels, "--keep-pod", "-o", "json"
+    )
     assert result.code == 0, result.stderr
     [run] = cli("runs", "list", "-o", "json").json["runs"]
     assert run["labels"] == {"team": "ml", "exp": "a1"}

@@ -112,9 +112,10 @@ def test_setup_failing_on_one_host_names_it_and_the_command(
     script.parent.mkdir()
     script.write_text("print('ran')\n")
     failing = (
-        "python3 -c \"import os, sys, urllib.request as u; "
+        'python3 -c "import os, sys, urllib.request as u; '
         "r = u.Request('http://' + os.environ['GCE_METADATA_HOST'] + "
-        "'/computeMetadata/v1/instance/attributes/agent-worker-number', headers={'Metadata-Flavor': 'Google'}); "
+        "'/computeMetadata/v1/instance/attributes/agent-worker-number', "
+        "headers={'Metadata-Flavor': 'Google'}); "
         "sys.exit(1 if u.urlopen(r).read() == b'3' else 0)\""
     )
     result = cli("run", str(script), "--type", "v5e-16", "--no-runtime-deps", "--setup", failing)

@@ -429,10 +429,16 @@ def test_launcher_runs_a_2_host_slice_over_ssh_via_the_nodes_endpoints(
     admin = SimAdminClient(url)
     session = open_session(load_settings({"backend": "sim", "sim_url": url, "state_dir": state_dir}))
     try:
+        from tpuctl.services.access import ssh_key_metadata
         from tpuctl.services.allocator import Allocator, build_request
 
         placement = build_request(
-            session.catalog, session.settings, "v4-16", name="ssh-pod", zones=["us-central2-b"]
+            session.catalog,
+            session.settings,
+            "v4-16",
+            name="ssh-pod",
+            zones=["us-central2-b"],
+            metadata=ssh_key_metadata(session, plan=False),
         )
         Allocator(session).place(placement)
         admin.set_endpoints(

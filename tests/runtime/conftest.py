@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from tpuctl.testing.metadata_server import MetadataServer, slice_values
 
 from tpuctl.runtime.hostenv import sim_host_env
+from tpuctl.testing.metadata_server import MetadataServer, slice_values
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).resolve().parent / "scripts"

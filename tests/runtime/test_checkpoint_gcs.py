@@ -67,9 +67,9 @@ def test_save_and_restore_through_the_bucket(bucket: str) -> None:
     again = Checkpointer(directory)
     result = again.restore_latest(abstract_like(state))
     again.close()
-    assert result.step == 30 and result.skipped == []
+    assert result is not None and result.step == 30 and result.skipped == []
     for key, value in state.items():
-        np.testing.assert_array_equal(np.asarray(result.state[key]), np.asarray(value + 30))
+        np.testing.assert_array_equal(np.asarray(result.state[key]), np.asarray(value + 30))  # type: ignore[index]
 
 
 def _timed(fn: Any) -> float:

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tpuctl.testing.metadata_server import MetadataServer, etag_of, slice_values
 
 from tpuctl.runtime import preemption
 from tpuctl.runtime.preemption import (
@@ -29,6 +28,7 @@ from tpuctl.runtime.preemption import (
     parse_event,
 )
 from tpuctl.testing.clock import wait_for
+from tpuctl.testing.metadata_server import MetadataServer, etag_of, slice_values
 
 LM = ["-m", "tpuctl.runtime.examples.lm_train"]
 LM_ARGS = ["--steps", "14", "--checkpoint-every", "5", "--log-every", "1", "--batch", "8", "--seed", "3",

@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tpuctl.testing.metadata_server import MetadataServer, slice_values
 
 from tpuctl.runtime import simcluster
 from tpuctl.runtime.hostenv import sim_host_env
+from tpuctl.testing.metadata_server import MetadataServer, slice_values
 
 REPO = Path(__file__).resolve().parents[2]
 ADDRESSES = ["127.16.0.2", "127.16.0.3", "127.16.0.4", "127.16.0.5"]

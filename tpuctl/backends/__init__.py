@@ -19,7 +19,9 @@ def open_backend(settings: Settings) -> Backend:
     if settings.resolved_backend is BackendChoice.SIM:
         from tpuctl.backends.sim import SimBackend
 
-        return SimBackend(world_path=settings.sim_world, url=settings.sim_url, wheelhouse=settings.sim_wheelhouse)
+        return SimBackend(
+            world_path=settings.sim_world, url=settings.sim_url, wheelhouse=settings.sim_wheelhouse
+        )
     from tpuctl.backends.gcp import GcpBackend
 
     assert settings.project is not None  # load_settings guarantees it for gcp

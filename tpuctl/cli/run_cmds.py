@@ -150,7 +150,9 @@ def run(
     requirements: Annotated[
         str | None,
         typer.Option(
-            "--requirements", metavar="FILE", help="pip requirements installed on every host after each provision."
+            "--requirements",
+            metavar="FILE",
+            help="pip requirements installed on every host after each provision.",
         ),
     ] = None,
     runtime_deps: Annotated[
@@ -226,10 +228,10 @@ def run(
     import dataclasses
 
     from tpuctl import params
-    from tpuctl.services.locations import check_zones
-    from tpuctl.services.run.launcher import Launcher
     from tpuctl.backends import open_backend
+    from tpuctl.services.locations import check_zones
     from tpuctl.services.run.checkpoints import refuse_unrecoverable
+    from tpuctl.services.run.launcher import Launcher
     from tpuctl.services.run.model import RunRequest
 
     out = make_output(ctx, output, ONE_OBJECT)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import queue
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -126,6 +126,16 @@ class ShipResult:
     seconds: float
 
 
+@dataclass(frozen=True)
+class CommandResult:
+    """One host's outcome of :meth:`Executor.run_command`: its exit status (negative: killed by that
+    signal; None: timed out or the connection was lost) and its last ``TAIL_LINES`` output lines."""
+
+    worker: int
+    exit_status: int | None
+    tail: tuple[str, ...]
+
+
 class Executor(Protocol):
     """Runs one program on every host of one slice.
 
@@ -163,6 +173,14 @@ class Executor(Protocol):
     def start(self, spec: LaunchSpec) -> None: ...
 
     def next_event(self, timeout_s: float) -> HostEvent | None: ...
+
+    def run_command(
+        self, command: str, *, on_line: Callable[[int, str], None], timeout_s: float
+    ) -> dict[int, CommandResult]:
+        """Run ``command`` through each host's login shell on every host at once (setup, the import
+        check), each output line to ``on_line(worker, text)`` as it comes; a host that does not finish
+        within ``timeout_s`` has exit_status None."""
+        ...
 
     def stop(self, grace_s: float = 5.0) -> None: ...
 

@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from tpuctl.errors import HostKeyMismatchError, RunFailedError, TpuctlError
 from tpuctl.hosts.base import (
+    CommandResult,
     EventQueue,
     HostEvent,
     HostPlan,
@@ -99,16 +100,6 @@ class SshHost:
 class KeyPair:
     private_path: Path
     public_openssh: str  # "ssh-ed25519 AAAA... tpuctl"
-
-
-@dataclass(frozen=True)
-class CommandResult:
-    """One host's outcome of :meth:`SshExecutor.run_command`: its exit status (negative: killed by that
-    signal; None: timed out or the connection was lost) and its last ``TAIL_LINES`` output lines."""
-
-    worker: int
-    exit_status: int | None
-    tail: tuple[str, ...]
 
 
 def ensure_key_pair(state_dir: Path) -> KeyPair:

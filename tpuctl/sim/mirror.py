@@ -14,13 +14,12 @@ mirror uv's default index (``UV_DEFAULT_INDEX``) and nothing is ever asked of Py
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import html
 import re
 import shutil
 import threading
 import urllib.parse
+from collections.abc import Mapping
 from functools import partial
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -80,7 +79,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.wheelhouse = wheelhouse
         super().__init__(*args)
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the base class's name)
+    def log_message(self, format: str, *args: Any) -> None:
         """Quiet: every request would otherwise be printed on stderr."""
 
     def do_HEAD(self) -> None:

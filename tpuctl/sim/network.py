@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import errno
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -104,9 +105,11 @@ class NetworkServices:
         from tpuctl.sim.mirror import PackageMirror
         from tpuctl.sim.storage import StorageEmulator
 
-        makers = {
-            "storage": lambda: StorageEmulator(self.storage_dir, host=self.address, port=STORAGE_PORT),
+        makers: dict[
+            str, Callable[[], PackageMirror | StorageEmulator]
+        ] = {  # the mirror first: it binds at once, the emulator's import takes a while
             "mirror": lambda: PackageMirror(self.wheelhouse, host=self.address, port=MIRROR_PORT),
+            "storage": lambda: StorageEmulator(self.storage_dir, host=self.address, port=STORAGE_PORT),
         }
         for name, make in makers.items():
             if name in self._served or self._stopping.is_set():
@@ -119,6 +122,20 @@ class NetworkServices:
                     self.last_error = exc
                 continue
             self._served[name] = service
+
+    def ready(self) -> bool:
+        """Whether both services answer on their address (served here or by another process): a VM is
+        only served once its network is, as on Google where it is always there."""
+        import socket
+
+        if len(self._served) == 2:
+            return True
+        for port in (MIRROR_PORT, STORAGE_PORT):
+            try:
+                socket.create_connection((self.address, port), timeout=0.2).close()
+            except OSError:
+                return False
+        return True
 
     def stop(self) -> None:
         self._stopping.set()

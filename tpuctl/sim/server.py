@@ -27,6 +27,7 @@ from tpuctl.sim import api_errors
 from tpuctl.sim.api_errors import ApiError
 from tpuctl.sim.engine import SimEngine
 from tpuctl.sim.exchange import SimRequest, SimResponse, error_response, parse_body
+from tpuctl.sim.network import NetworkServices
 from tpuctl.sim.routes import dispatch, internal_error
 from tpuctl.sim.state import SimDatabase, db_path_for
 from tpuctl.sim.vms.fleet import Fleet
@@ -83,7 +84,7 @@ class SimServer:
         # ``wheelhouse``) and its hosts get their endpoints; a mapping: exactly that (tests).
         self._network_env = None if network_env is None else dict(network_env)
         self._wheelhouse = wheelhouse
-        self._services: list[Any] = []
+        self._network: NetworkServices | None = None
         self._vm_ports = vm_ports
         self._fleet: Fleet | None = None
 
@@ -99,7 +100,8 @@ class SimServer:
         ports = self._vm_ports or chosen_ports()
         self._engine.ctx.vm_ports = ports
         network = self._network_env if self._network_env is not None else self._start_network()
-        self._fleet = Fleet(self._engine, ports=ports, network_env=network)
+        ready = self._network.ready if self._network is not None else None
+        self._fleet = Fleet(self._engine, ports=ports, network_env=network, network_ready=ready)
         self._fleet.start()
         self._httpd = _Httpd(("127.0.0.1", self._port), _Handler, self._engine, random.Random(world.seed))
         host, port = self._httpd.server_address[:2]
@@ -125,7 +127,6 @@ class SimServer:
         later simulator process sees the same bucket, and the package mirror hosts install from), served
         at the state's own address by whichever simulator process over it can."""
         from tpuctl.sim.mirror import default_wheelhouse
-        from tpuctl.sim.network import NetworkServices
         from tpuctl.sim.vms.layout import services_address
 
         services = NetworkServices(
@@ -134,7 +135,7 @@ class SimServer:
             wheelhouse=self._wheelhouse or default_wheelhouse(os.environ),
         )
         services.start()
-        self._services = [services]
+        self._network = services
         return services.env
 
     def stop(self) -> None:
@@ -151,9 +152,9 @@ class SimServer:
         if self._fleet is not None:
             self._fleet.stop()
             self._fleet = None
-        for service in self._services:
-            service.stop()
-        self._services = []
+        if self._network is not None:
+            self._network.stop()
+            self._network = None
         self._db.close()
         self._url = None
         self._httpd = None

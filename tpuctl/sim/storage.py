@@ -80,8 +80,13 @@ def _request_handler() -> Any:
             if wanted[0] == current:
                 return False
             body = json.dumps(
-                {"error": {"code": 412, "message": "At least one of the pre-conditions you specified did not hold.",
-                           "errors": [{"reason": "conditionNotMet", "domain": "global"}]}}
+                {
+                    "error": {
+                        "code": 412,
+                        "message": "At least one of the pre-conditions you specified did not hold.",
+                        "errors": [{"reason": "conditionNotMet", "domain": "global"}],
+                    }
+                }
             ).encode()
             self.rfile.read(int(self.headers.get("content-length") or 0))
             self.send_response(412)
@@ -166,8 +171,8 @@ class StorageEmulator:
             # Imported here: the emulator pulls in google-cloud-storage, which only the simulator needs.
             from gcp_storage_emulator.server import create_server
 
-            if self.data_dir is not None:
-                self.data_dir.mkdir(parents=True, exist_ok=True)
+            if self.data_dir is not None:  # the bucket's objects are the user's: private, as the state dir
+                self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
             server = create_server(
                 self.host,
                 self.port,

@@ -102,4 +102,3 @@ def _bucket(name: str) -> str:
             "digit, e.g. my-team-checkpoints",
         )
     return bucket
-

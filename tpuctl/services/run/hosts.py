@@ -98,6 +98,7 @@ def expected_host_keys(
     with a bounded backoff for hosts that have not published yet (a VM's agent starts after READY)."""
     deadline = time.monotonic() + deadline_s
     wait = 0.1
+    error: str | None
     while True:
         try:
             keys = session.cloud.host_keys(node.zone, node.name)
@@ -111,7 +112,8 @@ def expected_host_keys(
             missing = [str(w) for w, k in enumerate(keys) if not k] if keys else ["all"]
             raise RunFailedError(
                 f"the hosts of {node.name} did not publish their SSH host keys within {deadline_s:g} s "
-                f"(workers without keys: {', '.join(missing)}" + (f"; last error: {error})" if error else ")"),
+                f"(workers without keys: {', '.join(missing)}"
+                + (f"; last error: {error})" if error else ")"),
                 fix="check the slice's health (`tpuctl pod describe`); tpuctl verifies every host's key "
                 "before it connects and never trusts one on first use",
             )

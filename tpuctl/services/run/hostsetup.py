@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from tpuctl.errors import RunFailedError
 
 if TYPE_CHECKING:
-    from tpuctl.hosts.ssh import SshExecutor
+    from tpuctl.hosts.base import Executor
     from tpuctl.services.run.hostlog import HostLog
     from tpuctl.services.run.model import LaunchObserver, PreparedRun
 
@@ -40,7 +40,7 @@ _CHECK_CODE = (
 
 
 def run_setup(
-    observer: LaunchObserver, executor: SshExecutor, prepared: PreparedRun, logs: Mapping[int, HostLog]
+    observer: LaunchObserver, executor: Executor, prepared: PreparedRun, logs: Mapping[int, HostLog]
 ) -> None:
     """Run the setup on every host; raises RunFailedError naming the first failed host and command."""
     from tpuctl.hosts.setup import failed_command, setup_script
@@ -69,7 +69,11 @@ def run_setup(
         worker = failed[0]
         result = results[worker]
         command = failed_command(result.tail) or "the setup script"
-        status = "no exit status (the host was lost)" if result.exit_status is None else f"exit {result.exit_status}"
+        status = (
+            "no exit status (the host was lost)"
+            if result.exit_status is None
+            else f"exit {result.exit_status}"
+        )
         tail = "\n".join(f"    {line}" for line in result.tail[-10:])
         raise RunFailedError(
             f"setup failed on host {worker} ({status}) running: {command}\n{tail}"
@@ -81,14 +85,12 @@ def run_setup(
     observer.status(f"setup done on {executor.num_hosts} hosts in {time.monotonic() - started:.1f} s")
 
 
-def check_imports(observer: LaunchObserver, executor: SshExecutor, prepared: PreparedRun) -> None:
+def check_imports(observer: LaunchObserver, executor: Executor, prepared: PreparedRun) -> None:
     """Raise RunFailedError when a module the program imports is missing from the hosts' environment."""
     modules = program_imports(prepared)
     if not modules:
         return
-    command = " ".join(
-        shlex.quote(part) for part in (prepared.python, "-c", _CHECK_CODE, *sorted(modules))
-    )
+    command = " ".join(shlex.quote(part) for part in (prepared.python, "-c", _CHECK_CODE, *sorted(modules)))
     results = executor.run_command(command, on_line=lambda w, t: None, timeout_s=_CHECK_TIMEOUT_S)
     result = results[min(results)]
     if result.exit_status == 0:

@@ -249,7 +249,8 @@ def classify(
     # ours is no sign of a preemption).
     first = codes.get(result.failed_worker) if result.failed_worker is not None else None
     died = (
-        first is None or first < 0 if result.failed_worker is not None
+        first is None or first < 0
+        if result.failed_worker is not None
         else any(c is None or c < 0 for c in codes.values())
     )
     timeout = (policy.confirm_timeout_s or 5.0) if died else (policy.poll_s or 1.0)

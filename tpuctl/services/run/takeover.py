@@ -58,7 +58,10 @@ def take_over(
             )
     if prepared.target.node is not None:  # the user's own slice stays: stop what the run left on it
         hosts.stop_left_hosts(
-            session, _current(session, prepared.target.node), prepared.run_id, prepared.request.ssh_remote_root
+            session,
+            _current(session, prepared.target.node),
+            prepared.run_id,
+            prepared.request.ssh_remote_root,
         )
     restart_count = int(detail.get("restart_count", restarts + len(preemptions))) + 1
     observer.status(f"taking over run {prepared.run_id} (restart {restart_count})")
@@ -76,8 +79,9 @@ def adopt_slices(
     be preempted) and every other the ledger still has alive for the run: a placement or a recovery
     that was still making one when the supervisor died (the run record names a slice only once it is
     placed, and names no zone at all while the allocator chooses). Every one is deleted (what ran on
-    its hosts is in an unknown state; the run restarts from its bucket on a fresh slice), and one the API no longer has (a delete that landed before the kill could record it) is
-    recorded gone: no slice is left that the run forgot, and no ledger entry outlives its slice."""
+    its hosts is in an unknown state; the run restarts from its bucket on a fresh slice), and one the
+    API no longer has (a delete that landed before the kill could record it) is recorded gone: no slice
+    is left that the run forgot, and no ledger entry outlives its slice."""
     ledger = session.ledger
     run_id = prepared.run_id
     slices: list[tuple[str, str]] = []

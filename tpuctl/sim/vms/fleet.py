@@ -19,7 +19,7 @@ import contextlib
 import errno
 import signal
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,9 +49,17 @@ class Fleet:
     may be called from any thread (never concurrently with themselves: the ticker calls reconcile)."""
 
     def __init__(
-        self, engine: SimEngine, *, ports: tuple[int, int], network_env: Mapping[str, str] | None = None
+        self,
+        engine: SimEngine,
+        *,
+        ports: tuple[int, int],
+        network_env: Mapping[str, str] | None = None,
+        network_ready: Callable[[], bool] | None = None,
     ) -> None:
+        """``network_ready``: whether the simulated network answers; no VM is served before it does."""
         self.engine = engine
+        self._network_ready = network_ready
+        self._network_seen = False
         self.vm_root: Path = engine.ctx.vm_root
         self.ssh_port, self.metadata_port = ports
         self._setup = LoginSetup(image_dir(self.vm_root), self.metadata_port, dict(network_env or {}))
@@ -111,6 +119,10 @@ class Fleet:
         """Serve the hosts that should be, stop the others, wipe disks whose VMs are gone."""
         if not self._image_ready.is_set() or self._loop is None:
             return
+        if not self._network_seen and self._network_ready is not None:
+            self._network_seen = self._network_ready()
+            if not self._network_seen:
+                return
         wanted, keep = self._wanted()
         with self._lock:
             for key in [k for k in self._served if k not in wanted]:
