@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import yaml
 from recovery_helpers import (
+    HOST_XLA_ENV,
     LM_ARGS,
     LM_STEPS,
     REPO,
@@ -71,7 +72,7 @@ def admin(
 
 def lm_run(*extra: str) -> list[str]:
     return ["run", "--example", "lm", "--type", "v4-16", "--spot", "--zone", ZONE, "--checkpoint-every", "4",
-            *extra, "--", *LM_ARGS]  # fmt: skip
+            *HOST_XLA_ENV, *extra, "--", *LM_ARGS]  # fmt: skip
 
 
 # --- three preemptions, bit for bit -------------------------------------------------------------------

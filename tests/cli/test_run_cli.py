@@ -418,10 +418,13 @@ def test_run_labels_go_on_the_run_and_its_slice(tmp_path: Path, admin: SimAdminC
     assert bad.code == 2 and bad.json["field"] == "--label"
 
 
-def test_version_and_shell_completion(cli: Cli) -> None:
+def test_version_and_shell_completion(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
     import tpuctl
 
     version = cli("--version")
     assert version.code == 0 and version.stdout.strip() == f"tpuctl {tpuctl.__version__}"
-    completion = cli("--show-completion", "bash")
+    # typer finds the shell by walking the process tree (shellingham), which a test run started from no
+    # shell (a CI runner, a detached job) lacks: the shell is fixed here.
+    monkeypatch.setattr("typer.completion._get_shell_name", lambda: "bash")
+    completion = cli("--show-completion")
     assert completion.code == 0 and "_tpuctl_completion" in completion.stdout

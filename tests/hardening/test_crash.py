@@ -381,10 +381,22 @@ def _kill_run(
 ) -> tuple[str | None, int | None, str]:
     """`tpuctl run` of the LM, SIGKILLed at a random moment of ``kill.phase``: the run id, the exit status if
     it ended first (None: killed) and its output."""
+    from recovery_helpers import HOST_XLA_ENV
+
     runs = state_dir / "runs"
     before = {p.name for p in runs.glob("run-*")}
     run = _Watched(
-        env, "run", "--example", "lm", "--type", RUN_TYPE, "--checkpoint-every", "4", "--", *RUN_LM
+        env,
+        "run",
+        "--example",
+        "lm",
+        "--type",
+        RUN_TYPE,
+        "--checkpoint-every",
+        "4",
+        *HOST_XLA_ENV,
+        "--",
+        *RUN_LM,
     )
     ready, delay = _trigger(kill.phase, rng, env)
     run_id: str | None = None

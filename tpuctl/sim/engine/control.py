@@ -7,11 +7,11 @@ import json
 import sqlite3
 from typing import Any
 
-from tpuctl.sim.api_errors import failed_precondition, not_found
+from tpuctl.sim.api_errors import ApiError, failed_precondition, not_found
 from tpuctl.sim.engine.capacity import pool_in_use, reservation_in_use
 from tpuctl.sim.engine.context import Context
 from tpuctl.sim.engine.nodes import Nodes
-from tpuctl.sim.engine.records import host_addresses, node_row, update_node
+from tpuctl.sim.engine.records import host_addresses, node_json, node_row, update_node
 from tpuctl.sim.engine.timeline import Timeline
 from tpuctl.sim.shapes import node_name
 from tpuctl.sim.state import STATE_TABLES
@@ -134,8 +134,16 @@ class Control:
                 (project, zone, node_id),
                 {"preempt_at": now, "preempt_notice": int(notice), "preempt_entry": None},
             )
+            marked = node_json(self.ctx.catalog, node_row(conn, project, zone, node_id))
         self.timeline.advance(now)
-        return self.nodes.get(project, zone, node_id)
+        try:
+            return self.nodes.get(project, zone, node_id)
+        except ApiError as exc:
+            # Preempted at once (no notice) and already deleted by whoever watched it (another thread of
+            # this simulator): the preemption happened; say so with the node as it was marked.
+            if exc.http_status != 404:
+                raise
+            return marked
 
     def set_stockout(self, zone: str, *, clear: bool = False) -> bool:
         check_zone(zone)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
 import signal
 from collections.abc import Iterable
@@ -68,8 +69,9 @@ def kill_vm(vm_root: Path, uid: str, worker: int, *, wipe: bool) -> None:
 
 
 def wipe_disk(disk: Path) -> None:
-    # A rename first: a half-removed disk is never seen under its own name.
-    doomed = disk.with_name(disk.name + ".wiping")
+    # A rename first: a half-removed disk is never seen under its own name. The name is unique: two
+    # processes (or a preemption and a delete) may wipe the same disk at once.
+    doomed = disk.with_name(f"{disk.name}.wiping-{os.getpid()}-{secrets.token_hex(4)}")
     with contextlib.suppress(FileNotFoundError):
         os.replace(disk, doomed)
     shutil.rmtree(doomed, ignore_errors=True)
