@@ -11,7 +11,7 @@ from tpuctl.sim.api_errors import ApiError, failed_precondition, not_found
 from tpuctl.sim.engine.capacity import pool_in_use, reservation_in_use
 from tpuctl.sim.engine.context import Context
 from tpuctl.sim.engine.nodes import Nodes
-from tpuctl.sim.engine.records import host_addresses, node_json, node_row, update_node
+from tpuctl.sim.engine.records import existing_node_row, host_addresses, node_json, node_row, update_node
 from tpuctl.sim.engine.timeline import Timeline
 from tpuctl.sim.shapes import node_name
 from tpuctl.sim.state import STATE_TABLES
@@ -134,7 +134,7 @@ class Control:
                 (project, zone, node_id),
                 {"preempt_at": now, "preempt_notice": int(notice), "preempt_entry": None},
             )
-            marked = node_json(self.ctx.catalog, node_row(conn, project, zone, node_id))
+            marked = node_json(self.ctx.catalog, existing_node_row(conn, project, zone, node_id))
         self.timeline.advance(now)
         try:
             return self.nodes.get(project, zone, node_id)
