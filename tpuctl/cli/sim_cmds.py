@@ -132,7 +132,12 @@ def preempt(
     zone: ZoneOpt = None,
     notice: Annotated[
         bool,
-        typer.Option("--notice/--no-notice", help="Give the 30 s notice (SIGTERM + metadata flag) first."),
+        typer.Option(
+            "--notice/--no-notice",
+            help="Give notice first: SIGTERM to the VMs' processes and the metadata flag, then SIGKILL "
+            "and wiped disks after the world's durations.preemption_grace_s (real seconds whatever the "
+            "world's speed; 30 s by default, as on GCP).",
+        ),
     ] = True,
 ) -> None:
     """Preempt a simulated slice now, as GCP would."""
