@@ -134,14 +134,18 @@ def _run(script: str, env: dict[str, str]) -> tuple[int, list[str], float]:
 
 def test_setup_installs_then_skips(image: Path, mirror_url: str, tmp_path: Path) -> None:
     env = _host_env(image, tmp_path, mirror_url)
-    spec = SetupSpec("cpu", commands=("python -c 'import jax, optax, orbax.checkpoint, gcsfs' && echo imported",))
+    spec = SetupSpec(
+        "cpu", commands=("python -c 'import jax, optax, orbax.checkpoint, gcsfs' && echo imported",)
+    )
     script = setup_script(spec)
     rc, lines, first = _run(script, env)
     assert rc == 0, "\n".join(lines)
     assert "imported" in lines
     python = tmp_path / env_python(spec)
     assert (python.parent.parent / ".complete").is_file()
-    version = subprocess.run([python, "-c", "import jax; print(jax.__version__)"], capture_output=True, text=True)
+    version = subprocess.run(
+        [python, "-c", "import jax; print(jax.__version__)"], capture_output=True, text=True
+    )
     assert version.stdout.strip() == _pins((REQUIREMENTS_DIR / "cpu.txt").read_text())["jax"]
     rc, lines, second = _run(script, env)
     assert rc == 0

@@ -158,9 +158,7 @@ def setup_script(spec: SetupSpec, remote_root: str = ".tpuctl") -> str:
     else:
         parts.append('mkdir -p "$env"\n')
     if spec.commands:
-        parts.append(
-            'export VIRTUAL_ENV="$env" PATH="$env/bin:$PATH"\n' if spec.needs_env else ""
-        )
+        parts.append('export VIRTUAL_ENV="$env" PATH="$env/bin:$PATH"\n' if spec.needs_env else "")
         parts += [f"run {shlex.quote(command)}\n" for command in spec.commands]
     parts.append(f'touch "$env/.complete"\necho "{LINE_PREFIX} done: $env"\n')
     return "".join(parts)

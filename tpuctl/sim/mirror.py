@@ -78,7 +78,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.wheelhouse = wheelhouse
         super().__init__(*args)
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the base class's name)
+    def log_message(self, format: str, *args: Any) -> None:
         """Quiet: every request would otherwise be printed on stderr."""
 
     def do_HEAD(self) -> None:
