@@ -83,7 +83,12 @@ def _ours(directory: str, state: Any, target: Any) -> tuple[float, float]:
     from tpuctl.runtime.checkpoint import Checkpointer
 
     ckpt = Checkpointer(directory)
-    save = _timed(lambda: (ckpt.save(1, state, force=True), ckpt.wait()))
+
+    def save_durably() -> None:
+        ckpt.save(1, state, force=True)
+        ckpt.wait()
+
+    save = _timed(save_durably)
     ckpt.close()
     fresh = Checkpointer(directory)  # as after a restart
     restore = _timed(lambda: fresh.restore_latest(target))
