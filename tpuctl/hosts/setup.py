@@ -13,6 +13,7 @@ The script prints ``[tpuctl-setup] $ <command>`` before each step (stdout and st
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import shlex
@@ -32,8 +33,10 @@ SCRIPT_VERSION = 1
 REQUIREMENTS_DIR = Path(__file__).resolve().parent.parent / "runtime" / "requirements"
 
 
+@functools.cache
 def runtime_requirements(runtime: Runtime) -> str:
-    """The text of the runtime's pinned set (``tpuctl/runtime/requirements/<runtime>.txt``)."""
+    """The text of the runtime's pinned set (``tpuctl/runtime/requirements/<runtime>.txt``), read once:
+    ``SetupSpec.key()`` hashes it, and the key is asked for by the script, the env path and the plan."""
     return (REQUIREMENTS_DIR / f"{runtime}.txt").read_text(encoding="utf-8")
 
 

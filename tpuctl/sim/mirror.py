@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import html
 import re
-import shutil
 import threading
 import urllib.parse
 from collections.abc import Mapping
@@ -134,9 +133,6 @@ class _Handler(BaseHTTPRequestHandler):
             return
         with file.open("rb") as f:
             f.seek(start)
-            if status is HTTPStatus.OK:
-                shutil.copyfileobj(f, self.wfile, _CHUNK)
-                return
             left = length
             while left:
                 chunk = f.read(min(_CHUNK, left))
