@@ -422,10 +422,6 @@ def test_launcher_runs_a_2_host_slice_over_ssh_via_the_nodes_endpoints(
     server = SimServer(state_dir, world)
     url = server.start()
     key = ensure_key_pair(state_dir)  # the key the launcher will use: tpuctl's own, in the state dir
-    homes = [tmp_path / "vm-a", tmp_path / "vm-b"]
-    for home in homes:
-        home.mkdir()
-    loopback = LoopbackSsh(homes, key.public_openssh)
     admin = SimAdminClient(url)
     session = open_session(load_settings({"backend": "sim", "sim_url": url, "state_dir": state_dir}))
     try:
@@ -440,10 +436,7 @@ def test_launcher_runs_a_2_host_slice_over_ssh_via_the_nodes_endpoints(
             zones=["us-central2-b"],
             metadata=ssh_key_metadata(session, plan=False),
         )
-        Allocator(session).place(placement)
-        admin.set_endpoints(
-            "us-central2-b", "ssh-pod", [{"ipAddress": "127.0.0.1", "port": h.port} for h in loopback.hosts]
-        )
+        placed = Allocator(session).place(placement).nodes[0]
         work = tmp_path / "proj"
         work.mkdir()
         (work / "prog.py").write_text(PROGRAM)
@@ -464,7 +457,7 @@ def test_launcher_runs_a_2_host_slice_over_ssh_via_the_nodes_endpoints(
                 pod="ssh-pod",
                 executor="ssh",
                 env=(f"EVIL={evil}", "QUOTE='; rm -rf ~'"),
-                python=sys.executable,
+                runtime_deps=False,  # a stdlib program: the image's python3
             )
         )
         assert result.exit_code == 0 and result.hosts == 2 and result.shipped_hosts == 2
@@ -474,8 +467,11 @@ def test_launcher_runs_a_2_host_slice_over_ssh_via_the_nodes_endpoints(
             assert report["worker"] == worker and report["workers"] == "2" and report["type"] == "v4-16"
             assert report["argv"] == [evil] and report["evil"] == evil and report["quote"] == "'; rm -rf ~'"
         assert not (tmp_path / "pwned").exists()
-        # Each "VM" got the bundle in its own home, and the run's logs are in the state dir.
-        for home in homes:
+        # Each VM got the bundle on its own disk, and the run's logs are in the state dir.
+        from tpuctl.sim.vms.layout import disk_dir
+
+        for worker in (0, 1):
+            home = disk_dir(server.engine.ctx.vm_root, placed.id, worker) / "home" / "tpuctl"
             assert (home / ".tpuctl" / "bundles" / result.bundle_sha256 / "prog.py").is_file()
         log = (state_dir / "runs" / result.run_id / "worker-1.log").read_text()
         assert "partial sum 145" in log
@@ -496,5 +492,4 @@ def test_launcher_runs_a_2_host_slice_over_ssh_via_the_nodes_endpoints(
     finally:
         session.close()
         admin.close()
-        loopback.close()
         server.stop()

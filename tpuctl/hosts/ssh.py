@@ -76,6 +76,9 @@ _SHIP_TIMEOUT_S = 300.0
 _COMMAND_TIMEOUT_S = 15.0
 _ATTEMPT_TIMEOUT_S = 20.0  # one connection attempt, inside the overall deadline
 _BACKOFF_FIRST_S = 0.5
+#: How often a command whose connection dropped is run again (launch, setup and the import check are
+#: idempotent).
+_COMMAND_TRIES = 3
 #: How long a host may refuse tpuctl's key (the guest agent not yet done) before it counts as final.
 _DENIED_DEADLINE_S = 30.0  # (unc.) how fast a guest agent applies ssh-keys after READY
 _BACKOFF_MAX_S = 8.0
@@ -522,14 +525,35 @@ class SshExecutor:
             raise
 
     async def _start_one(self, remote: _Remote, plan: HostPlan, bundle: str, run_dir: str) -> None:
-        conn = await self._connect_or_fail(remote)
+        import asyncssh
+
         assert plan.shell_command is not None
-        result = await conn.run(plan.shell_command, check=False, timeout=_COMMAND_TIMEOUT_S)
-        stdout, stderr = str(result.stdout or ""), str(result.stderr or "")
-        if result.exit_status != 0 or not stdout.startswith("pid "):
+        pidfile = f"{run_dir}/pid"
+        command = plan.shell_command
+        for attempt in range(1, _COMMAND_TRIES + 1):
+            conn = await self._connect_or_fail(remote)
+            try:
+                result = await conn.run(command, check=False, timeout=_COMMAND_TIMEOUT_S)
+            except (OSError, asyncssh.Error) as exc:
+                stdout, stderr, status = "", f"connection lost: {_describe(exc)}", None
+            else:
+                stdout, stderr, status = (
+                    str(result.stdout or ""),
+                    str(result.stderr or ""),
+                    result.exit_status,
+                )
+            if status is not None or attempt == _COMMAND_TRIES:
+                break
+            # The connection dropped mid-launch: the program may have started. Launching is idempotent
+            # through its pid file: run again only where there is none.
+            self._drop(remote)
+            started = f'echo "pid $(cat {_q(pidfile)})"'
+            command = f"if [ -e {_q(pidfile)} ]; then {started}; else {plan.shell_command}; fi"
+
+        if status != 0 or not stdout.startswith("pid "):
             raise RunFailedError(
                 f"starting the program on host {remote.worker} ({self._where(remote)}) failed "
-                f"(exit {result.exit_status}): {(stderr or stdout).strip()[-300:]}",
+                f"(exit {status}): {(stderr or stdout).strip()[-300:]}",
                 worker=remote.worker,
                 fix="check that the bundle reached the host and that its python3 runs",
             )
@@ -538,6 +562,12 @@ class SshExecutor:
         state = _FollowState(offset=0, last_contact=time.monotonic())
         # Keep a reference: the loop holds tasks only weakly, and a collected follower loses the host.
         remote.follower = asyncio.ensure_future(self._follow(remote, bundle, state))
+
+    def _drop(self, remote: _Remote) -> None:
+        """Forget the host's connection (it dropped): the next command connects again."""
+        conn, remote.conn = remote.conn, None
+        if conn is not None:
+            conn.abort()
 
     def next_event(self, timeout_s: float) -> HostEvent | None:
         return self._events.get(timeout_s)
@@ -683,19 +713,44 @@ class SshExecutor:
     async def _command_one(
         self, remote: _Remote, command: str, on_line: Callable[[int, str], None], timeout_s: float
     ) -> CommandResult:
+        """One host's run of ``command``; a connection that drops mid-command is made again and the
+        command run again (up to ``_COMMAND_TRIES`` times: setup and the import check are idempotent)."""
+        tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        status: int | None = None
+        for attempt in range(1, _COMMAND_TRIES + 1):
+            status, lost = await self._command_try(remote, command, on_line, timeout_s, tail)
+            if not lost or attempt == _COMMAND_TRIES:
+                break
+            self._drop(remote)
+            on_line(
+                remote.worker, f"[tpuctl] connection to host {remote.worker} lost; running the command again"
+            )
+        return CommandResult(remote.worker, status, tuple(tail))
+
+    async def _command_try(
+        self,
+        remote: _Remote,
+        command: str,
+        on_line: Callable[[int, str], None],
+        timeout_s: float,
+        tail: collections.deque[str],
+    ) -> tuple[int | None, bool]:
+        """(exit status, whether the connection was lost) of one run of ``command``."""
         import asyncssh
 
         conn = await self._connect_or_fail(remote)
-        tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
-        process = await conn.create_process(
-            command, stdin=asyncssh.DEVNULL, stderr=asyncssh.STDOUT, encoding=None
-        )
 
         async def pump() -> int | None:
-            while raw := await process.stdout.readline():
-                tail.append(decode_line(raw))
-                on_line(remote.worker, tail[-1])
-            completed = await process.wait()
+            process = await conn.create_process(
+                command, stdin=asyncssh.DEVNULL, stderr=asyncssh.STDOUT, encoding=None
+            )
+            try:
+                while raw := await process.stdout.readline():
+                    tail.append(decode_line(raw))
+                    on_line(remote.worker, tail[-1])
+                completed = await process.wait()
+            finally:
+                process.close()  # on a timeout the channel closes: sshd hangs up the command's session
             if completed.exit_signal:
                 return -_signal_number(completed.exit_signal[0])
             return completed.exit_status
@@ -703,13 +758,12 @@ class SshExecutor:
         try:
             status = await asyncio.wait_for(pump(), timeout=timeout_s)
         except TimeoutError:
-            process.close()  # the channel closes: sshd hangs up the command's session
             tail.append(f"[tpuctl] timed out after {timeout_s:.0f} s")
-            status = None
+            return None, False
         except (OSError, asyncssh.Error) as exc:
             tail.append(f"[tpuctl] connection lost: {_describe(exc)}")
-            status = None
-        return CommandResult(remote.worker, status, tuple(tail))
+            return None, True
+        return status, status is None
 
     def stop_leftovers(self, run_id: str) -> int:
         """SIGKILL, on every host, each process group of run ``run_id`` still running (a pid file
