@@ -38,14 +38,7 @@ def checkpoint_dir(session: Session, request: RunRequest, run_id: str, target: T
     bucket = request.bucket or session.backend.default_bucket
     if bucket:
         return f"gs://{_bucket(bucket)}/tpuctl/runs/{run_id}/checkpoints"
-    capacities = [target.capacity] if target.node is not None else _placement_capacities(target)
-    if any(c.is_preemptible for c in capacities):
-        raise UsageError(
-            f"a {'/'.join(c.value for c in capacities)} run checkpoints to a bucket, and none is named: a "
-            "preempted VM's disk is gone and the run would restart from step 0",
-            field="checkpoint_dir",
-            fix=_FIX,
-        )
+    _refuse_preemptible([target.capacity] if target.node is not None else _placement_capacities(target))
     return ""
 
 
@@ -61,7 +54,11 @@ def refuse_unrecoverable(
         return
     if bucket or default_bucket or request.pod is not None:
         return
-    capacities = list(request.capacity_types or defaults)
+    _refuse_preemptible(list(request.capacity_types or defaults))
+
+
+def _refuse_preemptible(capacities: Sequence[CapacityType]) -> None:
+    """A run that may be preempted and has no bucket would lose its work at the first preemption."""
     if any(c.is_preemptible for c in capacities):
         raise UsageError(
             f"a {'/'.join(c.value for c in capacities)} run checkpoints to a bucket, and none is named: a "

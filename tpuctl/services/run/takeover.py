@@ -67,14 +67,11 @@ def take_over(
     observer.status(f"taking over run {prepared.run_id} (restart {restart_count})")
     if prepared.target.node is not None:
         return TakenOver(prepared.target.node, restart_count, None, restarts, preemptions)
-    node = adopt_slices(session, prepared, record, delete_slice)
-    prefer_zone = node.zone if node is not None else record.zone
-    return TakenOver(node, restart_count, prefer_zone, restarts, preemptions)
+    adopt_slices(session, prepared, record, delete_slice)  # every old slice goes: the run moves on fresh
+    return TakenOver(None, restart_count, record.zone, restarts, preemptions)
 
 
-def adopt_slices(
-    session: Session, prepared: PreparedRun, record: Any, delete_slice: DeleteSlice
-) -> Node | None:
+def adopt_slices(session: Session, prepared: PreparedRun, record: Any, delete_slice: DeleteSlice) -> None:
     """What becomes of the dead supervisor's slices: the one the run record names (it ran there; it may
     be preempted) and every other the ledger still has alive for the run: a placement or a recovery
     that was still making one when the supervisor died (the run record names a slice only once it is
@@ -107,7 +104,6 @@ def adopt_slices(
         except CloudError:
             continue  # cannot tell now; the ledger still has it, so `tpuctl pod gc` will
         delete_slice(node, f"replaced by resume of run {run_id}")
-    return None  # never reused: see above
 
 
 def _current(session: Session, node: Node) -> Node | None:

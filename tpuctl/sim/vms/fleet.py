@@ -29,7 +29,7 @@ from tpuctl.sim.engine import SimEngine
 from tpuctl.sim.engine.records import host_addresses
 from tpuctl.sim.vms import procs
 from tpuctl.sim.vms.disks import create_disk, ensure_image, image_dir
-from tpuctl.sim.vms.layout import STATE_DIR_FILE, disk_dir, host_key_path
+from tpuctl.sim.vms.layout import STATE_DIR_FILE, disk_dir, host_key_path, parse_disk_name
 from tpuctl.sim.vms.metadata_http import MetadataServer
 from tpuctl.sim.vms.sshd import HostRef, LoginSetup, serve
 
@@ -202,8 +202,8 @@ class Fleet:
         if not disks.is_dir():
             return
         for entry in disks.iterdir():
-            uid, sep, worker = entry.name.partition("-")
-            if not sep or not worker.isdigit() or uid in keep:
+            parsed = parse_disk_name(entry.name)
+            if parsed is None or parsed[0] in keep:
                 continue
-            procs.signal_vm(uid, int(worker), entry, signal.SIGKILL)
+            procs.signal_vm(*parsed, entry, signal.SIGKILL)
             procs.wipe_disk(entry)

@@ -80,6 +80,12 @@ def disk_name(uid: str, worker: int) -> str:
     return f"{uid}-{worker}"
 
 
+def parse_disk_name(name: str) -> tuple[str, int] | None:
+    """(node uid, worker) of a disk directory's name; None for anything else (a disk being wiped)."""
+    uid, sep, worker = name.partition("-")
+    return (uid, int(worker)) if sep and uid and worker.isdigit() else None
+
+
 def disk_dir(vm_root: Path, uid: str, worker: int) -> Path:
     """Host ``worker`` of the node with unique id ``uid``: its disk (a new node, a new disk)."""
     return vm_root / "disks" / disk_name(uid, worker)

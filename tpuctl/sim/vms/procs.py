@@ -15,7 +15,7 @@ import signal
 from collections.abc import Iterable
 from pathlib import Path
 
-from tpuctl.sim.vms.layout import VM_MARKER, disk_dir, marker
+from tpuctl.sim.vms.layout import VM_MARKER, disk_dir, marker, parse_disk_name
 
 _PROC = Path("/proc")
 
@@ -93,8 +93,8 @@ def discard_vms(vm_root: Path) -> int:
     killed = 0
     disks = vm_root / "disks"
     for disk in disks.iterdir() if disks.is_dir() else ():
-        uid, _, worker = disk.name.partition(".")[0].rpartition("-")
-        if uid and worker.isdigit():
-            killed += signal_vm(uid, int(worker), disk, signal.SIGKILL)
+        parsed = parse_disk_name(disk.name)
+        if parsed is not None:
+            killed += signal_vm(*parsed, disk, signal.SIGKILL)
     shutil.rmtree(vm_root, ignore_errors=True)
     return killed
