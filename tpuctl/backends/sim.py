@@ -73,7 +73,7 @@ class SimBackend:
             finally:
                 admin.close()
             return self.url.rstrip("/"), str(project)
-        server = SimServer(state_dir, self._world(), wheelhouse=self.wheelhouse)
+        server = SimServer(state_dir, self._world(), wheelhouse=self.wheelhouse, vms="hypervisor")
         url = server.start()
         closers.append(server.stop)
         return url, server.world.project

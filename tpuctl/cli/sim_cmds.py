@@ -33,7 +33,7 @@ def _admin(ctx: typer.Context) -> Iterator[SimAdminClient]:
             client.close()
         return
     world = load_world(settings.sim_world) if settings.sim_world else None
-    server = SimServer(ensure_private_dir(settings.resolved_state_dir), world)
+    server = SimServer(ensure_private_dir(settings.resolved_state_dir), world, vms="hypervisor")
     url = server.start()
     client = SimAdminClient(url)
     try:
@@ -64,7 +64,7 @@ def serve(
     out = make_output(ctx, None)
     settings = build_settings(ctx, backend="sim")
     world = load_world(settings.sim_world) if settings.sim_world else None
-    server = SimServer(ensure_private_dir(settings.resolved_state_dir), world, port=port)
+    server = SimServer(ensure_private_dir(settings.resolved_state_dir), world, port=port, vms="hypervisor")
     url = server.start()
     out.err.print(f"[black on yellow] sim [/] simulated TPU cloud serving on {url} (Ctrl-C to stop)")
     out.err.print(f"use it from other shells with: export TPUCTL_SIM_URL={url}")

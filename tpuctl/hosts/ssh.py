@@ -125,7 +125,10 @@ def ensure_key_pair(state_dir: Path) -> KeyPair:
         else:
             with os.fdopen(fd, "wb") as fh:
                 fh.write(data)
-            public.write_bytes(key.export_public_key())
+            # Owner-only like everything in the state dir (the state's files are private, public or not).
+            public_fd = os.open(public, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(public_fd, "wb") as fh:
+                fh.write(key.export_public_key())
     os.chmod(private, 0o600)
     loaded = asyncssh.read_private_key(str(private))
     return KeyPair(private, loaded.export_public_key().decode("ascii").strip())
@@ -773,8 +776,9 @@ class SshExecutor:
         command = (
             f'n=0; for p in {_q(runs)}/*/pid; do [ -e "$p" ] || continue; d="${{p%/pid}}"; '
             f'[ -e "$d/exit" ] && continue; pid=$(cat "$p") && kill -KILL -- "-$pid" 2>/dev/null '
-            f'&& n=$((n+1)); done; echo "$n"'
-        )
+            f'&& n=$((n+1)) && for i in $(seq 40); do [ -e "$d/exit" ] && break; sleep 0.05; done; '
+            f'done; echo "$n"'
+        )  # (waits up to 2 s per group for its supervisor to record the exit: gone when this returns)
 
         async def one(remote: _Remote) -> int:
             conn = await self._connect_or_fail(remote)

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from tpuctl.sim import api_errors
@@ -30,9 +30,11 @@ from tpuctl.sim.exchange import SimRequest, SimResponse, error_response, parse_b
 from tpuctl.sim.network import NetworkServices
 from tpuctl.sim.routes import dispatch, internal_error
 from tpuctl.sim.state import SimDatabase, db_path_for
-from tpuctl.sim.vms.fleet import Fleet
 from tpuctl.sim.vms.layout import chosen_ports
 from tpuctl.sim.world import World
+
+if TYPE_CHECKING:
+    from tpuctl.sim.vms.fleet import Fleet
 
 Clock = Callable[[], float]
 
@@ -55,6 +57,10 @@ class SimServer:
     and ``fleet.reconcile()`` does the VMs' part). ``network_env`` is the simulated network's services,
     put in every host login's environment (``tpuctl.sim.network.network_env``). ``vm_ports`` overrides
     (ssh_port, metadata_port), else 22/80 where this process may bind them, 2222/8080 otherwise.
+    ``vms``: "hypervisor" leaves the VMs and the network to the state's hypervisor process, started if
+    none runs (``tpuctl.sim.hypervisor``: what every tpuctl command does, so that a VM never depends on
+    the command that served it); "in-process" serves them from this process's ``fleet`` (tests that
+    drive the VMs tick by tick).
     """
 
     def __init__(
@@ -68,6 +74,7 @@ class SimServer:
         network_env: Mapping[str, str] | None = None,
         vm_ports: tuple[int, int] | None = None,
         wheelhouse: Path | None = None,
+        vms: Literal["in-process", "hypervisor"] = "in-process",
     ) -> None:
         self.state_dir = Path(state_dir)
         self._requested_world = world
@@ -87,6 +94,7 @@ class SimServer:
         self._network: NetworkServices | None = None
         self._vm_ports = vm_ports
         self._fleet: Fleet | None = None
+        self._vms = vms
 
     # --- lifecycle -------------------------------------------------------------------------------
 
@@ -99,10 +107,17 @@ class SimServer:
         world = self._engine.install_world(self._requested_world)
         ports = self._vm_ports or chosen_ports()
         self._engine.ctx.vm_ports = ports
-        network = self._network_env if self._network_env is not None else self._start_network()
-        ready = self._network.ready if self._network is not None else None
-        self._fleet = Fleet(self._engine, ports=ports, network_env=network, network_ready=ready)
-        self._fleet.start()
+        if self._vms == "hypervisor":
+            from tpuctl.sim.hypervisor import ensure_hypervisor
+
+            ensure_hypervisor(self.state_dir, ports=ports, wheelhouse=self._wheelhouse_path())
+        else:
+            from tpuctl.sim.vms.fleet import Fleet  # asyncssh: only where VMs are served
+
+            network = self._network_env if self._network_env is not None else self._start_network()
+            ready = self._network.ready if self._network is not None else None
+            self._fleet = Fleet(self._engine, ports=ports, network_env=network, network_ready=ready)
+            self._fleet.start()
         self._httpd = _Httpd(("127.0.0.1", self._port), _Handler, self._engine, random.Random(world.seed))
         host, port = self._httpd.server_address[:2]
         self._url = f"http://{host!s}:{port}"
@@ -126,17 +141,21 @@ class SimServer:
         """The simulated network's services (Cloud Storage, its objects kept below the state dir so a
         later simulator process sees the same bucket, and the package mirror hosts install from), served
         at the state's own address by whichever simulator process over it can."""
-        from tpuctl.sim.mirror import default_wheelhouse
         from tpuctl.sim.vms.layout import services_address
 
         services = NetworkServices(
             services_address(self.state_dir),
             storage_dir=self.state_dir / "sim-gcs",
-            wheelhouse=self._wheelhouse or default_wheelhouse(os.environ),
+            wheelhouse=self._wheelhouse_path(),
         )
         services.start()
         self._network = services
         return services.env
+
+    def _wheelhouse_path(self) -> Path:
+        from tpuctl.sim.mirror import default_wheelhouse
+
+        return self._wheelhouse or default_wheelhouse(os.environ)
 
     def stop(self) -> None:
         """Stop serving, close open connections and the database. Safe to call twice."""
@@ -162,15 +181,17 @@ class SimServer:
         self._db = None
 
     def _tick_loop(self) -> None:
-        assert self._engine is not None and self._fleet is not None
+        assert self._engine is not None
         engine, fleet = self._engine, self._fleet
         while not self._stopping.wait(self.ticker_interval_s):
             try:
                 engine.advance()
-                fleet.reconcile()
+                if fleet is not None:
+                    fleet.reconcile()
             except Exception as exc:
                 # A busy database or a race with stop(): the next tick tries again.
-                fleet.last_error = exc
+                if fleet is not None:
+                    fleet.last_error = exc
                 continue
 
     def __enter__(self) -> SimServer:
@@ -211,6 +232,8 @@ class SimServer:
     @property
     def fleet(self) -> Fleet:
         """The VMs this server serves (tests call ``reconcile()`` when the ticker is off)."""
+        if self._vms == "hypervisor":
+            raise RuntimeError("this simulator's VMs are served by its hypervisor process, not here")
         if self._fleet is None:
             raise RuntimeError("the simulator is not running; call start() first")
         return self._fleet

@@ -116,7 +116,8 @@ def test_timeout_stops_the_run(session: Session, tmp_path: Path) -> None:
                 script=program(tmp_path, SLEEPER), accelerator_type="v5e-8", timeout_s=2.0, grace_s=1.0
             )
         )
-    assert time.monotonic() - started < 2.0 + 1.0 + 8.0
+    # Far below the program's 300 s (the exact figure is provisioning, SSH and the grace: load-bound).
+    assert time.monotonic() - started < 60
     assert "exceeded --timeout 2 s" in info.value.message and info.value.returncode == 124
     assert all(gone(p) for p in rec.pids())
     (record,) = session.ledger.list_runs()

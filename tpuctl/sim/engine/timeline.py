@@ -55,7 +55,11 @@ class Timeline:
         orders: list[VmOrder] = []
         with self.ctx.db.write() as conn:
             self._advance_in(conn, world, now, orders)
-        send(self.ctx.vm_root, orders)
+            # A VM dies before its new state can be read (the transaction commits after this): a client
+            # that sees a node PREEMPTED, STOPPED or gone never reaches a live process of it, as on
+            # Google. (Were the commit to fail, the next advance kills again: killing is idempotent.)
+            send(self.ctx.vm_root, [o for o in orders if o.sig is signal.SIGKILL])
+        send(self.ctx.vm_root, [o for o in orders if o.sig is not signal.SIGKILL])
 
     def queue_now(
         self, conn: sqlite3.Connection, world: World, project: str, zone: str, qr_id: str, now: float

@@ -93,6 +93,9 @@ class Fleet:
     def wait_image(self, timeout: float) -> bool:
         return self._image_ready.wait(timeout)
 
+    def image_ready(self) -> bool:
+        return self._image_ready.is_set()
+
     def stop(self) -> None:
         """Close every listener; the VMs' processes keep running (a VM outlives the simulator process
         that served it)."""

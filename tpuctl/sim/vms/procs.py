@@ -90,6 +90,9 @@ def discard_vms(vm_root: Path) -> int:
     """SIGKILL every process of every VM under ``vm_root`` and remove the root (disks and image): what a
     simulator state's VMs leave behind when the state itself is thrown away (a test's teardown).
     Returns how many processes were killed."""
+    from tpuctl.sim.hypervisor import stop_hypervisor
+
+    stop_hypervisor(vm_root)  # first: it would serve the VMs again
     killed = 0
     disks = vm_root / "disks"
     for disk in disks.iterdir() if disks.is_dir() else ():

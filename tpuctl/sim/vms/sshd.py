@@ -72,6 +72,12 @@ class _Server(asyncssh.SSHServer):
         self._host = host
         self._keys = keys
 
+    def connection_made(self, conn: asyncssh.SSHServerConnection) -> None:
+        if not self._host.disk.is_dir():
+            # Killed and wiped (preempted, deleted) but not yet closed by the next reconcile: a VM that
+            # is gone answers nothing.
+            conn.abort()
+
     def begin_auth(self, username: str) -> bool:
         return True  # authentication is always required
 
@@ -117,6 +123,9 @@ async def serve(
 
 
 async def _run_session(process: asyncssh.SSHServerProcess[bytes], host: HostRef, setup: LoginSetup) -> None:
+    if not host.disk.is_dir():
+        process.channel.get_connection().abort()  # the VM died since the connection was made
+        return
     user = str(process.get_extra_info("username"))
     home = home_dir(host.disk, user, setup.image)
     command = process.command

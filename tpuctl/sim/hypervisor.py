@@ -1,0 +1,224 @@
+"""The hypervisor: the one long-lived process per simulator state that runs its VMs and its network.
+
+On Google a VM does not depend on the command that created it, and neither does the network around it.
+So it is here: every simulator that serves the API over a state (a CLI command's in-process one, a
+detached supervisor's, ``tpuctl sim serve``) only makes sure this process runs
+(``ensure_hypervisor``); the hypervisor serves the VMs of READY nodes (``Fleet``) and the storage
+emulator and package mirror (``NetworkServices``), reconciling with the state every
+``_TICK_S``. No VM is handed from one process to another when a command exits.
+
+One per state: it holds an exclusive ``flock`` on ``hypervisor.lock`` in the state's VM root for its
+whole life; a second one started at the same time finds the lock taken and exits. It exits on SIGTERM
+(``stop_hypervisor``, a test's teardown), when its state or VM root is removed, or after
+``idle_exit_s`` with no node whose VMs it serves. The VMs' own processes outlive it (its listeners
+close; a later hypervisor serves the same disks again).
+
+Run as ``python -m tpuctl.sim.hypervisor --state-dir DIR --ssh-port P --metadata-port P --wheelhouse
+DIR``; its output goes to ``hypervisor.log`` in the VM root.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from tpuctl.sim.vms.layout import STATE_DIR_FILE, services_address, vm_root_for
+
+LOCK_FILE = "hypervisor.lock"
+PID_FILE = "hypervisor.pid"
+LOG_FILE = "hypervisor.log"
+_TICK_S = 0.05
+#: How long a freshly started hypervisor tries for the lock: a spawner checks it with a brief lock of
+#: its own, which must not make the hypervisor it starts give up.
+_LOCK_TRIES_S = 2.0
+_DEFAULT_IDLE_EXIT_S = 600.0
+
+
+def ensure_hypervisor(
+    state_dir: Path, *, ports: tuple[int, int], wheelhouse: Path, idle_exit_s: float = _DEFAULT_IDLE_EXIT_S
+) -> bool:
+    """Start the hypervisor of ``state_dir`` in the background unless one runs; returns whether this call
+    started one. Returns at once: the hypervisor brings its network and VMs up on its own."""
+    vm_root = vm_root_for(state_dir)
+    vm_root.mkdir(parents=True, exist_ok=True)
+    os.chmod(vm_root, 0o700)
+    (vm_root / STATE_DIR_FILE).write_text(str(state_dir), encoding="utf-8")
+    if _lock_is_held(vm_root / LOCK_FILE):
+        return False
+    command = [
+        sys.executable, "-m", "tpuctl.sim.hypervisor",
+        "--state-dir", str(state_dir),
+        "--ssh-port", str(ports[0]),
+        "--metadata-port", str(ports[1]),
+        "--wheelhouse", str(wheelhouse),
+        "--idle-exit-s", str(idle_exit_s),
+    ]  # fmt: skip
+    with open(vm_root / LOG_FILE, "ab") as log:
+        # Its own session: a Ctrl-C in the terminal of the command that started it is not its business.
+        subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, close_fds=True
+        )
+    return True
+
+
+def stop_hypervisor(vm_root: Path, *, timeout_s: float = 5.0) -> bool:
+    """SIGTERM the hypervisor of ``vm_root`` (SIGKILL after ``timeout_s``); returns whether one ran."""
+    pid = hypervisor_pid(vm_root)
+    if pid is None:
+        return False
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while _lock_is_held(vm_root / LOCK_FILE):
+        if time.monotonic() > deadline:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            break
+        time.sleep(0.02)
+    return True
+
+
+def hypervisor_pid(vm_root: Path) -> int | None:
+    """The pid of the hypervisor running over ``vm_root`` (None when none holds the lock)."""
+    if not _lock_is_held(vm_root / LOCK_FILE):
+        return None
+    try:
+        return int((vm_root / PID_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _lock_is_held(path: Path) -> bool:
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing drops a lock this check took
+    return False
+
+
+@contextlib.contextmanager
+def _held_lock(path: Path) -> Iterator[bool]:
+    """Hold ``path``'s lock while the block runs; yields False (holding nothing) when another process
+    keeps it for ``_LOCK_TRIES_S``."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        deadline = time.monotonic() + _LOCK_TRIES_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    yield False
+                    return
+                time.sleep(0.05)
+        yield True
+    finally:
+        os.close(fd)
+
+
+def serve(state_dir: Path, *, ports: tuple[int, int], wheelhouse: Path, idle_exit_s: float) -> int:
+    """Run the hypervisor of ``state_dir`` in this process until it is told to stop or has nothing left
+    to serve; returns the exit status."""
+    vm_root = vm_root_for(state_dir)
+    with _held_lock(vm_root / LOCK_FILE) as held:
+        if not held:
+            return 0  # another hypervisor serves this state
+        (vm_root / PID_FILE).write_text(str(os.getpid()), encoding="utf-8")
+        stopping = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+        signal.signal(signal.SIGINT, lambda *_: stopping.set())
+        _run(state_dir, vm_root, ports, wheelhouse, idle_exit_s, stopping)
+        with contextlib.suppress(FileNotFoundError):
+            (vm_root / PID_FILE).unlink()
+    return 0
+
+
+def _run(
+    state_dir: Path,
+    vm_root: Path,
+    ports: tuple[int, int],
+    wheelhouse: Path,
+    idle_exit_s: float,
+    stopping: threading.Event,
+) -> None:
+    from tpuctl.sim.engine import SimEngine
+    from tpuctl.sim.network import NetworkServices
+    from tpuctl.sim.state import SimDatabase, db_path_for
+    from tpuctl.sim.vms.fleet import Fleet
+
+    db_path = db_path_for(state_dir)
+    db = SimDatabase(db_path)
+    network = NetworkServices(
+        services_address(state_dir), storage_dir=state_dir / "sim-gcs", wheelhouse=wheelhouse
+    )
+    try:
+        engine = SimEngine(db, clock=time.time)
+        engine.ctx.vm_ports = ports
+        network.start()
+        fleet = Fleet(engine, ports=ports, network_env=network.env, network_ready=network.ready)
+        fleet.start()
+        idle_since = time.monotonic()
+        reported: set[str] = set()
+        try:
+            while not stopping.wait(_TICK_S):
+                if not db_path.exists() or not vm_root.is_dir():
+                    return  # the state was thrown away
+                try:
+                    fleet.reconcile()
+                except Exception as exc:  # a busy database: the next tick tries again
+                    fleet.last_error = exc
+                _report(fleet.last_error, network.last_error, reported=reported)
+                if fleet.served() or not fleet.image_ready():
+                    idle_since = time.monotonic()
+                elif time.monotonic() - idle_since > idle_exit_s:
+                    return
+        finally:
+            fleet.stop()
+    finally:
+        network.stop()
+        db.close()
+
+
+def _report(*errors: BaseException | None, reported: set[str]) -> None:
+    """Each distinct error once, to the hypervisor's log (what a VM that never comes up points at)."""
+    for error in errors:
+        text = repr(error)
+        if error is not None and text not in reported:
+            reported.add(text)
+            print(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {text}", file=sys.stderr, flush=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tpuctl.sim.hypervisor", description=__doc__)
+    parser.add_argument("--state-dir", type=Path, required=True)
+    parser.add_argument("--ssh-port", type=int, required=True)
+    parser.add_argument("--metadata-port", type=int, required=True)
+    parser.add_argument("--wheelhouse", type=Path, required=True)
+    parser.add_argument("--idle-exit-s", type=float, default=_DEFAULT_IDLE_EXIT_S)
+    args = parser.parse_args(argv)
+    return serve(
+        args.state_dir,
+        ports=(args.ssh_port, args.metadata_port),
+        wheelhouse=args.wheelhouse,
+        idle_exit_s=args.idle_exit_s,
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
