@@ -72,12 +72,14 @@ def ensure_hypervisor(
 
 def stop_hypervisor(vm_root: Path, *, timeout_s: float = 5.0) -> bool:
     """SIGTERM the hypervisor of ``vm_root`` (SIGKILL after ``timeout_s``); returns whether one ran."""
-    pid = hypervisor_pid(vm_root)
-    if pid is None:
-        return False
+    deadline = time.monotonic() + timeout_s
+    # A hypervisor that has just taken the lock may not have written its pid yet.
+    while (pid := hypervisor_pid(vm_root)) is None:
+        if not _lock_is_held(vm_root / LOCK_FILE) or time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
     while _lock_is_held(vm_root / LOCK_FILE):
         if time.monotonic() > deadline:
             with contextlib.suppress(ProcessLookupError):
@@ -115,7 +117,11 @@ def _lock_is_held(path: Path) -> bool:
 def _held_lock(path: Path) -> Iterator[bool]:
     """Hold ``path``'s lock while the block runs; yields False (holding nothing) when another process
     keeps it for ``_LOCK_TRIES_S``."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    except FileNotFoundError:  # the VM root was removed (the state thrown away) before this started
+        yield False
+        return
     try:
         deadline = time.monotonic() + _LOCK_TRIES_S
         while True:
@@ -136,9 +142,10 @@ def serve(state_dir: Path, *, ports: tuple[int, int], wheelhouse: Path, idle_exi
     """Run the hypervisor of ``state_dir`` in this process until it is told to stop or has nothing left
     to serve; returns the exit status."""
     vm_root = vm_root_for(state_dir)
+    os.umask(0o077)  # disks, buckets, logs: owner-only, as the state dir is
     with _held_lock(vm_root / LOCK_FILE) as held:
         if not held:
-            return 0  # another hypervisor serves this state
+            return 0  # another hypervisor serves this state, or the state is gone
         (vm_root / PID_FILE).write_text(str(os.getpid()), encoding="utf-8")
         stopping = threading.Event()
         signal.signal(signal.SIGTERM, lambda *_: stopping.set())
@@ -163,6 +170,12 @@ def _run(
     from tpuctl.sim.vms.fleet import Fleet
 
     db_path = db_path_for(state_dir)
+    try:
+        # What "the same state" is: these two files. Either removed (a new one at the same path has
+        # another inode) and this hypervisor has nothing left to serve.
+        identity = (os.stat(db_path).st_ino, os.stat(vm_root).st_ino)
+    except FileNotFoundError:
+        return
     db = SimDatabase(db_path)
     network = NetworkServices(
         services_address(state_dir), storage_dir=state_dir / "sim-gcs", wheelhouse=wheelhouse
@@ -177,7 +190,7 @@ def _run(
         reported: set[str] = set()
         try:
             while not stopping.wait(_TICK_S):
-                if not db_path.exists() or not vm_root.is_dir():
+                if _identity(db_path, vm_root) != identity:
                     return  # the state was thrown away
                 try:
                     fleet.reconcile()
@@ -193,6 +206,13 @@ def _run(
     finally:
         network.stop()
         db.close()
+
+
+def _identity(db_path: Path, vm_root: Path) -> tuple[int, int] | None:
+    try:
+        return os.stat(db_path).st_ino, os.stat(vm_root).st_ino
+    except FileNotFoundError:
+        return None
 
 
 def _report(*errors: BaseException | None, reported: set[str]) -> None:

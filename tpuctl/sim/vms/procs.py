@@ -18,6 +18,7 @@ from pathlib import Path
 from tpuctl.sim.vms.layout import VM_MARKER, disk_dir, marker, parse_disk_name
 
 _PROC = Path("/proc")
+_DISCARD_ROUNDS = 20
 
 
 def vm_pids(uid: str, worker: int, disk: Path) -> list[int]:
@@ -92,12 +93,17 @@ def discard_vms(vm_root: Path) -> int:
     Returns how many processes were killed."""
     from tpuctl.sim.hypervisor import stop_hypervisor
 
-    stop_hypervisor(vm_root)  # first: it would serve the VMs again
     killed = 0
-    disks = vm_root / "disks"
-    for disk in disks.iterdir() if disks.is_dir() else ():
-        parsed = parse_disk_name(disk.name)
-        if parsed is not None:
-            killed += signal_vm(*parsed, disk, signal.SIGKILL)
-    shutil.rmtree(vm_root, ignore_errors=True)
+    # Again while the root is there: a hypervisor a command spawned just before may take the lock (and
+    # write into the root) while it is being removed; one that starts later finds no root and exits.
+    for _ in range(_DISCARD_ROUNDS):
+        stop_hypervisor(vm_root)  # first: it would serve the VMs again
+        disks = vm_root / "disks"
+        for disk in disks.iterdir() if disks.is_dir() else ():
+            parsed = parse_disk_name(disk.name)
+            if parsed is not None:
+                killed += signal_vm(*parsed, disk, signal.SIGKILL)
+        shutil.rmtree(vm_root, ignore_errors=True)
+        if not vm_root.exists():
+            break
     return killed
