@@ -107,7 +107,9 @@ def crashed(tmp_path_factory: pytest.TempPathFactory, start_hosts: Callable[...,
     """Checkpoints of a run that died hard right after step 8 (checkpoints at 4 and 8, no final one)."""
     work = tmp_path_factory.mktemp("lm-crashed")
     procs = _lm(start_hosts, work, work / "ckpt", "--crash-after-step", "8")
-    assert [p.returncode for p in procs] == [3, 3], procs[0].describe()
+    # Host 1 exits 3 too, unless it sees the coordinator (host 0) go first: then JAX's coordination
+    # client aborts it (SIGABRT). Either way the run died hard right after step 8.
+    assert procs[0].returncode == 3 and procs[1].returncode in (3, -6), procs[1].describe()
     assert not HASH.search(procs[0].stdout)
     assert sorted(p.name for p in (work / "ckpt").iterdir() if p.name.isdigit()) == ["4", "8"]
     return work / "ckpt"
