@@ -80,6 +80,7 @@ def test_one_hypervisor_per_state_and_it_stops_when_told(state_dir: Path, tmp_pa
     vm_root = vm_root_for(state_dir)
     assert _start(state_dir, tmp_path) is True
     pid = wait_for(lambda: hypervisor_pid(vm_root), timeout=30, what="the hypervisor's lock")
+    assert pid is not None
     assert _start(state_dir, tmp_path) is False
 
     # One started anyway finds the lock taken and leaves the state to the first.
@@ -106,6 +107,7 @@ def test_it_exits_when_idle_and_when_its_state_is_thrown_away(state_dir: Path, t
 
     _start(state_dir, tmp_path)
     pid = wait_for(lambda: hypervisor_pid(vm_root), timeout=30, what="a new hypervisor")
+    assert pid is not None
     db_path_for(state_dir).unlink()
     wait_for(lambda: not _alive(pid), timeout=30, what="the hypervisor of a removed state gone")
 
