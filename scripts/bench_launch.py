@@ -131,6 +131,10 @@ def main() -> int:
             }
             results.append(row)
             print(json.dumps(row), flush=True)
+        from tpuctl.sim.vms.layout import vm_root_for
+        from tpuctl.sim.vms.procs import discard_vms
+
+        discard_vms(vm_root_for(root / "state"))  # the state's hypervisor and VMs go with it
 
     doc = {
         "benchmark": "simulator run start-up over SSH: `tpuctl run --pod` spawned -> last host runs the "

@@ -121,6 +121,11 @@ class NetworkServices:
                 if exc.errno != errno.EADDRINUSE:
                     self.last_error = exc
                 continue
+            except ValueError as exc:
+                # The emulator reads its index file while the process serving the bucket rewrites it
+                # (not atomically): half a JSON document. Tried again at the next round.
+                self.last_error = exc
+                continue
             self._served[name] = service
 
     def ready(self) -> bool:
