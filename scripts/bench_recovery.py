@@ -14,7 +14,8 @@ Per preemption (from the run's ledger record and the thread's clock):
   on host output, or for the hard kill, the API confirming the slice PREEMPTED after the hosts died);
 - ``recovery_s``: detected -> the first step done on the new slice; ``provisioning_s``: the placement of
   the new slice (create -> READY in the simulator); ``startup_s``: hosts started -> first step done
-  (interpreter, jax import, jax.distributed, restore, compile); ``net_recovery_s`` = recovery minus both
+  (interpreter, jax import, jax.distributed, restore, compile); ``setup_s``: the new hosts' setup (a
+  fresh VM: venv and the runtime's packages); ``net_recovery_s`` = recovery minus those three
   (what tpuctl itself adds: waiting for the checkpoint on the notice, deleting the old slice, placement
   overhead, shipping, starting processes).
 Per run: goodput = productive step time (each final step's last computation) / wall time, and steps
@@ -181,6 +182,7 @@ def one_run(
     for fired, p in zip(chaos.fired, recovery["preemptions"], strict=True):
         provisioning = p.get("provisioning_s") or 0.0
         startup = p.get("startup_s") or 0.0
+        setup = p.get("setup_s") or 0.0
         recovery_s = p.get("recovery_s")
         rows.append({
             "number": p["number"],
@@ -192,8 +194,11 @@ def one_run(
             "detection_latency_s": round(_epoch(p["detected_at"]) - fired["at"], 3),
             "recovery_s": recovery_s,
             "provisioning_s": provisioning,
+            "setup_s": setup,
             "startup_s": startup,
-            "net_recovery_s": None if recovery_s is None else round(recovery_s - provisioning - startup, 3),
+            "net_recovery_s": (
+                None if recovery_s is None else round(recovery_s - provisioning - setup - startup, 3)
+            ),
             "breakdown": {
                 "notice_to_hosts_stopped_s": _seg(described, p["number"], "checkpointing"),
                 "delete_preempted_slice_s": _seg(described, p["number"], "preempted"),
@@ -263,6 +268,7 @@ def main() -> int:
         },
         "recovery_s": stats("recovery_s", rows),
         "provisioning_s": stats("provisioning_s", rows),
+        "setup_s": stats("setup_s", rows),
         "startup_s": stats("startup_s", rows),
         "goodput_3_preemptions": [r["goodput"] for r in runs],
         "goodput_no_preemption": baseline["goodput"],

@@ -143,6 +143,7 @@ def _recovery(d: dict[str, Any]) -> list[Row]:
     h, s, cfg = d.get("headline", {}), d.get("summary", {}), d.get("settings", {})
     det, net = s.get("detection_latency_s", {}), s.get("net_recovery_s", {})
     rec, prov, start = s.get("recovery_s", {}), s.get("provisioning_s", {}), s.get("startup_s", {})
+    setup = s.get("setup_s", {})
     recomputed = s.get("steps_recomputed") or []
     return [
         (
@@ -153,12 +154,13 @@ def _recovery(d: dict[str, Any]) -> list[Row]:
             "from the simulator's preempt call to the supervisor knowing",
         ),
         (
-            "recovery net of provisioning and JAX start-up (notice / hard kill), median",
+            "recovery net of provisioning, host setup and JAX start-up (notice / hard kill), median",
             f"{_f(h.get('net_recovery_notice_median_s'), ' s')} / "
             f"{_f(h.get('net_recovery_no_notice_median_s'), ' s')}",
             f"≤ {net.get('target_s', 5.0)} s",
             f"whole recovery {_f(rec.get('median'), ' s')} = provisioning {_f(prov.get('median'), ' s')}"
-            f" + JAX start-up {_f(start.get('median'), ' s')} + the rest",
+            f" + setup {_f(setup.get('median'), ' s')} + JAX start-up {_f(start.get('median'), ' s')}"
+            " + the rest",
         ),
         (
             "goodput with 3 preemptions (2 with notice, 1 hard) vs none",

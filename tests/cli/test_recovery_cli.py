@@ -119,6 +119,7 @@ def test_three_preemptions_two_with_notice_end_bit_identical_and_every_segment_i
     for p in recovery["preemptions"]:
         assert p["detection_latency_s"] is not None and p["detection_latency_s"] <= 2.0, p
         assert p["recovery_s"] is not None and p["recovery_s"] > 0, p
+        assert p["setup_s"] is not None and 0 < p["setup_s"] < p["recovery_s"], p
         assert p["new_pod"] and p["new_pod"] != p["pod"] and p["new_zone"] == ZONE
     assert 0 < recovery["goodput"] < 1
 

@@ -121,6 +121,9 @@ def test_a_preemption_record_says_its_latency_recovery_and_overhead() -> None:
     assert d["detection_latency_s"] == 0.4 and d["recovery_s"] == 10.0 and d["startup_s"] == 7.4
     assert d["recovery_overhead_s"] == pytest.approx(0.6)
     assert PreemptionRecord.from_dict(d) == r
+    # The new hosts' setup (fresh VMs install the runtime) is its own part, not tpuctl's overhead.
+    with_setup = PreemptionRecord.from_dict({**d, "setup_s": 0.5}).to_dict()
+    assert with_setup["setup_s"] == 0.5 and with_setup["recovery_overhead_s"] == pytest.approx(0.1)
 
 
 def test_policy_validation_and_backend_defaults() -> None:

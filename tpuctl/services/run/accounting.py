@@ -32,6 +32,7 @@ class PreemptionRecord:
     new_pod: str | None = None
     new_zone: str | None = None
     provisioning_s: float | None = None
+    setup_s: float | None = None  # the new slice's hosts set up (venv, runtime, --setup)
     hosts_started_at: float | None = None
     resumed_at: float | None = None  # first step done on the new slice
     restored_step: int | None = None
@@ -62,7 +63,12 @@ class PreemptionRecord:
         )
         overhead = None
         if self.recovery_s is not None:
-            overhead = self.recovery_s - (self.provisioning_s or 0.0) - (self.startup_s or 0.0)
+            overhead = (
+                self.recovery_s
+                - (self.provisioning_s or 0.0)
+                - (self.setup_s or 0.0)
+                - (self.startup_s or 0.0)
+            )
         data["recovery_overhead_s"] = _round(overhead)
         return data
 

@@ -57,13 +57,14 @@ def execute(
     restart_count: int = 0,
     soft_exit_codes: frozenset[int] = frozenset(),
     soft_wait_s: float = 60.0,
-    on_started: Callable[[Executor], None] | None = None,
+    on_started: Callable[[Executor, float], None] | None = None,
 ) -> AttemptResult:
     """Ship and start on every host of ``node``, stream until all exit (see the module docstring).
 
     ``soft_exit_codes``: statuses that end a host without failing the others (the runtime's
     "preempted, checkpoint saved"): the other hosts get ``soft_wait_s`` to reach the same end before
-    they are stopped. ``on_started(executor)`` is called once every host has started."""
+    they are stopped. ``on_started(executor, setup_s)`` is called once every host has started, with the
+    seconds the hosts' setup took."""
     spec = prepared.spec(restart_count)
     if len(node.network_endpoints) not in (0, spec.num_workers):
         observer.status(
@@ -78,9 +79,9 @@ def execute(
     interrupted = timed_out = False
     started_at = time.time()
     try:
-        shipped = _ship_and_start(session, observer, executor, prepared, node, spec, streams)
+        shipped, setup_s = _ship_and_start(session, observer, executor, prepared, node, spec, streams)
         if on_started is not None:
-            on_started(executor)
+            on_started(executor, setup_s)
         timeout_s = prepared.request.timeout_s
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         loop = _EventLoop(observer, executor, prepared.request.grace_s, spec.num_workers, streams)
@@ -118,7 +119,7 @@ def _ship_and_start(
     node: Node,
     spec: LaunchSpec,
     streams: _Streams,
-) -> list[ShipResult]:
+) -> tuple[list[ShipResult], float]:
     for worker in range(spec.num_workers):
         streams.logs[worker] = HostLog(prepared.log_dir / f"worker-{worker}.log")
         streams.logs[worker].mark_attempt(spec.restart_count + 1, node.name, node.zone)
@@ -132,12 +133,12 @@ def _ship_and_start(
     observer.status(
         f"bundle on {spec.num_workers} hosts ({copied} copied, {len(shipped) - copied} already had it)"
     )
-    hostsetup.run_setup(observer, executor, prepared, streams.logs)
+    setup_s = hostsetup.run_setup(observer, executor, prepared, streams.logs)
     hostsetup.check_imports(observer, executor, prepared)
     session.ledger.update_run(prepared.run_id, status=RunStatus.RUNNING, pod=node.name, zone=node.zone)
     executor.start(spec)
     observer.status(f"started {' '.join(prepared.program)} on {spec.num_workers} hosts")
-    return shipped
+    return shipped, setup_s
 
 
 @dataclass

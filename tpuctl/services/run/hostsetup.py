@@ -41,8 +41,9 @@ _CHECK_CODE = (
 
 def run_setup(
     observer: LaunchObserver, executor: Executor, prepared: PreparedRun, logs: Mapping[int, HostLog]
-) -> None:
-    """Run the setup on every host; raises RunFailedError naming the first failed host and command."""
+) -> float:
+    """Run the setup on every host; returns the seconds it took (every host done). Raises
+    RunFailedError naming the first failed host and command."""
     from tpuctl.hosts.setup import failed_command, setup_script
 
     spec = prepared.setup
@@ -82,7 +83,9 @@ def run_setup(
             fix="fix the --setup command or --requirements file; the host's whole output is in "
             f"`tpuctl runs logs {prepared.run_id} --worker {worker}`",
         )
-    observer.status(f"setup done on {executor.num_hosts} hosts in {time.monotonic() - started:.1f} s")
+    took = time.monotonic() - started
+    observer.status(f"setup done on {executor.num_hosts} hosts in {took:.1f} s")
+    return took
 
 
 def check_imports(observer: LaunchObserver, executor: Executor, prepared: PreparedRun) -> None:

@@ -96,7 +96,7 @@ class Launcher:
         restart_count: int = 0,
         soft_exit_codes: frozenset[int] = frozenset(),
         soft_wait_s: float = 60.0,
-        on_started: Callable[[Executor], None] | None = None,
+        on_started: Callable[[Executor, float], None] | None = None,
     ) -> AttemptResult:
         """One attempt on ``node`` (see ``attempt.execute``)."""
         executor = self._executor_factory(prepared, node)

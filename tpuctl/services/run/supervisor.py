@@ -92,6 +92,7 @@ class _Attempt:
     outcome: Outcome | None = None
     preemption: PreemptionRecord | None = None
     started_at: float | None = None
+    setup_s: float | None = None  # the hosts' setup before the program started
     executor: Executor | None = None
 
 
@@ -493,8 +494,9 @@ class Supervisor:
         )
         watch.start()
 
-        def started(executor: Executor) -> None:
+        def started(executor: Executor, setup_s: float) -> None:
             attempt.started_at = time.time()
+            attempt.setup_s = setup_s
             attempt.executor = executor
             self._record_hosts(executor)
             if self._cancel.is_set():
@@ -652,6 +654,7 @@ class Supervisor:
         if previous is not None and previous.resumed_at is None and self.progress.first_step_at is not None:
             previous.resumed_at = self.progress.first_step_at
             previous.hosts_started_at = attempt.started_at
+            previous.setup_s = None if attempt.setup_s is None else round(attempt.setup_s, 3)
             previous.restored_step = self.progress.restored
             previous.steps_recomputed = recomputed
         self._segments.close()
