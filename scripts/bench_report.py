@@ -111,6 +111,24 @@ def _checkpoint(d: dict[str, Any]) -> list[Row]:
     ]
 
 
+def _checkpoint_gcs(d: dict[str, Any]) -> list[Row]:
+    cfg = d.get("settings", {})
+    rows: list[Row] = []
+    for what, label in (("save", "save (durable)"), ("restore", "restore (verified)")):
+        f = d.get(what, {})
+        rows.append(
+            (
+                f"gs:// checkpoint {label}: tpuctl vs bare orbax, same bucket",
+                f"{_f(f.get('tpuctl_median_s'), ' s')} vs {_f(f.get('bare_orbax_median_s'), ' s')}"
+                f" = {_f(f.get('ratio'), 'x', 2)}",
+                f"≥ {d.get('target_ratio', 0.9)}x",
+                f"{cfg.get('mib')} MiB in {cfg.get('leaves')} arrays through the simulator's GCS emulator, "
+                f"median of {cfg.get('rounds')}; ratio = bare / tpuctl",
+            )
+        )
+    return rows
+
+
 def _cost(d: dict[str, Any]) -> list[Row]:
     ledger = d.get("ledger", {})
     by_group = d.get("report_best_s_by_group", {})
@@ -185,6 +203,12 @@ BENCHES: list[tuple[str, str, str, Callable[[dict[str, Any]], list[Row]]]] = [
         _recovery,
     ),
     ("checkpoint", "Checkpoint save/restore throughput", "scripts/bench_checkpoint.py", _checkpoint),
+    (
+        "checkpoint_gcs",
+        "Checkpoint save/restore through gs:// against bare orbax",
+        "scripts/bench_checkpoint_gcs.py",
+        _checkpoint_gcs,
+    ),
     ("cost", "Cost report on 1,000,000 events", "scripts/bench_cost.py", _cost),
 ]
 

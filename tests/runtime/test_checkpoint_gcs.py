@@ -1,15 +1,13 @@
 """Checkpoints in a bucket: the Checkpointer saves to and restores from gs:// through the simulator's GCS
 emulator (tensorstore via TENSORSTORE_GCS_HTTP_URL, gcsfs via STORAGE_EMULATOR_HOST, as on a simulated
-host), refuses relative directories, and costs little over orbax's bare save and restore of the same state
-through the same bucket (the figures are printed; run with -s)."""
+host) and refuses relative directories. What it costs over orbax's bare save and restore through the same
+bucket is a benchmark: scripts/bench_checkpoint_gcs.py."""
 
 # jax leaves parts of its public API unannotated.
 # mypy: disable-error-code="no-untyped-call"
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -71,61 +69,3 @@ def test_save_and_restore_through_the_bucket(bucket: str) -> None:
     for key, value in state.items():
         assert result.state is not None
         np.testing.assert_array_equal(np.asarray(result.state[key]), np.asarray(value + 30))
-
-
-def _timed(fn: Any) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
-
-
-def _ours(directory: str, state: Any, target: Any) -> tuple[float, float]:
-    from tpuctl.runtime.checkpoint import Checkpointer
-
-    ckpt = Checkpointer(directory)
-
-    def save_durably() -> None:
-        ckpt.save(1, state, force=True)
-        ckpt.wait()
-
-    save = _timed(save_durably)
-    ckpt.close()
-    fresh = Checkpointer(directory)  # as after a restart
-    restore = _timed(lambda: fresh.restore_latest(target))
-    fresh.close()
-    return save, restore
-
-
-def _bare(directory: str, state: Any, target: Any) -> tuple[float, float]:
-    import orbax.checkpoint as ocp
-
-    plain = ocp.StandardCheckpointer()
-    path = f"{directory}/1"
-    save = _timed(lambda: (plain.save(path, state), plain.wait_until_finished()))
-    restore = _timed(lambda: plain.restore(path, target))
-    plain.close()
-    return save, restore
-
-
-def test_overhead_against_bare_orbax(bucket: str) -> None:
-    """Save (until durable) and restore (read back, and for tpuctl verified) with the Checkpointer against
-    orbax's StandardCheckpointer on the same state in the same bucket: one untimed warm-up of each, then
-    rounds alternating which goes first; medians of 4."""
-    from tpuctl.runtime.checkpoint import abstract_like
-
-    state = _state()
-    target = abstract_like(state)
-    _ours(f"{bucket}/warm-ours", state, target)
-    _bare(f"{bucket}/warm-bare", state, target)
-    ours: list[tuple[float, float]] = []
-    bare: list[tuple[float, float]] = []
-    for i in range(4):
-        order = [(ours, _ours), (bare, _bare)]
-        for into, run in order if i % 2 == 0 else order[::-1]:
-            into.append(run(f"{bucket}/{run.__name__}{i}", state, target))
-    for k, what in enumerate(("save", "restore")):
-        o = statistics.median(r[k] for r in ours)
-        b = statistics.median(r[k] for r in bare)
-        print(f"8 MiB gs:// {what}: tpuctl {o:.3f} s, bare orbax {b:.3f} s, ratio (bare/tpuctl) {b / o:.2f}")
-        # Not a speed assertion (the machine is shared); a sanity bound that catches a pathology.
-        assert o < 10 * b + 1.0
