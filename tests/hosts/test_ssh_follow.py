@@ -218,6 +218,19 @@ def test_run_command_streams_lines_and_returns_each_hosts_status_and_tail(
         assert slow[worker].tail == ("slow", "[tpuctl] timed out after 0 s")
 
 
+def test_run_command_on_chosen_workers_runs_only_there(servers: LoopbackSsh, key: KeyPair) -> None:
+    executor = executor_for(servers, key)
+    seen: list[int] = []
+    try:
+        results = executor.run_command(
+            "touch ran-here; echo hi", on_line=lambda w, t: seen.append(w), timeout_s=10, workers=[1]
+        )
+    finally:
+        executor.close()
+    assert list(results) == [1] and results[1].exit_status == 0 and seen == [1]
+    assert [(h.home / "ran-here").exists() for h in servers.hosts] == [False, True]
+
+
 ENV_PROBE = """\
 import json, os, sys
 print(json.dumps({"zone": os.environ.get("HOST_ZONE"), "worker": os.environ["TPUCTL_WORKER_ID"],

@@ -175,11 +175,17 @@ class Executor(Protocol):
     def next_event(self, timeout_s: float) -> HostEvent | None: ...
 
     def run_command(
-        self, command: str, *, on_line: Callable[[int, str], None], timeout_s: float
+        self,
+        command: str,
+        *,
+        on_line: Callable[[int, str], None],
+        timeout_s: float,
+        workers: Sequence[int] | None = None,
     ) -> dict[int, CommandResult]:
-        """Run ``command`` through each host's login shell on every host at once (setup, the import
-        check), each output line to ``on_line(worker, text)`` as it comes; a host that does not finish
-        within ``timeout_s`` has exit_status None."""
+        """Run ``command`` through each host's login shell on every host at once (setup), or on
+        ``workers`` only (the import check: one host), each output line to ``on_line(worker, text)`` as it
+        comes; a host that does not finish within ``timeout_s`` has exit_status None. The result has
+        one entry per host run on."""
         ...
 
     def stop(self, grace_s: float = 5.0) -> None: ...

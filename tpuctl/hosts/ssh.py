@@ -700,15 +700,22 @@ class SshExecutor:
     # --- commands ----------------------------------------------------------------------------------
 
     def run_command(
-        self, command: str, *, on_line: Callable[[int, str], None], timeout_s: float
+        self,
+        command: str,
+        *,
+        on_line: Callable[[int, str], None],
+        timeout_s: float,
+        workers: Sequence[int] | None = None,
     ) -> dict[int, CommandResult]:
         """Run ``command`` (through the login shell) on every host at once, for setup: each output line
         (stdout and stderr merged) goes to ``on_line(worker, text)`` as it comes (from the executor's
         thread). A host that does not finish within ``timeout_s`` gets exit_status None. Raises
         RunFailedError when a host cannot be reached, HostKeyMismatchError when it is not the right one."""
 
+        chosen = [r for r in self._hosts if workers is None or r.worker in workers]
+
         async def all_hosts() -> list[CommandResult]:
-            return await _each([self._command_one(r, command, on_line, timeout_s) for r in self._hosts])
+            return await _each([self._command_one(r, command, on_line, timeout_s) for r in chosen])
 
         results = self._call(all_hosts(), self._connect_deadline_s + timeout_s + _COMMAND_TIMEOUT_S)
         return {r.worker: r for r in results}

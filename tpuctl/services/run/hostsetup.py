@@ -94,7 +94,10 @@ def check_imports(observer: LaunchObserver, executor: Executor, prepared: Prepar
     if not modules:
         return
     command = " ".join(shlex.quote(part) for part in (prepared.python, "-c", _CHECK_CODE, *sorted(modules)))
-    results = executor.run_command(command, on_line=lambda w, t: None, timeout_s=_CHECK_TIMEOUT_S)
+    # One host is enough: every host has the same setup (the same key), so the same environment.
+    results = executor.run_command(
+        command, on_line=lambda w, t: None, timeout_s=_CHECK_TIMEOUT_S, workers=[0]
+    )
     result = results[min(results)]
     if result.exit_status == 0:
         return
