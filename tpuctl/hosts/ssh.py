@@ -811,11 +811,23 @@ class SshExecutor:
         live = [r for r in self._hosts if r.finished is not None and not r.finished.is_set()]
         if not live:
             return
-        await asyncio.gather(*(self._signal(r, "TERM") for r in live))
-        await self._wait_finished(live, grace_s)
-        still = [r for r in live if r.finished is not None and not r.finished.is_set()]
+        # A host that cannot be reached for the SIGTERM (its VM is gone: a hard preemption, a deletion)
+        # gets no grace and no SIGKILL: nothing would deliver them, and nothing will report from it.
+        reached = await asyncio.gather(*(self._signal(r, "TERM") for r in live))
+        await self._wait_finished([r for r, ok in zip(live, reached, strict=True) if ok], grace_s)
+        still = [
+            r
+            for r, ok in zip(live, reached, strict=True)
+            if ok and r.finished is not None and not r.finished.is_set()
+        ]
         await asyncio.gather(*(self._signal(r, "KILL") for r in still))
         await self._wait_finished(still, _STOP_REPORT_S)
+        for remote, ok in zip(live, reached, strict=True):
+            if not ok and remote.finished is not None and not remote.finished.is_set():
+                if remote.follower is not None:
+                    remote.follower.cancel()
+                self._line(remote, f"[tpuctl] host {remote.worker} could not be reached to stop it")
+                self._finish(remote, None)
         for remote in still:
             if remote.finished is not None and not remote.finished.is_set():
                 if remote.follower is not None:
@@ -828,17 +840,23 @@ class SshExecutor:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.gather(*waits), timeout=timeout_s)
 
-    async def _signal(self, remote: _Remote, name: str) -> None:
+    async def _signal(self, remote: _Remote, name: str) -> bool:
         """Signal the program's process group (pid == pgid, from its pid file) unless it has exited:
-        after its exit the pid may belong to someone else."""
+        after its exit the pid may belong to someone else. Returns whether the host was reached within
+        ``_STOP_COMMAND_S`` (waiting for a follower's reconnection included: it may take a minute)."""
         pidfile, exitfile = f"{remote.run_dir}/pid", f"{remote.run_dir}/exit"
         command = (
             f"[ -e {_q(exitfile)} ] || {{ pid=$(cat {_q(pidfile)}) && "
             f'kill -{name} -- "-$pid"; }} 2>/dev/null; true'
         )
+        deadline = time.monotonic() + _STOP_COMMAND_S
+        try:
+            conn = await asyncio.wait_for(self._connect(remote, deadline), timeout=_STOP_COMMAND_S)
+        except Exception:
+            return bool(remote.finished is not None and remote.finished.is_set())
         with contextlib.suppress(Exception):
-            conn = await self._connect(remote, time.monotonic() + _STOP_COMMAND_S)
             await asyncio.wait_for(conn.run(command, check=False), timeout=_STOP_COMMAND_S)
+        return True
 
     def close(self) -> None:
         if self._closed:
