@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import contextlib
 import os
 import secrets
@@ -803,8 +804,9 @@ class SshExecutor:
     def stop(self, grace_s: float = 5.0) -> None:
         if self._loop is None or self._loop.is_closed():
             return
-        # Bounded: each step has its own timeout, and a host that never reports is given up.
-        with contextlib.suppress(TimeoutError, TpuctlError):
+        # Bounded: each step has its own timeout, and a host that never reports is given up. A stop
+        # cut short by close() (the attempt ended meanwhile: every host finished) has nothing left to do.
+        with contextlib.suppress(TimeoutError, TpuctlError, concurrent.futures.CancelledError):
             self._call(self._stop_all(grace_s), grace_s + 3 * _STOP_COMMAND_S + _STOP_REPORT_S + 2.0)
 
     async def _stop_all(self, grace_s: float) -> None:
