@@ -90,7 +90,7 @@ def serve_sim(state_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Call
     """``serve_sim(world, point_cli=True, **server_kwargs)`` serves a simulator over this test's state dir
     and returns its admin client; with ``point_cli`` every CLI command of the test talks to it
     (TPUCTL_SIM_URL). ``world`` is a ``World`` or the data of a world file; ``server_kwargs`` go to
-    ``SimServer`` (``clock``, ``ticker_interval_s``). Everything is stopped at teardown."""
+    ``SimServer`` (``clock``, ``ticker_interval_s``, ``vms``). Everything is stopped at teardown."""
     from tpuctl.sim import SimAdminClient, SimServer, World
     from tpuctl.sim.world import world_from_data
 
@@ -102,7 +102,8 @@ def serve_sim(state_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Call
         if not isinstance(world, World):
             world = world_from_data(dict(world), "test world")
         state_dir.mkdir(parents=True, exist_ok=True)
-        server = SimServer(state_dir, world, **server_kwargs)
+        # As `tpuctl sim serve` does: the VMs run in the state's hypervisor process.
+        server = SimServer(state_dir, world, **{"vms": "hypervisor", **server_kwargs})
         url = server.start()
         admin = SimAdminClient(url)
         started.append((server, admin))

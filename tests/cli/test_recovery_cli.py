@@ -871,3 +871,43 @@ def test_the_readmes_own_train_py_checkpoints_on_the_notice_and_loses_no_step(
     assert admin.status()["nodes"] == []
     [group] = cli("cost", "report", "--group-by", "run", "-o", "json").json["groups"]
     assert group["waste_usd"] is not None and "steps_reported" not in group  # it reports steps
+
+
+# --- a restart that restores less than was reported saved -------------------------------------------------
+
+FORGETFUL = """\
+import json, os, signal, sys, time
+
+def emit(**event):
+    print("TPUCTL_EVENT " + json.dumps(event), flush=True)
+
+stop = []
+signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
+restart = int(os.environ.get("TPUCTL_RESTART_COUNT", "0"))
+emit(event="start", step=0, restored=None, skipped=[], restart_count=restart, steps=20)
+for step in range(1, 21):
+    time.sleep(0.1)
+    emit(event="step", step=step, dt=0.1)
+    if stop:  # says its checkpoint is saved, and saves nothing anywhere
+        emit(event="preempted", step=step, checkpoint="saved")
+        sys.exit(75)
+"""
+
+
+def test_a_restart_that_restores_nothing_after_a_reported_checkpoint_is_an_error_on_record(
+    admin: SimAdminClient, cli: Cli, tmp_path: Path, state_dir: Path
+) -> None:
+    script = write(tmp_path / "proj" / "forgetful.py", FORGETFUL)
+    chaos = Chaos(admin, state_dir, [Preempt(1, 3, notice=True)]).start()
+    try:
+        result = cli("run", str(script), "--no-runtime-deps", "--type", "v5e-4", "--spot")
+    finally:
+        chaos.join(check=False)
+    chaos.check()
+    assert result.code == 0, result.stderr[-3000:]
+    assert "and its restart restored nothing (it starts again from step 0)" in result.stderr
+    run_id = cli("runs", "list", "-o", "json").json["runs"][0]["run_id"]
+    run = cli("runs", "describe", run_id, "-o", "json").json["run"]
+    (lost,) = run["detail"]["lost_restores"]
+    (preemption,) = run["recovery"]["preemptions"]
+    assert lost["saved"] == preemption["checkpoint_step"] >= 3 and lost["restored"] is None

@@ -162,3 +162,56 @@ def test_on_google_a_preemptible_run_without_a_bucket_is_refused_before_any_requ
         assert router.calls.call_count == 0
     assert result.code == 2, result.stderr[-2000:]
     assert "--checkpoint-dir gs://" in result.stderr and "bucket" in result.stderr
+
+
+COUNTER = """\
+import time
+for n in range(1, 41):
+    print("line", n, flush=True)
+    time.sleep(0.1)
+"""
+
+
+def test_a_run_survives_its_hosts_sshd_dying_and_coming_back(
+    admin: SimAdminClient, cli: Cli, tmp_path: Path, state_dir: Path
+) -> None:
+    """The hypervisor (every sshd of the VMs) is killed mid-run: every connection drops, the programs run
+    on; the run's simulator brings the hypervisor back, tpuctl reconnects, and the log has every line
+    exactly once."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from tpuctl.sim.hypervisor import hypervisor_pid
+    from tpuctl.sim.vms.layout import vm_root_for
+
+    script = tmp_path / "proj" / "counter.py"
+    script.parent.mkdir()
+    script.write_text(COUNTER)
+    killed: list[int] = []
+
+    def kill_when_running() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            logs = list((state_dir / "runs").glob("*/worker-3.log"))
+            if logs and "line 5" in logs[0].read_text():
+                pid = hypervisor_pid(vm_root_for(state_dir))
+                if pid is not None:
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+                return
+            time.sleep(0.02)
+
+    killer = threading.Thread(target=kill_when_running, daemon=True)
+    killer.start()
+    result = cli("run", str(script), "--type", "v5e-16", "--no-runtime-deps", "-o", "json")
+    killer.join(timeout=10)
+    assert killed, "the hypervisor was never killed"
+    assert result.code == 0, result.stderr[-3000:]
+    assert hypervisor_pid(vm_root_for(state_dir)) not in (None, killed[0])  # a new one serves
+    run_id = result.json["run"]["run_id"]
+    for worker in range(4):
+        log = (state_dir / "runs" / run_id / f"worker-{worker}.log").read_text()
+        lines = [line for line in log.splitlines() if line.startswith("line ")]
+        assert lines == [f"line {n}" for n in range(1, 41)], (worker, lines)

@@ -49,11 +49,11 @@ def ensure_hypervisor(
     """Start the hypervisor of ``state_dir`` in the background unless one runs; returns whether this call
     started one. Returns at once: the hypervisor brings its network and VMs up on its own."""
     vm_root = vm_root_for(state_dir)
+    if _lock_is_held(vm_root / LOCK_FILE):
+        return False
     vm_root.mkdir(parents=True, exist_ok=True)
     os.chmod(vm_root, 0o700)
     (vm_root / STATE_DIR_FILE).write_text(str(state_dir), encoding="utf-8")
-    if _lock_is_held(vm_root / LOCK_FILE):
-        return False
     command = [
         sys.executable, "-m", "tpuctl.sim.hypervisor",
         "--state-dir", str(state_dir),

@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 Clock = Callable[[], float]
 
 #: The surfaces a real network sits in front of; faults are injected there only.
+#: How often a simulator whose VMs run in the hypervisor checks that it still runs.
+_HYPERVISOR_CHECK_S = 1.0
 _FAULTY_SURFACES = ("/v2/", "/v2alpha1/", "/v1/")
 _MUTATIONS = frozenset({"POST", "PATCH", "DELETE"})
 
@@ -108,9 +110,7 @@ class SimServer:
         ports = self._vm_ports or chosen_ports()
         self._engine.ctx.vm_ports = ports
         if self._vms == "hypervisor":
-            from tpuctl.sim.hypervisor import ensure_hypervisor
-
-            ensure_hypervisor(self.state_dir, ports=ports, wheelhouse=self._wheelhouse_path())
+            self._ensure_hypervisor()
         else:
             from tpuctl.sim.vms.fleet import Fleet  # asyncssh: only where VMs are served
 
@@ -152,6 +152,12 @@ class SimServer:
         self._network = services
         return services.env
 
+    def _ensure_hypervisor(self) -> None:
+        from tpuctl.sim.hypervisor import ensure_hypervisor
+
+        assert self._engine is not None
+        ensure_hypervisor(self.state_dir, ports=self._engine.ctx.vm_ports, wheelhouse=self._wheelhouse_path())
+
     def _wheelhouse_path(self) -> Path:
         from tpuctl.sim.mirror import default_wheelhouse
 
@@ -183,11 +189,17 @@ class SimServer:
     def _tick_loop(self) -> None:
         assert self._engine is not None
         engine, fleet = self._engine, self._fleet
+        checked = time.monotonic()
         while not self._stopping.wait(self.ticker_interval_s):
             try:
                 engine.advance()
                 if fleet is not None:
                     fleet.reconcile()
+                elif time.monotonic() - checked >= _HYPERVISOR_CHECK_S:
+                    # A hypervisor that died (killed, crashed) comes back while this simulator runs:
+                    # a long `tpuctl run` keeps its VMs served, as Google keeps its VMs up.
+                    checked = time.monotonic()
+                    self._ensure_hypervisor()
             except Exception as exc:
                 # A busy database or a race with stop(): the next tick tries again.
                 if fleet is not None:
