@@ -215,3 +215,30 @@ def test_a_run_survives_its_hosts_sshd_dying_and_coming_back(
         log = (state_dir / "runs" / run_id / f"worker-{worker}.log").read_text()
         lines = [line for line in log.splitlines() if line.startswith("line ")]
         assert lines == [f"line {n}" for n in range(1, 41)], (worker, lines)
+
+
+RAISER = """\
+import os, time
+if os.environ["TPUCTL_WORKER_ID"] == "2":
+    time.sleep(1.0)
+    raise ValueError("boom at step 30")
+time.sleep(120)
+"""
+
+
+def test_an_exception_on_host_2_ends_the_run_in_seconds_naming_host_2_and_quoting_it(
+    admin: SimAdminClient, cli: Cli, tmp_path: Path
+) -> None:
+    import time
+
+    script = tmp_path / "proj" / "raiser.py"
+    script.parent.mkdir()
+    script.write_text(RAISER)
+    started = time.monotonic()
+    result = cli("run", str(script), "--type", "v5e-16", "--no-runtime-deps", "-o", "json")
+    took = time.monotonic() - started
+    assert result.code == 8, result.stderr[-3000:]
+    assert result.json["worker"] == 2, result.json
+    assert "host 2" in result.json["message"] and "ValueError: boom at step 30" in result.json["message"]
+    assert took < 30, took  # the others sleep 120 s: they were stopped, not waited for
+    assert cli("sim", "status", "-o", "json").json["nodes"] == []
