@@ -31,6 +31,8 @@ WORLD = {
         "default": {"on_demand": {"zone": -1, "region": -1}, "preemptible": {"zone": -1, "region": -1}}
     },
     "latency": {"base_ms": 0, "jitter_ms": 0},
+    # A killed host is confirmed preempted or not within the grace (+2 s): keep the wait short.
+    "durations": {"preemption_grace_s": 2},
 }
 
 SLEEPER = """\
@@ -96,7 +98,11 @@ def test_ctrl_c_stops_every_host_and_records_the_run_cancelled(session: Session,
     rec = Recorder(interrupt_when_all_started)
     launcher = Launcher(session, observer=rec)
     with pytest.raises(InterruptedByUser):
-        launcher.run(RunRequest(script=program(tmp_path, SLEEPER), accelerator_type="v5e-16", grace_s=2.0))
+        launcher.run(
+            RunRequest(
+                script=program(tmp_path, SLEEPER), accelerator_type="v5e-16", grace_s=2.0, runtime_deps=False
+            )
+        )
     pids = rec.pids()
     assert len(pids) == 4
     assert [p for p in pids if not gone(p)] == []
@@ -113,7 +119,11 @@ def test_timeout_stops_the_run(session: Session, tmp_path: Path) -> None:
     with pytest.raises(RunFailedError) as info:
         Launcher(session, observer=rec).run(
             RunRequest(
-                script=program(tmp_path, SLEEPER), accelerator_type="v5e-8", timeout_s=2.0, grace_s=1.0
+                script=program(tmp_path, SLEEPER),
+                accelerator_type="v5e-8",
+                timeout_s=2.0,
+                grace_s=1.0,
+                runtime_deps=False,  # a stdlib program: the image's python3, nothing to install
             )
         )
     # Far below the program's 300 s (the exact figure is provisioning, SSH and the grace: load-bound).
@@ -135,7 +145,9 @@ def test_a_host_killed_from_outside_fails_the_run_naming_it(session: Session, tm
     rec = Recorder(kill_host_3_once_all_started)
     with pytest.raises(RunFailedError) as info:
         Launcher(session, observer=rec).run(
-            RunRequest(script=program(tmp_path, SLEEPER), accelerator_type="v5e-16", grace_s=1.0)
+            RunRequest(
+                script=program(tmp_path, SLEEPER), accelerator_type="v5e-16", grace_s=1.0, runtime_deps=False
+            )
         )
     assert info.value.worker == 3 and info.value.returncode == -signal.SIGKILL
     assert "host 3 was killed by SIGKILL" in info.value.message
