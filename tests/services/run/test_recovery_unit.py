@@ -223,3 +223,15 @@ def test_a_preemption_note_promises_only_a_checkpoint_that_exists() -> None:
     restored = Progress()
     restored.on_event({"event": "start", "step": 8, "restored": 8}, at=0.0)
     assert "step 8 or later" in restored.checkpoint_note(None, None)
+
+
+def test_a_restart_past_every_step_seen_counts_the_steps_it_restored() -> None:
+    """A supervisor killed after step 8 never heard of steps 9-12; the takeover's program restores step 12
+    and is done: the run did 12 steps, none of them twice."""
+    p = Progress()
+    p.on_event({"event": "start", "step": 0, "restored": None}, 0.0)
+    for s in range(1, 9):
+        p.on_event({"event": "step", "step": s, "dt": 1.0}, float(s))
+    p.new_attempt()
+    p.on_event({"event": "start", "step": 12, "restored": 12}, 30.0)
+    assert p.last_step == 12 and p.recomputed == 0 and p.attempt_recomputed == 0

@@ -126,6 +126,10 @@ class Progress:
                 # Steps done before the preemption that the checkpoint did not keep: done again now.
                 self.attempt_recomputed = self.last_step - step
                 self.recomputed += self.attempt_recomputed
+            if step and (self.last_step is None or step > self.last_step):
+                # It restored further than any step seen: the steps a killed supervisor never heard of
+                # (a `runs resume` takeover) were done all the same.
+                self.last_step = step
             skipped = event.get("skipped") or []
             if skipped:
                 self.fallbacks.append(
