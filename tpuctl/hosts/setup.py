@@ -121,13 +121,14 @@ rm -rf "$env"
 # uv from PyPI with the image's pip. ``--target`` rather than ``--user``: pip refuses ``--user`` inside a
 # virtual environment (the simulator's image is one) and, by PEP 668, on Debian/Ubuntu releases whose
 # Python is marked externally managed (Ubuntu 23.04+); ``--target`` is allowed in both (PEP 668 exempts
-# it), and keeps this uv next to the environments it made.
+# it), and keeps this uv next to the environments it made. uv has no dependencies and its wheel's Python
+# part is a stub: ``--no-deps --no-compile`` skip pip's resolver and byte-compiling (0.9 s -> 0.65 s).
 _UV = r"""uv_dir=$root/tools/uv-{uv_version}
 uv=$uv_dir/bin/uv
 if [ ! -x "$uv" ]; then
   rm -rf "$uv_dir.tmp"
   step python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location \
-    --target "$uv_dir.tmp" uv=={uv_version}
+    --no-deps --no-compile --target "$uv_dir.tmp" uv=={uv_version}
   rm -rf "$uv_dir"
   mv "$uv_dir.tmp" "$uv_dir"
 fi

@@ -514,9 +514,15 @@ class Supervisor:
         finally:
             watch.close()
             self._join_stopper()
-        # How the slice looked from the API meanwhile (failed polls are counted, never acted on).
+        # How the slice looked from the API meanwhile (failed polls are counted, never acted on), and how
+        # long its hosts' setup took (None: they never got that far).
         self._segments.describe_running(
-            {"restart_count": restart_count, "api_polls": watch.polls, "api_poll_errors": watch.errors}
+            {
+                "restart_count": restart_count,
+                "api_polls": watch.polls,
+                "api_poll_errors": watch.errors,
+                "setup_s": None if attempt.setup_s is None else round(attempt.setup_s, 3),
+            }
         )
         attempt.result = result
         attempt.outcome = self._classify(attempt, watch)

@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""Benchmark: host setup on a fresh simulated host, with the simulator's package cache warm.
+
+Each round is one `tpuctl run` of a trivial program on a slice of its own (``--type v5e-8``: one host,
+created for the run and deleted after it, so every round's host is a fresh VM with an empty disk): the
+host's setup bootstraps uv with the image's pip, makes the environment and installs the bundled
+runtime's pinned set (CPU JAX, optax, orbax, gcsfs) from the simulator's package mirror, which
+`scripts/setup` primed (the "warm cache": nothing comes from the internet; everything is written to the
+fresh host's disk). The figure is the setup time the run recorded for its attempt (the running segment's
+``setup_s``: from the setup script's start on every host to its end on the last one).
+
+Target (issue 15): <= 2 s. Writes docs/bench/setup.json (or --out). Run from the repository root:
+``.venv/bin/python scripts/bench_setup.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+WORLD = """\
+speed: 1000
+zones:
+  us-central1-a: {v5e: {on_demand: 64}}
+quotas:
+  default:
+    on_demand: {zone: -1, region: -1}
+latency: {base_ms: 0, jitter_ms: 0}
+"""
+PROGRAM = 'print("ran", flush=True)\n'
+
+
+def tpuctl(env: dict[str, str], *args: str) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, "-m", "tpuctl", *args, "-o", "json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"tpuctl {' '.join(args)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+def one_round(env: dict[str, str], program: Path) -> float:
+    """The setup seconds of one run on a fresh one-host slice."""
+    # Every simulated VM's disk is a directory on this machine's one disk: without this, the previous
+    # round's 700 MB (written, then wiped with its VM) would still be going to disk during this round,
+    # which no fresh VM on its own disk would meet.
+    os.sync()
+    run = tpuctl(env, "run", str(program), "--type", "v5e-8", "--zone", "us-central1-a")["run"]
+    described = tpuctl(env, "runs", "describe", run["run_id"])["run"]
+    running = [s for s in described["segments"] if s["kind"] == "running"]
+    setup_s = running[0]["detail"].get("setup_s") if running else None
+    if not isinstance(setup_s, float):
+        raise SystemExit(f"run {run['run_id']} recorded no setup time: {running}")
+    return setup_s
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--out", type=Path, default=Path("docs/bench/setup.json"))
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="tpuctl-bench-setup-") as tmp:
+        root = Path(tmp)
+        (root / "world.yaml").write_text(WORLD)
+        program = root / "proj" / "trivial.py"
+        program.parent.mkdir()
+        program.write_text(PROGRAM)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TPUCTL_")}
+        env.update({"TPUCTL_STATE_DIR": str(root / "state"), "TPUCTL_SIM_WORLD": str(root / "world.yaml")})
+        try:
+            rounds = [one_round(env, program) for _ in range(args.rounds)]
+        finally:
+            from tpuctl.sim.vms.layout import vm_root_for
+            from tpuctl.sim.vms.procs import discard_vms
+
+            discard_vms(vm_root_for(root / "state"))  # the state's hypervisor and VMs go with it
+
+    doc = {
+        "benchmark": "host setup on a fresh simulated host (v5e-8, one host), package cache warm",
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+        },
+        "load_average_1m_at_end": round(os.getloadavg()[0], 2),
+        "rounds_s": [round(r, 3) for r in rounds],
+        "median_s": round(statistics.median(rounds), 3),
+        "min_s": round(min(rounds), 3),
+        "max_s": round(max(rounds), 3),
+        "target_s": 2.0,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(doc, indent=2) + "\n")
+    print(
+        f"setup on a fresh host: median {doc['median_s']:.2f} s over {len(rounds)} rounds {doc['rounds_s']}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
