@@ -322,8 +322,8 @@ def test_transient_api_errors_during_a_run_cause_no_recovery(
     # cloud layer retries them; a poll that still fails is no evidence either).
     running = run["segments"][1]["detail"]
     assert running["api_polls"] >= 8, running
-    # The hosts' setup was timed (the launcher's stdlib sleeper installs nothing, but setup still runs).
-    assert isinstance(running["setup_s"], float) and 0 < running["setup_s"] < 60, running
+    # The stdlib sleeper installs nothing (--no-runtime-deps): no setup ran, and none was timed.
+    assert running["setup_s"] == 0.0, running
     node_gets = [r for r in injected if r.startswith("GET ") and "/nodes/" in r]
     assert len(node_gets) >= 2, injected
     assert result.stderr.count("attempt 0") == 1 and "attempt 1" not in result.stderr

@@ -12,12 +12,15 @@ A run directory (``<remote_root>/runs/<run_id>/<attempt>``) holds::
     pid          the program's pid, which is also its process group id (written once it leads a session)
     exit         its exit status, written atomically once it ended: N, or -SIG when a signal killed it
 
-``launch DIR --cwd D [--env K=V]... -- ARGV...`` starts ARGV in a session of its own (stdin /dev/null,
-stdout+stderr to ``out``) under a supervisor that is itself a session leader, so nothing of it belongs to
-the SSH session that launched it (sshd's hangup of that session reaches neither). It prints ``pid N``
-once the pid file exists and exits 0; it refuses (exit 2) a directory that already has a pid file. The
-program's environment is this process's (the host's login environment) plus the ``--env`` pairs; a
-relative ARGV[0] with a slash is resolved against the launching directory, before the chdir to ``--cwd``.
+``launch DIR --cwd D [--env K=V]... [--tail] -- ARGV...`` starts ARGV in a session of its own (stdin
+/dev/null, stdout+stderr to ``out``) under a supervisor that is itself a session leader, so nothing of it
+belongs to the SSH session that launched it (sshd's hangup of that session reaches neither). It prints
+``pid N`` once the pid file exists and exits 0; it refuses (exit 2) a directory that already has a pid
+file. With ``--tail`` it prints ``pid N`` on stderr instead and goes on as ``tail DIR 0`` in the same
+process and session (one SSH session and one Python start per host instead of two: on a large slice the
+start-up burst is made of these). The program's environment is this process's (the host's login
+environment) plus the ``--env`` pairs; a relative ARGV[0] with a slash is resolved against the launching
+directory, before the chdir to ``--cwd``.
 
 ``tail DIR OFFSET`` writes the bytes of ``out`` from OFFSET on to stdout as they come, and control lines
 to stderr: ``alive`` about every second (so a silent program still shows the connection is up, and a
@@ -74,7 +77,9 @@ def _alive(pid: int) -> bool:
         return True  # no /proc: kill(0) said it exists
 
 
-def launch(directory: str, cwd: str, env_pairs: list[str], argv: list[str]) -> int:
+def launch(
+    directory: str, cwd: str, env_pairs: list[str], argv: list[str], *, then_tail: bool = False
+) -> int:
     """Start ``argv`` detached (see the module docstring); returns the process exit code."""
     directory = os.path.abspath(directory)
     os.makedirs(directory, exist_ok=True)
@@ -101,8 +106,11 @@ def launch(directory: str, cwd: str, env_pairs: list[str], argv: list[str]) -> i
     if not reply.isdigit():
         print(f"follow: the supervisor did not start the program: {reply}", file=sys.stderr)
         return 1
-    print(f"pid {reply}", flush=True)
-    return 0
+    if not then_tail:
+        print(f"pid {reply}", flush=True)
+        return 0
+    print(f"pid {reply}", file=sys.stderr, flush=True)
+    return tail(directory, 0)
 
 
 def _supervise(directory: str, cwd: str, env: dict[str, str], argv: list[str], report_fd: int) -> int:
@@ -188,24 +196,28 @@ def main(args: list[str]) -> int:
         if len(args) >= 5 and args[0] == "launch" and "--" in args:
             split = args.index("--")
             options, argv = args[2:split], args[split + 1 :]
-            cwd, env_pairs = ".", []
-            for flag, value in zip(options[::2], options[1::2], strict=True):
-                if flag == "--cwd":
-                    cwd = value
+            cwd, env_pairs, then_tail = ".", [], False
+            words = iter(options)
+            for flag in words:
+                if flag == "--tail":
+                    then_tail = True
+                elif flag == "--cwd":
+                    cwd = next(words)
                 elif flag == "--env":
-                    env_pairs.append(value)
+                    env_pairs.append(next(words))
                 else:
                     raise ValueError(flag)
             if argv:
-                return launch(args[1], cwd, env_pairs, argv)
+                return launch(args[1], cwd, env_pairs, argv, then_tail=then_tail)
     except BrokenPipeError:
         # The SSH channel is gone: nothing to report to. Quiet exit (stdout is a dead pipe).
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
-    except ValueError:
+    except (ValueError, StopIteration):
         pass
     print(
-        "usage: follow.py launch DIR [--cwd D] [--env K=V]... -- ARGV... | follow.py tail DIR OFFSET",
+        "usage: follow.py launch DIR [--cwd D] [--env K=V]... [--tail] -- ARGV... | "
+        "follow.py tail DIR OFFSET",
         file=sys.stderr,
     )
     return 2

@@ -22,9 +22,11 @@ Remote layout, relative to the login directory unless ``remote_root`` is absolut
     <remote_root>/runs/<run_id>/<attempt>/{out,pid,exit,supervisor}   one start (follow.py's layout)
 
 ``<attempt>`` is the spec's ``restart_count``. The program is detached from SSH: ``start`` runs
-``python3 -I <bundle>/tpuctl/hosts/follow.py launch ...`` (the image's python3), which starts it in a
-session of its own with output to ``out``; a follower per host then runs ``follow.py tail DIR OFFSET``
-and turns the bytes into lines. When a connection drops (or goes silent: ``tail`` beats every second),
+``python3 -I <bundle>/tpuctl/hosts/follow.py launch --tail ...`` (the image's python3), which starts it
+in a session of its own with output to ``out``, reports its pid and goes on tailing ``out`` from offset
+0 in the same SSH session; a follower per host turns those bytes into lines, and whenever that tail ends
+without the program's exit status it runs ``follow.py tail DIR OFFSET`` anew. When a connection drops
+(or goes silent: ``tail`` beats every second),
 the follower reconnects with the same backoff and resumes at the offset just past the last complete line
 it emitted, so no line is lost or repeated. A host is lost (exit event with returncode None) only when it
 cannot be reached for ``lost_after_s`` since the last contact. ``stop`` signals the program's process
@@ -491,7 +493,7 @@ class SshExecutor:
             command = (
                 # The bundle's absolute path is known only on the host: "$b", expanded there.
                 f'b=$(cd {_q(bundle)} && pwd) && exec {_q(self._image_python)} -I "$b"/{FOLLOW_PATH} '
-                f'launch {_q(run_dir)} --cwd "$b" '
+                f'launch {_q(run_dir)} --tail --cwd "$b" '
                 + "".join(f"--env {_q(f'{k}={v}')} " for k, v in env.items())
                 + f'--env "PYTHONPATH=$b:$b/{SITECUSTOMIZE_DIR}" -- '
                 + " ".join(_q(a) for a in argv)
@@ -529,43 +531,63 @@ class SshExecutor:
             raise
 
     async def _start_one(self, remote: _Remote, plan: HostPlan, bundle: str, run_dir: str) -> None:
-        import asyncssh
-
+        """Launch the program on one host; the launch's session goes on as its first tail, which the
+        host's follower takes over."""
         assert plan.shell_command is not None
         pidfile = f"{run_dir}/pid"
         command = plan.shell_command
         for attempt in range(1, _COMMAND_TRIES + 1):
             conn = await self._connect_or_fail(remote)
-            try:
-                result = await conn.run(command, check=False, timeout=_COMMAND_TIMEOUT_S)
-            except (OSError, asyncssh.Error) as exc:
-                stdout, stderr, status = "", f"connection lost: {_describe(exc)}", None
-            else:
-                stdout, stderr, status = (
-                    str(result.stdout or ""),
-                    str(result.stderr or ""),
-                    result.exit_status,
-                )
-            if status is not None or attempt == _COMMAND_TRIES:
+            process, failure = await self._launch(conn, command)
+            if process is not None:
                 break
+            if failure is not None or attempt == _COMMAND_TRIES:
+                raise RunFailedError(
+                    f"starting the program on host {remote.worker} ({self._where(remote)}) failed: "
+                    f"{(failure or 'the connection dropped every time').strip()[-300:]}",
+                    worker=remote.worker,
+                    fix="check that the bundle reached the host and that its python3 runs",
+                )
             # The connection dropped mid-launch: the program may have started. Launching is idempotent
-            # through its pid file: run again only where there is none.
+            # through its pid file: where there is one, report it and follow from the start.
             self._drop(remote)
-            started = f'echo "pid $(cat {_q(pidfile)})"'
+            follow = f"{_q(self._image_python)} -I {_q(f'{bundle}/{FOLLOW_PATH}')}"
+            started = f'echo "pid $(cat {_q(pidfile)})" >&2 && exec {follow} tail {_q(run_dir)} 0'
             command = f"if [ -e {_q(pidfile)} ]; then {started}; else {plan.shell_command}; fi"
-
-        if status != 0 or not stdout.startswith("pid "):
-            raise RunFailedError(
-                f"starting the program on host {remote.worker} ({self._where(remote)}) failed "
-                f"(exit {status}): {(stderr or stdout).strip()[-300:]}",
-                worker=remote.worker,
-                fix="check that the bundle reached the host and that its python3 runs",
-            )
+        assert process is not None  # the last try raised otherwise
         remote.run_dir = run_dir
         remote.finished = asyncio.Event()
         state = _FollowState(offset=0, last_contact=time.monotonic())
         # Keep a reference: the loop holds tasks only weakly, and a collected follower loses the host.
-        remote.follower = asyncio.ensure_future(self._follow(remote, bundle, state))
+        remote.follower = asyncio.ensure_future(self._follow(remote, bundle, state, first=(conn, process)))
+
+    async def _launch(
+        self, conn: asyncssh.SSHClientConnection, command: str
+    ) -> tuple[asyncssh.SSHClientProcess[bytes] | None, str | None]:
+        """Run ``launch --tail``: (the session, now tailing, None) once it reported ``pid N`` on stderr;
+        (None, why) when the launch failed on the host; (None, None) when the connection dropped."""
+        import asyncssh
+
+        try:
+            process = await conn.create_process(command, stdin=asyncssh.DEVNULL, encoding=None)
+        except (OSError, asyncssh.Error):
+            return None, None
+        try:
+            first = await asyncio.wait_for(process.stderr.readline(), timeout=_COMMAND_TIMEOUT_S)
+        except (OSError, asyncssh.Error, TimeoutError):
+            process.close()
+            return None, None
+        if decode_line(first).startswith("pid "):
+            return process, None
+        try:  # the launch failed: what it said, and how it exited
+            rest = await asyncio.wait_for(process.stderr.read(), timeout=_STOP_COMMAND_S)
+            await asyncio.wait_for(process.wait_closed(), timeout=_STOP_COMMAND_S)
+        except (OSError, asyncssh.Error, TimeoutError):
+            rest = b""
+        if not first and process.exit_status is None:
+            return None, None  # the session ended without a word or a status: the connection dropped
+        text = decode_line(first + rest)
+        return None, f"(exit {process.exit_status}) {text}"
 
     def _drop(self, remote: _Remote) -> None:
         """Forget the host's connection (it dropped): the next command connects again."""
@@ -588,17 +610,27 @@ class SshExecutor:
             remote.finished.set()
             self._events.put(HostEvent(remote.worker, "exit", returncode=returncode))
 
-    async def _follow(self, remote: _Remote, bundle: str, state: _FollowState) -> None:
-        """Tail the host's output until its exit status comes; reconnect whenever a tail ends without
-        one; give the host up after ``lost_after_s`` without contact, or after 3 failed tails in a row
-        on a live connection."""
+    async def _follow(
+        self,
+        remote: _Remote,
+        bundle: str,
+        state: _FollowState,
+        first: tuple[asyncssh.SSHClientConnection, asyncssh.SSHClientProcess[bytes]] | None = None,
+    ) -> None:
+        """Tail the host's output until its exit status comes, starting with ``first`` (the launch's
+        session, already tailing from offset 0) if given; reconnect whenever a tail ends without one;
+        give the host up after ``lost_after_s`` without contact, or after 3 failed tails in a row on a
+        live connection."""
         delay = _BACKOFF_FIRST_S
         while not remote.finished or not remote.finished.is_set():
             silent_for = time.monotonic() - state.last_contact
             try:
                 if silent_for > self._lost_after_s:
                     raise _Unreachable(state.note or "no contact")
-                conn = await self._connect(remote, state.last_contact + self._lost_after_s)
+                if first is not None:
+                    conn = first[0]
+                else:
+                    conn = await self._connect(remote, state.last_contact + self._lost_after_s)
             except (_Unreachable, HostKeyMismatchError) as exc:
                 self._line(
                     remote,
@@ -608,7 +640,8 @@ class SshExecutor:
                 self._finish(remote, None)
                 return
             before = state.offset, state.last_contact
-            outcome = await self._tail(remote, conn, bundle, state)
+            outcome = await self._tail(remote, conn, bundle, state, first[1] if first else None)
+            first = None
             if outcome is not None:
                 kind, value = outcome
                 if kind == "exit":
@@ -627,23 +660,30 @@ class SshExecutor:
             delay = min(delay * 2, _BACKOFF_MAX_S)
 
     async def _tail(
-        self, remote: _Remote, conn: asyncssh.SSHClientConnection, bundle: str, state: _FollowState
+        self,
+        remote: _Remote,
+        conn: asyncssh.SSHClientConnection,
+        bundle: str,
+        state: _FollowState,
+        process: asyncssh.SSHClientProcess[bytes] | None = None,
     ) -> tuple[str, str] | None:
-        """One ``follow.py tail`` from ``state.offset``: emits complete lines, advancing the offset past
-        each. Returns ("exit", status) once the program ended (its last unterminated line emitted too),
-        ("lost", why) when the supervisor is gone, ("error", stderr) when tail failed on a live
-        connection, None when the connection dropped or went silent (the caller reconnects)."""
+        """One ``follow.py tail`` from ``state.offset`` (or ``process``, a session already tailing from
+        there): emits complete lines, advancing the offset past each. Returns ("exit", status) once the
+        program ended (its last unterminated line emitted too), ("lost", why) when the supervisor is
+        gone, ("error", stderr) when tail failed on a live connection, None when the connection dropped
+        or went silent (the caller reconnects)."""
         import asyncssh
 
-        command = (
-            f"exec {_q(self._image_python)} -I {_q(f'{bundle}/{FOLLOW_PATH}')} tail "
-            f"{_q(remote.run_dir)} {state.offset}"
-        )
-        try:
-            process = await conn.create_process(command, stdin=asyncssh.DEVNULL, encoding=None)
-        except (OSError, asyncssh.Error) as exc:
-            state.note = _describe(exc)
-            return None
+        if process is None:
+            command = (
+                f"exec {_q(self._image_python)} -I {_q(f'{bundle}/{FOLLOW_PATH}')} tail "
+                f"{_q(remote.run_dir)} {state.offset}"
+            )
+            try:
+                process = await conn.create_process(command, stdin=asyncssh.DEVNULL, encoding=None)
+            except (OSError, asyncssh.Error) as exc:
+                state.note = _describe(exc)
+                return None
         control: list[str] = []
         reader = asyncio.ensure_future(self._read_control(process, state, control))
         watchdog = asyncio.ensure_future(self._watch_silence(conn, state))
