@@ -234,13 +234,19 @@ def _seg(described: dict[str, Any], number: int, kind: str) -> float | None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--speed", type=float, default=100.0)
-    parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--checkpoint-every", type=int, default=10)
-    parser.add_argument("--step-delay", type=float, default=0.05)
+    # Issue 15's goodput is that of "a run long enough that start-up is under 10% of it": 3000 steps of
+    # 0.1 s (the tiny LM's compute is a few ms; the delay stands in for a real model's step) is ~300 s
+    # against a start-up of ~20 s on this simulator. The report says what the fraction came out as.
+    parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--checkpoint-every", type=int, default=100)
+    parser.add_argument("--step-delay", type=float, default=0.1)
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--out", default=str(REPO / "docs" / "bench" / "recovery.json"))
     args = parser.parse_args()
-    plan = [(1, 8, True), (2, 18, False), (3, 28, True)]
+    # Preempted at 20%, 45% and 70% of the steps, off the checkpoint interval so that the hard kill
+    # loses work: with notice, without notice (hard kill), with notice.
+    at = [max(1, round(args.steps * f)) + args.checkpoint_every // 2 for f in (0.2, 0.45, 0.7)]
+    plan = [(1, at[0], True), (2, at[1], False), (3, at[2], True)]
     runs = [one_run(args.speed, args.steps, args.checkpoint_every, args.step_delay, plan)
             for _ in range(args.runs)]  # fmt: skip
     rows = [r for run in runs for r in run["preemptions"]]
@@ -272,6 +278,10 @@ def main() -> int:
         "startup_s": stats("startup_s", rows),
         "goodput_3_preemptions": [r["goodput"] for r in runs],
         "goodput_no_preemption": baseline["goodput"],
+        # Everything of the baseline's wall time that is not step time: start-up, compilation, teardown.
+        "startup_fraction_no_preemption": round(1 - baseline["productive_step_s"] / baseline["wall_s"], 3),
+        "goodput_ratio": round(statistics.median(r["goodput"] for r in runs) / baseline["goodput"], 3),
+        "goodput_ratio_target": 0.85,
         "wall_s_3_preemptions": [r["wall_s"] for r in runs],
         "wall_s_no_preemption": baseline["wall_s"],
         "steps_recomputed": [r["steps_recomputed"] for r in runs],
@@ -293,7 +303,8 @@ def main() -> int:
             "create_real_s": 120 / args.speed,
             "delete_real_s": 30 / args.speed,
             "metadata_poll_s": 0.5,
-            "plan": "attempt 1 step 8 notice; attempt 2 step 18 no notice; attempt 3 step 28 notice",
+            "plan": f"attempt 1 step {at[0]} notice; attempt 2 step {at[1]} no notice; "
+            f"attempt 3 step {at[2]} notice",
         },
         # Flat figures for scripts/bench_report.py (docs/benchmarks.md).
         "headline": {
@@ -303,6 +314,8 @@ def main() -> int:
             "net_recovery_no_notice_median_s": summary["net_recovery_s"]["no_notice"]["median"],
             "goodput_3_preemptions": runs[0]["goodput"],
             "goodput_no_preemption": baseline["goodput"],
+            "goodput_ratio": summary["goodput_ratio"],
+            "startup_fraction_no_preemption": summary["startup_fraction_no_preemption"],
         },
         "summary": summary,
         "runs": runs,

@@ -213,9 +213,12 @@ def _recovery(d: dict[str, Any]) -> list[Row]:
         ),
         (
             "goodput with 3 preemptions (2 with notice, 1 hard) vs none",
-            f"{_f(h.get('goodput_3_preemptions'))} vs {_f(h.get('goodput_no_preemption'))}",
-            "",
-            f"{cfg.get('steps')} steps of the example LM, checkpoint every {cfg.get('checkpoint_every')}; "
+            f"{_f(h.get('goodput_3_preemptions'))} vs {_f(h.get('goodput_no_preemption'))}"
+            f" = {_f(h.get('goodput_ratio'), 'x', 2)}",
+            f"≥ {s.get('goodput_ratio_target', 0.85)}x",
+            f"{cfg.get('steps')} steps of {cfg.get('step_delay_s')} s of the example LM, checkpoint every "
+            f"{cfg.get('checkpoint_every')}; start-up and teardown "
+            f"{_f(h.get('startup_fraction_no_preemption'), '', 3)} of the unpreempted run's wall time; "
             f"steps recomputed {', '.join(str(x) for x in recomputed) or 'n/a'}; simulator speed "
             f"{cfg.get('speed')}",
         ),
@@ -292,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
         "",
         f"- Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; commit {_commit()}",
         f"- Machine: {_machine()}",
-        "- Rerun: `scripts/bench` from the repository root (sets up `.venv`; about 15 minutes on 2 cores).",
+        "- Rerun: `scripts/bench` from the repository root (sets up `.venv`; about 30 minutes on 2 cores).",
         "  `BENCH_QUICK=1 scripts/bench` runs smaller sizes (a pipeline check); each script runs alone",
         "  too (`.venv/bin/python scripts/bench_X.py --help`).",
         "- Tests: `scripts/test` (CI's fast mode); `scripts/test --slow` adds the long cases, among them the",
