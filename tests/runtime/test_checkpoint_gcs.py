@@ -69,3 +69,51 @@ def test_save_and_restore_through_the_bucket(bucket: str) -> None:
     for key, value in state.items():
         assert result.state is not None
         np.testing.assert_array_equal(np.asarray(result.state[key]), np.asarray(value + 30))
+
+
+def test_restore_finds_steps_saved_after_the_checkpointer_started(bucket: str) -> None:
+    """A restore lists the bucket afresh, and the manager learns of what it found: saving a step that
+    another Checkpointer wrote meanwhile is refused as existing, not written over."""
+    import jax
+    import numpy as np
+
+    from tpuctl.runtime.checkpoint import Checkpointer, abstract_like
+
+    directory = f"{bucket}/tpuctl/runs/r2/checkpoints"
+    state = _state(1, 2)
+    early = Checkpointer(directory)
+    assert early.all_steps() == []
+    writer = Checkpointer(directory)
+    for step in (1, 2):
+        assert writer.save(step, jax.tree.map(lambda x, s=step: x + s, state), force=True)
+    writer.close()
+    result = early.restore_latest(abstract_like(state))
+    assert result.step == 2 and result.skipped == [] and result.state is not None
+    np.testing.assert_array_equal(np.asarray(result.state["w1"]), np.asarray(state["w1"] + 2))
+    assert early.save(2, state, force=True) is False
+    assert early.latest_good_step(abstract_like(state)) == 2
+    early.close()
+
+
+def test_missing_verification_record_falls_back_to_the_previous_step(bucket: str) -> None:
+    import jax
+    from etils import epath
+
+    from tpuctl.runtime.checkpoint import Checkpointer, abstract_like
+
+    directory = f"{bucket}/tpuctl/runs/r3/checkpoints"
+    state = _state(1, 2)
+    ckpt = Checkpointer(directory)
+    for step in (1, 2):
+        assert ckpt.save(step, jax.tree.map(lambda x, s=step: x + s, state), force=True)
+    ckpt.close()
+    records = list((epath.Path(directory) / "2" / "verify").iterdir())
+    assert records, "the step has a verification record"
+    for record in records:
+        record.unlink()
+    again = Checkpointer(directory)
+    result = again.restore_latest(abstract_like(state))
+    again.close()
+    assert result.step == 1
+    [skipped] = result.skipped
+    assert skipped.step == 2 and "FileNotFoundError" in skipped.reason
