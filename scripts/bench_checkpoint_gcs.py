@@ -33,9 +33,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-# Connections the emulator's socket queues while it serves another (see main).
-_EMULATOR_BACKLOG = 128
-
 
 def _timed(fn: Callable[[], Any]) -> float:
     t0 = time.perf_counter()
@@ -114,18 +111,9 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("docs/bench/checkpoint_gcs.json"))
     args = parser.parse_args()
 
-    from tpuctl.sim import storage
     from tpuctl.sim.network import network_env
     from tpuctl.sim.storage import DEFAULT_BUCKET, StorageEmulator
 
-    # The emulator serves one connection at a time with http.server's listen backlog of 5. A restore's
-    # range reads open more connections at once than that; the kernel drops the overflow
-    # (TcpExtListenOverflows counts it) and the client tries again after TCP's 1 s retransmission
-    # timeout. About half the restores of either side took such a 1 s stall, so the medians of 6 swung
-    # the ratio between 0.6 and 6 from run to run, whatever the code. A backlog that holds them all
-    # leaves the emulator serving the same requests, one at a time, without the lost seconds. (The
-    # emulator's own class is the better home for this; it serves simulated hosts' restores too.)
-    storage._QuietHTTPServer.request_queue_size = _EMULATOR_BACKLOG
     with tempfile.TemporaryDirectory(prefix="tpuctl-bench-gcs-") as tmp:
         emulator = StorageEmulator(Path(tmp))
         url = emulator.start()

@@ -157,6 +157,13 @@ def default_wheelhouse(environ: Mapping[str, str]) -> Path:
     return Path(base) / "tpuctl" / "wheels"
 
 
+class _MirrorServer(ThreadingHTTPServer):
+    daemon_threads = True
+    # http.server's listen backlog is 5: uv opens dozens of connections at once (every host of a slice
+    # its own), and the kernel drops those beyond it; each then waits out TCP's 1 s SYN retransmission.
+    request_queue_size = 128
+
+
 class PackageMirror:
     """Serves ``wheelhouse`` at ``http://<host>:<port>/`` (an ephemeral port by default) from a daemon
     thread.
@@ -180,8 +187,7 @@ class PackageMirror:
 
     def start(self) -> str:
         if self._server is None:
-            server = ThreadingHTTPServer((self.host, self.port), partial(_Handler, self.wheelhouse))
-            server.daemon_threads = True
+            server = _MirrorServer((self.host, self.port), partial(_Handler, self.wheelhouse))
             self._thread = threading.Thread(target=server.serve_forever, name="tpuctl-mirror", daemon=True)
             self._server = server
             self._thread.start()

@@ -264,6 +264,9 @@ class _Httpd(ThreadingHTTPServer):
     # SO_REUSEADDR (Linux): a restarted `tpuctl sim serve --port P` can rebind while old connections sit
     # in TIME_WAIT; it does not let two live servers share the port (that would be SO_REUSEPORT).
     allow_reuse_address = True
+    # http.server's listen backlog is 5: a burst of connections beyond it (every host of a slice at
+    # once) is dropped by the kernel and each client waits out TCP's 1 s SYN retransmission.
+    request_queue_size = 128
 
     def __init__(
         self,

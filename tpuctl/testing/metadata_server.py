@@ -23,6 +23,12 @@ def etag_of(value: str) -> str:
     return hashlib.sha256(value.encode()).hexdigest()[:16]
 
 
+class _Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    # Not http.server's backlog of 5: connections beyond it are dropped and retried after 1 s.
+    request_queue_size = 128
+
+
 class MetadataServer:
     """One host's metadata server on 127.0.0.1 (an ephemeral port); ``host`` is its "ip:port"."""
 
@@ -33,8 +39,7 @@ class MetadataServer:
         self.requests: list[tuple[str, dict[str, str], str | None]] = []  # (path, query, flavor header)
         self._changed = threading.Condition()
         self._closing = False
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self.httpd.daemon_threads = True
+        self.httpd = _Server(("127.0.0.1", 0), self._handler())
         self.thread = threading.Thread(
             target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
         )

@@ -21,6 +21,9 @@ HostOf = Callable[[str], "tuple[str, str, str, int] | None"]
 class MetadataServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    # http.server's listen backlog is 5: a burst of connections beyond it (every host of a slice at
+    # once) is dropped by the kernel and each client waits out TCP's 1 s SYN retransmission.
+    request_queue_size = 128
 
     def __init__(self, address: tuple[str, int], engine: SimEngine, host_of: HostOf) -> None:
         self.engine = engine
