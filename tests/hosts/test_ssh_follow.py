@@ -15,7 +15,9 @@ from test_ssh_executor import LoopbackSsh, collect, executor_for, key, servers, 
 
 from tpuctl.hosts.base import HostEvent
 from tpuctl.hosts.bundle import build_bundle
-from tpuctl.hosts.ssh import FOLLOW_PATH, SITECUSTOMIZE_DIR, KeyPair, SshExecutor
+from tpuctl.hosts.ssh import SITECUSTOMIZE_DIR, KeyPair, SshExecutor
+
+FOLLOW_MODULE = "from tpuctl.hosts.follow"
 
 __all__ = ["key", "servers"]  # fixtures shared with test_ssh_executor
 
@@ -77,8 +79,11 @@ def test_every_line_exactly_once_while_every_connection_is_cut_again_and_again(
         # The launch's own session tailed from offset 0; each cut made the follower resume with a new
         # tail from the last complete line's offset.
         commands = servers.hosts[worker].commands
-        assert sum(f"{FOLLOW_PATH} launch " in c and " --tail " in c for c in commands) == 1
-        tails = [c for c in commands if f"{FOLLOW_PATH} tail " in c]
+        assert (
+            sum(f"{FOLLOW_MODULE} import main" in c and " launch " in c and " --tail " in c for c in commands)
+            == 1
+        )
+        tails = [c for c in commands if f"{FOLLOW_MODULE} import main" in c and " tail " in c]
         offsets = [int(c.rsplit(" ", 1)[1]) for c in tails]
         assert len(tails) >= 3 and offsets == sorted(offsets) and offsets[0] > 0
 
