@@ -231,6 +231,29 @@ def _seg(described: dict[str, Any], number: int, kind: str) -> float | None:
     return segs[index]["duration_s"] if index < len(segs) else None
 
 
+def goodput_figures(
+    runs: list[dict[str, Any]], baseline: dict[str, Any], steps: int, step_delay: float
+) -> dict[str, Any]:
+    """The goodput ratio to the unpreempted run, two ways, and the start-up fraction of the latter.
+
+    tpuctl's goodput is productive step time (the runtime's timed computation of each final step) over
+    wall time. Its ratio drifts with this machine's load: a slower step counts as more productive time.
+    Both runs do the same 3000 steps, so the plain ratio of wall times is the other reading; the target
+    is judged on the lower of the two. The start-up fraction is what of the baseline's wall time is
+    neither computation nor the steps' delay (which stands in for a bigger model's step).
+    """
+    by_tpuctl = statistics.median(r["goodput"] for r in runs) / baseline["goodput"]
+    by_wall = baseline["wall_s"] / statistics.median(r["wall_s"] for r in runs)
+    stepping = baseline["productive_step_s"] + steps * step_delay
+    return {
+        "goodput_ratio_tpuctl": round(by_tpuctl, 3),
+        "goodput_ratio_wall": round(by_wall, 3),
+        "goodput_ratio": round(min(by_tpuctl, by_wall), 3),
+        "goodput_ratio_target": 0.85,
+        "startup_fraction_no_preemption": round(1 - stepping / baseline["wall_s"], 3),
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--speed", type=float, default=100.0)
@@ -278,10 +301,7 @@ def main() -> int:
         "startup_s": stats("startup_s", rows),
         "goodput_3_preemptions": [r["goodput"] for r in runs],
         "goodput_no_preemption": baseline["goodput"],
-        # Everything of the baseline's wall time that is not step time: start-up, compilation, teardown.
-        "startup_fraction_no_preemption": round(1 - baseline["productive_step_s"] / baseline["wall_s"], 3),
-        "goodput_ratio": round(statistics.median(r["goodput"] for r in runs) / baseline["goodput"], 3),
-        "goodput_ratio_target": 0.85,
+        **goodput_figures(runs, baseline, args.steps, args.step_delay),
         "wall_s_3_preemptions": [r["wall_s"] for r in runs],
         "wall_s_no_preemption": baseline["wall_s"],
         "steps_recomputed": [r["steps_recomputed"] for r in runs],
@@ -315,7 +335,6 @@ def main() -> int:
             "goodput_3_preemptions": runs[0]["goodput"],
             "goodput_no_preemption": baseline["goodput"],
             "goodput_ratio": summary["goodput_ratio"],
-            "startup_fraction_no_preemption": summary["startup_fraction_no_preemption"],
         },
         "summary": summary,
         "runs": runs,
