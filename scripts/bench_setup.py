@@ -23,6 +23,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -53,12 +54,22 @@ def tpuctl(env: dict[str, str], *args: str) -> dict[str, Any]:
     return result
 
 
+def quiesce(state_dir: Path) -> None:
+    """Wait until the previous round's VM disk is wiped and written back. Every simulated disk is a
+    directory on this machine's one disk: the previous round's 700 MB, still being removed or written
+    back, would slow this round's host, which no fresh VM on a disk of its own would meet."""
+    from tpuctl.sim.vms.layout import vm_root_for
+
+    disks = vm_root_for(state_dir) / "disks"
+    give_up = time.monotonic() + 120
+    while disks.is_dir() and any(disks.iterdir()) and time.monotonic() < give_up:
+        time.sleep(0.2)
+    os.sync()
+
+
 def one_round(env: dict[str, str], program: Path) -> float:
     """The setup seconds of one run on a fresh one-host slice."""
-    # Every simulated VM's disk is a directory on this machine's one disk: without this, the previous
-    # round's 700 MB (written, then wiped with its VM) would still be going to disk during this round,
-    # which no fresh VM on its own disk would meet.
-    os.sync()
+    quiesce(Path(env["TPUCTL_STATE_DIR"]))
     run = tpuctl(env, "run", str(program), "--type", "v5e-8", "--zone", "us-central1-a")["run"]
     described = tpuctl(env, "runs", "describe", run["run_id"])["run"]
     running = [s for s in described["segments"] if s["kind"] == "running"]
