@@ -25,6 +25,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from tpuctl.sim.httpd import LISTEN_BACKLOG
+
 #: What counts as a distribution file (anything else in the wheelhouse, e.g. stamps, is not listed).
 DIST_SUFFIXES = (".whl", ".tar.gz", ".zip")
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
@@ -159,9 +161,7 @@ def default_wheelhouse(environ: Mapping[str, str]) -> Path:
 
 class _MirrorServer(ThreadingHTTPServer):
     daemon_threads = True
-    # http.server's listen backlog is 5: uv opens dozens of connections at once (every host of a slice
-    # its own), and the kernel drops those beyond it; each then waits out TCP's 1 s SYN retransmission.
-    request_queue_size = 128
+    request_queue_size = LISTEN_BACKLOG
 
 
 class PackageMirror:

@@ -27,6 +27,7 @@ from tpuctl.sim import api_errors
 from tpuctl.sim.api_errors import ApiError
 from tpuctl.sim.engine import SimEngine
 from tpuctl.sim.exchange import SimRequest, SimResponse, error_response, parse_body
+from tpuctl.sim.httpd import LISTEN_BACKLOG
 from tpuctl.sim.network import NetworkServices
 from tpuctl.sim.routes import dispatch, internal_error
 from tpuctl.sim.state import SimDatabase, db_path_for
@@ -38,9 +39,9 @@ if TYPE_CHECKING:
 
 Clock = Callable[[], float]
 
-#: The surfaces a real network sits in front of; faults are injected there only.
 #: How often a simulator whose VMs run in the hypervisor checks that it still runs.
 _HYPERVISOR_CHECK_S = 1.0
+#: The surfaces a real network sits in front of; faults are injected there only.
 _FAULTY_SURFACES = ("/v2/", "/v2alpha1/", "/v1/")
 _MUTATIONS = frozenset({"POST", "PATCH", "DELETE"})
 
@@ -264,9 +265,7 @@ class _Httpd(ThreadingHTTPServer):
     # SO_REUSEADDR (Linux): a restarted `tpuctl sim serve --port P` can rebind while old connections sit
     # in TIME_WAIT; it does not let two live servers share the port (that would be SO_REUSEPORT).
     allow_reuse_address = True
-    # http.server's listen backlog is 5: a burst of connections beyond it (every host of a slice at
-    # once) is dropped by the kernel and each client waits out TCP's 1 s SYN retransmission.
-    request_queue_size = 128
+    request_queue_size = LISTEN_BACKLOG
 
     def __init__(
         self,

@@ -17,6 +17,8 @@ from http import server as http_server
 from pathlib import Path
 from typing import Any
 
+from tpuctl.sim.httpd import LISTEN_BACKLOG
+
 DEFAULT_BUCKET = "tpuctl-sim"
 
 
@@ -24,13 +26,11 @@ class _QuietHTTPServer(http_server.HTTPServer):
     """The emulator's HTTPServer, silent about clients that hang up mid-answer (tensorstore and gcsfs close
     pooled connections freely); any other error is still printed, as the base class does.
 
-    It serves one connection at a time (the emulator's storage is not thread-safe), so its listen backlog
-    must hold every connection clients open at once: with http.server's 5, a restore's concurrent range
-    reads (tensorstore opens a dozen, every host of a slice its own) overflowed it, the kernel dropped the
-    rest (TcpExtListenOverflows) and each client waited out TCP's 1 s retransmission timeout.
+    It serves one connection at a time (the emulator's storage is not thread-safe), so the connections a
+    restore opens at once wait in its listen backlog (``tpuctl.sim.httpd``).
     """
 
-    request_queue_size = 128
+    request_queue_size = LISTEN_BACKLOG
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         if isinstance(sys.exc_info()[1], ConnectionError):

@@ -16,6 +16,8 @@ import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
+from tpuctl.sim.httpd import LISTEN_BACKLOG
+
 ROOT = "/computeMetadata/v1/"
 
 
@@ -25,8 +27,7 @@ def etag_of(value: str) -> str:
 
 class _Server(http.server.ThreadingHTTPServer):
     daemon_threads = True
-    # Not http.server's backlog of 5: connections beyond it are dropped and retried after 1 s.
-    request_queue_size = 128
+    request_queue_size = LISTEN_BACKLOG  # as the simulator's servers, for the same reason
 
 
 class MetadataServer:

@@ -13,6 +13,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from tpuctl.sim import metadata
 from tpuctl.sim.engine import SimEngine
 from tpuctl.sim.exchange import SimRequest, SimResponse, text_response
+from tpuctl.sim.httpd import LISTEN_BACKLOG
 
 #: (project, zone, node, worker) of the host serving on an address, or None.
 HostOf = Callable[[str], "tuple[str, str, str, int] | None"]
@@ -21,9 +22,7 @@ HostOf = Callable[[str], "tuple[str, str, str, int] | None"]
 class MetadataServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
-    # http.server's listen backlog is 5: a burst of connections beyond it (every host of a slice at
-    # once) is dropped by the kernel and each client waits out TCP's 1 s SYN retransmission.
-    request_queue_size = 128
+    request_queue_size = LISTEN_BACKLOG
 
     def __init__(self, address: tuple[str, int], engine: SimEngine, host_of: HostOf) -> None:
         self.engine = engine
