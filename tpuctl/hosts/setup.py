@@ -62,6 +62,11 @@ class SetupSpec:
         """Whether the setup makes a virtual environment (anything to install)."""
         return self.runtime is not None or bool(self.requirements)
 
+    @property
+    def does_nothing(self) -> bool:
+        """Whether there is nothing to install and no command to run (no setup step at all)."""
+        return not self.needs_env and not self.commands
+
     def key(self) -> str:
         """sha256 (hex) of every input: the runtime's pinned set (its text, not its name), the user's
         requirements and commands, the Python and uv versions, and the script's version."""

@@ -22,15 +22,15 @@ Remote layout, relative to the login directory unless ``remote_root`` is absolut
     <remote_root>/runs/<run_id>/<attempt>/{out,pid,exit,supervisor}   one start (follow.py's layout)
 
 ``<attempt>`` is the spec's ``restart_count``. The program is detached from SSH: ``start`` runs
-``python3 -I <bundle>/tpuctl/hosts/follow.py launch --tail ...`` (the image's python3), which starts it
-in a session of its own with output to ``out``, reports its pid and goes on tailing ``out`` from offset
-0 in the same SSH session; a follower per host turns those bytes into lines, and whenever that tail ends
+``follow.py launch --tail ...`` (imported from the bundle by the image's python3), which starts it in a
+session of its own with output to ``out``, reports its pid and goes on tailing ``out`` from offset 0 in
+the same SSH session; a follower per host turns those bytes into lines, and whenever that tail ends
 without the program's exit status it runs ``follow.py tail DIR OFFSET`` anew. When a connection drops
-(or goes silent: ``tail`` beats every second),
-the follower reconnects with the same backoff and resumes at the offset just past the last complete line
-it emitted, so no line is lost or repeated. A host is lost (exit event with returncode None) only when it
-cannot be reached for ``lost_after_s`` since the last contact. ``stop`` signals the program's process
-group (its pid file) over SSH: SIGTERM, then SIGKILL after the grace.
+(or goes silent: ``tail`` beats every second), the follower reconnects with the same backoff and resumes
+at the offset just past the last complete line it emitted, so no line is lost or repeated. A host is
+lost (exit event with returncode None) only when it cannot be reached for ``lost_after_s`` since the last
+contact. ``stop`` signals the program's process group (its pid file) over SSH: SIGTERM, then SIGKILL
+after the grace.
 
 Quoting: every piece of every remote command that comes from a name, a path, an argument or an env value
 goes through ``shlex.quote``; the only unquoted shell text is tpuctl's own constant syntax.
@@ -71,12 +71,10 @@ T = TypeVar("T")
 
 KEY_NAME = "tpuctl_ed25519"
 DEFAULT_USERNAME = "tpuctl"
-#: Where follow.py sits inside a bundle, and the package file that must come with it.
-FOLLOW_PATH = "tpuctl/hosts/follow.py"
-_FOLLOW_PACKAGE = "tpuctl/hosts/__init__.py"
-#: How a host runs follow.py: imported from the bundle (its first argument), not run as a script, so the
-#: bytecode Python caches in the bundle serves every later start (a script is compiled anew each time: 5 ms
-#: of a 12 ms start, times every host of a slice at once); ``-S``: it needs nothing from site-packages.
+#: How a host runs follow.py (``tpuctl/hosts/follow.py`` in every bundle, see ``bundle._runtime_files``):
+#: imported from the bundle (its first argument), not run as a script, so the bytecode Python caches in the
+#: bundle serves every later start (a script is compiled anew each time: 5 ms of a 12 ms start, times
+#: every host of a slice at once); ``-S``: it needs nothing from site-packages.
 _FOLLOW_STUB = (
     "import sys;sys.path.insert(0,sys.argv.pop(1));"
     "from tpuctl.hosts.follow import main;sys.exit(main(sys.argv[1:]))"

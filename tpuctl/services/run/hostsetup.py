@@ -47,7 +47,7 @@ def run_setup(
     from tpuctl.hosts.setup import failed_command, setup_script
 
     spec = prepared.setup
-    if not spec.needs_env and not spec.commands:
+    if spec.does_nothing:
         # Nothing to install or run: the program uses the image's python3 as it is, and a session per
         # host that only makes an empty directory would be a large part of a large slice's start-up.
         observer.status(f"no setup on {executor.num_hosts} hosts: nothing to install or run")
