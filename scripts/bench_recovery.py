@@ -238,7 +238,7 @@ def goodput_figures(
 
     tpuctl's goodput is productive step time (the runtime's timed computation of each final step) over
     wall time. Its ratio drifts with this machine's load: a slower step counts as more productive time.
-    Both runs do the same 3000 steps, so the plain ratio of wall times is the other reading; the target
+    Both runs do the same steps, so the plain ratio of their wall times is the other reading; the target
     is judged on the lower of the two. The start-up fraction is what of the baseline's wall time is
     neither computation nor the steps' delay (which stands in for a bigger model's step).
     """
