@@ -137,6 +137,11 @@ def test_each_disk_is_private_and_goes_with_the_node(vms: Vms) -> None:
     assert (disk / "home" / USER / "file").exists()
     vms.client.delete_node(name=f"{PARENT}/nodes/vm").result(polling=FAST_POLLING)
     wait_for(lambda: not disk.exists(), what="the deleted node's disk wiped")
+    # Renamed away at once, its files removed by the fleet's reaper, off the API's transaction.
+    wait_for(
+        lambda: not [p for p in disk.parent.iterdir() if p.name.startswith(disk.name)],
+        what="the wiped disk's files removed",
+    )
     wait_for(lambda: not vms.server.fleet.served(), what="the deleted node's hosts no longer served")
     with pytest.raises(OSError):
         vms.ssh(0, "true")
@@ -269,3 +274,18 @@ def _alive(pid: int) -> bool:
 def _reap(pid: int) -> None:
     with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, 0)
+
+
+def test_a_wiped_disk_is_gone_at_once_and_its_files_go_with_the_reaper(tmp_path: Path) -> None:
+    disks = tmp_path / "disks"
+    disk = disks / "1234-0"
+    (disk / "home" / USER).mkdir(parents=True)
+    (disk / "home" / USER / "checkpoint").write_text("state")
+    (disks / "1234-1").mkdir()
+    procs.wipe_disk(disk)
+    assert not disk.exists()
+    (doomed,) = [p for p in disks.iterdir() if p.name.startswith("1234-0")]
+    assert procs.WIPING in doomed.name and (doomed / "home" / USER / "checkpoint").exists()
+    procs.wipe_disk(disk)  # a second wipe of the same disk (a preemption and a delete at once)
+    assert procs.reap_wiped_disks(disks) == 1
+    assert [p.name for p in disks.iterdir()] == ["1234-1"]  # another host's disk is left alone

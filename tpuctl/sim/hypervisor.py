@@ -167,6 +167,7 @@ def _run(
     from tpuctl.sim.engine import SimEngine
     from tpuctl.sim.network import NetworkServices
     from tpuctl.sim.state import SimDatabase, db_path_for
+    from tpuctl.sim.vms import procs
     from tpuctl.sim.vms.fleet import Fleet
 
     db_path = db_path_for(state_dir)
@@ -203,6 +204,8 @@ def _run(
                     return
         finally:
             fleet.stop()
+            if not stopping.is_set():  # an idle exit leaves no wiped disk's files behind
+                procs.reap_wiped_disks(vm_root / "disks")
     finally:
         network.stop()
         db.close()

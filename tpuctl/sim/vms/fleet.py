@@ -3,7 +3,8 @@
 A host of a READY node (one in its preemption notice's grace included) is served: its disk exists, its
 sshd and metadata server listen on its address. Any other host is not: its listeners close, and its
 processes are killed. A disk lives until its node is deleted, preempted or re-created (a new node has a
-new uid, so a new disk); a stopped node keeps its disks. An address already in use (EADDRINUSE) is
+new uid, so a new disk); a stopped node keeps its disks. A dead VM's disk is renamed away at once, and
+its files are removed by the fleet's reaper thread. An address already in use (EADDRINUSE) is
 another process of this simulator serving that host (`tpuctl sim serve` beside a CLI's in-process
 simulator): it is tried again at the next tick.
 
@@ -33,6 +34,8 @@ from tpuctl.sim.vms.layout import STATE_DIR_FILE, disk_dir, host_key_path, parse
 from tpuctl.sim.vms.metadata_http import MetadataServer
 from tpuctl.sim.vms.sshd import HostRef, LoginSetup, serve
 
+#: How often wiped disks' files are looked for and removed.
+_REAP_TICK_S = 0.2
 #: Node states whose VMs have lost their disks (preempted hard-off, being deleted).
 _DISKLESS_STATES = frozenset({"PREEMPTED", "DELETING", "TERMINATED"})
 
@@ -67,6 +70,7 @@ class Fleet:
         self._by_address: dict[str, tuple[str, str, str, int]] = {}
         self._lock = threading.RLock()
         self._image_ready = threading.Event()
+        self._reaper_halt = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self.last_error: BaseException | None = None
 
@@ -81,6 +85,18 @@ class Fleet:
         self._loop = asyncio.new_event_loop()
         threading.Thread(target=self._loop.run_forever, name="tpuctl-sim-sshd", daemon=True).start()
         threading.Thread(target=self._build_image, name="tpuctl-sim-image", daemon=True).start()
+        self._reaper_halt.clear()
+        threading.Thread(target=self._reap, name="tpuctl-sim-disk-reaper", daemon=True).start()
+
+    def _reap(self) -> None:
+        """Remove wiped disks' files (``wipe_disk`` only renames a disk away) on a thread of its own:
+        that takes seconds per set-up host on a busy machine, and on the reconcile tick it would hold up
+        the VMs of the next slice."""
+        while not self._reaper_halt.wait(_REAP_TICK_S):
+            try:
+                procs.reap_wiped_disks(self.vm_root / "disks")
+            except OSError as exc:  # the state thrown away under it: the next tick (if any) sees
+                self.last_error = exc
 
     def _build_image(self) -> None:
         try:
@@ -104,6 +120,7 @@ class Fleet:
                 self._close(served)
             self._served.clear()
             self._by_address.clear()
+        self._reaper_halt.set()
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._loop = None

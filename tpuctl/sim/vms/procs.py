@@ -18,6 +18,8 @@ from pathlib import Path
 from tpuctl.sim.vms.layout import VM_MARKER, disk_dir, marker, parse_disk_name
 
 _PROC = Path("/proc")
+#: What a wiped disk is renamed to carry, until its files are removed.
+WIPING = ".wiping-"
 _DISCARD_ROUNDS = 20
 
 
@@ -70,12 +72,25 @@ def kill_vm(vm_root: Path, uid: str, worker: int, *, wipe: bool) -> None:
 
 
 def wipe_disk(disk: Path) -> None:
-    # A rename first: a half-removed disk is never seen under its own name. The name is unique: two
-    # processes (or a preemption and a delete) may wipe the same disk at once.
-    doomed = disk.with_name(f"{disk.name}.wiping-{os.getpid()}-{secrets.token_hex(4)}")
+    """The disk is gone at once: renamed out of its name, so no later session, program or VM of the
+    same name finds a file of it. Its files are removed afterwards by ``reap_wiped_disks`` (the
+    hypervisor's reaper): a set-up host holds tens of thousands of files (its environments), removing
+    them takes seconds on a busy machine, and this runs inside the simulator's database transaction that
+    made the VM die, so every API request (the delete's own operation poll among them) would wait."""
+    # The name is unique: two processes (or a preemption and a delete) may wipe the same disk at once.
+    doomed = disk.with_name(f"{disk.name}{WIPING}{os.getpid()}-{secrets.token_hex(4)}")
     with contextlib.suppress(FileNotFoundError):
         os.replace(disk, doomed)
-    shutil.rmtree(doomed, ignore_errors=True)
+
+
+def reap_wiped_disks(disks: Path) -> int:
+    """Remove the files of every disk ``wipe_disk`` took away under ``disks``; returns how many went."""
+    reaped = 0
+    for entry in disks.iterdir() if disks.is_dir() else ():
+        if WIPING in entry.name:
+            shutil.rmtree(entry, ignore_errors=True)
+            reaped += 1
+    return reaped
 
 
 def signal_hosts(vm_root: Path, hosts: Iterable[tuple[str, int]], sig: signal.Signals, *, wipe: bool) -> None:
