@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import statistics
 import sys
@@ -47,6 +46,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from bench_machine import machine  # scripts/ is on sys.path: the scripts run by path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -241,11 +242,7 @@ def main(argv: list[str] | None = None) -> int:
             "plain_read": [c for _, c in reads],
         },
         "loadavg_1min_per_round": loads,
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-        },
+        "machine": machine(),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "note": (
             "median of --repeat after a warm-up, checkpoint and plain interleaved (alternating which "

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -32,6 +31,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from bench_machine import machine  # scripts/ is on sys.path: the scripts run by path
 
 
 def _timed(fn: Callable[[], Any]) -> float:
@@ -126,11 +127,7 @@ def main() -> int:
         "benchmark": "checkpoint save (durable) and verified restore through gs:// (the simulator's GCS "
         "emulator): tpuctl's Checkpointer vs orbax's StandardCheckpointer, same state, same bucket",
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-        },
+        "machine": machine(),
         "settings": {"mib": args.mib, "leaves": args.leaves, "rounds": args.rounds},
         "target_ratio": 0.9,
         **figures,

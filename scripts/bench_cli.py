@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -21,6 +20,8 @@ import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+
+from bench_machine import machine  # scripts/ is on sys.path: the scripts run by path
 
 ROOT = Path(__file__).resolve().parent.parent
 # 10 slices over 8 zones (two zones hold two slices each).
@@ -117,13 +118,10 @@ def main() -> None:
             "help": [round(s, 4) for s in help_samples],
             "pod_list": [round(s, 4) for s in list_samples],
         },
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-            "load_avg_1m": round(os.getloadavg()[0], 2),
-            "PYTHONDONTWRITEBYTECODE": os.environ.get("PYTHONDONTWRITEBYTECODE", ""),
-        },
+        "machine": machine(
+            load_avg_1m=round(os.getloadavg()[0], 2),
+            PYTHONDONTWRITEBYTECODE=os.environ.get("PYTHONDONTWRITEBYTECODE", ""),
+        ),
         "date": datetime.now(tz=UTC).isoformat(timespec="seconds"),
         "how_to_rerun": ".venv/bin/python scripts/bench_cli.py",
     }

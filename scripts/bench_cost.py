@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import resource
 import sqlite3
@@ -34,6 +33,8 @@ from typing import Any, TypedDict
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from bench_machine import machine  # noqa: E402
 
 from tpuctl.catalog import CapacityType, Catalog  # noqa: E402
 from tpuctl.services.cost import DEFAULT_TABLE_LIMIT, CostService, parse_group_by  # noqa: E402
@@ -339,12 +340,7 @@ def main() -> int:
             "before": [round(x, 2) for x in load_before],
             "after": [round(x, 2) for x in os.getloadavg()],
         },
-        "machine": {
-            "python": platform.python_version(),
-            "sqlite": sqlite3.sqlite_version,
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-        },
+        "machine": machine(sqlite=sqlite3.sqlite_version),
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import resource
 import statistics
@@ -39,6 +38,8 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from bench_machine import machine  # scripts/ is on sys.path: the scripts run by path
 
 #: (hosts, accelerator type, zone): the smallest slice of each host count the default catalog has.
 SHAPES = [
@@ -153,11 +154,7 @@ def main() -> int:
         "benchmark": "simulator run start-up over SSH: `tpuctl run --pod` spawned -> last host runs the "
         "first line",
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-        },
+        "machine": machine(),
         "load_average_1m_at_end": round(os.getloadavg()[0], 2),
         "reps": args.reps,
         "baseline_pod_list_s": round(statistics.median(baseline), 3),

@@ -33,7 +33,6 @@ import contextlib
 import io
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -42,6 +41,8 @@ import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+
+from bench_machine import machine  # scripts/ is on sys.path: the scripts run by path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -309,11 +310,7 @@ def main() -> int:
     report = {
         "benchmark": "preemption recovery on the simulator (2-host v4-16, tiny LM, 3 preemptions per run)",
         "date": time.strftime("%Y-%m-%d"),
-        "machine": {
-            "platform": platform.platform(),
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-        },
+        "machine": machine(),
         "settings": {
             "speed": args.speed,
             "steps": args.steps,

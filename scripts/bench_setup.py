@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -27,6 +26,8 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from bench_machine import machine  # scripts/ is on sys.path: the scripts run by path
 
 WORLD = """\
 speed: 1000
@@ -104,11 +105,7 @@ def main() -> int:
     doc = {
         "benchmark": "host setup on a fresh simulated host (v5e-8, one host), package cache warm",
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-        },
+        "machine": machine(),
         "load_average_1m_at_end": round(os.getloadavg()[0], 2),
         "rounds_s": [round(r, 3) for r in rounds],
         "median_s": round(statistics.median(rounds), 3),
