@@ -74,7 +74,7 @@ def kill_vm(vm_root: Path, uid: str, worker: int, *, wipe: bool) -> None:
 def wipe_disk(disk: Path) -> None:
     """The disk is gone at once: renamed out of its name, so no later session, program or VM of the
     same name finds a file of it. Its files are removed afterwards by ``reap_wiped_disks`` (the
-    hypervisor's reaper): a set-up host holds tens of thousands of files (its environments), removing
+    fleet's reaper thread): a set-up host holds tens of thousands of files (its environments), removing
     them takes seconds on a busy machine, and this runs inside the simulator's database transaction that
     made the VM die, so every API request (the delete's own operation poll among them) would wait."""
     # The name is unique: two processes (or a preemption and a delete) may wipe the same disk at once.
