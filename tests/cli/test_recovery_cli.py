@@ -725,10 +725,11 @@ def test_a_run_with_a_budget_below_its_cost_stops_checkpointed_at_the_budget_and
     from tpuctl.catalog import Catalog
     from tpuctl.services.budget import BudgetGuard
 
-    # v5e-4 spot: 4 chips x 0.245 = 0.98 USD/h, so about 37 s from READY: room for start-up on a loaded
-    # machine (a stop before the program listens is a hard stop, nothing to checkpoint yet; JAX start-up
-    # alone took 15 s at load 5, and an 18 s budget failed there); the run itself would take minutes.
-    limit = 0.01
+    # v5e-4 spot: 4 chips x 0.245 = 0.98 USD/h, so about 55 s from READY, the stop decided about 11 s
+    # (the margin) before: room for start-up on a loaded machine (a stop before the program listens is a
+    # hard stop, nothing to checkpoint yet). Setup and JAX start-up took over 25 s with the suite and a
+    # second one running beside it, where a 37 s budget failed; the run itself would take minutes.
+    limit = 0.015
     result = cli("run", "--example", "lm", "--type", "v5e-4", "--spot", "--budget", str(limit), "--",
                     *SMALL_LM, "--steps", "5000", "--step-delay", "0.02")  # fmt: skip
     assert result.code == 7, result.stderr[-3000:]
