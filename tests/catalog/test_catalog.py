@@ -58,7 +58,8 @@ def test_unknown_types_are_usage_errors(catalog: Catalog, name: str) -> None:
 
 
 def test_every_generation_of_the_v2_api_is_present(catalog: Catalog) -> None:
-    assert {g.api_enum for g in catalog.generations.values()} == {
+    # TPU7x has no enum: the TPU API does not serve it.
+    assert {g.api_enum for g in catalog.generations.values() if g.api_enum} == {
         "V2",
         "V3",
         "V4",
@@ -138,3 +139,38 @@ def test_capacity_parse() -> None:
     with pytest.raises(UsageError) as info:
         CapacityType.parse("cheap")
     assert "spot" in (info.value.fix or "")
+
+
+def test_tpu7x_is_a_compute_engine_type_named_by_tensorcores_as_xpk_names_it() -> None:
+    from tpuctl.catalog import Surface
+
+    catalog = Catalog.load()
+    accel = catalog.resolve("tpu7x-32")
+    assert (accel.chips, accel.hosts, accel.chips_per_host, accel.topology) == (16, 4, 4, "2x2x4")
+    assert accel.machine_type == "tpu7x-standard-4t"
+    assert accel.generation.surfaces == (Surface.COMPUTE,)
+    assert catalog.resolve("v6e-8").machine_type == "ct6e-standard-8t"  # one 8-chip host
+    assert catalog.resolve("v6e-16").machine_type == "ct6e-standard-4t"
+    assert catalog.resolve("v5p-8").machine_type == "ct5p-hightpu-4t"
+    assert catalog.resolve("v5e-8").machine_type is None
+    assert catalog.resolve("v6e-8").generation.default_surface is Surface.TPU_API
+    assert accel.generation.quota_families() == []  # no TPU API quota for a type the TPU API lacks
+
+
+def test_a_generation_refuses_a_surface_that_does_not_serve_it_naming_the_ones_that_do() -> None:
+    from tpuctl.catalog import Surface
+
+    catalog = Catalog.load()
+    with pytest.raises(UsageError, match="v5e has no Compute Engine path") as err:
+        catalog.resolve("v5e-8").generation.check_surface(Surface.COMPUTE)
+    assert err.value.exit_code == 2 and "--api tpu" in str(err.value.fix)
+    with pytest.raises(UsageError, match="tpu7x has no Cloud TPU API path"):
+        catalog.resolve("tpu7x-8").generation.check_surface(Surface.TPU_API)
+
+
+def test_the_tpu7x_price_is_per_chip_with_its_unit_flagged_as_unconfirmed() -> None:
+    catalog = Catalog.load()
+    accel = catalog.resolve("tpu7x-8")
+    assert catalog.price_per_hour(accel, "us-central1-c", CapacityType.ON_DEMAND) == 12.0 * 4
+    assert catalog.price_per_chip_hour(accel, "us-central1-c", CapacityType.SPOT) is None  # none published
+    assert "per chip or per host" in catalog.prices.notes["tpu7x"]

@@ -158,7 +158,7 @@ NODE_REQ = NodeRequest(
 
 def test_plan_create_node_exact() -> None:
     c = cloud()
-    plan = c.plan_create_node(NODE_REQ, request_id="r-1")
+    (plan,) = c.plan_create_node(NODE_REQ, request_id="r-1")
     assert plan == PlannedRequest(
         method="POST",
         url=f"{GOOGLE}/v2/projects/proj/locations/us-east5-b/nodes?nodeId=pod-a&{ALT}",
@@ -193,7 +193,7 @@ def test_plan_create_node_scheduling(capacity: CapacityType, reservation: str | 
         capacity=capacity,
         reservation=reservation,
     )
-    body = cloud().plan_create_node(req).body
+    body = cloud().plan_create_node(req)[0].body
     assert body is not None and body.get("schedulingConfig") == sched
 
 
@@ -281,9 +281,9 @@ def test_plan_create_queued_resource_single_guaranteed_reserved() -> None:
 
 def test_plan_deletes_exact() -> None:
     c = cloud()
-    assert c.plan_delete_node("us-east5-b", "pod-a") == PlannedRequest(
-        "DELETE", f"{GOOGLE}/v2/projects/proj/locations/us-east5-b/nodes/pod-a?{ALT}", None
-    )
+    assert c.plan_delete_node("us-east5-b", "pod-a") == [
+        PlannedRequest("DELETE", f"{GOOGLE}/v2/projects/proj/locations/us-east5-b/nodes/pod-a?{ALT}", None)
+    ]
     assert c.plan_delete_queued_resource(
         "us-east5-b", "qr-1", force=True, request_id="rid"
     ) == PlannedRequest(
@@ -295,7 +295,7 @@ def test_plan_deletes_exact() -> None:
 
 def test_simulator_plan_keeps_http() -> None:
     c = TpuApiCloud(project="p", endpoint="http://127.0.0.1:8471/", backend="sim")
-    assert c.plan_delete_node("us-east5-b", "n").url.startswith("http://127.0.0.1:8471/v2/projects/p/")
+    assert c.plan_delete_node("us-east5-b", "n")[0].url.startswith("http://127.0.0.1:8471/v2/projects/p/")
 
 
 @pytest.mark.parametrize(
@@ -325,5 +325,5 @@ def test_request_id_must_be_a_label_value_and_match_an_existing_label() -> None:
     )
     with pytest.raises(UsageError, match="conflicts"):
         cloud().plan_create_node(labelled, request_id="mine")
-    body = cloud().plan_create_node(labelled, request_id="other").body
+    body = cloud().plan_create_node(labelled, request_id="other")[0].body
     assert body is not None and body["labels"] == {"tpuctl-request": "other"}  # type: ignore[index]

@@ -102,7 +102,7 @@ def test_create_node_polls_the_operation_and_reports_progress(fake: FakeGoogle, 
     assert sent.body["labels"] == {"managed-by": "tpuctl", "tpuctl-request": "req-1"}
     assert sent.body["schedulingConfig"] == {"spot": True}
     # The dry-run plan is the request that was sent.
-    plan = cloud.plan_create_node(REQ, request_id="req-1")
+    (plan,) = cloud.plan_create_node(REQ, request_id="req-1")
     assert (
         plan.body == sent.body
         and plan.url

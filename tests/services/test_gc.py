@@ -73,13 +73,13 @@ def test_gc_dry_run_lists_only(garbage: SimEnv, cli: Cli) -> None:
     ]
     assert "validUntil" in data["gc"][0]["reason"]
     assert [
-        (i["request"]["method"], i["request"]["url"].split("?")[0].rsplit("/", 2)[-2:]) for i in data["gc"]
+        (r["method"], r["url"].split("?")[0].rsplit("/", 2)[-2:]) for i in data["gc"] for r in i["requests"]
     ] == [
         ("DELETE", ["queuedResources", "qf"]),
         ("DELETE", ["nodes", "dead"]),
         ("DELETE", ["nodes", "orphan"]),
     ]
-    assert "force=true" in data["gc"][0]["request"]["url"]
+    assert "force=true" in data["gc"][0]["requests"][0]["url"]
     names = sorted(n["name"] for n in garbage.admin.status()["nodes"])
     assert names == ["bobs", "dead", "keep", "orphan", "other"]
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
-from tpuctl.catalog import CapacityType
+from tpuctl.catalog import CapacityType, Surface
 
 #: Label keys tpuctl puts on every slice it creates, to tie the slice to tpuctl and its owner.
 LABEL_MANAGED_BY = "managed-by"
@@ -48,6 +48,8 @@ class NodeRequest:
     # External IPs on every host (networkConfig.enableExternalIps): the API's default is none, and a host
     # tpuctl reaches over SSH from outside the VPC needs one.
     external_ips: bool = False
+    # Which Google API places it (TPU7x: Compute Engine only; v6e/v5p: either).
+    surface: Surface = Surface.TPU_API
 
 
 @dataclass(frozen=True)
@@ -238,13 +240,17 @@ class TpuCloud(Protocol):
 
     def quota_limits(self) -> list[QuotaLimit]: ...
 
-    def plan_create_node(self, request: NodeRequest, *, request_id: str | None = None) -> PlannedRequest: ...
+    def plan_create_node(
+        self, request: NodeRequest, *, request_id: str | None = None
+    ) -> list[PlannedRequest]:
+        """Every request ``create_node`` would send, in order (a Compute Engine MIG slice needs three)."""
+        ...
 
     def plan_create_queued_resource(
         self, request: QueuedResourceRequest, *, request_id: str | None = None
     ) -> PlannedRequest: ...
 
-    def plan_delete_node(self, zone: str, name: str) -> PlannedRequest: ...
+    def plan_delete_node(self, zone: str, name: str) -> list[PlannedRequest]: ...
 
     def plan_delete_queued_resource(
         self, zone: str, qr_id: str, *, force: bool = False, request_id: str | None = None

@@ -473,10 +473,12 @@ class TpuApiCloud:
 
     # -- dry-run plans -------------------------------------------------------------------------------
 
-    def plan_create_node(self, request: NodeRequest, *, request_id: str | None = None) -> PlannedRequest:
+    def plan_create_node(
+        self, request: NodeRequest, *, request_id: str | None = None
+    ) -> list[PlannedRequest]:
         """The exact HTTP request ``create_node`` would send, built from the same proto; sends nothing."""
         msg = self.build_create_node_request(request, request_id=request_id)
-        return self._plan(_http_options("CreateNode"), msg)
+        return [self._plan(_http_options("CreateNode"), msg)]
 
     def plan_create_queued_resource(
         self, request: QueuedResourceRequest, *, request_id: str | None = None
@@ -484,9 +486,9 @@ class TpuApiCloud:
         msg = self.build_create_queued_resource_request(request, request_id=request_id)
         return self._plan(_http_options("CreateQueuedResource"), msg)
 
-    def plan_delete_node(self, zone: str, name: str) -> PlannedRequest:
+    def plan_delete_node(self, zone: str, name: str) -> list[PlannedRequest]:
         msg = _types().DeleteNodeRequest(name=self._node_name(zone, name))
-        return self._plan(_http_options("DeleteNode"), msg)
+        return [self._plan(_http_options("DeleteNode"), msg)]
 
     def plan_delete_queued_resource(
         self, zone: str, qr_id: str, *, force: bool = False, request_id: str | None = None

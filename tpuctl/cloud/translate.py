@@ -240,6 +240,52 @@ def error_from_status(
     return _bad_request(text, rpc_code, details)
 
 
+#: Compute Engine operation error codes that mean the zone has no capacity for the request (facts §4.2).
+_COMPUTE_STOCKOUT_CODES = frozenset(
+    {"ZONE_RESOURCE_POOL_EXHAUSTED", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS"}
+)
+
+
+def error_from_compute_errors(
+    *,
+    what: str,
+    errors: Sequence[Mapping[str, Any]],
+    http_status: int | None = None,
+    zone: str | None = None,
+) -> CloudError:
+    """Classify a failed Compute Engine operation (or a MIG's last attempt): its ``error.errors[]``
+    entries (``code``, ``message``, ``errorDetails[]``) and ``httpErrorStatusCode`` (ce-tpu-facts §4.2,
+    §6). A stockout is ``ZONE_RESOURCE_POOL_EXHAUSTED*`` (or an errorInfo reason ``stockout``); a quota is
+    ``QUOTA_EXCEEDED``, named by its ``quotaInfo`` detail or, failing that, by its message."""
+    first: Mapping[str, Any] = errors[0] if errors else {}
+    code = str(first.get("code", ""))
+    message = scrub(str(first.get("message", "")))
+    text = f"{what}: {message}" if message else f"{what} failed ({code or http_status})"
+    details = [d for d in first.get("errorDetails") or [] if isinstance(d, Mapping)]
+    info = next((d["errorInfo"] for d in details if isinstance(d.get("errorInfo"), Mapping)), None)
+    if code in _COMPUTE_STOCKOUT_CODES or (info is not None and info.get("reason") == "stockout"):
+        return StockoutError(text, zone=zone, code=14)
+    if code == "QUOTA_EXCEEDED":
+        quota = next((d["quotaInfo"] for d in details if isinstance(d.get("quotaInfo"), Mapping)), None)
+        parsed = _parse_quota_message(message)
+        fallback = parsed[0] if parsed else QuotaViolation(None, None, None)
+        dims = (quota or {}).get("dimensions") or {}
+        location = dims.get("region") or dims.get("zone") if isinstance(dims, Mapping) else None
+        return QuotaExceededError(
+            text,
+            quota_id=str((quota or {}).get("limitName") or (quota or {}).get("metricName") or "")
+            or fallback.quota_id,
+            limit=_to_float((quota or {}).get("limit")) if quota else fallback.limit,
+            location=str(location) if location else fallback.location,
+            code=8,
+            fix=FIX_QUOTA,
+        )
+    return error_from_status(
+        what=what, message=f"{message} [{code}]" if code else message, http_status=http_status or 400,
+        zone=zone, from_operation=True,
+    )  # fmt: skip
+
+
 def _rpc_code_of_http(http_status: int) -> int:
     """The RPC code an HTTP status stands for; unlisted: INTERNAL (5xx), INVALID_ARGUMENT (4xx), else
     UNKNOWN."""

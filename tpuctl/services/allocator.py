@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tpuctl import params
-from tpuctl.catalog import AcceleratorType, CapacityType, Catalog
+from tpuctl.catalog import AcceleratorType, CapacityType, Catalog, Surface
 from tpuctl.cloud.base import (
     LABEL_LEDGER,
     LABEL_MANAGED_BY,
@@ -112,6 +112,7 @@ def build_request(
     metadata: Mapping[str, str] | None = None,
     wait: bool = True,
     request_id: str | None = None,
+    surface: Surface | None = None,
 ) -> PlacementRequest:
     """Check the request's parsed values against each other into a ``PlacementRequest``; given values win
     over settings (env, profile). The values come parsed from the edge (``tpuctl.params``): the allowed
@@ -120,6 +121,15 @@ def build_request(
     combination raises a ``UsageError`` (exit 2) naming the parameter, the value and the fix; nothing is
     contacted."""
     accel = catalog.resolve(type_name)
+    chosen_surface = surface or accel.generation.default_surface
+    accel.generation.check_surface(chosen_surface)
+    if chosen_surface is Surface.COMPUTE and (queued or slices > 1 or strategy is Strategy.RACE):
+        raise UsageError(
+            "queued resources, multislice and --strategy race are TPU API placements",
+            field="api",
+            value=chosen_surface.value,
+            fix="leave out --queued, --slices and --strategy race on Compute Engine (no flex-start yet)",
+        )
     types, reservation = resolve_capacity_types(
         capacity_types=capacity_types, reserved=reserved, defaults=settings.capacity_types
     )
@@ -148,6 +158,7 @@ def build_request(
         reservation=reservation,
         wait=wait,
         metadata=dict(metadata or {}),
+        surface=chosen_surface,
     )
 
 
@@ -350,7 +361,7 @@ class Allocator:
         if not request.uses_queued_resource:
             chosen = plan.order[0]
             node = node_request(request, chosen, request.request_id)
-            return [self._cloud.plan_create_node(node, request_id=request.request_id)]
+            return self._cloud.plan_create_node(node, request_id=request.request_id)
         targets = plan.racing if request.strategy is Strategy.RACE else plan.order[:1]
         out = []
         for cand in targets:

@@ -317,6 +317,7 @@ def node_request(request: PlacementRequest, candidate: Candidate, label_request_
         external_ips=request.external_ips,
         reservation=request.reservation if candidate.capacity is CapacityType.RESERVED else None,
         description=f"created by tpuctl (request {request.request_id})",
+        surface=request.surface,
     )
 
 

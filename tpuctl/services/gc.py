@@ -61,7 +61,7 @@ class GcItem:
     reason: str
     accelerator_type: str
     slices: tuple[str, ...]  # the slices that go with it (a queued resource's nodes; the slice itself)
-    request: PlannedRequest
+    requests: tuple[PlannedRequest, ...]  # in order (a Compute Engine MIG slice: MIG, template, policy)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -72,7 +72,7 @@ class GcItem:
             "accelerator_type": self.accelerator_type,
             "reason": self.reason,
             "slices": list(self.slices),
-            "request": self.request.to_dict(),
+            "requests": [r.to_dict() for r in self.requests],
         }
 
 
@@ -170,7 +170,7 @@ class GarbageCollector:
                     reason=reason,
                     accelerator_type=qr.accelerator_type,
                     slices=slices,
-                    request=self._cloud.plan_delete_queued_resource(qr.zone, qr.id, force=True),
+                    requests=(self._cloud.plan_delete_queued_resource(qr.zone, qr.id, force=True),),
                 )
             )
         for node in sorted(nodes, key=lambda n: (n.zone, n.name)):
@@ -194,7 +194,7 @@ class GarbageCollector:
                     reason=reason,
                     accelerator_type=node.accelerator_type,
                     slices=(node.name,),
-                    request=self._cloud.plan_delete_node(node.zone, node.name),
+                    requests=tuple(self._cloud.plan_delete_node(node.zone, node.name)),
                 )
             )
         return GcSurvey(items, not_ours)

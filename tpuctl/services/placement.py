@@ -29,7 +29,7 @@ from enum import StrEnum
 from typing import Any
 
 from tpuctl import params
-from tpuctl.catalog import AcceleratorType, CapacityType, Catalog, region_of_zone, validate_zone
+from tpuctl.catalog import AcceleratorType, CapacityType, Catalog, Surface, region_of_zone, validate_zone
 from tpuctl.cloud.base import PlannedRequest
 from tpuctl.errors import (
     EXIT_CAPACITY,
@@ -111,6 +111,8 @@ class PlacementRequest:
     metadata: Mapping[str, str] = field(default_factory=dict)
     #: Ask for external IPs on every host (SSH runs reach their hosts from outside the VPC).
     external_ips: bool = False
+    #: Which Google API places the slice (checked against the generation where the request is built).
+    surface: Surface = Surface.TPU_API
 
     @property
     def uses_queued_resource(self) -> bool:

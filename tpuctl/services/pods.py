@@ -204,7 +204,7 @@ class PodService:
         plans = []
         for name in names:
             node = self._locate(name, zone)
-            requests = [self._cloud.plan_delete_node(node.zone, node.name).to_dict()]
+            requests = [r.to_dict() for r in self._cloud.plan_delete_node(node.zone, node.name)]
             qr_id = self._queue_to_delete(node)
             if qr_id is not None:
                 requests.append(

@@ -1,0 +1,232 @@
+"""Compute Engine slices as JSON: the bodies tpuctl sends (checked against the facts sheet and the compute
+v1 discovery schema's field names) and how instances and MIGs read back as Nodes."""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from typing import Any
+
+import googleapiclient
+import pytest
+
+from tpuctl.catalog import CapacityType, Catalog
+from tpuctl.cloud import compute_shapes as shapes
+from tpuctl.cloud.base import NodeRequest
+from tpuctl.cloud.translate import error_from_compute_errors
+from tpuctl.errors import CloudError, QuotaExceededError, StockoutError
+
+ZONE = "us-central1-c"
+
+
+@functools.cache
+def _schemas() -> dict[str, Any]:
+    path = Path(googleapiclient.__file__).parent / "discovery_cache" / "documents" / "compute.v1.json"
+    schemas: dict[str, Any] = json.loads(path.read_text())["schemas"]
+    return schemas
+
+
+def _unknown_fields(value: Any, schema_name: str, where: str = "") -> list[str]:
+    """Every field of ``value`` that the compute v1 schema ``schema_name`` does not name."""
+    schema = _schemas()[schema_name]
+    out: list[str] = []
+    for key, item in value.items():
+        prop = schema.get("properties", {}).get(key)
+        if prop is None:
+            out.append(f"{where}{key}")
+            continue
+        ref = prop.get("$ref") or prop.get("items", {}).get("$ref")
+        if ref is None or ref not in _schemas():
+            continue
+        for element in item if isinstance(item, list) else [item]:
+            if isinstance(element, dict):
+                out += _unknown_fields(element, ref, f"{where}{key}.")
+    return out
+
+
+def request(name: str = "s1", type_name: str = "tpu7x-8", **kw: Any) -> NodeRequest:
+    accel = Catalog.load().resolve(type_name)
+    defaults: dict[str, Any] = {
+        "name": name,
+        "zone": ZONE,
+        "accelerator_type": accel.api_name,
+        "runtime_version": accel.runtime_version,
+        "labels": {"managed-by": "tpuctl"},
+        "metadata": {"ssh-keys": "tpuctl:ssh-ed25519 AAAA"},
+    }
+    return NodeRequest(**{**defaults, **kw})
+
+
+def test_a_one_host_tpu7x_slice_is_one_instance_as_the_facts_sheet_builds_it() -> None:
+    accel = Catalog.load().resolve("tpu7x-8")
+    body = shapes.instance_body(request(capacity=CapacityType.SPOT), accel, project="p")
+    assert body["name"] == "s1"
+    assert body["machineType"] == f"zones/{ZONE}/machineTypes/tpu7x-standard-4t"
+    assert "guestAccelerators" not in body  # the TPU comes with the machine type
+    assert body["scheduling"] == {
+        "provisioningModel": "SPOT",
+        "onHostMaintenance": "TERMINATE",
+        "automaticRestart": False,
+        "instanceTerminationAction": "STOP",
+    }
+    (disk,) = body["disks"]
+    assert disk["initializeParams"]["sourceImage"] == (
+        "projects/ubuntu-os-accelerator-images/global/images/family/ubuntu-accel-2404-amd64-tpu-tpu7x"
+    )
+    assert body["serviceAccounts"][0]["scopes"] == [shapes.CLOUD_PLATFORM_SCOPE]
+    assert body["labels"] == {"managed-by": "tpuctl", "tpuctl-slice": "s1"}
+    assert body["metadata"]["items"] == [{"key": "ssh-keys", "value": "tpuctl:ssh-ed25519 AAAA"}]
+    assert "accessConfigs" not in body["networkInterfaces"][0]  # no external IP unless asked for
+    assert _unknown_fields(body, "Instance") == []
+
+
+def test_external_ips_and_a_reservation_are_asked_for_only_when_requested() -> None:
+    accel = Catalog.load().resolve("v6e-4")
+    body = shapes.instance_body(
+        request(type_name="v6e-4", capacity=CapacityType.RESERVED, reservation="r1", external_ips=True),
+        accel,
+        project="p",
+    )
+    assert body["machineType"].endswith("/ct6e-standard-4t")
+    assert body["networkInterfaces"][0]["accessConfigs"] == [
+        {"type": "ONE_TO_ONE_NAT", "name": "External NAT"}
+    ]
+    assert body["scheduling"]["provisioningModel"] == "RESERVATION_BOUND"
+    assert body["reservationAffinity"]["values"] == ["projects/p/reservations/r1"]
+    assert "instanceTerminationAction" not in body["scheduling"]
+
+
+def test_a_multi_host_slice_is_a_workload_policy_a_template_and_a_bulk_mig_of_every_host() -> None:
+    accel = Catalog.load().resolve("tpu7x-32")
+    req = request(type_name="tpu7x-32")
+    policy = shapes.workload_policy_body("s1", accel.topology)
+    assert policy == {
+        "name": "s1",
+        "workloadPolicy": {"type": "HIGH_THROUGHPUT", "acceleratorTopology": "2x2x4"},
+    }
+    template = shapes.template_body(req, accel, project="p")
+    assert template["properties"]["machineType"] == "tpu7x-standard-4t"  # a template's is a bare name
+    mig = shapes.mig_body(req, accel, template_url="T", policy_url="P")
+    assert mig["targetSize"] == 4 and mig["targetSizePolicy"] == {"mode": "BULK"}
+    assert mig["instanceLifecyclePolicy"] == {"defaultActionOnFailure": "DO_NOTHING"}
+    assert mig["resourcePolicies"] == {"workloadPolicy": "P"}
+    assert shapes.parse_slice_description(mig["description"]) == {
+        "accelerator_type": "tpu7x-32",
+        "capacity": "on-demand",
+        "labels": {"managed-by": "tpuctl", "tpuctl-slice": "s1"},
+    }
+    assert _unknown_fields(policy, "ResourcePolicy") == []
+    assert _unknown_fields(template, "InstanceTemplate") == []
+    assert _unknown_fields(mig, "InstanceGroupManager") == []
+
+
+def _instance(name: str, status: str, ip: str, model: str = "SPOT") -> dict[str, Any]:
+    return {
+        "name": name,
+        "status": status,
+        "machineType": f"zones/{ZONE}/machineTypes/tpu7x-standard-4t",
+        "scheduling": {"provisioningModel": model},
+        "networkInterfaces": [{"networkIP": ip}],
+        "labels": {"tpuctl-slice": "s1"},
+    }
+
+
+@pytest.mark.parametrize(
+    ("status", "model", "state"),
+    [
+        ("PROVISIONING", "SPOT", "CREATING"),
+        ("STAGING", "STANDARD", "CREATING"),
+        ("PENDING", "FLEX_START", "CREATING"),
+        ("RUNNING", "SPOT", "READY"),
+        ("TERMINATED", "SPOT", "PREEMPTED"),  # a spot VM tpuctl did not stop was preempted
+        ("TERMINATED", "STANDARD", "STOPPED"),
+        ("STOPPING", "SPOT", "STOPPING"),
+    ],
+)
+def test_an_instance_status_reads_as_the_node_state_the_services_know(
+    status: str, model: str, state: str
+) -> None:
+    assert shapes.node_state(_instance("s1", status, "127.1.0.2", model)) == state
+
+
+def test_a_mig_slice_is_ready_only_when_every_host_runs_and_the_topology_is_active() -> None:
+    catalog = Catalog.load()
+    accel = catalog.resolve("tpu7x-32")
+    meta = {"accelerator_type": "tpu7x-32", "capacity": "spot", "labels": {"tpuctl-slice": "s1"}}
+    running = [_instance(f"s1-{c}", "RUNNING", f"127.1.0.{i}") for i, c in enumerate("dcba", start=2)]
+    mig = {"name": "s1", "status": {"appliedAcceleratorTopologies": [{"state": "ACTIVATING"}]}}
+    assert shapes.node_from_mig(mig, running, ZONE, meta, accel).state == "CREATING"
+    mig["status"] = {"appliedAcceleratorTopologies": [{"acceleratorTopology": "2x2x4", "state": "ACTIVE"}]}
+    node = shapes.node_from_mig(mig, running, ZONE, meta, accel)
+    assert node.state == "READY" and node.capacity is CapacityType.SPOT and node.topology == "2x2x4"
+    # Worker order: by instance name.
+    assert [e.ip_address for e in node.network_endpoints] == [
+        "127.1.0.5",
+        "127.1.0.4",
+        "127.1.0.3",
+        "127.1.0.2",
+    ]
+    assert shapes.node_from_mig(mig, running[:3], ZONE, meta, accel).state == "CREATING"
+    lost = [*running[:3], _instance("s1-a", "TERMINATED", "127.1.0.5")]
+    assert shapes.node_from_mig(mig, lost, ZONE, meta, accel).state == "PREEMPTED"  # one host is the slice
+
+
+def _op_error(code: str, message: str, **detail: Any) -> list[dict[str, Any]]:
+    return [{"code": code, "message": message, "errorDetails": [detail] if detail else []}]
+
+
+def test_a_compute_stockout_is_a_stockout_in_the_zone_so_placement_fails_over() -> None:
+    err = error_from_compute_errors(
+        what="create instance s1",
+        errors=_op_error(
+            "ZONE_RESOURCE_POOL_EXHAUSTED",
+            f"The zone 'projects/p/zones/{ZONE}' does not have enough resources available to fulfill the "
+            "request.  Try a different zone, or try again later.",
+            errorInfo={"reason": "stockout", "domain": "compute.googleapis.com"},
+        ),
+        http_status=503,
+        zone=ZONE,
+    )
+    assert isinstance(err, StockoutError) and err.zone == ZONE
+
+
+def test_a_compute_quota_failure_names_the_quota_its_limit_and_region() -> None:
+    err = error_from_compute_errors(
+        what="create instance s1",
+        errors=_op_error(
+            "QUOTA_EXCEEDED",
+            "Quota 'TPUS_PER_TPU_FAMILY' exceeded.  Limit: 0.0 in region us-central1.",
+            quotaInfo={
+                "metricName": "compute.googleapis.com/tpus_per_tpu_family",
+                "limitName": "TPUS-PER-TPU-FAMILY-per-project-region",
+                "dimensions": {"region": "us-central1", "tpu_family": "TPU7X"},
+                "limit": 0,
+            },
+        ),
+        http_status=403,
+    )
+    assert isinstance(err, QuotaExceededError) and err.exit_code == 4
+    assert (err.quota_id, err.limit, err.location) == (
+        "TPUS-PER-TPU-FAMILY-per-project-region",
+        0.0,
+        "us-central1",
+    )
+    # Without a quotaInfo detail, the message names it.
+    bare = error_from_compute_errors(
+        what="x",
+        errors=_op_error(
+            "QUOTA_EXCEEDED", "Quota 'TPUS_PER_TPU_FAMILY' exceeded.  Limit: 8.0 in region us-central1."
+        ),
+    )
+    assert isinstance(bare, QuotaExceededError) and (bare.quota_id, bare.limit) == (
+        "TPUS_PER_TPU_FAMILY",
+        8.0,
+    )
+
+
+def test_any_other_failed_operation_keeps_its_code_in_the_message() -> None:
+    err = error_from_compute_errors(
+        what="create MIG s1", errors=_op_error("INVALID_FIELD_VALUE", "bad topology"), http_status=400
+    )
+    assert type(err) is CloudError and "bad topology [INVALID_FIELD_VALUE]" in str(err)

@@ -1,0 +1,705 @@
+"""``ComputeCloud``: TPU slices on Compute Engine, as a ``TpuCloud``, over google-cloud-compute (REST).
+
+TPU7x and later exist only here; v6e and v5p may be placed here too (facts §0). Above this class a
+Compute Engine slice is a ``Node`` like any other: a one-host slice is an instance, a multi-host slice a
+workload policy + instance template + BULK MIG (``compute_shapes`` has the bodies and the mapping).
+
+Facts about the client this module relies on (google-cloud-compute 1.57, facts §6):
+
+* Every mutation has a ``*_unary`` form that returns the ``Operation`` as sent, without the library's
+  ``ExtendedOperation`` poller, whose operations client ignores a custom endpoint (it would poll
+  compute.googleapis.com, not the simulator). Operations are polled here with clients built with the same
+  endpoint: ``zoneOperations``/``regionOperations``/``globalOperations.get``.
+* A failed operation is ``status: DONE`` with ``httpErrorStatusCode`` and ``error.errors[]``
+  (``translate.error_from_compute_errors``). A stockout on a BULK MIG shows on its managed instances'
+  ``lastAttempt.errors`` instead, and the MIG never becomes stable.
+* Messages go over the wire as REST JSON; this module converts to and from that JSON at its edge
+  (``_to_json``/``_message``), so the bodies are the ones ``--dry-run`` shows.
+
+Like ``TpuApiCloud``, ``google.cloud.compute_v1`` is imported on first use only.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from tpuctl.catalog import AcceleratorType, Catalog, Surface
+from tpuctl.cloud import compute_shapes as shapes
+from tpuctl.cloud.base import (
+    Node,
+    NodeRequest,
+    OperationProgress,
+    PlannedRequest,
+    QueuedResource,
+    QueuedResourceRequest,
+    QuotaLimit,
+)
+from tpuctl.cloud.quotas import CloudQuotasClient, _default_credentials
+from tpuctl.cloud.retry import PollTimeout, RetryPolicy, Sleep, call_with_retry, poll_until
+from tpuctl.cloud.translate import error_from_compute_errors, translate_errors
+from tpuctl.errors import CloudError, NotFoundError, StockoutError, TransientError, UsageError
+
+if TYPE_CHECKING:
+    from google.auth.credentials import Credentials
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+GOOGLE_COMPUTE_ENDPOINT = "https://compute.googleapis.com"
+COMPUTE_SERVICE = "compute.googleapis.com"
+_INSTALL_HINT = "pip install 'google-cloud-compute>=1.57,<2' (a dependency of tpuctl: reinstall tpuctl)"
+_NO_QUEUED = (
+    "Compute Engine has no queued resources: its flex-start VMs take their place, which tpuctl does not "
+    "place yet"
+)
+
+
+def _compute_v1() -> Any:
+    try:
+        from google.cloud import compute_v1
+    except ImportError as exc:
+        raise CloudError(f"google-cloud-compute is not importable ({exc})", fix=_INSTALL_HINT) from None
+    return compute_v1
+
+
+class ComputeCloud:
+    """``TpuCloud`` over Compute Engine (TPU VM instances and MIGs). See the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        project: str,
+        catalog: Catalog,
+        endpoint: str = GOOGLE_COMPUTE_ENDPOINT,
+        credentials: Credentials | None = None,
+        backend: str = "gcp",
+        quotas: CloudQuotasClient | None = None,
+        request_timeout_s: float = 30.0,
+        retry: RetryPolicy | None = None,
+        poll_interval_s: float = 0.2,
+        poll_max_interval_s: float = 2.0,
+        operation_timeout_s: float = 1800.0,
+        sleep: Sleep | None = None,
+    ) -> None:
+        if not project:
+            raise UsageError("a project is required", field="project", fix="pass --project or set a profile")
+        self._project = project
+        self._catalog = catalog
+        self._endpoint = endpoint.rstrip("/")
+        self._credentials = credentials
+        self._backend = backend
+        self._quotas = quotas
+        self._timeout = request_timeout_s
+        self._retry = retry or RetryPolicy()
+        self._poll_interval = poll_interval_s
+        self._poll_max_interval = max(poll_max_interval_s, poll_interval_s)
+        self._op_timeout = operation_timeout_s
+        self._sleep = sleep
+        self._clients: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    # --- identity --------------------------------------------------------------------------------
+
+    @property
+    def backend(self) -> str:
+        return self._backend
+
+    @property
+    def project(self) -> str:
+        return self._project
+
+    @property
+    def endpoint(self) -> str:
+        return self._endpoint
+
+    def close(self) -> None:
+        with self._lock:
+            for client in self._clients.values():
+                transport = getattr(client, "transport", None)
+                if transport is not None:
+                    transport.close()
+            self._clients.clear()
+
+    # --- slices ----------------------------------------------------------------------------------
+
+    def list_nodes(self, zone: str | None = None) -> list[Node]:
+        """Without a zone: the zones where the catalog offers a generation through Compute Engine (a
+        listing of every zone of the project would cost two calls per zone)."""
+        zones = [zone] if zone else self._compute_zones()
+        nodes: list[Node] = []
+        for z in zones:
+            instances = self._list("instances", z)
+            migs = self._list("instance_group_managers", z)
+            in_mig = {m["name"] for m in migs}
+            for instance in instances:
+                owner = (instance.get("labels") or {}).get(shapes.LABEL_SLICE, instance["name"])
+                if owner in in_mig:
+                    continue
+                node = self._node_of_instance(instance, z)
+                if node is not None:
+                    nodes.append(node)
+            for mig in migs:
+                meta = shapes.parse_slice_description(str(mig.get("description", "")))
+                if meta is not None:
+                    nodes.append(self._node_of_mig(mig, z, meta, instances))
+        return nodes
+
+    def get_node(self, zone: str, name: str) -> Node:
+        try:
+            mig = self._get("instance_group_managers", zone, name)
+        except NotFoundError:
+            mig = None
+        if mig is not None:
+            meta = shapes.parse_slice_description(str(mig.get("description", "")))
+            if meta is not None:
+                return self._node_of_mig(mig, zone, meta, self._list("instances", zone))
+        instance = self._get("instances", zone, name)
+        node = self._node_of_instance(instance, zone)
+        if node is None:
+            raise NotFoundError(f"get node {name} in {zone}: {name} is not a TPU VM", code=5)
+        return node
+
+    def host_keys(self, zone: str, name: str) -> list[tuple[str, ...]]:
+        """Each host's keys as its guest agent publishes them (guest attributes, query path
+        ``hostkeys/``; https://cloud.google.com/compute/docs/connect/verify-host-keys), in worker order."""
+        node = self.get_node(zone, name)
+        return [self._host_keys_of(zone, instance) for instance in self._instance_names(zone, node)]
+
+    def _host_keys_of(self, zone: str, instance: str) -> tuple[str, ...]:
+        def fetch() -> dict[str, Any]:
+            client = self._client("instances")
+            return _to_json(
+                client.get_guest_attributes(
+                    project=self._project, zone=zone, instance=instance, query_path="hostkeys/",
+                    timeout=self._timeout,
+                )
+            )  # fmt: skip
+
+        try:
+            attrs = self._read("get guest attributes", f"{instance} in {zone}", fetch)
+        except NotFoundError:
+            return ()  # nothing published yet
+        items = (attrs.get("queryValue") or {}).get("items") or []
+        return tuple(
+            f"{i['key']} {i['value']}"
+            for i in items
+            if i.get("namespace") == "hostkeys" and i.get("key") and i.get("value")
+        )
+
+    def create_node(
+        self,
+        request: NodeRequest,
+        *,
+        request_id: str | None = None,
+        wait: bool = True,
+        progress: OperationProgress | None = None,
+    ) -> Node:
+        """One host: ``instances.insert``. Several: workload policy, template, MIG (facts §2), and on a
+        failure (a stockout while the MIG waits for its VMs among them) what was made is deleted again,
+        so nothing is left billing or holding quota. ``request_id`` is the requests' ``requestId``."""
+        accel = self._accelerator(request)
+        if accel.hosts == 1:
+            body = shapes.instance_body(request, accel, project=self._project)
+            op = self._insert("instances", body, zone=request.zone, request_id=request_id)
+            self._wait(op, f"create instance {request.name} in {request.zone}", request.zone, progress)
+        else:
+            self._create_multi_host(request, accel, request_id, progress)
+        if not wait:
+            return self.get_node(request.zone, request.name)
+        return self._wait_ready(request, accel, progress)
+
+    def delete_node(
+        self, zone: str, name: str, *, wait: bool = True, progress: OperationProgress | None = None
+    ) -> None:
+        """Everything the slice was made of, in order: the MIG (its VMs with it), then its template and
+        workload policy; or the one instance. Parts already gone are skipped."""
+        region = _region(zone)
+        try:
+            mig = self._get("instance_group_managers", zone, name)
+        except NotFoundError:
+            mig = None
+        if mig is None:
+            op = self._delete("instances", name, zone=zone)
+            if wait:
+                self._wait(op, f"delete instance {name} in {zone}", zone, progress)
+            return
+        op = self._delete("instance_group_managers", name, zone=zone)
+        self._wait(op, f"delete MIG {name} in {zone}", zone, progress)
+        for kind, where in (("instance_templates", None), ("resource_policies", region)):
+            try:
+                part = self._delete(kind, name, region=where)
+            except NotFoundError:
+                continue
+            self._wait(part, f"delete {kind.replace('_', ' ')[:-1]} {name}", zone, progress)
+
+    def stop_node(self, zone: str, name: str, *, wait: bool = True) -> Node:
+        raise UsageError(
+            f"stop {name}: a Compute Engine TPU slice cannot be stopped by tpuctl",
+            fix=f"delete it (tpuctl pod delete {name}) and create it again",
+        )
+
+    def start_node(self, zone: str, name: str, *, wait: bool = True) -> Node:
+        return self.stop_node(zone, name)
+
+    # --- queued resources: none on Compute Engine ------------------------------------------------
+
+    def create_queued_resource(
+        self, request: QueuedResourceRequest, *, request_id: str | None = None
+    ) -> QueuedResource:
+        raise UsageError(f"queued resource {request.id}: {_NO_QUEUED}", fix="leave out --queued")
+
+    def get_queued_resource(self, zone: str, qr_id: str) -> QueuedResource:
+        raise NotFoundError(f"queued resource {qr_id} in {zone}: {_NO_QUEUED}", code=5)
+
+    def list_queued_resources(self, zone: str | None = None) -> list[QueuedResource]:
+        return []
+
+    def delete_queued_resource(
+        self, zone: str, qr_id: str, *, force: bool = False, wait: bool = True, request_id: str | None = None
+    ) -> None:
+        raise NotFoundError(f"queued resource {qr_id} in {zone}: {_NO_QUEUED}", code=5)
+
+    def reset_queued_resource(self, zone: str, qr_id: str) -> QueuedResource:
+        return self.get_queued_resource(zone, qr_id)
+
+    # --- catalog and quota -----------------------------------------------------------------------
+
+    def list_accelerator_types(self, zone: str) -> list[str]:
+        """The catalog's Compute Engine types whose machine type the zone lists."""
+        offered = {m["name"] for m in self._list("machine_types", zone)}
+        return [
+            accel.api_name
+            for accel in self._catalog.types()
+            if Surface.COMPUTE in accel.generation.surfaces and accel.machine_type in offered
+        ]
+
+    def list_runtime_versions(self, zone: str) -> list[str]:
+        return []  # images, not runtime versions: a slice boots its generation's image family
+
+    def list_zones(self) -> list[str]:
+        def fetch() -> list[str]:
+            return [z.name for z in self._client("zones").list(project=self._project, timeout=self._timeout)]
+
+        return sorted(self._read("list zones", self._project, fetch))
+
+    def quota_limits(self) -> list[QuotaLimit]:
+        return [] if self._quotas is None else self._quotas.list_quota_limits(self._project)
+
+    # --- dry-run plans ---------------------------------------------------------------------------
+
+    def plan_create_node(
+        self, request: NodeRequest, *, request_id: str | None = None
+    ) -> list[PlannedRequest]:
+        accel = self._accelerator(request)
+        base = f"{self._endpoint}/compute/v1/projects/{self._project}"
+        query = f"?requestId={request_id}" if request_id else ""
+        if accel.hosts == 1:
+            body = shapes.instance_body(request, accel, project=self._project)
+            return [PlannedRequest("POST", f"{base}/zones/{request.zone}/instances{query}", body)]
+        policy_url, template_url = self._part_urls(request.zone, request.name)
+        region = _region(request.zone)
+        return [
+            PlannedRequest(
+                "POST",
+                f"{base}/regions/{region}/resourcePolicies{query}",
+                shapes.workload_policy_body(request.name, accel.topology),
+            ),
+            PlannedRequest(
+                "POST",
+                f"{base}/global/instanceTemplates{query}",
+                shapes.template_body(request, accel, project=self._project),
+            ),
+            PlannedRequest(
+                "POST",
+                f"{base}/zones/{request.zone}/instanceGroupManagers{query}",
+                shapes.mig_body(request, accel, template_url=template_url, policy_url=policy_url),
+            ),
+        ]
+
+    def plan_delete_node(self, zone: str, name: str) -> list[PlannedRequest]:
+        base = f"{self._endpoint}/compute/v1/projects/{self._project}"
+        try:
+            self._get("instance_group_managers", zone, name)
+        except NotFoundError:
+            return [PlannedRequest("DELETE", f"{base}/zones/{zone}/instances/{name}")]
+        return [
+            PlannedRequest("DELETE", f"{base}/zones/{zone}/instanceGroupManagers/{name}"),
+            PlannedRequest("DELETE", f"{base}/global/instanceTemplates/{name}"),
+            PlannedRequest("DELETE", f"{base}/regions/{_region(zone)}/resourcePolicies/{name}"),
+        ]
+
+    def plan_create_queued_resource(
+        self, request: QueuedResourceRequest, *, request_id: str | None = None
+    ) -> PlannedRequest:
+        raise UsageError(f"queued resource {request.id}: {_NO_QUEUED}", fix="leave out --queued")
+
+    def plan_delete_queued_resource(
+        self, zone: str, qr_id: str, *, force: bool = False, request_id: str | None = None
+    ) -> PlannedRequest:
+        raise NotFoundError(f"queued resource {qr_id} in {zone}: {_NO_QUEUED}", code=5)
+
+    # --- creating a multi-host slice --------------------------------------------------------------
+
+    def _create_multi_host(
+        self,
+        request: NodeRequest,
+        accel: AcceleratorType,
+        request_id: str | None,
+        progress: OperationProgress | None,
+    ) -> None:
+        zone, name, region = request.zone, request.name, _region(request.zone)
+        policy_url, template_url = self._part_urls(zone, name)
+        made: list[tuple[str, str | None]] = []
+        try:
+            body = shapes.workload_policy_body(name, accel.topology)
+            op = self._insert("resource_policies", body, region=region, request_id=request_id)
+            made.append(("resource_policies", region))
+            self._wait(op, f"create workload policy {name} in {region}", zone, progress)
+            body = shapes.template_body(request, accel, project=self._project)
+            op = self._insert("instance_templates", body, request_id=request_id)
+            made.append(("instance_templates", None))
+            self._wait(op, f"create instance template {name}", zone, progress)
+            body = shapes.mig_body(request, accel, template_url=template_url, policy_url=policy_url)
+            op = self._insert("instance_group_managers", body, zone=zone, request_id=request_id)
+            made.append(("instance_group_managers", zone))
+            self._wait(op, f"create MIG {name} in {zone}", zone, progress)
+        except BaseException:
+            self._undo(name, zone, made)
+            raise
+
+    def _undo(self, name: str, zone: str, made: list[tuple[str, str | None]]) -> None:
+        """Delete what a failed create made, last first; a failure here is logged, not raised (the
+        create's own error is the one to report; ``pod gc`` finds what is left)."""
+        for kind, where in reversed(made):
+            try:
+                if kind == "instance_group_managers":
+                    op = self._delete(kind, name, zone=zone)
+                elif kind == "resource_policies":
+                    op = self._delete(kind, name, region=where)
+                else:
+                    op = self._delete(kind, name)
+                self._wait(op, f"delete {kind} {name}", zone, None)
+            except NotFoundError:
+                continue
+            except CloudError as exc:
+                log.warning("could not delete %s %s after a failed create: %s", kind, name, exc)
+
+    def _wait_ready(
+        self, request: NodeRequest, accel: AcceleratorType, progress: OperationProgress | None
+    ) -> Node:
+        what = f"create node {request.name} in {request.zone}"
+
+        def poll() -> Node:
+            node = self.get_node(request.zone, request.name)
+            if node.state == "CREATING" and accel.hosts > 1:
+                self._raise_if_stocked_out(request, what)
+            return node
+
+        def on_poll(node: Node, elapsed: float) -> None:
+            if progress is not None:
+                progress.update(f"{what}: {node.state}", elapsed_s=elapsed)
+
+        try:
+            node = poll_until(
+                poll,
+                lambda n: n.state != "CREATING",
+                timeout_s=self._op_timeout,
+                initial_interval_s=self._poll_interval,
+                max_interval_s=self._poll_max_interval,
+                on_poll=on_poll,
+                sleep=self._sleep,
+            )
+        except StockoutError:
+            if accel.hosts > 1:
+                self._undo(request.name, request.zone, _multi_host_parts(request.zone))
+            raise
+        except PollTimeout as exc:
+            raise TransientError(
+                f"{what}: not ready after {exc.elapsed_s:.0f}s",
+                fix="it goes on on the server: check it later (tpuctl pod describe)",
+            ) from None
+        if node.state != "READY":
+            raise CloudError(
+                f"{what}: the slice went {node.state} before it was ready", fix="create it again"
+            )
+        return node
+
+    def _raise_if_stocked_out(self, request: NodeRequest, what: str) -> None:
+        """A BULK MIG short of capacity keeps trying; its managed instances' last attempt says why."""
+
+        def fetch() -> list[dict[str, Any]]:
+            pager = self._client("instance_group_managers").list_managed_instances(
+                project=self._project, zone=request.zone, instance_group_manager=request.name,
+                timeout=self._timeout,
+            )  # fmt: skip
+            return [_to_json(m) for m in pager]
+
+        for managed in self._read("list managed instances", request.name, fetch):
+            errors = ((managed.get("lastAttempt") or {}).get("errors") or {}).get("errors") or []
+            if errors:
+                raise error_from_compute_errors(what=what, errors=errors, zone=request.zone)
+
+    # --- reading ---------------------------------------------------------------------------------
+
+    def _node_of_instance(self, instance: Mapping[str, Any], zone: str) -> Node | None:
+        accel = self._type_of_machine(shapes.last_segment(str(instance.get("machineType", ""))))
+        if accel is None:
+            return None  # not a TPU VM
+        return shapes.node_from_instance(instance, zone, accel)
+
+    def _node_of_mig(
+        self, mig: Mapping[str, Any], zone: str, meta: Mapping[str, Any], instances: list[dict[str, Any]]
+    ) -> Node:
+        accel = self._catalog.resolve(str(meta.get("accelerator_type", "")))
+        own = [i for i in instances if (i.get("labels") or {}).get(shapes.LABEL_SLICE) == mig["name"]]
+        return shapes.node_from_mig(mig, own, zone, meta, accel)
+
+    def _type_of_machine(self, machine_type: str) -> AcceleratorType | None:
+        """The one-host type of a machine type (a MIG's hosts are read through the MIG)."""
+        for accel in self._catalog.types():
+            if accel.hosts == 1 and accel.machine_type == machine_type:
+                return accel
+        return None
+
+    def _instance_names(self, zone: str, node: Node) -> list[str]:
+        """The slice's instances in worker order: a MIG's by name (as ``node_from_mig`` orders them)."""
+        own = [
+            str(i["name"])
+            for i in self._list("instances", zone)
+            if (i.get("labels") or {}).get(shapes.LABEL_SLICE) == node.name
+        ]
+        return sorted(own) or [node.name]
+
+    def _compute_zones(self) -> list[str]:
+        gens = [g for g in self._catalog.generations.values() if Surface.COMPUTE in g.surfaces]
+        return sorted({z for g in gens for z in g.zones})
+
+    def _accelerator(self, request: NodeRequest) -> AcceleratorType:
+        accel = self._catalog.resolve(request.accelerator_type)
+        accel.generation.check_surface(Surface.COMPUTE)
+        return accel
+
+    def _part_urls(self, zone: str, name: str) -> tuple[str, str]:
+        project = f"projects/{self._project}"
+        return (
+            f"{project}/regions/{_region(zone)}/resourcePolicies/{name}",
+            f"{project}/global/instanceTemplates/{name}",
+        )
+
+    # --- calls -----------------------------------------------------------------------------------
+
+    def _client(self, kind: str) -> Any:
+        with self._lock:
+            client = self._clients.get(kind)
+            if client is None:
+                compute_v1 = _compute_v1()
+                from google.api_core.client_options import ClientOptions
+
+                cls = getattr(compute_v1, _CLIENT_CLASSES[kind])
+                client = cls(
+                    credentials=self._resolve_credentials(),
+                    transport="rest",
+                    client_options=ClientOptions(api_endpoint=self._endpoint),
+                )
+                session = getattr(client.transport, "_session", None)
+                if self._backend == "sim" and session is not None:
+                    session.trust_env = False  # a proxy from the environment must not catch loopback
+                self._clients[kind] = client
+            return client
+
+    def _resolve_credentials(self) -> Credentials:
+        if self._credentials is None:
+            if self._backend == "sim":
+                from google.auth.credentials import AnonymousCredentials
+
+                self._credentials = AnonymousCredentials()  # type: ignore[no-untyped-call]
+            else:
+                self._credentials = _default_credentials()
+        return self._credentials
+
+    def _read(self, action: str, resource: str, fn: Callable[[], T]) -> T:
+        def attempt() -> T:
+            with translate_errors(action, resource, mutating=False):
+                return fn()
+
+        return call_with_retry(attempt, policy=self._retry, idempotent=True, sleep=self._sleep)
+
+    def _list(self, kind: str, zone: str) -> list[dict[str, Any]]:
+        def fetch() -> list[dict[str, Any]]:
+            pager = self._client(kind).list(project=self._project, zone=zone, timeout=self._timeout)
+            return [_to_json(item) for item in pager]
+
+        return self._read(f"list {kind.replace('_', ' ')}", zone, fetch)
+
+    def _get(self, kind: str, zone: str, name: str) -> dict[str, Any]:
+        field = _NAME_FIELDS[kind]
+
+        def fetch() -> dict[str, Any]:
+            args = {"project": self._project, "zone": zone, field: name, "timeout": self._timeout}
+            return _to_json(self._client(kind).get(**args))
+
+        return self._read(f"get {kind.replace('_', ' ')[:-1]}", f"{name} in {zone}", fetch)
+
+    def _insert(
+        self,
+        kind: str,
+        body: dict[str, Any],
+        *,
+        zone: str | None = None,
+        region: str | None = None,
+        request_id: str | None = None,
+    ) -> dict[str, Any]:
+        compute_v1 = _compute_v1()
+        resource_field, message_class = _RESOURCE_FIELDS[kind]
+        args: dict[str, Any] = {
+            "project": self._project,
+            resource_field: _message(getattr(compute_v1, message_class), body),
+            "timeout": self._timeout,
+        }
+        if zone is not None:
+            args["zone"] = zone
+        if region is not None:
+            args["region"] = region
+        if request_id:
+            args["request_id"] = request_id
+
+        def attempt() -> dict[str, Any]:
+            with translate_errors(
+                f"create {kind.replace('_', ' ')[:-1]}", body["name"], mutating=True, zone=zone
+            ):
+                return _to_json(self._client(kind).insert_unary(**args))
+
+        # With a requestId, Compute Engine makes the insert idempotent: a retry after a broken
+        # connection does not create twice.
+        return call_with_retry(attempt, policy=self._retry, idempotent=bool(request_id), sleep=self._sleep)
+
+    def _delete(
+        self, kind: str, name: str, *, zone: str | None = None, region: str | None = None
+    ) -> dict[str, Any]:
+        args: dict[str, Any] = {"project": self._project, _NAME_FIELDS[kind]: name, "timeout": self._timeout}
+        if zone is not None:
+            args["zone"] = zone
+        if region is not None:
+            args["region"] = region
+
+        def attempt() -> dict[str, Any]:
+            with translate_errors(f"delete {kind.replace('_', ' ')[:-1]}", name, mutating=True, zone=zone):
+                return _to_json(self._client(kind).delete_unary(**args))
+
+        # A delete is idempotent in effect: a repeat finds the resource gone (NotFoundError).
+        return call_with_retry(attempt, policy=self._retry, idempotent=True, sleep=self._sleep)
+
+    def _wait(
+        self, op: dict[str, Any], what: str, zone: str | None, progress: OperationProgress | None
+    ) -> dict[str, Any]:
+        """Poll the operation (zonal, regional or global, as its own fields say) until DONE; raise its
+        translated error when it failed."""
+        name = str(op["name"])
+        op_zone = shapes.last_segment(str(op["zone"])) if op.get("zone") else None
+        op_region = shapes.last_segment(str(op["region"])) if op.get("region") else None
+        if op.get("status") != "DONE":
+
+            def get() -> dict[str, Any]:
+                if op_zone:
+                    kind, where = "zone_operations", {"zone": op_zone}
+                elif op_region:
+                    kind, where = "region_operations", {"region": op_region}
+                else:
+                    kind, where = "global_operations", {}
+                client = self._client(kind)
+                return self._read(
+                    "get operation",
+                    name,
+                    lambda: _to_json(
+                        client.get(project=self._project, operation=name, timeout=self._timeout, **where)
+                    ),
+                )
+
+            def on_poll(current: dict[str, Any], elapsed: float) -> None:
+                if progress is not None:
+                    progress.update(f"{what}: {current.get('status', '?')}", elapsed_s=elapsed)
+
+            try:
+                op = poll_until(
+                    get,
+                    lambda o: o.get("status") == "DONE",
+                    timeout_s=self._op_timeout,
+                    initial_interval_s=self._poll_interval,
+                    max_interval_s=self._poll_max_interval,
+                    on_poll=on_poll,
+                    sleep=self._sleep,
+                )
+            except PollTimeout as exc:
+                raise TransientError(
+                    f"{what}: operation {name} is still running after {exc.elapsed_s:.0f}s",
+                    fix="it continues on the server: check its state later (tpuctl pod list / describe)",
+                ) from None
+        errors = (op.get("error") or {}).get("errors") or []
+        if errors or op.get("httpErrorStatusCode"):
+            raise error_from_compute_errors(
+                what=what, errors=errors, http_status=_int(op.get("httpErrorStatusCode")), zone=zone
+            )
+        return op
+
+
+def _multi_host_parts(zone: str) -> list[tuple[str, str | None]]:
+    """What a multi-host slice is made of, in the order it is created: (kind, region or zone)."""
+    return [
+        ("resource_policies", _region(zone)),
+        ("instance_templates", None),
+        ("instance_group_managers", zone),
+    ]
+
+
+#: kind -> the compute_v1 client class.
+_CLIENT_CLASSES = {
+    "instances": "InstancesClient",
+    "instance_group_managers": "InstanceGroupManagersClient",
+    "instance_templates": "InstanceTemplatesClient",
+    "resource_policies": "ResourcePoliciesClient",
+    "machine_types": "MachineTypesClient",
+    "zones": "ZonesClient",
+    "zone_operations": "ZoneOperationsClient",
+    "region_operations": "RegionOperationsClient",
+    "global_operations": "GlobalOperationsClient",
+}
+#: kind -> the keyword naming one resource in get/delete.
+_NAME_FIELDS = {
+    "instances": "instance",
+    "instance_group_managers": "instance_group_manager",
+    "instance_templates": "instance_template",
+    "resource_policies": "resource_policy",
+}
+#: kind -> (insert's body keyword, its message class).
+_RESOURCE_FIELDS = {
+    "instances": ("instance_resource", "Instance"),
+    "instance_group_managers": ("instance_group_manager_resource", "InstanceGroupManager"),
+    "instance_templates": ("instance_template_resource", "InstanceTemplate"),
+    "resource_policies": ("resource_policy_resource", "ResourcePolicy"),
+}
+
+
+def _region(zone: str) -> str:
+    return zone.rsplit("-", 1)[0]
+
+
+def _int(value: object) -> int | None:
+    try:
+        return int(str(value)) if value not in (None, "") else None
+    except ValueError:
+        return None
+
+
+def _to_json(message: Any) -> dict[str, Any]:
+    """A compute_v1 message as its REST JSON (camelCase), as it went over the wire."""
+    data: dict[str, Any] = json.loads(type(message).to_json(message))
+    return data
+
+
+def _message(cls: Any, body: Mapping[str, Any]) -> Any:
+    """The compute_v1 message of a REST JSON body; an unknown field is a bug here, so it raises."""
+    return cls.from_json(json.dumps(body), ignore_unknown_fields=False)

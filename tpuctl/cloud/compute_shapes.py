@@ -1,0 +1,279 @@
+"""Compute Engine TPU slices as JSON: the request bodies tpuctl sends, and the ``Node`` a slice reads as.
+
+Pure functions over the REST JSON form (camelCase, int64 as strings), the form the facts sheet, the
+discovery document and ``--dry-run`` use; ``tpuctl.cloud.compute`` converts to and from the client
+library's messages at its edge. Sources: ``shared/reference/ce-tpu-facts.md`` (cited as "facts §N").
+
+A tpuctl slice on Compute Engine is named once and that name is used for everything it is made of:
+
+* one host: the instance ``NAME``;
+* several hosts: the regional workload policy ``NAME`` (the topology), the global instance template
+  ``NAME`` and the zonal MIG ``NAME``, whose instances are ``NAME-xxxx`` (facts §2.1-2.3).
+
+Every instance of a slice carries the label ``tpuctl-slice: NAME``; a MIG (which has no labels) keeps the
+slice's type, capacity and labels in its description, as JSON, so a slice whose VMs do not exist yet
+(being created, or out of stock) still reads as a tpuctl slice.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from tpuctl.catalog import AcceleratorType, CapacityType
+from tpuctl.cloud.base import NetworkEndpoint, Node, NodeRequest
+
+LABEL_SLICE = "tpuctl-slice"
+#: The scope a host needs for the run's bucket and the rest of Google Cloud: a Compute Engine TPU VM's
+#: scopes are not defaulted to cloud-platform (facts §1.2), unlike the TPU API's.
+CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
+#: The CE TPU image's default boot disk is 10 GB (facts §1.2): too small for a run's environment.
+BOOT_DISK_GB = 100
+#: A description starting with this holds the slice's JSON (MIGs have no labels).
+_DESCRIPTION_PREFIX = "tpuctl-slice "
+
+#: Instance.status -> the Node state the services know (the TPU API's vocabulary). TERMINATED is a
+#: stopped VM; a spot or flex-start one tpuctl did not stop was preempted (``node_state``).
+_STATE_OF_STATUS = {
+    "PROVISIONING": "CREATING",
+    "STAGING": "CREATING",
+    "PENDING": "CREATING",  # flex-start: waiting for capacity (facts §1.5)
+    "RUNNING": "READY",
+    "STOPPING": "STOPPING",
+    "PENDING_STOP": "STOPPING",
+    "SUSPENDING": "STOPPING",
+    "SUSPENDED": "STOPPED",
+    "STOPPED": "STOPPED",
+    "REPAIRING": "REPAIRING",
+    "DEPROVISIONING": "DELETING",
+}
+_PROVISIONING_MODEL = {
+    CapacityType.ON_DEMAND: "STANDARD",
+    # Compute Engine's legacy `preemptible` is Spot's predecessor: tpuctl asks for Spot for both.
+    CapacityType.SPOT: "SPOT",
+    CapacityType.PREEMPTIBLE: "SPOT",
+    CapacityType.RESERVED: "RESERVATION_BOUND",
+}
+_CAPACITY_OF_MODEL = {
+    "STANDARD": CapacityType.ON_DEMAND,
+    "SPOT": CapacityType.SPOT,
+    "RESERVATION_BOUND": CapacityType.RESERVED,
+}
+
+
+def scheduling(capacity: CapacityType) -> dict[str, Any]:
+    """TPU VMs cannot live-migrate (facts §1.1): TERMINATE on host maintenance, never restarted by
+    Compute Engine behind tpuctl's back. A preempted spot VM is STOPPED (the API's default action), not
+    deleted, so that it stays visible as preempted until tpuctl deletes it, as a TPU API node does."""
+    out: dict[str, Any] = {
+        "provisioningModel": _PROVISIONING_MODEL[capacity],
+        "onHostMaintenance": "TERMINATE",
+        "automaticRestart": False,
+    }
+    if capacity.is_preemptible:
+        out["instanceTerminationAction"] = "STOP"
+    return out
+
+
+def instance_properties(
+    request: NodeRequest, accel: AcceleratorType, *, zone: str, project: str
+) -> dict[str, Any]:
+    """What an instance (or a template's ``properties``) of the slice is made of (facts §1.3)."""
+    compute = accel.generation.compute
+    if compute is None or accel.machine_type is None:
+        raise ValueError(f"{accel.friendly_name} has no Compute Engine machine type")
+    props: dict[str, Any] = {
+        "machineType": accel.machine_type,
+        "disks": [
+            {
+                "boot": True,
+                "autoDelete": True,
+                "initializeParams": {"sourceImage": compute.source_image, "diskSizeGb": str(BOOT_DISK_GB)},
+            }
+        ],
+        "networkInterfaces": [_network_interface(request.external_ips)],
+        "serviceAccounts": [{"email": "default", "scopes": [CLOUD_PLATFORM_SCOPE]}],
+        "scheduling": scheduling(request.capacity),
+        "labels": {**request.labels, LABEL_SLICE: request.name},
+        "metadata": {"items": [{"key": k, "value": v} for k, v in sorted(request.metadata.items())]},
+    }
+    if request.description:
+        props["description"] = request.description
+    if request.capacity is CapacityType.RESERVED and request.reservation:
+        props["reservationAffinity"] = {
+            "consumeReservationType": "SPECIFIC_RESERVATION",
+            "key": "compute.googleapis.com/reservation-name",
+            "values": [_reservation_path(request.reservation, project)],
+        }
+    return props
+
+
+def instance_body(request: NodeRequest, accel: AcceleratorType, *, project: str) -> dict[str, Any]:
+    """``instances.insert`` of a one-host slice: the machine type is zonal there."""
+    props = instance_properties(request, accel, zone=request.zone, project=project)
+    props["machineType"] = f"zones/{request.zone}/machineTypes/{props['machineType']}"
+    return {"name": request.name, **props}
+
+
+def workload_policy_body(name: str, topology: str) -> dict[str, Any]:
+    """The multi-host slice's topology (facts §2.1): required for a TPU MIG of several hosts."""
+    return {"name": name, "workloadPolicy": {"type": "HIGH_THROUGHPUT", "acceleratorTopology": topology}}
+
+
+def template_body(request: NodeRequest, accel: AcceleratorType, *, project: str) -> dict[str, Any]:
+    props = instance_properties(request, accel, zone=request.zone, project=project)
+    return {"name": request.name, "properties": props}
+
+
+def mig_body(
+    request: NodeRequest, accel: AcceleratorType, *, template_url: str, policy_url: str
+) -> dict[str, Any]:
+    """A BULK MIG of all the slice's hosts at once; DO_NOTHING, so that Compute Engine does not repair
+    one VM of a slice (the topology needs all of them, facts §2.3, §2.7): tpuctl recovers the slice."""
+    return {
+        "name": request.name,
+        "baseInstanceName": request.name,
+        "description": slice_description(request, accel),
+        "versions": [{"instanceTemplate": template_url}],
+        "targetSize": accel.hosts,
+        "targetSizePolicy": {"mode": "BULK"},
+        "instanceLifecyclePolicy": {"defaultActionOnFailure": "DO_NOTHING"},
+        "resourcePolicies": {"workloadPolicy": policy_url},
+    }
+
+
+def slice_description(request: NodeRequest, accel: AcceleratorType) -> str:
+    meta = {
+        "accelerator_type": accel.api_name,
+        "capacity": request.capacity.value,
+        "labels": {**request.labels, LABEL_SLICE: request.name},
+    }
+    return _DESCRIPTION_PREFIX + json.dumps(meta, sort_keys=True, separators=(",", ":"))
+
+
+def parse_slice_description(text: str) -> dict[str, Any] | None:
+    if not text.startswith(_DESCRIPTION_PREFIX):
+        return None
+    try:
+        meta = json.loads(text[len(_DESCRIPTION_PREFIX) :])
+    except ValueError:
+        return None
+    return meta if isinstance(meta, dict) else None
+
+
+def _network_interface(external_ips: bool) -> dict[str, Any]:
+    nic: dict[str, Any] = {"network": "global/networks/default", "nicType": "GVNIC"}
+    if external_ips:
+        nic["accessConfigs"] = [{"type": "ONE_TO_ONE_NAT", "name": "External NAT"}]
+    return nic
+
+
+def _reservation_path(reservation: str, project: str) -> str:
+    if reservation.startswith("projects/"):
+        return reservation
+    return f"projects/{project}/reservations/{reservation.rsplit('/', 1)[-1]}"
+
+
+# --- reading -------------------------------------------------------------------------------------------
+
+
+def last_segment(url: str) -> str:
+    return url.rstrip("/").rsplit("/", 1)[-1]
+
+
+def capacity_of(instance_or_props: Mapping[str, Any]) -> CapacityType:
+    model = str((instance_or_props.get("scheduling") or {}).get("provisioningModel", "STANDARD"))
+    return _CAPACITY_OF_MODEL.get(model, CapacityType.ON_DEMAND)
+
+
+def node_state(instance: Mapping[str, Any]) -> str:
+    status = str(instance.get("status", ""))
+    if status == "TERMINATED":
+        model = str((instance.get("scheduling") or {}).get("provisioningModel", ""))
+        return "PREEMPTED" if model in ("SPOT", "FLEX_START") else "STOPPED"
+    return _STATE_OF_STATUS.get(status, status or "CREATING")
+
+
+def endpoint_of(instance: Mapping[str, Any]) -> NetworkEndpoint | None:
+    nics = instance.get("networkInterfaces") or []
+    if not nics or not nics[0].get("networkIP"):
+        return None
+    nat = next((a.get("natIP") for a in nics[0].get("accessConfigs") or [] if a.get("natIP")), None)
+    return NetworkEndpoint(ip_address=str(nics[0]["networkIP"]), port=8470, external_ip=nat)
+
+
+def slice_state(instances: Sequence[Mapping[str, Any]], hosts: int, topology_state: str | None) -> str:
+    """The state of a multi-host slice from its VMs: READY when every host runs and the topology is
+    ACTIVE (facts §2.5); PREEMPTED or STOPPED when any host is (one host lost is the slice lost, §2.7)."""
+    states = [node_state(i) for i in instances]
+    for dead in ("PREEMPTED", "STOPPED", "STOPPING", "DELETING", "REPAIRING"):
+        if dead in states:
+            return dead
+    ready = len(states) == hosts and all(s == "READY" for s in states)
+    return "READY" if ready and topology_state in (None, "ACTIVE") else "CREATING"
+
+
+def node_from_instance(instance: Mapping[str, Any], zone: str, accel: AcceleratorType) -> Node:
+    """A one-host slice; its image family is its generation's (the instance names only its disk)."""
+    endpoint = endpoint_of(instance)
+    return Node(
+        name=str(instance["name"]),
+        zone=zone,
+        accelerator_type=accel.api_name,
+        state=node_state(instance),
+        capacity=capacity_of(instance),
+        runtime_version=accel.runtime_version,
+        topology=accel.topology,
+        labels=dict(instance.get("labels") or {}),
+        metadata=_metadata(instance),
+        network_endpoints=(endpoint,) if endpoint else (),
+        create_time=_timestamp(instance.get("creationTimestamp")),
+        description=str(instance.get("description", "")),
+        id=str(instance.get("id", "")),
+    )
+
+
+def node_from_mig(
+    mig: Mapping[str, Any],
+    instances: Sequence[Mapping[str, Any]],
+    zone: str,
+    meta: Mapping[str, Any],
+    accel: AcceleratorType,
+) -> Node:
+    """A multi-host slice: its MIG, and its VMs in worker order (by instance name, unc.: the order the
+    hosts' ``worker-network-endpoints`` metadata lists them is not readable through the API)."""
+    ordered = sorted(instances, key=lambda i: str(i.get("name", "")))
+    applied = (mig.get("status") or {}).get("appliedAcceleratorTopologies") or []
+    topology_state = str(applied[0].get("state")) if applied else None
+    endpoints = tuple(e for e in (endpoint_of(i) for i in ordered) if e is not None)
+    capacity = CapacityType(str(meta.get("capacity", CapacityType.ON_DEMAND.value)))
+    return Node(
+        name=str(mig["name"]),
+        zone=zone,
+        accelerator_type=accel.api_name,
+        state=slice_state(ordered, accel.hosts, topology_state),
+        capacity=capacity,
+        runtime_version=accel.runtime_version,
+        topology=accel.topology,
+        labels={str(k): str(v) for k, v in (meta.get("labels") or {}).items()},
+        metadata=_metadata(ordered[0]) if ordered else {},
+        network_endpoints=endpoints if len(endpoints) == len(ordered) else (),
+        create_time=_timestamp(mig.get("creationTimestamp")),
+        id=str(mig.get("id", "")),
+    )
+
+
+def _metadata(instance: Mapping[str, Any]) -> dict[str, str]:
+    items = (instance.get("metadata") or {}).get("items") or []
+    return {str(i["key"]): str(i.get("value", "")) for i in items if "key" in i}
+
+
+def _timestamp(value: object) -> datetime | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
