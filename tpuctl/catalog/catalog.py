@@ -93,9 +93,67 @@ class ServingQuota:
     scopes: tuple[str, ...] = ("zone",)
 
 
+class Surface(StrEnum):
+    """Which Google API places a slice: the Cloud TPU API (nodes, queued resources; in maintenance mode)
+    or Compute Engine (instances, and MIGs with a workload policy for multi-host slices)."""
+
+    TPU_API = "tpu"
+    COMPUTE = "compute"
+
+    @classmethod
+    def parse(cls, value: str, *, field_name: str = "api") -> Surface:
+        try:
+            return cls(value.strip().lower())
+        except ValueError:
+            raise UsageError(
+                f"unknown {field_name} {value!r}",
+                field=field_name,
+                value=value,
+                fix="use one of: " + ", ".join(s.value for s in cls),
+            ) from None
+
+
+_SURFACE_NAMES = {Surface.TPU_API: "Cloud TPU API", Surface.COMPUTE: "Compute Engine"}
+
+
+@dataclass(frozen=True)
+class ComputeQuota:
+    """A Compute Engine TPU quota in Cloud Quotas (service ``compute.googleapis.com``)."""
+
+    quota_id: str  # e.g. TPUS-PER-TPU-FAMILY-per-project-region
+    scope: str  # "region" or "zone"
+    tpu_family: str | None = None  # the ``tpu_family`` dimension, for the per-family quota
+
+
+@dataclass(frozen=True)
+class ComputeShape:
+    """How Compute Engine offers a generation: one machine type per host size (the TPU comes with the
+    machine type; no guestAccelerators), the image family its hosts boot, and its quotas."""
+
+    machine_types: tuple[tuple[int, str], ...]  # (chips per host, machine type)
+    image_family: str
+    on_demand_quota: ComputeQuota
+    preemptible_quota: ComputeQuota
+    image_project: str = "ubuntu-os-accelerator-images"
+
+    def machine_type(self, chips_per_host: int) -> str | None:
+        return dict(self.machine_types).get(chips_per_host)
+
+    @property
+    def source_image(self) -> str:
+        return f"projects/{self.image_project}/global/images/family/{self.image_family}"
+
+    def quota(self, capacity: CapacityType) -> ComputeQuota | None:
+        """The quota a slice of this capacity draws on (spot and flex-start: preemptible); None for
+        reserved capacity, which draws on its reservation."""
+        if capacity is CapacityType.RESERVED:
+            return None
+        return self.preemptible_quota if capacity.is_preemptible else self.on_demand_quota
+
+
 @dataclass(frozen=True)
 class Generation:
-    """One TPU generation as the TPU API v2 offers it."""
+    """One TPU generation, as the TPU API v2 and/or Compute Engine offer it."""
 
     name: str  # friendly: v5e
     api_prefix: str  # the API's type prefix: v5litepod
@@ -114,6 +172,24 @@ class Generation:
     quota_preemptible: str = ""
     quota_metric: str = ""  # the Cloud Quotas metric name without service and "-preemptible"
     serving: ServingQuota | None = None
+    surfaces: tuple[Surface, ...] = (Surface.TPU_API,)  # the first is the default
+    compute: ComputeShape | None = None
+
+    @property
+    def default_surface(self) -> Surface:
+        return self.surfaces[0]
+
+    def check_surface(self, surface: Surface) -> None:
+        """Raise a UsageError naming the surfaces that do serve this generation."""
+        if surface not in self.surfaces:
+            served = " or ".join(s.value for s in self.surfaces)
+            raise UsageError(
+                f"{self.name} has no {_SURFACE_NAMES[surface]} path: {self.name} slices are placed "
+                f"through {' or '.join(_SURFACE_NAMES[s] for s in self.surfaces)}",
+                field="api",
+                value=surface.value,
+                fix=f"use --api {served}, or leave --api out",
+            )
 
     @property
     def valid_sizes(self) -> list[int]:
@@ -131,7 +207,10 @@ class Generation:
         return template.format(scope=scope.capitalize())
 
     def quota_families(self) -> list[QuotaFamily]:
-        """Every quota family of this generation: training on-demand and preemptible, then serving."""
+        """Every TPU API quota family of this generation: training on-demand and preemptible, then
+        serving; none for a generation the TPU API does not serve."""
+        if Surface.TPU_API not in self.surfaces:
+            return []
         metric = f"tpu.googleapis.com/{self.quota_metric or self.api_prefix}"
         families = [
             QuotaFamily(self.quota_on_demand, metric, preemptible=False),
@@ -229,6 +308,12 @@ class AcceleratorType:
     def runtime_version(self) -> str:
         return self.generation.runtime_version
 
+    @property
+    def machine_type(self) -> str | None:
+        """The Compute Engine machine type of each host; None where Compute Engine does not serve it."""
+        compute = self.generation.compute
+        return None if compute is None else compute.machine_type(self.chips_per_host)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.api_name,
@@ -245,6 +330,8 @@ class AcceleratorType:
             "hbm_gib": self.hbm_gib,
             "peak_bf16_tflops": self.peak_bf16_tflops,
             "runtime_version": self.runtime_version,
+            "surfaces": [s.value for s in self.generation.surfaces],
+            "machine_type": self.machine_type,
         }
 
 
@@ -256,6 +343,8 @@ class PriceTable:
     date: str
     # generation -> region -> {"on_demand": x, "spot": y}
     prices: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+    # generation -> what is uncertain about its prices (TPU7x: the unit), shown wherever they are
+    notes: dict[str, str] = field(default_factory=dict)
 
     def per_chip_hour(self, generation: str, region: str, capacity: CapacityType) -> float | None:
         """The price, or None when the catalog has no price for that generation in that region."""
@@ -303,6 +392,22 @@ def _parse_generation(name: str, raw: dict[str, Any]) -> Generation:
         quota_preemptible=str(raw["quota"]["preemptible"]),
         quota_metric=str(raw["quota"].get("metric", "")),
         serving=_parse_serving(raw.get("serving")),
+        surfaces=tuple(Surface(str(v)) for v in raw.get("surfaces", ["tpu"])),
+        compute=_parse_compute(raw.get("compute")),
+    )
+
+
+def _parse_compute(raw: dict[str, Any] | None) -> ComputeShape | None:
+    if raw is None:
+        return None
+    quota = raw["quota"]
+    scope = str(quota["scope"])
+    family = quota.get("tpu_family")
+    return ComputeShape(
+        machine_types=tuple(sorted((int(k), str(v)) for k, v in raw["machine_types"].items())),
+        image_family=str(raw["image_family"]),
+        on_demand_quota=ComputeQuota(str(quota["on_demand"]), scope, str(family) if family else None),
+        preemptible_quota=ComputeQuota(str(quota["preemptible"]), scope),
     )
 
 
@@ -382,7 +487,7 @@ class Catalog:
 
     def _generation_for_prefix(self, prefix: str) -> Generation | None:
         for gen in self.generations.values():
-            if prefix in (gen.name, gen.api_prefix, gen.api_enum.lower()):
+            if prefix in (gen.name, gen.api_prefix) or (gen.api_enum and prefix == gen.api_enum.lower()):
                 return gen
         return None
 
@@ -396,7 +501,7 @@ class Catalog:
 
     def generation_for_api_enum(self, api_enum: str) -> Generation | None:
         for gen in self.generations.values():
-            if gen.api_enum == api_enum:
+            if gen.api_enum and gen.api_enum == api_enum:
                 return gen
         return None
 
@@ -451,7 +556,10 @@ def _parse_price_table(data: Any, where: str) -> PriceTable:
         prices[str(gen)] = {
             str(region): {k: float(v) for k, v in pair.items()} for region, pair in regions.items()
         }
-    return PriceTable(source=str(data.get("source", where)), date=str(data.get("date", "")), prices=prices)
+    notes = {str(k): str(v) for k, v in (data.get("notes") or {}).items()}
+    return PriceTable(
+        source=str(data.get("source", where)), date=str(data.get("date", "")), prices=prices, notes=notes
+    )
 
 
 @cache

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tpuctl.catalog import AcceleratorType, Generation
+from tpuctl.catalog import AcceleratorType, Generation, Surface
 from tpuctl.sim.api_errors import not_found
 from tpuctl.sim.engine.capacity import reservation_in_use
 from tpuctl.sim.engine.context import Context
@@ -34,7 +34,9 @@ class Listings:
     def _zone_generations(self, zone: str) -> list[Generation]:
         check_zone(zone)
         world = self.ctx.world
-        return [self.ctx.catalog.generations[g] for g in sorted(world.zones.get(zone, {}))]
+        # The TPU API's view: a Compute-Engine-only generation (TPU7x) in the zone is not among its types.
+        gens = [self.ctx.catalog.generations[g] for g in sorted(world.zones.get(zone, {}))]
+        return [g for g in gens if Surface.TPU_API in g.surfaces]
 
     def list_accelerator_types(
         self, project: str, zone: str, page_size: int = 0, page_token: str = ""

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from tpuctl.catalog import AcceleratorType, Catalog
+from tpuctl.catalog import AcceleratorType, Catalog, Surface
 from tpuctl.sim.api_errors import eid, invalid_argument
 from tpuctl.sim.shapes import size_for_topology
 from tpuctl.sim.wire import ACCELERATOR_TYPE_ENUM, check_labels, check_resource_id
@@ -92,6 +92,8 @@ def accelerator_by_api_name(catalog: Catalog, name: str) -> AcceleratorType | No
     if not size_text.isdigit():
         return None
     for gen in catalog.generations.values():
+        if Surface.TPU_API not in gen.surfaces:
+            continue  # TPU7x and later: not a TPU API type (the API answers it as unknown)
         if gen.api_prefix == prefix and int(size_text) in dict(gen.sizes):
             return AcceleratorType(generation=gen, size=int(size_text))
     return None
