@@ -21,9 +21,39 @@ _INT_RE = re.compile(r"^-?\d+$")
 
 @functools.cache
 def google_document(version: str) -> dict[str, Any]:
-    """Google's discovery document of the TPU API ``version``, as google-api-python-client ships it."""
-    data: dict[str, Any] = json.loads((_DOCUMENTS / f"tpu.{version}.json").read_text())
+    """Google's discovery document of the TPU API ``version`` (``v2``), or of another API named with
+    its version (``compute.v1``), as google-api-python-client ships it."""
+    name = version if "." in version else f"tpu.{version}"
+    data: dict[str, Any] = json.loads((_DOCUMENTS / f"{name}.json").read_text())
     return data
+
+
+def _methods(resources: dict[str, Any]) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = []
+    for resource in resources.values():
+        found.extend(resource.get("methods", {}).values())
+        found.extend(_methods(resource.get("resources", {})))
+    return found
+
+
+@functools.cache
+def _compute_routes() -> list[tuple[str, re.Pattern[str], str | None]]:
+    document = google_document("compute.v1")
+    routes = []
+    for method in _methods(document["resources"]):
+        pattern = re.sub(r"\\{[^}]+\\}", "[^/]+", re.escape(document["servicePath"] + method["path"]))
+        ref = method.get("response", {}).get("$ref")
+        routes.append((method["httpMethod"], re.compile(f"^/{pattern}$"), ref))
+    # Literal segments first: /instances/aggregated must not read as /instances/{instance}.
+    return sorted(routes, key=lambda r: r[1].pattern.count("[^/]+"))
+
+
+def compute_response_schema(http_method: str, path: str) -> str | None:
+    """The response schema of the Compute v1 method serving ``http_method path``."""
+    for method, pattern, ref in _compute_routes():
+        if method == http_method and pattern.match(path):
+            return ref
+    raise AssertionError(f"no compute v1 method serves {http_method} {path}")
 
 
 def response_schema(version: str, method_id: str) -> str | None:
@@ -51,7 +81,12 @@ def check(version: str, schema_name: str, value: Any, path: str = "$") -> list[s
 def _check_ref(schemas: dict[str, Any], name: str, value: Any, path: str) -> list[str]:
     if not isinstance(value, dict):
         return [f"{path}: expected a {name} object, got {value!r}"]
-    props = schemas[name].get("properties", {})
+    return _check_fields(schemas, schemas[name].get("properties", {}), name, value, path)
+
+
+def _check_fields(
+    schemas: dict[str, Any], props: dict[str, Any], name: str, value: dict[str, Any], path: str
+) -> list[str]:
     problems: list[str] = []
     for key, item in value.items():
         if key not in props:
@@ -74,6 +109,8 @@ def _check_prop(schemas: dict[str, Any], prop: dict[str, Any], value: Any, path:
     if kind == "object":
         if not isinstance(value, dict):
             return [f"{path}: expected an object, got {value!r}"]
+        if "properties" in prop:  # an inline message (Compute's Operation.error)
+            return _check_fields(schemas, prop["properties"], "object", value, path)
         inner = prop.get("additionalProperties", {})
         if inner.get("type") == "any":
             return _check_any(schemas, value, path)
@@ -91,7 +128,12 @@ def _check_prop(schemas: dict[str, Any], prop: dict[str, Any], value: Any, path:
         return [f"{path}: expected a string, got {value!r}"]
     if "enum" in prop and value not in prop["enum"]:
         return [f"{path}: {value!r} is not one of {prop['enum']}"]
-    patterns = {"google-datetime": _TIMESTAMP_RE, "google-duration": _DURATION_RE, "int64": _INT_RE}
+    patterns = {
+        "google-datetime": _TIMESTAMP_RE,
+        "google-duration": _DURATION_RE,
+        "int64": _INT_RE,
+        "uint64": _INT_RE,
+    }
     pattern = patterns.get(str(fmt))
     if pattern is not None and not pattern.match(value):
         return [f"{path}: {value!r} is not a {fmt}"]

@@ -149,6 +149,16 @@ class SimAdminClient:
             json=_drop_none({"zone": zone, "node": node, "notice": notice, "project": project}),
         )
 
+    def preempt_compute(
+        self, zone: str, name: str, *, notice: bool = True, project: str | None = None
+    ) -> dict[str, Any]:
+        """Preempt now the Compute Engine slice of instance or MIG ``name`` (one host lost is the whole
+        slice lost). With notice: metadata ``instance/preempted`` and SIGTERM now; SIGKILL, disks wiped,
+        each instance TERMINATED (termination action STOP) or gone (DELETE) with a
+        ``compute.instances.preempted`` operation after the world's grace period; without: at once."""
+        payload = _drop_none({"zone": zone, "name": name, "notice": notice, "project": project})
+        return self._call("POST", "/compute/preempt", json=payload)
+
     def stockout(self, zone: str, *, clear: bool = False) -> bool:
         """Set (or clear) a manual stockout: the zone's on-demand and spot capacity become zero."""
         return bool(self._call("POST", "/stockout", json={"zone": zone, "clear": clear})["stockout"])

@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 from tpuctl.errors import ConfigError
 from tpuctl.sim import api_errors, discovery, frontend
 from tpuctl.sim.api_errors import ApiError, invalid_argument
+from tpuctl.sim.compute import routes as compute_routes
 from tpuctl.sim.engine import SimEngine
 from tpuctl.sim.exchange import (
     SimRequest,
@@ -289,9 +290,21 @@ _QUOTA_INFOS = rf"/v1/projects/{_SEGMENT}/locations/global/services/{_SEGMENT}/q
 _TPU_SERVICE = "tpu.googleapis.com"
 
 
+_COMPUTE_SERVICE = "compute.googleapis.com"
+
+
+def _service_quota_infos(engine: SimEngine, project: str, service: str) -> list[dict[str, Any]]:
+    """The quotas of ``service``: the TPU API's, or Compute Engine's TPU quotas (disjoint pools)."""
+    if service == _TPU_SERVICE:
+        return engine.quota_infos(project)
+    if service == _COMPUTE_SERVICE:
+        return engine.compute.quota_infos(project)
+    return []
+
+
 def _list_quota_infos(engine: SimEngine, request: SimRequest, args: tuple[str, ...]) -> Answer:
     project, service = args
-    infos = engine.quota_infos(project) if service == _TPU_SERVICE else []
+    infos = _service_quota_infos(engine, project, service)
     page, token = paginate(infos, *_page(request))
     out: dict[str, Any] = {"quotaInfos": page}
     if token:
@@ -301,10 +314,9 @@ def _list_quota_infos(engine: SimEngine, request: SimRequest, args: tuple[str, .
 
 def _get_quota_info(engine: SimEngine, request: SimRequest, args: tuple[str, ...]) -> Answer:
     project, service, quota_id = args
-    if service == _TPU_SERVICE:
-        for info in engine.quota_infos(project):
-            if info["quotaId"] == quota_id:
-                return info
+    for info in _service_quota_infos(engine, project, service):
+        if info["quotaId"] == quota_id:
+            return info
     raise api_errors.not_found(
         f"projects/{project}/locations/global/services/{service}/quotaInfos/{quota_id}"
     )
@@ -363,6 +375,14 @@ def _preempt(engine: SimEngine, request: SimRequest, args: tuple[str, ...]) -> A
     return engine.preempt(zone, node, notice=bool(body.get("notice", True)), project=body.get("project"))
 
 
+def _preempt_compute(engine: SimEngine, request: SimRequest, args: tuple[str, ...]) -> Answer:
+    body = request.body
+    zone, name = _required(body, "zone"), _required(body, "name")
+    return engine.compute.preempt(
+        zone, name, notice=bool(body.get("notice", True)), project=body.get("project")
+    )
+
+
 def _stockout(engine: SimEngine, request: SimRequest, args: tuple[str, ...]) -> Answer:
     zone = _required(request.body, "zone")
     return {"zone": zone, "stockout": engine.set_stockout(zone, clear=bool(request.body.get("clear", False)))}
@@ -415,6 +435,7 @@ ADMIN_ROUTES = (
     route("GET", _admin("world"), lambda e, r, a: e.world.model_dump(mode="json")),
     route("POST", _admin("reset"), _reset),
     route("POST", _admin("preempt"), _preempt),
+    route("POST", _admin("compute/preempt"), _preempt_compute),
     route("POST", _admin("stockout"), _stockout),
     route("GET", _admin("metadata"), _metadata),
     route("POST", _admin("endpoints"), _set_endpoints),
@@ -431,7 +452,15 @@ DISCOVERY_ROUTES = (
     route("GET", r"/discovery/v1/apis/tpu/([^/]+)/rest", _discovery_document),
 )
 
+COMPUTE_ROUTES = tuple(route(m, p, h) for m, p, h in compute_routes.ROUTES)
+
+
+def _compute_unrouted(request: SimRequest, path_known: bool) -> SimResponse:
+    raise compute_routes.unrouted(request, path_known)
+
+
 SURFACES = (
+    Surface("/compute/v1/", COMPUTE_ROUTES, _compute_unrouted),
     Surface("/v2/", FRONT_ROUTES, _tpu_unrouted),
     Surface("/v2alpha1/", FRONT_ROUTES, _tpu_unrouted),
     Surface("/$discovery/", DISCOVERY_ROUTES, _tpu_unrouted),

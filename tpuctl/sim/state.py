@@ -58,6 +58,7 @@ CREATE TABLE IF NOT EXISTS nodes (
     preempted_flag INTEGER NOT NULL DEFAULT 0,  -- metadata instance/preempted
     kill_at REAL,                          -- end of the preemption grace period
     host_base INTEGER,                     -- host N's address is layout.host_address(host_base + N)
+    surface TEXT NOT NULL DEFAULT 'tpu',   -- 'tpu': a TPU API node; 'compute': a Compute Engine slice
     PRIMARY KEY (project, zone, node_id)
 );
 
@@ -112,6 +113,43 @@ CREATE TABLE IF NOT EXISTS oslogin_keys (
 CREATE TABLE IF NOT EXISTS stockouts (zone TEXT PRIMARY KEY, since REAL NOT NULL);
 
 CREATE TABLE IF NOT EXISTS schedule_fired (entry INTEGER PRIMARY KEY, fired INTEGER NOT NULL);
+
+-- Compute Engine operations (zonal, regional or global: location is 'zones/Z', 'regions/R' or
+-- 'global'). One is DONE once end_time is set; with done_at it completes on its own then (with error).
+CREATE TABLE IF NOT EXISTS compute_operations (
+    project TEXT NOT NULL,
+    location TEXT NOT NULL,
+    name TEXT NOT NULL,
+    id TEXT NOT NULL,
+    operation_type TEXT NOT NULL,
+    target_link TEXT NOT NULL,
+    target_id TEXT,
+    insert_time REAL NOT NULL,
+    done_at REAL,
+    end_time REAL,
+    error TEXT,                            -- JSON {"http": [code, message], "errors": [...]}
+    status_message TEXT,
+    PRIMARY KEY (project, location, name)
+);
+
+-- Compute Engine resources: instances, instanceGroupManagers (zonal), resourcePolicies (regional),
+-- instanceTemplates (global). A VM's instance points at the node row of its slice (node_id, worker).
+CREATE TABLE IF NOT EXISTS compute_resources (
+    project TEXT NOT NULL,
+    location TEXT NOT NULL,
+    collection TEXT NOT NULL,
+    name TEXT NOT NULL,
+    id TEXT NOT NULL,
+    creation_time REAL NOT NULL,
+    body TEXT NOT NULL,                    -- JSON: the resource as the request gave it (normalized)
+    node_id TEXT,                          -- the slice's node row (instances and MIGs), once placed
+    worker INTEGER,                        -- an instance's host in its slice
+    status TEXT,                           -- an instance's status when not derived from its node row
+    op_name TEXT,                          -- the operation that completes with this resource's work
+    deadline REAL,                         -- flex-start: when waiting for capacity gives up
+    extra TEXT NOT NULL DEFAULT '{}',      -- JSON: per-collection state (a MIG's names, last error)
+    PRIMARY KEY (project, location, collection, name)
+);
 """
 
 #: Tables cleared by a reset (meta keeps the world).
@@ -123,6 +161,8 @@ STATE_TABLES = (
     "oslogin_keys",
     "stockouts",
     "schedule_fired",
+    "compute_operations",
+    "compute_resources",
 )
 
 
@@ -162,6 +202,10 @@ class SimDatabase:
                 # A state made before hosts had addresses of their own: its nodes keep 127.0.0.1.
                 with contextlib.suppress(sqlite3.OperationalError):  # another process added it first
                     self._conn.execute("ALTER TABLE nodes ADD COLUMN host_base INTEGER")
+            if "surface" not in columns:
+                # A state made before Compute Engine slices: every node is a TPU API node.
+                with contextlib.suppress(sqlite3.OperationalError):
+                    self._conn.execute("ALTER TABLE nodes ADD COLUMN surface TEXT NOT NULL DEFAULT 'tpu'")
             with self.write() as conn:
                 conn.execute(
                     "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)",

@@ -107,6 +107,18 @@ class Quotas(_Strict):
     overrides: list[QuotaOverride] = Field(default_factory=list)
 
 
+class ComputeQuotaLimit(_Strict):
+    """One limit of a Compute Engine TPU quota (Cloud Quotas, service compute.googleapis.com), in chips.
+    ``location`` (a region or a zone, per the quota's scope) and ``tpu_family`` (the per-family quota's
+    dimension) narrow it; the most specific entry wins. A quota with no entry for a location is 0: "A
+    region missing from the family listing has effective 0" (ce-tpu-facts §4.1)."""
+
+    quota_id: str
+    limit: Annotated[int, Field(ge=-1)]
+    location: str | None = None
+    tpu_family: str | None = None
+
+
 class RegionPrice(_Strict):
     on_demand: NonNegFloat | None = None
     spot: NonNegFloat | None = None
@@ -135,6 +147,8 @@ class Durations(_Strict):
     node_start_s: NonNegFloat = 60.0
     queued_provision_s: NonNegFloat = 120.0
     stockout_s: NonNegFloat = 10.0
+    #: Compute Engine operations that change no VM (templates, policies, a MIG's own record, resize).
+    compute_op_s: NonNegFloat = 2.0
     #: REAL seconds (never scaled by ``speed``): from the notice (SIGTERM, metadata flag) to SIGKILL.
     preemption_grace_s: NonNegFloat = 30.0
 
@@ -169,6 +183,8 @@ class World(_Strict):
     zones: dict[str, dict[str, PoolCapacity]] = Field(default_factory=dict)
     reservations: list[Reservation] = Field(default_factory=list)
     quotas: Quotas = Quotas()
+    #: Compute Engine's TPU quotas (disjoint from the TPU API's ``quotas``; ce-tpu-facts §4.1).
+    compute_quotas: list[ComputeQuotaLimit] = Field(default_factory=list)
     # generation -> region -> USD per chip-hour; overrides the catalog's prices where given.
     prices: dict[str, dict[str, RegionPrice]] = Field(default_factory=dict)
     latency: Latency = Latency()
@@ -234,6 +250,21 @@ class World(_Strict):
             limits = self.quotas.serving.get(generation, limits)
         scope = limits.on_demand if capacity_class == "on_demand" else limits.preemptible
         return scope.zone if _ZONE_RE.match(location) else scope.region
+
+    def compute_quota_limit(self, quota_id: str, location: str, tpu_family: str | None) -> int:
+        """The limit of Compute Engine quota ``quota_id`` at ``location`` (a region or zone) for
+        ``tpu_family``, in chips; -1 = unlimited, 0 when the world sets none (facts §4.1)."""
+        best: ComputeQuotaLimit | None = None
+        best_rank = -1
+        for entry in self.compute_quotas:
+            if entry.quota_id != quota_id or entry.location not in (None, location):
+                continue
+            if entry.tpu_family not in (None, tpu_family):
+                continue
+            rank = 2 * (entry.location is not None) + (entry.tpu_family is not None)
+            if rank > best_rank:
+                best, best_rank = entry, rank
+        return best.limit if best is not None else 0
 
     def regions(self) -> list[str]:
         return sorted({region_of(z) for z in self.zones})
@@ -427,6 +458,29 @@ def check_world(world: World, where: str) -> None:
                 override.location,
                 "is neither a zone nor a region",
                 "use a zone (us-central1-a) for a zone quota or a region (us-central1) for a region quota",
+            )
+    compute_ids = {
+        q.quota_id
+        for gen in catalog.generations.values()
+        if gen.compute is not None
+        for q in (gen.compute.on_demand_quota, gen.compute.preemptible_quota)
+    }
+    for i, limit in enumerate(world.compute_quotas):
+        if limit.quota_id not in compute_ids:
+            raise fail(
+                f"compute_quotas.{i}.quota_id",
+                limit.quota_id,
+                "is not a Compute Engine TPU quota id",
+                "use one of: " + ", ".join(sorted(compute_ids)),
+            )
+        if limit.location is not None and not (
+            _ZONE_RE.match(limit.location) or _REGION_RE.match(limit.location)
+        ):
+            raise fail(
+                f"compute_quotas.{i}.location",
+                limit.location,
+                "is neither a zone nor a region",
+                "use a region (us-central1) for a per-region quota or a zone for a per-zone one",
             )
     for gen_name, regions in world.prices.items():
         check_generation(f"prices.{gen_name}", gen_name)

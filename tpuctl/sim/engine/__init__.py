@@ -61,6 +61,10 @@ class SimEngine:
         self.oslogin = OsLogin(self.ctx)
         self.listings = Listings(self.ctx)
         self.control = Control(self.ctx, self.timeline, self.nodes)
+        from tpuctl.sim.compute.service import ComputeService  # the compute package imports the engine's
+
+        #: Compute Engine's surface over the same node rows (``tpuctl.sim.compute``).
+        self.compute = ComputeService(self.ctx, self.timeline, self.capacity)
 
     # --- world, faults and time ------------------------------------------------------------------
 

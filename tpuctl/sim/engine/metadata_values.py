@@ -49,6 +49,10 @@ def metadata_values(row: sqlite3.Row, worker: int, metadata_port: int) -> dict[s
     }
     for key, value in attributes.items():
         values[f"instance/attributes/{key}"] = value
+    if row["surface"] == "compute":
+        from tpuctl.sim.compute.metadata import compute_metadata_values
+
+        return compute_metadata_values(row, worker, values)
     return values
 
 

@@ -132,7 +132,9 @@ class Nodes:
         self.timeline.advance()
         with self.ctx.db.read() as conn:
             rows = rows_in(conn, "nodes", project, zone, "node_id")
-            nodes = [node_json(self.ctx.catalog, r) for r in rows]
+            # A Compute Engine slice is not a TPU API node: "A TPU VM created on Compute Engine does
+            # not appear in tpu-vm list" (ce-tpu-facts §0).
+            nodes = [node_json(self.ctx.catalog, r) for r in rows if r["surface"] == "tpu"]
         page, token = paginate(nodes, page_size, page_token)
         out: dict[str, Any] = {"nodes": page, "unreachable": []}
         if token:

@@ -36,7 +36,9 @@ COMMON_RUNTIME_VERSIONS = ("tpu-ubuntu2204-base", "tpu-vm-base", "tpu-vm-tf-2.16
 
 def zone_runtime_versions(catalog: Catalog, world: World, zone: str) -> list[str]:
     """The runtime versions a zone offers: its generations' defaults and the common ones."""
-    versions = {catalog.generations[g].runtime_version for g in world.zones.get(zone, {})}
+    gens = [catalog.generations[g] for g in world.zones.get(zone, {})]
+    # A Compute-Engine-only generation (TPU7x) boots an image, not a TPU API runtime version.
+    versions = {g.runtime_version for g in gens if Surface.TPU_API in g.surfaces}
     if versions:
         versions.update(COMMON_RUNTIME_VERSIONS)
     return sorted(versions)

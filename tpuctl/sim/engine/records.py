@@ -104,17 +104,22 @@ def insert_node(
     *,
     op_name: str | None,
     queued_resource: str | None = None,
+    hosts: int | None = None,
+    surface: str = "tpu",
 ) -> None:
     """A new CREATING node that becomes READY at ``due``; ``seed`` is the world's (for its uid). Its hosts
-    get the next addresses of this state's numbering, never reused (a VM may outlive its node's row)."""
+    get the next addresses of this state's numbering, never reused (a VM may outlive its node's row).
+    ``hosts`` overrides the accelerator type's host count (a Compute Engine slice's VMs are its machine
+    type's size, e.g. a v6e 2x4 slice of two ct6e-standard-4t); ``surface`` is the API that owns it."""
     accel = plan.accel
-    host_base = _take_host_numbers(conn, accel.hosts)
+    host_count = accel.hosts if hosts is None else hosts
+    host_base = _take_host_numbers(conn, host_count)
     conn.execute(
         """
         INSERT INTO nodes (project, zone, node_id, uid, generation, accelerator_type, topology, chips,
                            hosts, quota_units, capacity_class, reservation, state, next_state, due_at,
-                           op_name, create_time, spec, queued_resource, multislice, host_base)
-        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'CREATING', 'READY', ?, ?, ?, ?, ?, ?, ?)
+                           op_name, create_time, spec, queued_resource, multislice, host_base, surface)
+        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'CREATING', 'READY', ?, ?, ?, ?, ?, ?, ?, ?)
         """,
         (
             project,
@@ -125,7 +130,7 @@ def insert_node(
             accel.api_name,
             accel.topology,
             accel.chips,
-            accel.hosts,
+            host_count,
             accel.quota_units,
             plan.capacity_class,
             reservation,
@@ -136,6 +141,7 @@ def insert_node(
             queued_resource,
             int(plan.multislice),
             host_base,
+            surface,
         ),
     )
 

@@ -14,7 +14,7 @@ import json
 import random
 import signal
 import sqlite3
-from typing import Any
+from typing import Any, Protocol
 
 from tpuctl.sim.api_errors import ApiError, eid, rpc_status
 from tpuctl.sim.engine.capacity import Capacity
@@ -39,12 +39,22 @@ from tpuctl.sim.wire import EMPTY_TYPE, NODE_TYPE, rfc3339
 from tpuctl.sim.world import World
 
 
+class TimelineStep(Protocol):
+    """More transitions by time, applied after the TPU API's in the same transaction (Compute Engine's
+    view over the same node rows: its operations, instances and MIGs)."""
+
+    def due(self, conn: sqlite3.Connection, now: float) -> bool: ...
+
+    def advance(self, conn: sqlite3.Connection, world: World, now: float, orders: list[VmOrder]) -> None: ...
+
+
 class Timeline:
     """The transitions applied by time, for one engine."""
 
     def __init__(self, ctx: Context, capacity: Capacity) -> None:
         self.ctx = ctx
         self.capacity = capacity
+        self.steps: list[TimelineStep] = []
 
     def advance(self, now: float | None = None) -> None:
         """Apply every transition due by ``now`` (default: the clock). Cheap when nothing is due."""
@@ -82,7 +92,7 @@ class Timeline:
                 """,
                 {"now": now},
             ).fetchone()
-        return bool(row[0])
+            return bool(row[0]) or any(step.due(conn, now) for step in self.steps)
 
     def _advance_in(self, conn: sqlite3.Connection, world: World, now: float, orders: list[VmOrder]) -> None:
         # 1. Operations that fail on their own (stockouts).
@@ -108,6 +118,9 @@ class Timeline:
             QR_PENDING_STATES,
         ).fetchall():
             self._advance_queued_resource(conn, world, row, now)
+        # 6. The other surfaces' views over the rows changed above.
+        for step in self.steps:
+            step.advance(conn, world, now, orders)
 
     # --- nodes -----------------------------------------------------------------------------------
 
@@ -277,7 +290,8 @@ def _preemption_plan(
     for index, entry in enumerate(model.schedule):
         if entry.zone is not None and entry.zone != row["zone"]:
             continue
-        if not fnmatch.fnmatchcase(row["node_id"], entry.node):
+        # A Compute Engine slice's row is named "<collection>/<name>": the glob matches the name.
+        if not fnmatch.fnmatchcase(str(row["node_id"]).rsplit("/", 1)[-1], entry.node):
             continue
         if _schedule_fired(conn, index) >= entry.count:
             continue

@@ -1,0 +1,149 @@
+"""Compute Engine's multi-host TPU slices: workload policy + instance template + BULK MIG (facts §2)."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from compute_helpers import REGION, ZONE, Clients, compute, instance_body, schema_problems
+from google.api_core import exceptions
+from google.cloud import compute_v1
+from sim_helpers import PROJECT
+
+from tpuctl.sim import SimAdminClient, SimServer
+from tpuctl.testing.clock import wait_for
+
+__all__ = ["compute", "schema_problems"]  # fixtures
+
+POLICY = f"projects/{PROJECT}/regions/{REGION}/resourcePolicies/wp-2x2x2"
+TEMPLATE = f"projects/{PROJECT}/global/instanceTemplates/tpl"
+
+
+def _setup(c: Clients, model: str = "SPOT") -> None:
+    policy = compute_v1.ResourcePolicy(
+        name="wp-2x2x2",
+        workload_policy=compute_v1.ResourcePolicyWorkloadPolicy(
+            type_="HIGH_THROUGHPUT", accelerator_topology="2x2x2"
+        ),
+    )
+    c.region_done(c.policies.insert(project=PROJECT, region=REGION, resource_policy_resource=policy))
+    vm = instance_body("unused", model=model, instance_termination_action="STOP")
+    if model == "FLEX_START":
+        vm.scheduling.max_run_duration = compute_v1.Duration(seconds=3600)
+    props = compute_v1.InstanceProperties(
+        machine_type="tpu7x-standard-4t",
+        disks=vm.disks,
+        network_interfaces=vm.network_interfaces,
+        scheduling=vm.scheduling,
+    )
+    template = compute_v1.InstanceTemplate(name="tpl", properties=props)
+    c.global_done(c.templates.insert(project=PROJECT, instance_template_resource=template))
+
+
+def _mig(name: str, size: int, mode: str = "BULK") -> compute_v1.InstanceGroupManager:
+    return compute_v1.InstanceGroupManager(
+        name=name,
+        base_instance_name=name,
+        versions=[compute_v1.InstanceGroupManagerVersion(instance_template=TEMPLATE)],
+        target_size=size,
+        target_size_policy=compute_v1.InstanceGroupManagerTargetSizePolicy(mode=mode),
+        instance_lifecycle_policy=compute_v1.InstanceGroupManagerInstanceLifecyclePolicy(
+            default_action_on_failure="DO_NOTHING"
+        ),
+        resource_policies=compute_v1.InstanceGroupManagerResourcePolicies(workload_policy=POLICY),
+    )
+
+
+def test_mig_slice_lifecycle(compute: tuple[SimServer, Clients]) -> None:
+    server, c = compute
+    _setup(c)
+    with pytest.raises(exceptions.BadRequest, match="require BULK mode"):
+        c.migs.insert(project=PROJECT, zone=ZONE, instance_group_manager_resource=_mig("m", 2, "INDIVIDUAL"))
+    with pytest.raises(exceptions.BadRequest, match="gang mode of size '2'"):
+        c.migs.insert(project=PROJECT, zone=ZONE, instance_group_manager_resource=_mig("m", 3))
+    c.done(c.migs.insert(project=PROJECT, zone=ZONE, instance_group_manager_resource=_mig("m", 2)))
+
+    def ready() -> compute_v1.InstanceGroupManager | None:
+        mig = c.migs.get(project=PROJECT, zone=ZONE, instance_group_manager="m")
+        topology = mig.status.applied_accelerator_topologies[0]
+        if mig.status.is_stable and topology.state == "ACTIVE":
+            return mig
+        assert topology.state == "ACTIVATING"
+        return None
+
+    mig = wait_for(ready, timeout=10)
+    assert mig is not None
+    assert mig.status.current_instance_statuses.running == 2
+    assert mig.status.applied_accelerator_topologies[0].accelerator_topology == "2x2x2"
+    managed = list(c.migs.list_managed_instances(project=PROJECT, zone=ZONE, instance_group_manager="m"))
+    names = [m.name for m in managed]
+    assert len(names) == 2 and all(n.startswith("m-") and len(n) == 6 for n in names)
+    assert {m.instance_status for m in managed} == {"RUNNING"} and {m.current_action for m in managed} == {
+        "NONE"
+    }
+    vms = [c.instances.get(project=PROJECT, zone=ZONE, instance=n) for n in names]
+    address = vms[1].network_interfaces[0].network_i_p
+    wait_for(lambda: any(h.address == address for h in server.fleet.served()), timeout=30)
+    base = f"http://{address}:{server.metadata_port}/computeMetadata/v1/instance/attributes/"
+    with httpx.Client(headers={"Metadata-Flavor": "Google"}) as http:
+        assert http.get(base + "worker-network-endpoints").text == ",".join(names)
+        assert http.get(base + "accelerator-type").text == "tpu7x-16"
+        env = http.get(base + "tpu-env").text
+        assert "TPU_WORKER_ID: '1'" in env and "HOST_BOUNDS: '1,1,2'" in env
+    # google-cloud-compute's resize-request client would send this body (raw wire: facts §2.4).
+    refused = httpx.post(
+        f"{server.url}/compute/v1/projects/{PROJECT}/zones/{ZONE}/instanceGroupManagers/m/resizeRequests",
+        json={"name": "r", "resizeBy": 2},
+    )
+    assert refused.status_code == 400
+    assert refused.json()["error"]["message"] == (
+        "Creating resize requests for managed instance group with TPU is not allowed"
+    )
+    # One host lost is the whole slice lost: STOP + DO_NOTHING keeps TERMINATED VMs, topology INCOMPLETE.
+    with SimAdminClient(server.url) as admin:
+        admin.preempt_compute(ZONE, "m")
+    wait_for(
+        lambda: (
+            {c.instances.get(project=PROJECT, zone=ZONE, instance=n).status for n in names} == {"TERMINATED"}
+        )
+    )
+    lost = c.migs.get(project=PROJECT, zone=ZONE, instance_group_manager="m")
+    assert lost.status.applied_accelerator_topologies[0].state == "INCOMPLETE"
+    c.done(c.migs.delete(project=PROJECT, zone=ZONE, instance_group_manager="m"))
+    for name in names:
+        with pytest.raises(exceptions.NotFound):
+            c.instances.get(project=PROJECT, zone=ZONE, instance=name)
+
+
+def test_mig_stockout_and_flex_resize(compute: tuple[SimServer, Clients]) -> None:
+    server, c = compute
+    _setup(c, model="FLEX_START")
+    with pytest.raises(exceptions.BadRequest, match="target size 0"):
+        c.migs.insert(project=PROJECT, zone=ZONE, instance_group_manager_resource=_mig("f", 2))
+    c.done(c.migs.insert(project=PROJECT, zone=ZONE, instance_group_manager_resource=_mig("f", 0)))
+    with SimAdminClient(server.url) as admin:
+        admin.stockout(ZONE)
+        c.done(c.migs.resize(project=PROJECT, zone=ZONE, instance_group_manager="f", size=2))
+        managed = list(c.migs.list_managed_instances(project=PROJECT, zone=ZONE, instance_group_manager="f"))
+        assert {m.instance_status for m in managed} == {"PENDING"} and len(managed) == 2
+        assert not c.migs.get(project=PROJECT, zone=ZONE, instance_group_manager="f").status.is_stable
+        admin.stockout(ZONE, clear=True)
+    wait_for(
+        lambda: c.migs.get(project=PROJECT, zone=ZONE, instance_group_manager="f").status.is_stable,
+        timeout=10,
+    )
+    c.done(c.migs.delete(project=PROJECT, zone=ZONE, instance_group_manager="f"))
+
+
+def test_bulk_mig_stockout_creates_nothing(compute: tuple[SimServer, Clients]) -> None:
+    server, c = compute
+    _setup(c)
+    with SimAdminClient(server.url) as admin:
+        admin.stockout(ZONE)
+        c.done(c.migs.insert(project=PROJECT, zone=ZONE, instance_group_manager_resource=_mig("s", 2)))
+        managed = list(c.migs.list_managed_instances(project=PROJECT, zone=ZONE, instance_group_manager="s"))
+        assert len(managed) == 2 and {m.current_action for m in managed} == {"CREATING"}
+        assert not any(m.instance_status for m in managed)
+        error = managed[0].last_attempt.errors.errors[0]
+        assert error.code == "ZONE_RESOURCE_POOL_EXHAUSTED"
+        assert not c.migs.get(project=PROJECT, zone=ZONE, instance_group_manager="s").status.is_stable
+        assert list(c.instances.list(project=PROJECT, zone=ZONE)) == []

@@ -1,0 +1,109 @@
+"""Compute Engine's error answers: the synchronous body (``{"error": {"code", "message", "errors":
+[{"message", "domain", "reason"}]}}``) and the errors a failed operation carries (ce-tpu-facts §4.2)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tpuctl.sim.api_errors import ApiError
+
+_STATUS = {400: "INVALID_ARGUMENT", 403: "PERMISSION_DENIED", 404: "NOT_FOUND", 409: "ALREADY_EXISTS"}
+
+
+class ComputeError(ApiError):
+    """A synchronous Compute Engine error, in Compute's own JSON shape (not the TPU API's)."""
+
+    def __init__(self, http_status: int, message: str, reason: str) -> None:
+        super().__init__(http_status, _STATUS.get(http_status, "UNKNOWN"), message)
+        self.reason = reason
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "code": self.http_status,
+                "message": self.message,
+                "errors": [{"message": self.message, "domain": "global", "reason": self.reason}],
+            }
+        }
+
+
+def invalid(message: str) -> ComputeError:
+    return ComputeError(400, message, "invalid")
+
+
+def invalid_field(field: str, value: Any, why: str) -> ComputeError:
+    """Compute's wording for a bad field: ``Invalid value for field 'F': 'V'. Why.``"""
+    return invalid(f"Invalid value for field '{field}': '{value}'. {why}")
+
+
+def not_found(path: str) -> ComputeError:
+    """``path`` is the resource's relative name, ``projects/P/zones/Z/instances/X``."""
+    return ComputeError(404, f"The resource '{path}' was not found", "notFound")
+
+
+def already_exists(path: str) -> ComputeError:
+    return ComputeError(409, f"The resource '{path}' already exists", "alreadyExists")
+
+
+def not_ready(path: str) -> ComputeError:
+    return ComputeError(400, f"The resource '{path}' is not ready", "resourceNotReady")
+
+
+# --- errors an operation ends with ---------------------------------------------------------------
+
+
+def stockout(project: str, zone: str, machine_type: str) -> dict[str, Any]:
+    """A stockout, as an operation's stored error: 503 SERVICE UNAVAILABLE with the
+    ZONE_RESOURCE_POOL_EXHAUSTED error and its details (ce-tpu-facts §4.2)."""
+    message = (
+        f"The zone 'projects/{project}/zones/{zone}' does not have enough resources available to "
+        "fulfill the request.  Try a different zone, or try again later."
+    )
+    details = [
+        {
+            "errorInfo": {
+                "domain": "compute.googleapis.com",
+                "reason": "stockout",
+                "metadatas": {"vmType": machine_type, "zone": zone, "zonesAvailable": ""},
+            }
+        },
+        {
+            "localizedMessage": {
+                "locale": "en-US",
+                "message": f"A {machine_type} VM instance is currently unavailable in the {zone} zone. "
+                "Alternatively, you can try your request again with a different VM hardware "
+                "configuration or at a later time. For more information, see the troubleshooting "
+                "documentation.",
+            }
+        },
+        {
+            "help": {
+                "links": [
+                    {
+                        "description": "Troubleshooting documentation",
+                        "url": "https://cloud.google.com/compute/docs/resource-error",
+                    }
+                ]
+            }
+        },
+    ]
+    error = {"code": "ZONE_RESOURCE_POOL_EXHAUSTED", "message": message, "errorDetails": details}
+    return {"http": [503, "SERVICE UNAVAILABLE"], "errors": [error]}
+
+
+def quota_exceeded(
+    quota_id: str, metric: str, limit: int, dimensions: dict[str, str], where: str
+) -> dict[str, Any]:
+    """A quota failure, as an operation's stored error: 403 FORBIDDEN with QUOTA_EXCEEDED and a
+    quotaInfo detail (ce-tpu-facts §4.2). ``where`` is ``region us-central1`` or ``zone us-east5-a``."""
+    name = quota_name(quota_id)
+    message = f"Quota '{name}' exceeded.  Limit: {float(limit)} in {where}."
+    info = {"metricName": metric, "limitName": quota_id, "dimensions": dimensions, "limit": float(limit)}
+    error = {"code": "QUOTA_EXCEEDED", "message": message, "errorDetails": [{"quotaInfo": info}]}
+    return {"http": [403, "FORBIDDEN"], "errors": [error]}
+
+
+def quota_name(quota_id: str) -> str:
+    """The name Compute's message quotes: TPUS-PER-TPU-FAMILY-per-project-region -> TPUS_PER_TPU_FAMILY."""
+    base = quota_id.removesuffix("-per-project-region").removesuffix("-per-project-zone")
+    return base.replace("-", "_")

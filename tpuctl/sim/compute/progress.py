@@ -1,0 +1,113 @@
+"""What time does to Compute Engine's resources: the timeline step run after the TPU API's transitions,
+in the same transaction, over the node rows they changed.
+
+- operations with a due time complete (stockouts, quick operations);
+- an instance whose slice became READY completes its insert operation;
+- instances whose slice row is gone (deleted) go, completing their delete operation;
+- a preempted slice's instances: a ``compute.instances.preempted`` operation each (DONE, "Instance was
+  preempted.", facts §1.6), then TERMINATED (termination action STOP) or gone (DELETE);
+- PENDING flex-start instances take capacity, or give up at their deadline (facts §1.5);
+- MIGs make, repair or tear down their slices (``groups``).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Callable
+
+from tpuctl.sim.compute import store
+from tpuctl.sim.compute.context import ComputeContext
+from tpuctl.sim.compute.operations import any_due, finish_due, finish_op, insert_op
+from tpuctl.sim.engine.hosts import VmOrder
+from tpuctl.sim.engine.records import delete_node_rows
+from tpuctl.sim.world import World
+
+GroupStep = Callable[[sqlite3.Connection, World, float], None]
+
+_JOINED = """
+    SELECT i.*, n.state AS node_state, n.ready_time AS node_ready FROM compute_resources i
+    LEFT JOIN nodes n ON n.project = i.project AND n.zone = substr(i.location, 7) AND n.node_id = i.node_id
+    WHERE i.collection = 'instances' AND i.node_id IS NOT NULL
+"""
+
+
+class Progress:
+    """The Compute Engine step of the engine's timeline."""
+
+    def __init__(self, cc: ComputeContext) -> None:
+        self.cc = cc
+        self.group_steps: list[GroupStep] = []
+        self.group_due: list[Callable[[sqlite3.Connection], bool]] = []
+
+    def due(self, conn: sqlite3.Connection, now: float) -> bool:
+        if any_due(conn, now):
+            return True
+        pending = conn.execute(
+            "SELECT 1 FROM compute_resources WHERE collection = 'instances' AND status = 'PENDING' LIMIT 1"
+        ).fetchone()
+        return pending is not None or any(check(conn) for check in self.group_due)
+
+    def advance(self, conn: sqlite3.Connection, world: World, now: float, orders: list[VmOrder]) -> None:
+        finish_due(conn, now)
+        for row in conn.execute(_JOINED + " AND i.op_name IS NOT NULL AND n.state = 'READY'").fetchall():
+            if not store.extra(row).get("deleting"):
+                finish_op(conn, row["project"], row["op_name"], float(row["node_ready"]))
+                store.update(conn, row, op_name=None)
+        for row in conn.execute(_JOINED + " AND n.node_id IS NULL").fetchall():
+            if row["op_name"]:
+                finish_op(conn, row["project"], row["op_name"], now)
+            store.delete(conn, row)
+        self._preempted(conn, now)
+        self._flex_queue(conn, world, now)
+        for step in self.group_steps:
+            step(conn, world, now)
+
+    def _preempted(self, conn: sqlite3.Connection, now: float) -> None:
+        rows = conn.execute(_JOINED + " AND n.state = 'PREEMPTED' AND i.status IS NULL").fetchall()
+        slices: set[tuple[str, str, str]] = set()
+        for row in rows:
+            zone = store.zone_of(row)
+            target = f"https://www.googleapis.com/compute/v1/projects/{row['project']}/zones/{zone}/instances/{row['name']}"
+            op = insert_op(
+                conn,
+                row["project"],
+                row["location"],
+                "compute.instances.preempted",
+                target,
+                row["id"],
+                now,
+                status_message="Instance was preempted.",
+            )
+            finish_op(conn, row["project"], op, now)
+            action = store.body(row).get("scheduling", {}).get("instanceTerminationAction", "STOP")
+            if action == "DELETE":
+                store.delete(conn, row)
+            else:
+                store.update(conn, row, status="TERMINATED", extra={**store.extra(row), "last_stop": now})
+            slices.add((row["project"], zone, row["node_id"]))
+        for project, zone, node_id in slices:
+            left = conn.execute(
+                "SELECT 1 FROM compute_resources WHERE project = ? AND location = ? AND node_id = ? "
+                "AND collection = 'instances'",
+                (project, f"zones/{zone}", node_id),
+            ).fetchone()
+            if left is None:  # every VM of the slice deleted (DELETE): its row goes, its hardware is back
+                delete_node_rows(conn, (project, zone, node_id))
+
+    def _flex_queue(self, conn: sqlite3.Connection, world: World, now: float) -> None:
+        for row in conn.execute(
+            "SELECT * FROM compute_resources WHERE collection = 'instances' AND status = 'PENDING' "
+            "ORDER BY creation_time"
+        ).fetchall():
+            if store.extra(row).get("mig"):
+                continue  # a MIG's flex-start instances wait for their whole slice (groups)
+            if row["deadline"] is not None and now >= float(row["deadline"]):
+                # Gone, leaving only its operation with the stockout (facts §1.5 [OBS]).
+                machine = json.loads(row["body"])["machineType"].rsplit("/", 1)[-1]
+                error = self.cc.stockout(row["project"], store.zone_of(row), machine)
+                if row["op_name"]:
+                    finish_op(conn, row["project"], row["op_name"], float(row["deadline"]), error=error)
+                store.delete(conn, row)
+                continue
+            self.cc.try_flex(conn, world, row, now)
