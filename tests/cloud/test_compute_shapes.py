@@ -140,7 +140,7 @@ def _instance(name: str, status: str, ip: str, model: str = "SPOT") -> dict[str,
         ("PENDING", "FLEX_START", "CREATING"),
         ("RUNNING", "SPOT", "READY"),
         ("TERMINATED", "SPOT", "PREEMPTED"),  # a spot VM tpuctl did not stop was preempted
-        ("TERMINATED", "STANDARD", "STOPPED"),
+        ("TERMINATED", "STANDARD", "TERMINATED"),  # never restarted, never stopped by tpuctl: dead
         ("STOPPING", "SPOT", "STOPPING"),
     ],
 )
@@ -170,6 +170,10 @@ def test_a_mig_slice_is_ready_only_when_every_host_runs_and_the_topology_is_acti
     assert shapes.node_from_mig(mig, running[:3], ZONE, meta, accel).state == "CREATING"
     lost = [*running[:3], _instance("s1-a", "TERMINATED", "127.1.0.5")]
     assert shapes.node_from_mig(mig, lost, ZONE, meta, accel).state == "PREEMPTED"  # one host is the slice
+    # A host deleted by its termination action: the MIG (DO_NOTHING) stays stable with 3 VMs, and only
+    # the topology's state says the slice is gone.
+    mig["status"] = {"appliedAcceleratorTopologies": [{"acceleratorTopology": "2x2x4", "state": "INCOMPLETE"}]}
+    assert shapes.node_from_mig(mig, running[:3], ZONE, meta, accel).state == "PREEMPTED"
 
 
 def _op_error(code: str, message: str, **detail: Any) -> list[dict[str, Any]]:

@@ -79,6 +79,8 @@ class Node:
     multislice_node: bool = False
     description: str = ""
     id: str = ""
+    # The Google API that holds it: its quota pools, billing and requests are that surface's.
+    surface: Surface = Surface.TPU_API
 
     @property
     def is_tpuctl_managed(self) -> bool:

@@ -695,8 +695,9 @@ def _int(value: object) -> int | None:
 
 
 def _to_json(message: Any) -> dict[str, Any]:
-    """A compute_v1 message as its REST JSON (camelCase), as it went over the wire."""
-    data: dict[str, Any] = json.loads(type(message).to_json(message))
+    """A compute_v1 message as its REST JSON (camelCase), as it went over the wire: enums by name (proto-plus
+    writes their numbers unless told), so ``status == "DONE"`` reads as it does on the wire."""
+    data: dict[str, Any] = json.loads(type(message).to_json(message, use_integers_for_enums=False))
     return data
 
 

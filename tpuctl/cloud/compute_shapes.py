@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from tpuctl.catalog import AcceleratorType, CapacityType
+from tpuctl.catalog import AcceleratorType, CapacityType, Surface
 from tpuctl.cloud.base import NetworkEndpoint, Node, NodeRequest
 
 LABEL_SLICE = "tpuctl-slice"
@@ -191,8 +191,10 @@ def capacity_of(instance_or_props: Mapping[str, Any]) -> CapacityType:
 def node_state(instance: Mapping[str, Any]) -> str:
     status = str(instance.get("status", ""))
     if status == "TERMINATED":
+        # tpuctl never stops a Compute Engine slice (``stop_node`` refuses), and a TPU VM is never
+        # restarted after host maintenance (``automaticRestart: false``): a TERMINATED one is dead.
         model = str((instance.get("scheduling") or {}).get("provisioningModel", ""))
-        return "PREEMPTED" if model in ("SPOT", "FLEX_START") else "STOPPED"
+        return "PREEMPTED" if model in ("SPOT", "FLEX_START") else "TERMINATED"
     return _STATE_OF_STATUS.get(status, status or "CREATING")
 
 
@@ -204,13 +206,22 @@ def endpoint_of(instance: Mapping[str, Any]) -> NetworkEndpoint | None:
     return NetworkEndpoint(ip_address=str(nics[0]["networkIP"]), port=8470, external_ip=nat)
 
 
-def slice_state(instances: Sequence[Mapping[str, Any]], hosts: int, topology_state: str | None) -> str:
+def slice_state(
+    instances: Sequence[Mapping[str, Any]],
+    hosts: int,
+    topology_state: str | None,
+    capacity: CapacityType = CapacityType.ON_DEMAND,
+) -> str:
     """The state of a multi-host slice from its VMs: READY when every host runs and the topology is
-    ACTIVE (facts §2.5); PREEMPTED or STOPPED when any host is (one host lost is the slice lost, §2.7)."""
+    ACTIVE (facts §2.5); PREEMPTED or TERMINATED when any host is (one host lost is the slice lost, §2.7),
+    or when the topology went INCOMPLETE (a host deleted by its termination action, which a
+    ``DO_NOTHING`` MIG does not replace, while the MIG itself stays stable)."""
     states = [node_state(i) for i in instances]
-    for dead in ("PREEMPTED", "STOPPED", "STOPPING", "DELETING", "REPAIRING"):
+    for dead in ("PREEMPTED", "TERMINATED", "STOPPED", "STOPPING", "DELETING", "REPAIRING"):
         if dead in states:
             return dead
+    if topology_state == "INCOMPLETE":
+        return "PREEMPTED" if capacity.is_preemptible else "TERMINATED"
     ready = len(states) == hosts and all(s == "READY" for s in states)
     return "READY" if ready and topology_state in (None, "ACTIVE") else "CREATING"
 
@@ -232,6 +243,7 @@ def node_from_instance(instance: Mapping[str, Any], zone: str, accel: Accelerato
         create_time=_timestamp(instance.get("creationTimestamp")),
         description=str(instance.get("description", "")),
         id=str(instance.get("id", "")),
+        surface=Surface.COMPUTE,
     )
 
 
@@ -253,7 +265,7 @@ def node_from_mig(
         name=str(mig["name"]),
         zone=zone,
         accelerator_type=accel.api_name,
-        state=slice_state(ordered, accel.hosts, topology_state),
+        state=slice_state(ordered, accel.hosts, topology_state, capacity),
         capacity=capacity,
         runtime_version=accel.runtime_version,
         topology=accel.topology,
@@ -262,6 +274,7 @@ def node_from_mig(
         network_endpoints=endpoints if len(endpoints) == len(ordered) else (),
         create_time=_timestamp(mig.get("creationTimestamp")),
         id=str(mig.get("id", "")),
+        surface=Surface.COMPUTE,
     )
 
 
