@@ -20,7 +20,7 @@ from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-from tpuctl.catalog import CapacityType, validate_zone
+from tpuctl.catalog import CapacityType, Surface, validate_zone
 from tpuctl.errors import ConfigError, UsageError
 
 if TYPE_CHECKING:
@@ -382,6 +382,20 @@ def strategy(value: str, param: str = "strategy") -> Strategy:
             value=value,
             fix="use --strategy cheapest (one zone at a time, cheapest first) or --strategy race "
             "(queue in the top --race-k zones at once, keep the first to become ACTIVE)",
+        ) from None
+
+
+def api(value: str, param: str = "api") -> Surface:
+    """``tpu`` (the Cloud TPU API) or ``compute`` (Compute Engine): which Google API places a slice."""
+    try:
+        return Surface(value.strip().lower())
+    except ValueError:
+        raise ParamError(
+            f"unknown API {value!r}",
+            param=param,
+            value=value,
+            fix="use --api tpu (the Cloud TPU API: v2 to v6e) or --api compute (Compute Engine: TPU7x, "
+            "v6e, v5p)",
         ) from None
 
 

@@ -39,7 +39,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from tpuctl.catalog import CapacityType
+from tpuctl.catalog import CapacityType, Surface
 from tpuctl.errors import ConfigError, TpuctlError, UsageError
 from tpuctl.params import ParamError, flag, region, usd, zone
 
@@ -98,6 +98,9 @@ class Profile(BaseModel):
     zones: list[str] | None = None
     region: str | None = None
     capacity_types: list[CapacityType] | None = None
+    # The Google API new slices go through where their generation offers it (a preference: TPU7x is
+    # Compute Engine's alone, v5e and older the TPU API's alone; --api is a demand).
+    api: Surface | None = None
     max_price: MaxPrice = None
     monthly_budget: MonthlyBudget = None
     state_dir: Path | None = None
@@ -294,6 +297,7 @@ class Settings(BaseSettings):
     zones: Annotated[list[str], NoDecode] = Field(default_factory=list)
     region: str | None = None
     capacity_types: Annotated[list[CapacityType], NoDecode] = Field(default_factory=list)
+    api: Surface | None = None
     max_price: MaxPrice = None
     monthly_budget: MonthlyBudget = None
     state_dir: Path | None = None

@@ -50,9 +50,19 @@ class GcpBackend:
     default_bucket: str | None = None
 
     def open_cloud(self, state_dir: Path, closers: list[Closer]) -> TpuCloud:
+        """Both of Google's TPU surfaces: the Cloud TPU API and Compute Engine (TPU7x and later exist only
+        there), with one set of Application Default Credentials."""
+        from tpuctl.catalog import Catalog
+        from tpuctl.cloud.compute import ComputeCloud
+        from tpuctl.cloud.quotas import _default_credentials
+        from tpuctl.cloud.surfaces import SurfaceRouter
         from tpuctl.cloud.tpu_api import TpuApiCloud
 
-        return TpuApiCloud.for_google(project=self.project)
+        credentials = _default_credentials()
+        return SurfaceRouter(
+            TpuApiCloud.for_google(project=self.project, credentials=credentials),
+            ComputeCloud.for_google(self.project, Catalog.load(), credentials=credentials),
+        )
 
     def host_addresses(self, cloud: TpuCloud, node: Node) -> list[HostAddress]:
         return [HostAddress(e.external_ip or e.ip_address, SSH_PORT) for e in node.network_endpoints]

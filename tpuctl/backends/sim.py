@@ -58,10 +58,17 @@ class SimBackend:
     _status: dict[str, Any] | None = field(default=None, repr=False)
 
     def open_cloud(self, state_dir: Path, closers: list[Closer]) -> TpuCloud:
+        """Both of Google's TPU surfaces, as the simulator serves them: the TPU API and Compute Engine."""
+        from tpuctl.catalog import Catalog
+        from tpuctl.cloud.compute import ComputeCloud
+        from tpuctl.cloud.surfaces import SurfaceRouter
         from tpuctl.cloud.tpu_api import TpuApiCloud
 
         base_url, project = self._serve(state_dir, closers)
-        return TpuApiCloud.for_simulator(project=project, base_url=base_url)
+        return SurfaceRouter(
+            TpuApiCloud.for_simulator(project=project, base_url=base_url),
+            ComputeCloud.for_simulator(project, Catalog.load(), base_url),
+        )
 
     def _serve(self, state_dir: Path, closers: list[Closer]) -> tuple[str, str]:
         from tpuctl.sim import SimAdminClient, SimServer

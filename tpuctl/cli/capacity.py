@@ -16,6 +16,11 @@ CAPACITY_TYPE_HELP = (
 )
 SPOT_HELP = "Allow spot capacity (= --capacity-type spot; adds to the allowed set)."
 PREEMPTIBLE_HELP = "Allow preemptible capacity (= --capacity-type preemptible; adds to the allowed set)."
+API_HELP = (
+    "The Google API that places the slice: tpu (the Cloud TPU API; the default for v6e, v5p and older) "
+    "or compute (Compute Engine: TPU7x's only path, and a choice for v6e and v5p). Default: the profile's "
+    "api where the generation offers it."
+)
 
 
 def run_capacity(capacity_types: list[str], *, spot: bool, preemptible: bool) -> list[CapacityType]:

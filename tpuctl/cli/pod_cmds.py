@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from tpuctl.cli.capacity import CAPACITY_TYPE_HELP, PREEMPTIBLE_HELP, SPOT_HELP
+from tpuctl.cli.capacity import API_HELP, CAPACITY_TYPE_HELP, PREEMPTIBLE_HELP, SPOT_HELP
 from tpuctl.cli.context import ONE_OBJECT, confirm, is_dry_run, make_output, session
 from tpuctl.cli.options import DryRunOpt, OutputOpt, YesOpt, ZoneOpt
 
@@ -103,6 +103,7 @@ def create(
     runtime_version: Annotated[
         str | None, typer.Option("--runtime-version", help="TPU software version (default per type).")
     ] = None,
+    api: Annotated[str | None, typer.Option("--api", metavar="tpu|compute", help=API_HELP)] = None,
     label: Annotated[list[str] | None, typer.Option("--label", help="KEY=VALUE label (repeatable).")] = None,
     wait: Annotated[
         bool,
@@ -158,6 +159,7 @@ def create(
         runtime_version=runtime_version,
         labels={**params.labels(label or []), **max_hours_labels(hours_of(max_hours))},
         wait=wait,
+        surface=None if api is None else params.api(api),
     )
     with session(ctx, out) as sess:
         check_zones(sess.catalog, sess.cloud, zone or [])  # a typo is exit 2, not "not offered"

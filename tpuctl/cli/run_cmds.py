@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from tpuctl.cli.capacity import (
+    API_HELP,
     CAPACITY_TYPE_HELP,
     PREEMPTIBLE_HELP,
     SPOT_HELP,
@@ -101,6 +102,7 @@ def run(
     ] = None,
     spot: Annotated[bool, typer.Option("--spot", help=SPOT_HELP)] = False,
     preemptible: Annotated[bool, typer.Option("--preemptible", help=PREEMPTIBLE_HELP)] = False,
+    api: Annotated[str | None, typer.Option("--api", metavar="tpu|compute", help=API_HELP)] = None,
     keep_pod: Annotated[
         bool, typer.Option("--keep-pod", help="Keep the slice this run created (default: delete it).")
     ] = False,
@@ -258,6 +260,7 @@ def run(
         accelerator_type=accelerator_type,
         zone=None if zone is None else params.zone(zone),
         capacity_types=tuple(allowed),
+        api=None if api is None else params.api(api),
         keep_pod=keep_pod,
         checkpoint_every=None
         if checkpoint_every is None

@@ -102,6 +102,28 @@ class ComputeCloud:
         self._clients: dict[str, Any] = {}
         self._lock = threading.Lock()
 
+    @classmethod
+    def for_google(cls, project: str, catalog: Catalog, **kwargs: Any) -> ComputeCloud:
+        """compute.googleapis.com with Application Default Credentials; Compute Engine's TPU quotas from
+        Cloud Quotas (service ``compute.googleapis.com``)."""
+        credentials = kwargs.pop("credentials", None) or _default_credentials()
+        quotas = kwargs.pop("quotas", None) or CloudQuotasClient.for_google(
+            credentials, service=COMPUTE_SERVICE, retry=kwargs.get("retry")
+        )
+        return cls(project=project, catalog=catalog, credentials=credentials, quotas=quotas, **kwargs)
+
+    @classmethod
+    def for_simulator(cls, project: str, catalog: Catalog, base_url: str, **kwargs: Any) -> ComputeCloud:
+        """The simulator's Compute Engine surface at ``base_url``: anonymous, fast polls."""
+        quotas = kwargs.pop("quotas", None) or CloudQuotasClient.for_simulator(
+            base_url, service=COMPUTE_SERVICE, retry=kwargs.get("retry"), sleep=kwargs.get("sleep")
+        )
+        kwargs.setdefault("poll_interval_s", 0.05)
+        kwargs.setdefault("poll_max_interval_s", 1.0)
+        return cls(
+            project=project, catalog=catalog, endpoint=base_url, backend="sim", quotas=quotas, **kwargs
+        )
+
     # --- identity --------------------------------------------------------------------------------
 
     @property
@@ -127,26 +149,55 @@ class ComputeCloud:
     # --- slices ----------------------------------------------------------------------------------
 
     def list_nodes(self, zone: str | None = None) -> list[Node]:
-        """Without a zone: the zones where the catalog offers a generation through Compute Engine (a
-        listing of every zone of the project would cost two calls per zone)."""
-        zones = [zone] if zone else self._compute_zones()
+        """Without a zone: every zone of the project in two calls (the aggregated lists of instances and
+        of MIGs), however many zones there are."""
+        if zone:
+            by_zone = {zone: (self._list("instances", zone), self._list("instance_group_managers", zone))}
+        else:
+            by_zone = self._aggregated()
         nodes: list[Node] = []
-        for z in zones:
-            instances = self._list("instances", z)
-            migs = self._list("instance_group_managers", z)
-            in_mig = {m["name"] for m in migs}
-            for instance in instances:
-                owner = (instance.get("labels") or {}).get(shapes.LABEL_SLICE, instance["name"])
-                if owner in in_mig:
-                    continue
-                node = self._node_of_instance(instance, z)
-                if node is not None:
-                    nodes.append(node)
-            for mig in migs:
-                meta = shapes.parse_slice_description(str(mig.get("description", "")))
-                if meta is not None:
-                    nodes.append(self._node_of_mig(mig, z, meta, instances))
+        for z, (instances, migs) in sorted(by_zone.items()):
+            nodes += self._nodes_in_zone(z, instances, migs)
         return nodes
+
+    def _nodes_in_zone(
+        self, zone: str, instances: list[dict[str, Any]], migs: list[dict[str, Any]]
+    ) -> list[Node]:
+        """The TPU slices among a zone's instances and MIGs: a MIG's VMs are read through their MIG."""
+        in_mig = {m["name"] for m in migs}
+        nodes: list[Node] = []
+        for instance in instances:
+            if (instance.get("labels") or {}).get(shapes.LABEL_SLICE, instance["name"]) in in_mig:
+                continue
+            node = self._node_of_instance(instance, zone)
+            if node is not None:
+                nodes.append(node)
+        for mig in migs:
+            meta = shapes.parse_slice_description(str(mig.get("description", "")))
+            if meta is not None:
+                nodes.append(self._node_of_mig(mig, zone, meta, instances))
+        return nodes
+
+    def _aggregated(self) -> dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]]:
+        """zone -> (instances, MIGs), from ``aggregatedList`` (scopes ``zones/Z``; empty ones skipped)."""
+        out: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {}
+        for position, (kind, field) in enumerate(
+            (("instances", "instances"), ("instance_group_managers", "instanceGroupManagers"))
+        ):
+
+            def fetch(kind: str = kind, field: str = field) -> list[tuple[str, list[dict[str, Any]]]]:
+                pager = self._client(kind).aggregated_list(
+                    request={"project": self._project},
+                    timeout=self._timeout,
+                )
+                return [(scope, _to_json(scoped).get(field) or []) for scope, scoped in pager]
+
+            for scope, items in self._read(f"list {kind.replace('_', ' ')}", "in all zones", fetch):
+                if not scope.startswith("zones/") or not items:
+                    continue
+                pair = out.setdefault(scope.split("/", 1)[1], ([], []))
+                pair[position].extend(items)
+        return out
 
     def get_node(self, zone: str, name: str) -> Node:
         try:
@@ -473,10 +524,6 @@ class ComputeCloud:
             if (i.get("labels") or {}).get(shapes.LABEL_SLICE) == node.name
         ]
         return sorted(own) or [node.name]
-
-    def _compute_zones(self) -> list[str]:
-        gens = [g for g in self._catalog.generations.values() if Surface.COMPUTE in g.surfaces]
-        return sorted({z for g in gens for z in g.zones})
 
     def _accelerator(self, request: NodeRequest) -> AcceleratorType:
         accel = self._catalog.resolve(request.accelerator_type)

@@ -121,8 +121,7 @@ def build_request(
     combination raises a ``UsageError`` (exit 2) naming the parameter, the value and the fix; nothing is
     contacted."""
     accel = catalog.resolve(type_name)
-    chosen_surface = surface or accel.generation.default_surface
-    accel.generation.check_surface(chosen_surface)
+    chosen_surface = _surface(accel, surface, settings.api)
     if chosen_surface is Surface.COMPUTE and (queued or slices > 1 or strategy is Strategy.RACE):
         raise UsageError(
             "queued resources, multislice and --strategy race are TPU API placements",
@@ -160,6 +159,18 @@ def build_request(
         metadata=dict(metadata or {}),
         surface=chosen_surface,
     )
+
+
+def _surface(accel: AcceleratorType, demanded: Surface | None, preferred: Surface | None) -> Surface:
+    """The API that places the slice: ``--api`` is a demand (refused, exit 2, where the generation has
+    no such path); the profile's ``api`` a preference, kept where the generation offers it."""
+    generation = accel.generation
+    if demanded is not None:
+        generation.check_surface(demanded)
+        return demanded
+    if preferred is not None and preferred in generation.surfaces:
+        return preferred
+    return generation.default_surface
 
 
 def _check_race(strategy: Strategy, race_k: int | None, *, wait: bool) -> None:

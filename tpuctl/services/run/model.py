@@ -14,7 +14,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from tpuctl.catalog import AcceleratorType, CapacityType
+from tpuctl.catalog import AcceleratorType, CapacityType, Surface
 from tpuctl.cloud.base import Node
 from tpuctl.hosts.base import LaunchSpec, ShipResult
 from tpuctl.hosts.bundle import DEFAULT_LIMIT_BYTES, Bundle
@@ -92,6 +92,8 @@ class RunRequest:
     zone: str | None = None
     #: The capacity types a new slice may be placed on, cheapest first (empty: the profile's decide).
     capacity_types: tuple[CapacityType, ...] = ()
+    #: The Google API a new slice goes through (``--api``); None: the profile's, else the generation's.
+    api: Surface | None = None
     keep_pod: bool = False
     checkpoint_every: int | None = None
     checkpoint_dir: str | None = None

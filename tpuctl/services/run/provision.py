@@ -45,6 +45,7 @@ def target(session: Session, request: RunRequest, run_id: str) -> Target:
         zones=[request.zone] if request.zone else (),
         capacity_types=request.capacity_types,
         labels={**request.labels, LABEL_RUN: run_id},
+        surface=request.api,
     )
     return Target(accelerator=placement.accelerator, placement=placement)
 

@@ -1,0 +1,167 @@
+"""Issue 17's acceptance on the simulator: TPU7x (and v6e/v5p on request) placed through Compute Engine by
+the same commands as every other slice: `pod create` (dry run and real), `pod list`, `pod delete`, the
+refusal of a generation Compute Engine does not serve, placement failing over a Compute stockout, and a
+Compute quota refusal. Every Compute answer the simulator gives in these tests is checked against
+Google's compute v1 discovery document (``compute_schema_checked``)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from api_schema import check, compute_response_schema
+
+from tpuctl.sim import SimAdminClient
+from tpuctl.sim import server as sim_server
+from tpuctl.sim.exchange import SimRequest, SimResponse
+from tpuctl.testing.cli import Cli
+
+ZONE = "us-central1-c"
+OTHER_ZONE = "us-central1-ai1a"
+REGION = "us-central1"
+IMAGE_FAMILY = "projects/ubuntu-os-accelerator-images/global/images/family/ubuntu-accel-2404-amd64-tpu-tpu7x"
+
+WORLD: dict[str, Any] = {
+    "speed": 1000,
+    "zones": {
+        ZONE: {"tpu7x": {"on_demand": 64, "preemptible": 64}},
+        OTHER_ZONE: {"tpu7x": {"on_demand": 64, "preemptible": 64}},
+        "us-central1-a": {"v5e": {"on_demand": 8, "preemptible": 8}},
+    },
+    "quotas": {
+        "default": {"on_demand": {"zone": -1, "region": -1}, "preemptible": {"zone": -1, "region": -1}}
+    },
+    "compute_quotas": [
+        {"quota_id": "TPUS-PER-TPU-FAMILY-per-project-region", "limit": 256},
+        {"quota_id": "PREEMPTIBLE-TPU7X-per-project-region", "limit": 256},
+    ],
+    "latency": {"base_ms": 0, "jitter_ms": 0},
+}
+
+
+@pytest.fixture
+def compute_schema_checked(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """Every 2xx Compute answer of the test is checked against compute.v1.json (at teardown)."""
+    problems: list[str] = []
+    real: Callable[..., SimResponse] = sim_server.dispatch
+
+    def checked(engine: Any, request: SimRequest) -> SimResponse:
+        response = real(engine, request)
+        if request.path.startswith("/compute/v1/") and response.status == 200:
+            schema = compute_response_schema(request.method, request.path)
+            if schema is not None:
+                problems.extend(check("compute.v1", schema, json.loads(response.body), request.path))
+        return response
+
+    monkeypatch.setattr(sim_server, "dispatch", checked)
+    yield problems
+    assert problems == []
+
+
+@pytest.fixture
+def admin(
+    serve_sim: Callable[..., SimAdminClient], compute_schema_checked: list[str]
+) -> SimAdminClient:
+    return serve_sim(WORLD)
+
+
+def _compute_get(admin: SimAdminClient, path: str) -> httpx.Response:
+    status = admin.status()
+    return httpx.get(f"{admin.url}/compute/v1/projects/{status['project']}/{path}", trust_env=False)
+
+
+def test_a_tpu7x_8_dry_run_plans_one_instance_insert_of_the_tpu7x_machine_type(
+    admin: SimAdminClient, cli: Cli
+) -> None:
+    result = cli("pod", "create", "tpu7x-8", "--zone", ZONE, "--dry-run", "-o", "json")
+    assert result.code == 0, result.stderr
+    (request,) = result.json["plan"]["requests"]
+    assert request["method"] == "POST" and request["url"].endswith(f"/zones/{ZONE}/instances")
+    body = request["body"]
+    assert body["machineType"] == f"zones/{ZONE}/machineTypes/tpu7x-standard-4t"
+    assert body["scheduling"]["onHostMaintenance"] == "TERMINATE"
+    assert body["scheduling"]["provisioningModel"] == "STANDARD"
+    (disk,) = body["disks"]
+    assert disk["initializeParams"]["sourceImage"] == IMAGE_FAMILY
+    assert admin.status()["nodes"] == []  # a plan changes nothing
+
+
+def test_a_tpu7x_32_spot_slice_is_a_workload_policy_a_template_and_a_bulk_mig_of_4_hosts(
+    admin: SimAdminClient, cli: Cli
+) -> None:
+    created = cli("pod", "create", "tpu7x-32", "--spot", "--zone", ZONE, "--name", "ir", "-o", "json")
+    assert created.code == 0, created.stderr[-3000:]
+    policy = _compute_get(admin, f"regions/{REGION}/resourcePolicies/ir").json()
+    assert policy["workloadPolicy"] == {"type": "HIGH_THROUGHPUT", "acceleratorTopology": "2x2x4"}
+    template = _compute_get(admin, "global/instanceTemplates/ir").json()
+    assert template["properties"]["machineType"] == "tpu7x-standard-4t"
+    assert template["properties"]["scheduling"]["provisioningModel"] == "SPOT"
+    mig = _compute_get(admin, f"zones/{ZONE}/instanceGroupManagers/ir").json()
+    assert mig["targetSize"] == 4 and mig["targetSizePolicy"]["mode"] == "BULK"
+    assert mig["instanceLifecyclePolicy"]["defaultActionOnFailure"] == "DO_NOTHING"
+    assert mig["status"]["isStable"] is True
+    assert mig["status"]["appliedAcceleratorTopologies"][0]["state"] == "ACTIVE"
+
+    (listed,) = cli("pod", "list", "-o", "json").json["pods"]
+    assert listed["name"] == "ir" and listed["state"] == "READY" and listed["zone"] == ZONE
+    assert listed["accelerator_type"] == "tpu7x-32" and listed["capacity"] == "spot"
+    assert listed["hosts"] == 4 and listed["chips"] == 16
+
+    assert cli("pod", "delete", "ir", "--zone", ZONE, "-y").code == 0
+    for path in (
+        f"zones/{ZONE}/instanceGroupManagers/ir",
+        "global/instanceTemplates/ir",
+        f"regions/{REGION}/resourcePolicies/ir",
+    ):
+        assert _compute_get(admin, path).status_code == 404, path
+    assert cli("pod", "list", "-o", "json").json["pods"] == []
+
+
+def test_v5e_has_no_compute_engine_path(admin: SimAdminClient, cli: Cli) -> None:
+    result = cli("pod", "create", "v5e-8", "--api", "compute")
+    assert result.code == 2
+    assert "v5e has no Compute Engine path" in result.stderr and "--api tpu" in result.stderr
+    assert admin.status()["nodes"] == []
+
+
+def test_an_unknown_api_is_refused_naming_the_choices(admin: SimAdminClient, cli: Cli) -> None:
+    result = cli("pod", "create", "v6e-8", "--api", "gke")
+    assert result.code == 2 and "'gke'" in result.stderr and "--api compute" in result.stderr
+
+
+def test_a_compute_stockout_fails_over_to_the_next_zone(admin: SimAdminClient, cli: Cli) -> None:
+    admin.stockout(ZONE)
+    result = cli("pod", "create", "tpu7x-8", "--zone", ZONE, "--zone", OTHER_ZONE, "-o", "json")
+    assert result.code == 0, result.stderr[-3000:]
+    assert result.json["pod"]["zone"] == OTHER_ZONE
+    attempts = result.json["placement"]["attempts"]
+    assert [(a["zone"], a["outcome"]) for a in attempts][:1] == [(ZONE, "stockout")], attempts
+
+
+def test_a_compute_quota_refusal_is_exit_4_naming_the_quota(
+    serve_sim: Callable[..., SimAdminClient], compute_schema_checked: list[str], cli: Cli
+) -> None:
+    world = {**WORLD, "compute_quotas": [{"quota_id": "TPUS-PER-TPU-FAMILY-per-project-region", "limit": 0}]}
+    admin = serve_sim(world)
+    result = cli("pod", "create", "tpu7x-8", "--zone", ZONE)
+    assert result.code == 4, result.stderr[-3000:]
+    assert "TPUS-PER-TPU-FAMILY" in result.stderr or "TPUS_PER_TPU_FAMILY" in result.stderr
+    assert admin.status()["nodes"] == []
+
+
+def test_the_profile_api_is_a_preference_the_flag_a_demand(
+    admin: SimAdminClient, cli: Cli, tmp_path: Path
+) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text("profiles:\n  default:\n    api: compute\n")
+    env = {"TPUCTL_CONFIG": str(config)}
+    # v5e has no Compute Engine path: the profile's preference does not apply to it.
+    v5e = cli("pod", "create", "v5e-8", "--zone", "us-central1-a", "--dry-run", "-o", "json", env=env)
+    assert v5e.code == 0, v5e.stderr
+    assert "tpu.googleapis.com" in v5e.json["plan"]["requests"][0]["url"] or "/v2/" in (
+        v5e.json["plan"]["requests"][0]["url"]
+    )
