@@ -7,13 +7,26 @@ Google's compute v1 discovery document (``compute_schema_checked``)."""
 from __future__ import annotations
 
 import json
+import re
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import yaml
 from api_schema import check, compute_response_schema
+from recovery_helpers import (
+    HOST_XLA_ENV,
+    LM_ARGS,
+    REPO,
+    Chaos,
+    Preempt,
+    fast_jax_env,
+    final_hash,
+    run_reference,
+)
 
 from tpuctl.sim import SimAdminClient
 from tpuctl.sim import server as sim_server
@@ -31,6 +44,7 @@ WORLD: dict[str, Any] = {
         ZONE: {"tpu7x": {"on_demand": 64, "preemptible": 64}},
         OTHER_ZONE: {"tpu7x": {"on_demand": 64, "preemptible": 64}},
         "us-central1-a": {"v5e": {"on_demand": 8, "preemptible": 8}},
+        "us-central1-b": {"v6e": {"on_demand": 8, "preemptible": 8}},
     },
     "quotas": {
         "default": {"on_demand": {"zone": -1, "region": -1}, "preemptible": {"zone": -1, "region": -1}}
@@ -63,9 +77,7 @@ def compute_schema_checked(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str
 
 
 @pytest.fixture
-def admin(
-    serve_sim: Callable[..., SimAdminClient], compute_schema_checked: list[str]
-) -> SimAdminClient:
+def admin(serve_sim: Callable[..., SimAdminClient], compute_schema_checked: list[str]) -> SimAdminClient:
     return serve_sim(WORLD)
 
 
@@ -159,9 +171,84 @@ def test_the_profile_api_is_a_preference_the_flag_a_demand(
     config = tmp_path / "config.yaml"
     config.write_text("profiles:\n  default:\n    api: compute\n")
     env = {"TPUCTL_CONFIG": str(config)}
+
+    def planned_url(*args: str) -> str:
+        result = cli("pod", "create", *args, "--dry-run", "-o", "json", env=env)
+        assert result.code == 0, result.stderr
+        return str(result.json["plan"]["requests"][0]["url"])
+
+    # v6e is served by both: the profile picks Compute Engine (one ct6e-standard-8t instance) ...
+    assert "/compute/v1/" in planned_url("v6e-8", "--zone", "us-central1-b")
+    # ... and the flag wins over the profile.
+    assert "/compute/v1/" not in planned_url("v6e-8", "--zone", "us-central1-b", "--api", "tpu")
     # v5e has no Compute Engine path: the profile's preference does not apply to it.
-    v5e = cli("pod", "create", "v5e-8", "--zone", "us-central1-a", "--dry-run", "-o", "json", env=env)
-    assert v5e.code == 0, v5e.stderr
-    assert "tpu.googleapis.com" in v5e.json["plan"]["requests"][0]["url"] or "/v2/" in (
-        v5e.json["plan"]["requests"][0]["url"]
+    assert "/compute/v1/" not in planned_url("v5e-8", "--zone", "us-central1-a")
+
+
+def test_an_unmodified_psum_script_runs_on_4_processes_and_16_devices_of_a_tpu7x_32(
+    admin: SimAdminClient, cli: Cli, tmp_path: Path
+) -> None:
+    script = tmp_path / "user" / "psum_user.py"
+    script.parent.mkdir()
+    shutil.copy(REPO / "tests" / "runtime" / "scripts" / "psum_user.py", script)
+    result = cli("run", str(script), "--type", "tpu7x-32", "--zone", ZONE)
+    assert result.code == 0, result.stderr[-3000:]
+    results = sorted(re.findall(r"^w(\d) \| RESULT (.*)$", result.stdout, re.MULTILINE))
+    # 16 devices (one per chip), device k contributes k + 1: 16 * 17 / 2 = 136 on every host.
+    assert results == [(str(w), f"{w} 4 16 4 136.0") for w in range(4)]
+    assert admin.status()["nodes"] == []  # the run's slice is gone with it
+
+
+#: The recovery test's world: two TPU7x zones, Compute quotas, a grace long enough to checkpoint.
+RECOVERY_WORLD: dict[str, Any] = {
+    **WORLD,
+    "seed": 5,
+    "durations": {"node_create_s": 60, "node_delete_s": 10, "stockout_s": 5, "preemption_grace_s": 20},
+}
+#: The tiny LM with one example per device of a tpu7x-16's 8.
+TPU7X_16_ARGS = [*LM_ARGS[: LM_ARGS.index("--batch") + 1], "8", *LM_ARGS[LM_ARGS.index("--batch") + 2 :]]
+
+
+@pytest.mark.slow
+def test_a_tpu7x_spot_run_preempted_recovers_in_another_zone_bit_identical(
+    serve_sim: Callable[..., SimAdminClient],
+    compute_schema_checked: list[str],
+    cli: Cli,
+    state_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    (tmp_path / "world.yaml").write_text(yaml.safe_dump(RECOVERY_WORLD))
+    for key, value in fast_jax_env(tmp_path / "jax-cache").items():
+        monkeypatch.setenv(key, value)
+    admin = serve_sim(RECOVERY_WORLD)
+    reference = run_reference(
+        tmp_path / "reference",
+        TPU7X_16_ARGS,
+        hosts=2,
+        accelerator_type="tpu7x-16",
+        topology="2x2x2",
+        extra_env=fast_jax_env(tmp_path / "jax-cache"),
     )
+    plan = [Preempt(1, 6, notice=True, stockout=ZONE)]
+    chaos = Chaos(
+        admin,
+        state_dir,
+        plan,
+        preempt=lambda zone, name, notice: admin.preempt_compute(zone, name, notice=notice),
+    ).start()
+    try:
+        result = cli(
+            "run", "--example", "lm", "--type", "tpu7x-16", "--spot", "--zone", ZONE, "--zone", OTHER_ZONE,
+            "--checkpoint-every", "4", *HOST_XLA_ENV, "-o", "json", "--", *TPU7X_16_ARGS,
+        )  # fmt: skip
+    finally:
+        chaos.join(check=False)
+    assert result.code == 0, result.stderr[-4000:]
+    chaos.check()
+    run = cli("runs", "describe", result.json["run"]["run_id"], "-o", "json").json["run"]
+    assert final_hash(state_dir / "runs" / run["run_id"] / "worker-0.log") == reference
+    (preemption,) = run["recovery"]["preemptions"]
+    assert preemption["zone"] == ZONE and preemption["new_zone"] == OTHER_ZONE
+    assert preemption["restored_step"] == preemption["checkpoint_step"] is not None
+    assert admin.status()["nodes"] == []

@@ -38,9 +38,10 @@ from tpuctl.cloud.base import (
     QueuedResourceRequest,
     QuotaLimit,
 )
+from tpuctl.cloud.google_calls import GoogleCalls, credentials_for
 from tpuctl.cloud.quotas import CloudQuotasClient, _default_credentials
-from tpuctl.cloud.retry import PollTimeout, RetryPolicy, Sleep, call_with_retry, poll_until
-from tpuctl.cloud.translate import error_from_compute_errors, translate_errors
+from tpuctl.cloud.retry import PollTimeout, RetryPolicy, Sleep, poll_until
+from tpuctl.cloud.translate import error_from_compute_errors
 from tpuctl.errors import CloudError, NotFoundError, StockoutError, TransientError, UsageError
 
 if TYPE_CHECKING:
@@ -560,20 +561,11 @@ class ComputeCloud:
 
     def _resolve_credentials(self) -> Credentials:
         if self._credentials is None:
-            if self._backend == "sim":
-                from google.auth.credentials import AnonymousCredentials
-
-                self._credentials = AnonymousCredentials()  # type: ignore[no-untyped-call]
-            else:
-                self._credentials = _default_credentials()
+            self._credentials = credentials_for(self._backend)
         return self._credentials
 
     def _read(self, action: str, resource: str, fn: Callable[[], T]) -> T:
-        def attempt() -> T:
-            with translate_errors(action, resource, mutating=False):
-                return fn()
-
-        return call_with_retry(attempt, policy=self._retry, idempotent=True, sleep=self._sleep)
+        return GoogleCalls(self._retry, self._sleep).read(action, resource, fn)
 
     def _list(self, kind: str, zone: str) -> list[dict[str, Any]]:
         def fetch() -> list[dict[str, Any]]:
@@ -614,15 +606,16 @@ class ComputeCloud:
         if request_id:
             args["request_id"] = request_id
 
-        def attempt() -> dict[str, Any]:
-            with translate_errors(
-                f"create {kind.replace('_', ' ')[:-1]}", body["name"], mutating=True, zone=zone
-            ):
-                return _to_json(self._client(kind).insert_unary(**args))
-
+        calls = GoogleCalls(self._retry, self._sleep)
         # With a requestId, Compute Engine makes the insert idempotent: a retry after a broken
         # connection does not create twice.
-        return call_with_retry(attempt, policy=self._retry, idempotent=bool(request_id), sleep=self._sleep)
+        return calls.mutate(
+            f"create {kind.replace('_', ' ')[:-1]}",
+            str(body["name"]),
+            lambda: _to_json(self._client(kind).insert_unary(**args)),
+            zone=zone,
+            idempotent=bool(request_id),
+        )
 
     def _delete(
         self, kind: str, name: str, *, zone: str | None = None, region: str | None = None
@@ -633,12 +626,15 @@ class ComputeCloud:
         if region is not None:
             args["region"] = region
 
-        def attempt() -> dict[str, Any]:
-            with translate_errors(f"delete {kind.replace('_', ' ')[:-1]}", name, mutating=True, zone=zone):
-                return _to_json(self._client(kind).delete_unary(**args))
-
+        calls = GoogleCalls(self._retry, self._sleep)
         # A delete is idempotent in effect: a repeat finds the resource gone (NotFoundError).
-        return call_with_retry(attempt, policy=self._retry, idempotent=True, sleep=self._sleep)
+        return calls.mutate(
+            f"delete {kind.replace('_', ' ')[:-1]}",
+            name,
+            lambda: _to_json(self._client(kind).delete_unary(**args)),
+            zone=zone,
+            idempotent=True,
+        )
 
     def _wait(
         self, op: dict[str, Any], what: str, zone: str | None, progress: OperationProgress | None

@@ -143,8 +143,20 @@ class SurfaceRouter:
     # --- catalog and quota -----------------------------------------------------------------------
 
     def list_accelerator_types(self, zone: str) -> list[str]:
-        names = self._tpu.list_accelerator_types(zone) + self._compute.list_accelerator_types(zone)
-        return sorted(set(names))
+        """What either surface offers in the zone. A zone one surface does not know (a Compute Engine
+        only zone such as us-central1-ai1a on the TPU API) offers nothing there; NotFoundError only when
+        neither knows it. The union does not say which surface offers a v6e or v5p type (both name it
+        alike); a create on the other surface then answers for itself (not offered: a failover)."""
+        names: set[str] = set()
+        missing: list[NotFoundError] = []
+        for cloud in (self._tpu, self._compute):
+            try:
+                names.update(cloud.list_accelerator_types(zone))
+            except NotFoundError as exc:
+                missing.append(exc)
+        if len(missing) == 2:
+            raise missing[0]
+        return sorted(names)
 
     def list_runtime_versions(self, zone: str) -> list[str]:
         return self._tpu.list_runtime_versions(zone)

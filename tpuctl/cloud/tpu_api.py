@@ -45,9 +45,10 @@ from tpuctl.cloud.base import (
     QuotaLimit,
     TpuCloud,
 )
+from tpuctl.cloud.google_calls import GoogleCalls, credentials_for
 from tpuctl.cloud.quotas import CloudQuotasClient, _default_credentials
-from tpuctl.cloud.retry import PollTimeout, RetryPolicy, Sleep, call_with_retry, poll_until
-from tpuctl.cloud.translate import error_from_status, translate_errors
+from tpuctl.cloud.retry import PollTimeout, RetryPolicy, Sleep, poll_until
+from tpuctl.cloud.translate import error_from_status
 from tpuctl.errors import CloudError, NotFoundError, PermissionDeniedError, TransientError, UsageError
 
 #: What Google's 403 for a location without Cloud TPU says (after the location's name).
@@ -608,12 +609,7 @@ class TpuApiCloud:
 
     def _resolve_credentials(self) -> Credentials:
         if self._credentials is None:
-            if self._backend == "sim":
-                from google.auth.credentials import AnonymousCredentials
-
-                self._credentials = AnonymousCredentials()  # type: ignore[no-untyped-call]
-            else:
-                self._credentials = _default_credentials()
+            self._credentials = credentials_for(self._backend)
         return self._credentials
 
     def _parent(self, zone: str) -> str:
@@ -631,24 +627,14 @@ class TpuApiCloud:
         return f"{self._parent(zone)}/reservations/{reservation}"
 
     def _read(self, action: str, resource: str, fn: Callable[[], T]) -> T:
-        """A read: translated, and retried on every transient failure."""
-
-        def attempt() -> T:
-            with translate_errors(action, resource, mutating=False):
-                return fn()
-
-        return call_with_retry(attempt, policy=self._retry, idempotent=True, sleep=self._sleep)
+        return GoogleCalls(self._retry, self._sleep).read(action, resource, fn)
 
     def _mutate(
         self, action: str, resource: str, fn: Callable[[], T], *, zone: str | None, idempotent: bool = False
     ) -> T:
         """A mutation: translated (a broken connection is ambiguous), retried only where that is safe."""
-
-        def attempt() -> T:
-            with translate_errors(action, resource, mutating=True, zone=zone):
-                return fn()
-
-        return call_with_retry(attempt, policy=self._retry, idempotent=idempotent, sleep=self._sleep)
+        calls = GoogleCalls(self._retry, self._sleep)
+        return calls.mutate(action, resource, fn, zone=zone, idempotent=idempotent)
 
     def _wait(self, op: Any, what: str, *, zone: str | None, progress: OperationProgress | None) -> Any:
         """Poll the operation until done; raise its translated error if it failed."""
