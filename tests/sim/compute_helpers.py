@@ -151,6 +151,46 @@ def instance_body(
     )
 
 
+POLICY = f"projects/{PROJECT}/regions/{REGION}/resourcePolicies/wp-2x2x2"
+TEMPLATE = f"projects/{PROJECT}/global/instanceTemplates/tpl"
+
+
+def setup_slice_records(c: Clients, model: str = "SPOT") -> None:
+    """The workload policy (2x2x2) and the tpu7x instance template a MIG slice of 2 hosts uses."""
+    policy = compute_v1.ResourcePolicy(
+        name="wp-2x2x2",
+        workload_policy=compute_v1.ResourcePolicyWorkloadPolicy(
+            type_="HIGH_THROUGHPUT", accelerator_topology="2x2x2"
+        ),
+    )
+    c.region_done(c.policies.insert(project=PROJECT, region=REGION, resource_policy_resource=policy))
+    vm = instance_body("unused", model=model, instance_termination_action="STOP")
+    if model == "FLEX_START":
+        vm.scheduling.max_run_duration = compute_v1.Duration(seconds=3600)
+    props = compute_v1.InstanceProperties(
+        machine_type="tpu7x-standard-4t",
+        disks=vm.disks,
+        network_interfaces=vm.network_interfaces,
+        scheduling=vm.scheduling,
+    )
+    template = compute_v1.InstanceTemplate(name="tpl", properties=props)
+    c.global_done(c.templates.insert(project=PROJECT, instance_template_resource=template))
+
+
+def mig_body(name: str, size: int, mode: str = "BULK") -> compute_v1.InstanceGroupManager:
+    return compute_v1.InstanceGroupManager(
+        name=name,
+        base_instance_name=name,
+        versions=[compute_v1.InstanceGroupManagerVersion(instance_template=TEMPLATE)],
+        target_size=size,
+        target_size_policy=compute_v1.InstanceGroupManagerTargetSizePolicy(mode=mode),
+        instance_lifecycle_policy=compute_v1.InstanceGroupManagerInstanceLifecyclePolicy(
+            default_action_on_failure="DO_NOTHING"
+        ),
+        resource_policies=compute_v1.InstanceGroupManagerResourcePolicies(workload_policy=POLICY),
+    )
+
+
 @pytest.fixture
 def schema_problems(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     """Every Compute answer (2xx) of the test is checked against compute.v1.json; the test fails at

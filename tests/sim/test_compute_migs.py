@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from compute_helpers import REGION, ZONE, Clients, compute, instance_body, schema_problems
+from compute_helpers import ZONE, Clients, compute, mig_body, schema_problems, setup_slice_records
 from google.api_core import exceptions
 from google.cloud import compute_v1
 from sim_helpers import PROJECT
@@ -14,53 +14,17 @@ from tpuctl.testing.clock import wait_for
 
 __all__ = ["compute", "schema_problems"]  # fixtures
 
-POLICY = f"projects/{PROJECT}/regions/{REGION}/resourcePolicies/wp-2x2x2"
-TEMPLATE = f"projects/{PROJECT}/global/instanceTemplates/tpl"
-
-
-def _setup(c: Clients, model: str = "SPOT") -> None:
-    policy = compute_v1.ResourcePolicy(
-        name="wp-2x2x2",
-        workload_policy=compute_v1.ResourcePolicyWorkloadPolicy(
-            type_="HIGH_THROUGHPUT", accelerator_topology="2x2x2"
-        ),
-    )
-    c.region_done(c.policies.insert(project=PROJECT, region=REGION, resource_policy_resource=policy))
-    vm = instance_body("unused", model=model, instance_termination_action="STOP")
-    if model == "FLEX_START":
-        vm.scheduling.max_run_duration = compute_v1.Duration(seconds=3600)
-    props = compute_v1.InstanceProperties(
-        machine_type="tpu7x-standard-4t",
-        disks=vm.disks,
-        network_interfaces=vm.network_interfaces,
-        scheduling=vm.scheduling,
-    )
-    template = compute_v1.InstanceTemplate(name="tpl", properties=props)
-    c.global_done(c.templates.insert(project=PROJECT, instance_template_resource=template))
-
-
-def _mig(name: str, size: int, mode: str = "BULK") -> compute_v1.InstanceGroupManager:
-    return compute_v1.InstanceGroupManager(
-        name=name,
-        base_instance_name=name,
-        versions=[compute_v1.InstanceGroupManagerVersion(instance_template=TEMPLATE)],
-        target_size=size,
-        target_size_policy=compute_v1.InstanceGroupManagerTargetSizePolicy(mode=mode),
-        instance_lifecycle_policy=compute_v1.InstanceGroupManagerInstanceLifecyclePolicy(
-            default_action_on_failure="DO_NOTHING"
-        ),
-        resource_policies=compute_v1.InstanceGroupManagerResourcePolicies(workload_policy=POLICY),
-    )
-
 
 def test_mig_slice_lifecycle(compute: tuple[SimServer, Clients]) -> None:
     server, c = compute
-    _setup(c)
+    setup_slice_records(c)
     with pytest.raises(exceptions.BadRequest, match="require BULK mode"):
-        c.migs.insert(project=PROJECT, zone=ZONE, instance_group_manager_resource=_mig("m", 2, "INDIVIDUAL"))
+        c.migs.insert(
+            project=PROJECT, zone=ZONE, instance_group_manager_resource=mig_body("m", 2, "INDIVIDUAL")
+        )
     with pytest.raises(exceptions.BadRequest, match="gang mode of size '2'"):
-        c.migs.insert(project=PROJECT, zone=ZONE, instance_group_manager_resource=_mig("m", 3))
-    c.done(c.migs.insert(project=PROJECT, zone=ZONE, instance_group_manager_resource=_mig("m", 2)))
+        c.migs.insert(project=PROJECT, zone=ZONE, instance_group_manager_resource=mig_body("m", 3))
+    c.done(c.migs.insert(project=PROJECT, zone=ZONE, instance_group_manager_resource=mig_body("m", 2)))
 
     def ready() -> compute_v1.InstanceGroupManager | None:
         mig = c.migs.get(project=PROJECT, zone=ZONE, instance_group_manager="m")
@@ -116,10 +80,10 @@ def test_mig_slice_lifecycle(compute: tuple[SimServer, Clients]) -> None:
 
 def test_mig_stockout_and_flex_resize(compute: tuple[SimServer, Clients]) -> None:
     server, c = compute
-    _setup(c, model="FLEX_START")
+    setup_slice_records(c, model="FLEX_START")
     with pytest.raises(exceptions.BadRequest, match="target size 0"):
-        c.migs.insert(project=PROJECT, zone=ZONE, instance_group_manager_resource=_mig("f", 2))
-    c.done(c.migs.insert(project=PROJECT, zone=ZONE, instance_group_manager_resource=_mig("f", 0)))
+        c.migs.insert(project=PROJECT, zone=ZONE, instance_group_manager_resource=mig_body("f", 2))
+    c.done(c.migs.insert(project=PROJECT, zone=ZONE, instance_group_manager_resource=mig_body("f", 0)))
     with SimAdminClient(server.url) as admin:
         admin.stockout(ZONE)
         c.done(c.migs.resize(project=PROJECT, zone=ZONE, instance_group_manager="f", size=2))
@@ -136,10 +100,10 @@ def test_mig_stockout_and_flex_resize(compute: tuple[SimServer, Clients]) -> Non
 
 def test_bulk_mig_stockout_creates_nothing(compute: tuple[SimServer, Clients]) -> None:
     server, c = compute
-    _setup(c)
+    setup_slice_records(c)
     with SimAdminClient(server.url) as admin:
         admin.stockout(ZONE)
-        c.done(c.migs.insert(project=PROJECT, zone=ZONE, instance_group_manager_resource=_mig("s", 2)))
+        c.done(c.migs.insert(project=PROJECT, zone=ZONE, instance_group_manager_resource=mig_body("s", 2)))
         managed = list(c.migs.list_managed_instances(project=PROJECT, zone=ZONE, instance_group_manager="s"))
         assert len(managed) == 2 and {m.current_action for m in managed} == {"CREATING"}
         assert not any(m.instance_status for m in managed)

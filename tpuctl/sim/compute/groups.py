@@ -12,7 +12,7 @@ import string
 from typing import Any
 
 from tpuctl.catalog import AcceleratorType
-from tpuctl.sim.compute import links, quota, slices, store
+from tpuctl.sim.compute import links, listing, quota, slices, store
 from tpuctl.sim.compute.context import ComputeContext
 from tpuctl.sim.compute.errors import already_exists, invalid, invalid_field, not_found
 from tpuctl.sim.compute.machines import check_region, check_zone, machine_by_name, machine_in_zone
@@ -423,6 +423,26 @@ class Groups:
         if next_token:
             out["nextPageToken"] = next_token
         return out
+
+    def aggregated_list_migs(self, project: str, query: listing.ListQuery) -> dict[str, Any]:
+        """Every region and zone of the project (MIGs can be regional: Google lists both scopes), each
+        with its MIGs or a NO_RESULTS_ON_PAGE warning. This simulator makes zonal MIGs only."""
+        now = self.cc.ctx.clock()
+        self.cc.timeline.advance(now)
+        with self.cc.ctx.db.read() as conn:
+            items = [
+                (r["location"], self._mig_json(conn, r, now))
+                for r in store.rows(conn, project, None, store.MIGS)
+            ]
+        world = self.cc.ctx.world
+        return listing.aggregated(
+            kind="compute#instanceGroupManagerAggregatedList",
+            project=project,
+            collection=store.MIGS,
+            scopes=[*listing.region_scopes(world), *listing.zone_scopes(world)],
+            items=items,
+            query=query,
+        )
 
     def _statuses(self, conn: sqlite3.Connection, mig: sqlite3.Row, now: float) -> dict[str, str]:
         """Each existing member's status, by name."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
-from tpuctl.sim.compute import links, quota, slices, store
+from tpuctl.sim.compute import links, listing, quota, slices, store
 from tpuctl.sim.compute.context import ComputeContext
 from tpuctl.sim.compute.errors import already_exists, invalid, not_found
 from tpuctl.sim.compute.machines import check_zone, machine_in_zone
@@ -146,20 +146,28 @@ class Instances:
             out["nextPageToken"] = token
         return out
 
-    def aggregated_list(self, project: str) -> dict[str, Any]:
+    def aggregated_list(self, project: str, query: listing.ListQuery) -> dict[str, Any]:
+        """Every zone of the project, each with its instances or a NO_RESULTS_ON_PAGE warning.
+        Instances are zonal: ``regions/`` scopes only with ``includeAllScopes`` (whether Google then
+        adds ``global`` too is unc.; not here)."""
         now = self.cc.ctx.clock()
         self.cc.timeline.advance(now)
-        items: dict[str, Any] = {}
         with self.cc.ctx.db.read() as conn:
-            for r in store.rows(conn, project, None, store.INSTANCES):
-                scoped = items.setdefault(r["location"], {"instances": []})
-                scoped["instances"].append(slices.instance_json(r, store.node_of(conn, r), now))
-        return {
-            "kind": "compute#instanceAggregatedList",
-            "id": f"projects/{project}/aggregated/instances",
-            "items": items,
-            "selfLink": links.link(project, "aggregated", "instances"),
-        }
+            items = [
+                (r["location"], slices.instance_json(r, store.node_of(conn, r), now))
+                for r in store.rows(conn, project, None, store.INSTANCES)
+            ]
+        return listing.aggregated(
+            kind="compute#instanceAggregatedList",
+            project=project,
+            collection=store.INSTANCES,
+            scopes=[
+                *(listing.region_scopes(self.cc.ctx.world) if query.all_scopes else []),
+                *listing.zone_scopes(self.cc.ctx.world),
+            ],
+            items=items,
+            query=query,
+        )
 
     def delete(self, project: str, zone: str, name: str) -> dict[str, Any]:
         ctx, world = self.cc.ctx, self.cc.ctx.world

@@ -6,13 +6,12 @@ client library takes it for a success (ce-tpu-facts §6)."""
 from __future__ import annotations
 
 import json
-import re
 import secrets
 import sqlite3
 from typing import Any
 
 from tpuctl.sim.compute import links
-from tpuctl.sim.compute.errors import invalid_field, not_found
+from tpuctl.sim.compute.errors import not_found
 
 #: The account operations name as their user (Compute writes the caller's email).
 USER = "tpuctl-sim-user@tpuctl-sim.iam.gserviceaccount.com"
@@ -134,18 +133,3 @@ def op_json(row: sqlite3.Row) -> dict[str, Any]:
             out["httpErrorStatusCode"], out["httpErrorMessage"] = error["http"]
             out["error"] = {"errors": error["errors"]}
     return out
-
-
-_FILTER_RE = re.compile(r'^\(?\s*([A-Za-z]+)\s*(?:=|eq)\s*"?([^"()\s]*)"?\s*\)?$')
-
-
-def matches(op: dict[str, Any], filter_text: str) -> bool:
-    """Compute's list filter, the one form a client needs here: ``field = "value"`` (or ``field eq
-    value``) on a top-level string field; any other filter is refused (stricter than Google)."""
-    if not filter_text.strip():
-        return True
-    match = _FILTER_RE.match(filter_text.strip())
-    if match is None:
-        raise invalid_field("filter", filter_text, "Invalid list filter expression.")
-    field, value = match.groups()
-    return str(op.get(field, "")) == value

@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from tpuctl.sim.compute.errors import ComputeError, invalid_field
+from tpuctl.sim.compute.listing import ListQuery
 from tpuctl.sim.exchange import SimRequest, first
 
 Answer = Mapping[str, Any]
@@ -56,7 +57,16 @@ ROUTES: tuple[tuple[str, str, Handler], ...] = (
     ("GET", _Z + rf"/machineTypes/{_S}", lambda e, r, a: _c(e).get_machine_type(*a)),
     ("POST", _INST, lambda e, r, a: _c(e).instances.insert(a[0], a[1], dict(r.body))),
     ("GET", _INST, lambda e, r, a: _c(e).instances.list(a[0], a[1], *_page(r))),
-    ("GET", _P + "/aggregated/instances", lambda e, r, a: _c(e).instances.aggregated_list(a[0])),
+    (
+        "GET",
+        _P + "/aggregated/instances",
+        lambda e, r, a: _c(e).instances.aggregated_list(a[0], ListQuery.of(r.query)),
+    ),
+    (
+        "GET",
+        _P + "/aggregated/instanceGroupManagers",
+        lambda e, r, a: _c(e).groups.aggregated_list_migs(a[0], ListQuery.of(r.query)),
+    ),
     ("GET", _INST + rf"/{_S}", lambda e, r, a: _c(e).instances.get(*a)),
     ("DELETE", _INST + rf"/{_S}", lambda e, r, a: _c(e).instances.delete(*a)),
     ("GET", _Z + "/operations", _ops_list("zones")),

@@ -9,6 +9,7 @@ from tpuctl.sim.compute import links, quota, store
 from tpuctl.sim.compute.context import ComputeContext
 from tpuctl.sim.compute.errors import invalid, not_found
 from tpuctl.sim.compute.instances import Instances
+from tpuctl.sim.compute.listing import matches
 from tpuctl.sim.compute.machines import (
     check_region,
     check_zone,
@@ -17,7 +18,7 @@ from tpuctl.sim.compute.machines import (
     zone_json,
     zone_machines,
 )
-from tpuctl.sim.compute.operations import matches, op_json, op_row
+from tpuctl.sim.compute.operations import op_json, op_row
 from tpuctl.sim.compute.progress import Progress
 from tpuctl.sim.engine.capacity import Capacity
 from tpuctl.sim.engine.context import Context
