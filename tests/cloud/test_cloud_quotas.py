@@ -1,7 +1,9 @@
-"""Cloud Quotas client (httpx) against respx: recorded-shape QuotaInfos, pagination, auth, errors."""
+"""Cloud Quotas client (httpx) against respx: recorded-shape QuotaInfos, pagination, auth, errors; and
+Compute Engine's TPU quotas with their ``tpu_family`` dimension, from respx and from the simulator."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -9,9 +11,10 @@ import pytest
 import respx
 
 from tpuctl.cloud.base import QuotaLimit
-from tpuctl.cloud.quotas import CloudQuotasClient, parse_quota_infos
+from tpuctl.cloud.quotas import CloudQuotasClient, is_compute_tpu_quota, parse_quota_infos
 from tpuctl.cloud.retry import RetryPolicy
 from tpuctl.errors import CloudError, PermissionDeniedError, RateLimitedError, UnauthenticatedError
+from tpuctl.testing.cloud import ENDPOINT, InProcessSim, httpx_transport
 
 BASE = "https://cloudquotas.googleapis.com"
 URL = f"{BASE}/v1/projects/p/locations/global/services/tpu.googleapis.com/quotaInfos"
@@ -279,3 +282,132 @@ def test_default_entries_become_rows(
         "dimensionsInfos": entries,
     }
     assert {(r.zone, r.region, r.limit) for r in parse_quota_infos([raw])} == expected
+
+
+# --- Compute Engine's TPU quotas (service compute.googleapis.com; ce-tpu-facts §4.1) -------------------
+
+COMPUTE_URL = f"{BASE}/v1/projects/p/locations/global/services/compute.googleapis.com/quotaInfos"
+FAMILY_Q = "TPUS-PER-TPU-FAMILY-per-project-region"
+TPU7X_SPOT_Q = "PREEMPTIBLE-TPU7X-per-project-region"
+REGIONS = ["europe-west4", "us-central1", "us-east5"]
+
+
+def compute_info(quota_id: str, dims: list[str], entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """A Compute Engine QuotaInfo as Cloud Quotas answers (google/api/cloudquotas/v1/resources.proto)."""
+    return {
+        "name": f"projects/123/locations/global/services/compute.googleapis.com/quotaInfos/{quota_id}",
+        "quotaId": quota_id,
+        "metric": f"compute.googleapis.com/{quota_id.split('-per-')[0].lower().replace('-', '_')}",
+        "service": "compute.googleapis.com",
+        "isPrecise": True,
+        "containerType": "PROJECT",
+        "dimensions": dims,
+        "metricDisplayName": quota_id,
+        "quotaDisplayName": quota_id,
+        "metricUnit": "1",
+        "quotaIncreaseEligibility": {"isEligible": True},
+        "isFixed": False,
+        "isConcurrent": False,
+        "dimensionsInfos": entries,
+    }
+
+
+COMPUTE_PAGE = {
+    "quotaInfos": [
+        # Compute Engine lists all of its quotas; only the TPU ones are kept.
+        compute_info("CPUS-per-project-region", ["region"],
+                     [{"details": {"value": "24"}, "applicableLocations": REGIONS}]),
+        compute_info(
+            "GPUS-PER-GPU-FAMILY-per-project-region",
+            ["region", "gpu_family"],
+            [{"dimensions": {"region": "us-central1", "gpu_family": "NVIDIA_H100"}, "details": {"value": "8"},
+              "applicableLocations": ["us-central1"]}],
+        ),
+        compute_info(
+            FAMILY_Q,
+            ["region", "tpu_family"],
+            [
+                # The project default for every family: unset reads as 0 (proto3 omits the zero).
+                {"details": {}, "applicableLocations": REGIONS},
+                # CT6E everywhere, and more of it in us-east5.
+                {"dimensions": {"tpu_family": "CT6E"}, "details": {"value": "32"},
+                 "applicableLocations": REGIONS},
+                {"dimensions": {"region": "us-east5", "tpu_family": "CT6E"}, "details": {"value": "64"},
+                 "applicableLocations": ["us-east5"]},
+                {"dimensions": {"region": "us-central1", "tpu_family": "TPU7X"}, "details": {"value": "128"},
+                 "applicableLocations": ["us-central1"]},
+            ],
+        ),
+        compute_info(TPU7X_SPOT_Q, ["region"],
+                     [{"details": {"value": "64"}, "applicableLocations": ["us-central1"]}]),
+    ]
+}  # fmt: skip
+
+
+@respx.mock
+def test_compute_tpu_quotas_keep_their_family_and_nothing_else_is_read() -> None:
+    respx.get(COMPUTE_URL).mock(return_value=httpx.Response(200, json=COMPUTE_PAGE))
+    rows = client(service="compute.googleapis.com").list_quota_limits("p")
+    assert {(r.quota_id, r.region, r.tpu_family, r.limit) for r in rows} == {
+        (FAMILY_Q, "europe-west4", None, 0),
+        (FAMILY_Q, "us-central1", None, 0),
+        (FAMILY_Q, "us-east5", None, 0),
+        (FAMILY_Q, "europe-west4", "CT6E", 32),
+        (FAMILY_Q, "us-central1", "CT6E", 32),
+        (FAMILY_Q, "us-east5", "CT6E", 64),  # the region's own entry wins over the family's default
+        (FAMILY_Q, "us-central1", "TPU7X", 128),
+        (TPU7X_SPOT_Q, "us-central1", None, 64),
+    }
+    assert all(r.zone is None for r in rows)
+    assert {r.metric for r in rows if r.quota_id == FAMILY_Q} == {
+        "compute.googleapis.com/tpus_per_tpu_family"
+    }
+
+
+def test_a_region_entry_for_every_family_beats_a_family_default() -> None:
+    # {"region": R} names R for every family; {"tpu_family": F} names F everywhere else (Cloud Quotas: a
+    # missing dimension covers the values without an entry of their own). Place outranks family.
+    raw = compute_info(
+        FAMILY_Q,
+        ["region", "tpu_family"],
+        [
+            {"dimensions": {"tpu_family": "TPU7X"}, "details": {"value": "64"},
+             "applicableLocations": REGIONS},
+            {"dimensions": {"region": "us-east5"}, "details": {"value": "8"},
+             "applicableLocations": ["us-east5"]},
+        ],
+    )  # fmt: skip
+    rows = {(r.region, r.tpu_family): r.limit for r in parse_quota_infos([raw])}
+    assert rows == {("europe-west4", "TPU7X"): 64, ("us-central1", "TPU7X"): 64, ("us-east5", None): 8}
+
+
+@pytest.mark.parametrize(
+    ("quota_id", "tpu"),
+    [
+        (FAMILY_Q, True),
+        (TPU7X_SPOT_Q, True),
+        ("PREEMPTIBLE-TPU-V6E-per-project-region", True),
+        ("TPU-LITE-PODSLICE-V5-per-project-zone", True),
+        ("CPUS-per-project-region", False),
+        ("GPUS-PER-GPU-FAMILY-per-project-region", False),
+        ("NVIDIA-H100-GPUS-per-project-region", False),
+    ],
+)
+def test_which_compute_quotas_are_tpu_ones(quota_id: str, tpu: bool) -> None:
+    assert is_compute_tpu_quota(quota_id) is tpu
+
+
+def test_compute_quotas_are_read_from_the_simulator(tmp_path: Path) -> None:
+    with InProcessSim(tmp_path) as sim:
+        quotas = CloudQuotasClient.for_simulator(
+            ENDPOINT, service="compute.googleapis.com", retry=FAST, transport=httpx_transport(sim.engine)
+        )
+        rows = quotas.list_quota_limits(sim.world.project)
+    family = {(r.region, r.tpu_family): r.limit for r in rows if r.quota_id == FAMILY_Q}
+    # The bundled world: TPU7X 128 and CT6E 256 in every region, other families 0.
+    assert family[("us-central1", "TPU7X")] == 128
+    assert family[("us-central1", "CT6E")] == 256
+    assert family[("us-central1", None)] == 0
+    spot = {r.region: r.limit for r in rows if r.quota_id == TPU7X_SPOT_Q}
+    assert spot["us-central1"] == 128
+    assert not any(r.quota_id.endswith("ForTPUAPI") for r in rows)  # the TPU API's pool is not here

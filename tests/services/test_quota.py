@@ -1,5 +1,6 @@
 """Reading quotas as Google serves them: default entries honoured, an unlisted or unreadable quota unknown
-(tried, never 0), the v5e serving family for single-host shapes."""
+(tried, never 0), the v5e serving family for single-host shapes; Compute Engine slices on Compute Engine's
+own quotas, per TPU family, in chips."""
 
 from __future__ import annotations
 
@@ -9,12 +10,12 @@ from typing import Any
 import pytest
 from allocator_helpers import SimEnv
 
-from tpuctl.catalog import CapacityType, Catalog
-from tpuctl.cloud.base import QuotaLimit
+from tpuctl.catalog import CapacityType, Catalog, Surface
+from tpuctl.cloud.base import Node, QuotaLimit
 from tpuctl.cloud.quotas import parse_quota_infos
 from tpuctl.errors import PermissionDeniedError
 from tpuctl.services.placement import QuotaCheck
-from tpuctl.services.quota import QuotaBook
+from tpuctl.services.quota import QuotaBook, QuotaKey
 
 V5E_SPOT_Z = "TPUV5sPreemptibleLitepodPerProjectPerZoneForTPUAPI"
 
@@ -89,7 +90,7 @@ def test_single_host_v5e_is_checked_against_the_serving_family(
     type_name: str, capacity: CapacityType, quota_ids: list[str]
 ) -> None:
     accel = Catalog.load().resolve(type_name)
-    assert [qid for qid, _ in QuotaBook.keys_for(accel, "us-central1-a", capacity)] == quota_ids
+    assert [k.quota_id for k in QuotaBook.keys_for(accel, "us-central1-a", capacity)] == quota_ids
 
 
 def test_cloud_quotas_403_lets_placement_go_on_with_a_warning(
@@ -125,3 +126,107 @@ def test_an_unlisted_quota_is_unknown_in_the_dry_run_plan(
         w.endswith("unknown — try and let the create answer") and V5E_SPOT_Z in w for w in plan.warnings
     )
     assert plan.to_dict()["warnings"] == plan.warnings
+
+
+# --- Compute Engine slices draw on Compute Engine's quotas (disjoint from the TPU API's; facts §4.1) -----
+
+FAMILY_Q = "TPUS-PER-TPU-FAMILY-per-project-region"
+TPU7X_SPOT_Q = "PREEMPTIBLE-TPU7X-per-project-region"
+CE_ZONE = "us-central1-c"
+
+
+@pytest.mark.parametrize(
+    ("type_name", "capacity", "surface", "keys"),
+    [
+        ("tpu7x-64", CapacityType.SPOT, Surface.COMPUTE, [QuotaKey(TPU7X_SPOT_Q, "us-central1")]),
+        ("tpu7x-64", CapacityType.ON_DEMAND, Surface.COMPUTE, [QuotaKey(FAMILY_Q, "us-central1", "TPU7X")]),
+        ("v6e-8", CapacityType.ON_DEMAND, Surface.COMPUTE, [QuotaKey(FAMILY_Q, "us-central1", "CT6E")]),
+        ("v6e-8", CapacityType.SPOT, Surface.COMPUTE,
+         [QuotaKey("PREEMPTIBLE-TPU-V6E-per-project-region", "us-central1")]),
+        ("v5p-8", CapacityType.ON_DEMAND, Surface.COMPUTE, [QuotaKey("TPU-V5P-per-project-zone", CE_ZONE)]),
+        ("tpu7x-64", CapacityType.RESERVED, Surface.COMPUTE, []),
+        # The same v6e through the TPU API: the TPU API's own ids, per zone and per region.
+        ("v6e-8", CapacityType.ON_DEMAND, Surface.TPU_API,
+         [QuotaKey("TPUV6EPerProjectPerZoneForTPUAPI", CE_ZONE),
+          QuotaKey("TPUV6EPerProjectPerRegionForTPUAPI", "us-central1")]),
+    ],
+)  # fmt: skip
+def test_a_slice_draws_on_its_surfaces_quotas(
+    type_name: str, capacity: CapacityType, surface: Surface, keys: list[QuotaKey]
+) -> None:
+    accel = Catalog.load().resolve(type_name)
+    assert QuotaBook.keys_for(accel, CE_ZONE, capacity, surface) == keys
+
+
+def _ce_node(name: str, type_name: str, capacity: CapacityType, state: str = "READY") -> Node:
+    return Node(name, CE_ZONE, type_name, state, capacity, surface=Surface.COMPUTE)
+
+
+def _ce_limits() -> list[QuotaLimit]:
+    metric = "compute.googleapis.com/tpus_per_tpu_family"
+    return [
+        QuotaLimit(FAMILY_Q, metric, 0, region="us-central1"),  # every family without its own row
+        QuotaLimit(FAMILY_Q, metric, 128, region="us-central1", tpu_family="TPU7X"),
+        QuotaLimit(FAMILY_Q, metric, 256, region="us-central1", tpu_family="CT6E"),
+        QuotaLimit(TPU7X_SPOT_Q, "compute.googleapis.com/preemptible_tpu7x", 64, region="us-central1"),
+        QuotaLimit("TPUV6EPerProjectPerZoneForTPUAPI", "tpu.googleapis.com/tpu-v6e", 64, zone=CE_ZONE),
+    ]
+
+
+def test_compute_engine_slices_are_counted_per_family_in_chips() -> None:
+    catalog = Catalog.load()
+    nodes = [
+        _ce_node("spot-7x", "tpu7x-64", CapacityType.SPOT),  # 32 chips
+        _ce_node("od-7x", "tpu7x-32", CapacityType.ON_DEMAND),  # 16 chips
+        _ce_node("dead-7x", "tpu7x-8", CapacityType.ON_DEMAND, state="TERMINATED"),  # 4 chips, held
+        _ce_node("od-6e", "v6e-8", CapacityType.ON_DEMAND),
+        Node("tpu-6e", CE_ZONE, "v6e-4", "READY", CapacityType.ON_DEMAND),  # the TPU API's pool
+    ]
+    book = QuotaBook(catalog, _ce_limits(), nodes)
+    tpu7x = catalog.resolve("tpu7x-64")
+
+    (spot,) = book.uses_for(tpu7x, CE_ZONE, CapacityType.SPOT, Surface.COMPUTE)
+    assert (spot.quota_id, spot.location, spot.tpu_family) == (TPU7X_SPOT_Q, "us-central1", None)
+    assert (spot.limit, spot.in_use, spot.available, spot.unit) == (64, 32, 32, "chips")
+    assert spot.surface is Surface.COMPUTE
+
+    (od,) = book.uses_for(tpu7x, CE_ZONE, CapacityType.ON_DEMAND, Surface.COMPUTE)
+    assert (od.quota_id, od.tpu_family, od.limit, od.in_use, od.reclaimable) == (FAMILY_Q, "TPU7X", 128, 20, 4)
+    assert book.holders(FAMILY_Q, "us-central1", "TPU7X") == ["slice dead-7x (TERMINATED, us-central1-c)"]
+    assert book.holders(FAMILY_Q, "us-central1") == []  # no other family's slice is named
+
+    (ct6e,) = book.uses_for(catalog.resolve("v6e-8"), CE_ZONE, CapacityType.ON_DEMAND, Surface.COMPUTE)
+    assert (ct6e.tpu_family, ct6e.limit, ct6e.in_use) == ("CT6E", 256, 8)  # not the TPU API's v6e-4
+    tpu_api = book.uses_for(catalog.resolve("v6e-8"), CE_ZONE, CapacityType.ON_DEMAND)
+    assert [(u.quota_id, u.in_use, u.surface) for u in tpu_api] == [
+        ("TPUV6EPerProjectPerZoneForTPUAPI", 4, Surface.TPU_API),
+        ("TPUV6EPerProjectPerRegionForTPUAPI", 4, Surface.TPU_API),
+    ]
+
+
+def test_a_family_without_its_own_row_takes_the_quotas_default() -> None:
+    limits = [row for row in _ce_limits() if row.tpu_family != "TPU7X"]
+    book = QuotaBook(Catalog.load(), limits, [])
+    (od,) = book.uses_for(Catalog.load().resolve("tpu7x-8"), CE_ZONE, CapacityType.ON_DEMAND, Surface.COMPUTE)
+    assert (od.tpu_family, od.limit) == ("TPU7X", 0)
+    assert QuotaCheck.from_use(od, needed=4).fits is False
+
+
+def test_every_compute_quota_is_listed_with_its_family() -> None:
+    book = QuotaBook(Catalog.load(), _ce_limits(), [_ce_node("od-7x", "tpu7x-32", CapacityType.ON_DEMAND)])
+    rows = {(u.quota_id, u.location, u.tpu_family): u.to_dict() for u in book.all_uses()}
+    assert rows[(FAMILY_Q, "us-central1", "TPU7X")] == {
+        "quota_id": FAMILY_Q,
+        "scope": "region",
+        "location": "us-central1",
+        "limit": 128,
+        "in_use": 16,
+        "available": 112,
+        "unit": "chips",
+        "preempted_holding": 0,
+        "reclaimable": 0,
+        "tpu_family": "TPU7X",
+        "surface": "compute",
+    }
+    assert rows[(FAMILY_Q, "us-central1", None)]["limit"] == 0
+    assert rows[("TPUV6EPerProjectPerZoneForTPUAPI", CE_ZONE, None)]["surface"] == "tpu"

@@ -124,13 +124,17 @@ class QueuedResource:
 
 @dataclass(frozen=True)
 class QuotaLimit:
-    """One limit from Cloud Quotas (quotaInfos): a quota id, where it applies, and the limit."""
+    """One limit from Cloud Quotas (quotaInfos): a quota id, where it applies (and for which TPU family),
+    and the limit."""
 
     quota_id: str
     metric: str
     limit: int  # -1 means unlimited
     zone: str | None = None
     region: str | None = None
+    # Compute Engine's per-family quota (TPUS-PER-TPU-FAMILY-per-project-region) has one limit per
+    # ``tpu_family`` (CT6E, TPU7X, ...); None: every family without its own row, or no such dimension.
+    tpu_family: str | None = None
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,17 @@
 """Cloud Quotas API client (httpx): the TPU quota *limits* of a project, from ``quotaInfos.list``.
 
-``GET {base}/v1/projects/{project}/locations/global/services/tpu.googleapis.com/quotaInfos`` with
-``pageToken`` pagination. A QuotaInfo's ``dimensionsInfos`` hold per-location overrides
-(``{"dimensions": {"zone": Z}, ...}``) plus one entry with empty (omitted) ``dimensions``: the project
-default for every location in its ``applicableLocations``. Each location becomes one ``QuotaLimit`` row
-(an override wins over the default); a default with no locations listed becomes one row without a
-location, the limit wherever no row says otherwise. ``details.value`` is an int64, so JSON carries it as
-a string; proto3 JSON omits zero values, so a missing ``value`` means a limit of 0 (and ``-1`` means
-unlimited).
+``GET {base}/v1/projects/{project}/locations/global/services/{service}/quotaInfos`` with ``pageToken``
+pagination, for the TPU API (``tpu.googleapis.com``) or Compute Engine (``compute.googleapis.com``, whose
+TPU quotas are a pool of their own: ce-tpu-facts §4.1). Compute Engine lists every quota it has (CPUs,
+GPUs, disks, addresses...); only its TPU quotas are kept.
+
+A QuotaInfo's ``dimensionsInfos`` hold per-location overrides (``{"dimensions": {"zone": Z}, ...}``;
+Compute Engine's per-family quota adds ``tpu_family``) plus one entry with empty (omitted) ``dimensions``:
+the project default for every location in its ``applicableLocations``. Each location (and family) becomes
+one ``QuotaLimit`` row (an override wins over the default); a default with no locations listed becomes one
+row without a location, the limit wherever no row says otherwise. ``details.value`` is an int64, so JSON
+carries it as a string; proto3 JSON omits zero values, so a missing ``value`` means a limit of 0 (and
+``-1`` means unlimited).
 
 Against Google the base URL is ``https://cloudquotas.googleapis.com`` with a bearer token from
 google-auth credentials (refreshed when expired); against the simulator it is the simulator's URL with no
@@ -18,7 +22,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from tpuctl.cloud.base import QuotaLimit
@@ -32,6 +36,7 @@ if TYPE_CHECKING:
 
 GOOGLE_QUOTAS_URL = "https://cloudquotas.googleapis.com"
 TPU_SERVICE = "tpu.googleapis.com"
+COMPUTE_SERVICE = "compute.googleapis.com"
 _SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
 _MAX_PAGES = 1000  # a server that keeps handing out new page tokens must not loop us forever
 
@@ -50,7 +55,9 @@ class CloudQuotasClient:
         page_size: int = 500,
         transport: httpx.BaseTransport | None = None,
         sleep: Sleep | None = None,
+        keep: Callable[[str], bool] | None = None,
     ) -> None:
+        """``keep``: which quota ids to read (default: all of the TPU API's; Compute Engine's TPU ones)."""
         self.base_url = base_url.rstrip("/")
         self.service = service
         self._credentials = credentials
@@ -60,6 +67,7 @@ class CloudQuotasClient:
         self._transport = transport
         self._sleep = sleep
         self._client: httpx.Client | None = None
+        self._keep = keep or (is_compute_tpu_quota if service == COMPUTE_SERVICE else None)
 
     def __repr__(self) -> str:  # never show the credentials
         return f"CloudQuotasClient(base_url={self.base_url!r}, service={self.service!r})"
@@ -79,8 +87,11 @@ class CloudQuotasClient:
     # ----------------------------------------------------------------------------------------------
 
     def list_quota_limits(self, project: str) -> list[QuotaLimit]:
-        """Every limit of the service, one row per (quota id, place)."""
-        return parse_quota_infos(self.list_quota_infos(project))
+        """Every limit of the service, one row per (quota id, TPU family, place)."""
+        infos = self.list_quota_infos(project)
+        if self._keep is not None:
+            infos = [i for i in infos if self._keep(_quota_id(i))]
+        return parse_quota_infos(infos)
 
     def list_quota_infos(self, project: str) -> list[dict[str, Any]]:
         """The raw QuotaInfo objects, all pages."""
@@ -168,43 +179,70 @@ def parse_quota_infos(infos: list[dict[str, Any]]) -> list[QuotaLimit]:
     """QuotaInfo JSON objects -> one ``QuotaLimit`` per (quota id, location), defaults expanded."""
     rows: list[QuotaLimit] = []
     for info in infos:
-        quota_id = str(info.get("quotaId") or str(info.get("name", "")).rsplit("/", 1)[-1])
+        quota_id = _quota_id(info)
         if not quota_id:
             raise CloudError(f"quota info without quotaId or name: {json.dumps(info)[:200]}")
         rows.extend(_info_rows(info, quota_id))
     return rows
 
 
+def is_compute_tpu_quota(quota_id: str) -> bool:
+    """Whether a Compute Engine quota id is a TPU one: TPUS-PER-TPU-FAMILY-per-project-region,
+    PREEMPTIBLE-TPU7X-per-project-region, TPU-V5P-per-project-zone, TPU-LITE-PODSLICE-V5-... (facts §4.1);
+    not CPUS-..., GPUS-PER-GPU-FAMILY-... or the hundreds of others."""
+    return any(part.startswith("TPU") for part in quota_id.upper().split("-"))
+
+
+def _quota_id(info: Mapping[str, Any]) -> str:
+    return str(info.get("quotaId") or str(info.get("name", "")).rsplit("/", 1)[-1])
+
+
 def _info_rows(info: Mapping[str, Any], quota_id: str) -> list[QuotaLimit]:
+    """One row per (tpu_family, place). An entry without a dimension applies to every value of it that
+    has no entry of its own (Cloud Quotas' rule), so the most specific entry wins: one naming the place
+    over one naming only the family, then the family over neither. Ranking the place above the family
+    is the simulator's reading too (``World.compute_quota_limit``); Google's own is unconfirmed."""
     metric = str(info.get("metric", ""))
     scopes = info.get("dimensions") or []
     scope = "region" if "region" in scopes and "zone" not in scopes else "zone"
-    overrides: dict[str, QuotaLimit] = {}
-    defaults: list[QuotaLimit] = []
+    best: dict[tuple[str | None, str | None], tuple[int, QuotaLimit]] = {}
     for entry in info.get("dimensionsInfos", []) or []:
         if not isinstance(entry, Mapping):
             continue
         dims = entry.get("dimensions") or {}
-        limit = _limit_value(entry, quota_id)
-        zone = dims.get("zone") if isinstance(dims, Mapping) else None
-        region = dims.get("region") if isinstance(dims, Mapping) else None
-        if zone or region:
-            row = QuotaLimit(
-                quota_id, metric, limit, str(zone) if zone else None, str(region) if region else None
-            )
-            overrides[str(zone or region)] = row
-            continue
-        # The project default: it applies to every location it lists (Google lists them).
-        places = [str(loc) for loc in entry.get("applicableLocations") or [] if loc and loc != "global"]
-        if not places:
-            defaults.append(QuotaLimit(quota_id, metric, limit))
-        for place in places:
-            at_zone = scope == "zone" and place.count("-") >= 2
-            defaults.append(
-                QuotaLimit(quota_id, metric, limit, place if at_zone else None, None if at_zone else place)
-            )
-    kept = [d for d in defaults if (d.zone or d.region or "") not in overrides]
-    return kept + list(overrides.values())
+        dims = dims if isinstance(dims, Mapping) else {}
+        family = str(dims["tpu_family"]) if dims.get("tpu_family") else None
+        rank = 2 * bool(dims.get("zone") or dims.get("region")) + (family is not None)
+        for zone, region in _entry_places(entry, dims, scope):
+            row = QuotaLimit(quota_id, metric, _limit_value(entry, quota_id), zone, region, family)
+            key = (family, zone or region)
+            if key not in best or rank >= best[key][0]:
+                best[key] = (rank, row)
+    # A family's default does not reach a place that has its own entry for every family.
+    kept = {
+        key: (rank, row)
+        for key, (rank, row) in best.items()
+        if key[0] is None or best.get((None, key[1]), (-1,))[0] <= rank
+    }
+    # Defaults first, then the entries naming a place, each in the order the API listed them.
+    return [row for rank, row in kept.values() if rank < 2] + [
+        row for rank, row in kept.values() if rank >= 2
+    ]
+
+
+def _entry_places(
+    entry: Mapping[str, Any], dims: Mapping[str, Any], scope: str
+) -> list[tuple[str | None, str | None]]:
+    """(zone, region) pairs an entry applies to: the place it names, else every location it lists (a
+    default; Google lists them), else one row without a place: the limit wherever no row says otherwise."""
+    zone, region = dims.get("zone"), dims.get("region")
+    if zone or region:
+        return [(str(zone) if zone else None, str(region) if region else None)]
+    places = [str(loc) for loc in entry.get("applicableLocations") or [] if loc and loc != "global"]
+    if not places:
+        return [(None, None)]
+    zonal = [scope == "zone" and place.count("-") >= 2 for place in places]
+    return [(place, None) if at_zone else (None, place) for place, at_zone in zip(places, zonal, strict=True)]
 
 
 def _limit_value(entry: Mapping[str, Any], quota_id: str) -> int:

@@ -8,6 +8,14 @@ allocator names the holders when a request is short of that quota.
 A limit is *unknown* when Cloud Quotas does not list the quota id, or could not be read at all (a 403:
 the API not enabled, or a caller with roles/tpu.admin only): placement then tries and lets the create
 answer, as it would have worked without the check; it never counts an unknown limit as 0.
+
+The two surfaces draw on disjoint pools (ce-tpu-facts §4.1): a TPU API slice on the TPU API's quota ids
+(``TPUV6EPerProjectPerZoneForTPUAPI``, per zone and per region), a Compute Engine slice on Compute
+Engine's (``TPUS-PER-TPU-FAMILY-per-project-region`` with its ``tpu_family`` dimension on demand, a
+per-generation ``PREEMPTIBLE-...`` one for spot and flex-start), counted in chips. So a key is (quota id,
+location, TPU family), the family None for every quota without that dimension. Flex-start (not a capacity
+tpuctl places yet) spends the preemptible quota first and falls back to the per-family one (facts §1.4):
+charge it to the preemptible quota only when it comes, the stricter reading, as the simulator does.
 """
 
 from __future__ import annotations
@@ -15,9 +23,9 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
-from tpuctl.catalog import AcceleratorType, CapacityType, Catalog, region_of_zone
+from tpuctl.catalog import AcceleratorType, CapacityType, Catalog, Surface, region_of_zone
 from tpuctl.cloud.base import DEAD_QUEUED_STATES, Node, QueuedResource, QuotaLimit, TpuCloud
 from tpuctl.errors import UsageError
 
@@ -36,6 +44,10 @@ class QuotaUse:
     # of in_use, units held by anything dead that `pod gc` deletes: PREEMPTED or TERMINATED slices and
     # FAILED or SUSPENDED queued resources
     reclaimable: int = 0
+    # Compute Engine's per-family quota: the family this row counts; None for every other quota (and for
+    # a per-family quota's limit that holds for the families without a row of their own).
+    tpu_family: str | None = None
+    surface: Surface = Surface.TPU_API  # whose pool: the TPU API's or Compute Engine's
 
     @property
     def known(self) -> bool:
@@ -59,11 +71,26 @@ class QuotaUse:
             "unit": self.unit,
             "preempted_holding": self.preempted_holding,
             "reclaimable": self.reclaimable,
+            "tpu_family": self.tpu_family,
+            "surface": self.surface.value,
         }
 
 
+class QuotaKey(NamedTuple):
+    """One quota at one location, for one TPU family where the quota has that dimension."""
+
+    quota_id: str
+    location: str
+    tpu_family: str | None = None
+
+    @property
+    def order(self) -> tuple[str, str, str]:
+        return (self.quota_id, self.location, self.tpu_family or "")
+
+
 class QuotaBook:
-    """Limits and usage, looked up by (quota id, location). Built from one listing: a snapshot."""
+    """Limits and usage, looked up by (quota id, location, TPU family). Built from one listing: a
+    snapshot."""
 
     def __init__(
         self,
@@ -74,31 +101,45 @@ class QuotaBook:
     ) -> None:
         """``limits`` None: Cloud Quotas could not be read, so every limit is unknown."""
         self._catalog = catalog
-        self._limits: dict[tuple[str, str], QuotaLimit] = {}
-        self._defaults: dict[str, QuotaLimit] = {}  # a default entry that named no locations
+        self._limits: dict[QuotaKey, QuotaLimit] = {}
+        # A default entry that named no locations, by (quota id, TPU family).
+        self._defaults: dict[tuple[str, str | None], QuotaLimit] = {}
+        self._compute_ids = compute_quota_ids(catalog)
         for limit in limits or ():
             location = limit.zone or limit.region
             if location:
-                self._limits[(limit.quota_id, location)] = limit
+                self._limits[QuotaKey(limit.quota_id, location, limit.tpu_family)] = limit
             else:
-                self._defaults[limit.quota_id] = limit
-        self._use: dict[tuple[str, str], int] = defaultdict(int)
-        self._preempted: dict[tuple[str, str], int] = defaultdict(int)
-        self._reclaimable: dict[tuple[str, str], int] = defaultdict(int)
-        self._holders: dict[tuple[str, str], list[str]] = defaultdict(list)
+                self._defaults[(limit.quota_id, limit.tpu_family)] = limit
+            if limit.tpu_family or limit.metric.startswith("compute.googleapis.com/"):
+                self._compute_ids.add(limit.quota_id)
+        self._use: dict[QuotaKey, int] = defaultdict(int)
+        self._preempted: dict[QuotaKey, int] = defaultdict(int)
+        self._reclaimable: dict[QuotaKey, int] = defaultdict(int)
+        self._holders: dict[QuotaKey, list[str]] = defaultdict(list)
+        listed = self._count_nodes(nodes)
+        self._count_queued(queued_resources, listed)
+
+    def _count_nodes(self, nodes: Iterable[Node]) -> set[tuple[str, str]]:
+        """Count every node in the listing; the (zone, name) of each, for the queued resources."""
         listed: set[tuple[str, str]] = set()
         for node in nodes:
             listed.add((node.zone, node.name))
             accel = self._resolve(node.accelerator_type)
             if accel is None:
                 continue
-            for key in self.keys_for(accel, node.zone, node.capacity):
-                self._use[key] += accel.quota_units
+            units = quota_units(accel, node.surface)
+            for key in self.keys_for(accel, node.zone, node.capacity, node.surface):
+                self._use[key] += units
                 if node.state == "PREEMPTED":
-                    self._preempted[key] += accel.quota_units
+                    self._preempted[key] += units
                 if node.is_dead:  # gives nothing, holds quota until deleted
-                    self._reclaimable[key] += accel.quota_units
+                    self._reclaimable[key] += units
                     self._holders[key].append(f"slice {node.name} ({node.state}, {node.zone})")
+        return listed
+
+    def _count_queued(self, queued_resources: Iterable[QueuedResource], listed: set[tuple[str, str]]) -> None:
+        """Queued resources (TPU API only) that hold quota while dead, for their nodes not listed."""
         for qr in queued_resources:
             if qr.state not in DEAD_QUEUED_STATES:
                 continue
@@ -118,9 +159,9 @@ class QuotaBook:
     def from_cloud(cls, cloud: TpuCloud, catalog: Catalog) -> QuotaBook:
         return cls(catalog, cloud.quota_limits(), cloud.list_nodes(None), cloud.list_queued_resources(None))
 
-    def holders(self, quota_id: str, location: str) -> list[str]:
+    def holders(self, quota_id: str, location: str, tpu_family: str | None = None) -> list[str]:
         """What dead slices and queued resources hold of this quota (``pod gc`` frees them)."""
-        return list(self._holders.get((quota_id, location), ()))
+        return list(self._holders.get(QuotaKey(quota_id, location, tpu_family), ()))
 
     def _resolve(self, api_name: str) -> AcceleratorType | None:
         try:
@@ -129,13 +170,26 @@ class QuotaBook:
             return None
 
     @staticmethod
-    def keys_for(accel: AcceleratorType, zone: str, capacity: CapacityType) -> list[tuple[str, str]]:
-        """The (quota id, location) pairs a slice of this type and capacity in ``zone`` draws on."""
+    def keys_for(
+        accel: AcceleratorType, zone: str, capacity: CapacityType, surface: Surface = Surface.TPU_API
+    ) -> list[QuotaKey]:
+        """The quotas a slice of this type and capacity in ``zone`` draws on through ``surface``: the
+        TPU API's per zone and per region, or Compute Engine's one (none for reserved capacity, which
+        draws on its reservation, or for a generation the surface does not serve)."""
         places = {"zone": zone, "region": region_of_zone(zone)}
-        return [(quota_id, places[scope]) for scope, quota_id in accel.quota_ids(capacity)]
+        if surface is Surface.TPU_API:
+            return [QuotaKey(quota_id, places[scope]) for scope, quota_id in accel.quota_ids(capacity)]
+        compute = accel.generation.compute
+        quota = compute.quota(capacity) if compute is not None else None
+        if quota is None:
+            return []
+        return [QuotaKey(quota.quota_id, places[quota.scope], quota.tpu_family)]
 
-    def use(self, quota_id: str, location: str, unit: str = "chips") -> QuotaUse:
-        limit = self._limits.get((quota_id, location)) or self._defaults.get(quota_id)
+    def use(
+        self, quota_id: str, location: str, unit: str = "chips", tpu_family: str | None = None
+    ) -> QuotaUse:
+        key = QuotaKey(quota_id, location, tpu_family)
+        limit = self._limit(key)
         scope = "zone" if location.count("-") >= 2 else "region"
         return QuotaUse(
             quota_id=quota_id,
@@ -143,23 +197,69 @@ class QuotaBook:
             location=location,
             # An id Cloud Quotas does not list is unknown, not zero: the create answers for it.
             limit=limit.limit if limit is not None else None,
-            in_use=self._use.get((quota_id, location), 0),
+            in_use=self._use.get(key, 0),
             unit=unit,
-            preempted_holding=self._preempted.get((quota_id, location), 0),
-            reclaimable=self._reclaimable.get((quota_id, location), 0),
+            preempted_holding=self._preempted.get(key, 0),
+            reclaimable=self._reclaimable.get(key, 0),
+            tpu_family=tpu_family,
+            surface=Surface.COMPUTE if quota_id in self._compute_ids else Surface.TPU_API,
         )
 
-    def uses_for(self, accel: AcceleratorType, zone: str, capacity: CapacityType) -> list[QuotaUse]:
-        unit = accel.generation.quota_unit
-        return [self.use(qid, loc, unit) for qid, loc in self.keys_for(accel, zone, capacity)]
+    def _limit(self, key: QuotaKey) -> QuotaLimit | None:
+        """The most specific row: the location's for the family, the location's for every family, then
+        the same without a location (the order ``parse_quota_infos`` ranks Cloud Quotas' entries in)."""
+        families = dict.fromkeys((key.tpu_family, None))
+        for family in families:
+            if (hit := self._limits.get(key._replace(tpu_family=family))) is not None:
+                return hit
+        for family in families:
+            if (hit := self._defaults.get((key.quota_id, family))) is not None:
+                return hit
+        return None
+
+    def uses_for(
+        self,
+        accel: AcceleratorType,
+        zone: str,
+        capacity: CapacityType,
+        surface: Surface = Surface.TPU_API,
+    ) -> list[QuotaUse]:
+        unit = quota_unit(accel, surface)
+        return [
+            self.use(key.quota_id, key.location, unit, key.tpu_family)
+            for key in self.keys_for(accel, zone, capacity, surface)
+        ]
 
     def all_uses(self) -> list[QuotaUse]:
         keys = set(self._limits) | set(self._use)
-        units = {}
+        units = {qid: "chips" for qid in self._compute_ids}
         for gen in self._catalog.generations.values():
             for family in gen.quota_families():
                 for scope in ("zone", "region"):
                     qid = family.quota_id(scope)
                     if qid:
                         units[qid] = gen.quota_unit
-        return [self.use(qid, loc, units.get(qid, "chips")) for qid, loc in sorted(keys)]
+        return [
+            self.use(key.quota_id, key.location, units.get(key.quota_id, "chips"), key.tpu_family)
+            for key in sorted(keys, key=lambda k: k.order)
+        ]
+
+
+def quota_unit(accel: AcceleratorType, surface: Surface) -> str:
+    """What the quotas a slice draws on count: Compute Engine's count chips (facts §4.1); the TPU API's
+    chips or TensorCores per generation."""
+    return "chips" if surface is Surface.COMPUTE else accel.generation.quota_unit
+
+
+def quota_units(accel: AcceleratorType, surface: Surface) -> int:
+    """How much of its quotas one slice of ``accel`` uses through ``surface``."""
+    return accel.chips if surface is Surface.COMPUTE else accel.quota_units
+
+
+def compute_quota_ids(catalog: Catalog) -> set[str]:
+    """Every Compute Engine TPU quota id the catalog names (on-demand and preemptible)."""
+    ids: set[str] = set()
+    for gen in catalog.generations.values():
+        if gen.compute is not None:
+            ids.update({gen.compute.on_demand_quota.quota_id, gen.compute.preemptible_quota.quota_id})
+    return ids
