@@ -191,7 +191,13 @@ def test_compute_engine_slices_are_counted_per_family_in_chips() -> None:
     assert spot.surface is Surface.COMPUTE
 
     (od,) = book.uses_for(tpu7x, CE_ZONE, CapacityType.ON_DEMAND, Surface.COMPUTE)
-    assert (od.quota_id, od.tpu_family, od.limit, od.in_use, od.reclaimable) == (FAMILY_Q, "TPU7X", 128, 20, 4)
+    assert (od.quota_id, od.tpu_family, od.limit, od.in_use, od.reclaimable) == (
+        FAMILY_Q,
+        "TPU7X",
+        128,
+        20,
+        4,
+    )
     assert book.holders(FAMILY_Q, "us-central1", "TPU7X") == ["slice dead-7x (TERMINATED, us-central1-c)"]
     assert book.holders(FAMILY_Q, "us-central1") == []  # no other family's slice is named
 

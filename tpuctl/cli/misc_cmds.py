@@ -22,34 +22,42 @@ def quota(
     ] = False,
     output: OutputOpt = None,
 ) -> None:
-    """TPU quota limits (Cloud Quotas) against what the existing slices use, per zone and region."""
+    """TPU quota limits (Cloud Quotas) against what the existing slices use, per zone and region: the TPU
+    API's and Compute Engine's (per TPU family), which are separate pools."""
     from tpuctl.services.quota import QuotaBook
 
     out = make_output(ctx, output)
     with session(ctx, out) as sess:
         book = QuotaBook.from_cloud(sess.cloud, sess.catalog)
     uses = [u for u in book.all_uses() if all_ or u.in_use or u.limit != 0]
+    # A per-family quota's row without a family is its limit for every family without a row of its own.
+    per_family = {u.quota_id for u in uses if u.tpu_family}
 
     def limit_text(limit: int | None) -> str | int:
         return "unknown" if limit is None else "unlimited" if limit < 0 else limit
 
     out.rows(
         "quota",
-        ("QUOTA", "LOCATION", "LIMIT", "IN USE", "AVAILABLE", "UNIT", "HELD BY PREEMPTED"),
+        ("QUOTA", "FAMILY", "LOCATION", "LIMIT", "IN USE", "AVAILABLE", "UNIT", "HELD BY PREEMPTED", "API"),
         (
             (
                 u.quota_id,
+                u.tpu_family or ("(others)" if u.quota_id in per_family else ""),
                 u.location,
                 limit_text(u.limit),
                 u.in_use,
                 limit_text(u.limit) if u.available is None else u.available,
                 u.unit,
                 u.preempted_holding or "",
+                u.surface.value,
             )
             for u in uses
         ),
         key="quotas",
         records=[u.to_dict() for u in uses],
+        # Ids are long (TPUS-PER-TPU-FAMILY-per-project-region): never cut, never dropped.
+        keep=frozenset({"QUOTA", "FAMILY", "LOCATION"}),
+        drop=("API", "HELD BY PREEMPTED"),
     )
 
 
