@@ -83,7 +83,7 @@ def admin(serve_sim: Callable[..., SimAdminClient], compute_schema_checked: list
 
 def _compute_get(admin: SimAdminClient, path: str) -> httpx.Response:
     status = admin.status()
-    return httpx.get(f"{admin.url}/compute/v1/projects/{status['project']}/{path}", trust_env=False)
+    return httpx.get(f"{admin.base_url}/compute/v1/projects/{status['project']}/{path}", trust_env=False)
 
 
 def test_a_tpu7x_8_dry_run_plans_one_instance_insert_of_the_tpu7x_machine_type(
@@ -92,7 +92,9 @@ def test_a_tpu7x_8_dry_run_plans_one_instance_insert_of_the_tpu7x_machine_type(
     result = cli("pod", "create", "tpu7x-8", "--zone", ZONE, "--dry-run", "-o", "json")
     assert result.code == 0, result.stderr
     (request,) = result.json["plan"]["requests"]
-    assert request["method"] == "POST" and request["url"].endswith(f"/zones/{ZONE}/instances")
+    url = httpx.URL(request["url"])
+    assert request["method"] == "POST" and url.path.endswith(f"/zones/{ZONE}/instances")
+    assert len(url.params["requestId"]) == 36  # a UUID, as Compute Engine wants it
     body = request["body"]
     assert body["machineType"] == f"zones/{ZONE}/machineTypes/tpu7x-standard-4t"
     assert body["scheduling"]["onHostMaintenance"] == "TERMINATE"
@@ -146,12 +148,15 @@ def test_an_unknown_api_is_refused_naming_the_choices(admin: SimAdminClient, cli
 
 
 def test_a_compute_stockout_fails_over_to_the_next_zone(admin: SimAdminClient, cli: Cli) -> None:
-    admin.stockout(ZONE)
+    # Both zones price TPU7x alike; placement tries us-central1-ai1a first (zone order), which is out.
+    admin.stockout(OTHER_ZONE)
     result = cli("pod", "create", "tpu7x-8", "--zone", ZONE, "--zone", OTHER_ZONE, "-o", "json")
     assert result.code == 0, result.stderr[-3000:]
-    assert result.json["pod"]["zone"] == OTHER_ZONE
-    attempts = result.json["placement"]["attempts"]
-    assert [(a["zone"], a["outcome"]) for a in attempts][:1] == [(ZONE, "stockout")], attempts
+    assert result.json["pod"]["zone"] == ZONE
+    attempts = [(a["zone"], a["outcome"]) for a in result.json["placement"]["attempts"]]
+    assert attempts == [(OTHER_ZONE, "stockout"), (ZONE, "created")], attempts
+    # The stocked-out instance was not left behind.
+    assert [n["zone"] for n in admin.status()["nodes"]] == [ZONE]
 
 
 def test_a_compute_quota_refusal_is_exit_4_naming_the_quota(

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import uuid
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -348,26 +349,32 @@ class ComputeCloud:
     ) -> list[PlannedRequest]:
         accel = self._accelerator(request)
         base = f"{self._endpoint}/compute/v1/projects/{self._project}"
-        query = f"?requestId={request_id}" if request_id else ""
+
+        def query(kind: str) -> str:
+            rid = compute_request_id(request_id, kind, request.name)
+            return f"?requestId={rid}" if rid else ""
+
         if accel.hosts == 1:
             body = shapes.instance_body(request, accel, project=self._project)
-            return [PlannedRequest("POST", f"{base}/zones/{request.zone}/instances{query}", body)]
+            return [
+                PlannedRequest("POST", f"{base}/zones/{request.zone}/instances{query('instances')}", body)
+            ]
         policy_url, template_url = self._part_urls(request.zone, request.name)
         region = _region(request.zone)
         return [
             PlannedRequest(
                 "POST",
-                f"{base}/regions/{region}/resourcePolicies{query}",
+                f"{base}/regions/{region}/resourcePolicies{query('resource_policies')}",
                 shapes.workload_policy_body(request.name, accel.topology),
             ),
             PlannedRequest(
                 "POST",
-                f"{base}/global/instanceTemplates{query}",
+                f"{base}/global/instanceTemplates{query('instance_templates')}",
                 shapes.template_body(request, accel, project=self._project),
             ),
             PlannedRequest(
                 "POST",
-                f"{base}/zones/{request.zone}/instanceGroupManagers{query}",
+                f"{base}/zones/{request.zone}/instanceGroupManagers{query('instance_group_managers')}",
                 shapes.mig_body(request, accel, template_url=template_url, policy_url=policy_url),
             ),
         ]
@@ -594,18 +601,18 @@ class ComputeCloud:
     ) -> dict[str, Any]:
         compute_v1 = _compute_v1()
         resource_field, message_class = _RESOURCE_FIELDS[kind]
-        args: dict[str, Any] = {
+        fields: dict[str, Any] = {
             "project": self._project,
             resource_field: _message(getattr(compute_v1, message_class), body),
-            "timeout": self._timeout,
         }
         if zone is not None:
-            args["zone"] = zone
+            fields["zone"] = zone
         if region is not None:
-            args["region"] = region
-        if request_id:
-            args["request_id"] = request_id
-
+            fields["region"] = region
+        rid = compute_request_id(request_id, kind, str(body["name"]))
+        if rid:
+            fields["request_id"] = rid  # not a keyword of the flattened call: the request's field
+        args = {"request": fields, "timeout": self._timeout}
         calls = GoogleCalls(self._retry, self._sleep)
         # With a requestId, Compute Engine makes the insert idempotent: a retry after a broken
         # connection does not create twice.
@@ -614,7 +621,7 @@ class ComputeCloud:
             str(body["name"]),
             lambda: _to_json(self._client(kind).insert_unary(**args)),
             zone=zone,
-            idempotent=bool(request_id),
+            idempotent=rid is not None,
         )
 
     def _delete(
@@ -724,6 +731,16 @@ _RESOURCE_FIELDS = {
     "instance_templates": ("instance_template_resource", "InstanceTemplate"),
     "resource_policies": ("resource_policy_resource", "ResourcePolicy"),
 }
+
+
+def compute_request_id(request_id: str | None, kind: str, name: str) -> str | None:
+    """The ``requestId`` of one insert of a create: Compute Engine wants a UUID and ignores a second
+    request with an id it has seen (whatever it asked for), so each resource of a slice gets its own,
+    derived from the create's request id, the kind and the name: a retry of the same insert sends the
+    same id again."""
+    if not request_id:
+        return None
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"tpuctl:{request_id}/{kind}/{name}"))
 
 
 def _region(zone: str) -> str:

@@ -401,9 +401,12 @@ def build_candidates(
         for rank, capacity in enumerate(request.capacity_types):
             per_chip = catalog.price_per_chip_hour(accel, zone, capacity)
             per_hour = None if per_chip is None else per_chip * request.chips
+            uses = book.uses_for(accel, zone, capacity, request.surface)
             checks = tuple(
-                QuotaCheck.from_use(use, request.quota_needed, book.holders(use.quota_id, use.location))
-                for use in book.uses_for(accel, zone, capacity)
+                QuotaCheck.from_use(
+                    use, request.quota_needed, book.holders(use.quota_id, use.location, use.tpu_family)
+                )
+                for use in uses
             )
             rejection, reason = _judge(request, zone, capacity, offer, per_hour, checks)
             out.append(
