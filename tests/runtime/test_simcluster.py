@@ -95,3 +95,81 @@ def test_coordinator_address_env_still_overrides(run_py: Callable[..., Any], ser
     p = run_py(["-c", DETECT], env=env, timeout=60)
     assert p.returncode == 0, p.describe()
     assert p.stdout.split("\n")[:2] == ["('127.0.0.1:4444', 4, 2, None)", "[::]:4444"]
+
+
+class _VpcServer(MetadataServer):
+    """A metadata server that is also the simulated VPC's name service (as the simulator's is), knowing
+    ``names``; any other name is NXDOMAIN."""
+
+    def __init__(self, values: dict[str, str], names: dict[str, str]) -> None:
+        super().__init__(values)
+        self.names = names
+
+    def answer(self, raw_path: str, flavor: str | None) -> tuple[int, str, str | None]:
+        if not raw_path.startswith(simcluster.RESOLVE_PATH):
+            return super().answer(raw_path, flavor)
+        self.requests.append((raw_path, {}, flavor))
+        name = raw_path[len(simcluster.RESOLVE_PATH) :]
+        if flavor != "Google":
+            return 403, "Missing required header: Metadata-Flavor", None
+        if name in self.names:
+            return 200, self.names[name] + "\n", None
+        return 404, f"NXDOMAIN: {name!r} does not resolve from project 'p', zone 'z'", None
+
+
+CE_NAMES = {"m-1abc": "127.16.0.2", "m-2def": "127.16.0.3"}
+
+
+@pytest.fixture
+def ce_server() -> Iterator[_VpcServer]:
+    # Compute Engine's format: bare instance names (ce-tpu-facts §2.6).
+    values = {**slice_values(1, []), "instance/attributes/worker-network-endpoints": "m-1abc,m-2def"}
+    s = _VpcServer(values, CE_NAMES)
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def test_instance_names_resolve_through_the_vpc_name_service(
+    ce_server: _VpcServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GCE_METADATA_HOST", ce_server.host)
+    monkeypatch.setenv("TPUCTL_COORDINATOR_PORT", "23456")
+    monkeypatch.delenv("TPUCTL_COORDINATOR_ADDRESS", raising=False)
+    assert simcluster.coordinator_address() == "127.16.0.2:23456"
+    assert (simcluster.RESOLVE_PATH + "m-1abc", {}, "Google") in ce_server.requests
+    # An IP literal is never looked up.
+    before = len(ce_server.requests)
+    assert simcluster.resolve("127.16.0.9") == "127.16.0.9" and simcluster.resolve("::1") == "::1"
+    assert len(ce_server.requests) == before
+
+
+def test_a_name_that_does_not_resolve_is_named(
+    ce_server: _VpcServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GCE_METADATA_HOST", ce_server.host)
+    ce_server.set("instance/attributes/worker-network-endpoints", "gone-0,m-2def")
+    with pytest.raises(RuntimeError, match=r"worker address 'gone-0' does not resolve.*NXDOMAIN"):
+        simcluster.coordinator_address()
+
+
+def test_an_unreachable_name_service_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    gone = MetadataServer()
+    host = gone.host
+    gone.close()
+    monkeypatch.setenv("GCE_METADATA_HOST", host)
+    sleeps: list[float] = []
+    with pytest.raises(RuntimeError, match=f"name service of the metadata server at {host}.*'m-1abc' in 6"):
+        simcluster.resolve("m-1abc", sleep=sleeps.append)
+    assert sleeps == [0.5] * 5
+
+
+def test_detector_hands_jax_an_address_on_a_compute_engine_slice(
+    run_py: Callable[..., Any], ce_server: _VpcServer
+) -> None:
+    env = sim_host_env("r", 1, 2, 2, 23456, "tpu7x-16", "2x2x2", "/ck", 0, REPO, metadata_host=ce_server.host)
+    p = run_py(["-c", DETECT], env=env, timeout=60)
+    assert p.returncode == 0, p.describe()
+    # JAX gets (and binds, on host 0) an address: gRPC would not resolve the instance name.
+    assert p.stdout.split("\n")[:2] == ["('127.16.0.2:23456', 2, 1, None)", "127.16.0.2:23456"]

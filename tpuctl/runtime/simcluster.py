@@ -15,6 +15,19 @@ hostname; the process count is the number of endpoints and the coordinator is th
   JAX's ``JAX_COORDINATOR_PORT`` (``override_coordinator_port``) wins over both ports;
 - process id: ``agent-worker-number``; process count: the number of ``worker-network-endpoints``.
 
+Names. On Compute Engine slices ``worker-network-endpoints`` is bare INSTANCE NAMES (ce-tpu-facts §2.6),
+which a real VM resolves through the VPC's internal DNS: its resolver is the metadata server, with the
+search domain ``ZONE.c.PROJECT.internal``. Simulated VMs are loopback addresses of one machine, whose
+resolver knows none of those names, and the simulator changes no machine-global state (/etc/hosts,
+resolv.conf). So :func:`resolve` asks what a real VM's resolver is, this host's metadata server, at the
+simulator's own name-service path (``/tpuctl-sim/v1/resolve/<name>``, not a Google path; served by
+``tpuctl.sim.vpc_dns``, which answers per the asking VM's project and zone as the VPC's zonal DNS does).
+It does not try the machine's own resolver (getaddrinfo) first: that would send made-up names to the
+machine's real DNS (a query leaving the machine, slow to fail) and could answer from the machine's own
+/etc/hosts or search domains what the simulated VPC would not. An IP literal is used as it is (the TPU
+API's ``name:id:ip`` triples). A name that does not resolve is a RuntimeError naming it, and the
+coordinator is handed to JAX as an address, never as a name gRPC would then fail to resolve.
+
 Nothing happens on import: registering is an explicit call, made either by the sitecustomize hook when
 ``jax._src.clusters`` is first imported, or by :func:`tpuctl.runtime.dist.init`.
 """
@@ -22,9 +35,11 @@ Nothing happens on import: registering is an explicit call, made either by the s
 from __future__ import annotations
 
 import http.client
+import ipaddress
 import os
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable
 from typing import Any
 
@@ -35,6 +50,8 @@ CLUSTER_NAME = "tpuctl_sim"
 #: set no TPUCTL_COORDINATOR_PORT.
 JAX_TPU_COORDINATOR_PORT = 8482
 _ATTRIBUTES = "instance/attributes/"
+#: The simulated VPC's name service, next to the metadata server (tpuctl.sim.vpc_dns.PREFIX).
+RESOLVE_PATH = "/tpuctl-sim/v1/resolve/"
 # JAX's get_metadata tries 6 times, 0.5 s apart; the simulator's server may come up with the host.
 _TRIES = 6
 _RETRY_S = 0.5
@@ -87,13 +104,55 @@ def worker_addresses(endpoints: str) -> list[str]:
     return addresses
 
 
+def resolve(address: str, *, sleep: Callable[[float], None] = time.sleep) -> str:
+    """``address`` as an IP address: an IP literal as it is, a name through the simulated VPC's name
+    service at this host's metadata server (see the module docstring). RuntimeError naming ``address``
+    when it does not resolve, or naming the server when that cannot be asked (after JAX's tries)."""
+    try:
+        ipaddress.ip_address(address)
+        return address
+    except ValueError:
+        pass
+    host = hostenv.metadata_host()
+    last: BaseException | None = None
+    for attempt in range(_TRIES):
+        if attempt:
+            sleep(_RETRY_S)
+        try:
+            status, text = _name_service(host, address)
+        except (OSError, http.client.HTTPException) as exc:
+            last = exc
+            continue
+        if status == 200:
+            return text
+        raise RuntimeError(f"worker address {address!r} does not resolve on this simulated VPC: {text}")
+    raise RuntimeError(
+        f"{hostenv.SIM}=1 but the name service of the metadata server at {host} did not answer for "
+        f"{address!r} in {_TRIES} tries ({last})"
+    )
+
+
+def _name_service(host: str, name: str) -> tuple[int, str]:
+    hostname, _, port = host.rpartition(":") if ":" in host else (host, "", "80")
+    conn = http.client.HTTPConnection(hostname, int(port or 80), timeout=10.0)
+    try:
+        conn.request(
+            "GET", RESOLVE_PATH + urllib.parse.quote(name, safe=""), headers={"Metadata-Flavor": "Google"}
+        )
+        response = conn.getresponse()
+        return response.status, response.read().decode("utf-8", "replace").strip()
+    finally:
+        conn.close()
+
+
 def coordinator_address(override_port: str | None = None) -> str:
-    """ "host:port" of the coordinator (host 0): see the module docstring for the precedence."""
+    """ "host:port" of the coordinator (host 0): see the module docstring for the precedence. Host 0's
+    endpoint is resolved to an address (a CE slice names its hosts)."""
     explicit = os.environ.get(hostenv.COORDINATOR_ADDRESS, "")
     if explicit:
         host, _, port = explicit.rpartition(":")
     else:
-        host = worker_addresses(attribute("worker-network-endpoints"))[0]
+        host = resolve(worker_addresses(attribute("worker-network-endpoints"))[0])
         port = os.environ.get(hostenv.COORDINATOR_PORT, "") or str(JAX_TPU_COORDINATOR_PORT)
     return f"{host}:{override_port or port}"
 

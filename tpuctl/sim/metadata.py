@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from tpuctl.sim import vpc_dns
 from tpuctl.sim.api_errors import ApiError
 from tpuctl.sim.engine import SimEngine
 from tpuctl.sim.exchange import SimRequest, SimResponse, first, text_response
@@ -39,6 +40,8 @@ def answer(
     if request.headers.get("metadata-flavor") != "Google":
         # What the real metadata server says without the header.
         return text_response("Missing required header: Metadata-Flavor\n", 403)
+    if request.path.startswith(vpc_dns.PREFIX):
+        return vpc_dns.answer(engine, request, host)  # the simulated VPC's DNS (not a Google path)
     if not request.path.startswith(_PREFIX):
         return text_response(NOT_FOUND, 404)
     key = request.path[len(_PREFIX) :]

@@ -209,6 +209,10 @@ class SimEngine:
         """Every key the host's metadata server answers, with its text."""
         return self.hosts.metadata_tree(zone, node_id, worker, project=project)
 
+    def resolve_instance(self, project: str, zone: str, name: str) -> str | None:
+        """The internal DNS answer for Compute Engine instance ``name`` (``tpuctl.sim.vpc_dns``)."""
+        return self.hosts.resolve_instance(project, zone, name)
+
     def login_keys(self, project: str, zone: str, node_id: str, username: str) -> list[str]:
         """The public keys a host of the node accepts for ``username`` now (ssh-keys or OS Login)."""
         return self.hosts.login_keys(project, zone, node_id, username)

@@ -16,7 +16,7 @@ from tpuctl.sim.api_errors import invalid_argument, not_found
 from tpuctl.sim.engine.context import Context
 from tpuctl.sim.engine.metadata_values import metadata_values
 from tpuctl.sim.engine.oslogin import os_login_enabled, posix_username
-from tpuctl.sim.engine.records import existing_node_row, node_json, node_row, update_node
+from tpuctl.sim.engine.records import existing_node_row, host_addresses, node_json, node_row, update_node
 from tpuctl.sim.shapes import node_name
 from tpuctl.sim.vms import procs
 from tpuctl.sim.vms.layout import disk_dir, read_host_public_key
@@ -100,6 +100,22 @@ class Hosts:
         """Every key (path after /computeMetadata/v1/) the host's metadata server answers."""
         self.timeline.advance()
         return metadata_values(self._host_row(zone, node_id, worker, project), worker, self.ctx.vm_ports[1])
+
+    def resolve_instance(self, project: str, zone: str, name: str) -> str | None:
+        """The internal address of Compute Engine instance ``name`` of ``project`` in ``zone``, as the
+        VPC's internal DNS answers ``name.zone.c.project.internal``; None when there is no such
+        instance, or it is not up (its slice not READY: no address to answer with)."""
+        self.timeline.advance()
+        with self.ctx.db.read() as conn:
+            rows = conn.execute(
+                "SELECT * FROM nodes WHERE project = ? AND zone = ? AND surface = 'compute'",
+                (project, zone),
+            ).fetchall()
+        for row in rows:
+            names: list[str] = json.loads(row["spec"])["compute"]["names"]
+            if name in names and row["state"] == "READY" and row["host_base"] is not None:
+                return host_addresses(row)[names.index(name)]
+        return None
 
     def _host_row(self, zone: str, node_id: str, worker: int, project: str | None) -> sqlite3.Row:
         world = self.ctx.world
