@@ -151,20 +151,31 @@ def instance_body(
     )
 
 
-POLICY = f"projects/{PROJECT}/regions/{REGION}/resourcePolicies/wp-2x2x2"
+def policy_link(topology: str) -> str:
+    return f"projects/{PROJECT}/regions/{REGION}/resourcePolicies/wp-{topology}"
+
+
 TEMPLATE = f"projects/{PROJECT}/global/instanceTemplates/tpl"
 
 
-def setup_slice_records(c: Clients, model: str = "SPOT") -> None:
-    """The workload policy (2x2x2) and the tpu7x instance template a MIG slice of 2 hosts uses."""
+def setup_slice_records(
+    c: Clients,
+    model: str = "SPOT",
+    *,
+    action: str = "STOP",
+    metadata: dict[str, str] | None = None,
+    topology: str = "2x2x2",
+) -> None:
+    """The workload policy (``wp-<topology>``, default 2x2x2: 2 hosts) and the tpu7x instance template
+    (``tpl``) a MIG slice uses."""
     policy = compute_v1.ResourcePolicy(
-        name="wp-2x2x2",
+        name=f"wp-{topology}",
         workload_policy=compute_v1.ResourcePolicyWorkloadPolicy(
-            type_="HIGH_THROUGHPUT", accelerator_topology="2x2x2"
+            type_="HIGH_THROUGHPUT", accelerator_topology=topology
         ),
     )
     c.region_done(c.policies.insert(project=PROJECT, region=REGION, resource_policy_resource=policy))
-    vm = instance_body("unused", model=model, instance_termination_action="STOP")
+    vm = instance_body("unused", model=model, metadata=metadata, instance_termination_action=action)
     if model == "FLEX_START":
         vm.scheduling.max_run_duration = compute_v1.Duration(seconds=3600)
     props = compute_v1.InstanceProperties(
@@ -172,12 +183,15 @@ def setup_slice_records(c: Clients, model: str = "SPOT") -> None:
         disks=vm.disks,
         network_interfaces=vm.network_interfaces,
         scheduling=vm.scheduling,
+        metadata=vm.metadata,
     )
     template = compute_v1.InstanceTemplate(name="tpl", properties=props)
     c.global_done(c.templates.insert(project=PROJECT, instance_template_resource=template))
 
 
-def mig_body(name: str, size: int, mode: str = "BULK") -> compute_v1.InstanceGroupManager:
+def mig_body(
+    name: str, size: int, mode: str = "BULK", topology: str = "2x2x2"
+) -> compute_v1.InstanceGroupManager:
     return compute_v1.InstanceGroupManager(
         name=name,
         base_instance_name=name,
@@ -187,7 +201,9 @@ def mig_body(name: str, size: int, mode: str = "BULK") -> compute_v1.InstanceGro
         instance_lifecycle_policy=compute_v1.InstanceGroupManagerInstanceLifecyclePolicy(
             default_action_on_failure="DO_NOTHING"
         ),
-        resource_policies=compute_v1.InstanceGroupManagerResourcePolicies(workload_policy=POLICY),
+        resource_policies=compute_v1.InstanceGroupManagerResourcePolicies(
+            workload_policy=policy_link(topology)
+        ),
     )
 
 

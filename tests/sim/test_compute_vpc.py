@@ -1,0 +1,130 @@
+"""The simulated VPC's internal DNS (``tpuctl.sim.vpc_dns``): a Compute Engine slice's hosts reach each
+other by the bare instance names of ``worker-network-endpoints`` (ce-tpu-facts §2.6), and an unmodified
+``jax.distributed.initialize()`` joins a real 2-host CE slice of the simulator."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import asyncssh
+import httpx
+import pytest
+from compute_helpers import ZONE, Clients, compute, mig_body, schema_problems, setup_slice_records
+from google.cloud import compute_v1
+from sim_helpers import PROJECT
+
+from tpuctl.runtime.hostenv import sim_host_env
+from tpuctl.sim import SimServer
+from tpuctl.sim.vpc_dns import PREFIX, lookup_key
+from tpuctl.testing.clock import wait_for
+
+__all__ = ["compute", "schema_problems"]  # fixtures
+
+REPO = Path(__file__).resolve().parents[2]
+PSUM = REPO / "tests" / "runtime" / "scripts" / "psum_user.py"
+MD = {"Metadata-Flavor": "Google"}
+USER = "alice"
+
+
+def test_lookup_keys_follow_zonal_dns() -> None:
+    assert lookup_key("m-1abc", "p", "us-central1-c") == ("p", "us-central1-c", "m-1abc")
+    assert lookup_key("m-1abc.us-east5-b.c.p.internal", "p", "us-central1-c") == ("p", "us-east5-b", "m-1abc")
+    assert lookup_key("m-1abc.us-central1-c.c.other.internal", "p", "us-central1-c") is None  # another VPC
+    assert lookup_key("m-1abc.c.p.internal", "p", "us-central1-c") is None  # global DNS: not here
+    assert lookup_key("example.com", "p", "us-central1-c") is None
+
+
+def _slice(
+    server: SimServer, c: Clients, topology: str = "2x2x2", hosts: int = 2
+) -> tuple[list[str], list[str], asyncssh.SSHKey]:
+    """A running tpu7x MIG slice whose ssh-keys let ``alice`` in: (names, addresses, key), worker order."""
+    key = asyncssh.generate_private_key("ssh-ed25519")
+    public = key.export_public_key().decode().strip()
+    setup_slice_records(c, metadata={"ssh-keys": f"{USER}:{public}"}, topology=topology)
+    body = mig_body("m", hosts, topology=topology)
+    c.done(c.migs.insert(project=PROJECT, zone=ZONE, instance_group_manager_resource=body))
+    wait_for(
+        lambda: c.migs.get(project=PROJECT, zone=ZONE, instance_group_manager="m").status.is_stable,
+        timeout=20,
+    )
+    vms = [c.instances.get(project=PROJECT, zone=ZONE, instance=m.name) for m in _managed(c)]
+    addresses = [vm.network_interfaces[0].network_i_p for vm in vms]
+    wait_for(lambda: {h.address for h in server.fleet.served()} >= set(addresses), timeout=60)
+    base = f"http://{addresses[0]}:{server.metadata_port}/computeMetadata/v1/instance/attributes/"
+    names = httpx.get(base + "worker-network-endpoints", headers=MD).text.split(",")
+    assert sorted(names) == sorted(vm.name for vm in vms)
+    by_name = {vm.name: a for vm, a in zip(vms, addresses, strict=True)}
+    return names, [by_name[n] for n in names], key
+
+
+def _managed(c: Clients) -> list[compute_v1.ManagedInstance]:
+    return list(c.migs.list_managed_instances(project=PROJECT, zone=ZONE, instance_group_manager="m"))
+
+
+def test_hosts_resolve_their_peers_by_instance_name(compute: tuple[SimServer, Clients]) -> None:
+    server, c = compute
+    names, addresses, _ = _slice(server, c)
+    resolver = f"http://{addresses[1]}:{server.metadata_port}{PREFIX}"
+    assert httpx.get(resolver + names[0], headers=MD).text.strip() == addresses[0]
+    assert (
+        httpx.get(resolver + f"{names[0]}.{ZONE}.c.{PROJECT}.internal", headers=MD).text.strip()
+        == addresses[0]
+    )
+    other = httpx.get(resolver + f"{names[0]}.{ZONE}.c.someone-else.internal", headers=MD)
+    assert other.status_code == 404 and "NXDOMAIN" in other.text
+    unknown = httpx.get(resolver + "nobody", headers=MD)
+    assert unknown.status_code == 404
+    assert unknown.text.strip() == (
+        f"NXDOMAIN: 'nobody' does not resolve from project '{PROJECT}', zone '{ZONE}' (search domain "
+        f"{ZONE}.c.{PROJECT}.internal): no running Compute Engine instance of that name there"
+    )
+    assert httpx.get(resolver + names[0]).status_code == 403  # as the metadata server: the header
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _run(address: str, port: int, key: asyncssh.SSHKey, command: str) -> asyncssh.SSHCompletedProcess:
+    async def run() -> asyncssh.SSHCompletedProcess:
+        async with asyncssh.connect(
+            address, port, username=USER, client_keys=[key], known_hosts=None, connect_timeout=10
+        ) as conn:
+            return await conn.run(command, timeout=150)
+
+    return asyncio.run(run())
+
+
+@pytest.mark.parametrize(("accel", "topology", "hosts"), [("tpu7x-16", "2x2x2", 2), ("tpu7x-32", "2x2x4", 4)])
+def test_unmodified_jax_distributed_joins_a_compute_engine_slice(
+    compute: tuple[SimServer, Clients], accel: str, topology: str, hosts: int
+) -> None:
+    server, c = compute
+    _, addresses, key = _slice(server, c, topology, hosts)
+    port = _free_port()
+    commands = []
+    for worker in range(hosts):
+        # Two CPU devices a host stand in for its chips (fewer than 4: the test machine is small).
+        env = sim_host_env("r", worker, hosts, 2, port, accel, topology, "/ck", 0, REPO)
+        # The session's own GCE_METADATA_HOST (its VM's metadata server) is the one to keep.
+        assignments = " ".join(f"{k}={v}" for k, v in env.items() if not k.startswith("GCE_METADATA"))
+        commands.append(
+            f"env {assignments} XLA_FLAGS=--xla_backend_optimization_level=0 {sys.executable} {PSUM}"
+        )
+    with ThreadPoolExecutor(hosts) as pool:
+        runs = list(pool.map(lambda w: _run(addresses[w], server.ssh_port, key, commands[w]), range(hosts)))
+    seen = set()
+    for done in runs:
+        assert done.exit_status == 0, done.stderr
+        line = next(ln for ln in str(done.stdout).splitlines() if ln.startswith("RESULT "))
+        _, pid, pcount, dcount, local, total = line.split()
+        seen.add(int(pid))
+        n = 2 * hosts
+        assert (int(pcount), int(dcount), int(local), float(total)) == (hosts, n, 2, n * (n + 1) / 2)
+    assert seen == set(range(hosts))
