@@ -10,6 +10,7 @@ import asyncio
 import concurrent.futures
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import asyncssh
@@ -53,6 +54,18 @@ def _ssh(address: str, port: int, key: asyncssh.SSHKey, command: str) -> str:
             return str(done.stdout).strip()
 
     return asyncio.run(run())
+
+
+def _read(path: Path) -> str:
+    return path.read_text() if path.exists() else ""
+
+
+def _gone(path: Path) -> bool:
+    return not path.exists()
+
+
+def _dead(pid: int) -> bool:
+    return not _alive(pid)
 
 
 def _alive(pid: int) -> bool:
@@ -100,9 +113,9 @@ def test_preemption_reaches_every_host(
         (home / "prog.py").write_text(PROGRAM)
         # Detached from the SSH session, as a launcher starts it: only the VM's fate reaches it.
         _ssh(address, server.ssh_port, key, "setsid python3 prog.py </dev/null >/dev/null 2>&1 &")
-        pid = wait_for(lambda h=home: (h / "pid").exists() and (h / "pid").read_text(), what="program up")
+        written = wait_for(partial(_read, home / "pid"), what="program up")
         homes.append(home)
-        pids.append(int(str(pid)))
+        pids.append(int(written))
     base = [f"http://{a}:{server.metadata_port}/computeMetadata/v1/instance/" for a in addresses]
     assert {httpx.get(b + "preempted", headers=MD).text for b in base} == {"FALSE"}
 
@@ -115,7 +128,7 @@ def test_preemption_reaches_every_host(
             admin.preempt_compute(ZONE, target)
         assert watch.result(timeout=20).text == "TRUE"
     for home, pid, b in zip(homes, pids, base, strict=True):
-        wait_for(lambda h=home: (h / "term").exists(), what="SIGTERM seen by the program")
+        wait_for((home / "term").exists, what="SIGTERM seen by the program")
         assert _alive(pid) and home.exists()  # the grace: it may checkpoint
         assert httpx.get(b + "preempted", headers=MD).text == "TRUE"
         assert httpx.get(b + "maintenance-event", headers=MD).text == "NONE"
@@ -123,8 +136,8 @@ def test_preemption_reaches_every_host(
 
     clock.advance(GRACE_S)  # the grace is REAL seconds; the injected clock stands for them
     for home, pid in zip(homes, pids, strict=True):
-        wait_for(lambda p=pid: not _alive(p), what="SIGKILL after the grace")
-        wait_for(lambda h=home: not h.exists(), what="the preempted VM's disk wiped")
+        wait_for(partial(_dead, pid), what="SIGKILL after the grace")
+        wait_for(partial(_gone, home), what="the preempted VM's disk wiped")
     wait_for(lambda: not {h.address for h in server.fleet.served()} & set(addresses), what="its sshds gone")
     for address in addresses:
         with pytest.raises(OSError):
