@@ -25,6 +25,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from tpuctl.sim import api_errors
 from tpuctl.sim.api_errors import ApiError
+from tpuctl.sim.compute import errors as compute_errors
 from tpuctl.sim.engine import SimEngine
 from tpuctl.sim.exchange import SimRequest, SimResponse, error_response, parse_body
 from tpuctl.sim.httpd import LISTEN_BACKLOG
@@ -42,7 +43,9 @@ Clock = Callable[[], float]
 #: How often a simulator whose VMs run in the hypervisor checks that it still runs.
 _HYPERVISOR_CHECK_S = 1.0
 #: The surfaces a real network sits in front of; faults are injected there only.
-_FAULTY_SURFACES = ("/v2/", "/v2alpha1/", "/v1/")
+_FAULTY_SURFACES = ("/v2/", "/v2alpha1/", "/v1/", "/compute/v1/")
+#: Where an ambiguous drop may follow a mutation: the TPU API's and Compute Engine's.
+_AMBIGUOUS_SURFACES = ("/v2/", "/compute/v1/")
 _MUTATIONS = frozenset({"POST", "PATCH", "DELETE"})
 
 
@@ -371,7 +374,7 @@ class _Handler(BaseHTTPRequestHandler):
         if (
             response.status == 200
             and request.method in _MUTATIONS
-            and request.path.startswith("/v2/")
+            and request.path.startswith(_AMBIGUOUS_SURFACES)
             and self.server.roll() < engine.faults().ambiguous_error_rate
         ):
             raise _Drop()
@@ -400,8 +403,14 @@ class _Handler(BaseHTTPRequestHandler):
         rate = engine.faults().transient_error_rate
         if rate <= 0 or self.server.roll() >= rate:
             return
-        # A mix, as GCP gives: request-rate 429s, 500s and 503s.
+        # A mix, as GCP gives: request-rate 429s, 500s and 503s; Compute's in its own error shape.
         pick = self.server.roll()
+        if path.startswith("/compute/"):
+            project_match = re.match(r"^/compute/v1/projects/([^/]+)", path)
+            project = project_match.group(1) if project_match else engine.world.project
+            if pick < 1 / 3:
+                raise compute_errors.rate_limited(project)
+            raise compute_errors.backend_error() if pick < 2 / 3 else compute_errors.unavailable()
         if pick < 1 / 3:
             project_match = re.match(r"^/v[12]/projects/([^/]+)", path)
             project = project_match.group(1) if project_match else engine.world.project

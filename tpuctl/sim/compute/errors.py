@@ -7,22 +7,31 @@ from typing import Any
 
 from tpuctl.sim.api_errors import ApiError
 
-_STATUS = {400: "INVALID_ARGUMENT", 403: "PERMISSION_DENIED", 404: "NOT_FOUND", 409: "ALREADY_EXISTS"}
+_STATUS = {
+    400: "INVALID_ARGUMENT",
+    403: "PERMISSION_DENIED",
+    404: "NOT_FOUND",
+    409: "ALREADY_EXISTS",
+    429: "RESOURCE_EXHAUSTED",
+    500: "INTERNAL",
+    503: "UNAVAILABLE",
+}
 
 
 class ComputeError(ApiError):
     """A synchronous Compute Engine error, in Compute's own JSON shape (not the TPU API's)."""
 
-    def __init__(self, http_status: int, message: str, reason: str) -> None:
+    def __init__(self, http_status: int, message: str, reason: str, domain: str = "global") -> None:
         super().__init__(http_status, _STATUS.get(http_status, "UNKNOWN"), message)
         self.reason = reason
+        self.domain = domain
 
     def body(self) -> dict[str, Any]:
         return {
             "error": {
                 "code": self.http_status,
                 "message": self.message,
-                "errors": [{"message": self.message, "domain": "global", "reason": self.reason}],
+                "errors": [{"message": self.message, "domain": self.domain, "reason": self.reason}],
             }
         }
 
@@ -47,6 +56,26 @@ def already_exists(path: str) -> ComputeError:
 
 def not_ready(path: str) -> ComputeError:
     return ComputeError(400, f"The resource '{path}' is not ready", "resourceNotReady")
+
+
+# --- the transport's transient faults, as Compute answers them -----------------------------------
+
+
+def rate_limited(project: str) -> ComputeError:
+    """The request-rate 429 (Compute's per-project API rate quota; text unc. beyond its shape)."""
+    message = (
+        "Quota exceeded for quota metric 'Queries' and limit 'Queries per minute' of service "
+        f"'compute.googleapis.com' for consumer 'project:{project}'."
+    )
+    return ComputeError(429, message, "rateLimitExceeded", "usageLimits")
+
+
+def backend_error() -> ComputeError:
+    return ComputeError(500, "Internal error. Please try again or contact Google Support.", "backendError")
+
+
+def unavailable() -> ComputeError:
+    return ComputeError(503, "The service is currently unavailable.", "backendError")
 
 
 # --- errors an operation ends with ---------------------------------------------------------------
