@@ -171,13 +171,13 @@ class QuotaBook:
 
     @staticmethod
     def keys_for(
-        accel: AcceleratorType, zone: str, capacity: CapacityType, surface: Surface = Surface.TPU_API
+        accel: AcceleratorType, zone: str, capacity: CapacityType, surface: Surface | None = None
     ) -> list[QuotaKey]:
-        """The quotas a slice of this type and capacity in ``zone`` draws on through ``surface``: the
-        TPU API's per zone and per region, or Compute Engine's one (none for reserved capacity, which
-        draws on its reservation, or for a generation the surface does not serve)."""
+        """The quotas a slice of this type and capacity in ``zone`` draws on through ``surface`` (None:
+        the generation's default, the TPU API wherever it serves one): the TPU API's per zone and per
+        region, or Compute Engine's one (none for reserved capacity, which draws on its reservation)."""
         places = {"zone": zone, "region": region_of_zone(zone)}
-        if surface is Surface.TPU_API:
+        if (surface or accel.generation.default_surface) is Surface.TPU_API:
             return [QuotaKey(quota_id, places[scope]) for scope, quota_id in accel.quota_ids(capacity)]
         compute = accel.generation.compute
         quota = compute.quota(capacity) if compute is not None else None
@@ -222,8 +222,10 @@ class QuotaBook:
         accel: AcceleratorType,
         zone: str,
         capacity: CapacityType,
-        surface: Surface = Surface.TPU_API,
+        surface: Surface | None = None,
     ) -> list[QuotaUse]:
+        """What each quota the slice draws on allows (``surface`` as in ``keys_for``)."""
+        surface = surface or accel.generation.default_surface
         unit = quota_unit(accel, surface)
         return [
             self.use(key.quota_id, key.location, unit, key.tpu_family)
