@@ -159,6 +159,8 @@ def _render_estimate(out: Output, result: Estimate) -> None:
         records=data["options"],
     )
     out.note(f"{result.prices.line()}; reserved capacity is not listed (contract prices)")
+    if result.price_note:
+        out.warn(f"{req.accelerator.generation.name} price: {result.price_note}")
     if result.not_offered:
         out.note(f"not offered in: {', '.join(result.not_offered)}")
     for warning in result.warnings:
@@ -335,6 +337,8 @@ def _render_report(out: Output, result: CostReport) -> None:
             verb = f"would be {verb} (dry run)"
         out.note(f"{action['name']} ({action['zone']}) {verb} at {action['at']}: {action['reason']}")
     out.note(result.prices.line())
+    for generation, note in result.price_notes.items():
+        out.warn(f"{generation} price: {note}")
     for warning in result.warnings:
         out.warn(warning)
 

@@ -73,9 +73,21 @@ class PriceSource:
     cached: bool
     path: str | None = None
     warnings: tuple[str, ...] = ()
+    # generation -> what is uncertain about its prices (TPU7x: per chip or per host), from the table's
+    # ``notes:``; shown wherever that generation is priced.
+    notes: Mapping[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"source": self.source, "date": self.date, "cached": self.cached, "path": self.path}
+        return {
+            "source": self.source,
+            "date": self.date,
+            "cached": self.cached,
+            "path": self.path,
+            "notes": dict(self.notes),
+        }
+
+    def note_for(self, generation: str) -> str | None:
+        return self.notes.get(generation)
 
     def line(self) -> str:
         kind = "refreshed cache" if self.cached else "bundled catalog"
@@ -96,11 +108,23 @@ def load_catalog(state_dir: Path, backend: str) -> tuple[Catalog, PriceSource]:
             bundled = Catalog.load()
             warning = f"ignoring the price cache {path}: {exc.message}; run `tpuctl catalog prices --refresh`"
             return bundled, PriceSource(
-                bundled.prices.source, bundled.prices.date, cached=False, warnings=(warning,)
+                bundled.prices.source,
+                bundled.prices.date,
+                cached=False,
+                warnings=(warning,),
+                notes=bundled.prices.notes,
             )
-        return catalog, PriceSource(catalog.prices.source, catalog.prices.date, cached=True, path=str(path))
+        return catalog, PriceSource(
+            catalog.prices.source,
+            catalog.prices.date,
+            cached=True,
+            path=str(path),
+            notes=catalog.prices.notes,
+        )
     bundled = Catalog.load()
-    return bundled, PriceSource(bundled.prices.source, bundled.prices.date, cached=False)
+    return bundled, PriceSource(
+        bundled.prices.source, bundled.prices.date, cached=False, notes=bundled.prices.notes
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -276,6 +300,12 @@ def write_cache(path: Path, *, source: str, date: str, fetched_at: str, prices: 
     atomic_write_text(path, text)
 
 
+def _kept_notes(bundled: PriceTable, generations: set[str]) -> dict[str, str]:
+    """The bundled table's notes on the generations whose prices still come from it: a refresh must not
+    drop what is uncertain about a price it kept (TPU7x's unit)."""
+    return {g: note for g, note in sorted(bundled.notes.items()) if g in generations}
+
+
 def refresh_from_billing(
     client: CloudBillingCatalogClient,
     *,
@@ -315,6 +345,7 @@ def refresh_from_billing(
                 "billing_url": client.base_url,
                 "matched_skus": [m.to_dict() for m in mapping.matched],
                 "filled_from_bundled": filled,
+                "notes": _kept_notes(catalog.prices, {f.split("/", 1)[0] for f in filled}),
             },
         )
     return RefreshResult(
@@ -360,8 +391,9 @@ def refresh_from_world(
     )
     path = cache_path(state_dir, backend)
     if write:
+        notes = _kept_notes(bundled, set(bundled.notes) - set(overrides))
         write_cache(path, source=source, date=_today(now), fetched_at=_stamp(now), prices=merged,
-                extra={"world": where})  # fmt: skip
+                extra={"world": where, "notes": notes})  # fmt: skip
     return RefreshResult(
         path=path,
         source=source,

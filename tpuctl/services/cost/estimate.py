@@ -99,6 +99,11 @@ class Estimate:
     prices: PriceSource
     warnings: list[str] = field(default_factory=list)
 
+    @property
+    def price_note(self) -> str | None:
+        """What is uncertain about this generation's prices (TPU7x: per chip or per host), or None."""
+        return self.prices.note_for(self.request.placement.accelerator.generation.name)
+
     def to_dict(self) -> dict[str, Any]:
         req = self.request.placement
         return {
@@ -110,6 +115,7 @@ class Estimate:
             "hours": self.request.hours,
             "currency": "USD",
             "prices": self.prices.to_dict(),
+            "price_note": self.price_note,
             "options": [row.to_dict() for row in self.rows],
             "not_offered_in": self.not_offered,
             "warnings": self.warnings,

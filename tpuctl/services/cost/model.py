@@ -112,6 +112,8 @@ class CostReport:
     warnings: list[str] = field(default_factory=list)
     untracked: list[dict[str, Any]] = field(default_factory=list)
     reconciled: list[dict[str, Any]] = field(default_factory=list)
+    # generation -> the price table's note on it, for the generations billed in the window (TPU7x's unit)
+    price_notes: dict[str, str] = field(default_factory=dict)
 
     @property
     def lines(self) -> list[CostLine]:
@@ -158,6 +160,7 @@ class CostReport:
                 "ledger": "each slice is billed at the price per chip-hour the ledger recorded for it, "
                 "in force at each moment (price_change events split its time)",
                 "catalog": self.prices.to_dict(),
+                "notes": dict(self.price_notes),
             },
             "totals": totals,
             "groups_total": self.groups_total,

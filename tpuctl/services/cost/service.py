@@ -37,6 +37,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tpuctl.errors import UsageError
 from tpuctl.services.cost.aggregate import Query, aggregate_lines
 from tpuctl.services.cost.details import dedupe, limited, mark_unknown_steps, run_info, slice_info
 from tpuctl.services.cost.item_report import item_report
@@ -69,6 +70,7 @@ class CostService:
         self._path = Path(ledger_path)
         self._prices = prices
         self._clock = clock
+        self._catalog = catalog
         self._pricer = Pricer(catalog)
         self._workers = workers if workers is not None else min(4, os.cpu_count() or 1)
         # False: every slice through the interval arithmetic (the reference the fast path is tested on).
@@ -111,6 +113,7 @@ class CostService:
                 groups = [line.to_dict() for line in limited(group, lines, limit)]
             if group.kind == "run":
                 mark_unknown_steps(reader, groups)
+            notes = self._price_notes(reader, q.params)
         preemptions, free, total_slices = counts
         totals.key = "total"
         totals.slices = total_slices
@@ -128,7 +131,27 @@ class CostService:
             groups_total=groups_total,
             limit=limit,
             warnings=dedupe(warnings),
+            price_notes=notes,
         )
+
+    def _price_notes(self, reader: LedgerReader, params: dict[str, Any]) -> dict[str, str]:
+        """The price table's notes on the generations of the slices billed in the window (TPU7x: its
+        price's unit is unconfirmed), so the report says so beside the figures they make."""
+        rows = reader.query(
+            "SELECT DISTINCT accelerator_type FROM pods WHERE ready_at IS NOT NULL AND ready_at < :until "
+            "AND COALESCE(ended_at, :now) > :since",
+            params,
+        )
+        notes: dict[str, str] = {}
+        for (atype,) in rows:
+            try:
+                generation = self._catalog.resolve(str(atype)).generation.name
+            except UsageError:
+                continue
+            note = self._prices.note_for(generation)
+            if note:
+                notes[generation] = note
+        return dict(sorted(notes.items()))
 
     def spend(self, *, since: float | None = None, until: float | None = None) -> float:
         """Total billed USD in the window (for budgets)."""

@@ -1,0 +1,95 @@
+"""`tpuctl cost estimate tpu7x-64` and `cost report` over a tpu7x slice, in text and JSON: the TPU7x price
+(12.00 USD per chip-hour in us-central1), its source and date, and the note that its unit is unconfirmed.
+Offline where it can be (the report reads the ledger); the estimate asks the in-process simulator."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tpuctl.catalog import CapacityType, Catalog
+from tpuctl.services.placement import Offer
+from tpuctl.store.ledger import Ledger
+from tpuctl.store.records import EventKind
+from tpuctl.testing.cli import Cli
+
+ZONE = "us-central1-c"
+WORLD: dict[str, Any] = {
+    "project": "tpuctl-sim",
+    "seed": 3,
+    "zones": {ZONE: {"tpu7x": {"on_demand": 64, "preemptible": 64}}},
+    "compute_quotas": [
+        {"quota_id": "TPUS-PER-TPU-FAMILY-per-project-region", "tpu_family": "TPU7X", "limit": 64},
+        {"quota_id": "PREEMPTIBLE-TPU7X-per-project-region", "limit": 64},
+    ],
+    "latency": {"base_ms": 0, "jitter_ms": 0},
+}
+PRICES = Catalog.load().prices
+
+
+@pytest.fixture
+def cli(cli: Cli, monkeypatch: pytest.MonkeyPatch, state_dir: Path, tmp_path: Path) -> Cli:
+    world = tmp_path / "world.yaml"
+    world.write_text(yaml.safe_dump(WORLD))
+    monkeypatch.setenv("TPUCTL_STATE_DIR", str(state_dir))
+    monkeypatch.setenv("TPUCTL_SIM_WORLD", str(world))
+    return cli
+
+
+@pytest.fixture
+def offered(monkeypatch: pytest.MonkeyPatch) -> None:
+    """TPU7x offered in ZONE whichever surface the backend lists offers through (the Compute Engine one
+    is wired into the backends separately)."""
+    from tpuctl.services.allocator import Allocator
+
+    monkeypatch.setattr(Allocator, "_offer", lambda self, zone, api_name: Offer(zone == ZONE))
+
+
+def test_estimate_shows_the_tpu7x_price_its_source_and_its_unconfirmed_unit(cli: Cli, offered: None) -> None:
+    doc = cli("cost", "estimate", "tpu7x-64", "--zone", ZONE, "-o", "json").json["estimate"]
+    on_demand = next(o for o in doc["options"] if o["capacity"] == "on-demand")
+    assert (on_demand["usd_per_chip_hour"], on_demand["usd_per_hour"]) == (12.0, 384.0)  # 32 chips
+    assert (doc["prices"]["source"], doc["prices"]["date"]) == (PRICES.source, PRICES.date)
+    assert doc["price_note"] == PRICES.notes["tpu7x"] and "unconfirmed" in doc["price_note"]
+    assert doc["prices"]["notes"]["tpu7x"] == doc["price_note"]
+    spot = next(o for o in doc["options"] if o["capacity"] == "spot")
+    assert spot["usd_per_hour"] is None  # no TPU7x spot price was found: unknown, never 0
+
+    text = cli("cost", "estimate", "tpu7x-64", "--zone", ZONE)
+    assert text.code == 0, text.stderr
+    assert "384.00" in text.stdout and ZONE in text.stdout
+    assert PRICES.date in text.stderr and PRICES.source in text.stderr
+    assert f"tpu7x price: {PRICES.notes['tpu7x']}" in " ".join(text.stderr.split())
+
+
+def test_report_shows_a_tpu7x_slice_with_its_price_source_and_note(cli: Cli, state_dir: Path) -> None:
+    ready = time.time() - 7200
+    common: dict[str, Any] = {"pod": "ce-7x", "zone": ZONE}
+    with Ledger(state_dir) as ledger:
+        ledger.record_event(
+            EventKind.REQUESTED, accelerator_type="tpu7x-64", chips=32, capacity=CapacityType.ON_DEMAND,
+            price_per_chip_hour=12.0, ts=ready - 420, backend="sim", project="tpuctl-sim", **common,
+        )  # fmt: skip
+        ledger.record_event(EventKind.READY, ts=ready, **common)
+        ledger.record_event(EventKind.DELETED, ts=ready + 3600, **common)
+
+    doc = cli("cost", "report", "--no-reconcile", "-o", "json").json
+    (group,) = doc["groups"]
+    assert (group["name"], group["accelerator_type"], group["price_per_chip_hour"]) == (
+        "ce-7x",
+        "tpu7x-64",
+        12.0,
+    )
+    assert group["cost_usd"] == 384.0  # 32 chips x 12.00 x 1 h
+    assert doc["prices"]["catalog"]["source"] == PRICES.source
+    assert doc["prices"]["notes"] == {"tpu7x": PRICES.notes["tpu7x"]}
+
+    text = cli("cost", "report", "--no-reconcile")
+    assert text.code == 0, text.stderr
+    assert "ce-7x" in text.stdout and "tpu7x-64" in text.stdout and "384.00" in text.stdout
+    assert PRICES.source in " ".join(text.stderr.split())
+    assert f"tpu7x price: {PRICES.notes['tpu7x']}" in " ".join(text.stderr.split())
