@@ -5,7 +5,7 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
-from tpuctl.sim.compute import links, listing, quota, slices, store
+from tpuctl.sim.compute import guest, links, listing, quota, slices, store
 from tpuctl.sim.compute.context import ComputeContext
 from tpuctl.sim.compute.errors import already_exists, invalid, not_found
 from tpuctl.sim.compute.machines import check_zone, machine_in_zone
@@ -125,6 +125,11 @@ class Instances:
             if inst is None:
                 raise not_found(links.path(project, "zones", zone, "instances", name))
             return slices.instance_json(inst, store.node_of(conn, inst), now)
+
+    def get_guest_attributes(
+        self, project: str, zone: str, name: str, query_path: str, variable_key: str
+    ) -> dict[str, Any]:
+        return guest.guest_attributes(self.cc, project, zone, name, query_path, variable_key)
 
     def list(self, project: str, zone: str, page_size: int, page_token: str) -> dict[str, Any]:
         check_zone(self.cc.ctx.world, zone)

@@ -69,6 +69,13 @@ ROUTES: tuple[tuple[str, str, Handler], ...] = (
     ),
     ("GET", _INST + rf"/{_S}", lambda e, r, a: _c(e).instances.get(*a)),
     ("DELETE", _INST + rf"/{_S}", lambda e, r, a: _c(e).instances.delete(*a)),
+    (
+        "GET",
+        _INST + rf"/{_S}/getGuestAttributes",
+        lambda e, r, a: _c(e).instances.get_guest_attributes(
+            *a, first(r.query, "queryPath"), first(r.query, "variableKey")
+        ),
+    ),
     ("GET", _Z + "/operations", _ops_list("zones")),
     ("GET", _Z + rf"/operations/{_S}", _op("zones")),
     ("POST", _Z + rf"/operations/{_S}/wait", lambda e, r, a: _c(e).wait_operation(a[0], "zones", a[1], a[2])),
