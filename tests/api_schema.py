@@ -8,10 +8,15 @@ from __future__ import annotations
 import functools
 import json
 import re
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import googleapiclient
+import pytest
+
+if TYPE_CHECKING:
+    from tpuctl.sim.exchange import SimRequest, SimResponse
 
 _DOCUMENTS = Path(googleapiclient.__file__).parent / "discovery_cache" / "documents"
 _TIMESTAMP_RE = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,9})?(Z|[+-]\d{2}:\d{2})$")
@@ -151,3 +156,26 @@ def _check_any(schemas: dict[str, Any], value: dict[str, Any], path: str) -> lis
         return [f"{path}: @type {type_url} names no schema of the document"]
     rest = {k: v for k, v in value.items() if k != "@type"}
     return _check_ref(schemas, name, rest, path)
+
+
+@pytest.fixture
+def schema_problems(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """Every Compute answer (2xx) the simulator gives in the test is checked against compute.v1.json;
+    the test fails at teardown if any departs from it. Import it into a test module to use it."""
+    from tpuctl.sim import server as sim_server
+    from tpuctl.sim.routes import dispatch
+
+    problems: list[str] = []
+    real: Callable[..., SimResponse] = dispatch
+
+    def checked(engine: Any, request: SimRequest) -> SimResponse:
+        response = real(engine, request)
+        if request.path.startswith("/compute/v1/") and response.status == 200:
+            schema = compute_response_schema(request.method, request.path)
+            if schema is not None:
+                problems.extend(check("compute.v1", schema, json.loads(response.body), request.path))
+        return response
+
+    monkeypatch.setattr(sim_server, "dispatch", checked)
+    yield problems
+    assert problems == []

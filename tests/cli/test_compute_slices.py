@@ -2,21 +2,20 @@
 the same commands as every other slice: `pod create` (dry run and real), `pod list`, `pod delete`, the
 refusal of a generation Compute Engine does not serve, placement failing over a Compute stockout, and a
 Compute quota refusal. Every Compute answer the simulator gives in these tests is checked against
-Google's compute v1 discovery document (``compute_schema_checked``)."""
+Google's compute v1 discovery document (``schema_problems``)."""
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import yaml
-from api_schema import check, compute_response_schema
+from api_schema import schema_problems
 from recovery_helpers import (
     HOST_XLA_ENV,
     LM_ARGS,
@@ -29,14 +28,14 @@ from recovery_helpers import (
 )
 
 from tpuctl.sim import SimAdminClient
-from tpuctl.sim import server as sim_server
-from tpuctl.sim.exchange import SimRequest, SimResponse
 from tpuctl.testing.cli import Cli
 
 ZONE = "us-central1-c"
 OTHER_ZONE = "us-central1-ai1a"
 REGION = "us-central1"
 IMAGE_FAMILY = "projects/ubuntu-os-accelerator-images/global/images/family/ubuntu-accel-2404-amd64-tpu-tpu7x"
+
+__all__ = ["schema_problems"]  # a fixture
 
 WORLD: dict[str, Any] = {
     "speed": 1000,
@@ -58,26 +57,7 @@ WORLD: dict[str, Any] = {
 
 
 @pytest.fixture
-def compute_schema_checked(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
-    """Every 2xx Compute answer of the test is checked against compute.v1.json (at teardown)."""
-    problems: list[str] = []
-    real: Callable[..., SimResponse] = sim_server.dispatch
-
-    def checked(engine: Any, request: SimRequest) -> SimResponse:
-        response = real(engine, request)
-        if request.path.startswith("/compute/v1/") and response.status == 200:
-            schema = compute_response_schema(request.method, request.path)
-            if schema is not None:
-                problems.extend(check("compute.v1", schema, json.loads(response.body), request.path))
-        return response
-
-    monkeypatch.setattr(sim_server, "dispatch", checked)
-    yield problems
-    assert problems == []
-
-
-@pytest.fixture
-def admin(serve_sim: Callable[..., SimAdminClient], compute_schema_checked: list[str]) -> SimAdminClient:
+def admin(serve_sim: Callable[..., SimAdminClient], schema_problems: list[str]) -> SimAdminClient:
     return serve_sim(WORLD)
 
 
@@ -160,7 +140,7 @@ def test_a_compute_stockout_fails_over_to_the_next_zone(admin: SimAdminClient, c
 
 
 def test_a_compute_quota_refusal_is_exit_4_naming_the_quota(
-    serve_sim: Callable[..., SimAdminClient], compute_schema_checked: list[str], cli: Cli
+    serve_sim: Callable[..., SimAdminClient], schema_problems: list[str], cli: Cli
 ) -> None:
     world = {**WORLD, "compute_quotas": [{"quota_id": "TPUS-PER-TPU-FAMILY-per-project-region", "limit": 0}]}
     admin = serve_sim(world)
@@ -214,10 +194,14 @@ RECOVERY_WORLD: dict[str, Any] = {
 TPU7X_16_ARGS = [*LM_ARGS[: LM_ARGS.index("--batch") + 1], "8", *LM_ARGS[LM_ARGS.index("--batch") + 2 :]]
 
 
+def _preempt_compute(admin: SimAdminClient, zone: str, name: str, notice: bool) -> None:
+    admin.preempt_compute(zone, name, notice=notice)
+
+
 @pytest.mark.slow
 def test_a_tpu7x_spot_run_preempted_recovers_in_another_zone_bit_identical(
     serve_sim: Callable[..., SimAdminClient],
-    compute_schema_checked: list[str],
+    schema_problems: list[str],
     cli: Cli,
     state_dir: Path,
     tmp_path: Path,
@@ -240,7 +224,7 @@ def test_a_tpu7x_spot_run_preempted_recovers_in_another_zone_bit_identical(
         admin,
         state_dir,
         plan,
-        preempt=lambda zone, name, notice: admin.preempt_compute(zone, name, notice=notice),
+        preempt=lambda zone, name, notice: _preempt_compute(admin, zone, name, notice),
     ).start()
     try:
         result = cli(

@@ -172,7 +172,9 @@ def test_a_mig_slice_is_ready_only_when_every_host_runs_and_the_topology_is_acti
     assert shapes.node_from_mig(mig, lost, ZONE, meta, accel).state == "PREEMPTED"  # one host is the slice
     # A host deleted by its termination action: the MIG (DO_NOTHING) stays stable with 3 VMs, and only
     # the topology's state says the slice is gone.
-    mig["status"] = {"appliedAcceleratorTopologies": [{"acceleratorTopology": "2x2x4", "state": "INCOMPLETE"}]}
+    mig["status"] = {
+        "appliedAcceleratorTopologies": [{"acceleratorTopology": "2x2x4", "state": "INCOMPLETE"}]
+    }
     assert shapes.node_from_mig(mig, running[:3], ZONE, meta, accel).state == "PREEMPTED"
 
 

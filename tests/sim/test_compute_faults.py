@@ -7,7 +7,8 @@ from __future__ import annotations
 import httpx
 import pytest
 import requests
-from compute_helpers import ZONE, Clients, compute, instance_body, schema_problems
+from api_schema import schema_problems
+from compute_helpers import ZONE, Clients, compute, instance_body
 from google.api_core import exceptions
 from sim_helpers import PROJECT
 

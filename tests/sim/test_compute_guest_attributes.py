@@ -9,7 +9,8 @@ from typing import Any
 
 import asyncssh
 import pytest
-from compute_helpers import ZONE, Clients, compute, compute_world, instance_body, schema_problems
+from api_schema import schema_problems
+from compute_helpers import ZONE, Clients, compute, compute_world, instance_body
 from google.api_core import exceptions
 from google.cloud import compute_v1
 from sim_helpers import PROJECT
@@ -99,12 +100,6 @@ def test_each_host_publishes_the_key_its_sshd_presents(compute: tuple[SimServer,
         assert [line.split()[1] for line in disks if line] == published[slice_name]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=TypeError,
-    reason="ComputeCloud._host_keys_of passes query_path as a keyword argument, which "
-    "InstancesClient.get_guest_attributes does not take (it belongs in request=)",
-)
 def test_compute_cloud_reads_each_hosts_keys_in_worker_order(compute: tuple[SimServer, Clients]) -> None:
     server, _ = compute
     cloud = ComputeCloud(project=PROJECT, catalog=Catalog.load(), endpoint=server.url, backend="sim")

@@ -7,16 +7,8 @@ from typing import Any
 import asyncssh
 import httpx
 import pytest
-from compute_helpers import (
-    REGION,
-    V6E_ZONE,
-    ZONE,
-    Clients,
-    compute,
-    compute_world,
-    instance_body,
-    schema_problems,
-)
+from api_schema import schema_problems
+from compute_helpers import REGION, V6E_ZONE, ZONE, Clients, compute, compute_world, instance_body
 from google.api_core import exceptions
 from google.cloud import compute_v1
 from sim_helpers import PROJECT, tpu_client

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from compute_helpers import ZONE, Clients, compute, mig_body, schema_problems, setup_slice_records
+from api_schema import schema_problems
+from compute_helpers import ZONE, Clients, compute, mig_body, setup_slice_records
 from google.api_core import exceptions
 from google.cloud import compute_v1
 from sim_helpers import PROJECT

@@ -16,15 +16,8 @@ from pathlib import Path
 import asyncssh
 import httpx
 import pytest
-from compute_helpers import (
-    ZONE,
-    Clients,
-    compute_world,
-    instance_body,
-    mig_body,
-    schema_problems,
-    setup_slice_records,
-)
+from api_schema import schema_problems
+from compute_helpers import ZONE, Clients, compute_world, instance_body, mig_body, setup_slice_records
 from google.cloud import compute_v1
 from sim_helpers import PROJECT
 

@@ -227,7 +227,10 @@ class ComputeCloud:
             client = self._client("instances")
             return _to_json(
                 client.get_guest_attributes(
-                    project=self._project, zone=zone, instance=instance, query_path="hostkeys/",
+                    request={
+                        "project": self._project, "zone": zone, "instance": instance,
+                        "query_path": "hostkeys/",  # a field of the request, not a flattened keyword
+                    },
                     timeout=self._timeout,
                 )
             )  # fmt: skip

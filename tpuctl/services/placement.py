@@ -42,7 +42,7 @@ from tpuctl.errors import (
     OverPriceCapError,
     UsageError,
 )
-from tpuctl.services.quota import QuotaBook, QuotaUse
+from tpuctl.services.quota import QuotaBook, QuotaUse, quota_units
 
 QUEUED_CAPACITY = params.QUEUED_CAPACITY
 DEFAULT_RACE_K = 3
@@ -125,7 +125,8 @@ class PlacementRequest:
 
     @property
     def quota_needed(self) -> int:
-        return self.accelerator.quota_units * self.slices
+        """Units of quota the request draws (cores for the TPU API's v2-v4 and v5p, chips elsewhere)."""
+        return quota_units(self.accelerator, self.surface) * self.slices
 
     @property
     def node_names(self) -> tuple[str, ...]:
