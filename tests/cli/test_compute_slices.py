@@ -195,7 +195,8 @@ TPU7X_16_ARGS = [*LM_ARGS[: LM_ARGS.index("--batch") + 1], "8", *LM_ARGS[LM_ARGS
 
 
 def _preempt_compute(admin: SimAdminClient, zone: str, name: str, notice: bool) -> None:
-    admin.preempt_compute(zone, name, notice=notice)
+    # The simulator's status names a Compute slice by its resource path (instanceGroupManagers/NAME).
+    admin.preempt_compute(zone, name.rsplit("/", 1)[-1], notice=notice)
 
 
 @pytest.mark.slow
@@ -219,7 +220,8 @@ def test_a_tpu7x_spot_run_preempted_recovers_in_another_zone_bit_identical(
         topology="2x2x2",
         extra_env=fast_jax_env(tmp_path / "jax-cache"),
     )
-    plan = [Preempt(1, 6, notice=True, stockout=ZONE)]
+    # Placement tries us-central1-ai1a first (same price, zone order): preempted there as it stocks out.
+    plan = [Preempt(1, 6, notice=True, stockout=OTHER_ZONE)]
     chaos = Chaos(
         admin,
         state_dir,
@@ -238,6 +240,6 @@ def test_a_tpu7x_spot_run_preempted_recovers_in_another_zone_bit_identical(
     run = cli("runs", "describe", result.json["run"]["run_id"], "-o", "json").json["run"]
     assert final_hash(state_dir / "runs" / run["run_id"] / "worker-0.log") == reference
     (preemption,) = run["recovery"]["preemptions"]
-    assert preemption["zone"] == ZONE and preemption["new_zone"] == OTHER_ZONE
+    assert preemption["zone"] == OTHER_ZONE and preemption["new_zone"] == ZONE
     assert preemption["restored_step"] == preemption["checkpoint_step"] is not None
     assert admin.status()["nodes"] == []

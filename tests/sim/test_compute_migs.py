@@ -112,3 +112,7 @@ def test_bulk_mig_stockout_creates_nothing(compute: tuple[SimServer, Clients]) -
         assert error.code == "ZONE_RESOURCE_POOL_EXHAUSTED"
         assert not c.migs.get(project=PROJECT, zone=ZONE, instance_group_manager="s").status.is_stable
         assert list(c.instances.list(project=PROJECT, zone=ZONE)) == []
+        # Deleting the MIG that never got its VMs finishes (nothing to take down), and frees the
+        # template and workload policy it used.
+        c.done(c.migs.delete(project=PROJECT, zone=ZONE, instance_group_manager="s"))
+        assert list(c.migs.list(project=PROJECT, zone=ZONE)) == []

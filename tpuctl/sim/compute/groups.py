@@ -33,11 +33,13 @@ class Groups:
     def __init__(self, cc: ComputeContext, progress: Progress) -> None:
         self.cc = cc
         progress.group_steps.append(self._advance)
+        # Due: a MIG that wants its slice, or one being deleted (a MIG that never got its VMs, out of
+        # stock, has no node row whose deletion would wake the timeline: its delete finishes here).
         progress.group_due.append(
             lambda conn: (
                 conn.execute(
                     "SELECT 1 FROM compute_resources WHERE collection = ? "
-                    "AND json_extract(extra, '$.pending') = 1",
+                    "AND (json_extract(extra, '$.pending') = 1 OR json_extract(extra, '$.deleting') IS NOT NULL)",
                     (store.MIGS,),
                 ).fetchone()
                 is not None
