@@ -230,7 +230,7 @@ def test_a_tpu7x_spot_run_preempted_recovers_in_another_zone_bit_identical(
     ).start()
     try:
         result = cli(
-            "run", "--example", "lm", "--type", "tpu7x-16", "--spot", "--zone", ZONE, "--zone", OTHER_ZONE,
+            "run", "--example", "lm", "--type", "tpu7x-16", "--spot",
             "--checkpoint-every", "4", *HOST_XLA_ENV, "-o", "json", "--", *TPU7X_16_ARGS,
         )  # fmt: skip
     finally:
