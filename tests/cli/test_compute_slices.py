@@ -182,6 +182,12 @@ def test_an_unmodified_psum_script_runs_on_4_processes_and_16_devices_of_a_tpu7x
     # 16 devices (one per chip), device k contributes k + 1: 16 * 17 / 2 = 136 on every host.
     assert results == [(str(w), f"{w} 4 16 4 136.0") for w in range(4)]
     assert admin.status()["nodes"] == []  # the run's slice is gone with it
+    # The Compute Engine slice is billed like any other: per second from READY, at the TPU7x price.
+    report = cli("cost", "report", "-o", "json").json
+    (group,) = report["groups"]
+    assert group["accelerator_type"] == "tpu7x-32" and group["price_per_chip_hour"] == 12.0
+    assert group["cost_usd"] > 0
+    assert "unconfirmed" in report["prices"]["notes"]["tpu7x"]
 
 
 #: The recovery test's world: two TPU7x zones, Compute quotas, a grace long enough to checkpoint.

@@ -12,7 +12,6 @@ import pytest
 import yaml
 
 from tpuctl.catalog import CapacityType, Catalog
-from tpuctl.services.placement import Offer
 from tpuctl.store.ledger import Ledger
 from tpuctl.store.records import EventKind
 from tpuctl.testing.cli import Cli
@@ -40,16 +39,7 @@ def cli(cli: Cli, monkeypatch: pytest.MonkeyPatch, state_dir: Path, tmp_path: Pa
     return cli
 
 
-@pytest.fixture
-def offered(monkeypatch: pytest.MonkeyPatch) -> None:
-    """TPU7x offered in ZONE whichever surface the backend lists offers through (the Compute Engine one
-    is wired into the backends separately)."""
-    from tpuctl.services.allocator import Allocator
-
-    monkeypatch.setattr(Allocator, "_offer", lambda self, zone, api_name: Offer(zone == ZONE))
-
-
-def test_estimate_shows_the_tpu7x_price_its_source_and_its_unconfirmed_unit(cli: Cli, offered: None) -> None:
+def test_estimate_shows_the_tpu7x_price_its_source_and_its_unconfirmed_unit(cli: Cli) -> None:
     doc = cli("cost", "estimate", "tpu7x-64", "--zone", ZONE, "-o", "json").json["estimate"]
     on_demand = next(o for o in doc["options"] if o["capacity"] == "on-demand")
     assert (on_demand["usd_per_chip_hour"], on_demand["usd_per_hour"]) == (12.0, 384.0)  # 32 chips

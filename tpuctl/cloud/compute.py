@@ -39,7 +39,7 @@ from tpuctl.cloud.base import (
     QueuedResourceRequest,
     QuotaLimit,
 )
-from tpuctl.cloud.google_calls import GoogleCalls, credentials_for
+from tpuctl.cloud.google_calls import GoogleCalls, OperationPolling, credentials_for
 from tpuctl.cloud.quotas import CloudQuotasClient, _default_credentials
 from tpuctl.cloud.retry import PollTimeout, RetryPolicy, Sleep, poll_until
 from tpuctl.cloud.translate import error_from_compute_errors
@@ -676,21 +676,12 @@ class ComputeCloud:
                 if progress is not None:
                     progress.update(f"{what}: {current.get('status', '?')}", elapsed_s=elapsed)
 
-            try:
-                op = poll_until(
-                    get,
-                    lambda o: o.get("status") == "DONE",
-                    timeout_s=self._op_timeout,
-                    initial_interval_s=self._poll_interval,
-                    max_interval_s=self._poll_max_interval,
-                    on_poll=on_poll,
-                    sleep=self._sleep,
-                )
-            except PollTimeout as exc:
-                raise TransientError(
-                    f"{what}: operation {name} is still running after {exc.elapsed_s:.0f}s",
-                    fix="it continues on the server: check its state later (tpuctl pod list / describe)",
-                ) from None
+            polling = OperationPolling(
+                self._op_timeout, self._poll_interval, self._poll_max_interval, self._sleep
+            )
+            op = polling.until_done(
+                get, lambda o: o.get("status") == "DONE", what=what, name=name, on_poll=on_poll
+            )
         errors = (op.get("error") or {}).get("errors") or []
         if errors or op.get("httpErrorStatusCode"):
             raise error_from_compute_errors(

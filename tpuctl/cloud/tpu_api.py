@@ -45,11 +45,11 @@ from tpuctl.cloud.base import (
     QuotaLimit,
     TpuCloud,
 )
-from tpuctl.cloud.google_calls import GoogleCalls, credentials_for
+from tpuctl.cloud.google_calls import GoogleCalls, OperationPolling, credentials_for
 from tpuctl.cloud.quotas import CloudQuotasClient, _default_credentials
-from tpuctl.cloud.retry import PollTimeout, RetryPolicy, Sleep, poll_until
+from tpuctl.cloud.retry import RetryPolicy, Sleep
 from tpuctl.cloud.translate import error_from_status
-from tpuctl.errors import CloudError, NotFoundError, PermissionDeniedError, TransientError, UsageError
+from tpuctl.errors import CloudError, NotFoundError, PermissionDeniedError, UsageError
 
 #: What Google's 403 for a location without Cloud TPU says (after the location's name).
 _LOCATION_UNKNOWN = "is not found or access is unauthorized"
@@ -636,6 +636,9 @@ class TpuApiCloud:
         calls = GoogleCalls(self._retry, self._sleep)
         return calls.mutate(action, resource, fn, zone=zone, idempotent=idempotent)
 
+    def _polling(self) -> OperationPolling:
+        return OperationPolling(self._op_timeout, self._poll_interval, self._poll_max_interval, self._sleep)
+
     def _wait(self, op: Any, what: str, *, zone: str | None, progress: OperationProgress | None) -> Any:
         """Poll the operation until done; raise its translated error if it failed."""
         name = op.name
@@ -654,21 +657,9 @@ class TpuApiCloud:
                 if progress is not None:
                     progress.update(_describe_op(current, what), elapsed_s=elapsed)
 
-            try:
-                op = poll_until(
-                    get,
-                    lambda o: bool(o.done),
-                    timeout_s=self._op_timeout,
-                    initial_interval_s=self._poll_interval,
-                    max_interval_s=self._poll_max_interval,
-                    on_poll=on_poll,
-                    sleep=self._sleep,
-                )
-            except PollTimeout as exc:
-                raise TransientError(
-                    f"{what}: operation {name} is still running after {exc.elapsed_s:.0f}s",
-                    fix="it continues on the server: check its state later (tpuctl pod list / describe)",
-                ) from None
+            op = self._polling().until_done(
+                get, lambda o: bool(o.done), what=what, name=name, on_poll=on_poll
+            )
         if op.HasField("error") and op.error.code != 0:
             raise error_from_status(
                 what=what,

@@ -38,8 +38,8 @@ class Groups:
         progress.group_due.append(
             lambda conn: (
                 conn.execute(
-                    "SELECT 1 FROM compute_resources WHERE collection = ? "
-                    "AND (json_extract(extra, '$.pending') = 1 OR json_extract(extra, '$.deleting') IS NOT NULL)",
+                    "SELECT 1 FROM compute_resources WHERE collection = ? AND "
+                    "(json_extract(extra, '$.pending') = 1 OR json_extract(extra, '$.deleting') IS NOT NULL)",
                     (store.MIGS,),
                 ).fetchone()
                 is not None
