@@ -326,7 +326,15 @@ class ComputeCloud:
 
     def list_accelerator_types(self, zone: str) -> list[str]:
         """The catalog's Compute Engine types whose machine type the zone lists."""
-        offered = {m["name"] for m in self._list("machine_types", zone)}
+        try:
+            machine_types = self._list("machine_types", zone)
+        except CloudError as exc:
+            # Compute Engine answers a zone it does not know with 400 "Invalid value for field 'zone':
+            # ... Unknown zone." where the TPU API answers 404: the same meaning, told the same way.
+            if not isinstance(exc, NotFoundError) and "Unknown zone" in exc.message:
+                raise NotFoundError(exc.message, code=5) from exc
+            raise
+        offered = {m["name"] for m in machine_types}
         return [
             accel.api_name
             for accel in self._catalog.types()
