@@ -14,8 +14,8 @@ import pytest
 from api_schema import schema_problems
 
 from tpuctl.sim import SimAdminClient
-from tpuctl.testing.clock import wait_for
 from tpuctl.testing.cli import Cli
+from tpuctl.testing.clock import wait_for
 
 ZONE = "us-central1-c"
 OTHER_ZONE = "us-central1-ai1a"
