@@ -36,6 +36,7 @@ WORLD: dict[str, Any] = {
     "compute_quotas": [
         {"quota_id": "TPUS-PER-TPU-FAMILY-per-project-region", "limit": 256},
         {"quota_id": "PREEMPTIBLE-TPU7X-per-project-region", "limit": 256},
+        {"quota_id": "PREEMPTIBLE-TPU-V6E-per-project-region", "limit": 8},
     ],
     "latency": {"base_ms": 0, "jitter_ms": 0},
 }
@@ -93,6 +94,10 @@ def test_a_queued_tpu7x_8_dry_run_plans_one_flex_start_instance_insert(
     # Flex-start is placed as preemptible capacity (its quota, facts §1.4), not a queued resource.
     assert plan["request"]["flex_start"] is True and plan["request"]["queued"] is False
     assert {c["capacity"] for c in plan["candidates"]} == {"preemptible"}
+    chosen = next(c for c in plan["candidates"] if c["zone"] == ZONE)
+    assert [q["quota_id"] for q in chosen["quota"]] == ["PREEMPTIBLE-TPU7X-per-project-region"]
+    # No flex-start (nor preemptible) price for TPU7x in the catalog: the on-demand one caps it (unc.).
+    assert chosen["price_per_chip_hour"] == 12.0
     assert admin.status()["nodes"] == []
 
 
@@ -188,3 +193,17 @@ def test_queued_resource_only_options_are_refused_on_compute_naming_the_option(
     assert result.code == 2, result.stderr
     assert named in result.stderr
     assert admin.status()["nodes"] == []
+
+
+def test_a_v6e_asked_on_compute_with_queued_is_flex_start_at_the_preemptible_price(
+    admin: SimAdminClient, cli: Cli
+) -> None:
+    args = ("v6e-8", "--api", "compute", "--queued", "--zone", "us-central1-b", "--dry-run", "-o", "json")
+    result = cli("pod", "create", *args)
+    assert result.code == 0, result.stderr
+    plan = result.json["plan"]
+    (request,) = plan["requests"]
+    assert "/compute/v1/" in request["url"]
+    assert request["body"]["scheduling"]["provisioningModel"] == "FLEX_START"
+    (chosen,) = [c for c in plan["candidates"] if c["zone"] == "us-central1-b"]
+    assert chosen["capacity"] == "preemptible" and chosen["price_per_chip_hour"] == 0.544
