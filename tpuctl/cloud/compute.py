@@ -485,10 +485,12 @@ class ComputeCloud:
         self, request: NodeRequest, accel: AcceleratorType, progress: OperationProgress | None
     ) -> Node:
         what = f"create node {request.name} in {request.zone}"
+        flex = request.flex_valid_for_s
 
         def poll() -> Node:
             node = self.get_node(request.zone, request.name)
-            if node.state == "CREATING" and accel.hosts > 1:
+            # A flex-start MIG waits out a stockout (or missing quota, facts §1.4) until --valid-for.
+            if node.state == "CREATING" and accel.hosts > 1 and flex is None:
                 self._raise_if_stocked_out(request, what)
             return node
 
@@ -496,7 +498,6 @@ class ComputeCloud:
             if progress is not None:
                 progress.update(f"{what}: {node.state}", elapsed_s=elapsed)
 
-        flex = request.flex_valid_for_s
         try:
             node = poll_until(
                 poll,
