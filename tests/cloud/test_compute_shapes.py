@@ -236,3 +236,41 @@ def test_any_other_failed_operation_keeps_its_code_in_the_message() -> None:
         what="create MIG s1", errors=_op_error("INVALID_FIELD_VALUE", "bad topology"), http_status=400
     )
     assert type(err) is CloudError and "bad topology [INVALID_FIELD_VALUE]" in str(err)
+
+
+def test_a_flex_start_instance_waits_for_capacity_as_the_facts_sheet_asks() -> None:
+    body = shapes.instance_body(request(flex_valid_for_s=1799.5), _tpu7x("tpu7x-8"), project="p")
+    # facts §1.3: FLEX_START needs maxRunDuration (10 min to 7 days) and is deleted at its end; the wait
+    # for capacity is the input-only params.requestValidForDuration, a Duration of whole seconds.
+    assert body["scheduling"] == {
+        "provisioningModel": "FLEX_START",
+        "maxRunDuration": {"seconds": "604800"},
+        "instanceTerminationAction": "DELETE",
+        "onHostMaintenance": "TERMINATE",
+        "automaticRestart": False,
+    }
+    assert body["params"] == {"requestValidForDuration": {"seconds": "1800"}}
+    assert _unknown_fields(body, "Instance") == []
+    assert shapes.capacity_of(body) is CapacityType.PREEMPTIBLE  # its quota and price class
+
+
+def test_a_flex_start_mig_is_made_at_size_0_from_a_flex_start_template() -> None:
+    req = request(type_name="tpu7x-16", flex_valid_for_s=600.0)
+    accel = _tpu7x("tpu7x-16")
+    template = shapes.template_body(req, accel, project="p")
+    assert template["properties"]["scheduling"]["provisioningModel"] == "FLEX_START"
+    assert "params" not in template and "params" not in template["properties"]  # insert-only
+    mig = shapes.mig_body(req, accel, template_url="t", policy_url="w")
+    assert mig["targetSize"] == 0 and mig["targetSizePolicy"] == {"mode": "BULK"}
+    assert _unknown_fields(template, "InstanceTemplate") == []
+
+
+def test_a_request_without_flex_start_is_sent_as_before() -> None:
+    body = shapes.instance_body(request(capacity=CapacityType.SPOT), _tpu7x("tpu7x-8"), project="p")
+    assert body["scheduling"]["provisioningModel"] == "SPOT" and "params" not in body
+    mig = shapes.mig_body(request(type_name="tpu7x-16"), _tpu7x("tpu7x-16"), template_url="t", policy_url="w")
+    assert mig["targetSize"] == 2
+
+
+def _tpu7x(name: str) -> Any:
+    return Catalog.load().resolve(name)

@@ -50,6 +50,9 @@ class NodeRequest:
     external_ips: bool = False
     # Which Google API places it (TPU7x: Compute Engine only; v6e/v5p: either).
     surface: Surface = Surface.TPU_API
+    # Compute Engine flex-start (tpuctl's `--queued` there): wait at most this long for capacity; None is
+    # not flex-start. The TPU API queues through a QueuedResourceRequest instead.
+    flex_valid_for_s: float | None = None
 
 
 @dataclass(frozen=True)

@@ -54,9 +54,11 @@ T = TypeVar("T")
 GOOGLE_COMPUTE_ENDPOINT = "https://compute.googleapis.com"
 COMPUTE_SERVICE = "compute.googleapis.com"
 _INSTALL_HINT = "pip install 'google-cloud-compute>=1.57,<2' (a dependency of tpuctl: reinstall tpuctl)"
+#: How long past a flex-start request's --valid-for tpuctl waits for Compute Engine to say it failed.
+_FLEX_SLACK_S = 120.0
 _NO_QUEUED = (
-    "Compute Engine has no queued resources: its flex-start VMs take their place, which tpuctl does not "
-    "place yet"
+    "Compute Engine has no queued resources: its flex-start VMs take their place (pod create --queued "
+    "places them)"
 )
 
 
@@ -261,12 +263,30 @@ class ComputeCloud:
         if accel.hosts == 1:
             body = shapes.instance_body(request, accel, project=self._project)
             op = self._insert("instances", body, zone=request.zone, request_id=request_id)
-            self._wait(op, f"create instance {request.name} in {request.zone}", request.zone, progress)
+            what = f"create instance {request.name} in {request.zone}"
+            if request.flex_valid_for_s is None:
+                self._wait(op, what, request.zone, progress)
+            elif wait:  # a flex-start insert's operation runs until capacity is granted
+                self._wait_flex_instance(request, op, what, progress)
         else:
             self._create_multi_host(request, accel, request_id, progress)
         if not wait:
             return self.get_node(request.zone, request.name)
         return self._wait_ready(request, accel, progress)
+
+    def _wait_flex_instance(
+        self, request: NodeRequest, op: dict[str, Any], what: str, progress: OperationProgress | None
+    ) -> None:
+        """A flex-start insert's operation runs while the instance is PENDING; at its deadline Compute
+        Engine fails it and the instance deletes itself (facts §1.5). Waited on past the deadline (the
+        server's failure is the answer); whatever way the wait ends without the VM, the instance is
+        deleted, so nothing is left waiting for capacity, billing or holding quota."""
+        assert request.flex_valid_for_s is not None
+        try:
+            self._wait(op, what, request.zone, progress, timeout_s=request.flex_valid_for_s + _FLEX_SLACK_S)
+        except BaseException:
+            self._undo(request.name, request.zone, [("instances", request.zone)])
+            raise
 
     def delete_node(
         self, zone: str, name: str, *, wait: bool = True, progress: OperationProgress | None = None
@@ -388,7 +408,15 @@ class ComputeCloud:
                 f"{base}/zones/{request.zone}/instanceGroupManagers{query('instance_group_managers')}",
                 shapes.mig_body(request, accel, template_url=template_url, policy_url=policy_url),
             ),
+            *self._plan_resize(request, accel, base),
         ]
+
+    @staticmethod
+    def _plan_resize(request: NodeRequest, accel: AcceleratorType, base: str) -> list[PlannedRequest]:
+        if request.flex_valid_for_s is None:
+            return []
+        url = f"{base}/zones/{request.zone}/instanceGroupManagers/{request.name}/resize?size={accel.hosts}"
+        return [PlannedRequest("POST", url)]
 
     def plan_delete_node(self, zone: str, name: str) -> list[PlannedRequest]:
         base = f"{self._endpoint}/compute/v1/projects/{self._project}"
@@ -437,6 +465,9 @@ class ComputeCloud:
             op = self._insert("instance_group_managers", body, zone=zone, request_id=request_id)
             made.append(("instance_group_managers", zone))
             self._wait(op, f"create MIG {name} in {zone}", zone, progress)
+            if request.flex_valid_for_s is not None:
+                op = self._resize(name, zone, accel.hosts)
+                self._wait(op, f"resize MIG {name} in {zone} to {accel.hosts}", zone, progress)
         except BaseException:
             self._undo(name, zone, made)
             raise
@@ -446,7 +477,7 @@ class ComputeCloud:
         create's own error is the one to report; ``pod gc`` finds what is left)."""
         for kind, where in reversed(made):
             try:
-                if kind == "instance_group_managers":
+                if kind in ("instance_group_managers", "instances"):
                     op = self._delete(kind, name, zone=zone)
                 elif kind == "resource_policies":
                     op = self._delete(kind, name, region=where)
@@ -462,10 +493,12 @@ class ComputeCloud:
         self, request: NodeRequest, accel: AcceleratorType, progress: OperationProgress | None
     ) -> Node:
         what = f"create node {request.name} in {request.zone}"
+        flex = request.flex_valid_for_s
 
         def poll() -> Node:
             node = self.get_node(request.zone, request.name)
-            if node.state == "CREATING" and accel.hosts > 1:
+            # A flex-start MIG waits out a stockout (or missing quota, facts §1.4) until --valid-for.
+            if node.state == "CREATING" and accel.hosts > 1 and flex is None:
                 self._raise_if_stocked_out(request, what)
             return node
 
@@ -477,7 +510,10 @@ class ComputeCloud:
             node = poll_until(
                 poll,
                 lambda n: n.state != "CREATING",
-                timeout_s=self._op_timeout,
+                # A flex-start MIG waits PENDING for as long as it takes (facts §1.4): tpuctl gives up at
+                # --valid-for (real seconds here: a simulator's faster clock does not apply), as the
+                # instance insert's own deadline does.
+                timeout_s=self._op_timeout if flex is None else flex,
                 initial_interval_s=self._poll_interval,
                 max_interval_s=self._poll_max_interval,
                 on_poll=on_poll,
@@ -488,6 +524,13 @@ class ComputeCloud:
                 self._undo(request.name, request.zone, _multi_host_parts(request.zone))
             raise
         except PollTimeout as exc:
+            if flex is not None:
+                self._undo(request.name, request.zone, _parts_of(request.zone, accel))
+                raise StockoutError(
+                    f"{what}: flex-start capacity was not granted within {flex:.0f}s (--valid-for); "
+                    "everything made for it was deleted",
+                    zone=request.zone,
+                ) from None
             raise TransientError(
                 f"{what}: not ready after {exc.elapsed_s:.0f}s",
                 fix="it goes on on the server: check it later (tpuctl pod describe)",
@@ -654,8 +697,29 @@ class ComputeCloud:
             idempotent=True,
         )
 
+    def _resize(self, name: str, zone: str, size: int) -> dict[str, Any]:
+        """``instanceGroupManagers.resize``: a flex-start MIG's request for its VMs (facts §2.4)."""
+        args = {"project": self._project, "zone": zone, "instance_group_manager": name, "size": size}
+        calls = GoogleCalls(self._retry, self._sleep)
+        # Idempotent in effect: resizing to the same size again changes nothing.
+        return calls.mutate(
+            "resize MIG",
+            name,
+            lambda: _to_json(
+                self._client("instance_group_managers").resize_unary(**args, timeout=self._timeout)
+            ),
+            zone=zone,
+            idempotent=True,
+        )
+
     def _wait(
-        self, op: dict[str, Any], what: str, zone: str | None, progress: OperationProgress | None
+        self,
+        op: dict[str, Any],
+        what: str,
+        zone: str | None,
+        progress: OperationProgress | None,
+        *,
+        timeout_s: float | None = None,
     ) -> dict[str, Any]:
         """Poll the operation (zonal, regional or global, as its own fields say) until DONE; raise its
         translated error when it failed."""
@@ -684,9 +748,8 @@ class ComputeCloud:
                 if progress is not None:
                     progress.update(f"{what}: {current.get('status', '?')}", elapsed_s=elapsed)
 
-            polling = OperationPolling(
-                self._op_timeout, self._poll_interval, self._poll_max_interval, self._sleep
-            )
+            limit = self._op_timeout if timeout_s is None else max(self._op_timeout, timeout_s)
+            polling = OperationPolling(limit, self._poll_interval, self._poll_max_interval, self._sleep)
             op = polling.until_done(
                 get, lambda o: o.get("status") == "DONE", what=what, name=name, on_poll=on_poll
             )
@@ -696,6 +759,10 @@ class ComputeCloud:
                 what=what, errors=errors, http_status=_int(op.get("httpErrorStatusCode")), zone=zone
             )
         return op
+
+
+def _parts_of(zone: str, accel: AcceleratorType) -> list[tuple[str, str | None]]:
+    return [("instances", zone)] if accel.hosts == 1 else _multi_host_parts(zone)
 
 
 def _multi_host_parts(zone: str) -> list[tuple[str, str | None]]:

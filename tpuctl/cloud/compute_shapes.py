@@ -18,6 +18,7 @@ slice's type, capacity and labels in its description, as JSON, so a slice whose 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -60,7 +61,14 @@ _CAPACITY_OF_MODEL = {
     "STANDARD": CapacityType.ON_DEMAND,
     "SPOT": CapacityType.SPOT,
     "RESERVATION_BOUND": CapacityType.RESERVED,
+    # Flex-start spends preemptible quota and is time-limited (facts §1.4): tpuctl's preemptible class.
+    "FLEX_START": CapacityType.PREEMPTIBLE,
 }
+#: Flex-start's wait for capacity (``params.requestValidForDuration``) is capped at 2 h (facts §1.3).
+FLEX_VALID_FOR_MAX_S = 7200
+#: Flex-start requires ``maxRunDuration`` (facts §2.2); 10 min to 7 days (§1.3). tpuctl does not know how
+#: long a run takes, so it asks for the longest (unc.: whether a longer request waits longer for capacity).
+FLEX_MAX_RUN_S = 7 * 86400
 
 
 def scheduling(capacity: CapacityType) -> dict[str, Any]:
@@ -75,6 +83,18 @@ def scheduling(capacity: CapacityType) -> dict[str, Any]:
     if capacity.is_preemptible:
         out["instanceTerminationAction"] = "STOP"
     return out
+
+
+def flex_scheduling() -> dict[str, Any]:
+    """Flex-start (facts §1.3, §2.2): a limited runtime, deleted at its end (the documented flows all pass
+    DELETE), never live-migrated or restarted."""
+    return {
+        "provisioningModel": "FLEX_START",
+        "maxRunDuration": {"seconds": str(FLEX_MAX_RUN_S)},
+        "instanceTerminationAction": "DELETE",
+        "onHostMaintenance": "TERMINATE",
+        "automaticRestart": False,
+    }
 
 
 def instance_properties(
@@ -95,7 +115,9 @@ def instance_properties(
         ],
         "networkInterfaces": [_network_interface(request.external_ips)],
         "serviceAccounts": [{"email": "default", "scopes": [CLOUD_PLATFORM_SCOPE]}],
-        "scheduling": scheduling(request.capacity),
+        "scheduling": flex_scheduling()
+        if request.flex_valid_for_s is not None
+        else scheduling(request.capacity),
         "labels": {**request.labels, LABEL_SLICE: request.name},
         "metadata": {"items": [{"key": k, "value": v} for k, v in sorted(request.metadata.items())]},
     }
@@ -114,7 +136,17 @@ def instance_body(request: NodeRequest, accel: AcceleratorType, *, project: str)
     """``instances.insert`` of a one-host slice: the machine type is zonal there."""
     props = instance_properties(request, accel, zone=request.zone, project=project)
     props["machineType"] = f"zones/{request.zone}/machineTypes/{props['machineType']}"
-    return {"name": request.name, **props}
+    body: dict[str, Any] = {"name": request.name, **props}
+    if request.flex_valid_for_s is not None:
+        # Input-only: how long the insert waits PENDING for capacity before it fails (facts §1.3).
+        seconds = flex_valid_for_seconds(request.flex_valid_for_s)
+        body["params"] = {"requestValidForDuration": {"seconds": str(seconds)}}
+    return body
+
+
+def flex_valid_for_seconds(valid_for_s: float) -> int:
+    """Whole seconds, at least 1; above the API's 2 h cap is refused where the request is built."""
+    return max(1, math.ceil(valid_for_s))
 
 
 def workload_policy_body(name: str, topology: str) -> dict[str, Any]:
@@ -131,13 +163,15 @@ def mig_body(
     request: NodeRequest, accel: AcceleratorType, *, template_url: str, policy_url: str
 ) -> dict[str, Any]:
     """A BULK MIG of all the slice's hosts at once; DO_NOTHING, so that Compute Engine does not repair
-    one VM of a slice (the topology needs all of them, facts §2.3, §2.7): tpuctl recovers the slice."""
+    one VM of a slice (the topology needs all of them, facts §2.3, §2.7): tpuctl recovers the slice.
+    Flex-start: created at size 0 and resized to the host count afterwards (facts §2.4: a FLEX_START
+    template cannot make a MIG of non-zero size, and resize requests are refused for TPU MIGs)."""
     return {
         "name": request.name,
         "baseInstanceName": request.name,
         "description": slice_description(request, accel),
         "versions": [{"instanceTemplate": template_url}],
-        "targetSize": accel.hosts,
+        "targetSize": 0 if request.flex_valid_for_s is not None else accel.hosts,
         "targetSizePolicy": {"mode": "BULK"},
         "instanceLifecyclePolicy": {"defaultActionOnFailure": "DO_NOTHING"},
         "resourcePolicies": {"workloadPolicy": policy_url},

@@ -14,7 +14,9 @@ send. It changes nothing: it is what ``pod create --dry-run`` prints.
   is recorded in the ledger with its outcome. A failed attempt leaves nothing behind: a leftover node of
   this request is deleted, and a final sweep over the listing deletes any other.
 * ``--queued``, ``--slices N`` (N > 1) and ``--strategy race`` go through queued resources
-  (``tpuctl.services.queued``).
+  (``tpuctl.services.queued``); except ``--queued`` on Compute Engine, which has no queued resources:
+  there it is a flex-start create, placed (and failed over) like any other create, its wait for capacity
+  bounded by ``--valid-for``.
 
 Plain Python: no CLI, no rendering; progress goes to an ``OperationProgress``.
 """
@@ -42,6 +44,7 @@ from tpuctl.cloud.base import (
     QueuedResource,
     QuotaLimit,
 )
+from tpuctl.cloud.compute_shapes import FLEX_VALID_FOR_MAX_S
 from tpuctl.cloud.retry import RetryPolicy, Sleep
 from tpuctl.errors import (
     AlreadyExistsError,
@@ -122,16 +125,13 @@ def build_request(
     contacted."""
     accel = catalog.resolve(type_name)
     chosen_surface = _surface(accel, surface, settings.api)
-    if chosen_surface is Surface.COMPUTE and (queued or slices > 1 or strategy is Strategy.RACE):
-        raise UsageError(
-            "queued resources, multislice and --strategy race are TPU API placements",
-            field="api",
-            value=chosen_surface.value,
-            fix="leave out --queued, --slices and --strategy race on Compute Engine (no flex-start yet)",
-        )
     types, reservation = resolve_capacity_types(
         capacity_types=capacity_types, reserved=reserved, defaults=settings.capacity_types
     )
+    if chosen_surface is Surface.COMPUTE:
+        _check_compute(slices, strategy)
+        if queued:
+            types, valid_for_s = _flex_start(capacity_types, reservation, valid_for_s)
     _check_race(strategy, race_k, wait=wait)
     _check_valid_for(valid_for_s, queued=queued or slices > 1 or strategy is Strategy.RACE)
     explicit_zones, chosen_region = _places(settings, zones, region)
@@ -171,6 +171,44 @@ def _surface(accel: AcceleratorType, demanded: Surface | None, preferred: Surfac
     if preferred is not None and preferred in generation.surfaces:
         return preferred
     return generation.default_surface
+
+
+def _check_compute(slices: int, strategy: Strategy) -> None:
+    """Multislice and a race need queued resources, which only the TPU API has."""
+    for option, given in (("slices", slices > 1), ("strategy", strategy is Strategy.RACE)):
+        if given:
+            flag = "--slices" if option == "slices" else "--strategy race"
+            raise UsageError(
+                f"{flag} places through queued resources, which only the TPU API has",
+                field=option,
+                value=slices if option == "slices" else strategy.value,
+                fix=f"drop {flag} to place on Compute Engine, or use --api tpu where the type allows it",
+            )
+
+
+def _flex_start(
+    given: Sequence[CapacityType], reservation: str | None, valid_for_s: float | None
+) -> tuple[tuple[CapacityType, ...], float]:
+    """``--queued`` on Compute Engine is flex-start: a provisioning model of its own that spends
+    preemptible quota (facts §1.4, the stricter of its two readings), so its capacity class is
+    preemptible; a reservation is another model. It waits for capacity at most 2 h (facts §1.3): the
+    default, and the most ``--valid-for`` may say."""
+    if reservation is not None or CapacityType.RESERVED in given:
+        raise UsageError(
+            "--queued on Compute Engine is flex-start, which does not use a reservation",
+            field="capacity_types",
+            value=CapacityType.RESERVED.value,
+            fix="drop --queued to use the reservation, or drop the reservation to wait for flex-start",
+        )
+    limit = float(FLEX_VALID_FOR_MAX_S)
+    if valid_for_s is not None and valid_for_s > limit:
+        raise UsageError(
+            f"--valid-for {valid_for_s:.0f}s is longer than Compute Engine flex-start waits for capacity",
+            field="valid_for",
+            value=valid_for_s,
+            fix="give --valid-for 2h or less",
+        )
+    return (CapacityType.PREEMPTIBLE,), limit if valid_for_s is None else valid_for_s
 
 
 def _check_race(strategy: Strategy, race_k: int | None, *, wait: bool) -> None:

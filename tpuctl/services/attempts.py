@@ -318,6 +318,7 @@ def node_request(request: PlacementRequest, candidate: Candidate, label_request_
         reservation=request.reservation if candidate.capacity is CapacityType.RESERVED else None,
         description=f"created by tpuctl (request {request.request_id})",
         surface=request.surface,
+        flex_valid_for_s=request.valid_for_s if request.flex_start else None,
     )
 
 

@@ -116,8 +116,14 @@ class PlacementRequest:
 
     @property
     def uses_queued_resource(self) -> bool:
-        """A multislice and a race can only be placed through queued resources."""
-        return self.queued or self.slices > 1 or self.strategy is Strategy.RACE
+        """A multislice and a race can only be placed through queued resources; so is ``--queued`` on the
+        TPU API (on Compute Engine it is ``flex_start``)."""
+        return (self.queued and not self.flex_start) or self.slices > 1 or self.strategy is Strategy.RACE
+
+    @property
+    def flex_start(self) -> bool:
+        """``--queued`` on Compute Engine: a flex-start create that waits for capacity (facts §1.4)."""
+        return self.queued and self.surface is Surface.COMPUTE
 
     @property
     def chips(self) -> int:
@@ -154,6 +160,7 @@ class PlacementRequest:
             "region": self.region,
             "max_price_per_hour": self.max_price,
             "queued": self.uses_queued_resource,
+            "flex_start": self.flex_start,
             "valid_for_s": self.valid_for_s,
             "strategy": self.strategy.value,
             "race_k": self.race_k if self.strategy is Strategy.RACE else None,
@@ -401,6 +408,10 @@ def build_candidates(
         offer = offers.get(zone, Offer(False, "the API did not say what this zone offers"))
         for rank, capacity in enumerate(request.capacity_types):
             per_chip = catalog.price_per_chip_hour(accel, zone, capacity)
+            if per_chip is None and request.flex_start:
+                # Flex-start prices are not in the catalog (unc. for TPU7x, facts §5): its preemptible
+                # price where there is one, else on-demand, the dearer reading for the price cap.
+                per_chip = catalog.price_per_chip_hour(accel, zone, CapacityType.ON_DEMAND)
             per_hour = None if per_chip is None else per_chip * request.chips
             uses = book.uses_for(accel, zone, capacity, request.surface)
             checks = tuple(

@@ -1,0 +1,209 @@
+"""Issue 17's flex-start on the simulator: `pod create --queued` on Compute Engine is a flex-start create
+(facts §1.3-§1.5, §2.4): one host an instance that waits PENDING for capacity, several a FLEX_START
+template and a BULK MIG made at size 0 and resized to the host count; the wait is bounded by --valid-for,
+after which nothing is left and placement fails over like a stockout. Every Compute answer is checked
+against Google's compute v1 discovery document (``schema_problems``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+from api_schema import schema_problems
+
+from tpuctl.sim import SimAdminClient
+from tpuctl.testing.cli import Cli
+from tpuctl.testing.clock import wait_for
+
+ZONE = "us-central1-c"
+OTHER_ZONE = "us-central1-ai1a"
+REGION = "us-central1"
+
+__all__ = ["schema_problems"]  # a fixture
+
+WORLD: dict[str, Any] = {
+    "speed": 1000,
+    "zones": {
+        ZONE: {"tpu7x": {"on_demand": 64, "preemptible": 64}},
+        OTHER_ZONE: {"tpu7x": {"on_demand": 64, "preemptible": 64}},
+        "us-central1-b": {"v6e": {"on_demand": 8, "preemptible": 8}},
+    },
+    "quotas": {
+        "default": {"on_demand": {"zone": -1, "region": -1}, "preemptible": {"zone": -1, "region": -1}}
+    },
+    "compute_quotas": [
+        {"quota_id": "TPUS-PER-TPU-FAMILY-per-project-region", "limit": 256},
+        {"quota_id": "PREEMPTIBLE-TPU7X-per-project-region", "limit": 256},
+        {"quota_id": "PREEMPTIBLE-TPU-V6E-per-project-region", "limit": 8},
+    ],
+    "latency": {"base_ms": 0, "jitter_ms": 0},
+}
+
+
+@pytest.fixture
+def admin(serve_sim: Callable[..., SimAdminClient], schema_problems: list[str]) -> SimAdminClient:
+    return serve_sim(WORLD)
+
+
+def _compute_get(admin: SimAdminClient, path: str) -> httpx.Response:
+    project = admin.status()["project"]
+    return httpx.get(f"{admin.base_url}/compute/v1/projects/{project}/{path}", trust_env=False)
+
+
+def _items(admin: SimAdminClient, path: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = _compute_get(admin, path).json().get("items") or []
+    return items
+
+
+def _pods(cli: Cli) -> list[dict[str, Any]]:
+    pods: list[dict[str, Any]] = cli("pod", "list", "-o", "json").json["pods"]
+    return pods
+
+
+def test_a_queued_tpu7x_8_dry_run_plans_one_flex_start_instance_insert(
+    admin: SimAdminClient, cli: Cli
+) -> None:
+    result = cli(
+        "pod",
+        "create",
+        "tpu7x-8",
+        "--queued",
+        "--valid-for",
+        "30m",
+        "--zone",
+        ZONE,
+        "--dry-run",
+        "-o",
+        "json",
+    )
+    assert result.code == 0, result.stderr
+    plan = result.json["plan"]
+    (request,) = plan["requests"]
+    assert request["method"] == "POST" and httpx.URL(request["url"]).path.endswith(f"/zones/{ZONE}/instances")
+    body = request["body"]
+    assert body["scheduling"] == {
+        "provisioningModel": "FLEX_START",
+        "maxRunDuration": {"seconds": "604800"},
+        "instanceTerminationAction": "DELETE",
+        "onHostMaintenance": "TERMINATE",
+        "automaticRestart": False,
+    }
+    assert body["params"] == {"requestValidForDuration": {"seconds": "1800"}}
+    # Flex-start is placed as preemptible capacity (its quota, facts §1.4), not a queued resource.
+    assert plan["request"]["flex_start"] is True and plan["request"]["queued"] is False
+    assert {c["capacity"] for c in plan["candidates"]} == {"preemptible"}
+    chosen = next(c for c in plan["candidates"] if c["zone"] == ZONE)
+    assert [q["quota_id"] for q in chosen["quota"]] == ["PREEMPTIBLE-TPU7X-per-project-region"]
+    # No flex-start (nor preemptible) price for TPU7x in the catalog: the on-demand one caps it (unc.).
+    assert chosen["price_per_chip_hour"] == 12.0
+    assert admin.status()["nodes"] == []
+
+
+def test_a_queued_tpu7x_16_dry_run_plans_a_template_a_mig_at_0_and_a_resize_to_2(
+    admin: SimAdminClient, cli: Cli
+) -> None:
+    result = cli(
+        "pod", "create", "tpu7x-16", "--queued", "--zone", ZONE, "--name", "fx", "--dry-run", "-o", "json"
+    )
+    assert result.code == 0, result.stderr
+    policy, template, mig, resize = result.json["plan"]["requests"]
+    assert httpx.URL(policy["url"]).path.endswith(f"/regions/{REGION}/resourcePolicies")
+    assert template["body"]["properties"]["scheduling"]["provisioningModel"] == "FLEX_START"
+    assert mig["body"]["targetSize"] == 0 and mig["body"]["targetSizePolicy"] == {"mode": "BULK"}
+    url = httpx.URL(resize["url"])
+    assert resize["method"] == "POST" and url.path.endswith(f"/zones/{ZONE}/instanceGroupManagers/fx/resize")
+    assert url.params["size"] == "2" and resize["body"] is None
+    assert result.json["plan"]["request"]["valid_for_s"] == 7200  # the default: flex-start's 2 h cap
+
+
+def test_a_queued_tpu7x_8_waits_pending_then_becomes_ready(admin: SimAdminClient, cli: Cli) -> None:
+    admin.stockout(ZONE)
+    created = cli(
+        "pod", "create", "tpu7x-8", "--queued", "--zone", ZONE, "--name", "fi", "--no-wait", "-o", "json"
+    )
+    assert created.code == 0, created.stderr[-3000:]
+    instance = _compute_get(admin, f"zones/{ZONE}/instances/fi").json()
+    assert instance["status"] == "PENDING"
+    assert instance["scheduling"]["provisioningModel"] == "FLEX_START"
+    assert [(p["name"], p["state"]) for p in _pods(cli)] == [("fi", "CREATING")]
+    admin.stockout(ZONE, clear=True)  # capacity comes: PENDING -> STAGING -> RUNNING
+    wait_for(lambda: [p["state"] for p in _pods(cli)] == ["READY"], timeout=30, interval=0.05, what="READY")
+    (pod,) = _pods(cli)
+    assert pod["capacity"] == "preemptible" and pod["accelerator_type"] == "tpu7x-8"
+    assert cli("pod", "delete", "fi", "--zone", ZONE, "-y").code == 0
+    assert _compute_get(admin, f"zones/{ZONE}/instances/fi").status_code == 404
+
+
+def test_a_queued_tpu7x_16_is_a_mig_made_at_0_resized_to_2_and_ready(admin: SimAdminClient, cli: Cli) -> None:
+    created = cli("pod", "create", "tpu7x-16", "--queued", "--zone", ZONE, "--name", "fm", "-o", "json")
+    assert created.code == 0, created.stderr[-3000:]
+    assert created.json["pod"]["state"] == "READY"
+    mig = _compute_get(admin, f"zones/{ZONE}/instanceGroupManagers/fm").json()
+    assert mig["targetSize"] == 2 and mig["status"]["isStable"] is True
+    template = _compute_get(admin, "global/instanceTemplates/fm").json()
+    assert template["properties"]["scheduling"]["provisioningModel"] == "FLEX_START"
+    (pod,) = _pods(cli)
+    assert (pod["name"], pod["state"], pod["hosts"], pod["capacity"]) == ("fm", "READY", 2, "preemptible")
+    assert cli("pod", "delete", "fm", "--zone", ZONE, "-y").code == 0
+    assert _compute_get(admin, f"zones/{ZONE}/instanceGroupManagers/fm").status_code == 404
+
+
+def test_a_flex_instance_not_granted_in_time_fails_over_leaving_nothing(
+    admin: SimAdminClient, cli: Cli
+) -> None:
+    # Both zones price TPU7x alike; placement tries us-central1-ai1a first (zone order), which is out.
+    admin.stockout(OTHER_ZONE)
+    args = ("tpu7x-8", "--queued", "--valid-for", "5m", "--zone", ZONE, "--zone", OTHER_ZONE)
+    result = cli("pod", "create", *args, "-o", "json")
+    assert result.code == 0, result.stderr[-3000:]
+    attempts = [(a["zone"], a["outcome"]) for a in result.json["placement"]["attempts"]]
+    assert attempts == [(OTHER_ZONE, "stockout"), (ZONE, "created")], attempts
+    assert _items(admin, f"zones/{OTHER_ZONE}/instances") == []
+
+
+@pytest.mark.parametrize(("accel", "valid_for"), [("tpu7x-8", "5m"), ("tpu7x-16", "1s")])
+def test_a_flex_request_not_granted_in_time_is_exit_5_and_leaves_nothing(
+    admin: SimAdminClient, cli: Cli, accel: str, valid_for: str
+) -> None:
+    # One host: the insert's own deadline (simulated time). Several: tpuctl's bound (real time).
+    admin.stockout(ZONE)
+    result = cli("pod", "create", accel, "--queued", "--valid-for", valid_for, "--zone", ZONE, "--name", "fo")
+    assert result.code == 5, result.stderr[-3000:]
+    assert admin.status()["nodes"] == []
+    assert _items(admin, f"zones/{ZONE}/instances") == []
+    assert _items(admin, f"zones/{ZONE}/instanceGroupManagers") == []
+    assert _items(admin, "global/instanceTemplates") == []
+    assert _items(admin, f"regions/{REGION}/resourcePolicies") == []
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (("--slices", "2"), "--slices"),
+        (("--strategy", "race"), "--strategy race"),
+        (("--valid-for", "3h"), "--valid-for"),
+    ],
+)
+def test_queued_resource_only_options_are_refused_on_compute_naming_the_option(
+    admin: SimAdminClient, cli: Cli, args: tuple[str, ...], named: str
+) -> None:
+    result = cli("pod", "create", "tpu7x-8", "--queued", *args, "--zone", ZONE)
+    assert result.code == 2, result.stderr
+    assert named in result.stderr
+    assert admin.status()["nodes"] == []
+
+
+def test_a_v6e_asked_on_compute_with_queued_is_flex_start_at_the_preemptible_price(
+    admin: SimAdminClient, cli: Cli
+) -> None:
+    args = ("v6e-8", "--api", "compute", "--queued", "--zone", "us-central1-b", "--dry-run", "-o", "json")
+    result = cli("pod", "create", *args)
+    assert result.code == 0, result.stderr
+    plan = result.json["plan"]
+    (request,) = plan["requests"]
+    assert "/compute/v1/" in request["url"]
+    assert request["body"]["scheduling"]["provisioningModel"] == "FLEX_START"
+    (chosen,) = [c for c in plan["candidates"] if c["zone"] == "us-central1-b"]
+    assert chosen["capacity"] == "preemptible" and chosen["price_per_chip_hour"] == 0.544
