@@ -70,14 +70,20 @@ def create(
         ),
     ] = None,
     queued: Annotated[
-        bool, typer.Option("--queued", help="Place through a queued resource and wait until it is ACTIVE.")
+        bool,
+        typer.Option(
+            "--queued",
+            help="Wait for capacity: through a queued resource until it is ACTIVE (TPU API), or as a "
+            "flex-start VM or MIG (Compute Engine).",
+        ),
     ] = False,
     valid_for: Annotated[
         str | None,
         typer.Option(
             "--valid-for",
             metavar="DURATION",
-            help="Queued resources: give up after this long, e.g. 2h, 30m, 1h30m.",
+            help="With --queued: give up after this long, e.g. 2h, 30m, 1h30m (flex-start: at most 2h, "
+            "the default).",
         ),
     ] = None,
     strategy: Annotated[

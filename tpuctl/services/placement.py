@@ -46,7 +46,11 @@ from tpuctl.services.quota import QuotaBook, QuotaUse, quota_units
 
 QUEUED_CAPACITY = params.QUEUED_CAPACITY
 DEFAULT_RACE_K = 3
-QUOTA_REQUEST_URL = "https://console.cloud.google.com/iam-admin/quotas?service=tpu.googleapis.com"
+#: Where quota is requested, per surface: each API's TPU quotas are its own (disjoint pools).
+QUOTA_REQUEST_URLS = {
+    Surface.TPU_API: "https://console.cloud.google.com/iam-admin/quotas?service=tpu.googleapis.com",
+    Surface.COMPUTE: "https://console.cloud.google.com/iam-admin/quotas?service=compute.googleapis.com",
+}
 
 
 class Strategy(StrEnum):
@@ -668,6 +672,7 @@ def _no_quota(request: PlacementRequest, what: str, priced: list[Candidate]) -> 
     closest = max(priced, key=lambda c: min((q.headroom for q in c.quota), default=math.inf))
     head = f"not enough quota for {what} ({needed} {unit}) in any of {len(priced)} candidates"
     fixes = []
+    quota_url = QUOTA_REQUEST_URLS[request.surface]
     if over_limit:
         # Each candidate's binding limit (its lowest short one); the most generous of those.
         binding = [min((q for q in c.quota if not q.fits), key=limit_of) for c in priced]
@@ -680,7 +685,7 @@ def _no_quota(request: PlacementRequest, what: str, priced: list[Candidate]) -> 
         fixes.append(
             f"request a limit of at least {needed} {unit} for {', '.join(ids[:3])}"
             + (f" (+{len(ids) - 3} more)" if len(ids) > 3 else "")
-            + f" ({QUOTA_REQUEST_URL})"
+            + f" ({quota_url})"
         )
         fixes.append("or ask for fewer chips (a smaller type, fewer slices)")
     else:
@@ -689,7 +694,7 @@ def _no_quota(request: PlacementRequest, what: str, priced: list[Candidate]) -> 
         fixes.append("choose another type or zone")
         if any(q.reclaimable for _, q in short):
             fixes.append("free quota held by preempted or failed slices with `tpuctl pod gc`")
-        fixes.append(f"request more quota ({QUOTA_REQUEST_URL})")
+        fixes.append(f"request more quota ({quota_url})")
     if not any(c.is_preemptible for c in request.capacity_types):
         fixes.append("allow spot capacity (--spot), whose quota is separate from on-demand")
     return Verdict.NO_QUOTA, message + " (-o json lists every candidate)", "; ".join(fixes)
