@@ -29,6 +29,7 @@ from recovery_helpers import (
 
 from tpuctl.sim import SimAdminClient
 from tpuctl.testing.cli import Cli
+from tpuctl.testing.clock import wait_for
 
 ZONE = "us-central1-c"
 OTHER_ZONE = "us-central1-ai1a"
@@ -113,6 +114,32 @@ def test_a_tpu7x_32_spot_slice_is_a_workload_policy_a_template_and_a_bulk_mig_of
     ):
         assert _compute_get(admin, path).status_code == 404, path
     assert cli("pod", "list", "-o", "json").json["pods"] == []
+
+
+def test_a_preempted_tpu7x_slice_is_described_and_collected_with_its_three_parts(
+    admin: SimAdminClient, cli: Cli
+) -> None:
+    assert cli("pod", "create", "tpu7x-16", "--spot", "--zone", ZONE, "--name", "gone").code == 0
+    described = cli("pod", "describe", "gone", "--zone", ZONE, "-o", "json").json["pod"]
+    assert (described["accelerator_type"], described["hosts"], described["state"]) == ("tpu7x-16", 2, "READY")
+    admin.preempt_compute(ZONE, "gone", notice=False)
+
+    def state() -> str:
+        return str(cli("pod", "describe", "gone", "--zone", ZONE, "-o", "json").json["pod"]["state"])
+
+    assert wait_for(lambda: state() == "PREEMPTED", timeout=30, interval=0.2, what="the slice PREEMPTED")
+    plan = cli("pod", "gc", "--dry-run", "-o", "json").json
+    (item,) = plan["gc"]
+    assert (item["name"], item["state"]) == ("gone", "PREEMPTED")
+    # The MIG (its VMs with it), then the template and the workload policy it used.
+    assert [(r["method"], httpx.URL(r["url"]).path.split("/")[-2]) for r in item["requests"]] == [
+        ("DELETE", "instanceGroupManagers"),
+        ("DELETE", "instanceTemplates"),
+        ("DELETE", "resourcePolicies"),
+    ]
+    assert cli("pod", "gc", "-y").code == 0
+    assert cli("pod", "list", "-o", "json").json["pods"] == []
+    assert _compute_get(admin, "global/instanceTemplates/gone").status_code == 404
 
 
 def test_v5e_has_no_compute_engine_path(admin: SimAdminClient, cli: Cli) -> None:
