@@ -16,7 +16,8 @@ Facts about the client this module relies on (google-cloud-compute 1.57, facts Â
 * Messages go over the wire as REST JSON; this module converts to and from that JSON at its edge
   (``_to_json``/``_message``), so the bodies are the ones ``--dry-run`` shows.
 
-Like ``TpuApiCloud``, ``google.cloud.compute_v1`` is imported on first use only.
+Like ``TpuApiCloud``, google-cloud-compute is imported on first use only, and only the clients it uses
+(``compute_sdk``: the package's own ``__init__`` imports about 100 services).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from tpuctl.cloud.base import (
     QueuedResourceRequest,
     QuotaLimit,
 )
+from tpuctl.cloud.compute_sdk import compute_v1
 from tpuctl.cloud.google_calls import GoogleCalls, OperationPolling, credentials_for
 from tpuctl.cloud.quotas import CloudQuotasClient, _default_credentials
 from tpuctl.cloud.retry import PollTimeout, RetryPolicy, Sleep, poll_until
@@ -53,21 +55,12 @@ T = TypeVar("T")
 
 GOOGLE_COMPUTE_ENDPOINT = "https://compute.googleapis.com"
 COMPUTE_SERVICE = "compute.googleapis.com"
-_INSTALL_HINT = "pip install 'google-cloud-compute>=1.57,<2' (a dependency of tpuctl: reinstall tpuctl)"
 #: How long past a flex-start request's --valid-for tpuctl waits for Compute Engine to say it failed.
 _FLEX_SLACK_S = 120.0
 _NO_QUEUED = (
     "Compute Engine has no queued resources: its flex-start VMs take their place (pod create --queued "
     "places them)"
 )
-
-
-def _compute_v1() -> Any:
-    try:
-        from google.cloud import compute_v1
-    except ImportError as exc:
-        raise CloudError(f"google-cloud-compute is not importable ({exc})", fix=_INSTALL_HINT) from None
-    return compute_v1
 
 
 class ComputeCloud:
@@ -605,10 +598,10 @@ class ComputeCloud:
         with self._lock:
             client = self._clients.get(kind)
             if client is None:
-                compute_v1 = _compute_v1()
+                sdk = compute_v1()
                 from google.api_core.client_options import ClientOptions
 
-                cls = getattr(compute_v1, _CLIENT_CLASSES[kind])
+                cls = getattr(sdk, _CLIENT_CLASSES[kind])
                 client = cls(
                     credentials=self._resolve_credentials(),
                     transport="rest",
@@ -653,11 +646,11 @@ class ComputeCloud:
         region: str | None = None,
         request_id: str | None = None,
     ) -> dict[str, Any]:
-        compute_v1 = _compute_v1()
+        sdk = compute_v1()
         resource_field, message_class = _RESOURCE_FIELDS[kind]
         fields: dict[str, Any] = {
             "project": self._project,
-            resource_field: _message(getattr(compute_v1, message_class), body),
+            resource_field: _message(getattr(sdk, message_class), body),
         }
         if zone is not None:
             fields["zone"] = zone
