@@ -12,34 +12,13 @@ from typing import Any
 import httpx
 import pytest
 from api_schema import schema_problems
+from compute_cli_helpers import OTHER_ZONE, REGION, WORLD, ZONE, compute_get
 
 from tpuctl.sim import SimAdminClient
 from tpuctl.testing.cli import Cli
 from tpuctl.testing.clock import wait_for
 
-ZONE = "us-central1-c"
-OTHER_ZONE = "us-central1-ai1a"
-REGION = "us-central1"
-
 __all__ = ["schema_problems"]  # a fixture
-
-WORLD: dict[str, Any] = {
-    "speed": 1000,
-    "zones": {
-        ZONE: {"tpu7x": {"on_demand": 64, "preemptible": 64}},
-        OTHER_ZONE: {"tpu7x": {"on_demand": 64, "preemptible": 64}},
-        "us-central1-b": {"v6e": {"on_demand": 8, "preemptible": 8}},
-    },
-    "quotas": {
-        "default": {"on_demand": {"zone": -1, "region": -1}, "preemptible": {"zone": -1, "region": -1}}
-    },
-    "compute_quotas": [
-        {"quota_id": "TPUS-PER-TPU-FAMILY-per-project-region", "limit": 256},
-        {"quota_id": "PREEMPTIBLE-TPU7X-per-project-region", "limit": 256},
-        {"quota_id": "PREEMPTIBLE-TPU-V6E-per-project-region", "limit": 8},
-    ],
-    "latency": {"base_ms": 0, "jitter_ms": 0},
-}
 
 
 @pytest.fixture
@@ -47,13 +26,8 @@ def admin(serve_sim: Callable[..., SimAdminClient], schema_problems: list[str]) 
     return serve_sim(WORLD)
 
 
-def _compute_get(admin: SimAdminClient, path: str) -> httpx.Response:
-    project = admin.status()["project"]
-    return httpx.get(f"{admin.base_url}/compute/v1/projects/{project}/{path}", trust_env=False)
-
-
 def _items(admin: SimAdminClient, path: str) -> list[dict[str, Any]]:
-    items: list[dict[str, Any]] = _compute_get(admin, path).json().get("items") or []
+    items: list[dict[str, Any]] = compute_get(admin, path).json().get("items") or []
     return items
 
 
@@ -124,7 +98,7 @@ def test_a_queued_tpu7x_8_waits_pending_then_becomes_ready(admin: SimAdminClient
         "pod", "create", "tpu7x-8", "--queued", "--zone", ZONE, "--name", "fi", "--no-wait", "-o", "json"
     )
     assert created.code == 0, created.stderr[-3000:]
-    instance = _compute_get(admin, f"zones/{ZONE}/instances/fi").json()
+    instance = compute_get(admin, f"zones/{ZONE}/instances/fi").json()
     assert instance["status"] == "PENDING"
     assert instance["scheduling"]["provisioningModel"] == "FLEX_START"
     assert [(p["name"], p["state"]) for p in _pods(cli)] == [("fi", "CREATING")]
@@ -133,21 +107,21 @@ def test_a_queued_tpu7x_8_waits_pending_then_becomes_ready(admin: SimAdminClient
     (pod,) = _pods(cli)
     assert pod["capacity"] == "preemptible" and pod["accelerator_type"] == "tpu7x-8"
     assert cli("pod", "delete", "fi", "--zone", ZONE, "-y").code == 0
-    assert _compute_get(admin, f"zones/{ZONE}/instances/fi").status_code == 404
+    assert compute_get(admin, f"zones/{ZONE}/instances/fi").status_code == 404
 
 
 def test_a_queued_tpu7x_16_is_a_mig_made_at_0_resized_to_2_and_ready(admin: SimAdminClient, cli: Cli) -> None:
     created = cli("pod", "create", "tpu7x-16", "--queued", "--zone", ZONE, "--name", "fm", "-o", "json")
     assert created.code == 0, created.stderr[-3000:]
     assert created.json["pod"]["state"] == "READY"
-    mig = _compute_get(admin, f"zones/{ZONE}/instanceGroupManagers/fm").json()
+    mig = compute_get(admin, f"zones/{ZONE}/instanceGroupManagers/fm").json()
     assert mig["targetSize"] == 2 and mig["status"]["isStable"] is True
-    template = _compute_get(admin, "global/instanceTemplates/fm").json()
+    template = compute_get(admin, "global/instanceTemplates/fm").json()
     assert template["properties"]["scheduling"]["provisioningModel"] == "FLEX_START"
     (pod,) = _pods(cli)
     assert (pod["name"], pod["state"], pod["hosts"], pod["capacity"]) == ("fm", "READY", 2, "preemptible")
     assert cli("pod", "delete", "fm", "--zone", ZONE, "-y").code == 0
-    assert _compute_get(admin, f"zones/{ZONE}/instanceGroupManagers/fm").status_code == 404
+    assert compute_get(admin, f"zones/{ZONE}/instanceGroupManagers/fm").status_code == 404
 
 
 def test_a_flex_instance_not_granted_in_time_fails_over_leaving_nothing(

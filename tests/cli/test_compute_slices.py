@@ -16,6 +16,7 @@ import httpx
 import pytest
 import yaml
 from api_schema import schema_problems
+from compute_cli_helpers import OTHER_ZONE, REGION, WORLD, ZONE, compute_get
 from recovery_helpers import (
     HOST_XLA_ENV,
     LM_ARGS,
@@ -31,40 +32,14 @@ from tpuctl.sim import SimAdminClient
 from tpuctl.testing.cli import Cli
 from tpuctl.testing.clock import wait_for
 
-ZONE = "us-central1-c"
-OTHER_ZONE = "us-central1-ai1a"
-REGION = "us-central1"
 IMAGE_FAMILY = "projects/ubuntu-os-accelerator-images/global/images/family/ubuntu-accel-2404-amd64-tpu-tpu7x"
 
 __all__ = ["schema_problems"]  # a fixture
-
-WORLD: dict[str, Any] = {
-    "speed": 1000,
-    "zones": {
-        ZONE: {"tpu7x": {"on_demand": 64, "preemptible": 64}},
-        OTHER_ZONE: {"tpu7x": {"on_demand": 64, "preemptible": 64}},
-        "us-central1-a": {"v5e": {"on_demand": 8, "preemptible": 8}},
-        "us-central1-b": {"v6e": {"on_demand": 8, "preemptible": 8}},
-    },
-    "quotas": {
-        "default": {"on_demand": {"zone": -1, "region": -1}, "preemptible": {"zone": -1, "region": -1}}
-    },
-    "compute_quotas": [
-        {"quota_id": "TPUS-PER-TPU-FAMILY-per-project-region", "limit": 256},
-        {"quota_id": "PREEMPTIBLE-TPU7X-per-project-region", "limit": 256},
-    ],
-    "latency": {"base_ms": 0, "jitter_ms": 0},
-}
 
 
 @pytest.fixture
 def admin(serve_sim: Callable[..., SimAdminClient], schema_problems: list[str]) -> SimAdminClient:
     return serve_sim(WORLD)
-
-
-def _compute_get(admin: SimAdminClient, path: str) -> httpx.Response:
-    status = admin.status()
-    return httpx.get(f"{admin.base_url}/compute/v1/projects/{status['project']}/{path}", trust_env=False)
 
 
 def test_a_tpu7x_8_dry_run_plans_one_instance_insert_of_the_tpu7x_machine_type(
@@ -90,12 +65,12 @@ def test_a_tpu7x_32_spot_slice_is_a_workload_policy_a_template_and_a_bulk_mig_of
 ) -> None:
     created = cli("pod", "create", "tpu7x-32", "--spot", "--zone", ZONE, "--name", "ir", "-o", "json")
     assert created.code == 0, created.stderr[-3000:]
-    policy = _compute_get(admin, f"regions/{REGION}/resourcePolicies/ir").json()
+    policy = compute_get(admin, f"regions/{REGION}/resourcePolicies/ir").json()
     assert policy["workloadPolicy"] == {"type": "HIGH_THROUGHPUT", "acceleratorTopology": "2x2x4"}
-    template = _compute_get(admin, "global/instanceTemplates/ir").json()
+    template = compute_get(admin, "global/instanceTemplates/ir").json()
     assert template["properties"]["machineType"] == "tpu7x-standard-4t"
     assert template["properties"]["scheduling"]["provisioningModel"] == "SPOT"
-    mig = _compute_get(admin, f"zones/{ZONE}/instanceGroupManagers/ir").json()
+    mig = compute_get(admin, f"zones/{ZONE}/instanceGroupManagers/ir").json()
     assert mig["targetSize"] == 4 and mig["targetSizePolicy"]["mode"] == "BULK"
     assert mig["instanceLifecyclePolicy"]["defaultActionOnFailure"] == "DO_NOTHING"
     assert mig["status"]["isStable"] is True
@@ -112,7 +87,7 @@ def test_a_tpu7x_32_spot_slice_is_a_workload_policy_a_template_and_a_bulk_mig_of
         "global/instanceTemplates/ir",
         f"regions/{REGION}/resourcePolicies/ir",
     ):
-        assert _compute_get(admin, path).status_code == 404, path
+        assert compute_get(admin, path).status_code == 404, path
     assert cli("pod", "list", "-o", "json").json["pods"] == []
 
 
@@ -139,7 +114,7 @@ def test_a_preempted_tpu7x_slice_is_described_and_collected_with_its_three_parts
     ]
     assert cli("pod", "gc", "-y").code == 0
     assert cli("pod", "list", "-o", "json").json["pods"] == []
-    assert _compute_get(admin, "global/instanceTemplates/gone").status_code == 404
+    assert compute_get(admin, "global/instanceTemplates/gone").status_code == 404
 
 
 def test_v5e_has_no_compute_engine_path(admin: SimAdminClient, cli: Cli) -> None:
