@@ -40,7 +40,7 @@ from tpuctl.cloud.base import (
     QueuedResourceRequest,
     QuotaLimit,
 )
-from tpuctl.cloud.compute_sdk import compute_v1
+from tpuctl.cloud.compute_sdk import CLIENTS, compute_v1
 from tpuctl.cloud.google_calls import GoogleCalls, OperationPolling, credentials_for
 from tpuctl.cloud.quotas import CloudQuotasClient, _default_credentials
 from tpuctl.cloud.retry import PollTimeout, RetryPolicy, Sleep, poll_until
@@ -767,18 +767,8 @@ def _multi_host_parts(zone: str) -> list[tuple[str, str | None]]:
     ]
 
 
-#: kind -> the compute_v1 client class.
-_CLIENT_CLASSES = {
-    "instances": "InstancesClient",
-    "instance_group_managers": "InstanceGroupManagersClient",
-    "instance_templates": "InstanceTemplatesClient",
-    "resource_policies": "ResourcePoliciesClient",
-    "machine_types": "MachineTypesClient",
-    "zones": "ZonesClient",
-    "zone_operations": "ZoneOperationsClient",
-    "region_operations": "RegionOperationsClient",
-    "global_operations": "GlobalOperationsClient",
-}
+#: kind (the service module's name) -> the compute_v1 client class, from compute_sdk's one list.
+_CLIENT_CLASSES = {service: name for name, service in CLIENTS.items()}
 #: kind -> the keyword naming one resource in get/delete.
 _NAME_FIELDS = {
     "instances": "instance",

@@ -57,14 +57,15 @@ class SurfaceRouter:
         with self._lock:
             self._known[(zone, name)] = surface
 
-    def _surfaces_of(self, zone: str, name: str) -> list[Surface]:
+    def _known_surface(self, zone: str, name: str) -> Surface | None:
         with self._lock:
-            known = self._known.get((zone, name))
-        return [known] if known is not None else [Surface.TPU_API, Surface.COMPUTE]
+            return self._known.get((zone, name))
 
     def _on_slice(self, zone: str, name: str) -> tuple[Surface, Node]:
-        """The surface holding the slice, and the slice; NotFoundError from the last surface tried."""
-        surfaces = self._surfaces_of(zone, name)
+        """The surface holding the slice, and the slice: the remembered surface alone, else the TPU API
+        first, then Compute Engine; NotFoundError from the last surface tried."""
+        known = self._known_surface(zone, name)
+        surfaces = [known] if known is not None else [Surface.TPU_API, Surface.COMPUTE]
         for i, surface in enumerate(surfaces):
             try:
                 node = self._clouds[surface].get_node(zone, name)
@@ -75,6 +76,11 @@ class SurfaceRouter:
             self._remember(zone, name, surface)
             return surface, node
         raise NotFoundError(f"get node {name} in {zone}: not found", code=5)  # pragma: no cover
+
+    def _surface_of(self, zone: str, name: str) -> Surface:
+        """Where a slice lives, for a call that reads it itself (delete, stop, host keys): the remembered
+        surface without asking, else found with one look-up."""
+        return self._known_surface(zone, name) or self._on_slice(zone, name)[0]
 
     # --- slices ----------------------------------------------------------------------------------
 
@@ -90,7 +96,7 @@ class SurfaceRouter:
         return self._on_slice(zone, name)[1]
 
     def host_keys(self, zone: str, name: str) -> list[tuple[str, ...]]:
-        surface, _ = self._on_slice(zone, name)
+        surface = self._surface_of(zone, name)
         return self._clouds[surface].host_keys(zone, name)
 
     def create_node(
@@ -108,15 +114,15 @@ class SurfaceRouter:
     def delete_node(
         self, zone: str, name: str, *, wait: bool = True, progress: OperationProgress | None = None
     ) -> None:
-        surface, _ = self._on_slice(zone, name)
+        surface = self._surface_of(zone, name)
         self._clouds[surface].delete_node(zone, name, wait=wait, progress=progress)
 
     def stop_node(self, zone: str, name: str, *, wait: bool = True) -> Node:
-        surface, _ = self._on_slice(zone, name)
+        surface = self._surface_of(zone, name)
         return self._clouds[surface].stop_node(zone, name, wait=wait)
 
     def start_node(self, zone: str, name: str, *, wait: bool = True) -> Node:
-        surface, _ = self._on_slice(zone, name)
+        surface = self._surface_of(zone, name)
         return self._clouds[surface].start_node(zone, name, wait=wait)
 
     # --- queued resources: the TPU API's ---------------------------------------------------------
@@ -180,7 +186,7 @@ class SurfaceRouter:
         return self._tpu.plan_create_queued_resource(request, request_id=request_id)
 
     def plan_delete_node(self, zone: str, name: str) -> list[PlannedRequest]:
-        surface, _ = self._on_slice(zone, name)
+        surface = self._surface_of(zone, name)
         return self._clouds[surface].plan_delete_node(zone, name)
 
     def plan_delete_queued_resource(
