@@ -60,6 +60,33 @@ def test_a_tpu7x_8_dry_run_plans_one_instance_insert_of_the_tpu7x_machine_type(
     assert admin.status()["nodes"] == []  # a plan changes nothing
 
 
+def test_a_run_on_compute_engine_plans_each_host_its_tpu_worker_identity(
+    admin: SimAdminClient, cli: Cli, tmp_path: Path
+) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+
+    def hosts(*flags: str) -> list[dict[str, Any]]:
+        result = cli("run", str(script), *flags, "--dry-run", "-o", "json")
+        assert result.code == 0, result.stderr
+        return list(result.json["plan"]["hosts"])
+
+    # Compute Engine publishes no agent-worker-number for certain (facts §8.1): every host's launch reads
+    # TPU_WORKER_ID / TPU_WORKER_HOSTNAMES from its metadata server, where JAX's GKE path finds them.
+    compute = hosts("--type", "tpu7x-16", "--zone", ZONE)
+    assert len(compute) == 2
+    for host in compute:
+        assert " launch " in host["command"] and " --tpu-worker-env " in host["command"]
+        assert "tpu-env" in host["env"]["TPU_WORKER_ID"]
+        assert "worker-network-endpoints" in host["env"]["TPU_WORKER_HOSTNAMES"]
+    # A user's own value is the program's, and is not shown as derived.
+    (mine, _) = hosts("--type", "tpu7x-16", "--zone", ZONE, "--env", "TPU_WORKER_HOSTNAMES=a,b")
+    assert mine["env"]["TPU_WORKER_HOSTNAMES"] == "a,b"
+    # The TPU API publishes agent-worker-number: its hosts' programs are left as they are.
+    for host in hosts("--type", "v6e-16", "--zone", "us-central1-b", "--api", "tpu"):
+        assert "--tpu-worker-env" not in host["command"] and "TPU_WORKER_ID" not in host["env"]
+
+
 def test_a_tpu7x_32_spot_slice_is_a_workload_policy_a_template_and_a_bulk_mig_of_4_hosts(
     admin: SimAdminClient, cli: Cli
 ) -> None:

@@ -173,3 +173,52 @@ def test_detector_hands_jax_an_address_on_a_compute_engine_slice(
     assert p.returncode == 0, p.describe()
     # JAX gets (and binds, on host 0) an address: gRPC would not resolve the instance name.
     assert p.stdout.split("\n")[:2] == ["('127.16.0.2:23456', 2, 1, None)", "127.16.0.2:23456"]
+
+
+@pytest.fixture
+def ce_server_without_worker_number(ce_server: _VpcServer) -> _VpcServer:
+    # The stricter reading of ce-tpu-facts §8.1: a Compute Engine VM does not publish it.
+    del ce_server.values["instance/attributes/agent-worker-number"]
+    return ce_server
+
+
+def test_without_agent_worker_number_jaxs_gke_variables_describe_the_slice(
+    run_py: Callable[..., Any], ce_server_without_worker_number: _VpcServer
+) -> None:
+    server = ce_server_without_worker_number
+    env = sim_host_env("r", 1, 2, 2, 23456, "tpu7x-16", "2x2x2", "/ck", 0, REPO, metadata_host=server.host)
+    env.update(TPU_WORKER_ID="1", TPU_WORKER_HOSTNAMES="m-1abc,m-2def")
+    p = run_py(["-c", DETECT], env=env, timeout=60)
+    assert p.returncode == 0, p.describe()
+    assert p.stdout.split("\n")[:2] == ["('127.16.0.2:23456', 2, 1, None)", "127.16.0.2:23456"]
+    # JAX's GCE way was tried first, as long as JAX tries it (6 times), before the GKE way answered.
+    asked = [path for path, _, _ in server.requests if path.endswith("/agent-worker-number")]
+    assert len(asked) == 6
+
+
+def test_without_either_the_slice_is_not_detected(
+    ce_server_without_worker_number: _VpcServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GCE_METADATA_HOST", ce_server_without_worker_number.host)
+    for name in (
+        "TPU_WORKER_ID",
+        "TPU_WORKER_HOSTNAMES",
+        "TPU_PROCESS_ADDRESSES",
+        "TPUCTL_COORDINATOR_ADDRESS",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    sleeps: list[float] = []
+    assert simcluster.slice_workers(sleep=sleeps.append) is None
+    assert sleeps == [0.5] * 5
+    with pytest.raises(
+        RuntimeError, match="publishes no agent-worker-number and neither TPU_PROCESS_ADDRESSES"
+    ):
+        simcluster.coordinator_address()
+    # TPU_PROCESS_ADDRESSES wins over TPU_WORKER_HOSTNAMES, as in JAX; a port on an entry is not the host's.
+    monkeypatch.setenv("TPU_WORKER_ID", "0")
+    monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "m-2def,m-1abc")
+    monkeypatch.setenv("TPU_PROCESS_ADDRESSES", "m-1abc:8476,m-2def:8476")
+    assert simcluster.slice_workers(sleep=sleeps.append) == (0, ["m-1abc", "m-2def"])
+    monkeypatch.setenv("TPU_WORKER_ID", "")
+    with pytest.raises(RuntimeError, match="TPU_WORKER_ID is '', not a number"):
+        simcluster.slice_workers(sleep=sleeps.append)

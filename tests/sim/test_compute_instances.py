@@ -53,7 +53,9 @@ def test_insert_runs_through_provisioning_staging_running(compute: tuple[SimServ
     with httpx.Client(headers=headers) as http:
         assert http.get(base + "attributes/accelerator-type").text == "tpu7x-8"
         assert http.get(base + "attributes/worker-network-endpoints").text == "vm-1"
-        assert http.get(base + "attributes/agent-worker-number").text == "0"
+        # Whether Compute Engine publishes agent-worker-number is unconfirmed: by default it does not.
+        assert http.get(base + "attributes/agent-worker-number").status_code == 404
+        assert "TPU_WORKER_ID: '0'" in http.get(base + "attributes/tpu-env").text
         env = http.get(base + "attributes/tpu-env").text
         assert "TPU_ACCELERATOR_TYPE: 'tpu7x-8'" in env and "TOPOLOGY: '2x2x1'" in env
         assert "HOST_BOUNDS: '1,1,1'" in env and "CHIPS_PER_HOST_BOUNDS: '2,2,1'" in env
@@ -78,6 +80,18 @@ def test_insert_runs_through_provisioning_staging_running(compute: tuple[SimServ
     ):
         c.instances.get(project=PROJECT, zone=ZONE, instance="vm-1")
     wait_for(lambda: not any(h.address == nic.network_i_p for h in server.fleet.served()), timeout=10)
+
+
+def test_the_world_can_say_compute_engine_publishes_agent_worker_number(start_server) -> None:  # type: ignore[no-untyped-def]
+    server = start_server(compute_world(compute_agent_worker_number=True))
+    c = Clients(server.url)
+    c.done(c.instances.insert(project=PROJECT, zone=ZONE, instance_resource=instance_body("vm-2")))
+    address = c.instances.get(project=PROJECT, zone=ZONE, instance="vm-2").network_interfaces[0].network_i_p
+    wait_for(lambda: any(h.address == address for h in server.fleet.served()), timeout=30)
+    url = (
+        f"http://{address}:{server.metadata_port}/computeMetadata/v1/instance/attributes/agent-worker-number"
+    )
+    assert httpx.get(url, headers={"Metadata-Flavor": "Google"}).text == "0"
 
 
 def test_insert_validation(compute: tuple[SimServer, Clients]) -> None:

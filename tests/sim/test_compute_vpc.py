@@ -7,14 +7,14 @@ from __future__ import annotations
 import asyncio
 import socket
 import sys
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import asyncssh
 import httpx
-import pytest
 from api_schema import schema_problems
-from compute_helpers import ZONE, Clients, compute, mig_body, setup_slice_records
+from compute_helpers import ZONE, Clients, compute, compute_world, mig_body, setup_slice_records
 from google.cloud import compute_v1
 from sim_helpers import PROJECT
 
@@ -102,11 +102,17 @@ def _run(address: str, port: int, key: asyncssh.SSHKey, command: str) -> asyncss
     return asyncio.run(run())
 
 
-@pytest.mark.parametrize(("accel", "topology", "hosts"), [("tpu7x-16", "2x2x2", 2), ("tpu7x-32", "2x2x4", 4)])
-def test_unmodified_jax_distributed_joins_a_compute_engine_slice(
-    compute: tuple[SimServer, Clients], accel: str, topology: str, hosts: int
-) -> None:
-    server, c = compute
+#: What tpuctl's launcher does on a Compute Engine host (follow.py --tpu-worker-env), as shell words: JAX's
+#: GKE variables, read from the host's own metadata server.
+DERIVE = (
+    "export $(PYTHONPATH={repo} {python} -c 'import os; from tpuctl.hosts.worker_identity import "
+    'tpu_worker_env as t; print(" ".join(f"{{k}}={{v}}" for k, v in t(dict(os.environ)).items()))\') && '
+)
+
+
+def _psum_on_every_host(
+    server: SimServer, c: Clients, accel: str, topology: str, hosts: int, prefix: str = ""
+) -> list[asyncssh.SSHCompletedProcess]:
     _, addresses, key = _slice(server, c, topology, hosts)
     port = _free_port()
     commands = []
@@ -116,10 +122,13 @@ def test_unmodified_jax_distributed_joins_a_compute_engine_slice(
         # The session's own GCE_METADATA_HOST (its VM's metadata server) is the one to keep.
         assignments = " ".join(f"{k}={v}" for k, v in env.items() if not k.startswith("GCE_METADATA"))
         commands.append(
-            f"env {assignments} XLA_FLAGS=--xla_backend_optimization_level=0 {sys.executable} {PSUM}"
+            f"{prefix}env {assignments} XLA_FLAGS=--xla_backend_optimization_level=0 {sys.executable} {PSUM}"
         )
     with ThreadPoolExecutor(hosts) as pool:
-        runs = list(pool.map(lambda w: _run(addresses[w], server.ssh_port, key, commands[w]), range(hosts)))
+        return list(pool.map(lambda w: _run(addresses[w], server.ssh_port, key, commands[w]), range(hosts)))
+
+
+def _assert_joined(runs: list[asyncssh.SSHCompletedProcess], hosts: int) -> None:
     seen = set()
     for done in runs:
         assert done.exit_status == 0, done.stderr
@@ -129,3 +138,30 @@ def test_unmodified_jax_distributed_joins_a_compute_engine_slice(
         n = 2 * hosts
         assert (int(pcount), int(dcount), int(local), float(total)) == (hosts, n, 2, n * (n + 1) / 2)
     assert seen == set(range(hosts))
+
+
+def test_unmodified_jax_joins_a_compute_engine_slice_through_the_variables_tpuctl_derives(
+    compute: tuple[SimServer, Clients],
+) -> None:
+    server, c = compute
+    runs = _psum_on_every_host(
+        server, c, "tpu7x-32", "2x2x4", 4, DERIVE.format(repo=REPO, python=sys.executable)
+    )
+    _assert_joined(runs, 4)
+
+
+def test_without_them_unmodified_jax_finds_no_slice_where_agent_worker_number_is_not_published(
+    compute: tuple[SimServer, Clients],
+) -> None:
+    server, c = compute
+    runs = _psum_on_every_host(server, c, "tpu7x-16", "2x2x2", 2)
+    for done in runs:
+        assert done.exit_status != 0
+        assert "coordinator_address should be defined" in str(done.stderr)
+
+
+def test_unmodified_jax_joins_on_its_own_where_the_world_publishes_agent_worker_number(
+    start_server: Callable[..., SimServer], schema_problems: list[str]
+) -> None:
+    server = start_server(compute_world(compute_agent_worker_number=True))
+    _assert_joined(_psum_on_every_host(server, Clients(server.url), "tpu7x-16", "2x2x2", 2), 2)

@@ -153,6 +153,7 @@ def _runtime_files() -> list[tuple[str, Path]]:
         ("tpuctl/__init__.py", root / "__init__.py"),
         ("tpuctl/hosts/__init__.py", root / "hosts" / "__init__.py"),
         ("tpuctl/hosts/follow.py", root / "hosts" / "follow.py"),
+        ("tpuctl/hosts/worker_identity.py", root / "hosts" / "worker_identity.py"),
     ]
     runtime = root / "runtime"
     for dirpath, dirnames, filenames in os.walk(runtime):

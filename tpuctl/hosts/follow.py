@@ -1,9 +1,9 @@
 """The host side of a detached program: launch it, then follow its output file from any SSH session.
 
 Runs on the host with the image's stock ``python3`` (>= 3.10), standard library only, and imports nothing
-of tpuctl: the SSH executor runs it as a script out of the shipped bundle
-(``python3 -I <bundle>/tpuctl/hosts/follow.py ...``; ``-I`` so neither PYTHONPATH nor the user's files in
-the bundle can shadow the standard library it uses).
+of tpuctl but its stdlib-only sibling ``worker_identity``: the SSH executor runs it as a script out of the
+shipped bundle (``python3 -I <bundle>/tpuctl/hosts/follow.py ...``; ``-I`` so neither PYTHONPATH nor the
+user's files in the bundle can shadow the standard library it uses).
 
 A run directory (``<remote_root>/runs/<run_id>/<attempt>``) holds::
 
@@ -12,15 +12,17 @@ A run directory (``<remote_root>/runs/<run_id>/<attempt>``) holds::
     pid          the program's pid, which is also its process group id (written once it leads a session)
     exit         its exit status, written atomically once it ended: N, or -SIG when a signal killed it
 
-``launch DIR --cwd D [--env K=V]... [--tail] -- ARGV...`` starts ARGV in a session of its own (stdin
-/dev/null, stdout+stderr to ``out``) under a supervisor that is itself a session leader, so nothing of it
-belongs to the SSH session that launched it (sshd's hangup of that session reaches neither). It prints
-``pid N`` once the pid file exists and exits 0; it refuses (exit 2) a directory that already has a pid
-file. With ``--tail`` it prints ``pid N`` on stderr instead and goes on as ``tail DIR 0`` in the same
+``launch DIR --cwd D [--env K=V]... [--tpu-worker-env] [--tail] -- ARGV...`` starts ARGV in a session of
+its own (stdin /dev/null, stdout+stderr to ``out``) under a supervisor that is itself a session leader, so
+nothing of it belongs to the SSH session that launched it (sshd's hangup of that session reaches neither).
+It prints ``pid N`` once the pid file exists and exits 0; it refuses (exit 2) a directory that already has
+a pid file. With ``--tail`` it prints ``pid N`` on stderr instead and goes on as ``tail DIR 0`` in the same
 process and session (one SSH session and one Python start per host instead of two: on a large slice the
 start-up burst is made of these). The program's environment is this process's (the host's login
 environment) plus the ``--env`` pairs; a relative ARGV[0] with a slash is resolved against the launching
-directory, before the chdir to ``--cwd``.
+directory, before the chdir to ``--cwd``. ``--tpu-worker-env`` (Compute Engine slices) adds this host's
+``TPU_WORKER_ID`` and ``TPU_WORKER_HOSTNAMES``, read from its metadata server (see ``worker_identity``),
+and refuses (exit 2, starting nothing) when they cannot be read.
 
 ``tail DIR OFFSET`` writes the bytes of ``out`` from OFFSET on to stdout as they come, and control lines
 to stderr: ``alive`` about every second (so a silent program still shows the connection is up, and a
@@ -78,7 +80,13 @@ def _alive(pid: int) -> bool:
 
 
 def launch(
-    directory: str, cwd: str, env_pairs: list[str], argv: list[str], *, then_tail: bool = False
+    directory: str,
+    cwd: str,
+    env_pairs: list[str],
+    argv: list[str],
+    *,
+    then_tail: bool = False,
+    tpu_worker_env: bool = False,
 ) -> int:
     """Start ``argv`` detached (see the module docstring); returns the process exit code."""
     directory = os.path.abspath(directory)
@@ -92,6 +100,14 @@ def launch(
     for pair in env_pairs:
         name, _, value = pair.partition("=")
         env[name] = value
+    if tpu_worker_env:
+        from tpuctl.hosts import worker_identity
+
+        try:
+            env.update(worker_identity.tpu_worker_env(env))
+        except worker_identity.WorkerIdentityError as exc:
+            print(f"follow: {exc}", file=sys.stderr)
+            return 2
     read_fd, write_fd = os.pipe()
     if os.fork() == 0:  # the supervisor
         os.close(read_fd)
@@ -196,11 +212,13 @@ def main(args: list[str]) -> int:
         if len(args) >= 5 and args[0] == "launch" and "--" in args:
             split = args.index("--")
             options, argv = args[2:split], args[split + 1 :]
-            cwd, env_pairs, then_tail = ".", [], False
+            cwd, env_pairs, then_tail, tpu_worker_env = ".", [], False, False
             words = iter(options)
             for flag in words:
                 if flag == "--tail":
                     then_tail = True
+                elif flag == "--tpu-worker-env":
+                    tpu_worker_env = True
                 elif flag == "--cwd":
                     cwd = next(words)
                 elif flag == "--env":
@@ -208,7 +226,9 @@ def main(args: list[str]) -> int:
                 else:
                     raise ValueError(flag)
             if argv:
-                return launch(args[1], cwd, env_pairs, argv, then_tail=then_tail)
+                return launch(
+                    args[1], cwd, env_pairs, argv, then_tail=then_tail, tpu_worker_env=tpu_worker_env
+                )
     except BrokenPipeError:
         # The SSH channel is gone: nothing to report to. Quiet exit (stdout is a dead pipe).
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -216,7 +236,7 @@ def main(args: list[str]) -> int:
     except (ValueError, StopIteration):
         pass
     print(
-        "usage: follow.py launch DIR [--cwd D] [--env K=V]... [--tail] -- ARGV... | "
+        "usage: follow.py launch DIR [--cwd D] [--env K=V]... [--tpu-worker-env] [--tail] -- ARGV... | "
         "follow.py tail DIR OFFSET",
         file=sys.stderr,
     )

@@ -80,6 +80,11 @@ _FOLLOW_STUB = (
     "from tpuctl.hosts.follow import main;sys.exit(main(sys.argv[1:]))"
 )
 SITECUSTOMIZE_DIR = "tpuctl/runtime/_sitecustomize"
+#: How a plan shows what ``--tpu-worker-env`` adds on the host (known only there), unless the user set it.
+_TPU_WORKER_ENV_SHOWN = {
+    "TPU_WORKER_ID": "<tpu-env TPU_WORKER_ID, from the metadata server>",
+    "TPU_WORKER_HOSTNAMES": "<worker-network-endpoints, from the metadata server>",
+}
 _SHIP_TIMEOUT_S = 300.0
 _COMMAND_TIMEOUT_S = 15.0
 _ATTEMPT_TIMEOUT_S = 20.0  # one connection attempt, inside the overall deadline
@@ -234,7 +239,9 @@ class SshExecutor:
 
     ``python`` runs the program (the setup environment's interpreter); ``image_python`` runs follow.py
     (the stock image's python3). ``host_env(worker)`` adds environment for one host (after the contract's
-    and the user's). Line events and ``run_command``'s ``on_line`` come from the executor's own thread.
+    and the user's). ``tpu_worker_env`` (a Compute Engine slice): each host's program also gets the
+    ``TPU_WORKER_ID`` and ``TPU_WORKER_HOSTNAMES`` its metadata server implies (``worker_identity``).
+    Line events and ``run_command``'s ``on_line`` come from the executor's own thread.
     """
 
     def __init__(
@@ -247,6 +254,7 @@ class SshExecutor:
         python: str = "python3",
         image_python: str = "python3",
         host_env: Callable[[int], Mapping[str, str]] | None = None,
+        tpu_worker_env: bool = False,
         proxy_command: str | None = None,
         verify_host_keys: bool = True,
         connect_deadline_s: float = 300.0,
@@ -261,6 +269,7 @@ class SshExecutor:
         self._python = python
         self._image_python = image_python
         self._host_env = host_env
+        self._tpu_worker_env = tpu_worker_env
         self._proxy_command = proxy_command
         self._verify = verify_host_keys
         self._connect_deadline_s = connect_deadline_s
@@ -496,6 +505,7 @@ class SshExecutor:
         argv = (self._python, "-u", *spec.program)
         plans = []
         follow = self._follow_words('"$b"')
+        shown_worker_env = _TPU_WORKER_ENV_SHOWN if self._tpu_worker_env else {}
         for remote in self._hosts:
             env = spec.contract_env(remote.worker)
             env.update(spec.user_env)
@@ -506,6 +516,7 @@ class SshExecutor:
                 # shell starts in the home, which relative paths are relative to).
                 f"b={_q(bundle) if bundle.startswith('/') else '$PWD/' + _q(bundle)} && "
                 f'exec {follow} launch {_q(run_dir)} --tail --cwd "$b" '
+                + ("--tpu-worker-env " if self._tpu_worker_env else "")
                 + "".join(f"--env {_q(f'{k}={v}')} " for k, v in env.items())
                 + f'--env "PYTHONPATH=$b:$b/{SITECUSTOMIZE_DIR}" -- '
                 + " ".join(_q(a) for a in argv)
@@ -516,7 +527,11 @@ class SshExecutor:
                     where=self._where(remote),
                     cwd=bundle,
                     argv=argv,
-                    env={**env, "PYTHONPATH": f"<{bundle}>:<{bundle}>/{SITECUSTOMIZE_DIR}"},
+                    env={
+                        **env,
+                        **{k: v for k, v in shown_worker_env.items() if k not in env},
+                        "PYTHONPATH": f"<{bundle}>:<{bundle}>/{SITECUSTOMIZE_DIR}",
+                    },
                     shell_command=command,
                 )
             )

@@ -10,10 +10,21 @@ Google``; ``_get_process_id_in_slice`` = ``agent-worker-number``; ``_get_worker_
 comma-separated ``worker-network-endpoints``, each ``name:id:ip`` (the IP is the third field) or a bare
 hostname; the process count is the number of endpoints and the coordinator is the first one):
 
-- coordinator: ``TPUCTL_COORDINATOR_ADDRESS`` when set (an explicit override), else host 0's endpoint
-  address with port ``TPUCTL_COORDINATOR_PORT`` (the backend sets it; JAX's own fixed port otherwise);
-  JAX's ``JAX_COORDINATOR_PORT`` (``override_coordinator_port``) wins over both ports;
-- process id: ``agent-worker-number``; process count: the number of ``worker-network-endpoints``.
+Which hosts, and which one this is: JAX's two TPU clusters, in JAX's order.
+
+- ``GceTpuCluster``'s way, when ``agent-worker-number`` answers 200 (JAX asks it 6 times, 0.5 s apart, and
+  we wait as long: a Compute Engine VM may not publish it, ce-tpu-facts §8.1): the process id is that
+  number, the workers are ``worker-network-endpoints``.
+- Else ``GkeTpuCluster``'s way, when ``TPU_PROCESS_ADDRESSES`` or ``TPU_WORKER_HOSTNAMES`` is set (GKE
+  injects them; tpuctl's launcher derives them on Compute Engine slices, tpuctl/hosts/worker_identity.py):
+  the process id is ``TPU_WORKER_ID``, the workers that list.
+- Else the slice is not detected, as JAX would not detect it: ``jax.distributed.initialize()`` then asks
+  for a coordinator address.
+
+The process count is the number of workers. The coordinator: ``TPUCTL_COORDINATOR_ADDRESS`` when set (an
+explicit override), else worker 0's address with port ``TPUCTL_COORDINATOR_PORT`` (the backend sets it;
+JAX's own fixed port otherwise); JAX's ``JAX_COORDINATOR_PORT`` (``override_coordinator_port``) wins over
+both ports.
 
 Names. On Compute Engine slices ``worker-network-endpoints`` is bare INSTANCE NAMES (ce-tpu-facts §2.6),
 which a real VM resolves through the VPC's internal DNS: its resolver is the metadata server, with the
@@ -49,7 +60,12 @@ CLUSTER_NAME = "tpuctl_sim"
 #: JAX's fixed coordinator port on Cloud TPU (cloud_tpu_cluster.coordinator_port), when the backend
 #: set no TPUCTL_COORDINATOR_PORT.
 JAX_TPU_COORDINATOR_PORT = 8482
+_METADATA_ROOT = "/computeMetadata/v1/"
 _ATTRIBUTES = "instance/attributes/"
+#: JAX's GkeTpuCluster reads these (TPU_PROCESS_ADDRESSES first).
+TPU_PROCESS_ADDRESSES = "TPU_PROCESS_ADDRESSES"
+TPU_WORKER_HOSTNAMES = "TPU_WORKER_HOSTNAMES"
+TPU_WORKER_ID = "TPU_WORKER_ID"
 #: The simulated VPC's name service, next to the metadata server (tpuctl.sim.vpc_dns.PREFIX).
 RESOLVE_PATH = "/tpuctl-sim/v1/resolve/"
 # JAX's get_metadata tries 6 times, 0.5 s apart; the simulator's server may come up with the host.
@@ -68,26 +84,21 @@ def sim_env_present() -> bool:
 def attribute(key: str, *, sleep: Callable[[float], None] = time.sleep) -> str:
     """The instance attribute ``key`` from this host's metadata server (``GCE_METADATA_HOST``, else
     ``GCE_METADATA_IP``, else metadata.google.internal); RuntimeError naming the server and the key
-    after JAX's number of tries."""
-    from tpuctl.runtime.preemption import MetadataClient
+    when it is not published, or the server did not answer in JAX's number of tries."""
+    value = published(key, sleep=sleep)
+    if value is None:
+        raise RuntimeError(
+            f"the metadata server at {hostenv.metadata_host()} does not publish {_ATTRIBUTES}{key}"
+        )
+    return value
 
-    client = MetadataClient(hostenv.metadata_host(), timeout_s=10.0)
-    last: BaseException | None = None
-    try:
-        for attempt in range(_TRIES):
-            if attempt:
-                sleep(_RETRY_S)
-            try:
-                return client.get(_ATTRIBUTES + key).text.strip()
-            except (OSError, http.client.HTTPException) as exc:
-                last = exc
-    finally:
-        client.close()
-    raise RuntimeError(
-        f"{hostenv.SIM}=1 but the metadata server at {client.host} did not answer "
-        f"{_ATTRIBUTES}{key} in {_TRIES} tries ({last}); the simulated host's GCE_METADATA_HOST must "
-        "name its metadata server"
-    )
+
+def published(key: str, *, sleep: Callable[[float], None] = time.sleep) -> str | None:
+    """The instance attribute ``key``, or None when the metadata server answers anything but 200 every
+    one of JAX's tries (JAX's ``get_metadata``). RuntimeError naming the server and the key when the
+    server cannot be reached at all (a simulated host's ``GCE_METADATA_HOST`` must name its server)."""
+    status, text = _ask(_METADATA_ROOT + _ATTRIBUTES + key, key, retry_refusals=True, sleep=sleep)
+    return text.strip() if status == 200 else None
 
 
 def worker_addresses(endpoints: str) -> list[str]:
@@ -113,48 +124,93 @@ def resolve(address: str, *, sleep: Callable[[float], None] = time.sleep) -> str
         return address
     except ValueError:
         pass
+    path = RESOLVE_PATH + urllib.parse.quote(address, safe="")
+    status, text = _ask(path, repr(address), retry_refusals=False, sleep=sleep, what="the name service of ")
+    if status == 200:
+        return text.strip()
+    raise RuntimeError(f"worker address {address!r} does not resolve on this simulated VPC: {text.strip()}")
+
+
+def _ask(
+    path: str,
+    subject: str,
+    *,
+    retry_refusals: bool,
+    sleep: Callable[[float], None],
+    what: str = "",
+) -> tuple[int, str]:
+    """GET ``path`` on this host's metadata server with ``Metadata-Flavor: Google``, up to JAX's 6 tries
+    0.5 s apart: again after a connection failure, and after a non-200 answer when ``retry_refusals``.
+    The last (status, text); RuntimeError naming the server and ``subject`` when it never answered."""
     host = hostenv.metadata_host()
+    hostname, _, port = host.rpartition(":") if ":" in host else (host, "", "80")
     last: BaseException | None = None
+    answer: tuple[int, str] | None = None
     for attempt in range(_TRIES):
         if attempt:
             sleep(_RETRY_S)
+        conn = http.client.HTTPConnection(hostname, int(port or 80), timeout=10.0)
         try:
-            status, text = _name_service(host, address)
+            conn.request("GET", path, headers={"Metadata-Flavor": "Google"})
+            response = conn.getresponse()
+            answer = response.status, response.read().decode("utf-8", "replace")
         except (OSError, http.client.HTTPException) as exc:
             last = exc
             continue
-        if status == 200:
-            return text
-        raise RuntimeError(f"worker address {address!r} does not resolve on this simulated VPC: {text}")
+        finally:
+            conn.close()
+        if answer[0] == 200 or not retry_refusals:
+            return answer
+    if answer is not None:
+        return answer
     raise RuntimeError(
-        f"{hostenv.SIM}=1 but the name service of the metadata server at {host} did not answer for "
-        f"{address!r} in {_TRIES} tries ({last})"
+        f"{hostenv.SIM}=1 but {what}the metadata server at {host} did not answer "
+        f"{subject if what else _ATTRIBUTES + subject} in {_TRIES} tries ({last}); the simulated host's "
+        "GCE_METADATA_HOST must name its metadata server"
     )
 
 
-def _name_service(host: str, name: str) -> tuple[int, str]:
-    hostname, _, port = host.rpartition(":") if ":" in host else (host, "", "80")
-    conn = http.client.HTTPConnection(hostname, int(port or 80), timeout=10.0)
-    try:
-        conn.request(
-            "GET", RESOLVE_PATH + urllib.parse.quote(name, safe=""), headers={"Metadata-Flavor": "Google"}
-        )
-        response = conn.getresponse()
-        return response.status, response.read().decode("utf-8", "replace").strip()
-    finally:
-        conn.close()
+def slice_workers(*, sleep: Callable[[float], None] = time.sleep) -> tuple[int, list[str]] | None:
+    """(this process's id, every worker's address or name in id order), found as JAX's TPU clusters find
+    them (see the module docstring); None when neither of JAX's ways applies."""
+    number = published("agent-worker-number", sleep=sleep)
+    if number is not None:
+        return int(number), worker_addresses(attribute("worker-network-endpoints", sleep=sleep))
+    hostnames = os.environ.get(TPU_PROCESS_ADDRESSES)
+    if hostnames is None:
+        hostnames = os.environ.get(TPU_WORKER_HOSTNAMES)
+    if hostnames is None:
+        return None
+    raw_id = os.environ.get(TPU_WORKER_ID, "")
+    if not raw_id.isdigit():
+        raise RuntimeError(f"{TPU_WORKER_HOSTNAMES} is set but {TPU_WORKER_ID} is {raw_id!r}, not a number")
+    return int(raw_id), [h.strip().split(":")[0] for h in hostnames.split(",")]
 
 
-def coordinator_address(override_port: str | None = None) -> str:
-    """ "host:port" of the coordinator (host 0): see the module docstring for the precedence. Host 0's
-    endpoint is resolved to an address (a CE slice names its hosts)."""
+def coordinator_address(
+    override_port: str | None = None, workers: tuple[int, list[str]] | None = None
+) -> str:
+    """ "host:port" of the coordinator (worker 0): see the module docstring for the precedence. Worker 0
+    (of ``workers``, else of :func:`slice_workers`) is resolved to an address (a CE slice names its
+    hosts). RuntimeError when the slice is not detected."""
     explicit = os.environ.get(hostenv.COORDINATOR_ADDRESS, "")
     if explicit:
         host, _, port = explicit.rpartition(":")
     else:
-        host = resolve(worker_addresses(attribute("worker-network-endpoints"))[0])
+        host = resolve(_detected(workers)[1][0])
         port = os.environ.get(hostenv.COORDINATOR_PORT, "") or str(JAX_TPU_COORDINATOR_PORT)
     return f"{host}:{override_port or port}"
+
+
+def _detected(workers: tuple[int, list[str]] | None = None) -> tuple[int, list[str]]:
+    workers = workers or slice_workers()
+    if workers is None:
+        raise RuntimeError(
+            "this simulated host's slice is not detected: its metadata server publishes no "
+            f"agent-worker-number and neither {TPU_PROCESS_ADDRESSES} nor {TPU_WORKER_HOSTNAMES} is set "
+            "(tpuctl sets them on Compute Engine slices)"
+        )
+    return workers
 
 
 def register() -> type[Any] | None:
@@ -179,17 +235,26 @@ def _make_cluster() -> type[Any]:
         """A slice of simulated TPU VMs, described by each VM's metadata server."""
 
         name: str = CLUSTER_NAME
+        # What is_env_present found, for the calls JAX makes right after it: JAX asks the metadata
+        # server about agent-worker-number once per initialize(), and so do we (its absence costs
+        # JAX's 6 tries).
+        found: tuple[int, list[str]] | None = None
 
         @classmethod
         def is_env_present(cls) -> bool:
             # Checked at initialize() time, not at registration: the environment is the truth.
-            return sim_env_present()
+            cls.found = slice_workers() if sim_env_present() else None
+            return cls.found is not None
+
+        @classmethod
+        def workers(cls) -> tuple[int, list[str]]:
+            return _detected(cls.found)
 
         @classmethod
         def get_coordinator_address(
             cls, timeout_secs: int | None, override_coordinator_port: str | None
         ) -> str:
-            address = coordinator_address(override_coordinator_port)
+            address = coordinator_address(override_coordinator_port, cls.workers())
             # JAX's coordinator binds [::]:port unless told otherwise (jax/_src/distributed.py reads
             # JAX_COORDINATOR_BIND_ADDRESS after this call). Simulated VMs share one network namespace,
             # so that would take the port on every VM's address; bind only host 0's own address.
@@ -198,11 +263,11 @@ def _make_cluster() -> type[Any]:
 
         @classmethod
         def get_process_count(cls) -> int:
-            return len(worker_addresses(attribute("worker-network-endpoints")))
+            return len(cls.workers()[1])
 
         @classmethod
         def get_process_id(cls) -> int:
-            return int(attribute("agent-worker-number"))
+            return cls.workers()[0]
 
         @classmethod
         def get_local_process_id(cls) -> int | None:

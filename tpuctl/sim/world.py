@@ -194,6 +194,12 @@ class World(_Strict):
     #: OS Login on for the whole project (metadata ``enable-oslogin`` on a node overrides it): hosts then
     #: accept the keys imported through OS Login and ignore ``ssh-keys``.
     os_login: bool = False
+    #: Whether Compute Engine TPU VMs publish the ``agent-worker-number`` attribute, which JAX's
+    #: ``GceTpuCluster`` needs to auto-detect the slice. Unconfirmed (ce-tpu-facts §2.6, §8.1), so off:
+    #: the stricter reading, under which only the ``TPU_WORKER_ID``/``TPU_WORKER_HOSTNAMES`` that tpuctl
+    #: derives from ``tpu-env`` and ``worker-network-endpoints`` (JAX's GKE path) let a program find its
+    #: peers. On: both paths answer, as they would if Google publishes it. TPU API VMs always publish it.
+    compute_agent_worker_number: bool = False
 
     # --- lookups ---------------------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from tpuctl.catalog import Surface
 from tpuctl.cloud.base import NetworkEndpoint, Node
 from tpuctl.errors import CloudError, RunFailedError, TpuctlError, UsageError
 from tpuctl.services.access import PLAN_PUBLIC_KEY, authorizes_tpuctl
@@ -71,6 +72,9 @@ def build_executor(session: Session, prepared: PreparedRun, node: Node, *, for_p
         remote_root=request.ssh_remote_root,
         python=prepared.python,
         host_env=host_env,
+        # Compute Engine publishes no agent-worker-number for certain (facts §8.1): give programs JAX's
+        # other way to find their peers, from what it does publish (tpuctl/hosts/worker_identity.py).
+        tpu_worker_env=node.surface is Surface.COMPUTE,
         proxy_command=request.ssh_proxy_command,
     )
 
@@ -134,6 +138,7 @@ def plan_executor(session: Session, prepared: PreparedRun, zone: str | None) -> 
         state="PLANNED",
         capacity=prepared.target.capacity,
         network_endpoints=tuple(NetworkEndpoint(f"<worker-{i} address>", 22) for i in range(accel.hosts)),
+        surface=prepared.target.placement.surface if prepared.target.placement else Surface.TPU_API,
     )
     return build_executor(session, prepared, node, for_plan=True)
 

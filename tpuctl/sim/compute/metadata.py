@@ -1,8 +1,10 @@
 """What a Compute Engine TPU VM's metadata server answers (ce-tpu-facts §1.7, §2.6): the instance's own
 name, id and zone, and the TPU attributes Compute Engine publishes: ``accelerator-type`` (tpu7x-8),
 ``tpu-env`` (``KEY: 'value'`` lines), ``worker-network-endpoints`` as comma-separated INSTANCE NAMES (not
-the TPU API's ``name:id:ip`` triples) and ``agent-worker-number`` (whether Compute Engine publishes it
-is unc., facts §8.1: served, so JAX's GCE cluster detection works here)."""
+the TPU API's ``name:id:ip`` triples). ``agent-worker-number`` only when the world says Compute Engine
+publishes it (``compute_agent_worker_number``; unc., facts §2.6 and §8.1): by default it is not, the
+stricter reading, under which JAX's ``GceTpuCluster`` does not detect the slice and programs find their
+peers through the ``TPU_WORKER_*`` variables tpuctl's launcher derives (tpuctl/hosts/follow.py)."""
 
 from __future__ import annotations
 
@@ -12,8 +14,11 @@ import sqlite3
 from tpuctl.sim.engine.records import host_addresses
 
 
-def compute_metadata_values(row: sqlite3.Row, worker: int, base: dict[str, str]) -> dict[str, str]:
-    """``base`` (the keys every simulated VM answers) made a Compute Engine instance's."""
+def compute_metadata_values(
+    row: sqlite3.Row, worker: int, base: dict[str, str], *, agent_worker_number: bool
+) -> dict[str, str]:
+    """``base`` (the keys every simulated VM answers) made a Compute Engine instance's;
+    ``agent_worker_number``: whether to publish that attribute (see the module docstring)."""
     spec = json.loads(row["spec"])
     compute = spec["compute"]
     names: list[str] = compute["names"]
@@ -36,10 +41,11 @@ def compute_metadata_values(row: sqlite3.Row, worker: int, base: dict[str, str])
     attributes = {
         **{str(k): str(v) for k, v in (spec.get("metadata") or {}).items()},
         "accelerator-type": row["accelerator_type"],
-        "agent-worker-number": str(worker),
         "worker-network-endpoints": ",".join(names),
         "tpu-env": _tpu_env(row, worker, compute["machine_type"]),
     }
+    if agent_worker_number:
+        attributes["agent-worker-number"] = str(worker)
     for key, value in attributes.items():
         values[f"instance/attributes/{key}"] = value
     return values

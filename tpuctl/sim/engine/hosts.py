@@ -91,15 +91,22 @@ class Hosts:
         """The text the metadata server answers for ``path`` (after /computeMetadata/v1/) on one host of
         a node, or None when there is no such key. Raises 404 for an unknown node or worker."""
         self.timeline.advance()
-        row = self._host_row(zone, node_id, worker, project)
-        return metadata_values(row, worker, self.ctx.vm_ports[1]).get(path)
+        return self._metadata_values(self._host_row(zone, node_id, worker, project), worker).get(path)
 
     def metadata_tree(
         self, zone: str, node_id: str, worker: int, *, project: str | None = None
     ) -> dict[str, str]:
         """Every key (path after /computeMetadata/v1/) the host's metadata server answers."""
         self.timeline.advance()
-        return metadata_values(self._host_row(zone, node_id, worker, project), worker, self.ctx.vm_ports[1])
+        return self._metadata_values(self._host_row(zone, node_id, worker, project), worker)
+
+    def _metadata_values(self, row: sqlite3.Row, worker: int) -> dict[str, str]:
+        return metadata_values(
+            row,
+            worker,
+            self.ctx.vm_ports[1],
+            compute_agent_worker_number=self.ctx.world.compute_agent_worker_number,
+        )
 
     def resolve_instance(self, project: str, zone: str, name: str) -> str | None:
         """The internal address of Compute Engine instance ``name`` of ``project`` in ``zone``, as the

@@ -18,8 +18,11 @@ FAKE_TOKEN = "sim-fake-access-token"
 SCOPES = "https://www.googleapis.com/auth/cloud-platform\n"
 
 
-def metadata_values(row: sqlite3.Row, worker: int, metadata_port: int) -> dict[str, str]:
-    """Every key the metadata server answers on host ``worker`` of the node in ``row``."""
+def metadata_values(
+    row: sqlite3.Row, worker: int, metadata_port: int, *, compute_agent_worker_number: bool = False
+) -> dict[str, str]:
+    """Every key the metadata server answers on host ``worker`` of the node in ``row``;
+    ``compute_agent_worker_number``: the world's switch of that name (a Compute Engine VM's attribute)."""
     spec = json.loads(row["spec"])
     attributes = _attributes(row, spec, worker)
     scheduling = spec.get("schedulingConfig") or {}
@@ -52,7 +55,7 @@ def metadata_values(row: sqlite3.Row, worker: int, metadata_port: int) -> dict[s
     if row["surface"] == "compute":
         from tpuctl.sim.compute.metadata import compute_metadata_values
 
-        return compute_metadata_values(row, worker, values)
+        return compute_metadata_values(row, worker, values, agent_worker_number=compute_agent_worker_number)
     return values
 
 
