@@ -109,7 +109,10 @@ def test_metadata_server(server: SimServer) -> None:
         admin.metadata(ZONE, "md", 4)  # a 4-host node has workers 0..3
 
 
-def test_metadata_wait_for_change(server: SimServer, admin: SimAdminClient) -> None:
+def test_metadata_wait_for_change(start_server: Callable[..., SimServer]) -> None:
+    # A grace long enough that the VM still answers when the watcher's request arrives, however late a
+    # loaded machine lets it start (the base world's 0.03 s grace wiped it first under load).
+    server = start_server(make_world(durations={"preemption_grace_s": 30}))
     vms = start_vms(server, "wait", "v5litepod-4", scheduling_config=tpu_v2.SchedulingConfig(spot=True))
     url = vms.metadata_base(0) + "/computeMetadata/v1/instance/preempted"
     google = {"Metadata-Flavor": "Google"}
@@ -125,10 +128,11 @@ def test_metadata_wait_for_change(server: SimServer, admin: SimAdminClient) -> N
     watcher = threading.Thread(target=watch)
     watcher.start()
     time.sleep(0.05)
-    admin.preempt(ZONE, "wait", notice=True)
-    watcher.join(timeout=12)
-    assert answers == ["TRUE"]
-    assert admin.metadata(ZONE, "wait", 0) == "TRUE"
+    with SimAdminClient(server.url) as admin:
+        admin.preempt(ZONE, "wait", notice=True)
+        watcher.join(timeout=12)
+        assert answers == ["TRUE"]
+        assert admin.metadata(ZONE, "wait", 0) == "TRUE"
 
 
 def test_admin_status(server: SimServer, client: tpu_v2.TpuClient, admin: SimAdminClient) -> None:
