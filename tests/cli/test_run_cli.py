@@ -179,6 +179,9 @@ def test_example_lm_on_v5e_8_completes_with_decreasing_loss_and_is_recorded(
     }
     assert steps >= {"3", "6"}, steps
     assert not (state_dir / "runs" / run_id / "checkpoints").exists()
+    # JAX kept its compiled programs beside them, for a restart on fresh VMs to read back.
+    cached = stored_objects(state_dir / "sim-gcs", prefix=f"tpuctl/runs/{run_id}/compilation-cache/")
+    assert any("jit__step" in name for name in cached), cached
     # The slice made for the run is gone, and the run is in the ledger.
     assert admin.status()["nodes"] == []
     described = cli("runs", "describe", run_id, "-o", "json").json["run"]

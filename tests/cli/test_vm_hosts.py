@@ -137,6 +137,33 @@ def test_a_local_checkpoint_dir_is_refused_before_anything_is_made(
     assert cli("sim", "status", "-o", "json").json["nodes"] == []
 
 
+def test_a_runs_programs_keep_jaxs_compilation_cache_in_its_bucket(
+    admin: SimAdminClient, cli: Cli, tmp_path: Path
+) -> None:
+    script = tmp_path / "proj" / "train.py"
+    script.parent.mkdir()
+    script.write_text("print('ran')\n")
+
+    def env(*flags: str) -> dict[str, str]:
+        result = cli("run", str(script), "--type", "v5e-8", *flags, "--dry-run", "-o", "json")
+        assert result.code == 0, result.stderr
+        (host,) = result.json["plan"]["hosts"]
+        return dict(host["env"])
+
+    planned = env("--checkpoint-dir", "gs://team-ckpt/exp/1")
+    run_prefix = planned["TPUCTL_CHECKPOINT_DIR"]
+    assert run_prefix == "gs://team-ckpt/exp/1"
+    cache = planned["JAX_COMPILATION_CACHE_DIR"]
+    assert cache.startswith("gs://team-ckpt/tpuctl/runs/") and cache.endswith("/compilation-cache")
+    assert planned["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] == "0"
+    # The user's own settings win; without the runtime's packages (etils, gcsfs) JAX could not open a
+    # gs:// cache, so none is set.
+    mine = env("--env", "JAX_COMPILATION_CACHE_DIR=/tmp/mine")
+    assert mine["JAX_COMPILATION_CACHE_DIR"] == "/tmp/mine"
+    assert "JAX_COMPILATION_CACHE_DIR" not in env("--no-runtime-deps")
+    assert admin.status()["nodes"] == []
+
+
 @pytest.mark.parametrize("flags", [["--spot"], ["--preemptible"]])
 def test_on_google_a_preemptible_run_without_a_bucket_is_refused_before_any_request(
     cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flags: list[str]

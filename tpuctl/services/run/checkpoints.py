@@ -42,6 +42,20 @@ def checkpoint_dir(session: Session, request: RunRequest, run_id: str, target: T
     return ""
 
 
+def compilation_cache_dir(checkpoint_dir: str, run_id: str) -> str | None:
+    """Where the run's programs keep JAX's persistent compilation cache: beside the checkpoints, in the
+    same bucket (``gs://<bucket>/tpuctl/runs/<run id>/compilation-cache``). None without a bucket.
+
+    Why: every recovery starts the program on fresh VMs, whose own disks hold no cache, and compiling
+    the step again is part of what each preemption costs (seconds on the simulator's CPU, minutes for a
+    large model on TPU). The bucket outlives the VMs, so a restarted program reads its compiled step
+    back instead (MaxText's ``jax_cache_dir`` on gs:// does the same)."""
+    if not checkpoint_dir.startswith("gs://"):
+        return None
+    bucket = checkpoint_dir.removeprefix("gs://").partition("/")[0]
+    return f"gs://{bucket}/tpuctl/runs/{run_id}/compilation-cache"
+
+
 def refuse_unrecoverable(
     request: RunRequest, *, bucket: str | None, default_bucket: str | None, defaults: Sequence[CapacityType]
 ) -> None:

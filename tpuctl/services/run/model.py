@@ -43,6 +43,9 @@ EXAMPLES: dict[str, Example] = {
 #: The variable (beyond the worker contract of docs/architecture.md) that carries ``--checkpoint-every``
 #: to any program.
 CHECKPOINT_EVERY_ENV = "TPUCTL_CHECKPOINT_EVERY"
+#: JAX's own configuration variables for its persistent compilation cache (jax/_src/config.py).
+JAX_COMPILATION_CACHE_DIR_ENV = "JAX_COMPILATION_CACHE_DIR"
+JAX_CACHE_MIN_COMPILE_TIME_ENV = "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"
 
 
 class ExecutorKind(StrEnum):
@@ -182,6 +185,7 @@ class PreparedRun:
         env = dict(self.user_env)
         if self.request.checkpoint_every is not None:
             env.setdefault(CHECKPOINT_EVERY_ENV, str(self.request.checkpoint_every))
+        env.update({k: v for k, v in self._compilation_cache_env().items() if k not in env})
         return LaunchSpec(
             run_id=self.run_id,
             program=self.program,
@@ -193,6 +197,22 @@ class PreparedRun:
             restart_count=restart_count,
             user_env=env,
         )
+
+    def _compilation_cache_env(self) -> dict[str, str]:
+        """JAX's persistent compilation cache in the run's bucket (``checkpoints.compilation_cache_dir``),
+        read by JAX itself from the environment, so unmodified programs get it too. Only where the setup
+        installs the runtime into the program's interpreter: a gs:// cache needs the etils and gcsfs
+        that set brings, and JAX fails a compile whose cache it cannot open. Every compile is cached
+        (JAX's default skips those under 1 s), since a recovery pays for each one again otherwise."""
+        from tpuctl.services.run.checkpoints import compilation_cache_dir
+
+        directory = compilation_cache_dir(self.checkpoint_dir, self.run_id)
+        if directory is None or self.setup.runtime is None or self.request.python is not None:
+            return {}
+        return {
+            JAX_COMPILATION_CACHE_DIR_ENV: directory,
+            JAX_CACHE_MIN_COMPILE_TIME_ENV: "0",
+        }
 
 
 @dataclass(frozen=True)
