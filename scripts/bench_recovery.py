@@ -135,8 +135,6 @@ def one_run(
             "TPUCTL_SIM_URL": url,
             "TPUCTL_STATE_DIR": str(state),
             "XLA_FLAGS": "--xla_backend_optimization_level=0",
-            "JAX_COMPILATION_CACHE_DIR": str(Path(tmp) / "jax-cache"),
-            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
         }
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
