@@ -48,7 +48,7 @@ def test_endpoints_parse_as_jax_parses_them() -> None:
         "127.16.0.3",
     ]
     assert simcluster.worker_addresses("t1v-n-0,t1v-n-1") == ["t1v-n-0", "t1v-n-1"]  # the new format
-    with pytest.raises(ValueError, match="a:b"):
+    with pytest.raises(RuntimeError, match="a:b"):
         simcluster.worker_addresses("a:b")
 
 

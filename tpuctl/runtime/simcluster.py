@@ -102,17 +102,12 @@ def published(key: str, *, sleep: Callable[[float], None] = time.sleep) -> str |
 
 
 def worker_addresses(endpoints: str) -> list[str]:
-    """``worker-network-endpoints`` -> the workers' addresses, in worker order (JAX's parsing)."""
-    addresses = []
-    for worker in endpoints.split(","):
-        parts = worker.strip().split(":")
-        if len(parts) == 1 and parts[0]:
-            addresses.append(parts[0])
-        elif len(parts) == 3 and parts[2]:
-            addresses.append(parts[2])
-        else:
-            raise ValueError(f"unsupported worker-network-endpoints entry {worker!r} in {endpoints!r}")
-    return addresses
+    """``worker-network-endpoints`` -> the workers' addresses or names, in worker order, parsed as JAX
+    parses them (one parser for the launcher and this detector: ``worker_identity``, bundled with the
+    runtime). Raises WorkerIdentityError (a RuntimeError) for an entry JAX would refuse."""
+    from tpuctl.hosts.worker_identity import worker_hostnames
+
+    return worker_hostnames(endpoints)
 
 
 def resolve(address: str, *, sleep: Callable[[float], None] = time.sleep) -> str:
