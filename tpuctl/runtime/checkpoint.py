@@ -481,12 +481,17 @@ class Checkpointer:
         await_cleanup = getattr(self._manager, "_maybe_await_cleanup_tmp_directory", None)
         if callable(await_cleanup):
             await_cleanup()
-        read_context = ocp.type_handlers.get_ts_context(
-            use_ocdbt=True, file_io_concurrency_limit=_READ_FILE_IO_CONCURRENCY
-        )
-        self._read_registry = ocp.type_handlers.create_type_handler_registry(
-            (jax.Array, _ReadContextArrayHandler(read_context))
-        )
+        # Our read context only narrows local-file reads (see _READ_FILE_IO_CONCURRENCY); a gs:// step
+        # reads through orbax's shared default context, whose GCS connections a fresh context of ours
+        # would have to open again on every restore.
+        self._read_registry: Any = None
+        if self.directory.as_uri().startswith("file:"):
+            read_context = ocp.type_handlers.get_ts_context(
+                use_ocdbt=True, file_io_concurrency_limit=_READ_FILE_IO_CONCURRENCY
+            )
+            self._read_registry = ocp.type_handlers.create_type_handler_registry(
+                (jax.Array, _ReadContextArrayHandler(read_context))
+            )
 
     # Saving ---------------------------------------------------------------------------------------
 
@@ -593,7 +598,11 @@ class Checkpointer:
         if all(getattr(x, "sharding", None) is not None for x in jax.tree.leaves(abstract)):
             # StandardRestore's arguments for a target whose leaves all carry a sharding (every leaf read
             # as a jax.Array), on a handler with the registry that reads with our TensorStore context.
-            handler = ocp.PyTreeCheckpointHandler(type_handler_registry=self._read_registry)
+            handler = (
+                ocp.PyTreeCheckpointHandler(type_handler_registry=self._read_registry)
+                if self._read_registry is not None
+                else ocp.PyTreeCheckpointHandler()
+            )
             return handler.restore(
                 directory,
                 args=ocp.args.PyTreeRestore(
