@@ -9,7 +9,10 @@ with the same state in the same process:
   ``restore_latest`` by a fresh Checkpointer (as after a restart: it finds the newest step, verifies it);
 - bare orbax: ``StandardCheckpointer.save`` + ``wait_until_finished``, and ``restore`` of the same path.
 
-One untimed warm-up of each, then ``--rounds`` rounds alternating which goes first; medians. Ratio =
+The state is random normal float32 arrays, like trained weights and optimizer moments: orbax's default
+zstd compression (which bare orbax uses and tpuctl turns off, as it barely shrinks such data) would
+otherwise shrink a regular synthetic array by a quarter and this figure would measure the bytes read, not
+what tpuctl adds. One untimed warm-up of each, then ``--rounds`` rounds alternating which goes first; medians. Ratio =
 bare time / tpuctl time (1.0: tpuctl adds nothing; target >= 0.9, what tpuctl's verification and
 bookkeeping may cost). Writes docs/bench/checkpoint_gcs.json (or --out). Run from the repository root:
 ``.venv/bin/python scripts/bench_checkpoint_gcs.py``.
@@ -42,10 +45,12 @@ def _timed(fn: Callable[[], Any]) -> float:
 
 
 def _state(mib: int, leaves: int) -> dict[str, Any]:
+    import jax
     import jax.numpy as jnp
 
     n = mib * (1 << 20) // 4 // leaves
-    arrays = {f"w{i}": jnp.arange(n, dtype=jnp.float32) * (i + 1) for i in range(leaves)}
+    keys = jax.random.split(jax.random.key(0), leaves)
+    arrays = {f"w{i}": jax.random.normal(keys[i], (n,), dtype=jnp.float32) for i in range(leaves)}
     return arrays | {"step": jnp.int32(7)}
 
 
