@@ -12,10 +12,10 @@ with the same state in the same process:
 The state is random normal float32 arrays, like trained weights and optimizer moments: orbax's default
 zstd compression (which bare orbax uses and tpuctl turns off, as it barely shrinks such data) would
 otherwise shrink a regular synthetic array by a quarter and this figure would measure the bytes read, not
-what tpuctl adds. One untimed warm-up of each, then ``--rounds`` rounds alternating which goes first; medians. Ratio =
-bare time / tpuctl time (1.0: tpuctl adds nothing; target >= 0.9, what tpuctl's verification and
-bookkeeping may cost). Writes docs/bench/checkpoint_gcs.json (or --out). Run from the repository root:
-``.venv/bin/python scripts/bench_checkpoint_gcs.py``.
+what tpuctl adds. One untimed warm-up of each, then ``--rounds`` rounds alternating which goes first;
+medians. Ratio = bare time / tpuctl time (1.0: tpuctl adds nothing; target >= 0.9, what tpuctl's
+verification and bookkeeping may cost). Writes docs/bench/checkpoint_gcs.json (or --out). Run from the
+repository root: ``.venv/bin/python scripts/bench_checkpoint_gcs.py``.
 """
 
 # jax leaves parts of its public API unannotated.
