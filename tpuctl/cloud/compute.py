@@ -41,9 +41,9 @@ from tpuctl.cloud.base import (
     QuotaLimit,
 )
 from tpuctl.cloud.compute_sdk import CLIENTS, compute_v1
-from tpuctl.cloud.google_calls import GoogleCalls, OperationPolling, credentials_for
+from tpuctl.cloud.google_calls import GoogleCalls, credentials_for
 from tpuctl.cloud.quotas import CloudQuotasClient, _default_credentials
-from tpuctl.cloud.retry import PollTimeout, RetryPolicy, Sleep, poll_until
+from tpuctl.cloud.retry import OPERATION_GOES_ON, Polling, PollTimeout, RetryPolicy, Sleep, poll_until
 from tpuctl.cloud.translate import error_from_compute_errors
 from tpuctl.errors import CloudError, NotFoundError, StockoutError, TransientError, UsageError
 
@@ -742,9 +742,13 @@ class ComputeCloud:
                     progress.update(f"{what}: {current.get('status', '?')}", elapsed_s=elapsed)
 
             limit = self._op_timeout if timeout_s is None else max(self._op_timeout, timeout_s)
-            polling = OperationPolling(limit, self._poll_interval, self._poll_max_interval, self._sleep)
-            op = polling.until_done(
-                get, lambda o: o.get("status") == "DONE", what=what, name=name, on_poll=on_poll
+            polling = Polling(limit, self._poll_interval, self._poll_max_interval, self._sleep)
+            op = polling.until(
+                get,
+                lambda o: o.get("status") == "DONE",
+                still=f"{what}: operation {name} is still running",
+                fix=OPERATION_GOES_ON,
+                on_poll=on_poll,
             )
         errors = (op.get("error") or {}).get("errors") or []
         if errors or op.get("httpErrorStatusCode"):

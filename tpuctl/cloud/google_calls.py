@@ -8,9 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
-from tpuctl.cloud.retry import PollTimeout, RetryPolicy, Sleep, call_with_retry, poll_until
+from tpuctl.cloud.retry import RetryPolicy, Sleep, call_with_retry
 from tpuctl.cloud.translate import translate_errors
-from tpuctl.errors import TransientError
 
 if TYPE_CHECKING:
     from google.auth.credentials import Credentials
@@ -53,39 +52,3 @@ class GoogleCalls:
                 return fn()
 
         return call_with_retry(attempt, policy=self.policy, idempotent=idempotent, sleep=self.sleep)
-
-
-@dataclass(frozen=True)
-class OperationPolling:
-    """How a long-running operation is polled: a growing interval up to a cap, and a deadline after which
-    the operation is left running on the server (a ``TransientError`` that says so)."""
-
-    timeout_s: float
-    initial_interval_s: float
-    max_interval_s: float
-    sleep: Sleep | None = None
-
-    def until_done(
-        self,
-        get: Callable[[], T],
-        is_done: Callable[[T], bool],
-        *,
-        what: str,
-        name: str,
-        on_poll: Callable[[T, float], None] | None = None,
-    ) -> T:
-        try:
-            return poll_until(
-                get,
-                is_done,
-                timeout_s=self.timeout_s,
-                initial_interval_s=self.initial_interval_s,
-                max_interval_s=self.max_interval_s,
-                on_poll=on_poll,
-                sleep=self.sleep,
-            )
-        except PollTimeout as exc:
-            raise TransientError(
-                f"{what}: operation {name} is still running after {exc.elapsed_s:.0f}s",
-                fix="it continues on the server: check its state later (tpuctl pod list / describe)",
-            ) from None

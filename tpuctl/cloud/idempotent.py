@@ -14,11 +14,10 @@ These work on any ``TpuCloud`` (services can use them with a fake), and retry th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tpuctl.cloud.base import LABEL_REQUEST, Node, NodeRequest, OperationProgress, TpuCloud
-from tpuctl.cloud.retry import PollTimeout, Sleep, poll_until
+from tpuctl.cloud.retry import Polling, Sleep
 from tpuctl.errors import AlreadyExistsError, NotFoundError, TransientError
 
 if TYPE_CHECKING:
@@ -30,16 +29,6 @@ _SETTLING = frozenset({"CREATING", "STATE_UNSPECIFIED"})
 
 class _SendAgain(Exception):
     """The earlier request certainly did not take effect: send it again."""
-
-
-@dataclass(frozen=True)
-class _Polling:
-    """How to wait for a node found after a retry."""
-
-    interval_s: float
-    max_interval_s: float
-    timeout_s: float
-    sleep: Sleep | None
 
 
 def create_node_idempotent(
@@ -63,7 +52,7 @@ def create_node_idempotent(
     """
     import tenacity
 
-    polling = _Polling(poll_interval_s, poll_max_interval_s, timeout_s, sleep)
+    polling = Polling(timeout_s, poll_interval_s, poll_max_interval_s, sleep)
 
     def attempt() -> Node:
         try:
@@ -108,7 +97,7 @@ def _own_node(cloud: TpuCloud, request: NodeRequest, request_id: str) -> Node | 
 
 
 def _wait_settled(
-    cloud: TpuCloud, request: NodeRequest, node: Node, polling: _Polling, progress: OperationProgress | None
+    cloud: TpuCloud, request: NodeRequest, node: Node, polling: Polling, progress: OperationProgress | None
 ) -> Node:
     """Wait for our ``node`` (found still settling after a retry) to settle; ``_SendAgain`` if it went."""
     if progress is not None:
@@ -122,20 +111,12 @@ def _wait_settled(
         except NotFoundError:
             return None  # it went away: the create failed (a lost stockout, say)
 
-    try:
-        final = poll_until(
-            poll,
-            lambda n: n is None or n.state not in _SETTLING,
-            timeout_s=polling.timeout_s,
-            initial_interval_s=polling.interval_s,
-            max_interval_s=polling.max_interval_s,
-            sleep=polling.sleep,
-        )
-    except PollTimeout as exc:
-        raise TransientError(
-            f"create node {request.name} in {request.zone}: still {node.state} after {exc.elapsed_s:.0f}s",
-            fix="it continues on the server: check it later with tpuctl pod describe",
-        ) from None
+    final = polling.until(
+        poll,
+        lambda n: n is None or n.state not in _SETTLING,
+        still=f"create node {request.name} in {request.zone}: still {node.state}",
+        fix="it continues on the server: check it later with tpuctl pod describe",
+    )
     if final is None:
         raise _SendAgain()  # send it again: the real error (if any) will be answered this time
     return final
@@ -191,20 +172,12 @@ def delete_node_idempotent(
             if node.state != "DELETING":
                 raise _SendAgain() from None
         if wait:
-            try:
-                poll_until(
-                    gone,
-                    bool,
-                    timeout_s=timeout_s,
-                    initial_interval_s=poll_interval_s,
-                    max_interval_s=poll_max_interval_s,
-                    sleep=sleep,
-                )
-            except PollTimeout as exc:
-                raise TransientError(
-                    f"delete node {name} in {zone}: still DELETING after {exc.elapsed_s:.0f}s",
-                    fix="it continues on the server: check it later with tpuctl pod list",
-                ) from None
+            Polling(timeout_s, poll_interval_s, poll_max_interval_s, sleep).until(
+                gone,
+                bool,
+                still=f"delete node {name} in {zone}: still DELETING",
+                fix="it continues on the server: check it later with tpuctl pod list",
+            )
 
     def give_up(state: tenacity.RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome is not None else None

@@ -28,6 +28,8 @@ from tpuctl.errors import AmbiguousError, RateLimitedError, TransientError, Usag
 T = TypeVar("T")
 
 Sleep = Callable[[float], None]
+#: The fix of an operation still running at tpuctl's deadline: the server goes on with it.
+OPERATION_GOES_ON = "it continues on the server: check its state later (tpuctl pod list / describe)"
 
 
 @dataclass(frozen=True)
@@ -176,3 +178,37 @@ def poll_until(
         sleep=sleep or time.sleep,
     )
     return retrying(_poll)
+
+
+@dataclass(frozen=True)
+class Polling:
+    """How to wait for something the server finishes on its own: :func:`poll_until`'s interval growing
+    to a cap, and a deadline after which the wait is a ``TransientError`` (the server goes on)."""
+
+    timeout_s: float
+    initial_interval_s: float
+    max_interval_s: float
+    sleep: Sleep | None = None
+
+    def until(
+        self,
+        get: Callable[[], T],
+        done: Callable[[T], bool],
+        *,
+        still: str,
+        fix: str,
+        on_poll: Callable[[T, float], None] | None = None,
+    ) -> T:
+        """``get()`` until ``done``; past the deadline, ``TransientError("{still} after Ns", fix)``."""
+        try:
+            return poll_until(
+                get,
+                done,
+                timeout_s=self.timeout_s,
+                initial_interval_s=self.initial_interval_s,
+                max_interval_s=self.max_interval_s,
+                on_poll=on_poll,
+                sleep=self.sleep,
+            )
+        except PollTimeout as exc:
+            raise TransientError(f"{still} after {exc.elapsed_s:.0f}s", fix=fix) from None

@@ -45,9 +45,9 @@ from tpuctl.cloud.base import (
     QuotaLimit,
     TpuCloud,
 )
-from tpuctl.cloud.google_calls import GoogleCalls, OperationPolling, credentials_for
+from tpuctl.cloud.google_calls import GoogleCalls, credentials_for
 from tpuctl.cloud.quotas import CloudQuotasClient, _default_credentials
-from tpuctl.cloud.retry import RetryPolicy, Sleep
+from tpuctl.cloud.retry import OPERATION_GOES_ON, Polling, RetryPolicy, Sleep
 from tpuctl.cloud.translate import error_from_status
 from tpuctl.errors import CloudError, NotFoundError, PermissionDeniedError, UsageError
 
@@ -636,9 +636,6 @@ class TpuApiCloud:
         calls = GoogleCalls(self._retry, self._sleep)
         return calls.mutate(action, resource, fn, zone=zone, idempotent=idempotent)
 
-    def _polling(self) -> OperationPolling:
-        return OperationPolling(self._op_timeout, self._poll_interval, self._poll_max_interval, self._sleep)
-
     def _wait(self, op: Any, what: str, *, zone: str | None, progress: OperationProgress | None) -> Any:
         """Poll the operation until done; raise its translated error if it failed."""
         name = op.name
@@ -657,8 +654,13 @@ class TpuApiCloud:
                 if progress is not None:
                     progress.update(_describe_op(current, what), elapsed_s=elapsed)
 
-            op = self._polling().until_done(
-                get, lambda o: bool(o.done), what=what, name=name, on_poll=on_poll
+            polling = Polling(self._op_timeout, self._poll_interval, self._poll_max_interval, self._sleep)
+            op = polling.until(
+                get,
+                lambda o: bool(o.done),
+                still=f"{what}: operation {name} is still running",
+                fix=OPERATION_GOES_ON,
+                on_poll=on_poll,
             )
         if op.HasField("error") and op.error.code != 0:
             raise error_from_status(

@@ -26,7 +26,7 @@ from tpuctl.cloud.base import (
     QueuedResourceRequest,
     TpuCloud,
 )
-from tpuctl.cloud.retry import RetryPolicy, Sleep
+from tpuctl.cloud.retry import Polling, RetryPolicy, Sleep
 from tpuctl.errors import (
     AlreadyExistsError,
     AmbiguousError,
@@ -408,7 +408,6 @@ class PlacementContext:
         self, zone: str, name: str, progress: OperationProgress | None, *, label: str = ""
     ) -> Node:
         """Poll the node until READY; a state it will not come back from raises (failover follows)."""
-        from tpuctl.cloud.retry import PollTimeout, poll_until
 
         def done(node: Node) -> bool:
             if node.state in NEVER_READY_NODE_STATES:
@@ -422,21 +421,14 @@ class PlacementContext:
             if progress is not None:
                 progress.update(f"{label or name} in {zone}: {node.state}", elapsed_s=elapsed)
 
-        try:
-            return poll_until(
-                lambda: self.cloud.get_node(zone, name),
-                done,
-                timeout_s=self.ready_timeout_s,
-                initial_interval_s=self.poll_interval_s,
-                max_interval_s=self.poll_max_interval_s,
-                on_poll=on_poll,
-                sleep=self.sleep,
-            )
-        except PollTimeout as exc:
-            raise TransientError(
-                f"slice {name} in {zone} was not READY after {exc.elapsed_s:.0f} s",
-                fix="`tpuctl pod describe` shows its state; delete it if it is stuck",
-            ) from None
+        polling = Polling(self.ready_timeout_s, self.poll_interval_s, self.poll_max_interval_s, self.sleep)
+        return polling.until(
+            lambda: self.cloud.get_node(zone, name),
+            done,
+            still=f"slice {name} in {zone} was not READY",
+            fix="`tpuctl pod describe` shows its state; delete it if it is stuck",
+            on_poll=on_poll,
+        )
 
     def delete_node_quietly(self, zone: str, name: str) -> bool:
         """Delete a node of ours, retried; True once it is gone (or was never there)."""
