@@ -37,7 +37,7 @@ def checkpoint_dir(session: Session, request: RunRequest, run_id: str, target: T
         return _given(request.checkpoint_dir)
     bucket = request.bucket or session.backend.default_bucket
     if bucket:
-        return f"gs://{_bucket(bucket)}/tpuctl/runs/{run_id}/checkpoints"
+        return f"{_run_prefix(_bucket(bucket), run_id)}/checkpoints"
     _refuse_preemptible([target.capacity] if target.node is not None else _placement_capacities(target))
     return ""
 
@@ -53,7 +53,12 @@ def compilation_cache_dir(checkpoint_dir: str, run_id: str) -> str | None:
     if not checkpoint_dir.startswith("gs://"):
         return None
     bucket = checkpoint_dir.removeprefix("gs://").partition("/")[0]
-    return f"gs://{bucket}/tpuctl/runs/{run_id}/compilation-cache"
+    return f"{_run_prefix(bucket, run_id)}/compilation-cache"
+
+
+def _run_prefix(bucket: str, run_id: str) -> str:
+    """The run's own prefix in a bucket: its checkpoints and compilation cache live under it."""
+    return f"gs://{bucket}/tpuctl/runs/{run_id}"
 
 
 def refuse_unrecoverable(
