@@ -52,6 +52,19 @@ class LaunchSpec:
     checkpoint_dir: str
     restart_count: int = 0
     user_env: Mapping[str, str] = field(default_factory=dict)
+    #: Slices the hosts span (``--slices``): ``num_workers`` counts the hosts of all of them, numbered
+    #: slice by slice.
+    num_slices: int = 1
+
+    def __post_init__(self) -> None:
+        if self.num_slices < 1 or self.num_workers % self.num_slices:
+            raise ValueError(
+                f"num_workers {self.num_workers} must be a multiple of num_slices {self.num_slices} (>= 1)"
+            )
+
+    @property
+    def hosts_per_slice(self) -> int:
+        return self.num_workers // self.num_slices
 
     def contract_env(self, worker: int) -> dict[str, str]:
         """The worker environment every host gets (docs/architecture.md, "The worker contract")."""
@@ -59,6 +72,8 @@ class LaunchSpec:
             hostenv.RUN_ID: self.run_id,
             hostenv.WORKER_ID: str(worker),
             hostenv.NUM_WORKERS: str(self.num_workers),
+            hostenv.SLICE_ID: str(worker // self.hosts_per_slice),
+            hostenv.NUM_SLICES: str(self.num_slices),
             hostenv.ACCELERATOR_TYPE: self.accelerator_type,
             hostenv.TOPOLOGY: self.topology,
             hostenv.CHECKPOINT_DIR: self.checkpoint_dir,

@@ -21,6 +21,13 @@ ACCELERATOR_TYPE = "TPUCTL_ACCELERATOR_TYPE"
 TOPOLOGY = "TPUCTL_TOPOLOGY"
 CHECKPOINT_DIR = "TPUCTL_CHECKPOINT_DIR"
 RESTART_COUNT = "TPUCTL_RESTART_COUNT"
+#: Multislice (``tpuctl run --slices N``): which slice this host is in (0..N-1) and how many there are.
+#: Every run gets them (0 and 1 on one slice). WORKER_ID is then the job-wide process index, slice by
+#: slice (slice_id * hosts per slice + the host's worker number in its slice), as JAX numbers processes
+#: (jax/_src/clusters/cloud_tpu_cluster.py, BaseTpuCluster.get_process_id), and NUM_WORKERS every host
+#: of every slice.
+SLICE_ID = "TPUCTL_SLICE_ID"
+NUM_SLICES = "TPUCTL_NUM_SLICES"
 
 # Only on the simulator.
 SIM = "TPUCTL_SIM"
@@ -146,10 +153,16 @@ class WorkerEnv:
     sim: bool
     coordinator_address: str | None
     chips_per_host: int | None
+    slice_id: int = 0
+    num_slices: int = 1
 
     @property
     def launched_by_tpuctl(self) -> bool:
         return self.run_id != ""
+
+    @property
+    def hosts_per_slice(self) -> int:
+        return max(1, self.num_workers // max(1, self.num_slices))
 
     @property
     def generation(self) -> str:
@@ -172,4 +185,6 @@ class WorkerEnv:
             sim=e.get(SIM, "") == "1",
             coordinator_address=e.get(COORDINATOR_ADDRESS) or None,
             chips_per_host=chips or None,
+            slice_id=_int(e, SLICE_ID, 0),
+            num_slices=_int(e, NUM_SLICES, 1),
         )
