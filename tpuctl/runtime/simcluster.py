@@ -21,10 +21,19 @@ Which hosts, and which one this is: JAX's two TPU clusters, in JAX's order.
 - Else the slice is not detected, as JAX would not detect it: ``jax.distributed.initialize()`` then asks
   for a coordinator address.
 
-The process count is the number of workers. The coordinator: ``TPUCTL_COORDINATOR_ADDRESS`` when set (an
-explicit override), else worker 0's address with port ``TPUCTL_COORDINATOR_PORT`` (the backend sets it;
-JAX's own fixed port otherwise); JAX's ``JAX_COORDINATOR_PORT`` (``override_coordinator_port``) wins over
-both ports.
+Several slices (multislice), as JAX's ``BaseTpuCluster``: ``MEGASCALE_COORDINATOR_ADDRESS``,
+``MEGASCALE_NUM_SLICES`` and ``MEGASCALE_SLICE_ID``, each read from the process environment when set there
+(even empty), else from the ``tpu-env`` attribute (``KEY: 'value'`` lines; a multislice queued resource's
+VMs publish them there, the simulator's too). ``tpu-env`` is asked at most once per detection, and not at
+all when the environment sets all three. An empty or absent value is JAX's default: 1 slice, slice 0, no
+Megascale coordinator. The workers found above are then the ones of this host's slice.
+
+The process count is the number of workers in the slice times the number of slices; the process id is
+the id in the slice plus the slice id times the workers in a slice. The coordinator:
+``TPUCTL_COORDINATOR_ADDRESS`` when set (an explicit override), else the host of
+``MEGASCALE_COORDINATOR_ADDRESS`` (before any ``:``, as JAX splits it; Google makes it the host of process
+0), else worker 0 of the slice, with port ``TPUCTL_COORDINATOR_PORT`` (the backend sets it; JAX's own fixed
+port otherwise); JAX's ``JAX_COORDINATOR_PORT`` (``override_coordinator_port``) wins over both ports.
 
 Names. On Compute Engine slices ``worker-network-endpoints`` is bare INSTANCE NAMES (ce-tpu-facts §2.6),
 which a real VM resolves through the VPC's internal DNS: its resolver is the metadata server, with the
@@ -52,6 +61,7 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from tpuctl.runtime import hostenv
@@ -66,6 +76,11 @@ _ATTRIBUTES = "instance/attributes/"
 TPU_PROCESS_ADDRESSES = "TPU_PROCESS_ADDRESSES"
 TPU_WORKER_HOSTNAMES = "TPU_WORKER_HOSTNAMES"
 TPU_WORKER_ID = "TPU_WORKER_ID"
+#: JAX's BaseTpuCluster reads these, each from the environment first, else from tpu-env.
+MEGASCALE_COORDINATOR_ADDRESS = "MEGASCALE_COORDINATOR_ADDRESS"
+MEGASCALE_NUM_SLICES = "MEGASCALE_NUM_SLICES"
+MEGASCALE_SLICE_ID = "MEGASCALE_SLICE_ID"
+_MEGASCALE_KEYS = (MEGASCALE_COORDINATOR_ADDRESS, MEGASCALE_NUM_SLICES, MEGASCALE_SLICE_ID)
 #: The simulated VPC's name service, next to the metadata server (tpuctl.sim.vpc_dns.PREFIX).
 RESOLVE_PATH = "/tpuctl-sim/v1/resolve/"
 # JAX's get_metadata tries 6 times, 0.5 s apart; the simulator's server may come up with the host.
@@ -182,17 +197,76 @@ def slice_workers(*, sleep: Callable[[float], None] = time.sleep) -> tuple[int, 
     return int(raw_id), [h.strip().split(":")[0] for h in hostnames.split(",")]
 
 
+@dataclass(frozen=True)
+class Slices:
+    """What JAX's ``BaseTpuCluster`` reads about the slices of a job, with its defaults for one slice."""
+
+    coordinator: str = ""  # MEGASCALE_COORDINATOR_ADDRESS as given; "" when unset or empty
+    num_slices: int = 1
+    slice_id: int = 0
+
+    def process_count(self, workers: tuple[int, list[str]]) -> int:
+        """JAX's ``get_process_count``: the workers in a slice times the slices."""
+        return len(workers[1]) * self.num_slices
+
+    def process_id(self, workers: tuple[int, list[str]]) -> int:
+        """JAX's ``get_process_id``: the id in the slice, then the slices before this one."""
+        return workers[0] + self.slice_id * len(workers[1])
+
+
+def parse_tpu_env(text: str) -> dict[str, str]:
+    """``tpu-env``'s ``KEY: 'value'`` lines as JAX parses them (``get_tpu_env_value_from_metadata``): split
+    at the first ``:``, the key stripped, the value stripped of blanks then of quotes; a later line wins."""
+    values: dict[str, str] = {}
+    for line in text.split("\n"):
+        if ":" in line:
+            key, value = line.split(":", 1)
+            values[key.strip()] = value.strip().strip("'")
+    return values
+
+
+def slices(*, sleep: Callable[[float], None] = time.sleep) -> Slices:
+    """The Megascale keys of this host (see the module docstring), read as JAX's ``get_tpu_env_value``
+    reads them: the environment first, else ``tpu-env``, asked at most once here. RuntimeError naming the
+    key when a count or id is not a number (JAX's ``int()`` would raise)."""
+    env = {key: os.environ[key] for key in _MEGASCALE_KEYS if key in os.environ}
+    if len(env) < len(_MEGASCALE_KEYS):
+        # JAX takes the body of whatever the server answered last; a server without tpu-env answers a
+        # not-found text, which names none of these keys: the same as nothing published.
+        published_env = parse_tpu_env(published("tpu-env", sleep=sleep) or "")
+        env = {key: env[key] if key in env else published_env.get(key, "") for key in _MEGASCALE_KEYS}
+    return Slices(
+        coordinator=env.get(MEGASCALE_COORDINATOR_ADDRESS, ""),
+        num_slices=_number(MEGASCALE_NUM_SLICES, env.get(MEGASCALE_NUM_SLICES, ""), 1),
+        slice_id=_number(MEGASCALE_SLICE_ID, env.get(MEGASCALE_SLICE_ID, ""), 0),
+    )
+
+
+def _number(key: str, raw: str, default: int) -> int:
+    if not raw:  # JAX: ``if not value: return default``
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise RuntimeError(f"{key} is {raw!r}, not a number") from None
+
+
 def coordinator_address(
-    override_port: str | None = None, workers: tuple[int, list[str]] | None = None
+    override_port: str | None = None,
+    workers: tuple[int, list[str]] | None = None,
+    found_slices: Slices | None = None,
 ) -> str:
-    """ "host:port" of the coordinator (worker 0): see the module docstring for the precedence. Worker 0
-    (of ``workers``, else of :func:`slice_workers`) is resolved to an address (a CE slice names its
-    hosts). RuntimeError when the slice is not detected."""
+    """ "host:port" of the coordinator (process 0): see the module docstring for the precedence. The host
+    of ``MEGASCALE_COORDINATOR_ADDRESS`` (of ``found_slices``, else of :func:`slices`), else worker 0 (of
+    ``workers``, else of :func:`slice_workers`), is resolved to an address (a CE slice names its hosts).
+    RuntimeError when the slice is not detected."""
     explicit = os.environ.get(hostenv.COORDINATOR_ADDRESS, "")
     if explicit:
         host, _, port = explicit.rpartition(":")
     else:
-        host = resolve(_detected(workers)[1][0])
+        detected = _detected(workers)
+        megascale = (slices() if found_slices is None else found_slices).coordinator
+        host = resolve((megascale or detected[1][0]).split(":")[0])
         port = os.environ.get(hostenv.COORDINATOR_PORT, "") or str(JAX_TPU_COORDINATOR_PORT)
     return f"{host}:{override_port or port}"
 
@@ -234,11 +308,15 @@ def _make_cluster() -> type[Any]:
         # server about agent-worker-number once per initialize(), and so do we (its absence costs
         # JAX's 6 tries).
         found: tuple[int, list[str]] | None = None
+        # The Megascale keys, read on first use after is_env_present (tpu-env once per detection, where
+        # JAX asks it once per key).
+        found_slices: Slices | None = None
 
         @classmethod
         def is_env_present(cls) -> bool:
             # Checked at initialize() time, not at registration: the environment is the truth.
             cls.found = slice_workers() if sim_env_present() else None
+            cls.found_slices = None
             return cls.found is not None
 
         @classmethod
@@ -246,10 +324,16 @@ def _make_cluster() -> type[Any]:
             return _detected(cls.found)
 
         @classmethod
+        def slices(cls) -> Slices:
+            if cls.found_slices is None:
+                cls.found_slices = slices()
+            return cls.found_slices
+
+        @classmethod
         def get_coordinator_address(
             cls, timeout_secs: int | None, override_coordinator_port: str | None
         ) -> str:
-            address = coordinator_address(override_coordinator_port, cls.workers())
+            address = coordinator_address(override_coordinator_port, cls.workers(), cls.slices())
             # JAX's coordinator binds [::]:port unless told otherwise (jax/_src/distributed.py reads
             # JAX_COORDINATOR_BIND_ADDRESS after this call). Simulated VMs share one network namespace,
             # so that would take the port on every VM's address; bind only host 0's own address.
@@ -258,11 +342,11 @@ def _make_cluster() -> type[Any]:
 
         @classmethod
         def get_process_count(cls) -> int:
-            return len(cls.workers()[1])
+            return cls.slices().process_count(cls.workers())
 
         @classmethod
         def get_process_id(cls) -> int:
-            return cls.workers()[0]
+            return cls.slices().process_id(cls.workers())
 
         @classmethod
         def get_local_process_id(cls) -> int | None:
