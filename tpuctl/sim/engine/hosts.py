@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from tpuctl.sim.api_errors import invalid_argument, not_found
 from tpuctl.sim.engine.context import Context
-from tpuctl.sim.engine.metadata_values import metadata_values
+from tpuctl.sim.engine.metadata_values import megascale_of, metadata_values
 from tpuctl.sim.engine.oslogin import os_login_enabled, posix_username
 from tpuctl.sim.engine.records import existing_node_row, host_addresses, node_json, node_row, update_node
 from tpuctl.sim.shapes import node_name
@@ -101,11 +101,14 @@ class Hosts:
         return self._metadata_values(self._host_row(zone, node_id, worker, project), worker)
 
     def _metadata_values(self, row: sqlite3.Row, worker: int) -> dict[str, str]:
+        with self.ctx.db.read() as conn:
+            megascale = megascale_of(conn, self.ctx.catalog, row)
         return metadata_values(
             row,
             worker,
             self.ctx.vm_ports[1],
             compute_agent_worker_number=self.ctx.world.compute_agent_worker_number,
+            megascale=megascale,
         )
 
     def resolve_instance(self, project: str, zone: str, name: str) -> str | None:

@@ -4,27 +4,86 @@ and its text, for one host of a node row.
 Shapes are GCE's (https://cloud.google.com/compute/docs/metadata/predefined-metadata-keys) and a TPU VM's
 attributes (agent-worker-number, accelerator-type, worker-network-endpoints ``unknown:unknown:IP,...``,
 tpu-env: the keys JAX's GCE TPU cluster detection reads, jax/_src/clusters/cloud_tpu_cluster.py).
+
+A host of a node made by a multislice queued resource (``multisliceParams``) also publishes in ``tpu-env``
+the Megascale keys Google's queued resources set up for multislice (issue #19; JAX's ``BaseTpuCluster``
+reads them, env first, then tpu-env): ``MEGASCALE_COORDINATOR_ADDRESS`` (worker 0 of slice 0, the host JAX
+makes process 0), ``MEGASCALE_NUM_SLICES``, ``MEGASCALE_SLICE_ID`` (the node's place among the queued
+resource's slices) and ``MEGASCALE_PORT``. A single-slice node publishes none of them.
 """
 
 from __future__ import annotations
 
 import json
 import sqlite3
+from dataclasses import dataclass
 
-from tpuctl.sim.engine.records import endpoints, host_addresses
+from tpuctl.catalog import Catalog
+from tpuctl.sim.engine.plans import accelerator_by_api_name
+from tpuctl.sim.engine.records import LEGACY_ENDPOINT_IP, endpoints, host_addresses, qr_row
+from tpuctl.sim.vms.layout import host_address
 
 #: A fake token: never a credential anywhere (the simulator's APIs take anonymous requests).
 FAKE_TOKEN = "sim-fake-access-token"
 SCOPES = "https://www.googleapis.com/auth/cloud-platform\n"
+#: The Megascale port a multislice host publishes. Unconfirmed: no public document shows the tpu-env of a
+#: queued-resource multislice VM; launchers that set the variable themselves use ports of their own
+#: (8081 has been seen). JAX does not read it (libtpu does), so nothing here depends on its value.
+MEGASCALE_PORT = "8080"
+
+
+@dataclass(frozen=True)
+class Megascale:
+    """Where a multislice node sits among its queued resource's slices: what its hosts' tpu-env says."""
+
+    coordinator: str  # the address of worker 0 of slice 0
+    num_slices: int
+    slice_id: int
+
+
+def megascale_of(conn: sqlite3.Connection, catalog: Catalog, row: sqlite3.Row) -> Megascale | None:
+    """The Megascale keys of the node in ``row``, None unless a multislice queued resource made it.
+
+    The slice id is the node's place among the multislice nodes of its queued resource's plan (the order
+    the request named them, ``<prefix>-0 .. <prefix>-(N-1)``), not parsed from its name. The coordinator
+    is derived from this node's own row, so every read answers the same, also after slice 0's node is
+    gone: the queued resource's nodes are inserted in plan order in one transaction, each taking the next
+    consecutive host numbers (Timeline._try_provision, records.insert_node), so slice 0's worker 0 is this
+    node's first host number less the hosts of the plan entries between them."""
+    if not row["multislice"] or not row["queued_resource"]:
+        return None
+    qr = qr_row(conn, row["project"], row["zone"], row["queued_resource"])
+    if qr is None:  # a queued resource is deleted only after its nodes are
+        return None
+    plan: list[dict[str, object]] = json.loads(qr["plan"])
+    names = [str(p["node_id"]) for p in plan]
+    slices = [i for i, p in enumerate(plan) if p.get("multislice")]
+    if row["node_id"] not in names or names.index(row["node_id"]) not in slices:
+        return None
+    own = names.index(row["node_id"])
+    between = 0
+    for entry in plan[slices[0] : own]:
+        accel = accelerator_by_api_name(catalog, str(entry["accelerator_type"]))
+        assert accel is not None, entry  # the plan was validated when the queued resource was created
+        between += accel.hosts
+    base = row["host_base"]
+    coordinator = LEGACY_ENDPOINT_IP if base is None else host_address(int(base) - between)
+    return Megascale(coordinator=coordinator, num_slices=len(slices), slice_id=slices.index(own))
 
 
 def metadata_values(
-    row: sqlite3.Row, worker: int, metadata_port: int, *, compute_agent_worker_number: bool = False
+    row: sqlite3.Row,
+    worker: int,
+    metadata_port: int,
+    *,
+    compute_agent_worker_number: bool = False,
+    megascale: Megascale | None = None,
 ) -> dict[str, str]:
     """Every key the metadata server answers on host ``worker`` of the node in ``row``;
-    ``compute_agent_worker_number``: the world's switch of that name (a Compute Engine VM's attribute)."""
+    ``compute_agent_worker_number``: the world's switch of that name (a Compute Engine VM's attribute);
+    ``megascale``: the node's place in a multislice queued resource (:func:`megascale_of`), if any."""
     spec = json.loads(row["spec"])
-    attributes = _attributes(row, spec, worker)
+    attributes = _attributes(row, spec, worker, megascale)
     scheduling = spec.get("schedulingConfig") or {}
     hostname = f"t1v-n-{int(row['uid']) % 16**8:08x}-w-{worker}"
     address = host_addresses(row)[worker]
@@ -59,7 +118,9 @@ def metadata_values(
     return values
 
 
-def _attributes(row: sqlite3.Row, spec: dict[str, object], worker: int) -> dict[str, str]:
+def _attributes(
+    row: sqlite3.Row, spec: dict[str, object], worker: int, megascale: Megascale | None
+) -> dict[str, str]:
     user_metadata = spec.get("metadata") or {}
     assert isinstance(user_metadata, dict)
     hosts = endpoints(row)
@@ -69,13 +130,13 @@ def _attributes(row: sqlite3.Row, spec: dict[str, object], worker: int) -> dict[
         "agent-worker-number": str(worker),
         "accelerator-type": row["accelerator_type"],
         "worker-network-endpoints": ",".join(f"unknown:unknown:{e.get('ipAddress', '')}" for e in hosts),
-        "tpu-env": _tpu_env(row, worker, topology),
+        "tpu-env": _tpu_env(row, worker, topology, megascale),
     }
 
 
-def _tpu_env(row: sqlite3.Row, worker: int, topology: str) -> str:
-    """The ``tpu-env`` attribute: ``KEY: 'value'`` lines, as a TPU VM's (JAX reads WORKER_ID and
-    ACCELERATOR_TYPE from it in cloud_tpu_cluster.py)."""
+def _tpu_env(row: sqlite3.Row, worker: int, topology: str, megascale: Megascale | None) -> str:
+    """The ``tpu-env`` attribute: ``KEY: 'value'`` lines, as a TPU VM's (JAX reads the MEGASCALE_* keys
+    from it in cloud_tpu_cluster.py), with the Megascale keys on a multislice node's hosts."""
     fields = {
         "ACCELERATOR_TYPE": row["accelerator_type"],
         "NODE_ID": row["node_id"],
@@ -84,4 +145,13 @@ def _tpu_env(row: sqlite3.Row, worker: int, topology: str) -> str:
         "ZONE": row["zone"],
         "NUM_WORKERS": str(row["hosts"]),
     }
+    if megascale is not None:
+        fields.update(
+            {
+                "MEGASCALE_COORDINATOR_ADDRESS": megascale.coordinator,
+                "MEGASCALE_NUM_SLICES": str(megascale.num_slices),
+                "MEGASCALE_SLICE_ID": str(megascale.slice_id),
+                "MEGASCALE_PORT": MEGASCALE_PORT,
+            }
+        )
     return "".join(f"{key}: '{value}'\n" for key, value in fields.items())
