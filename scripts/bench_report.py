@@ -160,6 +160,24 @@ def _setup(d: dict[str, Any]) -> list[Row]:
     ]
 
 
+def _multislice(d: dict[str, Any]) -> list[Row]:
+    variants = list((d.get("variants") or {}).items())
+    if len(variants) != 2:
+        return []
+    (multi_name, multi), (single_name, single) = variants
+    cfg = d.get("config", {})
+    return [
+        (
+            "bundled step tokens/s, 2 slices x 2 hosts / 1 slice x 4 hosts (16 chips each, simulator CPU)",
+            f"{_f(multi.get('median_tokens_per_s'), '', 0)} / {_f(single.get('median_tokens_per_s'), '', 0)}"
+            f" = {_f(d.get('ratio'), 'x', 3)}",
+            "none on CPU",
+            f"median of {cfg.get('rounds')} alternated rounds of {cfg.get('steps')} steps each; {multi_name} "
+            f"vs {single_name}; every host a process of this machine over loopback gloo, so no DCN cost",
+        )
+    ]
+
+
 def _cost(d: dict[str, Any]) -> list[Row]:
     ledger = d.get("ledger", {})
     by_group = d.get("report_best_s_by_group", {})
@@ -246,6 +264,7 @@ BENCHES: list[tuple[str, str, str, Callable[[dict[str, Any]], list[Row]]]] = [
         _checkpoint_gcs,
     ),
     ("cost", "Cost report on 1,000,000 events", "scripts/bench_cost.py", _cost),
+    ("multislice", "Multislice step: 2 x 2 hosts vs 1 x 4 hosts", "scripts/bench_multislice.py", _multislice),
 ]
 
 

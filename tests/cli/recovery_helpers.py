@@ -192,6 +192,8 @@ class Chaos:
     _thread: threading.Thread | None = None
     _halt: threading.Event = field(default_factory=threading.Event)
     preempt: Callable[[str, str, bool], None] | None = None
+    #: Which READY node to preempt (default: the only one; None while there is not exactly one).
+    pick: Callable[[list[NodeStatus]], NodeStatus | None] | None = None
 
     def start(self) -> Chaos:
         self._thread = threading.Thread(target=self._run, name="chaos", daemon=True)
@@ -200,6 +202,8 @@ class Chaos:
 
     def _live_node(self) -> NodeStatus | None:
         nodes = [n for n in self.admin.status()["nodes"] if n.get("state") == "READY"]
+        if self.pick is not None:
+            return self.pick(nodes)
         return nodes[0] if len(nodes) == 1 else None
 
     def _run(self) -> None:

@@ -108,4 +108,4 @@ def test_a_recovery_re_creation_fails_over_to_another_zone_on_the_ssh_path(
         assert again.zone == ZONES[1] and again.state == "READY"
         ssh_keys = two_zone_sim.metadata(again.zone, again.name, 0, "instance/attributes/ssh-keys")
         assert ssh_keys.startswith("tpuctl:ssh-ed25519 ")
-        assert all(e.external_ip for e in again.network_endpoints)
+        assert all(e.external_ip for e in again.nodes[0].network_endpoints)

@@ -174,6 +174,8 @@ class Generation:
     serving: ServingQuota | None = None
     surfaces: tuple[Surface, ...] = (Surface.TPU_API,)  # the first is the default
     compute: ComputeShape | None = None
+    #: Whether slices of this generation can be joined over the DCN (Cloud TPU Multislice: v4 and later).
+    multislice: bool = False
 
     @property
     def default_surface(self) -> Surface:
@@ -394,6 +396,7 @@ def _parse_generation(name: str, raw: dict[str, Any]) -> Generation:
         serving=_parse_serving(raw.get("serving")),
         surfaces=tuple(Surface(str(v)) for v in raw.get("surfaces", ["tpu"])),
         compute=_parse_compute(raw.get("compute")),
+        multislice=bool(raw.get("multislice", False)),
     )
 
 

@@ -96,6 +96,15 @@ def run(
     accelerator_type: Annotated[
         str | None, typer.Option("--type", help="Create a slice of this type for the run, e.g. v5e-16.")
     ] = None,
+    slices: Annotated[
+        str | None,
+        typer.Option(
+            "--slices",
+            metavar="N",
+            help="Run on N >= 2 slices of --type joined into one job over the data-center network "
+            "(a multislice, placed through one queued resource).",
+        ),
+    ] = None,
     zone: Annotated[str | None, typer.Option("--zone", help="Zone of --pod, or where to create.")] = None,
     capacity_type: Annotated[
         list[str] | None, typer.Option("--capacity-type", help=CAPACITY_TYPE_HELP)
@@ -258,6 +267,7 @@ def run(
         labels=params.labels(label or []),
         pod=pod,
         accelerator_type=accelerator_type,
+        slices=1 if slices is None else params.whole(slices, "slices", minimum=2, fix=_SLICES_FIX),
         zone=None if zone is None else params.zone(zone),
         capacity_types=tuple(allowed),
         api=None if api is None else params.api(api),
@@ -306,9 +316,9 @@ def run(
         from tpuctl.services.budget import warn_monthly_budget
         from tpuctl.services.run.supervisor import Supervisor
 
-        if prepared.target.node is None:  # the run creates its slice: cost (issue 6)'s monthly warning
+        if prepared.target.creates:  # the run creates its slice: cost (issue 6)'s monthly warning
             warn_monthly_budget(sess, out.warn)
-        printer = _Printer(out, prepared.target.accelerator.hosts)
+        printer = _Printer(out, prepared.target.hosts)
         supervisor = Supervisor(sess, observer=printer, policy=policy, budget_usd=budget_usd, warn=out.warn)
         if detach:
             supervisor.create_record(prepared)
@@ -320,6 +330,9 @@ def run(
             with resumable(prepared.run_id):
                 supervised = supervisor.run(prepared, progress=prog)
     _render_result(out, supervised)
+
+
+_SLICES_FIX = "a multislice has 2 or more slices, e.g. --slices 2; drop --slices to run on one slice"
 
 
 def _policy(max_restarts: int, max_preemptions: int) -> RecoveryPolicy:
@@ -391,16 +404,23 @@ def _render_plan(out: Output, plan: dict[str, Any]) -> None:
     p(f"run id: {plan['run_id']}  executor: {plan['executor']}")
     verb = "existing slice" if target["existing"] else "new slice (created for the run"
     verb += "" if target["existing"] else (", deleted after)" if target.get("delete_after") else ", kept)")
+    slices = int(target.get("slices") or 1)
+    shape = f"{slices} slices x " if slices > 1 else ""
     p(
-        f"where: {verb} {target['pod']} in {target['zone']}: {target['accelerator_type']} "
-        f"({target['topology']}, {target['hosts']} hosts x {target['chips_per_host']} chips), "
-        f"{target['capacity']}"
+        f"where: {verb} {target['pod']} in {target['zone']}: {shape}{target['accelerator_type']} "
+        f"({target['topology']}, {target['hosts_per_slice']} hosts x {target['chips_per_host']} chips"
+        + (f" each; {target['hosts']} hosts in all" if slices > 1 else "")
+        + f"), {target['capacity']}"
     )
+    if slices > 1:
+        p(f"  slices: {', '.join(target.get('slice_names') or [])}")
     create = target.get("create")
     if create:
         price = create.get("price_per_hour", create.get("estimated_price_per_hour"))
         if price is not None:
-            p(f"  estimated price: {price:.2f} USD/h")
+            each = target.get("slice_price_per_hour")
+            per = f" ({each:.2f} USD/h per slice)" if slices > 1 and each is not None else ""
+            p(f"  estimated price: {price:.2f} USD/h{per}")
         if create.get("message"):
             p(f"  placement: {escape(str(create['message']))}")
         for req in create.get("requests", []):
@@ -607,6 +627,13 @@ def _render_preemptions(out: Output, preemptions: list[dict[str, Any]]) -> None:
         key="preemptions",
         records=preemptions,
     )
+    for p in preemptions:  # a multislice: which slice went, and what was placed again
+        if p.get("replaced_slices"):
+            out.out.print(
+                f"preemption {p['number']}: slice {', '.join(p.get('lost_slices') or ['?'])} was lost; "
+                f"re-placed the whole set ({', '.join(p['replaced_slices'])}) as {p.get('new_pod')}",
+                highlight=False,
+            )
 
 
 def _render_fallbacks(out: Output, fallbacks: list[dict[str, Any]]) -> None:
@@ -774,6 +801,10 @@ def bench_step(
     ctx: typer.Context,
     accelerator_type: Annotated[str, typer.Argument(metavar="TYPE", help="Slice type, e.g. v5e-16.")],
     pod: Annotated[str | None, typer.Option("--pod", help="Use this existing READY slice (of TYPE).")] = None,
+    slices: Annotated[
+        str | None,
+        typer.Option("--slices", metavar="N", help="Run on N >= 2 slices of TYPE joined into one job."),
+    ] = None,
     zone: Annotated[str | None, typer.Option("--zone", help="Zone to create the slice in.")] = None,
     steps: Annotated[str, typer.Option("--steps", metavar="N", help="Timed steps.")] = "10",
     batch_per_device: Annotated[
@@ -823,6 +854,7 @@ def bench_step(
             args=program_args,
             pod=pod,
             accelerator_type=None if pod else accelerator_type,
+            slices=1 if slices is None else params.whole(slices, "slices", minimum=2, fix=_SLICES_FIX),
             zone=zone,
             keep_pod=keep_pod,
         )
@@ -836,7 +868,7 @@ def bench_step(
                 value=pod,
                 fix=f"pass TYPE {prepared.target.accelerator.friendly_name}, or drop --pod",
             )
-        printer = _Printer(out, accel.hosts)
+        printer = _Printer(out, prepared.target.hosts)
         collector = BenchCollector(printer if not out.machine else None)
         launcher = Launcher(sess, observer=collector)
         with stop_hosts_on_termination(), out.progress(f"bench step on {accel.friendly_name}") as prog:
@@ -847,7 +879,11 @@ def bench_step(
             f"the bench program printed no result (run {result.run_id})",
             fix=f"see `tpuctl runs logs {result.run_id} --worker 0`",
         )
-    figures = {"run_id": result.run_id, **bench_step_figures(collector.result, accel)}
+    figures = {
+        "run_id": result.run_id,
+        "slices": prepared.target.slices,
+        **bench_step_figures(collector.result, accel, slices=prepared.target.slices),
+    }
     if out.machine:
         out.document(out.envelope(bench=figures))
         return
@@ -856,7 +892,8 @@ def bench_step(
     out.fields(
         f"bench step {accel.friendly_name}",
         {
-            "hosts x devices": f"{figures['hosts']} x {figures['devices'] // max(figures['hosts'], 1)}",
+            "slices x hosts x devices": f"{figures['slices']} x "
+            f"{figures['hosts'] // figures['slices']} x {figures['devices'] // max(figures['hosts'], 1)}",
             "model": f"{figures['params'] / 1e6:.2f}M params, batch "
             f"{figures['global_batch']}x{figures['seq_len']}, {figures['compute_dtype']}",
             "step time": f"{figures['step_time_s'] * 1e3:.1f} ms",

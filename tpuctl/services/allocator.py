@@ -128,6 +128,8 @@ def build_request(
     types, reservation = resolve_capacity_types(
         capacity_types=capacity_types, reserved=reserved, defaults=settings.capacity_types
     )
+    if slices > 1:
+        _check_multislice(catalog, accel)
     if chosen_surface is Surface.COMPUTE:
         _check_compute(slices, strategy)
         if queued:
@@ -171,6 +173,20 @@ def _surface(accel: AcceleratorType, demanded: Surface | None, preferred: Surfac
     if preferred is not None and preferred in generation.surfaces:
         return preferred
     return generation.default_surface
+
+
+def _check_multislice(catalog: Catalog, accel: AcceleratorType) -> None:
+    """Only generations Cloud TPU Multislice supports (v4 and later) join slices over the DCN."""
+    if accel.generation.multislice:
+        return
+    able = [g.name for g in catalog.generations.values() if g.multislice]
+    raise UsageError(
+        f"{accel.generation.name} slices cannot be joined into a multislice (Cloud TPU Multislice supports "
+        f"{', '.join(able)})",
+        field="slices",
+        value=accel.friendly_name,
+        fix=f"drop --slices to run on one {accel.friendly_name}, or choose a type of {' or '.join(able)}",
+    )
 
 
 def _check_compute(slices: int, strategy: Strategy) -> None:

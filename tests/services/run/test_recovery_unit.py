@@ -21,6 +21,7 @@ from tpuctl.services.run.control import load_request, save_request
 from tpuctl.services.run.lease import LOCK_FILE, Lease, lease_holder
 from tpuctl.services.run.model import RecoveryPolicy, RunRequest
 from tpuctl.services.run.signals import SliceWatch as _SliceWatch
+from tpuctl.services.run.sliceset import SliceSet
 
 NODE = Node(name="p", zone="us-central1-a", accelerator_type="v5litepod-8", state="READY",
             capacity=CapacityType.SPOT)  # fmt: skip
@@ -49,7 +50,7 @@ class ScriptedCloud:
 
 
 def watch(cloud: ScriptedCloud, confirm: int = 2) -> _SliceWatch:
-    return _SliceWatch(cloud, NODE, poll_s=0.001, confirm=confirm)
+    return _SliceWatch(cloud, SliceSet.single(NODE), poll_s=0.001, confirm=confirm)
 
 
 def test_a_lost_slice_is_confirmed_only_after_consecutive_polls_and_errors_are_no_evidence() -> None:

@@ -5,13 +5,13 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from tpuctl.cloud.base import Node
     from tpuctl.services.run.model import AttemptResult
+    from tpuctl.services.run.sliceset import SliceSet
 
 
 @dataclass
@@ -37,6 +37,10 @@ class PreemptionRecord:
     resumed_at: float | None = None  # first step done on the new slice
     restored_step: int | None = None
     steps_recomputed: int | None = None
+    #: A multislice: the slices that were lost (by name), and every slice deleted and placed again (the
+    #: whole set: a queued resource is re-placed whole). Empty for one slice.
+    lost_slices: list[str] = field(default_factory=list)
+    replaced_slices: list[str] = field(default_factory=list)
 
     @property
     def detection_latency_s(self) -> float | None:
@@ -226,11 +230,19 @@ def recovery_summary(
 
 
 def preemption_record(
-    number: int, node: Node, source: str, result: AttemptResult, progress: Progress, *, detected_at: float
+    number: int,
+    slices: SliceSet,
+    source: str,
+    result: AttemptResult,
+    progress: Progress,
+    *,
+    detected_at: float,
+    lost: Sequence[str] = (),
 ) -> PreemptionRecord:
-    """The record of the preemption that ended an attempt on ``node``: occurred at the earliest evidence
-    (the host's notice time, else the first host's death); a "notice" preemption when every host saved a
-    checkpoint on the way out, else "hard"."""
+    """The record of the preemption that ended an attempt on ``slices`` (``lost``: which of a
+    multislice's were lost): occurred at the earliest evidence (the host's notice time, else the first
+    host's death); a "notice" preemption when every host saved a checkpoint on the way out, else
+    "hard"."""
     notice, preempted = progress.notice, progress.preempted
     occurred: float | None = None
     if notice is not None and isinstance(notice.get("t"), (int, float)):
@@ -243,11 +255,13 @@ def preemption_record(
         number=number,
         kind="notice" if checkpoint_step is not None else "hard",
         source=source,
-        pod=node.name,
-        zone=node.zone,
-        capacity=node.capacity.value,
+        pod=slices.name,
+        zone=slices.zone,
+        capacity=slices.capacity.value,
         occurred_at=occurred,
         detected_at=detected_at,
         checkpoint_step=checkpoint_step,
         last_step=progress.attempt_last,
+        lost_slices=list(lost) if slices.is_multislice else [],
+        replaced_slices=slices.names if slices.is_multislice else [],
     )

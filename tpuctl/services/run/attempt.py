@@ -23,8 +23,8 @@ from tpuctl.store.paths import ensure_private_dir
 from tpuctl.store.records import RunStatus
 
 if TYPE_CHECKING:
-    from tpuctl.cloud.base import Node
     from tpuctl.hosts.base import Executor, LaunchSpec, ShipResult
+    from tpuctl.services.run.sliceset import SliceSet
     from tpuctl.services.session import Session
 
 _POLL_S = 0.25
@@ -52,23 +52,24 @@ def execute(
     observer: LaunchObserver,
     executor: Executor,
     prepared: PreparedRun,
-    node: Node,
+    slices: SliceSet,
     *,
     restart_count: int = 0,
     soft_exit_codes: frozenset[int] = frozenset(),
     soft_wait_s: float = 60.0,
     on_started: Callable[[Executor, float], None] | None = None,
 ) -> AttemptResult:
-    """Ship and start on every host of ``node``, stream until all exit (see the module docstring).
+    """Ship and start on every host of ``slices``, stream until all exit (see the module docstring).
 
     ``soft_exit_codes``: statuses that end a host without failing the others (the runtime's
     "preempted, checkpoint saved"): the other hosts get ``soft_wait_s`` to reach the same end before
     they are stopped. ``on_started(executor, setup_s)`` is called once every host has started, with the
     seconds the hosts' setup took."""
     spec = prepared.spec(restart_count)
-    if len(node.network_endpoints) not in (0, spec.num_workers):
+    endpoints = sum(len(node.network_endpoints) for node in slices.nodes)
+    if endpoints not in (0, spec.num_workers):
         observer.status(
-            f"note: {node.name} reports {len(node.network_endpoints)} endpoints for {spec.num_workers} hosts"
+            f"note: {slices.describe()} reports {endpoints} endpoints for {spec.num_workers} hosts"
         )
     # Run logs hold the program's output: private like the rest of the state dir.
     ensure_private_dir(prepared.log_dir.parent)
@@ -79,7 +80,7 @@ def execute(
     interrupted = timed_out = False
     started_at = time.time()
     try:
-        shipped, setup_s = _ship_and_start(session, observer, executor, prepared, node, spec, streams)
+        shipped, setup_s = _ship_and_start(session, observer, executor, prepared, slices, spec, streams)
         if on_started is not None:
             on_started(executor, setup_s)
         timeout_s = prepared.request.timeout_s
@@ -116,13 +117,13 @@ def _ship_and_start(
     observer: LaunchObserver,
     executor: Executor,
     prepared: PreparedRun,
-    node: Node,
+    slices: SliceSet,
     spec: LaunchSpec,
     streams: _Streams,
 ) -> tuple[list[ShipResult], float]:
     for worker in range(spec.num_workers):
         streams.logs[worker] = HostLog(prepared.log_dir / f"worker-{worker}.log")
-        streams.logs[worker].mark_attempt(spec.restart_count + 1, node.name, node.zone)
+        streams.logs[worker].mark_attempt(spec.restart_count + 1, slices.name, slices.zone)
     bundle = prepared.bundle
     observer.status(
         f"shipping bundle {bundle.short_digest} ({len(bundle.files)} files, {bundle.total_bytes} bytes) "
@@ -135,7 +136,7 @@ def _ship_and_start(
     )
     setup_s = hostsetup.run_setup(observer, executor, prepared, streams.logs)
     hostsetup.check_imports(observer, executor, prepared)
-    session.ledger.update_run(prepared.run_id, status=RunStatus.RUNNING, pod=node.name, zone=node.zone)
+    session.ledger.update_run(prepared.run_id, status=RunStatus.RUNNING, pod=slices.name, zone=slices.zone)
     executor.start(spec)
     observer.status(f"started {' '.join(prepared.program)} on {spec.num_workers} hosts")
     return shipped, setup_s

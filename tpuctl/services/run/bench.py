@@ -39,14 +39,17 @@ class BenchCollector:
         self._inner.status(text)
 
 
-def bench_step_figures(raw: Mapping[str, Any], accelerator: AcceleratorType) -> dict[str, Any]:
-    """Step time, tokens/s, achieved TFLOP/s and the fraction of peak: the catalog's peak (bf16, the
-    whole slice) on TPU; on the simulator, the large matmul measured on the same CPU in the same run
-    (all simulated hosts share that CPU, so it is the whole slice's peak too)."""
+def bench_step_figures(
+    raw: Mapping[str, Any], accelerator: AcceleratorType, *, slices: int = 1
+) -> dict[str, Any]:
+    """Step time, tokens/s, achieved TFLOP/s and the fraction of peak: the catalog's peak (bf16, every
+    slice) on TPU; on the simulator, the large matmul measured on the same CPU in the same run (all
+    simulated hosts share that CPU, so it is the whole job's peak too)."""
     achieved = float(raw["achieved_tflops"])
     if raw.get("platform") == "tpu":
-        peak: float | None = accelerator.peak_bf16_tflops
-        source = f"catalog: {accelerator.friendly_name} peak bf16 ({accelerator.chips} chips)"
+        peak: float | None = accelerator.peak_bf16_tflops * slices
+        chips = accelerator.chips * slices
+        source = f"catalog: {slices} x {accelerator.friendly_name} peak bf16 ({chips} chips)"
     else:
         measured = raw.get("matmul_peak_tflops")
         peak = None if measured is None else float(measured)

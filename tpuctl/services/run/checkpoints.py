@@ -38,7 +38,7 @@ def checkpoint_dir(session: Session, request: RunRequest, run_id: str, target: T
     bucket = request.bucket or session.backend.default_bucket
     if bucket:
         return f"{_run_prefix(_bucket(bucket), run_id)}/checkpoints"
-    _refuse_preemptible([target.capacity] if target.node is not None else _placement_capacities(target))
+    _refuse_preemptible([target.capacity] if target.existing is not None else _placement_capacities(target))
     return ""
 
 

@@ -233,22 +233,18 @@ def cancel_run(session: Session, run_id: str, *, wait_s: float = 120.0) -> dict[
     try:
         killed = 0
         if not detail.get("created_pod") and record.pod and record.zone:
-            # The user's own slice stays: stop the program the run left on it (it runs detached).
-            with contextlib.suppress(CloudError):
-                node = session.cloud.get_node(record.zone, record.pod)
-                killed = hosts.stop_left_hosts(session, node, run_id, _remote_root(log_dir))
+            # The user's own slices stay: stop the program the run left on them (it runs detached).
+            from tpuctl.services.run.provision import find_pods
+
+            with contextlib.suppress(CloudError, UsageError):
+                given = find_pods(session, record.pod, record.zone)
+                killed = hosts.stop_left_hosts(session, given, run_id, _remote_root(log_dir))
         for seg in ledger.segments(run_id):
             if seg.end is None:
                 ledger.close_segment(seg.id, end=time.time())
         deleted = None
-        if detail.get("created_pod") and record.pod and record.zone:
-            from tpuctl.services.pods import PodService
-
-            with contextlib.suppress(NotFoundError):
-                PodService(session).delete(
-                    record.pod, zone=record.zone, wait=True, reason=f"cancel of run {run_id}"
-                )
-                deleted = record.pod
+        if detail.get("created_pod"):
+            deleted = _delete_run_slices(session, run_id, record)
         if status is RunStatus.PENDING and not ledger.segments(run_id):
             detail["never_started"] = True  # it has no duration to show
         detail.update(supervisor=None, cancelled_by="runs cancel (no live supervisor)")
@@ -263,3 +259,19 @@ def cancel_run(session: Session, run_id: str, *, wait_s: float = 120.0) -> dict[
     finally:
         if lease is not None:
             lease.release()
+
+
+def _delete_run_slices(session: Session, run_id: str, record: Any) -> str | None:
+    """Delete every slice the run made that is still alive (all of a multislice's, whose run record
+    names the set, not a node); the names deleted, comma-separated (None: none)."""
+    from tpuctl.services.pods import PodService
+
+    names = [(p.zone, p.name) for p in session.ledger.list_pods(run_id=run_id, alive=True)]
+    if record.pod and record.zone and (record.zone, record.pod) not in names:
+        names.insert(0, (record.zone, record.pod))
+    deleted: list[str] = []
+    for zone, name in names:
+        with contextlib.suppress(NotFoundError):
+            PodService(session).delete(name, zone=zone, wait=True, reason=f"cancel of run {run_id}")
+            deleted.append(name)
+    return ", ".join(deleted) or None

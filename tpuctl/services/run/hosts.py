@@ -17,6 +17,7 @@ from tpuctl.cloud.base import NetworkEndpoint, Node
 from tpuctl.errors import CloudError, RunFailedError, TpuctlError, UsageError
 from tpuctl.services.access import PLAN_PUBLIC_KEY, authorizes_tpuctl
 from tpuctl.services.run.model import EXECUTOR_KINDS, ExecutorKind, PreparedRun
+from tpuctl.services.run.sliceset import SliceSet
 
 if TYPE_CHECKING:
     from tpuctl.backends.base import HostAddress
@@ -37,23 +38,23 @@ def executor_kind(session: Session, requested: str | None) -> ExecutorKind:
     return ExecutorKind(kind)
 
 
-def build_executor(session: Session, prepared: PreparedRun, node: Node, *, for_plan: bool) -> SshExecutor:
-    """The executor for ``node``'s hosts; ``for_plan``: one that only plans (no key made, no cloud call
+def build_executor(
+    session: Session, prepared: PreparedRun, slices: SliceSet, *, for_plan: bool
+) -> SshExecutor:
+    """The executor for every host of ``slices``, slice by slice (slice ``i``'s hosts are workers
+    ``i * hosts .. (i + 1) * hosts - 1``); ``for_plan``: one that only plans (no key made, no cloud call
     for host keys)."""
     from tpuctl.hosts.ssh import DEFAULT_USERNAME, KeyPair, SshExecutor, SshHost, ensure_key_pair
 
     accel = prepared.target.accelerator
-    if not for_plan and not authorizes_tpuctl(session, node):
-        raise UsageError(
-            f"pod {node.name} does not authorize tpuctl's SSH key: its ssh-keys metadata lacks it and OS "
-            "Login is off",
-            field="pod",
-            value=node.name,
-            fix=f"create the slice with `tpuctl pod create` (which adds the key), or add the line from "
-            f"{session.state_dir / 'ssh' / 'tpuctl_ed25519.pub'} (as tpuctl:KEY) to the node's ssh-keys",
-        )
-    addresses = _addresses(session, node, accel.hosts, for_plan=for_plan)
-    keys = [None] * len(addresses) if for_plan else expected_host_keys(session, node)
+    addresses: list[HostAddress] = []
+    keys: list[tuple[str, ...] | None] = []
+    for node in slices.nodes:
+        if not for_plan:
+            _refuse_unauthorized(session, node)
+        found = _addresses(session, node, accel.hosts, for_plan=for_plan)
+        addresses += found
+        keys += [None] * len(found) if for_plan else expected_host_keys(session, node)
     key = (
         KeyPair(session.state_dir / "ssh" / "tpuctl_ed25519", PLAN_PUBLIC_KEY)
         if for_plan
@@ -74,8 +75,21 @@ def build_executor(session: Session, prepared: PreparedRun, node: Node, *, for_p
         host_env=host_env,
         # Compute Engine publishes no agent-worker-number for certain (facts §8.1): give programs JAX's
         # other way to find their peers, from what it does publish (tpuctl/hosts/worker_identity.py).
-        tpu_worker_env=node.surface is Surface.COMPUTE,
+        tpu_worker_env=slices.surface is Surface.COMPUTE,
         proxy_command=request.ssh_proxy_command,
+    )
+
+
+def _refuse_unauthorized(session: Session, node: Node) -> None:
+    if authorizes_tpuctl(session, node):
+        return
+    raise UsageError(
+        f"pod {node.name} does not authorize tpuctl's SSH key: its ssh-keys metadata lacks it and OS "
+        "Login is off",
+        field="pod",
+        value=node.name,
+        fix=f"create the slice with `tpuctl pod create` (which adds the key), or add the line from "
+        f"{session.state_dir / 'ssh' / 'tpuctl_ed25519.pub'} (as tpuctl:KEY) to the node's ssh-keys",
     )
 
 
@@ -128,19 +142,33 @@ def expected_host_keys(
 def plan_executor(session: Session, prepared: PreparedRun, zone: str | None) -> SshExecutor:
     """The executor a plan asks for each host's command: the node's, or (no node yet) one of placeholder
     endpoints of the right size."""
-    if prepared.target.node is not None:
-        return build_executor(session, prepared, prepared.target.node, for_plan=True)
-    accel = prepared.target.accelerator
-    node = Node(
-        name=prepared.target.name,
-        zone=zone or "<zone chosen by the allocator>",
-        accelerator_type=accel.api_name,
-        state="PLANNED",
-        capacity=prepared.target.capacity,
-        network_endpoints=tuple(NetworkEndpoint(f"<worker-{i} address>", 22) for i in range(accel.hosts)),
-        surface=prepared.target.placement.surface if prepared.target.placement else Surface.TPU_API,
+    target = prepared.target
+    if target.existing is not None:
+        return build_executor(session, prepared, target.existing, for_plan=True)
+    assert target.placement is not None
+    accel = target.accelerator
+    hosts = accel.hosts
+
+    def planned(name: str, first: int) -> Node:
+        return Node(
+            name=name,
+            zone=zone or "<zone chosen by the allocator>",
+            accelerator_type=accel.api_name,
+            state="PLANNED",
+            capacity=target.capacity,
+            network_endpoints=tuple(
+                NetworkEndpoint(f"<worker-{first + i} address>", 22) for i in range(hosts)
+            ),
+            surface=target.placement.surface if target.placement else Surface.TPU_API,
+        )
+
+    names = target.placement.node_names
+    return build_executor(
+        session,
+        prepared,
+        SliceSet(target.name, tuple(planned(n, i * hosts) for i, n in enumerate(names))),
+        for_plan=True,
     )
-    return build_executor(session, prepared, node, for_plan=True)
 
 
 def notice_grace_s(session: Session) -> float:
@@ -148,13 +176,22 @@ def notice_grace_s(session: Session) -> float:
     return session.backend.notice_grace_s(session.cloud) or 0.0
 
 
-def stop_left_hosts(session: Session, node: Node | None, run_id: str, remote_root: str) -> int:
-    """Over SSH, stop every process group a dead supervisor's run left on ``node``'s hosts (the program
-    runs detached from SSH, so it outlives its supervisor). Returns how many were stopped; a slice that
-    is gone or unreachable has nothing left to stop (a deleted VM's processes went with it)."""
+def stop_left_hosts(session: Session, slices: SliceSet, run_id: str, remote_root: str) -> int:
+    """Over SSH, stop every process group a dead supervisor's run left on the hosts of ``slices`` (the
+    program runs detached from SSH, so it outlives its supervisor). Returns how many were stopped."""
+    return sum(_stop_left_on(session, node, run_id, remote_root) for node in slices.nodes)
+
+
+def _stop_left_on(session: Session, given: Node, run_id: str, remote_root: str) -> int:
+    """``stop_left_hosts`` on one node, as the API has it now: a slice that is gone or unreachable has
+    nothing left to stop (a deleted VM's processes went with it)."""
     from tpuctl.hosts.ssh import DEFAULT_USERNAME, SshExecutor, SshHost, ensure_key_pair
 
-    if node is None or node.state != "READY":
+    try:
+        node = session.cloud.get_node(given.zone, given.name)
+    except CloudError:
+        return 0
+    if node.state != "READY":
         return 0
     try:
         addresses = session.backend.host_addresses(session.cloud, node)

@@ -25,8 +25,9 @@ from tpuctl.services.run.model import (
 )
 
 if TYPE_CHECKING:
-    from tpuctl.cloud.base import Node, OperationProgress
+    from tpuctl.cloud.base import OperationProgress
     from tpuctl.hosts.base import Executor
+    from tpuctl.services.run.sliceset import SliceSet
     from tpuctl.services.session import Session
 
 
@@ -39,7 +40,7 @@ class Launcher:
         session: Session,
         *,
         observer: LaunchObserver | None = None,
-        executor_factory: Callable[[PreparedRun, Node], Executor] | None = None,
+        executor_factory: Callable[[PreparedRun, SliceSet], Executor] | None = None,
     ) -> None:
         self._session = session
         self._observer: LaunchObserver = observer or Silent()
@@ -82,8 +83,8 @@ class Launcher:
         progress: OperationProgress | None = None,
         prefer_zone: str | None = None,
         detail: Mapping[str, Any] | None = None,
-    ) -> Node:
-        """Create the run's slice and wait until READY (see ``provision.provision``)."""
+    ) -> SliceSet:
+        """Create the run's slices and wait until READY (see ``provision.provision``)."""
         return provision.provision(
             self._session, self._observer, prepared, progress=progress, prefer_zone=prefer_zone, detail=detail
         )
@@ -91,15 +92,15 @@ class Launcher:
     def execute(
         self,
         prepared: PreparedRun,
-        node: Node,
+        slices: SliceSet,
         *,
         restart_count: int = 0,
         soft_exit_codes: frozenset[int] = frozenset(),
         soft_wait_s: float = 60.0,
         on_started: Callable[[Executor, float], None] | None = None,
     ) -> AttemptResult:
-        """One attempt on ``node`` (see ``attempt.execute``)."""
-        executor = self._executor_factory(prepared, node)
+        """One attempt on ``slices`` (see ``attempt.execute``)."""
+        executor = self._executor_factory(prepared, slices)
         self.current_executor = executor
         try:
             return attempt.execute(
@@ -107,7 +108,7 @@ class Launcher:
                 self._observer,
                 executor,
                 prepared,
-                node,
+                slices,
                 restart_count=restart_count,
                 soft_exit_codes=soft_exit_codes,
                 soft_wait_s=soft_wait_s,
@@ -120,8 +121,8 @@ class Launcher:
         """(worker, log file) of a run, all workers or one; raises UsageError for an unknown one."""
         return describe.log_paths(self._session, run_id, worker)
 
-    def _default_executor(self, prepared: PreparedRun, node: Node) -> Executor:
-        return hosts.build_executor(self._session, prepared, node, for_plan=False)
+    def _default_executor(self, prepared: PreparedRun, slices: SliceSet) -> Executor:
+        return hosts.build_executor(self._session, prepared, slices, for_plan=False)
 
     def _sibling(self, observer: LaunchObserver) -> Launcher:
         """This launcher (same session and executors) reporting to ``observer``."""

@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tpuctl.catalog import AcceleratorType, CapacityType, Surface
-from tpuctl.cloud.base import Node
 from tpuctl.hosts.base import LaunchSpec, ShipResult
 from tpuctl.hosts.bundle import DEFAULT_LIMIT_BYTES, Bundle
 from tpuctl.services.run.accounting import PreemptionRecord
+from tpuctl.services.run.sliceset import SliceSet
 
 if TYPE_CHECKING:
     from tpuctl.backends.base import RecoveryTuning
@@ -92,6 +92,8 @@ class RunRequest:
     labels: Mapping[str, str] = field(default_factory=dict)
     pod: str | None = None
     accelerator_type: str | None = None
+    #: Slices of ``accelerator_type`` joined into one job (``--slices``; N > 1: a multislice).
+    slices: int = 1
     zone: str | None = None
     #: The capacity types a new slice may be placed on, cheapest first (empty: the profile's decide).
     capacity_types: tuple[CapacityType, ...] = ()
@@ -121,40 +123,54 @@ class RunRequest:
 
 @dataclass(frozen=True)
 class Target:
-    """Where the run goes: an existing READY node (``--pod``), or a slice to create, placed by the
-    allocator like every slice tpuctl creates (any allowed zone, cheapest first under the price cap,
-    failing over on stockouts), on every backend and with every executor."""
+    """Where the run goes: existing READY slices (``--pod``: one node, or a multislice made by ``pod create
+    --slices N``), or slices to create, placed by the allocator like every slice tpuctl creates (any
+    allowed zone, cheapest first under the price cap, failing over on stockouts; N slices through one
+    multislice queued resource), on every backend and with every executor."""
 
     accelerator: AcceleratorType
-    node: Node | None = None  # --pod
+    existing: SliceSet | None = None  # --pod
     placement: PlacementRequest | None = None  # placement flags, through the allocator
 
     @property
     def name(self) -> str:
-        if self.node is not None:
-            return self.node.name
+        if self.existing is not None:
+            return self.existing.name
         assert self.placement is not None
         return self.placement.name
 
     @property
+    def slices(self) -> int:
+        """How many slices the job spans."""
+        if self.existing is not None:
+            return self.existing.count
+        assert self.placement is not None
+        return self.placement.slices
+
+    @property
+    def hosts(self) -> int:
+        """Every host of every slice: the job's process count."""
+        return self.accelerator.hosts * self.slices
+
+    @property
     def zone(self) -> str | None:
         """The zone, when known before placement (None: the allocator chooses)."""
-        if self.node is not None:
-            return self.node.zone
+        if self.existing is not None:
+            return self.existing.zone
         assert self.placement is not None
         zones = self.placement.zones
         return zones[0] if len(zones) == 1 else None
 
     @property
     def capacity(self) -> CapacityType:
-        if self.node is not None:
-            return self.node.capacity
+        if self.existing is not None:
+            return self.existing.capacity
         assert self.placement is not None
         return self.placement.capacity_types[0]
 
     @property
     def creates(self) -> bool:
-        return self.node is None
+        return self.existing is None
 
 
 @dataclass(frozen=True)
@@ -189,7 +205,8 @@ class PreparedRun:
         return LaunchSpec(
             run_id=self.run_id,
             program=self.program,
-            num_workers=accel.hosts,
+            num_workers=self.target.hosts,
+            num_slices=self.target.slices,
             chips_per_host=accel.chips_per_host,
             accelerator_type=accel.api_name,
             topology=accel.topology,

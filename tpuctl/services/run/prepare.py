@@ -198,6 +198,12 @@ def new_run_id(now: float | None = None) -> str:
     return f"run-{stamp}-{secrets.token_hex(2)}"
 
 
+def _per_slice(created: dict[str, Any], slices: int) -> float | None:
+    """Each slice's USD/hour in the chosen placement (the allocator prices the whole request)."""
+    total = (created.get("chosen") or {}).get("price_per_hour")
+    return None if total is None else round(float(total) / slices, 6)
+
+
 def plan(session: Session, prepared: PreparedRun) -> dict[str, Any]:
     """What the run would ship and run where: bundle, target, and each host's command and env
     (secret-looking --env values redacted). Changes nothing."""
@@ -208,15 +214,21 @@ def plan(session: Session, prepared: PreparedRun) -> dict[str, Any]:
         "zone": target.zone,
         "accelerator_type": accel.api_name,
         "topology": accel.topology,
-        "hosts": accel.hosts,
+        "slices": target.slices,
+        "hosts": target.hosts,
+        "hosts_per_slice": accel.hosts,
         "chips_per_host": accel.chips_per_host,
         "capacity": target.capacity.value,
-        "existing": target.node is not None,
+        "existing": target.existing is not None,
     }
+    if target.existing is not None and target.existing.is_multislice:
+        where["slice_names"] = target.existing.names
     created, chosen_zone = provision.plan_creation(session, prepared)
     if created is not None:
         where["create"] = created
         where["zone"] = chosen_zone
+        where["slice_names"] = list(target.placement.node_names) if target.placement else [target.name]
+        where["slice_price_per_hour"] = _per_slice(created, target.slices)
     if target.creates:
         where["delete_after"] = not prepared.request.keep_pod
     executor = hosts.plan_executor(session, prepared, chosen_zone)

@@ -18,6 +18,7 @@ from tpuctl.errors import NotFoundError, UsageError
 from tpuctl.services.access import with_host_access
 from tpuctl.services.run.model import LaunchObserver, PreparedRun, RunRequest, Target
 from tpuctl.services.run.occupancy import refuse_second_run
+from tpuctl.services.run.sliceset import SliceSet
 from tpuctl.store.records import SegmentKind
 
 if TYPE_CHECKING:
@@ -46,6 +47,7 @@ def target(session: Session, request: RunRequest, run_id: str) -> Target:
         capacity_types=request.capacity_types,
         labels={**request.labels, LABEL_RUN: run_id},
         surface=request.api,
+        slices=request.slices,
     )
     return Target(accelerator=placement.accelerator, placement=placement)
 
@@ -59,26 +61,68 @@ def _existing(session: Session, request: RunRequest, run_id: str) -> Target:
             value=request.pod,
             fix="run on an existing slice with --pod, or create one with --type",
         )
-    node = find_pod(session, request.pod, request.zone)
-    if node.state != "READY":
+    existing = find_pods(session, request.pod, request.zone)
+    if request.slices not in (1, existing.count):
         raise UsageError(
-            f"pod {node.name} in {node.zone} is {node.state}, not READY",
-            field="pod",
-            value=request.pod,
-            fix="wait until `tpuctl pod list` shows it READY, or run with --type to create a slice",
+            f"--slices {request.slices} does not match pod {existing.describe()}",
+            field="slices",
+            value=request.slices,
+            fix=f"drop --slices: a run on --pod {request.pod} spans its {existing.count} slice(s)",
         )
-    refuse_second_run(session, node.name, node.zone, run_id)
+    for node in existing.nodes:
+        if node.state != "READY":
+            raise UsageError(
+                f"pod {node.name} in {node.zone} is {node.state}, not READY",
+                field="pod",
+                value=request.pod,
+                fix="wait until `tpuctl pod list` shows it READY, or run with --type to create a slice",
+            )
+        refuse_second_run(session, node.name, node.zone, run_id)
     try:
-        accel = session.catalog.resolve(node.accelerator_type)
+        accel = session.catalog.resolve(existing.accelerator_type)
     except UsageError as exc:
         raise UsageError(
-            f"pod {node.name} has accelerator type {node.accelerator_type!r}, which the catalog "
+            f"pod {existing.name} has accelerator type {existing.accelerator_type!r}, which the catalog "
             "does not know",
             field="pod",
             value=request.pod,
             fix="update tpuctl",
         ) from exc
-    return Target(accelerator=accel, node=node)
+    return Target(accelerator=accel, existing=existing)
+
+
+def find_pods(session: Session, name: str, zone: str | None) -> SliceSet:
+    """The slice ``name``, or the multislice ``name`` (``pod create --slices N --name NAME``: nodes
+    ``NAME-0 .. NAME-(N-1)`` of one queued resource) as one set."""
+    try:
+        return SliceSet.single(find_pod(session, name, zone))
+    except UsageError:
+        members = _multislice_members(session, name, zone)
+        if not members:
+            raise
+    return SliceSet.multislice(name, members)
+
+
+def _multislice_members(session: Session, name: str, zone: str | None) -> list[Node]:
+    """The nodes of the multislice whose node prefix is ``name`` (its queued resource made them)."""
+    try:
+        listed = session.cloud.list_nodes(zone)
+    except NotFoundError:
+        return []
+    members = [
+        n
+        for n in listed
+        if n.multislice_node and n.name.rpartition("-")[0] == name and n.name.rpartition("-")[2].isdigit()
+    ]
+    zones = sorted({n.zone for n in members})
+    if len(zones) > 1:
+        raise UsageError(
+            f"multislice {name!r} exists in several zones ({', '.join(zones)})",
+            field="zone",
+            value=name,
+            fix="pass --zone to say which",
+        )
+    return members
 
 
 def find_pod(session: Session, name: str, zone: str | None) -> Node:
@@ -129,8 +173,8 @@ def provision(
     progress: OperationProgress | None = None,
     prefer_zone: str | None = None,
     detail: Mapping[str, Any] | None = None,
-) -> Node:
-    """Create the run's slice and wait until READY (a provisioning segment in the ledger).
+) -> SliceSet:
+    """Create the run's slices and wait until READY (a provisioning segment in the ledger).
 
     ``prefer_zone``: try that zone first, then the others in the allocator's order (a recovery goes
     back where the run was: its data and its quota are there)."""
@@ -151,14 +195,24 @@ def provision(
         failed = {**(detail or {}), "error": str(exc) or type(exc).__name__}
         ledger.close_segment(segment, end=session.clock(), detail=failed)
         raise
-    node: Node = placed.nodes[0]
+    slices = _placed_set(target.placement, placed.nodes)
     ledger.close_segment(segment, end=session.clock())
-    ledger.update_segment(segment, pod=node.name, zone=node.zone, capacity=node.capacity)
+    ledger.update_segment(segment, pod=slices.name, zone=slices.zone, capacity=slices.capacity)
     observer.status(
-        f"{node.name} is {node.state} in {node.zone} "
-        f"({_terms(node.capacity.value, placed.candidate.price_per_hour)})"
+        f"{slices.describe()} {'are' if slices.is_multislice else 'is'} {slices.state} in {slices.zone} "
+        f"({_terms(slices.capacity.value, placed.candidate.price_per_hour)})"
     )
-    return node
+    return slices
+
+
+def _placed_set(placement: PlacementRequest | None, nodes: list[Node]) -> SliceSet:
+    """What the allocator placed, as the run's slice set (a multislice's nodes in slice order)."""
+    assert placement is not None
+    if placement.slices == 1:
+        return SliceSet.single(nodes[0])
+    if len(nodes) != placement.slices:
+        raise AssertionError(f"placed {len(nodes)} nodes for {placement.slices} slices")
+    return SliceSet.multislice(placement.name, nodes)
 
 
 def _terms(capacity: str, price_per_hour: float | None) -> str:
@@ -191,7 +245,8 @@ def _create(
         if best is not None
         else "where the allocator finds room"
     )
-    observer.status(f"creating {target.name} ({accel.api_name}, {accel.hosts} hosts); {where}")
+    what = f"{target.slices} x {accel.api_name}" if target.slices > 1 else accel.api_name
+    observer.status(f"creating {target.name} ({what}, {target.hosts} hosts); {where}")
     return allocator.place(placement, progress=progress, plan=plan)
 
 
@@ -212,7 +267,11 @@ def renamed(prepared: PreparedRun, restart: int, tries: int) -> PreparedRun:
     suffix = f"-r{restart}" + (f"-{tries}" if tries > 1 else "")
     if target.placement is not None:
         base = target.placement.name
-        name = base[: 63 - len(suffix)] + suffix
+        # A multislice's nodes are <name>-<i>: leave room for the largest index too.
+        room = (
+            63 - len(suffix) - (len(f"-{target.placement.slices - 1}") if target.placement.slices > 1 else 0)
+        )
+        name = base[:room] + suffix
         placement = dataclasses.replace(target.placement, name=name, request_id=new_request_id())
         return dataclasses.replace(prepared, target=dataclasses.replace(target, placement=placement))
     return prepared

@@ -14,8 +14,8 @@ from tpuctl.errors import TpuctlError
 from tpuctl.store.records import SegmentKind
 
 if TYPE_CHECKING:
-    from tpuctl.cloud.base import Node
     from tpuctl.services.run.accounting import Progress
+    from tpuctl.services.run.sliceset import SliceSet
     from tpuctl.services.session import Session
 
 
@@ -32,12 +32,12 @@ class Segments:
         self,
         run_id: str,
         kind: SegmentKind,
-        node: Node | None,
+        slices: SliceSet | None,
         *,
         at: float,
         detail: Mapping[str, Any] | None = None,
     ) -> int:
-        """Start a ``kind`` segment at ``at`` on ``node`` (None: no slice, e.g. recovering). A checkpointing
+        """Start a ``kind`` segment at ``at`` on ``slices`` (None: no slice, e.g. recovering). A checkpointing
         segment first writes the steps the attempt ran up to the notice."""
         if kind is SegmentKind.CHECKPOINTING:
             self.record_steps()
@@ -45,9 +45,9 @@ class Segments:
             run_id,
             kind,
             start=at,
-            pod=None if node is None else node.name,
-            zone=None if node is None else node.zone,
-            capacity=None if node is None else node.capacity,
+            pod=None if slices is None else slices.name,
+            zone=None if slices is None else slices.zone,
+            capacity=None if slices is None else slices.capacity,
             detail=detail,
         )
         self.current = segment

@@ -10,11 +10,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from tpuctl.cloud.base import DEAD_NODE_STATES, Node
+from tpuctl.cloud.base import DEAD_NODE_STATES
 from tpuctl.errors import BudgetExceededError, NotFoundError
 from tpuctl.runtime.preemption import PREEMPTED_EXIT_CODE, parse_event
 from tpuctl.services.run.accounting import Progress
 from tpuctl.services.run.model import AttemptResult, LaunchObserver, Outcome, RecoveryPolicy
+from tpuctl.services.run.sliceset import SliceSet
 
 if TYPE_CHECKING:
     from tpuctl.services.budget import BudgetDecision, BudgetGuard
@@ -53,16 +54,19 @@ class EventTap:
 
 @dataclass
 class SliceWatch:
-    """Polls the slice's state on a thread while the hosts run; ``confirmed`` once ``confirm`` polls in
-    a row saw it lost. Errors are counted, never taken for a preemption."""
+    """Polls the state of the run's slices on a thread while the hosts run; ``confirmed`` once
+    ``confirm`` polls in a row saw one lost (a multislice runs only whole). Errors are counted, never
+    taken for a preemption."""
 
     cloud: Any
-    node: Node
+    slices: SliceSet
     poll_s: float
     confirm: int
     on_poll: Callable[[], None] | None = None
     confirmed_state: str | None = None
     confirmed_at: float | None = None
+    #: The slices the last lost state was read on (by name); all of them for their queued resource's.
+    lost: tuple[str, ...] = ()
     errors: int = 0
     polls: int = 0
     _streak: int = 0
@@ -71,25 +75,34 @@ class SliceWatch:
     confirmed: threading.Event = field(default_factory=threading.Event)
 
     def state(self) -> str | None:
-        """The slice's state now (GONE when the API says it does not exist), or None if the API could
-        not be asked. A queued resource's preemption state wins over its node's."""
-        try:
-            node = self.cloud.get_node(self.node.zone, self.node.name)
-        except NotFoundError:
-            return GONE
-        except Exception:
-            self.errors += 1
-            return None
-        state = str(node.state)
-        qr = node.queued_resource or self.node.queued_resource
-        if qr and not is_lost(state):
+        """The slices' state now: the first lost one's (GONE when the API says it does not exist), else
+        their queued resource's preemption state (it wins over its nodes'), else READY's like; None if
+        the API could not be asked."""
+        qr: str | None = None
+        state = "READY"
+        for given in self.slices.nodes:
             try:
-                queued = self.cloud.get_queued_resource(self.node.zone, qr.rsplit("/", 1)[-1])
-                if queued.state in PREEMPTED_QR_STATES:
-                    return f"QR_{queued.state}"
+                node = self.cloud.get_node(given.zone, given.name)
+            except NotFoundError:
+                self.lost = (given.name,)
+                return GONE
             except Exception:
                 self.errors += 1
                 return None
+            if is_lost(str(node.state)):
+                self.lost = (given.name,)
+                return str(node.state)
+            state = state if state != "READY" else str(node.state)
+            qr = qr or node.queued_resource or given.queued_resource
+        if qr:
+            try:
+                queued = self.cloud.get_queued_resource(self.slices.zone, qr.rsplit("/", 1)[-1])
+            except Exception:
+                self.errors += 1
+                return None
+            if queued.state in PREEMPTED_QR_STATES:
+                self.lost = tuple(self.slices.names)
+                return f"QR_{queued.state}"
         return state
 
     def poll_once(self) -> bool:

@@ -79,6 +79,7 @@ from tpuctl.store.records import EventKind, RunStatus, SegmentKind
 if TYPE_CHECKING:
     from tpuctl.cloud.base import Node, OperationProgress
     from tpuctl.hosts.base import Executor
+    from tpuctl.services.run.sliceset import SliceSet
     from tpuctl.services.session import Session
 
 
@@ -86,7 +87,7 @@ if TYPE_CHECKING:
 class _Attempt:
     """One start of the program, and how it ended."""
 
-    node: Node
+    slices: SliceSet
     restart_count: int
     result: AttemptResult | None = None
     outcome: Outcome | None = None
@@ -102,9 +103,9 @@ class _Run:
 
     started: float  # monotonic, for the result's duration
     wall_start: float | None  # when the run was recorded (goodput's wall time)
-    node: Node | None  # the slice the next attempt runs on; None: place one
-    current: Node | None = None  # the slice of the attempt in progress (or the last one)
-    created: list[Node] = field(default_factory=list)  # slices this run made (and so deletes)
+    slices: SliceSet | None  # the slices the next attempt runs on; None: place them
+    current: SliceSet | None = None  # the slices of the attempt in progress (or the last one)
+    created: list[SliceSet] = field(default_factory=list)  # slices this run made (and so deletes)
     restart_count: int = 0
     prefer_zone: str | None = None
     status: RunStatus = RunStatus.FAILED
@@ -169,6 +170,7 @@ class Supervisor:
         self._stopper: threading.Thread | None = None
         self._budget: StepBudget | None = None
         self._grace_s: float | None = None  # the run's --grace: how long a budget stop waits for SIGTERM
+        self._hosts_per_slice = 1  # the run's, once supervise() knows it
         self._lease: Lease | None = None
         self._cancel = threading.Event()
         self._notice_seen_at: float | None = None  # when the supervisor read this attempt's notice
@@ -232,10 +234,11 @@ class Supervisor:
         """Run (or, with ``resume``, take over and continue) a run already in the ledger."""
         self._run_id = prepared.run_id
         self._grace_s = prepared.request.grace_s
+        self._hosts_per_slice = prepared.target.accelerator.hosts
         self._take_lease(prepared)
         record = self._session.ledger.get_run(prepared.run_id)
         assert record is not None
-        run = _Run(started=time.monotonic(), wall_start=record.created_at, node=prepared.target.node)
+        run = _Run(started=time.monotonic(), wall_start=record.created_at, slices=prepared.target.existing)
         if self._budget_usd is not None:
             # Stopping takes up to --grace (SIGTERM, then SIGKILL) before the slice is deleted.
             margin_s = (self.policy.budget_margin_s or 0.0) + prepared.request.grace_s
@@ -291,23 +294,22 @@ class Supervisor:
             prepared,
             record,
             self.progress,
-            lambda node, reason: self._delete_slice(prepared, node, reason=reason),
+            lambda node, reason: self._delete_node(node, reason=reason),
         )
         self.restarts, self.preemptions = taken.restarts, taken.preemptions
-        run.node, run.restart_count, run.prefer_zone = taken.node, taken.restart_count, taken.prefer_zone
-        given = prepared.target.node.name if prepared.target.node else ""
-        if run.node is not None and run.node.name != given:
-            run.created.append(run.node)
+        run.slices, run.restart_count, run.prefer_zone = taken.slices, taken.restart_count, taken.prefer_zone
+        if run.slices is not None and run.slices != prepared.target.existing:
+            run.created.append(run.slices)
 
     def _next_attempt(self, prepared: PreparedRun, run: _Run, progress: OperationProgress | None) -> bool:
         """Place the slice if there is none, run one attempt, act on its outcome. True once done."""
         if self._cancel.is_set():
             raise InterruptedByUser("cancelled: the run was stopped")
-        if run.node is None:
-            run.node = self._provision(prepared, run.prefer_zone, progress, run.restart_count)
-            run.created.append(run.node)
-        run.current = run.node
-        attempt = self._run_attempt(prepared, run.node, run.restart_count)
+        if run.slices is None:
+            run.slices = self._provision(prepared, run.prefer_zone, progress, run.restart_count)
+            run.created.append(run.slices)
+        run.current = run.slices
+        attempt = self._run_attempt(prepared, run.slices, run.restart_count)
         assert attempt.outcome is not None
         return self._handlers[attempt.outcome](prepared, run, attempt)
 
@@ -336,7 +338,7 @@ class Supervisor:
     def _on_failed(self, prepared: PreparedRun, run: _Run, attempt: _Attempt) -> bool:
         """The program failed: restart it on the same slice while ``max_restarts`` allows, else end."""
         result = attempt.result
-        assert result is not None and run.node is not None
+        assert result is not None and run.slices is not None
         run_id, limit = prepared.run_id, self.policy.max_restarts
         if self.restarts >= limit:
             worker, rc = result.failed_worker, result.returncode
@@ -357,21 +359,24 @@ class Supervisor:
         run.restart_count += 1
         self._session.ledger.update_run(run_id, restarts=self.restarts, status=RunStatus.RECOVERING)
         self._inner.status(
-            f"the program failed; restarting it on {run.node.name} "
+            f"the program failed; restarting it on {run.slices.name} "
             f"(restart {self.restarts} of --max-restarts {limit})"
         )
         return False
 
     def _on_preempted(self, prepared: PreparedRun, run: _Run, attempt: _Attempt) -> bool:
-        """The slice was preempted: free it and go on on a new one, while ``max_preemptions`` allows."""
-        assert attempt.preemption is not None and run.node is not None
-        record, node, run_id = attempt.preemption, run.node, prepared.run_id
+        """The slice (or a slice of the set) was preempted: free them all and go on on new ones, while
+        ``max_preemptions`` allows. A multislice is re-placed whole: Google suspends the whole queued
+        resource when one of its slices is preempted, and a queued resource's nodes cannot be replaced
+        one by one (docs/multislice-facts.md §3)."""
+        assert attempt.preemption is not None and run.slices is not None
+        record, slices, run_id = attempt.preemption, run.slices, prepared.run_id
         deleted = deletion_of(self._session.ledger, run_id)
         if deleted is not None:  # the user deleted the slice: the run stops, nothing to recover from
             run.end(RunStatus.CANCELLED, SliceDeletedError.exit_code)
             raise SliceDeletedError(
-                f"run {run_id}: slice {node.name} ({node.zone}) was deleted ({deleted.get('by')}) while the "
-                "run was on it; stopped",
+                f"run {run_id}: slice {slices.describe()} ({slices.zone}) was deleted "
+                f"({deleted.get('by')}) while the run was on it; stopped",
                 fix=f"resume it on a new slice with `tpuctl runs resume {run_id}`",
             )
         self.preemptions.append(record)
@@ -380,7 +385,7 @@ class Supervisor:
         )
         if len(self.preemptions) > self.policy.max_preemptions:
             run.end(RunStatus.FAILED, 8)
-            self._free_slice(prepared, node, record, created=node in run.created)
+            self._free_slice(prepared, slices, record, created=slices in run.created)
             run.deleted = True
             raise RunFailedError(
                 f"run {run_id} was preempted {len(self.preemptions)} times, more than "
@@ -388,17 +393,18 @@ class Supervisor:
                 fix="raise --max-preemptions, use on-demand capacity, or resume it later with "
                 f"`tpuctl runs resume {run_id}`",
             )
-        if prepared.target.node is not None:
+        if prepared.target.existing is not None:
             run.end(RunStatus.FAILED, 8)
+            flag = f" --slices {slices.count}" if slices.is_multislice else ""
             raise RunFailedError(
-                f"run {run_id}: slice {node.name} (given with --pod) was preempted; tpuctl does not "
+                f"run {run_id}: slice {slices.describe()} (given with --pod) was preempted; tpuctl does not "
                 "replace a slice it did not create",
-                fix=f"run with --type {prepared.target.accelerator.friendly_name} (and --spot) so "
+                fix=f"run with --type {prepared.target.accelerator.friendly_name}{flag} (and --spot) so "
                 "tpuctl places and replaces the slice itself",
             )
-        self._free_slice(prepared, node, record, created=True)
-        run.prefer_zone = node.zone
-        run.node = run.current = None
+        self._free_slice(prepared, slices, record, created=True)
+        run.prefer_zone = slices.zone
+        run.slices = run.current = None
         run.restart_count += 1
         self._save_recovery(final_step=None)
         if self._budget is not None:
@@ -414,9 +420,9 @@ class Supervisor:
         run_id, current = prepared.run_id, run.current
         ours = current is not None and current in run.created
         if ours and current is not None and not prepared.request.keep_pod:
-            run.deleted = self._delete_slice(prepared, current, reason=f"end of run {run_id}")
+            run.deleted = self._delete_slices(current, reason=f"end of run {run_id}")
         elif run.status is RunStatus.BUDGET_EXCEEDED and ours and current is not None:
-            run.deleted = self._delete_slice(prepared, current, reason=f"run {run_id} at its budget")
+            run.deleted = self._delete_slices(current, reason=f"run {run_id} at its budget")
         final_step = self.progress.last_step
         detail: dict[str, Any] = {"deleted_pod": run.deleted or current is None}
         last = self._attempt.result if self._attempt is not None else None
@@ -449,6 +455,11 @@ class Supervisor:
         )
         return summary
 
+    def _price_per_hour(self, prepared: PreparedRun, slices: SliceSet) -> float | None:
+        """What the run's slices cost per hour together (None: unknown)."""
+        one = self._session.catalog.price_per_hour(prepared.target.accelerator, slices.zone, slices.capacity)
+        return None if one is None else one * slices.count
+
     def _result(self, prepared: PreparedRun, run: _Run, summary: dict[str, Any]) -> SupervisedResult:
         assert run.current is not None and self._attempt is not None and self._attempt.result is not None
         result = self._attempt.result
@@ -457,7 +468,7 @@ class Supervisor:
                 run_id=prepared.run_id,
                 pod=run.current.name,
                 zone=run.current.zone,
-                hosts=prepared.target.accelerator.hosts,
+                hosts=prepared.target.hosts,
                 exit_code=0,
                 duration_s=time.monotonic() - run.started,
                 log_dir=prepared.log_dir,
@@ -465,9 +476,7 @@ class Supervisor:
                 shipped_hosts=sum(1 for s in result.shipped if s.shipped),
                 deleted_pod=run.deleted,
                 capacity=run.current.capacity.value,
-                price_per_hour=self._session.catalog.price_per_hour(
-                    prepared.target.accelerator, run.current.zone, run.current.capacity
-                ),
+                price_per_hour=self._price_per_hour(prepared, run.current),
             ),
             preemptions=self.preemptions,
             restarts=self.restarts,
@@ -476,18 +485,18 @@ class Supervisor:
 
     # --- one attempt ----------------------------------------------------------------------------
 
-    def _run_attempt(self, prepared: PreparedRun, node: Node, restart_count: int) -> _Attempt:
-        attempt = _Attempt(node=node, restart_count=restart_count)
+    def _run_attempt(self, prepared: PreparedRun, slices: SliceSet, restart_count: int) -> _Attempt:
+        attempt = _Attempt(slices=slices, restart_count=restart_count)
         with self._lock:
             self._attempt = attempt
             self._stop_reason = None
         self.progress.new_attempt()
-        self._open_segment(SegmentKind.RUNNING, node, detail={"restart_count": restart_count})
+        self._open_segment(SegmentKind.RUNNING, slices, detail={"restart_count": restart_count})
         if self._budget is not None:
             self._budget.refresh()
         watch = SliceWatch(
             self._session.cloud,
-            node,
+            slices,
             poll_s=self.policy.poll_s or 1.0,
             confirm=self.policy.confirm_polls,
             on_poll=lambda: self._poll_tick(watch),
@@ -505,7 +514,7 @@ class Supervisor:
         try:
             result = self.launcher.execute(
                 prepared,
-                node,
+                slices,
                 restart_count=restart_count,
                 soft_exit_codes=frozenset({PREEMPTED_EXIT_CODE}),
                 soft_wait_s=self.policy.checkpoint_wait_s,
@@ -554,7 +563,7 @@ class Supervisor:
                 attempt = self._attempt
                 if attempt is not None and self._stop_reason is None:
                     self._open_segment(
-                        SegmentKind.CHECKPOINTING, attempt.node, detail={"notice": event, "seen_at": at}
+                        SegmentKind.CHECKPOINTING, attempt.slices, detail={"notice": event, "seen_at": at}
                     )
             return
         if worker != 0 and kind != "preempted":
@@ -642,15 +651,34 @@ class Supervisor:
             seen = [self._notice_seen_at, self._preempted_seen_at, watch.confirmed_at]
             attempt.preemption = preemption_record(
                 len(self.preemptions) + 1,
-                attempt.node,
+                attempt.slices,
                 source,
                 attempt.result,
                 self.progress,
                 # Detected when the supervisor first knew: the notice line, the runtime's "preempted", or
                 # the API's confirmation.
                 detected_at=min((t for t in seen if t is not None), default=time.time()),
+                lost=self._lost_slices(attempt, watch),
             )
         return outcome
+
+    def _lost_slices(self, attempt: _Attempt, watch: SliceWatch) -> list[str]:
+        """Which slices of a multislice were preempted, by the first evidence that names one: the host
+        that read the notice, the slice the API saw lost, else the first host that died."""
+        slices = attempt.slices
+        if not slices.is_multislice:
+            return []
+        per_slice = self._hosts_per_slice
+        notice = self.progress.notice or {}
+        worker = notice.get("worker")
+        if isinstance(worker, int) and 0 <= worker // per_slice < slices.count:
+            return [slices.names[worker // per_slice]]
+        if watch.lost and len(watch.lost) < slices.count:
+            return list(watch.lost)
+        failed = attempt.result.failed_worker if attempt.result is not None else None
+        if failed is not None and 0 <= failed // per_slice < slices.count:
+            return [slices.names[failed // per_slice]]
+        return list(watch.lost)
 
     def _after_attempt(self, attempt: _Attempt) -> None:
         """Close the attempt's last segment with its step counts; note where a recovery resumed."""
@@ -668,14 +696,14 @@ class Supervisor:
     # --- segments -------------------------------------------------------------------------------
 
     def _open_segment(
-        self, kind: SegmentKind, node: Node | None, *, detail: Mapping[str, Any] | None = None
+        self, kind: SegmentKind, slices: SliceSet | None, *, detail: Mapping[str, Any] | None = None
     ) -> int:
         """A new segment (``Segments.open``), noting when this attempt's notice was seen."""
         assert self._run_id is not None
         at = time.time()
         if kind is SegmentKind.CHECKPOINTING:
             self._notice_seen_at = at
-        segment = self._segments.open(self._run_id, kind, node, at=at, detail=detail)
+        segment = self._segments.open(self._run_id, kind, slices, at=at, detail=detail)
         if kind is SegmentKind.RUNNING:
             self._notice_seen_at = self._preempted_seen_at = None
         return segment
@@ -683,31 +711,47 @@ class Supervisor:
     # --- slices ---------------------------------------------------------------------------------
 
     def _free_slice(
-        self, prepared: PreparedRun, node: Node, record: PreemptionRecord, *, created: bool
+        self, prepared: PreparedRun, slices: SliceSet, record: PreemptionRecord, *, created: bool
     ) -> None:
-        """The PREEMPTED segment: note the preemption on the slice, delete it (frees its quota)."""
+        """The PREEMPTED segment: note the preemption on the slices that were lost, delete every slice of
+        the set (frees its quota; a multislice is re-placed whole)."""
         self._open_segment(
             SegmentKind.PREEMPTED,
-            node,
+            slices,
             detail={"preemption": record.number, "kind": record.kind, "source": record.source},
         )
         what = self.progress.checkpoint_note(record.checkpoint_step, prepared.request.checkpoint_every)
-        self._inner.status(f"{node.name} ({node.zone}) was preempted [{record.kind}, {what}]; deleting it")
+        lost = record.lost_slices or slices.names
+        which = f"{', '.join(lost)} of {slices.name}" if slices.is_multislice else slices.name
+        rest = "; deleting every slice of the set" if slices.is_multislice else "; deleting it"
+        self._inner.status(f"{which} ({slices.zone}) was preempted [{record.kind}, {what}]{rest}")
         with contextlib.suppress(Exception):  # the ledger view must not block the recovery
-            self._session.ledger.record_event(
-                EventKind.PREEMPTED,
-                pod=node.name,
-                zone=node.zone,
-                run_id=prepared.run_id,
-                ts=record.occurred_at or record.detected_at,
-                detail={"seen_by": "run supervisor", "kind": record.kind, "source": record.source},
-            )
+            for name in lost:
+                self._session.ledger.record_event(
+                    EventKind.PREEMPTED,
+                    pod=name,
+                    zone=slices.zone,
+                    run_id=prepared.run_id,
+                    ts=record.occurred_at or record.detected_at,
+                    detail={"seen_by": "run supervisor", "kind": record.kind, "source": record.source},
+                )
         if created:
-            self._delete_slice(prepared, node, reason=f"preempted during run {prepared.run_id}")
+            self._delete_slices(slices, reason=f"preempted during run {prepared.run_id}")
         record.slice_deleted_at = time.time()
         self._segments.close()
 
-    def _delete_slice(self, prepared: PreparedRun, node: Node, *, reason: str) -> bool:
+    def _delete_slices(self, slices: SliceSet, *, reason: str) -> bool:
+        """Delete every slice of the set, at once (each delete waits for its operation); True when all
+        went."""
+        if not slices.is_multislice:
+            return self._delete_node(slices.nodes[0], reason=reason)
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=slices.count, thread_name_prefix="tpuctl-delete") as pool:
+            done = list(pool.map(lambda node: self._delete_node(node, reason=reason), slices.nodes))
+        return all(done)
+
+    def _delete_node(self, node: Node, *, reason: str) -> bool:
         from tpuctl.services.pods import PodService
 
         self._inner.status(f"deleting {node.name} ({node.zone})")
@@ -725,7 +769,7 @@ class Supervisor:
 
     def _provision(
         self, prepared: PreparedRun, prefer_zone: str | None, progress: OperationProgress | None, restart: int
-    ) -> Node:
+    ) -> SliceSet:
         """Place the run's slice (a recovery: a fresh name and request, the old zone first), backing off
         while no allowed zone has capacity; every wait is a RECOVERING segment."""
         from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential
@@ -733,7 +777,7 @@ class Supervisor:
         recovering = prefer_zone is not None or restart > 0
         tries = 0
 
-        def one() -> Node:
+        def one() -> SliceSet:
             nonlocal tries
             tries += 1
             if self._cancel.is_set():
@@ -760,15 +804,15 @@ class Supervisor:
             before_sleep=lambda state: self._waiting_for_capacity(prepared, progress, state),
             reraise=True,
         )
-        node: Node = retrying(one)
+        slices: SliceSet = retrying(one)
         if self.preemptions and self.preemptions[-1].new_pod is None:
             record = self.preemptions[-1]
-            record.new_pod, record.new_zone = node.name, node.zone
+            record.new_pod, record.new_zone = slices.name, slices.zone
             record.provisioning_s = round(time.time() - started, 3)
             if record.new_zone != record.zone:
                 self._inner.status(f"recovered in another zone: {record.zone} -> {record.new_zone}")
-        self._session.ledger.update_run(prepared.run_id, pod=node.name, zone=node.zone)
-        return node
+        self._session.ledger.update_run(prepared.run_id, pod=slices.name, zone=slices.zone)
+        return slices
 
     def _waiting_for_capacity(
         self, prepared: PreparedRun, progress: OperationProgress | None, state: Any

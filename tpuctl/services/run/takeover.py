@@ -14,6 +14,7 @@ from tpuctl.runtime.preemption import parse_event
 from tpuctl.services.run import hosts
 from tpuctl.services.run.accounting import PreemptionRecord, Progress
 from tpuctl.services.run.model import LaunchObserver, PreparedRun
+from tpuctl.services.run.sliceset import SliceSet
 from tpuctl.store.records import EventKind
 
 if TYPE_CHECKING:
@@ -28,7 +29,7 @@ DeleteSlice = Callable[["Node", str], bool]
 class TakenOver:
     """Where the resumed run goes on from."""
 
-    node: Node | None  # a slice to run on again; None: place a new one
+    slices: SliceSet | None  # the slices to run on again; None: place new ones
     restart_count: int
     prefer_zone: str | None
     restarts: int
@@ -56,17 +57,13 @@ def take_over(
             ledger.close_segment(
                 seg.id, end=time.time(), detail={**(seg.detail or {}), "closed_by": "resume"}
             )
-    if prepared.target.node is not None:  # the user's own slice stays: stop what the run left on it
-        hosts.stop_left_hosts(
-            session,
-            _current(session, prepared.target.node),
-            prepared.run_id,
-            prepared.request.ssh_remote_root,
-        )
+    given = prepared.target.existing
+    if given is not None:  # the user's own slices stay: stop what the run left on them
+        hosts.stop_left_hosts(session, given, prepared.run_id, prepared.request.ssh_remote_root)
     restart_count = int(detail.get("restart_count", restarts + len(preemptions))) + 1
     observer.status(f"taking over run {prepared.run_id} (restart {restart_count})")
-    if prepared.target.node is not None:
-        return TakenOver(prepared.target.node, restart_count, None, restarts, preemptions)
+    if given is not None:
+        return TakenOver(given, restart_count, None, restarts, preemptions)
     adopt_slices(session, prepared, record, delete_slice)  # every old slice goes: the run moves on fresh
     return TakenOver(None, restart_count, record.zone, restarts, preemptions)
 
@@ -104,14 +101,6 @@ def adopt_slices(session: Session, prepared: PreparedRun, record: Any, delete_sl
         except CloudError:
             continue  # cannot tell now; the ledger still has it, so `tpuctl pod gc` will
         delete_slice(node, f"replaced by resume of run {run_id}")
-
-
-def _current(session: Session, node: Node) -> Node | None:
-    """``node`` as the API has it now (None when it is gone or cannot be read)."""
-    try:
-        return session.cloud.get_node(node.zone, node.name)
-    except CloudError:
-        return None
 
 
 def seed_progress(progress: Progress, prepared: PreparedRun) -> None:
