@@ -60,7 +60,7 @@ def bench_step(env: dict[str, str], args: argparse.Namespace, shape: tuple[str, 
             *sizes,
             "-o",
             "json",
-        ],  # fmt: skip
+        ],
         env=env,
         capture_output=True,
         text=True,
