@@ -184,6 +184,7 @@ def _second_slice(nodes: list[NodeStatus]) -> NodeStatus | None:
     return ready[1] if len(ready) == 2 else None
 
 
+@pytest.mark.slow  # 70 to 90 s on 2 cores: 4 JAX hosts, two placements, a checkpoint through the bucket
 def test_the_lm_on_two_slices_recovers_from_one_slices_preemption_and_says_which(
     admin: SimAdminClient, cli: Cli, state_dir: Path, world_path: Path
 ) -> None:
