@@ -25,8 +25,18 @@ def report(run_py: Callable[..., Any], scripts_dir: Path) -> dict[str, Any]:
 
 def test_four_devices_and_mesh(report: dict[str, Any]) -> None:
     assert report["device_count"] == 4
-    assert report["mesh_shape"] == {"data": 2, "model": 2}
-    assert "model_parallel=3 must divide the device count 4" in report["bad_mesh_error"]
+    assert report["mesh_axes"] == ["dcn", "data", "model"]
+    assert report["mesh_shape"] == {"dcn": 1, "data": 2, "model": 2}
+    assert report["one_slice_order"], "one slice must keep the device order of the plain (data, model) mesh"
+    assert (
+        report["bad_mesh_error"] == "model_parallel=3 must divide the device count 4; choose one of [1, 2, 4]"
+    )
+
+
+def test_slices_from_the_environment_need_as_many_processes(report: dict[str, Any]) -> None:
+    assert report["two_slices_one_process_error"].startswith(
+        "TPUCTL_NUM_SLICES=2 does not divide the job's 1 processes"
+    )
 
 
 def test_loss_decreases_over_20_steps(report: dict[str, Any]) -> None:

@@ -7,6 +7,7 @@ one process for all checks so jax start-up and compiles are paid once per check,
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any, cast
 
@@ -117,15 +118,33 @@ def data_checks() -> dict[str, Any]:
     }
 
 
-def main() -> None:
-    dist.init()
-    out: dict[str, Any] = {"device_count": jax.device_count()}
+def mesh_checks() -> dict[str, Any]:
+    out: dict[str, Any] = {}
     try:
         dist.make_mesh(3)
     except ValueError as exc:
         out["bad_mesh_error"] = str(exc)
     mesh = dist.make_mesh(2)
     out["mesh_shape"] = dict(mesh.shape)
+    out["mesh_axes"] = list(mesh.axis_names)
+    # One slice: the devices in the order of the ("data", "model") mesh before there were slices.
+    out["one_slice_order"] = mesh.devices.tolist() == np.asarray(jax.devices()).reshape(1, 2, 2).tolist()
+    # Slices from the environment: one process cannot hold two of them; the error says why.
+    os.environ["TPUCTL_NUM_SLICES"] = "2"
+    try:
+        dist.make_mesh(1)
+    except ValueError as exc:
+        out["two_slices_one_process_error"] = str(exc)
+    finally:
+        del os.environ["TPUCTL_NUM_SLICES"]
+    return out
+
+
+def main() -> None:
+    dist.init()
+    out: dict[str, Any] = {"device_count": jax.device_count()}
+    out.update(mesh_checks())
+    mesh = dist.make_mesh(2)
 
     rep = run(mesh)
     fsdp = run(mesh, param_sharding="fsdp")
