@@ -99,8 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     n_batches = 4
     host_batches = [lm.batch_for_step(s, args.batch, cfg.seq_len, cfg.vocab, 0) for s in range(n_batches)]
 
-    # --- the bundled step, on a 1x1 mesh over the same device --------------------------------------
-    mesh = jax.sharding.Mesh([[device]], dist.MESH_AXES)
+    # --- the bundled step, on a 1x1x1 mesh over the same device ------------------------------------
+    mesh = jax.sharding.Mesh([[[device]]], dist.MESH_AXES)
     bundled = train.make_train_step(loss_fn, opt, mesh, compute_dtype=compute_dtype)
     b_state = bundled.init(params)
     b_batches = [jax.device_put(b, bundled.batch_sharding) for b in host_batches]

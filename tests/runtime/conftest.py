@@ -89,7 +89,10 @@ class Hosts:
         accelerator_type: str = "v5litepod-16",
         topology: str = "4x4",
         env: dict[str, str] | None = None,
+        worker_env: Callable[[int], dict[str, str]] | None = None,
     ) -> None:
+        """``env`` is laid over every host's environment, then ``worker_env(w)`` over host ``w``'s (e.g.
+        its TPUCTL_SLICE_ID)."""
         self.workdir = workdir
         env_extra = dict(env or {})
         port = free_port()
@@ -117,6 +120,8 @@ class Hosts:
                     )
                 )
                 env.update(env_extra)
+                if worker_env is not None:
+                    env.update(worker_env(w))
                 out, err = workdir / f"host{w}.out", workdir / f"host{w}.err"
                 self.logs.append((out, err))
                 with out.open("wb") as fo, err.open("wb") as fe:

@@ -6,6 +6,7 @@ that does not import tpuctl itself where that matters: the sitecustomize hook mu
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import time
@@ -65,6 +66,64 @@ def test_unmodified_script_sees_the_whole_slice(
         assert (int(pcount), int(dcount), int(local)) == (hosts, n, chips)
         assert float(total) == n * (n + 1) / 2  # every device's k + 1, summed across all hosts
     assert seen == set(range(hosts))
+
+
+def test_two_slices_of_two_hosts_train_as_one_job(
+    start_hosts: Callable[..., Any], scripts_dir: Path, tmp_path: Path
+) -> None:
+    """4 hosts x 2 chips as 2 slices (TPUCTL_NUM_SLICES=2, hosts 0-1 slice 0, 2-3 slice 1), as the
+    launcher numbers them: make_mesh puts each slice in its own dcn row, the bundled step trains, every
+    host agrees, and the numbers match the same devices used as one slice."""
+    hosts, per_slice = 4, 2
+    results = start_hosts(
+        tmp_path,
+        hosts,
+        2,
+        [str(scripts_dir / "multislice_train.py")],
+        env={"TPUCTL_NUM_SLICES": "2"},
+        worker_env=lambda w: {"TPUCTL_SLICE_ID": str(w // per_slice)},
+    ).wait(HOST_TIMEOUT)
+    reports = []
+    for proc in results:
+        assert proc.returncode == 0, proc.describe()
+        line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))
+        reports.append(json.loads(line.removeprefix("RESULT ")))
+    assert [r["process"] for r in reports] == [0, 1, 2, 3]
+    for r in reports:
+        assert r["mesh"] == {"dcn": 2, "data": 2, "model": 2}
+        assert r["rows"] == [r["slice_id"]] == [r["process"] // per_slice]
+        assert all("dcn" not in s for s in r["slices"]["specs"]), r["slices"]["specs"]
+    first = reports[0]["slices"]
+    losses = first["losses"]
+    assert losses[-1] < 0.7 * losses[0], losses
+    # Every host got the same replicated loss and ends with the same params, bit for bit.
+    assert all(r["slices"] == first for r in reports)
+    # Two slices train as one slice of the same devices, up to the order of the float sums.
+    one = reports[0]["one_slice"]
+    assert all(r["one_slice"] == one for r in reports)
+    assert losses == pytest.approx(one["losses"], rel=1e-5)
+
+
+def test_example_runs_on_two_slices_with_no_flag_of_its_own(
+    start_hosts: Callable[..., Any], tmp_path: Path
+) -> None:
+    """The LM example, unchanged arguments, on 2 slices of 2 hosts x 2 chips: the slices come from the
+    environment and its start-up line says so."""
+    results = start_hosts(
+        tmp_path,
+        4,
+        2,
+        [*LM, *LM_ARGS, "--checkpoint-every", "0"],
+        env={"TPUCTL_NUM_SLICES": "2"},
+        worker_env=lambda w: {"TPUCTL_SLICE_ID": str(w // 2)},
+    ).wait(HOST_TIMEOUT)
+    _hash(results)
+    for w, proc in enumerate(results):
+        assert f"process {w}/4 devices 2/8" in proc.stdout
+    assert "\nmesh dcn=2 data=2 model=2\n" in results[0].stdout, results[0].describe()
+    steps = [(int(s), float(loss)) for s, loss in STEP.findall(results[0].stdout)]
+    assert [s for s, _ in steps] == list(range(1, 17))
+    assert steps[-1][1] < 0.7 * steps[0][1], steps
 
 
 def _lm(start_hosts: Callable[..., Any], workdir: Path, ckpt: Path, *extra: str) -> list[Any]:

@@ -1,7 +1,8 @@
 """Distributed start-up and the device mesh, for programs running on TPU hosts (real or simulated).
 
 ``init()`` joins the job (``jax.distributed``) from the worker environment and sets per-generation libtpu
-flags; ``make_mesh()`` lays all global devices out as a ("data", "model") mesh.
+flags; ``make_mesh()`` lays all global devices out as a ("dcn", "data", "model") mesh, one "dcn" row per
+slice (of size 1 on a single slice).
 """
 
 from __future__ import annotations
@@ -10,16 +11,21 @@ import logging
 import math
 import os
 import threading
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from tpuctl.runtime import hostenv
 
 if TYPE_CHECKING:
+    import numpy as np
     from jax.sharding import Mesh
 
 log = logging.getLogger(__name__)
 
-MESH_AXES: tuple[str, str] = ("data", "model")
+#: Slices (over the data-center network, slow) outermost; then data parallelism across the hosts of a
+#: slice; "model" innermost, on the fastest links. The layout of MaxText's hybrid meshes
+#: (``dcn_data_parallelism`` x ``ici_*_parallelism``), with only data parallelism across slices.
+MESH_AXES: tuple[str, str, str] = ("dcn", "data", "model")
 
 # Continuation fusion: let XLA overlap all-gathers / all-reduces with the compute around them (the
 # all-gathers are what FSDP adds to every layer). Documented as "enabled by default but let's make
@@ -130,25 +136,112 @@ def init(*, tune_libtpu: bool = True) -> hostenv.WorkerEnv:
     return worker
 
 
-def _mesh_devices(shape: tuple[int, int]) -> object:
+class _HasProcess(Protocol):
+    @property
+    def process_index(self) -> int: ...
+
+
+_D = TypeVar("_D", bound=_HasProcess)
+
+
+def slice_groups(devices: Sequence[_D], num_slices: int) -> list[list[_D]]:
+    """The devices of each slice, slice 0 first, for devices that do not know their slice (CPU, GPU).
+
+    Processes are numbered slice by slice (the worker contract: ``TPUCTL_WORKER_ID`` is
+    ``slice_id * hosts_per_slice + worker``), so process ``p`` of ``P`` is in slice
+    ``p // (P // num_slices)``. Within a slice the devices keep the order given (``jax.devices()``: by
+    process, then local id); one slice is the devices as given. Raises ``ValueError``, naming the counts,
+    if the processes or devices do not split evenly into ``num_slices``.
+    """
+    if num_slices < 1:
+        raise ValueError(f"TPUCTL_NUM_SLICES={num_slices}: need at least 1 slice")
+    if num_slices == 1:
+        return [list(devices)]
+    processes = sorted({d.process_index for d in devices})
+    if processes != list(range(len(processes))):
+        raise ValueError(f"devices come from processes {processes}; expected 0..{len(processes) - 1}")
+    if len(processes) % num_slices:
+        raise ValueError(
+            f"TPUCTL_NUM_SLICES={num_slices} does not divide the job's {len(processes)} processes: every "
+            "slice must run the same number of hosts; launch with a --slices that divides the host count"
+        )
+    per_slice = len(processes) // num_slices
+    groups: list[list[_D]] = [[] for _ in range(num_slices)]
+    for d in devices:
+        groups[d.process_index // per_slice].append(d)
+    sizes = [len(g) for g in groups]
+    if len(set(sizes)) > 1:
+        raise ValueError(
+            f"slices have unequal device counts {sizes}: every host must expose the same number of "
+            "devices (JAX_NUM_CPU_DEVICES / TPUCTL_CHIPS_PER_HOST)"
+        )
+    return groups
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _check_model_parallel(model_parallel: int, per_slice: int, num_slices: int) -> None:
+    if model_parallel < 1 or per_slice % model_parallel:
+        where = f" of each of the {num_slices} slices" if num_slices > 1 else ""
+        raise ValueError(
+            f"model_parallel={model_parallel} must divide the device count {per_slice}{where}; "
+            f"choose one of {_divisors(per_slice)}"
+        )
+
+
+def _mesh_devices(model_parallel: int, worker: hostenv.WorkerEnv) -> np.ndarray:
+    """The (num_slices, per_slice // model_parallel, model_parallel) array of devices for the mesh."""
     import jax
     import numpy as np
     from jax.experimental import mesh_utils
 
     devices = jax.devices()
-    slices = {getattr(d, "slice_index", 0) for d in devices}
-    if len(slices) > 1:
-        # Multislice: only the data axis may cross the (slow) DCN between slices.
-        n = len(slices)
-        if shape[0] % n:
-            raise ValueError(f"data-parallel size {shape[0]} is not divisible by the {n} slices")
-        return mesh_utils.create_hybrid_device_mesh((shape[0] // n, shape[1]), (n, 1), devices)
     if devices[0].platform == "tpu":
-        # Topology-aware order: the model axis, which carries the most traffic, lands on ICI neighbours.
-        return mesh_utils.create_device_mesh(shape, devices, allow_split_physical_axes=True)
-    # CPU (the simulator) and others: jax.devices() is ordered by process, then local id, so a plain
-    # reshape keeps each model group inside one host whenever model_parallel divides the host's devices.
-    return np.asarray(devices).reshape(shape)
+        # Real slices: libtpu tells each device its slice; the environment only has to agree with it.
+        slice_ids = sorted({d.slice_index for d in devices})
+        n = len(slice_ids)
+        if worker.num_slices > 1 and n != worker.num_slices:
+            raise ValueError(
+                f"TPUCTL_NUM_SLICES={worker.num_slices} but JAX's TPU devices come from {n} slice(s): the "
+                "slices did not join one multislice job (libtpu reads the MEGASCALE_* variables at start-up)"
+            )
+        sizes = [sum(d.slice_index == i for d in devices) for i in slice_ids]
+        if len(set(sizes)) > 1:
+            raise ValueError(f"slices {slice_ids} have unequal device counts {sizes}")
+        per = sizes[0]
+        _check_model_parallel(model_parallel, per, n)
+        inner = (per // model_parallel, model_parallel)
+        if n == 1:
+            # Topology-aware order: the model axis, which carries the most traffic, lands on ICI
+            # neighbours.
+            mesh = mesh_utils.create_device_mesh(inner, devices, allow_split_physical_axes=True)
+            return mesh.reshape(1, *inner)
+        # JAX's hybrid mesh: each slice laid out as above, the slices stacked along the DCN axis, so only
+        # "dcn" crosses the (slow) network between slices.
+        return mesh_utils.create_hybrid_device_mesh(
+            (1, *inner), (n, 1, 1), devices, allow_split_physical_axes=True
+        )
+    # CPU (the simulator) and others carry no slice index: group by process. jax.devices() is ordered by
+    # process, then local id, so a plain reshape of each slice keeps each model group inside one host
+    # whenever model_parallel divides the host's devices.
+    groups = slice_groups(devices, worker.num_slices)
+    per = len(groups[0])
+    _check_model_parallel(model_parallel, per, len(groups))
+    if worker.num_slices > 1:
+        expected = jax.process_index() // (jax.process_count() // worker.num_slices)
+        if worker.slice_id != expected:
+            # Harmless for the numbers (any grouping trains the same), but the "dcn" axis would not be
+            # the slice boundary the launcher meant.
+            log.warning(
+                "TPUCTL_SLICE_ID=%d but JAX process %d of %d falls in slice %d",
+                worker.slice_id,
+                jax.process_index(),
+                jax.process_count(),
+                expected,
+            )
+    return np.asarray(groups).reshape(len(groups), per // model_parallel, model_parallel)
 
 
 def _topology_chips(topology: str) -> int | None:
@@ -159,24 +252,33 @@ def _topology_chips(topology: str) -> int | None:
 
 
 def make_mesh(model_parallel: int = 1) -> Mesh:
-    """A ``Mesh`` with axes ("data", "model") of shape (devices // model_parallel, model_parallel).
+    """A ``Mesh`` with axes ("dcn", "data", "model") of shape (slices, per_slice // model_parallel,
+    model_parallel), where ``per_slice`` is the device count of one slice.
 
-    The "model" axis is innermost, so with ``model_parallel`` dividing the chips per host its groups stay
-    within a host (ICI on a real slice); "data" spans hosts.
+    Each "dcn" row holds exactly one slice's devices, so only the "dcn" axis crosses the data-center
+    network; on one slice it has size 1 and the devices are in the same order as a plain
+    ("data", "model") mesh. The slices are the devices' ``slice_index`` on TPU, and elsewhere (the
+    simulator's CPU devices) ``TPUCTL_NUM_SLICES`` (default 1) groups of processes, numbered slice by
+    slice. The "model" axis is innermost, so with ``model_parallel`` dividing the chips per host its
+    groups stay within a host (ICI on a real slice); "data" spans the hosts of a slice.
+
+    Raises ``ValueError`` if ``model_parallel`` does not divide a slice's devices, or if the processes
+    or devices do not split evenly into the slices.
     """
     import jax
     from jax.sharding import Mesh
 
-    n = jax.device_count()
-    if model_parallel < 1 or n % model_parallel:
-        divisors = [d for d in range(1, n + 1) if n % d == 0]
-        raise ValueError(
-            f"model_parallel={model_parallel} must divide the device count {n}; choose one of {divisors}"
-        )
     worker = hostenv.WorkerEnv.from_env()
+    devices = _mesh_devices(model_parallel, worker)
     chips = _topology_chips(worker.topology) if worker.topology else None
-    if chips is not None and chips != n and jax.devices()[0].platform == "tpu":
-        # v4/v5p topologies count chips and each chip is one (megacore) device, so these should agree.
-        log.warning("TPUCTL_TOPOLOGY=%s names %d chips but JAX sees %d devices", worker.topology, chips, n)
-    shape = (n // model_parallel, model_parallel)
-    return Mesh(_mesh_devices(shape), MESH_AXES)  # type: ignore[arg-type]
+    per_slice = devices.shape[1] * devices.shape[2]
+    if chips is not None and chips != per_slice and jax.devices()[0].platform == "tpu":
+        # v4/v5p topologies count a slice's chips and each chip is one (megacore) device, so these
+        # should agree.
+        log.warning(
+            "TPUCTL_TOPOLOGY=%s names %d chips but JAX sees %d devices per slice",
+            worker.topology,
+            chips,
+            per_slice,
+        )
+    return Mesh(devices, MESH_AXES)

@@ -7,6 +7,9 @@ one process for all checks so jax start-up and compiles are paid once per check,
 from __future__ import annotations
 
 import json
+import math
+import os
+import re
 import sys
 from typing import Any, cast
 
@@ -14,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.sharding import PartitionSpec as P
 
 from tpuctl.runtime import dist, train
 from tpuctl.runtime.models import lm
@@ -102,7 +106,7 @@ def data_checks() -> dict[str, Any]:
     sharded_equal = []
     for mp in (1, 2, 4):
         mesh = dist.make_mesh(mp)
-        sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(("data", "model")))
+        sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(train.BATCH_AXES))
         g = lm.batch_for_step(7, BATCH, CFG.seq_len, CFG.vocab, SEED, sharding)
         sharded_equal.append(all(np.array_equal(np.asarray(g[k]), a[k]) for k in a))
     shifted = bool(np.array_equal(a["inputs"][:, 1:], a["targets"][:, :-1]))
@@ -117,15 +121,144 @@ def data_checks() -> dict[str, Any]:
     }
 
 
-def main() -> None:
-    dist.init()
-    out: dict[str, Any] = {"device_count": jax.device_count()}
+# One instruction of a compiled HLO module (after /*...*/ comments are dropped): name, result shape,
+# opcode, operands, and the rest of the line (attributes such as replica_groups).
+INSTRUCTION = re.compile(
+    r"^\s*(?:ROOT )?%(?P<name>[\w.\-]+) = (?P<shape>.*?) "
+    r"(?P<op>[a-z][a-z0-9\-]*)\((?P<args>[^)]*)\)(?P<rest>.*)$"
+)
+COLLECTIVES = ("all-reduce", "reduce-scatter", "all-gather")
+# Ops that only move or relabel one operand's data: looked through when asking what fed a collective.
+PASS_THROUGH = ("bitcast", "copy", "reshape", "get-tuple-element")
+
+
+def elements(shape: str) -> int:
+    """Elements in an HLO result shape, e.g. ``(f32[2,3]{1,0}, f32[])`` -> 7."""
+    return sum(
+        math.prod(int(n) for n in dims.split(",") if n) for dims in re.findall(r"\[([0-9,]*)\]", shape)
+    )
+
+
+def groups_of(rest: str) -> str:
+    """replica_groups in the explicit form, e.g. "{{0,1},{2,3}}" (iota forms such as [2,2]<=[4] expanded)."""
+    m = re.search(r"replica_groups=(\{[{}0-9,]*\}|\[[0-9,]+\]<=\[[0-9]+\](?:T\([0-9,]+\))?)", rest)
+    assert m, rest
+    g = m.group(1)
+    if g.startswith("{"):
+        return g
+    iota = re.fullmatch(r"\[([0-9,]+)\]<=\[([0-9]+)\](?:T\(([0-9,]+)\))?", g)
+    assert iota, g
+    shape = [int(n) for n in iota.group(1).split(",")]
+    ids = np.arange(int(iota.group(2)))
+    if iota.group(3):
+        raise AssertionError(f"transposed iota groups not expected here: {g}")
+    rows = ids.reshape(shape[0], -1)
+    return "{" + ",".join("{" + ",".join(str(i) for i in r) + "}" for r in rows) + "}"
+
+
+def collectives(hlo: str) -> list[dict[str, Any]]:
+    """Every collective of a compiled module: op, device groups, elements, and what fed it.
+
+    ``fed_by`` lists, for each operand, the op that produced its data, looking through pure data
+    movement and through collectives whose groups are single devices (sums over an axis of size 1).
+    """
+    instructions = {}
+    for line in hlo.splitlines():
+        m = INSTRUCTION.match(re.sub(r"/\*.*?\*/", "", line))
+        if m:
+            instructions[m["name"]] = m
+    trivial = re.compile(r"^\{(\{\d+\},?)*\}$")
+
+    def source(name: str) -> str:
+        m = instructions.get(name)
+        if m is None:
+            return "parameter"
+        if m["op"] in PASS_THROUGH or (m["op"] in COLLECTIVES and trivial.match(groups_of(m["rest"]))):
+            first = re.findall(r"%([\w.\-]+)", m["args"])
+            return source(first[0]) if first else m["op"]
+        if m["op"] in COLLECTIVES:
+            return f"{m['op']} {groups_of(m['rest'])}"
+        return m["op"]
+
+    out = []
+    for m in instructions.values():
+        if m["op"] not in COLLECTIVES or trivial.match(groups_of(m["rest"])):
+            continue
+        operands = re.findall(r"%([\w.\-]+)", m["args"])
+        out.append(
+            {
+                "op": m["op"],
+                "groups": groups_of(m["rest"]),
+                "elements": elements(m["shape"]),
+                "fed_by": sorted({source(o) for o in operands}),
+            }
+        )
+    return out
+
+
+def dcn_checks(params: Any, batch_size: int) -> dict[str, Any]:
+    """The same 4 devices as 1 slice of 2x2 and as 2 slices of 1x2: gradients, layout, collectives."""
+    devices = np.asarray(jax.devices())
+    out: dict[str, Any] = {}
+    for sharding in ("replicated", "fsdp"):
+        grads = {}
+        for name, shape in (("one", (1, 2, 2)), ("two", (2, 1, 2))):
+            mesh = jax.sharding.Mesh(devices.reshape(shape), dist.MESH_AXES)
+            step = train.make_train_step(
+                lm.make_loss_fn(CFG), optimizer(), mesh, param_sharding=sharding, fsdp_min_size=256
+            )
+            state = step.init(params)
+            batch = lm.batch_for_step(0, batch_size, CFG.seq_len, CFG.vocab, SEED, step.batch_sharding)
+            compiled = jax.jit(step.loss_and_grads).lower(state.params, batch).compile()
+            grads[name] = host(compiled(state.params, batch))
+            if name == "two":
+                out[sharding] = {
+                    "collectives": collectives(compiled.as_text() or ""),
+                    "param_specs": sorted({str(x.sharding.spec) for x in jax.tree.leaves(state.params)}),
+                    "param_elements": sum(x.size for x in jax.tree.leaves(state.params)),
+                    "replicated_elements": sum(
+                        x.size for x in jax.tree.leaves(state.params) if x.sharding.spec == P()
+                    ),
+                    "losses": [],
+                }
+                for s in range(SNAP):
+                    b = lm.batch_for_step(s, batch_size, CFG.seq_len, CFG.vocab, SEED, step.batch_sharding)
+                    state, metrics = step(state, b)
+                    out[sharding]["losses"].append(float(metrics["loss"]))
+                out[sharding]["snap"] = host(state.params)
+        out[sharding]["loss_one"], out[sharding]["loss_two"] = float(grads["one"][0]), float(grads["two"][0])
+        out[sharding]["grad_diff"] = max_diff(grads["one"][1], grads["two"][1])
+        out[sharding]["grad_scale"] = max(float(np.max(np.abs(g))) for g in jax.tree.leaves(grads["one"][1]))
+    return out
+
+
+def mesh_checks() -> dict[str, Any]:
+    out: dict[str, Any] = {}
     try:
         dist.make_mesh(3)
     except ValueError as exc:
         out["bad_mesh_error"] = str(exc)
     mesh = dist.make_mesh(2)
     out["mesh_shape"] = dict(mesh.shape)
+    out["mesh_axes"] = list(mesh.axis_names)
+    # One slice: the devices in the order of the ("data", "model") mesh before there were slices.
+    out["one_slice_order"] = mesh.devices.tolist() == np.asarray(jax.devices()).reshape(1, 2, 2).tolist()
+    # Slices from the environment: one process cannot hold two of them; the error says why.
+    os.environ["TPUCTL_NUM_SLICES"] = "2"
+    try:
+        dist.make_mesh(1)
+    except ValueError as exc:
+        out["two_slices_one_process_error"] = str(exc)
+    finally:
+        del os.environ["TPUCTL_NUM_SLICES"]
+    return out
+
+
+def main() -> None:
+    dist.init()
+    out: dict[str, Any] = {"device_count": jax.device_count()}
+    out.update(mesh_checks())
+    mesh = dist.make_mesh(2)
 
     rep = run(mesh)
     fsdp = run(mesh, param_sharding="fsdp")
@@ -155,6 +288,10 @@ def main() -> None:
     }
     out["f32_hlo_has_bf16_dot"] = rep["hlo_has_bf16_dot"]
     out["data"] = data_checks()
+    dcn = dcn_checks(lm.init_params(CFG, SEED), BATCH)
+    for sharding, ref in (("replicated", rep), ("fsdp", fsdp)):
+        dcn[sharding]["param_diff"] = max_diff(dcn[sharding].pop("snap"), ref["snaps"][SNAP])
+    out["dcn"] = dcn
     json.dump(out, sys.stdout)
 
 

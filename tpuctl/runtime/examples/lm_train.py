@@ -1,10 +1,11 @@
 """Built-in example: train the small transformer LM on the synthetic task, with checkpoints.
 
 What ``tpuctl run --example lm`` runs on every host. It uses only the worker environment: joins the
-job (``dist.init``), builds a ("data", "model") mesh over all chips, trains with the bundled step and
+job (``dist.init``), builds a ("dcn", "data", "model") mesh over all chips of all slices (``--slices N``
+needs no flag here: the slices come from the environment), trains with the bundled step and
 checkpoints to ``TPUCTL_CHECKPOINT_DIR``, resuming from the newest good checkpoint after a restart. The
-final ``final_params_sha256`` line lets two runs be compared bit for bit: an interrupted-and-resumed
-run must print the same hash as an uninterrupted one.
+final ``final_params_sha256`` line lets two runs be compared bit for bit: an interrupted-and-resumed run
+must print the same hash as an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -89,8 +90,14 @@ def _train(args: argparse.Namespace, worker: Any, watch: Any) -> int:
 
     pid, nproc = jax.process_index(), jax.process_count()
     print(f"process {pid}/{nproc} devices {jax.local_device_count()}/{jax.device_count()}", flush=True)
-    if args.batch % jax.device_count():
-        print(f"--batch {args.batch} must be a multiple of the {jax.device_count()} devices", file=sys.stderr)
+    # Every device gets its own rows, split again into --grad-accum micro-batches.
+    rows = jax.device_count() * args.grad_accum
+    if args.batch % rows:
+        print(
+            f"--batch {args.batch} must be a multiple of the {jax.device_count()} devices x --grad-accum "
+            f"{args.grad_accum} = {rows}",
+            file=sys.stderr,
+        )
         return 2
 
     cfg = lm.LMConfig(
@@ -102,6 +109,9 @@ def _train(args: argparse.Namespace, worker: Any, watch: Any) -> int:
         seq_len=args.seq_len,
     )
     mesh = dist.make_mesh(args.model_parallel)
+    if pid == 0:
+        # e.g. "mesh dcn=2 data=4 model=1": slices x data parallelism within a slice x model axis.
+        print("mesh " + " ".join(f"{axis}={size}" for axis, size in mesh.shape.items()), flush=True)
     optimizer = train.make_optimizer(
         args.lr, warmup_steps=min(10, args.steps // 10 + 1), total_steps=args.steps
     )
