@@ -1,6 +1,6 @@
 """Host side of ``tpuctl bench step``: time the bundled train step over every device of the slice.
 
-Runs on every host (launched by ``tpuctl run``): joins the job, builds the ("data", "model") mesh over all
+Runs on every host (launched by ``tpuctl run``): joins the job, builds the ("dcn", "data", "model") mesh over all
 chips, and trains the runtime's small transformer with ``tpuctl.runtime.train.make_train_step`` on a
 global batch sharded over "data". After warm-up, each timed step is dispatched and waited for
 (``block_until_ready``); all hosts step in lock-step through the step's collectives, so host 0's timings
