@@ -4,7 +4,6 @@ other by the bare instance names of ``worker-network-endpoints`` (ce-tpu-facts Â
 
 from __future__ import annotations
 
-import asyncio
 import socket
 import sys
 from collections.abc import Callable
@@ -17,6 +16,7 @@ from api_schema import schema_problems
 from compute_helpers import ZONE, Clients, compute, compute_world, mig_body, setup_slice_records
 from google.cloud import compute_v1
 from sim_helpers import PROJECT
+from vm_helpers import USER, ssh_run
 
 from tpuctl.runtime.hostenv import sim_host_env
 from tpuctl.sim import SimServer
@@ -28,7 +28,6 @@ __all__ = ["compute", "schema_problems"]  # fixtures
 REPO = Path(__file__).resolve().parents[2]
 PSUM = REPO / "tests" / "runtime" / "scripts" / "psum_user.py"
 MD = {"Metadata-Flavor": "Google"}
-USER = "alice"
 
 
 def test_lookup_keys_follow_zonal_dns() -> None:
@@ -92,16 +91,6 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _run(address: str, port: int, key: asyncssh.SSHKey, command: str) -> asyncssh.SSHCompletedProcess:
-    async def run() -> asyncssh.SSHCompletedProcess:
-        async with asyncssh.connect(
-            address, port, username=USER, client_keys=[key], known_hosts=None, connect_timeout=10
-        ) as conn:
-            return await conn.run(command, timeout=150)
-
-    return asyncio.run(run())
-
-
 #: What tpuctl's launcher does on a Compute Engine host (follow.py --tpu-worker-env), as shell words: JAX's
 #: GKE variables, read from the host's own metadata server.
 DERIVE = (
@@ -125,7 +114,8 @@ def _psum_on_every_host(
             f"{prefix}env {assignments} XLA_FLAGS=--xla_backend_optimization_level=0 {sys.executable} {PSUM}"
         )
     with ThreadPoolExecutor(hosts) as pool:
-        return list(pool.map(lambda w: _run(addresses[w], server.ssh_port, key, commands[w]), range(hosts)))
+        port = server.ssh_port
+        return list(pool.map(lambda w: ssh_run(addresses[w], port, key, commands[w]), range(hosts)))
 
 
 def _assert_joined(runs: list[asyncssh.SSHCompletedProcess], hosts: int) -> None:

@@ -5,7 +5,6 @@ losing one slice suspends the queued resource while the other slice's node stays
 
 from __future__ import annotations
 
-import asyncio
 import socket
 import sys
 from collections.abc import Callable
@@ -17,6 +16,7 @@ import asyncssh
 import httpx
 from google.cloud import tpu_v2
 from sim_helpers import FAST_POLLING, PARENT, ZONE, make_world, node, tpu_client
+from vm_helpers import USER, ssh_run
 
 from tpuctl.runtime.hostenv import sim_host_env
 from tpuctl.runtime.simcluster import parse_tpu_env
@@ -26,7 +26,7 @@ from tpuctl.testing.clock import wait_for
 REPO = Path(__file__).resolve().parents[2]
 PSUM = REPO / "tests" / "runtime" / "scripts" / "psum_user.py"
 MD = {"Metadata-Flavor": "Google"}
-USER = "alice"
+
 QR = tpu_v2.QueuedResource
 QRState = tpu_v2.QueuedResourceState.State
 HOSTS, CHIPS = 4, 4  # a v5litepod-16: 4 hosts of 4 chips
@@ -68,16 +68,6 @@ def _node_state(client: tpu_v2.TpuClient, node_id: str) -> Any:
 
 def _megascale(tpu_env: str) -> dict[str, str]:
     return {k: v for k, v in parse_tpu_env(tpu_env).items() if k.startswith("MEGASCALE_")}
-
-
-def _run(address: str, port: int, key: asyncssh.SSHKey, command: str) -> asyncssh.SSHCompletedProcess:
-    async def run() -> asyncssh.SSHCompletedProcess:
-        async with asyncssh.connect(
-            address, port, username=USER, client_keys=[key], known_hosts=None, connect_timeout=10
-        ) as conn:
-            return await conn.run(command, timeout=150)
-
-    return asyncio.run(run())
 
 
 def _free_port() -> int:
@@ -127,7 +117,7 @@ def test_unmodified_jax_joins_two_slices_into_one_job(start_server: Callable[...
         )
     with ThreadPoolExecutor(2 * HOSTS) as pool:
         runs = list(
-            pool.map(lambda h: _run(addresses[h], server.ssh_port, key, commands[h]), range(2 * HOSTS))
+            pool.map(lambda h: ssh_run(addresses[h], server.ssh_port, key, commands[h]), range(2 * HOSTS))
         )
 
     devices = 2 * HOSTS * CHIPS

@@ -16,6 +16,20 @@ from tpuctl.testing.clock import wait_for
 USER = "alice"
 
 
+def ssh_run(
+    address: str, port: int, key: asyncssh.SSHKey, command: str, *, user: str = USER, timeout_s: float = 150
+) -> asyncssh.SSHCompletedProcess:
+    """Run ``command`` over SSH on the simulated VM at ``address`` (the simulator's one sshd port)."""
+
+    async def run() -> asyncssh.SSHCompletedProcess:
+        async with asyncssh.connect(
+            address, port, username=user, client_keys=[key], known_hosts=None, connect_timeout=10
+        ) as conn:
+            return await conn.run(command, timeout=timeout_s)
+
+    return asyncio.run(run())
+
+
 @dataclass
 class Vms:
     server: SimServer
@@ -34,19 +48,9 @@ class Vms:
         self, worker: int, command: str, *, user: str = USER, key: Any = None
     ) -> asyncssh.SSHCompletedProcess:
         """Run ``command`` on host ``worker`` (as ``user`` with ``key``, default the node's) over SSH."""
-
-        async def run() -> asyncssh.SSHCompletedProcess:
-            async with asyncssh.connect(
-                self.addresses[worker],
-                self.server.ssh_port,
-                username=user,
-                client_keys=[key or self.key],
-                known_hosts=None,
-                connect_timeout=10,
-            ) as conn:
-                return await conn.run(command, timeout=30)
-
-        return asyncio.run(run())
+        return ssh_run(
+            self.addresses[worker], self.server.ssh_port, key or self.key, command, user=user, timeout_s=30
+        )
 
     def server_host_key(self, worker: int) -> str:
         """The host key an SSH client sees on host ``worker`` (OpenSSH public line, no comment)."""

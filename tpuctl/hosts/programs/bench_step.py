@@ -1,7 +1,7 @@
 """Host side of ``tpuctl bench step``: time the bundled train step over every device of the slice.
 
-Runs on every host (launched by ``tpuctl run``): joins the job, builds the ("dcn", "data", "model") mesh over all
-chips, and trains the runtime's small transformer with ``tpuctl.runtime.train.make_train_step`` on a
+Runs on every host (launched by ``tpuctl run``): joins the job, builds the ("dcn", "data", "model") mesh
+over all chips, and trains the runtime's small transformer with ``tpuctl.runtime.train.make_train_step`` on a
 global batch sharded over "data". After warm-up, each timed step is dispatched and waited for
 (``block_until_ready``); all hosts step in lock-step through the step's collectives, so host 0's timings
 are the slice's. Then host 0 alone measures a large matmul on its first device (the others wait at a

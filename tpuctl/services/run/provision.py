@@ -114,14 +114,7 @@ def _multislice_members(session: Session, name: str, zone: str | None) -> list[N
         for n in listed
         if n.multislice_node and n.name.rpartition("-")[0] == name and n.name.rpartition("-")[2].isdigit()
     ]
-    zones = sorted({n.zone for n in members})
-    if len(zones) > 1:
-        raise UsageError(
-            f"multislice {name!r} exists in several zones ({', '.join(zones)})",
-            field="zone",
-            value=name,
-            fix="pass --zone to say which",
-        )
+    _refuse_several_zones("multislice", name, members)
     return members
 
 
@@ -140,14 +133,20 @@ def find_pod(session: Session, name: str, zone: str | None) -> Node:
             value=name,
             fix="`tpuctl pod list` shows the slices; or run with --type TYPE to create one",
         )
-    if len(matches) > 1:
+    _refuse_several_zones("pod name", name, matches)
+    return matches[0]
+
+
+def _refuse_several_zones(what: str, name: str, nodes: list[Node]) -> None:
+    """A name given without --zone must mean one place."""
+    zones = sorted({n.zone for n in nodes})
+    if len(zones) > 1:
         raise UsageError(
-            f"pod name {name!r} exists in several zones ({', '.join(sorted(n.zone for n in matches))})",
+            f"{what} {name!r} exists in several zones ({', '.join(zones)})",
             field="zone",
             value=name,
             fix="pass --zone to say which",
         )
-    return matches[0]
 
 
 def plan_creation(session: Session, prepared: PreparedRun) -> tuple[dict[str, Any] | None, str | None]:
