@@ -156,17 +156,31 @@ def test_more_slices_than_any_zone_has_quota_for_is_refused_naming_the_limit(
     assert admin.status()["nodes"] == []
 
 
-def test_an_unmodified_psum_joins_8_processes_and_32_devices_over_two_v5e_16_slices(
-    admin: SimAdminClient, cli: Cli, tmp_path: Path
+@pytest.mark.parametrize(
+    ("accelerator", "zone", "hosts", "chips"),
+    [
+        ("v4-16", "us-central2-b", 2, 4),
+        # The acceptance shape: 8 hosts, each setting up the runtime on its own disk (about a minute of
+        # a 2-core machine), so with --slow; the default suite runs the same path on 2 x 2 hosts.
+        pytest.param("v5e-16", V5E_ZONE, 4, 4, marks=pytest.mark.slow),
+    ],
+)
+def test_an_unmodified_psum_joins_every_host_and_device_of_two_slices(
+    admin: SimAdminClient, cli: Cli, tmp_path: Path, accelerator: str, zone: str, hosts: int, chips: int
 ) -> None:
     script = _script(tmp_path, PSUM)
-    result = cli("run", str(script), "--type", "v5e-16", "--slices", "2", "--spot", "--zone", V5E_ZONE)
+    result = cli("run", str(script), "--type", accelerator, "--slices", "2", "--spot", "--zone", zone)
     assert result.code == 0, result.stderr[-4000:]
     rows = sorted(
         re.findall(r"^w(\d+) \| RESULT (.*)$", result.stdout, re.MULTILINE), key=lambda r: int(r[0])
     )
-    # JAX numbers processes slice by slice: worker w is process w, in slice w // 4.
-    assert rows == [(str(w), f"{w} 8 32 32.0 {w // 4} 2") for w in range(8)], result.stdout[-3000:]
+    # JAX numbers processes slice by slice: worker w is process w, in slice w // hosts. On 2 x v5e-16:
+    # 8 processes, 32 devices, a psum of 32.0 on every host.
+    processes, devices = 2 * hosts, 2 * hosts * chips
+    expected = [
+        (str(w), f"{w} {processes} {devices} {float(devices)} {w // hosts} 2") for w in range(processes)
+    ]
+    assert rows == expected, result.stdout[-3000:]
     assert admin.status()["nodes"] == []  # both slices went with the run
     # Each slice is a pod of the run in the ledger, billed to it.
     report = cli("cost", "report", "--group-by", "run", "-o", "json").json

@@ -104,6 +104,7 @@ def test_two_slices_of_two_hosts_train_as_one_job(
     assert losses == pytest.approx(one["losses"], rel=1e-5)
 
 
+@pytest.mark.slow  # ~9 s; the bundled step's two-slice case above stays in the default suite
 def test_example_runs_on_two_slices_with_no_flag_of_its_own(
     start_hosts: Callable[..., Any], tmp_path: Path
 ) -> None:

@@ -48,8 +48,8 @@ def bench_step_figures(
     achieved = float(raw["achieved_tflops"])
     if raw.get("platform") == "tpu":
         peak: float | None = accelerator.peak_bf16_tflops * slices
-        chips = accelerator.chips * slices
-        source = f"catalog: {slices} x {accelerator.friendly_name} peak bf16 ({chips} chips)"
+        what = accelerator.friendly_name if slices == 1 else f"{slices} x {accelerator.friendly_name}"
+        source = f"catalog: {what} peak bf16 ({accelerator.chips * slices} chips)"
     else:
         measured = raw.get("matmul_peak_tflops")
         peak = None if measured is None else float(measured)
