@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from recovery_helpers import HOST_XLA_ENV, LM_ARGS, WORLD, Chaos, Preempt, events_of, fast_jax_env
 
 from tpuctl.sim import SimAdminClient
@@ -188,8 +187,10 @@ def test_an_unmodified_psum_joins_every_host_and_device_of_two_slices(
     assert group["slices"] == 2, group
 
 
-#: The tiny LM with one example per device of 2 x v4-16's 16.
-LM_16 = [*LM_ARGS[: LM_ARGS.index("--batch") + 1], "16", *LM_ARGS[LM_ARGS.index("--batch") + 2 :]]
+def _lm_args(batch: int) -> list[str]:
+    """The tiny LM with one example per device of the job (``batch`` devices)."""
+    at = LM_ARGS.index("--batch") + 1
+    return [*LM_ARGS[:at], str(batch), *LM_ARGS[at + 1 :]]
 
 
 def _second_slice(nodes: list[NodeStatus]) -> NodeStatus | None:
@@ -198,15 +199,20 @@ def _second_slice(nodes: list[NodeStatus]) -> NodeStatus | None:
     return ready[1] if len(ready) == 2 else None
 
 
-@pytest.mark.slow  # 70 to 90 s on 2 cores: 4 JAX hosts, two placements, a checkpoint through the bucket
+# 70 to 90 s on 2 cores for 2 x v4-16 (4 JAX hosts), about twice that for the acceptance's 2 x v5e-16
+# (8): two placements, every host set up twice, a checkpoint through the bucket.
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("accelerator", "zone", "devices"), [("v4-16", "us-central2-b", 16), ("v5e-16", V5E_ZONE, 32)]
+)
 def test_the_lm_on_two_slices_recovers_from_one_slices_preemption_and_says_which(
-    admin: SimAdminClient, cli: Cli, state_dir: Path, world_path: Path
+    admin: SimAdminClient, cli: Cli, state_dir: Path, accelerator: str, zone: str, devices: int
 ) -> None:
     chaos = Chaos(admin, state_dir, [Preempt(1, 6, notice=True)], pick=_second_slice).start()
     try:
         result = cli(
-            "run", "--example", "lm", "--type", "v4-16", "--slices", "2", "--spot", "--zone", "us-central2-b",
-            "--checkpoint-every", "4", *HOST_XLA_ENV, "-o", "json", "--", *LM_16,
+            "run", "--example", "lm", "--type", accelerator, "--slices", "2", "--spot", "--zone", zone,
+            "--checkpoint-every", "4", *HOST_XLA_ENV, "-o", "json", "--", *_lm_args(devices),
         )  # fmt: skip
     finally:
         chaos.join(check=False)
@@ -236,10 +242,3 @@ def test_the_lm_on_two_slices_recovers_from_one_slices_preemption_and_says_which
     recomputed = described["recovery"]["steps_recomputed"]
     assert (group["recomputed_usd"] > 0) == (recomputed > 0), (group, recomputed)
     assert group["waste_usd"] is not None and group["waste_usd"] >= group["recomputed_usd"]
-
-
-@pytest.fixture
-def world_path(tmp_path: Path) -> Path:
-    path = tmp_path / "world.yaml"
-    path.write_text(yaml.safe_dump(WORLD))
-    return path

@@ -181,6 +181,23 @@ def test_guard_for_a_run_on_an_existing_pod_bills_from_the_run_start(
     assert guard.check(next_step_s=60).action is Action.STOP
 
 
+def test_guard_for_a_run_on_an_existing_multislice_bills_every_slice_of_it(
+    ledger: Ledger, clock: FakeClock
+) -> None:
+    # `pod create --slices 2 --name ms` made ms-0 and ms-1; the run's segments name the set, "ms".
+    for name in ("ms-0", "ms-1"):
+        _slice(ledger, name, ready=T0, run_id=None)
+    _slice(ledger, "ms-other", ready=T0, run_id=None)  # not a slice of the set: no index
+    ledger.create_run("r", script="t.py", ts=T0 + 3600)
+    ledger.add_segment("r", SegmentKind.RUNNING, start=T0 + 3600, pod="ms", zone=Z)
+    clock.now = T0 + 5400
+
+    guard = BudgetGuard.for_run(ledger, "r", Catalog.load(), limit_usd=None, clock=clock)
+
+    assert round(guard.spent(), 6) == 2.0  # 30 min of the run on each slice at 2 USD/h
+    assert guard.rate() == 4.0
+
+
 def test_watch_stops_the_run_once_and_turns_the_failure_into_a_budget_error(
     ledger: Ledger, clock: FakeClock
 ) -> None:

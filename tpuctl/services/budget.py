@@ -287,11 +287,11 @@ class BudgetGuard:
             open_end = last is None or seg.end is None
             spans[key] = (min(first, seg.start), None if open_end else max(last or 0.0, seg.end or 0.0))
         for (zone, name), (first, last) in spans.items():
-            used = ledger.get_pod(name, zone=zone)
-            if used is None or (used.zone, used.name, used.incarnation) in seen:
-                continue
-            begin = max(first, used.ready_at) if used.ready_at is not None else None
-            guard._add_pod(used, catalog, start=begin, end=last)
+            for used in _slices_named(ledger, name, zone):
+                if (used.zone, used.name, used.incarnation) in seen:
+                    continue
+                begin = max(first, used.ready_at) if used.ready_at is not None else None
+                guard._add_pod(used, catalog, start=begin, end=last)
         return guard
 
     def _add_pod(
@@ -584,3 +584,17 @@ def run_budget(
         # Stopping the hosts takes up to --grace, then deleting the slice its time: it bills until gone.
         stop_margin_s=grace_s + tuning.delete_margin_s,
     )
+
+
+def _slices_named(ledger: Ledger, name: str, zone: str) -> list[PodRecord]:
+    """The pod a run's segment names, or every slice of the multislice it names (a ``--pod`` set made by
+    ``pod create --slices N``: its nodes are ``name-0 .. name-(N-1)``)."""
+    used = ledger.get_pod(name, zone=zone)
+    if used is not None:
+        return [used]
+    latest: dict[str, PodRecord] = {}
+    for pod in ledger.list_pods(zone=zone):
+        base, _, index = pod.name.rpartition("-")
+        if base == name and index.isdigit():
+            latest[pod.name] = pod  # oldest first: the last incarnation wins, as get_pod's
+    return list(latest.values())
