@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from datetime import UTC, datetime
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_machine import machine  # scripts/ is on sys.path: the scripts run by path
+from bench_setup import tpuctl
 
 WORLD = """\
 speed: 1000
@@ -47,28 +47,7 @@ VARIANTS: dict[str, tuple[str, ...]] = {
 def bench_step(env: dict[str, str], args: argparse.Namespace, shape: tuple[str, ...]) -> dict[str, Any]:
     sizes = ["--steps", str(args.steps), "--batch-per-device", "2", "--seq-len", "64", "--d-model", "128",
              "--layers", "2", "--matmul-n", "512"]  # fmt: skip
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tpuctl",
-            "bench",
-            "step",
-            *shape,
-            "--zone",
-            "us-central2-b",
-            *sizes,
-            "-o",
-            "json",
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    if done.returncode != 0:
-        raise SystemExit(f"bench step {' '.join(shape)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    bench: dict[str, Any] = json.loads(done.stdout)["bench"]
+    bench: dict[str, Any] = tpuctl(env, "bench", "step", *shape, "--zone", "us-central2-b", *sizes)["bench"]
     return bench
 
 

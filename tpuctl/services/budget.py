@@ -592,9 +592,10 @@ def _slices_named(ledger: Ledger, name: str, zone: str) -> list[PodRecord]:
     used = ledger.get_pod(name, zone=zone)
     if used is not None:
         return [used]
+    from tpuctl.services.run.sliceset import multislice_prefix
+
     latest: dict[str, PodRecord] = {}
     for pod in ledger.list_pods(zone=zone):
-        base, _, index = pod.name.rpartition("-")
-        if base == name and index.isdigit():
+        if multislice_prefix(pod.name) == name:
             latest[pod.name] = pod  # oldest first: the last incarnation wins, as get_pod's
     return list(latest.values())

@@ -21,6 +21,7 @@ from tpuctl.store.paths import ensure_private_dir, private_file
 from tpuctl.store.records import RunStatus
 
 if TYPE_CHECKING:
+    from tpuctl.cloud.base import Node
     from tpuctl.services.run.launcher import Launcher
     from tpuctl.services.session import Session
 
@@ -262,16 +263,14 @@ def cancel_run(session: Session, run_id: str, *, wait_s: float = 120.0) -> dict[
 
 
 def _delete_run_slices(session: Session, run_id: str, record: Any) -> str | None:
-    """Delete every slice the run made that is still alive (all of a multislice's, whose run record
-    names the set, not a node); the names deleted, comma-separated (None: none)."""
+    """Delete every slice the run made that is still alive (``takeover.adopt_slices``); the names
+    deleted, comma-separated (None: none)."""
     from tpuctl.services.pods import PodService
+    from tpuctl.services.run.takeover import adopt_slices
 
-    names = [(p.zone, p.name) for p in session.ledger.list_pods(run_id=run_id, alive=True)]
-    if record.pod and record.zone and (record.zone, record.pod) not in names:
-        names.insert(0, (record.zone, record.pod))
-    deleted: list[str] = []
-    for zone, name in names:
+    def delete(node: Node, reason: str) -> bool:
         with contextlib.suppress(NotFoundError):
-            PodService(session).delete(name, zone=zone, wait=True, reason=f"cancel of run {run_id}")
-            deleted.append(name)
-    return ", ".join(deleted) or None
+            PodService(session).delete(node.name, zone=node.zone, wait=True, reason=reason)
+        return True
+
+    return ", ".join(adopt_slices(session, run_id, record, delete, by="runs cancel")) or None

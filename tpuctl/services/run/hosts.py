@@ -145,7 +145,8 @@ def plan_executor(session: Session, prepared: PreparedRun, zone: str | None) -> 
     target = prepared.target
     if target.existing is not None:
         return build_executor(session, prepared, target.existing, for_plan=True)
-    assert target.placement is not None
+    placement = target.placement
+    assert placement is not None
     accel = target.accelerator
     hosts = accel.hosts
 
@@ -159,10 +160,10 @@ def plan_executor(session: Session, prepared: PreparedRun, zone: str | None) -> 
             network_endpoints=tuple(
                 NetworkEndpoint(f"<worker-{first + i} address>", 22) for i in range(hosts)
             ),
-            surface=target.placement.surface if target.placement else Surface.TPU_API,
+            surface=placement.surface,
         )
 
-    names = target.placement.node_names
+    names = placement.node_names
     return build_executor(
         session,
         prepared,

@@ -227,7 +227,8 @@ def plan(session: Session, prepared: PreparedRun) -> dict[str, Any]:
     if created is not None:
         where["create"] = created
         where["zone"] = chosen_zone
-        where["slice_names"] = list(target.placement.node_names) if target.placement else [target.name]
+        assert target.placement is not None  # a creation plan is made only for a placement
+        where["slice_names"] = list(target.placement.node_names)
         where["slice_price_per_hour"] = _per_slice(created, target.slices)
     if target.creates:
         where["delete_after"] = not prepared.request.keep_pod

@@ -18,7 +18,7 @@ from tpuctl.errors import NotFoundError, UsageError
 from tpuctl.services.access import with_host_access
 from tpuctl.services.run.model import LaunchObserver, PreparedRun, RunRequest, Target
 from tpuctl.services.run.occupancy import refuse_second_run
-from tpuctl.services.run.sliceset import SliceSet
+from tpuctl.services.run.sliceset import SliceSet, multislice_prefix
 from tpuctl.store.records import SegmentKind
 
 if TYPE_CHECKING:
@@ -109,11 +109,7 @@ def _multislice_members(session: Session, name: str, zone: str | None) -> list[N
         listed = session.cloud.list_nodes(zone)
     except NotFoundError:
         return []
-    members = [
-        n
-        for n in listed
-        if n.multislice_node and n.name.rpartition("-")[0] == name and n.name.rpartition("-")[2].isdigit()
-    ]
+    members = [n for n in listed if n.multislice_node and multislice_prefix(n.name) == name]
     _refuse_several_zones("multislice", name, members)
     return members
 

@@ -76,10 +76,10 @@ class SliceWatch:
 
     def state(self) -> str | None:
         """The slices' state now: the first lost one's (GONE when the API says it does not exist), else
-        their queued resource's preemption state (it wins over its nodes'), else READY's like; None if
-        the API could not be asked."""
+        their queued resource's preemption state (it wins over its nodes'), else the first slice's that
+        is not READY, else READY; None if the API could not be asked."""
         qr: str | None = None
-        state = "READY"
+        states: list[str] = []
         for given in self.slices.nodes:
             try:
                 node = self.cloud.get_node(given.zone, given.name)
@@ -92,7 +92,7 @@ class SliceWatch:
             if is_lost(str(node.state)):
                 self.lost = (given.name,)
                 return str(node.state)
-            state = state if state != "READY" else str(node.state)
+            states.append(str(node.state))
             qr = qr or node.queued_resource or given.queued_resource
         if qr:
             try:
@@ -103,7 +103,7 @@ class SliceWatch:
             if queued.state in PREEMPTED_QR_STATES:
                 self.lost = tuple(self.slices.names)
                 return f"QR_{queued.state}"
-        return state
+        return next((s for s in states if s != "READY"), "READY")
 
     def poll_once(self) -> bool:
         """One poll; True once confirmed."""

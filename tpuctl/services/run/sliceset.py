@@ -13,14 +13,11 @@ hosts are workers ``i * hosts_per_slice ..`` of the job, as JAX numbers processe
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tpuctl.catalog import CapacityType, Surface
 from tpuctl.cloud.base import Node
-
-_SLICE_SUFFIX = re.compile(r"-(\d+)$")
 
 
 @dataclass(frozen=True)
@@ -44,7 +41,7 @@ class SliceSet:
     @classmethod
     def multislice(cls, name: str, nodes: Sequence[Node]) -> SliceSet:
         """The nodes of the multislice ``name`` (its node prefix), ordered by their slice index."""
-        return cls(name, tuple(sorted(nodes, key=lambda n: slice_index(n.name))))
+        return cls(name, tuple(sorted(nodes, key=lambda n: _slice_index(n.name))))
 
     @property
     def count(self) -> int:
@@ -79,6 +76,11 @@ class SliceSet:
     def names(self) -> list[str]:
         return [n.name for n in self.nodes]
 
+    def slice_of(self, worker: int, hosts_per_slice: int) -> str | None:
+        """The name of the slice job-wide worker ``worker`` is on (None: no such worker)."""
+        index = worker // hosts_per_slice
+        return self.nodes[index].name if 0 <= index < len(self.nodes) else None
+
     def describe(self) -> str:
         """``my-run`` or ``my-run (2 slices: my-run-0, my-run-1)``, for messages."""
         if not self.is_multislice:
@@ -86,9 +88,14 @@ class SliceSet:
         return f"{self.name} ({self.count} slices: {', '.join(self.names)})"
 
 
-def slice_index(node_name: str) -> int:
-    """The slice index a multislice node's name ends with (``<prefix>-<i>``, the API's naming)."""
-    match = _SLICE_SUFFIX.search(node_name)
-    if match is None:
+def multislice_prefix(node_name: str) -> str | None:
+    """The prefix of a node named as a multislice's nodes are (``<prefix>-<i>``, the API's naming), else
+    None."""
+    prefix, _, index = node_name.rpartition("-")
+    return prefix if prefix and index.isdigit() else None
+
+
+def _slice_index(node_name: str) -> int:
+    if multislice_prefix(node_name) is None:
         raise ValueError(f"node {node_name!r} is not named as a multislice node (<prefix>-<index>)")
-    return int(match.group(1))
+    return int(node_name.rpartition("-")[2])

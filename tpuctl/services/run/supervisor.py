@@ -170,7 +170,6 @@ class Supervisor:
         self._stopper: threading.Thread | None = None
         self._budget: StepBudget | None = None
         self._grace_s: float | None = None  # the run's --grace: how long a budget stop waits for SIGTERM
-        self._hosts_per_slice = 1  # the run's, once supervise() knows it
         self._lease: Lease | None = None
         self._cancel = threading.Event()
         self._notice_seen_at: float | None = None  # when the supervisor read this attempt's notice
@@ -234,7 +233,6 @@ class Supervisor:
         """Run (or, with ``resume``, take over and continue) a run already in the ledger."""
         self._run_id = prepared.run_id
         self._grace_s = prepared.request.grace_s
-        self._hosts_per_slice = prepared.target.accelerator.hosts
         self._take_lease(prepared)
         record = self._session.ledger.get_run(prepared.run_id)
         assert record is not None
@@ -534,7 +532,7 @@ class Supervisor:
             }
         )
         attempt.result = result
-        attempt.outcome = self._classify(attempt, watch)
+        attempt.outcome = self._classify(attempt, watch, prepared.target.accelerator.hosts)
         self._after_attempt(attempt)
         return attempt
 
@@ -644,7 +642,7 @@ class Supervisor:
             stopper.join(timeout=self.policy.checkpoint_wait_s + 30.0)
             self._stopper = None
 
-    def _classify(self, attempt: _Attempt, watch: SliceWatch) -> Outcome:
+    def _classify(self, attempt: _Attempt, watch: SliceWatch, hosts_per_slice: int) -> Outcome:
         assert attempt.result is not None
         outcome, source = classify(attempt.result, self._stop_reason, self.progress, watch, self.policy)
         if source is not None:
@@ -658,26 +656,24 @@ class Supervisor:
                 # Detected when the supervisor first knew: the notice line, the runtime's "preempted", or
                 # the API's confirmation.
                 detected_at=min((t for t in seen if t is not None), default=time.time()),
-                lost=self._lost_slices(attempt, watch),
+                lost=self._lost_slices(attempt, watch, hosts_per_slice),
             )
         return outcome
 
-    def _lost_slices(self, attempt: _Attempt, watch: SliceWatch) -> list[str]:
+    def _lost_slices(self, attempt: _Attempt, watch: SliceWatch, hosts_per_slice: int) -> list[str]:
         """Which slices of a multislice were preempted, by the first evidence that names one: the host
         that read the notice, the slice the API saw lost, else the first host that died."""
         slices = attempt.slices
         if not slices.is_multislice:
             return []
-        per_slice = self._hosts_per_slice
-        notice = self.progress.notice or {}
-        worker = notice.get("worker")
-        if isinstance(worker, int) and 0 <= worker // per_slice < slices.count:
-            return [slices.names[worker // per_slice]]
+        noticed = (self.progress.notice or {}).get("worker")
+        if isinstance(noticed, int) and (name := slices.slice_of(noticed, hosts_per_slice)) is not None:
+            return [name]
         if watch.lost and len(watch.lost) < slices.count:
             return list(watch.lost)
         failed = attempt.result.failed_worker if attempt.result is not None else None
-        if failed is not None and 0 <= failed // per_slice < slices.count:
-            return [slices.names[failed // per_slice]]
+        if failed is not None and (name := slices.slice_of(failed, hosts_per_slice)) is not None:
+            return [name]
         return list(watch.lost)
 
     def _after_attempt(self, attempt: _Attempt) -> None:

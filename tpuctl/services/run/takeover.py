@@ -64,21 +64,26 @@ def take_over(
     observer.status(f"taking over run {prepared.run_id} (restart {restart_count})")
     if given is not None:
         return TakenOver(given, restart_count, None, restarts, preemptions)
-    adopt_slices(session, prepared, record, delete_slice)  # every old slice goes: the run moves on fresh
+    # Every old slice goes: the run moves on fresh.
+    adopt_slices(session, prepared.run_id, record, delete_slice, by="runs resume")
     return TakenOver(None, restart_count, record.zone, restarts, preemptions)
 
 
-def adopt_slices(session: Session, prepared: PreparedRun, record: Any, delete_slice: DeleteSlice) -> None:
+def adopt_slices(
+    session: Session, run_id: str, record: Any, delete_slice: DeleteSlice, *, by: str
+) -> list[str]:
     """What becomes of the dead supervisor's slices: the one the run record names (it ran there; it may
     be preempted) and every other the ledger still has alive for the run: a placement or a recovery
     that was still making one when the supervisor died (the run record names a slice only once it is
     placed, and names no zone at all while the allocator chooses). Every one is deleted (what ran on
     its hosts is in an unknown state; the run restarts from its bucket on a fresh slice), and one the
     API no longer has (a delete that landed before the kill could record it) is recorded gone: no slice
-    is left that the run forgot, and no ledger entry outlives its slice."""
+    is left that the run forgot, and no ledger entry outlives its slice. A multislice's run record names
+    the set, not a node: its slices are the ledger's. ``by``: the command taking the slices over
+    (``runs resume``, ``runs cancel``). Returns the names of the slices deleted."""
     ledger = session.ledger
-    run_id = prepared.run_id
     slices: list[tuple[str, str]] = []
+    deleted: list[str] = []
     if record.pod and record.zone:
         slices.append((record.zone, record.pod))
     for pod in ledger.list_pods(run_id=run_id, alive=True):
@@ -95,12 +100,14 @@ def adopt_slices(session: Session, prepared: PreparedRun, record: Any, delete_sl
                     pod=name,
                     zone=zone,
                     run_id=run_id,
-                    detail={"seen_by": "runs resume", "why": "not found when the run was taken over"},
+                    detail={"seen_by": by, "why": "not found when the run was taken over"},
                 )
             continue
         except CloudError:
             continue  # cannot tell now; the ledger still has it, so `tpuctl pod gc` will
-        delete_slice(node, f"replaced by resume of run {run_id}")
+        if delete_slice(node, f"{by} of run {run_id}"):
+            deleted.append(name)
+    return deleted
 
 
 def seed_progress(progress: Progress, prepared: PreparedRun) -> None:

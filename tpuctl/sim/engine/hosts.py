@@ -101,8 +101,10 @@ class Hosts:
         return self._metadata_values(self._host_row(zone, node_id, worker, project), worker)
 
     def _metadata_values(self, row: sqlite3.Row, worker: int) -> dict[str, str]:
-        with self.ctx.db.read() as conn:
-            megascale = megascale_of(conn, self.ctx.catalog, row)
+        megascale = None
+        if row["multislice"]:  # only a multislice node's hosts read their queued resource's plan
+            with self.ctx.db.read() as conn:
+                megascale = megascale_of(conn, self.ctx.catalog, row)
         return metadata_values(
             row,
             worker,
