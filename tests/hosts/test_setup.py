@@ -13,15 +13,18 @@ import tomllib
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tpuctl.hosts.setup import (
     REQUIREMENTS_DIR,
+    RUN_SCRIPT_FROM_STDIN,
     STEP_PREFIX,
     SetupSpec,
     env_python,
     failed_command,
+    runtime_set_is_locked,
     setup_script,
 )
 from tpuctl.sim.mirror import PackageMirror, distributions
@@ -39,13 +42,46 @@ def _canonical(name: str) -> str:
 
 
 def _pins(text: str) -> dict[str, str]:
+    """name -> version of a requirements file: plain pins, or uv export's (markers, ``--hash`` lines)."""
     pins = {}
     for line in text.splitlines():
-        line = line.split("#")[0].strip()
-        if line:
+        line = line.split("#")[0].split(";")[0].rstrip(" \\").strip()
+        if line and not line.startswith("--hash"):
             name, version = line.split("==")
             pins[_canonical(name.split("[")[0])] = version
     return pins
+
+
+def _hashes(text: str) -> dict[str, set[str]]:
+    """name -> the sha256 hashes a uv export pins it to."""
+    found: dict[str, set[str]] = {}
+    name = ""
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith(("#", "--hash")):
+            name = _canonical(line.split("==")[0])
+        if line.startswith("--hash=sha256:"):
+            found.setdefault(name, set()).add(line.removeprefix("--hash=").rstrip(" \\"))
+    return found
+
+
+def _group_closure(lock: dict[str, Any], group: str) -> set[str]:
+    """Every package the project's dependency group needs in uv.lock's graph, on any platform (markers
+    ignored, extras followed): what ``uv export --only-group`` lists."""
+    packages = {_canonical(p["name"]): p for p in lock["package"]}
+    project = packages["tpuctl"]
+    todo = list(project["dev-dependencies"][group])
+    seen: set[str] = set()
+    while todo:
+        dep = todo.pop()
+        name = _canonical(dep["name"])
+        package = packages[name]
+        for extra in dep.get("extra", []):
+            todo += package.get("optional-dependencies", {}).get(extra, [])
+        if name not in seen:
+            seen.add(name)
+            todo += package.get("dependencies", [])
+    return seen
 
 
 @pytest.mark.parametrize("runtime", ["cpu", "tpu"])
@@ -55,6 +91,22 @@ def test_runtime_sets_pin_the_locks_versions(runtime: str) -> None:
     pins = _pins((REQUIREMENTS_DIR / f"{runtime}.txt").read_text())
     assert {"jax", "jaxlib", "optax", "orbax-checkpoint", "gcsfs"} <= pins.keys()
     assert {n: v for n, v in pins.items() if locked.get(n) != v} == {}
+
+
+def test_cpu_set_is_the_hash_pinned_closure_of_the_locks_runtime_group() -> None:
+    """cpu.txt is ``uv export --only-group runtime-cpu`` of the current uv.lock: every package of the
+    closure, each pinned to hashes uv.lock has for that version (regenerate it with the command in its
+    first lines after a change to the group or the lock)."""
+    lock = tomllib.loads((ROOT / "uv.lock").read_text())
+    text = (REQUIREMENTS_DIR / "cpu.txt").read_text()
+    pins = _pins(text)
+    assert set(pins) == _group_closure(lock, "runtime-cpu")
+    locked = {_canonical(p["name"]): p for p in lock["package"]}
+    for name, hashes in _hashes(text).items():
+        files = [*locked[name].get("wheels", []), locked[name].get("sdist", {})]
+        assert hashes and hashes <= {f.get("hash") for f in files}, name
+    assert set(_hashes(text)) == set(pins)
+    assert runtime_set_is_locked("cpu") and not runtime_set_is_locked("tpu")
 
 
 def test_tpu_set_asks_for_jax_tpu() -> None:
@@ -126,16 +178,26 @@ def _host_env(image: Path, home: Path, mirror_url: str) -> dict[str, str]:
 
 def _run(script: str, env: dict[str, str]) -> tuple[int, list[str], float]:
     t0 = time.perf_counter()
+    # As the executor runs it: the script on stdin (as a command it is over Linux's 128 KiB cap).
     done = subprocess.run(
-        ["bash", "-c", script], env=env, cwd=env["HOME"], capture_output=True, text=True, timeout=300
+        ["sh", "-c", RUN_SCRIPT_FROM_STDIN],
+        input=script,
+        env=env,
+        cwd=env["HOME"],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     return done.returncode, done.stdout.splitlines(), time.perf_counter() - t0
 
 
 def test_setup_installs_then_skips(image: Path, mirror_url: str, tmp_path: Path) -> None:
     env = _host_env(image, tmp_path, mirror_url)
+    # The runtime's lock installs as it is, then the user's requirements are resolved against it.
     spec = SetupSpec(
-        "cpu", commands=("python -c 'import jax, optax, orbax.checkpoint, gcsfs' && echo imported",)
+        "cpu",
+        "zipp\n",
+        commands=("python -c 'import jax, optax, orbax.checkpoint, gcsfs, zipp' && echo imported",),
     )
     script = setup_script(spec)
     rc, lines, first = _run(script, env)

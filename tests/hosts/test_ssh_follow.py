@@ -243,6 +243,30 @@ def test_run_command_on_chosen_workers_runs_only_there(servers: LoopbackSsh, key
     assert [(h.home / "ran-here").exists() for h in servers.hosts] == [False, True]
 
 
+def test_a_script_over_the_command_line_limit_runs_from_stdin(servers: LoopbackSsh, key: KeyPair) -> None:
+    from tpuctl.hosts.setup import RUN_SCRIPT_FROM_STDIN
+
+    # 200 KiB of comment: as a command it would be one argument of sh -c over Linux's 128 KiB cap.
+    padding = "".join(f"# {i:06d} {'x' * 90}\n" for i in range(2000))
+    script = f'{padding}read -r first || first=eof; echo "stdin: $first"\necho after; exit 7\n'
+    lines: list[tuple[int, str]] = []
+    executor = executor_for(servers, key)
+    try:
+        results = executor.run_command(
+            RUN_SCRIPT_FROM_STDIN,
+            stdin=script.encode(),
+            on_line=lambda worker, text: lines.append((worker, text)),
+            timeout_s=10,
+        )
+    finally:
+        executor.close()
+    assert len(script) > 128 * 1024
+    # A step that reads stdin finds it at its end, not the rest of the script, which still runs.
+    for worker in (0, 1):
+        assert [t for w, t in lines if w == worker] == ["stdin: eof", "after"]
+        assert results[worker].exit_status == 7
+
+
 ENV_PROBE = """\
 import json, os, sys
 print(json.dumps({"zone": os.environ.get("HOST_ZONE"), "worker": os.environ["TPUCTL_WORKER_ID"],

@@ -196,11 +196,14 @@ class Executor(Protocol):
         on_line: Callable[[int, str], None],
         timeout_s: float,
         workers: Sequence[int] | None = None,
+        stdin: bytes = b"",
     ) -> dict[int, CommandResult]:
         """Run ``command`` through each host's login shell on every host at once (setup), or on
         ``workers`` only (the import check: one host), each output line to ``on_line(worker, text)`` as it
         comes; a host that does not finish within ``timeout_s`` has exit_status None. The result has
-        one entry per host run on."""
+        one entry per host run on. ``stdin`` is the command's standard input, then end of file: for
+        text too long for a command line (sshd runs the command as one argument of ``sh -c``, and Linux
+        refuses an argument over 128 KiB)."""
         ...
 
     def stop(self, grace_s: float = 5.0) -> None: ...

@@ -4,8 +4,12 @@ Every provision gives stock hosts (a fresh disk after each recovery), so a run's
 the host, from its inputs, by a script the executor runs over SSH: uv (bootstrapped with the image's own
 pip) makes a virtual environment with the Python the runtime needs, installs the runtime's pinned set
 (``tpuctl/runtime/requirements/{cpu,tpu}.txt``) and the user's requirements, then runs the user's setup
-commands in it. The environment lives at ``<remote_root>/envs/<key>``, where the key hashes every input,
-and a ``.complete`` marker written last makes the script a no-op on a host that already has that setup.
+commands in it. A runtime set that carries hashes is a complete lock (``cpu.txt``: ``uv export`` of
+pyproject's ``runtime-cpu`` group, the whole closure pinned and hashed), installed with ``--no-deps
+--require-hashes``: nothing to resolve (resolving fetched every wheel's metadata first, ~0.7 s of a fresh
+host's setup on the simulator), and a wheel that is not the one tested does not install. The environment
+lives at ``<remote_root>/envs/<key>``, where the key hashes every input, and a ``.complete`` marker
+written last makes the script a no-op on a host that already has that setup.
 
 The script prints ``[tpuctl-setup] $ <command>`` before each step (stdout and stderr go to one stream), so
 ``failed_command`` can name the step a failed setup stopped at from the output's lines.
@@ -29,7 +33,7 @@ LINE_PREFIX = "[tpuctl-setup]"
 STEP_PREFIX = f"{LINE_PREFIX} $ "
 #: Part of every key: a change to the script's steps makes hosts set up again rather than trust a marker
 #: written by an older script.
-SCRIPT_VERSION = 1
+SCRIPT_VERSION = 2
 REQUIREMENTS_DIR = Path(__file__).resolve().parent.parent / "runtime" / "requirements"
 
 
@@ -38,6 +42,13 @@ def runtime_requirements(runtime: Runtime) -> str:
     """The text of the runtime's pinned set (``tpuctl/runtime/requirements/<runtime>.txt``), read once:
     ``SetupSpec.key()`` hashes it, and the key is asked for by the script, the env path and the plan."""
     return (REQUIREMENTS_DIR / f"{runtime}.txt").read_text(encoding="utf-8")
+
+
+def runtime_set_is_locked(runtime: Runtime) -> bool:
+    """Whether the runtime's set is a complete hash-pinned lock (``uv export`` output) rather than its
+    top-level packages. ``tpu.txt`` is not: ``jax[tpu]`` brings libtpu, which uv.lock does not hold, and
+    locking it needs PyPI; its host resolves it."""
+    return "--hash=sha256:" in runtime_requirements(runtime)
 
 
 @dataclass(frozen=True)
@@ -93,6 +104,13 @@ def env_python(spec: SetupSpec, remote_root: str = ".tpuctl") -> str:
     if not spec.needs_env:
         return "python3"
     return f"{env_dir(spec, remote_root)}/bin/python"
+
+
+#: How the executor runs the script: sent as the command's standard input, kept in a file, run by bash. Not
+#: as the command itself: sshd hands a command to ``sh -c`` as one argument, which Linux caps at 128 KiB,
+#: and the runtime lock alone is larger. Not ``bash -s`` either: a step that reads its standard input would
+#: eat the rest of the script. POSIX sh, whatever the login shell.
+RUN_SCRIPT_FROM_STDIN = 'f=$(mktemp) && cat > "$f" && { bash "$f"; s=$?; rm -f "$f"; exit $s; }'
 
 
 def failed_command(lines: Iterable[str]) -> str | None:
@@ -183,6 +201,12 @@ def _env_steps(spec: SetupSpec, key: str) -> str:
         files.append(("tpuctl-requirements.txt", spec.requirements))
     steps = [f'step "$uv" venv --quiet --python {shlex.quote(spec.python)} "$env"\n']
     steps += [_FILE.format(name=n, tag=tag, text=t.rstrip("\n")) for n, t in files]
-    reqs = " ".join(f'-r "$env/{n}"' for n, _ in files)
-    steps.append(f'step "$uv" pip install --quiet --python "$env/bin/python" {reqs}\n')
+    install = 'step "$uv" pip install --quiet --python "$env/bin/python"'
+    if spec.runtime is not None and runtime_set_is_locked(spec.runtime):
+        # The lock first, as it is; then the user's requirements, resolved against what it installed.
+        steps.append(f'{install} --no-deps --require-hashes -r "$env/{files[0][0]}"\n')
+        files = files[1:]
+    if files:
+        reqs = " ".join(f'-r "$env/{n}"' for n, _ in files)
+        steps.append(f"{install} {reqs}\n")
     return "".join(steps)

@@ -771,29 +771,36 @@ class SshExecutor:
         on_line: Callable[[int, str], None],
         timeout_s: float,
         workers: Sequence[int] | None = None,
+        stdin: bytes = b"",
     ) -> dict[int, CommandResult]:
-        """Run ``command`` (through the login shell) on every host at once, for setup: each output line
-        (stdout and stderr merged) goes to ``on_line(worker, text)`` as it comes (from the executor's
-        thread). A host that does not finish within ``timeout_s`` gets exit_status None. Raises
-        RunFailedError when a host cannot be reached, HostKeyMismatchError when it is not the right one."""
+        """Run ``command`` (through the login shell, ``stdin`` its input) on every host at once, for
+        setup: each output line (stdout and stderr merged) goes to ``on_line(worker, text)`` as it comes
+        (from the executor's thread). A host that does not finish within ``timeout_s`` gets exit_status
+        None. Raises RunFailedError when a host cannot be reached, HostKeyMismatchError when it is not
+        the right one."""
 
         chosen = [r for r in self._hosts if workers is None or r.worker in workers]
 
         async def all_hosts() -> list[CommandResult]:
-            return await _each([self._command_one(r, command, on_line, timeout_s) for r in chosen])
+            return await _each([self._command_one(r, command, stdin, on_line, timeout_s) for r in chosen])
 
         results = self._call(all_hosts(), self._connect_deadline_s + timeout_s + _COMMAND_TIMEOUT_S)
         return {r.worker: r for r in results}
 
     async def _command_one(
-        self, remote: _Remote, command: str, on_line: Callable[[int, str], None], timeout_s: float
+        self,
+        remote: _Remote,
+        command: str,
+        stdin: bytes,
+        on_line: Callable[[int, str], None],
+        timeout_s: float,
     ) -> CommandResult:
         """One host's run of ``command``; a connection that drops mid-command is made again and the
         command run again (up to ``_COMMAND_TRIES`` times: setup and the import check are idempotent)."""
         tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         status: int | None = None
         for attempt in range(1, _COMMAND_TRIES + 1):
-            status, lost = await self._command_try(remote, command, on_line, timeout_s, tail)
+            status, lost = await self._command_try(remote, command, stdin, on_line, timeout_s, tail)
             if not lost or attempt == _COMMAND_TRIES:
                 break
             self._drop(remote)
@@ -806,6 +813,7 @@ class SshExecutor:
         self,
         remote: _Remote,
         command: str,
+        stdin: bytes,
         on_line: Callable[[int, str], None],
         timeout_s: float,
         tail: collections.deque[str],
@@ -817,9 +825,15 @@ class SshExecutor:
 
         async def pump() -> int | None:
             process = await conn.create_process(
-                command, stdin=asyncssh.DEVNULL, stderr=asyncssh.STDOUT, encoding=None
+                command,
+                stdin=asyncssh.PIPE if stdin else asyncssh.DEVNULL,
+                stderr=asyncssh.STDOUT,
+                encoding=None,
             )
             try:
+                if stdin:
+                    process.stdin.write(stdin)
+                    process.stdin.write_eof()
                 while raw := await process.stdout.readline():
                     tail.append(decode_line(raw))
                     on_line(remote.worker, tail[-1])

@@ -44,7 +44,7 @@ def run_setup(
 ) -> float:
     """Run the setup on every host; returns the seconds it took (every host done). Raises
     RunFailedError naming the first failed host and command."""
-    from tpuctl.hosts.setup import failed_command, setup_script
+    from tpuctl.hosts.setup import RUN_SCRIPT_FROM_STDIN, failed_command, setup_script
 
     spec = prepared.setup
     if spec.does_nothing:
@@ -69,7 +69,9 @@ def run_setup(
         logs[worker].write(text)
         observer.line(worker, text)
 
-    results = executor.run_command(script, on_line=on_line, timeout_s=SETUP_TIMEOUT_S)
+    results = executor.run_command(
+        RUN_SCRIPT_FROM_STDIN, stdin=script.encode(), on_line=on_line, timeout_s=SETUP_TIMEOUT_S
+    )
     failed = sorted(w for w, r in results.items() if r.exit_status != 0)
     if failed:
         worker = failed[0]
