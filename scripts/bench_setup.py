@@ -9,6 +9,9 @@ runtime's pinned set (CPU JAX, optax, orbax, gcsfs) from the simulator's package
 fresh host's disk). The figure is the setup time the run recorded for its attempt (the running segment's
 ``setup_s``: from the setup script's start on every host to its end on the last one).
 
+Then, for scale, the write floor: the time to write the bytes of every file in the mirror's wheels (what a
+setup unpacks) as new files on the same disk, with nothing to download, decompress or resolve.
+
 Target (issue 15): <= 2 s. Writes docs/bench/setup.json (or --out). Run from the repository root:
 ``.venv/bin/python scripts/bench_setup.py``.
 """
@@ -28,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from bench_machine import machine  # scripts/ is on sys.path: the scripts run by path
+
+from tpuctl.sim.mirror import default_wheelhouse
 
 WORLD = """\
 speed: 1000
@@ -80,6 +85,32 @@ def one_round(env: dict[str, str], program: Path) -> float:
     return setup_s
 
 
+def write_floor(wheelhouse: Path, into: Path) -> tuple[float, int, int]:
+    """(seconds, bytes, files) to write, as new files in ``into`` (on the disk the VMs' disks are on), the
+    bytes of every file in the mirror's wheels: what a host's setup writes, with nothing to download,
+    decompress or resolve. No fsync, as uv does none: this is the disk's page-cache write path, which on
+    this machine is far slower than memory (see docs/benchmarks.md)."""
+    import zipfile
+
+    sizes = [
+        info.file_size
+        for wheel in sorted(wheelhouse.glob("*.whl"))
+        for info in zipfile.ZipFile(wheel).infolist()
+        if not info.is_dir()
+    ]
+    block = bytes(max(sizes, default=0))
+    os.sync()
+    started = time.perf_counter()
+    into.mkdir(parents=True)
+    for i, size in enumerate(sizes):
+        if i % 256 == 0:
+            (into / f"d{i // 256}").mkdir()
+        with open(into / f"d{i // 256}" / f"f{i}", "wb") as f:
+            f.write(memoryview(block)[:size])
+    took = time.perf_counter() - started
+    return took, sum(sizes), len(sizes)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--out", type=Path, default=Path("docs/bench/setup.json"))
@@ -96,6 +127,8 @@ def main() -> int:
         env.update({"TPUCTL_STATE_DIR": str(root / "state"), "TPUCTL_SIM_WORLD": str(root / "world.yaml")})
         try:
             rounds = [one_round(env, program) for _ in range(args.rounds)]
+            quiesce(Path(env["TPUCTL_STATE_DIR"]))
+            floors = [write_floor(default_wheelhouse(env), root / f"floor{i}") for i in range(3)]
         finally:
             from tpuctl.sim.vms.layout import vm_root_for
             from tpuctl.sim.vms.procs import discard_vms
@@ -112,11 +145,17 @@ def main() -> int:
         "min_s": round(min(rounds), 3),
         "max_s": round(max(rounds), 3),
         "target_s": 2.0,
+        "write_floor_s": round(statistics.median(f[0] for f in floors), 3),
+        "write_floor_rounds_s": [round(f[0], 3) for f in floors],
+        "written_mib": round(floors[0][1] / 2**20),
+        "written_files": floors[0][2],
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=2) + "\n")
     print(
-        f"setup on a fresh host: median {doc['median_s']:.2f} s over {len(rounds)} rounds {doc['rounds_s']}"
+        f"setup on a fresh host: median {doc['median_s']:.2f} s over {len(rounds)} rounds {doc['rounds_s']}; "
+        f"writing its {doc['written_mib']} MiB in {doc['written_files']} files to the same disk alone: "
+        f"{doc['write_floor_s']:.2f} s"
     )
     return 0
 
