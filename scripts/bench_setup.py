@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -128,7 +129,10 @@ def main() -> int:
         try:
             rounds = [one_round(env, program) for _ in range(args.rounds)]
             quiesce(Path(env["TPUCTL_STATE_DIR"]))
-            floors = [write_floor(default_wheelhouse(env), root / f"floor{i}") for i in range(3)]
+            floors = []
+            for i in range(3):  # each round on a disk with the previous one's files gone, as a new VM's
+                floors.append(write_floor(default_wheelhouse(env), root / f"floor{i}"))
+                shutil.rmtree(root / f"floor{i}")
         finally:
             from tpuctl.sim.vms.layout import vm_root_for
             from tpuctl.sim.vms.procs import discard_vms
