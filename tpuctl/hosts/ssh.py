@@ -103,6 +103,16 @@ TAIL_LINES = 20
 
 
 @dataclass(frozen=True)
+class _Command:
+    """One ``run_command``: what every host runs, its standard input, where its lines go, how long."""
+
+    text: str
+    stdin: bytes
+    on_line: Callable[[int, str], None]
+    timeout_s: float
+
+
+@dataclass(frozen=True)
 class SshHost:
     """One worker: where its sshd listens and the OpenSSH public host keys it must present
     (``"ssh-ed25519 AAAA..."``; None: unknown, refused unless the executor skips verification)."""
@@ -780,43 +790,31 @@ class SshExecutor:
         the right one."""
 
         chosen = [r for r in self._hosts if workers is None or r.worker in workers]
+        what = _Command(command, stdin, on_line, timeout_s)
 
         async def all_hosts() -> list[CommandResult]:
-            return await _each([self._command_one(r, command, stdin, on_line, timeout_s) for r in chosen])
+            return await _each([self._command_one(r, what) for r in chosen])
 
         results = self._call(all_hosts(), self._connect_deadline_s + timeout_s + _COMMAND_TIMEOUT_S)
         return {r.worker: r for r in results}
 
-    async def _command_one(
-        self,
-        remote: _Remote,
-        command: str,
-        stdin: bytes,
-        on_line: Callable[[int, str], None],
-        timeout_s: float,
-    ) -> CommandResult:
+    async def _command_one(self, remote: _Remote, command: _Command) -> CommandResult:
         """One host's run of ``command``; a connection that drops mid-command is made again and the
         command run again (up to ``_COMMAND_TRIES`` times: setup and the import check are idempotent)."""
         tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         status: int | None = None
         for attempt in range(1, _COMMAND_TRIES + 1):
-            status, lost = await self._command_try(remote, command, stdin, on_line, timeout_s, tail)
+            status, lost = await self._command_try(remote, command, tail)
             if not lost or attempt == _COMMAND_TRIES:
                 break
             self._drop(remote)
-            on_line(
+            command.on_line(
                 remote.worker, f"[tpuctl] connection to host {remote.worker} lost; running the command again"
             )
         return CommandResult(remote.worker, status, tuple(tail))
 
     async def _command_try(
-        self,
-        remote: _Remote,
-        command: str,
-        stdin: bytes,
-        on_line: Callable[[int, str], None],
-        timeout_s: float,
-        tail: collections.deque[str],
+        self, remote: _Remote, command: _Command, tail: collections.deque[str]
     ) -> tuple[int | None, bool]:
         """(exit status, whether the connection was lost) of one run of ``command``."""
         import asyncssh
@@ -825,18 +823,18 @@ class SshExecutor:
 
         async def pump() -> int | None:
             process = await conn.create_process(
-                command,
-                stdin=asyncssh.PIPE if stdin else asyncssh.DEVNULL,
+                command.text,
+                stdin=asyncssh.PIPE if command.stdin else asyncssh.DEVNULL,
                 stderr=asyncssh.STDOUT,
                 encoding=None,
             )
             try:
-                if stdin:
-                    process.stdin.write(stdin)
+                if command.stdin:
+                    process.stdin.write(command.stdin)
                     process.stdin.write_eof()
                 while raw := await process.stdout.readline():
                     tail.append(decode_line(raw))
-                    on_line(remote.worker, tail[-1])
+                    command.on_line(remote.worker, tail[-1])
                 completed = await process.wait()
             finally:
                 process.close()  # on a timeout the channel closes: sshd hangs up the command's session
@@ -845,9 +843,9 @@ class SshExecutor:
             return completed.exit_status
 
         try:
-            status = await asyncio.wait_for(pump(), timeout=timeout_s)
+            status = await asyncio.wait_for(pump(), timeout=command.timeout_s)
         except TimeoutError:
-            tail.append(f"[tpuctl] timed out after {timeout_s:.0f} s")
+            tail.append(f"[tpuctl] timed out after {command.timeout_s:.0f} s")
             return None, False
         except (OSError, asyncssh.Error) as exc:
             tail.append(f"[tpuctl] connection lost: {_describe(exc)}")
