@@ -181,11 +181,19 @@ class LoopbackSsh:
 
     def close(self) -> None:
         async def shutdown() -> None:
+            for host in self.hosts:
+                for conn in host.connections:
+                    conn.abort()
             for child in self._children:
                 if child.returncode is None:
                     with contextlib.suppress(ProcessLookupError):
                         os.killpg(child.pid, 9)
-                    await child.wait()
+            # SIGKILLed, so they are gone; their reaping is the event loop's, and one slow to be reaped
+            # on a loaded machine (a CI run once timed out here after the test had passed) is not the
+            # test's failure.
+            waits = [child.wait() for child in self._children if child.returncode is None]
+            if waits:
+                await asyncio.wait([asyncio.ensure_future(w) for w in waits], timeout=10)
             for host in self.hosts:
                 if host.server is not None:
                     host.server.close()
