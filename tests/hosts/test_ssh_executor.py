@@ -181,9 +181,6 @@ class LoopbackSsh:
 
     def close(self) -> None:
         async def shutdown() -> None:
-            for host in self.hosts:
-                for conn in host.connections:
-                    conn.abort()
             for child in self._children:
                 if child.returncode is None:
                     with contextlib.suppress(ProcessLookupError):
