@@ -24,7 +24,6 @@ from tpuctl.hosts.setup import (
     SetupSpec,
     env_python,
     failed_command,
-    runtime_set_is_locked,
     setup_script,
 )
 from tpuctl.sim.mirror import PackageMirror, distributions
@@ -93,24 +92,26 @@ def test_runtime_sets_pin_the_locks_versions(runtime: str) -> None:
     assert {n: v for n, v in pins.items() if locked.get(n) != v} == {}
 
 
-def test_cpu_set_is_the_hash_pinned_closure_of_the_locks_runtime_group() -> None:
-    """cpu.txt is ``uv export --only-group runtime-cpu`` of the current uv.lock: every package of the
-    closure, each pinned to hashes uv.lock has for that version (regenerate it with the command in its
-    first lines after a change to the group or the lock)."""
+@pytest.mark.parametrize("runtime", ["cpu", "tpu"])
+def test_runtime_set_is_the_hash_pinned_closure_of_the_locks_runtime_group(runtime: str) -> None:
+    """<runtime>.txt is ``uv export --only-group runtime-<runtime>`` of the current uv.lock: every package
+    of the closure, each pinned to hashes uv.lock has for that version (regenerate it with the command in
+    its first lines after a change to the group or the lock)."""
     lock = tomllib.loads((ROOT / "uv.lock").read_text())
-    text = (REQUIREMENTS_DIR / "cpu.txt").read_text()
+    text = (REQUIREMENTS_DIR / f"{runtime}.txt").read_text()
     pins = _pins(text)
-    assert set(pins) == _group_closure(lock, "runtime-cpu")
+    assert set(pins) == _group_closure(lock, f"runtime-{runtime}")
     locked = {_canonical(p["name"]): p for p in lock["package"]}
     for name, hashes in _hashes(text).items():
         files = [*locked[name].get("wheels", []), locked[name].get("sdist", {})]
         assert hashes and hashes <= {f.get("hash") for f in files}, name
     assert set(_hashes(text)) == set(pins)
-    assert runtime_set_is_locked("cpu") and not runtime_set_is_locked("tpu")
 
 
-def test_tpu_set_asks_for_jax_tpu() -> None:
-    assert "jax[tpu]==" in (REQUIREMENTS_DIR / "tpu.txt").read_text()
+def test_only_the_tpu_set_brings_libtpu() -> None:
+    """jax's ``tpu`` extra, followed into the lock: libtpu on Google's hosts, none on the simulator's."""
+    assert "libtpu" in _pins((REQUIREMENTS_DIR / "tpu.txt").read_text())
+    assert "libtpu" not in _pins((REQUIREMENTS_DIR / "cpu.txt").read_text())
 
 
 def test_key_changes_with_every_input() -> None:

@@ -4,8 +4,8 @@ Every provision gives stock hosts (a fresh disk after each recovery), so a run's
 the host, from its inputs, by a script the executor runs over SSH: uv (bootstrapped with the image's own
 pip) makes a virtual environment with the Python the runtime needs, installs the runtime's pinned set
 (``tpuctl/runtime/requirements/{cpu,tpu}.txt``) and the user's requirements, then runs the user's setup
-commands in it. A runtime set that carries hashes is a complete lock (``cpu.txt``: ``uv export`` of
-pyproject's ``runtime-cpu`` group, the whole closure pinned and hashed), installed with ``--no-deps
+commands in it. Each runtime set is a complete lock (``uv export`` of pyproject's ``runtime-cpu`` or
+``runtime-tpu`` group: the whole closure pinned and hashed), installed with ``--no-deps
 --require-hashes``: nothing to resolve (resolving fetched every wheel's metadata first, ~0.7 s of a fresh
 host's setup on the simulator), and a wheel that is not the one tested does not install. The environment
 lives at ``<remote_root>/envs/<key>``, where the key hashes every input, and a ``.complete`` marker
@@ -42,13 +42,6 @@ def runtime_requirements(runtime: Runtime) -> str:
     """The text of the runtime's pinned set (``tpuctl/runtime/requirements/<runtime>.txt``), read once:
     ``SetupSpec.key()`` hashes it, and the key is asked for by the script, the env path and the plan."""
     return (REQUIREMENTS_DIR / f"{runtime}.txt").read_text(encoding="utf-8")
-
-
-def runtime_set_is_locked(runtime: Runtime) -> bool:
-    """Whether the runtime's set is a complete hash-pinned lock (``uv export`` output) rather than its
-    top-level packages. ``tpu.txt`` is not: ``jax[tpu]`` brings libtpu, which uv.lock does not hold, and
-    locking it needs PyPI; its host resolves it."""
-    return "--hash=sha256:" in runtime_requirements(runtime)
 
 
 @dataclass(frozen=True)
@@ -202,7 +195,7 @@ def _env_steps(spec: SetupSpec, key: str) -> str:
     steps = [f'step "$uv" venv --quiet --python {shlex.quote(spec.python)} "$env"\n']
     steps += [_FILE.format(name=n, tag=tag, text=t.rstrip("\n")) for n, t in files]
     install = 'step "$uv" pip install --quiet --python "$env/bin/python"'
-    if spec.runtime is not None and runtime_set_is_locked(spec.runtime):
+    if spec.runtime is not None:
         # The lock first, as it is; then the user's requirements, resolved against what it installed.
         steps.append(f'{install} --no-deps --require-hashes -r "$env/{files[0][0]}"\n')
         files = files[1:]
