@@ -64,10 +64,9 @@ def _hashes(text: str) -> dict[str, set[str]]:
     return found
 
 
-def _group_closure(lock: dict[str, Any], group: str) -> set[str]:
-    """Every package the project's dependency group needs in uv.lock's graph, on any platform (markers
-    ignored, extras followed): what ``uv export --only-group`` lists."""
-    packages = {_canonical(p["name"]): p for p in lock["package"]}
+def _group_closure(packages: dict[str, Any], group: str) -> set[str]:
+    """Every package the project's dependency group needs in uv.lock's graph (``packages``: its packages
+    by name), on any platform (markers ignored, extras followed): what ``uv export --only-group`` lists."""
     project = packages["tpuctl"]
     todo = list(project["dev-dependencies"][group])
     seen: set[str] = set()
@@ -84,24 +83,17 @@ def _group_closure(lock: dict[str, Any], group: str) -> set[str]:
 
 
 @pytest.mark.parametrize("runtime", ["cpu", "tpu"])
-def test_runtime_sets_pin_the_locks_versions(runtime: str) -> None:
-    lock = tomllib.loads((ROOT / "uv.lock").read_text())
-    locked = {_canonical(p["name"]): p["version"] for p in lock["package"]}
-    pins = _pins((REQUIREMENTS_DIR / f"{runtime}.txt").read_text())
-    assert {"jax", "jaxlib", "optax", "orbax-checkpoint", "gcsfs"} <= pins.keys()
-    assert {n: v for n, v in pins.items() if locked.get(n) != v} == {}
-
-
-@pytest.mark.parametrize("runtime", ["cpu", "tpu"])
 def test_runtime_set_is_the_hash_pinned_closure_of_the_locks_runtime_group(runtime: str) -> None:
     """<runtime>.txt is ``uv export --only-group runtime-<runtime>`` of the current uv.lock: every package
-    of the closure, each pinned to hashes uv.lock has for that version (regenerate it with the command in
-    its first lines after a change to the group or the lock)."""
+    of the closure at uv.lock's version, each pinned to hashes uv.lock has for it (regenerate it with the
+    command in its first lines after a change to the group or the lock)."""
     lock = tomllib.loads((ROOT / "uv.lock").read_text())
+    locked = {_canonical(p["name"]): p for p in lock["package"]}
     text = (REQUIREMENTS_DIR / f"{runtime}.txt").read_text()
     pins = _pins(text)
-    assert set(pins) == _group_closure(lock, f"runtime-{runtime}")
-    locked = {_canonical(p["name"]): p for p in lock["package"]}
+    assert {"jax", "jaxlib", "optax", "orbax-checkpoint", "gcsfs"} <= pins.keys()
+    assert set(pins) == _group_closure(locked, f"runtime-{runtime}")
+    assert {n: v for n, v in pins.items() if locked[n]["version"] != v} == {}
     for name, hashes in _hashes(text).items():
         files = [*locked[name].get("wheels", []), locked[name].get("sdist", {})]
         assert hashes and hashes <= {f.get("hash") for f in files}, name

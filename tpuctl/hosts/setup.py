@@ -185,21 +185,17 @@ def setup_script(spec: SetupSpec, remote_root: str = ".tpuctl") -> str:
 
 
 def _env_steps(spec: SetupSpec, key: str) -> str:
-    """Make the venv, write the requirement files into it, install them."""
+    """Make the venv, write the requirement files into it, install them: the runtime's lock as it is (no
+    resolving, only its hashes), then the user's requirements, resolved against what the lock installed."""
     tag = f"TPUCTL_SETUP_{key[:16]}"
-    files = []
-    if spec.runtime is not None:
-        files.append(("tpuctl-runtime.txt", runtime_requirements(spec.runtime)))
-    if spec.requirements:
-        files.append(("tpuctl-requirements.txt", spec.requirements))
-    steps = [f'step "$uv" venv --quiet --python {shlex.quote(spec.python)} "$env"\n']
-    steps += [_FILE.format(name=n, tag=tag, text=t.rstrip("\n")) for n, t in files]
     install = 'step "$uv" pip install --quiet --python "$env/bin/python"'
+    steps = [f'step "$uv" venv --quiet --python {shlex.quote(spec.python)} "$env"\n']
     if spec.runtime is not None:
-        # The lock first, as it is; then the user's requirements, resolved against what it installed.
-        steps.append(f'{install} --no-deps --require-hashes -r "$env/{files[0][0]}"\n')
-        files = files[1:]
-    if files:
-        reqs = " ".join(f'-r "$env/{n}"' for n, _ in files)
-        steps.append(f"{install} {reqs}\n")
+        text = runtime_requirements(spec.runtime).rstrip("\n")
+        steps.append(_FILE.format(name="tpuctl-runtime.txt", tag=tag, text=text))
+        steps.append(f'{install} --no-deps --require-hashes -r "$env/tpuctl-runtime.txt"\n')
+    if spec.requirements:
+        text = spec.requirements.rstrip("\n")
+        steps.append(_FILE.format(name="tpuctl-requirements.txt", tag=tag, text=text))
+        steps.append(f'{install} -r "$env/tpuctl-requirements.txt"\n')
     return "".join(steps)
