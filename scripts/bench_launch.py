@@ -6,7 +6,7 @@ host keys, SSH to every host, bundle, ship, setup check, start) to the moment th
 user's first line. The slice exists already (`--pod`): provisioning is the simulator's speed-scaled
 create time, not the launcher's. The trivial program runs with ``--no-runtime-deps`` (the image's
 python3, nothing to install); the JAX figure installs the runtime once (first run) and is measured warm.
-Target (issue 14): 64 hosts within 3x the 1-host time.
+Target: 64 hosts within 3x the 1-host time.
 
 Measured per host count (``launcher_cpu_s``: the `tpuctl run` process's own CPU time, median of the
 warm runs; on this one machine the simulated hosts' login shells and Python start-ups share its cores,

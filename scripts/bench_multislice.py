@@ -8,7 +8,7 @@ reduces gradients within a slice, then across slices) and `v4-32` (one 4-host sl
 chips, same model and global batch. The figure is the ratio of their median tokens/s. On CPU there is
 no DCN to be slower than ICI (every host is a process of this machine, every collective goes over
 loopback gloo), so the ratio measures what the two-level reduction costs in itself; there is no
-target on CPU (issue 19).
+target on CPU.
 
 Writes docs/bench/multislice.json (or --out). Run from the repository root:
 ``.venv/bin/python scripts/bench_multislice.py``.

@@ -256,7 +256,7 @@ def goodput_figures(
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--speed", type=float, default=100.0)
-    # Issue 15's goodput is that of "a run long enough that start-up is under 10% of it": 3000 steps of
+    # The goodput asked for is that of "a run long enough that start-up is under 10% of it": 3000 steps of
     # 0.1 s (the tiny LM's compute is a few ms; the delay stands in for a real model's step) is ~300 s
     # against a start-up of ~20 s on this simulator. The report says what the fraction came out as.
     parser.add_argument("--steps", type=int, default=3000)

@@ -12,7 +12,7 @@ fresh host's disk). The figure is the setup time the run recorded for its attemp
 Then, for scale, the write floor: the time to write the bytes of every file in the mirror's wheels (what a
 setup unpacks) as new files on the same disk, with nothing to download, decompress or resolve.
 
-Target (issue 15): <= 2 s. Writes docs/bench/setup.json (or --out). Run from the repository root:
+Target: <= 2 s. Writes docs/bench/setup.json (or --out). Run from the repository root:
 ``.venv/bin/python scripts/bench_setup.py``.
 """
 

@@ -1,5 +1,5 @@
-"""Issue 17's flex-start on the simulator: `pod create --queued` on Compute Engine is a flex-start create
-(facts §1.3-§1.5, §2.4): one host an instance that waits PENDING for capacity, several a FLEX_START
+"""Flex-start on the simulator: `pod create --queued` on Compute Engine is a flex-start create
+(docs/google-facts.md#flex-start): one host an instance that waits PENDING for capacity, several a FLEX_START
 template and a BULK MIG made at size 0 and resized to the host count; the wait is bounded by --valid-for,
 after which nothing is left and placement fails over like a stockout. Every Compute answer is checked
 against Google's compute v1 discovery document (``schema_problems``)."""
@@ -65,7 +65,8 @@ def test_a_queued_tpu7x_8_dry_run_plans_one_flex_start_instance_insert(
         "automaticRestart": False,
     }
     assert body["params"] == {"requestValidForDuration": {"seconds": "1800"}}
-    # Flex-start is placed as preemptible capacity (its quota, facts §1.4), not a queued resource.
+    # Flex-start is placed as preemptible capacity (its quota: docs/google-facts.md#provisioning-models), not
+    # a queued resource.
     assert plan["request"]["flex_start"] is True and plan["request"]["queued"] is False
     assert {c["capacity"] for c in plan["candidates"]} == {"preemptible"}
     chosen = next(c for c in plan["candidates"] if c["zone"] == ZONE)

@@ -1,4 +1,4 @@
-"""Issue 17's acceptance on the simulator: TPU7x (and v6e/v5p on request) placed through Compute Engine by
+"""Compute Engine slices on the simulator: TPU7x (and v6e/v5p on request) placed through Compute Engine by
 the same commands as every other slice: `pod create` (dry run and real), `pod list`, `pod delete`, the
 refusal of a generation Compute Engine does not serve, placement failing over a Compute stockout, and a
 Compute quota refusal. Every Compute answer the simulator gives in these tests is checked against
@@ -71,8 +71,9 @@ def test_a_run_on_compute_engine_plans_each_host_its_tpu_worker_identity(
         assert result.code == 0, result.stderr
         return list(result.json["plan"]["hosts"])
 
-    # Compute Engine publishes no agent-worker-number for certain (facts §8.1): every host's launch reads
-    # TPU_WORKER_ID / TPU_WORKER_HOSTNAMES from its metadata server, where JAX's GKE path finds them.
+    # Compute Engine publishes no agent-worker-number for certain (docs/google-facts.md#worker-identity):
+    # every host's launch reads TPU_WORKER_ID / TPU_WORKER_HOSTNAMES from its metadata server, where JAX's GKE
+    # path finds them.
     compute = hosts("--type", "tpu7x-16", "--zone", ZONE)
     assert len(compute) == 2
     for host in compute:

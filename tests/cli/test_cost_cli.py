@@ -241,7 +241,7 @@ def test_json_and_csv_list_every_group_unless_limited(cli: Cli, state_dir: Path)
     csv_rows = cli("cost", "report", "--no-reconcile", "-o", "csv").stdout.strip().splitlines()
     assert len(csv_rows) == 1 + 3
     limited = cli("cost", "report", "--no-reconcile", "-o", "csv", "--limit", "1").stdout.strip().splitlines()
-    # By slice, the slice's facts follow the key, a column each (issue 18), then the figures.
+    # By slice, the slice's facts follow the key, a column each, then the figures.
     assert len(limited) == 2 and limited[1].startswith(
         "slice,us-central1-a/s1#1,us-central1-a,s1,1,v5litepod-8,8,on-demand,DELETED,,"
     )

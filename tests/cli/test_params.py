@@ -1,4 +1,4 @@
-"""The parameter boundary (issue 13, item 3) as one table: every numeric or duration flag of every
+"""The parameter boundary as one table: every numeric or duration flag of every
 command, and every numeric setting from the environment and from a profile, given each bad value it can
 get, exits 2 with one JSON error naming where the value came from (``field``), the value and the fix.
 All of them are refused before a backend is contacted, so no simulator is needed."""

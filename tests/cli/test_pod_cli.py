@@ -1,4 +1,4 @@
-"""Issue 2's acceptance through the CLI's default path: each command starts its own in-process simulator
+"""Pods through the CLI's default path: each command starts its own in-process simulator
 over the state dir (no TPUCTL_SIM_URL), so one command sees what the previous one did, exactly as a user
 runs `tpuctl pod create`, then `tpuctl pod list`, then `tpuctl pod delete`."""
 

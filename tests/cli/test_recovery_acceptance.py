@@ -1,4 +1,4 @@
-"""Issue 15's first acceptance case, end to end on the simulator's VMs: `tpuctl run --example lm --type
+"""Recovery's first acceptance case, end to end on the simulator's VMs: `tpuctl run --example lm --type
 v5e-16 --spot`, preempted mid-run just after its zone stocks out, recovers on a new slice in another
 zone, restores from the bucket and ends with the uninterrupted run's parameters, bit for bit, while no
 checkpoint file ever exists on a host's disk. Slow (4 hosts set up twice): run with --slow."""

@@ -1,4 +1,4 @@
-"""Simulated hosts are VMs (issue 14): `tpuctl run` reaches them over SSH only, each has its own address,
+"""Simulated hosts are VMs: `tpuctl run` reaches them over SSH only, each has its own address,
 disk and metadata server at Google's standard paths, and nothing of the launcher's machine shows through.
 Stdlib-only programs with ``--no-runtime-deps``: nothing to install, so these runs take seconds."""
 

@@ -284,7 +284,7 @@ def test_default_entries_become_rows(
     assert {(r.zone, r.region, r.limit) for r in parse_quota_infos([raw])} == expected
 
 
-# --- Compute Engine's TPU quotas (service compute.googleapis.com; ce-tpu-facts §4.1) -------------------
+# --- Compute Engine's TPU quotas (service compute.googleapis.com; docs/google-facts.md#compute-engine-quotas)
 
 COMPUTE_URL = f"{BASE}/v1/projects/p/locations/global/services/compute.googleapis.com/quotaInfos"
 FAMILY_Q = "TPUS-PER-TPU-FAMILY-per-project-region"

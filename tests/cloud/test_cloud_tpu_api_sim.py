@@ -1,7 +1,7 @@
 """TpuApiCloud against the real simulator (tpuctl.sim.server.SimServer), through the real tpu_v2 client.
 
 Every TpuCloud method, a stockout, a quota rejection, queued resources (single, multislice, one that waits
-then goes ACTIVE, one that FAILS at valid-until), and issue 2's acceptance test: under injected faults, 50
+then goes ACTIVE, one that FAILS at valid-until), and the fault acceptance test: under injected faults, 50
 create/delete cycles all succeed with no duplicate and no orphaned slice.
 """
 
@@ -267,7 +267,7 @@ def test_errors_name_the_call(cloud: TpuApiCloud) -> None:
     assert err.value.message.startswith("create node bad in us-east5-b:") and err.value.code == 3
 
 
-# ---- issue 2 acceptance: faults ------------------------------------------------------------------------
+# ---- acceptance: faults --------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(("transient", "ambiguous"), [(0.2, 0.0), (0.2, 0.1)])

@@ -1,5 +1,5 @@
-"""Compute Engine slices as JSON: the bodies tpuctl sends (checked against the facts sheet and the compute
-v1 discovery schema's field names) and how instances and MIGs read back as Nodes."""
+"""Compute Engine slices as JSON: the bodies tpuctl sends (checked against docs/google-facts.md and the
+compute v1 discovery schema's field names) and how instances and MIGs read back as Nodes."""
 
 from __future__ import annotations
 
@@ -240,8 +240,9 @@ def test_any_other_failed_operation_keeps_its_code_in_the_message() -> None:
 
 def test_a_flex_start_instance_waits_for_capacity_as_the_facts_sheet_asks() -> None:
     body = shapes.instance_body(request(flex_valid_for_s=1799.5), _tpu7x("tpu7x-8"), project="p")
-    # facts §1.3: FLEX_START needs maxRunDuration (10 min to 7 days) and is deleted at its end; the wait
-    # for capacity is the input-only params.requestValidForDuration, a Duration of whole seconds.
+    # docs/google-facts.md#flex-start: FLEX_START needs maxRunDuration (10 min to 7 days) and is deleted at
+    # its end; the wait for capacity is the input-only params.requestValidForDuration, a Duration of whole
+    # seconds.
     assert body["scheduling"] == {
         "provisioningModel": "FLEX_START",
         "maxRunDuration": {"seconds": "604800"},

@@ -55,7 +55,7 @@ def fake_service_account(path: Path) -> Path:
     return path
 
 
-# Known leak, in the recovery work in flight (tpuctl/services/run/control.py, issue 5): a run's request is
+# Known leak, in the recovery work in flight (tpuctl/services/run/control.py): a run's request is
 # saved as runs/RUN/request.json for `runs resume`, --env values included. Checked on its own below.
 RESUME_REQUEST = "request.json"
 

@@ -134,7 +134,7 @@ CE_NAMES = {"m-1abc": "127.16.0.2", "m-2def": "127.16.0.3"}
 
 @pytest.fixture
 def ce_server() -> Iterator[_VpcServer]:
-    # Compute Engine's format: bare instance names (ce-tpu-facts §2.6).
+    # Compute Engine's format: bare instance names (docs/google-facts.md#metadata-server).
     values = {
         **slice_values(1, []),
         "instance/attributes/worker-network-endpoints": "m-1abc,m-2def",
@@ -193,7 +193,7 @@ def test_detector_hands_jax_an_address_on_a_compute_engine_slice(
 
 @pytest.fixture
 def ce_server_without_worker_number(ce_server: _VpcServer) -> _VpcServer:
-    # The stricter reading of ce-tpu-facts §8.1: a Compute Engine VM does not publish it.
+    # The stricter reading of docs/google-facts.md#worker-identity: a Compute Engine VM does not publish it.
     del ce_server.values["instance/attributes/agent-worker-number"]
     return ce_server
 

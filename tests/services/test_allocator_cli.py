@@ -161,7 +161,7 @@ def test_quota_short_everywhere_exits_4_naming_where_needed_available_and_fix(
     error = result.json
     assert error["error"] == "no_quota"
     # 16 chips is over every candidate's LIMIT (on-demand zones 8, spot regions 4): the message says so
-    # in one line, and the fix names the limits to raise (issue 18), not every candidate.
+    # in one line, and the fix names the limits to raise, not every candidate.
     assert error["message"] == (
         "not enough quota for v5litepod-16 (16 chips) in any of 4 candidates: 16 chips is more than the "
         f"quota limit itself in every one (the highest is 8 chips, {OD_Z} in us-central1-a) "
@@ -247,7 +247,7 @@ BAD_INPUT: list[tuple[list[str], dict[str, Any]]] = [
         ["--max-price=-5"],
         {"field": "--max-price", "value": "-5",
          "message": "--max-price must be a positive number of USD per hour, got '-5'",
-         # One fix for the price cap from every source (flag, environment, profile): issue 13.
+         # One fix for the price cap from every source (flag, environment, profile).
          "fix": "give a positive number of USD per hour for the whole request (all slices), "
                 "e.g. --max-price 20"},
     ),

@@ -1,5 +1,5 @@
-"""`--queued` on Compute Engine is flex-start (facts §1.4): how the request is built and checked, before
-anything is contacted."""
+"""`--queued` on Compute Engine is flex-start (docs/google-facts.md#flex-start): how the request is built and
+checked, before anything is contacted."""
 
 from __future__ import annotations
 

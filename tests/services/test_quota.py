@@ -128,7 +128,7 @@ def test_an_unlisted_quota_is_unknown_in_the_dry_run_plan(
     assert plan.to_dict()["warnings"] == plan.warnings
 
 
-# --- Compute Engine slices draw on Compute Engine's quotas (disjoint from the TPU API's; facts §4.1) -----
+# --- Compute Engine slices draw on Compute Engine's quotas (disjoint from the TPU API's) ----------------
 
 FAMILY_Q = "TPUS-PER-TPU-FAMILY-per-project-region"
 TPU7X_SPOT_Q = "PREEMPTIBLE-TPU7X-per-project-region"

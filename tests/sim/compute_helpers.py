@@ -1,7 +1,8 @@
 """Helpers for the Compute Engine surface's tests: a fast world with TPU7x and v6e on Compute Engine,
 the REAL google-cloud-compute clients pointed at the simulator, operation polling with our own
-ZoneOperationsClient (the library's poller ignores the custom endpoint: ce-tpu-facts §6), request
-bodies, and a check of every Compute answer against Google's compute.v1 discovery document."""
+ZoneOperationsClient (the library's poller ignores the custom endpoint:
+docs/google-facts.md#compute-engine-client), request bodies, and a check of every Compute answer against
+Google's compute.v1 discovery document."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Compute Engine's single-host TPU VMs (ce-tpu-facts §1), with the REAL google-cloud-compute client."""
+"""Compute Engine's single-host TPU VMs (docs/google-facts.md#instance-requests), with the REAL
+google-cloud-compute client."""
 
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ def test_insert_runs_through_provisioning_staging_running(compute: tuple[SimServ
     assert vm.labels == {"owner": "tests"} and vm.metadata.fingerprint
     nic = vm.network_interfaces[0]
     assert nic.network_i_p.startswith("127.") and nic.access_configs[0].nat_i_p == nic.network_i_p
-    # Not a TPU API node (facts §0).
+    # Not a TPU API node (docs/google-facts.md#two-surfaces).
     tpu = tpu_client(server.url)
     assert list(tpu.list_nodes(parent=f"projects/{PROJECT}/locations/{ZONE}")) == []
     # The host is a VM: its metadata server answers the Compute Engine way, its sshd takes ssh-keys.

@@ -1,4 +1,5 @@
-"""Compute Engine's multi-host TPU slices: workload policy + instance template + BULK MIG (facts §2)."""
+"""Compute Engine's multi-host TPU slices: workload policy + instance template + BULK MIG
+(docs/google-facts.md#workload-policies and after)."""
 
 from __future__ import annotations
 
@@ -54,7 +55,8 @@ def test_mig_slice_lifecycle(compute: tuple[SimServer, Clients]) -> None:
         assert http.get(base + "accelerator-type").text == "tpu7x-16"
         env = http.get(base + "tpu-env").text
         assert "TPU_WORKER_ID: '1'" in env and "HOST_BOUNDS: '1,1,2'" in env
-    # google-cloud-compute's resize-request client would send this body (raw wire: facts §2.4).
+    # google-cloud-compute's resize-request client would send this body (raw wire:
+    # docs/google-facts.md#flex-start).
     refused = httpx.post(
         f"{server.url}/compute/v1/projects/{PROJECT}/zones/{ZONE}/instanceGroupManagers/m/resizeRequests",
         json={"name": "r", "resizeBy": 2},

@@ -1,8 +1,8 @@
-"""A Compute Engine slice's preemption reaches its hosts as a TPU API preemption does (ce-tpu-facts §1.6,
-§1.7): the notice on every host's metadata server (``instance/preempted`` TRUE; ``maintenance-event``
-stays NONE, a preemption is no host maintenance), SIGTERM to every process of every host, the grace,
-then SIGKILL, the disks wiped and the sshds gone; Compute then shows TERMINATED instances and a
-``compute.instances.preempted`` operation each. For a lone instance and for a MIG slice."""
+"""A Compute Engine slice's preemption reaches its hosts as a TPU API preemption does
+(docs/google-facts.md#preemption): the notice on every host's metadata server (``instance/preempted`` TRUE;
+``maintenance-event`` stays NONE, a preemption is no host maintenance), SIGTERM to every process of every
+host, the grace, then SIGKILL, the disks wiped and the sshds gone; Compute then shows TERMINATED instances and
+a ``compute.instances.preempted`` operation each. For a lone instance and for a MIG slice."""
 
 from __future__ import annotations
 

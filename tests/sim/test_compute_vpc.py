@@ -1,6 +1,6 @@
 """The simulated VPC's internal DNS (``tpuctl.sim.vpc_dns``): a Compute Engine slice's hosts reach each
-other by the bare instance names of ``worker-network-endpoints`` (ce-tpu-facts §2.6), and an unmodified
-``jax.distributed.initialize()`` joins a real 2-host CE slice of the simulator."""
+other by the bare instance names of ``worker-network-endpoints`` (docs/google-facts.md#metadata-server), and
+an unmodified ``jax.distributed.initialize()`` joins a real 2-host CE slice of the simulator."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""A multislice queued resource's VMs (issue #19): each host's tpu-env carries the Megascale keys Google's
-queued resources publish (slice 0's worker 0 as coordinator, the slice count, the node's slice id), an
-unmodified ``jax.distributed.initialize()`` on every host of every slice joins ONE job through them, and
-losing one slice suspends the queued resource while the other slice's node stays READY."""
+"""A multislice queued resource's VMs (docs/multislice-facts.md): each host's tpu-env carries the Megascale
+keys Google's queued resources publish (slice 0's worker 0 as coordinator, the slice count, the node's slice
+id), an unmodified ``jax.distributed.initialize()`` on every host of every slice joins ONE job through them,
+and losing one slice suspends the queued resource while the other slice's node stays READY."""
 
 from __future__ import annotations
 

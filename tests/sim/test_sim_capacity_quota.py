@@ -72,7 +72,8 @@ def test_reserved_capacity(client: tpu_v2.TpuClient) -> None:
     )
     with pytest.raises(exceptions.GoogleAPICallError):
         operation.result(polling=FAST_POLLING)
-    # FAILED_PRECONDITION, not RESOURCE_EXHAUSTED: what Google answers for reserved capacity (issue 16).
+    # FAILED_PRECONDITION, not RESOURCE_EXHAUSTED: what Google answers for reserved capacity
+    # (docs/google-facts.md#tpu-api-errors).
     assert operation.operation.error.code == 9
     assert re.match(
         r"^Insufficient reserved capacity\. Contact customer support to increase your reservation\. "

@@ -146,7 +146,7 @@ def prices(
 def _refresh_prices(
     out: Output, settings: Settings, billing_url: str | None, *, dry_run: bool
 ) -> RefreshResult:
-    """The refresh itself (prices issue 6): Google's catalog, a given Billing-API endpoint, or on the
+    """The refresh itself: Google's catalog, a given Billing-API endpoint, or on the
     simulator its world file. Then a price_change event for every live slice whose price moved."""
     import os
     import time

@@ -135,7 +135,7 @@ def create(
     from tpuctl.cli.context import build_settings
     from tpuctl.services.access import with_host_access
     from tpuctl.services.allocator import Allocator, build_request
-    from tpuctl.services.budget import max_hours_labels, warn_monthly_budget  # cost (issue 6)
+    from tpuctl.services.budget import max_hours_labels, warn_monthly_budget  # the budget's warnings
     from tpuctl.services.locations import check_region, check_zones
     from tpuctl.services.placement import Strategy
 
@@ -172,7 +172,7 @@ def create(
         if region is not None:
             check_region(sess.catalog, sess.cloud, region)
         if not is_dry_run(ctx, dry_run):
-            warn_monthly_budget(sess, out.warn)  # cost (issue 6): the profile's monthly_budget
+            warn_monthly_budget(sess, out.warn)  # the profile's monthly_budget
         # The slice is made reachable by `tpuctl run` (its key, external IPs unless a ProxyCommand).
         request = with_host_access(
             sess, request, proxy_command=settings.ssh_proxy_command, plan=is_dry_run(ctx, dry_run)

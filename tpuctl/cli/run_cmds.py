@@ -316,7 +316,7 @@ def run(
         from tpuctl.services.budget import warn_monthly_budget
         from tpuctl.services.run.supervisor import Supervisor
 
-        if prepared.target.creates:  # the run creates its slice: cost (issue 6)'s monthly warning
+        if prepared.target.creates:  # the run creates its slice: the monthly budget's warning
             warn_monthly_budget(sess, out.warn)
         printer = _Printer(out, prepared.target.hosts)
         supervisor = Supervisor(sess, observer=printer, policy=policy, budget_usd=budget_usd, warn=out.warn)

@@ -1,10 +1,11 @@
 """``ComputeCloud``: TPU slices on Compute Engine, as a ``TpuCloud``, over google-cloud-compute (REST).
 
-TPU7x and later exist only here; v6e and v5p may be placed here too (facts §0). Above this class a
-Compute Engine slice is a ``Node`` like any other: a one-host slice is an instance, a multi-host slice a
-workload policy + instance template + BULK MIG (``compute_shapes`` has the bodies and the mapping).
+TPU7x and later exist only here; v6e and v5p may be placed here too (docs/google-facts.md#two-surfaces). Above
+this class a Compute Engine slice is a ``Node`` like any other: a one-host slice is an instance, a multi-host
+slice a workload policy + instance template + BULK MIG (``compute_shapes`` has the bodies and the mapping).
 
-Facts about the client this module relies on (google-cloud-compute 1.57, facts §6):
+Facts about the client this module relies on (google-cloud-compute 1.57,
+docs/google-facts.md#compute-engine-client):
 
 * Every mutation has a ``*_unary`` form that returns the ``Operation`` as sent, without the library's
   ``ExtendedOperation`` poller, whose operations client ignores a custom endpoint (it would poll
@@ -249,9 +250,10 @@ class ComputeCloud:
         wait: bool = True,
         progress: OperationProgress | None = None,
     ) -> Node:
-        """One host: ``instances.insert``. Several: workload policy, template, MIG (facts §2), and on a
-        failure (a stockout while the MIG waits for its VMs among them) what was made is deleted again,
-        so nothing is left billing or holding quota. ``request_id`` is the requests' ``requestId``."""
+        """One host: ``instances.insert``. Several: workload policy, template, MIG
+        (docs/google-facts.md#workload-policies and after), and on a failure (a stockout while the MIG waits
+        for its VMs among them) what was made is deleted again, so nothing is left billing or holding quota.
+        ``request_id`` is the requests' ``requestId``."""
         accel = self._accelerator(request)
         if accel.hosts == 1:
             body = shapes.instance_body(request, accel, project=self._project)
@@ -271,9 +273,9 @@ class ComputeCloud:
         self, request: NodeRequest, op: dict[str, Any], what: str, progress: OperationProgress | None
     ) -> None:
         """A flex-start insert's operation runs while the instance is PENDING; at its deadline Compute
-        Engine fails it and the instance deletes itself (facts §1.5). Waited on past the deadline (the
-        server's failure is the answer); whatever way the wait ends without the VM, the instance is
-        deleted, so nothing is left waiting for capacity, billing or holding quota."""
+        Engine fails it and the instance deletes itself (docs/google-facts.md#flex-start). Waited on past the
+        deadline (the server's failure is the answer); whatever way the wait ends without the VM, the instance
+        is deleted, so nothing is left waiting for capacity, billing or holding quota."""
         assert request.flex_valid_for_s is not None
         try:
             self._wait(op, what, request.zone, progress, timeout_s=request.flex_valid_for_s + _FLEX_SLACK_S)
@@ -490,7 +492,8 @@ class ComputeCloud:
 
         def poll() -> Node:
             node = self.get_node(request.zone, request.name)
-            # A flex-start MIG waits out a stockout (or missing quota, facts §1.4) until --valid-for.
+            # A flex-start MIG waits out a stockout (or missing quota) until --valid-for
+            # (docs/google-facts.md#provisioning-models).
             if node.state == "CREATING" and accel.hosts > 1 and flex is None:
                 self._raise_if_stocked_out(request, what)
             return node
@@ -503,9 +506,9 @@ class ComputeCloud:
             node = poll_until(
                 poll,
                 lambda n: n.state != "CREATING",
-                # A flex-start MIG waits PENDING for as long as it takes (facts §1.4): tpuctl gives up at
-                # --valid-for (real seconds here: a simulator's faster clock does not apply), as the
-                # instance insert's own deadline does.
+                # A flex-start MIG waits PENDING for as long as it takes (docs/google-facts.md#flex-start):
+                # tpuctl gives up at --valid-for (real seconds here: a simulator's faster clock does not
+                # apply), as the instance insert's own deadline does.
                 timeout_s=self._op_timeout if flex is None else flex,
                 initial_interval_s=self._poll_interval,
                 max_interval_s=self._poll_max_interval,
@@ -691,7 +694,8 @@ class ComputeCloud:
         )
 
     def _resize(self, name: str, zone: str, size: int) -> dict[str, Any]:
-        """``instanceGroupManagers.resize``: a flex-start MIG's request for its VMs (facts §2.4)."""
+        """``instanceGroupManagers.resize``: a flex-start MIG's request for its VMs
+        (docs/google-facts.md#flex-start)."""
         args = {"project": self._project, "zone": zone, "instance_group_manager": name, "size": size}
         calls = GoogleCalls(self._retry, self._sleep)
         # Idempotent in effect: resizing to the same size again changes nothing.

@@ -1,14 +1,16 @@
 """Compute Engine TPU slices as JSON: the request bodies tpuctl sends, and the ``Node`` a slice reads as.
 
-Pure functions over the REST JSON form (camelCase, int64 as strings), the form the facts sheet, the
+Pure functions over the REST JSON form (camelCase, int64 as strings), the form Google's documentation, the
 discovery document and ``--dry-run`` use; ``tpuctl.cloud.compute`` converts to and from the client
-library's messages at its edge. Sources: ``shared/reference/ce-tpu-facts.md`` (cited as "facts §N").
+library's messages at its edge. The facts about Google these rely on, with their sources:
+``docs/google-facts.md`` (cited by section, as ``docs/google-facts.md#flex-start``).
 
 A tpuctl slice on Compute Engine is named once and that name is used for everything it is made of:
 
 * one host: the instance ``NAME``;
 * several hosts: the regional workload policy ``NAME`` (the topology), the global instance template
-  ``NAME`` and the zonal MIG ``NAME``, whose instances are ``NAME-xxxx`` (facts §2.1-2.3).
+  ``NAME`` and the zonal MIG ``NAME``, whose instances are ``NAME-xxxx``
+  (docs/google-facts.md#workload-policies and the two sections after it).
 
 Every instance of a slice carries the label ``tpuctl-slice: NAME``; a MIG (which has no labels) keeps the
 slice's type, capacity and labels in its description, as JSON, so a slice whose VMs do not exist yet
@@ -28,9 +30,10 @@ from tpuctl.cloud.base import NetworkEndpoint, Node, NodeRequest
 
 LABEL_SLICE = "tpuctl-slice"
 #: The scope a host needs for the run's bucket and the rest of Google Cloud: a Compute Engine TPU VM's
-#: scopes are not defaulted to cloud-platform (facts §1.2), unlike the TPU API's.
+#: scopes are not defaulted to cloud-platform (docs/google-facts.md#images), unlike the TPU API's.
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
-#: The CE TPU image's default boot disk is 10 GB (facts §1.2): too small for a run's environment.
+#: The CE TPU image's default boot disk is 10 GB (docs/google-facts.md#images): too small for a run's
+#: environment.
 BOOT_DISK_GB = 100
 #: A description starting with this holds the slice's JSON (MIGs have no labels).
 _DESCRIPTION_PREFIX = "tpuctl-slice "
@@ -40,7 +43,7 @@ _DESCRIPTION_PREFIX = "tpuctl-slice "
 _STATE_OF_STATUS = {
     "PROVISIONING": "CREATING",
     "STAGING": "CREATING",
-    "PENDING": "CREATING",  # flex-start: waiting for capacity (facts §1.5)
+    "PENDING": "CREATING",  # flex-start: waiting for capacity (docs/google-facts.md#instance-status)
     "RUNNING": "READY",
     "STOPPING": "STOPPING",
     "PENDING_STOP": "STOPPING",
@@ -61,20 +64,24 @@ _CAPACITY_OF_MODEL = {
     "STANDARD": CapacityType.ON_DEMAND,
     "SPOT": CapacityType.SPOT,
     "RESERVATION_BOUND": CapacityType.RESERVED,
-    # Flex-start spends preemptible quota and is time-limited (facts §1.4): tpuctl's preemptible class.
+    # Flex-start spends preemptible quota and is time-limited (docs/google-facts.md#provisioning-models):
+    # tpuctl's preemptible class.
     "FLEX_START": CapacityType.PREEMPTIBLE,
 }
-#: Flex-start's wait for capacity (``params.requestValidForDuration``) is capped at 2 h (facts §1.3).
+#: Flex-start's wait for capacity (``params.requestValidForDuration``) is capped at 2 h
+#: (docs/google-facts.md#flex-start).
 FLEX_VALID_FOR_MAX_S = 7200
-#: Flex-start requires ``maxRunDuration`` (facts §2.2); 10 min to 7 days (§1.3). tpuctl does not know how
-#: long a run takes, so it asks for the longest (unc.: whether a longer request waits longer for capacity).
+#: Flex-start requires ``maxRunDuration``, 10 min to 7 days (docs/google-facts.md#flex-start). tpuctl does
+#: not know how long a run takes, so it asks for the longest (unc.: whether a longer request waits longer for
+#: capacity).
 FLEX_MAX_RUN_S = 7 * 86400
 
 
 def scheduling(capacity: CapacityType) -> dict[str, Any]:
-    """TPU VMs cannot live-migrate (facts §1.1): TERMINATE on host maintenance, never restarted by
-    Compute Engine behind tpuctl's back. A preempted spot VM is STOPPED (the API's default action), not
-    deleted, so that it stays visible as preempted until tpuctl deletes it, as a TPU API node does."""
+    """TPU VMs cannot live-migrate (docs/google-facts.md#instance-requests): TERMINATE on host maintenance,
+    never restarted by Compute Engine behind tpuctl's back. A preempted spot VM is STOPPED (the API's default
+    action), not deleted, so that it stays visible as preempted until tpuctl deletes it, as a TPU API node
+    does."""
     out: dict[str, Any] = {
         "provisioningModel": _PROVISIONING_MODEL[capacity],
         "onHostMaintenance": "TERMINATE",
@@ -86,8 +93,8 @@ def scheduling(capacity: CapacityType) -> dict[str, Any]:
 
 
 def flex_scheduling() -> dict[str, Any]:
-    """Flex-start (facts §1.3, §2.2): a limited runtime, deleted at its end (the documented flows all pass
-    DELETE), never live-migrated or restarted."""
+    """Flex-start (docs/google-facts.md#flex-start): a limited runtime, deleted at its end (the documented
+    flows all pass DELETE), never live-migrated or restarted."""
     return {
         "provisioningModel": "FLEX_START",
         "maxRunDuration": {"seconds": str(FLEX_MAX_RUN_S)},
@@ -100,7 +107,8 @@ def flex_scheduling() -> dict[str, Any]:
 def instance_properties(
     request: NodeRequest, accel: AcceleratorType, *, zone: str, project: str
 ) -> dict[str, Any]:
-    """What an instance (or a template's ``properties``) of the slice is made of (facts §1.3)."""
+    """What an instance (or a template's ``properties``) of the slice is made of
+    (docs/google-facts.md#instance-requests)."""
     compute = accel.generation.compute
     if compute is None or accel.machine_type is None:
         raise ValueError(f"{accel.friendly_name} has no Compute Engine machine type")
@@ -138,7 +146,8 @@ def instance_body(request: NodeRequest, accel: AcceleratorType, *, project: str)
     props["machineType"] = f"zones/{request.zone}/machineTypes/{props['machineType']}"
     body: dict[str, Any] = {"name": request.name, **props}
     if request.flex_valid_for_s is not None:
-        # Input-only: how long the insert waits PENDING for capacity before it fails (facts §1.3).
+        # Input-only: how long the insert waits PENDING for capacity before it fails
+        # (docs/google-facts.md#flex-start).
         seconds = flex_valid_for_seconds(request.flex_valid_for_s)
         body["params"] = {"requestValidForDuration": {"seconds": str(seconds)}}
     return body
@@ -150,7 +159,8 @@ def flex_valid_for_seconds(valid_for_s: float) -> int:
 
 
 def workload_policy_body(name: str, topology: str) -> dict[str, Any]:
-    """The multi-host slice's topology (facts §2.1): required for a TPU MIG of several hosts."""
+    """The multi-host slice's topology (docs/google-facts.md#workload-policies): required for a TPU MIG of
+    several hosts."""
     return {"name": name, "workloadPolicy": {"type": "HIGH_THROUGHPUT", "acceleratorTopology": topology}}
 
 
@@ -162,10 +172,11 @@ def template_body(request: NodeRequest, accel: AcceleratorType, *, project: str)
 def mig_body(
     request: NodeRequest, accel: AcceleratorType, *, template_url: str, policy_url: str
 ) -> dict[str, Any]:
-    """A BULK MIG of all the slice's hosts at once; DO_NOTHING, so that Compute Engine does not repair
-    one VM of a slice (the topology needs all of them, facts §2.3, §2.7): tpuctl recovers the slice.
-    Flex-start: created at size 0 and resized to the host count afterwards (facts §2.4: a FLEX_START
-    template cannot make a MIG of non-zero size, and resize requests are refused for TPU MIGs)."""
+    """A BULK MIG of all the slice's hosts at once; DO_NOTHING, so that Compute Engine does not repair one VM
+    of a slice (the topology needs all of them, docs/google-facts.md#losing-a-host): tpuctl recovers the
+    slice. Flex-start: created at size 0 and resized to the host count afterwards
+    (docs/google-facts.md#flex-start: a FLEX_START template cannot make a MIG of non-zero size, and resize
+    requests are refused for TPU MIGs)."""
     return {
         "name": request.name,
         "baseInstanceName": request.name,
@@ -246,10 +257,11 @@ def slice_state(
     topology_state: str | None,
     capacity: CapacityType = CapacityType.ON_DEMAND,
 ) -> str:
-    """The state of a multi-host slice from its VMs: READY when every host runs and the topology is
-    ACTIVE (facts §2.5); PREEMPTED or TERMINATED when any host is (one host lost is the slice lost, §2.7),
-    or when the topology went INCOMPLETE (a host deleted by its termination action, which a
-    ``DO_NOTHING`` MIG does not replace, while the MIG itself stays stable)."""
+    """The state of a multi-host slice from its VMs: READY when every host runs and the topology is ACTIVE
+    (docs/google-facts.md#slice-readiness); PREEMPTED or TERMINATED when any host is (one host lost is the
+    slice lost, docs/google-facts.md#losing-a-host), or when the topology went INCOMPLETE (a host deleted by
+    its termination action, which a ``DO_NOTHING`` MIG does not replace, while the MIG itself stays
+    stable)."""
     states = [node_state(i) for i in instances]
     for dead in ("PREEMPTED", "TERMINATED", "STOPPED", "STOPPING", "DELETING", "REPAIRING"):
         if dead in states:

@@ -2,8 +2,8 @@
 
 ``GET {base}/v1/projects/{project}/locations/global/services/{service}/quotaInfos`` with ``pageToken``
 pagination, for the TPU API (``tpu.googleapis.com``) or Compute Engine (``compute.googleapis.com``, whose
-TPU quotas are a pool of their own: ce-tpu-facts §4.1). Compute Engine lists every quota it has (CPUs,
-GPUs, disks, addresses...); only its TPU quotas are kept.
+TPU quotas are a pool of their own: docs/google-facts.md#compute-engine-quotas). Compute Engine lists every
+quota it has (CPUs, GPUs, disks, addresses...); only its TPU quotas are kept.
 
 A QuotaInfo's ``dimensionsInfos`` hold per-location overrides (``{"dimensions": {"zone": Z}, ...}``;
 Compute Engine's per-family quota adds ``tpu_family``) plus one entry with empty (omitted) ``dimensions``:
@@ -188,8 +188,9 @@ def parse_quota_infos(infos: list[dict[str, Any]]) -> list[QuotaLimit]:
 
 def is_compute_tpu_quota(quota_id: str) -> bool:
     """Whether a Compute Engine quota id is a TPU one: TPUS-PER-TPU-FAMILY-per-project-region,
-    PREEMPTIBLE-TPU7X-per-project-region, TPU-V5P-per-project-zone, TPU-LITE-PODSLICE-V5-... (facts §4.1);
-    not CPUS-..., GPUS-PER-GPU-FAMILY-... or the hundreds of others."""
+    PREEMPTIBLE-TPU7X-per-project-region, TPU-V5P-per-project-zone, TPU-LITE-PODSLICE-V5-...
+    (docs/google-facts.md#compute-engine-quotas); not CPUS-..., GPUS-PER-GPU-FAMILY-... or the hundreds of
+    others."""
     return any(part.startswith("TPU") for part in quota_id.upper().split("-"))
 
 

@@ -240,7 +240,8 @@ def error_from_status(
     return _bad_request(text, rpc_code, details)
 
 
-#: Compute Engine operation error codes that mean the zone has no capacity for the request (facts §4.2).
+#: Compute Engine operation error codes that mean the zone has no capacity for the request
+#: (docs/google-facts.md#compute-engine-errors).
 _COMPUTE_STOCKOUT_CODES = frozenset(
     {"ZONE_RESOURCE_POOL_EXHAUSTED", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS"}
 )
@@ -254,9 +255,10 @@ def error_from_compute_errors(
     zone: str | None = None,
 ) -> CloudError:
     """Classify a failed Compute Engine operation (or a MIG's last attempt): its ``error.errors[]``
-    entries (``code``, ``message``, ``errorDetails[]``) and ``httpErrorStatusCode`` (ce-tpu-facts §4.2,
-    §6). A stockout is ``ZONE_RESOURCE_POOL_EXHAUSTED*`` (or an errorInfo reason ``stockout``); a quota is
-    ``QUOTA_EXCEEDED``, named by its ``quotaInfo`` detail or, failing that, by its message."""
+    entries (``code``, ``message``, ``errorDetails[]``) and ``httpErrorStatusCode``
+    (docs/google-facts.md#compute-engine-errors). A stockout is ``ZONE_RESOURCE_POOL_EXHAUSTED*`` (or an
+    errorInfo reason ``stockout``); a quota is ``QUOTA_EXCEEDED``, named by its ``quotaInfo`` detail or,
+    failing that, by its message."""
     first: Mapping[str, Any] = errors[0] if errors else {}
     code = str(first.get("code", ""))
     message = scrub(str(first.get("message", "")))

@@ -4,12 +4,12 @@ Runs on the host, inside ``follow.py launch``, with the image's stock ``python3`
 only (like follow.py, it imports nothing of tpuctl).
 
 Why: JAX finds a TPU slice's peers one of two ways (jax/_src/clusters/cloud_tpu_cluster.py, 0.10.2;
-ce-tpu-facts §2.6). ``GceTpuCluster`` reads the metadata attribute ``agent-worker-number``, which TPU API
-VMs publish but Compute Engine VMs may not (unconfirmed, facts §8.1). ``GkeTpuCluster`` reads the
-environment: ``TPU_WORKER_ID`` (this host's id in the slice) and ``TPU_WORKER_HOSTNAMES`` (every host,
-comma-separated, in id order). GKE injects those; Compute Engine does not, and third-party guides for
-Compute Engine slices export them by hand. tpuctl does it for every program it starts on a Compute Engine
-slice, from what Compute Engine does publish:
+docs/google-facts.md#worker-identity). ``GceTpuCluster`` reads the metadata attribute
+``agent-worker-number``, which TPU API VMs publish but Compute Engine VMs may not (unconfirmed).
+``GkeTpuCluster`` reads the environment: ``TPU_WORKER_ID`` (this host's id in the slice) and
+``TPU_WORKER_HOSTNAMES`` (every host, comma-separated, in id order). GKE injects those; Compute Engine does
+not, and third-party guides for Compute Engine slices export them by hand. tpuctl does it for every program it
+starts on a Compute Engine slice, from what Compute Engine does publish:
 
 - ``TPU_WORKER_ID``: the ``TPU_WORKER_ID`` line of the ``tpu-env`` attribute (``KEY: 'value'`` lines);
 - ``TPU_WORKER_HOSTNAMES``: the ``worker-network-endpoints`` attribute, each entry as JAX parses it (a

@@ -68,8 +68,8 @@ def _preempted(value: str) -> bool:
 
 
 def _terminating(value: str) -> bool:
-    # NONE, MIGRATE_ON_HOST_MAINTENANCE or TERMINATE_ON_HOST_MAINTENANCE (ce-tpu-facts.md 1.7, as
-    # TensorFlow's GCE failure handler reads it). A TPU VM cannot live-migrate, so only TERMINATE ends it.
+    # NONE, MIGRATE_ON_HOST_MAINTENANCE or TERMINATE_ON_HOST_MAINTENANCE (docs/google-facts.md#preemption,
+    # as TensorFlow's GCE failure handler reads it). A TPU VM cannot live-migrate, so only TERMINATE ends it.
     return value.strip().upper().startswith("TERMINATE")
 
 

@@ -13,8 +13,8 @@ hostname; the process count is the number of endpoints and the coordinator is th
 Which hosts, and which one this is: JAX's two TPU clusters, in JAX's order.
 
 - ``GceTpuCluster``'s way, when ``agent-worker-number`` answers 200 (JAX asks it 6 times, 0.5 s apart, and
-  we wait as long: a Compute Engine VM may not publish it, ce-tpu-facts §8.1): the process id is that
-  number, the workers are ``worker-network-endpoints``.
+  we wait as long: a Compute Engine VM may not publish it, docs/google-facts.md#worker-identity): the process
+  id is that number, the workers are ``worker-network-endpoints``.
 - Else ``GkeTpuCluster``'s way, when ``TPU_PROCESS_ADDRESSES`` or ``TPU_WORKER_HOSTNAMES`` is set (GKE
   injects them; tpuctl's launcher derives them on Compute Engine slices, tpuctl/hosts/worker_identity.py):
   the process id is ``TPU_WORKER_ID``, the workers that list.
@@ -35,15 +35,15 @@ the id in the slice plus the slice id times the workers in a slice. The coordina
 0), else worker 0 of the slice, with port ``TPUCTL_COORDINATOR_PORT`` (the backend sets it; JAX's own fixed
 port otherwise); JAX's ``JAX_COORDINATOR_PORT`` (``override_coordinator_port``) wins over both ports.
 
-Names. On Compute Engine slices ``worker-network-endpoints`` is bare INSTANCE NAMES (ce-tpu-facts §2.6),
-which a real VM resolves through the VPC's internal DNS: its resolver is the metadata server, with the
-search domain ``ZONE.c.PROJECT.internal``. Simulated VMs are loopback addresses of one machine, whose
-resolver knows none of those names, and the simulator changes no machine-global state (/etc/hosts,
-resolv.conf). So :func:`resolve` asks what a real VM's resolver is, this host's metadata server, at the
-simulator's own name-service path (``/tpuctl-sim/v1/resolve/<name>``, not a Google path; served by
-``tpuctl.sim.vpc_dns``, which answers per the asking VM's project and zone as the VPC's zonal DNS does).
-It does not try the machine's own resolver (getaddrinfo) first: that would send made-up names to the
-machine's real DNS (a query leaving the machine, slow to fail) and could answer from the machine's own
+Names. On Compute Engine slices ``worker-network-endpoints`` is bare INSTANCE NAMES
+(docs/google-facts.md#metadata-server), which a real VM resolves through the VPC's internal DNS: its resolver
+is the metadata server, with the search domain ``ZONE.c.PROJECT.internal``. Simulated VMs are loopback
+addresses of one machine, whose resolver knows none of those names, and the simulator changes no
+machine-global state (/etc/hosts, resolv.conf). So :func:`resolve` asks what a real VM's resolver is, this
+host's metadata server, at the simulator's own name-service path (``/tpuctl-sim/v1/resolve/<name>``, not a
+Google path; served by ``tpuctl.sim.vpc_dns``, which answers per the asking VM's project and zone as the VPC's
+zonal DNS does). It does not try the machine's own resolver (getaddrinfo) first: that would send made-up names
+to the machine's real DNS (a query leaving the machine, slow to fail) and could answer from the machine's own
 /etc/hosts or search domains what the simulated VPC would not. An IP literal is used as it is (the TPU
 API's ``name:id:ip`` triples). A name that does not resolve is a RuntimeError naming it, and the
 coordinator is handed to JAX as an address, never as a name gRPC would then fail to resolve.

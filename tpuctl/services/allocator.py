@@ -206,9 +206,9 @@ def _flex_start(
     given: Sequence[CapacityType], reservation: str | None, valid_for_s: float | None
 ) -> tuple[tuple[CapacityType, ...], float]:
     """``--queued`` on Compute Engine is flex-start: a provisioning model of its own that spends
-    preemptible quota (facts §1.4, the stricter of its two readings), so its capacity class is
-    preemptible; a reservation is another model. It waits for capacity at most 2 h (facts §1.3): the
-    default, and the most ``--valid-for`` may say."""
+    preemptible quota (docs/google-facts.md#provisioning-models, the stricter of its two readings), so
+    its capacity class is preemptible; a reservation is another model. It waits for capacity at most 2 h
+    (docs/google-facts.md#flex-start): the default, and the most ``--valid-for`` may say."""
     if reservation is not None or CapacityType.RESERVED in given:
         raise UsageError(
             "--queued on Compute Engine is flex-start, which does not use a reservation",

@@ -126,7 +126,8 @@ class PlacementRequest:
 
     @property
     def flex_start(self) -> bool:
-        """``--queued`` on Compute Engine: a flex-start create that waits for capacity (facts §1.4)."""
+        """``--queued`` on Compute Engine: a flex-start create that waits for capacity
+        (docs/google-facts.md#flex-start)."""
         return self.queued and self.surface is Surface.COMPUTE
 
     @property
@@ -413,8 +414,9 @@ def build_candidates(
         for rank, capacity in enumerate(request.capacity_types):
             per_chip = catalog.price_per_chip_hour(accel, zone, capacity)
             if per_chip is None and request.flex_start:
-                # Flex-start prices are not in the catalog (unc. for TPU7x, facts §5): its preemptible
-                # price where there is one, else on-demand, the dearer reading for the price cap.
+                # Flex-start prices are not in the catalog (unc. for TPU7x, docs/google-facts.md#prices):
+                # its preemptible price where there is one, else on-demand, the dearer reading for the
+                # price cap.
                 per_chip = catalog.price_per_chip_hour(accel, zone, CapacityType.ON_DEMAND)
             per_hour = None if per_chip is None else per_chip * request.chips
             uses = book.uses_for(accel, zone, capacity, request.surface)

@@ -9,13 +9,14 @@ A limit is *unknown* when Cloud Quotas does not list the quota id, or could not 
 the API not enabled, or a caller with roles/tpu.admin only): placement then tries and lets the create
 answer, as it would have worked without the check; it never counts an unknown limit as 0.
 
-The two surfaces draw on disjoint pools (ce-tpu-facts §4.1): a TPU API slice on the TPU API's quota ids
-(``TPUV6EPerProjectPerZoneForTPUAPI``, per zone and per region), a Compute Engine slice on Compute
-Engine's (``TPUS-PER-TPU-FAMILY-per-project-region`` with its ``tpu_family`` dimension on demand, a
+The two surfaces draw on disjoint pools (docs/google-facts.md#compute-engine-quotas): a TPU API slice on the
+TPU API's quota ids (``TPUV6EPerProjectPerZoneForTPUAPI``, per zone and per region), a Compute Engine slice on
+Compute Engine's (``TPUS-PER-TPU-FAMILY-per-project-region`` with its ``tpu_family`` dimension on demand, a
 per-generation ``PREEMPTIBLE-...`` one for spot and flex-start), counted in chips. So a key is (quota id,
 location, TPU family), the family None for every quota without that dimension. Flex-start (not a capacity
-tpuctl places yet) spends the preemptible quota first and falls back to the per-family one (facts §1.4):
-charge it to the preemptible quota only when it comes, the stricter reading, as the simulator does.
+tpuctl places yet) spends the preemptible quota first and falls back to the per-family one
+(docs/google-facts.md#provisioning-models): charge it to the preemptible quota only when it comes, the
+stricter reading, as the simulator does.
 """
 
 from __future__ import annotations
@@ -248,8 +249,8 @@ class QuotaBook:
 
 
 def quota_unit(accel: AcceleratorType, surface: Surface) -> str:
-    """What the quotas a slice draws on count: Compute Engine's count chips (facts §4.1); the TPU API's
-    chips or TensorCores per generation."""
+    """What the quotas a slice draws on count: Compute Engine's count chips
+    (docs/google-facts.md#compute-engine-quotas); the TPU API's chips or TensorCores per generation."""
     return "chips" if surface is Surface.COMPUTE else accel.generation.quota_unit
 
 

@@ -8,7 +8,8 @@ The engine speaks v2. In front of it, driven by the version's discovery document
   (``@type`` URLs, ``apiVersion: V2_ALPHA1``);
 - every answer keeps only the fields of the version's schema (``transcoding.project``);
 - a location that offers no TPUs is 403 "Location X is not found or access is unauthorized." (the text
-  Google answers for a zone without Cloud TPU, quoted in issue 16; tools such as SkyPilot key on it);
+  Google answers for a zone without Cloud TPU; tools such as SkyPilot key on it:
+  docs/google-facts.md#tpu-api-errors);
 - ``filter`` and ``orderBy``, on the list methods whose document declares them, are applied before paging.
 """
 

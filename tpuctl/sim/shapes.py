@@ -68,8 +68,8 @@ def validity_window(policy: Any, now: float, world: World) -> tuple[float | None
 
 
 def quota_error(project: str, violations: list[tuple[str, int, str, str, int]]) -> ApiError:
-    # One sentence per violated quota, each id quoted on its own (issue 16: joining the ids into one
-    # quoted name, "Quota limit 'A,B'", reads as one quota that does not exist).
+    # One sentence per violated quota, each id quoted on its own (docs/google-facts.md#tpu-api-errors: joining
+    # the ids into one quoted name, "Quota limit 'A,B'", reads as one quota that does not exist).
     message = " ".join(
         f"Quota limit '{quota_id}' has been exceeded. Limit: {limit} in {scope} {location}."
         for quota_id, limit, scope, location, _ in violations

@@ -1,13 +1,13 @@
 """The simulated VPC's internal DNS: a stand-in, served by each simulated VM's metadata server under
 ``/tpuctl-sim/v1/resolve/<name>`` (a path of this simulator's own, nowhere in Google's metadata API).
 
-Why: Compute Engine's ``worker-network-endpoints`` is bare instance names (ce-tpu-facts §2.6). On a real
-VM they resolve through the VPC's internal DNS, whose resolver is the metadata server (169.254.169.254 in
-resolv.conf) with the search domain ``ZONE.c.PROJECT.internal``. Simulated VMs are loopback addresses on
-one machine, whose resolver knows none of those names, and the simulator must not touch machine-global
-state (/etc/hosts, resolv.conf). So the resolver is, as on GCE, the VM's own metadata server, which knows
-which VM asks (the address the request arrived on) and so its project and zone; a simulated host's
-program asks it (``tpuctl.runtime.simcluster.resolve``).
+Why: Compute Engine's ``worker-network-endpoints`` is bare instance names
+(docs/google-facts.md#metadata-server). On a real VM they resolve through the VPC's internal DNS, whose
+resolver is the metadata server (169.254.169.254 in resolv.conf) with the search domain
+``ZONE.c.PROJECT.internal``. Simulated VMs are loopback addresses on one machine, whose resolver knows none of
+those names, and the simulator must not touch machine-global state (/etc/hosts, resolv.conf). So the resolver
+is, as on GCE, the VM's own metadata server, which knows which VM asks (the address the request arrived on)
+and so its project and zone; a simulated host's program asks it (``tpuctl.runtime.simcluster.resolve``).
 
 What resolves, as zonal DNS does: a bare NAME (through the search domain ``ZONE.c.PROJECT.internal`` of
 the asking VM) and ``NAME.ZONE.c.PROJECT.internal``, for a Compute Engine instance of the asking VM's

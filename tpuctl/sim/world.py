@@ -111,7 +111,7 @@ class ComputeQuotaLimit(_Strict):
     """One limit of a Compute Engine TPU quota (Cloud Quotas, service compute.googleapis.com), in chips.
     ``location`` (a region or a zone, per the quota's scope) and ``tpu_family`` (the per-family quota's
     dimension) narrow it; the most specific entry wins. A quota with no entry for a location is 0: "A
-    region missing from the family listing has effective 0" (ce-tpu-facts §4.1)."""
+    region missing from the family listing has effective 0" (docs/google-facts.md#compute-engine-quotas)."""
 
     quota_id: str
     limit: Annotated[int, Field(ge=-1)]
@@ -183,7 +183,8 @@ class World(_Strict):
     zones: dict[str, dict[str, PoolCapacity]] = Field(default_factory=dict)
     reservations: list[Reservation] = Field(default_factory=list)
     quotas: Quotas = Quotas()
-    #: Compute Engine's TPU quotas (disjoint from the TPU API's ``quotas``; ce-tpu-facts §4.1).
+    #: Compute Engine's TPU quotas (disjoint from the TPU API's ``quotas``;
+    #: docs/google-facts.md#compute-engine-quotas).
     compute_quotas: list[ComputeQuotaLimit] = Field(default_factory=list)
     # generation -> region -> USD per chip-hour; overrides the catalog's prices where given.
     prices: dict[str, dict[str, RegionPrice]] = Field(default_factory=dict)
@@ -195,10 +196,10 @@ class World(_Strict):
     #: accept the keys imported through OS Login and ignore ``ssh-keys``.
     os_login: bool = False
     #: Whether Compute Engine TPU VMs publish the ``agent-worker-number`` attribute, which JAX's
-    #: ``GceTpuCluster`` needs to auto-detect the slice. Unconfirmed (ce-tpu-facts §2.6, §8.1), so off:
-    #: the stricter reading, under which only the ``TPU_WORKER_ID``/``TPU_WORKER_HOSTNAMES`` that tpuctl
-    #: derives from ``tpu-env`` and ``worker-network-endpoints`` (JAX's GKE path) let a program find its
-    #: peers. On: both paths answer, as they would if Google publishes it. TPU API VMs always publish it.
+    #: ``GceTpuCluster`` needs to auto-detect the slice. Unconfirmed (docs/google-facts.md#worker-identity),
+    #: so off: the stricter reading, under which only the ``TPU_WORKER_ID``/``TPU_WORKER_HOSTNAMES`` that
+    #: tpuctl derives from ``tpu-env`` and ``worker-network-endpoints`` (JAX's GKE path) let a program find
+    #: its peers. On: both paths answer, as they would if Google publishes it. TPU API VMs always publish it.
     compute_agent_worker_number: bool = False
 
     # --- lookups ---------------------------------------------------------------------------------
@@ -259,7 +260,8 @@ class World(_Strict):
 
     def compute_quota_limit(self, quota_id: str, location: str, tpu_family: str | None) -> int:
         """The limit of Compute Engine quota ``quota_id`` at ``location`` (a region or zone) for
-        ``tpu_family``, in chips; -1 = unlimited, 0 when the world sets none (facts §4.1)."""
+        ``tpu_family``, in chips; -1 = unlimited, 0 when the world sets none
+        (docs/google-facts.md#compute-engine-quotas)."""
         best: ComputeQuotaLimit | None = None
         best_rank = -1
         for entry in self.compute_quotas:

@@ -73,8 +73,9 @@ def build_executor(
         remote_root=request.ssh_remote_root,
         python=prepared.python,
         host_env=host_env,
-        # Compute Engine publishes no agent-worker-number for certain (facts §8.1): give programs JAX's
-        # other way to find their peers, from what it does publish (tpuctl/hosts/worker_identity.py).
+        # Compute Engine publishes no agent-worker-number for certain (docs/google-facts.md#worker-identity):
+        # give programs JAX's other way to find their peers, from what it does publish
+        # (tpuctl/hosts/worker_identity.py).
         tpu_worker_env=slices.surface is Surface.COMPUTE,
         proxy_command=request.ssh_proxy_command,
     )

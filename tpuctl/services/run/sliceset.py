@@ -2,8 +2,8 @@
 
 A multislice is what one queued resource with ``multisliceParams`` makes: N nodes of the same type in
 one zone, named ``<prefix>-0 .. <prefix>-(N-1)``, joined over the data-center network into one job.
-Google provisions them together, and restarts every slice when one is lost (docs/multislice-facts.md
-§3); so a run treats the set as one thing: started together, lost together, re-placed together.
+Google provisions them together, and restarts every slice when one is lost (docs/multislice-facts.md,
+section 3); so a run treats the set as one thing: started together, lost together, re-placed together.
 
 The run path speaks of a ``SliceSet`` as it spoke of one node: ``name`` (the node's own, or the
 multislice's node prefix, which is the request's name), ``zone``, ``capacity`` and ``surface`` (shared by

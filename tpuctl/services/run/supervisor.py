@@ -366,7 +366,7 @@ class Supervisor:
         """The slice (or a slice of the set) was preempted: free them all and go on on new ones, while
         ``max_preemptions`` allows. A multislice is re-placed whole: Google suspends the whole queued
         resource when one of its slices is preempted, and a queued resource's nodes cannot be replaced
-        one by one (docs/multislice-facts.md §3)."""
+        one by one (docs/multislice-facts.md, section 3)."""
         assert attempt.preemption is not None and run.slices is not None
         record, slices, run_id = attempt.preemption, run.slices, prepared.run_id
         deleted = deletion_of(self._session.ledger, run_id)

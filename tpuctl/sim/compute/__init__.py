@@ -4,8 +4,8 @@ google-cloud-compute's REST transport sends it).
 One engine, two surfaces: a Compute Engine slice (one instance, or the instances of one MIG) is a row of
 the engine's ``nodes`` table marked ``surface = 'compute'``, so capacity pools, world durations, the
 preemption timeline and the fleet that serves hosts are the TPU API's. The TPU API does not see those
-rows (ce-tpu-facts §0). Instances, instance templates, resource policies, MIGs and operations are rows of
-``compute_resources`` and ``compute_operations`` (``tpuctl.sim.state``).
+rows (docs/google-facts.md#two-surfaces). Instances, instance templates, resource policies, MIGs and
+operations are rows of ``compute_resources`` and ``compute_operations`` (``tpuctl.sim.state``).
 
 - ``errors``, ``links``: Compute's error bodies and its URLs, ids and timestamps;
 - ``machines``: zones and the TPU machine types they offer;

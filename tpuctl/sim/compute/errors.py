@@ -1,5 +1,6 @@
 """Compute Engine's error answers: the synchronous body (``{"error": {"code", "message", "errors":
-[{"message", "domain", "reason"}]}}``) and the errors a failed operation carries (ce-tpu-facts §4.2)."""
+[{"message", "domain", "reason"}]}}``) and the errors a failed operation carries
+(docs/google-facts.md#compute-engine-errors)."""
 
 from __future__ import annotations
 
@@ -83,7 +84,7 @@ def unavailable() -> ComputeError:
 
 def stockout(project: str, zone: str, machine_type: str) -> dict[str, Any]:
     """A stockout, as an operation's stored error: 503 SERVICE UNAVAILABLE with the
-    ZONE_RESOURCE_POOL_EXHAUSTED error and its details (ce-tpu-facts §4.2)."""
+    ZONE_RESOURCE_POOL_EXHAUSTED error and its details (docs/google-facts.md#compute-engine-errors)."""
     message = (
         f"The zone 'projects/{project}/zones/{zone}' does not have enough resources available to "
         "fulfill the request.  Try a different zone, or try again later."
@@ -124,7 +125,8 @@ def quota_exceeded(
     quota_id: str, metric: str, limit: int, dimensions: dict[str, str], where: str
 ) -> dict[str, Any]:
     """A quota failure, as an operation's stored error: 403 FORBIDDEN with QUOTA_EXCEEDED and a
-    quotaInfo detail (ce-tpu-facts §4.2). ``where`` is ``region us-central1`` or ``zone us-east5-a``."""
+    quotaInfo detail (docs/google-facts.md#compute-engine-errors). ``where`` is ``region us-central1`` or
+    ``zone us-east5-a``."""
     name = quota_name(quota_id)
     message = f"Quota '{name}' exceeded.  Limit: {float(limit)} in {where}."
     info = {"metricName": metric, "limitName": quota_id, "dimensions": dimensions, "limit": float(limit)}

@@ -1,7 +1,7 @@
-"""Multi-host slices (ce-tpu-facts §2): workload policies (regional resourcePolicies), instance templates
-(global) and zonal MIGs whose workload policy names an accelerator topology. A MIG's slice is one node
-row (``instanceGroupManagers/<name>``) whose hosts are its instances, named ``<base>-<4 [a-z0-9]>`` and
-made all together (BULK)."""
+"""Multi-host slices (docs/google-facts.md#workload-policies and after): workload policies (regional
+resourcePolicies), instance templates (global) and zonal MIGs whose workload policy names an accelerator
+topology. A MIG's slice is one node row (``instanceGroupManagers/<name>``) whose hosts are its instances,
+named ``<base>-<4 [a-z0-9]>`` and made all together (BULK)."""
 
 from __future__ import annotations
 
@@ -187,8 +187,8 @@ class Groups:
             policy, accel, hosts = self._gang_of(conn, project, zone, body, spec)
             _check_target(target_size, hosts, accel is not None)
             if spec.provisioning_model == "FLEX_START" and target_size:
-                # A flex-start template makes a MIG at size 0, resized afterwards (facts §2.4, from the
-                # GPU docs [INF]). Text unc.
+                # A flex-start template makes a MIG at size 0, resized afterwards (inferred from the GPU
+                # docs: docs/google-facts.md#flex-start). Text unc.
                 raise invalid_field(
                     "resource.targetSize",
                     target_size,
@@ -258,15 +258,17 @@ class Groups:
     def _gang_of(
         self, conn: sqlite3.Connection, project: str, zone: str, body: dict[str, Any], spec: InstanceSpec
     ) -> tuple[str | None, AcceleratorType | None, int]:
-        """(workload policy link, slice type, hosts) of a MIG body (facts §2.3)."""
+        """(workload policy link, slice type, hosts) of a MIG body
+        (docs/google-facts.md#managed-instance-groups)."""
         given = (body.get("resourcePolicies") or {}).get("workloadPolicy")
         if not given:
             # Without a workload policy each VM is a slice of its own; this simulator makes such a MIG of
-            # at most one VM (stricter than Google: a MIG with a single VM, facts §0).
+            # at most one VM (stricter than Google: a MIG with a single VM,
+            # docs/google-facts.md#two-surfaces).
             return None, None, 1
         field = "resource.resourcePolicies.workloadPolicy"
         if "/resourcePolicies/" not in f"/{given}":
-            raise invalid_field(field, given, "The URL is malformed.")  # a bare name (facts §2.3 [OBS])
+            raise invalid_field(field, given, "The URL is malformed.")  # a bare name (observed)
         region = str(given).split("/regions/")[-1].split("/")[0] if "/regions/" in f"/{given}" else ""
         if region != region_of(zone):
             raise invalid_field(
@@ -293,7 +295,7 @@ class Groups:
     def _try_create(self, conn: sqlite3.Connection, world: World, mig: sqlite3.Row, now: float) -> None:
         """A MIG that wants its slice tries to make it: all its VMs at once (BULK), or none. On a
         stockout (or quota) it keeps trying, each instance CREATING with the error as its last attempt,
-        and never becomes stable: an inference, unconfirmed (facts §2.3, §2.5)."""
+        and never becomes stable: an inference, unconfirmed (docs/google-facts.md#slice-readiness)."""
         extra = store.extra(mig)
         if not extra.get("pending") or store.node_of(conn, mig) is not None:
             return
@@ -357,7 +359,8 @@ class Groups:
         body: dict[str, Any],
         now: float,
     ) -> None:
-        """A flex-start MIG's VMs exist, PENDING, while it waits for capacity (facts §2.4 [OBS])."""
+        """A flex-start MIG's VMs exist, PENDING, while it waits for capacity
+        (docs/google-facts.md#flex-start)."""
         for name, rid in zip(names, ids, strict=True):
             if store.row(conn, mig["project"], mig["location"], store.INSTANCES, name) is None:
                 store.insert(
@@ -585,7 +588,8 @@ class Groups:
                 store.update(conn, member, status=None)
 
     def delete_mig(self, project: str, zone: str, name: str) -> dict[str, Any]:
-        """The MIG goes with its instances (facts §2.3): DONE once the slice's VMs are gone."""
+        """The MIG goes with its instances (docs/google-facts.md#managed-instance-groups): DONE once the
+        slice's VMs are gone."""
         ctx, world = self.cc.ctx, self.cc.ctx.world
         check_zone(world, zone)
         now = ctx.clock()
@@ -610,7 +614,7 @@ class Groups:
         check_zone(self.cc.ctx.world, zone)
         with self.cc.ctx.db.read() as conn:
             self._existing(conn, project, f"zones/{zone}", store.MIGS, name)
-        # Every MIG here is a TPU MIG (facts §2.4 [OBS]; whether this is permanent is unc.).
+        # Every MIG here is a TPU MIG (docs/google-facts.md#flex-start; whether this is permanent is unc.).
         raise invalid("Creating resize requests for managed instance group with TPU is not allowed")
 
 
@@ -624,7 +628,7 @@ def _workload_policy(policy: Any) -> dict[str, Any]:
         )
     topology = policy.get("acceleratorTopology")
     if topology is not None and policy.get("maxTopologyDistance") is not None:
-        # Mutually exclusive (facts §2.1 [DOC]).
+        # Mutually exclusive (docs/google-facts.md#workload-policies).
         raise invalid_field(
             f"{field}.maxTopologyDistance",
             policy["maxTopologyDistance"],
@@ -648,7 +652,8 @@ def _int(value: Any, field: str) -> int:
 
 
 def _check_target(size: int, hosts: int, gang: bool) -> None:
-    """A TPU topology MIG is a gang: its size is the slice's host count, or 0 (flex-start, facts §2.3)."""
+    """A TPU topology MIG is a gang: its size is the slice's host count, or 0 (flex-start;
+    docs/google-facts.md#managed-instance-groups)."""
     if size not in (0, hosts):
         if gang:
             raise invalid(
@@ -720,7 +725,7 @@ def _action_counts(extra: dict[str, Any], statuses: dict[str, str], target: int)
 
 def _topology_state(statuses: dict[str, str], target: int) -> str:
     """ACTIVATING until every VM runs, then ACTIVE; INCOMPLETE ("insufficient number of running VMs")
-    once one is lost (facts §2.5, §2.7 [INF])."""
+    once one is lost (inferred: docs/google-facts.md#slice-readiness)."""
     running = sum(s == "RUNNING" for s in statuses.values())
     if running == target and len(statuses) == target:
         return "ACTIVE"

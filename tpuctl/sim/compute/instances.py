@@ -1,4 +1,5 @@
-"""``instances``: insert, get, list, aggregatedList and delete of TPU VMs (ce-tpu-facts §1)."""
+"""``instances``: insert, get, list, aggregatedList and delete of TPU VMs
+(docs/google-facts.md#instance-requests)."""
 
 from __future__ import annotations
 
@@ -49,8 +50,9 @@ class Instances:
                 **spec.body,
             }
             if valid_for is not None:
-                # Flex-start: PENDING until capacity (and quota: facts §1.4, it waits for either), then
-                # STAGING -> RUNNING; gone, with the stockout on its operation, at the deadline (§1.5).
+                # Flex-start: PENDING until capacity (and quota: it waits for either), then STAGING ->
+                # RUNNING; gone, with the stockout on its operation, at the deadline
+                # (docs/google-facts.md#flex-start).
                 op = insert_op(conn, project, location, "insert", target, rid, now)
                 store.insert(
                     conn,
@@ -76,7 +78,8 @@ class Instances:
             key = (project, zone, store.instance_node_id(name))
             if not slices.place(conn, self.cc.capacity, world, key, accel, spec, [name], [rid], now):
                 # A stockout: the operation fails on its own after the world's stockout delay; no
-                # instance is left behind (facts §4.2: SPOT creates fail fast with the stockout).
+                # instance is left behind (SPOT creates fail fast with the stockout:
+                # docs/google-facts.md#provisioning-models).
                 due = now + world.real_seconds(world.durations.stockout_s)
                 error = self.cc.stockout(project, zone, machine.name)
                 op = insert_op(conn, project, location, "insert", target, rid, now, done_at=due, error=error)
@@ -100,7 +103,7 @@ class Instances:
         return answer
 
     def _check_policies(self, conn: sqlite3.Connection, project: str, zone: str, spec: InstanceSpec) -> None:
-        """A workload policy cannot attach to an instance (ce-tpu-facts §1.3 [OBS])."""
+        """A workload policy cannot attach to an instance (docs/google-facts.md#instance-requests)."""
         for given in spec.body.get("resourcePolicies") or []:
             region = region_of(zone)
             policy = store.row(
@@ -202,8 +205,9 @@ class Instances:
                 store.delete(conn, inst)
                 finish_op(conn, project, op, now)
             else:
-                # One host lost is the whole slice lost (facts §2.7): a MIG member's delete takes its
-                # slice down, and the MIG makes it again (facts §2.3).
+                # One host lost is the whole slice lost (docs/google-facts.md#losing-a-host): a MIG
+                # member's delete takes its slice down, and the MIG makes it again
+                # (docs/google-facts.md#managed-instance-groups).
                 self.cc.start_node_delete(conn, world, node, now)
                 for member in conn.execute(
                     "SELECT * FROM compute_resources WHERE project = ? AND location = ? AND collection = ? "

@@ -58,7 +58,8 @@ def check_name(name: Any, field: str = "resource.name") -> str:
 
 
 def duration_seconds(value: Any, field: str) -> float:
-    """A Duration in Compute's JSON form, ``{"seconds": "N", "nanos": n}`` (ce-tpu-facts §1.3)."""
+    """A Duration in Compute's JSON form, ``{"seconds": "N", "nanos": n}``
+    (docs/google-facts.md#instance-requests)."""
     if not isinstance(value, dict):
         raise invalid_field(field, value, "A Duration is an object with 'seconds' and 'nanos'.")
     try:

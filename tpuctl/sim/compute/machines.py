@@ -1,8 +1,8 @@
 """Zones and the TPU machine types each offers through Compute Engine, as the world has them.
 
 TPU machine-type names appear in no discovery document: they are data ``machineTypes.list`` serves, so
-the host facts are hard-coded here from ce-tpu-facts §1.1. v5e's ``ct5lp-hightpu-*`` are listed where the
-world offers v5e but refused at insert (facts §0).
+the host facts are hard-coded here (docs/google-facts.md#machine-types). v5e's ``ct5lp-hightpu-*`` are
+listed where the world offers v5e but refused at insert (docs/google-facts.md#two-surfaces).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from tpuctl.sim.compute import links
 from tpuctl.sim.compute.errors import invalid, invalid_field, not_found
 from tpuctl.sim.world import World, region_of
 
-#: (vCPUs, memory GiB) per machine type, ce-tpu-facts §1.1 where it says; others follow the family's
-#: per-chip ratio (unc., nothing reads them but a person).
+#: (vCPUs, memory GiB) per machine type, docs/google-facts.md#machine-types where it says; others follow the
+#: family's per-chip ratio (unc., nothing reads them but a person).
 _HOST_FACTS = {
     "tpu7x-standard-4t": (224, 960),
     "ct6e-standard-1t": (44, 176),
@@ -28,7 +28,7 @@ _HOST_FACTS = {
     "ct5lp-hightpu-8t": (224, 384),
 }
 #: v5e on Compute Engine: listed, never creatable ("This user agent is not allowed to use the machine
-#: type", ce-tpu-facts §0).
+#: type", docs/google-facts.md#two-surfaces).
 _LISTED_ONLY = {"v5e": ((1, "ct5lp-hightpu-1t"), (4, "ct5lp-hightpu-4t"), (8, "ct5lp-hightpu-8t"))}
 
 
@@ -43,7 +43,7 @@ class Machine:
 
     @property
     def guest_accelerator(self) -> str:
-        return self.name.split("-", 1)[0]  # ct6e, ct5p, tpu7x (as machineTypes.list shows, facts §1.1)
+        return self.name.split("-", 1)[0]  # ct6e, ct5p, tpu7x, as machineTypes.list shows
 
     def single_host_type(self) -> AcceleratorType | None:
         """The slice one VM of this type is on its own (tpu7x-standard-4t alone: tpu7x-8, 2x2x1)."""
@@ -56,7 +56,7 @@ class Machine:
     def slice_type(self, topology: str) -> AcceleratorType | None:
         """The slice of ``topology`` made of VMs of this type, or None where they cannot make it: the
         generation's multi-host VM size builds any of its topologies; a smaller or larger VM only the
-        one-VM topology of its own size (the stricter reading; ce-tpu-facts §3)."""
+        one-VM topology of its own size (the stricter reading; docs/google-facts.md#machine-types)."""
         for size, shape in self.generation.sizes:
             if shape != topology:
                 continue
@@ -118,8 +118,8 @@ def machine_in_zone(catalog: Catalog, world: World, zone: str, given: Any, field
 
 def machine_by_name(catalog: Catalog, name: Any, field: str) -> Machine:
     """A template's machine type (a bare name): template creation only checks that it exists, so a
-    ct5lp template is accepted (ce-tpu-facts §2.2). Non-TPU types are unknown here (the simulator has
-    no others; stricter than Google, which would take an n2 template)."""
+    ct5lp template is accepted (docs/google-facts.md#instance-templates). Non-TPU types are unknown here (the
+    simulator has no others; stricter than Google, which would take an n2 template)."""
     found = all_machines(catalog).get(str(name or ""))
     if found is None:
         raise invalid_field(field, name, f"Machine type with name '{name}' does not exist.")

@@ -1,10 +1,10 @@
-"""What a Compute Engine TPU VM's metadata server answers (ce-tpu-facts §1.7, §2.6): the instance's own
-name, id and zone, and the TPU attributes Compute Engine publishes: ``accelerator-type`` (tpu7x-8),
-``tpu-env`` (``KEY: 'value'`` lines), ``worker-network-endpoints`` as comma-separated INSTANCE NAMES (not
-the TPU API's ``name:id:ip`` triples). ``agent-worker-number`` only when the world says Compute Engine
-publishes it (``compute_agent_worker_number``; unc., facts §2.6 and §8.1): by default it is not, the
-stricter reading, under which JAX's ``GceTpuCluster`` does not detect the slice and programs find their
-peers through the ``TPU_WORKER_*`` variables tpuctl's launcher derives (tpuctl/hosts/follow.py)."""
+"""What a Compute Engine TPU VM's metadata server answers (docs/google-facts.md#metadata-server): the
+instance's own name, id and zone, and the TPU attributes Compute Engine publishes: ``accelerator-type``
+(tpu7x-8), ``tpu-env`` (``KEY: 'value'`` lines), ``worker-network-endpoints`` as comma-separated INSTANCE
+NAMES (not the TPU API's ``name:id:ip`` triples). ``agent-worker-number`` only when the world says Compute
+Engine publishes it (``compute_agent_worker_number``; unc., docs/google-facts.md#worker-identity): by default
+it is not, the stricter reading, under which JAX's ``GceTpuCluster`` does not detect the slice and programs
+find their peers through the ``TPU_WORKER_*`` variables tpuctl's launcher derives (tpuctl/hosts/follow.py)."""
 
 from __future__ import annotations
 
@@ -57,13 +57,14 @@ def _bounds(topology: str) -> list[int]:
 
 
 def _chips_per_host_bounds(chips: int) -> list[int]:
-    # 1 chip: 1,1,1; 4 chips: 2,2,1 (facts §2.6 [OBS]); 8 chips (ct6e-standard-8t): 2,4,1.
+    # 1 chip: 1,1,1; 4 chips: 2,2,1 (observed: docs/google-facts.md#metadata-server); 8 chips
+    # (ct6e-standard-8t): 2,4,1.
     return {1: [1, 1, 1], 2: [1, 2, 1], 4: [2, 2, 1], 8: [2, 4, 1]}.get(chips, [chips, 1, 1])
 
 
 def _tpu_env(row: sqlite3.Row, worker: int, machine_type: str) -> str:
-    """``tpu-env`` with the keys observed on Compute Engine slices (facts §2.6): HOST_BOUNDS is the
-    topology divided by each host's chip bounds (v6e 2x4 of two 4-chip VMs: 1,2,1)."""
+    """``tpu-env`` with the keys observed on Compute Engine slices (docs/google-facts.md#metadata-server):
+    HOST_BOUNDS is the topology divided by each host's chip bounds (v6e 2x4 of two 4-chip VMs: 1,2,1)."""
     chips_per_host = int(row["chips"]) // int(row["hosts"])
     per_host = _chips_per_host_bounds(chips_per_host)
     hosts = [max(1, t // c) for t, c in zip(_bounds(row["topology"]), per_host, strict=True)]

@@ -1,7 +1,7 @@
 """Compute Engine operations: zonal (``zones/Z``), regional (``regions/R``) and global. A mutation
 answers one, not DONE while its work takes time (world durations). A failed one ends DONE with
 ``httpErrorStatusCode`` AND ``httpErrorMessage`` and ``error.errors[]``: without both HTTP fields the
-client library takes it for a success (ce-tpu-facts §6)."""
+client library takes it for a success (docs/google-facts.md#compute-engine-client)."""
 
 from __future__ import annotations
 

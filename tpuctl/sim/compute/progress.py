@@ -5,8 +5,8 @@ in the same transaction, over the node rows they changed.
 - an instance whose slice became READY completes its insert operation;
 - instances whose slice row is gone (deleted) go, completing their delete operation;
 - a preempted slice's instances: a ``compute.instances.preempted`` operation each (DONE, "Instance was
-  preempted.", facts §1.6), then TERMINATED (termination action STOP) or gone (DELETE);
-- PENDING flex-start instances take capacity, or give up at their deadline (facts §1.5);
+  preempted.", docs/google-facts.md#preemption), then TERMINATED (termination action STOP) or gone (DELETE);
+- PENDING flex-start instances take capacity, or give up at their deadline (docs/google-facts.md#flex-start);
 - MIGs make, repair or tear down their slices (``groups``).
 """
 
@@ -103,7 +103,7 @@ class Progress:
             if store.extra(row).get("mig"):
                 continue  # a MIG's flex-start instances wait for their whole slice (groups)
             if row["deadline"] is not None and now >= float(row["deadline"]):
-                # Gone, leaving only its operation with the stockout (facts §1.5 [OBS]).
+                # Gone, leaving only its operation with the stockout (docs/google-facts.md#flex-start).
                 machine = json.loads(row["body"])["machineType"].rsplit("/", 1)[-1]
                 error = self.cc.stockout(row["project"], store.zone_of(row), machine)
                 if row["op_name"]:

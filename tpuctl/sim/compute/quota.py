@@ -1,6 +1,7 @@
 """Compute Engine's TPU quotas: which one a slice draws on, whether it fits, and Cloud Quotas' view of
-them (service ``compute.googleapis.com``). Disjoint from the TPU API's quotas (ce-tpu-facts §4.1); the
-ids come from the catalog's ``ComputeQuota``, the limits from the world's ``compute_quotas`` (chips)."""
+them (service ``compute.googleapis.com``). Disjoint from the TPU API's quotas
+(docs/google-facts.md#compute-engine-quotas); the ids come from the catalog's ``ComputeQuota``, the limits
+from the world's ``compute_quotas`` (chips)."""
 
 from __future__ import annotations
 
@@ -33,8 +34,8 @@ class Demand:
 
 def demand_of(gen: Generation, capacity_class: CapacityClass, zone: str, chips: int) -> Demand | None:
     """The quota a slice draws on: on-demand the per-family one; SPOT and FLEX_START the preemptible
-    one (facts §1.4, §4.1: flex-start's fallback to standard quota is not modelled, the stricter
-    reading); reserved capacity none (its reservation)."""
+    one (docs/google-facts.md#provisioning-models: flex-start's fallback to standard quota is not
+    modelled, the stricter reading); reserved capacity none (its reservation)."""
     compute = gen.compute
     if compute is None or capacity_class == "reserved":
         return None
@@ -43,8 +44,9 @@ def demand_of(gen: Generation, capacity_class: CapacityClass, zone: str, chips: 
 
 
 def metric_name(quota: ComputeQuota) -> str:
-    # compute.googleapis.com/tpus_per_tpu_family is seen in monitoring code (facts §4.1, S37); the
-    # preemptible metrics' names follow the same pattern (unc.).
+    # compute.googleapis.com/tpus_per_tpu_family is seen in monitoring code
+    # (docs/google-facts.md#compute-engine-quotas); the preemptible metrics' names follow the same pattern
+    # (unc.).
     return f"{SERVICE}/{errors.quota_name(quota.quota_id).lower()}"
 
 

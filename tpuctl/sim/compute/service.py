@@ -141,7 +141,7 @@ class ComputeService:
         self, zone: str, name: str, *, notice: bool = True, project: str | None = None
     ) -> dict[str, Any]:
         """Preempt now the slice of instance or MIG ``name`` (any provisioning model: the operator's
-        hand). One host lost is the whole slice lost (facts §1.6, §2.7)."""
+        hand). One host lost is the whole slice lost (docs/google-facts.md#losing-a-host)."""
         ctx = self.cc.ctx
         project = project or ctx.world.project
         now = ctx.clock()

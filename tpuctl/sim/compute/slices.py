@@ -63,7 +63,8 @@ def place(
 def instance_status(inst: sqlite3.Row, node: sqlite3.Row | None, now: float) -> str:
     """An instance's status: its own (PENDING, TERMINATED) or its slice's node row's, seen the Compute
     Engine way: PROVISIONING, then STAGING for the second half of node_create_s (flex-start: PENDING ->
-    STAGING -> RUNNING, facts §1.5), RUNNING; STOPPING in a preemption's grace or while deleting."""
+    STAGING -> RUNNING, docs/google-facts.md#instance-status), RUNNING; STOPPING in a preemption's grace or
+    while deleting."""
     if inst["status"]:
         return str(inst["status"])
     if node is None:
@@ -174,7 +175,7 @@ def _disks(project: str, zone: str, name: str, given: list[dict[str, Any]]) -> l
                 "boot": bool(disk.get("boot", False)),
                 "autoDelete": bool(disk.get("autoDelete", False)),
                 "interface": str(disk.get("interface") or "NVME"),
-                # 10 GB when not given: the CE image's default boot disk (ce-tpu-facts §1.2).
+                # 10 GB when not given: the CE image's default boot disk (docs/google-facts.md#images).
                 "diskSizeGb": str(params.get("diskSizeGb") or 10),
                 "architecture": "X86_64",
             }

@@ -1,5 +1,5 @@
 """An instance's properties (an instances.insert body, or a template's ``properties``), parsed and
-validated as ce-tpu-facts §1 describes, and normalized for echoing back."""
+validated as docs/google-facts.md#instance-requests describes, and normalized for echoing back."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ _KEPT = (
     "networkInterfaces",
     "disks",
 )
-#: maxRunDuration's range: 10 minutes to 7 days (ce-tpu-facts §1.3, observed).
+#: maxRunDuration's range: 10 minutes to 7 days (observed: docs/google-facts.md#flex-start).
 _MIN_RUN_S, _MAX_RUN_S = 600, 7 * 86400
 
 
@@ -56,7 +56,8 @@ def parse_properties(world: World, props: Any, machine: Machine, field: str) -> 
     if not isinstance(props, dict):
         raise invalid_field(field, props, "Must be an object.")
     if props.get("guestAccelerators"):
-        # The TPUs come with the machine type, as for A3/A4 GPUs (ce-tpu-facts §1.1 [INF]). Text unc.
+        # The TPUs come with the machine type, as for A3/A4 GPUs (inferred:
+        # docs/google-facts.md#instance-requests). Text unc.
         raise invalid_field(
             f"{field}.guestAccelerators",
             props["guestAccelerators"],
@@ -98,7 +99,7 @@ def _scheduling(given: Any, machine: Machine, field: str) -> tuple[dict[str, Any
     scheduling = dict(given) if isinstance(given, dict) else {}
     on_host = scheduling.get("onHostMaintenance", "MIGRATE")
     if on_host != "TERMINATE":
-        # TPU VMs cannot live-migrate (ce-tpu-facts §1.1 [OBS]); Google's text for TPUs is unc.
+        # TPU VMs cannot live-migrate (docs/google-facts.md#instance-requests); Google's text for TPUs is unc.
         raise invalid_field(
             f"{field}.scheduling.onHostMaintenance",
             on_host,
@@ -119,14 +120,14 @@ def _scheduling(given: Any, machine: Machine, field: str) -> tuple[dict[str, Any
                 "Max run duration must be between 10 minutes and 7 days.",
             )
     elif model == "FLEX_START":
-        # ce-tpu-facts §2.2 [OBS]: maxRunDuration is required with FLEX_START. Text unc.
+        # maxRunDuration is required with FLEX_START (docs/google-facts.md#flex-start). Text unc.
         raise invalid_field(
             f"{field}.scheduling.maxRunDuration",
             "",
             "Max run duration must be specified for the FLEX_START provisioning model.",
         )
-    # Spot's default action is STOP (facts §1.4); flex-start VMs are deleted at their end (unc.: the
-    # documented flows always pass DELETE).
+    # Spot's default action is STOP (docs/google-facts.md#provisioning-models); flex-start VMs are deleted at
+    # their end (unc.: the documented flows always pass DELETE).
     action = str(
         scheduling.get("instanceTerminationAction") or ("DELETE" if model == "FLEX_START" else "STOP")
     )
@@ -181,8 +182,9 @@ def _metadata(given: Any, field: str) -> dict[str, str]:
 
 
 def request_valid_for(body: dict[str, Any], model: str) -> float | None:
-    """``params.requestValidForDuration`` in simulated seconds, capped at 2 h (ce-tpu-facts §1.3); only
-    with FLEX_START (the stricter reading: Google documents it for flex-start only)."""
+    """``params.requestValidForDuration`` in simulated seconds, capped at 2 h
+    (docs/google-facts.md#flex-start); only with FLEX_START (the stricter reading: Google documents it for
+    flex-start only)."""
     params = body.get("params") or {}
     if not isinstance(params, dict) or "requestValidForDuration" not in params:
         return None

@@ -81,7 +81,7 @@ class Capacity:
             f"""
             SELECT COALESCE(SUM(n.quota_units), 0) FROM nodes n
             WHERE n.project = ? AND n.generation = ? AND n.capacity_class = ? AND {where} AND {family}
-              AND n.surface = 'tpu'  -- Compute Engine quota pools are disjoint (ce-tpu-facts §4.1)
+              AND n.surface = 'tpu'  -- Compute Engine quota pools are disjoint (docs/google-facts.md)
               AND NOT EXISTS (SELECT 1 FROM queued_resources q
                               WHERE q.project = n.project AND q.zone = n.zone AND q.qr_id = n.queued_resource
                                 AND q.state IN ({holding}))

@@ -5,11 +5,11 @@ Shapes are GCE's (https://cloud.google.com/compute/docs/metadata/predefined-meta
 attributes (agent-worker-number, accelerator-type, worker-network-endpoints ``unknown:unknown:IP,...``,
 tpu-env: the keys JAX's GCE TPU cluster detection reads, jax/_src/clusters/cloud_tpu_cluster.py).
 
-A host of a node made by a multislice queued resource (``multisliceParams``) also publishes in ``tpu-env``
-the Megascale keys Google's queued resources set up for multislice (issue #19; JAX's ``BaseTpuCluster``
-reads them, env first, then tpu-env): ``MEGASCALE_COORDINATOR_ADDRESS`` (worker 0 of slice 0, the host JAX
-makes process 0), ``MEGASCALE_NUM_SLICES``, ``MEGASCALE_SLICE_ID`` (the node's place among the queued
-resource's slices) and ``MEGASCALE_PORT``. A single-slice node publishes none of them.
+A host of a node made by a multislice queued resource (``multisliceParams``) also publishes in ``tpu-env`` the
+Megascale keys Google's queued resources set up for multislice (docs/multislice-facts.md; JAX's
+``BaseTpuCluster`` reads them, env first, then tpu-env): ``MEGASCALE_COORDINATOR_ADDRESS`` (worker 0 of slice
+0, the host JAX makes process 0), ``MEGASCALE_NUM_SLICES``, ``MEGASCALE_SLICE_ID`` (the node's place among the
+queued resource's slices) and ``MEGASCALE_PORT``. A single-slice node publishes none of them.
 """
 
 from __future__ import annotations

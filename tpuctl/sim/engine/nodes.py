@@ -106,7 +106,7 @@ class Nodes:
                 message = _no_capacity_message(plan.capacity_class, zone)
                 due = now + world.real_seconds(world.durations.stockout_s)
                 # Reserved capacity short is FAILED_PRECONDITION (code 9), not a stockout's code 8: the
-                # reservation, not the zone, is what is missing (issue 16, Google's answer).
+                # reservation, not the zone, is what is missing (docs/google-facts.md#tpu-api-errors).
                 code = "FAILED_PRECONDITION" if plan.capacity_class == "reserved" else "RESOURCE_EXHAUSTED"
                 error = rpc_status(code, message)
                 op_name = insert_op(conn, project, zone, target, "create", now, due_at=due, error=error)
@@ -133,7 +133,7 @@ class Nodes:
         with self.ctx.db.read() as conn:
             rows = rows_in(conn, "nodes", project, zone, "node_id")
             # A Compute Engine slice is not a TPU API node: "A TPU VM created on Compute Engine does
-            # not appear in tpu-vm list" (ce-tpu-facts §0).
+            # not appear in tpu-vm list" (docs/google-facts.md#two-surfaces).
             nodes = [node_json(self.ctx.catalog, r) for r in rows if r["surface"] == "tpu"]
         page, token = paginate(nodes, page_size, page_token)
         out: dict[str, Any] = {"nodes": page, "unreachable": []}
@@ -213,7 +213,8 @@ class Nodes:
             if row is None:
                 raise not_found(name)
             if row["state"] == "PREEMPTED":
-                # Google fails an update of a preempted node with code 3 (issue 16); its operation carries it.
+                # Google fails an update of a preempted node with code 3 (docs/google-facts.md#preemption);
+                # its operation carries it.
                 op_name = insert_op(conn, project, zone, name, "update", now)
                 message = f"Node '{name}' is PREEMPTED and cannot be updated; delete it and create it again."
                 complete_op(conn, op_name, now, error=rpc_status("INVALID_ARGUMENT", message))

@@ -167,8 +167,9 @@ def _check_runtime_version(
 ) -> None:
     """An unknown runtime version is refused at once, in the words Cloud TPU used for the v1 API's
     ``tensorflowVersion`` ("Cloud TPU received an invalid argument. The field "TensorflowVersion" cannot
-    be "2.4".", tensorflow/tpu#877). That v2 refuses synchronously with the same words is unconfirmed:
-    the stricter choice, so a typo never yields a READY node here that Google would refuse."""
+    be "2.4".", quoted in a public tensorflow/tpu bug report; docs/google-facts.md#images). That v2 refuses
+    synchronously with the same words is unconfirmed: the stricter choice, so a typo never yields a READY node
+    here that Google would refuse."""
     if version not in zone_runtime_versions(catalog, world, zone):
         message = (
             "Cloud TPU received an invalid argument. "

@@ -194,7 +194,7 @@ def resolved_network_config(project: str, zone: str, given: Any) -> dict[str, An
     """The networkConfig as Google answers it: the network and subnetwork resolved to full resource names
     (``default`` when not given), the rest as sent. External IPs are off unless asked for: the field's
     proto3 default is false (discovery document, NetworkConfig.enableExternalIps; gcloud sends true unless
-    ``--internal-ips``), and SkyPilot's provisioner reads the resolved ``network`` (issue 16)."""
+    ``--internal-ips``), and SkyPilot's provisioner reads the resolved ``network``."""
     config = dict(given) if isinstance(given, dict) else {}
     network = str(config.get("network") or "default")
     if "/" not in network:

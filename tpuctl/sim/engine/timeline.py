@@ -349,7 +349,8 @@ def _fail_queued_resource(conn: sqlite3.Connection, key: tuple[str, str, str], e
 
 def _undersized_reservation(world: World, plans: list[NodePlan]) -> str | None:
     """The error message when a named reservation is smaller than the nodes asked of it (it can never
-    fit, so Google fails the request with FAILED_PRECONDITION rather than let it wait; issue 16)."""
+    fit, so Google fails the request with FAILED_PRECONDITION rather than let it wait;
+    docs/google-facts.md#tpu-api-errors)."""
     need: dict[str, int] = {}
     for plan in plans:
         if plan.reservation is not None:
