@@ -737,8 +737,9 @@ _V9 = Migration(
 #: renewal, loss and release (never the token). ``run_intents``: the slice creates and deletes an owner
 #: recorded, fenced, before asking the cloud. ``run_state``: phase, attempt and slices. ``run_blobs``: the
 #: saved request and the bundle. ``run_secrets``: secrets, Fernet-encrypted (the key is never here).
-#: ``run_log_lines``: the hosts' lines, one row each, idempotent on (run, worker, seq).
-#: ``run_cancel_requests``: a cancel asked from any machine. Times in these tables are the ledger's clock.
+#: ``run_log_lines``: the hosts' lines, one row each, idempotent on (run, worker, seq), with the time each
+#: arrived at its supervisor. ``run_cancel_requests``: a cancel asked from any machine. Every other time in
+#: these tables is the ledger's clock.
 _V10 = Migration(
     10,
     "runs as leased records: leases, lease history, intents, run state, blobs, secrets, log lines, cancels",
