@@ -99,6 +99,9 @@ def test_request_and_bundle_round_trip_from_another_machine(ledger: Ledger) -> N
     assert ledger.bundle("other") is None and ledger.run_request("other") is None
     with pytest.raises(LedgerError, match="no run 'other'"):
         ledger.save_bundle("other", b"x")
+    with pytest.raises(ValueError):
+        ledger.save_run_request(RUN, "{not json")
+    assert ledger.run_request(RUN) == request
 
 
 def test_a_blob_over_the_cap_is_refused_and_nothing_is_written(

@@ -46,6 +46,7 @@ from types import TracebackType
 from typing import Any, Final, Literal, TypeAlias, TypeVar
 
 from tpuctl.catalog import CapacityType
+from tpuctl.errors import LeaseLostError
 from tpuctl.store import leases, runstate, schema
 from tpuctl.store.paths import ensure_private_dir, private_file, tighten_file
 from tpuctl.store.records import (
@@ -947,10 +948,9 @@ class Ledger:
         or it expired (expired is lost: another owner may be taking it), the loss in the history."""
         with self._write() as conn:
             renewed = leases.renew(conn, claim, ttl_s)
-            if isinstance(renewed, LeaseClaim):
-                return renewed
-            conn.execute("COMMIT")  # the loss's history row; the context manager sees no transaction
-            raise renewed
+        if isinstance(renewed, LeaseLostError):
+            raise renewed  # after the commit: the loss stays in the history
+        return renewed
 
     def release_lease(self, claim: LeaseClaim) -> bool:
         """Give the lease back (the next claim needs no wait); False when it was no longer ``claim``'s."""
@@ -1036,7 +1036,9 @@ class Ledger:
             return runstate.run_state(conn, run_id)
 
     def save_run_request(self, run_id: str, request_json: str) -> BlobRecord:
-        """Store the run's saved request (the JSON a supervisor prepares the run again from)."""
+        """Store the run's saved request (the JSON a supervisor prepares the run again from); text that
+        is not JSON is a ``ValueError`` (a bug in the caller), not stored for a later owner to trip on."""
+        json.loads(request_json)
         return self._save_blob(run_id, runstate.REQUEST_BLOB, request_json.encode("utf-8"))
 
     def run_request(self, run_id: str) -> str | None:
