@@ -231,3 +231,136 @@ def test_a_relative_state_dir_is_where_the_user_typed_it(
     monkeypatch.chdir(tmp_path)
     settings = load_settings({"state_dir": Path("st")})
     assert settings.resolved_state_dir == tmp_path / "st"
+
+
+# -- the ledger's URL, the secret key, the lease timing -------------------------------------------------
+
+
+def test_the_ledger_defaults_to_the_state_dirs_file(state_dir: Path) -> None:
+    settings = load_settings({})
+    assert settings.database is None
+    assert settings.resolved_database.text == f"sqlite:///{state_dir}/ledger.db"
+    assert load_settings({"state_dir": "/srv/st"}).resolved_database.path == Path("/srv/st/ledger.db")
+    assert settings.resolved_secret_key_file == state_dir / "secret.key"
+    assert (settings.lease_duration, settings.lease_renew_every) == (60.0, 15.0)
+
+
+@pytest.mark.parametrize(
+    ("flags", "env", "profile", "expected"),
+    [
+        ({}, {}, "sqlite:////from/profile.db", "/from/profile.db"),
+        ({}, {"TPUCTL_DATABASE_URL": "sqlite:////from/env.db"}, "sqlite:////from/profile.db", "/from/env.db"),
+        (
+            {"database": "sqlite:////from/flag.db"},
+            {"TPUCTL_DATABASE_URL": "sqlite:////from/env.db"},
+            "sqlite:////from/profile.db",
+            "/from/flag.db",
+        ),
+        ({"database": "sqlite:////from/flag.db"}, {}, None, "/from/flag.db"),
+    ],
+)
+def test_database_precedence_flag_env_profile(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    flags: dict[str, Any],
+    env: dict[str, str],
+    profile: str | None,
+    expected: str,
+) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(f"profiles:\n  default:\n    database: {profile}\n" if profile else "profiles: {}\n")
+    monkeypatch.setenv("TPUCTL_CONFIG", str(path))
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    settings = load_settings(flags)
+    assert settings.resolved_database.path == Path(expected)
+    assert settings.database is not None and settings.database.text == f"sqlite:///{expected}"
+
+
+@pytest.mark.parametrize(
+    ("value", "in_message"),
+    [
+        ("sqlite:///ledger.db", "relative path"),
+        ("mysql://db/ledger", "unknown scheme"),
+        ("postgresql://team-db/tpuctl", "not supported yet"),
+    ],
+)
+def test_a_bad_database_names_where_it_came_from(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, value: str, in_message: str
+) -> None:
+    with pytest.raises(UsageError) as info:
+        load_settings({"database": value})
+    assert info.value.field == "--database" and info.value.value == value and info.value.exit_code == 2
+    assert in_message in info.value.message and info.value.fix
+
+    monkeypatch.setenv("TPUCTL_DATABASE_URL", value)
+    with pytest.raises(UsageError) as info:
+        load_settings({})
+    assert info.value.field == "TPUCTL_DATABASE_URL" and in_message in info.value.message
+
+    monkeypatch.delenv("TPUCTL_DATABASE_URL")
+    path = tmp_path / "config.yaml"
+    path.write_text(f"profiles:\n  default:\n    database: {value}\n")
+    monkeypatch.setenv("TPUCTL_CONFIG", str(path))
+    with pytest.raises(ConfigError) as config_info:
+        load_settings({})
+    assert config_info.value.field == "profiles.default.database" and config_info.value.path == str(path)
+
+
+def test_the_secret_key_comes_from_its_variable_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tpuctl.store.secrets import generate_key
+
+    key = generate_key().decode()
+    monkeypatch.setenv("TPUCTL_SECRET_KEY", key)
+    settings = load_settings({})
+    assert settings.secret_key is not None and settings.secret_key.get_secret_value() == key
+    assert key not in repr(settings)
+    monkeypatch.setenv("TPUCTL_SECRET_KEY", "not-a-key")
+    with pytest.raises(UsageError) as info:
+        load_settings({})
+    assert info.value.field == "TPUCTL_SECRET_KEY" and "not-a-key" not in str(info.value)
+    path = tmp_path / "config.yaml"
+    path.write_text(f"profiles:\n  default:\n    secret_key: {key}\n")  # never from a config file
+    monkeypatch.delenv("TPUCTL_SECRET_KEY")
+    monkeypatch.setenv("TPUCTL_CONFIG", str(path))
+    with pytest.raises(ConfigError, match="unknown key"):
+        load_settings({})
+
+
+def test_the_key_file_and_lease_timing_from_a_profile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        "profiles:\n  default:\n    secret_key_file: /keys/team.key\n"
+        "    lease_duration: 2m\n    lease_renew_every: 20s\n"
+    )
+    monkeypatch.setenv("TPUCTL_CONFIG", str(path))
+    settings = load_settings({})
+    assert settings.resolved_secret_key_file == Path("/keys/team.key")
+    assert (settings.lease_duration, settings.lease_renew_every) == (120.0, 20.0)
+    monkeypatch.setenv("TPUCTL_LEASE_DURATION", "1.5")  # tests use seconds
+    monkeypatch.setenv("TPUCTL_LEASE_RENEW_EVERY", "0.5")
+    assert (load_settings({}).lease_duration, load_settings({}).lease_renew_every) == (1.5, 0.5)
+
+
+@pytest.mark.parametrize(
+    ("env", "field", "in_message"),
+    [
+        (
+            {"TPUCTL_LEASE_DURATION": "30s", "TPUCTL_LEASE_RENEW_EVERY": "20s"},
+            "lease_renew_every",
+            "at most half",
+        ),
+        ({"TPUCTL_LEASE_DURATION": "0"}, "TPUCTL_LEASE_DURATION", "longer than zero"),
+        ({"TPUCTL_LEASE_RENEW_EVERY": "soon"}, "TPUCTL_LEASE_RENEW_EVERY", "as a duration"),
+    ],
+)
+def test_bad_lease_timing_is_refused(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], field: str, in_message: str
+) -> None:
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(UsageError) as info:
+        load_settings({})
+    assert info.value.field == field and in_message in info.value.message and info.value.exit_code == 2

@@ -27,6 +27,9 @@ Hierarchy, with exit codes::
     ├── BudgetExceededError          7
     ├── RunFailedError               8   the user's program failed (carries the host)
     │   └── HostKeyMismatchError     8   a host's SSH key is not the one its node published
+    ├── LeaseHeldError               9   another supervisor holds the run's lease (names it, and when it ends)
+    ├── LeaseLostError               9   this supervisor's lease on the run is gone: it must stop acting
+    ├── SecretKeyError               1   a run's secret cannot be decrypted with the key in force
     └── InterruptedByUser            130
 """
 
@@ -34,6 +37,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
+
+from tpuctl.timefmt import iso
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -44,6 +49,7 @@ EXIT_CAPACITY = 5
 EXIT_PRICE_CAP = 6
 EXIT_BUDGET = 7
 EXIT_RUN_FAILED = 8
+EXIT_LEASE_HELD = 9
 EXIT_CLOUD = 10
 EXIT_NOT_FOUND = 11
 EXIT_ALREADY_EXISTS = 12
@@ -342,6 +348,71 @@ class SliceDeletedError(TpuctlError):
 
     exit_code = EXIT_ERROR
     kind = "slice_deleted"
+
+
+class LeaseHeldError(TpuctlError):
+    """Another supervisor holds a live lease on the run: it may not be claimed until that lease expires
+    (by the ledger's clock) or is released. Names the holder and when its lease ends."""
+
+    exit_code = EXIT_LEASE_HELD
+    kind = "lease_held"
+
+    def __init__(
+        self,
+        *,
+        run_id: str,
+        owner_id: str,
+        host: str,
+        pid: int,
+        generation: int,
+        expires_at: float,
+        now: float,
+    ) -> None:
+        self.run_id = run_id
+        self.owner_id = owner_id
+        self.host = host
+        self.pid = pid
+        self.generation = generation
+        self.expires_at = expires_at
+        self.expires_in_s = max(0.0, expires_at - now)
+        super().__init__(
+            f"run {run_id} is supervised by host {host}, pid {pid} (owner {owner_id}, lease generation "
+            f"{generation}); its lease expires at {iso(expires_at)}, in {self.expires_in_s:.1f} s by the "
+            "ledger's clock, unless that supervisor renews it",
+            fix=f"wait for that supervisor (or for its lease to expire if it is gone), or stop the run with "
+            f"`tpuctl runs cancel {run_id}`",
+        )
+
+    def details(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "owner": {"owner_id": self.owner_id, "host": self.host, "pid": self.pid},
+            "generation": self.generation,
+            "expires_at": self.expires_at,
+            "expires_in_s": round(self.expires_in_s, 3),
+        }
+
+
+class LeaseLostError(TpuctlError):
+    """A renewal or a fenced write found the supervisor's lease gone (expired, released, or claimed by
+    another): nothing was written, and the supervisor must stop acting on the run at once."""
+
+    exit_code = EXIT_LEASE_HELD
+    kind = "lease_lost"
+
+    def __init__(self, message: str, *, run_id: str, generation: int, fix: str | None = None) -> None:
+        super().__init__(message, fix=fix)
+        self.run_id = run_id
+        self.generation = generation
+
+    def details(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "generation": self.generation}
+
+
+class SecretKeyError(TpuctlError):
+    """A run's secret cannot be read with the key in force (another key, a missing or bad key file)."""
+
+    kind = "secret_key"
 
 
 class InterruptedByUser(TpuctlError):

@@ -35,6 +35,7 @@ FLAGS: Final[Mapping[str, str]] = {
     "backend": "--backend",
     "output": "-o/--output",
     "state_dir": "--state-dir",
+    "database": "--database",
     "config_file": "--config",
     "zones": "--zone",
     "zone": "--zone",

@@ -1,4 +1,4 @@
-"""Settings: what backend, project, zones, capacity types, price cap and state dir a command uses.
+"""Settings: what backend, project, zones, capacity types, price cap, state dir and ledger a command uses.
 
 Precedence, highest first: command-line flag > environment (``TPUCTL_*``; the project also from
 ``CLOUDSDK_CORE_PROJECT`` and ``GOOGLE_CLOUD_PROJECT``) > the chosen profile of the YAML config file
@@ -27,7 +27,10 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PlainSerializer,
+    PlainValidator,
     PrivateAttr,
+    SecretStr,
     ValidationError,
     field_validator,
 )
@@ -41,7 +44,9 @@ from pydantic_settings import (
 
 from tpuctl.catalog import CapacityType, Surface
 from tpuctl.errors import ConfigError, TpuctlError, UsageError
-from tpuctl.params import ParamError, flag, region, usd, zone
+from tpuctl.params import ParamError, duration, flag, region, usd, zone
+from tpuctl.store.secrets import SECRET_KEY_FILENAME, parse_secret_key
+from tpuctl.store.url import DatabaseUrl, default_database_url, parse_database_url
 
 DEFAULT_PROFILE = "default"
 _LABEL_VALUE_RE = re.compile(r"[^a-z0-9_-]")
@@ -71,6 +76,33 @@ def _usd_setting(name: str, *, per_hour: bool) -> BeforeValidator:
 #: USD amounts, parsed by the same function as the flags: finite and > 0.
 MaxPrice = Annotated[float | None, _usd_setting("max_price", per_hour=True)]
 MonthlyBudget = Annotated[float | None, _usd_setting("monthly_budget", per_hour=False)]
+
+
+def _database(value: Any) -> DatabaseUrl | None:
+    return None if value is None else parse_database_url(value)
+
+
+#: The ledger's location: a URL parsed once, here (``tpuctl.store.url``), written back as its text.
+DatabaseSetting = Annotated[
+    DatabaseUrl | None,
+    PlainValidator(_database),
+    PlainSerializer(lambda url: None if url is None else url.text),
+]
+
+
+def _duration_setting(name: str) -> BeforeValidator:
+    def parse(value: Any) -> float | None:
+        return None if value is None else duration(value, name)
+
+    return BeforeValidator(parse)
+
+
+#: How long a supervisor's lease on a run lasts without renewal, and how often it renews it (seconds,
+#: or durations such as 30s, 2m): the longest a dead supervisor's run waits for a new owner.
+LeaseDuration = Annotated[float, _duration_setting("lease_duration")]
+LeaseRenewEvery = Annotated[float, _duration_setting("lease_renew_every")]
+DEFAULT_LEASE_DURATION_S = 60.0
+DEFAULT_LEASE_RENEW_EVERY_S = 15.0
 
 
 def _split_list(value: Any) -> Any:
@@ -114,6 +146,12 @@ class Profile(BaseModel):
     requirements: Path | None = None
     ssh_proxy_command: str | None = None
     sim_wheelhouse: Path | None = None
+    # The ledger (a URL, default: the state dir's ledger.db), the file of the key that encrypts runs'
+    # secrets in it, and the runs' leases. The key itself is never a profile key (TPUCTL_SECRET_KEY).
+    database: DatabaseSetting = None
+    secret_key_file: Path | None = None
+    lease_duration: LeaseDuration | None = None
+    lease_renew_every: LeaseRenewEvery | None = None
 
     _zones = field_validator("zones")(lambda cls, v: v if v is None else _check_zones(v))
     _region = field_validator("region")(lambda cls, v: _check_region(v))
@@ -312,6 +350,17 @@ class Settings(BaseSettings):
     ssh_proxy_command: str | None = None
     # The wheels the simulator's package mirror serves its hosts (primed by scripts/setup).
     sim_wheelhouse: Path | None = None
+    # Where the ledger is (flag --database, TPUCTL_DATABASE_URL, profile key database); None: the state
+    # dir's (resolved_database).
+    database: DatabaseSetting = Field(
+        default=None, validation_alias=AliasChoices("database", "TPUCTL_DATABASE_URL")
+    )
+    # The key that encrypts runs' secrets in the ledger: TPUCTL_SECRET_KEY (the key itself, for the
+    # supervisors of a team sharing a ledger), else the file secret_key_file (resolved_secret_key_file).
+    secret_key: SecretStr | None = None
+    secret_key_file: Path | None = None
+    lease_duration: LeaseDuration = DEFAULT_LEASE_DURATION_S
+    lease_renew_every: LeaseRenewEvery = DEFAULT_LEASE_RENEW_EVERY_S
     # The gcloud/ADC variable the project was taken from (set by load_settings), when nothing of
     # tpuctl's own (flag, TPUCTL_PROJECT, profile) chose it: the CLI announces it on stderr.
     _project_from: str | None = PrivateAttr(default=None)
@@ -341,6 +390,13 @@ class Settings(BaseSettings):
     @classmethod
     def _capacity_from_env(cls, value: Any) -> Any:
         return Profile._normalize_capacity(value)
+
+    @field_validator("secret_key", mode="before")
+    @classmethod
+    def _secret_key_valid(cls, value: Any) -> Any:
+        # Checked here, once, so a malformed key is a usage error naming the variable up front, not a
+        # failure at the first secret a run stores.
+        return value if value is None else parse_secret_key(str(value)).decode("ascii")
 
     @classmethod
     def settings_customise_sources(
@@ -372,6 +428,17 @@ class Settings(BaseSettings):
     def resolved_state_dir(self) -> Path:
         # Absolute, where the user typed it: a detached supervisor runs in another directory.
         return (self.state_dir or default_state_dir(os.environ)).expanduser().absolute()
+
+    @property
+    def resolved_database(self) -> DatabaseUrl:
+        """The ledger's URL: the ``database`` setting, else ``sqlite:///<state dir>/ledger.db``."""
+        return self.database or default_database_url(self.resolved_state_dir)
+
+    @property
+    def resolved_secret_key_file(self) -> Path:
+        """The file of the key that encrypts runs' secrets (``TPUCTL_SECRET_KEY`` overrides it)."""
+        path = self.secret_key_file or self.resolved_state_dir / SECRET_KEY_FILENAME
+        return path.expanduser().absolute()
 
     @property
     def resolved_owner(self) -> str:
@@ -408,6 +475,7 @@ def load_settings(flags: Mapping[str, Any] | None = None) -> Settings:
     except TpuctlError:
         raise
     settings._project_from = _ambient_project_source(settings, given)
+    _check_lease_timing(settings)
     if settings.resolved_backend is Backend.GCP and not settings.project:
         raise ConfigError(
             "backend gcp needs a project",
@@ -416,6 +484,20 @@ def load_settings(flags: Mapping[str, Any] | None = None) -> Settings:
             fix="pass --project ID, set GOOGLE_CLOUD_PROJECT, or set project: in the profile",
         )
     return settings
+
+
+def _check_lease_timing(settings: Settings) -> None:
+    """A lease renewed less often than twice per lease length lapses on one slow or failed renewal. (The
+    two may come from different sources, so the error names the settings, not a flag or a variable.)"""
+    ttl, every = settings.lease_duration, settings.lease_renew_every
+    if every * 2 > ttl:
+        raise UsageError(
+            f"lease_renew_every ({every:g} s) must be at most half of lease_duration ({ttl:g} s): a "
+            "supervisor must have time to renew again after one failed renewal, before its lease expires",
+            field="lease_renew_every",
+            value=every,
+            fix=f"set lease_renew_every to {ttl / 4:g}s or less, or lengthen lease_duration",
+        )
 
 
 #: Variables other tools set (gcloud, client libraries) that tpuctl also reads for the project, first wins.
@@ -438,7 +520,11 @@ def _ambient_project_source(settings: Settings, given: Mapping[str, Any]) -> str
     return None if profile_project == settings.project else var
 
 
+#: Settings whose environment variable is not ``TPUCTL_<NAME>``.
+_ENV_NAMES: Mapping[str, str] = {"database": "TPUCTL_DATABASE_URL"}
+
+
 def _source(name: str, given: Mapping[str, Any]) -> str:
     """How the user gave setting ``name``: its flag, else its environment variable (a bad profile value
     never gets here: read_profile names the file and the key)."""
-    return flag(name) if name in given else f"TPUCTL_{name.upper()}"
+    return flag(name) if name in given else _ENV_NAMES.get(name, f"TPUCTL_{name.upper()}")

@@ -11,6 +11,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+from tpuctl.testing.cli import Cli
+
 
 def _tpuctl(*args: str, **kwargs: object) -> subprocess.CompletedProcess[str]:
     return subprocess.run(  # type: ignore[call-overload, no-any-return]
@@ -66,3 +68,16 @@ def test_work_still_running_at_the_end_is_waited_for(tmp_path: Path) -> None:
     )
     assert done.returncode == 3, done.stderr
     assert marker.read_text() == "done"
+
+
+def test_the_database_option_chooses_the_ledger(cli: Cli, tmp_path: Path) -> None:
+    """--database puts the ledger where it says, apart from the state dir; a bad URL: exit 2 and the fix."""
+    shared = tmp_path / "shared" / "ledger.db"
+    for state in ("one", "two"):
+        done = cli("--state-dir", str(tmp_path / state), "--database", f"sqlite:///{shared}", "runs", "list")
+        assert done.code == 0, done.output
+        assert not (tmp_path / state / "ledger.db").exists()
+    assert shared.exists()
+    bad = cli("--database", "sqlite:///ledger.db", "runs", "list")
+    assert bad.code == 2
+    assert "--database" in bad.output and "relative path" in bad.output and "sqlite:////" in bad.output

@@ -180,8 +180,28 @@ _V7_TRIGGERS = (
 )
 
 
+#: The tables v10 added (runs as leased records).
+_V10_TABLES = (
+    "run_leases",
+    "run_lease_history",
+    "run_cancel_requests",
+    "run_intents",
+    "run_state",
+    "run_blobs",
+    "run_secrets",
+    "run_log_lines",
+)
+
+
+def _undo_v10(conn: sqlite3.Connection) -> None:
+    """Take a ledger back to v9: no leases nor the run state a new owner reads."""
+    for table in _V10_TABLES:
+        conn.execute(f"DROP TABLE {table}")
+
+
 def _undo_v9(conn: sqlite3.Connection) -> None:
-    """Take a ledger back to v8: no identity."""
+    """Take a ledger back to v8: no identity (nor v10)."""
+    _undo_v10(conn)
     conn.execute("DROP TABLE ledger_meta")
 
 
@@ -297,7 +317,7 @@ def test_migration_to_v7_stores_the_recomputed_work(tmp_path: Path) -> None:
     conn.commit()
     conn.close()
     with Ledger(tmp_path / "s") as ledger:
-        assert ledger.schema_version == schema_module.SCHEMA_VERSION == 9
+        assert ledger.schema_version == schema_module.SCHEMA_VERSION == 10
         assert _rec(ledger, "s") == pytest.approx((5760.0, 0.0))
         assert ledger.check_view() == []
 
@@ -327,7 +347,7 @@ def test_migration_from_v4_adds_the_report_indexes(tmp_path: Path) -> None:
     assert _indexes(db)["pods_run"] == ["run_id"]
 
     with Ledger(tmp_path / "s") as ledger:
-        assert ledger.schema_version == schema_module.SCHEMA_VERSION == 9
+        assert ledger.schema_version == schema_module.SCHEMA_VERSION == 10
         assert ledger.check_view() == []
     indexes = _indexes(db)
     assert indexes["pods_run"][:3] == ["run_id", "ready_at", "ended_at"]  # covers billing a slice

@@ -33,6 +33,7 @@ class GlobalOptions:
     dry_run: bool = False
     yes: bool = False
     state_dir: Path | None = None
+    database: str | None = None
     config: Path | None = None
     backend: str | None = None
     current_output: Output | None = None
@@ -96,6 +97,7 @@ def build_settings(ctx: typer.Context, **flags: Any) -> Settings:
         "profile": opts.profile,
         "project": opts.project,
         "state_dir": opts.state_dir,
+        "database": opts.database,
         "config_file": opts.config,
         "backend": opts.backend,
     }

@@ -63,6 +63,14 @@ def main(
     state_dir: Annotated[
         Path | None, typer.Option("--state-dir", help="Where the ledger and simulator state live.")
     ] = None,
+    database: Annotated[
+        str | None,
+        typer.Option(
+            "--database",
+            metavar="URL",
+            help="The ledger: sqlite:////ABS/PATH/ledger.db (default: ledger.db in the state dir).",
+        ),
+    ] = None,
     config: Annotated[Path | None, typer.Option("--config", help="Config file (YAML).")] = None,
     backend: Annotated[
         str | None, typer.Option("--backend", help="sim or gcp (default: gcp if a project is set).")
@@ -77,6 +85,7 @@ def main(
         config,
         backend,
     )
+    opts.database = database
     ctx.obj = opts
 
 

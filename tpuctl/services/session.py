@@ -73,7 +73,7 @@ def open_session(settings: Settings, *, catalog: Catalog | None = None) -> Sessi
     backend = open_backend(settings)
     cloud = backend.open_cloud(state_dir, closers)
     closers.append(cloud.close)
-    ledger = Ledger(state_dir)
+    ledger = Ledger.open(settings.resolved_database)
     closers.append(ledger.close)
     return Session(
         settings=settings,

@@ -1,6 +1,8 @@
-"""The ledger: tpuctl's local record of slices, placement attempts, runs and their lifecycle events.
+"""The ledger: tpuctl's record of slices, placement attempts, runs and their lifecycle events, and of who
+may act on each run (its lease, ``tpuctl.store.leases``).
 
-One SQLite file, ``<state_dir>/ledger.db``, shared by every tpuctl process of a user.
+One SQLite file, ``<state_dir>/ledger.db`` unless the ``database`` setting names another
+(``Ledger.open(url)``), shared by every tpuctl process of a user (or of the machines that share it).
 
 Durability and concurrency choices (the why):
 
@@ -22,11 +24,15 @@ Durability and concurrency choices (the why):
   changed: it is process-global and other threads may be creating files.
 * One connection per ``Ledger`` guarded by a lock, so a ``Ledger`` may be shared by the threads of one
   command (the allocator's race strategy). Other processes open their own ``Ledger``.
+* Fencing: ``ledger.fenced(claim)`` is the same ledger (same connection) whose every write transaction
+  first checks, inside the transaction, that ``claim`` still holds the run's lease (``leases.fence``);
+  a supervisor routes all its writes through it and cannot write after losing the lease.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import math
 import os
@@ -40,27 +46,42 @@ from types import TracebackType
 from typing import Any, Final, Literal, TypeAlias, TypeVar
 
 from tpuctl.catalog import CapacityType
-from tpuctl.store import schema
+from tpuctl.errors import LeaseLostError
+from tpuctl.store import leases, runstate, schema
 from tpuctl.store.paths import ensure_private_dir, private_file, tighten_file
 from tpuctl.store.records import (
     AmbiguousPodError,
     AttemptOutcome,
     AttemptRecord,
+    BlobRecord,
+    CancelRequest,
     EventKind,
     EventRecord,
+    IntentAction,
+    IntentRecord,
+    LeaseClaim,
+    LeaseHistoryRecord,
+    LeaseHolder,
+    LeaseOwner,
     LedgerBusyError,
     LedgerError,
+    LogLine,
     NewEvent,
     PodRecord,
     PodState,
     RunRecord,
+    RunState,
     RunStatus,
     SegmentKind,
     SegmentRecord,
+    SliceRef,
 )
+from tpuctl.store.secrets import SecretKey
+from tpuctl.store.url import LEDGER_FILENAME, DatabaseUrl, parse_database_url, sqlite_url
 from tpuctl.store.view import POD_KINDS, Ev, PodRow, apply_event
 
-LEDGER_FILENAME: Final = "ledger.db"
+__all__ = ["LEDGER_FILENAME", "UNSET", "Ledger", "resolve_ledger_path"]
+
 DEFAULT_BUSY_TIMEOUT_S: Final = 30.0
 
 # Bulk writes go to SQLite in chunks so a million-event import holds bounded memory; the pods touched
@@ -139,6 +160,8 @@ class Ledger:
     ) -> None:
         self._clock = clock
         self._lock = threading.RLock()
+        self._fence: LeaseClaim | None = None  # set on the views fenced() returns
+        self._owns_connection = True
         db = resolve_ledger_path(path_or_state_dir)
         if db.parent == Path(path_or_state_dir).expanduser() or not db.parent.exists():
             ensure_private_dir(db.parent)
@@ -159,6 +182,24 @@ class Ledger:
             raise
         for suffix in ("-wal", "-shm"):
             tighten_file(f"{db}{suffix}")
+
+    @classmethod
+    def open(
+        cls,
+        url: DatabaseUrl | str,
+        *,
+        clock: Callable[[], float] = time.time,
+        busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S,
+    ) -> Ledger:
+        """The ledger at ``url`` (the ``database`` setting: ``sqlite:////abs/path/ledger.db``); a string is
+        parsed first (a bad one is a ``UsageError`` naming it and the fix)."""
+        parsed = parse_database_url(url)
+        assert parsed.path is not None  # parse_database_url accepts SQLite URLs only, for now
+        return cls(parsed.path, clock=clock, busy_timeout_s=busy_timeout_s)
+
+    @property
+    def url(self) -> DatabaseUrl:
+        return sqlite_url(self.path)
 
     def _configure(self) -> None:
         conn = self._conn
@@ -192,6 +233,9 @@ class Ledger:
     # -- lifecycle ---------------------------------------------------------------------------------
 
     def close(self) -> None:
+        """Close the connection; a no-op on a ``fenced`` view (the ledger it came from owns it)."""
+        if not self._owns_connection:
+            return
         with self._lock:
             self._conn.close()
 
@@ -245,11 +289,19 @@ class Ledger:
             ) from exc
 
     @contextlib.contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
+    def _write(self, fence: LeaseClaim | None = None) -> Iterator[sqlite3.Connection]:
+        """One write transaction; fenced by ``fence`` and by this view's claim, when either is set: a
+        claim that no longer holds its run's lease commits only the loss (to the lease history) and
+        raises ``LeaseLostError`` before the caller's statements run."""
         with self._lock, self._translate():
             conn = self._conn
             conn.execute("BEGIN IMMEDIATE")
             try:
+                for claim in _distinct_claims(self._fence, fence):
+                    lost = leases.fence(conn, claim)
+                    if lost is not None:
+                        conn.execute("COMMIT")
+                        raise lost
                 yield conn
                 conn.execute("COMMIT")
             except BaseException:
@@ -871,6 +923,182 @@ class Ledger:
             raise LedgerError(f"no run {run_id!r} in the ledger", fix="see `tpuctl runs list`")
         return _run_record(row)
 
+    # -- runs as leased records --------------------------------------------------------------------
+    #
+    # Who may act on a run, and everything a new owner needs to carry it on from any machine. The lease
+    # protocol is ``tpuctl.store.leases``; times here are the ledger's clock (``db_now``).
+
+    def db_now(self) -> float:
+        """The ledger's clock (the database's, never this process's): what lease expiry is judged by."""
+        with self._read() as conn:
+            return leases.db_now(conn)
+
+    def claim_lease(self, run_id: str, owner: LeaseOwner, ttl_s: float) -> LeaseClaim:
+        """Take the run's lease, in one write transaction: a free or expired lease is taken (generation
+        + 1, a new token, expiry now + ``ttl_s`` by the ledger's clock; taking another owner's expired
+        lease is a takeover in the history). A live lease held by anyone, ``owner`` included, is refused
+        with ``LeaseHeldError`` (exit 9), naming the holder and when its lease expires."""
+        with self._write() as conn:
+            self._get_run(conn, run_id)
+            return leases.claim(conn, run_id, owner, ttl_s)
+
+    def renew_lease(self, claim: LeaseClaim, ttl_s: float) -> LeaseClaim:
+        """``claim`` with its expiry moved to now + ``ttl_s`` and the run's cancel request (``cancel``)
+        read. ``LeaseLostError`` when the lease is no longer ``claim``'s: its token or generation changed,
+        or it expired (expired is lost: another owner may be taking it), the loss in the history."""
+        with self._write() as conn:
+            renewed = leases.renew(conn, claim, ttl_s)
+        if isinstance(renewed, LeaseLostError):
+            raise renewed  # after the commit: the loss stays in the history
+        return renewed
+
+    def release_lease(self, claim: LeaseClaim) -> bool:
+        """Give the lease back (the next claim needs no wait); False when it was no longer ``claim``'s."""
+        with self._write() as conn:
+            return leases.release(conn, claim)
+
+    def lease_of(self, run_id: str) -> LeaseHolder | None:
+        """Who holds the run's lease, with the ledger's clock at the read (``expired`` tells whether it
+        may be taken); None when it was never claimed or was released."""
+        with self._read() as conn:
+            return leases.holder(conn, run_id)
+
+    def lease_history(self, run_id: str) -> list[LeaseHistoryRecord]:
+        """Every claim, takeover, renewal, loss and release of the run's lease, oldest first."""
+        with self._read() as conn:
+            return leases.history(conn, run_id)
+
+    def fenced(self, claim: LeaseClaim) -> Ledger:
+        """This ledger, with every write fenced by ``claim``: the same connection, reads as they are, and
+        each write transaction (``update_run``, ``add_segment``, ``close_segment``, ``update_segment``,
+        ``record_event(s)``, ``record_attempt``, the blobs, secrets and the rest) first checks, in that
+        transaction, that ``claim`` still holds its run's lease by the ledger's clock. If not, the write
+        does nothing, the loss goes to the lease history, and ``LeaseLostError`` is raised: a supervisor
+        that hands this view to everything it runs (its session's ledger) cannot write after losing the
+        run. Closing the view does nothing; close the ledger it came from."""
+        view = copy.copy(self)
+        view._fence = claim
+        view._owns_connection = False
+        return view
+
+    @property
+    def fence(self) -> LeaseClaim | None:
+        """The claim this view's writes are fenced by (None: an unfenced ledger)."""
+        return self._fence
+
+    def request_cancel(self, run_id: str, by: str) -> CancelRequest:
+        """Ask the run to stop, from any machine and without its lease; its owner sees the request (in
+        ``renew_lease``'s result, or ``cancel_requested``) and stops the run. The first request stands."""
+        with self._write() as conn:
+            self._get_run(conn, run_id)
+            return leases.request_cancel(conn, run_id, by)
+
+    def cancel_requested(self, run_id: str) -> CancelRequest | None:
+        with self._read() as conn:
+            return leases.cancel_request(conn, run_id)
+
+    def record_intent(
+        self,
+        claim: LeaseClaim,
+        action: IntentAction,
+        pod: str,
+        zone: str,
+        detail: Mapping[str, Any] | None = None,
+    ) -> IntentRecord:
+        """Record, fenced by ``claim``, that its owner is about to create or delete the slice ``pod`` in
+        ``zone``: written before every such cloud request, so a new owner can reconcile what the old one
+        may have done, and a supervisor that lost the lease fails here, before it touches the cloud."""
+        with self._write(claim) as conn:
+            return runstate.record_intent(conn, claim, action, pod, zone, detail)
+
+    def intents(self, run_id: str) -> list[IntentRecord]:
+        """The run's recorded slice creates and deletes, oldest first."""
+        with self._read() as conn:
+            return runstate.intents(conn, run_id)
+
+    def update_run_state(
+        self,
+        claim: LeaseClaim,
+        *,
+        phase: _Maybe[str | None] = UNSET,
+        attempt: _Maybe[int | None] = UNSET,
+        slices: _Maybe[Sequence[SliceRef]] = UNSET,
+    ) -> RunState:
+        """Set, fenced by ``claim``, the given fields of where the run stands (``UNSET`` keeps one)."""
+        changes = {
+            k: v for k, v in (("phase", phase), ("attempt", attempt), ("slices", slices)) if v is not UNSET
+        }
+        with self._write(claim) as conn:
+            return runstate.update_run_state(conn, claim, changes)
+
+    def run_state(self, run_id: str) -> RunState | None:
+        with self._read() as conn:
+            return runstate.run_state(conn, run_id)
+
+    def save_run_request(self, run_id: str, request_json: str) -> BlobRecord:
+        """Store the run's saved request (the JSON a supervisor prepares the run again from); text that
+        is not JSON is a ``ValueError`` (a bug in the caller), not stored for a later owner to trip on."""
+        json.loads(request_json)
+        return self._save_blob(run_id, runstate.REQUEST_BLOB, request_json.encode("utf-8"))
+
+    def run_request(self, run_id: str) -> str | None:
+        with self._read() as conn:
+            data = runstate.blob(conn, run_id, runstate.REQUEST_BLOB)
+        return None if data is None else data.decode("utf-8")
+
+    def save_bundle(self, run_id: str, data: bytes) -> BlobRecord:
+        """Store the run's bundle (at most ``runstate.MAX_BLOB_BYTES``, else ``BlobTooLargeError``)."""
+        return self._save_blob(run_id, runstate.BUNDLE_BLOB, data)
+
+    def bundle(self, run_id: str) -> bytes | None:
+        """The run's bundle, checked against its stored SHA-256; None when none was saved."""
+        with self._read() as conn:
+            return runstate.blob(conn, run_id, runstate.BUNDLE_BLOB)
+
+    def _save_blob(self, run_id: str, name: str, data: bytes) -> BlobRecord:
+        with self._write() as conn:
+            self._get_run(conn, run_id)
+            return runstate.save_blob(conn, run_id, name, data)
+
+    def put_secret(self, run_id: str, name: str, plaintext: bytes, key: SecretKey) -> None:
+        """Store the run's secret ``name`` encrypted with ``key`` (the plaintext is never written)."""
+        ciphertext = key.encrypt(plaintext)
+        with self._write() as conn:
+            self._get_run(conn, run_id)
+            runstate.put_secret(conn, run_id, name, key.key_id, ciphertext)
+
+    def get_secret(self, run_id: str, name: str, key: SecretKey) -> bytes | None:
+        """The run's secret ``name`` decrypted with ``key``; None when it has none. ``SecretKeyError``
+        (naming the setting to change) when it was stored with another key."""
+        with self._read() as conn:
+            found = runstate.secret(conn, run_id, name)
+        if found is None:
+            return None
+        key_id, ciphertext = found
+        return key.decrypt(ciphertext, key_id=key_id, what=f"the secret {name!r} of run {run_id}")
+
+    def append_log_lines(
+        self, claim: LeaseClaim, worker: int, first_seq: int, lines: Iterable[tuple[float, str]]
+    ) -> int:
+        """Store host ``worker``'s lines numbered from ``first_seq``, each ``(arrival time, text)``, fenced
+        by ``claim``. Idempotent on (run, worker, seq): a line already stored stays as it is, so a new
+        owner may re-send from where it is unsure. Returns how many lines were new."""
+        with self._write(claim) as conn:
+            return runstate.append_log_lines(conn, claim, worker, first_seq, lines)
+
+    def log_lines(
+        self, run_id: str, *, worker: int | None = None, after_seq: int = -1, limit: int | None = None
+    ) -> list[LogLine]:
+        """The run's host lines with ``seq > after_seq``: one worker's in order, or every worker's in the
+        order they arrived."""
+        with self._read() as conn:
+            return runstate.log_lines(conn, run_id, worker=worker, after_seq=after_seq, limit=limit)
+
+    def next_log_seq(self, run_id: str, worker: int) -> int:
+        """The seq of ``worker``'s next line: where a new owner appends."""
+        with self._read() as conn:
+            return runstate.next_log_seq(conn, run_id, worker)
+
     # -- checks --------------------------------------------------------------------------------------
 
     def integrity_check(self) -> str:
@@ -949,6 +1177,15 @@ class Ledger:
 
     def _now(self, ts: float | None) -> float:
         return self._clock() if ts is None else float(ts)
+
+
+def _distinct_claims(*claims: LeaseClaim | None) -> list[LeaseClaim]:
+    """The claims a write is fenced by, each once (a fenced view's method given its own claim again)."""
+    out: list[LeaseClaim] = []
+    for claim in claims:
+        if claim is not None and all(claim.token != c.token for c in out):
+            out.append(claim)
+    return out
 
 
 def _rollup_differences(

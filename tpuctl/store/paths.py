@@ -81,7 +81,7 @@ def tighten_file(path: str | os.PathLike[str]) -> None:
             p.chmod(PRIVATE_FILE_MODE)
 
 
-def _fsync_dir(directory: Path) -> None:
+def fsync_dir(directory: Path) -> None:
     # The rename is only durable once the directory entry is on disk. Some filesystems refuse to open
     # or fsync a directory; the data itself was already fsynced, so that is not worth failing for.
     try:
@@ -119,7 +119,7 @@ def atomic_write_text(
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
         raise
-    _fsync_dir(p.parent)
+    fsync_dir(p.parent)
     return p
 
 

@@ -7,13 +7,16 @@ tuple construction is several times cheaper.
 
 from __future__ import annotations
 
+import os
+import secrets
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, NamedTuple
 
 from tpuctl.catalog import CapacityType
 from tpuctl.errors import TpuctlError, UsageError
+from tpuctl.processes import process_start_ticks
 
 
 class LedgerError(TpuctlError):
@@ -270,3 +273,174 @@ class SegmentRecord:
     @property
     def duration_s(self) -> float | None:
         return None if self.end is None else self.end - self.start
+
+
+# -- runs as leased records ------------------------------------------------------------------------
+
+
+class LeaseAction(StrEnum):
+    """What a row of a run's lease history records."""
+
+    CLAIM = "claim"  # a free lease (never held, released, or this owner's own expired one) was taken
+    TAKEOVER = "takeover"  # another owner's expired lease was taken (the row's detail names that owner)
+    RENEW = "renew"
+    RELEASE = "release"
+    LOST = "lost"  # a renewal or a fenced write found the lease no longer this owner's
+
+
+class IntentAction(StrEnum):
+    """What a supervisor is about to do to a slice (recorded, fenced, before it asks the cloud)."""
+
+    CREATE = "create"
+    DELETE = "delete"
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseOwner:
+    """Who holds (or held) a run's lease: one supervisor process.
+
+    ``owner_id`` is random per supervisor process (``of_this_process``), so two processes that share a
+    host name and a pid (containers, a pid reused after a reboot) are still two owners. ``start_ticks``
+    is the process's start time in clock ticks after its host's boot (``tpuctl.processes``), which tells
+    a live holder from a later process that got the same pid, on that host.
+    """
+
+    owner_id: str
+    host: str
+    pid: int
+    start_ticks: int | None
+
+    @classmethod
+    def of_this_process(cls) -> LeaseOwner:
+        """A new owner identity for this process: make it once per supervisor process, and keep it."""
+        pid = os.getpid()
+        return cls(secrets.token_hex(8), os.uname().nodename, pid, process_start_ticks(pid))
+
+    def describe(self) -> str:
+        return f"host {self.host}, pid {self.pid} (owner {self.owner_id})"
+
+
+@dataclass(frozen=True, slots=True)
+class CancelRequest:
+    """Someone asked for the run to stop (``runs cancel``, from any machine); its owner acts on it."""
+
+    run_id: str
+    requested_at: float  # the ledger's clock
+    requested_by: str
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseClaim:
+    """A held lease: the credential every fenced write presents. Times are the ledger's clock.
+
+    ``token`` and ``generation`` are what a fenced write must still find in the lease row; the token is
+    secret to its holder (never printed, never in the history), so nobody else's write can pass the fence.
+    ``cancel`` is the run's cancel request as the claim or the latest renewal read it.
+    """
+
+    run_id: str
+    owner: LeaseOwner
+    token: str = field(repr=False)
+    generation: int
+    expires_at: float
+    cancel: CancelRequest | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseHolder:
+    """Who holds a run's lease, as anyone may read it. ``now`` is the ledger's clock at the read."""
+
+    run_id: str
+    owner: LeaseOwner
+    generation: int
+    claimed_at: float
+    renewed_at: float
+    expires_at: float
+    now: float
+
+    @property
+    def expires_in_s(self) -> float:
+        """Seconds until the lease expires (negative: it expired that long ago and nobody took it)."""
+        return self.expires_at - self.now
+
+    @property
+    def expired(self) -> bool:
+        return self.expires_at <= self.now
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseHistoryRecord:
+    """One row of a run's lease history. ``at`` and ``expires_at`` are the ledger's clock."""
+
+    id: int
+    run_id: str
+    at: float
+    action: LeaseAction | str
+    owner: LeaseOwner
+    generation: int
+    expires_at: float | None
+    detail: dict[str, Any] | None
+
+
+@dataclass(frozen=True, slots=True)
+class IntentRecord:
+    """A slice create or delete a supervisor recorded (fenced) before asking the cloud for it: what a new
+    owner reconciles against the cloud. ``pod`` is the slice's name (a multislice: one row per node)."""
+
+    id: int
+    run_id: str
+    at: float
+    action: IntentAction | str
+    pod: str
+    zone: str
+    generation: int
+    owner_id: str
+    detail: dict[str, Any] | None
+
+
+@dataclass(frozen=True, slots=True)
+class SliceRef:
+    """A slice by name and zone, as a run's state records it."""
+
+    name: str
+    zone: str
+
+
+@dataclass(frozen=True, slots=True)
+class RunState:
+    """Where a supervised run stands, as its owner last wrote it (fenced): the supervisor's phase (its own
+    vocabulary), the current attempt's number and the slices it runs on."""
+
+    run_id: str
+    phase: str | None
+    attempt: int | None
+    slices: tuple[SliceRef, ...]
+    generation: int  # the lease generation of the owner that wrote it
+    updated_at: float  # the ledger's clock
+
+
+@dataclass(frozen=True, slots=True)
+class BlobRecord:
+    """A stored blob of a run (its saved request, its bundle): name, SHA-256, size, when saved."""
+
+    run_id: str
+    name: str
+    sha256: str
+    size: int
+    saved_at: float  # the ledger's clock
+
+
+@dataclass(frozen=True, slots=True)
+class LogLine:
+    """One line a host printed: ``seq`` numbers a worker's lines from 0, ``at`` is when it arrived."""
+
+    worker: int
+    seq: int
+    at: float
+    text: str
+
+
+class BlobTooLargeError(UsageError):
+    """A run's blob (its bundle, its request) is larger than the ledger stores per item."""
+
+    kind = "blob_too_large"

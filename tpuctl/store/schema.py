@@ -731,7 +731,100 @@ _V9 = Migration(
     backfill=_new_identity,
 )
 
-MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9)
+#: Runs as leased records: everything a supervisor needs to take a run over on any machine, and who may
+#: act on it (``tpuctl.store.leases``). ``run_leases``: one row per run ever claimed (``token`` NULL: free;
+#: the generation survives a release, so it only ever grows). ``run_lease_history``: every claim, takeover,
+#: renewal, loss and release (never the token). ``run_intents``: the slice creates and deletes an owner
+#: recorded, fenced, before asking the cloud. ``run_state``: phase, attempt and slices. ``run_blobs``: the
+#: saved request and the bundle. ``run_secrets``: secrets, Fernet-encrypted (the key is never here).
+#: ``run_log_lines``: the hosts' lines, one row each, idempotent on (run, worker, seq), with the time each
+#: arrived at its supervisor. ``run_cancel_requests``: a cancel asked from any machine. Every other time in
+#: these tables is the ledger's clock.
+_V10 = Migration(
+    10,
+    "runs as leased records: leases, lease history, intents, run state, blobs, secrets, log lines, cancels",
+    (
+        """CREATE TABLE run_leases (
+            run_id      TEXT    PRIMARY KEY REFERENCES runs (run_id) DEFERRABLE INITIALLY DEFERRED,
+            generation  INTEGER NOT NULL,
+            token       TEXT,
+            owner_id    TEXT,
+            host        TEXT,
+            pid         INTEGER,
+            start_ticks INTEGER,
+            claimed_at  REAL,
+            renewed_at  REAL,
+            expires_at  REAL,
+            CHECK ((token IS NULL) = (expires_at IS NULL) AND (token IS NULL) = (owner_id IS NULL))
+        ) STRICT""",
+        """CREATE TABLE run_lease_history (
+            id          INTEGER PRIMARY KEY,
+            run_id      TEXT    NOT NULL REFERENCES runs (run_id) DEFERRABLE INITIALLY DEFERRED,
+            at          REAL    NOT NULL,
+            action      TEXT    NOT NULL,
+            generation  INTEGER NOT NULL,
+            owner_id    TEXT    NOT NULL,
+            host        TEXT    NOT NULL,
+            pid         INTEGER NOT NULL,
+            start_ticks INTEGER,
+            expires_at  REAL,
+            detail      TEXT
+        ) STRICT""",
+        "CREATE INDEX run_lease_history_run ON run_lease_history (run_id, id)",
+        """CREATE TABLE run_cancel_requests (
+            run_id       TEXT PRIMARY KEY REFERENCES runs (run_id) DEFERRABLE INITIALLY DEFERRED,
+            requested_at REAL NOT NULL,
+            requested_by TEXT NOT NULL
+        ) STRICT""",
+        """CREATE TABLE run_intents (
+            id         INTEGER PRIMARY KEY,
+            run_id     TEXT    NOT NULL REFERENCES runs (run_id) DEFERRABLE INITIALLY DEFERRED,
+            at         REAL    NOT NULL,
+            action     TEXT    NOT NULL CHECK (action IN ('create', 'delete')),
+            pod        TEXT    NOT NULL,
+            zone       TEXT    NOT NULL,
+            generation INTEGER NOT NULL,
+            owner_id   TEXT    NOT NULL,
+            detail     TEXT
+        ) STRICT""",
+        "CREATE INDEX run_intents_run ON run_intents (run_id, id)",
+        """CREATE TABLE run_state (
+            run_id     TEXT    PRIMARY KEY REFERENCES runs (run_id) DEFERRABLE INITIALLY DEFERRED,
+            phase      TEXT,
+            attempt    INTEGER,
+            slices     TEXT    NOT NULL DEFAULT '[]',
+            generation INTEGER NOT NULL,
+            updated_at REAL    NOT NULL
+        ) STRICT""",
+        """CREATE TABLE run_blobs (
+            run_id   TEXT    NOT NULL REFERENCES runs (run_id) DEFERRABLE INITIALLY DEFERRED,
+            name     TEXT    NOT NULL,
+            sha256   TEXT    NOT NULL,
+            size     INTEGER NOT NULL,
+            data     BLOB    NOT NULL,
+            saved_at REAL    NOT NULL,
+            PRIMARY KEY (run_id, name)
+        ) STRICT""",
+        """CREATE TABLE run_secrets (
+            run_id     TEXT NOT NULL REFERENCES runs (run_id) DEFERRABLE INITIALLY DEFERRED,
+            name       TEXT NOT NULL,
+            key_id     TEXT NOT NULL,
+            ciphertext BLOB NOT NULL,
+            saved_at   REAL NOT NULL,
+            PRIMARY KEY (run_id, name)
+        ) STRICT""",
+        """CREATE TABLE run_log_lines (
+            run_id TEXT    NOT NULL REFERENCES runs (run_id) DEFERRABLE INITIALLY DEFERRED,
+            worker INTEGER NOT NULL,
+            seq    INTEGER NOT NULL,
+            at     REAL    NOT NULL,
+            text   TEXT    NOT NULL,
+            PRIMARY KEY (run_id, worker, seq)
+        ) STRICT, WITHOUT ROWID""",
+    ),
+)
+
+MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10)
 SCHEMA_VERSION: int = len(MIGRATIONS)
 
 

@@ -1,0 +1,376 @@
+"""Runs' leases: claim, renew and release by the ledger's clock; the refusal that names the holder; the fence
+every write passes; the history; cancel requests; two processes racing for one expired lease."""
+
+from __future__ import annotations
+
+import multiprocessing
+import queue
+import sqlite3
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tpuctl.errors import EXIT_LEASE_HELD, LeaseHeldError, LeaseLostError
+from tpuctl.store import (
+    SCHEMA_VERSION,
+    EventKind,
+    IntentAction,
+    LeaseAction,
+    LeaseClaim,
+    LeaseOwner,
+    Ledger,
+    LedgerError,
+    NewEvent,
+    RunStatus,
+    SegmentKind,
+    SliceRef,
+)
+from tpuctl.store.records import AttemptOutcome
+from tpuctl.store.secrets import SecretKey, generate_key
+from tpuctl.testing.clock import FakeClock, wait_for
+from tpuctl.timefmt import iso
+
+RUN = "r-lease"
+A = LeaseOwner("owner-aaaa", "host-a", 1111, 501)
+B = LeaseOwner("owner-bbbb", "host-b", 2222, 602)
+LONG = 300.0  # a ttl no test outlives
+SHORT = 0.4  # a ttl tests wait out (through the ledger's clock, polled)
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> Iterator[Ledger]:
+    with Ledger(tmp_path / "state") as opened:
+        opened.create_run(RUN, script="train.py")
+        yield opened
+
+
+def other_machine(ledger: Ledger, **kwargs: Any) -> Ledger:
+    """Another process's ledger on the same database (another machine, in effect)."""
+    return Ledger.open(ledger.url, **kwargs)
+
+
+def claim_when_free(ledger: Ledger, owner: LeaseOwner, ttl_s: float = LONG) -> LeaseClaim:
+    """Claim as soon as the current lease has expired by the ledger's clock (bounded, in real time)."""
+
+    def attempt() -> LeaseClaim | None:
+        try:
+            return ledger.claim_lease(RUN, owner, ttl_s)
+        except LeaseHeldError:
+            return None
+
+    claim = wait_for(attempt, timeout=20.0, what="the lease to expire")
+    assert claim is not None  # wait_for returns only a true value
+    return claim
+
+
+def table_contents(db: Path, *, skip: tuple[str, ...] = ()) -> dict[str, list[str]]:
+    """Every row of every table (but ``skip``), to compare before and after."""
+    with sqlite3.connect(db) as conn:
+        names = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        return {
+            n: sorted(repr(r) for r in conn.execute(f"SELECT * FROM {n}")) for n in names if n not in skip
+        }
+
+
+def test_claim_renew_release(ledger: Ledger) -> None:
+    before = ledger.db_now()
+    claim = ledger.claim_lease(RUN, A, 30.0)
+    assert (claim.run_id, claim.owner, claim.generation, claim.cancel) == (RUN, A, 1, None)
+    assert before + 30.0 <= claim.expires_at <= ledger.db_now() + 30.0
+    assert claim.token not in repr(claim)  # the token is its holder's alone, never printed
+
+    holder = ledger.lease_of(RUN)
+    assert holder is not None
+    assert (holder.owner, holder.generation, holder.expires_at) == (A, 1, claim.expires_at)
+    assert not holder.expired and 29.0 < holder.expires_in_s <= 30.0
+
+    renewed = ledger.renew_lease(claim, 60.0)
+    assert (renewed.generation, renewed.token) == (1, claim.token)
+    assert renewed.expires_at > claim.expires_at + 29.0
+
+    assert ledger.release_lease(renewed) is True
+    assert ledger.lease_of(RUN) is None
+    assert ledger.release_lease(renewed) is False  # no longer its own: nothing more happens
+
+    again = ledger.claim_lease(RUN, B, 30.0)  # free at once after a release: no wait
+    assert again.generation == 2 and again.token != claim.token
+
+
+def test_a_live_lease_is_refused_naming_its_holder_and_when_it_expires(ledger: Ledger) -> None:
+    claim = ledger.claim_lease(RUN, A, 120.0)
+    with pytest.raises(LeaseHeldError) as info:
+        other_machine(ledger).claim_lease(RUN, B, 120.0)
+    err = info.value
+    assert err.exit_code == EXIT_LEASE_HELD == 9
+    for part in ("host-a", "pid 1111", "owner-aaaa", iso(claim.expires_at), "by the ledger's clock"):
+        assert part in err.message, part
+    assert 115.0 < err.expires_in_s <= 120.0
+    assert f"in {err.expires_in_s:.1f} s" in err.message
+    assert f"tpuctl runs cancel {RUN}" in (err.fix or "") and "wait" in (err.fix or "")
+    doc = err.to_dict()
+    assert doc["error"] == "lease_held" and doc["exit_code"] == 9
+    assert doc["owner"] == {"owner_id": "owner-aaaa", "host": "host-a", "pid": 1111}
+    assert doc["expires_at"] == claim.expires_at
+    with pytest.raises(LeaseHeldError):
+        ledger.claim_lease(RUN, A, 120.0)  # its own holder claiming twice is refused too
+    assert [h.action for h in ledger.lease_history(RUN)] == [LeaseAction.CLAIM]  # refusals write nothing
+
+
+def test_expiry_is_judged_by_the_ledgers_clock_not_the_callers(ledger: Ledger) -> None:
+    # B's own clock runs ten days ahead: by it, A's lease would be long expired. It still waits.
+    skewed = other_machine(ledger, clock=FakeClock(time.time() + 10 * 86400))
+    claim = ledger.claim_lease(RUN, A, SHORT)
+    assert abs(claim.expires_at - (time.time() + SHORT)) < 5.0  # the database's time, not a fake one
+    with pytest.raises(LeaseHeldError):
+        skewed.claim_lease(RUN, B, LONG)
+    taken = claim_when_free(skewed, B)
+    assert taken.generation == 2
+    history = ledger.lease_history(RUN)
+    assert [h.action for h in history] == [LeaseAction.CLAIM, LeaseAction.TAKEOVER]
+    takeover = history[1]
+    assert takeover.at >= claim.expires_at  # not before A's lease expired
+    assert takeover.owner == B and takeover.generation == 2
+    assert takeover.detail == {
+        "previous_owner": {"owner_id": A.owner_id, "host": "host-a", "pid": 1111, "start_ticks": 501},
+        "previous_generation": 1,
+        "previous_expired_at": claim.expires_at,
+    }
+    with pytest.raises(LeaseLostError) as info:
+        ledger.renew_lease(claim, LONG)
+    assert "host-b, pid 2222 (owner owner-bbbb) claimed it since (generation 2)" in info.value.message
+    assert info.value.exit_code == 9 and info.value.generation == 1
+
+
+def test_generation_grows_with_every_claim(ledger: Ledger) -> None:
+    generations = []
+    for owner in (A, B, A):
+        claim = ledger.claim_lease(RUN, owner, LONG)
+        generations.append(claim.generation)
+        ledger.release_lease(claim)
+    short = ledger.claim_lease(RUN, A, SHORT)
+    generations.append(short.generation)
+    generations.append(claim_when_free(ledger, B).generation)  # a takeover counts as well
+    assert generations == [1, 2, 3, 4, 5]
+
+
+def test_an_expired_lease_is_lost_even_when_nobody_took_it(ledger: Ledger) -> None:
+    claim = ledger.claim_lease(RUN, A, SHORT)
+    wait_for(lambda: (h := ledger.lease_of(RUN)) is not None and h.expired, timeout=20.0, what="expiry")
+    with pytest.raises(LeaseLostError) as info:
+        ledger.renew_lease(claim, LONG)
+    assert "it expired at" in info.value.message and "ago by the ledger's clock" in info.value.message
+    with pytest.raises(LeaseLostError):
+        ledger.fenced(claim).update_run(RUN, status=RunStatus.RUNNING)
+    record = ledger.get_run(RUN)
+    assert record is not None and record.status == RunStatus.PENDING
+    again = ledger.claim_lease(RUN, A, LONG)  # its own expired lease: a claim, not a takeover
+    actions = [(h.action, h.generation) for h in ledger.lease_history(RUN)]
+    assert actions == [(LeaseAction.CLAIM, 1), (LeaseAction.LOST, 1), (LeaseAction.CLAIM, 2)]
+    assert again.generation == 2
+
+
+def test_a_stolen_lease_fails_renewal_and_every_fenced_write_and_writes_nothing(
+    ledger: Ledger, tmp_path: Path
+) -> None:
+    claim = ledger.claim_lease(RUN, A, LONG)
+    fenced = ledger.fenced(claim)
+    assert fenced.fence == claim and ledger.fence is None
+    # While it holds, a fenced write is an ordinary write.
+    fenced.update_run(RUN, status=RunStatus.RUNNING)
+    segment = fenced.add_segment(RUN, SegmentKind.RUNNING, pod="p1", zone="us-central1-a")
+    ledger.record_intent(claim, IntentAction.CREATE, "p1", "us-central1-a")
+    record = ledger.get_run(RUN)
+    assert record is not None and record.status == RunStatus.RUNNING
+
+    with sqlite3.connect(ledger.path) as raw:  # someone rewrites the token by hand
+        raw.execute("UPDATE run_leases SET token = 'stolen' WHERE run_id = ?", (RUN,))
+    db = ledger.path
+    before = table_contents(db, skip=("run_lease_history",))
+    key = SecretKey(generate_key(), "test")
+    writes: dict[str, Callable[[], object]] = {
+        "update_run": lambda: fenced.update_run(RUN, status=RunStatus.FAILED),
+        "add_segment": lambda: fenced.add_segment(RUN, SegmentKind.RECOVERING),
+        "close_segment": lambda: fenced.close_segment(segment, steps_completed=5),
+        "update_segment": lambda: fenced.update_segment(segment, pod="p2"),
+        "record_event": lambda: fenced.record_event(EventKind.DELETED, pod="p1", zone="us-central1-a"),
+        "record_events_bulk": lambda: fenced.record_events_bulk(
+            [NewEvent(EventKind.REQUESTED, pod="p3", zone="us-central1-a")]
+        ),
+        "record_attempt": lambda: fenced.record_attempt("req", zone="z-a", outcome=AttemptOutcome.STOCKOUT),
+        "record_intent": lambda: ledger.record_intent(claim, IntentAction.DELETE, "p1", "us-central1-a"),
+        "update_run_state": lambda: ledger.update_run_state(claim, phase="recovering", attempt=2),
+        "append_log_lines": lambda: ledger.append_log_lines(claim, 0, 0, [(1.0, "a line")]),
+        "save_bundle": lambda: fenced.save_bundle(RUN, b"bundle"),
+        "save_run_request": lambda: fenced.save_run_request(RUN, "{}"),
+        "put_secret": lambda: fenced.put_secret(RUN, "ssh", b"key", key),
+        "request_cancel": lambda: fenced.request_cancel(RUN, "someone"),
+        "renew_lease": lambda: ledger.renew_lease(claim, LONG),
+    }
+    for name, write in writes.items():
+        with pytest.raises(LeaseLostError) as info:
+            write()
+        assert "its token was changed by someone else" in info.value.message, name
+    assert table_contents(db, skip=("run_lease_history",)) == before  # not one row written
+    lost = [h for h in ledger.lease_history(RUN) if h.action == LeaseAction.LOST]
+    assert len(lost) == 1  # once per claim, however often its holder tries
+    assert lost[0].owner == A and lost[0].generation == 1 and lost[0].detail is not None
+    assert lost[0].detail["during"] == "write"
+    # The same writes, unfenced, still work: the ledger itself is not locked by a lost lease.
+    ledger.update_run(RUN, status=RunStatus.FAILED)
+
+
+def test_a_fenced_view_shares_the_ledgers_connection(ledger: Ledger) -> None:
+    claim = ledger.claim_lease(RUN, A, LONG)
+    with ledger.fenced(claim) as fenced:
+        fenced.update_run(RUN, steps=3)
+    # Closing the view closed nothing: the ledger it came from still reads and writes.
+    record = ledger.get_run(RUN)
+    assert record is not None and record.steps == 3
+    ledger.update_run(RUN, steps=4)
+
+
+def test_the_history_has_every_step_with_the_ledgers_time_and_never_the_token(ledger: Ledger) -> None:
+    first = ledger.claim_lease(RUN, A, SHORT)
+    first = ledger.renew_lease(first, SHORT)
+    second = claim_when_free(ledger, B)
+    with pytest.raises(LeaseLostError):
+        ledger.renew_lease(first, LONG)
+    ledger.release_lease(second)
+    third = ledger.claim_lease(RUN, A, LONG)
+    history = ledger.lease_history(RUN)
+    assert [(h.action, h.owner.owner_id, h.generation) for h in history] == [
+        (LeaseAction.CLAIM, A.owner_id, 1),
+        (LeaseAction.RENEW, A.owner_id, 1),
+        (LeaseAction.TAKEOVER, B.owner_id, 2),
+        (LeaseAction.LOST, A.owner_id, 1),
+        (LeaseAction.RELEASE, B.owner_id, 2),
+        (LeaseAction.CLAIM, A.owner_id, 3),
+    ]
+    times = [h.at for h in history]
+    assert times == sorted(times) and abs(times[-1] - time.time()) < 5.0
+    claimed_until, renewed_until = history[0].expires_at, history[1].expires_at
+    assert claimed_until is not None and renewed_until is not None and renewed_until > claimed_until
+    assert history[4].expires_at is None  # a release leaves no expiry
+    with sqlite3.connect(ledger.path) as raw:
+        dumped = "\n".join(raw.iterdump())
+    history_rows = [line for line in dumped.splitlines() if "run_lease_history" in line]
+    for claim in (first, second, third):
+        assert claim.token not in "\n".join(history_rows)
+
+
+def test_a_cancel_asked_from_another_machine_reaches_the_owner(ledger: Ledger) -> None:
+    claim = ledger.claim_lease(RUN, A, LONG)
+    laptop = other_machine(ledger)  # holds no lease
+    request = laptop.request_cancel(RUN, "bob@laptop")
+    assert request.requested_by == "bob@laptop" and abs(request.requested_at - time.time()) < 5.0
+    assert laptop.request_cancel(RUN, "carol@ci") == request  # the first request stands
+    renewed = ledger.renew_lease(claim, LONG)
+    assert renewed.cancel == request
+    assert ledger.cancel_requested(RUN) == request
+    with pytest.raises(LedgerError, match="no run 'nope'"):
+        laptop.request_cancel("nope", "bob")
+
+
+def test_a_claim_needs_a_run_and_a_positive_ttl(ledger: Ledger) -> None:
+    with pytest.raises(LedgerError, match="no run 'nope'"):
+        ledger.claim_lease("nope", A, LONG)
+    for ttl in (0.0, -1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="ttl"):
+            ledger.claim_lease(RUN, A, ttl)
+    assert ledger.lease_of(RUN) is None and ledger.lease_history(RUN) == []
+
+
+def test_an_owner_of_this_process_is_unique_and_names_it() -> None:
+    import os
+
+    one, two = LeaseOwner.of_this_process(), LeaseOwner.of_this_process()
+    assert one.pid == os.getpid() and one.host == os.uname().nodename
+    assert one.owner_id != two.owner_id  # random per supervisor process, not derived from the pid
+    assert one.start_ticks is None or one.start_ticks > 0
+
+
+def test_a_v9_ledger_gains_the_lease_tables_and_keeps_its_runs(tmp_path: Path) -> None:
+    with Ledger(tmp_path / "s") as ledger:
+        ledger.create_run("old", script="train.py")
+        db = ledger.path
+    with sqlite3.connect(db) as raw:
+        for table in ("run_leases", "run_lease_history", "run_cancel_requests", "run_intents"):
+            raw.execute(f"DROP TABLE {table}")
+        for table in ("run_state", "run_blobs", "run_secrets", "run_log_lines"):
+            raw.execute(f"DROP TABLE {table}")
+        raw.execute("PRAGMA user_version = 9")
+    with Ledger(tmp_path / "s") as ledger:
+        assert ledger.schema_version == SCHEMA_VERSION == 10
+        assert ledger.get_run("old") is not None
+        claim = ledger.claim_lease("old", A, LONG)
+        ledger.update_run_state(claim, phase="running", slices=[SliceRef("p", "us-central1-a")])
+        assert ledger.integrity_check() == "ok"
+
+
+# -- two processes racing ----------------------------------------------------------------------------
+
+
+def _race_to_claim(db: str, owner_id: str, go: Any, results: Any) -> None:  # runs in a child process
+    """A racer (another process): open the ledger, say so, wait for the start, claim once (a short lease,
+    so the next round can begin soon), report."""
+    owner = LeaseOwner(owner_id, "racer", 0, None)
+    try:
+        with Ledger(db) as ledger:
+            results.put(("ready", owner_id, None))
+            go.wait(60)
+            try:
+                claim = ledger.claim_lease(RUN, owner, SHORT)
+                results.put(("won", owner_id, claim.generation))
+            except LeaseHeldError as exc:
+                results.put(("held", owner_id, exc.owner_id))
+    except BaseException as exc:  # reported, so the test fails with the reason instead of a timeout
+        results.put(("error", owner_id, repr(exc)))
+
+
+def test_two_processes_racing_for_an_expired_lease_one_wins(tmp_path: Path) -> None:
+    # Forked racers (a spawned one would take a second to import): SQLite must have no connection open
+    # in this process when it forks (its per-file lock state would be copied into the child), so the
+    # ledger is opened here only between the forks.
+    db = tmp_path / "state" / "ledger.db"
+    with Ledger(db) as ledger:
+        ledger.create_run(RUN, script="train.py")
+        expired = ledger.claim_lease(RUN, A, SHORT)
+    context = multiprocessing.get_context("fork")
+    winners: list[str] = []
+    for round_ in range(2):
+        if round_:  # A takes the lease back from the last winner, and lets it expire again
+            with Ledger(db) as ledger:
+                expired = claim_when_free(ledger, A, SHORT)
+        go, results = context.Event(), context.Queue()
+        names = [f"racer-{round_}-{i}" for i in range(3)]
+        procs = [context.Process(target=_race_to_claim, args=(str(db), n, go, results)) for n in names]
+        for proc in procs:
+            proc.start()
+        try:
+            ready = [results.get(timeout=60) for _ in names]
+            assert all(r[0] == "ready" for r in ready), ready
+            with Ledger(db) as ledger:
+                wait_for(lambda: (h := ledger.lease_of(RUN)) is not None and h.expired, timeout=20.0)
+            go.set()
+            outcomes = [results.get(timeout=60) for _ in names]
+        except queue.Empty:
+            pytest.fail("a racing process did not report in 60 s")
+        finally:
+            for proc in procs:
+                proc.join(timeout=30)
+                if proc.is_alive():
+                    proc.kill()
+        won = [o for o in outcomes if o[0] == "won"]
+        assert len(won) == 1, outcomes
+        assert all(o[0] == "held" and o[2] == won[0][1] for o in outcomes if o is not won[0]), outcomes
+        assert won[0][2] == expired.generation + 1
+        winners.append(str(won[0][1]))
+        with Ledger(db) as ledger:
+            holder = ledger.lease_of(RUN)
+            assert holder is not None and holder.owner.owner_id == winners[-1]
+    with Ledger(db) as ledger:
+        takeovers = [h.owner.owner_id for h in ledger.lease_history(RUN) if h.action == LeaseAction.TAKEOVER]
+    assert takeovers == [winners[0], A.owner_id, winners[1]]

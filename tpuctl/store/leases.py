@@ -1,0 +1,309 @@
+"""The lease on a run: who may act on it, judged by the ledger's own clock, and the fence every write of
+run state passes. The one module a change of database engine re-implements for leases.
+
+The protocol (what ``Ledger.claim_lease`` and friends run, each inside one write transaction):
+
+* **claim**: a run's lease is free (no row, or released) or expired (``expires_at <= now``) or held. A free
+  or expired one is taken with a new random token and ``generation + 1``; a held one is refused with
+  ``LeaseHeldError`` naming the holder and when its lease expires. The write itself is a conditional
+  upsert (``ON CONFLICT ... DO UPDATE ... WHERE`` the old lease is free or expired), so it is correct on an
+  engine that lets two transactions read the row at once (PostgreSQL at READ COMMITTED) as well as on
+  SQLite, where ``BEGIN IMMEDIATE`` already serialises writers.
+* **renew**: pushes ``expires_at`` to ``now + ttl`` only where token, generation and an unexpired lease
+  all still match; anything else is a loss. Expired means lost even if nobody took it yet: another owner
+  may be claiming it at this moment, and "cannot tell" never counts as "still mine".
+* **fence**: the first statement of every fenced write transaction is an ``UPDATE`` of the lease row
+  matching token, generation and ``expires_at > now``. One matched row: the write goes on, and (on an
+  engine with row locks) the row stays locked until it commits, so no claim can slip between the check
+  and the write. No row: the loss is appended to the history and committed alone, and the caller gets
+  ``LeaseLostError``: nothing of its write happened.
+* **release**: clears token and owner where token and generation match (the generation stays, so the
+  next claim's is still higher).
+
+"Now" is always the database's clock (``DB_NOW_SQL``), read once per transaction, never a caller's: two
+machines with skewed clocks still agree on whether a lease expired. (On SQLite the database's clock is
+the clock of the machine the file is on, the only one its writers share.) Every claim, takeover, renewal,
+loss and release is appended to ``run_lease_history`` with that time, the owner and the generation; the
+token never is.
+
+The SQL here is plain (upsert, RETURNING, NOT EXISTS), as PostgreSQL takes it too; only ``DB_NOW_SQL``
+is SQLite's own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import secrets
+import sqlite3
+from typing import Any, Final
+
+from tpuctl.errors import LeaseHeldError, LeaseLostError
+from tpuctl.store.records import (
+    CancelRequest,
+    LeaseAction,
+    LeaseClaim,
+    LeaseHistoryRecord,
+    LeaseHolder,
+    LeaseOwner,
+    LedgerError,
+)
+from tpuctl.timefmt import iso
+
+#: The database's clock in epoch seconds. SQLite: Julian days since noon UTC 4714 BC, whose epoch
+#: (1970-01-01) is Julian day 2440587.5; millisecond resolution. (PostgreSQL:
+#: ``SELECT extract(epoch FROM clock_timestamp())``, not ``now()``, which is the transaction's start.)
+DB_NOW_SQL: Final = "SELECT (julianday('now') - 2440587.5) * 86400.0"
+
+_LEASE_COLS: Final = (
+    "run_id, generation, token, owner_id, host, pid, start_ticks, claimed_at, renewed_at, expires_at"
+)
+_HISTORY_COLS: Final = (
+    "id, run_id, at, action, generation, owner_id, host, pid, start_ticks, expires_at, detail"
+)
+
+_CLAIM_SQL: Final = f"""INSERT INTO run_leases ({_LEASE_COLS}) VALUES (?, 1, ?, ?, ?, ?, ?, ?, ?, ?)
+    ON CONFLICT (run_id) DO UPDATE SET generation = run_leases.generation + 1, token = excluded.token,
+        owner_id = excluded.owner_id, host = excluded.host, pid = excluded.pid,
+        start_ticks = excluded.start_ticks, claimed_at = excluded.claimed_at,
+        renewed_at = excluded.renewed_at, expires_at = excluded.expires_at
+    WHERE run_leases.token IS NULL OR run_leases.expires_at <= ?
+    RETURNING generation"""
+_MATCHES: Final = "run_id = ? AND token = ? AND generation = ?"
+_ACTIONS: Final[dict[str, LeaseAction]] = {a.value: a for a in LeaseAction}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _LeaseRow:
+    run_id: str
+    generation: int
+    token: str | None
+    owner: LeaseOwner | None
+    claimed_at: float | None
+    renewed_at: float | None
+    expires_at: float | None
+
+
+def db_now(conn: sqlite3.Connection) -> float:
+    """The database's clock now, in epoch seconds."""
+    return float(conn.execute(DB_NOW_SQL).fetchone()[0])
+
+
+def check_ttl(ttl_s: float) -> float:
+    if not (math.isfinite(ttl_s) and ttl_s > 0):
+        raise ValueError(f"a lease's ttl must be a finite number of seconds > 0, got {ttl_s!r}")
+    return float(ttl_s)
+
+
+def claim(conn: sqlite3.Connection, run_id: str, owner: LeaseOwner, ttl_s: float) -> LeaseClaim:
+    """Take the run's lease if it is free or expired; ``LeaseHeldError`` if another holds it live. The
+    caller holds the write transaction (and has checked that the run exists)."""
+    ttl = check_ttl(ttl_s)
+    now = db_now(conn)
+    before = _row(conn, run_id)
+    if before is not None and before.owner is not None and _live(before, now):
+        raise _held(before, before.owner, now)
+    token = secrets.token_hex(16)
+    expires_at = now + ttl
+    returned = conn.execute(
+        _CLAIM_SQL,
+        (run_id, token, owner.owner_id, owner.host, owner.pid, owner.start_ticks, now, now, expires_at, now),
+    ).fetchall()
+    if not returned:  # taken between our read and our write (an engine without a write lock up front)
+        after = _row(conn, run_id)
+        if after is None or after.owner is None:
+            raise LedgerError(f"run {run_id}'s lease changed while it was being claimed", fix="try again")
+        raise _held(after, after.owner, now)
+    generation = int(returned[0][0])
+    action, detail = LeaseAction.CLAIM, None
+    if before is not None and before.owner is not None and before.owner.owner_id != owner.owner_id:
+        action = LeaseAction.TAKEOVER
+        detail = {
+            "previous_owner": dataclasses.asdict(before.owner),
+            "previous_generation": before.generation,
+            "previous_expired_at": before.expires_at,
+        }
+    _append(conn, run_id, now, action, owner, generation, expires_at, detail)
+    return LeaseClaim(run_id, owner, token, generation, expires_at, cancel_request(conn, run_id))
+
+
+def renew(conn: sqlite3.Connection, held: LeaseClaim, ttl_s: float) -> LeaseClaim | LeaseLostError:
+    """``held`` with its expiry pushed to now + ``ttl_s`` (and the run's cancel request read), or the
+    loss (already appended to the history) when the lease is no longer ``held``'s."""
+    ttl = check_ttl(ttl_s)
+    now = db_now(conn)
+    expires_at = now + ttl
+    cur = conn.execute(
+        f"UPDATE run_leases SET renewed_at = ?, expires_at = ? WHERE {_MATCHES} AND expires_at > ?",
+        (now, expires_at, held.run_id, held.token, held.generation, now),
+    )
+    if cur.rowcount != 1:
+        return lost(conn, held, now, during="renewal")
+    _append(conn, held.run_id, now, LeaseAction.RENEW, held.owner, held.generation, expires_at, None)
+    return dataclasses.replace(held, expires_at=expires_at, cancel=cancel_request(conn, held.run_id))
+
+
+def fence(conn: sqlite3.Connection, held: LeaseClaim, *, during: str = "write") -> LeaseLostError | None:
+    """The fence of a write transaction, its first statement: None while ``held`` still holds the lease
+    (the row is then locked until the transaction ends, on an engine with row locks), else the loss,
+    already appended to the history; the caller then commits only that and raises it."""
+    now = db_now(conn)
+    cur = conn.execute(
+        f"UPDATE run_leases SET generation = generation WHERE {_MATCHES} AND expires_at > ?",
+        (held.run_id, held.token, held.generation, now),
+    )
+    return None if cur.rowcount == 1 else lost(conn, held, now, during=during)
+
+
+def release(conn: sqlite3.Connection, held: LeaseClaim) -> bool:
+    """Give the lease back; False (and nothing written) when it was no longer ``held``'s."""
+    now = db_now(conn)
+    cur = conn.execute(
+        "UPDATE run_leases SET token = NULL, owner_id = NULL, host = NULL, pid = NULL, start_ticks = NULL, "
+        f"claimed_at = NULL, renewed_at = NULL, expires_at = NULL WHERE {_MATCHES}",
+        (held.run_id, held.token, held.generation),
+    )
+    if cur.rowcount != 1:
+        return False
+    _append(conn, held.run_id, now, LeaseAction.RELEASE, held.owner, held.generation, None, None)
+    return True
+
+
+def holder(conn: sqlite3.Connection, run_id: str) -> LeaseHolder | None:
+    """Who holds the run's lease (also after it expired, until someone takes or releases it); None when
+    it was never claimed or was released."""
+    row = _row(conn, run_id)
+    if row is None or row.owner is None:
+        return None
+    assert row.claimed_at is not None and row.renewed_at is not None and row.expires_at is not None
+    return LeaseHolder(
+        run_id, row.owner, row.generation, row.claimed_at, row.renewed_at, row.expires_at, db_now(conn)
+    )
+
+
+def history(conn: sqlite3.Connection, run_id: str) -> list[LeaseHistoryRecord]:
+    rows = conn.execute(
+        f"SELECT {_HISTORY_COLS} FROM run_lease_history WHERE run_id = ? ORDER BY id", (run_id,)
+    ).fetchall()
+    return [_history_record(r) for r in rows]
+
+
+def _history_record(r: tuple[Any, ...]) -> LeaseHistoryRecord:
+    return LeaseHistoryRecord(
+        id=r[0],
+        run_id=r[1],
+        at=r[2],
+        action=_ACTIONS.get(r[3], r[3]),
+        generation=r[4],
+        owner=LeaseOwner(r[5], r[6], r[7], r[8]),
+        expires_at=r[9],
+        detail=None if r[10] is None else json.loads(r[10]),
+    )
+
+
+def request_cancel(conn: sqlite3.Connection, run_id: str, by: str) -> CancelRequest:
+    """Record that ``by`` asks the run to stop (needs no lease: any machine may ask); the first request
+    stands, a repeat returns it."""
+    now = db_now(conn)
+    conn.execute(
+        "INSERT INTO run_cancel_requests (run_id, requested_at, requested_by) VALUES (?, ?, ?) "
+        "ON CONFLICT (run_id) DO NOTHING",
+        (run_id, now, by),
+    )
+    found = cancel_request(conn, run_id)
+    assert found is not None
+    return found
+
+
+def cancel_request(conn: sqlite3.Connection, run_id: str) -> CancelRequest | None:
+    row = conn.execute(
+        "SELECT requested_at, requested_by FROM run_cancel_requests WHERE run_id = ?", (run_id,)
+    ).fetchone()
+    return None if row is None else CancelRequest(run_id, float(row[0]), str(row[1]))
+
+
+def lost(conn: sqlite3.Connection, held: LeaseClaim, now: float, *, during: str) -> LeaseLostError:
+    """Why ``held`` no longer holds the lease, appended to the history once per claim (a supervisor that
+    keeps trying adds no more rows), as the error its holder gets."""
+    row = _row(conn, held.run_id)
+    reason = _why_lost(row, held, now)
+    conn.execute(
+        "INSERT INTO run_lease_history (run_id, at, action, generation, owner_id, host, pid, start_ticks, "
+        "expires_at, detail) SELECT ?, ?, ?, ?, ?, ?, ?, ?, NULL, ? WHERE NOT EXISTS (SELECT 1 FROM "
+        "run_lease_history WHERE run_id = ? AND action = ? AND owner_id = ? AND generation = ?)",
+        (
+            held.run_id, now, LeaseAction.LOST.value, held.generation, held.owner.owner_id, held.owner.host,
+            held.owner.pid, held.owner.start_ticks, _json({"during": during, "reason": reason}),
+            held.run_id, LeaseAction.LOST.value, held.owner.owner_id, held.generation,
+        ),
+    )  # fmt: skip
+    return LeaseLostError(
+        f"the lease on run {held.run_id} (generation {held.generation}) is no longer this supervisor's: "
+        f"{reason}. The {during} was not recorded; this supervisor stops acting on the run",
+        run_id=held.run_id,
+        generation=held.generation,
+        fix=f"nothing to do if another supervisor carries the run on; `tpuctl runs describe {held.run_id}` "
+        "shows who owns it",
+    )
+
+
+def _why_lost(row: _LeaseRow | None, held: LeaseClaim, now: float) -> str:
+    if row is None:
+        return "the run has no lease"
+    if row.owner is None or row.expires_at is None:
+        return "it was released"
+    if row.generation != held.generation:
+        return f"{row.owner.describe()} claimed it since (generation {row.generation})"
+    if row.token != held.token:
+        return "its token was changed by someone else"
+    return f"it expired at {iso(row.expires_at)}, {now - row.expires_at:.1f} s ago by the ledger's clock"
+
+
+def _row(conn: sqlite3.Connection, run_id: str) -> _LeaseRow | None:
+    r = conn.execute(f"SELECT {_LEASE_COLS} FROM run_leases WHERE run_id = ?", (run_id,)).fetchone()
+    if r is None:
+        return None
+    owner = None if r[3] is None else LeaseOwner(r[3], r[4], r[5], r[6])
+    return _LeaseRow(r[0], r[1], r[2], owner, r[7], r[8], r[9])
+
+
+def _live(row: _LeaseRow, now: float) -> bool:
+    return row.expires_at is not None and row.expires_at > now
+
+
+def _held(row: _LeaseRow, owner: LeaseOwner, now: float) -> LeaseHeldError:
+    assert row.expires_at is not None  # an owned lease has an expiry (the table's CHECK)
+    return LeaseHeldError(
+        run_id=row.run_id,
+        owner_id=owner.owner_id,
+        host=owner.host,
+        pid=owner.pid,
+        generation=row.generation,
+        expires_at=row.expires_at,
+        now=now,
+    )
+
+
+def _append(
+    conn: sqlite3.Connection,
+    run_id: str,
+    at: float,
+    action: LeaseAction,
+    owner: LeaseOwner,
+    generation: int,
+    expires_at: float | None,
+    detail: dict[str, Any] | None,
+) -> None:
+    conn.execute(
+        "INSERT INTO run_lease_history (run_id, at, action, generation, owner_id, host, pid, start_ticks, "
+        "expires_at, detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            run_id, at, action.value, generation, owner.owner_id, owner.host, owner.pid, owner.start_ticks,
+            expires_at, None if detail is None else _json(detail),
+        ),
+    )  # fmt: skip
+
+
+def _json(data: dict[str, Any]) -> str:
+    return json.dumps(data, sort_keys=True, separators=(",", ":"))
