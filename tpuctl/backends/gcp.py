@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from tpuctl.backends.base import Closer, HostAddress, OwnPrices, RecoveryTuning, Tuning
+from tpuctl.backends.base import BackendLabel, Closer, HostAddress, OwnPrices, RecoveryTuning, Tuning
 from tpuctl.cloud.retry import RetryPolicy
 
 if TYPE_CHECKING:
@@ -35,6 +35,17 @@ GCP_TUNING = Tuning(
     delete_margin_s=120.0,
 )
 
+NAME = "gcp"
+
+#: A blue marker; a project taken from another tool's variable is called out, since it bills.
+GCP_LABEL = BackendLabel(
+    name=NAME,
+    style="white on blue",
+    headline="project {project}",
+    names_state_dir=False,
+    names_ambient_project=True,
+)
+
 #: SSH's port on a TPU VM (a node's network endpoints carry the TPU runtime's port, 8470).
 SSH_PORT = 22
 
@@ -44,8 +55,9 @@ class GcpBackend:
     """Google Cloud, project ``project``."""
 
     project: str
-    name: str = "gcp"
+    name: str = NAME
     tuning: Tuning = GCP_TUNING
+    label: BackendLabel = GCP_LABEL
     runtime: Literal["cpu", "tpu"] = "tpu"
     default_bucket: str | None = None
 

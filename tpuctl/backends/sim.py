@@ -12,12 +12,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from tpuctl.backends.base import Closer, HostAddress, OwnPrices, RecoveryTuning, Tuning
+from tpuctl.backends.base import BackendLabel, Closer, HostAddress, OwnPrices, RecoveryTuning, Tuning
 from tpuctl.cloud.retry import RetryPolicy
 
 if TYPE_CHECKING:
     from tpuctl.cloud.base import Node, TpuCloud
     from tpuctl.sim.world import World
+
+NAME = "sim"
 
 #: One retry policy for every step: the simulator's faults are injected at a fixed rate, so a few
 #: fast retries (milliseconds) ride them out.
@@ -37,6 +39,15 @@ SIM_TUNING = Tuning(
     delete_margin_s=5.0,
 )
 
+#: A yellow marker, so that nobody mistakes the simulator for Google; the state dir is its world.
+SIM_LABEL = BackendLabel(
+    name=NAME,
+    style="black on yellow",
+    headline="simulated TPU cloud (project {project})",
+    names_state_dir=True,
+    names_ambient_project=False,
+)
+
 #: The port a simulated slice's JAX coordinator listens on, on host 0's own address: the one JAX uses on
 #: Cloud TPU VMs (jax/_src/clusters/cloud_tpu_cluster.py, ``coordinator_port = '8482'``).
 COORDINATOR_PORT = 8482
@@ -51,8 +62,9 @@ class SimBackend:
     world_path: Path | None = None
     url: str | None = None
     wheelhouse: Path | None = None  # what the simulator's package mirror serves its hosts
-    name: str = "sim"
+    name: str = NAME
     tuning: Tuning = SIM_TUNING
+    label: BackendLabel = SIM_LABEL
     runtime: Literal["cpu", "tpu"] = "cpu"
     default_bucket: str | None = SIM_BUCKET
     _status: dict[str, Any] | None = field(default=None, repr=False)
