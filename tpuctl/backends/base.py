@@ -6,7 +6,9 @@ surface, another simulator) is one new implementation of :class:`Backend`, not a
 
 What lives here, and nowhere else:
 
-* how the cloud is reached: endpoint and credentials (:meth:`Backend.open_cloud`);
+* how the cloud is reached: each client's endpoint and its ``CloudConfig`` (credentials, retry and poll
+  policy, whether proxy variables apply), the quotas clients included (:meth:`Backend.open_cloud`); the
+  clients take what they are given and never ask which backend they serve;
 * how patient tpuctl is with it: retry, poll and margin defaults (:class:`Tuning`);
 * how the CLI marks it: the marker, and what its banner names (:class:`BackendLabel`);
 * how a host is reached over SSH: address and port (:meth:`Backend.host_addresses`); every backend's
