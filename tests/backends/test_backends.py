@@ -87,3 +87,90 @@ def test_the_simulator_reports_its_notice_grace_in_real_seconds(
         assert GcpBackend(project="p").notice_grace_s(cloud) is None
     finally:
         cloud.close()
+
+
+def test_the_simulators_tuning_is_defined_once() -> None:
+    from tpuctl.backends.sim import SIM_CLIENTS, SIM_RETRY
+    from tpuctl.cloud import tpu_api
+
+    # Its clients' retries and its steps' retries are one policy, wherever it is read from.
+    assert SIM_CLIENTS.retry is SIM_RETRY is SIM_TUNING.step_retry is SIM_TUNING.gc_retry
+    assert tpu_api.SIM_RETRY is SIM_RETRY
+
+
+def test_each_backend_supplies_how_the_cli_marks_it() -> None:
+    sim, gcp = SimBackend().label, GcpBackend(project="p").label
+    assert (sim.name, sim.style) == ("sim", "black on yellow")
+    assert (gcp.name, gcp.style) == ("gcp", "white on blue")
+    assert sim.headline.format(project="p") == "simulated TPU cloud (project p)"
+    assert gcp.headline.format(project="p") == "project p"
+    # The simulator's state dir is its cloud; a project another tool's variable chose bills on Google.
+    assert sim.names_state_dir and not sim.names_ambient_project
+    assert gcp.names_ambient_project and not gcp.names_state_dir
+
+
+def test_google_clients_share_one_adc_lookup_and_googles_endpoints(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import google.auth
+
+    from tpuctl.cloud.compute import GOOGLE_COMPUTE_ENDPOINT
+    from tpuctl.cloud.quotas import GOOGLE_QUOTAS_URL
+    from tpuctl.cloud.tpu_api import GOOGLE_TPU_ENDPOINT
+
+    lookups: list[object] = []
+    creds = object()
+
+    def adc(**_: Any) -> Any:
+        lookups.append(creds)
+        return creds, "p"
+
+    monkeypatch.setattr(google.auth, "default", adc)
+    cloud: Any = GcpBackend(project="my-proj").open_cloud(tmp_path, [])
+    tpu, compute = cloud._tpu, cloud._compute
+    assert len(lookups) == 1  # looked up once, when the session opens, and shared
+    assert (tpu.endpoint, compute.endpoint) == (GOOGLE_TPU_ENDPOINT, GOOGLE_COMPUTE_ENDPOINT)
+    assert tpu._quotas.base_url == compute._quotas.base_url == GOOGLE_QUOTAS_URL
+    assert (tpu._quotas.service, compute._quotas.service) == ("tpu.googleapis.com", "compute.googleapis.com")
+    for client in (tpu, compute):
+        assert client._config.credentials() is creds and client._config.trust_env is True
+        assert client.backend == "gcp" and client.project == "my-proj"
+    assert tpu._quotas._credentials is creds and tpu._quotas._trust_env is True
+
+
+def test_simulator_clients_are_anonymous_and_never_proxied(
+    serve_sim: Callable[..., SimAdminClient], tmp_path: Path
+) -> None:
+    from tpuctl.backends.sim import SIM_CLIENTS
+
+    admin = serve_sim({}, point_cli=False)
+    closers: list[Callable[[], None]] = []
+    cloud: Any = SimBackend(url=admin.base_url).open_cloud(tmp_path, closers)
+    try:
+        tpu, compute = cloud._tpu, cloud._compute
+        assert tpu.endpoint == compute.endpoint == admin.base_url.rstrip("/")
+        assert tpu._config is SIM_CLIENTS and compute._config is SIM_CLIENTS
+        assert not SIM_CLIENTS.trust_env
+        for quotas in (tpu._quotas, compute._quotas):
+            assert quotas.base_url == admin.base_url.rstrip("/") and quotas._trust_env is False
+            assert quotas._auth_headers() == {}
+        assert cloud.backend == "sim"
+    finally:
+        cloud.close()
+
+
+def test_google_without_adc_fails_when_the_session_opens_with_the_login_fix(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import google.auth
+    from google.auth.exceptions import DefaultCredentialsError
+
+    from tpuctl.errors import UnauthenticatedError
+
+    def no_adc(**_: Any) -> Any:
+        raise DefaultCredentialsError("Your default credentials were not found.")
+
+    monkeypatch.setattr(google.auth, "default", no_adc)
+    with pytest.raises(UnauthenticatedError) as err:
+        GcpBackend(project="p").open_cloud(tmp_path, [])
+    assert err.value.fix == "gcloud auth application-default login"

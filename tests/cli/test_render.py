@@ -7,6 +7,7 @@ import json
 from datetime import UTC, datetime
 from enum import Enum
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
@@ -55,3 +56,41 @@ def test_values_json_cannot_encode_are_written_as_before(capsys: pytest.CaptureF
     assert out["many"] == [1] * 1200
     keyed = json.loads(_written(capsys, {"by": {Colour.RED: "r"}}))  # a key json refuses: converted
     assert keyed == {"by": {"Colour.RED": "r"}}
+
+
+class _Stderr:
+    """Keeps what the Output prints to stderr, markup and all."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def print(self, text: str, **_: object) -> None:
+        self.lines.append(text)
+
+
+@pytest.mark.parametrize(
+    ("backend", "detail", "line"),
+    [
+        ("sim", ", state ~/s", "[black on yellow] sim [/] simulated TPU cloud (project p), state ~/s"),
+        ("gcp", "", "[white on blue] gcp [/] project p"),
+    ],
+)
+def test_the_banner_is_the_marker_the_backend_supplies(backend: str, detail: str, line: str) -> None:
+    from tpuctl.backends.gcp import GCP_LABEL
+    from tpuctl.backends.sim import SIM_LABEL
+
+    label = {"sim": SIM_LABEL, "gcp": GCP_LABEL}[backend]
+    stderr = _Stderr()
+    out = Output(fmt="table", _stderr=cast(Any, stderr))
+    out.backend_banner(label, "p", detail)
+    assert stderr.lines == [line]
+    assert out.envelope(x=1) == {"backend": backend, "project": "p", "x": 1}
+
+
+def test_machine_formats_get_the_name_in_the_envelope_and_no_banner() -> None:
+    from tpuctl.backends.sim import SIM_LABEL
+
+    stderr = _Stderr()
+    out = Output(fmt="json", _stderr=cast(Any, stderr))
+    out.backend_banner(SIM_LABEL, "p")
+    assert stderr.lines == [] and out.envelope() == {"backend": "sim", "project": "p"}

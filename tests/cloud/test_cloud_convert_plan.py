@@ -12,6 +12,7 @@ from google.protobuf import json_format
 
 from tpuctl.catalog import CapacityType
 from tpuctl.cloud.base import NetworkEndpoint, NodeRequest, PlannedRequest, QueuedResourceRequest
+from tpuctl.cloud.config import CloudConfig
 from tpuctl.cloud.tpu_api import TpuApiCloud, node_from_proto, queued_resource_from_proto
 from tpuctl.errors import UsageError
 
@@ -294,7 +295,7 @@ def test_plan_deletes_exact() -> None:
 
 
 def test_simulator_plan_keeps_http() -> None:
-    c = TpuApiCloud(project="p", endpoint="http://127.0.0.1:8471/", backend="sim")
+    c = TpuApiCloud(project="p", endpoint="http://127.0.0.1:8471/", config=CloudConfig(backend="sim"))
     assert c.plan_delete_node("us-east5-b", "n")[0].url.startswith("http://127.0.0.1:8471/v2/projects/p/")
 
 

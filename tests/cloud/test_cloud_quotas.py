@@ -11,6 +11,7 @@ import pytest
 import respx
 
 from tpuctl.cloud.base import QuotaLimit
+from tpuctl.cloud.config import CloudConfig
 from tpuctl.cloud.quotas import CloudQuotasClient, is_compute_tpu_quota, parse_quota_infos
 from tpuctl.cloud.retry import RetryPolicy
 from tpuctl.errors import CloudError, PermissionDeniedError, RateLimitedError, UnauthenticatedError
@@ -216,7 +217,7 @@ def test_bearer_token_is_refreshed_once_and_never_shown() -> None:
             ),
         ]
     )
-    c = CloudQuotasClient.for_google(creds, retry=FAST)  # type: ignore[arg-type]
+    c = CloudQuotasClient(credentials=creds, retry=FAST)  # type: ignore[arg-type]  # Google's URL
     assert len(c.list_quota_limits("p")) == 3
     assert creds.refreshes == 1
     assert all(call.request.headers["authorization"] == "Bearer ya29.SECRET-TOKEN" for call in route.calls)
@@ -244,7 +245,7 @@ def test_no_adc_gives_the_login_fix(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(google.auth, "default", no_adc)
     with pytest.raises(UnauthenticatedError) as err:
-        CloudQuotasClient.for_google()
+        CloudQuotasClient.from_config(CloudConfig())  # Google's defaults: ADC, looked up when built
     assert err.value.fix == "gcloud auth application-default login"
 
 

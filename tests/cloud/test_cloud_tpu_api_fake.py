@@ -17,6 +17,8 @@ from cloud_fakes import DROP, QUOTA_MSG, STOCKOUT_MSG, FakeGoogle, Hang, P, erro
 
 from tpuctl.catalog import CapacityType
 from tpuctl.cloud.base import NodeRequest, QueuedResourceRequest
+from tpuctl.cloud.config import CloudConfig
+from tpuctl.cloud.credentials import given
 from tpuctl.cloud.retry import RetryPolicy
 from tpuctl.cloud.tpu_api import TpuApiCloud
 from tpuctl.errors import (
@@ -26,7 +28,6 @@ from tpuctl.errors import (
     QuotaExceededError,
     StockoutError,
     TransientError,
-    UnauthenticatedError,
 )
 
 FAST = RetryPolicy(max_attempts=4, initial_wait_s=0.0, max_wait_s=0.0, deadline_s=10.0)
@@ -305,33 +306,21 @@ def test_delete_queued_resource_sends_force_and_request_id(fake: FakeGoogle, clo
     }
 
 
-def test_for_google_without_adc(monkeypatch: pytest.MonkeyPatch) -> None:
-    import google.auth
-    from google.auth.exceptions import DefaultCredentialsError
-
-    def no_adc(**_: Any) -> Any:
-        raise DefaultCredentialsError("Your default credentials were not found.")
-
-    monkeypatch.setattr(google.auth, "default", no_adc)
-    with pytest.raises(UnauthenticatedError) as err:
-        TpuApiCloud.for_google("p")
-    assert err.value.fix == "gcloud auth application-default login"
-
-
 def test_repr_shows_no_credentials() -> None:
     class Creds:
         token = "ya29.SECRET"
 
-    c = TpuApiCloud(project="p", credentials=Creds())  # type: ignore[arg-type]
+    c = TpuApiCloud(project="p", config=CloudConfig(credentials=given(Creds())))  # type: ignore[arg-type]
     assert "SECRET" not in repr(c) and "Creds" not in repr(c)
 
 
 def test_importing_and_constructing_loads_no_heavy_sdk() -> None:
     code = (
         "import sys\n"
+        "from tpuctl.cloud.config import CloudConfig\n"
         "from tpuctl.cloud.tpu_api import TpuApiCloud\n"
         "from tpuctl.cloud import quotas, retry, translate\n"
-        "TpuApiCloud(project='p', endpoint='http://127.0.0.1:9', backend='sim')\n"
+        "TpuApiCloud(project='p', endpoint='http://127.0.0.1:9', config=CloudConfig(backend='sim'))\n"
         "heavy = [m for m in ('google.cloud.tpu_v2', 'google.protobuf', 'google.auth', 'google.api_core',"
         " 'httpx', 'tenacity', 'requests') if m in sys.modules]\n"
         "print(','.join(heavy))\n"

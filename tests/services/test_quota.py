@@ -15,7 +15,8 @@ from tpuctl.cloud.base import Node, QuotaLimit
 from tpuctl.cloud.quotas import parse_quota_infos
 from tpuctl.errors import PermissionDeniedError
 from tpuctl.services.placement import QuotaCheck
-from tpuctl.services.quota import QuotaBook, QuotaKey
+from tpuctl.services.quota import QuotaBook
+from tpuctl.services.quota_rules import QuotaKey
 
 V5E_SPOT_Z = "TPUV5sPreemptibleLitepodPerProjectPerZoneForTPUAPI"
 

@@ -79,7 +79,7 @@ NODE_IDS = {"one": store.instance_node_id("one"), "mig": store.mig_node_id("mig"
 def test_each_host_publishes_the_key_its_sshd_presents(compute: tuple[SimServer, Clients]) -> None:
     server, c = compute
     key = asyncssh.generate_private_key("ssh-ed25519")
-    cloud = ComputeCloud(project=PROJECT, catalog=Catalog.load(), endpoint=server.url, backend="sim")
+    cloud = ComputeCloud.for_simulator(PROJECT, Catalog.load(), server.url)
     addresses = _slices(server, cloud, key)
     cloud.close()
     by_address = {
@@ -102,7 +102,7 @@ def test_each_host_publishes_the_key_its_sshd_presents(compute: tuple[SimServer,
 
 def test_compute_cloud_reads_each_hosts_keys_in_worker_order(compute: tuple[SimServer, Clients]) -> None:
     server, _ = compute
-    cloud = ComputeCloud(project=PROJECT, catalog=Catalog.load(), endpoint=server.url, backend="sim")
+    cloud = ComputeCloud.for_simulator(PROJECT, Catalog.load(), server.url)
     _slices(server, cloud, asyncssh.generate_private_key("ssh-ed25519"))
     for slice_name, node_id in NODE_IDS.items():
         disks = server.engine.host_keys(PROJECT, ZONE, node_id)
@@ -113,7 +113,7 @@ def test_compute_cloud_reads_each_hosts_keys_in_worker_order(compute: tuple[SimS
 
 def test_one_key_by_path_or_by_variable_key(compute: tuple[SimServer, Clients]) -> None:
     server, c = compute
-    cloud = ComputeCloud(project=PROJECT, catalog=Catalog.load(), endpoint=server.url, backend="sim")
+    cloud = ComputeCloud.for_simulator(PROJECT, Catalog.load(), server.url)
     (address,) = _create(cloud, "vm", "tpu7x-8", asyncssh.generate_private_key("ssh-ed25519"))
     wait_for(lambda: any(h.address == address for h in server.fleet.served()), timeout=30, what="host served")
     (line,) = server.engine.host_keys(PROJECT, ZONE, store.instance_node_id("vm"))

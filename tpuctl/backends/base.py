@@ -6,8 +6,11 @@ surface, another simulator) is one new implementation of :class:`Backend`, not a
 
 What lives here, and nowhere else:
 
-* how the cloud is reached: endpoint and credentials (:meth:`Backend.open_cloud`);
+* how the cloud is reached: each client's endpoint and its ``CloudConfig`` (credentials, retry and poll
+  policy, whether proxy variables apply), the quotas clients included (:meth:`Backend.open_cloud`); the
+  clients take what they are given and never ask which backend they serve;
 * how patient tpuctl is with it: retry, poll and margin defaults (:class:`Tuning`);
+* how the CLI marks it: the marker, and what its banner names (:class:`BackendLabel`);
 * how a host is reached over SSH: address and port (:meth:`Backend.host_addresses`); every backend's
   hosts are VMs reached over SSH only;
 * what a host's program needs beyond the worker contract (:meth:`Backend.host_env`: the simulator's CPU
@@ -75,6 +78,22 @@ class Tuning:
 
 
 @dataclass(frozen=True)
+class BackendLabel:
+    """How the CLI marks a backend on every command, so that the CLI never compares backend names."""
+
+    #: The marker's text; also the backend's name in JSON documents (``"backend": "sim"``).
+    name: str
+    #: The marker's rich style.
+    style: str
+    #: What the banner says after the marker; ``{project}`` is the session's project.
+    headline: str
+    #: The state dir holds this cloud itself (the simulator's world): the banner says where it is.
+    names_state_dir: bool
+    #: A project picked up from another tool's variable is called out: it is a real project that bills.
+    names_ambient_project: bool
+
+
+@dataclass(frozen=True)
 class HostAddress:
     """How tpuctl reaches one host over SSH."""
 
@@ -92,6 +111,11 @@ class Backend(Protocol):
 
     @property
     def tuning(self) -> Tuning: ...
+
+    @property
+    def label(self) -> BackendLabel:
+        """How the CLI marks this backend (its banner on stderr)."""
+        ...
 
     @property
     def runtime(self) -> Literal["cpu", "tpu"]:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from tpuctl.backends.base import Closer, HostAddress, OwnPrices, RecoveryTuning, Tuning
+from tpuctl.backends.base import BackendLabel, Closer, HostAddress, OwnPrices, RecoveryTuning, Tuning
 from tpuctl.cloud.retry import RetryPolicy
 
 if TYPE_CHECKING:
@@ -35,6 +35,17 @@ GCP_TUNING = Tuning(
     delete_margin_s=120.0,
 )
 
+NAME = "gcp"
+
+#: A blue marker; a project taken from another tool's variable is called out, since it bills.
+GCP_LABEL = BackendLabel(
+    name=NAME,
+    style="white on blue",
+    headline="project {project}",
+    names_state_dir=False,
+    names_ambient_project=True,
+)
+
 #: SSH's port on a TPU VM (a node's network endpoints carry the TPU runtime's port, 8470).
 SSH_PORT = 22
 
@@ -44,24 +55,42 @@ class GcpBackend:
     """Google Cloud, project ``project``."""
 
     project: str
-    name: str = "gcp"
+    name: str = NAME
     tuning: Tuning = GCP_TUNING
+    label: BackendLabel = GCP_LABEL
     runtime: Literal["cpu", "tpu"] = "tpu"
     default_bucket: str | None = None
 
     def open_cloud(self, state_dir: Path, closers: list[Closer]) -> TpuCloud:
         """Both of Google's TPU surfaces: the Cloud TPU API and Compute Engine (TPU7x and later exist only
-        there), with one set of Application Default Credentials."""
+        there), each with its Cloud Quotas pool, all with one set of Application Default Credentials,
+        looked up now (``UnauthenticatedError`` with the fix when there are none)."""
         from tpuctl.catalog import Catalog
-        from tpuctl.cloud.compute import ComputeCloud
-        from tpuctl.cloud.quotas import _default_credentials
+        from tpuctl.cloud.compute import GOOGLE_COMPUTE_ENDPOINT, ComputeCloud
+        from tpuctl.cloud.config import CloudConfig
+        from tpuctl.cloud.credentials import default_credentials, given
+        from tpuctl.cloud.quotas import COMPUTE_SERVICE, GOOGLE_QUOTAS_URL, TPU_SERVICE, CloudQuotasClient
         from tpuctl.cloud.surfaces import SurfaceRouter
-        from tpuctl.cloud.tpu_api import TpuApiCloud
+        from tpuctl.cloud.tpu_api import GOOGLE_TPU_ENDPOINT, TpuApiCloud
 
-        credentials = _default_credentials()
+        # Proxies from the environment apply (a corporate proxy may be the only way out); the client
+        # defaults are patient enough for Google's rate limits.
+        config = CloudConfig(backend=self.name, credentials=given(default_credentials()), trust_env=True)
+
+        def quotas(service: str) -> CloudQuotasClient:
+            return CloudQuotasClient.from_config(config, base_url=GOOGLE_QUOTAS_URL, service=service)
+
         return SurfaceRouter(
-            TpuApiCloud.for_google(project=self.project, credentials=credentials),
-            ComputeCloud.for_google(self.project, Catalog.load(), credentials=credentials),
+            TpuApiCloud(
+                project=self.project, endpoint=GOOGLE_TPU_ENDPOINT, config=config, quotas=quotas(TPU_SERVICE)
+            ),
+            ComputeCloud(
+                project=self.project,
+                catalog=Catalog.load(),
+                endpoint=GOOGLE_COMPUTE_ENDPOINT,
+                config=config,
+                quotas=quotas(COMPUTE_SERVICE),
+            ),
         )
 
     def host_addresses(self, cloud: TpuCloud, node: Node) -> list[HostAddress]:

@@ -1,9 +1,10 @@
 """The simulator backend: the built-in simulated TPU cloud on loopback, in-process or at ``sim_url``.
 
-The simulator answers in milliseconds, so tpuctl polls and retries it fast. Its hosts are VMs served by
-the simulator (``tpuctl.sim.vms``): each has its own loopback address, disk and sshd, and tpuctl reaches
-them over SSH exactly as it reaches Google's, on the port the simulator's status names (22 where it can
-bind it). Their programs get CPU devices standing in for the chips (``host_env``).
+The simulator answers in milliseconds, so tpuctl polls and retries it fast; it checks no credentials and
+listens on loopback, so its clients are anonymous and never go through a proxy from the environment. Its
+hosts are VMs served by the simulator (``tpuctl.sim.vms``): each has its own loopback address, disk and
+sshd, and tpuctl reaches them over SSH exactly as it reaches Google's, on the port the simulator's status
+names (22 where it can bind it). Their programs get CPU devices standing in for the chips (``host_env``).
 """
 
 from __future__ import annotations
@@ -12,20 +13,34 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from tpuctl.backends.base import Closer, HostAddress, OwnPrices, RecoveryTuning, Tuning
+from tpuctl.backends.base import BackendLabel, Closer, HostAddress, OwnPrices, RecoveryTuning, Tuning
+from tpuctl.cloud.config import CloudConfig
+from tpuctl.cloud.credentials import anonymous_credentials
 from tpuctl.cloud.retry import RetryPolicy
 
 if TYPE_CHECKING:
     from tpuctl.cloud.base import Node, TpuCloud
     from tpuctl.sim.world import World
 
-#: One retry policy for every step: the simulator's faults are injected at a fixed rate, so a few
-#: fast retries (milliseconds) ride them out.
-_SIM_RETRY = RetryPolicy(max_attempts=8, initial_wait_s=0.02, max_wait_s=0.5, deadline_s=30.0)
+NAME = "sim"
+
+#: One retry policy for every call and every step: the simulator has no rate limits to respect and
+#: injects its faults at a fixed rate, so a few fast retries (milliseconds) ride them out.
+SIM_RETRY = RetryPolicy(max_attempts=8, initial_wait_s=0.02, max_wait_s=0.5, deadline_s=30.0)
+
+#: How every client of the simulator calls it (the TPU API, Compute Engine and Cloud Quotas surfaces).
+SIM_CLIENTS = CloudConfig(
+    backend=NAME,
+    credentials=anonymous_credentials,
+    retry=SIM_RETRY,
+    poll_interval_s=0.05,
+    poll_max_interval_s=1.0,
+    trust_env=False,
+)
 
 SIM_TUNING = Tuning(
-    step_retry=_SIM_RETRY,
-    gc_retry=_SIM_RETRY,
+    step_retry=SIM_RETRY,
+    gc_retry=SIM_RETRY,
     poll_interval_s=0.05,
     poll_max_interval_s=0.5,
     # The budget margin covers a stop over SSH: the signal commands, the hosts' exit reports and the
@@ -35,6 +50,15 @@ SIM_TUNING = Tuning(
     ),
     budget_poll_s=1.0,
     delete_margin_s=5.0,
+)
+
+#: A yellow marker, so that nobody mistakes the simulator for Google; the state dir is its world.
+SIM_LABEL = BackendLabel(
+    name=NAME,
+    style="black on yellow",
+    headline="simulated TPU cloud (project {project})",
+    names_state_dir=True,
+    names_ambient_project=False,
 )
 
 #: The port a simulated slice's JAX coordinator listens on, on host 0's own address: the one JAX uses on
@@ -51,23 +75,37 @@ class SimBackend:
     world_path: Path | None = None
     url: str | None = None
     wheelhouse: Path | None = None  # what the simulator's package mirror serves its hosts
-    name: str = "sim"
+    name: str = NAME
     tuning: Tuning = SIM_TUNING
+    label: BackendLabel = SIM_LABEL
     runtime: Literal["cpu", "tpu"] = "cpu"
     default_bucket: str | None = SIM_BUCKET
     _status: dict[str, Any] | None = field(default=None, repr=False)
 
     def open_cloud(self, state_dir: Path, closers: list[Closer]) -> TpuCloud:
-        """Both of Google's TPU surfaces, as the simulator serves them: the TPU API and Compute Engine."""
+        """Both of Google's TPU surfaces, as the simulator serves them at one URL: the TPU API and Compute
+        Engine, each with its Cloud Quotas pool."""
         from tpuctl.catalog import Catalog
         from tpuctl.cloud.compute import ComputeCloud
+        from tpuctl.cloud.quotas import COMPUTE_SERVICE, TPU_SERVICE, CloudQuotasClient
         from tpuctl.cloud.surfaces import SurfaceRouter
         from tpuctl.cloud.tpu_api import TpuApiCloud
 
         base_url, project = self._serve(state_dir, closers)
+        config = SIM_CLIENTS
+
+        def quotas(service: str) -> CloudQuotasClient:
+            return CloudQuotasClient.from_config(config, base_url=base_url, service=service)
+
         return SurfaceRouter(
-            TpuApiCloud.for_simulator(project=project, base_url=base_url),
-            ComputeCloud.for_simulator(project, Catalog.load(), base_url),
+            TpuApiCloud(project=project, endpoint=base_url, config=config, quotas=quotas(TPU_SERVICE)),
+            ComputeCloud(
+                project=project,
+                catalog=Catalog.load(),
+                endpoint=base_url,
+                config=config,
+                quotas=quotas(COMPUTE_SERVICE),
+            ),
         )
 
     def _serve(self, state_dir: Path, closers: list[Closer]) -> tuple[str, str]:

@@ -153,14 +153,15 @@ def session(
 
     settings = settings or build_settings(ctx, **flags)
     with open_session(settings) as sess:
-        detail = f", state {_home(sess.state_dir)}" if sess.backend.name == "sim" else ""
-        ambient = settings.project_from if sess.backend.name != "sim" else None
+        label = sess.backend.label
+        detail = f", state {_home(sess.state_dir)}" if label.names_state_dir else ""
+        ambient = settings.project_from if label.names_ambient_project else None
         if ambient:
-            # Real Google chosen by a variable another tool set: say so, whatever the output format.
+            # A real project chosen by a variable another tool set: say so, whatever the output format.
             detail += f", taken from {ambient}; pass --project or set TPUCTL_PROJECT to choose it yourself"
             if out.machine:
-                out.err.print(f"gcp: project {sess.project} taken from {ambient}")
-        out.backend_banner(sess.backend.name, sess.project, detail)
+                out.err.print(f"{label.name}: project {sess.project} taken from {ambient}")
+        out.backend_banner(label, sess.project, detail)
         yield sess
 
 

@@ -43,8 +43,8 @@ def cost_session(
 
     catalog, source = prices or load_catalog(settings.resolved_state_dir, settings.resolved_backend.value)
     with open_session(settings, catalog=catalog) as sess:
-        detail = f", state {sess.state_dir}" if sess.backend.name == "sim" else ""
-        out.backend_banner(sess.backend.name, sess.project, detail)
+        label = sess.backend.label
+        out.backend_banner(label, sess.project, f", state {sess.state_dir}" if label.names_state_dir else "")
         for warning in source.warnings:
             out.warn(warning)
         yield sess, source
@@ -289,14 +289,15 @@ def _report(
 def _offline_report(
     out: Output, settings: Settings, group: Any, start: float | None, end: float | None, limit: int | None
 ) -> CostReport:
+    from tpuctl.backends import open_backend
     from tpuctl.services.budget import expired_slices
     from tpuctl.services.cost import CostService
     from tpuctl.services.prices import load_catalog
     from tpuctl.store.ledger import Ledger
 
-    backend = settings.resolved_backend.value
-    catalog, source = load_catalog(settings.resolved_state_dir, backend)
-    out.backend_banner(backend, settings.project or "(not contacted)", ", offline")
+    backend = open_backend(settings)  # only its name and marker: nothing is contacted
+    catalog, source = load_catalog(settings.resolved_state_dir, backend.name)
+    out.backend_banner(backend.label, settings.project or "(not contacted)", ", offline")
     out.note("offline: the ledger only, not reconciled with the live listing")
     with Ledger(settings.resolved_state_dir) as ledger:
         result = CostService(ledger.path, catalog, source).report(

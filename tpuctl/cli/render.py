@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from rich.console import Console
     from rich.status import Status
 
+    from tpuctl.backends.base import BackendLabel
     from tpuctl.errors import TpuctlError
 
 
@@ -68,16 +69,15 @@ class Output:
 
     # --- the backend marker -------------------------------------------------------------------------
 
-    def backend_banner(self, backend: str, project: str, detail: str = "") -> None:
-        """Say on every command which backend it talks to: a visible `sim` marker for the simulator."""
-        self.backend = backend
+    def backend_banner(self, label: BackendLabel, project: str, detail: str = "") -> None:
+        """Say on every command which backend it talks to, with the marker the backend supplies (a yellow
+        `sim` for the simulator); machine formats carry its name in the envelope instead."""
+        self.backend = label.name
         self.project = project
         if self.machine:
             return
-        if backend == "sim":
-            self.err.print(f"[black on yellow] sim [/] simulated TPU cloud (project {project}){detail}")
-        else:
-            self.err.print(f"[white on blue] gcp [/] project {project}{detail}")
+        headline = label.headline.format(project=project)
+        self.err.print(f"[{label.style}] {label.name} [/] {headline}{detail}")
 
     def envelope(self, **data: Any) -> dict[str, Any]:
         """JSON/YAML documents always carry the backend and project first."""

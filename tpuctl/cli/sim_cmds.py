@@ -84,7 +84,9 @@ def status(ctx: typer.Context, output: OutputOpt = None) -> None:
     if out.machine:
         out.document({"backend": "sim", **data})
         return
-    out.backend_banner("sim", data["project"])
+    from tpuctl.backends.sim import SIM_LABEL
+
+    out.backend_banner(SIM_LABEL, data["project"])
     out.note(f"simulated clock: {data['sim_time_s']:.0f} s at speed {data['speed']:g}")
     zones = data["zones"]
     out.rows(

@@ -159,9 +159,9 @@ class CloudBillingCatalogClient:
     ) -> CloudBillingCatalogClient:
         """Against cloudbilling.googleapis.com: with an API key if given, else ADC (or ``credentials``)."""
         if api_key is None and credentials is None:
-            from tpuctl.cloud.quotas import _default_credentials
+            from tpuctl.cloud.credentials import default_credentials
 
-            credentials = _default_credentials()
+            credentials = default_credentials()
         return cls(base_url=GOOGLE_BILLING_URL, api_key=api_key, credentials=credentials, **kwargs)
 
     # ----------------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ import logging
 import threading
 import uuid
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from tpuctl.catalog import AcceleratorType, Catalog, Surface
@@ -42,9 +43,10 @@ from tpuctl.cloud.base import (
     QuotaLimit,
 )
 from tpuctl.cloud.compute_sdk import CLIENTS, compute_v1
-from tpuctl.cloud.google_calls import GoogleCalls, credentials_for
-from tpuctl.cloud.quotas import CloudQuotasClient, _default_credentials
-from tpuctl.cloud.retry import OPERATION_GOES_ON, Polling, PollTimeout, RetryPolicy, Sleep, poll_until
+from tpuctl.cloud.config import CloudConfig
+from tpuctl.cloud.google_calls import GoogleCalls
+from tpuctl.cloud.quotas import COMPUTE_SERVICE, CloudQuotasClient
+from tpuctl.cloud.retry import OPERATION_GOES_ON, Polling, PollTimeout, poll_until
 from tpuctl.cloud.translate import error_from_compute_errors
 from tpuctl.errors import CloudError, NotFoundError, StockoutError, TransientError, UsageError
 
@@ -55,7 +57,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 GOOGLE_COMPUTE_ENDPOINT = "https://compute.googleapis.com"
-COMPUTE_SERVICE = "compute.googleapis.com"
 #: How long past a flex-start request's --valid-for tpuctl waits for Compute Engine to say it failed.
 _FLEX_SLACK_S = 120.0
 _NO_QUEUED = (
@@ -73,60 +74,46 @@ class ComputeCloud:
         project: str,
         catalog: Catalog,
         endpoint: str = GOOGLE_COMPUTE_ENDPOINT,
-        credentials: Credentials | None = None,
-        backend: str = "gcp",
+        config: CloudConfig | None = None,
         quotas: CloudQuotasClient | None = None,
-        request_timeout_s: float = 30.0,
-        retry: RetryPolicy | None = None,
-        poll_interval_s: float = 0.2,
-        poll_max_interval_s: float = 2.0,
-        operation_timeout_s: float = 1800.0,
-        sleep: Sleep | None = None,
     ) -> None:
+        """``config``: how to call (Google's defaults unless given). ``quotas``: where Compute Engine's TPU
+        quota limits come from (None: none are known, and placement lets the create answer)."""
         if not project:
             raise UsageError("a project is required", field="project", fix="pass --project or set a profile")
         self._project = project
         self._catalog = catalog
         self._endpoint = endpoint.rstrip("/")
-        self._credentials = credentials
-        self._backend = backend
+        self._config = config or CloudConfig()
+        self._timeout = self._config.request_timeout_s  # passed to every call: the library sets none
+        self._credentials: Credentials | None = None
         self._quotas = quotas
-        self._timeout = request_timeout_s
-        self._retry = retry or RetryPolicy()
-        self._poll_interval = poll_interval_s
-        self._poll_max_interval = max(poll_max_interval_s, poll_interval_s)
-        self._op_timeout = operation_timeout_s
-        self._sleep = sleep
         self._clients: dict[str, Any] = {}
         self._lock = threading.Lock()
 
     @classmethod
-    def for_google(cls, project: str, catalog: Catalog, **kwargs: Any) -> ComputeCloud:
-        """compute.googleapis.com with Application Default Credentials; Compute Engine's TPU quotas from
-        Cloud Quotas (service ``compute.googleapis.com``)."""
-        credentials = kwargs.pop("credentials", None) or _default_credentials()
-        quotas = kwargs.pop("quotas", None) or CloudQuotasClient.for_google(
-            credentials, service=COMPUTE_SERVICE, retry=kwargs.get("retry")
-        )
-        return cls(project=project, catalog=catalog, credentials=credentials, quotas=quotas, **kwargs)
+    def for_simulator(
+        cls,
+        project: str,
+        catalog: Catalog,
+        base_url: str,
+        *,
+        quotas: CloudQuotasClient | None = None,
+        **overrides: Any,
+    ) -> ComputeCloud:
+        """The simulator's Compute Engine surface at ``base_url``, as its backend calls it
+        (``tpuctl.backends.sim``); ``overrides``: fields of its ``CloudConfig``."""
+        from tpuctl.backends.sim import SIM_CLIENTS
 
-    @classmethod
-    def for_simulator(cls, project: str, catalog: Catalog, base_url: str, **kwargs: Any) -> ComputeCloud:
-        """The simulator's Compute Engine surface at ``base_url``: anonymous, fast polls."""
-        quotas = kwargs.pop("quotas", None) or CloudQuotasClient.for_simulator(
-            base_url, service=COMPUTE_SERVICE, retry=kwargs.get("retry"), sleep=kwargs.get("sleep")
-        )
-        kwargs.setdefault("poll_interval_s", 0.05)
-        kwargs.setdefault("poll_max_interval_s", 1.0)
-        return cls(
-            project=project, catalog=catalog, endpoint=base_url, backend="sim", quotas=quotas, **kwargs
-        )
+        config = replace(SIM_CLIENTS, **overrides)
+        quotas = quotas or CloudQuotasClient.from_config(config, base_url=base_url, service=COMPUTE_SERVICE)
+        return cls(project=project, catalog=catalog, endpoint=base_url, config=config, quotas=quotas)
 
     # --- identity --------------------------------------------------------------------------------
 
     @property
     def backend(self) -> str:
-        return self._backend
+        return self._config.backend
 
     @property
     def project(self) -> str:
@@ -509,11 +496,11 @@ class ComputeCloud:
                 # A flex-start MIG waits PENDING for as long as it takes (docs/google-facts.md#flex-start):
                 # tpuctl gives up at --valid-for (real seconds here: a simulator's faster clock does not
                 # apply), as the instance insert's own deadline does.
-                timeout_s=self._op_timeout if flex is None else flex,
-                initial_interval_s=self._poll_interval,
-                max_interval_s=self._poll_max_interval,
+                timeout_s=self._config.operation_timeout_s if flex is None else flex,
+                initial_interval_s=self._config.poll_interval_s,
+                max_interval_s=self._config.poll_cap_s,
                 on_poll=on_poll,
-                sleep=self._sleep,
+                sleep=self._config.sleep,
             )
         except StockoutError:
             if accel.hosts > 1:
@@ -611,18 +598,19 @@ class ComputeCloud:
                     client_options=ClientOptions(api_endpoint=self._endpoint),
                 )
                 session = getattr(client.transport, "_session", None)
-                if self._backend == "sim" and session is not None:
-                    session.trust_env = False  # a proxy from the environment must not catch loopback
+                if session is not None:
+                    # The transport's requests session honours HTTP(S)_PROXY unless told, even for loopback.
+                    session.trust_env = self._config.trust_env
                 self._clients[kind] = client
             return client
 
     def _resolve_credentials(self) -> Credentials:
         if self._credentials is None:
-            self._credentials = credentials_for(self._backend)
+            self._credentials = self._config.credentials()
         return self._credentials
 
     def _read(self, action: str, resource: str, fn: Callable[[], T]) -> T:
-        return GoogleCalls(self._retry, self._sleep).read(action, resource, fn)
+        return GoogleCalls(self._config.retry, self._config.sleep).read(action, resource, fn)
 
     def _list(self, kind: str, zone: str) -> list[dict[str, Any]]:
         def fetch() -> list[dict[str, Any]]:
@@ -663,7 +651,7 @@ class ComputeCloud:
         if rid:
             fields["request_id"] = rid  # not a keyword of the flattened call: the request's field
         args = {"request": fields, "timeout": self._timeout}
-        calls = GoogleCalls(self._retry, self._sleep)
+        calls = GoogleCalls(self._config.retry, self._config.sleep)
         # With a requestId, Compute Engine makes the insert idempotent: a retry after a broken
         # connection does not create twice.
         return calls.mutate(
@@ -683,7 +671,7 @@ class ComputeCloud:
         if region is not None:
             args["region"] = region
 
-        calls = GoogleCalls(self._retry, self._sleep)
+        calls = GoogleCalls(self._config.retry, self._config.sleep)
         # A delete is idempotent in effect: a repeat finds the resource gone (NotFoundError).
         return calls.mutate(
             f"delete {kind.replace('_', ' ')[:-1]}",
@@ -697,7 +685,7 @@ class ComputeCloud:
         """``instanceGroupManagers.resize``: a flex-start MIG's request for its VMs
         (docs/google-facts.md#flex-start)."""
         args = {"project": self._project, "zone": zone, "instance_group_manager": name, "size": size}
-        calls = GoogleCalls(self._retry, self._sleep)
+        calls = GoogleCalls(self._config.retry, self._config.sleep)
         # Idempotent in effect: resizing to the same size again changes nothing.
         return calls.mutate(
             "resize MIG",
@@ -745,8 +733,9 @@ class ComputeCloud:
                 if progress is not None:
                     progress.update(f"{what}: {current.get('status', '?')}", elapsed_s=elapsed)
 
-            limit = self._op_timeout if timeout_s is None else max(self._op_timeout, timeout_s)
-            polling = Polling(limit, self._poll_interval, self._poll_max_interval, self._sleep)
+            c = self._config
+            limit = c.operation_timeout_s if timeout_s is None else max(c.operation_timeout_s, timeout_s)
+            polling = Polling(limit, c.poll_interval_s, c.poll_cap_s, c.sleep)
             op = polling.until(
                 get,
                 lambda o: o.get("status") == "DONE",

@@ -1,32 +1,17 @@
-"""How tpuctl calls a Google client library, whichever API: credentials for the backend, and one call
-translated at the boundary (``translate_errors``) and retried by tpuctl's own policy (the libraries'
-methods have no default retry). ``TpuApiCloud`` and ``ComputeCloud`` both call through here."""
+"""How tpuctl calls a Google client library, whichever API: one call translated at the boundary
+(``translate_errors``) and retried by tpuctl's own policy (the libraries' methods have no default retry).
+``TpuApiCloud`` and ``ComputeCloud`` both call through here."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 from tpuctl.cloud.retry import RetryPolicy, Sleep, call_with_retry
 from tpuctl.cloud.translate import translate_errors
 
-if TYPE_CHECKING:
-    from google.auth.credentials import Credentials
-
 T = TypeVar("T")
-
-
-def credentials_for(backend: str) -> Credentials:
-    """Anonymous on the simulator; Application Default Credentials on Google (``UnauthenticatedError``
-    with the fix when there are none)."""
-    if backend == "sim":
-        from google.auth.credentials import AnonymousCredentials
-
-        return AnonymousCredentials()  # type: ignore[no-untyped-call]
-    from tpuctl.cloud.quotas import _default_credentials
-
-    return _default_credentials()
 
 
 @dataclass(frozen=True)

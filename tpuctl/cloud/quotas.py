@@ -23,12 +23,14 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from tpuctl.cloud.base import QuotaLimit
+from tpuctl.cloud.config import CloudConfig
 from tpuctl.cloud.retry import RetryPolicy, Sleep, call_with_retry
 from tpuctl.cloud.translate import error_from_http_response, translate_errors
-from tpuctl.errors import CloudError, UnauthenticatedError
+from tpuctl.errors import CloudError
 
 if TYPE_CHECKING:
     import httpx
@@ -37,7 +39,6 @@ if TYPE_CHECKING:
 GOOGLE_QUOTAS_URL = "https://cloudquotas.googleapis.com"
 TPU_SERVICE = "tpu.googleapis.com"
 COMPUTE_SERVICE = "compute.googleapis.com"
-_SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
 _MAX_PAGES = 1000  # a server that keeps handing out new page tokens must not loop us forever
 
 
@@ -56,8 +57,10 @@ class CloudQuotasClient:
         transport: httpx.BaseTransport | None = None,
         sleep: Sleep | None = None,
         keep: Callable[[str], bool] | None = None,
+        trust_env: bool = True,
     ) -> None:
-        """``keep``: which quota ids to read (default: all of the TPU API's; Compute Engine's TPU ones)."""
+        """``credentials`` None: no Authorization header. ``keep``: which quota ids to read (default: all of
+        the TPU API's; Compute Engine's TPU ones). ``trust_env``: whether proxy variables apply."""
         self.base_url = base_url.rstrip("/")
         self.service = service
         self._credentials = credentials
@@ -66,6 +69,7 @@ class CloudQuotasClient:
         self._page_size = page_size
         self._transport = transport
         self._sleep = sleep
+        self._trust_env = trust_env
         self._client: httpx.Client | None = None
         self._keep = keep or (is_compute_tpu_quota if service == COMPUTE_SERVICE else None)
 
@@ -73,16 +77,42 @@ class CloudQuotasClient:
         return f"CloudQuotasClient(base_url={self.base_url!r}, service={self.service!r})"
 
     @classmethod
-    def for_google(cls, credentials: Credentials | None = None, **kwargs: Any) -> CloudQuotasClient:
-        """Against cloudquotas.googleapis.com with ADC (or the given credentials)."""
-        if credentials is None:
-            credentials = _default_credentials()
-        return cls(base_url=GOOGLE_QUOTAS_URL, credentials=credentials, **kwargs)
+    def from_config(
+        cls,
+        config: CloudConfig,
+        *,
+        base_url: str = GOOGLE_QUOTAS_URL,
+        service: str = TPU_SERVICE,
+        transport: httpx.BaseTransport | None = None,
+    ) -> CloudQuotasClient:
+        """The client a backend's ``config`` describes (credentials, retry, timeout, proxies), at
+        ``base_url`` (Google's Cloud Quotas API unless given)."""
+        return cls(
+            base_url=base_url,
+            credentials=config.credentials(),
+            service=service,
+            timeout_s=config.request_timeout_s,
+            retry=config.retry,
+            transport=transport,
+            sleep=config.sleep,
+            trust_env=config.trust_env,
+        )
 
     @classmethod
-    def for_simulator(cls, base_url: str, **kwargs: Any) -> CloudQuotasClient:
-        """Against the simulator: its URL, no auth."""
-        return cls(base_url=base_url, credentials=None, **kwargs)
+    def for_simulator(
+        cls,
+        base_url: str,
+        *,
+        service: str = TPU_SERVICE,
+        transport: httpx.BaseTransport | None = None,
+        **overrides: Any,
+    ) -> CloudQuotasClient:
+        """Against the simulator at ``base_url`` as its backend calls it (``tpuctl.backends.sim``: no auth,
+        no proxy, fast retries); ``overrides``: fields of its ``CloudConfig`` (``retry``, ``sleep``...)."""
+        from tpuctl.backends.sim import SIM_CLIENTS
+
+        config = replace(SIM_CLIENTS, **overrides)
+        return cls.from_config(config, base_url=base_url, service=service, transport=transport)
 
     # ----------------------------------------------------------------------------------------------
 
@@ -135,12 +165,10 @@ class CloudQuotasClient:
                 import httpx
             except ImportError as exc:  # pragma: no cover - httpx is a hard dependency
                 raise CloudError("httpx is not installed", fix="pip install 'httpx>=0.27'") from exc
-            loopback = self.base_url.startswith(("http://127.", "http://localhost", "http://[::1]"))
             self._client = httpx.Client(
                 timeout=self._timeout_s,
                 transport=self._transport,
-                # A proxy from the environment must never see loopback simulator traffic.
-                trust_env=not loopback,
+                trust_env=self._trust_env,
                 headers={"Accept": "application/json"},
             )
         return self._client
@@ -255,21 +283,3 @@ def _limit_value(entry: Mapping[str, Any], quota_id: str) -> int:
         raise CloudError(
             f"quota {quota_id}: limit value {raw!r} is not an integer (dimensions {entry.get('dimensions')})"
         ) from None
-
-
-def _default_credentials() -> Credentials:
-    """Application Default Credentials with the cloud-platform scope, or UnauthenticatedError."""
-    try:
-        import google.auth
-        import google.auth.exceptions
-    except ImportError as exc:  # pragma: no cover - google-auth is a hard dependency
-        raise CloudError("google-auth is not installed", fix="pip install 'google-auth>=2.30'") from exc
-    try:
-        credentials, _project = google.auth.default(scopes=_SCOPES)
-    except google.auth.exceptions.DefaultCredentialsError:
-        raise UnauthenticatedError(
-            "no Google Cloud credentials found (Application Default Credentials)",
-            code=16,
-            fix="gcloud auth application-default login",
-        ) from None
-    return credentials

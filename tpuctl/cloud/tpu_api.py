@@ -1,8 +1,8 @@
 """``TpuApiCloud``: the one ``TpuCloud`` implementation, over google-cloud-tpu's ``tpu_v2.TpuClient`` (REST).
 
-The same code talks to Google (``for_google``: https://tpu.googleapis.com, ADC credentials) and to the
-simulator (``for_simulator``: http://127.0.0.1:PORT, anonymous credentials); only endpoint and
-credentials differ.
+The same code talks to Google (https://tpu.googleapis.com, ADC credentials) and to the simulator
+(http://127.0.0.1:PORT, anonymous credentials, no proxy): the backend that builds the client decides the
+endpoint and its ``CloudConfig`` (``config.py``); the client never asks which backend it serves.
 
 Facts about the client this module relies on (google-cloud-tpu 1.28.0, checked by the tests):
 
@@ -29,9 +29,11 @@ import logging
 import re
 import threading
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from tpuctl.backends.sim import SIM_RETRY as SIM_RETRY  # where tpuctl.testing takes it from
 from tpuctl.catalog import CapacityType
 from tpuctl.cloud.base import (
     LABEL_REQUEST,
@@ -45,9 +47,10 @@ from tpuctl.cloud.base import (
     QuotaLimit,
     TpuCloud,
 )
-from tpuctl.cloud.google_calls import GoogleCalls, credentials_for
-from tpuctl.cloud.quotas import CloudQuotasClient, _default_credentials
-from tpuctl.cloud.retry import OPERATION_GOES_ON, Polling, RetryPolicy, Sleep
+from tpuctl.cloud.config import CloudConfig
+from tpuctl.cloud.google_calls import GoogleCalls
+from tpuctl.cloud.quotas import CloudQuotasClient
+from tpuctl.cloud.retry import OPERATION_GOES_ON, Polling
 from tpuctl.cloud.translate import error_from_status
 from tpuctl.errors import CloudError, NotFoundError, PermissionDeniedError, UsageError
 
@@ -64,11 +67,7 @@ T = TypeVar("T")
 GOOGLE_TPU_ENDPOINT = "https://tpu.googleapis.com"
 _INSTALL_HINT = "pip install 'google-cloud-tpu>=1.28,<2' (it is a dependency of tpuctl: reinstall tpuctl)"
 
-# How the simulator is driven by default: it has no real rate limits to respect, and its injected faults
-# should cost milliseconds, not seconds.
 _LABEL_VALUE_RE = re.compile(r"[a-z0-9_-]{1,63}")
-
-SIM_RETRY = RetryPolicy(max_attempts=8, initial_wait_s=0.02, max_wait_s=0.5, deadline_s=30.0)
 
 
 def _tpu_v2() -> Any:
@@ -96,45 +95,24 @@ class TpuApiCloud:
         *,
         project: str,
         endpoint: str = GOOGLE_TPU_ENDPOINT,
-        credentials: Credentials | None = None,
-        backend: str = "gcp",
+        config: CloudConfig | None = None,
         quotas: CloudQuotasClient | None = None,
-        request_timeout_s: float = 30.0,
-        retry: RetryPolicy | None = None,
-        poll_interval_s: float = 0.2,
-        poll_max_interval_s: float = 2.0,
-        operation_timeout_s: float = 1800.0,
-        sleep: Sleep | None = None,
         http_adapter: Any = None,
     ) -> None:
-        """``http_adapter`` (a ``requests`` transport adapter) carries every request of the client's
-        session instead of a socket: tests serve the simulator in-process through it."""
+        """``config``: how to call (Google's defaults unless given). ``quotas``: where the TPU quota limits
+        come from (None: Google's Cloud Quotas API, with ``config``, built when first asked).
+        ``http_adapter`` (a ``requests`` transport adapter) carries every request of the client's session
+        instead of a socket: tests serve the simulator in-process through it."""
         if not project:
             raise UsageError(
                 "a project is required", field="project", fix="pass --project or set one in a profile"
             )
-        if backend not in ("gcp", "sim"):
-            raise UsageError(
-                f"unknown backend {backend!r}", field="backend", value=backend, fix="use gcp or sim"
-            )
-        for name, value in (
-            ("request_timeout_s", request_timeout_s),
-            ("poll_interval_s", poll_interval_s),
-            ("operation_timeout_s", operation_timeout_s),
-        ):
-            if value <= 0:
-                raise UsageError(f"{name} must be > 0, got {value!r}", field=name, value=value)
         self._project = project
         self._endpoint = endpoint.rstrip("/")
-        self._credentials = credentials
-        self._backend = backend
+        self._config = config or CloudConfig()
+        self._timeout = self._config.request_timeout_s  # passed to every call: the library sets none
+        self._credentials: Credentials | None = None
         self._quotas = quotas
-        self._timeout = request_timeout_s
-        self._retry = retry or RetryPolicy()
-        self._poll_interval = poll_interval_s
-        self._poll_max_interval = max(poll_max_interval_s, poll_interval_s)
-        self._op_timeout = operation_timeout_s
-        self._sleep = sleep
         self._http_adapter = http_adapter
         self._client_obj: Any = None
         # The allocator may drive one cloud from several threads (queued-resource races): build the
@@ -143,7 +121,7 @@ class TpuApiCloud:
 
     def __repr__(self) -> str:  # never show the credentials
         return (
-            f"TpuApiCloud(backend={self._backend!r}, project={self._project!r}, endpoint={self._endpoint!r})"
+            f"TpuApiCloud(backend={self.backend!r}, project={self._project!r}, endpoint={self._endpoint!r})"
         )
 
     def __enter__(self) -> TpuApiCloud:
@@ -155,54 +133,31 @@ class TpuApiCloud:
     # -- construction --------------------------------------------------------------------------------
 
     @classmethod
-    def for_google(cls, project: str, credentials: Credentials | None = None, **kwargs: Any) -> TpuApiCloud:
-        """Against tpu.googleapis.com with Application Default Credentials (or the given ones).
+    def for_simulator(
+        cls,
+        project: str,
+        base_url: str,
+        *,
+        quotas: CloudQuotasClient | None = None,
+        http_adapter: Any = None,
+        **overrides: Any,
+    ) -> TpuApiCloud:
+        """Against the simulator at ``base_url`` (http kept) as its backend calls it
+        (``tpuctl.backends.sim``: anonymous, no proxy, fast retries and polls); ``overrides``: fields of
+        its ``CloudConfig``. For tests and tools that talk to a simulator without a session."""
+        from tpuctl.backends.sim import SIM_CLIENTS
 
-        Raises ``UnauthenticatedError`` (fix: ``gcloud auth application-default login``) when there are
-        no credentials.
-        """
-        if credentials is None:
-            credentials = _default_credentials()
-        quotas = kwargs.pop("quotas", None) or CloudQuotasClient.for_google(
-            credentials, retry=kwargs.get("retry"), timeout_s=kwargs.get("request_timeout_s", 30.0)
-        )
+        config = replace(SIM_CLIENTS, **overrides)
+        quotas = quotas or CloudQuotasClient.from_config(config, base_url=base_url)
         return cls(
-            project=project,
-            endpoint=kwargs.pop("endpoint", GOOGLE_TPU_ENDPOINT),
-            credentials=credentials,
-            backend="gcp",
-            quotas=quotas,
-            **kwargs,
-        )
-
-    @classmethod
-    def for_simulator(cls, project: str, base_url: str, **kwargs: Any) -> TpuApiCloud:
-        """Against the simulator at ``base_url`` (http kept), anonymous credentials, fast retries."""
-        try:
-            from google.auth.credentials import AnonymousCredentials
-        except ImportError as exc:
-            raise CloudError(f"google-auth is not importable ({exc})", fix=_INSTALL_HINT) from None
-        retry = kwargs.pop("retry", None) or SIM_RETRY
-        quotas = kwargs.pop("quotas", None) or CloudQuotasClient.for_simulator(
-            base_url, retry=retry, timeout_s=kwargs.get("request_timeout_s", 30.0), sleep=kwargs.get("sleep")
-        )
-        kwargs.setdefault("poll_interval_s", 0.05)
-        kwargs.setdefault("poll_max_interval_s", 1.0)
-        return cls(
-            project=project,
-            endpoint=base_url,
-            credentials=AnonymousCredentials(),  # type: ignore[no-untyped-call]
-            backend="sim",
-            quotas=quotas,
-            retry=retry,
-            **kwargs,
+            project=project, endpoint=base_url, config=config, quotas=quotas, http_adapter=http_adapter
         )
 
     # -- TpuCloud: identity --------------------------------------------------------------------------
 
     @property
     def backend(self) -> str:
-        return self._backend
+        return self._config.backend
 
     @property
     def project(self) -> str:
@@ -462,14 +417,7 @@ class TpuApiCloud:
 
     def quota_limits(self) -> list[QuotaLimit]:
         if self._quotas is None:
-            if self._backend == "sim":
-                self._quotas = CloudQuotasClient.for_simulator(
-                    self._endpoint, retry=self._retry, sleep=self._sleep
-                )
-            else:
-                self._quotas = CloudQuotasClient.for_google(
-                    self._resolve_credentials(), retry=self._retry, sleep=self._sleep
-                )
+            self._quotas = CloudQuotasClient.from_config(self._config)
         return self._quotas.list_quota_limits(self._project)
 
     # -- dry-run plans -------------------------------------------------------------------------------
@@ -597,9 +545,9 @@ class TpuApiCloud:
                 client_options=ClientOptions(api_endpoint=self._endpoint),
             )
             session = getattr(self._client_obj.transport, "_session", None)
-            if self._backend == "sim" and session is not None:
-                # The transport's requests session would honour HTTP(S)_PROXY even for loopback.
-                session.trust_env = False
+            if session is not None:
+                # The transport's requests session honours HTTP(S)_PROXY unless told, even for loopback.
+                session.trust_env = self._config.trust_env
             if self._http_adapter is not None:
                 if session is None:
                     raise CloudError("the TPU client's transport has no requests session to adapt")
@@ -609,7 +557,7 @@ class TpuApiCloud:
 
     def _resolve_credentials(self) -> Credentials:
         if self._credentials is None:
-            self._credentials = credentials_for(self._backend)
+            self._credentials = self._config.credentials()
         return self._credentials
 
     def _parent(self, zone: str) -> str:
@@ -627,13 +575,13 @@ class TpuApiCloud:
         return f"{self._parent(zone)}/reservations/{reservation}"
 
     def _read(self, action: str, resource: str, fn: Callable[[], T]) -> T:
-        return GoogleCalls(self._retry, self._sleep).read(action, resource, fn)
+        return GoogleCalls(self._config.retry, self._config.sleep).read(action, resource, fn)
 
     def _mutate(
         self, action: str, resource: str, fn: Callable[[], T], *, zone: str | None, idempotent: bool = False
     ) -> T:
         """A mutation: translated (a broken connection is ambiguous), retried only where that is safe."""
-        calls = GoogleCalls(self._retry, self._sleep)
+        calls = GoogleCalls(self._config.retry, self._config.sleep)
         return calls.mutate(action, resource, fn, zone=zone, idempotent=idempotent)
 
     def _wait(self, op: Any, what: str, *, zone: str | None, progress: OperationProgress | None) -> Any:
@@ -654,7 +602,8 @@ class TpuApiCloud:
                 if progress is not None:
                     progress.update(_describe_op(current, what), elapsed_s=elapsed)
 
-            polling = Polling(self._op_timeout, self._poll_interval, self._poll_max_interval, self._sleep)
+            c = self._config
+            polling = Polling(c.operation_timeout_s, c.poll_interval_s, c.poll_cap_s, c.sleep)
             op = polling.until(
                 get,
                 lambda o: bool(o.done),

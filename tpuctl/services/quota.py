@@ -9,14 +9,12 @@ A limit is *unknown* when Cloud Quotas does not list the quota id, or could not 
 the API not enabled, or a caller with roles/tpu.admin only): placement then tries and lets the create
 answer, as it would have worked without the check; it never counts an unknown limit as 0.
 
-The two surfaces draw on disjoint pools (docs/google-facts.md#compute-engine-quotas): a TPU API slice on the
-TPU API's quota ids (``TPUV6EPerProjectPerZoneForTPUAPI``, per zone and per region), a Compute Engine slice on
-Compute Engine's (``TPUS-PER-TPU-FAMILY-per-project-region`` with its ``tpu_family`` dimension on demand, a
-per-generation ``PREEMPTIBLE-...`` one for spot and flex-start), counted in chips. So a key is (quota id,
-location, TPU family), the family None for every quota without that dimension. Flex-start (not a capacity
-tpuctl places yet) spends the preemptible quota first and falls back to the per-family one
-(docs/google-facts.md#provisioning-models): charge it to the preemptible quota only when it comes, the
-stricter reading, as the simulator does.
+The two surfaces draw on disjoint pools (docs/google-facts.md#compute-engine-quotas), each with its own
+rules (``quota_rules``: which quotas, what they count, queued resources or none); this module asks the
+rules, never which surface it is. A key is (quota id, location, TPU family), the family None for every
+quota without that dimension. Flex-start (not a capacity tpuctl places yet) spends the preemptible quota
+first and falls back to the per-family one (docs/google-facts.md#provisioning-models): charge it to the
+preemptible quota only when it comes, the stricter reading, as the simulator does.
 """
 
 from __future__ import annotations
@@ -24,11 +22,16 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
-from tpuctl.catalog import AcceleratorType, CapacityType, Catalog, Surface, region_of_zone
+from tpuctl.catalog import AcceleratorType, CapacityType, Catalog, Surface
 from tpuctl.cloud.base import DEAD_QUEUED_STATES, Node, QueuedResource, QuotaLimit, TpuCloud
 from tpuctl.errors import UsageError
+from tpuctl.services.quota_rules import RULES, QuotaKey, queued_resource_rules, quota_rules
+
+#: The surface of a quota id that neither the catalog nor a listed row places: the TPU API's, the pool
+#: every quota of a generation without a Compute Engine path is in.
+_UNPLACED = Surface.TPU_API
 
 
 @dataclass(frozen=True)
@@ -77,18 +80,6 @@ class QuotaUse:
         }
 
 
-class QuotaKey(NamedTuple):
-    """One quota at one location, for one TPU family where the quota has that dimension."""
-
-    quota_id: str
-    location: str
-    tpu_family: str | None = None
-
-    @property
-    def order(self) -> tuple[str, str, str]:
-        return (self.quota_id, self.location, self.tpu_family or "")
-
-
 class QuotaBook:
     """Limits and usage, looked up by (quota id, location, TPU family). Built from one listing: a
     snapshot."""
@@ -105,15 +96,22 @@ class QuotaBook:
         self._limits: dict[QuotaKey, QuotaLimit] = {}
         # A default entry that named no locations, by (quota id, TPU family).
         self._defaults: dict[tuple[str, str | None], QuotaLimit] = {}
-        self._compute_ids = compute_quota_ids(catalog)
+        # Each quota id's surface and unit: the catalog's, then the listed rows' owners for the rest.
+        self._surfaces: dict[str, Surface] = {}
+        self._units: dict[str, str] = {}
+        for rules in RULES.values():
+            for quota_id, unit in rules.catalog_quotas(catalog).items():
+                self._surfaces[quota_id] = rules.surface
+                self._units[quota_id] = unit
         for limit in limits or ():
             location = limit.zone or limit.region
             if location:
                 self._limits[QuotaKey(limit.quota_id, location, limit.tpu_family)] = limit
             else:
                 self._defaults[(limit.quota_id, limit.tpu_family)] = limit
-            if limit.tpu_family or limit.metric.startswith("compute.googleapis.com/"):
-                self._compute_ids.add(limit.quota_id)
+            for rules in RULES.values():
+                if rules.owns(limit):
+                    self._surfaces.setdefault(limit.quota_id, rules.surface)
         self._use: dict[QuotaKey, int] = defaultdict(int)
         self._preempted: dict[QuotaKey, int] = defaultdict(int)
         self._reclaimable: dict[QuotaKey, int] = defaultdict(int)
@@ -129,8 +127,9 @@ class QuotaBook:
             accel = self._resolve(node.accelerator_type)
             if accel is None:
                 continue
-            units = quota_units(accel, node.surface)
-            for key in self.keys_for(accel, node.zone, node.capacity, node.surface):
+            rules = quota_rules(node.surface)
+            units = rules.units(accel)
+            for key in rules.keys(accel, node.zone, node.capacity):
                 self._use[key] += units
                 if node.state == "PREEMPTED":
                     self._preempted[key] += units
@@ -140,7 +139,9 @@ class QuotaBook:
         return listed
 
     def _count_queued(self, queued_resources: Iterable[QueuedResource], listed: set[tuple[str, str]]) -> None:
-        """Queued resources (TPU API only) that hold quota while dead, for their nodes not listed."""
+        """Queued resources that hold quota while dead, for their nodes not listed (counted by the rules of
+        the surface that has queued resources)."""
+        rules = queued_resource_rules()
         for qr in queued_resources:
             if qr.state not in DEAD_QUEUED_STATES:
                 continue
@@ -151,9 +152,10 @@ class QuotaBook:
             if accel is None or count == 0:
                 continue
             capacity = CapacityType.SPOT if qr.tier == "spot" else CapacityType.ON_DEMAND
-            for key in self.keys_for(accel, qr.zone, capacity):
-                self._use[key] += accel.quota_units * count
-                self._reclaimable[key] += accel.quota_units * count
+            held = rules.units(accel) * count
+            for key in rules.keys(accel, qr.zone, capacity):
+                self._use[key] += held
+                self._reclaimable[key] += held
                 self._holders[key].append(f"queued resource {qr.id} ({qr.state}, {qr.zone})")
 
     @classmethod
@@ -177,14 +179,7 @@ class QuotaBook:
         """The quotas a slice of this type and capacity in ``zone`` draws on through ``surface`` (None:
         the generation's default, the TPU API wherever it serves one): the TPU API's per zone and per
         region, or Compute Engine's one (none for reserved capacity, which draws on its reservation)."""
-        places = {"zone": zone, "region": region_of_zone(zone)}
-        if (surface or accel.generation.default_surface) is Surface.TPU_API:
-            return [QuotaKey(quota_id, places[scope]) for scope, quota_id in accel.quota_ids(capacity)]
-        compute = accel.generation.compute
-        quota = compute.quota(capacity) if compute is not None else None
-        if quota is None:
-            return []
-        return [QuotaKey(quota.quota_id, places[quota.scope], quota.tpu_family)]
+        return quota_rules(surface or accel.generation.default_surface).keys(accel, zone, capacity)
 
     def use(
         self, quota_id: str, location: str, unit: str = "chips", tpu_family: str | None = None
@@ -203,7 +198,7 @@ class QuotaBook:
             preempted_holding=self._preempted.get(key, 0),
             reclaimable=self._reclaimable.get(key, 0),
             tpu_family=tpu_family,
-            surface=Surface.COMPUTE if quota_id in self._compute_ids else Surface.TPU_API,
+            surface=self._surfaces.get(quota_id, _UNPLACED),
         )
 
     def _limit(self, key: QuotaKey) -> QuotaLimit | None:
@@ -226,43 +221,21 @@ class QuotaBook:
         surface: Surface | None = None,
     ) -> list[QuotaUse]:
         """What each quota the slice draws on allows (``surface`` as in ``keys_for``)."""
-        surface = surface or accel.generation.default_surface
-        unit = quota_unit(accel, surface)
+        rules = quota_rules(surface or accel.generation.default_surface)
+        unit = rules.unit(accel)
         return [
             self.use(key.quota_id, key.location, unit, key.tpu_family)
-            for key in self.keys_for(accel, zone, capacity, surface)
+            for key in rules.keys(accel, zone, capacity)
         ]
 
     def all_uses(self) -> list[QuotaUse]:
         keys = set(self._limits) | set(self._use)
-        units = {qid: "chips" for qid in self._compute_ids}
-        for gen in self._catalog.generations.values():
-            for family in gen.quota_families():
-                for scope in ("zone", "region"):
-                    qid = family.quota_id(scope)
-                    if qid:
-                        units[qid] = gen.quota_unit
         return [
-            self.use(key.quota_id, key.location, units.get(key.quota_id, "chips"), key.tpu_family)
+            self.use(key.quota_id, key.location, self._units.get(key.quota_id, "chips"), key.tpu_family)
             for key in sorted(keys, key=lambda k: k.order)
         ]
 
 
-def quota_unit(accel: AcceleratorType, surface: Surface) -> str:
-    """What the quotas a slice draws on count: Compute Engine's count chips
-    (docs/google-facts.md#compute-engine-quotas); the TPU API's chips or TensorCores per generation."""
-    return "chips" if surface is Surface.COMPUTE else accel.generation.quota_unit
-
-
 def quota_units(accel: AcceleratorType, surface: Surface) -> int:
     """How much of its quotas one slice of ``accel`` uses through ``surface``."""
-    return accel.chips if surface is Surface.COMPUTE else accel.quota_units
-
-
-def compute_quota_ids(catalog: Catalog) -> set[str]:
-    """Every Compute Engine TPU quota id the catalog names (on-demand and preemptible)."""
-    ids: set[str] = set()
-    for gen in catalog.generations.values():
-        if gen.compute is not None:
-            ids.update({gen.compute.on_demand_quota.quota_id, gen.compute.preemptible_quota.quota_id})
-    return ids
+    return quota_rules(surface).units(accel)
