@@ -203,7 +203,7 @@ def _refresh_prices(
         out.warn(warning)
     if not dry_run:
         catalog, _ = load_catalog(state_dir, backend)
-        with Ledger(state_dir) as ledger:
+        with Ledger.open(settings.resolved_database) as ledger:
             changes = record_price_changes(ledger, catalog, backend=backend, project=project, now=now)
         result = dataclasses.replace(result, price_changes=tuple(changes))
         for change in changes:

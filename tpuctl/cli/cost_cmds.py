@@ -248,9 +248,10 @@ def _start_report(
     migrated first)."""
     from tpuctl.services.cost import CostService
     from tpuctl.services.cost.reconcile import InBackground
-    from tpuctl.store.ledger import resolve_ledger_path
 
-    service = CostService(resolve_ledger_path(settings.resolved_state_dir), *prices)
+    database = settings.resolved_database
+    assert database.path is not None  # a SQLite ledger: the only engine the settings accept yet
+    service = CostService(database.path, *prices)
     return InBackground(
         lambda: service.report(since=start, until=end, group_by=group, limit=limit), name="tpuctl-cost-report"
     )
@@ -299,7 +300,7 @@ def _offline_report(
     catalog, source = load_catalog(settings.resolved_state_dir, backend.name)
     out.backend_banner(backend.label, settings.project or "(not contacted)", ", offline")
     out.note("offline: the ledger only, not reconciled with the live listing")
-    with Ledger(settings.resolved_state_dir) as ledger:
+    with Ledger.open(settings.resolved_database) as ledger:
         result = CostService(ledger.path, catalog, source).report(
             since=start, until=end, group_by=group, limit=limit
         )

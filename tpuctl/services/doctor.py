@@ -111,7 +111,7 @@ def diagnose(load_settings: Callable[[], Settings], environ: Mapping[str, str] =
             with contextlib.suppress(Exception):
                 close()
     state_ok = report.run("state dir", lambda: _state_dir(found, settings), needs=settings_ok)
-    report.run("ledger", lambda: _ledger(found["state_dir"]), needs=state_ok)
+    report.run("ledger", lambda: _ledger(settings), needs=state_ok)
     return report
 
 
@@ -153,8 +153,9 @@ def _state_dir(found: dict[str, Any], settings: Settings | None) -> str:
     return f"{path} (mode {mode:o})"
 
 
-def _ledger(state_dir: Path) -> str:
+def _ledger(settings: Settings | None) -> str:
     from tpuctl.store.ledger import Ledger
 
-    with Ledger(state_dir) as ledger:
+    assert settings is not None
+    with Ledger.open(settings.resolved_database) as ledger:
         return str(ledger.integrity_check())
