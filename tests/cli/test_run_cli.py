@@ -327,10 +327,11 @@ def test_bench_figures_use_the_catalog_peak_on_tpu() -> None:
         "tokens_per_s": 1e6,
         "processes": 4,
     }
-    figures = bench_step_figures(raw, accel)
-    assert figures["peak_tflops"] == accel.peak_bf16_tflops
-    assert figures["fraction_of_peak"] == pytest.approx(394.0 / accel.peak_bf16_tflops)
-    assert figures["peak_source"] == "catalog: v5e-16 peak bf16 (16 chips)"
+    figures = bench_step_figures(raw, accel, run_id="run-x")
+    assert figures.peak_tflops == accel.peak_bf16_tflops
+    assert figures.fraction_of_peak == pytest.approx(394.0 / accel.peak_bf16_tflops)
+    assert figures.peak_source == "catalog: v5e-16 peak bf16 (16 chips)"
+    assert figures.to_dict()["run_id"] == "run-x" and figures.to_dict()["hosts"] == 4
 
 
 # --- Ctrl-C and termination of the tpuctl process itself ---------------------------------------------------

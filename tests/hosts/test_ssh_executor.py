@@ -403,7 +403,8 @@ def test_launcher_runs_a_2_host_slice_over_ssh_via_the_nodes_endpoints(
 
     import tpuctl.hosts.ssh
     from tpuctl.services.run.launcher import Launcher
-    from tpuctl.services.run.model import RunRequest
+    from tpuctl.services.run.model import RecoveryPolicy, RunRequest
+    from tpuctl.services.run.service import Runs
     from tpuctl.services.session import open_session
     from tpuctl.settings import load_settings
     from tpuctl.sim import SimAdminClient, SimServer
@@ -455,7 +456,8 @@ def test_launcher_runs_a_2_host_slice_over_ssh_via_the_nodes_endpoints(
                 pass
 
         evil = f"$(touch {tmp_path / 'pwned'})"
-        result = Launcher(session, observer=Observer()).run(
+        runs = Runs(session)
+        prepared = runs.prepare(
             RunRequest(
                 script=str(work / "prog.py"),
                 args=(evil,),
@@ -465,6 +467,7 @@ def test_launcher_runs_a_2_host_slice_over_ssh_via_the_nodes_endpoints(
                 runtime_deps=False,  # a stdlib program: the image's python3
             )
         )
+        result = runs.start(prepared, observer=Observer(), policy=RecoveryPolicy.off()).run
         assert result.exit_code == 0 and result.hosts == 2 and result.shipped_hosts == 2
         reports = {w: json.loads(t) for w, t in lines if t.startswith("{")}
         assert sorted(reports) == [0, 1]

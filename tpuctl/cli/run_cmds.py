@@ -27,9 +27,16 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from tpuctl.cli.render import Output, Progress
+    from tpuctl.services.run.bench import BenchFigures
     from tpuctl.services.run.model import RecoveryPolicy, SupervisedResult
-    from tpuctl.services.session import Session
-    from tpuctl.store.records import RunRecord
+    from tpuctl.services.run.views import (
+        CheckpointFallback,
+        Detached,
+        PreemptionView,
+        RunDescription,
+        SegmentView,
+        TimelineBar,
+    )
 
 runs_app = typer.Typer(help="List runs, describe one, show its hosts' logs.", no_args_is_help=True)
 bench_app = typer.Typer(help="Benchmarks on a (simulated) slice.", no_args_is_help=True)
@@ -242,8 +249,8 @@ def run(
     from tpuctl.backends import open_backend
     from tpuctl.services.locations import check_zones
     from tpuctl.services.run.checkpoints import refuse_unrecoverable
-    from tpuctl.services.run.launcher import Launcher
     from tpuctl.services.run.model import RunRequest
+    from tpuctl.services.run.service import Runs
 
     out = make_output(ctx, output, ONE_OBJECT)
     program_args = [*(args or []), *ctx.args]
@@ -308,27 +315,30 @@ def run(
         )
         if request.zone is not None:  # a typo is exit 2 with "did you mean", before anything is made
             check_zones(sess.catalog, sess.cloud, [request.zone])
-        launcher = Launcher(sess)
-        prepared = launcher.prepare(request)  # a bad value is exit 2, before the cloud is asked anything
+        runs = Runs(sess)
+        prepared = runs.prepare(request)  # a bad value is exit 2, before the cloud is asked anything
         if is_dry_run(ctx, dry_run):
-            _render_plan(out, launcher.plan(prepared))
+            _render_plan(out, runs.plan(prepared))
             return
         from tpuctl.services.budget import warn_monthly_budget
-        from tpuctl.services.run.supervisor import Supervisor
 
         if prepared.target.creates:  # the run creates its slice: the monthly budget's warning
             warn_monthly_budget(sess, out.warn)
-        printer = _Printer(out, prepared.target.hosts)
-        supervisor = Supervisor(sess, observer=printer, policy=policy, budget_usd=budget_usd, warn=out.warn)
         if detach:
-            supervisor.create_record(prepared)
-            started = _start_detached(sess, prepared.run_id)
-            _render_detached(out, prepared.run_id, started)
+            _render_detached(out, runs.start_detached(prepared, policy=policy, budget_usd=budget_usd))
             return
+        printer = _Printer(out, prepared.target.hosts)
         with stop_hosts_on_termination(), out.progress(f"run {prepared.run_id}") as prog:
             printer.spinner = prog
             with resumable(prepared.run_id):
-                supervised = supervisor.run(prepared, progress=prog)
+                supervised = runs.start(
+                    prepared,
+                    observer=printer,
+                    policy=policy,
+                    budget_usd=budget_usd,
+                    warn=out.warn,
+                    progress=prog,
+                )
     _render_result(out, supervised)
 
 
@@ -348,15 +358,17 @@ def _render_result(out: Output, supervised: SupervisedResult) -> None:
 
         out.document(out.envelope(run=iso_times(supervised.to_dict())))
         return
-    summary = supervised.summary
+    from tpuctl.services.run.views import RecoveryView
+
+    recovery = RecoveryView.of(supervised.summary)
     recovered = ""
     if supervised.preemptions:
         n = len(supervised.preemptions)
         recovered = f"; recovered from {n} preemption{'s' if n != 1 else ''} " + (
-            f"({summary['steps_recomputed']} steps recomputed"
-            + (f", goodput {summary['goodput']:.0%}" if summary.get("goodput") is not None else "")
+            f"({recovery.steps_recomputed} steps recomputed"
+            + (f", goodput {recovery.goodput:.0%}" if recovery.goodput is not None else "")
             + ")"
-            if summary.get("steps_recomputed") is not None
+            if recovery.steps_recomputed is not None
             else f"(steps recomputed, goodput and waste: {UNKNOWN_STEPS})"
         )
     if supervised.restarts:
@@ -373,18 +385,15 @@ def _render_result(out: Output, supervised: SupervisedResult) -> None:
     )
 
 
-def _start_detached(sess: Session, run_id: str, *, resume: bool = False) -> dict[str, Any]:
-    from tpuctl.services.run.control import start_detached
-
-    return start_detached(sess, run_id, resume=resume)
-
-
-def _render_detached(out: Output, run_id: str, started: dict[str, Any]) -> None:
+def _render_detached(out: Output, detached: Detached) -> None:
+    run_id = detached.run_id
     if out.machine:
-        out.document(out.envelope(run={"run_id": run_id, "status": "detached", "supervisor": started}))
+        out.document(
+            out.envelope(run={"run_id": run_id, "status": "detached", "supervisor": detached.to_dict()})
+        )
         return
     out.out.print(
-        f"run {run_id} is supervised in the background (pid {started['pid']}, log {started['log']}).\n"
+        f"run {run_id} is supervised in the background (pid {detached.pid}, log {detached.log}).\n"
         f"  tpuctl runs describe {run_id}    tpuctl runs logs {run_id}    tpuctl runs cancel {run_id}"
     )
 
@@ -450,31 +459,6 @@ def _render_plan(out: Output, plan: dict[str, Any]) -> None:
 _RUN_COLUMNS = ("RUN", "STATUS", "PROGRAM", "POD", "ZONE", "TYPE", "EXIT", "STARTED (UTC)", "DURATION S")
 
 
-def _run_dict(record: RunRecord) -> dict[str, Any]:
-    from tpuctl.timefmt import iso_or_none as iso
-
-    return {
-        "run_id": record.run_id,
-        "status": str(record.status),
-        "program": record.script,
-        "args": list(record.args),
-        "pod": record.pod,
-        "zone": record.zone,
-        "accelerator_type": record.accelerator_type,
-        "capacity": None if record.capacity is None else record.capacity.value,
-        "exit_code": record.exit_code,
-        "created_at": iso(record.created_at),
-        "ended_at": iso(record.ended_at),
-        "duration_s": None
-        if record.ended_at is None or (record.detail or {}).get("never_started")
-        else round(record.ended_at - record.created_at, 3),
-        "restarts": record.restarts,
-        "preemptions": record.preemptions,
-        "labels": dict(record.labels or {}),
-        "detail": record.detail or {},
-    }
-
-
 @runs_app.command("list")
 def list_runs(
     ctx: typer.Context,
@@ -485,31 +469,31 @@ def list_runs(
 ) -> None:
     """List runs, newest first."""
     from tpuctl import params
+    from tpuctl.services.run.service import Runs
 
     out = make_output(ctx, output)
     count = params.whole(limit, "limit")
     with session(ctx, out) as sess:
-        records = sess.ledger.list_runs(limit=count)
-    data = [_run_dict(r) for r in records]
+        views = Runs(sess).list_runs(limit=count)
     out.rows(
         "runs",
         _RUN_COLUMNS,
         (
             [
-                d["run_id"],
-                d["status"],
-                d["program"],
-                d["pod"],
-                d["zone"],
-                d["accelerator_type"],
-                d["exit_code"],
-                short_time(d["created_at"]),
-                d["duration_s"],
+                v.run_id,
+                v.status,
+                v.program,
+                v.pod,
+                v.zone,
+                v.accelerator_type,
+                v.exit_code,
+                short_time(v.created_at),
+                v.duration_s,
             ]
-            for d in data
+            for v in views
         ),
         key="runs",
-        records=data,
+        records=[v.to_dict() for v in views],
         keep=frozenset({"RUN", "STATUS", "POD", "ZONE"}),
         drop=("PROGRAM", "STARTED", "EXIT", "DURATION"),
     )
@@ -523,88 +507,105 @@ def describe_run(
 ) -> None:
     """Show one run: status, slice, exit code, its segments (a timeline), and what preemptions cost:
     steps completed and recomputed, goodput, detection latency and recovery time of each."""
-    from tpuctl.services.run.describe import describe_run as describe
-    from tpuctl.services.run.lookup import resolve_run_id
+    from tpuctl.services.run.service import Runs
 
     out = make_output(ctx, output, ONE_OBJECT)
     with session(ctx, out) as sess:
-        run_id = resolve_run_id(sess.ledger, run_id)
-        record = sess.ledger.get_run(run_id)
-        assert record is not None  # resolved just now
-        described = describe(sess, record)
-    data = {**_run_dict(record), **described}
+        described = Runs(sess).describe(run_id)
     if out.machine:
-        out.document(out.envelope(run=data))
+        out.document(out.envelope(run=described.to_dict()))
         return
-    _render_description(out, run_id, data)
+    _render_description(out, described)
 
 
-def _render_description(out: Output, run_id: str, data: dict[str, Any]) -> None:
-    recovery = data.get("recovery") or {}
-    out.fields(f"run {run_id}", _description_fields(data))
-    _render_segments(out, data["segments"])
-    _render_timeline(out, data.get("timeline") or [])
-    _render_preemptions(out, recovery.get("preemptions") or [])
-    _render_fallbacks(out, recovery.get("checkpoint_fallbacks") or [])
+def _render_description(out: Output, described: RunDescription) -> None:
+    recovery = described.recovery
+    out.fields(f"run {described.run.run_id}", _description_fields(described))
+    _render_segments(out, described.segments)
+    _render_timeline(out, described.timeline)
+    _render_preemptions(out, recovery.preemptions, records=list(recovery.record.get("preemptions") or []))
+    _render_fallbacks(out, recovery.checkpoint_fallbacks)
 
 
-def _description_fields(data: dict[str, Any]) -> dict[str, Any]:
+def _description_fields(described: RunDescription) -> dict[str, Any]:
     """The run's own fields, its recovery figures and what its detail holds."""
-    detail = dict(data.get("detail") or {})
-    recovery = data.get("recovery") or {}
-    fields = {
-        k: data[k]
-        for k in ("status", "program", "pod", "zone", "accelerator_type", "capacity", "exit_code",
-                  "created_at", "ended_at", "duration_s", "restarts", "preemptions")
-    }  # fmt: skip
-    fields["supervisor"] = data.get("supervisor_state")
-    for key in ("steps_completed", "steps_recomputed", "goodput", "productive_step_s", "wall_s"):
-        unknown = recovery.get("steps_reported") is False and key != "wall_s"
-        fields[key] = UNKNOWN_STEPS if unknown else recovery.get(key)
-    for key in ("hosts", "executor", "checkpoint_dir", "log_dir", "error"):
-        if key in detail:
-            fields[key] = detail[key]
-    fields.update(ending_fields(data))
+    run, recovery = described.run, described.recovery
+    fields: dict[str, Any] = {
+        "status": run.status,
+        "program": run.program,
+        "pod": run.pod,
+        "zone": run.zone,
+        "accelerator_type": run.accelerator_type,
+        "capacity": run.capacity,
+        "exit_code": run.exit_code,
+        "created_at": run.created_at,
+        "ended_at": run.ended_at,
+        "duration_s": run.duration_s,
+        "restarts": run.restarts,
+        "preemptions": run.preemptions,
+        "supervisor": described.supervisor_state,
+    }
+    figures = {
+        "steps_completed": recovery.steps_completed,
+        "steps_recomputed": recovery.steps_recomputed,
+        "goodput": recovery.goodput,
+        "productive_step_s": recovery.productive_step_s,
+        "wall_s": recovery.wall_s,
+    }
+    for key, value in figures.items():
+        unknown = recovery.steps_reported is False and key != "wall_s"
+        fields[key] = UNKNOWN_STEPS if unknown else value
+    recorded = {
+        "hosts": run.hosts,
+        "executor": run.executor,
+        "checkpoint_dir": run.checkpoint_dir,
+        "log_dir": run.log_dir,
+        "error": run.error,
+    }
+    fields.update({key: value for key, value in recorded.items() if value is not None})
+    fields.update(ending_fields(described))
     return fields
 
 
-def _render_segments(out: Output, segs: list[dict[str, Any]]) -> None:
+def _render_segments(out: Output, segs: tuple[SegmentView, ...]) -> None:
     out.rows(
         "segments",
         ("#", "KIND", "START", "DURATION S", "POD", "ZONE", "CAPACITY", "STEPS", "RECOMPUTED"),
         (
             [
                 i,
-                s["kind"],
-                s["start"],
-                s["duration_s"],
-                s["pod"],
-                s["zone"],
-                s["capacity"],
-                s["steps_completed"],
-                s["steps_recomputed"],
+                s.kind,
+                s.start,
+                s.duration_s,
+                s.pod,
+                s.zone,
+                s.capacity,
+                s.steps_completed,
+                s.steps_recomputed,
             ]
             for i, s in enumerate(segs, 1)
         ),
         key="segments",
-        records=segs,
+        records=[s.to_dict() for s in segs],
     )
 
 
-def _render_timeline(out: Output, timeline: list[dict[str, Any]]) -> None:
+def _render_timeline(out: Output, timeline: tuple[TimelineBar, ...]) -> None:
     """One bar per segment, placed and sized by its share of the run's wall time."""
     if not timeline:
         return
     out.out.print("[bold]timeline[/]")
     colours = {"provisioning": "blue", "running": "green", "checkpointing": "yellow",
                "preempted": "red", "recovering": "magenta"}  # fmt: skip
-    for row in timeline:
-        colour = colours.get(row["kind"], "white")
-        bar = " " * row["offset"] + "█" * max(1, row["width"])
-        out.out.print(f"  {row['kind']:<13} [{colour}]{bar}[/] {row['duration_s']:.1f} s", highlight=False)
+    for bar in timeline:
+        colour = colours.get(bar.kind, "white")
+        blocks = " " * bar.offset + "█" * max(1, bar.width)
+        out.out.print(f"  {bar.kind:<13} [{colour}]{blocks}[/] {bar.duration_s:.1f} s", highlight=False)
 
 
-def _render_preemptions(out: Output, preemptions: list[dict[str, Any]]) -> None:
+def _render_preemptions(
+    out: Output, preemptions: tuple[PreemptionView, ...], *, records: list[dict[str, Any]]
+) -> None:
     if not preemptions:
         return
     out.rows(
@@ -612,42 +613,40 @@ def _render_preemptions(out: Output, preemptions: list[dict[str, Any]]) -> None:
         ("#", "KIND", "POD", "ZONE", "CHECKPOINT", "DETECTED IN", "RECOVERED IN", "NEW ZONE", "RECOMPUTED"),
         (
             [
-                p["number"],
-                p["kind"],
-                p["pod"],
-                p["zone"],
-                p.get("checkpoint_step"),
-                _secs(p.get("detection_latency_s")),
-                _secs(p.get("recovery_s")),
-                p.get("new_zone"),
-                p.get("steps_recomputed"),
+                p.number,
+                p.kind,
+                p.pod,
+                p.zone,
+                p.checkpoint_step,
+                _secs(p.detection_latency_s),
+                _secs(p.recovery_s),
+                p.new_zone,
+                p.steps_recomputed,
             ]
             for p in preemptions
         ),
         key="preemptions",
-        records=preemptions,
+        records=records,
     )
     for p in preemptions:  # a multislice: which slice went, and what was placed again
-        if p.get("replaced_slices"):
+        if p.replaced_slices:
             out.out.print(
-                f"preemption {p['number']}: slice {', '.join(p.get('lost_slices') or ['?'])} was lost; "
-                f"re-placed the whole set ({', '.join(p['replaced_slices'])}) as {p.get('new_pod')}",
+                f"preemption {p.number}: slice {', '.join(p.lost_slices or ['?'])} was lost; "
+                f"re-placed the whole set ({', '.join(p.replaced_slices)}) as {p.new_pod}",
                 highlight=False,
             )
 
 
-def _render_fallbacks(out: Output, fallbacks: list[dict[str, Any]]) -> None:
+def _render_fallbacks(out: Output, fallbacks: tuple[CheckpointFallback, ...]) -> None:
     """Checkpoints skipped on restore (unreadable, incomplete...) and the one restored instead."""
     from rich.markup import escape
 
     for fallback in fallbacks:
-        skipped = ", ".join(f"step {s.get('step')} ({s.get('reason')})" for s in fallback.get("skipped", []))
-        out.out.print(
-            f"checkpoint fallback: skipped {escape(skipped)}; restored step {fallback.get('restored')}"
-        )
+        skipped = ", ".join(f"step {s.step} ({s.reason})" for s in fallback.skipped)
+        out.out.print(f"checkpoint fallback: skipped {escape(skipped)}; restored step {fallback.restored}")
 
 
-def _secs(value: Any) -> str | None:
+def _secs(value: float | None) -> str | None:
     return None if value is None else f"{value:.2f} s"
 
 
@@ -670,14 +669,8 @@ def resume_run(
 ) -> None:
     """Take over a run whose supervisor is gone (killed, machine rebooted) or that stopped (budget,
     cancel, failure) and carry it on from its last good checkpoint."""
-    import dataclasses
-
     from tpuctl import params
-    from tpuctl.services.run.control import resume_prepared
-    from tpuctl.services.run.launcher import Launcher
-    from tpuctl.services.run.lookup import resolve_run_id
-    from tpuctl.services.run.supervisor import Supervisor
-    from tpuctl.store.records import RunStatus
+    from tpuctl.services.run.service import Runs
 
     out = make_output(ctx, output, ONE_OBJECT)
     new_budget = None if budget is None else params.usd(budget, "budget")
@@ -687,63 +680,18 @@ def resume_run(
         else params.whole(max_preemptions_flag, "max_preemptions", minimum=0)
     )
     with session(ctx, out) as sess:
-        run_id = resolve_run_id(sess.ledger, run_id)
-        record = _resumable_run(sess, run_id)
-        printer = _Printer(out, int((record.detail or {}).get("hosts", 1)))
-        prepared, saved_budget, policy, note = resume_prepared(sess, run_id, Launcher(sess))
-        if note:
-            out.warn(note)
-        if max_preemptions is not None:
-            policy = dataclasses.replace(policy, max_preemptions=_policy(0, max_preemptions).max_preemptions)
-        chosen_budget = new_budget if new_budget is not None else saved_budget
-        if new_budget is not None or max_preemptions is not None:
-            from tpuctl.services.run.control import save_request
-
-            save_request(prepared.log_dir, prepared.request, run_id=run_id, budget_usd=chosen_budget,
-                         policy=policy)  # fmt: skip
-        if record.status != RunStatus.RUNNING:
-            sess.ledger.update_run(run_id, status=RunStatus.RECOVERING, ended_at=None, exit_code=None)
+        runs = Runs(sess)
+        ready = runs.resume(run_id, budget_usd=new_budget, max_preemptions=max_preemptions)
+        if ready.note:
+            out.warn(ready.note)
         if detach:
-            _render_detached(out, run_id, _start_detached(sess, run_id, resume=True))
+            _render_detached(out, runs.detach(ready.run_id, resume=True))
             return
-        supervisor = Supervisor(
-            sess, observer=printer, policy=policy, budget_usd=chosen_budget, warn=out.warn
-        )
-        with stop_hosts_on_termination(), out.progress(f"resume {run_id}") as prog:
+        printer = _Printer(out, ready.hosts)
+        with stop_hosts_on_termination(), out.progress(f"resume {ready.run_id}") as prog:
             printer.spinner = prog
-            supervised = supervisor.supervise(prepared, progress=prog, resume=True)
+            supervised = runs.supervise(ready, observer=printer, warn=out.warn, progress=prog)
     _render_result(out, supervised)
-
-
-def _resumable_run(sess: Session, run_id: str) -> RunRecord:
-    """Run ``run_id``'s record, if it can be resumed: it exists, has not succeeded, and no supervisor
-    holds it."""
-    from tpuctl.errors import UsageError
-    from tpuctl.services.run.lease import lease_holder
-    from tpuctl.store.records import RunStatus
-
-    record = sess.ledger.get_run(run_id)
-    if record is None:
-        raise UsageError(
-            f"no run {run_id!r}", field="RUN", value=run_id, fix="`tpuctl runs list` shows the runs"
-        )
-    if record.status == RunStatus.SUCCEEDED:
-        raise UsageError(
-            f"run {run_id} already succeeded; there is nothing to resume",
-            field="RUN",
-            value=run_id,
-            fix="start a new run with `tpuctl run`",
-        )
-    holder = lease_holder(sess.state_dir / "runs" / run_id)
-    if holder is not None:
-        raise UsageError(
-            f"run {run_id} is still supervised (pid {holder.get('pid')})",
-            field="RUN",
-            value=run_id,
-            fix=f"watch it with `tpuctl runs describe {run_id}`, or stop it with "
-            f"`tpuctl runs cancel {run_id}`",
-        )
-    return record
 
 
 @runs_app.command("cancel")
@@ -753,21 +701,19 @@ def cancel_run(
     output: OutputOpt = None,
 ) -> None:
     """Stop a run: its hosts checkpoint and stop, its slice is deleted, it is recorded as cancelled."""
-    from tpuctl.services.run.control import cancel_run as cancel
-    from tpuctl.services.run.lookup import resolve_run_id
+    from tpuctl.services.run.service import Runs
 
     out = make_output(ctx, output, ONE_OBJECT)
     with session(ctx, out) as sess:
-        run_id = resolve_run_id(sess.ledger, run_id)
-        result = cancel(sess, run_id)
+        result = Runs(sess).cancel(run_id)
     if out.machine:
-        out.document(out.envelope(cancel=result))
+        out.document(out.envelope(cancel=result.to_dict()))
         return
-    if not result.get("cancelled"):
-        out.note(f"run {run_id}: {result.get('note')} ({result.get('status')})")
+    if not result.cancelled:
+        out.note(f"run {result.run_id}: {result.note} ({result.status})")
         return
-    out.out.print(f"run {run_id} cancelled" + (f" by {result['by']}" if result.get("by") else "")
-                  + (f"; deleted {result['deleted']}" if result.get("deleted") else ""))  # fmt: skip
+    out.out.print(f"run {result.run_id} cancelled" + (f" by {result.by}" if result.by else "")
+                  + (f"; deleted {result.deleted}" if result.deleted else ""))  # fmt: skip
 
 
 @runs_app.command("supervise", hidden=True)
@@ -777,19 +723,16 @@ def supervise_run(
     resume: Annotated[bool, typer.Option("--resume")] = False,
 ) -> None:
     """Internal: the background supervisor of a --detach run (started by tpuctl itself)."""
-    from tpuctl.services.run.control import resume_prepared
-    from tpuctl.services.run.launcher import Launcher
-    from tpuctl.services.run.supervisor import Supervisor
+    from tpuctl.services.run.service import Runs
 
     out = make_output(ctx, None)
     with session(ctx, out) as sess:
-        printer = _Printer(out, 1)
-        prepared, budget, policy, note = resume_prepared(sess, run_id, Launcher(sess))
-        if note:
-            out.warn(note)
-        supervisor = Supervisor(sess, observer=printer, policy=policy, budget_usd=budget, warn=out.warn)
-        with stop_hosts_on_termination(), resumable(prepared.run_id):
-            supervised = supervisor.supervise(prepared, resume=resume)
+        runs = Runs(sess)
+        ready = runs.reload(run_id)
+        if ready.note:
+            out.warn(ready.note)
+        with stop_hosts_on_termination(), resumable(ready.run_id):
+            supervised = runs.supervise(ready, observer=_Printer(out, 1), warn=out.warn, resume=resume)
     _render_result(out, supervised)
 
 
@@ -829,8 +772,8 @@ def bench_step(
     from tpuctl import params
     from tpuctl.errors import TpuctlError, UsageError
     from tpuctl.services.run.bench import BenchCollector, bench_step_figures, bench_step_program
-    from tpuctl.services.run.launcher import Launcher
-    from tpuctl.services.run.model import RunRequest
+    from tpuctl.services.run.model import RecoveryPolicy, RunRequest
+    from tpuctl.services.run.service import Runs
 
     out = make_output(ctx, output, ONE_OBJECT)
     sizes = {"steps": steps, "batch_per_device": batch_per_device, "seq_len": seq_len, "d_model": d_model,
@@ -858,9 +801,8 @@ def bench_step(
             zone=zone,
             keep_pod=keep_pod,
         )
-        collector = BenchCollector()
-        launcher = Launcher(sess, observer=collector)
-        prepared = launcher.prepare(request)
+        runs = Runs(sess)
+        prepared = runs.prepare(request)
         if prepared.target.accelerator.api_name != accel.api_name:
             raise UsageError(
                 f"pod {pod} is a {prepared.target.accelerator.friendly_name}, not a {accel.friendly_name}",
@@ -870,37 +812,37 @@ def bench_step(
             )
         printer = _Printer(out, prepared.target.hosts)
         collector = BenchCollector(printer if not out.machine else None)
-        launcher = Launcher(sess, observer=collector)
         with stop_hosts_on_termination(), out.progress(f"bench step on {accel.friendly_name}") as prog:
             printer.spinner = prog
-            result = launcher.run_prepared(prepared, progress=prog)
+            # Supervised as `tpuctl run` is, with recovery off: the first failure or preemption ends it.
+            supervised = runs.start(prepared, observer=collector, policy=RecoveryPolicy.off(), progress=prog)
+    run_id = supervised.run.run_id
     if collector.result is None:
         raise TpuctlError(
-            f"the bench program printed no result (run {result.run_id})",
-            fix=f"see `tpuctl runs logs {result.run_id} --worker 0`",
+            f"the bench program printed no result (run {run_id})",
+            fix=f"see `tpuctl runs logs {run_id} --worker 0`",
         )
-    figures = {
-        "run_id": result.run_id,
-        "slices": prepared.target.slices,
-        **bench_step_figures(collector.result, accel, slices=prepared.target.slices),
-    }
+    figures = bench_step_figures(collector.result, accel, run_id=run_id, slices=prepared.target.slices)
     if out.machine:
-        out.document(out.envelope(bench=figures))
+        out.document(out.envelope(bench=figures.to_dict()))
         return
-    peak = figures["peak_tflops"]
-    fraction = figures["fraction_of_peak"]
+    _render_bench(out, accel.friendly_name, figures)
+
+
+def _render_bench(out: Output, accelerator: str, figures: BenchFigures) -> None:
+    peak, fraction, hosts = figures.peak_tflops, figures.fraction_of_peak, figures.hosts or 0
     out.fields(
-        f"bench step {accel.friendly_name}",
+        f"bench step {accelerator}",
         {
-            "slices x hosts x devices": f"{figures['slices']} x "
-            f"{figures['hosts'] // figures['slices']} x {figures['devices'] // max(figures['hosts'], 1)}",
-            "model": f"{figures['params'] / 1e6:.2f}M params, batch "
-            f"{figures['global_batch']}x{figures['seq_len']}, {figures['compute_dtype']}",
-            "step time": f"{figures['step_time_s'] * 1e3:.1f} ms",
-            "tokens/s": f"{figures['tokens_per_s']:.0f}",
-            "achieved": f"{figures['achieved_tflops']:.4f} TFLOP/s",
-            "peak": "-" if peak is None else f"{peak:.4f} TFLOP/s ({figures['peak_source']})",
+            "slices x hosts x devices": f"{figures.slices} x "
+            f"{hosts // figures.slices} x {(figures.devices or 0) // max(hosts, 1)}",
+            "model": f"{(figures.params or 0) / 1e6:.2f}M params, batch "
+            f"{figures.global_batch}x{figures.seq_len}, {figures.compute_dtype}",
+            "step time": f"{figures.step_time_s * 1e3:.1f} ms",
+            "tokens/s": f"{figures.tokens_per_s:.0f}",
+            "achieved": f"{figures.achieved_tflops:.4f} TFLOP/s",
+            "peak": "-" if peak is None else f"{peak:.4f} TFLOP/s ({figures.peak_source})",
             "fraction of peak": "-" if fraction is None else f"{fraction:.1%}",
-            "run": result.run_id,
+            "run": figures.run_id,
         },
     )

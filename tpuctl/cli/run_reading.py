@@ -4,11 +4,14 @@ exit status, sparklines of its steps."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from tpuctl.cli.context import make_output, session
+
+if TYPE_CHECKING:
+    from tpuctl.services.run.views import RunDescription
 
 #: How a RUN argument may name a run (``tpuctl.services.run.lookup``).
 RUN_HELP = "Run id, a unique start or end of one (`ab16`), or `latest`."
@@ -35,22 +38,19 @@ def run_logs(
     import sys
 
     from tpuctl import params
-    from tpuctl.services.run.describe import is_live
-    from tpuctl.services.run.hostlog import is_noise, iso, read_logs
-    from tpuctl.services.run.launcher import Launcher
-    from tpuctl.services.run.lookup import resolve_run_id
+    from tpuctl.services.run.hostlog import is_noise, iso
+    from tpuctl.services.run.service import Runs
 
     out = make_output(ctx, None)
     worker = None if worker_flag is None else params.whole(worker_flag, "worker", minimum=0)
     with session(ctx, out) as sess:
-        run_id = resolve_run_id(sess.ledger, run_id)
-        paths = Launcher(sess).log_paths(run_id, worker)
-        for w, path in paths:
+        runs = Runs(sess)
+        logs = runs.logs(run_id, worker=worker)
+        for w, path in logs.files:
             if not path.exists() and not follow:
                 out.note(f"(no log for worker {w})")
-        width = len(str(max(len(paths) - 1, 0)))
-        live = (lambda: is_live(sess, run_id)) if follow else None
-        for line in read_logs(paths, follow=live):
+        width = len(str(max(len(logs.files) - 1, 0)))
+        for line in runs.read_logs(logs, follow=follow):
             if is_noise(line.text) and not everything:
                 continue
             prefix = "" if worker is not None else f"w{line.worker:<{width}} | "
@@ -62,21 +62,20 @@ def run_logs(
     sys.stdout.flush()
 
 
-def ending_fields(data: dict[str, Any]) -> dict[str, Any]:
+def ending_fields(described: RunDescription) -> dict[str, Any]:
     """Why the run ended, each host's exit status, and sparklines of its step times and losses."""
     from tpuctl.cli.render import human, sparkline
 
     fields: dict[str, Any] = {}
-    if data.get("reason"):
-        fields["reason"] = data["reason"]
-    exits = data.get("host_exits") or []
-    if exits:
+    if described.reason:
+        fields["reason"] = described.reason
+    if described.host_exits:
         fields["host exits"] = ", ".join(
-            f"w{e['worker']} {e['exit_code']}" + (" (failed first)" if e["failed"] else "") for e in exits
+            f"w{e.worker} {e.exit_code}" + (" (failed first)" if e.failed else "")
+            for e in described.host_exits
         )
-    series = data.get("series") or {}
-    for key, label, unit in (("step_time_s", "step time", " s"), ("loss", "loss", "")):
-        values = series.get(key) or []
+    series = described.series
+    for values, label, unit in ((series.step_time_s, "step time", " s"), (series.loss, "loss", "")):
         if values:
             fields[label] = f"{sparkline(values)}  {human(values[0])}{unit} .. {human(values[-1])}{unit}"
     return fields

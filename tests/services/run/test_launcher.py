@@ -17,8 +17,9 @@ import pytest
 from tpuctl.errors import InterruptedByUser, RunFailedError, UsageError
 from tpuctl.params import flag
 from tpuctl.services.run.launcher import Launcher
-from tpuctl.services.run.model import RunRequest
+from tpuctl.services.run.model import RecoveryPolicy, RunRequest, RunResult
 from tpuctl.services.run.prepare import parse_env
+from tpuctl.services.run.service import Runs
 from tpuctl.services.session import Session, open_session
 from tpuctl.settings import load_settings
 from tpuctl.sim import SimServer
@@ -82,6 +83,12 @@ def gone(pid: int) -> bool:
         return True
 
 
+def run_without_recovery(session: Session, observer: Recorder, request: RunRequest) -> RunResult:
+    """A run as ``bench step`` makes one: supervised, with recovery off, so the first failure ends it."""
+    runs = Runs(session)
+    return runs.start(runs.prepare(request), observer=observer, policy=RecoveryPolicy.off()).run
+
+
 def program(tmp_path: Path, text: str) -> str:
     work = tmp_path / "proj"
     work.mkdir(exist_ok=True)
@@ -96,12 +103,13 @@ def test_ctrl_c_stops_every_host_and_records_the_run_cancelled(session: Session,
             raise KeyboardInterrupt  # what the terminal's Ctrl-C raises in the main thread
 
     rec = Recorder(interrupt_when_all_started)
-    launcher = Launcher(session, observer=rec)
     with pytest.raises(InterruptedByUser):
-        launcher.run(
+        run_without_recovery(
+            session,
+            rec,
             RunRequest(
                 script=program(tmp_path, SLEEPER), accelerator_type="v5e-16", grace_s=2.0, runtime_deps=False
-            )
+            ),
         )
     pids = rec.pids()
     assert len(pids) == 4
@@ -117,14 +125,16 @@ def test_timeout_stops_the_run(session: Session, tmp_path: Path) -> None:
     rec = Recorder()
     started = time.monotonic()
     with pytest.raises(RunFailedError) as info:
-        Launcher(session, observer=rec).run(
+        run_without_recovery(
+            session,
+            rec,
             RunRequest(
                 script=program(tmp_path, SLEEPER),
                 accelerator_type="v5e-8",
                 timeout_s=2.0,
                 grace_s=1.0,
                 runtime_deps=False,  # a stdlib program: the image's python3, nothing to install
-            )
+            ),
         )
     # Far below the program's 300 s (the exact figure is provisioning, SSH and the grace: load-bound).
     assert time.monotonic() - started < 60
@@ -144,10 +154,12 @@ def test_a_host_killed_from_outside_fails_the_run_naming_it(session: Session, tm
 
     rec = Recorder(kill_host_3_once_all_started)
     with pytest.raises(RunFailedError) as info:
-        Launcher(session, observer=rec).run(
+        run_without_recovery(
+            session,
+            rec,
             RunRequest(
                 script=program(tmp_path, SLEEPER), accelerator_type="v5e-16", grace_s=1.0, runtime_deps=False
-            )
+            ),
         )
     assert info.value.worker == 3 and info.value.returncode == -signal.SIGKILL
     assert "host 3 was killed by SIGKILL" in info.value.message

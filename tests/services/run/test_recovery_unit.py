@@ -20,6 +20,7 @@ from tpuctl.services.run.accounting import PreemptionRecord, Progress, recovery_
 from tpuctl.services.run.control import load_request, save_request
 from tpuctl.services.run.lease import LOCK_FILE, Lease, lease_holder
 from tpuctl.services.run.model import RecoveryPolicy, RunRequest
+from tpuctl.services.run.rundir import RunDir
 from tpuctl.services.run.signals import SliceWatch as _SliceWatch
 from tpuctl.services.run.sliceset import SliceSet
 
@@ -145,18 +146,19 @@ def test_the_saved_request_round_trips_and_is_private(tmp_path: Path) -> None:
     request = RunRequest(example="lm", args=("--steps", "5"), env=("TOKEN=s3cret",), accelerator_type="v5e-8",
                          capacity_types=(CapacityType.SPOT,), checkpoint_every=4)  # fmt: skip
     policy = RecoveryPolicy(max_restarts=2, max_preemptions=5)
-    path = save_request(tmp_path / "run", request, run_id="run-x", budget_usd=12.5, policy=policy)
-    assert path.stat().st_mode & 0o777 == 0o600
-    loaded, budget, loaded_policy = load_request(tmp_path / "run")
-    assert loaded == RunRequest(**{**request.__dict__, "run_id": "run-x"})
-    assert budget == 12.5 and loaded_policy == policy
+    run_dir = RunDir(tmp_path / "run")
+    path = save_request(run_dir, request, run_id="run-x", budget_usd=12.5, policy=policy)
+    assert path == run_dir.request_file and path.stat().st_mode & 0o777 == 0o600
+    saved = load_request(run_dir)
+    assert saved.request == RunRequest(**{**request.__dict__, "run_id": "run-x"})
+    assert saved.budget_usd == 12.5 and saved.policy == policy
     assert json.loads(path.read_text())["request"]["capacity_types"] == ["spot"]
 
 
 def test_a_request_saved_with_one_capacity_loads_as_that_allowed_set(tmp_path: Path) -> None:
     # Requests saved before capacity sets carried one "capacity"; on-demand meant "none named".
     for saved, expected in (("spot", (CapacityType.SPOT,)), ("on-demand", ())):
-        run = tmp_path / saved
+        run = RunDir(tmp_path / saved)
         path = save_request(
             run, RunRequest(example="lm"), run_id="run-x", budget_usd=None, policy=RecoveryPolicy()
         )
@@ -164,8 +166,7 @@ def test_a_request_saved_with_one_capacity_loads_as_that_allowed_set(tmp_path: P
         del payload["request"]["capacity_types"]
         payload["request"]["capacity"] = saved
         path.write_text(json.dumps(payload))
-        loaded, _budget, _policy = load_request(run)
-        assert loaded.capacity_types == expected
+        assert load_request(run).request.capacity_types == expected
 
 
 def test_the_lease_is_exclusive_and_dies_with_its_holder(tmp_path: Path) -> None:

@@ -9,7 +9,10 @@
 - ``supervisor``: the one run lifecycle, one handler per outcome; ``accounting``: its record;
 - ``takeover``, ``lease``, ``control``: resuming, leasing, detaching and cancelling runs;
 - ``describe``: reading runs back; ``bench``: ``tpuctl bench step``'s pieces;
-- ``launcher``: the entry point the CLI and tests hold (prepare, plan, run).
+- ``launcher``: preparing a run, and the steps of one attempt (provision, execute);
+- ``rundir``: every path of a run's directory; ``lookup``: which run a user means;
+- ``service``: ``Runs``, what the CLI holds (get, list, describe, logs, start, resume, cancel,
+  detach), answering with the values of ``views``.
 
 No re-exports here: importing one module must not import them all (CLI start-up).
 """

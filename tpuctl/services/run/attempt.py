@@ -19,7 +19,6 @@ from tpuctl.runtime.preemption import EVENT_PREFIX, parse_event
 from tpuctl.services.run import hostsetup
 from tpuctl.services.run.hostlog import HostLog
 from tpuctl.services.run.model import AttemptResult, LaunchObserver, PreparedRun, describe_exit
-from tpuctl.store.paths import ensure_private_dir
 from tpuctl.store.records import RunStatus
 
 if TYPE_CHECKING:
@@ -72,8 +71,7 @@ def execute(
             f"note: {slices.describe()} reports {endpoints} endpoints for {spec.num_workers} hosts"
         )
     # Run logs hold the program's output: private like the rest of the state dir.
-    ensure_private_dir(prepared.log_dir.parent)
-    ensure_private_dir(prepared.log_dir)
+    prepared.run_dir.make()
     streams = _Streams()
     shipped: list[ShipResult] = []
     failed: tuple[int, int | None] | None = None
@@ -122,7 +120,7 @@ def _ship_and_start(
     streams: _Streams,
 ) -> tuple[list[ShipResult], float]:
     for worker in range(spec.num_workers):
-        streams.logs[worker] = HostLog(prepared.log_dir / f"worker-{worker}.log")
+        streams.logs[worker] = HostLog(prepared.run_dir.host_log(worker))
         streams.logs[worker].mark_attempt(spec.restart_count + 1, slices.name, slices.zone)
     bundle = prepared.bundle
     observer.status(

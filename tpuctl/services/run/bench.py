@@ -1,11 +1,13 @@
 """``tpuctl bench step``'s pieces: the bundled step program, the observer that keeps its result line, and
-the figures made from it. The run itself is an ordinary run (``Launcher.run_prepared``: the supervisor's
-lifecycle with recovery off)."""
+the figures made from it. The run itself is an ordinary run, supervised as ``tpuctl run``'s are
+(``Runs.start``), with recovery off (``RecoveryPolicy.off``): the first failure or preemption ends it."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +41,36 @@ class BenchCollector:
         self._inner.status(text)
 
 
+@dataclass(frozen=True)
+class BenchFigures:
+    """What ``bench step`` reports (``-o json``: ``to_dict``). The program's own figures are as it printed
+    them; None where it did not say."""
+
+    run_id: str
+    slices: int
+    accelerator_type: str
+    hosts: int | None
+    devices: int | None
+    platform: str | None  # tpu, or cpu on the simulator
+    params: int | None
+    global_batch: int | None
+    seq_len: int | None
+    compute_dtype: str | None
+    step_time_s: float
+    tokens_per_s: float
+    achieved_tflops: float
+    peak_tflops: float | None  # None: unknown (the simulator measured none)
+    peak_source: str
+    fraction_of_peak: float | None
+    compile_s: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
 def bench_step_figures(
-    raw: Mapping[str, Any], accelerator: AcceleratorType, *, slices: int = 1
-) -> dict[str, Any]:
+    raw: Mapping[str, Any], accelerator: AcceleratorType, *, run_id: str, slices: int = 1
+) -> BenchFigures:
     """Step time, tokens/s, achieved TFLOP/s and the fraction of peak: the catalog's peak (bf16, every
     slice) on TPU; on the simulator, the large matmul measured on the same CPU in the same run (all
     simulated hosts share that CPU, so it is the whole job's peak too)."""
@@ -57,20 +86,22 @@ def bench_step_figures(
             f"measured: {raw.get('matmul_n')}^3 {raw.get('compute_dtype')} matmul on this machine's "
             f"{raw.get('platform')} in the same run"
         )
-    return {
-        "accelerator_type": accelerator.api_name,
-        "hosts": raw.get("processes"),
-        "devices": raw.get("devices"),
-        "platform": raw.get("platform"),
-        "params": raw.get("params"),
-        "global_batch": raw.get("global_batch"),
-        "seq_len": raw.get("seq_len"),
-        "compute_dtype": raw.get("compute_dtype"),
-        "step_time_s": raw["step_time_s"],
-        "tokens_per_s": raw["tokens_per_s"],
-        "achieved_tflops": achieved,
-        "peak_tflops": peak,
-        "peak_source": source,
-        "fraction_of_peak": None if not peak else achieved / peak,
-        "compile_s": raw.get("compile_s"),
-    }
+    return BenchFigures(
+        run_id=run_id,
+        slices=slices,
+        accelerator_type=accelerator.api_name,
+        hosts=raw.get("processes"),
+        devices=raw.get("devices"),
+        platform=raw.get("platform"),
+        params=raw.get("params"),
+        global_batch=raw.get("global_batch"),
+        seq_len=raw.get("seq_len"),
+        compute_dtype=raw.get("compute_dtype"),
+        step_time_s=raw["step_time_s"],
+        tokens_per_s=raw["tokens_per_s"],
+        achieved_tflops=achieved,
+        peak_tflops=peak,
+        peak_source=source,
+        fraction_of_peak=None if not peak else achieved / peak,
+        compile_s=raw.get("compile_s"),
+    )

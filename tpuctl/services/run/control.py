@@ -1,5 +1,6 @@
-"""Controlling runs from outside their supervisor: the saved request (``--detach``, ``runs resume``), a
-supervisor started in the background, preparing a run again to resume it, and ``runs cancel``."""
+"""Controlling runs from outside their supervisor, the pieces the ``Runs`` service (``service``) puts
+together: the saved request (``--detach``, ``runs resume``), a supervisor started in the background,
+preparing a run again to resume it, and cleaning up after a run nobody supervises (``runs cancel``)."""
 
 from __future__ import annotations
 
@@ -7,65 +8,69 @@ import contextlib
 import dataclasses
 import json
 import os
-import signal
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tpuctl.catalog import CapacityType
 from tpuctl.errors import CloudError, NotFoundError, TpuctlError, UsageError
-from tpuctl.services.run import hosts
-from tpuctl.services.run.lease import LOCK_FILE, Lease, lease_holder
-from tpuctl.services.run.model import EXECUTOR_KINDS, PreparedRun, RecoveryPolicy, RunRequest
-from tpuctl.store.paths import ensure_private_dir, private_file
+from tpuctl.services.run import hosts, prepare
+from tpuctl.services.run.lease import Lease
+from tpuctl.services.run.model import EXECUTOR_KINDS, RecoveryPolicy, RunRequest
+from tpuctl.services.run.views import Cancellation, CancelOutcome, Detached, LeaseHolder, Resumption
+from tpuctl.store.paths import atomic_write_json, private_file
 from tpuctl.store.records import RunStatus
 
 if TYPE_CHECKING:
     from tpuctl.cloud.base import Node
-    from tpuctl.services.run.launcher import Launcher
+    from tpuctl.services.run.rundir import RunDir
     from tpuctl.services.session import Session
+    from tpuctl.store.records import RunRecord
 
-#: What a --detach run's request is saved as, next to its logs (0600: --env values may be secrets).
-REQUEST_FILE = "request.json"
-SUPERVISOR_LOG = "supervisor.log"
+
+@dataclass(frozen=True)
+class SavedRequest:
+    """What ``runs resume`` and a background supervisor need to prepare a run again."""
+
+    request: RunRequest  # with the run's id
+    budget_usd: float | None
+    policy: RecoveryPolicy
 
 
 def save_request(
-    log_dir: Path, request: RunRequest, *, run_id: str, budget_usd: float | None, policy: RecoveryPolicy
+    run_dir: RunDir, request: RunRequest, *, run_id: str, budget_usd: float | None, policy: RecoveryPolicy
 ) -> Path:
-    """Write what ``runs resume`` / a detached supervisor needs to prepare the run again (0600)."""
-    ensure_private_dir(log_dir)
+    """Write what ``runs resume`` / a background supervisor needs to prepare the run again: 0600 (--env
+    values may be secrets), atomically and durably (a run killed while saving keeps the old request
+    whole, and a machine that crashes after ``runs resume`` returned still has the new one)."""
+    run_dir.make()
     data = dataclasses.asdict(request)
     data["capacity_types"] = [t.value for t in request.capacity_types]
     data["run_id"] = run_id
     payload = {"request": data, "budget_usd": budget_usd, "policy": policy.to_dict()}
-    path = log_dir / REQUEST_FILE
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        json.dump(payload, fh)
-    tmp.replace(path)
-    return path
+    return atomic_write_json(run_dir.request_file, payload)
 
 
-def _remote_root(log_dir: Path) -> str:
+def _remote_root(run_dir: RunDir) -> str:
     """The hosts' tpuctl directory the run used (its saved request's; the default otherwise)."""
     try:
-        payload = json.loads((log_dir / REQUEST_FILE).read_text(encoding="utf-8"))
+        payload = json.loads(run_dir.request_file.read_text(encoding="utf-8"))
         return str(payload["request"].get("ssh_remote_root") or ".tpuctl")
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return ".tpuctl"
 
 
-def load_request(log_dir: Path) -> tuple[RunRequest, float | None, RecoveryPolicy]:
-    path = log_dir / REQUEST_FILE
+def load_request(run_dir: RunDir) -> SavedRequest:
+    path = run_dir.request_file
     try:
         payload = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise UsageError(
             f"cannot read the saved request of this run ({path}: {exc})",
             field="RUN",
-            value=log_dir.name,
+            value=run_dir.root.name,
             fix="only runs started by a tpuctl that saves requests can be resumed; start it again with "
             "`tpuctl run`",
         ) from None
@@ -82,7 +87,7 @@ def load_request(log_dir: Path) -> tuple[RunRequest, float | None, RecoveryPolic
     policy_names = {f.name for f in dataclasses.fields(RecoveryPolicy)}
     policy = RecoveryPolicy(**{k: v for k, v in policy_raw.items() if k in policy_names})
     budget = payload.get("budget_usd")
-    return request, (float(budget) if budget is not None else None), policy
+    return SavedRequest(request, float(budget) if budget is not None else None, policy)
 
 
 def _capacity_types(raw: dict[str, Any]) -> tuple[CapacityType, ...]:
@@ -118,17 +123,21 @@ def _settings_env(session: Session) -> dict[str, str]:
 
 
 def start_detached(
-    session: Session, run_id: str, *, resume: bool = False, wait_s: float = 30.0
-) -> dict[str, Any]:
+    session: Session,
+    run_dir: RunDir,
+    *,
+    holder: Callable[[], LeaseHolder | None],
+    resume: bool = False,
+    wait_s: float = 30.0,
+) -> Detached:
     """Start ``python -m tpuctl runs supervise RUN`` in a session of its own (it survives the terminal
-    and this process) and wait until it holds the run's lease. Returns its pid and log file."""
+    and this process) and wait until it holds the run's lease (``holder``: who holds it now)."""
     import subprocess
     import sys
 
-    log_dir = session.state_dir / "runs" / run_id
-    ensure_private_dir(log_dir.parent)
-    ensure_private_dir(log_dir)
-    log_path = private_file(log_dir / SUPERVISOR_LOG)
+    run_id = run_dir.root.name
+    run_dir.make()
+    log_path = private_file(run_dir.supervisor_log)
     env = {**os.environ, **_settings_env(session)}
     argv = [sys.executable, "-m", "tpuctl", "runs", "supervise", run_id] + (["--resume"] if resume else [])
     try:
@@ -139,7 +148,7 @@ def start_detached(
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=env,
-                cwd=str(log_dir),
+                cwd=str(run_dir.root),
                 # A new session: no controlling terminal, so closing the terminal (SIGHUP) or Ctrl-C in it
                 # does not reach the supervisor.
                 start_new_session=True,
@@ -150,15 +159,15 @@ def start_detached(
         ) from exc
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
-        holder = lease_holder(log_dir)
-        if holder is not None and holder.get("pid") == proc.pid:
-            return {"pid": proc.pid, "log": str(log_path)}
+        held = holder()
+        if held is not None and held.pid == proc.pid:
+            return Detached(run_id, proc.pid, log_path, leased=True)
         if proc.poll() is not None:
             tail = log_path.read_text(encoding="utf-8", errors="replace")[-2000:]
             reason = f"the background supervisor exited at once (status {proc.returncode}): {tail.strip()}"
             raise _not_started(session, run_id, reason, log_path)
         time.sleep(0.05)
-    return {"pid": proc.pid, "log": str(log_path), "lease": "not yet taken"}
+    return Detached(run_id, proc.pid, log_path, leased=False)
 
 
 def _not_started(session: Session, run_id: str, reason: str, log_path: Path) -> TpuctlError:
@@ -171,66 +180,38 @@ def _not_started(session: Session, run_id: str, reason: str, log_path: Path) -> 
     return TpuctlError(f"run {run_id}: {reason}", fix=f"see {log_path}")
 
 
-def resume_prepared(
-    session: Session, run_id: str, launcher: Launcher
-) -> tuple[PreparedRun, float | None, RecoveryPolicy, str | None]:
-    """The saved request of ``run_id``, prepared again under the same run id; with a note when the
-    program's files changed since (the new ones are shipped)."""
-    record = session.ledger.get_run(run_id)
-    if record is None:
-        raise UsageError(
-            f"no run {run_id!r}", field="RUN", value=run_id, fix="`tpuctl runs list` shows the runs"
-        )
-    log_dir = Path((record.detail or {}).get("log_dir") or session.state_dir / "runs" / run_id)
-    request, budget, policy = load_request(log_dir)
-    prepared = launcher.prepare(dataclasses.replace(request, run_id=run_id))
+def prepare_again(session: Session, record: RunRecord, run_dir: RunDir) -> Resumption:
+    """The saved request of ``record``'s run, prepared again under the same run id, with its saved policy
+    and budget; with a note when the program's files changed since (the new ones are shipped)."""
+    run_id = record.run_id
+    saved = load_request(run_dir)
+    prepared = prepare.prepare(session, dataclasses.replace(saved.request, run_id=run_id))
+    detail = record.detail or {}
     note = None
-    if prepared.bundle.digest != (record.detail or {}).get("bundle_sha256"):
+    if prepared.bundle.digest != detail.get("bundle_sha256"):
         note = (
             f"the program's files changed since run {run_id} started (bundle now "
             f"{prepared.bundle.short_digest}); the new files are shipped"
         )
-    return prepared, budget, policy, note
+    return Resumption(
+        run_id=run_id,
+        hosts=int(detail.get("hosts", 1)),
+        prepared=prepared,
+        policy=saved.policy,
+        budget_usd=saved.budget_usd,
+        note=note,
+    )
 
 
-def cancel_run(session: Session, run_id: str, *, wait_s: float = 120.0) -> dict[str, Any]:
-    """Stop a run: its live supervisor is sent SIGTERM (it stops the hosts, which checkpoint, deletes the
-    slice and records CANCELLED); without one (it was killed), tpuctl cleans up itself."""
-    from tpuctl.processes import is_same_process
-
+def clean_up(session: Session, record: RunRecord, run_dir: RunDir) -> Cancellation:
+    """Cancel a run nobody supervises (its supervisor was killed): stop what it left on the user's own
+    slices, end its open segments, delete the slices it made, and record it CANCELLED."""
     ledger = session.ledger
-    record = ledger.get_run(run_id)
-    if record is None:
-        raise UsageError(
-            f"no run {run_id!r}", field="RUN", value=run_id, fix="`tpuctl runs list` shows the runs"
-        )
+    run_id = record.run_id
     status = RunStatus(record.status)
-    if status.finished:
-        return {
-            "run_id": run_id,
-            "status": status.value,
-            "cancelled": False,
-            "note": "the run had already ended",
-        }
     detail = dict(record.detail or {})
-    log_dir = Path(detail.get("log_dir") or session.state_dir / "runs" / run_id)
-    holder = lease_holder(log_dir)
-    if holder is not None:
-        pid = holder.get("pid")
-        if isinstance(pid, int) and is_same_process(pid, holder.get("start_ticks")):
-            os.kill(pid, signal.SIGTERM)
-            deadline = time.monotonic() + wait_s
-            while time.monotonic() < deadline and lease_holder(log_dir) is not None:
-                time.sleep(0.1)
-            after = ledger.get_run(run_id)
-            return {
-                "run_id": run_id,
-                "status": None if after is None else str(after.status),
-                "cancelled": True,
-                "by": f"its supervisor (pid {pid})",
-            }
-    # Nobody supervises it: stop what it left and free the slice it made.
-    lease = Lease.acquire(log_dir / LOCK_FILE)
+    # Held while cleaning up, so a `runs resume` started meanwhile does not take the run over.
+    lease = Lease.acquire(run_dir.lock_file)
     try:
         killed = 0
         if not detail.get("created_pod") and record.pod and record.zone:
@@ -239,7 +220,7 @@ def cancel_run(session: Session, run_id: str, *, wait_s: float = 120.0) -> dict[
 
             with contextlib.suppress(CloudError, UsageError):
                 given = find_pods(session, record.pod, record.zone)
-                killed = hosts.stop_left_hosts(session, given, run_id, _remote_root(log_dir))
+                killed = hosts.stop_left_hosts(session, given, run_id, _remote_root(run_dir))
         for seg in ledger.segments(run_id):
             if seg.end is None:
                 ledger.close_segment(seg.id, end=time.time())
@@ -250,19 +231,15 @@ def cancel_run(session: Session, run_id: str, *, wait_s: float = 120.0) -> dict[
             detail["never_started"] = True  # it has no duration to show
         detail.update(supervisor=None, cancelled_by="runs cancel (no live supervisor)")
         ledger.update_run(run_id, status=RunStatus.CANCELLED, exit_code=130, detail=detail)
-        return {
-            "run_id": run_id,
-            "status": "cancelled",
-            "cancelled": True,
-            "hosts_killed": killed,
-            "deleted": deleted,
-        }
+        return Cancellation(
+            run_id, CancelOutcome.CLEANED_UP, status="cancelled", hosts_killed=killed, deleted=deleted
+        )
     finally:
         if lease is not None:
             lease.release()
 
 
-def _delete_run_slices(session: Session, run_id: str, record: Any) -> str | None:
+def _delete_run_slices(session: Session, run_id: str, record: RunRecord) -> str | None:
     """Delete every slice the run made that is still alive (``takeover.adopt_slices``); the names
     deleted, comma-separated (None: none)."""
     from tpuctl.services.pods import PodService

@@ -1,83 +1,102 @@
-"""Reading a run back: its segments and timeline, its recovery record and who supervises it now
-(``runs describe``), and its hosts' log files (``runs logs``)."""
+"""Reading a run back for ``runs describe``: its segments and timeline, its recovery record, who supervises
+it now, why it ended and host 0's steps."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tpuctl.errors import UsageError
 from tpuctl.services.run.hostlog import iso
-from tpuctl.services.run.lease import lease_holder
 from tpuctl.services.run.model import describe_exit
+from tpuctl.services.run.views import (
+    HostExit,
+    LeaseHolder,
+    RecoveryView,
+    RunDescription,
+    RunView,
+    SegmentView,
+    StepSeries,
+    TimelineBar,
+)
 from tpuctl.store.records import RunStatus
 
 if TYPE_CHECKING:
+    from tpuctl.services.run.rundir import RunDir
     from tpuctl.services.session import Session
+    from tpuctl.store.records import RunRecord, SegmentRecord
 
 TIMELINE_WIDTH = 60
 
 
-def describe_run(session: Session, record: Any) -> dict[str, Any]:
-    """Segments (with ISO times), a timeline scaled to ``TIMELINE_WIDTH`` columns, the recovery record
-    and who supervises the run now. Plain data: the CLI renders it as a table or JSON."""
+def describe_run(
+    session: Session, record: RunRecord, run_dir: RunDir, holder: LeaseHolder | None
+) -> RunDescription:
+    """The run with its segments (ISO times), a timeline scaled to ``TIMELINE_WIDTH`` columns, its recovery
+    record and who supervises it now (``holder``, the process holding its lease)."""
     now = time.time()
     segments = session.ledger.segments(record.run_id)
-    segs = []
-    for seg in segments:
-        end = seg.end
-        segs.append(
-            {
-                "kind": str(seg.kind),
-                "start": _iso(seg.start),
-                "end": _iso(end),
-                "duration_s": round((end if end is not None else now) - seg.start, 3),
-                "open": end is None,
-                "pod": seg.pod,
-                "zone": seg.zone,
-                "capacity": None if seg.capacity is None else seg.capacity.value,
-                "steps_completed": seg.steps_completed,
-                "steps_recomputed": seg.steps_recomputed,
-                "detail": iso_times(seg.detail or {}),
-            }
-        )
-    timeline = []
-    if segments:
-        first = segments[0].start
-        last = max((s.end if s.end is not None else now) for s in segments)
-        span = max(last - first, 1e-9)
-        for seg in segments:
-            duration = (seg.end if seg.end is not None else now) - seg.start
-            offset = round((seg.start - first) / span * TIMELINE_WIDTH)
-            timeline.append(
-                {
-                    "kind": str(seg.kind),
-                    "offset": min(offset, TIMELINE_WIDTH - 1),
-                    "width": round(duration / span * TIMELINE_WIDTH),
-                    "duration_s": round(duration, 3),
-                }
-            )
     detail = record.detail or {}
-    log_dir = Path(detail.get("log_dir") or session.state_dir / "runs" / record.run_id)
-    holder = lease_holder(log_dir)
+    return RunDescription(
+        run=RunView.of(record),
+        segments=tuple(_segment(seg, now) for seg in segments),
+        timeline=_timeline(segments, now),
+        recovery=RecoveryView.of(iso_times(detail.get("recovery") or {})),
+        supervisor_state=_supervisor_state(record, holder),
+        supervisor=holder,
+        reason=detail.get("reason") or detail.get("error"),
+        host_exits=host_exits(detail),
+        series=step_series(run_dir.host_log(0)),
+    )
+
+
+def _segment(seg: SegmentRecord, now: float) -> SegmentView:
+    end = seg.end
+    return SegmentView(
+        kind=str(seg.kind),
+        start=_iso(seg.start),
+        end=_iso(end),
+        duration_s=round((end if end is not None else now) - seg.start, 3),
+        open=end is None,
+        pod=seg.pod,
+        zone=seg.zone,
+        capacity=None if seg.capacity is None else seg.capacity.value,
+        steps_completed=seg.steps_completed,
+        steps_recomputed=seg.steps_recomputed,
+        detail=iso_times(seg.detail or {}),
+    )
+
+
+def _timeline(segments: Sequence[SegmentRecord], now: float) -> tuple[TimelineBar, ...]:
+    """One bar per segment, placed and sized by its share of the run's wall time."""
+    if not segments:
+        return ()
+    first = segments[0].start
+    last = max((s.end if s.end is not None else now) for s in segments)
+    span = max(last - first, 1e-9)
+    bars = []
+    for seg in segments:
+        duration = (seg.end if seg.end is not None else now) - seg.start
+        offset = round((seg.start - first) / span * TIMELINE_WIDTH)
+        bars.append(
+            TimelineBar(
+                kind=str(seg.kind),
+                offset=min(offset, TIMELINE_WIDTH - 1),
+                width=round(duration / span * TIMELINE_WIDTH),
+                duration_s=round(duration, 3),
+            )
+        )
+    return tuple(bars)
+
+
+def _supervisor_state(record: RunRecord, holder: LeaseHolder | None) -> str:
     finished = RunStatus(record.status).finished if record.status in RunStatus._value2member_map_ else True
     if holder is not None:
-        state = f"alive (pid {holder.get('pid')})"
-    elif finished:
-        state = "none (the run ended)"
-    else:
-        state = f"gone: take over with `tpuctl runs resume {record.run_id}`"
-    return {
-        "segments": segs,
-        "timeline": timeline,
-        "recovery": iso_times(detail.get("recovery") or {}),
-        "supervisor_state": state,
-        "supervisor": holder,
-        "reason": detail.get("reason") or detail.get("error"),
-        "host_exits": host_exits(detail),
-        "series": step_series(log_dir / "worker-0.log"),
-    }
+        return f"alive (pid {holder.pid})"
+    if finished:
+        return "none (the run ended)"
+    return f"gone: take over with `tpuctl runs resume {record.run_id}`"
 
 
 def _iso(ts: float | None) -> str | None:
@@ -102,29 +121,26 @@ def _is_time_key(key: object) -> bool:
     return isinstance(key, str) and (key in ("at", "t") or key.endswith("_at"))
 
 
-def host_exits(detail: dict[str, Any]) -> list[dict[str, Any]]:
+def host_exits(detail: Mapping[str, Any]) -> tuple[HostExit, ...]:
     """Each host's exit status in the last attempt, in words too (``describe_exit``)."""
     codes = detail.get("exit_codes") or {}
     failed = detail.get("failed_worker")
-    exits = []
-    for worker in sorted(codes, key=int):
-        code = codes[worker]
-        exits.append(
-            {
-                "worker": int(worker),
-                "exit_code": code,
-                "how": describe_exit(code),
-                "failed": failed == int(worker),
-            }
+    return tuple(
+        HostExit(
+            worker=int(worker),
+            exit_code=codes[worker],
+            how=describe_exit(codes[worker]),
+            failed=failed == int(worker),
         )
-    return exits
+        for worker in sorted(codes, key=int)
+    )
 
 
 #: How many points a step series keeps (the widest sparkline `runs describe` draws).
 SERIES_POINTS = 60
 
 
-def step_series(log: Path) -> dict[str, list[float]]:
+def step_series(log: Path) -> StepSeries:
     """Step times (and losses, when the program reports them) from host 0's ``TPUCTL_EVENT`` step lines,
     averaged down to at most ``SERIES_POINTS`` points; empty lists when the program reports no steps."""
     from tpuctl.runtime.preemption import parse_event
@@ -141,44 +157,13 @@ def step_series(log: Path) -> dict[str, list[float]]:
                     value = event.get(key)
                     if isinstance(value, (int, float)) and not isinstance(value, bool):
                         into[event["step"]] = float(value)  # a recomputed step: its last time
-    return {"step_time_s": _downsample(dts), "loss": _downsample(losses)}
+    return StepSeries(step_time_s=_downsample(dts), loss=_downsample(losses))
 
 
-def _downsample(by_step: dict[int, float]) -> list[float]:
+def _downsample(by_step: dict[int, float]) -> tuple[float, ...]:
     values = [by_step[s] for s in sorted(by_step)]
     if len(values) <= SERIES_POINTS:
-        return [round(v, 6) for v in values]
+        return tuple(round(v, 6) for v in values)
     size = len(values) / SERIES_POINTS
     buckets = [values[round(i * size) : round((i + 1) * size)] for i in range(SERIES_POINTS)]
-    return [round(sum(b) / len(b), 6) for b in buckets if b]
-
-
-def is_live(session: Session, run_id: str) -> bool:
-    """Whether a run may still write to its logs: not finished, or a supervisor still holds it."""
-    record = session.ledger.get_run(run_id)
-    if record is None:
-        return False
-    detail = record.detail or {}
-    log_dir = Path(detail.get("log_dir") or session.state_dir / "runs" / run_id)
-    known = record.status in RunStatus._value2member_map_
-    return lease_holder(log_dir) is not None or (known and not RunStatus(record.status).finished)
-
-
-def log_paths(session: Session, run_id: str, worker: int | None = None) -> list[tuple[int, Path]]:
-    """(worker, log file) of a run, all workers or one; raises UsageError for an unknown one."""
-    record = session.ledger.get_run(run_id)
-    if record is None:
-        raise UsageError(
-            f"no run {run_id!r}", field="RUN", value=run_id, fix="`tpuctl runs list` shows the runs"
-        )
-    hosts = int((record.detail or {}).get("hosts", 0))
-    log_dir = Path((record.detail or {}).get("log_dir") or session.state_dir / "runs" / run_id)
-    if worker is not None and not 0 <= worker < max(hosts, 1):
-        raise UsageError(
-            f"run {run_id} has workers 0..{hosts - 1}, not {worker}",
-            field="worker",
-            value=worker,
-            fix=f"pass --worker between 0 and {hosts - 1}",
-        )
-    workers = [worker] if worker is not None else list(range(hosts))
-    return [(w, log_dir / f"worker-{w}.log") for w in workers]
+    return tuple(round(sum(b) / len(b), 6) for b in buckets if b)

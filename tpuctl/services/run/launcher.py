@@ -1,28 +1,19 @@
-"""The launcher: ``tpuctl run``'s entry point. ``prepare`` -> ``plan`` (``--dry-run``) or ``run``, which is
-the supervisor's lifecycle with recovery off; ``provision`` and ``execute`` are the steps the supervisor
-runs for each attempt.
+"""The launcher: the steps of one attempt that the supervisor (``supervisor``, the lifecycle of every run,
+``tpuctl run`` and ``bench step`` alike) takes: ``provision`` the run's slices and ``execute`` the program
+on every host; and, before a run starts, ``prepare`` (validate, bundle) and ``plan`` (``--dry-run``).
 
 Plain Python: the CLI renders through a ``LaunchObserver`` (``line(worker, text)`` for host output,
 ``status(text)`` for the launcher's own steps). State: the run is a row of the ledger's ``runs`` table
-with its segments; each host's output goes to ``<state>/runs/<run_id>/worker-N.log``.
+with its segments; each host's output goes to its log in the run's directory (``rundir``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tpuctl.services.run import attempt, describe, hosts, prepare, provision
-from tpuctl.services.run.model import (
-    AttemptResult,
-    LaunchObserver,
-    PreparedRun,
-    RecoveryPolicy,
-    RunRequest,
-    RunResult,
-    Silent,
-)
+from tpuctl.services.run import attempt, hosts, prepare, provision
+from tpuctl.services.run.model import AttemptResult, LaunchObserver, PreparedRun, RunRequest, Silent
 
 if TYPE_CHECKING:
     from tpuctl.cloud.base import OperationProgress
@@ -48,10 +39,6 @@ class Launcher:
         #: The executor of the attempt in progress (tests and the supervisor look at it).
         self.current_executor: Executor | None = None
 
-    @property
-    def runs_dir(self) -> Path:
-        return prepare.runs_dir(self._session)
-
     def prepare(self, request: RunRequest) -> PreparedRun:
         """Validate the request and build the bundle; raises UsageError for any bad input."""
         return prepare.prepare(self._session, request)
@@ -59,22 +46,6 @@ class Launcher:
     def plan(self, prepared: PreparedRun) -> dict[str, Any]:
         """What ``run`` would ship and run where (``--dry-run``). Changes nothing."""
         return prepare.plan(self._session, prepared)
-
-    def run(self, request: RunRequest, *, progress: OperationProgress | None = None) -> RunResult:
-        """Prepare and run to the end. Raises RunFailedError / InterruptedByUser on failure."""
-        return self.run_prepared(self.prepare(request), progress=progress)
-
-    def run_prepared(self, prepared: PreparedRun, *, progress: OperationProgress | None = None) -> RunResult:
-        """The supervisor's lifecycle with recovery off: the first failure or preemption ends the run."""
-        from tpuctl.services.run.supervisor import Supervisor
-
-        supervisor = Supervisor(
-            self._session,
-            observer=self._observer,
-            policy=RecoveryPolicy.off(),
-            launcher_factory=self._sibling,
-        )
-        return supervisor.run(prepared, progress=progress).run
 
     def provision(
         self,
@@ -117,13 +88,5 @@ class Launcher:
         finally:
             self.current_executor = None
 
-    def log_paths(self, run_id: str, worker: int | None = None) -> list[tuple[int, Path]]:
-        """(worker, log file) of a run, all workers or one; raises UsageError for an unknown one."""
-        return describe.log_paths(self._session, run_id, worker)
-
     def _default_executor(self, prepared: PreparedRun, slices: SliceSet) -> Executor:
         return hosts.build_executor(self._session, prepared, slices, for_plan=False)
-
-    def _sibling(self, observer: LaunchObserver) -> Launcher:
-        """This launcher (same session and executors) reporting to ``observer``."""
-        return Launcher(self._session, observer=observer, executor_factory=self._executor_factory)

@@ -20,6 +20,18 @@ LATEST = "latest"
 _SHOWN = 10
 
 
+class RunNotFoundError(UsageError):
+    """The one "no such run" error (exit 2): nothing the user named matches a run in the ledger."""
+
+    def __init__(self, ref: str) -> None:
+        super().__init__(
+            f"no run {ref!r}",
+            field="RUN",
+            value=ref,
+            fix="`tpuctl runs list` shows the runs; a unique start or end of an id, or `latest`, will do",
+        )
+
+
 def resolve_run_id(ledger: Ledger, ref: str | None) -> str:
     """The run id ``ref`` names (None or ``latest``: the newest run). Exit 2 (UsageError) when no run
     matches, or when a prefix or suffix matches several (they are listed, newest first)."""
@@ -38,12 +50,7 @@ def resolve_run_id(ledger: Ledger, ref: str | None) -> str:
     if len(matches) == 1:
         return matches[0]
     if not matches:
-        raise UsageError(
-            f"no run {ref!r}",
-            field="RUN",
-            value=ref,
-            fix="`tpuctl runs list` shows the runs; a unique start or end of an id, or `latest`, will do",
-        )
+        raise RunNotFoundError(ref)
     listed = ", ".join(matches[:_SHOWN]) + (", ..." if len(matches) > _SHOWN else "")
     raise UsageError(
         f"{ref!r} matches {'more than ' if len(matches) > _SHOWN else ''}"

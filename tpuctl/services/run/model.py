@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from tpuctl.backends.base import RecoveryTuning
     from tpuctl.hosts.setup import SetupSpec
     from tpuctl.services.placement import PlacementRequest
+    from tpuctl.services.run.rundir import RunDir
 
 
 @dataclass(frozen=True)
@@ -186,7 +187,7 @@ class PreparedRun:
     target: Target
     executor_kind: ExecutorKind
     checkpoint_dir: str
-    log_dir: Path
+    run_dir: RunDir  # its logs, saved request and lease on this machine
     setup: SetupSpec
 
     @property
@@ -324,7 +325,7 @@ class RecoveryPolicy:
 
     @classmethod
     def off(cls) -> RecoveryPolicy:
-        """No recovery: the first failure or preemption ends the run (``Launcher.run``, ``bench step``)."""
+        """No recovery: the first failure or preemption ends the run (``bench step``)."""
         return cls(max_restarts=0, max_preemptions=0)
 
     def resolved(self, defaults: RecoveryTuning) -> RecoveryPolicy:

@@ -8,11 +8,11 @@ supervisor that was killed leaves its run unfinished but the slice free: ``runs 
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tpuctl.errors import UsageError
 from tpuctl.services.run.lease import lease_holder
+from tpuctl.services.run.rundir import RunDir
 from tpuctl.store.records import RunStatus
 
 if TYPE_CHECKING:
@@ -32,8 +32,7 @@ def live_runs_on(session: Session, pod: str, zone: str, *, other_than: str | Non
             continue
         if RunStatus(record.status).finished:
             continue
-        log_dir = Path((record.detail or {}).get("log_dir") or session.state_dir / "runs" / record.run_id)
-        if lease_holder(log_dir) is not None:
+        if lease_holder(RunDir.recorded(session.state_dir, record).root) is not None:
             found.append(record)
     return sorted(found, key=lambda r: r.created_at)
 

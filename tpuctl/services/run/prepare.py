@@ -15,15 +15,11 @@ from tpuctl.hosts.base import ENV_NAME_RE, HostPlan
 from tpuctl.hosts.bundle import build_bundle
 from tpuctl.services.run import checkpoints, hosts, provision
 from tpuctl.services.run.model import EXAMPLES, RUN_ID_RE, PreparedRun, RunRequest
+from tpuctl.services.run.rundir import RunDir
 
 if TYPE_CHECKING:
     from tpuctl.hosts.setup import SetupSpec
     from tpuctl.services.session import Session
-
-
-def runs_dir(session: Session) -> Path:
-    """Where each run keeps its logs, saved request and lease: ``<state>/runs/<run_id>/``."""
-    return session.state_dir / "runs"
 
 
 def prepare(session: Session, request: RunRequest) -> PreparedRun:
@@ -69,7 +65,7 @@ def prepare(session: Session, request: RunRequest) -> PreparedRun:
         target=where,
         executor_kind=executor_kind,
         checkpoint_dir=checkpoint_dir,
-        log_dir=runs_dir(session) / run_id,
+        run_dir=RunDir.of(session.state_dir, run_id),
         setup=setup,
     )
 

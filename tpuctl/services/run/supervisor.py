@@ -56,7 +56,7 @@ from tpuctl.services.run import hosts
 from tpuctl.services.run.accounting import PreemptionRecord, Progress, preemption_record, recovery_summary
 from tpuctl.services.run.control import save_request
 from tpuctl.services.run.launcher import Launcher
-from tpuctl.services.run.lease import LOCK_FILE, Lease, lease_holder, supervisor_identity
+from tpuctl.services.run.lease import Lease, lease_holder, supervisor_identity
 from tpuctl.services.run.model import (
     AttemptResult,
     LaunchObserver,
@@ -142,7 +142,6 @@ class Supervisor:
         policy: RecoveryPolicy | None = None,
         budget_usd: float | None = None,
         warn: Callable[[str], None] | None = None,
-        launcher_factory: Callable[[LaunchObserver], Launcher] | None = None,
     ) -> None:
         self._session = session
         self._inner: LaunchObserver = observer or Silent()
@@ -157,8 +156,7 @@ class Supervisor:
         self._budget_usd = budget_usd
         self._warn = warn or self._inner.status
         self._observer = EventTap(self._inner, self._on_event)
-        factory = launcher_factory or (lambda obs: Launcher(session, observer=obs))
-        self.launcher = factory(self._observer)
+        self.launcher = Launcher(session, observer=self._observer)
         self.progress = Progress()
         self.preemptions: list[PreemptionRecord] = []
         self.restarts = 0
@@ -209,7 +207,7 @@ class Supervisor:
                 "bundle_sha256": prepared.bundle.digest,
                 "bundle_bytes": prepared.bundle.total_bytes,
                 "executor": prepared.executor_kind,
-                "log_dir": str(prepared.log_dir),
+                "log_dir": str(prepared.run_dir.root),
                 "checkpoint_dir": prepared.checkpoint_dir,
                 "created_pod": target.creates,
                 "env_keys": sorted(prepared.user_env),
@@ -218,7 +216,7 @@ class Supervisor:
                 "budget_usd": self._budget_usd,
             },
         )
-        save_request(prepared.log_dir, prepared.request, run_id=prepared.run_id, budget_usd=self._budget_usd,
+        save_request(prepared.run_dir, prepared.request, run_id=prepared.run_id, budget_usd=self._budget_usd,
                      policy=self.policy)  # fmt: skip
 
     def cancel(self) -> None:
@@ -273,9 +271,9 @@ class Supervisor:
     # --- the lifecycle --------------------------------------------------------------------------
 
     def _take_lease(self, prepared: PreparedRun) -> None:
-        self._lease = Lease.acquire(prepared.log_dir / LOCK_FILE)
+        self._lease = Lease.acquire(prepared.run_dir.lock_file)
         if self._lease is None:
-            holder = lease_holder(prepared.log_dir) or {}
+            holder = lease_holder(prepared.run_dir.root) or {}
             run_id = prepared.run_id
             raise UsageError(
                 f"run {run_id} is supervised by another live process (pid {holder.get('pid', '?')})",
@@ -469,7 +467,7 @@ class Supervisor:
                 hosts=prepared.target.hosts,
                 exit_code=0,
                 duration_s=time.monotonic() - run.started,
-                log_dir=prepared.log_dir,
+                log_dir=prepared.run_dir.root,
                 bundle_sha256=prepared.bundle.digest,
                 shipped_hosts=sum(1 for s in result.shipped if s.shipped),
                 deleted_pod=run.deleted,

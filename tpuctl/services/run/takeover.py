@@ -112,7 +112,7 @@ def adopt_slices(
 
 def seed_progress(progress: Progress, prepared: PreparedRun) -> None:
     """Read the steps done so far back from host 0's log (the killed supervisor kept them in memory)."""
-    path = prepared.log_dir / "worker-0.log"
+    path = prepared.run_dir.host_log(0)
     if not path.exists():
         return
     with path.open(encoding="utf-8", errors="replace") as fh:

@@ -1,0 +1,271 @@
+"""The ``Runs`` service: everything done to a run from outside its program, over one session. It finds runs
+(``get``, with the one "no such run" error), reads them back (``list_runs``, ``describe``, ``logs``),
+starts them (``start``, ``start_detached``) and controls them (``resume``, ``supervise``, ``detach``,
+``cancel``). The CLI parses, calls one of these and renders what it returns.
+
+Who may act on a run is asked in one place: ``holder`` (the process holding the run's lease now), and
+``resume`` and ``cancel`` decide through their own methods (``_refuse_unresumable``,
+``_stop_supervisor``, ``control.clean_up``), so the rules of ownership can change behind them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from tpuctl.errors import UsageError
+from tpuctl.services.run import control, describe, hostlog, prepare
+from tpuctl.services.run.lease import lease_holder
+from tpuctl.services.run.lookup import RunNotFoundError, resolve_run_id
+from tpuctl.services.run.rundir import RunDir
+from tpuctl.services.run.views import (
+    Cancellation,
+    CancelOutcome,
+    Detached,
+    LeaseHolder,
+    Resumption,
+    RunDescription,
+    RunLogs,
+    RunView,
+)
+from tpuctl.store.records import RunStatus
+
+if TYPE_CHECKING:
+    from tpuctl.cloud.base import OperationProgress
+    from tpuctl.services.run.model import (
+        LaunchObserver,
+        PreparedRun,
+        RecoveryPolicy,
+        RunRequest,
+        SupervisedResult,
+    )
+    from tpuctl.services.run.supervisor import Supervisor
+    from tpuctl.services.session import Session
+    from tpuctl.store.records import RunRecord
+
+#: Says something to the user while a run is supervised (a budget warning, a changed bundle).
+Warn = Callable[[str], None]
+
+
+class Runs:
+    """The runs of one session's ledger and state dir."""
+
+    def __init__(self, session: Session) -> None:
+        self._session = session
+
+    # --- finding and reading runs ---------------------------------------------------------------
+
+    def get(self, ref: str | None) -> RunRecord:
+        """The run ``ref`` names: a whole id, a unique start or end of one, ``latest`` or None (the newest).
+        Exit 2 (``RunNotFoundError``) when none matches; several matches are listed (``lookup``)."""
+        run_id = resolve_run_id(self._session.ledger, ref)
+        record = self._session.ledger.get_run(run_id)
+        if record is None:  # gone between the lookup and now
+            raise RunNotFoundError(run_id)
+        return record
+
+    def dir_of(self, record: RunRecord) -> RunDir:
+        """The run's directory on this machine (logs, saved request, lease)."""
+        return RunDir.recorded(self._session.state_dir, record)
+
+    def holder(self, run_dir: RunDir) -> LeaseHolder | None:
+        """Who supervises the run now: the live process holding its lease, else None."""
+        identity = lease_holder(run_dir.root)
+        return None if identity is None else LeaseHolder.of(identity)
+
+    def list_runs(self, *, limit: int) -> list[RunView]:
+        """At most ``limit`` runs, newest first."""
+        return [RunView.of(r) for r in self._session.ledger.list_runs(limit=limit)]
+
+    def describe(self, ref: str | None) -> RunDescription:
+        record = self.get(ref)
+        run_dir = self.dir_of(record)
+        return describe.describe_run(self._session, record, run_dir, self.holder(run_dir))
+
+    def logs(self, ref: str | None, *, worker: int | None = None) -> RunLogs:
+        """The hosts' log files of a run, every host's or ``worker``'s (exit 2 for one it does not have).
+        A file may not exist yet: the host has said nothing."""
+        record = self.get(ref)
+        hosts = int((record.detail or {}).get("hosts", 0))
+        if worker is not None and not 0 <= worker < max(hosts, 1):
+            raise UsageError(
+                f"run {record.run_id} has workers 0..{hosts - 1}, not {worker}",
+                field="worker",
+                value=worker,
+                fix=f"pass --worker between 0 and {hosts - 1}",
+            )
+        workers = [worker] if worker is not None else list(range(hosts))
+        return RunLogs(record.run_id, worker, tuple(self.dir_of(record).host_logs(workers)))
+
+    def read_logs(self, logs: RunLogs, *, follow: bool = False) -> Iterator[hostlog.LogLine]:
+        """The lines of ``logs`` in arrival order; with ``follow``, new ones too until the run ends."""
+        live = (lambda: self.is_live(logs.run_id)) if follow else None
+        return hostlog.read_logs(list(logs.files), follow=live)
+
+    def is_live(self, run_id: str) -> bool:
+        """Whether a run may still write to its logs: not finished, or a supervisor still holds it."""
+        record = self._session.ledger.get_run(run_id)
+        if record is None:
+            return False
+        known = record.status in RunStatus._value2member_map_
+        return self.holder(self.dir_of(record)) is not None or (
+            known and not RunStatus(record.status).finished
+        )
+
+    # --- starting runs --------------------------------------------------------------------------
+
+    def prepare(self, request: RunRequest) -> PreparedRun:
+        """Validate the request and build the bundle; raises UsageError for any bad input."""
+        return prepare.prepare(self._session, request)
+
+    def plan(self, prepared: PreparedRun) -> dict[str, Any]:
+        """What the run would ship and run where (``--dry-run``). Changes nothing."""
+        return prepare.plan(self._session, prepared)
+
+    def start(
+        self,
+        prepared: PreparedRun,
+        *,
+        observer: LaunchObserver,
+        policy: RecoveryPolicy,
+        budget_usd: float | None = None,
+        warn: Warn | None = None,
+        progress: OperationProgress | None = None,
+    ) -> SupervisedResult:
+        """Record, lease and supervise a new run to its end in this process (``Supervisor.run``)."""
+        supervisor = self._supervisor(observer=observer, policy=policy, budget_usd=budget_usd, warn=warn)
+        return supervisor.run(prepared, progress=progress)
+
+    def start_detached(
+        self, prepared: PreparedRun, *, policy: RecoveryPolicy, budget_usd: float | None
+    ) -> Detached:
+        """Record a new run and hand it to a background supervisor (``--detach``)."""
+        self._supervisor(policy=policy, budget_usd=budget_usd).create_record(prepared)
+        return self.detach(prepared.run_id)
+
+    def _supervisor(
+        self,
+        *,
+        policy: RecoveryPolicy,
+        budget_usd: float | None,
+        observer: LaunchObserver | None = None,
+        warn: Warn | None = None,
+    ) -> Supervisor:
+        # Imported here: the supervisor and all it runs (placement, hosts, signals) are loaded only by the
+        # commands that supervise, not by `runs list` or `runs describe`.
+        from tpuctl.services.run.supervisor import Supervisor
+
+        return Supervisor(self._session, observer=observer, policy=policy, budget_usd=budget_usd, warn=warn)
+
+    # --- controlling runs -----------------------------------------------------------------------
+
+    def resume(
+        self, ref: str | None, *, budget_usd: float | None = None, max_preemptions: int | None = None
+    ) -> Resumption:
+        """Make a run whose supervisor is gone (or that stopped: budget, cancel, failure) ready to carry
+        on: refused when it succeeded or is still supervised; prepared again from its saved request, with
+        a new budget or preemption cap saved when given; recorded RECOVERING. ``supervise`` (here) or
+        ``detach(resume=True)`` (in the background) then carries it on."""
+        record = self.get(ref)
+        run_dir = self.dir_of(record)
+        self._refuse_unresumable(record, run_dir)
+        ready = control.prepare_again(self._session, record, run_dir)
+        policy = ready.policy
+        if max_preemptions is not None:
+            policy = dataclasses.replace(policy, max_preemptions=max_preemptions)
+        budget = budget_usd if budget_usd is not None else ready.budget_usd
+        if budget_usd is not None or max_preemptions is not None:
+            control.save_request(
+                run_dir, ready.prepared.request, run_id=record.run_id, budget_usd=budget, policy=policy
+            )
+        if record.status != RunStatus.RUNNING:
+            self._session.ledger.update_run(
+                record.run_id, status=RunStatus.RECOVERING, ended_at=None, exit_code=None
+            )
+        return dataclasses.replace(ready, policy=policy, budget_usd=budget)
+
+    def _refuse_unresumable(self, record: RunRecord, run_dir: RunDir) -> None:
+        """Exit 2 unless the run can be resumed: it has not succeeded, and no supervisor holds it."""
+        run_id = record.run_id
+        if record.status == RunStatus.SUCCEEDED:
+            raise UsageError(
+                f"run {run_id} already succeeded; there is nothing to resume",
+                field="RUN",
+                value=run_id,
+                fix="start a new run with `tpuctl run`",
+            )
+        holder = self.holder(run_dir)
+        if holder is not None:
+            raise UsageError(
+                f"run {run_id} is still supervised (pid {holder.pid})",
+                field="RUN",
+                value=run_id,
+                fix=f"watch it with `tpuctl runs describe {run_id}`, or stop it with "
+                f"`tpuctl runs cancel {run_id}`",
+            )
+
+    def reload(self, run_id: str) -> Resumption:
+        """Run ``run_id`` prepared again from its saved request, checking and changing nothing (what a
+        background supervisor starts from)."""
+        record = self._session.ledger.get_run(run_id)
+        if record is None:
+            raise RunNotFoundError(run_id)
+        return control.prepare_again(self._session, record, self.dir_of(record))
+
+    def supervise(
+        self,
+        ready: Resumption,
+        *,
+        observer: LaunchObserver,
+        warn: Warn | None = None,
+        progress: OperationProgress | None = None,
+        resume: bool = True,
+    ) -> SupervisedResult:
+        """Supervise a recorded run in this process to its end: with ``resume``, take it over first
+        (``takeover``); without, its first attempt (a ``--detach`` run's background supervisor)."""
+        supervisor = self._supervisor(
+            observer=observer, policy=ready.policy, budget_usd=ready.budget_usd, warn=warn
+        )
+        return supervisor.supervise(ready.prepared, progress=progress, resume=resume)
+
+    def detach(self, run_id: str, *, resume: bool = False) -> Detached:
+        """Start a background supervisor for recorded run ``run_id`` (``runs supervise``) and wait until it
+        holds the run."""
+        run_dir = RunDir.of(self._session.state_dir, run_id)
+        return control.start_detached(
+            self._session, run_dir, holder=lambda: self.holder(run_dir), resume=resume
+        )
+
+    def cancel(self, ref: str | None, *, wait_s: float = 120.0) -> Cancellation:
+        """Stop a run: its live supervisor is asked to (it stops the hosts, which checkpoint, deletes the
+        slice and records CANCELLED); without one (it was killed), tpuctl cleans up itself."""
+        from tpuctl.processes import is_same_process
+
+        record = self.get(ref)
+        status = RunStatus(record.status)
+        if status.finished:
+            return Cancellation(record.run_id, CancelOutcome.ALREADY_ENDED, status=status.value)
+        run_dir = self.dir_of(record)
+        holder = self.holder(run_dir)
+        if holder is not None and holder.pid is not None and is_same_process(holder.pid, holder.start_ticks):
+            return self._stop_supervisor(record.run_id, run_dir, holder.pid, wait_s)
+        return control.clean_up(self._session, record, run_dir)
+
+    def _stop_supervisor(self, run_id: str, run_dir: RunDir, pid: int, wait_s: float) -> Cancellation:
+        """SIGTERM the live supervisor ``pid`` (it ends the run as on Ctrl-C) and wait, at most ``wait_s``,
+        until it has let the run go."""
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and self.holder(run_dir) is not None:
+            time.sleep(0.1)
+        after = self._session.ledger.get_run(run_id)
+        return Cancellation(
+            run_id,
+            CancelOutcome.BY_SUPERVISOR,
+            status=None if after is None else str(after.status),
+            by=f"its supervisor (pid {pid})",
+        )
