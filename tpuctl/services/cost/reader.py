@@ -10,7 +10,7 @@ from typing import Any, Final
 from tpuctl.store.records import LedgerError
 
 #: The ledger schema version these queries are written for.
-KNOWN_SCHEMA: Final = 9  # v9 added only the ledger identity, which reports do not read
+KNOWN_SCHEMA: Final = 10  # v9 added the ledger identity, v10 the run leases: reports read neither
 
 
 class LedgerReader:
