@@ -705,7 +705,7 @@ def cancel_run(
 
     out = make_output(ctx, output, ONE_OBJECT)
     with session(ctx, out) as sess:
-        result = Runs(sess).cancel(run_id)
+        result = Runs(sess).cancel(run_id, progress=out.note)
     if out.machine:
         out.document(out.envelope(cancel=result.to_dict()))
         return

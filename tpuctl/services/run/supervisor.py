@@ -60,7 +60,7 @@ from tpuctl.errors import (
 from tpuctl.runtime.preemption import PREEMPTED_EXIT_CODE
 from tpuctl.services.run import hosts
 from tpuctl.services.run.accounting import PreemptionRecord, Progress, preemption_record, recovery_summary
-from tpuctl.services.run.control import save_request
+from tpuctl.services.run.control import record_bundle, record_request
 from tpuctl.services.run.fencing import LeaseBoundExecutor, LeaseKeeper, fenced_session
 from tpuctl.services.run.launcher import Launcher
 from tpuctl.services.run.lease import Lease, supervisor_identity
@@ -225,8 +225,17 @@ class Supervisor:
                 "budget_usd": self._budget_usd,
             },
         )
-        save_request(prepared.run_dir, prepared.request, run_id=prepared.run_id, budget_usd=self._budget_usd,
-                     policy=self.policy)  # fmt: skip
+        # Everything another machine needs to supervise the run: its request and its program's files.
+        record_request(
+            self._session.ledger,
+            prepared.run_dir,
+            prepared.request,
+            run_id=prepared.run_id,
+            budget_usd=self._budget_usd,
+            policy=self.policy,
+            script_in_bundle=None if prepared.request.script is None else prepared.display,
+        )
+        record_bundle(self._session.ledger, prepared.run_id, prepared.bundle)
 
     def cancel(self) -> None:
         """Stop the run from another thread: the hosts are told to stop as on a preemption notice (they

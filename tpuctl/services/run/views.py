@@ -17,6 +17,7 @@ from tpuctl.timefmt import iso_or_none
 
 if TYPE_CHECKING:
     from tpuctl.services.run.model import PreparedRun, RecoveryPolicy
+    from tpuctl.store.records import LeaseHolder as Lease
     from tpuctl.store.records import RunRecord
 
 
@@ -117,12 +118,16 @@ class RunView:
 
 @dataclass(frozen=True)
 class LeaseHolder:
-    """Who supervises a run now: the process holding its lease (None fields: not recorded)."""
+    """Who supervises a run now: the owner of its live ledger lease (None fields: not recorded)."""
 
     pid: int | None
     host: str | None
     start_ticks: int | None  # the process's start time in clock ticks: tells a reused pid apart
     since: float | None  # when it took the lease (epoch seconds)
+    owner_id: str | None = None  # the supervisor process's random id
+    generation: int | None = None  # the lease's: one more with every claim
+    expires_at: float | None = None  # by the ledger's clock, unless renewed
+    expires_in_s: float | None = None  # from the read, by the ledger's clock
 
     @classmethod
     def of(cls, identity: Mapping[str, Any]) -> LeaseHolder:
@@ -133,9 +138,33 @@ class LeaseHolder:
             since=_float(identity.get("since")),
         )
 
+    @classmethod
+    def of_lease(cls, lease: Lease) -> LeaseHolder:
+        """The holder of a lease as the ledger records it."""
+        owner = lease.owner
+        return cls(
+            pid=owner.pid,
+            host=owner.host,
+            start_ticks=owner.start_ticks,
+            since=lease.claimed_at,
+            owner_id=owner.owner_id,
+            generation=lease.generation,
+            expires_at=lease.expires_at,
+            expires_in_s=round(lease.expires_in_s, 3),
+        )
+
     def to_dict(self) -> dict[str, Any]:
-        """The identity as the lease file records it (a field not recorded is left out)."""
-        data = {"pid": self.pid, "start_ticks": self.start_ticks, "host": self.host, "since": self.since}
+        """The identity, and the lease when it is the ledger's (a field not recorded is left out)."""
+        data = {
+            "pid": self.pid,
+            "start_ticks": self.start_ticks,
+            "host": self.host,
+            "since": self.since,
+            "owner_id": self.owner_id,
+            "generation": self.generation,
+            "expires_at": iso_or_none(self.expires_at),
+            "expires_in_s": self.expires_in_s,
+        }
         return {k: v for k, v in data.items() if v is not None}
 
 
