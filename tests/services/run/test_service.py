@@ -120,9 +120,9 @@ def test_describe_reads_the_record_the_segments_and_host_0s_steps(
     assert (bar.offset, bar.width) == (0, 60)
     assert described.recovery.steps_completed == 3
     data = described.to_dict()
-    assert list(data)[:2] == ["run_id", "status"] and list(data)[-9:] == [
+    assert list(data)[:2] == ["run_id", "status"] and list(data)[-10:] == [
         "detail", "segments", "timeline", "recovery", "supervisor_state", "supervisor", "reason",
-        "host_exits", "series",
+        "host_exits", "series", "lease_history",
     ]  # fmt: skip
     assert data["recovery"]["preemptions"][0]["detected_at"] == "2026-09-21T14:13:20.000Z"  # times in ISO
     assert data["series"] == {"step_time_s": [0.5, 1.0, 1.5], "loss": [3.0, 2.0, 1.0]}
@@ -130,7 +130,9 @@ def test_describe_reads_the_record_the_segments_and_host_0s_steps(
 
 def test_describe_names_a_live_supervisor_and_a_gone_one(runs: Runs, held: LeaseClaim) -> None:
     live = runs.describe(IDS[0])
-    assert live.supervisor is not None and live.supervisor_state == "alive (pid 4242)"
+    assert live.supervisor is not None
+    assert live.supervisor_state.startswith("alive (pid 4242 on host-b; lease generation 1 expires in ")
+    assert [(e.action, e.pid) for e in live.lease_history] == [("claim", 4242)]
     shown = live.to_dict()["supervisor"]
     assert (shown["pid"], shown["host"], shown["owner_id"], shown["generation"]) == (
         4242,

@@ -17,8 +17,8 @@ from tpuctl.timefmt import iso_or_none
 
 if TYPE_CHECKING:
     from tpuctl.services.run.model import PreparedRun, RecoveryPolicy
+    from tpuctl.store.records import LeaseHistoryRecord, RunRecord
     from tpuctl.store.records import LeaseHolder as Lease
-    from tpuctl.store.records import RunRecord
 
 
 def _int(value: object) -> int | None:
@@ -341,6 +341,46 @@ class RecoveryView:
 
 
 @dataclass(frozen=True)
+class LeaseEvent:
+    """One step of a run's lease: a claim, takeover, renewal, loss or release, by the ledger's clock."""
+
+    at: str | None
+    action: str
+    generation: int
+    owner_id: str
+    host: str
+    pid: int
+    expires_at: str | None
+    detail: Mapping[str, Any] | None
+
+    @classmethod
+    def of(cls, record: LeaseHistoryRecord) -> LeaseEvent:
+        owner = record.owner
+        return cls(
+            at=iso_or_none(record.at),
+            action=str(record.action),
+            generation=record.generation,
+            owner_id=owner.owner_id,
+            host=owner.host,
+            pid=owner.pid,
+            expires_at=iso_or_none(record.expires_at),
+            detail=record.detail,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "at": self.at,
+            "action": self.action,
+            "generation": self.generation,
+            "owner_id": self.owner_id,
+            "host": self.host,
+            "pid": self.pid,
+            "expires_at": self.expires_at,
+            "detail": None if self.detail is None else dict(self.detail),
+        }
+
+
+@dataclass(frozen=True)
 class RunDescription:
     """``runs describe``: the run, its segments and timeline, its recovery, who supervises it, why it
     ended and each host's exit, and host 0's steps."""
@@ -354,6 +394,7 @@ class RunDescription:
     reason: str | None
     host_exits: tuple[HostExit, ...]
     series: StepSeries
+    lease_history: tuple[LeaseEvent, ...] = ()  # every claim, renewal, loss, release; oldest first
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -366,6 +407,7 @@ class RunDescription:
             "reason": self.reason,
             "host_exits": [e.to_dict() for e in self.host_exits],
             "series": self.series.to_dict(),
+            "lease_history": [e.to_dict() for e in self.lease_history],
         }
 
 
