@@ -342,6 +342,10 @@ def own_sim(
     monkeypatch.delenv("TPUCTL_SIM_URL", raising=False)
     monkeypatch.setenv("TPUCTL_STATE_DIR", str(state_dir))
     monkeypatch.setenv("TPUCTL_SIM_WORLD", str(world_file))
+    # A killed supervisor's run is taken over only once its lease expires: short leases, so tests wait
+    # seconds for it, not the default minute.
+    monkeypatch.setenv("TPUCTL_LEASE_DURATION", "6")
+    monkeypatch.setenv("TPUCTL_LEASE_RENEW_EVERY", "1.5")
     for key, value in fast_jax_env(jax_cache).items():
         monkeypatch.setenv(key, value)
     yield state_dir
@@ -412,8 +416,19 @@ def test_detached_run_is_preempted_by_another_process_survives_kill_9_and_resume
         0.1,
         what="its death",
     )
-    orphaned = cli("runs", "describe", run_id, "-o", "json").json["run"]
-    assert orphaned["status"] == "running" and orphaned["supervisor_state"].startswith("gone")
+    # Its lease outlives it until it expires (by the ledger's clock): only then is it gone.
+    orphaned = wait_for(
+        lambda: (
+            (r := cli("runs", "describe", run_id, "-o", "json").json["run"])["supervisor_state"].startswith(
+                "gone"
+            )
+            and r
+        ),
+        30,
+        0.2,
+        what="its lease to expire",
+    )
+    assert orphaned["status"] == "running"
     from recovery_helpers import program_pids
 
     orphans = program_pids(run_id)

@@ -63,6 +63,10 @@ def _env(state_dir: Path, world: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TPUCTL_")}
     env["TPUCTL_STATE_DIR"] = str(state_dir)
     env["TPUCTL_SIM_WORLD"] = str(world)
+    # A killed supervisor's run is taken over once its ledger lease expires: short leases, so a resume
+    # after a kill waits seconds for it, not the default minute.
+    env["TPUCTL_LEASE_DURATION"] = "4"
+    env["TPUCTL_LEASE_RENEW_EVERY"] = "1"
     return env
 
 
@@ -417,6 +421,16 @@ def _kill_run(
     return run_id, code, run.output
 
 
+def _resume_once_the_lease_expired(env: dict[str, str], run_id: str) -> CliResult:
+    """`runs resume`, again while the killed supervisor's lease is still live (exit 9), bounded."""
+    deadline = time.monotonic() + 30.0
+    while True:
+        resumed = _tpuctl(env, "runs", "resume", run_id, "-o", "json")
+        if resumed.code != 9 or time.monotonic() > deadline:
+            return resumed
+        time.sleep(0.5)  # a real process's lease running out, not simulated time
+
+
 def _tpuctl(env: dict[str, str], *argv: str, timeout: float = 240) -> CliResult:
     done = subprocess.run(
         [sys.executable, "-m", "tpuctl", *argv], env=env, capture_output=True, timeout=timeout
@@ -501,7 +515,7 @@ def run_crash_loop(
             _ledger_sound(state_dir)
 
         before = _run_status(state_dir, run_id)
-        resumed = _tpuctl(env, "runs", "resume", run_id, "-o", "json")
+        resumed = _resume_once_the_lease_expired(env, run_id)
         if before is RunStatus.SUCCEEDED:
             # It had finished, and said so in the ledger, before the kill: nothing to resume, and it says so.
             assert resumed.code == 2, (where, resumed.output[-3000:])

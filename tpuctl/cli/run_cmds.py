@@ -525,6 +525,21 @@ def _render_description(out: Output, described: RunDescription) -> None:
     _render_timeline(out, described.timeline)
     _render_preemptions(out, recovery.preemptions, records=list(recovery.record.get("preemptions") or []))
     _render_fallbacks(out, recovery.checkpoint_fallbacks)
+    _render_lease_history(out, described)
+
+
+def _render_lease_history(out: Output, described: RunDescription) -> None:
+    """The lease's last steps (renewals are many: the table keeps the last 8; -o json has them all)."""
+    events = described.lease_history
+    if not events:
+        return
+    out.rows(
+        "lease history" + (f" (last 8 of {len(events)})" if len(events) > 8 else ""),
+        ("AT", "ACTION", "GEN", "HOST", "PID", "OWNER", "EXPIRES AT"),
+        ([e.at, e.action, e.generation, e.host, e.pid, e.owner_id, e.expires_at] for e in events[-8:]),
+        key="lease_history",
+        records=[e.to_dict() for e in events],
+    )
 
 
 def _description_fields(described: RunDescription) -> dict[str, Any]:
@@ -705,7 +720,7 @@ def cancel_run(
 
     out = make_output(ctx, output, ONE_OBJECT)
     with session(ctx, out) as sess:
-        result = Runs(sess).cancel(run_id)
+        result = Runs(sess).cancel(run_id, progress=out.note)
     if out.machine:
         out.document(out.envelope(cancel=result.to_dict()))
         return

@@ -943,6 +943,19 @@ class SshExecutor:
         if self._loop is None:
             return
         self.stop(grace_s=1.0)
+        self._disconnect()
+
+    def abandon(self) -> None:
+        """Drop every connection without signalling the programs: their supervisor lost the run, and
+        whoever owns it now decides what becomes of them. Idempotent; ``close`` after it does nothing."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._loop is not None:
+            self._disconnect()
+
+    def _disconnect(self) -> None:
+        assert self._loop is not None
 
         async def disconnect() -> None:
             # Whatever is left (a follower, a command cut short by a failure) ends before the loop does.

@@ -110,6 +110,11 @@ class SimAdminClient:
         summary and the simulated clock."""
         return cast(SimStatus, self._call("GET", "/status"))
 
+    def mutations(self) -> list[dict[str, Any]]:
+        """Every mutating API request (POST, PATCH, DELETE) the server was sent: ``at`` (wall time),
+        ``method``, ``path``, oldest first."""
+        return list(self._call("GET", "/mutations")["mutations"])
+
     def world(self) -> dict[str, Any]:
         """The world in force, as JSON data (World.model_dump)."""
         return self._call("GET", "/world")

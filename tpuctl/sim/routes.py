@@ -432,6 +432,7 @@ def _admin_unrouted(request: SimRequest, path_known: bool) -> SimResponse:
 
 ADMIN_ROUTES = (
     route("GET", _admin("status"), lambda e, r, a: e.status()),
+    route("GET", _admin("mutations"), lambda e, r, a: {"mutations": list(e.mutations)}),
     route("GET", _admin("world"), lambda e, r, a: e.world.model_dump(mode="json")),
     route("POST", _admin("reset"), _reset),
     route("POST", _admin("preempt"), _preempt),

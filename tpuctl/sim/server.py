@@ -368,6 +368,8 @@ class _Handler(BaseHTTPRequestHandler):
         engine = self.server.engine
         if not request.path.startswith(_FAULTY_SURFACES):
             return dispatch(engine, request)
+        if request.method in _MUTATIONS:
+            engine.note_mutation(request.method, request.path)
         self._inject_latency(engine)
         self._inject_transient(engine, request.method, request.path)
         response = dispatch(engine, request)

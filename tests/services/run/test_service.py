@@ -12,21 +12,21 @@ from typing import TYPE_CHECKING, cast
 
 import pytest
 
-from tpuctl.errors import EXIT_USAGE, UsageError
+from tpuctl.errors import EXIT_USAGE, LeaseHeldError, UsageError
 from tpuctl.runtime.preemption import EVENT_PREFIX
-from tpuctl.services.run.lease import Lease
 from tpuctl.services.run.lookup import RunNotFoundError
 from tpuctl.services.run.rundir import RunDir
 from tpuctl.services.run.service import Runs
 from tpuctl.services.run.views import CancelOutcome
 from tpuctl.store.ledger import Ledger
-from tpuctl.store.records import RunStatus, SegmentKind
+from tpuctl.store.records import LeaseClaim, LeaseOwner, RunStatus, SegmentKind
 
 if TYPE_CHECKING:
     from tpuctl.services.session import Session
 
 START = 1_790_000_000.0
 IDS = ["run-20260921-141320-ab16", "run-20260921-141321-cd16"]
+OWNER = LeaseOwner("owner-b1", "host-b", 4242, 77)
 
 
 @dataclass
@@ -52,12 +52,11 @@ def runs(ledger: Ledger, tmp_path: Path) -> Runs:
 
 
 @pytest.fixture
-def held(tmp_path: Path) -> Iterator[Lease]:
-    """IDS[0]'s lease, held by this process as a live supervisor would hold it."""
-    lease = Lease.acquire(RunDir.of(tmp_path, IDS[0]).lock_file)
-    assert lease is not None
-    yield lease
-    lease.release()
+def held(ledger: Ledger) -> Iterator[LeaseClaim]:
+    """IDS[0]'s ledger lease, held as a live supervisor on another machine would hold it."""
+    claim = ledger.claim_lease(IDS[0], OWNER, 300.0)
+    yield claim
+    ledger.release_lease(claim)
 
 
 def test_get_takes_an_id_its_end_or_latest(runs: Runs) -> None:
@@ -121,18 +120,27 @@ def test_describe_reads_the_record_the_segments_and_host_0s_steps(
     assert (bar.offset, bar.width) == (0, 60)
     assert described.recovery.steps_completed == 3
     data = described.to_dict()
-    assert list(data)[:2] == ["run_id", "status"] and list(data)[-9:] == [
+    assert list(data)[:2] == ["run_id", "status"] and list(data)[-10:] == [
         "detail", "segments", "timeline", "recovery", "supervisor_state", "supervisor", "reason",
-        "host_exits", "series",
+        "host_exits", "series", "lease_history",
     ]  # fmt: skip
     assert data["recovery"]["preemptions"][0]["detected_at"] == "2026-09-21T14:13:20.000Z"  # times in ISO
     assert data["series"] == {"step_time_s": [0.5, 1.0, 1.5], "loss": [3.0, 2.0, 1.0]}
 
 
-def test_describe_names_a_live_supervisor_and_a_gone_one(runs: Runs, held: Lease) -> None:
+def test_describe_names_a_live_supervisor_and_a_gone_one(runs: Runs, held: LeaseClaim) -> None:
     live = runs.describe(IDS[0])
-    assert live.supervisor is not None and live.supervisor_state == f"alive (pid {live.supervisor.pid})"
-    assert live.to_dict()["supervisor"]["pid"] == live.supervisor.pid
+    assert live.supervisor is not None
+    assert live.supervisor_state.startswith("alive (pid 4242 on host-b; lease generation 1 expires in ")
+    assert [(e.action, e.pid) for e in live.lease_history] == [("claim", 4242)]
+    shown = live.to_dict()["supervisor"]
+    assert (shown["pid"], shown["host"], shown["owner_id"], shown["generation"]) == (
+        4242,
+        "host-b",
+        "owner-b1",
+        1,
+    )
+    assert 299.0 < shown["expires_in_s"] <= 300.0 and shown["expires_at"].endswith("Z")
     gone = runs.describe(IDS[1])  # unfinished, and nobody holds it
     assert gone.supervisor_state == f"gone: take over with `tpuctl runs resume {IDS[1]}`"
 
@@ -149,7 +157,7 @@ def test_logs_are_every_hosts_or_one_and_read_back_in_order(runs: Runs, tmp_path
     assert info.value.message == f"run {IDS[0]} has workers 0..1, not 2" and info.value.field == "worker"
 
 
-def test_a_run_is_live_while_unfinished_or_held(runs: Runs, ledger: Ledger, held: Lease) -> None:
+def test_a_run_is_live_while_unfinished_or_held(runs: Runs, ledger: Ledger, held: LeaseClaim) -> None:
     assert runs.is_live(IDS[1])  # unfinished
     ledger.update_run(IDS[1], status=RunStatus.SUCCEEDED)
     assert not runs.is_live(IDS[1])
@@ -166,13 +174,18 @@ def test_cancelling_a_finished_run_does_nothing(runs: Runs, ledger: Ledger) -> N
     assert after is not None and after.status == RunStatus.SUCCEEDED
 
 
-def test_resume_refuses_a_succeeded_run_and_a_supervised_one(runs: Runs, ledger: Ledger, held: Lease) -> None:
-    with pytest.raises(UsageError) as info:
+def test_resume_refuses_a_succeeded_run_and_a_supervised_one(
+    runs: Runs, ledger: Ledger, held: LeaseClaim
+) -> None:
+    before = ledger.get_run(IDS[0])
+    with pytest.raises(LeaseHeldError) as info:
         runs.resume(IDS[0])
-    assert info.value.message.startswith(f"run {IDS[0]} is still supervised (pid ")
-    assert info.value.fix == (
-        f"watch it with `tpuctl runs describe {IDS[0]}`, or stop it with `tpuctl runs cancel {IDS[0]}`"
+    assert info.value.exit_code == 9
+    assert info.value.message.startswith(
+        f"run {IDS[0]} is supervised by host host-b, pid 4242 (owner owner-b1, lease generation 1); "
+        "its lease expires at "
     )
+    assert ledger.get_run(IDS[0]) == before  # refused before anything was written
     ledger.update_run(IDS[1], status=RunStatus.SUCCEEDED, exit_code=0)
     with pytest.raises(UsageError, match="already succeeded; there is nothing to resume"):
         runs.resume(IDS[1])

@@ -10,6 +10,7 @@ returns an ``AttemptResult`` and the supervisor decides what it means.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from tpuctl.runtime.preemption import EVENT_PREFIX, parse_event
 from tpuctl.services.run import hostsetup
-from tpuctl.services.run.hostlog import HostLog
+from tpuctl.services.run.hostlog import HostLog, LedgerLog
 from tpuctl.services.run.model import AttemptResult, LaunchObserver, PreparedRun, describe_exit
 from tpuctl.store.records import RunStatus
 
@@ -36,6 +37,7 @@ class _Streams:
     """What the event loop collects: each host's log file, exit status and the time it was seen."""
 
     logs: dict[int, HostLog] = field(default_factory=dict)
+    ledger_log: LedgerLog | None = None  # the same lines on their way to the ledger (a supervised run)
     exit_codes: dict[int, int | None] = field(default_factory=dict)
     exit_times: dict[int, float] = field(default_factory=dict)
     #: worker -> "ValueError: boom": the uncaught exception the runtime's hook reported on that host.
@@ -44,6 +46,8 @@ class _Streams:
     def close(self) -> None:
         for fh in self.logs.values():
             fh.close()
+        if self.ledger_log is not None:
+            self.ledger_log.flush()
 
 
 def execute(
@@ -119,8 +123,12 @@ def _ship_and_start(
     spec: LaunchSpec,
     streams: _Streams,
 ) -> tuple[list[ShipResult], float]:
+    claim = session.ledger.fence  # a supervised run's (its lines go to the ledger too, fenced)
+    if claim is not None:
+        streams.ledger_log = LedgerLog(session.ledger, claim, range(spec.num_workers))
     for worker in range(spec.num_workers):
-        streams.logs[worker] = HostLog(prepared.run_dir.host_log(worker))
+        sink = None if streams.ledger_log is None else functools.partial(streams.ledger_log.add, worker)
+        streams.logs[worker] = HostLog(prepared.run_dir.host_log(worker), sink=sink)
         streams.logs[worker].mark_attempt(spec.restart_count + 1, slices.name, slices.zone)
     bundle = prepared.bundle
     observer.status(
@@ -180,6 +188,8 @@ class _EventLoop:
                 continue
             event = self.executor.next_event(_POLL_S)
             if event is None:
+                if self.streams.ledger_log is not None:
+                    self.streams.ledger_log.tick()
                 continue
             if event.kind == "line":
                 self.streams.logs[event.worker].write(event.text)

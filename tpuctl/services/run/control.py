@@ -25,8 +25,10 @@ from tpuctl.store.records import RunStatus
 
 if TYPE_CHECKING:
     from tpuctl.cloud.base import Node
+    from tpuctl.hosts.bundle import Bundle
     from tpuctl.services.run.rundir import RunDir
     from tpuctl.services.session import Session
+    from tpuctl.store.ledger import Ledger
     from tpuctl.store.records import RunRecord
 
 
@@ -39,6 +41,20 @@ class SavedRequest:
     policy: RecoveryPolicy
 
 
+#: Where a run's program is unpacked from the ledger's bundle, in its directory on this machine.
+PROGRAM_FOLDER = "program"
+
+
+def request_payload(
+    request: RunRequest, *, run_id: str, budget_usd: float | None, policy: RecoveryPolicy
+) -> dict[str, Any]:
+    """What a supervisor prepares the run again from (the ledger's and the local file's one form)."""
+    data = dataclasses.asdict(request)
+    data["capacity_types"] = [t.value for t in request.capacity_types]
+    data["run_id"] = run_id
+    return {"request": data, "budget_usd": budget_usd, "policy": policy.to_dict()}
+
+
 def save_request(
     run_dir: RunDir, request: RunRequest, *, run_id: str, budget_usd: float | None, policy: RecoveryPolicy
 ) -> Path:
@@ -46,23 +62,63 @@ def save_request(
     values may be secrets), atomically and durably (a run killed while saving keeps the old request
     whole, and a machine that crashes after ``runs resume`` returned still has the new one)."""
     run_dir.make()
-    data = dataclasses.asdict(request)
-    data["capacity_types"] = [t.value for t in request.capacity_types]
-    data["run_id"] = run_id
-    payload = {"request": data, "budget_usd": budget_usd, "policy": policy.to_dict()}
+    payload = request_payload(request, run_id=run_id, budget_usd=budget_usd, policy=policy)
     return atomic_write_json(run_dir.request_file, payload)
 
 
-def _remote_root(run_dir: RunDir) -> str:
+def record_request(
+    ledger: Ledger,
+    run_dir: RunDir,
+    request: RunRequest,
+    *,
+    run_id: str,
+    budget_usd: float | None,
+    policy: RecoveryPolicy,
+    script_in_bundle: str | None = None,
+) -> None:
+    """The saved request in the ledger, where a supervisor on any machine reads it, and in the local file.
+    ``script_in_bundle``: the script's path inside the bundle, where another machine finds it."""
+    save_request(run_dir, request, run_id=run_id, budget_usd=budget_usd, policy=policy)
+    payload = request_payload(request, run_id=run_id, budget_usd=budget_usd, policy=policy)
+    if script_in_bundle is not None:
+        payload["script_in_bundle"] = script_in_bundle
+    elif (before := ledger.run_request(run_id)) is not None:
+        kept = json.loads(before).get("script_in_bundle")
+        if kept is not None:
+            payload["script_in_bundle"] = kept
+    ledger.save_run_request(run_id, json.dumps(payload, sort_keys=True))
+
+
+def record_bundle(ledger: Ledger, run_id: str, bundle: Bundle) -> None:
+    """The program's files (the bundle, as shipped to the hosts) in the ledger, for another machine."""
+    ledger.save_bundle(run_id, bundle.tar_gz())
+
+
+def _remote_root(ledger: Ledger, run_id: str, run_dir: RunDir) -> str:
     """The hosts' tpuctl directory the run used (its saved request's; the default otherwise)."""
     try:
-        payload = json.loads(run_dir.request_file.read_text(encoding="utf-8"))
+        payload = saved_payload(ledger, run_id, run_dir)
         return str(payload["request"].get("ssh_remote_root") or ".tpuctl")
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (UsageError, ValueError, KeyError, TypeError, AttributeError):
         return ".tpuctl"
 
 
 def load_request(run_dir: RunDir) -> SavedRequest:
+    """The request saved in the run's local file (``saved_payload`` prefers the ledger's)."""
+    return parse_request(_local_payload(run_dir))
+
+
+def saved_payload(ledger: Ledger, run_id: str, run_dir: RunDir) -> dict[str, Any]:
+    """The run's saved request as the ledger holds it (any machine), else this machine's file."""
+    text = ledger.run_request(run_id)
+    if text is not None:
+        payload = json.loads(text)
+        if isinstance(payload, dict):
+            return payload
+    return _local_payload(run_dir)
+
+
+def _local_payload(run_dir: RunDir) -> dict[str, Any]:
     path = run_dir.request_file
     try:
         payload = json.loads(path.read_text(encoding="utf-8"))
@@ -74,6 +130,10 @@ def load_request(run_dir: RunDir) -> SavedRequest:
             fix="only runs started by a tpuctl that saves requests can be resumed; start it again with "
             "`tpuctl run`",
         ) from None
+    return dict(payload)
+
+
+def parse_request(payload: dict[str, Any]) -> SavedRequest:
     raw = dict(payload["request"])
     raw["capacity_types"] = _capacity_types(raw)
     for key in ("args", "env", "setup"):
@@ -116,6 +176,16 @@ def _settings_env(session: Session) -> dict[str, str]:
         ),
         ("TPUCTL_SIM_URL", settings.sim_url),
         ("TPUCTL_SIM_WORLD", settings.sim_world),
+        # The one ledger, the key of the runs' secrets and the lease's timing: the background
+        # supervisor must claim, renew and read the run exactly as this command would.
+        ("TPUCTL_DATABASE_URL", settings.resolved_database.text),
+        (
+            "TPUCTL_SECRET_KEY",
+            None if settings.secret_key is None else settings.secret_key.get_secret_value(),
+        ),
+        ("TPUCTL_SECRET_KEY_FILE", settings.resolved_secret_key_file),
+        ("TPUCTL_LEASE_DURATION", f"{settings.lease_duration!r}"),
+        ("TPUCTL_LEASE_RENEW_EVERY", f"{settings.lease_renew_every!r}"),
     ):
         if value is not None:
             env[name] = str(value.absolute() if isinstance(value, Path) else value)
@@ -131,7 +201,7 @@ def start_detached(
     wait_s: float = 30.0,
 ) -> Detached:
     """Start ``python -m tpuctl runs supervise RUN`` in a session of its own (it survives the terminal
-    and this process) and wait until it holds the run's lease (``holder``: who holds it now)."""
+    and this process) and wait until it holds the run's ledger lease (``holder``: who holds it now)."""
     import subprocess
     import sys
 
@@ -184,8 +254,10 @@ def prepare_again(session: Session, record: RunRecord, run_dir: RunDir) -> Resum
     """The saved request of ``record``'s run, prepared again under the same run id, with its saved policy
     and budget; with a note when the program's files changed since (the new ones are shipped)."""
     run_id = record.run_id
-    saved = load_request(run_dir)
-    prepared = prepare.prepare(session, dataclasses.replace(saved.request, run_id=run_id))
+    payload = saved_payload(session.ledger, run_id, run_dir)
+    saved = parse_request(payload)
+    request = _from_ledger_bundle(session, saved.request, payload, run_dir)
+    prepared = prepare.prepare(session, dataclasses.replace(request, run_id=run_id))
     detail = record.detail or {}
     note = None
     if prepared.bundle.digest != detail.get("bundle_sha256"):
@@ -201,6 +273,50 @@ def prepare_again(session: Session, record: RunRecord, run_dir: RunDir) -> Resum
         budget_usd=saved.budget_usd,
         note=note,
     )
+
+
+def _from_ledger_bundle(
+    session: Session, request: RunRequest, payload: dict[str, Any], run_dir: RunDir
+) -> RunRequest:
+    """``request`` reading the program from the ledger's bundle, unpacked into the run's directory on
+    this machine (the first machine's files are not needed, nor looked at); as saved when the ledger has
+    no bundle (a run recorded before bundles were)."""
+    data = session.ledger.bundle(run_dir.root.name)
+    if data is None:
+        return request
+    program = run_dir.make().root / PROGRAM_FOLDER
+    unpack_user_files(data, program)
+    script = payload.get("script_in_bundle")
+    return dataclasses.replace(
+        request,
+        workdir=str(program) if request.script is not None or request.workdir else None,
+        script=None if request.script is None or not script else str(program / script),
+    )
+
+
+def unpack_user_files(data: bytes, directory: Path) -> None:
+    """The user's files of a bundle's .tar.gz into ``directory`` (emptied first), private; tpuctl's own
+    runtime files are left out (this tpuctl ships its own)."""
+    import io
+    import shutil
+    import tarfile
+
+    from tpuctl.hosts.bundle import COMPLETE_MARKER, RUNTIME_PREFIX
+    from tpuctl.store.paths import ensure_private_dir
+
+    if directory.exists():
+        shutil.rmtree(directory)
+    ensure_private_dir(directory)
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        members = [
+            m
+            for m in tar.getmembers()
+            if m.isfile() and not m.name.startswith(RUNTIME_PREFIX) and m.name != COMPLETE_MARKER
+        ]
+        # The "data" filter refuses absolute paths, links out of the directory and device files.
+        tar.extractall(directory, members=members, filter="data")
+    for path in directory.rglob("*"):
+        path.chmod(0o700 if path.is_dir() else (path.stat().st_mode & 0o700))
 
 
 def clean_up(session: Session, record: RunRecord, run_dir: RunDir) -> Cancellation:
@@ -220,7 +336,7 @@ def clean_up(session: Session, record: RunRecord, run_dir: RunDir) -> Cancellati
 
             with contextlib.suppress(CloudError, UsageError):
                 given = find_pods(session, record.pod, record.zone)
-                killed = hosts.stop_left_hosts(session, given, run_id, _remote_root(run_dir))
+                killed = hosts.stop_left_hosts(session, given, run_id, _remote_root(ledger, run_id, run_dir))
         for seg in ledger.segments(run_id):
             if seg.end is None:
                 ledger.close_segment(seg.id, end=time.time())

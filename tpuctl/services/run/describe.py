@@ -12,6 +12,7 @@ from tpuctl.services.run.hostlog import iso
 from tpuctl.services.run.model import describe_exit
 from tpuctl.services.run.views import (
     HostExit,
+    LeaseEvent,
     LeaseHolder,
     RecoveryView,
     RunDescription,
@@ -48,6 +49,7 @@ def describe_run(
         reason=detail.get("reason") or detail.get("error"),
         host_exits=host_exits(detail),
         series=step_series(run_dir.host_log(0)),
+        lease_history=tuple(LeaseEvent.of(h) for h in session.ledger.lease_history(record.run_id)),
     )
 
 
@@ -93,7 +95,12 @@ def _timeline(segments: Sequence[SegmentRecord], now: float) -> tuple[TimelineBa
 def _supervisor_state(record: RunRecord, holder: LeaseHolder | None) -> str:
     finished = RunStatus(record.status).finished if record.status in RunStatus._value2member_map_ else True
     if holder is not None:
-        return f"alive (pid {holder.pid})"
+        if holder.generation is None or holder.expires_in_s is None:
+            return f"alive (pid {holder.pid})"
+        return (
+            f"alive (pid {holder.pid} on {holder.host}; lease generation {holder.generation} expires in "
+            f"{holder.expires_in_s:.0f} s unless renewed)"
+        )
     if finished:
         return "none (the run ended)"
     return f"gone: take over with `tpuctl runs resume {record.run_id}`"

@@ -1,8 +1,9 @@
 """Which live runs use a slice, so that a slice in use is not given to a second run or deleted from
 under one by surprise; and how a deletion the user forced is told apart from a preemption.
 
-A run is live while it is not finished in the ledger AND its supervisor holds the run's lease (a
-supervisor that was killed leaves its run unfinished but the slice free: ``runs resume`` takes it up).
+A run is live while it is not finished in the ledger AND a supervisor holds the run's live ledger lease,
+on any machine (a supervisor that was killed leaves its run unfinished, and the slice free once its lease
+expires: ``runs resume`` takes it up).
 """
 
 from __future__ import annotations
@@ -11,8 +12,6 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from tpuctl.errors import UsageError
-from tpuctl.services.run.lease import lease_holder
-from tpuctl.services.run.rundir import RunDir
 from tpuctl.store.records import RunStatus
 
 if TYPE_CHECKING:
@@ -32,7 +31,8 @@ def live_runs_on(session: Session, pod: str, zone: str, *, other_than: str | Non
             continue
         if RunStatus(record.status).finished:
             continue
-        if lease_holder(RunDir.recorded(session.state_dir, record).root) is not None:
+        lease = session.ledger.lease_of(record.run_id)
+        if lease is not None and not lease.expired:
             found.append(record)
     return sorted(found, key=lambda r: r.created_at)
 

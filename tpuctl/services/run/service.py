@@ -3,13 +3,15 @@
 starts them (``start``, ``start_detached``) and controls them (``resume``, ``supervise``, ``detach``,
 ``cancel``). The CLI parses, calls one of these and renders what it returns.
 
-Who may act on a run is asked in one place: ``holder`` (the process holding the run's lease now), and
-``resume`` and ``cancel`` decide through their own methods (``_refuse_unresumable``,
-``_stop_supervisor``, ``control.clean_up``), so the rules of ownership can change behind them.
+Who may act on a run is the ledger's lease (``store.leases``), asked in one place: ``holder`` (the owner of
+the run's live lease, on any machine). ``resume`` refuses while one lives (``LeaseHeldError``, exit 9) and
+its supervisor claims the lease; ``cancel`` asks a live owner through the ledger (``_stop_supervisor``) or,
+with none, claims the lease and cleans up itself (``control.clean_up``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import signal
@@ -17,9 +19,9 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from tpuctl.errors import UsageError
+from tpuctl.errors import LeaseHeldError, UsageError
 from tpuctl.services.run import control, describe, hostlog, prepare
-from tpuctl.services.run.lease import lease_holder
+from tpuctl.services.run.fencing import LeaseKeeper, fenced_session
 from tpuctl.services.run.lookup import RunNotFoundError, resolve_run_id
 from tpuctl.services.run.rundir import RunDir
 from tpuctl.services.run.views import (
@@ -32,7 +34,7 @@ from tpuctl.services.run.views import (
     RunLogs,
     RunView,
 )
-from tpuctl.store.records import RunStatus
+from tpuctl.store.records import LeaseOwner, RunStatus
 
 if TYPE_CHECKING:
     from tpuctl.cloud.base import OperationProgress
@@ -69,13 +71,18 @@ class Runs:
         return record
 
     def dir_of(self, record: RunRecord) -> RunDir:
-        """The run's directory on this machine (logs, saved request, lease)."""
-        return RunDir.recorded(self._session.state_dir, record)
+        """The run's directory on this machine: the one its record names when it is under this state dir,
+        else this state dir's (the run was started on another machine, or from another state dir)."""
+        recorded = RunDir.recorded(self._session.state_dir, record)
+        if recorded.root.is_relative_to(self._session.state_dir):
+            return recorded
+        return RunDir.of(self._session.state_dir, record.run_id)
 
-    def holder(self, run_dir: RunDir) -> LeaseHolder | None:
-        """Who supervises the run now: the live process holding its lease, else None."""
-        identity = lease_holder(run_dir.root)
-        return None if identity is None else LeaseHolder.of(identity)
+    def holder(self, run_id: str) -> LeaseHolder | None:
+        """Who supervises the run now, on whatever machine: the owner of its live ledger lease, else None
+        (never claimed, released, or expired: whoever held it is gone or cut off)."""
+        lease = self._session.ledger.lease_of(run_id)
+        return None if lease is None or lease.expired else LeaseHolder.of_lease(lease)
 
     def list_runs(self, *, limit: int) -> list[RunView]:
         """At most ``limit`` runs, newest first."""
@@ -84,7 +91,7 @@ class Runs:
     def describe(self, ref: str | None) -> RunDescription:
         record = self.get(ref)
         run_dir = self.dir_of(record)
-        return describe.describe_run(self._session, record, run_dir, self.holder(run_dir))
+        return describe.describe_run(self._session, record, run_dir, self.holder(record.run_id))
 
     def logs(self, ref: str | None, *, worker: int | None = None) -> RunLogs:
         """The hosts' log files of a run, every host's or ``worker``'s (exit 2 for one it does not have).
@@ -104,6 +111,10 @@ class Runs:
     def read_logs(self, logs: RunLogs, *, follow: bool = False) -> Iterator[hostlog.LogLine]:
         """The lines of ``logs`` in arrival order; with ``follow``, new ones too until the run ends."""
         live = (lambda: self.is_live(logs.run_id)) if follow else None
+        ledger = self._session.ledger
+        if ledger.run_request(logs.run_id) is not None:  # a run that keeps its lines in the ledger
+            workers = [worker for worker, _path in logs.files]
+            return hostlog.read_ledger_logs(ledger, logs.run_id, workers, follow=live)
         return hostlog.read_logs(list(logs.files), follow=live)
 
     def is_live(self, run_id: str) -> bool:
@@ -112,9 +123,7 @@ class Runs:
         if record is None:
             return False
         known = record.status in RunStatus._value2member_map_
-        return self.holder(self.dir_of(record)) is not None or (
-            known and not RunStatus(record.status).finished
-        )
+        return self.holder(run_id) is not None or (known and not RunStatus(record.status).finished)
 
     # --- starting runs --------------------------------------------------------------------------
 
@@ -179,8 +188,13 @@ class Runs:
             policy = dataclasses.replace(policy, max_preemptions=max_preemptions)
         budget = budget_usd if budget_usd is not None else ready.budget_usd
         if budget_usd is not None or max_preemptions is not None:
-            control.save_request(
-                run_dir, ready.prepared.request, run_id=record.run_id, budget_usd=budget, policy=policy
+            control.record_request(
+                self._session.ledger,
+                run_dir,
+                ready.prepared.request,
+                run_id=record.run_id,
+                budget_usd=budget,
+                policy=policy,
             )
         if record.status != RunStatus.RUNNING:
             self._session.ledger.update_run(
@@ -189,7 +203,8 @@ class Runs:
         return dataclasses.replace(ready, policy=policy, budget_usd=budget)
 
     def _refuse_unresumable(self, record: RunRecord, run_dir: RunDir) -> None:
-        """Exit 2 unless the run can be resumed: it has not succeeded, and no supervisor holds it."""
+        """Exit 2 when the run succeeded; exit 9 (``LeaseHeldError``, naming the owner and when its lease
+        expires) while another supervisor's lease on it lives. Nothing is written either way."""
         run_id = record.run_id
         if record.status == RunStatus.SUCCEEDED:
             raise UsageError(
@@ -198,14 +213,17 @@ class Runs:
                 value=run_id,
                 fix="start a new run with `tpuctl run`",
             )
-        holder = self.holder(run_dir)
-        if holder is not None:
-            raise UsageError(
-                f"run {run_id} is still supervised (pid {holder.pid})",
-                field="RUN",
-                value=run_id,
-                fix=f"watch it with `tpuctl runs describe {run_id}`, or stop it with "
-                f"`tpuctl runs cancel {run_id}`",
+        lease = self._session.ledger.lease_of(run_id)
+        if lease is not None and not lease.expired:
+            owner = lease.owner
+            raise LeaseHeldError(
+                run_id=run_id,
+                owner_id=owner.owner_id,
+                host=owner.host,
+                pid=owner.pid,
+                generation=lease.generation,
+                expires_at=lease.expires_at,
+                now=lease.now,
             )
 
     def reload(self, run_id: str) -> Resumption:
@@ -237,35 +255,72 @@ class Runs:
         holds the run."""
         run_dir = RunDir.of(self._session.state_dir, run_id)
         return control.start_detached(
-            self._session, run_dir, holder=lambda: self.holder(run_dir), resume=resume
+            self._session, run_dir, holder=lambda: self.holder(run_id), resume=resume
         )
 
-    def cancel(self, ref: str | None, *, wait_s: float = 120.0) -> Cancellation:
-        """Stop a run: its live supervisor is asked to (it stops the hosts, which checkpoint, deletes the
-        slice and records CANCELLED); without one (it was killed), tpuctl cleans up itself."""
-        from tpuctl.processes import is_same_process
-
+    def cancel(self, ref: str | None, *, wait_s: float = 120.0, progress: Warn | None = None) -> Cancellation:
+        """Stop a run, from any machine: its live owner is asked through the ledger (it stops the hosts,
+        which checkpoint, deletes the slices it made and records CANCELLED); without one (it was killed,
+        or its lease expired while we waited), tpuctl claims the lease and cleans up itself."""
         record = self.get(ref)
         status = RunStatus(record.status)
         if status.finished:
             return Cancellation(record.run_id, CancelOutcome.ALREADY_ENDED, status=status.value)
-        run_dir = self.dir_of(record)
-        holder = self.holder(run_dir)
-        if holder is not None and holder.pid is not None and is_same_process(holder.pid, holder.start_ticks):
-            return self._stop_supervisor(record.run_id, run_dir, holder.pid, wait_s)
-        return control.clean_up(self._session, record, run_dir)
+        holder = self.holder(record.run_id)
+        if holder is not None:
+            stopped = self._stop_supervisor(record.run_id, holder, wait_s, progress)
+            after = self._session.ledger.get_run(record.run_id)
+            if after is None or RunStatus(after.status).finished or self.holder(record.run_id) is not None:
+                return stopped
+            record = after  # its owner died before it could end the run: clean up after it
+        return self._clean_up(record, self.dir_of(record))
 
-    def _stop_supervisor(self, run_id: str, run_dir: RunDir, pid: int, wait_s: float) -> Cancellation:
-        """SIGTERM the live supervisor ``pid`` (it ends the run as on Ctrl-C) and wait, at most ``wait_s``,
-        until it has let the run go."""
-        os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline and self.holder(run_dir) is not None:
+    def _stop_supervisor(
+        self, run_id: str, holder: LeaseHolder, wait_s: float, progress: Warn | None
+    ) -> Cancellation:
+        """Record a cancel request the owner sees at its next renewal, and wait, at most ``wait_s``, until
+        it has let the run go. A supervisor on this machine is also sent SIGTERM: a shortcut, not the
+        authority."""
+        from tpuctl.processes import is_same_process
+
+        here = os.uname().nodename
+        self._session.ledger.request_cancel(run_id, f"runs cancel (host {here}, pid {os.getpid()})")
+        pid = holder.pid
+        if holder.host == here and pid is not None and is_same_process(pid, holder.start_ticks):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGTERM)
+        started = time.monotonic()
+        said = 0.0
+        while time.monotonic() - started < wait_s and self.holder(run_id) is not None:
+            waited = time.monotonic() - started
+            if progress is not None and waited - said >= 5.0:
+                said = waited
+                progress(f"waiting for the supervisor of run {run_id} to stop it ({waited:.0f} s)")
             time.sleep(0.1)
         after = self._session.ledger.get_run(run_id)
+        where = "" if holder.host in (None, here) else f" on {holder.host}"
         return Cancellation(
             run_id,
             CancelOutcome.BY_SUPERVISOR,
             status=None if after is None else str(after.status),
-            by=f"its supervisor (pid {pid})",
+            by=f"its supervisor (pid {pid}{where})",
         )
+
+    def _clean_up(self, record: RunRecord, run_dir: RunDir) -> Cancellation:
+        """Claim the lease of a run nobody supervises and clean up after it, fenced (``control.clean_up``);
+        ``LeaseHeldError`` when another supervisor took it meanwhile."""
+        ledger, settings = self._session.ledger, self._session.settings
+        claim = ledger.claim_lease(record.run_id, LeaseOwner.of_this_process(), settings.lease_duration)
+        keeper = LeaseKeeper(
+            ledger,
+            claim,
+            ttl_s=settings.lease_duration,
+            renew_every_s=settings.lease_renew_every,
+            on_lost=lambda lost: None,  # the next fenced write raises it
+            on_cancel=lambda request: None,  # we are the cancel
+        )
+        keeper.start()
+        try:
+            return control.clean_up(fenced_session(self._session, claim), record, run_dir)
+        finally:
+            keeper.release()

@@ -27,8 +27,14 @@ runtime reports and on the poll thread; when the next step would go over, every 
 way a preemption notice does (they checkpoint at one step), the slice is deleted and the run ends with
 ``BudgetExceededError``.
 
-Supervision is leased (``lease``): ``runs resume`` takes a run whose lease is free (``takeover``);
-``runs cancel`` signals a live supervisor (``control``).
+Supervision is leased in the ledger (``fencing``): the supervisor claims the run's lease before it acts,
+renews it on a thread, and runs everything (placement, hosts, segments, deletions) over a session whose
+ledger writes are fenced by the claim and whose cloud records a fenced intent before every create and
+delete. The moment the lease is lost (a renewal or any write finds it gone) the supervisor stops acting on
+the run: no cloud request, no ledger write, no signal to the hosts; it ends with ``LeaseLostError``
+(exit 9). A cancel request in the ledger (``runs cancel`` from any machine) stops the run as SIGTERM does.
+``runs resume`` takes a run whose lease is free or expired (``takeover``). The kernel lock on the run's
+directory (``lease``) stays as a local shortcut; the ledger decides.
 """
 
 from __future__ import annotations
@@ -45,18 +51,19 @@ from tpuctl.errors import (
     BudgetExceededError,
     InfeasibleError,
     InterruptedByUser,
+    LeaseLostError,
     NotFoundError,
     RunFailedError,
     SliceDeletedError,
     TpuctlError,
-    UsageError,
 )
 from tpuctl.runtime.preemption import PREEMPTED_EXIT_CODE
 from tpuctl.services.run import hosts
 from tpuctl.services.run.accounting import PreemptionRecord, Progress, preemption_record, recovery_summary
-from tpuctl.services.run.control import save_request
+from tpuctl.services.run.control import record_bundle, record_request
+from tpuctl.services.run.fencing import LeaseBoundExecutor, LeaseKeeper, fenced_session
 from tpuctl.services.run.launcher import Launcher
-from tpuctl.services.run.lease import Lease, lease_holder, supervisor_identity
+from tpuctl.services.run.lease import Lease, supervisor_identity
 from tpuctl.services.run.model import (
     AttemptResult,
     LaunchObserver,
@@ -74,7 +81,7 @@ from tpuctl.services.run.provision import renamed
 from tpuctl.services.run.segments import Segments
 from tpuctl.services.run.signals import EventTap, SliceWatch, StepBudget, classify
 from tpuctl.services.run.takeover import take_over
-from tpuctl.store.records import EventKind, RunStatus, SegmentKind
+from tpuctl.store.records import EventKind, LeaseOwner, RunStatus, SegmentKind
 
 if TYPE_CHECKING:
     from tpuctl.cloud.base import Node, OperationProgress
@@ -142,8 +149,10 @@ class Supervisor:
         policy: RecoveryPolicy | None = None,
         budget_usd: float | None = None,
         warn: Callable[[str], None] | None = None,
+        owner: LeaseOwner | None = None,
     ) -> None:
         self._session = session
+        self._owner = owner or LeaseOwner.of_this_process()
         self._inner: LaunchObserver = observer or Silent()
         chosen = policy or RecoveryPolicy()
         if chosen.confirm_timeout_s is None:
@@ -156,19 +165,19 @@ class Supervisor:
         self._budget_usd = budget_usd
         self._warn = warn or self._inner.status
         self._observer = EventTap(self._inner, self._on_event)
-        self.launcher = Launcher(session, observer=self._observer)
         self.progress = Progress()
         self.preemptions: list[PreemptionRecord] = []
         self.restarts = 0
         self._run_id: str | None = None
         self._attempt: _Attempt | None = None
-        self._segments = Segments(session, self.progress)
+        self._bind(session)
         self._lock = threading.Lock()
         self._stop_reason: Outcome | None = None  # set when we stop the hosts ourselves
         self._stopper: threading.Thread | None = None
         self._budget: StepBudget | None = None
         self._grace_s: float | None = None  # the run's --grace: how long a budget stop waits for SIGTERM
-        self._lease: Lease | None = None
+        self._lease: Lease | None = None  # the local shortcut: the kernel lock on the run's directory
+        self._keeper: LeaseKeeper | None = None  # the ledger lease: the authority
         self._cancel = threading.Event()
         self._notice_seen_at: float | None = None  # when the supervisor read this attempt's notice
         self._preempted_seen_at: float | None = None  # ... and its "preempted, checkpoint saved"
@@ -216,8 +225,17 @@ class Supervisor:
                 "budget_usd": self._budget_usd,
             },
         )
-        save_request(prepared.run_dir, prepared.request, run_id=prepared.run_id, budget_usd=self._budget_usd,
-                     policy=self.policy)  # fmt: skip
+        # Everything another machine needs to supervise the run: its request and its program's files.
+        record_request(
+            self._session.ledger,
+            prepared.run_dir,
+            prepared.request,
+            run_id=prepared.run_id,
+            budget_usd=self._budget_usd,
+            policy=self.policy,
+            script_in_bundle=None if prepared.request.script is None else prepared.display,
+        )
+        record_bundle(self._session.ledger, prepared.run_id, prepared.bundle)
 
     def cancel(self) -> None:
         """Stop the run from another thread: the hosts are told to stop as on a preemption notice (they
@@ -232,6 +250,14 @@ class Supervisor:
         self._run_id = prepared.run_id
         self._grace_s = prepared.request.grace_s
         self._take_lease(prepared)
+        try:
+            return self._supervise_leased(prepared, progress=progress, resume=resume)
+        finally:
+            self._end_lease()
+
+    def _supervise_leased(
+        self, prepared: PreparedRun, *, progress: OperationProgress | None, resume: bool
+    ) -> SupervisedResult:
         record = self._session.ledger.get_run(prepared.run_id)
         assert record is not None
         run = _Run(started=time.monotonic(), wall_start=record.created_at, slices=prepared.target.existing)
@@ -253,13 +279,12 @@ class Supervisor:
             failure = exc
             if isinstance(exc, InterruptedByUser):
                 run.end(RunStatus.CANCELLED, 130)
-        finally:
-            try:
-                summary = self._settle(prepared, run, failure)
-            finally:
-                if self._lease is not None:
-                    self._lease.release()
-                    self._lease = None
+        # Not ours any more: nothing is deleted or recorded; the new owner settles the run.
+        if (lost := self._lost()) is not None:
+            raise lost
+        if isinstance(failure, LeaseLostError):
+            raise failure
+        summary = self._settle(prepared, run, failure)
         if isinstance(failure, BudgetExceededError) and self._budget is not None and self._budget.decision:
             failure = self._budget.final_error(run_id=prepared.run_id)
             final = {"spent_usd": self._budget.spent_usd, "stopped_at": self._budget.stopped_at}
@@ -271,16 +296,53 @@ class Supervisor:
     # --- the lifecycle --------------------------------------------------------------------------
 
     def _take_lease(self, prepared: PreparedRun) -> None:
+        """Claim the run's ledger lease (``LeaseHeldError``, exit 9, while another owner's is live), then
+        act through a session fenced by it, renewed on a thread from now on."""
+        session = self._session
+        settings = session.settings
+        claim = session.ledger.claim_lease(prepared.run_id, self._owner, settings.lease_duration)
+        self._keeper = LeaseKeeper(
+            session.ledger,
+            claim,
+            ttl_s=settings.lease_duration,
+            renew_every_s=settings.lease_renew_every,
+            on_lost=self._on_lease_lost,
+            on_cancel=lambda request: self.cancel(),
+        )
+        # The kernel lock stays a local shortcut (a second supervisor on this machine sees it at once);
+        # failing to take it changes nothing: the ledger lease decides.
         self._lease = Lease.acquire(prepared.run_dir.lock_file)
-        if self._lease is None:
-            holder = lease_holder(prepared.run_dir.root) or {}
-            run_id = prepared.run_id
-            raise UsageError(
-                f"run {run_id} is supervised by another live process (pid {holder.get('pid', '?')})",
-                field="RUN",
-                value=run_id,
-                fix=f"wait for it, or stop it with `tpuctl runs cancel {run_id}`",
-            )
+        self._bind(fenced_session(session, claim))
+        self._keeper.start()
+
+    def _end_lease(self) -> None:
+        """Stop renewing and give the lease back (unless it was lost: then nothing is written)."""
+        keeper, self._keeper = self._keeper, None
+        if keeper is not None:
+            keeper.release()
+        if self._lease is not None:
+            self._lease.release()
+            self._lease = None
+
+    def _lost(self) -> LeaseLostError | None:
+        """The loss of the run's lease, once a renewal saw it (None while it holds)."""
+        return None if self._keeper is None else self._keeper.lost
+
+    def _on_lease_lost(self, lost: LeaseLostError) -> None:
+        """On the renewal thread: the run is no longer ours. Say so; the attempt's executor stops
+        answering (``LeaseBoundExecutor``) and every fenced write or cloud mutation fails from now on."""
+        self._inner.status(f"lease lost: {lost.message}")
+
+    def _bind(self, session: Session) -> None:
+        """Act through ``session`` from now on (the fenced one once the lease is claimed)."""
+        self._session = session
+        self.launcher = Launcher(session, observer=self._observer, executor_factory=self._executor)
+        self._segments = Segments(session, self.progress)
+
+    def _executor(self, prepared: PreparedRun, slices: SliceSet) -> Executor:
+        """The attempt's executor, bound to the lease: it lets the hosts go, unsignalled, once lost."""
+        inner = hosts.build_executor(self._session, prepared, slices, for_plan=False)
+        return LeaseBoundExecutor(inner, self._lost)
 
     def _resume(self, prepared: PreparedRun, record: Any, run: _Run) -> None:
         """Take over from a dead supervisor: its counts, its progress, and what becomes of its slices."""
@@ -299,6 +361,8 @@ class Supervisor:
 
     def _next_attempt(self, prepared: PreparedRun, run: _Run, progress: OperationProgress | None) -> bool:
         """Place the slice if there is none, run one attempt, act on its outcome. True once done."""
+        if (lost := self._lost()) is not None:
+            raise lost
         if self._cancel.is_set():
             raise InterruptedByUser("cancelled: the run was stopped")
         if run.slices is None:
@@ -753,6 +817,8 @@ class Supervisor:
             PodService(self._session).delete(node.name, zone=node.zone, wait=True, reason=reason)
         except NotFoundError:
             pass  # already gone: what we wanted
+        except LeaseLostError:
+            raise  # not ours to delete any more: the supervisor stops here
         except Exception as exc:  # reported; it must not mask how the run itself ended
             message = exc.message if isinstance(exc, TpuctlError) else f"{type(exc).__name__}: {exc}"
             self._inner.status(
@@ -774,6 +840,8 @@ class Supervisor:
         def one() -> SliceSet:
             nonlocal tries
             tries += 1
+            if (lost := self._lost()) is not None:
+                raise lost
             if self._cancel.is_set():
                 raise InterruptedByUser("cancelled: the run was stopped")
             again = prepared if not recovering else renamed(prepared, restart, tries)

@@ -5,7 +5,7 @@ from the last checkpoint."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -51,7 +51,7 @@ def take_over(
     restarts = int(record.restarts or 0)
     recovery = detail.get("recovery") or {}
     preemptions = [PreemptionRecord.from_dict(p) for p in recovery.get("preemptions", [])]
-    seed_progress(progress, prepared)
+    seed_progress(session, progress, prepared)
     for seg in ledger.segments(prepared.run_id):
         if seg.end is None:
             ledger.close_segment(
@@ -110,14 +110,22 @@ def adopt_slices(
     return deleted
 
 
-def seed_progress(progress: Progress, prepared: PreparedRun) -> None:
-    """Read the steps done so far back from host 0's log (the killed supervisor kept them in memory)."""
-    path = prepared.run_dir.host_log(0)
-    if not path.exists():
-        return
-    with path.open(encoding="utf-8", errors="replace") as fh:
-        for line in fh:
-            event = parse_event(line.rstrip("\n"))
-            if event is not None:
-                progress.on_event(event, time.time())
+def seed_progress(session: Session, progress: Progress, prepared: PreparedRun) -> None:
+    """Read the steps done so far back from host 0's lines (the killed supervisor kept them in memory):
+    the ledger's, written on whatever machine supervised the run, else this machine's log file."""
+    for text in _host_0_lines(session, prepared):
+        event = parse_event(text)
+        if event is not None:
+            progress.on_event(event, time.time())
     progress.new_attempt()
+
+
+def _host_0_lines(session: Session, prepared: PreparedRun) -> Iterator[str]:
+    stored = session.ledger.log_lines(prepared.run_id, worker=0)
+    if stored:
+        yield from (line.text for line in stored)
+        return
+    path = prepared.run_dir.host_log(0)
+    if path.exists():
+        with path.open(encoding="utf-8", errors="replace") as fh:
+            yield from (line.rstrip("\n") for line in fh)

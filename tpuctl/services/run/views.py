@@ -17,7 +17,8 @@ from tpuctl.timefmt import iso_or_none
 
 if TYPE_CHECKING:
     from tpuctl.services.run.model import PreparedRun, RecoveryPolicy
-    from tpuctl.store.records import RunRecord
+    from tpuctl.store.records import LeaseHistoryRecord, RunRecord
+    from tpuctl.store.records import LeaseHolder as Lease
 
 
 def _int(value: object) -> int | None:
@@ -117,12 +118,16 @@ class RunView:
 
 @dataclass(frozen=True)
 class LeaseHolder:
-    """Who supervises a run now: the process holding its lease (None fields: not recorded)."""
+    """Who supervises a run now: the owner of its live ledger lease (None fields: not recorded)."""
 
     pid: int | None
     host: str | None
     start_ticks: int | None  # the process's start time in clock ticks: tells a reused pid apart
     since: float | None  # when it took the lease (epoch seconds)
+    owner_id: str | None = None  # the supervisor process's random id
+    generation: int | None = None  # the lease's: one more with every claim
+    expires_at: float | None = None  # by the ledger's clock, unless renewed
+    expires_in_s: float | None = None  # from the read, by the ledger's clock
 
     @classmethod
     def of(cls, identity: Mapping[str, Any]) -> LeaseHolder:
@@ -133,9 +138,33 @@ class LeaseHolder:
             since=_float(identity.get("since")),
         )
 
+    @classmethod
+    def of_lease(cls, lease: Lease) -> LeaseHolder:
+        """The holder of a lease as the ledger records it."""
+        owner = lease.owner
+        return cls(
+            pid=owner.pid,
+            host=owner.host,
+            start_ticks=owner.start_ticks,
+            since=lease.claimed_at,
+            owner_id=owner.owner_id,
+            generation=lease.generation,
+            expires_at=lease.expires_at,
+            expires_in_s=round(lease.expires_in_s, 3),
+        )
+
     def to_dict(self) -> dict[str, Any]:
-        """The identity as the lease file records it (a field not recorded is left out)."""
-        data = {"pid": self.pid, "start_ticks": self.start_ticks, "host": self.host, "since": self.since}
+        """The identity, and the lease when it is the ledger's (a field not recorded is left out)."""
+        data = {
+            "pid": self.pid,
+            "start_ticks": self.start_ticks,
+            "host": self.host,
+            "since": self.since,
+            "owner_id": self.owner_id,
+            "generation": self.generation,
+            "expires_at": iso_or_none(self.expires_at),
+            "expires_in_s": self.expires_in_s,
+        }
         return {k: v for k, v in data.items() if v is not None}
 
 
@@ -312,6 +341,46 @@ class RecoveryView:
 
 
 @dataclass(frozen=True)
+class LeaseEvent:
+    """One step of a run's lease: a claim, takeover, renewal, loss or release, by the ledger's clock."""
+
+    at: str | None
+    action: str
+    generation: int
+    owner_id: str
+    host: str
+    pid: int
+    expires_at: str | None
+    detail: Mapping[str, Any] | None
+
+    @classmethod
+    def of(cls, record: LeaseHistoryRecord) -> LeaseEvent:
+        owner = record.owner
+        return cls(
+            at=iso_or_none(record.at),
+            action=str(record.action),
+            generation=record.generation,
+            owner_id=owner.owner_id,
+            host=owner.host,
+            pid=owner.pid,
+            expires_at=iso_or_none(record.expires_at),
+            detail=record.detail,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "at": self.at,
+            "action": self.action,
+            "generation": self.generation,
+            "owner_id": self.owner_id,
+            "host": self.host,
+            "pid": self.pid,
+            "expires_at": self.expires_at,
+            "detail": None if self.detail is None else dict(self.detail),
+        }
+
+
+@dataclass(frozen=True)
 class RunDescription:
     """``runs describe``: the run, its segments and timeline, its recovery, who supervises it, why it
     ended and each host's exit, and host 0's steps."""
@@ -325,6 +394,7 @@ class RunDescription:
     reason: str | None
     host_exits: tuple[HostExit, ...]
     series: StepSeries
+    lease_history: tuple[LeaseEvent, ...] = ()  # every claim, renewal, loss, release; oldest first
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -337,6 +407,7 @@ class RunDescription:
             "reason": self.reason,
             "host_exits": [e.to_dict() for e in self.host_exits],
             "series": self.series.to_dict(),
+            "lease_history": [e.to_dict() for e in self.lease_history],
         }
 
 

@@ -49,6 +49,9 @@ class SimEngine:
 
     def __init__(self, db: SimDatabase, *, clock: Clock = time.time, catalog: Catalog | None = None) -> None:
         self.ctx = Context(db, clock=clock, catalog=catalog)
+        #: Every mutating API request this engine was sent (wall time, method, path), for tests that
+        #: check who acted on the cloud and when; in memory, this process's requests only.
+        self.mutations: list[dict[str, Any]] = []
         self.db = db
         self.clock = clock
         self.catalog = self.ctx.catalog
@@ -240,6 +243,9 @@ class SimEngine:
 
     def status(self) -> dict[str, Any]:
         return self.control.status()
+
+    def note_mutation(self, method: str, path: str) -> None:
+        self.mutations.append({"at": time.time(), "method": method, "path": path})
 
     def reset(self, world: World | None = None) -> World:
         """Forget every node, queued resource, operation, imported OS Login key and stockout; with
