@@ -30,6 +30,8 @@ from tpuctl.testing.cloud import ENDPOINT, InProcessSim, SimAdapter, httpx_trans
 if TYPE_CHECKING:
     from pathlib import Path
 
+    import httpx
+
     from tpuctl.cloud.base import Node, TpuCloud
     from tpuctl.sim import SimAdminClient
     from tpuctl.sim.world import World
@@ -186,6 +188,12 @@ class InProcessCli:
         admin = SimAdminClient(ENDPOINT, transport=httpx_transport(self.sim.engine))
         self._opened.append(admin)
         return admin
+
+    @property
+    def transport(self) -> httpx.BaseTransport:
+        """An httpx transport to the simulator's route table (for raw requests: ``httpx.Client(transport=
+        ...)`` with ``ENDPOINT`` URLs)."""
+        return httpx_transport(self.sim.engine)
 
     def cloud(self) -> TpuCloud:
         """A cloud client of the backend (both surfaces), closed by ``close``."""
