@@ -116,6 +116,7 @@ def test_slice_deleted_behind_tpuctls_back_is_closed_when_seen_gone(
     sim_cli: InProcessCli, behind_the_back: TpuCloud, state_dir: Path
 ) -> None:
     assert sim_cli("pod", "create", "v5e-8", "--spot", "--name", "gone", "--zone", ZONE).code == 0
+    assert sim_cli("pod", "create", "v5e-8", "--spot", "--name", "kept", "--zone", ZONE).code == 0
     behind_the_back.delete_node(ZONE, "gone")
     sim_cli.clock.advance(60)
 
@@ -130,17 +131,22 @@ def test_slice_deleted_behind_tpuctls_back_is_closed_when_seen_gone(
 
     (action,) = doc["reconciled"]
     assert (action["name"], action["event"], action["recorded"]) == ("gone", "gone", True)
-    (group,) = doc["groups"]  # the report that reconciled already bills it only until it was seen gone
+    groups = {g["name"]: g for g in doc["groups"]}
+    group = groups["gone"]  # the report that reconciled already bills it only until it was seen gone
     assert (group["state"], group["end_reason"], group["ended_at"]) == ("DELETED", "gone", action["at"])
     with Ledger(state_dir) as ledger:
         pod = ledger.get_pod("gone", zone=ZONE)
+        kept = ledger.get_pod("kept", zone=ZONE)
         events = [e.kind for e in ledger.pod_events("gone", zone=ZONE)]
     assert pod is not None and pod.state is PodState.DELETED and pod.end_reason == "gone"
     assert pod.ended_at == seen_gone_at
     assert events[-1] is EventKind.GONE
+    # The report computed again after recording bills the live slice until now, the same instant.
+    assert kept is not None and kept.ready_at is not None
+    assert groups["kept"]["billed_hours"] * 3600 == pytest.approx(seen_gone_at - kept.ready_at, abs=0.01)
     # Closed: a later report bills it only up to the time it was seen gone.
     later = sim_cli("cost", "report", "-o", "json", "--no-reconcile").json
-    assert later["groups"][0]["ended_at"] is not None
+    assert {g["name"]: g["ended_at"] for g in later["groups"]}["gone"] is not None
     assert sim_cli("cost", "report", "-o", "json").json["reconciled"] == []
 
 

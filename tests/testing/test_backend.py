@@ -5,12 +5,14 @@ moves simulated time."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tpuctl.backends.base import Backend
+from tpuctl.backends.sim import SIM_TUNING
 from tpuctl.errors import UnreachableError
 from tpuctl.services.session import OwnTime, open_session
 from tpuctl.settings import load_settings
@@ -20,6 +22,7 @@ from tpuctl.testing.backend import WORLD_SOURCE, InProcessBackend, InProcessCli
 from tpuctl.testing.cloud import InProcessSim
 
 ZONE = "us-central1-a"
+OTHER_ZONE = "us-west4-a"
 COMPUTE_ZONE = "us-central1-c"
 
 
@@ -30,9 +33,12 @@ def sim_world() -> dict[str, Any]:
         "speed": 1,
         "zones": {
             ZONE: {"v5e": {"on_demand": 64, "preemptible": 64}},
+            OTHER_ZONE: {"v5e": {"on_demand": 64, "preemptible": 64}},
             COMPUTE_ZONE: {"tpu7x": {"on_demand": 64, "preemptible": 64}},
         },
-        "quotas": {"default": {"on_demand": {"zone": -1, "region": -1}}},
+        "quotas": {
+            "default": {"on_demand": {"zone": -1, "region": -1}, "preemptible": {"zone": -1, "region": -1}}
+        },
         "compute_quotas": [{"quota_id": "TPUS-PER-TPU-FAMILY-per-project-region", "limit": 256}],
         "durations": {"node_create_s": 60, "node_delete_s": 10},
         "prices": {"v5e": {"us-central1": {"spot": 0.5}}},
@@ -75,6 +81,25 @@ def test_pod_create_waits_in_simulated_time(sim_cli: InProcessCli) -> None:
     listed = sim_cli("pod", "list", "-o", "json")
     assert listed.json["backend"] == "sim" and [p["name"] for p in listed.json["pods"]] == ["a"]
     assert sim_cli.admin.status()["nodes"][0]["name"] == "a"  # the admin API sees the same simulator
+
+
+def test_a_queued_wait_in_the_allocator_passes_on_the_fake_clock(sim_cli: InProcessCli) -> None:
+    # Polls up to 30 s apart: ten simulated minutes are a few dozen polls, and would be ten real minutes
+    # if the allocator slept on the wall clock.
+    tuning = replace(SIM_TUNING, poll_max_interval_s=30.0)
+    cli = InProcessCli(InProcessBackend(sim_cli.sim, tuning=tuning))
+    cli.admin.stockout(ZONE)
+    started_real, started_sim = time.monotonic(), cli.clock.now()
+
+    args = ("v5e-16", "--spot", "--queued", "--valid-for", "10m", "--zone", ZONE, "--zone", OTHER_ZONE)
+    created = cli("pod", "create", *args, "-o", "json")
+
+    assert created.code == 0, created.stderr
+    attempts = [(a["zone"], a["outcome"]) for a in created.json["placement"]["attempts"]]
+    assert attempts == [(ZONE, "stockout"), (OTHER_ZONE, "created")]
+    assert cli.clock.now() - started_sim >= 600  # the queued resource's ten minutes, then the create
+    assert time.monotonic() - started_real < 60
+    cli.close()
 
 
 def test_the_compute_engine_surface_is_served_in_process_too(sim_cli: InProcessCli) -> None:
