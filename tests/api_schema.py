@@ -161,7 +161,9 @@ def _check_any(schemas: dict[str, Any], value: dict[str, Any], path: str) -> lis
 @pytest.fixture
 def schema_problems(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     """Every Compute answer (2xx) the simulator gives in the test is checked against compute.v1.json;
-    the test fails at teardown if any departs from it. Import it into a test module to use it."""
+    the test fails at teardown if any departs from it. Import it into a test module to use it. Both the
+    served simulator and the in-process one (``tpuctl.testing``) answer through the patched dispatch."""
+    from tpuctl.sim import routes
     from tpuctl.sim import server as sim_server
     from tpuctl.sim.routes import dispatch
 
@@ -177,5 +179,6 @@ def schema_problems(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
         return response
 
     monkeypatch.setattr(sim_server, "dispatch", checked)
+    monkeypatch.setattr(routes, "dispatch", checked)
     yield problems
     assert problems == []

@@ -13,6 +13,7 @@ from tpuctl.testing.cli import Cli, CliResult, invoke
 
 if TYPE_CHECKING:
     from tpuctl.sim import SimAdminClient, SimServer, World
+    from tpuctl.testing.backend import InProcessCli
 
 # Variables that would steer tpuctl towards a real project or a foreign state dir.
 _CLEARED_PREFIXES = ("TPUCTL_",)
@@ -83,6 +84,35 @@ def cli() -> Cli:
         return invoke(args, env=env, stdin=stdin)
 
     return run
+
+
+@pytest.fixture
+def sim_world() -> World | Mapping[str, Any]:
+    """The world ``sim_cli``'s simulator runs: the default one. A module (or a test) overrides this
+    fixture with its own, a ``World`` or the data of a world file."""
+    from tpuctl.sim import default_world
+
+    return default_world()
+
+
+@pytest.fixture
+def sim_cli(state_dir: Path, sim_world: World | Mapping[str, Any]) -> Iterator[InProcessCli]:
+    """The CLI on a fresh ``InProcessBackend``: the simulator in this process over the test's state dir,
+    on a frozen ``FakeClock`` that moves only when a command waits or the test calls ``clock.advance``.
+    For every test whose commands reach no host; those that do use ``serve_sim``."""
+    from tpuctl.sim import World
+    from tpuctl.sim.world import world_from_data
+    from tpuctl.store.paths import ensure_private_dir
+    from tpuctl.testing.backend import InProcessBackend, InProcessCli
+    from tpuctl.testing.cloud import InProcessSim
+
+    world = sim_world if isinstance(sim_world, World) else world_from_data(dict(sim_world), "test world")
+    with InProcessSim(ensure_private_dir(state_dir), world) as sim:
+        runner = InProcessCli(InProcessBackend(sim))
+        try:
+            yield runner
+        finally:
+            runner.close()
 
 
 @pytest.fixture

@@ -33,7 +33,11 @@ WORLD: dict[str, Any] = {
 }
 
 
-def compute_get(admin: SimAdminClient, path: str) -> httpx.Response:
-    """GET ``/compute/v1/projects/<the simulator's project>/<path>``."""
+def compute_get(
+    admin: SimAdminClient, path: str, *, transport: httpx.BaseTransport | None = None
+) -> httpx.Response:
+    """GET ``/compute/v1/projects/<the simulator's project>/<path>`` from the simulator ``admin`` steers;
+    ``transport``: how to reach it (``InProcessCli.transport`` for the in-process one)."""
     project = admin.status()["project"]
-    return httpx.get(f"{admin.base_url}/compute/v1/projects/{project}/{path}", trust_env=False)
+    with httpx.Client(transport=transport, trust_env=False) as http:
+        return http.get(f"{admin.base_url}/compute/v1/projects/{project}/{path}")

@@ -2,11 +2,11 @@
 (docs/google-facts.md#flex-start): one host an instance that waits PENDING for capacity, several a FLEX_START
 template and a BULK MIG made at size 0 and resized to the host count; the wait is bounded by --valid-for,
 after which nothing is left and placement fails over like a stockout. Every Compute answer is checked
-against Google's compute v1 discovery document (``schema_problems``)."""
+against Google's compute v1 discovery document (``schema_problems``). The simulator runs in this process
+(``sim_cli``): a wait for capacity moves its fake clock instead of real time."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -15,29 +15,42 @@ from api_schema import schema_problems
 from compute_cli_helpers import OTHER_ZONE, REGION, WORLD, ZONE, compute_get
 
 from tpuctl.sim import SimAdminClient
-from tpuctl.testing.cli import Cli
-from tpuctl.testing.clock import wait_for
+from tpuctl.testing.backend import InProcessCli
 
 __all__ = ["schema_problems"]  # a fixture
 
 
 @pytest.fixture
-def admin(serve_sim: Callable[..., SimAdminClient], schema_problems: list[str]) -> SimAdminClient:
-    return serve_sim(WORLD)
+def sim_world() -> dict[str, Any]:
+    return WORLD
 
 
-def _items(admin: SimAdminClient, path: str) -> list[dict[str, Any]]:
-    items: list[dict[str, Any]] = compute_get(admin, path).json().get("items") or []
+@pytest.fixture
+def cli(sim_cli: InProcessCli, schema_problems: list[str]) -> InProcessCli:
+    return sim_cli
+
+
+@pytest.fixture
+def admin(sim_cli: InProcessCli) -> SimAdminClient:
+    return sim_cli.admin
+
+
+def _get(cli: InProcessCli, path: str) -> httpx.Response:
+    return compute_get(cli.admin, path, transport=cli.transport)
+
+
+def _items(cli: InProcessCli, path: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = _get(cli, path).json().get("items") or []
     return items
 
 
-def _pods(cli: Cli) -> list[dict[str, Any]]:
+def _pods(cli: InProcessCli) -> list[dict[str, Any]]:
     pods: list[dict[str, Any]] = cli("pod", "list", "-o", "json").json["pods"]
     return pods
 
 
 def test_a_queued_tpu7x_8_dry_run_plans_one_flex_start_instance_insert(
-    admin: SimAdminClient, cli: Cli
+    admin: SimAdminClient, cli: InProcessCli
 ) -> None:
     result = cli(
         "pod",
@@ -77,7 +90,7 @@ def test_a_queued_tpu7x_8_dry_run_plans_one_flex_start_instance_insert(
 
 
 def test_a_queued_tpu7x_16_dry_run_plans_a_template_a_mig_at_0_and_a_resize_to_2(
-    admin: SimAdminClient, cli: Cli
+    admin: SimAdminClient, cli: InProcessCli
 ) -> None:
     result = cli(
         "pod", "create", "tpu7x-16", "--queued", "--zone", ZONE, "--name", "fx", "--dry-run", "-o", "json"
@@ -93,40 +106,42 @@ def test_a_queued_tpu7x_16_dry_run_plans_a_template_a_mig_at_0_and_a_resize_to_2
     assert result.json["plan"]["request"]["valid_for_s"] == 7200  # the default: flex-start's 2 h cap
 
 
-def test_a_queued_tpu7x_8_waits_pending_then_becomes_ready(admin: SimAdminClient, cli: Cli) -> None:
+def test_a_queued_tpu7x_8_waits_pending_then_becomes_ready(admin: SimAdminClient, cli: InProcessCli) -> None:
     admin.stockout(ZONE)
     created = cli(
         "pod", "create", "tpu7x-8", "--queued", "--zone", ZONE, "--name", "fi", "--no-wait", "-o", "json"
     )
     assert created.code == 0, created.stderr[-3000:]
-    instance = compute_get(admin, f"zones/{ZONE}/instances/fi").json()
+    instance = _get(cli, f"zones/{ZONE}/instances/fi").json()
     assert instance["status"] == "PENDING"
     assert instance["scheduling"]["provisioningModel"] == "FLEX_START"
     assert [(p["name"], p["state"]) for p in _pods(cli)] == [("fi", "CREATING")]
     admin.stockout(ZONE, clear=True)  # capacity comes: PENDING -> STAGING -> RUNNING
-    wait_for(lambda: [p["state"] for p in _pods(cli)] == ["READY"], timeout=30, interval=0.05, what="READY")
+    cli.clock.wait_for(lambda: [p["state"] for p in _pods(cli)] == ["READY"], timeout=600, step=5)
     (pod,) = _pods(cli)
     assert pod["capacity"] == "preemptible" and pod["accelerator_type"] == "tpu7x-8"
     assert cli("pod", "delete", "fi", "--zone", ZONE, "-y").code == 0
-    assert compute_get(admin, f"zones/{ZONE}/instances/fi").status_code == 404
+    assert _get(cli, f"zones/{ZONE}/instances/fi").status_code == 404
 
 
-def test_a_queued_tpu7x_16_is_a_mig_made_at_0_resized_to_2_and_ready(admin: SimAdminClient, cli: Cli) -> None:
+def test_a_queued_tpu7x_16_is_a_mig_made_at_0_resized_to_2_and_ready(
+    admin: SimAdminClient, cli: InProcessCli
+) -> None:
     created = cli("pod", "create", "tpu7x-16", "--queued", "--zone", ZONE, "--name", "fm", "-o", "json")
     assert created.code == 0, created.stderr[-3000:]
     assert created.json["pod"]["state"] == "READY"
-    mig = compute_get(admin, f"zones/{ZONE}/instanceGroupManagers/fm").json()
+    mig = _get(cli, f"zones/{ZONE}/instanceGroupManagers/fm").json()
     assert mig["targetSize"] == 2 and mig["status"]["isStable"] is True
-    template = compute_get(admin, "global/instanceTemplates/fm").json()
+    template = _get(cli, "global/instanceTemplates/fm").json()
     assert template["properties"]["scheduling"]["provisioningModel"] == "FLEX_START"
     (pod,) = _pods(cli)
     assert (pod["name"], pod["state"], pod["hosts"], pod["capacity"]) == ("fm", "READY", 2, "preemptible")
     assert cli("pod", "delete", "fm", "--zone", ZONE, "-y").code == 0
-    assert compute_get(admin, f"zones/{ZONE}/instanceGroupManagers/fm").status_code == 404
+    assert _get(cli, f"zones/{ZONE}/instanceGroupManagers/fm").status_code == 404
 
 
 def test_a_flex_instance_not_granted_in_time_fails_over_leaving_nothing(
-    admin: SimAdminClient, cli: Cli
+    admin: SimAdminClient, cli: InProcessCli
 ) -> None:
     # Both zones price TPU7x alike; placement tries us-central1-ai1a first (zone order), which is out.
     admin.stockout(OTHER_ZONE)
@@ -135,22 +150,23 @@ def test_a_flex_instance_not_granted_in_time_fails_over_leaving_nothing(
     assert result.code == 0, result.stderr[-3000:]
     attempts = [(a["zone"], a["outcome"]) for a in result.json["placement"]["attempts"]]
     assert attempts == [(OTHER_ZONE, "stockout"), (ZONE, "created")], attempts
-    assert _items(admin, f"zones/{OTHER_ZONE}/instances") == []
+    assert _items(cli, f"zones/{OTHER_ZONE}/instances") == []
 
 
 @pytest.mark.parametrize(("accel", "valid_for"), [("tpu7x-8", "5m"), ("tpu7x-16", "1s")])
 def test_a_flex_request_not_granted_in_time_is_exit_5_and_leaves_nothing(
-    admin: SimAdminClient, cli: Cli, accel: str, valid_for: str
+    admin: SimAdminClient, cli: InProcessCli, accel: str, valid_for: str
 ) -> None:
-    # One host: the insert's own deadline (simulated time). Several: tpuctl's bound (real time).
+    # One host: the insert's own deadline (simulated time). Several: tpuctl's bound (its poll's deadline
+    # is real time, while its polls wait on the fake clock: one real second of polling here).
     admin.stockout(ZONE)
     result = cli("pod", "create", accel, "--queued", "--valid-for", valid_for, "--zone", ZONE, "--name", "fo")
     assert result.code == 5, result.stderr[-3000:]
     assert admin.status()["nodes"] == []
-    assert _items(admin, f"zones/{ZONE}/instances") == []
-    assert _items(admin, f"zones/{ZONE}/instanceGroupManagers") == []
-    assert _items(admin, "global/instanceTemplates") == []
-    assert _items(admin, f"regions/{REGION}/resourcePolicies") == []
+    assert _items(cli, f"zones/{ZONE}/instances") == []
+    assert _items(cli, f"zones/{ZONE}/instanceGroupManagers") == []
+    assert _items(cli, "global/instanceTemplates") == []
+    assert _items(cli, f"regions/{REGION}/resourcePolicies") == []
 
 
 @pytest.mark.parametrize(
@@ -162,7 +178,7 @@ def test_a_flex_request_not_granted_in_time_is_exit_5_and_leaves_nothing(
     ],
 )
 def test_queued_resource_only_options_are_refused_on_compute_naming_the_option(
-    admin: SimAdminClient, cli: Cli, args: tuple[str, ...], named: str
+    admin: SimAdminClient, cli: InProcessCli, args: tuple[str, ...], named: str
 ) -> None:
     result = cli("pod", "create", "tpu7x-8", "--queued", *args, "--zone", ZONE)
     assert result.code == 2, result.stderr
@@ -171,7 +187,7 @@ def test_queued_resource_only_options_are_refused_on_compute_naming_the_option(
 
 
 def test_a_v6e_asked_on_compute_with_queued_is_flex_start_at_the_preemptible_price(
-    admin: SimAdminClient, cli: Cli
+    admin: SimAdminClient, cli: InProcessCli
 ) -> None:
     args = ("v6e-8", "--api", "compute", "--queued", "--zone", "us-central1-b", "--dry-run", "-o", "json")
     result = cli("pod", "create", *args)

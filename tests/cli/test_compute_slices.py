@@ -2,7 +2,8 @@
 the same commands as every other slice: `pod create` (dry run and real), `pod list`, `pod delete`, the
 refusal of a generation Compute Engine does not serve, placement failing over a Compute stockout, and a
 Compute quota refusal. Every Compute answer the simulator gives in these tests is checked against
-Google's compute v1 discovery document (``schema_problems``)."""
+Google's compute v1 discovery document (``schema_problems``). What reaches no host runs on the in-process
+simulator (``sim_cli``, a fake clock); a program run on a slice's hosts runs on a served one."""
 
 from __future__ import annotations
 
@@ -29,23 +30,32 @@ from recovery_helpers import (
 )
 
 from tpuctl.sim import SimAdminClient
+from tpuctl.testing.backend import InProcessCli
 from tpuctl.testing.cli import Cli
-from tpuctl.testing.clock import wait_for
 
 IMAGE_FAMILY = "projects/ubuntu-os-accelerator-images/global/images/family/ubuntu-accel-2404-amd64-tpu-tpu7x"
 
 __all__ = ["schema_problems"]  # a fixture
+pytestmark = pytest.mark.usefixtures("schema_problems")
 
 
 @pytest.fixture
-def admin(serve_sim: Callable[..., SimAdminClient], schema_problems: list[str]) -> SimAdminClient:
+def sim_world() -> dict[str, Any]:
+    return WORLD
+
+
+@pytest.fixture
+def admin(serve_sim: Callable[..., SimAdminClient]) -> SimAdminClient:
+    """A served simulator, for the programs run on hosts."""
     return serve_sim(WORLD)
 
 
-def test_a_tpu7x_8_dry_run_plans_one_instance_insert_of_the_tpu7x_machine_type(
-    admin: SimAdminClient, cli: Cli
-) -> None:
-    result = cli("pod", "create", "tpu7x-8", "--zone", ZONE, "--dry-run", "-o", "json")
+def _get(sim_cli: InProcessCli, path: str) -> httpx.Response:
+    return compute_get(sim_cli.admin, path, transport=sim_cli.transport)
+
+
+def test_a_tpu7x_8_dry_run_plans_one_instance_insert_of_the_tpu7x_machine_type(sim_cli: InProcessCli) -> None:
+    result = sim_cli("pod", "create", "tpu7x-8", "--zone", ZONE, "--dry-run", "-o", "json")
     assert result.code == 0, result.stderr
     (request,) = result.json["plan"]["requests"]
     url = httpx.URL(request["url"])
@@ -57,17 +67,17 @@ def test_a_tpu7x_8_dry_run_plans_one_instance_insert_of_the_tpu7x_machine_type(
     assert body["scheduling"]["provisioningModel"] == "STANDARD"
     (disk,) = body["disks"]
     assert disk["initializeParams"]["sourceImage"] == IMAGE_FAMILY
-    assert admin.status()["nodes"] == []  # a plan changes nothing
+    assert sim_cli.admin.status()["nodes"] == []  # a plan changes nothing
 
 
 def test_a_run_on_compute_engine_plans_each_host_its_tpu_worker_identity(
-    admin: SimAdminClient, cli: Cli, tmp_path: Path
+    sim_cli: InProcessCli, tmp_path: Path
 ) -> None:
     script = tmp_path / "train.py"
     script.write_text("print('hi')\n")
 
     def hosts(*flags: str) -> list[dict[str, Any]]:
-        result = cli("run", str(script), *flags, "--dry-run", "-o", "json")
+        result = sim_cli("run", str(script), *flags, "--dry-run", "-o", "json")
         assert result.code == 0, result.stderr
         return list(result.json["plan"]["hosts"])
 
@@ -89,49 +99,49 @@ def test_a_run_on_compute_engine_plans_each_host_its_tpu_worker_identity(
 
 
 def test_a_tpu7x_32_spot_slice_is_a_workload_policy_a_template_and_a_bulk_mig_of_4_hosts(
-    admin: SimAdminClient, cli: Cli
+    sim_cli: InProcessCli,
 ) -> None:
-    created = cli("pod", "create", "tpu7x-32", "--spot", "--zone", ZONE, "--name", "ir", "-o", "json")
+    created = sim_cli("pod", "create", "tpu7x-32", "--spot", "--zone", ZONE, "--name", "ir", "-o", "json")
     assert created.code == 0, created.stderr[-3000:]
-    policy = compute_get(admin, f"regions/{REGION}/resourcePolicies/ir").json()
+    policy = _get(sim_cli, f"regions/{REGION}/resourcePolicies/ir").json()
     assert policy["workloadPolicy"] == {"type": "HIGH_THROUGHPUT", "acceleratorTopology": "2x2x4"}
-    template = compute_get(admin, "global/instanceTemplates/ir").json()
+    template = _get(sim_cli, "global/instanceTemplates/ir").json()
     assert template["properties"]["machineType"] == "tpu7x-standard-4t"
     assert template["properties"]["scheduling"]["provisioningModel"] == "SPOT"
-    mig = compute_get(admin, f"zones/{ZONE}/instanceGroupManagers/ir").json()
+    mig = _get(sim_cli, f"zones/{ZONE}/instanceGroupManagers/ir").json()
     assert mig["targetSize"] == 4 and mig["targetSizePolicy"]["mode"] == "BULK"
     assert mig["instanceLifecyclePolicy"]["defaultActionOnFailure"] == "DO_NOTHING"
     assert mig["status"]["isStable"] is True
     assert mig["status"]["appliedAcceleratorTopologies"][0]["state"] == "ACTIVE"
 
-    (listed,) = cli("pod", "list", "-o", "json").json["pods"]
+    (listed,) = sim_cli("pod", "list", "-o", "json").json["pods"]
     assert listed["name"] == "ir" and listed["state"] == "READY" and listed["zone"] == ZONE
     assert listed["accelerator_type"] == "tpu7x-32" and listed["capacity"] == "spot"
     assert listed["hosts"] == 4 and listed["chips"] == 16
 
-    assert cli("pod", "delete", "ir", "--zone", ZONE, "-y").code == 0
+    assert sim_cli("pod", "delete", "ir", "--zone", ZONE, "-y").code == 0
     for path in (
         f"zones/{ZONE}/instanceGroupManagers/ir",
         "global/instanceTemplates/ir",
         f"regions/{REGION}/resourcePolicies/ir",
     ):
-        assert compute_get(admin, path).status_code == 404, path
-    assert cli("pod", "list", "-o", "json").json["pods"] == []
+        assert _get(sim_cli, path).status_code == 404, path
+    assert sim_cli("pod", "list", "-o", "json").json["pods"] == []
 
 
 def test_a_preempted_tpu7x_slice_is_described_and_collected_with_its_three_parts(
-    admin: SimAdminClient, cli: Cli
+    sim_cli: InProcessCli,
 ) -> None:
-    assert cli("pod", "create", "tpu7x-16", "--spot", "--zone", ZONE, "--name", "gone").code == 0
-    described = cli("pod", "describe", "gone", "--zone", ZONE, "-o", "json").json["pod"]
+    assert sim_cli("pod", "create", "tpu7x-16", "--spot", "--zone", ZONE, "--name", "gone").code == 0
+    described = sim_cli("pod", "describe", "gone", "--zone", ZONE, "-o", "json").json["pod"]
     assert (described["accelerator_type"], described["hosts"], described["state"]) == ("tpu7x-16", 2, "READY")
-    admin.preempt_compute(ZONE, "gone", notice=False)
+    sim_cli.admin.preempt_compute(ZONE, "gone", notice=False)
 
     def state() -> str:
-        return str(cli("pod", "describe", "gone", "--zone", ZONE, "-o", "json").json["pod"]["state"])
+        return str(sim_cli("pod", "describe", "gone", "--zone", ZONE, "-o", "json").json["pod"]["state"])
 
-    assert wait_for(lambda: state() == "PREEMPTED", timeout=30, interval=0.2, what="the slice PREEMPTED")
-    plan = cli("pod", "gc", "--dry-run", "-o", "json").json
+    sim_cli.clock.wait_for(lambda: state() == "PREEMPTED", timeout=600, step=1)
+    plan = sim_cli("pod", "gc", "--dry-run", "-o", "json").json
     (item,) = plan["gc"]
     assert (item["name"], item["state"]) == ("gone", "PREEMPTED")
     # The MIG (its VMs with it), then the template and the workload policy it used.
@@ -140,55 +150,53 @@ def test_a_preempted_tpu7x_slice_is_described_and_collected_with_its_three_parts
         ("DELETE", "instanceTemplates"),
         ("DELETE", "resourcePolicies"),
     ]
-    assert cli("pod", "gc", "-y").code == 0
-    assert cli("pod", "list", "-o", "json").json["pods"] == []
-    assert compute_get(admin, "global/instanceTemplates/gone").status_code == 404
+    assert sim_cli("pod", "gc", "-y").code == 0
+    assert sim_cli("pod", "list", "-o", "json").json["pods"] == []
+    assert _get(sim_cli, "global/instanceTemplates/gone").status_code == 404
 
 
-def test_v5e_has_no_compute_engine_path(admin: SimAdminClient, cli: Cli) -> None:
-    result = cli("pod", "create", "v5e-8", "--api", "compute")
+def test_v5e_has_no_compute_engine_path(sim_cli: InProcessCli) -> None:
+    result = sim_cli("pod", "create", "v5e-8", "--api", "compute")
     assert result.code == 2
     assert "v5e has no Compute Engine path" in result.stderr and "--api tpu" in result.stderr
-    assert admin.status()["nodes"] == []
+    assert sim_cli.admin.status()["nodes"] == []
 
 
-def test_an_unknown_api_is_refused_naming_the_choices(admin: SimAdminClient, cli: Cli) -> None:
-    result = cli("pod", "create", "v6e-8", "--api", "gke")
+def test_an_unknown_api_is_refused_naming_the_choices(sim_cli: InProcessCli) -> None:
+    result = sim_cli("pod", "create", "v6e-8", "--api", "gke")
     assert result.code == 2 and "'gke'" in result.stderr and "--api compute" in result.stderr
 
 
-def test_a_compute_stockout_fails_over_to_the_next_zone(admin: SimAdminClient, cli: Cli) -> None:
+def test_a_compute_stockout_fails_over_to_the_next_zone(sim_cli: InProcessCli) -> None:
     # Both zones price TPU7x alike; placement tries us-central1-ai1a first (zone order), which is out.
-    admin.stockout(OTHER_ZONE)
-    result = cli("pod", "create", "tpu7x-8", "--zone", ZONE, "--zone", OTHER_ZONE, "-o", "json")
+    sim_cli.admin.stockout(OTHER_ZONE)
+    result = sim_cli("pod", "create", "tpu7x-8", "--zone", ZONE, "--zone", OTHER_ZONE, "-o", "json")
     assert result.code == 0, result.stderr[-3000:]
     assert result.json["pod"]["zone"] == ZONE
     attempts = [(a["zone"], a["outcome"]) for a in result.json["placement"]["attempts"]]
     assert attempts == [(OTHER_ZONE, "stockout"), (ZONE, "created")], attempts
     # The stocked-out instance was not left behind.
-    assert [n["zone"] for n in admin.status()["nodes"]] == [ZONE]
+    assert [n["zone"] for n in sim_cli.admin.status()["nodes"]] == [ZONE]
 
 
-def test_a_compute_quota_refusal_is_exit_4_naming_the_quota(
-    serve_sim: Callable[..., SimAdminClient], schema_problems: list[str], cli: Cli
-) -> None:
-    world = {**WORLD, "compute_quotas": [{"quota_id": "TPUS-PER-TPU-FAMILY-per-project-region", "limit": 0}]}
-    admin = serve_sim(world)
-    result = cli("pod", "create", "tpu7x-8", "--zone", ZONE)
+@pytest.mark.parametrize(
+    "sim_world",
+    [{**WORLD, "compute_quotas": [{"quota_id": "TPUS-PER-TPU-FAMILY-per-project-region", "limit": 0}]}],
+)
+def test_a_compute_quota_refusal_is_exit_4_naming_the_quota(sim_cli: InProcessCli) -> None:
+    result = sim_cli("pod", "create", "tpu7x-8", "--zone", ZONE)
     assert result.code == 4, result.stderr[-3000:]
     assert "TPUS-PER-TPU-FAMILY" in result.stderr or "TPUS_PER_TPU_FAMILY" in result.stderr
-    assert admin.status()["nodes"] == []
+    assert sim_cli.admin.status()["nodes"] == []
 
 
-def test_the_profile_api_is_a_preference_the_flag_a_demand(
-    admin: SimAdminClient, cli: Cli, tmp_path: Path
-) -> None:
+def test_the_profile_api_is_a_preference_the_flag_a_demand(sim_cli: InProcessCli, tmp_path: Path) -> None:
     config = tmp_path / "config.yaml"
     config.write_text("profiles:\n  default:\n    api: compute\n")
     env = {"TPUCTL_CONFIG": str(config)}
 
     def planned_url(*args: str) -> str:
-        result = cli("pod", "create", *args, "--dry-run", "-o", "json", env=env)
+        result = sim_cli("pod", "create", *args, "--dry-run", "-o", "json", env=env)
         assert result.code == 0, result.stderr
         return str(result.json["plan"]["requests"][0]["url"])
 

@@ -3,27 +3,28 @@ announced on stderr, in every output format; an explicit --project is not."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from tpuctl.backends.gcp import GcpBackend
 from tpuctl.cloud.base import TpuCloud
-from tpuctl.cloud.tpu_api import TpuApiCloud
-from tpuctl.sim import SimAdminClient, default_world
+from tpuctl.sim import default_world
 from tpuctl.testing.cli import Cli
+from tpuctl.testing.cloud import InProcessSim
 
 
 @pytest.fixture
-def fake_google(serve_sim: Callable[..., SimAdminClient], monkeypatch: pytest.MonkeyPatch) -> None:
-    """The gcp backend, its TPU API served by the simulator on loopback (never the internet)."""
-    url = serve_sim(default_world(), point_cli=False).base_url
+def fake_google(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The gcp backend, its TPU API the simulator in this process (never the internet, no socket)."""
+    with InProcessSim(tmp_path / "google", default_world()) as sim:
 
-    def open_cloud(self: GcpBackend, state_dir: Path, closers: list[Callable[[], None]]) -> TpuCloud:
-        return TpuApiCloud.for_simulator(project=self.project, base_url=url)
+        def open_cloud(self: GcpBackend, state_dir: Path, closers: list[Callable[[], None]]) -> TpuCloud:
+            return sim.cloud(project=self.project)
 
-    monkeypatch.setattr(GcpBackend, "open_cloud", open_cloud)
+        monkeypatch.setattr(GcpBackend, "open_cloud", open_cloud)
+        yield
 
 
 @pytest.mark.parametrize(

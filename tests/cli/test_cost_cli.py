@@ -1,12 +1,12 @@
-"""`tpuctl cost ...`, `catalog prices --refresh` and the budget flags end to end: the CLI in-process
-against a fast simulator world (started by the command itself from TPUCTL_SIM_WORLD), reconciliation with
-slices made or deleted behind tpuctl's back through the cloud layer, bad input, and a run stopped by its
-budget."""
+"""`tpuctl cost ...`, `catalog prices --refresh` and the budget flags end to end: the CLI on the
+in-process backend (``sim_cli``: the simulator in this process, on a fake clock the tests move), so what is
+billed is exactly the simulated time that passed; reconciliation with slices made or deleted behind
+tpuctl's back through the cloud layer, bad input, and a run stopped by its budget (on hosts: a served
+simulator, in real time)."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +16,11 @@ import respx
 import yaml
 
 from tpuctl.catalog import CapacityType
-from tpuctl.cloud.base import NodeRequest
-from tpuctl.cloud.tpu_api import TpuApiCloud
-from tpuctl.sim import SimAdminClient
+from tpuctl.cloud.base import NodeRequest, TpuCloud
+from tpuctl.sim.world import world_from_data
 from tpuctl.store.ledger import Ledger
 from tpuctl.store.records import EventKind, PodState, RunStatus
+from tpuctl.testing.backend import WORLD_SOURCE, InProcessCli
 from tpuctl.testing.cli import Cli
 
 ZONE = "us-central1-a"
@@ -41,36 +41,34 @@ WORLD: dict[str, Any] = {
 
 
 @pytest.fixture
-def world_file(tmp_path: Path) -> Path:
-    path = tmp_path / "world.yaml"
-    path.write_text(yaml.safe_dump(WORLD))
-    return path
+def sim_world() -> dict[str, Any]:
+    return WORLD
 
 
 @pytest.fixture
-def cli(cli: Cli, monkeypatch: pytest.MonkeyPatch, state_dir: Path, world_file: Path) -> Cli:
+def served(monkeypatch: pytest.MonkeyPatch, state_dir: Path, tmp_path: Path) -> None:
+    """The CLI's default path, for what reaches hosts: each command serves the simulator of WORLD."""
+    world_file = tmp_path / "world.yaml"
+    world_file.write_text(yaml.safe_dump(WORLD))
     monkeypatch.setenv("TPUCTL_STATE_DIR", str(state_dir))
     monkeypatch.setenv("TPUCTL_SIM_WORLD", str(world_file))
-    return cli
 
 
 @pytest.fixture
-def behind_the_back(serve_sim: Callable[..., SimAdminClient]) -> Iterator[TpuApiCloud]:
-    """The cloud layer on the same simulator state, with no ledger: what another tool would do."""
-    admin = serve_sim(WORLD, point_cli=False)  # the CLI's commands start their own over the state dir
-    with TpuApiCloud.for_simulator(project="tpuctl-sim", base_url=admin.base_url) as cloud:
-        yield cloud
+def behind_the_back(sim_cli: InProcessCli) -> TpuCloud:
+    """The cloud layer on the same simulator, with no ledger: what another tool would do."""
+    return sim_cli.cloud()
 
 
 # --- report ------------------------------------------------------------------------------------------
 
 
-def test_report_bills_a_slice_tpuctl_created(cli: Cli, state_dir: Path) -> None:
-    created = cli("pod", "create", "v5e-8", "--spot", "--name", "a", "--zone", ZONE, "-o", "json")
+def test_report_bills_a_slice_tpuctl_created(sim_cli: InProcessCli, state_dir: Path) -> None:
+    created = sim_cli("pod", "create", "v5e-8", "--spot", "--name", "a", "--zone", ZONE, "-o", "json")
     assert created.code == 0, created.stderr
-    time.sleep(0.2)
+    sim_cli.clock.advance(600)
 
-    report = cli("cost", "report", "-o", "json")
+    report = sim_cli("cost", "report", "-o", "json")
 
     assert report.code == 0, report.stderr
     doc = report.json
@@ -81,22 +79,23 @@ def test_report_bills_a_slice_tpuctl_created(cli: Cli, state_dir: Path) -> None:
     with Ledger(state_dir) as ledger:
         pod = ledger.get_pod("a", zone=ZONE)
     assert pod is not None and pod.ready_at is not None
-    billed_s = group["billed_hours"] * 3600
-    assert billed_s == pytest.approx(time.time() - pod.ready_at, abs=2.0)
-    assert group["cost_usd"] == pytest.approx(8 * 0.245 * billed_s / 3600, abs=1e-5)
+    # Billed from READY until now, the ten minutes that passed (the create itself is not billed).
+    assert pod.ready_at == pytest.approx(sim_cli.clock.now() - 600)
+    assert group["billed_hours"] * 3600 == pytest.approx(600, abs=0.01)
+    assert group["cost_usd"] == pytest.approx(8 * 0.245 * 600 / 3600, abs=1e-5)
     assert doc["prices"]["catalog"]["cached"] is False
     assert doc["untracked"] == [] and doc["reconciled"] == []
 
 
 def test_untracked_slice_made_outside_tpuctl_is_shown_with_its_rate(
-    cli: Cli, behind_the_back: TpuApiCloud
+    sim_cli: InProcessCli, behind_the_back: TpuCloud
 ) -> None:
     behind_the_back.create_node(
         NodeRequest(name="rogue", zone=ZONE, accelerator_type="v5litepod-16",
                     runtime_version="v2-alpha-tpuv5-lite", capacity=CapacityType.ON_DEMAND)
     )  # fmt: skip
 
-    doc = cli("cost", "report", "-o", "json").json
+    doc = sim_cli("cost", "report", "-o", "json").json
 
     (rogue,) = doc["untracked"]
     assert (rogue["name"], rogue["zone"], rogue["state"], rogue["capacity"]) == (
@@ -109,68 +108,76 @@ def test_untracked_slice_made_outside_tpuctl_is_shown_with_its_rate(
     assert rogue["usd_per_hour"] == pytest.approx(16 * 1.20)
     assert doc["totals"]["untracked_usd_per_hour"] == pytest.approx(19.2)
     assert doc["totals"]["cost_usd"] == 0.0  # not billed to the ledger: its past is unknown
-    table = cli("cost", "report")
+    table = sim_cli("cost", "report")
     assert "untracked slices" in table.stdout and "rogue" in table.stdout
 
 
 def test_slice_deleted_behind_tpuctls_back_is_closed_when_seen_gone(
-    cli: Cli, behind_the_back: TpuApiCloud, state_dir: Path
+    sim_cli: InProcessCli, behind_the_back: TpuCloud, state_dir: Path
 ) -> None:
-    assert cli("pod", "create", "v5e-8", "--spot", "--name", "gone", "--zone", ZONE).code == 0
+    assert sim_cli("pod", "create", "v5e-8", "--spot", "--name", "gone", "--zone", ZONE).code == 0
+    assert sim_cli("pod", "create", "v5e-8", "--spot", "--name", "kept", "--zone", ZONE).code == 0
     behind_the_back.delete_node(ZONE, "gone")
-    time.sleep(0.1)
+    sim_cli.clock.advance(60)
 
-    dry = cli("--dry-run", "cost", "report", "-o", "json").json
+    dry = sim_cli("--dry-run", "cost", "report", "-o", "json").json
     assert dry["reconciled"][0]["recorded"] is False
     with Ledger(state_dir) as ledger:
         pod = ledger.get_pod("gone", zone=ZONE)
         assert pod is not None and pod.alive  # a dry run recorded nothing
 
-    before = time.time()
-    doc = cli("cost", "report", "-o", "json").json
+    seen_gone_at = sim_cli.clock.now()
+    doc = sim_cli("cost", "report", "-o", "json").json
 
     (action,) = doc["reconciled"]
     assert (action["name"], action["event"], action["recorded"]) == ("gone", "gone", True)
-    (group,) = doc["groups"]  # the report that reconciled already bills it only until it was seen gone
+    groups = {g["name"]: g for g in doc["groups"]}
+    group = groups["gone"]  # the report that reconciled already bills it only until it was seen gone
     assert (group["state"], group["end_reason"], group["ended_at"]) == ("DELETED", "gone", action["at"])
     with Ledger(state_dir) as ledger:
         pod = ledger.get_pod("gone", zone=ZONE)
+        kept = ledger.get_pod("kept", zone=ZONE)
         events = [e.kind for e in ledger.pod_events("gone", zone=ZONE)]
     assert pod is not None and pod.state is PodState.DELETED and pod.end_reason == "gone"
-    assert pod.ended_at is not None and before <= pod.ended_at <= time.time()
+    assert pod.ended_at == seen_gone_at
     assert events[-1] is EventKind.GONE
+    # The report computed again after recording bills the live slice until now, the same instant.
+    assert kept is not None and kept.ready_at is not None
+    assert groups["kept"]["billed_hours"] * 3600 == pytest.approx(seen_gone_at - kept.ready_at, abs=0.01)
     # Closed: a later report bills it only up to the time it was seen gone.
-    later = cli("cost", "report", "-o", "json", "--no-reconcile").json
-    assert later["groups"][0]["ended_at"] is not None
-    assert cli("cost", "report", "-o", "json").json["reconciled"] == []
+    later = sim_cli("cost", "report", "-o", "json", "--no-reconcile").json
+    assert {g["name"]: g["ended_at"] for g in later["groups"]}["gone"] is not None
+    assert sim_cli("cost", "report", "-o", "json").json["reconciled"] == []
 
 
 def test_a_slice_preempted_in_the_cloud_is_marked_preempted_and_then_holds_quota(
-    cli: Cli, state_dir: Path
+    sim_cli: InProcessCli, state_dir: Path
 ) -> None:
-    assert cli("pod", "create", "v5e-8", "--spot", "--name", "p", "--zone", ZONE).code == 0
-    time.sleep(0.2)
-    assert cli("sim", "preempt", "p", "--zone", ZONE, "--no-notice").code == 0
-    time.sleep(0.2)
+    assert sim_cli("pod", "create", "v5e-8", "--spot", "--name", "p", "--zone", ZONE).code == 0
+    sim_cli.clock.advance(20)
+    sim_cli.admin.preempt(ZONE, "p", notice=False)
+    sim_cli.clock.advance(10)
 
-    doc = cli("cost", "report", "-o", "json").json
+    doc = sim_cli("cost", "report", "-o", "json").json
 
     (action,) = doc["reconciled"]
     assert (action["name"], action["event"], action["ledger_state"]) == ("p", "preempted", "READY")
     with Ledger(state_dir) as ledger:
         pod = ledger.get_pod("p", zone=ZONE)
     assert pod is not None and pod.state is PodState.PREEMPTED and pod.deleted_at is None
-    # Preempted within its first minute (of real time): GCP does not charge it.
+    # Preempted within its first minute: GCP does not charge it.
     assert doc["totals"]["cost_usd"] == 0.0
-    assert doc["totals"]["free_preemptions"] == 1
-    time.sleep(0.3)
-    held = cli("cost", "report", "-o", "json", "--no-reconcile").json["totals"]
-    assert held["quota_held_chip_hours"] > 0  # still listed PREEMPTED: it holds quota until deleted
+    sim_cli.clock.advance(1800)
+    later = sim_cli("cost", "report", "-o", "json", "--no-reconcile").json["totals"]
+    # (Counted once it ended before the report's end: the report that saw it gone ends at that instant.)
+    assert (later["cost_usd"], later["free_preemptions"]) == (0.0, 1)
+    assert later["quota_held_chip_hours"] > 0  # still listed PREEMPTED: it holds quota until deleted
 
 
-def test_csv_has_the_documented_header_and_a_row_per_group(cli: Cli) -> None:
-    assert cli("pod", "create", "v5e-8", "--spot", "--name", "a", "--zone", ZONE).code == 0
-    result = cli("cost", "report", "--group-by", "capacity", "-o", "csv", "--no-reconcile")
+def test_csv_has_the_documented_header_and_a_row_per_group(sim_cli: InProcessCli) -> None:
+    assert sim_cli("pod", "create", "v5e-8", "--spot", "--name", "a", "--zone", ZONE).code == 0
+    sim_cli.clock.advance(60)
+    result = sim_cli("cost", "report", "--group-by", "capacity", "-o", "csv", "--no-reconcile")
     lines = result.stdout.strip().splitlines()
     assert lines[0] == (
         "group_by,key,slices,billed_hours,chip_hours,cost_usd,on_demand_usd,spot_savings_usd,recomputed_usd,"
@@ -180,20 +187,22 @@ def test_csv_has_the_documented_header_and_a_row_per_group(cli: Cli) -> None:
     assert len(lines) == 2
 
 
-def test_table_shows_totals_chart_and_price_source(cli: Cli) -> None:
-    assert cli("pod", "create", "v5e-8", "--spot", "--name", "a", "--zone", ZONE).code == 0
-    result = cli("cost", "report", "--group-by", "zone")
+def test_table_shows_totals_chart_and_price_source(sim_cli: InProcessCli) -> None:
+    assert sim_cli("pod", "create", "v5e-8", "--spot", "--name", "a", "--zone", ZONE).code == 0
+    sim_cli.clock.advance(60)
+    result = sim_cli("cost", "report", "--group-by", "zone")
     assert result.code == 0
     assert "total " in result.stdout and "per day (UTC)" in result.stdout
     assert "█" in result.stdout or "▏" in result.stdout or "0.00" in result.stdout
     assert "prices: bundled catalog" in result.stderr
 
 
-def _ledger_of(state_dir: Path, hours: list[float]) -> None:
-    """Slices s0, s1, ... of 8 on-demand v5e chips (1.20 USD/chip-hour), run for ``hours`` each."""
+def _ledger_of(state_dir: Path, hours: list[float], now: float) -> None:
+    """Slices s0, s1, ... of 8 on-demand v5e chips (1.20 USD/chip-hour), run for ``hours`` each, two days
+    before ``now``."""
     from tpuctl.store.records import NewEvent
 
-    start = time.time() - 2 * 86400
+    start = now - 2 * 86400
     events = []
     for i, h in enumerate(hours):
         common: dict[str, Any] = {"pod": f"s{i}", "zone": ZONE}
@@ -208,10 +217,12 @@ def _ledger_of(state_dir: Path, hours: list[float]) -> None:
         ledger.record_events_bulk(events)
 
 
-def test_table_shows_the_50_costliest_and_says_how_to_see_the_rest(cli: Cli, state_dir: Path) -> None:
-    _ledger_of(state_dir, [1.0 + i / 100 for i in range(53)])
+def test_table_shows_the_50_costliest_and_says_how_to_see_the_rest(
+    sim_cli: InProcessCli, state_dir: Path
+) -> None:
+    _ledger_of(state_dir, [1.0 + i / 100 for i in range(53)], sim_cli.clock.now())
 
-    table = cli("cost", "report", "--no-reconcile")
+    table = sim_cli("cost", "report", "--no-reconcile")
 
     assert table.code == 0, table.stderr
     assert "the 50 costliest of 53" in table.stdout
@@ -222,25 +233,27 @@ def test_table_shows_the_50_costliest_and_says_how_to_see_the_rest(cli: Cli, sta
     # s0..s2: 8 x 1.20 x (1.00 + 1.01 + 1.02) h = 29.088 USD
     assert "... and 3 more slices costing 29.09 USD" in table.stdout
     assert "--limit 0 shows them all" in table.stdout
-    everything = cli("cost", "report", "--no-reconcile", "--limit", "0")
+    everything = sim_cli("cost", "report", "--no-reconcile", "--limit", "0")
     assert "costliest" not in everything.stdout and "more slices" not in everything.stdout
     everyone = {line.split()[0] for line in everything.stdout.splitlines() if line.strip()}
     assert all(f"s{i}" in everyone for i in range(53))
 
 
-def test_json_and_csv_list_every_group_unless_limited(cli: Cli, state_dir: Path) -> None:
-    _ledger_of(state_dir, [1.0, 3.0, 2.0])
+def test_json_and_csv_list_every_group_unless_limited(sim_cli: InProcessCli, state_dir: Path) -> None:
+    _ledger_of(state_dir, [1.0, 3.0, 2.0], sim_cli.clock.now())
 
-    doc = cli("cost", "report", "--no-reconcile", "-o", "json").json
+    doc = sim_cli("cost", "report", "--no-reconcile", "-o", "json").json
     assert (doc["groups_total"], doc["limit"]) == (3, None)
     assert [g["name"] for g in doc["groups"]] == ["s1", "s2", "s0"]  # most expensive first
-    top = cli("cost", "report", "--no-reconcile", "-o", "json", "--limit", "2").json
+    top = sim_cli("cost", "report", "--no-reconcile", "-o", "json", "--limit", "2").json
     assert (top["groups_total"], top["limit"]) == (3, 2)
     assert top["groups"] == doc["groups"][:2]
     assert top["totals"] == doc["totals"] and top["totals"]["cost_usd"] == pytest.approx(8 * 1.2 * 6)
-    csv_rows = cli("cost", "report", "--no-reconcile", "-o", "csv").stdout.strip().splitlines()
+    csv_rows = sim_cli("cost", "report", "--no-reconcile", "-o", "csv").stdout.strip().splitlines()
     assert len(csv_rows) == 1 + 3
-    limited = cli("cost", "report", "--no-reconcile", "-o", "csv", "--limit", "1").stdout.strip().splitlines()
+    limited = (
+        sim_cli("cost", "report", "--no-reconcile", "-o", "csv", "--limit", "1").stdout.strip().splitlines()
+    )
     # By slice, the slice's facts follow the key, a column each, then the figures.
     assert len(limited) == 2 and limited[1].startswith(
         "slice,us-central1-a/s1#1,us-central1-a,s1,1,v5litepod-8,8,on-demand,DELETED,,"
@@ -265,9 +278,9 @@ def test_json_and_csv_list_every_group_unless_limited(cli: Cli, state_dir: Path)
     ],
 )
 def test_bad_input_exits_2_naming_the_value_and_the_fix(
-    cli: Cli, args: tuple[str, ...], field: str, value: str
+    sim_cli: InProcessCli, args: tuple[str, ...], field: str, value: str
 ) -> None:
-    result = cli(*args, "-o", "json")
+    result = sim_cli(*args, "-o", "json")
     assert result.code == 2, result.stderr
     error = result.json
     assert error["exit_code"] == 2
@@ -279,8 +292,8 @@ def test_bad_input_exits_2_naming_the_value_and_the_fix(
 # --- estimate ----------------------------------------------------------------------------------------
 
 
-def test_estimate_lists_every_offered_option_cheapest_first(cli: Cli) -> None:
-    result = cli("cost", "estimate", "v5e-64", "--hours", "12", "-o", "json")
+def test_estimate_lists_every_offered_option_cheapest_first(sim_cli: InProcessCli) -> None:
+    result = sim_cli("cost", "estimate", "v5e-64", "--hours", "12", "-o", "json")
 
     assert result.code == 0, result.stderr
     est = result.json["estimate"]
@@ -300,36 +313,36 @@ def test_estimate_lists_every_offered_option_cheapest_first(cli: Cli) -> None:
     assert "us-west4-a" in est["not_offered_in"]
 
 
-def test_estimate_says_when_quota_does_not_fit(cli: Cli) -> None:
+def test_estimate_says_when_quota_does_not_fit(sim_cli: InProcessCli) -> None:
     # 16 of the 64 preemptible chips of us-central1-a's zone quota in use: a spot v5e-64 no longer fits
     # there, still fits in us-east1-c; on-demand quota is separate and free. (A multi-host slice: a
     # single-host v5e draws on the serving quota family instead.)
-    assert cli("pod", "create", "v5e-16", "--spot", "--name", "a", "--zone", ZONE).code == 0
+    assert sim_cli("pod", "create", "v5e-16", "--spot", "--name", "a", "--zone", ZONE).code == 0
 
-    est = cli("cost", "estimate", "v5e-64", "-o", "json").json["estimate"]
+    est = sim_cli("cost", "estimate", "v5e-64", "-o", "json").json["estimate"]
 
     fits = {(o["zone"], o["capacity"]): o["quota_fits"] for o in est["options"]}
     assert fits == {
         (ZONE, "spot"): False, (ZONE, "preemptible"): False, (ZONE, "on-demand"): True,
         ("us-east1-c", "spot"): True, ("us-east1-c", "preemptible"): True, ("us-east1-c", "on-demand"): True,
     }  # fmt: skip
-    table = cli("cost", "estimate", "v5e-64")
+    table = sim_cli("cost", "estimate", "v5e-64")
     assert "short" in table.stdout and "fits" in table.stdout
 
 
 # --- prices ------------------------------------------------------------------------------------------
 
 
-def test_refresh_on_the_simulator_takes_the_world_prices(cli: Cli, world_file: Path, state_dir: Path) -> None:
+def test_refresh_on_the_simulator_takes_the_world_prices(sim_cli: InProcessCli, state_dir: Path) -> None:
     data = {**WORLD, "prices": {"v5e": {"us-central1": {"spot": 0.5}}}}
-    world_file.write_text(yaml.safe_dump(data))
-    assert cli("pod", "create", "v5e-8", "--spot", "--name", "a", "--zone", ZONE).code == 0
+    sim_cli.sim.engine.install_world(world_from_data(data, "test world"))
+    assert sim_cli("pod", "create", "v5e-8", "--spot", "--name", "a", "--zone", ZONE).code == 0
 
-    result = cli("catalog", "prices", "--refresh", "-g", "v5e", "-o", "json")
+    result = sim_cli("catalog", "prices", "--refresh", "-g", "v5e", "-o", "json")
 
     assert result.code == 0, result.stderr
     doc = result.json
-    assert doc["source"].startswith(f"simulator world {world_file}")
+    assert doc["source"].startswith(f"simulator world {WORLD_SOURCE}")
     assert doc["cached"] is True
     row = next(r for r in doc["prices"] if r["region"] == "us-central1")
     assert (row["on_demand_per_chip_hour"], row["spot_per_chip_hour"]) == (1.2, 0.5)
@@ -338,13 +351,13 @@ def test_refresh_on_the_simulator_takes_the_world_prices(cli: Cli, world_file: P
     with Ledger(state_dir) as ledger:
         pod = ledger.get_pod("a", zone=ZONE)
     assert pod is not None and pod.price_per_chip_hour == 0.5
-    report = cli("cost", "report", "-o", "json", "--no-reconcile").json
+    report = sim_cli("cost", "report", "-o", "json", "--no-reconcile").json
     assert report["prices"]["catalog"]["source"].startswith("simulator world")
     assert "the simulator serves no billing catalog" in result.stderr or result.stderr == ""
 
 
 @respx.mock
-def test_refresh_from_a_billing_endpoint(cli: Cli, state_dir: Path) -> None:
+def test_refresh_from_a_billing_endpoint(sim_cli: InProcessCli, state_dir: Path) -> None:
     base = "https://billing.test"
     sku = {
         "skuId": "X", "description": "Preemptible TpuV5e chip", "serviceRegions": ["us-central1"],
@@ -352,11 +365,10 @@ def test_refresh_from_a_billing_endpoint(cli: Cli, state_dir: Path) -> None:
         "pricingInfo": [{"pricingExpression": {"usageUnit": "h", "tieredRates": [
             {"unitPrice": {"currencyCode": "USD", "units": "0", "nanos": 300000000}}]}}],
     }  # fmt: skip
-    respx.route(host="127.0.0.1").pass_through()  # the simulator itself
     respx.get(f"{base}/v1/services/6F81-5844-456A/skus").respond(200, json={"skus": [sku]})
     respx.get(f"{base}/v1/services/E000-3F24-B8AA/skus").respond(200, json={"skus": []})
 
-    result = cli("catalog", "prices", "--refresh", "--billing-url", base, "-g", "v5e", "-o", "json")
+    result = sim_cli("catalog", "prices", "--refresh", "--billing-url", base, "-g", "v5e", "-o", "json")
 
     assert result.code == 0, result.stderr
     doc = result.json
@@ -366,22 +378,22 @@ def test_refresh_from_a_billing_endpoint(cli: Cli, state_dir: Path) -> None:
     assert row["on_demand_per_chip_hour"] == 1.2  # not listed: from the bundled table, and said so
     assert "v5e/us-central1/on_demand" in doc["refresh"]["filled_from_bundled"]
     assert (state_dir / "prices" / "sim.yaml").exists()
-    est = cli("cost", "estimate", "v5e-8", "--zone", ZONE, "-o", "json").json["estimate"]
+    est = sim_cli("cost", "estimate", "v5e-8", "--zone", ZONE, "-o", "json").json["estimate"]
     assert est["prices"]["cached"] is True
     assert est["options"][0]["usd_per_chip_hour"] == 0.3
 
 
-def test_refresh_dry_run_writes_nothing(cli: Cli, state_dir: Path) -> None:
-    result = cli("--dry-run", "catalog", "prices", "--refresh", "-o", "json")
+def test_refresh_dry_run_writes_nothing(sim_cli: InProcessCli, state_dir: Path) -> None:
+    result = sim_cli("--dry-run", "catalog", "prices", "--refresh", "-o", "json")
     assert result.code == 0, result.stderr
     assert result.json["refresh"]["dry_run"] is True
     assert not (state_dir / "prices").exists()
 
 
 @respx.mock
-def test_refresh_from_an_unreachable_endpoint_is_a_cloud_error(cli: Cli) -> None:
+def test_refresh_from_an_unreachable_endpoint_is_a_cloud_error(sim_cli: InProcessCli) -> None:
     respx.get(url__regex=r"https://billing\.test/.*").mock(side_effect=httpx.ConnectError("refused"))
-    result = cli("catalog", "prices", "--refresh", "--billing-url", "https://billing.test", "-o", "json")
+    result = sim_cli("catalog", "prices", "--refresh", "--billing-url", "https://billing.test", "-o", "json")
     assert result.code == 14
     assert "could not connect" in result.json["message"]
 
@@ -390,35 +402,35 @@ def test_refresh_from_an_unreachable_endpoint_is_a_cloud_error(cli: Cli) -> None
 
 
 def test_monthly_budget_warns_on_create_once_exceeded(
-    cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, state_dir: Path
+    sim_cli: InProcessCli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, state_dir: Path
 ) -> None:
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump({"profiles": {"default": {"monthly_budget": 10}}}))
     monkeypatch.setenv("TPUCTL_CONFIG", str(config))
-    first = cli("pod", "create", "v5e-8", "--spot", "--name", "a", "--zone", ZONE)
+    first = sim_cli("pod", "create", "v5e-8", "--spot", "--name", "a", "--zone", ZONE)
     assert first.code == 0 and "over the profile's monthly_budget" not in first.stderr
     with Ledger(state_dir) as ledger:  # 12 USD earlier this month
-        now = time.time()
+        now = sim_cli.clock.now()
         ledger.record_event(
             EventKind.REQUESTED, pod="old", zone=ZONE, accelerator_type="v5litepod-8", chips=8,
             capacity=CapacityType.ON_DEMAND, price_per_chip_hour=1.5, ts=now - 3600,
         )  # fmt: skip
         ledger.record_event(EventKind.READY, pod="old", zone=ZONE, ts=now - 3600)
         ledger.record_event(EventKind.DELETED, pod="old", zone=ZONE, ts=now - 3600 + 3600)
-    second = cli("pod", "create", "v5e-8", "--spot", "--name", "b", "--zone", ZONE)
+    second = sim_cli("pod", "create", "v5e-8", "--spot", "--name", "b", "--zone", ZONE)
     assert second.code == 0
     assert "over the profile's monthly_budget of 10.00 USD" in second.stderr
 
 
-def test_max_hours_labels_the_slice(cli: Cli, state_dir: Path) -> None:
-    assert cli("pod", "create", "v5e-8", "--name", "t", "--zone", ZONE, "--max-hours", "1.5").code == 0
+def test_max_hours_labels_the_slice(sim_cli: InProcessCli, state_dir: Path) -> None:
+    assert sim_cli("pod", "create", "v5e-8", "--name", "t", "--zone", ZONE, "--max-hours", "1.5").code == 0
     with Ledger(state_dir) as ledger:
         pod = ledger.get_pod("t", zone=ZONE)
     assert pod is not None and pod.labels["tpuctl-max-seconds"] == "5400"
 
 
 def test_run_stops_at_its_budget_deletes_the_slice_and_exits_7(
-    cli: Cli, tmp_path: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch
+    served: None, cli: Cli, tmp_path: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     program = tmp_path / "proj" / "loop.py"
     program.parent.mkdir()

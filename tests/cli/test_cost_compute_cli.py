@@ -4,17 +4,15 @@ Offline where it can be (the report reads the ledger); the estimate asks the in-
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from tpuctl.catalog import CapacityType, Catalog
 from tpuctl.store.ledger import Ledger
 from tpuctl.store.records import EventKind
-from tpuctl.testing.cli import Cli
+from tpuctl.testing.backend import InProcessCli
 
 ZONE = "us-central1-c"
 WORLD: dict[str, Any] = {
@@ -31,16 +29,12 @@ PRICES = Catalog.load().prices
 
 
 @pytest.fixture
-def cli(cli: Cli, monkeypatch: pytest.MonkeyPatch, state_dir: Path, tmp_path: Path) -> Cli:
-    world = tmp_path / "world.yaml"
-    world.write_text(yaml.safe_dump(WORLD))
-    monkeypatch.setenv("TPUCTL_STATE_DIR", str(state_dir))
-    monkeypatch.setenv("TPUCTL_SIM_WORLD", str(world))
-    return cli
+def sim_world() -> dict[str, Any]:
+    return WORLD
 
 
-def test_estimate_shows_the_tpu7x_price_its_source_and_its_unconfirmed_unit(cli: Cli) -> None:
-    doc = cli("cost", "estimate", "tpu7x-64", "--zone", ZONE, "-o", "json").json["estimate"]
+def test_estimate_shows_the_tpu7x_price_its_source_and_its_unconfirmed_unit(sim_cli: InProcessCli) -> None:
+    doc = sim_cli("cost", "estimate", "tpu7x-64", "--zone", ZONE, "-o", "json").json["estimate"]
     on_demand = next(o for o in doc["options"] if o["capacity"] == "on-demand")
     assert (on_demand["usd_per_chip_hour"], on_demand["usd_per_hour"]) == (12.0, 384.0)  # 32 chips
     assert (doc["prices"]["source"], doc["prices"]["date"]) == (PRICES.source, PRICES.date)
@@ -49,15 +43,17 @@ def test_estimate_shows_the_tpu7x_price_its_source_and_its_unconfirmed_unit(cli:
     spot = next(o for o in doc["options"] if o["capacity"] == "spot")
     assert spot["usd_per_hour"] is None  # no TPU7x spot price was found: unknown, never 0
 
-    text = cli("cost", "estimate", "tpu7x-64", "--zone", ZONE)
+    text = sim_cli("cost", "estimate", "tpu7x-64", "--zone", ZONE)
     assert text.code == 0, text.stderr
     assert "384.00" in text.stdout and ZONE in text.stdout
     assert PRICES.date in text.stderr and PRICES.source in text.stderr
     assert f"tpu7x price: {PRICES.notes['tpu7x']}" in " ".join(text.stderr.split())
 
 
-def test_report_shows_a_tpu7x_slice_with_its_price_source_and_note(cli: Cli, state_dir: Path) -> None:
-    ready = time.time() - 7200
+def test_report_shows_a_tpu7x_slice_with_its_price_source_and_note(
+    sim_cli: InProcessCli, state_dir: Path
+) -> None:
+    ready = sim_cli.clock.now() - 7200
     common: dict[str, Any] = {"pod": "ce-7x", "zone": ZONE}
     with Ledger(state_dir) as ledger:
         ledger.record_event(
@@ -67,7 +63,7 @@ def test_report_shows_a_tpu7x_slice_with_its_price_source_and_note(cli: Cli, sta
         ledger.record_event(EventKind.READY, ts=ready, **common)
         ledger.record_event(EventKind.DELETED, ts=ready + 3600, **common)
 
-    doc = cli("cost", "report", "--no-reconcile", "-o", "json").json
+    doc = sim_cli("cost", "report", "--no-reconcile", "-o", "json").json
     (group,) = doc["groups"]
     assert (group["name"], group["accelerator_type"], group["price_per_chip_hour"]) == (
         "ce-7x",
@@ -78,7 +74,7 @@ def test_report_shows_a_tpu7x_slice_with_its_price_source_and_note(cli: Cli, sta
     assert doc["prices"]["catalog"]["source"] == PRICES.source
     assert doc["prices"]["notes"] == {"tpu7x": PRICES.notes["tpu7x"]}
 
-    text = cli("cost", "report", "--no-reconcile")
+    text = sim_cli("cost", "report", "--no-reconcile")
     assert text.code == 0, text.stderr
     assert "ce-7x" in text.stdout and "tpu7x-64" in text.stdout and "384.00" in text.stdout
     assert PRICES.source in " ".join(text.stderr.split())

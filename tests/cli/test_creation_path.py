@@ -1,16 +1,16 @@
 """One creation path: `pod create`, `run --type` (whatever the executor) and a run's recovery all place
-their slice through the allocator, with the same capacity types, price cap, zones and failover."""
+their slice through the allocator, with the same capacity types, price cap, zones and failover. On the
+in-process simulator (``sim_cli``): placing a slice reaches no host."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tpuctl.sim import SimAdminClient
+from tpuctl.testing.backend import InProcessCli
 from tpuctl.testing.cli import Cli, CliResult
 
 ZONES = ("us-central1-a", "us-east1-c")
@@ -43,20 +43,20 @@ def plan_both(cli: Cli, script: Path, *run_flags: str) -> tuple[CliResult, CliRe
 
 @pytest.mark.parametrize("proxy", [[], PROXY])
 def test_run_and_pod_create_give_the_same_verdict_over_the_price_cap(
-    cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: Path, proxy: list[str]
+    sim_cli: InProcessCli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: Path, proxy: list[str]
 ) -> None:
     profile(tmp_path, monkeypatch, capacity_types=["spot"], max_price=5)
-    pod, run = plan_both(cli, script, *proxy)
+    pod, run = plan_both(sim_cli, script, *proxy)
     assert pod.code == run.code == 6, (pod.stderr, run.stderr)
     assert pod.json["plan"]["verdict"] == run.json["error"] == "over_price_cap"
 
 
 @pytest.mark.parametrize("proxy", [[], PROXY])
 def test_run_and_pod_create_plan_the_same_spot_placement_under_the_cap(
-    cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: Path, proxy: list[str]
+    sim_cli: InProcessCli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: Path, proxy: list[str]
 ) -> None:
     profile(tmp_path, monkeypatch, capacity_types=["spot"], max_price=100)
-    pod, run = plan_both(cli, script, *proxy)
+    pod, run = plan_both(sim_cli, script, *proxy)
     assert pod.code == run.code == 0, (pod.stderr, run.stderr)
     chosen = pod.json["plan"]["chosen"]
     target = run.json["plan"]["target"]
@@ -71,20 +71,17 @@ def test_run_and_pod_create_plan_the_same_spot_placement_under_the_cap(
     assert ("enableExternalIps" in bodies or "enable_external_ips" in bodies) is (not proxy)
 
 
-@pytest.fixture
-def two_zone_sim(serve_sim: Callable[..., SimAdminClient]) -> SimAdminClient:
-    return serve_sim(
-        {
-            "speed": 1000,
-            "zones": {z: {"v4": {"on_demand": 64, "preemptible": 64}} for z in ZONES},
-            "quotas": {"default": {"on_demand": {"zone": -1, "region": -1}}},
-            "latency": {"base_ms": 0, "jitter_ms": 0},
-        }
-    )
+TWO_ZONES: dict[str, Any] = {
+    "speed": 1000,
+    "zones": {z: {"v4": {"on_demand": 64, "preemptible": 64}} for z in ZONES},
+    "quotas": {"default": {"on_demand": {"zone": -1, "region": -1}}},
+    "latency": {"base_ms": 0, "jitter_ms": 0},
+}
 
 
+@pytest.mark.parametrize("sim_world", [TWO_ZONES])
 def test_a_recovery_re_creation_fails_over_to_another_zone_on_the_ssh_path(
-    two_zone_sim: SimAdminClient, state_dir: Path, script: Path
+    sim_cli: InProcessCli, state_dir: Path, script: Path
 ) -> None:
     # The recovery's re-creation is `provision(prefer_zone=the zone it ran in)`: with that zone stocked
     # out, the allocator places the slice in another allowed zone, hosts reached over SSH as on Google.
@@ -94,18 +91,16 @@ def test_a_recovery_re_creation_fails_over_to_another_zone_on_the_ssh_path(
     from tpuctl.services.session import open_session
     from tpuctl.settings import load_settings
 
-    settings = load_settings(
-        {"backend": "sim", "sim_url": two_zone_sim.base_url, "state_dir": state_dir, "zones": list(ZONES)}
-    )
-    with open_session(settings) as session:
+    settings = load_settings({"backend": "sim", "state_dir": state_dir, "zones": list(ZONES)})
+    with open_session(settings, backend=sim_cli.backend) as session:
         launcher = Launcher(session)
         prepared = launcher.prepare(RunRequest(script=str(script), accelerator_type="v4-8", executor="ssh"))
         session.ledger.create_run(prepared.run_id, script="train.py")
         first = launcher.provision(prepared)
         assert first.zone == ZONES[0]  # the cheapest first (same price: the allocator's order)
-        assert two_zone_sim.stockout(first.zone)
+        assert sim_cli.admin.stockout(first.zone)
         again = launcher.provision(renamed(prepared, 1, 1), prefer_zone=first.zone)
         assert again.zone == ZONES[1] and again.state == "READY"
-        ssh_keys = two_zone_sim.metadata(again.zone, again.name, 0, "instance/attributes/ssh-keys")
+        ssh_keys = sim_cli.admin.metadata(again.zone, again.name, 0, "instance/attributes/ssh-keys")
         assert ssh_keys.startswith("tpuctl:ssh-ed25519 ")
         assert all(e.external_ip for e in again.nodes[0].network_endpoints)

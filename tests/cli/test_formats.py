@@ -8,13 +8,11 @@ from __future__ import annotations
 import csv
 import io
 import re
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from tpuctl.testing.cli import Cli
+from tpuctl.testing.backend import InProcessCli
 
 ZONE = "us-central1-a"
 WORLD: dict[str, Any] = {
@@ -31,18 +29,14 @@ WORLD: dict[str, Any] = {
 
 
 @pytest.fixture
-def cli(cli: Cli, monkeypatch: pytest.MonkeyPatch, state_dir: Path, tmp_path: Path) -> Cli:
-    world = tmp_path / "world.yaml"
-    world.write_text(yaml.safe_dump(WORLD))
-    monkeypatch.setenv("TPUCTL_STATE_DIR", str(state_dir))
-    monkeypatch.setenv("TPUCTL_SIM_WORLD", str(world))
-    return cli
+def sim_world() -> dict[str, Any]:
+    return WORLD
 
 
-def test_pod_describe_reads_as_words_and_refuses_csv(cli: Cli) -> None:
-    assert cli("pod", "create", "v5e-16", "--name", "p16", "--zone", ZONE).code == 0
+def test_pod_describe_reads_as_words_and_refuses_csv(sim_cli: InProcessCli) -> None:
+    assert sim_cli("pod", "create", "v5e-16", "--name", "p16", "--zone", ZONE).code == 0
 
-    shown = cli("pod", "describe", "p16")
+    shown = sim_cli("pod", "describe", "p16")
 
     assert shown.code == 0, shown.stderr
     out = shown.stdout
@@ -60,18 +54,18 @@ def test_pod_describe_reads_as_words_and_refuses_csv(cli: Cli) -> None:
     assert "outcome=created" in attempt and "message='READY in us-central1-a'" in attempt
     assert not re.search(r"\d\.\d{4,}", out) and "{" not in out  # no 16-digit floats, no reprs
 
-    refused = cli("pod", "describe", "p16", "-o", "csv")
+    refused = sim_cli("pod", "describe", "p16", "-o", "csv")
     assert refused.code == 2 and refused.stdout == ""
     assert "-o csv does not apply to `pod describe`" in refused.stderr
     assert "use -o table, -o json, -o yaml" in refused.stderr
     # Refused before anything happens: no slice is made for a CSV nobody can write.
-    assert cli("pod", "create", "v5e-8", "--name", "x", "--zone", ZONE, "-o", "csv").code == 2
-    assert [p["name"] for p in cli("pod", "list", "-o", "json").json["pods"]] == ["p16"]
-    assert cli("sim", "status", "-o", "csv").code == 2
+    assert sim_cli("pod", "create", "v5e-8", "--name", "x", "--zone", ZONE, "-o", "csv").code == 2
+    assert [p["name"] for p in sim_cli("pod", "list", "-o", "json").json["pods"]] == ["p16"]
+    assert sim_cli("sim", "status", "-o", "csv").code == 2
 
 
-def test_catalog_types_has_plain_numbers_and_a_clean_source(cli: Cli) -> None:
-    table = cli("catalog", "types")
+def test_catalog_types_has_plain_numbers_and_a_clean_source(sim_cli: InProcessCli) -> None:
+    table = sim_cli("catalog", "types")
     assert table.code == 0
     assert not re.search(r"\b\d+(\.\d+)?e[+-]\d+\b", table.stdout)
     assert "shared/reference" not in table.stdout and ".md" not in table.stdout
@@ -79,20 +73,21 @@ def test_catalog_types_has_plain_numbers_and_a_clean_source(cli: Cli) -> None:
     assert row[7] == "2820096"  # 6144 chips x 459 TFLOP/s, whole
 
 
-def test_cost_estimate_shows_one_offer_once(cli: Cli) -> None:
-    table = cli("cost", "estimate", "v5e-8", "--zone", ZONE)
+def test_cost_estimate_shows_one_offer_once(sim_cli: InProcessCli) -> None:
+    table = sim_cli("cost", "estimate", "v5e-8", "--zone", ZONE)
     assert table.code == 0, table.stderr
     rows = [line.split()[:2] for line in table.stdout.splitlines() if line.startswith(ZONE)]
     assert rows == [[ZONE, "spot/preemptible"], [ZONE, "on-demand"]]
-    machine = cli("cost", "estimate", "v5e-8", "--zone", ZONE, "-o", "csv")
+    machine = sim_cli("cost", "estimate", "v5e-8", "--zone", ZONE, "-o", "csv")
     capacities = [r["CAPACITY"] for r in csv.DictReader(io.StringIO(machine.stdout))]
     assert sorted(capacities) == ["on-demand", "preemptible", "spot"]  # CSV: a row per capacity type
 
 
-def test_cost_report_csv_by_slice_has_a_column_per_fact(cli: Cli) -> None:
-    assert cli("pod", "create", "v5e-8", "--spot", "--name", "a-r1", "--zone", ZONE).code == 0
+def test_cost_report_csv_by_slice_has_a_column_per_fact(sim_cli: InProcessCli) -> None:
+    assert sim_cli("pod", "create", "v5e-8", "--spot", "--name", "a-r1", "--zone", ZONE).code == 0
+    sim_cli.clock.advance(60)
 
-    result = cli("cost", "report", "--group-by", "slice", "-o", "csv", "--no-reconcile")
+    result = sim_cli("cost", "report", "--group-by", "slice", "-o", "csv", "--no-reconcile")
 
     rows = list(csv.DictReader(io.StringIO(result.stdout)))
     assert len(rows) == 1
@@ -104,17 +99,17 @@ def test_cost_report_csv_by_slice_has_a_column_per_fact(cli: Cli) -> None:
     assert float(row["cost_usd"]) >= 0 and re.match(r"\d{4}-\d\d-\d\dT", row["ready_at"])
 
 
-def test_help_lists_commands_in_order_with_named_values(cli: Cli) -> None:
-    top = cli("--help").stdout
+def test_help_lists_commands_in_order_with_named_values(sim_cli: InProcessCli) -> None:
+    top = sim_cli("--help").stdout
     commands = re.findall(r"^  (\w+)\s{2,}", top.split("Commands:")[1], re.MULTILINE)
     assert commands == ["run", "runs", "pod", "cost", "catalog", "quota", "bench", "doctor", "sim"]
     assert "..." not in top.split("Commands:")[1] and "<str>" not in top
     assert "-o, --output FORMAT" in top and "--state-dir DIR" in top
-    create = cli("pod", "create", "--help").stdout
+    create = sim_cli("pod", "create", "--help").stdout
     assert "<str>" not in create and "<list[str]>" not in create
     assert "--zone ZONE" in create and "--capacity-type CAPACITY" in create
     assert re.search(r"^  TYPE\s+e\.g\. v5e-64", create, re.MULTILINE)
-    pod = cli("pod", "--help").stdout
+    pod = sim_cli("pod", "--help").stdout
     assert re.findall(r"^  (\w+)\s{2,}", pod.split("Commands:")[1], re.MULTILINE) == [
         "create", "list", "describe", "delete", "gc"
     ]  # fmt: skip

@@ -4,12 +4,10 @@ lower-value columns first and says which; piped output is plain text at full wid
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from rich.console import Console
 
 from tpuctl.catalog import CapacityType
@@ -17,7 +15,7 @@ from tpuctl.cli import tables
 from tpuctl.cli.render import Output
 from tpuctl.store.ledger import Ledger
 from tpuctl.store.records import EventKind, NewEvent, RunStatus
-from tpuctl.testing.cli import Cli
+from tpuctl.testing.backend import InProcessCli
 
 ZONE = "northamerica-northeast1-b"  # the longest zone name of the catalog's kind
 WORLD: dict[str, Any] = {
@@ -37,17 +35,14 @@ TERMINAL_80 = {"TTY_COMPATIBLE": "1", "COLUMNS": "80", "NO_COLOR": "1"}
 
 
 @pytest.fixture
-def cli(cli: Cli, monkeypatch: pytest.MonkeyPatch, state_dir: Path, tmp_path: Path) -> Cli:
-    world = tmp_path / "world.yaml"
-    world.write_text(yaml.safe_dump(WORLD))
-    monkeypatch.setenv("TPUCTL_STATE_DIR", str(state_dir))
-    monkeypatch.setenv("TPUCTL_SIM_WORLD", str(world))
-    return cli
+def sim_world() -> dict[str, Any]:
+    return WORLD
 
 
-def _ledger(state_dir: Path) -> None:
-    """Three runs on SLICE, and SLICE's billing to the first (READY two days ago, deleted an hour later)."""
-    start = time.time() - 2 * 86400
+def _ledger(state_dir: Path, now: float) -> None:
+    """Three runs on SLICE, and SLICE's billing to the first (READY two days before ``now``, deleted an hour
+    later)."""
+    start = now - 2 * 86400
     common: dict[str, Any] = {"pod": SLICE, "zone": ZONE, "run_id": RUN_IDS[0]}
     with Ledger(state_dir) as ledger:
         ledger.record_events_bulk(
@@ -68,13 +63,13 @@ def _ledger(state_dir: Path) -> None:
 
 @pytest.mark.parametrize("env", [TERMINAL_80, {}], ids=["terminal-80", "piped"])
 def test_runs_list_and_cost_report_show_whole_ids_slices_and_zones(
-    cli: Cli, state_dir: Path, env: dict[str, str]
+    sim_cli: InProcessCli, state_dir: Path, env: dict[str, str]
 ) -> None:
-    _ledger(state_dir)
+    _ledger(state_dir, sim_cli.clock.now())
 
-    runs = cli("runs", "list", env=env)
-    report = cli("cost", "report", "--no-reconcile", "--group-by", "slice", env=env)
-    by_run = cli("cost", "report", "--no-reconcile", "--group-by", "run", env=env)
+    runs = sim_cli("runs", "list", env=env)
+    report = sim_cli("cost", "report", "--no-reconcile", "--group-by", "slice", env=env)
+    by_run = sim_cli("cost", "report", "--no-reconcile", "--group-by", "run", env=env)
 
     for result in (runs, report, by_run):
         assert result.code == 0, result.stderr
@@ -105,11 +100,11 @@ def _visible(line: str) -> str:
 
 
 @pytest.mark.parametrize("env", [TERMINAL_80, {}], ids=["terminal-80", "piped"])
-def test_pod_list_shows_whole_names_and_zones(cli: Cli, env: dict[str, str]) -> None:
-    created = cli("pod", "create", "v5e-8", "--name", SLICE, "--zone", ZONE)
+def test_pod_list_shows_whole_names_and_zones(sim_cli: InProcessCli, env: dict[str, str]) -> None:
+    created = sim_cli("pod", "create", "v5e-8", "--name", SLICE, "--zone", ZONE)
     assert created.code == 0, created.stderr
 
-    listed = cli("pod", "list", env=env)
+    listed = sim_cli("pod", "list", env=env)
 
     assert listed.code == 0, listed.stderr
     assert SLICE in listed.stdout and ZONE in listed.stdout and "READY" in listed.stdout

@@ -20,9 +20,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tpuctl.errors import TpuctlError, UsageError
-from tpuctl.sim import SimServer
 from tpuctl.sim.world import load_world, world_from_data
+from tpuctl.testing.backend import InProcessBackend
 from tpuctl.testing.cli import CliResult, invoke
+from tpuctl.testing.cloud import InProcessSim
 
 # Cases per test: (default, --slow).
 CASES = {
@@ -100,18 +101,16 @@ def fuzz_settings(n: int) -> Callable[[Any], Any]:
 
 
 @pytest.fixture
-def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., CliResult]]:
-    """`tpuctl -o json ARGS` in-process, against one simulator for the whole test (no start per case)."""
-    server = SimServer(tmp_path / "sim-state", world_from_data(fast_world(), "test"))
-    monkeypatch.setenv("TPUCTL_SIM_URL", server.start())
+def cli(tmp_path: Path) -> Iterator[Callable[..., CliResult]]:
+    """`tpuctl -o json ARGS` in-process, against one simulator for the whole test (no start per case), in
+    this process too (``InProcessBackend``: nothing served, its waits on a fake clock)."""
+    with InProcessSim(tmp_path / "sim-state", world_from_data(fast_world(), "test")) as sim:
+        backend = InProcessBackend(sim)
 
-    def run(*args: str) -> CliResult:
-        return invoke(["-o", "json", *args])
+        def run(*args: str) -> CliResult:
+            return invoke(["-o", "json", *args], backend=backend)
 
-    try:
         yield run
-    finally:
-        server.stop()
 
 
 def error_doc(result: CliResult) -> dict[str, Any]:

@@ -76,14 +76,22 @@ def test_metadata_client_reads_values_with_the_header_and_etag(metadata: Metadat
 def test_long_poll_returns_at_the_change_not_at_the_timeout(metadata: MetadataServer) -> None:
     client = MetadataClient(metadata.host)
     first = client.get("instance/preempted")
-    threading.Timer(0.3, metadata.set, args=("instance/preempted", "TRUE")).start()
+
+    def change_once_asked() -> None:
+        # The value changes only once the long poll has reached the server: a TRUE answer is the change.
+        wait_for(lambda: len(metadata.requests) == 2, what="the long poll at the server")
+        metadata.set("instance/preempted", "TRUE")
+
+    changer = threading.Thread(target=change_once_asked)
+    changer.start()
     started = time.monotonic()
     try:
         changed = client.get("instance/preempted", wait_for_change=True, last_etag=first.etag, timeout_sec=30)
     finally:
         client.close()
+        changer.join(timeout=10)
     assert changed.text == "TRUE" and changed.etag != first.etag
-    assert 0.2 < time.monotonic() - started < 10
+    assert time.monotonic() - started < 10  # at the change, long before the 30 s timeout
     query = metadata.requests[-1][1]
     assert query == {"wait_for_change": "true", "last_etag": str(first.etag), "timeout_sec": "30"}
 
@@ -108,14 +116,13 @@ def test_local_watch_stops_on_sigterm_and_says_so_once() -> None:
     try:
         assert watch.should_stop(1) is False
         os.kill(os.getpid(), signal.SIGTERM)  # our handler, not death
-        deadline = time.monotonic() + 5
-        while not said and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_for(lambda: said, 5, what="the notice said by the watcher's thread")
         assert watch.should_stop(2) is True and watch.notice_source == "sigterm"
+        # A second SIGTERM: Python runs the handler in this thread before the next statement; still ours.
         os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(0.2)
+        assert watch.should_stop(3) is True and watch.notice_source == "sigterm"
     finally:
-        watch.close()
+        watch.close()  # joins the watcher's thread: whatever it was going to say is said
     assert [(e["event"], e["source"]) for e in said] == [("notice", "sigterm")]
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # put back
 
@@ -188,15 +195,15 @@ def test_a_server_without_etags_is_polled_instead() -> None:
 
 
 def _wait_for_step(hosts: Any, step: int, timeout: float = HOST_TIMEOUT) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def reached() -> bool:
         done = [e["step"] for e in events(hosts.read(0)[0]) if e["event"] == "step"]
         if done and done[-1] >= step:
-            return
+            return True
         if any(p.poll() is not None for p in hosts.procs):
             raise AssertionError("a host ended early:\n" + "\n".join(str(hosts.read(w)) for w in (0, 1)))
-        time.sleep(0.02)
-    raise AssertionError(f"step {step} not reached")
+        return False
+
+    wait_for(reached, timeout, interval=0.02, what=f"step {step} on host 0")
 
 
 @pytest.fixture(scope="module")

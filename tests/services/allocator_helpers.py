@@ -1,6 +1,7 @@
 """Helpers for the allocator's tests: the test world, a running simulator with a Session over the real
-TpuApiCloud client. (A module of its own, not conftest.py: several
-test directories have a conftest.py, so `import conftest` would be ambiguous.)"""
+TpuApiCloud client (``SimEnv``), or the simulator in this process on a fake clock (``InProcessEnv``). (A
+module of its own, not conftest.py: several test directories have a conftest.py, so `import conftest`
+would be ambiguous.)"""
 
 from __future__ import annotations
 
@@ -22,6 +23,10 @@ from tpuctl.settings import load_settings
 from tpuctl.sim import SimAdminClient, SimServer
 from tpuctl.sim.world import World, world_from_data
 from tpuctl.store.ledger import Ledger
+from tpuctl.testing.backend import InProcessCli
+from tpuctl.testing.cli import CliResult
+from tpuctl.testing.clock import FakeClock
+from tpuctl.testing.cloud import ENDPOINT
 
 PROJECT = "tpuctl-sim"
 FAST_RETRY = RetryPolicy(max_attempts=8, initial_wait_s=0.002, max_wait_s=0.02, deadline_s=10.0)
@@ -81,8 +86,47 @@ def make_world(**overrides: Any) -> World:
     return world_from_data(merge(BASE_WORLD, overrides), "test world")
 
 
+class _Placing:
+    """What both kinds of simulator give the tests: requests built as the CLI builds them, allocators."""
+
+    def session(self) -> Session:
+        raise NotImplementedError
+
+    def allocator(self, session: Session | None = None, **kwargs: Any) -> Allocator:
+        return Allocator(session or self.session(), **kwargs)
+
+    def request(
+        self,
+        type_name: str,
+        session: Session | None = None,
+        *,
+        capacity_types: Sequence[str] = (),
+        spot: bool = False,
+        queued: bool = False,
+        strategy: str | None = None,
+        race_k: str | None = None,
+        valid_for: str | None = None,
+        **typed: Any,
+    ) -> PlacementRequest:
+        """The request the CLI would build from these flags: raw values parsed at the edge, as pod create
+        does, the rest passed as they are."""
+        sess = session or self.session()
+        types, queued_type = params.capacity_types(capacity_types, spot=spot)
+        return build_request(
+            sess.catalog,
+            sess.settings,
+            type_name,
+            capacity_types=types,
+            queued=queued or queued_type,
+            strategy=Strategy.CHEAPEST if strategy is None else params.strategy(strategy),
+            race_k=None if race_k is None else params.whole(race_k, "race_k"),
+            valid_for_s=None if valid_for is None else params.duration(valid_for, "valid_for"),
+            **typed,
+        )
+
+
 @dataclass
-class SimEnv:
+class SimEnv(_Placing):
     """One running simulator and what the tests need around it."""
 
     server: SimServer
@@ -122,39 +166,48 @@ class SimEnv:
         kwargs.setdefault("retry", FAST_RETRY)
         kwargs.setdefault("poll_interval_s", 0.01)
         kwargs.setdefault("poll_max_interval_s", 0.05)
-        return Allocator(session or self.session(), **kwargs)
-
-    def request(
-        self,
-        type_name: str,
-        session: Session | None = None,
-        *,
-        capacity_types: Sequence[str] = (),
-        spot: bool = False,
-        queued: bool = False,
-        strategy: str | None = None,
-        race_k: str | None = None,
-        valid_for: str | None = None,
-        **typed: Any,
-    ) -> PlacementRequest:
-        """The request the CLI would build from these flags: raw values parsed at the edge, as pod create
-        does, the rest passed as they are."""
-        sess = session or self.session()
-        types, queued_type = params.capacity_types(capacity_types, spot=spot)
-        return build_request(
-            sess.catalog,
-            sess.settings,
-            type_name,
-            capacity_types=types,
-            queued=queued or queued_type,
-            strategy=Strategy.CHEAPEST if strategy is None else params.strategy(strategy),
-            race_k=None if race_k is None else params.whole(race_k, "race_k"),
-            valid_for_s=None if valid_for is None else params.duration(valid_for, "valid_for"),
-            **typed,
-        )
+        return super().allocator(session, **kwargs)
 
     def close(self) -> None:
         for sess in self._sessions:
             sess.close()
         self.admin.close()
         self.server.stop()
+
+
+@dataclass
+class InProcessEnv(_Placing):
+    """The simulator in this process (``tpuctl.testing.backend``): sessions and the CLI on its backend,
+    whose waits move the fake ``clock``."""
+
+    runner: InProcessCli
+    state_dir: Path
+    _sessions: list[Session] = field(default_factory=list)
+
+    @property
+    def admin(self) -> SimAdminClient:
+        return self.runner.admin
+
+    @property
+    def clock(self) -> FakeClock:
+        return self.runner.clock
+
+    @property
+    def url(self) -> str:
+        return ENDPOINT
+
+    def session(self) -> Session:
+        from tpuctl.services.session import open_session
+
+        settings = load_settings({"state_dir": self.state_dir, "backend": "sim"})
+        sess = open_session(settings, backend=self.runner.backend)
+        self._sessions.append(sess)
+        return sess
+
+    def cli(self, *args: str) -> CliResult:
+        return self.runner(*args)
+
+    def close(self) -> None:
+        for sess in self._sessions:
+            sess.close()
+        self.runner.close()

@@ -1,6 +1,7 @@
 """Fixtures for the allocator's tests: a simulator per test (in the test's own state dir, with a world the
-test writes), the real TpuApiCloud client pointed at it, a Session over it, and the CLI run in-process
-against the same simulator. The helpers live in ``allocator_helpers``."""
+test writes), served (``sim``) or in this process on a fake clock (``in_process_sim``), the real client
+on it, a Session over it, and the CLI run in-process against the same simulator. The helpers live in
+``allocator_helpers``."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from allocator_helpers import SimEnv, make_world
+from allocator_helpers import InProcessEnv, SimEnv, make_world
 
 from tpuctl.sim import SimAdminClient, SimServer
 from tpuctl.testing.cli import Cli, CliResult
@@ -41,11 +42,39 @@ def sim(state_dir: Path) -> Iterator[Callable[..., SimEnv]]:
 
 
 @pytest.fixture
-def cli(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> Callable[..., CliResult]:
-    """Run ``tpuctl ARGS`` in-process; with ``env`` (a SimEnv) against that simulator (and every later
-    command of the test too)."""
+def in_process_sim(state_dir: Path) -> Iterator[Callable[..., InProcessEnv]]:
+    """``in_process_sim(**world_overrides)``: the simulator in this test's state dir, in this process
+    (closed at teardown); time moves only when something waits on its fake clock or the test advances it."""
+    from tpuctl.store.paths import ensure_private_dir
+    from tpuctl.testing.backend import InProcessBackend, InProcessCli
+    from tpuctl.testing.cloud import InProcessSim
 
-    def run(*args: str, env: SimEnv | None = None) -> CliResult:
+    sims: list[InProcessSim] = []
+    envs: list[InProcessEnv] = []
+
+    def start(**overrides: Any) -> InProcessEnv:
+        sim = InProcessSim(ensure_private_dir(state_dir), make_world(**overrides))
+        sims.append(sim)
+        env = InProcessEnv(InProcessCli(InProcessBackend(sim)), state_dir)
+        envs.append(env)
+        return env
+
+    yield start
+    for env in envs:
+        env.close()
+    for sim in sims:
+        sim.close()
+
+
+@pytest.fixture
+def cli(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> Callable[..., CliResult]:
+    """Run ``tpuctl ARGS`` in-process; with ``env`` against that simulator: a SimEnv's for this and every
+    later command of the test, an InProcessEnv's for this command."""
+
+    def run(*args: str, env: SimEnv | InProcessEnv | None = None) -> CliResult:
+        if isinstance(env, InProcessEnv):
+            result: CliResult = env.cli(*args)  # (allocator_helpers is unchecked here: see pyproject)
+            return result
         if env is not None:
             monkeypatch.setenv("TPUCTL_SIM_URL", env.url)
         return cli(*args)

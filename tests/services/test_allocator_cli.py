@@ -1,6 +1,6 @@
-"""`tpuctl pod create` end to end (in-process CLI, against the simulator through the real client):
-failover across stocked-out zones, the dry-run plan as a CI gate and its exit codes, the price cap, quota
-short everywhere, and bad input."""
+"""`tpuctl pod create` end to end (in-process CLI, against the simulator through the real client, the
+simulator in this process on a fake clock): failover across stocked-out zones, the dry-run plan as a CI
+gate and its exit codes, the price cap, quota short everywhere, and bad input."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from allocator_helpers import V5E_ZONES, SimEnv
+from allocator_helpers import V5E_ZONES, InProcessEnv
 
 from tpuctl.store.ledger import Ledger
 from tpuctl.store.records import AttemptOutcome, PodState
@@ -25,8 +25,10 @@ def zone_flags(zones: list[str]) -> list[str]:
     return [arg for z in zones for arg in ("--zone", z)]
 
 
-def test_failover_seven_of_eight_zones_stocked_out(sim: Callable[..., SimEnv], cli: Cli) -> None:
-    env = sim()
+def test_failover_seven_of_eight_zones_stocked_out(
+    in_process_sim: Callable[..., InProcessEnv], cli: Cli
+) -> None:
+    env = in_process_sim()
     for zone in V5E_ZONES[:7]:
         env.admin.stockout(zone)
 
@@ -61,8 +63,10 @@ def test_failover_seven_of_eight_zones_stocked_out(sim: Callable[..., SimEnv], c
     assert env.admin.status()["queued_resources"] == []
 
 
-def test_dry_run_plan_is_a_ci_gate_and_mutates_nothing(sim: Callable[..., SimEnv], cli: Cli) -> None:
-    env = sim()
+def test_dry_run_plan_is_a_ci_gate_and_mutates_nothing(
+    in_process_sim: Callable[..., InProcessEnv], cli: Cli
+) -> None:
+    env = in_process_sim()
     result = cli(
         "pod", "create", "v5e-16", "--spot", "--max-price", "8", "--name", "gate",
         *zone_flags(["us-central1-a", "us-west4-a", "us-east5-b"]), "--dry-run", "-o", "json", env=env,
@@ -101,8 +105,8 @@ def test_dry_run_plan_is_a_ci_gate_and_mutates_nothing(sim: Callable[..., SimEnv
         assert list(ledger.events()) == []
 
 
-def test_dry_run_table_output(sim: Callable[..., SimEnv], cli: Cli) -> None:
-    env = sim()
+def test_dry_run_table_output(in_process_sim: Callable[..., InProcessEnv], cli: Cli) -> None:
+    env = in_process_sim()
     result = cli("pod", "create", "v5e-16", "--zone", "us-east5-b", "--dry-run", env=env)
     assert result.code == 0
     assert "dry run" in result.stdout and "verdict: feasible (exit 0)" in result.stdout
@@ -110,9 +114,9 @@ def test_dry_run_table_output(sim: Callable[..., SimEnv], cli: Cli) -> None:
 
 
 def test_max_price_below_every_candidate_exits_6_with_each_price(
-    sim: Callable[..., SimEnv], cli: Cli
+    in_process_sim: Callable[..., InProcessEnv], cli: Cli
 ) -> None:
-    env = sim()
+    env = in_process_sim()
     zones = ["us-central1-a", "us-west4-a", "us-east5-b"]
     args = ["pod", "create", "v5e-16", "--spot", "--max-price", "2.5", *zone_flags(zones)]
 
@@ -145,9 +149,9 @@ def test_max_price_below_every_candidate_exits_6_with_each_price(
 
 
 def test_quota_short_everywhere_exits_4_naming_where_needed_available_and_fix(
-    sim: Callable[..., SimEnv], cli: Cli
+    in_process_sim: Callable[..., InProcessEnv], cli: Cli
 ) -> None:
-    env = sim(
+    env = in_process_sim(
         quotas={
             "default": {"on_demand": {"zone": 8, "region": 512}, "preemptible": {"zone": 64, "region": 4}}
         }
@@ -185,8 +189,8 @@ def test_quota_short_everywhere_exits_4_naming_where_needed_available_and_fix(
     )
 
 
-def test_not_offered_anywhere_exits_5(sim: Callable[..., SimEnv], cli: Cli) -> None:
-    env = sim(zones={"us-central1-b": {"v6e": {"on_demand": 64, "preemptible": 64}}})
+def test_not_offered_anywhere_exits_5(in_process_sim: Callable[..., InProcessEnv], cli: Cli) -> None:
+    env = in_process_sim(zones={"us-central1-b": {"v6e": {"on_demand": 64, "preemptible": 64}}})
     # us-central1-b offers only v6e; europe-west4-a is not a zone of this world at all.
     result = cli("pod", "create", "v5e-16", "--zone", "us-central1-b", "--zone", "europe-west4-a",
                  "--dry-run", "-o", "json", env=env)  # fmt: skip
@@ -203,15 +207,19 @@ def test_not_offered_anywhere_exits_5(sim: Callable[..., SimEnv], cli: Cli) -> N
     ]
 
 
-def test_region_flag_considers_that_regions_zones(sim: Callable[..., SimEnv], cli: Cli) -> None:
-    env = sim()
+def test_region_flag_considers_that_regions_zones(
+    in_process_sim: Callable[..., InProcessEnv], cli: Cli
+) -> None:
+    env = in_process_sim()
     result = cli("pod", "create", "v5e-4", "--region", "us-east5", "--dry-run", "-o", "json", env=env)
     assert result.code == 0, result.stderr
     assert result.json["plan"]["zones_considered"] == ["us-east5-b"]
 
 
-def test_create_warns_when_preempted_slices_hold_needed_quota(sim: Callable[..., SimEnv], cli: Cli) -> None:
-    env = sim(quotas={"default": {"preemptible": {"zone": 16, "region": 512}}})
+def test_create_warns_when_preempted_slices_hold_needed_quota(
+    in_process_sim: Callable[..., InProcessEnv], cli: Cli
+) -> None:
+    env = in_process_sim(quotas={"default": {"preemptible": {"zone": 16, "region": 512}}})
     assert (
         cli("pod", "create", "v5e-16", "--spot", "--zone", "us-central1-a", "--name", "old", env=env).code
         == 0
@@ -307,9 +315,9 @@ def test_bad_input_table_output_names_value_and_fix(cli: Cli) -> None:
 
 
 def test_every_feasible_zone_stocked_out_exits_5_and_leaves_nothing(
-    sim: Callable[..., SimEnv], cli: Cli
+    in_process_sim: Callable[..., InProcessEnv], cli: Cli
 ) -> None:
-    env = sim()
+    env = in_process_sim()
     zones = ["us-central1-a", "us-west4-a"]
     for zone in zones:
         env.admin.stockout(zone)
@@ -328,8 +336,10 @@ def test_every_feasible_zone_stocked_out_exits_5_and_leaves_nothing(
     assert env.admin.status()["nodes"] == []
 
 
-def test_a_name_in_use_is_refused_before_creating(sim: Callable[..., SimEnv], cli: Cli) -> None:
-    env = sim()
+def test_a_name_in_use_is_refused_before_creating(
+    in_process_sim: Callable[..., InProcessEnv], cli: Cli
+) -> None:
+    env = in_process_sim()
     assert cli("pod", "create", "v5e-4", "--zone", "us-west4-a", "--name", "dup", env=env).code == 0
     again = cli("pod", "create", "v5e-4", "--zone", "us-east5-b", "--name", "dup", "-o", "json", env=env)
     assert again.code == 12

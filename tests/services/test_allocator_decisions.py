@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from allocator_helpers import SimEnv
+from allocator_helpers import InProcessEnv
 
 from tpuctl.store.records import AttemptOutcome
 
@@ -130,8 +130,8 @@ CASES = [
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_decision_table(sim: Callable[..., SimEnv], case: Case) -> None:
-    env = sim(**case.world)
+def test_decision_table(in_process_sim: Callable[..., InProcessEnv], case: Case) -> None:
+    env = in_process_sim(**case.world)
     for zone in case.stockouts:
         env.admin.stockout(zone)
     allocator = env.allocator()
@@ -157,8 +157,8 @@ def test_decision_table(sim: Callable[..., SimEnv], case: Case) -> None:
     assert [(n.name, n.zone, n.state) for n in nodes] == [(request.name, case.placed[0], "READY")]
 
 
-def test_preempted_slices_holding_quota_are_reported(sim: Callable[..., SimEnv]) -> None:
-    env = sim(
+def test_preempted_slices_holding_quota_are_reported(in_process_sim: Callable[..., InProcessEnv]) -> None:
+    env = in_process_sim(
         zones={
             "us-central1-a": {"v5e": {"on_demand": 64, "preemptible": 64}},
             "us-west4-a": {"v5e": {"on_demand": 64, "preemptible": 64}},
@@ -192,10 +192,10 @@ def test_preempted_slices_holding_quota_are_reported(sim: Callable[..., SimEnv])
     ]
 
 
-def test_quota_race_at_create_fails_over(sim: Callable[..., SimEnv]) -> None:
+def test_quota_race_at_create_fails_over(in_process_sim: Callable[..., InProcessEnv]) -> None:
     """The plan saw room; by the time of the create something else took the quota: the 429 is an attempt
     with outcome quota, and the next candidate takes the request."""
-    env = sim(quotas={"default": {"preemptible": {"zone": 16, "region": 512}}})
+    env = in_process_sim(quotas={"default": {"preemptible": {"zone": 16, "region": 512}}})
     session = env.session()
     allocator = env.allocator(session)
     request = env.request("v5e-16", session=session, zones=["us-central1-a", "us-west4-a"], spot=True)

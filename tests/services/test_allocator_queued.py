@@ -1,22 +1,23 @@
 """Queued resources: --queued with failover when one FAILS at --valid-for, --strategy race, and --slices N
-(multislice through one queued resource). Against the simulator through the real client."""
+(multislice through one queued resource). Against the simulator through the real client: in this process
+on a fake clock, but for the races, whose placer runs on a thread while the test steers a served
+simulator in real time."""
 
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
-from allocator_helpers import SimEnv
+from allocator_helpers import InProcessEnv, SimEnv
 
 from tpuctl.cloud.base import QueuedResource
 from tpuctl.services.attempts import Placement
 from tpuctl.store.ledger import Ledger
 from tpuctl.store.records import AttemptOutcome, EventKind, PodState
 from tpuctl.testing.cli import CliResult
-from tpuctl.testing.clock import FakeClock, wait_for
+from tpuctl.testing.clock import wait_for
 
 Cli = Callable[..., CliResult]
 
@@ -85,8 +86,10 @@ def test_race_keeps_the_first_active_and_deletes_the_others(sim: Callable[..., S
         assert pods["us-east5-b"].state == PodState.DELETED
 
 
-def test_queued_fails_over_when_valid_for_runs_out(sim: Callable[..., SimEnv], cli: Cli) -> None:
-    env = sim()
+def test_queued_fails_over_when_valid_for_runs_out(
+    in_process_sim: Callable[..., InProcessEnv], cli: Cli
+) -> None:
+    env = in_process_sim()
     env.admin.stockout("us-central1-a")
     result = cli(
         "pod", "create", "v5e-4", "--spot", "--queued", "--valid-for", "30s", "--name", "q",
@@ -112,14 +115,14 @@ def test_queued_fails_over_when_valid_for_runs_out(sim: Callable[..., SimEnv], c
 
 
 def test_queued_failover_when_the_placer_looks_only_after_valid_until(
-    sim: Callable[..., SimEnv], monkeypatch: pytest.MonkeyPatch
+    in_process_sim: Callable[..., InProcessEnv], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """On a loaded machine the placer's first look at a queued resource can come after its validUntil
     (--valid-for 30s is 30 ms at speed 1000). One created where there is capacity started provisioning when
-    it was created, so it must not fail then: the failover above flaked on this. With the simulator's
-    ticker off, nothing looks at it between the create and the placer's first poll, so this is exact."""
-    clock = FakeClock(time.time(), ticking=True)
-    env = sim(ticker_interval_s=0, clock=clock)
+    it was created, so it must not fail then: the failover above flaked on this. In process, nothing looks
+    at it between the create and the placer's first poll, and time moves only when told: this is exact."""
+    env = in_process_sim()
+    clock = env.clock
     env.admin.stockout("us-central1-a")
     allocator = env.allocator()
     cloud = allocator.context.cloud
@@ -145,8 +148,10 @@ def test_queued_failover_when_the_placer_looks_only_after_valid_until(
     ]
 
 
-def test_slices_2_makes_two_slices_through_one_queued_resource(sim: Callable[..., SimEnv], cli: Cli) -> None:
-    env = sim(quotas={"default": {"on_demand": {"zone": 16, "region": 512}}})
+def test_slices_2_makes_two_slices_through_one_queued_resource(
+    in_process_sim: Callable[..., InProcessEnv], cli: Cli
+) -> None:
+    env = in_process_sim(quotas={"default": {"on_demand": {"zone": 16, "region": 512}}})
     dry = cli("pod", "create", "v5e-8", "--slices", "2", "--zone", "us-east5-b", "--name", "ms",
               "--dry-run", "-o", "json", env=env)  # fmt: skip
     assert dry.code == 0, dry.stderr

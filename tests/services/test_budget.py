@@ -26,25 +26,15 @@ from tpuctl.services.budget import (
 from tpuctl.services.prices import PriceSource
 from tpuctl.store.ledger import Ledger
 from tpuctl.store.records import EventKind, RunStatus, SegmentKind
+from tpuctl.testing.clock import FakeClock
 
 T0 = 1_800_000_000.0
 Z = "us-central1-a"
 
 
-class FakeClock:
-    def __init__(self, now: float = T0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-
 @pytest.fixture
 def clock() -> FakeClock:
-    return FakeClock()
+    return FakeClock(T0)
 
 
 @pytest.fixture
@@ -102,7 +92,7 @@ def test_spend_counts_ended_slices_and_earlier_segments(clock: FakeClock) -> Non
     guard.slice_started("a", 7.2, at=T0)
     guard.slice_ended("a", at=T0 + 1800)  # 3.6 USD
     guard.slice_started("b", 36.0, at=T0 + 2000)
-    clock.now = T0 + 2000 + 100  # 1 USD
+    clock.advance_to(T0 + 2000 + 100)  # 1 USD
     assert round(guard.spent(), 6) == 17.1
     assert guard.rate() == 36.0
 
@@ -110,11 +100,11 @@ def test_spend_counts_ended_slices_and_earlier_segments(clock: FakeClock) -> Non
 def test_deadline_stops_before_running_past_it(clock: FakeClock) -> None:
     guard = BudgetGuard(clock=clock, deadline=T0 + 3600)
     guard.slice_started("s", 10.0, at=T0)
-    clock.now = T0 + 2880  # 80 % of the hour
+    clock.advance_to(T0 + 2880)  # 80 % of the hour
     assert guard.check(next_step_s=60).action is Action.WARN
-    clock.now = T0 + 3530
+    clock.advance_to(T0 + 3530)
     assert guard.check(next_step_s=60).action is Action.CONTINUE  # ends at 3590 s
-    clock.now = T0 + 3550
+    clock.advance_to(T0 + 3550)
     assert guard.check(next_step_s=60).action is Action.STOP  # would end at 3610 s
 
 
@@ -152,7 +142,7 @@ def test_guard_for_a_run_sums_every_slice_across_preemptions(ledger: Ledger, clo
     _slice(ledger, "r-0", ready=T0, run_id="r", end=T0 + 3600)  # 8 x 0.25 x 1 h = 2 USD
     _slice(ledger, "r-1", ready=T0 + 4000, run_id="r")  # 2 USD/h, running
     _slice(ledger, "other", ready=T0, run_id=None)
-    clock.now = T0 + 4000 + 1800  # 1 USD so far on r-1
+    clock.advance_to(T0 + 4000 + 1800)  # 1 USD so far on r-1
 
     guard = BudgetGuard.for_run(ledger, "r", Catalog.load(), limit_usd=3.5, clock=clock)
 
@@ -168,16 +158,16 @@ def test_guard_for_a_run_on_an_existing_pod_bills_from_the_run_start(
     _slice(ledger, "mine", ready=T0, run_id=None, labels={LABEL_MAX_SECONDS: "7200"})
     ledger.create_run("r", script="t.py", ts=T0 + 3600)
     ledger.add_segment("r", SegmentKind.RUNNING, start=T0 + 3600, pod="mine", zone=Z)
-    clock.now = T0 + 5400
+    clock.advance_to(T0 + 5400)
 
     guard = BudgetGuard.for_run(ledger, "r", Catalog.load(), limit_usd=None, clock=clock)
 
     assert round(guard.spent(), 6) == 1.0  # 30 min of the run at 2 USD/h, not the hour before it
     assert guard.deadline == T0 + 7200  # --max-hours 2 from READY
     assert guard.check(next_step_s=60).action is Action.CONTINUE  # 75 % of the slice's 2 h
-    clock.now = T0 + 5800
+    clock.advance_to(T0 + 5800)
     assert guard.check(next_step_s=60).action is Action.WARN
-    clock.now = T0 + 7190
+    clock.advance_to(T0 + 7190)
     assert guard.check(next_step_s=60).action is Action.STOP
 
 
@@ -190,7 +180,7 @@ def test_guard_for_a_run_on_an_existing_multislice_bills_every_slice_of_it(
     _slice(ledger, "ms-other", ready=T0, run_id=None)  # not a slice of the set: no index
     ledger.create_run("r", script="t.py", ts=T0 + 3600)
     ledger.add_segment("r", SegmentKind.RUNNING, start=T0 + 3600, pod="ms", zone=Z)
-    clock.now = T0 + 5400
+    clock.advance_to(T0 + 5400)
 
     guard = BudgetGuard.for_run(ledger, "r", Catalog.load(), limit_usd=None, clock=clock)
 
@@ -208,7 +198,7 @@ def test_watch_stops_the_run_once_and_turns_the_failure_into_a_budget_error(
     able = [False, True]  # the first stop finds no hosts yet; the second can act
 
     def stop() -> bool:
-        stops.append(clock.now)
+        stops.append(clock.now())
         return able.pop(0)
 
     catalog = Catalog.load()
@@ -218,11 +208,11 @@ def test_watch_stops_the_run_once_and_turns_the_failure_into_a_budget_error(
     )  # fmt: skip
     with pytest.raises(BudgetExceededError) as err, budget as watch:
         assert isinstance(watch, RunBudgetWatch)
-        clock.now = T0 + 1440  # 0.80 USD: the 80 % warning (and 0.8 + 2 USD/h x 60 s is not over)
+        clock.advance_to(T0 + 1440)  # 0.80 USD: the 80 % warning (and 0.8 + 2 USD/h x 60 s is not over)
         assert watch.check_once().action is Action.WARN
-        clock.now = T0 + 1450
+        clock.advance_to(T0 + 1450)
         assert watch.check_once().action is Action.CONTINUE  # warned once only
-        clock.now = T0 + 1750  # 0.972 + 2 USD/h x 60 s = 1.006 > 1: stop
+        clock.advance_to(T0 + 1750)  # 0.972 + 2 USD/h x 60 s = 1.006 > 1: stop
         assert watch.check_once().action is Action.STOP
         assert watch.check_once().action is Action.STOP
         assert watch.check_once().action is Action.STOP  # stop already acted: not called again

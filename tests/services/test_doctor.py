@@ -7,16 +7,17 @@ from pathlib import Path
 
 import pytest
 
+from tpuctl.testing.backend import InProcessCli
 from tpuctl.testing.cli import Cli
 
 CHECKS = ["config file", "profile", "backend", "credentials", "project", "api reachable", "quotas readable",
           "state dir", "ledger"]  # fmt: skip
 
 
-def test_doctor_on_the_simulator_passes_every_check(cli: Cli, tmp_path: Path) -> None:
+def test_doctor_on_the_simulator_passes_every_check(sim_cli: InProcessCli, tmp_path: Path) -> None:
     config = tmp_path / "tpuctl.yaml"
     config.write_text("profiles:\n  lab:\n    zones: [us-central1-a]\n")
-    result = cli("--config", str(config), "--profile", "lab", "doctor", "-o", "json")
+    result = sim_cli("--config", str(config), "--profile", "lab", "doctor", "-o", "json")
     assert result.code == 0, result.stderr
     doc = result.json
     assert [c["check"] for c in doc["checks"]] == CHECKS
@@ -25,7 +26,7 @@ def test_doctor_on_the_simulator_passes_every_check(cli: Cli, tmp_path: Path) ->
     assert detail["config file"] == str(config)  # which file, and which profile, are in use
     assert detail["profile"] == "lab"
     assert detail["backend"] == "sim" and detail["project"] == "tpuctl-sim"
-    table = cli("doctor")
+    table = sim_cli("doctor")
     assert table.code == 0 and "quotas readable" in table.stdout
 
 

@@ -9,11 +9,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from allocator_helpers import SimEnv
+from allocator_helpers import InProcessEnv
 
 from tpuctl.catalog import CapacityType
 from tpuctl.cloud.base import LABEL_LEDGER, LABEL_MANAGED_BY, LABEL_OWNER, NodeRequest, QueuedResourceRequest
-from tpuctl.cloud.retry import poll_until
 from tpuctl.store.ledger import Ledger
 from tpuctl.store.records import EventKind, PodState
 from tpuctl.testing.cli import CliResult
@@ -23,10 +22,10 @@ RT = "v2-alpha-tpuv5-lite"
 
 
 @pytest.fixture
-def garbage(sim: Callable[..., SimEnv], monkeypatch: pytest.MonkeyPatch) -> SimEnv:
+def garbage(in_process_sim: Callable[..., InProcessEnv], monkeypatch: pytest.MonkeyPatch) -> InProcessEnv:
     """A project with one of each kind of garbage, and three slices that are not garbage."""
     monkeypatch.setenv("TPUCTL_OWNER", "alice")
-    env = sim(zones={"us-central1-a": {"v5e": {"on_demand": 64, "preemptible": 64}}})
+    env = in_process_sim(zones={"us-central1-a": {"v5e": {"on_demand": 64, "preemptible": 64}}})
     session = env.session()
     cloud = session.cloud
     allocator = env.allocator(session)
@@ -42,7 +41,7 @@ def garbage(sim: Callable[..., SimEnv], monkeypatch: pytest.MonkeyPatch) -> SimE
     cloud.create_queued_resource(
         QueuedResourceRequest(id="qf", zone=zone, node=template, valid_for_seconds=5)
     )
-    poll_until(lambda: cloud.get_queued_resource(zone, "qf"), lambda q: q.state == "FAILED", timeout_s=10)
+    env.clock.wait_for(lambda: cloud.get_queued_resource(zone, "qf").state == "FAILED", timeout=600, step=1)
     env.admin.stockout(zone, clear=True)
     # Made by this ledger's tpuctl (its identity label), but no ledger entry owns it (that tpuctl was
     # killed): goes.
@@ -55,7 +54,7 @@ def garbage(sim: Callable[..., SimEnv], monkeypatch: pytest.MonkeyPatch) -> SimE
     return env
 
 
-def test_gc_dry_run_lists_only(garbage: SimEnv, cli: Cli) -> None:
+def test_gc_dry_run_lists_only(garbage: InProcessEnv, cli: Cli) -> None:
     result = cli("pod", "gc", "--dry-run", "-o", "json", env=garbage)
     assert result.code == 0, result.stderr
     data = result.json
@@ -84,7 +83,7 @@ def test_gc_dry_run_lists_only(garbage: SimEnv, cli: Cli) -> None:
     assert names == ["bobs", "dead", "keep", "orphan", "other"]
 
 
-def test_gc_asks_before_deleting(garbage: SimEnv, cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gc_asks_before_deleting(garbage: InProcessEnv, cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("sys.stdin", io.StringIO("n\n"))
     monkeypatch.setattr("tpuctl.cli.context.stdin_is_tty", lambda: True)
     result = cli("pod", "gc", env=garbage)
@@ -98,7 +97,7 @@ def test_gc_asks_before_deleting(garbage: SimEnv, cli: Cli, monkeypatch: pytest.
     assert len(garbage.admin.status()["nodes"]) == 5
 
 
-def test_gc_deletes_with_yes_and_records_it(garbage: SimEnv, cli: Cli) -> None:
+def test_gc_deletes_with_yes_and_records_it(garbage: InProcessEnv, cli: Cli) -> None:
     result = cli("pod", "gc", "-y", "-o", "json", env=garbage)
     assert result.code == 0, result.stderr
     assert sorted(result.json["deleted"]) == ["dead", "orphan", "qf"]
@@ -116,12 +115,14 @@ def test_gc_deletes_with_yes_and_records_it(garbage: SimEnv, cli: Cli) -> None:
     assert again.code == 0 and "nothing to collect" in again.stdout
 
 
-def test_gc_records_a_tracked_slice_the_cloud_no_longer_has(sim: Callable[..., SimEnv], cli: Cli) -> None:
+def test_gc_records_a_tracked_slice_the_cloud_no_longer_has(
+    in_process_sim: Callable[..., InProcessEnv], cli: Cli
+) -> None:
     """A `pod delete` (or a run's supervisor) killed after its delete landed, or a slice deleted behind
     tpuctl's back, leaves a live ledger entry with no slice: gc records it gone, so after one gc the ledger
     agrees with the cloud. A dry run only says so; an entry still at REQUESTED is left alone (its create
     may be on its way from another tpuctl)."""
-    env = sim(zones={"us-central1-a": {"v5e": {"on_demand": 64, "preemptible": 64}}})
+    env = in_process_sim(zones={"us-central1-a": {"v5e": {"on_demand": 64, "preemptible": 64}}})
     session = env.session()
     allocator = env.allocator(session)
     zone = "us-central1-a"
@@ -153,7 +154,7 @@ def test_gc_records_a_tracked_slice_the_cloud_no_longer_has(sim: Callable[..., S
 
 
 def test_gc_ends_a_request_whose_tpuctl_died_before_its_create_reached_the_cloud(
-    sim: Callable[..., SimEnv], cli: Cli
+    in_process_sim: Callable[..., InProcessEnv], cli: Cli
 ) -> None:
     """`pod create` killed between recording its request and the create reaching the API leaves a
     REQUESTED entry that nothing will ever complete: the request names its process, and once that process
@@ -166,7 +167,7 @@ def test_gc_ends_a_request_whose_tpuctl_died_before_its_create_reached_the_cloud
     from tpuctl.processes import process_start_ticks
     from tpuctl.services.attempts import REQUESTED_BY, requester
 
-    env = sim(zones={"us-central1-a": {"v5e": {"on_demand": 64, "preemptible": 64}}})
+    env = in_process_sim(zones={"us-central1-a": {"v5e": {"on_demand": 64, "preemptible": 64}}})
     session = env.session()
     zone = "us-central1-a"
     env.allocator(session).place(env.request("v5e-4", session=session, zones=[zone], name="placed"))
@@ -200,12 +201,12 @@ def test_gc_ends_a_request_whose_tpuctl_died_before_its_create_reached_the_cloud
 
 
 def test_gc_on_a_second_ledger_lists_another_ledgers_live_slice_and_deletes_nothing(
-    sim: Callable[..., SimEnv], cli: Cli, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    in_process_sim: Callable[..., InProcessEnv], cli: Cli, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     # Two machines of one user (USER=root on both), one project: each has its own ledger.
     monkeypatch.setenv("USER", "root")
     monkeypatch.delenv("TPUCTL_OWNER", raising=False)
-    env = sim()
+    env = in_process_sim()
     monkeypatch.setenv("TPUCTL_STATE_DIR", str(tmp_path / "machine-a"))
     made = cli(
         "pod", "create", "v5e-16", "--zone", "us-central1-a", "--name", "theirs", "-o", "json", env=env

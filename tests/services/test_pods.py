@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from allocator_helpers import SimEnv
+from allocator_helpers import InProcessEnv
 
 from tpuctl.testing.cli import CliResult
 
@@ -13,12 +13,14 @@ Cli = Callable[..., CliResult]
 ZONE = "us-central1-a"
 
 
-def _queued_ids(env: SimEnv) -> list[str]:
+def _queued_ids(env: InProcessEnv) -> list[str]:
     return [q["name"].rsplit("/", 1)[-1] for q in env.admin.status()["queued_resources"]]
 
 
-def test_delete_removes_the_queued_resource_and_says_so(sim: Callable[..., SimEnv], cli: Cli) -> None:
-    env = sim()
+def test_delete_removes_the_queued_resource_and_says_so(
+    in_process_sim: Callable[..., InProcessEnv], cli: Cli
+) -> None:
+    env = in_process_sim()
     made = cli("pod", "create", "v5e-16", "--queued", "--zone", ZONE, "--name", "qd", "-o", "json", env=env)
     assert made.code == 0, made.stderr
     [qr_id] = _queued_ids(env)
@@ -38,8 +40,10 @@ def test_delete_removes_the_queued_resource_and_says_so(sim: Callable[..., SimEn
     assert _queued_ids(env) == [] and env.admin.status()["nodes"] == []
 
 
-def test_a_multislice_queued_resource_goes_with_its_last_slice(sim: Callable[..., SimEnv], cli: Cli) -> None:
-    env = sim()
+def test_a_multislice_queued_resource_goes_with_its_last_slice(
+    in_process_sim: Callable[..., InProcessEnv], cli: Cli
+) -> None:
+    env = in_process_sim()
     made = cli(
         "pod", "create", "v5e-16", "--slices", "2", "--zone", ZONE, "--name", "ms", "-o", "json", env=env
     )

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import respx
-from allocator_helpers import SimEnv
+from allocator_helpers import InProcessEnv
 
 from tpuctl.store.ledger import Ledger
 from tpuctl.testing.cli import CliResult
@@ -18,14 +18,13 @@ BILLING = "https://billing.test"
 REFRESHED = 4.44  # USD per chip-hour, spot v5e in us-central1 (the bundled table says 0.245)
 
 
-def _refresh(cli: Cli, env: SimEnv) -> None:
+def _refresh(cli: Cli, env: InProcessEnv) -> None:
     sku = {
         "skuId": "X", "description": "Preemptible TpuV5e chip", "serviceRegions": ["us-central1"],
         "category": {"usageType": "OnDemand", "resourceGroup": "TPU"},
         "pricingInfo": [{"pricingExpression": {"usageUnit": "h", "tieredRates": [
             {"unitPrice": {"currencyCode": "USD", "units": "4", "nanos": 440000000}}]}}],
     }  # fmt: skip
-    respx.route(host="127.0.0.1").pass_through()  # the simulator itself
     respx.get(f"{BILLING}/v1/services/6F81-5844-456A/skus").respond(200, json={"skus": [sku]})
     respx.get(f"{BILLING}/v1/services/E000-3F24-B8AA/skus").respond(200, json={"skus": []})
     result = cli(
@@ -35,8 +34,10 @@ def _refresh(cli: Cli, env: SimEnv) -> None:
 
 
 @respx.mock
-def test_a_placement_uses_the_refreshed_price(sim: Callable[..., SimEnv], cli: Cli, state_dir: Path) -> None:
-    env = sim()
+def test_a_placement_uses_the_refreshed_price(
+    in_process_sim: Callable[..., InProcessEnv], cli: Cli, state_dir: Path
+) -> None:
+    env = in_process_sim()
     _refresh(cli, env)
     create = ("pod", "create", "v5e-16", "--spot", "--zone", ZONE, "--name", "priced", "-o", "json")
 

@@ -112,11 +112,13 @@ def test_preemption_reaches_every_host(
     base = [f"http://{a}:{server.metadata_port}/computeMetadata/v1/instance/" for a in addresses]
     assert {httpx.get(b + "preempted", headers=MD).text for b in base} == {"FALSE"}
 
+    # From the ETag of FALSE: TRUE whether the long poll reaches the VM before the preemption or after.
+    params = {
+        "wait_for_change": "true",
+        "last_etag": httpx.get(base[-1] + "preempted", headers=MD).headers["ETag"],
+    }
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        watch = pool.submit(
-            httpx.get, base[-1] + "preempted", params={"wait_for_change": "true"}, headers=MD, timeout=30
-        )
-        time.sleep(0.2)  # the long poll is waiting (real time: an HTTP request in flight)
+        watch = pool.submit(httpx.get, base[-1] + "preempted", params=params, headers=MD, timeout=30)
         with SimAdminClient(server.url) as admin:
             admin.preempt_compute(ZONE, target)
         assert watch.result(timeout=20).text == "TRUE"

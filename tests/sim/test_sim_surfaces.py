@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import socket
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -127,7 +126,6 @@ def test_metadata_wait_for_change(start_server: Callable[..., SimServer]) -> Non
 
     watcher = threading.Thread(target=watch)
     watcher.start()
-    time.sleep(0.05)
     with SimAdminClient(server.url) as admin:
         admin.preempt(ZONE, "wait", notice=True)
         watcher.join(timeout=12)

@@ -205,9 +205,12 @@ def test_preemption_with_notice_reaches_every_process_of_the_vm(
     assert pid in procs.vm_pids(str(vms.node.id), 0, disk)
 
     url = vms.metadata_base(0) + "/computeMetadata/v1/instance/preempted"
+    before = httpx.get(url, headers=MD)
+    assert before.text == "FALSE"
+    # From the ETag of FALSE: TRUE whether the long poll reaches the VM before the preemption or after.
+    params = {"wait_for_change": "true", "last_etag": before.headers["ETag"]}
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        watch = pool.submit(httpx.get, url, params={"wait_for_change": "true"}, headers=MD, timeout=30)
-        time.sleep(0.2)  # the long-poll is waiting (real time: an HTTP request in flight)
+        watch = pool.submit(httpx.get, url, params=params, headers=MD, timeout=30)
         with SimAdminClient(server.url) as admin:
             assert admin.preempt(ZONE, "pre", notice=True)["state"] == "READY"
         assert watch.result(timeout=20).text == "TRUE"

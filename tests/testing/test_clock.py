@@ -20,6 +20,10 @@ def test_a_frozen_clock_moves_only_by_advance_and_sleep() -> None:
     assert clock.now() == DEFAULT_START + 100
     with pytest.raises(ValueError):
         clock.advance(-1)
+    assert clock.advance_to(DEFAULT_START + 500) == clock.now() == DEFAULT_START + 500
+    with pytest.raises(ValueError, match="back"):
+        clock.advance_to(DEFAULT_START)
+    assert clock.now() == DEFAULT_START + 500
 
 
 def test_a_ticking_clock_follows_the_wall_clock_ahead_by_what_was_advanced() -> None:

@@ -11,6 +11,7 @@ from tpuctl.cli.context import make_output
 from tpuctl.cli.options import DryRunOpt, OutputOpt
 
 if TYPE_CHECKING:
+    from tpuctl.backends.base import Backend
     from tpuctl.cli.render import Output
     from tpuctl.services.prices import RefreshResult
     from tpuctl.settings import Settings
@@ -89,14 +90,21 @@ def prices(
 ) -> None:
     """USD per chip-hour by generation and region, on-demand and spot/preemptible, from the refreshed
     cache when there is one (else the bundled catalog), with the source and date."""
-    from tpuctl.cli.context import build_settings, is_dry_run
+    from tpuctl.cli.context import backend_for, build_settings, clock, is_dry_run
     from tpuctl.services.prices import load_catalog
 
     out = make_output(ctx, output)
     settings = build_settings(ctx)
     refreshed = None
     if refresh:
-        refreshed = _refresh_prices(out, settings, billing_url, dry_run=is_dry_run(ctx, dry_run))
+        refreshed = _refresh_prices(
+            out,
+            settings,
+            billing_url,
+            dry_run=is_dry_run(ctx, dry_run),
+            chosen=backend_for(ctx, settings),
+            now=clock(ctx)(),
+        )
     catalog, source = load_catalog(settings.resolved_state_dir, settings.resolved_backend.value)
     for warning in source.warnings:
         out.warn(warning)
@@ -144,12 +152,11 @@ def prices(
 
 
 def _refresh_prices(
-    out: Output, settings: Settings, billing_url: str | None, *, dry_run: bool
+    out: Output, settings: Settings, billing_url: str | None, *, dry_run: bool, chosen: Backend, now: float
 ) -> RefreshResult:
     """The refresh itself: Google's catalog, a given Billing-API endpoint, or on the
     simulator its world file. Then a price_change event for every live slice whose price moved."""
     import os
-    import time
 
     from tpuctl.services.prices import (
         load_catalog,
@@ -162,11 +169,7 @@ def _refresh_prices(
     backend = settings.resolved_backend.value
     state_dir = settings.resolved_state_dir
     url = billing_url or os.environ.get("TPUCTL_BILLING_URL") or None
-    now = time.time()
     project = settings.project or ""
-    from tpuctl.backends import open_backend
-
-    chosen = open_backend(settings)
     own = chosen.own_prices() if url is None else None
     if own is not None:
         project = own.project

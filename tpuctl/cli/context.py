@@ -4,7 +4,8 @@ print the backend marker, and map exceptions to exit codes."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +16,7 @@ import typer
 from tpuctl.cli.render import Output
 
 if TYPE_CHECKING:
+    from tpuctl.backends.base import Backend
     from tpuctl.errors import UsageError
     from tpuctl.services.session import Session
     from tpuctl.settings import Settings
@@ -37,6 +39,9 @@ class GlobalOptions:
     config: Path | None = None
     backend: str | None = None
     current_output: Output | None = None
+    #: A backend handed to ``run()`` (a test's in-process simulator): every session opens it instead of
+    #: the one the settings choose.
+    given_backend: Backend | None = None
 
 
 def global_options(ctx: typer.Context) -> GlobalOptions:
@@ -152,7 +157,7 @@ def session(
     from tpuctl.services.session import open_session
 
     settings = settings or build_settings(ctx, **flags)
-    with open_session(settings) as sess:
+    with open_session(settings, backend=global_options(ctx).given_backend) as sess:
         label = sess.backend.label
         detail = f", state {_home(sess.state_dir)}" if label.names_state_dir else ""
         ambient = settings.project_from if label.names_ambient_project else None
@@ -163,6 +168,22 @@ def session(
                 out.err.print(f"{label.name}: project {sess.project} taken from {ambient}")
         out.backend_banner(label, sess.project, detail)
         yield sess
+
+
+def backend_for(ctx: typer.Context, settings: Settings) -> Backend:
+    """The backend of a command that needs one outside a session: the given one, else the settings'."""
+    from tpuctl.backends import open_backend
+
+    return global_options(ctx).given_backend or open_backend(settings)
+
+
+def clock(ctx: typer.Context) -> Callable[[], float]:
+    """Now, for a command that reads the time outside a session: the given backend's own time where it
+    keeps one (``OwnTime``, a test's fake clock), else the wall clock."""
+    from tpuctl.services.session import OwnTime
+
+    given = global_options(ctx).given_backend
+    return given.clock if isinstance(given, OwnTime) else time.time
 
 
 def _home(path: Path) -> str:

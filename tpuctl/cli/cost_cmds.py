@@ -3,17 +3,17 @@ reconciled with the live listing), with the price source and date each used."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from tpuctl.cli.context import build_settings, is_dry_run, make_output
+from tpuctl.cli.context import backend_for, build_settings, clock, global_options, is_dry_run, make_output
 from tpuctl.cli.options import DryRunOpt, OutputOpt
 
 if TYPE_CHECKING:
+    from tpuctl.backends.base import Backend
     from tpuctl.catalog import Catalog
     from tpuctl.cli.render import Output
     from tpuctl.services.cost import CostReport
@@ -42,7 +42,7 @@ def cost_session(
     from tpuctl.services.session import open_session
 
     catalog, source = prices or load_catalog(settings.resolved_state_dir, settings.resolved_backend.value)
-    with open_session(settings, catalog=catalog) as sess:
+    with open_session(settings, catalog=catalog, backend=global_options(ctx).given_backend) as sess:
         label = sess.backend.label
         out.backend_banner(label, sess.project, f", state {sess.state_dir}" if label.names_state_dir else "")
         for warning in source.warnings:
@@ -212,7 +212,8 @@ def report(
     settings = build_settings(ctx)
     group = parse_group_by(group_by)
     keep = parse_limit(limit, table=not out.machine)
-    start, end_given = parse_window(since, until, now=time.time())
+    now = clock(ctx)
+    start, end_given = parse_window(since, until, now=now())
     # Without --until the window ends when the report is computed (after reconciliation recorded what it
     # saw), not when the command started.
     end = end_given if until is not None else None
@@ -222,7 +223,7 @@ def report(
 
         prices = load_catalog(settings.resolved_state_dir, settings.resolved_backend.value)
         # The report starts now, on a thread, while the session opens and the cloud is listed.
-        early = _start_report(settings, prices, group, start, end, keep)
+        early = _start_report(settings, prices, group, start, end, keep, now)
         try:
             with cost_session(ctx, out, settings, prices) as (sess, source):
                 result = _report(
@@ -231,7 +232,7 @@ def report(
         finally:
             early.wait()
     else:
-        result = _offline_report(out, settings, group, start, end, keep)
+        result = _offline_report(out, settings, backend_for(ctx, settings), group, start, end, keep, now)
     _render_report(out, result)
 
 
@@ -242,6 +243,7 @@ def _start_report(
     start: float | None,
     end: float | None,
     limit: int | None,
+    now: Callable[[], float],
 ) -> InBackground[CostReport]:
     """The report over the ledger as it is, computed on a thread from now on (it fails with a
     LedgerError, and is computed again once the session is open, if there is no ledger yet or it must be
@@ -251,7 +253,7 @@ def _start_report(
 
     database = settings.resolved_database
     assert database.path is not None  # a SQLite ledger: the only engine the settings accept yet
-    service = CostService(database.path, *prices)
+    service = CostService(database.path, *prices, clock=now)
     return InBackground(
         lambda: service.report(since=start, until=end, group_by=group, limit=limit), name="tpuctl-cost-report"
     )
@@ -273,38 +275,44 @@ def _report(
     from tpuctl.services.cost import CostService
     from tpuctl.services.cost.reconcile import Reconciler, reconciled_report
 
-    service = CostService(sess.ledger.path, sess.catalog, source)
+    service = CostService(sess.ledger.path, sess.catalog, source, clock=sess.clock)
 
     def compute() -> CostReport:
         return service.report(since=start, until=end, group_by=group, limit=limit)
 
     if reconcile:
-        reconciler = Reconciler(sess.ledger, sess.cloud, sess.catalog, clock=time.time)
+        reconciler = Reconciler(sess.ledger, sess.cloud, sess.catalog, clock=sess.clock)
         result = reconciled_report(reconciler, sess.cloud, compute, dry_run=dry_run, first=early)
     else:
         result = compute()
-    result.warnings = [*result.warnings, *expired_slices(sess.ledger, now=time.time())]
+    result.warnings = [*result.warnings, *expired_slices(sess.ledger, now=sess.clock())]
     return result
 
 
 def _offline_report(
-    out: Output, settings: Settings, group: Any, start: float | None, end: float | None, limit: int | None
+    out: Output,
+    settings: Settings,
+    backend: Backend,
+    group: Any,
+    start: float | None,
+    end: float | None,
+    limit: int | None,
+    now: Callable[[], float],
 ) -> CostReport:
-    from tpuctl.backends import open_backend
     from tpuctl.services.budget import expired_slices
     from tpuctl.services.cost import CostService
     from tpuctl.services.prices import load_catalog
     from tpuctl.store.ledger import Ledger
 
-    backend = open_backend(settings)  # only its name and marker: nothing is contacted
+    # ``backend``: only its name and marker; nothing is contacted.
     catalog, source = load_catalog(settings.resolved_state_dir, backend.name)
     out.backend_banner(backend.label, settings.project or "(not contacted)", ", offline")
     out.note("offline: the ledger only, not reconciled with the live listing")
     with Ledger.open(settings.resolved_database) as ledger:
-        result = CostService(ledger.path, catalog, source).report(
+        result = CostService(ledger.path, catalog, source, clock=now).report(
             since=start, until=end, group_by=group, limit=limit
         )
-        result.warnings.extend(expired_slices(ledger, now=time.time()))
+        result.warnings.extend(expired_slices(ledger, now=now()))
     return result
 
 

@@ -10,12 +10,15 @@ import contextlib
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
 from tpuctl.cli import catalog_cmds, cost_cmds, misc_cmds, pod_cmds, run_cmds, sim_cmds
 from tpuctl.cli.context import GlobalOptions
+
+if TYPE_CHECKING:
+    from tpuctl.backends.base import Backend
 
 app = typer.Typer(
     name="tpuctl",
@@ -89,12 +92,14 @@ def main(
     ctx.obj = opts
 
 
-def run(argv: list[str] | None = None) -> None:
-    """Console-script entry point: run the app and turn tpuctl errors into messages and exit codes."""
+def run(argv: list[str] | None = None, *, backend: Backend | None = None) -> None:
+    """Console-script entry point: run the app and turn tpuctl errors into messages and exit codes.
+    ``backend``: the one every session of the command opens, instead of the one the settings choose
+    (tests: ``tpuctl.testing.backend``)."""
     from tpuctl.cli.context import exit_code_for
 
     args = sys.argv[1:] if argv is None else argv
-    opts = GlobalOptions()
+    opts = GlobalOptions(given_backend=backend)
     try:
         result = _command()(args=args, prog_name="tpuctl", standalone_mode=False, obj=opts)
     except SystemExit as exc:

@@ -64,11 +64,11 @@ def quota(
 def doctor(ctx: typer.Context, output: OutputOpt = None) -> int:
     """Check the setup: config file, profile, backend, credentials, project, API reachable, quotas
     readable, state dir. Every check runs; exit 0 if all pass, else the first failure's exit code."""
-    from tpuctl.cli.context import build_settings
+    from tpuctl.cli.context import build_settings, global_options
     from tpuctl.services.doctor import diagnose
 
     out = make_output(ctx, output)
-    report = diagnose(lambda: build_settings(ctx))
+    report = diagnose(lambda: build_settings(ctx), backend=global_options(ctx).given_backend)
     records = [c.to_dict() for c in report.checks]
     out.rows(
         "doctor",

@@ -24,7 +24,6 @@ Plain Python: no CLI, no rendering; progress goes to an ``OperationProgress``.
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -316,14 +315,16 @@ class Allocator:
         ready_timeout_s: float = 3600.0,
         queued_timeout_s: float | None = None,
         max_workers: int = 16,
-        sleep: Sleep = time.sleep,
+        sleep: Sleep | None = None,
         clock: Clock | None = None,
     ) -> None:
+        """``sleep`` and ``clock`` (monotonic) default to the session's: a test's simulated time moves
+        when the allocator waits."""
         self._session = session
         self._cloud = session.cloud
         self._catalog = session.catalog
         tuning = session.backend.tuning
-        monotonic: Clock = clock or time.monotonic
+        monotonic: Clock = clock or session.monotonic
         self._clock = monotonic
         self._max_workers = max_workers
         self.context = PlacementContext(
@@ -332,7 +333,7 @@ class Allocator:
                 session.ledger, backend=self._cloud.backend, project=self._cloud.project, clock=monotonic
             ),
             retry=retry or tuning.step_retry,
-            sleep=sleep,
+            sleep=sleep or session.sleep,
             clock=monotonic,
             poll_interval_s=poll_interval_s or tuning.poll_interval_s,
             poll_max_interval_s=poll_max_interval_s or tuning.poll_max_interval_s,
@@ -454,7 +455,7 @@ class Allocator:
         if request.uses_queued_resource:
             from tpuctl.services.queued import QueuedPlacer
 
-            placer = QueuedPlacer(self.context)
+            placer = QueuedPlacer(self.context, wall_clock=self._session.clock)
             if request.strategy is Strategy.RACE:
                 return placer.race(request, chosen_plan, progress=progress, started=started)
             return placer.sequential(request, chosen_plan, progress=progress, started=started)

@@ -72,8 +72,14 @@ class Report:
         return True
 
 
-def diagnose(load_settings: Callable[[], Settings], environ: Mapping[str, str] = os.environ) -> Report:
-    """Every check, in order; ``load_settings`` builds the settings as the command would."""
+def diagnose(
+    load_settings: Callable[[], Settings],
+    environ: Mapping[str, str] = os.environ,
+    *,
+    backend: Backend | None = None,
+) -> Report:
+    """Every check, in order; ``load_settings`` builds the settings as the command would; ``backend``, when
+    given, is checked instead of the one the settings choose."""
     from tpuctl.settings import default_config_path
 
     report = Report()
@@ -87,7 +93,7 @@ def diagnose(load_settings: Callable[[], Settings], environ: Mapping[str, str] =
     settings_ok = report.run("config file", config)
     settings: Settings | None = found.get("settings")
     report.run("profile", lambda: _profile(settings), needs=settings_ok)
-    backend_ok = report.run("backend", lambda: _backend(found, settings), needs=settings_ok)
+    backend_ok = report.run("backend", lambda: _backend(found, settings, backend), needs=settings_ok)
     closers: list[Callable[[], None]] = []
     try:
         cloud_ok = report.run("credentials", lambda: _credentials(found, closers), needs=backend_ok)
@@ -120,11 +126,11 @@ def _profile(settings: Settings | None) -> str:
     return settings.profile or "default (none chosen)"
 
 
-def _backend(found: dict[str, Any], settings: Settings | None) -> str:
+def _backend(found: dict[str, Any], settings: Settings | None, given: Backend | None) -> str:
     from tpuctl.backends import open_backend
 
     assert settings is not None
-    backend: Backend = open_backend(settings)
+    backend: Backend = given or open_backend(settings)
     found["backend"] = backend
     where = f" at {settings.sim_url}" if settings.sim_url else ""
     return f"{backend.name}{where}"

@@ -24,7 +24,6 @@ records each deletion in the ledger (a ``gc`` event, and ``deleted`` for the sli
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -128,15 +127,16 @@ class GarbageCollector:
         session: Session,
         *,
         retry: RetryPolicy | None = None,
-        sleep: Callable[[float], None] = time.sleep,
+        sleep: Callable[[float], None] | None = None,
     ) -> None:
+        """``sleep`` defaults to the session's (a test's simulated time moves when gc waits)."""
         self._session = session
         self._cloud = session.cloud
         self._ledger = session.ledger
         self._owner = session.settings.resolved_owner
         self._identity = session.ledger.identity
         self._retry = retry or session.backend.tuning.gc_retry
-        self._sleep = sleep
+        self._sleep = sleep or session.sleep
 
     def find(self, zone: str | None = None) -> list[GcItem]:
         return self.survey(zone).items
@@ -302,12 +302,13 @@ class GarbageCollector:
     def collect(
         self, items: Sequence[GcItem], *, progress: OperationProgress | None = None
     ) -> list[GcResult]:
-        started = time.monotonic()
+        started = self._session.monotonic()
         results: list[GcResult] = []
         for item in items:
             if progress is not None:
                 progress.update(
-                    f"deleting {item.kind} {item.name} in {item.zone}", elapsed_s=time.monotonic() - started
+                    f"deleting {item.kind} {item.name} in {item.zone}",
+                    elapsed_s=self._session.monotonic() - started,
                 )
             try:
                 retrying(self._retry, self._sleep)(self._delete, item)

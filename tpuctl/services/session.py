@@ -3,6 +3,10 @@
 The backend (``tpuctl.backends``) is chosen here, once; services ask it, never which one it is. With the
 simulator and no ``sim_url``, a simulator server is started in-process on an ephemeral loopback port for
 the life of the session; its state lives in the state dir, so one command sees what the previous one did.
+
+A backend may also be given (``open_session(settings, backend=...)``: a test's in-process simulator,
+``tpuctl.testing.backend``). When it keeps time of its own (``OwnTime``), the session's clock, monotonic
+clock and sleep are its: every wait of the services then moves simulated time instead of sleeping.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from tpuctl.catalog import Catalog
 from tpuctl.settings import Settings
@@ -22,6 +26,20 @@ if TYPE_CHECKING:
     from tpuctl.backends.base import Backend
     from tpuctl.cloud.base import TpuCloud
     from tpuctl.store.ledger import Ledger
+
+
+@runtime_checkable
+class OwnTime(Protocol):
+    """A backend whose time is not the wall clock's: a simulator on a fake clock that moves when waited
+    on. (Not a member of ``Backend`` yet: the real backends keep the wall clock's time.)"""
+
+    def clock(self) -> float:
+        """Now, in epoch seconds of the backend's time."""
+        ...
+
+    def sleep(self, seconds: float) -> None:
+        """Wait ``seconds`` of the backend's time."""
+        ...
 
 
 @dataclass
@@ -35,6 +53,10 @@ class Session:
     ledger: Ledger
     state_dir: Path
     clock: Callable[[], float] = time.time
+    #: Elapsed time and deadlines (never goes back); with an ``OwnTime`` backend, the backend's clock.
+    monotonic: Callable[[], float] = time.monotonic
+    #: How the services wait (polls, retries); with an ``OwnTime`` backend, the backend's sleep.
+    sleep: Callable[[float], None] = time.sleep
     _closers: list[Callable[[], None]] = field(default_factory=list)
 
     @property
@@ -58,8 +80,11 @@ class Session:
         self.close()
 
 
-def open_session(settings: Settings, *, catalog: Catalog | None = None) -> Session:
-    """Open the backend the settings choose (``tpuctl.backends.open_backend``), its cloud and the ledger.
+def open_session(
+    settings: Settings, *, catalog: Catalog | None = None, backend: Backend | None = None
+) -> Session:
+    """Open the backend the settings choose (``tpuctl.backends.open_backend``), or ``backend`` when given,
+    its cloud and the ledger.
 
     The catalog carries the backend's refreshed prices (`tpuctl catalog prices --refresh`) when cached:
     a placement's price cap, estimate, budget check and the price recorded in the ledger all use one
@@ -70,10 +95,12 @@ def open_session(settings: Settings, *, catalog: Catalog | None = None) -> Sessi
 
     state_dir = ensure_private_dir(settings.resolved_state_dir)
     closers: list[Callable[[], None]] = []
-    backend = open_backend(settings)
+    backend = backend or open_backend(settings)
     cloud = backend.open_cloud(state_dir, closers)
     closers.append(cloud.close)
-    ledger = Ledger.open(settings.resolved_database)
+    timed = backend if isinstance(backend, OwnTime) else None
+    clock = timed.clock if timed else time.time
+    ledger = Ledger.open(settings.resolved_database, clock=clock)
     closers.append(ledger.close)
     return Session(
         settings=settings,
@@ -82,5 +109,8 @@ def open_session(settings: Settings, *, catalog: Catalog | None = None) -> Sessi
         cloud=cloud,
         ledger=ledger,
         state_dir=state_dir,
+        clock=clock,
+        monotonic=timed.clock if timed else time.monotonic,
+        sleep=timed.sleep if timed else time.sleep,
         _closers=closers,
     )

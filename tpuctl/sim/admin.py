@@ -99,9 +99,12 @@ class SimStatus(TypedDict):
 class SimAdminClient:
     """Typed access to a running simulator's admin API. ``base_url`` is ``SimServer.url``."""
 
-    def __init__(self, base_url: str, *, timeout_s: float = 30.0) -> None:
+    def __init__(
+        self, base_url: str, *, timeout_s: float = 30.0, transport: httpx.BaseTransport | None = None
+    ) -> None:
+        """``transport`` carries the requests instead of a socket (tests: the simulator in-process)."""
         self.base_url = base_url.rstrip("/")
-        self._http = httpx.Client(base_url=self.base_url + "/sim/v1", timeout=timeout_s)
+        self._http = httpx.Client(base_url=self.base_url + "/sim/v1", timeout=timeout_s, transport=transport)
 
     # --- reading ---------------------------------------------------------------------------------
 

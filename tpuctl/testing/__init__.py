@@ -3,7 +3,10 @@
 - ``clock``: ``FakeClock`` (simulated time that only moves when told) and ``wait_for`` (a bounded
   real-time poll, for waits on real processes and files).
 - ``cli``: ``invoke``, the one in-process runner of the ``tpuctl`` command line.
-- ``cloud``: ``InProcessCloud``, the real ``TpuApiCloud`` over the simulator's route table, with no socket.
+- ``cloud``: ``InProcessSim``, a simulator engine on a fake clock, and the real ``TpuApiCloud`` over its
+  route table, with no socket.
+- ``backend``: ``InProcessBackend``, a ``tpuctl.backends.base.Backend`` over ``InProcessSim`` that the CLI
+  runner hands down to every session (``InProcessCli``): commands on simulated time, no server.
 
 Nothing here is imported by tpuctl itself; each module imports what it needs when it is used.
 """

@@ -1,9 +1,11 @@
 """The one in-process runner of the ``tpuctl`` command line, for tests.
 
-``invoke(args, env=..., stdin=...)`` runs ``tpuctl.cli.main.run`` (the console script's own entry point,
-so exit codes and error documents are exactly a user's) with ``sys.stdin``/``stdout``/``stderr`` swapped
-for in-memory streams and the environment changed for the call only, and returns a ``CliResult``: the exit
-code, both streams, the time it took and, for ``-o json``, the parsed document.
+``invoke(args, env=..., stdin=..., backend=...)`` runs ``tpuctl.cli.main.run`` (the console script's own
+entry point, so exit codes and error documents are exactly a user's) with ``sys.stdin``/``stdout``/
+``stderr`` swapped for in-memory streams and the environment changed for the call only, and returns a
+``CliResult``: the exit code, both streams, the time it took and, for ``-o json``, the parsed document.
+``backend`` (e.g. ``tpuctl.testing.backend.InProcessBackend``) is what every session of the command opens,
+instead of the backend the settings choose.
 
 In-process runs share the interpreter: one command at a time (the streams are the process's own), and
 anything a command leaves behind in module state is seen by the next, as in a test that imported it.
@@ -19,7 +21,10 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from tpuctl.backends.base import Backend
 
 
 @dataclass(frozen=True)
@@ -62,9 +67,16 @@ class Cli(Protocol):
     ) -> CliResult: ...
 
 
-def invoke(args: Sequence[str], *, env: Mapping[str, str | None] | None = None, stdin: str = "") -> CliResult:
+def invoke(
+    args: Sequence[str],
+    *,
+    env: Mapping[str, str | None] | None = None,
+    stdin: str = "",
+    backend: Backend | None = None,
+) -> CliResult:
     """Run ``tpuctl ARGS`` in this process. ``env`` sets (or, with None, removes) variables for this call
-    only; ``stdin`` is what the command reads from standard input."""
+    only; ``stdin`` is what the command reads from standard input; ``backend``, when given, is the backend
+    the command's sessions open."""
     from tpuctl.cli.main import run
 
     argv = list(args)
@@ -72,7 +84,7 @@ def invoke(args: Sequence[str], *, env: Mapping[str, str | None] | None = None, 
     started = time.monotonic()
     with _environment(env or {}), _streams(io.StringIO(stdin), out, err):
         try:
-            run(argv)
+            run(argv, backend=backend)
             code = 0
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)

@@ -52,6 +52,15 @@ class FakeClock:
             self._offset += seconds
         return self.now()
 
+    def advance_to(self, when: float) -> float:
+        """Move time forward to epoch second ``when`` (never back); returns it."""
+        with self._lock:
+            now = self._offset + (time.time() if self._ticking else 0.0)
+            if when < now:
+                raise ValueError(f"a clock cannot go back (from {now!r} to {when!r})")
+            self._offset += when - now
+        return when
+
     def sleep(self, seconds: float) -> None:
         """An injected ``sleep``: the time passes at once."""
         self.advance(max(seconds, 0.0))

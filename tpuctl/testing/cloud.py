@@ -139,29 +139,29 @@ class InProcessSim:
         from tpuctl.sim.engine import SimEngine
         from tpuctl.sim.state import SimDatabase, db_path_for
 
+        self.state_dir = state_dir
         self.clock = clock or FakeClock()
         self._db = SimDatabase(db_path_for(state_dir))
         self.engine = SimEngine(self._db, clock=self.clock)
         self.world = self.engine.install_world(world)
 
-    def cloud(self, *, project: str | None = None, **kwargs: Any) -> TpuApiCloud:
-        """The real ``TpuApiCloud`` against this simulator (the world's project unless given); ``kwargs``
-        as ``TpuApiCloud.for_simulator`` takes them. Its waits and retries advance the clock."""
+    def cloud(self, *, project: str | None = None, **overrides: Any) -> TpuApiCloud:
+        """The real ``TpuApiCloud`` against this simulator (the world's project unless given), called as
+        the simulator backend calls one; ``overrides``: fields of its ``CloudConfig``. Its waits and
+        retries advance the clock unless another ``sleep`` is given."""
         from tpuctl.cloud.quotas import CloudQuotasClient
-        from tpuctl.cloud.tpu_api import SIM_RETRY, TpuApiCloud
+        from tpuctl.cloud.tpu_api import TpuApiCloud
 
-        kwargs.setdefault("sleep", self.clock.sleep)
-        retry = kwargs.pop("retry", None) or SIM_RETRY
+        overrides.setdefault("sleep", self.clock.sleep)
         quotas = CloudQuotasClient.for_simulator(
-            ENDPOINT, retry=retry, transport=httpx_transport(self.engine), sleep=kwargs["sleep"]
+            ENDPOINT, transport=httpx_transport(self.engine), **overrides
         )
         return TpuApiCloud.for_simulator(
             project or self.world.project,
             ENDPOINT,
-            retry=retry,
             quotas=quotas,
             http_adapter=SimAdapter(self.engine),
-            **kwargs,
+            **overrides,
         )
 
     def close(self) -> None:

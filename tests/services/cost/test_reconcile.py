@@ -18,6 +18,7 @@ from tpuctl.services.cost.reconcile import InBackground, Reconciler, reconciled_
 from tpuctl.services.prices import PriceSource
 from tpuctl.store.ledger import Ledger
 from tpuctl.store.records import EventKind, LedgerError, PodState
+from tpuctl.testing.clock import FakeClock
 
 T0 = 1_800_000_000.0
 Z = "us-central1-a"
@@ -72,10 +73,10 @@ def _reconciled(
     return reconciled_report(reconciler, tpu, report, dry_run=dry_run)
 
 
-def _reporter(ledger: Ledger, now: list[float]) -> tuple[list[CostReport], Callable[[], CostReport]]:
+def _reporter(ledger: Ledger, clock: FakeClock) -> tuple[list[CostReport], Callable[[], CostReport]]:
     catalog = Catalog.load()
     source = PriceSource(catalog.prices.source, catalog.prices.date, cached=False)
-    service = CostService(ledger.path, catalog, source, clock=lambda: now[0])
+    service = CostService(ledger.path, catalog, source, clock=clock)
     made: list[CostReport] = []
 
     def report() -> CostReport:
@@ -90,8 +91,7 @@ def test_the_listing_runs_while_the_report_is_computed_and_nothing_recorded_mean
 ) -> None:
     gate = threading.Event()
     cloud = FakeCloud([_node("kept"), _node("vanished"), _node("rogue")], gate=gate)
-    now = [T0 + 3600]
-    made, report = _reporter(ledger, now)
+    made, report = _reporter(ledger, FakeClock(T0 + 3600))
 
     def report_then_open_gate() -> CostReport:
         gate.set()  # the listing can only finish once the report has begun: they overlap
@@ -108,11 +108,11 @@ def test_the_listing_runs_while_the_report_is_computed_and_nothing_recorded_mean
 
 def test_an_event_reconciliation_records_is_billed_by_a_second_report(ledger: Ledger) -> None:
     cloud = FakeCloud([_node("kept")])  # "vanished" is gone from the listing (and its GET)
-    now = [T0 + 3600]
-    made, report = _reporter(ledger, now)
+    clock = FakeClock(T0 + 3600)
+    made, report = _reporter(ledger, clock)
 
     def later_report() -> CostReport:
-        now[0] += 1800 if made else 0  # the second report runs half an hour after the gone event
+        clock.advance(1800 if made else 0)  # the second report runs half an hour after the gone event
         return report()
 
     result = _reconciled(ledger, cloud, later_report)
@@ -129,7 +129,7 @@ def test_an_event_reconciliation_records_is_billed_by_a_second_report(ledger: Le
 
 def test_a_dry_run_records_nothing_and_reports_once(ledger: Ledger) -> None:
     cloud = FakeCloud([_node("kept")])
-    made, report = _reporter(ledger, [T0 + 3600])
+    made, report = _reporter(ledger, FakeClock(T0 + 3600))
 
     result = _reconciled(ledger, cloud, report, dry_run=True)
 
@@ -141,7 +141,7 @@ def test_a_dry_run_records_nothing_and_reports_once(ledger: Ledger) -> None:
 
 def test_a_failed_listing_fails_the_report(ledger: Ledger) -> None:
     cloud = FakeCloud([], error=TransientError("list nodes: could not connect"))
-    made, report = _reporter(ledger, [T0 + 3600])
+    made, report = _reporter(ledger, FakeClock(T0 + 3600))
 
     with pytest.raises(TransientError, match="could not connect"):
         _reconciled(ledger, cloud, report)
@@ -156,7 +156,7 @@ def _early(ledger: Ledger, cloud: FakeCloud, report: Any, first: InBackground[Co
 
 def test_a_report_started_before_the_session_is_the_one_returned(ledger: Ledger) -> None:
     cloud = FakeCloud([_node("kept"), _node("vanished")])
-    made, report = _reporter(ledger, [T0 + 3600])
+    made, report = _reporter(ledger, FakeClock(T0 + 3600))
     first = InBackground(report, name="tpuctl-cost-report")
 
     result = _early(ledger, cloud, report, first)
@@ -167,7 +167,7 @@ def test_a_report_started_before_the_session_is_the_one_returned(ledger: Ledger)
 
 def test_a_report_started_before_the_ledger_could_be_read_is_computed_again(ledger: Ledger) -> None:
     cloud = FakeCloud([_node("kept"), _node("vanished")])
-    made, report = _reporter(ledger, [T0 + 3600])
+    made, report = _reporter(ledger, FakeClock(T0 + 3600))
 
     def too_early() -> CostReport:
         raise LedgerError("the ledger has schema version 7; cost reports know version 8")
@@ -180,7 +180,7 @@ def test_a_report_started_before_the_ledger_could_be_read_is_computed_again(ledg
 
 def test_an_early_report_that_fails_otherwise_fails_the_command(ledger: Ledger) -> None:
     cloud = FakeCloud([_node("kept"), _node("vanished")])
-    made, report = _reporter(ledger, [T0 + 3600])
+    made, report = _reporter(ledger, FakeClock(T0 + 3600))
 
     def broken() -> CostReport:
         raise ValueError("a bug")
