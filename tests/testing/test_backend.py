@@ -14,7 +14,7 @@ import pytest
 from tpuctl.backends.base import Backend
 from tpuctl.backends.sim import SIM_TUNING
 from tpuctl.errors import UnreachableError
-from tpuctl.services.session import OwnTime, open_session
+from tpuctl.services.session import open_session
 from tpuctl.settings import load_settings
 from tpuctl.sim import default_world
 from tpuctl.store.records import EventKind
@@ -48,11 +48,10 @@ def sim_world() -> dict[str, Any]:
 
 def test_it_is_a_backend_that_keeps_its_own_time(sim_cli: InProcessCli) -> None:
     backend: Backend = sim_cli.backend  # mypy holds it to the protocol
-    assert isinstance(backend, OwnTime)
     assert backend.name == "sim" and backend.runtime == "cpu" and backend.default_bucket
     before = sim_cli.clock.now()
-    sim_cli.backend.sleep(5)
-    assert sim_cli.backend.clock() == before + 5
+    backend.timekeeping.sleep(5)
+    assert backend.timekeeping.clock() == backend.timekeeping.monotonic() == before + 5
 
 
 def test_a_session_opened_with_it_reads_and_waits_on_the_fake_clock(

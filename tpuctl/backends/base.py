@@ -17,11 +17,14 @@ What lives here, and nowhere else:
   stand-in for the chips) and which pinned runtime set its setup installs (``runtime``);
 * where checkpoints go when the user names no bucket (``default_bucket``);
 * the preemption notice's grace, where the backend can tell it (:meth:`Backend.notice_grace_s`);
-* where price refreshes come from when no billing endpoint is given (:meth:`Backend.own_prices`).
+* where price refreshes come from when no billing endpoint is given (:meth:`Backend.own_prices`);
+* whose time the services read and wait on (:class:`Timekeeping`): the wall clock on the simulator and
+  Google, a test's fake clock on ``tpuctl.testing.backend``.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,6 +97,21 @@ class BackendLabel:
 
 
 @dataclass(frozen=True)
+class Timekeeping:
+    """The time a backend's services read and wait on. Every wait of a service (polls, retries, backoff)
+    goes through ``sleep`` and every deadline through ``monotonic``, so a backend on a fake clock moves
+    simulated time instead of sleeping."""
+
+    clock: Callable[[], float] = time.time  # now, epoch seconds
+    monotonic: Callable[[], float] = time.monotonic  # elapsed time and deadlines (never goes back)
+    sleep: Callable[[float], None] = time.sleep
+
+
+#: The real backends' time.
+WALL_TIME = Timekeeping()
+
+
+@dataclass(frozen=True)
 class HostAddress:
     """How tpuctl reaches one host over SSH."""
 
@@ -111,6 +129,11 @@ class Backend(Protocol):
 
     @property
     def tuning(self) -> Tuning: ...
+
+    @property
+    def timekeeping(self) -> Timekeeping:
+        """Whose time the session reads and waits on (``WALL_TIME`` but on a test's fake clock)."""
+        ...
 
     @property
     def label(self) -> BackendLabel:

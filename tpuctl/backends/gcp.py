@@ -11,7 +11,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from tpuctl.backends.base import BackendLabel, Closer, HostAddress, OwnPrices, RecoveryTuning, Tuning
+from tpuctl.backends.base import (
+    WALL_TIME,
+    BackendLabel,
+    Closer,
+    HostAddress,
+    OwnPrices,
+    RecoveryTuning,
+    Timekeeping,
+    Tuning,
+)
 from tpuctl.cloud.retry import RetryPolicy
 
 if TYPE_CHECKING:
@@ -57,6 +66,7 @@ class GcpBackend:
     project: str
     name: str = NAME
     tuning: Tuning = GCP_TUNING
+    timekeeping: Timekeeping = WALL_TIME
     label: BackendLabel = GCP_LABEL
     runtime: Literal["cpu", "tpu"] = "tpu"
     default_bucket: str | None = None

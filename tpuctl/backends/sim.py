@@ -13,7 +13,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from tpuctl.backends.base import BackendLabel, Closer, HostAddress, OwnPrices, RecoveryTuning, Tuning
+from tpuctl.backends.base import (
+    WALL_TIME,
+    BackendLabel,
+    Closer,
+    HostAddress,
+    OwnPrices,
+    RecoveryTuning,
+    Timekeeping,
+    Tuning,
+)
 from tpuctl.cloud.config import CloudConfig
 from tpuctl.cloud.credentials import anonymous_credentials
 from tpuctl.cloud.retry import RetryPolicy
@@ -77,6 +86,7 @@ class SimBackend:
     wheelhouse: Path | None = None  # what the simulator's package mirror serves its hosts
     name: str = NAME
     tuning: Tuning = SIM_TUNING
+    timekeeping: Timekeeping = WALL_TIME
     label: BackendLabel = SIM_LABEL
     runtime: Literal["cpu", "tpu"] = "cpu"
     default_bucket: str | None = SIM_BUCKET

@@ -179,11 +179,9 @@ def backend_for(ctx: typer.Context, settings: Settings) -> Backend:
 
 def clock(ctx: typer.Context) -> Callable[[], float]:
     """Now, for a command that reads the time outside a session: the given backend's own time where it
-    keeps one (``OwnTime``, a test's fake clock), else the wall clock."""
-    from tpuctl.services.session import OwnTime
-
+    keeps one (``Backend.timekeeping``: a test's fake clock), else the wall clock."""
     given = global_options(ctx).given_backend
-    return given.clock if isinstance(given, OwnTime) else time.time
+    return given.timekeeping.clock if given is not None else time.time
 
 
 def _home(path: Path) -> str:

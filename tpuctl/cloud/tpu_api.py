@@ -33,7 +33,6 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from tpuctl.backends.sim import SIM_RETRY as SIM_RETRY  # where tpuctl.testing takes it from
 from tpuctl.catalog import CapacityType
 from tpuctl.cloud.base import (
     LABEL_REQUEST,

@@ -5,8 +5,9 @@ simulator and no ``sim_url``, a simulator server is started in-process on an eph
 the life of the session; its state lives in the state dir, so one command sees what the previous one did.
 
 A backend may also be given (``open_session(settings, backend=...)``: a test's in-process simulator,
-``tpuctl.testing.backend``). When it keeps time of its own (``OwnTime``), the session's clock, monotonic
-clock and sleep are its: every wait of the services then moves simulated time instead of sleeping.
+``tpuctl.testing.backend``). The session's clock, monotonic clock and sleep are the backend's
+(``Backend.timekeeping``): on a test's fake clock every wait of the services moves simulated time instead
+of sleeping.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any
 
 from tpuctl.catalog import Catalog
 from tpuctl.settings import Settings
@@ -26,20 +27,6 @@ if TYPE_CHECKING:
     from tpuctl.backends.base import Backend
     from tpuctl.cloud.base import TpuCloud
     from tpuctl.store.ledger import Ledger
-
-
-@runtime_checkable
-class OwnTime(Protocol):
-    """A backend whose time is not the wall clock's: a simulator on a fake clock that moves when waited
-    on. (Not a member of ``Backend`` yet: the real backends keep the wall clock's time.)"""
-
-    def clock(self) -> float:
-        """Now, in epoch seconds of the backend's time."""
-        ...
-
-    def sleep(self, seconds: float) -> None:
-        """Wait ``seconds`` of the backend's time."""
-        ...
 
 
 @dataclass
@@ -53,9 +40,9 @@ class Session:
     ledger: Ledger
     state_dir: Path
     clock: Callable[[], float] = time.time
-    #: Elapsed time and deadlines (never goes back); with an ``OwnTime`` backend, the backend's clock.
+    #: Elapsed time and deadlines (never goes back): the backend's (``Backend.timekeeping``).
     monotonic: Callable[[], float] = time.monotonic
-    #: How the services wait (polls, retries); with an ``OwnTime`` backend, the backend's sleep.
+    #: How the services wait (polls, retries): the backend's.
     sleep: Callable[[float], None] = time.sleep
     _closers: list[Callable[[], None]] = field(default_factory=list)
 
@@ -98,9 +85,8 @@ def open_session(
     backend = backend or open_backend(settings)
     cloud = backend.open_cloud(state_dir, closers)
     closers.append(cloud.close)
-    timed = backend if isinstance(backend, OwnTime) else None
-    clock = timed.clock if timed else time.time
-    ledger = Ledger.open(settings.resolved_database, clock=clock)
+    timekeeping = backend.timekeeping
+    ledger = Ledger.open(settings.resolved_database, clock=timekeeping.clock)
     closers.append(ledger.close)
     return Session(
         settings=settings,
@@ -109,8 +95,8 @@ def open_session(
         cloud=cloud,
         ledger=ledger,
         state_dir=state_dir,
-        clock=clock,
-        monotonic=timed.clock if timed else time.monotonic,
-        sleep=timed.sleep if timed else time.sleep,
+        clock=timekeeping.clock,
+        monotonic=timekeeping.monotonic,
+        sleep=timekeeping.sleep,
         _closers=closers,
     )

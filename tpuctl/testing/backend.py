@@ -5,7 +5,7 @@
 TPU surfaces, behind the same ``SurfaceRouter`` as ``SimBackend``'s), their HTTP answered by the
 simulator's route table in this process, and its time is the simulator's ``FakeClock``. Handed to the CLI
 (``invoke(args, backend=...)``, or ``InProcessCli``), every session of a command opens it instead of
-serving a simulator: its clock, monotonic clock and sleep are the fake clock's (``OwnTime``), so a command
+serving a simulator: its clock, monotonic clock and sleep are the fake clock's (``timekeeping``), so a command
 that waits for a slice moves simulated time and returns in milliseconds, and a test moves time with
 ``clock.advance`` instead of sleeping.
 
@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
-from tpuctl.backends.base import BackendLabel, Closer, HostAddress, OwnPrices, Tuning
+from tpuctl.backends.base import BackendLabel, Closer, HostAddress, OwnPrices, Timekeeping, Tuning
 from tpuctl.backends.sim import NAME, SIM_BUCKET, SIM_CLIENTS, SIM_LABEL, SIM_TUNING, SimBackend
 from tpuctl.cloud.compute import ComputeCloud
 from tpuctl.testing.cli import CliResult, invoke
@@ -52,13 +52,11 @@ class InProcessBackend:
         self.sim = sim
         self.tuning = tuning
 
-    # --- its time (``tpuctl.services.session.OwnTime``) ------------------------------------------------
-
-    def clock(self) -> float:
-        return self.sim.clock.now()
-
-    def sleep(self, seconds: float) -> None:
-        self.sim.clock.sleep(seconds)
+    @property
+    def timekeeping(self) -> Timekeeping:
+        """The fake clock's time: now, elapsed time and every wait (a wait moves it at once)."""
+        fake = self.sim.clock
+        return Timekeeping(clock=fake.now, monotonic=fake.now, sleep=fake.sleep)
 
     # --- Backend ----------------------------------------------------------------------------------------
 
@@ -71,7 +69,7 @@ class InProcessBackend:
         from tpuctl.cloud.surfaces import SurfaceRouter
         from tpuctl.cloud.tpu_api import TpuApiCloud
 
-        config = replace(SIM_CLIENTS, sleep=self.sleep)
+        config = replace(SIM_CLIENTS, sleep=self.sim.clock.sleep)
         project = self.sim.engine.world.project
 
         def quotas(service: str) -> CloudQuotasClient:
