@@ -565,6 +565,10 @@ def run_reference_hash(tmp_path_factory: pytest.TempPathFactory, jax_cache: Path
     )
 
 
+# Four killed runs (four phases, both ways, a takeover killed too), each resumed to the end: ~2.5 min alone
+# on 2 cores, and twice that beside four busy loops. The timeout turns a hang into a stack (each
+# command inside is bounded too); it is not there to bound a loop that a loaded machine slows.
+@pytest.mark.timeout(900)
 def test_kill_9_during_tpuctl_run_then_runs_resume(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
