@@ -333,10 +333,13 @@ def clean_up(session: Session, record: RunRecord, run_dir: RunDir) -> Cancellati
         if not detail.get("created_pod") and record.pod and record.zone:
             # The user's own slices stay: stop the program the run left on them (it runs detached).
             from tpuctl.services.run.provision import find_pods
+            from tpuctl.services.run.runkey import load_run_key
 
+            key = load_run_key(session, run_id)
             with contextlib.suppress(CloudError, UsageError):
                 given = find_pods(session, record.pod, record.zone)
-                killed = hosts.stop_left_hosts(session, given, run_id, _remote_root(ledger, run_id, run_dir))
+                root = _remote_root(ledger, run_id, run_dir)
+                killed = hosts.stop_left_hosts(session, given, run_id, root, key)
         for seg in ledger.segments(run_id):
             if seg.end is None:
                 ledger.close_segment(seg.id, end=time.time())
