@@ -235,6 +235,7 @@ class Supervisor:
             budget_usd=self._budget_usd,
             policy=self.policy,
             script_in_bundle=None if prepared.request.script is None else prepared.display,
+            requirements_text=prepared.setup.requirements,
         )
         record_bundle(self._session.ledger, prepared.run_id, prepared.bundle)
         store_run_key(self._session, prepared)
