@@ -6,7 +6,8 @@ is refused while A's lease lives (exit 9, naming A) and sends the cloud nothing;
 the run over only once A's lease expired, and finishes it, one slice created per attempt; `runs logs`
 from state dir 2 shows every line once. A supervisor whose lease is stolen (its token rewritten in the
 ledger) sends no mutating request and writes nothing after its next renewal, and exits 9; `runs cancel`
-from state dir 2 then cleans up after it.
+from state dir 2 then cleans up after it. A run on the user's own slice (made by `pod create` with state dir
+1's key) is taken over from state dir 2 with the run's key from the ledger, state dir 2 making none.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from typing import Any
 
 import pytest
 
+from tpuctl.hosts.ssh import ensure_key_pair
+from tpuctl.services.run.runkey import SECRET_NAME
 from tpuctl.sim import SimAdminClient
 from tpuctl.store.ledger import Ledger
 from tpuctl.store.records import LeaseAction, RunStatus
@@ -68,10 +71,12 @@ class Team:
     def ledger(self) -> Ledger:
         return Ledger(self.db)
 
-    def start_run(self) -> subprocess.Popen[bytes]:
-        """`tpuctl run` as its own process on machine one (so it can be killed -9)."""
+    def start_run(self, *where: str) -> subprocess.Popen[bytes]:
+        """`tpuctl run` as its own process on machine one (so it can be killed -9), on a new slice or
+        ``where`` (e.g. ``--pod NAME``)."""
         env = {**os.environ, **self.env, "TPUCTL_STATE_DIR": str(self.one)}
-        argv = [sys.executable, "-m", "tpuctl", "run", str(self.script), "--type", "v5e-8", "--zone", ZONE]
+        where = where or ("--type", "v5e-8", "--zone", ZONE)
+        argv = [sys.executable, "-m", "tpuctl", "run", str(self.script), *where]
         return subprocess.Popen(
             argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
         )
@@ -201,3 +206,35 @@ def test_a_stolen_lease_stops_its_supervisor_and_cancel_from_the_other_machine_c
         record = ledger.get_run(run_id)
         assert record is not None and record.status is RunStatus.CANCELLED
         assert [str(i.action) for i in ledger.intents(run_id)] == ["create", "delete"]
+
+
+def test_a_run_on_the_users_pod_is_taken_over_from_another_state_dir_with_the_runs_key(
+    team: Team, cli: Cli
+) -> None:
+    made = cli("pod", "create", "v5e-8", "--zone", ZONE, "--name", "mine", env=team.on(team.one))
+    assert made.code == 0, made.stderr[-3000:]
+    a = team.start_run("--pod", "mine", "--no-runtime-deps")
+    run_id = running_run(team, a)
+    stored = sqlite3.connect(team.db).execute(
+        "SELECT ciphertext FROM run_secrets WHERE run_id = ? AND name = ?", (run_id, SECRET_NAME)
+    )
+    ciphertext = bytes(stored.fetchone()[0])
+    assert ensure_key_pair(team.one).private_bytes() not in ciphertext
+    kill_9(a)
+
+    def resumed() -> CliResult | None:
+        result = cli("runs", "resume", run_id, env=team.on(team.two))
+        return None if result.code == 9 else result
+
+    taken = wait_for(resumed, timeout=60.0, interval=0.2, what="the takeover")
+    assert taken is not None
+    assert taken.code == 0, taken.stderr[-4000:]
+    with team.ledger() as ledger:
+        record = ledger.get_run(run_id)
+        lines = [line.text for line in ledger.log_lines(run_id, worker=0)]
+    assert record is not None and record.status is RunStatus.SUCCEEDED
+    assert all(f"attempt 1 line {i}" in lines for i in range(LINES))
+    # Machine two reached state dir one's hosts with the run's key, and made no key of its own.
+    assert not (team.two / "ssh").exists()
+    assert [n["name"] for n in team.admin.status()["nodes"]] == ["mine"]  # the user's slice stays
+    assert len(team.mutations(method="POST", suffix="/nodes")) == 1  # pod create's, no other

@@ -264,6 +264,7 @@ def test_key_pair_is_generated_once_private_and_goes_into_ssh_keys_metadata(tmp_
     first = ensure_key_pair(tmp_path / "s")
     again = ensure_key_pair(tmp_path / "s")
     assert first == again
+    assert first.private_path is not None
     assert first.private_path.stat().st_mode & 0o777 == 0o600
     assert first.private_path.parent.stat().st_mode & 0o777 == 0o700
     assert first.public_openssh.startswith("ssh-ed25519 ")

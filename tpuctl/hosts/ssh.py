@@ -1,8 +1,10 @@
 """The SSH executor: asyncssh to every worker of a slice, in parallel; the program detached on each host.
 
-Key pair: tpuctl manages one ed25519 key pair per state dir (``<state>/ssh/tpuctl_ed25519``, 0600 in a
-0700 directory), generated once. Its public key goes into the node's ``ssh-keys`` metadata when tpuctl
-creates the slice (``ssh_keys_metadata``), which is how TPU VMs authorize logins.
+Key pairs: tpuctl manages one ed25519 key pair per state dir (``<state>/ssh/tpuctl_ed25519``, 0600 in a
+0700 directory), generated once, for the slices ``pod create`` makes; a run that creates its slices has a
+key pair of its own (``KeyPair.generate``), kept in memory and, encrypted, in the ledger. The public key
+goes into the node's ``ssh-keys`` metadata when tpuctl creates the slice (``ssh_keys_metadata``), which is
+how TPU VMs authorize logins.
 
 Host keys: each :class:`SshHost` carries the OpenSSH public host keys its node published (the guest
 agent writes them to the node's guest attributes, query path ``hostkeys/``; see
@@ -124,8 +126,47 @@ class SshHost:
 
 @dataclass(frozen=True)
 class KeyPair:
-    private_path: Path
+    """A client key: the private key in a file (``private_path``: the state dir's) or in memory only
+    (``private_openssh``: a run's, decrypted from the ledger; never written anywhere in plain text)."""
+
+    private_path: Path | None
     public_openssh: str  # "ssh-ed25519 AAAA... tpuctl"
+    #: The private key in OpenSSH format, when it lives in memory only.
+    private_openssh: bytes | None = field(default=None, repr=False)
+
+    @classmethod
+    def generate(cls, comment: str) -> KeyPair:
+        """A fresh ed25519 key pair, in memory."""
+        import asyncssh
+
+        key = asyncssh.generate_private_key("ssh-ed25519", comment=comment)
+        return cls.from_private_openssh(key.export_private_key())
+
+    @classmethod
+    def from_private_openssh(cls, data: bytes) -> KeyPair:
+        """The key pair of an OpenSSH private key, in memory."""
+        import asyncssh
+
+        key = asyncssh.import_private_key(data)
+        return cls(None, key.export_public_key().decode("ascii").strip(), data)
+
+    def private_bytes(self) -> bytes:
+        """The private key in OpenSSH format (read from its file when it has one)."""
+        if self.private_openssh is not None:
+            return self.private_openssh
+        if self.private_path is None:
+            raise ValueError("this key pair has no private key (a plan's placeholder)")
+        return self.private_path.read_bytes()
+
+    def client_key(self) -> asyncssh.SSHKey | str:
+        """What asyncssh logs in with: the key object for an in-memory key, else its file's path."""
+        import asyncssh
+
+        if self.private_openssh is not None:
+            return asyncssh.import_private_key(self.private_openssh)
+        if self.private_path is None:
+            raise ValueError("this key pair has no private key (a plan's placeholder)")
+        return str(self.private_path)
 
 
 def ensure_key_pair(state_dir: Path) -> KeyPair:
@@ -394,7 +435,7 @@ class SshExecutor:
             host.address,
             host.port,
             username=self._username,
-            client_keys=[str(self._key.private_path)],
+            client_keys=[self._key.client_key()],
             client_factory=_client_factory(remote.presented),
             agent_path=None,
             config=None,

@@ -67,3 +67,36 @@ def test_a_save_that_fails_half_way_keeps_the_old_request_whole(
     assert run_dir.request_file.read_bytes() == before
     assert json.loads(before)["budget_usd"] == 1.0
     assert sorted(p.name for p in run_dir.root.iterdir()) == ["request.json"]
+
+
+def test_the_requirements_text_travels_in_the_ledger_and_is_written_where_the_run_is_resumed(
+    tmp_path: Path,
+) -> None:
+    from tpuctl.services.run.control import (
+        REQUIREMENTS_TEXT,
+        parse_request,
+        record_request,
+        saved_payload,
+        with_saved_requirements,
+    )
+    from tpuctl.store.ledger import Ledger
+
+    given = tmp_path / "one" / "proj" / "requirements.txt"
+    request = RunRequest(example="lm", requirements=str(given))
+    with Ledger(tmp_path / "shared") as ledger:
+        ledger.create_run("run-x", script="example:lm")
+        one = RunDir.of(tmp_path / "one", "run-x")
+        record_request(ledger, one, request, run_id="run-x", budget_usd=None, policy=RecoveryPolicy(),
+                       requirements_text="numpy==2.1.0\n")  # fmt: skip
+        # A later save without it (resume's new budget) keeps it.
+        record_request(ledger, one, request, run_id="run-x", budget_usd=3.0, policy=RecoveryPolicy())
+        two = RunDir.of(tmp_path / "two", "run-x")
+        payload = saved_payload(ledger, "run-x", two)
+    assert payload[REQUIREMENTS_TEXT] == "numpy==2.1.0\n" and payload["budget_usd"] == 3.0
+    resumed = with_saved_requirements(parse_request(payload).request, payload, two)
+    assert resumed.requirements is not None and not given.exists()  # machine one's file is not needed
+    written = Path(resumed.requirements)
+    assert written.parent == two.root and written.read_text() == "numpy==2.1.0\n"
+    assert stat.S_IMODE(written.stat().st_mode) == 0o600
+    # A run without --requirements gets none, whatever the payload says.
+    assert with_saved_requirements(RunRequest(example="lm"), payload, two).requirements is None

@@ -128,6 +128,19 @@ def test_describe_reads_the_record_the_segments_and_host_0s_steps(
     assert data["series"] == {"step_time_s": [0.5, 1.0, 1.5], "loss": [3.0, 2.0, 1.0]}
 
 
+def test_describe_draws_the_step_series_from_the_ledgers_lines_with_no_local_log(
+    runs: Runs, ledger: Ledger, held: LeaseClaim
+) -> None:
+    """A run supervised on another machine: host 0's lines are in the ledger only (no worker-0.log in
+    this state dir), and the sparkline reads them there."""
+    steps = [{"event": "step", "step": s, "dt": 0.25 * s, "loss": 9.0 - s} for s in (1, 2)]
+    lines = [(START, "hello")] + [(START + i, f"{EVENT_PREFIX}{json.dumps(e)}") for i, e in enumerate(steps)]
+    ledger.append_log_lines(held, 0, 0, lines)
+    ledger.append_log_lines(held, 1, 0, [(START, f"{EVENT_PREFIX}{json.dumps({**steps[0], 'dt': 99.0})}")])
+    described = runs.describe(IDS[0])
+    assert described.series.step_time_s == (0.25, 0.5) and described.series.loss == (8.0, 7.0)
+
+
 def test_describe_names_a_live_supervisor_and_a_gone_one(runs: Runs, held: LeaseClaim) -> None:
     live = runs.describe(IDS[0])
     assert live.supervisor is not None

@@ -20,7 +20,7 @@ from tpuctl.services.run import hosts, prepare
 from tpuctl.services.run.lease import Lease
 from tpuctl.services.run.model import EXECUTOR_KINDS, RecoveryPolicy, RunRequest
 from tpuctl.services.run.views import Cancellation, CancelOutcome, Detached, LeaseHolder, Resumption
-from tpuctl.store.paths import atomic_write_json, private_file
+from tpuctl.store.paths import atomic_write_json, atomic_write_text, private_file
 from tpuctl.store.records import RunStatus
 
 if TYPE_CHECKING:
@@ -43,6 +43,11 @@ class SavedRequest:
 
 #: Where a run's program is unpacked from the ledger's bundle, in its directory on this machine.
 PROGRAM_FOLDER = "program"
+#: Where a run's ``--requirements`` are written from the ledger, in its directory on this machine.
+REQUIREMENTS_FILE = "requirements.txt"
+#: The saved request's keys beyond the request: the script's path in the bundle, the requirements' text.
+SCRIPT_IN_BUNDLE = "script_in_bundle"
+REQUIREMENTS_TEXT = "requirements_text"
 
 
 def request_payload(
@@ -75,17 +80,21 @@ def record_request(
     budget_usd: float | None,
     policy: RecoveryPolicy,
     script_in_bundle: str | None = None,
+    requirements_text: str | None = None,
 ) -> None:
     """The saved request in the ledger, where a supervisor on any machine reads it, and in the local file.
-    ``script_in_bundle``: the script's path inside the bundle, where another machine finds it."""
+    ``script_in_bundle``: the script's path inside the bundle, where another machine finds it;
+    ``requirements_text``: the ``--requirements`` file's content (another machine has no such file).
+    Either, not given, stays as the ledger had it."""
     save_request(run_dir, request, run_id=run_id, budget_usd=budget_usd, policy=policy)
     payload = request_payload(request, run_id=run_id, budget_usd=budget_usd, policy=policy)
-    if script_in_bundle is not None:
-        payload["script_in_bundle"] = script_in_bundle
-    elif (before := ledger.run_request(run_id)) is not None:
-        kept = json.loads(before).get("script_in_bundle")
+    given = {SCRIPT_IN_BUNDLE: script_in_bundle, REQUIREMENTS_TEXT: requirements_text}
+    before_text = ledger.run_request(run_id)
+    before = json.loads(before_text) if before_text is not None else {}
+    for name, value in given.items():
+        kept = value if value is not None else before.get(name)
         if kept is not None:
-            payload["script_in_bundle"] = kept
+            payload[name] = kept
     ledger.save_run_request(run_id, json.dumps(payload, sort_keys=True))
 
 
@@ -257,6 +266,7 @@ def prepare_again(session: Session, record: RunRecord, run_dir: RunDir) -> Resum
     payload = saved_payload(session.ledger, run_id, run_dir)
     saved = parse_request(payload)
     request = _from_ledger_bundle(session, saved.request, payload, run_dir)
+    request = with_saved_requirements(request, payload, run_dir)
     prepared = prepare.prepare(session, dataclasses.replace(request, run_id=run_id))
     detail = record.detail or {}
     note = None
@@ -286,12 +296,22 @@ def _from_ledger_bundle(
         return request
     program = run_dir.make().root / PROGRAM_FOLDER
     unpack_user_files(data, program)
-    script = payload.get("script_in_bundle")
+    script = payload.get(SCRIPT_IN_BUNDLE)
     return dataclasses.replace(
         request,
         workdir=str(program) if request.script is not None or request.workdir else None,
         script=None if request.script is None or not script else str(program / script),
     )
+
+
+def with_saved_requirements(request: RunRequest, payload: dict[str, Any], run_dir: RunDir) -> RunRequest:
+    """``request`` installing the ``--requirements`` saved in the ledger, written (0600) into the run's
+    directory on this machine; as saved when the ledger has none (none given, or a run saved before)."""
+    text = payload.get(REQUIREMENTS_TEXT)
+    if request.requirements is None or not isinstance(text, str):
+        return request
+    path = atomic_write_text(run_dir.make().root / REQUIREMENTS_FILE, text)
+    return dataclasses.replace(request, requirements=str(path))
 
 
 def unpack_user_files(data: bytes, directory: Path) -> None:
@@ -333,10 +353,13 @@ def clean_up(session: Session, record: RunRecord, run_dir: RunDir) -> Cancellati
         if not detail.get("created_pod") and record.pod and record.zone:
             # The user's own slices stay: stop the program the run left on them (it runs detached).
             from tpuctl.services.run.provision import find_pods
+            from tpuctl.services.run.runkey import load_run_key
 
+            key = load_run_key(session, run_id)
             with contextlib.suppress(CloudError, UsageError):
                 given = find_pods(session, record.pod, record.zone)
-                killed = hosts.stop_left_hosts(session, given, run_id, _remote_root(ledger, run_id, run_dir))
+                root = _remote_root(ledger, run_id, run_dir)
+                killed = hosts.stop_left_hosts(session, given, run_id, root, key)
         for seg in ledger.segments(run_id):
             if seg.end is None:
                 ledger.close_segment(seg.id, end=time.time())

@@ -4,11 +4,10 @@ it now, why it ended and host 0's steps."""
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
-from pathlib import Path
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from tpuctl.services.run.hostlog import iso
+from tpuctl.services.run.hostlog import host_lines, iso
 from tpuctl.services.run.model import describe_exit
 from tpuctl.services.run.views import (
     HostExit,
@@ -48,7 +47,7 @@ def describe_run(
         supervisor=holder,
         reason=detail.get("reason") or detail.get("error"),
         host_exits=host_exits(detail),
-        series=step_series(run_dir.host_log(0)),
+        series=step_series(host_lines(session.ledger, record.run_id, 0, run_dir.host_log(0))),
         lease_history=tuple(LeaseEvent.of(h) for h in session.ledger.lease_history(record.run_id)),
     )
 
@@ -147,23 +146,22 @@ def host_exits(detail: Mapping[str, Any]) -> tuple[HostExit, ...]:
 SERIES_POINTS = 60
 
 
-def step_series(log: Path) -> StepSeries:
-    """Step times (and losses, when the program reports them) from host 0's ``TPUCTL_EVENT`` step lines,
-    averaged down to at most ``SERIES_POINTS`` points; empty lists when the program reports no steps."""
+def step_series(lines: Iterable[str]) -> StepSeries:
+    """Step times (and losses, when the program reports them) from host 0's ``TPUCTL_EVENT`` step
+    ``lines``, averaged down to at most ``SERIES_POINTS`` points; empty lists when the program reports no
+    steps."""
     from tpuctl.runtime.preemption import parse_event
 
     dts: dict[int, float] = {}
     losses: dict[int, float] = {}
-    if log.exists():
-        with log.open(encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                event = parse_event(line.rstrip("\n"))
-                if event is None or event.get("event") != "step" or not isinstance(event.get("step"), int):
-                    continue
-                for key, into in (("dt", dts), ("loss", losses)):
-                    value = event.get(key)
-                    if isinstance(value, (int, float)) and not isinstance(value, bool):
-                        into[event["step"]] = float(value)  # a recomputed step: its last time
+    for line in lines:
+        event = parse_event(line)
+        if event is None or event.get("event") != "step" or not isinstance(event.get("step"), int):
+            continue
+        for key, into in (("dt", dts), ("loss", losses)):
+            value = event.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                into[event["step"]] = float(value)  # a recomputed step: its last time
     return StepSeries(step_time_s=_downsample(dts), loss=_downsample(losses))
 
 

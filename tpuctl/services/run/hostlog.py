@@ -130,6 +130,18 @@ class LedgerLog:
                 self._next[worker] = first + len(lines)
 
 
+def host_lines(ledger: Ledger, run_id: str, worker: int, log: Path) -> Iterator[str]:
+    """Host ``worker``'s lines, as the ledger has them (written on whatever machine supervised the run),
+    else as this machine's log file ``log`` has them (a run that kept none in the ledger)."""
+    stored = ledger.log_lines(run_id, worker=worker)
+    if stored:
+        yield from (line.text for line in stored)
+        return
+    if log.exists():
+        with log.open(encoding="utf-8", errors="replace") as fh:
+            yield from (line.rstrip("\n") for line in fh)
+
+
 def read_ledger_logs(
     ledger: Ledger,
     run_id: str,

@@ -21,7 +21,7 @@ from tpuctl.services.run.sliceset import SliceSet
 
 if TYPE_CHECKING:
     from tpuctl.backends.base import HostAddress
-    from tpuctl.hosts.ssh import SshExecutor
+    from tpuctl.hosts.ssh import KeyPair, SshExecutor
     from tpuctl.services.session import Session
 
 #: How long a READY slice's guest agents may take to publish their host keys.
@@ -44,22 +44,18 @@ def build_executor(
     """The executor for every host of ``slices``, slice by slice (slice ``i``'s hosts are workers
     ``i * hosts .. (i + 1) * hosts - 1``); ``for_plan``: one that only plans (no key made, no cloud call
     for host keys)."""
-    from tpuctl.hosts.ssh import DEFAULT_USERNAME, KeyPair, SshExecutor, SshHost, ensure_key_pair
+    from tpuctl.hosts.ssh import DEFAULT_USERNAME, KeyPair, SshExecutor, SshHost
 
     accel = prepared.target.accelerator
+    key = KeyPair(None, PLAN_PUBLIC_KEY) if for_plan else run_key(session, prepared)
     addresses: list[HostAddress] = []
     keys: list[tuple[str, ...] | None] = []
     for node in slices.nodes:
         if not for_plan:
-            _refuse_unauthorized(session, node)
+            _refuse_unauthorized(session, node, key)
         found = _addresses(session, node, accel.hosts, for_plan=for_plan)
         addresses += found
         keys += [None] * len(found) if for_plan else expected_host_keys(session, node)
-    key = (
-        KeyPair(session.state_dir / "ssh" / "tpuctl_ed25519", PLAN_PUBLIC_KEY)
-        if for_plan
-        else ensure_key_pair(session.state_dir)
-    )
     backend = session.backend
     request = prepared.request
 
@@ -81,12 +77,22 @@ def build_executor(
     )
 
 
-def _refuse_unauthorized(session: Session, node: Node) -> None:
-    if authorizes_tpuctl(session, node):
+def run_key(session: Session, prepared: PreparedRun) -> KeyPair:
+    """The key the run's hosts are reached with: the run's own (``runkey``, loaded by its supervisor),
+    else the state dir's (a launcher used without a supervisor)."""
+    from tpuctl.hosts.ssh import ensure_key_pair
+
+    return prepared.ssh_key or ensure_key_pair(session.state_dir)
+
+
+def _refuse_unauthorized(session: Session, node: Node, key: KeyPair) -> None:
+    if authorizes_tpuctl(session, node, public_openssh=key.public_openssh):
         return
+    from tpuctl.hosts.ssh import fingerprint
+
     raise UsageError(
-        f"pod {node.name} does not authorize tpuctl's SSH key: its ssh-keys metadata lacks it and OS "
-        "Login is off",
+        f"pod {node.name} does not authorize the run's SSH key ({fingerprint(key.public_openssh)}): its "
+        "ssh-keys metadata lacks it and OS Login is off",
         field="pod",
         value=node.name,
         fix=f"create the slice with `tpuctl pod create` (which adds the key), or add the line from "
@@ -178,16 +184,17 @@ def notice_grace_s(session: Session) -> float:
     return session.backend.notice_grace_s(session.cloud) or 0.0
 
 
-def stop_left_hosts(session: Session, slices: SliceSet, run_id: str, remote_root: str) -> int:
-    """Over SSH, stop every process group a dead supervisor's run left on the hosts of ``slices`` (the
-    program runs detached from SSH, so it outlives its supervisor). Returns how many were stopped."""
-    return sum(_stop_left_on(session, node, run_id, remote_root) for node in slices.nodes)
+def stop_left_hosts(session: Session, slices: SliceSet, run_id: str, remote_root: str, key: KeyPair) -> int:
+    """Over SSH with the run's ``key``, stop every process group a dead supervisor's run left on the
+    hosts of ``slices`` (the program runs detached from SSH, so it outlives its supervisor). Returns how
+    many were stopped."""
+    return sum(_stop_left_on(session, node, run_id, remote_root, key) for node in slices.nodes)
 
 
-def _stop_left_on(session: Session, given: Node, run_id: str, remote_root: str) -> int:
+def _stop_left_on(session: Session, given: Node, run_id: str, remote_root: str, key: KeyPair) -> int:
     """``stop_left_hosts`` on one node, as the API has it now: a slice that is gone or unreachable has
     nothing left to stop (a deleted VM's processes went with it)."""
-    from tpuctl.hosts.ssh import DEFAULT_USERNAME, SshExecutor, SshHost, ensure_key_pair
+    from tpuctl.hosts.ssh import DEFAULT_USERNAME, SshExecutor, SshHost
 
     try:
         node = session.cloud.get_node(given.zone, given.name)
@@ -201,7 +208,7 @@ def _stop_left_on(session: Session, given: Node, run_id: str, remote_root: str) 
         executor = SshExecutor(
             [SshHost(a.address, a.port, host_keys=k) for a, k in zip(addresses, keys, strict=True)],
             username=DEFAULT_USERNAME,
-            key=ensure_key_pair(session.state_dir),
+            key=key,
             remote_root=remote_root,
             connect_deadline_s=30.0,
         )

@@ -23,6 +23,7 @@ from tpuctl.services.run.sliceset import SliceSet
 if TYPE_CHECKING:
     from tpuctl.backends.base import RecoveryTuning
     from tpuctl.hosts.setup import SetupSpec
+    from tpuctl.hosts.ssh import KeyPair
     from tpuctl.services.placement import PlacementRequest
     from tpuctl.services.run.rundir import RunDir
 
@@ -189,6 +190,9 @@ class PreparedRun:
     checkpoint_dir: str
     run_dir: RunDir  # its logs, saved request and lease on this machine
     setup: SetupSpec
+    #: The run's SSH key (``runkey``), once its supervisor loaded it from the ledger; None before (a
+    #: plan, or a launcher used on its own: the state dir's key then).
+    ssh_key: KeyPair | None = field(default=None, repr=False)
 
     @property
     def python(self) -> str:

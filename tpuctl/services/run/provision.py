@@ -3,7 +3,7 @@ its part of a plan, and creating it.
 
 A new slice goes through the allocator, as every slice tpuctl creates does (``pod create``, a run's
 first slice, a recovery's re-creation, ``runs resume``): the same capacity types, price cap, zones,
-quota check and failover, whatever the backend or executor. What the hosts need at creation (tpuctl's
+quota check and failover, whatever the backend or executor. What the hosts need at creation (the run's
 SSH key) travels in the placement request's node metadata.
 """
 
@@ -246,11 +246,18 @@ def _create(
 
 
 def _with_host_metadata(session: Session, prepared: PreparedRun, *, plan: bool) -> PlacementRequest:
-    """The run's placement request with what its hosts need at creation (tpuctl's SSH key; external IPs
+    """The run's placement request with what its hosts need at creation (the run's SSH key; external IPs
     unless a ProxyCommand reaches the internal ones). A plan shows a placeholder key and creates none."""
     placement = prepared.target.placement
     assert placement is not None
-    return with_host_access(session, placement, proxy_command=prepared.request.ssh_proxy_command, plan=plan)
+    key = prepared.ssh_key
+    return with_host_access(
+        session,
+        placement,
+        proxy_command=prepared.request.ssh_proxy_command,
+        plan=plan,
+        public_openssh=None if key is None else key.public_openssh,
+    )
 
 
 def renamed(prepared: PreparedRun, restart: int, tries: int) -> PreparedRun:

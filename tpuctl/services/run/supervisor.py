@@ -78,6 +78,7 @@ from tpuctl.services.run.model import (
 )
 from tpuctl.services.run.occupancy import deletion_of
 from tpuctl.services.run.provision import renamed
+from tpuctl.services.run.runkey import load_run_key, store_run_key
 from tpuctl.services.run.segments import Segments
 from tpuctl.services.run.signals import EventTap, SliceWatch, StepBudget, classify
 from tpuctl.services.run.takeover import take_over
@@ -234,8 +235,10 @@ class Supervisor:
             budget_usd=self._budget_usd,
             policy=self.policy,
             script_in_bundle=None if prepared.request.script is None else prepared.display,
+            requirements_text=prepared.setup.requirements,
         )
         record_bundle(self._session.ledger, prepared.run_id, prepared.bundle)
+        store_run_key(self._session, prepared)
 
     def cancel(self) -> None:
         """Stop the run from another thread: the hosts are told to stop as on a preemption notice (they
@@ -247,6 +250,8 @@ class Supervisor:
         self, prepared: PreparedRun, *, progress: OperationProgress | None = None, resume: bool = False
     ) -> SupervisedResult:
         """Run (or, with ``resume``, take over and continue) a run already in the ledger."""
+        # The run's SSH key, from the ledger whoever recorded the run: held in memory, never in a file.
+        prepared = dataclasses.replace(prepared, ssh_key=load_run_key(self._session, prepared.run_id))
         self._run_id = prepared.run_id
         self._grace_s = prepared.request.grace_s
         self._take_lease(prepared)

@@ -5,7 +5,7 @@ from the last checkpoint."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -13,6 +13,7 @@ from tpuctl.errors import CloudError, NotFoundError
 from tpuctl.runtime.preemption import parse_event
 from tpuctl.services.run import hosts
 from tpuctl.services.run.accounting import PreemptionRecord, Progress
+from tpuctl.services.run.hostlog import host_lines
 from tpuctl.services.run.model import LaunchObserver, PreparedRun
 from tpuctl.services.run.sliceset import SliceSet
 from tpuctl.store.records import EventKind
@@ -59,7 +60,8 @@ def take_over(
             )
     given = prepared.target.existing
     if given is not None:  # the user's own slices stay: stop what the run left on them
-        hosts.stop_left_hosts(session, given, prepared.run_id, prepared.request.ssh_remote_root)
+        key = hosts.run_key(session, prepared)
+        hosts.stop_left_hosts(session, given, prepared.run_id, prepared.request.ssh_remote_root, key)
     restart_count = int(detail.get("restart_count", restarts + len(preemptions))) + 1
     observer.status(f"taking over run {prepared.run_id} (restart {restart_count})")
     if given is not None:
@@ -113,19 +115,8 @@ def adopt_slices(
 def seed_progress(session: Session, progress: Progress, prepared: PreparedRun) -> None:
     """Read the steps done so far back from host 0's lines (the killed supervisor kept them in memory):
     the ledger's, written on whatever machine supervised the run, else this machine's log file."""
-    for text in _host_0_lines(session, prepared):
+    for text in host_lines(session.ledger, prepared.run_id, 0, prepared.run_dir.host_log(0)):
         event = parse_event(text)
         if event is not None:
             progress.on_event(event, time.time())
     progress.new_attempt()
-
-
-def _host_0_lines(session: Session, prepared: PreparedRun) -> Iterator[str]:
-    stored = session.ledger.log_lines(prepared.run_id, worker=0)
-    if stored:
-        yield from (line.text for line in stored)
-        return
-    path = prepared.run_dir.host_log(0)
-    if path.exists():
-        with path.open(encoding="utf-8", errors="replace") as fh:
-            yield from (line.rstrip("\n") for line in fh)
