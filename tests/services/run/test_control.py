@@ -13,6 +13,7 @@ import pytest
 from tpuctl.services.run.control import load_request, save_request
 from tpuctl.services.run.model import RecoveryPolicy, RunRequest
 from tpuctl.services.run.rundir import RunDir
+from tpuctl.store.secrets import load_secret_key
 
 
 def _save(run_dir: RunDir, budget: float | None) -> Path:
@@ -83,13 +84,14 @@ def test_the_requirements_text_travels_in_the_ledger_and_is_written_where_the_ru
 
     given = tmp_path / "one" / "proj" / "requirements.txt"
     request = RunRequest(example="lm", requirements=str(given))
+    key = load_secret_key(env_key=None, key_file=tmp_path / "secret.key")
     with Ledger(tmp_path / "shared") as ledger:
         ledger.create_run("run-x", script="example:lm")
         one = RunDir.of(tmp_path / "one", "run-x")
         record_request(ledger, one, request, run_id="run-x", budget_usd=None, policy=RecoveryPolicy(),
-                       requirements_text="numpy==2.1.0\n")  # fmt: skip
+                       key=key, requirements_text="numpy==2.1.0\n")  # fmt: skip
         # A later save without it (resume's new budget) keeps it.
-        record_request(ledger, one, request, run_id="run-x", budget_usd=3.0, policy=RecoveryPolicy())
+        record_request(ledger, one, request, run_id="run-x", budget_usd=3.0, policy=RecoveryPolicy(), key=key)
         two = RunDir.of(tmp_path / "two", "run-x")
         payload = saved_payload(ledger, "run-x", two)
     assert payload[REQUIREMENTS_TEXT] == "numpy==2.1.0\n" and payload["budget_usd"] == 3.0
@@ -100,3 +102,25 @@ def test_the_requirements_text_travels_in_the_ledger_and_is_written_where_the_ru
     assert stat.S_IMODE(written.stat().st_mode) == 0o600
     # A run without --requirements gets none, whatever the payload says.
     assert with_saved_requirements(RunRequest(example="lm"), payload, two).requirements is None
+
+
+def test_env_values_travel_encrypted_and_come_back_only_with_the_key(tmp_path: Path) -> None:
+    from tpuctl.services.run.control import parse_request, record_request, saved_payload
+    from tpuctl.store.ledger import Ledger
+
+    secret = "SENTINEL-env-value-7f3a"
+    request = RunRequest(example="lm", env=(f"API_TOKEN={secret}", "MODE=fast"))
+    key = load_secret_key(env_key=None, key_file=tmp_path / "secret.key")
+    with Ledger(tmp_path / "shared") as ledger:
+        ledger.create_run("run-x", script="example:lm")
+        one = RunDir.of(tmp_path / "one", "run-x")
+        record_request(
+            ledger, one, request, run_id="run-x", budget_usd=None, policy=RecoveryPolicy(), key=key
+        )
+        two = RunDir.of(tmp_path / "two", "run-x")
+        with_key = parse_request(saved_payload(ledger, "run-x", two, key)).request
+        without = parse_request(saved_payload(ledger, "run-x", two)).request
+    assert with_key.env == request.env  # another machine with the team's key restarts with the same --env
+    assert without.env == ()  # a reader without the key gets none of them
+    stored = b"".join(p.read_bytes() for p in (tmp_path / "shared").iterdir() if p.is_file())
+    assert secret.encode() not in stored and b"MODE=fast" not in stored

@@ -19,6 +19,7 @@ from tpuctl.errors import CloudError, NotFoundError, TpuctlError, UsageError
 from tpuctl.services.run import hosts, prepare
 from tpuctl.services.run.lease import Lease
 from tpuctl.services.run.model import EXECUTOR_KINDS, RecoveryPolicy, RunRequest
+from tpuctl.services.run.runkey import secret_key
 from tpuctl.services.run.views import Cancellation, CancelOutcome, Detached, LeaseHolder, Resumption
 from tpuctl.store.paths import atomic_write_json, atomic_write_text, private_file
 from tpuctl.store.records import RunStatus
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from tpuctl.services.session import Session
     from tpuctl.store.ledger import Ledger
     from tpuctl.store.records import RunRecord
+    from tpuctl.store.secrets import SecretKey
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,9 @@ class SavedRequest:
 
 #: Where a run's program is unpacked from the ledger's bundle, in its directory on this machine.
 PROGRAM_FOLDER = "program"
+#: The run's secret that holds its ``--env`` values, and the saved request's mark that they are there.
+ENV_SECRET = "env"
+ENV_IN_SECRET = "env_in_secret"
 #: Where a run's ``--requirements`` are written from the ledger, in its directory on this machine.
 REQUIREMENTS_FILE = "requirements.txt"
 #: The saved request's keys beyond the request: the script's path in the bundle, the requirements' text.
@@ -79,15 +84,20 @@ def record_request(
     run_id: str,
     budget_usd: float | None,
     policy: RecoveryPolicy,
+    key: SecretKey,
     script_in_bundle: str | None = None,
     requirements_text: str | None = None,
 ) -> None:
     """The saved request in the ledger, where a supervisor on any machine reads it, and in the local file.
     ``script_in_bundle``: the script's path inside the bundle, where another machine finds it;
     ``requirements_text``: the ``--requirements`` file's content (another machine has no such file).
-    Either, not given, stays as the ledger had it."""
+    Either, not given, stays as the ledger had it. The ``--env`` values may be secrets: the ledger's
+    request carries none of them, they are one secret of the run's, encrypted with ``key``."""
     save_request(run_dir, request, run_id=run_id, budget_usd=budget_usd, policy=policy)
     payload = request_payload(request, run_id=run_id, budget_usd=budget_usd, policy=policy)
+    env = payload["request"].pop("env", None) or []
+    ledger.put_secret(run_id, ENV_SECRET, json.dumps(list(env)).encode(), key)
+    payload[ENV_IN_SECRET] = True
     given = {SCRIPT_IN_BUNDLE: script_in_bundle, REQUIREMENTS_TEXT: requirements_text}
     before_text = ledger.run_request(run_id)
     before = json.loads(before_text) if before_text is not None else {}
@@ -117,12 +127,19 @@ def load_request(run_dir: RunDir) -> SavedRequest:
     return parse_request(_local_payload(run_dir))
 
 
-def saved_payload(ledger: Ledger, run_id: str, run_dir: RunDir) -> dict[str, Any]:
-    """The run's saved request as the ledger holds it (any machine), else this machine's file."""
+def saved_payload(
+    ledger: Ledger, run_id: str, run_dir: RunDir, key: SecretKey | None = None
+) -> dict[str, Any]:
+    """The run's saved request as the ledger holds it (any machine), else this machine's file. Its
+    ``--env`` values are decrypted with ``key``; without one (a caller that reads no env) they are left
+    out."""
     text = ledger.run_request(run_id)
     if text is not None:
         payload = json.loads(text)
         if isinstance(payload, dict):
+            if payload.pop(ENV_IN_SECRET, False) and key is not None:
+                env = ledger.get_secret(run_id, ENV_SECRET, key)
+                payload["request"]["env"] = json.loads(env) if env is not None else []
             return payload
     return _local_payload(run_dir)
 
@@ -263,7 +280,7 @@ def prepare_again(session: Session, record: RunRecord, run_dir: RunDir) -> Resum
     """The saved request of ``record``'s run, prepared again under the same run id, with its saved policy
     and budget; with a note when the program's files changed since (the new ones are shipped)."""
     run_id = record.run_id
-    payload = saved_payload(session.ledger, run_id, run_dir)
+    payload = saved_payload(session.ledger, run_id, run_dir, secret_key(session.settings))
     saved = parse_request(payload)
     request = _from_ledger_bundle(session, saved.request, payload, run_dir)
     request = with_saved_requirements(request, payload, run_dir)

@@ -24,6 +24,7 @@ from tpuctl.services.run import control, describe, hostlog, prepare
 from tpuctl.services.run.fencing import LeaseKeeper, fenced_session
 from tpuctl.services.run.lookup import RunNotFoundError, resolve_run_id
 from tpuctl.services.run.rundir import RunDir
+from tpuctl.services.run.runkey import secret_key
 from tpuctl.services.run.views import (
     Cancellation,
     CancelOutcome,
@@ -195,6 +196,7 @@ class Runs:
                 run_id=record.run_id,
                 budget_usd=budget,
                 policy=policy,
+                key=secret_key(self._session.settings),
             )
         if record.status != RunStatus.RUNNING:
             self._session.ledger.update_run(

@@ -78,7 +78,7 @@ from tpuctl.services.run.model import (
 )
 from tpuctl.services.run.occupancy import deletion_of
 from tpuctl.services.run.provision import renamed
-from tpuctl.services.run.runkey import load_run_key, store_run_key
+from tpuctl.services.run.runkey import load_run_key, secret_key, store_run_key
 from tpuctl.services.run.segments import Segments
 from tpuctl.services.run.signals import EventTap, SliceWatch, StepBudget, classify
 from tpuctl.services.run.takeover import take_over
@@ -234,6 +234,7 @@ class Supervisor:
             run_id=prepared.run_id,
             budget_usd=self._budget_usd,
             policy=self.policy,
+            key=secret_key(self._session.settings),
             script_in_bundle=None if prepared.request.script is None else prepared.display,
             requirements_text=prepared.setup.requirements,
         )
