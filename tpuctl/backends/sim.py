@@ -185,15 +185,21 @@ class SimBackend:
 
         world = load_world(self.world_path) if self.world_path else default_world()
         where = str(self.world_path) if self.world_path else "(built-in default world)"
-        overrides = {
-            generation: {
-                region: {
-                    key: float(value)
-                    for key, value in (("on_demand", price.on_demand), ("spot", price.spot))
-                    if value is not None
-                }
-                for region, price in regions.items()
+        return world_prices(world, where)
+
+
+def world_prices(world: World, where: str) -> OwnPrices:
+    """A simulated world's price list (USD per chip-hour by generation, region and capacity), laid over
+    the bundled catalog; ``where``: the world's source, shown as the price source."""
+    overrides = {
+        generation: {
+            region: {
+                key: float(value)
+                for key, value in (("on_demand", price.on_demand), ("spot", price.spot))
+                if value is not None
             }
-            for generation, regions in world.prices.items()
+            for region, price in regions.items()
         }
-        return OwnPrices(overrides, where, world.project)
+        for generation, regions in world.prices.items()
+    }
+    return OwnPrices(overrides, where, world.project)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from tpuctl.backends.base import BackendLabel, Closer, HostAddress, OwnPrices, Timekeeping, Tuning
-from tpuctl.backends.sim import NAME, SIM_BUCKET, SIM_CLIENTS, SIM_LABEL, SIM_TUNING, SimBackend
+from tpuctl.backends.sim import NAME, SIM_BUCKET, SIM_CLIENTS, SIM_LABEL, SIM_TUNING, SimBackend, world_prices
 from tpuctl.cloud.compute import ComputeCloud
 from tpuctl.testing.cli import CliResult, invoke
 from tpuctl.testing.clock import FakeClock
@@ -112,19 +112,7 @@ class InProcessBackend:
         return float(self.sim.engine.world.durations.preemption_grace_s)
 
     def own_prices(self) -> OwnPrices:
-        world = self.sim.engine.world
-        overrides = {
-            generation: {
-                region: {
-                    key: float(value)
-                    for key, value in (("on_demand", price.on_demand), ("spot", price.spot))
-                    if value is not None
-                }
-                for region, price in regions.items()
-            }
-            for generation, regions in world.prices.items()
-        }
-        return OwnPrices(overrides, WORLD_SOURCE, world.project)
+        return world_prices(self.sim.engine.world, WORLD_SOURCE)
 
 
 class _InProcessCompute(ComputeCloud):
