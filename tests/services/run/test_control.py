@@ -118,7 +118,7 @@ def test_env_values_travel_encrypted_and_come_back_only_with_the_key(tmp_path: P
             ledger, one, request, run_id="run-x", budget_usd=None, policy=RecoveryPolicy(), key=key
         )
         two = RunDir.of(tmp_path / "two", "run-x")
-        with_key = parse_request(saved_payload(ledger, "run-x", two, key)).request
+        with_key = parse_request(saved_payload(ledger, "run-x", two, lambda: key)).request
         without = parse_request(saved_payload(ledger, "run-x", two)).request
     assert with_key.env == request.env  # another machine with the team's key restarts with the same --env
     assert without.env == ()  # a reader without the key gets none of them

@@ -128,17 +128,17 @@ def load_request(run_dir: RunDir) -> SavedRequest:
 
 
 def saved_payload(
-    ledger: Ledger, run_id: str, run_dir: RunDir, key: SecretKey | None = None
+    ledger: Ledger, run_id: str, run_dir: RunDir, key: Callable[[], SecretKey] | None = None
 ) -> dict[str, Any]:
     """The run's saved request as the ledger holds it (any machine), else this machine's file. Its
-    ``--env`` values are decrypted with ``key``; without one (a caller that reads no env) they are left
-    out."""
+    ``--env`` values are decrypted with the key ``key`` gives, asked for only when there are some;
+    without one (a caller that reads no env) they are left out."""
     text = ledger.run_request(run_id)
     if text is not None:
         payload = json.loads(text)
         if isinstance(payload, dict):
             if payload.pop(ENV_IN_SECRET, False) and key is not None:
-                env = ledger.get_secret(run_id, ENV_SECRET, key)
+                env = ledger.get_secret(run_id, ENV_SECRET, key())
                 payload["request"]["env"] = json.loads(env) if env is not None else []
             return payload
     return _local_payload(run_dir)
@@ -280,7 +280,7 @@ def prepare_again(session: Session, record: RunRecord, run_dir: RunDir) -> Resum
     """The saved request of ``record``'s run, prepared again under the same run id, with its saved policy
     and budget; with a note when the program's files changed since (the new ones are shipped)."""
     run_id = record.run_id
-    payload = saved_payload(session.ledger, run_id, run_dir, secret_key(session.settings))
+    payload = saved_payload(session.ledger, run_id, run_dir, lambda: secret_key(session.settings))
     saved = parse_request(payload)
     request = _from_ledger_bundle(session, saved.request, payload, run_dir)
     request = with_saved_requirements(request, payload, run_dir)
