@@ -365,11 +365,20 @@ def _trigger(
         # The slice is preempted, with notice, from another process once training runs; the kill lands
         # anywhere from the notice (every host checkpoints and stops, the slice is deleted, a new one is
         # placed) to the restart on the new slice.
+        outran: list[bool] = []  # the run ended its slice before the preemption reached it
+
         def preempted(run: _Watched, log: Path | None) -> bool:
             ready = [m for line in list(run.lines) if (m := re.search(r"tpuctl: (\S+) is READY in", line))]
-            if not ready or not steps(log):
+            if outran or not ready or not steps(log):
                 return False
-            done = _tpuctl(env, "sim", "preempt", ready[0].group(1))
+            # In this process: a `tpuctl` started for it takes seconds on a loaded machine, long enough
+            # for a 12-step run to finish first.
+            done = invoke(["sim", "preempt", ready[0].group(1)], env=env)
+            if done.code != 0 and "only a READY node can be preempted" in done.output:
+                # The run outran the preemption (its slice is already being deleted): this round lands
+                # no kill, and the loop tries the same kill on the next run.
+                outran.append(True)
+                return False
             assert done.code == 0, done.output
             return True
 
