@@ -993,6 +993,12 @@ class Ledger:
             self._get_run(conn, run_id)
             return leases.request_cancel(conn, run_id, by)
 
+    def clear_cancel(self, claim: LeaseClaim) -> None:
+        """Forget, fenced by ``claim``, the cancel request of its run: a supervisor that resumes the run
+        clears one an earlier owner already acted on, so only a cancel asked after the resume stops it."""
+        with self._write(claim) as conn:
+            leases.clear_cancel(conn, claim.run_id)
+
     def cancel_requested(self, run_id: str) -> CancelRequest | None:
         with self._read() as conn:
             return leases.cancel_request(conn, run_id)

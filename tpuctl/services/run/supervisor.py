@@ -255,7 +255,7 @@ class Supervisor:
         prepared = dataclasses.replace(prepared, ssh_key=load_run_key(self._session, prepared.run_id))
         self._run_id = prepared.run_id
         self._grace_s = prepared.request.grace_s
-        self._take_lease(prepared)
+        self._take_lease(prepared, resume=resume)
         try:
             return self._supervise_leased(prepared, progress=progress, resume=resume)
         finally:
@@ -301,12 +301,17 @@ class Supervisor:
 
     # --- the lifecycle --------------------------------------------------------------------------
 
-    def _take_lease(self, prepared: PreparedRun) -> None:
+    def _take_lease(self, prepared: PreparedRun, *, resume: bool = False) -> None:
         """Claim the run's ledger lease (``LeaseHeldError``, exit 9, while another owner's is live), then
-        act through a session fenced by it, renewed on a thread from now on."""
+        act through a session fenced by it, renewed on a thread from now on. A resume first clears the
+        run's cancel request: an earlier owner already ended the run on it, and it would otherwise cancel
+        every later resume at once."""
         session = self._session
         settings = session.settings
         claim = session.ledger.claim_lease(prepared.run_id, self._owner, settings.lease_duration)
+        if resume and claim.cancel is not None:
+            session.ledger.clear_cancel(claim)
+            claim = dataclasses.replace(claim, cancel=None)
         self._keeper = LeaseKeeper(
             session.ledger,
             claim,

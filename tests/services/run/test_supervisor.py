@@ -1,0 +1,66 @@
+"""The supervisor's hold on its run, without hosts: the lease it takes and gives back, and the cancel
+request a resume finds (the whole run, slices and hosts, is the CLI tests')."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, cast
+
+import pytest
+
+from tpuctl.services.run.rundir import RunDir
+from tpuctl.services.run.supervisor import Supervisor
+from tpuctl.services.session import Session, open_session
+from tpuctl.settings import load_settings
+from tpuctl.sim import SimServer
+from tpuctl.sim.world import world_from_data
+from tpuctl.store.records import LeaseOwner
+
+if TYPE_CHECKING:
+    from tpuctl.services.run.model import PreparedRun
+
+RUN = "run-20260921-141320-ab16"
+OWNER = LeaseOwner("owner-s1", "host-s", 4343, 88)
+WORLD = {
+    "project": "test-proj",
+    "zones": {"us-central1-a": {"v5e": {"on_demand": 8, "preemptible": 8}}},
+    "latency": {"base_ms": 0, "jitter_ms": 0},
+}
+
+
+@pytest.fixture
+def session(state_dir: Path) -> Iterator[Session]:
+    state_dir.mkdir(parents=True, exist_ok=True)
+    server = SimServer(state_dir, world_from_data(WORLD, "test world"))
+    url = server.start()
+    sess = open_session(load_settings({"backend": "sim", "sim_url": url, "state_dir": state_dir}))
+    sess.ledger.create_run(RUN, script="train.py")
+    try:
+        yield sess
+    finally:
+        sess.close()
+        server.stop()
+
+
+def prepared(session: Session) -> PreparedRun:
+    """What taking the lease reads of a prepared run: its id and its directory."""
+    run_dir = RunDir.of(session.state_dir, RUN)
+    run_dir.root.mkdir(parents=True, exist_ok=True)
+    return cast("PreparedRun", SimpleNamespace(run_id=RUN, run_dir=run_dir))
+
+
+def test_a_resume_clears_the_cancel_an_earlier_owner_acted_on(session: Session) -> None:
+    session.ledger.request_cancel(RUN, "bob@laptop")  # honoured by the owner before: the run ended
+    cancelled: list[str] = []
+    supervisor = Supervisor(session, owner=OWNER)
+    supervisor.cancel = lambda: cancelled.append("cancel")  # type: ignore[method-assign]
+    supervisor._take_lease(prepared(session), resume=True)
+    try:
+        assert session.ledger.cancel_requested(RUN) is None
+        assert cancelled == []
+    finally:
+        supervisor._end_lease()
+    late = session.ledger.request_cancel(RUN, "carol@ci")  # asked after the resume: it counts
+    assert session.ledger.cancel_requested(RUN) == late
