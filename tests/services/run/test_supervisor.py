@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING, cast
 
 import pytest
 
+from tpuctl.services.run.model import Outcome
 from tpuctl.services.run.rundir import RunDir
-from tpuctl.services.run.supervisor import Supervisor
+from tpuctl.services.run.supervisor import Supervisor, _Attempt
 from tpuctl.services.session import Session, open_session
 from tpuctl.settings import load_settings
 from tpuctl.sim import SimServer
@@ -19,7 +20,9 @@ from tpuctl.sim.world import world_from_data
 from tpuctl.store.records import LeaseOwner
 
 if TYPE_CHECKING:
+    from tpuctl.hosts.base import Executor
     from tpuctl.services.run.model import PreparedRun
+    from tpuctl.services.run.sliceset import SliceSet
 
 RUN = "run-20260921-141320-ab16"
 OWNER = LeaseOwner("owner-s1", "host-s", 4343, 88)
@@ -64,3 +67,25 @@ def test_a_resume_clears_the_cancel_an_earlier_owner_acted_on(session: Session) 
         supervisor._end_lease()
     late = session.ledger.request_cancel(RUN, "carol@ci")  # asked after the resume: it counts
     assert session.ledger.cancel_requested(RUN) == late
+
+
+class StoppableHosts:
+    """An executor that only records being told to stop."""
+
+    def __init__(self) -> None:
+        self.stopped: list[float] = []
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        self.stopped.append(grace_s)
+
+
+def test_a_cancel_during_host_setup_stops_the_hosts_once_they_start(session: Session) -> None:
+    supervisor = Supervisor(session, owner=OWNER)
+    attempt = _Attempt(slices=cast("SliceSet", None), restart_count=0)
+    supervisor._attempt = attempt  # shipping and setting up: no executor yet
+    supervisor.cancel()  # from another machine, through the lease's renewal
+    hosts = StoppableHosts()
+    attempt.executor = cast("Executor", hosts)
+    supervisor._stop_hosts(Outcome.CANCELLED)  # what the attempt does once its hosts started
+    supervisor._join_stopper()
+    assert hosts.stopped == [supervisor.policy.checkpoint_wait_s]

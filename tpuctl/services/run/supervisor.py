@@ -379,6 +379,8 @@ class Supervisor:
         if run.slices is None:
             run.slices = self._provision(prepared, run.prefer_zone, progress, run.restart_count)
             run.created.append(run.slices)
+            if self._cancel.is_set():  # asked while the slice was being placed: start nothing on it
+                raise InterruptedByUser("cancelled: the run was stopped")
         run.current = run.slices
         attempt = self._run_attempt(prepared, run.slices, run.restart_count)
         assert attempt.outcome is not None
@@ -698,8 +700,8 @@ class Supervisor:
                 return
             attempt = self._attempt
             if attempt is None or attempt.executor is None:
-                if reason is Outcome.CANCELLED:
-                    self._stop_reason = reason
+                # Nothing to stop yet. A cancel is kept in ``self._cancel`` alone: ``started()`` stops the
+                # hosts once they exist, which a stop reason set now would make it skip.
                 return
             self._stop_reason = reason
             executor = attempt.executor
