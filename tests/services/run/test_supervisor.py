@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, cast
 
 import pytest
 
+from tpuctl.services.run.lease import Lease
 from tpuctl.services.run.model import Outcome
 from tpuctl.services.run.rundir import RunDir
 from tpuctl.services.run.supervisor import Supervisor, _Attempt
@@ -89,3 +90,16 @@ def test_a_cancel_during_host_setup_stops_the_hosts_once_they_start(session: Ses
     supervisor._stop_hosts(Outcome.CANCELLED)  # what the attempt does once its hosts started
     supervisor._join_stopper()
     assert hosts.stopped == [supervisor.policy.checkpoint_wait_s]
+
+
+def test_a_lease_taken_then_not_supervised_is_given_back_at_once(
+    session: Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_lock(path: Path) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Lease, "acquire", staticmethod(no_lock))
+    supervisor = Supervisor(session, owner=OWNER)
+    with pytest.raises(OSError, match="No space"):
+        supervisor._take_lease(prepared(session))
+    assert session.ledger.lease_of(RUN) is None  # not held by nobody until its ttl runs out

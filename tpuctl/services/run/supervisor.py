@@ -309,10 +309,7 @@ class Supervisor:
         session = self._session
         settings = session.settings
         claim = session.ledger.claim_lease(prepared.run_id, self._owner, settings.lease_duration)
-        if resume and claim.cancel is not None:
-            session.ledger.clear_cancel(claim)
-            claim = dataclasses.replace(claim, cancel=None)
-        self._keeper = LeaseKeeper(
+        self._keeper = keeper = LeaseKeeper(
             session.ledger,
             claim,
             ttl_s=settings.lease_duration,
@@ -320,11 +317,20 @@ class Supervisor:
             on_lost=self._on_lease_lost,
             on_cancel=lambda request: self.cancel(),
         )
-        # The kernel lock stays a local shortcut (a second supervisor on this machine sees it at once);
-        # failing to take it changes nothing: the ledger lease decides.
-        self._lease = Lease.acquire(prepared.run_dir.lock_file)
-        self._bind(fenced_session(session, claim))
-        self._keeper.start()
+        try:
+            if resume and claim.cancel is not None:
+                session.ledger.clear_cancel(claim)
+                keeper.claim = claim = dataclasses.replace(claim, cancel=None)
+            # The kernel lock stays a local shortcut (a second supervisor on this machine sees it at
+            # once); failing to take it changes nothing: the ledger lease decides.
+            self._lease = Lease.acquire(prepared.run_dir.lock_file)
+            self._bind(fenced_session(session, claim))
+            keeper.start()
+        except BaseException:
+            # Not supervising after all (an OSError from the local lock, Ctrl-C): give the lease back now
+            # rather than leave the run held by nobody until its ttl runs out.
+            self._end_lease()
+            raise
 
     def _end_lease(self) -> None:
         """Stop renewing and give the lease back (unless it was lost: then nothing is written)."""
