@@ -18,7 +18,7 @@ from tpuctl.services.session import Session, open_session
 from tpuctl.settings import load_settings
 from tpuctl.sim import SimServer
 from tpuctl.sim.world import world_from_data
-from tpuctl.store.records import LeaseOwner
+from tpuctl.store.records import LeaseClaim, LeaseOwner, LedgerBusyError
 
 if TYPE_CHECKING:
     from tpuctl.hosts.base import Executor
@@ -103,3 +103,21 @@ def test_a_lease_taken_then_not_supervised_is_given_back_at_once(
     with pytest.raises(OSError, match="No space"):
         supervisor._take_lease(prepared(session))
     assert session.ledger.lease_of(RUN) is None  # not held by nobody until its ttl runs out
+
+
+def test_a_lease_the_ledger_is_too_busy_to_take_back_ends_the_run_with_a_warning(
+    session: Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def busy(claim: LeaseClaim) -> bool:
+        raise LedgerBusyError("the ledger is busy")
+
+    warned: list[str] = []
+    supervisor = Supervisor(session, owner=OWNER, warn=warned.append)
+    run = prepared(session)
+    supervisor._take_lease(run)
+    monkeypatch.setattr(session.ledger, "release_lease", busy)
+    supervisor._end_lease()  # raises nothing: the run's own result stands
+    assert warned == ["the run's lease was not given back (the ledger is busy); it expires on its own"]
+    local = Lease.acquire(run.run_dir.lock_file)  # the local lock was let go all the same
+    assert local is not None
+    local.release()

@@ -82,7 +82,7 @@ from tpuctl.services.run.runkey import load_run_key, secret_key, store_run_key
 from tpuctl.services.run.segments import Segments
 from tpuctl.services.run.signals import EventTap, SliceWatch, StepBudget, classify
 from tpuctl.services.run.takeover import take_over
-from tpuctl.store.records import EventKind, LeaseOwner, RunStatus, SegmentKind
+from tpuctl.store.records import EventKind, LeaseOwner, LedgerError, RunStatus, SegmentKind
 
 if TYPE_CHECKING:
     from tpuctl.cloud.base import Node, OperationProgress
@@ -335,11 +335,17 @@ class Supervisor:
     def _end_lease(self) -> None:
         """Stop renewing and give the lease back (unless it was lost: then nothing is written)."""
         keeper, self._keeper = self._keeper, None
-        if keeper is not None:
-            keeper.release()
-        if self._lease is not None:
-            self._lease.release()
-            self._lease = None
+        try:
+            if keeper is not None:
+                keeper.release()
+        except LedgerError as exc:
+            # The run's result (or the error it ended with) matters more than an early release: the
+            # lease expires on its own at the end of its ttl.
+            self._warn(f"the run's lease was not given back ({exc.message}); it expires on its own")
+        finally:
+            if self._lease is not None:
+                self._lease.release()
+                self._lease = None
 
     def _lost(self) -> LeaseLostError | None:
         """The loss of the run's lease, once a renewal saw it (None while it holds)."""
