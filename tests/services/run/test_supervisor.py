@@ -3,6 +3,7 @@ request a resume finds (the whole run, slices and hosts, is the CLI tests')."""
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -10,6 +11,7 @@ from typing import TYPE_CHECKING, cast
 
 import pytest
 
+from tpuctl.errors import LeaseLostError
 from tpuctl.services.run.lease import Lease
 from tpuctl.services.run.model import Outcome
 from tpuctl.services.run.rundir import RunDir
@@ -18,7 +20,7 @@ from tpuctl.services.session import Session, open_session
 from tpuctl.settings import load_settings
 from tpuctl.sim import SimServer
 from tpuctl.sim.world import world_from_data
-from tpuctl.store.records import LeaseClaim, LeaseOwner, LedgerBusyError
+from tpuctl.store.records import LeaseClaim, LeaseOwner, LedgerBusyError, RunStatus
 
 if TYPE_CHECKING:
     from tpuctl.hosts.base import Executor
@@ -121,3 +123,16 @@ def test_a_lease_the_ledger_is_too_busy_to_take_back_ends_the_run_with_a_warning
     local = Lease.acquire(run.run_dir.lock_file)  # the local lock was let go all the same
     assert local is not None
     local.release()
+
+
+def test_a_loss_a_fenced_write_finds_is_the_supervisors_at_once(session: Session) -> None:
+    supervisor = Supervisor(session, owner=OWNER)
+    supervisor._take_lease(prepared(session))
+    try:
+        with sqlite3.connect(session.ledger.path) as raw:  # another owner's claim, as far as we can tell
+            raw.execute("UPDATE run_leases SET token = 'stolen' WHERE run_id = ?", (RUN,))
+        with pytest.raises(LeaseLostError) as raised:
+            supervisor._session.ledger.update_run(RUN, status=RunStatus.RUNNING)  # long before a renewal
+        assert supervisor._lost() is raised.value  # so its executor lets the hosts go unsignalled
+    finally:
+        supervisor._end_lease()

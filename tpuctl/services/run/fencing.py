@@ -61,6 +61,7 @@ class LeaseKeeper:
         self._on_lost = on_lost
         self._on_cancel = on_cancel
         self._cancel_seen = False
+        self._losing = threading.Lock()  # the renewal thread and a fenced write may both find the loss
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._renew_until_stopped, name="tpuctl-lease", daemon=True)
 
@@ -101,8 +102,17 @@ class LeaseKeeper:
             renewed_at = time.monotonic()
             self._notice_cancel(self.claim.cancel)
 
+    def note_lost(self, lost: LeaseLostError) -> None:
+        """A loss found elsewhere (a fenced write): kept in ``lost`` and handed to ``on_lost`` as a
+        renewal's would be, once, so whoever asks ``lost`` stops speaking for the run."""
+        self._lose(lost)
+
     def _lose(self, lost: LeaseLostError) -> None:
-        self.lost = lost
+        with self._losing:
+            if self.lost is not None:
+                return
+            self.lost = lost
+        self._stop.set()  # nothing left to renew
         self._on_lost(lost)
 
     def _unrenewable(self, exc: Exception) -> LeaseLostError:
@@ -121,10 +131,13 @@ class LeaseKeeper:
             self._on_cancel(request)
 
 
-def fenced_session(session: Session, claim: LeaseClaim) -> Session:
-    """``session`` with its ledger fenced by ``claim`` and its cloud recording a fenced intent before
-    every slice create and delete. Closing it closes nothing (``session`` owns the connections)."""
-    ledger = session.ledger.fenced(claim)
+def fenced_session(
+    session: Session, claim: LeaseClaim, *, on_lost: Callable[[LeaseLostError], None] | None = None
+) -> Session:
+    """``session`` with its ledger fenced by ``claim`` (a loss a write finds goes to ``on_lost``) and its
+    cloud recording a fenced intent before every slice create and delete. Closing it closes nothing
+    (``session`` owns the connections)."""
+    ledger = session.ledger.fenced(claim, on_lost=on_lost)
     cloud = FencedCloud(session.cloud, ledger, claim)
     return dataclasses.replace(session, ledger=ledger, cloud=cloud, _closers=[])
 

@@ -324,7 +324,7 @@ class Supervisor:
             # The kernel lock stays a local shortcut (a second supervisor on this machine sees it at
             # once); failing to take it changes nothing: the ledger lease decides.
             self._lease = Lease.acquire(prepared.run_dir.lock_file)
-            self._bind(fenced_session(session, claim))
+            self._bind(fenced_session(session, claim, on_lost=keeper.note_lost))
             keeper.start()
         except BaseException:
             # Not supervising after all (an OSError from the local lock, Ctrl-C): give the lease back now
@@ -348,7 +348,7 @@ class Supervisor:
                 self._lease = None
 
     def _lost(self) -> LeaseLostError | None:
-        """The loss of the run's lease, once a renewal saw it (None while it holds)."""
+        """The loss of the run's lease, once a renewal or a fenced write saw it (None while it holds)."""
         return None if self._keeper is None else self._keeper.lost
 
     def _on_lease_lost(self, lost: LeaseLostError) -> None:
