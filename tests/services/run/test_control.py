@@ -1,5 +1,6 @@
 """The saved request is written atomically and durably: 0600, data and directory fsynced, and a write that
-fails half way leaves the previous request whole and no temporary file behind."""
+fails half way leaves the previous request whole and no temporary file behind; a background supervisor
+that did not start fails the run, unless another supervisor holds it."""
 
 from __future__ import annotations
 
