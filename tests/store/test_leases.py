@@ -274,6 +274,19 @@ def test_a_cancel_asked_from_another_machine_reaches_the_owner(ledger: Ledger) -
         laptop.request_cancel("nope", "bob")
 
 
+def test_only_the_leases_holder_clears_a_cancel_request(ledger: Ledger) -> None:
+    claim = ledger.claim_lease(RUN, A, LONG)
+    laptop = other_machine(ledger)
+    laptop.request_cancel(RUN, "bob@laptop")
+    stale = LeaseClaim(RUN, B, "not-the-token", claim.generation, claim.expires_at, None)
+    with pytest.raises(LeaseLostError):
+        ledger.clear_cancel(stale)
+    assert ledger.cancel_requested(RUN) is not None
+    ledger.clear_cancel(claim)
+    assert ledger.cancel_requested(RUN) is None
+    assert laptop.request_cancel(RUN, "carol@ci").requested_by == "carol@ci"  # a new one stands again
+
+
 def test_a_claim_needs_a_run_and_a_positive_ttl(ledger: Ledger) -> None:
     with pytest.raises(LedgerError, match="no run 'nope'"):
         ledger.claim_lease("nope", A, LONG)

@@ -216,6 +216,11 @@ def request_cancel(conn: sqlite3.Connection, run_id: str, by: str) -> CancelRequ
     return found
 
 
+def clear_cancel(conn: sqlite3.Connection, run_id: str) -> None:
+    """Forget the run's cancel request (the caller's write is fenced: only the lease's holder clears)."""
+    conn.execute("DELETE FROM run_cancel_requests WHERE run_id = ?", (run_id,))
+
+
 def cancel_request(conn: sqlite3.Connection, run_id: str) -> CancelRequest | None:
     row = conn.execute(
         "SELECT requested_at, requested_by FROM run_cancel_requests WHERE run_id = ?", (run_id,)

@@ -161,6 +161,7 @@ class Ledger:
         self._clock = clock
         self._lock = threading.RLock()
         self._fence: LeaseClaim | None = None  # set on the views fenced() returns
+        self._on_lost: Callable[[LeaseLostError], None] | None = None  # ... and who hears of a loss
         self._owns_connection = True
         db = resolve_ledger_path(path_or_state_dir)
         if db.parent == Path(path_or_state_dir).expanduser() or not db.parent.exists():
@@ -293,21 +294,26 @@ class Ledger:
         """One write transaction; fenced by ``fence`` and by this view's claim, when either is set: a
         claim that no longer holds its run's lease commits only the loss (to the lease history) and
         raises ``LeaseLostError`` before the caller's statements run."""
-        with self._lock, self._translate():
-            conn = self._conn
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                for claim in _distinct_claims(self._fence, fence):
-                    lost = leases.fence(conn, claim)
-                    if lost is not None:
-                        conn.execute("COMMIT")
-                        raise lost
-                yield conn
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
+        try:
+            with self._lock, self._translate():
+                conn = self._conn
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    for claim in _distinct_claims(self._fence, fence):
+                        lost = leases.fence(conn, claim)
+                        if lost is not None:
+                            conn.execute("COMMIT")
+                            raise lost
+                    yield conn
+                    conn.execute("COMMIT")
+                except BaseException:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                    raise
+        except LeaseLostError as lost:
+            if self._on_lost is not None:  # told outside the lock: the listener may read the ledger
+                self._on_lost(lost)
+            raise
 
     @contextlib.contextmanager
     def _read(self) -> Iterator[sqlite3.Connection]:
@@ -968,16 +974,19 @@ class Ledger:
         with self._read() as conn:
             return leases.history(conn, run_id)
 
-    def fenced(self, claim: LeaseClaim) -> Ledger:
+    def fenced(self, claim: LeaseClaim, *, on_lost: Callable[[LeaseLostError], None] | None = None) -> Ledger:
         """This ledger, with every write fenced by ``claim``: the same connection, reads as they are, and
         each write transaction (``update_run``, ``add_segment``, ``close_segment``, ``update_segment``,
         ``record_event(s)``, ``record_attempt``, the blobs, secrets and the rest) first checks, in that
         transaction, that ``claim`` still holds its run's lease by the ledger's clock. If not, the write
         does nothing, the loss goes to the lease history, and ``LeaseLostError`` is raised: a supervisor
         that hands this view to everything it runs (its session's ledger) cannot write after losing the
-        run. Closing the view does nothing; close the ledger it came from."""
+        run. ``on_lost`` hears of every such loss (the lease's keeper: its holder then knows the run is
+        no longer its own even before a renewal finds out). Closing the view does nothing; close the
+        ledger it came from."""
         view = copy.copy(self)
         view._fence = claim
+        view._on_lost = on_lost
         view._owns_connection = False
         return view
 
@@ -992,6 +1001,12 @@ class Ledger:
         with self._write() as conn:
             self._get_run(conn, run_id)
             return leases.request_cancel(conn, run_id, by)
+
+    def clear_cancel(self, claim: LeaseClaim) -> None:
+        """Forget, fenced by ``claim``, the cancel request of its run: a supervisor that resumes the run
+        clears one an earlier owner already acted on, so only a cancel asked after the resume stops it."""
+        with self._write(claim) as conn:
+            leases.clear_cancel(conn, claim.run_id)
 
     def cancel_requested(self, run_id: str) -> CancelRequest | None:
         with self._read() as conn:

@@ -1,5 +1,6 @@
 """The saved request is written atomically and durably: 0600, data and directory fsynced, and a write that
-fails half way leaves the previous request whole and no temporary file behind."""
+fails half way leaves the previous request whole and no temporary file behind; a background supervisor
+that did not start fails the run, unless another supervisor holds it."""
 
 from __future__ import annotations
 
@@ -7,13 +8,21 @@ import json
 import os
 import stat
 from pathlib import Path
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, cast
 
 import pytest
 
-from tpuctl.services.run.control import load_request, save_request
+from tpuctl.errors import EXIT_LEASE_HELD, LeaseHeldError
+from tpuctl.services.run.control import _not_started, load_request, save_request
 from tpuctl.services.run.model import RecoveryPolicy, RunRequest
 from tpuctl.services.run.rundir import RunDir
+from tpuctl.store.ledger import Ledger
+from tpuctl.store.records import LeaseOwner, RunStatus
 from tpuctl.store.secrets import load_secret_key
+
+if TYPE_CHECKING:
+    from tpuctl.services.session import Session
 
 
 def _save(run_dir: RunDir, budget: float | None) -> Path:
@@ -124,3 +133,20 @@ def test_env_values_travel_encrypted_and_come_back_only_with_the_key(tmp_path: P
     assert without.env == ()  # a reader without the key gets none of them
     stored = b"".join(p.read_bytes() for p in (tmp_path / "shared").iterdir() if p.is_file())
     assert secret.encode() not in stored and b"MODE=fast" not in stored
+
+
+def test_a_supervisor_that_found_the_lease_held_fails_nothing(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path)
+    ledger.create_run("r1", script="train.py")
+    session = cast("Session", SimpleNamespace(ledger=ledger))
+    other = ledger.claim_lease("r1", LeaseOwner("owner-o", "host-o", 77, 1), 300.0)
+    error = _not_started(session, "r1", "exited at once (status 9)", tmp_path / "log", returncode=9)
+    assert isinstance(error, LeaseHeldError) and error.pid == 77 and error.exit_code == EXIT_LEASE_HELD
+    ledger.release_lease(other)  # held when the child looked, released since: still not this one's to fail
+    error = _not_started(session, "r1", "exited at once (status 9)", tmp_path / "log", returncode=9)
+    assert "another supervisor held its lease" in error.message
+    record = ledger.get_run("r1")
+    assert record is not None and record.status == RunStatus.PENDING.value
+    _not_started(session, "r1", "exited at once (status 1)", tmp_path / "log", returncode=1)
+    record = ledger.get_run("r1")
+    assert record is not None and record.status == RunStatus.FAILED.value

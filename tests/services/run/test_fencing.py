@@ -17,7 +17,7 @@ from tpuctl.errors import LeaseLostError
 from tpuctl.hosts.base import Executor, HostEvent
 from tpuctl.services.run.fencing import FencedCloud, LeaseBoundExecutor, LeaseKeeper
 from tpuctl.store.ledger import Ledger
-from tpuctl.store.records import CancelRequest, IntentAction, LeaseAction, LeaseOwner
+from tpuctl.store.records import CancelRequest, IntentAction, LeaseAction, LeaseClaim, LeaseOwner
 from tpuctl.testing.clock import wait_for
 
 RUN = "r-fenced"
@@ -81,6 +81,22 @@ def test_a_stolen_lease_is_seen_at_the_next_renewal_once_and_nothing_is_released
     kept.release()  # lost: writes nothing
     actions = [h.action for h in ledger.lease_history(RUN)]
     assert actions.count(LeaseAction.LOST) == 1 and LeaseAction.RELEASE not in actions
+
+
+def test_a_renewal_that_keeps_failing_is_a_loss_once_the_lease_would_have_expired(
+    ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(claim: LeaseClaim, ttl_s: float) -> LeaseClaim:
+        raise RuntimeError("disk I/O error")
+
+    seen = Seen()
+    kept = keeper(ledger, seen, ttl_s=0.5)
+    monkeypatch.setattr(ledger, "renew_lease", broken)
+    kept.start()
+    wait_for(lambda: seen.lost, timeout=10.0, what="the loss")
+    assert kept.lost is seen.lost[0] and len(seen.lost) == 1
+    assert "could not be renewed" in kept.lost.message and "disk I/O error" in kept.lost.message
+    kept.stop()
 
 
 def test_a_cancel_request_reaches_the_keeper_once(ledger: Ledger) -> None:

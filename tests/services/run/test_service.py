@@ -8,6 +8,7 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, cast
 
 import pytest
@@ -185,6 +186,19 @@ def test_cancelling_a_finished_run_does_nothing(runs: Runs, ledger: Ledger) -> N
     assert result.outcome is CancelOutcome.ALREADY_ENDED and result.status == "succeeded"
     after = ledger.get_run(IDS[0])
     assert after is not None and after.status == RunStatus.SUCCEEDED
+
+
+def test_a_cancel_that_finds_the_run_ended_once_it_holds_the_lease_changes_nothing(
+    ledger: Ledger, tmp_path: Path
+) -> None:
+    settings = SimpleNamespace(lease_duration=300.0, lease_renew_every=100.0)
+    runs = Runs(cast("Session", SimpleNamespace(ledger=ledger, state_dir=tmp_path, settings=settings)))
+    stale = runs.get(IDS[0])  # read while the run was going
+    ledger.update_run(IDS[0], status=RunStatus.SUCCEEDED, exit_code=0)  # its supervisor finished since
+    result = runs._clean_up(stale, runs.dir_of(stale))
+    assert result.outcome is CancelOutcome.ALREADY_ENDED and result.status == "succeeded"
+    assert runs.get(IDS[0]).status == "succeeded"
+    assert ledger.lease_of(IDS[0]) is None  # given back
 
 
 def test_resume_refuses_a_succeeded_run_and_a_supervised_one(

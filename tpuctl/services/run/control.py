@@ -15,7 +15,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tpuctl.catalog import CapacityType
-from tpuctl.errors import CloudError, NotFoundError, TpuctlError, UsageError
+from tpuctl.errors import (
+    EXIT_LEASE_HELD,
+    CloudError,
+    LeaseHeldError,
+    NotFoundError,
+    TpuctlError,
+    UsageError,
+)
 from tpuctl.services.run import hosts, prepare
 from tpuctl.services.run.lease import Lease
 from tpuctl.services.run.model import EXECUTOR_KINDS, RecoveryPolicy, RunRequest
@@ -261,14 +268,34 @@ def start_detached(
         if proc.poll() is not None:
             tail = log_path.read_text(encoding="utf-8", errors="replace")[-2000:]
             reason = f"the background supervisor exited at once (status {proc.returncode}): {tail.strip()}"
-            raise _not_started(session, run_id, reason, log_path)
+            raise _not_started(session, run_id, reason, log_path, returncode=proc.returncode)
         time.sleep(0.05)
     return Detached(run_id, proc.pid, log_path, leased=False)
 
 
-def _not_started(session: Session, run_id: str, reason: str, log_path: Path) -> TpuctlError:
+def _not_started(
+    session: Session, run_id: str, reason: str, log_path: Path, *, returncode: int | None = None
+) -> TpuctlError:
     """Record that ``run_id``'s supervisor never started (the run is FAILED with the reason, not left
-    PENDING forever: nothing will ever take it up) and return the error to raise."""
+    PENDING forever: nothing will ever take it up) and return the error to raise. Unless another
+    supervisor holds the run's lease (the child then exits 9): the run is that one's, and nothing is
+    written over it."""
+    held = session.ledger.lease_of(run_id)
+    if held is not None and not held.expired:
+        return LeaseHeldError(
+            run_id=run_id,
+            owner_id=held.owner.owner_id,
+            host=held.owner.host,
+            pid=held.owner.pid,
+            generation=held.generation,
+            expires_at=held.expires_at,
+            now=held.now,
+        )
+    if returncode == EXIT_LEASE_HELD:
+        return TpuctlError(
+            f"run {run_id}: another supervisor held its lease, so this one did not start",
+            fix=f"see who supervises it with `tpuctl runs describe {run_id}`; also {log_path}",
+        )
     record = session.ledger.get_run(run_id)
     if record is not None and not RunStatus(record.status).finished:
         detail = {**(record.detail or {}), "error": reason, "never_started": True, "supervisor": None}

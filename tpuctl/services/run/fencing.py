@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -39,7 +40,8 @@ class LeaseKeeper:
     """Renews ``claim`` every ``renew_every_s`` on a thread of its own. The first loss (a renewal the
     ledger refused) is kept in ``lost`` and handed to ``on_lost`` once; the first cancel request a claim
     or renewal carries is handed to ``on_cancel`` once. A ledger that stays busy is retried at the next
-    tick: the lease is lost only when the ledger says so."""
+    tick: the lease is lost only when the ledger says so. Any other error is retried too, but once no
+    renewal succeeded for a whole ttl the lease has expired: that is a loss as well."""
 
     def __init__(
         self,
@@ -59,6 +61,7 @@ class LeaseKeeper:
         self._on_lost = on_lost
         self._on_cancel = on_cancel
         self._cancel_seen = False
+        self._losing = threading.Lock()  # the renewal thread and a fenced write may both find the loss
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._renew_until_stopped, name="tpuctl-lease", daemon=True)
 
@@ -79,16 +82,48 @@ class LeaseKeeper:
             self._ledger.release_lease(self.claim)
 
     def _renew_until_stopped(self) -> None:
+        renewed_at = time.monotonic()
         while not self._stop.wait(self._every_s):
             try:
                 self.claim = self._ledger.renew_lease(self.claim, self._ttl_s)
             except LeaseLostError as exc:
-                self.lost = exc
-                self._on_lost(exc)
+                self._lose(exc)
                 return
             except LedgerBusyError:
                 continue  # another writer held the file past the busy timeout: try at the next tick
+            except Exception as exc:
+                # Anything else (the database gone, a bug): retried at each tick while the lease may
+                # still be ours, then taken as lost: a thread that died here would leave the supervisor
+                # acting on a run whose lease nobody renews.
+                if time.monotonic() - renewed_at < self._ttl_s:
+                    continue
+                self._lose(self._unrenewable(exc))
+                return
+            renewed_at = time.monotonic()
             self._notice_cancel(self.claim.cancel)
+
+    def note_lost(self, lost: LeaseLostError) -> None:
+        """A loss found elsewhere (a fenced write): kept in ``lost`` and handed to ``on_lost`` as a
+        renewal's would be, once, so whoever asks ``lost`` stops speaking for the run."""
+        self._lose(lost)
+
+    def _lose(self, lost: LeaseLostError) -> None:
+        with self._losing:
+            if self.lost is not None:
+                return
+            self.lost = lost
+        self._stop.set()  # nothing left to renew
+        self._on_lost(lost)
+
+    def _unrenewable(self, exc: Exception) -> LeaseLostError:
+        claim = self.claim
+        return LeaseLostError(
+            f"the lease on run {claim.run_id} (generation {claim.generation}) could not be renewed for "
+            f"{self._ttl_s:g} s, so it has expired: {exc}. This supervisor stops acting on the run",
+            run_id=claim.run_id,
+            generation=claim.generation,
+            fix=f"check the ledger (`tpuctl doctor`); `tpuctl runs resume {claim.run_id}` carries the run on",
+        )
 
     def _notice_cancel(self, request: CancelRequest | None) -> None:
         if request is not None and not self._cancel_seen:
@@ -96,10 +131,13 @@ class LeaseKeeper:
             self._on_cancel(request)
 
 
-def fenced_session(session: Session, claim: LeaseClaim) -> Session:
-    """``session`` with its ledger fenced by ``claim`` and its cloud recording a fenced intent before
-    every slice create and delete. Closing it closes nothing (``session`` owns the connections)."""
-    ledger = session.ledger.fenced(claim)
+def fenced_session(
+    session: Session, claim: LeaseClaim, *, on_lost: Callable[[LeaseLostError], None] | None = None
+) -> Session:
+    """``session`` with its ledger fenced by ``claim`` (a loss a write finds goes to ``on_lost``) and its
+    cloud recording a fenced intent before every slice create and delete. Closing it closes nothing
+    (``session`` owns the connections)."""
+    ledger = session.ledger.fenced(claim, on_lost=on_lost)
     cloud = FencedCloud(session.cloud, ledger, claim)
     return dataclasses.replace(session, ledger=ledger, cloud=cloud, _closers=[])
 

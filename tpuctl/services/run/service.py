@@ -313,6 +313,14 @@ class Runs:
         ``LeaseHeldError`` when another supervisor took it meanwhile."""
         ledger, settings = self._session.ledger, self._session.settings
         claim = ledger.claim_lease(record.run_id, LeaseOwner.of_this_process(), settings.lease_duration)
+        # Read again under the lease: the run may have ended between the first read and the claim (its
+        # supervisor finished and released it), and a cleanup from the old record would undo that end.
+        fresh = ledger.get_run(record.run_id)
+        if fresh is None or RunStatus(fresh.status).finished:
+            ledger.release_lease(claim)
+            status = None if fresh is None else str(fresh.status)
+            return Cancellation(record.run_id, CancelOutcome.ALREADY_ENDED, status=status)
+        record = fresh
         keeper = LeaseKeeper(
             ledger,
             claim,

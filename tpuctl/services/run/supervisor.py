@@ -82,7 +82,7 @@ from tpuctl.services.run.runkey import load_run_key, secret_key, store_run_key
 from tpuctl.services.run.segments import Segments
 from tpuctl.services.run.signals import EventTap, SliceWatch, StepBudget, classify
 from tpuctl.services.run.takeover import take_over
-from tpuctl.store.records import EventKind, LeaseOwner, RunStatus, SegmentKind
+from tpuctl.store.records import EventKind, LeaseOwner, LedgerError, RunStatus, SegmentKind
 
 if TYPE_CHECKING:
     from tpuctl.cloud.base import Node, OperationProgress
@@ -255,7 +255,7 @@ class Supervisor:
         prepared = dataclasses.replace(prepared, ssh_key=load_run_key(self._session, prepared.run_id))
         self._run_id = prepared.run_id
         self._grace_s = prepared.request.grace_s
-        self._take_lease(prepared)
+        self._take_lease(prepared, resume=resume)
         try:
             return self._supervise_leased(prepared, progress=progress, resume=resume)
         finally:
@@ -301,13 +301,15 @@ class Supervisor:
 
     # --- the lifecycle --------------------------------------------------------------------------
 
-    def _take_lease(self, prepared: PreparedRun) -> None:
+    def _take_lease(self, prepared: PreparedRun, *, resume: bool = False) -> None:
         """Claim the run's ledger lease (``LeaseHeldError``, exit 9, while another owner's is live), then
-        act through a session fenced by it, renewed on a thread from now on."""
+        act through a session fenced by it, renewed on a thread from now on. A resume first clears the
+        run's cancel request: an earlier owner already ended the run on it, and it would otherwise cancel
+        every later resume at once."""
         session = self._session
         settings = session.settings
         claim = session.ledger.claim_lease(prepared.run_id, self._owner, settings.lease_duration)
-        self._keeper = LeaseKeeper(
+        self._keeper = keeper = LeaseKeeper(
             session.ledger,
             claim,
             ttl_s=settings.lease_duration,
@@ -315,23 +317,38 @@ class Supervisor:
             on_lost=self._on_lease_lost,
             on_cancel=lambda request: self.cancel(),
         )
-        # The kernel lock stays a local shortcut (a second supervisor on this machine sees it at once);
-        # failing to take it changes nothing: the ledger lease decides.
-        self._lease = Lease.acquire(prepared.run_dir.lock_file)
-        self._bind(fenced_session(session, claim))
-        self._keeper.start()
+        try:
+            if resume and claim.cancel is not None:
+                session.ledger.clear_cancel(claim)
+                keeper.claim = claim = dataclasses.replace(claim, cancel=None)
+            # The kernel lock stays a local shortcut (a second supervisor on this machine sees it at
+            # once); failing to take it changes nothing: the ledger lease decides.
+            self._lease = Lease.acquire(prepared.run_dir.lock_file)
+            self._bind(fenced_session(session, claim, on_lost=keeper.note_lost))
+            keeper.start()
+        except BaseException:
+            # Not supervising after all (an OSError from the local lock, Ctrl-C): give the lease back now
+            # rather than leave the run held by nobody until its ttl runs out.
+            self._end_lease()
+            raise
 
     def _end_lease(self) -> None:
         """Stop renewing and give the lease back (unless it was lost: then nothing is written)."""
         keeper, self._keeper = self._keeper, None
-        if keeper is not None:
-            keeper.release()
-        if self._lease is not None:
-            self._lease.release()
-            self._lease = None
+        try:
+            if keeper is not None:
+                keeper.release()
+        except LedgerError as exc:
+            # The run's result (or the error it ended with) matters more than an early release: the
+            # lease expires on its own at the end of its ttl.
+            self._warn(f"the run's lease was not given back ({exc.message}); it expires on its own")
+        finally:
+            if self._lease is not None:
+                self._lease.release()
+                self._lease = None
 
     def _lost(self) -> LeaseLostError | None:
-        """The loss of the run's lease, once a renewal saw it (None while it holds)."""
+        """The loss of the run's lease, once a renewal or a fenced write saw it (None while it holds)."""
         return None if self._keeper is None else self._keeper.lost
 
     def _on_lease_lost(self, lost: LeaseLostError) -> None:
@@ -374,6 +391,8 @@ class Supervisor:
         if run.slices is None:
             run.slices = self._provision(prepared, run.prefer_zone, progress, run.restart_count)
             run.created.append(run.slices)
+            if self._cancel.is_set():  # asked while the slice was being placed: start nothing on it
+                raise InterruptedByUser("cancelled: the run was stopped")
         run.current = run.slices
         attempt = self._run_attempt(prepared, run.slices, run.restart_count)
         assert attempt.outcome is not None
@@ -693,8 +712,8 @@ class Supervisor:
                 return
             attempt = self._attempt
             if attempt is None or attempt.executor is None:
-                if reason is Outcome.CANCELLED:
-                    self._stop_reason = reason
+                # Nothing to stop yet. A cancel is kept in ``self._cancel`` alone: ``started()`` stops the
+                # hosts once they exist, which a stop reason set now would make it skip.
                 return
             self._stop_reason = reason
             executor = attempt.executor

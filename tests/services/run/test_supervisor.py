@@ -1,0 +1,138 @@
+"""The supervisor's hold on its run, without hosts: the lease it takes and gives back, and the cancel
+request a resume finds (the whole run, slices and hosts, is the CLI tests')."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, cast
+
+import pytest
+
+from tpuctl.errors import LeaseLostError
+from tpuctl.services.run.lease import Lease
+from tpuctl.services.run.model import Outcome
+from tpuctl.services.run.rundir import RunDir
+from tpuctl.services.run.supervisor import Supervisor, _Attempt
+from tpuctl.services.session import Session, open_session
+from tpuctl.settings import load_settings
+from tpuctl.sim import SimServer
+from tpuctl.sim.world import world_from_data
+from tpuctl.store.records import LeaseClaim, LeaseOwner, LedgerBusyError, RunStatus
+
+if TYPE_CHECKING:
+    from tpuctl.hosts.base import Executor
+    from tpuctl.services.run.model import PreparedRun
+    from tpuctl.services.run.sliceset import SliceSet
+
+RUN = "run-20260921-141320-ab16"
+OWNER = LeaseOwner("owner-s1", "host-s", 4343, 88)
+WORLD = {
+    "project": "test-proj",
+    "zones": {"us-central1-a": {"v5e": {"on_demand": 8, "preemptible": 8}}},
+    "latency": {"base_ms": 0, "jitter_ms": 0},
+}
+
+
+@pytest.fixture
+def session(state_dir: Path) -> Iterator[Session]:
+    state_dir.mkdir(parents=True, exist_ok=True)
+    server = SimServer(state_dir, world_from_data(WORLD, "test world"))
+    url = server.start()
+    sess = open_session(load_settings({"backend": "sim", "sim_url": url, "state_dir": state_dir}))
+    sess.ledger.create_run(RUN, script="train.py")
+    try:
+        yield sess
+    finally:
+        sess.close()
+        server.stop()
+
+
+def prepared(session: Session) -> PreparedRun:
+    """What taking the lease reads of a prepared run: its id and its directory."""
+    run_dir = RunDir.of(session.state_dir, RUN)
+    run_dir.root.mkdir(parents=True, exist_ok=True)
+    return cast("PreparedRun", SimpleNamespace(run_id=RUN, run_dir=run_dir))
+
+
+def test_a_resume_clears_the_cancel_an_earlier_owner_acted_on(session: Session) -> None:
+    session.ledger.request_cancel(RUN, "bob@laptop")  # honoured by the owner before: the run ended
+    cancelled: list[str] = []
+    supervisor = Supervisor(session, owner=OWNER)
+    supervisor.cancel = lambda: cancelled.append("cancel")  # type: ignore[method-assign]
+    supervisor._take_lease(prepared(session), resume=True)
+    try:
+        assert session.ledger.cancel_requested(RUN) is None
+        assert cancelled == []
+    finally:
+        supervisor._end_lease()
+    late = session.ledger.request_cancel(RUN, "carol@ci")  # asked after the resume: it counts
+    assert session.ledger.cancel_requested(RUN) == late
+
+
+class StoppableHosts:
+    """An executor that only records being told to stop."""
+
+    def __init__(self) -> None:
+        self.stopped: list[float] = []
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        self.stopped.append(grace_s)
+
+
+def test_a_cancel_during_host_setup_stops_the_hosts_once_they_start(session: Session) -> None:
+    supervisor = Supervisor(session, owner=OWNER)
+    attempt = _Attempt(slices=cast("SliceSet", None), restart_count=0)
+    supervisor._attempt = attempt  # shipping and setting up: no executor yet
+    supervisor.cancel()  # from another machine, through the lease's renewal
+    hosts = StoppableHosts()
+    attempt.executor = cast("Executor", hosts)
+    supervisor._stop_hosts(Outcome.CANCELLED)  # what the attempt does once its hosts started
+    supervisor._join_stopper()
+    assert hosts.stopped == [supervisor.policy.checkpoint_wait_s]
+
+
+def test_a_lease_taken_then_not_supervised_is_given_back_at_once(
+    session: Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_lock(path: Path) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Lease, "acquire", staticmethod(no_lock))
+    supervisor = Supervisor(session, owner=OWNER)
+    with pytest.raises(OSError, match="No space"):
+        supervisor._take_lease(prepared(session))
+    assert session.ledger.lease_of(RUN) is None  # not held by nobody until its ttl runs out
+
+
+def test_a_lease_the_ledger_is_too_busy_to_take_back_ends_the_run_with_a_warning(
+    session: Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def busy(claim: LeaseClaim) -> bool:
+        raise LedgerBusyError("the ledger is busy")
+
+    warned: list[str] = []
+    supervisor = Supervisor(session, owner=OWNER, warn=warned.append)
+    run = prepared(session)
+    supervisor._take_lease(run)
+    monkeypatch.setattr(session.ledger, "release_lease", busy)
+    supervisor._end_lease()  # raises nothing: the run's own result stands
+    assert warned == ["the run's lease was not given back (the ledger is busy); it expires on its own"]
+    local = Lease.acquire(run.run_dir.lock_file)  # the local lock was let go all the same
+    assert local is not None
+    local.release()
+
+
+def test_a_loss_a_fenced_write_finds_is_the_supervisors_at_once(session: Session) -> None:
+    supervisor = Supervisor(session, owner=OWNER)
+    supervisor._take_lease(prepared(session))
+    try:
+        with sqlite3.connect(session.ledger.path) as raw:  # another owner's claim, as far as we can tell
+            raw.execute("UPDATE run_leases SET token = 'stolen' WHERE run_id = ?", (RUN,))
+        with pytest.raises(LeaseLostError) as raised:
+            supervisor._session.ledger.update_run(RUN, status=RunStatus.RUNNING)  # long before a renewal
+        assert supervisor._lost() is raised.value  # so its executor lets the hosts go unsignalled
+    finally:
+        supervisor._end_lease()
