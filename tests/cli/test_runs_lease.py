@@ -128,6 +128,18 @@ def kill_9(proc: subprocess.Popen[bytes]) -> None:
     proc.wait(timeout=10)
 
 
+def resume_once_the_lease_expired(cli: Cli, team: Team, run_id: str) -> CliResult:
+    """`runs resume` from state dir two, again while the killed owner's lease is live (exit 9), bounded."""
+
+    def resumed() -> CliResult | None:
+        result = cli("runs", "resume", run_id, env=team.on(team.two))
+        return None if result.code == 9 else result
+
+    taken = wait_for(resumed, timeout=60.0, interval=0.2, what="the takeover")
+    assert taken is not None
+    return taken
+
+
 def test_two_machines_one_ledger_refuse_then_take_over_after_expiry_and_log_every_line_once(
     team: Team, cli: Cli
 ) -> None:
@@ -146,12 +158,7 @@ def test_two_machines_one_ledger_refuse_then_take_over_after_expiry_and_log_ever
         last = ledger.lease_of(run_id)
     assert last is not None and last.owner.pid == a.pid
 
-    def resumed() -> CliResult | None:
-        result = cli("runs", "resume", run_id, env=team.on(team.two))
-        return None if result.code == 9 else result
-
-    taken = wait_for(resumed, timeout=60.0, interval=0.2, what="the takeover")
-    assert taken is not None
+    taken = resume_once_the_lease_expired(cli, team, run_id)
     assert taken.code == 0, taken.stderr[-4000:]
 
     with team.ledger() as ledger:
@@ -222,12 +229,7 @@ def test_a_run_on_the_users_pod_is_taken_over_from_another_state_dir_with_the_ru
     assert ensure_key_pair(team.one).private_bytes() not in ciphertext
     kill_9(a)
 
-    def resumed() -> CliResult | None:
-        result = cli("runs", "resume", run_id, env=team.on(team.two))
-        return None if result.code == 9 else result
-
-    taken = wait_for(resumed, timeout=60.0, interval=0.2, what="the takeover")
-    assert taken is not None
+    taken = resume_once_the_lease_expired(cli, team, run_id)
     assert taken.code == 0, taken.stderr[-4000:]
     with team.ledger() as ledger:
         record = ledger.get_run(run_id)
