@@ -234,7 +234,9 @@ def test_a_fenced_view_shares_the_ledgers_connection(ledger: Ledger) -> None:
 
 def test_the_history_has_every_step_with_the_ledgers_time_and_never_the_token(ledger: Ledger) -> None:
     first = ledger.claim_lease(RUN, A, SHORT)
-    first = ledger.renew_lease(first, SHORT)
+    # Renewed for longer than it was claimed: the ledger's clock has millisecond steps, so a
+    # renewal within the same millisecond with the same ttl would give the same expiry.
+    first = ledger.renew_lease(first, 2 * SHORT)
     second = claim_when_free(ledger, B)
     with pytest.raises(LeaseLostError):
         ledger.renew_lease(first, LONG)
