@@ -195,6 +195,9 @@ def test_example_lm_on_v5e_8_completes_with_decreasing_loss_and_is_recorded(
     assert cli("runs", "logs", run_id, "--worker", "3").code == 2
 
 
+# ~70 s: the one-host case above stays in the default suite, and so do multi-host runs of the example
+# (tests/cli/test_recovery_cli.py, tests/runtime/test_multihost.py).
+@pytest.mark.slow
 def test_example_lm_on_v5e_16_runs_on_4_hosts_of_4_chips(
     admin: SimAdminClient, cli: Cli, state_dir: Path
 ) -> None:
@@ -209,6 +212,10 @@ def test_example_lm_on_v5e_16_runs_on_4_hosts_of_4_chips(
     assert "final_params_sha256" in (state_dir / "runs" / run_id / "worker-0.log").read_text()
 
 
+# ~30 s: an unmodified psum over every process and device of a multi-host slice stays in the default
+# suite on Compute Engine (tests/cli/test_compute_slices.py) and across two slices
+# (tests/cli/test_multislice_run.py).
+@pytest.mark.slow
 def test_unmodified_script_psums_over_all_devices_of_a_4_host_slice(
     tmp_path: Path, admin: SimAdminClient, cli: Cli
 ) -> None:

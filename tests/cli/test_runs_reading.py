@@ -68,7 +68,15 @@ def runs(tmp_path: Path, admin: SimAdminClient, cli: Cli) -> tuple[str, str]:
     return _run_id(ok), _run_id(failed)
 
 
-def test_runs_are_named_by_id_start_end_or_latest(cli: Cli, runs: tuple[str, str]) -> None:
+# One test reads the two runs three ways: the runs take ~30 s to make, and the readings a second.
+def test_two_runs_are_named_described_and_logged(cli: Cli, runs: tuple[str, str], state_dir: Path) -> None:
+    check_naming(cli, runs)
+    check_describe(cli, runs)
+    check_logs(cli, runs, state_dir)
+
+
+def check_naming(cli: Cli, runs: tuple[str, str]) -> None:
+    """A run is named by a unique start or end of its id, by its whole id, or `latest` (the default)."""
     ok, failed = runs
     assert cli("runs", "describe", "latest", "-o", "json").json["run"]["run_id"] == failed
     assert cli("runs", "describe", "-o", "json").json["run"]["run_id"] == failed
@@ -83,7 +91,8 @@ def test_runs_are_named_by_id_start_end_or_latest(cli: Cli, runs: tuple[str, str
     assert cli("runs", "cancel", ok[-4:]).code == 0  # a finished run: nothing to cancel, but it is found
 
 
-def test_describe_says_why_each_host_ended_and_draws_the_steps(cli: Cli, runs: tuple[str, str]) -> None:
+def check_describe(cli: Cli, runs: tuple[str, str]) -> None:
+    """`runs describe` says why each host ended and draws the steps."""
     ok, failed = runs
     table = cli("runs", "describe")
     assert table.code == 0, table.stderr
@@ -103,9 +112,8 @@ def test_describe_says_why_each_host_ended_and_draws_the_steps(cli: Cli, runs: t
     assert cli("runs", "describe", ok, "-o", "csv").code == 2  # one object: no CSV
 
 
-def test_logs_mark_attempts_show_times_and_hide_gloo(
-    cli: Cli, runs: tuple[str, str], state_dir: Path
-) -> None:
+def check_logs(cli: Cli, runs: tuple[str, str], state_dir: Path) -> None:
+    """`runs logs` marks attempts, shows times and hides Gloo's lines."""
     ok, _ = runs
     logs = cli("runs", "logs", ok[-4:])
     assert logs.code == 0, logs.stderr

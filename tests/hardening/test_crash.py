@@ -181,9 +181,11 @@ def test_kill_9_during_pod_and_cost_commands_many_times(
 
 # --- `tpuctl run`: kill -9 of the supervisor, then `runs resume` ----------------------------------------
 
-#: The tiny LM on a 2-host v5p-16 slice (2 hosts x 4 chips) that the allocator places in either of two
-#: zones (so the run names no zone until it is placed); checkpoints at steps 4 and 8, and a final one.
-RUN_TYPE = "v5p-16"
+#: The tiny LM on a v5p slice that the allocator places in either of two zones (so the run names no zone
+#: until it is placed); checkpoints at steps 4 and 8, and a final one. The default suite's loop runs it on
+#: one host (v5p-8: 1 host x 4 chips), the long loop on two (v5p-16: 2 hosts x 4 chips), where a kill of
+#: the whole tree also reaches a second host's process group.
+RUN_TYPE, SLOW_RUN_TYPE = "v5p-8", "v5p-16"
 RUN_ZONES = ("us-central1-a", "us-east5-a")
 RUN_STEPS = 12
 RUN_LM = ["--steps", str(RUN_STEPS), "--checkpoint-every", "4", "--log-every", "4", "--batch", "8", "--seed",
@@ -390,7 +392,7 @@ def _trigger(
 
 
 def _kill_run(
-    env: dict[str, str], state_dir: Path, kill: Kill, rng: random.Random
+    env: dict[str, str], state_dir: Path, kill: Kill, rng: random.Random, accelerator_type: str
 ) -> tuple[str | None, int | None, str]:
     """`tpuctl run` of the LM, SIGKILLed at a random moment of ``kill.phase``: the run id, the exit status if
     it ended first (None: killed) and its output."""
@@ -404,7 +406,7 @@ def _kill_run(
         "--example",
         "lm",
         "--type",
-        RUN_TYPE,
+        accelerator_type,
         "--checkpoint-every",
         "4",
         *HOST_XLA_ENV,
@@ -475,6 +477,7 @@ def run_crash_loop(
     monkeypatch: pytest.MonkeyPatch,
     reference: str,
     jax_cache: Path,
+    accelerator_type: str,
 ) -> Counter[str]:
     from recovery_helpers import fast_jax_env, final_hash
 
@@ -496,7 +499,7 @@ def run_crash_loop(
         assert started <= 2 * kills, f"too few kills landed: {tally}"
         kill = plan[tally["killed"]]
         chain_due = chain_due or kill.chain
-        run_id, code, output = _kill_run(env, state_dir, kill, rng)
+        run_id, code, output = _kill_run(env, state_dir, kill, rng, accelerator_type)
         assert run_id is not None, output[-3000:]
         no_crash(CliResult(code or 0, output, ""))
         if code is None:
@@ -561,21 +564,36 @@ def jax_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("jax-cache")
 
 
-@pytest.fixture(scope="module")
-def run_reference_hash(tmp_path_factory: pytest.TempPathFactory, jax_cache: Path) -> str:
+def _reference_hash(workdir: Path, jax_cache: Path, accelerator_type: str) -> str:
     """The final params of an uninterrupted run of the same program and seed on the same mesh, no tpuctl."""
     from recovery_helpers import fast_jax_env, run_reference
 
+    from tpuctl.catalog import Catalog
+
+    shape = Catalog.load().resolve(accelerator_type)
     return run_reference(
-        tmp_path_factory.mktemp("reference"),
+        workdir,
         RUN_LM,
-        accelerator_type=RUN_TYPE,
+        hosts=shape.hosts,
+        chips=shape.generation.chips_per_host,
+        accelerator_type=accelerator_type,
+        topology=shape.topology,
         extra_env=fast_jax_env(jax_cache),
     )
 
 
-# Four killed runs (four phases, both ways, a takeover killed too), each resumed to the end: ~2.5 min alone
-# on 2 cores, and twice that beside four busy loops. The timeout turns a hang into a stack (each
+@pytest.fixture(scope="module")
+def run_reference_hash(tmp_path_factory: pytest.TempPathFactory, jax_cache: Path) -> str:
+    return _reference_hash(tmp_path_factory.mktemp("reference"), jax_cache, RUN_TYPE)
+
+
+@pytest.fixture(scope="module")
+def slow_run_reference_hash(tmp_path_factory: pytest.TempPathFactory, jax_cache: Path) -> str:
+    return _reference_hash(tmp_path_factory.mktemp("reference-slow"), jax_cache, SLOW_RUN_TYPE)
+
+
+# Four killed runs of a one-host slice (four phases, both ways, a takeover killed too), each resumed to the
+# end. The timeout turns a hang into a stack (each
 # command inside is bounded too); it is not there to bound a loop that a loaded machine slows.
 @pytest.mark.timeout(900)
 def test_kill_9_during_tpuctl_run_then_runs_resume(
@@ -584,7 +602,7 @@ def test_kill_9_during_tpuctl_run_then_runs_resume(
     run_reference_hash: str,
     jax_cache: Path,
 ) -> None:
-    tally = run_crash_loop(RUN_KILLS, 24, tmp_path, monkeypatch, run_reference_hash, jax_cache)
+    tally = run_crash_loop(RUN_KILLS, 24, tmp_path, monkeypatch, run_reference_hash, jax_cache, RUN_TYPE)
     print("run crash tally:", dict(tally))
     phases = {phase for phase in PHASES for how in HOW if tally[f"killed_{phase}_{how}"]}
     assert len(phases) == RUN_KILLS, tally
@@ -592,16 +610,19 @@ def test_kill_9_during_tpuctl_run_then_runs_resume(
 
 
 @pytest.mark.slow
-# 25 killed runs, each resumed to the end (and checked bit for bit): 15 min alone on 2 cores, past the 300 s
-# per-test timeout, which is there to turn a hang into a stack, not to bound a loop this long.
+# 25 killed runs of a two-host slice, each resumed to the end (and checked bit for bit): 15 min alone on 2
+# cores, past the 300 s per-test timeout, which is there to turn a hang into a stack, not to bound a loop
+# this long.
 @pytest.mark.timeout(2400)
 def test_kill_9_during_tpuctl_run_many_times(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-    run_reference_hash: str,
+    slow_run_reference_hash: str,
     jax_cache: Path,
 ) -> None:
-    tally = run_crash_loop(SLOW_RUN_KILLS, 22, tmp_path, monkeypatch, run_reference_hash, jax_cache)
+    tally = run_crash_loop(
+        SLOW_RUN_KILLS, 22, tmp_path, monkeypatch, slow_run_reference_hash, jax_cache, SLOW_RUN_TYPE
+    )
     print("run crash tally:", dict(tally))
     for phase in PHASES:
         for how in HOW:

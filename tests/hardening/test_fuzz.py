@@ -26,12 +26,14 @@ from tpuctl.testing.cli import CliResult, invoke
 from tpuctl.testing.cloud import InProcessSim
 
 # Cases per test: (default, --slow).
+# (default suite, --slow): the default's few seeded cases catch a regression in seconds; the long runs find
+# new ones.
 CASES = {
-    "pod_create": (60, 1500),
-    "cost": (40, 1000),
-    "run": (40, 1000),
-    "config": (40, 2500),
-    "world": (300, 5000),
+    "pod_create": (30, 1500),
+    "cost": (20, 1000),
+    "run": (20, 1000),
+    "config": (20, 2500),
+    "world": (150, 5000),
 }
 
 # Exit codes a fuzzed command may end with: ok, bad input, infeasible, quota, capacity, price cap,
