@@ -36,6 +36,7 @@ from tpuctl.errors import PermissionDeniedError, UsageError
 
 if TYPE_CHECKING:
     from tpuctl.cloud.base import Node
+    from tpuctl.cloud.oslogin import OsLoginAccess
     from tpuctl.hosts.ssh import HostLogin, KeyPair
     from tpuctl.services.placement import PlacementRequest
     from tpuctl.services.session import Session
@@ -87,11 +88,10 @@ class OsLoginSetting:
         return f"{state} ({self.decided_by})"
 
 
-def project_os_login(session: Session) -> OsLoginSetting:
-    """The project's OS Login setting: its common instance metadata, else off."""
-    project = session.project
+def project_os_login(access: OsLoginAccess, project: str) -> OsLoginSetting:
+    """``project``'s OS Login setting: its common instance metadata, else off."""
     try:
-        says = session.os_login().project_says(project)
+        says = access.project_says(project)
     except PermissionDeniedError as exc:
         return OsLoginSetting(
             False,
@@ -118,7 +118,9 @@ def host_login(session: Session, nodes: Sequence[Node], key: KeyPair) -> HostLog
     """How tpuctl logs in to the hosts of ``nodes`` with ``key``: through OS Login (the key imported
     for the caller, the login its POSIX name) where it is on, else through the nodes' ``ssh-keys``
     (refused up front, naming the fix, when a node's metadata lacks the key)."""
-    project = functools.cache(lambda: project_os_login(session))  # read once, and only if needed
+    project = functools.cache(
+        lambda: project_os_login(session.os_login(), session.project)
+    )  # once, if needed
     settings = [node_os_login(node, project) for node in nodes]
     if any(s.enabled for s in settings):
         if not all(s.enabled for s in settings):
