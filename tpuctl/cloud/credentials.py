@@ -73,18 +73,13 @@ def given(credentials: Credentials) -> CredentialsSource:
 
 
 def fresh(credentials: Credentials) -> Credentials:
-    """``credentials`` with a valid token (refreshed when it expired or was never fetched)."""
+    """``credentials`` with a valid token (refreshed when it expired or was never fetched; a failure is
+    google-auth's, for the caller's ``translate_errors`` to classify)."""
     creds: Any = credentials  # google-auth is untyped
     if not creds.valid:
-        import google.auth.exceptions
         import google.auth.transport.requests
 
-        try:
-            creds.refresh(google.auth.transport.requests.Request())
-        except google.auth.exceptions.RefreshError as exc:
-            raise UnauthenticatedError(
-                f"the Google Cloud credentials could not be refreshed: {exc}", code=16, fix=_LOGIN_FIX
-            ) from None
+        creds.refresh(google.auth.transport.requests.Request())
     return credentials
 
 
@@ -93,16 +88,17 @@ def caller_email(credentials: Credentials, http: httpx.Client, tokeninfo_url: st
     metadata server or impersonation), else what ``tokeninfo_url`` says the access token was issued to
     (a user's; the token carries the email when the login asked for the email scope, as gcloud's does).
     Anonymous credentials send no token: an endpoint that checks none (the simulator) names its caller."""
-    creds: Any = fresh(credentials)
+    from tpuctl.cloud.translate import translate_errors
+
+    with translate_errors("refresh the credentials to learn their account"):
+        creds: Any = fresh(credentials)
     email = getattr(creds, "service_account_email", None)
     if isinstance(email, str) and "@" in email:
         return email
     token = getattr(creds, "token", None)
     params = {"access_token": token} if token else {}
-    try:
+    with translate_errors(f"ask {tokeninfo_url} which account the credentials are"):
         response = http.get(tokeninfo_url, params=params)
-    except Exception as exc:  # httpx's transport errors: the caller stays unknown
-        raise CloudError(f"cannot ask {tokeninfo_url} who the credentials belong to: {exc}") from None
     try:
         answer = json.loads(response.content) if response.content else {}
     except ValueError:
