@@ -118,9 +118,8 @@ def host_login(session: Session, nodes: Sequence[Node], key: KeyPair) -> HostLog
     """How tpuctl logs in to the hosts of ``nodes`` with ``key``: through OS Login (the key imported
     for the caller, the login its POSIX name) where it is on, else through the nodes' ``ssh-keys``
     (refused up front, naming the fix, when a node's metadata lacks the key)."""
-    project = functools.cache(
-        lambda: project_os_login(session.os_login(), session.project)
-    )  # once, if needed
+    # The project's setting is read once, and only where a node's own metadata leaves it open.
+    project = functools.cache(lambda: project_os_login(session.os_login(), session.project))
     settings = [node_os_login(node, project) for node in nodes]
     if any(s.enabled for s in settings):
         if not all(s.enabled for s in settings):
