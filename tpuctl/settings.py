@@ -103,6 +103,10 @@ LeaseDuration = Annotated[float, _duration_setting("lease_duration")]
 LeaseRenewEvery = Annotated[float, _duration_setting("lease_renew_every")]
 DEFAULT_LEASE_DURATION_S = 60.0
 DEFAULT_LEASE_RENEW_EVERY_S = 15.0
+#: How long a run's SSH key imported into OS Login stays valid (renewed before a new connection once half
+#: of it is spent): it bounds how long a key outlives the run, so keys do not pile up in the profile.
+OsLoginKeyTtl = Annotated[float, _duration_setting("os_login_key_ttl")]
+DEFAULT_OS_LOGIN_KEY_TTL_S = 3600.0
 
 
 def _split_list(value: Any) -> Any:
@@ -152,6 +156,10 @@ class Profile(BaseModel):
     secret_key_file: Path | None = None
     lease_duration: LeaseDuration | None = None
     lease_renew_every: LeaseRenewEvery | None = None
+    # Google: the project user credentials bill API quota to (x-goog-user-project), and the lifetime of
+    # the key a run imports into OS Login.
+    quota_project: str | None = None
+    os_login_key_ttl: OsLoginKeyTtl | None = None
 
     _zones = field_validator("zones")(lambda cls, v: v if v is None else _check_zones(v))
     _region = field_validator("region")(lambda cls, v: _check_region(v))
@@ -361,6 +369,10 @@ class Settings(BaseSettings):
     secret_key_file: Path | None = None
     lease_duration: LeaseDuration = DEFAULT_LEASE_DURATION_S
     lease_renew_every: LeaseRenewEvery = DEFAULT_LEASE_RENEW_EVERY_S
+    # The project user credentials bill API quota to (google-auth sends it as x-goog-user-project); None:
+    # what the ADC file or GOOGLE_CLOUD_QUOTA_PROJECT names, if anything.
+    quota_project: str | None = None
+    os_login_key_ttl: OsLoginKeyTtl = DEFAULT_OS_LOGIN_KEY_TTL_S
     # The gcloud/ADC variable the project was taken from (set by load_settings), when nothing of
     # tpuctl's own (flag, TPUCTL_PROJECT, profile) chose it: the CLI announces it on stderr.
     _project_from: str | None = PrivateAttr(default=None)

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from tpuctl.sim import SimAdminClient
@@ -269,3 +270,82 @@ def test_an_exception_on_host_2_ends_the_run_in_seconds_naming_host_2_and_quotin
     assert "host 2" in result.json["message"] and "ValueError: boom at step 30" in result.json["message"]
     assert took < 30, took  # the others sleep 120 s: they were stopped, not waited for
     assert cli("sim", "status", "-o", "json").json["nodes"] == []
+
+
+# --- OS Login ----------------------------------------------------------------------------------------
+
+#: The simulator's principal (its default) and the POSIX account OS Login gives it.
+PRINCIPAL = "sim-user@example.com"
+POSIX = "sim_user_example_com"
+LM_ARGS = ("--steps", "3", "--log-every", "1", "--batch", "8", "--seq-len", "16")
+
+
+def logins(state_dir: Path) -> list[str]:
+    """Every login the simulated hosts' sshds accepted (the disks of slices still up)."""
+    from tpuctl.sim.vms.layout import vm_root_for
+    from tpuctl.sim.vms.sshd import auth_log
+
+    disks = (vm_root_for(state_dir) / "disks").glob("*")
+    return [
+        line for disk in disks if auth_log(disk).exists() for line in auth_log(disk).read_text().splitlines()
+    ]
+
+
+def assert_logged_in_through_os_login(admin: SimAdminClient, state_dir: Path) -> None:
+    """Every login the kept slice's host accepted was the principal's POSIX account (none the ssh-keys
+    user), with the run's own key, imported into the principal's profile with an expiry."""
+    accepted = logins(state_dir)
+    assert accepted and all(line.startswith(f"Accepted publickey for {POSIX} from ") for line in accepted)
+    profile = httpx.get(f"{admin.base_url}/v1/users/{PRINCIPAL}/loginProfile").json()
+    (entry,) = profile["sshPublicKeys"].values()
+    assert int(entry["expirationTimeUsec"]) > 0
+    (node,) = admin.status()["nodes"]
+    assert entry["key"] in admin.metadata(node["zone"], node["name"], 0, "instance/attributes/ssh-keys")
+
+
+def test_with_os_login_on_a_run_imports_its_key_and_logs_in_as_the_principals_posix_account(
+    serve_sim: Callable[..., SimAdminClient], cli: Cli, tmp_path: Path, state_dir: Path
+) -> None:
+    admin = serve_sim({**WORLD, "os_login": True})
+    script = tmp_path / "proj" / "who.py"
+    script.parent.mkdir()
+    script.write_text("import os\nprint('USER=' + os.environ['USER'], 'HOME=' + os.path.expanduser('~'))\n")
+    result = cli("run", str(script), "--type", "v5e-8", "--no-runtime-deps", "--keep-pod")
+    assert result.code == 0, result.stderr[-3000:]
+    assert f"USER={POSIX} HOME=" in result.stdout and f"/home/{POSIX}" in result.stdout
+    assert_logged_in_through_os_login(admin, state_dir)
+
+
+@pytest.mark.slow  # the example's JAX environment takes most of a minute to set up on 2 cores
+def test_with_os_login_on_the_example_lm_finishes_logged_in_as_the_posix_account(
+    serve_sim: Callable[..., SimAdminClient], cli: Cli, state_dir: Path
+) -> None:
+    admin = serve_sim({**WORLD, "os_login": True})
+    result = cli("run", "--example", "lm", "--type", "v5e-8", "--keep-pod", "--", *LM_ARGS)
+    assert result.code == 0, result.stderr[-3000:]
+    assert "w0 | process 0/1 devices 8/8" in result.stdout and "step 3 loss" in result.stdout
+    assert_logged_in_through_os_login(admin, state_dir)
+
+
+@pytest.mark.slow  # the host refuses the key for 30 s before the run gives up (a guest agent may be late)
+def test_with_os_login_on_a_run_whose_key_was_not_imported_fails_naming_os_login(
+    serve_sim: Callable[..., SimAdminClient], cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tpuctl.cloud.oslogin import OsLoginAccess, PosixAccount
+
+    def no_import(
+        self: OsLoginAccess, project: str, public_openssh: str, *, expires_at: float
+    ) -> PosixAccount:
+        return self.client.login_profile(self.caller(), project).primary  # the account, no key imported
+
+    monkeypatch.setattr(OsLoginAccess, "authorize_key", no_import)
+    serve_sim({**WORLD, "os_login": True})
+    script = tmp_path / "proj" / "hello.py"
+    script.parent.mkdir()
+    script.write_text("print('hello')\n")
+    result = cli("run", str(script), "--type", "v5e-8", "--no-runtime-deps")
+    assert result.code != 0
+    assert f"cannot reach host 0 at {POSIX}@" in result.stderr
+    assert "authorized through OS Login" in result.stderr and "roles/compute.osAdminLogin" in result.stderr
+    assert "hello" not in result.stdout
+    assert cli("sim", "status", "-o", "json").json["nodes"] == []  # nothing left billing

@@ -12,11 +12,12 @@ from pathlib import Path
 
 import asyncssh
 import pytest
-from test_ssh_executor import LoopbackSsh, executor_for, key, servers
+from test_ssh_executor import LOGIN, LoopbackSsh, executor_for, key, servers
 
-from tpuctl.errors import HostKeyMismatchError, RunFailedError
+from tpuctl.errors import CloudError, HostKeyMismatchError, RunFailedError
 from tpuctl.hosts.ssh import (
     DEFAULT_USERNAME,
+    HostLogin,
     KeyPair,
     SshExecutor,
     SshHost,
@@ -38,7 +39,7 @@ def test_wrong_host_key_is_refused_naming_worker_address_and_both_fingerprints(
     impostor = asyncssh.generate_private_key("ssh-ed25519").export_public_key().decode().strip()
     real = servers.hosts[1]
     hosts = [servers.hosts[0].ssh_host(), SshHost(real.address, real.port, (impostor,))]
-    executor = SshExecutor(hosts, username=DEFAULT_USERNAME, key=key)
+    executor = SshExecutor(hosts, login=LOGIN, key=key)
     started = time.monotonic()
     try:
         with pytest.raises(HostKeyMismatchError) as info:
@@ -59,14 +60,14 @@ def test_wrong_host_key_is_refused_naming_worker_address_and_both_fingerprints(
 
 def test_unknown_host_key_is_refused_unless_verification_is_off(servers: LoopbackSsh, key: KeyPair) -> None:
     unknown = [SshHost(h.address, h.port) for h in servers.hosts]
-    strict = SshExecutor(unknown, username=DEFAULT_USERNAME, key=key)
+    strict = SshExecutor(unknown, login=LOGIN, key=key)
     try:
         with pytest.raises(HostKeyMismatchError, match="no SSH host key is known for host") as info:
             _echo(strict)
         assert info.value.expected == () and info.value.presented is not None
     finally:
         strict.close()
-    trusting = SshExecutor(unknown, username=DEFAULT_USERNAME, key=key, verify_host_keys=False)
+    trusting = SshExecutor(unknown, login=LOGIN, key=key, verify_host_keys=False)
     try:
         assert _echo(trusting) == {0: 0, 1: 0}
     finally:
@@ -117,6 +118,50 @@ def test_giving_up_names_the_host_its_address_and_what_was_tried(tmp_path: Path,
     assert "ConnectionRefusedError" in match[3] or "OSError" in match[3]
 
 
+def test_a_refused_key_names_what_authorized_it_and_the_logins_fix(servers: LoopbackSsh) -> None:
+    stranger = KeyPair.generate("not-authorized")  # the hosts authorize another key
+    login = HostLogin(
+        "alice_example_com", authorized_by="OS Login (project p), as alice", refused_fix="grant the role"
+    )
+    hosts = [servers.hosts[0].ssh_host()]
+    executor = SshExecutor(hosts, login=login, key=stranger, connect_deadline_s=0.5)
+    try:
+        with pytest.raises(RunFailedError) as info:
+            _echo(executor)
+    finally:
+        executor.close()
+    assert info.value.message.startswith(
+        f"cannot reach host 0 at alice_example_com@127.0.0.1:{hosts[0].port}"
+    )
+    assert "PermissionDenied" in info.value.message
+    assert "the key was authorized through OS Login (project p), as alice" in info.value.message
+    assert info.value.fix == "grant the role"
+
+
+def test_the_login_is_renewed_before_each_new_connection_and_a_failed_renewal_is_retried(
+    servers: LoopbackSsh, key: KeyPair
+) -> None:
+    calls: list[float] = []
+
+    def renew() -> None:
+        calls.append(time.monotonic())
+        if len(calls) == 1:
+            raise CloudError("OS Login unavailable")  # the next attempt tries again
+
+    login = HostLogin(DEFAULT_USERNAME, authorized_by="a renewing test", refused_fix="", renew=renew)
+    executor = SshExecutor([servers.hosts[0].ssh_host()], login=login, key=key)
+    try:
+        assert _echo(executor) == {0: 0}
+        assert len(calls) == 2  # the failed renewal, then the one before the connection that held
+        assert _echo(executor) == {0: 0}
+        assert len(calls) == 2  # the live connection is reused: nothing to renew
+        executor.close_connections()
+        assert _echo(executor) == {0: 0}
+        assert len(calls) == 3  # a new connection renews first
+    finally:
+        executor.close()
+
+
 RELAY = """\
 import json, socket, sys, threading
 table, name, port, user = sys.argv[1:]
@@ -146,7 +191,7 @@ def test_proxy_command_reaches_hosts_that_have_no_direct_route(
     hosts = [SshHost(f"tpu-worker-{h.port}", 22, (h.public_key,)) for h in servers.hosts]
     executor = SshExecutor(
         hosts,
-        username=DEFAULT_USERNAME,
+        login=LOGIN,
         key=key,
         proxy_command=f"{sys.executable} {relay} {table} %h %p %r",
         connect_deadline_s=5,
@@ -157,7 +202,7 @@ def test_proxy_command_reaches_hosts_that_have_no_direct_route(
         executor.close()
     log = [json.loads(line) for line in (tmp_path / "routes.json.log").read_text().splitlines()]
     assert sorted(log) == sorted([f"tpu-worker-{h.port}", "22", "tpuctl"] for h in servers.hosts)
-    direct = SshExecutor(hosts[:1], username=DEFAULT_USERNAME, key=key, connect_deadline_s=0.5)
+    direct = SshExecutor(hosts[:1], login=LOGIN, key=key, connect_deadline_s=0.5)
     try:
         with pytest.raises(RunFailedError, match="cannot reach host 0 at tpuctl@tpu-worker-"):
             _echo(direct)

@@ -28,12 +28,16 @@ from tpuctl.hosts.base import HostEvent, LaunchSpec
 from tpuctl.hosts.bundle import build_bundle
 from tpuctl.hosts.ssh import (
     DEFAULT_USERNAME,
+    HostLogin,
     KeyPair,
     SshExecutor,
     SshHost,
     ensure_key_pair,
     ssh_keys_metadata,
 )
+
+#: How the loopback hosts take tpuctl's key: their one authorized key, for the default user.
+LOGIN = HostLogin(DEFAULT_USERNAME, authorized_by="the test's authorized key", refused_fix="(test fix)")
 
 
 def free_port(address: str = "127.0.0.1") -> int:
@@ -231,7 +235,7 @@ def servers(tmp_path: Path, key: KeyPair) -> Iterator[LoopbackSsh]:
 def executor_for(servers: LoopbackSsh, key: KeyPair, **options: Any) -> SshExecutor:
     """An executor for the loopback hosts, trusting exactly their host keys."""
     options.setdefault("python", sys.executable)
-    return SshExecutor([h.ssh_host() for h in servers.hosts], username=DEFAULT_USERNAME, key=key, **options)
+    return SshExecutor([h.ssh_host() for h in servers.hosts], login=LOGIN, key=key, **options)
 
 
 def collect(executor: SshExecutor, hosts: int, timeout_s: float = 30.0) -> list[HostEvent]:

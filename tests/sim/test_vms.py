@@ -27,6 +27,7 @@ from vm_helpers import USER, Vms, start_vms
 from tpuctl.sim import SimAdminClient, SimServer
 from tpuctl.sim.vms import procs
 from tpuctl.sim.vms.layout import choose_port, disk_dir
+from tpuctl.sim.vms.sshd import auth_log
 from tpuctl.testing.clock import FakeClock, wait_for
 
 MD = {"Metadata-Flavor": "Google"}
@@ -160,26 +161,52 @@ def test_guest_attributes_publish_the_host_keys_clients_see(vms: Vms) -> None:
 
 
 def test_os_login_keys_replace_ssh_keys(start_server: Callable[..., SimServer]) -> None:
-    server = start_server(make_world(os_login=True))
+    email = "alice.b@example.com"
+    clock = FakeClock(time.time(), ticking=True)
+    server = start_server(make_world(os_login=True, principal=email), clock=clock)
     vms = start_vms(server, "osl", "v5litepod-8")
     with pytest.raises(asyncssh.PermissionDenied):
         vms.ssh(0, "true")  # ssh-keys metadata is ignored under OS Login
     public = vms.key.export_public_key().decode().strip()
-    email = "alice.b@example.com"
+    # The project's metadata says so, and tokeninfo names the caller.
+    project = httpx.get(f"{server.url}/compute/v1/projects/tpuctl-sim").json()
+    assert project["commonInstanceMetadata"]["items"] == [{"key": "enable-oslogin", "value": "TRUE"}]
+    assert httpx.get(f"{server.url}/tokeninfo").json()["email"] == email
+    # Only into the caller's own profile.
+    other = httpx.post(f"{server.url}/v1/users/bob@example.com:importSshPublicKey", json={"key": public})
+    assert other.status_code == 403 and other.json()["error"]["status"] == "PERMISSION_DENIED"
+    expires_usec = int((clock.now() + 3600) * 1_000_000)
     imported = httpx.post(
         f"{server.url}/v1/users/{email}:importSshPublicKey",
         params={"projectId": "tpuctl-sim"},
-        json={"key": public},
+        json={"key": public, "expirationTimeUsec": str(expires_usec)},
     ).json()
     (account,) = imported["loginProfile"]["posixAccounts"]
     assert account["username"] == "alice_b_example_com" and account["primary"] is True
-    (fingerprint,) = imported["loginProfile"]["sshPublicKeys"]
+    ((fingerprint, entry),) = imported["loginProfile"]["sshPublicKeys"].items()
+    assert entry["expirationTimeUsec"] == str(expires_usec)
     profile = httpx.get(f"{server.url}/v1/users/{email}/loginProfile").json()
     assert profile["sshPublicKeys"][fingerprint]["key"] == " ".join(public.split()[:2])
     assert (
         vms.ssh(0, "whoami >/dev/null; echo $USER", user="alice_b_example_com").stdout
         == "alice_b_example_com\n"
     )
+    # The host records the login under the POSIX name, with the key's fingerprint.
+    disk = disk_dir(server.engine.ctx.vm_root, str(vms.node.id), 0)
+    (line,) = auth_log(disk).read_text().splitlines()
+    assert line.startswith("Accepted publickey for alice_b_example_com from 127.0.0.1 port ")
+    assert line.endswith(f"ssh2: ssh-ed25519 {vms.key.get_fingerprint('sha256')}")
+    # An expired key lets no one in; a patch of its expiry lets it in again.
+    clock.advance(3601)
+    with pytest.raises(asyncssh.PermissionDenied):
+        vms.ssh(0, "true", user="alice_b_example_com")
+    patched = httpx.patch(
+        f"{server.url}/v1/users/{email}/sshPublicKeys/{fingerprint}",
+        params={"updateMask": "expirationTimeUsec"},
+        json={"key": public, "expirationTimeUsec": str(int((clock.now() + 60) * 1_000_000))},
+    )
+    assert patched.status_code == 200 and patched.json()["fingerprint"] == fingerprint
+    assert vms.ssh(0, "true", user="alice_b_example_com").exit_status == 0
 
 
 def test_preemption_with_notice_reaches_every_process_of_the_vm(

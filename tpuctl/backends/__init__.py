@@ -25,4 +25,4 @@ def open_backend(settings: Settings) -> Backend:
     from tpuctl.backends.gcp import GcpBackend
 
     assert settings.project is not None  # load_settings guarantees it for gcp
-    return GcpBackend(project=settings.project)
+    return GcpBackend(project=settings.project, quota_project=settings.quota_project)

@@ -12,7 +12,8 @@ What lives here, and nowhere else:
 * how patient tpuctl is with it: retry, poll and margin defaults (:class:`Tuning`);
 * how the CLI marks it: the marker, and what its banner names (:class:`BackendLabel`);
 * how a host is reached over SSH: address and port (:meth:`Backend.host_addresses`); every backend's
-  hosts are VMs reached over SSH only;
+  hosts are VMs reached over SSH only; where OS Login decides who logs in, how it is reached
+  (:meth:`Backend.open_os_login`: its endpoints, with the cloud's credentials);
 * what a host's program needs beyond the worker contract (:meth:`Backend.host_env`: the simulator's CPU
   stand-in for the chips) and which pinned runtime set its setup installs (``runtime``);
 * where checkpoints go when the user names no bucket (``default_bucket``);
@@ -34,6 +35,7 @@ from tpuctl.cloud.retry import RetryPolicy
 
 if TYPE_CHECKING:
     from tpuctl.cloud.base import Node, TpuCloud
+    from tpuctl.cloud.oslogin import OsLoginAccess
 
 #: A function run when the session closes (a server to stop, a client to close).
 Closer = Callable[[], None]
@@ -158,6 +160,11 @@ class Backend(Protocol):
 
     def host_addresses(self, cloud: TpuCloud, node: Node) -> list[HostAddress]:
         """How to reach each host of ``node`` over SSH, in worker order (one per network endpoint)."""
+        ...
+
+    def open_os_login(self, cloud: TpuCloud, closers: list[Closer]) -> OsLoginAccess:
+        """OS Login as this backend serves it (the project's setting, the caller, key imports), with the
+        credentials ``cloud`` uses; what it opens is closed by ``closers``."""
         ...
 
     def host_env(self, worker: int, addresses: list[HostAddress], chips_per_host: int) -> dict[str, str]:

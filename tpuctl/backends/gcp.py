@@ -2,12 +2,13 @@
 
 Google answers in seconds and rate-limits, so tpuctl polls and retries it patiently; its hosts are VMs
 reached over SSH on port 22 (the endpoints' own port is the TPU runtime's, 8470), through their
-external IP where they have one, else their internal IP.
+external IP where they have one, else their internal IP. Every client shares one set of Application
+Default Credentials, billing user credentials' quota to ``quota_project`` when one is set.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -25,6 +26,8 @@ from tpuctl.cloud.retry import RetryPolicy
 
 if TYPE_CHECKING:
     from tpuctl.cloud.base import Node, TpuCloud
+    from tpuctl.cloud.config import CloudConfig
+    from tpuctl.cloud.oslogin import OsLoginAccess
 
 GCP_TUNING = Tuning(
     # Rate limits on Google are per minute: wait longer between tries.
@@ -64,12 +67,15 @@ class GcpBackend:
     """Google Cloud, project ``project``."""
 
     project: str
+    #: The project user credentials bill API quota to (``x-goog-user-project``); None: the ADC's own.
+    quota_project: str | None = None
     name: str = NAME
     tuning: Tuning = GCP_TUNING
     timekeeping: Timekeeping = WALL_TIME
     label: BackendLabel = GCP_LABEL
     runtime: Literal["cpu", "tpu"] = "tpu"
     default_bucket: str | None = None
+    _config: CloudConfig | None = field(default=None, repr=False)
 
     def open_cloud(self, state_dir: Path, closers: list[Closer]) -> TpuCloud:
         """Both of Google's TPU surfaces: the Cloud TPU API and Compute Engine (TPU7x and later exist only
@@ -77,15 +83,11 @@ class GcpBackend:
         looked up now (``UnauthenticatedError`` with the fix when there are none)."""
         from tpuctl.catalog import Catalog
         from tpuctl.cloud.compute import GOOGLE_COMPUTE_ENDPOINT, ComputeCloud
-        from tpuctl.cloud.config import CloudConfig
-        from tpuctl.cloud.credentials import default_credentials, given
         from tpuctl.cloud.quotas import COMPUTE_SERVICE, GOOGLE_QUOTAS_URL, TPU_SERVICE, CloudQuotasClient
         from tpuctl.cloud.surfaces import SurfaceRouter
         from tpuctl.cloud.tpu_api import GOOGLE_TPU_ENDPOINT, TpuApiCloud
 
-        # Proxies from the environment apply (a corporate proxy may be the only way out); the client
-        # defaults are patient enough for Google's rate limits.
-        config = CloudConfig(backend=self.name, credentials=given(default_credentials()), trust_env=True)
+        config = self.client_config()
 
         def quotas(service: str) -> CloudQuotasClient:
             return CloudQuotasClient.from_config(config, base_url=GOOGLE_QUOTAS_URL, service=service)
@@ -103,8 +105,34 @@ class GcpBackend:
             ),
         )
 
+    def client_config(self) -> CloudConfig:
+        """How every client calls Google: Application Default Credentials (looked up once, on first
+        call), the environment's proxies honoured (a corporate proxy may be the only way out), the client
+        defaults' patience for Google's rate limits."""
+        if self._config is None:
+            from tpuctl.cloud.config import CloudConfig
+            from tpuctl.cloud.credentials import default_credentials, given
+
+            credentials = default_credentials(quota_project=self.quota_project)
+            self._config = CloudConfig(backend=self.name, credentials=given(credentials), trust_env=True)
+        return self._config
+
     def host_addresses(self, cloud: TpuCloud, node: Node) -> list[HostAddress]:
         return [HostAddress(e.external_ip or e.ip_address, SSH_PORT) for e in node.network_endpoints]
+
+    def open_os_login(self, cloud: TpuCloud, closers: list[Closer]) -> OsLoginAccess:
+        """Google's OS Login API, tokeninfo and Compute Engine, with the clients' credentials."""
+        import httpx
+
+        from tpuctl.cloud.compute import GOOGLE_COMPUTE_ENDPOINT
+        from tpuctl.cloud.credentials import GOOGLE_TOKENINFO_URL
+        from tpuctl.cloud.oslogin import GOOGLE_OSLOGIN_URL, OsLoginAccess, OsLoginEndpoints
+
+        config = self.client_config()
+        http = httpx.Client(timeout=config.request_timeout_s, trust_env=config.trust_env)
+        closers.append(http.close)
+        endpoints = OsLoginEndpoints(GOOGLE_OSLOGIN_URL, GOOGLE_TOKENINFO_URL, GOOGLE_COMPUTE_ENDPOINT)
+        return OsLoginAccess(endpoints, config.credentials(), http, retry=config.retry, sleep=config.sleep)
 
     def host_env(self, worker: int, addresses: list[HostAddress], chips_per_host: int) -> dict[str, str]:
         return {}  # a real TPU VM: JAX finds its chips, its peers and its coordinator itself

@@ -28,7 +28,11 @@ from tpuctl.cloud.credentials import anonymous_credentials
 from tpuctl.cloud.retry import RetryPolicy
 
 if TYPE_CHECKING:
+    import httpx
+
     from tpuctl.cloud.base import Node, TpuCloud
+    from tpuctl.cloud.oslogin import OsLoginAccess
+    from tpuctl.cloud.retry import Sleep
     from tpuctl.sim.world import World
 
 NAME = "sim"
@@ -144,6 +148,10 @@ class SimBackend:
         port = int(self._sim_status(cloud).get("ssh_port") or 22)
         return [HostAddress(e.external_ip or e.ip_address, port) for e in node.network_endpoints]
 
+    def open_os_login(self, cloud: TpuCloud, closers: list[Closer]) -> OsLoginAccess:
+        """The simulator's OS Login API, tokeninfo and Compute Engine, all at its URL."""
+        return sim_os_login(cloud.endpoint, closers)
+
     def host_env(self, worker: int, addresses: list[HostAddress], chips_per_host: int) -> dict[str, str]:
         """A simulated host has no chips: JAX runs on CPU devices, one per chip, and the hosts join one
         job over loopback with gloo collectives (the runtime's sim cluster reads the coordinator from the
@@ -186,6 +194,31 @@ class SimBackend:
         world = load_world(self.world_path) if self.world_path else default_world()
         where = str(self.world_path) if self.world_path else "(built-in default world)"
         return world_prices(world, where)
+
+
+def sim_os_login(
+    base_url: str,
+    closers: list[Closer],
+    *,
+    transport: httpx.BaseTransport | None = None,
+    sleep: Sleep | None = None,
+) -> OsLoginAccess:
+    """OS Login at a simulator's ``base_url`` (``transport``: an in-process one), called as every
+    client of the simulator is (``SIM_CLIENTS``)."""
+    import httpx
+
+    from tpuctl.cloud.oslogin import OsLoginAccess, OsLoginEndpoints
+
+    config = SIM_CLIENTS
+    http = httpx.Client(timeout=config.request_timeout_s, trust_env=config.trust_env, transport=transport)
+    closers.append(http.close)
+    return OsLoginAccess(
+        OsLoginEndpoints.at(base_url),
+        config.credentials(),
+        http,
+        retry=config.retry,
+        sleep=sleep or config.sleep,
+    )
 
 
 def world_prices(world: World, where: str) -> OwnPrices:

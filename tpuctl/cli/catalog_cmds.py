@@ -186,7 +186,7 @@ def _refresh_prices(
 
         key = os.environ.get("TPUCTL_BILLING_API_KEY") or None
         if url is None or url.rstrip("/") == GOOGLE_BILLING_URL:
-            client = CloudBillingCatalogClient.for_google(api_key=key)
+            client = CloudBillingCatalogClient.for_google(api_key=key, quota_project=settings.quota_project)
         else:
             client = CloudBillingCatalogClient(base_url=url, api_key=key)
         with client, out.progress(f"reading TPU SKUs from {client.base_url}"):

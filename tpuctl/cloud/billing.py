@@ -155,13 +155,19 @@ class CloudBillingCatalogClient:
 
     @classmethod
     def for_google(
-        cls, *, api_key: str | None = None, credentials: Credentials | None = None, **kwargs: Any
+        cls,
+        *,
+        api_key: str | None = None,
+        credentials: Credentials | None = None,
+        quota_project: str | None = None,
+        **kwargs: Any,
     ) -> CloudBillingCatalogClient:
-        """Against cloudbilling.googleapis.com: with an API key if given, else ADC (or ``credentials``)."""
+        """Against cloudbilling.googleapis.com: with an API key if given, else ADC (or ``credentials``),
+        billing quota to ``quota_project`` when given."""
         if api_key is None and credentials is None:
             from tpuctl.cloud.credentials import default_credentials
 
-            credentials = default_credentials()
+            credentials = default_credentials(quota_project=quota_project)
         return cls(base_url=GOOGLE_BILLING_URL, api_key=api_key, credentials=credentials, **kwargs)
 
     # ----------------------------------------------------------------------------------------------

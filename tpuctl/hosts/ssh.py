@@ -4,7 +4,10 @@ Key pairs: tpuctl manages one ed25519 key pair per state dir (``<state>/ssh/tpuc
 0700 directory), generated once, for the slices ``pod create`` makes; a run that creates its slices has a
 key pair of its own (``KeyPair.generate``), kept in memory and, encrypted, in the ledger. The public key
 goes into the node's ``ssh-keys`` metadata when tpuctl creates the slice (``ssh_keys_metadata``), which is
-how TPU VMs authorize logins.
+how TPU VMs authorize logins as ``tpuctl`` while OS Login is off; where it is on, the key is imported for
+the caller's Google account instead, who logs in under its POSIX name (``tpuctl.services.access``). Which
+of the two let the key in, and what to do when a host refuses it, travel with the username
+(:class:`HostLogin`).
 
 Host keys: each :class:`SshHost` carries the OpenSSH public host keys its node published (the guest
 agent writes them to the node's guest attributes, query path ``hostkeys/``; see
@@ -125,6 +128,20 @@ class SshHost:
 
 
 @dataclass(frozen=True)
+class HostLogin:
+    """Who tpuctl logs in as on a slice's hosts, and how the hosts came to accept its key."""
+
+    username: str
+    #: What authorized the key, for messages: "the slice's ssh-keys metadata", "OS Login (...)".
+    authorized_by: str
+    #: What to do when a host keeps refusing the key.
+    refused_fix: str
+    #: Called (off the event loop) before each new connection: re-authorizes a key whose authorization
+    #: expires (OS Login's import carries an expiry); raises ``TpuctlError`` when it cannot.
+    renew: Callable[[], None] | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
 class KeyPair:
     """A client key: the private key in a file (``private_path``: the state dir's) or in memory only
     (``private_openssh``: a run's, decrypted from the ledger; never written anywhere in plain text)."""
@@ -232,7 +249,12 @@ def _q(value: str) -> str:
 
 
 class _Unreachable(Exception):
-    """Connecting gave up: every attempt until the deadline failed."""
+    """Connecting gave up: every attempt until the deadline failed (``refused``: the host kept refusing
+    tpuctl's key)."""
+
+    def __init__(self, message: str, *, refused: bool = False) -> None:
+        super().__init__(message)
+        self.refused = refused
 
 
 @dataclass
@@ -299,7 +321,7 @@ class SshExecutor:
         self,
         hosts: Sequence[SshHost],
         *,
-        username: str,
+        login: HostLogin,
         key: KeyPair,
         remote_root: str = ".tpuctl",
         python: str = "python3",
@@ -314,7 +336,8 @@ class SshExecutor:
         if not hosts:
             raise ValueError("SshExecutor needs at least one host")
         self._hosts = [_Remote(i, h) for i, h in enumerate(hosts)]
-        self._username = username
+        self._login = login
+        self._username = login.username
         self._key = key
         self._root = remote_root.rstrip("/") or "/"
         self._python = python
@@ -388,6 +411,7 @@ class SshExecutor:
                 attempts += 1
                 budget = min(_ATTEMPT_TIMEOUT_S, give_up_at - time.monotonic())
                 try:
+                    await self._renew_login()
                     conn = await asyncio.wait_for(self._open(remote), timeout=max(0.2, budget))
                 except asyncssh.HostKeyNotVerifiable:
                     raise self._mismatch(remote) from None
@@ -399,8 +423,12 @@ class SshExecutor:
                     if time.monotonic() - denied_since >= _DENIED_DEADLINE_S:
                         raise _Unreachable(
                             f"the host refused tpuctl's key for {time.monotonic() - denied_since:.0f} s "
-                            f"({attempts} attempts): {last}"
+                            f"({attempts} attempts): {last} (the key was authorized through "
+                            f"{self._login.authorized_by})",
+                            refused=True,
                         ) from None
+                except TpuctlError as exc:  # the login's renewal failed: tried again until the deadline
+                    last, denied_since = exc.message, None
                 except (OSError, asyncssh.Error, TimeoutError) as exc:
                     last, denied_since = _describe(exc), None
                 else:
@@ -408,12 +436,24 @@ class SshExecutor:
                     return conn
                 remaining = give_up_at - time.monotonic()
                 if remaining <= 0:
+                    refused = denied_since is not None
                     raise _Unreachable(
                         f"{attempts} connection attempts over {time.monotonic() - started:.1f} s, "
                         f"last error: {last}"
+                        + (
+                            f" (the key was authorized through {self._login.authorized_by})"
+                            if refused
+                            else ""
+                        ),
+                        refused=refused,
                     )
                 await asyncio.sleep(min(delay, remaining))
                 delay = min(delay * 2, _BACKOFF_MAX_S)
+
+    async def _renew_login(self) -> None:
+        """Re-authorize the key where its authorization expires (it may call the cloud: off the loop)."""
+        if self._login.renew is not None:
+            await asyncio.to_thread(self._login.renew)
 
     async def _open(self, remote: _Remote) -> asyncssh.SSHClientConnection:
         import asyncssh
@@ -489,10 +529,14 @@ class SshExecutor:
             raise RunFailedError(
                 f"cannot reach host {remote.worker} at {self._where(remote)}: {exc}",
                 worker=remote.worker,
-                fix="check that the slice is READY, that tpuctl's key is in its ssh-keys metadata "
-                "(`tpuctl pod describe`) and that this machine can reach the address (or configure a "
-                "proxy command)",
+                fix=self._login.refused_fix if exc.refused else self._unreachable_fix(),
             ) from None
+
+    def _unreachable_fix(self) -> str:
+        return (
+            "check that the slice is READY and that this machine can reach the address (or configure a "
+            f"proxy command); tpuctl's key was authorized through {self._login.authorized_by}"
+        )
 
     def close_connections(self) -> None:
         """Cut every SSH connection now (abruptly, as a network failure would); followers reconnect."""

@@ -1,9 +1,9 @@
 """`tpuctl doctor`: every check of the setup, each on its own, so one failure does not hide the others.
 
-The checks run in order (config file, profile, backend, credentials, project, API, quotas, state dir,
-ledger); one that needs what an earlier one failed to give is *skipped*, not failed again. The command's
-exit code is the first failure's own (no credentials: 13), so a script learns the same thing from doctor as
-from the command that would have failed.
+The checks run in order (config file, profile, backend, credentials, project, API, quotas, OS Login,
+state dir, ledger); one that needs what an earlier one failed to give is *skipped*, not failed again. The
+command's exit code is the first failure's own (no credentials: 13), so a script learns the same thing
+from doctor as from the command that would have failed.
 """
 
 from __future__ import annotations
@@ -112,6 +112,7 @@ def diagnose(
             lambda: f"{len(cloud.quota_limits())} quota limits" if cloud else "",
             needs=reached,
         )
+        report.run("os login", lambda: _os_login(found, closers), needs=reached)
     finally:
         for close in reversed(closers):
             with contextlib.suppress(Exception):
@@ -145,6 +146,36 @@ def _credentials(found: dict[str, Any], closers: list[Callable[[], None]]) -> st
     closers.append(cloud.close)
     found["cloud"] = cloud
     return f"found, for {cloud.endpoint}"
+
+
+def _os_login(found: dict[str, Any], closers: list[Callable[[], None]]) -> str:
+    """Whether OS Login is on for the project and, where it is, the account runs log in as: a failure
+    where it is on and tpuctl cannot tell who the caller is or may not read the caller's profile."""
+    from tpuctl.cloud.oslogin import roles_fix
+    from tpuctl.errors import PermissionDeniedError
+    from tpuctl.services.access import project_os_login
+
+    backend: Backend = found["backend"]
+    cloud: TpuCloud = found["cloud"]
+    access = backend.open_os_login(cloud, closers)
+    setting = project_os_login(access, cloud.project)
+    if not setting.enabled:
+        return f"{setting.describe()}: runs log in as tpuctl through their slices' ssh-keys metadata"
+    email = access.caller()
+    try:
+        profile = access.client.login_profile(email, cloud.project)
+    except PermissionDeniedError as exc:
+        raise PermissionDeniedError(
+            f"OS Login is on for project {cloud.project}, and it refused to show the profile of {email}: "
+            f"{exc.message}",
+            code=exc.code,
+            fix=roles_fix(email, cloud.project),
+        ) from None
+    who = profile.primary.username if profile.accounts else "its POSIX account (made at the first import)"
+    return (
+        f"{setting.describe()}: runs import their key for {email} and log in as {who}, which takes "
+        "roles/compute.osAdminLogin or roles/compute.osLogin on the project"
+    )
 
 
 def _state_dir(found: dict[str, Any], settings: Settings | None) -> str:

@@ -26,6 +26,7 @@ from tpuctl.store.paths import ensure_private_dir
 if TYPE_CHECKING:
     from tpuctl.backends.base import Backend
     from tpuctl.cloud.base import TpuCloud
+    from tpuctl.cloud.oslogin import OsLoginAccess
     from tpuctl.store.ledger import Ledger
 
 
@@ -45,10 +46,18 @@ class Session:
     #: How the services wait (polls, retries): the backend's.
     sleep: Callable[[float], None] = time.sleep
     _closers: list[Callable[[], None]] = field(default_factory=list)
+    _os_login: OsLoginAccess | None = field(default=None, repr=False)
 
     @property
     def project(self) -> str:
         return self.cloud.project
+
+    def os_login(self) -> OsLoginAccess:
+        """OS Login as the backend reaches it, opened on first use (most commands never log in to a
+        host) and closed with the session."""
+        if self._os_login is None:
+            self._os_login = self.backend.open_os_login(self.cloud, self._closers)
+        return self._os_login
 
     def describe_backend(self) -> dict[str, Any]:
         return {"backend": self.backend.name, "project": self.project, "endpoint": self.cloud.endpoint}

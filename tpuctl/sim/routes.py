@@ -9,7 +9,8 @@ Surfaces (all JSON unless noted):
 - ``/$discovery/rest?version=v2|v2alpha1``: Google's discovery documents (``tpuctl.sim.discovery``),
   pointing at this server.
 - ``/v1/projects/{p}/locations/global/services/tpu.googleapis.com/quotaInfos[/{id}]``: Cloud Quotas.
-- ``/v1/users/...``: OS Login (importSshPublicKey, loginProfile; ``tpuctl.sim.engine.oslogin``).
+- ``/v1/users/...``: OS Login (importSshPublicKey, sshPublicKeys.patch, loginProfile;
+  ``tpuctl.sim.engine.oslogin``); ``/tokeninfo``: OAuth's tokeninfo (who the caller is).
 - ``/sim/v1/...``: the admin API (status, reset, preempt, stockout, metadata, endpoints, faults); see
   ``SimAdminClient``.
 
@@ -337,8 +338,12 @@ QUOTA_ROUTES = (
 
 
 def _import_ssh_public_key(engine: SimEngine, request: SimRequest, args: tuple[str, ...]) -> Answer:
-    key = _required(request.body, "key")
-    return engine.import_ssh_public_key(args[0], str(key), first(request.query, "projectId") or None)
+    _required(request.body, "key")
+    return engine.import_ssh_public_key(args[0], request.body, first(request.query, "projectId") or None)
+
+
+def _update_ssh_public_key(engine: SimEngine, request: SimRequest, args: tuple[str, ...]) -> Answer:
+    return engine.update_ssh_public_key(args[0], args[1], request.body, first(request.query, "updateMask"))
 
 
 def _login_profile(engine: SimEngine, request: SimRequest, args: tuple[str, ...]) -> Answer:
@@ -347,8 +352,14 @@ def _login_profile(engine: SimEngine, request: SimRequest, args: tuple[str, ...]
 
 OSLOGIN_ROUTES = (
     route("POST", r"/v1/users/([^/:]+):importSshPublicKey", _import_ssh_public_key),
+    route("PATCH", r"/v1/users/([^/:]+)/sshPublicKeys/([^/:]+)", _update_ssh_public_key),
     route("GET", r"/v1/users/([^/:]+)/loginProfile", _login_profile),
 )
+
+# --- OAuth tokeninfo ------------------------------------------------------------------------------
+
+#: oauth2.googleapis.com/tokeninfo: the account a token was issued to (the world's principal).
+TOKENINFO_ROUTES = (route("GET", r"/tokeninfo", lambda e, r, a: e.tokeninfo()),)
 
 
 # --- the admin API -------------------------------------------------------------------------------
@@ -467,6 +478,7 @@ SURFACES = (
     Surface("/$discovery/", DISCOVERY_ROUTES, _tpu_unrouted),
     Surface("/discovery/", DISCOVERY_ROUTES, _tpu_unrouted),
     Surface("/v1/users/", OSLOGIN_ROUTES, _tpu_unrouted),
+    Surface("/tokeninfo", TOKENINFO_ROUTES, _tpu_unrouted),
     Surface("/v1/", QUOTA_ROUTES, _quotas_unrouted),
     Surface("/sim/v1/", ADMIN_ROUTES, _admin_unrouted),
 )

@@ -107,6 +107,7 @@ CREATE TABLE IF NOT EXISTS oslogin_keys (
     email TEXT NOT NULL,
     fingerprint TEXT NOT NULL,
     key TEXT NOT NULL,
+    expires_usec INTEGER,                  -- expirationTimeUsec; NULL: never expires
     PRIMARY KEY (email, fingerprint)
 );
 
@@ -206,6 +207,11 @@ class SimDatabase:
                 # A state made before Compute Engine slices: every node is a TPU API node.
                 with contextlib.suppress(sqlite3.OperationalError):
                     self._conn.execute("ALTER TABLE nodes ADD COLUMN surface TEXT NOT NULL DEFAULT 'tpu'")
+            keys = {r["name"] for r in self._conn.execute("PRAGMA table_info(oslogin_keys)").fetchall()}
+            if "expires_usec" not in keys:
+                # A state made before imported keys could expire: its keys never do.
+                with contextlib.suppress(sqlite3.OperationalError):
+                    self._conn.execute("ALTER TABLE oslogin_keys ADD COLUMN expires_usec INTEGER")
             with self.write() as conn:
                 conn.execute(
                     "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)",

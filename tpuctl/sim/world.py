@@ -192,9 +192,13 @@ class World(_Strict):
     faults: Faults = Faults()
     durations: Durations = Durations()
     preemption: Preemption = Preemption()
-    #: OS Login on for the whole project (metadata ``enable-oslogin`` on a node overrides it): hosts then
-    #: accept the keys imported through OS Login and ignore ``ssh-keys``.
+    #: OS Login on for the whole project (its metadata has ``enable-oslogin=TRUE``; the same key in a node's
+    #: or an instance's metadata overrides it): hosts then accept only the keys imported through OS Login,
+    #: under the importing account's POSIX name, and ignore ``ssh-keys``.
     os_login: bool = False
+    #: The Google account every caller of the simulator acts as (it checks no credentials): OAuth's
+    #: tokeninfo names it, and OS Login imports keys into its profile only.
+    principal: Annotated[str, Field(pattern=r"^[^@\s/]+@[^@\s/]+\.[^@\s/]+$")] = "sim-user@example.com"
     #: Whether Compute Engine TPU VMs publish the ``agent-worker-number`` attribute, which JAX's
     #: ``GceTpuCluster`` needs to auto-detect the slice. Unconfirmed (docs/google-facts.md#worker-identity),
     #: so off: the stricter reading, under which only the ``TPU_WORKER_ID``/``TPU_WORKER_HOSTNAMES`` that

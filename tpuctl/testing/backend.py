@@ -21,7 +21,16 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from tpuctl.backends.base import BackendLabel, Closer, HostAddress, OwnPrices, Timekeeping, Tuning
-from tpuctl.backends.sim import NAME, SIM_BUCKET, SIM_CLIENTS, SIM_LABEL, SIM_TUNING, SimBackend, world_prices
+from tpuctl.backends.sim import (
+    NAME,
+    SIM_BUCKET,
+    SIM_CLIENTS,
+    SIM_LABEL,
+    SIM_TUNING,
+    SimBackend,
+    sim_os_login,
+    world_prices,
+)
 from tpuctl.cloud.compute import ComputeCloud
 from tpuctl.testing.cli import CliResult, invoke
 from tpuctl.testing.clock import FakeClock
@@ -33,6 +42,7 @@ if TYPE_CHECKING:
     import httpx
 
     from tpuctl.cloud.base import Node, TpuCloud
+    from tpuctl.cloud.oslogin import OsLoginAccess
     from tpuctl.sim import SimAdminClient
     from tpuctl.sim.world import World
 
@@ -104,6 +114,11 @@ class InProcessBackend:
             f"slice {node.name} has no hosts to reach: the in-process simulator runs no VMs",
             fix="a test that reaches hosts serves the simulator (the serve_sim fixture)",
         )
+
+    def open_os_login(self, cloud: TpuCloud, closers: list[Closer]) -> OsLoginAccess:
+        """The simulator's OS Login over its route table, its waits on the fake clock."""
+        transport = httpx_transport(self.sim.engine)
+        return sim_os_login(ENDPOINT, closers, transport=transport, sleep=self.sim.clock.sleep)
 
     def host_env(self, worker: int, addresses: list[HostAddress], chips_per_host: int) -> dict[str, str]:
         return SimBackend().host_env(worker, addresses, chips_per_host)

@@ -136,10 +136,10 @@ def fenced_session(
 ) -> Session:
     """``session`` with its ledger fenced by ``claim`` (a loss a write finds goes to ``on_lost``) and its
     cloud recording a fenced intent before every slice create and delete. Closing it closes nothing
-    (``session`` owns the connections)."""
+    (``session`` owns the connections, OS Login's among them)."""
     ledger = session.ledger.fenced(claim, on_lost=on_lost)
     cloud = FencedCloud(session.cloud, ledger, claim)
-    return dataclasses.replace(session, ledger=ledger, cloud=cloud, _closers=[])
+    return dataclasses.replace(session, ledger=ledger, cloud=cloud, _closers=[], _os_login=session.os_login())
 
 
 class FencedCloud:

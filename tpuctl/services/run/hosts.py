@@ -1,10 +1,11 @@
 """How a run reaches its hosts: over SSH, on every backend (a simulated host is a VM too).
 
-Building the executor for a node (or a placeholder one for a plan), the SSH key the node's metadata
-carries, each host's expected host key (from the node's guest attributes: no trust-on-first-use), the
-notice grace, and stopping what a dead supervisor left on the hosts. What differs between backends is
-asked of ``session.backend``: each host's address and port, and what its program needs beyond the worker
-contract (``host_env``).
+Building the executor for a node (or a placeholder one for a plan), the SSH key the run logs in with and
+who it logs in as (``access.host_login``: OS Login's POSIX account where OS Login is on, else the
+``ssh-keys`` user), each host's expected host key (from the node's guest attributes: no
+trust-on-first-use), the notice grace, and stopping what a dead supervisor left on the hosts. What differs
+between backends is asked of ``session.backend``: each host's address and port, and what its program
+needs beyond the worker contract (``host_env``).
 """
 
 from __future__ import annotations
@@ -15,13 +16,13 @@ from typing import TYPE_CHECKING
 from tpuctl.catalog import Surface
 from tpuctl.cloud.base import NetworkEndpoint, Node
 from tpuctl.errors import CloudError, RunFailedError, TpuctlError, UsageError
-from tpuctl.services.access import PLAN_PUBLIC_KEY, authorizes_tpuctl
+from tpuctl.services.access import PLAN_PUBLIC_KEY, host_login
 from tpuctl.services.run.model import EXECUTOR_KINDS, ExecutorKind, PreparedRun
 from tpuctl.services.run.sliceset import SliceSet
 
 if TYPE_CHECKING:
     from tpuctl.backends.base import HostAddress
-    from tpuctl.hosts.ssh import KeyPair, SshExecutor
+    from tpuctl.hosts.ssh import HostLogin, KeyPair, SshExecutor
     from tpuctl.services.session import Session
 
 #: How long a READY slice's guest agents may take to publish their host keys.
@@ -44,15 +45,14 @@ def build_executor(
     """The executor for every host of ``slices``, slice by slice (slice ``i``'s hosts are workers
     ``i * hosts .. (i + 1) * hosts - 1``); ``for_plan``: one that only plans (no key made, no cloud call
     for host keys)."""
-    from tpuctl.hosts.ssh import DEFAULT_USERNAME, KeyPair, SshExecutor, SshHost
+    from tpuctl.hosts.ssh import KeyPair, SshExecutor, SshHost
 
     accel = prepared.target.accelerator
     key = KeyPair(None, PLAN_PUBLIC_KEY) if for_plan else run_key(session, prepared)
+    login = _plan_login() if for_plan else host_login(session, slices.nodes, key)
     addresses: list[HostAddress] = []
     keys: list[tuple[str, ...] | None] = []
     for node in slices.nodes:
-        if not for_plan:
-            _refuse_unauthorized(session, node, key)
         found = _addresses(session, node, accel.hosts, for_plan=for_plan)
         addresses += found
         keys += [None] * len(found) if for_plan else expected_host_keys(session, node)
@@ -64,7 +64,7 @@ def build_executor(
 
     return SshExecutor(
         [SshHost(a.address, a.port, host_keys=k) for a, k in zip(addresses, keys, strict=True)],
-        username=DEFAULT_USERNAME,
+        login=login,
         key=key,
         remote_root=request.ssh_remote_root,
         python=prepared.python,
@@ -85,19 +85,11 @@ def run_key(session: Session, prepared: PreparedRun) -> KeyPair:
     return prepared.ssh_key or ensure_key_pair(session.state_dir)
 
 
-def _refuse_unauthorized(session: Session, node: Node, key: KeyPair) -> None:
-    if authorizes_tpuctl(session, node, public_openssh=key.public_openssh):
-        return
-    from tpuctl.hosts.ssh import fingerprint
+def _plan_login() -> HostLogin:
+    """A plan's login: it asks no cloud (whether OS Login is on is learned when the run logs in)."""
+    from tpuctl.hosts.ssh import DEFAULT_USERNAME, HostLogin
 
-    raise UsageError(
-        f"pod {node.name} does not authorize the run's SSH key ({fingerprint(key.public_openssh)}): its "
-        "ssh-keys metadata lacks it and OS Login is off",
-        field="pod",
-        value=node.name,
-        fix=f"create the slice with `tpuctl pod create` (which adds the key), or add the line from "
-        f"{session.state_dir / 'ssh' / 'tpuctl_ed25519.pub'} (as tpuctl:KEY) to the node's ssh-keys",
-    )
+    return HostLogin(DEFAULT_USERNAME, authorized_by="(a plan logs in nowhere)", refused_fix="")
 
 
 def _addresses(session: Session, node: Node, hosts: int, *, for_plan: bool) -> list[HostAddress]:
@@ -194,7 +186,7 @@ def stop_left_hosts(session: Session, slices: SliceSet, run_id: str, remote_root
 def _stop_left_on(session: Session, given: Node, run_id: str, remote_root: str, key: KeyPair) -> int:
     """``stop_left_hosts`` on one node, as the API has it now: a slice that is gone or unreachable has
     nothing left to stop (a deleted VM's processes went with it)."""
-    from tpuctl.hosts.ssh import DEFAULT_USERNAME, SshExecutor, SshHost
+    from tpuctl.hosts.ssh import SshExecutor, SshHost
 
     try:
         node = session.cloud.get_node(given.zone, given.name)
@@ -203,11 +195,12 @@ def _stop_left_on(session: Session, given: Node, run_id: str, remote_root: str, 
     if node.state != "READY":
         return 0
     try:
+        login = host_login(session, [node], key)
         addresses = session.backend.host_addresses(session.cloud, node)
         keys = expected_host_keys(session, node, deadline_s=30.0)
         executor = SshExecutor(
             [SshHost(a.address, a.port, host_keys=k) for a, k in zip(addresses, keys, strict=True)],
-            username=DEFAULT_USERNAME,
+            login=login,
             key=key,
             remote_root=remote_root,
             connect_deadline_s=30.0,

@@ -51,6 +51,7 @@ def _ops_list(scope: str) -> Handler:
 
 
 ROUTES: tuple[tuple[str, str, Handler], ...] = (
+    ("GET", _P, lambda e, r, a: _c(e).get_project(a[0])),
     ("GET", _P + "/zones", lambda e, r, a: _c(e).list_zones(a[0], *_page(r))),
     ("GET", _Z, lambda e, r, a: _c(e).get_zone(*a)),
     ("GET", _Z + "/machineTypes", lambda e, r, a: _c(e).list_machine_types(a[0], a[1], *_page(r))),

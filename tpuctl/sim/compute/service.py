@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import time
 from typing import Any
 
@@ -57,6 +59,29 @@ class ComputeService:
         from tpuctl.sim.compute.groups import Groups  # after Progress: it registers its steps there
 
         self.groups = Groups(self.cc, self.progress)
+
+    # --- the project ------------------------------------------------------------------------------
+
+    def get_project(self, project: str) -> dict[str, Any]:
+        """projects.get: the project and its common instance metadata (what every VM inherits where its
+        own metadata does not set a key: ``enable-oslogin`` among them)."""
+        from tpuctl.sim.engine.oslogin import project_metadata
+
+        items = [{"key": k, "value": v} for k, v in sorted(project_metadata(self.cc.ctx.world).items())]
+        digest = hashlib.sha256(repr(items).encode()).digest()[:8]
+        return {
+            "kind": "compute#project",
+            "id": str(int.from_bytes(hashlib.sha256(project.encode()).digest()[:7], "big")),
+            "name": project,
+            "selfLink": links.link(project),
+            "commonInstanceMetadata": {
+                "kind": "compute#metadata",
+                "fingerprint": base64.b64encode(digest).decode("ascii"),
+                "items": items,
+            },
+            "defaultServiceAccount": f"{project}-compute@developer.gserviceaccount.com",
+            "xpnProjectStatus": "UNSPECIFIED_XPN_PROJECT_STATUS",
+        }
 
     # --- zones and machine types -----------------------------------------------------------------
 

@@ -20,6 +20,7 @@ processes are sent after the transaction commits.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from tpuctl.catalog import Catalog
@@ -60,8 +61,8 @@ class SimEngine:
         self.operations = Operations(self.ctx, self.timeline)
         self.nodes = Nodes(self.ctx, self.timeline, self.capacity)
         self.queued = QueuedResources(self.ctx, self.timeline, self.operations)
-        self.hosts = Hosts(self.ctx, self.timeline)
         self.oslogin = OsLogin(self.ctx)
+        self.hosts = Hosts(self.ctx, self.timeline, self.oslogin)
         self.listings = Listings(self.ctx)
         self.control = Control(self.ctx, self.timeline, self.nodes)
         from tpuctl.sim.compute.service import ComputeService  # the compute package imports the engine's
@@ -224,13 +225,25 @@ class SimEngine:
         """Each worker's SSH host public key, None where the VM has no disk (yet)."""
         return self.hosts.host_keys(project, zone, node_id)
 
-    def import_ssh_public_key(self, email: str, key: str, project: str | None = None) -> dict[str, Any]:
-        """OS Login users.importSshPublicKey."""
-        return self.oslogin.import_key(email, key, project)
+    def import_ssh_public_key(
+        self, email: str, body: Mapping[str, Any], project: str | None = None
+    ) -> dict[str, Any]:
+        """OS Login users.importSshPublicKey (``body``: an SshPublicKey)."""
+        return self.oslogin.import_key(email, body, project)
+
+    def update_ssh_public_key(
+        self, email: str, fingerprint: str, body: Mapping[str, Any], update_mask: str = ""
+    ) -> dict[str, Any]:
+        """OS Login users.sshPublicKeys.patch."""
+        return self.oslogin.update_key(email, fingerprint, body, update_mask)
 
     def login_profile(self, email: str, project: str | None = None) -> dict[str, Any]:
         """OS Login users.getLoginProfile."""
         return self.oslogin.login_profile(email, project)
+
+    def tokeninfo(self) -> dict[str, Any]:
+        """OAuth's tokeninfo for the caller (the world's principal: the simulator checks no token)."""
+        return self.oslogin.tokeninfo()
 
     def set_endpoints(
         self, zone: str, node_id: str, endpoints: list[dict[str, Any]] | None, *, project: str | None = None

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from tpuctl.sim.api_errors import invalid_argument, not_found
 from tpuctl.sim.engine.context import Context
 from tpuctl.sim.engine.metadata_values import megascale_of, metadata_values
-from tpuctl.sim.engine.oslogin import os_login_enabled, posix_username
+from tpuctl.sim.engine.oslogin import OsLogin, os_login_enabled
 from tpuctl.sim.engine.records import existing_node_row, host_addresses, node_json, node_row, update_node
 from tpuctl.sim.shapes import node_name
 from tpuctl.sim.vms import procs
@@ -60,9 +60,10 @@ def send(vm_root: Path, orders: Iterable[VmOrder]) -> None:
 class Hosts:
     """Endpoints, metadata, login keys and host keys of the simulated hosts."""
 
-    def __init__(self, ctx: Context, timeline: Timeline) -> None:
+    def __init__(self, ctx: Context, timeline: Timeline, oslogin: OsLogin) -> None:
         self.ctx = ctx
         self.timeline = timeline
+        self.oslogin = oslogin
 
     def set_endpoints(
         self, zone: str, node_id: str, new: list[dict[str, Any]] | None, *, project: str | None = None
@@ -149,20 +150,17 @@ class Hosts:
     def login_keys(self, project: str, zone: str, node_id: str, username: str) -> list[str]:
         """The public keys (``keytype base64``) host logins of ``username`` accept right now: the node's
         ``ssh-keys`` metadata lines for that user, as the guest agent writes them to the user's
-        authorized_keys; or, when OS Login is on (world ``os_login`` or metadata ``enable-oslogin``), the
-        keys imported through OS Login for the user whose POSIX name it is, and ``ssh-keys`` is ignored
-        (https://cloud.google.com/compute/docs/oslogin: "OS Login ... ignores ssh-keys metadata")."""
+        authorized_keys; or, when OS Login is on (the node's ``enable-oslogin`` metadata, else the
+        project's: the world's ``os_login``), the unexpired keys imported through OS Login for the account
+        whose POSIX name it is, and ``ssh-keys`` is ignored (https://cloud.google.com/compute/docs/oslogin:
+        "OS Login ... ignores ssh-keys metadata")."""
         with self.ctx.db.read() as conn:
             row = node_row(conn, project, zone, node_id)
             if row is None:
                 return []
             metadata: dict[str, str] = json.loads(row["spec"]).get("metadata") or {}
-            if os_login_enabled(self.ctx.world.os_login, metadata):
-                return [
-                    r["key"]
-                    for r in conn.execute("SELECT email, key FROM oslogin_keys ORDER BY email").fetchall()
-                    if posix_username(r["email"]) == username
-                ]
+        if os_login_enabled(self.ctx.world, metadata):
+            return self.oslogin.accepted_keys(username)
         return ssh_keys_for(metadata.get("ssh-keys", ""), username)
 
     def host_keys(self, project: str, zone: str, node_id: str) -> list[str | None]:

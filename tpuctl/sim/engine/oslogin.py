@@ -1,11 +1,23 @@
-"""OS Login (oslogin v1) as the simulator serves it: users import SSH keys, hosts with OS Login on accept
-exactly those keys for the user's POSIX account.
+"""OS Login (oslogin v1) as the simulator serves it: the world's principal imports SSH keys, hosts with OS
+Login on accept exactly those keys (unexpired) under the principal's POSIX account, and ignore ``ssh-keys``.
 
 Shapes follow google/cloud/oslogin/v1/oslogin.proto and google/cloud/oslogin/common/common.proto
 (googleapis/googleapis): ImportSshPublicKeyResponse {loginProfile}, LoginProfile {name, posixAccounts,
 sshPublicKeys (map fingerprint -> SshPublicKey)}, PosixAccount {primary, username, uid, gid,
-homeDirectory, shell, gecos, systemId, accountId, operatingSystemType, name}. Public keys are identified
-by their SHA-256 fingerprint (SshPublicKey.fingerprint).
+homeDirectory, shell, gecos, systemId, accountId, operatingSystemType, name}, SshPublicKey {key,
+expirationTimeUsec, fingerprint, name}. Public keys are identified by their SHA-256 fingerprint.
+
+Whether OS Login is on for a host: the node's (instance's) ``enable-oslogin`` metadata where it is set,
+else the project's (:func:`project_metadata`: ``enable-oslogin=TRUE`` when the world's ``os_login`` is on),
+as https://cloud.google.com/compute/docs/oslogin/set-up-oslogin has it.
+
+The simulator checks no credentials: every caller is the world's ``principal`` (the tokeninfo endpoint
+names it). Where Google's rule is not documented, the simulator is the stricter reading:
+
+- a key is imported only into the caller's own profile (another account's: 403 PERMISSION_DENIED);
+- importing a key already in the profile leaves its expiry as it was (moving it takes
+  ``users.sshPublicKeys.patch``, as gcloud's ``os-login ssh-keys update --ttl`` does);
+- a key past its ``expirationTimeUsec`` lets no one in (it stays listed in the profile).
 """
 
 from __future__ import annotations
@@ -16,26 +28,32 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from tpuctl.sim.api_errors import invalid_argument
+from tpuctl.sim.api_errors import ApiError, invalid_argument, not_found
 from tpuctl.sim.engine.context import Context
+from tpuctl.sim.world import World
 
 _NON_ALNUM = re.compile(r"[^A-Za-z0-9]")
 
 
 def posix_username(email: str) -> str:
     """The POSIX user name OS Login gives ``email``: every character that is not a letter or a digit
-    becomes ``_`` (alice@example.com -> alice_example_com; https://cloud.google.com/compute/docs/oslogin
-    "the username is ... the email address with non-alphanumeric characters replaced by underscores")."""
+    becomes ``_`` (alice@example.com -> alice_example_com; https://cloud.google.com/compute/docs/connect/
+    add-ssh-keys: "combining the username and domain from the email")."""
     return _NON_ALNUM.sub("_", email)
 
 
-def os_login_enabled(world_os_login: bool, metadata: Mapping[str, str]) -> bool:
-    """Metadata ``enable-oslogin`` wins when set (TRUE/FALSE, any case), else the world's project-wide
-    setting (https://cloud.google.com/compute/docs/oslogin/set-up-oslogin)."""
-    value = str(metadata.get("enable-oslogin", "")).strip().upper()
-    if value in ("TRUE", "FALSE"):
-        return value == "TRUE"
-    return world_os_login
+def project_metadata(world: World) -> dict[str, str]:
+    """The project's common instance metadata (Compute Engine ``projects.get``)."""
+    return {"enable-oslogin": "TRUE"} if world.os_login else {}
+
+
+def os_login_enabled(world: World, metadata: Mapping[str, str]) -> bool:
+    """OS Login on a host whose own metadata is ``metadata``: its ``enable-oslogin`` where set (TRUE in
+    any case is on, any other value off, as gcloud reads it), else the project's."""
+    value = metadata.get("enable-oslogin")
+    if value is None:
+        value = project_metadata(world).get("enable-oslogin", "FALSE")
+    return str(value).strip().upper() == "TRUE"
 
 
 def fingerprint(key: str) -> str:
@@ -50,26 +68,81 @@ def fingerprint(key: str) -> str:
     return hashlib.sha256(blob).hexdigest()
 
 
+def _expiry_usec(body: Mapping[str, Any]) -> int | None:
+    raw = body.get("expirationTimeUsec")
+    if raw in (None, ""):
+        return None
+    try:
+        usec = int(str(raw))
+    except ValueError:
+        raise invalid_argument(
+            f"Invalid value at 'ssh_public_key.expiration_time_usec' (TYPE_INT64), {raw!r}",
+            "ssh_public_key.expiration_time_usec",
+        ) from None
+    return usec or None  # 0: never expires
+
+
 class OsLogin:
-    """users.importSshPublicKey and users.getLoginProfile."""
+    """users.importSshPublicKey, users.sshPublicKeys.patch, users.getLoginProfile, and what hosts
+    accept."""
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
 
-    def import_key(self, email: str, key: str, project: str | None) -> dict[str, Any]:
-        key = " ".join(key.split()[:2])
+    def tokeninfo(self) -> dict[str, Any]:
+        """What OAuth's tokeninfo answers for the caller's token: the world's principal."""
+        return {
+            "email": self.ctx.world.principal,
+            "email_verified": "true",
+            "scope": "https://www.googleapis.com/auth/cloud-platform "
+            "https://www.googleapis.com/auth/userinfo.email",
+            "expires_in": "3599",
+        }
+
+    def import_key(self, email: str, body: Mapping[str, Any], project: str | None) -> dict[str, Any]:
+        self._own_profile(email)
+        raw = body.get("key")
+        if not isinstance(raw, str) or not raw.strip():
+            raise invalid_argument("ssh_public_key.key is required.", "ssh_public_key.key")
+        key = " ".join(raw.split()[:2])
         fp = fingerprint(key)
+        expires = _expiry_usec(body)
         with self.ctx.db.write() as conn:
+            # An existing key keeps its expiry (see the module docstring).
             conn.execute(
-                "INSERT OR REPLACE INTO oslogin_keys (email, fingerprint, key) VALUES (?, ?, ?)",
-                (email, fp, key),
+                "INSERT OR IGNORE INTO oslogin_keys (email, fingerprint, key, expires_usec) "
+                "VALUES (?, ?, ?, ?)",
+                (email, fp, key, expires),
             )
         return {"loginProfile": self.login_profile(email, project)}
 
+    def update_key(self, email: str, fp: str, body: Mapping[str, Any], update_mask: str) -> dict[str, Any]:
+        self._own_profile(email)
+        fields = {f.strip() for f in update_mask.split(",") if f.strip()} or {"key", "expirationTimeUsec"}
+        if not fields <= {"key", "expirationTimeUsec", "expiration_time_usec"}:
+            raise invalid_argument(f"Invalid update mask: {update_mask!r}", "update_mask")
+        with self.ctx.db.write() as conn:
+            row = conn.execute(
+                "SELECT key, expires_usec FROM oslogin_keys WHERE email = ? AND fingerprint = ?", (email, fp)
+            ).fetchone()
+            if row is None:
+                raise not_found(f"users/{email}/sshPublicKeys/{fp}")
+            expires = row["expires_usec"]
+            if fields & {"expirationTimeUsec", "expiration_time_usec"}:
+                expires = _expiry_usec(body)
+            conn.execute(
+                "UPDATE oslogin_keys SET expires_usec = ? WHERE email = ? AND fingerprint = ?",
+                (expires, email, fp),
+            )
+        return _key_json(email, fp, row["key"], expires)
+
     def login_profile(self, email: str, project: str | None) -> dict[str, Any]:
+        self._own_profile(email)
         with self.ctx.db.read() as conn:
             rows = conn.execute(
-                "SELECT fingerprint, key FROM oslogin_keys WHERE email = ? ORDER BY fingerprint", (email,)
+                "SELECT fingerprint, key, expires_usec FROM oslogin_keys WHERE email = ? "
+                "ORDER BY fingerprint",
+                (email,),
             ).fetchall()
         project = project or self.ctx.world.project
         username = posix_username(email)
@@ -92,11 +165,37 @@ class OsLogin:
                 }
             ],
             "sshPublicKeys": {
-                r["fingerprint"]: {
-                    "key": r["key"],
-                    "fingerprint": r["fingerprint"],
-                    "name": f"users/{email}/sshPublicKeys/{r['fingerprint']}",
-                }
+                r["fingerprint"]: _key_json(email, r["fingerprint"], r["key"], r["expires_usec"])
                 for r in rows
             },
         }
+
+    def accepted_keys(self, username: str) -> list[str]:
+        """The unexpired keys imported for the account whose POSIX name is ``username``."""
+        now_usec = int(self.ctx.clock() * 1_000_000)
+        with self.ctx.db.read() as conn:
+            rows = conn.execute("SELECT email, key, expires_usec FROM oslogin_keys ORDER BY email").fetchall()
+        return [
+            r["key"]
+            for r in rows
+            if posix_username(r["email"]) == username
+            and (r["expires_usec"] is None or r["expires_usec"] > now_usec)
+        ]
+
+    def _own_profile(self, email: str) -> None:
+        """Only the caller's own profile (the simulator's caller is the world's principal)."""
+        principal = self.ctx.world.principal
+        if email != principal:
+            raise ApiError(
+                403,
+                "PERMISSION_DENIED",
+                f"The caller {principal} does not have permission to access the OS Login profile of "
+                f"users/{email}.",
+            )
+
+
+def _key_json(email: str, fp: str, key: str, expires_usec: int | None) -> dict[str, Any]:
+    out: dict[str, Any] = {"key": key, "fingerprint": fp, "name": f"users/{email}/sshPublicKeys/{fp}"}
+    if expires_usec is not None:
+        out["expirationTimeUsec"] = str(expires_usec)
+    return out

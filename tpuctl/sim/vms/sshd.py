@@ -1,10 +1,13 @@
 """The sshd of one simulated VM: an asyncssh server on the host's address.
 
 Public-key authentication only; the keys accepted are asked of the engine at authentication time (the
-node's ``ssh-keys`` metadata, or OS Login's imported keys). A command runs as sshd runs it: through the
-user's login shell (``bash -l -c CMD``), in a session of its own, in the user's home on the host's disk,
-with an environment built from scratch (nothing of the simulator's). A lost channel hangs up the
-session's process group (SIGHUP), as the loss of a session does under a real sshd.
+node's ``ssh-keys`` metadata, or OS Login's imported keys). Each accepted login is recorded, as sshd logs
+it, in the disk's ``var/log/auth.log`` (:func:`auth_log`): who logged in, from where, with which key.
+
+A command runs as sshd runs it: through the user's login shell (``bash -l -c CMD``), in a session of its
+own, in the user's home on the host's disk, with an environment built from scratch (nothing of the
+simulator's). A lost channel hangs up the session's process group (SIGHUP), as the loss of a session does
+under a real sshd.
 """
 
 from __future__ import annotations
@@ -67,16 +70,42 @@ def login_env(host: HostRef, user: str, home: Path, setup: LoginSetup) -> dict[s
     }
 
 
+def auth_log(disk: Path) -> Path:
+    """Where a VM's sshd records the logins it accepted (one line each, as OpenSSH's "Accepted publickey
+    for USER from ADDRESS port PORT ssh2: TYPE FINGERPRINT")."""
+    return disk / "var" / "log" / "auth.log"
+
+
 class _Server(asyncssh.SSHServer):
     def __init__(self, host: HostRef, keys: KeyLookup) -> None:
         self._host = host
         self._keys = keys
+        self._peer = ("?", 0)
+        self._accepted: tuple[str, asyncssh.SSHKey] | None = None
 
     def connection_made(self, conn: asyncssh.SSHServerConnection) -> None:
         if not self._host.disk.is_dir():
             # Killed and wiped (preempted, deleted) but not yet closed by the next reconcile: a VM that
             # is gone answers nothing.
             conn.abort()
+            return
+        peer = conn.get_extra_info("peername") or ("?", 0)
+        self._peer = (str(peer[0]), int(peer[1]))
+
+    def auth_completed(self) -> None:
+        if self._accepted is None:
+            return
+        user, key = self._accepted
+        address, port = self._peer
+        line = (
+            f"Accepted publickey for {user} from {address} port {port} ssh2: "
+            f"{key.algorithm.decode()} {key.get_fingerprint('sha256')}\n"
+        )
+        with contextlib.suppress(OSError):  # a disk wiped meanwhile records nothing
+            path = auth_log(self._host.disk)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with path.open("a", encoding="utf-8") as log:
+                log.write(line)
 
     def begin_auth(self, username: str) -> bool:
         return True  # authentication is always required
@@ -95,6 +124,7 @@ class _Server(asyncssh.SSHServer):
         for line in self._keys(self._host, username):
             with contextlib.suppress(asyncssh.KeyImportError, ValueError):
                 if asyncssh.import_public_key(line).public_data == offered:
+                    self._accepted = (username, key)
                     return True
         return False
 
