@@ -2,7 +2,7 @@
 """Benchmark: checkpoint save and restore through gs:// (the runtime's Checkpointer against orbax's own).
 
 Both go through the simulator's bucket (the GCS emulator, on loopback, reached as a simulated host
-reaches it: tensorstore through ``TENSORSTORE_GCS_HTTP_URL``, gcsfs through ``STORAGE_EMULATOR_HOST``),
+reaches it: tensorstore through ``TENSORSTORE_GCS_HTTP_URL``, gcsfs through ``FSSPEC_GCS_ENDPOINT_URL``),
 with the same state in the same process:
 
 - tpuctl: ``Checkpointer.save(force=True)`` then ``wait()`` (durable: committed in the bucket), and
@@ -122,13 +122,16 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("docs/bench/checkpoint_gcs.json"))
     args = parser.parse_args()
 
-    from tpuctl.sim.network import network_env
+    from tpuctl.sim import default_world
+    from tpuctl.sim.iam import ADC_TOKEN
+    from tpuctl.sim.network import caller_storage_env, network_env
     from tpuctl.sim.storage import DEFAULT_BUCKET, StorageEmulator
 
     with tempfile.TemporaryDirectory(prefix="tpuctl-bench-gcs-") as tmp:
-        emulator = StorageEmulator(Path(tmp))
+        emulator = StorageEmulator(default_world, Path(tmp))
         url = emulator.start()
         os.environ.update(network_env(mirror_url="http://127.0.0.1:9/", storage_url=url))
+        os.environ.update(caller_storage_env(ADC_TOKEN, Path(tmp), default_world().project))
         try:
             figures = measure(f"gs://{DEFAULT_BUCKET}/bench", args.mib, args.leaves, args.rounds)
         finally:

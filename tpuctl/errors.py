@@ -169,8 +169,30 @@ class AlreadyExistsError(CloudError):
 
 
 class PermissionDeniedError(CloudError):
+    """The caller may not do this: ``permission`` is the one Google named as missing (None when it named
+    none, as for a disabled API), ``role`` a predefined role that holds it."""
+
     exit_code = EXIT_PERMISSION
     kind = "permission_denied"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: int | None = None,
+        fix: str | None = None,
+        permission: str | None = None,
+        role: str | None = None,
+    ) -> None:
+        super().__init__(message, code=code, fix=fix)
+        self.permission = permission
+        self.role = role
+
+    def details(self) -> dict[str, Any]:
+        out = super().details()
+        if self.permission is not None:
+            out.update({"permission": self.permission, "role": self.role})
+        return out
 
 
 class UnauthenticatedError(CloudError):

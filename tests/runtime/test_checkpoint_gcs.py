@@ -1,5 +1,5 @@
 """Checkpoints in a bucket: the Checkpointer saves to and restores from gs:// through the simulator's GCS
-emulator (tensorstore via TENSORSTORE_GCS_HTTP_URL, gcsfs via STORAGE_EMULATOR_HOST, as on a simulated
+emulator (tensorstore via TENSORSTORE_GCS_HTTP_URL, gcsfs via FSSPEC_GCS_ENDPOINT_URL, as on a simulated
 host) and refuses relative directories. What it costs over orbax's bare save and restore through the same
 bucket is a benchmark: scripts/bench_checkpoint_gcs.py."""
 
@@ -14,21 +14,39 @@ from typing import Any
 
 import pytest
 
-from tpuctl.sim.network import network_env
+from tpuctl.sim import default_world
+from tpuctl.sim.iam import ADC_TOKEN
+from tpuctl.sim.network import caller_storage_env, network_env
 from tpuctl.sim.storage import DEFAULT_BUCKET, StorageEmulator
 
 
 @pytest.fixture
 def bucket(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[str]:
-    emulator = StorageEmulator()
+    emulator = StorageEmulator(default_world)
     url = emulator.start()
-    for name, value in network_env(mirror_url="http://127.0.0.1:9/", storage_url=url).items():
+    home = tmp_path / "credentials"
+    home.mkdir()
+    env = network_env(mirror_url="http://127.0.0.1:9/", storage_url=url) | caller_storage_env(
+        ADC_TOKEN, home, "tpuctl-sim"
+    )
+    for name, value in env.items():
         monkeypatch.setenv(name, value)
+    import fsspec.config
+    from etils import epath
+
+    # fsspec reads its FSSPEC_* variables once, at import, and etils keeps the filesystem it made with
+    # them: a host's program starts with them set, but this process meets a new emulator every test.
+    conf: dict[str, dict[str, str]] = {}
+    fsspec.config.set_conf_env(conf)
+    monkeypatch.setattr(fsspec.config, "conf", conf)
+    epath.backend.fsspec_backend._get_filesystem.cache_clear()
     # Nothing may land on the local disk: the working directory is an empty folder we check afterwards.
-    monkeypatch.chdir(tmp_path)
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
     yield f"gs://{DEFAULT_BUCKET}"
     emulator.stop()
-    assert list(tmp_path.iterdir()) == []
+    assert list(work.iterdir()) == []
 
 
 def _state(mib: int = 8, leaves: int = 8) -> dict[str, Any]:

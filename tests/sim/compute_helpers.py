@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from google.auth.credentials import AnonymousCredentials
 from google.cloud import compute_v1
 from sim_helpers import PROJECT, make_world
 
+from tpuctl.backends.sim import sim_credentials
 from tpuctl.sim import SimServer
 from tpuctl.sim.world import World
 from tpuctl.testing.clock import wait_for
@@ -55,7 +55,7 @@ class Clients:
     policies: compute_v1.ResourcePoliciesClient = field(init=False)
 
     def __post_init__(self) -> None:
-        options = {"client_options": {"api_endpoint": self.url}, "credentials": AnonymousCredentials()}
+        options = {"client_options": {"api_endpoint": self.url}, "credentials": sim_credentials()}
         self.instances = compute_v1.InstancesClient(**options)  # type: ignore[arg-type]
         self.operations = compute_v1.ZoneOperationsClient(**options)  # type: ignore[arg-type]
         self.region_operations = compute_v1.RegionOperationsClient(**options)  # type: ignore[arg-type]

@@ -7,14 +7,18 @@ import copy
 from typing import Any
 
 from google.api_core.future import polling
-from google.auth.credentials import AnonymousCredentials
 from google.cloud import tpu_v2
 
+from tpuctl.backends.sim import sim_credentials
+from tpuctl.sim.iam import ADC_TOKEN
 from tpuctl.sim.world import World, world_from_data
 
 PROJECT = "tpuctl-sim"
 ZONE = "us-central1-a"
 PARENT = f"projects/{PROJECT}/locations/{ZONE}"
+#: What a raw request to the simulator's APIs sends: the simulated Application Default Credentials' token
+#: (the world's principal), as tpuctl's own clients do.
+AUTH = {"Authorization": f"Bearer {ADC_TOKEN}"}
 
 # LRO polling for tests: the client's default starts at 1 s and grows by 1.5x, far slower than a fast
 # world. Callers of the cloud client should pass something like this against the simulator too.
@@ -68,7 +72,7 @@ def make_world(**overrides: Any) -> World:
 
 def tpu_client(url: str) -> tpu_v2.TpuClient:
     return tpu_v2.TpuClient(
-        credentials=AnonymousCredentials(), transport="rest", client_options={"api_endpoint": url}
+        credentials=sim_credentials(), transport="rest", client_options={"api_endpoint": url}
     )
 
 

@@ -10,7 +10,7 @@ import requests
 from api_schema import schema_problems
 from compute_helpers import ZONE, Clients, compute, instance_body
 from google.api_core import exceptions
-from sim_helpers import PROJECT
+from sim_helpers import AUTH, PROJECT
 
 from tpuctl.sim import SimAdminClient, SimServer
 
@@ -29,7 +29,7 @@ def test_transient_errors_come_in_computes_shape_before_the_mutation(
             c.instances.insert(project=PROJECT, zone=ZONE, instance_resource=instance_body("never"))
         url = f"{server.url}/compute/v1/projects/{PROJECT}/zones/{ZONE}/instances"
         seen: dict[int, tuple[str, str]] = {}
-        with httpx.Client() as http:
+        with httpx.Client(headers=AUTH) as http:
             for _ in range(60):
                 answer = http.get(url)
                 error = answer.json()["error"]

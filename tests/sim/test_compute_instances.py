@@ -12,8 +12,9 @@ from api_schema import schema_problems
 from compute_helpers import REGION, V6E_ZONE, ZONE, Clients, compute, compute_world, instance_body
 from google.api_core import exceptions
 from google.cloud import compute_v1
-from sim_helpers import PROJECT, tpu_client
+from sim_helpers import AUTH, PROJECT, tpu_client
 
+from tpuctl.backends.sim import sim_credentials
 from tpuctl.sim import SimAdminClient, SimServer
 from tpuctl.testing.clock import wait_for
 
@@ -173,10 +174,13 @@ def test_stockout_and_quota_fail_the_operation(start_server, schema_problems: li
         "zone": ZONE,
         "zonesAvailable": "",
     }
-    raw = httpx.get(f"{server.url}/compute/v1/projects/{PROJECT}/zones/{ZONE}/instances/none").json()
+    raw = httpx.get(
+        f"{server.url}/compute/v1/projects/{PROJECT}/zones/{ZONE}/instances/none", headers=AUTH
+    ).json()
     assert raw["error"]["errors"][0]["reason"] == "notFound"
     quotas = httpx.get(
-        f"{server.url}/v1/projects/{PROJECT}/locations/global/services/compute.googleapis.com/quotaInfos"
+        f"{server.url}/v1/projects/{PROJECT}/locations/global/services/compute.googleapis.com/quotaInfos",
+        headers=AUTH,
     ).json()["quotaInfos"]
     family = next(q for q in quotas if q["quotaId"] == "TPUS-PER-TPU-FAMILY-per-project-region")
     assert family["dimensions"] == ["region", "tpu_family"]
@@ -245,9 +249,9 @@ def test_flex_start_waits_then_runs_or_gives_up(start_server, schema_problems: l
 
 def test_zones_and_machine_types(compute: tuple[SimServer, Clients]) -> None:
     server, _ = compute
-    options = {
+    options: dict[str, Any] = {
         "client_options": {"api_endpoint": server.url},
-        "credentials": __import__("google.auth.credentials", fromlist=["x"]).AnonymousCredentials(),
+        "credentials": sim_credentials(),
     }
     zones = compute_v1.ZonesClient(**options)
     assert {ZONE, V6E_ZONE} <= {z.name for z in zones.list(project=PROJECT)}

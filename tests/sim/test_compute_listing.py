@@ -10,7 +10,7 @@ from api_schema import schema_problems
 from compute_helpers import ZONE, Clients, compute, instance_body, mig_body, setup_slice_records
 from google.api_core import exceptions
 from google.cloud import compute_v1
-from sim_helpers import PROJECT
+from sim_helpers import AUTH, PROJECT
 
 from tpuctl.sim import SimAdminClient, SimServer
 from tpuctl.sim.compute.listing import matches
@@ -72,6 +72,7 @@ def test_aggregated_instances_and_migs(compute: tuple[SimServer, Clients]) -> No
     raw = httpx.get(
         f"{server.url}/compute/v1/projects/{PROJECT}/aggregated/instanceGroupManagers",
         params={"filter": "name eq m-.*", "returnPartialSuccess": "true"},
+        headers=AUTH,
     ).json()
     assert all("warning" in v for v in raw["items"].values())  # no MIG is named m-...
     assert raw["items"]["regions/us-east5"]["warning"] == {

@@ -9,7 +9,7 @@ from api_schema import schema_problems
 from compute_helpers import ZONE, Clients, compute, mig_body, setup_slice_records
 from google.api_core import exceptions
 from google.cloud import compute_v1
-from sim_helpers import PROJECT
+from sim_helpers import AUTH, PROJECT
 
 from tpuctl.sim import SimAdminClient, SimServer
 from tpuctl.testing.clock import wait_for
@@ -60,6 +60,7 @@ def test_mig_slice_lifecycle(compute: tuple[SimServer, Clients]) -> None:
     refused = httpx.post(
         f"{server.url}/compute/v1/projects/{PROJECT}/zones/{ZONE}/instanceGroupManagers/m/resizeRequests",
         json={"name": "r", "resizeBy": 2},
+        headers=AUTH,
     )
     assert refused.status_code == 400
     assert refused.json()["error"]["message"] == (

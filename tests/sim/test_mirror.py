@@ -81,7 +81,8 @@ def test_project_name() -> None:
 
 def test_network_env_points_everything_at_the_services() -> None:
     env = network_env(mirror_url="http://127.0.0.1:1/", storage_url="http://127.0.0.1:2/")
-    assert env["STORAGE_EMULATOR_HOST"] == env["TENSORSTORE_GCS_HTTP_URL"] == "http://127.0.0.1:2"
+    assert env["FSSPEC_GCS_ENDPOINT_URL"] == env["TENSORSTORE_GCS_HTTP_URL"] == "http://127.0.0.1:2"
+    assert env["API_ENDPOINT_OVERRIDE"] == "http://127.0.0.1:2" and "STORAGE_EMULATOR_HOST" not in env
     assert env["PIP_FIND_LINKS"] == env["UV_FIND_LINKS"] == "http://127.0.0.1:1/"
     assert env["UV_DEFAULT_INDEX"] == "http://127.0.0.1:1/simple/"
     assert env["PIP_NO_INDEX"] == env["UV_NO_INDEX"] == "1"

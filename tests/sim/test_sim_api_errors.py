@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
-from sim_helpers import PARENT, PROJECT, make_world
+from sim_helpers import AUTH, PARENT, PROJECT, make_world
 
 from tpuctl.sim import SimAdminClient, SimServer
 from tpuctl.testing.clock import wait_for
@@ -162,7 +162,7 @@ CASES = [
 
 @pytest.fixture
 def http(server: SimServer) -> httpx.Client:
-    return httpx.Client(base_url=server.url)
+    return httpx.Client(base_url=server.url, headers=AUTH)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
@@ -196,6 +196,7 @@ def test_quota_error_lists_each_id(start_server: Callable[..., SimServer]) -> No
         f"{server.url}/v2/{PARENT}/nodes",
         params={"nodeId": "big"},
         json=_node(acceleratorType="v5litepod-16"),
+        headers=AUTH,
     )
     assert answer.status_code == 429
     error = answer.json()["error"]

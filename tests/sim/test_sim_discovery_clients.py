@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 from api_schema import check, google_document, response_schema
-from google.auth.credentials import AnonymousCredentials
 from googleapiclient.discovery import build
-from sim_helpers import PARENT, PROJECT, ZONE
+from sim_helpers import AUTH, PARENT, PROJECT, ZONE
 
+from tpuctl.backends.sim import sim_credentials
 from tpuctl.sim import SimAdminClient, SimServer
 from tpuctl.testing.clock import wait_for
 
@@ -30,7 +30,7 @@ class Api:
             "tpu",
             version,
             discoveryServiceUrl=url + "/$discovery/rest?version={apiVersion}",
-            credentials=AnonymousCredentials(),  # type: ignore[no-untyped-call]
+            credentials=sim_credentials(),
             cache_discovery=False,
             static_discovery=False,
         )
@@ -195,13 +195,17 @@ def test_google_cloud_tpu_v2alpha1_types_round_trip(server: SimServer) -> None:
     spec = alpha.QueuedResource.Tpu.NodeSpec(parent=PARENT, node=node, multi_node_params=params)
     request = alpha.QueuedResource(tpu=alpha.QueuedResource.Tpu(node_spec=[spec]), best_effort={})
     url = f"{server.url}/v2alpha1/{PARENT}/queuedResources"
-    answer = httpx.post(url, params={"queuedResourceId": "ck"}, content=alpha.QueuedResource.to_json(request))
+    answer = httpx.post(
+        url, params={"queuedResourceId": "ck"}, content=alpha.QueuedResource.to_json(request), headers=AUTH
+    )
     assert answer.status_code == 200, answer.text
-    wait_for(lambda: httpx.get(f"{url}/ck").json()["state"]["state"] == "ACTIVE")
-    qr = alpha.QueuedResource.from_json(httpx.get(f"{url}/ck").text, ignore_unknown_fields=False)
+    wait_for(lambda: httpx.get(f"{url}/ck", headers=AUTH).json()["state"]["state"] == "ACTIVE")
+    qr = alpha.QueuedResource.from_json(
+        httpx.get(f"{url}/ck", headers=AUTH).text, ignore_unknown_fields=False
+    )
     assert qr.tpu.node_spec[0].multi_node_params.node_count == 2
     assert "best_effort" in qr
-    listed = httpx.get(f"{server.url}/v2alpha1/{PARENT}/nodes").text
+    listed = httpx.get(f"{server.url}/v2alpha1/{PARENT}/nodes", headers=AUTH).text
     nodes = alpha.ListNodesResponse.from_json(listed, ignore_unknown_fields=False).nodes
     assert sorted(n.name.rsplit("/", 1)[-1] for n in nodes) == ["ck-0", "ck-1"]
     assert all(n.autocheckpoint_enabled and n.api_version == alpha.Node.ApiVersion.V2_ALPHA1 for n in nodes)

@@ -13,7 +13,7 @@ import pytest
 import requests
 from google.api_core import exceptions
 from google.cloud import tpu_v2
-from sim_helpers import PARENT, create_ready, make_world, node, tpu_client
+from sim_helpers import AUTH, PARENT, create_ready, make_world, node, tpu_client
 
 from tpuctl.sim import SimAdminClient, SimServer
 
@@ -21,7 +21,7 @@ from tpuctl.sim import SimAdminClient, SimServer
 def test_transient_error_rate_is_statistically_right(start_server: Callable[..., SimServer]) -> None:
     server = start_server(make_world(faults={"transient_error_rate": 0.25}))
     statuses: Counter[int] = Counter()
-    with httpx.Client(base_url=server.url) as http:
+    with httpx.Client(base_url=server.url, headers=AUTH) as http:
         for _ in range(400):
             response = http.get(f"/v2/{PARENT}/nodes")
             statuses[response.status_code] += 1
@@ -45,7 +45,7 @@ def test_faults_change_at_runtime(server: SimServer, admin: SimAdminClient) -> N
     quotas = f"{server.url}/v1/projects/p/locations/global/services/tpu.googleapis.com/quotaInfos"
     assert httpx.get(quotas).status_code in (429, 500, 503)
     assert admin.set_faults(transient_error_rate=0.0)["transient_error_rate"] == 0.0
-    assert httpx.get(f"{server.url}/v2/{PARENT}/nodes").status_code == 200
+    assert httpx.get(f"{server.url}/v2/{PARENT}/nodes", headers=AUTH).status_code == 200
     with pytest.raises(Exception, match="Invalid fault rates"):
         admin.set_faults(ambiguous_error_rate=2.0)
 
@@ -82,7 +82,7 @@ def test_ambiguous_rate_is_statistically_right(start_server: Callable[..., SimSe
     server = start_server(make_world(faults={"ambiguous_error_rate": 0.3}))
     dropped = 0
     body = {"acceleratorType": "v5litepod-1", "runtimeVersion": "v2-alpha-tpuv5-lite"}
-    with httpx.Client(base_url=server.url) as http:
+    with httpx.Client(base_url=server.url, headers=AUTH) as http:
         for i in range(200):
             try:
                 response = http.post(f"/v2/{PARENT}/nodes", params={"nodeId": f"n{i}"}, json=body)

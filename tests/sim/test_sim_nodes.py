@@ -14,6 +14,7 @@ from google.api_core import exceptions
 from google.cloud import tpu_v2
 from google.protobuf import field_mask_pb2
 from sim_helpers import (
+    AUTH,
     FAST_POLLING,
     PARENT,
     PROJECT,
@@ -232,7 +233,7 @@ def test_operations_get_and_list(client: tpu_v2.TpuClient) -> None:
 def test_operation_json_shape(server: SimServer, client: tpu_v2.TpuClient) -> None:
     op = client.create_node(parent=PARENT, node_id="shape", node=node())
     op.result(polling=FAST_POLLING)
-    raw = httpx.get(f"{server.url}/v2/{op.operation.name}").json()
+    raw = httpx.get(f"{server.url}/v2/{op.operation.name}", headers=AUTH).json()
     assert raw["done"] is True
     assert raw["metadata"]["@type"] == "type.googleapis.com/google.cloud.tpu.v2.OperationMetadata"
     assert raw["metadata"]["apiVersion"] == "v2" and raw["metadata"]["verb"] == "create"
@@ -241,7 +242,7 @@ def test_operation_json_shape(server: SimServer, client: tpu_v2.TpuClient) -> No
     assert raw["response"]["state"] == "READY"  # enum NAMES, as Google's JSON
     delete = client.delete_node(name=f"{PARENT}/nodes/shape")
     delete.result(polling=FAST_POLLING)
-    raw = httpx.get(f"{server.url}/v2/{delete.operation.name}").json()
+    raw = httpx.get(f"{server.url}/v2/{delete.operation.name}", headers=AUTH).json()
     assert raw["response"] == {"@type": "type.googleapis.com/google.protobuf.Empty"}
 
 
@@ -276,7 +277,17 @@ def test_malformed_zone_is_400(client: tpu_v2.TpuClient) -> None:
         client.list_nodes(parent=f"projects/{PROJECT}/locations/uscentral1")
 
 
-def test_other_projects_are_separate(client: tpu_v2.TpuClient) -> None:
+def test_a_project_the_caller_has_no_role_on_is_403(client: tpu_v2.TpuClient) -> None:
+    other = f"projects/someone-else/locations/{ZONE}"
+    with pytest.raises(exceptions.PermissionDenied, match=r"Permission 'tpu\.nodes\.list' denied") as denied:
+        list(client.list_nodes(parent=other))
+    assert denied.value.reason == "IAM_PERMISSION_DENIED"
+
+
+def test_other_projects_are_separate(start_server: Callable[..., SimServer]) -> None:
+    owner = [{"role": "roles/owner", "members": ["user:sim-user@example.com"]}]
+    server = start_server(make_world(iam={PROJECT: owner, "someone-else": owner}))
+    client = tpu_client(server.url)
     create_ready(client, "mine", node())
     other = f"projects/someone-else/locations/{ZONE}"
     assert list(client.list_nodes(parent=other)) == []

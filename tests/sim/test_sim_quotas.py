@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 from google.api_core import exceptions
-from sim_helpers import PARENT, PROJECT, create_ready, make_world, node, tpu_client
+from sim_helpers import AUTH, PARENT, PROJECT, create_ready, make_world, node, tpu_client
 
 from tpuctl.cloud.quotas import parse_quota_infos
 from tpuctl.sim import SimServer
@@ -19,7 +19,7 @@ SERVING_Z = "TPUV5sLitepodServingPerProjectPerZoneForTPUAPI"
 
 
 def _infos(server: SimServer) -> dict[str, dict[str, Any]]:
-    with httpx.Client(base_url=server.url) as http:
+    with httpx.Client(base_url=server.url, headers=AUTH) as http:
         return {i["quotaId"]: i for i in http.get(QUOTAS).json()["quotaInfos"]}
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 from google.cloud import tpu_v2
-from sim_helpers import PARENT, PROJECT, ZONE, create_ready, make_world, node, spot_node
+from sim_helpers import AUTH, PARENT, PROJECT, ZONE, create_ready, make_world, node, spot_node
 from vm_helpers import start_vms
 
 from tpuctl.errors import NotFoundError
@@ -31,7 +31,7 @@ def test_quota_infos_list_shape_and_pages(start_server: Callable[..., SimServer]
             }
         )
     )
-    with httpx.Client(base_url=server.url) as http:
+    with httpx.Client(base_url=server.url, headers=AUTH) as http:
         everything = http.get(QUOTAS).json()
         infos = {i["quotaId"]: i for i in everything["quotaInfos"]}
         # v5e and v6e and v5p are offered: on-demand and preemptible, per zone and per region; and v5e's
@@ -185,7 +185,7 @@ def test_binds_loopback_only(server: SimServer) -> None:
 
 
 def test_unknown_routes_and_bad_json(server: SimServer) -> None:
-    with httpx.Client(base_url=server.url) as http:
+    with httpx.Client(base_url=server.url, headers=AUTH) as http:
         missing = http.get("/v3/nothing")
         assert missing.status_code == 404 and missing.json()["error"]["status"] == "NOT_FOUND"
         bad = http.post(f"/v2/{PARENT}/nodes", params={"nodeId": "x"}, content=b"{not json")

@@ -1,5 +1,5 @@
 """The storage emulator: gcp-storage-emulator on loopback with the default bucket, reached by gcsfs as a
-simulated host reaches it (network_env)."""
+simulated host reaches it (network_env), with Cloud Storage's checks of who calls."""
 
 from __future__ import annotations
 
@@ -8,26 +8,37 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tpuctl.sim.network import network_env
+from tpuctl.sim import default_world
+from tpuctl.sim.iam import ADC_TOKEN
+from tpuctl.sim.network import caller_storage_env, network_env
 from tpuctl.sim.storage import DEFAULT_BUCKET, StorageEmulator
 
+AUTH = {"Authorization": f"Bearer {ADC_TOKEN}"}
 
-def _gcs(url: str, monkeypatch: pytest.MonkeyPatch) -> object:
-    for name, value in network_env(mirror_url="http://127.0.0.1:9/", storage_url=url).items():
+
+def _gcs(url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> object:
+    env = network_env(mirror_url="http://127.0.0.1:9/", storage_url=url)
+    env |= caller_storage_env(ADC_TOKEN, tmp_path, "tpuctl-sim")
+    for name, value in env.items():
         monkeypatch.setenv(name, value)
+    import fsspec.config
     import gcsfs
 
-    return gcsfs.GCSFileSystem(endpoint_url=url, token="anon", skip_instance_cache=True)
+    # fsspec reads its FSSPEC_* variables once, at import (a host's program starts with them set).
+    conf: dict[str, dict[str, str]] = {}
+    fsspec.config.set_conf_env(conf)
+    monkeypatch.setattr(fsspec.config, "conf", conf)
+    return gcsfs.GCSFileSystem(skip_instance_cache=True)
 
 
-def test_default_bucket_and_objects(monkeypatch: pytest.MonkeyPatch) -> None:
-    emulator = StorageEmulator()
+def test_default_bucket_and_objects(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    emulator = StorageEmulator(default_world)
     url = emulator.start()
     try:
         assert url.startswith("http://127.0.0.1:") and not url.endswith("/")
-        buckets = httpx.get(f"{url}/storage/v1/b", params={"project": "p"}).json()
+        buckets = httpx.get(f"{url}/storage/v1/b", params={"project": "p"}, headers=AUTH).json()
         assert [b["name"] for b in buckets["items"]] == [DEFAULT_BUCKET]
-        fs = _gcs(url, monkeypatch)
+        fs = _gcs(url, monkeypatch, tmp_path)
         fs.pipe(f"{DEFAULT_BUCKET}/a/b.txt", b"hello")  # type: ignore[attr-defined]
         assert fs.cat(f"{DEFAULT_BUCKET}/a/b.txt") == b"hello"  # type: ignore[attr-defined]
         assert fs.ls(f"{DEFAULT_BUCKET}/a", detail=False) == [f"{DEFAULT_BUCKET}/a/b.txt"]  # type: ignore[attr-defined]
@@ -38,14 +49,14 @@ def test_default_bucket_and_objects(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_data_dir_survives_a_restart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    emulator = StorageEmulator(tmp_path / "gcs", default_bucket="other")
+    emulator = StorageEmulator(default_world, tmp_path / "gcs", default_bucket="other")
     url = emulator.start()
-    _gcs(url, monkeypatch).pipe("other/k", b"v")  # type: ignore[attr-defined]
+    _gcs(url, monkeypatch, tmp_path).pipe("other/k", b"v")  # type: ignore[attr-defined]
     emulator.stop()
-    again = StorageEmulator(tmp_path / "gcs", default_bucket="other")
+    again = StorageEmulator(default_world, tmp_path / "gcs", default_bucket="other")
     url = again.start()  # the bucket exists already: no error
     try:
-        assert _gcs(url, monkeypatch).cat("other/k") == b"v"  # type: ignore[attr-defined]
+        assert _gcs(url, monkeypatch, tmp_path).cat("other/k") == b"v"  # type: ignore[attr-defined]
     finally:
         again.stop()
 
@@ -56,17 +67,20 @@ def test_generations_as_cloud_storage_gives_them_and_stale_writes_refused(
     """tensorstore's conditional writes (OCDBT's manifest) against the emulator behave as on Google: a
     download carries x-goog-generation, a write against the current generation lands, a stale one (or
     one expecting an object that does not exist) is refused with 412 and changes nothing."""
-    emulator = StorageEmulator(tmp_path / "gcs")
+    emulator = StorageEmulator(default_world, tmp_path / "gcs")
     url = emulator.start()
     try:
         monkeypatch.setenv("TENSORSTORE_GCS_HTTP_URL", url)
+        monkeypatch.setenv("GOOGLE_AUTH_TOKEN_FOR_TESTING", ADC_TOKEN)
         import tensorstore as ts
 
         kv = ts.KvStore.open({"driver": "gcs", "bucket": DEFAULT_BUCKET, "path": "x/"}).result()
         kv.write("k", b"one").result()
         first = kv.read("k").result().stamp.generation
-        media = httpx.get(f"{url}/download/storage/v1/b/{DEFAULT_BUCKET}/o/x%2Fk", params={"alt": "media"})
-        meta = httpx.get(f"{url}/storage/v1/b/{DEFAULT_BUCKET}/o/x%2Fk").json()
+        media = httpx.get(
+            f"{url}/download/storage/v1/b/{DEFAULT_BUCKET}/o/x%2Fk", params={"alt": "media"}, headers=AUTH
+        )
+        meta = httpx.get(f"{url}/storage/v1/b/{DEFAULT_BUCKET}/o/x%2Fk", headers=AUTH).json()
         assert media.headers["x-goog-generation"] == meta["generation"]
         assert kv.write("k", b"two", if_equal=first).result().generation != b""  # landed
         assert kv.write("k", b"three", if_equal=first).result().generation == b""  # stale: refused
@@ -77,7 +91,61 @@ def test_generations_as_cloud_storage_gives_them_and_stale_writes_refused(
             f"{url}/upload/storage/v1/b/{DEFAULT_BUCKET}/o",
             params={"uploadType": "media", "name": "x/k", "ifGenerationMatch": "1"},
             content=b"late",
+            headers=AUTH,
         )
         assert stale.status_code == 412 and stale.json()["error"]["code"] == 412
+    finally:
+        emulator.stop()
+
+
+def test_callers_are_checked_as_cloud_storage_checks_them(tmp_path: Path) -> None:
+    """No token is Cloud Storage's anonymous caller (401), an account without the permission 403 naming
+    it; overwriting needs delete as well; testIamPermissions answers what the caller holds."""
+    from tpuctl.sim.iam import access_token, default_service_account
+    from tpuctl.sim.world import world_from_data
+
+    hosts = default_service_account("tpuctl-sim")
+    creator = {"role": "roles/storage.objectCreator", "members": [f"serviceAccount:{hosts}"]}
+    owner = {"role": "roles/owner", "members": ["user:sim-user@example.com"]}
+    world = world_from_data({"iam": {"tpuctl-sim": [owner, creator]}}, "test world")
+    emulator = StorageEmulator(lambda: world, tmp_path / "gcs")
+    url = emulator.start()
+    upload = f"{url}/upload/storage/v1/b/{DEFAULT_BUCKET}/o"
+    as_hosts = {"Authorization": f"Bearer {access_token(hosts)}"}
+    try:
+        anonymous = httpx.post(upload, params={"uploadType": "media", "name": "k"}, content=b"v")
+        assert anonymous.status_code == 401
+        assert anonymous.json()["error"]["message"].startswith(
+            "Anonymous caller does not have storage.objects.create access to the Google Cloud Storage object."
+        )
+        bad = httpx.get(f"{url}/storage/v1/b/{DEFAULT_BUCKET}/o", headers={"Authorization": "Bearer nope"})
+        assert bad.status_code == 401 and bad.json()["error"]["errors"][0]["reason"] == "authError"
+        first = httpx.post(
+            upload, params={"uploadType": "media", "name": "k"}, content=b"v", headers=as_hosts
+        )
+        assert first.status_code == 200
+        again = httpx.post(
+            upload, params={"uploadType": "media", "name": "k"}, content=b"w", headers=as_hosts
+        )
+        assert again.status_code == 403
+        assert again.json()["error"]["message"] == (
+            f"{hosts} does not have storage.objects.delete access to the Google Cloud Storage object. "
+            "Permission 'storage.objects.delete' denied on resource (or it may not exist)."
+        )
+        read = httpx.get(
+            f"{url}/storage/v1/b/{DEFAULT_BUCKET}/o/k", params={"alt": "media"}, headers=as_hosts
+        )
+        assert read.status_code == 403 and read.json()["error"]["errors"][0]["reason"] == "forbidden"
+        asked = ["storage.objects.create", "storage.objects.get"]
+        tested = httpx.get(
+            f"{url}/storage/v1/b/{DEFAULT_BUCKET}/iam/testPermissions",
+            params={"permissions": asked},
+            headers=as_hosts,
+        )
+        assert tested.json() == {
+            "kind": "storage#testIamPermissionsResponse",
+            "permissions": ["storage.objects.create"],
+        }
+        assert httpx.get(f"{url}/storage/v1/b/nope/iam/testPermissions", headers=AUTH).status_code == 404
     finally:
         emulator.stop()

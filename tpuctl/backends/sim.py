@@ -1,7 +1,9 @@
 """The simulator backend: the built-in simulated TPU cloud on loopback, in-process or at ``sim_url``.
 
-The simulator answers in milliseconds, so tpuctl polls and retries it fast; it checks no credentials and
-listens on loopback, so its clients are anonymous and never go through a proxy from the environment. Its
+The simulator answers in milliseconds, so tpuctl polls and retries it fast; it listens on loopback, so its
+clients never go through a proxy from the environment. It authenticates as Google does: its clients send
+the simulated Application Default Credentials (``sim_credentials``), whose account is the world's
+principal. Its
 hosts are VMs served by the simulator (``tpuctl.sim.vms``): each has its own loopback address, disk and
 sshd, and tpuctl reaches them over SSH exactly as it reaches Google's, on the port the simulator's status
 names (22 where it can bind it). Their programs get CPU devices standing in for the chips (``host_env``).
@@ -24,11 +26,11 @@ from tpuctl.backends.base import (
     Tuning,
 )
 from tpuctl.cloud.config import CloudConfig
-from tpuctl.cloud.credentials import anonymous_credentials
 from tpuctl.cloud.retry import RetryPolicy
 
 if TYPE_CHECKING:
     import httpx
+    from google.auth.credentials import Credentials
 
     from tpuctl.cloud.base import Node, TpuCloud
     from tpuctl.cloud.oslogin import OsLoginAccess
@@ -41,10 +43,21 @@ NAME = "sim"
 #: injects its faults at a fixed rate, so a few fast retries (milliseconds) ride them out.
 SIM_RETRY = RetryPolicy(max_attempts=8, initial_wait_s=0.02, max_wait_s=0.5, deadline_s=30.0)
 
+
+def sim_credentials() -> Credentials:
+    """The simulated Application Default Credentials: the token the simulator takes as its world's
+    principal, the account logged in on this machine (``tpuctl.sim.iam``)."""
+    from google.oauth2.credentials import Credentials as TokenCredentials
+
+    from tpuctl.sim.iam import ADC_TOKEN
+
+    return TokenCredentials(token=ADC_TOKEN)  # type: ignore[no-untyped-call]
+
+
 #: How every client of the simulator calls it (the TPU API, Compute Engine and Cloud Quotas surfaces).
 SIM_CLIENTS = CloudConfig(
     backend=NAME,
-    credentials=anonymous_credentials,
+    credentials=sim_credentials,
     retry=SIM_RETRY,
     poll_interval_s=0.05,
     poll_max_interval_s=1.0,

@@ -154,6 +154,7 @@ def session(
 ) -> Iterator[Session]:
     """Open the backend for one command and say which it is; ``settings`` when the command built them
     already (with its ``flags``)."""
+    from tpuctl.cloud.surfaces import notes_of
     from tpuctl.services.session import open_session
 
     settings = settings or build_settings(ctx, **flags)
@@ -168,6 +169,9 @@ def session(
                 out.err.print(f"{label.name}: project {sess.project} taken from {ambient}")
         out.backend_banner(label, sess.project, detail)
         yield sess
+        # What the cloud could not see (a surface the caller has no permission on), said once.
+        for line in notes_of(sess.cloud):
+            out.note(f"note: {line}")
 
 
 def backend_for(ctx: typer.Context, settings: Settings) -> Backend:

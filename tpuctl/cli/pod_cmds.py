@@ -248,7 +248,8 @@ def _placed_views(sess: Session, placement: Placement) -> list[dict[str, Any]]:
 
     by_name = {d["name"]: d for d in placement.to_dict()["pods"]}
     views: list[dict[str, Any]] = []
-    listed = {(v.zone, v.name): v for v in PodService(sess).list(placement.candidate.zone)}
+    pods = PodService(sess).list(placement.candidate.zone, surfaces=(placement.request.surface,))
+    listed = {(v.zone, v.name): v for v in pods}
     for name, pod in by_name.items():
         view = listed.get((placement.candidate.zone, name))
         data = view.to_dict() if view is not None else dict(pod)

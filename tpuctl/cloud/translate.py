@@ -33,6 +33,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from tpuctl.cloud.iam import ROLES_REFERENCE, grant_fix, role_for
 from tpuctl.errors import (
     AlreadyExistsError,
     AmbiguousError,
@@ -118,6 +119,15 @@ _QUOTA_EXCEEDED_RE = re.compile(
     rf"Quota '(?P<id>[^']+)' exceeded\.?\s*Limit:?\s*(?P<limit>-?[\d.]+)\s+(?:in\s+(?P<loc>{_LOCS})|globally)"
 )
 _URL_RE = re.compile(r"https?://\S+")
+# How a 403 names the missing permission, by API (docs/google-facts.md#permission-errors):
+# "Permission 'tpu.nodes.list' denied on resource '//tpu.googleapis.com/...' (or it may not exist)."
+# (most APIs); "Required 'compute.instances.list' permission for 'projects/p'" (Compute Engine);
+# "a@b does not have storage.objects.create access to the Google Cloud Storage object." (Cloud Storage).
+_PERMISSION_RES = (
+    re.compile(r"Permission '([A-Za-z0-9_.]+)' denied"),
+    re.compile(r"Required '([A-Za-z0-9_.]+)' permission"),
+    re.compile(r"does not have ([a-z0-9]+(?:\.[A-Za-z0-9_]+)+) access"),
+)
 
 
 @dataclass(frozen=True)
@@ -298,16 +308,32 @@ def _rpc_code_of_http(http_status: int) -> int:
 
 
 def _permission_denied(text: str, reason: str, error_info: Mapping[str, Any] | None) -> CloudError:
-    """PERMISSION_DENIED: a disabled API (enable it) or a missing role (grant it)."""
+    """PERMISSION_DENIED: a disabled API (enable it) or a missing permission (grant the role that holds
+    it). Google names the permission in an ErrorInfo's metadata (IAM_PERMISSION_DENIED) or only in its
+    message, in each API's own words (docs/google-facts.md#permission-errors)."""
     if reason == "SERVICE_DISABLED":
         service = _meta(error_info, "service") or "tpu.googleapis.com"
         return PermissionDeniedError(text, code=7, fix=f"enable the API: gcloud services enable {service}")
+    permission = _meta(error_info, "permission") or _permission_in(text)
+    if permission is None:
+        return PermissionDeniedError(
+            text,
+            code=7,
+            fix="check that the project is the one you meant, and grant the caller a role on it that "
+            f"allows this (roles: {ROLES_REFERENCE})",
+        )
     return PermissionDeniedError(
-        text,
-        code=7,
-        fix="grant the caller a role with this permission (e.g. roles/tpu.admin) on the project, "
-        "or check that the project is the one you meant",
+        text, code=7, fix=grant_fix(permission), permission=permission, role=role_for(permission)
     )
+
+
+def _permission_in(message: str) -> str | None:
+    """The permission a 403's message names, in any of Google's forms, else None."""
+    for pattern in _PERMISSION_RES:
+        m = pattern.search(message)
+        if m:
+            return m.group(1)
+    return None
 
 
 def _resource_exhausted(

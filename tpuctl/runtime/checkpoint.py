@@ -15,7 +15,7 @@ finished), saves asynchronously, and prunes old steps. What we add:
   the global arrays, so its verdict is the same everywhere.
 
 Directories are passed to orbax as given: ``gs://...`` on Google and on the simulator (whose GCS emulator
-tensorstore reaches through ``TENSORSTORE_GCS_HTTP_URL`` and gcsfs through ``STORAGE_EMULATOR_HOST``), or an
+tensorstore reaches through ``TENSORSTORE_GCS_HTTP_URL`` and gcsfs through ``FSSPEC_GCS_ENDPOINT_URL``), or an
 absolute local path (tests, a single machine). A relative path is refused: orbax refuses it too (``ValueError:
 Checkpoint path should be absolute``), but only at the first save.
 """

@@ -42,9 +42,11 @@ from tpuctl.cloud.base import (
     PlannedRequest,
     QueuedResource,
     QuotaLimit,
+    TpuCloud,
 )
 from tpuctl.cloud.compute_shapes import FLEX_VALID_FOR_MAX_S
 from tpuctl.cloud.retry import RetryPolicy, Sleep
+from tpuctl.cloud.surfaces import asking_only
 from tpuctl.errors import (
     AlreadyExistsError,
     AmbiguousError,
@@ -345,21 +347,27 @@ class Allocator:
     # --- looking --------------------------------------------------------------------------------------
 
     def survey(self, request: PlacementRequest) -> Survey:
-        """The live listing, queued resources, quota limits and offers, read in parallel where independent."""
+        """The live listing, queued resources, quota limits and offers, read in parallel where independent.
+
+        Only the surfaces the generation can use are asked (a caller may hold roles on one surface
+        only: a v5e request never needs Compute Engine), and the offers only on the surface the create
+        goes to: a type the other surface offers does not help it."""
         accel = request.accelerator
+        cloud = asking_only(self._cloud, accel.generation.surfaces)
+        creating_on = asking_only(self._cloud, (request.surface,))
         with ThreadPoolExecutor(max_workers=self._max_workers, thread_name_prefix="tpuctl-survey") as pool:
             # Cloud Quotas has its own HTTP client: start it at once. The first TPU API call runs alone:
             # it builds the API client, which must not happen in two threads at once.
-            limits_f = pool.submit(self._cloud.quota_limits)
-            nodes = self._cloud.list_nodes(None)
-            queued_f = pool.submit(self._cloud.list_queued_resources, None)
+            limits_f = pool.submit(cloud.quota_limits)
+            nodes = cloud.list_nodes(None)
+            queued_f = pool.submit(cloud.list_queued_resources, None)
             cloud_zones: list[str] = []
             if request.region and not request.zones:
-                cloud_zones = pool.submit(self._cloud.list_zones).result()
+                cloud_zones = pool.submit(cloud.list_zones).result()
             zones = candidate_zones(
                 accel, zones=request.zones, region=request.region, cloud_zones=cloud_zones
             )
-            offer_fs = {z: pool.submit(self._offer, z, accel.api_name) for z in zones}
+            offer_fs = {z: pool.submit(self._offer, creating_on, z, accel.api_name) for z in zones}
             offers = {z: f.result() for z, f in offer_fs.items()}
             limits, unread = _read_limits(limits_f)
             queued = queued_f.result()
@@ -369,9 +377,9 @@ class Allocator:
             nodes=nodes, queued=queued, book=book, zones=zones, offers=offers, warnings=tuple(unread)
         )
 
-    def _offer(self, zone: str, api_name: str) -> Offer:
+    def _offer(self, cloud: TpuCloud, zone: str, api_name: str) -> Offer:
         try:
-            types = self._cloud.list_accelerator_types(zone)
+            types = cloud.list_accelerator_types(zone)
         except NotFoundError:
             return Offer(False, "the TPU API does not know this zone")
         except (PermissionDeniedError, UnauthenticatedError):
@@ -577,8 +585,8 @@ class Allocator:
 
 def _read_limits(limits_f: Future[list[QuotaLimit]]) -> tuple[list[QuotaLimit] | None, list[str]]:
     """The quota limits, or None and a warning when Cloud Quotas refuses to tell (403: the API not
-    enabled, or a caller with roles/tpu.admin only): every limit is then unknown and the create answers,
-    as it would have without the check."""
+    enabled, or a caller without roles/cloudquotas.viewer): every limit is then unknown and the create
+    answers, as it would have without the check."""
     try:
         return limits_f.result(), []
     except PermissionDeniedError as exc:

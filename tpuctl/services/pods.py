@@ -11,16 +11,17 @@ import builtins
 import contextlib
 import re
 import secrets
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tpuctl.catalog import AcceleratorType, validate_zone
+from tpuctl.catalog import AcceleratorType, Surface, validate_zone
 from tpuctl.cloud.base import (
     Node,
     OperationProgress,
 )
 from tpuctl.cloud.idempotent import delete_node_idempotent
+from tpuctl.cloud.surfaces import asking_only
 from tpuctl.errors import (
     NotFoundError,
     UsageError,
@@ -124,8 +125,13 @@ class PodService:
 
     # --- read ------------------------------------------------------------------------------------------
 
-    def list(self, zone: str | None = None) -> builtins.list[PodView]:
-        nodes = self._cloud.list_nodes(validate_zone(zone) if zone else None)
+    def list(
+        self, zone: str | None = None, *, surfaces: Iterable[Surface] | None = None
+    ) -> builtins.list[PodView]:
+        """The slices in ``zone`` (every zone when None) on ``surfaces`` (both when None; a surface the
+        caller may not list is left out, with a note on the cloud)."""
+        cloud = self._cloud if surfaces is None else asking_only(self._cloud, surfaces)
+        nodes = cloud.list_nodes(validate_zone(zone) if zone else None)
         return [self._view(node) for node in sorted(nodes, key=lambda n: (n.zone, n.name))]
 
     def describe(self, name: str, zone: str | None = None) -> dict[str, Any]:

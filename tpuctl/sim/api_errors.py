@@ -142,6 +142,7 @@ def unavailable() -> ApiError:
     return ApiError(503, "UNAVAILABLE", "The service is currently unavailable.")
 
 
-def rpc_status(status: str, message: str) -> dict[str, Any]:
-    """A google.rpc.Status as it appears in an Operation's ``error`` (numeric code)."""
-    return {"code": RPC_CODES[status], "message": message, "details": []}
+def rpc_status(status: str, message: str, details: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """A google.rpc.Status as it appears in an Operation's ``error`` or a queued resource's
+    ``failedData.error`` (numeric code), with its details (a quota failure keeps its QuotaFailure)."""
+    return {"code": RPC_CODES[status], "message": message, "details": list(details or [])}

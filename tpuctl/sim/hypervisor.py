@@ -167,6 +167,7 @@ def _run(
     from tpuctl.sim.engine import SimEngine
     from tpuctl.sim.network import NetworkServices
     from tpuctl.sim.state import SimDatabase, db_path_for
+    from tpuctl.sim.storage import storage_dir_for
     from tpuctl.sim.vms import procs
     from tpuctl.sim.vms.fleet import Fleet
 
@@ -178,11 +179,14 @@ def _run(
     except FileNotFoundError:
         return
     db = SimDatabase(db_path)
+    engine = SimEngine(db, clock=time.time)
     network = NetworkServices(
-        services_address(state_dir), storage_dir=state_dir / "sim-gcs", wheelhouse=wheelhouse
+        services_address(state_dir),
+        storage_dir=storage_dir_for(state_dir),
+        wheelhouse=wheelhouse,
+        world=lambda: engine.world,
     )
     try:
-        engine = SimEngine(db, clock=time.time)
         engine.ctx.vm_ports = ports
         network.start()
         fleet = Fleet(engine, ports=ports, network_env=network.env, network_ready=network.ready)

@@ -42,6 +42,10 @@ def answer(
         return text_response("Missing required header: Metadata-Flavor\n", 403)
     if request.path.startswith(vpc_dns.PREFIX):
         return vpc_dns.answer(engine, request, host)  # the simulated VPC's DNS (not a Google path)
+    if request.path == "/":
+        # The server's root lists its API versions; google-auth and tensorstore ask it to learn that
+        # they run on Google (a 200 with Metadata-Flavor: Google).
+        return text_response("computeMetadata/\n")
     if not request.path.startswith(_PREFIX):
         return text_response(NOT_FOUND, 404)
     key = request.path[len(_PREFIX) :]
@@ -85,22 +89,24 @@ def _directory(tree: dict[str, str], key: str, *, recursive: bool) -> SimRespons
         return text_response(NOT_FOUND, 404)
     if recursive:
         in_attributes = prefix.startswith("instance/attributes/")
-        body = json.dumps(_lists(_nest(below, camel=not in_attributes)))
+        body = json.dumps(_lists(_nest(below, camel=not in_attributes, prefix=prefix)))
         return SimResponse(200, body.encode(), "application/json", etag(body))
     entries = sorted({k.split("/", 1)[0] + ("/" if "/" in k else "") for k in below})
     listing = "".join(f"{e}\n" for e in entries)
     return text_response(listing, etag=etag(listing))
 
 
-def _nest(flat: dict[str, str], *, camel: bool) -> dict[str, Any]:
+def _nest(flat: dict[str, str], *, camel: bool, prefix: str = "") -> dict[str, Any]:
+    """The keys below ``prefix`` as nested JSON."""
     out: dict[str, Any] = {}
     for path, value in flat.items():
         parts = path.split("/")
+        accounts = "service-accounts/" in prefix + path
         node = out
         for i, part in enumerate(parts):
             name = _camel(part) if camel and "attributes" not in parts[:i] else part
             if i == len(parts) - 1:
-                node[name] = _json_value(value)
+                node[name] = _json_value(name if accounts else "", value)
             else:
                 node = node.setdefault(name, {})
     return out
@@ -110,7 +116,14 @@ def _camel(name: str) -> str:
     return re.sub(r"-([a-z0-9])", lambda m: m.group(1).upper(), name)
 
 
-def _json_value(value: str) -> Any:
+#: A service account's keys GCE answers as JSON lists in a recursive read (tensorstore reads ``scopes``
+#: as a list and refuses anything else).
+_LIST_KEYS = frozenset({"scopes", "aliases"})
+
+
+def _json_value(name: str, value: str) -> Any:
+    if name in _LIST_KEYS:
+        return value.split()
     if value.startswith("{"):
         try:
             return json.loads(value)

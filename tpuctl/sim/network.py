@@ -11,13 +11,19 @@ are on disk below the state dir, and the emulator reads them when it starts).
 
 What each variable does, in the tool that reads it:
 
-- ``STORAGE_EMULATOR_HOST``: the Cloud Storage endpoint of google-cloud-storage and gcsfs (etils.epath's
-  gs:// directories) instead of storage.googleapis.com.
+- ``FSSPEC_GCS_ENDPOINT_URL``: gcsfs's endpoint (etils.epath's gs:// directories) instead of
+  storage.googleapis.com (fsspec reads ``FSSPEC_<protocol>_<kwarg>``).
+- ``API_ENDPOINT_OVERRIDE``: google-cloud-storage's (orbax reads a bucket's metadata with it). Not
+  ``STORAGE_EMULATOR_HOST``, which both would read too: with it google-cloud-storage sends no credentials,
+  which the bucket refuses, where on Google it sends the VM's.
 - ``TENSORSTORE_GCS_HTTP_URL``: the endpoint of tensorstore's gs:// kvstore driver (orbax's array data).
+- ``FSSPEC_GCS_TOKEN=google_default``: gcsfs takes Application Default Credentials, as google-cloud-storage
+  does; on a host they are its service account's, from its metadata server, as on a Google VM (with a
+  custom endpoint gcsfs would otherwise try no metadata server and fall back to no credentials).
+  tensorstore finds the same server through ``GCE_METADATA_ROOT`` (the host's login environment,
+  ``tpuctl.sim.vms.sshd``).
 - ``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false``: gcsfs's default filesystem first asks the Storage Control
   API (gRPC) for the bucket's layout, which the emulator does not serve; the plain JSON-API filesystem.
-- ``FSSPEC_GCS_TOKEN=anon``: gcsfs sends no credentials (fsspec reads ``FSSPEC_<protocol>_<kwarg>``); the
-  emulator checks none, and gcsfs would otherwise walk its credential chain first.
 - ``PIP_NO_INDEX`` / ``PIP_FIND_LINKS``: pip installs from the simulator's package mirror only (the uv
   bootstrap of host setup).
 - ``UV_NO_INDEX`` / ``UV_FIND_LINKS``: the same for uv, and ``UV_DEFAULT_INDEX``: the mirror's simple
@@ -30,10 +36,14 @@ What each variable does, in the tool that reads it:
 from __future__ import annotations
 
 import errno
+import json
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tpuctl.sim.world import World
 
 #: The ports of the services on their address (the emulator's own default, and a PyPI mirror's usual).
 STORAGE_PORT = 9023
@@ -47,10 +57,11 @@ def network_env(*, mirror_url: str, storage_url: str) -> dict[str, str]:
     page) and at the storage emulator (``storage_url``, scheme://host:port with no path)."""
     storage = storage_url.rstrip("/")
     return {
-        "STORAGE_EMULATOR_HOST": storage,
+        "FSSPEC_GCS_ENDPOINT_URL": storage,
+        "API_ENDPOINT_OVERRIDE": storage,
         "TENSORSTORE_GCS_HTTP_URL": storage,
         "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
-        "FSSPEC_GCS_TOKEN": "anon",
+        "FSSPEC_GCS_TOKEN": "google_default",
         "PIP_NO_INDEX": "1",
         "PIP_FIND_LINKS": mirror_url,
         "PIP_DISABLE_PIP_VERSION_CHECK": "1",
@@ -61,14 +72,46 @@ def network_env(*, mirror_url: str, storage_url: str) -> dict[str, str]:
     }
 
 
+def caller_storage_env(token: str, directory: Path, project: str) -> dict[str, str]:
+    """The variables that make gcsfs, google-cloud-storage and tensorstore, in a process that is no
+    simulated host (a test, a benchmark), call the bucket with ``token`` (``tpuctl.sim.iam``) for
+    ``project``: Application Default Credentials from a file written in ``directory`` that holds the token
+    (valid for centuries, so never refreshed), and tensorstore's fixed-token variable, which it reads
+    before that file."""
+    adc = directory / "application_default_credentials.json"
+    adc.write_text(
+        json.dumps(
+            {
+                "type": "authorized_user",
+                "client_id": "tpuctl-sim",
+                "client_secret": "tpuctl-sim",
+                "refresh_token": "tpuctl-sim",
+                "token": token,
+                "expiry": "2999-01-01T00:00:00Z",
+            }
+        ),
+        encoding="utf-8",
+    )
+    adc.chmod(0o600)
+    return {
+        "GOOGLE_APPLICATION_CREDENTIALS": str(adc),
+        "GOOGLE_CLOUD_PROJECT": project,
+        "GOOGLE_AUTH_TOKEN_FOR_TESTING": token,
+    }
+
+
 class NetworkServices:
-    """The storage emulator and package mirror of one simulator state, on ``address`` at fixed ports,
+    """The storage emulator and package mirror of one simulator state, on ``address`` at fixed ports
+    (the bucket checking its callers against ``world()``, the world in force),
     served by this process whenever no other process does. ``env`` is known before anything is bound;
     ``start()`` returns at once (binding happens on a thread of its own: the emulator's import alone
     takes a noticeable part of a second); ``stop()`` closes whatever this process serves."""
 
-    def __init__(self, address: str, *, storage_dir: Path, wheelhouse: Path) -> None:
+    def __init__(
+        self, address: str, *, storage_dir: Path, wheelhouse: Path, world: Callable[[], World]
+    ) -> None:
         self.address = address
+        self.world = world  # the world in force: who may use the bucket
         self.storage_dir = storage_dir
         self.wheelhouse = wheelhouse
         self._served: dict[str, Any] = {}
@@ -109,7 +152,9 @@ class NetworkServices:
             str, Callable[[], PackageMirror | StorageEmulator]
         ] = {  # the mirror first: it binds at once, the emulator's import takes a while
             "mirror": lambda: PackageMirror(self.wheelhouse, host=self.address, port=MIRROR_PORT),
-            "storage": lambda: StorageEmulator(self.storage_dir, host=self.address, port=STORAGE_PORT),
+            "storage": lambda: StorageEmulator(
+                self.world, self.storage_dir, host=self.address, port=STORAGE_PORT
+            ),
         }
         for name, make in makers.items():
             if name in self._served or self._stopping.is_set():
@@ -152,4 +197,4 @@ class NetworkServices:
         self._served.clear()
 
 
-__all__ = ["MIRROR_PORT", "STORAGE_PORT", "NetworkServices", "network_env"]
+__all__ = ["MIRROR_PORT", "STORAGE_PORT", "NetworkServices", "caller_storage_env", "network_env"]

@@ -11,8 +11,13 @@ Surfaces (all JSON unless noted):
 - ``/v1/projects/{p}/locations/global/services/tpu.googleapis.com/quotaInfos[/{id}]``: Cloud Quotas.
 - ``/v1/users/...``: OS Login (importSshPublicKey, sshPublicKeys.patch, loginProfile;
   ``tpuctl.sim.engine.oslogin``); ``/tokeninfo``: OAuth's tokeninfo (who the caller is).
+- ``/v1/iam:troubleshoot``: Policy Troubleshooter; ``/storage/v1/b/{b}/iam/testPermissions``: Cloud
+  Storage's bucket IAM (the bucket's objects are the network's storage emulator's).
 - ``/sim/v1/...``: the admin API (status, reset, preempt, stockout, metadata, endpoints, faults); see
   ``SimAdminClient``.
+
+Every API surface authenticates its callers and checks each route's permission as Google does
+(``tpuctl.sim.iam``); the discovery documents, tokeninfo and the admin API take anyone.
 
 Each simulated host's own metadata server and sshd are not here: they listen on the host's address
 (``tpuctl.sim.vms``).
@@ -27,7 +32,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from tpuctl.errors import ConfigError
-from tpuctl.sim import api_errors, discovery, frontend
+from tpuctl.sim import api_errors, discovery, frontend, iam, storage_access
 from tpuctl.sim.api_errors import ApiError, invalid_argument
 from tpuctl.sim.compute import routes as compute_routes
 from tpuctl.sim.engine import SimEngine
@@ -39,6 +44,7 @@ from tpuctl.sim.exchange import (
     json_response,
     parse_body,
 )
+from tpuctl.sim.iam import Guard
 from tpuctl.sim.wire import paginate
 from tpuctl.sim.world import world_from_data
 
@@ -58,19 +64,24 @@ class Route(NamedTuple):
     #: importing this module (every CLI command starts a simulator) compiles nothing.
     pattern: str
     handler: Handler
+    #: The IAM permission the caller needs on the project (the pattern's first group); None: none beyond
+    #: being signed in.
+    permission: str | None = None
 
 
 class Surface(NamedTuple):
     """The routes under one path prefix and what it answers when none fits (``path_known``: some route's
-    pattern matched the path, for another method)."""
+    pattern matched the path, for another method). ``guard``: how the API authenticates its callers and
+    checks their permissions (None: it does not, as the discovery documents and the admin API)."""
 
     prefix: str
     routes: tuple[Route, ...]
     unrouted: Callable[[SimRequest, bool], SimResponse]
+    guard: Guard | None = None
 
 
-def route(method: str, pattern: str, handler: Handler) -> Route:
-    return Route(method, pattern, handler)
+def route(method: str, pattern: str, handler: Handler, permission: str | None = None) -> Route:
+    return Route(method, pattern, handler, permission)
 
 
 def dispatch(engine: SimEngine, request: SimRequest) -> SimResponse:
@@ -92,7 +103,10 @@ def _dispatch(engine: SimEngine, request: SimRequest) -> SimResponse:
     surface = next((s for s in SURFACES if request.path.startswith(s.prefix)), None)
     if surface is None:
         raise _url_not_found(request)
-    return _answer_from(surface.routes, surface.unrouted, engine, request)
+    if surface.guard is not None:
+        # Authentication comes first, as at Google's front end: even a wrong URL answers 401 without one.
+        surface.guard.caller(engine.world, request.headers)
+    return _answer_from(surface.routes, surface.unrouted, engine, request, surface.guard)
 
 
 def _answer_from(
@@ -100,6 +114,7 @@ def _answer_from(
     unrouted: Callable[[SimRequest, bool], SimResponse],
     engine: SimEngine,
     request: SimRequest,
+    guard: Guard | None = None,
 ) -> SimResponse:
     path_known = False
     for entry in routes:
@@ -107,6 +122,8 @@ def _answer_from(
         if match is None:
             continue
         if entry.method in (ANY, request.method):
+            if guard is not None and entry.permission is not None:
+                guard.check(engine.world, request.headers, match.group(1), entry.permission, request.path)
             answer = entry.handler(engine, request, match.groups())
             return answer if isinstance(answer, SimResponse) else json_response(answer)
         path_known = True
@@ -229,7 +246,7 @@ def _tpu_unrouted(request: SimRequest, path_known: bool) -> SimResponse:
 
 def _route_v2(engine: SimEngine, request: SimRequest) -> SimResponse:
     """The v2 route table's answer (the engine's own surface, behind the frontend)."""
-    return _answer_from(TPU_ROUTES, _tpu_unrouted, engine, request)
+    return _answer_from(TPU_ROUTES, _tpu_unrouted, engine, request, iam.TPU_API)
 
 
 def _versioned(version: str) -> Handler:
@@ -250,38 +267,77 @@ def _discovery_document(engine: SimEngine, request: SimRequest, args: tuple[str,
 
 
 TPU_ROUTES = (
-    route("GET", rf"/v2/projects/{_SEGMENT}/locations", lambda e, r, a: e.list_locations(a[0], *_page(r))),
-    route("GET", _LOC, lambda e, r, a: e.get_location(*a)),
-    route("POST", _LOC + ":generateServiceIdentity", _service_identity),
-    route("GET", _LOC + "/nodes", lambda e, r, a: e.list_nodes(a[0], a[1], *_page(r))),
+    route(
+        "GET",
+        rf"/v2/projects/{_SEGMENT}/locations",
+        lambda e, r, a: e.list_locations(a[0], *_page(r)),
+        "tpu.locations.list",
+    ),
+    route("GET", _LOC, lambda e, r, a: e.get_location(*a), "tpu.locations.get"),
+    route(
+        "POST", _LOC + ":generateServiceIdentity", _service_identity, "tpu.locations.generateServiceIdentity"
+    ),
+    route("GET", _LOC + "/nodes", lambda e, r, a: e.list_nodes(a[0], a[1], *_page(r)), "tpu.nodes.list"),
     route(
         "POST",
         _LOC + "/nodes",
         lambda e, r, a: e.create_node(a[0], a[1], first(r.query, "nodeId"), dict(r.body)),
+        "tpu.nodes.create",
     ),
-    route("GET", _NODE, lambda e, r, a: e.get_node(*a)),
-    route("DELETE", _NODE, lambda e, r, a: e.delete_node(*a)),
+    route("GET", _NODE, lambda e, r, a: e.get_node(*a), "tpu.nodes.get"),
+    route("DELETE", _NODE, lambda e, r, a: e.delete_node(*a), "tpu.nodes.delete"),
     route(
         "PATCH",
         _NODE,
         lambda e, r, a: e.update_node(a[0], a[1], a[2], dict(r.body), first(r.query, "updateMask")),
+        "tpu.nodes.update",
     ),
-    route("POST", _NODE + ":stop", lambda e, r, a: e.stop_node(*a)),
-    route("POST", _NODE + ":start", lambda e, r, a: e.start_node(*a)),
-    route("POST", _NODE + ":getGuestAttributes", _guest_attributes),
-    route("GET", _LOC + "/queuedResources", lambda e, r, a: e.list_queued_resources(a[0], a[1], *_page(r))),
-    route("POST", _LOC + "/queuedResources", _create_queued_resource),
-    route("GET", _QR, lambda e, r, a: e.get_queued_resource(*a)),
-    route("DELETE", _QR, _delete_queued_resource),
-    route("POST", _QR + ":reset", lambda e, r, a: e.reset_queued_resource(*a)),
-    route("GET", _LOC + "/operations", lambda e, r, a: e.list_operations(a[0], a[1], *_page(r))),
-    route("GET", _OP, lambda e, r, a: e.get_operation(*a)),
-    route("DELETE", _OP, lambda e, r, a: e.delete_operation(*a)),
+    route("POST", _NODE + ":stop", lambda e, r, a: e.stop_node(*a), "tpu.nodes.stop"),
+    route("POST", _NODE + ":start", lambda e, r, a: e.start_node(*a), "tpu.nodes.start"),
+    route("POST", _NODE + ":getGuestAttributes", _guest_attributes, "tpu.nodes.get"),
+    route(
+        "GET",
+        _LOC + "/queuedResources",
+        lambda e, r, a: e.list_queued_resources(a[0], a[1], *_page(r)),
+        "tpu.queuedResources.list",
+    ),
+    route("POST", _LOC + "/queuedResources", _create_queued_resource, "tpu.queuedResources.create"),
+    route("GET", _QR, lambda e, r, a: e.get_queued_resource(*a), "tpu.queuedResources.get"),
+    route("DELETE", _QR, _delete_queued_resource, "tpu.queuedResources.delete"),
+    route("POST", _QR + ":reset", lambda e, r, a: e.reset_queued_resource(*a), "tpu.queuedResources.reset"),
+    route(
+        "GET",
+        _LOC + "/operations",
+        lambda e, r, a: e.list_operations(a[0], a[1], *_page(r)),
+        "tpu.operations.list",
+    ),
+    route("GET", _OP, lambda e, r, a: e.get_operation(*a), "tpu.operations.get"),
+    route("DELETE", _OP, lambda e, r, a: e.delete_operation(*a), "tpu.operations.delete"),
     route("POST", _OP + ":cancel", _unimplemented("Cancelling TPU operations is not supported.")),
-    route("GET", _LOC + "/acceleratorTypes", lambda e, r, a: e.list_accelerator_types(a[0], a[1], *_page(r))),
-    route("GET", _LOC + rf"/acceleratorTypes/{_SEGMENT}", lambda e, r, a: e.get_accelerator_type(*a)),
-    route("GET", _LOC + "/runtimeVersions", lambda e, r, a: e.list_runtime_versions(a[0], a[1], *_page(r))),
-    route("GET", _LOC + rf"/runtimeVersions/{_SEGMENT}", lambda e, r, a: e.get_runtime_version(*a)),
+    route(
+        "GET",
+        _LOC + "/acceleratorTypes",
+        lambda e, r, a: e.list_accelerator_types(a[0], a[1], *_page(r)),
+        "tpu.acceleratortypes.list",
+    ),
+    route(
+        "GET",
+        _LOC + rf"/acceleratorTypes/{_SEGMENT}",
+        lambda e, r, a: e.get_accelerator_type(*a),
+        "tpu.acceleratortypes.get",
+    ),
+    route(
+        "GET",
+        _LOC + "/runtimeVersions",
+        lambda e, r, a: e.list_runtime_versions(a[0], a[1], *_page(r)),
+        "tpu.runtimeversions.list",
+    ),
+    route(
+        "GET",
+        _LOC + rf"/runtimeVersions/{_SEGMENT}",
+        lambda e, r, a: e.get_runtime_version(*a),
+        "tpu.runtimeversions.get",
+    ),
 )
 
 
@@ -329,8 +385,8 @@ def _quotas_unrouted(request: SimRequest, path_known: bool) -> SimResponse:
 
 
 QUOTA_ROUTES = (
-    route("GET", _QUOTA_INFOS, _list_quota_infos),
-    route("GET", _QUOTA_INFOS + rf"/{_SEGMENT}", _get_quota_info),
+    route("GET", _QUOTA_INFOS, _list_quota_infos, "cloudquotas.quotas.get"),
+    route("GET", _QUOTA_INFOS + rf"/{_SEGMENT}", _get_quota_info, "cloudquotas.quotas.get"),
 )
 
 
@@ -339,15 +395,22 @@ QUOTA_ROUTES = (
 
 def _import_ssh_public_key(engine: SimEngine, request: SimRequest, args: tuple[str, ...]) -> Answer:
     _required(request.body, "key")
-    return engine.import_ssh_public_key(args[0], request.body, first(request.query, "projectId") or None)
+    caller = iam.OS_LOGIN.caller(engine.world, request.headers)
+    return engine.import_ssh_public_key(
+        args[0], request.body, first(request.query, "projectId") or None, caller=caller
+    )
 
 
 def _update_ssh_public_key(engine: SimEngine, request: SimRequest, args: tuple[str, ...]) -> Answer:
-    return engine.update_ssh_public_key(args[0], args[1], request.body, first(request.query, "updateMask"))
+    caller = iam.OS_LOGIN.caller(engine.world, request.headers)
+    return engine.update_ssh_public_key(
+        args[0], args[1], request.body, first(request.query, "updateMask"), caller=caller
+    )
 
 
 def _login_profile(engine: SimEngine, request: SimRequest, args: tuple[str, ...]) -> Answer:
-    return engine.login_profile(args[0], first(request.query, "projectId") or None)
+    caller = iam.OS_LOGIN.caller(engine.world, request.headers)
+    return engine.login_profile(args[0], first(request.query, "projectId") or None, caller=caller)
 
 
 OSLOGIN_ROUTES = (
@@ -358,8 +421,47 @@ OSLOGIN_ROUTES = (
 
 # --- OAuth tokeninfo ------------------------------------------------------------------------------
 
-#: oauth2.googleapis.com/tokeninfo: the account a token was issued to (the world's principal).
-TOKENINFO_ROUTES = (route("GET", r"/tokeninfo", lambda e, r, a: e.tokeninfo()),)
+
+def _tokeninfo(engine: SimEngine, request: SimRequest, args: tuple[str, ...]) -> Answer:
+    """oauth2.googleapis.com/tokeninfo: the account the ``access_token`` parameter (or the bearer
+    token) was issued to; a token the simulator did not issue is OAuth's 400 invalid_token."""
+    token = first(request.query, "access_token") or iam.bearer_token(request.headers)
+    email = iam.account_of(engine.world, token)
+    if email is None:
+        return json_response({"error": "invalid_token", "error_description": "Invalid Value"}, 400)
+    return engine.tokeninfo(email)
+
+
+TOKENINFO_ROUTES = (route("GET", r"/tokeninfo", _tokeninfo),)
+
+
+# --- Cloud Storage's bucket IAM and Policy Troubleshooter ------------------------------------------
+#
+# A bucket's objects are the network's storage emulator's (``tpuctl.sim.storage``); its IAM is the world's
+# (``tpuctl.sim.storage_access``), answered here too, so that a client with no route to the emulator (the
+# in-process simulator of tests) asks the same question and gets the same answer.
+
+
+def _test_bucket_permissions(engine: SimEngine, request: SimRequest, args: tuple[str, ...]) -> Answer:
+    from tpuctl.sim.storage import storage_dir_for, stored_buckets
+
+    exists = args[0] in stored_buckets(storage_dir_for(engine.db.path.parent.parent))
+    asked = list(request.query.get("permissions", []))
+    status, body = storage_access.tested_permissions(engine.world, request.headers, asked, exists=exists)
+    return json_response(body, status)
+
+
+def _troubleshoot(engine: SimEngine, request: SimRequest, args: tuple[str, ...]) -> Answer:
+    caller = iam.POLICY_TROUBLESHOOTER.caller(engine.world, request.headers)
+    return iam.troubleshoot(engine.world, caller, request.body)
+
+
+def _storage_unrouted(request: SimRequest, path_known: bool) -> SimResponse:
+    raise ApiError(404, "NOT_FOUND", "Not Found")
+
+
+STORAGE_IAM_ROUTES = (route("GET", r"/storage/v1/b/([^/]+)/iam/testPermissions", _test_bucket_permissions),)
+TROUBLESHOOTER_ROUTES = (route("POST", r"/v1/iam:troubleshoot", _troubleshoot),)
 
 
 # --- the admin API -------------------------------------------------------------------------------
@@ -464,7 +566,7 @@ DISCOVERY_ROUTES = (
     route("GET", r"/discovery/v1/apis/tpu/([^/]+)/rest", _discovery_document),
 )
 
-COMPUTE_ROUTES = tuple(route(m, p, h) for m, p, h in compute_routes.ROUTES)
+COMPUTE_ROUTES = tuple(route(m, p, h, permission) for m, p, h, permission in compute_routes.ROUTES)
 
 
 def _compute_unrouted(request: SimRequest, path_known: bool) -> SimResponse:
@@ -472,13 +574,15 @@ def _compute_unrouted(request: SimRequest, path_known: bool) -> SimResponse:
 
 
 SURFACES = (
-    Surface("/compute/v1/", COMPUTE_ROUTES, _compute_unrouted),
-    Surface("/v2/", FRONT_ROUTES, _tpu_unrouted),
-    Surface("/v2alpha1/", FRONT_ROUTES, _tpu_unrouted),
+    Surface("/compute/v1/", COMPUTE_ROUTES, _compute_unrouted, iam.COMPUTE),
+    Surface("/v2/", FRONT_ROUTES, _tpu_unrouted, iam.TPU_API),
+    Surface("/v2alpha1/", FRONT_ROUTES, _tpu_unrouted, iam.TPU_API),
     Surface("/$discovery/", DISCOVERY_ROUTES, _tpu_unrouted),
     Surface("/discovery/", DISCOVERY_ROUTES, _tpu_unrouted),
-    Surface("/v1/users/", OSLOGIN_ROUTES, _tpu_unrouted),
+    Surface("/v1/users/", OSLOGIN_ROUTES, _tpu_unrouted, iam.OS_LOGIN),
+    Surface("/v1/iam:troubleshoot", TROUBLESHOOTER_ROUTES, _tpu_unrouted, iam.POLICY_TROUBLESHOOTER),
+    Surface("/storage/v1/", STORAGE_IAM_ROUTES, _storage_unrouted),
     Surface("/tokeninfo", TOKENINFO_ROUTES, _tpu_unrouted),
-    Surface("/v1/", QUOTA_ROUTES, _quotas_unrouted),
+    Surface("/v1/", QUOTA_ROUTES, _quotas_unrouted, iam.CLOUD_QUOTAS),
     Surface("/sim/v1/", ADMIN_ROUTES, _admin_unrouted),
 )

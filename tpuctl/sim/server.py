@@ -145,12 +145,16 @@ class SimServer:
         """The simulated network's services (Cloud Storage, its objects kept below the state dir so a
         later simulator process sees the same bucket, and the package mirror hosts install from), served
         at the state's own address by whichever simulator process over it can."""
+        from tpuctl.sim.storage import storage_dir_for
         from tpuctl.sim.vms.layout import services_address
 
+        engine = self._engine
+        assert engine is not None
         services = NetworkServices(
             services_address(self.state_dir),
-            storage_dir=self.state_dir / "sim-gcs",
+            storage_dir=storage_dir_for(self.state_dir),
             wheelhouse=self._wheelhouse_path(),
+            world=lambda: engine.world,
         )
         services.start()
         self._network = services

@@ -3,7 +3,7 @@
 gcp-storage-emulator (PyPI ``gcp-storage-emulator``) serves GCS's JSON API (``/storage/v1/...``,
 ``/upload/storage/v1/...``, ``/download/storage/v1/...``), which is what tensorstore's gs:// driver (orbax's
 array writes and reads; pointed here with ``TENSORSTORE_GCS_HTTP_URL``) and gcsfs (etils.epath's gs://
-directories; pointed here with ``STORAGE_EMULATOR_HOST``) speak. Its server handles one request at a time
+directories; pointed here with ``FSSPEC_GCS_ENDPOINT_URL``) speak. Its server handles one request at a time
 on a thread of its own, so its storage needs no locking.
 """
 
@@ -13,11 +13,16 @@ import json
 import logging
 import re
 import sys
+from collections.abc import Callable
 from http import server as http_server
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from tpuctl.sim import storage_access
 from tpuctl.sim.httpd import LISTEN_BACKLOG
+
+if TYPE_CHECKING:
+    from tpuctl.sim.world import World
 
 DEFAULT_BUCKET = "tpuctl-sim"
 
@@ -42,13 +47,16 @@ _UPLOAD_PATH = re.compile(r"^/upload/storage/v1/b/(?P<bucket>[^/]+)/o$")
 _MEDIA_PATH = re.compile(r"^(?:/download)?/storage/v1/b/(?P<bucket>[^/]+)/o/(?P<object>[^?]+)")
 
 
-def _request_handler() -> Any:
-    """The emulator's request handler, with the object's ``x-goog-generation`` and
-    ``x-goog-metageneration`` on a media download, as Cloud Storage sends them
-    (https://cloud.google.com/storage/docs/xml-api/reference-headers#xgooggeneration). The emulator
-    omits them, and tensorstore reads the generation it makes its next conditional write against from
-    them: without them, overwriting an object (OCDBT's manifest) fails with "Malformed
-    StorageGeneration", where Google's answers work."""
+def _request_handler(world: Callable[[], World]) -> Any:
+    """The emulator's request handler, with what Cloud Storage does that the emulator does not:
+
+    - it checks who calls (``tpuctl.sim.storage_access``: a bearer token and the caller's roles on the
+      world's project, ``world()`` being the world in force) and answers testIamPermissions;
+    - it sends the object's ``x-goog-generation`` and ``x-goog-metageneration`` on a media download
+      (https://cloud.google.com/storage/docs/xml-api/reference-headers#xgooggeneration): tensorstore reads
+      the generation it makes its next conditional write against from them, and without them overwriting
+      an object (OCDBT's manifest) fails with "Malformed StorageGeneration", where Google's answers work;
+    - it honours ``ifGenerationMatch`` on uploads (``_precondition_failed``)."""
     from urllib.parse import parse_qs, unquote, urlsplit
 
     from gcp_storage_emulator.server import RequestHandler
@@ -66,9 +74,64 @@ def _request_handler() -> Any:
                     self.send_header(name, value)
             super().end_headers()
 
+        def do_GET(self) -> None:
+            if not self._answered_here("GET"):
+                super().do_GET()
+
+        def do_PUT(self) -> None:
+            if not self._answered_here("PUT"):
+                super().do_PUT()
+
+        def do_PATCH(self) -> None:
+            if not self._answered_here("PATCH"):
+                super().do_PATCH()
+
+        def do_DELETE(self) -> None:
+            if not self._answered_here("DELETE"):
+                super().do_DELETE()
+
         def do_POST(self) -> None:
-            if not self._precondition_failed():
+            if not self._answered_here("POST") and not self._precondition_failed():
                 super().do_POST()
+
+        def _answered_here(self, method: str) -> bool:
+            """Refuse a caller without the permission, or answer testIamPermissions; True when answered."""
+            url = urlsplit(self.path)
+            path, query = unquote(url.path), parse_qs(url.query)
+            headers = {k.lower(): v for k, v in self.headers.items()}
+            current = world()
+            bucket = storage_access.bucket_of(path)
+            if storage_access.is_test_permissions(path):
+                asked = query.get("permissions", [])
+                exists = bucket is not None and self.storage.get_bucket(bucket) is not None
+                self._send_json(*storage_access.tested_permissions(current, headers, asked, exists=exists))
+                return True
+            names = query.get("name")
+            name = names[0] if names else None
+            need = storage_access.need_of(method, path, name, lambda obj: self._exists(bucket, obj))
+            refused = storage_access.refusal(current, headers, need) if need is not None else None
+            if refused is None:
+                return False
+            self.rfile.read(int(self.headers.get("content-length") or 0))
+            self._send_json(*refused)
+            return True
+
+        def _exists(self, bucket: str | None, name: str) -> bool:
+            if bucket is None:
+                return False
+            try:
+                self.storage.get_file_obj(bucket, unquote(name))
+            except Exception:  # the emulator's NotFound: no such object
+                return False
+            return True
+
+        def _send_json(self, status: int, payload: dict[str, Any]) -> None:
+            body = json.dumps(payload).encode()
+            self.send_response(status)
+            self.send_header("content-type", "application/json; charset=UTF-8")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
 
         def _precondition_failed(self) -> bool:
             """Answer 412 to an upload whose ``ifGenerationMatch`` is not the object's generation (0: it
@@ -87,21 +150,18 @@ def _request_handler() -> Any:
                 current = "0"
             if wanted[0] == current:
                 return False
-            body = json.dumps(
+            message = "At least one of the pre-conditions you specified did not hold."
+            self.rfile.read(int(self.headers.get("content-length") or 0))
+            self._send_json(
+                412,
                 {
                     "error": {
                         "code": 412,
-                        "message": "At least one of the pre-conditions you specified did not hold.",
+                        "message": message,
                         "errors": [{"reason": "conditionNotMet", "domain": "global"}],
                     }
-                }
-            ).encode()
-            self.rfile.read(int(self.headers.get("content-length") or 0))
-            self.send_response(412)
-            self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+                },
+            )
             return True
 
         def _generation_headers(self) -> dict[str, str]:
@@ -122,7 +182,7 @@ def _request_handler() -> Any:
     return _Handler
 
 
-def _api_thread(host: str, port: int, storage: Any) -> Any:
+def _api_thread(host: str, port: int, storage: Any, world: Callable[[], World]) -> Any:
     """The emulator's API thread on ``port`` (0: an ephemeral one), serving with ``_QuietHTTPServer``; a
     daemon, so one left running does not keep the interpreter from exiting. The socket is bound here, in
     the caller's thread, so a port in use raises OSError to the caller (in the emulator's own thread it
@@ -131,7 +191,7 @@ def _api_thread(host: str, port: int, storage: Any) -> Any:
 
     from gcp_storage_emulator.server import APIThread
 
-    httpd = _QuietHTTPServer((host, port), partial(_request_handler(), storage))
+    httpd = _QuietHTTPServer((host, port), partial(_request_handler(world), storage))
 
     class _Thread(APIThread):  # type: ignore[misc]  # the package is untyped
         def run(self) -> None:
@@ -144,21 +204,23 @@ def _api_thread(host: str, port: int, storage: Any) -> Any:
 
 class StorageEmulator:
     """A GCS emulator on ``http://<host>:<port>`` (an ephemeral port by default) with ``default_bucket``
-    created.
+    created, checking its callers against ``world()``, the world in force (its project owns the bucket).
 
     ``data_dir`` keeps the objects on disk there (surviving a restart of the emulator); None keeps them in
-    memory. ``start()`` returns the URL (no trailing slash, as STORAGE_EMULATOR_HOST takes it) and is
+    memory. ``start()`` returns the URL (no trailing slash, as the endpoint variables take it) and is
     idempotent; ``stop()`` closes the socket.
     """
 
     def __init__(
         self,
+        world: Callable[[], World],
         data_dir: Path | None = None,
         default_bucket: str = DEFAULT_BUCKET,
         *,
         host: str = "127.0.0.1",
         port: int = 0,
     ) -> None:
+        self.world = world
         self.data_dir = data_dir
         self.default_bucket = default_bucket
         self.host = host
@@ -190,7 +252,7 @@ class StorageEmulator:
             )
             # Every 404 (orbax asks for files before creating them) is logged at ERROR by the emulator.
             logging.getLogger("gcp_storage_emulator").setLevel(logging.CRITICAL)
-            server._api = _api_thread(self.host, self.port, server._storage)
+            server._api = _api_thread(self.host, self.port, server._storage, self.world)
             server.start()
             self._server = server
         return self.url
@@ -199,6 +261,23 @@ class StorageEmulator:
         server, self._server = self._server, None
         if server is not None:
             server.stop()
+
+
+def storage_dir_for(state_dir: Path) -> Path:
+    """Where the emulator of a simulator state keeps its buckets."""
+    return Path(state_dir) / "sim-gcs"
+
+
+def stored_buckets(data_dir: Path) -> set[str]:
+    """The buckets an emulator over ``data_dir`` serves: its default one and those created since (read
+    from its index file, as ``stored_objects``)."""
+    from gcp_storage_emulator.storage import STORAGE_DIR
+
+    try:
+        meta = json.loads((data_dir / STORAGE_DIR / ".meta").read_text(encoding="utf-8"))
+    except (FileNotFoundError, ValueError):  # none yet, or being rewritten: the default one at least
+        meta = {}
+    return {DEFAULT_BUCKET, *(meta.get("buckets") or {})}
 
 
 def stored_objects(data_dir: Path, bucket: str = DEFAULT_BUCKET, prefix: str = "") -> list[str]:
@@ -216,4 +295,4 @@ def stored_objects(data_dir: Path, bucket: str = DEFAULT_BUCKET, prefix: str = "
     return sorted(name for name in objects if name.startswith(prefix))
 
 
-__all__ = ["DEFAULT_BUCKET", "StorageEmulator", "stored_objects"]
+__all__ = ["DEFAULT_BUCKET", "StorageEmulator", "storage_dir_for", "stored_buckets", "stored_objects"]

@@ -28,6 +28,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tpuctl.catalog import CapacityType, Catalog, Generation
+from tpuctl.cloud.iam import PREDEFINED_ROLES
 from tpuctl.errors import ConfigError
 
 _ZONE_RE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-(?:[a-z]|ai[0-9][a-z]?)$")
@@ -173,6 +174,16 @@ class Preemption(_Strict):
     schedule: list[ScheduledPreemption] = Field(default_factory=list)
 
 
+class IamBinding(_Strict):
+    """One binding of a project's IAM policy, in Google's shape: ``role`` granted to each of ``members``
+    (``user:EMAIL``, ``serviceAccount:EMAIL``, ``allAuthenticatedUsers``)."""
+
+    role: str
+    members: list[
+        Annotated[str, Field(pattern=r"^(?:(?:user|serviceAccount):[^@\s]+@[^@\s]+|allAuthenticatedUsers)$")]
+    ]
+
+
 class World(_Strict):
     """A simulated TPU cloud. Build with ``load_world`` / ``default_world``."""
 
@@ -205,8 +216,26 @@ class World(_Strict):
     #: tpuctl derives from ``tpu-env`` and ``worker-network-endpoints`` (JAX's GKE path) let a program find
     #: its peers. On: both paths answer, as they would if Google publishes it. TPU API VMs always publish it.
     compute_agent_worker_number: bool = False
+    #: Each project's IAM policy: project id -> bindings (a project with no entry grants nobody
+    #: anything). None: the world's project alone, granting ``principal`` roles/owner and the hosts'
+    #: default service account roles/editor (what a new project gives its creator and, where the
+    #: organization lets it, its default service account).
+    iam: dict[str, list[IamBinding]] | None = None
 
     # --- lookups ---------------------------------------------------------------------------------
+
+    def iam_bindings(self, project: str) -> list[IamBinding]:
+        """The IAM policy bindings of ``project``."""
+        if self.iam is not None:
+            return self.iam.get(project, [])
+        if project != self.project:
+            return []
+        from tpuctl.sim.iam import default_service_account, member
+
+        return [
+            IamBinding(role="roles/owner", members=[member(self.principal)]),
+            IamBinding(role="roles/editor", members=[member(default_service_account(project))]),
+        ]
 
     def real_seconds(self, simulated_s: float) -> float:
         """Real seconds that ``simulated_s`` simulated seconds take at this world's speed."""
@@ -494,6 +523,15 @@ def check_world(world: World, where: str) -> None:
                 "is neither a zone nor a region",
                 "use a region (us-central1) for a per-region quota or a zone for a per-zone one",
             )
+    for project, bindings in (world.iam or {}).items():
+        for i, binding in enumerate(bindings):
+            if binding.role not in PREDEFINED_ROLES:
+                raise fail(
+                    f"iam.{project}.{i}.role",
+                    binding.role,
+                    "is not a role the simulator knows",
+                    "use one of: " + ", ".join(PREDEFINED_ROLES),
+                )
     for gen_name, regions in world.prices.items():
         check_generation(f"prices.{gen_name}", gen_name)
         for region in regions:

@@ -10,8 +10,10 @@ from tpuctl.sim.api_errors import ApiError
 
 _STATUS = {
     400: "INVALID_ARGUMENT",
+    401: "UNAUTHENTICATED",
     403: "PERMISSION_DENIED",
     404: "NOT_FOUND",
+    405: "UNIMPLEMENTED",
     409: "ALREADY_EXISTS",
     429: "RESOURCE_EXHAUSTED",
     500: "INTERNAL",
@@ -20,21 +22,35 @@ _STATUS = {
 
 
 class ComputeError(ApiError):
-    """A synchronous Compute Engine error, in Compute's own JSON shape (not the TPU API's)."""
+    """A synchronous Compute Engine error, in Compute's own JSON shape (not the TPU API's).
+    ``location``: the request part the error is about, as (location, locationType) (a 401 names the
+    Authorization header); ``details``: google.rpc details, sent with the status name (Compute's
+    401s carry both, its other errors neither)."""
 
-    def __init__(self, http_status: int, message: str, reason: str, domain: str = "global") -> None:
-        super().__init__(http_status, _STATUS.get(http_status, "UNKNOWN"), message)
+    def __init__(
+        self,
+        http_status: int,
+        message: str,
+        reason: str,
+        domain: str = "global",
+        *,
+        location: tuple[str, str] | None = None,
+        details: list[dict[str, Any]] | None = None,
+    ) -> None:
+        super().__init__(http_status, _STATUS.get(http_status, "UNKNOWN"), message, details)
         self.reason = reason
         self.domain = domain
+        self.location = location
 
     def body(self) -> dict[str, Any]:
-        return {
-            "error": {
-                "code": self.http_status,
-                "message": self.message,
-                "errors": [{"message": self.message, "domain": self.domain, "reason": self.reason}],
-            }
-        }
+        entry: dict[str, Any] = {"message": self.message, "domain": self.domain, "reason": self.reason}
+        if self.location is not None:
+            entry["location"], entry["locationType"] = self.location
+        error: dict[str, Any] = {"code": self.http_status, "message": self.message, "errors": [entry]}
+        if self.details:
+            error["status"] = self.status
+            error["details"] = self.details
+        return {"error": error}
 
 
 def invalid(message: str) -> ComputeError:

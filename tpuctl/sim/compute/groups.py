@@ -92,16 +92,25 @@ class Groups:
         check_region(self.cc.ctx.world, region)
         with self.cc.ctx.db.read() as conn:
             row = self._existing(conn, project, f"regions/{region}", store.POLICIES, name)
-            return {
-                "kind": "compute#resourcePolicy",
-                "id": row["id"],
-                "creationTimestamp": links.timestamp(float(row["creation_time"])),
-                "name": name,
-                "region": links.region_link(project, region),
-                "selfLink": links.link(project, "regions", region, store.POLICIES, name),
-                "status": "READY",
-                **store.body(row),
-            }
+            return _policy_json(project, region, row)
+
+    def list_policies(self, project: str, region: str, query: listing.ListQuery) -> dict[str, Any]:
+        """resourcePolicies.list: the region's policies, filtered and paged as Compute's lists are."""
+        check_region(self.cc.ctx.world, region)
+        with self.cc.ctx.db.read() as conn:
+            rows = store.rows(conn, project, f"regions/{region}", store.POLICIES)
+            items = [_policy_json(project, region, r) for r in rows]
+        kept = [item for item in items if listing.matches(item, query.filter_text)]
+        page, next_token = paginate(kept, query.page_size, query.page_token)
+        out: dict[str, Any] = {
+            "kind": "compute#resourcePolicyList",
+            "id": f"projects/{project}/regions/{region}/resourcePolicies",
+            "items": page,
+            "selfLink": links.link(project, "regions", region, store.POLICIES),
+        }
+        if next_token:
+            out["nextPageToken"] = next_token
+        return out
 
     def delete_policy(self, project: str, region: str, name: str) -> dict[str, Any]:
         return self._delete_record(project, f"regions/{region}", store.POLICIES, name, "workloadPolicy")
@@ -732,3 +741,17 @@ def _topology_state(statuses: dict[str, str], target: int) -> str:
     if any(s in ("TERMINATED", "STOPPING") for s in statuses.values()):
         return "INCOMPLETE"
     return "ACTIVATING"
+
+
+def _policy_json(project: str, region: str, row: sqlite3.Row) -> dict[str, Any]:
+    """A resource policy as resourcePolicies.get and .list answer it."""
+    return {
+        "kind": "compute#resourcePolicy",
+        "id": row["id"],
+        "creationTimestamp": links.timestamp(float(row["creation_time"])),
+        "name": row["name"],
+        "region": links.region_link(project, region),
+        "selfLink": links.link(project, "regions", region, store.POLICIES, row["name"]),
+        "status": "READY",
+        **store.body(row),
+    }

@@ -26,6 +26,7 @@ from tpuctl.sim.engine.capacity import Capacity
 from tpuctl.sim.engine.context import Context
 from tpuctl.sim.engine.records import update_node
 from tpuctl.sim.engine.timeline import Timeline
+from tpuctl.sim.iam import default_service_account
 from tpuctl.sim.wire import paginate
 
 #: zoneOperations.wait returns when the operation is DONE or after this long (Google: up to 2 min).
@@ -79,7 +80,7 @@ class ComputeService:
                 "fingerprint": base64.b64encode(digest).decode("ascii"),
                 "items": items,
             },
-            "defaultServiceAccount": f"{project}-compute@developer.gserviceaccount.com",
+            "defaultServiceAccount": default_service_account(project),
             "xpnProjectStatus": "UNSPECIFIED_XPN_PROJECT_STATUS",
         }
 

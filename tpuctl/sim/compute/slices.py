@@ -39,6 +39,9 @@ def place(
             "machine_type": spec.machine.name,
         },
     }
+    account = _service_account(spec.body)
+    if account is not None:
+        spec_json["serviceAccount"] = {"email": account}  # the hosts' account, as a TPU API node's
     plan = NodePlan(node_id, accel, spec.capacity_class, spec.reservation, spec_json)
     placement = capacity.place(conn, world, zone, [plan])
     if placement is None:
@@ -181,3 +184,11 @@ def _disks(project: str, zone: str, name: str, given: list[dict[str, Any]]) -> l
             }
         )
     return out
+
+
+def _service_account(body: dict[str, Any]) -> str | None:
+    """The account an instance's ``serviceAccounts`` names, None for the project's default (``default``
+    or none given)."""
+    accounts = body.get("serviceAccounts") or []
+    email = accounts[0].get("email") if accounts and isinstance(accounts[0], dict) else None
+    return str(email) if email and email != "default" else None

@@ -226,24 +226,32 @@ class SimEngine:
         return self.hosts.host_keys(project, zone, node_id)
 
     def import_ssh_public_key(
-        self, email: str, body: Mapping[str, Any], project: str | None = None
+        self, email: str, body: Mapping[str, Any], project: str | None = None, caller: str | None = None
     ) -> dict[str, Any]:
-        """OS Login users.importSshPublicKey (``body``: an SshPublicKey)."""
-        return self.oslogin.import_key(email, body, project)
+        """OS Login users.importSshPublicKey (``body``: an SshPublicKey) by ``caller`` (None: the
+        world's principal)."""
+        return self.oslogin.import_key(email, body, project, caller)
 
     def update_ssh_public_key(
-        self, email: str, fingerprint: str, body: Mapping[str, Any], update_mask: str = ""
+        self,
+        email: str,
+        fingerprint: str,
+        body: Mapping[str, Any],
+        update_mask: str = "",
+        caller: str | None = None,
     ) -> dict[str, Any]:
         """OS Login users.sshPublicKeys.patch."""
-        return self.oslogin.update_key(email, fingerprint, body, update_mask)
+        return self.oslogin.update_key(email, fingerprint, body, update_mask, caller)
 
-    def login_profile(self, email: str, project: str | None = None) -> dict[str, Any]:
+    def login_profile(
+        self, email: str, project: str | None = None, caller: str | None = None
+    ) -> dict[str, Any]:
         """OS Login users.getLoginProfile."""
-        return self.oslogin.login_profile(email, project)
+        return self.oslogin.login_profile(email, project, caller)
 
-    def tokeninfo(self) -> dict[str, Any]:
-        """OAuth's tokeninfo for the caller (the world's principal: the simulator checks no token)."""
-        return self.oslogin.tokeninfo()
+    def tokeninfo(self, email: str) -> dict[str, Any]:
+        """OAuth's tokeninfo for a token of ``email``."""
+        return self.oslogin.tokeninfo(email)
 
     def set_endpoints(
         self, zone: str, node_id: str, endpoints: list[dict[str, Any]] | None, *, project: str | None = None

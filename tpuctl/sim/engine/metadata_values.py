@@ -21,10 +21,9 @@ from dataclasses import dataclass
 from tpuctl.catalog import Catalog
 from tpuctl.sim.engine.plans import accelerator_by_api_name
 from tpuctl.sim.engine.records import LEGACY_ENDPOINT_IP, endpoints, host_addresses, qr_row
+from tpuctl.sim.iam import access_token, default_service_account
 from tpuctl.sim.vms.layout import host_address
 
-#: A fake token: never a credential anywhere (the simulator's APIs take anonymous requests).
-FAKE_TOKEN = "sim-fake-access-token"
 SCOPES = "https://www.googleapis.com/auth/cloud-platform\n"
 #: The Megascale port a multislice host publishes. Unconfirmed: no public document shows the tpu-env of a
 #: queued-resource multislice VM; launchers that set the variable themselves use ports of their own
@@ -87,7 +86,7 @@ def metadata_values(
     scheduling = spec.get("schedulingConfig") or {}
     hostname = f"t1v-n-{int(row['uid']) % 16**8:08x}-w-{worker}"
     address = host_addresses(row)[worker]
-    email = f"{row['project']}-compute@developer.gserviceaccount.com"
+    email = host_service_account(row["project"], spec)
     values: dict[str, str] = {
         "instance/preempted": "TRUE" if row["preempted_flag"] else "FALSE",
         "instance/maintenance-event": "NONE",
@@ -100,12 +99,7 @@ def metadata_values(
         else "FALSE",
         "instance/network-interfaces/0/ip": address,
         "instance/network-interfaces/0/network": f"projects/{row['project']}/networks/default",
-        "instance/service-accounts/default/email": email,
-        "instance/service-accounts/default/scopes": SCOPES,
-        "instance/service-accounts/default/aliases": "default\n",
-        "instance/service-accounts/default/token": json.dumps(
-            {"access_token": FAKE_TOKEN, "expires_in": 3599, "token_type": "Bearer"}
-        ),
+        **_service_account_keys(email),
         "project/project-id": row["project"],
         "project/numeric-project-id": str(int(row["uid"]) % 10**12),
     }
@@ -116,6 +110,32 @@ def metadata_values(
 
         return compute_metadata_values(row, worker, values, agent_worker_number=compute_agent_worker_number)
     return values
+
+
+def host_service_account(project: str, spec: dict[str, object]) -> str:
+    """The account a node's hosts run as: its ``serviceAccount.email``, else the project's default."""
+    account = spec.get("serviceAccount")
+    email = account.get("email") if isinstance(account, dict) else None
+    return str(email) if email and email != "default" else default_service_account(project)
+
+
+def _service_account_keys(email: str) -> dict[str, str]:
+    """The host's service account as GCE's metadata server lists it: under ``default/`` and under its
+    own e-mail (google-auth and tensorstore ask for the token by e-mail once they read it), with the
+    account's own access token (``tpuctl.sim.iam``)."""
+    token = json.dumps({"access_token": access_token(email), "expires_in": 3599, "token_type": "Bearer"})
+    out: dict[str, str] = {}
+    for alias in ("default", email):
+        base = f"instance/service-accounts/{alias}"
+        out.update(
+            {
+                f"{base}/email": email,
+                f"{base}/scopes": SCOPES,
+                f"{base}/aliases": "default\n",
+                f"{base}/token": token,
+            }
+        )
+    return out
 
 
 def _attributes(

@@ -11,8 +11,9 @@ Whether OS Login is on for a host: the node's (instance's) ``enable-oslogin`` me
 else the project's (:func:`project_metadata`: ``enable-oslogin=TRUE`` when the world's ``os_login`` is on),
 as https://cloud.google.com/compute/docs/oslogin/set-up-oslogin has it.
 
-The simulator checks no credentials: every caller is the world's ``principal`` (the tokeninfo endpoint
-names it). Where Google's rule is not documented, the simulator is the stricter reading:
+The caller is the account of the request's token (``tpuctl.sim.iam``; tpuctl's own clients send the
+world's ``principal``'s, and the tokeninfo endpoint names it). Where Google's rule is not documented, the
+simulator is the stricter reading:
 
 - a key is imported only into the caller's own profile (another account's: 403 PERMISSION_DENIED);
 - importing a key already in the profile leaves its expiry as it was (moving it takes
@@ -89,18 +90,20 @@ class OsLogin:
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
 
-    def tokeninfo(self) -> dict[str, Any]:
-        """What OAuth's tokeninfo answers for the caller's token: the world's principal."""
+    def tokeninfo(self, email: str) -> dict[str, Any]:
+        """What OAuth's tokeninfo answers for a token of ``email``."""
         return {
-            "email": self.ctx.world.principal,
+            "email": email,
             "email_verified": "true",
             "scope": "https://www.googleapis.com/auth/cloud-platform "
             "https://www.googleapis.com/auth/userinfo.email",
             "expires_in": "3599",
         }
 
-    def import_key(self, email: str, body: Mapping[str, Any], project: str | None) -> dict[str, Any]:
-        self._own_profile(email)
+    def import_key(
+        self, email: str, body: Mapping[str, Any], project: str | None, caller: str | None = None
+    ) -> dict[str, Any]:
+        self._own_profile(email, caller)
         raw = body.get("key")
         if not isinstance(raw, str) or not raw.strip():
             raise invalid_argument("ssh_public_key.key is required.", "ssh_public_key.key")
@@ -114,10 +117,12 @@ class OsLogin:
                 "VALUES (?, ?, ?, ?)",
                 (email, fp, key, expires),
             )
-        return {"loginProfile": self.login_profile(email, project)}
+        return {"loginProfile": self.login_profile(email, project, caller)}
 
-    def update_key(self, email: str, fp: str, body: Mapping[str, Any], update_mask: str) -> dict[str, Any]:
-        self._own_profile(email)
+    def update_key(
+        self, email: str, fp: str, body: Mapping[str, Any], update_mask: str, caller: str | None = None
+    ) -> dict[str, Any]:
+        self._own_profile(email, caller)
         fields = {f.strip() for f in update_mask.split(",") if f.strip()} or {"key", "expirationTimeUsec"}
         if not fields <= {"key", "expirationTimeUsec", "expiration_time_usec"}:
             raise invalid_argument(f"Invalid update mask: {update_mask!r}", "update_mask")
@@ -136,8 +141,8 @@ class OsLogin:
             )
         return _key_json(email, fp, row["key"], expires)
 
-    def login_profile(self, email: str, project: str | None) -> dict[str, Any]:
-        self._own_profile(email)
+    def login_profile(self, email: str, project: str | None, caller: str | None = None) -> dict[str, Any]:
+        self._own_profile(email, caller)
         with self.ctx.db.read() as conn:
             rows = conn.execute(
                 "SELECT fingerprint, key, expires_usec FROM oslogin_keys WHERE email = ? "
@@ -182,9 +187,10 @@ class OsLogin:
             and (r["expires_usec"] is None or r["expires_usec"] > now_usec)
         ]
 
-    def _own_profile(self, email: str) -> None:
-        """Only the caller's own profile (the simulator's caller is the world's principal)."""
-        principal = self.ctx.world.principal
+    def _own_profile(self, email: str, caller: str | None) -> None:
+        """Only the caller's own profile (``caller``: the request's account; None, a call from inside
+        the simulator, is the world's principal)."""
+        principal = caller or self.ctx.world.principal
         if email != principal:
             raise ApiError(
                 403,

@@ -239,7 +239,7 @@ class Timeline:
         try:
             self.capacity.check_quota(conn, world, project, zone, plans)
         except ApiError as exc:
-            _fail_queued_resource(conn, key, rpc_status("RESOURCE_EXHAUSTED", exc.message))
+            _fail_queued_resource(conn, key, rpc_status("RESOURCE_EXHAUSTED", exc.message, exc.details))
             return
         short = _undersized_reservation(world, plans)
         if short is not None:

@@ -63,9 +63,11 @@ def login_env(host: HostRef, user: str, home: Path, setup: LoginSetup) -> dict[s
         "SHELL": "/bin/bash",
         "LANG": "C.UTF-8",
         "PATH": f"{setup.image}/bin:{home}/.local/bin:/usr/local/bin:/usr/bin:/bin",
-        # google-auth reads GCE_METADATA_HOST, JAX GCE_METADATA_IP.
+        # google-auth reads GCE_METADATA_HOST (and pings GCE_METADATA_IP), JAX GCE_METADATA_IP, and
+        # tensorstore GCE_METADATA_ROOT: on Google all three find metadata.google.internal.
         "GCE_METADATA_HOST": metadata,
         "GCE_METADATA_IP": metadata,
+        "GCE_METADATA_ROOT": metadata,
         VM_MARKER: marker(host.uid, host.worker),
     }
 
