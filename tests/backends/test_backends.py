@@ -138,10 +138,11 @@ def test_google_clients_share_one_adc_lookup_and_googles_endpoints(
     assert tpu._quotas._credentials is creds and tpu._quotas._trust_env is True
 
 
-def test_simulator_clients_are_anonymous_and_never_proxied(
+def test_simulator_clients_send_the_simulated_adc_and_are_never_proxied(
     serve_sim: Callable[..., SimAdminClient], tmp_path: Path
 ) -> None:
     from tpuctl.backends.sim import SIM_CLIENTS
+    from tpuctl.sim.iam import ADC_TOKEN
 
     admin = serve_sim({}, point_cli=False)
     closers: list[Callable[[], None]] = []
@@ -153,7 +154,7 @@ def test_simulator_clients_are_anonymous_and_never_proxied(
         assert not SIM_CLIENTS.trust_env
         for quotas in (tpu._quotas, compute._quotas):
             assert quotas.base_url == admin.base_url.rstrip("/") and quotas._trust_env is False
-            assert quotas._auth_headers() == {}
+            assert quotas._auth_headers() == {"authorization": f"Bearer {ADC_TOKEN}"}
         assert cloud.backend == "sim"
     finally:
         cloud.close()

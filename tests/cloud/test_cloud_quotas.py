@@ -228,12 +228,14 @@ def test_bearer_token_is_refreshed_once_and_never_shown() -> None:
 
 
 @respx.mock
-def test_simulator_client_sends_no_auth() -> None:
+def test_simulator_client_sends_the_simulated_adc_token() -> None:
+    from tpuctl.sim.iam import ADC_TOKEN
+
     sim_url = "http://127.0.0.1:8471/v1/projects/p/locations/global/services/tpu.googleapis.com/quotaInfos"
     route = respx.get(sim_url).mock(return_value=httpx.Response(200, json=PAGE2))
     rows = CloudQuotasClient.for_simulator("http://127.0.0.1:8471", retry=FAST).list_quota_limits("p")
     assert rows[0].region == "us-east5"
-    assert "authorization" not in route.calls[0].request.headers
+    assert route.calls[0].request.headers["authorization"] == f"Bearer {ADC_TOKEN}"
 
 
 def test_no_adc_gives_the_login_fix(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -88,6 +88,45 @@ def test_already_exists_and_bare_conflict() -> None:
     assert type(out) is AlreadyExistsError
 
 
+def test_permission_denied_names_the_permission_and_the_role_in_every_api_s_words() -> None:
+    info = {
+        "@type": ERROR_INFO,
+        "reason": "IAM_PERMISSION_DENIED",
+        "domain": "iam.googleapis.com",
+        "metadata": {"permission": "cloudquotas.quotas.get", "resource": "projects/p"},
+    }
+    cases = [
+        (
+            api_error(403, "PERMISSION_DENIED", "The caller does not have permission", [info]),
+            "cloudquotas.quotas.get",
+        ),
+        (
+            api_error(403, None, "Required 'compute.instances.list' permission for 'projects/p'"),
+            "compute.instances.list",
+        ),
+        (
+            api_error(
+                403,
+                None,
+                "sa@p.iam.gserviceaccount.com does not have storage.objects.create access to the Google "
+                "Cloud Storage object. Permission 'storage.objects.create' denied on resource (or it may "
+                "not exist).",
+            ),
+            "storage.objects.create",
+        ),
+    ]
+    for exc, permission in cases:
+        out = translate(exc)
+        assert type(out) is PermissionDeniedError and out.permission == permission, out
+        assert out.role is not None and out.role in (out.fix or "") and permission in (out.fix or "")
+        assert out.to_dict()["permission"] == permission
+    # A 403 that names no permission (a location without TPUs) says to check the project instead.
+    where = translate(
+        api_error(403, "PERMISSION_DENIED", "Location us-east1-d is not found or access is unauthorized.")
+    )
+    assert where.permission is None and "project" in (where.fix or "")
+
+
 def test_aborted_409_is_transient_not_already_exists() -> None:
     out = translate(api_error(409, "ABORTED", "concurrent modification"), mutating=True)
     assert type(out) is TransientError and out.code == 10

@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 import pytest
 from api_schema import schema_problems
-from compute_helpers import ZONE, Clients, compute, mig_body, setup_slice_records
+from compute_helpers import REGION, ZONE, Clients, compute, mig_body, setup_slice_records
 from google.api_core import exceptions
 from google.cloud import compute_v1
 from sim_helpers import AUTH, PROJECT
@@ -27,6 +27,11 @@ def test_mig_slice_lifecycle(compute: tuple[SimServer, Clients]) -> None:
     with pytest.raises(exceptions.BadRequest, match="gang mode of size '2'"):
         c.migs.insert(project=PROJECT, zone=ZONE, instance_group_manager_resource=mig_body("m", 3))
     c.done(c.migs.insert(project=PROJECT, zone=ZONE, instance_group_manager_resource=mig_body("m", 2)))
+    # resourcePolicies.list serves the region's policies, as Google's does (filtered like its lists).
+    [policy] = c.policies.list(project=PROJECT, region=REGION)
+    assert policy.name == "wp-2x2x2" and policy.workload_policy.accelerator_topology == "2x2x2"
+    named = compute_v1.ListResourcePoliciesRequest(project=PROJECT, region=REGION, filter="name = other")
+    assert list(c.policies.list(request=named)) == []
 
     def ready() -> compute_v1.InstanceGroupManager | None:
         mig = c.migs.get(project=PROJECT, zone=ZONE, instance_group_manager="m")

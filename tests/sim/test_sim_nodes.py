@@ -279,7 +279,7 @@ def test_malformed_zone_is_400(client: tpu_v2.TpuClient) -> None:
 
 def test_a_project_the_caller_has_no_role_on_is_403(client: tpu_v2.TpuClient) -> None:
     other = f"projects/someone-else/locations/{ZONE}"
-    with pytest.raises(exceptions.PermissionDenied, match=r"Permission 'tpu\.nodes\.list' denied") as denied:
+    with pytest.raises(exceptions.Forbidden, match=r"Permission 'tpu\.nodes\.list' denied") as denied:
         list(client.list_nodes(parent=other))
     assert denied.value.reason == "IAM_PERMISSION_DENIED"
 

@@ -246,6 +246,9 @@ def test_quota_is_checked_at_provisioning_and_held_while_failed(
     qr = client.get_queued_resource(name=f"{PARENT}/queuedResources/qr7")
     assert qr.state.failed_data.error.code == 8
     assert "TPUV5sPreemptibleLitepodPer" in qr.state.failed_data.error.message
+    # With its QuotaFailure, as the synchronous 429 carries it (a client reads the quota from it).
+    [detail] = qr.state.failed_data.error.details
+    assert detail.type_url == "type.googleapis.com/google.rpc.QuotaFailure"
     # A FAILED queued resource keeps its quota until deleted (GCP behaviour). A multi-host shape: a
     # single-host v5e draws on the serving family instead.
     with pytest.raises(exceptions.TooManyRequests):

@@ -21,10 +21,11 @@ import asyncssh
 import httpx
 import pytest
 from google.cloud import tpu_v2
-from sim_helpers import FAST_POLLING, PARENT, ZONE, make_world
+from sim_helpers import AUTH, FAST_POLLING, PARENT, ZONE, make_world
 from vm_helpers import USER, Vms, start_vms
 
 from tpuctl.sim import SimAdminClient, SimServer
+from tpuctl.sim.iam import ADC_TOKEN, access_token, default_service_account
 from tpuctl.sim.vms import procs
 from tpuctl.sim.vms.layout import choose_port, disk_dir
 from tpuctl.sim.vms.sshd import auth_log
@@ -98,7 +99,19 @@ def test_metadata_server_as_google_auth_finds_it(vms: Vms) -> None:
     assert tree["attributes"]["accelerator-type"] == "v5litepod-16"
     assert "WORKER_ID: '0'" in tree["attributes"]["tpu-env"]
     token = httpx.get(f"{base}/instance/service-accounts/default/token", headers=MD).json()
-    assert token["token_type"] == "Bearer" and token["access_token"].startswith("sim-fake")
+    # The host's own service account's token (the project's default account here), which the
+    # simulator's APIs and bucket take as that account's, and the root answers as GCE's does.
+    assert token == {
+        "access_token": access_token(default_service_account("tpuctl-sim")),
+        "expires_in": 3599,
+        "token_type": "Bearer",
+    }
+    root = httpx.get(vms.metadata_base(0) + "/", headers=MD)
+    assert root.status_code == 200 and root.headers["Metadata-Flavor"] == "Google"
+    account = httpx.get(
+        f"{base}/instance/service-accounts/default/", params={"recursive": "true"}, headers=MD
+    )
+    assert account.json()["scopes"] == ["https://www.googleapis.com/auth/cloud-platform"]
 
 
 def test_only_the_nodes_ssh_keys_log_in(vms: Vms) -> None:
@@ -169,23 +182,26 @@ def test_os_login_keys_replace_ssh_keys(start_server: Callable[..., SimServer]) 
         vms.ssh(0, "true")  # ssh-keys metadata is ignored under OS Login
     public = vms.key.export_public_key().decode().strip()
     # The project's metadata says so, and tokeninfo names the caller.
-    project = httpx.get(f"{server.url}/compute/v1/projects/tpuctl-sim").json()
+    project = httpx.get(f"{server.url}/compute/v1/projects/tpuctl-sim", headers=AUTH).json()
     assert project["commonInstanceMetadata"]["items"] == [{"key": "enable-oslogin", "value": "TRUE"}]
-    assert httpx.get(f"{server.url}/tokeninfo").json()["email"] == email
+    assert httpx.get(f"{server.url}/tokeninfo", params={"access_token": ADC_TOKEN}).json()["email"] == email
     # Only into the caller's own profile.
-    other = httpx.post(f"{server.url}/v1/users/bob@example.com:importSshPublicKey", json={"key": public})
+    other = httpx.post(
+        f"{server.url}/v1/users/bob@example.com:importSshPublicKey", json={"key": public}, headers=AUTH
+    )
     assert other.status_code == 403 and other.json()["error"]["status"] == "PERMISSION_DENIED"
     expires_usec = int((clock.now() + 3600) * 1_000_000)
     imported = httpx.post(
         f"{server.url}/v1/users/{email}:importSshPublicKey",
         params={"projectId": "tpuctl-sim"},
         json={"key": public, "expirationTimeUsec": str(expires_usec)},
+        headers=AUTH,
     ).json()
     (account,) = imported["loginProfile"]["posixAccounts"]
     assert account["username"] == "alice_b_example_com" and account["primary"] is True
     ((fingerprint, entry),) = imported["loginProfile"]["sshPublicKeys"].items()
     assert entry["expirationTimeUsec"] == str(expires_usec)
-    profile = httpx.get(f"{server.url}/v1/users/{email}/loginProfile").json()
+    profile = httpx.get(f"{server.url}/v1/users/{email}/loginProfile", headers=AUTH).json()
     assert profile["sshPublicKeys"][fingerprint]["key"] == " ".join(public.split()[:2])
     assert (
         vms.ssh(0, "whoami >/dev/null; echo $USER", user="alice_b_example_com").stdout
@@ -204,6 +220,7 @@ def test_os_login_keys_replace_ssh_keys(start_server: Callable[..., SimServer]) 
         f"{server.url}/v1/users/{email}/sshPublicKeys/{fingerprint}",
         params={"updateMask": "expirationTimeUsec"},
         json={"key": public, "expirationTimeUsec": str(int((clock.now() + 60) * 1_000_000))},
+        headers=AUTH,
     )
     assert patched.status_code == 200 and patched.json()["fingerprint"] == fingerprint
     assert vms.ssh(0, "true", user="alice_b_example_com").exit_status == 0

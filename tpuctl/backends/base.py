@@ -35,6 +35,7 @@ from tpuctl.cloud.retry import RetryPolicy
 
 if TYPE_CHECKING:
     from tpuctl.cloud.base import Node, TpuCloud
+    from tpuctl.cloud.buckets import BucketAccess
     from tpuctl.cloud.oslogin import OsLoginAccess
 
 #: A function run when the session closes (a server to stop, a client to close).
@@ -165,6 +166,11 @@ class Backend(Protocol):
     def open_os_login(self, cloud: TpuCloud, closers: list[Closer]) -> OsLoginAccess:
         """OS Login as this backend serves it (the project's setting, the caller, key imports), with the
         credentials ``cloud`` uses; what it opens is closed by ``closers``."""
+        ...
+
+    def open_bucket_access(self, cloud: TpuCloud, closers: list[Closer]) -> BucketAccess:
+        """Who may use a bucket, asked as this backend serves it (Cloud Storage's bucket IAM, Policy
+        Troubleshooter, the project's default service account), with the credentials ``cloud`` uses."""
         ...
 
     def host_env(self, worker: int, addresses: list[HostAddress], chips_per_host: int) -> dict[str, str]:

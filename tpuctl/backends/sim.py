@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from google.auth.credentials import Credentials
 
     from tpuctl.cloud.base import Node, TpuCloud
+    from tpuctl.cloud.buckets import BucketAccess
     from tpuctl.cloud.oslogin import OsLoginAccess
     from tpuctl.cloud.retry import Sleep
     from tpuctl.sim.world import World
@@ -165,6 +166,10 @@ class SimBackend:
         """The simulator's OS Login API, tokeninfo and Compute Engine, all at its URL."""
         return sim_os_login(cloud.endpoint, closers)
 
+    def open_bucket_access(self, cloud: TpuCloud, closers: list[Closer]) -> BucketAccess:
+        """The simulator's bucket IAM, Policy Troubleshooter and Compute Engine, all at its URL."""
+        return sim_bucket_access(cloud.endpoint, closers)
+
     def host_env(self, worker: int, addresses: list[HostAddress], chips_per_host: int) -> dict[str, str]:
         """A simulated host has no chips: JAX runs on CPU devices, one per chip, and the hosts join one
         job over loopback with gloo collectives (the runtime's sim cluster reads the coordinator from the
@@ -227,6 +232,31 @@ def sim_os_login(
     closers.append(http.close)
     return OsLoginAccess(
         OsLoginEndpoints.at(base_url),
+        config.credentials(),
+        http,
+        retry=config.retry,
+        sleep=sleep or config.sleep,
+    )
+
+
+def sim_bucket_access(
+    base_url: str,
+    closers: list[Closer],
+    *,
+    transport: httpx.BaseTransport | None = None,
+    sleep: Sleep | None = None,
+) -> BucketAccess:
+    """Bucket access questions at a simulator's ``base_url`` (``transport``: an in-process one), asked as
+    every client of the simulator asks (``SIM_CLIENTS``)."""
+    import httpx
+
+    from tpuctl.cloud.buckets import BucketAccess, BucketEndpoints
+
+    config = SIM_CLIENTS
+    http = httpx.Client(timeout=config.request_timeout_s, trust_env=config.trust_env, transport=transport)
+    closers.append(http.close)
+    return BucketAccess(
+        BucketEndpoints.at(base_url),
         config.credentials(),
         http,
         retry=config.retry,

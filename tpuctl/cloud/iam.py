@@ -30,6 +30,7 @@ PREDEFINED_ROLES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "roles/storage.objectUser": (("storage.objects.*",), ("storage.objects.*IamPolicy",)),
     "roles/storage.objectCreator": (("storage.objects.create",), ()),
     "roles/storage.objectViewer": (("storage.objects.get", "storage.objects.list"), ()),
+    "roles/storage.legacyBucketReader": (("storage.buckets.get", "storage.objects.list"), ()),
     "roles/iam.securityReviewer": (("*.getIamPolicy",), ()),
     "roles/iam.serviceAccountUser": (("iam.serviceAccounts.actAs", "iam.serviceAccounts.get"), ()),
 }
@@ -44,6 +45,7 @@ _ROLE_TO_GRANT: tuple[tuple[str, str], ...] = (
     ("compute.*", "roles/compute.admin"),
     ("cloudquotas.*", "roles/cloudquotas.viewer"),
     ("storage.objects.*", "roles/storage.objectAdmin"),
+    ("storage.buckets.get", "roles/storage.legacyBucketReader"),
     ("storage.*", "roles/storage.admin"),
     ("*.getIamPolicy", "roles/iam.securityReviewer"),
     ("iam.serviceAccounts.*", "roles/iam.serviceAccountUser"),

@@ -1,5 +1,6 @@
 """Who may do what in the simulated Cloud Storage: the permission each JSON-API request needs, and the
-401 and 403 answers Cloud Storage gives without it (docs/google-facts.md#cloud-storage-access).
+401 and 403 answers Cloud Storage gives without it (docs/google-facts.md#permission-errors,
+docs/google-facts.md#bucket-access).
 
 Every bucket the emulator serves belongs to the world's project, and a bucket's IAM is its project's:
 an account may do what its roles on the project grant (``tpuctl.sim.iam``). A request carries its

@@ -207,8 +207,9 @@ class World(_Strict):
     #: or an instance's metadata overrides it): hosts then accept only the keys imported through OS Login,
     #: under the importing account's POSIX name, and ignore ``ssh-keys``.
     os_login: bool = False
-    #: The Google account every caller of the simulator acts as (it checks no credentials): OAuth's
-    #: tokeninfo names it, and OS Login imports keys into its profile only.
+    #: The Google account logged in on this machine: the simulated Application Default Credentials that
+    #: tpuctl's clients send stand for it (``tpuctl.sim.iam``), OAuth's tokeninfo names it, and OS Login
+    #: imports its keys into its profile.
     principal: Annotated[str, Field(pattern=r"^[^@\s/]+@[^@\s/]+\.[^@\s/]+$")] = "sim-user@example.com"
     #: Whether Compute Engine TPU VMs publish the ``agent-worker-number`` attribute, which JAX's
     #: ``GceTpuCluster`` needs to auto-detect the slice. Unconfirmed (docs/google-facts.md#worker-identity),

@@ -28,6 +28,7 @@ from tpuctl.backends.sim import (
     SIM_LABEL,
     SIM_TUNING,
     SimBackend,
+    sim_bucket_access,
     sim_os_login,
     world_prices,
 )
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
     import httpx
 
     from tpuctl.cloud.base import Node, TpuCloud
+    from tpuctl.cloud.buckets import BucketAccess
     from tpuctl.cloud.oslogin import OsLoginAccess
     from tpuctl.sim import SimAdminClient
     from tpuctl.sim.world import World
@@ -119,6 +121,11 @@ class InProcessBackend:
         """The simulator's OS Login over its route table, its waits on the fake clock."""
         transport = httpx_transport(self.sim.engine)
         return sim_os_login(ENDPOINT, closers, transport=transport, sleep=self.sim.clock.sleep)
+
+    def open_bucket_access(self, cloud: TpuCloud, closers: list[Closer]) -> BucketAccess:
+        """The simulator's bucket IAM questions over its route table, waits on the fake clock."""
+        transport = httpx_transport(self.sim.engine)
+        return sim_bucket_access(ENDPOINT, closers, transport=transport, sleep=self.sim.clock.sleep)
 
     def host_env(self, worker: int, addresses: list[HostAddress], chips_per_host: int) -> dict[str, str]:
         return SimBackend().host_env(worker, addresses, chips_per_host)

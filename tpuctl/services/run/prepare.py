@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from tpuctl.errors import UsageError
 from tpuctl.hosts.base import ENV_NAME_RE, HostPlan
 from tpuctl.hosts.bundle import build_bundle
-from tpuctl.services.run import checkpoints, hosts, provision
+from tpuctl.services.run import bucket_check, checkpoints, hosts, provision
 from tpuctl.services.run.model import EXAMPLES, RUN_ID_RE, PreparedRun, RunRequest
 from tpuctl.services.run.rundir import RunDir
 
@@ -55,6 +55,11 @@ def prepare(session: Session, request: RunRequest) -> PreparedRun:
     checkpoint_dir = checkpoints.checkpoint_dir(session, request, run_id, where)
     setup = _setup_spec(session, request)
     bundle = build_bundle(workdir, limit_bytes=request.bundle_limit_bytes, exclude=(session.state_dir,))
+    if checkpoint_dir.startswith("gs://"):
+        # Last, once every input is known good: it asks Google (the hosts' account: the request's own
+        # where it names one, else the project's default).
+        bucket = checkpoint_dir.removeprefix("gs://").partition("/")[0]
+        bucket_check.check_bucket(session, bucket, getattr(request, "service_account", None))
     return PreparedRun(
         request=request,
         run_id=run_id,
