@@ -59,7 +59,7 @@ def default_credentials(quota_project: str | None = None) -> Credentials:
 
 
 def anonymous_credentials() -> Credentials:
-    """Credentials that add nothing to a request: for an endpoint that checks none (the simulator)."""
+    """Credentials that add nothing to a request: for an endpoint that checks none (a test's stand-in)."""
     try:
         from google.auth.credentials import AnonymousCredentials
     except ImportError as exc:  # pragma: no cover - google-auth is a hard dependency
@@ -87,7 +87,7 @@ def caller_email(credentials: Credentials, http: httpx.Client, tokeninfo_url: st
     """The email of the account ``credentials`` act as: a service account's own (its key, the VM's
     metadata server or impersonation), else what ``tokeninfo_url`` says the access token was issued to
     (a user's; the token carries the email when the login asked for the email scope, as gcloud's does).
-    Anonymous credentials send no token: an endpoint that checks none (the simulator) names its caller."""
+    Anonymous credentials send no token: an endpoint that checks none names its caller itself."""
     from tpuctl.cloud.translate import translate_errors
 
     with translate_errors("refresh the credentials to learn their account"):

@@ -1,8 +1,9 @@
 """``TpuApiCloud``: the one ``TpuCloud`` implementation, over google-cloud-tpu's ``tpu_v2.TpuClient`` (REST).
 
 The same code talks to Google (https://tpu.googleapis.com, ADC credentials) and to the simulator
-(http://127.0.0.1:PORT, anonymous credentials, no proxy): the backend that builds the client decides the
-endpoint and its ``CloudConfig`` (``config.py``); the client never asks which backend it serves.
+(http://127.0.0.1:PORT, the simulated Application Default Credentials, no proxy): the backend that
+builds the client decides the endpoint and its ``CloudConfig`` (``config.py``); the client never asks
+which backend it serves.
 
 Facts about the client this module relies on (google-cloud-tpu 1.28.0, checked by the tests):
 
@@ -142,8 +143,8 @@ class TpuApiCloud:
         **overrides: Any,
     ) -> TpuApiCloud:
         """Against the simulator at ``base_url`` (http kept) as its backend calls it
-        (``tpuctl.backends.sim``: anonymous, no proxy, fast retries and polls); ``overrides``: fields of
-        its ``CloudConfig``. For tests and tools that talk to a simulator without a session."""
+        (``tpuctl.backends.sim``: the simulated ADC, no proxy, fast retries and polls); ``overrides``:
+        fields of its ``CloudConfig``. For tests and tools that talk to a simulator without a session."""
         from tpuctl.backends.sim import SIM_CLIENTS
 
         config = replace(SIM_CLIENTS, **overrides)
