@@ -38,6 +38,10 @@ def compute_get(
 ) -> httpx.Response:
     """GET ``/compute/v1/projects/<the simulator's project>/<path>`` from the simulator ``admin`` steers;
     ``transport``: how to reach it (``InProcessCli.transport`` for the in-process one)."""
+    from tpuctl.sim.iam import ADC_TOKEN
+
     project = admin.status()["project"]
-    with httpx.Client(transport=transport, trust_env=False) as http:
+    # As tpuctl calls it: with the simulated Application Default Credentials.
+    auth = {"Authorization": f"Bearer {ADC_TOKEN}"}
+    with httpx.Client(transport=transport, trust_env=False, headers=auth) as http:
         return http.get(f"{admin.base_url}/compute/v1/projects/{project}/{path}")
