@@ -445,7 +445,8 @@ TOKENINFO_ROUTES = (route("GET", r"/tokeninfo", _tokeninfo),)
 def _test_bucket_permissions(engine: SimEngine, request: SimRequest, args: tuple[str, ...]) -> Answer:
     from tpuctl.sim.storage import storage_dir_for, stored_buckets
 
-    exists = args[0] in stored_buckets(storage_dir_for(engine.db.path.parent.parent))
+    state_dir = engine.db.path.parent.parent  # the database is <state>/sim/sim.db (state.db_path_for)
+    exists = args[0] in stored_buckets(storage_dir_for(state_dir))
     asked = list(request.query.get("permissions", []))
     status, body = storage_access.tested_permissions(engine.world, request.headers, asked, exists=exists)
     return json_response(body, status)

@@ -231,7 +231,7 @@ class World(_Strict):
             return self.iam.get(project, [])
         if project != self.project:
             return []
-        from tpuctl.sim.iam import default_service_account, member
+        from tpuctl.sim.iam import default_service_account, member  # it imports this module
 
         return [
             IamBinding(role="roles/owner", members=[member(self.principal)]),
