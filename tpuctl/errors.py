@@ -178,6 +178,13 @@ class UnauthenticatedError(CloudError):
     kind = "unauthenticated"
 
 
+class NetworkError(CloudError):
+    """The cloud refused the hosts' network or subnetwork (it does not exist, is not in the slice's
+    region, or the network needs a subnetwork named): no other zone cures it."""
+
+    kind = "network"
+
+
 class UnreachableError(TpuctlError):
     """The endpoint tpuctl was told to use does not answer (a ``TPUCTL_SIM_URL`` with no simulator behind
     it): a setup problem, not a cloud error and not a bug."""

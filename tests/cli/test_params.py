@@ -422,3 +422,35 @@ def test_an_option_run_does_not_know_is_refused_with_did_you_mean(
         "-o", "json", "run", "train.py", "--type", "v5e-8", "--dry-run", "--", "data.txt", "--lr", "3"
     )
     assert spaced.json["plan"]["hosts"][0]["argv"][-4:] == ["train.py", "data.txt", "--lr", "3"]
+
+
+def test_networks_are_read_in_every_form_the_apis_take() -> None:
+    from tpuctl import params
+    from tpuctl.cloud.base import VpcNetwork, VpcSubnetwork
+
+    for given in (
+        "vpc",
+        "global/networks/vpc",
+        "https://www.googleapis.com/compute/v1/projects/proj-1/global/networks/vpc",
+    ):
+        assert params.network(given).name == "vpc"
+    assert params.network("projects/host-proj/global/networks/vpc") == VpcNetwork("vpc", "host-proj")
+    assert params.subnetwork("compute/v1/projects/host-proj/regions/us-east5/subnetworks/s") == VpcSubnetwork(
+        "s", "host-proj", "us-east5"
+    )
+    assert params.subnetwork("regions/us-east5/subnetworks/s") == VpcSubnetwork("s", None, "us-east5")
+    assert params.network_tags(["a,b", "b", " c "]) == ("a", "b", "c")  # in order, without repeats
+    bad_values = (
+        ("UPPER", params.network),
+        ("-x", params.network),
+        ("projects/proj-1/networks/x", params.network),
+        ("projects/p1/global/networks/x", params.network),  # not a project id: 6 to 30 characters
+        ("regions/us-east5/s", params.subnetwork),
+    )
+    for bad, parse in bad_values:
+        with pytest.raises(params.ParamError):
+            parse(bad)
+    with pytest.raises(params.ParamError, match="at most 64"):
+        params.network_tags([",".join(f"t{i}" for i in range(65))])
+    with pytest.raises(params.ParamError, match="give its email"):
+        params.service_account("trainer")

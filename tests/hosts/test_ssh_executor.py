@@ -407,6 +407,7 @@ def test_launcher_runs_a_2_host_slice_over_ssh_via_the_nodes_endpoints(
     import functools
 
     import tpuctl.hosts.ssh
+    from tpuctl.services.placement_choices import PlacementChoices
     from tpuctl.services.run.launcher import Launcher
     from tpuctl.services.run.model import RecoveryPolicy, RunRequest
     from tpuctl.services.run.service import Runs
@@ -495,7 +496,10 @@ def test_launcher_runs_a_2_host_slice_over_ssh_via_the_nodes_endpoints(
         launcher = Launcher(session)
         prepared = launcher.prepare(
             RunRequest(
-                script=str(work / "prog.py"), accelerator_type="v4-16", zone="us-central2-b", executor="ssh"
+                script=str(work / "prog.py"),
+                accelerator_type="v4-16",
+                placement=PlacementChoices(zones=("us-central2-b",)),
+                executor="ssh",
             )
         )
         session.ledger.create_run(prepared.run_id, script="prog.py")

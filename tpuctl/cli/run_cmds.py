@@ -10,15 +10,29 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from tpuctl.cli.capacity import (
-    API_HELP,
-    CAPACITY_TYPE_HELP,
-    PREEMPTIBLE_HELP,
-    SPOT_HELP,
-    run_capacity,
-)
 from tpuctl.cli.context import ONE_OBJECT, build_settings, is_dry_run, make_output, session
 from tpuctl.cli.options import DryRunOpt, OutputOpt
+from tpuctl.cli.placement_flags import (
+    ApiOpt,
+    CapacityTypeOpt,
+    MaxPriceOpt,
+    NetworkOpt,
+    PreemptibleOpt,
+    QueuedOpt,
+    RaceKOpt,
+    RegionOpt,
+    ReservedOpt,
+    ServiceAccountOpt,
+    SpotOpt,
+    StrategyOpt,
+    SubnetworkOpt,
+    TagsOpt,
+    ValidForOpt,
+    ZonesOpt,
+    host_network_words,
+    network_settings,
+    placement_choices,
+)
 from tpuctl.cli.run_reading import RUN_HELP as _RUN_HELP
 from tpuctl.cli.run_reading import ending_fields, run_logs, short_time
 from tpuctl.cli.run_signals import resumable, stop_hosts_on_termination
@@ -101,7 +115,10 @@ def run(
     ] = None,
     pod: Annotated[str | None, typer.Option("--pod", help="Run on this existing READY slice.")] = None,
     accelerator_type: Annotated[
-        str | None, typer.Option("--type", help="Create a slice of this type for the run, e.g. v5e-16.")
+        str | None,
+        typer.Option(
+            "--type", "--accelerator-type", help="Create a slice of this type for the run, e.g. v5e-16."
+        ),
     ] = None,
     slices: Annotated[
         str | None,
@@ -112,13 +129,22 @@ def run(
             "(a multislice, placed through one queued resource).",
         ),
     ] = None,
-    zone: Annotated[str | None, typer.Option("--zone", help="Zone of --pod, or where to create.")] = None,
-    capacity_type: Annotated[
-        list[str] | None, typer.Option("--capacity-type", help=CAPACITY_TYPE_HELP)
-    ] = None,
-    spot: Annotated[bool, typer.Option("--spot", help=SPOT_HELP)] = False,
-    preemptible: Annotated[bool, typer.Option("--preemptible", help=PREEMPTIBLE_HELP)] = False,
-    api: Annotated[str | None, typer.Option("--api", metavar="tpu|compute", help=API_HELP)] = None,
+    zone: ZonesOpt = None,
+    region: RegionOpt = None,
+    capacity_type: CapacityTypeOpt = None,
+    spot: SpotOpt = False,
+    preemptible: PreemptibleOpt = False,
+    reserved: ReservedOpt = None,
+    max_price: MaxPriceOpt = None,
+    queued: QueuedOpt = False,
+    valid_for: ValidForOpt = None,
+    strategy: StrategyOpt = None,
+    race_k: RaceKOpt = None,
+    api: ApiOpt = None,
+    network: NetworkOpt = None,
+    subnetwork: SubnetworkOpt = None,
+    tags: TagsOpt = None,
+    service_account: ServiceAccountOpt = None,
     keep_pod: Annotated[
         bool, typer.Option("--keep-pod", help="Keep the slice this run created (default: delete it).")
     ] = False,
@@ -228,7 +254,7 @@ def run(
     ] = "10",
     detach: Annotated[
         bool,
-        typer.Option("--detach", help="Supervise the run from a background process; return at once."),
+        typer.Option("-d", "--detach", help="Supervise the run from a background process; return at once."),
     ] = False,
     output: OutputOpt = None,
     dry_run: DryRunOpt = False,
@@ -247,7 +273,7 @@ def run(
 
     from tpuctl import params
     from tpuctl.backends import open_backend
-    from tpuctl.services.locations import check_zones
+    from tpuctl.services.locations import check_region, check_zones
     from tpuctl.services.run.checkpoints import refuse_unrecoverable
     from tpuctl.services.run.model import RunRequest
     from tpuctl.services.run.service import Runs
@@ -258,7 +284,20 @@ def run(
         # With --example every positional is the example's: SCRIPT caught the first of them.
         program_args = [script, *program_args]
         script = None
-    allowed = run_capacity(capacity_type or [], spot=spot, preemptible=preemptible)
+    choices = placement_choices(
+        zone=zone,
+        region=region,
+        capacity_type=capacity_type,
+        spot=spot,
+        preemptible=preemptible,
+        reserved=reserved,
+        max_price=max_price,
+        queued=queued,
+        valid_for=valid_for,
+        strategy=strategy,
+        race_k=race_k,
+        api=api,
+    )
     budget_usd = None if budget is None else params.usd(budget, "budget")
     limit_mb = params.mebibytes(max_bundle_mb, "max_bundle_mb")
     policy = _policy(
@@ -275,9 +314,7 @@ def run(
         pod=pod,
         accelerator_type=accelerator_type,
         slices=1 if slices is None else params.whole(slices, "slices", minimum=2, fix=_SLICES_FIX),
-        zone=None if zone is None else params.zone(zone),
-        capacity_types=tuple(allowed),
-        api=None if api is None else params.api(api),
+        placement=choices,
         keep_pod=keep_pod,
         checkpoint_every=None
         if checkpoint_every is None
@@ -295,7 +332,10 @@ def run(
         "requirements": None if requirements is None else params.local_path(requirements),
         "ssh_proxy_command": ssh_proxy_command,
     }
-    settings = build_settings(ctx, **host_flags)
+    networking = network_settings(
+        network=network, subnetwork=subnetwork, tags=tags, service_account=service_account
+    )
+    settings = build_settings(ctx, **host_flags, **networking)
     # A run that would lose its work at the first preemption is refused before credentials or requests.
     refuse_unrecoverable(
         request,
@@ -312,9 +352,16 @@ def run(
             setup=tuple(chosen.setup),
             requirements=None if chosen.requirements is None else str(chosen.requirements),
             ssh_proxy_command=chosen.ssh_proxy_command,
+            # The hosts' network as chosen now (flag, environment or profile), kept for every slice of
+            # the run: a recovery or `runs resume` must not land its hosts elsewhere.
+            placement=dataclasses.replace(
+                choices, network=chosen.host_network, service_account=chosen.service_account
+            ),
         )
-        if request.zone is not None:  # a typo is exit 2 with "did you mean", before anything is made
-            check_zones(sess.catalog, sess.cloud, [request.zone])
+        # A typo is exit 2 with "did you mean", before anything is made.
+        check_zones(sess.catalog, sess.cloud, list(choices.zones))
+        if choices.region is not None:
+            check_region(sess.catalog, sess.cloud, choices.region)
         runs = Runs(sess)
         prepared = runs.prepare(request)  # a bad value is exit 2, before the cloud is asked anything
         if is_dry_run(ctx, dry_run):
@@ -432,6 +479,9 @@ def _render_plan(out: Output, plan: dict[str, Any]) -> None:
             p(f"  estimated price: {price:.2f} USD/h{per}")
         if create.get("message"):
             p(f"  placement: {escape(str(create['message']))}")
+        hosts = host_network_words(create["request"])
+        if hosts is not None:
+            p(f"  {escape(hosts)}")
         for req in create.get("requests", []):
             p(f"  request: {req['method']} {escape(req['url'])}")
     p(
@@ -669,7 +719,9 @@ def _secs(value: float | None) -> str | None:
 def resume_run(
     ctx: typer.Context,
     run_id: Annotated[str, typer.Argument(metavar="RUN", help=_RUN_HELP)],
-    detach: Annotated[bool, typer.Option("--detach", help="Supervise it from a background process.")] = False,
+    detach: Annotated[
+        bool, typer.Option("-d", "--detach", help="Supervise it from a background process.")
+    ] = False,
     budget: Annotated[
         str | None,
         typer.Option(
@@ -786,6 +838,7 @@ def bench_step(
     on the same CPU in the same run)."""
     from tpuctl import params
     from tpuctl.errors import TpuctlError, UsageError
+    from tpuctl.services.placement_choices import PlacementChoices
     from tpuctl.services.run.bench import BenchCollector, bench_step_figures, bench_step_program
     from tpuctl.services.run.model import RecoveryPolicy, RunRequest
     from tpuctl.services.run.service import Runs
@@ -813,7 +866,7 @@ def bench_step(
             pod=pod,
             accelerator_type=None if pod else accelerator_type,
             slices=1 if slices is None else params.whole(slices, "slices", minimum=2, fix=_SLICES_FIX),
-            zone=zone,
+            placement=PlacementChoices(zones=() if zone is None else (params.zone(zone),)),
             keep_pod=keep_pod,
         )
         runs = Runs(sess)

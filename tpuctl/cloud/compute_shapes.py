@@ -25,13 +25,10 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from tpuctl.catalog import AcceleratorType, CapacityType, Surface
-from tpuctl.cloud.base import NetworkEndpoint, Node, NodeRequest
+from tpuctl.catalog import AcceleratorType, CapacityType, Surface, region_of_zone
+from tpuctl.cloud.base import CLOUD_PLATFORM_SCOPE, NetworkEndpoint, Node, NodeRequest
 
 LABEL_SLICE = "tpuctl-slice"
-#: The scope a host needs for the run's bucket and the rest of Google Cloud: a Compute Engine TPU VM's
-#: scopes are not defaulted to cloud-platform (docs/google-facts.md#images), unlike the TPU API's.
-CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 #: The CE TPU image's default boot disk is 10 GB (docs/google-facts.md#images): too small for a run's
 #: environment.
 BOOT_DISK_GB = 100
@@ -121,14 +118,20 @@ def instance_properties(
                 "initializeParams": {"sourceImage": compute.source_image, "diskSizeGb": str(BOOT_DISK_GB)},
             }
         ],
-        "networkInterfaces": [_network_interface(request.external_ips)],
-        "serviceAccounts": [{"email": "default", "scopes": [CLOUD_PLATFORM_SCOPE]}],
+        "networkInterfaces": [_network_interface(request, zone=zone, project=project)],
+        # A Compute Engine TPU VM's scopes are not defaulted to cloud-platform (docs/google-facts.md#images),
+        # unlike the TPU API's: the hosts need it for the run's bucket and the rest of Google Cloud.
+        "serviceAccounts": [
+            {"email": request.service_account or "default", "scopes": [CLOUD_PLATFORM_SCOPE]}
+        ],
         "scheduling": flex_scheduling()
         if request.flex_valid_for_s is not None
         else scheduling(request.capacity),
         "labels": {**request.labels, LABEL_SLICE: request.name},
         "metadata": {"items": [{"key": k, "value": v} for k, v in sorted(request.metadata.items())]},
     }
+    if request.network.tags:
+        props["tags"] = {"items": list(request.network.tags)}
     if request.description:
         props["description"] = request.description
     if request.capacity is CapacityType.RESERVED and request.reservation:
@@ -208,9 +211,15 @@ def parse_slice_description(text: str) -> dict[str, Any] | None:
     return meta if isinstance(meta, dict) else None
 
 
-def _network_interface(external_ips: bool) -> dict[str, Any]:
-    nic: dict[str, Any] = {"network": "global/networks/default", "nicType": "GVNIC"}
-    if external_ips:
+def _network_interface(request: NodeRequest, *, zone: str, project: str) -> dict[str, Any]:
+    """nic0: the network, and the subnetwork as a full path (a global template's must be one,
+    docs/google-facts.md#networks); a subnetwork named without its region is the zone's region's."""
+    network = request.network
+    nic: dict[str, Any] = {"network": network.network_path(project), "nicType": "GVNIC"}
+    subnetwork = network.subnetwork_path(project, region_of_zone(zone))
+    if subnetwork is not None:
+        nic["subnetwork"] = subnetwork
+    if request.external_ips:
         nic["accessConfigs"] = [{"type": "ONE_TO_ONE_NAT", "name": "External NAT"}]
     return nic
 

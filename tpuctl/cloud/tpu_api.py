@@ -33,8 +33,9 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from tpuctl.catalog import CapacityType
+from tpuctl.catalog import CapacityType, region_of_zone
 from tpuctl.cloud.base import (
+    CLOUD_PLATFORM_SCOPE,
     LABEL_REQUEST,
     NetworkEndpoint,
     Node,
@@ -461,7 +462,7 @@ class TpuApiCloud:
         return t.CreateNodeRequest(
             parent=self._parent(request.zone),
             node_id=request.name,
-            node=_node_message(request, request_id=request_id, in_queued_resource=False),
+            node=_node_message(request, self._project, request_id=request_id, in_queued_resource=False),
         )
 
     def build_create_queued_resource_request(
@@ -477,7 +478,9 @@ class TpuApiCloud:
             )
         spec: dict[str, Any] = {
             "parent": self._parent(request.zone),
-            "node": _node_message(request.node, request_id=request_id, in_queued_resource=True),
+            "node": _node_message(
+                request.node, self._project, request_id=request_id, in_queued_resource=True
+            ),
         }
         if request.node_count == 1:
             spec["node_id"] = request.node.name
@@ -653,7 +656,9 @@ class TpuApiCloud:
 # proto <-> dataclass
 
 
-def _node_message(request: NodeRequest, *, request_id: str | None, in_queued_resource: bool) -> Any:
+def _node_message(
+    request: NodeRequest, project: str, *, request_id: str | None, in_queued_resource: bool
+) -> Any:
     """The ``Node`` proto for a ``NodeRequest``.
 
     In a queued resource the tier (spot/guaranteed) lives on the queued resource, so the node template
@@ -692,9 +697,30 @@ def _node_message(request: NodeRequest, *, request_id: str | None, in_queued_res
         sched["preemptible"] = True
     if sched:
         node["scheduling_config"] = sched
-    if request.external_ips:
-        node["network_config"] = {"enable_external_ips": True}
+    network_config = _network_config(request, project)
+    if network_config:
+        node["network_config"] = network_config
+    if request.network.tags:
+        node["tags"] = list(request.network.tags)
+    if request.service_account is not None:
+        node["service_account"] = {"email": request.service_account, "scope": [CLOUD_PLATFORM_SCOPE]}
     return t.Node(**node)
+
+
+def _network_config(request: NodeRequest, project: str) -> dict[str, Any]:
+    """The node's networkConfig: external IPs where asked for, and the network and subnetwork where named
+    (the API's default is the project's ``default`` network and its subnetwork in the zone's region,
+    docs/google-facts.md#networks): a Shared VPC's as full paths in the host project."""
+    config: dict[str, Any] = {}
+    network = request.network
+    if network.network is not None or network.subnetwork is not None:
+        config["network"] = network.network_path(project)
+    subnetwork = network.subnetwork_path(project, region_of_zone(request.zone))
+    if subnetwork is not None:
+        config["subnetwork"] = subnetwork
+    if request.external_ips:
+        config["enable_external_ips"] = True
+    return config
 
 
 def _check_request_id(request_id: str) -> None:

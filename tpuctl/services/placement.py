@@ -30,7 +30,7 @@ from typing import Any
 
 from tpuctl import params
 from tpuctl.catalog import AcceleratorType, CapacityType, Catalog, Surface, region_of_zone, validate_zone
-from tpuctl.cloud.base import PlannedRequest
+from tpuctl.cloud.base import HostNetwork, PlannedRequest
 from tpuctl.errors import (
     EXIT_CAPACITY,
     EXIT_OK,
@@ -117,6 +117,10 @@ class PlacementRequest:
     external_ips: bool = False
     #: Which Google API places the slice (checked against the generation where the request is built).
     surface: Surface = Surface.TPU_API
+    #: The hosts' network, subnetwork and network tags.
+    network: HostNetwork = field(default_factory=HostNetwork)
+    #: The service account the hosts act as (None: the API's default, the Compute Engine default one).
+    service_account: str | None = None
 
     @property
     def uses_queued_resource(self) -> bool:
@@ -171,6 +175,8 @@ class PlacementRequest:
             "race_k": self.race_k if self.strategy is Strategy.RACE else None,
             "runtime_version": self.runtime_version,
             "labels": dict(self.labels),
+            **self.network.to_dict(),
+            "service_account": self.service_account,
         }
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tpuctl.catalog import CapacityType
+from tpuctl.catalog import CapacityType, Surface
 from tpuctl.errors import (
     EXIT_LEASE_HELD,
     CloudError,
@@ -23,6 +23,7 @@ from tpuctl.errors import (
     TpuctlError,
     UsageError,
 )
+from tpuctl.services.placement_choices import PlacementChoices
 from tpuctl.services.run import hosts, prepare
 from tpuctl.services.run.lease import Lease
 from tpuctl.services.run.model import EXECUTOR_KINDS, RecoveryPolicy, RunRequest
@@ -67,7 +68,7 @@ def request_payload(
 ) -> dict[str, Any]:
     """What a supervisor prepares the run again from (the ledger's and the local file's one form)."""
     data = dataclasses.asdict(request)
-    data["capacity_types"] = [t.value for t in request.capacity_types]
+    data["placement"] = request.placement.to_dict()
     data["run_id"] = run_id
     return {"request": data, "budget_usd": budget_usd, "policy": policy.to_dict()}
 
@@ -168,7 +169,7 @@ def _local_payload(run_dir: RunDir) -> dict[str, Any]:
 
 def parse_request(payload: dict[str, Any]) -> SavedRequest:
     raw = dict(payload["request"])
-    raw["capacity_types"] = _capacity_types(raw)
+    raw["placement"] = _placement(raw)
     for key in ("args", "env", "setup"):
         raw[key] = tuple(raw.get(key) or ())
     if raw.get("executor") not in EXECUTOR_KINDS:
@@ -183,13 +184,22 @@ def parse_request(payload: dict[str, Any]) -> SavedRequest:
     return SavedRequest(request, float(budget) if budget is not None else None, policy)
 
 
-def _capacity_types(raw: dict[str, Any]) -> tuple[CapacityType, ...]:
-    """The saved allowed set; a request saved with one ``capacity`` (before sets) reads as that one, an
-    on-demand one as none named (the profile's decided then, as they do now)."""
+def _placement(raw: dict[str, Any]) -> PlacementChoices:
+    """The saved placement choices; a request saved before they were one value reads its ``zone``,
+    ``api`` and allowed set (or, older still, its one ``capacity``: an on-demand one as none named, the
+    profile's deciding then, as they do now)."""
+    if "placement" in raw:
+        return PlacementChoices.from_dict(raw["placement"])
     if "capacity_types" in raw:
-        return tuple(CapacityType(t) for t in raw["capacity_types"])
-    legacy = CapacityType(raw.get("capacity") or CapacityType.ON_DEMAND.value)
-    return () if legacy is CapacityType.ON_DEMAND else (legacy,)
+        types = tuple(CapacityType(t) for t in raw["capacity_types"])
+    else:
+        legacy = CapacityType(raw.get("capacity") or CapacityType.ON_DEMAND.value)
+        types = () if legacy is CapacityType.ON_DEMAND else (legacy,)
+    return PlacementChoices(
+        zones=(raw["zone"],) if raw.get("zone") else (),
+        capacity_types=types,
+        surface=None if raw.get("api") is None else Surface(raw["api"]),
+    )
 
 
 def _settings_env(session: Session) -> dict[str, str]:

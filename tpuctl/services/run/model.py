@@ -14,9 +14,10 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from tpuctl.catalog import AcceleratorType, CapacityType, Surface
+from tpuctl.catalog import AcceleratorType, CapacityType
 from tpuctl.hosts.base import LaunchSpec, ShipResult
 from tpuctl.hosts.bundle import DEFAULT_LIMIT_BYTES, Bundle
+from tpuctl.services.placement_choices import PlacementChoices
 from tpuctl.services.run.accounting import PreemptionRecord
 from tpuctl.services.run.sliceset import SliceSet
 
@@ -96,11 +97,9 @@ class RunRequest:
     accelerator_type: str | None = None
     #: Slices of ``accelerator_type`` joined into one job (``--slices``; N > 1: a multislice).
     slices: int = 1
-    zone: str | None = None
-    #: The capacity types a new slice may be placed on, cheapest first (empty: the profile's decide).
-    capacity_types: tuple[CapacityType, ...] = ()
-    #: The Google API a new slice goes through (``--api``); None: the profile's, else the generation's.
-    api: Surface | None = None
+    #: Where and how a new slice is placed (the placement flags, as on ``pod create``); with ``pod``, its
+    #: one zone, if given, is where that slice is.
+    placement: PlacementChoices = field(default_factory=PlacementChoices)
     keep_pod: bool = False
     checkpoint_every: int | None = None
     checkpoint_dir: str | None = None

@@ -37,16 +37,11 @@ def target(session: Session, request: RunRequest, run_id: str) -> Target:
             field="type",
             fix="e.g. --type v5e-8, or --pod my-slice (see `tpuctl pod list`)",
         )
-    from tpuctl.services.allocator import build_request
-
-    placement = build_request(
+    placement = request.placement.request(
         session.catalog,
         session.settings,
         request.accelerator_type,
-        zones=[request.zone] if request.zone else (),
-        capacity_types=request.capacity_types,
         labels={**request.labels, LABEL_RUN: run_id},
-        surface=request.api,
         slices=request.slices,
     )
     return Target(accelerator=placement.accelerator, placement=placement)
@@ -61,7 +56,7 @@ def _existing(session: Session, request: RunRequest, run_id: str) -> Target:
             value=request.pod,
             fix="run on an existing slice with --pod, or create one with --type",
         )
-    existing = find_pods(session, request.pod, request.zone)
+    existing = find_pods(session, request.pod, _pod_zone(request))
     if request.slices not in (1, existing.count):
         raise UsageError(
             f"--slices {request.slices} does not match pod {existing.describe()}",
@@ -89,6 +84,19 @@ def _existing(session: Session, request: RunRequest, run_id: str) -> Target:
             fix="update tpuctl",
         ) from exc
     return Target(accelerator=accel, existing=existing)
+
+
+def _pod_zone(request: RunRequest) -> str | None:
+    """The zone ``--pod`` names a slice in: one ``--zone`` at most (a slice is in one zone)."""
+    zones = request.placement.zones
+    if len(zones) > 1:
+        raise UsageError(
+            f"--pod {request.pod} is in one zone, and {len(zones)} were given ({', '.join(zones)})",
+            field="zone",
+            value=", ".join(zones),
+            fix="give the zone of the slice once, or no --zone (`tpuctl pod list` shows where it is)",
+        )
+    return zones[0] if zones else None
 
 
 def find_pods(session: Session, name: str, zone: str | None) -> SliceSet:
