@@ -459,7 +459,9 @@ def test_run_stops_at_its_budget_deletes_the_slice_and_exits_7(
     by_run = cli("cost", "report", "--group-by", "run", "-o", "json", "--no-reconcile").json["groups"]
     groups = {g["key"]: g for g in by_run}
     assert groups[run.run_id]["status"] == "budget_exceeded"
-    assert 0 < groups[run.run_id]["cost_usd"] < 0.01
+    # Billed, and for no longer than the slice can have lived: the whole command's wall time at 1.96
+    # USD/h (a wall-clock bound like "< 0.01 USD" fails on a loaded machine, where setup alone is slow).
+    assert 0 < groups[run.run_id]["cost_usd"] <= 1.96 * (time.monotonic() - started) / 3600
     # The allocator does not record the run on the slices it places for a run yet, so the seconds
     # between the run's last segment and the delete stay with "(none)".
     assert set(groups) <= {run.run_id, "(none)"}
