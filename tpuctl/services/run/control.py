@@ -76,9 +76,10 @@ def request_payload(
 def save_request(
     run_dir: RunDir, request: RunRequest, *, run_id: str, budget_usd: float | None, policy: RecoveryPolicy
 ) -> Path:
-    """Write what ``runs resume`` / a background supervisor needs to prepare the run again: 0600 (--env
-    values may be secrets), atomically and durably (a run killed while saving keeps the old request
-    whole, and a machine that crashes after ``runs resume`` returned still has the new one)."""
+    """Write the request to the run's local file, for a run whose ledger holds none: 0600 (--env values
+    may be secrets), atomically and durably (a run killed while saving keeps the old request whole, and a
+    machine that crashes after ``runs resume`` returned still has the new one). ``record_request`` is
+    what a run uses: it keeps the --env values out of every file."""
     run_dir.make()
     payload = request_payload(request, run_id=run_id, budget_usd=budget_usd, policy=policy)
     return atomic_write_json(run_dir.request_file, payload)
@@ -99,9 +100,9 @@ def record_request(
     """The saved request in the ledger, where a supervisor on any machine reads it, and in the local file.
     ``script_in_bundle``: the script's path inside the bundle, where another machine finds it;
     ``requirements_text``: the ``--requirements`` file's content (another machine has no such file).
-    Either, not given, stays as the ledger had it. The ``--env`` values may be secrets: the ledger's
-    request carries none of them, they are one secret of the run's, encrypted with ``key``."""
-    save_request(run_dir, request, run_id=run_id, budget_usd=budget_usd, policy=policy)
+    Either, not given, stays as the ledger had it. The ``--env`` values may be secrets: neither the
+    ledger's request nor the local file carries them; they are one secret of the run's, encrypted with
+    ``key``."""
     payload = request_payload(request, run_id=run_id, budget_usd=budget_usd, policy=policy)
     env = payload["request"].pop("env", None) or []
     ledger.put_secret(run_id, ENV_SECRET, json.dumps(list(env)).encode(), key)
@@ -113,6 +114,8 @@ def record_request(
         kept = value if value is not None else before.get(name)
         if kept is not None:
             payload[name] = kept
+    run_dir.make()
+    atomic_write_json(run_dir.request_file, payload)
     ledger.save_run_request(run_id, json.dumps(payload, sort_keys=True))
 
 
@@ -142,14 +145,12 @@ def saved_payload(
     ``--env`` values are decrypted with the key ``key`` gives, asked for only when there are some;
     without one (a caller that reads no env) they are left out."""
     text = ledger.run_request(run_id)
-    if text is not None:
-        payload = json.loads(text)
-        if isinstance(payload, dict):
-            if payload.pop(ENV_IN_SECRET, False) and key is not None:
-                env = ledger.get_secret(run_id, ENV_SECRET, key())
-                payload["request"]["env"] = json.loads(env) if env is not None else []
-            return payload
-    return _local_payload(run_dir)
+    loaded = json.loads(text) if text is not None else None
+    payload = loaded if isinstance(loaded, dict) else _local_payload(run_dir)
+    if payload.pop(ENV_IN_SECRET, False) and key is not None:
+        env = ledger.get_secret(run_id, ENV_SECRET, key())
+        payload["request"]["env"] = json.loads(env) if env is not None else []
+    return payload
 
 
 def _local_payload(run_dir: RunDir) -> dict[str, Any]:
