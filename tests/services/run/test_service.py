@@ -218,6 +218,29 @@ def test_resume_refuses_a_succeeded_run_and_a_supervised_one(
         runs.resume(IDS[1])
 
 
+def test_resume_writes_nothing_when_a_supervisor_takes_the_run_while_it_prepares(
+    ledger: Ledger, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tpuctl.services.run import control
+
+    ledger.update_run(IDS[0], status=RunStatus.FAILED, exit_code=1)
+    before = ledger.get_run(IDS[0])
+    taken: list[LeaseClaim] = []
+
+    def prepared_while_another_took_it(*args: object) -> SimpleNamespace:
+        taken.append(ledger.claim_lease(IDS[0], OWNER, 300.0))  # after the first check passed
+        return SimpleNamespace(policy=None, budget_usd=None)
+
+    monkeypatch.setattr(control, "prepare_again", prepared_while_another_took_it)
+    settings = SimpleNamespace(lease_duration=60.0)
+    runs = Runs(cast("Session", SimpleNamespace(ledger=ledger, state_dir=tmp_path, settings=settings)))
+    with pytest.raises(LeaseHeldError, match="is supervised by host host-b, pid 4242"):
+        runs.resume(IDS[0], budget_usd=5.0)
+    assert taken and ledger.get_run(IDS[0]) == before  # still FAILED: no RECOVERING, no new budget
+    holder = ledger.lease_of(IDS[0])
+    assert holder is not None and holder.owner == OWNER  # the supervisor's lease is untouched
+
+
 def test_resume_without_a_saved_request_changes_nothing(runs: Runs, ledger: Ledger) -> None:
     ledger.update_run(IDS[1], status=RunStatus.FAILED, exit_code=1)
     with pytest.raises(UsageError, match="cannot read the saved request of this run"):

@@ -188,33 +188,37 @@ class Runs:
         if max_preemptions is not None:
             policy = dataclasses.replace(policy, max_preemptions=max_preemptions)
         budget = budget_usd if budget_usd is not None else ready.budget_usd
-        if budget_usd is not None or max_preemptions is not None:
-            control.record_request(
-                self._session.ledger,
-                run_dir,
-                ready.prepared.request,
-                run_id=record.run_id,
-                budget_usd=budget,
-                policy=policy,
-                key=secret_key(self._session.settings),
-            )
-        if record.status != RunStatus.RUNNING:
-            self._session.ledger.update_run(
-                record.run_id, status=RunStatus.RECOVERING, ended_at=None, exit_code=None
-            )
+        # Written under the run's lease, claimed here and given back before the supervisor claims it: a
+        # supervisor that took the run since the check above makes this exit 9 having written nothing.
+        ledger, settings = self._session.ledger, self._session.settings
+        claim = ledger.claim_lease(record.run_id, LeaseOwner.of_this_process(), settings.lease_duration)
+        try:
+            fenced = ledger.fenced(claim)
+            fresh = fenced.get_run(record.run_id)
+            if fresh is None:
+                raise RunNotFoundError(record.run_id)
+            _refuse_succeeded(fresh)  # it may have ended meanwhile
+            if budget_usd is not None or max_preemptions is not None:
+                control.record_request(
+                    fenced,
+                    run_dir,
+                    ready.prepared.request,
+                    run_id=record.run_id,
+                    budget_usd=budget,
+                    policy=policy,
+                    key=secret_key(settings),
+                )
+            if fresh.status != RunStatus.RUNNING:
+                fenced.update_run(record.run_id, status=RunStatus.RECOVERING, ended_at=None, exit_code=None)
+        finally:
+            ledger.release_lease(claim)
         return dataclasses.replace(ready, policy=policy, budget_usd=budget)
 
     def _refuse_unresumable(self, record: RunRecord, run_dir: RunDir) -> None:
         """Exit 2 when the run succeeded; exit 9 (``LeaseHeldError``, naming the owner and when its lease
         expires) while another supervisor's lease on it lives. Nothing is written either way."""
         run_id = record.run_id
-        if record.status == RunStatus.SUCCEEDED:
-            raise UsageError(
-                f"run {run_id} already succeeded; there is nothing to resume",
-                field="RUN",
-                value=run_id,
-                fix="start a new run with `tpuctl run`",
-            )
+        _refuse_succeeded(record)
         lease = self._session.ledger.lease_of(run_id)
         if lease is not None and not lease.expired:
             owner = lease.owner
@@ -334,3 +338,14 @@ class Runs:
             return control.clean_up(fenced_session(self._session, claim), record, run_dir)
         finally:
             keeper.release()
+
+
+def _refuse_succeeded(record: RunRecord) -> None:
+    """Exit 2 when the run succeeded: there is nothing to resume."""
+    if record.status == RunStatus.SUCCEEDED:
+        raise UsageError(
+            f"run {record.run_id} already succeeded; there is nothing to resume",
+            field="RUN",
+            value=record.run_id,
+            fix="start a new run with `tpuctl run`",
+        )
