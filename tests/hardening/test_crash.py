@@ -443,12 +443,24 @@ def _resume_once_the_lease_expired(env: dict[str, str], run_id: str) -> CliResul
 
 
 def _tpuctl(env: dict[str, str], *argv: str, timeout: float = 240) -> CliResult:
-    done = subprocess.run(
-        [sys.executable, "-m", "tpuctl", *argv], env=env, capture_output=True, timeout=timeout
+    """`tpuctl ARGV` to its end; one that outlives ``timeout`` fails the test with every thread's stack
+    (Python's fault handler, on SIGABRT) and what it printed, so a hang says where it hung."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tpuctl", *argv],
+        env={**env, "PYTHONFAULTHANDLER": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
-    result = CliResult(
-        done.returncode, done.stdout.decode(errors="replace"), done.stderr.decode(errors="replace")
-    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)
+        out, err = proc.communicate(timeout=30)
+        pytest.fail(
+            f"`tpuctl {' '.join(argv)}` still ran after {timeout:.0f} s; its output and stacks:\n"
+            f"{out.decode(errors='replace')[-3000:]}\n{err.decode(errors='replace')[-12000:]}"
+        )
+    result = CliResult(proc.returncode, out.decode(errors="replace"), err.decode(errors="replace"))
     no_crash(result)
     return result
 
