@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from tpuctl.services.run.views import (
         CheckpointFallback,
         Detached,
+        LeaseEvent,
         PreemptionView,
         RunDescription,
         SegmentView,
@@ -579,14 +580,20 @@ def _render_description(out: Output, described: RunDescription) -> None:
 
 
 def _render_lease_history(out: Output, described: RunDescription) -> None:
-    """The lease's last steps (renewals are many: the table keeps the last 8; -o json has them all)."""
+    """The lease's last steps (the table keeps the last 8; -o json has them all). A claim's renewals are
+    one step, at the latest, with their count."""
     events = described.lease_history
     if not events:
         return
+
+    def action(event: LeaseEvent) -> str:
+        renewals = (event.detail or {}).get("renewals")
+        return f"{event.action} x{renewals}" if renewals and renewals > 1 else event.action
+
     out.rows(
         "lease history" + (f" (last 8 of {len(events)})" if len(events) > 8 else ""),
         ("AT", "ACTION", "GEN", "HOST", "PID", "OWNER", "EXPIRES AT"),
-        ([e.at, e.action, e.generation, e.host, e.pid, e.owner_id, e.expires_at] for e in events[-8:]),
+        ([e.at, action(e), e.generation, e.host, e.pid, e.owner_id, e.expires_at] for e in events[-8:]),
         key="lease_history",
         records=[e.to_dict() for e in events],
     )
