@@ -214,6 +214,7 @@ class Supervisor:
             labels=prepared.request.labels,
             detail={
                 "hosts": target.accelerator.hosts,
+                "slices": target.slices,
                 "bundle_sha256": prepared.bundle.digest,
                 "bundle_bytes": prepared.bundle.total_bytes,
                 "executor": prepared.executor_kind,
