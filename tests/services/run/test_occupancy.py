@@ -48,7 +48,7 @@ def test_a_multislice_run_uses_each_of_its_slices_and_nothing_else(session: Sess
 
 
 def test_deleting_a_member_of_a_live_multislice_run_is_refused_without_force(session: Session) -> None:
-    with pytest.raises(UsageError, match="pod ms-1 .* is in use by run run-multi"):
+    with pytest.raises(UsageError, match=r"pod ms-1 \(us-central2-b\) is in use by run run-multi"):
         guard_deletion(session, "ms-1", ZONE, force=False)
     assert guard_deletion(session, "ms-1", ZONE, force=True) == ["run-multi"]
     record = session.ledger.get_run("run-multi")
