@@ -195,6 +195,10 @@ class World(_Strict):
     #: OS Login on for the whole project (metadata ``enable-oslogin`` on a node overrides it): hosts then
     #: accept the keys imported through OS Login and ignore ``ssh-keys``.
     os_login: bool = False
+    #: ``enable-guest-attributes=TRUE`` in the project's metadata: Compute Engine VMs whose own metadata
+    #: does not say publish their guest attributes (SSH host keys) too. Off, as on a new project: a VM
+    #: publishes only when its metadata enables them (docs/google-facts.md#guest-attributes).
+    guest_attributes: bool = False
     #: Whether Compute Engine TPU VMs publish the ``agent-worker-number`` attribute, which JAX's
     #: ``GceTpuCluster`` needs to auto-detect the slice. Unconfirmed (docs/google-facts.md#worker-identity),
     #: so off: the stricter reading, under which only the ``TPU_WORKER_ID``/``TPU_WORKER_HOSTNAMES`` that
