@@ -59,6 +59,9 @@ SIM_TUNING = Tuning(
     ),
     budget_poll_s=1.0,
     delete_margin_s=5.0,
+    # A simulated host publishes its key as soon as it is served (seconds): a minute is ample, and a
+    # slice that never publishes fails well within a test's time limit, with tpuctl's own message.
+    host_keys_wait_s=60.0,
 )
 
 #: A yellow marker, so that nobody mistakes the simulator for Google; the state dir is its world.

@@ -24,9 +24,6 @@ if TYPE_CHECKING:
     from tpuctl.hosts.ssh import KeyPair, SshExecutor
     from tpuctl.services.session import Session
 
-#: How long a READY slice's guest agents may take to publish their host keys.
-_HOST_KEYS_DEADLINE_S = 300.0
-
 
 def executor_kind(session: Session, requested: str | None) -> ExecutorKind:
     """The executor a run gets: SSH, on every backend (``--executor sim`` is gone: simulated hosts are
@@ -55,7 +52,11 @@ def build_executor(
             _refuse_unauthorized(session, node, key)
         found = _addresses(session, node, accel.hosts, for_plan=for_plan)
         addresses += found
-        keys += [None] * len(found) if for_plan else expected_host_keys(session, node)
+        keys += (
+            [None] * len(found)
+            if for_plan
+            else expected_host_keys(session, node, deadline_s=session.backend.tuning.host_keys_wait_s)
+        )
     backend = session.backend
     request = prepared.request
 
@@ -116,9 +117,7 @@ def _addresses(session: Session, node: Node, hosts: int, *, for_plan: bool) -> l
     return addresses
 
 
-def expected_host_keys(
-    session: Session, node: Node, *, deadline_s: float = _HOST_KEYS_DEADLINE_S
-) -> list[tuple[str, ...]]:
+def expected_host_keys(session: Session, node: Node, *, deadline_s: float) -> list[tuple[str, ...]]:
     """Each host's SSH host keys as its guest agent published them (``getGuestAttributes``), waiting
     with a bounded backoff for hosts that have not published yet (a VM's agent starts after READY)."""
     deadline = time.monotonic() + deadline_s
