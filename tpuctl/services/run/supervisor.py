@@ -174,6 +174,7 @@ class Supervisor:
         self._bind(session)
         self._lock = threading.Lock()
         self._stop_reason: Outcome | None = None  # set when we stop the hosts ourselves
+        self._budget_said = False  # the budget stop was told to the user (once per run)
         self._stopper: threading.Thread | None = None
         self._budget: StepBudget | None = None
         self._grace_s: float | None = None  # the run's --grace: how long a budget stop waits for SIGTERM
@@ -604,6 +605,7 @@ class Supervisor:
                 soft_exit_codes=frozenset({PREEMPTED_EXIT_CODE}),
                 soft_wait_s=self.policy.checkpoint_wait_s,
                 on_started=started,
+                may_start=self._may_start,
             )
         finally:
             watch.close()
@@ -697,8 +699,12 @@ class Supervisor:
         self._update_detail(lost_restores=list(self.progress.lost_restores))
 
     def _budget_stop(self) -> None:
+        """Stop at the budget: said once, however many polls and steps see the decision after it."""
         assert self._budget is not None and self._budget.decision is not None
-        if self._stop_reason is None:
+        with self._lock:
+            say = not self._budget_said and self._stop_reason is None
+            self._budget_said = True
+        if say:
             self._inner.status(f"budget: {self._budget.decision.message}; checkpointing and stopping")
         # SIGKILL at the end of --grace, then the slice goes: a program that ignores SIGTERM must not
         # keep spending past the budget for the minute a preemption's checkpoint may take.
@@ -713,7 +719,11 @@ class Supervisor:
             attempt = self._attempt
             if attempt is None or attempt.executor is None:
                 # Nothing to stop yet. A cancel is kept in ``self._cancel`` alone: ``started()`` stops the
-                # hosts once they exist, which a stop reason set now would make it skip.
+                # hosts once they exist, which a stop reason set now would make it skip. A budget stop is
+                # kept as the stop reason: the attempt then starts nothing (``_may_start``) and ends at
+                # the budget.
+                if reason is Outcome.BUDGET:
+                    self._stop_reason = reason
                 return
             self._stop_reason = reason
             executor = attempt.executor
@@ -722,6 +732,12 @@ class Supervisor:
                 target=executor.stop, args=(wait,), name="tpuctl-stop-hosts", daemon=True
             )
             self._stopper.start()
+
+    def _may_start(self) -> bool:
+        """Whether the attempt may still start the program (asked before its hosts' setup and before the
+        start): not once the budget stopped it while the hosts were being set up."""
+        with self._lock:
+            return self._stop_reason is not Outcome.BUDGET
 
     def _join_stopper(self) -> None:
         stopper = self._stopper
