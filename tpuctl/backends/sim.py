@@ -196,11 +196,7 @@ def world_prices(world: World, where: str) -> OwnPrices:
     the bundled catalog; ``where``: the world's source, shown as the price source."""
     overrides = {
         generation: {
-            region: {
-                key: float(value)
-                for key, value in (("on_demand", price.on_demand), ("spot", price.spot))
-                if value is not None
-            }
+            region: {key: float(value) for key, value in price.model_dump(exclude_none=True).items()}
             for region, price in regions.items()
         }
         for generation, regions in world.prices.items()

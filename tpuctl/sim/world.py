@@ -120,8 +120,13 @@ class ComputeQuotaLimit(_Strict):
 
 
 class RegionPrice(_Strict):
+    """USD per chip-hour by the catalog's price keys (``tpuctl.catalog.price_key``); unset: the catalog's."""
+
     on_demand: NonNegFloat | None = None
     spot: NonNegFloat | None = None
+    flex_start: NonNegFloat | None = None
+    pod_on_demand: NonNegFloat | None = None  # v2/v3 slices of several hosts
+    pod_spot: NonNegFloat | None = None
 
 
 class Latency(_Strict):

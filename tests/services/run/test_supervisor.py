@@ -142,6 +142,24 @@ def test_a_loss_a_fenced_write_finds_is_the_supervisors_at_once(session: Session
         supervisor._end_lease()
 
 
+def test_a_budget_stop_just_before_the_start_stops_the_program_as_it_starts(session: Session) -> None:
+    """The poll's stop lands after the attempt's last check and before the start: once the hosts run
+    the program they are stopped at once, and only once however many polls follow."""
+    supervisor = Supervisor(session, owner=OWNER, budget_usd=1.0)
+    supervisor._run_id = RUN
+    supervisor._grace_s = 2.0
+    attempt = _Attempt(slices=cast("SliceSet", None), restart_count=0)
+    supervisor._attempt = attempt  # setting up: no executor yet
+    supervisor._stop_hosts(Outcome.BUDGET)  # the poll
+    assert supervisor._may_start() is False
+    hosts = StoppableHosts()
+    supervisor._on_started(attempt, cast("Executor", hosts), 0.5)  # it had passed its last check
+    supervisor._join_stopper()
+    supervisor._stop_hosts(Outcome.BUDGET)  # the polls after it
+    supervisor._join_stopper()
+    assert hosts.stopped == [2.0]  # the run's --grace
+
+
 class Said:
     """An observer that keeps the supervisor's statuses and the hosts' lines."""
 
@@ -160,8 +178,8 @@ def test_a_budget_reached_during_host_setup_is_said_once_and_starts_nothing(
     session: Session, tmp_path: Path
 ) -> None:
     """The budget is spent (v5e-8 on demand, 9.60 USD/h, against 0.001 USD and the stop's margin) while
-    the hosts still run their setup: the stop is said once, however many polls see it, the program never
-    starts, and the run ends at its budget with its slice deleted."""
+    the hosts are shipped to and set up: the stop is said once, however many polls see it, the program
+    never starts, and the run ends at its budget with its slice deleted."""
     from tpuctl.errors import BudgetExceededError
     from tpuctl.services.run.model import RecoveryPolicy, RunRequest
     from tpuctl.services.run.service import Runs

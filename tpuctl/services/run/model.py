@@ -121,6 +121,9 @@ class RunRequest:
     bucket: str | None = None
     #: An OpenSSH-style ProxyCommand (``%h %p %r``) for hosts without external IPs, e.g. an IAP tunnel.
     ssh_proxy_command: str | None = None
+    #: USD per hour of one slice that ``--budget`` counts where tpuctl knows no price
+    #: (``--assume-price-per-hour``); None: a budget goes only where there is a price.
+    assumed_price_per_hour: float | None = None
 
 
 @dataclass(frozen=True)
