@@ -72,6 +72,7 @@ FLAGS: Final[Mapping[str, str]] = {
     "timeout": "--timeout",
     "grace": "--grace",
     "budget": "--budget",
+    "assume_price_per_hour": "--assume-price-per-hour",
     "checkpoint_every": "--checkpoint-every",
     "max_restarts": "--max-restarts",
     "max_preemptions": "--max-preemptions",
@@ -204,6 +205,21 @@ def usd(value: str | float, param: str, *, per_hour: bool = False) -> float:
             value=value,
             fix=fix,
             eg=eg,
+        )
+    return amount
+
+
+def slice_usd_per_hour(value: str | float, param: str) -> float:
+    """The price of one slice in US dollars per hour (a price a budget assumes): a finite number > 0."""
+    fix = f"give the price of one slice in USD per hour, a positive number, e.g. {EG}"
+    amount = _finite(value, param, fix=fix, eg="40")
+    if amount <= 0:
+        raise ParamError(
+            f"{LABEL} must be a positive number of USD per hour, got {value!r}",
+            param=param,
+            value=value,
+            fix=fix,
+            eg="40",
         )
     return amount
 

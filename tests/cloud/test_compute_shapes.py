@@ -76,7 +76,12 @@ def test_a_one_host_tpu7x_slice_is_one_instance_as_the_facts_sheet_builds_it() -
     )
     assert body["serviceAccounts"][0]["scopes"] == [CLOUD_PLATFORM_SCOPE]
     assert body["labels"] == {"managed-by": "tpuctl", "tpuctl-slice": "s1"}
-    assert body["metadata"]["items"] == [{"key": "ssh-keys", "value": "tpuctl:ssh-ed25519 AAAA"}]
+    # Guest attributes on, so that the VM publishes its SSH host keys (off unless enabled:
+    # docs/google-facts.md#guest-attributes); tpuctl trusts no other host key.
+    assert body["metadata"]["items"] == [
+        {"key": "enable-guest-attributes", "value": "TRUE"},
+        {"key": "ssh-keys", "value": "tpuctl:ssh-ed25519 AAAA"},
+    ]
     assert "accessConfigs" not in body["networkInterfaces"][0]  # no external IP unless asked for
     assert _unknown_fields(body, "Instance") == []
 
@@ -107,6 +112,8 @@ def test_a_multi_host_slice_is_a_workload_policy_a_template_and_a_bulk_mig_of_ev
     }
     template = shapes.template_body(req, accel, project="p")
     assert template["properties"]["machineType"] == "tpu7x-standard-4t"  # a template's is a bare name
+    # Every VM the MIG makes from the template publishes its host keys.
+    assert {"key": "enable-guest-attributes", "value": "TRUE"} in template["properties"]["metadata"]["items"]
     mig = shapes.mig_body(req, accel, template_url="T", policy_url="P")
     assert mig["targetSize"] == 4 and mig["targetSizePolicy"] == {"mode": "BULK"}
     assert mig["instanceLifecyclePolicy"] == {"defaultActionOnFailure": "DO_NOTHING"}

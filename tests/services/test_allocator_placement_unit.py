@@ -164,6 +164,38 @@ def test_candidates_judged_offer_then_price_then_quota() -> None:
     )
 
 
+def test_under_a_budget_only_priced_candidates_are_taken() -> None:
+    """A run's --budget counts its spend by the price: a candidate with none is rejected (the priced
+    ones are taken), and a request no candidate can price is refused saying so."""
+    book = QuotaBook(CATALOG, limits(), [])
+    zones = ["us-central1-a", "us-west1-c"]
+    offers = {z: Offer(True) for z in zones}
+    req = request(priced_only=True)
+    plan = decide(
+        req, build_candidates(req, catalog=CATALOG, book=book, zones=zones, offers=offers), zones=zones
+    )
+    assert [c.zone for c in plan.order] == ["us-central1-a"]
+    (unpriced,) = [c for c in plan.candidates if c.zone == "us-west1-c"]
+    assert unpriced.rejection is Rejection.NO_PRICE
+    assert unpriced.reason == (
+        "no price for v5e spot in region us-west1, and --budget counts the run's spend by its price"
+    )
+    nowhere = decide(
+        req,
+        build_candidates(req, catalog=CATALOG, book=book, zones=["us-west1-c"], offers=offers),
+        zones=["us-west1-c"],
+    )
+    assert nowhere.verdict is Verdict.OVER_PRICE_CAP
+    assert nowhere.message is not None and "no candidate for v5litepod-16 has a price" in nowhere.message
+    assert nowhere.fix is not None and "--assume-price-per-hour" in nowhere.fix
+    # Without a budget the unpriced zone stays a candidate (tried after the priced one).
+    free = request()
+    plan = decide(
+        free, build_candidates(free, catalog=CATALOG, book=book, zones=zones, offers=offers), zones=zones
+    )
+    assert [c.zone for c in plan.order] == ["us-central1-a", "us-west1-c"]
+
+
 def test_ranking_price_then_headroom_then_capacity_order_then_zone() -> None:
     req = request(capacity_types=(CapacityType.ON_DEMAND,))
     zones = ["us-west4-a", "us-east5-b", "us-central1-a"]  # all 1.20 USD/chip-h on demand

@@ -80,6 +80,9 @@ class Tuning:
     budget_poll_s: float
     #: How long deleting a slice takes, beyond the hosts' grace (the slice bills until it is gone).
     delete_margin_s: float
+    #: How long a READY slice's hosts may take to publish their SSH host keys (their guest agent starts
+    #: after READY); then the run fails saying why.
+    host_keys_wait_s: float = 300.0
 
 
 @dataclass(frozen=True)

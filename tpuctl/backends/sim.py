@@ -63,6 +63,9 @@ SIM_TUNING = Tuning(
     ),
     budget_poll_s=1.0,
     delete_margin_s=5.0,
+    # A simulated host publishes its key as soon as it is served (seconds): a minute is ample, and a
+    # slice that never publishes fails well within a test's time limit, with tpuctl's own message.
+    host_keys_wait_s=60.0,
 )
 
 #: A yellow marker, so that nobody mistakes the simulator for Google; the state dir is its world.
@@ -226,11 +229,7 @@ def world_prices(world: World, where: str) -> OwnPrices:
     the bundled catalog; ``where``: the world's source, shown as the price source."""
     overrides = {
         generation: {
-            region: {
-                key: float(value)
-                for key, value in (("on_demand", price.on_demand), ("spot", price.spot))
-                if value is not None
-            }
+            region: {key: float(value) for key, value in price.model_dump(exclude_none=True).items()}
             for region, price in regions.items()
         }
         for generation, regions in world.prices.items()

@@ -243,6 +243,14 @@ def run(
             help="Stop the run before it spends more than this many USD (warn at 80%).",
         ),
     ] = None,
+    assume_price_per_hour: Annotated[
+        str | None,
+        typer.Option(
+            "--assume-price-per-hour",
+            metavar="USD",
+            help="With --budget: count a slice tpuctl has no price for at this many USD per hour.",
+        ),
+    ] = None,
     max_restarts: Annotated[
         str,
         typer.Option(
@@ -326,6 +334,9 @@ def run(
         timeout_s=None if timeout is None else params.duration(timeout, "timeout"),
         grace_s=params.duration(grace, "grace", allow_zero=True),
         bundle_limit_bytes=int(limit_mb * 1024 * 1024),
+        assumed_price_per_hour=None
+        if assume_price_per_hour is None
+        else params.slice_usd_per_hour(assume_price_per_hour, "assume_price_per_hour"),
     )
     host_flags = {
         "bucket": bucket,
@@ -366,7 +377,7 @@ def run(
         runs = Runs(sess)
         prepared = runs.prepare(request)  # a bad value is exit 2, before the cloud is asked anything
         if is_dry_run(ctx, dry_run):
-            _render_plan(out, runs.plan(prepared))
+            _render_plan(out, runs.plan(prepared, budget_usd=budget_usd))
             return
         from tpuctl.services.budget import warn_monthly_budget
 

@@ -32,6 +32,8 @@ LABEL_SLICE = "tpuctl-slice"
 #: The CE TPU image's default boot disk is 10 GB (docs/google-facts.md#images): too small for a run's
 #: environment.
 BOOT_DISK_GB = 100
+#: The metadata key that turns a VM's guest attributes on (docs/google-facts.md#guest-attributes).
+GUEST_ATTRIBUTES_KEY = "enable-guest-attributes"
 #: A description starting with this holds the slice's JSON (MIGs have no labels).
 _DESCRIPTION_PREFIX = "tpuctl-slice "
 
@@ -128,7 +130,7 @@ def instance_properties(
         if request.flex_valid_for_s is not None
         else scheduling(request.capacity),
         "labels": {**request.labels, LABEL_SLICE: request.name},
-        "metadata": {"items": [{"key": k, "value": v} for k, v in sorted(request.metadata.items())]},
+        "metadata": {"items": _metadata_items(request.metadata)},
     }
     if request.network.tags:
         props["tags"] = {"items": list(request.network.tags)}
@@ -209,6 +211,14 @@ def parse_slice_description(text: str) -> dict[str, Any] | None:
     except ValueError:
         return None
     return meta if isinstance(meta, dict) else None
+
+
+def _metadata_items(metadata: Mapping[str, str]) -> list[dict[str, str]]:
+    """The request's metadata with guest attributes on: a Compute Engine VM publishes its SSH host keys
+    only then (docs/google-facts.md#guest-attributes), and tpuctl connects to no host whose key it has
+    not read from there."""
+    merged = {**metadata, GUEST_ATTRIBUTES_KEY: "TRUE"}
+    return [{"key": k, "value": v} for k, v in sorted(merged.items())]
 
 
 def _network_interface(request: NodeRequest, *, zone: str, project: str) -> dict[str, Any]:

@@ -194,25 +194,33 @@ class TpuApiCloud:
         return node_from_proto(pb)
 
     def host_keys(self, zone: str, name: str) -> list[tuple[str, ...]]:
-        # The guest agent writes each host key under namespace "hostkeys", key = the key type, value =
-        # the base64 blob (https://cloud.google.com/compute/docs/connect/verify-host-keys; the v2
-        # method: https://cloud.google.com/tpu/docs/reference/rest/v2/projects.locations.nodes/getGuestAttributes).
+        """Each worker's keys, asked for by its worker id. The guest agent writes each host key under
+        namespace "hostkeys", key = the key type, value = the base64 blob
+        (https://cloud.google.com/compute/docs/connect/verify-host-keys). A ``GuestAttributes`` names no
+        worker and the method does not say in which order it lists every worker's
+        (https://cloud.google.com/tpu/docs/reference/rest/v2/projects.locations.nodes/getGuestAttributes),
+        so one request per worker (``workerIds: [w]``) is the only answer that says whose keys they are."""
+        workers = len(self.get_node(zone, name).network_endpoints) or 1
+        return [self._host_keys_of(zone, name, worker) for worker in range(workers)]
+
+    def _host_keys_of(self, zone: str, name: str, worker: int) -> tuple[str, ...]:
         full = self._node_name(zone, name)
         response = self._read(
             "get guest attributes",
-            f"{name} in {zone}",
+            f"worker {worker} of {name} in {zone}",
             lambda: self._client.get_guest_attributes(
-                request={"name": full, "query_path": "hostkeys/"}, timeout=self._timeout
+                request={"name": full, "query_path": "hostkeys/", "worker_ids": [str(worker)]},
+                timeout=self._timeout,
             ),
         )
-        return [
-            tuple(
-                f"{item.key} {item.value}"
-                for item in attributes.query_value.items
-                if item.namespace == "hostkeys" and item.key and item.value
-            )
-            for attributes in response.guest_attributes
-        ]
+        # One worker asked, one entry answered; anything else is no key for it (nothing published yet).
+        if len(response.guest_attributes) != 1:
+            return ()
+        return tuple(
+            f"{item.key} {item.value}"
+            for item in response.guest_attributes[0].query_value.items
+            if item.namespace == "hostkeys" and item.key and item.value
+        )
 
     def create_node(
         self,

@@ -104,6 +104,9 @@ class PlacementRequest:
     zones: tuple[str, ...] = ()  # explicit zones; empty: the region's, else every zone the catalog lists
     region: str | None = None
     max_price: float | None = None  # USD per hour for the whole request (all slices)
+    #: Only candidates with a known price: a run's ``--budget`` counts its spend by the price, and a
+    #: slice it could not price would spend unguarded.
+    priced_only: bool = False
     slices: int = 1
     queued: bool = False
     valid_for_s: float | None = None
@@ -168,6 +171,7 @@ class PlacementRequest:
             "zones": list(self.zones),
             "region": self.region,
             "max_price_per_hour": self.max_price,
+            "priced_only": self.priced_only,
             "queued": self.uses_queued_resource,
             "flex_start": self.flex_start,
             "valid_for_s": self.valid_for_s,
@@ -418,12 +422,9 @@ def build_candidates(
     for zone in zones:
         offer = offers.get(zone, Offer(False, "the API did not say what this zone offers"))
         for rank, capacity in enumerate(request.capacity_types):
-            per_chip = catalog.price_per_chip_hour(accel, zone, capacity)
-            if per_chip is None and request.flex_start:
-                # Flex-start prices are not in the catalog (unc. for TPU7x, docs/google-facts.md#prices):
-                # its preemptible price where there is one, else on-demand, the dearer reading for the
-                # price cap.
-                per_chip = catalog.price_per_chip_hour(accel, zone, CapacityType.ON_DEMAND)
+            # Flex-start is billed by its own SKU: its price where the catalog has one, else unknown
+            # (docs/google-facts.md#prices-for-budgets), never the spot price.
+            per_chip = catalog.price_per_chip_hour(accel, zone, capacity, flex_start=request.flex_start)
             per_hour = None if per_chip is None else per_chip * request.chips
             uses = book.uses_for(accel, zone, capacity, request.surface)
             checks = tuple(
@@ -462,6 +463,12 @@ def _judge(
     if not offer.offered:
         note = f" ({offer.note})" if offer.note else ""
         return Rejection.NOT_OFFERED, f"{accel.api_name} is not offered in zone {zone}{note}"
+    if per_hour is None and request.priced_only:
+        return (
+            Rejection.NO_PRICE,
+            f"no price for {accel.generation.name} {capacity.value} in region {region_of_zone(zone)}, and "
+            "--budget counts the run's spend by its price",
+        )
     if request.max_price is not None:
         if per_hour is None:
             return (
@@ -646,6 +653,14 @@ def _infeasible(
             "offered), or drop --zone/--region to consider every zone",
         )
     priced = [c for c in offered if c.rejection not in (Rejection.OVER_CAP, Rejection.NO_PRICE)]
+    if not priced and request.max_price is None:  # only ``priced_only`` rejects an unpriced candidate
+        return (
+            Verdict.OVER_PRICE_CAP,
+            f"no candidate for {what} has a price, and --budget counts the run's spend by its price: "
+            + ", ".join(f"{c.zone} {c.capacity.value}" for c in offered),
+            "give the price --budget assumes with --assume-price-per-hour USD, or choose a zone and "
+            "capacity tpuctl has a price for (`tpuctl cost estimate` lists them)",
+        )
     if not priced:
         assert request.max_price is not None
         prices = "; ".join(

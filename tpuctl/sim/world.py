@@ -120,8 +120,13 @@ class ComputeQuotaLimit(_Strict):
 
 
 class RegionPrice(_Strict):
+    """USD per chip-hour by the catalog's price keys (``tpuctl.catalog.price_key``); unset: the catalog's."""
+
     on_demand: NonNegFloat | None = None
     spot: NonNegFloat | None = None
+    flex_start: NonNegFloat | None = None
+    pod_on_demand: NonNegFloat | None = None  # v2/v3 slices of several hosts
+    pod_spot: NonNegFloat | None = None
 
 
 class Latency(_Strict):
@@ -218,6 +223,10 @@ class World(_Strict):
     #: The Google account every caller of the simulator acts as (it checks no credentials): OAuth's
     #: tokeninfo names it, and OS Login imports keys into its profile only.
     principal: Annotated[str, Field(pattern=r"^[^@\s/]+@[^@\s/]+\.[^@\s/]+$")] = "sim-user@example.com"
+    #: ``enable-guest-attributes=TRUE`` in the project's metadata: Compute Engine VMs whose own metadata
+    #: does not say publish their guest attributes (SSH host keys) too. Off, as on a new project: a VM
+    #: publishes only when its metadata enables them (docs/google-facts.md#guest-attributes).
+    guest_attributes: bool = False
     #: Whether Compute Engine TPU VMs publish the ``agent-worker-number`` attribute, which JAX's
     #: ``GceTpuCluster`` needs to auto-detect the slice. Unconfirmed (docs/google-facts.md#worker-identity),
     #: so off: the stricter reading, under which only the ``TPU_WORKER_ID``/``TPU_WORKER_HOSTNAMES`` that

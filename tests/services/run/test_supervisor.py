@@ -31,7 +31,11 @@ RUN = "run-20260921-141320-ab16"
 OWNER = LeaseOwner("owner-s1", "host-s", 4343, 88)
 WORLD = {
     "project": "test-proj",
+    "speed": 1000,
     "zones": {"us-central1-a": {"v5e": {"on_demand": 8, "preemptible": 8}}},
+    "quotas": {
+        "default": {"on_demand": {"zone": -1, "region": -1}, "preemptible": {"zone": -1, "region": -1}}
+    },
     "latency": {"base_ms": 0, "jitter_ms": 0},
 }
 
@@ -136,3 +140,68 @@ def test_a_loss_a_fenced_write_finds_is_the_supervisors_at_once(session: Session
         assert supervisor._lost() is raised.value  # so its executor lets the hosts go unsignalled
     finally:
         supervisor._end_lease()
+
+
+def test_a_budget_stop_just_before_the_start_stops_the_program_as_it_starts(session: Session) -> None:
+    """The poll's stop lands after the attempt's last check and before the start: once the hosts run
+    the program they are stopped at once, and only once however many polls follow."""
+    supervisor = Supervisor(session, owner=OWNER, budget_usd=1.0)
+    supervisor._run_id = RUN
+    supervisor._grace_s = 2.0
+    attempt = _Attempt(slices=cast("SliceSet", None), restart_count=0)
+    supervisor._attempt = attempt  # setting up: no executor yet
+    supervisor._stop_hosts(Outcome.BUDGET)  # the poll
+    assert supervisor._may_start() is False
+    hosts = StoppableHosts()
+    supervisor._on_started(attempt, cast("Executor", hosts), 0.5)  # it had passed its last check
+    supervisor._join_stopper()
+    supervisor._stop_hosts(Outcome.BUDGET)  # the polls after it
+    supervisor._join_stopper()
+    assert hosts.stopped == [2.0]  # the run's --grace
+
+
+class Said:
+    """An observer that keeps the supervisor's statuses and the hosts' lines."""
+
+    def __init__(self) -> None:
+        self.statuses: list[str] = []
+        self.lines: list[str] = []
+
+    def line(self, worker: int, text: str) -> None:
+        self.lines.append(text)
+
+    def status(self, text: str) -> None:
+        self.statuses.append(text)
+
+
+def test_a_budget_reached_during_host_setup_is_said_once_and_starts_nothing(
+    session: Session, tmp_path: Path
+) -> None:
+    """The budget is spent (v5e-8 on demand, 9.60 USD/h, against 0.001 USD and the stop's margin) while
+    the hosts are shipped to and set up: the stop is said once, however many polls see it, the program
+    never starts, and the run ends at its budget with its slice deleted."""
+    from tpuctl.errors import BudgetExceededError
+    from tpuctl.services.run.model import RecoveryPolicy, RunRequest
+    from tpuctl.services.run.service import Runs
+
+    work = tmp_path / "proj"
+    work.mkdir()
+    (work / "prog.py").write_text("print('the program started', flush=True)\n")
+    request = RunRequest(
+        script=str(work / "prog.py"),
+        accelerator_type="v5e-8",
+        runtime_deps=False,
+        setup=("sleep 3",),  # a dozen budget polls while the hosts set up
+        grace_s=1.0,
+    )
+    said = Said()
+    runs = Runs(session)
+    with pytest.raises(BudgetExceededError):
+        runs.start(runs.prepare(request), observer=said, policy=RecoveryPolicy.off(), budget_usd=0.001)
+    stops = [s for s in said.statuses if s.startswith("budget:")]
+    assert len(stops) == 1, said.statuses
+    assert not any("the program started" in line for line in said.lines)
+    assert not any(s.startswith("started ") for s in said.statuses)
+    (record,) = [r for r in session.ledger.list_runs() if r.run_id != RUN]
+    assert record.status == RunStatus.BUDGET_EXCEEDED and record.exit_code == 7
+    assert session.cloud.list_nodes(None) == []  # the slice it made is gone

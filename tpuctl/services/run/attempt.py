@@ -61,13 +61,16 @@ def execute(
     soft_exit_codes: frozenset[int] = frozenset(),
     soft_wait_s: float = 60.0,
     on_started: Callable[[Executor, float], None] | None = None,
+    may_start: Callable[[], bool] | None = None,
 ) -> AttemptResult:
     """Ship and start on every host of ``slices``, stream until all exit (see the module docstring).
 
     ``soft_exit_codes``: statuses that end a host without failing the others (the runtime's
     "preempted, checkpoint saved"): the other hosts get ``soft_wait_s`` to reach the same end before
     they are stopped. ``on_started(executor, setup_s)`` is called once every host has started, with the
-    seconds the hosts' setup took."""
+    seconds the hosts' setup took. ``may_start()`` is asked before the hosts' setup and again before the
+    program starts: False (the run was stopped meanwhile, e.g. at its budget) ends the attempt there,
+    with nothing started and no exit status."""
     spec = prepared.spec(restart_count)
     endpoints = sum(len(node.network_endpoints) for node in slices.nodes)
     if endpoints not in (0, spec.num_workers):
@@ -82,7 +85,12 @@ def execute(
     interrupted = timed_out = False
     started_at = time.time()
     try:
-        shipped, setup_s = _ship_and_start(session, observer, executor, prepared, slices, spec, streams)
+        started = _ship_and_start(
+            session, observer, executor, prepared, slices, spec, streams, may_start or (lambda: True)
+        )
+        if started is None:
+            return _not_started(started_at)
+        shipped, setup_s = started
         if on_started is not None:
             on_started(executor, setup_s)
         timeout_s = prepared.request.timeout_s
@@ -114,6 +122,21 @@ def execute(
     )
 
 
+def _not_started(started_at: float) -> AttemptResult:
+    """An attempt stopped before its program started: no host ran it, so none has an exit status."""
+    return AttemptResult(
+        exit_codes={},
+        failed_worker=None,
+        returncode=None,
+        interrupted=False,
+        timed_out=False,
+        shipped=[],
+        started_at=started_at,
+        ended_at=time.time(),
+        started=False,
+    )
+
+
 def _ship_and_start(
     session: Session,
     observer: LaunchObserver,
@@ -122,7 +145,10 @@ def _ship_and_start(
     slices: SliceSet,
     spec: LaunchSpec,
     streams: _Streams,
-) -> tuple[list[ShipResult], float]:
+    may_start: Callable[[], bool],
+) -> tuple[list[ShipResult], float] | None:
+    """Ship, set up and start every host: what was shipped and how long setup took, or None when
+    ``may_start`` said no before the setup or before the start (nothing was started)."""
     claim = session.ledger.fence  # a supervised run's (its lines go to the ledger too, fenced)
     if claim is not None:
         streams.ledger_log = LedgerLog(session.ledger, claim, range(spec.num_workers))
@@ -140,8 +166,12 @@ def _ship_and_start(
     observer.status(
         f"bundle on {spec.num_workers} hosts ({copied} copied, {len(shipped) - copied} already had it)"
     )
+    if not may_start():
+        return None
     setup_s = hostsetup.run_setup(observer, executor, prepared, streams.logs)
     hostsetup.check_imports(observer, executor, prepared)
+    if not may_start():
+        return None
     session.ledger.update_run(prepared.run_id, status=RunStatus.RUNNING, pod=slices.name, zone=slices.zone)
     executor.start(spec)
     observer.status(f"started {' '.join(prepared.program)} on {spec.num_workers} hosts")

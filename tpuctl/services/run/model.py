@@ -120,6 +120,9 @@ class RunRequest:
     bucket: str | None = None
     #: An OpenSSH-style ProxyCommand (``%h %p %r``) for hosts without external IPs, e.g. an IAP tunnel.
     ssh_proxy_command: str | None = None
+    #: USD per hour of one slice that ``--budget`` counts where tpuctl knows no price
+    #: (``--assume-price-per-hour``); None: a budget goes only where there is a price.
+    assumed_price_per_hour: float | None = None
 
 
 @dataclass(frozen=True)
@@ -250,11 +253,14 @@ class AttemptResult:
     ended_at: float
     exit_times: dict[int, float] = field(default_factory=dict)  # worker -> when its exit was seen
     exceptions: dict[int, str] = field(default_factory=dict)  # worker -> "ValueError: boom"
+    #: False: stopped before the program started (no host ran it, so no exit status says anything).
+    started: bool = True
 
     @property
     def succeeded(self) -> bool:
         return (
-            self.failed_worker is None
+            self.started
+            and self.failed_worker is None
             and not self.interrupted
             and not self.timed_out
             and all(code == 0 for code in self.exit_codes.values())

@@ -3,6 +3,7 @@ process changes (``prepare``), and say what the run would do without doing it (`
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 import time
 from collections.abc import Sequence
@@ -68,6 +69,39 @@ def prepare(session: Session, request: RunRequest) -> PreparedRun:
         run_dir=RunDir.of(session.state_dir, run_id),
         setup=setup,
     )
+
+
+def with_budget(session: Session, prepared: PreparedRun, budget_usd: float | None) -> PreparedRun:
+    """The run as its ``--budget`` needs it: refused (exit 2, before anything is made) where the budget
+    could not count the run's spend (``refuse_unpriced_budget``); else, without an assumed price, placed
+    only where tpuctl knows the price (``priced_only``), so that no slice of it spends unguarded."""
+    from tpuctl.services.budget import refuse_unpriced_budget
+    from tpuctl.services.placement import candidate_zones
+
+    target = prepared.target
+    accel = target.accelerator
+    placement = target.placement
+    if target.existing is not None:
+        places = [(node.zone, node.capacity) for node in target.existing.nodes]
+        flex_start = False
+    else:
+        assert placement is not None
+        zones = candidate_zones(accel, zones=placement.zones, region=placement.region)
+        places = [(zone, capacity) for zone in zones for capacity in placement.capacity_types]
+        flex_start = placement.flex_start
+    assumed = prepared.request.assumed_price_per_hour
+    refuse_unpriced_budget(
+        session.catalog,
+        accel,
+        places,
+        flex_start=flex_start,
+        budget_usd=budget_usd,
+        assumed_usd_per_hour=assumed,
+    )
+    if budget_usd is None or assumed is not None or placement is None or placement.priced_only:
+        return prepared
+    priced = dataclasses.replace(placement, priced_only=True)
+    return dataclasses.replace(prepared, target=dataclasses.replace(target, placement=priced))
 
 
 def _setup_spec(session: Session, request: RunRequest) -> SetupSpec:
@@ -200,9 +234,11 @@ def _per_slice(created: dict[str, Any], slices: int) -> float | None:
     return None if total is None else round(float(total) / slices, 6)
 
 
-def plan(session: Session, prepared: PreparedRun) -> dict[str, Any]:
+def plan(session: Session, prepared: PreparedRun, *, budget_usd: float | None = None) -> dict[str, Any]:
     """What the run would ship and run where: bundle, target, and each host's command and env
-    (secret-looking --env values redacted). Changes nothing."""
+    (secret-looking --env values redacted), with ``budget_usd`` as the run would have it (``with_budget``).
+    Changes nothing."""
+    prepared = with_budget(session, prepared, budget_usd)
     target = prepared.target
     accel = target.accelerator
     where: dict[str, Any] = {

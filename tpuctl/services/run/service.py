@@ -132,9 +132,10 @@ class Runs:
         """Validate the request and build the bundle; raises UsageError for any bad input."""
         return prepare.prepare(self._session, request)
 
-    def plan(self, prepared: PreparedRun) -> dict[str, Any]:
-        """What the run would ship and run where (``--dry-run``). Changes nothing."""
-        return prepare.plan(self._session, prepared)
+    def plan(self, prepared: PreparedRun, *, budget_usd: float | None = None) -> dict[str, Any]:
+        """What the run would ship and run where (``--dry-run``), refused as the run would be where its
+        ``budget_usd`` could not be enforced. Changes nothing."""
+        return prepare.plan(self._session, prepared, budget_usd=budget_usd)
 
     def start(
         self,
@@ -188,6 +189,7 @@ class Runs:
         if max_preemptions is not None:
             policy = dataclasses.replace(policy, max_preemptions=max_preemptions)
         budget = budget_usd if budget_usd is not None else ready.budget_usd
+        prepare.with_budget(self._session, ready.prepared, budget)  # exit 2 before anything changes
         # Written under the run's lease, claimed here and given back before the supervisor claims it: a
         # supervisor that took the run since the check above makes this exit 9 having written nothing.
         ledger, settings = self._session.ledger, self._session.settings

@@ -152,13 +152,22 @@ class StepBudget:
     the run's slices change, asked at every reported step and every poll."""
 
     def __init__(
-        self, session: Session, run_id: str, limit_usd: float, margin_s: float, warn: Callable[[str], None]
+        self,
+        session: Session,
+        run_id: str,
+        limit_usd: float,
+        margin_s: float,
+        warn: Callable[[str], None],
+        *,
+        assumed_usd_per_hour: float | None = None,
     ) -> None:
         self._session = session
         self._run_id = run_id
         self._limit = limit_usd
         self._margin_s = margin_s
         self._warn = warn
+        self._assumed = assumed_usd_per_hour
+        self._unpriced_said: set[str] = set()
         self._guard: BudgetGuard | None = None
         self._lock = threading.Lock()
         self._step_s = 0.0
@@ -177,11 +186,21 @@ class StepBudget:
             self._session.catalog,
             limit_usd=self._limit,
             margin_s=self._margin_s,
+            assumed_usd_per_hour=self._assumed,
         )
         if self._step_s:
             guard.observe_step(self._step_s)
         with self._lock:
             self._guard = guard
+        unsaid = [name for name in guard.unpriced if name not in self._unpriced_said]
+        if unsaid:
+            # Placement under a budget takes priced slices only; one it still cannot price (a price
+            # table changed under it) is said, never counted at 0 in silence.
+            self._unpriced_said.update(unsaid)
+            self._warn(
+                f"the budget cannot count {', '.join(unsaid)}: no price is known for it, so its spend is "
+                f"left out; stop the run yourself if need be (`tpuctl runs cancel {self._run_id}`)"
+            )
 
     @property
     def step_s(self) -> float:

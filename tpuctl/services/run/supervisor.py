@@ -77,6 +77,7 @@ from tpuctl.services.run.model import (
     exit_status,
 )
 from tpuctl.services.run.occupancy import deletion_of
+from tpuctl.services.run.prepare import with_budget
 from tpuctl.services.run.provision import renamed
 from tpuctl.services.run.runkey import load_run_key, secret_key, store_run_key
 from tpuctl.services.run.segments import Segments
@@ -174,6 +175,8 @@ class Supervisor:
         self._bind(session)
         self._lock = threading.Lock()
         self._stop_reason: Outcome | None = None  # set when we stop the hosts ourselves
+        self._budget_said = False  # the budget stop was told to the user (once per run)
+        self._stop_pending = False  # a budget stop came before the attempt's hosts could be stopped
         self._stopper: threading.Thread | None = None
         self._budget: StepBudget | None = None
         self._grace_s: float | None = None  # the run's --grace: how long a budget stop waits for SIGTERM
@@ -201,6 +204,8 @@ class Supervisor:
         return self.supervise(prepared, progress=progress)
 
     def create_record(self, prepared: PreparedRun) -> None:
+        # A budget that could not be enforced is refused before the run exists (exit 2).
+        with_budget(self._session, prepared, self._budget_usd)
         target = prepared.target
         self._session.ledger.create_run(
             prepared.run_id,
@@ -254,6 +259,8 @@ class Supervisor:
         """Run (or, with ``resume``, take over and continue) a run already in the ledger."""
         # The run's SSH key, from the ledger whoever recorded the run: held in memory, never in a file.
         prepared = dataclasses.replace(prepared, ssh_key=load_run_key(self._session, prepared.run_id))
+        # Under a budget, every slice it places (recoveries too) is one the budget can price.
+        prepared = with_budget(self._session, prepared, self._budget_usd)
         self._run_id = prepared.run_id
         self._grace_s = prepared.request.grace_s
         self._take_lease(prepared, resume=resume)
@@ -271,7 +278,14 @@ class Supervisor:
         if self._budget_usd is not None:
             # Stopping takes up to --grace (SIGTERM, then SIGKILL) before the slice is deleted.
             margin_s = (self.policy.budget_margin_s or 0.0) + prepared.request.grace_s
-            self._budget = StepBudget(self._session, prepared.run_id, self._budget_usd, margin_s, self._warn)
+            self._budget = StepBudget(
+                self._session,
+                prepared.run_id,
+                self._budget_usd,
+                margin_s,
+                self._warn,
+                assumed_usd_per_hour=prepared.request.assumed_price_per_hour,
+            )
         failure: BaseException | None = None
         try:
             self._update_detail(supervisor=supervisor_identity())
@@ -576,6 +590,7 @@ class Supervisor:
         with self._lock:
             self._attempt = attempt
             self._stop_reason = None
+            self._stop_pending = False
         self.progress.new_attempt()
         self._open_segment(SegmentKind.RUNNING, slices, detail={"restart_count": restart_count})
         if self._budget is not None:
@@ -589,14 +604,6 @@ class Supervisor:
         )
         watch.start()
 
-        def started(executor: Executor, setup_s: float) -> None:
-            attempt.started_at = time.time()
-            attempt.setup_s = setup_s
-            attempt.executor = executor
-            self._record_hosts(executor)
-            if self._cancel.is_set():
-                self._stop_hosts(Outcome.CANCELLED)
-
         try:
             result = self.launcher.execute(
                 prepared,
@@ -604,7 +611,8 @@ class Supervisor:
                 restart_count=restart_count,
                 soft_exit_codes=frozenset({PREEMPTED_EXIT_CODE}),
                 soft_wait_s=self.policy.checkpoint_wait_s,
-                on_started=started,
+                on_started=lambda executor, setup_s: self._on_started(attempt, executor, setup_s),
+                may_start=self._may_start,
             )
         finally:
             watch.close()
@@ -623,6 +631,21 @@ class Supervisor:
         attempt.outcome = self._classify(attempt, watch, prepared.target.accelerator.hosts)
         self._after_attempt(attempt)
         return attempt
+
+    def _on_started(self, attempt: _Attempt, executor: Executor, setup_s: float) -> None:
+        """Every host runs the program: the attempt's hosts can be stopped from now on."""
+        attempt.started_at = time.time()
+        attempt.setup_s = setup_s
+        with self._lock:
+            attempt.executor = executor
+            if self._stop_pending:
+                # The budget stopped the run after the attempt's last ``_may_start`` and before the start:
+                # the program has just started; stop it now (a moment's spend, not a run's).
+                self._stop_pending = False
+                self._launch_stopper(executor, self._grace_s)
+        self._record_hosts(executor)
+        if self._cancel.is_set():
+            self._stop_hosts(Outcome.CANCELLED)
 
     def _poll_tick(self, watch: SliceWatch) -> None:
         """Every poll while hosts run: act on a confirmed lost slice, and check the budget."""
@@ -698,8 +721,12 @@ class Supervisor:
         self._update_detail(lost_restores=list(self.progress.lost_restores))
 
     def _budget_stop(self) -> None:
+        """Stop at the budget: said once, however many polls and steps see the decision after it."""
         assert self._budget is not None and self._budget.decision is not None
-        if self._stop_reason is None:
+        with self._lock:
+            say = not self._budget_said and self._stop_reason is None
+            self._budget_said = True
+        if say:
             self._inner.status(f"budget: {self._budget.decision.message}; checkpointing and stopping")
         # SIGKILL at the end of --grace, then the slice goes: a program that ignores SIGTERM must not
         # keep spending past the budget for the minute a preemption's checkpoint may take.
@@ -714,15 +741,29 @@ class Supervisor:
             attempt = self._attempt
             if attempt is None or attempt.executor is None:
                 # Nothing to stop yet. A cancel is kept in ``self._cancel`` alone: ``started()`` stops the
-                # hosts once they exist, which a stop reason set now would make it skip.
+                # hosts once they exist, which a stop reason set now would make it skip. A budget stop is
+                # kept as the stop reason: the attempt then starts nothing (``_may_start``) and ends at
+                # the budget.
+                if reason is Outcome.BUDGET:
+                    self._stop_reason = reason
+                    self._stop_pending = True  # acted on by ``started()`` if the program starts anyway
                 return
             self._stop_reason = reason
-            executor = attempt.executor
-            wait = grace_s if grace_s is not None else self.policy.checkpoint_wait_s
-            self._stopper = threading.Thread(
-                target=executor.stop, args=(wait,), name="tpuctl-stop-hosts", daemon=True
-            )
-            self._stopper.start()
+            self._launch_stopper(attempt.executor, grace_s)
+
+    def _launch_stopper(self, executor: Executor, grace_s: float | None) -> None:
+        """``executor.stop`` on a thread (it blocks for the grace). Called with ``self._lock`` held."""
+        wait = grace_s if grace_s is not None else self.policy.checkpoint_wait_s
+        self._stopper = threading.Thread(
+            target=executor.stop, args=(wait,), name="tpuctl-stop-hosts", daemon=True
+        )
+        self._stopper.start()
+
+    def _may_start(self) -> bool:
+        """Whether the attempt may still start the program (asked before its hosts' setup and before the
+        start): not once the budget stopped it while the hosts were being set up."""
+        with self._lock:
+            return self._stop_reason is not Outcome.BUDGET
 
     def _join_stopper(self) -> None:
         stopper = self._stopper
