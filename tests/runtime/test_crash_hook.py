@@ -54,7 +54,7 @@ def test_main_thread_exception_prints_traceback_event_and_exits_1(run_py: Callab
         {
             "event": "exception",
             "type": "KeyError",
-            "message": "KeyError: 'missing key at step 30'",
+            "message": "'missing key at step 30'",
             "worker": 3,
         }
     ]
@@ -72,7 +72,7 @@ def test_thread_exception_ends_the_process_too(run_py: Callable[..., Any]) -> No
     assert event == {
         "event": "exception",
         "type": "ZeroDivisionError",
-        "message": "ZeroDivisionError: division by zero",
+        "message": "division by zero",
         "worker": 0,
         "thread": "loader",
     }
@@ -83,9 +83,18 @@ def test_without_the_sitecustomize_dir_python_behaves_as_usual(run_py: Callable[
     assert p.returncode == 1 and "atexit ran" in p.stdout and not _events(p.stdout)
 
 
-def test_last_line_is_what_a_user_quotes() -> None:
-    assert crash.last_line(ValueError, ValueError("boom\nat step 30")) == "at step 30"
-    assert crash.last_line(ValueError, ValueError()) == "ValueError"
+def test_the_message_is_the_exceptions_own_last_line_never_a_note_a_library_attached() -> None:
+    assert crash.own_last_line(ValueError("boom\nat step 30")) == "at step 30"
+    assert crash.own_last_line(ValueError()) == ""
+    assert crash.own_last_line(KeyError("learning_rate")) == "'learning_rate'"
+    # What JAX attaches to every exception raised through a jitted function (a note, which Python 3.11+
+    # prints as the traceback's last lines).
+    jitted = ValueError("bad lr")
+    jitted.add_note(
+        "--------------------\nFor simplicity, JAX has removed its internal frames from the traceback of "
+        "the following exception. Set JAX_TRACEBACK_FILTERING=off to include these."
+    )
+    assert crash.own_last_line(jitted) == "bad lr"
 
 
 def test_exception_on_one_of_two_jax_processes_ends_it_in_seconds(

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from tpuctl.cloud.base import DEAD_NODE_STATES
 from tpuctl.errors import BudgetExceededError, NotFoundError
 from tpuctl.runtime.preemption import PREEMPTED_EXIT_CODE, parse_event
-from tpuctl.services.run.accounting import Progress
+from tpuctl.services.run.accounting import Progress, notice_source
 from tpuctl.services.run.model import AttemptResult, LaunchObserver, Outcome, RecoveryPolicy
 from tpuctl.services.run.sliceset import SliceSet
 
@@ -239,8 +239,9 @@ def classify(
     policy: RecoveryPolicy,
 ) -> tuple[Outcome, str | None]:
     """The one outcome of an attempt, from every sign at hand; for a preemption, also what told first
-    (runtime-notice | runtime-exit | api | hosts+api). ``stop_reason``: why the supervisor itself stopped
-    the hosts, if it did."""
+    (runtime-notice | follower-notice | runtime-exit | api | hosts+api). ``stop_reason``: why the
+    supervisor itself stopped the hosts, if it did. A program that finished inside a notice's grace
+    SUCCEEDED (its preemption is on the record all the same: ``notice_source``)."""
     if result.interrupted:
         return Outcome.CANCELLED, None
     if stop_reason in (Outcome.CANCELLED, Outcome.BUDGET):
@@ -252,7 +253,7 @@ def classify(
     codes = result.exit_codes
     preempted_exit = any(c == PREEMPTED_EXIT_CODE for c in codes.values())
     if preempted_exit or progress.notice is not None or progress.preempted is not None:
-        return Outcome.PREEMPTED, "runtime-notice" if progress.notice is not None else "runtime-exit"
+        return Outcome.PREEMPTED, notice_source(progress) or "runtime-exit"
     if watch.confirmed.is_set():
         return Outcome.PREEMPTED, "api"
     # Hosts died: ask the API whether the slice went with them. A signal or a lost host is what a
