@@ -36,6 +36,14 @@ print("still alive", flush=True)
 """
 
 
+JITTED = """
+import jax, jax.numpy as jnp
+def step(lr):
+    raise ValueError("bad lr")
+jax.jit(step)(jnp.float32(3.0))
+"""
+
+
 def _events(text: str) -> list[dict[str, Any]]:
     return [e for e in (parse_event(line) for line in text.splitlines()) if e is not None]
 
@@ -76,6 +84,16 @@ def test_thread_exception_ends_the_process_too(run_py: Callable[..., Any]) -> No
         "worker": 0,
         "thread": "loader",
     }
+
+
+def test_an_exception_raised_in_jitted_code_is_said_as_raised_not_as_jaxs_note(
+    run_py: Callable[..., Any],
+) -> None:
+    p = run_py(["-c", JITTED], env=_host_env(1), timeout=60)
+    assert p.returncode == 1, p.describe()
+    assert "JAX_TRACEBACK_FILTERING" in p.stderr  # the note is in the traceback, where it helps
+    (event,) = _events(p.stdout)
+    assert event == {"event": "exception", "type": "ValueError", "message": "bad lr", "worker": 1}
 
 
 def test_without_the_sitecustomize_dir_python_behaves_as_usual(run_py: Callable[..., Any]) -> None:
