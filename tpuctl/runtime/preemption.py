@@ -23,6 +23,11 @@ The program then saves a checkpoint at that step, waits until it is durable, pri
 ``TPUCTL_EVENT {"event": "preempted", "step": S, ...}`` and exits with :data:`PREEMPTED_EXIT_CODE`,
 which tells tpuctl's supervisor "preempted, checkpoint saved at step S".
 
+tpuctl's follower on every host (``tpuctl/hosts/follow.py``) watches the same metadata keys with
+:func:`wait_for_notice` for every program, and writes its own ``notice`` line (``"reporter":
+"follower"``): a program that does not use this module, or whose SIGTERM JAX's notifier caught, still has
+its preemption on the record.
+
 Events for the supervisor are single lines ``TPUCTL_EVENT <json>`` on stdout (see :func:`emit`).
 Nothing here runs at import; no JAX import at module level (the CLI side imports the constants).
 """

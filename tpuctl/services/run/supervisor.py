@@ -4,9 +4,10 @@ on a slice); a run without recovery is this lifecycle with a policy that allows 
 
 While an attempt runs, the supervisor combines every sign of a preemption (``signals``):
 
-- the runtime's own words on host output (``TPUCTL_EVENT`` lines, ``tpuctl.runtime.preemption``): a
-  ``notice`` (the metadata flag or SIGTERM seen on a host), then ``preempted`` with the step whose
-  checkpoint every host saved, and exit status 75;
+- event lines on host output (``TPUCTL_EVENT``, ``tpuctl.runtime.preemption``): a ``notice`` (the metadata
+  flag seen by tpuctl's follower on a host, for every program; or the flag or SIGTERM seen by the
+  runtime), then the runtime's ``preempted`` with the step whose checkpoint every host saved, and exit
+  status 75;
 - the slice's state from the API, polled on a thread: PREEMPTED / TERMINATED / gone, or its queued
   resource SUSPENDING / SUSPENDED. A state counts only after ``confirm_polls`` polls in a row agree; a
   failed poll (a transient API error) neither counts nor resets the count;
@@ -14,11 +15,14 @@ While an attempt runs, the supervisor combines every sign of a preemption (``sig
   ``confirm_timeout_s``), otherwise a failure of the program.
 
 Each attempt ends with exactly one ``Outcome`` (SUCCEEDED, PREEMPTED, FAILED, CANCELLED, BUDGET,
-TIMED_OUT) and one handler per outcome acts on it, once. On PREEMPTED: delete the slice (it holds quota
-until deleted), place a new one through the allocator (the same zone first, then the others, same price
-cap; backing off while no zone has capacity), ship, and start again with ``TPUCTL_RESTART_COUNT`` + 1; the
-runtime restores the newest checkpoint that verifies. A program failure restarts on the same slice at most
-``max_restarts`` times; preemptions have their own cap, ``max_preemptions``.
+TIMED_OUT) and one handler per outcome acts on it, once. A preemption's record says what the program did
+with the notice (``PreemptionKind``); one that came with notice while the program finished inside the
+grace is recorded with a SUCCEEDED attempt (``notice_finished``). On PREEMPTED: delete the slice (it
+holds quota until deleted), place a new one through the allocator (the same zone first, then the others,
+same price cap; backing off while no zone has capacity), ship, and start again with
+``TPUCTL_RESTART_COUNT`` + 1; the runtime restores the newest checkpoint that verifies. A program failure
+restarts on the same slice at most ``max_restarts`` times; preemptions have their own cap,
+``max_preemptions``.
 
 Accounting goes to the ledger as it happens: segments (``segments``: provisioning, running,
 checkpointing, preempted, recovering) with their slice, zone, capacity and step counts, and in the run's
