@@ -104,11 +104,11 @@ def test_a_closed_reporter_writes_nothing_so_no_line_follows_the_exit_status(
     out = tmp_path / "out"
     fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
-        reporter = follow.NoticeReporter(fd, str(out), {"GCE_METADATA_HOST": metadata.host})
+        reporter = follow.NoticeReporter(fd, {"GCE_METADATA_HOST": metadata.host})
         reporter.close()  # the program ended
         assert reporter.report("metadata") is False
         assert out.read_bytes() == b""
-        opened = follow.NoticeReporter(fd, str(out), {"GCE_METADATA_HOST": metadata.host})
+        opened = follow.NoticeReporter(fd, {"GCE_METADATA_HOST": metadata.host})
         assert opened.report("maintenance") is True and opened.report("metadata") is False  # the first only
     finally:
         os.close(fd)

@@ -30,8 +30,9 @@ VM is going (``instance/preempted`` TRUE, or a TERMINATE maintenance event), for
 not it uses tpuctl's runtime: a program that catches SIGTERM (JAX's preemption notifier does, for every
 ``jax.distributed.initialize()``) or ignores it must not make the notice vanish. The first notice becomes
 one line in ``out``, ``TPUCTL_EVENT {"event": "notice", "source": "metadata"|"maintenance", "t": <host
-time>, "worker": <TPUCTL_WORKER_ID>, "reporter": "follower"}``, always at a line start and never after
-the exit status is written.
+time>, "worker": <TPUCTL_WORKER_ID>, "reporter": "follower"}``, on a line of its own (written with a
+newline before and after it, so that neither it nor a line the program is half way through is ever cut)
+and never after the exit status is written.
 
 ``tail DIR OFFSET`` writes the bytes of ``out`` from OFFSET on to stdout as they come, and control lines
 to stderr: ``alive`` about every second (so a silent program still shows the connection is up, and a
@@ -182,7 +183,7 @@ def _supervise(directory: str, cwd: str, env: dict[str, str], argv: list[str], r
     _write_atomic(os.path.join(directory, PID), f"{child}\n")
     os.write(report_fd, str(child).encode("ascii"))
     os.close(report_fd)
-    notices = NoticeReporter(out, os.path.join(directory, OUT), env)
+    notices = NoticeReporter(out, env)
     notices.start()
     _, status = os.waitpid(child, 0)
     notices.close()  # before the exit status: tail reads to EOF once it exists, so nothing may follow
@@ -194,9 +195,8 @@ class NoticeReporter:
     """Watches the host's metadata server for the VM's end (see the module docstring) and writes the first
     notice as an event line into the program's output file ``out_fd`` (appending, as the program does)."""
 
-    def __init__(self, out_fd: int, out_path: str, env: dict[str, str]) -> None:
+    def __init__(self, out_fd: int, env: dict[str, str]) -> None:
         self._out_fd = out_fd
-        self._out_path = out_path
         self._env = env
         self._lock = threading.Lock()
         self._done = threading.Event()  # a notice was written, or the program ended
@@ -241,22 +241,14 @@ class NoticeReporter:
                 t=time.time(),
                 reporter="follower",
             )
-            # The program may be half way through a line: start a fresh one, or the line would not
-            # start with the event prefix and be read as the program's text.
-            lead = "" if self._at_line_start() else "\n"
-            os.write(self._out_fd, f"{lead}{line}\n".encode())
+            # A line of its own, always: the leading newline ends whatever line the program is half way
+            # through (Python writes a line's text and its newline in two writes, and the program may
+            # start one between any look at the file and this write), and O_APPEND lands this one write
+            # whole. So neither this line nor the program's is ever cut. The blank line it may leave
+            # (before it, or after it when the program's own newline follows) stays off the console
+            # (tpuctl.services.run.signals.EventTap).
+            os.write(self._out_fd, f"\n{line}\n".encode())
             return True
-
-    def _at_line_start(self) -> bool:
-        try:
-            fd = os.open(self._out_path, os.O_RDONLY)
-        except OSError:
-            return True
-        try:
-            size = os.fstat(fd).st_size
-            return size == 0 or os.pread(fd, 1, size - 1) == b"\n"
-        finally:
-            os.close(fd)
 
     def close(self) -> None:
         """No notice line from now on."""

@@ -35,18 +35,46 @@ def is_lost(state: str | None) -> bool:
 
 class EventTap:
     """Between the launcher and the user's observer: takes the runtime's event lines (they go to the
-    hosts' log files, not the screen) and passes everything else on."""
+    hosts' log files, not the screen) and passes everything else on.
+
+    The follower's notice line is written with a newline on each side (``tpuctl.hosts.follow``), which
+    may leave a blank line just before or just after it: such a blank stays off the screen. A blank line
+    is held back until the host's next line says whether it was one; a program's blank line at its very
+    end is the one thing this loses, on the screen only (the host's log has every line)."""
 
     def __init__(self, inner: LaunchObserver, on_event: Callable[[int, dict[str, Any], float], None]) -> None:
         self._inner = inner
         self._on_event = on_event
+        self._held_blank: set[int] = set()  # hosts whose last line was blank, not yet passed on
+        self._after_notice: set[int] = set()  # hosts whose last line was the follower's notice
 
     def line(self, worker: int, text: str) -> None:
         event = parse_event(text)
-        if event is None:
-            self._inner.line(worker, text)
+        if event is not None:
+            if event.get("reporter") == "follower":
+                self._held_blank.discard(worker)
+                self._after_notice.add(worker)
+            else:
+                self._release(worker)
+            self._on_event(worker, event, time.time())
             return
-        self._on_event(worker, event, time.time())
+        if not text:
+            if worker in self._after_notice:
+                self._after_notice.discard(worker)
+                return
+            if worker in self._held_blank:
+                self._inner.line(worker, "")  # the first of two blank lines was the program's
+            self._held_blank.add(worker)
+            return
+        self._release(worker)
+        self._inner.line(worker, text)
+
+    def _release(self, worker: int) -> None:
+        """The host's next line came: a blank line held back was the program's."""
+        self._after_notice.discard(worker)
+        if worker in self._held_blank:
+            self._held_blank.discard(worker)
+            self._inner.line(worker, "")
 
     def status(self, text: str) -> None:
         self._inner.status(text)
