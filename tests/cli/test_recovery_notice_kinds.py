@@ -27,9 +27,10 @@ from recovery_helpers import V5E_ZONE, WORLD, fast_jax_env, run_dir
 from tpuctl.sim import SimAdminClient
 from tpuctl.testing.cli import Cli
 
-#: Real seconds from the notice to SIGKILL: long enough for the script's last steps on a loaded machine,
-#: short enough that waiting for a whole grace costs little.
-GRACE_S = 5
+#: Real seconds from the notice to SIGKILL: long enough for the script's last steps and JAX's shutdown at
+#: its exit on a machine loaded five times over (5 s was not, once), short enough that waiting for a
+#: whole grace costs little.
+GRACE_S = 8
 SHORT_GRACE_WORLD: dict[str, Any] = {
     **WORLD,
     "durations": {**WORLD["durations"], "preemption_grace_s": GRACE_S},
@@ -62,8 +63,8 @@ while when_preempted != "done":
     w = w * 0.999
     steps += 1
     time.sleep(0.05)
-    if when_preempted == "finish" and steps % 4 == 0 and preempted():
-        time.sleep(1.5)  # the last steps, inside the grace
+    if when_preempted == "finish" and steps % 2 == 0 and preempted():
+        time.sleep(1.0)  # the last steps, inside the grace
         break
 print("done after", steps, "steps:", float(w.sum()), flush=True)
 """
