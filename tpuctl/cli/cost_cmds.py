@@ -416,8 +416,10 @@ def _render_totals(out: Output, result: CostReport) -> None:
         f"[bold]total {_money(t.cost_usd)} USD[/] for {t.chip_hours:,.1f} chip-hours on {t.slices} slice(s); "
         f"spot saved {_money(t.spot_savings_usd)} USD against on-demand ({_money(t.on_demand_usd)} USD)"
     )
+    kinds = "".join(f"{kind} {n}, " for kind, n in sorted(result.preemption_kinds.items()))
     out.out.print(
-        f"preemptions: {result.preemptions} ({result.free_preemptions} in the first minute, not billed); "
+        f"preemptions: {result.preemptions} ({kinds}{result.free_preemptions} in the first minute, not "
+        "billed); "
         f"waste {_money(t.waste_usd)} USD: recomputed work {_money(t.recomputed_usd)} USD, quota held after "
         f"preemption {t.quota_held_chip_hours:,.1f} chip-hours ({_money(t.quota_held_usd)} USD at list "
         "price, not billed)"

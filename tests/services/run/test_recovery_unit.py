@@ -24,6 +24,7 @@ from tpuctl.services.run.model import RecoveryPolicy, RunRequest
 from tpuctl.services.run.rundir import RunDir
 from tpuctl.services.run.signals import SliceWatch as _SliceWatch
 from tpuctl.services.run.sliceset import SliceSet
+from tpuctl.store.records import PreemptionKind
 
 NODE = Node(name="p", zone="us-central1-a", accelerator_type="v5litepod-8", state="READY",
             capacity=CapacityType.SPOT)  # fmt: skip
@@ -117,7 +118,7 @@ def test_progress_counts_recomputed_steps_and_productive_time_once_per_final_ste
 
 
 def test_a_preemption_record_says_its_latency_recovery_and_overhead() -> None:
-    r = PreemptionRecord(number=1, kind="notice", source="runtime-notice", pod="p", zone="z",
+    r = PreemptionRecord(number=1, kind=PreemptionKind.NOTICE, source="runtime-notice", pod="p", zone="z",
                          capacity="spot", occurred_at=100.0, detected_at=100.4, provisioning_s=2.0,
                          hosts_started_at=103.0, resumed_at=110.4)  # fmt: skip
     d = r.to_dict()

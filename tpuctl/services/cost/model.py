@@ -107,6 +107,8 @@ class CostReport:
     preemptions: int
     free_preemptions: int
     prices: PriceSource
+    #: The preemptions by kind (``PreemptionKind`` values, or ``unclassified``), adding up to ``preemptions``.
+    preemption_kinds: dict[str, int] = field(default_factory=dict)
     groups_total: int = 0
     limit: int | None = None
     warnings: list[str] = field(default_factory=list)
@@ -149,6 +151,7 @@ class CostReport:
             {
                 "preemptions": self.preemptions,
                 "free_preemptions": self.free_preemptions,
+                "preemption_kinds": dict(self.preemption_kinds),
                 "untracked_usd_per_hour": _r(sum(u["usd_per_hour"] or 0.0 for u in self.untracked)),
             }
         )

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tpuctl.runtime.preemption import EVENT_PREFIX, parse_event
 from tpuctl.services.run import hostsetup
@@ -178,6 +178,14 @@ def _ship_and_start(
     return shipped, setup_s
 
 
+def exception_summary(event: Mapping[str, Any]) -> str:
+    """``ValueError: bad lr`` from the crash hook's ``exception`` event (its type, then its message's
+    last line), as Python's own last traceback line says it."""
+    kind = str(event.get("type") or "an exception")
+    message = str(event.get("message") or "").strip()
+    return f"{kind}: {message}" if message else kind
+
+
 @dataclass
 class _EventLoop:
     observer: LaunchObserver
@@ -246,8 +254,7 @@ class _EventLoop:
         """Remember the first uncaught exception a host's runtime hook reported (``exception`` event)."""
         event = parse_event(text) if text.startswith(EVENT_PREFIX) else None
         if event is not None and event.get("event") == "exception":
-            message = f"{event.get('type') or 'an exception'}: {event.get('message') or ''}".rstrip(": ")
-            self.streams.exceptions.setdefault(worker, message)
+            self.streams.exceptions.setdefault(worker, exception_summary(event))
 
     def drain(self) -> None:
         """After a stop: collect exits (and log lines, not shown) for a bounded while."""

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from tpuctl.cloud.base import DEAD_NODE_STATES
 from tpuctl.errors import BudgetExceededError, NotFoundError
 from tpuctl.runtime.preemption import PREEMPTED_EXIT_CODE, parse_event
-from tpuctl.services.run.accounting import Progress
+from tpuctl.services.run.accounting import Progress, notice_source
 from tpuctl.services.run.model import AttemptResult, LaunchObserver, Outcome, RecoveryPolicy
 from tpuctl.services.run.sliceset import SliceSet
 
@@ -35,18 +35,46 @@ def is_lost(state: str | None) -> bool:
 
 class EventTap:
     """Between the launcher and the user's observer: takes the runtime's event lines (they go to the
-    hosts' log files, not the screen) and passes everything else on."""
+    hosts' log files, not the screen) and passes everything else on.
+
+    The follower's notice line is written with a newline on each side (``tpuctl.hosts.follow``), which
+    may leave a blank line just before or just after it: such a blank stays off the screen. A blank line
+    is held back until the host's next line says whether it was one; a program's blank line at its very
+    end is the one thing this loses, on the screen only (the host's log has every line)."""
 
     def __init__(self, inner: LaunchObserver, on_event: Callable[[int, dict[str, Any], float], None]) -> None:
         self._inner = inner
         self._on_event = on_event
+        self._held_blank: set[int] = set()  # hosts whose last line was blank, not yet passed on
+        self._after_notice: set[int] = set()  # hosts whose last line was the follower's notice
 
     def line(self, worker: int, text: str) -> None:
         event = parse_event(text)
-        if event is None:
-            self._inner.line(worker, text)
+        if event is not None:
+            if event.get("reporter") == "follower":
+                self._held_blank.discard(worker)
+                self._after_notice.add(worker)
+            else:
+                self._release(worker)
+            self._on_event(worker, event, time.time())
             return
-        self._on_event(worker, event, time.time())
+        if not text:
+            if worker in self._after_notice:
+                self._after_notice.discard(worker)
+                return
+            if worker in self._held_blank:
+                self._inner.line(worker, "")  # the first of two blank lines was the program's
+            self._held_blank.add(worker)
+            return
+        self._release(worker)
+        self._inner.line(worker, text)
+
+    def _release(self, worker: int) -> None:
+        """The host's next line came: a blank line held back was the program's."""
+        self._after_notice.discard(worker)
+        if worker in self._held_blank:
+            self._held_blank.discard(worker)
+            self._inner.line(worker, "")
 
     def status(self, text: str) -> None:
         self._inner.status(text)
@@ -258,8 +286,9 @@ def classify(
     policy: RecoveryPolicy,
 ) -> tuple[Outcome, str | None]:
     """The one outcome of an attempt, from every sign at hand; for a preemption, also what told first
-    (runtime-notice | runtime-exit | api | hosts+api). ``stop_reason``: why the supervisor itself stopped
-    the hosts, if it did."""
+    (runtime-notice | follower-notice | runtime-exit | api | hosts+api). ``stop_reason``: why the
+    supervisor itself stopped the hosts, if it did. A program that finished inside a notice's grace
+    SUCCEEDED (its preemption is on the record all the same: ``notice_source``)."""
     if result.interrupted:
         return Outcome.CANCELLED, None
     if stop_reason in (Outcome.CANCELLED, Outcome.BUDGET):
@@ -271,7 +300,7 @@ def classify(
     codes = result.exit_codes
     preempted_exit = any(c == PREEMPTED_EXIT_CODE for c in codes.values())
     if preempted_exit or progress.notice is not None or progress.preempted is not None:
-        return Outcome.PREEMPTED, "runtime-notice" if progress.notice is not None else "runtime-exit"
+        return Outcome.PREEMPTED, notice_source(progress) or "runtime-exit"
     if watch.confirmed.is_set():
         return Outcome.PREEMPTED, "api"
     # Hosts died: ask the API whether the slice went with them. A signal or a lost host is what a

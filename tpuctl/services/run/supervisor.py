@@ -4,9 +4,10 @@ on a slice); a run without recovery is this lifecycle with a policy that allows 
 
 While an attempt runs, the supervisor combines every sign of a preemption (``signals``):
 
-- the runtime's own words on host output (``TPUCTL_EVENT`` lines, ``tpuctl.runtime.preemption``): a
-  ``notice`` (the metadata flag or SIGTERM seen on a host), then ``preempted`` with the step whose
-  checkpoint every host saved, and exit status 75;
+- event lines on host output (``TPUCTL_EVENT``, ``tpuctl.runtime.preemption``): a ``notice`` (the metadata
+  flag seen by tpuctl's follower on a host, for every program; or the flag or SIGTERM seen by the
+  runtime), then the runtime's ``preempted`` with the step whose checkpoint every host saved, and exit
+  status 75;
 - the slice's state from the API, polled on a thread: PREEMPTED / TERMINATED / gone, or its queued
   resource SUSPENDING / SUSPENDED. A state counts only after ``confirm_polls`` polls in a row agree; a
   failed poll (a transient API error) neither counts nor resets the count;
@@ -14,11 +15,14 @@ While an attempt runs, the supervisor combines every sign of a preemption (``sig
   ``confirm_timeout_s``), otherwise a failure of the program.
 
 Each attempt ends with exactly one ``Outcome`` (SUCCEEDED, PREEMPTED, FAILED, CANCELLED, BUDGET,
-TIMED_OUT) and one handler per outcome acts on it, once. On PREEMPTED: delete the slice (it holds quota
-until deleted), place a new one through the allocator (the same zone first, then the others, same price
-cap; backing off while no zone has capacity), ship, and start again with ``TPUCTL_RESTART_COUNT`` + 1; the
-runtime restores the newest checkpoint that verifies. A program failure restarts on the same slice at most
-``max_restarts`` times; preemptions have their own cap, ``max_preemptions``.
+TIMED_OUT) and one handler per outcome acts on it, once. A preemption's record says what the program did
+with the notice (``PreemptionKind``); one that came with notice while the program finished inside the
+grace is recorded with a SUCCEEDED attempt (``notice_finished``). On PREEMPTED: delete the slice (it
+holds quota until deleted), place a new one through the allocator (the same zone first, then the others,
+same price cap; backing off while no zone has capacity), ship, and start again with
+``TPUCTL_RESTART_COUNT`` + 1; the runtime restores the newest checkpoint that verifies. A program failure
+restarts on the same slice at most ``max_restarts`` times; preemptions have their own cap,
+``max_preemptions``.
 
 Accounting goes to the ledger as it happens: segments (``segments``: provisioning, running,
 checkpointing, preempted, recovering) with their slice, zone, capacity and step counts, and in the run's
@@ -59,7 +63,13 @@ from tpuctl.errors import (
 )
 from tpuctl.runtime.preemption import PREEMPTED_EXIT_CODE
 from tpuctl.services.run import hosts
-from tpuctl.services.run.accounting import PreemptionRecord, Progress, preemption_record, recovery_summary
+from tpuctl.services.run.accounting import (
+    PreemptionRecord,
+    Progress,
+    notice_source,
+    preemption_record,
+    recovery_summary,
+)
 from tpuctl.services.run.control import record_bundle, record_request
 from tpuctl.services.run.fencing import LeaseBoundExecutor, LeaseKeeper, fenced_session
 from tpuctl.services.run.launcher import Launcher
@@ -128,6 +138,15 @@ class _Run:
 #: A handler of one outcome: True when the run is done (succeeded), False to start the next attempt;
 #: raises to end the run otherwise.
 _Handler = Callable[[PreparedRun, "_Run", _Attempt], bool]
+
+
+def _stopped_line(event: Mapping[str, Any]) -> str:
+    """What the runtime's ``preempted`` event says, in words (only what it said: no "None s")."""
+    step, save_s = event.get("step"), event.get("save_s")
+    if event.get("checkpoint") != "saved":
+        return f"every host stopped at step {step} without a checkpoint"
+    took = f" ({save_s} s to save)" if isinstance(save_s, (int, float)) else ""
+    return f"every host saved checkpoint step {step} and stopped{took}"
 
 
 def _waits_for_capacity(exc: BaseException) -> bool:
@@ -295,7 +314,7 @@ class Supervisor:
                 pass
         except KeyboardInterrupt:
             run.end(RunStatus.CANCELLED, 130)
-            failure = InterruptedByUser("interrupted: every host was stopped")
+            failure = InterruptedByUser(self._interrupted_message())
         except BaseException as exc:
             failure = exc
             if isinstance(exc, InterruptedByUser):
@@ -414,12 +433,29 @@ class Supervisor:
         return self._handlers[attempt.outcome](prepared, run, attempt)
 
     def _on_succeeded(self, prepared: PreparedRun, run: _Run, attempt: _Attempt) -> bool:
+        record = attempt.preemption
+        if record is not None:  # the notice came, and the program finished inside its grace
+            self.preemptions.append(record)
+            self._session.ledger.update_run(prepared.run_id, preemptions=len(self.preemptions))
+            self._inner.status(
+                f"{self._which_lost(attempt.slices, record)} ({attempt.slices.zone}) was preempted "
+                f"[{record.kind}]: the program finished inside the notice's grace"
+            )
+            self._record_preempted(prepared, attempt.slices, record)
         run.end(RunStatus.SUCCEEDED, 0)
         return True
 
     def _on_cancelled(self, prepared: PreparedRun, run: _Run, attempt: _Attempt) -> bool:
         run.end(RunStatus.CANCELLED, 130)
         raise InterruptedByUser("interrupted: every host was stopped")
+
+    def _interrupted_message(self) -> str:
+        """What a Ctrl-C outside an attempt's run stopped: the program on the hosts, or only what comes
+        before it (placing a slice, setting its hosts up), where there was no program to stop."""
+        attempt = self._attempt
+        if attempt is not None and attempt.executor is not None and attempt.result is None:
+            return "interrupted: every host was stopped"
+        return "interrupted before the program started on any host"
 
     def _on_timed_out(self, prepared: PreparedRun, run: _Run, attempt: _Attempt) -> bool:
         run.end(RunStatus.FAILED, 124)
@@ -534,7 +570,10 @@ class Supervisor:
             )
         if run.status is RunStatus.BUDGET_EXCEEDED and self._budget and self._budget.decision:
             detail["budget"] = self._budget.decision.to_dict()
-        if failure is not None:  # why it ended, for `runs describe` (the message the user saw)
+        # Why it ended, for `runs describe` (the message the user saw); None once it succeeded: a reason
+        # an earlier supervisor recorded must not outlive a `runs resume` that finished the run.
+        detail["reason"] = detail["error"] = None
+        if failure is not None:
             detail["reason"] = failure.message if isinstance(failure, TpuctlError) else str(failure)
         if failure is not None and not isinstance(
             failure, (RunFailedError, InterruptedByUser, BudgetExceededError)
@@ -665,9 +704,10 @@ class Supervisor:
             first = self.progress.notice is None
             self.progress.on_event(event, at)
             if first:
+                # Said once, whoever reported it (the follower and the runtime may both): what the
+                # program does with it shows when the attempt ends.
                 self._inner.status(
-                    f"host {event.get('worker', worker)}: preemption notice ({event.get('source')}); every "
-                    "host checkpoints at the next common step"
+                    f"host {event.get('worker', worker)}: preemption notice ({event.get('source')})"
                 )
                 attempt = self._attempt
                 if attempt is not None and self._stop_reason is None:
@@ -698,11 +738,10 @@ class Supervisor:
                 if self._budget.check() is not None:
                     self._budget_stop()
         elif kind == "preempted":
+            if self._preempted_seen_at is not None:
+                return  # a program may say it on every host: once is the news
             self._preempted_seen_at = at
-            self._inner.status(
-                f"every host saved checkpoint step {event.get('step')} and stopped "
-                f"({event.get('save_s')} s to save)"
-            )
+            self._inner.status(_stopped_line(event))
             if event.get("checkpoint") == "saved":
                 # Host 0 says so only once the step is committed (orbax finalizes after every host
                 # wrote): nothing the hosts still do matters, and jax's shutdown at exit takes seconds.
@@ -774,6 +813,10 @@ class Supervisor:
     def _classify(self, attempt: _Attempt, watch: SliceWatch, hosts_per_slice: int) -> Outcome:
         assert attempt.result is not None
         outcome, source = classify(attempt.result, self._stop_reason, self.progress, watch, self.policy)
+        if outcome is Outcome.SUCCEEDED:
+            # A notice, and the program finished inside its grace: the run is done, and the preemption
+            # tpuctl's world dealt it is on the record all the same (kind notice_finished).
+            source = notice_source(self.progress)
         if source is not None:
             seen = [self._notice_seen_at, self._preempted_seen_at, watch.confirmed_at]
             attempt.preemption = preemption_record(
@@ -846,12 +889,25 @@ class Supervisor:
             detail={"preemption": record.number, "kind": record.kind, "source": record.source},
         )
         what = self.progress.checkpoint_note(record.checkpoint_step, prepared.request.checkpoint_every)
-        lost = record.lost_slices or slices.names
-        which = f"{', '.join(lost)} of {slices.name}" if slices.is_multislice else slices.name
+        which = self._which_lost(slices, record)
         rest = "; deleting every slice of the set" if slices.is_multislice else "; deleting it"
         self._inner.status(f"{which} ({slices.zone}) was preempted [{record.kind}, {what}]{rest}")
+        self._record_preempted(prepared, slices, record)
+        if created:
+            self._delete_slices(slices, reason=f"preempted during run {prepared.run_id}")
+        record.slice_deleted_at = time.time()
+        self._segments.close()
+
+    @staticmethod
+    def _which_lost(slices: SliceSet, record: PreemptionRecord) -> str:
+        lost = record.lost_slices or slices.names
+        return f"{', '.join(lost)} of {slices.name}" if slices.is_multislice else slices.name
+
+    def _record_preempted(self, prepared: PreparedRun, slices: SliceSet, record: PreemptionRecord) -> None:
+        """A ``preempted`` event on each lost slice, at the preemption's first evidence (the notice's
+        time): billing ends there, and ``cost report`` counts it with its kind."""
         with contextlib.suppress(Exception):  # the ledger view must not block the recovery
-            for name in lost:
+            for name in record.lost_slices or slices.names:
                 self._session.ledger.record_event(
                     EventKind.PREEMPTED,
                     pod=name,
@@ -860,10 +916,6 @@ class Supervisor:
                     ts=record.occurred_at or record.detected_at,
                     detail={"seen_by": "run supervisor", "kind": record.kind, "source": record.source},
                 )
-        if created:
-            self._delete_slices(slices, reason=f"preempted during run {prepared.run_id}")
-        record.slice_deleted_at = time.time()
-        self._segments.close()
 
     def _delete_slices(self, slices: SliceSet, *, reason: str) -> bool:
         """Delete every slice of the set, at once (each delete waits for its operation); True when all
