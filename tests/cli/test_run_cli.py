@@ -66,7 +66,7 @@ def test_bad_input_exits_2_with_the_value_and_the_fix(
     cases: list[tuple[list[str], str, str, str]] = [
         ([missing, "--type", "v5e-8"], "SCRIPT", missing, "check the path"),
         (["--example", "gpt5", "--type", "v5e-8"], "--example", "gpt5", "use one of: lm"),
-        ([str(script), "--pod", "ghost"], "--pod", "ghost", "`tpuctl pod list` shows the slices"),
+
         ([str(script), "--pod", "busy"], "--pod", "busy", "wait until `tpuctl pod list` shows it READY"),
         ([str(script), "--type", "v5e-8", "--env", "NOEQUALS"], "--env", "NOEQUALS", "--env NAME=value"),
         ([str(script), "--type", "v5e-8", "--env", "1X=2"], "--env", "1X=2", "--env NAME=value"),
@@ -94,6 +94,11 @@ def test_bad_input_exits_2_with_the_value_and_the_fix(
             assert value in error["message"] or value in result.stderr
         assert fix in error["fix"], error
         assert "fix:" in result.stderr
+    # A slice that does not exist is a not-found, as `pod delete ghost` is: exit 11.
+    ghost = cli("run", "-o", "json", str(script), "--pod", "ghost")
+    assert ghost.code == 11, ghost.stderr
+    assert ghost.json["error"] == "not_found" and ghost.json["field"] == "--pod"
+    assert "`tpuctl pod list` shows the slices" in ghost.json["fix"]
     # Nothing was started or recorded for any of them; the one slice is the preempted one.
     assert cli("runs", "list", "-o", "json").json["runs"] == []
     assert [n["name"] for n in admin.status()["nodes"]] == ["busy"]

@@ -87,7 +87,7 @@ def check_naming(cli: Cli, runs: tuple[str, str]) -> None:
     assert ambiguous.code == 2
     assert f"'run-' matches 2 runs: {failed}, {ok}" in ambiguous.stderr
     unknown = cli("runs", "logs", "nope")
-    assert unknown.code == 2 and "no run 'nope'" in unknown.stderr
+    assert unknown.code == 11 and "no run 'nope'" in unknown.stderr  # not found, as for a slice
     assert cli("runs", "cancel", ok[-4:]).code == 0  # a finished run: nothing to cancel, but it is found
 
 

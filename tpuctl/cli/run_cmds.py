@@ -507,7 +507,8 @@ def _render_plan(out: Output, plan: dict[str, Any]) -> None:
 # --- runs ----------------------------------------------------------------------------------------------
 
 
-_RUN_COLUMNS = ("RUN", "STATUS", "PROGRAM", "POD", "ZONE", "TYPE", "EXIT", "STARTED (UTC)", "DURATION S")
+_RUN_COLUMNS = ("RUN", "STATUS", "PROGRAM", "POD", "ZONE", "TYPE", "EXIT", "PREEMPTIONS", "RESTARTS",
+               "STARTED (UTC)", "DURATION S")  # fmt: skip
 
 
 @runs_app.command("list")
@@ -538,6 +539,8 @@ def list_runs(
                 v.zone,
                 v.accelerator_type,
                 v.exit_code,
+                v.preemptions,
+                v.restarts,
                 short_time(v.created_at),
                 v.duration_s,
             ]
@@ -546,7 +549,7 @@ def list_runs(
         key="runs",
         records=[v.to_dict() for v in views],
         keep=frozenset({"RUN", "STATUS", "POD", "ZONE"}),
-        drop=("PROGRAM", "STARTED", "EXIT", "DURATION"),
+        drop=("PROGRAM", "STARTED (UTC)", "RESTARTS", "EXIT", "DURATION S", "PREEMPTIONS"),
     )
 
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from tpuctl.cloud.base import LABEL_RUN, Node, OperationProgress
-from tpuctl.errors import NotFoundError, UsageError
+from tpuctl.errors import NameNotFoundError, NotFoundError, UsageError
 from tpuctl.services.access import with_host_access
 from tpuctl.services.run.model import LaunchObserver, PreparedRun, RunRequest, Target
 from tpuctl.services.run.occupancy import refuse_second_run
@@ -131,7 +131,7 @@ def find_pod(session: Session, name: str, zone: str | None) -> Node:
     except NotFoundError:
         matches = []
     if not matches:
-        raise UsageError(
+        raise NameNotFoundError(
             f"pod {name!r} does not exist" + (f" in {zone}" if zone else ""),
             field="pod",
             value=name,

@@ -64,7 +64,7 @@ class Runs:
 
     def get(self, ref: str | None) -> RunRecord:
         """The run ``ref`` names: a whole id, a unique start or end of one, ``latest`` or None (the newest).
-        Exit 2 (``RunNotFoundError``) when none matches; several matches are listed (``lookup``)."""
+        Exit 11 (``RunNotFoundError``) when none matches; several matches are listed (``lookup``)."""
         run_id = resolve_run_id(self._session.ledger, ref)
         record = self._session.ledger.get_run(run_id)
         if record is None:  # gone between the lookup and now
