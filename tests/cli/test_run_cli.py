@@ -104,6 +104,29 @@ def test_bad_input_exits_2_with_the_value_and_the_fix(
     assert [n["name"] for n in admin.status()["nodes"]] == ["busy"]
 
 
+def test_a_missing_import_is_refused_before_any_create_request_reaches_the_simulator(
+    tmp_path: Path, admin: SimAdminClient, cli: Cli
+) -> None:
+    work = tmp_path / "proj"
+    write(work / "train.py", "import jax\nimport helpers\n")
+    write(work / "helpers.py", "import os\nimport wandb_not_installed\n")
+    result = cli("run", str(work / "train.py"), "--type", "v5e-8", "-o", "json")
+    assert result.code == 2, result.stderr
+    error = result.json
+    assert error["value"] == "wandb_not_installed" and "imported at helpers.py:2" in error["message"]
+    assert "--requirements" in error["fix"]
+    assert admin.mutations() == []  # no create, no delete: nothing was spent
+    assert cli("runs", "list", "-o", "json").json["runs"] == []
+    # A --setup command may install it: a warning, not a refusal (the dry run shows what would happen).
+    warned = cli("run", str(work / "train.py"), "--type", "v5e-8", "--setup", "true", "--dry-run")
+    assert warned.code == 0, warned.stderr
+    assert "cannot tell whether the hosts will have wandb_not_installed" in warned.stderr
+    # --no-import-check: not even a warning.
+    unchecked = cli("run", str(work / "train.py"), "--type", "v5e-8", "--no-import-check", "--dry-run")
+    assert unchecked.code == 0 and "wandb_not_installed" not in unchecked.stderr
+    assert admin.mutations() == []
+
+
 def test_preempted_pod_message_names_its_state(tmp_path: Path, admin: SimAdminClient, cli: Cli) -> None:
     script = write(tmp_path / "proj" / "ok.py", "print(1)\n")
     assert cli("pod", "create", "v5e-8", "--zone", "us-central1-a", "--name", "gone").code == 0

@@ -207,6 +207,14 @@ def run(
             help="Install the bundled runtime's pinned JAX, optax and orbax on every host.",
         ),
     ] = True,
+    no_import_check: Annotated[
+        bool,
+        typer.Option(
+            "--no-import-check",
+            help="Do not check, before creating anything, that the hosts will have every module the "
+            "program imports.",
+        ),
+    ] = False,
     ssh_proxy_command: Annotated[
         str | None,
         typer.Option(
@@ -365,6 +373,11 @@ def run(
             check_region(sess.catalog, sess.cloud, choices.region)
         runs = Runs(sess)
         prepared = runs.prepare(request)  # a bad value is exit 2, before the cloud is asked anything
+        if not no_import_check:  # a module nothing provides is exit 2, before a slice is made
+            imports = runs.check_imports(prepared)
+            imports.refuse()
+            for warning in imports.warnings():
+                out.warn(warning)
         if is_dry_run(ctx, dry_run):
             _render_plan(out, runs.plan(prepared))
             return

@@ -10,7 +10,6 @@ with the fix, not as a traceback on every host after start-up.
 
 from __future__ import annotations
 
-import ast
 import importlib.util
 import shlex
 import sys
@@ -123,30 +122,18 @@ def check_imports(observer: LaunchObserver, executor: Executor, prepared: Prepar
 
 
 def program_imports(prepared: PreparedRun) -> set[str]:
-    """The top-level modules the program imports that neither its bundle nor the standard library has
-    (``tpuctl`` itself ships in the bundle)."""
-    source = _program_source(prepared)
-    if source is None:
-        return set()
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return set()  # Python on the host reports it, with the line
-    found: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            found.update(alias.name.split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            found.add(node.module.split(".")[0])
-    local = {f.path.split("/")[0].removesuffix(".py") for f in prepared.bundle.files}
-    return {m for m in found if m not in local and m != "__future__" and m not in sys.stdlib_module_names}
+    """The top-level modules the program imports at start-up that neither its bundle nor the standard
+    library has (``import_check``: the script and the local modules it imports); for ``-m MODULE``,
+    that module's own imports (``tpuctl`` itself ships in the bundle)."""
+    from tpuctl.services.run import import_check
 
-
-def _program_source(prepared: PreparedRun) -> str | None:
     program = prepared.program
-    if program and program[0] == "-m":
-        spec = importlib.util.find_spec(program[1])
-        origin = spec.origin if spec is not None else None
-        return Path(origin).read_text(encoding="utf-8") if origin else None
-    source = next((f.source for f in prepared.bundle.files if f.path == program[0]), None)
-    return source.read_text(encoding="utf-8", errors="replace") if source is not None else None
+    if program[0] != "-m":
+        return set(import_check.program_imports(prepared.bundle, program[0]))
+    spec = importlib.util.find_spec(program[1])
+    origin = spec.origin if spec is not None else None
+    if not origin:
+        return set()
+    source = Path(origin).read_text(encoding="utf-8")
+    found = {name.split(".")[0] for name, _line, level in import_check.startup_imports(source) if not level}
+    return {m for m in found if m not in ("__future__", "tpuctl") and m not in sys.stdlib_module_names}

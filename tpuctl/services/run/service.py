@@ -39,6 +39,7 @@ from tpuctl.store.records import LeaseOwner, RunStatus
 
 if TYPE_CHECKING:
     from tpuctl.cloud.base import OperationProgress
+    from tpuctl.services.run.import_check import ImportCheck
     from tpuctl.services.run.model import (
         LaunchObserver,
         PreparedRun,
@@ -131,6 +132,22 @@ class Runs:
     def prepare(self, request: RunRequest) -> PreparedRun:
         """Validate the request and build the bundle; raises UsageError for any bad input."""
         return prepare.prepare(self._session, request)
+
+    def check_imports(self, prepared: PreparedRun) -> ImportCheck:
+        """Whether the hosts' environment will hold every module the program imports at start-up
+        (``import_check``): call ``refuse()`` on the result before anything is created, and say its
+        ``warnings()``. A bundled example is tpuctl's own, checked by its tests: nothing to check."""
+        from tpuctl.services.run.import_check import ImportCheck, check_imports
+
+        if prepared.program[0] == "-m":
+            return ImportCheck()
+        return check_imports(
+            prepared.bundle,
+            prepared.program[0],
+            prepared.setup,
+            python=prepared.request.python,
+            wheelhouse=self._session.backend.host_wheelhouse,
+        )
 
     def plan(self, prepared: PreparedRun) -> dict[str, Any]:
         """What the run would ship and run where (``--dry-run``). Changes nothing."""
