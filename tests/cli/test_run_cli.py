@@ -322,7 +322,7 @@ def test_second_run_on_a_pod_does_not_ship_the_unchanged_bundle(
 ) -> None:
     script = write(tmp_path / "proj" / "hi.py", "import os; print('hi', os.environ['TPUCTL_WORKER_ID'])\n")
     assert cli("pod", "create", "v5e-16", "--zone", "us-central1-a", "--name", "warm").code == 0
-    first = cli("run", str(script), "--no-runtime-deps", "--pod", "warm")
+    first = cli("run", str(script), "--no-runtime-deps", "--pod", "warm", "-v")  # -v: shipping is a detail
     assert first.code == 0 and "(4 copied, 0 already had it)" in first.stderr
     second = cli("run", str(script), "--no-runtime-deps", "--pod", "warm", "-o", "json")
     assert second.code == 0

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tpuctl.errors import RunFailedError
+from tpuctl.services.run.model import PhaseUpdate
 
 if TYPE_CHECKING:
     from tpuctl.hosts.base import Executor
@@ -43,13 +44,14 @@ def run_setup(
 ) -> float:
     """Run the setup on every host; returns the seconds it took (every host done). Raises
     RunFailedError naming the first failed host and command."""
-    from tpuctl.hosts.setup import RUN_SCRIPT_FROM_STDIN, failed_command, setup_script
+    from tpuctl.hosts.setup import RUN_SCRIPT_FROM_STDIN, failed_command, finished, setup_script
 
     spec = prepared.setup
+    hosts = executor.num_hosts
     if spec.does_nothing:
         # Nothing to install or run: the program uses the image's python3 as it is, and a session per
         # host that only makes an empty directory would be a large part of a large slice's start-up.
-        observer.status(f"no setup on {executor.num_hosts} hosts: nothing to install or run")
+        observer.detail(None, f"no setup on {hosts} hosts: nothing to install or run")
         return 0.0
     script = setup_script(spec, prepared.request.ssh_remote_root)
     what = ", ".join(
@@ -61,12 +63,18 @@ def run_setup(
         )
         if part
     )
-    observer.status(f"setting up {executor.num_hosts} hosts: {what}")
+    title = f"setting up {hosts} host{'s' if hosts != 1 else ''}: {what}"
+    observer.phase(PhaseUpdate(title, done=0, total=hosts))
     started = time.monotonic()
+    done = 0
 
     def on_line(worker: int, text: str) -> None:
+        nonlocal done
         logs[worker].write(text)
-        observer.line(worker, text)
+        observer.detail(worker, text)  # the commands and their output: in the log, on the console with -v
+        if finished(text):
+            done += 1  # under the executor's one callback at a time
+            observer.phase(PhaseUpdate(title, done=done, total=hosts))
 
     results = executor.run_command(
         RUN_SCRIPT_FROM_STDIN, stdin=script.encode(), on_line=on_line, timeout_s=SETUP_TIMEOUT_S
@@ -90,7 +98,7 @@ def run_setup(
             f"`tpuctl runs logs {prepared.run_id} --worker {worker}`",
         )
     took = time.monotonic() - started
-    observer.status(f"setup done on {executor.num_hosts} hosts in {took:.1f} s")
+    observer.phase(PhaseUpdate(title, done=hosts, total=hosts, outcome=f"done in {took:.1f} s"))
     return took
 
 
