@@ -106,8 +106,6 @@ def test_a_v5e_16_lm_run_preempted_once_fits_a_screen(
     args[args.index("--log-every") + 1] = "1000"
     result = preempted_once(admin, state_dir, cli, "--example", "lm", "--type", "v5e-16", "--spot", "--zone",
                             V5E_ZONE, "--checkpoint-every", "4", *HOST_XLA_ENV, "--", *args)  # fmt: skip
-    lines = check_quiet(result, hosts=4)
-    assert len(lines) <= 25, "\n".join(lines)
     # The program checkpointed to the bucket through tensorstore, which found the VM's credentials as
     # on Google (its log says which account), instead of asking for `gcloud auth application-default
     # login` on every host.
@@ -115,3 +113,5 @@ def test_a_v5e_16_lm_run_preempted_once_fits_a_screen(
     logs = [(run_dir / f"worker-{w}.log").read_text() for w in range(4)]
     assert all("Running on GCE, using service account" in log for log in logs)
     assert not any("application-default login" in log for log in logs)
+    lines = check_quiet(result, hosts=4)
+    assert len(lines) <= 25, "\n".join(lines)
