@@ -82,6 +82,10 @@ def check_naming(cli: Cli, runs: tuple[str, str]) -> None:
     assert cli("runs", "describe", "-o", "json").json["run"]["run_id"] == failed
     assert cli("runs", "describe", ok[-4:], "-o", "json").json["run"]["run_id"] == ok
     assert cli("runs", "describe", ok, "-o", "json").json["run"]["run_id"] == ok
+    # The list says how often each run was preempted and restarted.
+    header, *rows = cli("runs", "list").stdout.splitlines()
+    assert header.split()[7:9] == ["PREEMPTIONS", "RESTARTS"], header
+    assert [row.split()[0] for row in rows] == [failed, ok] and rows[1].split()[7:9] == ["0", "0"]
 
     ambiguous = cli("runs", "describe", "run-")
     assert ambiguous.code == 2
