@@ -82,12 +82,16 @@ def check_naming(cli: Cli, runs: tuple[str, str]) -> None:
     assert cli("runs", "describe", "-o", "json").json["run"]["run_id"] == failed
     assert cli("runs", "describe", ok[-4:], "-o", "json").json["run"]["run_id"] == ok
     assert cli("runs", "describe", ok, "-o", "json").json["run"]["run_id"] == ok
+    # The list says how often each run was preempted and restarted.
+    header, *rows = cli("runs", "list").stdout.splitlines()
+    assert header.split()[7:9] == ["PREEMPTIONS", "RESTARTS"], header
+    assert [row.split()[0] for row in rows] == [failed, ok] and rows[1].split()[7:9] == ["0", "0"]
 
     ambiguous = cli("runs", "describe", "run-")
     assert ambiguous.code == 2
     assert f"'run-' matches 2 runs: {failed}, {ok}" in ambiguous.stderr
     unknown = cli("runs", "logs", "nope")
-    assert unknown.code == 2 and "no run 'nope'" in unknown.stderr
+    assert unknown.code == 11 and "no run 'nope'" in unknown.stderr  # not found, as for a slice
     assert cli("runs", "cancel", ok[-4:]).code == 0  # a finished run: nothing to cancel, but it is found
 
 
@@ -113,7 +117,7 @@ def check_describe(cli: Cli, runs: tuple[str, str]) -> None:
 
 
 def check_logs(cli: Cli, runs: tuple[str, str], state_dir: Path) -> None:
-    """`runs logs` marks attempts, shows times and hides Gloo's lines."""
+    """`runs logs` marks attempts, shows times and events in words, and hides Gloo's lines."""
     ok, _ = runs
     logs = cli("runs", "logs", ok[-4:])
     assert logs.code == 0, logs.stderr
@@ -122,6 +126,11 @@ def check_logs(cli: Cli, runs: tuple[str, str], state_dir: Path) -> None:
     assert "w1 | hello from 1" in lines and "[Gloo]" not in logs.stdout
     assert GLOO in (state_dir / "runs" / ok / "worker-0.log").read_text()
     assert GLOO in cli("runs", "logs", ok, "--all").stdout
+    # The runtime's events read as words; --raw shows them as the program printed them.
+    worded = cli("runs", "logs", ok, "--worker", "0").stdout.splitlines()
+    assert "[tpuctl] step 2 took 0.250 s, loss 3.0" in worded and "TPUCTL_EVENT" not in "".join(worded)
+    raw = cli("runs", "logs", ok, "--worker", "0", "--raw").stdout.splitlines()
+    assert 'TPUCTL_EVENT {"event": "step", "step": 2, "dt": 0.25, "loss": 3.0}' in raw
 
     timed = cli("runs", "logs", ok, "--worker", "1", "--timestamps").stdout.splitlines()
     assert all(re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z ", line) for line in timed)

@@ -99,6 +99,14 @@ def test_metadata_server_as_google_auth_finds_it(vms: Vms) -> None:
     assert "WORKER_ID: '0'" in tree["attributes"]["tpu-env"]
     token = httpx.get(f"{base}/instance/service-accounts/default/token", headers=MD).json()
     assert token["token_type"] == "Bearer" and token["access_token"].startswith("sim-fake")
+    # As tensorstore asks (GCE's shape): the account with its scopes as a list, then its token by email.
+    account = httpx.get(f"{base}/instance/service-accounts/default/", params={"recursive": "true"},
+                        headers=MD).json()  # fmt: skip
+    assert account["aliases"] == ["default"] and account["scopes"] == [
+        "https://www.googleapis.com/auth/cloud-platform"
+    ]
+    by_email = httpx.get(f"{base}/instance/service-accounts/{account['email']}/token", headers=MD).json()
+    assert by_email["access_token"] == token["access_token"]
 
 
 def test_only_the_nodes_ssh_keys_log_in(vms: Vms) -> None:
@@ -121,9 +129,8 @@ def test_login_environment_is_built_from_scratch(vms: Vms) -> None:
     disk = disk_dir(vms.server.engine.ctx.vm_root, str(vms.node.id), 2)
     assert env["HOME"] == str(disk / "home" / USER) == env["CWD"]
     assert env["USER"] == env["LOGNAME"] == USER and env["SHELL"] == "/bin/bash"
-    assert (
-        env["GCE_METADATA_HOST"] == env["GCE_METADATA_IP"] == f"{vms.addresses[2]}:{vms.server.metadata_port}"
-    )
+    metadata = f"{vms.addresses[2]}:{vms.server.metadata_port}"
+    assert env["GCE_METADATA_HOST"] == env["GCE_METADATA_IP"] == env["GCE_METADATA_ROOT"] == metadata
     assert env["STORAGE_EMULATOR_HOST"] == NETWORK_ENV["STORAGE_EMULATOR_HOST"] and env["PIP_NO_INDEX"] == "1"
     image_python = str(vms.server.engine.ctx.vm_root / "image" / "bin" / "python3")
     assert env_text.splitlines()[-1] == image_python

@@ -17,7 +17,7 @@ import pytest
 from tpuctl.errors import InterruptedByUser, RunFailedError, UsageError
 from tpuctl.params import flag
 from tpuctl.services.run.launcher import Launcher
-from tpuctl.services.run.model import RecoveryPolicy, RunRequest, RunResult
+from tpuctl.services.run.model import PhaseUpdate, RecoveryPolicy, RunRequest, RunResult
 from tpuctl.services.run.prepare import parse_env
 from tpuctl.services.run.service import Runs
 from tpuctl.services.session import Session, open_session
@@ -71,6 +71,12 @@ class Recorder:
 
     def status(self, text: str) -> None:
         self.statuses.append(text)
+
+    def phase(self, update: PhaseUpdate) -> None:
+        self.statuses.append(update.title + (f": {update.outcome}" if update.ended else ""))
+
+    def detail(self, worker: int | None, text: str) -> None:
+        pass
 
     def pids(self) -> list[int]:
         return [int(t.split()[1]) for _, t in self.lines if t.startswith("pid ")]

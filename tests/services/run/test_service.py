@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, cast
 
 import pytest
 
-from tpuctl.errors import EXIT_USAGE, LeaseHeldError, UsageError
+from tpuctl.errors import EXIT_NOT_FOUND, LeaseHeldError, UsageError
 from tpuctl.runtime.preemption import EVENT_PREFIX
 from tpuctl.services.run.lookup import RunNotFoundError
 from tpuctl.services.run.rundir import RunDir
@@ -66,12 +66,12 @@ def test_get_takes_an_id_its_end_or_latest(runs: Runs) -> None:
     assert runs.get("latest").run_id == IDS[1] and runs.get(None).run_id == IDS[1]
 
 
-def test_no_such_run_is_one_error_with_its_fix_and_exit_2(runs: Runs) -> None:
+def test_no_such_run_is_one_error_with_its_fix_and_exit_11(runs: Runs) -> None:
     for call in (runs.get, runs.describe, runs.logs, runs.cancel, runs.resume, runs.reload):
         with pytest.raises(RunNotFoundError) as info:
             call("zz99")
         error = info.value
-        assert isinstance(error, UsageError) and error.exit_code == EXIT_USAGE
+        assert isinstance(error, UsageError) and error.exit_code == EXIT_NOT_FOUND
         assert error.message == "no run 'zz99'"
         assert (
             error.fix

@@ -157,14 +157,16 @@ def _ship_and_start(
         streams.logs[worker] = HostLog(prepared.run_dir.host_log(worker), sink=sink)
         streams.logs[worker].mark_attempt(spec.restart_count + 1, slices.name, slices.zone)
     bundle = prepared.bundle
-    observer.status(
+    # Shipping and starting are quick and always the same: details (-v); setup is the phase people wait on.
+    observer.detail(
+        None,
         f"shipping bundle {bundle.short_digest} ({len(bundle.files)} files, {bundle.total_bytes} bytes) "
-        f"to {spec.num_workers} hosts"
+        f"to {spec.num_workers} hosts",
     )
     shipped = executor.ship(bundle)
     copied = sum(1 for s in shipped if s.shipped)
-    observer.status(
-        f"bundle on {spec.num_workers} hosts ({copied} copied, {len(shipped) - copied} already had it)"
+    observer.detail(
+        None, f"bundle on {spec.num_workers} hosts ({copied} copied, {len(shipped) - copied} already had it)"
     )
     if not may_start():
         return None
@@ -174,7 +176,7 @@ def _ship_and_start(
         return None
     session.ledger.update_run(prepared.run_id, status=RunStatus.RUNNING, pod=slices.name, zone=slices.zone)
     executor.start(spec)
-    observer.status(f"started {' '.join(prepared.program)} on {spec.num_workers} hosts")
+    observer.detail(None, f"started {' '.join(prepared.program)} on {spec.num_workers} hosts")
     return shipped, setup_s
 
 

@@ -14,9 +14,9 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from tpuctl.cloud.base import LABEL_RUN, Node, OperationProgress
-from tpuctl.errors import NotFoundError, UsageError
+from tpuctl.errors import NameNotFoundError, NotFoundError, UsageError
 from tpuctl.services.access import with_host_access
-from tpuctl.services.run.model import LaunchObserver, PreparedRun, RunRequest, Target
+from tpuctl.services.run.model import LaunchObserver, PhaseUpdate, PreparedRun, RunRequest, Target
 from tpuctl.services.run.occupancy import refuse_second_run
 from tpuctl.services.run.sliceset import SliceSet, multislice_prefix
 from tpuctl.store.records import SegmentKind
@@ -131,7 +131,7 @@ def find_pod(session: Session, name: str, zone: str | None) -> Node:
     except NotFoundError:
         matches = []
     if not matches:
-        raise UsageError(
+        raise NameNotFoundError(
             f"pod {name!r} does not exist" + (f" in {zone}" if zone else ""),
             field="pod",
             value=name,
@@ -192,8 +192,10 @@ def provision(
         capacity=target.capacity,
         detail=detail,
     )
+    started = session.monotonic()
+    title = f"creating {target.name} ({_shape(prepared)})"
     try:
-        placed = _create(session, observer, prepared, progress, prefer_zone)
+        placed = _create(session, observer, prepared, progress, prefer_zone, title)
     except BaseException as exc:
         failed = {**(detail or {}), "error": str(exc) or type(exc).__name__}
         ledger.close_segment(segment, end=session.clock(), detail=failed)
@@ -201,11 +203,22 @@ def provision(
     slices = _placed_set(target.placement, placed.nodes)
     ledger.close_segment(segment, end=session.clock())
     ledger.update_segment(segment, pod=slices.name, zone=slices.zone, capacity=slices.capacity)
-    observer.status(
-        f"{slices.describe()} {'are' if slices.is_multislice else 'is'} {slices.state} in {slices.zone} "
-        f"({_terms(slices.capacity.value, placed.candidate.price_per_hour)})"
+    terms = _terms(slices.capacity.value, placed.candidate.price_per_hour)
+    named = "" if slices.name == target.name else f"{slices.describe()} "
+    took = session.monotonic() - started
+    observer.phase(
+        PhaseUpdate(title, outcome=f"{named}{slices.state} in {slices.zone} ({terms}), {took:.1f} s")
     )
     return slices
+
+
+def _shape(prepared: PreparedRun) -> str:
+    """``v5litepod-16, 4 hosts``: what a run's new slice (or slice set) is."""
+    target = prepared.target
+    what = target.accelerator.api_name
+    if target.slices > 1:
+        what = f"{target.slices} x {what}"
+    return f"{what}, {target.hosts} host{'s' if target.hosts != 1 else ''}"
 
 
 def _placed_set(placement: PlacementRequest | None, nodes: list[Node]) -> SliceSet:
@@ -229,6 +242,7 @@ def _create(
     prepared: PreparedRun,
     progress: OperationProgress | None,
     prefer_zone: str | None,
+    title: str,
 ) -> Placement:
     from tpuctl.services.allocator import Allocator
 
@@ -241,15 +255,14 @@ def _create(
     if prefer_zone is not None:
         first = [c for c in plan.order if c.zone == prefer_zone]
         plan = dataclasses.replace(plan, order=[*first, *(c for c in plan.order if c.zone != prefer_zone)])
-    accel = target.accelerator
     best = plan.order[0] if plan.order else None
     where = (
         f"first choice {best.zone} ({_terms(best.capacity.value, best.price_per_hour)})"
         if best is not None
         else "where the allocator finds room"
     )
-    what = f"{target.slices} x {accel.api_name}" if target.slices > 1 else accel.api_name
-    observer.status(f"creating {target.name} ({what}, {target.hosts} hosts); {where}")
+    observer.phase(PhaseUpdate(title))
+    observer.detail(None, f"{title}: {where}")
     return allocator.place(placement, progress=progress, plan=plan)
 
 

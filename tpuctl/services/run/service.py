@@ -39,6 +39,7 @@ from tpuctl.store.records import LeaseOwner, RunStatus
 
 if TYPE_CHECKING:
     from tpuctl.cloud.base import OperationProgress
+    from tpuctl.services.run.import_check import ImportCheck
     from tpuctl.services.run.model import (
         LaunchObserver,
         PreparedRun,
@@ -64,7 +65,7 @@ class Runs:
 
     def get(self, ref: str | None) -> RunRecord:
         """The run ``ref`` names: a whole id, a unique start or end of one, ``latest`` or None (the newest).
-        Exit 2 (``RunNotFoundError``) when none matches; several matches are listed (``lookup``)."""
+        Exit 11 (``RunNotFoundError``) when none matches; several matches are listed (``lookup``)."""
         run_id = resolve_run_id(self._session.ledger, ref)
         record = self._session.ledger.get_run(run_id)
         if record is None:  # gone between the lookup and now
@@ -131,6 +132,22 @@ class Runs:
     def prepare(self, request: RunRequest) -> PreparedRun:
         """Validate the request and build the bundle; raises UsageError for any bad input."""
         return prepare.prepare(self._session, request)
+
+    def check_imports(self, prepared: PreparedRun) -> ImportCheck:
+        """Whether the hosts' environment will hold every module the program imports at start-up
+        (``import_check``): call ``refuse()`` on the result before anything is created, and say its
+        ``warnings()``. A bundled example is tpuctl's own, checked by its tests: nothing to check."""
+        from tpuctl.services.run.import_check import ImportCheck, check_imports
+
+        if prepared.program[0] == "-m":
+            return ImportCheck()
+        return check_imports(
+            prepared.bundle,
+            prepared.program[0],
+            prepared.setup,
+            python=prepared.request.python,
+            wheelhouse=self._session.backend.host_wheelhouse,
+        )
 
     def plan(self, prepared: PreparedRun, *, budget_usd: float | None = None) -> dict[str, Any]:
         """What the run would ship and run where (``--dry-run``), refused as the run would be where its

@@ -14,7 +14,7 @@ from tpuctl.cloud.base import DEAD_NODE_STATES
 from tpuctl.errors import BudgetExceededError, NotFoundError
 from tpuctl.runtime.preemption import PREEMPTED_EXIT_CODE, parse_event
 from tpuctl.services.run.accounting import Progress, notice_source
-from tpuctl.services.run.model import AttemptResult, LaunchObserver, Outcome, RecoveryPolicy
+from tpuctl.services.run.model import AttemptResult, LaunchObserver, Outcome, PhaseUpdate, RecoveryPolicy
 from tpuctl.services.run.sliceset import SliceSet
 
 if TYPE_CHECKING:
@@ -78,6 +78,12 @@ class EventTap:
 
     def status(self, text: str) -> None:
         self._inner.status(text)
+
+    def phase(self, update: PhaseUpdate) -> None:
+        self._inner.phase(update)
+
+    def detail(self, worker: int | None, text: str) -> None:
+        self._inner.detail(worker, text)
 
 
 @dataclass

@@ -931,7 +931,7 @@ class Supervisor:
     def _delete_node(self, node: Node, *, reason: str) -> bool:
         from tpuctl.services.pods import PodService
 
-        self._inner.status(f"deleting {node.name} ({node.zone})")
+        self._inner.detail(None, f"deleting {node.name} ({node.zone})")  # the outcome says it went
         try:
             PodService(self._session).delete(node.name, zone=node.zone, wait=True, reason=reason)
         except NotFoundError:
