@@ -162,7 +162,8 @@ def create(
         wait=wait,
     )
     with session(ctx, out, settings) as sess:
-        check_zones(sess.catalog, sess.cloud, list(choices.zones))  # a typo is exit 2, not "not offered"
+        # A typo is exit 2, not "not offered"; its suggestion is a zone that offers the type.
+        check_zones(sess.catalog, sess.cloud, list(choices.zones), accelerator=request.accelerator)
         if choices.region is not None:
             check_region(sess.catalog, sess.cloud, choices.region)
         if not is_dry_run(ctx, dry_run):
