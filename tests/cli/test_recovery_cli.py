@@ -516,7 +516,8 @@ def test_resume_takes_over_every_slice_the_ledger_has_for_the_run(
     # the run restarts from its bucket on a fresh slice.
     assert first.end_reason == {"placing": "deleted", "deleting": "gone", "preempted": "preempted"}[died]
     assert first.deleted_at is not None and len(pods) == 2
-    assert resumed.json["run"]["pod"] != placed.name
+    # Both named after the run: the resumed one with its restart number (the old one may be deleting).
+    assert placed.name == run_id and resumed.json["run"]["pod"].startswith(f"{run_id}-r")
 
 
 @pytest.mark.parametrize("command", ["resume", "cancel"])
