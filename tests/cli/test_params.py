@@ -226,8 +226,8 @@ def test_a_missing_argument_or_unknown_option_is_the_field(
 def test_the_capacity_flags_mean_the_same_on_pod_create_and_run(
     cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flags: tuple[str, ...]
 ) -> None:
-    """Each capacity flag adds to the allowed set, and both commands take the cheapest allowed (the
-    README's one meaning); before, `--spot --preemptible` was an error on `run`."""
+    """Each capacity flag adds to the allowed set, and both commands take the cheapest allowed (the one
+    meaning docs/configuration.md gives them); before, `--spot --preemptible` was an error on `run`."""
     (tmp_path / "train.py").write_text("print('hi')\n")
     monkeypatch.chdir(tmp_path)
     create = cli("pod", "create", "v5e-8", *flags, "--dry-run", "-o", "json")

@@ -70,7 +70,7 @@ class Rejection(StrEnum):
 
 
 class Verdict(StrEnum):
-    """The plan's answer, with the exit code each maps to (documented in the README)."""
+    """The plan's answer, with the exit code each maps to (documented in docs/placement.md)."""
 
     FEASIBLE = "feasible"
     NO_QUOTA = "no_quota"
