@@ -94,8 +94,8 @@ def test_text_keeps_quota_ids_whole_and_names_the_family(cli: InProcessCli, env:
 
 
 @pytest.mark.parametrize("args", [("tpu7x",), ("--accelerator-type", "tpu7x-16")])
-def test_a_type_or_generation_keeps_only_its_quotas(cli: InProcessCli, args: tuple[str, ...]) -> None:
-    result = cli("quota", *args, "-o", "json")
+def test_a_type_or_generation_keeps_only_its_quotas(sim_cli: InProcessCli, args: tuple[str, ...]) -> None:
+    result = sim_cli("quota", *args, "-o", "json")
     assert result.code == 0, result.stderr
     assert {(q["quota_id"], q["tpu_family"]) for q in result.json["quotas"]} == {
         (FAMILY_Q, "TPU7X"),
