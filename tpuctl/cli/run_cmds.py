@@ -344,8 +344,9 @@ def run(
                 choices, network=chosen.host_network, service_account=chosen.service_account
             ),
         )
-        # A typo is exit 2 with "did you mean", before anything is made.
-        check_zones(sess.catalog, sess.cloud, list(choices.zones))
+        # A typo is exit 2 with "did you mean" (a zone that offers the type), before anything is made.
+        accelerator = None if accelerator_type is None else sess.catalog.resolve(accelerator_type)
+        check_zones(sess.catalog, sess.cloud, list(choices.zones), accelerator=accelerator)
         if choices.region is not None:
             check_region(sess.catalog, sess.cloud, choices.region)
         runs = Runs(sess)

@@ -41,10 +41,21 @@ def target(session: Session, request: RunRequest, run_id: str) -> Target:
         session.catalog,
         session.settings,
         request.accelerator_type,
+        name=run_slice_name(run_id, request.slices),
         labels={**request.labels, LABEL_RUN: run_id},
         slices=request.slices,
     )
     return Target(accelerator=placement.accelerator, placement=placement)
+
+
+def run_slice_name(run_id: str, slices: int) -> str:
+    """The name of the slice a run creates: its run id, so `pod list` says whose slice it is, and a run
+    prepared again (`runs resume`) names its slices as before rather than at random. Each later slice of
+    the run adds ``-r<restart>`` (``renamed``): a node name is unique among a zone's nodes, and the one
+    it replaces may still be deleting. Cut to leave a multislice's ``-<i>`` room within the API's 63
+    characters (run ids have the same alphabet as node names, but may end with a dash: they may not)."""
+    room = 63 - (len(f"-{slices - 1}") if slices > 1 else 0)
+    return run_id[:room].rstrip("-")
 
 
 def _existing(session: Session, request: RunRequest, run_id: str) -> Target:
@@ -282,8 +293,9 @@ def _with_host_metadata(session: Session, prepared: PreparedRun, *, plan: bool) 
 
 
 def renamed(prepared: PreparedRun, restart: int, tries: int) -> PreparedRun:
-    """The prepared run with a fresh slice name and request id for a recovery (the old name may still
-    be deleting, and a new request must not be mistaken for the old one's retry)."""
+    """The prepared run with a fresh slice name and request id for a recovery or a resume: the run's own
+    name with ``-r<restart>`` (and ``-<try>`` after the first try), since the old name may still be
+    deleting, and a new request must not be mistaken for the old one's retry."""
     from tpuctl.services.pods import new_request_id
 
     target = prepared.target
@@ -294,7 +306,7 @@ def renamed(prepared: PreparedRun, restart: int, tries: int) -> PreparedRun:
         room = (
             63 - len(suffix) - (len(f"-{target.placement.slices - 1}") if target.placement.slices > 1 else 0)
         )
-        name = base[:room] + suffix
+        name = base[:room].rstrip("-") + suffix
         placement = dataclasses.replace(target.placement, name=name, request_id=new_request_id())
         return dataclasses.replace(prepared, target=dataclasses.replace(target, placement=placement))
     return prepared
