@@ -248,7 +248,13 @@ class _EventLoop:
             failed = (event.worker, event.returncode)
             raised = self.streams.exceptions.get(event.worker)
             how = f"raised {raised}" if raised else describe_exit(event.returncode)
-            self.observer.status(f"host {event.worker} {how}: stopping the other hosts")
+            said = f"host {event.worker} {how}: stopping the other hosts"
+            if soft_deadline is None:
+                self.observer.status(said)
+            else:
+                # The hosts were already stopping at an agreed step (a notice, a budget stop): one killed
+                # at the end of the stop's grace is that stop's doing, said by the supervisor already.
+                self.observer.detail(event.worker, said)
             stop_deadline = self._stop_all()
         return failed, timed_out
 
