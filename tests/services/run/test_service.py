@@ -229,7 +229,7 @@ def test_resume_writes_nothing_when_a_supervisor_takes_the_run_while_it_prepares
 
     def prepared_while_another_took_it(*args: object) -> SimpleNamespace:
         taken.append(ledger.claim_lease(IDS[0], OWNER, 300.0))  # after the first check passed
-        return SimpleNamespace(policy=None, budget_usd=None)
+        return SimpleNamespace(policy=None, budget_usd=None, prepared=None)
 
     monkeypatch.setattr(control, "prepare_again", prepared_while_another_took_it)
     monkeypatch.setattr(prepare, "with_budget", lambda *args: None)  # its price is not what is tested
