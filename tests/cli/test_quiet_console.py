@@ -72,7 +72,8 @@ def check_quiet(result: CliResult, *, hosts: int) -> list[str]:
     for detail in ("shipping bundle", "bundle on", "started ", "deleting "):  # -v only
         assert not any(line.startswith(f"tpuctl: {detail}") for line in told), told
     for plumbing in PLUMBING:
-        assert not any(plumbing in line for line in lines), (plumbing, lines)
+        leaked = [line for line in lines if plumbing in line]
+        assert not leaked, (plumbing, leaked)
     return lines
 
 
