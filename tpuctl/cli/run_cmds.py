@@ -243,6 +243,14 @@ def run(
             help="Stop the run before it spends more than this many USD (warn at 80%).",
         ),
     ] = None,
+    max_hours: Annotated[
+        str | None,
+        typer.Option(
+            "--max-hours",
+            metavar="HOURS",
+            help="End the run H hours after it starts and delete its slices, even with tpuctl not running.",
+        ),
+    ] = None,
     max_restarts: Annotated[
         str,
         typer.Option(
@@ -325,6 +333,7 @@ def run(
         executor=executor,
         timeout_s=None if timeout is None else params.duration(timeout, "timeout"),
         grace_s=params.duration(grace, "grace", allow_zero=True),
+        max_hours=None if max_hours is None else params.hours(max_hours, "max_hours"),
         bundle_limit_bytes=int(limit_mb * 1024 * 1024),
     )
     host_flags = {

@@ -58,7 +58,7 @@ from tpuctl.errors import (
     TpuctlError,
 )
 from tpuctl.runtime.preemption import PREEMPTED_EXIT_CODE
-from tpuctl.services.run import hosts
+from tpuctl.services.run import backstop, hosts
 from tpuctl.services.run.accounting import PreemptionRecord, Progress, preemption_record, recovery_summary
 from tpuctl.services.run.control import record_bundle, record_request
 from tpuctl.services.run.fencing import LeaseBoundExecutor, LeaseKeeper, fenced_session
@@ -268,10 +268,19 @@ class Supervisor:
         record = self._session.ledger.get_run(prepared.run_id)
         assert record is not None
         run = _Run(started=time.monotonic(), wall_start=record.created_at, slices=prepared.target.existing)
-        if self._budget_usd is not None:
+        deadline_at = prepared.request.deadline_at
+        if self._budget_usd is not None or deadline_at is not None:
             # Stopping takes up to --grace (SIGTERM, then SIGKILL) before the slice is deleted.
             margin_s = (self.policy.budget_margin_s or 0.0) + prepared.request.grace_s
-            self._budget = StepBudget(self._session, prepared.run_id, self._budget_usd, margin_s, self._warn)
+            started = run.wall_start if run.wall_start is not None else time.time()
+            self._budget = StepBudget(
+                self._session,
+                prepared.run_id,
+                self._budget_usd,
+                margin_s,
+                self._warn,
+                deadline=None if deadline_at is None else (deadline_at, started),
+            )
         failure: BaseException | None = None
         try:
             self._update_detail(supervisor=supervisor_identity())
@@ -364,8 +373,19 @@ class Supervisor:
         self._segments = Segments(session, self.progress)
 
     def _executor(self, prepared: PreparedRun, slices: SliceSet) -> Executor:
-        """The attempt's executor, bound to the lease: it lets the hosts go, unsignalled, once lost."""
-        inner = hosts.build_executor(self._session, prepared, slices, for_plan=False)
+        """The attempt's executor, bound to the lease: it lets the hosts go, unsignalled, once lost. Host 0
+        of a slice the run made carries the run's backstop, checked in while the executor is open."""
+        inner: Executor = hosts.build_executor(self._session, prepared, slices, for_plan=False)
+        plan = backstop.plan_for(self._session, prepared, slices)
+        if plan is not None:
+            inner = backstop.Backstopped(
+                inner,
+                plan,
+                status=self._inner.status,
+                on_armed=lambda armed: self._update_detail(
+                    backstop={**armed.to_dict(), "armed_at": time.time()}
+                ),
+            )
         return LeaseBoundExecutor(inner, self._lost)
 
     def _resume(self, prepared: PreparedRun, record: Any, run: _Run) -> None:
