@@ -109,9 +109,7 @@ def test_a_killed_detached_run_is_deleted_by_its_backstop_after_the_grace(
         lambda: node_state() in ("DELETING", "GONE") or None, timeout=60.0, interval=0.1, what="deletion"
     )
     took = time.time() - killed_at
-    print(
-        f"backstop: slice {node.name} deleted {took:.1f} s after the supervisor was killed (grace {GRACE_S} s)"
-    )
+    print(f"backstop: {node.name} deleted {took:.1f} s after its supervisor was killed (grace {GRACE_S} s)")
 
     (deletion,) = [d for d in admin.deletions() if d["name"] == node.name]
     assert deletion["path"] == "api" and deletion["resource"] == "tpu node"
