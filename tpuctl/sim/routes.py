@@ -217,9 +217,19 @@ def _create_queued_resource(engine: SimEngine, request: SimRequest, args: tuple[
 
 
 def _delete_queued_resource(engine: SimEngine, request: SimRequest, args: tuple[str, ...]) -> Answer:
+    """queuedResources.delete, with who asked in the simulator's deletion log (``tpuctl.sim.deletions``):
+    with ``force`` it deletes the queued resource's slices too."""
     project, zone, qr = args
-    return engine.delete_queued_resource(
-        project, zone, qr, force=_flag(request, "force"), request_id=first(request.query, "requestId")
+    return deletions.delete_answer(
+        engine,
+        request,
+        lambda: engine.delete_queued_resource(
+            project, zone, qr, force=_flag(request, "force"), request_id=first(request.query, "requestId")
+        ),
+        project=project,
+        zone=zone,
+        name=qr,
+        resource="queued resource",
     )
 
 

@@ -117,9 +117,14 @@ def plan_for(session: Session, prepared: PreparedRun, slices: SliceSet) -> Backs
         return None
     cloud = session.cloud
     nodes = list(slices.nodes)
-    # Host 0 is on the first slice: the others go first, its own last.
+    # Host 0 is on the first slice: the others go first, its own last. A slice a queued resource made
+    # goes with it (force: its nodes too), so that no queued resource is left behind.
     ordered = [*nodes[1:], nodes[0]]
-    delete = tuple(req for node in ordered for req in cloud.plan_delete_node(node.zone, node.name))
+    queued = {n.queued_resource.rsplit("/", 1)[-1]: n.zone for n in ordered if n.queued_resource}
+    delete = tuple(
+        [req for n in ordered if not n.queued_resource for req in cloud.plan_delete_node(n.zone, n.name)]
+        + [cloud.plan_delete_queued_resource(zone, qr, force=True) for qr, zone in queued.items()]
+    )
     return BackstopPlan(
         run_id=prepared.run_id,
         remote_root=prepared.request.ssh_remote_root,
@@ -137,8 +142,9 @@ def script_text() -> bytes:
 class Backstopped:
     """An executor whose host 0 carries the run's deadman: armed while the bundle is shipped (a
     supervisor that dies during a long setup is covered too), then checked in every
-    ``checkin_every(grace)``, both on a thread of its own, until the executor closes. A deadman that cannot
-    be armed is said (``status``) and the attempt goes on without it: the run itself is not at stake."""
+    ``checkin_every(grace)``, both on a thread of its own, until the executor closes; ``on_armed`` is told
+    once. A deadman that cannot be armed is said (``status``) and the attempt goes on without it: the run
+    itself is not at stake."""
 
     def __init__(
         self,
@@ -176,14 +182,9 @@ class Backstopped:
             said = " / ".join(result.tail[-3:]) if result is not None else "no answer"
             self._status(f"warning: the run's backstop could not be armed on host 0: {said}")
             return False
-        if not self.armed:
-            self._status(
-                "backstop armed on host 0: it deletes the slice if the program is over"
-                + (" or the run's deadline passed" if self.backstop.deadline_at is not None else "")
-                + f" and no supervisor checked in for {self.backstop.grace_s:g} s"
-            )
-            if self._on_armed is not None:
-                self._on_armed(self.backstop)
+        if not self.armed and self._on_armed is not None:
+            # Recorded, not said: the console is for what the user must act on (a failure to arm is).
+            self._on_armed(self.backstop)
         self.armed = True
         return True
 
