@@ -45,6 +45,8 @@ def settle(session: Session, record: RunRecord) -> RunRecord:
     pods = [p for p in ledger.list_pods(run_id=record.run_id) if _may_exist(p)]
     if not pods or not all(_gone(session, p) for p in pods):
         return record
+    # Read before this command claims the lease (its own claim is a row of the history too).
+    heard = [h.at for h in ledger.lease_history(record.run_id) if str(h.action) in _HEARD]
     try:
         claim = ledger.claim_lease(
             record.run_id, LeaseOwner.of_this_process(), session.settings.lease_duration
@@ -56,7 +58,8 @@ def settle(session: Session, record: RunRecord) -> RunRecord:
         fresh = fenced.get_run(record.run_id)
         if fresh is None or _finished(fresh):
             return fresh or record
-        _record_deletion(fenced, fresh, pods, armed, seen_at=session.clock())
+        last_heard = max(heard) if heard else None
+        _record_deletion(fenced, fresh, pods, armed, last_heard=last_heard, seen_at=session.clock())
     finally:
         with contextlib.suppress(Exception):  # it expires on its own
             ledger.release_lease(claim)
@@ -78,11 +81,16 @@ def reason(last_heard: float | None, seen_at: float, grace_s: float | None) -> s
 
 
 def _record_deletion(
-    ledger: Ledger, record: RunRecord, pods: list[PodRecord], armed: dict[str, Any], *, seen_at: float
+    ledger: Ledger,
+    record: RunRecord,
+    pods: list[PodRecord],
+    armed: dict[str, Any],
+    *,
+    last_heard: float | None,
+    seen_at: float,
 ) -> None:
-    heard = [h.at for h in ledger.lease_history(record.run_id) if str(h.action) in _HEARD]
     grace = armed.get("grace_s")
-    why = reason(max(heard) if heard else None, seen_at, float(grace) if grace is not None else None)
+    why = reason(last_heard, seen_at, float(grace) if grace is not None else None)
     for pod in pods:
         ledger.record_event(
             EventKind.DELETED,
