@@ -104,10 +104,10 @@ def test_once_the_silent_supervisors_slices_are_gone_the_ledger_says_why(ledger:
     assert after.status == RunStatus.FAILED
     why = after.detail["reason"]
     assert why == backstopped.reason(heard, SEEN_AT, 4.0)  # the killed one's last renewal
-    assert why.startswith(
-        f"deleted by its backstop after the run's supervisor was silent {SEEN_AT - heard:.0f} s"
+    assert why == (
+        "deleted by its backstop after the run's supervisor was silent for its grace (4 s): last heard "
+        f"from at {iso(heard)}, the slice seen gone {SEEN_AT - heard:.0f} s later, at {iso(SEEN_AT)}"
     )
-    assert "(its grace: 4 s)" in why and f"last heard from at {iso(heard)}," in why
     assert after.detail["backstop"] == {"grace_s": 4.0, "seen_deleted_at": SEEN_AT}
     (pod,) = ledger.list_pods(run_id=RUN)
     assert pod.state is PodState.DELETED and pod.deleted_at == SEEN_AT

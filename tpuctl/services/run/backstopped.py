@@ -67,16 +67,18 @@ def settle(session: Session, record: RunRecord) -> RunRecord:
 
 
 def reason(last_heard: float | None, seen_at: float, grace_s: float | None) -> str:
-    """Why the slices went, in the run's record and on each slice's event."""
-    grace = f" (its grace: {grace_s:g} s)" if grace_s is not None else ""
+    """Why the slices went, in the run's record and on each slice's event. When the deletion itself
+    happened is not known here (the cloud keeps no time of a resource it deleted): between the grace
+    after the last word and the moment this command saw the slices gone."""
+    grace = f"its grace ({grace_s:g} s)" if grace_s is not None else "its grace"
     if last_heard is None:
         return (
-            f"deleted by its backstop{grace}: no supervisor of the run was heard from; "
-            f"seen gone at {iso(seen_at)}"
+            f"deleted by its backstop: no supervisor of the run was heard from for {grace}; "
+            f"the slice seen gone at {iso(seen_at)}"
         )
     return (
-        f"deleted by its backstop after the run's supervisor was silent {seen_at - last_heard:.0f} s{grace}: "
-        f"last heard from at {iso(last_heard)}, the slice seen gone at {iso(seen_at)}"
+        f"deleted by its backstop after the run's supervisor was silent for {grace}: last heard from at "
+        f"{iso(last_heard)}, the slice seen gone {seen_at - last_heard:.0f} s later, at {iso(seen_at)}"
     )
 
 
