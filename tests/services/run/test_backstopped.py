@@ -63,10 +63,9 @@ def _session(ledger: Ledger, cloud: Cloud) -> Session:
     )
 
 
-def _silent(ledger: Ledger) -> None:
-    """A supervisor that renewed its lease and was killed: the lease expires on its own (a second later,
-    so that what this command claims itself is told apart from the killed supervisor's last word)."""
-    ledger.claim_lease(RUN, OWNER, 1.0)
+def _silent(ledger: Ledger, ttl_s: float = 0.2) -> None:
+    """A supervisor that renewed its lease and was killed: the lease expires on its own."""
+    ledger.claim_lease(RUN, OWNER, ttl_s)
     wait_for(lambda: (lease := ledger.lease_of(RUN)) is not None and lease.expired, timeout=10.0)
 
 
@@ -96,7 +95,7 @@ def test_a_slice_that_is_there_or_cannot_be_looked_up_is_not_taken_for_deleted(
 
 
 def test_once_the_silent_supervisors_slices_are_gone_the_ledger_says_why(ledger: Ledger) -> None:
-    _silent(ledger)
+    _silent(ledger, 1.0)  # a second: what this command claims itself is told apart from the last word
     heard = max(h.at for h in ledger.lease_history(RUN))
     cloud = Cloud()
     cloud.answers["s"] = GONE
