@@ -184,7 +184,10 @@ class Backstopped:
             return False
         if not self.armed and self._on_armed is not None:
             # Recorded, not said: the console is for what the user must act on (a failure to arm is).
-            self._on_armed(self.backstop)
+            try:
+                self._on_armed(self.backstop)
+            except Exception as exc:  # the record (e.g. a lost lease's refused write) must not stop check-ins
+                self._status(f"note: the run's backstop is armed but could not be recorded: {exc}")
         self.armed = True
         return True
 

@@ -173,6 +173,7 @@ class Supervisor:
         self._attempt: _Attempt | None = None
         self._bind(session)
         self._lock = threading.Lock()
+        self._detail_lock = threading.Lock()
         self._stop_reason: Outcome | None = None  # set when we stop the hosts ourselves
         self._stopper: threading.Thread | None = None
         self._budget: StepBudget | None = None
@@ -942,10 +943,13 @@ class Supervisor:
     def _update_detail(self, **changes: Any) -> None:
         assert self._run_id is not None
         ledger = self._session.ledger
-        record = ledger.get_run(self._run_id)
-        merged = dict(record.detail or {}) if record is not None else {}
-        merged.update(changes)
-        ledger.update_run(self._run_id, detail=merged)
+        # Read, merge, write under one lock: the backstop's thread records its arming while the attempt
+        # records its own, and one must not drop the other's keys.
+        with self._detail_lock:
+            record = ledger.get_run(self._run_id)
+            merged = dict(record.detail or {}) if record is not None else {}
+            merged.update(changes)
+            ledger.update_run(self._run_id, detail=merged)
 
     def _record_hosts(self, executor: Executor) -> None:
         attempt = self._attempt
