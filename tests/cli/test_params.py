@@ -64,6 +64,7 @@ FLAGS: list[tuple[tuple[str, ...], str, tuple[str, ...]]] = [
     (("pod", "create", "v5e-8", "--dry-run", "--strategy", "race"), "--race-k", COUNT),
     (("pod", "create", "v5e-8", "--dry-run", "--queued"), "--valid-for", DURATION),
     (("run", "train.py", "--type", "v5e-8", "--dry-run"), "--budget", POSITIVE),
+    (("run", "train.py", "--type", "v5e-8", "--dry-run"), "--max-hours", POSITIVE),
     (("run", "train.py", "--type", "v5e-8", "--dry-run"), "--timeout", DURATION),
     (("run", "train.py", "--type", "v5e-8", "--dry-run"), "--grace", GRACE),
     (("run", "train.py", "--type", "v5e-8", "--dry-run"), "--checkpoint-every", COUNT),

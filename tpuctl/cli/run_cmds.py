@@ -224,6 +224,14 @@ def run(
             help="With --budget: count a slice tpuctl has no price for at this many USD per hour.",
         ),
     ] = None,
+    max_hours: Annotated[
+        str | None,
+        typer.Option(
+            "--max-hours",
+            metavar="HOURS",
+            help="End the run H hours after it starts and delete its slices, even with tpuctl not running.",
+        ),
+    ] = None,
     max_restarts: Annotated[
         str,
         typer.Option(
@@ -307,6 +315,7 @@ def run(
         executor=executor,
         timeout_s=None if timeout is None else params.duration(timeout, "timeout"),
         grace_s=params.duration(grace, "grace", allow_zero=True),
+        max_hours=None if max_hours is None else params.hours(max_hours, "max_hours"),
         bundle_limit_bytes=int(limit_mb * 1024 * 1024),
         assumed_price_per_hour=None
         if assume_price_per_hour is None

@@ -43,6 +43,7 @@ from tpuctl.errors import (
     UsageError,
 )
 from tpuctl.services.quota import QuotaBook, QuotaUse, quota_units
+from tpuctl.timefmt import iso
 
 QUEUED_CAPACITY = params.QUEUED_CAPACITY
 DEFAULT_RACE_K = 3
@@ -124,6 +125,8 @@ class PlacementRequest:
     network: HostNetwork = field(default_factory=HostNetwork)
     #: The service account the hosts act as (None: the API's default, the Compute Engine default one).
     service_account: str | None = None
+    #: When the cloud itself ends the slice (a run's backstop; Compute Engine only, ``NodeRequest``).
+    terminate_at: float | None = None
 
     @property
     def uses_queued_resource(self) -> bool:
@@ -181,6 +184,7 @@ class PlacementRequest:
             "labels": dict(self.labels),
             **self.network.to_dict(),
             "service_account": self.service_account,
+            **({} if self.terminate_at is None else {"terminate_at": iso(self.terminate_at)}),
         }
 
 

@@ -136,6 +136,11 @@ class RunRequest:
     executor: str | None = None  # ssh (the only one; kept so --executor ssh keeps working)
     timeout_s: float | None = None
     grace_s: float = 5.0
+    #: ``--max-hours``: the run ends (its slices deleted) this many hours after it was first prepared,
+    #: waiting for capacity included; ``deadline_at`` is that moment (epoch seconds), fixed once, so a
+    #: recovery or ``runs resume`` keeps it.
+    max_hours: float | None = None
+    deadline_at: float | None = None
     bundle_limit_bytes: int = DEFAULT_LIMIT_BYTES
     run_id: str | None = None
     python: str | None = None  # the hosts' interpreter; default: the setup's environment (or python3)

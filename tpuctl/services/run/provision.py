@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from tpuctl.cloud.base import LABEL_RUN, Node, OperationProgress
 from tpuctl.errors import NameNotFoundError, NotFoundError, UsageError
 from tpuctl.services.access import with_host_access
+from tpuctl.services.run import backstop
 from tpuctl.services.run.model import LaunchObserver, PhaseUpdate, PreparedRun, RunRequest, Target
 from tpuctl.services.run.occupancy import refuse_second_run
 from tpuctl.services.run.sliceset import SliceSet, multislice_prefix
@@ -283,13 +284,16 @@ def _with_host_metadata(session: Session, prepared: PreparedRun, *, plan: bool) 
     placement = prepared.target.placement
     assert placement is not None
     key = prepared.ssh_key
-    return with_host_access(
+    placement = with_host_access(
         session,
         placement,
         proxy_command=prepared.request.ssh_proxy_command,
         plan=plan,
         public_openssh=None if key is None else key.public_openssh,
     )
+    # Past its --max-hours, Compute Engine ends the slice itself (the run's backstop).
+    terminate_at = backstop.termination_at(session, prepared)
+    return placement if terminate_at is None else dataclasses.replace(placement, terminate_at=terminate_at)
 
 
 def renamed(prepared: PreparedRun, restart: int, tries: int) -> PreparedRun:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from tpuctl.errors import LeaseHeldError, UsageError
-from tpuctl.services.run import control, describe, hostlog, prepare
+from tpuctl.services.run import backstopped, control, describe, hostlog, prepare
 from tpuctl.services.run.fencing import LeaseKeeper, fenced_session
 from tpuctl.services.run.lookup import RunNotFoundError, resolve_run_id
 from tpuctl.services.run.rundir import RunDir
@@ -65,12 +65,14 @@ class Runs:
 
     def get(self, ref: str | None) -> RunRecord:
         """The run ``ref`` names: a whole id, a unique start or end of one, ``latest`` or None (the newest).
-        Exit 11 (``RunNotFoundError``) when none matches; several matches are listed (``lookup``)."""
+        Exit 11 (``RunNotFoundError``) when none matches; several matches are listed (``lookup``). A run
+        whose backstop deleted its slices behind a silent supervisor has that recorded first
+        (``backstopped``)."""
         run_id = resolve_run_id(self._session.ledger, ref)
         record = self._session.ledger.get_run(run_id)
         if record is None:  # gone between the lookup and now
             raise RunNotFoundError(run_id)
-        return record
+        return backstopped.settle(self._session, record)
 
     def dir_of(self, record: RunRecord) -> RunDir:
         """The run's directory on this machine: the one its record names when it is under this state dir,
@@ -88,7 +90,8 @@ class Runs:
 
     def list_runs(self, *, limit: int) -> list[RunView]:
         """At most ``limit`` runs, newest first."""
-        return [RunView.of(r) for r in self._session.ledger.list_runs(limit=limit)]
+        records = backstopped.settle_all(self._session, self._session.ledger.list_runs(limit=limit))
+        return [RunView.of(r) for r in records]
 
     def describe(self, ref: str | None) -> RunDescription:
         record = self.get(ref)
