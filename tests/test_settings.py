@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from tpuctl.catalog import CapacityType
+from tpuctl.cloud.base import HostNetwork, VpcNetwork, VpcSubnetwork
 from tpuctl.errors import ConfigError, UsageError
 from tpuctl.settings import Backend, load_settings
 
@@ -364,3 +365,73 @@ def test_bad_lease_timing_is_refused(
     with pytest.raises(UsageError) as info:
         load_settings({})
     assert info.value.field == field and in_message in info.value.message and info.value.exit_code == 2
+
+
+NETWORK_PROFILE = """\
+profiles:
+  default:
+    network: projects/host-proj/global/networks/shared
+    subnetwork: projects/host-proj/regions/us-central1/subnetworks/tpu
+    tags: [tpu-ssh, web]
+    service_account: trainer@p.iam.gserviceaccount.com
+"""
+
+
+def test_the_hosts_network_from_a_profile_the_environment_and_flags(
+    config_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config_file.write_text(NETWORK_PROFILE)
+    profile = load_settings({})
+    assert profile.host_network == HostNetwork(
+        VpcNetwork("shared", "host-proj"),
+        VpcSubnetwork("tpu", "host-proj", "us-central1"),
+        ("tpu-ssh", "web"),
+    )
+    assert profile.service_account == "trainer@p.iam.gserviceaccount.com"
+    monkeypatch.setenv("TPUCTL_TAGS", "a,b")  # comma-separated, as --tags takes them
+    monkeypatch.setenv("TPUCTL_SERVICE_ACCOUNT", "other@p.iam.gserviceaccount.com")
+    env = load_settings({})
+    assert env.tags == ["a", "b"] and env.service_account == "other@p.iam.gserviceaccount.com"
+    flags = load_settings({"network": "vpc", "subnetwork": "sub", "tags": ["c"]})
+    assert flags.host_network == HostNetwork(VpcNetwork("vpc"), VpcSubnetwork("sub"), ("c",))
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "fix_part"),
+    [
+        ("network", "Not_A_Network", "Shared VPC"),
+        ("subnetwork", "regions/x/subnetworks/s", "regions/REGION/subnetworks/NAME"),
+        ("tags", "[Bad Tag]", "tpu-ssh"),
+        ("service_account", "trainer", "iam.gserviceaccount.com"),
+    ],
+)
+def test_a_bad_network_key_names_the_file_and_the_key(
+    config_file: Path, key: str, value: str, fix_part: str
+) -> None:
+    config_file.write_text(f"profiles:\n  default:\n    {key}: {value}\n")
+    with pytest.raises(ConfigError) as info:
+        load_settings({})
+    assert info.value.field == f"profiles.default.{key}"
+    assert fix_part in (info.value.fix or "")
+
+
+def test_a_bad_network_flag_or_variable_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(UsageError) as flag:
+        load_settings({"network": "Bad"})
+    assert flag.value.field == "--network"
+    monkeypatch.setenv("TPUCTL_SUBNETWORK", "a/b")
+    with pytest.raises(UsageError) as env:
+        load_settings({})
+    assert env.value.field == "TPUCTL_SUBNETWORK"
+
+
+def test_a_shared_vpc_subnetwork_needs_its_network_of_the_same_project() -> None:
+    alone = load_settings({"subnetwork": "projects/host-proj/regions/us-central1/subnetworks/tpu"})
+    with pytest.raises(UsageError, match="name its network too") as info:
+        _ = alone.host_network
+    assert "projects/host-proj/global/networks/" in (info.value.fix or "")
+    elsewhere = load_settings(
+        {"network": "vpc", "subnetwork": "projects/host-proj/regions/us-central1/subnetworks/tpu"}
+    )
+    with pytest.raises(UsageError, match="belongs to its network's project"):
+        _ = elsewhere.host_network

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 from tpuctl.catalog import CapacityType, Surface, validate_zone
+from tpuctl.cloud.base import HostNetwork, VpcNetwork, VpcSubnetwork
 from tpuctl.errors import ConfigError, UsageError
 
 if TYPE_CHECKING:
@@ -55,9 +56,15 @@ FLAGS: Final[Mapping[str, str]] = {
     "valid_for": "--valid-for",
     "max_hours": "--max-hours",
     "force": "--force",
+    "api": "--api",
+    "network": "--network",
+    "subnetwork": "--subnetwork",
+    "tags": "--tags",
+    "service_account": "--service-account",
     # runs
     "pod": "--pod",
     "type": "--type",
+    "accelerator_type": "--type",
     "example": "--example",
     "env": "--env",
     "workdir": "--workdir",
@@ -65,6 +72,7 @@ FLAGS: Final[Mapping[str, str]] = {
     "timeout": "--timeout",
     "grace": "--grace",
     "budget": "--budget",
+    "assume_price_per_hour": "--assume-price-per-hour",
     "checkpoint_every": "--checkpoint-every",
     "max_restarts": "--max-restarts",
     "max_preemptions": "--max-preemptions",
@@ -201,6 +209,21 @@ def usd(value: str | float, param: str, *, per_hour: bool = False) -> float:
     return amount
 
 
+def slice_usd_per_hour(value: str | float, param: str) -> float:
+    """The price of one slice in US dollars per hour (a price a budget assumes): a finite number > 0."""
+    fix = f"give the price of one slice in USD per hour, a positive number, e.g. {EG}"
+    amount = _finite(value, param, fix=fix, eg="40")
+    if amount <= 0:
+        raise ParamError(
+            f"{LABEL} must be a positive number of USD per hour, got {value!r}",
+            param=param,
+            value=value,
+            fix=fix,
+            eg="40",
+        )
+    return amount
+
+
 def hours(value: str | float, param: str) -> float:
     """Hours: a finite number > 0 (fractions allowed: 1.5 is 90 minutes)."""
     fix = f"give a positive number of hours, e.g. {EG} (1.5 is 90 minutes)"
@@ -287,15 +310,25 @@ def local_path(value: str) -> str:
 # Places
 
 
-def zone(value: str, param: str = "zone", *, known: Collection[str] | None = None) -> str:
+def zone(
+    value: str,
+    param: str = "zone",
+    *,
+    known: Collection[str] | None = None,
+    suggest_from: Collection[str] | None = None,
+) -> str:
     """A zone, shaped like ``us-central1-a``; with ``known`` (the catalog's and the backend's zones), one
-    of them. A typo is a usage error (exit 2, "did you mean"), never a capacity problem."""
+    of them. A typo is a usage error (exit 2, "did you mean" among ``suggest_from`` if given, else
+    ``known``), never a capacity problem. A region given as a zone says to use the region setting."""
+    if _REGION_RE.fullmatch(value):
+        raise RegionGivenAsZone(value, param=param)
     try:
         validate_zone(value, field_name=param)
     except UsageError as exc:
         raise ParamError(exc.message, param=param, value=value, fix=exc.fix or "") from None
     if known is not None and value not in known:
-        raise _unknown_place("zone", value, param, known, listing="`tpuctl catalog zones` lists them")
+        near_from = known if suggest_from is None else suggest_from
+        raise _unknown_place("zone", value, param, near_from, listing="`tpuctl catalog zones` lists them")
     return value
 
 
@@ -311,6 +344,31 @@ def region(value: str, param: str = "region", *, known: Collection[str] | None =
     if known is not None and value not in known:
         raise _unknown_place("region", value, param, known, listing="`tpuctl catalog zones` lists the zones")
     return value
+
+
+class RegionGivenAsZone(ParamError):
+    """A region where a zone was asked for (``--zone us-central1``): the fix names the region setting,
+    spelled as the zone one was (``--zone`` -> ``--region``, ``TPUCTL_ZONES`` -> ``TPUCTL_REGION``,
+    ``profiles.P.zones`` -> ``profiles.P.region``); an argument (``ZONE``) has no region sibling."""
+
+    def __init__(self, value: str, *, param: str) -> None:
+        self.region = value
+        super().__init__(
+            f"{LABEL} {value!r} is a region, not a zone",
+            param=param,
+            value=value,
+            fix=f"{_REGION_FIX}name one of its zones (`tpuctl catalog zones` lists them)",
+        )
+
+    def _render(self, text: str, label: str) -> str:
+        argument = self.param.isupper() and self.param not in FLAGS  # e.g. `sim stockout ZONE`
+        region_label = re.sub(r"(?i)zones?$", lambda m: "REGION" if m[0].isupper() else "region", label)
+        use = "" if argument else f"use {example(region_label, self.region)} (any of its zones), or "
+        return super()._render(text, label).replace(_REGION_FIX, use)
+
+
+# Where RegionGivenAsZone's fix says how to give the region (NUL-marked, like LABEL and EG).
+_REGION_FIX: Final = "\0region\0"
 
 
 def did_you_mean(value: str, choices: Iterable[str]) -> str | None:
@@ -330,6 +388,134 @@ def _unknown_place(kind: str, value: str, param: str, known: Collection[str], *,
         fix=(f"use {eg}; " if near else "") + listing,
         eg=near,
     )
+
+
+# --------------------------------------------------------------------------------------------------
+# Networks and the hosts' identity
+
+#: A network, subnetwork or tag name: RFC 1035 (lowercase letter first, then letters, digits and dashes,
+#: not ending in a dash; 1-63 characters), Compute Engine's rule for its resource names.
+_RFC1035 = r"[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?"
+_RFC1035_RE = re.compile(_RFC1035)
+#: A project id (6-30 characters) or a project number, as a resource path names it.
+_PROJECT = r"[a-z][-a-z0-9]{4,28}[a-z0-9]|[0-9]+"
+#: What may precede a resource path: the API's URL, or the collection's ``compute/v1/`` prefix
+#: (docs/google-facts.md#networks lists the forms the TPU API and Compute Engine accept).
+_URL_PREFIX_RE = re.compile(r"(?:https://(?:www|compute)\.googleapis\.com/)?(?:compute/(?:v1|beta|alpha)/)?")
+_NETWORK_RE = re.compile(rf"(?:(?:projects/(?P<project>{_PROJECT})/)?global/networks/)?(?P<name>{_RFC1035})")
+_SUBNETWORK_RE = re.compile(
+    rf"(?:(?:projects/(?P<project>{_PROJECT})/)?regions/(?P<region>[a-z]+-[a-z]+[0-9]+)/subnetworks/)?"
+    rf"(?P<name>{_RFC1035})"
+)
+#: A service account's email (``NAME@PROJECT.iam.gserviceaccount.com``, or the Compute Engine default
+#: ``NUMBER-compute@developer.gserviceaccount.com``): one @, a domain with a dot, no spaces.
+_EMAIL_RE = re.compile(r"[^@\s]+@[^@\s]+\.[^@\s]+")
+#: Compute Engine allows at most 64 network tags on an instance (docs/google-facts.md#networks).
+MAX_NETWORK_TAGS: Final = 64
+
+
+def network(value: str | VpcNetwork, param: str = "network") -> VpcNetwork:
+    """A VPC network: ``NAME``, or ``projects/HOST/global/networks/NAME`` for a Shared VPC (also the
+    ``global/networks/NAME`` and URL forms the APIs take)."""
+    if isinstance(value, VpcNetwork):
+        return value
+    match = _NETWORK_RE.fullmatch(_URL_PREFIX_RE.sub("", value.strip(), count=1))
+    if match is None:
+        raise ParamError(
+            f"malformed network {value!r}",
+            param=param,
+            value=value,
+            fix=f"name the network (lowercase letters, digits and dashes, e.g. {EG}), or a Shared VPC's as "
+            "projects/HOST_PROJECT/global/networks/NAME",
+            eg="my-vpc",
+        )
+    return VpcNetwork(name=match["name"], project=match["project"])
+
+
+def subnetwork(value: str | VpcSubnetwork, param: str = "subnetwork") -> VpcSubnetwork:
+    """A subnetwork: ``NAME`` (in the zone's region), ``regions/R/subnetworks/NAME``, or a Shared VPC's
+    ``projects/HOST/regions/R/subnetworks/NAME``."""
+    if isinstance(value, VpcSubnetwork):
+        return value
+    match = _SUBNETWORK_RE.fullmatch(_URL_PREFIX_RE.sub("", value.strip(), count=1))
+    if match is None:
+        raise ParamError(
+            f"malformed subnetwork {value!r}",
+            param=param,
+            value=value,
+            fix=f"name the subnetwork (e.g. {EG}, in the slice's region), or give its path: "
+            "regions/REGION/subnetworks/NAME, or a Shared VPC's projects/HOST_PROJECT/regions/REGION/"
+            "subnetworks/NAME",
+            eg="tpu-subnet",
+        )
+    return VpcSubnetwork(name=match["name"], project=match["project"], region=match["region"])
+
+
+def network_tags(values: Iterable[str], param: str = "tags") -> tuple[str, ...]:
+    """Network tags (``--tags a,b``, repeatable): each an RFC 1035 name, without repeats, in order."""
+    tags: list[str] = []
+    for raw in values:
+        for tag in (t.strip() for t in raw.split(",")):
+            if not _RFC1035_RE.fullmatch(tag):
+                raise ParamError(
+                    f"bad network tag {tag!r}: a tag is 1-63 lowercase letters, digits and dashes, starting "
+                    "with a letter and not ending with a dash",
+                    param=param,
+                    value=tag,
+                    fix=f"e.g. {EG} (several: comma-separated, or the flag repeated)",
+                    eg="tpu-ssh",
+                )
+            if tag not in tags:
+                tags.append(tag)
+    if len(tags) > MAX_NETWORK_TAGS:
+        raise ParamError(
+            f"{len(tags)} network tags: an instance has at most {MAX_NETWORK_TAGS}",
+            param=param,
+            value=",".join(tags),
+            fix="give fewer tags",
+        )
+    return tuple(tags)
+
+
+def service_account(value: str, param: str = "service_account") -> str:
+    """A service account's email, e.g. ``trainer@my-project.iam.gserviceaccount.com``."""
+    email = value.strip()
+    if not _EMAIL_RE.fullmatch(email):
+        raise ParamError(
+            f"malformed service account {value!r}: give its email",
+            param=param,
+            value=value,
+            fix=f"e.g. {EG}",
+            eg="trainer@my-project.iam.gserviceaccount.com",
+        )
+    return email
+
+
+def host_network(
+    network_value: VpcNetwork | None, subnetwork_value: VpcSubnetwork | None, tags: Iterable[str] = ()
+) -> HostNetwork:
+    """The hosts' network from its parsed parts, checked against each other: a subnetwork in a host
+    project (Shared VPC) needs its network named (the APIs take ``default`` otherwise, which is the
+    slice's own project's), in the same project."""
+    if subnetwork_value is not None and subnetwork_value.project is not None:
+        if network_value is None:
+            raise ParamError(
+                f"--subnetwork {subnetwork_value.text} is in project {subnetwork_value.project}: name its "
+                "network too",
+                param="network",
+                value=subnetwork_value.text,
+                fix=f"add --network projects/{subnetwork_value.project}/global/networks/NETWORK",
+            )
+        if network_value.project != subnetwork_value.project:
+            holder = network_value.project or "the slice's own"
+            raise ParamError(
+                f"subnetwork {subnetwork_value.text} is not in the network's project ({holder}): a "
+                "subnetwork belongs to its network's project",
+                param="subnetwork",
+                value=subnetwork_value.text,
+                fix="give the network and the subnetwork of one project (a Shared VPC's host project)",
+            )
+    return HostNetwork(network=network_value, subnetwork=subnetwork_value, tags=tuple(tags))
 
 
 # --------------------------------------------------------------------------------------------------

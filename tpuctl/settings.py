@@ -43,8 +43,21 @@ from pydantic_settings import (
 )
 
 from tpuctl.catalog import CapacityType, Surface
+from tpuctl.cloud.base import HostNetwork, VpcNetwork, VpcSubnetwork
 from tpuctl.errors import ConfigError, TpuctlError, UsageError
-from tpuctl.params import ParamError, duration, flag, region, usd, zone
+from tpuctl.params import (
+    ParamError,
+    duration,
+    flag,
+    host_network,
+    network,
+    network_tags,
+    region,
+    service_account,
+    subnetwork,
+    usd,
+    zone,
+)
 from tpuctl.store.secrets import SECRET_KEY_FILENAME, parse_secret_key
 from tpuctl.store.url import DatabaseUrl, default_database_url, parse_database_url
 
@@ -90,6 +103,41 @@ DatabaseSetting = Annotated[
 ]
 
 
+def _network_setting(value: Any) -> VpcNetwork | None:
+    return None if value is None else network(value)
+
+
+def _subnetwork_setting(value: Any) -> VpcSubnetwork | None:
+    return None if value is None else subnetwork(value)
+
+
+def _text(value: VpcNetwork | VpcSubnetwork | None) -> str | None:
+    return None if value is None else value.text
+
+
+#: The hosts' network and subnetwork (``NAME``, or a Shared VPC host project's path), parsed once here by
+#: the flags' functions (``tpuctl.params``), written back as the user wrote them.
+NetworkSetting = Annotated[VpcNetwork | None, PlainValidator(_network_setting), PlainSerializer(_text)]
+SubnetworkSetting = Annotated[
+    VpcSubnetwork | None, PlainValidator(_subnetwork_setting), PlainSerializer(_text)
+]
+
+
+def _tags_setting(value: Any) -> list[str] | None:
+    if value is None:
+        return None
+    return list(network_tags([value] if isinstance(value, str) else [str(v) for v in value]))
+
+
+def _service_account_setting(value: Any) -> str | None:
+    return None if value is None else service_account(str(value))
+
+
+#: Network tags (``a,b`` in the environment, a list in the profile) and the hosts' service account.
+NetworkTags = Annotated[list[str] | None, BeforeValidator(_tags_setting)]
+ServiceAccount = Annotated[str | None, BeforeValidator(_service_account_setting)]
+
+
 def _duration_setting(name: str) -> BeforeValidator:
     def parse(value: Any) -> float | None:
         return None if value is None else duration(value, name)
@@ -103,6 +151,10 @@ LeaseDuration = Annotated[float, _duration_setting("lease_duration")]
 LeaseRenewEvery = Annotated[float, _duration_setting("lease_renew_every")]
 DEFAULT_LEASE_DURATION_S = 60.0
 DEFAULT_LEASE_RENEW_EVERY_S = 15.0
+#: How long a run's backstop waits for its supervisor to check in before it deletes the run's slice once
+#: the program is over or the run's deadline passed (docs/architecture.md, "The backstop").
+BackstopGrace = Annotated[float, _duration_setting("backstop_grace")]
+DEFAULT_BACKSTOP_GRACE_S = 600.0
 #: How long a run's SSH key imported into OS Login stays valid (renewed before a new connection once half
 #: of it is spent): it bounds how long a key outlives the run, so keys do not pile up in the profile.
 OsLoginKeyTtl = Annotated[float, _duration_setting("os_login_key_ttl")]
@@ -139,6 +191,11 @@ class Profile(BaseModel):
     api: Surface | None = None
     max_price: MaxPrice = None
     monthly_budget: MonthlyBudget = None
+    # The hosts' VPC network, subnetwork and network tags, and the service account they act as.
+    network: NetworkSetting = None
+    subnetwork: SubnetworkSetting = None
+    tags: NetworkTags = None
+    service_account: ServiceAccount = None
     state_dir: Path | None = None
     sim_world: Path | None = None
     output: OutputFormat | None = None
@@ -156,6 +213,7 @@ class Profile(BaseModel):
     secret_key_file: Path | None = None
     lease_duration: LeaseDuration | None = None
     lease_renew_every: LeaseRenewEvery | None = None
+    backstop_grace: BackstopGrace | None = None
     # Google: the project user credentials bill API quota to (x-goog-user-project), and the lifetime of
     # the key a run imports into OS Login.
     quota_project: str | None = None
@@ -346,6 +404,11 @@ class Settings(BaseSettings):
     api: Surface | None = None
     max_price: MaxPrice = None
     monthly_budget: MonthlyBudget = None
+    network: NetworkSetting = None
+    subnetwork: SubnetworkSetting = None
+    # TPUCTL_TAGS holds them comma-separated (split by the parser, as a flag's value is).
+    tags: Annotated[NetworkTags, NoDecode] = None
+    service_account: ServiceAccount = None
     state_dir: Path | None = None
     sim_world: Path | None = None
     # An already running simulator (`tpuctl sim serve`) to talk to instead of starting one in-process.
@@ -369,6 +432,7 @@ class Settings(BaseSettings):
     secret_key_file: Path | None = None
     lease_duration: LeaseDuration = DEFAULT_LEASE_DURATION_S
     lease_renew_every: LeaseRenewEvery = DEFAULT_LEASE_RENEW_EVERY_S
+    backstop_grace: BackstopGrace = DEFAULT_BACKSTOP_GRACE_S
     # The project user credentials bill API quota to (google-auth sends it as x-goog-user-project); None:
     # what the ADC file or GOOGLE_CLOUD_QUOTA_PROJECT names, if anything.
     quota_project: str | None = None
@@ -435,6 +499,11 @@ class Settings(BaseSettings):
         """``GOOGLE_CLOUD_PROJECT`` or ``CLOUDSDK_CORE_PROJECT`` when the project (and with it real Google)
         came from that variable alone; None when tpuctl's own settings chose it, or no project is set."""
         return self._project_from
+
+    @property
+    def host_network(self) -> HostNetwork:
+        """The hosts' network, subnetwork and tags, checked against each other."""
+        return host_network(self.network, self.subnetwork, self.tags or ())
 
     @property
     def resolved_state_dir(self) -> Path:

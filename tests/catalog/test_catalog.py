@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from tpuctl.catalog import CapacityType, Catalog, region_of_zone, validate_zone
@@ -174,3 +176,38 @@ def test_the_tpu7x_price_is_per_chip_with_its_unit_flagged_as_unconfirmed() -> N
     assert catalog.price_per_hour(accel, "us-central1-c", CapacityType.ON_DEMAND) == 12.0 * 4
     assert catalog.price_per_chip_hour(accel, "us-central1-c", CapacityType.SPOT) is None  # none published
     assert "per chip or per host" in catalog.prices.notes["tpu7x"]
+
+
+def test_a_v2_or_v3_pod_slice_is_priced_by_its_pod_sku_never_the_single_devices() -> None:
+    """v2/v3 slices of several hosts bill their own, dearer, "Pod" SKU
+    (docs/google-facts.md#prices-for-budgets); the bundled table has no figure for it, so they are
+    unpriced until a refresh finds one."""
+    catalog = Catalog.load()
+    device, pod = catalog.resolve("v3-8"), catalog.resolve("v3-32")
+    assert (device.hosts, pod.hosts) == (1, 4)
+    assert catalog.price_per_chip_hour(device, "us-central1-a", CapacityType.ON_DEMAND) == 2.00
+    assert catalog.price_per_chip_hour(pod, "us-central1-a", CapacityType.ON_DEMAND) is None
+    assert catalog.price_per_chip_hour(pod, "us-central1-a", CapacityType.SPOT) is None
+    refreshed = dataclasses.replace(
+        catalog,
+        prices=dataclasses.replace(
+            catalog.prices, prices={"v3": {"us-central1": {"on_demand": 2.0, "pod_on_demand": 3.0}}}
+        ),
+    )
+    assert refreshed.price_per_chip_hour(pod, "us-central1-a", CapacityType.ON_DEMAND) == 3.0
+    assert refreshed.price_per_hour(pod, "us-central1-a", CapacityType.ON_DEMAND) == 3.0 * 16
+
+
+def test_flex_start_has_a_price_of_its_own_never_the_spot_one() -> None:
+    catalog = Catalog.load()
+    v6e = catalog.resolve("v6e-8")
+    # Observed on the Billing Catalog (docs/google-facts.md#prices-for-budgets): 1.35 in two regions.
+    flex = catalog.price_per_chip_hour(v6e, "europe-west4-a", CapacityType.PREEMPTIBLE, flex_start=True)
+    assert flex == 1.35
+    assert catalog.price_per_chip_hour(v6e, "europe-west4-a", CapacityType.PREEMPTIBLE) == 1.0375  # spot
+    # Where no flex-start figure was found it is unknown, not the spot price.
+    assert (
+        catalog.price_per_chip_hour(v6e, "us-central1-b", CapacityType.PREEMPTIBLE, flex_start=True) is None
+    )
+    tpu7x = catalog.resolve("tpu7x-8")
+    assert catalog.price_per_hour(tpu7x, "us-central1-c", CapacityType.PREEMPTIBLE, flex_start=True) is None

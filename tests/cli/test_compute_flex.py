@@ -84,8 +84,8 @@ def test_a_queued_tpu7x_8_dry_run_plans_one_flex_start_instance_insert(
     assert {c["capacity"] for c in plan["candidates"]} == {"preemptible"}
     chosen = next(c for c in plan["candidates"] if c["zone"] == ZONE)
     assert [q["quota_id"] for q in chosen["quota"]] == ["PREEMPTIBLE-TPU7X-per-project-region"]
-    # No flex-start (nor preemptible) price for TPU7x in the catalog: the on-demand one caps it (unc.).
-    assert chosen["price_per_chip_hour"] == 12.0
+    # No flex-start price for TPU7x was found: unknown, never the spot or on-demand one.
+    assert chosen["price_per_chip_hour"] is None
     assert admin.status()["nodes"] == []
 
 
@@ -186,7 +186,7 @@ def test_queued_resource_only_options_are_refused_on_compute_naming_the_option(
     assert admin.status()["nodes"] == []
 
 
-def test_a_v6e_asked_on_compute_with_queued_is_flex_start_at_the_preemptible_price(
+def test_a_v6e_asked_on_compute_with_queued_is_flex_start_at_its_own_price_not_the_spot_one(
     admin: SimAdminClient, cli: InProcessCli
 ) -> None:
     args = ("v6e-8", "--api", "compute", "--queued", "--zone", "us-central1-b", "--dry-run", "-o", "json")
@@ -197,4 +197,6 @@ def test_a_v6e_asked_on_compute_with_queued_is_flex_start_at_the_preemptible_pri
     assert "/compute/v1/" in request["url"]
     assert request["body"]["scheduling"]["provisioningModel"] == "FLEX_START"
     (chosen,) = [c for c in plan["candidates"] if c["zone"] == "us-central1-b"]
-    assert chosen["capacity"] == "preemptible" and chosen["price_per_chip_hour"] == 0.544
+    # Flex-start's own SKU was seen only in europe-west4 and us-east5: here its price is unknown, not
+    # the spot price (0.544).
+    assert chosen["capacity"] == "preemptible" and chosen["price_per_chip_hour"] is None

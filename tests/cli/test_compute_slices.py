@@ -228,6 +228,40 @@ def test_an_unmodified_psum_script_runs_on_4_processes_and_16_devices_of_a_tpu7x
     assert "unconfirmed" in report["prices"]["notes"]["tpu7x"]
 
 
+def test_a_tpu7x_8_spot_run_reaches_its_host_on_a_project_that_enables_no_guest_attributes(
+    admin: SimAdminClient, cli: Cli, tmp_path: Path
+) -> None:
+    """The world's project leaves guest attributes off (Google's default), so the VM publishes its host
+    key only because tpuctl's instance metadata enables them; without that the run waits for a key that
+    never comes and fails naming enable-guest-attributes. One host, a stdlib program."""
+    assert "guest_attributes" not in WORLD  # the simulator's default: off
+    script = tmp_path / "user" / "hello.py"
+    script.parent.mkdir()
+    script.write_text("import os\nprint('hello from', os.environ['TPUCTL_ACCELERATOR_TYPE'], flush=True)\n")
+    result = cli("run", str(script), "--no-runtime-deps", "--type", "tpu7x-8", "--spot", "--zone", ZONE)
+    assert result.code == 0, result.stderr[-3000:]
+    assert "hello from tpu7x-8" in result.stdout
+    assert admin.status()["nodes"] == []
+
+
+#: The smallest LM run: a few steps, one example per device of a tpu7x-16's 8.
+TINY_LM = ["--steps", "3", "--log-every", "1", "--batch", "8", "--seed", "3", "--layers", "1",
+           "--d-model", "16", "--heads", "2", "--vocab", "32", "--seq-len", "16"]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_tpu7x_16_spot_lm_run_reaches_its_hosts_on_a_project_that_enables_no_guest_attributes(
+    admin: SimAdminClient, cli: Cli
+) -> None:
+    """The same with two hosts made by a MIG from tpuctl's instance template, and the LM example."""
+    assert "guest_attributes" not in WORLD
+    result = cli("run", "--example", "lm", "--type", "tpu7x-16", "--spot", "--zone", ZONE, "-o", "json",
+                 "--", *TINY_LM)  # fmt: skip
+    assert result.code == 0, result.stderr[-3000:]
+    assert result.json["run"]["hosts"] == 2
+    assert admin.status()["nodes"] == []
+
+
 #: The recovery test's world: two TPU7x zones, Compute quotas, a grace long enough to checkpoint.
 RECOVERY_WORLD: dict[str, Any] = {
     **WORLD,

@@ -4,15 +4,18 @@ Offline where it can be (the report reads the ledger); the estimate asks the in-
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tpuctl.catalog import CapacityType, Catalog
+from tpuctl.sim import SimAdminClient
 from tpuctl.store.ledger import Ledger
 from tpuctl.store.records import EventKind
 from tpuctl.testing.backend import InProcessCli
+from tpuctl.testing.cli import Cli
 
 ZONE = "us-central1-c"
 WORLD: dict[str, Any] = {
@@ -79,3 +82,65 @@ def test_report_shows_a_tpu7x_slice_with_its_price_source_and_note(
     assert "ce-7x" in text.stdout and "tpu7x-64" in text.stdout and "384.00" in text.stdout
     assert PRICES.source in " ".join(text.stderr.split())
     assert f"tpu7x price: {PRICES.notes['tpu7x']}" in " ".join(text.stderr.split())
+
+
+# --- budgets on slices tpuctl has no price for ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_a_budget_on_an_unpriced_slice_is_refused_before_anything_is_made(
+    sim_cli: InProcessCli, tmp_path: Path, dry_run: bool
+) -> None:
+    """No TPU7x spot price was found anywhere: a budget could not tell when it is spent, so the run is
+    refused (exit 2) naming the missing price and the flag that supplies one, and nothing is created."""
+    script = tmp_path / "proj" / "loop.py"
+    script.parent.mkdir()
+    script.write_text("print('hello')\n")
+    args = ["run", str(script), "--no-runtime-deps", "--type", "tpu7x-8", "--spot", "--budget", "0.01"]
+    result = sim_cli(*args, *(["--dry-run"] if dry_run else []), "-o", "json")
+    assert result.code == 2, result.stderr
+    doc = result.json
+    assert "--budget" in doc["message"] and "no price" in doc["message"]
+    assert "tpu7x" in doc["message"] and "spot" in doc["message"]
+    assert "--assume-price-per-hour" in doc["fix"]
+    assert sim_cli.admin.status()["nodes"] == []
+    assert sim_cli("runs", "list", "-o", "json").json["runs"] == []
+
+
+def test_the_assumed_price_must_be_a_positive_number_and_goes_with_a_budget(
+    sim_cli: InProcessCli, tmp_path: Path
+) -> None:
+    script = tmp_path / "proj" / "loop.py"
+    script.parent.mkdir()
+    script.write_text("print('hello')\n")
+    run = ["run", str(script), "--no-runtime-deps", "--type", "tpu7x-8", "--spot", "--dry-run"]
+    bad = sim_cli(*run, "--budget", "1", "--assume-price-per-hour", "-3")
+    assert bad.code == 2 and "--assume-price-per-hour" in bad.stderr
+    alone = sim_cli(*run, "--assume-price-per-hour", "20")
+    assert alone.code == 2 and "--budget" in alone.stderr
+    planned = sim_cli(*run, "--budget", "1", "--assume-price-per-hour", "20", "-o", "json")
+    assert planned.code == 0, planned.stderr
+
+
+def test_an_unpriced_spot_run_under_a_budget_counts_the_assumed_price_and_stops_at_it(
+    serve_sim: Callable[..., SimAdminClient], cli: Cli, tmp_path: Path, state_dir: Path
+) -> None:
+    """The same run with --assume-price-per-hour 40: the budget counts 40 USD/h for the slice (0.01 USD
+    is gone within a second, the stop's margin included), stops the run before or as it starts (exit 7)
+    and deletes the slice. One host, a stdlib program."""
+    admin = serve_sim(WORLD)
+    script = tmp_path / "proj" / "loop.py"
+    script.parent.mkdir()
+    script.write_text(
+        "import time\nfor i in range(600):\n    print('step', i, flush=True)\n    time.sleep(0.1)\n"
+    )
+    result = cli("run", str(script), "--no-runtime-deps", "--type", "tpu7x-8", "--spot", "--zone", ZONE,
+                 "--budget", "0.01", "--assume-price-per-hour", "40", "--grace", "1")  # fmt: skip
+    assert result.code == 7, result.stderr[-3000:]
+    assert "stopped at its budget" in result.stderr
+    assert admin.status()["nodes"] == []
+    with Ledger(state_dir) as ledger:
+        (run,) = ledger.list_runs()
+        (pod,) = ledger.list_pods(run_id=run.run_id)
+    assert pod.price_per_chip_hour is None  # still unknown: only the budget assumed one
+    assert run.detail is not None and run.detail["budget"]["rate_usd_per_hour"] == 40.0

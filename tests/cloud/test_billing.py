@@ -234,8 +234,8 @@ def test_map_skus_to_per_chip_prices() -> None:
         "v5e": {"us-central1": {"on_demand": 1.3, "spot": 0.2}, "us-east1": {"on_demand": 1.3}},
         "v6e": {"europe-west4": {"on_demand": 3.0}},
         "v5p": {"us-east5": {"on_demand": 4.5}},
-        # 8 USD per 8 cores = 4 chips; the single-device SKU wins over the pod one; spot 2.4 / 4.
-        "v3": {"us-central1": {"on_demand": 2.0, "spot": 0.6}},
+        # 8 USD per 8 cores = 4 chips; spot 2.4 / 4; the pod SKU (12 / 4) prices v3 pod slices apart.
+        "v3": {"us-central1": {"on_demand": 2.0, "spot": 0.6, "pod_on_demand": 3.0}},
         "v4": {"us-central2": {"on_demand": 3.22}},
     }
     # The N1 core and the commitment are not TPU list prices.

@@ -11,7 +11,15 @@ from google.cloud.tpu_v2.types import cloud_tpu
 from google.protobuf import json_format
 
 from tpuctl.catalog import CapacityType
-from tpuctl.cloud.base import NetworkEndpoint, NodeRequest, PlannedRequest, QueuedResourceRequest
+from tpuctl.cloud.base import (
+    HostNetwork,
+    NetworkEndpoint,
+    NodeRequest,
+    PlannedRequest,
+    QueuedResourceRequest,
+    VpcNetwork,
+    VpcSubnetwork,
+)
 from tpuctl.cloud.config import CloudConfig
 from tpuctl.cloud.tpu_api import TpuApiCloud, node_from_proto, queued_resource_from_proto
 from tpuctl.errors import UsageError
@@ -328,3 +336,38 @@ def test_request_id_must_be_a_label_value_and_match_an_existing_label() -> None:
         cloud().plan_create_node(labelled, request_id="mine")
     body = cloud().plan_create_node(labelled, request_id="other")[0].body
     assert body is not None and body["labels"] == {"tpuctl-request": "other"}  # type: ignore[index]
+
+
+SHARED = HostNetwork(
+    VpcNetwork("shared", "host-proj"), VpcSubnetwork("tpu", "host-proj", "us-central1"), ("tpu-ssh", "web")
+)
+
+
+def test_a_node_joins_the_named_network_with_its_tags_and_service_account() -> None:
+    req = NodeRequest(name="n", zone="us-central1-a", accelerator_type="v5litepod-8",
+                      runtime_version="v2-alpha-tpuv5-lite", network=SHARED, external_ips=True,
+                      service_account="trainer@p.iam.gserviceaccount.com")  # fmt: skip
+    body = cloud().plan_create_node(req)[0].body
+    assert body is not None
+    assert body["networkConfig"] == {
+        "network": "projects/host-proj/global/networks/shared",
+        "subnetwork": "projects/host-proj/regions/us-central1/subnetworks/tpu",
+        "enableExternalIps": True,
+    }
+    assert body["tags"] == ["tpu-ssh", "web"]
+    assert body["serviceAccount"] == {
+        "email": "trainer@p.iam.gserviceaccount.com",
+        "scope": ["https://www.googleapis.com/auth/cloud-platform"],
+    }
+
+
+def test_a_subnetwork_named_alone_is_in_the_zones_region_of_the_slices_project() -> None:
+    req = NodeRequest(name="n", zone="europe-west4-b", accelerator_type="v5litepod-8",
+                      runtime_version="v2-alpha-tpuv5-lite",
+                      network=HostNetwork(VpcNetwork("vpc"), VpcSubnetwork("sub")))  # fmt: skip
+    body = cloud().plan_create_node(req)[0].body
+    assert body is not None and body["networkConfig"] == {
+        "network": "projects/proj/global/networks/vpc",
+        "subnetwork": "projects/proj/regions/europe-west4/subnetworks/sub",
+    }
+    assert "serviceAccount" not in body and "tags" not in body  # the API's defaults where none is named

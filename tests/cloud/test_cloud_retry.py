@@ -159,6 +159,35 @@ def test_poll_until_times_out_with_the_last_value() -> None:
     assert info.value.last == "RUNNING"
 
 
+def test_deadlines_count_the_waits_of_a_fake_clock_not_only_real_time() -> None:
+    """A backend on a fake clock waits instantly: its 300 s poll and 60 s retry deadline are 300 and 60
+    seconds of waiting, reached in a moment, not that much real time spent polling at full speed."""
+    waited: list[float] = []
+    start = time.monotonic()
+    with pytest.raises(PollTimeout) as info:
+        poll_until(
+            lambda: "RUNNING",
+            lambda s: s == "DONE",
+            timeout_s=300,
+            initial_interval_s=1.0,
+            max_interval_s=10.0,
+            sleep=waited.append,
+        )
+    assert 300 <= sum(waited) < 310 and len(waited) < 40
+    assert info.value.elapsed_s == sum(waited)
+    fn, calls = flaky([TransientError("503")] * 1000)
+    retried: list[float] = []
+    with pytest.raises(TransientError):
+        call_with_retry(
+            fn,
+            policy=RetryPolicy(max_attempts=1000, initial_wait_s=1.0, max_wait_s=8.0, deadline_s=60.0),
+            idempotent=True,
+            sleep=retried.append,
+        )
+    assert sum(retried) < 60 and 5 <= calls[0] < 20  # no attempt whose wait would cross the deadline
+    assert time.monotonic() - start < 5.0
+
+
 def test_poll_until_propagates_errors_at_once() -> None:
     fn, calls = flaky([NotFoundError("gone")])
     with pytest.raises(NotFoundError):

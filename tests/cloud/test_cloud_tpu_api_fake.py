@@ -327,3 +327,47 @@ def test_importing_and_constructing_loads_no_heavy_sdk() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+def _attributes(value: str) -> dict[str, Any]:
+    item = {"namespace": "hostkeys", "key": "ssh-ed25519", "value": value}
+    return {"queryPath": "hostkeys/", "queryValue": {"items": [item]}}
+
+
+def test_host_keys_are_matched_to_workers_by_worker_id_not_by_list_position(
+    fake: FakeGoogle, cloud: TpuApiCloud
+) -> None:
+    """A GuestAttributes names no worker, and the API does not promise the all-workers answer in worker
+    order: each worker's keys are asked for by its worker id. This fake answers the all-workers request
+    shuffled, which a reader by position would take for the wrong hosts' keys."""
+    endpoints = [{"ipAddress": f"10.0.0.{i}", "port": 8470} for i in range(3)]
+    fake.route("GET", NODE_RE[:-1] + "/n1$", (200, node_json(networkEndpoints=endpoints)))
+    blobs = {"0": "AAAAzero", "1": "AAAAone", "2": "AAAAtwo"}
+
+    def answer(rec: Any) -> tuple[int, Any]:
+        asked = [str(w) for w in (rec.body or {}).get("workerIds") or []]
+        workers = asked or ["2", "0", "1"]  # every worker, in an order nothing promises
+        return 200, {"guestAttributes": [_attributes(blobs[w]) for w in workers]}
+
+    fake.route("POST", r"/nodes/n1:getGuestAttributes$", answer)
+    assert cloud.host_keys("us-east5-b", "n1") == [
+        ("ssh-ed25519 AAAAzero",),
+        ("ssh-ed25519 AAAAone",),
+        ("ssh-ed25519 AAAAtwo",),
+    ]
+    asked = [r.body.get("workerIds") for r in fake.requests if r.path.endswith(":getGuestAttributes")]
+    assert sorted(map(tuple, asked)) == [("0",), ("1",), ("2",)]
+
+
+def test_a_worker_that_published_nothing_has_no_keys_and_the_others_keep_theirs(
+    fake: FakeGoogle, cloud: TpuApiCloud
+) -> None:
+    fake.route("GET", NODE_RE[:-1] + "/n1$", (200, node_json()))  # two workers
+
+    def answer(rec: Any) -> tuple[int, Any]:
+        (worker,) = rec.body["workerIds"]
+        empty = {"queryPath": "hostkeys/", "queryValue": {}}
+        return 200, {"guestAttributes": [_attributes("AAAAzero") if worker == "0" else empty]}
+
+    fake.route("POST", r"/nodes/n1:getGuestAttributes$", answer)
+    assert cloud.host_keys("us-east5-b", "n1") == [("ssh-ed25519 AAAAzero",), ()]

@@ -13,7 +13,7 @@ import pytest
 
 from tpuctl.catalog import CapacityType, Catalog
 from tpuctl.cloud import compute_shapes as shapes
-from tpuctl.cloud.base import NodeRequest
+from tpuctl.cloud.base import CLOUD_PLATFORM_SCOPE, HostNetwork, NodeRequest, VpcNetwork, VpcSubnetwork
 from tpuctl.cloud.translate import error_from_compute_errors
 from tpuctl.errors import CloudError, QuotaExceededError, StockoutError
 
@@ -74,9 +74,14 @@ def test_a_one_host_tpu7x_slice_is_one_instance_as_the_facts_sheet_builds_it() -
     assert disk["initializeParams"]["sourceImage"] == (
         "projects/ubuntu-os-accelerator-images/global/images/family/ubuntu-accel-2404-amd64-tpu-tpu7x"
     )
-    assert body["serviceAccounts"][0]["scopes"] == [shapes.CLOUD_PLATFORM_SCOPE]
+    assert body["serviceAccounts"][0]["scopes"] == [CLOUD_PLATFORM_SCOPE]
     assert body["labels"] == {"managed-by": "tpuctl", "tpuctl-slice": "s1"}
-    assert body["metadata"]["items"] == [{"key": "ssh-keys", "value": "tpuctl:ssh-ed25519 AAAA"}]
+    # Guest attributes on, so that the VM publishes its SSH host keys (off unless enabled:
+    # docs/google-facts.md#guest-attributes); tpuctl trusts no other host key.
+    assert body["metadata"]["items"] == [
+        {"key": "enable-guest-attributes", "value": "TRUE"},
+        {"key": "ssh-keys", "value": "tpuctl:ssh-ed25519 AAAA"},
+    ]
     assert "accessConfigs" not in body["networkInterfaces"][0]  # no external IP unless asked for
     assert _unknown_fields(body, "Instance") == []
 
@@ -107,6 +112,8 @@ def test_a_multi_host_slice_is_a_workload_policy_a_template_and_a_bulk_mig_of_ev
     }
     template = shapes.template_body(req, accel, project="p")
     assert template["properties"]["machineType"] == "tpu7x-standard-4t"  # a template's is a bare name
+    # Every VM the MIG makes from the template publishes its host keys.
+    assert {"key": "enable-guest-attributes", "value": "TRUE"} in template["properties"]["metadata"]["items"]
     mig = shapes.mig_body(req, accel, template_url="T", policy_url="P")
     assert mig["targetSize"] == 4 and mig["targetSizePolicy"] == {"mode": "BULK"}
     assert mig["instanceLifecyclePolicy"] == {"defaultActionOnFailure": "DO_NOTHING"}
@@ -275,3 +282,51 @@ def test_a_request_without_flex_start_is_sent_as_before() -> None:
 
 def _tpu7x(name: str) -> Any:
     return Catalog.load().resolve(name)
+
+
+def test_an_instance_joins_the_named_network_with_its_tags_and_service_account() -> None:
+    accel = Catalog.load().resolve("tpu7x-8")
+    network = HostNetwork(VpcNetwork("shared", "host-proj"), VpcSubnetwork("tpu"), ("tpu-ssh",))
+    req = request(network=network, service_account="trainer@p.iam.gserviceaccount.com")
+    for props in (
+        shapes.instance_body(req, accel, project="p"),
+        shapes.template_body(req, accel, project="p")["properties"],
+    ):
+        (nic,) = props["networkInterfaces"]
+        assert nic["network"] == "projects/host-proj/global/networks/shared"
+        # A full path, in the host project and the zone's region: a global template needs one.
+        assert nic["subnetwork"] == "projects/host-proj/regions/us-central1/subnetworks/tpu"
+        assert props["tags"] == {"items": ["tpu-ssh"]}
+        assert props["serviceAccounts"] == [
+            {"email": "trainer@p.iam.gserviceaccount.com", "scopes": [CLOUD_PLATFORM_SCOPE]}
+        ]
+    assert _unknown_fields(shapes.instance_body(req, accel, project="p"), "Instance") == []
+
+
+def test_an_instance_with_no_network_named_is_on_the_projects_default_one() -> None:
+    body = shapes.instance_body(request(), Catalog.load().resolve("tpu7x-8"), project="p")
+    (nic,) = body["networkInterfaces"]
+    assert nic["network"] == "projects/p/global/networks/default" and "subnetwork" not in nic
+    assert "tags" not in body and body["serviceAccounts"][0]["email"] == "default"
+
+
+def test_a_one_host_slice_with_a_deadline_is_deleted_by_compute_engine_itself() -> None:
+    """docs/google-facts.md#backstop: terminationTime (RFC 3339) with DELETE, on a one-host slice that is
+    not spot (its one termination action is STOP, for preemptions) nor flex-start (maxRunDuration)."""
+    at = 1_800_000_000.0
+    body = shapes.instance_body(request(terminate_at=at), _tpu7x("tpu7x-8"), project="p")
+    assert body["scheduling"]["terminationTime"] == "2027-01-15T08:00:00Z"
+    assert body["scheduling"]["instanceTerminationAction"] == "DELETE"
+    assert _unknown_fields(body, "Instance") == []
+    for other in (
+        shapes.instance_body(
+            request(terminate_at=at, capacity=CapacityType.SPOT), _tpu7x("tpu7x-8"), project="p"
+        ),
+        shapes.instance_body(
+            request(terminate_at=at, flex_valid_for_s=600.0), _tpu7x("tpu7x-8"), project="p"
+        ),
+        shapes.template_body(request(type_name="tpu7x-16", terminate_at=at), _tpu7x("tpu7x-16"), project="p")[
+            "properties"
+        ],
+    ):
+        assert "terminationTime" not in other["scheduling"]

@@ -370,7 +370,11 @@ def _trigger(
         outran: list[bool] = []  # the run ended its slice before the preemption reached it
 
         def preempted(run: _Watched, log: Path | None) -> bool:
-            ready = [m for line in list(run.lines) if (m := re.search(r"tpuctl: (\S+) is READY in", line))]
+            ready = [
+                m
+                for line in list(run.lines)
+                if (m := re.search(r"tpuctl: creating (\S+) .*… READY in", line))
+            ]
             if outran or not ready or not steps(log):
                 return False
             # In this process: a `tpuctl` started for it takes seconds on a loaded machine, long enough
@@ -409,15 +413,17 @@ def _kill_run(
         accelerator_type,
         "--checkpoint-every",
         "4",
+        "-v",  # every step of tpuctl's is said as it begins: what the kill triggers watch for
         *HOST_XLA_ENV,
         "--",
         *RUN_LM,
     )
     ready, delay = _trigger(kill.phase, rng, env)
     run_id: str | None = None
-    deadline = time.monotonic() + 120
+    # A hang detector, not a speed target: at load 19 on 2 cores one run took over 120 s to its end.
+    deadline = time.monotonic() + 300
     while run.proc.poll() is None:
-        assert time.monotonic() < deadline, f"no {kill.phase} seen in 120 s: {run.output[-3000:]}"
+        assert time.monotonic() < deadline, f"no {kill.phase} seen in 300 s: {run.output[-3000:]}"
         if run_id is None:
             new = sorted({p.name for p in runs.glob("run-*")} - before)
             run_id = new[-1] if new else None
@@ -443,12 +449,24 @@ def _resume_once_the_lease_expired(env: dict[str, str], run_id: str) -> CliResul
 
 
 def _tpuctl(env: dict[str, str], *argv: str, timeout: float = 240) -> CliResult:
-    done = subprocess.run(
-        [sys.executable, "-m", "tpuctl", *argv], env=env, capture_output=True, timeout=timeout
+    """`tpuctl ARGV` to its end; one that outlives ``timeout`` fails the test with every thread's stack
+    (Python's fault handler, on SIGABRT) and what it printed, so a hang says where it hung."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tpuctl", *argv],
+        env={**env, "PYTHONFAULTHANDLER": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
-    result = CliResult(
-        done.returncode, done.stdout.decode(errors="replace"), done.stderr.decode(errors="replace")
-    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)
+        out, err = proc.communicate(timeout=30)
+        pytest.fail(
+            f"`tpuctl {' '.join(argv)}` still ran after {timeout:.0f} s; its output and stacks:\n"
+            f"{out.decode(errors='replace')[-3000:]}\n{err.decode(errors='replace')[-12000:]}"
+        )
+    result = CliResult(proc.returncode, out.decode(errors="replace"), err.decode(errors="replace"))
     no_crash(result)
     return result
 

@@ -407,8 +407,9 @@ def test_launcher_runs_a_2_host_slice_over_ssh_via_the_nodes_endpoints(
     import functools
 
     import tpuctl.hosts.ssh
+    from tpuctl.services.placement_choices import PlacementChoices
     from tpuctl.services.run.launcher import Launcher
-    from tpuctl.services.run.model import RecoveryPolicy, RunRequest
+    from tpuctl.services.run.model import PhaseUpdate, RecoveryPolicy, RunRequest
     from tpuctl.services.run.service import Runs
     from tpuctl.services.session import open_session
     from tpuctl.settings import load_settings
@@ -460,6 +461,12 @@ def test_launcher_runs_a_2_host_slice_over_ssh_via_the_nodes_endpoints(
             def status(self, text: str) -> None:
                 pass
 
+            def phase(self, update: PhaseUpdate) -> None:
+                pass
+
+            def detail(self, worker: int | None, text: str) -> None:
+                pass
+
         evil = f"$(touch {tmp_path / 'pwned'})"
         runs = Runs(session)
         prepared = runs.prepare(
@@ -495,7 +502,10 @@ def test_launcher_runs_a_2_host_slice_over_ssh_via_the_nodes_endpoints(
         launcher = Launcher(session)
         prepared = launcher.prepare(
             RunRequest(
-                script=str(work / "prog.py"), accelerator_type="v4-16", zone="us-central2-b", executor="ssh"
+                script=str(work / "prog.py"),
+                accelerator_type="v4-16",
+                placement=PlacementChoices(zones=("us-central2-b",)),
+                executor="ssh",
             )
         )
         session.ledger.create_run(prepared.run_id, script="prog.py")

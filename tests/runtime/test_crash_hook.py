@@ -36,6 +36,14 @@ print("still alive", flush=True)
 """
 
 
+JITTED = """
+import jax, jax.numpy as jnp
+def step(lr):
+    raise ValueError("bad lr")
+jax.jit(step)(jnp.float32(3.0))
+"""
+
+
 def _events(text: str) -> list[dict[str, Any]]:
     return [e for e in (parse_event(line) for line in text.splitlines()) if e is not None]
 
@@ -54,7 +62,7 @@ def test_main_thread_exception_prints_traceback_event_and_exits_1(run_py: Callab
         {
             "event": "exception",
             "type": "KeyError",
-            "message": "KeyError: 'missing key at step 30'",
+            "message": "'missing key at step 30'",
             "worker": 3,
         }
     ]
@@ -72,10 +80,20 @@ def test_thread_exception_ends_the_process_too(run_py: Callable[..., Any]) -> No
     assert event == {
         "event": "exception",
         "type": "ZeroDivisionError",
-        "message": "ZeroDivisionError: division by zero",
+        "message": "division by zero",
         "worker": 0,
         "thread": "loader",
     }
+
+
+def test_an_exception_raised_in_jitted_code_is_said_as_raised_not_as_jaxs_note(
+    run_py: Callable[..., Any],
+) -> None:
+    p = run_py(["-c", JITTED], env=_host_env(1), timeout=60)
+    assert p.returncode == 1, p.describe()
+    assert "JAX_TRACEBACK_FILTERING" in p.stderr  # the note is in the traceback, where it helps
+    (event,) = _events(p.stdout)
+    assert event == {"event": "exception", "type": "ValueError", "message": "bad lr", "worker": 1}
 
 
 def test_without_the_sitecustomize_dir_python_behaves_as_usual(run_py: Callable[..., Any]) -> None:
@@ -83,9 +101,18 @@ def test_without_the_sitecustomize_dir_python_behaves_as_usual(run_py: Callable[
     assert p.returncode == 1 and "atexit ran" in p.stdout and not _events(p.stdout)
 
 
-def test_last_line_is_what_a_user_quotes() -> None:
-    assert crash.last_line(ValueError, ValueError("boom\nat step 30")) == "at step 30"
-    assert crash.last_line(ValueError, ValueError()) == "ValueError"
+def test_the_message_is_the_exceptions_own_last_line_never_a_note_a_library_attached() -> None:
+    assert crash.own_last_line(ValueError("boom\nat step 30")) == "at step 30"
+    assert crash.own_last_line(ValueError()) == ""
+    assert crash.own_last_line(KeyError("learning_rate")) == "'learning_rate'"
+    # What JAX attaches to every exception raised through a jitted function (a note, which Python 3.11+
+    # prints as the traceback's last lines).
+    jitted = ValueError("bad lr")
+    jitted.add_note(
+        "--------------------\nFor simplicity, JAX has removed its internal frames from the traceback of "
+        "the following exception. Set JAX_TRACEBACK_FILTERING=off to include these."
+    )
+    assert crash.own_last_line(jitted) == "bad lr"
 
 
 def test_exception_on_one_of_two_jax_processes_ends_it_in_seconds(

@@ -108,6 +108,17 @@ def test_deadline_stops_before_running_past_it(clock: FakeClock) -> None:
     assert guard.check(next_step_s=60).action is Action.STOP  # would end at 3610 s
 
 
+def test_a_runs_own_deadline_caps_the_slices_and_the_earlier_one_wins(clock: FakeClock) -> None:
+    """``run --max-hours``: the run's deadline, counted from the run's start, beside a slice's label."""
+    guard = BudgetGuard(clock=clock, deadline=T0 + 7200, deadline_start=T0)
+    guard.cap_deadline(T0 + 3600, T0 - 600)  # the run started before its slice was READY
+    assert (guard.deadline, guard.deadline_start) == (T0 + 3600, T0 - 600)
+    guard.cap_deadline(T0 + 9000, T0)  # a later one changes nothing
+    assert guard.deadline == T0 + 3600
+    clock.advance_to(T0 + 3550)
+    assert guard.check(next_step_s=60).action is Action.STOP  # no USD limit: the time alone stops it
+
+
 def test_guard_refuses_a_bad_limit() -> None:
     with pytest.raises(ValueError):
         BudgetGuard(limit_usd=-1.0)
@@ -287,3 +298,82 @@ def test_good_budgets_and_hours() -> None:
     assert parse_budget("50") == 50.0
     assert parse_budget(None) is None
     assert parse_hours("0.25", field_name="--hours") == 0.25
+
+
+# --- slices with no known price ----------------------------------------------------------------------
+
+
+def _unpriced_slice(ledger: Ledger, name: str, *, ready: float, capacity: CapacityType) -> None:
+    """A TPU7x slice placed for run ``r`` with no price (none known for it: spot, or flex-start)."""
+    ledger.record_event(
+        EventKind.REQUESTED, pod=name, zone="us-central1-c", accelerator_type="tpu7x-8", chips=4,
+        capacity=capacity, price_per_chip_hour=None, run_id="r", ts=ready - 60,
+    )  # fmt: skip
+    ledger.record_event(EventKind.READY, pod=name, zone="us-central1-c", ts=ready)
+
+
+def test_a_slice_with_no_price_is_counted_at_the_assumed_price_never_at_another_capacitys(
+    ledger: Ledger, clock: FakeClock
+) -> None:
+    """A flex-start slice reads as preemptible in the ledger: the catalog's spot price is not its price.
+    With ``--assume-price-per-hour`` the guard counts the assumption; without, it counts nothing and
+    names the slice (said to the user, never a silent 0)."""
+    ledger.create_run("r", script="t.py", ts=T0 - 100)
+    _unpriced_slice(ledger, "r-0", ready=T0, capacity=CapacityType.PREEMPTIBLE)
+    clock.advance_to(T0 + 1800)
+
+    assumed = BudgetGuard.for_run(
+        ledger, "r", Catalog.load(), limit_usd=10, clock=clock, assumed_usd_per_hour=40
+    )
+    assert assumed.rate() == 40.0 and round(assumed.spent(), 6) == 20.0 and assumed.unpriced == []
+    assert assumed.check().action is Action.STOP
+
+    blind = BudgetGuard.for_run(ledger, "r", Catalog.load(), limit_usd=10, clock=clock)
+    assert blind.rate() == 0.0 and blind.unpriced == ["r-0 (tpu7x-8, us-central1-c)"]
+
+
+def test_a_priced_slice_keeps_its_recorded_price_whatever_is_assumed(
+    ledger: Ledger, clock: FakeClock
+) -> None:
+    ledger.create_run("r", script="t.py", ts=T0 - 100)
+    _slice(ledger, "r-0", ready=T0, run_id="r")  # 8 chips x 0.25
+    clock.advance_to(T0 + 3600)
+    guard = BudgetGuard.for_run(
+        ledger, "r", Catalog.load(), limit_usd=10, clock=clock, assumed_usd_per_hour=99
+    )
+    assert guard.rate() == 2.0
+
+
+def test_a_budget_no_place_of_the_run_can_price_is_refused_with_the_fix() -> None:
+    from tpuctl.services.budget import refuse_unpriced_budget
+
+    catalog = Catalog.load()
+    tpu7x = catalog.resolve("tpu7x-8")
+    places = [("us-central1-c", CapacityType.SPOT), ("us-central1-ai1a", CapacityType.SPOT)]
+    with pytest.raises(UsageError) as refused:
+        refuse_unpriced_budget(
+            catalog, tpu7x, places, flex_start=False, budget_usd=0.01, assumed_usd_per_hour=None
+        )
+    error = refused.value
+    assert error.exit_code == 2 and error.field == "budget"
+    assert "no price for tpu7x-8 spot in us-central1" in error.message
+    assert error.fix is not None and "--assume-price-per-hour" in error.fix
+    assert "48.00 USD/h" in error.fix  # the on-demand price: an upper bound to assume
+    # An assumption, no budget, or one priced place among them: nothing to refuse.
+    refuse_unpriced_budget(catalog, tpu7x, places, flex_start=False, budget_usd=0.01, assumed_usd_per_hour=60)
+    refuse_unpriced_budget(
+        catalog, tpu7x, places, flex_start=False, budget_usd=None, assumed_usd_per_hour=None
+    )
+    mixed = [*places, ("us-central1-c", CapacityType.ON_DEMAND)]
+    refuse_unpriced_budget(
+        catalog, tpu7x, mixed, flex_start=False, budget_usd=0.01, assumed_usd_per_hour=None
+    )
+    # Flex-start is priced by its own SKU only: on-demand places do not make it priced.
+    with pytest.raises(UsageError, match="flex-start"):
+        refuse_unpriced_budget(
+            catalog, tpu7x, mixed, flex_start=True, budget_usd=1, assumed_usd_per_hour=None
+        )
+    with pytest.raises(UsageError, match="there is no --budget"):
+        refuse_unpriced_budget(
+            catalog, tpu7x, places, flex_start=False, budget_usd=None, assumed_usd_per_hour=60
+        )

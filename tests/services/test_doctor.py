@@ -11,7 +11,7 @@ from tpuctl.testing.backend import InProcessCli
 from tpuctl.testing.cli import Cli
 
 CHECKS = ["config file", "profile", "backend", "credentials", "project", "api reachable", "quotas readable",
-          "os login", "state dir", "ledger"]  # fmt: skip
+          "os login", "backstop", "state dir", "ledger"]  # fmt: skip
 
 
 def test_doctor_on_the_simulator_passes_every_check(sim_cli: InProcessCli, tmp_path: Path) -> None:
@@ -28,6 +28,12 @@ def test_doctor_on_the_simulator_passes_every_check(sim_cli: InProcessCli, tmp_p
     assert detail["backend"] == "sim" and detail["project"] == "tpuctl-sim"
     assert detail["os login"].startswith("off (enable-oslogin is set neither on the slice nor on project")
     assert "ssh-keys" in detail["os login"]
+    # What a run's hosts need to delete its slices themselves, named with the account they act as.
+    assert (
+        "the project's Compute Engine default service account, which needs tpu.nodes.delete"
+        in detail["backstop"]
+    )
+    assert "(roles/tpu.admin)" in detail["backstop"] and "after 600 s, backstop_grace" in detail["backstop"]
     table = sim_cli("doctor")
     assert table.code == 0 and "quotas readable" in table.stdout
 
@@ -43,8 +49,8 @@ def test_doctor_without_credentials_on_gcp_shows_the_whole_table_and_exits_13(
     assert [c["check"] for c in doc["checks"]] == CHECKS
     assert status == {
         "config file": "ok", "profile": "ok", "backend": "ok", "credentials": "FAIL", "project": "ok",
-        "api reachable": "skipped", "quotas readable": "skipped", "os login": "skipped", "state dir": "ok",
-        "ledger": "ok",
+        "api reachable": "skipped", "quotas readable": "skipped", "os login": "skipped", "backstop": "ok",
+        "state dir": "ok", "ledger": "ok",
     }  # fmt: skip
     failed = next(c for c in doc["checks"] if c["status"] == "FAIL")
     assert "credentials" in failed["detail"] and "gcloud auth application-default login" in failed["fix"]

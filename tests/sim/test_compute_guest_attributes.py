@@ -1,6 +1,8 @@
 """``instances.getGuestAttributes`` on the simulator's Compute Engine surface: each VM's guest agent
 publishes the SSH host key its sshd presents under ``hostkeys/``, read with the real google-cloud-compute
-client and through ``ComputeCloud.host_keys``; nothing published and no instance are 404s."""
+client and through ``ComputeCloud.host_keys``; only where guest attributes are enabled (metadata
+``enable-guest-attributes``, the instance's value over the project's, off unless set); nothing published
+and no instance are 404s."""
 
 from __future__ import annotations
 
@@ -157,3 +159,68 @@ def test_nothing_published_and_no_instance_are_not_found(
     gone = f": The resource 'projects/{PROJECT}/zones/{ZONE}/instances/nope' was not found"
     assert absent.value.message.endswith(gone)
     assert absent.value.errors[0]["reason"] == "notFound"
+
+
+def _served_instances(server: SimServer, c: Clients, names: list[str]) -> None:
+    """Every one of ``names`` (instances.insert'ed) RUNNING with its host served."""
+    wait_for(
+        lambda: all(
+            c.instances.get(project=PROJECT, zone=ZONE, instance=n).status == "RUNNING" for n in names
+        ),
+        timeout=30,
+        what="instances RUNNING",
+    )
+    addresses = {
+        c.instances.get(project=PROJECT, zone=ZONE, instance=n).network_interfaces[0].network_i_p
+        for n in names
+    }
+    wait_for(lambda: {h.address for h in server.fleet.served()} >= addresses, timeout=30, what="hosts served")
+
+
+def _publishes(c: Clients, instance: str) -> bool:
+    try:
+        (item,) = _hostkeys(c, instance).query_value.items
+    except exceptions.NotFound:
+        return False
+    return item.namespace == "hostkeys" and bool(item.value)
+
+
+def _insert(c: Clients, name: str, guest_attributes: str | None) -> None:
+    metadata = {} if guest_attributes is None else {"enable-guest-attributes": guest_attributes}
+    c.instances.insert(project=PROJECT, zone=ZONE, instance_resource=instance_body(name, metadata=metadata))
+
+
+def test_host_keys_are_published_only_where_the_instance_enables_guest_attributes(
+    start_server: Any, schema_problems: list[str]
+) -> None:
+    """Compute Engine's default: no guest attributes unless the metadata says TRUE (any case, as gcloud
+    reads it); the world's project metadata does not enable them here."""
+    server = start_server(compute_world())
+    assert server.engine.ctx.world.guest_attributes is False  # the stricter default
+    c = Clients(server.url)
+    wanted = {"plain": None, "on": "TRUE", "lower": "true", "off": "FALSE"}
+    for name, value in wanted.items():
+        _insert(c, name, value)
+    _served_instances(server, c, list(wanted))
+    assert {name: _publishes(c, name) for name in wanted} == {
+        "plain": False,
+        "on": True,
+        "lower": True,
+        "off": False,
+    }
+    with pytest.raises(exceptions.NotFound) as unpublished:
+        _hostkeys(c, "plain")
+    assert unpublished.value.message.endswith(
+        ": The resource 'hostkeys/' of type 'Guest Attribute' was not found."
+    )
+
+
+def test_the_projects_guest_attributes_apply_where_the_instance_says_nothing(
+    start_server: Any, schema_problems: list[str]
+) -> None:
+    server = start_server(compute_world(guest_attributes=True))
+    c = Clients(server.url)
+    _insert(c, "plain", None)
+    _insert(c, "off", "FALSE")  # the instance's own value wins over the project's
+    _served_instances(server, c, ["plain", "off"])
+    assert (_publishes(c, "plain"), _publishes(c, "off")) == (True, False)

@@ -108,10 +108,14 @@ def test_metadata_server_as_google_auth_finds_it(vms: Vms) -> None:
     }
     root = httpx.get(vms.metadata_base(0) + "/", headers=MD)
     assert root.status_code == 200 and root.headers["Metadata-Flavor"] == "Google"
-    account = httpx.get(
-        f"{base}/instance/service-accounts/default/", params={"recursive": "true"}, headers=MD
-    )
-    assert account.json()["scopes"] == ["https://www.googleapis.com/auth/cloud-platform"]
+    # As tensorstore asks (GCE's shape): the account with its scopes as a list, then its token by email.
+    account = httpx.get(f"{base}/instance/service-accounts/default/", params={"recursive": "true"},
+                        headers=MD).json()  # fmt: skip
+    assert account["aliases"] == ["default"] and account["scopes"] == [
+        "https://www.googleapis.com/auth/cloud-platform"
+    ]
+    by_email = httpx.get(f"{base}/instance/service-accounts/{account['email']}/token", headers=MD).json()
+    assert by_email["access_token"] == token["access_token"]
 
 
 def test_only_the_nodes_ssh_keys_log_in(vms: Vms) -> None:
@@ -134,9 +138,8 @@ def test_login_environment_is_built_from_scratch(vms: Vms) -> None:
     disk = disk_dir(vms.server.engine.ctx.vm_root, str(vms.node.id), 2)
     assert env["HOME"] == str(disk / "home" / USER) == env["CWD"]
     assert env["USER"] == env["LOGNAME"] == USER and env["SHELL"] == "/bin/bash"
-    assert (
-        env["GCE_METADATA_HOST"] == env["GCE_METADATA_IP"] == f"{vms.addresses[2]}:{vms.server.metadata_port}"
-    )
+    metadata = f"{vms.addresses[2]}:{vms.server.metadata_port}"
+    assert env["GCE_METADATA_HOST"] == env["GCE_METADATA_IP"] == env["GCE_METADATA_ROOT"] == metadata
     assert env["STORAGE_EMULATOR_HOST"] == NETWORK_ENV["STORAGE_EMULATOR_HOST"] and env["PIP_NO_INDEX"] == "1"
     image_python = str(vms.server.engine.ctx.vm_root / "image" / "bin" / "python3")
     assert env_text.splitlines()[-1] == image_python
@@ -336,3 +339,14 @@ def test_a_wiped_disk_is_gone_at_once_and_its_files_go_with_the_reaper(tmp_path:
     procs.wipe_disk(disk)  # a second wipe of the same disk (a preemption and a delete at once)
     assert procs.reap_wiped_disks(disks) == 1
     assert [p.name for p in disks.iterdir()] == ["1234-1"]  # another host's disk is left alone
+
+
+def test_a_template_build_whose_process_died_is_removed_and_a_live_ones_kept(tmp_path: Path) -> None:
+    from tpuctl.sim.vms.disks import remove_abandoned_builds
+
+    template = tmp_path / "tpuctl-sim-image-template-x"
+    dead = 2**22 + 7  # above Linux's largest pid_max: no process has it
+    for pid in (dead, os.getpid()):
+        (tmp_path / f"{template.name}.new-{pid}" / "lib").mkdir(parents=True)
+    remove_abandoned_builds(template)
+    assert [p.name for p in tmp_path.iterdir()] == [f"{template.name}.new-{os.getpid()}"]

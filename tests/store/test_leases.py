@@ -263,6 +263,27 @@ def test_the_history_has_every_step_with_the_ledgers_time_and_never_the_token(le
         assert claim.token not in "\n".join(history_rows)
 
 
+def test_consecutive_renewals_are_one_history_row_with_the_latest_expiry(ledger: Ledger) -> None:
+    claim = ledger.claim_lease(RUN, A, LONG)
+    for ttl in (LONG + 1, LONG + 2, LONG + 3, LONG + 4, LONG + 5):
+        claim = ledger.renew_lease(claim, ttl)
+    ledger.release_lease(claim)
+    again = ledger.claim_lease(RUN, A, LONG)
+    ledger.renew_lease(again, LONG)
+    history = ledger.lease_history(RUN)
+    assert [(h.action, h.generation) for h in history] == [
+        (LeaseAction.CLAIM, 1),
+        (LeaseAction.RENEW, 1),
+        (LeaseAction.RELEASE, 1),
+        (LeaseAction.CLAIM, 2),
+        (LeaseAction.RENEW, 2),
+    ]
+    renewed = history[1]
+    assert renewed.detail == {"renewals": 5}
+    assert renewed.expires_at == claim.expires_at  # the last renewal's
+    assert history[4].detail == {"renewals": 1}
+
+
 def test_a_cancel_asked_from_another_machine_reaches_the_owner(ledger: Ledger) -> None:
     claim = ledger.claim_lease(RUN, A, LONG)
     laptop = other_machine(ledger)  # holds no lease

@@ -17,6 +17,7 @@ What lives here, and nowhere else:
 * what a host's program needs beyond the worker contract (:meth:`Backend.host_env`: the simulator's CPU
   stand-in for the chips) and which pinned runtime set its setup installs (``runtime``);
 * where checkpoints go when the user names no bucket (``default_bucket``);
+* the wheels the hosts' package index serves, where tpuctl can read their metadata (``host_wheelhouse``);
 * the preemption notice's grace, where the backend can tell it (:meth:`Backend.notice_grace_s`);
 * where price refreshes come from when no billing endpoint is given (:meth:`Backend.own_prices`);
 * whose time the services read and wait on (:class:`Timekeeping`): the wall clock on the simulator and
@@ -81,6 +82,9 @@ class Tuning:
     budget_poll_s: float
     #: How long deleting a slice takes, beyond the hosts' grace (the slice bills until it is gone).
     delete_margin_s: float
+    #: How long a READY slice's hosts may take to publish their SSH host keys (their guest agent starts
+    #: after READY); then the run fails saying why.
+    host_keys_wait_s: float = 300.0
 
 
 @dataclass(frozen=True)
@@ -153,6 +157,12 @@ class Backend(Protocol):
     def default_bucket(self) -> str | None:
         """The bucket runs checkpoint to when neither ``--checkpoint-dir`` nor the profile names one
         (the simulator's emulator has one; Google has none: the user names it)."""
+        ...
+
+    @property
+    def host_wheelhouse(self) -> Path | None:
+        """The directory of the wheels the hosts' package index serves (the simulator's mirror), read for
+        the modules each distribution installs; None where the hosts install from the public index."""
         ...
 
     def open_cloud(self, state_dir: Path, closers: list[Closer]) -> TpuCloud:

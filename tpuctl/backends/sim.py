@@ -77,6 +77,9 @@ SIM_TUNING = Tuning(
     ),
     budget_poll_s=1.0,
     delete_margin_s=5.0,
+    # A simulated host publishes its key as soon as it is served (seconds): a minute is ample, and a
+    # slice that never publishes fails well within a test's time limit, with tpuctl's own message.
+    host_keys_wait_s=60.0,
 )
 
 #: A yellow marker, so that nobody mistakes the simulator for Google; the state dir is its world.
@@ -109,6 +112,16 @@ class SimBackend:
     runtime: Literal["cpu", "tpu"] = "cpu"
     default_bucket: str | None = SIM_BUCKET
     _status: dict[str, Any] | None = field(default=None, repr=False)
+
+    @property
+    def host_wheelhouse(self) -> Path:
+        """The wheelhouse the simulator's package mirror serves: the one given, else scripts/setup's (as the
+        simulator server picks it)."""
+        import os
+
+        from tpuctl.sim.mirror import default_wheelhouse
+
+        return self.wheelhouse or default_wheelhouse(os.environ)
 
     def open_cloud(self, state_dir: Path, closers: list[Closer]) -> TpuCloud:
         """Both of Google's TPU surfaces, as the simulator serves them at one URL: the TPU API and Compute
@@ -269,11 +282,7 @@ def world_prices(world: World, where: str) -> OwnPrices:
     the bundled catalog; ``where``: the world's source, shown as the price source."""
     overrides = {
         generation: {
-            region: {
-                key: float(value)
-                for key, value in (("on_demand", price.on_demand), ("spot", price.spot))
-                if value is not None
-            }
+            region: {key: float(value) for key, value in price.model_dump(exclude_none=True).items()}
             for region, price in regions.items()
         }
         for generation, regions in world.prices.items()

@@ -6,6 +6,7 @@ no network, no cloud SDK.
 """
 
 from tpuctl.catalog.catalog import (
+    POD_SKU_GENERATIONS,
     AcceleratorType,
     CapacityType,
     Catalog,
@@ -15,11 +16,13 @@ from tpuctl.catalog.catalog import (
     PriceTable,
     QuotaFamily,
     Surface,
+    price_key,
     region_of_zone,
     validate_zone,
 )
 
 __all__ = [
+    "POD_SKU_GENERATIONS",
     "AcceleratorType",
     "CapacityType",
     "Catalog",
@@ -29,6 +32,7 @@ __all__ = [
     "PriceTable",
     "QuotaFamily",
     "Surface",
+    "price_key",
     "region_of_zone",
     "validate_zone",
 ]

@@ -337,24 +337,47 @@ class AcceleratorType:
         }
 
 
+#: Generations whose slices of several hosts bill a "Pod" SKU of their own, dearer than the single
+#: device's (docs/google-facts.md#prices-for-budgets); later generations price every slice alike.
+POD_SKU_GENERATIONS = frozenset({"v2", "v3"})
+
+
+def price_key(capacity: CapacityType, *, flex_start: bool = False, pod_slice: bool = False) -> str:
+    """The key of a price in the table: ``on_demand`` or ``spot`` (spot and preemptible share the
+    Preemptible SKU), ``pod_on_demand``/``pod_spot`` for a v2/v3 pod slice, ``flex_start`` for
+    flex-start (its own SKU: never the spot price)."""
+    if flex_start:
+        return "flex_start"
+    base = "spot" if capacity.is_preemptible else "on_demand"
+    return f"pod_{base}" if pod_slice else base
+
+
 @dataclass(frozen=True)
 class PriceTable:
     """USD per chip-hour by generation, region and capacity type, with where the figures came from."""
 
     source: str
     date: str
-    # generation -> region -> {"on_demand": x, "spot": y}
+    # generation -> region -> {price_key: USD per chip-hour}, e.g. {"on_demand": x, "spot": y}
     prices: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
     # generation -> what is uncertain about its prices (TPU7x: the unit), shown wherever they are
     notes: dict[str, str] = field(default_factory=dict)
 
-    def per_chip_hour(self, generation: str, region: str, capacity: CapacityType) -> float | None:
-        """The price, or None when the catalog has no price for that generation in that region."""
+    def per_chip_hour(
+        self,
+        generation: str,
+        region: str,
+        capacity: CapacityType,
+        *,
+        flex_start: bool = False,
+        pod_slice: bool = False,
+    ) -> float | None:
+        """The price, or None when the table has none for that generation, region and kind of capacity
+        (``price_key``): unknown, never another kind's price."""
         by_region = self.prices.get(generation, {}).get(region)
         if by_region is None:
             return None
-        key = "spot" if capacity.is_preemptible else "on_demand"
-        value = by_region.get(key)
+        value = by_region.get(price_key(capacity, flex_start=flex_start, pod_slice=pod_slice))
         return float(value) if value is not None else None
 
     def regions(self, generation: str) -> list[str]:
@@ -529,13 +552,26 @@ class Catalog:
         gens = [self.generation(generation)] if generation else list(self.generations.values())
         return sorted({z for g in gens for z in g.zones})
 
-    def price_per_chip_hour(self, accel: AcceleratorType, zone: str, capacity: CapacityType) -> float | None:
-        return self.prices.per_chip_hour(accel.generation.name, region_of_zone(zone), capacity)
+    def price_per_chip_hour(
+        self, accel: AcceleratorType, zone: str, capacity: CapacityType, *, flex_start: bool = False
+    ) -> float | None:
+        """A slice's price per chip-hour: its own SKU's (a v2/v3 pod slice's pod SKU, flex-start's),
+        None when the table has no figure for it."""
+        pod_slice = accel.generation.name in POD_SKU_GENERATIONS and accel.hosts > 1
+        return self.prices.per_chip_hour(
+            accel.generation.name, region_of_zone(zone), capacity, flex_start=flex_start, pod_slice=pod_slice
+        )
 
     def price_per_hour(
-        self, accel: AcceleratorType, zone: str, capacity: CapacityType, slices: int = 1
+        self,
+        accel: AcceleratorType,
+        zone: str,
+        capacity: CapacityType,
+        slices: int = 1,
+        *,
+        flex_start: bool = False,
     ) -> float | None:
-        per_chip = self.price_per_chip_hour(accel, zone, capacity)
+        per_chip = self.price_per_chip_hour(accel, zone, capacity, flex_start=flex_start)
         return None if per_chip is None else per_chip * accel.chips * slices
 
 

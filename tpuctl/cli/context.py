@@ -259,8 +259,13 @@ def _unknown_option(exc: BaseException, hint: str) -> UsageError | None:
     known = sorted(getattr(exc, "possibilities", None) or [])
     command_ctx = getattr(exc, "ctx", None)
     if command_ctx is not None:
-        known = sorted({o for p in command_ctx.command.params for o in getattr(p, "opts", [])})
-    near = difflib.get_close_matches(option, known, n=1, cutoff=0.6)
+        known = command_options(command_ctx.command)
+    # Only options the command has: never an argument's internal name (TYPE's is accelerator_type).
+    known = [o for o in known if o.startswith("-")]
+    if option in OTHER_TOOLS_NAMES:  # another tool's flag: its meaning here, or nothing near in spelling
+        near = [OTHER_TOOLS_NAMES[option]] if OTHER_TOOLS_NAMES[option] in known else []
+    else:
+        near = difflib.get_close_matches(option, known, n=1, cutoff=0.6)
     message = f"no such option: {option}" + (f"; did you mean {near[0]}?" if near else "")
     fix = f"see `{hint}`"
     if command_ctx is not None and command_ctx.command.name == "run":
@@ -269,6 +274,37 @@ def _unknown_option(exc: BaseException, hint: str) -> UsageError | None:
             f"after `--`: tpuctl run SCRIPT [tpuctl options] -- {option} ..."
         )
     return UsageError(message, field=str(option), value=str(option), fix=fix)
+
+
+#: Flags of gcloud and SkyPilot that people type, and the tpuctl flag of the same meaning: suggested
+#: instead of the nearest spelling (which can mean something else: --accelerator is closer to
+#: --capacity-type's letters than to --type), where the command has it.
+OTHER_TOOLS_NAMES: dict[str, str] = {
+    "--accelerator": "--type",
+    "--accelerators": "--type",
+    "--gpus": "--type",
+    "--use-spot": "--spot",
+    "--reservation": "--reserved",
+    "--valid-until-duration": "--valid-for",
+    "--node-count": "--slices",
+    "--labels": "--label",
+    "--version": "--runtime-version",
+    "--detach-run": "--detach",
+    "--zones": "--zone",
+    "--network-tags": "--tags",
+    "--subnet": "--subnetwork",
+}
+
+
+def command_options(command: Any) -> list[str]:
+    """Every option name ``command`` takes (its long and short forms, both sides of a --x/--no-x flag)."""
+    names = {
+        name
+        for param in command.params
+        if getattr(param, "param_type_name", "") == "option"
+        for name in (*param.opts, *getattr(param, "secondary_opts", ()))
+    }
+    return sorted(names)
 
 
 def _is_framework_error(exc: BaseException) -> bool:

@@ -8,9 +8,29 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from tpuctl.cli.capacity import API_HELP, CAPACITY_TYPE_HELP, PREEMPTIBLE_HELP, SPOT_HELP
 from tpuctl.cli.context import ONE_OBJECT, confirm, is_dry_run, make_output, session
 from tpuctl.cli.options import DryRunOpt, OutputOpt, YesOpt, ZoneOpt
+from tpuctl.cli.placement_flags import (
+    ApiOpt,
+    CapacityTypeOpt,
+    MaxPriceOpt,
+    NetworkOpt,
+    PreemptibleOpt,
+    QueuedOpt,
+    RaceKOpt,
+    RegionOpt,
+    ReservedOpt,
+    ServiceAccountOpt,
+    SpotOpt,
+    StrategyOpt,
+    SubnetworkOpt,
+    TagsOpt,
+    ValidForOpt,
+    ZonesOpt,
+    host_network_words,
+    network_settings,
+    placement_choices,
+)
 
 if TYPE_CHECKING:
     from tpuctl.cli.render import Output
@@ -41,63 +61,30 @@ def _pod_row(view: PodView) -> list[Any]:
 @app.command("create")
 def create(
     ctx: typer.Context,
-    accelerator_type: Annotated[str, typer.Argument(metavar="TYPE", help="e.g. v5e-64, v6e-8, v5p-128.")],
+    type_argument: Annotated[
+        str | None, typer.Argument(metavar="TYPE", help="e.g. v5e-64, v6e-8, v5p-128 (or --type).")
+    ] = None,
+    type_option: Annotated[
+        str | None,
+        typer.Option("--type", "--accelerator-type", metavar="TYPE", help="The slice's type, as TYPE."),
+    ] = None,
     name: Annotated[str | None, typer.Option("--name", help="Slice name (default: generated).")] = None,
-    zone: Annotated[
-        list[str] | None,
-        typer.Option("--zone", help="A zone to consider (repeatable; default: every zone offering it)."),
-    ] = None,
-    region: Annotated[
-        str | None, typer.Option("--region", help="Consider the zones of this region only.")
-    ] = None,
-    capacity_type: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--capacity-type",
-            help=CAPACITY_TYPE_HELP + " queued: through a queued resource.",
-        ),
-    ] = None,
-    spot: Annotated[bool, typer.Option("--spot", help=SPOT_HELP)] = False,
-    preemptible: Annotated[bool, typer.Option("--preemptible", help=PREEMPTIBLE_HELP)] = False,
-    reserved: Annotated[
-        str | None,
-        typer.Option("--reserved", help="Allow reserved capacity from this reservation (implies reserved)."),
-    ] = None,
-    max_price: Annotated[
-        str | None,
-        typer.Option(
-            "--max-price", metavar="USD", help="Price cap in USD per hour for the whole request (all slices)."
-        ),
-    ] = None,
-    queued: Annotated[
-        bool,
-        typer.Option(
-            "--queued",
-            help="Wait for capacity: through a queued resource until it is ACTIVE (TPU API), or as a "
-            "flex-start VM or MIG (Compute Engine).",
-        ),
-    ] = False,
-    valid_for: Annotated[
-        str | None,
-        typer.Option(
-            "--valid-for",
-            metavar="DURATION",
-            help="With --queued: give up after this long, e.g. 2h, 30m, 1h30m (flex-start: at most 2h, "
-            "the default).",
-        ),
-    ] = None,
-    strategy: Annotated[
-        str | None,
-        typer.Option(
-            "--strategy",
-            help="cheapest (default: one zone at a time, cheapest first, failing over) or race (queue in "
-            "the top --race-k zones at once, keep the first ACTIVE).",
-        ),
-    ] = None,
-    race_k: Annotated[
-        str | None,
-        typer.Option("--race-k", metavar="K", help="How many zones --strategy race queues in (default 3)."),
-    ] = None,
+    zone: ZonesOpt = None,
+    region: RegionOpt = None,
+    capacity_type: CapacityTypeOpt = None,
+    spot: SpotOpt = False,
+    preemptible: PreemptibleOpt = False,
+    reserved: ReservedOpt = None,
+    max_price: MaxPriceOpt = None,
+    queued: QueuedOpt = False,
+    valid_for: ValidForOpt = None,
+    strategy: StrategyOpt = None,
+    race_k: RaceKOpt = None,
+    api: ApiOpt = None,
+    network: NetworkOpt = None,
+    subnetwork: SubnetworkOpt = None,
+    tags: TagsOpt = None,
+    service_account: ServiceAccountOpt = None,
     slices: Annotated[
         str | None,
         typer.Option(
@@ -109,7 +96,6 @@ def create(
     runtime_version: Annotated[
         str | None, typer.Option("--runtime-version", help="TPU software version (default per type).")
     ] = None,
-    api: Annotated[str | None, typer.Option("--api", metavar="tpu|compute", help=API_HELP)] = None,
     label: Annotated[list[str] | None, typer.Option("--label", help="KEY=VALUE label (repeatable).")] = None,
     wait: Annotated[
         bool,
@@ -134,10 +120,9 @@ def create(
     from tpuctl.catalog import Catalog
     from tpuctl.cli.context import build_settings
     from tpuctl.services.access import with_host_access
-    from tpuctl.services.allocator import Allocator, build_request
+    from tpuctl.services.allocator import Allocator
     from tpuctl.services.budget import max_hours_labels, warn_monthly_budget  # the budget's warnings
     from tpuctl.services.locations import check_region, check_zones
-    from tpuctl.services.placement import Strategy
 
     def hours_of(value: str | None) -> float | None:
         return None if value is None else params.hours(value, "max_hours")
@@ -145,32 +130,42 @@ def create(
     out = make_output(ctx, output, ONE_OBJECT)
     # Every flag is parsed and checked before anything is contacted: bad input exits 2 without starting
     # a backend.
-    types, queued_type = params.capacity_types(capacity_type or [], spot=spot, preemptible=preemptible)
-    settings = build_settings(ctx)
-    request = build_request(
+    accelerator_type = _one_type(type_argument, type_option)
+    choices = placement_choices(
+        zone=zone,
+        region=region,
+        capacity_type=capacity_type,
+        spot=spot,
+        preemptible=preemptible,
+        reserved=reserved,
+        max_price=max_price,
+        queued=queued,
+        valid_for=valid_for,
+        strategy=strategy,
+        race_k=race_k,
+        api=api,
+    )
+    settings = build_settings(
+        ctx,
+        **network_settings(
+            network=network, subnetwork=subnetwork, tags=tags, service_account=service_account
+        ),
+    )
+    request = choices.request(
         Catalog.load(),
         settings,
         accelerator_type,
         name=name,
-        zones=zone or [],
-        region=region,
-        capacity_types=types,
-        reserved=reserved,
-        max_price=None if max_price is None else params.usd(max_price, "max_price", per_hour=True),
-        queued=queued or queued_type,
-        valid_for_s=None if valid_for is None else params.duration(valid_for, "valid_for"),
-        strategy=Strategy.CHEAPEST if strategy is None else params.strategy(strategy),
-        race_k=None if race_k is None else params.whole(race_k, "race_k"),
         slices=1 if slices is None else params.whole(slices, "slices"),
         runtime_version=runtime_version,
         labels={**params.labels(label or []), **max_hours_labels(hours_of(max_hours))},
         wait=wait,
-        surface=None if api is None else params.api(api),
     )
-    with session(ctx, out) as sess:
-        check_zones(sess.catalog, sess.cloud, zone or [])  # a typo is exit 2, not "not offered"
-        if region is not None:
-            check_region(sess.catalog, sess.cloud, region)
+    with session(ctx, out, settings) as sess:
+        # A typo is exit 2, not "not offered"; its suggestion is a zone that offers the type.
+        check_zones(sess.catalog, sess.cloud, list(choices.zones), accelerator=request.accelerator)
+        if choices.region is not None:
+            check_region(sess.catalog, sess.cloud, choices.region)
         if not is_dry_run(ctx, dry_run):
             warn_monthly_budget(sess, out.warn)  # the profile's monthly_budget
         # The slice is made reachable by `tpuctl run` (its key, external IPs unless a ProxyCommand).
@@ -212,6 +207,27 @@ def create(
             return 0
         _render_placement(out, placement, views, prog.elapsed_s)
     return 0
+
+
+def _one_type(argument: str | None, option: str | None) -> str:
+    """TYPE, given as the argument or as --type/--accelerator-type (gcloud's name), once."""
+    from tpuctl.errors import UsageError
+
+    if argument is not None and option is not None and argument != option:
+        raise UsageError(
+            f"two types given: {argument} and --type {option}",
+            field="TYPE",
+            value=option,
+            fix="give the type once: `tpuctl pod create TYPE` or `tpuctl pod create --type TYPE`",
+        )
+    chosen = argument if argument is not None else option
+    if chosen is None:
+        raise UsageError(
+            "missing the slice's type",
+            field="TYPE",
+            fix="e.g. `tpuctl pod create v5e-8` (`tpuctl catalog types` lists the types)",
+        )
+    return chosen
 
 
 @contextmanager
@@ -355,6 +371,9 @@ def _render_plan(out: Output, plan: Plan) -> None:
         f"{', '.join(c.value for c in req.capacity_types)}, {cap}, strategy {req.strategy.value}"
         + (", queued" if req.uses_queued_resource else "")
     )
+    hosts = host_network_words(req.to_dict())
+    if hosts is not None:
+        out.out.print(_escape(hosts))
     _render_candidates(out, plan)
     chosen = plan.chosen
     if chosen is not None:
@@ -498,13 +517,17 @@ def _render_description(out: Output, name: str, data: dict[str, Any]) -> None:
 
     fields = dict(data)
     events, endpoints = fields.pop("events"), fields.pop("network_endpoints")
+    gone = fields["deleted_at"] is not None
+    if not gone:  # a live slice: nothing to say about a deletion
+        del fields["deleted_at"], fields["deleted_by"]
     for key, unit in (("price_per_chip_hour", "USD/chip-hour"), ("price_per_hour", "USD/hour")):
         if fields.get(key) is not None:
             fields[key] = f"{fields[key]:.2f} {unit}"
     fields["labels"] = ", ".join(f"{k}={v}" for k, v in sorted((fields.get("labels") or {}).items()))
-    if isinstance(fields.get("created_at"), str):
-        fields["created_at"] = fields["created_at"][:19].replace("T", " ") + " UTC"
-    out.fields(f"pod {name}", fields)
+    for key in ("created_at", "deleted_at"):
+        if isinstance(fields.get(key), str):
+            fields[key] = fields[key][:19].replace("T", " ") + " UTC"
+    out.fields(f"pod {name}" + (" (deleted: as the ledger recorded it)" if gone else ""), fields)
     out.rows(
         "hosts",
         ("WORKER", "ADDRESS", "PORT"),

@@ -1,7 +1,7 @@
 """`tpuctl run` and `tpuctl runs ...`: run a program on every host of a slice, and look at past runs.
 
 Host output streams to stdout with a worker prefix (stderr for machine formats, so `-o json` stays one
-clean document); tpuctl's own steps go to stderr.
+clean document); tpuctl's own steps go to stderr, one line per phase unless -v (``run_console``).
 """
 
 from __future__ import annotations
@@ -10,28 +10,42 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from tpuctl.cli.capacity import (
-    API_HELP,
-    CAPACITY_TYPE_HELP,
-    PREEMPTIBLE_HELP,
-    SPOT_HELP,
-    run_capacity,
-)
 from tpuctl.cli.context import ONE_OBJECT, build_settings, is_dry_run, make_output, session
-from tpuctl.cli.options import DryRunOpt, OutputOpt
+from tpuctl.cli.options import DryRunOpt, OutputOpt, VerboseOpt
+from tpuctl.cli.placement_flags import (
+    ApiOpt,
+    CapacityTypeOpt,
+    MaxPriceOpt,
+    NetworkOpt,
+    PreemptibleOpt,
+    QueuedOpt,
+    RaceKOpt,
+    RegionOpt,
+    ReservedOpt,
+    ServiceAccountOpt,
+    SpotOpt,
+    StrategyOpt,
+    SubnetworkOpt,
+    TagsOpt,
+    ValidForOpt,
+    ZonesOpt,
+    host_network_words,
+    network_settings,
+    placement_choices,
+)
+from tpuctl.cli.run_console import RunConsole
 from tpuctl.cli.run_reading import RUN_HELP as _RUN_HELP
 from tpuctl.cli.run_reading import ending_fields, run_logs, short_time
 from tpuctl.cli.run_signals import resumable, stop_hosts_on_termination
 
 if TYPE_CHECKING:
-    from rich.console import Console
-
-    from tpuctl.cli.render import Output, Progress
+    from tpuctl.cli.render import Output
     from tpuctl.services.run.bench import BenchFigures
     from tpuctl.services.run.model import RecoveryPolicy, SupervisedResult
     from tpuctl.services.run.views import (
         CheckpointFallback,
         Detached,
+        LeaseEvent,
         PreemptionView,
         RunDescription,
         SegmentView,
@@ -43,40 +57,6 @@ bench_app = typer.Typer(help="Benchmarks on a (simulated) slice.", no_args_is_he
 
 #: What a table says where JSON says null: a program with no step events has no step figures.
 UNKNOWN_STEPS = "unknown (the program reports no steps)"
-
-#: Worker prefix colours, cycled; picked so neighbours differ on dark and light terminals.
-_COLOURS = ("cyan", "magenta", "green", "yellow", "blue", "red", "bright_cyan", "bright_magenta")
-
-
-class _Printer:
-    """Implements ``tpuctl.services.run.model.LaunchObserver``: host lines with a coloured worker prefix."""
-
-    def __init__(self, out: Output, hosts: int) -> None:
-        from tpuctl.services.run.hostlog import is_noise
-
-        self._noise = is_noise  # the simulator's Gloo lines: in the log files, not on the console
-        self._out = out
-        self._lines: Console = out.err if out.machine else out.out
-        self._width = len(str(max(hosts - 1, 0)))
-        #: The spinner shown while the slice is created; stopped when the hosts start talking.
-        self.spinner: Progress | None = None
-
-    def line(self, worker: int, text: str) -> None:
-        from rich.markup import escape
-
-        if self._noise(text):
-            return
-        if self.spinner is not None:
-            self.spinner.stop()
-            self.spinner = None
-        colour = _COLOURS[worker % len(_COLOURS)]
-        self._lines.print(f"[{colour}]w{worker:<{self._width}}[/] | {escape(text)}", soft_wrap=True)
-
-    def status(self, text: str) -> None:
-        from rich.markup import escape
-
-        if not self._out.machine:
-            self._out.err.print(f"[dim]tpuctl:[/] {escape(text)}")
 
 
 def register(app: typer.Typer) -> None:
@@ -101,7 +81,10 @@ def run(
     ] = None,
     pod: Annotated[str | None, typer.Option("--pod", help="Run on this existing READY slice.")] = None,
     accelerator_type: Annotated[
-        str | None, typer.Option("--type", help="Create a slice of this type for the run, e.g. v5e-16.")
+        str | None,
+        typer.Option(
+            "--type", "--accelerator-type", help="Create a slice of this type for the run, e.g. v5e-16."
+        ),
     ] = None,
     slices: Annotated[
         str | None,
@@ -112,13 +95,22 @@ def run(
             "(a multislice, placed through one queued resource).",
         ),
     ] = None,
-    zone: Annotated[str | None, typer.Option("--zone", help="Zone of --pod, or where to create.")] = None,
-    capacity_type: Annotated[
-        list[str] | None, typer.Option("--capacity-type", help=CAPACITY_TYPE_HELP)
-    ] = None,
-    spot: Annotated[bool, typer.Option("--spot", help=SPOT_HELP)] = False,
-    preemptible: Annotated[bool, typer.Option("--preemptible", help=PREEMPTIBLE_HELP)] = False,
-    api: Annotated[str | None, typer.Option("--api", metavar="tpu|compute", help=API_HELP)] = None,
+    zone: ZonesOpt = None,
+    region: RegionOpt = None,
+    capacity_type: CapacityTypeOpt = None,
+    spot: SpotOpt = False,
+    preemptible: PreemptibleOpt = False,
+    reserved: ReservedOpt = None,
+    max_price: MaxPriceOpt = None,
+    queued: QueuedOpt = False,
+    valid_for: ValidForOpt = None,
+    strategy: StrategyOpt = None,
+    race_k: RaceKOpt = None,
+    api: ApiOpt = None,
+    network: NetworkOpt = None,
+    subnetwork: SubnetworkOpt = None,
+    tags: TagsOpt = None,
+    service_account: ServiceAccountOpt = None,
     keep_pod: Annotated[
         bool, typer.Option("--keep-pod", help="Keep the slice this run created (default: delete it).")
     ] = False,
@@ -180,6 +172,14 @@ def run(
             help="Install the bundled runtime's pinned JAX, optax and orbax on every host.",
         ),
     ] = True,
+    no_import_check: Annotated[
+        bool,
+        typer.Option(
+            "--no-import-check",
+            help="Do not check, before creating anything, that the hosts will have every module the "
+            "program imports.",
+        ),
+    ] = False,
     ssh_proxy_command: Annotated[
         str | None,
         typer.Option(
@@ -216,6 +216,22 @@ def run(
             help="Stop the run before it spends more than this many USD (warn at 80%).",
         ),
     ] = None,
+    assume_price_per_hour: Annotated[
+        str | None,
+        typer.Option(
+            "--assume-price-per-hour",
+            metavar="USD",
+            help="With --budget: count a slice tpuctl has no price for at this many USD per hour.",
+        ),
+    ] = None,
+    max_hours: Annotated[
+        str | None,
+        typer.Option(
+            "--max-hours",
+            metavar="HOURS",
+            help="End the run H hours after it starts and delete its slices, even with tpuctl not running.",
+        ),
+    ] = None,
     max_restarts: Annotated[
         str,
         typer.Option(
@@ -228,8 +244,9 @@ def run(
     ] = "10",
     detach: Annotated[
         bool,
-        typer.Option("--detach", help="Supervise the run from a background process; return at once."),
+        typer.Option("-d", "--detach", help="Supervise the run from a background process; return at once."),
     ] = False,
+    verbose: VerboseOpt = False,
     output: OutputOpt = None,
     dry_run: DryRunOpt = False,
 ) -> None:
@@ -247,7 +264,7 @@ def run(
 
     from tpuctl import params
     from tpuctl.backends import open_backend
-    from tpuctl.services.locations import check_zones
+    from tpuctl.services.locations import check_region, check_zones
     from tpuctl.services.run.checkpoints import refuse_unrecoverable
     from tpuctl.services.run.model import RunRequest
     from tpuctl.services.run.service import Runs
@@ -258,7 +275,20 @@ def run(
         # With --example every positional is the example's: SCRIPT caught the first of them.
         program_args = [script, *program_args]
         script = None
-    allowed = run_capacity(capacity_type or [], spot=spot, preemptible=preemptible)
+    choices = placement_choices(
+        zone=zone,
+        region=region,
+        capacity_type=capacity_type,
+        spot=spot,
+        preemptible=preemptible,
+        reserved=reserved,
+        max_price=max_price,
+        queued=queued,
+        valid_for=valid_for,
+        strategy=strategy,
+        race_k=race_k,
+        api=api,
+    )
     budget_usd = None if budget is None else params.usd(budget, "budget")
     limit_mb = params.mebibytes(max_bundle_mb, "max_bundle_mb")
     policy = _policy(
@@ -275,9 +305,7 @@ def run(
         pod=pod,
         accelerator_type=accelerator_type,
         slices=1 if slices is None else params.whole(slices, "slices", minimum=2, fix=_SLICES_FIX),
-        zone=None if zone is None else params.zone(zone),
-        capacity_types=tuple(allowed),
-        api=None if api is None else params.api(api),
+        placement=choices,
         keep_pod=keep_pod,
         checkpoint_every=None
         if checkpoint_every is None
@@ -287,7 +315,11 @@ def run(
         executor=executor,
         timeout_s=None if timeout is None else params.duration(timeout, "timeout"),
         grace_s=params.duration(grace, "grace", allow_zero=True),
+        max_hours=None if max_hours is None else params.hours(max_hours, "max_hours"),
         bundle_limit_bytes=int(limit_mb * 1024 * 1024),
+        assumed_price_per_hour=None
+        if assume_price_per_hour is None
+        else params.slice_usd_per_hour(assume_price_per_hour, "assume_price_per_hour"),
     )
     host_flags = {
         "bucket": bucket,
@@ -295,7 +327,10 @@ def run(
         "requirements": None if requirements is None else params.local_path(requirements),
         "ssh_proxy_command": ssh_proxy_command,
     }
-    settings = build_settings(ctx, **host_flags)
+    networking = network_settings(
+        network=network, subnetwork=subnetwork, tags=tags, service_account=service_account
+    )
+    settings = build_settings(ctx, **host_flags, **networking)
     # A run that would lose its work at the first preemption is refused before credentials or requests.
     refuse_unrecoverable(
         request,
@@ -312,13 +347,26 @@ def run(
             setup=tuple(chosen.setup),
             requirements=None if chosen.requirements is None else str(chosen.requirements),
             ssh_proxy_command=chosen.ssh_proxy_command,
+            # The hosts' network as chosen now (flag, environment or profile), kept for every slice of
+            # the run: a recovery or `runs resume` must not land its hosts elsewhere.
+            placement=dataclasses.replace(
+                choices, network=chosen.host_network, service_account=chosen.service_account
+            ),
         )
-        if request.zone is not None:  # a typo is exit 2 with "did you mean", before anything is made
-            check_zones(sess.catalog, sess.cloud, [request.zone])
+        # A typo is exit 2 with "did you mean" (a zone that offers the type), before anything is made.
+        accelerator = None if accelerator_type is None else sess.catalog.resolve(accelerator_type)
+        check_zones(sess.catalog, sess.cloud, list(choices.zones), accelerator=accelerator)
+        if choices.region is not None:
+            check_region(sess.catalog, sess.cloud, choices.region)
         runs = Runs(sess)
         prepared = runs.prepare(request)  # a bad value is exit 2, before the cloud is asked anything
+        if not no_import_check:  # a module nothing provides is exit 2, before a slice is made
+            imports = runs.check_imports(prepared)
+            imports.refuse()
+            for warning in imports.warnings():
+                out.warn(warning)
         if is_dry_run(ctx, dry_run):
-            _render_plan(out, runs.plan(prepared))
+            _render_plan(out, runs.plan(prepared, budget_usd=budget_usd))
             return
         from tpuctl.services.budget import warn_monthly_budget
 
@@ -327,7 +375,7 @@ def run(
         if detach:
             _render_detached(out, runs.start_detached(prepared, policy=policy, budget_usd=budget_usd))
             return
-        printer = _Printer(out, prepared.target.hosts)
+        printer = RunConsole(out, prepared.target.hosts, verbose=verbose)
         with stop_hosts_on_termination(), out.progress(f"run {prepared.run_id}") as prog:
             printer.spinner = prog
             with resumable(prepared.run_id):
@@ -432,6 +480,9 @@ def _render_plan(out: Output, plan: dict[str, Any]) -> None:
             p(f"  estimated price: {price:.2f} USD/h{per}")
         if create.get("message"):
             p(f"  placement: {escape(str(create['message']))}")
+        hosts = host_network_words(create["request"])
+        if hosts is not None:
+            p(f"  {escape(hosts)}")
         for req in create.get("requests", []):
             p(f"  request: {req['method']} {escape(req['url'])}")
     p(
@@ -456,7 +507,8 @@ def _render_plan(out: Output, plan: dict[str, Any]) -> None:
 # --- runs ----------------------------------------------------------------------------------------------
 
 
-_RUN_COLUMNS = ("RUN", "STATUS", "PROGRAM", "POD", "ZONE", "TYPE", "EXIT", "STARTED (UTC)", "DURATION S")
+_RUN_COLUMNS = ("RUN", "STATUS", "PROGRAM", "POD", "ZONE", "TYPE", "EXIT", "PREEMPTIONS", "RESTARTS",
+               "STARTED (UTC)", "DURATION S")  # fmt: skip
 
 
 @runs_app.command("list")
@@ -487,6 +539,8 @@ def list_runs(
                 v.zone,
                 v.accelerator_type,
                 v.exit_code,
+                v.preemptions,
+                v.restarts,
                 short_time(v.created_at),
                 v.duration_s,
             ]
@@ -495,7 +549,7 @@ def list_runs(
         key="runs",
         records=[v.to_dict() for v in views],
         keep=frozenset({"RUN", "STATUS", "POD", "ZONE"}),
-        drop=("PROGRAM", "STARTED", "EXIT", "DURATION"),
+        drop=("PROGRAM", "STARTED (UTC)", "RESTARTS", "EXIT", "DURATION S", "PREEMPTIONS"),
     )
 
 
@@ -529,14 +583,20 @@ def _render_description(out: Output, described: RunDescription) -> None:
 
 
 def _render_lease_history(out: Output, described: RunDescription) -> None:
-    """The lease's last steps (renewals are many: the table keeps the last 8; -o json has them all)."""
+    """The lease's last steps (the table keeps the last 8; -o json has them all). A claim's renewals are
+    one step, at the latest, with their count."""
     events = described.lease_history
     if not events:
         return
+
+    def action(event: LeaseEvent) -> str:
+        renewals = (event.detail or {}).get("renewals")
+        return f"{event.action} x{renewals}" if renewals and renewals > 1 else event.action
+
     out.rows(
         "lease history" + (f" (last 8 of {len(events)})" if len(events) > 8 else ""),
         ("AT", "ACTION", "GEN", "HOST", "PID", "OWNER", "EXPIRES AT"),
-        ([e.at, e.action, e.generation, e.host, e.pid, e.owner_id, e.expires_at] for e in events[-8:]),
+        ([e.at, action(e), e.generation, e.host, e.pid, e.owner_id, e.expires_at] for e in events[-8:]),
         key="lease_history",
         records=[e.to_dict() for e in events],
     )
@@ -669,7 +729,9 @@ def _secs(value: float | None) -> str | None:
 def resume_run(
     ctx: typer.Context,
     run_id: Annotated[str, typer.Argument(metavar="RUN", help=_RUN_HELP)],
-    detach: Annotated[bool, typer.Option("--detach", help="Supervise it from a background process.")] = False,
+    detach: Annotated[
+        bool, typer.Option("-d", "--detach", help="Supervise it from a background process.")
+    ] = False,
     budget: Annotated[
         str | None,
         typer.Option(
@@ -680,6 +742,7 @@ def resume_run(
         str | None,
         typer.Option("--max-preemptions", metavar="N", help="A new preemption cap (default: the run's)."),
     ] = None,
+    verbose: VerboseOpt = False,
     output: OutputOpt = None,
 ) -> None:
     """Take over a run whose supervisor is gone (killed, machine rebooted) or that stopped (budget,
@@ -702,7 +765,7 @@ def resume_run(
         if detach:
             _render_detached(out, runs.detach(ready.run_id, resume=True))
             return
-        printer = _Printer(out, ready.hosts)
+        printer = RunConsole(out, ready.hosts, verbose=verbose)
         with stop_hosts_on_termination(), out.progress(f"resume {ready.run_id}") as prog:
             printer.spinner = prog
             supervised = runs.supervise(ready, observer=printer, warn=out.warn, progress=prog)
@@ -747,7 +810,9 @@ def supervise_run(
         if ready.note:
             out.warn(ready.note)
         with stop_hosts_on_termination(), resumable(ready.run_id):
-            supervised = runs.supervise(ready, observer=_Printer(out, 1), warn=out.warn, resume=resume)
+            # Its output is the supervisor's log file: every detail goes there.
+            observer = RunConsole(out, ready.hosts, verbose=True)
+            supervised = runs.supervise(ready, observer=observer, warn=out.warn, resume=resume)
     _render_result(out, supervised)
 
 
@@ -786,6 +851,7 @@ def bench_step(
     on the same CPU in the same run)."""
     from tpuctl import params
     from tpuctl.errors import TpuctlError, UsageError
+    from tpuctl.services.placement_choices import PlacementChoices
     from tpuctl.services.run.bench import BenchCollector, bench_step_figures, bench_step_program
     from tpuctl.services.run.model import RecoveryPolicy, RunRequest
     from tpuctl.services.run.service import Runs
@@ -813,7 +879,7 @@ def bench_step(
             pod=pod,
             accelerator_type=None if pod else accelerator_type,
             slices=1 if slices is None else params.whole(slices, "slices", minimum=2, fix=_SLICES_FIX),
-            zone=zone,
+            placement=PlacementChoices(zones=() if zone is None else (params.zone(zone),)),
             keep_pod=keep_pod,
         )
         runs = Runs(sess)
@@ -825,7 +891,7 @@ def bench_step(
                 value=pod,
                 fix=f"pass TYPE {prepared.target.accelerator.friendly_name}, or drop --pod",
             )
-        printer = _Printer(out, prepared.target.hosts)
+        printer = RunConsole(out, prepared.target.hosts)
         collector = BenchCollector(printer if not out.machine else None)
         with stop_hosts_on_termination(), out.progress(f"bench step on {accel.friendly_name}") as prog:
             printer.spinner = prog

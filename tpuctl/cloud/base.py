@@ -30,6 +30,81 @@ NEVER_READY_NODE_STATES = DEAD_NODE_STATES | {"STOPPED", "STOPPING", "DELETING",
 #: Queued-resource states of a dead request: it places nothing, and holds quota until it is deleted.
 DEAD_QUEUED_STATES = frozenset({"FAILED", "SUSPENDED"})
 
+#: The network a slice's hosts join when none is named: the one Google creates in every new project
+#: (an organization policy or its owner may have removed it: docs/google-facts.md#networks).
+DEFAULT_NETWORK = "default"
+#: The scope a host's service account is given: all of Google Cloud, narrowed by the account's IAM roles
+#: alone (Google's recommendation; docs/google-facts.md#networks).
+CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
+
+
+@dataclass(frozen=True)
+class VpcNetwork:
+    """A VPC network: its name, and the project that holds it when that is not the slice's own (a Shared
+    VPC's host project)."""
+
+    name: str
+    project: str | None = None
+
+    def path(self, project: str) -> str:
+        """``projects/P/global/networks/N``: P is the host project, else the slice's ``project``."""
+        return f"projects/{self.project or project}/global/networks/{self.name}"
+
+    @property
+    def text(self) -> str:
+        """As the user wrote it (the name, or the host-project path)."""
+        return self.name if self.project is None else self.path(self.project)
+
+
+@dataclass(frozen=True)
+class VpcSubnetwork:
+    """A subnetwork: its name, and where it is when the user said so (a host project, a region). A
+    subnetwork is regional and belongs to its network's project."""
+
+    name: str
+    project: str | None = None
+    region: str | None = None
+
+    def path(self, project: str, region: str) -> str:
+        """``projects/P/regions/R/subnetworks/S``: its own project and region where given."""
+        return f"projects/{self.project or project}/regions/{self.region or region}/subnetworks/{self.name}"
+
+    @property
+    def text(self) -> str:
+        if self.project is not None and self.region is not None:
+            return self.path(self.project, self.region)
+        return self.name if self.region is None else f"regions/{self.region}/subnetworks/{self.name}"
+
+
+@dataclass(frozen=True)
+class HostNetwork:
+    """Where a slice's hosts sit on the network: the VPC network (None: the project's ``default``), its
+    subnetwork (None: the network's own in the zone's region, which only an auto-mode network has), and
+    the network tags firewall rules select them by."""
+
+    network: VpcNetwork | None = None
+    subnetwork: VpcSubnetwork | None = None
+    tags: tuple[str, ...] = ()
+
+    def network_path(self, project: str) -> str:
+        """The network's full path; ``project`` is the slice's."""
+        return (self.network or VpcNetwork(DEFAULT_NETWORK)).path(project)
+
+    def subnetwork_path(self, project: str, region: str) -> str | None:
+        """The subnetwork's full path, in ``region`` unless it names its own (None where none was named).
+        A subnetwork belongs to its network's project: a Shared VPC host's, where the network names one."""
+        if self.subnetwork is None:
+            return None
+        host = self.network.project if self.network is not None else None
+        return self.subnetwork.path(host or project, region)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "network": None if self.network is None else self.network.text,
+            "subnetwork": None if self.subnetwork is None else self.subnetwork.text,
+            "tags": list(self.tags),
+        }
+
 
 @dataclass(frozen=True)
 class NodeRequest:
@@ -53,6 +128,14 @@ class NodeRequest:
     # Compute Engine flex-start (tpuctl's `--queued` there): wait at most this long for capacity; None is
     # not flex-start. The TPU API queues through a QueuedResourceRequest instead.
     flex_valid_for_s: float | None = None
+    # The hosts' network, subnetwork and network tags (default: the project's default network).
+    network: HostNetwork = field(default_factory=HostNetwork)
+    # The service account the hosts act as, with the cloud-platform scope (None: the API's default,
+    # the project's Compute Engine default service account).
+    service_account: str | None = None
+    # Compute Engine: the cloud itself ends the slice at this moment (epoch seconds; a run's backstop
+    # past its --max-hours). The TPU API has no such field: a deadman on the slice keeps it there.
+    terminate_at: float | None = None
 
 
 @dataclass(frozen=True)

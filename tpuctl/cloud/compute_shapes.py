@@ -25,16 +25,16 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from tpuctl.catalog import AcceleratorType, CapacityType, Surface
-from tpuctl.cloud.base import NetworkEndpoint, Node, NodeRequest
+from tpuctl.catalog import AcceleratorType, CapacityType, Surface, region_of_zone
+from tpuctl.cloud.base import CLOUD_PLATFORM_SCOPE, NetworkEndpoint, Node, NodeRequest
+from tpuctl.timefmt import iso
 
 LABEL_SLICE = "tpuctl-slice"
-#: The scope a host needs for the run's bucket and the rest of Google Cloud: a Compute Engine TPU VM's
-#: scopes are not defaulted to cloud-platform (docs/google-facts.md#images), unlike the TPU API's.
-CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 #: The CE TPU image's default boot disk is 10 GB (docs/google-facts.md#images): too small for a run's
 #: environment.
 BOOT_DISK_GB = 100
+#: The metadata key that turns a VM's guest attributes on (docs/google-facts.md#guest-attributes).
+GUEST_ATTRIBUTES_KEY = "enable-guest-attributes"
 #: A description starting with this holds the slice's JSON (MIGs have no labels).
 _DESCRIPTION_PREFIX = "tpuctl-slice "
 
@@ -77,11 +77,16 @@ FLEX_VALID_FOR_MAX_S = 7200
 FLEX_MAX_RUN_S = 7 * 86400
 
 
-def scheduling(capacity: CapacityType) -> dict[str, Any]:
+def scheduling(capacity: CapacityType, terminate_at: float | None = None) -> dict[str, Any]:
     """TPU VMs cannot live-migrate (docs/google-facts.md#instance-requests): TERMINATE on host maintenance,
     never restarted by Compute Engine behind tpuctl's back. A preempted spot VM is STOPPED (the API's default
     action), not deleted, so that it stays visible as preempted until tpuctl deletes it, as a TPU API node
-    does."""
+    does.
+
+    ``terminate_at`` (a run's backstop, docs/google-facts.md#backstop): Compute Engine itself deletes the VM
+    at that moment (``terminationTime``), whatever tpuctl does. Not on spot: one termination action serves
+    both a spot VM's preemption and its time limit, and STOP (which keeps preemptions visible) would only
+    stop it; the run's deadman keeps the deadline there."""
     out: dict[str, Any] = {
         "provisioningModel": _PROVISIONING_MODEL[capacity],
         "onHostMaintenance": "TERMINATE",
@@ -89,6 +94,9 @@ def scheduling(capacity: CapacityType) -> dict[str, Any]:
     }
     if capacity.is_preemptible:
         out["instanceTerminationAction"] = "STOP"
+    elif terminate_at is not None:
+        out["terminationTime"] = iso(terminate_at)
+        out["instanceTerminationAction"] = "DELETE"
     return out
 
 
@@ -121,14 +129,20 @@ def instance_properties(
                 "initializeParams": {"sourceImage": compute.source_image, "diskSizeGb": str(BOOT_DISK_GB)},
             }
         ],
-        "networkInterfaces": [_network_interface(request.external_ips)],
-        "serviceAccounts": [{"email": "default", "scopes": [CLOUD_PLATFORM_SCOPE]}],
+        "networkInterfaces": [_network_interface(request, zone=zone, project=project)],
+        # A Compute Engine TPU VM's scopes are not defaulted to cloud-platform (docs/google-facts.md#images),
+        # unlike the TPU API's: the hosts need it for the run's bucket and the rest of Google Cloud.
+        "serviceAccounts": [
+            {"email": request.service_account or "default", "scopes": [CLOUD_PLATFORM_SCOPE]}
+        ],
         "scheduling": flex_scheduling()
         if request.flex_valid_for_s is not None
         else scheduling(request.capacity),
         "labels": {**request.labels, LABEL_SLICE: request.name},
-        "metadata": {"items": [{"key": k, "value": v} for k, v in sorted(request.metadata.items())]},
+        "metadata": {"items": _metadata_items(request.metadata)},
     }
+    if request.network.tags:
+        props["tags"] = {"items": list(request.network.tags)}
     if request.description:
         props["description"] = request.description
     if request.capacity is CapacityType.RESERVED and request.reservation:
@@ -144,6 +158,11 @@ def instance_body(request: NodeRequest, accel: AcceleratorType, *, project: str)
     """``instances.insert`` of a one-host slice: the machine type is zonal there."""
     props = instance_properties(request, accel, zone=request.zone, project=project)
     props["machineType"] = f"zones/{request.zone}/machineTypes/{props['machineType']}"
+    if request.terminate_at is not None and request.flex_valid_for_s is None:
+        # A one-host slice only: whether a TPU MIG makes a VM its time limit deleted again is unc., so a
+        # multi-host slice's deadline is the deadman's. Flex-start keeps its required maxRunDuration
+        # alone (terminationTime is its alternative; unc. whether both are taken).
+        props["scheduling"] = scheduling(request.capacity, request.terminate_at)
     body: dict[str, Any] = {"name": request.name, **props}
     if request.flex_valid_for_s is not None:
         # Input-only: how long the insert waits PENDING for capacity before it fails
@@ -208,9 +227,23 @@ def parse_slice_description(text: str) -> dict[str, Any] | None:
     return meta if isinstance(meta, dict) else None
 
 
-def _network_interface(external_ips: bool) -> dict[str, Any]:
-    nic: dict[str, Any] = {"network": "global/networks/default", "nicType": "GVNIC"}
-    if external_ips:
+def _metadata_items(metadata: Mapping[str, str]) -> list[dict[str, str]]:
+    """The request's metadata with guest attributes on: a Compute Engine VM publishes its SSH host keys
+    only then (docs/google-facts.md#guest-attributes), and tpuctl connects to no host whose key it has
+    not read from there."""
+    merged = {**metadata, GUEST_ATTRIBUTES_KEY: "TRUE"}
+    return [{"key": k, "value": v} for k, v in sorted(merged.items())]
+
+
+def _network_interface(request: NodeRequest, *, zone: str, project: str) -> dict[str, Any]:
+    """nic0: the network, and the subnetwork as a full path (a global template's must be one,
+    docs/google-facts.md#networks); a subnetwork named without its region is the zone's region's."""
+    network = request.network
+    nic: dict[str, Any] = {"network": network.network_path(project), "nicType": "GVNIC"}
+    subnetwork = network.subnetwork_path(project, region_of_zone(zone))
+    if subnetwork is not None:
+        nic["subnetwork"] = subnetwork
+    if request.external_ips:
         nic["accessConfigs"] = [{"type": "ONE_TO_ONE_NAT", "name": "External NAT"}]
     return nic
 

@@ -96,6 +96,26 @@ def is_retryable(exc: BaseException, *, idempotent: bool) -> bool:
     return isinstance(exc, TransientError)
 
 
+class _Elapsed:
+    """Time since a call started, for its deadline: the real time that passed, or the time it waited
+    through ``sleep`` if more. The two agree on a real clock; on a fake clock (a backend whose ``sleep``
+    moves simulated time at once) the waits are what passes, so a deadline of 300 s is 300 simulated
+    seconds of waiting, not 300 real seconds of polling at full speed. tenacity's own deadlines read the
+    real monotonic clock only, so both the waits and the stop go through this."""
+
+    def __init__(self, sleep: Sleep | None) -> None:
+        self._sleep = sleep or time.sleep
+        self._start = time.monotonic()
+        self._waited = 0.0
+
+    def sleep(self, seconds: float) -> None:
+        self._sleep(seconds)
+        self._waited += seconds
+
+    def __call__(self) -> float:
+        return max(time.monotonic() - self._start, self._waited)
+
+
 def call_with_retry(
     fn: Callable[[], T],
     *,
@@ -118,12 +138,20 @@ def call_with_retry(
             wait = state.next_action.sleep if state.next_action else 0.0
             on_retry(state.attempt_number, err, float(wait))
 
+    elapsed = _Elapsed(sleep)
+
+    def _stop(state: tenacity.RetryCallState) -> bool:
+        # tenacity's stop_after_attempt | stop_before_delay, the deadline on ``elapsed``: no attempt once
+        # the next wait would cross it.
+        out_of_attempts = state.attempt_number >= policy.max_attempts
+        return out_of_attempts or elapsed() + state.upcoming_sleep >= policy.deadline_s
+
     retrying = tenacity.Retrying(
-        stop=tenacity.stop_after_attempt(policy.max_attempts) | tenacity.stop_before_delay(policy.deadline_s),
+        stop=_stop,
         wait=lambda state: policy.wait_for(state.attempt_number),
         retry=tenacity.retry_if_exception(lambda e: is_retryable(e, idempotent=idempotent)),
         reraise=True,
-        sleep=sleep or time.sleep,
+        sleep=elapsed.sleep,
         before_sleep=_before_sleep,
     )
     return retrying(fn)
@@ -156,26 +184,26 @@ def poll_until(
     """
     import tenacity
 
-    start = time.monotonic()
+    elapsed = _Elapsed(sleep)
 
     def _poll() -> T:
         result = fn()
         if on_poll is not None:
-            on_poll(result, time.monotonic() - start)
+            on_poll(result, elapsed())
         return result
 
     def _give_up(state: tenacity.RetryCallState) -> T:
         last = state.outcome.result() if state.outcome is not None else None
-        raise PollTimeout(last, time.monotonic() - start)
+        raise PollTimeout(last, elapsed())
 
     retrying = tenacity.Retrying(
         retry=tenacity.retry_if_result(lambda r: not done(r)),
         wait=tenacity.wait_exponential(
             multiplier=initial_interval_s, min=initial_interval_s, max=max_interval_s
         ),
-        stop=tenacity.stop_after_delay(timeout_s),
+        stop=lambda state: elapsed() >= timeout_s,
         retry_error_callback=_give_up,
-        sleep=sleep or time.sleep,
+        sleep=elapsed.sleep,
     )
     return retrying(_poll)
 

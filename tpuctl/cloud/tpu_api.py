@@ -34,8 +34,9 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from tpuctl.catalog import CapacityType
+from tpuctl.catalog import CapacityType, region_of_zone
 from tpuctl.cloud.base import (
+    CLOUD_PLATFORM_SCOPE,
     LABEL_REQUEST,
     NetworkEndpoint,
     Node,
@@ -194,25 +195,33 @@ class TpuApiCloud:
         return node_from_proto(pb)
 
     def host_keys(self, zone: str, name: str) -> list[tuple[str, ...]]:
-        # The guest agent writes each host key under namespace "hostkeys", key = the key type, value =
-        # the base64 blob (https://cloud.google.com/compute/docs/connect/verify-host-keys; the v2
-        # method: https://cloud.google.com/tpu/docs/reference/rest/v2/projects.locations.nodes/getGuestAttributes).
+        """Each worker's keys, asked for by its worker id. The guest agent writes each host key under
+        namespace "hostkeys", key = the key type, value = the base64 blob
+        (https://cloud.google.com/compute/docs/connect/verify-host-keys). A ``GuestAttributes`` names no
+        worker and the method does not say in which order it lists every worker's
+        (https://cloud.google.com/tpu/docs/reference/rest/v2/projects.locations.nodes/getGuestAttributes),
+        so one request per worker (``workerIds: [w]``) is the only answer that says whose keys they are."""
+        workers = len(self.get_node(zone, name).network_endpoints) or 1
+        return [self._host_keys_of(zone, name, worker) for worker in range(workers)]
+
+    def _host_keys_of(self, zone: str, name: str, worker: int) -> tuple[str, ...]:
         full = self._node_name(zone, name)
         response = self._read(
             "get guest attributes",
-            f"{name} in {zone}",
+            f"worker {worker} of {name} in {zone}",
             lambda: self._client.get_guest_attributes(
-                request={"name": full, "query_path": "hostkeys/"}, timeout=self._timeout
+                request={"name": full, "query_path": "hostkeys/", "worker_ids": [str(worker)]},
+                timeout=self._timeout,
             ),
         )
-        return [
-            tuple(
-                f"{item.key} {item.value}"
-                for item in attributes.query_value.items
-                if item.namespace == "hostkeys" and item.key and item.value
-            )
-            for attributes in response.guest_attributes
-        ]
+        # One worker asked, one entry answered; anything else is no key for it (nothing published yet).
+        if len(response.guest_attributes) != 1:
+            return ()
+        return tuple(
+            f"{item.key} {item.value}"
+            for item in response.guest_attributes[0].query_value.items
+            if item.namespace == "hostkeys" and item.key and item.value
+        )
 
     def create_node(
         self,
@@ -462,7 +471,7 @@ class TpuApiCloud:
         return t.CreateNodeRequest(
             parent=self._parent(request.zone),
             node_id=request.name,
-            node=_node_message(request, request_id=request_id, in_queued_resource=False),
+            node=_node_message(request, self._project, request_id=request_id, in_queued_resource=False),
         )
 
     def build_create_queued_resource_request(
@@ -478,7 +487,9 @@ class TpuApiCloud:
             )
         spec: dict[str, Any] = {
             "parent": self._parent(request.zone),
-            "node": _node_message(request.node, request_id=request_id, in_queued_resource=True),
+            "node": _node_message(
+                request.node, self._project, request_id=request_id, in_queued_resource=True
+            ),
         }
         if request.node_count == 1:
             spec["node_id"] = request.node.name
@@ -654,7 +665,9 @@ class TpuApiCloud:
 # proto <-> dataclass
 
 
-def _node_message(request: NodeRequest, *, request_id: str | None, in_queued_resource: bool) -> Any:
+def _node_message(
+    request: NodeRequest, project: str, *, request_id: str | None, in_queued_resource: bool
+) -> Any:
     """The ``Node`` proto for a ``NodeRequest``.
 
     In a queued resource the tier (spot/guaranteed) lives on the queued resource, so the node template
@@ -693,9 +706,30 @@ def _node_message(request: NodeRequest, *, request_id: str | None, in_queued_res
         sched["preemptible"] = True
     if sched:
         node["scheduling_config"] = sched
-    if request.external_ips:
-        node["network_config"] = {"enable_external_ips": True}
+    network_config = _network_config(request, project)
+    if network_config:
+        node["network_config"] = network_config
+    if request.network.tags:
+        node["tags"] = list(request.network.tags)
+    if request.service_account is not None:
+        node["service_account"] = {"email": request.service_account, "scope": [CLOUD_PLATFORM_SCOPE]}
     return t.Node(**node)
+
+
+def _network_config(request: NodeRequest, project: str) -> dict[str, Any]:
+    """The node's networkConfig: external IPs where asked for, and the network and subnetwork where named
+    (the API's default is the project's ``default`` network and its subnetwork in the zone's region,
+    docs/google-facts.md#networks): a Shared VPC's as full paths in the host project."""
+    config: dict[str, Any] = {}
+    network = request.network
+    if network.network is not None or network.subnetwork is not None:
+        config["network"] = network.network_path(project)
+    subnetwork = network.subnetwork_path(project, region_of_zone(request.zone))
+    if subnetwork is not None:
+        config["subnetwork"] = subnetwork
+    if request.external_ips:
+        config["enable_external_ips"] = True
+    return config
 
 
 def _check_request_id(request_id: str) -> None:

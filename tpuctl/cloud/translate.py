@@ -38,6 +38,7 @@ from tpuctl.errors import (
     AlreadyExistsError,
     AmbiguousError,
     CloudError,
+    NetworkError,
     NotFoundError,
     PermissionDeniedError,
     QuotaExceededError,
@@ -371,6 +372,8 @@ def _bad_request(text: str, rpc_code: int | None, details: Sequence[Mapping[str,
     """INVALID_ARGUMENT, FAILED_PRECONDITION, OUT_OF_RANGE, UNIMPLEMENTED, ...: the request itself is wrong;
     the server's message names the field. Keep the status name so the user can search for it."""
     code_name = RPC_NAMES.get(rpc_code or -1, "UNKNOWN")
+    if _NETWORK_REFUSED_RE.search(text):
+        return NetworkError(f"{text} [{code_name}]", code=rpc_code, fix=FIX_NETWORK)
     bad = _find_detail(details, "google.rpc.BadRequest")
     if bad:
         fields = [
@@ -381,6 +384,20 @@ def _bad_request(text: str, rpc_code: int | None, details: Sequence[Mapping[str,
         if fields:
             text = f"{text} ({'; '.join(fields)})"
     return CloudError(f"{text} [{code_name}]", code=rpc_code)
+
+
+#: Compute Engine's refusals of an instance's network or subnetwork (docs/google-facts.md#networks); the
+#: simulator's TPU API answers in the same words, its own being unconfirmed.
+_NETWORK_REFUSED_RE = re.compile(
+    r"The referenced (?:sub)?network resource cannot be found|Subnetwork should be specified for custom "
+    r"subnetmode network|is not valid for Network|The subnetwork must be in the region"
+)
+FIX_NETWORK = (
+    "name a VPC network of the project with --network (a Shared VPC's as projects/HOST_PROJECT/global/"
+    "networks/NAME) and, for a custom-mode network, its subnetwork in the slice's region with --subnetwork "
+    "(regions/REGION/subnetworks/NAME keeps placement there), or set network and subnetwork in the profile; "
+    "`gcloud compute networks list` and `gcloud compute networks subnets list` show them"
+)
 
 
 def quota_violations(message: str, details: Sequence[Mapping[str, Any]] = ()) -> list[QuotaViolation]:

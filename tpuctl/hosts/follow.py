@@ -1,7 +1,8 @@
 """The host side of a detached program: launch it, then follow its output file from any SSH session.
 
 Runs on the host with the image's stock ``python3`` (>= 3.10), standard library only, and imports nothing
-of tpuctl but its stdlib-only sibling ``worker_identity``: the SSH executor runs it as a script out of the
+of tpuctl but stdlib-only modules the bundle always carries (its sibling ``worker_identity``, and the
+runtime's ``preemption`` and ``hostenv`` for the notice): the SSH executor runs it as a script out of the
 shipped bundle (``python3 -I <bundle>/tpuctl/hosts/follow.py ...``; ``-I`` so neither PYTHONPATH nor the
 user's files in the bundle can shadow the standard library it uses).
 
@@ -24,6 +25,15 @@ directory, before the chdir to ``--cwd``. ``--tpu-worker-env`` (Compute Engine s
 ``TPU_WORKER_ID`` and ``TPU_WORKER_HOSTNAMES``, read from its metadata server (see ``worker_identity``),
 and refuses (exit 2, starting nothing) when they cannot be read.
 
+While the program runs, its supervisor also watches this host's metadata server for the notice that the
+VM is going (``instance/preempted`` TRUE, or a TERMINATE maintenance event), for every program, whether or
+not it uses tpuctl's runtime: a program that catches SIGTERM (JAX's preemption notifier does, for every
+``jax.distributed.initialize()``) or ignores it must not make the notice vanish. The first notice becomes
+one line in ``out``, ``TPUCTL_EVENT {"event": "notice", "source": "metadata"|"maintenance", "t": <host
+time>, "worker": <TPUCTL_WORKER_ID>, "reporter": "follower"}``, on a line of its own (written with a
+newline before and after it, so that neither it nor a line the program is half way through is ever cut)
+and never after the exit status is written.
+
 ``tail DIR OFFSET`` writes the bytes of ``out`` from OFFSET on to stdout as they come, and control lines
 to stderr: ``alive`` about every second (so a silent program still shows the connection is up, and a
 tail whose connection is gone hits a broken pipe and ends), then ``exit N`` after the last byte once the
@@ -36,7 +46,16 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 import time
+
+# Not ``from typing import TYPE_CHECKING``: the follower starts on every host, and typing costs ~6 ms.
+TYPE_CHECKING = False
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from tpuctl.runtime.preemption import MetadataClient
 
 OUT = "out"
 PID = "pid"
@@ -164,9 +183,77 @@ def _supervise(directory: str, cwd: str, env: dict[str, str], argv: list[str], r
     _write_atomic(os.path.join(directory, PID), f"{child}\n")
     os.write(report_fd, str(child).encode("ascii"))
     os.close(report_fd)
+    notices = NoticeReporter(out, env)
+    notices.start()
     _, status = os.waitpid(child, 0)
+    notices.close()  # before the exit status: tail reads to EOF once it exists, so nothing may follow
     _write_atomic(os.path.join(directory, EXIT), f"{os.waitstatus_to_exitcode(status)}\n")
     return 0
+
+
+class NoticeReporter:
+    """Watches the host's metadata server for the VM's end (see the module docstring) and writes the first
+    notice as an event line into the program's output file ``out_fd`` (appending, as the program does)."""
+
+    def __init__(self, out_fd: int, env: dict[str, str]) -> None:
+        self._out_fd = out_fd
+        self._env = env
+        self._lock = threading.Lock()
+        self._done = threading.Event()  # a notice was written, or the program ended
+
+    def start(self) -> None:
+        """One daemon thread per watched key (each holds a long poll; the process exit ends them)."""
+        try:
+            from tpuctl.runtime import hostenv, preemption
+
+            host = hostenv.metadata_host(self._env)
+            clients = [(preemption.MetadataClient(host), *key) for key in preemption.WATCHED_KEYS]
+        except (ImportError, ValueError):
+            return  # no runtime in the bundle, or a malformed GCE_METADATA_HOST: the program runs unwatched
+        for client, path, is_notice, source in clients:
+            threading.Thread(
+                target=self._watch, args=(client, path, is_notice, source), name=f"notice-{path}", daemon=True
+            ).start()
+
+    def _watch(
+        self, client: MetadataClient, path: str, is_notice: Callable[[str], bool], source: str
+    ) -> None:
+        from tpuctl.runtime import preemption
+
+        # Failed requests are asked again in silence: the output file is the program's, and a host whose
+        # metadata server is down says so in other ways.
+        if preemption.wait_for_notice(client, path, is_notice, done=self._done.is_set, pause=self._done.wait):
+            self.report(source)
+
+    def report(self, source: str) -> bool:
+        """Write the notice line (once, and not after ``close``); True if this call wrote it."""
+        from tpuctl.runtime import hostenv, preemption
+
+        with self._lock:
+            if self._done.is_set():
+                return False
+            self._done.set()
+            worker = self._env.get(hostenv.WORKER_ID, "")
+            line = preemption.event_line(
+                "notice",
+                worker=int(worker) if worker.isdigit() else None,
+                source=source,
+                t=time.time(),
+                reporter="follower",
+            )
+            # A line of its own, always: the leading newline ends whatever line the program is half way
+            # through (Python writes a line's text and its newline in two writes, and the program may
+            # start one between any look at the file and this write), and O_APPEND lands this one write
+            # whole. So neither this line nor the program's is ever cut. The blank line it may leave
+            # (before it, or after it when the program's own newline follows) stays off the console
+            # (tpuctl.services.run.signals.EventTap).
+            os.write(self._out_fd, f"\n{line}\n".encode())
+            return True
+
+    def close(self) -> None:
+        """No notice line from now on."""
+        with self._lock:
+            self._done.set()
 
 
 def tail(directory: str, offset: int) -> int:

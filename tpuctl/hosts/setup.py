@@ -12,7 +12,10 @@ lives at ``<remote_root>/envs/<key>``, where the key hashes every input, and a `
 written last makes the script a no-op on a host that already has that setup.
 
 The script prints ``[tpuctl-setup] $ <command>`` before each step (stdout and stderr go to one stream), so
-``failed_command`` can name the step a failed setup stopped at from the output's lines.
+``failed_command`` can name the step a failed setup stopped at from the output's lines, and ends a host's
+setup with ``[tpuctl-setup] done: <env>`` or ``[tpuctl-setup] up to date: <env>`` (``finished``), so a
+console can count the hosts done while the others still install. Those lines are details: a console shows
+one line for the whole setup (``tpuctl.services.run.hostsetup``); the host's log keeps every line.
 """
 
 from __future__ import annotations
@@ -28,9 +31,11 @@ from typing import Literal
 
 Runtime = Literal["cpu", "tpu"]
 
-#: The prefix of the lines the script prints itself; ``STEP_PREFIX`` starts each step's line.
+#: The prefix of the lines the script prints itself; ``STEP_PREFIX`` starts each step's line, one of
+#: ``FINISHED_PREFIXES`` its last line on a host whose setup succeeded.
 LINE_PREFIX = "[tpuctl-setup]"
 STEP_PREFIX = f"{LINE_PREFIX} $ "
+FINISHED_PREFIXES = (f"{LINE_PREFIX} done: ", f"{LINE_PREFIX} up to date: ")
 #: Part of every key: a change to the script's steps makes hosts set up again rather than trust a marker
 #: written by an older script.
 SCRIPT_VERSION = 2
@@ -114,6 +119,11 @@ def failed_command(lines: Iterable[str]) -> str | None:
         if line.startswith(STEP_PREFIX):
             last = line[len(STEP_PREFIX) :]
     return last
+
+
+def finished(line: str) -> bool:
+    """Whether ``line`` is the last one of a host's successful setup (done, or already up to date)."""
+    return line.startswith(FINISHED_PREFIXES)
 
 
 # The script ---------------------------------------------------------------------------------------------

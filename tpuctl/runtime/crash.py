@@ -5,8 +5,10 @@ host that aborts last is the one blamed. :func:`install` (called by the ``_sitec
 every backend) replaces ``sys.excepthook`` and ``threading.excepthook`` with :func:`report`, which:
 
 1. prints the traceback to stderr, as Python would;
-2. prints the event ``TPUCTL_EVENT {"event": "exception", "type": ..., "message": <the traceback's last
-   line>, "worker": <TPUCTL_WORKER_ID>}`` on stdout (:func:`tpuctl.runtime.preemption.emit`);
+2. prints the event ``TPUCTL_EVENT {"event": "exception", "type": "ValueError", "message": "bad lr",
+   "worker": <TPUCTL_WORKER_ID>}`` on stdout (:func:`tpuctl.runtime.preemption.emit`): the type's name
+   and the last line of the exception's own message (:func:`own_last_line`), which the supervisor
+   quotes as ``ValueError: bad lr``;
 3. ends the process with ``os._exit(1)``: no atexit handlers, so no ``jax.distributed`` shutdown barrier.
 
 An exception in any thread ends the process too: a training program whose checkpoint or input thread
@@ -45,13 +47,17 @@ _WORKER_ENV = "TPUCTL_WORKER_ID"  # hostenv.WORKER_ID; not imported, to keep sta
 _installed = False
 
 
-def last_line(exc_type: type[BaseException], exc: BaseException | None) -> str:
-    """The traceback's last line, e.g. ``ValueError: boom`` (what a user quotes)."""
-    import traceback
-
-    lines = traceback.format_exception_only(exc_type, exc)
-    text = "".join(lines).strip().splitlines()
-    return text[-1] if text else exc_type.__name__
+def own_last_line(exc: BaseException | None) -> str:
+    """The last line of the exception's own message (``bad lr`` of ``ValueError("bad lr")``, ``'x'`` of
+    ``KeyError('x')``), "" when it has none. Not the traceback's last line: since Python 3.11 that is
+    the last of the notes libraries attach, e.g. JAX's "For simplicity, JAX has removed its internal
+    frames..." on every exception raised through a jitted function."""
+    try:
+        text = str(exc) if exc is not None else ""
+    except Exception:  # a broken __str__ must not hide that the exception happened
+        return ""
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else ""
 
 
 def worker() -> int | str | None:
@@ -81,7 +87,7 @@ def report(
             sys.stderr.flush()
         from tpuctl.runtime.preemption import emit
 
-        fields: dict[str, Any] = {"type": exc_type.__name__, "message": last_line(exc_type, exc)}
+        fields: dict[str, Any] = {"type": exc_type.__name__, "message": own_last_line(exc)}
         fields["worker"] = worker()
         if thread is not None:
             fields["thread"] = thread

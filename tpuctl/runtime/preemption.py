@@ -23,6 +23,11 @@ The program then saves a checkpoint at that step, waits until it is durable, pri
 ``TPUCTL_EVENT {"event": "preempted", "step": S, ...}`` and exits with :data:`PREEMPTED_EXIT_CODE`,
 which tells tpuctl's supervisor "preempted, checkpoint saved at step S".
 
+tpuctl's follower on every host (``tpuctl/hosts/follow.py``) watches the same metadata keys with
+:func:`wait_for_notice` for every program, and writes its own ``notice`` line (``"reporter":
+"follower"``): a program that does not use this module, or whose SIGTERM JAX's notifier caught, still has
+its preemption on the record.
+
 Events for the supervisor are single lines ``TPUCTL_EVENT <json>`` on stdout (see :func:`emit`).
 Nothing here runs at import; no JAX import at module level (the CLI side imports the constants).
 """
@@ -80,9 +85,14 @@ WATCHED_KEYS: tuple[tuple[str, Callable[[str], bool], str], ...] = (
 )
 
 
+def event_line(event: str, **fields: Any) -> str:
+    """One event line for the supervisor, without its newline."""
+    return EVENT_PREFIX + json.dumps({"event": event, **fields}, separators=(",", ":"))
+
+
 def emit(event: str, **fields: Any) -> None:
     """Print one event line for the supervisor (flushed: it reads host output line by line)."""
-    print(EVENT_PREFIX + json.dumps({"event": event, **fields}, separators=(",", ":")), flush=True)
+    print(event_line(event, **fields), flush=True)
 
 
 def parse_event(line: str) -> dict[str, Any] | None:
@@ -369,36 +379,19 @@ class PreemptionWatch:
     def _watch(
         self, client: MetadataClient, path: str, is_notice: Callable[[str], bool], source: str
     ) -> None:
-        """Long-poll one key until it says "notice" (or the watch closes).
-
-        The first GET is plain (the value now and its ETag); each next one waits for a change from that
-        ETag, so a change between two requests is never missed. A server that sends no ETag cannot be
-        long-polled safely: it is polled every ``poll_s`` instead.
-        """
-        etag: str | None = None
-        failures = 0
-        while not self._stop.is_set() and not self._noticed.is_set():
-            try:
-                value = client.get(
-                    path, wait_for_change=etag is not None, last_etag=etag, timeout_sec=self._wait_s
-                )
-            except (OSError, http.client.HTTPException) as exc:
-                if self._stop.is_set():
-                    return
-                # One failed request is not a preemption; ask again, backing off to _MAX_RETRY_S.
-                failures += 1
-                self._poll_failed(path, exc)
-                self._stop.wait(min(self._poll_s * 2 ** min(failures - 1, 8), _MAX_RETRY_S))
-                etag = None
-                continue
-            failures = 0
-            if is_notice(value.text):
-                self.notify(source)
-                self._announce_once()
-                return
-            etag = value.etag
-            if etag is None:
-                self._stop.wait(self._poll_s)
+        """Long-poll one key until it says "notice" (or the watch closes, or another notice came)."""
+        if wait_for_notice(
+            client,
+            path,
+            is_notice,
+            done=lambda: self._stop.is_set() or self._noticed.is_set(),
+            pause=self._stop.wait,
+            poll_s=self._poll_s,
+            wait_s=self._wait_s,
+            on_error=self._poll_failed,
+        ):
+            self.notify(source)
+            self._announce_once()
 
     def _poll_failed(self, path: str, exc: BaseException) -> None:
         with self._lock:
@@ -429,6 +422,48 @@ class PreemptionWatch:
         return self._noticed.is_set()
 
 
+def wait_for_notice(
+    client: MetadataClient,
+    path: str,
+    is_notice: Callable[[str], bool],
+    *,
+    done: Callable[[], bool],
+    pause: Callable[[float], object],
+    poll_s: float = DEFAULT_POLL_S,
+    wait_s: int = DEFAULT_WAIT_S,
+    on_error: Callable[[str, BaseException], None] | None = None,
+) -> bool:
+    """Long-poll ``path`` until its value is a notice (True) or ``done()`` (False).
+
+    The first GET is plain (the value now and its ETag); each next one waits for a change from that
+    ETag, so a change between two requests is never missed. A server that sends no ETag cannot be
+    long-polled safely: it is polled every ``poll_s`` instead. A failed request is not a notice: it is
+    told to ``on_error`` and asked again, backing off to ``_MAX_RETRY_S``. ``pause(s)`` waits (an
+    Event's ``wait``, so that closing cuts the wait short).
+    """
+    etag: str | None = None
+    failures = 0
+    while not done():
+        try:
+            value = client.get(path, wait_for_change=etag is not None, last_etag=etag, timeout_sec=wait_s)
+        except (OSError, http.client.HTTPException) as exc:
+            if done():
+                return False
+            failures += 1
+            if on_error is not None:
+                on_error(path, exc)
+            pause(min(poll_s * 2 ** min(failures - 1, 8), _MAX_RETRY_S))
+            etag = None
+            continue
+        failures = 0
+        if is_notice(value.text):
+            return True
+        etag = value.etag
+        if etag is None:
+            pause(poll_s)
+    return False
+
+
 def exit_preempted(step: int, *, saved: bool, save_s: float | None = None, say: bool = True) -> int:
     """The exit status after stopping for a preemption at ``step``; with ``say`` (one host, usually
     process 0), print the event that tells the supervisor where the checkpoint is."""
@@ -452,6 +487,8 @@ __all__ = [
     "MetadataValue",
     "PreemptionWatch",
     "emit",
+    "event_line",
     "exit_preempted",
     "parse_event",
+    "wait_for_notice",
 ]

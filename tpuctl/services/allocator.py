@@ -30,13 +30,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tpuctl import params
-from tpuctl.catalog import AcceleratorType, CapacityType, Catalog, Surface
+from tpuctl.catalog import AcceleratorType, CapacityType, Catalog, Surface, region_of_zone
 from tpuctl.cloud.base import (
     LABEL_LEDGER,
     LABEL_MANAGED_BY,
     LABEL_MANAGED_BY_VALUE,
     LABEL_OWNER,
     LABEL_REQUEST,
+    HostNetwork,
     Node,
     OperationProgress,
     PlannedRequest,
@@ -117,6 +118,8 @@ def build_request(
     wait: bool = True,
     request_id: str | None = None,
     surface: Surface | None = None,
+    network: HostNetwork | None = None,
+    service_account: str | None = None,
 ) -> PlacementRequest:
     """Check the request's parsed values against each other into a ``PlacementRequest``; given values win
     over settings (env, profile). The values come parsed from the edge (``tpuctl.params``): the allowed
@@ -137,7 +140,9 @@ def build_request(
             types, valid_for_s = _flex_start(capacity_types, reservation, valid_for_s)
     _check_race(strategy, race_k, wait=wait)
     _check_valid_for(valid_for_s, queued=queued or slices > 1 or strategy is Strategy.RACE)
+    host_network = settings.host_network if network is None else network
     explicit_zones, chosen_region = _places(settings, zones, region)
+    chosen_region = _subnetwork_region(host_network, explicit_zones, chosen_region)
     rid = request_id or new_request_id()
     pod_name = _pod_name(name, accel, rid, slices)
     all_labels = dict(labels or {})
@@ -161,6 +166,8 @@ def build_request(
         wait=wait,
         metadata=dict(metadata or {}),
         surface=chosen_surface,
+        network=host_network,
+        service_account=settings.service_account if service_account is None else service_account,
     )
 
 
@@ -274,6 +281,27 @@ def _places(
                 fix="give zones (--zone, repeatable) or one region, not both",
             )
     return tuple(explicit_zones), chosen_region
+
+
+def _subnetwork_region(network: HostNetwork, zones: Sequence[str], region: str | None) -> str | None:
+    """A subnetwork is regional and a slice must be in its region (docs/google-facts.md#networks): one
+    named with its region keeps placement there (the region, unless zones are given), and zones or a
+    region elsewhere are a usage error, before any candidate is judged."""
+    subnetwork = network.subnetwork
+    if subnetwork is None or subnetwork.region is None:
+        return region
+    where = subnetwork.region
+    outside = [z for z in zones if region_of_zone(z) != where]
+    if outside or (region is not None and region != where):
+        given = f"--zone {', '.join(outside)}" if outside else f"--region {region}"
+        raise UsageError(
+            f"{given} is not in the region of subnetwork {subnetwork.text} ({where}): a slice's hosts "
+            "join a subnetwork of their own region",
+            field="zones" if outside else "region",
+            value=", ".join(outside) if outside else region,
+            fix=f"place in {where} (--region {where}, or its zones), or name a subnetwork of that region",
+        )
+    return region if zones else where
 
 
 def _pod_name(name: str | None, accel: AcceleratorType, request_id: str, slices: int) -> str:

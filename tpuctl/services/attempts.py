@@ -31,6 +31,7 @@ from tpuctl.errors import (
     AlreadyExistsError,
     AmbiguousError,
     CloudError,
+    NetworkError,
     NotFoundError,
     PermissionDeniedError,
     QuotaExceededError,
@@ -79,9 +80,9 @@ def outcome_for(exc: BaseException) -> AttemptOutcome:
 
 
 def is_fatal(exc: BaseException) -> bool:
-    """Failures that another zone would not cure: credentials and permissions, and anything not from the
-    cloud (a usage error, a bug). Everything else fails over to the next candidate."""
-    if isinstance(exc, PermissionDeniedError | UnauthenticatedError | NameTakenError):
+    """Failures that another zone would not cure: credentials and permissions, the hosts' network, and
+    anything not from the cloud (a usage error, a bug). Everything else fails over to the next candidate."""
+    if isinstance(exc, PermissionDeniedError | UnauthenticatedError | NameTakenError | NetworkError):
         return True
     return not isinstance(exc, CloudError)
 
@@ -319,6 +320,9 @@ def node_request(request: PlacementRequest, candidate: Candidate, label_request_
         description=f"created by tpuctl (request {request.request_id})",
         surface=request.surface,
         flex_valid_for_s=request.valid_for_s if request.flex_start else None,
+        network=request.network,
+        service_account=request.service_account,
+        terminate_at=request.terminate_at,
     )
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from tpuctl import params
-from tpuctl.catalog import Catalog, region_of_zone
+from tpuctl.catalog import AcceleratorType, CapacityType, Catalog, region_of_zone
 from tpuctl.errors import BudgetExceededError, UsageError
 from tpuctl.timefmt import iso
 
@@ -141,6 +141,10 @@ class BudgetGuard:
     deadline_start: float | None = None  # when the time limit started counting (default: first slice)
     warn_fraction: float = WARN_FRACTION
     margin_s: float = 0.0
+    #: USD/hour of one slice the run's ``--assume-price-per-hour`` gives, for a slice with no known price.
+    assumed_usd_per_hour: float | None = None
+    #: The billed slices it found no price for, so could not count (said to the user: never silent).
+    unpriced: list[str] = field(default_factory=list)
     _slices: dict[str, _Billed] = field(default_factory=dict)
     _step_s: float | None = None
     _warned: bool = False
@@ -184,6 +188,11 @@ class BudgetGuard:
         return sum(
             b.usd_per_hour for b in self._slices.values() if b.start <= at and (b.end is None or b.end > at)
         )
+
+    def cap_deadline(self, deadline: float, start: float) -> None:
+        """A time limit of the run's own (``run --max-hours``): the earlier of it and the slices' wins."""
+        if self.deadline is None or deadline < self.deadline:
+            self.deadline, self.deadline_start = deadline, start
 
     # --- the decision ---------------------------------------------------------------------------------
 
@@ -267,11 +276,19 @@ class BudgetGuard:
         clock: Callable[[], float] = time.time,
         margin_s: float = 0.0,
         warn_fraction: float = WARN_FRACTION,
+        assumed_usd_per_hour: float | None = None,
     ) -> BudgetGuard:
         """A guard for ``run_id`` from what the ledger knows: every slice created for the run (billed from
         READY), and slices it ran on that it did not create (billed from the run's first segment on them);
-        the deadline is the earliest ``--max-hours`` limit among them."""
-        guard = cls(limit_usd=limit_usd, clock=clock, margin_s=margin_s, warn_fraction=warn_fraction)
+        the deadline is the earliest ``--max-hours`` limit among them. ``assumed_usd_per_hour``: the rate
+        of a slice with no known price (``--assume-price-per-hour``)."""
+        guard = cls(
+            limit_usd=limit_usd,
+            clock=clock,
+            margin_s=margin_s,
+            warn_fraction=warn_fraction,
+            assumed_usd_per_hour=assumed_usd_per_hour,
+        )
         own = ledger.list_pods(run_id=run_id)
         seen = {(p.zone, p.name, p.incarnation) for p in own}
         for pod in own:
@@ -299,10 +316,12 @@ class BudgetGuard:
     ) -> None:
         if start is None:
             return  # never READY: nothing billed yet
-        rate = usd_per_hour_of(pod, catalog)
+        rate = usd_per_hour_of(pod, catalog, assumed_usd_per_hour=self.assumed_usd_per_hour)
         if rate is not None:
             key = f"{pod.zone}/{pod.name}#{pod.incarnation}"
             self._slices[key] = _Billed(rate, start, _earliest(pod.ended_at, end))
+        else:
+            self.unpriced.append(f"{pod.name} ({pod.accelerator_type}, {pod.zone})")
         limit_s = max_seconds_of(pod.labels)
         if limit_s is not None and pod.ended_at is None:
             counted_from = pod.ready_at or start
@@ -311,20 +330,75 @@ class BudgetGuard:
                 self.deadline, self.deadline_start = deadline, counted_from
 
 
-def usd_per_hour_of(pod: PodRecord, catalog: Catalog) -> float | None:
-    """The slice's rate: chips x the price the ledger recorded, else the catalog's list price."""
-    if pod.chips is None:
+def usd_per_hour_of(
+    pod: PodRecord, catalog: Catalog, *, assumed_usd_per_hour: float | None = None
+) -> float | None:
+    """The slice's rate: chips x the price the ledger recorded (placement's, for the slice's own kind of
+    capacity); else ``assumed_usd_per_hour`` (the run's ``--assume-price-per-hour``, for a slice placed
+    without a price: flex-start's is not the catalog's spot price); else the catalog's list price."""
+    if pod.chips is not None and pod.price_per_chip_hour is not None:
+        return pod.price_per_chip_hour * pod.chips
+    if assumed_usd_per_hour is not None:
+        return assumed_usd_per_hour
+    if pod.chips is None or not pod.accelerator_type or pod.capacity is None:
         return None
-    per_chip = pod.price_per_chip_hour
-    if per_chip is None and pod.accelerator_type and pod.capacity is not None:
-        try:
-            accel = catalog.resolve(pod.accelerator_type)
-            per_chip = catalog.prices.per_chip_hour(
-                accel.generation.name, region_of_zone(pod.zone), pod.capacity
-            )
-        except UsageError:
-            per_chip = None
+    try:
+        accel = catalog.resolve(pod.accelerator_type)
+    except UsageError:
+        return None
+    per_chip = catalog.price_per_chip_hour(accel, pod.zone, pod.capacity)
     return None if per_chip is None else per_chip * pod.chips
+
+
+def refuse_unpriced_budget(
+    catalog: Catalog,
+    accel: AcceleratorType,
+    places: Sequence[tuple[str, CapacityType]],
+    *,
+    flex_start: bool,
+    budget_usd: float | None,
+    assumed_usd_per_hour: float | None,
+) -> None:
+    """Exit 2, before anything is made, when ``--budget`` could not count what the run spends: no zone
+    and capacity the run may be placed on (``places``) has a price, and no ``--assume-price-per-hour``
+    says what to count instead; or an assumed price without a budget to use it. Where only some places
+    are priced the run goes to those (placement's ``priced_only``)."""
+    if budget_usd is None:
+        if assumed_usd_per_hour is not None:
+            raise UsageError(
+                "--assume-price-per-hour is the price --budget counts a slice at; there is no --budget",
+                field="assume_price_per_hour",
+                value=assumed_usd_per_hour,
+                fix="add --budget USD, or drop --assume-price-per-hour",
+            )
+        return
+    if assumed_usd_per_hour is not None or not places:
+        return
+    if any(catalog.price_per_chip_hour(accel, z, c, flex_start=flex_start) is not None for z, c in places):
+        return
+    kind = "flex-start" if flex_start else "/".join(sorted({c.value for _, c in places}))
+    regions = ", ".join(sorted({region_of_zone(z) for z, _ in places}))
+    upper = next(
+        (
+            (p, z)
+            for z, _ in places
+            if (p := catalog.price_per_hour(accel, z, CapacityType.ON_DEMAND)) is not None
+        ),
+        None,
+    )
+    # Spot and flex-start cost less than on-demand (docs/google-facts.md#prices-for-budgets): where the
+    # on-demand price is known it is an upper bound, which makes the budget stop early, never late.
+    hint = f" (the on-demand price, {upper[0]:.2f} USD/h in {upper[1]}, is an upper bound)" if upper else ""
+    raise UsageError(
+        f"--budget {budget_usd:g} USD cannot be enforced: tpuctl has no price for {accel.friendly_name} "
+        f"{kind} in {regions} (prices: {catalog.prices.source}), so it could not tell when the budget is "
+        "spent",
+        field="budget",
+        value=budget_usd,
+        fix="give the price of one slice per hour for the budget to count: --assume-price-per-hour "
+        f"USD{hint}; or choose a capacity and zone tpuctl has a price for (`tpuctl cost estimate "
+        f"{accel.friendly_name}`), or refresh prices with `tpuctl catalog prices --refresh`",
+    )
 
 
 def _usd(value: float) -> str:

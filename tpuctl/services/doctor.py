@@ -1,9 +1,9 @@
 """`tpuctl doctor`: every check of the setup, each on its own, so one failure does not hide the others.
 
 The checks run in order (config file, profile, backend, credentials, project, API, quotas, OS Login,
-state dir, ledger); one that needs what an earlier one failed to give is *skipped*, not failed again. The
-command's exit code is the first failure's own (no credentials: 13), so a script learns the same thing
-from doctor as from the command that would have failed.
+what the backstop needs, state dir, ledger); one that needs what an earlier one failed to give is
+*skipped*, not failed again. The command's exit code is the first failure's own (no credentials: 13),
+so a script learns the same thing from doctor as from the command that would have failed.
 """
 
 from __future__ import annotations
@@ -113,6 +113,7 @@ def diagnose(
             needs=reached,
         )
         report.run("os login", lambda: _os_login(found, closers), needs=reached)
+        report.run("backstop", lambda: _backstop(settings), needs=settings_ok)
     finally:
         for close in reversed(closers):
             with contextlib.suppress(Exception):
@@ -175,6 +176,20 @@ def _os_login(found: dict[str, Any], closers: list[Callable[[], None]]) -> str:
     return (
         f"{setting.describe()}: runs import their key for {email} and log in as {who}, which takes "
         "roles/compute.osAdminLogin or roles/compute.osLogin on the project"
+    )
+
+
+def _backstop(settings: Settings | None) -> str:
+    """What a run's backstop needs of the hosts' service account (docs/google-facts.md#backstop): said,
+    not checked, since whether another account holds a permission takes reading the project's IAM
+    policy, which tpuctl does not ask for."""
+    assert settings is not None
+    account = settings.service_account or "the project's Compute Engine default service account"
+    return (
+        f"a run's hosts delete its slices when no supervisor is left (after {settings.backstop_grace:g} s, "
+        f"backstop_grace): they act as {account}, which needs tpu.nodes.delete (roles/tpu.admin) and, for "
+        "Compute Engine slices, compute.instances.delete and compute.instanceGroupManagers.delete "
+        "(roles/compute.instanceAdmin.v1); not checked from here"
     )
 
 

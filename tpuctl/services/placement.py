@@ -30,7 +30,7 @@ from typing import Any
 
 from tpuctl import params
 from tpuctl.catalog import AcceleratorType, CapacityType, Catalog, Surface, region_of_zone, validate_zone
-from tpuctl.cloud.base import PlannedRequest
+from tpuctl.cloud.base import HostNetwork, PlannedRequest
 from tpuctl.errors import (
     EXIT_CAPACITY,
     EXIT_OK,
@@ -43,6 +43,7 @@ from tpuctl.errors import (
     UsageError,
 )
 from tpuctl.services.quota import QuotaBook, QuotaUse, quota_units
+from tpuctl.timefmt import iso
 
 QUEUED_CAPACITY = params.QUEUED_CAPACITY
 DEFAULT_RACE_K = 3
@@ -70,7 +71,7 @@ class Rejection(StrEnum):
 
 
 class Verdict(StrEnum):
-    """The plan's answer, with the exit code each maps to (documented in the README)."""
+    """The plan's answer, with the exit code each maps to (documented in docs/placement.md)."""
 
     FEASIBLE = "feasible"
     NO_QUOTA = "no_quota"
@@ -104,6 +105,9 @@ class PlacementRequest:
     zones: tuple[str, ...] = ()  # explicit zones; empty: the region's, else every zone the catalog lists
     region: str | None = None
     max_price: float | None = None  # USD per hour for the whole request (all slices)
+    #: Only candidates with a known price: a run's ``--budget`` counts its spend by the price, and a
+    #: slice it could not price would spend unguarded.
+    priced_only: bool = False
     slices: int = 1
     queued: bool = False
     valid_for_s: float | None = None
@@ -117,6 +121,12 @@ class PlacementRequest:
     external_ips: bool = False
     #: Which Google API places the slice (checked against the generation where the request is built).
     surface: Surface = Surface.TPU_API
+    #: The hosts' network, subnetwork and network tags.
+    network: HostNetwork = field(default_factory=HostNetwork)
+    #: The service account the hosts act as (None: the API's default, the Compute Engine default one).
+    service_account: str | None = None
+    #: When the cloud itself ends the slice (a run's backstop; Compute Engine only, ``NodeRequest``).
+    terminate_at: float | None = None
 
     @property
     def uses_queued_resource(self) -> bool:
@@ -164,6 +174,7 @@ class PlacementRequest:
             "zones": list(self.zones),
             "region": self.region,
             "max_price_per_hour": self.max_price,
+            "priced_only": self.priced_only,
             "queued": self.uses_queued_resource,
             "flex_start": self.flex_start,
             "valid_for_s": self.valid_for_s,
@@ -171,6 +182,9 @@ class PlacementRequest:
             "race_k": self.race_k if self.strategy is Strategy.RACE else None,
             "runtime_version": self.runtime_version,
             "labels": dict(self.labels),
+            **self.network.to_dict(),
+            "service_account": self.service_account,
+            **({} if self.terminate_at is None else {"terminate_at": iso(self.terminate_at)}),
         }
 
 
@@ -412,12 +426,9 @@ def build_candidates(
     for zone in zones:
         offer = offers.get(zone, Offer(False, "the API did not say what this zone offers"))
         for rank, capacity in enumerate(request.capacity_types):
-            per_chip = catalog.price_per_chip_hour(accel, zone, capacity)
-            if per_chip is None and request.flex_start:
-                # Flex-start prices are not in the catalog (unc. for TPU7x, docs/google-facts.md#prices):
-                # its preemptible price where there is one, else on-demand, the dearer reading for the
-                # price cap.
-                per_chip = catalog.price_per_chip_hour(accel, zone, CapacityType.ON_DEMAND)
+            # Flex-start is billed by its own SKU: its price where the catalog has one, else unknown
+            # (docs/google-facts.md#prices-for-budgets), never the spot price.
+            per_chip = catalog.price_per_chip_hour(accel, zone, capacity, flex_start=request.flex_start)
             per_hour = None if per_chip is None else per_chip * request.chips
             uses = book.uses_for(accel, zone, capacity, request.surface)
             checks = tuple(
@@ -456,6 +467,12 @@ def _judge(
     if not offer.offered:
         note = f" ({offer.note})" if offer.note else ""
         return Rejection.NOT_OFFERED, f"{accel.api_name} is not offered in zone {zone}{note}"
+    if per_hour is None and request.priced_only:
+        return (
+            Rejection.NO_PRICE,
+            f"no price for {accel.generation.name} {capacity.value} in region {region_of_zone(zone)}, and "
+            "--budget counts the run's spend by its price",
+        )
     if request.max_price is not None:
         if per_hour is None:
             return (
@@ -640,20 +657,75 @@ def _infeasible(
             "offered), or drop --zone/--region to consider every zone",
         )
     priced = [c for c in offered if c.rejection not in (Rejection.OVER_CAP, Rejection.NO_PRICE)]
-    if not priced:
-        assert request.max_price is not None
-        prices = "; ".join(
-            f"{c.zone} {c.capacity.value} "
-            + ("no price" if c.price_per_hour is None else f"{c.price_per_hour:.2f} USD/h")
-            for c in sorted(offered, key=lambda c: (c.price_per_hour is None, c.price_per_hour or 0, c.zone))
-        )
-        cheaper = [] if CapacityType.SPOT in request.capacity_types else ["allow spot capacity (--spot)"]
+    if not priced and request.max_price is None:  # only ``priced_only`` rejects an unpriced candidate
         return (
             Verdict.OVER_PRICE_CAP,
-            f"every candidate for {what} is over the price cap of {request.max_price:.2f} USD/h: {prices}",
-            "raise --max-price, or " + ", ".join([*cheaper, "choose a smaller type or fewer slices"]),
+            f"no candidate for {what} has a price, and --budget counts the run's spend by its price: "
+            + ", ".join(f"{c.zone} {c.capacity.value}" for c in offered),
+            "give the price --budget assumes with --assume-price-per-hour USD, or choose a zone and "
+            "capacity tpuctl has a price for (`tpuctl cost estimate` lists them)",
         )
+    if not priced:
+        return _over_cap(request, what, offered)
     return _no_quota(request, what, priced)
+
+
+#: How many over-cap candidates the refusal names (cheapest first); `-o json` has every one.
+OVER_CAP_LISTED = 4
+
+
+def _over_cap(request: PlacementRequest, what: str, offered: Sequence[Candidate]) -> tuple[Verdict, str, str]:
+    """The over-cap verdict: the priced candidates, cheapest first, and the smallest cap that would place
+    the request. Unpriced candidates are named apart: the cap cannot be checked for them, so raising it
+    would not let them through."""
+    cap = request.max_price
+    assert cap is not None
+    over = sorted(
+        (c for c in offered if c.price_per_hour is not None),
+        key=lambda c: (c.price_per_hour or 0.0, c.zone, c.capacity_rank),
+    )
+    unpriced = [c for c in offered if c.price_per_hour is None]
+    cheaper = [] if CapacityType.SPOT in request.capacity_types else ["allow spot capacity (--spot)"]
+    others = " or ".join([*cheaper, "choose a smaller type or fewer slices"])
+    unpriced_note = ""
+    if unpriced:
+        names = ", ".join(f"{c.zone} {c.capacity.value}" for c in unpriced)
+        unpriced_note = f"; no known price (so the cap cannot be checked) for {names}"
+    if not over:
+        return (
+            Verdict.OVER_PRICE_CAP,
+            f"no candidate for {what} has a known price, so the price cap of {cap:.2f} USD/h cannot be "
+            f"checked anywhere: {', '.join(f'{c.zone} {c.capacity.value}' for c in unpriced)}",
+            "drop --max-price, or choose a zone with a known price (`tpuctl catalog prices` lists them)",
+        )
+    listed = "; ".join(
+        f"{c.zone} {c.capacity.value} {c.price_per_hour:.2f} USD/h" for c in over[:OVER_CAP_LISTED]
+    )
+    if len(over) > OVER_CAP_LISTED:
+        listed += f"; +{len(over) - OVER_CAP_LISTED} more (-o json lists every candidate)"
+    message = (
+        f"every priced candidate for {what} is over the price cap of {cap:.2f} USD/h: {listed}{unpriced_note}"
+    )
+    # The cheapest one whose quota also has room is what a higher cap would place; if none has room,
+    # a higher cap alone would only trade this refusal for a quota one.
+    placeable = next((c for c in over if c.quota_fits), None)
+    if placeable is None:
+        fix = (
+            f"raise --max-price to at least {smallest_cap(over[0].price_per_hour or 0.0):.2f} and get quota "
+            f"(every priced candidate is also short of it: `tpuctl quota`), or {others}"
+        )
+    else:
+        fix = (
+            f"raise --max-price to {smallest_cap(placeable.price_per_hour or 0.0):.2f}, the smallest cap "
+            f"that would place it ({placeable.zone} {placeable.capacity.value}), or {others}"
+        )
+    return Verdict.OVER_PRICE_CAP, message, fix
+
+
+def smallest_cap(per_hour: float) -> float:
+    """The smallest cap, in whole cents, that a price is within (rounded up, so passing it works; the
+    rounding to 6 places first keeps 76.8 from becoming 76.81 through float noise)."""
+    return math.ceil(round(per_hour * 100, 6)) / 100
 
 
 def _no_quota(request: PlacementRequest, what: str, priced: list[Candidate]) -> tuple[Verdict, str, str]:

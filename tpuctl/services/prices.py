@@ -15,7 +15,11 @@ Mapping SKUs to (generation, region, capacity) follows SkyPilot's catalog fetche
 ``sky/catalog/data_fetchers/fetch_gcp.py``): the
 description names the generation (``Tpu-v2``, ``Tpu-v3``, ``Tpu-v4``, ``TpuV5e``, ``TpuV5p``, ``TpuV6e``),
 spot/preemptible SKUs say ``Preemptible`` (their usageType is still ``OnDemand``), v2/v3 pod SKUs say
-``Pod``. v2, v3 and v4 SKUs are priced per 8 TensorCores (4 chips), v5e, v5p and v6e per chip.
+``Pod``. v2, v3 and v4 SKUs are priced per 8 TensorCores (4 chips), v5e, v5p and v6e per chip. A v2/v3
+pod SKU prices that generation's slices of several hosts (``pod_on_demand``/``pod_spot``,
+``tpuctl.catalog.price_key``), never its single device; every v4 SKU says ``Pod`` and prices every v4
+slice. Flex-start (``DWS Defined Duration ...``) SKUs are left out: how they name the generation is not
+known well enough to match them.
 
 Changing the table in force does not rewrite history: the ledger keeps the price each slice had. A
 refresh records a ``price_change`` event for each live slice whose price moved, so a report bills each
@@ -33,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from tpuctl.catalog import CapacityType, Catalog, PriceTable, region_of_zone
+from tpuctl.catalog import POD_SKU_GENERATIONS, CapacityType, Catalog, PriceTable, price_key
 from tpuctl.errors import CloudError, ConfigError, UsageError
 from tpuctl.timefmt import iso
 
@@ -135,7 +139,7 @@ def load_catalog(state_dir: Path, backend: str) -> tuple[Catalog, PriceSource]:
 class MatchedSku:
     generation: str
     region: str
-    capacity: str  # "on_demand" | "spot"
+    capacity: str  # a price key: "on_demand" | "spot" | "pod_on_demand" | "pod_spot"
     per_chip_hour: float
     sku_id: str
     description: str
@@ -174,9 +178,9 @@ def generation_of_description(description: str) -> str | None:
 def map_skus(skus: Iterable[Sku], catalog: Catalog) -> SkuMapping:
     """TPU SKUs -> USD per chip-hour by generation, region and capacity (see the module docstring).
 
-    Per (generation, region, capacity) a single-device SKU wins over a pod SKU (v2/v3 pods have their own,
-    higher, price; the catalog holds the single-device one, as SkyPilot's catalog does). Two SKUs of the same
-    kind with different prices keep the first and say so.
+    A v2/v3 pod SKU goes under the pod keys (those generations' pod slices have their own, higher, price);
+    for the other generations a single-device SKU wins over a pod one. Two SKUs of the same kind with
+    different prices keep the first and say so.
     """
     out = SkuMapping()
     chosen: dict[tuple[str, str, str], MatchedSku] = {}
@@ -195,8 +199,12 @@ def map_skus(skus: Iterable[Sku], catalog: Catalog) -> SkuMapping:
         ):
             out.skipped += 1
             continue
-        capacity = "spot" if ("preemptible" in lowered or sku.usage_type == "Preemptible") else "on_demand"
+        spot = "preemptible" in lowered or sku.usage_type == "Preemptible"
         pod = "pod" in lowered
+        capacity = price_key(
+            CapacityType.SPOT if spot else CapacityType.ON_DEMAND,
+            pod_slice=pod and generation in POD_SKU_GENERATIONS,
+        )
         per_chip = sku.unit_price
         if generation in _PER_8_CORES:
             chips_per_sku = 8 // catalog.generations[generation].cores_per_chip
@@ -421,7 +429,7 @@ def record_price_changes(
             continue
         try:
             accel = catalog.resolve(pod.accelerator_type)
-            new = catalog.prices.per_chip_hour(accel.generation.name, region_of_zone(pod.zone), pod.capacity)
+            new = catalog.price_per_chip_hour(accel, pod.zone, pod.capacity)
         except UsageError:
             continue
         old = pod.price_per_chip_hour
@@ -438,7 +446,3 @@ def record_price_changes(
                 detail={"reason": "catalog prices --refresh", "old": old, "source": catalog.prices.source},
             )
     return changes
-
-
-def capacity_key(capacity: CapacityType) -> str:
-    return "spot" if capacity.is_preemptible else "on_demand"

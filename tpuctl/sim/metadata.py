@@ -89,24 +89,30 @@ def _directory(tree: dict[str, str], key: str, *, recursive: bool) -> SimRespons
         return text_response(NOT_FOUND, 404)
     if recursive:
         in_attributes = prefix.startswith("instance/attributes/")
-        body = json.dumps(_lists(_nest(below, camel=not in_attributes, prefix=prefix)))
+        body = json.dumps(_lists(_nest(below, camel=not in_attributes)))
         return SimResponse(200, body.encode(), "application/json", etag(body))
     entries = sorted({k.split("/", 1)[0] + ("/" if "/" in k else "") for k in below})
     listing = "".join(f"{e}\n" for e in entries)
     return text_response(listing, etag=etag(listing))
 
 
-def _nest(flat: dict[str, str], *, camel: bool, prefix: str = "") -> dict[str, Any]:
-    """The keys below ``prefix`` as nested JSON."""
+#: Keys whose text is one item per line, and which a recursive answer gives as a JSON list, as GCE's does
+#: (``service-accounts/default/?recursive=true``: ``{"aliases": ["default"], "email": ..., "scopes": [...]}``;
+#: tensorstore's GCE credentials read ``scopes`` as a list and take none where it is a string).
+_LINE_LISTS = frozenset({"aliases", "scopes"})
+
+
+def _nest(flat: dict[str, str], *, camel: bool) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for path, value in flat.items():
         parts = path.split("/")
-        accounts = "service-accounts/" in prefix + path
         node = out
         for i, part in enumerate(parts):
-            name = _camel(part) if camel and "attributes" not in parts[:i] else part
+            user_key = not camel or "attributes" in parts[:i]
+            name = part if user_key else _camel(part)
             if i == len(parts) - 1:
-                node[name] = _json_value(name if accounts else "", value)
+                listed = not user_key and part in _LINE_LISTS
+                node[name] = value.split() if listed else _json_value(value)
             else:
                 node = node.setdefault(name, {})
     return out
@@ -116,14 +122,7 @@ def _camel(name: str) -> str:
     return re.sub(r"-([a-z0-9])", lambda m: m.group(1).upper(), name)
 
 
-#: A service account's keys GCE answers as JSON lists in a recursive read (tensorstore reads ``scopes``
-#: as a list and refuses anything else).
-_LIST_KEYS = frozenset({"scopes", "aliases"})
-
-
-def _json_value(name: str, value: str) -> Any:
-    if name in _LIST_KEYS:
-        return value.split()
+def _json_value(value: str) -> Any:
     if value.startswith("{"):
         try:
             return json.loads(value)

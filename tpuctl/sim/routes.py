@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from tpuctl.errors import ConfigError
-from tpuctl.sim import api_errors, discovery, frontend, iam, storage_access
+from tpuctl.sim import api_errors, deletions, discovery, frontend, iam, storage_access
 from tpuctl.sim.api_errors import ApiError, invalid_argument
 from tpuctl.sim.compute import routes as compute_routes
 from tpuctl.sim.engine import SimEngine
@@ -234,9 +234,19 @@ def _create_queued_resource(engine: SimEngine, request: SimRequest, args: tuple[
 
 
 def _delete_queued_resource(engine: SimEngine, request: SimRequest, args: tuple[str, ...]) -> Answer:
+    """queuedResources.delete, with who asked in the simulator's deletion log (``tpuctl.sim.deletions``):
+    with ``force`` it deletes the queued resource's slices too."""
     project, zone, qr = args
-    return engine.delete_queued_resource(
-        project, zone, qr, force=_flag(request, "force"), request_id=first(request.query, "requestId")
+    return deletions.delete_answer(
+        engine,
+        request,
+        lambda: engine.delete_queued_resource(
+            project, zone, qr, force=_flag(request, "force"), request_id=first(request.query, "requestId")
+        ),
+        project=project,
+        zone=zone,
+        name=qr,
+        resource="queued resource",
     )
 
 
@@ -266,6 +276,20 @@ def _discovery_document(engine: SimEngine, request: SimRequest, args: tuple[str,
     return discovery.served_document(version, f"http://{host}/")
 
 
+def _delete_node(engine: SimEngine, request: SimRequest, args: tuple[str, ...]) -> Answer:
+    """nodes.delete, with who asked in the simulator's deletion log (``tpuctl.sim.deletions``)."""
+    project, zone, name = args
+    return deletions.delete_answer(
+        engine,
+        request,
+        lambda: engine.delete_node(project, zone, name),
+        project=project,
+        zone=zone,
+        name=name,
+        resource="tpu node",
+    )
+
+
 TPU_ROUTES = (
     route(
         "GET",
@@ -285,7 +309,7 @@ TPU_ROUTES = (
         "tpu.nodes.create",
     ),
     route("GET", _NODE, lambda e, r, a: e.get_node(*a), "tpu.nodes.get"),
-    route("DELETE", _NODE, lambda e, r, a: e.delete_node(*a), "tpu.nodes.delete"),
+    route("DELETE", _NODE, _delete_node, "tpu.nodes.delete"),
     route(
         "PATCH",
         _NODE,
@@ -547,6 +571,7 @@ def _admin_unrouted(request: SimRequest, path_known: bool) -> SimResponse:
 ADMIN_ROUTES = (
     route("GET", _admin("status"), lambda e, r, a: e.status()),
     route("GET", _admin("mutations"), lambda e, r, a: {"mutations": list(e.mutations)}),
+    route("GET", _admin("deletions"), lambda e, r, a: deletions.log(e)),
     route("GET", _admin("world"), lambda e, r, a: e.world.model_dump(mode="json")),
     route("POST", _admin("reset"), _reset),
     route("POST", _admin("preempt"), _preempt),

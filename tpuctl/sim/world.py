@@ -121,8 +121,13 @@ class ComputeQuotaLimit(_Strict):
 
 
 class RegionPrice(_Strict):
+    """USD per chip-hour by the catalog's price keys (``tpuctl.catalog.price_key``); unset: the catalog's."""
+
     on_demand: NonNegFloat | None = None
     spot: NonNegFloat | None = None
+    flex_start: NonNegFloat | None = None
+    pod_on_demand: NonNegFloat | None = None  # v2/v3 slices of several hosts
+    pod_spot: NonNegFloat | None = None
 
 
 class Latency(_Strict):
@@ -152,6 +157,25 @@ class Durations(_Strict):
     compute_op_s: NonNegFloat = 2.0
     #: REAL seconds (never scaled by ``speed``): from the notice (SIGTERM, metadata flag) to SIGKILL.
     preemption_grace_s: NonNegFloat = 30.0
+
+
+class Network(_Strict):
+    """A VPC network. ``project``: the project that holds it (a Shared VPC's host project); None: every
+    project the simulator serves has one of this name (as every new Google project gets ``default``).
+    An auto-mode network has a subnetwork named like itself in every region; ``subnetworks`` (name ->
+    region) are its others, a custom-mode network's only ones."""
+
+    name: str
+    project: str | None = None
+    auto_subnetworks: bool = True
+    subnetworks: dict[str, str] = Field(default_factory=dict)
+
+    def has_subnetwork(self, name: str, region: str) -> bool:
+        return (self.auto_subnetworks and name == self.name) or self.subnetworks.get(name) == region
+
+
+def _default_networks() -> list[Network]:
+    return [Network(name="default")]
 
 
 class ScheduledPreemption(_Strict):
@@ -211,12 +235,19 @@ class World(_Strict):
     #: tpuctl's clients send stand for it (``tpuctl.sim.iam``), OAuth's tokeninfo names it, and OS Login
     #: imports its keys into its profile.
     principal: Annotated[str, Field(pattern=r"^[^@\s/]+@[^@\s/]+\.[^@\s/]+$")] = "sim-user@example.com"
+    #: ``enable-guest-attributes=TRUE`` in the project's metadata: Compute Engine VMs whose own metadata
+    #: does not say publish their guest attributes (SSH host keys) too. Off, as on a new project: a VM
+    #: publishes only when its metadata enables them (docs/google-facts.md#guest-attributes).
+    guest_attributes: bool = False
     #: Whether Compute Engine TPU VMs publish the ``agent-worker-number`` attribute, which JAX's
     #: ``GceTpuCluster`` needs to auto-detect the slice. Unconfirmed (docs/google-facts.md#worker-identity),
     #: so off: the stricter reading, under which only the ``TPU_WORKER_ID``/``TPU_WORKER_HOSTNAMES`` that
     #: tpuctl derives from ``tpu-env`` and ``worker-network-endpoints`` (JAX's GKE path) let a program find
     #: its peers. On: both paths answer, as they would if Google publishes it. TPU API VMs always publish it.
     compute_agent_worker_number: bool = False
+    #: The VPC networks a node or an instance may join (docs/google-facts.md#networks); a create naming
+    #: another, or none where ``default`` is not here, is refused as Google refuses it.
+    networks: list[Network] = Field(default_factory=_default_networks)
     #: Each project's IAM policy: project id -> bindings (a project with no entry grants nobody
     #: anything). None: the world's project alone, granting ``principal`` roles/owner and the hosts'
     #: default service account roles/editor (what a new project gives its creator and, where the
@@ -307,6 +338,10 @@ class World(_Strict):
             if rank > best_rank:
                 best, best_rank = entry, rank
         return best.limit if best is not None else 0
+
+    def network(self, project: str, name: str) -> Network | None:
+        """Project ``project``'s network ``name`` (a host project's, for a Shared VPC), if it has one."""
+        return next((n for n in self.networks if n.name == name and n.project in (None, project)), None)
 
     def regions(self) -> list[str]:
         return sorted({region_of(z) for z in self.zones})
@@ -538,6 +573,23 @@ def check_world(world: World, where: str) -> None:
         for region in regions:
             if not _REGION_RE.match(region):
                 raise fail(f"prices.{gen_name}.{region}", region, "is not a region", "e.g. us-central1")
+    seen_networks: set[tuple[str | None, str]] = set()
+    for i, net in enumerate(world.networks):
+        if not _RESERVATION_RE.match(net.name) or len(net.name) > 63:
+            raise fail(
+                f"networks.{i}.name", net.name, "is not a valid name", "lowercase letters, digits, dashes"
+            )
+        if net.project is not None and not _PROJECT_RE.match(net.project):
+            raise fail(f"networks.{i}.project", net.project, "is not a valid project id", "e.g. host-project")
+        if (net.project, net.name) in seen_networks:
+            raise fail(f"networks.{i}.name", net.name, "is listed twice", "give each network once")
+        seen_networks.add((net.project, net.name))
+        for sub, region in net.subnetworks.items():
+            if not _RESERVATION_RE.match(sub) or not _REGION_RE.match(region):
+                raise fail(
+                    f"networks.{i}.subnetworks.{sub}", region, "is not a subnetwork and its region",
+                    "map a subnetwork name to its region, e.g. tpu-subnet: us-central1",
+                )  # fmt: skip
     for i, entry in enumerate(world.preemption.schedule):
         if entry.zone is not None and not _ZONE_RE.match(entry.zone):
             raise fail(

@@ -22,9 +22,9 @@ The protocol (what ``Ledger.claim_lease`` and friends run, each inside one write
 
 "Now" is always the database's clock (``DB_NOW_SQL``), read once per transaction, never a caller's: two
 machines with skewed clocks still agree on whether a lease expired. (On SQLite the database's clock is
-the clock of the machine the file is on, the only one its writers share.) Every claim, takeover, renewal,
-loss and release is appended to ``run_lease_history`` with that time, the owner and the generation; the
-token never is.
+the clock of the machine the file is on, the only one its writers share.) Every claim, takeover, loss and
+release is appended to ``run_lease_history`` with that time, the owner and the generation (a claim's
+consecutive renewals are one row, moved on with each); the token never is.
 
 The SQL here is plain (upsert, RETURNING, NOT EXISTS), as PostgreSQL takes it too; only ``DB_NOW_SQL``
 is SQLite's own.
@@ -140,8 +140,32 @@ def renew(conn: sqlite3.Connection, held: LeaseClaim, ttl_s: float) -> LeaseClai
     )
     if cur.rowcount != 1:
         return lost(conn, held, now, during="renewal")
-    _append(conn, held.run_id, now, LeaseAction.RENEW, held.owner, held.generation, expires_at, None)
+    _note_renewal(conn, held, now, expires_at)
     return dataclasses.replace(held, expires_at=expires_at, cancel=cancel_request(conn, held.run_id))
+
+
+def _note_renewal(conn: sqlite3.Connection, held: LeaseClaim, now: float, expires_at: float) -> None:
+    """A renewal in the history: the claim's renewals since its last other entry are one row, moved to
+    the latest one's time and expiry and counting them (``detail["renewals"]``). A run renewed every 15 s
+    for days keeps a history of its claims, not tens of thousands of rows that `runs describe` reads."""
+    last = conn.execute(
+        "SELECT id, action, owner_id, generation, detail FROM run_lease_history WHERE run_id = ? "
+        "ORDER BY id DESC LIMIT 1",
+        (held.run_id,),
+    ).fetchone()
+    if last is not None and (last[1], last[2], last[3]) == (
+        LeaseAction.RENEW.value,
+        held.owner.owner_id,
+        held.generation,
+    ):
+        count = int(json.loads(last[4] or "{}").get("renewals", 1)) + 1
+        conn.execute(
+            "UPDATE run_lease_history SET at = ?, expires_at = ?, detail = ? WHERE id = ?",
+            (now, expires_at, _json({"renewals": count}), last[0]),
+        )
+        return
+    detail = {"renewals": 1}
+    _append(conn, held.run_id, now, LeaseAction.RENEW, held.owner, held.generation, expires_at, detail)
 
 
 def fence(conn: sqlite3.Connection, held: LeaseClaim, *, during: str = "write") -> LeaseLostError | None:

@@ -112,6 +112,16 @@ class RunStatus(StrEnum):
         return self in (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.BUDGET_EXCEEDED)
 
 
+class PreemptionKind(StrEnum):
+    """What the program did with a preemption, as a run's record and its slice's ``preempted`` event
+    (``detail.kind``) say: from the notice a host saw to how the program ended."""
+
+    NOTICE = "notice"  # it stopped on the notice, inside the grace (checkpointed, when it could)
+    NOTICE_IGNORED = "notice_ignored"  # it went on after the notice and was killed at the grace's end
+    NOTICE_FINISHED = "notice_finished"  # it finished its work inside the grace: the run succeeded
+    HARD = "hard"  # no notice reached any host: killed at once
+
+
 class SegmentKind(StrEnum):
     PROVISIONING = "provisioning"
     RUNNING = "running"

@@ -432,6 +432,30 @@ def test_a_slice_no_run_created_is_billed_to_the_runs_that_used_it(
 # --- shapes ------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("fast", [True, False], ids=["fast", "reference"])
+def test_preemptions_are_counted_by_the_kind_their_runs_supervisor_recorded(
+    ledger: Ledger, report: Callable[..., CostReport], fast: bool
+) -> None:
+    preempted: dict[str, list[str | None]] = {
+        "finished": ["notice_finished"],
+        "ignored": ["notice_ignored"],
+        "listed-first": [None, "notice_ignored"],  # the listing saw it before the supervisor said how
+        "no-run": [None],
+    }
+    for name, kinds in preempted.items():
+        slice_life(ledger, name, ready=T0)
+        for kind in kinds:
+            detail = None if kind is None else {"seen_by": "run supervisor", "kind": kind}
+            ledger.record_event(EventKind.PREEMPTED, pod=name, zone=Z, ts=T0 + 600, detail=detail)
+    slice_life(ledger, "before", ready=T0 - 2 * DAY, end=T0 - DAY, end_kind=EventKind.PREEMPTED)
+
+    rep = report(since=T0 - 3600, fast=fast)
+
+    assert rep.preemptions == 4
+    assert rep.preemption_kinds == {"notice_finished": 1, "notice_ignored": 2, "unclassified": 1}
+    assert rep.to_dict()["totals"]["preemption_kinds"] == rep.preemption_kinds
+
+
 def test_json_document_schema(ledger: Ledger, report: Callable[..., CostReport]) -> None:
     slice_life(ledger, "a", ready=T0, end=T0 + 5400)
 
@@ -452,6 +476,7 @@ def test_json_document_schema(ledger: Ledger, report: Callable[..., CostReport])
         *CSV_COLUMNS[2:],
         "preemptions",
         "free_preemptions",
+        "preemption_kinds",
         "untracked_usd_per_hour",
     }
     assert list(doc["groups"][0]) == list(CSV_COLUMNS[1:])

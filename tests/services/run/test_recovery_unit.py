@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 
-from tpuctl.catalog import CapacityType
-from tpuctl.cloud.base import Node
+from tpuctl.catalog import CapacityType, Surface
+from tpuctl.cloud.base import HostNetwork, Node, VpcNetwork, VpcSubnetwork
 from tpuctl.errors import NotFoundError, TransientError
+from tpuctl.services.placement_choices import PlacementChoices
 from tpuctl.services.run.accounting import PreemptionRecord, Progress, recovery_summary
 from tpuctl.services.run.control import load_request, save_request
 from tpuctl.services.run.lease import LOCK_FILE, Lease, lease_holder
@@ -23,6 +24,7 @@ from tpuctl.services.run.model import RecoveryPolicy, RunRequest
 from tpuctl.services.run.rundir import RunDir
 from tpuctl.services.run.signals import SliceWatch as _SliceWatch
 from tpuctl.services.run.sliceset import SliceSet
+from tpuctl.store.records import PreemptionKind
 
 NODE = Node(name="p", zone="us-central1-a", accelerator_type="v5litepod-8", state="READY",
             capacity=CapacityType.SPOT)  # fmt: skip
@@ -116,7 +118,7 @@ def test_progress_counts_recomputed_steps_and_productive_time_once_per_final_ste
 
 
 def test_a_preemption_record_says_its_latency_recovery_and_overhead() -> None:
-    r = PreemptionRecord(number=1, kind="notice", source="runtime-notice", pod="p", zone="z",
+    r = PreemptionRecord(number=1, kind=PreemptionKind.NOTICE, source="runtime-notice", pod="p", zone="z",
                          capacity="spot", occurred_at=100.0, detected_at=100.4, provisioning_s=2.0,
                          hosts_started_at=103.0, resumed_at=110.4)  # fmt: skip
     d = r.to_dict()
@@ -143,8 +145,18 @@ def test_policy_validation_and_backend_defaults() -> None:
 
 
 def test_the_saved_request_round_trips_and_is_private(tmp_path: Path) -> None:
+    placement = PlacementChoices(
+        zones=("us-central1-a",),
+        capacity_types=(CapacityType.SPOT,),
+        max_price=20.0,
+        queued=True,
+        network=HostNetwork(
+            VpcNetwork("shared", "host-proj"), VpcSubnetwork("s1", "host-proj", "us-central1"), ("tpu",)
+        ),
+        service_account="trainer@p.iam.gserviceaccount.com",
+    )
     request = RunRequest(example="lm", args=("--steps", "5"), env=("TOKEN=s3cret",), accelerator_type="v5e-8",
-                         capacity_types=(CapacityType.SPOT,), checkpoint_every=4)  # fmt: skip
+                         placement=placement, checkpoint_every=4)  # fmt: skip
     policy = RecoveryPolicy(max_restarts=2, max_preemptions=5)
     run_dir = RunDir(tmp_path / "run")
     path = save_request(run_dir, request, run_id="run-x", budget_usd=12.5, policy=policy)
@@ -152,7 +164,7 @@ def test_the_saved_request_round_trips_and_is_private(tmp_path: Path) -> None:
     saved = load_request(run_dir)
     assert saved.request == RunRequest(**{**request.__dict__, "run_id": "run-x"})
     assert saved.budget_usd == 12.5 and saved.policy == policy
-    assert json.loads(path.read_text())["request"]["capacity_types"] == ["spot"]
+    assert json.loads(path.read_text())["request"]["placement"]["capacity_types"] == ["spot"]
 
 
 def test_a_request_saved_with_one_capacity_loads_as_that_allowed_set(tmp_path: Path) -> None:
@@ -163,10 +175,24 @@ def test_a_request_saved_with_one_capacity_loads_as_that_allowed_set(tmp_path: P
             run, RunRequest(example="lm"), run_id="run-x", budget_usd=None, policy=RecoveryPolicy()
         )
         payload = json.loads(path.read_text())
-        del payload["request"]["capacity_types"]
+        del payload["request"]["placement"]
         payload["request"]["capacity"] = saved
         path.write_text(json.dumps(payload))
-        assert load_request(run).request.capacity_types == expected
+        assert load_request(run).request.placement.capacity_types == expected
+
+
+def test_a_request_saved_before_placement_choices_keeps_its_zone_api_and_capacity(tmp_path: Path) -> None:
+    run = RunDir(tmp_path / "old")
+    path = save_request(
+        run, RunRequest(example="lm"), run_id="run-x", budget_usd=None, policy=RecoveryPolicy()
+    )
+    payload = json.loads(path.read_text())
+    del payload["request"]["placement"]
+    payload["request"].update(zone="us-east5-b", api="compute", capacity_types=["spot"])
+    path.write_text(json.dumps(payload))
+    assert load_request(run).request.placement == PlacementChoices(
+        zones=("us-east5-b",), capacity_types=(CapacityType.SPOT,), surface=Surface.COMPUTE
+    )
 
 
 def test_the_lease_is_exclusive_and_dies_with_its_holder(tmp_path: Path) -> None:

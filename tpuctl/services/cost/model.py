@@ -79,7 +79,7 @@ class CostLine:
         }
 
 
-#: CSV columns of ``cost report -o csv`` (one row per group; documented in the README).
+#: CSV columns of ``cost report -o csv`` (one row per group; documented in docs/cost.md).
 CSV_COLUMNS: Final = ("group_by", "key", *FIGURES)
 
 #: What ``--group-by slice`` adds after the key, one fact per column, so a spreadsheet can filter and
@@ -107,6 +107,8 @@ class CostReport:
     preemptions: int
     free_preemptions: int
     prices: PriceSource
+    #: The preemptions by kind (``PreemptionKind`` values, or ``unclassified``), adding up to ``preemptions``.
+    preemption_kinds: dict[str, int] = field(default_factory=dict)
     groups_total: int = 0
     limit: int | None = None
     warnings: list[str] = field(default_factory=list)
@@ -142,13 +144,14 @@ class CostReport:
         return rest
 
     def to_dict(self) -> dict[str, Any]:
-        """The ``cost report -o json`` document body (schema in the README's Cost section)."""
+        """The ``cost report -o json`` document body (schema in docs/cost.md)."""
         totals = self.totals.to_dict()
         totals.pop("key")
         totals.update(
             {
                 "preemptions": self.preemptions,
                 "free_preemptions": self.free_preemptions,
+                "preemption_kinds": dict(self.preemption_kinds),
                 "untracked_usd_per_hour": _r(sum(u["usd_per_hour"] or 0.0 for u in self.untracked)),
             }
         )

@@ -38,14 +38,9 @@ class Pricer:
             try:
                 if accel_type is not None:
                     accel = self._catalog.resolve(accel_type)
-                    region = region_of_zone(zone)
-                    od = self._catalog.prices.per_chip_hour(
-                        accel.generation.name, region, CapacityType.ON_DEMAND
-                    )
+                    od = self._catalog.price_per_chip_hour(accel, zone, CapacityType.ON_DEMAND)
                     if capacity is not None:
-                        own = self._catalog.prices.per_chip_hour(
-                            accel.generation.name, region, CapacityType(capacity)
-                        )
+                        own = self._catalog.price_per_chip_hour(accel, zone, CapacityType(capacity))
             except (UsageError, ValueError):
                 pass
             self._cache[key] = (own, od)

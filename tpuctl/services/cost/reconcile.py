@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from tpuctl.catalog import Catalog, region_of_zone
+from tpuctl.catalog import Catalog
 from tpuctl.cloud.base import Node, TpuCloud
 from tpuctl.errors import NotFoundError, UsageError
 from tpuctl.services.cost.model import CostReport
@@ -135,9 +135,7 @@ class Reconciler:
         try:
             accel = self._catalog.resolve(node.accelerator_type)
             chips = accel.chips
-            per_chip = self._catalog.prices.per_chip_hour(
-                accel.generation.name, region_of_zone(node.zone), node.capacity
-            )
+            per_chip = self._catalog.price_per_chip_hour(accel, node.zone, node.capacity)
         except UsageError:
             pass
         billing = node.state in BILLABLE_NODE_STATES

@@ -45,12 +45,16 @@ from tpuctl.services.cost.model import CostLine, CostReport
 from tpuctl.services.cost.pricing import Pricer
 from tpuctl.services.cost.reader import LedgerReader
 from tpuctl.services.cost.sql_intervals import PRICE_CHANGES_SQL
-from tpuctl.services.cost.sql_scan import NULL_KEY
+from tpuctl.services.cost.sql_scan import NULL_KEY, PREEMPTION_KINDS_SQL
 from tpuctl.services.cost.window import GroupBy
 
 if TYPE_CHECKING:
     from tpuctl.catalog import Catalog
     from tpuctl.services.prices import PriceSource
+
+
+#: The kind of a preemption no run's supervisor classified (a slice no run was on, one the listing found).
+UNCLASSIFIED = "unclassified"
 
 
 class CostService:
@@ -114,6 +118,9 @@ class CostService:
             if group.kind == "run":
                 mark_unknown_steps(reader, groups)
             notes = self._price_notes(reader, q.params)
+            kinds = {
+                str(kind or UNCLASSIFIED): int(n) for kind, n in reader.query(PREEMPTION_KINDS_SQL, q.params)
+            }
         preemptions, free, total_slices = counts
         totals.key = "total"
         totals.slices = total_slices
@@ -127,6 +134,7 @@ class CostService:
             by_day=by_day,
             preemptions=int(preemptions),
             free_preemptions=int(free),
+            preemption_kinds=kinds,
             prices=self._prices,
             groups_total=groups_total,
             limit=limit,

@@ -111,6 +111,17 @@ PREEMPTIONS_SQL: Final = f"""
 SELECT COALESCE(SUM({IN_WINDOW_PREEMPTION}), 0),
        COALESCE(SUM({IN_WINDOW_PREEMPTION} AND {free_if_preempted_sql("p")}), 0)
 FROM pods AS p WHERE {PART} AND p.end_reason = 'preempted'"""
+#: The preemptions in the window by kind (``PreemptionKind``: what the run's program did with each, from
+#: the first ``preempted`` event of the slice that names one; NULL where none does, e.g. a slice no run
+#: was on, or one the listing found preempted). A few rows: preempted slices only, their events by index.
+PREEMPTION_KINDS_SQL: Final = """
+SELECT (SELECT json_extract(e.detail, '$.kind') FROM events AS e
+        WHERE e.pod_id = p.id AND e.kind = 'preempted' AND json_extract(e.detail, '$.kind') IS NOT NULL
+        ORDER BY e.id LIMIT 1) AS kind,
+       COUNT(*)
+FROM pods AS p INDEXED BY pods_preemptions
+WHERE p.end_reason = 'preempted' AND p.ended_at >= :since AND p.ended_at < :until
+GROUP BY 1 ORDER BY 1"""
 #: The days after the first of every billed interval that crosses midnight (UTC), for the per-day
 #: figures: seeded only with those intervals, so the recursion touches few rows.
 LATER_DAYS_SQL: Final = f"""

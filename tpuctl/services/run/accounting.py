@@ -5,9 +5,13 @@
 from __future__ import annotations
 
 import dataclasses
+import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from tpuctl.runtime.preemption import PREEMPTED_EXIT_CODE
+from tpuctl.store.records import PreemptionKind
 
 if TYPE_CHECKING:
     from tpuctl.services.run.model import AttemptResult
@@ -19,8 +23,10 @@ class PreemptionRecord:
     """One preemption, from the first sign of it to training running again."""
 
     number: int
-    kind: str  # notice (the runtime checkpointed on the notice) | hard (no checkpoint on the way out)
-    source: str  # what told the supervisor first: runtime-notice | runtime-exit | api | hosts+api
+    kind: PreemptionKind  # what the program did with it (``preemption_kind``)
+    #: What told the supervisor first: runtime-notice (the program's runtime) | follower-notice (tpuctl's
+    #: follower on the host, for any program) | runtime-exit (exit 75) | api | hosts+api.
+    source: str
     pod: str
     zone: str
     capacity: str | None
@@ -79,7 +85,9 @@ class PreemptionRecord:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PreemptionRecord:
         names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+        fields = {k: v for k, v in data.items() if k in names}
+        fields["kind"] = PreemptionKind(fields.get("kind") or PreemptionKind.HARD)
+        return cls(**fields)
 
 
 def _round(value: float | None, digits: int = 3) -> float | None:
@@ -241,8 +249,7 @@ def preemption_record(
 ) -> PreemptionRecord:
     """The record of the preemption that ended an attempt on ``slices`` (``lost``: which of a
     multislice's were lost): occurred at the earliest evidence (the host's notice time, else the first
-    host's death); a "notice" preemption when every host saved a checkpoint on the way out, else
-    "hard"."""
+    host's death), of the kind ``preemption_kind`` says."""
     notice, preempted = progress.notice, progress.preempted
     occurred: float | None = None
     if notice is not None and isinstance(notice.get("t"), (int, float)):
@@ -253,7 +260,7 @@ def preemption_record(
     checkpoint_step = int_or_none(preempted.get("step")) if saved and preempted is not None else None
     return PreemptionRecord(
         number=number,
-        kind="notice" if checkpoint_step is not None else "hard",
+        kind=preemption_kind(result, progress),
         source=source,
         pod=slices.name,
         zone=slices.zone,
@@ -265,3 +272,33 @@ def preemption_record(
         lost_slices=list(lost) if slices.is_multislice else [],
         replaced_slices=slices.names if slices.is_multislice else [],
     )
+
+
+def preemption_kind(result: AttemptResult, progress: Progress) -> PreemptionKind:
+    """What the program did with a preemption, from how its attempt ended:
+
+    - ``notice``: it stopped on the notice (it said it saved a checkpoint, or exited 75, or ended by
+      itself inside the grace, the SIGTERM's default death included);
+    - ``notice_finished``: a host saw the notice and every host then exited 0;
+    - ``notice_ignored``: a host saw the notice, and the program was still running when the grace ended
+      (the first host to go was killed with SIGKILL, or lost with its VM);
+    - ``hard``: no host saw a notice.
+    """
+    preempted = progress.preempted
+    saved = preempted is not None and preempted.get("checkpoint") == "saved"
+    if saved or PREEMPTED_EXIT_CODE in result.exit_codes.values():
+        return PreemptionKind.NOTICE
+    if progress.notice is None:
+        return PreemptionKind.HARD
+    if result.succeeded:
+        return PreemptionKind.NOTICE_FINISHED
+    killed = result.failed_worker is not None and result.returncode in (None, -signal.SIGKILL)
+    return PreemptionKind.NOTICE_IGNORED if killed else PreemptionKind.NOTICE
+
+
+def notice_source(progress: Progress) -> str | None:
+    """Who reported this attempt's notice first (``PreemptionRecord.source``), None without one."""
+    notice = progress.notice
+    if notice is None:
+        return None
+    return "follower-notice" if notice.get("reporter") == "follower" else "runtime-notice"

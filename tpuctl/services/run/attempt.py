@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tpuctl.runtime.preemption import EVENT_PREFIX, parse_event
 from tpuctl.services.run import hostsetup
@@ -61,13 +61,16 @@ def execute(
     soft_exit_codes: frozenset[int] = frozenset(),
     soft_wait_s: float = 60.0,
     on_started: Callable[[Executor, float], None] | None = None,
+    may_start: Callable[[], bool] | None = None,
 ) -> AttemptResult:
     """Ship and start on every host of ``slices``, stream until all exit (see the module docstring).
 
     ``soft_exit_codes``: statuses that end a host without failing the others (the runtime's
     "preempted, checkpoint saved"): the other hosts get ``soft_wait_s`` to reach the same end before
     they are stopped. ``on_started(executor, setup_s)`` is called once every host has started, with the
-    seconds the hosts' setup took."""
+    seconds the hosts' setup took. ``may_start()`` is asked before the hosts' setup and again before the
+    program starts: False (the run was stopped meanwhile, e.g. at its budget) ends the attempt there,
+    with nothing started and no exit status."""
     spec = prepared.spec(restart_count)
     endpoints = sum(len(node.network_endpoints) for node in slices.nodes)
     if endpoints not in (0, spec.num_workers):
@@ -82,7 +85,12 @@ def execute(
     interrupted = timed_out = False
     started_at = time.time()
     try:
-        shipped, setup_s = _ship_and_start(session, observer, executor, prepared, slices, spec, streams)
+        started = _ship_and_start(
+            session, observer, executor, prepared, slices, spec, streams, may_start or (lambda: True)
+        )
+        if started is None:
+            return _not_started(started_at)
+        shipped, setup_s = started
         if on_started is not None:
             on_started(executor, setup_s)
         timeout_s = prepared.request.timeout_s
@@ -114,6 +122,21 @@ def execute(
     )
 
 
+def _not_started(started_at: float) -> AttemptResult:
+    """An attempt stopped before its program started: no host ran it, so none has an exit status."""
+    return AttemptResult(
+        exit_codes={},
+        failed_worker=None,
+        returncode=None,
+        interrupted=False,
+        timed_out=False,
+        shipped=[],
+        started_at=started_at,
+        ended_at=time.time(),
+        started=False,
+    )
+
+
 def _ship_and_start(
     session: Session,
     observer: LaunchObserver,
@@ -122,7 +145,10 @@ def _ship_and_start(
     slices: SliceSet,
     spec: LaunchSpec,
     streams: _Streams,
-) -> tuple[list[ShipResult], float]:
+    may_start: Callable[[], bool],
+) -> tuple[list[ShipResult], float] | None:
+    """Ship, set up and start every host: what was shipped and how long setup took, or None when
+    ``may_start`` said no before the setup or before the start (nothing was started)."""
     claim = session.ledger.fence  # a supervised run's (its lines go to the ledger too, fenced)
     if claim is not None:
         streams.ledger_log = LedgerLog(session.ledger, claim, range(spec.num_workers))
@@ -131,21 +157,35 @@ def _ship_and_start(
         streams.logs[worker] = HostLog(prepared.run_dir.host_log(worker), sink=sink)
         streams.logs[worker].mark_attempt(spec.restart_count + 1, slices.name, slices.zone)
     bundle = prepared.bundle
-    observer.status(
+    # Shipping and starting are quick and always the same: details (-v); setup is the phase people wait on.
+    observer.detail(
+        None,
         f"shipping bundle {bundle.short_digest} ({len(bundle.files)} files, {bundle.total_bytes} bytes) "
-        f"to {spec.num_workers} hosts"
+        f"to {spec.num_workers} hosts",
     )
     shipped = executor.ship(bundle)
     copied = sum(1 for s in shipped if s.shipped)
-    observer.status(
-        f"bundle on {spec.num_workers} hosts ({copied} copied, {len(shipped) - copied} already had it)"
+    observer.detail(
+        None, f"bundle on {spec.num_workers} hosts ({copied} copied, {len(shipped) - copied} already had it)"
     )
+    if not may_start():
+        return None
     setup_s = hostsetup.run_setup(observer, executor, prepared, streams.logs)
     hostsetup.check_imports(observer, executor, prepared)
+    if not may_start():
+        return None
     session.ledger.update_run(prepared.run_id, status=RunStatus.RUNNING, pod=slices.name, zone=slices.zone)
     executor.start(spec)
-    observer.status(f"started {' '.join(prepared.program)} on {spec.num_workers} hosts")
+    observer.detail(None, f"started {' '.join(prepared.program)} on {spec.num_workers} hosts")
     return shipped, setup_s
+
+
+def exception_summary(event: Mapping[str, Any]) -> str:
+    """``ValueError: bad lr`` from the crash hook's ``exception`` event (its type, then its message's
+    last line), as Python's own last traceback line says it."""
+    kind = str(event.get("type") or "an exception")
+    message = str(event.get("message") or "").strip()
+    return f"{kind}: {message}" if message else kind
 
 
 @dataclass
@@ -208,7 +248,13 @@ class _EventLoop:
             failed = (event.worker, event.returncode)
             raised = self.streams.exceptions.get(event.worker)
             how = f"raised {raised}" if raised else describe_exit(event.returncode)
-            self.observer.status(f"host {event.worker} {how}: stopping the other hosts")
+            said = f"host {event.worker} {how}: stopping the other hosts"
+            if soft_deadline is None:
+                self.observer.status(said)
+            else:
+                # The hosts were already stopping at an agreed step (a notice, a budget stop): one killed
+                # at the end of the stop's grace is that stop's doing, said by the supervisor already.
+                self.observer.detail(event.worker, said)
             stop_deadline = self._stop_all()
         return failed, timed_out
 
@@ -216,8 +262,7 @@ class _EventLoop:
         """Remember the first uncaught exception a host's runtime hook reported (``exception`` event)."""
         event = parse_event(text) if text.startswith(EVENT_PREFIX) else None
         if event is not None and event.get("event") == "exception":
-            message = f"{event.get('type') or 'an exception'}: {event.get('message') or ''}".rstrip(": ")
-            self.streams.exceptions.setdefault(worker, message)
+            self.streams.exceptions.setdefault(worker, exception_summary(event))
 
     def drain(self) -> None:
         """After a stop: collect exits (and log lines, not shown) for a bounded while."""

@@ -73,7 +73,7 @@ def refuse_unrecoverable(
         return
     if bucket or default_bucket or request.pod is not None:
         return
-    _refuse_preemptible(list(request.capacity_types or defaults))
+    _refuse_preemptible(list(request.placement.capacity_types or defaults))
 
 
 def _refuse_preemptible(capacities: Sequence[CapacityType]) -> None:

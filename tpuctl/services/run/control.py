@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tpuctl.catalog import CapacityType
+from tpuctl.catalog import CapacityType, Surface
 from tpuctl.errors import (
     EXIT_LEASE_HELD,
     CloudError,
@@ -23,6 +23,7 @@ from tpuctl.errors import (
     TpuctlError,
     UsageError,
 )
+from tpuctl.services.placement_choices import PlacementChoices
 from tpuctl.services.run import hosts, prepare
 from tpuctl.services.run.lease import Lease
 from tpuctl.services.run.model import EXECUTOR_KINDS, RecoveryPolicy, RunRequest
@@ -67,7 +68,7 @@ def request_payload(
 ) -> dict[str, Any]:
     """What a supervisor prepares the run again from (the ledger's and the local file's one form)."""
     data = dataclasses.asdict(request)
-    data["capacity_types"] = [t.value for t in request.capacity_types]
+    data["placement"] = request.placement.to_dict()
     data["run_id"] = run_id
     return {"request": data, "budget_usd": budget_usd, "policy": policy.to_dict()}
 
@@ -75,9 +76,10 @@ def request_payload(
 def save_request(
     run_dir: RunDir, request: RunRequest, *, run_id: str, budget_usd: float | None, policy: RecoveryPolicy
 ) -> Path:
-    """Write what ``runs resume`` / a background supervisor needs to prepare the run again: 0600 (--env
-    values may be secrets), atomically and durably (a run killed while saving keeps the old request
-    whole, and a machine that crashes after ``runs resume`` returned still has the new one)."""
+    """Write the request to the run's local file, for a run whose ledger holds none: 0600 (--env values
+    may be secrets), atomically and durably (a run killed while saving keeps the old request whole, and a
+    machine that crashes after ``runs resume`` returned still has the new one). ``record_request`` is
+    what a run uses: it keeps the --env values out of every file."""
     run_dir.make()
     payload = request_payload(request, run_id=run_id, budget_usd=budget_usd, policy=policy)
     return atomic_write_json(run_dir.request_file, payload)
@@ -98,9 +100,9 @@ def record_request(
     """The saved request in the ledger, where a supervisor on any machine reads it, and in the local file.
     ``script_in_bundle``: the script's path inside the bundle, where another machine finds it;
     ``requirements_text``: the ``--requirements`` file's content (another machine has no such file).
-    Either, not given, stays as the ledger had it. The ``--env`` values may be secrets: the ledger's
-    request carries none of them, they are one secret of the run's, encrypted with ``key``."""
-    save_request(run_dir, request, run_id=run_id, budget_usd=budget_usd, policy=policy)
+    Either, not given, stays as the ledger had it. The ``--env`` values may be secrets: neither the
+    ledger's request nor the local file carries them; they are one secret of the run's, encrypted with
+    ``key``."""
     payload = request_payload(request, run_id=run_id, budget_usd=budget_usd, policy=policy)
     env = payload["request"].pop("env", None) or []
     ledger.put_secret(run_id, ENV_SECRET, json.dumps(list(env)).encode(), key)
@@ -112,6 +114,8 @@ def record_request(
         kept = value if value is not None else before.get(name)
         if kept is not None:
             payload[name] = kept
+    run_dir.make()
+    atomic_write_json(run_dir.request_file, payload)
     ledger.save_run_request(run_id, json.dumps(payload, sort_keys=True))
 
 
@@ -141,14 +145,12 @@ def saved_payload(
     ``--env`` values are decrypted with the key ``key`` gives, asked for only when there are some;
     without one (a caller that reads no env) they are left out."""
     text = ledger.run_request(run_id)
-    if text is not None:
-        payload = json.loads(text)
-        if isinstance(payload, dict):
-            if payload.pop(ENV_IN_SECRET, False) and key is not None:
-                env = ledger.get_secret(run_id, ENV_SECRET, key())
-                payload["request"]["env"] = json.loads(env) if env is not None else []
-            return payload
-    return _local_payload(run_dir)
+    loaded = json.loads(text) if text is not None else None
+    payload = loaded if isinstance(loaded, dict) else _local_payload(run_dir)
+    if payload.pop(ENV_IN_SECRET, False) and key is not None:
+        env = ledger.get_secret(run_id, ENV_SECRET, key())
+        payload["request"]["env"] = json.loads(env) if env is not None else []
+    return payload
 
 
 def _local_payload(run_dir: RunDir) -> dict[str, Any]:
@@ -168,7 +170,7 @@ def _local_payload(run_dir: RunDir) -> dict[str, Any]:
 
 def parse_request(payload: dict[str, Any]) -> SavedRequest:
     raw = dict(payload["request"])
-    raw["capacity_types"] = _capacity_types(raw)
+    raw["placement"] = _placement(raw)
     for key in ("args", "env", "setup"):
         raw[key] = tuple(raw.get(key) or ())
     if raw.get("executor") not in EXECUTOR_KINDS:
@@ -183,13 +185,22 @@ def parse_request(payload: dict[str, Any]) -> SavedRequest:
     return SavedRequest(request, float(budget) if budget is not None else None, policy)
 
 
-def _capacity_types(raw: dict[str, Any]) -> tuple[CapacityType, ...]:
-    """The saved allowed set; a request saved with one ``capacity`` (before sets) reads as that one, an
-    on-demand one as none named (the profile's decided then, as they do now)."""
+def _placement(raw: dict[str, Any]) -> PlacementChoices:
+    """The saved placement choices; a request saved before they were one value reads its ``zone``,
+    ``api`` and allowed set (or, older still, its one ``capacity``: an on-demand one as none named, the
+    profile's deciding then, as they do now)."""
+    if "placement" in raw:
+        return PlacementChoices.from_dict(raw["placement"])
     if "capacity_types" in raw:
-        return tuple(CapacityType(t) for t in raw["capacity_types"])
-    legacy = CapacityType(raw.get("capacity") or CapacityType.ON_DEMAND.value)
-    return () if legacy is CapacityType.ON_DEMAND else (legacy,)
+        types = tuple(CapacityType(t) for t in raw["capacity_types"])
+    else:
+        legacy = CapacityType(raw.get("capacity") or CapacityType.ON_DEMAND.value)
+        types = () if legacy is CapacityType.ON_DEMAND else (legacy,)
+    return PlacementChoices(
+        zones=(raw["zone"],) if raw.get("zone") else (),
+        capacity_types=types,
+        surface=None if raw.get("api") is None else Surface(raw["api"]),
+    )
 
 
 def _settings_env(session: Session) -> dict[str, str]:
@@ -219,6 +230,8 @@ def _settings_env(session: Session) -> dict[str, str]:
         ("TPUCTL_SECRET_KEY_FILE", settings.resolved_secret_key_file),
         ("TPUCTL_LEASE_DURATION", f"{settings.lease_duration!r}"),
         ("TPUCTL_LEASE_RENEW_EVERY", f"{settings.lease_renew_every!r}"),
+        # ... and the backstop the hosts are armed with: the same grace as the command that started it.
+        ("TPUCTL_BACKSTOP_GRACE", f"{settings.backstop_grace!r}"),
     ):
         if value is not None:
             env[name] = str(value.absolute() if isinstance(value, Path) else value)

@@ -25,9 +25,6 @@ if TYPE_CHECKING:
     from tpuctl.hosts.ssh import HostLogin, KeyPair, SshExecutor
     from tpuctl.services.session import Session
 
-#: How long a READY slice's guest agents may take to publish their host keys.
-_HOST_KEYS_DEADLINE_S = 300.0
-
 
 def executor_kind(session: Session, requested: str | None) -> ExecutorKind:
     """The executor a run gets: SSH, on every backend (``--executor sim`` is gone: simulated hosts are
@@ -55,7 +52,11 @@ def build_executor(
     for node in slices.nodes:
         found = _addresses(session, node, accel.hosts, for_plan=for_plan)
         addresses += found
-        keys += [None] * len(found) if for_plan else expected_host_keys(session, node)
+        keys += (
+            [None] * len(found)
+            if for_plan
+            else expected_host_keys(session, node, deadline_s=session.backend.tuning.host_keys_wait_s)
+        )
     backend = session.backend
     request = prepared.request
 
@@ -108,9 +109,7 @@ def _addresses(session: Session, node: Node, hosts: int, *, for_plan: bool) -> l
     return addresses
 
 
-def expected_host_keys(
-    session: Session, node: Node, *, deadline_s: float = _HOST_KEYS_DEADLINE_S
-) -> list[tuple[str, ...]]:
+def expected_host_keys(session: Session, node: Node, *, deadline_s: float) -> list[tuple[str, ...]]:
     """Each host's SSH host keys as its guest agent published them (``getGuestAttributes``), waiting
     with a bounded backoff for hosts that have not published yet (a VM's agent starts after READY)."""
     deadline = time.monotonic() + deadline_s
@@ -126,16 +125,37 @@ def expected_host_keys(
             if len(keys) == len(node.network_endpoints) and all(keys):
                 return keys
         if time.monotonic() + wait > deadline:
-            missing = [str(w) for w, k in enumerate(keys) if not k] if keys else ["all"]
-            raise RunFailedError(
-                f"the hosts of {node.name} did not publish their SSH host keys within {deadline_s:g} s "
-                f"(workers without keys: {', '.join(missing)}"
-                + (f"; last error: {error})" if error else ")"),
-                fix="check the slice's health (`tpuctl pod describe`); tpuctl verifies every host's key "
-                "before it connects and never trusts one on first use",
-            )
+            raise _no_host_keys(node, keys, deadline_s, error)
         time.sleep(wait)
         wait = min(wait * 2, 5.0)
+
+
+def _no_host_keys(
+    node: Node, keys: list[tuple[str, ...]], deadline_s: float, error: str | None
+) -> RunFailedError:
+    """Hosts that published no key after the wait: why, and what to do. A Compute Engine VM publishes its
+    keys only where guest attributes are enabled (docs/google-facts.md#guest-attributes): tpuctl's own
+    slices enable them; a slice made elsewhere may not."""
+    from tpuctl.cloud.compute_shapes import GUEST_ATTRIBUTES_KEY
+
+    missing = [str(w) for w, k in enumerate(keys) if not k] if keys else ["all"]
+    what = (
+        f"the hosts of {node.name} did not publish their SSH host keys within {deadline_s:g} s "
+        f"(workers without keys: {', '.join(missing)}" + (f"; last error: {error})" if error else ")")
+    )
+    never_trusted = "tpuctl verifies every host's key before it connects and never trusts one on first use"
+    enabled = node.metadata.get(GUEST_ATTRIBUTES_KEY, "").strip().lower() == "true"
+    if node.surface is Surface.COMPUTE and not enabled:
+        return RunFailedError(
+            f"{what}: a Compute Engine VM publishes them as guest attributes only when its metadata (or the "
+            f"project's) has {GUEST_ATTRIBUTES_KEY}=TRUE before it boots, and {node.name}'s does not",
+            fix=f"create the slice with `tpuctl pod create` or `tpuctl run --type` (which set "
+            f"{GUEST_ATTRIBUTES_KEY}=TRUE), or set {GUEST_ATTRIBUTES_KEY}=TRUE in the project's metadata "
+            f"and create it again; {never_trusted}",
+        )
+    return RunFailedError(
+        what, fix=f"check the slice's health (`tpuctl pod describe {node.name}`); {never_trusted}"
+    )
 
 
 def plan_executor(session: Session, prepared: PreparedRun, zone: str | None) -> SshExecutor:

@@ -69,6 +69,7 @@ class Launcher:
         soft_exit_codes: frozenset[int] = frozenset(),
         soft_wait_s: float = 60.0,
         on_started: Callable[[Executor, float], None] | None = None,
+        may_start: Callable[[], bool] | None = None,
     ) -> AttemptResult:
         """One attempt on ``slices`` (see ``attempt.execute``)."""
         executor = self._executor_factory(prepared, slices)
@@ -84,6 +85,7 @@ class Launcher:
                 soft_exit_codes=soft_exit_codes,
                 soft_wait_s=soft_wait_s,
                 on_started=on_started,
+                may_start=may_start,
             )
         finally:
             self.current_executor = None

@@ -14,9 +14,10 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from tpuctl.catalog import AcceleratorType, CapacityType, Surface
+from tpuctl.catalog import AcceleratorType, CapacityType
 from tpuctl.hosts.base import LaunchSpec, ShipResult
 from tpuctl.hosts.bundle import DEFAULT_LIMIT_BYTES, Bundle
+from tpuctl.services.placement_choices import PlacementChoices
 from tpuctl.services.run.accounting import PreemptionRecord
 from tpuctl.services.run.sliceset import SliceSet
 
@@ -61,14 +62,38 @@ EXECUTOR_KINDS = tuple(kind.value for kind in ExecutorKind)
 RUN_ID_RE = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
 
 
+@dataclass(frozen=True)
+class PhaseUpdate:
+    """Where one phase of an attempt stands (creating its slice, setting its hosts up): begun, ``done``
+    of ``total`` hosts so far, then ended with its ``outcome`` ("done in 12.3 s"). A console gives each
+    phase one line, however many hosts and updates it has; one phase runs at a time."""
+
+    title: str  # what the phase does: "setting up 4 hosts: runtime (cpu)"
+    done: int | None = None
+    total: int | None = None
+    outcome: str | None = None  # None while the phase runs
+
+    @property
+    def ended(self) -> bool:
+        return self.outcome is not None
+
+
 class LaunchObserver(Protocol):
     """Told what happens during a run; the CLI renders it (rich), tests collect it."""
 
     def line(self, worker: int, text: str) -> None:
-        """One line of output from host ``worker``, as it arrives."""
+        """One line of output from host ``worker``'s program, as it arrives."""
 
     def status(self, text: str) -> None:
-        """A step of the launcher itself (creating the slice, shipping, a host failed, ...)."""
+        """A step of the launcher worth its own line (a preemption, a host failed, ...)."""
+
+    def phase(self, update: PhaseUpdate) -> None:
+        """A phase of an attempt begun, advanced or ended (see ``PhaseUpdate``)."""
+
+    def detail(self, worker: int | None, text: str) -> None:
+        """A line that says how a phase went, for whoever asks for details (``-v``): a host's setup
+        commands and their output (``worker``; its log keeps them either way), or a step of the launcher
+        (None: shipping the bundle, deleting a slice)."""
 
 
 class Silent:
@@ -78,6 +103,12 @@ class Silent:
         pass
 
     def status(self, text: str) -> None:
+        pass
+
+    def phase(self, update: PhaseUpdate) -> None:
+        pass
+
+    def detail(self, worker: int | None, text: str) -> None:
         pass
 
 
@@ -96,17 +127,20 @@ class RunRequest:
     accelerator_type: str | None = None
     #: Slices of ``accelerator_type`` joined into one job (``--slices``; N > 1: a multislice).
     slices: int = 1
-    zone: str | None = None
-    #: The capacity types a new slice may be placed on, cheapest first (empty: the profile's decide).
-    capacity_types: tuple[CapacityType, ...] = ()
-    #: The Google API a new slice goes through (``--api``); None: the profile's, else the generation's.
-    api: Surface | None = None
+    #: Where and how a new slice is placed (the placement flags, as on ``pod create``); with ``pod``, its
+    #: one zone, if given, is where that slice is.
+    placement: PlacementChoices = field(default_factory=PlacementChoices)
     keep_pod: bool = False
     checkpoint_every: int | None = None
     checkpoint_dir: str | None = None
     executor: str | None = None  # ssh (the only one; kept so --executor ssh keeps working)
     timeout_s: float | None = None
     grace_s: float = 5.0
+    #: ``--max-hours``: the run ends (its slices deleted) this many hours after it was first prepared,
+    #: waiting for capacity included; ``deadline_at`` is that moment (epoch seconds), fixed once, so a
+    #: recovery or ``runs resume`` keeps it.
+    max_hours: float | None = None
+    deadline_at: float | None = None
     bundle_limit_bytes: int = DEFAULT_LIMIT_BYTES
     run_id: str | None = None
     python: str | None = None  # the hosts' interpreter; default: the setup's environment (or python3)
@@ -121,6 +155,9 @@ class RunRequest:
     bucket: str | None = None
     #: An OpenSSH-style ProxyCommand (``%h %p %r``) for hosts without external IPs, e.g. an IAP tunnel.
     ssh_proxy_command: str | None = None
+    #: USD per hour of one slice that ``--budget`` counts where tpuctl knows no price
+    #: (``--assume-price-per-hour``); None: a budget goes only where there is a price.
+    assumed_price_per_hour: float | None = None
 
 
 @dataclass(frozen=True)
@@ -251,11 +288,14 @@ class AttemptResult:
     ended_at: float
     exit_times: dict[int, float] = field(default_factory=dict)  # worker -> when its exit was seen
     exceptions: dict[int, str] = field(default_factory=dict)  # worker -> "ValueError: boom"
+    #: False: stopped before the program started (no host ran it, so no exit status says anything).
+    started: bool = True
 
     @property
     def succeeded(self) -> bool:
         return (
-            self.failed_worker is None
+            self.started
+            and self.failed_worker is None
             and not self.interrupted
             and not self.timed_out
             and all(code == 0 for code in self.exit_codes.values())

@@ -12,6 +12,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from tpuctl.errors import UsageError
+from tpuctl.services.run.sliceset import multislice_prefix
 from tpuctl.store.records import RunStatus
 
 if TYPE_CHECKING:
@@ -24,10 +25,11 @@ SLICE_DELETED = "slice_deleted"
 
 
 def live_runs_on(session: Session, pod: str, zone: str, *, other_than: str | None = None) -> list[RunRecord]:
-    """The live runs on slice ``pod`` in ``zone`` (but ``other_than``), oldest first."""
+    """The live runs on slice ``pod`` in ``zone`` (but ``other_than``), oldest first: a multislice run
+    (recorded under its slices' common prefix) uses each of its ``<prefix>-<i>`` slices too."""
     found = []
     for record in session.ledger.list_runs():
-        if record.run_id == other_than or record.pod != pod or record.zone != zone:
+        if record.run_id == other_than or record.zone != zone or not _uses(record, pod):
             continue
         if RunStatus(record.status).finished:
             continue
@@ -35,6 +37,13 @@ def live_runs_on(session: Session, pod: str, zone: str, *, other_than: str | Non
         if lease is not None and not lease.expired:
             found.append(record)
     return sorted(found, key=lambda r: r.created_at)
+
+
+def _uses(record: RunRecord, pod: str) -> bool:
+    if record.pod == pod:
+        return True
+    slices = (record.detail or {}).get("slices")
+    return isinstance(slices, int) and slices > 1 and multislice_prefix(pod) == record.pod
 
 
 def refuse_second_run(session: Session, pod: str, zone: str, run_id: str | None) -> None:

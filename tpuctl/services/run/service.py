@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from tpuctl.errors import LeaseHeldError, UsageError
-from tpuctl.services.run import control, describe, hostlog, prepare
+from tpuctl.services.run import backstopped, control, describe, hostlog, prepare
 from tpuctl.services.run.fencing import LeaseKeeper, fenced_session
 from tpuctl.services.run.lookup import RunNotFoundError, resolve_run_id
 from tpuctl.services.run.rundir import RunDir
@@ -39,6 +39,7 @@ from tpuctl.store.records import LeaseOwner, RunStatus
 
 if TYPE_CHECKING:
     from tpuctl.cloud.base import OperationProgress
+    from tpuctl.services.run.import_check import ImportCheck
     from tpuctl.services.run.model import (
         LaunchObserver,
         PreparedRun,
@@ -64,12 +65,14 @@ class Runs:
 
     def get(self, ref: str | None) -> RunRecord:
         """The run ``ref`` names: a whole id, a unique start or end of one, ``latest`` or None (the newest).
-        Exit 2 (``RunNotFoundError``) when none matches; several matches are listed (``lookup``)."""
+        Exit 11 (``RunNotFoundError``) when none matches; several matches are listed (``lookup``). A run
+        whose backstop deleted its slices behind a silent supervisor has that recorded first
+        (``backstopped``)."""
         run_id = resolve_run_id(self._session.ledger, ref)
         record = self._session.ledger.get_run(run_id)
         if record is None:  # gone between the lookup and now
             raise RunNotFoundError(run_id)
-        return record
+        return backstopped.settle(self._session, record)
 
     def dir_of(self, record: RunRecord) -> RunDir:
         """The run's directory on this machine: the one its record names when it is under this state dir,
@@ -87,7 +90,8 @@ class Runs:
 
     def list_runs(self, *, limit: int) -> list[RunView]:
         """At most ``limit`` runs, newest first."""
-        return [RunView.of(r) for r in self._session.ledger.list_runs(limit=limit)]
+        records = backstopped.settle_all(self._session, self._session.ledger.list_runs(limit=limit))
+        return [RunView.of(r) for r in records]
 
     def describe(self, ref: str | None) -> RunDescription:
         record = self.get(ref)
@@ -132,9 +136,26 @@ class Runs:
         """Validate the request and build the bundle; raises UsageError for any bad input."""
         return prepare.prepare(self._session, request)
 
-    def plan(self, prepared: PreparedRun) -> dict[str, Any]:
-        """What the run would ship and run where (``--dry-run``). Changes nothing."""
-        return prepare.plan(self._session, prepared)
+    def check_imports(self, prepared: PreparedRun) -> ImportCheck:
+        """Whether the hosts' environment will hold every module the program imports at start-up
+        (``import_check``): call ``refuse()`` on the result before anything is created, and say its
+        ``warnings()``. A bundled example is tpuctl's own, checked by its tests: nothing to check."""
+        from tpuctl.services.run.import_check import ImportCheck, check_imports
+
+        if prepared.program[0] == "-m":
+            return ImportCheck()
+        return check_imports(
+            prepared.bundle,
+            prepared.program[0],
+            prepared.setup,
+            python=prepared.request.python,
+            wheelhouse=self._session.backend.host_wheelhouse,
+        )
+
+    def plan(self, prepared: PreparedRun, *, budget_usd: float | None = None) -> dict[str, Any]:
+        """What the run would ship and run where (``--dry-run``), refused as the run would be where its
+        ``budget_usd`` could not be enforced. Changes nothing."""
+        return prepare.plan(self._session, prepared, budget_usd=budget_usd)
 
     def start(
         self,
@@ -188,33 +209,38 @@ class Runs:
         if max_preemptions is not None:
             policy = dataclasses.replace(policy, max_preemptions=max_preemptions)
         budget = budget_usd if budget_usd is not None else ready.budget_usd
-        if budget_usd is not None or max_preemptions is not None:
-            control.record_request(
-                self._session.ledger,
-                run_dir,
-                ready.prepared.request,
-                run_id=record.run_id,
-                budget_usd=budget,
-                policy=policy,
-                key=secret_key(self._session.settings),
-            )
-        if record.status != RunStatus.RUNNING:
-            self._session.ledger.update_run(
-                record.run_id, status=RunStatus.RECOVERING, ended_at=None, exit_code=None
-            )
+        prepare.with_budget(self._session, ready.prepared, budget)  # exit 2 before anything changes
+        # Written under the run's lease, claimed here and given back before the supervisor claims it: a
+        # supervisor that took the run since the check above makes this exit 9 having written nothing.
+        ledger, settings = self._session.ledger, self._session.settings
+        claim = ledger.claim_lease(record.run_id, LeaseOwner.of_this_process(), settings.lease_duration)
+        try:
+            fenced = ledger.fenced(claim)
+            fresh = fenced.get_run(record.run_id)
+            if fresh is None:
+                raise RunNotFoundError(record.run_id)
+            _refuse_succeeded(fresh)  # it may have ended meanwhile
+            if budget_usd is not None or max_preemptions is not None:
+                control.record_request(
+                    fenced,
+                    run_dir,
+                    ready.prepared.request,
+                    run_id=record.run_id,
+                    budget_usd=budget,
+                    policy=policy,
+                    key=secret_key(settings),
+                )
+            if fresh.status != RunStatus.RUNNING:
+                fenced.update_run(record.run_id, status=RunStatus.RECOVERING, ended_at=None, exit_code=None)
+        finally:
+            ledger.release_lease(claim)
         return dataclasses.replace(ready, policy=policy, budget_usd=budget)
 
     def _refuse_unresumable(self, record: RunRecord, run_dir: RunDir) -> None:
         """Exit 2 when the run succeeded; exit 9 (``LeaseHeldError``, naming the owner and when its lease
         expires) while another supervisor's lease on it lives. Nothing is written either way."""
         run_id = record.run_id
-        if record.status == RunStatus.SUCCEEDED:
-            raise UsageError(
-                f"run {run_id} already succeeded; there is nothing to resume",
-                field="RUN",
-                value=run_id,
-                fix="start a new run with `tpuctl run`",
-            )
+        _refuse_succeeded(record)
         lease = self._session.ledger.lease_of(run_id)
         if lease is not None and not lease.expired:
             owner = lease.owner
@@ -334,3 +360,14 @@ class Runs:
             return control.clean_up(fenced_session(self._session, claim), record, run_dir)
         finally:
             keeper.release()
+
+
+def _refuse_succeeded(record: RunRecord) -> None:
+    """Exit 2 when the run succeeded: there is nothing to resume."""
+    if record.status == RunStatus.SUCCEEDED:
+        raise UsageError(
+            f"run {record.run_id} already succeeded; there is nothing to resume",
+            field="RUN",
+            value=record.run_id,
+            fix="start a new run with `tpuctl run`",
+        )

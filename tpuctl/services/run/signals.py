@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 from tpuctl.cloud.base import DEAD_NODE_STATES
 from tpuctl.errors import BudgetExceededError, NotFoundError
 from tpuctl.runtime.preemption import PREEMPTED_EXIT_CODE, parse_event
-from tpuctl.services.run.accounting import Progress
-from tpuctl.services.run.model import AttemptResult, LaunchObserver, Outcome, RecoveryPolicy
+from tpuctl.services.run.accounting import Progress, notice_source
+from tpuctl.services.run.model import AttemptResult, LaunchObserver, Outcome, PhaseUpdate, RecoveryPolicy
 from tpuctl.services.run.sliceset import SliceSet
 
 if TYPE_CHECKING:
@@ -35,21 +35,55 @@ def is_lost(state: str | None) -> bool:
 
 class EventTap:
     """Between the launcher and the user's observer: takes the runtime's event lines (they go to the
-    hosts' log files, not the screen) and passes everything else on."""
+    hosts' log files, not the screen) and passes everything else on.
+
+    The follower's notice line is written with a newline on each side (``tpuctl.hosts.follow``), which
+    may leave a blank line just before or just after it: such a blank stays off the screen. A blank line
+    is held back until the host's next line says whether it was one; a program's blank line at its very
+    end is the one thing this loses, on the screen only (the host's log has every line)."""
 
     def __init__(self, inner: LaunchObserver, on_event: Callable[[int, dict[str, Any], float], None]) -> None:
         self._inner = inner
         self._on_event = on_event
+        self._held_blank: set[int] = set()  # hosts whose last line was blank, not yet passed on
+        self._after_notice: set[int] = set()  # hosts whose last line was the follower's notice
 
     def line(self, worker: int, text: str) -> None:
         event = parse_event(text)
-        if event is None:
-            self._inner.line(worker, text)
+        if event is not None:
+            if event.get("reporter") == "follower":
+                self._held_blank.discard(worker)
+                self._after_notice.add(worker)
+            else:
+                self._release(worker)
+            self._on_event(worker, event, time.time())
             return
-        self._on_event(worker, event, time.time())
+        if not text:
+            if worker in self._after_notice:
+                self._after_notice.discard(worker)
+                return
+            if worker in self._held_blank:
+                self._inner.line(worker, "")  # the first of two blank lines was the program's
+            self._held_blank.add(worker)
+            return
+        self._release(worker)
+        self._inner.line(worker, text)
+
+    def _release(self, worker: int) -> None:
+        """The host's next line came: a blank line held back was the program's."""
+        self._after_notice.discard(worker)
+        if worker in self._held_blank:
+            self._held_blank.discard(worker)
+            self._inner.line(worker, "")
 
     def status(self, text: str) -> None:
         self._inner.status(text)
+
+    def phase(self, update: PhaseUpdate) -> None:
+        self._inner.phase(update)
+
+    def detail(self, worker: int | None, text: str) -> None:
+        self._inner.detail(worker, text)
 
 
 @dataclass
@@ -152,13 +186,26 @@ class StepBudget:
     the run's slices change, asked at every reported step and every poll."""
 
     def __init__(
-        self, session: Session, run_id: str, limit_usd: float, margin_s: float, warn: Callable[[str], None]
+        self,
+        session: Session,
+        run_id: str,
+        limit_usd: float | None,
+        margin_s: float,
+        warn: Callable[[str], None],
+        *,
+        assumed_usd_per_hour: float | None = None,
+        deadline: tuple[float, float] | None = None,
     ) -> None:
+        """``limit_usd``: ``--budget``; ``deadline``: (when the run must end, when it started), from
+        ``--max-hours``."""
         self._session = session
         self._run_id = run_id
         self._limit = limit_usd
+        self._deadline = deadline
         self._margin_s = margin_s
         self._warn = warn
+        self._assumed = assumed_usd_per_hour
+        self._unpriced_said: set[str] = set()
         self._guard: BudgetGuard | None = None
         self._lock = threading.Lock()
         self._step_s = 0.0
@@ -177,11 +224,23 @@ class StepBudget:
             self._session.catalog,
             limit_usd=self._limit,
             margin_s=self._margin_s,
+            assumed_usd_per_hour=self._assumed,
         )
+        if self._deadline is not None:
+            guard.cap_deadline(*self._deadline)
         if self._step_s:
             guard.observe_step(self._step_s)
         with self._lock:
             self._guard = guard
+        unsaid = [name for name in guard.unpriced if name not in self._unpriced_said]
+        if unsaid:
+            # Placement under a budget takes priced slices only; one it still cannot price (a price
+            # table changed under it) is said, never counted at 0 in silence.
+            self._unpriced_said.update(unsaid)
+            self._warn(
+                f"the budget cannot count {', '.join(unsaid)}: no price is known for it, so its spend is "
+                f"left out; stop the run yourself if need be (`tpuctl runs cancel {self._run_id}`)"
+            )
 
     @property
     def step_s(self) -> float:
@@ -224,6 +283,11 @@ class StepBudget:
             spent = self._guard.spent()
         self.spent_usd = spent
         limit = self.decision.limit_usd
+        if limit is None:  # --max-hours alone
+            return BudgetExceededError(
+                f"run {run_id} stopped at its time limit ({self.decision.message}); it spent {spent:.4f} USD",
+                fix="raise --max-hours, or resume from the last checkpoint with `tpuctl runs resume`",
+            )
         return BudgetExceededError(
             f"run {run_id} stopped at its budget: spent {spent:.4f} of {limit or 0:.4f} USD "
             f"({self.decision.spent_usd:.4f} when it was stopped: {self.decision.message})",
@@ -239,8 +303,9 @@ def classify(
     policy: RecoveryPolicy,
 ) -> tuple[Outcome, str | None]:
     """The one outcome of an attempt, from every sign at hand; for a preemption, also what told first
-    (runtime-notice | runtime-exit | api | hosts+api). ``stop_reason``: why the supervisor itself stopped
-    the hosts, if it did."""
+    (runtime-notice | follower-notice | runtime-exit | api | hosts+api). ``stop_reason``: why the
+    supervisor itself stopped the hosts, if it did. A program that finished inside a notice's grace
+    SUCCEEDED (its preemption is on the record all the same: ``notice_source``)."""
     if result.interrupted:
         return Outcome.CANCELLED, None
     if stop_reason in (Outcome.CANCELLED, Outcome.BUDGET):
@@ -252,7 +317,7 @@ def classify(
     codes = result.exit_codes
     preempted_exit = any(c == PREEMPTED_EXIT_CODE for c in codes.values())
     if preempted_exit or progress.notice is not None or progress.preempted is not None:
-        return Outcome.PREEMPTED, "runtime-notice" if progress.notice is not None else "runtime-exit"
+        return Outcome.PREEMPTED, notice_source(progress) or "runtime-exit"
     if watch.confirmed.is_set():
         return Outcome.PREEMPTED, "api"
     # Hosts died: ask the API whether the slice went with them. A signal or a lost host is what a

@@ -4,9 +4,10 @@ on a slice); a run without recovery is this lifecycle with a policy that allows 
 
 While an attempt runs, the supervisor combines every sign of a preemption (``signals``):
 
-- the runtime's own words on host output (``TPUCTL_EVENT`` lines, ``tpuctl.runtime.preemption``): a
-  ``notice`` (the metadata flag or SIGTERM seen on a host), then ``preempted`` with the step whose
-  checkpoint every host saved, and exit status 75;
+- event lines on host output (``TPUCTL_EVENT``, ``tpuctl.runtime.preemption``): a ``notice`` (the metadata
+  flag seen by tpuctl's follower on a host, for every program; or the flag or SIGTERM seen by the
+  runtime), then the runtime's ``preempted`` with the step whose checkpoint every host saved, and exit
+  status 75;
 - the slice's state from the API, polled on a thread: PREEMPTED / TERMINATED / gone, or its queued
   resource SUSPENDING / SUSPENDED. A state counts only after ``confirm_polls`` polls in a row agree; a
   failed poll (a transient API error) neither counts nor resets the count;
@@ -14,11 +15,14 @@ While an attempt runs, the supervisor combines every sign of a preemption (``sig
   ``confirm_timeout_s``), otherwise a failure of the program.
 
 Each attempt ends with exactly one ``Outcome`` (SUCCEEDED, PREEMPTED, FAILED, CANCELLED, BUDGET,
-TIMED_OUT) and one handler per outcome acts on it, once. On PREEMPTED: delete the slice (it holds quota
-until deleted), place a new one through the allocator (the same zone first, then the others, same price
-cap; backing off while no zone has capacity), ship, and start again with ``TPUCTL_RESTART_COUNT`` + 1; the
-runtime restores the newest checkpoint that verifies. A program failure restarts on the same slice at most
-``max_restarts`` times; preemptions have their own cap, ``max_preemptions``.
+TIMED_OUT) and one handler per outcome acts on it, once. A preemption's record says what the program did
+with the notice (``PreemptionKind``); one that came with notice while the program finished inside the
+grace is recorded with a SUCCEEDED attempt (``notice_finished``). On PREEMPTED: delete the slice (it
+holds quota until deleted), place a new one through the allocator (the same zone first, then the others,
+same price cap; backing off while no zone has capacity), ship, and start again with
+``TPUCTL_RESTART_COUNT`` + 1; the runtime restores the newest checkpoint that verifies. A program failure
+restarts on the same slice at most ``max_restarts`` times; preemptions have their own cap,
+``max_preemptions``.
 
 Accounting goes to the ledger as it happens: segments (``segments``: provisioning, running,
 checkpointing, preempted, recovering) with their slice, zone, capacity and step counts, and in the run's
@@ -58,8 +62,14 @@ from tpuctl.errors import (
     TpuctlError,
 )
 from tpuctl.runtime.preemption import PREEMPTED_EXIT_CODE
-from tpuctl.services.run import hosts
-from tpuctl.services.run.accounting import PreemptionRecord, Progress, preemption_record, recovery_summary
+from tpuctl.services.run import backstop, hosts
+from tpuctl.services.run.accounting import (
+    PreemptionRecord,
+    Progress,
+    notice_source,
+    preemption_record,
+    recovery_summary,
+)
 from tpuctl.services.run.control import record_bundle, record_request
 from tpuctl.services.run.fencing import LeaseBoundExecutor, LeaseKeeper, fenced_session
 from tpuctl.services.run.launcher import Launcher
@@ -77,6 +87,7 @@ from tpuctl.services.run.model import (
     exit_status,
 )
 from tpuctl.services.run.occupancy import deletion_of
+from tpuctl.services.run.prepare import with_budget
 from tpuctl.services.run.provision import renamed
 from tpuctl.services.run.runkey import load_run_key, secret_key, store_run_key
 from tpuctl.services.run.segments import Segments
@@ -129,6 +140,15 @@ class _Run:
 _Handler = Callable[[PreparedRun, "_Run", _Attempt], bool]
 
 
+def _stopped_line(event: Mapping[str, Any]) -> str:
+    """What the runtime's ``preempted`` event says, in words (only what it said: no "None s")."""
+    step, save_s = event.get("step"), event.get("save_s")
+    if event.get("checkpoint") != "saved":
+        return f"every host stopped at step {step} without a checkpoint"
+    took = f" ({save_s} s to save)" if isinstance(save_s, (int, float)) else ""
+    return f"every host saved checkpoint step {step} and stopped{took}"
+
+
 def _waits_for_capacity(exc: BaseException) -> bool:
     """No room now (stockouts everywhere, or quota a preempted slice still holds): wait and retry.
     Anything else (over the price cap, bad input) will not change by waiting."""
@@ -173,7 +193,10 @@ class Supervisor:
         self._attempt: _Attempt | None = None
         self._bind(session)
         self._lock = threading.Lock()
+        self._detail_lock = threading.Lock()
         self._stop_reason: Outcome | None = None  # set when we stop the hosts ourselves
+        self._budget_said = False  # the budget stop was told to the user (once per run)
+        self._stop_pending = False  # a budget stop came before the attempt's hosts could be stopped
         self._stopper: threading.Thread | None = None
         self._budget: StepBudget | None = None
         self._grace_s: float | None = None  # the run's --grace: how long a budget stop waits for SIGTERM
@@ -201,6 +224,8 @@ class Supervisor:
         return self.supervise(prepared, progress=progress)
 
     def create_record(self, prepared: PreparedRun) -> None:
+        # A budget that could not be enforced is refused before the run exists (exit 2).
+        with_budget(self._session, prepared, self._budget_usd)
         target = prepared.target
         self._session.ledger.create_run(
             prepared.run_id,
@@ -214,6 +239,7 @@ class Supervisor:
             labels=prepared.request.labels,
             detail={
                 "hosts": target.accelerator.hosts,
+                "slices": target.slices,
                 "bundle_sha256": prepared.bundle.digest,
                 "bundle_bytes": prepared.bundle.total_bytes,
                 "executor": prepared.executor_kind,
@@ -253,6 +279,8 @@ class Supervisor:
         """Run (or, with ``resume``, take over and continue) a run already in the ledger."""
         # The run's SSH key, from the ledger whoever recorded the run: held in memory, never in a file.
         prepared = dataclasses.replace(prepared, ssh_key=load_run_key(self._session, prepared.run_id))
+        # Under a budget, every slice it places (recoveries too) is one the budget can price.
+        prepared = with_budget(self._session, prepared, self._budget_usd)
         self._run_id = prepared.run_id
         self._grace_s = prepared.request.grace_s
         self._take_lease(prepared, resume=resume)
@@ -267,10 +295,20 @@ class Supervisor:
         record = self._session.ledger.get_run(prepared.run_id)
         assert record is not None
         run = _Run(started=time.monotonic(), wall_start=record.created_at, slices=prepared.target.existing)
-        if self._budget_usd is not None:
+        deadline_at = prepared.request.deadline_at
+        if self._budget_usd is not None or deadline_at is not None:
             # Stopping takes up to --grace (SIGTERM, then SIGKILL) before the slice is deleted.
             margin_s = (self.policy.budget_margin_s or 0.0) + prepared.request.grace_s
-            self._budget = StepBudget(self._session, prepared.run_id, self._budget_usd, margin_s, self._warn)
+            started = run.wall_start if run.wall_start is not None else time.time()
+            self._budget = StepBudget(
+                self._session,
+                prepared.run_id,
+                self._budget_usd,
+                margin_s,
+                self._warn,
+                assumed_usd_per_hour=prepared.request.assumed_price_per_hour,
+                deadline=None if deadline_at is None else (deadline_at, started),
+            )
         failure: BaseException | None = None
         try:
             self._update_detail(supervisor=supervisor_identity())
@@ -280,7 +318,7 @@ class Supervisor:
                 pass
         except KeyboardInterrupt:
             run.end(RunStatus.CANCELLED, 130)
-            failure = InterruptedByUser("interrupted: every host was stopped")
+            failure = InterruptedByUser(self._interrupted_message())
         except BaseException as exc:
             failure = exc
             if isinstance(exc, InterruptedByUser):
@@ -363,8 +401,19 @@ class Supervisor:
         self._segments = Segments(session, self.progress)
 
     def _executor(self, prepared: PreparedRun, slices: SliceSet) -> Executor:
-        """The attempt's executor, bound to the lease: it lets the hosts go, unsignalled, once lost."""
-        inner = hosts.build_executor(self._session, prepared, slices, for_plan=False)
+        """The attempt's executor, bound to the lease: it lets the hosts go, unsignalled, once lost. Host 0
+        of a slice the run made carries the run's backstop, checked in while the executor is open."""
+        inner: Executor = hosts.build_executor(self._session, prepared, slices, for_plan=False)
+        plan = backstop.plan_for(self._session, prepared, slices)
+        if plan is not None:
+            inner = backstop.Backstopped(
+                inner,
+                plan,
+                status=self._inner.status,
+                on_armed=lambda armed: self._update_detail(
+                    backstop={**armed.to_dict(), "armed_at": time.time()}
+                ),
+            )
         return LeaseBoundExecutor(inner, self._lost)
 
     def _resume(self, prepared: PreparedRun, record: Any, run: _Run) -> None:
@@ -399,12 +448,29 @@ class Supervisor:
         return self._handlers[attempt.outcome](prepared, run, attempt)
 
     def _on_succeeded(self, prepared: PreparedRun, run: _Run, attempt: _Attempt) -> bool:
+        record = attempt.preemption
+        if record is not None:  # the notice came, and the program finished inside its grace
+            self.preemptions.append(record)
+            self._session.ledger.update_run(prepared.run_id, preemptions=len(self.preemptions))
+            self._inner.status(
+                f"{self._which_lost(attempt.slices, record)} ({attempt.slices.zone}) was preempted "
+                f"[{record.kind}]: the program finished inside the notice's grace"
+            )
+            self._record_preempted(prepared, attempt.slices, record)
         run.end(RunStatus.SUCCEEDED, 0)
         return True
 
     def _on_cancelled(self, prepared: PreparedRun, run: _Run, attempt: _Attempt) -> bool:
         run.end(RunStatus.CANCELLED, 130)
         raise InterruptedByUser("interrupted: every host was stopped")
+
+    def _interrupted_message(self) -> str:
+        """What a Ctrl-C outside an attempt's run stopped: the program on the hosts, or only what comes
+        before it (placing a slice, setting its hosts up), where there was no program to stop."""
+        attempt = self._attempt
+        if attempt is not None and attempt.executor is not None and attempt.result is None:
+            return "interrupted: every host was stopped"
+        return "interrupted before the program started on any host"
 
     def _on_timed_out(self, prepared: PreparedRun, run: _Run, attempt: _Attempt) -> bool:
         run.end(RunStatus.FAILED, 124)
@@ -519,7 +585,10 @@ class Supervisor:
             )
         if run.status is RunStatus.BUDGET_EXCEEDED and self._budget and self._budget.decision:
             detail["budget"] = self._budget.decision.to_dict()
-        if failure is not None:  # why it ended, for `runs describe` (the message the user saw)
+        # Why it ended, for `runs describe` (the message the user saw); None once it succeeded: a reason
+        # an earlier supervisor recorded must not outlive a `runs resume` that finished the run.
+        detail["reason"] = detail["error"] = None
+        if failure is not None:
             detail["reason"] = failure.message if isinstance(failure, TpuctlError) else str(failure)
         if failure is not None and not isinstance(
             failure, (RunFailedError, InterruptedByUser, BudgetExceededError)
@@ -575,6 +644,7 @@ class Supervisor:
         with self._lock:
             self._attempt = attempt
             self._stop_reason = None
+            self._stop_pending = False
         self.progress.new_attempt()
         self._open_segment(SegmentKind.RUNNING, slices, detail={"restart_count": restart_count})
         if self._budget is not None:
@@ -588,14 +658,6 @@ class Supervisor:
         )
         watch.start()
 
-        def started(executor: Executor, setup_s: float) -> None:
-            attempt.started_at = time.time()
-            attempt.setup_s = setup_s
-            attempt.executor = executor
-            self._record_hosts(executor)
-            if self._cancel.is_set():
-                self._stop_hosts(Outcome.CANCELLED)
-
         try:
             result = self.launcher.execute(
                 prepared,
@@ -603,7 +665,8 @@ class Supervisor:
                 restart_count=restart_count,
                 soft_exit_codes=frozenset({PREEMPTED_EXIT_CODE}),
                 soft_wait_s=self.policy.checkpoint_wait_s,
-                on_started=started,
+                on_started=lambda executor, setup_s: self._on_started(attempt, executor, setup_s),
+                may_start=self._may_start,
             )
         finally:
             watch.close()
@@ -623,6 +686,21 @@ class Supervisor:
         self._after_attempt(attempt)
         return attempt
 
+    def _on_started(self, attempt: _Attempt, executor: Executor, setup_s: float) -> None:
+        """Every host runs the program: the attempt's hosts can be stopped from now on."""
+        attempt.started_at = time.time()
+        attempt.setup_s = setup_s
+        with self._lock:
+            attempt.executor = executor
+            if self._stop_pending:
+                # The budget stopped the run after the attempt's last ``_may_start`` and before the start:
+                # the program has just started; stop it now (a moment's spend, not a run's).
+                self._stop_pending = False
+                self._launch_stopper(executor, self._grace_s)
+        self._record_hosts(executor)
+        if self._cancel.is_set():
+            self._stop_hosts(Outcome.CANCELLED)
+
     def _poll_tick(self, watch: SliceWatch) -> None:
         """Every poll while hosts run: act on a confirmed lost slice, and check the budget."""
         if watch.confirmed.is_set() and watch.confirmed_state != "QR_SUSPENDING":
@@ -641,9 +719,10 @@ class Supervisor:
             first = self.progress.notice is None
             self.progress.on_event(event, at)
             if first:
+                # Said once, whoever reported it (the follower and the runtime may both): what the
+                # program does with it shows when the attempt ends.
                 self._inner.status(
-                    f"host {event.get('worker', worker)}: preemption notice ({event.get('source')}); every "
-                    "host checkpoints at the next common step"
+                    f"host {event.get('worker', worker)}: preemption notice ({event.get('source')})"
                 )
                 attempt = self._attempt
                 if attempt is not None and self._stop_reason is None:
@@ -674,11 +753,10 @@ class Supervisor:
                 if self._budget.check() is not None:
                     self._budget_stop()
         elif kind == "preempted":
+            if self._preempted_seen_at is not None:
+                return  # a program may say it on every host: once is the news
             self._preempted_seen_at = at
-            self._inner.status(
-                f"every host saved checkpoint step {event.get('step')} and stopped "
-                f"({event.get('save_s')} s to save)"
-            )
+            self._inner.status(_stopped_line(event))
             if event.get("checkpoint") == "saved":
                 # Host 0 says so only once the step is committed (orbax finalizes after every host
                 # wrote): nothing the hosts still do matters, and jax's shutdown at exit takes seconds.
@@ -697,8 +775,12 @@ class Supervisor:
         self._update_detail(lost_restores=list(self.progress.lost_restores))
 
     def _budget_stop(self) -> None:
+        """Stop at the budget: said once, however many polls and steps see the decision after it."""
         assert self._budget is not None and self._budget.decision is not None
-        if self._stop_reason is None:
+        with self._lock:
+            say = not self._budget_said and self._stop_reason is None
+            self._budget_said = True
+        if say:
             self._inner.status(f"budget: {self._budget.decision.message}; checkpointing and stopping")
         # SIGKILL at the end of --grace, then the slice goes: a program that ignores SIGTERM must not
         # keep spending past the budget for the minute a preemption's checkpoint may take.
@@ -713,15 +795,29 @@ class Supervisor:
             attempt = self._attempt
             if attempt is None or attempt.executor is None:
                 # Nothing to stop yet. A cancel is kept in ``self._cancel`` alone: ``started()`` stops the
-                # hosts once they exist, which a stop reason set now would make it skip.
+                # hosts once they exist, which a stop reason set now would make it skip. A budget stop is
+                # kept as the stop reason: the attempt then starts nothing (``_may_start``) and ends at
+                # the budget.
+                if reason is Outcome.BUDGET:
+                    self._stop_reason = reason
+                    self._stop_pending = True  # acted on by ``started()`` if the program starts anyway
                 return
             self._stop_reason = reason
-            executor = attempt.executor
-            wait = grace_s if grace_s is not None else self.policy.checkpoint_wait_s
-            self._stopper = threading.Thread(
-                target=executor.stop, args=(wait,), name="tpuctl-stop-hosts", daemon=True
-            )
-            self._stopper.start()
+            self._launch_stopper(attempt.executor, grace_s)
+
+    def _launch_stopper(self, executor: Executor, grace_s: float | None) -> None:
+        """``executor.stop`` on a thread (it blocks for the grace). Called with ``self._lock`` held."""
+        wait = grace_s if grace_s is not None else self.policy.checkpoint_wait_s
+        self._stopper = threading.Thread(
+            target=executor.stop, args=(wait,), name="tpuctl-stop-hosts", daemon=True
+        )
+        self._stopper.start()
+
+    def _may_start(self) -> bool:
+        """Whether the attempt may still start the program (asked before its hosts' setup and before the
+        start): not once the budget stopped it while the hosts were being set up."""
+        with self._lock:
+            return self._stop_reason is not Outcome.BUDGET
 
     def _join_stopper(self) -> None:
         stopper = self._stopper
@@ -732,6 +828,10 @@ class Supervisor:
     def _classify(self, attempt: _Attempt, watch: SliceWatch, hosts_per_slice: int) -> Outcome:
         assert attempt.result is not None
         outcome, source = classify(attempt.result, self._stop_reason, self.progress, watch, self.policy)
+        if outcome is Outcome.SUCCEEDED:
+            # A notice, and the program finished inside its grace: the run is done, and the preemption
+            # tpuctl's world dealt it is on the record all the same (kind notice_finished).
+            source = notice_source(self.progress)
         if source is not None:
             seen = [self._notice_seen_at, self._preempted_seen_at, watch.confirmed_at]
             attempt.preemption = preemption_record(
@@ -804,12 +904,25 @@ class Supervisor:
             detail={"preemption": record.number, "kind": record.kind, "source": record.source},
         )
         what = self.progress.checkpoint_note(record.checkpoint_step, prepared.request.checkpoint_every)
-        lost = record.lost_slices or slices.names
-        which = f"{', '.join(lost)} of {slices.name}" if slices.is_multislice else slices.name
+        which = self._which_lost(slices, record)
         rest = "; deleting every slice of the set" if slices.is_multislice else "; deleting it"
         self._inner.status(f"{which} ({slices.zone}) was preempted [{record.kind}, {what}]{rest}")
+        self._record_preempted(prepared, slices, record)
+        if created:
+            self._delete_slices(slices, reason=f"preempted during run {prepared.run_id}")
+        record.slice_deleted_at = time.time()
+        self._segments.close()
+
+    @staticmethod
+    def _which_lost(slices: SliceSet, record: PreemptionRecord) -> str:
+        lost = record.lost_slices or slices.names
+        return f"{', '.join(lost)} of {slices.name}" if slices.is_multislice else slices.name
+
+    def _record_preempted(self, prepared: PreparedRun, slices: SliceSet, record: PreemptionRecord) -> None:
+        """A ``preempted`` event on each lost slice, at the preemption's first evidence (the notice's
+        time): billing ends there, and ``cost report`` counts it with its kind."""
         with contextlib.suppress(Exception):  # the ledger view must not block the recovery
-            for name in lost:
+            for name in record.lost_slices or slices.names:
                 self._session.ledger.record_event(
                     EventKind.PREEMPTED,
                     pod=name,
@@ -818,10 +931,6 @@ class Supervisor:
                     ts=record.occurred_at or record.detected_at,
                     detail={"seen_by": "run supervisor", "kind": record.kind, "source": record.source},
                 )
-        if created:
-            self._delete_slices(slices, reason=f"preempted during run {prepared.run_id}")
-        record.slice_deleted_at = time.time()
-        self._segments.close()
 
     def _delete_slices(self, slices: SliceSet, *, reason: str) -> bool:
         """Delete every slice of the set, at once (each delete waits for its operation); True when all
@@ -837,7 +946,7 @@ class Supervisor:
     def _delete_node(self, node: Node, *, reason: str) -> bool:
         from tpuctl.services.pods import PodService
 
-        self._inner.status(f"deleting {node.name} ({node.zone})")
+        self._inner.detail(None, f"deleting {node.name} ({node.zone})")  # the outcome says it went
         try:
             PodService(self._session).delete(node.name, zone=node.zone, wait=True, reason=reason)
         except NotFoundError:
@@ -921,10 +1030,13 @@ class Supervisor:
     def _update_detail(self, **changes: Any) -> None:
         assert self._run_id is not None
         ledger = self._session.ledger
-        record = ledger.get_run(self._run_id)
-        merged = dict(record.detail or {}) if record is not None else {}
-        merged.update(changes)
-        ledger.update_run(self._run_id, detail=merged)
+        # Read, merge, write under one lock: the backstop's thread records its arming while the attempt
+        # records its own, and one must not drop the other's keys.
+        with self._detail_lock:
+            record = ledger.get_run(self._run_id)
+            merged = dict(record.detail or {}) if record is not None else {}
+            merged.update(changes)
+            ledger.update_run(self._run_id, detail=merged)
 
     def _record_hosts(self, executor: Executor) -> None:
         attempt = self._attempt

@@ -394,7 +394,7 @@ class RunDescription:
     reason: str | None
     host_exits: tuple[HostExit, ...]
     series: StepSeries
-    lease_history: tuple[LeaseEvent, ...] = ()  # every claim, renewal, loss, release; oldest first
+    lease_history: tuple[LeaseEvent, ...] = ()  # claims, renewals (one per run of them), losses, releases
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -16,6 +16,7 @@ from tpuctl.sim.compute import links, listing, quota, slices, store
 from tpuctl.sim.compute.context import ComputeContext
 from tpuctl.sim.compute.errors import already_exists, invalid, invalid_field, not_found
 from tpuctl.sim.compute.machines import check_region, check_zone, machine_by_name, machine_in_zone
+from tpuctl.sim.compute.networking import checked_interfaces
 from tpuctl.sim.compute.operations import finish_op, insert_op, op_json_of
 from tpuctl.sim.compute.progress import Progress
 from tpuctl.sim.compute.specs import InstanceSpec, parse_properties
@@ -125,6 +126,8 @@ class Groups:
             raise invalid_field("resource.properties", props or "", "Properties must be specified.")
         machine = machine_by_name(ctx.catalog, props.get("machineType"), "resource.properties.machineType")
         spec = parse_properties(ctx.world, props, machine, "resource.properties")
+        # A global template: the network checked now, its subnetwork's region where a MIG uses it.
+        checked_interfaces(ctx.world, project, None, props, "resource.properties")
         stored = {
             "description": body.get("description", ""),
             "properties": {"machineType": machine.name, **spec.body},
@@ -260,9 +263,11 @@ class Groups:
             f"zones/{zone}/machineTypes/{props['machineType']}",
             "resource.instanceTemplate",
         )
-        return links.link(project, "global", store.TEMPLATES, row["name"]), parse_properties(
-            world, props, machine, "resource.properties"
+        spec = parse_properties(world, props, machine, "resource.properties")
+        spec.body["networkInterfaces"] = checked_interfaces(
+            world, project, region_of(zone), props, "resource.properties"
         )
+        return links.link(project, "global", store.TEMPLATES, row["name"]), spec
 
     def _gang_of(
         self, conn: sqlite3.Connection, project: str, zone: str, body: dict[str, Any], spec: InstanceSpec

@@ -5,6 +5,11 @@ the key type, value the base64 key: GoogleCloudPlatform/guest-agent, instance_se
 ``gcloud compute ssh`` and ``ComputeCloud.host_keys`` read to check a host's key. A simulated host
 publishes the key its sshd presents, read from its disk; a VM with no disk (yet) has published nothing.
 The TPU API surface publishes the same keys per worker (``tpuctl.sim.routes._guest_attributes``).
+
+A Compute Engine VM publishes guest attributes only when they are enabled: metadata
+``enable-guest-attributes`` TRUE on the instance, or, where the instance does not set it, on the project
+(the world's ``guest_attributes``); off unless set (docs/google-facts.md#guest-attributes). A TPU API VM
+always publishes (gcloud's ``tpu-vm ssh`` reads its keys without enabling anything).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from tpuctl.sim.compute.machines import check_zone
 from tpuctl.sim.vms.layout import disk_dir, read_host_public_key
 
 HOSTKEYS = "hostkeys"
+GUEST_ATTRIBUTES_KEY = "enable-guest-attributes"
 
 
 def attribute_missing(what: str) -> ComputeError:
@@ -40,11 +46,30 @@ def published(cc: ComputeContext, project: str, zone: str, name: str) -> list[di
             raise not_found(links.path(project, "zones", zone, "instances", name))
         node = store.node_of(conn, inst)
         uid, worker = (str(node["uid"]), int(inst["worker"] or 0)) if node is not None else ("", 0)
+        enabled = guest_attributes_enabled(
+            _metadata_of(store.body(inst)), project_default=cc.ctx.world.guest_attributes
+        )
+    if not enabled:
+        return []  # the agent writes no guest attribute where they are off
     line = read_host_public_key(disk_dir(cc.ctx.vm_root, uid, worker)) if uid else None
     if line is None:
         return []  # not placed, or its VM has no disk yet: its agent has not published
     key_type, blob = line.split()[:2]
     return [{"namespace": HOSTKEYS, "key": key_type, "value": blob}]
+
+
+def guest_attributes_enabled(metadata: dict[str, str], *, project_default: bool) -> bool:
+    """The instance's ``enable-guest-attributes`` when it has one (TRUE in any case is on, anything else
+    off, as gcloud's ``_MetadataHasGuestAttributesEnabled`` reads it), else the project's."""
+    value = metadata.get(GUEST_ATTRIBUTES_KEY)
+    if value is None:
+        return project_default
+    return value.strip().lower() == "true"
+
+
+def _metadata_of(body: dict[str, Any]) -> dict[str, str]:
+    items = (body.get("metadata") or {}).get("items") or []
+    return {str(i["key"]): str(i.get("value", "")) for i in items if "key" in i}
 
 
 def _matches(item: dict[str, str], query_path: str) -> bool:

@@ -10,6 +10,7 @@ from tpuctl.sim.compute import guest, links, listing, quota, slices, store
 from tpuctl.sim.compute.context import ComputeContext
 from tpuctl.sim.compute.errors import already_exists, invalid, not_found
 from tpuctl.sim.compute.machines import check_zone, machine_in_zone
+from tpuctl.sim.compute.networking import checked_interfaces
 from tpuctl.sim.compute.operations import finish_op, insert_op, op_json_of
 from tpuctl.sim.compute.specs import InstanceSpec, parse_properties, request_valid_for
 from tpuctl.sim.wire import paginate
@@ -34,6 +35,7 @@ class Instances:
         name = links.check_name(body.get("name"))
         machine = machine_in_zone(ctx.catalog, world, zone, body.get("machineType"), "resource.machineType")
         spec = parse_properties(world, body, machine, "resource")
+        spec.body["networkInterfaces"] = checked_interfaces(world, project, region_of(zone), body, "resource")
         valid_for = request_valid_for(body, spec.provisioning_model)
         accel = machine.single_host_type()
         assert accel is not None, machine

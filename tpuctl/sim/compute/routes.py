@@ -50,6 +50,18 @@ def _ops_list(scope: str) -> Handler:
     return handler
 
 
+def _logged_delete(
+    e: Any, r: SimRequest, a: tuple[str, ...], resource: str, delete: Callable[..., Answer]
+) -> Answer:
+    """A slice's delete, with who asked in the simulator's deletion log (``tpuctl.sim.deletions``)."""
+    from tpuctl.sim import deletions
+
+    project, zone, name = a
+    return deletions.delete_answer(
+        e, r, lambda: delete(*a), project=project, zone=zone, name=name, resource=resource
+    )
+
+
 #: (method, path pattern, handler, the IAM permission the caller needs on the project).
 ROUTES: tuple[tuple[str, str, Handler, str], ...] = (
     ("GET", _P, lambda e, r, a: _c(e).get_project(a[0]), "compute.projects.get"),
@@ -87,7 +99,12 @@ ROUTES: tuple[tuple[str, str, Handler, str], ...] = (
         "compute.instanceGroupManagers.list",
     ),
     ("GET", _INST + rf"/{_S}", lambda e, r, a: _c(e).instances.get(*a), "compute.instances.get"),
-    ("DELETE", _INST + rf"/{_S}", lambda e, r, a: _c(e).instances.delete(*a), "compute.instances.delete"),
+    (
+        "DELETE",
+        _INST + rf"/{_S}",
+        lambda e, r, a: _logged_delete(e, r, a, "instance", _c(e).instances.delete),
+        "compute.instances.delete",
+    ),
     (
         "GET",
         _INST + rf"/{_S}/getGuestAttributes",
@@ -163,7 +180,12 @@ ROUTES: tuple[tuple[str, str, Handler, str], ...] = (
         "compute.instanceGroupManagers.list",
     ),
     ("GET", _MIG, lambda e, r, a: _c(e).groups.get_mig(*a), "compute.instanceGroupManagers.get"),
-    ("DELETE", _MIG, lambda e, r, a: _c(e).groups.delete_mig(*a), "compute.instanceGroupManagers.delete"),
+    (
+        "DELETE",
+        _MIG,
+        lambda e, r, a: _logged_delete(e, r, a, "instance group manager", _c(e).groups.delete_mig),
+        "compute.instanceGroupManagers.delete",
+    ),
     (
         "POST",
         _MIG + "/resize",

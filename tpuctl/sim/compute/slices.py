@@ -13,7 +13,8 @@ from tpuctl.sim.compute.specs import InstanceSpec
 from tpuctl.sim.engine.capacity import Capacity
 from tpuctl.sim.engine.plans import NodePlan
 from tpuctl.sim.engine.records import host_addresses, insert_node
-from tpuctl.sim.world import World, region_of
+from tpuctl.sim.vpc import full_paths
+from tpuctl.sim.world import World
 
 
 def place(
@@ -133,13 +134,12 @@ def _nics(
     runs (an ephemeral external IP goes with a stopped VM)."""
     out: list[dict[str, Any]] = []
     for index, nic in enumerate(given):
-        network = links.short_name(str(nic.get("network") or "default"))
-        subnetwork = links.short_name(str(nic.get("subnetwork") or "default"))
+        paths = full_paths(project, zone, nic.get("network"), nic.get("subnetwork"))
         item: dict[str, Any] = {
             "kind": "compute#networkInterface",
             "name": f"nic{index}",
-            "network": links.link(project, "global", "networks", network),
-            "subnetwork": links.link(project, "regions", region_of(zone), "subnetworks", subnetwork),
+            "network": links.BASE + paths["network"],
+            "subnetwork": links.BASE + paths["subnetwork"],
             "fingerprint": "c2ltLW5pYw==",
             "stackType": str(nic.get("stackType") or "IPV4_ONLY"),
         }

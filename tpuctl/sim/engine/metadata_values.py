@@ -99,7 +99,7 @@ def metadata_values(
         else "FALSE",
         "instance/network-interfaces/0/ip": address,
         "instance/network-interfaces/0/network": f"projects/{row['project']}/networks/default",
-        **_service_account_keys(email),
+        **_service_account(email),
         "project/project-id": row["project"],
         "project/numeric-project-id": str(int(row["uid"]) % 10**12),
     }
@@ -119,23 +119,18 @@ def host_service_account(project: str, spec: dict[str, object]) -> str:
     return str(email) if email and email != "default" else default_service_account(project)
 
 
-def _service_account_keys(email: str) -> dict[str, str]:
-    """The host's service account as GCE's metadata server lists it: under ``default/`` and under its
-    own e-mail (google-auth and tensorstore ask for the token by e-mail once they read it), with the
-    account's own access token (``tpuctl.sim.iam``)."""
-    token = json.dumps({"access_token": access_token(email), "expires_in": 3599, "token_type": "Bearer"})
-    out: dict[str, str] = {}
-    for alias in ("default", email):
-        base = f"instance/service-accounts/{alias}"
-        out.update(
-            {
-                f"{base}/email": email,
-                f"{base}/scopes": SCOPES,
-                f"{base}/aliases": "default\n",
-                f"{base}/token": token,
-            }
-        )
-    return out
+def _service_account(email: str) -> dict[str, str]:
+    """The VM's service account, under ``default/`` and under its email, as GCE lists it: clients that
+    asked ``default/?recursive=true`` for the email ask for the token by email (tensorstore does). The
+    token is the account's own (``tpuctl.sim.iam``): the simulator's APIs and bucket take it as that
+    account's."""
+    token = {"access_token": access_token(email), "expires_in": 3599, "token_type": "Bearer"}
+    keys = {"email": email, "scopes": SCOPES, "aliases": "default\n", "token": json.dumps(token)}
+    return {
+        f"instance/service-accounts/{who}/{key}": value
+        for who in ("default", email)
+        for key, value in keys.items()
+    }
 
 
 def _attributes(

@@ -94,7 +94,7 @@ class Nodes:
         now = self.ctx.clock()
         self.timeline.advance(now)
         world = self.ctx.world
-        plan = parse_node(self.ctx.catalog, world, zone, node_id, body, field_prefix="node")
+        plan = parse_node(self.ctx.catalog, world, zone, node_id, body, project=project, field_prefix="node")
         with self.ctx.db.write() as conn:
             if node_row(conn, project, zone, node_id) is not None:
                 raise already_exists(node_name(project, zone, node_id))

@@ -7,10 +7,11 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from tpuctl.catalog import AcceleratorType, Catalog, Surface
+from tpuctl.sim import vpc
 from tpuctl.sim.api_errors import eid, invalid_argument
 from tpuctl.sim.shapes import size_for_topology
 from tpuctl.sim.wire import ACCELERATOR_TYPE_ENUM, check_labels, check_resource_id
-from tpuctl.sim.world import CapacityClass, World
+from tpuctl.sim.world import CapacityClass, World, region_of
 
 #: The node fields kept as the request gave them and echoed back.
 _KEPT_NODE_FIELDS = (
@@ -108,6 +109,7 @@ def parse_node(
     node_id: str,
     body: Any,
     *,
+    project: str,
     field_prefix: str,
     tier_class: CapacityClass | None = None,
     reservation: str | None = None,
@@ -126,6 +128,7 @@ def parse_node(
             f"{field_prefix}.acceleratorType",
         )
     _check_node_fields(body, field_prefix)
+    _check_network(world, project, zone, body, field_prefix)
     _check_runtime_version(catalog, world, zone, body["runtimeVersion"], field_prefix)
     scheduling = body.get("schedulingConfig") or {}
     if not isinstance(scheduling, dict):
@@ -176,6 +179,34 @@ def _check_runtime_version(
             f'The field "RuntimeVersion" cannot be "{version}". {eid()}'
         )
         raise invalid_argument(message, f"{field_prefix}.runtime_version")
+
+
+def _check_network(world: World, project: str, zone: str, body: dict[str, Any], field_prefix: str) -> None:
+    """The node's network and subnetwork exist and fit its zone (``tpuctl.sim.vpc``); refused in the
+    field form Compute Engine uses, the TPU API's own words being unconfirmed."""
+    configs = body.get("networkConfigs") or [body.get("networkConfig") or {}]
+    for index, config in enumerate(configs):
+        where = (
+            f"{field_prefix}.networkConfigs[{index}]"
+            if "networkConfigs" in body
+            else f"{field_prefix}.networkConfig"
+        )
+        if not isinstance(config, dict):
+            raise invalid_argument(f"Field '{where}' must be an object.", where)
+        try:
+            vpc.attach(
+                world,
+                project,
+                region_of(zone),
+                config.get("network"),
+                config.get("subnetwork"),
+                network_from_subnetwork=False,
+            )
+        except vpc.VpcRefusal as refusal:
+            field = f"{where}.{refusal.part}" if refusal.part else where
+            raise invalid_argument(
+                f"Invalid value for field '{field}': '{refusal.value}'. {refusal.why}", field
+            ) from None
 
 
 def _check_node_fields(body: dict[str, Any], field_prefix: str) -> None:
@@ -271,6 +302,7 @@ def parse_queued_resource(
                     zone,
                     node_id,
                     node_spec.get("node"),
+                    project=project,
                     field_prefix=f"{prefix}.node",
                     tier_class=tier_class,
                     reservation=reservation,

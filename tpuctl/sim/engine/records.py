@@ -10,8 +10,8 @@ from tpuctl.catalog import Catalog
 from tpuctl.sim.engine.plans import NodePlan
 from tpuctl.sim.shapes import node_name, node_uid, qr_name
 from tpuctl.sim.vms.layout import ENDPOINT_PORT, host_address
+from tpuctl.sim.vpc import full_paths
 from tpuctl.sim.wire import rfc3339
-from tpuctl.sim.world import region_of
 
 #: Queued-resource states in which the service still has work to do for it.
 QR_PENDING_STATES = ("ACCEPTED", "WAITING_FOR_RESOURCES", "PROVISIONING", "SUSPENDING", "DELETING")
@@ -196,14 +196,7 @@ def resolved_network_config(project: str, zone: str, given: Any) -> dict[str, An
     proto3 default is false (discovery document, NetworkConfig.enableExternalIps; gcloud sends true unless
     ``--internal-ips``), and SkyPilot's provisioner reads the resolved ``network``."""
     config = dict(given) if isinstance(given, dict) else {}
-    network = str(config.get("network") or "default")
-    if "/" not in network:
-        network = f"projects/{project}/global/networks/{network}"
-    config["network"] = network
-    subnetwork = str(config.get("subnetwork") or "default")
-    if "/" not in subnetwork:
-        subnetwork = f"projects/{project}/regions/{region_of(zone)}/subnetworks/{subnetwork}"
-    config["subnetwork"] = subnetwork
+    config.update(full_paths(project, zone, config.get("network"), config.get("subnetwork")))
     return config
 
 

@@ -92,6 +92,7 @@ def _ensure_template() -> Path:
     template = Path(tempfile.gettempdir()) / f"tpuctl-sim-image-template-{digest}"
     if (template / ".complete").exists():
         return template
+    remove_abandoned_builds(template)
     tmp = template.with_name(template.name + f".new-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     venv.EnvBuilder(with_pip=False, system_site_packages=False, symlinks=True).create(tmp)
@@ -107,6 +108,15 @@ def _ensure_template() -> Path:
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)
     return template
+
+
+def remove_abandoned_builds(template: Path) -> None:
+    """Remove the half-built templates (``<template>.new-<pid>``, ~26 MB each) of processes that died
+    while building: nothing else would, and they are in the shared temp dir. A live builder's is left."""
+    for partial in template.parent.glob(f"{template.name}.new-*"):
+        pid = partial.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(partial, ignore_errors=True)
 
 
 def _site_packages(env: Path) -> Path:

@@ -63,8 +63,10 @@ def login_env(host: HostRef, user: str, home: Path, setup: LoginSetup) -> dict[s
         "SHELL": "/bin/bash",
         "LANG": "C.UTF-8",
         "PATH": f"{setup.image}/bin:{home}/.local/bin:/usr/local/bin:/usr/bin:/bin",
-        # google-auth reads GCE_METADATA_HOST (and pings GCE_METADATA_IP), JAX GCE_METADATA_IP, and
-        # tensorstore GCE_METADATA_ROOT: on Google all three find metadata.google.internal.
+        # Where the VM's metadata server is, for each client library's own override of the name a real
+        # VM resolves (metadata.google.internal, which the simulator cannot make resolve): google-auth reads
+        # GCE_METADATA_HOST, JAX GCE_METADATA_IP, tensorstore (orbax's arrays) and gcloud
+        # GCE_METADATA_ROOT. Without the last, tensorstore finds no credentials and says so on every host.
         "GCE_METADATA_HOST": metadata,
         "GCE_METADATA_IP": metadata,
         "GCE_METADATA_ROOT": metadata,

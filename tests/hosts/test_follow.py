@@ -1,0 +1,116 @@
+"""The follower's notice: whatever the program does with SIGTERM, the host's metadata notice becomes one
+event line in the program's output, at a line start, and never after the program's exit status.
+
+The launcher runs in a process of its own (it forks its supervisor); the metadata server is the
+loopback test server (Google's long-poll rules)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tpuctl.hosts import follow
+from tpuctl.runtime.preemption import parse_event
+from tpuctl.testing.clock import wait_for
+from tpuctl.testing.metadata_server import MetadataServer, slice_values
+
+REPO = Path(__file__).resolve().parents[2]
+
+#: A program half way through a line when the notice comes, that goes on regardless (as one whose
+#: SIGTERM JAX's preemption notifier caught does).
+HALF_A_LINE = "import sys, time\nsys.stdout.write('half a line')\nsys.stdout.flush()\ntime.sleep(120)\n"
+
+
+LAUNCHER = "import sys; from tpuctl.hosts.follow import main; sys.exit(main(sys.argv[1:]))"
+
+
+@pytest.fixture
+def metadata() -> Iterator[MetadataServer]:
+    server = MetadataServer(slice_values(2, ["127.0.0.1"]))
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def _launch(run_dir: Path, metadata: MetadataServer, program: str) -> int:
+    """``follow.py launch`` as tpuctl's SSH executor runs it; the program's pid."""
+    env = ("--env", f"GCE_METADATA_HOST={metadata.host}", "--env", "TPUCTL_WORKER_ID=2")
+    argv = [sys.executable, "-c", LAUNCHER, "launch", str(run_dir), "--cwd", str(run_dir.parent), *env]
+    launched = subprocess.run(
+        [*argv, "--", sys.executable, "-c", program],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return int(launched.stdout.split()[1])
+
+
+def _line_after(out: Path, start: str) -> str:
+    """The output once a whole line follows ``start``; "" before."""
+    text = out.read_text()
+    return text if text != start and text.endswith("\n") else ""
+
+
+def _events(text: str) -> list[dict[str, object]]:
+    return [e for e in (parse_event(line) for line in text.splitlines()) if e is not None]
+
+
+def test_the_metadata_notice_is_one_event_line_in_the_programs_output(
+    tmp_path: Path, metadata: MetadataServer
+) -> None:
+    run_dir = tmp_path / "runs" / "r" / "1"
+    pid = _launch(run_dir, metadata, HALF_A_LINE)
+    out = run_dir / follow.OUT
+    try:
+        wait_for(lambda: out.read_text() == "half a line", 30, what="the program's first output")
+        # Both keys are long-polled from the start: the change wakes them at once.
+        wait_for(
+            lambda: (
+                sum(
+                    "/instance/" in path and "wait_for_change" in query
+                    for path, query, _ in metadata.requests
+                )
+                >= 2
+            ),
+            30,
+            what="the follower's long polls",
+        )
+        metadata.set("instance/preempted", "TRUE")
+        text = wait_for(lambda: _line_after(out, "half a line"), 30, what="the notice line")
+    finally:
+        os.killpg(pid, signal.SIGKILL)  # the program went on after the notice; the grace's end kills it
+    wait_for(lambda: (run_dir / follow.EXIT).exists(), 30, what="the exit status")
+    assert (run_dir / follow.EXIT).read_text() == f"{-signal.SIGKILL}\n"
+    first = text.split("\n")[0]
+    assert first == "half a line"  # the event starts a line of its own
+    (event,) = _events(text)
+    assert event["event"] == "notice" and event["source"] == "metadata" and event["worker"] == 2
+    assert event["reporter"] == "follower" and isinstance(event["t"], float)
+    assert out.read_text() == text  # one line, whatever else happens
+
+
+def test_a_closed_reporter_writes_nothing_so_no_line_follows_the_exit_status(
+    tmp_path: Path, metadata: MetadataServer
+) -> None:
+    out = tmp_path / "out"
+    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        reporter = follow.NoticeReporter(fd, {"GCE_METADATA_HOST": metadata.host})
+        reporter.close()  # the program ended
+        assert reporter.report("metadata") is False
+        assert out.read_bytes() == b""
+        opened = follow.NoticeReporter(fd, {"GCE_METADATA_HOST": metadata.host})
+        assert opened.report("maintenance") is True and opened.report("metadata") is False  # the first only
+    finally:
+        os.close(fd)
+    (event,) = _events(out.read_text())
+    assert event["source"] == "maintenance" and event["worker"] is None
