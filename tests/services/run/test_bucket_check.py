@@ -26,11 +26,13 @@ def world(*bindings: tuple[str, str]) -> dict[str, Any]:
     return data | {"iam": {"tpuctl-sim": policy}}
 
 
-def dry_run(sim_cli: InProcessCli, tmp_path: Path) -> Any:
+def dry_run(sim_cli: InProcessCli, tmp_path: Path, *extra: str) -> Any:
     script = tmp_path / "proj" / "ok.py"
     script.parent.mkdir(exist_ok=True)
     script.write_text("print('ok')\n")
-    return sim_cli("run", str(script), "--no-runtime-deps", "--type", "v5e-8", "--dry-run", "-o", "json")
+    return sim_cli(
+        "run", str(script), "--no-runtime-deps", "--type", "v5e-8", "--dry-run", "-o", "json", *extra
+    )
 
 
 @pytest.mark.parametrize(
@@ -52,6 +54,16 @@ def test_hosts_that_cannot_write_the_bucket_stop_the_run_before_anything_is_made
     assert f"grant {ACCOUNT} roles/storage.legacyBucketReader and roles/storage.objectAdmin" in error["fix"]
     assert f"--member={HOSTS} --role=roles/storage.objectAdmin" in error["fix"]
     assert sim_cli.admin.status()["nodes"] == []
+
+
+@pytest.mark.parametrize(
+    "sim_world", [world(("roles/owner", USER), ("roles/editor", HOSTS))], ids=["default"]
+)
+def test_the_account_the_hosts_run_as_is_the_one_checked(sim_cli: InProcessCli, tmp_path: Path) -> None:
+    runner = "runner@tpuctl-sim.iam.gserviceaccount.com"  # --service-account: no role on the project
+    refused = dry_run(sim_cli, tmp_path, "--service-account", runner)
+    assert refused.code == 2, refused.output
+    assert refused.json["message"].startswith(f"the hosts' service account {runner} cannot use")
 
 
 @pytest.mark.parametrize(

@@ -62,10 +62,11 @@ def prepare(session: Session, request: RunRequest) -> PreparedRun:
     setup = _setup_spec(session, request)
     bundle = build_bundle(workdir, limit_bytes=request.bundle_limit_bytes, exclude=(session.state_dir,))
     if checkpoint_dir.startswith("gs://"):
-        # Last, once every input is known good: it asks Google (the hosts' account: the request's own
-        # where it names one, else the project's default).
+        # Last, once every input is known good: it asks Google. The hosts' account is the one their
+        # slices are made with: --service-account, else the profile's, else the project's default.
         bucket = checkpoint_dir.removeprefix("gs://").partition("/")[0]
-        bucket_check.check_bucket(session, bucket, getattr(request, "service_account", None))
+        account = request.placement.service_account or session.settings.service_account
+        bucket_check.check_bucket(session, bucket, account)
     return PreparedRun(
         request=request,
         run_id=run_id,
