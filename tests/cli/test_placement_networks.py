@@ -11,6 +11,7 @@ import httpx
 import pytest
 from compute_cli_helpers import WORLD, compute_get
 
+from tpuctl.sim.iam import ADC_TOKEN
 from tpuctl.testing.backend import InProcessCli
 from tpuctl.testing.cloud import ENDPOINT
 
@@ -35,9 +36,25 @@ SHARED = (
 TYPES = ("v5e-8", "tpu7x-8")
 
 
+#: The project's policy: the caller owns it, and the hosts' accounts (its default one, and the profile's
+#: trainer below) may use it, the checkpoint bucket included.
+IAM = {
+    "tpuctl-sim": [
+        {"role": "roles/owner", "members": ["user:sim-user@example.com"]},
+        {
+            "role": "roles/editor",
+            "members": [
+                "serviceAccount:tpuctl-sim-compute@developer.gserviceaccount.com",
+                "serviceAccount:trainer@tpuctl-sim.iam.gserviceaccount.com",
+            ],
+        },
+    ]
+}
+
+
 @pytest.fixture
 def sim_world() -> dict[str, Any]:
-    return {**WORLD, "networks": NETWORKS}
+    return {**WORLD, "networks": NETWORKS, "iam": IAM}
 
 
 @pytest.mark.parametrize("type_name", TYPES)
@@ -123,7 +140,8 @@ def test_the_profiles_network_and_the_run_plan(sim_cli: InProcessCli, tmp_path: 
 def _network_of(sim_cli: InProcessCli, type_name: str, zone: str) -> dict[str, Any]:
     """The created slice's network interface, as the API that holds it reads it back."""
     if type_name == "v5e-8":
-        with httpx.Client(transport=sim_cli.transport) as http:
+        auth = {"Authorization": f"Bearer {ADC_TOKEN}"}  # as tpuctl calls it
+        with httpx.Client(transport=sim_cli.transport, headers=auth) as http:
             node = http.get(f"{ENDPOINT}/v2/projects/tpuctl-sim/locations/{zone}/nodes/p").json()
         return dict(node["networkConfig"])
     instance = compute_get(sim_cli.admin, f"zones/{zone}/instances/p", transport=sim_cli.transport).json()
