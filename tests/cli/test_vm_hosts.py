@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from tpuctl.sim import SimAdminClient
+from tpuctl.sim.iam import ADC_TOKEN
 from tpuctl.testing.cli import Cli
 
 WORLD: dict[str, Any] = {
@@ -151,11 +152,12 @@ def test_a_runs_programs_keep_jaxs_compilation_cache_in_its_bucket(
         (host,) = result.json["plan"]["hosts"]
         return dict(host["env"])
 
-    planned = env("--checkpoint-dir", "gs://team-ckpt/exp/1")
+    # A bucket that exists (the simulator's own): the run checks its hosts can use it before planning.
+    planned = env("--checkpoint-dir", "gs://tpuctl-sim/exp/1")
     run_prefix = planned["TPUCTL_CHECKPOINT_DIR"]
-    assert run_prefix == "gs://team-ckpt/exp/1"
+    assert run_prefix == "gs://tpuctl-sim/exp/1"
     cache = planned["JAX_COMPILATION_CACHE_DIR"]
-    assert cache.startswith("gs://team-ckpt/tpuctl/runs/") and cache.endswith("/compilation-cache")
+    assert cache.startswith("gs://tpuctl-sim/tpuctl/runs/") and cache.endswith("/compilation-cache")
     assert planned["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] == "0"
     # The user's own settings win; without the runtime's packages (etils, gcsfs) JAX could not open a
     # gs:// cache, so none is set.
@@ -296,7 +298,8 @@ def assert_logged_in_through_os_login(admin: SimAdminClient, state_dir: Path) ->
     user), with the run's own key, imported into the principal's profile with an expiry."""
     accepted = logins(state_dir)
     assert accepted and all(line.startswith(f"Accepted publickey for {POSIX} from ") for line in accepted)
-    profile = httpx.get(f"{admin.base_url}/v1/users/{PRINCIPAL}/loginProfile").json()
+    auth = {"Authorization": f"Bearer {ADC_TOKEN}"}  # the principal's own credentials, as tpuctl's
+    profile = httpx.get(f"{admin.base_url}/v1/users/{PRINCIPAL}/loginProfile", headers=auth).json()
     (entry,) = profile["sshPublicKeys"].values()
     assert int(entry["expirationTimeUsec"]) > 0
     (node,) = admin.status()["nodes"]

@@ -140,6 +140,7 @@ class Guard:
             }
         ]
         if self.dialect == "compute":
+            # Here, not at the top: the compute package imports the engine, which imports this module.
             from tpuctl.sim.compute.errors import ComputeError
 
             return ComputeError(
@@ -149,7 +150,7 @@ class Guard:
 
     def denied(self, permission: str, resource: str) -> ApiError:
         if self.dialect == "compute":
-            from tpuctl.sim.compute.errors import ComputeError
+            from tpuctl.sim.compute.errors import ComputeError  # (see unauthenticated)
 
             return ComputeError(403, f"Required '{permission}' permission for '{resource}'", "forbidden")
         message = (
