@@ -47,6 +47,8 @@ _FAULTY_SURFACES = ("/v2/", "/v2alpha1/", "/v1/", "/compute/v1/")
 #: Where an ambiguous drop may follow a mutation: the TPU API's and Compute Engine's.
 _AMBIGUOUS_SURFACES = ("/v2/", "/compute/v1/")
 _MUTATIONS = frozenset({"POST", "PATCH", "DELETE"})
+#: Queries Google takes as a POST (Policy Troubleshooter's): they change nothing, so no mutation is noted.
+_QUERIES = ("/v1/iam:troubleshoot",)
 
 
 class _Drop(Exception):
@@ -372,7 +374,7 @@ class _Handler(BaseHTTPRequestHandler):
         engine = self.server.engine
         if not request.path.startswith(_FAULTY_SURFACES):
             return dispatch(engine, request)
-        if request.method in _MUTATIONS:
+        if request.method in _MUTATIONS and not request.path.startswith(_QUERIES):
             engine.note_mutation(request.method, request.path)
         self._inject_latency(engine)
         self._inject_transient(engine, request.method, request.path)
