@@ -667,6 +667,7 @@ class Supervisor:
                 soft_wait_s=self.policy.checkpoint_wait_s,
                 on_started=lambda executor, setup_s: self._on_started(attempt, executor, setup_s),
                 may_start=self._may_start,
+                stopping=self._stopping,
             )
         finally:
             watch.close()
@@ -818,6 +819,12 @@ class Supervisor:
         start): not once the budget stopped it while the hosts were being set up."""
         with self._lock:
             return self._stop_reason is not Outcome.BUDGET
+
+    def _stopping(self) -> bool:
+        """Whether this attempt's hosts were told to stop (the attempt loop then announces no host's
+        death by that stop as a failure)."""
+        with self._lock:
+            return self._stop_reason is not None
 
     def _join_stopper(self) -> None:
         stopper = self._stopper
