@@ -194,7 +194,13 @@ def _env_steps(spec: SetupSpec, key: str) -> str:
     resolving, only its hashes), then the user's requirements, resolved against what the lock installed."""
     tag = f"TPUCTL_SETUP_{key[:16]}"
     install = 'step "$uv" pip install --quiet --python "$env/bin/python"'
-    steps = [f'step "$uv" venv --quiet --python {shlex.quote(spec.python)} "$env"\n']
+    # The image's own python<version> by path where it has one: uv's search skips interpreters that are
+    # themselves virtual environments (the simulator's image is one), an explicit path it takes as given.
+    python = shlex.quote(spec.python)
+    steps = [
+        f"python=$(command -v python{python} || echo {python})\n",
+        'step "$uv" venv --quiet --python "$python" "$env"\n',
+    ]
     if spec.runtime is not None:
         text = runtime_requirements(spec.runtime).rstrip("\n")
         steps.append(_FILE.format(name="tpuctl-runtime.txt", tag=tag, text=text))
