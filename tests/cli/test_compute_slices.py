@@ -239,7 +239,8 @@ def test_a_tpu7x_8_spot_run_reaches_its_host_on_a_project_that_enables_no_guest_
     script = tmp_path / "user" / "hello.py"
     script.parent.mkdir()
     script.write_text(
-        "import os, zipp\nprint('hello from', os.environ['TPUCTL_ACCELERATOR_TYPE'], zipp.__name__, flush=True)\n"
+        "import os, zipp\n"
+        "print('hello from', os.environ['TPUCTL_ACCELERATOR_TYPE'], zipp.__name__, flush=True)\n"
     )
     requirements = tmp_path / "requirements.txt"
     requirements.write_text("zipp\n")
