@@ -256,11 +256,13 @@ def test_failing_command_fails_and_is_named(image: Path, mirror_url: str, tmp_pa
 
 
 def test_user_requirements_from_the_mirror(image: Path, mirror_url: str, tmp_path: Path) -> None:
-    """User requirements install into the environment too (here a small wheel the mirror has)."""
+    """User requirements install into the environment too (here a small wheel the mirror has), and a
+    setup command can run ``uv pip install`` as tpuctl's fix for a missing module says."""
     env = _host_env(image, tmp_path, mirror_url)
     _bring_uv(env)
-    spec = SetupSpec(None, "zipp\n", ("python -c 'import zipp; print(zipp.__name__)'",))
+    check = "python -c 'import zipp, typing_extensions; print(zipp.__name__)'"
+    spec = SetupSpec(None, "zipp\n", ("uv pip install --quiet typing_extensions", check))
     rc, lines, _ = _run(setup_script(spec), env)
     assert rc == 0, "\n".join(lines)
     assert "zipp" in lines
-    assert failed_command(lines) == "python -c 'import zipp; print(zipp.__name__)'"
+    assert failed_command(lines) == check
