@@ -153,7 +153,7 @@ rm -rf "$env"
 _UV = r"""uv={uv}
 case $uv in /*) ;; *) uv=$HOME/$uv ;; esac
 step test -x "$uv"
-# On PATH too, so a --setup command can run `uv pip install ...` (the fix tpuctl suggests for a missing module).
+# On PATH too, so a --setup command can run `uv pip install ...` (the fix suggested for a missing module).
 export PATH="${{uv%/uv}}:$PATH"
 # The environment's files are hard links into uv's cache (same disk), and nothing is byte-compiled at
 # install time: Python compiles what it imports, on first import.
