@@ -175,7 +175,8 @@ def _ship_and_start(
     )
     if not may_start():
         return None
-    setup_s = hostsetup.run_setup(observer, executor, prepared, streams.logs)
+    wheels = session.backend.host_wheelhouse or session.settings.sim_wheelhouse
+    setup_s = hostsetup.run_setup(observer, executor, prepared, streams.logs, uv_wheelhouse=wheels)
     hostsetup.check_imports(observer, executor, prepared)
     if not may_start():
         return None

@@ -40,11 +40,18 @@ _CHECK_CODE = (
 
 
 def run_setup(
-    observer: LaunchObserver, executor: Executor, prepared: PreparedRun, logs: Mapping[int, HostLog]
+    observer: LaunchObserver,
+    executor: Executor,
+    prepared: PreparedRun,
+    logs: Mapping[int, HostLog],
+    *,
+    uv_wheelhouse: Path | None,
 ) -> float:
-    """Run the setup on every host; returns the seconds it took (every host done). Raises
-    RunFailedError naming the first failed host and command."""
+    """Run the setup on every host, after bringing them uv (the pinned wheel from ``uv_wheelhouse``)
+    where it installs anything; returns the seconds it took (every host done). Raises RunFailedError
+    naming the first failed host and command."""
     from tpuctl.hosts.setup import RUN_SCRIPT_FROM_STDIN, failed_command, finished, setup_script
+    from tpuctl.hosts.uv_tool import bring_uv
 
     spec = prepared.setup
     hosts = executor.num_hosts
@@ -67,6 +74,9 @@ def run_setup(
     observer.phase(PhaseUpdate(title, done=0, total=hosts))
     started = time.monotonic()
     done = 0
+    if spec.needs_env:
+        sent = bring_uv(executor, prepared.request.ssh_remote_root, [uv_wheelhouse] if uv_wheelhouse else [])
+        observer.detail(None, f"uv on {hosts} hosts ({sent} sent it, {hosts - sent} had it)")
 
     def on_line(worker: int, text: str) -> None:
         nonlocal done
