@@ -17,12 +17,16 @@ from __future__ import annotations
 
 import hashlib
 import shlex
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tpuctl.errors import ConfigError, RunFailedError
 from tpuctl.hosts.base import Executor
+
+if TYPE_CHECKING:
+    import httpx
 
 UV_VERSION = "0.13.9"
 
@@ -58,9 +62,16 @@ def host_uv(remote_root: str, wheel: UvWheel = HOST_WHEEL) -> str:
     return f"{host_uv_dir(remote_root, wheel)}/uv"
 
 
-def local_wheel(wheelhouses: Iterable[Path], wheel: UvWheel = HOST_WHEEL) -> bytes:
-    """The pinned wheel's bytes from the first of ``wheelhouses`` that has it, checked against the pin.
-    Raises ConfigError (naming where it looked) when none has it or it does not match."""
+def local_wheel(
+    wheelhouses: Iterable[Path],
+    wheel: UvWheel = HOST_WHEEL,
+    *,
+    download: Callable[[UvWheel], bytes] | None = None,
+) -> bytes:
+    """The pinned wheel's bytes from the first of ``wheelhouses`` that has it, checked against the pin;
+    else from ``download`` (``download_wheel``: a machine that never ran scripts/setup, e.g. tpuctl
+    installed from PyPI, driving Google). Raises ConfigError (naming where it looked) when none has it,
+    it does not match, or there is no download."""
     looked = []
     for directory in wheelhouses:
         path = directory / wheel.filename
@@ -74,6 +85,8 @@ def local_wheel(wheelhouses: Iterable[Path], wheel: UvWheel = HOST_WHEEL) -> byt
                 fix=f"delete it and run scripts/setup, which downloads uv=={UV_VERSION} again",
             )
         return data
+    if download is not None:
+        return download(wheel)
     raise ConfigError(
         f"the uv wheel the hosts need ({wheel.filename}) is not in {', '.join(looked) or 'any wheelhouse'}",
         fix="run scripts/setup (it keeps the pinned uv wheel in the wheelhouse), or point "
@@ -119,16 +132,23 @@ _PROBE_TIMEOUT_S = 60.0
 _INSTALL_TIMEOUT_S = 300.0
 
 
-def bring_uv(executor: Executor, remote_root: str, wheelhouses: Iterable[Path]) -> int:
+def bring_uv(
+    executor: Executor,
+    remote_root: str,
+    wheelhouses: Iterable[Path],
+    *,
+    download: Callable[[UvWheel], bytes] | None = None,
+) -> int:
     """Make this uv present on every host of ``executor``: probe them all, send the wheel to those that
-    lack it; returns how many were sent it. Raises RunFailedError naming the first host that failed."""
+    lack it (``local_wheel``); returns how many were sent it. Raises RunFailedError naming the first host
+    that failed."""
     probes = executor.run_command(
         probe_command(remote_root), on_line=lambda w, t: None, timeout_s=_PROBE_TIMEOUT_S
     )
     lacking = sorted(w for w, r in probes.items() if not any(PRESENT in line for line in r.tail))
     if not lacking:
         return 0
-    wheel = local_wheel(wheelhouses)
+    wheel = local_wheel(wheelhouses, download=download)
     results = executor.run_command(
         install_command(remote_root),
         on_line=lambda w, t: None,
@@ -146,3 +166,48 @@ def bring_uv(executor: Executor, remote_root: str, wheelhouses: Iterable[Path]) 
             fix="check the host's free disk space and that its image has sha256sum and python3",
         )
     return len(lacking)
+
+
+#: PyPI's simple index, JSON form (PEP 691): each file's name, URL and sha256.
+PYPI_SIMPLE_URL = "https://pypi.org/simple/uv/"
+_PYPI_JSON = "application/vnd.pypi.simple.v1+json"
+
+
+def download_wheel(wheel: UvWheel, cache_dir: Path, *, client: httpx.Client | None = None) -> bytes:
+    """The pinned wheel from PyPI (found through its simple index, PEP 691), checked against the pin
+    and kept in ``cache_dir`` by atomic rename (the next run reads it from there: it is one of the
+    wheelhouses the caller gives ``local_wheel``). ConfigError naming the index and the fix when it
+    cannot be had."""
+    import httpx
+
+    from tpuctl.store.paths import atomic_write_bytes, ensure_private_dir
+
+    own = client is None
+    http = client or httpx.Client(timeout=60.0, follow_redirects=True)
+    try:
+        index = http.get(PYPI_SIMPLE_URL, headers={"Accept": _PYPI_JSON})
+        index.raise_for_status()
+        files = [f for f in index.json().get("files", []) if f.get("filename") == wheel.filename]
+        if not files or (files[0].get("hashes") or {}).get("sha256") != wheel.sha256:
+            raise ConfigError(
+                f"PyPI's index ({PYPI_SIMPLE_URL}) lists no {wheel.filename} with sha256 {wheel.sha256}",
+                fix="run scripts/setup on this machine (it keeps the pinned uv wheel), or set "
+                "TPUCTL_SIM_WHEELHOUSE to a directory that has it",
+            )
+        data = http.get(str(files[0]["url"])).raise_for_status().content
+    except httpx.HTTPError as exc:
+        raise ConfigError(
+            f"cannot download the uv wheel the hosts need from PyPI ({exc})",
+            fix="check this machine's network, or run scripts/setup (it keeps the pinned uv wheel), or set "
+            "TPUCTL_SIM_WHEELHOUSE to a directory that has it",
+        ) from None
+    finally:
+        if own:
+            http.close()
+    if hashlib.sha256(data).hexdigest() != wheel.sha256:
+        raise ConfigError(
+            f"the {wheel.filename} PyPI served does not match its pinned sha256 {wheel.sha256}",
+            fix="try again; if it persists, run scripts/setup and point TPUCTL_SIM_WHEELHOUSE at its wheels",
+        )
+    atomic_write_bytes(ensure_private_dir(cache_dir) / wheel.filename, data)
+    return data

@@ -176,7 +176,14 @@ def _ship_and_start(
     if not may_start():
         return None
     wheels = session.backend.host_wheelhouse or session.settings.sim_wheelhouse
-    setup_s = hostsetup.run_setup(observer, executor, prepared, streams.logs, uv_wheelhouse=wheels)
+    setup_s = hostsetup.run_setup(
+        observer,
+        executor,
+        prepared,
+        streams.logs,
+        uv_wheelhouse=wheels,
+        uv_download_dir=session.state_dir / "wheels",
+    )
     hostsetup.check_imports(observer, executor, prepared)
     if not may_start():
         return None
