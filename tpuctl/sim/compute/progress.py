@@ -6,6 +6,8 @@ in the same transaction, over the node rows they changed.
 - instances whose slice row is gone (deleted) go, completing their delete operation;
 - a preempted slice's instances: a ``compute.instances.preempted`` operation each (DONE, "Instance was
   preempted.", docs/google-facts.md#preemption), then TERMINATED (termination action STOP) or gone (DELETE);
+- a slice stopped by a host maintenance (``tpuctl.sim.engine.maintenance``): a
+  ``compute.instances.terminateOnHostMaintenance`` operation each, and TERMINATED;
 - PENDING flex-start instances take capacity, or give up at their deadline (docs/google-facts.md#flex-start);
 - MIGs make, repair or tear down their slices (``groups``).
 """
@@ -16,7 +18,7 @@ import json
 import sqlite3
 from collections.abc import Callable
 
-from tpuctl.sim.compute import store
+from tpuctl.sim.compute import links, store
 from tpuctl.sim.compute.context import ComputeContext
 from tpuctl.sim.compute.operations import any_due, finish_due, finish_op, insert_op
 from tpuctl.sim.engine.hosts import VmOrder
@@ -59,6 +61,7 @@ class Progress:
                 finish_op(conn, row["project"], row["op_name"], now)
             store.delete(conn, row)
         self._preempted(conn, now)
+        self._maintained(conn, now)
         self._flex_queue(conn, world, now)
         for step in self.group_steps:
             step(conn, world, now)
@@ -94,6 +97,26 @@ class Progress:
             ).fetchone()
             if left is None:  # every VM of the slice deleted (DELETE): its row goes, its hardware is back
                 delete_node_rows(conn, (project, zone, node_id))
+
+    def _maintained(self, conn: sqlite3.Connection, now: float) -> None:
+        """Instances whose slice a host maintenance stopped: TERMINATED, each with the operation Compute
+        Engine records (docs/google-facts.md#host-maintenance). Never restarted: tpuctl asks
+        ``automaticRestart: false``."""
+        for row in conn.execute(_JOINED + " AND n.state = 'TERMINATED' AND i.status IS NULL").fetchall():
+            zone = store.zone_of(row)
+            target = links.link(row["project"], "zones", zone, store.INSTANCES, row["name"])
+            op = insert_op(
+                conn,
+                row["project"],
+                row["location"],
+                "compute.instances.terminateOnHostMaintenance",
+                target,
+                row["id"],
+                now,
+                status_message="Instance terminated for host maintenance.",
+            )
+            finish_op(conn, row["project"], op, now)
+            store.update(conn, row, status="TERMINATED", extra={**store.extra(row), "last_stop": now})
 
     def _flex_queue(self, conn: sqlite3.Connection, world: World, now: float) -> None:
         for row in conn.execute(
