@@ -1,14 +1,13 @@
 """Host maintenance as the simulator plays it (``tpuctl sim maintenance``): the notice on the metadata
-server, the VMs' stop when it runs out, then REPAIRING and READY again (the same node) for an on-demand TPU API
-node, TERMINATED for a spot one. The processes killed are the VM's, found by the marker its
-sshd sets (a process here carries it itself)."""
+server, the VMs' stop when it runs out, then REPAIRING and READY again (the same node) for an on-demand
+TPU API node, TERMINATED for a spot one. The processes killed are the VM's, found by the marker its sshd
+sets (a process here carries it itself)."""
 
 from __future__ import annotations
 
 import signal
 import subprocess
 from collections.abc import Callable
-from pathlib import Path
 
 import httpx
 import pytest
@@ -30,7 +29,9 @@ KEY = "instance/maintenance-event"
 def _vm_process(spawn: Spawn, client: tpu_v2.TpuClient, node_id: str) -> subprocess.Popen[bytes]:
     """A process of host 0 of the node's VM, that ignores SIGTERM (only the stop's SIGKILL ends it)."""
     uid = client.get_node(name=f"{PARENT}/nodes/{node_id}").id
-    script = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nwhile True: time.sleep(0.01)\n"
+    script = (
+        "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nwhile True: time.sleep(0.01)\n"
+    )
     return spawn(script, env={"PATH": "/usr/bin:/bin", VM_MARKER: f"{uid}/0"})
 
 

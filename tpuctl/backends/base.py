@@ -17,7 +17,8 @@ What lives here, and nowhere else:
 * what a host's program needs beyond the worker contract (:meth:`Backend.host_env`: the simulator's CPU
   stand-in for the chips) and which pinned runtime set its setup installs (``runtime``);
 * where checkpoints go when the user names no bucket (``default_bucket``);
-* the preemption notice's grace, where the backend can tell it (:meth:`Backend.notice_grace_s`);
+* the preemption notice's grace, where the backend can tell it (:meth:`Backend.notice_grace_s`), and the
+  maintenance notice's (:meth:`Backend.maintenance_notice_s`);
 * where price refreshes come from when no billing endpoint is given (:meth:`Backend.own_prices`);
 * whose time the services read and wait on (:class:`Timekeeping`): the wall clock on the simulator and
   Google, a test's fake clock on ``tpuctl.testing.backend``.
@@ -176,6 +177,11 @@ class Backend(Protocol):
 
     def notice_grace_s(self, cloud: TpuCloud) -> float | None:
         """The preemption notice's grace in real seconds, where the backend can tell (None: unknown)."""
+        ...
+
+    def maintenance_notice_s(self, cloud: TpuCloud) -> float | None:
+        """How long before a host maintenance the metadata server warns, in real seconds, where the
+        backend can tell (None: unknown)."""
         ...
 
     def own_prices(self) -> OwnPrices | None:

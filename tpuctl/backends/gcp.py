@@ -140,5 +140,8 @@ class GcpBackend:
     def notice_grace_s(self, cloud: TpuCloud) -> float | None:
         return None  # Google does not say; the supervisor's default confirmation timeout stands
 
+    def maintenance_notice_s(self, cloud: TpuCloud) -> float | None:
+        return None  # Google does not say per VM; the documented 60 s stands
+
     def own_prices(self) -> OwnPrices | None:
         return None

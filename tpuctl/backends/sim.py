@@ -176,6 +176,12 @@ class SimBackend:
         grace = (world.get("durations") or {}).get("preemption_grace_s")
         return float(grace) if grace is not None else None
 
+    def maintenance_notice_s(self, cloud: TpuCloud) -> float | None:
+        """The world's maintenance notice, in real seconds (the simulator honours it unscaled)."""
+        world = self._sim_status(cloud).get("world") or {}
+        notice = (world.get("durations") or {}).get("maintenance_notice_s")
+        return float(notice) if notice is not None else None
+
     def _sim_status(self, cloud: TpuCloud) -> dict[str, Any]:
         """The simulator's admin status, read once per backend (empty when it cannot be read)."""
         if self._status is None:

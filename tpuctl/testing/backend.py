@@ -126,6 +126,9 @@ class InProcessBackend:
     def notice_grace_s(self, cloud: TpuCloud) -> float | None:
         return float(self.sim.engine.world.durations.preemption_grace_s)
 
+    def maintenance_notice_s(self, cloud: TpuCloud) -> float | None:
+        return float(self.sim.engine.world.durations.maintenance_notice_s)
+
     def own_prices(self) -> OwnPrices:
         return world_prices(self.sim.engine.world, WORLD_SOURCE)
 
