@@ -108,7 +108,8 @@ def test_google_keeps_only_on_demand_and_reserved_tpu_api_vms(
 def test_a_maintenance_notice_is_its_own_outcome_not_a_preemption() -> None:
     seen = progress(maintenance())
     # Whatever the program did: stopped on it with a checkpoint (75), or killed when the VM stopped.
-    for codes in ({0: 75}, {0: -9}, {0: None}):
+    endings: list[dict[int, int | None]] = [{0: 75}, {0: -9}, {0: None}]
+    for codes in endings:
         outcome, source = classify(ended(codes), None, seen, watched(["READY"]), POLICY)
         assert (outcome, source) == (Outcome.MAINTENANCE, "follower-maintenance"), codes
     runtime = progress(maintenance(reporter="runtime"))
