@@ -14,6 +14,8 @@ What lives here, and nowhere else:
 * how a host is reached over SSH: address and port (:meth:`Backend.host_addresses`); every backend's
   hosts are VMs reached over SSH only; where OS Login decides who logs in, how it is reached
   (:meth:`Backend.open_os_login`: its endpoints, with the cloud's credentials);
+* where Cloud Storage is, to read a bucket's location and the caller's permissions on it
+  (:meth:`Backend.open_buckets`);
 * what a host's program needs beyond the worker contract (:meth:`Backend.host_env`: the simulator's CPU
   stand-in for the chips) and which pinned runtime set its setup installs (``runtime``);
 * where checkpoints go when the user names no bucket (``default_bucket``);
@@ -36,6 +38,7 @@ from tpuctl.cloud.retry import RetryPolicy
 
 if TYPE_CHECKING:
     from tpuctl.cloud.base import Node, TpuCloud
+    from tpuctl.cloud.buckets import BucketClient
     from tpuctl.cloud.oslogin import OsLoginAccess
 
 #: A function run when the session closes (a server to stop, a client to close).
@@ -169,6 +172,11 @@ class Backend(Protocol):
     def open_os_login(self, cloud: TpuCloud, closers: list[Closer]) -> OsLoginAccess:
         """OS Login as this backend serves it (the project's setting, the caller, key imports), with the
         credentials ``cloud`` uses; what it opens is closed by ``closers``."""
+        ...
+
+    def open_buckets(self, state_dir: Path, closers: list[Closer]) -> BucketClient:
+        """Cloud Storage as this backend serves it (Google's, or the simulator's emulator for the state
+        in ``state_dir``), with the cloud's credentials; what it opens is closed by ``closers``."""
         ...
 
     def host_env(self, worker: int, addresses: list[HostAddress], chips_per_host: int) -> dict[str, str]:
