@@ -42,6 +42,8 @@ def test_a_zone_is_near_where_the_bucket_keeps_its_data(
 
 def test_what_a_gb_of_checkpoint_costs_between_locations() -> None:
     assert egress_usd_per_gb(bucket("US-CENTRAL1"), "us-central1") == 0.0
+    assert egress_usd_per_gb(bucket("NAM4", "dual-region"), "us-east1") == 0.0
+    assert egress_usd_per_gb(bucket("US", "multi-region"), "us-east5") is None  # charged, rate unknown
     assert egress_usd_per_gb(bucket("US-CENTRAL1"), "us-east1") == 0.02  # same continent
     assert egress_usd_per_gb(bucket("EU", "multi-region"), "europe-west2") == 0.02
     assert egress_usd_per_gb(bucket("US-CENTRAL1"), "asia-southeast1") == 0.08  # between continents

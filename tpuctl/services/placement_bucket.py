@@ -2,8 +2,10 @@
 checkpoint costs to move to a zone that is not (docs/google-facts.md#cloud-storage-buckets).
 
 Every checkpoint a run saves goes from its hosts to the bucket, and every restore comes back: in the
-bucket's region (or its multi-region or dual-region) that is free; elsewhere Cloud Storage bills it as
-data transfer between locations. Pure: the bucket's location is read by the allocator's survey.
+bucket's region or dual-region that is free; read from a multi-region, or anywhere outside the bucket's
+location, Cloud Storage bills it as data transfer. A zone in the bucket's location (its multi-region
+included) is "near" and ranks first among equally priced ones. Pure: the bucket's location is read by the
+allocator's survey.
 """
 
 from __future__ import annotations
@@ -75,10 +77,11 @@ def continent_of(region: str) -> str | None:
 
 
 def egress_usd_per_gb(bucket: BucketLocation, region: str) -> float | None:
-    """What one GB costs between ``bucket`` and a VM in ``region``: 0 in its location; the rate between
-    two locations otherwise, where known here (None: unknown, say so)."""
+    """What one GB costs between ``bucket`` and a VM in ``region``: 0 in its region or dual-region; the
+    rate between two locations otherwise, where known here (None: unknown, say so). Reads from a
+    multi-region are charged even in a region inside it, at a rate not known here."""
     if in_bucket_location(bucket, region):
-        return 0.0
+        return 0.0 if bucket_regions(bucket) is not None else None
     theirs = {continent_of(r) for r in bucket_regions(bucket) or ()} or {_multi_region_continent(bucket)}
     ours = continent_of(region)
     if ours is None or None in theirs:
