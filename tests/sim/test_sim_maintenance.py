@@ -17,6 +17,7 @@ from sim_helpers import PARENT, ZONE, create_ready, make_world, node, spot_node,
 from tpuctl.sim import SimAdminClient, SimServer
 from tpuctl.sim.admin import SimAdminError
 from tpuctl.sim.vms.layout import VM_MARKER
+from tpuctl.testing.cli import invoke
 from tpuctl.testing.clock import wait_for
 
 Spawn = Callable[..., "subprocess.Popen[bytes]"]
@@ -88,7 +89,9 @@ def test_only_a_ready_node_is_maintained_and_only_once_at_a_time(
     server = start_server(make_world(durations={"maintenance_notice_s": 60}))
     client, admin = tpu_client(server.url), connect_admin(server)
     create_ready(client, "m", node("v5litepod-8"))
-    admin.maintenance(ZONE, "m")
+    noticed = invoke(["sim", "maintenance", "m"], env={"TPUCTL_SIM_URL": server.url})  # the operator's way
+    assert noticed.code == 0 and "host maintenance of m in us-central1-a noticed" in noticed.stderr
+    assert admin.metadata(ZONE, "m", 0, KEY) == "TERMINATE_ON_HOST_MAINTENANCE"
     with pytest.raises(SimAdminError) as again:
         admin.maintenance(ZONE, "m")
     assert again.value.http_status == 400 and "already noticed" in again.value.message
