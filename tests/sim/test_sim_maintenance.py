@@ -12,7 +12,7 @@ from collections.abc import Callable
 import httpx
 import pytest
 from google.cloud import tpu_v2
-from sim_helpers import PARENT, ZONE, create_ready, make_world, node, spot_node, tpu_client
+from sim_helpers import PARENT, PROJECT, ZONE, create_ready, make_world, node, spot_node, tpu_client
 
 from tpuctl.sim import SimAdminClient, SimServer
 from tpuctl.sim.admin import SimAdminError
@@ -95,3 +95,28 @@ def test_only_a_ready_node_is_maintained_and_only_once_at_a_time(
     with pytest.raises(SimAdminError) as again:
         admin.maintenance(ZONE, "m")
     assert again.value.http_status == 400 and "already noticed" in again.value.message
+
+
+def test_a_compute_engine_instance_is_terminated_for_maintenance_and_not_restarted(
+    start_server: Callable[..., SimServer], connect_admin: Callable[[SimServer], SimAdminClient]
+) -> None:
+    from compute_helpers import ZONE as COMPUTE_ZONE
+    from compute_helpers import Clients, compute_world, instance_body
+
+    server = start_server(
+        compute_world(durations={"compute_op_s": 10, "node_create_s": 60, **QUICK["durations"]})
+    )
+    c, admin = Clients(server.url), connect_admin(server)
+    c.done(c.instances.insert(project=PROJECT, zone=COMPUTE_ZONE, instance_resource=instance_body("vm")))
+    wait_for(
+        lambda: c.instances.get(project=PROJECT, zone=COMPUTE_ZONE, instance="vm").status == "RUNNING", 10
+    )
+    admin.maintenance(COMPUTE_ZONE, "vm")  # by the instance's own name
+    wait_for(
+        lambda: c.instances.get(project=PROJECT, zone=COMPUTE_ZONE, instance="vm").status == "TERMINATED",
+        10,
+        what="TERMINATED",
+    )
+    ops = c.operations.list(project=PROJECT, zone=COMPUTE_ZONE)
+    (op,) = [o for o in ops if o.operation_type == "compute.instances.terminateOnHostMaintenance"]
+    assert op.target_link.endswith("/instances/vm") and op.status == op.Status.DONE

@@ -171,7 +171,14 @@ def maintenance(
 def _zone_of(admin: SimAdminClient, pod: str) -> str:
     from tpuctl.errors import NotFoundError, UsageError
 
-    zones = sorted({str(n.get("zone")) for n in admin.status().get("nodes", []) if n.get("name") == pod})
+    # A Compute Engine slice's row is named after its instance or MIG (``instances/NAME``).
+    zones = sorted(
+        {
+            str(n.get("zone"))
+            for n in admin.status().get("nodes", [])
+            if n.get("name") == pod or str(n.get("name")).endswith(f"/{pod}")
+        }
+    )
     if not zones:
         raise NotFoundError(f"no simulated slice named {pod!r}", fix="`tpuctl pod list` shows the slices")
     if len(zones) > 1:

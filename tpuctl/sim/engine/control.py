@@ -148,13 +148,20 @@ class Control:
 
     def maintain(self, zone: str, node_id: str, *, project: str | None = None) -> dict[str, Any]:
         """Start a host maintenance of a READY node now, as Google plays one (``maintenance``): the
-        notice, then the VMs stop, then (where Google keeps them) they come back. Returns the node."""
+        notice, then the VMs stop, then (where Google keeps them) they come back. ``node_id``: a TPU API
+        node, or a Compute Engine slice's instance or MIG. Returns the node."""
+        from tpuctl.sim.compute.store import instance_node_id, mig_node_id
+
         now = self.ctx.clock()
         self.timeline.advance(now)
         project = project or self.ctx.world.project
         with self.ctx.db.write() as conn:
-            row = node_row(conn, project, zone, node_id)
-            if row is None:
+            for candidate in (node_id, instance_node_id(node_id), mig_node_id(node_id)):
+                row = node_row(conn, project, zone, candidate)
+                if row is not None:
+                    node_id = candidate
+                    break
+            else:
                 raise not_found(node_name(project, zone, node_id))
             maintenance.start(conn, self.ctx.world, row, now)
             marked = node_json(self.ctx.catalog, existing_node_row(conn, project, zone, node_id))
