@@ -137,6 +137,15 @@ class ConfigError(UsageError):
         return out
 
 
+class NameNotFoundError(UsageError):
+    """A name the user gave (a run, a slice) matches nothing: exit 11, as the cloud's own not-found is, so
+    a script tells "no such thing" from a bad flag the same way for every command; ``field`` and ``value``
+    say which argument named it."""
+
+    exit_code = EXIT_NOT_FOUND
+    kind = "not_found"
+
+
 class UnknownAcceleratorError(UsageError):
     """An accelerator type or size the catalog does not know."""
 

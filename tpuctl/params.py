@@ -310,15 +310,25 @@ def local_path(value: str) -> str:
 # Places
 
 
-def zone(value: str, param: str = "zone", *, known: Collection[str] | None = None) -> str:
+def zone(
+    value: str,
+    param: str = "zone",
+    *,
+    known: Collection[str] | None = None,
+    suggest_from: Collection[str] | None = None,
+) -> str:
     """A zone, shaped like ``us-central1-a``; with ``known`` (the catalog's and the backend's zones), one
-    of them. A typo is a usage error (exit 2, "did you mean"), never a capacity problem."""
+    of them. A typo is a usage error (exit 2, "did you mean" among ``suggest_from`` if given, else
+    ``known``), never a capacity problem. A region given as a zone says to use the region setting."""
+    if _REGION_RE.fullmatch(value):
+        raise RegionGivenAsZone(value, param=param)
     try:
         validate_zone(value, field_name=param)
     except UsageError as exc:
         raise ParamError(exc.message, param=param, value=value, fix=exc.fix or "") from None
     if known is not None and value not in known:
-        raise _unknown_place("zone", value, param, known, listing="`tpuctl catalog zones` lists them")
+        near_from = known if suggest_from is None else suggest_from
+        raise _unknown_place("zone", value, param, near_from, listing="`tpuctl catalog zones` lists them")
     return value
 
 
@@ -334,6 +344,31 @@ def region(value: str, param: str = "region", *, known: Collection[str] | None =
     if known is not None and value not in known:
         raise _unknown_place("region", value, param, known, listing="`tpuctl catalog zones` lists the zones")
     return value
+
+
+class RegionGivenAsZone(ParamError):
+    """A region where a zone was asked for (``--zone us-central1``): the fix names the region setting,
+    spelled as the zone one was (``--zone`` -> ``--region``, ``TPUCTL_ZONES`` -> ``TPUCTL_REGION``,
+    ``profiles.P.zones`` -> ``profiles.P.region``); an argument (``ZONE``) has no region sibling."""
+
+    def __init__(self, value: str, *, param: str) -> None:
+        self.region = value
+        super().__init__(
+            f"{LABEL} {value!r} is a region, not a zone",
+            param=param,
+            value=value,
+            fix=f"{_REGION_FIX}name one of its zones (`tpuctl catalog zones` lists them)",
+        )
+
+    def _render(self, text: str, label: str) -> str:
+        argument = self.param.isupper() and self.param not in FLAGS  # e.g. `sim stockout ZONE`
+        region_label = re.sub(r"(?i)zones?$", lambda m: "REGION" if m[0].isupper() else "region", label)
+        use = "" if argument else f"use {example(region_label, self.region)} (any of its zones), or "
+        return super()._render(text, label).replace(_REGION_FIX, use)
+
+
+# Where RegionGivenAsZone's fix says how to give the region (NUL-marked, like LABEL and EG).
+_REGION_FIX: Final = "\0region\0"
 
 
 def did_you_mean(value: str, choices: Iterable[str]) -> str | None:

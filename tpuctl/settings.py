@@ -151,6 +151,10 @@ LeaseDuration = Annotated[float, _duration_setting("lease_duration")]
 LeaseRenewEvery = Annotated[float, _duration_setting("lease_renew_every")]
 DEFAULT_LEASE_DURATION_S = 60.0
 DEFAULT_LEASE_RENEW_EVERY_S = 15.0
+#: How long a run's backstop waits for its supervisor to check in before it deletes the run's slice once
+#: the program is over or the run's deadline passed (docs/architecture.md, "The backstop").
+BackstopGrace = Annotated[float, _duration_setting("backstop_grace")]
+DEFAULT_BACKSTOP_GRACE_S = 600.0
 #: How long a run's SSH key imported into OS Login stays valid (renewed before a new connection once half
 #: of it is spent): it bounds how long a key outlives the run, so keys do not pile up in the profile.
 OsLoginKeyTtl = Annotated[float, _duration_setting("os_login_key_ttl")]
@@ -209,6 +213,7 @@ class Profile(BaseModel):
     secret_key_file: Path | None = None
     lease_duration: LeaseDuration | None = None
     lease_renew_every: LeaseRenewEvery | None = None
+    backstop_grace: BackstopGrace | None = None
     # Google: the project user credentials bill API quota to (x-goog-user-project), and the lifetime of
     # the key a run imports into OS Login.
     quota_project: str | None = None
@@ -427,6 +432,7 @@ class Settings(BaseSettings):
     secret_key_file: Path | None = None
     lease_duration: LeaseDuration = DEFAULT_LEASE_DURATION_S
     lease_renew_every: LeaseRenewEvery = DEFAULT_LEASE_RENEW_EVERY_S
+    backstop_grace: BackstopGrace = DEFAULT_BACKSTOP_GRACE_S
     # The project user credentials bill API quota to (google-auth sends it as x-goog-user-project); None:
     # what the ADC file or GOOGLE_CLOUD_QUOTA_PROJECT names, if anything.
     quota_project: str | None = None

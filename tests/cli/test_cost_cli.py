@@ -465,3 +465,65 @@ def test_run_stops_at_its_budget_deletes_the_slice_and_exits_7(
     # The allocator does not record the run on the slices it places for a run yet, so the seconds
     # between the run's last segment and the delete stay with "(none)".
     assert set(groups) <= {run.run_id, "(none)"}
+
+
+# --- the table's figures ------------------------------------------------------------------------------
+
+
+def _run_report(groups: list[dict[str, Any]], totals: Any) -> Any:
+    from tpuctl.services.cost.model import CostReport
+    from tpuctl.services.cost.window import GroupBy
+    from tpuctl.services.prices import PriceSource
+
+    return CostReport(
+        group_by=GroupBy("run"),
+        since=None,
+        until=1e9,
+        now=1e9,
+        groups=groups,
+        totals=totals,
+        by_day=[],
+        preemptions=1,
+        free_preemptions=0,
+        prices=PriceSource("bundled catalog", "2026-01-01", cached=False),
+        groups_total=len(groups),
+    )
+
+
+def _group(key: str, *, steps_reported: bool, hours: float) -> dict[str, Any]:
+    from tpuctl.services.cost.model import CostLine
+
+    line = CostLine(key, slices=1, billed_hours=hours, chip_hours=hours * 8, cost_usd=hours * 9.6,
+                    recomputed_usd=0.0 if not steps_reported else 0.5)  # fmt: skip
+    record = line.to_dict()
+    if not steps_reported:  # as the service marks a run whose program reports no steps
+        record.update(steps=None, recomputed_usd=None, waste_usd=None, steps_reported=False)
+    return record
+
+
+def test_totals_say_unknown_where_the_rows_do_and_short_times_show_their_hours(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from tpuctl.cli.cost_cmds import _render_report
+    from tpuctl.cli.render import Output
+    from tpuctl.services.cost.model import CostLine
+
+    totals = CostLine("total", slices=1, billed_hours=0.0083, chip_hours=0.0664, cost_usd=0.08)
+    _render_report(Output(), _run_report([_group("run-a", steps_reported=False, hours=0.0083)], totals))
+    table = capsys.readouterr().out
+    assert "waste unknown: recomputed work unknown (the program reports no steps)" in table
+    assert "waste 0.00" not in table
+    # 30 s of a slice is 0.0083 hours, not "0.00" beside its cost.
+    (row,) = [line for line in table.splitlines() if line.startswith("run-a")]
+    assert row.split()[1:5] == ["1", "0.0083", "0.066", "0.08"], row
+    assert "for 0.066 chip-hours" in table
+
+    # One run with steps and one without: the known part is a floor, and the total says so.
+    both = [_group("run-a", steps_reported=False, hours=1.0), _group("run-b", steps_reported=True, hours=1.0)]
+    totals = CostLine("total", slices=2, billed_hours=2.0, chip_hours=16.0, cost_usd=19.2, recomputed_usd=0.5)
+    _render_report(Output(), _run_report(both, totals))
+    table = capsys.readouterr().out
+    assert (
+        "waste at least 0.50 USD: recomputed work at least 0.50 USD (unknown for 1 run whose program "
+        "reports no steps)" in table
+    )

@@ -70,6 +70,7 @@ def test_a_dry_run_plans_one_multislice_request_every_slice_its_price_and_each_h
     target = plan["target"]
     assert (target["slices"], target["hosts"], target["hosts_per_slice"]) == (2, 8, 4)
     name = target["pod"]
+    assert name == plan["run_id"]  # a run's slices are named after it
     assert target["slice_names"] == [f"{name}-0", f"{name}-1"]
     create = target["create"]
     (request,) = create["requests"]

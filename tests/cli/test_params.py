@@ -64,6 +64,7 @@ FLAGS: list[tuple[tuple[str, ...], str, tuple[str, ...]]] = [
     (("pod", "create", "v5e-8", "--dry-run", "--strategy", "race"), "--race-k", COUNT),
     (("pod", "create", "v5e-8", "--dry-run", "--queued"), "--valid-for", DURATION),
     (("run", "train.py", "--type", "v5e-8", "--dry-run"), "--budget", POSITIVE),
+    (("run", "train.py", "--type", "v5e-8", "--dry-run"), "--max-hours", POSITIVE),
     (("run", "train.py", "--type", "v5e-8", "--dry-run"), "--timeout", DURATION),
     (("run", "train.py", "--type", "v5e-8", "--dry-run"), "--grace", GRACE),
     (("run", "train.py", "--type", "v5e-8", "--dry-run"), "--checkpoint-every", COUNT),
@@ -201,7 +202,6 @@ def test_an_infinite_price_cap_from_the_environment_exits_2(
     [
         (("pod", "create", "--dry-run"), "TYPE"),
         (("cost", "estimate", "--"), "TYPE"),
-        (("runs", "describe"), "RUN"),
         (("pod", "describe"), "NAME"),
         (("pod", "create", "v5e-8", "--no-such-flag"), "--no-such-flag"),
     ],
@@ -212,6 +212,13 @@ def test_a_missing_argument_or_unknown_option_is_the_field(
     result = cli("-o", "json", *args)
     assert result.code == 2
     assert result.json["field"] == field and result.json["fix"]
+
+
+def test_runs_describe_with_no_runs_is_not_found_naming_the_run(cli: Cli) -> None:
+    # RUN defaults to the latest run: with none, nothing is found (exit 11), as for any name.
+    result = cli("-o", "json", "runs", "describe")
+    assert result.code == 11
+    assert result.json["field"] == "RUN" and result.json["fix"] == "start one with `tpuctl run`"
 
 
 @pytest.mark.parametrize(
@@ -226,8 +233,8 @@ def test_a_missing_argument_or_unknown_option_is_the_field(
 def test_the_capacity_flags_mean_the_same_on_pod_create_and_run(
     cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flags: tuple[str, ...]
 ) -> None:
-    """Each capacity flag adds to the allowed set, and both commands take the cheapest allowed (the
-    README's one meaning); before, `--spot --preemptible` was an error on `run`."""
+    """Each capacity flag adds to the allowed set, and both commands take the cheapest allowed (the one
+    meaning docs/configuration.md gives them); before, `--spot --preemptible` was an error on `run`."""
     (tmp_path / "train.py").write_text("print('hi')\n")
     monkeypatch.chdir(tmp_path)
     create = cli("pod", "create", "v5e-8", *flags, "--dry-run", "-o", "json")
@@ -345,10 +352,17 @@ def test_an_explicit_capacity_flag_wins_over_the_profile_on_run(
             "us-central1",
         ),
         (
-            ("run", "train.py", "--type", "v5e-8", "--zone", "us-central1-x", "--dry-run"),
+            # us-central1-c is as near by spelling, but offers no v5e: the suggestion must offer the type.
+            ("run", "train.py", "--type", "v5e-8", "--zone", "us-central1-z", "--dry-run"),
             "--zone",
-            "us-central1-x",
-            "us-central1-",
+            "us-central1-z",
+            "us-central1-a",
+        ),
+        (
+            ("pod", "create", "v6e-8", "--zone", "us-central1-z", "--dry-run"),
+            "--zone",
+            "us-central1-z",
+            "us-central1-b",
         ),
         (("sim", "stockout", "us-centrl1-a"), "ZONE", "us-centrl1-a", "us-central1-a"),
     ],
@@ -375,6 +389,44 @@ def test_a_typod_zone_or_region_exits_2_with_did_you_mean(
     assert f"use {near}" in error["fix"] or f"use {field} {near}" in error["fix"]
     listed = cli("-o", "json", "pod", "list")
     assert listed.code == 0 and listed.json["pods"] == []
+
+
+@pytest.mark.parametrize(
+    ("command", "env", "config", "field", "fix"),
+    [
+        (("--zone", "us-central1"), {}, "", "--zone", "use --region us-central1 (any of its zones), or "),
+        ((), {"TPUCTL_ZONES": "us-central1"}, "", "TPUCTL_ZONES", "use TPUCTL_REGION=us-central1 "),
+        ((), {}, "zones: [us-central1]", "profiles.default.zones", "use region: us-central1 "),
+    ],
+)
+def test_a_region_given_as_a_zone_says_to_use_the_region_setting(
+    cli: Cli,
+    monkeypatch: pytest.MonkeyPatch,
+    profile: Callable[[str, str], Path],
+    command: tuple[str, ...],
+    env: dict[str, str],
+    config: str,
+    field: str,
+    fix: str,
+) -> None:
+    for name, text in env.items():
+        monkeypatch.setenv(name, text)
+    if config:
+        profile(*config.split(": ", 1))
+    result = cli("-o", "json", "pod", "create", "v5e-8", "--dry-run", *command)
+    assert result.code == 2, result.stderr
+    error = result.json
+    assert (error["field"], error["value"]) == (field, "us-central1"), error
+    assert error["message"].startswith(f"{field} 'us-central1' is a region, not a zone"), error
+    assert error["fix"].startswith(fix), error
+
+
+def test_a_region_given_as_a_zone_argument_has_no_region_to_point_to() -> None:
+    from tpuctl.params import ParamError, zone
+
+    with pytest.raises(ParamError) as info:
+        zone("us-central1", "ZONE")
+    assert info.value.fix == "name one of its zones (`tpuctl catalog zones` lists them)"
 
 
 def test_a_zone_the_backend_offers_beyond_the_catalog_is_accepted() -> None:

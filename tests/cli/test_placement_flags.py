@@ -16,8 +16,8 @@ from tpuctl.cli.placement_flags import PLACEMENT_PARAMS
 from tpuctl.testing.backend import InProcessCli
 
 #: `pod create`'s options that are not placement choices a run makes: the slice's own name and software,
-#: waiting (a run always waits), and the cap on a later run's hours (a run has --timeout).
-POD_CREATE_ONLY = {"--name", "--runtime-version", "--wait", "--no-wait", "--max-hours"}
+#: and waiting (a run always waits).
+POD_CREATE_ONLY = {"--name", "--runtime-version", "--wait", "--no-wait"}
 
 PROGRAM = ("--example", "lm")
 

@@ -91,3 +91,18 @@ def test_text_keeps_quota_ids_whole_and_names_the_family(cli: InProcessCli, env:
     if not env:
         header = lines[1].split()  # under the title
         assert header[:3] == ["QUOTA", "FAMILY", "LOCATION"] and header[-1] == "API"
+
+
+@pytest.mark.parametrize("args", [("tpu7x",), ("--accelerator-type", "tpu7x-16")])
+def test_a_type_or_generation_keeps_only_its_quotas(sim_cli: InProcessCli, args: tuple[str, ...]) -> None:
+    result = sim_cli("quota", *args, "-o", "json")
+    assert result.code == 0, result.stderr
+    assert {(q["quota_id"], q["tpu_family"]) for q in result.json["quotas"]} == {
+        (FAMILY_Q, "TPU7X"),
+        (TPU7X_SPOT_Q, None),
+    }
+
+
+def test_an_unknown_generation_is_exit_2_listing_them(sim_cli: InProcessCli) -> None:
+    result = sim_cli("quota", "v9")
+    assert result.code == 2 and "v5e" in result.stderr

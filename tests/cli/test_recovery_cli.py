@@ -516,7 +516,8 @@ def test_resume_takes_over_every_slice_the_ledger_has_for_the_run(
     # the run restarts from its bucket on a fresh slice.
     assert first.end_reason == {"placing": "deleted", "deleting": "gone", "preempted": "preempted"}[died]
     assert first.deleted_at is not None and len(pods) == 2
-    assert resumed.json["run"]["pod"] != placed.name
+    # Both named after the run: the resumed one with its restart number (the old one may be deleting).
+    assert placed.name == run_id and resumed.json["run"]["pod"].startswith(f"{run_id}-r")
 
 
 @pytest.mark.parametrize("command", ["resume", "cancel"])
@@ -875,16 +876,16 @@ def test_with_no_capacity_anywhere_the_recovery_backs_off_with_progress_until_a_
     assert admin.status()["nodes"] == []
 
 
-# --- the README's "bring your own train.py" example -------------------------------------------------------
+# --- docs/runs.md's "bring your own train.py" example -----------------------------------------------------
 
 
-def test_the_readmes_own_train_py_checkpoints_on_the_notice_and_loses_no_step(
+def test_the_documented_train_py_checkpoints_on_the_notice_and_loses_no_step(
     admin: SimAdminClient, cli: Cli, state_dir: Path
 ) -> None:
-    """docs/examples/train.py, as the README shows it: preempted with notice after 5 steps, it checkpoints at
-    the step it stopped at, and the run goes on from there on a new slice with nothing recomputed."""
+    """docs/examples/train.py, as docs/runs.md shows it: preempted with notice after 5 steps, it checkpoints
+    at the step it stopped at, and the run goes on from there on a new slice with nothing recomputed."""
     example = REPO / "docs" / "examples" / "train.py"
-    assert example.read_text() in (REPO / "README.md").read_text()  # the README shows this very file
+    assert example.read_text() in (REPO / "docs" / "runs.md").read_text()  # the page shows this very file
     chaos = Chaos(admin, state_dir, [Preempt(1, 5, notice=True)]).start()
     try:
         result = cli("run", str(example), "--type", "v5e-4", "--spot", "--env", "STEPS=40", "-o", "json")

@@ -66,7 +66,7 @@ def test_bad_input_exits_2_with_the_value_and_the_fix(
     cases: list[tuple[list[str], str, str, str]] = [
         ([missing, "--type", "v5e-8"], "SCRIPT", missing, "check the path"),
         (["--example", "gpt5", "--type", "v5e-8"], "--example", "gpt5", "use one of: lm"),
-        ([str(script), "--pod", "ghost"], "--pod", "ghost", "`tpuctl pod list` shows the slices"),
+
         ([str(script), "--pod", "busy"], "--pod", "busy", "wait until `tpuctl pod list` shows it READY"),
         ([str(script), "--type", "v5e-8", "--env", "NOEQUALS"], "--env", "NOEQUALS", "--env NAME=value"),
         ([str(script), "--type", "v5e-8", "--env", "1X=2"], "--env", "1X=2", "--env NAME=value"),
@@ -94,9 +94,37 @@ def test_bad_input_exits_2_with_the_value_and_the_fix(
             assert value in error["message"] or value in result.stderr
         assert fix in error["fix"], error
         assert "fix:" in result.stderr
+    # A slice that does not exist is a not-found, as `pod delete ghost` is: exit 11.
+    ghost = cli("run", "-o", "json", str(script), "--pod", "ghost")
+    assert ghost.code == 11, ghost.stderr
+    assert ghost.json["error"] == "not_found" and ghost.json["field"] == "--pod"
+    assert "`tpuctl pod list` shows the slices" in ghost.json["fix"]
     # Nothing was started or recorded for any of them; the one slice is the preempted one.
     assert cli("runs", "list", "-o", "json").json["runs"] == []
     assert [n["name"] for n in admin.status()["nodes"]] == ["busy"]
+
+
+def test_a_missing_import_is_refused_before_any_create_request_reaches_the_simulator(
+    tmp_path: Path, admin: SimAdminClient, cli: Cli
+) -> None:
+    work = tmp_path / "proj"
+    write(work / "train.py", "import jax\nimport helpers\n")
+    write(work / "helpers.py", "import os\nimport wandb_not_installed\n")
+    result = cli("run", str(work / "train.py"), "--type", "v5e-8", "-o", "json")
+    assert result.code == 2, result.stderr
+    error = result.json
+    assert error["value"] == "wandb_not_installed" and "imported at helpers.py:2" in error["message"]
+    assert "--requirements" in error["fix"]
+    assert admin.mutations() == []  # no create, no delete: nothing was spent
+    assert cli("runs", "list", "-o", "json").json["runs"] == []
+    # A --setup command may install it: a warning, not a refusal (the dry run shows what would happen).
+    warned = cli("run", str(work / "train.py"), "--type", "v5e-8", "--setup", "true", "--dry-run")
+    assert warned.code == 0, warned.stderr
+    assert "cannot tell whether the hosts will have wandb_not_installed" in warned.stderr
+    # --no-import-check: not even a warning.
+    unchecked = cli("run", str(work / "train.py"), "--type", "v5e-8", "--no-import-check", "--dry-run")
+    assert unchecked.code == 0 and "wandb_not_installed" not in unchecked.stderr
+    assert admin.mutations() == []
 
 
 def test_preempted_pod_message_names_its_state(tmp_path: Path, admin: SimAdminClient, cli: Cli) -> None:
@@ -294,7 +322,7 @@ def test_second_run_on_a_pod_does_not_ship_the_unchanged_bundle(
 ) -> None:
     script = write(tmp_path / "proj" / "hi.py", "import os; print('hi', os.environ['TPUCTL_WORKER_ID'])\n")
     assert cli("pod", "create", "v5e-16", "--zone", "us-central1-a", "--name", "warm").code == 0
-    first = cli("run", str(script), "--no-runtime-deps", "--pod", "warm")
+    first = cli("run", str(script), "--no-runtime-deps", "--pod", "warm", "-v")  # -v: shipping is a detail
     assert first.code == 0 and "(4 copied, 0 already had it)" in first.stderr
     second = cli("run", str(script), "--no-runtime-deps", "--pod", "warm", "-o", "json")
     assert second.code == 0

@@ -308,3 +308,25 @@ def test_an_instance_with_no_network_named_is_on_the_projects_default_one() -> N
     (nic,) = body["networkInterfaces"]
     assert nic["network"] == "projects/p/global/networks/default" and "subnetwork" not in nic
     assert "tags" not in body and body["serviceAccounts"][0]["email"] == "default"
+
+
+def test_a_one_host_slice_with_a_deadline_is_deleted_by_compute_engine_itself() -> None:
+    """docs/google-facts.md#backstop: terminationTime (RFC 3339) with DELETE, on a one-host slice that is
+    not spot (its one termination action is STOP, for preemptions) nor flex-start (maxRunDuration)."""
+    at = 1_800_000_000.0
+    body = shapes.instance_body(request(terminate_at=at), _tpu7x("tpu7x-8"), project="p")
+    assert body["scheduling"]["terminationTime"] == "2027-01-15T08:00:00Z"
+    assert body["scheduling"]["instanceTerminationAction"] == "DELETE"
+    assert _unknown_fields(body, "Instance") == []
+    for other in (
+        shapes.instance_body(
+            request(terminate_at=at, capacity=CapacityType.SPOT), _tpu7x("tpu7x-8"), project="p"
+        ),
+        shapes.instance_body(
+            request(terminate_at=at, flex_valid_for_s=600.0), _tpu7x("tpu7x-8"), project="p"
+        ),
+        shapes.template_body(request(type_name="tpu7x-16", terminate_at=at), _tpu7x("tpu7x-16"), project="p")[
+            "properties"
+        ],
+    ):
+        assert "terminationTime" not in other["scheduling"]

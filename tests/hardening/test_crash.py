@@ -370,7 +370,11 @@ def _trigger(
         outran: list[bool] = []  # the run ended its slice before the preemption reached it
 
         def preempted(run: _Watched, log: Path | None) -> bool:
-            ready = [m for line in list(run.lines) if (m := re.search(r"tpuctl: (\S+) is READY in", line))]
+            ready = [
+                m
+                for line in list(run.lines)
+                if (m := re.search(r"tpuctl: creating (\S+) .*… READY in", line))
+            ]
             if outran or not ready or not steps(log):
                 return False
             # In this process: a `tpuctl` started for it takes seconds on a loaded machine, long enough
@@ -409,6 +413,7 @@ def _kill_run(
         accelerator_type,
         "--checkpoint-every",
         "4",
+        "-v",  # every step of tpuctl's is said as it begins: what the kill triggers watch for
         *HOST_XLA_ENV,
         "--",
         *RUN_LM,

@@ -409,7 +409,7 @@ def test_launcher_runs_a_2_host_slice_over_ssh_via_the_nodes_endpoints(
     import tpuctl.hosts.ssh
     from tpuctl.services.placement_choices import PlacementChoices
     from tpuctl.services.run.launcher import Launcher
-    from tpuctl.services.run.model import RecoveryPolicy, RunRequest
+    from tpuctl.services.run.model import PhaseUpdate, RecoveryPolicy, RunRequest
     from tpuctl.services.run.service import Runs
     from tpuctl.services.session import open_session
     from tpuctl.settings import load_settings
@@ -459,6 +459,12 @@ def test_launcher_runs_a_2_host_slice_over_ssh_via_the_nodes_endpoints(
                 lines.append((worker, text))
 
             def status(self, text: str) -> None:
+                pass
+
+            def phase(self, update: PhaseUpdate) -> None:
+                pass
+
+            def detail(self, worker: int | None, text: str) -> None:
                 pass
 
         evil = f"$(touch {tmp_path / 'pwned'})"

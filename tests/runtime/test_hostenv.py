@@ -55,7 +55,7 @@ def test_sim_host_env_is_exactly_the_contract() -> None:
 
 def test_sim_host_env_options() -> None:
     env = _env(metadata_host="127.16.0.2:8080", base_pythonpath="/x:/y")
-    assert env["GCE_METADATA_HOST"] == env["GCE_METADATA_IP"] == "127.16.0.2:8080"
+    assert env["GCE_METADATA_HOST"] == env["GCE_METADATA_IP"] == env["GCE_METADATA_ROOT"] == "127.16.0.2:8080"
     assert env["PYTHONPATH"].split(os.pathsep)[-2:] == ["/x", "/y"]
 
 

@@ -135,10 +135,13 @@ def test_max_price_below_every_candidate_exits_6_with_each_price(
     error = real.json
     assert error["error"] == "over_price_cap"
     assert error["message"] == (
-        "every candidate for v5litepod-16 is over the price cap of 2.50 USD/h: "
+        "every priced candidate for v5litepod-16 is over the price cap of 2.50 USD/h: "
         "us-central1-a spot 3.92 USD/h; us-west4-a spot 7.68 USD/h; us-east5-b spot 9.60 USD/h"
     )
-    assert error["fix"] == "raise --max-price, or choose a smaller type or fewer slices"
+    assert error["fix"] == (
+        "raise --max-price to 3.92, the smallest cap that would place it (us-central1-a spot), "
+        "or choose a smaller type or fewer slices"
+    )
     assert [c["price_per_hour"] for c in error["candidates"]] == [
         pytest.approx(3.92),
         pytest.approx(7.68),

@@ -225,3 +225,41 @@ def test_candidate_zones() -> None:
         "us-central1-f",
     ]
     assert candidate_zones(V5E) == sorted(V5E.generation.zones)
+
+
+def test_over_cap_names_priced_candidates_apart_and_the_smallest_cap_that_places() -> None:
+    req = request(max_price=1.0)  # spot v5e-16: 3.92 USD/h in us-central1-a, 7.68 in us-west4-a
+    zones = ["us-central1-a", "us-west4-a", "us-west1-c"]  # us-west1 has no price in the catalog
+    # No room in us-central1-a's zone quota: a higher cap would place the request in us-west4-a.
+    book = QuotaBook(CATALOG, limits(**{f"{SP_Z}@us-central1-a": 8}), [])
+    offers = {z: Offer(True) for z in zones}
+    plan = decide(
+        req, build_candidates(req, catalog=CATALOG, book=book, zones=zones, offers=offers), zones=zones
+    )
+    assert plan.verdict is Verdict.OVER_PRICE_CAP
+    assert plan.message == (
+        "every priced candidate for v5litepod-16 is over the price cap of 1.00 USD/h: "
+        "us-central1-a spot 3.92 USD/h; us-west4-a spot 7.68 USD/h; "
+        "no known price (so the cap cannot be checked) for us-west1-c spot"
+    )
+    assert plan.fix == (
+        "raise --max-price to 7.68, the smallest cap that would place it (us-west4-a spot), "
+        "or choose a smaller type or fewer slices"
+    )
+    raised = request(max_price=7.68)
+    cands = build_candidates(raised, catalog=CATALOG, book=book, zones=zones, offers=offers)
+    assert [c.zone for c in decide(raised, cands, zones=zones).order] == ["us-west4-a"]
+
+
+def test_over_cap_with_no_price_anywhere_says_the_cap_cannot_be_checked() -> None:
+    req = request(max_price=1.0)
+    book = QuotaBook(CATALOG, limits(), [])
+    zones = ["us-west1-c"]
+    cands = build_candidates(req, catalog=CATALOG, book=book, zones=zones, offers={"us-west1-c": Offer(True)})
+    plan = decide(req, cands, zones=zones)
+    assert plan.verdict is Verdict.OVER_PRICE_CAP
+    assert plan.message == (
+        "no candidate for v5litepod-16 has a known price, so the price cap of 1.00 USD/h cannot be "
+        "checked anywhere: us-west1-c spot"
+    )
+    assert plan.fix is not None and plan.fix.startswith("drop --max-price")

@@ -108,6 +108,17 @@ def test_deadline_stops_before_running_past_it(clock: FakeClock) -> None:
     assert guard.check(next_step_s=60).action is Action.STOP  # would end at 3610 s
 
 
+def test_a_runs_own_deadline_caps_the_slices_and_the_earlier_one_wins(clock: FakeClock) -> None:
+    """``run --max-hours``: the run's deadline, counted from the run's start, beside a slice's label."""
+    guard = BudgetGuard(clock=clock, deadline=T0 + 7200, deadline_start=T0)
+    guard.cap_deadline(T0 + 3600, T0 - 600)  # the run started before its slice was READY
+    assert (guard.deadline, guard.deadline_start) == (T0 + 3600, T0 - 600)
+    guard.cap_deadline(T0 + 9000, T0)  # a later one changes nothing
+    assert guard.deadline == T0 + 3600
+    clock.advance_to(T0 + 3550)
+    assert guard.check(next_step_s=60).action is Action.STOP  # no USD limit: the time alone stops it
+
+
 def test_guard_refuses_a_bad_limit() -> None:
     with pytest.raises(ValueError):
         BudgetGuard(limit_usd=-1.0)

@@ -11,7 +11,8 @@ from tpuctl.testing.backend import InProcessCli
 from tpuctl.testing.cli import Cli
 
 CHECKS = ["config file", "profile", "backend", "credentials", "project", "api reachable", "quotas readable",
-          "os login", "compute permission", "guest attributes", "bucket", "state dir", "ledger"]  # fmt: skip
+          "os login", "compute permission", "guest attributes", "bucket", "backstop", "state dir",
+          "ledger"]  # fmt: skip
 
 
 def test_doctor_on_the_simulator_passes_every_check(sim_cli: InProcessCli, tmp_path: Path) -> None:
@@ -40,6 +41,12 @@ def test_doctor_on_the_simulator_passes_every_check(sim_cli: InProcessCli, tmp_p
     assert detail["bucket"].startswith(
         "gs://tpuctl-sim in US: the caller can write it (storage.objects.create"
     )
+    # What a run's hosts need to delete its slices themselves, named with the account they act as.
+    assert (
+        "the project's Compute Engine default service account, which needs tpu.nodes.delete"
+        in detail["backstop"]
+    )
+    assert "(roles/tpu.admin)" in detail["backstop"] and "after 600 s, backstop_grace" in detail["backstop"]
     table = sim_cli("doctor")
     assert table.code == 0 and "quotas readable" in table.stdout
 
@@ -56,7 +63,7 @@ def test_doctor_without_credentials_on_gcp_shows_the_whole_table_and_exits_13(
     assert status == {
         "config file": "ok", "profile": "ok", "backend": "ok", "credentials": "FAIL", "project": "ok",
         "api reachable": "skipped", "quotas readable": "skipped", "os login": "skipped",
-        "compute permission": "skipped", "guest attributes": "skipped", "bucket": "skipped",
+        "compute permission": "skipped", "guest attributes": "skipped", "bucket": "skipped", "backstop": "ok",
         "state dir": "ok", "ledger": "ok",
     }  # fmt: skip
     failed = next(c for c in doc["checks"] if c["status"] == "FAIL")

@@ -55,3 +55,29 @@ def test_a_multislice_queued_resource_goes_with_its_last_slice(
     last = cli("pod", "delete", "ms-1", "-y", "-o", "json", env=env)
     assert last.json["deleted"] == [{"name": "ms-1", "zone": ZONE, "queued_resource": qr_id}]
     assert _queued_ids(env) == []
+
+
+def test_describe_of_a_deleted_slice_shows_what_the_ledger_recorded(
+    in_process_sim: Callable[..., InProcessEnv], cli: Cli
+) -> None:
+    env = in_process_sim()
+    assert cli("pod", "create", "v5e-8", "--zone", ZONE, "--name", "old", env=env).code == 0
+    assert cli("pod", "delete", "old", "-y", env=env).code == 0
+
+    described = cli("pod", "describe", "old", "-o", "json", env=env)
+    assert described.code == 0, described.stderr
+    pod = described.json["pod"]
+    assert (pod["state"], pod["zone"], pod["accelerator_type"], pod["network_endpoints"]) == (
+        "DELETED",
+        ZONE,
+        "v5litepod-8",
+        [],
+    )
+    assert pod["deleted_at"] is not None and pod["deleted_by"].endswith(" (user)")
+    kinds = [e["kind"] for e in pod["events"]]
+    assert kinds[0] == "requested" and kinds[-1] == "deleted"
+    table = cli("pod", "describe", "old", env=env)
+    assert "pod old (deleted: as the ledger recorded it)" in table.stdout and "deleted_by" in table.stdout
+
+    never = cli("pod", "describe", "never-made", "-o", "json", env=env)
+    assert never.code == 11 and never.json["message"] == "no slice named 'never-made'"

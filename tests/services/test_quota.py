@@ -15,7 +15,7 @@ from tpuctl.cloud.base import Node, QuotaLimit
 from tpuctl.cloud.quotas import parse_quota_infos
 from tpuctl.errors import PermissionDeniedError
 from tpuctl.services.placement import QuotaCheck
-from tpuctl.services.quota import QuotaBook
+from tpuctl.services.quota import QuotaBook, generation_uses
 from tpuctl.services.quota_rules import QuotaKey
 
 V5E_SPOT_Z = "TPUV5sPreemptibleLitepodPerProjectPerZoneForTPUAPI"
@@ -237,3 +237,22 @@ def test_every_compute_quota_is_listed_with_its_family() -> None:
     }
     assert rows[(FAMILY_Q, "us-central1", None)]["limit"] == 0
     assert rows[("TPUV6EPerProjectPerZoneForTPUAPI", CE_ZONE, None)]["surface"] == "tpu"
+
+
+def test_a_generations_quotas_are_its_tpu_api_and_compute_engine_ones() -> None:
+    catalog = Catalog.load()
+    book = QuotaBook(catalog, _ce_limits(), [])
+    rows = book.all_uses()
+
+    def keys(generation: str) -> set[tuple[str, str | None]]:
+        return {(u.quota_id, u.tpu_family) for u in generation_uses(rows, catalog.generation(generation))}
+
+    assert keys("tpu7x") == {(FAMILY_Q, "TPU7X"), (TPU7X_SPOT_Q, None)}
+    assert keys("v6e") == {(FAMILY_Q, "CT6E"), ("TPUV6EPerProjectPerZoneForTPUAPI", None)}
+    # No row of its own: the per-family quota's row for every other family is the one that holds.
+    without_ct6e = QuotaBook(catalog, [r for r in _ce_limits() if r.tpu_family != "CT6E"], []).all_uses()
+    assert {(u.quota_id, u.tpu_family) for u in generation_uses(without_ct6e, catalog.generation("v6e"))} == {
+        (FAMILY_Q, None),
+        ("TPUV6EPerProjectPerZoneForTPUAPI", None),
+    }
+    assert keys("v5e") == set()

@@ -173,7 +173,9 @@ def setup_slice_records(
     c.region_done(c.policies.insert(project=PROJECT, region=REGION, resource_policy_resource=policy))
     vm = instance_body("unused", model=model, metadata=metadata, instance_termination_action=action)
     if model == "FLEX_START":
+        # A time limit, deleted at its end (as every documented flex-start flow asks).
         vm.scheduling.max_run_duration = compute_v1.Duration(seconds=3600)
+        vm.scheduling.instance_termination_action = "DELETE"
     props = compute_v1.InstanceProperties(
         machine_type="tpu7x-standard-4t",
         disks=vm.disks,

@@ -216,7 +216,10 @@ def test_flex_start_waits_then_runs_or_gives_up(start_server, schema_problems: l
         admin.stockout(ZONE)
 
         def flex(name: str, wait_s: int) -> Any:
-            body = instance_body(name, model="FLEX_START", max_run_duration=compute_v1.Duration(seconds=3600))
+            # The longest run (7 days): a shorter one ends within seconds at this world's speed.
+            body = instance_body(
+                name, model="FLEX_START", max_run_duration=compute_v1.Duration(seconds=604800)
+            )
             body.params = compute_v1.InstanceParams(
                 request_valid_for_duration=compute_v1.Duration(seconds=wait_s)
             )
@@ -235,7 +238,7 @@ def test_flex_start_waits_then_runs_or_gives_up(start_server, schema_problems: l
         admin.stockout(ZONE, clear=True)
     assert not c.done(kept).http_error_status_code
     vm = c.instances.get(project=PROJECT, zone=ZONE, instance="flex-kept")
-    assert vm.status == "RUNNING" and vm.scheduling.max_run_duration.seconds == 3600
+    assert vm.status == "RUNNING" and vm.scheduling.max_run_duration.seconds == 604800
     assert vm.scheduling.instance_termination_action == "DELETE"
     with pytest.raises(exceptions.BadRequest, match="2 hours"):
         body = instance_body("x", model="FLEX_START", max_run_duration=compute_v1.Duration(seconds=3600))

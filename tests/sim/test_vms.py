@@ -99,6 +99,14 @@ def test_metadata_server_as_google_auth_finds_it(vms: Vms) -> None:
     assert "WORKER_ID: '0'" in tree["attributes"]["tpu-env"]
     token = httpx.get(f"{base}/instance/service-accounts/default/token", headers=MD).json()
     assert token["token_type"] == "Bearer" and token["access_token"].startswith("sim-fake")
+    # As tensorstore asks (GCE's shape): the account with its scopes as a list, then its token by email.
+    account = httpx.get(f"{base}/instance/service-accounts/default/", params={"recursive": "true"},
+                        headers=MD).json()  # fmt: skip
+    assert account["aliases"] == ["default"] and account["scopes"] == [
+        "https://www.googleapis.com/auth/cloud-platform"
+    ]
+    by_email = httpx.get(f"{base}/instance/service-accounts/{account['email']}/token", headers=MD).json()
+    assert by_email["access_token"] == token["access_token"]
 
 
 def test_only_the_nodes_ssh_keys_log_in(vms: Vms) -> None:
@@ -121,13 +129,31 @@ def test_login_environment_is_built_from_scratch(vms: Vms) -> None:
     disk = disk_dir(vms.server.engine.ctx.vm_root, str(vms.node.id), 2)
     assert env["HOME"] == str(disk / "home" / USER) == env["CWD"]
     assert env["USER"] == env["LOGNAME"] == USER and env["SHELL"] == "/bin/bash"
-    assert (
-        env["GCE_METADATA_HOST"] == env["GCE_METADATA_IP"] == f"{vms.addresses[2]}:{vms.server.metadata_port}"
-    )
+    metadata = f"{vms.addresses[2]}:{vms.server.metadata_port}"
+    assert env["GCE_METADATA_HOST"] == env["GCE_METADATA_IP"] == env["GCE_METADATA_ROOT"] == metadata
     assert env["STORAGE_EMULATOR_HOST"] == NETWORK_ENV["STORAGE_EMULATOR_HOST"] and env["PIP_NO_INDEX"] == "1"
     image_python = str(vms.server.engine.ctx.vm_root / "image" / "bin" / "python3")
     assert env_text.splitlines()[-1] == image_python
     assert not str(vms.server.engine.ctx.vm_root).startswith(state_dir)
+
+
+#: Run on a host: each command the stock image lacks answers "no-<name>", each it has "has-<name>".
+_TOOLS_PROBE = (
+    "for c in pip pip3 uv uvx tar sha256sum mktemp; do "
+    "if command -v $c >/dev/null; then echo has-$c; else echo no-$c; fi; done; "
+    "python3 -m pip --version >/dev/null 2>&1 && echo has-python3-pip || echo no-python3-pip; "
+    "bash -lc 'command -v pip uv' >/dev/null 2>&1 && echo login-has-tooling || echo login-no-tooling"
+)
+
+
+def test_a_host_has_a_stock_image_without_python_tooling(vms: Vms) -> None:
+    """Neither pip (not even the image python3's own) nor uv of this machine: only the
+    shell, system tools and the image's python3, as in a login shell too (which reads .profile)."""
+    answers = str(vms.ssh(0, _TOOLS_PROBE).stdout).split()
+    assert answers == [
+        "no-pip", "no-pip3", "no-uv", "no-uvx",
+        "has-tar", "has-sha256sum", "has-mktemp", "no-python3-pip", "login-no-tooling",
+    ]  # fmt: skip
 
 
 def test_each_disk_is_private_and_goes_with_the_node(vms: Vms) -> None:

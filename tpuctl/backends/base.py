@@ -19,6 +19,7 @@ What lives here, and nowhere else:
 * what a host's program needs beyond the worker contract (:meth:`Backend.host_env`: the simulator's CPU
   stand-in for the chips) and which pinned runtime set its setup installs (``runtime``);
 * where checkpoints go when the user names no bucket (``default_bucket``);
+* the wheels the hosts' package index serves, where tpuctl can read their metadata (``host_wheelhouse``);
 * the preemption notice's grace, where the backend can tell it (:meth:`Backend.notice_grace_s`), and the
   maintenance notice's (:meth:`Backend.maintenance_notice_s`);
 * where price refreshes come from when no billing endpoint is given (:meth:`Backend.own_prices`);
@@ -159,6 +160,12 @@ class Backend(Protocol):
     def default_bucket(self) -> str | None:
         """The bucket runs checkpoint to when neither ``--checkpoint-dir`` nor the profile names one
         (the simulator's emulator has one; Google has none: the user names it)."""
+        ...
+
+    @property
+    def host_wheelhouse(self) -> Path | None:
+        """The directory of the wheels the hosts' package index serves (the simulator's mirror), read for
+        the modules each distribution installs; None where the hosts install from the public index."""
         ...
 
     def open_cloud(self, state_dir: Path, closers: list[Closer]) -> TpuCloud:

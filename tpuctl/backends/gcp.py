@@ -76,6 +76,7 @@ class GcpBackend:
     label: BackendLabel = GCP_LABEL
     runtime: Literal["cpu", "tpu"] = "tpu"
     default_bucket: str | None = None
+    host_wheelhouse: Path | None = None  # hosts install from the public index
     _config: CloudConfig | None = field(default=None, repr=False)
 
     def open_cloud(self, state_dir: Path, closers: list[Closer]) -> TpuCloud:

@@ -100,6 +100,16 @@ class SimBackend:
     default_bucket: str | None = SIM_BUCKET
     _status: dict[str, Any] | None = field(default=None, repr=False)
 
+    @property
+    def host_wheelhouse(self) -> Path:
+        """The wheelhouse the simulator's package mirror serves: the one given, else scripts/setup's (as the
+        simulator server picks it)."""
+        import os
+
+        from tpuctl.sim.mirror import default_wheelhouse
+
+        return self.wheelhouse or default_wheelhouse(os.environ)
+
     def open_cloud(self, state_dir: Path, closers: list[Closer]) -> TpuCloud:
         """Both of Google's TPU surfaces, as the simulator serves them at one URL: the TPU API and Compute
         Engine, each with its Cloud Quotas pool."""

@@ -317,7 +317,17 @@ def _offline_report(
 
 
 def _money(value: float) -> str:
-    return f"{value:,.2f}"
+    return _amount(value, 2)
+
+
+def _amount(value: float, places: int) -> str:
+    """``value`` to ``places`` decimals, or to its second significant digit where that many would show a
+    non-zero amount as 0 (a 30 s slice billed 0.0083 hours must not read "0.00" beside its cost)."""
+    import math
+
+    if value == 0 or abs(value) >= 10**-places:
+        return f"{value:,.{places}f}"
+    return f"{value:.{1 - math.floor(math.log10(abs(value)))}f}"
 
 
 #: What a narrow terminal keeps of the report, and what it loses first (``Output.rows``).
@@ -364,8 +374,8 @@ def _render_groups(out: Output, result: CostReport, records: list[dict[str, Any]
     rows = [
         [
             *cells,
-            f"{line.billed_hours:.2f}",
-            f"{line.chip_hours:.1f}",
+            _amount(line.billed_hours, 2),
+            _amount(line.chip_hours, 1),
             _money(line.cost_usd),
             _money(line.spot_savings_usd),
             "unknown" if line.info.get("steps_reported") is False else _money(line.waste_usd),
@@ -413,16 +423,32 @@ def _group_keys(result: CostReport) -> tuple[list[str], list[list[Any]]]:
 def _render_totals(out: Output, result: CostReport) -> None:
     t = result.totals
     out.out.print(
-        f"[bold]total {_money(t.cost_usd)} USD[/] for {t.chip_hours:,.1f} chip-hours on {t.slices} slice(s); "
-        f"spot saved {_money(t.spot_savings_usd)} USD against on-demand ({_money(t.on_demand_usd)} USD)"
+        f"[bold]total {_money(t.cost_usd)} USD[/] for {_amount(t.chip_hours, 1)} chip-hours on {t.slices} "
+        f"slice(s); spot saved {_money(t.spot_savings_usd)} USD against on-demand "
+        f"({_money(t.on_demand_usd)} USD)"
     )
     kinds = "".join(f"{kind} {n}, " for kind, n in sorted(result.preemption_kinds.items()))
     out.out.print(
         f"preemptions: {result.preemptions} ({kinds}{result.free_preemptions} in the first minute, not "
         "billed); "
-        f"waste {_money(t.waste_usd)} USD: recomputed work {_money(t.recomputed_usd)} USD, quota held after "
-        f"preemption {t.quota_held_chip_hours:,.1f} chip-hours ({_money(t.quota_held_usd)} USD at list "
-        "price, not billed)"
+        f"{_waste_words(result)}, quota held after preemption {_amount(t.quota_held_chip_hours, 1)} "
+        f"chip-hours ({_money(t.quota_held_usd)} USD at list price, not billed)"
+    )
+
+
+def _waste_words(result: CostReport) -> str:
+    """The totals' waste and recomputed work: unknown where a group's is (its program reports no steps),
+    as the rows say, rather than a sum that counts the unknown as 0."""
+    t = result.totals
+    unknown = sum(1 for group in result.groups if group.get("steps_reported") is False)
+    if not unknown:
+        return f"waste {_money(t.waste_usd)} USD: recomputed work {_money(t.recomputed_usd)} USD"
+    if unknown == len(result.groups) and result.groups_total == len(result.groups):
+        return "waste unknown: recomputed work unknown (the program reports no steps)"
+    runs = f"{unknown} run{'s' if unknown != 1 else ''}"
+    return (
+        f"waste at least {_money(t.waste_usd)} USD: recomputed work at least {_money(t.recomputed_usd)} "
+        f"USD (unknown for {runs} whose program reports no steps)"
     )
 
 

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from tpuctl.cli.context import make_output, session
 from tpuctl.cli.options import OutputOpt
+
+if TYPE_CHECKING:
+    from tpuctl.catalog import Catalog, Generation
 
 
 def register(app: typer.Typer) -> None:
@@ -17,19 +20,34 @@ def register(app: typer.Typer) -> None:
 
 def quota(
     ctx: typer.Context,
+    type_argument: Annotated[
+        str | None,
+        typer.Argument(metavar="[TYPE]", help="Only the quotas of this generation or type: v5e, v6e-8, ..."),
+    ] = None,
+    type_option: Annotated[
+        str | None,
+        typer.Option("--type", "--accelerator-type", metavar="TYPE", help="The same, as an option."),
+    ] = None,
     all_: Annotated[
         bool, typer.Option("--all", help="Also list quotas with nothing in use and a zero limit.")
     ] = False,
     output: OutputOpt = None,
 ) -> None:
     """TPU quota limits (Cloud Quotas) against what the existing slices use, per zone and region: the TPU
-    API's and Compute Engine's (per TPU family), which are separate pools."""
-    from tpuctl.services.quota import QuotaBook
+    API's and Compute Engine's (per TPU family), which are separate pools. With TYPE, only the quotas a
+    slice of that generation draws on (e.g. `tpuctl quota v5e`)."""
+    from tpuctl.catalog import Catalog
+    from tpuctl.services.quota import QuotaBook, generation_uses
 
     out = make_output(ctx, output)
+    wanted = _one_of(type_argument, type_option)
+    # Checked before the backend opens: a typo is exit 2 with the generations listed.
+    generation = None if wanted is None else _generation(Catalog.load(), wanted)
     with session(ctx, out) as sess:
         book = QuotaBook.from_cloud(sess.cloud, sess.catalog)
     uses = [u for u in book.all_uses() if all_ or u.in_use or u.limit != 0]
+    if generation is not None:
+        uses = generation_uses(uses, generation)
     # A per-family quota's row without a family is its limit for every family without a row of its own.
     per_family = {u.quota_id for u in uses if u.tpu_family}
 
@@ -59,6 +77,29 @@ def quota(
         keep=frozenset({"QUOTA", "FAMILY", "LOCATION"}),
         drop=("API", "HELD BY PREEMPTED"),
     )
+
+
+def _one_of(argument: str | None, option: str | None) -> str | None:
+    """TYPE, as the argument or as --type, once (None: every quota)."""
+    from tpuctl.errors import UsageError
+
+    if argument is not None and option is not None and argument != option:
+        raise UsageError(
+            f"two types given: {argument} and --type {option}",
+            field="TYPE",
+            value=option,
+            fix="give the type once: `tpuctl quota v5e` or `tpuctl quota --type v5e`",
+        )
+    return argument if argument is not None else option
+
+
+def _generation(catalog: Catalog, name: str) -> Generation:
+    """The generation a name says: a generation (``v5e``, ``v5litepod``) or a type of it (``v5e-16``)."""
+    import re
+
+    if re.search(r"-[0-9]+$", name.strip()):
+        return catalog.resolve(name).generation
+    return catalog.generation(name.strip())
 
 
 def doctor(ctx: typer.Context, output: OutputOpt = None) -> int:

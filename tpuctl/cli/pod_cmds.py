@@ -162,7 +162,8 @@ def create(
         wait=wait,
     )
     with session(ctx, out, settings) as sess:
-        check_zones(sess.catalog, sess.cloud, list(choices.zones))  # a typo is exit 2, not "not offered"
+        # A typo is exit 2, not "not offered"; its suggestion is a zone that offers the type.
+        check_zones(sess.catalog, sess.cloud, list(choices.zones), accelerator=request.accelerator)
         if choices.region is not None:
             check_region(sess.catalog, sess.cloud, choices.region)
         if not is_dry_run(ctx, dry_run):
@@ -515,13 +516,17 @@ def _render_description(out: Output, name: str, data: dict[str, Any]) -> None:
 
     fields = dict(data)
     events, endpoints = fields.pop("events"), fields.pop("network_endpoints")
+    gone = fields["deleted_at"] is not None
+    if not gone:  # a live slice: nothing to say about a deletion
+        del fields["deleted_at"], fields["deleted_by"]
     for key, unit in (("price_per_chip_hour", "USD/chip-hour"), ("price_per_hour", "USD/hour")):
         if fields.get(key) is not None:
             fields[key] = f"{fields[key]:.2f} {unit}"
     fields["labels"] = ", ".join(f"{k}={v}" for k, v in sorted((fields.get("labels") or {}).items()))
-    if isinstance(fields.get("created_at"), str):
-        fields["created_at"] = fields["created_at"][:19].replace("T", " ") + " UTC"
-    out.fields(f"pod {name}", fields)
+    for key in ("created_at", "deleted_at"):
+        if isinstance(fields.get(key), str):
+            fields[key] = fields[key][:19].replace("T", " ") + " UTC"
+    out.fields(f"pod {name}" + (" (deleted: as the ledger recorded it)" if gone else ""), fields)
     out.rows(
         "hosts",
         ("WORKER", "ADDRESS", "PORT"),

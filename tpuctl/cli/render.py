@@ -232,6 +232,16 @@ class Progress:
         if self._status is not None:
             self._status.update(f"{self._description}: {_escape(description)} ({elapsed_s:.1f} s)")
 
+    def show(self, description: str) -> None:
+        """Put ``description`` on the status line, started again if it was stopped (a run's next phase
+        after its hosts had the screen); ``update`` then adds to it."""
+        self._description = _escape(description)
+        if self._status is not None:
+            self._status.update(self._description)
+        elif not self._output.machine and self._output.err.is_terminal:
+            self._status = self._output.err.status(self._description)
+            self._status.start()
+
     def stop(self) -> None:
         if self._status is not None:
             self._status.stop()

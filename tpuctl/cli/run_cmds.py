@@ -1,7 +1,7 @@
 """`tpuctl run` and `tpuctl runs ...`: run a program on every host of a slice, and look at past runs.
 
 Host output streams to stdout with a worker prefix (stderr for machine formats, so `-o json` stays one
-clean document); tpuctl's own steps go to stderr.
+clean document); tpuctl's own steps go to stderr, one line per phase unless -v (``run_console``).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from tpuctl.cli.context import ONE_OBJECT, build_settings, is_dry_run, make_output, session
-from tpuctl.cli.options import DryRunOpt, OutputOpt
+from tpuctl.cli.options import DryRunOpt, OutputOpt, VerboseOpt
 from tpuctl.cli.placement_flags import (
     ApiOpt,
     CapacityTypeOpt,
@@ -33,14 +33,13 @@ from tpuctl.cli.placement_flags import (
     network_settings,
     placement_choices,
 )
+from tpuctl.cli.run_console import RunConsole
 from tpuctl.cli.run_reading import RUN_HELP as _RUN_HELP
 from tpuctl.cli.run_reading import ending_fields, run_logs, short_time
 from tpuctl.cli.run_signals import resumable, stop_hosts_on_termination
 
 if TYPE_CHECKING:
-    from rich.console import Console
-
-    from tpuctl.cli.render import Output, Progress
+    from tpuctl.cli.render import Output
     from tpuctl.services.run.bench import BenchFigures
     from tpuctl.services.run.model import RecoveryPolicy, SupervisedResult
     from tpuctl.services.run.views import (
@@ -58,40 +57,6 @@ bench_app = typer.Typer(help="Benchmarks on a (simulated) slice.", no_args_is_he
 
 #: What a table says where JSON says null: a program with no step events has no step figures.
 UNKNOWN_STEPS = "unknown (the program reports no steps)"
-
-#: Worker prefix colours, cycled; picked so neighbours differ on dark and light terminals.
-_COLOURS = ("cyan", "magenta", "green", "yellow", "blue", "red", "bright_cyan", "bright_magenta")
-
-
-class _Printer:
-    """Implements ``tpuctl.services.run.model.LaunchObserver``: host lines with a coloured worker prefix."""
-
-    def __init__(self, out: Output, hosts: int) -> None:
-        from tpuctl.services.run.hostlog import is_noise
-
-        self._noise = is_noise  # the simulator's Gloo lines: in the log files, not on the console
-        self._out = out
-        self._lines: Console = out.err if out.machine else out.out
-        self._width = len(str(max(hosts - 1, 0)))
-        #: The spinner shown while the slice is created; stopped when the hosts start talking.
-        self.spinner: Progress | None = None
-
-    def line(self, worker: int, text: str) -> None:
-        from rich.markup import escape
-
-        if self._noise(text):
-            return
-        if self.spinner is not None:
-            self.spinner.stop()
-            self.spinner = None
-        colour = _COLOURS[worker % len(_COLOURS)]
-        self._lines.print(f"[{colour}]w{worker:<{self._width}}[/] | {escape(text)}", soft_wrap=True)
-
-    def status(self, text: str) -> None:
-        from rich.markup import escape
-
-        if not self._out.machine:
-            self._out.err.print(f"[dim]tpuctl:[/] {escape(text)}")
 
 
 def register(app: typer.Typer) -> None:
@@ -207,6 +172,14 @@ def run(
             help="Install the bundled runtime's pinned JAX, optax and orbax on every host.",
         ),
     ] = True,
+    no_import_check: Annotated[
+        bool,
+        typer.Option(
+            "--no-import-check",
+            help="Do not check, before creating anything, that the hosts will have every module the "
+            "program imports.",
+        ),
+    ] = False,
     ssh_proxy_command: Annotated[
         str | None,
         typer.Option(
@@ -251,6 +224,14 @@ def run(
             help="With --budget: count a slice tpuctl has no price for at this many USD per hour.",
         ),
     ] = None,
+    max_hours: Annotated[
+        str | None,
+        typer.Option(
+            "--max-hours",
+            metavar="HOURS",
+            help="End the run H hours after it starts and delete its slices, even with tpuctl not running.",
+        ),
+    ] = None,
     max_restarts: Annotated[
         str,
         typer.Option(
@@ -265,6 +246,7 @@ def run(
         bool,
         typer.Option("-d", "--detach", help="Supervise the run from a background process; return at once."),
     ] = False,
+    verbose: VerboseOpt = False,
     output: OutputOpt = None,
     dry_run: DryRunOpt = False,
 ) -> None:
@@ -333,6 +315,7 @@ def run(
         executor=executor,
         timeout_s=None if timeout is None else params.duration(timeout, "timeout"),
         grace_s=params.duration(grace, "grace", allow_zero=True),
+        max_hours=None if max_hours is None else params.hours(max_hours, "max_hours"),
         bundle_limit_bytes=int(limit_mb * 1024 * 1024),
         assumed_price_per_hour=None
         if assume_price_per_hour is None
@@ -370,12 +353,18 @@ def run(
                 choices, network=chosen.host_network, service_account=chosen.service_account
             ),
         )
-        # A typo is exit 2 with "did you mean", before anything is made.
-        check_zones(sess.catalog, sess.cloud, list(choices.zones))
+        # A typo is exit 2 with "did you mean" (a zone that offers the type), before anything is made.
+        accelerator = None if accelerator_type is None else sess.catalog.resolve(accelerator_type)
+        check_zones(sess.catalog, sess.cloud, list(choices.zones), accelerator=accelerator)
         if choices.region is not None:
             check_region(sess.catalog, sess.cloud, choices.region)
         runs = Runs(sess)
         prepared = runs.prepare(request)  # a bad value is exit 2, before the cloud is asked anything
+        if not no_import_check:  # a module nothing provides is exit 2, before a slice is made
+            imports = runs.check_imports(prepared)
+            imports.refuse()
+            for warning in imports.warnings():
+                out.warn(warning)
         if is_dry_run(ctx, dry_run):
             _render_plan(out, runs.plan(prepared, budget_usd=budget_usd))
             return
@@ -386,7 +375,7 @@ def run(
         if detach:
             _render_detached(out, runs.start_detached(prepared, policy=policy, budget_usd=budget_usd))
             return
-        printer = _Printer(out, prepared.target.hosts)
+        printer = RunConsole(out, prepared.target.hosts, verbose=verbose)
         with stop_hosts_on_termination(), out.progress(f"run {prepared.run_id}") as prog:
             printer.spinner = prog
             with resumable(prepared.run_id):
@@ -518,7 +507,8 @@ def _render_plan(out: Output, plan: dict[str, Any]) -> None:
 # --- runs ----------------------------------------------------------------------------------------------
 
 
-_RUN_COLUMNS = ("RUN", "STATUS", "PROGRAM", "POD", "ZONE", "TYPE", "EXIT", "STARTED (UTC)", "DURATION S")
+_RUN_COLUMNS = ("RUN", "STATUS", "PROGRAM", "POD", "ZONE", "TYPE", "EXIT", "PREEMPTIONS", "RESTARTS",
+               "STARTED (UTC)", "DURATION S")  # fmt: skip
 
 
 @runs_app.command("list")
@@ -549,6 +539,8 @@ def list_runs(
                 v.zone,
                 v.accelerator_type,
                 v.exit_code,
+                v.preemptions,
+                v.restarts,
                 short_time(v.created_at),
                 v.duration_s,
             ]
@@ -557,7 +549,7 @@ def list_runs(
         key="runs",
         records=[v.to_dict() for v in views],
         keep=frozenset({"RUN", "STATUS", "POD", "ZONE"}),
-        drop=("PROGRAM", "STARTED", "EXIT", "DURATION"),
+        drop=("PROGRAM", "STARTED (UTC)", "RESTARTS", "EXIT", "DURATION S", "PREEMPTIONS"),
     )
 
 
@@ -750,6 +742,7 @@ def resume_run(
         str | None,
         typer.Option("--max-preemptions", metavar="N", help="A new preemption cap (default: the run's)."),
     ] = None,
+    verbose: VerboseOpt = False,
     output: OutputOpt = None,
 ) -> None:
     """Take over a run whose supervisor is gone (killed, machine rebooted) or that stopped (budget,
@@ -772,7 +765,7 @@ def resume_run(
         if detach:
             _render_detached(out, runs.detach(ready.run_id, resume=True))
             return
-        printer = _Printer(out, ready.hosts)
+        printer = RunConsole(out, ready.hosts, verbose=verbose)
         with stop_hosts_on_termination(), out.progress(f"resume {ready.run_id}") as prog:
             printer.spinner = prog
             supervised = runs.supervise(ready, observer=printer, warn=out.warn, progress=prog)
@@ -817,7 +810,9 @@ def supervise_run(
         if ready.note:
             out.warn(ready.note)
         with stop_hosts_on_termination(), resumable(ready.run_id):
-            supervised = runs.supervise(ready, observer=_Printer(out, 1), warn=out.warn, resume=resume)
+            # Its output is the supervisor's log file: every detail goes there.
+            observer = RunConsole(out, ready.hosts, verbose=True)
+            supervised = runs.supervise(ready, observer=observer, warn=out.warn, resume=resume)
     _render_result(out, supervised)
 
 
@@ -896,7 +891,7 @@ def bench_step(
                 value=pod,
                 fix=f"pass TYPE {prepared.target.accelerator.friendly_name}, or drop --pod",
             )
-        printer = _Printer(out, prepared.target.hosts)
+        printer = RunConsole(out, prepared.target.hosts)
         collector = BenchCollector(printer if not out.machine else None)
         with stop_hosts_on_termination(), out.progress(f"bench step on {accel.friendly_name}") as prog:
             printer.spinner = prog

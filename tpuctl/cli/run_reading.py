@@ -30,15 +30,23 @@ def run_logs(
         bool, typer.Option("-t", "--timestamps", help="Start each line with the time it arrived (UTC).")
     ] = False,
     everything: Annotated[
-        bool, typer.Option("--all", help="Also the simulator's noise lines (Gloo peer connections).")
+        bool,
+        typer.Option(
+            "--all",
+            help="Also the libraries' plumbing (Gloo peer connections, absl INFO lines, JAX's SIGTERM).",
+        ),
+    ] = False,
+    raw: Annotated[
+        bool, typer.Option("--raw", help="tpuctl's event lines as the program printed them (JSON).")
     ] = False,
 ) -> None:
     """Print the hosts' logs of a run (one host's with --worker N, unprefixed). Each attempt starts
-    with a `=== tpuctl: attempt N on POD (ZONE) ===` line."""
+    with a `=== tpuctl: attempt N on POD (ZONE) ===` line; the runtime's event lines read as words
+    (`[tpuctl] step 6 took 0.012 s`), or as printed with --raw."""
     import sys
 
     from tpuctl import params
-    from tpuctl.services.run.hostlog import is_noise, iso
+    from tpuctl.services.run.hostlog import iso
     from tpuctl.services.run.service import Runs
 
     out = make_output(ctx, None)
@@ -51,15 +59,28 @@ def run_logs(
                 out.note(f"(no log for worker {w})")
         width = len(str(max(len(logs.files) - 1, 0)))
         for line in runs.read_logs(logs, follow=follow):
-            if is_noise(line.text) and not everything:
+            text = log_text(line.text, everything=everything, raw=raw)
+            if text is None:
                 continue
             prefix = "" if worker is not None else f"w{line.worker:<{width}} | "
             if timestamps:
                 prefix = ("-" * 24 if line.at is None else iso(line.at)) + " " + prefix
-            sys.stdout.write(f"{prefix}{line.text}\n")
+            sys.stdout.write(f"{prefix}{text}\n")
             if follow:
                 sys.stdout.flush()
     sys.stdout.flush()
+
+
+def log_text(text: str, *, everything: bool, raw: bool) -> str | None:
+    """A host log's line as `runs logs` prints it: an event in words unless ``raw``; None for plumbing
+    unless ``everything`` (``host_lines``)."""
+    from tpuctl.cli.host_lines import event_words, shown
+    from tpuctl.runtime.preemption import parse_event
+
+    event = None if raw else parse_event(text)
+    if event is not None:
+        return event_words(event)
+    return text if everything else shown(text)
 
 
 def ending_fields(described: RunDescription) -> dict[str, Any]:

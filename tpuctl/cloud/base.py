@@ -133,6 +133,9 @@ class NodeRequest:
     # The service account the hosts act as, with the cloud-platform scope (None: the API's default,
     # the project's Compute Engine default service account).
     service_account: str | None = None
+    # Compute Engine: the cloud itself ends the slice at this moment (epoch seconds; a run's backstop
+    # past its --max-hours). The TPU API has no such field: a deadman on the slice keeps it there.
+    terminate_at: float | None = None
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from typing import Any
 
 from tpuctl.catalog import AcceleratorType, CapacityType, Surface, region_of_zone
 from tpuctl.cloud.base import CLOUD_PLATFORM_SCOPE, NetworkEndpoint, Node, NodeRequest
+from tpuctl.timefmt import iso
 
 LABEL_SLICE = "tpuctl-slice"
 #: The CE TPU image's default boot disk is 10 GB (docs/google-facts.md#images): too small for a run's
@@ -76,11 +77,16 @@ FLEX_VALID_FOR_MAX_S = 7200
 FLEX_MAX_RUN_S = 7 * 86400
 
 
-def scheduling(capacity: CapacityType) -> dict[str, Any]:
+def scheduling(capacity: CapacityType, terminate_at: float | None = None) -> dict[str, Any]:
     """TPU VMs cannot live-migrate (docs/google-facts.md#instance-requests): TERMINATE on host maintenance,
     never restarted by Compute Engine behind tpuctl's back. A preempted spot VM is STOPPED (the API's default
     action), not deleted, so that it stays visible as preempted until tpuctl deletes it, as a TPU API node
-    does."""
+    does.
+
+    ``terminate_at`` (a run's backstop, docs/google-facts.md#backstop): Compute Engine itself deletes the VM
+    at that moment (``terminationTime``), whatever tpuctl does. Not on spot: one termination action serves
+    both a spot VM's preemption and its time limit, and STOP (which keeps preemptions visible) would only
+    stop it; the run's deadman keeps the deadline there."""
     out: dict[str, Any] = {
         "provisioningModel": _PROVISIONING_MODEL[capacity],
         "onHostMaintenance": "TERMINATE",
@@ -88,6 +94,9 @@ def scheduling(capacity: CapacityType) -> dict[str, Any]:
     }
     if capacity.is_preemptible:
         out["instanceTerminationAction"] = "STOP"
+    elif terminate_at is not None:
+        out["terminationTime"] = iso(terminate_at)
+        out["instanceTerminationAction"] = "DELETE"
     return out
 
 
@@ -149,6 +158,11 @@ def instance_body(request: NodeRequest, accel: AcceleratorType, *, project: str)
     """``instances.insert`` of a one-host slice: the machine type is zonal there."""
     props = instance_properties(request, accel, zone=request.zone, project=project)
     props["machineType"] = f"zones/{request.zone}/machineTypes/{props['machineType']}"
+    if request.terminate_at is not None and request.flex_valid_for_s is None:
+        # A one-host slice only: whether a TPU MIG makes a VM its time limit deleted again is unc., so a
+        # multi-host slice's deadline is the deadman's. Flex-start keeps its required maxRunDuration
+        # alone (terminationTime is its alternative; unc. whether both are taken).
+        props["scheduling"] = scheduling(request.capacity, request.terminate_at)
     body: dict[str, Any] = {"name": request.name, **props}
     if request.flex_valid_for_s is not None:
         # Input-only: how long the insert waits PENDING for capacity before it fails

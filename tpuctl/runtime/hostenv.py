@@ -36,10 +36,12 @@ COORDINATOR_PORT = "TPUCTL_COORDINATOR_PORT"
 CHIPS_PER_HOST = "TPUCTL_CHIPS_PER_HOST"
 
 # Where a host finds its metadata server, as unmodified on-VM code does: google-auth reads
-# GCE_METADATA_HOST, JAX's cloud_tpu_cluster.get_metadata reads GCE_METADATA_IP (both "host[:port]", no
-# scheme); on a real TPU VM neither is set and the name metadata.google.internal answers.
+# GCE_METADATA_HOST, JAX's cloud_tpu_cluster.get_metadata reads GCE_METADATA_IP, tensorstore's GCE
+# credentials GCE_METADATA_ROOT (all "host[:port]", no scheme); on a real TPU VM none is set and the name
+# metadata.google.internal answers.
 METADATA_HOST = "GCE_METADATA_HOST"
 METADATA_IP = "GCE_METADATA_IP"
+METADATA_ROOT = "GCE_METADATA_ROOT"
 DEFAULT_METADATA_HOST = "metadata.google.internal"
 
 # Relative to the bundle root: the directory holding our sitecustomize.py.
@@ -70,8 +72,9 @@ def sim_host_env(
     ``device_count() == num_workers * chips_per_host``.
 
     ``bundle_dir`` is the directory the user's script and the ``tpuctl`` package were unpacked into.
-    ``metadata_host`` ("host:port" of the host's metadata server) sets ``GCE_METADATA_HOST`` and
-    ``GCE_METADATA_IP``; the simulated cluster reads its process id and count there.
+    ``metadata_host`` ("host:port" of the host's metadata server) sets ``GCE_METADATA_HOST``,
+    ``GCE_METADATA_IP`` and ``GCE_METADATA_ROOT``; the simulated cluster reads its process id and count
+    there.
     ``base_pythonpath`` (default: nothing) is appended after our two entries so a caller can keep an
     existing PYTHONPATH.
     """
@@ -117,7 +120,7 @@ def sim_host_env(
         "PYTHONUNBUFFERED": "1",
     }
     if metadata_host:
-        env[METADATA_HOST] = env[METADATA_IP] = metadata_host
+        env[METADATA_HOST] = env[METADATA_IP] = env[METADATA_ROOT] = metadata_host
     return env
 
 

@@ -322,6 +322,7 @@ def node_request(request: PlacementRequest, candidate: Candidate, label_request_
         flex_valid_for_s=request.valid_for_s if request.flex_start else None,
         network=request.network,
         service_account=request.service_account,
+        terminate_at=request.terminate_at,
     )
 
 

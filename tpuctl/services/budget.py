@@ -189,6 +189,11 @@ class BudgetGuard:
             b.usd_per_hour for b in self._slices.values() if b.start <= at and (b.end is None or b.end > at)
         )
 
+    def cap_deadline(self, deadline: float, start: float) -> None:
+        """A time limit of the run's own (``run --max-hours``): the earlier of it and the slices' wins."""
+        if self.deadline is None or deadline < self.deadline:
+            self.deadline, self.deadline_start = deadline, start
+
     # --- the decision ---------------------------------------------------------------------------------
 
     def check(self, now: float | None = None, *, next_step_s: float | None = None) -> BudgetDecision:

@@ -1,11 +1,11 @@
 """`tpuctl doctor`: every check of the setup, each on its own, so one failure does not hide the others.
 
 The checks run in order (config file, profile, backend, credentials, project, API, quotas, OS Login,
-Compute Engine permission, guest attributes, bucket, state dir, ledger); one that needs what an earlier
-one failed to give is *skipped*, not failed again. A check may *warn*: something that stops part of
-tpuctl, not all of it (no Compute Engine permission: TPU API slices still work). The command's exit code
-is the first failure's own (no credentials: 13), so a script learns the same thing from doctor as from the
-command that would have failed; a warning alone exits 0.
+Compute Engine permission, guest attributes, bucket, what the backstop needs, state dir, ledger); one
+that needs what an earlier one failed to give is *skipped*, not failed again. A check may *warn*:
+something that stops part of tpuctl, not all of it (no Compute Engine permission: TPU API slices still
+work). The command's exit code is the first failure's own (no credentials: 13), so a script learns the
+same thing from doctor as from the command that would have failed; a warning alone exits 0.
 """
 
 from __future__ import annotations
@@ -132,6 +132,7 @@ def diagnose(
         compute = report.run("compute permission", lambda: _compute_permission(found, closers), needs=reached)
         report.run("guest attributes", lambda: _guest_attributes(found), needs=compute)
         report.run("bucket", lambda: _bucket(found, closers), needs=cloud_ok)
+        report.run("backstop", lambda: _backstop(settings), needs=settings_ok)
     finally:
         for close in reversed(closers):
             with contextlib.suppress(Exception):
@@ -279,6 +280,20 @@ def _bucket(found: dict[str, Any], closers: list[Callable[[], None]]) -> str:
             f"add-iam-policy-binding gs://{bucket} --member=user:EMAIL --role=roles/storage.objectAdmin`)",
         )
     return f"gs://{bucket}{where}: the caller can write it ({', '.join(WRITE_PERMISSIONS)})"
+
+
+def _backstop(settings: Settings | None) -> str:
+    """What a run's backstop needs of the hosts' service account (docs/google-facts.md#backstop): said,
+    not checked, since whether another account holds a permission takes reading the project's IAM
+    policy, which tpuctl does not ask for."""
+    assert settings is not None
+    account = settings.service_account or "the project's Compute Engine default service account"
+    return (
+        f"a run's hosts delete its slices when no supervisor is left (after {settings.backstop_grace:g} s, "
+        f"backstop_grace): they act as {account}, which needs tpu.nodes.delete (roles/tpu.admin) and, for "
+        "Compute Engine slices, compute.instances.delete and compute.instanceGroupManagers.delete "
+        "(roles/compute.instanceAdmin.v1); not checked from here"
+    )
 
 
 def _state_dir(found: dict[str, Any], settings: Settings | None) -> str:

@@ -48,6 +48,7 @@ from tpuctl.errors import (
 )
 from tpuctl.services.placement_bucket import BucketDistance
 from tpuctl.services.quota import QuotaBook, QuotaUse, quota_units
+from tpuctl.timefmt import iso
 
 QUEUED_CAPACITY = params.QUEUED_CAPACITY
 DEFAULT_RACE_K = 3
@@ -75,7 +76,7 @@ class Rejection(StrEnum):
 
 
 class Verdict(StrEnum):
-    """The plan's answer, with the exit code each maps to (documented in the README)."""
+    """The plan's answer, with the exit code each maps to (documented in docs/placement.md)."""
 
     FEASIBLE = "feasible"
     NO_QUOTA = "no_quota"
@@ -131,6 +132,8 @@ class PlacementRequest:
     service_account: str | None = None
     #: The bucket the run checkpoints to (placement prefers zones in its location), if any.
     checkpoint_bucket: str | None = None
+    #: When the cloud itself ends the slice (a run's backstop; Compute Engine only, ``NodeRequest``).
+    terminate_at: float | None = None
 
     @property
     def uses_queued_resource(self) -> bool:
@@ -189,6 +192,7 @@ class PlacementRequest:
             **self.network.to_dict(),
             "service_account": self.service_account,
             "checkpoint_bucket": self.checkpoint_bucket,
+            **({} if self.terminate_at is None else {"terminate_at": iso(self.terminate_at)}),
         }
 
 
@@ -717,19 +721,66 @@ def _infeasible(
             "capacity tpuctl has a price for (`tpuctl cost estimate` lists them)",
         )
     if not priced:
-        assert request.max_price is not None
-        prices = "; ".join(
-            f"{c.zone} {c.capacity.value} "
-            + ("no price" if c.price_per_hour is None else f"{c.price_per_hour:.2f} USD/h")
-            for c in sorted(offered, key=lambda c: (c.price_per_hour is None, c.price_per_hour or 0, c.zone))
-        )
-        cheaper = [] if CapacityType.SPOT in request.capacity_types else ["allow spot capacity (--spot)"]
+        return _over_cap(request, what, offered)
+    return _no_quota(request, what, priced)
+
+
+#: How many over-cap candidates the refusal names (cheapest first); `-o json` has every one.
+OVER_CAP_LISTED = 4
+
+
+def _over_cap(request: PlacementRequest, what: str, offered: Sequence[Candidate]) -> tuple[Verdict, str, str]:
+    """The over-cap verdict: the priced candidates, cheapest first, and the smallest cap that would place
+    the request. Unpriced candidates are named apart: the cap cannot be checked for them, so raising it
+    would not let them through."""
+    cap = request.max_price
+    assert cap is not None
+    over = sorted(
+        (c for c in offered if c.price_per_hour is not None),
+        key=lambda c: (c.price_per_hour or 0.0, c.zone, c.capacity_rank),
+    )
+    unpriced = [c for c in offered if c.price_per_hour is None]
+    cheaper = [] if CapacityType.SPOT in request.capacity_types else ["allow spot capacity (--spot)"]
+    others = " or ".join([*cheaper, "choose a smaller type or fewer slices"])
+    unpriced_note = ""
+    if unpriced:
+        names = ", ".join(f"{c.zone} {c.capacity.value}" for c in unpriced)
+        unpriced_note = f"; no known price (so the cap cannot be checked) for {names}"
+    if not over:
         return (
             Verdict.OVER_PRICE_CAP,
-            f"every candidate for {what} is over the price cap of {request.max_price:.2f} USD/h: {prices}",
-            "raise --max-price, or " + ", ".join([*cheaper, "choose a smaller type or fewer slices"]),
+            f"no candidate for {what} has a known price, so the price cap of {cap:.2f} USD/h cannot be "
+            f"checked anywhere: {', '.join(f'{c.zone} {c.capacity.value}' for c in unpriced)}",
+            "drop --max-price, or choose a zone with a known price (`tpuctl catalog prices` lists them)",
         )
-    return _no_quota(request, what, priced)
+    listed = "; ".join(
+        f"{c.zone} {c.capacity.value} {c.price_per_hour:.2f} USD/h" for c in over[:OVER_CAP_LISTED]
+    )
+    if len(over) > OVER_CAP_LISTED:
+        listed += f"; +{len(over) - OVER_CAP_LISTED} more (-o json lists every candidate)"
+    message = (
+        f"every priced candidate for {what} is over the price cap of {cap:.2f} USD/h: {listed}{unpriced_note}"
+    )
+    # The cheapest one whose quota also has room is what a higher cap would place; if none has room,
+    # a higher cap alone would only trade this refusal for a quota one.
+    placeable = next((c for c in over if c.quota_fits), None)
+    if placeable is None:
+        fix = (
+            f"raise --max-price to at least {smallest_cap(over[0].price_per_hour or 0.0):.2f} and get quota "
+            f"(every priced candidate is also short of it: `tpuctl quota`), or {others}"
+        )
+    else:
+        fix = (
+            f"raise --max-price to {smallest_cap(placeable.price_per_hour or 0.0):.2f}, the smallest cap "
+            f"that would place it ({placeable.zone} {placeable.capacity.value}), or {others}"
+        )
+    return Verdict.OVER_PRICE_CAP, message, fix
+
+
+def smallest_cap(per_hour: float) -> float:
+    """The smallest cap, in whole cents, that a price is within (rounded up, so passing it works; the
+    rounding to 6 places first keeps 76.8 from becoming 76.81 through float noise)."""
+    return math.ceil(round(per_hour * 100, 6)) / 100
 
 
 def _no_quota(request: PlacementRequest, what: str, priced: list[Candidate]) -> tuple[Verdict, str, str]:

@@ -26,7 +26,7 @@ from tpuctl.errors import (
     UsageError,
 )
 from tpuctl.services.session import Session
-from tpuctl.store.records import EventKind, EventRecord
+from tpuctl.store.records import EventKind, EventRecord, PodRecord
 from tpuctl.timefmt import iso
 
 _NODE_ID_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -105,6 +105,16 @@ def _event_dict(event: EventRecord) -> dict[str, Any]:
     }
 
 
+def _deleted_by(event: EventRecord) -> str:
+    """``alice (user)``: who deleted a slice and why, as far as its deleted event says (events written
+    by gc or older versions have only the reason)."""
+    detail = event.detail or {}
+    reason, by = detail.get("reason"), detail.get("by")
+    if by and reason:
+        return f"{by} ({reason})"
+    return str(by or reason or "unknown")
+
+
 @dataclass(frozen=True)
 class Deletion:
     """A deleted slice, and the queued resource deleted with it (its id), if any."""
@@ -129,7 +139,15 @@ class PodService:
         return [self._view(node) for node in sorted(nodes, key=lambda n: (n.zone, n.name))]
 
     def describe(self, name: str, zone: str | None = None) -> dict[str, Any]:
-        node = self._locate(name, zone)
+        """The live slice joined with its ledger record; for one the cloud no longer has, what the ledger
+        recorded of its last life (a deleted slice's history is still worth reading)."""
+        try:
+            node = self._locate(name, zone)
+        except NotFoundError:
+            record = self._ledger.get_pod(name, zone=validate_zone(zone) if zone else None)
+            if record is None:
+                raise
+            return self._describe_from_ledger(record)
         view = self._view(node)
         events = [_event_dict(e) for e in self._ledger.pod_events(node.name, zone=node.zone)]
         return {
@@ -140,6 +158,40 @@ class PodService:
                 {"ip_address": e.ip_address, "port": e.port} for e in node.network_endpoints
             ],
             "events": events,
+            "deleted_at": None,
+            "deleted_by": None,
+        }
+
+    def _describe_from_ledger(self, record: PodRecord) -> dict[str, Any]:
+        """A slice the cloud does not have, as the ledger last saw it: the same keys as a live one's
+        (no hosts: they went with it), with when it ended and who or what deleted it."""
+        events = list(self._ledger.events(pod_id=record.id))
+        deletion = next((e for e in reversed(events) if e.kind == EventKind.DELETED), None)
+        chips, per_chip = record.chips, record.price_per_chip_hour
+        accel = (
+            None if record.accelerator_type is None else self._accelerator_or_none(record.accelerator_type)
+        )
+        return {
+            "name": record.name,
+            "zone": record.zone,
+            "accelerator_type": record.accelerator_type,
+            "topology": None if accel is None else accel.topology,
+            "chips": chips,
+            "hosts": record.hosts,
+            "state": str(record.state) if record.deleted_at is None else "DELETED",
+            "capacity": None if record.capacity is None else record.capacity.value,
+            "price_per_chip_hour": per_chip,
+            "price_per_hour": None if per_chip is None or chips is None else per_chip * chips,
+            "labels": dict(record.labels),
+            "created_at": None if record.created_at is None else iso(record.created_at),
+            "tracked": True,
+            "queued_resource": record.queued_resource,
+            "runtime_version": None,
+            "health": None,
+            "network_endpoints": [],
+            "events": [_event_dict(e) for e in events],
+            "deleted_at": None if record.deleted_at is None else iso(record.deleted_at),
+            "deleted_by": None if deletion is None else _deleted_by(deletion),
         }
 
     def _locate(self, name: str, zone: str | None) -> Node:
@@ -239,7 +291,12 @@ class PodService:
         if qr_id is not None:
             with contextlib.suppress(NotFoundError):
                 self._cloud.delete_queued_resource(node.zone, qr_id, force=True, wait=wait)
-        detail: dict[str, Any] = {"reason": reason, "state_before": node.state}
+        # ``by``: who ran the command (the owner label's value), so a shared ledger says who deleted it.
+        detail: dict[str, Any] = {
+            "reason": reason,
+            "state_before": node.state,
+            "by": self._session.settings.resolved_owner,
+        }
         if qr_id is not None:
             detail["queued_resource_deleted"] = qr_id
         self._ledger.record_event(

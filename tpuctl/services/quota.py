@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from tpuctl.catalog import AcceleratorType, CapacityType, Catalog, Surface
+from tpuctl.catalog import AcceleratorType, CapacityType, Catalog, Generation, Surface
 from tpuctl.cloud.base import DEAD_QUEUED_STATES, Node, QueuedResource, QuotaLimit, TpuCloud
 from tpuctl.errors import UsageError
 from tpuctl.services.quota_rules import RULES, QuotaKey, queued_resource_rules, quota_rules
@@ -234,6 +234,34 @@ class QuotaBook:
             self.use(key.quota_id, key.location, self._units.get(key.quota_id, "chips"), key.tpu_family)
             for key in sorted(keys, key=lambda k: k.order)
         ]
+
+
+def generation_uses(uses: Iterable[QuotaUse], generation: Generation) -> list[QuotaUse]:
+    """The rows of ``uses`` that count ``generation``'s slices: its TPU API quotas (training and serving)
+    and its Compute Engine ones. A per-family quota's row for no family (the limit of every family
+    without a row of its own) stays where the generation has no row of its own at that location."""
+    tpu_api = {
+        quota_id
+        for family in generation.quota_families()
+        for scope in family.scopes
+        if (quota_id := family.quota_id(scope))
+    }
+    compute = generation.compute
+    own_compute = (
+        set()
+        if compute is None
+        else {(q.quota_id, q.tpu_family) for q in (compute.on_demand_quota, compute.preemptible_quota)}
+    )
+    uses = list(uses)
+    own = [u for u in uses if u.quota_id in tpu_api or (u.quota_id, u.tpu_family) in own_compute]
+    placed = {(u.quota_id, u.location) for u in own}
+    per_family = {quota_id for quota_id, family in own_compute if family is not None}
+    others = [
+        u
+        for u in uses
+        if u.tpu_family is None and u.quota_id in per_family and (u.quota_id, u.location) not in placed
+    ]
+    return [u for u in uses if u in own or u in others]
 
 
 def quota_units(accel: AcceleratorType, surface: Surface) -> int:

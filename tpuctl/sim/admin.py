@@ -118,6 +118,11 @@ class SimAdminClient:
         ``method``, ``path``, oldest first."""
         return list(self._call("GET", "/mutations")["mutations"])
 
+    def deletions(self) -> list[dict[str, Any]]:
+        """Every slice deletion, oldest first (``tpuctl.sim.deletions``): ``at``, ``project``, ``zone``,
+        ``name``, ``resource``, ``path`` (``api`` or ``scheduled termination``), ``principal``, ``reason``."""
+        return list(self._call("GET", "/deletions")["deletions"])
+
     def world(self) -> dict[str, Any]:
         """The world in force, as JSON data (World.model_dump)."""
         return self._call("GET", "/world")

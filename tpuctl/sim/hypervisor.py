@@ -11,7 +11,8 @@ One per state: it holds an exclusive ``flock`` on ``hypervisor.lock`` in the sta
 whole life; a second one started at the same time finds the lock taken and exits. It exits on SIGTERM
 (``stop_hypervisor``, a test's teardown), when its state or VM root is removed, or after
 ``idle_exit_s`` with no node whose VMs it serves. The VMs' own processes outlive it (its listeners
-close; a later hypervisor serves the same disks again).
+close; a later hypervisor serves the same disks again). When it exits with no disk left to serve, it
+removes its VM root (image, log and all) from the temp dir.
 
 Run as ``python -m tpuctl.sim.hypervisor --state-dir DIR --ssh-port P --metadata-port P --wheelhouse
 DIR``; its output goes to ``hypervisor.log`` in the VM root.
@@ -23,6 +24,7 @@ import argparse
 import contextlib
 import fcntl
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -41,6 +43,9 @@ _TICK_S = 0.05
 #: its own, which must not make the hypervisor it starts give up.
 _LOCK_TRIES_S = 2.0
 _DEFAULT_IDLE_EXIT_S = 600.0
+#: How long an exiting hypervisor waits for its image build to end before it removes the VM root (one
+#: still building would write into a root removed under it); past this the root is left to a later one.
+_IMAGE_SETTLE_S = 3.0
 
 
 def ensure_hypervisor(
@@ -147,13 +152,42 @@ def serve(state_dir: Path, *, ports: tuple[int, int], wheelhouse: Path, idle_exi
         if not held:
             return 0  # another hypervisor serves this state, or the state is gone
         (vm_root / PID_FILE).write_text(str(os.getpid()), encoding="utf-8")
+        root_inode = os.stat(vm_root).st_ino  # the root this hypervisor serves (and may remove)
         stopping = threading.Event()
         signal.signal(signal.SIGTERM, lambda *_: stopping.set())
         signal.signal(signal.SIGINT, lambda *_: stopping.set())
-        _run(state_dir, vm_root, ports, wheelhouse, idle_exit_s, stopping)
+        settled = _run(state_dir, vm_root, ports, wheelhouse, idle_exit_s, stopping)
         with contextlib.suppress(FileNotFoundError):
             (vm_root / PID_FILE).unlink()
+        if settled:  # still holding the lock: no other hypervisor uses the root
+            _remove_unless_disks_remain(vm_root, root_inode)
     return 0
+
+
+def _remove_unless_disks_remain(vm_root: Path, inode: int) -> None:
+    """After a normal exit, the VM root goes from the temp dir (its image alone is ~17 MB per state)
+    unless a disk in it is still a node's: a stopped node's, or a READY one's when told to stop (its VM
+    outlives this process, and a later hypervisor serves the same disk). Disks already wiped do not
+    count. Only the root this hypervisor served (``inode``): one made anew at the same path since (the
+    state thrown away and made again) is another hypervisor's. Renamed away first, atomically: a
+    hypervisor started for the same state from then on makes a fresh root, never one half removed under
+    it."""
+    from tpuctl.sim.vms.layout import parse_disk_name
+
+    disks = vm_root / "disks"
+    try:
+        if os.stat(vm_root).st_ino != inode:
+            return
+        if disks.is_dir() and any(parse_disk_name(entry.name) for entry in disks.iterdir()):
+            return
+    except FileNotFoundError:
+        return  # removed with its state already
+    doomed = vm_root.with_name(f"{vm_root.name}.gone-{os.getpid()}")
+    try:
+        os.rename(vm_root, doomed)
+    except OSError:
+        return  # already gone (the state thrown away with it), or not ours to move
+    shutil.rmtree(doomed, ignore_errors=True)
 
 
 def _run(
@@ -163,7 +197,9 @@ def _run(
     wheelhouse: Path,
     idle_exit_s: float,
     stopping: threading.Event,
-) -> None:
+) -> bool:
+    """Serve until told to stop, idle or thrown away; returns whether nothing of this process writes
+    below the VM root any more (the image build may still be running)."""
     from tpuctl.sim.engine import SimEngine
     from tpuctl.sim.network import NetworkServices
     from tpuctl.sim.state import SimDatabase, db_path_for
@@ -176,7 +212,7 @@ def _run(
         # another inode) and this hypervisor has nothing left to serve.
         identity = (os.stat(db_path).st_ino, os.stat(vm_root).st_ino)
     except FileNotFoundError:
-        return
+        return False  # nothing was served: the state is being made or thrown away by someone else
     db = SimDatabase(db_path)
     network = NetworkServices(
         services_address(state_dir), storage_dir=state_dir / "sim-gcs", wheelhouse=wheelhouse
@@ -192,7 +228,7 @@ def _run(
         try:
             while not stopping.wait(_TICK_S):
                 if _identity(db_path, vm_root) != identity:
-                    return  # the state was thrown away
+                    break  # the state was thrown away
                 try:
                     fleet.reconcile()
                 except Exception as exc:  # a busy database: the next tick tries again
@@ -201,11 +237,13 @@ def _run(
                 if fleet.served() or not fleet.image_ready():
                     idle_since = time.monotonic()
                 elif time.monotonic() - idle_since > idle_exit_s:
-                    return
+                    break
         finally:
             fleet.stop()
             if not stopping.is_set():  # an idle exit leaves no wiped disk's files behind
                 procs.reap_wiped_disks(vm_root / "disks")
+        # Within the 5 s stop_hypervisor grants before its SIGKILL.
+        return fleet.image_settled(timeout=_IMAGE_SETTLE_S)
     finally:
         network.stop()
         db.close()

@@ -92,15 +92,23 @@ def _directory(tree: dict[str, str], key: str, *, recursive: bool) -> SimRespons
     return text_response(listing, etag=etag(listing))
 
 
+#: Keys whose text is one item per line, and which a recursive answer gives as a JSON list, as GCE's does
+#: (``service-accounts/default/?recursive=true``: ``{"aliases": ["default"], "email": ..., "scopes": [...]}``;
+#: tensorstore's GCE credentials read ``scopes`` as a list and take none where it is a string).
+_LINE_LISTS = frozenset({"aliases", "scopes"})
+
+
 def _nest(flat: dict[str, str], *, camel: bool) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for path, value in flat.items():
         parts = path.split("/")
         node = out
         for i, part in enumerate(parts):
-            name = _camel(part) if camel and "attributes" not in parts[:i] else part
+            user_key = not camel or "attributes" in parts[:i]
+            name = part if user_key else _camel(part)
             if i == len(parts) - 1:
-                node[name] = _json_value(value)
+                listed = not user_key and part in _LINE_LISTS
+                node[name] = value.split() if listed else _json_value(value)
             else:
                 node = node.setdefault(name, {})
     return out

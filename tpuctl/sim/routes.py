@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from tpuctl.errors import ConfigError
-from tpuctl.sim import api_errors, discovery, frontend
+from tpuctl.sim import api_errors, deletions, discovery, frontend
 from tpuctl.sim.api_errors import ApiError, invalid_argument
 from tpuctl.sim.compute import routes as compute_routes
 from tpuctl.sim.engine import SimEngine
@@ -217,9 +217,19 @@ def _create_queued_resource(engine: SimEngine, request: SimRequest, args: tuple[
 
 
 def _delete_queued_resource(engine: SimEngine, request: SimRequest, args: tuple[str, ...]) -> Answer:
+    """queuedResources.delete, with who asked in the simulator's deletion log (``tpuctl.sim.deletions``):
+    with ``force`` it deletes the queued resource's slices too."""
     project, zone, qr = args
-    return engine.delete_queued_resource(
-        project, zone, qr, force=_flag(request, "force"), request_id=first(request.query, "requestId")
+    return deletions.delete_answer(
+        engine,
+        request,
+        lambda: engine.delete_queued_resource(
+            project, zone, qr, force=_flag(request, "force"), request_id=first(request.query, "requestId")
+        ),
+        project=project,
+        zone=zone,
+        name=qr,
+        resource="queued resource",
     )
 
 
@@ -249,6 +259,20 @@ def _discovery_document(engine: SimEngine, request: SimRequest, args: tuple[str,
     return discovery.served_document(version, f"http://{host}/")
 
 
+def _delete_node(engine: SimEngine, request: SimRequest, args: tuple[str, ...]) -> Answer:
+    """nodes.delete, with who asked in the simulator's deletion log (``tpuctl.sim.deletions``)."""
+    project, zone, name = args
+    return deletions.delete_answer(
+        engine,
+        request,
+        lambda: engine.delete_node(project, zone, name),
+        project=project,
+        zone=zone,
+        name=name,
+        resource="tpu node",
+    )
+
+
 TPU_ROUTES = (
     route("GET", rf"/v2/projects/{_SEGMENT}/locations", lambda e, r, a: e.list_locations(a[0], *_page(r))),
     route("GET", _LOC, lambda e, r, a: e.get_location(*a)),
@@ -260,7 +284,7 @@ TPU_ROUTES = (
         lambda e, r, a: e.create_node(a[0], a[1], first(r.query, "nodeId"), dict(r.body)),
     ),
     route("GET", _NODE, lambda e, r, a: e.get_node(*a)),
-    route("DELETE", _NODE, lambda e, r, a: e.delete_node(*a)),
+    route("DELETE", _NODE, _delete_node),
     route(
         "PATCH",
         _NODE,
@@ -449,6 +473,7 @@ def _admin_unrouted(request: SimRequest, path_known: bool) -> SimResponse:
 ADMIN_ROUTES = (
     route("GET", _admin("status"), lambda e, r, a: e.status()),
     route("GET", _admin("mutations"), lambda e, r, a: {"mutations": list(e.mutations)}),
+    route("GET", _admin("deletions"), lambda e, r, a: deletions.log(e)),
     route("GET", _admin("world"), lambda e, r, a: e.world.model_dump(mode="json")),
     route("POST", _admin("reset"), _reset),
     route("POST", _admin("preempt"), _preempt),

@@ -116,6 +116,19 @@ CREATE TABLE IF NOT EXISTS oslogin_keys (
 
 CREATE TABLE IF NOT EXISTS stockouts (zone TEXT PRIMARY KEY, since REAL NOT NULL);
 
+-- Every slice deletion and how it came (tpuctl.sim.deletions): 'api' (principal: the caller or a host's
+-- service account) or 'scheduled termination' (Compute Engine's terminationTime / maxRunDuration).
+CREATE TABLE IF NOT EXISTS deletions (
+    at REAL NOT NULL,
+    project TEXT NOT NULL,
+    zone TEXT NOT NULL,
+    name TEXT NOT NULL,
+    resource TEXT NOT NULL,
+    path TEXT NOT NULL,
+    principal TEXT,
+    reason TEXT
+);
+
 CREATE TABLE IF NOT EXISTS schedule_fired (entry INTEGER PRIMARY KEY, fired INTEGER NOT NULL);
 
 -- Compute Engine operations (zonal, regional or global: location is 'zones/Z', 'regions/R' or

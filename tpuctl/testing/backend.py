@@ -60,6 +60,7 @@ class InProcessBackend:
     label: BackendLabel = SIM_LABEL
     runtime: Literal["cpu", "tpu"] = "cpu"
     default_bucket: str | None = SIM_BUCKET
+    host_wheelhouse: Path | None = None  # its hosts are never set up (it runs no VMs)
 
     def __init__(self, sim: InProcessSim, *, tuning: Tuning = SIM_TUNING) -> None:
         self.sim = sim

@@ -150,3 +150,15 @@ def test_a_supervisor_that_found_the_lease_held_fails_nothing(tmp_path: Path) ->
     _not_started(session, "r1", "exited at once (status 1)", tmp_path / "log", returncode=1)
     record = ledger.get_run("r1")
     assert record is not None and record.status == RunStatus.FAILED.value
+
+
+def test_the_runs_deadline_travels_with_its_request_and_is_kept_by_a_resume(tmp_path: Path) -> None:
+    """``run --max-hours``: fixed once, when the run was first prepared; another machine's resume
+    prepares the same moment, not a new one H hours from then."""
+    from tpuctl.services.run.control import load_request
+
+    request = RunRequest(example="lm", max_hours=1.5, deadline_at=1_800_005_400.0)
+    run_dir = RunDir.of(tmp_path, "run-x")
+    save_request(run_dir, request, run_id="run-x", budget_usd=None, policy=RecoveryPolicy())
+    again = load_request(run_dir).request
+    assert (again.max_hours, again.deadline_at) == (1.5, 1_800_005_400.0)

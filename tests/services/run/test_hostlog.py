@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tpuctl.services.run.hostlog import HostLog, LogLine, LogReader, is_noise, read_logs
+from tpuctl.services.run.hostlog import HostLog, LogLine, LogReader, read_logs
 
 
 def _log(path: Path, lines: list[tuple[float, str]], attempt: int | None = None) -> None:
@@ -59,10 +59,3 @@ def test_follow_interleaves_hosts_by_arrival_until_the_run_ends(tmp_path: Path) 
     for line in read_logs([(0, a), (1, b)], follow=lambda: next(polls), sleep=sleep):
         seen.append(line.text)
     assert seen == ["a1", "b1", "b2", "a2"]
-
-
-def test_gloo_connection_lines_are_noise() -> None:
-    assert is_noise(
-        "[Gloo] Rank 3 is connected to 15 peer ranks. Expected number of connected peer ranks is : 15"
-    )
-    assert not is_noise("step 3 loss 2.1") and not is_noise("w [Gloo] Rank 3 is connected to 1 peer ranks")

@@ -17,8 +17,9 @@ import pytest
 from tpuctl.errors import InterruptedByUser, RunFailedError, UsageError
 from tpuctl.params import flag
 from tpuctl.services.run.launcher import Launcher
-from tpuctl.services.run.model import RecoveryPolicy, RunRequest, RunResult
+from tpuctl.services.run.model import PhaseUpdate, RecoveryPolicy, RunRequest, RunResult
 from tpuctl.services.run.prepare import parse_env
+from tpuctl.services.run.provision import renamed, run_slice_name
 from tpuctl.services.run.service import Runs
 from tpuctl.services.session import Session, open_session
 from tpuctl.settings import load_settings
@@ -71,6 +72,12 @@ class Recorder:
 
     def status(self, text: str) -> None:
         self.statuses.append(text)
+
+    def phase(self, update: PhaseUpdate) -> None:
+        self.statuses.append(update.title + (f": {update.outcome}" if update.ended else ""))
+
+    def detail(self, worker: int | None, text: str) -> None:
+        pass
 
     def pids(self) -> list[int]:
         return [int(t.split()[1]) for _, t in self.lines if t.startswith("pid ")]
@@ -193,3 +200,21 @@ def test_plan_has_no_side_effects(session: Session, tmp_path: Path) -> None:
     assert session.cloud.list_nodes(None) == []
     assert session.ledger.list_runs() == []
     assert not (session.state_dir / "sim-hosts").exists()
+
+
+def test_a_runs_slices_are_named_after_the_run_each_time_it_is_prepared(
+    session: Session, tmp_path: Path
+) -> None:
+    """`runs resume` prepares the run again: its slices keep the run's name (not a new random one), each
+    later slice with its own `-r<restart>` (a node name is unique in its zone; the old one may be
+    deleting)."""
+    launcher = Launcher(session)
+    request = RunRequest(script=program(tmp_path, SLEEPER), accelerator_type="v5e-16", run_id="run-x1")
+    first, again = launcher.prepare(request), launcher.prepare(request)
+    assert first.target.name == again.target.name == "run-x1"
+    assert first.target.placement is not None and again.target.placement is not None
+    assert first.target.placement.request_id != again.target.placement.request_id
+    assert [renamed(again, 2, tries).target.name for tries in (1, 3)] == ["run-x1-r2", "run-x1-r2-3"]
+    # Within the API's 63 characters with a multislice's -<i>, never ending with a dash.
+    assert run_slice_name("r" * 59 + "-abc", 1) == "r" * 59 + "-abc"
+    assert run_slice_name("r" * 59 + "-abc", 12) == "r" * 59

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, cast
 
 import pytest
 
-from tpuctl.errors import EXIT_USAGE, LeaseHeldError, UsageError
+from tpuctl.errors import EXIT_NOT_FOUND, LeaseHeldError, UsageError
 from tpuctl.runtime.preemption import EVENT_PREFIX
 from tpuctl.services.run.lookup import RunNotFoundError
 from tpuctl.services.run.rundir import RunDir
@@ -66,12 +66,12 @@ def test_get_takes_an_id_its_end_or_latest(runs: Runs) -> None:
     assert runs.get("latest").run_id == IDS[1] and runs.get(None).run_id == IDS[1]
 
 
-def test_no_such_run_is_one_error_with_its_fix_and_exit_2(runs: Runs) -> None:
+def test_no_such_run_is_one_error_with_its_fix_and_exit_11(runs: Runs) -> None:
     for call in (runs.get, runs.describe, runs.logs, runs.cancel, runs.resume, runs.reload):
         with pytest.raises(RunNotFoundError) as info:
             call("zz99")
         error = info.value
-        assert isinstance(error, UsageError) and error.exit_code == EXIT_USAGE
+        assert isinstance(error, UsageError) and error.exit_code == EXIT_NOT_FOUND
         assert error.message == "no run 'zz99'"
         assert (
             error.fix
@@ -221,7 +221,7 @@ def test_resume_refuses_a_succeeded_run_and_a_supervised_one(
 def test_resume_writes_nothing_when_a_supervisor_takes_the_run_while_it_prepares(
     ledger: Ledger, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tpuctl.services.run import control
+    from tpuctl.services.run import control, prepare
 
     ledger.update_run(IDS[0], status=RunStatus.FAILED, exit_code=1)
     before = ledger.get_run(IDS[0])
@@ -229,9 +229,10 @@ def test_resume_writes_nothing_when_a_supervisor_takes_the_run_while_it_prepares
 
     def prepared_while_another_took_it(*args: object) -> SimpleNamespace:
         taken.append(ledger.claim_lease(IDS[0], OWNER, 300.0))  # after the first check passed
-        return SimpleNamespace(policy=None, budget_usd=None)
+        return SimpleNamespace(policy=None, budget_usd=None, prepared=None)
 
     monkeypatch.setattr(control, "prepare_again", prepared_while_another_took_it)
+    monkeypatch.setattr(prepare, "with_budget", lambda *args: None)  # its price is not what is tested
     settings = SimpleNamespace(lease_duration=60.0)
     runs = Runs(cast("Session", SimpleNamespace(ledger=ledger, state_dir=tmp_path, settings=settings)))
     with pytest.raises(LeaseHeldError, match="is supervised by host host-b, pid 4242"):

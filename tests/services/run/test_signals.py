@@ -7,13 +7,14 @@ from __future__ import annotations
 from typing import Any
 
 from tpuctl.runtime.preemption import event_line
+from tpuctl.services.run.model import Silent
 from tpuctl.services.run.signals import EventTap
 
 FOLLOWER_NOTICE = event_line("notice", worker=0, source="metadata", t=1.0, reporter="follower")
 STEP = event_line("step", step=3, dt=0.1)
 
 
-class Screen:
+class Screen(Silent):
     def __init__(self) -> None:
         self.lines: list[tuple[int, str]] = []
 

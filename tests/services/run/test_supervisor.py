@@ -17,7 +17,7 @@ from tpuctl.cloud.base import Node
 from tpuctl.errors import LeaseLostError
 from tpuctl.services.run.accounting import PreemptionRecord
 from tpuctl.services.run.lease import Lease
-from tpuctl.services.run.model import Outcome
+from tpuctl.services.run.model import Outcome, Silent
 from tpuctl.services.run.rundir import RunDir
 from tpuctl.services.run.sliceset import SliceSet
 from tpuctl.services.run.supervisor import Supervisor, _Attempt, _Run
@@ -164,7 +164,7 @@ def test_a_budget_stop_just_before_the_start_stops_the_program_as_it_starts(sess
     assert hosts.stopped == [2.0]  # the run's --grace
 
 
-class Said:
+class Said(Silent):
     """An observer that keeps the supervisor's statuses and the hosts' lines."""
 
     def __init__(self) -> None:

@@ -60,8 +60,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    # Orbax and absl log every save at INFO; keep the host log about training.
-    for noisy in ("absl", "orbax", "jax"):
+    # Orbax and absl log every save at INFO, fsspec every read-ahead cache of a restore, the runtime's
+    # checkpointer each restore on every host (process 0 says it below); keep the host log about training.
+    for noisy in ("absl", "orbax", "jax", "fsspec", "tpuctl.runtime"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
     from tpuctl.runtime import dist

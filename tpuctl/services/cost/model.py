@@ -79,7 +79,7 @@ class CostLine:
         }
 
 
-#: CSV columns of ``cost report -o csv`` (one row per group; documented in the README).
+#: CSV columns of ``cost report -o csv`` (one row per group; documented in docs/cost.md).
 CSV_COLUMNS: Final = ("group_by", "key", *FIGURES)
 
 #: What ``--group-by slice`` adds after the key, one fact per column, so a spreadsheet can filter and
@@ -144,7 +144,7 @@ class CostReport:
         return rest
 
     def to_dict(self) -> dict[str, Any]:
-        """The ``cost report -o json`` document body (schema in the README's Cost section)."""
+        """The ``cost report -o json`` document body (schema in docs/cost.md)."""
         totals = self.totals.to_dict()
         totals.pop("key")
         totals.update(

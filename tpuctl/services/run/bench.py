@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tpuctl.catalog import AcceleratorType
-from tpuctl.services.run.model import LaunchObserver, Silent
+from tpuctl.services.run.model import LaunchObserver, PhaseUpdate, Silent
 
 #: The line the bench program's host 0 prints (tpuctl/hosts/programs/bench_step.py).
 BENCH_STEP_PREFIX = "TPUCTL_BENCH_STEP "
@@ -39,6 +39,12 @@ class BenchCollector:
 
     def status(self, text: str) -> None:
         self._inner.status(text)
+
+    def phase(self, update: PhaseUpdate) -> None:
+        self._inner.phase(update)
+
+    def detail(self, worker: int | None, text: str) -> None:
+        self._inner.detail(worker, text)
 
 
 @dataclass(frozen=True)

@@ -230,6 +230,8 @@ def _settings_env(session: Session) -> dict[str, str]:
         ("TPUCTL_SECRET_KEY_FILE", settings.resolved_secret_key_file),
         ("TPUCTL_LEASE_DURATION", f"{settings.lease_duration!r}"),
         ("TPUCTL_LEASE_RENEW_EVERY", f"{settings.lease_renew_every!r}"),
+        # ... and the backstop the hosts are armed with: the same grace as the command that started it.
+        ("TPUCTL_BACKSTOP_GRACE", f"{settings.backstop_grace!r}"),
     ):
         if value is not None:
             env[name] = str(value.absolute() if isinstance(value, Path) else value)

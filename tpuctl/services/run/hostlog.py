@@ -13,7 +13,6 @@ any machine (``read_ledger_logs``); the files stay, for grep and tail on the sup
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -27,16 +26,8 @@ if TYPE_CHECKING:
     from tpuctl.store.ledger import Ledger
     from tpuctl.store.records import LeaseClaim
 
-#: Output that only the simulator's hosts print (JAX's CPU collectives announcing each peer), one line
-#: per host pair: dozens on a 16-host start. Kept in the log files, not shown on the console.
-NOISE = re.compile(r"^\[Gloo\] Rank \d+ is connected to \d+ peer ranks?\b")
-
 #: The first words of the line that starts each attempt in a host's log.
 MARKER = "=== tpuctl: attempt "
-
-
-def is_noise(text: str) -> bool:
-    return NOISE.match(text) is not None
 
 
 def times_path(log: Path) -> Path:

@@ -10,7 +10,6 @@ with the fix, not as a traceback on every host after start-up.
 
 from __future__ import annotations
 
-import ast
 import importlib.util
 import shlex
 import sys
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tpuctl.errors import RunFailedError
+from tpuctl.services.run.model import PhaseUpdate
 
 if TYPE_CHECKING:
     from tpuctl.hosts.base import Executor
@@ -40,17 +40,25 @@ _CHECK_CODE = (
 
 
 def run_setup(
-    observer: LaunchObserver, executor: Executor, prepared: PreparedRun, logs: Mapping[int, HostLog]
+    observer: LaunchObserver,
+    executor: Executor,
+    prepared: PreparedRun,
+    logs: Mapping[int, HostLog],
+    *,
+    uv_wheelhouse: Path | None,
 ) -> float:
-    """Run the setup on every host; returns the seconds it took (every host done). Raises
-    RunFailedError naming the first failed host and command."""
-    from tpuctl.hosts.setup import RUN_SCRIPT_FROM_STDIN, failed_command, setup_script
+    """Run the setup on every host, after bringing them uv (the pinned wheel from ``uv_wheelhouse``)
+    where it installs anything; returns the seconds it took (every host done). Raises RunFailedError
+    naming the first failed host and command."""
+    from tpuctl.hosts.setup import RUN_SCRIPT_FROM_STDIN, failed_command, finished, setup_script
+    from tpuctl.hosts.uv_tool import bring_uv
 
     spec = prepared.setup
+    hosts = executor.num_hosts
     if spec.does_nothing:
         # Nothing to install or run: the program uses the image's python3 as it is, and a session per
         # host that only makes an empty directory would be a large part of a large slice's start-up.
-        observer.status(f"no setup on {executor.num_hosts} hosts: nothing to install or run")
+        observer.detail(None, f"no setup on {hosts} hosts: nothing to install or run")
         return 0.0
     script = setup_script(spec, prepared.request.ssh_remote_root)
     what = ", ".join(
@@ -62,12 +70,21 @@ def run_setup(
         )
         if part
     )
-    observer.status(f"setting up {executor.num_hosts} hosts: {what}")
+    title = f"setting up {hosts} host{'s' if hosts != 1 else ''}: {what}"
+    observer.phase(PhaseUpdate(title, done=0, total=hosts))
     started = time.monotonic()
+    done = 0
+    if spec.needs_env:
+        sent = bring_uv(executor, prepared.request.ssh_remote_root, [uv_wheelhouse] if uv_wheelhouse else [])
+        observer.detail(None, f"uv on {hosts} hosts ({sent} sent it, {hosts - sent} had it)")
 
     def on_line(worker: int, text: str) -> None:
+        nonlocal done
         logs[worker].write(text)
-        observer.line(worker, text)
+        observer.detail(worker, text)  # the commands and their output: in the log, on the console with -v
+        if finished(text):
+            done += 1  # under the executor's one callback at a time
+            observer.phase(PhaseUpdate(title, done=done, total=hosts))
 
     results = executor.run_command(
         RUN_SCRIPT_FROM_STDIN, stdin=script.encode(), on_line=on_line, timeout_s=SETUP_TIMEOUT_S
@@ -91,7 +108,7 @@ def run_setup(
             f"`tpuctl runs logs {prepared.run_id} --worker {worker}`",
         )
     took = time.monotonic() - started
-    observer.status(f"setup done on {executor.num_hosts} hosts in {took:.1f} s")
+    observer.phase(PhaseUpdate(title, done=hosts, total=hosts, outcome=f"done in {took:.1f} s"))
     return took
 
 
@@ -123,30 +140,18 @@ def check_imports(observer: LaunchObserver, executor: Executor, prepared: Prepar
 
 
 def program_imports(prepared: PreparedRun) -> set[str]:
-    """The top-level modules the program imports that neither its bundle nor the standard library has
-    (``tpuctl`` itself ships in the bundle)."""
-    source = _program_source(prepared)
-    if source is None:
-        return set()
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return set()  # Python on the host reports it, with the line
-    found: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            found.update(alias.name.split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            found.add(node.module.split(".")[0])
-    local = {f.path.split("/")[0].removesuffix(".py") for f in prepared.bundle.files}
-    return {m for m in found if m not in local and m != "__future__" and m not in sys.stdlib_module_names}
+    """The top-level modules the program imports at start-up that neither its bundle nor the standard
+    library has (``import_check``: the script and the local modules it imports); for ``-m MODULE``,
+    that module's own imports (``tpuctl`` itself ships in the bundle)."""
+    from tpuctl.services.run import import_check
 
-
-def _program_source(prepared: PreparedRun) -> str | None:
     program = prepared.program
-    if program and program[0] == "-m":
-        spec = importlib.util.find_spec(program[1])
-        origin = spec.origin if spec is not None else None
-        return Path(origin).read_text(encoding="utf-8") if origin else None
-    source = next((f.source for f in prepared.bundle.files if f.path == program[0]), None)
-    return source.read_text(encoding="utf-8", errors="replace") if source is not None else None
+    if program[0] != "-m":
+        return set(import_check.program_imports(prepared.bundle, program[0]))
+    spec = importlib.util.find_spec(program[1])
+    origin = spec.origin if spec is not None else None
+    if not origin:
+        return set()
+    source = Path(origin).read_text(encoding="utf-8")
+    found = {name.split(".")[0] for name, _line, level in import_check.startup_imports(source) if not level}
+    return {m for m in found if m not in ("__future__", "tpuctl") and m not in sys.stdlib_module_names}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tpuctl.errors import UsageError
+from tpuctl.errors import NameNotFoundError, UsageError
 
 if TYPE_CHECKING:
     from tpuctl.store.ledger import Ledger
@@ -20,8 +20,8 @@ LATEST = "latest"
 _SHOWN = 10
 
 
-class RunNotFoundError(UsageError):
-    """The one "no such run" error (exit 2): nothing the user named matches a run in the ledger."""
+class RunNotFoundError(NameNotFoundError):
+    """The one "no such run" error (exit 11): nothing the user named matches a run in the ledger."""
 
     def __init__(self, ref: str) -> None:
         super().__init__(
@@ -33,12 +33,13 @@ class RunNotFoundError(UsageError):
 
 
 def resolve_run_id(ledger: Ledger, ref: str | None) -> str:
-    """The run id ``ref`` names (None or ``latest``: the newest run). Exit 2 (UsageError) when no run
-    matches, or when a prefix or suffix matches several (they are listed, newest first)."""
+    """The run id ``ref`` names (None or ``latest``: the newest run). Exit 11 (``NameNotFoundError``) when
+    no run matches; exit 2 (UsageError) when a prefix or suffix matches several (they are listed, newest
+    first)."""
     if ref is None or ref == LATEST:
         newest = ledger.list_runs(limit=1)
         if not newest:
-            raise UsageError(
+            raise NameNotFoundError(
                 "there are no runs yet", field="RUN", value=ref, fix="start one with `tpuctl run`"
             )
         return newest[0].run_id

@@ -62,14 +62,38 @@ EXECUTOR_KINDS = tuple(kind.value for kind in ExecutorKind)
 RUN_ID_RE = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
 
 
+@dataclass(frozen=True)
+class PhaseUpdate:
+    """Where one phase of an attempt stands (creating its slice, setting its hosts up): begun, ``done``
+    of ``total`` hosts so far, then ended with its ``outcome`` ("done in 12.3 s"). A console gives each
+    phase one line, however many hosts and updates it has; one phase runs at a time."""
+
+    title: str  # what the phase does: "setting up 4 hosts: runtime (cpu)"
+    done: int | None = None
+    total: int | None = None
+    outcome: str | None = None  # None while the phase runs
+
+    @property
+    def ended(self) -> bool:
+        return self.outcome is not None
+
+
 class LaunchObserver(Protocol):
     """Told what happens during a run; the CLI renders it (rich), tests collect it."""
 
     def line(self, worker: int, text: str) -> None:
-        """One line of output from host ``worker``, as it arrives."""
+        """One line of output from host ``worker``'s program, as it arrives."""
 
     def status(self, text: str) -> None:
-        """A step of the launcher itself (creating the slice, shipping, a host failed, ...)."""
+        """A step of the launcher worth its own line (a preemption, a host failed, ...)."""
+
+    def phase(self, update: PhaseUpdate) -> None:
+        """A phase of an attempt begun, advanced or ended (see ``PhaseUpdate``)."""
+
+    def detail(self, worker: int | None, text: str) -> None:
+        """A line that says how a phase went, for whoever asks for details (``-v``): a host's setup
+        commands and their output (``worker``; its log keeps them either way), or a step of the launcher
+        (None: shipping the bundle, deleting a slice)."""
 
 
 class Silent:
@@ -79,6 +103,12 @@ class Silent:
         pass
 
     def status(self, text: str) -> None:
+        pass
+
+    def phase(self, update: PhaseUpdate) -> None:
+        pass
+
+    def detail(self, worker: int | None, text: str) -> None:
         pass
 
 
@@ -106,6 +136,11 @@ class RunRequest:
     executor: str | None = None  # ssh (the only one; kept so --executor ssh keeps working)
     timeout_s: float | None = None
     grace_s: float = 5.0
+    #: ``--max-hours``: the run ends (its slices deleted) this many hours after it was first prepared,
+    #: waiting for capacity included; ``deadline_at`` is that moment (epoch seconds), fixed once, so a
+    #: recovery or ``runs resume`` keeps it.
+    max_hours: float | None = None
+    deadline_at: float | None = None
     bundle_limit_bytes: int = DEFAULT_LIMIT_BYTES
     run_id: str | None = None
     python: str | None = None  # the hosts' interpreter; default: the setup's environment (or python3)

@@ -11,12 +11,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tpuctl.catalog import Surface
 from tpuctl.errors import UsageError
 from tpuctl.hosts.base import ENV_NAME_RE, HostPlan
 from tpuctl.hosts.bundle import build_bundle
 from tpuctl.services.run import checkpoints, hosts, provision
 from tpuctl.services.run.model import EXAMPLES, RUN_ID_RE, PreparedRun, RunRequest
 from tpuctl.services.run.rundir import RunDir
+from tpuctl.timefmt import iso
 
 if TYPE_CHECKING:
     from tpuctl.hosts.setup import SetupSpec
@@ -44,6 +46,9 @@ def prepare(session: Session, request: RunRequest) -> PreparedRun:
             fix="give seconds, e.g. --timeout 3600",
         )
     executor_kind = hosts.executor_kind(session, request.executor)
+    if request.max_hours is not None and request.deadline_at is None:
+        # Fixed the first time the run is prepared: a resume or a recovery ends at the same moment.
+        request = dataclasses.replace(request, deadline_at=session.clock() + request.max_hours * 3600.0)
     run_id = request.run_id or new_run_id(session.clock())
     if not RUN_ID_RE.match(run_id):
         raise UsageError(
@@ -103,6 +108,32 @@ def with_budget(session: Session, prepared: PreparedRun, budget_usd: float | Non
         return prepared
     priced = dataclasses.replace(placement, priced_only=True)
     return dataclasses.replace(prepared, target=dataclasses.replace(target, placement=priced))
+
+
+def _backstop_plan(session: Session, prepared: PreparedRun) -> dict[str, Any] | None:
+    """What deletes the run's slices if no supervisor is left to (``backstop``); None with --keep-pod."""
+    from tpuctl.services.run import backstop
+
+    if not backstop.guards(prepared):
+        return None
+    deadline = prepared.request.deadline_at
+    ends = backstop.termination_at(session, prepared)
+    placement = prepared.target.placement
+    # Compute Engine deletes a one-host slice itself at its terminationTime, unless it is spot or
+    # flex-start (docs/google-facts.md#backstop; compute_shapes.instance_body).
+    by_cloud = (
+        placement is not None
+        and placement.surface is Surface.COMPUTE
+        and placement.accelerator.hosts == 1
+        and not placement.flex_start
+        and any(not c.is_preemptible for c in placement.capacity_types)
+    )
+    return {
+        "grace_s": session.settings.backstop_grace,
+        "deadline": None if deadline is None else iso(deadline),
+        "deadman": "host 0",
+        "compute_engine_deletes_at": iso(ends) if ends is not None and by_cloud else None,
+    }
 
 
 def _setup_spec(session: Session, request: RunRequest) -> SetupSpec:
@@ -265,6 +296,7 @@ def plan(session: Session, prepared: PreparedRun, *, budget_usd: float | None = 
         where["slice_price_per_hour"] = _per_slice(created, target.slices)
     if target.creates:
         where["delete_after"] = not prepared.request.keep_pod
+        where["backstop"] = _backstop_plan(session, prepared)
     executor = hosts.plan_executor(session, prepared, chosen_zone)
     host_plans: list[HostPlan] = executor.plan(prepared.spec(), digest=prepared.bundle.digest)
     return {

@@ -14,9 +14,10 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from tpuctl.cloud.base import LABEL_RUN, Node, OperationProgress
-from tpuctl.errors import NotFoundError, UsageError
+from tpuctl.errors import NameNotFoundError, NotFoundError, UsageError
 from tpuctl.services.access import with_host_access
-from tpuctl.services.run.model import LaunchObserver, PreparedRun, RunRequest, Target
+from tpuctl.services.run import backstop
+from tpuctl.services.run.model import LaunchObserver, PhaseUpdate, PreparedRun, RunRequest, Target
 from tpuctl.services.run.occupancy import refuse_second_run
 from tpuctl.services.run.sliceset import SliceSet, multislice_prefix
 from tpuctl.store.records import SegmentKind
@@ -41,10 +42,21 @@ def target(session: Session, request: RunRequest, run_id: str) -> Target:
         session.catalog,
         session.settings,
         request.accelerator_type,
+        name=run_slice_name(run_id, request.slices),
         labels={**request.labels, LABEL_RUN: run_id},
         slices=request.slices,
     )
     return Target(accelerator=placement.accelerator, placement=placement)
+
+
+def run_slice_name(run_id: str, slices: int) -> str:
+    """The name of the slice a run creates: its run id, so `pod list` says whose slice it is, and a run
+    prepared again (`runs resume`) names its slices as before rather than at random. Each later slice of
+    the run adds ``-r<restart>`` (``renamed``): a node name is unique among a zone's nodes, and the one
+    it replaces may still be deleting. Cut to leave a multislice's ``-<i>`` room within the API's 63
+    characters (run ids have the same alphabet as node names, but may end with a dash: they may not)."""
+    room = 63 - (len(f"-{slices - 1}") if slices > 1 else 0)
+    return run_id[:room].rstrip("-")
 
 
 def _existing(session: Session, request: RunRequest, run_id: str) -> Target:
@@ -131,7 +143,7 @@ def find_pod(session: Session, name: str, zone: str | None) -> Node:
     except NotFoundError:
         matches = []
     if not matches:
-        raise UsageError(
+        raise NameNotFoundError(
             f"pod {name!r} does not exist" + (f" in {zone}" if zone else ""),
             field="pod",
             value=name,
@@ -192,8 +204,10 @@ def provision(
         capacity=target.capacity,
         detail=detail,
     )
+    started = session.monotonic()
+    title = f"creating {target.name} ({_shape(prepared)})"
     try:
-        placed = _create(session, observer, prepared, progress, prefer_zone)
+        placed = _create(session, observer, prepared, progress, prefer_zone, title)
     except BaseException as exc:
         failed = {**(detail or {}), "error": str(exc) or type(exc).__name__}
         ledger.close_segment(segment, end=session.clock(), detail=failed)
@@ -201,11 +215,22 @@ def provision(
     slices = _placed_set(target.placement, placed.nodes)
     ledger.close_segment(segment, end=session.clock())
     ledger.update_segment(segment, pod=slices.name, zone=slices.zone, capacity=slices.capacity)
-    observer.status(
-        f"{slices.describe()} {'are' if slices.is_multislice else 'is'} {slices.state} in {slices.zone} "
-        f"({_terms(slices.capacity.value, placed.candidate.price_per_hour)})"
+    terms = _terms(slices.capacity.value, placed.candidate.price_per_hour)
+    named = "" if slices.name == target.name else f"{slices.describe()} "
+    took = session.monotonic() - started
+    observer.phase(
+        PhaseUpdate(title, outcome=f"{named}{slices.state} in {slices.zone} ({terms}), {took:.1f} s")
     )
     return slices
+
+
+def _shape(prepared: PreparedRun) -> str:
+    """``v5litepod-16, 4 hosts``: what a run's new slice (or slice set) is."""
+    target = prepared.target
+    what = target.accelerator.api_name
+    if target.slices > 1:
+        what = f"{target.slices} x {what}"
+    return f"{what}, {target.hosts} host{'s' if target.hosts != 1 else ''}"
 
 
 def _placed_set(placement: PlacementRequest | None, nodes: list[Node]) -> SliceSet:
@@ -229,6 +254,7 @@ def _create(
     prepared: PreparedRun,
     progress: OperationProgress | None,
     prefer_zone: str | None,
+    title: str,
 ) -> Placement:
     from tpuctl.services.allocator import Allocator
 
@@ -241,15 +267,14 @@ def _create(
     if prefer_zone is not None:
         first = [c for c in plan.order if c.zone == prefer_zone]
         plan = dataclasses.replace(plan, order=[*first, *(c for c in plan.order if c.zone != prefer_zone)])
-    accel = target.accelerator
     best = plan.order[0] if plan.order else None
     where = (
         f"first choice {best.zone} ({_terms(best.capacity.value, best.price_per_hour)})"
         if best is not None
         else "where the allocator finds room"
     )
-    what = f"{target.slices} x {accel.api_name}" if target.slices > 1 else accel.api_name
-    observer.status(f"creating {target.name} ({what}, {target.hosts} hosts); {where}")
+    observer.phase(PhaseUpdate(title))
+    observer.detail(None, f"{title}: {where}")
     return allocator.place(placement, progress=progress, plan=plan)
 
 
@@ -259,18 +284,22 @@ def _with_host_metadata(session: Session, prepared: PreparedRun, *, plan: bool) 
     placement = prepared.target.placement
     assert placement is not None
     key = prepared.ssh_key
-    return with_host_access(
+    placement = with_host_access(
         session,
         placement,
         proxy_command=prepared.request.ssh_proxy_command,
         plan=plan,
         public_openssh=None if key is None else key.public_openssh,
     )
+    # Past its --max-hours, Compute Engine ends the slice itself (the run's backstop).
+    terminate_at = backstop.termination_at(session, prepared)
+    return placement if terminate_at is None else dataclasses.replace(placement, terminate_at=terminate_at)
 
 
 def renamed(prepared: PreparedRun, restart: int, tries: int) -> PreparedRun:
-    """The prepared run with a fresh slice name and request id for a recovery (the old name may still
-    be deleting, and a new request must not be mistaken for the old one's retry)."""
+    """The prepared run with a fresh slice name and request id for a recovery or a resume: the run's own
+    name with ``-r<restart>`` (and ``-<try>`` after the first try), since the old name may still be
+    deleting, and a new request must not be mistaken for the old one's retry."""
     from tpuctl.services.pods import new_request_id
 
     target = prepared.target
@@ -281,7 +310,7 @@ def renamed(prepared: PreparedRun, restart: int, tries: int) -> PreparedRun:
         room = (
             63 - len(suffix) - (len(f"-{target.placement.slices - 1}") if target.placement.slices > 1 else 0)
         )
-        name = base[:room] + suffix
+        name = base[:room].rstrip("-") + suffix
         placement = dataclasses.replace(target.placement, name=name, request_id=new_request_id())
         return dataclasses.replace(prepared, target=dataclasses.replace(target, placement=placement))
     return prepared

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from tpuctl.errors import LeaseHeldError, UsageError
-from tpuctl.services.run import control, describe, hostlog, prepare
+from tpuctl.services.run import backstopped, control, describe, hostlog, prepare
 from tpuctl.services.run.fencing import LeaseKeeper, fenced_session
 from tpuctl.services.run.lookup import RunNotFoundError, resolve_run_id
 from tpuctl.services.run.rundir import RunDir
@@ -39,6 +39,7 @@ from tpuctl.store.records import LeaseOwner, RunStatus
 
 if TYPE_CHECKING:
     from tpuctl.cloud.base import OperationProgress
+    from tpuctl.services.run.import_check import ImportCheck
     from tpuctl.services.run.model import (
         LaunchObserver,
         PreparedRun,
@@ -64,12 +65,14 @@ class Runs:
 
     def get(self, ref: str | None) -> RunRecord:
         """The run ``ref`` names: a whole id, a unique start or end of one, ``latest`` or None (the newest).
-        Exit 2 (``RunNotFoundError``) when none matches; several matches are listed (``lookup``)."""
+        Exit 11 (``RunNotFoundError``) when none matches; several matches are listed (``lookup``). A run
+        whose backstop deleted its slices behind a silent supervisor has that recorded first
+        (``backstopped``)."""
         run_id = resolve_run_id(self._session.ledger, ref)
         record = self._session.ledger.get_run(run_id)
         if record is None:  # gone between the lookup and now
             raise RunNotFoundError(run_id)
-        return record
+        return backstopped.settle(self._session, record)
 
     def dir_of(self, record: RunRecord) -> RunDir:
         """The run's directory on this machine: the one its record names when it is under this state dir,
@@ -87,7 +90,8 @@ class Runs:
 
     def list_runs(self, *, limit: int) -> list[RunView]:
         """At most ``limit`` runs, newest first."""
-        return [RunView.of(r) for r in self._session.ledger.list_runs(limit=limit)]
+        records = backstopped.settle_all(self._session, self._session.ledger.list_runs(limit=limit))
+        return [RunView.of(r) for r in records]
 
     def describe(self, ref: str | None) -> RunDescription:
         record = self.get(ref)
@@ -131,6 +135,22 @@ class Runs:
     def prepare(self, request: RunRequest) -> PreparedRun:
         """Validate the request and build the bundle; raises UsageError for any bad input."""
         return prepare.prepare(self._session, request)
+
+    def check_imports(self, prepared: PreparedRun) -> ImportCheck:
+        """Whether the hosts' environment will hold every module the program imports at start-up
+        (``import_check``): call ``refuse()`` on the result before anything is created, and say its
+        ``warnings()``. A bundled example is tpuctl's own, checked by its tests: nothing to check."""
+        from tpuctl.services.run.import_check import ImportCheck, check_imports
+
+        if prepared.program[0] == "-m":
+            return ImportCheck()
+        return check_imports(
+            prepared.bundle,
+            prepared.program[0],
+            prepared.setup,
+            python=prepared.request.python,
+            wheelhouse=self._session.backend.host_wheelhouse,
+        )
 
     def plan(self, prepared: PreparedRun, *, budget_usd: float | None = None) -> dict[str, Any]:
         """What the run would ship and run where (``--dry-run``), refused as the run would be where its

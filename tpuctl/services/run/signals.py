@@ -15,7 +15,7 @@ from tpuctl.errors import BudgetExceededError, NotFoundError
 from tpuctl.runtime.preemption import PREEMPTED_EXIT_CODE, parse_event
 from tpuctl.services.run.accounting import Progress, notice_source
 from tpuctl.services.run.maintenance import in_maintenance
-from tpuctl.services.run.model import AttemptResult, LaunchObserver, Outcome, RecoveryPolicy
+from tpuctl.services.run.model import AttemptResult, LaunchObserver, Outcome, PhaseUpdate, RecoveryPolicy
 from tpuctl.services.run.sliceset import SliceSet
 
 if TYPE_CHECKING:
@@ -79,6 +79,12 @@ class EventTap:
 
     def status(self, text: str) -> None:
         self._inner.status(text)
+
+    def phase(self, update: PhaseUpdate) -> None:
+        self._inner.phase(update)
+
+    def detail(self, worker: int | None, text: str) -> None:
+        self._inner.detail(worker, text)
 
 
 @dataclass
@@ -199,15 +205,19 @@ class StepBudget:
         self,
         session: Session,
         run_id: str,
-        limit_usd: float,
+        limit_usd: float | None,
         margin_s: float,
         warn: Callable[[str], None],
         *,
         assumed_usd_per_hour: float | None = None,
+        deadline: tuple[float, float] | None = None,
     ) -> None:
+        """``limit_usd``: ``--budget``; ``deadline``: (when the run must end, when it started), from
+        ``--max-hours``."""
         self._session = session
         self._run_id = run_id
         self._limit = limit_usd
+        self._deadline = deadline
         self._margin_s = margin_s
         self._warn = warn
         self._assumed = assumed_usd_per_hour
@@ -232,6 +242,8 @@ class StepBudget:
             margin_s=self._margin_s,
             assumed_usd_per_hour=self._assumed,
         )
+        if self._deadline is not None:
+            guard.cap_deadline(*self._deadline)
         if self._step_s:
             guard.observe_step(self._step_s)
         with self._lock:
@@ -287,6 +299,11 @@ class StepBudget:
             spent = self._guard.spent()
         self.spent_usd = spent
         limit = self.decision.limit_usd
+        if limit is None:  # --max-hours alone
+            return BudgetExceededError(
+                f"run {run_id} stopped at its time limit ({self.decision.message}); it spent {spent:.4f} USD",
+                fix="raise --max-hours, or resume from the last checkpoint with `tpuctl runs resume`",
+            )
         return BudgetExceededError(
             f"run {run_id} stopped at its budget: spent {spent:.4f} of {limit or 0:.4f} USD "
             f"({self.decision.spent_usd:.4f} when it was stopped: {self.decision.message})",

@@ -66,7 +66,7 @@ from tpuctl.errors import (
     TpuctlError,
 )
 from tpuctl.runtime.preemption import PREEMPTED_EXIT_CODE
-from tpuctl.services.run import hosts
+from tpuctl.services.run import backstop, hosts
 from tpuctl.services.run.accounting import (
     PreemptionRecord,
     Progress,
@@ -202,6 +202,7 @@ class Supervisor:
         self._attempt: _Attempt | None = None
         self._bind(session)
         self._lock = threading.Lock()
+        self._detail_lock = threading.Lock()
         self._stop_reason: Outcome | None = None  # set when we stop the hosts ourselves
         self._budget_said = False  # the budget stop was told to the user (once per run)
         self._stop_pending = False  # a budget stop came before the attempt's hosts could be stopped
@@ -304,9 +305,11 @@ class Supervisor:
         record = self._session.ledger.get_run(prepared.run_id)
         assert record is not None
         run = _Run(started=time.monotonic(), wall_start=record.created_at, slices=prepared.target.existing)
-        if self._budget_usd is not None:
+        deadline_at = prepared.request.deadline_at
+        if self._budget_usd is not None or deadline_at is not None:
             # Stopping takes up to --grace (SIGTERM, then SIGKILL) before the slice is deleted.
             margin_s = (self.policy.budget_margin_s or 0.0) + prepared.request.grace_s
+            started = run.wall_start if run.wall_start is not None else time.time()
             self._budget = StepBudget(
                 self._session,
                 prepared.run_id,
@@ -314,6 +317,7 @@ class Supervisor:
                 margin_s,
                 self._warn,
                 assumed_usd_per_hour=prepared.request.assumed_price_per_hour,
+                deadline=None if deadline_at is None else (deadline_at, started),
             )
         failure: BaseException | None = None
         try:
@@ -407,8 +411,19 @@ class Supervisor:
         self._segments = Segments(session, self.progress)
 
     def _executor(self, prepared: PreparedRun, slices: SliceSet) -> Executor:
-        """The attempt's executor, bound to the lease: it lets the hosts go, unsignalled, once lost."""
-        inner = hosts.build_executor(self._session, prepared, slices, for_plan=False)
+        """The attempt's executor, bound to the lease: it lets the hosts go, unsignalled, once lost. Host 0
+        of a slice the run made carries the run's backstop, checked in while the executor is open."""
+        inner: Executor = hosts.build_executor(self._session, prepared, slices, for_plan=False)
+        plan = backstop.plan_for(self._session, prepared, slices)
+        if plan is not None:
+            inner = backstop.Backstopped(
+                inner,
+                plan,
+                status=self._inner.status,
+                on_armed=lambda armed: self._update_detail(
+                    backstop={**armed.to_dict(), "armed_at": time.time()}
+                ),
+            )
         return LeaseBoundExecutor(inner, self._lost)
 
     def _resume(self, prepared: PreparedRun, record: Any, run: _Run) -> None:
@@ -731,6 +746,7 @@ class Supervisor:
                 soft_wait_s=self.policy.checkpoint_wait_s,
                 on_started=lambda executor, setup_s: self._on_started(attempt, executor, setup_s),
                 may_start=self._may_start,
+                stopping=self._stopping,
             )
         finally:
             watch.close()
@@ -910,6 +926,12 @@ class Supervisor:
         with self._lock:
             return self._stop_reason is not Outcome.BUDGET
 
+    def _stopping(self) -> bool:
+        """Whether this attempt's hosts were told to stop (the attempt loop then announces no host's
+        death by that stop as a failure)."""
+        with self._lock:
+            return self._stop_reason is not None
+
     def _join_stopper(self) -> None:
         stopper = self._stopper
         if stopper is not None:
@@ -1042,7 +1064,7 @@ class Supervisor:
     def _delete_node(self, node: Node, *, reason: str) -> bool:
         from tpuctl.services.pods import PodService
 
-        self._inner.status(f"deleting {node.name} ({node.zone})")
+        self._inner.detail(None, f"deleting {node.name} ({node.zone})")  # the outcome says it went
         try:
             PodService(self._session).delete(node.name, zone=node.zone, wait=True, reason=reason)
         except NotFoundError:
@@ -1126,10 +1148,13 @@ class Supervisor:
     def _update_detail(self, **changes: Any) -> None:
         assert self._run_id is not None
         ledger = self._session.ledger
-        record = ledger.get_run(self._run_id)
-        merged = dict(record.detail or {}) if record is not None else {}
-        merged.update(changes)
-        ledger.update_run(self._run_id, detail=merged)
+        # Read, merge, write under one lock: the backstop's thread records its arming while the attempt
+        # records its own, and one must not drop the other's keys.
+        with self._detail_lock:
+            record = ledger.get_run(self._run_id)
+            merged = dict(record.detail or {}) if record is not None else {}
+            merged.update(changes)
+            ledger.update_run(self._run_id, detail=merged)
 
     def _record_hosts(self, executor: Executor) -> None:
         attempt = self._attempt

@@ -9,6 +9,9 @@ in the same transaction, over the node rows they changed.
 - a slice stopped by a host maintenance (``tpuctl.sim.engine.maintenance``): a
   ``compute.instances.terminateOnHostMaintenance`` operation each, and TERMINATED;
 - PENDING flex-start instances take capacity, or give up at their deadline (docs/google-facts.md#flex-start);
+- an instance past its time limit (``terminationTime``, or ``maxRunDuration`` from RUNNING, in simulated
+  time) is deleted, which the deletion log records as a scheduled termination (docs/google-facts.md#backstop;
+  a MIG's members are left alone: whether a MIG makes them again is unc.);
 - MIGs make, repair or tear down their slices (``groups``).
 """
 
@@ -18,9 +21,11 @@ import json
 import sqlite3
 from collections.abc import Callable
 
+from tpuctl.sim import deletions
 from tpuctl.sim.compute import links, store
 from tpuctl.sim.compute.context import ComputeContext
 from tpuctl.sim.compute.operations import any_due, finish_due, finish_op, insert_op
+from tpuctl.sim.compute.specs import termination_time
 from tpuctl.sim.engine.hosts import VmOrder
 from tpuctl.sim.engine.records import delete_node_rows
 from tpuctl.sim.world import World
@@ -48,7 +53,32 @@ class Progress:
         pending = conn.execute(
             "SELECT 1 FROM compute_resources WHERE collection = 'instances' AND status = 'PENDING' LIMIT 1"
         ).fetchone()
-        return pending is not None or any(check(conn) for check in self.group_due)
+        if pending is not None or any(check(conn) for check in self.group_due):
+            return True
+        return bool(self._past_limit(conn, self.cc.ctx.world, now))
+
+    def _past_limit(
+        self, conn: sqlite3.Connection, world: World, now: float
+    ) -> list[tuple[sqlite3.Row, str]]:
+        """The running one-host instances past their time limit, each with what the limit was."""
+        out = []
+        for row in conn.execute(_JOINED + " AND n.state = 'READY' AND i.status IS NULL").fetchall():
+            extra = store.extra(row)
+            if extra.get("mig") or extra.get("deleting"):
+                continue
+            scheduling = store.body(row).get("scheduling") or {}
+            limits: list[tuple[float, str]] = []
+            if "terminationTime" in scheduling:
+                at = termination_time(scheduling, "instance")
+                limits.append((at, f"terminationTime {scheduling['terminationTime']}"))
+            if "maxRunDuration" in scheduling and row["node_ready"] is not None:
+                run_s = links.duration_seconds(scheduling["maxRunDuration"], "maxRunDuration")
+                at = float(row["node_ready"]) + world.real_seconds(run_s)
+                limits.append((at, f"maxRunDuration {run_s:g} s"))
+            due = [why for at, why in limits if now >= at]
+            if due:
+                out.append((row, due[0]))
+        return out
 
     def advance(self, conn: sqlite3.Connection, world: World, now: float, orders: list[VmOrder]) -> None:
         finish_due(conn, now)
@@ -62,6 +92,7 @@ class Progress:
             store.delete(conn, row)
         self._preempted(conn, now)
         self._maintained(conn, now)
+        self._time_limits(conn, world, now)
         self._flex_queue(conn, world, now)
         for step in self.group_steps:
             step(conn, world, now)
@@ -117,6 +148,26 @@ class Progress:
             )
             finish_op(conn, row["project"], op, now)
             store.update(conn, row, status="TERMINATED", extra={**store.extra(row), "last_stop": now})
+
+    def _time_limits(self, conn: sqlite3.Connection, world: World, now: float) -> None:
+        """Delete each instance past its time limit (specs refuses a limit whose action is not DELETE),
+        as an API delete would: the slice DELETING, its VMs gone when that ends."""
+        for row, why in self._past_limit(conn, world, now):
+            node = store.node_of(conn, row)
+            if node is None:
+                continue
+            self.cc.start_node_delete(conn, world, node, now)
+            store.update(conn, row, status=None, extra={**store.extra(row), "deleting": True})
+            deletions.note(
+                conn,
+                at=now,
+                project=row["project"],
+                zone=store.zone_of(row),
+                name=row["name"],
+                resource="instance",
+                path=deletions.SCHEDULED,
+                reason=f"its time limit passed ({why})",
+            )
 
     def _flex_queue(self, conn: sqlite3.Connection, world: World, now: float) -> None:
         for row in conn.execute(

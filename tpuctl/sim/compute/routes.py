@@ -50,6 +50,18 @@ def _ops_list(scope: str) -> Handler:
     return handler
 
 
+def _logged_delete(
+    e: Any, r: SimRequest, a: tuple[str, ...], resource: str, delete: Callable[..., Answer]
+) -> Answer:
+    """A slice's delete, with who asked in the simulator's deletion log (``tpuctl.sim.deletions``)."""
+    from tpuctl.sim import deletions
+
+    project, zone, name = a
+    return deletions.delete_answer(
+        e, r, lambda: delete(*a), project=project, zone=zone, name=name, resource=resource, compute=True
+    )
+
+
 ROUTES: tuple[tuple[str, str, Handler], ...] = (
     ("GET", _P, lambda e, r, a: _c(e).get_project(a[0])),
     ("GET", _P + "/zones", lambda e, r, a: _c(e).list_zones(a[0], *_page(r))),
@@ -69,7 +81,11 @@ ROUTES: tuple[tuple[str, str, Handler], ...] = (
         lambda e, r, a: _c(e).groups.aggregated_list_migs(a[0], ListQuery.of(r.query)),
     ),
     ("GET", _INST + rf"/{_S}", lambda e, r, a: _c(e).instances.get(*a)),
-    ("DELETE", _INST + rf"/{_S}", lambda e, r, a: _c(e).instances.delete(*a)),
+    (
+        "DELETE",
+        _INST + rf"/{_S}",
+        lambda e, r, a: _logged_delete(e, r, a, "instance", _c(e).instances.delete),
+    ),
     (
         "GET",
         _INST + rf"/{_S}/getGuestAttributes",
@@ -101,7 +117,11 @@ ROUTES: tuple[tuple[str, str, Handler], ...] = (
     ),
     ("GET", _Z + "/instanceGroupManagers", lambda e, r, a: _c(e).groups.list_migs(a[0], a[1], *_page(r))),
     ("GET", _MIG, lambda e, r, a: _c(e).groups.get_mig(*a)),
-    ("DELETE", _MIG, lambda e, r, a: _c(e).groups.delete_mig(*a)),
+    (
+        "DELETE",
+        _MIG,
+        lambda e, r, a: _logged_delete(e, r, a, "instance group manager", _c(e).groups.delete_mig),
+    ),
     ("POST", _MIG + "/resize", lambda e, r, a: _c(e).groups.resize(*a, first(r.query, "size"))),
     (
         "POST",

@@ -100,12 +100,7 @@ def metadata_values(
         else "FALSE",
         "instance/network-interfaces/0/ip": address,
         "instance/network-interfaces/0/network": f"projects/{row['project']}/networks/default",
-        "instance/service-accounts/default/email": email,
-        "instance/service-accounts/default/scopes": SCOPES,
-        "instance/service-accounts/default/aliases": "default\n",
-        "instance/service-accounts/default/token": json.dumps(
-            {"access_token": FAKE_TOKEN, "expires_in": 3599, "token_type": "Bearer"}
-        ),
+        **_service_account(email),
         "project/project-id": row["project"],
         "project/numeric-project-id": str(int(row["uid"]) % 10**12),
     }
@@ -116,6 +111,22 @@ def metadata_values(
 
         return compute_metadata_values(row, worker, values, agent_worker_number=compute_agent_worker_number)
     return values
+
+
+def _service_account(email: str) -> dict[str, str]:
+    """The VM's service account, under ``default/`` and under its email, as GCE lists it: clients that
+    asked ``default/?recursive=true`` for the email ask for the token by email (tensorstore does)."""
+    keys = {
+        "email": email,
+        "scopes": SCOPES,
+        "aliases": "default\n",
+        "token": json.dumps({"access_token": FAKE_TOKEN, "expires_in": 3599, "token_type": "Bearer"}),
+    }
+    return {
+        f"instance/service-accounts/{who}/{key}": value
+        for who in ("default", email)
+        for key, value in keys.items()
+    }
 
 
 def _attributes(

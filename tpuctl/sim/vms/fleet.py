@@ -72,6 +72,7 @@ class Fleet:
         self._image_ready = threading.Event()
         self._reaper_halt = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._image_builder: threading.Thread | None = None
         self.last_error: BaseException | None = None
 
     # --- lifecycle -------------------------------------------------------------------------------
@@ -84,7 +85,8 @@ class Fleet:
         (self.vm_root / STATE_DIR_FILE).write_text(str(self.engine.ctx.state_dir), encoding="utf-8")
         self._loop = asyncio.new_event_loop()
         threading.Thread(target=self._loop.run_forever, name="tpuctl-sim-sshd", daemon=True).start()
-        threading.Thread(target=self._build_image, name="tpuctl-sim-image", daemon=True).start()
+        self._image_builder = threading.Thread(target=self._build_image, name="tpuctl-sim-image", daemon=True)
+        self._image_builder.start()
         self._reaper_halt.clear()
         threading.Thread(target=self._reap, name="tpuctl-sim-disk-reaper", daemon=True).start()
 
@@ -105,6 +107,14 @@ class Fleet:
             self.last_error = exc
             return
         self._image_ready.set()
+
+    def image_settled(self, timeout: float) -> bool:
+        """Whether the image build is over (built or failed), waiting up to ``timeout``: until then it
+        may still write below the VM root."""
+        builder = self._image_builder
+        if builder is not None:
+            builder.join(timeout)
+        return builder is None or not builder.is_alive()
 
     def wait_image(self, timeout: float) -> bool:
         return self._image_ready.wait(timeout)

@@ -12,7 +12,7 @@ import os
 import secrets
 import shutil
 import signal
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from tpuctl.sim.vms.layout import VM_MARKER, disk_dir, marker, parse_disk_name
@@ -102,10 +102,11 @@ def signal_hosts(vm_root: Path, hosts: Iterable[tuple[str, int]], sig: signal.Si
             signal_vm(uid, worker, disk_dir(vm_root, uid, worker), sig)
 
 
-def discard_vms(vm_root: Path) -> int:
+def discard_vms(vm_root: Path, *, remove: Callable[[Path], None] | None = None) -> int:
     """SIGKILL every process of every VM under ``vm_root`` and remove the root (disks and image): what a
     simulator state's VMs leave behind when the state itself is thrown away (a test's teardown).
-    Returns how many processes were killed."""
+    ``remove`` removes the root once nothing runs there (default: at once, here). Returns how many
+    processes were killed."""
     from tpuctl.sim.hypervisor import stop_hypervisor
 
     killed = 0
@@ -118,7 +119,10 @@ def discard_vms(vm_root: Path) -> int:
             parsed = parse_disk_name(disk.name)
             if parsed is not None:
                 killed += signal_vm(*parsed, disk, signal.SIGKILL)
-        shutil.rmtree(vm_root, ignore_errors=True)
+        if remove is None:
+            shutil.rmtree(vm_root, ignore_errors=True)
+        else:
+            remove(vm_root)
         if not vm_root.exists():
             break
     return killed
