@@ -97,6 +97,7 @@ def test_only_a_ready_node_is_maintained_and_only_once_at_a_time(
     assert again.value.http_status == 400 and "already noticed" in again.value.message
 
 
+@pytest.mark.slow  # seconds of Compute Engine client start-up; the TPU API spot case covers "not kept"
 def test_a_compute_engine_instance_is_terminated_for_maintenance_and_not_restarted(
     start_server: Callable[..., SimServer], connect_admin: Callable[[SimServer], SimAdminClient]
 ) -> None:
