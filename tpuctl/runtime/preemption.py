@@ -509,15 +509,19 @@ def wait_for_notice(
     return None
 
 
-def exit_preempted(step: int, *, saved: bool, save_s: float | None = None, say: bool = True) -> int:
-    """The exit status after stopping for a preemption at ``step``; with ``say`` (one host, usually
-    process 0), print the event that tells the supervisor where the checkpoint is."""
+def exit_preempted(
+    step: int, *, saved: bool, save_s: float | None = None, say: bool = True, reason: str | None = None
+) -> int:
+    """The exit status after stopping for a preemption (or a host maintenance) at ``step``; with ``say``
+    (one host, usually process 0), print the event that tells the supervisor where the checkpoint is.
+    ``reason``: what stopped it (``PreemptionWatch.notice_source``: ``maintenance`` for a host's)."""
     if say:
         emit(
             "preempted",
             step=step,
             checkpoint="saved" if saved else "none",
             save_s=None if save_s is None else round(save_s, 4),
+            reason=reason,
         )
         sys.stdout.flush()
     return PREEMPTED_EXIT_CODE
