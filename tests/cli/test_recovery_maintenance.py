@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from recovery_helpers import V5E_ZONE, WORLD, run_dir
+from recovery_helpers import HOST_XLA_ENV, LM_ARGS, V5E_ZONE, WORLD, events_of, run_dir
 
 from tpuctl.sim import SimAdminClient
 from tpuctl.testing.cli import Cli
@@ -87,3 +87,48 @@ def test_a_maintained_slice_is_waited_for_and_the_program_starts_again_on_it(
     assert cli("cost", "report", "-o", "json").json["totals"]["preemptions"] == 0
     log = (run_dir(state_dir) / "worker-0.log").read_text()
     assert "done on attempt 1" in log
+
+
+def _maintain_at_step(admin: SimAdminClient, state_dir: Path, step: int, noticed: list[float]) -> None:
+    """Start a host maintenance of the run's slice once host 0 of its first start has done ``step``."""
+    deadline = time.monotonic() + 600
+    log = run_dir(state_dir, 600) / "worker-0.log"
+    while time.monotonic() < deadline:
+        steps = [e["step"] for e in events_of(log) if e["event"] == "step"] if log.exists() else []
+        ready = [n for n in admin.status()["nodes"] if n.get("state") == "READY"]
+        if steps and steps[-1] >= step and ready:
+            noticed.append(time.time())
+            admin.maintenance(ready[0]["zone"], ready[0]["name"])
+            return
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+def test_tpuctls_runtime_checkpoints_on_the_notice_and_resumes_from_it_on_the_same_slice(
+    serve_sim: Callable[..., SimAdminClient], cli: Cli, state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TPUCTL_STATE_DIR", str(state_dir))
+    # A notice long enough for the tiny LM to reach its next step and save, on a loaded machine.
+    admin = serve_sim(
+        {**WORLD, "durations": {**WORLD["durations"], "maintenance_notice_s": 20, "maintenance_s": 2000}}
+    )
+    noticed: list[float] = []
+    chaos = threading.Thread(target=_maintain_at_step, args=(admin, state_dir, 3, noticed), daemon=True)
+    chaos.start()
+    args = ["--example", "lm", "--type", "v5e-4", "--zone", V5E_ZONE, "--checkpoint-every", "100"]
+    result = cli("run", *args, *HOST_XLA_ENV, "--", *LM_ARGS)
+    chaos.join(30)
+    assert result.code == 0, result.stderr[-4000:]
+    assert noticed, "the run ended before its slice was maintained"
+    # Started again only once the host had been taken and was back, not at once on the host that stops.
+    assert "is back after its maintenance" in result.stderr
+    log = run_dir(state_dir) / "worker-0.log"
+    stopped = next(e for e in events_of(log) if e["event"] == "preempted")
+    assert stopped["checkpoint"] == "saved" and stopped["reason"] == "maintenance"
+    starts = [e for e in events_of(log) if e["event"] == "start"]
+    assert len(starts) == 2 and starts[1]["restored"] == stopped["step"]  # not step 0: the notice's save
+    (listed,) = cli("runs", "list", "-o", "json").json["runs"]
+    run = cli("runs", "describe", listed["run_id"], "-o", "json").json["run"]
+    assert run["preemptions"] == 0
+    (maintained,) = run["recovery"]["maintenance"]
+    assert maintained["checkpoint_step"] == stopped["step"] and maintained["pod"] == run["pod"]

@@ -605,9 +605,13 @@ class Supervisor:
             detected_at=preemption.detected_at,
             checkpoint_step=preemption.checkpoint_step,
         )
-        # Down already: the API showed the maintenance, or the hosts died (not a stop on the notice).
+        # Down already: the API showed the maintenance, or the hosts died with their VMs. Not when the
+        # program stopped on the notice (it said so, or exited 75), nor when the supervisor stopped the
+        # hosts itself: a host that then dies of that stop (SIGTERM once the runtime gave SIGTERM back)
+        # says nothing of the VM.
         codes = attempt.result.exit_codes.values()
-        died = any(c is None or c < 0 for c in codes) and PREEMPTED_EXIT_CODE not in codes
+        stopped = self.progress.preempted is not None or PREEMPTED_EXIT_CODE in codes or self._stop_reason
+        died = not stopped and any(c is None or c < 0 for c in codes)
         what = self.progress.checkpoint_note(record.checkpoint_step, prepared.request.checkpoint_every)
         self._inner.status(
             f"{slices.describe()} ({slices.zone}): its host is being maintained [{what}]; waiting for "
