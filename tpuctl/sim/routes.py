@@ -11,8 +11,8 @@ Surfaces (all JSON unless noted):
 - ``/v1/projects/{p}/locations/global/services/tpu.googleapis.com/quotaInfos[/{id}]``: Cloud Quotas.
 - ``/v1/users/...``: OS Login (importSshPublicKey, sshPublicKeys.patch, loginProfile;
   ``tpuctl.sim.engine.oslogin``); ``/tokeninfo``: OAuth's tokeninfo (who the caller is).
-- ``/sim/v1/...``: the admin API (status, reset, preempt, stockout, metadata, endpoints, faults); see
-  ``SimAdminClient``.
+- ``/sim/v1/...``: the admin API (status, reset, preempt, maintenance, stockout, metadata, endpoints,
+  faults); see ``SimAdminClient``.
 
 Each simulated host's own metadata server and sshd are not here: they listen on the host's address
 (``tpuctl.sim.vms``).
@@ -418,6 +418,11 @@ def _preempt_compute(engine: SimEngine, request: SimRequest, args: tuple[str, ..
     )
 
 
+def _maintain(engine: SimEngine, request: SimRequest, args: tuple[str, ...]) -> Answer:
+    body = request.body
+    return engine.maintain(_required(body, "zone"), _required(body, "node"), project=body.get("project"))
+
+
 def _stockout(engine: SimEngine, request: SimRequest, args: tuple[str, ...]) -> Answer:
     zone = _required(request.body, "zone")
     return {"zone": zone, "stockout": engine.set_stockout(zone, clear=bool(request.body.get("clear", False)))}
@@ -473,6 +478,7 @@ ADMIN_ROUTES = (
     route("POST", _admin("reset"), _reset),
     route("POST", _admin("preempt"), _preempt),
     route("POST", _admin("compute/preempt"), _preempt_compute),
+    route("POST", _admin("maintenance"), _maintain),
     route("POST", _admin("stockout"), _stockout),
     route("GET", _admin("metadata"), _metadata),
     route("POST", _admin("endpoints"), _set_endpoints),

@@ -90,7 +90,7 @@ def metadata_values(
     email = f"{row['project']}-compute@developer.gserviceaccount.com"
     values: dict[str, str] = {
         "instance/preempted": "TRUE" if row["preempted_flag"] else "FALSE",
-        "instance/maintenance-event": "NONE",
+        "instance/maintenance-event": row["maintenance_event"] or "NONE",
         "instance/name": hostname,
         "instance/hostname": f"{hostname}.{row['zone']}.c.{row['project']}.internal",
         "instance/id": row["uid"],
