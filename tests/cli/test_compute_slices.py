@@ -233,14 +233,23 @@ def test_a_tpu7x_8_spot_run_reaches_its_host_on_a_project_that_enables_no_guest_
 ) -> None:
     """The world's project leaves guest attributes off (Google's default), so the VM publishes its host
     key only because tpuctl's instance metadata enables them; without that the run waits for a key that
-    never comes and fails naming enable-guest-attributes. One host, a stdlib program."""
+    never comes and fails naming enable-guest-attributes. One host, a program that needs one small
+    requirement: the Compute Engine image has no pip, so the host sets up with the uv tpuctl brings it."""
     assert "guest_attributes" not in WORLD  # the simulator's default: off
     script = tmp_path / "user" / "hello.py"
     script.parent.mkdir()
-    script.write_text("import os\nprint('hello from', os.environ['TPUCTL_ACCELERATOR_TYPE'], flush=True)\n")
-    result = cli("run", str(script), "--no-runtime-deps", "--type", "tpu7x-8", "--spot", "--zone", ZONE)
+    script.write_text(
+        "import os, zipp\n"
+        "print('hello from', os.environ['TPUCTL_ACCELERATOR_TYPE'], zipp.__name__, flush=True)\n"
+    )
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text("zipp\n")
+    result = cli(
+        "run", str(script), "--no-runtime-deps", "--requirements", str(requirements),
+        "--type", "tpu7x-8", "--spot", "--zone", ZONE,
+    )  # fmt: skip
     assert result.code == 0, result.stderr[-3000:]
-    assert "hello from tpu7x-8" in result.stdout
+    assert "hello from tpu7x-8 zipp" in result.stdout
     assert admin.status()["nodes"] == []
 
 

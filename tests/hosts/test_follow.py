@@ -106,11 +106,52 @@ def test_a_closed_reporter_writes_nothing_so_no_line_follows_the_exit_status(
     try:
         reporter = follow.NoticeReporter(fd, {"GCE_METADATA_HOST": metadata.host})
         reporter.close()  # the program ended
-        assert reporter.report("metadata") is False
+        assert reporter.report("notice", source="metadata") is False
         assert out.read_bytes() == b""
         opened = follow.NoticeReporter(fd, {"GCE_METADATA_HOST": metadata.host})
-        assert opened.report("maintenance") is True and opened.report("metadata") is False  # the first only
+        terminate = "TERMINATE_ON_HOST_MAINTENANCE"
+        assert opened.report("maintenance", value=terminate) is True
+        assert opened.report("maintenance", value=terminate) is False  # each value once
+        assert opened.report("notice", source="metadata") is True  # a maintenance is no preemption
+        assert opened.report("notice", source="metadata") is False  # the first only
     finally:
         os.close(fd)
-    (event,) = _events(out.read_text())
-    assert event["source"] == "maintenance" and event["worker"] is None
+    maintenance, notice = _events(out.read_text())
+    assert maintenance["event"] == "maintenance" and maintenance["value"] == terminate
+    assert maintenance["worker"] is None and "source" not in maintenance
+    assert notice["event"] == "notice" and notice["source"] == "metadata"
+
+
+def test_each_maintenance_value_is_its_own_line_and_a_later_preemption_still_one(
+    tmp_path: Path, metadata: MetadataServer
+) -> None:
+    run_dir = tmp_path / "runs" / "r" / "1"
+    pid = _launch(run_dir, metadata, "import time\ntime.sleep(120)\n")
+    out = run_dir / follow.OUT
+
+    def said() -> list[dict[str, object]]:
+        return _events(out.read_text()) if out.exists() else []
+
+    try:
+        wait_for(
+            lambda: sum("wait_for_change" in query for _, query, _ in metadata.requests) >= 2,
+            30,
+            what="the follower's long polls",
+        )
+        # Not an end for a TPU VM, which cannot live-migrate, but news all the same.
+        metadata.set("instance/maintenance-event", "MIGRATE_ON_HOST_MAINTENANCE")
+        wait_for(lambda: len(said()) == 1, 30, what="the first maintenance line")
+        metadata.set("instance/maintenance-event", "TERMINATE_ON_HOST_MAINTENANCE")
+        wait_for(lambda: len(said()) == 2, 30, what="the second maintenance line")
+        metadata.set("instance/preempted", "TRUE")  # a maintenance is no preemption: still watched
+        wait_for(lambda: len(said()) == 3, 30, what="the notice line")
+    finally:
+        os.killpg(pid, signal.SIGKILL)
+    wait_for(lambda: (run_dir / follow.EXIT).exists(), 30, what="the exit status")
+    events = said()
+    assert [(e["event"], e.get("value")) for e in events] == [
+        ("maintenance", "MIGRATE_ON_HOST_MAINTENANCE"),
+        ("maintenance", "TERMINATE_ON_HOST_MAINTENANCE"),
+        ("notice", None),
+    ]
+    assert all(e["worker"] == 2 and e["reporter"] == "follower" for e in events)

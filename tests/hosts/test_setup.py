@@ -1,13 +1,13 @@
 """Host setup: the pinned runtime sets match uv.lock, the key covers every input, and the generated script,
-run for real with bash on a stock image (a venv with pip only) in a fresh HOME against the simulator's
-package mirror, installs, skips a second time and names a failing command."""
+run for real with bash on the simulator's stock image (no pip, no uv) in a fresh HOME against the
+simulator's package mirror, after the uv wheel was brought as tpuctl brings it, installs, skips a second
+time and names a failing command."""
 
 from __future__ import annotations
 
 import os
 import re
 import subprocess
-import sys
 import time
 import tomllib
 from collections.abc import Iterator
@@ -26,8 +26,10 @@ from tpuctl.hosts.setup import (
     failed_command,
     setup_script,
 )
+from tpuctl.hosts.uv_tool import PRESENT, host_uv, install_command, local_wheel, probe_command
 from tpuctl.sim.mirror import PackageMirror, distributions
 from tpuctl.sim.network import network_env
+from tpuctl.sim.vms.disks import ensure_image, host_path
 
 ROOT = Path(__file__).resolve().parents[2]
 WHEELHOUSE = Path(
@@ -142,10 +144,8 @@ def test_failed_command_is_the_last_step_line() -> None:
 
 @pytest.fixture(scope="module")
 def image(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The stock image: a venv with pip (ensurepip) of this machine's base interpreter, nothing else."""
-    root = tmp_path_factory.mktemp("image")
-    subprocess.run([sys._base_executable, "-m", "venv", str(root)], check=True)  # type: ignore[attr-defined]
-    return root
+    """The simulator's stock image: this machine's base interpreter with nothing installed, no pip."""
+    return ensure_image(tmp_path_factory.mktemp("vm"))
 
 
 @pytest.fixture(scope="module")
@@ -162,7 +162,7 @@ def _host_env(image: Path, home: Path, mirror_url: str) -> dict[str, str]:
     """A login environment from scratch, as a simulated host's (no network beyond loopback services)."""
     return {
         "HOME": str(home),
-        "PATH": f"{image}/bin:{home}/.local/bin:/usr/local/bin:/usr/bin:/bin",
+        "PATH": host_path(image, str(home)),
         "LANG": "C.UTF-8",
         # The storage emulator is not needed here; an unused port.
         **network_env(mirror_url=mirror_url, storage_url="http://127.0.0.1:9"),
@@ -170,22 +170,58 @@ def _host_env(image: Path, home: Path, mirror_url: str) -> dict[str, str]:
 
 
 def _run(script: str, env: dict[str, str]) -> tuple[int, list[str], float]:
+    return _sh(RUN_SCRIPT_FROM_STDIN, script.encode(), env)
+
+
+def _sh(command: str, stdin: bytes, env: dict[str, str]) -> tuple[int, list[str], float]:
     t0 = time.perf_counter()
-    # As the executor runs it: the script on stdin (as a command it is over Linux's 128 KiB cap).
+    # As the executor runs it: the script (or the wheel) on stdin.
     done = subprocess.run(
-        ["sh", "-c", RUN_SCRIPT_FROM_STDIN],
-        input=script,
-        env=env,
-        cwd=env["HOME"],
-        capture_output=True,
-        text=True,
-        timeout=300,
+        ["sh", "-c", command], input=stdin, env=env, cwd=env["HOME"], capture_output=True, timeout=300
     )
-    return done.returncode, done.stdout.splitlines(), time.perf_counter() - t0
+    lines = (
+        done.stdout.decode(errors="replace").splitlines() + done.stderr.decode(errors="replace").splitlines()
+    )
+    return done.returncode, lines, time.perf_counter() - t0
+
+
+def _bring_uv(env: dict[str, str]) -> None:
+    """What ``tpuctl.hosts.uv_tool.bring_uv`` does on one host."""
+    rc, lines, _ = _sh(install_command(".tpuctl"), local_wheel([WHEELHOUSE]), env)
+    assert rc == 0, "\n".join(lines)
+
+
+def test_the_stock_image_has_no_pip_and_no_uv(image: Path, tmp_path: Path) -> None:
+    env = _host_env(image, tmp_path, "http://127.0.0.1:9")
+    for probe in ("command -v pip", "command -v pip3", "command -v uv", "python3 -m pip --version"):
+        assert _sh(probe, b"", env)[0] != 0, probe
+    assert _sh("command -v python3", b"", env)[1] == [f"{image}/bin/python3"]
+
+
+def test_uv_is_brought_verified_and_kept(image: Path, tmp_path: Path) -> None:
+    """The wheel is refused unless its sha256 is the pin; the binary it holds runs from the tpuctl root,
+    and the probe then says it is there (so a second run sends nothing)."""
+    env = _host_env(image, tmp_path, "http://127.0.0.1:9")
+    assert _sh(probe_command(".tpuctl"), b"", env)[1] == []
+    wheel = local_wheel([WHEELHOUSE])
+    rc, _, _ = _sh(install_command(".tpuctl"), wheel[:-1] + b"x", env)
+    assert rc != 0
+    assert list((tmp_path / ".tpuctl" / "tools").iterdir()) == []  # nothing kept of a wheel refused
+    _bring_uv(env)
+    version = subprocess.run([tmp_path / host_uv(".tpuctl"), "--version"], capture_output=True, text=True)
+    assert version.stdout.split()[:2] == ["uv", SetupSpec(None).uv_version]
+    assert _sh(probe_command(".tpuctl"), b"", env)[1] == [PRESENT]
+
+
+def test_setup_without_uv_fails_at_a_named_step(image: Path, mirror_url: str, tmp_path: Path) -> None:
+    rc, lines, _ = _run(setup_script(SetupSpec(None, "zipp\n")), _host_env(image, tmp_path, mirror_url))
+    assert rc != 0
+    assert failed_command(lines) == f"test -x {tmp_path}/{host_uv('.tpuctl')}"
 
 
 def test_setup_installs_then_skips(image: Path, mirror_url: str, tmp_path: Path) -> None:
     env = _host_env(image, tmp_path, mirror_url)
+    _bring_uv(env)
     # The runtime's lock installs as it is, then the user's requirements are resolved against it.
     spec = SetupSpec(
         "cpu",
@@ -220,10 +256,13 @@ def test_failing_command_fails_and_is_named(image: Path, mirror_url: str, tmp_pa
 
 
 def test_user_requirements_from_the_mirror(image: Path, mirror_url: str, tmp_path: Path) -> None:
-    """User requirements install into the environment too (here a small wheel the mirror has)."""
+    """User requirements install into the environment too (here a small wheel the mirror has), and a
+    setup command can run ``uv pip install`` as tpuctl's fix for a missing module says."""
     env = _host_env(image, tmp_path, mirror_url)
-    spec = SetupSpec(None, "zipp\n", ("python -c 'import zipp; print(zipp.__name__)'",))
+    _bring_uv(env)
+    check = "python -c 'import zipp, typing_extensions; print(zipp.__name__)'"
+    spec = SetupSpec(None, "zipp\n", ("uv pip install --quiet typing_extensions", check))
     rc, lines, _ = _run(setup_script(spec), env)
     assert rc == 0, "\n".join(lines)
     assert "zipp" in lines
-    assert failed_command(lines) == "python -c 'import zipp; print(zipp.__name__)'"
+    assert failed_command(lines) == check

@@ -128,17 +128,24 @@ def test_local_watch_stops_on_sigterm_and_says_so_once() -> None:
 
 
 @pytest.mark.parametrize(
-    ("path", "value", "source"),
+    ("path", "value", "source", "event"),
     [
-        ("instance/preempted", "TRUE", "metadata"),
-        ("instance/maintenance-event", "TERMINATE_ON_HOST_MAINTENANCE", "maintenance"),
+        ("instance/preempted", "TRUE", "metadata", ("notice", "metadata")),
+        (
+            "instance/maintenance-event",
+            "TERMINATE_ON_HOST_MAINTENANCE",
+            "maintenance",
+            ("maintenance", "TERMINATE_ON_HOST_MAINTENANCE"),
+        ),
     ],
 )
 def test_watch_long_polls_both_keys_and_stops_on_either(
-    metadata: MetadataServer, path: str, value: str, source: str
+    metadata: MetadataServer, path: str, value: str, source: str, event: tuple[str, str]
 ) -> None:
     said: list[dict[str, Any]] = []
-    watch = PreemptionWatch(metadata.host, poll_s=0.05, wait_s=30, announce=lambda e, **f: said.append(f))
+    watch = PreemptionWatch(
+        metadata.host, poll_s=0.05, wait_s=30, announce=lambda e, **f: said.append({"event": e, **f})
+    )
     watch.install()
     try:
         # Each key: one plain GET, then a long poll from its ETag (held by the server, not repeated).
@@ -149,13 +156,18 @@ def test_watch_long_polls_both_keys_and_stops_on_either(
         held = len(metadata.requests)
         metadata.set("instance/maintenance-event", "MIGRATE_ON_HOST_MAINTENANCE")  # not an end for a TPU
         wait_for(lambda: len(metadata.requests) >= held + 1, 5, what="the next long poll")
-        assert not watch.should_stop(1)
+        wait_for(lambda: said, 5, what="the MIGRATE said")
+        assert not watch.should_stop(1)  # said, not acted on
         noticed_at = time.time()
         metadata.set(path, value)
         wait_for(lambda: watch.noticed, 5, what="the notice")
         assert watch.should_stop(2) and watch.notice_source == source
-        assert said and said[0]["source"] == source and said[0]["t"] - noticed_at < 2
-        assert len(metadata.requests) <= held + 4  # long polls, not a busy loop
+        wait_for(lambda: len(said) == 2, 5, what="the notice said")
+        first, then = said
+        assert (first["event"], first["value"]) == ("maintenance", "MIGRATE_ON_HOST_MAINTENANCE")
+        assert (then["event"], then.get("source", then.get("value"))) == event
+        assert then["t"] - noticed_at < 2
+        assert len(metadata.requests) <= held + 5  # long polls, not a busy loop
     finally:
         started = time.monotonic()
         watch.close()

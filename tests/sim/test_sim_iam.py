@@ -1,7 +1,7 @@
 """The simulator authenticates and authorizes as Google's front ends do: no token is 401, a token it did
 not issue is 401, a missing permission is 403 naming it (each API in its own words), a project the caller
-has no role on is 403; Policy Troubleshooter and the bucket's testIamPermissions answer from the same
-policy; a host's metadata server hands out its service account's own token. In process: the route
+has no role on is 403; Policy Troubleshooter answers from the same policy; a host's metadata server hands
+out its service account's own token. In process: the route
 table, no server."""
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ def test_a_project_the_caller_has_no_role_on_is_403(sim: InProcessSim) -> None:
 
 
 @pytest.mark.parametrize("sim", [TPU_ONLY], indirect=True)
-def test_troubleshooter_and_bucket_permissions_answer_from_the_policy(sim: InProcessSim) -> None:
+def test_the_troubleshooter_answers_from_the_policy(sim: InProcessSim) -> None:
     def troubleshoot(principal: str, permission: str, token: str = ADC_TOKEN) -> Any:
         tuple_ = {
             "principal": principal,
@@ -133,14 +133,6 @@ def test_troubleshooter_and_bucket_permissions_answer_from_the_policy(sim: InPro
         verdict["explainedPolicies"][0]["fullResourceName"]
         == f"//cloudresourcemanager.googleapis.com/projects/{PROJECT}"
     )
-    asked = "permissions=storage.objects.create&permissions=storage.objects.get"
-    tested = f"{ENDPOINT}/storage/v1/b/tpuctl-sim/iam/testPermissions?{asked}"
-    hosts = {"Authorization": f"Bearer {access_token(HOSTS)}"}
-    assert call(sim, "GET", tested, hosts)[1] == {
-        "kind": "storage#testIamPermissionsResponse",
-        "permissions": ["storage.objects.get"],
-    }
-    assert call(sim, "GET", tested.replace("tpuctl-sim/iam", "no-bucket/iam"), hosts)[0] == 404
 
 
 def test_tokeninfo_names_the_token_s_account(sim: InProcessSim) -> None:

@@ -146,6 +146,25 @@ def test_login_environment_is_built_from_scratch(vms: Vms) -> None:
     assert not str(vms.server.engine.ctx.vm_root).startswith(state_dir)
 
 
+#: Run on a host: each command the stock image lacks answers "no-<name>", each it has "has-<name>".
+_TOOLS_PROBE = (
+    "for c in pip pip3 uv uvx tar sha256sum mktemp; do "
+    "if command -v $c >/dev/null; then echo has-$c; else echo no-$c; fi; done; "
+    "python3 -m pip --version >/dev/null 2>&1 && echo has-python3-pip || echo no-python3-pip; "
+    "bash -lc 'command -v pip uv' >/dev/null 2>&1 && echo login-has-tooling || echo login-no-tooling"
+)
+
+
+def test_a_host_has_a_stock_image_without_python_tooling(vms: Vms) -> None:
+    """Neither pip (not even the image python3's own) nor uv of this machine: only the
+    shell, system tools and the image's python3, as in a login shell too (which reads .profile)."""
+    answers = str(vms.ssh(0, _TOOLS_PROBE).stdout).split()
+    assert answers == [
+        "no-pip", "no-pip3", "no-uv", "no-uvx",
+        "has-tar", "has-sha256sum", "has-mktemp", "no-python3-pip", "login-no-tooling",
+    ]  # fmt: skip
+
+
 def test_each_disk_is_private_and_goes_with_the_node(vms: Vms) -> None:
     vms.ssh(0, "echo mine > ~/file")
     assert vms.ssh(0, "cat ~/file").stdout == "mine\n"
@@ -339,14 +358,3 @@ def test_a_wiped_disk_is_gone_at_once_and_its_files_go_with_the_reaper(tmp_path:
     procs.wipe_disk(disk)  # a second wipe of the same disk (a preemption and a delete at once)
     assert procs.reap_wiped_disks(disks) == 1
     assert [p.name for p in disks.iterdir()] == ["1234-1"]  # another host's disk is left alone
-
-
-def test_a_template_build_whose_process_died_is_removed_and_a_live_ones_kept(tmp_path: Path) -> None:
-    from tpuctl.sim.vms.disks import remove_abandoned_builds
-
-    template = tmp_path / "tpuctl-sim-image-template-x"
-    dead = 2**22 + 7  # above Linux's largest pid_max: no process has it
-    for pid in (dead, os.getpid()):
-        (tmp_path / f"{template.name}.new-{pid}" / "lib").mkdir(parents=True)
-    remove_abandoned_builds(template)
-    assert [p.name for p in tmp_path.iterdir()] == [f"{template.name}.new-{os.getpid()}"]

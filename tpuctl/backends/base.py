@@ -14,11 +14,14 @@ What lives here, and nowhere else:
 * how a host is reached over SSH: address and port (:meth:`Backend.host_addresses`); every backend's
   hosts are VMs reached over SSH only; where OS Login decides who logs in, how it is reached
   (:meth:`Backend.open_os_login`: its endpoints, with the cloud's credentials);
+* where Cloud Storage is, to read a bucket's location and the caller's permissions on it
+  (:meth:`Backend.open_buckets`);
 * what a host's program needs beyond the worker contract (:meth:`Backend.host_env`: the simulator's CPU
   stand-in for the chips) and which pinned runtime set its setup installs (``runtime``);
 * where checkpoints go when the user names no bucket (``default_bucket``);
 * the wheels the hosts' package index serves, where tpuctl can read their metadata (``host_wheelhouse``);
-* the preemption notice's grace, where the backend can tell it (:meth:`Backend.notice_grace_s`);
+* the preemption notice's grace, where the backend can tell it (:meth:`Backend.notice_grace_s`), and the
+  maintenance notice's (:meth:`Backend.maintenance_notice_s`);
 * where price refreshes come from when no billing endpoint is given (:meth:`Backend.own_prices`);
 * whose time the services read and wait on (:class:`Timekeeping`): the wall clock on the simulator and
   Google, a test's fake clock on ``tpuctl.testing.backend``.
@@ -35,8 +38,9 @@ from typing import TYPE_CHECKING, Literal, Protocol
 from tpuctl.cloud.retry import RetryPolicy
 
 if TYPE_CHECKING:
+    from tpuctl.cloud.account_access import AccountAccess
     from tpuctl.cloud.base import Node, TpuCloud
-    from tpuctl.cloud.buckets import BucketAccess
+    from tpuctl.cloud.buckets import BucketClient
     from tpuctl.cloud.oslogin import OsLoginAccess
 
 #: A function run when the session closes (a server to stop, a client to close).
@@ -178,8 +182,13 @@ class Backend(Protocol):
         credentials ``cloud`` uses; what it opens is closed by ``closers``."""
         ...
 
-    def open_bucket_access(self, cloud: TpuCloud, closers: list[Closer]) -> BucketAccess:
-        """Who may use a bucket, asked as this backend serves it (Cloud Storage's bucket IAM, Policy
+    def open_buckets(self, state_dir: Path, closers: list[Closer]) -> BucketClient:
+        """Cloud Storage as this backend serves it (Google's, or the simulator's emulator for the state
+        in ``state_dir``), with the cloud's credentials; what it opens is closed by ``closers``."""
+        ...
+
+    def open_account_access(self, cloud: TpuCloud, closers: list[Closer]) -> AccountAccess:
+        """Whether another account (the hosts') may do something, asked as this backend serves it (Policy
         Troubleshooter, the project's default service account), with the credentials ``cloud`` uses."""
         ...
 
@@ -189,6 +198,11 @@ class Backend(Protocol):
 
     def notice_grace_s(self, cloud: TpuCloud) -> float | None:
         """The preemption notice's grace in real seconds, where the backend can tell (None: unknown)."""
+        ...
+
+    def maintenance_notice_s(self, cloud: TpuCloud) -> float | None:
+        """How long before a host maintenance the metadata server warns, in real seconds, where the
+        backend can tell (None: unknown)."""
         ...
 
     def own_prices(self) -> OwnPrices | None:

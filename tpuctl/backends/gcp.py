@@ -25,8 +25,9 @@ from tpuctl.backends.base import (
 from tpuctl.cloud.retry import RetryPolicy
 
 if TYPE_CHECKING:
+    from tpuctl.cloud.account_access import AccountAccess
     from tpuctl.cloud.base import Node, TpuCloud
-    from tpuctl.cloud.buckets import BucketAccess
+    from tpuctl.cloud.buckets import BucketClient
     from tpuctl.cloud.config import CloudConfig
     from tpuctl.cloud.oslogin import OsLoginAccess
 
@@ -136,30 +137,40 @@ class GcpBackend:
         endpoints = OsLoginEndpoints(GOOGLE_OSLOGIN_URL, GOOGLE_TOKENINFO_URL, GOOGLE_COMPUTE_ENDPOINT)
         return OsLoginAccess(endpoints, config.credentials(), http, retry=config.retry, sleep=config.sleep)
 
-    def open_bucket_access(self, cloud: TpuCloud, closers: list[Closer]) -> BucketAccess:
-        """Cloud Storage, Policy Troubleshooter and Compute Engine at Google, with the clients'
-        credentials."""
+    def open_buckets(self, state_dir: Path, closers: list[Closer]) -> BucketClient:
+        """Google's Cloud Storage JSON API, with the clients' credentials."""
         import httpx
 
-        from tpuctl.cloud.buckets import (
-            GOOGLE_STORAGE_URL,
-            GOOGLE_TROUBLESHOOTER_URL,
-            BucketAccess,
-            BucketEndpoints,
+        from tpuctl.cloud.buckets import GOOGLE_STORAGE_URL, BucketClient
+
+        config = self.client_config()
+        http = httpx.Client(timeout=config.request_timeout_s, trust_env=config.trust_env)
+        closers.append(http.close)
+        return BucketClient(
+            GOOGLE_STORAGE_URL, config.credentials, http, retry=config.retry, sleep=config.sleep
         )
+
+    def open_account_access(self, cloud: TpuCloud, closers: list[Closer]) -> AccountAccess:
+        """Policy Troubleshooter and Compute Engine at Google, with the clients' credentials."""
+        import httpx
+
+        from tpuctl.cloud.account_access import GOOGLE_TROUBLESHOOTER_URL, AccountAccess, AccountEndpoints
         from tpuctl.cloud.compute import GOOGLE_COMPUTE_ENDPOINT
 
         config = self.client_config()
         http = httpx.Client(timeout=config.request_timeout_s, trust_env=config.trust_env)
         closers.append(http.close)
-        endpoints = BucketEndpoints(GOOGLE_STORAGE_URL, GOOGLE_TROUBLESHOOTER_URL, GOOGLE_COMPUTE_ENDPOINT)
-        return BucketAccess(endpoints, config.credentials(), http, retry=config.retry, sleep=config.sleep)
+        endpoints = AccountEndpoints(GOOGLE_TROUBLESHOOTER_URL, GOOGLE_COMPUTE_ENDPOINT)
+        return AccountAccess(endpoints, config.credentials(), http, retry=config.retry, sleep=config.sleep)
 
     def host_env(self, worker: int, addresses: list[HostAddress], chips_per_host: int) -> dict[str, str]:
         return {}  # a real TPU VM: JAX finds its chips, its peers and its coordinator itself
 
     def notice_grace_s(self, cloud: TpuCloud) -> float | None:
         return None  # Google does not say; the supervisor's default confirmation timeout stands
+
+    def maintenance_notice_s(self, cloud: TpuCloud) -> float | None:
+        return None  # Google does not say per VM; the documented 60 s stands
 
     def own_prices(self) -> OwnPrices | None:
         return None

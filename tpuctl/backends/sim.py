@@ -32,8 +32,9 @@ if TYPE_CHECKING:
     import httpx
     from google.auth.credentials import Credentials
 
+    from tpuctl.cloud.account_access import AccountAccess
     from tpuctl.cloud.base import Node, TpuCloud
-    from tpuctl.cloud.buckets import BucketAccess
+    from tpuctl.cloud.buckets import BucketClient
     from tpuctl.cloud.oslogin import OsLoginAccess
     from tpuctl.cloud.retry import Sleep
     from tpuctl.sim.world import World
@@ -179,9 +180,17 @@ class SimBackend:
         """The simulator's OS Login API, tokeninfo and Compute Engine, all at its URL."""
         return sim_os_login(cloud.endpoint, closers)
 
-    def open_bucket_access(self, cloud: TpuCloud, closers: list[Closer]) -> BucketAccess:
-        """The simulator's bucket IAM, Policy Troubleshooter and Compute Engine, all at its URL."""
-        return sim_bucket_access(cloud.endpoint, closers)
+    def open_buckets(self, state_dir: Path, closers: list[Closer]) -> BucketClient:
+        """The storage emulator of the simulated network over ``state_dir`` (the hosts' Cloud Storage),
+        called as every client of the simulator is."""
+        from tpuctl.sim.network import STORAGE_PORT
+        from tpuctl.sim.vms.layout import services_address
+
+        return sim_buckets(f"http://{services_address(state_dir)}:{STORAGE_PORT}", closers)
+
+    def open_account_access(self, cloud: TpuCloud, closers: list[Closer]) -> AccountAccess:
+        """The simulator's Policy Troubleshooter and Compute Engine, both at its URL."""
+        return sim_account_access(cloud.endpoint, closers)
 
     def host_env(self, worker: int, addresses: list[HostAddress], chips_per_host: int) -> dict[str, str]:
         """A simulated host has no chips: JAX runs on CPU devices, one per chip, and the hosts join one
@@ -203,6 +212,12 @@ class SimBackend:
         world = self._sim_status(cloud).get("world") or {}
         grace = (world.get("durations") or {}).get("preemption_grace_s")
         return float(grace) if grace is not None else None
+
+    def maintenance_notice_s(self, cloud: TpuCloud) -> float | None:
+        """The world's maintenance notice, in real seconds (the simulator honours it unscaled)."""
+        world = self._sim_status(cloud).get("world") or {}
+        notice = (world.get("durations") or {}).get("maintenance_notice_s")
+        return float(notice) if notice is not None else None
 
     def _sim_status(self, cloud: TpuCloud) -> dict[str, Any]:
         """The simulator's admin status, read once per backend (empty when it cannot be read)."""
@@ -252,24 +267,36 @@ def sim_os_login(
     )
 
 
-def sim_bucket_access(
+def sim_buckets(base_url: str, closers: list[Closer]) -> BucketClient:
+    """A simulated Cloud Storage at ``base_url``, called as every client of the simulator is."""
+    import httpx
+
+    from tpuctl.cloud.buckets import BucketClient
+
+    config = SIM_CLIENTS
+    http = httpx.Client(timeout=config.request_timeout_s, trust_env=config.trust_env)
+    closers.append(http.close)
+    return BucketClient(base_url, config.credentials, http, retry=config.retry, sleep=config.sleep)
+
+
+def sim_account_access(
     base_url: str,
     closers: list[Closer],
     *,
     transport: httpx.BaseTransport | None = None,
     sleep: Sleep | None = None,
-) -> BucketAccess:
-    """Bucket access questions at a simulator's ``base_url`` (``transport``: an in-process one), asked as
-    every client of the simulator asks (``SIM_CLIENTS``)."""
+) -> AccountAccess:
+    """Another account's access, asked at a simulator's ``base_url`` (``transport``: an in-process one)
+    as every client of the simulator asks (``SIM_CLIENTS``)."""
     import httpx
 
-    from tpuctl.cloud.buckets import BucketAccess, BucketEndpoints
+    from tpuctl.cloud.account_access import AccountAccess, AccountEndpoints
 
     config = SIM_CLIENTS
     http = httpx.Client(timeout=config.request_timeout_s, trust_env=config.trust_env, transport=transport)
     closers.append(http.close)
-    return BucketAccess(
-        BucketEndpoints.at(base_url),
+    return AccountAccess(
+        AccountEndpoints.at(base_url),
         config.credentials(),
         http,
         retry=config.retry,

@@ -88,8 +88,9 @@ def _step(e: dict[str, Any]) -> str:
 def _preempted(e: dict[str, Any]) -> str:
     saved = e.get("checkpoint") == "saved"
     took = f" ({e['save_s']} s to save)" if saved and e.get("save_s") is not None else ""
-    return f"stopped for a preemption at step {e['step']}: " + (f"checkpoint saved{took}" if saved else
-                                                                  "no checkpoint")  # fmt: skip
+    why = "a host maintenance" if e.get("reason") == "maintenance" else "a preemption"
+    return f"stopped for {why} at step {e['step']}: " + (f"checkpoint saved{took}" if saved else
+                                                          "no checkpoint")  # fmt: skip
 
 
 _SAYINGS: dict[str, Callable[[dict[str, Any]], str]] = {
@@ -98,6 +99,7 @@ _SAYINGS: dict[str, Callable[[dict[str, Any]], str]] = {
     "notice": lambda e: (
         f"preemption notice on host {e.get('worker', '?')} ({e.get('source', 'unknown source')})"
     ),
+    "maintenance": lambda e: f"host maintenance notice on host {e.get('worker', '?')} ({e['value']})",
     "preempted": _preempted,
     "done": lambda e: f"done at step {e['step']}",
     "exception": lambda e: f"raised {e['type']}: {e.get('message', '')}".rstrip(": "),

@@ -150,10 +150,35 @@ def preempt(
     out.note(f"preempted {pod} in {chosen_zone}" + (" with notice" if notice else " without notice"))
 
 
+@app.command("maintenance")
+def maintenance(
+    ctx: typer.Context,
+    pod: Annotated[str, typer.Argument(help="The slice whose hosts are maintained.")],
+    zone: ZoneOpt = None,
+) -> None:
+    """Start a host maintenance of a simulated slice now, as Google plays one for TPU VMs: its hosts'
+    metadata maintenance-event says TERMINATE_ON_HOST_MAINTENANCE for the world's
+    durations.maintenance_notice_s (real seconds; 60 by default), then its VMs stop. An on-demand or
+    reserved TPU API slice is REPAIRING for durations.maintenance_s and READY again with its disks; a spot
+    one, or a Compute Engine one, is TERMINATED."""
+    out = make_output(ctx, None)
+    with _admin(ctx) as admin:
+        chosen_zone = zone or _zone_of(admin, pod)
+        admin.maintenance(chosen_zone, pod)
+    out.note(f"host maintenance of {pod} in {chosen_zone} noticed")
+
+
 def _zone_of(admin: SimAdminClient, pod: str) -> str:
     from tpuctl.errors import NotFoundError, UsageError
 
-    zones = sorted({str(n.get("zone")) for n in admin.status().get("nodes", []) if n.get("name") == pod})
+    # A Compute Engine slice's row is named after its instance or MIG (``instances/NAME``).
+    zones = sorted(
+        {
+            str(n.get("zone"))
+            for n in admin.status().get("nodes", [])
+            if n.get("name") == pod or str(n.get("name")).endswith(f"/{pod}")
+        }
+    )
     if not zones:
         raise NotFoundError(f"no simulated slice named {pod!r}", fix="`tpuctl pod list` shows the slices")
     if len(zones) > 1:

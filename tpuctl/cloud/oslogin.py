@@ -210,14 +210,18 @@ class OsLoginAccess:
         """The project's say on OS Login (its common instance metadata, Compute Engine ``projects.get``):
         True or False where it sets ``enable-oslogin``, None where it does not. ``PermissionDeniedError``
         when the caller may not read the project (``compute.projects.get``)."""
+        return metadata_says(self.project_metadata(project))
+
+    def project_metadata(self, project: str) -> dict[str, str]:
+        """The project's common instance metadata (Compute Engine ``projects.get``), key -> value.
+        ``PermissionDeniedError`` when the caller may not read the project (``compute.projects.get``)."""
         url = f"{self.endpoints.compute}/compute/v1/projects/{urllib.parse.quote(project)}"
         answer = self._calls.call("GET", url, f"read the metadata of project {project}", params={})
         common = answer.get("commonInstanceMetadata") or {}
         items = (common.get("items") or []) if isinstance(common, Mapping) else []
-        metadata = {
+        return {
             str(i.get("key")): str(i.get("value", "")) for i in items if isinstance(i, Mapping) and "key" in i
         }
-        return metadata_says(metadata)
 
     def caller(self) -> str:
         """The email of the account tpuctl acts as (asked once)."""

@@ -26,13 +26,16 @@ directory, before the chdir to ``--cwd``. ``--tpu-worker-env`` (Compute Engine s
 and refuses (exit 2, starting nothing) when they cannot be read.
 
 While the program runs, its supervisor also watches this host's metadata server for the notice that the
-VM is going (``instance/preempted`` TRUE, or a TERMINATE maintenance event), for every program, whether or
-not it uses tpuctl's runtime: a program that catches SIGTERM (JAX's preemption notifier does, for every
-``jax.distributed.initialize()``) or ignores it must not make the notice vanish. The first notice becomes
-one line in ``out``, ``TPUCTL_EVENT {"event": "notice", "source": "metadata"|"maintenance", "t": <host
-time>, "worker": <TPUCTL_WORKER_ID>, "reporter": "follower"}``, on a line of its own (written with a
-newline before and after it, so that neither it nor a line the program is half way through is ever cut)
-and never after the exit status is written.
+VM is preempted (``instance/preempted`` TRUE) and for its host's maintenance (``instance/maintenance-event``
+other than NONE), for every program, whether or not it uses tpuctl's runtime: a program that catches
+SIGTERM (JAX's preemption notifier does, for every ``jax.distributed.initialize()``) or ignores it must not
+make the notice vanish. The preemption notice becomes one line in ``out``, ``TPUCTL_EVENT {"event":
+"notice", "source": "metadata", "t": <host time>, "worker": <TPUCTL_WORKER_ID>, "reporter": "follower"}``;
+each new maintenance value one line ``{"event": "maintenance", "value": "TERMINATE_ON_HOST_MAINTENANCE",
+...}`` (a maintenance is not a preemption: Google may restart the VM where it was, and tpuctl's supervisor
+acts on each differently). Each is on a line of its own (written with a newline before and after it, so
+that neither it nor a line the program is half way through is ever cut) and never after the exit status is
+written.
 
 ``tail DIR OFFSET`` writes the bytes of ``out`` from OFFSET on to stdout as they come, and control lines
 to stderr: ``alive`` about every second (so a silent program still shows the connection is up, and a
@@ -53,9 +56,7 @@ import time
 TYPE_CHECKING = False
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
-    from tpuctl.runtime.preemption import MetadataClient
+    from tpuctl.runtime.preemption import MetadataClient, WatchedKey
 
 OUT = "out"
 PID = "pid"
@@ -192,14 +193,17 @@ def _supervise(directory: str, cwd: str, env: dict[str, str], argv: list[str], r
 
 
 class NoticeReporter:
-    """Watches the host's metadata server for the VM's end (see the module docstring) and writes the first
-    notice as an event line into the program's output file ``out_fd`` (appending, as the program does)."""
+    """Watches the host's metadata server for the VM's end and its host's maintenance (see the module
+    docstring) and writes each as an event line into the program's output file ``out_fd`` (appending, as
+    the program does): the preemption notice once, each new maintenance value once."""
 
     def __init__(self, out_fd: int, env: dict[str, str]) -> None:
         self._out_fd = out_fd
         self._env = env
         self._lock = threading.Lock()
-        self._done = threading.Event()  # a notice was written, or the program ended
+        self._said: set[tuple[str, str]] = set()  # (event, value) written
+        self._closed = threading.Event()  # the program ended: nothing more is written
+        self._noticed = threading.Event()  # the preemption notice was written: its watch is over
 
     def start(self) -> None:
         """One daemon thread per watched key (each holds a long poll; the process exit ends them)."""
@@ -207,37 +211,59 @@ class NoticeReporter:
             from tpuctl.runtime import hostenv, preemption
 
             host = hostenv.metadata_host(self._env)
-            clients = [(preemption.MetadataClient(host), *key) for key in preemption.WATCHED_KEYS]
+            clients = [(preemption.MetadataClient(host), key) for key in preemption.WATCHED_KEYS]
         except (ImportError, ValueError):
             return  # no runtime in the bundle, or a malformed GCE_METADATA_HOST: the program runs unwatched
-        for client, path, is_notice, source in clients:
+        for client, key in clients:
             threading.Thread(
-                target=self._watch, args=(client, path, is_notice, source), name=f"notice-{path}", daemon=True
+                target=self._watch, args=(client, key), name=f"notice-{key.path}", daemon=True
             ).start()
 
-    def _watch(
-        self, client: MetadataClient, path: str, is_notice: Callable[[str], bool], source: str
-    ) -> None:
+    def _watch(self, client: MetadataClient, key: WatchedKey) -> None:
         from tpuctl.runtime import preemption
 
-        # Failed requests are asked again in silence: the output file is the program's, and a host whose
-        # metadata server is down says so in other ways.
-        if preemption.wait_for_notice(client, path, is_notice, done=self._done.is_set, pause=self._done.wait):
-            self.report(source)
+        def over() -> bool:
+            return self._closed.is_set() or self._noticed.is_set()
 
-    def report(self, source: str) -> bool:
-        """Write the notice line (once, and not after ``close``); True if this call wrote it."""
+        last = ""
+        while True:
+            seen = last
+
+            def news(value: str, seen: str = seen) -> bool:
+                return key.is_news(value) and value.strip() != seen
+
+            # Failed requests are asked again in silence: the output file is the program's, and a host
+            # whose metadata server is down says so in other ways.
+            value = preemption.wait_for_notice(client, key.path, news, done=over, pause=self._closed.wait)
+            if value is None:
+                return
+            last = value.strip()
+            if key.event == "maintenance":
+                # Every new value is said (a MIGRATE, then a TERMINATE); the watch goes on until the
+                # program ends or its VM is preempted.
+                self.report("maintenance", value=last)
+                continue
+            self.report(key.event, source=key.source)
+            return
+
+    def report(self, event: str, *, source: str | None = None, value: str | None = None) -> bool:
+        """Write one event line (each event and value once, none after ``close``); True if this call
+        wrote it. ``notice`` carries its ``source``; ``maintenance`` the key's ``value``."""
         from tpuctl.runtime import hostenv, preemption
 
         with self._lock:
-            if self._done.is_set():
+            said = (event, value or "")
+            if self._closed.is_set() or said in self._said:
                 return False
-            self._done.set()
+            self._said.add(said)
+            if event == "notice":
+                self._noticed.set()
             worker = self._env.get(hostenv.WORKER_ID, "")
+            fields: dict[str, object] = {"source": source} if event == "notice" else {"value": value}
             line = preemption.event_line(
-                "notice",
+                event,
                 worker=int(worker) if worker.isdigit() else None,
-                source=source,
+                **fields,
                 t=time.time(),
                 reporter="follower",
             )
@@ -251,9 +277,9 @@ class NoticeReporter:
             return True
 
     def close(self) -> None:
-        """No notice line from now on."""
+        """No event line from now on."""
         with self._lock:
-            self._done.set()
+            self._closed.set()
 
 
 def tail(directory: str, offset: int) -> int:

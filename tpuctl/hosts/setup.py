@@ -1,8 +1,9 @@
 """Host setup: the bash script that prepares a host's Python environment before a run starts on it.
 
 Every provision gives stock hosts (a fresh disk after each recovery), so a run's environment is built on
-the host, from its inputs, by a script the executor runs over SSH: uv (bootstrapped with the image's own
-pip) makes a virtual environment with the Python the runtime needs, installs the runtime's pinned set
+the host, from its inputs, by a script the executor runs over SSH: uv (which tpuctl brings to the host
+first, ``tpuctl.hosts.uv_tool``: no pip, no package index for uv itself) makes a virtual environment
+with the Python the runtime needs, installs the runtime's pinned set
 (``tpuctl/runtime/requirements/{cpu,tpu}.txt``) and the user's requirements, then runs the user's setup
 commands in it. Each runtime set is a complete lock (``uv export`` of pyproject's ``runtime-cpu`` or
 ``runtime-tpu`` group: the whole closure pinned and hashed), installed with ``--no-deps
@@ -29,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from tpuctl.hosts.uv_tool import UV_VERSION, host_uv
+
 Runtime = Literal["cpu", "tpu"]
 
 #: The prefix of the lines the script prints itself; ``STEP_PREFIX`` starts each step's line, one of
@@ -38,7 +41,7 @@ STEP_PREFIX = f"{LINE_PREFIX} $ "
 FINISHED_PREFIXES = (f"{LINE_PREFIX} done: ", f"{LINE_PREFIX} up to date: ")
 #: Part of every key: a change to the script's steps makes hosts set up again rather than trust a marker
 #: written by an older script.
-SCRIPT_VERSION = 2
+SCRIPT_VERSION = 3
 REQUIREMENTS_DIR = Path(__file__).resolve().parent.parent / "runtime" / "requirements"
 
 
@@ -57,14 +60,15 @@ class SetupSpec:
     ``"tpu"``: ``jax[tpu]``, Google), or None for none. ``requirements``: the text of a user requirements
     file (uv pip syntax), or None. ``commands``: shell commands run in order after the installs, with the
     environment activated. ``python``: the interpreter version uv creates the environment with (found on
-    the host, or downloaded by uv where allowed). ``uv_version``: the uv that the script bootstraps.
+    the host, or downloaded by uv where allowed). ``uv_version``: the uv the script runs (the one
+    ``tpuctl.hosts.uv_tool`` brings to the host).
     """
 
     runtime: Runtime | None
     requirements: str | None = None
     commands: tuple[str, ...] = ()
     python: str = "3.11"
-    uv_version: str = "0.13.9"
+    uv_version: str = UV_VERSION
 
     @property
     def needs_env(self) -> bool:
@@ -144,20 +148,13 @@ run() {{ printf '{prefix} $ %s\n' "$1"; bash -c "$1"; }}
 rm -rf "$env"
 """
 
-# uv from PyPI with the image's pip. ``--target`` rather than ``--user``: pip refuses ``--user`` inside a
-# virtual environment (the simulator's image is one) and, by PEP 668, on Debian/Ubuntu releases whose
-# Python is marked externally managed (Ubuntu 23.04+); ``--target`` is allowed in both (PEP 668 exempts
-# it), and keeps this uv next to the environments it made. uv has no dependencies and its wheel's Python
-# part is a stub: ``--no-deps --no-compile`` skip pip's resolver and byte-compiling (0.9 s -> 0.65 s).
-_UV = r"""uv_dir=$root/tools/uv-{uv_version}
-uv=$uv_dir/bin/uv
-if [ ! -x "$uv" ]; then
-  rm -rf "$uv_dir.tmp"
-  step python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location \
-    --no-deps --no-compile --target "$uv_dir.tmp" uv=={uv_version}
-  rm -rf "$uv_dir"
-  mv "$uv_dir.tmp" "$uv_dir"
-fi
+# uv is brought to the host before the script runs (``tpuctl.hosts.uv_tool``: shipped, verified, cached);
+# the script only checks that it is there, so a host without it fails at a named step, not halfway.
+_UV = r"""uv={uv}
+case $uv in /*) ;; *) uv=$HOME/$uv ;; esac
+step test -x "$uv"
+# On PATH too, so a --setup command can run `uv pip install ...` (the fix suggested for a missing module).
+export PATH="${{uv%/uv}}:$PATH"
 # The environment's files are hard links into uv's cache (same disk), and nothing is byte-compiled at
 # install time: Python compiles what it imports, on first import.
 export UV_LINK_MODE=${{UV_LINK_MODE:-hardlink}}
@@ -173,8 +170,8 @@ def setup_script(spec: SetupSpec, remote_root: str = ".tpuctl") -> str:
     """The bash script that sets a host up for ``spec`` (run it with bash, in the login home).
 
     Idempotent: exits 0 at once when ``<remote_root>/envs/<key>/.complete`` exists; otherwise starts that
-    directory afresh, installs uv ``spec.uv_version`` with ``python3 -m pip`` unless this root already has
-    it, creates the environment with ``uv venv --python <spec.python>``, ``uv pip install``s the runtime set
+    directory afresh, checks that the uv ``tpuctl.hosts.uv_tool`` brought is there, creates the
+    environment with ``uv venv --python <spec.python>``, ``uv pip install``s the runtime set
     and the user's requirements, runs ``spec.commands`` with the environment activated (``bash -c``, in
     order), and writes the marker last. Exits non-zero at the first failing step, whose
     ``[tpuctl-setup] $`` line is the last one printed. The package index is the host's (pip's and uv's
@@ -183,7 +180,7 @@ def setup_script(spec: SetupSpec, remote_root: str = ".tpuctl") -> str:
     key = spec.key()
     parts = [_PREAMBLE.format(key=key, root=shlex.quote(remote_root), prefix=LINE_PREFIX)]
     if spec.needs_env:
-        parts.append(_UV.format(uv_version=spec.uv_version))
+        parts.append(_UV.format(uv=shlex.quote(host_uv(remote_root))))
         parts.append(_env_steps(spec, key))
     else:
         parts.append('mkdir -p "$env"\n')
@@ -199,7 +196,13 @@ def _env_steps(spec: SetupSpec, key: str) -> str:
     resolving, only its hashes), then the user's requirements, resolved against what the lock installed."""
     tag = f"TPUCTL_SETUP_{key[:16]}"
     install = 'step "$uv" pip install --quiet --python "$env/bin/python"'
-    steps = [f'step "$uv" venv --quiet --python {shlex.quote(spec.python)} "$env"\n']
+    # The image's own python<version> by path where it has one: uv's search skips interpreters that are
+    # themselves virtual environments (the simulator's image is one), an explicit path it takes as given.
+    python = shlex.quote(spec.python)
+    steps = [
+        f"python=$(command -v python{python} || echo {python})\n",
+        'step "$uv" venv --quiet --python "$python" "$env"\n',
+    ]
     if spec.runtime is not None:
         text = runtime_requirements(spec.runtime).rstrip("\n")
         steps.append(_FILE.format(name="tpuctl-runtime.txt", tag=tag, text=text))

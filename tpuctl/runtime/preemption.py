@@ -3,7 +3,11 @@
 A spot/preemptible TPU VM learns of its preemption two ways: SIGTERM (the guest's soft-off), and the
 metadata server's ``instance/preempted`` turning ``TRUE``; a host about to be taken for maintenance sees
 ``instance/maintenance-event`` turn ``TERMINATE_ON_HOST_MAINTENANCE``. Any may come first, on any one
-host. :class:`PreemptionWatch` listens to all three (the metadata keys long-polled with
+host. A maintenance notice is not a preemption (Google may restart the VM where it was:
+docs/preemption.md#host-maintenance), so it is said as its own event, ``maintenance``; the VM stops all the
+same, so the program stops at a step and checkpoints as it does for a preemption. A
+``MIGRATE_ON_HOST_MAINTENANCE`` value (a TPU VM cannot live-migrate, so it should never come) is said and
+not acted on. :class:`PreemptionWatch` listens to all three (the metadata keys long-polled with
 ``wait_for_change``, the server found as google-auth finds it: ``GCE_METADATA_HOST``, else
 ``metadata.google.internal``; the same code on Google and on the simulator) and answers one question at
 every step boundary, the same way on every host: "stop here?" (``should_stop(step)``).
@@ -24,9 +28,9 @@ The program then saves a checkpoint at that step, waits until it is durable, pri
 which tells tpuctl's supervisor "preempted, checkpoint saved at step S".
 
 tpuctl's follower on every host (``tpuctl/hosts/follow.py``) watches the same metadata keys with
-:func:`wait_for_notice` for every program, and writes its own ``notice`` line (``"reporter":
-"follower"``): a program that does not use this module, or whose SIGTERM JAX's notifier caught, still has
-its preemption on the record.
+:func:`wait_for_notice` for every program, and writes its own ``notice`` or ``maintenance`` line
+(``"reporter": "follower"``): a program that does not use this module, or whose SIGTERM JAX's notifier
+caught, still has its preemption (or its host's maintenance) on the record.
 
 Events for the supervisor are single lines ``TPUCTL_EVENT <json>`` on stdout (see :func:`emit`).
 Nothing here runs at import; no JAX import at module level (the CLI side imports the constants).
@@ -68,20 +72,41 @@ _METADATA_ROOT = "/computeMetadata/v1/"
 _MAX_RETRY_S = 5.0
 
 
+#: What ``instance/maintenance-event`` says when no maintenance is coming.
+NO_MAINTENANCE = "NONE"
+
+
 def _preempted(value: str) -> bool:
     return value.strip().upper() == "TRUE"
 
 
-def _terminating(value: str) -> bool:
-    # NONE, MIGRATE_ON_HOST_MAINTENANCE or TERMINATE_ON_HOST_MAINTENANCE (docs/google-facts.md#preemption,
-    # as TensorFlow's GCE failure handler reads it). A TPU VM cannot live-migrate, so only TERMINATE ends it.
-    return value.strip().upper().startswith("TERMINATE")
+def _maintenance(value: str) -> bool:
+    # NONE, MIGRATE_ON_HOST_MAINTENANCE or TERMINATE_ON_HOST_MAINTENANCE (as TensorFlow's GCE failure
+    # handler reads it; docs/google-facts.md#host-maintenance): anything but NONE is news worth saying.
+    return value.strip().upper() not in ("", NO_MAINTENANCE)
 
 
-#: The metadata keys watched: (path, "is this a notice?", the notice's source in the event).
-WATCHED_KEYS: tuple[tuple[str, Callable[[str], bool], str], ...] = (
-    (PREEMPTED_PATH, _preempted, "metadata"),
-    (MAINTENANCE_PATH, _terminating, "maintenance"),
+def ends_the_vm(maintenance_value: str) -> bool:
+    """Whether a maintenance-event value stops the VM: TERMINATE does; a TPU VM cannot live-migrate, so
+    a MIGRATE value (which should never come) leaves it running."""
+    return maintenance_value.strip().upper().startswith("TERMINATE")
+
+
+@dataclass(frozen=True)
+class WatchedKey:
+    """A metadata key watched for news: its path, whether a value is news, and the event that says it
+    (``notice``: the VM is preempted; ``maintenance``: its host is about to be maintained)."""
+
+    path: str
+    is_news: Callable[[str], bool]
+    event: str
+    source: str
+
+
+#: The metadata keys watched, on every host, by the follower and the runtime alike.
+WATCHED_KEYS: tuple[WatchedKey, ...] = (
+    WatchedKey(PREEMPTED_PATH, _preempted, "notice", "metadata"),
+    WatchedKey(MAINTENANCE_PATH, _maintenance, "maintenance", "metadata"),
 )
 
 
@@ -195,7 +220,8 @@ class MetadataClient:
 
 
 class PreemptionWatch:
-    """SIGTERM and the metadata server's preemption flag -> ``should_stop(step)`` at step boundaries.
+    """SIGTERM, the metadata server's preemption flag and a maintenance notice that ends the VM ->
+    ``should_stop(step)`` at step boundaries.
 
     ``install()`` before ``jax.distributed.initialize()`` (a SIGTERM that arrives during start-up is
     kept); ``attach()`` right after it (switches to JAX's sync point and hands it a notice that came
@@ -267,6 +293,7 @@ class PreemptionWatch:
 
     @property
     def notice_source(self) -> str | None:
+        """What stopped the program: ``sigterm``, ``metadata`` (preempted) or ``maintenance``."""
         return self._notice_source
 
     def _record(self, source: str) -> bool:
@@ -280,8 +307,9 @@ class PreemptionWatch:
             return True
 
     def _announce_once(self) -> None:
+        """Say the preemption notice once (a maintenance notice was said as it came, as its own event)."""
         with self._lock:
-            if self._announced or not self._noticed.is_set():
+            if self._announced or not self._noticed.is_set() or self._notice_source == "maintenance":
                 return
             self._announced = True
             at, source = self._notice_at, self._notice_source
@@ -299,10 +327,10 @@ class PreemptionWatch:
             return self
         self._spawn("tpuctl-preemption", self._loop)
         if self._metadata_host is not None:
-            for path, is_notice, source in WATCHED_KEYS:
+            for key in WATCHED_KEYS:
                 client = MetadataClient(self._metadata_host)
                 self._clients.append(client)
-                self._spawn(f"tpuctl-watch-{path}", self._watch, client, path, is_notice, source)
+                self._spawn(f"tpuctl-watch-{key.path}", self._watch, client, key)
         return self
 
     def _spawn(self, name: str, target: Callable[..., None], *args: Any) -> None:
@@ -376,22 +404,39 @@ class PreemptionWatch:
         while not self._stop.wait(self._poll_s):
             self._announce_once()
 
-    def _watch(
-        self, client: MetadataClient, path: str, is_notice: Callable[[str], bool], source: str
-    ) -> None:
-        """Long-poll one key until it says "notice" (or the watch closes, or another notice came)."""
-        if wait_for_notice(
-            client,
-            path,
-            is_notice,
-            done=lambda: self._stop.is_set() or self._noticed.is_set(),
-            pause=self._stop.wait,
-            poll_s=self._poll_s,
-            wait_s=self._wait_s,
-            on_error=self._poll_failed,
-        ):
-            self.notify(source)
+    def _watch(self, client: MetadataClient, key: WatchedKey) -> None:
+        """Long-poll one key until it ends the VM (or the watch closes, or another notice came). Each
+        new maintenance value is said as it comes; only one that ends the VM stops the program."""
+        last: str | None = None
+        while True:
+            seen = last
+
+            def news(value: str, seen: str | None = seen) -> bool:
+                return key.is_news(value) and value.strip() != seen
+
+            value = wait_for_notice(
+                client,
+                key.path,
+                news,
+                done=lambda: self._stop.is_set() or self._noticed.is_set(),
+                pause=self._stop.wait,
+                poll_s=self._poll_s,
+                wait_s=self._wait_s,
+                on_error=self._poll_failed,
+            )
+            if value is None:
+                return
+            last = value.strip()
+            if key.event == "maintenance":
+                with contextlib.suppress(Exception):  # a closed stdout must not kill the watcher
+                    self._announce("maintenance", worker=self._worker, value=last, t=self._clock())
+                if not ends_the_vm(last):
+                    continue
+                self.notify("maintenance")
+                return
+            self.notify(key.source)
             self._announce_once()
+            return
 
     def _poll_failed(self, path: str, exc: BaseException) -> None:
         with self._lock:
@@ -432,8 +477,8 @@ def wait_for_notice(
     poll_s: float = DEFAULT_POLL_S,
     wait_s: int = DEFAULT_WAIT_S,
     on_error: Callable[[str, BaseException], None] | None = None,
-) -> bool:
-    """Long-poll ``path`` until its value is a notice (True) or ``done()`` (False).
+) -> str | None:
+    """Long-poll ``path`` until its value is a notice (that value) or ``done()`` (None).
 
     The first GET is plain (the value now and its ETag); each next one waits for a change from that
     ETag, so a change between two requests is never missed. A server that sends no ETag cannot be
@@ -448,7 +493,7 @@ def wait_for_notice(
             value = client.get(path, wait_for_change=etag is not None, last_etag=etag, timeout_sec=wait_s)
         except (OSError, http.client.HTTPException) as exc:
             if done():
-                return False
+                return None
             failures += 1
             if on_error is not None:
                 on_error(path, exc)
@@ -457,22 +502,26 @@ def wait_for_notice(
             continue
         failures = 0
         if is_notice(value.text):
-            return True
+            return value.text
         etag = value.etag
         if etag is None:
             pause(poll_s)
-    return False
+    return None
 
 
-def exit_preempted(step: int, *, saved: bool, save_s: float | None = None, say: bool = True) -> int:
-    """The exit status after stopping for a preemption at ``step``; with ``say`` (one host, usually
-    process 0), print the event that tells the supervisor where the checkpoint is."""
+def exit_preempted(
+    step: int, *, saved: bool, save_s: float | None = None, say: bool = True, reason: str | None = None
+) -> int:
+    """The exit status after stopping for a preemption (or a host maintenance) at ``step``; with ``say``
+    (one host, usually process 0), print the event that tells the supervisor where the checkpoint is.
+    ``reason``: what stopped it (``PreemptionWatch.notice_source``: ``maintenance`` for a host's)."""
     if say:
         emit(
             "preempted",
             step=step,
             checkpoint="saved" if saved else "none",
             save_s=None if save_s is None else round(save_s, 4),
+            reason=reason,
         )
         sys.stdout.flush()
     return PREEMPTED_EXIT_CODE
@@ -481,12 +530,15 @@ def exit_preempted(step: int, *, saved: bool, save_s: float | None = None, say: 
 __all__ = [
     "EVENT_PREFIX",
     "MAINTENANCE_PATH",
+    "NO_MAINTENANCE",
     "PREEMPTED_EXIT_CODE",
     "PREEMPTED_PATH",
     "MetadataClient",
     "MetadataValue",
     "PreemptionWatch",
+    "WatchedKey",
     "emit",
+    "ends_the_vm",
     "event_line",
     "exit_preempted",
     "parse_event",

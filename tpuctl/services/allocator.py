@@ -45,6 +45,7 @@ from tpuctl.cloud.base import (
     QuotaLimit,
     TpuCloud,
 )
+from tpuctl.cloud.buckets import BucketLocation
 from tpuctl.cloud.compute_shapes import FLEX_VALID_FOR_MAX_S
 from tpuctl.cloud.retry import RetryPolicy, Sleep
 from tpuctl.cloud.surfaces import asking_only
@@ -330,6 +331,7 @@ class Survey:
     zones: list[str]
     offers: dict[str, Offer]
     warnings: tuple[str, ...] = ()  # what the plan should say about the survey (unreadable quotas)
+    bucket: BucketLocation | None = None  # where the run's checkpoint bucket is, when it could be read
 
 
 class Allocator:
@@ -387,6 +389,7 @@ class Allocator:
             # Cloud Quotas has its own HTTP client: start it at once. The first TPU API call runs alone:
             # it builds the API client, which must not happen in two threads at once.
             limits_f = pool.submit(cloud.quota_limits)
+            bucket_f = pool.submit(self._bucket_location, request.checkpoint_bucket)
             nodes = cloud.list_nodes(None)
             queued_f = pool.submit(cloud.list_queued_resources, None)
             cloud_zones: list[str] = []
@@ -399,11 +402,32 @@ class Allocator:
             offers = {z: f.result() for z, f in offer_fs.items()}
             limits, unread = _read_limits(limits_f)
             queued = queued_f.result()
+            bucket, unplaced = bucket_f.result()
         self._check_name_free(request, nodes, queued)
         book = QuotaBook(self._catalog, limits, nodes, queued)
         return Survey(
-            nodes=nodes, queued=queued, book=book, zones=zones, offers=offers, warnings=tuple(unread)
+            nodes=nodes,
+            queued=queued,
+            book=book,
+            zones=zones,
+            offers=offers,
+            warnings=(*unread, *unplaced),
+            bucket=bucket,
         )
+
+    def _bucket_location(self, bucket: str | None) -> tuple[BucketLocation | None, list[str]]:
+        """Where the run's checkpoint bucket is (None without one); a bucket whose location cannot be
+        read is a warning, not a failure: placement goes on without it (the bucket itself is checked
+        before a run starts, and by `tpuctl doctor`)."""
+        if bucket is None:
+            return None, []
+        try:
+            return self._session.buckets().location(bucket), []
+        except CloudError as exc:
+            return None, [
+                f"the location of bucket gs://{bucket} could not be read ({exc.message}): zones are ranked "
+                "without it"
+            ]
 
     def _offer(self, cloud: TpuCloud, zone: str, api_name: str) -> Offer:
         try:
@@ -441,11 +465,16 @@ class Allocator:
         request = self.stamped(request)
         seen = survey or self.survey(request)
         candidates = build_candidates(
-            request, catalog=self._catalog, book=seen.book, zones=seen.zones, offers=seen.offers
+            request,
+            catalog=self._catalog,
+            book=seen.book,
+            zones=seen.zones,
+            offers=seen.offers,
+            bucket=seen.bucket,
         )
         # Unreadable quotas are said once, not once per quota and zone.
         warnings = [*seen.warnings, *quota_warnings(candidates, name_unknown=not seen.warnings)]
-        plan = decide(request, candidates, zones=seen.zones, warnings=warnings)
+        plan = decide(request, candidates, zones=seen.zones, warnings=warnings, bucket=seen.bucket)
         plan.requests = self._planned_requests(request, plan)
         return plan
 

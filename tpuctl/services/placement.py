@@ -14,10 +14,13 @@ the last candidates fell decides the verdict of an infeasible request):
 3. quota: both the zone and the region quota of its capacity class (spot and preemptible share one quota,
    separate from on-demand; reserved capacity draws on its reservation instead) have room for all slices.
 
-Feasible candidates are ranked by price for the whole request, then by quota headroom (the smaller of
-the zone's and the region's room left after placing; more first, so a concurrent create is less likely
-to win the race for the last chips), then by the order the capacity types were allowed in, then by zone
-name (so the order is deterministic).
+Feasible candidates are ranked by price for the whole request, then, where the run checkpoints to a
+bucket whose location is known, by whether the zone is in the bucket's location (its region, dual-region
+or multi-region: saving and restoring a checkpoint there crosses no location, which Cloud Storage bills;
+``tpuctl.services.placement_bucket``), then by quota headroom (the smaller of the zone's and the region's
+room left after placing; more first, so a concurrent create is less likely to win the race for the last
+chips), then by the order the capacity types were allowed in, then by zone name (so the order is
+deterministic).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from typing import Any
 from tpuctl import params
 from tpuctl.catalog import AcceleratorType, CapacityType, Catalog, Surface, region_of_zone, validate_zone
 from tpuctl.cloud.base import HostNetwork, PlannedRequest
+from tpuctl.cloud.buckets import BucketLocation
 from tpuctl.errors import (
     EXIT_CAPACITY,
     EXIT_OK,
@@ -42,6 +46,7 @@ from tpuctl.errors import (
     OverPriceCapError,
     UsageError,
 )
+from tpuctl.services.placement_bucket import BucketDistance
 from tpuctl.services.quota import QuotaBook, QuotaUse, quota_units
 from tpuctl.timefmt import iso
 
@@ -125,6 +130,8 @@ class PlacementRequest:
     network: HostNetwork = field(default_factory=HostNetwork)
     #: The service account the hosts act as (None: the API's default, the Compute Engine default one).
     service_account: str | None = None
+    #: The bucket the run checkpoints to (placement prefers zones in its location), if any.
+    checkpoint_bucket: str | None = None
     #: When the cloud itself ends the slice (a run's backstop; Compute Engine only, ``NodeRequest``).
     terminate_at: float | None = None
 
@@ -184,6 +191,7 @@ class PlacementRequest:
             "labels": dict(self.labels),
             **self.network.to_dict(),
             "service_account": self.service_account,
+            "checkpoint_bucket": self.checkpoint_bucket,
             **({} if self.terminate_at is None else {"terminate_at": iso(self.terminate_at)}),
         }
 
@@ -338,6 +346,12 @@ class Candidate:
     rejection: Rejection | None
     reason: str | None
     capacity_rank: int = 0  # position of the capacity type in the allowed list (a tie-break)
+    #: How far the zone is from the run's checkpoint bucket (None: no bucket, or its location unknown).
+    bucket: BucketDistance | None = None
+
+    @property
+    def far_from_bucket(self) -> bool:
+        return self.bucket is not None and not self.bucket.near
 
     @property
     def region(self) -> str:
@@ -383,6 +397,7 @@ class Candidate:
             "quota_fits": self.quota_fits,
             "feasible": self.feasible,
             "rejection": None if self.rejection is None else self.rejection.value,
+            "bucket": None if self.bucket is None else self.bucket.to_dict(),
         }
 
 
@@ -418,13 +433,15 @@ def build_candidates(
     book: QuotaBook,
     zones: Sequence[str],
     offers: Mapping[str, Offer],
+    bucket: BucketLocation | None = None,
 ) -> list[Candidate]:
     """Every zone x allowed capacity type, annotated and judged (see the module docstring for the order
-    of the checks)."""
+    of the checks); ``bucket``: where the run's checkpoint bucket is, when known."""
     accel = request.accelerator
     out: list[Candidate] = []
     for zone in zones:
         offer = offers.get(zone, Offer(False, "the API did not say what this zone offers"))
+        distance = None if bucket is None else BucketDistance.of(bucket, zone)
         for rank, capacity in enumerate(request.capacity_types):
             # Flex-start is billed by its own SKU: its price where the catalog has one, else unknown
             # (docs/google-facts.md#prices-for-budgets), never the spot price.
@@ -450,6 +467,7 @@ def build_candidates(
                     rejection=rejection,
                     reason=reason,
                     capacity_rank=rank,
+                    bucket=distance,
                 )
             )
     return out
@@ -494,9 +512,16 @@ def _judge(
 def rank(candidates: Iterable[Candidate]) -> list[Candidate]:
     """The feasible candidates in the order they are tried (see the module docstring)."""
 
-    def key(c: Candidate) -> tuple[bool, float, float, int, str]:
+    def key(c: Candidate) -> tuple[bool, float, bool, float, int, str]:
         price = c.price_per_hour
-        return (price is None, price if price is not None else 0.0, -c.headroom, c.capacity_rank, c.zone)
+        return (
+            price is None,
+            price if price is not None else 0.0,
+            c.far_from_bucket,
+            -c.headroom,
+            c.capacity_rank,
+            c.zone,
+        )
 
     return sorted((c for c in candidates if c.feasible), key=key)
 
@@ -533,6 +558,8 @@ class Plan:
     requests: list[PlannedRequest] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     zones: list[str] = field(default_factory=list)
+    #: Where the run's checkpoint bucket is (None: no bucket, or its location could not be read).
+    bucket: BucketLocation | None = None
 
     @property
     def feasible(self) -> bool:
@@ -607,14 +634,35 @@ class Plan:
             "candidates": [self.candidate_dict(c) for c in self.candidates],
             "requests": [r.to_dict() for r in self.requests],
             "warnings": list(self.warnings),
+            "checkpoint_bucket": self._bucket_dict(),
         }
+
+    def _bucket_dict(self) -> dict[str, Any] | None:
+        """The run's checkpoint bucket: where it is, and what a checkpoint costs from the chosen zone."""
+        name = self.request.checkpoint_bucket
+        if name is None:
+            return None
+        chosen = self.chosen
+        out: dict[str, Any] = {"bucket": name, "location": None, "location_type": None, "data_locations": []}
+        if self.bucket is not None:
+            out.update(self.bucket.to_dict())
+        distance = chosen.bucket if chosen is not None else None
+        out["chosen_zone_near"] = None if distance is None else distance.near
+        # The checkpoint's size is the program's; the cost is per GB of it.
+        out["egress_usd_per_gb"] = None if distance is None else distance.egress_usd_per_gb
+        return out
 
 
 def _chosen_why(candidate: Candidate, feasible: int) -> str:
     price = "price unknown" if candidate.price_per_hour is None else f"{candidate.price_per_hour:.2f} USD/h"
+    near = (
+        " in the checkpoint bucket's location"
+        if candidate.bucket is not None and candidate.bucket.near
+        else ""
+    )
     if feasible == 1:
-        return f"the only feasible candidate ({price})"
-    return f"cheapest feasible candidate ({price}); {feasible - 1} fallback(s) if it is stocked out"
+        return f"the only feasible candidate ({price}){near}"
+    return f"cheapest feasible candidate ({price}){near}; {feasible - 1} fallback(s) if it is stocked out"
 
 
 def decide(
@@ -623,6 +671,7 @@ def decide(
     *,
     zones: Sequence[str],
     warnings: Sequence[str] = (),
+    bucket: BucketLocation | None = None,
 ) -> Plan:
     """Rank the candidates and reach a verdict. The requests are added by the allocator (they need the
     cloud's request builder)."""
@@ -634,8 +683,14 @@ def decide(
         verdict=Verdict.FEASIBLE,
         warnings=list(warnings),
         zones=list(zones),
+        bucket=bucket,
     )
     if order:
+        chosen = order[0]
+        if bucket is not None and chosen.bucket is not None:
+            note = chosen.bucket.cost_note(bucket, chosen.zone)
+            if note is not None:
+                plan.warnings.append(note)
         return plan
     plan.verdict, plan.message, plan.fix = _infeasible(request, candidates, zones)
     return plan

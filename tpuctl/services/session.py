@@ -26,6 +26,7 @@ from tpuctl.store.paths import ensure_private_dir
 if TYPE_CHECKING:
     from tpuctl.backends.base import Backend
     from tpuctl.cloud.base import TpuCloud
+    from tpuctl.cloud.buckets import BucketClient
     from tpuctl.cloud.oslogin import OsLoginAccess
     from tpuctl.store.ledger import Ledger
 
@@ -47,6 +48,7 @@ class Session:
     sleep: Callable[[float], None] = time.sleep
     _closers: list[Callable[[], None]] = field(default_factory=list)
     _os_login: OsLoginAccess | None = field(default=None, repr=False)
+    _buckets: BucketClient | None = field(default=None, repr=False)
 
     @property
     def project(self) -> str:
@@ -58,6 +60,12 @@ class Session:
         if self._os_login is None:
             self._os_login = self.backend.open_os_login(self.cloud, self._closers)
         return self._os_login
+
+    def buckets(self) -> BucketClient:
+        """Cloud Storage as the backend reaches it, opened on first use and closed with the session."""
+        if self._buckets is None:
+            self._buckets = self.backend.open_buckets(self.state_dir, self._closers)
+        return self._buckets
 
     def describe_backend(self) -> dict[str, Any]:
         return {"backend": self.backend.name, "project": self.project, "endpoint": self.cloud.endpoint}

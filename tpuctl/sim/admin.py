@@ -172,6 +172,16 @@ class SimAdminClient:
         payload = _drop_none({"zone": zone, "name": name, "notice": notice, "project": project})
         return self._call("POST", "/compute/preempt", json=payload)
 
+    def maintenance(self, zone: str, node: str, *, project: str | None = None) -> dict[str, Any]:
+        """Start a host maintenance of a READY node (a TPU API node or a Compute Engine slice's row) now;
+        returns the node (TPU API JSON). Its hosts' metadata ``maintenance-event`` says
+        TERMINATE_ON_HOST_MAINTENANCE for the world's ``durations.maintenance_notice_s`` (real seconds),
+        then its VMs stop: an on-demand or reserved TPU API node is REPAIRING for
+        ``durations.maintenance_s`` and READY again, its disks kept; any other is TERMINATED."""
+        return self._call(
+            "POST", "/maintenance", json=_drop_none({"zone": zone, "node": node, "project": project})
+        )
+
     def stockout(self, zone: str, *, clear: bool = False) -> bool:
         """Set (or clear) a manual stockout: the zone's on-demand and spot capacity become zero."""
         return bool(self._call("POST", "/stockout", json={"zone": zone, "clear": clear})["stockout"])

@@ -24,8 +24,8 @@ What each variable does, in the tool that reads it:
   ``tpuctl.sim.vms.sshd``).
 - ``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false``: gcsfs's default filesystem first asks the Storage Control
   API (gRPC) for the bucket's layout, which the emulator does not serve; the plain JSON-API filesystem.
-- ``PIP_NO_INDEX`` / ``PIP_FIND_LINKS``: pip installs from the simulator's package mirror only (the uv
-  bootstrap of host setup).
+- ``PIP_NO_INDEX`` / ``PIP_FIND_LINKS``: a pip the user's setup brings installs from the simulator's
+  package mirror only (the image has none; uv is brought by tpuctl, not installed with pip).
 - ``UV_NO_INDEX`` / ``UV_FIND_LINKS``: the same for uv, and ``UV_DEFAULT_INDEX``: the mirror's simple
   index, because uv 0.13 reads no ``UV_NO_INDEX`` (``uv pip install --help`` names no variable for
   ``--no-index``; later uv releases may) and would otherwise ask PyPI; ``UV_PYTHON_DOWNLOADS=never``: uv uses

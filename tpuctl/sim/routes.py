@@ -11,10 +11,9 @@ Surfaces (all JSON unless noted):
 - ``/v1/projects/{p}/locations/global/services/tpu.googleapis.com/quotaInfos[/{id}]``: Cloud Quotas.
 - ``/v1/users/...``: OS Login (importSshPublicKey, sshPublicKeys.patch, loginProfile;
   ``tpuctl.sim.engine.oslogin``); ``/tokeninfo``: OAuth's tokeninfo (who the caller is).
-- ``/v1/iam:troubleshoot``: Policy Troubleshooter; ``/storage/v1/b/{b}/iam/testPermissions``: Cloud
-  Storage's bucket IAM (the bucket's objects are the network's storage emulator's).
-- ``/sim/v1/...``: the admin API (status, reset, preempt, stockout, metadata, endpoints, faults); see
-  ``SimAdminClient``.
+- ``/v1/iam:troubleshoot``: Policy Troubleshooter (who may do what, another account included).
+- ``/sim/v1/...``: the admin API (status, reset, preempt, maintenance, stockout, metadata, endpoints,
+  faults); see ``SimAdminClient``.
 
 Every API surface authenticates its callers and checks each route's permission as Google does
 (``tpuctl.sim.iam``); the discovery documents, tokeninfo and the admin API take anyone.
@@ -32,7 +31,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from tpuctl.errors import ConfigError
-from tpuctl.sim import api_errors, deletions, discovery, frontend, iam, storage_access
+from tpuctl.sim import api_errors, deletions, discovery, frontend, iam
 from tpuctl.sim.api_errors import ApiError, invalid_argument
 from tpuctl.sim.compute import routes as compute_routes
 from tpuctl.sim.engine import SimEngine
@@ -459,21 +458,7 @@ def _tokeninfo(engine: SimEngine, request: SimRequest, args: tuple[str, ...]) ->
 TOKENINFO_ROUTES = (route("GET", r"/tokeninfo", _tokeninfo),)
 
 
-# --- Cloud Storage's bucket IAM and Policy Troubleshooter ------------------------------------------
-#
-# A bucket's objects are the network's storage emulator's (``tpuctl.sim.storage``); its IAM is the world's
-# (``tpuctl.sim.storage_access``), answered here too, so that a client with no route to the emulator (the
-# in-process simulator of tests) asks the same question and gets the same answer.
-
-
-def _test_bucket_permissions(engine: SimEngine, request: SimRequest, args: tuple[str, ...]) -> Answer:
-    from tpuctl.sim.storage import storage_dir_for, stored_buckets
-
-    state_dir = engine.db.path.parent.parent  # the database is <state>/sim/sim.db (state.db_path_for)
-    exists = args[0] in stored_buckets(storage_dir_for(state_dir))
-    asked = list(request.query.get("permissions", []))
-    status, body = storage_access.tested_permissions(engine.world, request.headers, asked, exists=exists)
-    return json_response(body, status)
+# --- Policy Troubleshooter ------------------------------------------------------------------------
 
 
 def _troubleshoot(engine: SimEngine, request: SimRequest, args: tuple[str, ...]) -> Answer:
@@ -481,11 +466,6 @@ def _troubleshoot(engine: SimEngine, request: SimRequest, args: tuple[str, ...])
     return iam.troubleshoot(engine.world, caller, request.body)
 
 
-def _storage_unrouted(request: SimRequest, path_known: bool) -> SimResponse:
-    raise ApiError(404, "NOT_FOUND", "Not Found")
-
-
-STORAGE_IAM_ROUTES = (route("GET", r"/storage/v1/b/([^/]+)/iam/testPermissions", _test_bucket_permissions),)
 TROUBLESHOOTER_ROUTES = (route("POST", r"/v1/iam:troubleshoot", _troubleshoot),)
 
 
@@ -519,6 +499,11 @@ def _preempt_compute(engine: SimEngine, request: SimRequest, args: tuple[str, ..
     return engine.compute.preempt(
         zone, name, notice=bool(body.get("notice", True)), project=body.get("project")
     )
+
+
+def _maintain(engine: SimEngine, request: SimRequest, args: tuple[str, ...]) -> Answer:
+    body = request.body
+    return engine.maintain(_required(body, "zone"), _required(body, "node"), project=body.get("project"))
 
 
 def _stockout(engine: SimEngine, request: SimRequest, args: tuple[str, ...]) -> Answer:
@@ -576,6 +561,7 @@ ADMIN_ROUTES = (
     route("POST", _admin("reset"), _reset),
     route("POST", _admin("preempt"), _preempt),
     route("POST", _admin("compute/preempt"), _preempt_compute),
+    route("POST", _admin("maintenance"), _maintain),
     route("POST", _admin("stockout"), _stockout),
     route("GET", _admin("metadata"), _metadata),
     route("POST", _admin("endpoints"), _set_endpoints),
@@ -607,7 +593,6 @@ SURFACES = (
     Surface("/discovery/", DISCOVERY_ROUTES, _tpu_unrouted),
     Surface("/v1/users/", OSLOGIN_ROUTES, _tpu_unrouted, iam.OS_LOGIN),
     Surface("/v1/iam:troubleshoot", TROUBLESHOOTER_ROUTES, _tpu_unrouted, iam.POLICY_TROUBLESHOOTER),
-    Surface("/storage/v1/", STORAGE_IAM_ROUTES, _storage_unrouted),
     Surface("/tokeninfo", TOKENINFO_ROUTES, _tpu_unrouted),
     Surface("/v1/", QUOTA_ROUTES, _quotas_unrouted, iam.CLOUD_QUOTAS),
     Surface("/sim/v1/", ADMIN_ROUTES, _admin_unrouted),

@@ -59,6 +59,9 @@ CREATE TABLE IF NOT EXISTS nodes (
     kill_at REAL,                          -- end of the preemption grace period
     host_base INTEGER,                     -- host N's address is layout.host_address(host_base + N)
     surface TEXT NOT NULL DEFAULT 'tpu',   -- 'tpu': a TPU API node; 'compute': a Compute Engine slice
+    maintenance_event TEXT,                -- metadata instance/maintenance-event (NULL: NONE)
+    maintenance_at REAL,                   -- when a noticed host maintenance stops the VMs
+    maintenance_until REAL,                -- when a maintained (REPAIRING) node's VMs are back
     PRIMARY KEY (project, zone, node_id)
 );
 
@@ -220,6 +223,11 @@ class SimDatabase:
                 # A state made before Compute Engine slices: every node is a TPU API node.
                 with contextlib.suppress(sqlite3.OperationalError):
                     self._conn.execute("ALTER TABLE nodes ADD COLUMN surface TEXT NOT NULL DEFAULT 'tpu'")
+            for column in ("maintenance_event TEXT", "maintenance_at REAL", "maintenance_until REAL"):
+                if column.split()[0] not in columns:
+                    # A state made before host maintenance was simulated: no node is being maintained.
+                    with contextlib.suppress(sqlite3.OperationalError):
+                        self._conn.execute(f"ALTER TABLE nodes ADD COLUMN {column}")
             keys = {r["name"] for r in self._conn.execute("PRAGMA table_info(oslogin_keys)").fetchall()}
             if "expires_usec" not in keys:
                 # A state made before imported keys could expire: its keys never do.

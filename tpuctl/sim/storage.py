@@ -268,18 +268,6 @@ def storage_dir_for(state_dir: Path) -> Path:
     return Path(state_dir) / "sim-gcs"
 
 
-def stored_buckets(data_dir: Path) -> set[str]:
-    """The buckets an emulator over ``data_dir`` serves: its default one and those created since (read
-    from its index file, as ``stored_objects``)."""
-    from gcp_storage_emulator.storage import STORAGE_DIR
-
-    try:
-        meta = json.loads((data_dir / STORAGE_DIR / ".meta").read_text(encoding="utf-8"))
-    except (FileNotFoundError, ValueError):  # none yet, or being rewritten: the default one at least
-        meta = {}
-    return {DEFAULT_BUCKET, *(meta.get("buckets") or {})}
-
-
 def stored_objects(data_dir: Path, bucket: str = DEFAULT_BUCKET, prefix: str = "") -> list[str]:
     """The names of the objects in ``bucket`` under ``prefix`` that the emulator keeps in ``data_dir``,
     read from its index file (no emulator need be running: the simulator's CLI and tests look)."""
@@ -295,4 +283,4 @@ def stored_objects(data_dir: Path, bucket: str = DEFAULT_BUCKET, prefix: str = "
     return sorted(name for name in objects if name.startswith(prefix))
 
 
-__all__ = ["DEFAULT_BUCKET", "StorageEmulator", "storage_dir_for", "stored_buckets", "stored_objects"]
+__all__ = ["DEFAULT_BUCKET", "StorageEmulator", "storage_dir_for", "stored_objects"]

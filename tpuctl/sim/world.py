@@ -11,8 +11,8 @@ Decisions worth knowing:
   generation there: a world is a what-if, and tests use made-up placements. The default world offers
   each generation exactly in the catalog's zones.
 - All durations are in SIMULATED seconds; ``speed`` converts them: real seconds = simulated / speed.
-  One exception: ``preemption_grace_s`` is REAL seconds, whatever the speed (a program on a host has
-  that long to checkpoint, as on Google's VMs).
+  Two exceptions: ``preemption_grace_s`` and ``maintenance_notice_s`` are REAL seconds, whatever the
+  speed (a program on a host has that long to checkpoint, as on Google's VMs).
 - Quota limits are in each generation's quota units (catalog ``quota_unit``: chips for v5e/v6e,
   TensorCores for v2/v3/v4/v5p). -1 means unlimited.
 """
@@ -157,6 +157,11 @@ class Durations(_Strict):
     compute_op_s: NonNegFloat = 2.0
     #: REAL seconds (never scaled by ``speed``): from the notice (SIGTERM, metadata flag) to SIGKILL.
     preemption_grace_s: NonNegFloat = 30.0
+    #: REAL seconds (never scaled): from a host maintenance's notice (metadata ``maintenance-event``) to the
+    #: VM's stop; Compute Engine documents 60 s (docs/google-facts.md#host-maintenance).
+    maintenance_notice_s: NonNegFloat = 60.0
+    #: How long a maintained slice stays REPAIRING before its VMs are restarted (where they are).
+    maintenance_s: NonNegFloat = 600.0
 
 
 class Network(_Strict):

@@ -98,7 +98,12 @@ def fsync_dir(directory: Path) -> None:
 def atomic_write_text(
     path: str | os.PathLike[str], text: str, *, mode: int = PRIVATE_FILE_MODE, encoding: str = "utf-8"
 ) -> Path:
-    """Replace ``path`` with ``text`` atomically and durably.
+    """Replace ``path`` with ``text`` atomically and durably (``atomic_write_bytes``)."""
+    return atomic_write_bytes(path, text.encode(encoding), mode=mode)
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, mode: int = PRIVATE_FILE_MODE) -> Path:
+    """Replace ``path`` with ``data`` atomically and durably.
 
     Temp file in the same directory (so ``os.replace`` is a rename, atomic on POSIX), fsync of the data,
     the final mode set before the rename (so the file is never visible with a looser mode), then fsync of
@@ -108,8 +113,8 @@ def atomic_write_text(
     fd, tmp_name = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
     tmp = Path(tmp_name)
     try:
-        with os.fdopen(fd, "w", encoding=encoding, newline="") as fh:
-            fh.write(text)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
             os.fchmod(fh.fileno(), mode)

@@ -120,6 +120,9 @@ class PreemptionKind(StrEnum):
     NOTICE_IGNORED = "notice_ignored"  # it went on after the notice and was killed at the grace's end
     NOTICE_FINISHED = "notice_finished"  # it finished its work inside the grace: the run succeeded
     HARD = "hard"  # no notice reached any host: killed at once
+    #: Its host was taken for maintenance and Google does not bring the VM back (a spot VM, or a
+    #: Compute Engine VM without automatic restart): lost as to a preemption.
+    MAINTENANCE = "maintenance"
 
 
 class SegmentKind(StrEnum):

@@ -28,7 +28,8 @@ from tpuctl.backends.sim import (
     SIM_LABEL,
     SIM_TUNING,
     SimBackend,
-    sim_bucket_access,
+    sim_account_access,
+    sim_buckets,
     sim_os_login,
     world_prices,
 )
@@ -42,10 +43,12 @@ if TYPE_CHECKING:
 
     import httpx
 
+    from tpuctl.cloud.account_access import AccountAccess
     from tpuctl.cloud.base import Node, TpuCloud
-    from tpuctl.cloud.buckets import BucketAccess
+    from tpuctl.cloud.buckets import BucketClient
     from tpuctl.cloud.oslogin import OsLoginAccess
     from tpuctl.sim import SimAdminClient
+    from tpuctl.sim.storage import StorageEmulator
     from tpuctl.sim.world import World
 
 #: Where the prices of ``catalog prices --refresh`` come from, as the price source names it.
@@ -64,6 +67,26 @@ class InProcessBackend:
     def __init__(self, sim: InProcessSim, *, tuning: Tuning = SIM_TUNING) -> None:
         self.sim = sim
         self.tuning = tuning
+        self._storage: StorageEmulator | None = None
+
+    @property
+    def storage_url(self) -> str:
+        """The Cloud Storage of this simulator: the GCS emulator, in memory, started on first use (the
+        one thing here that listens: on loopback, at an ephemeral port) and kept until ``close``, so that
+        every command of a test sees the same buckets."""
+        if self._storage is None:
+            from tpuctl.sim.storage import StorageEmulator
+
+            engine = self.sim.engine  # the world in force says who may use the bucket
+            self._storage = StorageEmulator(lambda: engine.world, None, default_bucket=SIM_BUCKET)
+            self._storage.start()
+        return self._storage.url
+
+    def close(self) -> None:
+        """Stop the storage emulator, if it was started."""
+        storage, self._storage = self._storage, None
+        if storage is not None:
+            storage.stop()
 
     @property
     def timekeeping(self) -> Timekeeping:
@@ -123,16 +146,23 @@ class InProcessBackend:
         transport = httpx_transport(self.sim.engine)
         return sim_os_login(ENDPOINT, closers, transport=transport, sleep=self.sim.clock.sleep)
 
-    def open_bucket_access(self, cloud: TpuCloud, closers: list[Closer]) -> BucketAccess:
-        """The simulator's bucket IAM questions over its route table, waits on the fake clock."""
+    def open_buckets(self, state_dir: Path, closers: list[Closer]) -> BucketClient:
+        return sim_buckets(self.storage_url, closers)
+
+    def open_account_access(self, cloud: TpuCloud, closers: list[Closer]) -> AccountAccess:
+        """The simulator's Policy Troubleshooter and Compute Engine over its route table, waits on the
+        fake clock."""
         transport = httpx_transport(self.sim.engine)
-        return sim_bucket_access(ENDPOINT, closers, transport=transport, sleep=self.sim.clock.sleep)
+        return sim_account_access(ENDPOINT, closers, transport=transport, sleep=self.sim.clock.sleep)
 
     def host_env(self, worker: int, addresses: list[HostAddress], chips_per_host: int) -> dict[str, str]:
         return SimBackend().host_env(worker, addresses, chips_per_host)
 
     def notice_grace_s(self, cloud: TpuCloud) -> float | None:
         return float(self.sim.engine.world.durations.preemption_grace_s)
+
+    def maintenance_notice_s(self, cloud: TpuCloud) -> float | None:
+        return float(self.sim.engine.world.durations.maintenance_notice_s)
 
     def own_prices(self) -> OwnPrices:
         return world_prices(self.sim.engine.world, WORLD_SOURCE)
@@ -214,3 +244,4 @@ class InProcessCli:
     def close(self) -> None:
         while self._opened:
             self._opened.pop().close()
+        self.backend.close()

@@ -185,7 +185,11 @@ def _train(args: argparse.Namespace, worker: Any, watch: Any) -> int:
                 ckpt.save(done, state, force=True)
                 ckpt.close()
             return exit_preempted(
-                done, saved=ckpt is not None, say=pid == 0, save_s=time.perf_counter() - save_started
+                done,
+                saved=ckpt is not None,
+                say=pid == 0,
+                save_s=time.perf_counter() - save_started,
+                reason=watch.notice_source,
             )
 
     if ckpt is not None:

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from tpuctl.runtime.preemption import PREEMPTED_EXIT_CODE
+from tpuctl.runtime.preemption import PREEMPTED_EXIT_CODE, ends_the_vm
 from tpuctl.store.records import PreemptionKind
 
 if TYPE_CHECKING:
@@ -25,7 +25,8 @@ class PreemptionRecord:
     number: int
     kind: PreemptionKind  # what the program did with it (``preemption_kind``)
     #: What told the supervisor first: runtime-notice (the program's runtime) | follower-notice (tpuctl's
-    #: follower on the host, for any program) | runtime-exit (exit 75) | api | hosts+api.
+    #: follower on the host, for any program) | runtime-exit (exit 75) | api | hosts+api; for a maintenance
+    #: Google does not come back from, follower-maintenance | runtime-maintenance.
     source: str
     pod: str
     zone: str
@@ -117,13 +118,15 @@ class Progress:
     attempt_recomputed: int = 0
     first_step_at: float | None = None
     notice: dict[str, Any] | None = None
+    #: The first maintenance notice that ends the VM (``maintenance`` event, TERMINATE_ON_HOST_MAINTENANCE).
+    maintenance: dict[str, Any] | None = None
     preempted: dict[str, Any] | None = None
     done: bool = False
 
     def new_attempt(self) -> None:
         self.first_step = self.restored = self.attempt_last = self.first_step_at = None
         self.attempt_recomputed = 0
-        self.notice = self.preempted = None
+        self.notice = self.maintenance = self.preempted = None
         self.done = False
 
     def on_event(self, event: Mapping[str, Any], at: float) -> None:
@@ -162,6 +165,9 @@ class Progress:
         elif kind == "notice":
             if self.notice is None:
                 self.notice = dict(event)
+        elif kind == "maintenance":
+            if self.maintenance is None and ends_the_vm(str(event.get("value") or "")):
+                self.maintenance = dict(event)
         elif kind == "preempted":
             self.preempted = dict(event)
             saved = int_or_none(event.get("step")) if event.get("checkpoint") == "saved" else None
@@ -217,12 +223,16 @@ def recovery_summary(
     final_step: int | None,
     end: float | None,
     wall_start: float | None,
+    maintenance: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
+    """The run's ``recovery`` record; ``maintenance``: the host maintenances it lived through on its slice
+    (``tpuctl.services.run.maintenance.MaintenanceRecord``), none of them a preemption."""
     productive = progress.productive_s(final_step)
     wall = None if end is None or wall_start is None else max(0.0, end - wall_start)
     return {
         "preemptions": [p.to_dict() for p in preemptions],
         "preemption_count": len(preemptions),
+        "maintenance": [dict(m) for m in maintenance],
         "restarts": restarts,
         # Unknown (None), not 0, for a program that reports no steps (no step events).
         "steps_reported": progress.reports_steps,
@@ -250,7 +260,7 @@ def preemption_record(
     """The record of the preemption that ended an attempt on ``slices`` (``lost``: which of a
     multislice's were lost): occurred at the earliest evidence (the host's notice time, else the first
     host's death), of the kind ``preemption_kind`` says."""
-    notice, preempted = progress.notice, progress.preempted
+    notice, preempted = progress.notice or progress.maintenance, progress.preempted
     occurred: float | None = None
     if notice is not None and isinstance(notice.get("t"), (int, float)):
         occurred = float(notice["t"])
@@ -282,8 +292,12 @@ def preemption_kind(result: AttemptResult, progress: Progress) -> PreemptionKind
     - ``notice_finished``: a host saw the notice and every host then exited 0;
     - ``notice_ignored``: a host saw the notice, and the program was still running when the grace ended
       (the first host to go was killed with SIGKILL, or lost with its VM);
+    - ``maintenance``: no preemption notice, but a host was told of its maintenance (a VM Google does not
+      bring back, lost as to a preemption);
     - ``hard``: no host saw a notice.
     """
+    if progress.notice is None and progress.maintenance is not None:
+        return PreemptionKind.MAINTENANCE
     preempted = progress.preempted
     saved = preempted is not None and preempted.get("checkpoint") == "saved"
     if saved or PREEMPTED_EXIT_CODE in result.exit_codes.values():
@@ -297,8 +311,14 @@ def preemption_kind(result: AttemptResult, progress: Progress) -> PreemptionKind
 
 
 def notice_source(progress: Progress) -> str | None:
-    """Who reported this attempt's notice first (``PreemptionRecord.source``), None without one."""
-    notice = progress.notice
-    if notice is None:
-        return None
-    return "follower-notice" if notice.get("reporter") == "follower" else "runtime-notice"
+    """Who reported this attempt's notice first (``PreemptionRecord.source``), None without one: a
+    preemption notice, else a maintenance notice."""
+    if progress.notice is not None:
+        return "follower-notice" if progress.notice.get("reporter") == "follower" else "runtime-notice"
+    if progress.maintenance is not None:
+        return (
+            "follower-maintenance"
+            if progress.maintenance.get("reporter") == "follower"
+            else "runtime-maintenance"
+        )
+    return None

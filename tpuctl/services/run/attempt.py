@@ -62,6 +62,7 @@ def execute(
     soft_wait_s: float = 60.0,
     on_started: Callable[[Executor, float], None] | None = None,
     may_start: Callable[[], bool] | None = None,
+    stopping: Callable[[], bool] | None = None,
 ) -> AttemptResult:
     """Ship and start on every host of ``slices``, stream until all exit (see the module docstring).
 
@@ -70,7 +71,9 @@ def execute(
     they are stopped. ``on_started(executor, setup_s)`` is called once every host has started, with the
     seconds the hosts' setup took. ``may_start()`` is asked before the hosts' setup and again before the
     program starts: False (the run was stopped meanwhile, e.g. at its budget) ends the attempt there,
-    with nothing started and no exit status."""
+    with nothing started and no exit status. ``stopping()`` says whether the caller has asked the hosts to
+    stop (a notice, a budget stop, a cancel): a host that then dies of a signal is that stop's doing,
+    said by the caller, not a failure to announce."""
     spec = prepared.spec(restart_count)
     endpoints = sum(len(node.network_endpoints) for node in slices.nodes)
     if endpoints not in (0, spec.num_workers):
@@ -96,6 +99,8 @@ def execute(
         timeout_s = prepared.request.timeout_s
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         loop = _EventLoop(observer, executor, prepared.request.grace_s, spec.num_workers, streams)
+        if stopping is not None:
+            loop.stopping = stopping
         try:
             failed, timed_out = loop.pump(deadline, soft_exit_codes, soft_wait_s)
         except KeyboardInterrupt:
@@ -170,7 +175,15 @@ def _ship_and_start(
     )
     if not may_start():
         return None
-    setup_s = hostsetup.run_setup(observer, executor, prepared, streams.logs)
+    wheels = session.backend.host_wheelhouse or session.settings.sim_wheelhouse
+    setup_s = hostsetup.run_setup(
+        observer,
+        executor,
+        prepared,
+        streams.logs,
+        uv_wheelhouse=wheels,
+        uv_download_dir=session.state_dir / "wheels",
+    )
     hostsetup.check_imports(observer, executor, prepared)
     if not may_start():
         return None
@@ -195,6 +208,7 @@ class _EventLoop:
     grace_s: float
     num_workers: int
     streams: _Streams
+    stopping: Callable[[], bool] = lambda: False  # whether the caller told the hosts to stop
 
     def _stop_all(self) -> float:
         """Tell every host to stop; the deadline for their exit events."""
@@ -249,11 +263,11 @@ class _EventLoop:
             raised = self.streams.exceptions.get(event.worker)
             how = f"raised {raised}" if raised else describe_exit(event.returncode)
             said = f"host {event.worker} {how}: stopping the other hosts"
-            if soft_deadline is None:
+            if soft_deadline is None and not self.stopping():
                 self.observer.status(said)
             else:
-                # The hosts were already stopping at an agreed step (a notice, a budget stop): one killed
-                # at the end of the stop's grace is that stop's doing, said by the supervisor already.
+                # The hosts were already stopping (an agreed step, or the caller asked them to): one
+                # killed by that stop is its doing, said by the supervisor already.
                 self.observer.detail(event.worker, said)
             stop_deadline = self._stop_all()
         return failed, timed_out

@@ -10,6 +10,7 @@ lost at the first preemption. Checked here, at the edge of the run service, befo
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -40,6 +41,18 @@ def checkpoint_dir(session: Session, request: RunRequest, run_id: str, target: T
         return f"{_run_prefix(_bucket(bucket), run_id)}/checkpoints"
     _refuse_preemptible([target.capacity] if target.existing is not None else _placement_capacities(target))
     return ""
+
+
+def placed_near(target: Target, checkpoint_dir: str) -> Target:
+    """``target`` with its placement told the bucket of ``checkpoint_dir``: zones in the bucket's location
+    rank first among equally priced ones, and the plan says what a far zone costs per checkpoint
+    (``tpuctl.services.placement_bucket``). Unchanged for a slice that exists, or a run with no bucket."""
+    if target.placement is None or not checkpoint_dir.startswith("gs://"):
+        return target
+    bucket = checkpoint_dir.removeprefix("gs://").partition("/")[0]
+    return dataclasses.replace(
+        target, placement=dataclasses.replace(target.placement, checkpoint_bucket=bucket)
+    )
 
 
 def compilation_cache_dir(checkpoint_dir: str, run_id: str) -> str | None:

@@ -196,6 +196,17 @@ def notice_grace_s(session: Session) -> float:
     return session.backend.notice_grace_s(session.cloud) or 0.0
 
 
+#: How long before a host maintenance the metadata server warns, where the backend cannot tell: Compute
+#: Engine's documented 60 s (docs/google-facts.md#host-maintenance).
+MAINTENANCE_NOTICE_S = 60.0
+
+
+def maintenance_notice_s(session: Session) -> float:
+    """The backend's maintenance notice in real seconds (Google's 60 s where it cannot tell)."""
+    told = session.backend.maintenance_notice_s(session.cloud)
+    return MAINTENANCE_NOTICE_S if told is None else told
+
+
 def stop_left_hosts(session: Session, slices: SliceSet, run_id: str, remote_root: str, key: KeyPair) -> int:
     """Over SSH with the run's ``key``, stop every process group a dead supervisor's run left on the
     hosts of ``slices`` (the program runs detached from SSH, so it outlives its supervisor). Returns how

@@ -10,6 +10,7 @@ with the fix, not as a traceback on every host after start-up.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import shlex
 import sys
@@ -40,11 +41,19 @@ _CHECK_CODE = (
 
 
 def run_setup(
-    observer: LaunchObserver, executor: Executor, prepared: PreparedRun, logs: Mapping[int, HostLog]
+    observer: LaunchObserver,
+    executor: Executor,
+    prepared: PreparedRun,
+    logs: Mapping[int, HostLog],
+    *,
+    uv_wheelhouse: Path | None,
+    uv_download_dir: Path,
 ) -> float:
-    """Run the setup on every host; returns the seconds it took (every host done). Raises
-    RunFailedError naming the first failed host and command."""
+    """Run the setup on every host, after bringing them uv (the pinned wheel from ``uv_wheelhouse``, else
+    from ``uv_download_dir``, else downloaded from PyPI into it) where it installs anything; returns the
+    seconds it took (every host done). Raises RunFailedError naming the first failed host and command."""
     from tpuctl.hosts.setup import RUN_SCRIPT_FROM_STDIN, failed_command, finished, setup_script
+    from tpuctl.hosts.uv_tool import bring_uv, download_wheel
 
     spec = prepared.setup
     hosts = executor.num_hosts
@@ -67,6 +76,11 @@ def run_setup(
     observer.phase(PhaseUpdate(title, done=0, total=hosts))
     started = time.monotonic()
     done = 0
+    if spec.needs_env:
+        wheelhouses = [*([uv_wheelhouse] if uv_wheelhouse else []), uv_download_dir]
+        download = functools.partial(download_wheel, cache_dir=uv_download_dir)
+        sent = bring_uv(executor, prepared.request.ssh_remote_root, wheelhouses, download=download)
+        observer.detail(None, f"uv on {hosts} hosts ({sent} sent it, {hosts - sent} had it)")
 
     def on_line(worker: int, text: str) -> None:
         nonlocal done

@@ -70,6 +70,7 @@ class Launcher:
         soft_wait_s: float = 60.0,
         on_started: Callable[[Executor, float], None] | None = None,
         may_start: Callable[[], bool] | None = None,
+        stopping: Callable[[], bool] | None = None,
     ) -> AttemptResult:
         """One attempt on ``slices`` (see ``attempt.execute``)."""
         executor = self._executor_factory(prepared, slices)
@@ -86,6 +87,7 @@ class Launcher:
                 soft_wait_s=soft_wait_s,
                 on_started=on_started,
                 may_start=may_start,
+                stopping=stopping,
             )
         finally:
             self.current_executor = None

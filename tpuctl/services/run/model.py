@@ -342,6 +342,8 @@ class Outcome(StrEnum):
     CANCELLED = "cancelled"
     BUDGET = "budget"
     TIMED_OUT = "timed_out"
+    #: Its host was taken for maintenance (docs/preemption.md#host-maintenance): the slice may come back.
+    MAINTENANCE = "maintenance"
 
 
 @dataclass(frozen=True)
@@ -359,6 +361,9 @@ class RecoveryPolicy:
     backoff_max_s: float | None = None
     capacity_timeout_s: float = 6 * 3600.0
     budget_margin_s: float | None = None
+    #: How long a slice Google keeps through host maintenance may take to come back READY before it is
+    #: given up and replaced ("up to a few hours" for a large slice: docs/google-facts.md#host-maintenance).
+    maintenance_wait_s: float = 4 * 3600.0
 
     def __post_init__(self) -> None:
         for name in ("max_restarts", "max_preemptions"):

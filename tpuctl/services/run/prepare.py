@@ -59,6 +59,7 @@ def prepare(session: Session, request: RunRequest) -> PreparedRun:
         )
     where = provision.target(session, request, run_id)
     checkpoint_dir = checkpoints.checkpoint_dir(session, request, run_id, where)
+    where = checkpoints.placed_near(where, checkpoint_dir)
     setup = _setup_spec(session, request)
     bundle = build_bundle(workdir, limit_bytes=request.bundle_limit_bytes, exclude=(session.state_dir,))
     if checkpoint_dir.startswith("gs://"):

@@ -14,6 +14,7 @@ from tpuctl.cloud.base import DEAD_NODE_STATES
 from tpuctl.errors import BudgetExceededError, NotFoundError
 from tpuctl.runtime.preemption import PREEMPTED_EXIT_CODE, parse_event
 from tpuctl.services.run.accounting import Progress, notice_source
+from tpuctl.services.run.maintenance import in_maintenance
 from tpuctl.services.run.model import AttemptResult, LaunchObserver, Outcome, PhaseUpdate, RecoveryPolicy
 from tpuctl.services.run.sliceset import SliceSet
 
@@ -89,8 +90,9 @@ class EventTap:
 @dataclass
 class SliceWatch:
     """Polls the state of the run's slices on a thread while the hosts run; ``confirmed`` once
-    ``confirm`` polls in a row saw one lost (a multislice runs only whole). Errors are counted, never
-    taken for a preemption."""
+    ``confirm`` polls in a row saw one lost (a multislice runs only whole); ``maintenance_state`` once as
+    many saw one in maintenance (REPAIRING: its hosts are down and may come back). Errors are counted,
+    never taken for a preemption."""
 
     cloud: Any
     slices: SliceSet
@@ -103,7 +105,11 @@ class SliceWatch:
     lost: tuple[str, ...] = ()
     errors: int = 0
     polls: int = 0
+    #: The maintenance state ``confirm`` polls in a row read on a slice (None: none seen).
+    maintenance_state: str | None = None
     _streak: int = 0
+    _maintenance_streak: int = 0
+    _maintenance_now: str | None = None
     _halt: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
     confirmed: threading.Event = field(default_factory=threading.Event)
@@ -126,6 +132,8 @@ class SliceWatch:
             if is_lost(str(node.state)):
                 self.lost = (given.name,)
                 return str(node.state)
+            if in_maintenance(str(node.state), node.health):
+                self._maintenance_now = str(node.state)
             states.append(str(node.state))
             qr = qr or node.queued_resource or given.queued_resource
         if qr:
@@ -141,10 +149,17 @@ class SliceWatch:
 
     def poll_once(self) -> bool:
         """One poll; True once confirmed."""
+        self._maintenance_now = None
         state = self.state()
         self.polls += 1
         if state is None:
             return self.confirmed.is_set()  # a missed poll: no evidence either way
+        if self._maintenance_now is not None:
+            self._maintenance_streak += 1
+            if self._maintenance_streak >= self.confirm and self.maintenance_state is None:
+                self.maintenance_state = self._maintenance_now
+        else:
+            self._maintenance_streak = 0
         if is_lost(state):
             self._streak += 1
             if self._streak >= self.confirm and not self.confirmed.is_set():
@@ -158,7 +173,8 @@ class SliceWatch:
     def confirm_now(self, timeout_s: float) -> str | None:
         """Poll until confirmed or ``timeout_s``; the confirmed state or None."""
         deadline = time.monotonic() + timeout_s
-        while not self.poll_once() and time.monotonic() < deadline:
+        # A slice in maintenance is not lost: no use waiting for a loss that may never be confirmed.
+        while not self.poll_once() and self.maintenance_state is None and time.monotonic() < deadline:
             time.sleep(min(self.poll_s, max(0.0, deadline - time.monotonic())))
         return self.confirmed_state if self.confirmed.is_set() else None
 
@@ -305,7 +321,10 @@ def classify(
     """The one outcome of an attempt, from every sign at hand; for a preemption, also what told first
     (runtime-notice | follower-notice | runtime-exit | api | hosts+api). ``stop_reason``: why the
     supervisor itself stopped the hosts, if it did. A program that finished inside a notice's grace
-    SUCCEEDED (its preemption is on the record all the same: ``notice_source``)."""
+    SUCCEEDED (its preemption is on the record all the same: ``notice_source``). A host maintenance (a
+    maintenance notice and no preemption notice, or hosts that died while the API showed the slice in
+    maintenance) is MAINTENANCE, whatever the program did with it: the supervisor decides whether the
+    slice comes back (``tpuctl.services.run.maintenance``)."""
     if result.interrupted:
         return Outcome.CANCELLED, None
     if stop_reason in (Outcome.CANCELLED, Outcome.BUDGET):
@@ -314,6 +333,8 @@ def classify(
         return Outcome.TIMED_OUT, None
     if result.succeeded:
         return Outcome.SUCCEEDED, None
+    if progress.notice is None and progress.maintenance is not None:
+        return Outcome.MAINTENANCE, notice_source(progress)
     codes = result.exit_codes
     preempted_exit = any(c == PREEMPTED_EXIT_CODE for c in codes.values())
     if preempted_exit or progress.notice is not None or progress.preempted is not None:
@@ -331,7 +352,11 @@ def classify(
         if result.failed_worker is not None
         else any(c is None or c < 0 for c in codes.values())
     )
+    if died and watch.maintenance_state is not None:
+        return Outcome.MAINTENANCE, "api"
     timeout = (policy.confirm_timeout_s or 5.0) if died else (policy.poll_s or 1.0)
     if watch.confirm_now(timeout) is not None:
         return Outcome.PREEMPTED, "hosts+api"
+    if died and watch.maintenance_state is not None:
+        return Outcome.MAINTENANCE, "api"
     return Outcome.FAILED, None

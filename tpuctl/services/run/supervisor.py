@@ -14,15 +14,19 @@ While an attempt runs, the supervisor combines every sign of a preemption (``sig
 - hosts dying: killed by a signal or lost, which is a preemption only when the API confirms it (within
   ``confirm_timeout_s``), otherwise a failure of the program.
 
-Each attempt ends with exactly one ``Outcome`` (SUCCEEDED, PREEMPTED, FAILED, CANCELLED, BUDGET,
-TIMED_OUT) and one handler per outcome acts on it, once. A preemption's record says what the program did
-with the notice (``PreemptionKind``); one that came with notice while the program finished inside the
-grace is recorded with a SUCCEEDED attempt (``notice_finished``). On PREEMPTED: delete the slice (it
-holds quota until deleted), place a new one through the allocator (the same zone first, then the others,
-same price cap; backing off while no zone has capacity), ship, and start again with
+Each attempt ends with exactly one ``Outcome`` (SUCCEEDED, PREEMPTED, MAINTENANCE, FAILED, CANCELLED,
+BUDGET, TIMED_OUT) and one handler per outcome acts on it, once. A preemption's record says what the
+program did with the notice (``PreemptionKind``); one that came with notice while the program finished
+inside the grace is recorded with a SUCCEEDED attempt (``notice_finished``). On PREEMPTED: delete the
+slice (it holds quota until deleted), place a new one through the allocator (the same zone first, then the
+others, same price cap; backing off while no zone has capacity), ship, and start again with
 ``TPUCTL_RESTART_COUNT`` + 1; the runtime restores the newest checkpoint that verifies. A program failure
 restarts on the same slice at most ``max_restarts`` times; preemptions have their own cap,
-``max_preemptions``.
+``max_preemptions``. On MAINTENANCE (a host taken for maintenance: the runtime checkpoints on its
+notice, as on a preemption's): where Google keeps the VMs (``maintenance``), wait for the slice to be
+READY again and start the program again on it, with ``TPUCTL_RESTART_COUNT`` + 1, recorded as a
+maintenance, not a preemption; where it does not, or the slice does not come back within
+``maintenance_wait_s``, it is a preemption of kind ``maintenance``.
 
 Accounting goes to the ledger as it happens: segments (``segments``: provisioning, running,
 checkpointing, preempted, recovering) with their slice, zone, capacity and step counts, and in the run's
@@ -74,6 +78,7 @@ from tpuctl.services.run.control import record_bundle, record_request
 from tpuctl.services.run.fencing import LeaseBoundExecutor, LeaseKeeper, fenced_session
 from tpuctl.services.run.launcher import Launcher
 from tpuctl.services.run.lease import Lease, supervisor_identity
+from tpuctl.services.run.maintenance import MaintenanceRecord, Return, SliceReturn, kept_through_maintenance
 from tpuctl.services.run.model import (
     AttemptResult,
     LaunchObserver,
@@ -93,7 +98,7 @@ from tpuctl.services.run.runkey import load_run_key, secret_key, store_run_key
 from tpuctl.services.run.segments import Segments
 from tpuctl.services.run.signals import EventTap, SliceWatch, StepBudget, classify
 from tpuctl.services.run.takeover import take_over
-from tpuctl.store.records import EventKind, LeaseOwner, LedgerError, RunStatus, SegmentKind
+from tpuctl.store.records import EventKind, LeaseOwner, LedgerError, PreemptionKind, RunStatus, SegmentKind
 
 if TYPE_CHECKING:
     from tpuctl.cloud.base import Node, OperationProgress
@@ -114,6 +119,7 @@ class _Attempt:
     started_at: float | None = None
     setup_s: float | None = None  # the hosts' setup before the program started
     executor: Executor | None = None
+    maintenance_state: str | None = None  # the maintenance state the API showed while its hosts ran
 
 
 @dataclass
@@ -183,11 +189,14 @@ class Supervisor:
                 # makes it at the end of its notice grace: wait at least that long.
                 chosen = dataclasses.replace(chosen, confirm_timeout_s=max(5.0, grace + 2.0))
         self.policy = chosen.resolved(session.backend.tuning.recovery)
+        # How long before a maintenance the metadata server warns (Google's 60 s where it says nothing).
+        self._maintenance_notice_s = hosts.maintenance_notice_s(session)
         self._budget_usd = budget_usd
         self._warn = warn or self._inner.status
         self._observer = EventTap(self._inner, self._on_event)
         self.progress = Progress()
         self.preemptions: list[PreemptionRecord] = []
+        self.maintenances: list[MaintenanceRecord] = []
         self.restarts = 0
         self._run_id: str | None = None
         self._attempt: _Attempt | None = None
@@ -212,6 +221,7 @@ class Supervisor:
             Outcome.BUDGET: self._on_budget,
             Outcome.FAILED: self._on_failed,
             Outcome.PREEMPTED: self._on_preempted,
+            Outcome.MAINTENANCE: self._on_maintenance,
         }
 
     # --- public ---------------------------------------------------------------------------------
@@ -427,6 +437,8 @@ class Supervisor:
             lambda node, reason: self._delete_node(node, reason=reason),
         )
         self.restarts, self.preemptions = taken.restarts, taken.preemptions
+        recovery = (record.detail or {}).get("recovery") or {}
+        self.maintenances = [MaintenanceRecord.from_dict(m) for m in recovery.get("maintenance") or []]
         run.slices, run.restart_count, run.prefer_zone = taken.slices, taken.restart_count, taken.prefer_zone
         if run.slices is not None and run.slices != prepared.target.existing:
             run.created.append(run.slices)
@@ -564,6 +576,77 @@ class Supervisor:
                 return self._on_budget(prepared, run, attempt)
         return False
 
+    def _on_maintenance(self, prepared: PreparedRun, run: _Run, attempt: _Attempt) -> bool:
+        """Its host was taken for maintenance: where Google keeps the slice, wait until it is READY again
+        and start the program again on it; else (or when it does not come back) a preemption
+        (``tpuctl.services.run.maintenance``)."""
+        assert attempt.preemption is not None and attempt.result is not None and run.slices is not None
+        slices, preemption = run.slices, attempt.preemption
+        if not kept_through_maintenance(slices):
+            self._inner.status(
+                f"{slices.describe()} ({slices.zone}): its host was taken for maintenance, and Google does "
+                f"not restart {slices.capacity.value} {slices.surface.value} VMs; replacing it"
+            )
+            return self._on_preempted(prepared, run, attempt)
+        if len(self.maintenances) >= self.policy.max_preemptions:
+            self._inner.status(
+                f"{slices.describe()}: host maintenance number {len(self.maintenances) + 1}, more than "
+                f"--max-preemptions {self.policy.max_preemptions}; replacing the slice"
+            )
+            return self._on_preempted(prepared, run, attempt)
+        notice = self.progress.maintenance or {}
+        record = MaintenanceRecord(
+            number=len(self.maintenances) + 1,
+            pod=slices.name,
+            zone=slices.zone,
+            value=str(notice.get("value") or ""),
+            source=preemption.source,
+            occurred_at=preemption.occurred_at,
+            detected_at=preemption.detected_at,
+            checkpoint_step=preemption.checkpoint_step,
+        )
+        # Down already: the API showed the maintenance, or the hosts died with their VMs. Not when the
+        # program stopped on the notice (it said so, or exited 75), nor when the supervisor stopped the
+        # hosts itself: a host that then dies of that stop (SIGTERM once the runtime gave SIGTERM back)
+        # says nothing of the VM.
+        codes = attempt.result.exit_codes.values()
+        stopped = self.progress.preempted is not None or PREEMPTED_EXIT_CODE in codes or self._stop_reason
+        died = not stopped and any(c is None or c < 0 for c in codes)
+        what = self.progress.checkpoint_note(record.checkpoint_step, prepared.request.checkpoint_every)
+        self._inner.status(
+            f"{slices.describe()} ({slices.zone}): its host is being maintained [{what}]; waiting for "
+            "Google to bring it back"
+        )
+        self._session.ledger.update_run(prepared.run_id, status=RunStatus.RECOVERING)
+        self._open_segment(SegmentKind.RECOVERING, slices, detail={"maintenance": record.number})
+        waited = SliceReturn(
+            get_node=self._session.cloud.get_node,
+            poll_s=self.policy.poll_s or 1.0,
+            timeout_s=self.policy.maintenance_wait_s,
+            notice_s=self._maintenance_notice_s,
+            settle_s=self.policy.confirm_timeout_s or 5.0,
+            sleep=self._session.sleep,
+            monotonic=self._session.monotonic,
+            clock=self._session.clock,
+        ).wait(slices, noticed_at=record.occurred_at, went_down=died or attempt.maintenance_state is not None)
+        self._segments.close()
+        record.waited_s, record.went_down = waited.waited_s, waited.went_down
+        if waited.how is not Return.BACK:
+            why = "it is gone" if waited.how is Return.LOST else f"not READY after {waited.waited_s:.0f} s"
+            self._inner.status(
+                f"{slices.describe()} did not come back from maintenance ({why}); replacing it"
+            )
+            return self._on_preempted(prepared, run, attempt)
+        record.back_at = time.time()
+        self.maintenances.append(record)
+        self._save_recovery(final_step=None)
+        run.restart_count += 1
+        self._inner.status(
+            f"{slices.describe()} is back after its maintenance ({waited.waited_s:.0f} s); starting the "
+            "program again on it"
+        )
+        return False
+
     def _settle(self, prepared: PreparedRun, run: _Run, failure: BaseException | None) -> dict[str, Any]:
         """However the run ended: delete the slice it made (unless kept), record the end and the recovery
         summary in the ledger, and give up supervision in the run's detail."""
@@ -667,6 +750,7 @@ class Supervisor:
                 soft_wait_s=self.policy.checkpoint_wait_s,
                 on_started=lambda executor, setup_s: self._on_started(attempt, executor, setup_s),
                 may_start=self._may_start,
+                stopping=self._stopping,
             )
         finally:
             watch.close()
@@ -707,6 +791,9 @@ class Supervisor:
             # The slice is gone from under the hosts: do not wait for their connections to time out.
             # (SUSPENDING is the notice: the hosts are checkpointing, let them.)
             self._stop_hosts(Outcome.PREEMPTED, grace_s=1.0)
+        elif watch.maintenance_state is not None:
+            # The hosts are being maintained: their connections may hang rather than drop.
+            self._stop_hosts(Outcome.MAINTENANCE, grace_s=1.0)
         if self._budget is not None:
             poll = self.policy.poll_s or 1.0
             if self._budget.check(next_step_s=max(poll, self._budget.step_s)) is not None:
@@ -729,6 +816,9 @@ class Supervisor:
                     self._open_segment(
                         SegmentKind.CHECKPOINTING, attempt.slices, detail={"notice": event, "seen_at": at}
                     )
+            return
+        if kind == "maintenance":
+            self._on_maintenance_notice(worker, event, at)
             return
         if worker != 0 and kind != "preempted":
             return
@@ -761,6 +851,27 @@ class Supervisor:
                 # Host 0 says so only once the step is committed (orbax finalizes after every host
                 # wrote): nothing the hosts still do matters, and jax's shutdown at exit takes seconds.
                 self._stop_hosts(Outcome.PREEMPTED, grace_s=1.0)
+
+    def _on_maintenance_notice(self, worker: int, event: dict[str, Any], at: float) -> None:
+        """A host's maintenance notice: said once per value; one that ends the VM opens the attempt's
+        checkpointing segment, as a preemption notice does (the runtime stops on it and checkpoints)."""
+        first = self.progress.maintenance is None
+        self.progress.on_event(event, at)
+        value = str(event.get("value") or "")
+        if self.progress.maintenance is None:
+            self._inner.status(
+                f"host {event.get('worker', worker)}: host maintenance notice ({value}); a TPU VM cannot "
+                "live-migrate, so nothing is done"
+            )
+            return
+        if not first:
+            return
+        self._inner.status(f"host {event.get('worker', worker)}: host maintenance notice ({value})")
+        attempt = self._attempt
+        if attempt is not None and self._stop_reason is None and self.progress.notice is None:
+            self._open_segment(
+                SegmentKind.CHECKPOINTING, attempt.slices, detail={"maintenance": event, "seen_at": at}
+            )
 
     def _lost_restore(self, lost: dict[str, Any]) -> None:
         """The program reported a checkpoint, and its restart restored less: say so, and keep it in the
@@ -819,6 +930,12 @@ class Supervisor:
         with self._lock:
             return self._stop_reason is not Outcome.BUDGET
 
+    def _stopping(self) -> bool:
+        """Whether this attempt's hosts were told to stop (the attempt loop then announces no host's
+        death by that stop as a failure)."""
+        with self._lock:
+            return self._stop_reason is not None
+
     def _join_stopper(self) -> None:
         stopper = self._stopper
         if stopper is not None:
@@ -832,6 +949,7 @@ class Supervisor:
             # A notice, and the program finished inside its grace: the run is done, and the preemption
             # tpuctl's world dealt it is on the record all the same (kind notice_finished).
             source = notice_source(self.progress)
+        attempt.maintenance_state = watch.maintenance_state
         if source is not None:
             seen = [self._notice_seen_at, self._preempted_seen_at, watch.confirmed_at]
             attempt.preemption = preemption_record(
@@ -845,6 +963,10 @@ class Supervisor:
                 detected_at=min((t for t in seen if t is not None), default=time.time()),
                 lost=self._lost_slices(attempt, watch, hosts_per_slice),
             )
+            if outcome is Outcome.MAINTENANCE:
+                # Lost, if Google does not bring the slice back, to its host's maintenance, whatever
+                # the program did with the notice (or with none: the API showed the maintenance).
+                attempt.preemption.kind = PreemptionKind.MAINTENANCE
         return outcome
 
     def _lost_slices(self, attempt: _Attempt, watch: SliceWatch, hosts_per_slice: int) -> list[str]:
@@ -1052,6 +1174,7 @@ class Supervisor:
             final_step=final_step,
             end=end,
             wall_start=wall_start,
+            maintenance=[m.to_dict() for m in self.maintenances],
         )
         self._update_detail(recovery=summary)
         return summary

@@ -6,6 +6,8 @@ in the same transaction, over the node rows they changed.
 - instances whose slice row is gone (deleted) go, completing their delete operation;
 - a preempted slice's instances: a ``compute.instances.preempted`` operation each (DONE, "Instance was
   preempted.", docs/google-facts.md#preemption), then TERMINATED (termination action STOP) or gone (DELETE);
+- a slice stopped by a host maintenance (``tpuctl.sim.engine.maintenance``): a
+  ``compute.instances.terminateOnHostMaintenance`` operation each, and TERMINATED;
 - PENDING flex-start instances take capacity, or give up at their deadline (docs/google-facts.md#flex-start);
 - an instance past its time limit (``terminationTime``, or ``maxRunDuration`` from RUNNING, in simulated
   time) is deleted, which the deletion log records as a scheduled termination (docs/google-facts.md#backstop;
@@ -89,6 +91,7 @@ class Progress:
                 finish_op(conn, row["project"], row["op_name"], now)
             store.delete(conn, row)
         self._preempted(conn, now)
+        self._maintained(conn, now)
         self._time_limits(conn, world, now)
         self._flex_queue(conn, world, now)
         for step in self.group_steps:
@@ -125,6 +128,26 @@ class Progress:
             ).fetchone()
             if left is None:  # every VM of the slice deleted (DELETE): its row goes, its hardware is back
                 delete_node_rows(conn, (project, zone, node_id))
+
+    def _maintained(self, conn: sqlite3.Connection, now: float) -> None:
+        """Instances whose slice a host maintenance stopped: TERMINATED, each with the operation Compute
+        Engine records (docs/google-facts.md#host-maintenance). Never restarted: tpuctl asks
+        ``automaticRestart: false``."""
+        for row in conn.execute(_JOINED + " AND n.state = 'TERMINATED' AND i.status IS NULL").fetchall():
+            zone = store.zone_of(row)
+            target = links.link(row["project"], "zones", zone, store.INSTANCES, row["name"])
+            op = insert_op(
+                conn,
+                row["project"],
+                row["location"],
+                "compute.instances.terminateOnHostMaintenance",
+                target,
+                row["id"],
+                now,
+                status_message="Instance terminated for host maintenance.",
+            )
+            finish_op(conn, row["project"], op, now)
+            store.update(conn, row, status="TERMINATED", extra={**store.extra(row), "last_stop": now})
 
     def _time_limits(self, conn: sqlite3.Connection, world: World, now: float) -> None:
         """Delete each instance past its time limit (specs refuses a limit whose action is not DELETE),

@@ -80,7 +80,7 @@ def instance_status(inst: sqlite3.Row, node: sqlite3.Row | None, now: float) -> 
         return "STAGING" if flex or now >= created + (due - created) / 2 else "PROVISIONING"
     if state == "READY":
         return "STOPPING" if node["kill_at"] is not None else "RUNNING"
-    if state == "PREEMPTED":
+    if state in ("PREEMPTED", "TERMINATED"):  # TERMINATED: stopped by a host maintenance
         return "TERMINATED"
     return "STOPPING"
 

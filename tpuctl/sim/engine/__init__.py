@@ -279,5 +279,9 @@ class SimEngine:
         """Preempt a READY node now (any capacity class: this is the operator's hand, not the model)."""
         return self.control.preempt(zone, node_id, notice=notice, project=project)
 
+    def maintain(self, zone: str, node_id: str, *, project: str | None = None) -> dict[str, Any]:
+        """Start a host maintenance of a READY node now (``tpuctl.sim.engine.maintenance``)."""
+        return self.control.maintain(zone, node_id, project=project)
+
     def set_stockout(self, zone: str, *, clear: bool = False) -> bool:
         return self.control.set_stockout(zone, clear=clear)

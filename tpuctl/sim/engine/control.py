@@ -1,5 +1,5 @@
-"""The operator's hand on the simulated cloud (the admin API): status, reset, preempt now, stockouts
-and fault rates."""
+"""The operator's hand on the simulated cloud (the admin API): status, reset, preempt now, host
+maintenance now, stockouts and fault rates."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import sqlite3
 from typing import Any
 
 from tpuctl.sim.api_errors import ApiError, failed_precondition, not_found
+from tpuctl.sim.engine import maintenance
 from tpuctl.sim.engine.capacity import pool_in_use, reservation_in_use
 from tpuctl.sim.engine.context import Context
 from tpuctl.sim.engine.nodes import Nodes
@@ -145,6 +146,33 @@ class Control:
                 raise
             return marked
 
+    def maintain(self, zone: str, node_id: str, *, project: str | None = None) -> dict[str, Any]:
+        """Start a host maintenance of a READY node now, as Google plays one (``maintenance``): the
+        notice, then the VMs stop, then (where Google keeps them) they come back. ``node_id``: a TPU API
+        node, or a Compute Engine slice's instance or MIG. Returns the node."""
+        from tpuctl.sim.compute.store import instance_node_id, mig_node_id
+
+        now = self.ctx.clock()
+        self.timeline.advance(now)
+        project = project or self.ctx.world.project
+        with self.ctx.db.write() as conn:
+            for candidate in (node_id, instance_node_id(node_id), mig_node_id(node_id)):
+                row = node_row(conn, project, zone, candidate)
+                if row is not None:
+                    node_id = candidate
+                    break
+            else:
+                raise not_found(node_name(project, zone, node_id))
+            maintenance.start(conn, self.ctx.world, row, now)
+            marked = node_json(self.ctx.catalog, existing_node_row(conn, project, zone, node_id))
+        self.timeline.advance(now)  # a notice of 0 s stops the VMs at once
+        try:
+            return self.nodes.get(project, zone, node_id)
+        except ApiError as exc:
+            if exc.http_status != 404:
+                raise
+            return marked
+
     def set_stockout(self, zone: str, *, clear: bool = False) -> bool:
         check_zone(zone)
         now = self.ctx.clock()
@@ -196,6 +224,7 @@ def _nodes_status(conn: sqlite3.Connection) -> list[dict[str, Any]]:
             "queued_resource": r["queued_resource"],
             "preempted": bool(r["preempted_flag"]),
             "preempt_at": rfc3339(float(r["preempt_at"])) if r["preempt_at"] is not None else None,
+            "maintenance_event": r["maintenance_event"] or "NONE",
             "host_addresses": host_addresses(r),
         }
         for r in conn.execute("SELECT * FROM nodes ORDER BY project, zone, node_id").fetchall()

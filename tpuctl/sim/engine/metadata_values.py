@@ -89,7 +89,7 @@ def metadata_values(
     email = host_service_account(row["project"], spec)
     values: dict[str, str] = {
         "instance/preempted": "TRUE" if row["preempted_flag"] else "FALSE",
-        "instance/maintenance-event": "NONE",
+        "instance/maintenance-event": row["maintenance_event"] or "NONE",
         "instance/name": hostname,
         "instance/hostname": f"{hostname}.{row['zone']}.c.{row['project']}.internal",
         "instance/id": row["uid"],

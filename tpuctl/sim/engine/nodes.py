@@ -19,6 +19,7 @@ from tpuctl.sim.api_errors import (
     not_found,
     rpc_status,
 )
+from tpuctl.sim.engine import maintenance
 from tpuctl.sim.engine.capacity import Capacity
 from tpuctl.sim.engine.context import Context
 from tpuctl.sim.engine.operations import answered_op, complete_op, insert_op
@@ -234,8 +235,10 @@ class Nodes:
     def simulate_maintenance(
         self, project: str, zone: str, node_id: str, workers: Sequence[str]
     ) -> dict[str, Any]:
-        """v2alpha1's simulateMaintenanceEvent: a done operation answering the node. The simulated hosts
-        live through it (Google's live-migrates or restarts them; neither shows in the API's state)."""
+        """v2alpha1's simulateMaintenanceEvent: a done operation answering the node, and the host
+        maintenance played as Google plays a real one (``tpuctl.sim.engine.maintenance``; a TPU VM cannot
+        live-migrate: its VMs stop, and come back where Google keeps them). The whole node is maintained
+        whatever ``workers`` names (the stricter reading: a slice is recovered whole)."""
         check_zone(zone)
         now = self.ctx.clock()
         self.timeline.advance(now)
@@ -251,6 +254,8 @@ class Nodes:
                     )
             if row["state"] != "READY":
                 raise failed_precondition(f"Node '{name}' is {row['state']}; maintenance needs it READY.")
+            maintenance.start(conn, self.ctx.world, row, now)
+            row = existing_node_row(conn, project, zone, node_id)
             op_name = insert_op(conn, project, zone, name, "simulateMaintenanceEvent", now)
             complete_op(conn, op_name, now, response={"@type": NODE_TYPE, **node_json(self.ctx.catalog, row)})
             return answered_op(conn, op_name)

@@ -44,8 +44,12 @@ def posix_username(email: str) -> str:
 
 
 def project_metadata(world: World) -> dict[str, str]:
-    """The project's common instance metadata (Compute Engine ``projects.get``)."""
-    return {"enable-oslogin": "TRUE"} if world.os_login else {}
+    """The project's common instance metadata (Compute Engine ``projects.get``): the world's OS Login and
+    guest attributes switches, as the keys a project sets them with."""
+    metadata = {"enable-oslogin": "TRUE"} if world.os_login else {}
+    if world.guest_attributes:
+        metadata["enable-guest-attributes"] = "TRUE"
+    return metadata
 
 
 def os_login_enabled(world: World, metadata: Mapping[str, str]) -> bool:

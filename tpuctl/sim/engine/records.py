@@ -214,6 +214,11 @@ def node_json(catalog: Catalog, row: sqlite3.Row) -> dict[str, Any]:
     out["state"] = row["state"]
     if row["state"] == "READY":
         out["health"] = "HEALTHY"
+    elif row["state"] == "REPAIRING":
+        out["health"] = "UNHEALTHY_MAINTENANCE"
+    upcoming = maintenance_upcoming(row)
+    if upcoming is not None:
+        out["upcomingMaintenance"] = upcoming
     out["id"] = row["uid"]
     out["createTime"] = rfc3339(float(row["create_time"]))
     out["apiVersion"] = "V2"
@@ -224,6 +229,24 @@ def node_json(catalog: Catalog, row: sqlite3.Row) -> dict[str, Any]:
         out["queuedResource"] = qr_name(project, zone, row["queued_resource"])
     if row["multislice"]:
         out["multisliceNode"] = True
+    return out
+
+
+def maintenance_upcoming(row: sqlite3.Row) -> dict[str, Any] | None:
+    """The node's ``upcomingMaintenance`` while a host maintenance is noticed or under way (None: none;
+    ``tpuctl.sim.engine.maintenance`` plays it)."""
+    if row["maintenance_at"] is not None:
+        start_at = rfc3339(float(row["maintenance_at"]))
+        status = "PENDING"
+    elif row["state"] == "REPAIRING" and row["maintenance_until"] is not None:
+        start_at, status = None, "ONGOING"
+    else:
+        return None
+    out: dict[str, Any] = {"type": "UNSCHEDULED", "canReschedule": False, "maintenanceStatus": status}
+    if start_at is not None:
+        out["windowStartTime"] = out["latestWindowStartTime"] = start_at
+    if row["maintenance_until"] is not None:
+        out["windowEndTime"] = rfc3339(float(row["maintenance_until"]))
     return out
 
 

@@ -17,6 +17,7 @@ import sqlite3
 from typing import Any, Protocol
 
 from tpuctl.sim.api_errors import ApiError, eid, rpc_status
+from tpuctl.sim.engine import maintenance
 from tpuctl.sim.engine.capacity import Capacity
 from tpuctl.sim.engine.context import Context
 from tpuctl.sim.engine.hosts import VmOrder, host_signals, send
@@ -85,7 +86,8 @@ class Timeline:
             row = conn.execute(
                 """
                 SELECT
-                  EXISTS(SELECT 1 FROM nodes WHERE due_at <= :now OR preempt_at <= :now OR kill_at <= :now)
+                  EXISTS(SELECT 1 FROM nodes WHERE due_at <= :now OR preempt_at <= :now OR kill_at <= :now
+                         OR maintenance_at <= :now OR maintenance_until <= :now)
                   OR EXISTS(SELECT 1 FROM operations WHERE done = 0 AND due_at <= :now)
                   OR EXISTS(SELECT 1 FROM queued_resources WHERE state IN
                             ('ACCEPTED', 'WAITING_FOR_RESOURCES', 'PROVISIONING', 'SUSPENDING', 'DELETING'))
@@ -111,6 +113,13 @@ class Timeline:
             self._start_preemption(conn, world, row, orders)
         for row in conn.execute("SELECT * FROM nodes WHERE kill_at <= ? ORDER BY kill_at", (now,)).fetchall():
             _finish_preemption(conn, row, orders)
+        # 4b. Host maintenance: noticed VMs stop, then maintained ones come back (``maintenance``).
+        for row in conn.execute(
+            "SELECT * FROM nodes WHERE maintenance_at <= ? ORDER BY maintenance_at", (now,)
+        ).fetchall():
+            maintenance.stop(conn, world, row, orders)
+        for row in conn.execute("SELECT * FROM nodes WHERE maintenance_until <= ?", (now,)).fetchall():
+            maintenance.restart(conn, row)
         # 5. Queued resources, oldest first (first come, first served for freed capacity).
         for row in conn.execute(
             f"SELECT * FROM queued_resources WHERE state IN ({placeholders(QR_PENDING_STATES)}) "

@@ -1,20 +1,19 @@
 """A VM's disk (home directories, SSH host key) and the stock image every VM boots from.
 
-The image, ``<vm_root>/image``, is a venv of the simulator's base interpreter with pip (from ensurepip)
-and nothing else, no system site-packages: what a fresh TPU VM's ``python3`` offers a program. The pip
-of a template venv, built once per interpreter in the temp dir, is hard-linked into each image so that a
-new simulator state does not run ensurepip again.
+The image, ``<vm_root>/image``, is a venv of the simulator's base interpreter with nothing installed, not
+even pip, and no system site-packages: what a fresh VM's ``python3`` offers a program. Google's TPU API
+images ship pip, but whether Compute Engine's accelerator images do is unconfirmed, so every simulated
+host has none (stricter than Google where unsure). Its system tools are this machine's, less its Python
+tooling: ``<image>/system-bin`` links every command of /usr/local/bin, /usr/bin and /bin except pip, uv
+and other Python interpreters and installers (``PYTHON_TOOLING``), and the hosts' PATH has that
+directory instead of the system ones, so a host finds only what a stock image has.
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import os
+import re
 import shutil
-import subprocess
-import sys
-import tempfile
 import venv
 from pathlib import Path
 
@@ -26,9 +25,23 @@ from tpuctl.sim.vms.layout import host_key_path
 #: image's python3 and the user's ~/.local/bin first again, as a TPU VM image's .profile does for
 #: ~/.local/bin.
 _PROFILE = """# ~/.profile: the simulated TPU VM's login environment.
-PATH="{image}/bin:$HOME/.local/bin:/usr/local/bin:/usr/bin:/bin"
+PATH="{path}"
 export PATH
 """
+
+#: The system directories whose commands a host gets (first one wins a name), as a stock image has them.
+SYSTEM_DIRS = (Path("/usr/local/bin"), Path("/usr/bin"), Path("/bin"))
+#: The commands of this machine a host must not see: Python interpreters other than the image's, and
+#: Python package tooling (pip, uv, pipx, virtualenv, ...), which a stock image does not have.
+PYTHON_TOOLING = re.compile(
+    r"^(pip.*|uv|uvx|python.*|pydoc.*|idle.*|2to3.*|easy_install.*|virtualenv|pipx|poetry|pdm|hatch|"
+    r"conda|mamba|micromamba|ruff|mypy|pytest|py\.test|tox|nox|wheel|f2py.*)$"
+)
+
+
+def host_path(image: Path, home: str) -> str:
+    """The hosts' PATH: the image's python3 first, then the user's ~/.local/bin and the system tools."""
+    return f"{image}/bin:{home}/.local/bin:{image}/system-bin"
 
 
 def create_disk(disk: Path) -> None:
@@ -56,7 +69,7 @@ def home_dir(disk: Path, user: str, image: Path) -> Path:
     home = disk / "home" / user
     if not home.exists():
         home.mkdir(parents=True, exist_ok=True)
-        (home / ".profile").write_text(_PROFILE.format(image=image))
+        (home / ".profile").write_text(_PROFILE.format(path=host_path(image, "$HOME")))
     return home
 
 
@@ -69,15 +82,11 @@ def ensure_image(vm_root: Path) -> Path:
     image = image_dir(vm_root)
     if (image / ".complete").exists():
         return image
-    template = _ensure_template()
     tmp = vm_root / f"image.new-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     vm_root.mkdir(parents=True, exist_ok=True)
     venv.EnvBuilder(with_pip=False, system_site_packages=False, symlinks=True).create(tmp)
-    site = _site_packages(tmp)
-    for entry in _site_packages(template).iterdir():
-        if entry.name.startswith("pip"):
-            shutil.copytree(entry, site / entry.name, copy_function=_link_or_copy)
+    _link_system_tools(tmp / "system-bin")
     (tmp / ".complete").write_text("")
     try:
         os.rename(tmp, image)
@@ -86,46 +95,14 @@ def ensure_image(vm_root: Path) -> Path:
     return image
 
 
-def _ensure_template() -> Path:
-    base = getattr(sys, "_base_executable", sys.executable)
-    digest = hashlib.sha256(f"{base}:{sys.version}".encode()).hexdigest()[:12]
-    template = Path(tempfile.gettempdir()) / f"tpuctl-sim-image-template-{digest}"
-    if (template / ".complete").exists():
-        return template
-    remove_abandoned_builds(template)
-    tmp = template.with_name(template.name + f".new-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    venv.EnvBuilder(with_pip=False, system_site_packages=False, symlinks=True).create(tmp)
-    subprocess.run(
-        [str(tmp / "bin" / "python3"), "-m", "ensurepip", "--default-pip"],
-        check=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    (tmp / ".complete").write_text("")
-    try:
-        os.rename(tmp, template)
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return template
-
-
-def remove_abandoned_builds(template: Path) -> None:
-    """Remove the half-built templates (``<template>.new-<pid>``, ~26 MB each) of processes that died
-    while building: nothing else would, and they are in the shared temp dir. A live builder's is left."""
-    for partial in template.parent.glob(f"{template.name}.new-*"):
-        pid = partial.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
-            shutil.rmtree(partial, ignore_errors=True)
-
-
-def _site_packages(env: Path) -> Path:
-    return next((env / "lib").glob("python3*/site-packages"))
-
-
-def _link_or_copy(src: str, dst: str) -> None:
-    try:
-        os.link(src, dst)
-    except OSError:
-        with contextlib.suppress(OSError):
-            shutil.copy2(src, dst)
+def _link_system_tools(target: Path) -> None:
+    """Link each command of ``SYSTEM_DIRS`` into ``target``, less ``PYTHON_TOOLING``."""
+    target.mkdir()
+    for directory in SYSTEM_DIRS:
+        if not directory.is_dir():
+            continue
+        for entry in directory.iterdir():
+            link = target / entry.name
+            if PYTHON_TOOLING.match(entry.name) or link.exists() or link.is_symlink():
+                continue
+            link.symlink_to(entry)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import asyncssh
 
-from tpuctl.sim.vms.disks import home_dir
+from tpuctl.sim.vms.disks import home_dir, host_path
 from tpuctl.sim.vms.layout import VM_MARKER, marker
 
 
@@ -62,7 +62,7 @@ def login_env(host: HostRef, user: str, home: Path, setup: LoginSetup) -> dict[s
         "LOGNAME": user,
         "SHELL": "/bin/bash",
         "LANG": "C.UTF-8",
-        "PATH": f"{setup.image}/bin:{home}/.local/bin:/usr/local/bin:/usr/bin:/bin",
+        "PATH": host_path(setup.image, str(home)),
         # Where the VM's metadata server is, for each client library's own override of the name a real
         # VM resolves (metadata.google.internal, which the simulator cannot make resolve): google-auth reads
         # GCE_METADATA_HOST, JAX GCE_METADATA_IP, tensorstore (orbax's arrays) and gcloud
