@@ -12,6 +12,7 @@ import pytest
 
 from tpuctl.cloud.buckets import BucketLocation
 from tpuctl.services.placement_bucket import BucketDistance, egress_usd_per_gb, in_bucket_location
+from tpuctl.sim.iam import ADC_TOKEN
 from tpuctl.testing.backend import InProcessCli
 
 
@@ -59,29 +60,33 @@ def test_what_a_gb_of_checkpoint_costs_between_locations() -> None:
 # --- a run's plan, on the in-process simulator -------------------------------------------------------
 
 
+#: Three zones offering v5e: us-central1-a and us-east1-c at one price (the catalog's), so that only the
+#: bucket tells them apart (by name, us-central1-a is first); asia-southeast1-b dearer.
+POOLS = {"v5e": {"on_demand": 64, "preemptible": 64}}
+WORLD: dict[str, Any] = {
+    "project": "bucket-proj",
+    "speed": 1000,
+    "zones": {"us-central1-a": POOLS, "us-east1-c": POOLS, "asia-southeast1-b": POOLS},
+    "quotas": {
+        "default": {"on_demand": {"zone": -1, "region": -1}, "preemptible": {"zone": -1, "region": -1}}
+    },
+    "latency": {"base_ms": 0, "jitter_ms": 0},
+}
+
+
 @pytest.fixture
 def sim_world() -> dict[str, Any]:
-    """Three zones offering v5e: us-central1-a and us-east1-c at one price (the catalog's), so that only
-    the bucket tells them apart (by name, us-central1-a is first); asia-southeast1-b dearer."""
-    pools = {"v5e": {"on_demand": 64, "preemptible": 64}}
-    return {
-        "project": "bucket-proj",
-        "speed": 1000,
-        "zones": {"us-central1-a": pools, "us-east1-c": pools, "asia-southeast1-b": pools},
-        "quotas": {
-            "default": {"on_demand": {"zone": -1, "region": -1}, "preemptible": {"zone": -1, "region": -1}}
-        },
-        "latency": {"base_ms": 0, "jitter_ms": 0},
-    }
+    return WORLD
 
 
 def _bucket_in(sim_cli: InProcessCli, name: str, location: str) -> None:
     """A bucket in the simulated Cloud Storage, in ``location`` (the emulator takes it as an update)."""
     url = sim_cli.backend.storage_url
+    auth = {"Authorization": f"Bearer {ADC_TOKEN}"}  # the world's principal, who owns the project
     httpx.post(
-        f"{url}/storage/v1/b", params={"project": "bucket-proj"}, json={"name": name}
+        f"{url}/storage/v1/b", params={"project": "bucket-proj"}, json={"name": name}, headers=auth
     ).raise_for_status()
-    httpx.patch(f"{url}/storage/v1/b/{name}", json={"location": location}).raise_for_status()
+    httpx.patch(f"{url}/storage/v1/b/{name}", json={"location": location}, headers=auth).raise_for_status()
 
 
 def _plan(sim_cli: InProcessCli, tmp_path: Path, *args: str) -> dict[str, Any]:
@@ -125,9 +130,18 @@ def test_a_run_is_placed_in_its_buckets_region_among_equal_prices_and_says_what_
     assert default["checkpoint_bucket"]["bucket"] == "tpuctl-sim" and default["chosen"]["bucket"]["near"]
 
 
+def _objects_only(world: dict[str, Any]) -> dict[str, Any]:
+    """``world`` with a caller who may use the bucket's objects but not read the bucket itself
+    (roles/storage.objectAdmin holds no storage.buckets.get)."""
+    user = ["user:sim-user@example.com"]
+    roles = ("roles/tpu.admin", "roles/cloudquotas.viewer", "roles/storage.objectAdmin")
+    return {**world, "iam": {"bucket-proj": [{"role": role, "members": user} for role in roles]}}
+
+
+@pytest.mark.parametrize("sim_world", [_objects_only(WORLD)], ids=["objects-only"])
 def test_a_bucket_whose_location_cannot_be_read_is_a_warning_not_a_failure(
     sim_cli: InProcessCli, tmp_path: Path
 ) -> None:
-    plan = _plan(sim_cli, tmp_path, "--checkpoint-dir", "gs://no-such-bucket/run")
+    plan = _plan(sim_cli, tmp_path, "--checkpoint-dir", "gs://tpuctl-sim/run")
     assert plan["feasible"] and plan["checkpoint_bucket"]["location"] is None
-    assert any("location of bucket gs://no-such-bucket could not be read" in w for w in plan["warnings"])
+    assert any("location of bucket gs://tpuctl-sim could not be read" in w for w in plan["warnings"])

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import httpx
 import pytest
 from google.cloud import tpu_v2
-from sim_helpers import PARENT, PROJECT, ZONE, create_ready, make_world, node, spot_node, tpu_client
+from sim_helpers import AUTH, PARENT, PROJECT, ZONE, create_ready, make_world, node, spot_node, tpu_client
 
 from tpuctl.sim import SimAdminClient, SimServer
 from tpuctl.sim.admin import SimAdminError
@@ -58,13 +58,15 @@ def test_an_on_demand_node_is_noticed_stopped_repaired_and_back_as_itself(
 
     assert proc.wait(timeout=10) == -signal.SIGKILL  # the stop
     wait_for(lambda: _state(client, "od").state == tpu_v2.Node.State.REPAIRING, 5, what="REPAIRING")
-    during = httpx.get(f"{server.url}/v2/{PARENT}/nodes/od").json()  # the client's proto lacks the field
+    during = httpx.get(
+        f"{server.url}/v2/{PARENT}/nodes/od", headers=AUTH
+    ).json()  # the client's proto lacks the field
     assert during["health"] == "UNHEALTHY_MAINTENANCE"
     assert during["upcomingMaintenance"]["maintenanceStatus"] == "ONGOING"
 
     wait_for(lambda: _state(client, "od").state == tpu_v2.Node.State.READY, 10, what="READY again")
     assert admin.metadata(ZONE, "od", 0, KEY) == "NONE"
-    assert "upcomingMaintenance" not in httpx.get(f"{server.url}/v2/{PARENT}/nodes/od").json()
+    assert "upcomingMaintenance" not in httpx.get(f"{server.url}/v2/{PARENT}/nodes/od", headers=AUTH).json()
     # Kept, not replaced: the same node (its id), not preempted.
     assert str(_state(client, "od").id) == answer["id"] and not admin.status()["nodes"][0]["preempted"]
 
