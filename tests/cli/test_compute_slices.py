@@ -208,6 +208,9 @@ def test_the_profile_api_is_a_preference_the_flag_a_demand(sim_cli: InProcessCli
     assert "/compute/v1/" not in planned_url("v5e-8", "--zone", "us-central1-a")
 
 
+# ~40 s on a loaded CI machine: unmodified JAX joining a multi-host Compute Engine slice stays in the default
+# suite (tests/sim/test_compute_vpc.py), and so does a one-host tpu7x run through tpuctl (above).
+@pytest.mark.slow
 def test_an_unmodified_psum_script_runs_on_4_processes_and_16_devices_of_a_tpu7x_32(
     admin: SimAdminClient, cli: Cli, tmp_path: Path
 ) -> None:

@@ -68,6 +68,9 @@ def test_unmodified_script_sees_the_whole_slice(
     assert seen == set(range(hosts))
 
 
+# ~50 s on a loaded CI machine: two slices joining one job stay in the default suite end to end
+# (tests/cli/test_multislice_run.py's unmodified psum over both slices).
+@pytest.mark.slow
 def test_two_slices_of_two_hosts_train_as_one_job(
     start_hosts: Callable[..., Any], scripts_dir: Path, tmp_path: Path
 ) -> None:
