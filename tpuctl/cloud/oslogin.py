@@ -31,16 +31,14 @@ cloud client here does; a refusal names OS Login and the roles it needs. The cal
 
 from __future__ import annotations
 
-import functools
-import json
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tpuctl.cloud.credentials import caller_email, fresh
-from tpuctl.cloud.retry import RetryPolicy, Sleep, call_with_retry
-from tpuctl.cloud.translate import error_from_http_response, translate_errors
+from tpuctl.cloud.credentials import caller_email
+from tpuctl.cloud.google_calls import JsonCalls
+from tpuctl.cloud.retry import RetryPolicy, Sleep
 from tpuctl.errors import CloudError, PermissionDeniedError
 
 if TYPE_CHECKING:
@@ -132,7 +130,7 @@ class OsLoginClient:
         """``base_url``: Google's (:data:`GOOGLE_OSLOGIN_URL`) or the simulator's; ``credentials``:
         google-auth credentials (a bearer token on every request), None for the simulator."""
         self.base_url = base_url.rstrip("/")
-        self._caller = _Caller(credentials, http, retry or RetryPolicy(), sleep)
+        self._caller = JsonCalls(credentials, http, retry or RetryPolicy(), sleep)
 
     def __repr__(self) -> str:  # never show the credentials
         return f"OsLoginClient(base_url={self.base_url!r})"
@@ -201,7 +199,7 @@ class OsLoginAccess:
         self.endpoints = endpoints
         self._credentials = credentials
         self._http = http
-        self._calls = _Caller(credentials, http, retry or RetryPolicy(), sleep)
+        self._calls = JsonCalls(credentials, http, retry or RetryPolicy(), sleep)
         self.client = OsLoginClient(endpoints.oslogin, credentials, http, retry=retry, sleep=sleep)
         self._email: str | None = None
 
@@ -255,67 +253,6 @@ class OsLoginAccess:
                 code=exc.code,
                 fix=roles_fix(email, project),
             ) from None
-
-
-class _Caller:
-    """One JSON call to a Google API with the credentials' bearer token, retried where safe."""
-
-    def __init__(
-        self, credentials: Credentials | None, http: httpx.Client, retry: RetryPolicy, sleep: Sleep | None
-    ) -> None:
-        self._credentials = credentials
-        self._http = http
-        self._retry = retry
-        self._sleep = sleep
-
-    def call(
-        self,
-        method: str,
-        url: str,
-        what: str,
-        *,
-        params: Mapping[str, str],
-        body: Mapping[str, Any] | None = None,
-    ) -> dict[str, Any]:
-        # Every call here is idempotent: an import of a key already there, an expiry set, a read.
-        request = functools.partial(self._request, method, url, what, params=params, body=body)
-        return call_with_retry(request, policy=self._retry, idempotent=True, sleep=self._sleep)
-
-    def _auth_headers(self) -> dict[str, str]:
-        if self._credentials is None:
-            return {}
-        creds: Any = fresh(self._credentials)  # google-auth is untyped
-        headers: dict[str, str] = {}
-        creds.apply(headers)  # the bearer token, and x-goog-user-project where the credentials name one
-        return headers
-
-    def _request(
-        self,
-        method: str,
-        url: str,
-        what: str,
-        *,
-        params: Mapping[str, str],
-        body: Mapping[str, Any] | None = None,
-    ) -> dict[str, Any]:
-        with translate_errors(what, mutating=method != "GET"):
-            response = self._http.request(
-                method, url, params=dict(params), json=body, headers=self._auth_headers()
-            )
-            if response.is_error:
-                raise error_from_http_response(
-                    response.status_code, response.content, what=what, mutating=method != "GET"
-                )
-            try:
-                data = json.loads(response.content)
-            except ValueError:
-                raise CloudError(
-                    f"{what}: the response (HTTP {response.status_code}) is not valid JSON",
-                    fix="check that the endpoint is Google's",
-                ) from None
-            if not isinstance(data, dict):
-                raise CloudError(f"{what}: expected a JSON object, got {type(data).__name__}")
-            return data
 
 
 def _user(email: str) -> str:
