@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tpuctl.runtime.hostenv import sim_host_env
 from tpuctl.runtime.preemption import parse_event
 from tpuctl.sim import SimAdminClient
@@ -75,6 +77,22 @@ def fast_jax_env(cache_dir: Path) -> dict[str, str]:
         "JAX_COMPILATION_CACHE_DIR": str(cache_dir),
         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
     }
+
+
+def serve_for_jax_runs(
+    serve_sim: Callable[..., SimAdminClient],
+    world: dict[str, Any],
+    *,
+    state_dir: Path,
+    jax_cache: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> SimAdminClient:
+    """``world`` served over this test's state dir to its in-process CLI commands (``serve_sim``), with
+    the hosts started fast (``fast_jax_env``): the simulator the end-to-end JAX run tests use."""
+    monkeypatch.setenv("TPUCTL_STATE_DIR", str(state_dir))
+    for key, value in fast_jax_env(jax_cache).items():
+        monkeypatch.setenv(key, value)
+    return serve_sim(world)
 
 
 def _free_port() -> int:
