@@ -24,6 +24,7 @@ from tpuctl.sim import SimAdminClient
 from tpuctl.sim.admin import NodeStatus
 from tpuctl.testing.clock import wait_for
 from tpuctl.testing.metadata_server import MetadataServer, slice_values
+from tpuctl.testing.ports import unused_port
 
 REPO = Path(__file__).resolve().parents[2]
 ZONE = "us-central2-b"
@@ -95,14 +96,6 @@ def serve_for_jax_runs(
     return serve_sim(world)
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def run_reference(
     workdir: Path,
     args: list[str],
@@ -117,7 +110,7 @@ def run_reference(
     """The final params hash of an uninterrupted run, on local processes started as the launcher
     starts simulated hosts (same device count and mesh), without tpuctl."""
     workdir.mkdir(parents=True, exist_ok=True)
-    port = _free_port()
+    port = unused_port()
     base = {k: v for k, v in os.environ.items() if not k.startswith(("TPUCTL_", "JAX_", "XLA_"))}
     procs: list[subprocess.Popen[bytes]] = []
     outs: list[Path] = []

@@ -18,6 +18,7 @@ import json
 import shlex
 import threading
 from collections.abc import Callable
+from concurrent.futures import CancelledError
 from dataclasses import dataclass
 from importlib import resources
 from typing import TYPE_CHECKING, Any
@@ -195,7 +196,11 @@ class Backstopped(ForwardingExecutor):
     def _keep(self) -> None:
         """Arm, then check in until the executor closes (on a thread of its own: the attempt's ship and
         setup do not wait for either)."""
-        if not self.arm():
+        try:
+            armed = self.arm()
+        except CancelledError:  # the executor closed while arming: the attempt is over, nothing to keep
+            return
+        if not armed:
             return
         every = checkin_every(self.backstop.grace_s)
         while not self._stop.wait(every):
