@@ -16,12 +16,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tpuctl.runtime.hostenv import sim_host_env
 from tpuctl.runtime.preemption import parse_event
 from tpuctl.sim import SimAdminClient
 from tpuctl.sim.admin import NodeStatus
 from tpuctl.testing.clock import wait_for
 from tpuctl.testing.metadata_server import MetadataServer, slice_values
+from tpuctl.testing.ports import unused_port
 
 REPO = Path(__file__).resolve().parents[2]
 ZONE = "us-central2-b"
@@ -77,12 +80,20 @@ def fast_jax_env(cache_dir: Path) -> dict[str, str]:
     }
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def serve_for_jax_runs(
+    serve_sim: Callable[..., SimAdminClient],
+    world: dict[str, Any],
+    *,
+    state_dir: Path,
+    jax_cache: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> SimAdminClient:
+    """``world`` served over this test's state dir to its in-process CLI commands (``serve_sim``), with
+    the hosts started fast (``fast_jax_env``): the simulator the end-to-end JAX run tests use."""
+    monkeypatch.setenv("TPUCTL_STATE_DIR", str(state_dir))
+    for key, value in fast_jax_env(jax_cache).items():
+        monkeypatch.setenv(key, value)
+    return serve_sim(world)
 
 
 def run_reference(
@@ -99,7 +110,7 @@ def run_reference(
     """The final params hash of an uninterrupted run, on local processes started as the launcher
     starts simulated hosts (same device count and mesh), without tpuctl."""
     workdir.mkdir(parents=True, exist_ok=True)
-    port = _free_port()
+    port = unused_port()
     base = {k: v for k, v in os.environ.items() if not k.startswith(("TPUCTL_", "JAX_", "XLA_"))}
     procs: list[subprocess.Popen[bytes]] = []
     outs: list[Path] = []

@@ -12,7 +12,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from recovery_helpers import HOST_XLA_ENV, LM_ARGS, WORLD, Chaos, Preempt, events_of, fast_jax_env
+from recovery_helpers import (
+    HOST_XLA_ENV,
+    LM_ARGS,
+    WORLD,
+    Chaos,
+    Preempt,
+    events_of,
+    serve_for_jax_runs,
+)
 
 from tpuctl.sim import SimAdminClient
 from tpuctl.sim.admin import NodeStatus
@@ -46,10 +54,9 @@ print("RESULT", jax.process_index(), jax.process_count(), jax.device_count(),
 def admin(
     serve_sim: Callable[..., SimAdminClient], state_dir: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> SimAdminClient:
-    monkeypatch.setenv("TPUCTL_STATE_DIR", str(state_dir))
-    for key, value in fast_jax_env(tmp_path / "jax-cache").items():
-        monkeypatch.setenv(key, value)
-    return serve_sim(WORLD)
+    return serve_for_jax_runs(
+        serve_sim, WORLD, state_dir=state_dir, jax_cache=tmp_path / "jax-cache", monkeypatch=monkeypatch
+    )
 
 
 def _script(tmp_path: Path, text: str) -> Path:

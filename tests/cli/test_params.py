@@ -258,6 +258,25 @@ def test_services_name_parameters_and_the_cli_shows_flags(cli: Cli) -> None:
     assert result.code == 2 and result.json["field"] == "--race-k"
 
 
+def refused_dry_run(
+    cli: Cli,
+    monkeypatch: pytest.MonkeyPatch,
+    profile: Callable[[str, str], Path],
+    command: tuple[str, ...],
+    env: dict[str, str],
+    config: str,
+) -> dict[str, Any]:
+    """The error document of `pod create v5e-8 --dry-run COMMAND` with ``env`` set and ``config`` (one
+    ``key: value`` line) in the default profile: exit 2, bad input."""
+    for name, text in env.items():
+        monkeypatch.setenv(name, text)
+    if config:
+        profile(*config.split(": ", 1))
+    result = cli("-o", "json", "pod", "create", "v5e-8", "--dry-run", *command)
+    assert result.code == 2, result.stderr
+    return dict(result.json)
+
+
 @pytest.mark.parametrize(
     ("command", "env", "config", "field", "value"),
     [
@@ -280,13 +299,7 @@ def test_zones_regions_and_output_name_their_source(
     field: str,
     value: str,
 ) -> None:
-    for name, text in env.items():
-        monkeypatch.setenv(name, text)
-    if config:
-        profile(*config.split(": ", 1))
-    result = cli("-o", "json", "pod", "create", "v5e-8", "--dry-run", *command)
-    assert result.code == 2, result.stderr
-    error = result.json
+    error = refused_dry_run(cli, monkeypatch, profile, command, env, config)
     assert error["field"] == field and error["fix"], error
     assert value in error.get("value", "") or value in error["message"], error
 
@@ -409,13 +422,7 @@ def test_a_region_given_as_a_zone_says_to_use_the_region_setting(
     field: str,
     fix: str,
 ) -> None:
-    for name, text in env.items():
-        monkeypatch.setenv(name, text)
-    if config:
-        profile(*config.split(": ", 1))
-    result = cli("-o", "json", "pod", "create", "v5e-8", "--dry-run", *command)
-    assert result.code == 2, result.stderr
-    error = result.json
+    error = refused_dry_run(cli, monkeypatch, profile, command, env, config)
     assert (error["field"], error["value"]) == (field, "us-central1"), error
     assert error["message"].startswith(f"{field} 'us-central1' is a region, not a zone"), error
     assert error["fix"].startswith(fix), error

@@ -96,6 +96,10 @@ def test_accelerator_type_works_on_run_and_pod_create(sim_cli: InProcessCli) -> 
         assert request["accelerator_type"] == "v5litepod-8", args
     both = sim_cli("-o", "json", "pod", "create", "v5e-8", "--type", "v5e-16", "--dry-run")
     assert both.code == 2 and both.json["field"] == "TYPE", both.stderr
+    assert "`tpuctl pod create TYPE` or `tpuctl pod create --type TYPE`" in both.json["fix"]
+    quota = sim_cli("-o", "json", "quota", "v5e", "--type", "v6e")
+    assert quota.code == 2 and quota.json["field"] == "TYPE", quota.stderr
+    assert "`tpuctl quota TYPE` or `tpuctl quota --type TYPE`" in quota.json["fix"]
     neither = sim_cli("-o", "json", "pod", "create", "--dry-run")
     assert neither.code == 2 and "pod create v5e-8" in neither.json["fix"], neither.stderr
 

@@ -8,8 +8,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import yaml
-from recovery_helpers import HOST_XLA_ENV, LM_ARGS, V5E_ZONE, WORLD, Chaos, Preempt, fast_jax_env
+from recovery_helpers import (
+    HOST_XLA_ENV,
+    LM_ARGS,
+    V5E_ZONE,
+    WORLD,
+    Chaos,
+    Preempt,
+    serve_for_jax_runs,
+)
 
 from tpuctl.sim import SimAdminClient
 from tpuctl.testing.cli import Cli, CliResult
@@ -38,11 +45,9 @@ print("done", flush=True)
 def admin(
     serve_sim: Callable[..., SimAdminClient], state_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> SimAdminClient:
-    (tmp_path / "world.yaml").write_text(yaml.safe_dump(WORLD))
-    monkeypatch.setenv("TPUCTL_STATE_DIR", str(state_dir))
-    for key, value in fast_jax_env(tmp_path / "jax-cache").items():
-        monkeypatch.setenv(key, value)
-    return serve_sim(WORLD)
+    return serve_for_jax_runs(
+        serve_sim, WORLD, state_dir=state_dir, jax_cache=tmp_path / "jax-cache", monkeypatch=monkeypatch
+    )
 
 
 def console_lines(result: CliResult) -> list[str]:

@@ -28,6 +28,7 @@ from recovery_helpers import (
     fast_jax_env,
     final_hash,
     run_reference,
+    serve_for_jax_runs,
 )
 
 from tpuctl.sim import SimAdminClient
@@ -71,10 +72,9 @@ def admin(
     jax_cache: Path,
 ) -> SimAdminClient:
     """A simulator serving this test's state dir; CLI commands run in-process against it."""
-    monkeypatch.setenv("TPUCTL_STATE_DIR", str(state_dir))
-    for key, value in fast_jax_env(jax_cache).items():
-        monkeypatch.setenv(key, value)
-    return serve_sim(WORLD)
+    return serve_for_jax_runs(
+        serve_sim, WORLD, state_dir=state_dir, jax_cache=jax_cache, monkeypatch=monkeypatch
+    )
 
 
 #: The LM's slice: one host keeps these end-to-end recoveries in the default suite affordable; every host

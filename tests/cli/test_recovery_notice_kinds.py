@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from recovery_helpers import V5E_ZONE, WORLD, fast_jax_env, run_dir
+from recovery_helpers import V5E_ZONE, WORLD, run_dir, serve_for_jax_runs
 
 from tpuctl.sim import SimAdminClient
 from tpuctl.testing.cli import Cli
@@ -74,10 +74,13 @@ print("done after", steps, "steps:", float(w.sum()), flush=True)
 def admin(
     serve_sim: Callable[..., SimAdminClient], state_dir: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> SimAdminClient:
-    monkeypatch.setenv("TPUCTL_STATE_DIR", str(state_dir))
-    for key, value in fast_jax_env(tmp_path / "jax-cache").items():
-        monkeypatch.setenv(key, value)
-    return serve_sim(SHORT_GRACE_WORLD)
+    return serve_for_jax_runs(
+        serve_sim,
+        SHORT_GRACE_WORLD,
+        state_dir=state_dir,
+        jax_cache=tmp_path / "jax-cache",
+        monkeypatch=monkeypatch,
+    )
 
 
 @dataclass

@@ -39,8 +39,18 @@ WORLD: dict[str, Any] = {
     "latency": {"base_ms": 0, "jitter_ms": 0},
 }
 GRACE_S = 4.0
-#: Says it started, then ends within the grace: the grace, not the program, decides when the slice goes.
-PROGRAM = "import time\nprint('started', flush=True)\ntime.sleep(1.0)\nprint('done', flush=True)\n"
+#: Says it started, then ends once the test has killed its supervisor (the file BARRIER appears): the grace,
+#: not the program, decides when the slice goes. (A program that ended on a timer could end before the
+#: kill, and its live supervisor would then delete the slice itself, before the test looked.)
+PROGRAM = """\
+import os, pathlib, time
+print('started', flush=True)
+barrier = pathlib.Path(os.environ['BARRIER'])
+deadline = time.monotonic() + 120
+while not barrier.exists() and time.monotonic() < deadline:
+    time.sleep(0.05)
+print('done', flush=True)
+"""
 ENV = {
     "TPUCTL_BACKSTOP_GRACE": f"{GRACE_S}",
     "TPUCTL_LEASE_DURATION": "3",
@@ -76,7 +86,8 @@ def test_a_killed_detached_run_is_deleted_by_its_backstop_after_the_grace(
     script.write_text(PROGRAM)
     env = {**os.environ, **ENV, "TPUCTL_STATE_DIR": str(state_dir)}
     argv = [sys.executable, "-m", "tpuctl", "run", str(script), "--type", "v5e-8", "--zone", ZONE]
-    argv += ["--no-runtime-deps", "--detach", "--max-hours", "1", "-o", "json"]
+    barrier = tmp_path / "supervisor-killed"
+    argv += ["--no-runtime-deps", "--detach", "--max-hours", "1", "--env", f"BARRIER={barrier}", "-o", "json"]
     started = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=180)
     assert started.returncode == 0, started.stderr[-3000:]
     run_id = json.loads(started.stdout)["run"]["run_id"]
@@ -95,6 +106,7 @@ def test_a_killed_detached_run_is_deleted_by_its_backstop_after_the_grace(
     for pid in killed:
         os.kill(pid, signal.SIGKILL)
     killed_at = time.time()
+    barrier.touch()  # the program ends now, with nobody left to delete its slice but the deadman
     # The last check-in came at most one period before the kill: the slice stays at least this long.
     stays_until = killed_at + GRACE_S - checkin_every(GRACE_S)
 

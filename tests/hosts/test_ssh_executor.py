@@ -12,7 +12,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import sys
 import threading
 import time
@@ -35,15 +34,10 @@ from tpuctl.hosts.ssh import (
     ensure_key_pair,
     ssh_keys_metadata,
 )
+from tpuctl.testing.ports import unused_port
 
 #: How the loopback hosts take tpuctl's key: their one authorized key, for the default user.
 LOGIN = HostLogin(DEFAULT_USERNAME, authorized_by="the test's authorized key", refused_fix="(test fix)")
-
-
-def free_port(address: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((address, 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass
@@ -77,7 +71,7 @@ class LoopbackSsh:
         self._children: list[asyncio.subprocess.Process] = []
         self._authorized = asyncssh.import_authorized_keys(authorized_public_key + "\n")
         self.hosts = [
-            LoopbackHost("127.0.0.1", free_port(), home, asyncssh.generate_private_key("ssh-ed25519"))
+            LoopbackHost("127.0.0.1", unused_port(), home, asyncssh.generate_private_key("ssh-ed25519"))
             for home in homes
         ]
         if start:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,16 +22,10 @@ import pytest
 
 from tpuctl.runtime.hostenv import sim_host_env
 from tpuctl.testing.metadata_server import MetadataServer, slice_values
+from tpuctl.testing.ports import unused_port
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
-
-
-def free_port() -> int:
-    """A loopback port nobody listens on right now (the OS picks it; tiny race until the child binds)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="session")
@@ -95,7 +88,7 @@ class Hosts:
         its TPUCTL_SLICE_ID)."""
         self.workdir = workdir
         env_extra = dict(env or {})
-        port = free_port()
+        port = unused_port()
         self.procs: list[subprocess.Popen[bytes]] = []
         self.logs: list[tuple[Path, Path]] = []
         self.metadata: list[MetadataServer] = []

@@ -4,7 +4,6 @@ an unmodified ``jax.distributed.initialize()`` joins a real 2-host CE slice of t
 
 from __future__ import annotations
 
-import socket
 import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -22,6 +21,7 @@ from tpuctl.runtime.hostenv import sim_host_env
 from tpuctl.sim import SimServer
 from tpuctl.sim.vpc_dns import PREFIX, lookup_key
 from tpuctl.testing.clock import wait_for
+from tpuctl.testing.ports import unused_port
 
 __all__ = ["compute", "schema_problems"]  # fixtures
 
@@ -85,12 +85,6 @@ def test_hosts_resolve_their_peers_by_instance_name(compute: tuple[SimServer, Cl
     assert httpx.get(resolver + names[0]).status_code == 403  # as the metadata server: the header
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 #: What tpuctl's launcher does on a Compute Engine host (follow.py --tpu-worker-env), as shell words: JAX's
 #: GKE variables, read from the host's own metadata server.
 DERIVE = (
@@ -103,7 +97,7 @@ def _psum_on_every_host(
     server: SimServer, c: Clients, accel: str, topology: str, hosts: int, prefix: str = ""
 ) -> list[asyncssh.SSHCompletedProcess]:
     _, addresses, key = _slice(server, c, topology, hosts)
-    port = _free_port()
+    port = unused_port()
     commands = []
     for worker in range(hosts):
         # Two CPU devices a host stand in for its chips (fewer than 4: the test machine is small).

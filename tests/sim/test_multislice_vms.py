@@ -5,7 +5,6 @@ and losing one slice suspends the queued resource while the other slice's node s
 
 from __future__ import annotations
 
-import socket
 import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -22,6 +21,7 @@ from tpuctl.runtime.hostenv import sim_host_env
 from tpuctl.runtime.simcluster import parse_tpu_env
 from tpuctl.sim import SimAdminClient, SimServer
 from tpuctl.testing.clock import wait_for
+from tpuctl.testing.ports import unused_port
 
 REPO = Path(__file__).resolve().parents[2]
 PSUM = REPO / "tests" / "runtime" / "scripts" / "psum_user.py"
@@ -70,12 +70,6 @@ def _megascale(tpu_env: str) -> dict[str, str]:
     return {k: v for k, v in parse_tpu_env(tpu_env).items() if k.startswith("MEGASCALE_")}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_unmodified_jax_joins_two_slices_into_one_job(start_server: Callable[..., SimServer]) -> None:
     server = start_server(make_world())
     client = tpu_client(server.url)
@@ -106,7 +100,7 @@ def test_unmodified_jax_joins_two_slices_into_one_job(start_server: Callable[...
         # Within its slice a host is still numbered as on one slice (JAX adds the slices itself).
         assert httpx.get(base + "agent-worker-number", headers=MD).text == str(host % HOSTS)
 
-    port = _free_port()
+    port = unused_port()
     commands = []
     for host in range(2 * HOSTS):
         env = sim_host_env("r", host, 2 * HOSTS, CHIPS, port, "v5litepod-16", "4x4", "/ck", 0, REPO)

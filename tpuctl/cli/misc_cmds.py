@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from tpuctl.cli.context import make_output, session
-from tpuctl.cli.options import OutputOpt
+from tpuctl.cli.options import OutputOpt, type_given_once
 
 if TYPE_CHECKING:
     from tpuctl.catalog import Catalog, Generation
@@ -40,7 +40,7 @@ def quota(
     from tpuctl.services.quota import QuotaBook, generation_uses
 
     out = make_output(ctx, output)
-    wanted = _one_of(type_argument, type_option)
+    wanted = type_given_once(type_argument, type_option, command="quota")
     # Checked before the backend opens: a typo is exit 2 with the generations listed.
     generation = None if wanted is None else _generation(Catalog.load(), wanted)
     with session(ctx, out) as sess:
@@ -77,20 +77,6 @@ def quota(
         keep=frozenset({"QUOTA", "FAMILY", "LOCATION"}),
         drop=("API", "HELD BY PREEMPTED"),
     )
-
-
-def _one_of(argument: str | None, option: str | None) -> str | None:
-    """TYPE, as the argument or as --type, once (None: every quota)."""
-    from tpuctl.errors import UsageError
-
-    if argument is not None and option is not None and argument != option:
-        raise UsageError(
-            f"two types given: {argument} and --type {option}",
-            field="TYPE",
-            value=option,
-            fix="give the type once: `tpuctl quota v5e` or `tpuctl quota --type v5e`",
-        )
-    return argument if argument is not None else option
 
 
 def _generation(catalog: Catalog, name: str) -> Generation:

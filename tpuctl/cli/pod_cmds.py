@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from tpuctl.cli.context import ONE_OBJECT, confirm, is_dry_run, make_output, session
-from tpuctl.cli.options import DryRunOpt, OutputOpt, YesOpt, ZoneOpt
+from tpuctl.cli.options import DryRunOpt, OutputOpt, YesOpt, ZoneOpt, type_given_once
 from tpuctl.cli.placement_flags import (
     ApiOpt,
     CapacityTypeOpt,
@@ -213,14 +213,7 @@ def _one_type(argument: str | None, option: str | None) -> str:
     """TYPE, given as the argument or as --type/--accelerator-type (gcloud's name), once."""
     from tpuctl.errors import UsageError
 
-    if argument is not None and option is not None and argument != option:
-        raise UsageError(
-            f"two types given: {argument} and --type {option}",
-            field="TYPE",
-            value=option,
-            fix="give the type once: `tpuctl pod create TYPE` or `tpuctl pod create --type TYPE`",
-        )
-    chosen = argument if argument is not None else option
+    chosen = type_given_once(argument, option, command="pod create")
     if chosen is None:
         raise UsageError(
             "missing the slice's type",

@@ -9,32 +9,26 @@ Two JSON-API calls, both reads (docs/google-facts.md#cloud-storage-buckets):
 - ``GET {base}/storage/v1/b/{bucket}/iam/testPermissions?permissions=P&permissions=Q`` -> ``{"permissions":
   [the ones the caller holds]}`` (the key is absent when it holds none); any caller may ask.
 
-Errors become ``tpuctl.errors`` through :mod:`tpuctl.cloud.translate` (404: the bucket does not exist;
-403: the caller may not read it). The caller owns the ``httpx.Client``.
+Both go through ``google_calls.JsonCalls``: errors become ``tpuctl.errors`` through
+:mod:`tpuctl.cloud.translate` (404: the bucket does not exist; 403: the caller may not read it). The
+caller owns the ``httpx.Client``.
 """
 
 from __future__ import annotations
 
-import functools
-import json
 import urllib.parse
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tpuctl.cloud.credentials import fresh
-from tpuctl.cloud.retry import RetryPolicy, Sleep, call_with_retry
-from tpuctl.cloud.translate import error_from_http_response, translate_errors
-from tpuctl.errors import CloudError
+from tpuctl.cloud.google_calls import JsonCalls
+from tpuctl.cloud.retry import RetryPolicy, Sleep
 
 if TYPE_CHECKING:
     import httpx
     from google.auth.credentials import Credentials
 
 GOOGLE_STORAGE_URL = "https://storage.googleapis.com"
-
-#: A query string's pairs, as httpx takes them (a name may repeat: ``permissions``).
-_Query = list[tuple[str, str | int | float | bool | None]]
 
 #: What a run's hosts do in its checkpoint bucket: write, read back, list, and overwrite or delete old
 #: checkpoints (orbax replaces and garbage-collects them).
@@ -88,6 +82,7 @@ class BucketClient:
         self._http = http
         self._retry = retry or RetryPolicy()
         self._sleep = sleep
+        self._calls: JsonCalls | None = None
 
     def __repr__(self) -> str:  # never show the credentials
         return f"BucketClient(base_url={self.base_url!r})"
@@ -97,7 +92,7 @@ class BucketClient:
         answer = self._get(
             f"/storage/v1/b/{_quoted(bucket)}",
             f"read the location of bucket gs://{bucket}",
-            [("fields", "name,location,locationType,customPlacementConfig")],
+            {"fields": "name,location,locationType,customPlacementConfig"},
         )
         placement = answer.get("customPlacementConfig") or {}
         regions = placement.get("dataLocations") if isinstance(placement, dict) else None
@@ -114,39 +109,15 @@ class BucketClient:
         answer = self._get(
             f"/storage/v1/b/{_quoted(bucket)}/iam/testPermissions",
             f"test the caller's permissions on bucket gs://{bucket}",
-            [("permissions", p) for p in asked],
+            {"permissions": asked},
         )
         held = answer.get("permissions") or []
         return frozenset(str(p) for p in held if str(p) in asked)
 
-    def _get(self, path: str, what: str, params: _Query) -> dict[str, Any]:
-        request = functools.partial(self._request, self.base_url + path, what, params)
-        return call_with_retry(request, policy=self._retry, idempotent=True, sleep=self._sleep)
-
-    def _request(self, url: str, what: str, params: _Query) -> dict[str, Any]:
-        with translate_errors(what):
-            response = self._http.get(url, params=params, headers=self._auth_headers())
-            if response.is_error:
-                raise error_from_http_response(response.status_code, response.content, what=what)
-            try:
-                data = json.loads(response.content)
-            except ValueError:
-                raise CloudError(
-                    f"{what}: the response (HTTP {response.status_code}) is not valid JSON",
-                    fix="check that the endpoint is Cloud Storage's",
-                ) from None
-            if not isinstance(data, dict):
-                raise CloudError(f"{what}: expected a JSON object, got {type(data).__name__}")
-            return data
-
-    def _auth_headers(self) -> dict[str, str]:
-        credentials = self._credentials()
-        if credentials is None:
-            return {}
-        creds: Any = fresh(credentials)  # google-auth is untyped
-        headers: dict[str, str] = {}
-        creds.apply(headers)  # the bearer token, and x-goog-user-project where the credentials name one
-        return headers
+    def _get(self, path: str, what: str, params: Mapping[str, str | list[str]]) -> dict[str, Any]:
+        if self._calls is None:  # the credentials are looked up at the first call
+            self._calls = JsonCalls(self._credentials(), self._http, self._retry, self._sleep)
+        return self._calls.call("GET", self.base_url + path, what, params=params)
 
 
 def _quoted(bucket: str) -> str:

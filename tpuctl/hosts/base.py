@@ -211,6 +211,53 @@ class Executor(Protocol):
     def close(self) -> None: ...
 
 
+class ForwardingExecutor:
+    """An executor that hands every call to ``inner``: the base of a wrapper that adds to a few calls
+    (a lease's fence, a run's backstop) and leaves the rest as they are. Attributes beyond the protocol
+    (the SSH executor's leftovers and hosts) are ``inner``'s too."""
+
+    def __init__(self, inner: Executor) -> None:
+        self._inner = inner
+
+    @property
+    def num_hosts(self) -> int:
+        return self._inner.num_hosts
+
+    def ship(self, bundle: Any) -> list[ShipResult]:
+        return self._inner.ship(bundle)
+
+    def plan(self, spec: LaunchSpec, *, digest: str | None = None) -> list[HostPlan]:
+        return self._inner.plan(spec, digest=digest)
+
+    def start(self, spec: LaunchSpec) -> None:
+        self._inner.start(spec)
+
+    def next_event(self, timeout_s: float) -> HostEvent | None:
+        return self._inner.next_event(timeout_s)
+
+    def run_command(
+        self,
+        command: str,
+        *,
+        on_line: Callable[[int, str], None],
+        timeout_s: float,
+        workers: Sequence[int] | None = None,
+        stdin: bytes = b"",
+    ) -> dict[int, CommandResult]:
+        return self._inner.run_command(
+            command, on_line=on_line, timeout_s=timeout_s, workers=workers, stdin=stdin
+        )
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        self._inner.stop(grace_s)
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
 class EventQueue:
     """The thread-safe queue executors' reader threads post :class:`HostEvent`s to."""
 

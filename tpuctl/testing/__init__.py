@@ -5,6 +5,8 @@
 - ``cli``: ``invoke``, the one in-process runner of the ``tpuctl`` command line.
 - ``cloud``: ``InProcessSim``, a simulator engine on a fake clock, and the real ``TpuApiCloud`` over its
   route table, with no socket.
+- ``ports``: ``unused_port``, a loopback port for a child process to bind, drawn outside the
+  ephemeral range so that no outgoing connection takes it first.
 - ``backend``: ``InProcessBackend``, a ``tpuctl.backends.base.Backend`` over ``InProcessSim`` that the CLI
   runner hands down to every session (``InProcessCli``): commands on simulated time, no server.
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import signal
 
 import pytest
+from attempt_results import attempt_ended
 
 from tpuctl.catalog import CapacityType
 from tpuctl.cloud.base import Node
@@ -37,18 +38,7 @@ RUNTIME_NOTICE = {"event": "notice", "worker": 1, "source": "sigterm", "t": NOTI
 
 def ended(codes: dict[int, int | None], *, at: float = NOTICE_AT + 5.0) -> AttemptResult:
     """An attempt whose hosts ended with ``codes`` (the first non-0, non-75 one is its failure)."""
-    failed = next(((w, c) for w, c in sorted(codes.items()) if c not in (0, 75)), None)
-    return AttemptResult(
-        exit_codes=codes,
-        failed_worker=None if failed is None else failed[0],
-        returncode=None if failed is None else failed[1],
-        interrupted=False,
-        timed_out=False,
-        shipped=[],
-        started_at=NOTICE_AT - 60.0,
-        ended_at=at,
-        exit_times=dict.fromkeys(codes, at),
-    )
+    return attempt_ended(codes, started_at=NOTICE_AT - 60.0, ended_at=at)
 
 
 def progress(*events: dict[str, object]) -> Progress:

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import CancelledError
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
@@ -168,3 +169,24 @@ def test_a_deadman_that_cannot_be_armed_is_said_and_the_attempt_goes_on(deadline
     executor.close()
     assert host.commands == ["arm"] and host.shipped.is_set()
     assert said == ["warning: the run's backstop could not be armed on host 0: deadman: bad config"]
+
+
+def test_an_executor_closed_while_arming_ends_the_backstop_quietly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The SSH executor cancels a command in flight when it closes: the arming thread ends, raising
+    nothing (an exception there would surface as a crash of a thread of tpuctl's)."""
+    crashes: list[threading.ExceptHookArgs] = []
+    monkeypatch.setattr(threading, "excepthook", crashes.append)
+
+    class ClosedWhileArming(FakeHost0):
+        def run_command(self, command: str, **kw: Any) -> dict[int, CommandResult]:
+            self.commands.append("arm")
+            raise CancelledError
+
+    host = ClosedWhileArming()
+    said: list[str] = []
+    executor = Backstopped(cast(Any, host), _plan(grace_s=0.8), status=said.append)
+    executor.ship(object())
+    wait_for(lambda: host.commands or None, timeout=20.0, what="the arm command")
+    executor.close()
+    assert executor._thread is None or not executor._thread.is_alive()
+    assert crashes == [] and said == [] and host.commands == ["arm"]

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from attempt_results import attempt_ended
 
 from tpuctl.catalog import CapacityType, Surface
 from tpuctl.cloud.base import Node
@@ -45,18 +46,7 @@ def progress(*events: dict[str, Any]) -> Progress:
 
 
 def ended(codes: dict[int, int | None]) -> AttemptResult:
-    failed = next(((w, c) for w, c in sorted(codes.items()) if c not in (0, 75)), None)
-    return AttemptResult(
-        exit_codes=codes,
-        failed_worker=None if failed is None else failed[0],
-        returncode=None if failed is None else failed[1],
-        interrupted=False,
-        timed_out=False,
-        shipped=[],
-        started_at=NOTICE_AT - 60.0,
-        ended_at=NOTICE_AT + 5.0,
-        exit_times=dict.fromkeys(codes, NOTICE_AT + 5.0),
-    )
+    return attempt_ended(codes, started_at=NOTICE_AT - 60.0, ended_at=NOTICE_AT + 5.0)
 
 
 @dataclass

@@ -17,17 +17,19 @@ from __future__ import annotations
 import json
 import shlex
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from concurrent.futures import CancelledError
 from dataclasses import dataclass
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 from tpuctl.errors import TpuctlError
 from tpuctl.hosts import deadman
+from tpuctl.hosts.base import ForwardingExecutor
 
 if TYPE_CHECKING:
     from tpuctl.cloud.base import PlannedRequest
-    from tpuctl.hosts.base import CommandResult, Executor, HostEvent, HostPlan, LaunchSpec, ShipResult
+    from tpuctl.hosts.base import Executor, ShipResult
     from tpuctl.services.run.model import PreparedRun
     from tpuctl.services.run.sliceset import SliceSet
     from tpuctl.services.session import Session
@@ -139,7 +141,7 @@ def script_text() -> bytes:
     return resources.files("tpuctl.hosts").joinpath(f"{deadman.SCRIPT}").read_bytes()
 
 
-class Backstopped:
+class Backstopped(ForwardingExecutor):
     """An executor whose host 0 carries the run's deadman: armed while the bundle is shipped (a
     supervisor that dies during a long setup is covered too), then checked in every
     ``checkin_every(grace)``, both on a thread of its own, until the executor closes; ``on_armed`` is told
@@ -154,7 +156,7 @@ class Backstopped:
         status: Callable[[str], None],
         on_armed: Callable[[BackstopPlan], None] | None = None,
     ) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self.backstop = plan
         self._status = status
         self._on_armed = on_armed
@@ -194,7 +196,11 @@ class Backstopped:
     def _keep(self) -> None:
         """Arm, then check in until the executor closes (on a thread of its own: the attempt's ship and
         setup do not wait for either)."""
-        if not self.arm():
+        try:
+            armed = self.arm()
+        except CancelledError:  # the executor closed while arming: the attempt is over, nothing to keep
+            return
+        if not armed:
             return
         every = checkin_every(self.backstop.grace_s)
         while not self._stop.wait(every):
@@ -222,40 +228,11 @@ class Backstopped:
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=_COMMAND_TIMEOUT_S + 5.0)
 
-    # --- the executor -------------------------------------------------------------------------------
-
-    @property
-    def num_hosts(self) -> int:
-        return self._inner.num_hosts
+    # --- the executor: the bundle's shipping starts the backstop, closing ends it -----------------
 
     def ship(self, bundle: Any) -> list[ShipResult]:
         self._start()
-        return self._inner.ship(bundle)
-
-    def plan(self, spec: LaunchSpec, *, digest: str | None = None) -> list[HostPlan]:
-        return self._inner.plan(spec, digest=digest)
-
-    def start(self, spec: LaunchSpec) -> None:
-        self._inner.start(spec)
-
-    def next_event(self, timeout_s: float) -> HostEvent | None:
-        return self._inner.next_event(timeout_s)
-
-    def run_command(
-        self,
-        command: str,
-        *,
-        on_line: Callable[[int, str], None],
-        timeout_s: float,
-        workers: Sequence[int] | None = None,
-        stdin: bytes = b"",
-    ) -> dict[int, CommandResult]:
-        return self._inner.run_command(
-            command, on_line=on_line, timeout_s=timeout_s, workers=workers, stdin=stdin
-        )
-
-    def stop(self, grace_s: float = 5.0) -> None:
-        self._inner.stop(grace_s)
+        return super().ship(bundle)
 
     def close(self) -> None:
         self._stop.set()

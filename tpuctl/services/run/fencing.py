@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from tpuctl.errors import LeaseLostError
+from tpuctl.hosts.base import ForwardingExecutor
 from tpuctl.store.records import CancelRequest, IntentAction, LeaseClaim, LedgerBusyError
 
 if TYPE_CHECKING:
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
         QuotaLimit,
         TpuCloud,
     )
-    from tpuctl.hosts.base import CommandResult, Executor, HostEvent, HostPlan, LaunchSpec, ShipResult
+    from tpuctl.hosts.base import CommandResult, Executor, HostEvent, LaunchSpec, ShipResult
     from tpuctl.services.session import Session
     from tpuctl.store.ledger import Ledger
 
@@ -274,33 +275,26 @@ class Abandonable(Protocol):
     def abandon(self) -> None: ...
 
 
-class LeaseBoundExecutor:
+class LeaseBoundExecutor(ForwardingExecutor):
     """An executor that stops speaking for the run once ``lost()`` says the lease is gone: waiting for
     host events raises the loss, and stopping or closing signals no host (the new owner decides what
     becomes of them) but only drops the connections."""
 
     def __init__(self, inner: Executor, lost: Callable[[], LeaseLostError | None]) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self._lost = lost
-
-    @property
-    def num_hosts(self) -> int:
-        return self._inner.num_hosts
 
     def ship(self, bundle: Any) -> list[ShipResult]:
         self._raise_if_lost()
-        return self._inner.ship(bundle)
-
-    def plan(self, spec: LaunchSpec, *, digest: str | None = None) -> list[HostPlan]:
-        return self._inner.plan(spec, digest=digest)
+        return super().ship(bundle)
 
     def start(self, spec: LaunchSpec) -> None:
         self._raise_if_lost()
-        self._inner.start(spec)
+        super().start(spec)
 
     def next_event(self, timeout_s: float) -> HostEvent | None:
         self._raise_if_lost()
-        return self._inner.next_event(timeout_s)
+        return super().next_event(timeout_s)
 
     def run_command(
         self,
@@ -312,7 +306,7 @@ class LeaseBoundExecutor:
         stdin: bytes = b"",
     ) -> dict[int, CommandResult]:
         self._raise_if_lost()
-        return self._inner.run_command(
+        return super().run_command(
             command, on_line=on_line, timeout_s=timeout_s, workers=workers, stdin=stdin
         )
 
@@ -325,10 +319,6 @@ class LeaseBoundExecutor:
             self._inner.abandon()
         else:
             self._inner.close()
-
-    def __getattr__(self, name: str) -> Any:
-        # What a particular executor adds beyond the protocol (the SSH one's leftovers and hosts).
-        return getattr(self._inner, name)
 
     def _raise_if_lost(self) -> None:
         lost = self._lost()
