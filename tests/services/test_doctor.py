@@ -137,7 +137,7 @@ def test_no_compute_permission_warns_naming_the_roles_and_skips_what_needs_it(
     compute = checks["compute permission"]
     assert compute["status"] == "warn" and "compute.projects.get" in compute["detail"]
     assert "TPU API slices still work" in compute["detail"]
-    assert "roles/compute.instanceAdmin.v1" in compute["fix"] and "roles/compute.viewer" in compute["fix"]
+    assert "roles/compute.admin" in compute["fix"] and "roles/compute.viewer" in compute["fix"]
     assert checks["guest attributes"]["status"] == "skipped" and checks["bucket"]["status"] == "ok"
     assert result.json["ok"] is True
     assert "warn" in sim_cli("doctor").stdout

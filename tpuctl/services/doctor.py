@@ -219,7 +219,7 @@ def _compute_permission(found: dict[str, Any], closers: list[Callable[[], None]]
             f"Compute Engine refused the caller on project {cloud.project} ({exc.message}): its TPU slices "
             "(TPU7x and later, and any made with --api compute) cannot be listed, made or reached, and the "
             "project's OS Login and guest attributes settings cannot be read; TPU API slices still work",
-            fix=f"grant roles/compute.instanceAdmin.v1 (to make Compute Engine slices) or at least "
+            fix=f"grant roles/compute.admin (to make Compute Engine slices) or at least "
             f"roles/compute.viewer (to read them and the project's settings) on project {cloud.project}",
         ) from None
     return f"Compute Engine answers for project {cloud.project} (compute.projects.get)"
