@@ -243,8 +243,9 @@ _HOST_TOKENS = {
 def expand_proxy_command(template: str, host: SshHost, *, user: str) -> str:
     """A ProxyCommand template for one host. OpenSSH's tokens (ssh_config(5), TOKENS): ``%h`` the
     address, ``%p`` the port, ``%r`` the remote user, ``%n`` "the original remote hostname, as given on
-    the command line", here the worker's instance name (where gcloud's own ssh config puts it), ``%%`` a
-    percent; and tpuctl's ``%z``, the worker's zone, which OpenSSH does not know. Any other ``%x`` stays
+    the command line", here the worker's instance name (the name an IAP tunnel targets: what a user who
+    runs ``ssh INSTANCE`` with an IAP ProxyCommand gives there), ``%%`` a percent; and tpuctl's ``%z``, the
+    worker's zone, which OpenSSH does not know. Any other ``%x`` stays
     as written. Values are shell-quoted: the result runs through ``sh -c``. A token whose value the host
     lacks raises ValueError (:func:`missing_proxy_values` says which, before anything connects)."""
     values = {

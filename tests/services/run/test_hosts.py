@@ -5,8 +5,9 @@ both surfaces, for a ProxyCommand's ``%n`` (an IAP tunnel)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 
@@ -147,3 +148,34 @@ def test_each_hosts_instance_name_and_zone_reach_the_executors_proxy_command(
     assert [p.where.split(" via ", 1)[1] for p in plans] == [
         f"gcloud compute start-iap-tunnel {n} 22 --listen-on-stdin --zone={zone} --project=p" for n in names
     ]
+
+
+def test_a_plan_shows_each_hosts_proxy_command_with_its_instance_name_to_come(
+    sim_cli: InProcessCli, tmp_path: Path
+) -> None:
+    """No slice yet, no names: the dry run shows where each worker's name will go, and the zone."""
+    script = tmp_path / "proj" / "train.py"
+    script.parent.mkdir()
+    script.write_text("print('hi')\n")
+    result = sim_cli(
+        "run", str(script), "--type", "v5e-16", "--dry-run", "-o", "json", "--ssh-proxy-command", IAP
+    )
+    assert result.code == 0, result.stderr
+    wheres = [host["where"] for host in _host_plans(result.json)]
+    zone = wheres[0].split("--zone=")[1].split()[0]
+    assert wheres == [
+        f"tpuctl@<worker-{w} address>:22 via gcloud compute start-iap-tunnel '<worker-{w} instance name>' 22 "
+        f"--listen-on-stdin --zone={zone} --project=p"
+        for w in range(4)
+    ]
+
+
+def _host_plans(data: Any) -> list[dict[str, Any]]:
+    """Every host plan (a mapping with a ``where``) anywhere in a JSON answer, in order."""
+    if isinstance(data, dict):
+        if "where" in data:
+            return [data]
+        return [plan for value in data.values() for plan in _host_plans(value)]
+    if isinstance(data, list):
+        return [plan for value in data for plan in _host_plans(value)]
+    return []
