@@ -5,6 +5,7 @@ both surfaces, for a ProxyCommand's ``%n`` (an IAP tunnel)."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, cast
@@ -17,6 +18,7 @@ from tpuctl.cloud.base import HostIdentity, NetworkEndpoint, Node, NodeRequest
 from tpuctl.errors import RunFailedError
 from tpuctl.hosts.base import LaunchSpec
 from tpuctl.hosts.ssh import DEFAULT_USERNAME, HostLogin, KeyPair, SshExecutor
+from tpuctl.services.run import hosts as run_hosts
 from tpuctl.services.run.hosts import expected_host_identities, node_ssh_hosts
 from tpuctl.sim.compute import store
 from tpuctl.sim.vms.layout import disk_dir, host_key_path
@@ -60,13 +62,40 @@ def test_every_hosts_published_keys_are_returned_in_worker_order() -> None:
     assert found == [HostIdentity(published[0], "s1-aaaa"), HostIdentity(published[1], "s1-bbbb")]
 
 
-def test_hosts_with_keys_but_no_instance_name_are_returned_for_the_executor_to_refuse() -> None:
-    """A node that never publishes a name (made before TPU VMs did) is not waited on past the deadline,
-    nor failed here: only a ProxyCommand that uses %n needs the name, and the executor says so."""
+def test_hosts_with_keys_but_no_instance_name_are_returned_for_the_executor_to_refuse(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A node that never publishes a name (made before TPU VMs did) is waited on only for a grace once
+    its keys are there, not for the whole wait, nor failed here: only a ProxyCommand that uses %n needs
+    the name, and the executor says so."""
+    monkeypatch.setattr(run_hosts, "NAMES_AFTER_KEYS_S", 0.0)
     published: list[tuple[str, ...]] = [(KEY,), (KEY,)]
     node = _node(Surface.TPU_API, {})
-    found = expected_host_identities(_session(published), node, deadline_s=0, need_names=True)
+    started = time.monotonic()
+    found = expected_host_identities(_session(published), node, deadline_s=300, need_names=True)
     assert [i.instance_name for i in found] == [None, None]
+    assert time.monotonic() - started < 1
+
+
+def test_instance_names_published_after_the_keys_are_waited_for_when_needed() -> None:
+    node = _node(Surface.TPU_API, {})
+    answers = [
+        [HostIdentity((KEY,)), HostIdentity((KEY,))],
+        [HostIdentity((KEY,), "t1v-n-0123abcd-w-0"), HostIdentity((KEY,), "t1v-n-0123abcd-w-1")],
+    ]
+    calls: list[int] = []
+
+    def host_identities(zone: str, name: str) -> list[HostIdentity]:
+        calls.append(1)
+        return answers[min(len(calls), 2) - 1]
+
+    session = cast("Session", SimpleNamespace(cloud=SimpleNamespace(host_identities=host_identities)))
+    found = expected_host_identities(session, node, deadline_s=10, need_names=True)
+    assert [i.instance_name for i in found] == ["t1v-n-0123abcd-w-0", "t1v-n-0123abcd-w-1"]
+    assert len(calls) == 2
+    calls.clear()
+    found = expected_host_identities(session, node, deadline_s=10)  # no ProxyCommand needs them
+    assert len(calls) == 1 and found == answers[0]
 
 
 def test_a_compute_slice_without_guest_attributes_is_named_as_the_cause_with_the_fix() -> None:

@@ -145,13 +145,20 @@ def _needs_instance_names(proxy_command: str | None) -> bool:
     return proxy_command is not None and "%n" in proxy_command_tokens(proxy_command)
 
 
+#: How long, once every host has published its keys, tpuctl still waits for instance names a ProxyCommand
+#: needs (unc.: whether a TPU VM publishes its ``hostname`` with its keys or after them is not known); a
+#: node that never publishes one (made before TPU VMs did) is refused after this, not after the whole wait.
+NAMES_AFTER_KEYS_S = 30.0
+
+
 def expected_host_identities(
     session: Session, node: Node, *, deadline_s: float, need_names: bool = False
 ) -> list[HostIdentity]:
     """Each host's SSH host keys as its guest agent published them (``getGuestAttributes``) and its
     instance name, waiting with a bounded backoff for hosts that have not published yet (a VM's agent
-    starts after READY); ``need_names``: also for instance names, though not past the deadline (a node
-    that never publishes one is refused by the executor, naming the host and the fix)."""
+    starts after READY); ``need_names``: also for instance names, for at most ``NAMES_AFTER_KEYS_S``
+    once the keys are there (a host still without one is refused by the executor, which names the
+    host and the fix)."""
     deadline = time.monotonic() + deadline_s
     wait = 0.1
     error: str | None
@@ -166,6 +173,8 @@ def expected_host_identities(
             named = not need_names or all(i.instance_name for i in found)
             if keyed and named:
                 return found
+        if keyed:
+            deadline = min(deadline, time.monotonic() + NAMES_AFTER_KEYS_S)
         if time.monotonic() + wait > deadline:
             if keyed:
                 return found
