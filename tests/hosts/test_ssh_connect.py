@@ -243,8 +243,9 @@ def test_a_template_needing_an_instance_name_a_host_lacks_is_refused_before_conn
     # The same hosts are fine where the template does not ask for the name, or there is none.
     SshExecutor([named, unnamed], login=LOGIN, key=key, proxy_command="nc %h %p").close()
     SshExecutor([named, unnamed], login=LOGIN, key=key).close()
-    with pytest.raises(RunFailedError, match="uses %z, which host 0"):
+    with pytest.raises(RunFailedError, match="uses %z, which host 0") as zoneless:
         SshExecutor([SshHost("10.0.0.2", 22)], login=LOGIN, key=key, proxy_command="x --zone=%z")
+    assert zoneless.value.fix == "drop %z from --ssh-proxy-command"
 
 
 #: The form docs/runs.md documents for hosts without external IPs.

@@ -245,9 +245,9 @@ def expand_proxy_command(template: str, host: SshHost, *, user: str) -> str:
     address, ``%p`` the port, ``%r`` the remote user, ``%n`` "the original remote hostname, as given on
     the command line", here the worker's instance name (the name an IAP tunnel targets: what a user who
     runs ``ssh INSTANCE`` with an IAP ProxyCommand gives there), ``%%`` a percent; and tpuctl's ``%z``, the
-    worker's zone, which OpenSSH does not know. Any other ``%x`` stays
-    as written. Values are shell-quoted: the result runs through ``sh -c``. A token whose value the host
-    lacks raises ValueError (:func:`missing_proxy_values` says which, before anything connects)."""
+    worker's zone, which OpenSSH does not know. Any other ``%x`` stays as written. Values are
+    shell-quoted: the result runs through ``sh -c``. A token whose value the host lacks raises ValueError
+    (:func:`missing_proxy_values` says which, before anything connects)."""
     values = {
         "h": host.address,
         "p": str(host.port),
@@ -294,6 +294,15 @@ def missing_proxy_values(template: str, host: SshHost) -> list[str]:
     return sorted(t for t in proxy_command_tokens(template) if t in have and have[t] is None)
 
 
+_NO_INSTANCE_NAME_FIX = (
+    "an IAP tunnel targets the instance by name: wait until the slice is READY and HEALTHY and run "
+    "again, and check that the organization policy constraint compute.disableGuestAttributesAccess is "
+    "not enforced (a TPU VM created before 24 March 2022 publishes no `hostname` guest attribute: create "
+    "it again); or drop %n from --ssh-proxy-command (ssh_proxy_command) and reach the host by its address "
+    "(%h)"
+)
+
+
 def _check_proxy_values(template: str, hosts: Sequence[SshHost]) -> None:
     """Refuse, before anything connects, a ProxyCommand that needs a value some host lacks: the first
     such host, what is missing, where it comes from and what to do."""
@@ -306,11 +315,7 @@ def _check_proxy_values(template: str, hosts: Sequence[SshHost]) -> None:
             f"the ProxyCommand uses {' and '.join(missing)}, which host {worker} at {host.address} has no "
             f"value for ({what})",
             worker=worker,
-            fix="an IAP tunnel targets the instance by name: wait until the slice is READY and HEALTHY "
-            "and run again, and check that the organization policy constraint "
-            "compute.disableGuestAttributesAccess is not enforced (a TPU VM created before 24 March "
-            "2022 publishes no `hostname` guest attribute: create it again); or drop %n from "
-            "--ssh-proxy-command (ssh_proxy_command) and reach the host by its address (%h)",
+            fix=_NO_INSTANCE_NAME_FIX if "%n" in missing else "drop %z from --ssh-proxy-command",
         )
 
 
