@@ -16,7 +16,7 @@ import pytest
 from cloud_fakes import DROP, QUOTA_MSG, STOCKOUT_MSG, FakeGoogle, Hang, P, error, node_json, operation
 
 from tpuctl.catalog import CapacityType
-from tpuctl.cloud.base import NodeRequest, QueuedResourceRequest
+from tpuctl.cloud.base import HostIdentity, NodeRequest, QueuedResourceRequest
 from tpuctl.cloud.config import CloudConfig
 from tpuctl.cloud.credentials import given
 from tpuctl.cloud.retry import RetryPolicy
@@ -350,7 +350,7 @@ def test_host_keys_are_matched_to_workers_by_worker_id_not_by_list_position(
         return 200, {"guestAttributes": [_attributes(blobs[w]) for w in workers]}
 
     fake.route("POST", r"/nodes/n1:getGuestAttributes$", answer)
-    assert cloud.host_keys("us-east5-b", "n1") == [
+    assert [i.host_keys for i in cloud.host_identities("us-east5-b", "n1")] == [
         ("ssh-ed25519 AAAAzero",),
         ("ssh-ed25519 AAAAone",),
         ("ssh-ed25519 AAAAtwo",),
@@ -370,4 +370,34 @@ def test_a_worker_that_published_nothing_has_no_keys_and_the_others_keep_theirs(
         return 200, {"guestAttributes": [_attributes("AAAAzero") if worker == "0" else empty]}
 
     fake.route("POST", r"/nodes/n1:getGuestAttributes$", answer)
-    assert cloud.host_keys("us-east5-b", "n1") == [("ssh-ed25519 AAAAzero",), ()]
+    assert cloud.host_identities("us-east5-b", "n1") == [
+        HostIdentity(("ssh-ed25519 AAAAzero",)),
+        HostIdentity(),
+    ]
+
+
+def test_each_workers_instance_name_comes_from_its_hostname_item_in_the_same_request(
+    fake: FakeGoogle, cloud: TpuApiCloud
+) -> None:
+    """An IAP tunnel targets a worker's instance name, which gcloud reads from the worker's ``hostname``
+    guest attribute (matched by key, any namespace). It comes in the answer that carries the keys: one
+    request per worker, with no query path, and a worker without the item has no name."""
+    fake.route("GET", NODE_RE[:-1] + "/n1$", (200, node_json()))  # two workers
+
+    def answer(rec: Any) -> tuple[int, Any]:
+        (worker,) = rec.body["workerIds"]
+        attributes = _attributes(f"AAAA{worker}")
+        if worker == "0":
+            attributes["queryValue"]["items"].append(
+                {"namespace": "some-namespace", "key": "hostname", "value": "t1v-n-0123abcd-w-0"}
+            )
+        attributes["queryPath"] = rec.body.get("queryPath", "")
+        return 200, {"guestAttributes": [attributes]}
+
+    fake.route("POST", r"/nodes/n1:getGuestAttributes$", answer)
+    assert cloud.host_identities("us-east5-b", "n1") == [
+        HostIdentity(("ssh-ed25519 AAAA0",), "t1v-n-0123abcd-w-0"),
+        HostIdentity(("ssh-ed25519 AAAA1",), None),
+    ]
+    asked = [r.body for r in fake.requests if r.path.endswith(":getGuestAttributes")]
+    assert sorted(asked, key=str) == [{"workerIds": ["0"]}, {"workerIds": ["1"]}]

@@ -4,7 +4,9 @@ comes up late waited for with a bounded backoff, a clear give-up, and a ProxyCom
 from __future__ import annotations
 
 import json
+import os
 import re
+import shlex
 import sys
 import threading
 import time
@@ -211,8 +213,117 @@ def test_proxy_command_reaches_hosts_that_have_no_direct_route(
 
 
 def test_proxy_command_tokens_expand_as_openssh_does() -> None:
+    host = SshHost("10.0.0.2", 22, instance_name="t1v-n-0123abcd-w-1", zone="us-east5-b")
     assert (
-        expand_proxy_command("gcloud x %h --port=%p -u %r 100%% %z", host="10.0.0.2", port=22, user="me")
-        == "gcloud x 10.0.0.2 --port=22 -u me 100% %z"
+        expand_proxy_command("gcloud x %h --port=%p -u %r 100%% %n --zone=%z %q %%n", host, user="me")
+        == "gcloud x 10.0.0.2 --port=22 -u me 100% t1v-n-0123abcd-w-1 --zone=us-east5-b %q %n"
     )
-    assert expand_proxy_command("nc %h %p", host="a b", port=2222, user="u") == "nc 'a b' 2222"
+    assert expand_proxy_command("nc %h %p", SshHost("a b", 2222), user="u") == "nc 'a b' 2222"
+
+
+def test_every_host_value_is_one_shell_word_whatever_it_holds() -> None:
+    hostile = SshHost("a b", 2222, instance_name="vm; touch pwned", zone="z'$(id)")
+    expanded = expand_proxy_command("relay %h %p %r %n %z", hostile, user="u v")
+    assert shlex.split(expanded) == ["relay", "a b", "2222", "u v", "vm; touch pwned", "z'$(id)"]
+
+
+def test_a_template_needing_an_instance_name_a_host_lacks_is_refused_before_connecting(key: KeyPair) -> None:
+    """A TPU API worker names its instance only in its ``hostname`` guest attribute: a node that did not
+    publish it cannot be reached through IAP, which the error says (worker, attribute, fix) up front."""
+    named = SshHost("10.0.0.2", 22, ("ssh-ed25519 AAAA",), "t1v-n-0123abcd-w-0", "us-east5-b")
+    unnamed = SshHost("10.0.0.3", 22, ("ssh-ed25519 AAAA",), None, "us-east5-b")
+    with pytest.raises(RunFailedError) as info:
+        SshExecutor([named, unnamed], login=LOGIN, key=key, proxy_command=IAP_TEMPLATE)
+    error = info.value
+    assert error.worker == 1
+    assert error.message.startswith("the ProxyCommand uses %n, which host 1 at 10.0.0.3 has no value for")
+    assert "`hostname` guest attribute" in error.message
+    assert error.fix is not None and "compute.disableGuestAttributesAccess" in error.fix
+    assert "--ssh-proxy-command" in error.fix and "%h" in error.fix
+    # The same hosts are fine where the template does not ask for the name, or there is none.
+    SshExecutor([named, unnamed], login=LOGIN, key=key, proxy_command="nc %h %p").close()
+    SshExecutor([named, unnamed], login=LOGIN, key=key).close()
+    with pytest.raises(RunFailedError, match="uses %z, which host 0") as zoneless:
+        SshExecutor([SshHost("10.0.0.2", 22)], login=LOGIN, key=key, proxy_command="x --zone=%z")
+    assert zoneless.value.fix == "drop %z from --ssh-proxy-command"
+
+
+#: The form docs/runs.md documents for hosts without external IPs.
+IAP_TEMPLATE = "gcloud compute start-iap-tunnel %n %p --listen-on-stdin --zone=%z --project=tpuctl-test"
+
+#: A stand-in for ``gcloud compute start-iap-tunnel INSTANCE PORT --listen-on-stdin --zone=Z --project=P``:
+#: it finds INSTANCE in the table the test wrote (instance name -> zone, project, loopback address and
+#: port) and relays stdin/stdout to it; an unknown instance, another zone or project, or any other
+#: command fails as gcloud would, before relaying anything.
+GCLOUD = """import json, socket, sys, threading
+args = sys.argv[1:]
+table_path = TABLE
+with open(table_path + ".log", "a") as log:
+    log.write(json.dumps(args) + "\\n")
+if args[:2] != ["compute", "start-iap-tunnel"] or len(args) != 7 or args[4] != "--listen-on-stdin":
+    sys.exit("ERROR: (gcloud) not a command this stand-in knows: " + " ".join(args))
+instance, port = args[2], args[3]
+flags = dict(a[2:].split("=", 1) for a in args[5:] if a.startswith("--") and "=" in a)
+target = json.load(open(table_path)).get(instance)
+if target is None or port != "22" or flags != {"zone": target["zone"], "project": target["project"]}:
+    sys.exit(f"ERROR: (gcloud.compute.start-iap-tunnel) instance {instance} not found in {flags}")
+sock = socket.create_connection((target["address"], target["port"]))
+def up():
+    while data := sys.stdin.buffer.read1(65536):
+        sock.sendall(data)
+    sock.shutdown(socket.SHUT_WR)
+threading.Thread(target=up, daemon=True).start()
+while data := sock.recv(65536):
+    sys.stdout.buffer.write(data)
+    sys.stdout.buffer.flush()
+"""
+
+
+def test_the_documented_iap_template_reaches_each_host_by_instance_name_through_gcloud(
+    tmp_path: Path, servers: LoopbackSsh, key: KeyPair, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hosts' addresses lead nowhere (internal IPs): only the tunnel reaches them, by instance name
+    and zone, as IAP does. A wrong zone, or the address where the instance name belongs, is refused."""
+    names = [f"t1v-n-0123abcd-w-{w}" for w in range(len(servers.hosts))]
+    table = tmp_path / "instances.json"
+    table.write_text(
+        json.dumps(
+            {
+                name: {"zone": "us-east5-b", "project": "tpuctl-test", "address": h.address, "port": h.port}
+                for name, h in zip(names, servers.hosts, strict=True)
+            }
+        )
+    )
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    gcloud = bin_dir / "gcloud"
+    gcloud.write_text(f"#!{sys.executable}\nTABLE = {str(table)!r}\n" + GCLOUD)
+    gcloud.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    hosts = [
+        SshHost(f"10.128.0.{w + 2}", 22, (h.public_key,), name, "us-east5-b")
+        for w, (name, h) in enumerate(zip(names, servers.hosts, strict=True))
+    ]
+    executor = SshExecutor(hosts, login=LOGIN, key=key, proxy_command=IAP_TEMPLATE, connect_deadline_s=5)
+    try:
+        assert _echo(executor) == {0: 0, 1: 0}
+    finally:
+        executor.close()
+    flags = ["--listen-on-stdin", "--zone=us-east5-b", "--project=tpuctl-test"]
+    assert sorted(_calls(tmp_path)) == [["compute", "start-iap-tunnel", n, "22", *flags] for n in names]
+    for template, asked in (
+        (IAP_TEMPLATE.replace("%z", "us-central1-a"), names[0]),  # another zone: no such instance there
+        (IAP_TEMPLATE.replace("%n", "%h"), "10.128.0.2"),  # an address is not an instance name
+    ):
+        wrong = SshExecutor(hosts[:1], login=LOGIN, key=key, proxy_command=template, connect_deadline_s=0.5)
+        try:
+            with pytest.raises(RunFailedError, match=r"cannot reach host 0 at tpuctl@10\.128\.0\.2:22"):
+                _echo(wrong)
+        finally:
+            wrong.close()
+        assert _calls(tmp_path)[-1][2] == asked  # the stand-in was asked, and refused
+
+
+def _calls(tmp_path: Path) -> list[list[str]]:
+    """The stand-in gcloud's argument lists, in the order it was run."""
+    return [json.loads(line) for line in (tmp_path / "instances.json.log").read_text().splitlines()]

@@ -102,14 +102,22 @@ def test_each_host_publishes_the_key_its_sshd_presents(compute: tuple[SimServer,
         assert [line.split()[1] for line in disks if line] == published[slice_name]
 
 
-def test_compute_cloud_reads_each_hosts_keys_in_worker_order(compute: tuple[SimServer, Clients]) -> None:
-    server, _ = compute
+def test_compute_cloud_reads_each_hosts_keys_and_instance_name_in_worker_order(
+    compute: tuple[SimServer, Clients],
+) -> None:
+    server, c = compute
     cloud = ComputeCloud.for_simulator(PROJECT, Catalog.load(), server.url)
-    _slices(server, cloud, asyncssh.generate_private_key("ssh-ed25519"))
+    addresses = _slices(server, cloud, asyncssh.generate_private_key("ssh-ed25519"))
+    address_of = {
+        i.name: i.network_interfaces[0].network_i_p for i in c.instances.list(project=PROJECT, zone=ZONE)
+    }
     for slice_name, node_id in NODE_IDS.items():
         disks = server.engine.host_keys(PROJECT, ZONE, node_id)
         assert all(disks)
-        assert cloud.host_keys(ZONE, slice_name) == [(line,) for line in disks]
+        identities = cloud.host_identities(ZONE, slice_name)
+        assert [i.host_keys for i in identities] == [(line,) for line in disks]
+        # The instance an IAP tunnel targets for each worker: the VM at that worker's address.
+        assert [address_of[str(i.instance_name)] for i in identities] == addresses[slice_name]
     cloud.close()
 
 

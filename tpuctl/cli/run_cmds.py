@@ -185,7 +185,7 @@ def run(
         typer.Option(
             "--ssh-proxy-command",
             metavar="CMD",
-            help="Reach hosts through this ProxyCommand (%h %p %r), e.g. an IAP tunnel; no external IPs.",
+            help="Reach hosts through this ProxyCommand (%h %p %r %n %z), e.g. IAP; no external IPs.",
         ),
     ] = None,
     timeout: Annotated[

@@ -145,6 +145,22 @@ class NetworkEndpoint:
     external_ip: str | None = None
 
 
+#: The guest attribute (its key; the namespace is not documented) in which a TPU API worker names its
+#: Compute Engine instance, one per worker (docs/google-facts.md#iap-tcp-forwarding).
+HOSTNAME_GUEST_ATTRIBUTE = "hostname"
+
+
+@dataclass(frozen=True)
+class HostIdentity:
+    """What one worker's VM tells about itself: the OpenSSH public host keys its guest agent published
+    (``"ssh-ed25519 AAAA..."``; empty: nothing published yet) and its Compute Engine instance name, which
+    an IAP tunnel targets (docs/google-facts.md#iap-tcp-forwarding). None: not known (a TPU API worker
+    whose ``hostname`` guest attribute is missing)."""
+
+    host_keys: tuple[str, ...] = ()
+    instance_name: str | None = None
+
+
 @dataclass(frozen=True)
 class Node:
     """A TPU slice as the API reports it."""
@@ -271,10 +287,10 @@ class TpuCloud(Protocol):
 
     def get_node(self, zone: str, name: str) -> Node: ...
 
-    def host_keys(self, zone: str, name: str) -> list[tuple[str, ...]]:
-        """Each worker's SSH host keys (``"ssh-ed25519 AAAA..."``), in worker order, as the hosts' guest
-        agent publishes them (``nodes.getGuestAttributes``, query path ``hostkeys/``); a worker whose
-        agent has published nothing yet has an empty tuple."""
+    def host_identities(self, zone: str, name: str) -> list[HostIdentity]:
+        """Each worker's SSH host keys and instance name, in worker order, from one guest-attributes read
+        per worker (``getGuestAttributes``: the keys under ``hostkeys/``; a TPU API worker's instance name
+        in its ``hostname`` item, a Compute Engine VM's is its own name)."""
         ...
 
     def create_node(

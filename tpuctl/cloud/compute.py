@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from tpuctl.catalog import AcceleratorType, Catalog, Surface
 from tpuctl.cloud import compute_shapes as shapes
 from tpuctl.cloud.base import (
+    HostIdentity,
     Node,
     NodeRequest,
     OperationProgress,
@@ -199,11 +200,15 @@ class ComputeCloud:
             raise NotFoundError(f"get node {name} in {zone}: {name} is not a TPU VM", code=5)
         return node
 
-    def host_keys(self, zone: str, name: str) -> list[tuple[str, ...]]:
+    def host_identities(self, zone: str, name: str) -> list[HostIdentity]:
         """Each host's keys as its guest agent publishes them (guest attributes, query path
-        ``hostkeys/``; https://cloud.google.com/compute/docs/connect/verify-host-keys), in worker order."""
+        ``hostkeys/``; https://cloud.google.com/compute/docs/connect/verify-host-keys), in worker order,
+        with the VM's own name: the instance an IAP tunnel targets."""
         node = self.get_node(zone, name)
-        return [self._host_keys_of(zone, instance) for instance in self._instance_names(zone, node)]
+        return [
+            HostIdentity(self._host_keys_of(zone, instance), instance)
+            for instance in self._instance_names(zone, node)
+        ]
 
     def _host_keys_of(self, zone: str, instance: str) -> tuple[str, ...]:
         def fetch() -> dict[str, Any]:

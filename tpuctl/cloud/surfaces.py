@@ -22,6 +22,7 @@ from typing import TypeVar
 
 from tpuctl.catalog import Surface
 from tpuctl.cloud.base import (
+    HostIdentity,
     Node,
     NodeRequest,
     OperationProgress,
@@ -175,9 +176,9 @@ class SurfaceRouter:
     def get_node(self, zone: str, name: str) -> Node:
         return self._on_slice(zone, name)[1]
 
-    def host_keys(self, zone: str, name: str) -> list[tuple[str, ...]]:
+    def host_identities(self, zone: str, name: str) -> list[HostIdentity]:
         surface = self._surface_of(zone, name)
-        return self._clouds[surface].host_keys(zone, name)
+        return self._clouds[surface].host_identities(zone, name)
 
     def create_node(
         self,

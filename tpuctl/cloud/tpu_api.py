@@ -37,7 +37,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from tpuctl.catalog import CapacityType, region_of_zone
 from tpuctl.cloud.base import (
     CLOUD_PLATFORM_SCOPE,
+    HOSTNAME_GUEST_ATTRIBUTE,
     LABEL_REQUEST,
+    HostIdentity,
     NetworkEndpoint,
     Node,
     NodeRequest,
@@ -194,34 +196,40 @@ class TpuApiCloud:
         )
         return node_from_proto(pb)
 
-    def host_keys(self, zone: str, name: str) -> list[tuple[str, ...]]:
-        """Each worker's keys, asked for by its worker id. The guest agent writes each host key under
-        namespace "hostkeys", key = the key type, value = the base64 blob
+    def host_identities(self, zone: str, name: str) -> list[HostIdentity]:
+        """Each worker's keys and instance name, asked for by its worker id. The guest agent writes each
+        host key under namespace "hostkeys", key = the key type, value = the base64 blob
         (https://cloud.google.com/compute/docs/connect/verify-host-keys). A ``GuestAttributes`` names no
         worker and the method does not say in which order it lists every worker's
         (https://cloud.google.com/tpu/docs/reference/rest/v2/projects.locations.nodes/getGuestAttributes),
-        so one request per worker (``workerIds: [w]``) is the only answer that says whose keys they are."""
+        so one request per worker (``workerIds: [w]``) is the only answer that says whose keys they are.
+        No query path: the same answer carries the worker's ``hostname`` item, its instance name, which
+        gcloud's ``tpu-vm ssh --tunnel-through-iap`` reads the same way
+        (docs/google-facts.md#iap-tcp-forwarding)."""
         workers = len(self.get_node(zone, name).network_endpoints) or 1
-        return [self._host_keys_of(zone, name, worker) for worker in range(workers)]
+        return [self._host_identity_of(zone, name, worker) for worker in range(workers)]
 
-    def _host_keys_of(self, zone: str, name: str, worker: int) -> tuple[str, ...]:
+    def _host_identity_of(self, zone: str, name: str, worker: int) -> HostIdentity:
         full = self._node_name(zone, name)
         response = self._read(
             "get guest attributes",
             f"worker {worker} of {name} in {zone}",
             lambda: self._client.get_guest_attributes(
-                request={"name": full, "query_path": "hostkeys/", "worker_ids": [str(worker)]},
-                timeout=self._timeout,
+                request={"name": full, "worker_ids": [str(worker)]}, timeout=self._timeout
             ),
         )
-        # One worker asked, one entry answered; anything else is no key for it (nothing published yet).
+        # One worker asked, one entry answered; anything else is nothing published for it yet.
         if len(response.guest_attributes) != 1:
-            return ()
-        return tuple(
+            return HostIdentity()
+        items = response.guest_attributes[0].query_value.items
+        keys = tuple(
             f"{item.key} {item.value}"
-            for item in response.guest_attributes[0].query_value.items
+            for item in items
             if item.namespace == "hostkeys" and item.key and item.value
         )
+        # Matched by key in any namespace, as gcloud does: which namespace holds it is not documented.
+        names = [item.value for item in items if item.key == HOSTNAME_GUEST_ATTRIBUTE and item.value]
+        return HostIdentity(keys, names[0] if names else None)
 
     def create_node(
         self,

@@ -17,9 +17,11 @@ or a host with none known, is refused with :class:`~tpuctl.errors.HostKeyMismatc
 trust on first use: addresses are reused across slices. Only ``verify_host_keys=False`` (tests) skips it.
 
 Connecting retries with a bounded backoff (0.5 s doubling to 8 s, for ``connect_deadline_s`` in all):
-a node is READY before its sshd listens. ``proxy_command`` (OpenSSH's ``%h %p %r %%`` tokens) reaches
-hosts without external IPs, e.g. through an IAP tunnel; as OpenSSH does (ssh_config(5), ProxyCommand:
-"executed using the user's shell 'exec' directive"), it runs as ``/bin/sh -c 'exec COMMAND'``.
+a node is READY before its sshd listens. ``proxy_command`` reaches hosts without external IPs, e.g.
+through an IAP tunnel; as OpenSSH does (ssh_config(5), ProxyCommand: "executed using the user's shell
+'exec' directive"), it runs as ``/bin/sh -c 'exec COMMAND'``. Its tokens (:func:`expand_proxy_command`)
+are OpenSSH's ``%h %p %r %n %%`` and tpuctl's ``%z``: an IAP tunnel targets a VM by instance name and
+zone, not by address (docs/google-facts.md#iap-tcp-forwarding), so each :class:`SshHost` carries both.
 
 Remote layout, relative to the login directory unless ``remote_root`` is absolute::
 
@@ -119,12 +121,16 @@ class _Command:
 
 @dataclass(frozen=True)
 class SshHost:
-    """One worker: where its sshd listens and the OpenSSH public host keys it must present
-    (``"ssh-ed25519 AAAA..."``; None: unknown, refused unless the executor skips verification)."""
+    """One worker: where its sshd listens, the OpenSSH public host keys it must present
+    (``"ssh-ed25519 AAAA..."``; None: unknown, refused unless the executor skips verification), and the
+    Compute Engine instance name and zone an IAP tunnel targets it by (None: not known; a ProxyCommand
+    that needs one is refused before connecting)."""
 
     address: str
     port: int = 22
     host_keys: tuple[str, ...] | None = None
+    instance_name: str | None = None
+    zone: str | None = None
 
 
 @dataclass(frozen=True)
@@ -227,21 +233,90 @@ def fingerprint(public_openssh: str) -> str:
     return str(asyncssh.import_public_key(public_openssh).get_fingerprint("sha256"))
 
 
-def expand_proxy_command(template: str, *, host: str, port: int, user: str) -> str:
-    """OpenSSH's ProxyCommand tokens: ``%h`` host, ``%p`` port, ``%r`` remote user, ``%%`` a percent
-    (ssh_config(5), TOKENS). Values are shell-quoted: the result runs through ``sh -c``."""
-    values = {"h": shlex.quote(host), "p": str(port), "r": shlex.quote(user), "%": "%"}
+#: ProxyCommand tokens whose value a host may lack, and where the value comes from (for the error).
+_HOST_TOKENS = {
+    "%n": "instance name (a TPU API worker's `hostname` guest attribute, a Compute Engine VM's own name)",
+    "%z": "zone",
+}
+
+
+def expand_proxy_command(template: str, host: SshHost, *, user: str) -> str:
+    """A ProxyCommand template for one host. OpenSSH's tokens (ssh_config(5), TOKENS): ``%h`` the
+    address, ``%p`` the port, ``%r`` the remote user, ``%n`` "the original remote hostname, as given on
+    the command line", here the worker's instance name (the name an IAP tunnel targets: what a user who
+    runs ``ssh INSTANCE`` with an IAP ProxyCommand gives there), ``%%`` a percent; and tpuctl's ``%z``, the
+    worker's zone, which OpenSSH does not know. Any other ``%x`` stays as written. Values are
+    shell-quoted: the result runs through ``sh -c``. A token whose value the host lacks raises ValueError
+    (:func:`missing_proxy_values` says which, before anything connects)."""
+    values = {
+        "h": host.address,
+        "p": str(host.port),
+        "r": user,
+        "n": host.instance_name,
+        "z": host.zone,
+    }
     out: list[str] = []
+    for token, text in _proxy_pieces(template):
+        if token is None:
+            out.append(text)
+        elif token == "%":
+            out.append("%")
+        elif (value := values[token]) is None:
+            raise ValueError(f"host {host.address} has no value for %{token} in the ProxyCommand")
+        else:
+            out.append(value if token == "p" else shlex.quote(value))
+    return "".join(out)
+
+
+def _proxy_pieces(template: str) -> list[tuple[str | None, str]]:
+    """The template split into literal text (token None) and the tokens tpuctl expands."""
+    pieces: list[tuple[str | None, str]] = []
     i = 0
     while i < len(template):
-        char = template[i]
-        if char == "%" and i + 1 < len(template) and template[i + 1] in values:
-            out.append(values[template[i + 1]])
+        nxt = template[i + 1] if i + 1 < len(template) else ""
+        if template[i] == "%" and nxt in "hprnz%" and nxt:
+            pieces.append((nxt, template[i : i + 2]))
             i += 2
         else:
-            out.append(char)
+            pieces.append((None, template[i]))
             i += 1
-    return "".join(out)
+    return pieces
+
+
+def proxy_command_tokens(template: str) -> frozenset[str]:
+    """The tokens ``template`` uses, as written (``"%n"``, ``"%h"``, ...)."""
+    return frozenset(f"%{token}" for token, _ in _proxy_pieces(template) if token is not None)
+
+
+def missing_proxy_values(template: str, host: SshHost) -> list[str]:
+    """The tokens of ``template`` (``"%n"``, ``"%z"``) this host has no value for."""
+    have = {"%n": host.instance_name, "%z": host.zone}
+    return sorted(t for t in proxy_command_tokens(template) if t in have and have[t] is None)
+
+
+_NO_INSTANCE_NAME_FIX = (
+    "an IAP tunnel targets the instance by name: wait until the slice is READY and HEALTHY and run "
+    "again, and check that the organization policy constraint compute.disableGuestAttributesAccess is "
+    "not enforced (a TPU VM created before 24 March 2022 publishes no `hostname` guest attribute: create "
+    "it again); or drop %n from --ssh-proxy-command (ssh_proxy_command) and reach the host by its address "
+    "(%h)"
+)
+
+
+def _check_proxy_values(template: str, hosts: Sequence[SshHost]) -> None:
+    """Refuse, before anything connects, a ProxyCommand that needs a value some host lacks: the first
+    such host, what is missing, where it comes from and what to do."""
+    for worker, host in enumerate(hosts):
+        missing = missing_proxy_values(template, host)
+        if not missing:
+            continue
+        what = "; ".join(f"{token} is its {_HOST_TOKENS[token]}" for token in missing)
+        raise RunFailedError(
+            f"the ProxyCommand uses {' and '.join(missing)}, which host {worker} at {host.address} has no "
+            f"value for ({what})",
+            worker=worker,
+            fix=_NO_INSTANCE_NAME_FIX if "%n" in missing else "drop %z from --ssh-proxy-command",
+        )
 
 
 def _q(value: str) -> str:
@@ -345,6 +420,8 @@ class SshExecutor:
         self._host_env = host_env
         self._tpu_worker_env = tpu_worker_env
         self._proxy_command = proxy_command
+        if proxy_command:
+            _check_proxy_values(proxy_command, hosts)
         self._verify = verify_host_keys
         self._connect_deadline_s = connect_deadline_s
         self._lost_after_s = lost_after_s
@@ -380,6 +457,13 @@ class SshExecutor:
 
     def _where(self, remote: _Remote) -> str:
         return f"{self._username}@{remote.host.address}:{remote.host.port}"
+
+    def _plan_where(self, remote: _Remote) -> str:
+        """Where a plan says a host is reached: with the ProxyCommand as it will run for that host."""
+        if not self._proxy_command:
+            return self._where(remote)
+        proxy = expand_proxy_command(self._proxy_command, remote.host, user=self._username)
+        return f"{self._where(remote)} via {proxy}"
 
     def _follow_words(self, bundle: str) -> str:
         """The shell words that run follow.py from ``bundle`` (already shell syntax: quoted, or "$b")
@@ -466,9 +550,7 @@ class SshExecutor:
         else:
             options["known_hosts"] = None
         if self._proxy_command:
-            expanded = expand_proxy_command(
-                self._proxy_command, host=host.address, port=host.port, user=self._username
-            )
+            expanded = expand_proxy_command(self._proxy_command, host, user=self._username)
             options["proxy_command"] = ["/bin/sh", "-c", f"exec {expanded}"]
         remote.presented.clear()
         return await asyncssh.connect(
@@ -619,7 +701,7 @@ class SshExecutor:
             plans.append(
                 HostPlan(
                     worker=remote.worker,
-                    where=self._where(remote),
+                    where=self._plan_where(remote),
                     cwd=bundle,
                     argv=argv,
                     env={

@@ -30,6 +30,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
+from tpuctl.cloud.base import HOSTNAME_GUEST_ATTRIBUTE
 from tpuctl.errors import ConfigError
 from tpuctl.sim import api_errors, deletions, discovery, frontend, iam
 from tpuctl.sim.api_errors import ApiError, invalid_argument
@@ -188,13 +189,15 @@ def _service_identity(engine: SimEngine, request: SimRequest, args: tuple[str, .
 
 def _guest_attributes(engine: SimEngine, request: SimRequest, args: tuple[str, ...]) -> Answer:
     """Each asked worker's guest attributes under ``queryPath``, one entry per asked worker in order
-    (GuestAttributes names no worker: discovery document). A simulated host publishes what the guest
-    agent does on a TPU VM: its SSH host keys under ``hostkeys/`` (namespace ``hostkeys``, key the key
-    type, value the base64 key; GoogleCloudPlatform/guest-agent, google_guest_agent/instance_setup.go
-    writes them for ``gcloud compute ssh``'s host key check). A worker whose VM has no disk yet answers
-    no items."""
+    (GuestAttributes names no worker: discovery document). A simulated host publishes what a TPU VM
+    does: its SSH host keys under ``hostkeys/`` (namespace ``hostkeys``, key the key type, value the
+    base64 key; GoogleCloudPlatform/guest-agent, google_guest_agent/instance_setup.go writes them for
+    ``gcloud compute ssh``'s host key check), and its instance name under the key ``hostname``, which
+    gcloud's ``tpu-vm ssh --tunnel-through-iap`` reads (docs/google-facts.md#iap-tcp-forwarding). A worker
+    whose VM has no disk yet (not booted) answers no items."""
     node = engine.get_node(*args)
     keys = engine.host_keys(*args)
+    names = engine.instance_names(*args)
     workers = [str(i) for i in range(len(node.get("networkEndpoints", [])) or 1)]
     asked = [str(w) for w in request.body.get("workerIds", [])] or workers
     for worker in asked:
@@ -205,7 +208,13 @@ def _guest_attributes(engine: SimEngine, request: SimRequest, args: tuple[str, .
     query_path = str(request.body.get("queryPath", ""))
     return {
         "guestAttributes": [
-            {"queryPath": query_path, "queryValue": {"items": _host_key_items(keys, int(w), query_path)}}
+            {
+                "queryPath": query_path,
+                "queryValue": {
+                    "items": _host_key_items(keys, int(w), query_path)
+                    + _hostname_items(keys, names, int(w), query_path)
+                },
+            }
             for w in asked
         ]
     }
@@ -219,6 +228,24 @@ def _host_key_items(keys: list[str | None], worker: int, query_path: str) -> lis
     item = {"namespace": "hostkeys", "key": key_type, "value": blob}
     wanted = query_path.removeprefix("hostkeys/").strip("/")
     return [item] if wanted in ("", key_type) else []
+
+
+#: The namespace of a TPU VM's ``hostname`` guest attribute. Unconfirmed: gcloud matches the key in any
+#: namespace and Google documents none, so the simulator picks one of its own; tpuctl, like gcloud, asks
+#: with no query path and matches the key alone, so no client here depends on this guess.
+_HOSTNAME_NAMESPACE = "tpu"
+
+
+def _hostname_items(
+    keys: list[str | None], names: list[str], worker: int, query_path: str
+) -> list[dict[str, str]]:
+    """The worker's instance name, published when its host key is (both once its VM has booted)."""
+    if worker >= len(keys) or keys[worker] is None:
+        return []
+    namespace, _, key = query_path.partition("/")
+    if namespace not in ("", _HOSTNAME_NAMESPACE) or key not in ("", HOSTNAME_GUEST_ATTRIBUTE):
+        return []
+    return [{"namespace": _HOSTNAME_NAMESPACE, "key": HOSTNAME_GUEST_ATTRIBUTE, "value": names[worker]}]
 
 
 def _create_queued_resource(engine: SimEngine, request: SimRequest, args: tuple[str, ...]) -> Answer:

@@ -23,6 +23,7 @@ from tpuctl.store.records import CancelRequest, IntentAction, LeaseClaim, Ledger
 
 if TYPE_CHECKING:
     from tpuctl.cloud.base import (
+        HostIdentity,
         Node,
         NodeRequest,
         OperationProgress,
@@ -225,8 +226,8 @@ class FencedCloud:
     def get_node(self, zone: str, name: str) -> Node:
         return self._cloud.get_node(zone, name)
 
-    def host_keys(self, zone: str, name: str) -> list[tuple[str, ...]]:
-        return self._cloud.host_keys(zone, name)
+    def host_identities(self, zone: str, name: str) -> list[HostIdentity]:
+        return self._cloud.host_identities(zone, name)
 
     def get_queued_resource(self, zone: str, qr_id: str) -> QueuedResource:
         return self._cloud.get_queued_resource(zone, qr_id)

@@ -3,7 +3,8 @@
 Building the executor for a node (or a placeholder one for a plan), the SSH key the run logs in with and
 who it logs in as (``access.host_login``: OS Login's POSIX account where OS Login is on, else the
 ``ssh-keys`` user), each host's expected host key (from the node's guest attributes: no
-trust-on-first-use), the notice grace, and stopping what a dead supervisor left on the hosts. What differs
+trust-on-first-use) and its instance name and zone (what an IAP tunnel targets, the ProxyCommand's
+``%n`` and ``%z``), the notice grace, and stopping what a dead supervisor left on the hosts. What differs
 between backends is asked of ``session.backend``: each host's address and port, and what its program
 needs beyond the worker contract (``host_env``).
 """
@@ -14,7 +15,7 @@ import time
 from typing import TYPE_CHECKING
 
 from tpuctl.catalog import Surface
-from tpuctl.cloud.base import NetworkEndpoint, Node
+from tpuctl.cloud.base import HostIdentity, NetworkEndpoint, Node
 from tpuctl.errors import CloudError, RunFailedError, TpuctlError, UsageError
 from tpuctl.services.access import PLAN_PUBLIC_KEY, host_login
 from tpuctl.services.run.model import EXECUTOR_KINDS, ExecutorKind, PreparedRun
@@ -22,7 +23,7 @@ from tpuctl.services.run.sliceset import SliceSet
 
 if TYPE_CHECKING:
     from tpuctl.backends.base import HostAddress
-    from tpuctl.hosts.ssh import HostLogin, KeyPair, SshExecutor
+    from tpuctl.hosts.ssh import HostLogin, KeyPair, SshExecutor, SshHost
     from tpuctl.services.session import Session
 
 
@@ -42,29 +43,34 @@ def build_executor(
     """The executor for every host of ``slices``, slice by slice (slice ``i``'s hosts are workers
     ``i * hosts .. (i + 1) * hosts - 1``); ``for_plan``: one that only plans (no key made, no cloud call
     for host keys)."""
-    from tpuctl.hosts.ssh import KeyPair, SshExecutor, SshHost
+    from tpuctl.hosts.ssh import KeyPair, SshExecutor
 
     accel = prepared.target.accelerator
+    request = prepared.request
     key = KeyPair(None, PLAN_PUBLIC_KEY) if for_plan else run_key(session, prepared)
     login = _plan_login() if for_plan else host_login(session, slices.nodes, key)
     addresses: list[HostAddress] = []
-    keys: list[tuple[str, ...] | None] = []
+    ssh_hosts: list[SshHost] = []
     for node in slices.nodes:
         found = _addresses(session, node, accel.hosts, for_plan=for_plan)
+        if for_plan:
+            ssh_hosts += _planned_hosts(node, found, first=len(addresses))
+        else:
+            ssh_hosts += node_ssh_hosts(
+                session,
+                node,
+                found,
+                deadline_s=session.backend.tuning.host_keys_wait_s,
+                need_names=_needs_instance_names(request.ssh_proxy_command),
+            )
         addresses += found
-        keys += (
-            [None] * len(found)
-            if for_plan
-            else expected_host_keys(session, node, deadline_s=session.backend.tuning.host_keys_wait_s)
-        )
     backend = session.backend
-    request = prepared.request
 
     def host_env(worker: int) -> dict[str, str]:
         return backend.host_env(worker, addresses, accel.chips_per_host)
 
     return SshExecutor(
-        [SshHost(a.address, a.port, host_keys=k) for a, k in zip(addresses, keys, strict=True)],
+        ssh_hosts,
         login=login,
         key=key,
         remote_root=request.ssh_remote_root,
@@ -109,23 +115,70 @@ def _addresses(session: Session, node: Node, hosts: int, *, for_plan: bool) -> l
     return addresses
 
 
-def expected_host_keys(session: Session, node: Node, *, deadline_s: float) -> list[tuple[str, ...]]:
-    """Each host's SSH host keys as its guest agent published them (``getGuestAttributes``), waiting
-    with a bounded backoff for hosts that have not published yet (a VM's agent starts after READY)."""
+def node_ssh_hosts(
+    session: Session, node: Node, addresses: list[HostAddress], *, deadline_s: float, need_names: bool
+) -> list[SshHost]:
+    """The hosts of ``node`` at ``addresses`` (worker order) as the executor reaches them: each with the
+    host keys and instance name its VM published (:func:`expected_host_identities`) and the node's zone."""
+    from tpuctl.hosts.ssh import SshHost
+
+    found = expected_host_identities(session, node, deadline_s=deadline_s, need_names=need_names)
+    return [
+        SshHost(a.address, a.port, i.host_keys, i.instance_name, node.zone)
+        for a, i in zip(addresses, found, strict=True)
+    ]
+
+
+def _planned_hosts(node: Node, addresses: list[HostAddress], *, first: int) -> list[SshHost]:
+    """A plan's hosts: no key asked for, their instance names placeholders (known once the slice runs)."""
+    from tpuctl.hosts.ssh import SshHost
+
+    return [
+        SshHost(a.address, a.port, None, f"<worker-{first + i} instance name>", node.zone)
+        for i, a in enumerate(addresses)
+    ]
+
+
+def _needs_instance_names(proxy_command: str | None) -> bool:
+    from tpuctl.hosts.ssh import proxy_command_tokens
+
+    return proxy_command is not None and "%n" in proxy_command_tokens(proxy_command)
+
+
+#: How long, once every host has published its keys, tpuctl still waits for instance names a ProxyCommand
+#: needs (unc.: whether a TPU VM publishes its ``hostname`` with its keys or after them is not known); a
+#: node that never publishes one (made before TPU VMs did) is refused after this, not after the whole wait.
+NAMES_AFTER_KEYS_S = 30.0
+
+
+def expected_host_identities(
+    session: Session, node: Node, *, deadline_s: float, need_names: bool = False
+) -> list[HostIdentity]:
+    """Each host's SSH host keys as its guest agent published them (``getGuestAttributes``) and its
+    instance name, waiting with a bounded backoff for hosts that have not published yet (a VM's agent
+    starts after READY); ``need_names``: also for instance names, for at most ``NAMES_AFTER_KEYS_S``
+    once the keys are there (a host still without one is refused by the executor, which names the
+    host and the fix)."""
     deadline = time.monotonic() + deadline_s
     wait = 0.1
     error: str | None
     while True:
         try:
-            keys = session.cloud.host_keys(node.zone, node.name)
+            found = session.cloud.host_identities(node.zone, node.name)
         except CloudError as exc:
-            keys, error = [], exc.message
+            found, error, keyed = [], exc.message, False
         else:
             error = None
-            if len(keys) == len(node.network_endpoints) and all(keys):
-                return keys
+            keyed = len(found) == len(node.network_endpoints) and all(i.host_keys for i in found)
+            named = not need_names or all(i.instance_name for i in found)
+            if keyed and named:
+                return found
+        if keyed:
+            deadline = min(deadline, time.monotonic() + NAMES_AFTER_KEYS_S)
         if time.monotonic() + wait > deadline:
-            raise _no_host_keys(node, keys, deadline_s, error)
+            if keyed:
+                return found
+            raise _no_host_keys(node, [i.host_keys for i in found], deadline_s, error)
         time.sleep(wait)
         wait = min(wait * 2, 5.0)
 
@@ -217,7 +270,7 @@ def stop_left_hosts(session: Session, slices: SliceSet, run_id: str, remote_root
 def _stop_left_on(session: Session, given: Node, run_id: str, remote_root: str, key: KeyPair) -> int:
     """``stop_left_hosts`` on one node, as the API has it now: a slice that is gone or unreachable has
     nothing left to stop (a deleted VM's processes went with it)."""
-    from tpuctl.hosts.ssh import SshExecutor, SshHost
+    from tpuctl.hosts.ssh import SshExecutor
 
     try:
         node = session.cloud.get_node(given.zone, given.name)
@@ -228,9 +281,8 @@ def _stop_left_on(session: Session, given: Node, run_id: str, remote_root: str, 
     try:
         login = host_login(session, [node], key)
         addresses = session.backend.host_addresses(session.cloud, node)
-        keys = expected_host_keys(session, node, deadline_s=30.0)
         executor = SshExecutor(
-            [SshHost(a.address, a.port, host_keys=k) for a, k in zip(addresses, keys, strict=True)],
+            node_ssh_hosts(session, node, addresses, deadline_s=30.0, need_names=False),
             login=login,
             key=key,
             remote_root=remote_root,

@@ -225,6 +225,10 @@ class SimEngine:
         """Each worker's SSH host public key, None where the VM has no disk (yet)."""
         return self.hosts.host_keys(project, zone, node_id)
 
+    def instance_names(self, project: str, zone: str, node_id: str) -> list[str]:
+        """Each worker's instance name, as its metadata server and its guest attributes give it."""
+        return self.hosts.instance_names(project, zone, node_id)
+
     def import_ssh_public_key(
         self, email: str, body: Mapping[str, Any], project: str | None = None, caller: str | None = None
     ) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from tpuctl.sim.api_errors import invalid_argument, not_found
 from tpuctl.sim.engine.context import Context
-from tpuctl.sim.engine.metadata_values import megascale_of, metadata_values
+from tpuctl.sim.engine.metadata_values import megascale_of, metadata_values, tpu_vm_instance_name
 from tpuctl.sim.engine.oslogin import OsLogin, os_login_enabled
 from tpuctl.sim.engine.records import existing_node_row, host_addresses, node_json, node_row, update_node
 from tpuctl.sim.shapes import node_name
@@ -171,6 +171,15 @@ class Hosts:
                 raise not_found(node_name(project, zone, node_id))
             uid, hosts = str(row["uid"]), int(row["hosts"])
         return [read_host_public_key(disk_dir(self.ctx.vm_root, uid, w)) for w in range(hosts)]
+
+    def instance_names(self, project: str, zone: str, node_id: str) -> list[str]:
+        """Each worker's Compute Engine instance name (what its metadata server calls ``instance/name``)."""
+        with self.ctx.db.read() as conn:
+            row = node_row(conn, project, zone, node_id)
+            if row is None:
+                raise not_found(node_name(project, zone, node_id))
+            uid, hosts = str(row["uid"]), int(row["hosts"])
+        return [tpu_vm_instance_name(uid, w) for w in range(hosts)]
 
 
 def ssh_keys_for(ssh_keys: str, username: str) -> list[str]:

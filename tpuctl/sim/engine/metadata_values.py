@@ -70,6 +70,12 @@ def megascale_of(conn: sqlite3.Connection, catalog: Catalog, row: sqlite3.Row) -
     return Megascale(coordinator=coordinator, num_slices=len(slices), slice_id=slices.index(own))
 
 
+def tpu_vm_instance_name(uid: str, worker: int) -> str:
+    """A TPU API worker's Compute Engine instance name (its metadata ``instance/name``, its ``hostname``
+    guest attribute), in the form Google's TPU VMs have: ``t1v-n-<8 hex>-w-<worker>``."""
+    return f"t1v-n-{int(uid) % 16**8:08x}-w-{worker}"
+
+
 def metadata_values(
     row: sqlite3.Row,
     worker: int,
@@ -84,7 +90,7 @@ def metadata_values(
     spec = json.loads(row["spec"])
     attributes = _attributes(row, spec, worker, megascale)
     scheduling = spec.get("schedulingConfig") or {}
-    hostname = f"t1v-n-{int(row['uid']) % 16**8:08x}-w-{worker}"
+    hostname = tpu_vm_instance_name(row["uid"], worker)
     address = host_addresses(row)[worker]
     email = host_service_account(row["project"], spec)
     values: dict[str, str] = {
