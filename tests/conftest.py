@@ -1,5 +1,6 @@
 """Shared fixtures: every test gets its own state and config dirs and an environment without cloud
-settings, so no test can see the developer's real config or reach Google."""
+settings or package-index settings, so no test can see the developer's real config, reach Google or
+reach a real package index."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ if TYPE_CHECKING:
     from tpuctl.sim import SimAdminClient, SimServer, World
     from tpuctl.testing.backend import InProcessCli
 
-# Variables that would steer tpuctl towards a real project or a foreign state dir.
-_CLEARED_PREFIXES = ("TPUCTL_",)
+# Variables that would steer tpuctl towards a real project or a foreign state dir, or the simulator's
+# package mirror (fetching through to the index the user's pip/uv name) towards a real package index.
+_CLEARED_PREFIXES = ("TPUCTL_", "PIP_", "UV_")
 _CLEARED_NAMES = (
     "GOOGLE_CLOUD_PROJECT",
     "CLOUDSDK_CORE_PROJECT",
@@ -54,6 +56,10 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterat
     # Google's auth library must never find real credentials or the metadata server from a test.
     monkeypatch.setenv("GCE_METADATA_HOST", "127.0.0.1:9")
     monkeypatch.setenv("NO_GCE_CHECK", "True")
+    # Nor pip's or uv's config files (a real index URL in pip.conf or uv.toml): pip reads none with
+    # PIP_CONFIG_FILE set to the null device, uv none with UV_NO_CONFIG.
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("UV_NO_CONFIG", "1")
     yield state_home / "tpuctl"
     _discard_simulated_vms(tmp_path)
 

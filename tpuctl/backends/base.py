@@ -169,6 +169,11 @@ class Backend(Protocol):
         the modules each distribution installs; None where the hosts install from the public index."""
         ...
 
+    def host_index_fetches_through(self, cloud: TpuCloud) -> bool:
+        """Whether the hosts' package index also serves what ``host_wheelhouse`` lacks (the simulator's
+        mirror fetching through to the user's index); without a wheelhouse the question does not arise."""
+        ...
+
     def open_cloud(self, state_dir: Path, closers: list[Closer]) -> TpuCloud:
         """The cloud client of this backend; what it starts is closed by ``closers`` (last first)."""
         ...

@@ -207,6 +207,11 @@ class SimBackend:
             "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo",
         }
 
+    def host_index_fetches_through(self, cloud: TpuCloud) -> bool:
+        """The world's ``package_fetch_through``, as the simulator in force has it."""
+        world = self._sim_status(cloud).get("world") or {}
+        return bool(world.get("package_fetch_through"))
+
     def notice_grace_s(self, cloud: TpuCloud) -> float | None:
         """The world's preemption grace, in real seconds (the simulator honours it unscaled)."""
         world = self._sim_status(cloud).get("world") or {}

@@ -158,6 +158,9 @@ class InProcessBackend:
     def host_env(self, worker: int, addresses: list[HostAddress], chips_per_host: int) -> dict[str, str]:
         return SimBackend().host_env(worker, addresses, chips_per_host)
 
+    def host_index_fetches_through(self, cloud: TpuCloud) -> bool:
+        return self.sim.engine.world.package_fetch_through
+
     def notice_grace_s(self, cloud: TpuCloud) -> float | None:
         return float(self.sim.engine.world.durations.preemption_grace_s)
 
