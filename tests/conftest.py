@@ -27,6 +27,21 @@ _CLEARED_NAMES = (
     "XDG_STATE_HOME",
 )
 
+# And no config file of pip's or uv's is read (a real index URL in pip.conf or uv.toml): pip reads none
+# with PIP_CONFIG_FILE set to the null device, uv none with UV_NO_CONFIG.
+_NO_PACKAGE_INDEX_CONFIG = {"PIP_CONFIG_FILE": "/dev/null", "UV_NO_CONFIG": "1"}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """For the whole session, before any fixture (a session-scoped one too) copies the environment: no
+    pip/uv setting of this machine, so nothing a test starts can reach a real package index."""
+    import os
+
+    for name in list(os.environ):
+        if name.startswith(("PIP_", "UV_")):
+            del os.environ[name]
+    os.environ.update(_NO_PACKAGE_INDEX_CONFIG)
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--slow", action="store_true", default=False, help="also run tests marked slow")
@@ -56,10 +71,8 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterat
     # Google's auth library must never find real credentials or the metadata server from a test.
     monkeypatch.setenv("GCE_METADATA_HOST", "127.0.0.1:9")
     monkeypatch.setenv("NO_GCE_CHECK", "True")
-    # Nor pip's or uv's config files (a real index URL in pip.conf or uv.toml): pip reads none with
-    # PIP_CONFIG_FILE set to the null device, uv none with UV_NO_CONFIG.
-    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
-    monkeypatch.setenv("UV_NO_CONFIG", "1")
+    for name, value in _NO_PACKAGE_INDEX_CONFIG.items():  # a test may have changed them
+        monkeypatch.setenv(name, value)
     yield state_home / "tpuctl"
     _discard_simulated_vms(tmp_path)
 

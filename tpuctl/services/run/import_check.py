@@ -47,6 +47,8 @@ _REQUIREMENT = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[([^\]]*)\])?
 _IMPORT_ERRORS = frozenset({"ImportError", "ModuleNotFoundError", "Exception", "BaseException"})
 #: An install argument that is a file of its own, not a distribution's name.
 _ARCHIVES = (".whl", ".tar.gz", ".zip")
+#: What ends one simple command in a shell line.
+_SEPARATORS = frozenset({"&&", "||", ";", "|"})
 
 
 @dataclass(frozen=True)
@@ -76,10 +78,18 @@ class Unavailable:
             f"`ls {shlex.quote(str(self.wheelhouse))}` lists their files)",
             value=self.names[0],
             fix="let the mirror fetch what it lacks from the package index your pip/uv configuration names "
-            "(PyPI if none): copy the simulator's world file (configs/world.yaml), set "
-            "`package_fetch_through: true` in the copy, and name it with TPUCTL_SIM_WORLD=FILE (or "
-            "`sim_world: FILE` in your profile); or install only what the wheelhouse has",
+            "(PyPI if none): set `package_fetch_through: true` in the simulator's world file (yours, or a "
+            f"copy of the default: cp {shlex.quote(_default_world_file())} my-world.yaml) and name it "
+            "with TPUCTL_SIM_WORLD=FILE (or `sim_world: FILE` in your profile; a served simulator: "
+            "`tpuctl sim serve --world FILE`); or install only what the wheelhouse has",
         )
+
+
+def _default_world_file() -> str:
+    """Where the simulator's bundled default world is on this machine (a file the user can copy)."""
+    from importlib import resources
+
+    return str(resources.files("tpuctl.sim").joinpath("data", "world.yaml"))
 
 
 @dataclass(frozen=True)
@@ -92,7 +102,7 @@ class ImportCheck:
     unavailable: Unavailable | None = None
     #: Whether the run has an environment a --setup command can ``uv pip install`` into (uv is brought
     #: and on PATH, the environment active, only when there is one).
-    has_env: bool = True
+    has_env: bool = field(default=True, compare=False)  # shapes the fix, not the outcome
 
     def refuse(self) -> None:
         """Raise UsageError (exit 2) naming what the package index lacks, else the first missing module,
@@ -176,26 +186,37 @@ def wheelhouse_projects(wheelhouse: Path) -> set[str]:
 
 
 def installed_by(command: str) -> list[str]:
-    """The distributions a plain install command names (``uv pip install a b``, ``pip install a``,
-    ``python3 -m pip install a``); none for anything else, or where it reads a file or takes options
-    (``-r``, an index URL) whose effect cannot be told from here."""
+    """The distributions a command's plain installs name (``uv pip install a b``, ``pip install a``,
+    ``python3 -m pip install a``, each alone or joined by ``&&``/``;``); none from an install that reads a
+    file or takes options (``-r``, an index URL), whose effect cannot be told from here."""
+    lexer = shlex.shlex(command, posix=True, punctuation_chars=True)  # `a;b` is three words, as in bash
+    lexer.whitespace_split = True
     try:
-        words = shlex.split(command)
+        words = list(lexer)
     except ValueError:
         return []
-    for at in range(len(words) - 1):
-        if words[at] in ("pip", "pip3") and words[at + 1] == "install":
-            args = words[at + 2 :]
-            end = next((i for i, w in enumerate(args) if w in ("&&", "||", ";", "|")), len(args))
-            args = args[:end]
-            if any(a.startswith("-") for a in args):
-                return []
-            return [
-                m.group(1)
-                for a in args
-                if (m := _REQUIREMENT.match(a)) and "/" not in a and not a.endswith(_ARCHIVES)
-            ]
-    return []
+    names: list[str] = []
+    segment: list[str] = []
+    for word in [*words, ";"]:
+        if word not in _SEPARATORS:
+            segment.append(word)
+            continue
+        names += _install_names(segment)
+        segment = []
+    return names
+
+
+def _install_names(words: list[str]) -> list[str]:
+    """The names one simple command installs, if it is ``[uv | python* -m] pip install NAME...``."""
+    launcher = (
+        1 if words[:1] == ["uv"] else 2 if words[1:2] == ["-m"] and words[0].startswith("python") else 0
+    )
+    if words[launcher : launcher + 2] not in (["pip", "install"], ["pip3", "install"]):
+        return []
+    args = words[launcher + 2 :]
+    if any(a.startswith("-") or "/" in a or a.endswith(_ARCHIVES) for a in args):
+        return []
+    return [m.group(1) for a in args if (m := _REQUIREMENT.match(a))]
 
 
 # --- what the program imports ---------------------------------------------------------------------------
