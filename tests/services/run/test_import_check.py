@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tpuctl.backends.sim import mirror_limit
 from tpuctl.errors import EXIT_USAGE, UsageError
 from tpuctl.hosts.bundle import build_bundle
 from tpuctl.hosts.setup import SetupSpec
@@ -186,7 +187,7 @@ def test_where_the_index_serves_its_wheelhouse_alone_a_distribution_it_lacks_is_
     setup = SetupSpec(runtime=None, requirements="foo-bar>=1\nflax[all]==0.12 ; python_version>'3'\n",
                       commands=("uv pip install baz wandb && echo done",))  # fmt: skip
     result = check_imports(build_bundle(work), "train.py", setup, python=None, wheelhouse=house,
-                           wheelhouse_only=True)  # fmt: skip
+                           wheelhouse_only=mirror_limit())  # fmt: skip
     assert result.unavailable is not None
     assert result.unavailable.names == ("flax", "wandb")
     assert result.unavailable.available == ("baz", "foo-bar")
@@ -194,7 +195,11 @@ def test_where_the_index_serves_its_wheelhouse_alone_a_distribution_it_lacks_is_
         result.refuse()
     error = info.value
     assert error.exit_code == EXIT_USAGE and error.value == "flax"
-    assert "has no flax, wandb" in error.message and "2 projects of its wheelhouse" in error.message
+    assert (
+        "has no flax, wandb" in error.message
+        and "the simulator's package mirror serves only" in error.message
+        and "2 projects of its wheelhouse" in error.message
+    )
     assert "(baz, foo-bar;" in error.message and f"`ls {house}`" in error.message
     assert "package_fetch_through: true" in (error.fix or "") and "TPUCTL_SIM_WORLD" in (error.fix or "")
     # The index fetches through (or is Google's): only the imports are checked.
@@ -208,7 +213,7 @@ def test_a_module_tpuctl_ships_is_not_followed_but_its_requirements_are_checked(
     setup = SetupSpec(runtime=None, requirements="flax\n")
     work = project(tmp_path / "w", {"train.py": "import nope\n"})
     result = check_imports(
-        build_bundle(work), None, setup, python=None, wheelhouse=house, wheelhouse_only=True
+        build_bundle(work), None, setup, python=None, wheelhouse=house, wheelhouse_only=mirror_limit()
     )
     assert result.missing == () and result.unavailable is not None and result.unavailable.names == ("flax",)
 

@@ -37,6 +37,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+from tpuctl.backends.base import WheelhouseOnly
 from tpuctl.errors import UsageError
 from tpuctl.hosts.bundle import RUNTIME_PREFIX, Bundle
 from tpuctl.hosts.setup import SetupSpec, runtime_requirements
@@ -63,33 +64,23 @@ class ImportFinding:
 @dataclass(frozen=True)
 class Unavailable:
     """Distributions the run installs by name that the hosts' package index cannot serve: it serves
-    ``wheelhouse`` alone, which has the projects ``available``."""
+    ``wheelhouse`` alone (``limit``), which has the projects ``available``."""
 
     names: tuple[str, ...]
     wheelhouse: Path
     available: tuple[str, ...]
+    limit: WheelhouseOnly
 
     def error(self) -> UsageError:
         shown = ", ".join(self.available[:8]) + (", ..." if len(self.available) > 8 else "")
         return UsageError(
             f"the hosts' package index has no {', '.join(self.names)} (named by --requirements or "
-            f"--setup; checked before any slice was created): the simulator's package mirror serves only "
+            f"--setup; checked before any slice was created): {self.limit.index} serves only "
             f"the {len(self.available)} projects of its wheelhouse {self.wheelhouse} ({shown}; "
             f"`ls {shlex.quote(str(self.wheelhouse))}` lists their files)",
             value=self.names[0],
-            fix="let the mirror fetch what it lacks from the package index your pip/uv configuration names "
-            "(PyPI if none): set `package_fetch_through: true` in the simulator's world file (yours, or a "
-            f"copy of the default: cp {shlex.quote(_default_world_file())} my-world.yaml) and name it "
-            "with TPUCTL_SIM_WORLD=FILE (or `sim_world: FILE` in your profile; a served simulator: "
-            "`tpuctl sim serve --world FILE`); or install only what the wheelhouse has",
+            fix=self.limit.widen_fix,
         )
-
-
-def _default_world_file() -> str:
-    """Where the simulator's bundled default world is on this machine (a file the user can copy)."""
-    from importlib import resources
-
-    return str(resources.files("tpuctl.sim").joinpath("data", "world.yaml"))
 
 
 @dataclass(frozen=True)
@@ -137,13 +128,18 @@ def check_imports(
     *,
     python: str | None,
     wheelhouse: Path | None,
-    wheelhouse_only: bool = False,
+    wheelhouse_only: WheelhouseOnly | None = None,
 ) -> ImportCheck:
     """Check the imports of ``script`` (its path in ``bundle``; None: a module tpuctl ships, whose
     imports its own tests check) against what ``setup`` installs, and, where the hosts' index serves
-    ``wheelhouse`` alone (``wheelhouse_only``), that it has every distribution the run names.
+    ``wheelhouse`` alone (``wheelhouse_only``: which index, how to widen it), that it has every
+    distribution the run names.
     ``python``: an interpreter the user named (``--python``): then no import can be refused."""
-    unavailable = unavailable_in(setup, wheelhouse) if wheelhouse_only and wheelhouse is not None else None
+    unavailable = (
+        unavailable_in(setup, wheelhouse, wheelhouse_only)
+        if wheelhouse_only is not None and wheelhouse is not None
+        else None
+    )
     needed = program_imports(bundle, script) if script is not None else {}
     if not needed:
         return ImportCheck(unavailable=unavailable, has_env=setup.needs_env)
@@ -161,7 +157,7 @@ def check_imports(
 # --- what the package index can serve -------------------------------------------------------------------
 
 
-def unavailable_in(setup: SetupSpec, wheelhouse: Path) -> Unavailable | None:
+def unavailable_in(setup: SetupSpec, wheelhouse: Path, limit: WheelhouseOnly) -> Unavailable | None:
     """The distributions ``setup`` installs by name (its requirements, and its commands' plain
     ``uv pip install`` / ``pip install`` lines) that ``wheelhouse`` has no file of; None if none."""
     available = wheelhouse_projects(wheelhouse)
@@ -169,7 +165,7 @@ def unavailable_in(setup: SetupSpec, wheelhouse: Path) -> Unavailable | None:
     for command in setup.commands:
         named += installed_by(command)
     lacking = tuple(dict.fromkeys(n for n in named if normalize(n) not in available))
-    return Unavailable(lacking, wheelhouse, tuple(sorted(available))) if lacking else None
+    return Unavailable(lacking, wheelhouse, tuple(sorted(available)), limit) if lacking else None
 
 
 def wheelhouse_projects(wheelhouse: Path) -> set[str]:

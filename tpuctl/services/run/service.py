@@ -151,8 +151,7 @@ class Runs:
             prepared.setup,
             python=prepared.request.python,
             wheelhouse=wheelhouse,
-            wheelhouse_only=wheelhouse is not None
-            and not backend.host_index_fetches_through(self._session.cloud),
+            wheelhouse_only=None if wheelhouse is None else backend.host_index_limit(self._session.cloud),
         )
 
     def plan(self, prepared: PreparedRun, *, budget_usd: float | None = None) -> dict[str, Any]:
