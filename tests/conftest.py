@@ -1,5 +1,6 @@
 """Shared fixtures: every test gets its own state and config dirs and an environment without cloud
-settings, so no test can see the developer's real config or reach Google."""
+settings or package-index settings, so no test can see the developer's real config, reach Google or
+reach a real package index."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ if TYPE_CHECKING:
     from tpuctl.sim import SimAdminClient, SimServer, World
     from tpuctl.testing.backend import InProcessCli
 
-# Variables that would steer tpuctl towards a real project or a foreign state dir.
-_CLEARED_PREFIXES = ("TPUCTL_",)
+# Variables that would steer tpuctl towards a real project or a foreign state dir, or the simulator's
+# package mirror (fetching through to the index the user's pip/uv name) towards a real package index.
+_CLEARED_PREFIXES = ("TPUCTL_", "PIP_", "UV_")
 _CLEARED_NAMES = (
     "GOOGLE_CLOUD_PROJECT",
     "CLOUDSDK_CORE_PROJECT",
@@ -24,6 +26,21 @@ _CLEARED_NAMES = (
     "XDG_CONFIG_HOME",
     "XDG_STATE_HOME",
 )
+
+# And no config file of pip's or uv's is read (a real index URL in pip.conf or uv.toml): pip reads none
+# with PIP_CONFIG_FILE set to the null device, uv none with UV_NO_CONFIG.
+_NO_PACKAGE_INDEX_CONFIG = {"PIP_CONFIG_FILE": "/dev/null", "UV_NO_CONFIG": "1"}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """For the whole session, before any fixture (a session-scoped one too) copies the environment: no
+    pip/uv setting of this machine, so nothing a test starts can reach a real package index."""
+    import os
+
+    for name in list(os.environ):
+        if name.startswith(("PIP_", "UV_")):
+            del os.environ[name]
+    os.environ.update(_NO_PACKAGE_INDEX_CONFIG)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -54,6 +71,8 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterat
     # Google's auth library must never find real credentials or the metadata server from a test.
     monkeypatch.setenv("GCE_METADATA_HOST", "127.0.0.1:9")
     monkeypatch.setenv("NO_GCE_CHECK", "True")
+    for name, value in _NO_PACKAGE_INDEX_CONFIG.items():  # a test may have changed them
+        monkeypatch.setenv(name, value)
     yield state_home / "tpuctl"
     _discard_simulated_vms(tmp_path)
 

@@ -123,6 +123,15 @@ WALL_TIME = Timekeeping()
 
 
 @dataclass(frozen=True)
+class WheelhouseOnly:
+    """The hosts' package index serves its wheelhouse (``Backend.host_wheelhouse``) and nothing else: what
+    a user calls that index, and how to let it serve more (the fix of a refusal that names it)."""
+
+    index: str
+    widen_fix: str
+
+
+@dataclass(frozen=True)
 class HostAddress:
     """How tpuctl reaches one host over SSH."""
 
@@ -167,6 +176,12 @@ class Backend(Protocol):
     def host_wheelhouse(self) -> Path | None:
         """The directory of the wheels the hosts' package index serves (the simulator's mirror), read for
         the modules each distribution installs; None where the hosts install from the public index."""
+        ...
+
+    def host_index_limit(self, cloud: TpuCloud) -> WheelhouseOnly | None:
+        """Where the hosts' package index serves ``host_wheelhouse`` alone (the simulator's mirror with its
+        fetch-through off), what it is and how to widen it; None where it serves whatever the index it
+        stands for has."""
         ...
 
     def open_cloud(self, state_dir: Path, closers: list[Closer]) -> TpuCloud:

@@ -21,6 +21,7 @@ from tpuctl.backends.base import (
     RecoveryTuning,
     Timekeeping,
     Tuning,
+    WheelhouseOnly,
 )
 from tpuctl.cloud.retry import RetryPolicy
 
@@ -165,6 +166,9 @@ class GcpBackend:
 
     def host_env(self, worker: int, addresses: list[HostAddress], chips_per_host: int) -> dict[str, str]:
         return {}  # a real TPU VM: JAX finds its chips, its peers and its coordinator itself
+
+    def host_index_limit(self, cloud: TpuCloud) -> WheelhouseOnly | None:
+        return None  # no wheelhouse: the hosts ask the package index themselves
 
     def notice_grace_s(self, cloud: TpuCloud) -> float | None:
         return None  # Google does not say; the supervisor's default confirmation timeout stands

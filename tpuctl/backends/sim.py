@@ -24,6 +24,7 @@ from tpuctl.backends.base import (
     RecoveryTuning,
     Timekeeping,
     Tuning,
+    WheelhouseOnly,
 )
 from tpuctl.cloud.config import CloudConfig
 from tpuctl.cloud.retry import RetryPolicy
@@ -207,6 +208,11 @@ class SimBackend:
             "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo",
         }
 
+    def host_index_limit(self, cloud: TpuCloud) -> WheelhouseOnly | None:
+        """The mirror serves its wheelhouse alone unless the world in force has ``package_fetch_through``."""
+        world = self._sim_status(cloud).get("world") or {}
+        return None if world.get("package_fetch_through") else mirror_limit()
+
     def notice_grace_s(self, cloud: TpuCloud) -> float | None:
         """The world's preemption grace, in real seconds (the simulator honours it unscaled)."""
         world = self._sim_status(cloud).get("world") or {}
@@ -315,3 +321,19 @@ def world_prices(world: World, where: str) -> OwnPrices:
         for generation, regions in world.prices.items()
     }
     return OwnPrices(overrides, where, world.project)
+
+
+def mirror_limit() -> WheelhouseOnly:
+    """The simulator's package mirror with its fetch-through off, and how a user turns it on."""
+    import shlex
+    from importlib import resources
+
+    default_world = str(resources.files("tpuctl.sim").joinpath("data", "world.yaml"))
+    return WheelhouseOnly(
+        index="the simulator's package mirror",
+        widen_fix="let the mirror fetch what it lacks from the package index your pip/uv configuration "
+        "names (PyPI if none): set `package_fetch_through: true` in the simulator's world file (yours, or "
+        f"a copy of the default: cp {shlex.quote(default_world)} my-world.yaml) and name it with "
+        "TPUCTL_SIM_WORLD=FILE (or `sim_world: FILE` in your profile; a served simulator: "
+        "`tpuctl sim serve --world FILE`); or install only what the wheelhouse has",
+    )

@@ -201,6 +201,7 @@ def _run(
     """Serve until told to stop, idle or thrown away; returns whether nothing of this process writes
     below the VM root any more (the image build may still be running)."""
     from tpuctl.sim.engine import SimEngine
+    from tpuctl.sim.fetch_through import fetch_through_for
     from tpuctl.sim.network import NetworkServices
     from tpuctl.sim.state import SimDatabase, db_path_for
     from tpuctl.sim.storage import storage_dir_for
@@ -221,6 +222,8 @@ def _run(
         storage_dir=storage_dir_for(state_dir),
         wheelhouse=wheelhouse,
         world=lambda: engine.world,
+        # This process's environment is the one of the command that started it: the user's pip/uv.
+        fetch_through=fetch_through_for(state_dir, lambda: engine.world, os.environ, Path.home()),
     )
     try:
         engine.ctx.vm_ports = ports

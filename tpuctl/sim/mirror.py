@@ -23,9 +23,13 @@ from functools import partial
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from tpuctl.sim.fetch_through import UpstreamError
 from tpuctl.sim.httpd import LISTEN_BACKLOG
+
+if TYPE_CHECKING:
+    from tpuctl.sim.fetch_through import FetchThrough
 
 #: What counts as a distribution file (anything else in the wheelhouse, e.g. stamps, is not listed).
 DIST_SUFFIXES = (".whl", ".tar.gz", ".zip")
@@ -75,8 +79,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     protocol_version = "HTTP/1.1"
 
-    def __init__(self, wheelhouse: Path, *args: Any) -> None:
+    def __init__(self, wheelhouse: Path, fetch_through: FetchThrough | None, *args: Any) -> None:
         self.wheelhouse = wheelhouse
+        self.fetch_through = fetch_through
         super().__init__(*args)
 
     def log_message(self, format: str, *args: Any) -> None:
@@ -97,19 +102,40 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Length", "0")
             self.end_headers()
             return
-        page = _page(self.wheelhouse, path)
+        try:
+            page = _page(self.wheelhouse, path) or self._fetched_page(path)
+            file = self._fetched_file(path.lstrip("/")) if page is None else None
+        except UpstreamError as exc:
+            self._upstream_failed(exc)
+            return
         if page is not None:
             self._head(HTTPStatus.OK, len(page), "text/html; charset=utf-8")
             if body:
                 self.wfile.write(page)
             return
         name = path.lstrip("/")
-        file = self.wheelhouse / name
+        file = file or self.wheelhouse / name
         # Only plain names of listed files: no "..", no subfolders.
         if "/" in name or not name.endswith(DIST_SUFFIXES) or not file.is_file():
             self._head(HTTPStatus.NOT_FOUND, 0, "text/plain")
             return
         self._send_file(file, body=body)
+
+    def _fetched_page(self, path: str) -> bytes | None:
+        """A project page the wheelhouse lacks, from the upstream index when fetch-through is on."""
+        return None if self.fetch_through is None else self.fetch_through.page(path)
+
+    def _fetched_file(self, name: str) -> Path | None:
+        """A file the wheelhouse lacks that a fetched page listed (cached, or downloaded now)."""
+        if self.fetch_through is None or "/" in name or (self.wheelhouse / name).is_file():
+            return None
+        return self.fetch_through.file(name)
+
+    def _upstream_failed(self, exc: UpstreamError) -> None:
+        # 502, as a proxy says its upstream failed: uv and pip then name the URL and the status.
+        message = f"the package mirror's upstream index failed: {exc}\n".encode()
+        self._head(HTTPStatus.BAD_GATEWAY, len(message), "text/plain; charset=utf-8")
+        self.wfile.write(message)
 
     def _send_file(self, file: Path, *, body: bool) -> None:
         size = file.stat().st_size
@@ -172,8 +198,16 @@ class PackageMirror:
     directory is read on every request, so wheels added later are served too.
     """
 
-    def __init__(self, wheelhouse: Path, *, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self,
+        wheelhouse: Path,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        fetch_through: FetchThrough | None = None,
+    ) -> None:
         self.wheelhouse = wheelhouse
+        self.fetch_through = fetch_through
         self.host = host
         self.port = port
         self._server: ThreadingHTTPServer | None = None
@@ -187,7 +221,9 @@ class PackageMirror:
 
     def start(self) -> str:
         if self._server is None:
-            server = _MirrorServer((self.host, self.port), partial(_Handler, self.wheelhouse))
+            server = _MirrorServer(
+                (self.host, self.port), partial(_Handler, self.wheelhouse, self.fetch_through)
+            )
             self._thread = threading.Thread(target=server.serve_forever, name="tpuctl-mirror", daemon=True)
             self._server = server
             self._thread.start()

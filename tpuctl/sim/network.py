@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from tpuctl.sim.fetch_through import FetchThrough
     from tpuctl.sim.world import World
 
 #: The ports of the services on their address (the emulator's own default, and a PyPI mirror's usual).
@@ -108,9 +109,16 @@ class NetworkServices:
     takes a noticeable part of a second); ``stop()`` closes whatever this process serves."""
 
     def __init__(
-        self, address: str, *, storage_dir: Path, wheelhouse: Path, world: Callable[[], World]
+        self,
+        address: str,
+        *,
+        storage_dir: Path,
+        wheelhouse: Path,
+        world: Callable[[], World],
+        fetch_through: FetchThrough | None = None,
     ) -> None:
         self.address = address
+        self.fetch_through = fetch_through  # the mirror's route to the user's package index
         self.world = world  # the world in force: who may use the bucket
         self.storage_dir = storage_dir
         self.wheelhouse = wheelhouse
@@ -151,7 +159,9 @@ class NetworkServices:
         makers: dict[
             str, Callable[[], PackageMirror | StorageEmulator]
         ] = {  # the mirror first: it binds at once, the emulator's import takes a while
-            "mirror": lambda: PackageMirror(self.wheelhouse, host=self.address, port=MIRROR_PORT),
+            "mirror": lambda: PackageMirror(
+                self.wheelhouse, host=self.address, port=MIRROR_PORT, fetch_through=self.fetch_through
+            ),
             "storage": lambda: StorageEmulator(
                 self.world, self.storage_dir, host=self.address, port=STORAGE_PORT
             ),

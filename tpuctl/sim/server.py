@@ -147,6 +147,7 @@ class SimServer:
         """The simulated network's services (Cloud Storage, its objects kept below the state dir so a
         later simulator process sees the same bucket, and the package mirror hosts install from), served
         at the state's own address by whichever simulator process over it can."""
+        from tpuctl.sim.fetch_through import fetch_through_for
         from tpuctl.sim.storage import storage_dir_for
         from tpuctl.sim.vms.layout import services_address
 
@@ -157,6 +158,7 @@ class SimServer:
             storage_dir=storage_dir_for(self.state_dir),
             wheelhouse=self._wheelhouse_path(),
             world=lambda: engine.world,
+            fetch_through=fetch_through_for(self.state_dir, lambda: engine.world, os.environ, Path.home()),
         )
         services.start()
         self._network = services

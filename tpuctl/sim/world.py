@@ -253,6 +253,10 @@ class World(_Strict):
     #: The VPC networks a node or an instance may join (docs/google-facts.md#networks); a create naming
     #: another, or none where ``default`` is not here, is refused as Google refuses it.
     networks: list[Network] = Field(default_factory=_default_networks)
+    #: The package mirror fetches what its wheelhouse lacks from the package index that this machine's
+    #: pip/uv configuration names (PyPI if none), caching it in the state dir, as a host with an external
+    #: IP reaches PyPI. Off: hosts install only what the wheelhouse has (``tpuctl.sim.fetch_through``).
+    package_fetch_through: bool = False
     #: Each project's IAM policy: project id -> bindings (a project with no entry grants nobody
     #: anything). None: the world's project alone, granting ``principal`` roles/owner and the hosts'
     #: default service account roles/editor (what a new project gives its creator and, where the
@@ -366,6 +370,7 @@ class World(_Strict):
             "durations": self.durations.model_dump(),
             "latency": self.latency.model_dump(),
             "preemption": self.preemption.model_dump(),
+            "package_fetch_through": self.package_fetch_through,
         }
 
 

@@ -20,7 +20,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
-from tpuctl.backends.base import BackendLabel, Closer, HostAddress, OwnPrices, Timekeeping, Tuning
+from tpuctl.backends.base import (
+    BackendLabel,
+    Closer,
+    HostAddress,
+    OwnPrices,
+    Timekeeping,
+    Tuning,
+    WheelhouseOnly,
+)
 from tpuctl.backends.sim import (
     NAME,
     SIM_BUCKET,
@@ -28,6 +36,7 @@ from tpuctl.backends.sim import (
     SIM_LABEL,
     SIM_TUNING,
     SimBackend,
+    mirror_limit,
     sim_account_access,
     sim_buckets,
     sim_os_login,
@@ -157,6 +166,9 @@ class InProcessBackend:
 
     def host_env(self, worker: int, addresses: list[HostAddress], chips_per_host: int) -> dict[str, str]:
         return SimBackend().host_env(worker, addresses, chips_per_host)
+
+    def host_index_limit(self, cloud: TpuCloud) -> WheelhouseOnly | None:
+        return None if self.sim.engine.world.package_fetch_through else mirror_limit()
 
     def notice_grace_s(self, cloud: TpuCloud) -> float | None:
         return float(self.sim.engine.world.durations.preemption_grace_s)

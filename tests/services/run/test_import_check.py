@@ -8,10 +8,17 @@ from pathlib import Path
 
 import pytest
 
+from tpuctl.backends.sim import mirror_limit
 from tpuctl.errors import EXIT_USAGE, UsageError
 from tpuctl.hosts.bundle import build_bundle
 from tpuctl.hosts.setup import SetupSpec
-from tpuctl.services.run.import_check import ImportCheck, check_imports, startup_imports
+from tpuctl.services.run.import_check import (
+    ImportCheck,
+    ImportFinding,
+    check_imports,
+    installed_by,
+    startup_imports,
+)
 
 RUNTIME = SetupSpec(runtime="cpu")
 
@@ -165,3 +172,76 @@ def test_a_script_of_the_standard_library_and_tpuctls_runtime_needs_nothing(tmp_
         "cfg.py": "import tomllib\nfrom .. import above_the_root\n",
     })  # fmt: skip
     assert check(work, setup=SetupSpec(runtime=None)) == ImportCheck()
+
+
+# --- what the hosts' package index can serve ------------------------------------------------------------
+
+
+def test_where_the_index_serves_its_wheelhouse_alone_a_distribution_it_lacks_is_refused_first(
+    tmp_path: Path,
+) -> None:
+    house = tmp_path / "house"
+    wheel(house, "Foo_Bar", top_level="foo_bar\n")
+    (house / "baz-2.0.tar.gz").write_bytes(b"sdist")
+    work = project(tmp_path / "w", {"train.py": "import foo_bar\nimport nope_module\n"})
+    setup = SetupSpec(runtime=None, requirements="foo-bar>=1\nflax[all]==0.12 ; python_version>'3'\n",
+                      commands=("uv pip install baz wandb && echo done",))  # fmt: skip
+    result = check_imports(build_bundle(work), "train.py", setup, python=None, wheelhouse=house,
+                           wheelhouse_only=mirror_limit())  # fmt: skip
+    assert result.unavailable is not None
+    assert result.unavailable.names == ("flax", "wandb")
+    assert result.unavailable.available == ("baz", "foo-bar")
+    with pytest.raises(UsageError) as info:
+        result.refuse()
+    error = info.value
+    assert error.exit_code == EXIT_USAGE and error.value == "flax"
+    assert (
+        "has no flax, wandb" in error.message
+        and "the simulator's package mirror serves only" in error.message
+        and "2 projects of its wheelhouse" in error.message
+    )
+    assert "(baz, foo-bar;" in error.message and f"`ls {house}`" in error.message
+    assert "package_fetch_through: true" in (error.fix or "") and "TPUCTL_SIM_WORLD" in (error.fix or "")
+    # The index fetches through (or is Google's): only the imports are checked.
+    through = check_imports(build_bundle(work), "train.py", setup, python=None, wheelhouse=house)
+    assert through.unavailable is None
+
+
+def test_a_module_tpuctl_ships_is_not_followed_but_its_requirements_are_checked(tmp_path: Path) -> None:
+    house = tmp_path / "house"
+    wheel(house, "zipp")
+    setup = SetupSpec(runtime=None, requirements="flax\n")
+    work = project(tmp_path / "w", {"train.py": "import nope\n"})
+    result = check_imports(
+        build_bundle(work), None, setup, python=None, wheelhouse=house, wheelhouse_only=mirror_limit()
+    )
+    assert result.missing == () and result.unavailable is not None and result.unavailable.names == ("flax",)
+
+
+@pytest.mark.parametrize(
+    ("command", "names"),
+    [
+        ("uv pip install wandb", ["wandb"]),
+        ("python3 -m pip install 'tokenizers>=0.1' rich[jupyter]", ["tokenizers", "rich"]),
+        ("pip install a && pip install b", ["a", "b"]),
+        ("uv pip install -r extra.txt", []),  # a file, or options: not told from here
+        ("uv pip install --index-url http://x/simple y", []),
+        ("uv pip install ./local_pkg dist/x-1.0-py3-none-any.whl", []),
+        ("echo pip install x", []),
+        ("cd data; pip3 install x", ["x"]),
+        ("make data", []),
+    ],
+)
+def test_the_distributions_a_plain_install_command_names(command: str, names: list[str]) -> None:
+    assert installed_by(command) == names
+
+
+def test_the_setup_fix_is_offered_only_where_the_run_has_an_environment() -> None:
+    """Without an environment (no runtime, no requirements) the hosts get no uv and no venv: a
+    ``--setup 'uv pip install ...'`` there fails with ``uv: command not found``, so it is not offered."""
+    missing = (ImportFinding("nope_module", "train.py:1"),)
+    for has_env in (True, False):
+        with pytest.raises(UsageError) as info:
+            ImportCheck(missing, has_env=has_env).refuse()
+        assert "--requirements" in (info.value.fix or "")
+        assert ("--setup 'uv pip install" in (info.value.fix or "")) is has_env

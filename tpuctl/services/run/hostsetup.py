@@ -136,8 +136,10 @@ def check_imports(observer: LaunchObserver, executor: Executor, prepared: Prepar
             f"the program imports {names}, which the hosts' environment does not have "
             f"(checked on host {result.worker} before starting)",
             worker=result.worker,
-            fix=f"install it on every host: --requirements FILE listing {missing[0]}, or "
-            f"--setup 'uv pip install {missing[0]}'",
+            # `uv pip install` in --setup only where there is an environment: uv is brought and on PATH,
+            # and the environment active, only then (without one the command is "uv: command not found").
+            fix=f"install it on every host: --requirements FILE listing {missing[0]}"
+            + (f", or --setup 'uv pip install {missing[0]}'" if prepared.setup.needs_env else ""),
         )
     tail = " / ".join(result.tail[-3:])
     observer.status(f"note: could not check the program's imports on host {result.worker}: {tail}")

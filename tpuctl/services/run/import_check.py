@@ -14,6 +14,11 @@ be provided by one of:
   the wheel in the package mirror's wheelhouse where the backend has one, else the same distribution
   installed here.
 
+Where the hosts' package index serves a wheelhouse alone (the simulator's mirror with its fetch-through
+off), a distribution the run installs by name (a ``--requirements`` line, or a plain ``uv pip install`` /
+``pip install`` in ``--setup``) that the wheelhouse lacks cannot be installed at all: that is a refusal
+too, naming what the wheelhouse has and how to let the index fetch the rest.
+
 A module none of these provides is a refusal (exit 2, naming the module and the fix). Where the answer
 cannot be known it is a warning, never a refusal: a ``--setup`` command may install anything, a
 requirement that is a URL, a path or another file cannot be read, a distribution whose metadata is
@@ -25,12 +30,14 @@ from __future__ import annotations
 
 import ast
 import re
+import shlex
 import sys
 import zipfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+from tpuctl.backends.base import WheelhouseOnly
 from tpuctl.errors import UsageError
 from tpuctl.hosts.bundle import RUNTIME_PREFIX, Bundle
 from tpuctl.hosts.setup import SetupSpec, runtime_requirements
@@ -39,6 +46,10 @@ from tpuctl.hosts.setup import SetupSpec, runtime_requirements
 _REQUIREMENT = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[([^\]]*)\])?")
 #: What the handler of a ``try`` names when the ``try`` is how a program makes an import optional.
 _IMPORT_ERRORS = frozenset({"ImportError", "ModuleNotFoundError", "Exception", "BaseException"})
+#: An install argument that is a file of its own, not a distribution's name.
+_ARCHIVES = (".whl", ".tar.gz", ".zip")
+#: What ends one simple command in a shell line.
+_SEPARATORS = frozenset({"&&", "||", ";", "|"})
 
 
 @dataclass(frozen=True)
@@ -51,14 +62,44 @@ class ImportFinding:
 
 
 @dataclass(frozen=True)
+class Unavailable:
+    """Distributions the run installs by name that the hosts' package index cannot serve: it serves
+    ``wheelhouse`` alone (``limit``), which has the projects ``available``."""
+
+    names: tuple[str, ...]
+    wheelhouse: Path
+    available: tuple[str, ...]
+    limit: WheelhouseOnly
+
+    def error(self) -> UsageError:
+        shown = ", ".join(self.available[:8]) + (", ..." if len(self.available) > 8 else "")
+        return UsageError(
+            f"the hosts' package index has no {', '.join(self.names)} (named by --requirements or "
+            f"--setup; checked before any slice was created): {self.limit.index} serves only "
+            f"the {len(self.available)} projects of its wheelhouse {self.wheelhouse} ({shown}; "
+            f"`ls {shlex.quote(str(self.wheelhouse))}` lists their files)",
+            value=self.names[0],
+            fix=self.limit.widen_fix,
+        )
+
+
+@dataclass(frozen=True)
 class ImportCheck:
-    """The check's outcome: ``missing`` nothing provides (refused); ``unsure`` cannot be told (warned)."""
+    """The check's outcome: ``missing`` nothing provides (refused); ``unsure`` cannot be told (warned);
+    ``unavailable``: distributions the hosts' package index cannot serve (refused first)."""
 
     missing: tuple[ImportFinding, ...] = ()
     unsure: tuple[ImportFinding, ...] = ()
+    unavailable: Unavailable | None = None
+    #: Whether the run has an environment a --setup command can ``uv pip install`` into (uv is brought
+    #: and on PATH, the environment active, only when there is one).
+    has_env: bool = field(default=True, compare=False)  # shapes the fix, not the outcome
 
     def refuse(self) -> None:
-        """Raise UsageError (exit 2) naming the first missing module, where it is imported and the fix."""
+        """Raise UsageError (exit 2) naming what the package index lacks, else the first missing module,
+        where it is imported and the fix."""
+        if self.unavailable is not None:
+            raise self.unavailable.error()
         if not self.missing:
             return
         first = self.missing[0]
@@ -68,8 +109,9 @@ class ImportCheck:
             f"(imported at {first.where}; checked before any slice was created)",
             field="SCRIPT",
             value=first.module,
-            fix=f"list the distribution that provides {first.module} in a --requirements file, or install "
-            f"it with --setup 'uv pip install ...'; --no-import-check skips this check",
+            fix=f"list the distribution that provides {first.module} in a --requirements file"
+            + (", or install it with --setup 'uv pip install DIST'" if self.has_env else "")
+            + "; --no-import-check skips this check",
         )
 
     def warnings(self) -> list[str]:
@@ -80,13 +122,27 @@ class ImportCheck:
 
 
 def check_imports(
-    bundle: Bundle, script: str, setup: SetupSpec, *, python: str | None, wheelhouse: Path | None
+    bundle: Bundle,
+    script: str | None,
+    setup: SetupSpec,
+    *,
+    python: str | None,
+    wheelhouse: Path | None,
+    wheelhouse_only: WheelhouseOnly | None = None,
 ) -> ImportCheck:
-    """Check the imports of ``script`` (its path in ``bundle``) against what ``setup`` installs.
-    ``python``: an interpreter the user named (``--python``): then nothing can be refused."""
-    needed = program_imports(bundle, script)
+    """Check the imports of ``script`` (its path in ``bundle``; None: a module tpuctl ships, whose
+    imports its own tests check) against what ``setup`` installs, and, where the hosts' index serves
+    ``wheelhouse`` alone (``wheelhouse_only``: which index, how to widen it), that it has every
+    distribution the run names.
+    ``python``: an interpreter the user named (``--python``): then no import can be refused."""
+    unavailable = (
+        unavailable_in(setup, wheelhouse, wheelhouse_only)
+        if wheelhouse_only is not None and wheelhouse is not None
+        else None
+    )
+    needed = program_imports(bundle, script) if script is not None else {}
     if not needed:
-        return ImportCheck()
+        return ImportCheck(unavailable=unavailable, has_env=setup.needs_env)
     provided = Environment.of(setup, wheelhouse)
     missing: list[ImportFinding] = []
     unsure: list[ImportFinding] = []
@@ -95,7 +151,68 @@ def check_imports(
             continue
         doubt = provided.doubt_about(module) or (f"the hosts run {python}" if python else "")
         (unsure if doubt else missing).append(ImportFinding(module, where, doubt))
-    return ImportCheck(tuple(missing), tuple(unsure))
+    return ImportCheck(tuple(missing), tuple(unsure), unavailable, setup.needs_env)
+
+
+# --- what the package index can serve -------------------------------------------------------------------
+
+
+def unavailable_in(setup: SetupSpec, wheelhouse: Path, limit: WheelhouseOnly) -> Unavailable | None:
+    """The distributions ``setup`` installs by name (its requirements, and its commands' plain
+    ``uv pip install`` / ``pip install`` lines) that ``wheelhouse`` has no file of; None if none."""
+    available = wheelhouse_projects(wheelhouse)
+    named = list(requirements_of(setup.requirements)[0]) if setup.requirements else []
+    for command in setup.commands:
+        named += installed_by(command)
+    lacking = tuple(dict.fromkeys(n for n in named if normalize(n) not in available))
+    return Unavailable(lacking, wheelhouse, tuple(sorted(available)), limit) if lacking else None
+
+
+def wheelhouse_projects(wheelhouse: Path) -> set[str]:
+    """The normalized project names of the distribution files in ``wheelhouse``."""
+    if not wheelhouse.is_dir():
+        return set()
+    names: set[str] = set()
+    for path in wheelhouse.iterdir():
+        if path.name.endswith(".whl"):
+            names.add(normalize(path.name.split("-")[0]))
+        elif path.name.endswith((".tar.gz", ".zip")):
+            names.add(normalize(path.name.removesuffix(".tar.gz").removesuffix(".zip").rsplit("-", 1)[0]))
+    return names
+
+
+def installed_by(command: str) -> list[str]:
+    """The distributions a command's plain installs name (``uv pip install a b``, ``pip install a``,
+    ``python3 -m pip install a``, each alone or joined by ``&&``/``;``); none from an install that reads a
+    file or takes options (``-r``, an index URL), whose effect cannot be told from here."""
+    lexer = shlex.shlex(command, posix=True, punctuation_chars=True)  # `a;b` is three words, as in bash
+    lexer.whitespace_split = True
+    try:
+        words = list(lexer)
+    except ValueError:
+        return []
+    names: list[str] = []
+    segment: list[str] = []
+    for word in [*words, ";"]:
+        if word not in _SEPARATORS:
+            segment.append(word)
+            continue
+        names += _install_names(segment)
+        segment = []
+    return names
+
+
+def _install_names(words: list[str]) -> list[str]:
+    """The names one simple command installs, if it is ``[uv | python* -m] pip install NAME...``."""
+    launcher = (
+        1 if words[:1] == ["uv"] else 2 if words[1:2] == ["-m"] and words[0].startswith("python") else 0
+    )
+    if words[launcher : launcher + 2] not in (["pip", "install"], ["pip3", "install"]):
+        return []
+    args = words[launcher + 2 :]
+    if any(a.startswith("-") or "/" in a or a.endswith(_ARCHIVES) for a in args):
+        return []
+    return [m.group(1) for a in args if (m := _REQUIREMENT.match(a))]
 
 
 # --- what the program imports ---------------------------------------------------------------------------

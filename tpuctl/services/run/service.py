@@ -137,19 +137,21 @@ class Runs:
         return prepare.prepare(self._session, request)
 
     def check_imports(self, prepared: PreparedRun) -> ImportCheck:
-        """Whether the hosts' environment will hold every module the program imports at start-up
-        (``import_check``): call ``refuse()`` on the result before anything is created, and say its
-        ``warnings()``. A bundled example is tpuctl's own, checked by its tests: nothing to check."""
-        from tpuctl.services.run.import_check import ImportCheck, check_imports
+        """Whether the hosts' environment will hold every module the program imports at start-up, and
+        whether their package index has every distribution the run names (``import_check``): call
+        ``refuse()`` on the result before anything is created, and say its ``warnings()``. A bundled
+        example's imports are tpuctl's own, checked by its tests."""
+        from tpuctl.services.run.import_check import check_imports
 
-        if prepared.program[0] == "-m":
-            return ImportCheck()
+        backend = self._session.backend
+        wheelhouse = backend.host_wheelhouse
         return check_imports(
             prepared.bundle,
-            prepared.program[0],
+            None if prepared.program[0] == "-m" else prepared.program[0],
             prepared.setup,
             python=prepared.request.python,
-            wheelhouse=self._session.backend.host_wheelhouse,
+            wheelhouse=wheelhouse,
+            wheelhouse_only=None if wheelhouse is None else backend.host_index_limit(self._session.cloud),
         )
 
     def plan(self, prepared: PreparedRun, *, budget_usd: float | None = None) -> dict[str, Any]:
