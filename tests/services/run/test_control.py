@@ -162,3 +162,22 @@ def test_the_runs_deadline_travels_with_its_request_and_is_kept_by_a_resume(tmp_
     save_request(run_dir, request, run_id="run-x", budget_usd=None, policy=RecoveryPolicy())
     again = load_request(run_dir).request
     assert (again.max_hours, again.deadline_at) == (1.5, 1_800_005_400.0)
+
+
+def test_a_cancel_on_another_machine_reaches_the_hosts_as_the_run_did(tmp_path: Path) -> None:
+    """The saved request's ProxyCommand (hosts without external IPs: the only way in) and remote root
+    are what a cancel from another machine stops the run's programs with; defaults without a request."""
+    from tpuctl.services.run.control import _host_access, record_request
+    from tpuctl.services.run.hosts import HostAccess
+
+    proxy = "gcloud compute start-iap-tunnel %n %p --listen-on-stdin --zone=%z"
+    request = RunRequest(example="lm", ssh_proxy_command=proxy, ssh_remote_root="/opt/t")
+    key = load_secret_key(env_key=None, key_file=tmp_path / "secret.key")
+    with Ledger(tmp_path / "shared") as ledger:
+        ledger.create_run("run-x", script="example:lm")
+        record_request(ledger, RunDir.of(tmp_path / "one", "run-x"), request, run_id="run-x",
+                       budget_usd=None, policy=RecoveryPolicy(), key=key)  # fmt: skip
+        elsewhere = RunDir.of(tmp_path / "two", "run-x")
+        assert _host_access(ledger, "run-x", elsewhere) == HostAccess("/opt/t", proxy)
+        ledger.create_run("run-y", script="example:lm")
+        assert _host_access(ledger, "run-y", RunDir.of(tmp_path / "two", "run-y")) == HostAccess(".tpuctl")

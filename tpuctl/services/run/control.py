@@ -124,13 +124,16 @@ def record_bundle(ledger: Ledger, run_id: str, bundle: Bundle) -> None:
     ledger.save_bundle(run_id, bundle.tar_gz())
 
 
-def _remote_root(ledger: Ledger, run_id: str, run_dir: RunDir) -> str:
-    """The hosts' tpuctl directory the run used (its saved request's; the default otherwise)."""
+def _host_access(ledger: Ledger, run_id: str, run_dir: RunDir) -> hosts.HostAccess:
+    """How the run reached its hosts (its saved request's remote root and ProxyCommand; the defaults
+    otherwise)."""
     try:
-        payload = saved_payload(ledger, run_id, run_dir)
-        return str(payload["request"].get("ssh_remote_root") or ".tpuctl")
+        request = saved_payload(ledger, run_id, run_dir)["request"]
+        return hosts.HostAccess(
+            str(request.get("ssh_remote_root") or ".tpuctl"), request.get("ssh_proxy_command") or None
+        )
     except (UsageError, ValueError, KeyError, TypeError, AttributeError):
-        return ".tpuctl"
+        return hosts.HostAccess(".tpuctl")
 
 
 def load_request(run_dir: RunDir) -> SavedRequest:
@@ -415,8 +418,8 @@ def clean_up(session: Session, record: RunRecord, run_dir: RunDir) -> Cancellati
             key = load_run_key(session, run_id)
             with contextlib.suppress(CloudError, UsageError):
                 given = find_pods(session, record.pod, record.zone)
-                root = _remote_root(ledger, run_id, run_dir)
-                killed = hosts.stop_left_hosts(session, given, run_id, root, key)
+                access = _host_access(ledger, run_id, run_dir)
+                killed = hosts.stop_left_hosts(session, given, run_id, access, key)
         for seg in ledger.segments(run_id):
             if seg.end is None:
                 ledger.close_segment(seg.id, end=time.time())

@@ -12,6 +12,7 @@ needs beyond the worker contract (``host_env``).
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tpuctl.catalog import Surface
@@ -260,14 +261,23 @@ def maintenance_notice_s(session: Session) -> float:
     return MAINTENANCE_NOTICE_S if told is None else told
 
 
-def stop_left_hosts(session: Session, slices: SliceSet, run_id: str, remote_root: str, key: KeyPair) -> int:
+def stop_left_hosts(session: Session, slices: SliceSet, run_id: str, access: HostAccess, key: KeyPair) -> int:
     """Over SSH with the run's ``key``, stop every process group a dead supervisor's run left on the
-    hosts of ``slices`` (the program runs detached from SSH, so it outlives its supervisor). Returns how
-    many were stopped."""
-    return sum(_stop_left_on(session, node, run_id, remote_root, key) for node in slices.nodes)
+    hosts of ``slices`` (the program runs detached from SSH, so it outlives its supervisor), reaching
+    them as the run did (``access``: its remote root and ProxyCommand). Returns how many were stopped."""
+    return sum(_stop_left_on(session, node, run_id, access, key) for node in slices.nodes)
 
 
-def _stop_left_on(session: Session, given: Node, run_id: str, remote_root: str, key: KeyPair) -> int:
+@dataclass(frozen=True)
+class HostAccess:
+    """How a run reached its hosts: its directory there and the ProxyCommand, if any (hosts without
+    external IPs are reached only through it)."""
+
+    remote_root: str
+    proxy_command: str | None = None
+
+
+def _stop_left_on(session: Session, given: Node, run_id: str, access: HostAccess, key: KeyPair) -> int:
     """``stop_left_hosts`` on one node, as the API has it now: a slice that is gone or unreachable has
     nothing left to stop (a deleted VM's processes went with it)."""
     from tpuctl.hosts.ssh import SshExecutor
@@ -282,11 +292,18 @@ def _stop_left_on(session: Session, given: Node, run_id: str, remote_root: str, 
         login = host_login(session, [node], key)
         addresses = session.backend.host_addresses(session.cloud, node)
         executor = SshExecutor(
-            node_ssh_hosts(session, node, addresses, deadline_s=30.0, need_names=False),
+            node_ssh_hosts(
+                session,
+                node,
+                addresses,
+                deadline_s=30.0,
+                need_names=_needs_instance_names(access.proxy_command),
+            ),
             login=login,
             key=key,
-            remote_root=remote_root,
+            remote_root=access.remote_root,
             connect_deadline_s=30.0,
+            proxy_command=access.proxy_command,
         )
     except TpuctlError:
         return 0

@@ -61,7 +61,8 @@ def take_over(
     given = prepared.target.existing
     if given is not None:  # the user's own slices stay: stop what the run left on them
         key = hosts.run_key(session, prepared)
-        hosts.stop_left_hosts(session, given, prepared.run_id, prepared.request.ssh_remote_root, key)
+        access = hosts.HostAccess(prepared.request.ssh_remote_root, prepared.request.ssh_proxy_command)
+        hosts.stop_left_hosts(session, given, prepared.run_id, access, key)
     restart_count = int(detail.get("restart_count", restarts + len(preemptions))) + 1
     observer.status(f"taking over run {prepared.run_id} (restart {restart_count})")
     if given is not None:
