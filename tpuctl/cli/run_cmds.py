@@ -375,8 +375,8 @@ def run(
         if detach:
             _render_detached(out, runs.start_detached(prepared, policy=policy, budget_usd=budget_usd))
             return
-        printer = RunConsole(out, prepared.target.hosts, verbose=verbose)
-        with stop_hosts_on_termination(), out.progress(f"run {prepared.run_id}") as prog:
+        printer = RunConsole(out, prepared.target.hosts, verbose=verbose, clock=sess.monotonic)
+        with stop_hosts_on_termination(), out.progress(f"run {prepared.run_id}") as prog, printer.heartbeat():
             printer.spinner = prog
             with resumable(prepared.run_id):
                 supervised = runs.start(
@@ -765,8 +765,8 @@ def resume_run(
         if detach:
             _render_detached(out, runs.detach(ready.run_id, resume=True))
             return
-        printer = RunConsole(out, ready.hosts, verbose=verbose)
-        with stop_hosts_on_termination(), out.progress(f"resume {ready.run_id}") as prog:
+        printer = RunConsole(out, ready.hosts, verbose=verbose, clock=sess.monotonic)
+        with stop_hosts_on_termination(), out.progress(f"resume {ready.run_id}") as prog, printer.heartbeat():
             printer.spinner = prog
             supervised = runs.supervise(ready, observer=printer, warn=out.warn, progress=prog)
     _render_result(out, supervised)
@@ -891,9 +891,10 @@ def bench_step(
                 value=pod,
                 fix=f"pass TYPE {prepared.target.accelerator.friendly_name}, or drop --pod",
             )
-        printer = RunConsole(out, prepared.target.hosts)
+        printer = RunConsole(out, prepared.target.hosts, clock=sess.monotonic)
         collector = BenchCollector(printer if not out.machine else None)
-        with stop_hosts_on_termination(), out.progress(f"bench step on {accel.friendly_name}") as prog:
+        bench = out.progress(f"bench step on {accel.friendly_name}")
+        with stop_hosts_on_termination(), bench as prog, printer.heartbeat():
             printer.spinner = prog
             # Supervised as `tpuctl run` is, with recovery off: the first failure or preemption ends it.
             supervised = runs.start(prepared, observer=collector, policy=RecoveryPolicy.off(), progress=prog)
