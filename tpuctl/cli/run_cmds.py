@@ -37,6 +37,7 @@ from tpuctl.cli.run_console import RunConsole
 from tpuctl.cli.run_reading import RUN_HELP as _RUN_HELP
 from tpuctl.cli.run_reading import ending_fields, run_logs, short_time
 from tpuctl.cli.run_signals import resumable, stop_hosts_on_termination
+from tpuctl.words import counted
 
 if TYPE_CHECKING:
     from tpuctl.cli.render import Output
@@ -412,18 +413,18 @@ def _render_result(out: Output, supervised: SupervisedResult) -> None:
     recovered = ""
     if supervised.preemptions:
         n = len(supervised.preemptions)
-        recovered = f"; recovered from {n} preemption{'s' if n != 1 else ''} " + (
-            f"({recovery.steps_recomputed} steps recomputed"
+        recovered = f"; recovered from {counted(n, 'preemption')} " + (
+            f"({counted(recovery.steps_recomputed, 'step')} recomputed"
             + (f", goodput {recovery.goodput:.0%}" if recovery.goodput is not None else "")
             + ")"
             if recovery.steps_recomputed is not None
             else f"(steps recomputed, goodput and waste: {UNKNOWN_STEPS})"
         )
     if supervised.restarts:
-        recovered += f"; {supervised.restarts} restart{'s' if supervised.restarts != 1 else ''}"
+        recovered += f"; {counted(supervised.restarts, 'restart')}"
     out.out.print(
-        f"[green]run {result.run_id} succeeded[/] on {result.pod} ({result.zone}, {result.hosts} hosts, "
-        f"{result.capacity}, "
+        f"[green]run {result.run_id} succeeded[/] on {result.pod} ({result.zone}, "
+        f"{counted(result.hosts, 'host')}, {result.capacity}, "
         + ("price unknown" if result.price_per_hour is None else f"{result.price_per_hour:.2f} USD/h")
         + ") "
         f"in {result.duration_s:.1f} s"
@@ -465,8 +466,9 @@ def _render_plan(out: Output, plan: dict[str, Any]) -> None:
     shape = f"{slices} slices x " if slices > 1 else ""
     p(
         f"where: {verb} {target['pod']} in {target['zone']}: {shape}{target['accelerator_type']} "
-        f"({target['topology']}, {target['hosts_per_slice']} hosts x {target['chips_per_host']} chips"
-        + (f" each; {target['hosts']} hosts in all" if slices > 1 else "")
+        f"({target['topology']}, {counted(target['hosts_per_slice'], 'host')} x "
+        f"{counted(target['chips_per_host'], 'chip')}"
+        + (f" each; {counted(target['hosts'], 'host')} in all" if slices > 1 else "")
         + f"), {target['capacity']}"
     )
     if slices > 1:
