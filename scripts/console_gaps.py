@@ -6,7 +6,8 @@ pseudo-terminal (as a person sees it), timestamps every chunk of output as it ar
 document per run: the longest silence between outputs (counting from the start to the first output) and
 the lines before and after it. On a terminal a live status line redrawn in place is output too (it tells
 the person that something is happening), so the pty figures also give ``longest_silence_between_lines_s``,
-the longest wait for a new line to scroll by.
+the longest wait for a new line to scroll by. ``longest_silence_before_the_program_spoke`` is the same
+up to the program's first line: tpuctl's own part (placing, creating, setting up, starting the program).
 
 The default command is the README demo's run, on a fresh state dir in a temp dir, so it includes the first
 setup of a host and the simulator's start::
@@ -48,8 +49,12 @@ DEMO_RUN = (
     "--steps",
     "30",
 )
-#: Escape sequences (colours, cursor moves, the status line's redraws): not text a person reads.
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07|\x1b[()][0-9A-Za-z]")
+#: Escape sequences that style text (colours, bold): not text a person reads.
+_STYLE = re.compile(r"\x1b\[[0-9;]*m")
+#: The others (cursor moves, erasing a line: the status line's redraws) end what was drawn before them.
+_CONTROL = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07|\x1b[()][0-9A-Za-z]")
+#: A line of the program's output on the console (``w0 | ...``).
+_HOST_LINE = re.compile(r"(^|[\r\n])w\d+ *\| ")
 #: Variables that would make rich treat a pipe as a terminal, or a terminal as a pipe.
 _CONSOLE_OVERRIDES = ("FORCE_COLOR", "NO_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE", "COLUMNS", "LINES")
 
@@ -104,19 +109,23 @@ def record(command: list[str], mode: str, env: dict[str, str]) -> Recording:
             break
         if not data:
             break
-        chunks.append(Chunk(time.monotonic() - started, _ANSI.sub("", data.decode(errors="replace"))))
+        chunks.append(
+            Chunk(
+                time.monotonic() - started, _CONTROL.sub("\r", _STYLE.sub("", data.decode(errors="replace")))
+            )
+        )
     status = proc.wait()
     closer()
     return Recording(mode, command, status, time.monotonic() - started, chunks)
 
 
 def _last_line(texts: list[str]) -> str:
-    lines = [ln.strip() for ln in re.split(r"[\r\n]", "".join(texts)) if ln.strip()]
+    lines = [ln.strip() for ln in re.split(r"[\r\n]", "\n".join(texts)) if ln.strip()]
     return lines[-1] if lines else "(start)"
 
 
 def _first_line(texts: list[str]) -> str:
-    lines = [ln.strip() for ln in re.split(r"[\r\n]", "".join(texts)) if ln.strip()]
+    lines = [ln.strip() for ln in re.split(r"[\r\n]", "\n".join(texts)) if ln.strip()]
     return lines[0] if lines else "(end)"
 
 
@@ -130,7 +139,7 @@ def longest_silence(chunks: list[Chunk], total_s: float) -> dict[str, Any]:
         "seconds": round(gap, 2),
         "from_s": round(times[index], 2),
         "before": _last_line(texts[:index]),
-        "after": _first_line(texts[index : index + 1]) if index < len(chunks) else "(end)",
+        "after": _first_line(texts[index : index + 50]) if index < len(chunks) else "(end)",
     }
 
 
@@ -150,6 +159,15 @@ def line_arrivals(chunks: list[Chunk]) -> list[Chunk]:
     return lines
 
 
+def until_the_program(chunks: list[Chunk]) -> tuple[list[Chunk], float] | None:
+    """The chunks before the program's first line (``w0 | ...``) and that line's time: tpuctl's own
+    part of the run (placing, creating, setting up, starting), where every silence is tpuctl's."""
+    for index, chunk in enumerate(chunks):
+        if _HOST_LINE.search(chunk.text):
+            return chunks[:index], chunk.at_s
+    return None
+
+
 def report(rec: Recording) -> dict[str, Any]:
     lines = line_arrivals(rec.chunks)
     result: dict[str, Any] = {
@@ -159,6 +177,9 @@ def report(rec: Recording) -> dict[str, Any]:
         "lines": len(lines),
         "longest_silence": longest_silence(rec.chunks, rec.total_s),
     }
+    setup = until_the_program(rec.chunks)
+    if setup is not None:
+        result["longest_silence_before_the_program_spoke"] = longest_silence(*setup)
     if rec.mode == "pty":
         result["longest_silence_between_lines"] = longest_silence(lines, rec.total_s)
     return result
