@@ -37,8 +37,8 @@ if TYPE_CHECKING:
 
 #: Worker prefix colours, cycled; picked so neighbours differ on dark and light terminals.
 _COLOURS = ("cyan", "magenta", "green", "yellow", "blue", "red", "bright_cyan", "bright_magenta")
-#: The longest the console stays quiet while tpuctl waits: under the 5 s after which a person (or a CI
-#: job's watchdog) starts to wonder whether anything is happening.
+#: The longest the console stays quiet while tpuctl waits: under the 5 s of silence after which a run
+#: looks stuck to the person reading it.
 QUIET_LIMIT_S = 4.0
 #: How often ``heartbeat`` looks at the clock: a "still …" line is at most this late.
 _TICK_S = 0.5
@@ -114,8 +114,9 @@ class RunConsole:
             return
         if self._verbose and (self._phase is None or self._phase.title != update.title):
             self._tpuctl_line(text)  # its details follow
-        same = self._phase is not None and self._phase.title == update.title and self._wait is not None
-        since = self._wait.since if same and self._wait is not None else self._clock()
+        wait = self._wait
+        going_on = wait is not None and self._phase is not None and self._phase.title == update.title
+        since = wait.since if wait is not None and going_on else self._clock()  # the phase's start
         count = f"{update.done}/{update.total} done" if update.done is not None and update.total else ""
         self._wait = _Wait(update.title, since, count)
         self._phase = update
