@@ -18,9 +18,12 @@ from recovery_helpers import (
     serve_for_jax_runs,
 )
 
+from tpuctl.cli.run_console import QUIET_LIMIT_S
 from tpuctl.sim import SimAdminClient
 from tpuctl.testing.cli import Cli, CliResult
 
+#: How a line that only says a wait goes on begins (``tpuctl.cli.run_console``).
+STILL = "tpuctl: still "
 #: Plumbing that must never reach the console (it stays in the host logs).
 PLUMBING = ("google_auth_provider", "application-default login", "[Gloo]", "SIGTERM caught", "[tpuctl-setup]")
 
@@ -51,8 +54,11 @@ def admin(
 
 
 def console_lines(result: CliResult) -> list[str]:
-    """What the user saw: every non-empty line of both streams."""
-    return [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
+    """What the user saw, less the lines that only say a wait goes on: every non-empty line of both
+    streams but tpuctl's "still …" lines (a terminal shows those on its status line, not as lines; piped,
+    ``check_quiet`` bounds their number)."""
+    lines = (result.stdout + result.stderr).splitlines()
+    return [line for line in lines if line.strip() and not line.startswith(STILL)]
 
 
 def preempted_once(admin: SimAdminClient, state_dir: Path, cli: Cli, *args: str) -> CliResult:
@@ -69,6 +75,9 @@ def preempted_once(admin: SimAdminClient, state_dir: Path, cli: Cli, *args: str)
 def check_quiet(result: CliResult, *, hosts: int) -> list[str]:
     lines = console_lines(result)
     told = [line for line in lines if line.startswith("tpuctl: ")]
+    # Piped, a wait says it goes on: a line per QUIET_LIMIT_S of silence at most, never more often.
+    still = [line for line in result.stderr.splitlines() if line.startswith(STILL)]
+    assert len(still) <= result.seconds / QUIET_LIMIT_S, still
     # Each attempt: its slice made, its hosts set up, one line each, with the count of hosts.
     creating = [line for line in told if line.startswith("tpuctl: creating ")]
     assert len(creating) == 2 and all("… READY in " in line for line in creating), told

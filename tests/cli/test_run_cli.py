@@ -121,6 +121,7 @@ def test_a_missing_import_is_refused_before_any_create_request_reaches_the_simul
     warned = cli("run", str(work / "train.py"), "--type", "v5e-8", "--setup", "true", "--dry-run")
     assert warned.code == 0, warned.stderr
     assert "cannot tell whether the hosts will have wandb_not_installed" in warned.stderr
+    assert "(2x4, 1 host x 8 chips)" in warned.stdout  # the plan counts in words
     # --no-import-check: not even a warning.
     unchecked = cli("run", str(work / "train.py"), "--type", "v5e-8", "--no-import-check", "--dry-run")
     assert unchecked.code == 0 and "wandb_not_installed" not in unchecked.stderr
@@ -192,6 +193,7 @@ def test_example_lm_on_v5e_8_completes_with_decreasing_loss_and_is_recorded(
     assert result.code == 0, result.stderr[-3000:]
     run_id = run_id_of(result)
     assert "w0 | process 0/1 devices 8/8" in result.stdout
+    assert f"run {run_id} succeeded on {run_id} (us-central1-a, 1 host, on-demand, " in result.stdout
     log = (state_dir / "runs" / run_id / "worker-0.log").read_text()
     assert "process 0/1 devices 8/8" in log
     curve = losses(log)

@@ -1,15 +1,17 @@
 """A run on the console: one line per phase, details only with -v, plumbing never, the status line kept
-out of the hosts' lines."""
+out of the hosts' lines, and no wait of tpuctl's without a word for more than a few seconds."""
 
 from __future__ import annotations
 
 import io
+from itertools import pairwise
 
 from rich.console import Console
 
 from tpuctl.cli.render import Output, Progress
-from tpuctl.cli.run_console import RunConsole
+from tpuctl.cli.run_console import QUIET_LIMIT_S, RunConsole
 from tpuctl.services.run.model import PhaseUpdate
+from tpuctl.testing.clock import FakeClock, wait_for
 
 SETUP = "setting up 4 hosts: runtime (cpu)"
 GLOO = "[Gloo] Rank 1 is connected to 3 peer ranks. Expected number of connected peer ranks is : 3"
@@ -96,3 +98,99 @@ def test_machine_formats_get_host_lines_on_stderr_and_nothing_else() -> None:
     _attempt(RunConsole(out, 4, verbose=False))
     assert stdout.getvalue() == ""
     assert stderr.getvalue().splitlines() == ["w0 | step 1 loss 6.2"]
+
+
+def _said_while(
+    clock: FakeClock, console: RunConsole, stderr: io.StringIO, seconds: int
+) -> list[tuple[float, str]]:
+    """Tick the console every simulated second for ``seconds``: each new stderr line, with its time."""
+    said: list[tuple[float, str]] = []
+    seen = len(stderr.getvalue().splitlines())
+    for _ in range(seconds):
+        clock.advance(1.0)
+        console.tick()
+        lines = stderr.getvalue().splitlines()
+        said += [(clock.now(), line) for line in lines[seen:]]
+        seen = len(lines)
+    return said
+
+
+def test_piped_a_long_phase_says_it_is_still_going_every_few_seconds_and_no_more_often() -> None:
+    out, stdout, stderr = _output()
+    clock = FakeClock(start=100.0)
+    console = RunConsole(out, 4, clock=clock)
+    console.phase(PhaseUpdate(SETUP, done=0, total=4))
+    console.phase(PhaseUpdate(SETUP, done=1, total=4))  # an update is not a line: the silence goes on
+    said = _said_while(clock, console, stderr, 20)
+    assert [line for _, line in said] == [
+        f"tpuctl: still setting up 4 hosts: runtime (cpu)… 1/4 done, {n} s" for n in (4, 8, 12, 16, 20)
+    ]
+    times = [100.0, *(at for at, _ in said)]
+    assert all(later - earlier == QUIET_LIMIT_S for earlier, later in pairwise(times))
+    console.phase(PhaseUpdate(SETUP, done=4, total=4, outcome="done in 20.0 s"))
+    # Then the program's start-up (JAX starts slowly) until its first line...
+    assert [line for _, line in _said_while(clock, console, stderr, 9)] == [
+        "tpuctl: still starting the program on 4 hosts… 4 s",
+        "tpuctl: still starting the program on 4 hosts… 8 s",
+    ]
+    console.line(0, GLOO)  # plumbing is no word from the program
+    assert len(_said_while(clock, console, stderr, 4)) == 1
+    # ...after which its silences are its own: nothing is added to a program's output.
+    console.line(0, "step 1 loss 6.2")
+    assert _said_while(clock, console, stderr, 30) == []
+    assert stdout.getvalue().splitlines() == ["w0 | step 1 loss 6.2"]
+
+
+def test_piped_a_phase_that_ends_within_the_limit_adds_nothing() -> None:
+    out, _stdout, stderr = _output()
+    clock = FakeClock()
+    console = RunConsole(out, 1, clock=clock)
+    console.phase(PhaseUpdate("creating tpu-a (v5litepod-8, 1 host)"))
+    said = _said_while(clock, console, stderr, 3)
+    console.phase(
+        PhaseUpdate("creating tpu-a (v5litepod-8, 1 host)", outcome="READY in us-central1-a, 3.0 s")
+    )
+    assert said == []
+    assert stderr.getvalue().splitlines() == [
+        "tpuctl: creating tpu-a (v5litepod-8, 1 host)… READY in us-central1-a, 3.0 s"
+    ]
+
+
+def test_on_a_terminal_a_quiet_console_gets_its_status_line_back_and_no_line() -> None:
+    out, stdout, stderr = _output(terminal=True)
+    clock = FakeClock()
+    console = RunConsole(out, 4, clock=clock)
+    spinner = Progress(out, "run r")
+    console.spinner = spinner
+    console.line(0, "mesh dcn=1 data=8 model=1")  # the hosts talk: the status line goes
+    clock.advance(QUIET_LIMIT_S - 0.5)
+    console.tick()
+    assert not spinner.shown
+    clock.advance(0.5)
+    console.tick()  # the program compiles its first step: the status line says tpuctl is alive
+    assert spinner._status is not None and str(spinner._status.renderable.text) == "running…"
+    console.line(0, "step 1 loss 6.2")
+    assert not spinner.shown
+    spinner.stop()
+    assert "still" not in stderr.getvalue()
+    assert stdout.getvalue().splitlines() == ["w0 | mesh dcn=1 data=8 model=1", "w0 | step 1 loss 6.2"]
+
+
+def test_machine_formats_get_no_still_lines() -> None:
+    out, stdout, stderr = _output(fmt="json")
+    clock = FakeClock()
+    console = RunConsole(out, 4, clock=clock)
+    console.phase(PhaseUpdate(SETUP, done=0, total=4))
+    assert _said_while(clock, console, stderr, 10) == []
+    assert stdout.getvalue() == ""
+
+
+def test_the_heartbeat_ticks_on_its_own_while_a_block_runs() -> None:
+    out, _stdout, stderr = _output()
+    clock = FakeClock()
+    console = RunConsole(out, 1, clock=clock)
+    console.phase(PhaseUpdate("setting up 1 host: runtime (cpu)", done=0, total=1))
+    clock.advance(QUIET_LIMIT_S)
+    with console.heartbeat():
+        wait_for(lambda: "still setting up 1 host" in stderr.getvalue(), timeout=10)
+    assert stderr.getvalue().splitlines() == ["tpuctl: still setting up 1 host: runtime (cpu)… 0/1 done, 4 s"]

@@ -31,6 +31,7 @@ from tpuctl.cli.placement_flags import (
     network_settings,
     placement_choices,
 )
+from tpuctl.words import counted
 
 if TYPE_CHECKING:
     from tpuctl.cli.render import Output
@@ -360,7 +361,7 @@ def _render_plan(out: Output, plan: Plan) -> None:
     slices = f"{req.slices} x " if req.slices > 1 else ""
     out.out.print(
         f"[bold]dry run[/]: nothing was changed. Plan for {req.name}: {slices}{req.accelerator.api_name} "
-        f"({req.accelerator.topology}, {req.accelerator.hosts} hosts each), "
+        f"({req.accelerator.topology}, {counted(req.accelerator.hosts, 'host')} each), "
         f"{', '.join(c.value for c in req.capacity_types)}, {cap}, strategy {req.strategy.value}"
         + (", queued" if req.uses_queued_resource else "")
     )

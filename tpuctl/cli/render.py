@@ -248,6 +248,11 @@ class Progress:
             self._status = None
 
     @property
+    def shown(self) -> bool:
+        """Whether the status line is on the terminal now."""
+        return self._status is not None
+
+    @property
     def elapsed_s(self) -> float:
         return time.monotonic() - self._started
 

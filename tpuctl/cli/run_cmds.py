@@ -37,6 +37,7 @@ from tpuctl.cli.run_console import RunConsole
 from tpuctl.cli.run_reading import RUN_HELP as _RUN_HELP
 from tpuctl.cli.run_reading import ending_fields, run_logs, short_time
 from tpuctl.cli.run_signals import resumable, stop_hosts_on_termination
+from tpuctl.words import counted
 
 if TYPE_CHECKING:
     from tpuctl.cli.render import Output
@@ -375,8 +376,8 @@ def run(
         if detach:
             _render_detached(out, runs.start_detached(prepared, policy=policy, budget_usd=budget_usd))
             return
-        printer = RunConsole(out, prepared.target.hosts, verbose=verbose)
-        with stop_hosts_on_termination(), out.progress(f"run {prepared.run_id}") as prog:
+        printer = RunConsole(out, prepared.target.hosts, verbose=verbose, clock=sess.monotonic)
+        with stop_hosts_on_termination(), out.progress(f"run {prepared.run_id}") as prog, printer.heartbeat():
             printer.spinner = prog
             with resumable(prepared.run_id):
                 supervised = runs.start(
@@ -412,18 +413,18 @@ def _render_result(out: Output, supervised: SupervisedResult) -> None:
     recovered = ""
     if supervised.preemptions:
         n = len(supervised.preemptions)
-        recovered = f"; recovered from {n} preemption{'s' if n != 1 else ''} " + (
-            f"({recovery.steps_recomputed} steps recomputed"
+        recovered = f"; recovered from {counted(n, 'preemption')} " + (
+            f"({counted(recovery.steps_recomputed, 'step')} recomputed"
             + (f", goodput {recovery.goodput:.0%}" if recovery.goodput is not None else "")
             + ")"
             if recovery.steps_recomputed is not None
             else f"(steps recomputed, goodput and waste: {UNKNOWN_STEPS})"
         )
     if supervised.restarts:
-        recovered += f"; {supervised.restarts} restart{'s' if supervised.restarts != 1 else ''}"
+        recovered += f"; {counted(supervised.restarts, 'restart')}"
     out.out.print(
-        f"[green]run {result.run_id} succeeded[/] on {result.pod} ({result.zone}, {result.hosts} hosts, "
-        f"{result.capacity}, "
+        f"[green]run {result.run_id} succeeded[/] on {result.pod} ({result.zone}, "
+        f"{counted(result.hosts, 'host')}, {result.capacity}, "
         + ("price unknown" if result.price_per_hour is None else f"{result.price_per_hour:.2f} USD/h")
         + ") "
         f"in {result.duration_s:.1f} s"
@@ -465,8 +466,9 @@ def _render_plan(out: Output, plan: dict[str, Any]) -> None:
     shape = f"{slices} slices x " if slices > 1 else ""
     p(
         f"where: {verb} {target['pod']} in {target['zone']}: {shape}{target['accelerator_type']} "
-        f"({target['topology']}, {target['hosts_per_slice']} hosts x {target['chips_per_host']} chips"
-        + (f" each; {target['hosts']} hosts in all" if slices > 1 else "")
+        f"({target['topology']}, {counted(target['hosts_per_slice'], 'host')} x "
+        f"{counted(target['chips_per_host'], 'chip')}"
+        + (f" each; {counted(target['hosts'], 'host')} in all" if slices > 1 else "")
         + f"), {target['capacity']}"
     )
     if slices > 1:
@@ -765,8 +767,8 @@ def resume_run(
         if detach:
             _render_detached(out, runs.detach(ready.run_id, resume=True))
             return
-        printer = RunConsole(out, ready.hosts, verbose=verbose)
-        with stop_hosts_on_termination(), out.progress(f"resume {ready.run_id}") as prog:
+        printer = RunConsole(out, ready.hosts, verbose=verbose, clock=sess.monotonic)
+        with stop_hosts_on_termination(), out.progress(f"resume {ready.run_id}") as prog, printer.heartbeat():
             printer.spinner = prog
             supervised = runs.supervise(ready, observer=printer, warn=out.warn, progress=prog)
     _render_result(out, supervised)
@@ -891,9 +893,10 @@ def bench_step(
                 value=pod,
                 fix=f"pass TYPE {prepared.target.accelerator.friendly_name}, or drop --pod",
             )
-        printer = RunConsole(out, prepared.target.hosts)
+        printer = RunConsole(out, prepared.target.hosts, clock=sess.monotonic)
         collector = BenchCollector(printer if not out.machine else None)
-        with stop_hosts_on_termination(), out.progress(f"bench step on {accel.friendly_name}") as prog:
+        bench = out.progress(f"bench step on {accel.friendly_name}")
+        with stop_hosts_on_termination(), bench as prog, printer.heartbeat():
             printer.spinner = prog
             # Supervised as `tpuctl run` is, with recovery off: the first failure or preemption ends it.
             supervised = runs.start(prepared, observer=collector, policy=RecoveryPolicy.off(), progress=prog)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from tpuctl.runtime.preemption import PREEMPTED_EXIT_CODE, ends_the_vm
 from tpuctl.store.records import PreemptionKind
+from tpuctl.words import counted
 
 if TYPE_CHECKING:
     from tpuctl.services.run.model import AttemptResult
@@ -195,7 +196,7 @@ class Progress:
         if self.restored is not None:
             return f"{fallback} (step {self.restored} or later) will do"
         if checkpoint_every is not None and (self.last_step or 0) >= checkpoint_every:
-            return f"{fallback} (every {checkpoint_every} steps) will do"
+            return f"{fallback} (every {counted(checkpoint_every, 'step')}) will do"
         return "no checkpoint on the way out, and none known: the program starts over"
 
     @property

@@ -21,6 +21,7 @@ from tpuctl.services.run import hostsetup
 from tpuctl.services.run.hostlog import HostLog, LedgerLog
 from tpuctl.services.run.model import AttemptResult, LaunchObserver, PreparedRun, describe_exit
 from tpuctl.store.records import RunStatus
+from tpuctl.words import counted
 
 if TYPE_CHECKING:
     from tpuctl.hosts.base import Executor, LaunchSpec, ShipResult
@@ -78,7 +79,8 @@ def execute(
     endpoints = sum(len(node.network_endpoints) for node in slices.nodes)
     if endpoints not in (0, spec.num_workers):
         observer.status(
-            f"note: {slices.describe()} reports {endpoints} endpoints for {spec.num_workers} hosts"
+            f"note: {slices.describe()} reports {counted(endpoints, 'endpoint')} for "
+            f"{counted(spec.num_workers, 'host')}"
         )
     # Run logs hold the program's output: private like the rest of the state dir.
     prepared.run_dir.make()
@@ -166,12 +168,14 @@ def _ship_and_start(
     observer.detail(
         None,
         f"shipping bundle {bundle.short_digest} ({len(bundle.files)} files, {bundle.total_bytes} bytes) "
-        f"to {spec.num_workers} hosts",
+        f"to {counted(spec.num_workers, 'host')}",
     )
     shipped = executor.ship(bundle)
     copied = sum(1 for s in shipped if s.shipped)
     observer.detail(
-        None, f"bundle on {spec.num_workers} hosts ({copied} copied, {len(shipped) - copied} already had it)"
+        None,
+        f"bundle on {counted(spec.num_workers, 'host')} "
+        f"({copied} copied, {len(shipped) - copied} already had it)",
     )
     if not may_start():
         return None
@@ -189,7 +193,7 @@ def _ship_and_start(
         return None
     session.ledger.update_run(prepared.run_id, status=RunStatus.RUNNING, pod=slices.name, zone=slices.zone)
     executor.start(spec)
-    observer.detail(None, f"started {' '.join(prepared.program)} on {spec.num_workers} hosts")
+    observer.detail(None, f"started {' '.join(prepared.program)} on {counted(spec.num_workers, 'host')}")
     return shipped, setup_s
 
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from tpuctl.errors import RunFailedError
 from tpuctl.services.run.model import PhaseUpdate
+from tpuctl.words import counted
 
 if TYPE_CHECKING:
     from tpuctl.hosts.base import Executor
@@ -60,7 +61,7 @@ def run_setup(
     if spec.does_nothing:
         # Nothing to install or run: the program uses the image's python3 as it is, and a session per
         # host that only makes an empty directory would be a large part of a large slice's start-up.
-        observer.detail(None, f"no setup on {hosts} hosts: nothing to install or run")
+        observer.detail(None, f"no setup on {counted(hosts, 'host')}: nothing to install or run")
         return 0.0
     script = setup_script(spec, prepared.request.ssh_remote_root)
     what = ", ".join(
@@ -72,7 +73,7 @@ def run_setup(
         )
         if part
     )
-    title = f"setting up {hosts} host{'s' if hosts != 1 else ''}: {what}"
+    title = f"setting up {counted(hosts, 'host')}: {what}"
     observer.phase(PhaseUpdate(title, done=0, total=hosts))
     started = time.monotonic()
     done = 0
@@ -80,7 +81,7 @@ def run_setup(
         wheelhouses = [*([uv_wheelhouse] if uv_wheelhouse else []), uv_download_dir]
         download = functools.partial(download_wheel, cache_dir=uv_download_dir)
         sent = bring_uv(executor, prepared.request.ssh_remote_root, wheelhouses, download=download)
-        observer.detail(None, f"uv on {hosts} hosts ({sent} sent it, {hosts - sent} had it)")
+        observer.detail(None, f"uv on {counted(hosts, 'host')} ({sent} sent it, {hosts - sent} had it)")
 
     def on_line(worker: int, text: str) -> None:
         nonlocal done
