@@ -123,18 +123,19 @@ def test_piped_a_long_phase_says_it_is_still_going_every_few_seconds_and_no_more
     console.phase(PhaseUpdate(SETUP, done=1, total=4))  # an update is not a line: the silence goes on
     said = _said_while(clock, console, stderr, 20)
     assert [line for _, line in said] == [
-        f"tpuctl: still setting up 4 hosts: runtime (cpu)… 1/4 done, {n} s" for n in (4, 8, 12, 16, 20)
+        f"tpuctl: still setting up 4 hosts: runtime (cpu)… 1/4 done, {n:.0f} s"
+        for n in (QUIET_LIMIT_S * k for k in range(1, int(20 // QUIET_LIMIT_S) + 1))
     ]
     times = [100.0, *(at for at, _ in said)]
     assert all(later - earlier == QUIET_LIMIT_S for earlier, later in pairwise(times))
     console.phase(PhaseUpdate(SETUP, done=4, total=4, outcome="done in 20.0 s"))
     # Then the program's start-up (JAX starts slowly) until its first line...
-    assert [line for _, line in _said_while(clock, console, stderr, 9)] == [
-        "tpuctl: still starting the program on 4 hosts… 4 s",
-        "tpuctl: still starting the program on 4 hosts… 8 s",
+    assert [line for _, line in _said_while(clock, console, stderr, 2 * int(QUIET_LIMIT_S) + 1)] == [
+        f"tpuctl: still starting the program on 4 hosts… {QUIET_LIMIT_S:.0f} s",
+        f"tpuctl: still starting the program on 4 hosts… {2 * QUIET_LIMIT_S:.0f} s",
     ]
     console.line(0, GLOO)  # plumbing is no word from the program
-    assert len(_said_while(clock, console, stderr, 4)) == 1
+    assert len(_said_while(clock, console, stderr, int(QUIET_LIMIT_S))) == 1
     # ...after which its silences are its own: nothing is added to a program's output.
     console.line(0, "step 1 loss 6.2")
     assert _said_while(clock, console, stderr, 30) == []
@@ -146,13 +147,13 @@ def test_piped_a_phase_that_ends_within_the_limit_adds_nothing() -> None:
     clock = FakeClock()
     console = RunConsole(out, 1, clock=clock)
     console.phase(PhaseUpdate("creating tpu-a (v5litepod-8, 1 host)"))
-    said = _said_while(clock, console, stderr, 3)
+    said = _said_while(clock, console, stderr, int(QUIET_LIMIT_S) - 1)
     console.phase(
-        PhaseUpdate("creating tpu-a (v5litepod-8, 1 host)", outcome="READY in us-central1-a, 3.0 s")
+        PhaseUpdate("creating tpu-a (v5litepod-8, 1 host)", outcome="READY in us-central1-a, 2.0 s")
     )
     assert said == []
     assert stderr.getvalue().splitlines() == [
-        "tpuctl: creating tpu-a (v5litepod-8, 1 host)… READY in us-central1-a, 3.0 s"
+        "tpuctl: creating tpu-a (v5litepod-8, 1 host)… READY in us-central1-a, 2.0 s"
     ]
 
 
@@ -193,4 +194,6 @@ def test_the_heartbeat_ticks_on_its_own_while_a_block_runs() -> None:
     clock.advance(QUIET_LIMIT_S)
     with console.heartbeat():
         wait_for(lambda: "still setting up 1 host" in stderr.getvalue(), timeout=10)
-    assert stderr.getvalue().splitlines() == ["tpuctl: still setting up 1 host: runtime (cpu)… 0/1 done, 4 s"]
+    assert stderr.getvalue().splitlines() == [
+        f"tpuctl: still setting up 1 host: runtime (cpu)… 0/1 done, {QUIET_LIMIT_S:.0f} s"
+    ]

@@ -38,8 +38,9 @@ if TYPE_CHECKING:
 #: Worker prefix colours, cycled; picked so neighbours differ on dark and light terminals.
 _COLOURS = ("cyan", "magenta", "green", "yellow", "blue", "red", "bright_cyan", "bright_magenta")
 #: The longest the console stays quiet while tpuctl waits: under the 5 s of silence after which a run
-#: looks stuck to the person reading it.
-QUIET_LIMIT_S = 4.0
+#: looks stuck to the person reading it, with room for the second or so between the banner and the
+#: console's start (the run is prepared and its imports checked meanwhile, measured 0.8-1.0 s).
+QUIET_LIMIT_S = 3.0
 #: How often ``heartbeat`` looks at the clock: a "still …" line is at most this late.
 _TICK_S = 0.5
 
