@@ -422,6 +422,11 @@ def test_detached_run_is_preempted_by_another_process_survives_kill_9_and_resume
     # kill -9 of the supervisor mid-run (its hosts are left running, orphaned).
     wait_for(lambda: _steps(log)[-1] >= first_stop["step"] + 2, 120, 0.1, what="steps after the recovery")
     os.kill(supervisor_pid, signal.SIGKILL)
+    from recovery_helpers import program_pids
+
+    # Seen at once: the lease's expiry below takes long enough that the program may finish meanwhile.
+    orphans = program_pids(run_id)
+    assert orphans  # the hosts' programs outlive their supervisor: they run detached from SSH
     # (It is this process's child, so it stays a zombie until reaped: dead all the same.)
     wait_for(
         lambda: not is_same_process(supervisor_pid, None) or is_zombie(supervisor_pid),
@@ -442,10 +447,6 @@ def test_detached_run_is_preempted_by_another_process_survives_kill_9_and_resume
         what="its lease to expire",
     )
     assert orphaned["status"] == "running"
-    from recovery_helpers import program_pids
-
-    orphans = program_pids(run_id)
-    assert orphans  # the hosts' programs outlive their supervisor: they run detached from SSH
 
     resumed = cli("runs", "resume", run_id, "-o", "json")
     assert resumed.code == 0, resumed.stderr[-4000:]
