@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from tpuctl.hosts import envstore
 from tpuctl.hosts.uv_tool import UV_VERSION, host_uv
 
 Runtime = Literal["cpu", "tpu"]
@@ -38,10 +39,10 @@ Runtime = Literal["cpu", "tpu"]
 #: ``FINISHED_PREFIXES`` its last line on a host whose setup succeeded.
 LINE_PREFIX = "[tpuctl-setup]"
 STEP_PREFIX = f"{LINE_PREFIX} $ "
-FINISHED_PREFIXES = (f"{LINE_PREFIX} done: ", f"{LINE_PREFIX} up to date: ")
+FINISHED_PREFIXES = (f"{LINE_PREFIX} done: ", f"{LINE_PREFIX} up to date: ", f"{LINE_PREFIX} restored: ")
 #: Part of every key: a change to the script's steps makes hosts set up again rather than trust a marker
-#: written by an older script.
-SCRIPT_VERSION = 3
+#: written by an older script (4: relocatable environments, which a host may restore from the bucket).
+SCRIPT_VERSION = 4
 REQUIREMENTS_DIR = Path(__file__).resolve().parent.parent / "runtime" / "requirements"
 
 
@@ -166,7 +167,7 @@ _FILE = """cat > "$env/{name}" <<'{tag}'
 """
 
 
-def setup_script(spec: SetupSpec, remote_root: str = ".tpuctl") -> str:
+def setup_script(spec: SetupSpec, remote_root: str = ".tpuctl", *, store_in: str | None = None) -> str:
     """The bash script that sets a host up for ``spec`` (run it with bash, in the login home).
 
     Idempotent: exits 0 at once when ``<remote_root>/envs/<key>/.complete`` exists; otherwise starts that
@@ -175,7 +176,9 @@ def setup_script(spec: SetupSpec, remote_root: str = ".tpuctl") -> str:
     and the user's requirements, runs ``spec.commands`` with the environment activated (``bash -c``, in
     order), and writes the marker last. Exits non-zero at the first failing step, whose
     ``[tpuctl-setup] $`` line is the last one printed. The package index is the host's (pip's and uv's
-    own environment variables; the simulator points them at its mirror).
+    own environment variables; the simulator points them at its mirror). With ``store_in`` (a bucket)
+    and an environment to make, the built environment is then packed and stored there
+    (``tpuctl.hosts.envstore``) before the marker, for ``restore_script`` on the other hosts.
     """
     key = spec.key()
     parts = [_PREAMBLE.format(key=key, root=shlex.quote(remote_root), prefix=LINE_PREFIX)]
@@ -187,8 +190,28 @@ def setup_script(spec: SetupSpec, remote_root: str = ".tpuctl") -> str:
     if spec.commands:
         parts.append('export VIRTUAL_ENV="$env" PATH="$env/bin:$PATH"\n' if spec.needs_env else "")
         parts += [f"run {shlex.quote(command)}\n" for command in spec.commands]
+    if store_in is not None and spec.needs_env:
+        parts.append(envstore.tool_steps(remote_root))
+        parts.append(envstore.store_steps(store_in, key))
     parts.append(f'touch "$env/.complete"\necho "{LINE_PREFIX} done: $env"\n')
     return "".join(parts)
+
+
+def restore_script(spec: SetupSpec, bucket: str, remote_root: str = ".tpuctl") -> str:
+    """The bash script that gives a host ``spec``'s environment from ``bucket``, where a builder's
+    ``setup_script(..., store_in=bucket)`` stored it: a no-op where the marker is there already; else
+    the archive streamed into a fresh directory, the marker, and ``[tpuctl-setup] restored: <env>``.
+    Exits ``envstore.ENV_MISSING`` when the bucket has no such environment yet. Needs only the image's
+    ``python3`` and ``tar``: no uv, no package index."""
+    key = spec.key()
+    return "".join(
+        (
+            _PREAMBLE.format(key=key, root=shlex.quote(remote_root), prefix=LINE_PREFIX),
+            envstore.tool_steps(remote_root),
+            envstore.restore_steps(bucket, key, LINE_PREFIX),
+            f'touch "$env/.complete"\necho "{LINE_PREFIX} restored: $env"\n',
+        )
+    )
 
 
 def _env_steps(spec: SetupSpec, key: str) -> str:
@@ -201,7 +224,9 @@ def _env_steps(spec: SetupSpec, key: str) -> str:
     python = shlex.quote(spec.python)
     steps = [
         f"python=$(command -v python{python} || echo {python})\n",
-        'step "$uv" venv --quiet --python "$python" "$env"\n',
+        # Relocatable (entry points and activation scripts find the environment from where they are): a
+        # restoring host's home, hence the environment's path, is not the builder's.
+        'step "$uv" venv --quiet --relocatable --python "$python" "$env"\n',
     ]
     if spec.runtime is not None:
         text = runtime_requirements(spec.runtime).rstrip("\n")

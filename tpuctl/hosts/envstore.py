@@ -1,0 +1,163 @@
+"""A run's environment in its bucket: built once, stored as a tar, restored on every host with the stdlib.
+
+One host (the builder) makes the environment as ``tpuctl.hosts.setup`` does, packs it with the image's
+``tar`` and stores it at ``gs://<bucket>/tpuctl/envs/<key>/env.tar``, the key hashing every input
+(``SetupSpec.key``), so a later run with the same inputs in the same bucket builds nothing. Every other
+host, and every host of a recovery, restores it from there: no pip, no uv, no package index, only the
+image's ``python3`` (its standard library speaks Cloud Storage's JSON API with the token of the host's
+metadata server) and ``tar``. Hosts without external IPs reach the bucket through Private Google Access,
+so they set up too; the package index is asked once per environment, by the builder.
+
+The download streams into ``tar -x`` (a process of its own, so writing files overlaps reading the
+network): no intermediate file, the archive uncompressed (a restore is bound by the disk, not the CPU).
+The builder writes its archive to a file first: the JSON API's single-request upload wants the length.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shlex
+
+#: The exit status of a restore whose archive is not in the bucket (anything else non-zero: a failure).
+ENV_MISSING = 10
+
+#: The host tool, run with the image's ``python3``: ``restore BUCKET OBJECT DIR`` streams the object into
+#: ``tar -x -C DIR`` (exit ``ENV_MISSING`` when there is no such object); ``store BUCKET OBJECT FILE``
+#: uploads FILE unless the object exists (``ifGenerationMatch=0``: a second builder's copy is not needed).
+#: The endpoint is storage.googleapis.com unless ``API_ENDPOINT_OVERRIDE`` (google-cloud-storage's own
+#: override) names another; the token is the VM's service account's, from its metadata server
+#: (``GCE_METADATA_HOST`` where the name metadata.google.internal does not resolve).
+GCS_TOOL = r'''"""tpuctl: the run's environment to and from Cloud Storage, with the standard library only."""
+import fcntl, http.client, json, os, shutil, subprocess, sys, urllib.parse
+
+MISSING = 10
+CHUNK = 1 << 20
+
+
+def connect(url):
+    parts = urllib.parse.urlsplit(url)
+    kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    return kind(parts.netloc, timeout=300, blocksize=CHUNK), parts.path.rstrip("/")
+
+
+def token():
+    conn, _ = connect("http://" + (os.environ.get("GCE_METADATA_HOST") or "metadata.google.internal"))
+    path = "/computeMetadata/v1/instance/service-accounts/default/token"
+    conn.request("GET", path, headers={"Metadata-Flavor": "Google"})
+    answer = conn.getresponse()
+    body = answer.read()
+    if answer.status != 200:
+        sys.exit(f"the metadata server gave no token ({answer.status}): {body[:300]!r}")
+    return json.loads(body)["access_token"]
+
+
+def request(method, path, **kwargs):
+    conn, prefix = connect(os.environ.get("API_ENDPOINT_OVERRIDE") or "https://storage.googleapis.com")
+    headers = {"Authorization": "Bearer " + token(), **kwargs.pop("headers", {})}
+    conn.request(method, prefix + path, headers=headers, **kwargs)
+    return conn.getresponse()
+
+
+def quote(text):
+    return urllib.parse.quote(text, safe="")
+
+
+def restore(bucket, name, directory):
+    answer = request("GET", f"/download/storage/v1/b/{quote(bucket)}/o/{quote(name)}?alt=media")
+    if answer.status == 404:
+        sys.exit(MISSING)
+    if answer.status != 200:
+        sys.exit(f"reading gs://{bucket}/{name} failed ({answer.status}): {answer.read()[:300]!r}")
+    tar = subprocess.Popen(["tar", "-x", "-f", "-", "-C", directory], stdin=subprocess.PIPE)
+    try:  # a larger pipe: fewer switches between this process and tar
+        fcntl.fcntl(tar.stdin.fileno(), getattr(fcntl, "F_SETPIPE_SZ", 1031), CHUNK)
+    except OSError:
+        pass
+    try:
+        shutil.copyfileobj(answer, tar.stdin, CHUNK)
+    finally:
+        tar.stdin.close()
+    if tar.wait() != 0:
+        sys.exit(f"tar could not extract gs://{bucket}/{name} (exit {tar.returncode})")
+
+
+def store(bucket, name, path):
+    query = urllib.parse.urlencode({"uploadType": "media", "name": name, "ifGenerationMatch": "0"})
+    with open(path, "rb") as body:
+        size = str(os.fstat(body.fileno()).st_size)
+        headers = {"Content-Type": "application/x-tar", "Content-Length": size}
+        path = f"/upload/storage/v1/b/{quote(bucket)}/o?{query}"
+        answer = request("POST", path, body=body, headers=headers)
+        text = answer.read()
+    if answer.status == 412:
+        print(f"gs://{bucket}/{name} was stored already")
+    elif answer.status != 200:
+        sys.exit(f"storing gs://{bucket}/{name} failed ({answer.status}): {text[:300]!r}")
+
+
+if __name__ == "__main__":
+    {"restore": restore, "store": store}[sys.argv[1]](*sys.argv[2:])
+'''
+
+
+def env_object(key: str) -> str:
+    """The object name of the environment with this key, in any bucket (content-addressed: the key
+    hashes every input, so an object of that name is that environment)."""
+    return f"tpuctl/envs/{key}/env.tar"
+
+
+def env_url(bucket: str, key: str) -> str:
+    """``gs://<bucket>/<object>`` of the environment with this key (for messages)."""
+    return f"gs://{bucket}/{env_object(key)}"
+
+
+def tool_path(remote_root: str) -> str:
+    """The host path of ``GCS_TOOL`` (relative paths: to the login home), named by its content's hash,
+    so a host keeps no stale copy across tpuctl versions."""
+    digest = hashlib.sha256(GCS_TOOL.encode()).hexdigest()[:12]
+    return f"{remote_root.rstrip('/')}/tools/tpuctl-gcs-{digest}.py"
+
+
+def tool_steps(remote_root: str) -> str:
+    """Shell lines (for a script that has set ``$root``) that write ``GCS_TOOL`` where ``tool_path``
+    says unless it is there, and set ``$gcs`` to it."""
+    relative = tool_path(remote_root)[len(remote_root.rstrip("/")) :]
+    return (
+        f'gcs="$root{relative}"\n'
+        'if [ ! -f "$gcs" ]; then\n'
+        '  mkdir -p "${gcs%/*}"\n'
+        "  cat > \"$gcs.tmp-$$\" <<'TPUCTL_GCS_TOOL'\n"
+        f"{GCS_TOOL}"
+        "TPUCTL_GCS_TOOL\n"
+        '  mv "$gcs.tmp-$$" "$gcs"\n'
+        "fi\n"
+    )
+
+
+def store_steps(bucket: str, key: str) -> str:
+    """Shell lines (after ``tool_steps``, with ``$env`` built and the script's ``step`` function) that
+    pack ``$env`` and store it in the bucket, unless an earlier run stored it first."""
+    archive = '"$env.tar-$$"'
+    return (
+        f'step tar -c -f {archive} -C "$env" .\n'
+        f'step python3 "$gcs" store {shlex.quote(bucket)} {shlex.quote(env_object(key))} {archive}\n'
+        f"rm -f {archive}\n"
+    )
+
+
+def restore_steps(bucket: str, key: str, prefix: str) -> str:
+    """Shell lines (after ``tool_steps``, ``$env`` not there) that restore ``$env`` from the bucket into a
+    fresh directory renamed into place last (a host cut off halfway keeps no half environment); on an
+    archive the bucket does not have, print ``<prefix> not in the bucket: ...`` and exit ``ENV_MISSING``.
+    """
+    url = env_url(bucket, key)
+    return (
+        'part="$env.part-$$"\n'
+        'rm -rf "$env" "$part" && mkdir -p "$part"\n'
+        f"printf '%s\\n' {shlex.quote(f'{prefix} $ restore {url}')}\n"
+        f'python3 "$gcs" restore {shlex.quote(bucket)} {shlex.quote(env_object(key))} "$part" '
+        '|| { s=$?; rm -rf "$part"; '
+        f"if [ $s -eq {ENV_MISSING} ]; then echo {shlex.quote(f'{prefix} not in the bucket: {url}')}; fi; "
+        "exit $s; }\n"
+        'mv "$part" "$env"\n'
+    )
