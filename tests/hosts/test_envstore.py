@@ -14,7 +14,7 @@ import pytest
 from setup_helpers import bring_uv, host_env, run_script
 
 from tpuctl.hosts import envstore
-from tpuctl.hosts.setup import SetupSpec, env_python, finished, restore_script, setup_script
+from tpuctl.hosts.setup import SetupSpec, env_python, failed_command, finished, restore_script, setup_script
 from tpuctl.sim import default_world
 from tpuctl.sim.iam import access_token, default_service_account
 from tpuctl.sim.storage import DEFAULT_BUCKET, StorageEmulator
@@ -108,3 +108,10 @@ def test_a_second_builder_keeps_the_stored_environment(
         sizes.append(_object_bytes(storage_url, spec.key()))
     assert "stored already" in " ".join(lines)
     assert sizes[0] == sizes[1] is not None
+    # A bucket it cannot store in: the failed step is the storing one (which the run's error names).
+    host = _host(tmp_path / "third", image, mirror_url, storage_url, metadata_host)
+    bring_uv(host)
+    rc, lines, _ = run_script(setup_script(spec, store_in="no-such-bucket"), host)
+    assert rc != 0
+    assert envstore.is_store_step(failed_command(lines) or ""), lines
+    assert not (tmp_path / "third" / ".tpuctl" / "envs" / spec.key() / ".complete").exists()

@@ -145,6 +145,12 @@ def store_steps(bucket: str, key: str) -> str:
     )
 
 
+def is_store_step(command: str) -> bool:
+    """Whether ``command`` (a step's line, as ``failed_command`` gives it) is the builder's storing step:
+    a failure there is the bucket's, not the build's."""
+    return "/tpuctl-gcs-" in command and " store " in command
+
+
 def restore_steps(bucket: str, key: str, prefix: str) -> str:
     """Shell lines (after ``tool_steps``, ``$env`` not there) that restore ``$env`` from the bucket into a
     fresh directory renamed into place last (a host cut off halfway keeps no half environment); on an

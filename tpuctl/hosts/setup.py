@@ -159,6 +159,10 @@ export PATH="${{uv%/uv}}:$PATH"
 # The environment's files are hard links into uv's cache (same disk), and nothing is byte-compiled at
 # install time: Python compiles what it imports, on first import.
 export UV_LINK_MODE=${{UV_LINK_MODE:-hardlink}}
+# A Python uv downloads (where the image lacks the version and downloads are allowed) goes inside the
+# environment, so its archive is whole: on Google every host of a slice has the same home, so the same
+# absolute path.
+export UV_PYTHON_INSTALL_DIR="$env/python"
 """
 
 _FILE = """cat > "$env/{name}" <<'{tag}'

@@ -32,6 +32,7 @@ class Hosts:
     stored: set[str] = field(default_factory=set)
     has_env: set[int] = field(default_factory=set)
     failing_restore: set[int] = field(default_factory=set)
+    failing_store: bool = False
     calls: list[tuple[str, list[int]]] = field(default_factory=list)
 
     def run_command(
@@ -53,6 +54,11 @@ class Hosts:
             return CommandResult(worker, 1, ("[tpuctl-setup] $ restore gs://b/x", "403 Forbidden"))
         if what == "restore" and env_object(SPEC.key()) not in self.stored:
             return CommandResult(worker, ENV_MISSING, ("[tpuctl-setup] not in the bucket",))
+        if what == "build+store" and self.failing_store:
+            step = (
+                "[tpuctl-setup] $ python3 /h/.tpuctl/tools/tpuctl-gcs-0123.py store b tpuctl/envs/k/env.tar x"
+            )
+            return CommandResult(worker, 1, (step, "storing gs://b/... failed (403)"))
         if what == "build+store":
             self.stored.add(env_object(SPEC.key()))
         self.has_env.add(worker)
@@ -128,6 +134,14 @@ def test_a_restore_that_fails_otherwise_names_the_host_and_the_bucket() -> None:
         _setup(hosts, _prepared())
     assert "setup failed on host 2 (exit 1) running: restore gs://b/x" in str(failed.value)
     assert f"can read gs://{BUCKET}" in (failed.value.fix or "")
+
+
+def test_a_builder_that_cannot_store_is_told_about_the_bucket_not_its_requirements() -> None:
+    hosts = Hosts(2, failing_store=True)
+    with pytest.raises(RunFailedError) as failed:
+        _setup(hosts, _prepared())
+    assert "setup failed on host 0 (exit 1)" in str(failed.value)
+    assert (failed.value.fix or "").startswith(f"let the hosts' service account write gs://{BUCKET}")
 
 
 def test_env_bucket_is_the_checkpoint_bucket() -> None:

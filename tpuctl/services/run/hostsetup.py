@@ -146,7 +146,7 @@ class _Steps:
         from tpuctl.hosts.setup import setup_script
 
         script = setup_script(self.prepared.setup, self.root, store_in=store_in)
-        self._run(script, workers, fix="fix the --setup command or --requirements file")
+        self._run(script, workers, fix="fix the --setup command or --requirements file", store_in=store_in)
 
     def restore(self, workers: list[int], bucket: str) -> list[int]:
         """Restore the environment on ``workers`` from ``bucket``; returns those it was not in yet."""
@@ -162,7 +162,13 @@ class _Steps:
         return sorted(w for w, r in results.items() if r.exit_status == ENV_MISSING)
 
     def _run(
-        self, script: str, workers: list[int], *, fix: str, missing: int | None = None
+        self,
+        script: str,
+        workers: list[int],
+        *,
+        fix: str,
+        missing: int | None = None,
+        store_in: str | None = None,
     ) -> dict[int, CommandResult]:
         from tpuctl.hosts.setup import RUN_SCRIPT_FROM_STDIN, finished
 
@@ -184,15 +190,23 @@ class _Steps:
         )
         failed = sorted(w for w, r in results.items() if r.exit_status not in (0, missing))
         if failed:
-            raise self._failure(results, failed, fix)
+            raise self._failure(results, failed, fix, store_in)
         return results
 
-    def _failure(self, results: Mapping[int, CommandResult], failed: list[int], fix: str) -> RunFailedError:
+    def _failure(
+        self, results: Mapping[int, CommandResult], failed: list[int], fix: str, store_in: str | None
+    ) -> RunFailedError:
+        from tpuctl.hosts.envstore import is_store_step
         from tpuctl.hosts.setup import failed_command
 
         worker = failed[0]
         result = results[worker]
         command = failed_command(result.tail) or "the setup script"
+        if store_in is not None and is_store_step(command):
+            fix = (
+                f"let the hosts' service account write gs://{store_in} (roles/storage.objectCreator), "
+                "or give the run a bucket it can write with --bucket"
+            )
         status = (
             "no exit status (the host was lost)"
             if result.exit_status is None
