@@ -10,7 +10,8 @@ so they set up too; the package index is asked once per environment, by the buil
 
 The download streams into ``tar -x`` (a process of its own, so writing files overlaps reading the
 network): no intermediate file, the archive uncompressed (a restore is bound by the disk, not the CPU).
-The builder writes its archive to a file first: the JSON API's single-request upload wants the length.
+The builder packs twice from the page cache, once to count the bytes (the JSON API's single-request
+upload wants the length first) and once into the request, rather than writing a copy to its disk.
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ import shlex
 ENV_MISSING = 10
 
 #: The host tool, run with the image's ``python3``: ``restore BUCKET OBJECT DIR`` streams the object into
-#: ``tar -x -C DIR`` (exit ``ENV_MISSING`` when there is no such object); ``store BUCKET OBJECT FILE``
-#: uploads FILE unless the object exists (``ifGenerationMatch=0``: a second builder's copy is not needed).
+#: ``tar -x -C DIR`` (exit ``ENV_MISSING`` when there is no such object); ``store BUCKET OBJECT DIR``
+#: uploads DIR's tar unless the object exists (``ifGenerationMatch=0``: a second builder's copy is not
+#: needed).
 #: The endpoint is storage.googleapis.com unless ``API_ENDPOINT_OVERRIDE`` (google-cloud-storage's own
 #: override) names another; the token is the VM's service account's, from its metadata server
 #: (``GCE_METADATA_HOST`` where the name metadata.google.internal does not resolve).
@@ -81,14 +83,34 @@ def restore(bucket, name, directory):
         sys.exit(f"tar could not extract gs://{bucket}/{name} (exit {tar.returncode})")
 
 
-def store(bucket, name, path):
+def packed(directory):
+    """tar's archive of DIRECTORY, as it makes it."""
+    return subprocess.Popen(["tar", "-c", "-f", "-", "-C", directory, "."], stdout=subprocess.PIPE)
+
+
+def chunks(tar, size):
+    """tar's output in chunks; raises unless it is SIZE bytes and tar succeeded (never a short upload)."""
+    sent = 0
+    while chunk := tar.stdout.read(CHUNK):
+        sent += len(chunk)
+        yield chunk
+    if tar.wait() != 0 or sent != size:
+        raise SystemExit(f"tar failed or changed its archive (exit {tar.returncode}, {sent} of {size} bytes)")
+
+
+def store(bucket, name, directory):
+    # The archive twice, from the page cache: once to count it (the single-request upload wants its
+    # length first), once into the request. No copy of it is written to the disk.
+    counting, size, buffer = packed(directory), 0, bytearray(CHUNK)
+    while read := counting.stdout.readinto(buffer):
+        size += read
+    if counting.wait() != 0:
+        sys.exit(f"tar could not pack {directory} (exit {counting.returncode})")
     query = urllib.parse.urlencode({"uploadType": "media", "name": name, "ifGenerationMatch": "0"})
-    with open(path, "rb") as body:
-        size = str(os.fstat(body.fileno()).st_size)
-        headers = {"Content-Type": "application/x-tar", "Content-Length": size}
-        path = f"/upload/storage/v1/b/{quote(bucket)}/o?{query}"
-        answer = request("POST", path, body=body, headers=headers)
-        text = answer.read()
+    headers = {"Content-Type": "application/x-tar", "Content-Length": str(size)}
+    path = f"/upload/storage/v1/b/{quote(bucket)}/o?{query}"
+    answer = request("POST", path, body=chunks(packed(directory), size), headers=headers)
+    text = answer.read()
     if answer.status == 412:
         print(f"gs://{bucket}/{name} was stored already")
     elif answer.status != 200:
@@ -137,12 +159,7 @@ def tool_steps(remote_root: str) -> str:
 def store_steps(bucket: str, key: str) -> str:
     """Shell lines (after ``tool_steps``, with ``$env`` built and the script's ``step`` function) that
     pack ``$env`` and store it in the bucket, unless an earlier run stored it first."""
-    archive = '"$env.tar-$$"'
-    return (
-        f'step tar -c -f {archive} -C "$env" .\n'
-        f'step python3 "$gcs" store {shlex.quote(bucket)} {shlex.quote(env_object(key))} {archive}\n'
-        f"rm -f {archive}\n"
-    )
+    return f'step python3 "$gcs" store {shlex.quote(bucket)} {shlex.quote(env_object(key))} "$env"\n'
 
 
 def is_store_step(command: str) -> bool:
