@@ -1,7 +1,9 @@
 """Host setup: the bash script that prepares a host's Python environment before a run starts on it.
 
 Every provision gives stock hosts (a fresh disk after each recovery), so a run's environment is built on
-the host, from its inputs, by a script the executor runs over SSH: uv (which tpuctl brings to the host
+a host, from its inputs, by a script the executor runs over SSH (``setup_script``; with a bucket, on one
+host, which then stores it there for the others to restore with ``restore_script``, see
+``tpuctl.hosts.envstore``): uv (which tpuctl brings to the host
 first, ``tpuctl.hosts.uv_tool``: no pip, no package index for uv itself) makes a virtual environment
 with the Python the runtime needs, installs the runtime's pinned set
 (``tpuctl/runtime/requirements/{cpu,tpu}.txt``) and the user's requirements, then runs the user's setup
@@ -14,7 +16,7 @@ written last makes the script a no-op on a host that already has that setup.
 
 The script prints ``[tpuctl-setup] $ <command>`` before each step (stdout and stderr go to one stream), so
 ``failed_command`` can name the step a failed setup stopped at from the output's lines, and ends a host's
-setup with ``[tpuctl-setup] done: <env>`` or ``[tpuctl-setup] up to date: <env>`` (``finished``), so a
+setup with ``[tpuctl-setup] done: <env>``, ``restored: <env>`` or ``up to date: <env>`` (``finished``), so a
 console can count the hosts done while the others still install. Those lines are details: a console shows
 one line for the whole setup (``tpuctl.services.run.hostsetup``); the host's log keeps every line.
 """

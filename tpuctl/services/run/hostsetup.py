@@ -1,9 +1,11 @@
 """After every provision, before the program: set every host up, then check the program's imports.
 
 A TPU VM (and a simulated one) boots a stock image: no JAX, optax or orbax, maybe an older Python. Every
-attempt therefore runs the setup script of ``tpuctl.hosts.setup`` on every host (skipped on a host that
-already has the same setup, keyed by its inputs), each host's output streamed with its prefix and kept in
-its log. A failure names the host, the command and its last lines, and nothing starts. Then one check
+attempt therefore gives every host the run's environment (skipped on a host that already has the same
+setup, keyed by its inputs): restored from the run's bucket, where the first host that lacked it built
+and stored it (``tpuctl.hosts.envstore``), or, for a run without a bucket, built on each host by the
+setup script of ``tpuctl.hosts.setup``. Each host's output is streamed with its prefix and kept in its
+log. A failure names the host, the command and its last lines, and nothing starts. Then one check
 that the program's imports resolve in the hosts' environment, so a missing module is reported in seconds
 with the fix, not as a traceback on every host after start-up.
 """
