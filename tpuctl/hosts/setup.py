@@ -167,6 +167,14 @@ export UV_LINK_MODE=${{UV_LINK_MODE:-hardlink}}
 export UV_PYTHON_INSTALL_DIR="$env/python"
 """
 
+# A restoring host runs the --setup commands again (what they do outside the environment, e.g. a system
+# package, is each host's own); uv is on PATH where tpuctl brought it, for a command that runs
+# `uv pip install ...`, which finds its packages already in the restored environment.
+_UV_IF_BROUGHT = r"""uv={uv}
+case $uv in /*) ;; *) uv=$HOME/$uv ;; esac
+if [ -x "$uv" ]; then export PATH="${{uv%/uv}}:$PATH"; fi
+"""
+
 _FILE = """cat > "$env/{name}" <<'{tag}'
 {text}
 {tag}
@@ -193,9 +201,7 @@ def setup_script(spec: SetupSpec, remote_root: str = ".tpuctl", *, store_in: str
         parts.append(_env_steps(spec, key))
     else:
         parts.append('mkdir -p "$env"\n')
-    if spec.commands:
-        parts.append('export VIRTUAL_ENV="$env" PATH="$env/bin:$PATH"\n' if spec.needs_env else "")
-        parts += [f"run {shlex.quote(command)}\n" for command in spec.commands]
+    parts.append(_command_steps(spec))
     if store_in is not None and spec.needs_env:
         parts.append(envstore.tool_steps(remote_root))
         parts.append(envstore.store_steps(store_in, key))
@@ -206,18 +212,30 @@ def setup_script(spec: SetupSpec, remote_root: str = ".tpuctl", *, store_in: str
 def restore_script(spec: SetupSpec, bucket: str, remote_root: str = ".tpuctl") -> str:
     """The bash script that gives a host ``spec``'s environment from ``bucket``, where a builder's
     ``setup_script(..., store_in=bucket)`` stored it: a no-op where the marker is there already; else
-    the archive streamed into a fresh directory, the marker, and ``[tpuctl-setup] restored: <env>``.
+    the archive streamed into a fresh directory, ``spec.commands`` run again in it (their effects
+    outside the environment are each host's), the marker, and ``[tpuctl-setup] restored: <env>``.
     Exits ``envstore.ENV_MISSING`` when the bucket has no such environment yet. Needs only the image's
-    ``python3`` and ``tar``: no uv, no package index."""
+    ``python3`` and ``tar``: no uv (on PATH for the commands where tpuctl brought it), no package index."""
     key = spec.key()
-    return "".join(
-        (
-            _PREAMBLE.format(key=key, root=shlex.quote(remote_root), prefix=LINE_PREFIX),
-            envstore.tool_steps(remote_root),
-            envstore.restore_steps(bucket, key, LINE_PREFIX),
-            f'touch "$env/.complete"\necho "{LINE_PREFIX} restored: $env"\n',
-        )
-    )
+    parts = [
+        _PREAMBLE.format(key=key, root=shlex.quote(remote_root), prefix=LINE_PREFIX),
+        envstore.tool_steps(remote_root),
+        envstore.restore_steps(bucket, key, LINE_PREFIX),
+    ]
+    if spec.commands:
+        parts.append(_UV_IF_BROUGHT.format(uv=shlex.quote(host_uv(remote_root))))
+        parts.append(_command_steps(spec))
+    parts.append(f'touch "$env/.complete"\necho "{LINE_PREFIX} restored: $env"\n')
+    return "".join(parts)
+
+
+def _command_steps(spec: SetupSpec) -> str:
+    """Run the --setup commands in order (``bash -c``), with the environment activated where there is
+    one."""
+    if not spec.commands:
+        return ""
+    activate = 'export VIRTUAL_ENV="$env" PATH="$env/bin:$PATH"\n' if spec.needs_env else ""
+    return activate + "".join(f"run {shlex.quote(command)}\n" for command in spec.commands)
 
 
 def _env_steps(spec: SetupSpec, key: str) -> str:

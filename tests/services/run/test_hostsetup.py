@@ -13,7 +13,7 @@ import pytest
 
 from tpuctl.errors import RunFailedError
 from tpuctl.hosts.base import CommandResult
-from tpuctl.hosts.envstore import ENV_MISSING, env_object
+from tpuctl.hosts.envstore import ENV_MISSING
 from tpuctl.hosts.setup import RUN_SCRIPT_FROM_STDIN, SetupSpec
 from tpuctl.hosts.uv_tool import PRESENT
 from tpuctl.services.run.hostsetup import env_bucket, run_setup
@@ -52,7 +52,7 @@ class Hosts:
     def _act(self, what: str, worker: int, on_line: Any) -> CommandResult:
         if what == "restore" and worker in self.failing_restore:
             return CommandResult(worker, 1, ("[tpuctl-setup] $ restore gs://b/x", "403 Forbidden"))
-        if what == "restore" and env_object(SPEC.key()) not in self.stored:
+        if what == "restore" and not self.stored:
             return CommandResult(worker, ENV_MISSING, ("[tpuctl-setup] not in the bucket",))
         if what == "build+store" and self.failing_store:
             step = (
@@ -60,7 +60,7 @@ class Hosts:
             )
             return CommandResult(worker, 1, (step, "storing gs://b/... failed (403)"))
         if what == "build+store":
-            self.stored.add(env_object(SPEC.key()))
+            self.stored.add("env")
         self.has_env.add(worker)
         line = f"[tpuctl-setup] {'restored' if what == 'restore' else 'done'}: env"
         on_line(worker, line)
@@ -80,10 +80,12 @@ class Log:
         pass
 
 
-def _prepared(checkpoint_dir: str = f"gs://{BUCKET}/tpuctl/runs/r/checkpoints") -> PreparedRun:
+def _prepared(
+    spec: SetupSpec = SPEC, checkpoint_dir: str = f"gs://{BUCKET}/tpuctl/runs/r/checkpoints"
+) -> PreparedRun:
     request = SimpleNamespace(ssh_remote_root=".tpuctl")
     return cast(
-        PreparedRun, SimpleNamespace(setup=SPEC, request=request, checkpoint_dir=checkpoint_dir, run_id="r")
+        PreparedRun, SimpleNamespace(setup=spec, request=request, checkpoint_dir=checkpoint_dir, run_id="r")
     )
 
 
@@ -114,8 +116,14 @@ def test_the_first_host_builds_and_stores_the_others_restore() -> None:
     assert phases.updates[-1].ended
 
 
+def test_setup_commands_run_again_on_restoring_hosts_which_are_brought_uv_for_them() -> None:
+    hosts = Hosts(2)
+    _setup(hosts, _prepared(SetupSpec(None, "zipp\n", ("uv pip install wandb",))))
+    assert hosts.calls == [("uv", [0, 1]), ("restore", [0, 1]), ("build+store", [0]), ("restore", [1])]
+
+
 def test_a_recoverys_fresh_hosts_only_restore() -> None:
-    hosts = Hosts(4, stored={env_object(SPEC.key())})
+    hosts = Hosts(4, stored={"env"})
     _setup(hosts, _prepared())
     assert hosts.calls == [("restore", [0, 1, 2, 3])]
     assert hosts.has_env == {0, 1, 2, 3}
@@ -129,7 +137,7 @@ def test_without_a_bucket_every_host_builds_its_own() -> None:
 
 
 def test_a_restore_that_fails_otherwise_names_the_host_and_the_bucket() -> None:
-    hosts = Hosts(4, stored={env_object(SPEC.key())}, failing_restore={2})
+    hosts = Hosts(4, stored={"env"}, failing_restore={2})
     with pytest.raises(RunFailedError) as failed:
         _setup(hosts, _prepared())
     assert "setup failed on host 2 (exit 1) running: restore gs://b/x" in str(failed.value)

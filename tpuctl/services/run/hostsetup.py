@@ -84,10 +84,13 @@ def run_setup(
         bring(list(range(hosts)))
         steps.build(list(range(hosts)), store_in=None)
     else:
+        if spec.commands:
+            bring(list(range(hosts)))  # for a command that runs `uv pip install` after a restore
         missing = steps.restore(list(range(hosts)), bucket)
         if missing:
             builder = missing[0]
-            bring([builder])
+            if not spec.commands:
+                bring([builder])
             steps.build([builder], store_in=bucket)
             observer.detail(None, f"environment built on host {builder}, stored in {steps.url(bucket)}")
             if missing[1:] and steps.restore(missing[1:], bucket):
