@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from recovery_helpers import V5E_ZONE, WORLD, Chaos, Preempt
 
-from tpuctl.hosts.envstore import env_object
+from tpuctl.hosts.envstore import env_record
 from tpuctl.hosts.setup import SetupSpec
 from tpuctl.sim import SimAdminClient
 from tpuctl.sim.network import mirror_fetch_log, mirror_fetches
@@ -55,7 +55,7 @@ def test_a_spot_run_with_no_route_to_the_index_recovers_from_the_bucket(
     first = cli("run", *args)
     assert first.code == 0, first.output[-4000:]
     key = SetupSpec(None, REQUIREMENTS).key()
-    assert env_object(key) in stored_objects(storage, prefix="tpuctl/envs/")
+    assert env_record(key) in stored_objects(storage, prefix="tpuctl/envs/")
     built = mirror_fetches(log)
     assert built and all(f.served for f in built)
 

@@ -48,12 +48,15 @@ def _host(home: Path, image: Path, index_url: str, storage_url: str, metadata_ho
     return env
 
 
-def _object_bytes(storage_url: str, key: str) -> int | None:
-    name = envstore.env_object(key).replace("/", "%2F")
+def _record(storage_url: str, key: str) -> dict[str, object] | None:
+    """The environment's record in the bucket (which archive, how many bytes), or None."""
+    name = envstore.env_record(key).replace("/", "%2F")
     answer = httpx.get(
-        f"{storage_url}/storage/v1/b/{DEFAULT_BUCKET}/o/{name}", headers={"Authorization": f"Bearer {TOKEN}"}
+        f"{storage_url}/storage/v1/b/{DEFAULT_BUCKET}/o/{name}",
+        params={"alt": "media"},
+        headers={"Authorization": f"Bearer {TOKEN}"},
     )
-    return int(answer.json()["size"]) if answer.status_code == 200 else None
+    return dict(answer.json()) if answer.status_code == 200 else None
 
 
 def test_built_once_then_restored_without_index_or_uv(
@@ -65,7 +68,8 @@ def test_built_once_then_restored_without_index_or_uv(
     rc, lines, _ = run_script(setup_script(spec, store_in=DEFAULT_BUCKET), builder)
     assert rc == 0, "\n".join(lines)
     assert finished(lines[-1])
-    assert (_object_bytes(storage_url, spec.key()) or 0) > 10_000
+    record = _record(storage_url, spec.key())
+    assert record is not None and int(str(record["bytes"])) > 10_000, record
 
     # Another host: no uv, no route to an index, another home (so another absolute path).
     other = _host(tmp_path / "other", image, NO_INDEX, storage_url, metadata_host)
@@ -93,15 +97,15 @@ def test_a_second_builder_stores_nothing_and_a_uv_pip_install_command_asks_no_in
     The fix tpuctl suggests for a missing module (``--setup 'uv pip install X'``) runs again on a
     restoring host that has uv but no route to an index: X is in the restored environment already."""
     spec = SetupSpec(None, "zipp\n", ("uv pip install typing_extensions",))
-    sizes = []
+    records = []
     for name in ("first", "second"):
         builder = _host(tmp_path / name, image, mirror_url, storage_url, metadata_host)
         bring_uv(builder)
         rc, lines, _ = run_script(setup_script(spec, store_in=DEFAULT_BUCKET), builder)
         assert rc == 0, "\n".join(lines)
-        sizes.append(_object_bytes(storage_url, spec.key()))
+        records.append(_record(storage_url, spec.key()))
     assert "stored already" in " ".join(lines)
-    assert sizes[0] == sizes[1] is not None
+    assert records[0] == records[1] is not None
 
     refused = _host(tmp_path / "refused", image, mirror_url, storage_url, metadata_host)
     bring_uv(refused)
@@ -117,12 +121,36 @@ def test_a_second_builder_stores_nothing_and_a_uv_pip_install_command_asks_no_in
     assert subprocess.run([python, "-c", "import typing_extensions"], env=other, check=False).returncode == 0
 
 
+def _put(storage_url: str, name: str, data: bytes) -> None:
+    answer = httpx.post(
+        f"{storage_url}/upload/storage/v1/b/{DEFAULT_BUCKET}/o",
+        params={"uploadType": "media", "name": name},
+        content=data,
+        headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/octet-stream"},
+    )
+    assert answer.status_code == 200, answer.text
+
+
 def test_an_environment_the_bucket_lacks_is_named_and_leaves_nothing(
     image: Path, storage_url: str, metadata_host: str, tmp_path: Path
 ) -> None:
+    """No record: missing, even with an archive there (a builder cut off before its record); a record
+    whose archive came up short: a failure, not an environment."""
     spec = SetupSpec(None, "six\n", ("echo never built",))
     host = _host(tmp_path, image, NO_INDEX, storage_url, metadata_host)
+    archive = f"{envstore.env_prefix(spec.key())}/env-cut-off.tar"
+    _put(storage_url, archive, b"\0" * 10240)
     rc, lines, _ = run_script(restore_script(spec, DEFAULT_BUCKET), host)
     assert rc == envstore.ENV_MISSING
     assert lines[-1] == f"[tpuctl-setup] not in the bucket: {envstore.env_url(DEFAULT_BUCKET, spec.key())}"
+    assert list((tmp_path / ".tpuctl" / "envs").iterdir()) == []
+
+    _put(
+        storage_url,
+        envstore.env_record(spec.key()),
+        json.dumps({"archive": archive, "bytes": 20480}).encode(),
+    )
+    rc, lines, _ = run_script(restore_script(spec, DEFAULT_BUCKET), host)
+    assert rc not in (0, envstore.ENV_MISSING)
+    assert "10240 of 20480 bytes" in lines[-1], lines
     assert list((tmp_path / ".tpuctl" / "envs").iterdir()) == []

@@ -1,8 +1,9 @@
 """A run's environment in its bucket: built once, stored as a tar, restored on every host with the stdlib.
 
 One host (the builder) makes the environment as ``tpuctl.hosts.setup`` does, packs it with the image's
-``tar`` and stores it at ``gs://<bucket>/tpuctl/envs/<key>/env.tar``, the key hashing every input
-(``SetupSpec.key``), so a later run with the same inputs in the same bucket builds nothing. Every other
+``tar`` and stores it under ``gs://<bucket>/tpuctl/envs/<key>/`` (an archive, then the record naming
+it), the key hashing every input (``SetupSpec.key``), so a later run with the same inputs in the same
+bucket builds nothing. Every other
 host, and every host of a recovery, restores it from there: no pip, no uv, no package index, only the
 image's ``python3`` (its standard library speaks Cloud Storage's JSON API with the token of the host's
 metadata server) and ``tar``. Hosts without external IPs reach the bucket through Private Google Access,
@@ -22,18 +23,27 @@ import shlex
 #: The exit status of a restore whose archive is not in the bucket (anything else non-zero: a failure).
 ENV_MISSING = 10
 
-#: The host tool, run with the image's ``python3``: ``restore BUCKET OBJECT DIR`` streams the object into
-#: ``tar -x -C DIR`` (exit ``ENV_MISSING`` when there is no such object); ``store BUCKET OBJECT DIR``
-#: uploads DIR's tar unless the object exists (``ifGenerationMatch=0``: a second builder's copy is not
-#: needed).
-#: The endpoint is storage.googleapis.com unless ``API_ENDPOINT_OVERRIDE`` (google-cloud-storage's own
-#: override) names another; the token is the VM's service account's, from its metadata server
-#: (``GCE_METADATA_HOST`` where the name metadata.google.internal does not resolve).
+#: The host tool, run with the image's ``python3``, on ``PREFIX`` = ``env_prefix(key)``:
+#:
+#: - ``restore BUCKET PREFIX DIR``: reads the record ``PREFIX/stored.json`` (exit ``ENV_MISSING`` when
+#:   there is none), streams the archive it names into ``tar -x -C DIR`` and fails unless it had the
+#:   record's byte count.
+#: - ``store BUCKET PREFIX DIR``: unless the record exists, uploads DIR's tar under a name of its own
+#:   (``PREFIX/env-<random>.tar``), then the record naming it, ``ifGenerationMatch=0`` (the first
+#:   builder's record stands; a second one's archive is left unnamed).
+#:
+#: The record is written only after its archive was stored whole, so a builder cut off mid-upload (a
+#: preemption) leaves no record, and the next run's builder stores the environment again instead of
+#: every host restoring half an archive. The endpoint is storage.googleapis.com unless
+#: ``API_ENDPOINT_OVERRIDE`` (google-cloud-storage's own override) names another; the token is the VM's
+#: service account's, from its metadata server (``GCE_METADATA_HOST`` where the name
+#: metadata.google.internal does not resolve).
 GCS_TOOL = r'''"""tpuctl: the run's environment to and from Cloud Storage, with the standard library only."""
-import fcntl, http.client, json, os, shutil, subprocess, sys, urllib.parse
+import fcntl, http.client, json, os, subprocess, sys, urllib.parse, uuid
 
 MISSING = 10
 CHUNK = 1 << 20
+RECORD = "stored.json"
 
 
 def connect(url):
@@ -64,23 +74,50 @@ def quote(text):
     return urllib.parse.quote(text, safe="")
 
 
-def restore(bucket, name, directory):
+def download(bucket, name):
+    """The object's answer (200), or None when there is no such object."""
     answer = request("GET", f"/download/storage/v1/b/{quote(bucket)}/o/{quote(name)}?alt=media")
     if answer.status == 404:
-        sys.exit(MISSING)
+        answer.read()
+        return None
     if answer.status != 200:
         sys.exit(f"reading gs://{bucket}/{name} failed ({answer.status}): {answer.read()[:300]!r}")
+    return answer
+
+
+def upload(bucket, name, body, size, content_type, **query):
+    query = urllib.parse.urlencode({"uploadType": "media", "name": name, **query})
+    headers = {"Content-Type": content_type, "Content-Length": str(size)}
+    answer = request("POST", f"/upload/storage/v1/b/{quote(bucket)}/o?{query}", body=body, headers=headers)
+    text = answer.read()
+    if answer.status not in (200, 412):
+        sys.exit(f"storing gs://{bucket}/{name} failed ({answer.status}): {text[:300]!r}")
+    return answer.status
+
+
+def restore(bucket, prefix, directory):
+    answer = download(bucket, f"{prefix}/{RECORD}")
+    if answer is None:
+        sys.exit(MISSING)
+    record = json.loads(answer.read())
+    answer = download(bucket, record["archive"])
+    if answer is None:
+        sys.exit(f"gs://{bucket}/{record['archive']}, which gs://{bucket}/{prefix}/{RECORD} names, is gone")
     tar = subprocess.Popen(["tar", "-x", "-f", "-", "-C", directory], stdin=subprocess.PIPE)
     try:  # a larger pipe: fewer switches between this process and tar
         fcntl.fcntl(tar.stdin.fileno(), getattr(fcntl, "F_SETPIPE_SZ", 1031), CHUNK)
     except OSError:
         pass
+    got, buffer = 0, bytearray(CHUNK)
     try:
-        shutil.copyfileobj(answer, tar.stdin, CHUNK)
+        while read := answer.readinto(buffer):
+            got += read
+            tar.stdin.write(memoryview(buffer)[:read])
     finally:
         tar.stdin.close()
-    if tar.wait() != 0:
-        sys.exit(f"tar could not extract gs://{bucket}/{name} (exit {tar.returncode})")
+    if tar.wait() != 0 or got != record["bytes"]:
+        where = f"gs://{bucket}/{record['archive']}"
+        sys.exit(f"{where}: {got} of {record['bytes']} bytes, tar exit {tar.returncode}")
 
 
 def packed(directory):
@@ -98,7 +135,10 @@ def chunks(tar, size):
         raise SystemExit(f"tar failed or changed its archive (exit {tar.returncode}, {sent} of {size} bytes)")
 
 
-def store(bucket, name, directory):
+def store(bucket, prefix, directory):
+    if download(bucket, f"{prefix}/{RECORD}") is not None:
+        print(f"gs://{bucket}/{prefix} was stored already")
+        return
     # The archive twice, from the page cache: once to count it (the single-request upload wants its
     # length first), once into the request. No copy of it is written to the disk.
     counting, size, buffer = packed(directory), 0, bytearray(CHUNK)
@@ -106,15 +146,13 @@ def store(bucket, name, directory):
         size += read
     if counting.wait() != 0:
         sys.exit(f"tar could not pack {directory} (exit {counting.returncode})")
-    query = urllib.parse.urlencode({"uploadType": "media", "name": name, "ifGenerationMatch": "0"})
-    headers = {"Content-Type": "application/x-tar", "Content-Length": str(size)}
-    path = f"/upload/storage/v1/b/{quote(bucket)}/o?{query}"
-    answer = request("POST", path, body=chunks(packed(directory), size), headers=headers)
-    text = answer.read()
-    if answer.status == 412:
-        print(f"gs://{bucket}/{name} was stored already")
-    elif answer.status != 200:
-        sys.exit(f"storing gs://{bucket}/{name} failed ({answer.status}): {text[:300]!r}")
+    archive = f"{prefix}/env-{uuid.uuid4().hex}.tar"
+    upload(bucket, archive, chunks(packed(directory), size), size, "application/x-tar")
+    record = json.dumps({"archive": archive, "bytes": size}).encode()
+    name = f"{prefix}/{RECORD}"
+    # Not application/json: the simulator's storage emulator parses such a body as API metadata.
+    if upload(bucket, name, record, len(record), "application/octet-stream", ifGenerationMatch="0") == 412:
+        print(f"gs://{bucket}/{prefix} was stored already (by another builder)")
 
 
 if __name__ == "__main__":
@@ -122,15 +160,20 @@ if __name__ == "__main__":
 '''
 
 
-def env_object(key: str) -> str:
-    """The object name of the environment with this key, in any bucket (content-addressed: the key
-    hashes every input, so an object of that name is that environment)."""
-    return f"tpuctl/envs/{key}/env.tar"
+def env_prefix(key: str) -> str:
+    """Where the environment with this key is kept, in any bucket (content-addressed: the key hashes
+    every input): its record ``stored.json`` and the archive that names."""
+    return f"tpuctl/envs/{key}"
+
+
+def env_record(key: str) -> str:
+    """The object that says the environment is stored, and which archive holds it."""
+    return f"{env_prefix(key)}/stored.json"
 
 
 def env_url(bucket: str, key: str) -> str:
-    """``gs://<bucket>/<object>`` of the environment with this key (for messages)."""
-    return f"gs://{bucket}/{env_object(key)}"
+    """``gs://<bucket>/<prefix>/`` of the environment with this key (for messages)."""
+    return f"gs://{bucket}/{env_prefix(key)}/"
 
 
 def tool_path(remote_root: str) -> str:
@@ -159,7 +202,7 @@ def tool_steps(remote_root: str) -> str:
 def store_steps(bucket: str, key: str) -> str:
     """Shell lines (after ``tool_steps``, with ``$env`` built and the script's ``step`` function) that
     pack ``$env`` and store it in the bucket, unless an earlier run stored it first."""
-    return f'step python3 "$gcs" store {shlex.quote(bucket)} {shlex.quote(env_object(key))} "$env"\n'
+    return f'step python3 "$gcs" store {shlex.quote(bucket)} {shlex.quote(env_prefix(key))} "$env"\n'
 
 
 def is_store_step(command: str) -> bool:
@@ -178,7 +221,7 @@ def restore_steps(bucket: str, key: str, prefix: str) -> str:
         'part="$env.part-$$"\n'
         'rm -rf "$env" "$part" && mkdir -p "$part"\n'
         f"printf '%s\\n' {shlex.quote(f'{prefix} $ restore {url}')}\n"
-        f'python3 "$gcs" restore {shlex.quote(bucket)} {shlex.quote(env_object(key))} "$part" '
+        f'python3 "$gcs" restore {shlex.quote(bucket)} {shlex.quote(env_prefix(key))} "$part" '
         '|| { s=$?; rm -rf "$part"; '
         f"if [ $s -eq {ENV_MISSING} ]; then echo {shlex.quote(f'{prefix} not in the bucket: {url}')}; fi; "
         "exit $s; }\n"
