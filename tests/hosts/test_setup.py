@@ -5,21 +5,18 @@ time and names a failing command."""
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
-import time
 import tomllib
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
+from setup_helpers import WHEELHOUSE, bring_uv, host_env, run_script, sh
 
 from tpuctl.hosts.setup import (
     REQUIREMENTS_DIR,
-    RUN_SCRIPT_FROM_STDIN,
     STEP_PREFIX,
     SetupSpec,
     env_python,
@@ -27,15 +24,8 @@ from tpuctl.hosts.setup import (
     setup_script,
 )
 from tpuctl.hosts.uv_tool import PRESENT, host_uv, install_command, local_wheel, probe_command
-from tpuctl.sim.mirror import PackageMirror, distributions
-from tpuctl.sim.network import network_env
-from tpuctl.sim.vms.disks import ensure_image, host_path
 
 ROOT = Path(__file__).resolve().parents[2]
-WHEELHOUSE = Path(
-    os.environ.get("TPUCTL_SIM_WHEELHOUSE")
-    or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tpuctl" / "wheels"
-)
 
 
 def _canonical(name: str) -> str:
@@ -142,86 +132,37 @@ def test_failed_command_is_the_last_step_line() -> None:
 # The real script -----------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def image(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The simulator's stock image: this machine's base interpreter with nothing installed, no pip."""
-    return ensure_image(tmp_path_factory.mktemp("vm"))
-
-
-@pytest.fixture(scope="module")
-def mirror_url() -> Iterator[str]:
-    names = distributions(WHEELHOUSE)
-    if not any(n.startswith("uv-") for n in names) or not any(n.startswith("jax-") for n in names):
-        pytest.fail(f"the wheelhouse {WHEELHOUSE} is not primed: run scripts/setup")
-    mirror = PackageMirror(WHEELHOUSE)
-    yield mirror.start()
-    mirror.stop()
-
-
-def _host_env(image: Path, home: Path, mirror_url: str) -> dict[str, str]:
-    """A login environment from scratch, as a simulated host's (no network beyond loopback services)."""
-    return {
-        "HOME": str(home),
-        "PATH": host_path(image, str(home)),
-        "LANG": "C.UTF-8",
-        # The storage emulator is not needed here; an unused port.
-        **network_env(mirror_url=mirror_url, storage_url="http://127.0.0.1:9"),
-    }
-
-
-def _run(script: str, env: dict[str, str]) -> tuple[int, list[str], float]:
-    return _sh(RUN_SCRIPT_FROM_STDIN, script.encode(), env)
-
-
-def _sh(command: str, stdin: bytes, env: dict[str, str]) -> tuple[int, list[str], float]:
-    t0 = time.perf_counter()
-    # As the executor runs it: the script (or the wheel) on stdin.
-    done = subprocess.run(
-        ["sh", "-c", command], input=stdin, env=env, cwd=env["HOME"], capture_output=True, timeout=300
-    )
-    lines = (
-        done.stdout.decode(errors="replace").splitlines() + done.stderr.decode(errors="replace").splitlines()
-    )
-    return done.returncode, lines, time.perf_counter() - t0
-
-
-def _bring_uv(env: dict[str, str]) -> None:
-    """What ``tpuctl.hosts.uv_tool.bring_uv`` does on one host."""
-    rc, lines, _ = _sh(install_command(".tpuctl"), local_wheel([WHEELHOUSE]), env)
-    assert rc == 0, "\n".join(lines)
-
-
 def test_the_stock_image_has_no_pip_and_no_uv(image: Path, tmp_path: Path) -> None:
-    env = _host_env(image, tmp_path, "http://127.0.0.1:9")
+    env = host_env(image, tmp_path, "http://127.0.0.1:9")
     for probe in ("command -v pip", "command -v pip3", "command -v uv", "python3 -m pip --version"):
-        assert _sh(probe, b"", env)[0] != 0, probe
-    assert _sh("command -v python3", b"", env)[1] == [f"{image}/bin/python3"]
+        assert sh(probe, b"", env)[0] != 0, probe
+    assert sh("command -v python3", b"", env)[1] == [f"{image}/bin/python3"]
 
 
 def test_uv_is_brought_verified_and_kept(image: Path, tmp_path: Path) -> None:
     """The wheel is refused unless its sha256 is the pin; the binary it holds runs from the tpuctl root,
     and the probe then says it is there (so a second run sends nothing)."""
-    env = _host_env(image, tmp_path, "http://127.0.0.1:9")
-    assert _sh(probe_command(".tpuctl"), b"", env)[1] == []
+    env = host_env(image, tmp_path, "http://127.0.0.1:9")
+    assert sh(probe_command(".tpuctl"), b"", env)[1] == []
     wheel = local_wheel([WHEELHOUSE])
-    rc, _, _ = _sh(install_command(".tpuctl"), wheel[:-1] + b"x", env)
+    rc, _, _ = sh(install_command(".tpuctl"), wheel[:-1] + b"x", env)
     assert rc != 0
     assert list((tmp_path / ".tpuctl" / "tools").iterdir()) == []  # nothing kept of a wheel refused
-    _bring_uv(env)
+    bring_uv(env)
     version = subprocess.run([tmp_path / host_uv(".tpuctl"), "--version"], capture_output=True, text=True)
     assert version.stdout.split()[:2] == ["uv", SetupSpec(None).uv_version]
-    assert _sh(probe_command(".tpuctl"), b"", env)[1] == [PRESENT]
+    assert sh(probe_command(".tpuctl"), b"", env)[1] == [PRESENT]
 
 
 def test_setup_without_uv_fails_at_a_named_step(image: Path, mirror_url: str, tmp_path: Path) -> None:
-    rc, lines, _ = _run(setup_script(SetupSpec(None, "zipp\n")), _host_env(image, tmp_path, mirror_url))
+    rc, lines, _ = run_script(setup_script(SetupSpec(None, "zipp\n")), host_env(image, tmp_path, mirror_url))
     assert rc != 0
     assert failed_command(lines) == f"test -x {tmp_path}/{host_uv('.tpuctl')}"
 
 
 def test_setup_installs_then_skips(image: Path, mirror_url: str, tmp_path: Path) -> None:
-    env = _host_env(image, tmp_path, mirror_url)
-    _bring_uv(env)
+    env = host_env(image, tmp_path, mirror_url)
+    bring_uv(env)
     # The runtime's lock installs as it is, then the user's requirements are resolved against it.
     spec = SetupSpec(
         "cpu",
@@ -229,7 +170,7 @@ def test_setup_installs_then_skips(image: Path, mirror_url: str, tmp_path: Path)
         commands=("python -c 'import jax, optax, orbax.checkpoint, gcsfs, zipp' && echo imported",),
     )
     script = setup_script(spec)
-    rc, lines, first = _run(script, env)
+    rc, lines, first = run_script(script, env)
     assert rc == 0, "\n".join(lines)
     assert "imported" in lines
     python = tmp_path / env_python(spec)
@@ -238,7 +179,7 @@ def test_setup_installs_then_skips(image: Path, mirror_url: str, tmp_path: Path)
         [python, "-c", "import jax; print(jax.__version__)"], capture_output=True, text=True
     )
     assert version.stdout.strip() == _pins((REQUIREMENTS_DIR / "cpu.txt").read_text())["jax"]
-    rc, lines, second = _run(script, env)
+    rc, lines, second = run_script(script, env)
     assert rc == 0
     assert [line for line in lines if line.startswith(STEP_PREFIX)] == []
     assert any("up to date" in line for line in lines)
@@ -246,9 +187,9 @@ def test_setup_installs_then_skips(image: Path, mirror_url: str, tmp_path: Path)
 
 
 def test_failing_command_fails_and_is_named(image: Path, mirror_url: str, tmp_path: Path) -> None:
-    env = _host_env(image, tmp_path, mirror_url)
+    env = host_env(image, tmp_path, mirror_url)
     spec = SetupSpec(None, commands=("echo first", "echo broken >&2; exit 7", "echo never"))
-    rc, lines, _ = _run(setup_script(spec), env)
+    rc, lines, _ = run_script(setup_script(spec), env)
     assert rc == 7
     assert failed_command(lines) == "echo broken >&2; exit 7"
     assert "broken" in lines and "never" not in lines
@@ -258,11 +199,11 @@ def test_failing_command_fails_and_is_named(image: Path, mirror_url: str, tmp_pa
 def test_user_requirements_from_the_mirror(image: Path, mirror_url: str, tmp_path: Path) -> None:
     """User requirements install into the environment too (here a small wheel the mirror has), and a
     setup command can run ``uv pip install`` as tpuctl's fix for a missing module says."""
-    env = _host_env(image, tmp_path, mirror_url)
-    _bring_uv(env)
+    env = host_env(image, tmp_path, mirror_url)
+    bring_uv(env)
     check = "python -c 'import zipp, typing_extensions; print(zipp.__name__)'"
     spec = SetupSpec(None, "zipp\n", ("uv pip install --quiet typing_extensions", check))
-    rc, lines, _ = _run(setup_script(spec), env)
+    rc, lines, _ = run_script(setup_script(spec), env)
     assert rc == 0, "\n".join(lines)
     assert "zipp" in lines
     assert failed_command(lines) == check

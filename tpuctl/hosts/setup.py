@@ -1,7 +1,9 @@
 """Host setup: the bash script that prepares a host's Python environment before a run starts on it.
 
 Every provision gives stock hosts (a fresh disk after each recovery), so a run's environment is built on
-the host, from its inputs, by a script the executor runs over SSH: uv (which tpuctl brings to the host
+a host, from its inputs, by a script the executor runs over SSH (``setup_script``; with a bucket, on one
+host, which then stores it there for the others to restore with ``restore_script``, see
+``tpuctl.hosts.envstore``): uv (which tpuctl brings to the host
 first, ``tpuctl.hosts.uv_tool``: no pip, no package index for uv itself) makes a virtual environment
 with the Python the runtime needs, installs the runtime's pinned set
 (``tpuctl/runtime/requirements/{cpu,tpu}.txt``) and the user's requirements, then runs the user's setup
@@ -14,7 +16,7 @@ written last makes the script a no-op on a host that already has that setup.
 
 The script prints ``[tpuctl-setup] $ <command>`` before each step (stdout and stderr go to one stream), so
 ``failed_command`` can name the step a failed setup stopped at from the output's lines, and ends a host's
-setup with ``[tpuctl-setup] done: <env>`` or ``[tpuctl-setup] up to date: <env>`` (``finished``), so a
+setup with ``[tpuctl-setup] done: <env>``, ``restored: <env>`` or ``up to date: <env>`` (``finished``), so a
 console can count the hosts done while the others still install. Those lines are details: a console shows
 one line for the whole setup (``tpuctl.services.run.hostsetup``); the host's log keeps every line.
 """
@@ -30,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from tpuctl.hosts import envstore
 from tpuctl.hosts.uv_tool import UV_VERSION, host_uv
 
 Runtime = Literal["cpu", "tpu"]
@@ -38,10 +41,10 @@ Runtime = Literal["cpu", "tpu"]
 #: ``FINISHED_PREFIXES`` its last line on a host whose setup succeeded.
 LINE_PREFIX = "[tpuctl-setup]"
 STEP_PREFIX = f"{LINE_PREFIX} $ "
-FINISHED_PREFIXES = (f"{LINE_PREFIX} done: ", f"{LINE_PREFIX} up to date: ")
+FINISHED_PREFIXES = (f"{LINE_PREFIX} done: ", f"{LINE_PREFIX} up to date: ", f"{LINE_PREFIX} restored: ")
 #: Part of every key: a change to the script's steps makes hosts set up again rather than trust a marker
-#: written by an older script.
-SCRIPT_VERSION = 3
+#: written by an older script (4: relocatable environments, which a host may restore from the bucket).
+SCRIPT_VERSION = 4
 REQUIREMENTS_DIR = Path(__file__).resolve().parent.parent / "runtime" / "requirements"
 
 
@@ -158,6 +161,18 @@ export PATH="${{uv%/uv}}:$PATH"
 # The environment's files are hard links into uv's cache (same disk), and nothing is byte-compiled at
 # install time: Python compiles what it imports, on first import.
 export UV_LINK_MODE=${{UV_LINK_MODE:-hardlink}}
+# A Python uv downloads (where the image lacks the version and downloads are allowed) goes inside the
+# environment, so its archive is whole: on Google every host of a slice has the same home, so the same
+# absolute path.
+export UV_PYTHON_INSTALL_DIR="$env/python"
+"""
+
+# A restoring host runs the --setup commands again (what they do outside the environment, e.g. a system
+# package, is each host's own); uv is on PATH where tpuctl brought it, for a command that runs
+# `uv pip install ...`, which finds its packages already in the restored environment.
+_UV_IF_BROUGHT = r"""uv={uv}
+case $uv in /*) ;; *) uv=$HOME/$uv ;; esac
+if [ -x "$uv" ]; then export PATH="${{uv%/uv}}:$PATH"; fi
 """
 
 _FILE = """cat > "$env/{name}" <<'{tag}'
@@ -166,7 +181,7 @@ _FILE = """cat > "$env/{name}" <<'{tag}'
 """
 
 
-def setup_script(spec: SetupSpec, remote_root: str = ".tpuctl") -> str:
+def setup_script(spec: SetupSpec, remote_root: str = ".tpuctl", *, store_in: str | None = None) -> str:
     """The bash script that sets a host up for ``spec`` (run it with bash, in the login home).
 
     Idempotent: exits 0 at once when ``<remote_root>/envs/<key>/.complete`` exists; otherwise starts that
@@ -175,7 +190,9 @@ def setup_script(spec: SetupSpec, remote_root: str = ".tpuctl") -> str:
     and the user's requirements, runs ``spec.commands`` with the environment activated (``bash -c``, in
     order), and writes the marker last. Exits non-zero at the first failing step, whose
     ``[tpuctl-setup] $`` line is the last one printed. The package index is the host's (pip's and uv's
-    own environment variables; the simulator points them at its mirror).
+    own environment variables; the simulator points them at its mirror). With ``store_in`` (a bucket)
+    and an environment to make, the built environment is then packed and stored there
+    (``tpuctl.hosts.envstore``) before the marker, for ``restore_script`` on the other hosts.
     """
     key = spec.key()
     parts = [_PREAMBLE.format(key=key, root=shlex.quote(remote_root), prefix=LINE_PREFIX)]
@@ -184,11 +201,41 @@ def setup_script(spec: SetupSpec, remote_root: str = ".tpuctl") -> str:
         parts.append(_env_steps(spec, key))
     else:
         parts.append('mkdir -p "$env"\n')
-    if spec.commands:
-        parts.append('export VIRTUAL_ENV="$env" PATH="$env/bin:$PATH"\n' if spec.needs_env else "")
-        parts += [f"run {shlex.quote(command)}\n" for command in spec.commands]
+    parts.append(_command_steps(spec))
+    if store_in is not None and spec.needs_env:
+        parts.append(envstore.tool_steps(remote_root))
+        parts.append(envstore.store_steps(store_in, key))
     parts.append(f'touch "$env/.complete"\necho "{LINE_PREFIX} done: $env"\n')
     return "".join(parts)
+
+
+def restore_script(spec: SetupSpec, bucket: str, remote_root: str = ".tpuctl") -> str:
+    """The bash script that gives a host ``spec``'s environment from ``bucket``, where a builder's
+    ``setup_script(..., store_in=bucket)`` stored it: a no-op where the marker is there already; else
+    the archive streamed into a fresh directory, ``spec.commands`` run again in it (their effects
+    outside the environment are each host's), the marker, and ``[tpuctl-setup] restored: <env>``.
+    Exits ``envstore.ENV_MISSING`` when the bucket has no such environment yet. Needs only the image's
+    ``python3`` and ``tar``: no uv (on PATH for the commands where tpuctl brought it), no package index."""
+    key = spec.key()
+    parts = [
+        _PREAMBLE.format(key=key, root=shlex.quote(remote_root), prefix=LINE_PREFIX),
+        envstore.tool_steps(remote_root),
+        envstore.restore_steps(bucket, key, LINE_PREFIX),
+    ]
+    if spec.commands:
+        parts.append(_UV_IF_BROUGHT.format(uv=shlex.quote(host_uv(remote_root))))
+        parts.append(_command_steps(spec))
+    parts.append(f'touch "$env/.complete"\necho "{LINE_PREFIX} restored: $env"\n')
+    return "".join(parts)
+
+
+def _command_steps(spec: SetupSpec) -> str:
+    """Run the --setup commands in order (``bash -c``), with the environment activated where there is
+    one."""
+    if not spec.commands:
+        return ""
+    activate = 'export VIRTUAL_ENV="$env" PATH="$env/bin:$PATH"\n' if spec.needs_env else ""
+    return activate + "".join(f"run {shlex.quote(command)}\n" for command in spec.commands)
 
 
 def _env_steps(spec: SetupSpec, key: str) -> str:
@@ -201,7 +248,9 @@ def _env_steps(spec: SetupSpec, key: str) -> str:
     python = shlex.quote(spec.python)
     steps = [
         f"python=$(command -v python{python} || echo {python})\n",
-        'step "$uv" venv --quiet --python "$python" "$env"\n',
+        # Relocatable (entry points and activation scripts find the environment from where they are): a
+        # restoring host's home, hence the environment's path, is not the builder's.
+        'step "$uv" venv --quiet --relocatable --python "$python" "$env"\n',
     ]
     if spec.runtime is not None:
         text = runtime_requirements(spec.runtime).rstrip("\n")

@@ -138,12 +138,16 @@ def bring_uv(
     wheelhouses: Iterable[Path],
     *,
     download: Callable[[UvWheel], bytes] | None = None,
+    workers: Iterable[int] | None = None,
 ) -> int:
-    """Make this uv present on every host of ``executor``: probe them all, send the wheel to those that
-    lack it (``local_wheel``); returns how many were sent it. Raises RunFailedError naming the first host
-    that failed."""
+    """Make this uv present on ``workers`` of ``executor`` (all its hosts by default): probe them, send the
+    wheel to those that lack it (``local_wheel``); returns how many were sent it. Raises RunFailedError
+    naming the first host that failed."""
     probes = executor.run_command(
-        probe_command(remote_root), on_line=lambda w, t: None, timeout_s=_PROBE_TIMEOUT_S
+        probe_command(remote_root),
+        on_line=lambda w, t: None,
+        timeout_s=_PROBE_TIMEOUT_S,
+        workers=None if workers is None else list(workers),
     )
     lacking = sorted(w for w, r in probes.items() if not any(PRESENT in line for line in r.tail))
     if not lacking:

@@ -18,7 +18,7 @@ import html
 import re
 import threading
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import partial
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -34,6 +34,9 @@ if TYPE_CHECKING:
 #: What counts as a distribution file (anything else in the wheelhouse, e.g. stamps, is not listed).
 DIST_SUFFIXES = (".whl", ".tar.gz", ".zip")
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
+#: Asked before each request is answered, with its method, path and Range header (None: whole): False
+#: closes the connection unanswered (``tpuctl.sim.network``: hosts with no route to the mirror).
+Admit = Callable[[str, str, str | None], bool]
 
 
 def distributions(wheelhouse: Path) -> list[str]:
@@ -79,9 +82,12 @@ class _Handler(BaseHTTPRequestHandler):
 
     protocol_version = "HTTP/1.1"
 
-    def __init__(self, wheelhouse: Path, fetch_through: FetchThrough | None, *args: Any) -> None:
+    def __init__(
+        self, wheelhouse: Path, fetch_through: FetchThrough | None, admit: Admit | None, *args: Any
+    ) -> None:
         self.wheelhouse = wheelhouse
         self.fetch_through = fetch_through
+        self.admit = admit
         super().__init__(*args)
 
     def log_message(self, format: str, *args: Any) -> None:
@@ -95,6 +101,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _serve(self, *, body: bool) -> None:
         path = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
+        if self.admit is not None and not self.admit(self.command, path, self.headers.get("Range")):
+            self.close_connection = True  # no answer at all, as from an address with no route to it
+            return
         if path == "/simple" or (path.startswith("/simple/") and path.count("/") == 2 and path[-1] != "/"):
             # PEP 503: project URLs end with a slash; send clients there.
             self.send_response(HTTPStatus.MOVED_PERMANENTLY)
@@ -195,7 +204,8 @@ class PackageMirror:
     thread.
 
     ``start()`` returns the URL of the find-links page (idempotent); ``stop()`` closes the socket. The
-    directory is read on every request, so wheels added later are served too.
+    directory is read on every request, so wheels added later are served too. ``admit``, when given, is
+    asked before each request is answered (``Admit``).
     """
 
     def __init__(
@@ -205,9 +215,11 @@ class PackageMirror:
         host: str = "127.0.0.1",
         port: int = 0,
         fetch_through: FetchThrough | None = None,
+        admit: Admit | None = None,
     ) -> None:
         self.wheelhouse = wheelhouse
         self.fetch_through = fetch_through
+        self.admit = admit
         self.host = host
         self.port = port
         self._server: ThreadingHTTPServer | None = None
@@ -222,7 +234,7 @@ class PackageMirror:
     def start(self) -> str:
         if self._server is None:
             server = _MirrorServer(
-                (self.host, self.port), partial(_Handler, self.wheelhouse, self.fetch_through)
+                (self.host, self.port), partial(_Handler, self.wheelhouse, self.fetch_through, self.admit)
             )
             self._thread = threading.Thread(target=server.serve_forever, name="tpuctl-mirror", daemon=True)
             self._server = server

@@ -35,10 +35,12 @@ What each variable does, in the tool that reads it:
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -101,6 +103,29 @@ def caller_storage_env(token: str, directory: Path, project: str) -> dict[str, s
     }
 
 
+@dataclass(frozen=True)
+class MirrorFetch:
+    """One GET of a distribution file from the package mirror: the file's name, the byte range asked
+    (None: the whole file), and whether it was served (False: the world gave hosts no route to it)."""
+
+    file: str
+    byte_range: str | None
+    served: bool
+
+
+def mirror_fetch_log(storage_dir: Path) -> Path:
+    """Where the network services whose bucket is kept in ``storage_dir`` log the mirror's fetches
+    (beside it, in the simulator's state: any process of the state may be the one serving the mirror)."""
+    return storage_dir.with_name("sim-mirror-fetches.jsonl")
+
+
+def mirror_fetches(log: Path) -> list[MirrorFetch]:
+    """Every fetch in ``log`` (``mirror_fetch_log``), oldest first."""
+    if not log.exists():
+        return []
+    return [MirrorFetch(**json.loads(line)) for line in log.read_text(encoding="utf-8").splitlines() if line]
+
+
 class NetworkServices:
     """The storage emulator and package mirror of one simulator state, on ``address`` at fixed ports
     (the bucket checking its callers against ``world()``, the world in force),
@@ -160,7 +185,11 @@ class NetworkServices:
             str, Callable[[], PackageMirror | StorageEmulator]
         ] = {  # the mirror first: it binds at once, the emulator's import takes a while
             "mirror": lambda: PackageMirror(
-                self.wheelhouse, host=self.address, port=MIRROR_PORT, fetch_through=self.fetch_through
+                self.wheelhouse,
+                host=self.address,
+                port=MIRROR_PORT,
+                fetch_through=self.fetch_through,
+                admit=self._admit_to_mirror,
             ),
             "storage": lambda: StorageEmulator(
                 self.world, self.storage_dir, host=self.address, port=STORAGE_PORT
@@ -182,6 +211,21 @@ class NetworkServices:
                 self.last_error = exc
                 continue
             self._served[name] = service
+
+    def _admit_to_mirror(self, method: str, path: str, byte_range: str | None) -> bool:
+        """Whether the mirror answers (only the simulated hosts ask it: whether the world gives them a
+        route to it); every GET of a distribution file is logged (``mirror_fetches``), answered or not."""
+        from tpuctl.sim.mirror import DIST_SUFFIXES
+
+        routed = self.world().hosts_reach_package_index
+        if method == "GET" and path.endswith(DIST_SUFFIXES):
+            fetch = MirrorFetch(file=path.rsplit("/", 1)[-1], byte_range=byte_range, served=routed)
+            line = json.dumps(dataclasses.asdict(fetch)) + "\n"
+            # One write of one short line to a file opened for appending: whole, whichever thread or
+            # process of the state serves the mirror.
+            with mirror_fetch_log(self.storage_dir).open("a", encoding="utf-8") as log:
+                log.write(line)
+        return routed
 
     def ready(self) -> bool:
         """Whether both services answer on their address (served here or by another process): a VM is
@@ -207,4 +251,13 @@ class NetworkServices:
         self._served.clear()
 
 
-__all__ = ["MIRROR_PORT", "STORAGE_PORT", "NetworkServices", "caller_storage_env", "network_env"]
+__all__ = [
+    "MIRROR_PORT",
+    "STORAGE_PORT",
+    "MirrorFetch",
+    "NetworkServices",
+    "caller_storage_env",
+    "mirror_fetch_log",
+    "mirror_fetches",
+    "network_env",
+]

@@ -250,6 +250,10 @@ class World(_Strict):
     #: tpuctl derives from ``tpu-env`` and ``worker-network-endpoints`` (JAX's GKE path) let a program find
     #: its peers. On: both paths answer, as they would if Google publishes it. TPU API VMs always publish it.
     compute_agent_worker_number: bool = False
+    #: Whether the hosts have a route to the package index (the simulator's package mirror), as a VM with
+    #: an external IP reaches PyPI. Off: as VMs without external IPs and no Cloud NAT, they reach Google's
+    #: APIs and the bucket (Private Google Access) and nothing else; the mirror answers them nothing.
+    hosts_reach_package_index: bool = True
     #: The VPC networks a node or an instance may join (docs/google-facts.md#networks); a create naming
     #: another, or none where ``default`` is not here, is refused as Google refuses it.
     networks: list[Network] = Field(default_factory=_default_networks)

@@ -1,9 +1,11 @@
 """After every provision, before the program: set every host up, then check the program's imports.
 
 A TPU VM (and a simulated one) boots a stock image: no JAX, optax or orbax, maybe an older Python. Every
-attempt therefore runs the setup script of ``tpuctl.hosts.setup`` on every host (skipped on a host that
-already has the same setup, keyed by its inputs), each host's output streamed with its prefix and kept in
-its log. A failure names the host, the command and its last lines, and nothing starts. Then one check
+attempt therefore gives every host the run's environment (skipped on a host that already has the same
+setup, keyed by its inputs): restored from the run's bucket, where the first host that lacked it built
+and stored it (``tpuctl.hosts.envstore``), or, for a run without a bucket, built on each host by the
+setup script of ``tpuctl.hosts.setup``. Each host's output is streamed with its prefix and kept in its
+log. A failure names the host, the command and its last lines, and nothing starts. Then one check
 that the program's imports resolve in the hosts' environment, so a missing module is reported in seconds
 with the fix, not as a traceback on every host after start-up.
 """
@@ -24,7 +26,8 @@ from tpuctl.services.run.model import PhaseUpdate
 from tpuctl.words import counted
 
 if TYPE_CHECKING:
-    from tpuctl.hosts.base import Executor
+    from tpuctl.hosts.base import CommandResult, Executor
+    from tpuctl.hosts.setup import SetupSpec
     from tpuctl.services.run.hostlog import HostLog
     from tpuctl.services.run.model import LaunchObserver, PreparedRun
 
@@ -50,10 +53,14 @@ def run_setup(
     uv_wheelhouse: Path | None,
     uv_download_dir: Path,
 ) -> float:
-    """Run the setup on every host, after bringing them uv (the pinned wheel from ``uv_wheelhouse``, else
-    from ``uv_download_dir``, else downloaded from PyPI into it) where it installs anything; returns the
-    seconds it took (every host done). Raises RunFailedError naming the first failed host and command."""
-    from tpuctl.hosts.setup import RUN_SCRIPT_FROM_STDIN, failed_command, finished, setup_script
+    """Set every host up; returns the seconds it took (every host done). Raises RunFailedError naming the
+    first failed host and command.
+
+    With an environment to make and a bucket (``env_bucket``): every host restores it from the bucket
+    (``tpuctl.hosts.envstore``); where the bucket lacks it, the first host that found none builds it
+    (bringing it uv: the pinned wheel from ``uv_wheelhouse``, else from ``uv_download_dir``, else
+    downloaded from PyPI into it) and stores it, and the others then restore it. Without a bucket, every
+    host builds its own, as it must."""
     from tpuctl.hosts.uv_tool import bring_uv, download_wheel
 
     spec = prepared.setup
@@ -63,7 +70,49 @@ def run_setup(
         # host that only makes an empty directory would be a large part of a large slice's start-up.
         observer.detail(None, f"no setup on {counted(hosts, 'host')}: nothing to install or run")
         return 0.0
-    script = setup_script(spec, prepared.request.ssh_remote_root)
+    steps = _Steps(observer, executor, prepared, logs, _title(spec, hosts))
+    started = time.monotonic()
+
+    def bring(workers: list[int]) -> None:
+        if spec.needs_env:
+            wheelhouses = [*([uv_wheelhouse] if uv_wheelhouse else []), uv_download_dir]
+            download = functools.partial(download_wheel, cache_dir=uv_download_dir)
+            sent = bring_uv(executor, steps.root, wheelhouses, download=download, workers=workers)
+            observer.detail(None, f"uv on {counted(len(workers), 'host')} ({sent} sent it)")
+
+    bucket = env_bucket(prepared)
+    if bucket is None or not spec.needs_env:
+        bring(list(range(hosts)))
+        steps.build(list(range(hosts)), store_in=None)
+    else:
+        if spec.commands:
+            bring(list(range(hosts)))  # for a command that runs `uv pip install` after a restore
+        missing = steps.restore(list(range(hosts)), bucket)
+        if missing:
+            builder = missing[0]
+            if not spec.commands:
+                bring([builder])
+            steps.build([builder], store_in=bucket)
+            observer.detail(None, f"environment built on host {builder}, stored in {steps.url(bucket)}")
+            if missing[1:] and steps.restore(missing[1:], bucket):
+                raise RunFailedError(
+                    f"the environment host {builder} stored is not in {steps.url(bucket)}",
+                    worker=builder,
+                    fix=f"check that nothing deletes objects under gs://{bucket}/tpuctl/envs/",
+                )
+    took = time.monotonic() - started
+    observer.phase(PhaseUpdate(steps.title, done=hosts, total=hosts, outcome=f"done in {took:.1f} s"))
+    return took
+
+
+def env_bucket(prepared: PreparedRun) -> str | None:
+    """The bucket the run's environment is kept in: its checkpoint bucket (None: the run has none)."""
+    if not prepared.checkpoint_dir.startswith("gs://"):
+        return None
+    return prepared.checkpoint_dir.removeprefix("gs://").partition("/")[0]
+
+
+def _title(spec: SetupSpec, hosts: int) -> str:
     what = ", ".join(
         part
         for part in (
@@ -73,48 +122,110 @@ def run_setup(
         )
         if part
     )
-    title = f"setting up {counted(hosts, 'host')}: {what}"
-    observer.phase(PhaseUpdate(title, done=0, total=hosts))
-    started = time.monotonic()
-    done = 0
-    if spec.needs_env:
-        wheelhouses = [*([uv_wheelhouse] if uv_wheelhouse else []), uv_download_dir]
-        download = functools.partial(download_wheel, cache_dir=uv_download_dir)
-        sent = bring_uv(executor, prepared.request.ssh_remote_root, wheelhouses, download=download)
-        observer.detail(None, f"uv on {counted(hosts, 'host')} ({sent} sent it, {hosts - sent} had it)")
+    return f"setting up {counted(hosts, 'host')}: {what}"
 
-    def on_line(worker: int, text: str) -> None:
-        nonlocal done
-        logs[worker].write(text)
-        observer.detail(worker, text)  # the commands and their output: in the log, on the console with -v
-        if finished(text):
-            done += 1  # under the executor's one callback at a time
-            observer.phase(PhaseUpdate(title, done=done, total=hosts))
 
-    results = executor.run_command(
-        RUN_SCRIPT_FROM_STDIN, stdin=script.encode(), on_line=on_line, timeout_s=SETUP_TIMEOUT_S
-    )
-    failed = sorted(w for w, r in results.items() if r.exit_status != 0)
-    if failed:
+class _Steps:
+    """The setup's scripts, run on some hosts at a time, with the phase's count of hosts done."""
+
+    def __init__(
+        self,
+        observer: LaunchObserver,
+        executor: Executor,
+        prepared: PreparedRun,
+        logs: Mapping[int, HostLog],
+        title: str,
+    ) -> None:
+        self.observer, self.executor, self.prepared, self.logs = observer, executor, prepared, logs
+        self.title = title
+        self.root = prepared.request.ssh_remote_root
+        self.done = 0
+        observer.phase(PhaseUpdate(title, done=0, total=executor.num_hosts))
+
+    def url(self, bucket: str) -> str:
+        from tpuctl.hosts.envstore import env_url
+
+        return env_url(bucket, self.prepared.setup.key())
+
+    def build(self, workers: list[int], *, store_in: str | None) -> None:
+        """Make the environment on ``workers`` (and store it in ``store_in``)."""
+        from tpuctl.hosts.setup import setup_script
+
+        script = setup_script(self.prepared.setup, self.root, store_in=store_in)
+        self._run(script, workers, fix="fix the --setup command or --requirements file", store_in=store_in)
+
+    def restore(self, workers: list[int], bucket: str) -> list[int]:
+        """Restore the environment on ``workers`` from ``bucket``; returns those it was not in yet."""
+        from tpuctl.hosts.envstore import ENV_MISSING
+        from tpuctl.hosts.setup import restore_script
+
+        script = restore_script(self.prepared.setup, bucket, self.root)
+        fix = (
+            f"check that the hosts' service account can read gs://{bucket} (roles/storage.objectViewer) "
+            "and that the hosts have room on their disks"
+        )
+        results = self._run(script, workers, fix=fix, missing=ENV_MISSING)
+        return sorted(w for w, r in results.items() if r.exit_status == ENV_MISSING)
+
+    def _run(
+        self,
+        script: str,
+        workers: list[int],
+        *,
+        fix: str,
+        missing: int | None = None,
+        store_in: str | None = None,
+    ) -> dict[int, CommandResult]:
+        from tpuctl.hosts.setup import RUN_SCRIPT_FROM_STDIN, finished
+
+        total = self.executor.num_hosts
+
+        def on_line(worker: int, text: str) -> None:
+            self.logs[worker].write(text)
+            self.observer.detail(worker, text)  # the commands and their output: in the log, with -v
+            if finished(text):
+                self.done += 1  # under the executor's one callback at a time
+                self.observer.phase(PhaseUpdate(self.title, done=self.done, total=total))
+
+        results = self.executor.run_command(
+            RUN_SCRIPT_FROM_STDIN,
+            stdin=script.encode(),
+            on_line=on_line,
+            timeout_s=SETUP_TIMEOUT_S,
+            workers=workers,
+        )
+        failed = sorted(w for w, r in results.items() if r.exit_status not in (0, missing))
+        if failed:
+            raise self._failure(results, failed, fix, store_in)
+        return results
+
+    def _failure(
+        self, results: Mapping[int, CommandResult], failed: list[int], fix: str, store_in: str | None
+    ) -> RunFailedError:
+        from tpuctl.hosts.envstore import is_store_step
+        from tpuctl.hosts.setup import failed_command
+
         worker = failed[0]
         result = results[worker]
         command = failed_command(result.tail) or "the setup script"
+        if store_in is not None and is_store_step(command):
+            fix = (
+                f"let the hosts' service account write gs://{store_in} (roles/storage.objectCreator), "
+                "or give the run a bucket it can write with --bucket"
+            )
         status = (
             "no exit status (the host was lost)"
             if result.exit_status is None
             else f"exit {result.exit_status}"
         )
         tail = "\n".join(f"    {line}" for line in result.tail[-10:])
-        raise RunFailedError(
+        return RunFailedError(
             f"setup failed on host {worker} ({status}) running: {command}\n{tail}"
             + (f"\n(hosts {', '.join(map(str, failed[1:]))} failed too)" if len(failed) > 1 else ""),
             worker=worker,
-            fix="fix the --setup command or --requirements file; the host's whole output is in "
-            f"`tpuctl runs logs {prepared.run_id} --worker {worker}`",
+            fix=f"{fix}; the host's whole output is in "
+            f"`tpuctl runs logs {self.prepared.run_id} --worker {worker}`",
         )
-    took = time.monotonic() - started
-    observer.phase(PhaseUpdate(title, done=hosts, total=hosts, outcome=f"done in {took:.1f} s"))
-    return took
 
 
 def check_imports(observer: LaunchObserver, executor: Executor, prepared: PreparedRun) -> None:
