@@ -149,3 +149,43 @@ def test_callers_are_checked_as_cloud_storage_checks_them(tmp_path: Path) -> Non
         assert httpx.get(f"{url}/storage/v1/b/nope/iam/testPermissions", headers=AUTH).status_code == 404
     finally:
         emulator.stop()
+
+
+def test_a_whole_object_streamed_from_disk_is_the_emulators_answer(tmp_path: Path) -> None:
+    """A plain media download from a bucket kept on disk (streamed from the object's file) answers with
+    the bytes and headers the emulator gives for the same object kept in memory (read whole); a ranged
+    read of it is still the emulator's."""
+    body = bytes(range(256)) * 4096 + b"tail"
+    answers = []
+    for data_dir in (None, tmp_path / "gcs"):
+        emulator = StorageEmulator(default_world, data_dir)
+        url = emulator.start()
+        try:
+            stored = httpx.post(
+                f"{url}/upload/storage/v1/b/{DEFAULT_BUCKET}/o",
+                params={"uploadType": "media", "name": "env/a.tar"},
+                content=body,
+                headers={**AUTH, "Content-Type": "application/x-tar"},
+            )
+            assert stored.status_code == 200, stored.text
+            whole = httpx.get(
+                f"{url}/download/storage/v1/b/{DEFAULT_BUCKET}/o/env%2Fa.tar?alt=media", headers=AUTH
+            )
+            ranged = httpx.get(
+                f"{url}/download/storage/v1/b/{DEFAULT_BUCKET}/o/env%2Fa.tar?alt=media",
+                headers={**AUTH, "Range": "bytes=10-19"},
+            )
+            meta = httpx.get(f"{url}/storage/v1/b/{DEFAULT_BUCKET}/o/env%2Fa.tar", headers=AUTH).json()
+            missing = httpx.get(
+                f"{url}/download/storage/v1/b/{DEFAULT_BUCKET}/o/nothing?alt=media", headers=AUTH
+            )
+        finally:
+            emulator.stop()
+        assert (whole.status_code, whole.content) == (200, body)
+        assert (ranged.status_code, ranged.content) == (206, body[10:20])
+        assert missing.status_code == 404
+        assert whole.headers["x-goog-generation"] == meta["generation"]  # each bucket's own generation
+        kept = ("content-type", "content-length", "x-goog-hash", "x-goog-metageneration")
+        answers.append({name: whole.headers.get(name) for name in kept})
+    in_memory, on_disk = answers
+    assert on_disk == in_memory and on_disk["x-goog-hash"] and on_disk["content-type"] == "application/x-tar"

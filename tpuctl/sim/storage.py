@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import sys
 from collections.abc import Callable
@@ -56,7 +57,9 @@ def _request_handler(world: Callable[[], World]) -> Any:
       (https://cloud.google.com/storage/docs/xml-api/reference-headers#xgooggeneration): tensorstore reads
       the generation it makes its next conditional write against from them, and without them overwriting
       an object (OCDBT's manifest) fails with "Malformed StorageGeneration", where Google's answers work;
-    - it honours ``ifGenerationMatch`` on uploads (``_precondition_failed``)."""
+    - it honours ``ifGenerationMatch`` on uploads (``_precondition_failed``);
+    - it streams a whole object's media from its first byte (``_streamed``), where the emulator reads
+      the object into memory before sending any."""
     from urllib.parse import parse_qs, unquote, urlsplit
 
     from gcp_storage_emulator.server import RequestHandler
@@ -75,7 +78,7 @@ def _request_handler(world: Callable[[], World]) -> Any:
             super().end_headers()
 
         def do_GET(self) -> None:
-            if not self._answered_here("GET"):
+            if not self._answered_here("GET") and not self._streamed():
                 super().do_GET()
 
         def do_PUT(self) -> None:
@@ -162,6 +165,41 @@ def _request_handler(world: Callable[[], World]) -> Any:
                     }
                 },
             )
+            return True
+
+        def _streamed(self) -> bool:
+            """Send a whole object's media straight from its file, as Cloud Storage streams a download;
+            True when sent. The emulator reads the object whole into memory first, so a host restoring
+            its environment (``tpuctl.hosts.envstore``) got no byte of a 700 MB archive, and its ``tar``
+            wrote nothing, until the emulator had read all of it. Only a plain ``alt=media`` GET of an
+            object kept on disk, with no range and no other parameter: anything else (a range, another
+            generation, an in-memory bucket, no such object) the emulator answers as it does."""
+            url = urlsplit(self.path)
+            match = _MEDIA_PATH.match(url.path)
+            query = parse_qs(url.query)
+            plain = query == {"alt": ["media"]} or (url.path.startswith("/download/") and not query)
+            if match is None or not plain or "range" in {k.lower() for k in self.headers}:
+                return False
+            if self.storage._use_memory_fs:  # the emulator's own flag: no file to stream from
+                return False
+            bucket, name = match["bucket"], unquote(match["object"])
+            try:
+                obj = self.storage.get_file_obj(bucket, name)
+                path = self.storage._store._disk_path(self.storage._object_path(bucket, name))
+                media = open(path, "rb")  # noqa: SIM115  # closed below, once sent
+            except Exception:  # the emulator's NotFound, a missing file: it answers (404) as it does
+                return False
+            with media:
+                self.send_response(200)
+                if obj.get("contentType") is not None:
+                    self.send_header("Content-type", obj["contentType"])
+                self.send_header("X-Goog-Hash", f"crc32c={obj['crc32c']},md5={obj['md5Hash']}")
+                for key, value in (obj.get("metadata") or {}).items():
+                    if value is not None:
+                        self.send_header(f"x-goog-meta-{key}", str(value))
+                self.send_header("Content-Length", str(os.fstat(media.fileno()).st_size))
+                self.end_headers()
+                self.connection.sendfile(media)  # from the page cache to the socket, off the GIL
             return True
 
         def _generation_headers(self) -> dict[str, str]:
