@@ -257,13 +257,10 @@ def sim_os_login(
 ) -> OsLoginAccess:
     """OS Login at a simulator's ``base_url`` (``transport``: an in-process one), called as every
     client of the simulator is (``SIM_CLIENTS``)."""
-    import httpx
-
     from tpuctl.cloud.oslogin import OsLoginAccess, OsLoginEndpoints
 
     config = SIM_CLIENTS
-    http = httpx.Client(timeout=config.request_timeout_s, trust_env=config.trust_env, transport=transport)
-    closers.append(http.close)
+    http = _sim_http(closers, transport)
     return OsLoginAccess(
         OsLoginEndpoints.at(base_url),
         config.credentials(),
@@ -275,13 +272,10 @@ def sim_os_login(
 
 def sim_buckets(base_url: str, closers: list[Closer]) -> BucketClient:
     """A simulated Cloud Storage at ``base_url``, called as every client of the simulator is."""
-    import httpx
-
     from tpuctl.cloud.buckets import BucketClient
 
     config = SIM_CLIENTS
-    http = httpx.Client(timeout=config.request_timeout_s, trust_env=config.trust_env)
-    closers.append(http.close)
+    http = _sim_http(closers)
     return BucketClient(base_url, config.credentials, http, retry=config.retry, sleep=config.sleep)
 
 
@@ -294,13 +288,10 @@ def sim_account_access(
 ) -> AccountAccess:
     """Another account's access, asked at a simulator's ``base_url`` (``transport``: an in-process one)
     as every client of the simulator asks (``SIM_CLIENTS``)."""
-    import httpx
-
     from tpuctl.cloud.account_access import AccountAccess, AccountEndpoints
 
     config = SIM_CLIENTS
-    http = httpx.Client(timeout=config.request_timeout_s, trust_env=config.trust_env, transport=transport)
-    closers.append(http.close)
+    http = _sim_http(closers, transport)
     return AccountAccess(
         AccountEndpoints.at(base_url),
         config.credentials(),
@@ -308,6 +299,16 @@ def sim_account_access(
         retry=config.retry,
         sleep=sleep or config.sleep,
     )
+
+
+def _sim_http(closers: list[Closer], transport: httpx.BaseTransport | None = None) -> httpx.Client:
+    """An HTTP client as every client of the simulator has one (``SIM_CLIENTS``), closed by ``closers``."""
+    import httpx
+
+    config = SIM_CLIENTS
+    http = httpx.Client(timeout=config.request_timeout_s, trust_env=config.trust_env, transport=transport)
+    closers.append(http.close)
+    return http
 
 
 def world_prices(world: World, where: str) -> OwnPrices:
