@@ -175,3 +175,18 @@ def test_google_without_adc_fails_when_the_session_opens_with_the_login_fix(
     with pytest.raises(UnauthenticatedError) as err:
         GcpBackend(project="p").open_cloud(tmp_path, [])
     assert err.value.fix == "gcloud auth application-default login"
+
+
+def test_google_images_have_their_ubuntus_python_and_simulated_ones_this_interpreters() -> None:
+    import sys
+
+    from tpuctl.hosts.pythons import ImagePython
+
+    google = GcpBackend(project="p")
+    assert google.image_python("v2-alpha-tpuv5-lite") == ImagePython("3.10", downloads=True)
+    assert google.image_python("ubuntu-accel-2404-amd64-tpu-tpu7x") == ImagePython("3.12", downloads=True)
+    this = f"{sys.version_info.major}.{sys.version_info.minor}"
+    # Every simulated image is a venv of the simulator's interpreter, whatever its name; its hosts never
+    # download a Python. A simulator serving at a URL may run another interpreter: not known.
+    assert SimBackend().image_python("v2-alpha-tpuv5-lite") == ImagePython(this, downloads=False)
+    assert SimBackend(url="http://127.0.0.1:1").image_python("x") == ImagePython(None, downloads=False)

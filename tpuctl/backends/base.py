@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from tpuctl.cloud.base import Node, TpuCloud
     from tpuctl.cloud.buckets import BucketClient
     from tpuctl.cloud.oslogin import OsLoginAccess
+    from tpuctl.hosts.pythons import ImagePython
 
 #: A function run when the session closes (a server to stop, a client to close).
 Closer = Callable[[], None]
@@ -182,6 +183,11 @@ class Backend(Protocol):
         """Where the hosts' package index serves ``host_wheelhouse`` alone (the simulator's mirror with its
         fetch-through off), what it is and how to widen it; None where it serves whatever the index it
         stands for has."""
+        ...
+
+    def image_python(self, image: str) -> ImagePython:
+        """The ``python3`` of the image the hosts boot (``image``: a TPU API runtime version or a Compute
+        Engine image family) and whether uv on the hosts may download another (the run's plan)."""
         ...
 
     def open_cloud(self, state_dir: Path, closers: list[Closer]) -> TpuCloud:

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from tpuctl.cloud.buckets import BucketClient
     from tpuctl.cloud.config import CloudConfig
     from tpuctl.cloud.oslogin import OsLoginAccess
+    from tpuctl.hosts.pythons import ImagePython
 
 GCP_TUNING = Tuning(
     # Rate limits on Google are per minute: wait longer between tries.
@@ -80,6 +81,13 @@ class GcpBackend:
     default_bucket: str | None = None
     host_wheelhouse: Path | None = None  # hosts install from the public index
     _config: CloudConfig | None = field(default=None, repr=False)
+
+    def image_python(self, image: str) -> ImagePython:
+        """Google's images: the ``python3`` of the Ubuntu release they are built on, where tpuctl knows
+        the image; their hosts download a managed Python where they reach the internet."""
+        from tpuctl.hosts.pythons import ImagePython, google_image_python
+
+        return ImagePython(google_image_python(image), downloads=True)
 
     def open_cloud(self, state_dir: Path, closers: list[Closer]) -> TpuCloud:
         """Both of Google's TPU surfaces: the Cloud TPU API and Compute Engine (TPU7x and later exist only

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from tpuctl.cloud.buckets import BucketClient
     from tpuctl.cloud.oslogin import OsLoginAccess
     from tpuctl.cloud.retry import Sleep
+    from tpuctl.hosts.pythons import ImagePython
     from tpuctl.sim.world import World
 
 NAME = "sim"
@@ -208,6 +209,12 @@ class SimBackend:
             "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo",
         }
 
+    def image_python(self, image: str) -> ImagePython:
+        """Every simulated image, whatever its name, is a venv of the simulator's base interpreter
+        (``tpuctl.sim.vms.disks``): this one's, where the simulator runs in this process; not known for
+        one serving at a URL. Its hosts never download a Python (``tpuctl.sim.network``)."""
+        return sim_image_python(known=self.url is None)
+
     def host_index_limit(self, cloud: TpuCloud) -> WheelhouseOnly | None:
         """The mirror serves its wheelhouse alone unless the world in force has ``package_fetch_through``."""
         world = self._sim_status(cloud).get("world") or {}
@@ -322,6 +329,17 @@ def world_prices(world: World, where: str) -> OwnPrices:
         for generation, regions in world.prices.items()
     }
     return OwnPrices(overrides, where, world.project)
+
+
+def sim_image_python(*, known: bool) -> ImagePython:
+    """A simulated image's Python: this interpreter's version where ``known`` (the image is a venv of the
+    simulator's base interpreter, this one where the simulator runs in this process), never downloads."""
+    import sys
+
+    from tpuctl.hosts.pythons import ImagePython
+
+    version = f"{sys.version_info.major}.{sys.version_info.minor}" if known else None
+    return ImagePython(version, downloads=False)
 
 
 def mirror_limit() -> WheelhouseOnly:

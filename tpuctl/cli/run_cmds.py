@@ -495,6 +495,8 @@ def _render_plan(out: Output, plan: dict[str, Any]) -> None:
         p(f"  {f['bytes']:>10}  {escape(f['path'])}")
     p(f"  {'':>10}  + tpuctl runtime ({bundle['runtime_files']} files)")
     p(f"checkpoint dir: {plan['checkpoint_dir']}")
+    for line in _host_python_lines(plan["setup"]["host_python"]):
+        p(line)
     for host in plan["hosts"]:
         p(f"[bold]host {host['worker']}[/]: {escape(host['where'])}")
         p(f"  cwd: {escape(host['cwd'])}")
@@ -504,6 +506,26 @@ def _render_plan(out: Output, plan: dict[str, Any]) -> None:
             p(f"  argv: {escape(shlex.join(host['argv']))}")
         for key, value in host["env"].items():
             p(f"  env {key}={escape(value)}")
+
+
+def _host_python_lines(host_python: dict[str, Any]) -> list[str]:
+    """The plan's Python lines: the image's, the environment's, and how a difference is bridged."""
+    from rich.markup import escape
+
+    image = host_python["image"]
+    environment = host_python["environment"]
+    has = f"python{image}" if image else "a python3 tpuctl does not know"
+    uses = (
+        f"the run's environment uses python{environment}"
+        if environment
+        else "no environment: the image's python3 runs the program"
+    )
+    lines = [f"python: the image has {has}; {uses}"]
+    if host_python["handling"]:
+        lines.append(f"  {escape(host_python['handling'])}")
+    if host_python["warning"]:
+        lines.append(f"  [yellow]warning[/]: {escape(host_python['warning'])}")
+    return lines
 
 
 # --- runs ----------------------------------------------------------------------------------------------

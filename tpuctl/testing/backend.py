@@ -39,6 +39,7 @@ from tpuctl.backends.sim import (
     mirror_limit,
     sim_account_access,
     sim_buckets,
+    sim_image_python,
     sim_os_login,
     world_prices,
 )
@@ -56,6 +57,7 @@ if TYPE_CHECKING:
     from tpuctl.cloud.base import Node, TpuCloud
     from tpuctl.cloud.buckets import BucketClient
     from tpuctl.cloud.oslogin import OsLoginAccess
+    from tpuctl.hosts.pythons import ImagePython
     from tpuctl.sim import SimAdminClient
     from tpuctl.sim.storage import StorageEmulator
     from tpuctl.sim.world import World
@@ -166,6 +168,9 @@ class InProcessBackend:
 
     def host_env(self, worker: int, addresses: list[HostAddress], chips_per_host: int) -> dict[str, str]:
         return SimBackend().host_env(worker, addresses, chips_per_host)
+
+    def image_python(self, image: str) -> ImagePython:
+        return sim_image_python(known=True)
 
     def host_index_limit(self, cloud: TpuCloud) -> WheelhouseOnly | None:
         return None if self.sim.engine.world.package_fetch_through else mirror_limit()

@@ -21,6 +21,7 @@ from tpuctl.services.run.rundir import RunDir
 from tpuctl.timefmt import iso
 
 if TYPE_CHECKING:
+    from tpuctl.hosts.pythons import HostPython
     from tpuctl.hosts.setup import SetupSpec
     from tpuctl.services.session import Session
 
@@ -140,6 +141,32 @@ def _backstop_plan(session: Session, prepared: PreparedRun) -> dict[str, Any] | 
         "deadman": "host 0",
         "compute_engine_deletes_at": iso(ends) if ends is not None and by_cloud else None,
     }
+
+
+def _host_python(session: Session, prepared: PreparedRun) -> HostPython:
+    """The image's Python and the environment's, and how setup bridges a difference (``hosts.pythons``)."""
+    from tpuctl.hosts.pythons import ImagePython, host_python
+    from tpuctl.services.run.hostsetup import env_bucket
+
+    target = prepared.target
+    placement = target.placement
+    image = None
+    if target.existing is not None:
+        image = target.existing.nodes[0].runtime_version or None
+    elif placement is not None and placement.surface is Surface.COMPUTE:
+        compute = target.accelerator.generation.compute
+        image = None if compute is None else compute.image_family
+    elif placement is not None:
+        image = placement.runtime_version
+    offered = session.backend.image_python(image) if image else ImagePython(None, downloads=True)
+    setup = prepared.setup
+    return host_python(
+        offered,
+        setup.python if setup.needs_env else None,
+        bucket=env_bucket(prepared) is not None,
+        # A new slice's hosts get external IPs unless a ProxyCommand reaches them (``with_host_access``).
+        external_ips=None if placement is None else prepared.request.ssh_proxy_command is None,
+    )
 
 
 def _setup_spec(session: Session, request: RunRequest) -> SetupSpec:
@@ -318,6 +345,7 @@ def plan(session: Session, prepared: PreparedRun, *, budget_usd: float | None = 
             "requirements": prepared.request.requirements,
             "commands": list(prepared.setup.commands),
             "python": prepared.python,
+            "host_python": _host_python(session, prepared).to_dict(),
         },
         "hosts": [h.to_dict(user_keys=list(prepared.user_env)) for h in host_plans],
     }
