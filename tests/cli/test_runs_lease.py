@@ -73,10 +73,11 @@ class Team:
 
     def start_run(self, *where: str) -> subprocess.Popen[bytes]:
         """`tpuctl run` as its own process on machine one (so it can be killed -9), on a new slice or
-        ``where`` (e.g. ``--pod NAME``)."""
+        ``where`` (e.g. ``--pod NAME``). The program is stdlib-only: no host installs anything, in either
+        supervisor's attempt (the runtime's setup is other tests')."""
         env = {**os.environ, **self.env, "TPUCTL_STATE_DIR": str(self.one)}
         where = where or ("--type", "v5e-8", "--zone", ZONE)
-        argv = [sys.executable, "-m", "tpuctl", "run", str(self.script), *where]
+        argv = [sys.executable, "-m", "tpuctl", "run", str(self.script), *where, "--no-runtime-deps"]
         return subprocess.Popen(
             argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
         )
@@ -220,7 +221,7 @@ def test_a_run_on_the_users_pod_is_taken_over_from_another_state_dir_with_the_ru
 ) -> None:
     made = cli("pod", "create", "v5e-8", "--zone", ZONE, "--name", "mine", env=team.on(team.one))
     assert made.code == 0, made.stderr[-3000:]
-    a = team.start_run("--pod", "mine", "--no-runtime-deps")
+    a = team.start_run("--pod", "mine")
     run_id = running_run(team, a)
     stored = sqlite3.connect(team.db).execute(
         "SELECT ciphertext FROM run_secrets WHERE run_id = ? AND name = ?", (run_id, SECRET_NAME)
