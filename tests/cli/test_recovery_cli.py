@@ -88,9 +88,78 @@ def lm_run(*extra: str) -> list[str]:
             *HOST_XLA_ENV, *extra, "--", *LM_ARGS]  # fmt: skip
 
 
-# --- three preemptions, bit for bit -------------------------------------------------------------------
+# --- preemptions, bit for bit -------------------------------------------------------------------------
 
 
+def test_a_preemption_with_notice_then_one_without_end_bit_identical_and_every_segment_is_recorded(
+    admin: SimAdminClient, cli: Cli, state_dir: Path, reference: str
+) -> None:
+    """The default suite's case of the three preemptions below: one with notice, then one without (three
+    starts of the LM instead of four)."""
+    plan = [Preempt(1, 3, notice=True), Preempt(2, 3, notice=False)]
+    chaos = Chaos(admin, state_dir, plan).start()
+    try:
+        result = cli(*lm_run("-o", "json"))
+    finally:
+        chaos.join(check=False)
+    assert result.code == 0, result.stderr[-4000:]
+    chaos.check()
+    run_id = result.json["run"]["run_id"]
+    log = state_dir / "runs" / run_id / "worker-0.log"
+    assert final_hash(log) == reference
+    assert all(p.done_at is not None for p in plan)
+    assert admin.status()["nodes"] == []  # no preempted slice, no extra one
+
+    described = cli("runs", "describe", run_id, "-o", "json").json["run"]
+    assert described["status"] == "succeeded" and described["preemptions"] == 2
+    recovery = described["recovery"]
+    noticed, hard = recovery["preemptions"]
+    assert [noticed["kind"], hard["kind"]] == ["notice", "hard"], recovery["preemptions"]
+    # Noticed: checkpoint at the step every host stopped at, nothing done twice.
+    assert noticed["checkpoint_step"] == noticed["last_step"] == noticed["restored_step"]
+    assert noticed["steps_recomputed"] == 0
+    # The hard kill: back to the last periodic checkpoint, at most one interval (4 steps) lost (the newest
+    # checkpoint is a periodic one, or the notice's if no multiple of 4 came since).
+    assert hard["checkpoint_step"] is None
+    assert hard["restored_step"] in (noticed["checkpoint_step"], hard["last_step"] // 4 * 4)
+    assert 0 <= hard["steps_recomputed"] <= 4
+    assert hard["steps_recomputed"] == hard["last_step"] - hard["restored_step"]
+    assert recovery["steps_recomputed"] == hard["steps_recomputed"]
+    assert recovery["steps_completed"] == LM_STEPS
+    for p in recovery["preemptions"]:
+        assert p["detection_latency_s"] is not None and p["detection_latency_s"] <= 2.0, p
+        assert p["recovery_s"] is not None and p["recovery_s"] > 0, p
+        assert p["setup_s"] is not None and 0 < p["setup_s"] < p["recovery_s"], p
+        assert p["new_pod"] and p["new_pod"] != p["pod"] and p["new_zone"] == ZONE
+    assert 0 < recovery["goodput"] < 1
+
+    # Every segment, closed, in order; the running ones carry their slice and step counts.
+    segs = described["segments"]
+    assert all(not s["open"] and s["end"] >= s["start"] for s in segs)
+    kinds_seen = [s["kind"] for s in segs]
+    assert kinds_seen[0] == "provisioning" and kinds_seen[-1] == "running"
+    assert {"provisioning", "running", "checkpointing", "preempted", "recovering"} <= set(kinds_seen)
+    assert kinds_seen.count("running") == 3 and kinds_seen.count("preempted") == 2
+    assert kinds_seen.count("checkpointing") == 1
+    running = [s for s in segs if s["kind"] == "running"]
+    assert sum(s["steps_completed"] for s in running) == LM_STEPS + recovery["steps_recomputed"]
+    assert [s["steps_recomputed"] for s in running] == [0, 0, hard["steps_recomputed"]]
+    assert all(s["pod"] and s["zone"] == ZONE and s["capacity"] == "spot" for s in running)
+    for a, b in itertools.pairwise(segs):
+        assert b["start"] >= a["start"]
+    # The table form shows the same, with a timeline.
+    table = cli("runs", "describe", run_id)
+    assert table.code == 0 and "timeline" in table.stdout and "checkpointing" in table.stdout
+    with Ledger(state_dir) as ledger:
+        record = ledger.get_run(run_id)
+    assert record is not None and record.status is RunStatus.SUCCEEDED
+    assert record.preemptions == 2 and record.restarts == 0 and record.steps == LM_STEPS
+    starts = [e for e in events_of(log) if e["event"] == "start"]
+    assert [e["restart_count"] for e in starts] == [0, 1, 2]
+
+
+# ~60 s on 2 cores (four starts of the LM): the two-preemption case above is the default suite's.
+@pytest.mark.slow
 def test_three_preemptions_two_with_notice_end_bit_identical_and_every_segment_is_recorded(
     admin: SimAdminClient, cli: Cli, state_dir: Path, reference: str
 ) -> None:
@@ -386,6 +455,15 @@ def _steps(log: Path) -> list[int]:
     return [e["step"] for e in events_of(log) if e["event"] == "step"]
 
 
+# ~40 s on 2 cores (three starts of the LM and a lease's expiry). Each of its parts is in the default suite:
+# a run preempted by `sim preempt` from another process, its supervisor killed -9 and `runs resume`d bit
+# for bit with nothing left running (tests/hardening/test_crash.py's run loop), a takeover once the dead
+# owner's lease expired (tests/cli/test_runs_lease.py), orphaned programs stopped before the restart
+# (test_programs_started_before_the_supervisor_recorded_them_are_stopped_too, below), a detached
+# supervisor (test_runs_cancel_stops_a_detached_run_and_deletes_its_slice, below), a notice's checkpoint
+# restored at its step (the two-preemption case above), the supervisor's state as `runs describe` says it
+# (tests/services/run/test_service.py).
+@pytest.mark.slow
 def test_detached_run_is_preempted_by_another_process_survives_kill_9_and_resumes_bit_identical(
     own_sim: Path, cli: Cli, reference: str
 ) -> None:
@@ -487,7 +565,8 @@ def test_resume_takes_over_every_slice_the_ledger_has_for_the_run(
     with open_session(load_settings()) as sess:
         launcher = Launcher(sess)
         prepared = launcher.prepare(
-            RunRequest(script=str(script), accelerator_type="v5e-8", env=("SLEEP_S=0",))
+            # A stdlib program: nothing for the new slice's hosts to install.
+            RunRequest(script=str(script), accelerator_type="v5e-8", env=("SLEEP_S=0",), runtime_deps=False)
         )
         Supervisor(sess).create_record(prepared)
         placed = launcher.provision(prepared)  # what the killed supervisor's allocator made
@@ -748,6 +827,64 @@ def test_a_truncated_latest_checkpoint_falls_back_to_the_previous_one_and_the_ru
     assert "checkpoint fallback: skipped step 8" in table.stdout and "restored step 4" in table.stdout
 
 
+SAVER = """\
+import json, signal, sys, time
+
+def emit(**event):
+    print("TPUCTL_EVENT " + json.dumps(event), flush=True)
+
+stop = []
+signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
+emit(event="start", step=0, restored=None, skipped=[], restart_count=0, steps=5000)
+for step in range(1, 5001):
+    time.sleep(0.05)
+    emit(event="step", step=step, dt=0.05)
+    if stop:  # checkpoints the step it stopped at (as the runtime does on SIGTERM), then stops
+        emit(event="preempted", step=step, checkpoint="saved")
+        sys.exit(75)
+"""
+
+
+def test_a_run_with_a_budget_below_its_cost_stops_its_program_checkpointed_and_deletes_its_slice(
+    admin: SimAdminClient, cli: Cli, tmp_path: Path, state_dir: Path
+) -> None:
+    """The default suite's budget stop of a program that checkpoints on SIGTERM: a stdlib one, nothing to
+    install, so the stop comes seconds after READY. The bundled runtime's checkpoint in the bucket on such
+    a stop is the LM's case below (--slow); its checkpoint on SIGTERM the notice tests' above."""
+    from tpuctl.catalog import Catalog
+    from tpuctl.services.budget import BudgetGuard
+
+    # v5e-4 spot: 4 chips x 0.245 = 0.98 USD/h, so about 22 s from READY, the stop decided about 11 s
+    # (the margin) before: room for a stdlib program's start on a loaded machine (a stop before the program
+    # runs is a hard stop, nothing to checkpoint).
+    limit = 0.006
+    script = write(tmp_path / "proj" / "saver.py", SAVER)
+    result = cli("run", str(script), "--no-runtime-deps", "--type", "v5e-4", "--spot", "--budget", str(limit))
+    assert result.code == 7, result.stderr[-3000:]
+    assert "stopped at its budget" in result.stderr
+    assert admin.status()["nodes"] == []
+    with Ledger(state_dir) as ledger:
+        (run,) = ledger.list_runs()
+        guard = BudgetGuard.for_run(ledger, run.run_id, Catalog.load(), limit_usd=limit)
+        pods = ledger.list_pods(run_id=run.run_id)
+    assert run.status is RunStatus.BUDGET_EXCEEDED and run.exit_code == 7
+    assert run.detail is not None and run.detail["budget"]["limit_usd"] == limit
+    assert [p.state.value for p in pods] == ["DELETED"]  # the slice is gone, billing ended
+    # Checkpointed on the way out, at the step it stopped at.
+    log = state_dir / "runs" / run.run_id / "worker-0.log"
+    (stop,) = [e for e in events_of(log) if e["event"] == "preempted"]
+    assert stop["checkpoint"] == "saved"
+    # Within one step's cost of the limit, never over it by more.
+    steps = [e["dt"] for e in events_of(log) if e["event"] == "step"]
+    step_usd = 0.98 * max(steps) / 3600
+    spent = guard.spent()
+    assert spent <= limit + step_usd, (spent, limit)
+    assert spent >= 0.5 * limit  # it did use its budget
+
+
+# ~45 s on 2 cores (the LM's setup and start-up fill most of its budget): the stdlib program's case above is
+# the default suite's.
+@pytest.mark.slow
 def test_a_run_with_a_budget_below_its_cost_stops_checkpointed_at_the_budget_and_deletes_its_slice(
     admin: SimAdminClient, cli: Cli, state_dir: Path
 ) -> None:
