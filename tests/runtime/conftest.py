@@ -231,3 +231,16 @@ def once_per_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, Cal
             return value
 
     return once
+
+
+@pytest.fixture(scope="session")
+def procs_once_per_run(
+    once_per_run: Callable[[str, Callable[[], Any]], Any],
+) -> Callable[[str, Callable[[], Sequence[Proc]]], list[Proc]]:
+    """``once_per_run`` for a fixture whose value is the finished processes of a run (``Proc``)."""
+
+    def once(key: str, compute: Callable[[], Sequence[Proc]]) -> list[Proc]:
+        rows = once_per_run(key, lambda: [[p.returncode, p.stdout, p.stderr] for p in compute()])
+        return [Proc(*row) for row in rows]
+
+    return once
