@@ -43,13 +43,14 @@ WORLD: dict[str, Any] = {
     "latency": {"base_ms": 0, "jitter_ms": 0},
 }
 LINES = 24
-#: Each attempt prints numbered lines, a quarter second apart (long enough to be caught running).
+#: Each attempt prints numbered lines: the first a quarter second apart (long enough to be caught
+#: running), a takeover's quickly (it is only waited for).
 PROGRAM = f"""
 import os, time
 attempt = os.environ.get("TPUCTL_RESTART_COUNT", "0")
 for i in range({LINES}):
     print(f"attempt {{attempt}} line {{i}}", flush=True)
-    time.sleep(0.25)
+    time.sleep(0.25 if attempt == "0" else 0.02)
 """
 LEASE_ENV = {"TPUCTL_LEASE_DURATION": "3", "TPUCTL_LEASE_RENEW_EVERY": "1"}
 
