@@ -88,78 +88,9 @@ def lm_run(*extra: str) -> list[str]:
             *HOST_XLA_ENV, *extra, "--", *LM_ARGS]  # fmt: skip
 
 
-# --- preemptions, bit for bit -------------------------------------------------------------------------
+# --- three preemptions, bit for bit -------------------------------------------------------------------
 
 
-def test_a_preemption_with_notice_then_one_without_end_bit_identical_and_every_segment_is_recorded(
-    admin: SimAdminClient, cli: Cli, state_dir: Path, reference: str
-) -> None:
-    """The default suite's case of the three preemptions below: one with notice, then one without (three
-    starts of the LM instead of four)."""
-    plan = [Preempt(1, 3, notice=True), Preempt(2, 3, notice=False)]
-    chaos = Chaos(admin, state_dir, plan).start()
-    try:
-        result = cli(*lm_run("-o", "json"))
-    finally:
-        chaos.join(check=False)
-    assert result.code == 0, result.stderr[-4000:]
-    chaos.check()
-    run_id = result.json["run"]["run_id"]
-    log = state_dir / "runs" / run_id / "worker-0.log"
-    assert final_hash(log) == reference
-    assert all(p.done_at is not None for p in plan)
-    assert admin.status()["nodes"] == []  # no preempted slice, no extra one
-
-    described = cli("runs", "describe", run_id, "-o", "json").json["run"]
-    assert described["status"] == "succeeded" and described["preemptions"] == 2
-    recovery = described["recovery"]
-    noticed, hard = recovery["preemptions"]
-    assert [noticed["kind"], hard["kind"]] == ["notice", "hard"], recovery["preemptions"]
-    # Noticed: checkpoint at the step every host stopped at, nothing done twice.
-    assert noticed["checkpoint_step"] == noticed["last_step"] == noticed["restored_step"]
-    assert noticed["steps_recomputed"] == 0
-    # The hard kill: back to the last periodic checkpoint, at most one interval (4 steps) lost (the newest
-    # checkpoint is a periodic one, or the notice's if no multiple of 4 came since).
-    assert hard["checkpoint_step"] is None
-    assert hard["restored_step"] in (noticed["checkpoint_step"], hard["last_step"] // 4 * 4)
-    assert 0 <= hard["steps_recomputed"] <= 4
-    assert hard["steps_recomputed"] == hard["last_step"] - hard["restored_step"]
-    assert recovery["steps_recomputed"] == hard["steps_recomputed"]
-    assert recovery["steps_completed"] == LM_STEPS
-    for p in recovery["preemptions"]:
-        assert p["detection_latency_s"] is not None and p["detection_latency_s"] <= 2.0, p
-        assert p["recovery_s"] is not None and p["recovery_s"] > 0, p
-        assert p["setup_s"] is not None and 0 < p["setup_s"] < p["recovery_s"], p
-        assert p["new_pod"] and p["new_pod"] != p["pod"] and p["new_zone"] == ZONE
-    assert 0 < recovery["goodput"] < 1
-
-    # Every segment, closed, in order; the running ones carry their slice and step counts.
-    segs = described["segments"]
-    assert all(not s["open"] and s["end"] >= s["start"] for s in segs)
-    kinds_seen = [s["kind"] for s in segs]
-    assert kinds_seen[0] == "provisioning" and kinds_seen[-1] == "running"
-    assert {"provisioning", "running", "checkpointing", "preempted", "recovering"} <= set(kinds_seen)
-    assert kinds_seen.count("running") == 3 and kinds_seen.count("preempted") == 2
-    assert kinds_seen.count("checkpointing") == 1
-    running = [s for s in segs if s["kind"] == "running"]
-    assert sum(s["steps_completed"] for s in running) == LM_STEPS + recovery["steps_recomputed"]
-    assert [s["steps_recomputed"] for s in running] == [0, 0, hard["steps_recomputed"]]
-    assert all(s["pod"] and s["zone"] == ZONE and s["capacity"] == "spot" for s in running)
-    for a, b in itertools.pairwise(segs):
-        assert b["start"] >= a["start"]
-    # The table form shows the same, with a timeline.
-    table = cli("runs", "describe", run_id)
-    assert table.code == 0 and "timeline" in table.stdout and "checkpointing" in table.stdout
-    with Ledger(state_dir) as ledger:
-        record = ledger.get_run(run_id)
-    assert record is not None and record.status is RunStatus.SUCCEEDED
-    assert record.preemptions == 2 and record.restarts == 0 and record.steps == LM_STEPS
-    starts = [e for e in events_of(log) if e["event"] == "start"]
-    assert [e["restart_count"] for e in starts] == [0, 1, 2]
-
-
-# ~60 s on 2 cores (four starts of the LM): the two-preemption case above is the default suite's.
-@pytest.mark.slow
 def test_three_preemptions_two_with_notice_end_bit_identical_and_every_segment_is_recorded(
     admin: SimAdminClient, cli: Cli, state_dir: Path, reference: str
 ) -> None:
@@ -461,7 +392,7 @@ def _steps(log: Path) -> list[int]:
 # owner's lease expired (tests/cli/test_runs_lease.py), orphaned programs stopped before the restart
 # (test_programs_started_before_the_supervisor_recorded_them_are_stopped_too, below), a detached
 # supervisor (test_runs_cancel_stops_a_detached_run_and_deletes_its_slice, below), a notice's checkpoint
-# restored at its step (the two-preemption case above), the supervisor's state as `runs describe` says it
+# restored at its step (the three-preemption case above), the supervisor's state as `runs describe` says it
 # (tests/services/run/test_service.py).
 @pytest.mark.slow
 def test_detached_run_is_preempted_by_another_process_survives_kill_9_and_resumes_bit_identical(
