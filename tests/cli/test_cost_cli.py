@@ -391,11 +391,23 @@ def test_refresh_dry_run_writes_nothing(sim_cli: InProcessCli, state_dir: Path) 
 
 
 @respx.mock
-def test_refresh_from_an_unreachable_endpoint_is_a_cloud_error(sim_cli: InProcessCli) -> None:
+def test_refresh_from_an_unreachable_endpoint_is_a_cloud_error(
+    sim_cli: InProcessCli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import functools
+
+    from tpuctl.cloud import billing
+    from tpuctl.cloud.retry import RetryPolicy
+
+    # The client's waits between its tries are kept, not slept (seconds of real time otherwise).
+    waits: list[float] = []
+    client = functools.partial(billing.CloudBillingCatalogClient, sleep=waits.append)
+    monkeypatch.setattr(billing, "CloudBillingCatalogClient", client)
     respx.get(url__regex=r"https://billing\.test/.*").mock(side_effect=httpx.ConnectError("refused"))
     result = sim_cli("catalog", "prices", "--refresh", "--billing-url", "https://billing.test", "-o", "json")
     assert result.code == 14
     assert "could not connect" in result.json["message"]
+    assert len(waits) == RetryPolicy().max_attempts - 1  # every try was made before giving up
 
 
 # --- budgets -----------------------------------------------------------------------------------------

@@ -166,9 +166,12 @@ def test_more_slices_than_any_zone_has_quota_for_is_refused_naming_the_limit(
 @pytest.mark.parametrize(
     ("accelerator", "zone", "hosts", "chips"),
     [
-        ("v4-16", "us-central2-b", 2, 4),
-        # The acceptance shape: 8 hosts, each setting up the runtime on its own disk (about a minute of
-        # a 2-core machine), so with --slow; the default suite runs the same path on 2 x 2 hosts.
+        # The default suite's: two one-host slices, two hosts setting up the runtime. Several hosts in
+        # each of two slices joined into one JAX job is tests/sim/test_multislice_vms.py's (8 VMs).
+        ("v4-8", "us-central2-b", 1, 4),
+        # 4 hosts (about 25 s of a loaded 2-core machine), and the acceptance shape: 8 hosts, each setting
+        # up the runtime on its own disk (about a minute), so with --slow.
+        pytest.param("v4-16", "us-central2-b", 2, 4, marks=pytest.mark.slow),
         pytest.param("v5e-16", V5E_ZONE, 4, 4, marks=pytest.mark.slow),
     ],
 )

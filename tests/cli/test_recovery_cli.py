@@ -386,6 +386,15 @@ def _steps(log: Path) -> list[int]:
     return [e["step"] for e in events_of(log) if e["event"] == "step"]
 
 
+# ~40 s on 2 cores (three starts of the LM and a lease's expiry). Each of its parts is in the default suite:
+# a run preempted by `sim preempt` from another process, its supervisor killed -9 and `runs resume`d bit
+# for bit with nothing left running (tests/hardening/test_crash.py's run loop), a takeover once the dead
+# owner's lease expired (tests/cli/test_runs_lease.py), orphaned programs stopped before the restart
+# (test_programs_started_before_the_supervisor_recorded_them_are_stopped_too, below), a detached
+# supervisor (test_runs_cancel_stops_a_detached_run_and_deletes_its_slice, below), a notice's checkpoint
+# restored at its step (the three-preemption case above), the supervisor's state as `runs describe` says it
+# (tests/services/run/test_service.py).
+@pytest.mark.slow
 def test_detached_run_is_preempted_by_another_process_survives_kill_9_and_resumes_bit_identical(
     own_sim: Path, cli: Cli, reference: str
 ) -> None:
@@ -488,7 +497,8 @@ def test_resume_takes_over_every_slice_the_ledger_has_for_the_run(
     with open_session(load_settings()) as sess:
         launcher = Launcher(sess)
         prepared = launcher.prepare(
-            RunRequest(script=str(script), accelerator_type="v5e-8", env=("SLEEP_S=0",))
+            # A stdlib program: nothing for the new slice's hosts to install.
+            RunRequest(script=str(script), accelerator_type="v5e-8", env=("SLEEP_S=0",), runtime_deps=False)
         )
         Supervisor(sess).create_record(prepared)
         placed = launcher.provision(prepared)  # what the killed supervisor's allocator made
@@ -749,6 +759,64 @@ def test_a_truncated_latest_checkpoint_falls_back_to_the_previous_one_and_the_ru
     assert "checkpoint fallback: skipped step 8" in table.stdout and "restored step 4" in table.stdout
 
 
+SAVER = """\
+import json, signal, sys, time
+
+def emit(**event):
+    print("TPUCTL_EVENT " + json.dumps(event), flush=True)
+
+stop = []
+signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
+emit(event="start", step=0, restored=None, skipped=[], restart_count=0, steps=5000)
+for step in range(1, 5001):
+    time.sleep(0.05)
+    emit(event="step", step=step, dt=0.05)
+    if stop:  # checkpoints the step it stopped at (as the runtime does on SIGTERM), then stops
+        emit(event="preempted", step=step, checkpoint="saved")
+        sys.exit(75)
+"""
+
+
+def test_a_run_with_a_budget_below_its_cost_stops_its_program_checkpointed_and_deletes_its_slice(
+    admin: SimAdminClient, cli: Cli, tmp_path: Path, state_dir: Path
+) -> None:
+    """The default suite's budget stop of a program that checkpoints on SIGTERM: a stdlib one, nothing to
+    install, so the stop comes seconds after READY. The bundled runtime's checkpoint in the bucket on such
+    a stop is the LM's case below (--slow); its checkpoint on SIGTERM the notice tests' above."""
+    from tpuctl.catalog import Catalog
+    from tpuctl.services.budget import BudgetGuard
+
+    # v5e-4 spot: 4 chips x 0.245 = 0.98 USD/h, so about 22 s from READY, the stop decided about 11 s
+    # (the margin) before: room for a stdlib program's start on a loaded machine (a stop before the program
+    # runs is a hard stop, nothing to checkpoint).
+    limit = 0.006
+    script = write(tmp_path / "proj" / "saver.py", SAVER)
+    result = cli("run", str(script), "--no-runtime-deps", "--type", "v5e-4", "--spot", "--budget", str(limit))
+    assert result.code == 7, result.stderr[-3000:]
+    assert "stopped at its budget" in result.stderr
+    assert admin.status()["nodes"] == []
+    with Ledger(state_dir) as ledger:
+        (run,) = ledger.list_runs()
+        guard = BudgetGuard.for_run(ledger, run.run_id, Catalog.load(), limit_usd=limit)
+        pods = ledger.list_pods(run_id=run.run_id)
+    assert run.status is RunStatus.BUDGET_EXCEEDED and run.exit_code == 7
+    assert run.detail is not None and run.detail["budget"]["limit_usd"] == limit
+    assert [p.state.value for p in pods] == ["DELETED"]  # the slice is gone, billing ended
+    # Checkpointed on the way out, at the step it stopped at.
+    log = state_dir / "runs" / run.run_id / "worker-0.log"
+    (stop,) = [e for e in events_of(log) if e["event"] == "preempted"]
+    assert stop["checkpoint"] == "saved"
+    # Within one step's cost of the limit, never over it by more.
+    steps = [e["dt"] for e in events_of(log) if e["event"] == "step"]
+    step_usd = 0.98 * max(steps) / 3600
+    spent = guard.spent()
+    assert spent <= limit + step_usd, (spent, limit)
+    assert spent >= 0.5 * limit  # it did use its budget
+
+
+# ~45 s on 2 cores (the LM's setup and start-up fill most of its budget): the stdlib program's case above is
+# the default suite's.
+@pytest.mark.slow
 def test_a_run_with_a_budget_below_its_cost_stops_checkpointed_at_the_budget_and_deletes_its_slice(
     admin: SimAdminClient, cli: Cli, state_dir: Path
 ) -> None:

@@ -43,13 +43,14 @@ WORLD: dict[str, Any] = {
     "latency": {"base_ms": 0, "jitter_ms": 0},
 }
 LINES = 24
-#: Each attempt prints numbered lines, a quarter second apart (long enough to be caught running).
+#: Each attempt prints numbered lines: the first a quarter second apart (long enough to be caught
+#: running), a takeover's quickly (it is only waited for).
 PROGRAM = f"""
 import os, time
 attempt = os.environ.get("TPUCTL_RESTART_COUNT", "0")
 for i in range({LINES}):
     print(f"attempt {{attempt}} line {{i}}", flush=True)
-    time.sleep(0.25)
+    time.sleep(0.25 if attempt == "0" else 0.02)
 """
 LEASE_ENV = {"TPUCTL_LEASE_DURATION": "3", "TPUCTL_LEASE_RENEW_EVERY": "1"}
 
@@ -73,10 +74,11 @@ class Team:
 
     def start_run(self, *where: str) -> subprocess.Popen[bytes]:
         """`tpuctl run` as its own process on machine one (so it can be killed -9), on a new slice or
-        ``where`` (e.g. ``--pod NAME``)."""
+        ``where`` (e.g. ``--pod NAME``). The program is stdlib-only: no host installs anything, in either
+        supervisor's attempt (the runtime's setup is other tests')."""
         env = {**os.environ, **self.env, "TPUCTL_STATE_DIR": str(self.one)}
         where = where or ("--type", "v5e-8", "--zone", ZONE)
-        argv = [sys.executable, "-m", "tpuctl", "run", str(self.script), *where]
+        argv = [sys.executable, "-m", "tpuctl", "run", str(self.script), *where, "--no-runtime-deps"]
         return subprocess.Popen(
             argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
         )
@@ -220,7 +222,7 @@ def test_a_run_on_the_users_pod_is_taken_over_from_another_state_dir_with_the_ru
 ) -> None:
     made = cli("pod", "create", "v5e-8", "--zone", ZONE, "--name", "mine", env=team.on(team.one))
     assert made.code == 0, made.stderr[-3000:]
-    a = team.start_run("--pod", "mine", "--no-runtime-deps")
+    a = team.start_run("--pod", "mine")
     run_id = running_run(team, a)
     stored = sqlite3.connect(team.db).execute(
         "SELECT ciphertext FROM run_secrets WHERE run_id = ? AND name = ?", (run_id, SECRET_NAME)

@@ -54,21 +54,22 @@ def _run_id(result: CliResult) -> str:
 
 @pytest.fixture
 def runs(tmp_path: Path, admin: SimAdminClient, cli: Cli) -> tuple[str, str]:
-    """Two runs on a 2-host slice: one that succeeds, then one whose host 1 fails (the latest)."""
+    """Two runs on a 2-host slice: one that succeeds, then one whose host 1 fails (the latest). The program
+    is stdlib-only: nothing to install on the hosts (the runtime's setup is other tests')."""
     script = tmp_path / "proj" / "prog.py"
     script.parent.mkdir()
     script.write_text(PROGRAM)
     assert cli("pod", "create", "v4-16", "--zone", "us-central2-b", "--name", "p2").code == 0
-    ok = cli("run", str(script), "--pod", "p2")
+    ok = cli("run", str(script), "--pod", "p2", "--no-runtime-deps")
     assert ok.code == 0, ok.stderr
-    failed = cli("run", str(script), "--pod", "p2", "--env", "FAIL=1", "--grace", "1")
+    failed = cli("run", str(script), "--pod", "p2", "--no-runtime-deps", "--env", "FAIL=1", "--grace", "1")
     assert failed.code == 8, failed.stderr
     # The console never showed the simulator's noise; the log files keep it.
     assert "[Gloo]" not in ok.stdout + ok.stderr and "hello from 0" in ok.stdout
     return _run_id(ok), _run_id(failed)
 
 
-# One test reads the two runs three ways: the runs take ~30 s to make, and the readings a second.
+# One test reads the two runs three ways: the runs take seconds to make, and the readings a second.
 def test_two_runs_are_named_described_and_logged(cli: Cli, runs: tuple[str, str], state_dir: Path) -> None:
     check_naming(cli, runs)
     check_describe(cli, runs)

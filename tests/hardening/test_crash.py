@@ -14,7 +14,8 @@ parameters of an uninterrupted one, bit for bit, or, when the run had already su
 exits 2; no process of the run is left; and after one `pod gc` the ledger and the simulator agree with no
 slice left.
 
-Default: 8 pod/cost kills and 4 run kills. `--slow`: 75 and 25, 100 over the four commands."""
+Default: 5 pod/cost kills and 2 run kills (two phases, both ways, the second one's takeover killed too).
+`--slow`: 75 and 25 (every phase, both ways, at least twice each), 100 over the four commands."""
 
 from __future__ import annotations
 
@@ -49,9 +50,12 @@ from tpuctl.sim.world import world_from_data
 from tpuctl.testing.cli import CliResult, invoke
 
 #: Kills of `pod create`/`pod delete`/`cost report`, and of `tpuctl run`: by default, and with --slow
-#: (100 kills over the four commands).
-POD_KILLS, SLOW_POD_KILLS = 8, 75
-RUN_KILLS, SLOW_RUN_KILLS = 4, 25
+#: (100 kills over the four commands). Each killed run is resumed to its end (~25 s on 2 cores): the
+#: default suite affords two, the slow loop sees every phase both ways.
+POD_KILLS, SLOW_POD_KILLS = 5, 75
+RUN_KILLS, SLOW_RUN_KILLS = 2, 25
+#: Which kills also kill the takeover (every Nth): the default's second, every third of the slow loop's.
+CHAIN_EVERY, SLOW_CHAIN_EVERY = 2, 3
 
 # The end-to-end run helpers (the reference run, host logs' events) live with the CLI's recovery tests.
 _CLI_TESTS = str(Path(__file__).resolve().parents[1] / "cli")
@@ -227,17 +231,20 @@ def _run_world() -> dict[str, Any]:
     }
 
 
-def kill_plan(kills: int, rng: random.Random) -> list[Kill]:
+def kill_plan(kills: int, rng: random.Random, chain_every: int) -> list[Kill]:
     """Every round of twelve is each (phase, how) once; its first six are the six phases with the two ways
-    alternating, so even a few kills see different phases and both ways. Every third kill chains a kill of
-    the takeover."""
+    alternating, so even a few kills see different phases and both ways. Every ``chain_every``-th kill
+    chains a kill of the takeover."""
     pairs: list[tuple[str, str]] = []
     while len(pairs) < kills:
         first = rng.randrange(2)
         way = {p: HOW[(first + i) % 2] for i, p in enumerate(rng.sample(PHASES, len(PHASES)))}
         pairs += list(way.items())
         pairs += [(p, HOW[1 - HOW.index(way[p])]) for p in rng.sample(PHASES, len(PHASES))]
-    return [Kill(phase, how, chain=i % 3 == 2) for i, (phase, how) in enumerate(pairs[:kills])]
+    return [
+        Kill(phase, how, chain=i % chain_every == chain_every - 1)
+        for i, (phase, how) in enumerate(pairs[:kills])
+    ]
 
 
 def _descendants(pid: int) -> list[int]:
@@ -496,6 +503,7 @@ def run_crash_loop(
     reference: str,
     jax_cache: Path,
     accelerator_type: str,
+    chain_every: int,
 ) -> Counter[str]:
     from recovery_helpers import fast_jax_env, final_hash
 
@@ -509,7 +517,7 @@ def run_crash_loop(
     monkeypatch.setenv("TPUCTL_SIM_WORLD", str(world))  # the in-process `pod gc`: the same world
     rng = random.Random(seed)
     tally: Counter[str] = Counter()
-    plan = kill_plan(kills, rng)
+    plan = kill_plan(kills, rng, chain_every)
     started = 0
     chain_due = False  # a planned kill of the takeover waits for a run that has one
     while tally["killed"] < kills:
@@ -610,9 +618,9 @@ def slow_run_reference_hash(tmp_path_factory: pytest.TempPathFactory, jax_cache:
     return _reference_hash(tmp_path_factory.mktemp("reference-slow"), jax_cache, SLOW_RUN_TYPE)
 
 
-# Four killed runs of a one-host slice (four phases, both ways, a takeover killed too), each resumed to the
-# end. The timeout turns a hang into a stack (each
-# command inside is bounded too); it is not there to bound a loop that a loaded machine slows.
+# Two killed runs of a one-host slice (two phases, one each way, the second's takeover killed too), each
+# resumed to the end; every phase both ways is the slow loop's. The timeout turns a hang into a stack
+# (each command inside is bounded too); it is not there to bound a loop that a loaded machine slows.
 @pytest.mark.timeout(900)
 def test_kill_9_during_tpuctl_run_then_runs_resume(
     tmp_path: Path,
@@ -620,7 +628,9 @@ def test_kill_9_during_tpuctl_run_then_runs_resume(
     run_reference_hash: str,
     jax_cache: Path,
 ) -> None:
-    tally = run_crash_loop(RUN_KILLS, 24, tmp_path, monkeypatch, run_reference_hash, jax_cache, RUN_TYPE)
+    tally = run_crash_loop(
+        RUN_KILLS, 24, tmp_path, monkeypatch, run_reference_hash, jax_cache, RUN_TYPE, CHAIN_EVERY
+    )
     print("run crash tally:", dict(tally))
     phases = {phase for phase in PHASES for how in HOW if tally[f"killed_{phase}_{how}"]}
     assert len(phases) == RUN_KILLS, tally
@@ -639,7 +649,14 @@ def test_kill_9_during_tpuctl_run_many_times(
     jax_cache: Path,
 ) -> None:
     tally = run_crash_loop(
-        SLOW_RUN_KILLS, 22, tmp_path, monkeypatch, slow_run_reference_hash, jax_cache, SLOW_RUN_TYPE
+        SLOW_RUN_KILLS,
+        22,
+        tmp_path,
+        monkeypatch,
+        slow_run_reference_hash,
+        jax_cache,
+        SLOW_RUN_TYPE,
+        SLOW_CHAIN_EVERY,
     )
     print("run crash tally:", dict(tally))
     for phase in PHASES:

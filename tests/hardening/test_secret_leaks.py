@@ -92,7 +92,18 @@ def test_sentinels_never_leak_and_state_is_private(
     job.mkdir()
     (job / "main.py").write_text("import os\nprint('token length', len(os.environ['API_TOKEN']))\n")
     for fmt in ("table", "json"):
-        r = run("-o", fmt, "run", str(job / "main.py"), "--pod", "sec", "--env", f"API_TOKEN={SENTINEL_ENV}")
+        # A stdlib program: nothing to install on the host (the setup never sees --env values).
+        r = run(
+            "-o",
+            fmt,
+            "run",
+            str(job / "main.py"),
+            "--pod",
+            "sec",
+            "--no-runtime-deps",
+            "--env",
+            f"API_TOKEN={SENTINEL_ENV}",
+        )
         assert r.code == 0, r.output
         assert f"token length {len(SENTINEL_ENV)}" in r.output  # the program got it
     r = run(

@@ -214,8 +214,16 @@ def test_armed_it_stays_while_checked_in_and_deletes_once_the_check_ins_stop(
         assert api.requests[0][2]["Authorization"] == f"Bearer {TOKEN}"
         fired = json.loads((backstop / deadman.FIRED).read_text())
         assert fired["reason"].startswith("the program ended (attempt 0, exit 0), and no supervisor")
-        log = (backstop / deadman.LOG).read_text()
-        assert "deleting the slice: the program ended" in log and "accepted (HTTP 200)" in log
+
+        # The deadman logs the answer once it has it, after the fake API recorded the request: on a loaded
+        # machine, a moment later.
+        def answered() -> str | None:
+            text = (backstop / deadman.LOG).read_text()
+            return text if "accepted (HTTP" in text else None
+
+        log = wait_for(answered, timeout=10.0, interval=0.02, what="the deadman's log of the answer")
+        assert log is not None and "deleting the slice: the program ended" in log
+        assert "accepted (HTTP 200)" in log
     finally:
         os.kill(pid, signal.SIGKILL)
 

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -204,3 +205,42 @@ def run_py(base_env: dict[str, str]) -> Callable[..., Proc]:
 @pytest.fixture(scope="session")
 def scripts_dir() -> Path:
     return SCRIPTS
+
+
+@pytest.fixture(scope="session")
+def once_per_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, Callable[[], Any]], Any]:
+    """``once_per_run(key, compute)``: ``compute()``'s JSON-able value, computed once per test run however
+    many xdist workers ask. A module-scoped fixture runs once per worker that runs one of the module's
+    tests, and worksteal often splits a module: two JAX runs of the same checks at once on 2 cores. Here
+    the first worker computes under a lock and stores the value; the others wait for it, then read it."""
+    import fcntl
+    import json
+
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # shared by this run's workers (each has its own basetemp below it)
+
+    def once(key: str, compute: Callable[[], Any]) -> Any:
+        stored = base / f"once-{key}.json"
+        with (base / f"once-{key}.lock").open("w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            if stored.exists():
+                return json.loads(stored.read_text())
+            value = compute()  # raises: nothing stored, and the next worker to ask tries again
+            stored.write_text(json.dumps(value))
+            return value
+
+    return once
+
+
+@pytest.fixture(scope="session")
+def procs_once_per_run(
+    once_per_run: Callable[[str, Callable[[], Any]], Any],
+) -> Callable[[str, Callable[[], Sequence[Proc]]], list[Proc]]:
+    """``once_per_run`` for a fixture whose value is the finished processes of a run (``Proc``)."""
+
+    def once(key: str, compute: Callable[[], Sequence[Proc]]) -> list[Proc]:
+        rows = once_per_run(key, lambda: [[p.returncode, p.stdout, p.stderr] for p in compute()])
+        return [Proc(*row) for row in rows]
+
+    return once

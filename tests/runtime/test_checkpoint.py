@@ -16,14 +16,21 @@ import pytest
 
 @pytest.fixture(scope="module")
 def result(
-    run_py: Callable[..., Any], scripts_dir: Path, tmp_path_factory: pytest.TempPathFactory
+    run_py: Callable[..., Any],
+    scripts_dir: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    once_per_run: Callable[[str, Callable[[], Any]], Any],
 ) -> tuple[dict[str, Any], str]:
-    root = tmp_path_factory.mktemp("ckpt")
-    proc = run_py(
-        [str(scripts_dir / "ckpt_checks.py"), str(root)], env={"JAX_NUM_CPU_DEVICES": "4"}, timeout=180
-    )
-    assert proc.returncode == 0, proc.describe()
-    return json.loads(proc.stdout), proc.stderr
+    def checks() -> list[Any]:
+        root = tmp_path_factory.mktemp("ckpt")
+        proc = run_py(
+            [str(scripts_dir / "ckpt_checks.py"), str(root)], env={"JAX_NUM_CPU_DEVICES": "4"}, timeout=180
+        )
+        assert proc.returncode == 0, proc.describe()
+        return [json.loads(proc.stdout), proc.stderr]
+
+    report, stderr = once_per_run("ckpt-checks", checks)  # one run, whichever worker asks
+    return report, stderr
 
 
 def test_round_trip_restores_equal_state_with_same_shardings(result: tuple[dict[str, Any], str]) -> None:

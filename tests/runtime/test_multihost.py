@@ -10,7 +10,7 @@ import json
 import re
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -143,10 +143,19 @@ def _hash(results: list[Any]) -> str:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory, start_hosts: Callable[..., Any]) -> list[Any]:
-    """One uninterrupted 2-host x 2-chip run of the example; the other tests compare against it."""
-    work = tmp_path_factory.mktemp("lm-reference")
-    return _lm(start_hosts, work, work / "ckpt")
+def reference(
+    tmp_path_factory: pytest.TempPathFactory,
+    start_hosts: Callable[..., Any],
+    procs_once_per_run: Callable[[str, Callable[[], Sequence[Any]]], list[Any]],
+) -> list[Any]:
+    """One uninterrupted 2-host x 2-chip run of the example (once per test run, whichever worker asks);
+    the other tests compare against it."""
+
+    def run() -> list[Any]:
+        work = tmp_path_factory.mktemp("lm-reference")
+        return _lm(start_hosts, work, work / "ckpt")
+
+    return procs_once_per_run("lm-reference", run)
 
 
 def test_example_trains_on_two_hosts(reference: list[Any]) -> None:
@@ -167,19 +176,28 @@ def test_same_seed_same_hash(reference: list[Any], start_hosts: Callable[..., An
 
 
 @pytest.fixture(scope="module")
-def crashed(tmp_path_factory: pytest.TempPathFactory, start_hosts: Callable[..., Any]) -> Path:
-    """Checkpoints of a run that died hard right after step 8 (checkpoints at 4 and 8, no final one)."""
-    work = tmp_path_factory.mktemp("lm-crashed")
-    procs = _lm(start_hosts, work, work / "ckpt", "--crash-after-step", "8")
-    # Host 1 exits 3 too, unless it sees the coordinator (host 0) go first: then JAX's coordination
-    # client aborts it (SIGABRT), or its next collective raises (the coordination service's socket
-    # closed: the runtime's crash hook exits 1). Either way the run died hard right after step 8.
-    assert procs[0].returncode == 3, procs[0].describe()
-    lost_coordinator = procs[1].returncode == 1 and "coordination service" in procs[1].stderr
-    assert procs[1].returncode in (3, -6) or lost_coordinator, procs[1].describe()
-    assert not HASH.search(procs[0].stdout)
-    assert sorted(p.name for p in (work / "ckpt").iterdir() if p.name.isdigit()) == ["4", "8"]
-    return work / "ckpt"
+def crashed(
+    tmp_path_factory: pytest.TempPathFactory,
+    start_hosts: Callable[..., Any],
+    once_per_run: Callable[[str, Callable[[], Any]], Any],
+) -> Path:
+    """Checkpoints of a run that died hard right after step 8 (checkpoints at 4 and 8, no final one):
+    made once per test run, whichever worker asks; the tests copy them before use."""
+
+    def crash() -> str:
+        work = tmp_path_factory.mktemp("lm-crashed")
+        procs = _lm(start_hosts, work, work / "ckpt", "--crash-after-step", "8")
+        # Host 1 exits 3 too, unless it sees the coordinator (host 0) go first: then JAX's coordination
+        # client aborts it (SIGABRT), or its next collective raises (the coordination service's socket
+        # closed: the runtime's crash hook exits 1). Either way the run died hard right after step 8.
+        assert procs[0].returncode == 3, procs[0].describe()
+        lost_coordinator = procs[1].returncode == 1 and "coordination service" in procs[1].stderr
+        assert procs[1].returncode in (3, -6) or lost_coordinator, procs[1].describe()
+        assert not HASH.search(procs[0].stdout)
+        assert sorted(p.name for p in (work / "ckpt").iterdir() if p.name.isdigit()) == ["4", "8"]
+        return str(work / "ckpt")
+
+    return Path(once_per_run("lm-crashed", crash))
 
 
 def test_crash_and_resume_is_bit_identical(
