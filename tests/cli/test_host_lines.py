@@ -20,6 +20,7 @@ GLOO = "[Gloo] Rank 3 is connected to 15 peer ranks. Expected number of connecte
         "4[Gloo] Rank 7 is connected to 7 peer ranks. Expected number of connected peer ranks is : 7",
         " is connected to 7 peer ranks. Expected number of connected peer ranks is : 7",
         GLOO + GLOO,
+        "[Gloo] Rank 0 is connected to [Gloo] Rank ",  # two cut lines glued (seen on a 4-host start)
         "I1127 07:40:23.621661   22970 google_auth_provider.cc:181] Running on GCE, using service account x",
         "W1127 04:30:11.855330     585 preemption_notifier.cc:90] SIGTERM caught at 2026-11-27T04:30:11",
         "I1127 04:30:11.900000     585 preemption_sync_manager.cc:120] Will begin preemption sync protocol",

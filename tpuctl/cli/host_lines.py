@@ -20,6 +20,8 @@ from typing import Any
 #: Gloo's line per peer connection, whole (``_GLOO_TEMPLATE`` with its numbers as 0).
 _GLOO = re.compile(r"\[Gloo\] Rank \d+ is connected to \d+ peer ranks?\. Expected number of connected peer "
                    r"ranks? is : \d+")  # fmt: skip
+#: Where a Gloo line starts, inside a line that others were written into.
+_GLOO_START = re.compile(r"(?=\[Gloo\] )")
 _GLOO_TEMPLATE = "[Gloo] Rank 0 is connected to 0 peer ranks. Expected number of connected peer ranks is : 0"
 #: absl's log line prefix (C++): severity, date, time, thread, file:line.
 _ABSL = re.compile(r"^(?P<level>[IWEF])\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ (?P<file>[\w.+-]+):\d+\] ")
@@ -42,12 +44,12 @@ def shown(text: str) -> str | None:
         return None
     if "Gloo" not in text and "peer rank" not in text:
         return text
-    pieces = [piece for piece in _GLOO.split(text) if piece]
+    # Whole Gloo lines out, then what is left cut where each other Gloo line began: two cut lines glued
+    # ("[Gloo] Rank 0 is connected to [Gloo] Rank ") are two fragments.
+    pieces = [piece for whole in _GLOO.split(text) for piece in _GLOO_START.split(whole) if piece]
     if all(_gloo_fragment(piece) for piece in pieces):
         return None
-    kept = "".join(piece for piece in pieces if not _gloo_fragment(piece))
-    cut = kept.find("[Gloo]")  # the start of another host's Gloo line, glued to the end of this one
-    return (kept[:cut] if cut > 0 and _gloo_fragment(kept[cut:]) else kept) or None
+    return "".join(piece for piece in pieces if not _gloo_fragment(piece)) or None
 
 
 def _gloo_fragment(piece: str) -> bool:
