@@ -413,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
         "",
         f"- Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; commit {_commit()}",
         f"- Machine: {_machine()}",
-        "- Rerun: `scripts/bench` from the repository root (sets up `.venv`; about 30 minutes on 2 cores).",
+        "- Rerun: `scripts/bench` from the repository root (sets up `.venv`; about an hour on 2 cores).",
         "  `BENCH_QUICK=1 scripts/bench` runs smaller sizes (a pipeline check); each script runs alone",
         "  too (`.venv/bin/python scripts/bench_X.py --help`).",
         "- Tests: `scripts/test` (CI's fast mode); `scripts/test --slow` adds the long cases, among them the",
