@@ -19,8 +19,14 @@ Per preemption (from the run's ledger record and the thread's clock):
   (what tpuctl itself adds: waiting for the checkpoint on the notice, deleting the old slice, placement
   overhead, shipping, starting processes).
 Per run: goodput = productive step time (each final step's last computation) / wall time, and steps
-recomputed; the same run without preemptions is the baseline (start-up and compilation alone already
-cost a tiny model most of its wall time). Targets: detection <= 2 s, net recovery <= 5 s.
+recomputed. The same run without preemptions is the baseline (start-up and compilation alone already
+cost a tiny model most of its wall time). One run, interleaved paired rounds (``--rounds``): each round
+is a preempted run and an unpreempted one, which goes first alternating from round to round so that
+the machine's drift (its disk slows after every big write-and-delete, other work comes and goes) falls
+on both sides alike. Each round gives two ratios: goodput (preempted / unpreempted) and wall time for
+the same steps (unpreempted / preempted); the judged goodput figure is the lower of their medians over
+the rounds. Net recovery is per preemption: the median over every round's preemptions, notice and hard
+kill apart. Targets: detection <= 2 s, net recovery <= 5 s, goodput ratio >= 0.85x.
 
 Writes docs/bench/recovery.json (or --out) and prints a summary. Run from the repository root:
 ``.venv/bin/python scripts/bench_recovery.py``.
@@ -48,6 +54,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 ZONE = "us-central2-b"
+# The goodput asked for is that of "a run long enough that start-up is under 10% of it": 3000 steps of
+# 0.1 s (the tiny LM's compute is a few ms; the delay stands in for a real model's step) is ~300 s
+# against a start-up of ~20 s on this simulator. The report says what the fraction came out as.
+STEPS_DEFAULT = 3000
 
 
 def world(speed: float) -> dict[str, Any]:
@@ -230,50 +240,83 @@ def _seg(described: dict[str, Any], number: int, kind: str) -> float | None:
     return segs[index]["duration_s"] if index < len(segs) else None
 
 
-def goodput_figures(
-    runs: list[dict[str, Any]], baseline: dict[str, Any], steps: int, step_delay: float
-) -> dict[str, Any]:
-    """The goodput ratio to the unpreempted run, two ways, and the start-up fraction of the latter.
+def round_ratios(preempted: dict[str, Any], baseline: dict[str, Any]) -> dict[str, float]:
+    """One round's two readings of the goodput ratio.
 
     tpuctl's goodput is productive step time (the runtime's timed computation of each final step) over
     wall time. Its ratio drifts with this machine's load: a slower step counts as more productive time.
-    Both runs do the same steps, so the plain ratio of their wall times is the other reading; the target
-    is judged on the lower of the two. The start-up fraction is what of the baseline's wall time is
-    neither computation nor the steps' delay (which stands in for a bigger model's step).
+    Both runs do the same steps, so the plain ratio of their wall times is the other reading.
     """
-    by_tpuctl = statistics.median(r["goodput"] for r in runs) / baseline["goodput"]
-    by_wall = baseline["wall_s"] / statistics.median(r["wall_s"] for r in runs)
-    stepping = baseline["productive_step_s"] + steps * step_delay
+    return {
+        "goodput_ratio_tpuctl": round(preempted["goodput"] / baseline["goodput"], 3),
+        "goodput_ratio_wall": round(baseline["wall_s"] / preempted["wall_s"], 3),
+    }
+
+
+def goodput_figures(
+    rounds: list[dict[str, Any]], baselines: list[dict[str, Any]], steps: int, step_delay: float
+) -> dict[str, Any]:
+    """The medians of the rounds' ratios, the judged (lower) one, and the start-up fraction.
+
+    The start-up fraction is what of an unpreempted run's wall time is neither computation nor the
+    steps' delay (which stands in for a bigger model's step): the smaller the run, the larger it is and
+    the lower the ratios, since each recovery repeats a start-up.
+    """
+    by_tpuctl = statistics.median(r["goodput_ratio_tpuctl"] for r in rounds)
+    by_wall = statistics.median(r["goodput_ratio_wall"] for r in rounds)
+    fractions = [1 - (b["productive_step_s"] + steps * step_delay) / b["wall_s"] for b in baselines]
     return {
         "goodput_ratio_tpuctl": round(by_tpuctl, 3),
         "goodput_ratio_wall": round(by_wall, 3),
         "goodput_ratio": round(min(by_tpuctl, by_wall), 3),
         "goodput_ratio_target": 0.85,
-        "startup_fraction_no_preemption": round(1 - stepping / baseline["wall_s"], 3),
+        "goodput_ratio_rounds": [min(r["goodput_ratio_tpuctl"], r["goodput_ratio_wall"]) for r in rounds],
+        "startup_fraction_no_preemption": round(statistics.median(fractions), 3),
+        "startup_fraction_no_preemption_rounds": [round(f, 3) for f in fractions],
     }
+
+
+def paired_rounds(args: argparse.Namespace, plan: list[tuple[int, int, bool]]) -> list[dict[str, Any]]:
+    """``args.rounds`` rounds of a preempted run and an unpreempted one; odd rounds put the preempted
+    run first, even rounds the unpreempted one, so that drift over the run falls on both alike."""
+    rounds = []
+    for index in range(args.rounds):
+        preempted_first = index % 2 == 0
+        pair: dict[str, dict[str, Any]] = {}
+        for preempted in (preempted_first, not preempted_first):
+            pair["preempted" if preempted else "baseline"] = one_run(
+                args.speed, args.steps, args.checkpoint_every, args.step_delay, plan if preempted else []
+            )
+        rounds.append({
+            "round": index + 1,
+            "first": "preempted" if preempted_first else "baseline",
+            **pair,
+            **round_ratios(pair["preempted"], pair["baseline"]),
+        })  # fmt: skip
+        print(f"round {index + 1}: {json.dumps({k: v for k, v in rounds[-1].items() if 'ratio' in k})}",
+              flush=True)  # fmt: skip
+    return rounds
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--speed", type=float, default=100.0)
-    # The goodput asked for is that of "a run long enough that start-up is under 10% of it": 3000 steps of
-    # 0.1 s (the tiny LM's compute is a few ms; the delay stands in for a real model's step) is ~300 s
-    # against a start-up of ~20 s on this simulator. The report says what the fraction came out as.
-    parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--steps", type=int, default=STEPS_DEFAULT)
     parser.add_argument("--checkpoint-every", type=int, default=100)
     parser.add_argument("--step-delay", type=float, default=0.1)
-    parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--out", default=str(REPO / "docs" / "bench" / "recovery.json"))
     args = parser.parse_args()
     # Preempted at 20%, 45% and 70% of the steps, off the checkpoint interval so that the hard kill
     # loses work: with notice, without notice (hard kill), with notice.
     at = [max(1, round(args.steps * f)) + args.checkpoint_every // 2 for f in (0.2, 0.45, 0.7)]
     plan = [(1, at[0], True), (2, at[1], False), (3, at[2], True)]
-    runs = [one_run(args.speed, args.steps, args.checkpoint_every, args.step_delay, plan)
-            for _ in range(args.runs)]  # fmt: skip
+    load_start = os.getloadavg()
+    rounds = paired_rounds(args, plan)
+    load_end = os.getloadavg()
+    runs = [r["preempted"] for r in rounds]
+    baselines = [r["baseline"] for r in rounds]
     rows = [r for run in runs for r in run["preemptions"]]
-    # The same run without preemptions: its goodput is what start-up and compilation alone leave.
-    baseline = one_run(args.speed, args.steps, args.checkpoint_every, args.step_delay, [])
 
     def stats(key: str, pick: list[dict[str, Any]]) -> dict[str, float | None]:
         values = [r[key] for r in pick if r.get(key) is not None]
@@ -298,11 +341,14 @@ def main() -> int:
         "provisioning_s": stats("provisioning_s", rows),
         "setup_s": stats("setup_s", rows),
         "startup_s": stats("startup_s", rows),
+        "rounds": args.rounds,
         "goodput_3_preemptions": [r["goodput"] for r in runs],
-        "goodput_no_preemption": baseline["goodput"],
-        **goodput_figures(runs, baseline, args.steps, args.step_delay),
+        "goodput_no_preemption": statistics.median(b["goodput"] for b in baselines),
+        "goodput_no_preemption_rounds": [b["goodput"] for b in baselines],
+        **goodput_figures(rounds, baselines, args.steps, args.step_delay),
         "wall_s_3_preemptions": [r["wall_s"] for r in runs],
-        "wall_s_no_preemption": baseline["wall_s"],
+        "wall_s_no_preemption": statistics.median(b["wall_s"] for b in baselines),
+        "wall_s_no_preemption_rounds": [b["wall_s"] for b in baselines],
         "steps_recomputed": [r["steps_recomputed"] for r in runs],
     }
     report = {
@@ -312,6 +358,10 @@ def main() -> int:
         "settings": {
             "speed": args.speed,
             "steps": args.steps,
+            "steps_default": STEPS_DEFAULT,
+            "rounds": args.rounds,
+            "load_average_start": [round(x, 2) for x in load_start],
+            "load_average_end": [round(x, 2) for x in load_end],
             "checkpoint_every": args.checkpoint_every,
             "step_delay_s": args.step_delay,
             "grace_real_s": 30.0,
@@ -327,13 +377,21 @@ def main() -> int:
             "detection_latency_no_notice_median_s": summary["detection_latency_s"]["no_notice"]["median"],
             "net_recovery_notice_median_s": summary["net_recovery_s"]["notice"]["median"],
             "net_recovery_no_notice_median_s": summary["net_recovery_s"]["no_notice"]["median"],
-            "goodput_3_preemptions": runs[0]["goodput"],
-            "goodput_no_preemption": baseline["goodput"],
+            "goodput_3_preemptions": statistics.median(r["goodput"] for r in runs),
+            "goodput_no_preemption": summary["goodput_no_preemption"],
             "goodput_ratio": summary["goodput_ratio"],
+            "rounds": args.rounds,
         },
         "summary": summary,
+        "rounds": [
+            {k: v for k, v in r.items() if k not in ("preempted", "baseline")}
+            | {"preempted_run_id": r["preempted"]["run_id"], "baseline_run_id": r["baseline"]["run_id"]}
+            for r in rounds
+        ],
         "runs": runs,
-        "baseline": baseline,
+        # The first round's unpreempted run, under the key earlier reports had; all of them follow.
+        "baseline": baselines[0],
+        "baselines": baselines,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
