@@ -115,8 +115,9 @@ def test_giving_up_names_the_host_its_address_and_what_was_tried(tmp_path: Path,
     assert message.startswith(f"cannot reach host 0 at tpuctl@127.0.0.1:{port}: ")
     match = re.search(r"(\d+) connection attempts over (\d+\.\d) s, last error: (.*)", message)
     assert match is not None, message
-    # 0 s, 0.5 s, 1.5 s, then at the deadline: the pauses double from 0.5 s.
-    assert int(match[1]) == 4 and float(match[2]) >= 1.6
+    # 0 s, 0.5 s, 1.5 s, then at the deadline: the pauses double from 0.5 s (a refused connection
+    # takes longer on a busy machine, so one of the middle tries may not fit).
+    assert 3 <= int(match[1]) <= 4 and float(match[2]) >= 1.6
     assert "ConnectionRefusedError" in match[3] or "OSError" in match[3]
 
 
