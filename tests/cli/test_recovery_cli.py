@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
@@ -36,6 +36,9 @@ from tpuctl.store.ledger import Ledger
 from tpuctl.store.records import RunStatus
 from tpuctl.testing.cli import Cli
 from tpuctl.testing.clock import wait_for
+
+if TYPE_CHECKING:
+    from tpuctl.services.budget import BudgetGuard
 
 
 @pytest.fixture(scope="module")
@@ -783,9 +786,6 @@ def test_a_run_with_a_budget_below_its_cost_stops_its_program_checkpointed_and_d
     """The default suite's budget stop of a program that checkpoints on SIGTERM: a stdlib one, nothing to
     install, so the stop comes seconds after READY. The bundled runtime's checkpoint in the bucket on such
     a stop is the LM's case below (--slow); its checkpoint on SIGTERM the notice tests' above."""
-    from tpuctl.catalog import Catalog
-    from tpuctl.services.budget import BudgetGuard
-
     # v5e-4 spot: 4 chips x 0.245 = 0.98 USD/h, so about 22 s from READY, the stop decided about 11 s
     # (the margin) before: room for a stdlib program's start on a loaded machine (a stop before the program
     # runs is a hard stop, nothing to checkpoint).
@@ -795,13 +795,7 @@ def test_a_run_with_a_budget_below_its_cost_stops_its_program_checkpointed_and_d
     assert result.code == 7, result.stderr[-3000:]
     assert "stopped at its budget" in result.stderr
     assert admin.status()["nodes"] == []
-    with Ledger(state_dir) as ledger:
-        (run,) = ledger.list_runs()
-        guard = BudgetGuard.for_run(ledger, run.run_id, Catalog.load(), limit_usd=limit)
-        pods = ledger.list_pods(run_id=run.run_id)
-    assert run.status is RunStatus.BUDGET_EXCEEDED and run.exit_code == 7
-    assert run.detail is not None and run.detail["budget"]["limit_usd"] == limit
-    assert [p.state.value for p in pods] == ["DELETED"]  # the slice is gone, billing ended
+    run, guard = _stopped_at_budget(state_dir, limit)
     # Checkpointed on the way out, at the step it stopped at.
     log = state_dir / "runs" / run.run_id / "worker-0.log"
     (stop,) = [e for e in events_of(log) if e["event"] == "preempted"]
@@ -814,15 +808,28 @@ def test_a_run_with_a_budget_below_its_cost_stops_its_program_checkpointed_and_d
     assert spent >= 0.5 * limit  # it did use its budget
 
 
+def _stopped_at_budget(state_dir: Path, limit: float) -> tuple[Any, BudgetGuard]:
+    """The ledger's record of the one run, stopped at its budget ``limit``: its status, exit code and
+    budget, its slice deleted; with the guard that says what it spent."""
+    from tpuctl.catalog import Catalog
+    from tpuctl.services.budget import BudgetGuard
+
+    with Ledger(state_dir) as ledger:
+        (run,) = ledger.list_runs()
+        guard = BudgetGuard.for_run(ledger, run.run_id, Catalog.load(), limit_usd=limit)
+        pods = ledger.list_pods(run_id=run.run_id)
+    assert run.status is RunStatus.BUDGET_EXCEEDED and run.exit_code == 7
+    assert run.detail is not None and run.detail["budget"]["limit_usd"] == limit
+    assert [p.state.value for p in pods] == ["DELETED"]  # the slice is gone, billing ended
+    return run, guard
+
+
 # ~45 s on 2 cores (the LM's setup and start-up fill most of its budget): the stdlib program's case above is
 # the default suite's.
 @pytest.mark.slow
 def test_a_run_with_a_budget_below_its_cost_stops_checkpointed_at_the_budget_and_deletes_its_slice(
     admin: SimAdminClient, cli: Cli, state_dir: Path
 ) -> None:
-    from tpuctl.catalog import Catalog
-    from tpuctl.services.budget import BudgetGuard
-
     # v5e-4 spot: 4 chips x 0.245 = 0.98 USD/h, so about 55 s from READY, the stop decided about 11 s
     # (the margin) before: room for start-up on a loaded machine (a stop before the program listens is a
     # hard stop, nothing to checkpoint yet). Setup and JAX start-up took over 25 s with the suite and a
@@ -833,13 +840,7 @@ def test_a_run_with_a_budget_below_its_cost_stops_checkpointed_at_the_budget_and
     assert result.code == 7, result.stderr[-3000:]
     assert "stopped at its budget" in result.stderr
     assert admin.status()["nodes"] == []
-    with Ledger(state_dir) as ledger:
-        (run,) = ledger.list_runs()
-        guard = BudgetGuard.for_run(ledger, run.run_id, Catalog.load(), limit_usd=limit)
-        pods = ledger.list_pods(run_id=run.run_id)
-    assert run.status is RunStatus.BUDGET_EXCEEDED and run.exit_code == 7
-    assert run.detail is not None and run.detail["budget"]["limit_usd"] == limit
-    assert [p.state.value for p in pods] == ["DELETED"]  # the slice is gone, billing ended
+    run, guard = _stopped_at_budget(state_dir, limit)
     # Checkpointed on the way out, at the step every host stopped at.
     log = state_dir / "runs" / run.run_id / "worker-0.log"
     (stop,) = [e for e in events_of(log) if e["event"] == "preempted"]
