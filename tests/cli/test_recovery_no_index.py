@@ -16,7 +16,7 @@ from tpuctl.hosts.setup import SetupSpec
 from tpuctl.sim import SimAdminClient
 from tpuctl.sim.network import mirror_fetch_log, mirror_fetches
 from tpuctl.sim.storage import storage_dir_for, stored_objects
-from tpuctl.testing.cli import Cli
+from tpuctl.testing.cli import Cli, CliResult
 
 #: A program whose one dependency (zipp) only the environment has, stopping at the notice as the
 #: runtime's programs do.
@@ -38,16 +38,36 @@ print("done", flush=True)
 REQUIREMENTS = "zipp\n"
 
 
+def _run_args(work: Path, accelerator: str) -> tuple[str, ...]:
+    """``tpuctl run``'s arguments for PROGRAM on ``accelerator``, its environment only REQUIREMENTS."""
+    work.mkdir()
+    (work / "steps.py").write_text(PROGRAM)
+    (work / "requirements.txt").write_text(REQUIREMENTS)
+    return (str(work / "steps.py"), "--type", accelerator, "--zone", V5E_ZONE, "--no-runtime-deps",
+            "--requirements", str(work / "requirements.txt"))  # fmt: skip
+
+
+def _preempted_once_without_a_route(
+    admin: SimAdminClient, cli: Cli, state_dir: Path, args: tuple[str, ...]
+) -> CliResult:
+    """The hosts lose their route to the index; then a spot run of ``args``, preempted once with notice,
+    must finish."""
+    admin.reset({**WORLD, "hosts_reach_package_index": False})
+    chaos = Chaos(admin, state_dir, [Preempt(1, 3, notice=True)]).start()
+    try:
+        result = cli("run", *args, "--spot")
+    finally:
+        chaos.join(check=False)
+    assert result.code == 0, result.output[-4000:]
+    chaos.check()
+    return result
+
+
 def test_a_spot_run_with_no_route_to_the_index_recovers_from_the_bucket(
     serve_sim: Callable[..., SimAdminClient], cli: Cli, state_dir: Path, tmp_path: Path
 ) -> None:
     admin = serve_sim(WORLD)
-    work = tmp_path / "proj"
-    work.mkdir()
-    (work / "steps.py").write_text(PROGRAM)
-    (work / "requirements.txt").write_text(REQUIREMENTS)
-    args = (str(work / "steps.py"), "--type", "v5e-8", "--zone", V5E_ZONE, "--no-runtime-deps",
-            "--requirements", str(work / "requirements.txt"))  # fmt: skip
+    args = _run_args(tmp_path / "proj", "v5e-8")
     storage = storage_dir_for(state_dir)
     log = mirror_fetch_log(storage)
 
@@ -60,14 +80,7 @@ def test_a_spot_run_with_no_route_to_the_index_recovers_from_the_bucket(
     assert built and all(f.served for f in built)
 
     # Now the hosts have no route to it: a spot run, preempted once, sets up both slices from the bucket.
-    admin.reset({**WORLD, "hosts_reach_package_index": False})
-    chaos = Chaos(admin, state_dir, [Preempt(1, 3, notice=True)]).start()
-    try:
-        result = cli("run", *args, "--spot")
-    finally:
-        chaos.join(check=False)
-    assert result.code == 0, result.output[-4000:]
-    chaos.check()
+    result = _preempted_once_without_a_route(admin, cli, state_dir, args)
     worker_lines = [line for line in result.stdout.splitlines() if line.startswith("w0 | ")]
     assert [line.split(" with ")[0] for line in worker_lines] == [
         "w0 | attempt 0",
@@ -89,25 +102,13 @@ def test_a_4_host_spot_run_with_no_route_to_the_index_recovers_from_the_bucket(
     """The same on v5e-16 (4 hosts): host 0 builds, the 3 others restore, and so do the 4 of the
     recovery, with one fetch per wheel in all."""
     admin = serve_sim(WORLD)
-    work = tmp_path / "proj"
-    work.mkdir()
-    (work / "steps.py").write_text(PROGRAM)
-    (work / "requirements.txt").write_text(REQUIREMENTS)
-    args = (str(work / "steps.py"), "--type", "v5e-16", "--zone", V5E_ZONE, "--no-runtime-deps",
-            "--requirements", str(work / "requirements.txt"))  # fmt: skip
+    args = _run_args(tmp_path / "proj", "v5e-16")
     log = mirror_fetch_log(storage_dir_for(state_dir))
     first = cli("run", *args, "-v")
     assert first.code == 0, first.output[-4000:]
     assert sum("[tpuctl-setup] restored: " in line for line in first.stdout.splitlines()) == 3
     built = mirror_fetches(log)
-    admin.reset({**WORLD, "hosts_reach_package_index": False})
-    chaos = Chaos(admin, state_dir, [Preempt(1, 3, notice=True)]).start()
-    try:
-        result = cli("run", *args, "--spot")
-    finally:
-        chaos.join(check=False)
-    assert result.code == 0, result.output[-4000:]
-    chaos.check()
+    _preempted_once_without_a_route(admin, cli, state_dir, args)
     assert mirror_fetches(log)[len(built) :] == []
     per_wheel = Counter(f.file for f in built if f.byte_range is None)
     assert per_wheel and max(per_wheel.values()) == 1, per_wheel
