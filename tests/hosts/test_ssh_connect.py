@@ -165,14 +165,8 @@ def test_the_login_is_renewed_before_each_new_connection_and_a_failed_renewal_is
         executor.close()
 
 
-RELAY = """\
-import json, socket, sys, threading
-table, name, port, user = sys.argv[1:]
-with open(table + ".log", "a") as log:
-    log.write(json.dumps([name, port, user]) + "\\n")
-address, real_port = json.load(open(table))[name]
-sock = socket.create_connection((address, real_port))
-def up():
+#: How both relays below pass bytes between their stdin/stdout and ``sock``, the host's sshd.
+_PIPE = """def up():
     while data := sys.stdin.buffer.read1(65536):
         sock.sendall(data)
     sock.shutdown(socket.SHUT_WR)
@@ -181,6 +175,19 @@ while data := sock.recv(65536):
     sys.stdout.buffer.write(data)
     sys.stdout.buffer.flush()
 """
+
+
+RELAY = (
+    """\
+import json, socket, sys, threading
+table, name, port, user = sys.argv[1:]
+with open(table + ".log", "a") as log:
+    log.write(json.dumps([name, port, user]) + "\\n")
+address, real_port = json.load(open(table))[name]
+sock = socket.create_connection((address, real_port))
+"""
+    + _PIPE
+)
 
 
 def test_proxy_command_reaches_hosts_that_have_no_direct_route(
@@ -256,7 +263,8 @@ IAP_TEMPLATE = "gcloud compute start-iap-tunnel %n %p --listen-on-stdin --zone=%
 #: it finds INSTANCE in the table the test wrote (instance name -> zone, project, loopback address and
 #: port) and relays stdin/stdout to it; an unknown instance, another zone or project, or any other
 #: command fails as gcloud would, before relaying anything.
-GCLOUD = """import json, socket, sys, threading
+GCLOUD = (
+    """import json, socket, sys, threading
 args = sys.argv[1:]
 table_path = TABLE
 with open(table_path + ".log", "a") as log:
@@ -269,15 +277,9 @@ target = json.load(open(table_path)).get(instance)
 if target is None or port != "22" or flags != {"zone": target["zone"], "project": target["project"]}:
     sys.exit(f"ERROR: (gcloud.compute.start-iap-tunnel) instance {instance} not found in {flags}")
 sock = socket.create_connection((target["address"], target["port"]))
-def up():
-    while data := sys.stdin.buffer.read1(65536):
-        sock.sendall(data)
-    sock.shutdown(socket.SHUT_WR)
-threading.Thread(target=up, daemon=True).start()
-while data := sock.recv(65536):
-    sys.stdout.buffer.write(data)
-    sys.stdout.buffer.flush()
 """
+    + _PIPE
+)
 
 
 def test_the_documented_iap_template_reaches_each_host_by_instance_name_through_gcloud(
