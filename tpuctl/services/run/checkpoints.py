@@ -43,13 +43,20 @@ def checkpoint_dir(session: Session, request: RunRequest, run_id: str, target: T
     return ""
 
 
+def bucket_of(checkpoint_dir: str) -> str | None:
+    """The bucket a run's checkpoint directory is in (``gs://<bucket>/...``); None for a run with none."""
+    if not checkpoint_dir.startswith("gs://"):
+        return None
+    return checkpoint_dir.removeprefix("gs://").partition("/")[0]
+
+
 def placed_near(target: Target, checkpoint_dir: str) -> Target:
     """``target`` with its placement told the bucket of ``checkpoint_dir``: zones in the bucket's location
     rank first among equally priced ones, and the plan says what a far zone costs per checkpoint
     (``tpuctl.services.placement_bucket``). Unchanged for a slice that exists, or a run with no bucket."""
-    if target.placement is None or not checkpoint_dir.startswith("gs://"):
+    bucket = bucket_of(checkpoint_dir)
+    if target.placement is None or bucket is None:
         return target
-    bucket = checkpoint_dir.removeprefix("gs://").partition("/")[0]
     return dataclasses.replace(
         target, placement=dataclasses.replace(target.placement, checkpoint_bucket=bucket)
     )
@@ -63,10 +70,8 @@ def compilation_cache_dir(checkpoint_dir: str, run_id: str) -> str | None:
     the step again is part of what each preemption costs (seconds on the simulator's CPU, minutes for a
     large model on TPU). The bucket outlives the VMs, so a restarted program reads its compiled step
     back instead (MaxText's ``jax_cache_dir`` on gs:// does the same)."""
-    if not checkpoint_dir.startswith("gs://"):
-        return None
-    bucket = checkpoint_dir.removeprefix("gs://").partition("/")[0]
-    return f"{_run_prefix(bucket, run_id)}/compilation-cache"
+    bucket = bucket_of(checkpoint_dir)
+    return None if bucket is None else f"{_run_prefix(bucket, run_id)}/compilation-cache"
 
 
 def _run_prefix(bucket: str, run_id: str) -> str:

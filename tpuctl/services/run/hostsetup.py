@@ -107,9 +107,9 @@ def run_setup(
 
 def env_bucket(prepared: PreparedRun) -> str | None:
     """The bucket the run's environment is kept in: its checkpoint bucket (None: the run has none)."""
-    if not prepared.checkpoint_dir.startswith("gs://"):
-        return None
-    return prepared.checkpoint_dir.removeprefix("gs://").partition("/")[0]
+    from tpuctl.services.run.checkpoints import bucket_of
+
+    return bucket_of(prepared.checkpoint_dir)
 
 
 def _title(spec: SetupSpec, hosts: int) -> str:

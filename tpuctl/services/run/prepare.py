@@ -63,10 +63,10 @@ def prepare(session: Session, request: RunRequest) -> PreparedRun:
     where = checkpoints.placed_near(where, checkpoint_dir)
     setup = _setup_spec(session, request)
     bundle = build_bundle(workdir, limit_bytes=request.bundle_limit_bytes, exclude=(session.state_dir,))
-    if checkpoint_dir.startswith("gs://"):
+    bucket = checkpoints.bucket_of(checkpoint_dir)
+    if bucket is not None:
         # Last, once every input is known good: it asks Google. The hosts' account is the one their
         # slices are made with: --service-account, else the profile's, else the project's default.
-        bucket = checkpoint_dir.removeprefix("gs://").partition("/")[0]
         account = request.placement.service_account or session.settings.service_account
         bucket_check.check_bucket(session, bucket, account)
     return PreparedRun(
