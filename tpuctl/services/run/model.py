@@ -117,14 +117,25 @@ class RunRequest:
     """What the user asked for, as given (validated by ``Launcher.prepare``)."""
 
     script: str | None = None
+    #: A shell command run on every host in the workdir instead of a script (a job file's ``run:``);
+    #: ``args`` reach it as ``"$@"``, and its exit status is the host's.
+    command: str | None = None
     args: tuple[str, ...] = ()
     example: str | None = None
     workdir: str | None = None
     env: tuple[str, ...] = ()  # "KEY=VALUE" pairs
+    #: Names of variables whose values are secret (a job file's ``secrets:``, ``--secret``): their values
+    #: are never in this request (it is saved in plain text); the run keeps them only encrypted.
+    secret_names: tuple[str, ...] = ()
     #: The run's labels (``--label``, checked by ``tpuctl.params.labels``): on the run and on its slice.
     labels: Mapping[str, str] = field(default_factory=dict)
     pod: str | None = None
     accelerator_type: str | None = None
+    #: Other slice types the run may be placed on, after or beside ``accelerator_type`` (a job file's
+    #: accelerator list, set or ``any_of``): with it, the types the allocator ranks; empty: that type only.
+    other_accelerator_types: tuple[str, ...] = ()
+    #: How those types are ranked: "ordered" (the user's order first, then price) or "cheapest" (price).
+    type_preference: str = "ordered"
     #: Slices of ``accelerator_type`` joined into one job (``--slices``; N > 1: a multislice).
     slices: int = 1
     #: Where and how a new slice is placed (the placement flags, as on ``pod create``); with ``pod``, its
