@@ -15,6 +15,7 @@ from tpuctl.testing.cli import Cli, CliResult, invoke
 if TYPE_CHECKING:
     from tpuctl.sim import SimAdminClient, SimServer, World
     from tpuctl.testing.backend import InProcessCli
+    from tpuctl.testing.stored_envs import StoredEnvs
 
 # Variables that would steer tpuctl towards a real project or a foreign state dir, or the simulator's
 # package mirror (fetching through to the index the user's pip/uv name) towards a real package index.
@@ -155,13 +156,37 @@ def sim_cli(state_dir: Path, sim_world: World | Mapping[str, Any]) -> Iterator[I
             runner.close()
 
 
+@pytest.fixture(scope="session")
+def stored_envs(tmp_path_factory: pytest.TempPathFactory) -> StoredEnvs:
+    """The run environments this test process's simulators stored, kept for the next ones' buckets."""
+    from tpuctl.testing.stored_envs import StoredEnvs
+
+    return StoredEnvs(tmp_path_factory.mktemp("stored-envs"))
+
+
 @pytest.fixture
-def serve_sim(state_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., SimAdminClient]]:
+def bucket_envs(request: pytest.FixtureRequest, stored_envs: StoredEnvs) -> StoredEnvs | None:
+    """``stored_envs``, or None for a test marked ``fresh_bucket`` (one that watches an environment being
+    built and stored): whether a test's simulated bucket starts with the environments stored before."""
+    return None if request.node.get_closest_marker("fresh_bucket") else stored_envs
+
+
+@pytest.fixture
+def serve_sim(
+    state_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    stored_envs: StoredEnvs,
+    bucket_envs: StoredEnvs | None,
+) -> Iterator[Callable[..., SimAdminClient]]:
     """``serve_sim(world, point_cli=True, **server_kwargs)`` serves a simulator over this test's state dir
     and returns its admin client; with ``point_cli`` every CLI command of the test talks to it
     (TPUCTL_SIM_URL). ``world`` is a ``World`` or the data of a world file; ``server_kwargs`` go to
-    ``SimServer`` (``clock``, ``ticker_interval_s``, ``vms``). Everything is stopped at teardown."""
+    ``SimServer`` (``clock``, ``ticker_interval_s``, ``vms``). Everything is stopped at teardown.
+
+    Its bucket starts with the run environments earlier tests stored (``tpuctl.testing.stored_envs``),
+    unless the test is marked ``fresh_bucket``; what it stores is kept for the next tests."""
     from tpuctl.sim import SimAdminClient, SimServer, World
+    from tpuctl.sim.storage import storage_dir_for
     from tpuctl.sim.world import world_from_data
 
     started: list[tuple[SimServer, SimAdminClient]] = []
@@ -172,6 +197,8 @@ def serve_sim(state_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Call
         if not isinstance(world, World):
             world = world_from_data(dict(world), "test world")
         state_dir.mkdir(parents=True, exist_ok=True)
+        if bucket_envs is not None and not started:
+            bucket_envs.seed(storage_dir_for(state_dir))
         # As `tpuctl sim serve` does: the VMs run in the state's hypervisor process.
         server = SimServer(state_dir, world, **{"vms": "hypervisor", **server_kwargs})
         url = server.start()
@@ -185,3 +212,5 @@ def serve_sim(state_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Call
     for server, admin in started:
         admin.close()
         server.stop()
+    if started:
+        stored_envs.harvest(storage_dir_for(state_dir))

@@ -18,6 +18,9 @@ from tpuctl.sim.network import mirror_fetch_log, mirror_fetches
 from tpuctl.sim.storage import storage_dir_for, stored_objects
 from tpuctl.testing.cli import Cli, CliResult
 
+# These runs watch their environment built from the index and stored: the bucket starts without one.
+pytestmark = pytest.mark.fresh_bucket
+
 #: A program whose one dependency (zipp) only the environment has, stopping at the notice as the
 #: runtime's programs do.
 PROGRAM = """\

@@ -46,8 +46,10 @@ from hardening_helpers import (
 )
 
 from tpuctl.sim import SimAdminClient, SimServer
+from tpuctl.sim.storage import storage_dir_for
 from tpuctl.sim.world import world_from_data
 from tpuctl.testing.cli import CliResult, invoke
+from tpuctl.testing.stored_envs import StoredEnvs
 
 #: Kills of `pod create`/`pod delete`/`cost report`, and of `tpuctl run`: by default, and with --slow
 #: (100 kills over the four commands). Each killed run is resumed to its end (~25 s on 2 cores): the
@@ -627,7 +629,11 @@ def test_kill_9_during_tpuctl_run_then_runs_resume(
     monkeypatch: pytest.MonkeyPatch,
     run_reference_hash: str,
     jax_cache: Path,
+    stored_envs: StoredEnvs,
 ) -> None:
+    # The bucket holds the runtime's environment, as after a team's earlier runs: what is tested here is
+    # the killed supervisor and its resume, not the first build of an environment.
+    stored_envs.seed(storage_dir_for(tmp_path / "state"))
     tally = run_crash_loop(
         RUN_KILLS, 24, tmp_path, monkeypatch, run_reference_hash, jax_cache, RUN_TYPE, CHAIN_EVERY
     )
@@ -647,7 +653,11 @@ def test_kill_9_during_tpuctl_run_many_times(
     monkeypatch: pytest.MonkeyPatch,
     slow_run_reference_hash: str,
     jax_cache: Path,
+    stored_envs: StoredEnvs,
 ) -> None:
+    # The bucket holds the runtime's environment, as after a team's earlier runs: what is tested here is
+    # the killed supervisor and its resume, not the first build of an environment.
+    stored_envs.seed(storage_dir_for(tmp_path / "state"))
     tally = run_crash_loop(
         SLOW_RUN_KILLS,
         22,
