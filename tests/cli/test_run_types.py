@@ -68,13 +68,18 @@ def test_the_dry_run_plan_ranks_both_types_candidates_in_one_list(
     assert [t["accelerator_type"] for t in create["request"]["slice_types"]] == ["v5litepod-8", "v6e-8"]
     assert create["request"]["type_preference"] == "ordered"
     assert (target["accelerator_type"], target["zone"]) == ("v5litepod-8", V5E_ZONE)
-    human = cli("run", *_args(tmp_path, "--dry-run"))
+    human = cli("run", *_args(tmp_path, "--dry-run", "--no-import-check"))
     assert "every type ranked together (ordered):" in human.stdout
     assert "1. v5litepod-8 in us-central1-a spot (1.96 USD/h)" in human.stdout
     assert "2. v6e-8 in us-east1-d spot (4.35 USD/h)" in human.stdout
 
     # The first type over the price cap everywhere: the plan is of the type it would place.
-    capped = cli("run", *_args(tmp_path, "--max-price", "3", "--dry-run", "-o", "json", types="v6e-8,v5e-8"))
+    capped = cli(
+        "run",
+        *_args(
+            tmp_path, "--max-price", "3", "--dry-run", "--no-import-check", "-o", "json", types="v6e-8,v5e-8"
+        ),
+    )
     assert capped.code == 0, capped.stderr[-4000:]
     target = capped.json["plan"]["target"]
     assert target["create"]["order"] == [f"{V5E_ZONE}/spot/v5litepod-8"]
@@ -117,3 +122,28 @@ def test_a_preempted_run_recovers_on_another_type_of_its_set_and_says_so(
     (listed,) = cli("runs", "list", "-o", "json").json["runs"]
     run = cli("runs", "describe", listed["run_id"], "-o", "json").json["run"]
     assert (run["status"], run["accelerator_type"], run["preemptions"]) == ("succeeded", "v6e-8", 1)
+    assert run["detail"]["placed_types"] == ["v5litepod-8", "v6e-8"]
+
+
+@pytest.mark.slow
+def test_a_4_host_run_recovers_on_a_1_host_type_and_its_hosts_follow(
+    admin: SimAdminClient, cli: Cli, state_dir: Path, tmp_path: Path
+) -> None:
+    """v5e-16 (4 hosts) preempted with its zone stocked out: the recovery lands on v6e-8, one host, and
+    the program starts on that one host only."""
+    chaos = Chaos(admin, state_dir, [Preempt(1, 3, notice=True, stockout=V5E_ZONE)]).start()
+    try:
+        result = cli("run", *_args(tmp_path, types="v5e-16,v6e-8"))
+    finally:
+        chaos.join(check=False)
+    assert result.code == 0, result.output[-4000:]
+    chaos.check()
+    starts = sorted(line for line in result.stdout.splitlines() if " | attempt " in line)
+    assert starts == sorted(
+        [*(f"w{w} | attempt 0 on v5litepod-16" for w in range(4)), "w0 | attempt 1 on v6e-8"]
+    )
+    assert "recovered on another slice type: v5litepod-16 -> v6e-8" in result.stderr
+    (listed,) = cli("runs", "list", "-o", "json").json["runs"]
+    run = cli("runs", "describe", listed["run_id"], "-o", "json").json["run"]
+    assert run["accelerator_type"] == "v6e-8"
+    assert (run["detail"]["hosts"], run["detail"]["placed_types"]) == (1, ["v5litepod-16", "v6e-8"])

@@ -94,6 +94,10 @@ def test_ordered_keeps_the_users_order_before_price(in_process_sim: Callable[...
         ("v5litepod-16", "us-central1-a", 3.92),
         ("v5litepod-16", "us-east5-b", 9.6),
     ]
+    chosen = plan.to_dict()["chosen"]
+    assert chosen["reason"].startswith(
+        "cheapest feasible candidate of the first type that has one (4.35 USD/h)"
+    )
     # Cheapest, given in the same order, ranks by price alone.
     cheapest = env.allocator().plan(_request(env, "v6e-8", "v5e-16", preference="cheapest"))
     assert [c.zone for c in cheapest.order] == ["us-central1-a", "us-east1-d", "us-east5-b", "us-east5-b"]

@@ -683,7 +683,7 @@ class Plan:
                 f"feasible candidates (rank {position + 1}); the first to become ACTIVE is kept"
             )
         if position == 0:
-            return "chosen", _chosen_why(candidate, len(self.order))
+            return "chosen", _chosen_why(candidate, len(self.order), self.request.type_preference)
         extra = ""
         if candidate.price_per_hour is not None and best.price_per_hour is not None:
             extra = f", {candidate.price_per_hour - best.price_per_hour:+.2f} USD/h vs the chosen"
@@ -749,7 +749,9 @@ class Plan:
         return out
 
 
-def _chosen_why(candidate: Candidate, feasible: int) -> str:
+def _chosen_why(
+    candidate: Candidate, feasible: int, preference: TypePreference = TypePreference.ORDERED
+) -> str:
     price = "price unknown" if candidate.price_per_hour is None else f"{candidate.price_per_hour:.2f} USD/h"
     near = (
         " in the checkpoint bucket's location"
@@ -758,7 +760,13 @@ def _chosen_why(candidate: Candidate, feasible: int) -> str:
     )
     if feasible == 1:
         return f"the only feasible candidate ({price}){near}"
-    return f"cheapest feasible candidate ({price}){near}; {feasible - 1} fallback(s) if it is stocked out"
+    # Of several types in the user's order, the first is the first type's cheapest, not the cheapest.
+    what = (
+        "cheapest feasible candidate of the first type that has one"
+        if candidate.several_types and preference is TypePreference.ORDERED
+        else "cheapest feasible candidate"
+    )
+    return f"{what} ({price}){near}; {feasible - 1} fallback(s) if it is stocked out"
 
 
 def decide(
