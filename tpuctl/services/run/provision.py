@@ -341,11 +341,11 @@ def _create(
         first = [c for c in plan.order if c.zone == prefer_zone]
         plan = dataclasses.replace(plan, order=[*first, *(c for c in plan.order if c.zone != prefer_zone)])
     best = plan.order[0] if plan.order else None
-    where = (
-        f"first choice {best.zone} ({_terms(best.capacity.value, best.price_per_hour)})"
-        if best is not None
-        else "where the allocator finds room"
-    )
+    where = "where the allocator finds room"
+    if best is not None:
+        # Of several types, the first choice names its type: it may not be the run's first one.
+        kind = f"{best.slice_type.accelerator.api_name} in " if best.several_types and best.slice_type else ""
+        where = f"first choice {kind}{best.zone} ({_terms(best.capacity.value, best.price_per_hour)})"
     observer.phase(PhaseUpdate(title))
     observer.detail(None, f"{title}: {where}")
     return allocator.place(placement, progress=progress, plan=plan)
