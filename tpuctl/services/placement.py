@@ -21,6 +21,11 @@ or multi-region: saving and restoring a checkpoint there crosses no location, wh
 room left after placing; more first, so a concurrent create is less likely to win the race for the last
 chips), then by the order the capacity types were allowed in, then by zone name (so the order is
 deterministic).
+
+A request may allow several slice types (``other_types``): each type's candidates are built as above, in
+its own zones and through its own API, each candidate carrying its type, and all are ranked in one list:
+by the user's order of the types first (``ordered``), or by price with the type's order only breaking a
+tie (``cheapest``). What is sent for a candidate is the request for its type (``placing``).
 """
 
 from __future__ import annotations
