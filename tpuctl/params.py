@@ -595,6 +595,22 @@ LABEL_KEY_RE: Final = re.compile(r"[a-z][a-z0-9_-]{0,62}")
 LABEL_VALUE_RE: Final = re.compile(r"[a-z0-9_-]{0,63}")
 
 
+def slice_types(value: str | None, param: str = "type") -> tuple[str, ...]:
+    """``--type v5e-16,v6e-8`` -> ``("v5e-16", "v6e-8")``: the types a run may be placed on, in the order
+    given (the catalog checks each name); none given -> ``()``."""
+    if value is None:
+        return ()
+    names = tuple(name.strip() for name in value.split(","))
+    if not all(names):
+        raise ParamError(
+            f"{LABEL} {value!r} has an empty type in its list",
+            param=param,
+            value=value,
+            fix="give types separated by single commas, e.g. v5e-16,v6e-8",
+        )
+    return names
+
+
 def labels(pairs: Iterable[str], param: str = "label") -> dict[str, str]:
     """``["team=ml", "env=dev"]`` -> a dict, each pair checked against GCP's label rules; the keys
     tpuctl sets itself are refused."""

@@ -84,7 +84,11 @@ def run(
     accelerator_type: Annotated[
         str | None,
         typer.Option(
-            "--type", "--accelerator-type", help="Create a slice of this type for the run, e.g. v5e-16."
+            "--type",
+            "--accelerator-type",
+            help="Create a slice of this type for the run, e.g. v5e-16. Several, comma-separated "
+            "(v5e-16,v6e-8): any of them, in that order of preference (then by price); each type, zone "
+            "and capacity is ranked in one plan, and placement fails over from one to the next.",
         ),
     ] = None,
     slices: Annotated[
@@ -291,6 +295,7 @@ def run(
         api=api,
     )
     budget_usd = None if budget is None else params.usd(budget, "budget")
+    types = params.slice_types(accelerator_type)
     limit_mb = params.mebibytes(max_bundle_mb, "max_bundle_mb")
     policy = _policy(
         params.whole(max_restarts, "max_restarts", minimum=0),
@@ -304,7 +309,8 @@ def run(
         env=tuple(env or ()),
         labels=params.labels(label or []),
         pod=pod,
-        accelerator_type=accelerator_type,
+        accelerator_type=types[0] if types else None,
+        other_accelerator_types=types[1:],
         slices=1 if slices is None else params.whole(slices, "slices", minimum=2, fix=_SLICES_FIX),
         placement=choices,
         keep_pod=keep_pod,
@@ -355,8 +361,8 @@ def run(
             ),
         )
         # A typo is exit 2 with "did you mean" (a zone that offers the type), before anything is made.
-        accelerator = None if accelerator_type is None else sess.catalog.resolve(accelerator_type)
-        check_zones(sess.catalog, sess.cloud, list(choices.zones), accelerator=accelerator)
+        accelerators = [sess.catalog.resolve(name) for name in types]
+        check_zones(sess.catalog, sess.cloud, list(choices.zones), accelerator=next(iter(accelerators), None))
         if choices.region is not None:
             check_region(sess.catalog, sess.cloud, choices.region)
         runs = Runs(sess)
@@ -447,6 +453,19 @@ def _render_detached(out: Output, detached: Detached) -> None:
     )
 
 
+def _render_typed_candidates(out: Output, create: dict[str, Any]) -> None:
+    """A run of several slice types: its ranked candidates, each with its type (one line each)."""
+    p = out.out.print
+    request = create["request"]
+    if not request.get("slice_types"):
+        return
+    p(f"  candidates, every type ranked together ({request['type_preference']}):")
+    for c in create["candidates"]:
+        if c["rank"] is not None:
+            price = "price unknown" if c["price_per_hour"] is None else f"{c['price_per_hour']:.2f} USD/h"
+            p(f"    {c['rank']}. {c['accelerator_type']} in {c['zone']} {c['capacity']} ({price})")
+
+
 def _render_plan(out: Output, plan: dict[str, Any]) -> None:
     if out.machine:
         out.document(out.envelope(dry_run=True, plan=plan))
@@ -482,6 +501,7 @@ def _render_plan(out: Output, plan: dict[str, Any]) -> None:
             p(f"  estimated price: {price:.2f} USD/h{per}")
         if create.get("message"):
             p(f"  placement: {escape(str(create['message']))}")
+        _render_typed_candidates(out, create)
         hosts = host_network_words(create["request"])
         if hosts is not None:
             p(f"  {escape(hosts)}")

@@ -80,7 +80,9 @@ from tpuctl.services.placement import (
     Offer,
     PlacementRequest,
     Plan,
+    SliceType,
     Strategy,
+    TypePreference,
     build_candidates,
     candidate_zones,
     decide,
@@ -121,6 +123,8 @@ def build_request(
     surface: Surface | None = None,
     network: HostNetwork | None = None,
     service_account: str | None = None,
+    other_types: Sequence[str] = (),
+    type_preference: TypePreference = TypePreference.ORDERED,
 ) -> PlacementRequest:
     """Check the request's parsed values against each other into a ``PlacementRequest``; given values win
     over settings (env, profile). The values come parsed from the edge (``tpuctl.params``): the allowed
@@ -148,6 +152,15 @@ def build_request(
     pod_name = _pod_name(name, accel, rid, slices)
     all_labels = dict(labels or {})
     all_labels.update({LABEL_MANAGED_BY: LABEL_MANAGED_BY_VALUE, LABEL_OWNER: settings.resolved_owner})
+    others = _other_types(
+        catalog,
+        accel,
+        other_types,
+        demanded=surface,
+        preferred=settings.api,
+        runtime_version=runtime_version,
+        through_queued=queued or slices > 1 or strategy is Strategy.RACE,
+    )
     return PlacementRequest(
         accelerator=accel,
         name=pod_name,
@@ -169,7 +182,44 @@ def build_request(
         surface=chosen_surface,
         network=host_network,
         service_account=settings.service_account if service_account is None else service_account,
+        other_types=others,
+        type_preference=type_preference,
     )
+
+
+def _other_types(
+    catalog: Catalog,
+    first: AcceleratorType,
+    names: Sequence[str],
+    *,
+    demanded: Surface | None,
+    preferred: Surface | None,
+    runtime_version: str | None,
+    through_queued: bool,
+) -> tuple[SliceType, ...]:
+    """The other slice types a request allows, each with its own API and runtime (a given
+    ``--runtime-version`` holds for every type), without repeats. Several types are placed by direct
+    creates, failing over from one candidate to the next; a queued resource (``--queued``, ``--slices``,
+    a race) is of one type, so those are refused with several."""
+    out: list[SliceType] = []
+    seen = {first.api_name}
+    for name in names:
+        accel = catalog.resolve(name)
+        if accel.api_name in seen:
+            continue
+        seen.add(accel.api_name)
+        out.append(
+            SliceType(accel, _surface(accel, demanded, preferred), runtime_version or accel.runtime_version)
+        )
+    if out and through_queued:
+        raise UsageError(
+            "several slice types are placed by creating a slice of one type after another; --queued, "
+            "--slices and --strategy race place one type through a queued resource",
+            field="type",
+            value=", ".join([first.friendly_name, *(t.accelerator.friendly_name for t in out)]),
+            fix="give one type, or drop --queued/--slices/--strategy race",
+        )
+    return tuple(out)
 
 
 def _surface(accel: AcceleratorType, demanded: Surface | None, preferred: Surface | None) -> Surface:
@@ -463,6 +513,8 @@ class Allocator:
     def plan(self, request: PlacementRequest, survey: Survey | None = None) -> Plan:
         """The dry-run plan: every candidate judged, the verdict, and the exact requests. Mutates nothing."""
         request = self.stamped(request)
+        if request.other_types:
+            return self._plan_types(request)
         seen = survey or self.survey(request)
         candidates = build_candidates(
             request,
@@ -475,6 +527,36 @@ class Allocator:
         # Unreadable quotas are said once, not once per quota and zone.
         warnings = [*seen.warnings, *quota_warnings(candidates, name_unknown=not seen.warnings)]
         plan = decide(request, candidates, zones=seen.zones, warnings=warnings, bucket=seen.bucket)
+        plan.requests = self._planned_requests(request, plan)
+        return plan
+
+    def _plan_types(self, request: PlacementRequest) -> Plan:
+        """The plan of a request of several types: each type surveyed through its own APIs (a
+        generation may be offered on Compute Engine only, and each is offered in its own zones), every
+        type x zone x capacity candidate ranked together."""
+        candidates: list[Candidate] = []
+        zones: list[str] = []
+        warnings: list[str] = []
+        bucket: BucketLocation | None = None
+        for type_rank, slice_type in enumerate(request.slice_types):
+            one = request.for_type(slice_type)
+            seen = self.survey(one)
+            found = build_candidates(
+                one,
+                catalog=self._catalog,
+                book=seen.book,
+                zones=seen.zones,
+                offers=seen.offers,
+                bucket=seen.bucket,
+                type_rank=type_rank,
+                several_types=True,
+            )
+            candidates += found
+            zones += [z for z in seen.zones if z not in zones]
+            bucket = bucket or seen.bucket
+            said = [*seen.warnings, *quota_warnings(found, name_unknown=not seen.warnings)]
+            warnings += [w for w in said if w not in warnings]
+        plan = decide(request, candidates, zones=zones, warnings=warnings, bucket=bucket)
         plan.requests = self._planned_requests(request, plan)
         return plan
 
@@ -491,7 +573,7 @@ class Allocator:
             return []
         if not request.uses_queued_resource:
             chosen = plan.order[0]
-            node = node_request(request, chosen, request.request_id)
+            node = node_request(request.placing(chosen), chosen, request.request_id)
             return self._cloud.plan_create_node(node, request_id=request.request_id)
         targets = plan.racing if request.strategy is Strategy.RACE else plan.order[:1]
         out = []
@@ -539,7 +621,7 @@ class Allocator:
                     progress.update(
                         f"trying {cand.label()} [{rank}/{len(order)}]", elapsed_s=self._clock() - started
                     )
-                attempt, node, exc = self._attempt_node(request, cand, rank, progress)
+                attempt, node, exc = self._attempt_node(request.placing(cand), cand, rank, progress)
                 attempts.append(attempt)
                 if node is not None:
                     kept = cand.zone

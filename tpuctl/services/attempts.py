@@ -183,7 +183,7 @@ class Placement:
             "name": self.request.name,
             "zone": cand.zone,
             "capacity": cand.capacity.value,
-            "accelerator_type": self.request.accelerator.api_name,
+            "accelerator_type": self.request.placing(cand).accelerator.api_name,
             "slices": self.request.slices,
             "queued_resource": self.queued_resource,
             "price_per_hour": None if cand.price_per_hour is None else round(cand.price_per_hour, 6),

@@ -21,10 +21,16 @@ or multi-region: saving and restoring a checkpoint there crosses no location, wh
 room left after placing; more first, so a concurrent create is less likely to win the race for the last
 chips), then by the order the capacity types were allowed in, then by zone name (so the order is
 deterministic).
+
+A request may allow several slice types (``other_types``): each type's candidates are built as above, in
+its own zones and through its own API, each candidate carrying its type, and all are ranked in one list:
+by the user's order of the types first (``ordered``), or by price with the type's order only breaking a
+tie (``cheapest``). What is sent for a candidate is the request for its type (``placing``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -66,6 +72,14 @@ class Strategy(StrEnum):
     RACE = "race"
 
 
+class TypePreference(StrEnum):
+    """How a request naming several slice types ranks them: the user's order first, then price; or price
+    alone (the type then only breaks a tie)."""
+
+    ORDERED = "ordered"
+    CHEAPEST = "cheapest"
+
+
 class Rejection(StrEnum):
     """Why a candidate cannot take the request (the first failing check)."""
 
@@ -95,6 +109,27 @@ class Verdict(StrEnum):
 
 # --------------------------------------------------------------------------------------------------
 # The request
+
+
+@dataclass(frozen=True)
+class SliceType:
+    """One slice type a request may be placed on, with what follows from the type: the API that places
+    it (a generation may be offered through Compute Engine only) and the runtime its hosts boot."""
+
+    accelerator: AcceleratorType
+    surface: Surface
+    runtime_version: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "accelerator_type": self.accelerator.api_name,
+            "friendly_name": self.accelerator.friendly_name,
+            "topology": self.accelerator.topology,
+            "chips_per_slice": self.accelerator.chips,
+            "hosts_per_slice": self.accelerator.hosts,
+            "api": self.surface.value,
+            "runtime_version": self.runtime_version,
+        }
 
 
 @dataclass(frozen=True)
@@ -134,6 +169,31 @@ class PlacementRequest:
     checkpoint_bucket: str | None = None
     #: When the cloud itself ends the slice (a run's backstop; Compute Engine only, ``NodeRequest``).
     terminate_at: float | None = None
+    #: Other slice types the request may be placed on besides ``accelerator`` (whose surface and runtime
+    #: are the fields above): every type's candidates are ranked in one plan. Empty: that type only.
+    other_types: tuple[SliceType, ...] = ()
+    type_preference: TypePreference = TypePreference.ORDERED
+
+    @property
+    def slice_types(self) -> tuple[SliceType, ...]:
+        """Every type the request may be placed on, the first one first."""
+        return (SliceType(self.accelerator, self.surface, self.runtime_version), *self.other_types)
+
+    def for_type(self, slice_type: SliceType) -> PlacementRequest:
+        """This request for one of its types only: what is created when a candidate of it is chosen."""
+        return dataclasses.replace(
+            self,
+            accelerator=slice_type.accelerator,
+            surface=slice_type.surface,
+            runtime_version=slice_type.runtime_version,
+            other_types=(),
+        )
+
+    def placing(self, candidate: Candidate) -> PlacementRequest:
+        """The request as it is sent for ``candidate``: of the candidate's own type."""
+        if not self.other_types:
+            return self
+        return self.for_type(self.slice_types[candidate.type_rank])
 
     @property
     def uses_queued_resource(self) -> bool:
@@ -193,6 +253,16 @@ class PlacementRequest:
             "service_account": self.service_account,
             "checkpoint_bucket": self.checkpoint_bucket,
             **({} if self.terminate_at is None else {"terminate_at": iso(self.terminate_at)}),
+            **self._types_dict(),
+        }
+
+    def _types_dict(self) -> dict[str, Any]:
+        """Where several types are allowed: each of them, in the order given, and how they rank."""
+        if not self.other_types:
+            return {}
+        return {
+            "slice_types": [t.to_dict() for t in self.slice_types],
+            "type_preference": self.type_preference.value,
         }
 
 
@@ -348,6 +418,12 @@ class Candidate:
     capacity_rank: int = 0  # position of the capacity type in the allowed list (a tie-break)
     #: How far the zone is from the run's checkpoint bucket (None: no bucket, or its location unknown).
     bucket: BucketDistance | None = None
+    #: The slice type this candidate creates (None: the request's one type, for one built by hand).
+    slice_type: SliceType | None = None
+    #: The type's position among the request's types (the user's order).
+    type_rank: int = 0
+    #: The request names several types: the candidate's key and label name its own.
+    several_types: bool = False
 
     @property
     def far_from_bucket(self) -> bool:
@@ -378,14 +454,24 @@ class Candidate:
 
     @property
     def key(self) -> str:
+        if self.several_types and self.slice_type is not None:
+            return f"{self.zone}/{self.capacity.value}/{self.slice_type.accelerator.api_name}"
         return f"{self.zone}/{self.capacity.value}"
 
     def label(self) -> str:
         price = "price unknown" if self.price_per_hour is None else f"{self.price_per_hour:.2f} USD/h"
+        if self.several_types and self.slice_type is not None:
+            return f"{self.slice_type.accelerator.api_name} in {self.zone} {self.capacity.value} ({price})"
         return f"{self.zone} {self.capacity.value} ({price})"
 
     def to_dict(self) -> dict[str, Any]:
+        kind = self.slice_type
         return {
+            **(
+                {}
+                if kind is None
+                else {"accelerator_type": kind.accelerator.api_name, "api": kind.surface.value}
+            ),
             "zone": self.zone,
             "region": self.region,
             "capacity": self.capacity.value,
@@ -434,10 +520,14 @@ def build_candidates(
     zones: Sequence[str],
     offers: Mapping[str, Offer],
     bucket: BucketLocation | None = None,
+    type_rank: int = 0,
+    several_types: bool = False,
 ) -> list[Candidate]:
-    """Every zone x allowed capacity type, annotated and judged (see the module docstring for the order
-    of the checks); ``bucket``: where the run's checkpoint bucket is, when known."""
+    """Every zone x allowed capacity type of the request's (one) type, annotated and judged (see the module
+    docstring for the order of the checks); ``bucket``: where the run's checkpoint bucket is, when known;
+    ``type_rank``: the type's position among several the request allows (``several_types``)."""
     accel = request.accelerator
+    slice_type = request.slice_types[0]
     out: list[Candidate] = []
     for zone in zones:
         offer = offers.get(zone, Offer(False, "the API did not say what this zone offers"))
@@ -468,6 +558,9 @@ def build_candidates(
                     reason=reason,
                     capacity_rank=rank,
                     bucket=distance,
+                    slice_type=slice_type,
+                    type_rank=type_rank,
+                    several_types=several_types,
                 )
             )
     return out
@@ -509,16 +602,23 @@ def _judge(
     return None, None
 
 
-def rank(candidates: Iterable[Candidate]) -> list[Candidate]:
-    """The feasible candidates in the order they are tried (see the module docstring)."""
+def rank(
+    candidates: Iterable[Candidate], preference: TypePreference = TypePreference.ORDERED
+) -> list[Candidate]:
+    """The feasible candidates in the order they are tried (see the module docstring). Of several slice
+    types, ``ordered`` tries the user's first type's candidates before the next type's; ``cheapest``
+    ranks them all by price, the type's order only breaking a tie (one type: the same either way)."""
+    ordered = preference is TypePreference.ORDERED
 
-    def key(c: Candidate) -> tuple[bool, float, bool, float, int, str]:
+    def key(c: Candidate) -> tuple[int, bool, float, bool, float, int, int, str]:
         price = c.price_per_hour
         return (
+            c.type_rank if ordered else 0,
             price is None,
             price if price is not None else 0.0,
             c.far_from_bucket,
             -c.headroom,
+            c.type_rank,
             c.capacity_rank,
             c.zone,
         )
@@ -535,6 +635,7 @@ def _display_order(candidates: Iterable[Candidate], order: Sequence[Candidate]) 
             c.price_per_hour is None,
             c.price_per_hour if c.price_per_hour is not None else 0.0,
             c.zone,
+            c.type_rank,
             c.capacity_rank,
         ),
     )
@@ -587,7 +688,7 @@ class Plan:
                 f"feasible candidates (rank {position + 1}); the first to become ACTIVE is kept"
             )
         if position == 0:
-            return "chosen", _chosen_why(candidate, len(self.order))
+            return "chosen", _chosen_why(candidate, len(self.order), self.request.type_preference)
         extra = ""
         if candidate.price_per_hour is not None and best.price_per_hour is not None:
             extra = f", {candidate.price_per_hour - best.price_per_hour:+.2f} USD/h vs the chosen"
@@ -653,7 +754,9 @@ class Plan:
         return out
 
 
-def _chosen_why(candidate: Candidate, feasible: int) -> str:
+def _chosen_why(
+    candidate: Candidate, feasible: int, preference: TypePreference = TypePreference.ORDERED
+) -> str:
     price = "price unknown" if candidate.price_per_hour is None else f"{candidate.price_per_hour:.2f} USD/h"
     near = (
         " in the checkpoint bucket's location"
@@ -662,7 +765,13 @@ def _chosen_why(candidate: Candidate, feasible: int) -> str:
     )
     if feasible == 1:
         return f"the only feasible candidate ({price}){near}"
-    return f"cheapest feasible candidate ({price}){near}; {feasible - 1} fallback(s) if it is stocked out"
+    # Of several types in the user's order, the first is the first type's cheapest, not the cheapest.
+    what = (
+        "cheapest feasible candidate of the first type that has one"
+        if candidate.several_types and preference is TypePreference.ORDERED
+        else "cheapest feasible candidate"
+    )
+    return f"{what} ({price}){near}; {feasible - 1} fallback(s) if it is stocked out"
 
 
 def decide(
@@ -675,7 +784,7 @@ def decide(
 ) -> Plan:
     """Rank the candidates and reach a verdict. The requests are added by the allocator (they need the
     cloud's request builder)."""
-    order = rank(candidates)
+    order = rank(candidates, request.type_preference)
     plan = Plan(
         request=request,
         candidates=_display_order(candidates, order),
@@ -692,8 +801,26 @@ def decide(
             if note is not None:
                 plan.warnings.append(note)
         return plan
-    plan.verdict, plan.message, plan.fix = _infeasible(request, candidates, zones)
+    if request.other_types:
+        plan.verdict, plan.message, plan.fix = _infeasible_types(request, candidates)
+    else:
+        plan.verdict, plan.message, plan.fix = _infeasible(request, candidates, zones)
     return plan
+
+
+def _infeasible_types(request: PlacementRequest, candidates: Sequence[Candidate]) -> tuple[Verdict, str, str]:
+    """The verdict of a request of several types none can take: each type's own reason, in the user's
+    order; the first type's verdict is the exit code (it is the one the user named first)."""
+    verdicts = []
+    for type_rank, slice_type in enumerate(request.slice_types):
+        own = [c for c in candidates if c.type_rank == type_rank]
+        zones = list(dict.fromkeys(c.zone for c in own))
+        verdicts.append((slice_type, _infeasible(request.for_type(slice_type), own, zones)))
+    message = "no slice type can take the request: " + "; ".join(
+        f"{t.accelerator.friendly_name}: {why}" for t, (_, why, _) in verdicts
+    )
+    fix = "; or ".join(dict.fromkeys(f for _, (_, _, f) in verdicts))
+    return verdicts[0][1][0], message, fix
 
 
 def _infeasible(

@@ -7,14 +7,14 @@ resume` and a background supervisor place its slices as the command that started
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tpuctl import params
 from tpuctl.catalog import CapacityType, Catalog, Surface
 from tpuctl.cloud.base import HostNetwork
-from tpuctl.services.placement import PlacementRequest, Strategy
+from tpuctl.services.placement import PlacementRequest, Strategy, TypePreference
 
 if TYPE_CHECKING:
     from tpuctl.settings import Settings
@@ -52,9 +52,12 @@ class PlacementChoices:
         labels: Mapping[str, str] | None = None,
         metadata: Mapping[str, str] | None = None,
         wait: bool = True,
+        other_types: Sequence[str] = (),
+        type_preference: TypePreference = TypePreference.ORDERED,
     ) -> PlacementRequest:
-        """The placement request of a slice of ``type_name`` placed as chosen (checked: a bad
-        combination is a usage error naming the flag)."""
+        """The placement request of a slice of ``type_name`` (or, with ``other_types``, of any of those
+        types, ranked by ``type_preference``) placed as chosen (checked: a bad combination is a usage
+        error naming the flag)."""
         from tpuctl.services.allocator import build_request
 
         return build_request(
@@ -79,6 +82,8 @@ class PlacementChoices:
             surface=self.surface,
             network=self.network,
             service_account=self.service_account,
+            other_types=other_types,
+            type_preference=type_preference,
         )
 
     # --- the saved form (a run's request) ----------------------------------------------------------------

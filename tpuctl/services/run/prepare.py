@@ -304,6 +304,9 @@ def plan(session: Session, prepared: PreparedRun, *, budget_usd: float | None = 
     (secret-looking --env values redacted), with ``budget_usd`` as the run would have it (``with_budget``).
     Changes nothing."""
     prepared = with_budget(session, prepared, budget_usd)
+    created, chosen_zone = provision.plan_creation(session, prepared)
+    # Of several slice types, the plan is of the one it would place first.
+    prepared = provision.planned_as(session.catalog, prepared, created)
     target = prepared.target
     accel = target.accelerator
     where: dict[str, Any] = {
@@ -320,7 +323,6 @@ def plan(session: Session, prepared: PreparedRun, *, budget_usd: float | None = 
     }
     if target.existing is not None and target.existing.is_multislice:
         where["slice_names"] = target.existing.names
-    created, chosen_zone = provision.plan_creation(session, prepared)
     if created is not None:
         where["create"] = created
         where["zone"] = chosen_zone

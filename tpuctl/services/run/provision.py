@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from tpuctl.cloud.base import LABEL_RUN, Node, OperationProgress
 from tpuctl.errors import NameNotFoundError, NotFoundError, UsageError
 from tpuctl.services.access import with_host_access
+from tpuctl.services.placement import TypePreference
 from tpuctl.services.run import backstop
 from tpuctl.services.run.model import LaunchObserver, PhaseUpdate, PreparedRun, RunRequest, Target
 from tpuctl.services.run.occupancy import refuse_second_run
@@ -23,6 +24,7 @@ from tpuctl.services.run.sliceset import SliceSet, multislice_prefix
 from tpuctl.store.records import SegmentKind
 
 if TYPE_CHECKING:
+    from tpuctl.catalog import Catalog
     from tpuctl.services.attempts import Placement
     from tpuctl.services.placement import PlacementRequest
     from tpuctl.services.session import Session
@@ -32,7 +34,8 @@ def target(session: Session, request: RunRequest, run_id: str) -> Target:
     """Where ``request`` runs: the ``--pod`` slice (READY, of a known type) or a slice of ``--type``."""
     if request.pod is not None:
         return _existing(session, request, run_id)
-    if request.accelerator_type is None:
+    types = slice_type_names(request)
+    if not types:
         raise UsageError(
             "say where to run: --pod NAME (an existing slice) or --type TYPE (a new one)",
             field="type",
@@ -41,12 +44,72 @@ def target(session: Session, request: RunRequest, run_id: str) -> Target:
     placement = request.placement.request(
         session.catalog,
         session.settings,
-        request.accelerator_type,
+        types[0],
         name=run_slice_name(run_id, request.slices),
         labels={**request.labels, LABEL_RUN: run_id},
         slices=request.slices,
+        other_types=types[1:],
+        type_preference=_type_preference(request.type_preference),
     )
     return Target(accelerator=placement.accelerator, placement=placement)
+
+
+def slice_type_names(request: RunRequest) -> tuple[str, ...]:
+    """Every slice type the run may be placed on, as given: ``accelerator_type`` first, then the others."""
+    first = () if request.accelerator_type is None else (request.accelerator_type,)
+    return (*first, *request.other_accelerator_types)
+
+
+def placed_type_line(
+    prepared: PreparedRun, slices: SliceSet, before: str | None, *, recovering: bool
+) -> str | None:
+    """What a run of several types says of the type ``slices`` are: which one, when first placed; when a
+    recovery lands on another type than ``before`` (the one it ran on), that it did. None for a run of
+    one type, or a recovery on the same type."""
+    placement = prepared.target.placement
+    if placement is None or not placement.other_types:
+        return None
+    placed = slices.accelerator_type
+    if recovering:
+        return None if before in (None, placed) else f"recovered on another slice type: {before} -> {placed}"
+    allowed = ", ".join(t.accelerator.api_name for t in placement.slice_types)
+    return f"placed on {placed} (of the run's slice types {allowed}, {placement.type_preference.value})"
+
+
+def _type_preference(value: str) -> TypePreference:
+    try:
+        return TypePreference(value)
+    except ValueError:
+        raise UsageError(
+            f"unknown slice type preference {value!r}",
+            field="type_preference",
+            value=value,
+            fix=f"use one of: {', '.join(p.value for p in TypePreference)}",
+        ) from None
+
+
+def placed_as(catalog: Catalog, prepared: PreparedRun, slices: SliceSet) -> PreparedRun:
+    """The run as placed on ``slices``: where the run allows several types, the one the allocator chose
+    (its hosts, chips, topology and launch spec follow it); the placement keeps every type, so that a
+    recovery ranks them all again. A run of one type is returned as prepared."""
+    return _of_type(catalog, prepared, slices.accelerator_type)
+
+
+def planned_as(catalog: Catalog, prepared: PreparedRun, created: Mapping[str, Any] | None) -> PreparedRun:
+    """The run as its dry-run plan would place it: of the chosen candidate's type (``placed_as``)."""
+    chosen = (created or {}).get("chosen") or {}
+    name = chosen.get("accelerator_type")
+    return prepared if name is None else _of_type(catalog, prepared, str(name))
+
+
+def _of_type(catalog: Catalog, prepared: PreparedRun, api_name: str) -> PreparedRun:
+    target = prepared.target
+    if target.placement is None or not target.placement.other_types:
+        return prepared
+    if api_name == target.accelerator.api_name:
+        return prepared
+    accel = catalog.resolve(api_name)
+    return dataclasses.replace(prepared, target=dataclasses.replace(target, accelerator=accel))
 
 
 def run_slice_name(run_id: str, slices: int) -> str:
@@ -61,7 +124,7 @@ def run_slice_name(run_id: str, slices: int) -> str:
 
 def _existing(session: Session, request: RunRequest, run_id: str) -> Target:
     assert request.pod is not None
-    if request.accelerator_type is not None:
+    if slice_type_names(request):
         raise UsageError(
             "--pod and --type exclude each other",
             field="pod",
@@ -225,12 +288,22 @@ def provision(
 
 
 def _shape(prepared: PreparedRun) -> str:
-    """``v5litepod-16, 4 hosts``: what a run's new slice (or slice set) is."""
+    """``v5litepod-16, 4 hosts``: what a run's new slice (or slice set) is; of several types, each of
+    them (``v5litepod-8 or v6e-8, 1 host``), with the host count where they share it."""
     target = prepared.target
-    what = target.accelerator.api_name
+    kinds = (
+        [target.accelerator]
+        if target.placement is None
+        else [t.accelerator for t in target.placement.slice_types]
+    )
+    what = " or ".join(a.api_name for a in kinds)
     if target.slices > 1:
         what = f"{target.slices} x {what}"
-    return f"{what}, {target.hosts} host{'s' if target.hosts != 1 else ''}"
+    hosts = {a.hosts * target.slices for a in kinds}
+    if len(hosts) > 1:
+        return what
+    (count,) = hosts
+    return f"{what}, {count} host{'s' if count != 1 else ''}"
 
 
 def _placed_set(placement: PlacementRequest | None, nodes: list[Node]) -> SliceSet:
@@ -268,11 +341,11 @@ def _create(
         first = [c for c in plan.order if c.zone == prefer_zone]
         plan = dataclasses.replace(plan, order=[*first, *(c for c in plan.order if c.zone != prefer_zone)])
     best = plan.order[0] if plan.order else None
-    where = (
-        f"first choice {best.zone} ({_terms(best.capacity.value, best.price_per_hour)})"
-        if best is not None
-        else "where the allocator finds room"
-    )
+    where = "where the allocator finds room"
+    if best is not None:
+        # Of several types, the first choice names its type: it may not be the run's first one.
+        kind = f"{best.slice_type.accelerator.api_name} in " if best.several_types and best.slice_type else ""
+        where = f"first choice {kind}{best.zone} ({_terms(best.capacity.value, best.price_per_hour)})"
     observer.phase(PhaseUpdate(title))
     observer.detail(None, f"{title}: {where}")
     return allocator.place(placement, progress=progress, plan=plan)

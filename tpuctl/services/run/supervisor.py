@@ -93,7 +93,7 @@ from tpuctl.services.run.model import (
 )
 from tpuctl.services.run.occupancy import deletion_of
 from tpuctl.services.run.prepare import with_budget
-from tpuctl.services.run.provision import renamed
+from tpuctl.services.run.provision import placed_as, placed_type_line, renamed
 from tpuctl.services.run.runkey import load_run_key, secret_key, store_run_key
 from tpuctl.services.run.segments import Segments
 from tpuctl.services.run.signals import EventTap, SliceWatch, StepBudget, classify
@@ -455,6 +455,8 @@ class Supervisor:
             if self._cancel.is_set():  # asked while the slice was being placed: start nothing on it
                 raise InterruptedByUser("cancelled: the run was stopped")
         run.current = run.slices
+        # Of several slice types, the run is of the one it was placed on (hosts, topology, launch spec).
+        prepared = placed_as(self._session.catalog, prepared, run.slices)
         attempt = self._run_attempt(prepared, run.slices, run.restart_count)
         assert attempt.outcome is not None
         return self._handlers[attempt.outcome](prepared, run, attempt)
@@ -700,6 +702,7 @@ class Supervisor:
     def _result(self, prepared: PreparedRun, run: _Run, summary: dict[str, Any]) -> SupervisedResult:
         assert run.current is not None and self._attempt is not None and self._attempt.result is not None
         result = self._attempt.result
+        prepared = placed_as(self._session.catalog, prepared, run.current)  # of the type it ended on
         return SupervisedResult(
             run=RunResult(
                 run_id=prepared.run_id,
@@ -1130,7 +1133,25 @@ class Supervisor:
             if record.new_zone != record.zone:
                 self._inner.status(f"recovered in another zone: {record.zone} -> {record.new_zone}")
         self._session.ledger.update_run(prepared.run_id, pod=slices.name, zone=slices.zone)
+        self._record_type(prepared, slices, recovering=recovering)
         return slices
+
+    def _record_type(self, prepared: PreparedRun, slices: SliceSet, *, recovering: bool) -> None:
+        """A run of several slice types records the type it was placed on, and says which: at first, and
+        when a recovery lands on another one than it ran on."""
+        record = self._session.ledger.get_run(prepared.run_id)
+        before = None if record is None else record.accelerator_type
+        line = placed_type_line(prepared, slices, before, recovering=recovering)
+        if line is None:
+            return
+        self._inner.status(line)
+        placed = placed_as(self._session.catalog, prepared, slices).target.accelerator
+        self._session.ledger.update_run(prepared.run_id, accelerator_type=placed.api_name)
+        types = [
+            *((record.detail or {}).get("placed_types") or [] if record is not None else []),
+            placed.api_name,
+        ]
+        self._update_detail(hosts=placed.hosts, placed_types=types)
 
     def _waiting_for_capacity(
         self, prepared: PreparedRun, progress: OperationProgress | None, state: Any
