@@ -167,13 +167,13 @@ def test_dry_run_shows_bundle_and_each_hosts_command_and_env_but_no_secret(
         assert host["env"]["TPUCTL_NUM_WORKERS"] == "4"
         assert host["env"]["TPUCTL_ACCELERATOR_TYPE"] == "v5litepod-16"
         assert host["env"]["TPUCTL_TOPOLOGY"] == "4x4"
-        assert host["env"]["HF_TOKEN"] == "***"
+        assert host["env"]["HF_TOKEN"] == "<secret>"
         assert host["env"]["LR"] == "3e-4"
         assert host["cwd"] == f".tpuctl/bundles/{bundle['sha256']}"  # relative to the login's home
     table = cli(*args)
     assert table.code == 0
     assert secret not in table.stdout + table.stderr
-    assert "env HF_TOKEN=***" in table.stdout
+    assert "env HF_TOKEN=<secret>" in table.stdout
     assert "train.py" in table.stdout and "big.bin" not in table.stdout
     # Nothing happened.
     assert admin.status()["nodes"] == []
