@@ -798,10 +798,12 @@ class SshExecutor:
 
         try:
             process = await conn.create_process(command, encoding=None)
-            process.stdin.write(env_input)
-            process.stdin.write_eof()
         except (OSError, asyncssh.Error):
             return None, None
+        with contextlib.suppress(OSError, asyncssh.Error):
+            # A launch that failed at once may have closed its stdin already: what it said tells why.
+            process.stdin.write(env_input)
+            process.stdin.write_eof()
         try:
             first = await asyncio.wait_for(process.stderr.readline(), timeout=_COMMAND_TIMEOUT_S)
         except (OSError, asyncssh.Error, TimeoutError):
