@@ -147,13 +147,14 @@ def test_dry_run_shows_bundle_and_each_hosts_command_and_env_but_no_secret(
     write(work / "train.py", "print('hi')\n")
     write(work / "data" / "big.bin", "x" * 1000)
     write(work / ".tpuctlignore", "data/\n")
-    secret = "hf_s3cr3t_value"
+    secret, declared = "hf_s3cr3t_value", "dEclAred_s3cret"
     args = ["run", str(work / "train.py"), "--type", "v5e-16", "--zone", "us-central1-a", "--dry-run",
-            "--env", f"HF_TOKEN={secret}", "--env", "LR=3e-4", "--", "--steps", "5"]  # fmt: skip
-    result = cli(args[0], "-o", "json", *args[1:])
+            "--env", f"HF_TOKEN={secret}", "--env", "LR=3e-4", "--secret", f"DB_URL={declared}",
+            "--secret", "FROM_ENV", "--", "--steps", "5"]  # fmt: skip
+    result = cli(args[0], "-o", "json", *args[1:], env={"FROM_ENV": declared})
     assert result.code == 0, result.stderr
     plan = result.json["plan"]
-    assert secret not in result.stdout + result.stderr
+    assert secret not in result.stdout + result.stderr and declared not in result.stdout + result.stderr
     bundle = plan["bundle"]
     assert [f["path"] for f in bundle["user_files"]] == [".tpuctlignore", "train.py"]
     assert re.fullmatch(r"[0-9a-f]{64}", bundle["sha256"])
@@ -167,13 +168,16 @@ def test_dry_run_shows_bundle_and_each_hosts_command_and_env_but_no_secret(
         assert host["env"]["TPUCTL_NUM_WORKERS"] == "4"
         assert host["env"]["TPUCTL_ACCELERATOR_TYPE"] == "v5litepod-16"
         assert host["env"]["TPUCTL_TOPOLOGY"] == "4x4"
-        assert host["env"]["HF_TOKEN"] == "***"
+        assert host["env"]["HF_TOKEN"] == "<secret>"
+        # A declared secret is hidden whatever its name; no value of the env is in the host's argv.
+        assert host["env"]["DB_URL"] == host["env"]["FROM_ENV"] == "<secret>"
         assert host["env"]["LR"] == "3e-4"
+        assert "3e-4" not in host["command"] and " --env-stdin " in host["command"]
         assert host["cwd"] == f".tpuctl/bundles/{bundle['sha256']}"  # relative to the login's home
-    table = cli(*args)
+    table = cli(*args, env={"FROM_ENV": declared})
     assert table.code == 0
-    assert secret not in table.stdout + table.stderr
-    assert "env HF_TOKEN=***" in table.stdout
+    assert secret not in table.stdout + table.stderr and declared not in table.stdout + table.stderr
+    assert "env HF_TOKEN=<secret>" in table.stdout and "env DB_URL=<secret>" in table.stdout
     assert "train.py" in table.stdout and "big.bin" not in table.stdout
     # Nothing happened.
     assert admin.status()["nodes"] == []

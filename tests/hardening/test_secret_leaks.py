@@ -1,10 +1,14 @@
 """Secrets and exposure: a sentinel service-account key (GOOGLE_APPLICATION_CREDENTIALS), a sentinel
 billing API key and sentinel values in a run's --env never appear in any output, log, ledger row, bundle
-or error message (every file under the state dir and every captured stream is scanned). The state dir is
+or error message (every file under the state dir and every captured stream is scanned). A run's
+``--secret`` and ``--env`` values reach its program, again after a takeover from another state dir, and
+are found nowhere else: not in a file of either state dir, the shared ledger or the simulated hosts'
+disks, not in the output, and not in the argv of any process while the program runs. The state dir is
 0700 and its files 0600; the simulator binds 127.0.0.1 only."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import socket
 import stat
@@ -15,14 +19,36 @@ import pytest
 import yaml
 from hardening_helpers import fast_world, no_crash, walk_modes, write_world
 
-from tpuctl.sim import SimServer
+from tpuctl.sim import SimAdminClient, SimServer
 from tpuctl.sim.world import world_from_data
+from tpuctl.store.secrets import generate_key
 from tpuctl.testing.cli import CliResult, invoke
 
 SENTINEL_KEY = "SENTINELPRIVKEY9f3a1c"
 SENTINEL_TOKEN = "SENTINELTOKEN7b2e44"
 SENTINEL_ENV = "SENTINELENV5d6c88"
-SENTINELS = (SENTINEL_KEY, SENTINEL_TOKEN, SENTINEL_ENV)
+SENTINEL_SECRET = "SENTINELSECRET3e91f0"
+SENTINEL_PLAIN = "SENTINELPLAIN0c7d2a"
+SENTINELS = (SENTINEL_KEY, SENTINEL_TOKEN, SENTINEL_ENV, SENTINEL_SECRET, SENTINEL_PLAIN)
+#: A program that reports a digest of its secret and --env values (never the values), and how many
+#: processes of this machine (the simulated hosts' among them) hold either in their argv as it runs. Its
+#: first attempt fails, so that the run is resumed from another state dir.
+REPORTER = """
+import glob, hashlib, os, sys
+values = [os.environ["API_TOKEN"], os.environ["PLAIN_SETTING"]]
+in_argv = 0
+for path in glob.glob("/proc/[0-9]*/cmdline"):
+    try:
+        with open(path, "rb") as fh:
+            argv = fh.read()
+    except OSError:
+        continue
+    in_argv += sum(v.encode() in argv for v in values)
+digest = hashlib.sha256("|".join(values).encode()).hexdigest()
+attempt = os.environ["TPUCTL_RESTART_COUNT"]
+print(f"attempt {attempt} digest {digest} in_argv {in_argv}", flush=True)
+sys.exit(3 if attempt == "0" else 0)
+"""
 
 
 @pytest.fixture
@@ -146,6 +172,49 @@ def test_sentinels_never_leak_and_state_is_private(
             assert mode == 0o600, f"{path} is {oct(mode)}, want 0o600"
     # Regression: run log dirs and files (runs/, supervisor.lock, worker-N.log) were made with the umask
     # (0755/0644); the walk above now holds them to 0700/0600 like the rest.
+
+
+def test_a_secret_reaches_its_program_again_after_a_takeover_and_is_found_nowhere_else(
+    tmp_path: Path, serve_sim: Callable[..., SimAdminClient]
+) -> None:
+    serve_sim(fast_world())  # one simulated cloud for both state dirs (TPUCTL_SIM_URL)
+    team = {
+        "TPUCTL_DATABASE_URL": f"sqlite:///{tmp_path / 'shared' / 'team.db'}",
+        "TPUCTL_SECRET_KEY": generate_key().decode("ascii"),
+    }
+    one, two = (
+        {**team, "TPUCTL_STATE_DIR": str(tmp_path / "one")},
+        {**team, "TPUCTL_STATE_DIR": str(tmp_path / "two")},
+    )
+    seen: list[str] = []
+
+    def run(*args: str, env: dict[str, str]) -> CliResult:
+        result = invoke(args, env=env)
+        seen.append(result.output)
+        no_crash(result)
+        return result
+
+    assert run("pod", "create", "v5e-4", "--name", "sec", env=one).code == 0
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "main.py").write_text(REPORTER)
+    # The secret's value from the submitting environment (`--secret NAME`), the --env one as a flag.
+    first = run("-o", "json", "run", str(job / "main.py"), "--pod", "sec", "--no-runtime-deps",
+                "--secret", "API_TOKEN", "--env", f"PLAIN_SETTING={SENTINEL_PLAIN}",
+                env={**one, "API_TOKEN": SENTINEL_SECRET})  # fmt: skip
+    assert first.code == 8, first.output  # the first attempt fails by design
+    (listed,) = run("-o", "json", "runs", "list", env=one).json["runs"]
+    run_id = listed["run_id"]
+    # Machine two: the same ledger and key, another state dir, no API_TOKEN in its environment.
+    resumed = run("runs", "resume", run_id, env=two)
+    assert resumed.code == 0, resumed.output
+
+    digest = hashlib.sha256(f"{SENTINEL_SECRET}|{SENTINEL_PLAIN}".encode()).hexdigest()
+    assert f"attempt 0 digest {digest} in_argv 0" in first.output
+    assert f"attempt 1 digest {digest} in_argv 0" in resumed.output
+    # Both state dirs, the shared ledger and the simulated hosts' disks (the served simulator's state).
+    leaks = scan(tmp_path, seen)
+    assert leaks == [], leaks
 
 
 def test_simulator_binds_loopback_only(tmp_path: Path) -> None:

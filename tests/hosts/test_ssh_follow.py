@@ -4,6 +4,7 @@ on every host, and the plan that says exactly what start runs."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -13,7 +14,7 @@ from pathlib import Path
 
 from test_ssh_executor import LoopbackSsh, collect, executor_for, key, servers, spec
 
-from tpuctl.hosts.base import HostEvent
+from tpuctl.hosts.base import REDACTED, HostEvent
 from tpuctl.hosts.bundle import build_bundle
 from tpuctl.hosts.ssh import SITECUSTOMIZE_DIR, KeyPair, SshExecutor
 
@@ -268,21 +269,37 @@ def test_a_script_over_the_command_line_limit_runs_from_stdin(servers: LoopbackS
 
 
 ENV_PROBE = """\
-import json, os, sys
+import glob, json, os, sys
+# Every process's argv on this machine (the hosts' too), as `ps` shows it: which hold a value of the env.
+values = [os.environ["API_SECRET"].encode(), os.environ["PLAIN_VAR"].encode()]
+argvs = []
+for path in glob.glob("/proc/[0-9]*/cmdline"):
+    try:
+        with open(path, "rb") as fh:
+            argvs.append(fh.read())
+    except OSError:
+        pass
 print(json.dumps({"zone": os.environ.get("HOST_ZONE"), "worker": os.environ["TPUCTL_WORKER_ID"],
                   "user": os.environ.get("USER_VAR"), "path": os.environ["PYTHONPATH"].split(":"),
-                  "cwd": os.getcwd(), "sid": os.getsid(0) == os.getpid()}), flush=True)
+                  "cwd": os.getcwd(), "sid": os.getsid(0) == os.getpid(),
+                  "secret": os.environ["API_SECRET"], "plain": os.environ["PLAIN_VAR"],
+                  "in_argv": sum(v in a for v in values for a in argvs)}), flush=True)
 """
 
 
 def test_plan_shows_exactly_what_start_runs_with_host_env_and_pythonpath(
     tmp_path: Path, servers: LoopbackSsh, key: KeyPair
 ) -> None:
+    """Env values (secrets too, shown as ``<secret>`` in the plan) reach the program over the SSH
+    session's stdin: no process's argv holds one while the program runs."""
     executor: SshExecutor = executor_for(
         servers, key, host_env=lambda worker: {"HOST_ZONE": f"zone-{worker}", "USER_VAR": "host wins"}
     )
     bundle = build_bundle(_bundle_of(tmp_path, "probe.py", ENV_PROBE))
-    launch = spec(("probe.py",), {"USER_VAR": "user"})
+    launch = dataclasses.replace(
+        spec(("probe.py",), {"USER_VAR": "user", "PLAIN_VAR": "pl41n-v4lue"}),
+        secret_env={"API_SECRET": "s3cr3t-v4lue"},
+    )
     try:
         before = executor.plan(launch, digest=bundle.digest)
         executor.ship(bundle)
@@ -297,6 +314,8 @@ def test_plan_shows_exactly_what_start_runs_with_host_env_and_pythonpath(
         assert plan.env["HOST_ZONE"] == f"zone-{worker}" and plan.env["TPUCTL_WORKER_ID"] == str(worker)
         assert plan.env["PYTHONPATH"] == f"<{bundle_dir}>:<{bundle_dir}>/{SITECUSTOMIZE_DIR}"
         assert plan.shell_command in servers.hosts[worker].commands  # what ran is what was planned
+        assert plan.env["API_SECRET"] == REDACTED and "s3cr3t-v4lue" not in repr((plan, launch))
+        assert plan.shell_command is not None and "pl41n-v4lue" not in plan.shell_command
         report = json.loads(next(e.text for e in events if e.worker == worker and e.kind == "line"))
         home = os.path.realpath(servers.hosts[worker].home)
         absolute = f"{home}/{bundle_dir}"
@@ -307,6 +326,9 @@ def test_plan_shows_exactly_what_start_runs_with_host_env_and_pythonpath(
             "path": [absolute, f"{absolute}/{SITECUSTOMIZE_DIR}"],
             "cwd": absolute,
             "sid": True,
+            "secret": "s3cr3t-v4lue",
+            "plain": "pl41n-v4lue",
+            "in_argv": 0,
         }
 
 

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 
@@ -100,3 +101,28 @@ def test_leaf_restored_as_another_type_is_refused(result: tuple[dict[str, Any], 
     r, _ = result
     assert r["e_restored_step"] is None
     assert r["e_skipped"] == [[1, "restored key is uint32[2], target key<fry>[]"]]
+
+
+def test_a_checkpoint_restores_onto_half_the_devices_keeping_the_global_batch(
+    result: tuple[dict[str, Any], str],
+) -> None:
+    """A recovery onto another slice type: the state written by 4 devices (FSDP) restores onto 2
+    (replicated), the batch rule doubles the accumulation, and training goes on as it would have."""
+    x = result[0]["cross_device"]
+    assert x["splits"] == [
+        "global batch 8 = 4 devices x 1 micro-batches x 2 rows",
+        "global batch 8 = 2 devices x 2 micro-batches x 2 rows",
+    ]
+    assert x["restored_step"] == 2 and x["restored_device_counts"] == [2]
+    stayed, moved = x["losses"]
+    np.testing.assert_allclose(moved, stayed, rtol=1e-5)
+    assert x["param_diff"] < 1e-5
+
+
+def test_a_checkpoint_of_other_shapes_is_refused_by_name_and_kept(result: tuple[dict[str, Any], str]) -> None:
+    x = result[0]["cross_device"]
+    assert x["misfit_error"] is not None
+    assert x["misfit_error"].startswith("checkpoint step 2 in ")
+    assert "holds a train state of other shapes than this run's" in x["misfit_error"]
+    assert "target float32[64, 16]" in x["misfit_error"]  # the first difference, named
+    assert x["misfit_kept"] == [2]

@@ -122,6 +122,15 @@ def run(
     env: Annotated[
         list[str] | None, typer.Option("--env", help="KEY=VALUE for the program (repeatable).")
     ] = None,
+    secret: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--secret",
+            metavar="KEY[=VALUE]",
+            help="A secret for the program's environment: KEY=VALUE, or KEY for this environment's value "
+            "(repeatable). Kept only encrypted, never shown.",
+        ),
+    ] = None,
     label: Annotated[
         list[str] | None,
         typer.Option("--label", help="KEY=VALUE label on the run and its slice (repeatable)."),
@@ -266,12 +275,14 @@ def run(
     `tpuctl run train.py --type v5e-16 -- --lr 3e-4` or `tpuctl run --example lm --type v5e-8 -- --steps 50`.
     """
     import dataclasses
+    import os
 
     from tpuctl import params
     from tpuctl.backends import open_backend
     from tpuctl.services.locations import check_region, check_zones
     from tpuctl.services.run.checkpoints import refuse_unrecoverable
     from tpuctl.services.run.model import RunRequest
+    from tpuctl.services.run.secretenv import parse_secret_flags, resolve_secrets
     from tpuctl.services.run.service import Runs
 
     out = make_output(ctx, output, ONE_OBJECT)
@@ -301,12 +312,14 @@ def run(
         params.whole(max_restarts, "max_restarts", minimum=0),
         params.whole(max_preemptions, "max_preemptions", minimum=0),
     )
+    secrets = resolve_secrets(parse_secret_flags(secret or []), os.environ)
     request = RunRequest(
         script=None if script is None else params.local_path(script),
         args=tuple(program_args),
         example=example,
         workdir=None if workdir is None else params.local_path(workdir),
         env=tuple(env or ()),
+        secret_names=tuple(secrets),
         labels=params.labels(label or []),
         pod=pod,
         accelerator_type=types[0] if types else None,
@@ -366,7 +379,8 @@ def run(
         if choices.region is not None:
             check_region(sess.catalog, sess.cloud, choices.region)
         runs = Runs(sess)
-        prepared = runs.prepare(request)  # a bad value is exit 2, before the cloud is asked anything
+        # A bad value is exit 2, before the cloud is asked anything.
+        prepared = runs.prepare(request, secrets=secrets)
         if not no_import_check:  # a module nothing provides is exit 2, before a slice is made
             imports = runs.check_imports(prepared)
             imports.refuse()

@@ -17,12 +17,14 @@ from tpuctl.runtime import hostenv
 
 #: User environment variables: a portable shell identifier.
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-#: Names whose values are never printed (dry-run, describe): matched case-insensitively anywhere in the
-#: name, so HF_TOKEN, WANDB_API_KEY, AWS_SECRET_ACCESS_KEY and DB_PASSWORD are all hidden.
+#: ``--env`` names whose values are never printed (dry-run, describe): matched case-insensitively anywhere
+#: in the name, so HF_TOKEN, WANDB_API_KEY, AWS_SECRET_ACCESS_KEY and DB_PASSWORD are all hidden. A value
+#: declared secret (``--secret``, a job file's ``secrets:``) is never printed whatever its name.
 _SECRET_NAME_RE = re.compile(
     r"(TOKEN|SECRET|PASSW|KEY|CREDENTIAL|AUTH|PRIVATE|COOKIE|SESSION)", re.IGNORECASE
 )
-REDACTED = "***"
+#: What a plan shows in place of a hidden value.
+REDACTED = "<secret>"
 
 
 def is_secret_name(name: str) -> bool:
@@ -30,7 +32,7 @@ def is_secret_name(name: str) -> bool:
 
 
 def redact_env(env: Mapping[str, str], user_keys: Sequence[str] | None = None) -> dict[str, str]:
-    """A copy of ``env`` safe to print: values of secret-looking names replaced by ``***``."""
+    """A copy of ``env`` safe to print: values of secret-looking names replaced by ``REDACTED``."""
     keys = set(env if user_keys is None else user_keys)
     return {k: (REDACTED if k in keys and is_secret_name(k) else v) for k, v in env.items()}
 
@@ -52,6 +54,9 @@ class LaunchSpec:
     checkpoint_dir: str
     restart_count: int = 0
     user_env: Mapping[str, str] = field(default_factory=dict)
+    #: The run's secret values (``--secret``), by name: in the program's environment like ``user_env``,
+    #: never in a plan, a repr or a log (``HostPlan`` shows them as ``REDACTED``).
+    secret_env: Mapping[str, str] = field(default_factory=dict, repr=False)
     #: Slices the hosts span (``--slices``): ``num_workers`` counts the hosts of all of them, numbered
     #: slice by slice.
     num_slices: int = 1
@@ -65,6 +70,11 @@ class LaunchSpec:
     @property
     def hosts_per_slice(self) -> int:
         return self.num_workers // self.num_slices
+
+    def program_env(self, worker: int) -> dict[str, str]:
+        """Everything tpuctl puts in host ``worker``'s program environment: the contract's, the user's
+        and the secrets (the executor may add the host's own)."""
+        return {**self.contract_env(worker), **self.user_env, **self.secret_env}
 
     def contract_env(self, worker: int) -> dict[str, str]:
         """The worker environment every host gets (docs/architecture.md, "The worker contract")."""
@@ -85,7 +95,9 @@ class LaunchSpec:
 class HostPlan:
     """Exactly what one host runs: where, in which directory, the argv and the environment we set
     (on the simulator the process also inherits the launcher's environment, less TPUCTL_* and
-    PYTHONPATH; on SSH hosts, the login environment)."""
+    PYTHONPATH; on SSH hosts, the login environment). ``env`` shows a secret's value as ``REDACTED``:
+    a plan never holds one. No value of ``env`` is in ``shell_command``: the executor hands them to the
+    host another way (the SSH executor: its session's stdin), so none sits in a host's process argv."""
 
     worker: int
     where: str  # "local pid namespace of this machine" or "user@10.0.0.2:22"
@@ -95,17 +107,9 @@ class HostPlan:
     shell_command: str | None = None  # the remote command line, for SSH hosts
 
     def to_dict(self, *, user_keys: Sequence[str] = ()) -> dict[str, Any]:
-        """JSON-ready, with secret-looking user values redacted (the shell command too)."""
+        """JSON-ready, with secret-looking user values redacted."""
         env = redact_env(self.env, user_keys)
         command = self.shell_command
-        if command is not None:
-            for key in user_keys:
-                if is_secret_name(key) and key in self.env:
-                    import shlex
-
-                    command = command.replace(
-                        shlex.quote(f"{key}={self.env[key]}"), shlex.quote(f"{key}={REDACTED}")
-                    )
         data: dict[str, Any] = {
             "worker": self.worker,
             "where": self.where,

@@ -13,15 +13,19 @@ A run directory (``<remote_root>/runs/<run_id>/<attempt>``) holds::
     pid          the program's pid, which is also its process group id (written once it leads a session)
     exit         its exit status, written atomically once it ended: N, or -SIG when a signal killed it
 
-``launch DIR --cwd D [--env K=V]... [--tpu-worker-env] [--tail] -- ARGV...`` starts ARGV in a session of
-its own (stdin /dev/null, stdout+stderr to ``out``) under a supervisor that is itself a session leader, so
-nothing of it belongs to the SSH session that launched it (sshd's hangup of that session reaches neither).
+``launch DIR --cwd D [--env K=V]... [--env-stdin] [--tpu-worker-env] [--tail] -- ARGV...`` starts ARGV in
+a session of its own (stdin /dev/null, stdout+stderr to ``out``) under a supervisor that is itself a
+session leader, so nothing of it belongs to the SSH session that launched it (sshd's hangup of that
+session reaches neither).
 It prints ``pid N`` once the pid file exists and exits 0; it refuses (exit 2) a directory that already has
 a pid file. With ``--tail`` it prints ``pid N`` on stderr instead and goes on as ``tail DIR 0`` in the same
 process and session (one SSH session and one Python start per host instead of two: on a large slice the
 start-up burst is made of these). The program's environment is this process's (the host's login
-environment) plus the ``--env`` pairs; a relative ARGV[0] with a slash is resolved against the launching
-directory, before the chdir to ``--cwd``. ``--tpu-worker-env`` (Compute Engine slices) adds this host's
+environment) plus the ``--env`` pairs and, with ``--env-stdin``, the ``NAME=VALUE`` records read from
+stdin up to EOF, each ended by a NUL (how tpuctl passes the user's values, secrets among them: a process's
+argv is world-readable on the host for as long as it runs, its stdin is not, and nothing is written to
+disk); a relative ARGV[0] with a slash is resolved against the launching directory, before the chdir to
+``--cwd``. ``--tpu-worker-env`` (Compute Engine slices) adds this host's
 ``TPU_WORKER_ID`` and ``TPU_WORKER_HOSTNAMES``, read from its metadata server (see ``worker_identity``),
 and refuses (exit 2, starting nothing) when they cannot be read.
 
@@ -107,6 +111,7 @@ def launch(
     *,
     then_tail: bool = False,
     tpu_worker_env: bool = False,
+    env_stdin: bool = False,
 ) -> int:
     """Start ``argv`` detached (see the module docstring); returns the process exit code."""
     directory = os.path.abspath(directory)
@@ -120,6 +125,8 @@ def launch(
     for pair in env_pairs:
         name, _, value = pair.partition("=")
         env[name] = value
+    if env_stdin:
+        env.update(read_env_records(sys.stdin.buffer.read()))
     if tpu_worker_env:
         from tpuctl.hosts import worker_identity
 
@@ -147,6 +154,16 @@ def launch(
         return 0
     print(f"pid {reply}", file=sys.stderr, flush=True)
     return tail(directory, 0)
+
+
+def read_env_records(data: bytes) -> dict[str, str]:
+    """``NAME=VALUE\\0`` records (``--env-stdin``) as a dict; a record without ``=`` is skipped."""
+    env: dict[str, str] = {}
+    for record in data.split(b"\0"):
+        name, sep, value = record.decode("utf-8", "surrogateescape").partition("=")
+        if sep and name:
+            env[name] = value
+    return env
 
 
 def _supervise(directory: str, cwd: str, env: dict[str, str], argv: list[str], report_fd: int) -> int:
@@ -325,11 +342,13 @@ def main(args: list[str]) -> int:
         if len(args) >= 5 and args[0] == "launch" and "--" in args:
             split = args.index("--")
             options, argv = args[2:split], args[split + 1 :]
-            cwd, env_pairs, then_tail, tpu_worker_env = ".", [], False, False
+            cwd, env_pairs, then_tail, tpu_worker_env, env_stdin = ".", [], False, False, False
             words = iter(options)
             for flag in words:
                 if flag == "--tail":
                     then_tail = True
+                elif flag == "--env-stdin":
+                    env_stdin = True
                 elif flag == "--tpu-worker-env":
                     tpu_worker_env = True
                 elif flag == "--cwd":
@@ -340,7 +359,13 @@ def main(args: list[str]) -> int:
                     raise ValueError(flag)
             if argv:
                 return launch(
-                    args[1], cwd, env_pairs, argv, then_tail=then_tail, tpu_worker_env=tpu_worker_env
+                    args[1],
+                    cwd,
+                    env_pairs,
+                    argv,
+                    then_tail=then_tail,
+                    tpu_worker_env=tpu_worker_env,
+                    env_stdin=env_stdin,
                 )
     except BrokenPipeError:
         # The SSH channel is gone: nothing to report to. Quiet exit (stdout is a dead pipe).
@@ -349,7 +374,8 @@ def main(args: list[str]) -> int:
     except (ValueError, StopIteration):
         pass
     print(
-        "usage: follow.py launch DIR [--cwd D] [--env K=V]... [--tpu-worker-env] [--tail] -- ARGV... | "
+        "usage: follow.py launch DIR [--cwd D] [--env K=V]... [--env-stdin] [--tpu-worker-env] [--tail] "
+        "-- ARGV... | "
         "follow.py tail DIR OFFSET",
         file=sys.stderr,
     )

@@ -61,6 +61,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from tpuctl.errors import HostKeyMismatchError, RunFailedError, TpuctlError
 from tpuctl.hosts.base import (
+    REDACTED,
     CommandResult,
     EventQueue,
     HostEvent,
@@ -673,8 +674,10 @@ class SshExecutor:
 
     def plan(self, spec: LaunchSpec, *, digest: str | None = None) -> list[HostPlan]:
         """Per host: ``follow.py launch`` from the bundle, starting ``python -u PROGRAM`` in the bundle
-        with the contract's env, the user's, ``host_env(worker)`` and PYTHONPATH (the bundle's absolute
-        path, shown as ``<path>``: it is resolved on the host, then its sitecustomize directory)."""
+        with the contract's env, the user's, the secrets (shown as ``REDACTED``), ``host_env(worker)``
+        and PYTHONPATH (the bundle's absolute path, shown as ``<path>``: it is resolved on the host, then
+        its sitecustomize directory). Every value but PYTHONPATH's reaches the follower on the SSH
+        session's stdin (``--env-stdin``, see ``_host_env_input``), none in the command line."""
         if spec.num_workers != self.num_hosts:
             raise ValueError(f"spec is for {spec.num_workers} workers, the slice has {self.num_hosts}")
         bundle = self._bundle_path(digest or self._digest or "<bundle-sha256>")
@@ -683,21 +686,18 @@ class SshExecutor:
         plans = []
         follow = self._follow_words('"$b"')
         shown_worker_env = _TPU_WORKER_ENV_SHOWN if self._tpu_worker_env else {}
+        hidden = dict.fromkeys(spec.secret_env, REDACTED)
+        command = (
+            # The bundle's absolute path is known only on the host: "$b", expanded there (the login
+            # shell starts in the home, which relative paths are relative to).
+            f"b={_q(bundle) if bundle.startswith('/') else '$PWD/' + _q(bundle)} && "
+            f'exec {follow} launch {_q(run_dir)} --tail --cwd "$b" --env-stdin '
+            + ("--tpu-worker-env " if self._tpu_worker_env else "")
+            + f'--env "PYTHONPATH=$b:$b/{SITECUSTOMIZE_DIR}" -- '
+            + " ".join(_q(a) for a in argv)
+        )
         for remote in self._hosts:
-            env = spec.contract_env(remote.worker)
-            env.update(spec.user_env)
-            if self._host_env is not None:
-                env.update(self._host_env(remote.worker))
-            command = (
-                # The bundle's absolute path is known only on the host: "$b", expanded there (the login
-                # shell starts in the home, which relative paths are relative to).
-                f"b={_q(bundle) if bundle.startswith('/') else '$PWD/' + _q(bundle)} && "
-                f'exec {follow} launch {_q(run_dir)} --tail --cwd "$b" '
-                + ("--tpu-worker-env " if self._tpu_worker_env else "")
-                + "".join(f"--env {_q(f'{k}={v}')} " for k, v in env.items())
-                + f'--env "PYTHONPATH=$b:$b/{SITECUSTOMIZE_DIR}" -- '
-                + " ".join(_q(a) for a in argv)
-            )
+            env = {**self._host_program_env(spec, remote.worker), **hidden}
             plans.append(
                 HostPlan(
                     worker=remote.worker,
@@ -714,6 +714,24 @@ class SshExecutor:
             )
         return plans
 
+    def _host_program_env(self, spec: LaunchSpec, worker: int) -> dict[str, str]:
+        """What host ``worker``'s program gets in its environment from tpuctl, PYTHONPATH aside: the
+        spec's (secrets included) and ``host_env(worker)``."""
+        env = spec.program_env(worker)
+        if self._host_env is not None:
+            env.update(self._host_env(worker))
+        return env
+
+    def _host_env_input(self, spec: LaunchSpec, worker: int) -> bytes:
+        """The stdin of host ``worker``'s launch: its environment as ``NAME=VALUE`` records, each ended
+        by a NUL (no name or value holds one), read by ``follow.py launch --env-stdin`` up to EOF. On
+        stdin, not as ``--env`` words: a process's argv is readable by every user of the host for as
+        long as it runs (``ps``), and the follower runs as long as the program."""
+        env = self._host_program_env(spec, worker)
+        return b"".join(
+            f"{name}={value}".encode("utf-8", "surrogateescape") + b"\0" for name, value in env.items()
+        )
+
     def start(self, spec: LaunchSpec) -> None:
         if self._digest is None:
             raise RuntimeError("ship() the bundle before start()")
@@ -725,7 +743,10 @@ class SshExecutor:
 
         async def all_hosts() -> None:
             await _each(
-                [self._start_one(r, p, bundle, run_dir) for r, p in zip(self._hosts, plans, strict=True)]
+                [
+                    self._start_one(r, p, self._host_env_input(spec, r.worker), bundle, run_dir)
+                    for r, p in zip(self._hosts, plans, strict=True)
+                ]
             )
 
         try:
@@ -734,15 +755,17 @@ class SshExecutor:
             self.stop(grace_s=1.0)
             raise
 
-    async def _start_one(self, remote: _Remote, plan: HostPlan, bundle: str, run_dir: str) -> None:
-        """Launch the program on one host; the launch's session goes on as its first tail, which the
-        host's follower takes over."""
+    async def _start_one(
+        self, remote: _Remote, plan: HostPlan, env_input: bytes, bundle: str, run_dir: str
+    ) -> None:
+        """Launch the program on one host, its environment ``env_input`` on the session's stdin; the
+        launch's session goes on as its first tail, which the host's follower takes over."""
         assert plan.shell_command is not None
         pidfile = f"{run_dir}/pid"
         command = plan.shell_command
         for attempt in range(1, _COMMAND_TRIES + 1):
             conn = await self._connect_or_fail(remote)
-            process, failure = await self._launch(conn, command)
+            process, failure = await self._launch(conn, command, env_input)
             if process is not None:
                 break
             if failure is not None or attempt == _COMMAND_TRIES:
@@ -766,16 +789,21 @@ class SshExecutor:
         remote.follower = asyncio.ensure_future(self._follow(remote, bundle, state, first=(conn, process)))
 
     async def _launch(
-        self, conn: asyncssh.SSHClientConnection, command: str
+        self, conn: asyncssh.SSHClientConnection, command: str, env_input: bytes
     ) -> tuple[asyncssh.SSHClientProcess[bytes] | None, str | None]:
-        """Run ``launch --tail``: (the session, now tailing, None) once it reported ``pid N`` on stderr;
-        (None, why) when the launch failed on the host; (None, None) when the connection dropped."""
+        """Run ``launch --tail`` with ``env_input`` on its stdin, then EOF: (the session, now tailing,
+        None) once it reported ``pid N`` on stderr; (None, why) when the launch failed on the host;
+        (None, None) when the connection dropped."""
         import asyncssh
 
         try:
-            process = await conn.create_process(command, stdin=asyncssh.DEVNULL, encoding=None)
+            process = await conn.create_process(command, encoding=None)
         except (OSError, asyncssh.Error):
             return None, None
+        with contextlib.suppress(OSError, asyncssh.Error):
+            # A launch that failed at once may have closed its stdin already: what it said tells why.
+            process.stdin.write(env_input)
+            process.stdin.write_eof()
         try:
             first = await asyncio.wait_for(process.stderr.readline(), timeout=_COMMAND_TIMEOUT_S)
         except (OSError, asyncssh.Error, TimeoutError):

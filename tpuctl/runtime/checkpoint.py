@@ -230,6 +230,13 @@ def _all_processes_ok(ok: bool) -> bool:
 class Skipped:
     step: int
     reason: str
+    #: The step is intact but its state's tree, shapes or dtypes are not the target's (another model, or
+    #: a state whose shapes depend on the device count): not damage, so not a reason to fall back.
+    misfit: bool = False
+
+
+class CheckpointMisfitError(ValueError):
+    """The run's checkpoints hold a state of other shapes than the one it restores into."""
 
 
 @dataclass
@@ -564,10 +571,12 @@ class Checkpointer:
 
     def _read(
         self, step: int, target: PyTree, step_dir: epath.Path | None = None
-    ) -> tuple[PyTree | None, dict[str, Any] | None, str | None]:
-        """Read one step on this process (in ``step_dir`` when the caller has found it already).
-        Handler-level reads, not ``CheckpointManager.restore``: the latter ends in a cross-process
-        barrier that a process which failed to read would never reach."""
+    ) -> tuple[PyTree | None, dict[str, Any] | None, str | None, bool]:
+        """Read one step on this process (in ``step_dir`` when the caller has found it already): the
+        state, its verification record, why it is unusable, and whether that is a misfit (its layout is
+        not the target's; the same verdict on every process, from the same record). Handler-level reads,
+        not ``CheckpointManager.restore``: the latter ends in a cross-process barrier that a process
+        which failed to read would never reach."""
         try:
             if step_dir is None:
                 step_dir = self._step_dir(step)
@@ -583,16 +592,16 @@ class Checkpointer:
             want = _layout(target)
             mismatch = _layout_mismatch(have, want)
             if mismatch is not None:
-                return None, None, mismatch
+                return None, None, mismatch, True
             state = self._restore_state(step_dir / STATE_ITEM, _abstract(target))
             # What came back must be what was asked for: orbax's CPU handler, for one, returns a typed
             # PRNG key as its raw uint32 words, which the checksum (computed on those words) would pass.
             mismatch = _layout_mismatch(_layout(state), want)
             if mismatch is not None:
-                return None, None, f"restored {mismatch}"
-            return state, verify, None
+                return None, None, f"restored {mismatch}", False
+            return state, verify, None, False
         except Exception as exc:  # any failure to read means this step is not usable
-            return None, None, _short(exc)
+            return None, None, _short(exc), False
 
     def _restore_state(self, directory: epath.Path, abstract: PyTree) -> PyTree:
         if all(getattr(x, "sharding", None) is not None for x in jax.tree.leaves(abstract)):
@@ -629,32 +638,47 @@ class Checkpointer:
 
     def _try(
         self, step: int, target: PyTree, step_dir: epath.Path | None = None
-    ) -> tuple[PyTree | None, str | None]:
-        state, verify, reason = self._read(step, target, step_dir)
+    ) -> tuple[PyTree | None, str | None, bool]:
+        """The step's state, or why not and whether that is a misfit (see ``_read``)."""
+        state, verify, reason, misfit = self._read(step, target, step_dir)
         if not _all_processes_ok(reason is None):
-            return None, reason or "another process could not read it"
+            return None, reason or "another process could not read it", misfit
         # Every process holds its shards now, so the (collective) checksum can run everywhere.
         reason = self._verify(step, state, verify)
-        return (None, reason) if reason else (state, None)
+        return (None, reason, False) if reason else (state, None, False)
 
-    def restore_latest(self, target: PyTree) -> RestoreResult:
+    def restore_latest(self, target: PyTree, *, refuse_misfit: bool = False) -> RestoreResult:
         """Restore the newest step that reads back intact, into ``target``'s shapes/dtypes/shardings.
 
         ``target`` is a state of the right structure (arrays or ``jax.ShapeDtypeStruct``s with
-        shardings, e.g. ``TrainStep.abstract_state(...)``). Steps newer than the one restored that
-        failed are logged, reported in the result and, once an older step has restored
-        (``delete_unreadable``), deleted so that training can save those step numbers again.
+        shardings, e.g. ``TrainStep.abstract_state(...)``). The shardings may differ from the saved
+        ones (another sharding, another device count: the arrays are laid out anew); the global shapes
+        and dtypes may not. Steps newer than the one restored that failed are logged, reported in the
+        result and, once an older step has restored (``delete_unreadable``), deleted so that training
+        can save those step numbers again.
+
+        With ``refuse_misfit``, a newest step that is intact but of other shapes than ``target``
+        raises ``CheckpointMisfitError`` naming it and the first difference, instead of falling back
+        (an older step of the same run has the same shapes) or starting fresh: what a run restored on
+        another slice type wants, rather than training from step 0 over its own checkpoints.
         """
         result = RestoreResult(None, None)
         dirs = self._committed_step_dirs()
         steps = list(dirs)
         for i in range(len(steps) - 1, -1, -1):
             step = steps[i]
-            state, reason = self._try(step, target, dirs[step])
+            state, reason, misfit = self._try(step, target, dirs[step])
             if reason is None:
                 result.step, result.state = step, state
                 break
-            result.skipped.append(Skipped(step, reason))
+            if misfit and refuse_misfit:
+                raise CheckpointMisfitError(
+                    f"checkpoint step {step} in {self.directory} holds a train state of other shapes than "
+                    f"this run's ({reason}); it restores across device counts and shardings, not across "
+                    "shapes: resume with the model settings it was written with, or start over in "
+                    "another checkpoint directory"
+                )
+            result.skipped.append(Skipped(step, reason, misfit))
             after = f"falling back to step {steps[i - 1]}" if i else "no earlier checkpoint; starting fresh"
             log.warning("checkpoint step %d unreadable (%s); %s", step, reason, after)
         # Only once an older step restored: that proves the target fits the checkpoints, so the skipped
@@ -671,14 +695,14 @@ class Checkpointer:
         """The newest step that reads back intact (reads it fully; deletes nothing)."""
         dirs = self._committed_step_dirs()
         for step, step_dir in reversed(dirs.items()):
-            _, reason = self._try(step, target, step_dir)
+            _, reason, _ = self._try(step, target, step_dir)
             if reason is None:
                 return step
         return None
 
     def restore(self, step: int, target: PyTree) -> PyTree:
         """Restore exactly ``step`` (verified); raises ``ValueError`` if it is unreadable."""
-        state, reason = self._try(step, target)
+        state, reason, _ = self._try(step, target)
         if reason is not None:
             raise ValueError(f"checkpoint step {step} unreadable ({reason})")
         return state
@@ -689,4 +713,12 @@ def abstract_like(state: PyTree) -> PyTree:
     return _abstract(state)
 
 
-__all__ = ["Checkpointer", "RestoreResult", "Skipped", "abstract_like", "checkpoint_directory", "checksums"]
+__all__ = [
+    "CheckpointMisfitError",
+    "Checkpointer",
+    "RestoreResult",
+    "Skipped",
+    "abstract_like",
+    "checkpoint_directory",
+    "checksums",
+]

@@ -14,7 +14,8 @@ sharded training step over a ("dcn", "data", "model") mesh (``dist.make_mesh()``
   "data" and "model", on ICI), then across slices (over "dcn"), where only a 1/(devices per slice)
   shard of each gradient crosses the data-center network;
 - optional bf16 compute with float32 master weights and float32 optimizer state;
-- optional gradient accumulation over micro-batches with ``lax.scan``;
+- optional gradient accumulation over micro-batches with ``lax.scan`` (how many a slice's device count
+  needs to keep the global batch: ``runtime.batch.plan_batch``);
 - the train state is donated, so params and optimizer state are updated in place.
 """
 

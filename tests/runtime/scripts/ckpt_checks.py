@@ -72,6 +72,75 @@ def checksum_disagreements(mesh: Any) -> list[str]:
     return sorted(p for p in paths if host[p] != device[p])
 
 
+def cross_device(root: Path, mesh4: Any) -> dict[str, Any]:
+    """A recovery onto a slice type with half the devices: 2 steps on 4 devices (FSDP), a checkpoint, 2
+    more on 2 devices (replicated) restored from it, against 2 more on the 4. The batch rule keeps the
+    global batch and doubles the accumulation; the trajectories must agree. Then a target of other
+    shapes is refused by name instead of starting over."""
+    from jax.sharding import Mesh
+
+    from tpuctl.runtime.batch import plan_batch
+    from tpuctl.runtime.checkpoint import CheckpointMisfitError
+
+    global_batch = 8
+    mesh2 = Mesh(np.asarray(jax.devices()[:2]).reshape(1, 2, 1), dist.MESH_AXES)
+    optimizer = train.make_optimizer(1e-2, warmup_steps=0, total_steps=10)
+
+    def step_on(mesh: Any, sharding: train.ParamSharding) -> tuple[Any, train.TrainStep]:
+        split = plan_batch(global_batch, mesh.size, device_batch=2)
+        loss_fn = lm.make_loss_fn(CFG)
+        accum = split.grad_accum_steps
+        made = train.make_train_step(
+            loss_fn, optimizer, mesh, param_sharding=sharding, grad_accum_steps=accum, fsdp_min_size=256
+        )
+        return split, made
+
+    def advance(step: train.TrainStep, state: Any, steps: range) -> tuple[Any, list[float]]:
+        losses = []
+        for s in steps:
+            batch = lm.batch_for_step(s, global_batch, CFG.seq_len, CFG.vocab, 0, step.batch_sharding)
+            state, metrics = step(state, batch)
+            losses.append(float(metrics["loss"]))
+        return state, losses
+
+    split4, on4 = step_on(mesh4, "fsdp")
+    split2, on2 = step_on(mesh2, "replicated")
+    params = lm.init_params(CFG, 0)
+    state, _ = advance(on4, on4.init(params), range(2))
+    ck = Checkpointer(root / "x", save_interval_steps=1, max_to_keep=2)
+    ck.save(2, state, force=True)
+    ck.wait()
+    stayed, stayed_losses = advance(on4, state, range(2, 4))  # donates ``state``: saved already
+    restored = ck.restore_latest(on2.abstract_state(params), refuse_misfit=True)
+    assert restored.state is not None
+    on_two = {len(x.sharding.device_set) for x in jax.tree.leaves(restored.state)}
+    moved, moved_losses = advance(on2, restored.state, range(2, 4))
+    out: dict[str, Any] = {
+        "splits": [split4.describe(), split2.describe()],
+        "restored_step": restored.step,
+        "restored_device_counts": sorted(on_two),
+        "losses": [stayed_losses, moved_losses],
+        "param_diff": max(
+            float(np.max(np.abs(a - b)))
+            for a, b in zip(
+                jax.tree.leaves(jax.device_get(stayed.params)),
+                jax.tree.leaves(jax.device_get(moved.params)),
+                strict=True,
+            )
+        ),
+    }
+    other = lm.LMConfig(**{**CFG.__dict__, "d_model": 16})
+    other_step = train.make_train_step(lm.make_loss_fn(other), optimizer, mesh2)
+    try:
+        ck.restore_latest(other_step.abstract_state(lm.init_params(other, 0)), refuse_misfit=True)
+        out["misfit_error"] = None
+    except CheckpointMisfitError as exc:
+        out["misfit_error"] = str(exc)
+    out["misfit_kept"] = ck.all_steps()
+    ck.close()
+    return out
+
+
 def main() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     root = Path(sys.argv[1])
@@ -193,6 +262,7 @@ def main() -> None:
     out["tmp_steps"] = ck.all_steps()
     out["tmp_removed"] = not tmp.exists()
     ck.close()
+    out["cross_device"] = cross_device(root, mesh)
     json.dump(out, sys.stdout)
 
 

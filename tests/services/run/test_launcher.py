@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tpuctl.errors import InterruptedByUser, RunFailedError, UsageError
+from tpuctl.hosts.base import REDACTED
 from tpuctl.params import flag
 from tpuctl.services.run.launcher import Launcher
 from tpuctl.services.run.model import PhaseUpdate, RecoveryPolicy, RunRequest, RunResult
@@ -195,7 +196,7 @@ def test_plan_has_no_side_effects(session: Session, tmp_path: Path) -> None:
         RunRequest(script=program(tmp_path, SLEEPER), accelerator_type="v5e-16", env=("API_KEY=zzz",))
     )
     plan = launcher.plan(prepared)
-    assert [h["env"]["API_KEY"] for h in plan["hosts"]] == ["***"] * 4
+    assert [h["env"]["API_KEY"] for h in plan["hosts"]] == [REDACTED] * 4
     assert plan["target"]["create"]["chosen"]["zone"] == "us-central1-a"
     assert session.cloud.list_nodes(None) == []
     assert session.ledger.list_runs() == []

@@ -40,7 +40,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model-parallel", type=int, default=1, help="size of the mesh's 'model' axis")
     p.add_argument("--param-sharding", choices=("replicated", "fsdp"), default="replicated")
     p.add_argument("--bf16", action="store_true", help="bf16 compute, fp32 master weights")
-    p.add_argument("--grad-accum", type=int, default=1)
+    p.add_argument(
+        "--grad-accum",
+        type=int,
+        default=1,
+        help="at least this many micro-batches per step (more where the devices need them)",
+    )
+    p.add_argument(
+        "--device-batch",
+        type=int,
+        default=None,
+        help="at most this many rows per device at once: on a slice with fewer devices the gradient "
+        "accumulation grows so that --batch stays the same (default: no bound)",
+    )
     p.add_argument(
         "--crash-after-step",
         type=int,
@@ -85,21 +97,24 @@ def _train(args: argparse.Namespace, worker: Any, watch: Any) -> int:
     import jax.numpy as jnp
 
     from tpuctl.runtime import dist, train
-    from tpuctl.runtime.checkpoint import Checkpointer
+    from tpuctl.runtime.batch import BatchSplitError, plan_batch
+    from tpuctl.runtime.checkpoint import Checkpointer, CheckpointMisfitError
     from tpuctl.runtime.models import lm
     from tpuctl.runtime.preemption import emit, exit_preempted
 
     pid, nproc = jax.process_index(), jax.process_count()
     print(f"process {pid}/{nproc} devices {jax.local_device_count()}/{jax.device_count()}", flush=True)
-    # Every device gets its own rows, split again into --grad-accum micro-batches.
-    rows = jax.device_count() * args.grad_accum
-    if args.batch % rows:
-        print(
-            f"--batch {args.batch} must be a multiple of the {jax.device_count()} devices x --grad-accum "
-            f"{args.grad_accum} = {rows}",
-            file=sys.stderr,
+    # The global batch is the run's on every slice type; the devices of this slice decide how it is
+    # split, into as many micro-batches as they need (tpuctl.runtime.batch).
+    try:
+        split = plan_batch(
+            args.batch, jax.device_count(), device_batch=args.device_batch, min_grad_accum=args.grad_accum
         )
+    except BatchSplitError as exc:
+        print(f"--batch {args.batch}: {exc}", file=sys.stderr)
         return 2
+    if pid == 0:
+        print(split.describe(), flush=True)
 
     cfg = lm.LMConfig(
         vocab=args.vocab,
@@ -122,7 +137,7 @@ def _train(args: argparse.Namespace, worker: Any, watch: Any) -> int:
         mesh,
         param_sharding=args.param_sharding,
         compute_dtype=jnp.bfloat16 if args.bf16 else jnp.float32,
-        grad_accum_steps=args.grad_accum,
+        grad_accum_steps=split.grad_accum_steps,
     )
 
     init_params = lm.init_params(cfg, args.seed)  # host numpy: same on every process
@@ -134,7 +149,13 @@ def _train(args: argparse.Namespace, worker: Any, watch: Any) -> int:
     if directory:
         every = args.checkpoint_every if args.checkpoint_every > 0 else max(args.steps, 1)
         ckpt = Checkpointer(directory, save_interval_steps=every, max_to_keep=args.keep)
-        restored = ckpt.restore_latest(step.abstract_state(init_params))
+        try:
+            # Any device count restores (the arrays are laid out anew); other shapes are refused, not
+            # trained over from step 0.
+            restored = ckpt.restore_latest(step.abstract_state(init_params), refuse_misfit=True)
+        except CheckpointMisfitError as exc:
+            print(f"cannot resume: {exc}", file=sys.stderr)
+            return 2
         skipped = [{"step": k.step, "reason": k.reason} for k in restored.skipped]
         restored_step = restored.step
         if restored.step is not None:

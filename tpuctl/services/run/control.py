@@ -28,6 +28,7 @@ from tpuctl.services.run import hosts, prepare
 from tpuctl.services.run.lease import Lease
 from tpuctl.services.run.model import EXECUTOR_KINDS, RecoveryPolicy, RunRequest
 from tpuctl.services.run.runkey import secret_key
+from tpuctl.services.run.secretenv import load_secrets
 from tpuctl.services.run.views import Cancellation, CancelOutcome, Detached, LeaseHolder, Resumption
 from tpuctl.store.paths import atomic_write_json, atomic_write_text, private_file
 from tpuctl.store.records import RunStatus
@@ -327,7 +328,12 @@ def prepare_again(session: Session, record: RunRecord, run_dir: RunDir) -> Resum
     saved = parse_request(payload)
     request = _from_ledger_bundle(session, saved.request, payload, run_dir)
     request = with_saved_requirements(request, payload, run_dir)
-    prepared = prepare.prepare(session, dataclasses.replace(request, run_id=run_id))
+    # The secret values from the ledger, decrypted here: whichever machine resumes the run gives the
+    # program the values the run was started with.
+    secrets = (
+        load_secrets(session.ledger, run_id, secret_key(session.settings)) if request.secret_names else {}
+    )
+    prepared = prepare.prepare(session, dataclasses.replace(request, run_id=run_id), secrets=secrets)
     detail = record.detail or {}
     note = None
     if prepared.bundle.digest != detail.get("bundle_sha256"):

@@ -241,6 +241,10 @@ class PreparedRun:
     #: The run's SSH key (``runkey``), once its supervisor loaded it from the ledger; None before (a
     #: plan, or a launcher used on its own: the state dir's key then).
     ssh_key: KeyPair | None = field(default=None, repr=False)
+    #: The values of the request's ``secret_names``, by name (``secretenv``): given to ``Runs.prepare``
+    #: by whoever read them (the CLI, a job file's loader), or decrypted from the ledger on a resume.
+    #: Held in memory only: never in a repr, the saved request, a plan (``<secret>``) or a host's argv.
+    secrets: Mapping[str, str] = field(default_factory=dict, repr=False)
 
     @property
     def python(self) -> str:
@@ -266,6 +270,7 @@ class PreparedRun:
             checkpoint_dir=self.checkpoint_dir,
             restart_count=restart_count,
             user_env=env,
+            secret_env=dict(self.secrets),
         )
 
     def _compilation_cache_env(self) -> dict[str, str]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,6 +18,7 @@ from tpuctl.hosts.bundle import build_bundle
 from tpuctl.services.run import bucket_check, checkpoints, hosts, provision
 from tpuctl.services.run.model import EXAMPLES, RUN_ID_RE, PreparedRun, RunRequest
 from tpuctl.services.run.rundir import RunDir
+from tpuctl.services.run.secretenv import check_secrets
 from tpuctl.timefmt import iso
 
 if TYPE_CHECKING:
@@ -26,9 +27,13 @@ if TYPE_CHECKING:
     from tpuctl.services.session import Session
 
 
-def prepare(session: Session, request: RunRequest) -> PreparedRun:
-    """Validate the request and build the bundle; raises UsageError for any bad input."""
+def prepare(
+    session: Session, request: RunRequest, *, secrets: Mapping[str, str] | None = None
+) -> PreparedRun:
+    """Validate the request and build the bundle; raises UsageError for any bad input. ``secrets``: the
+    values of ``request.secret_names`` (``Runs.prepare``)."""
     user_env = parse_env(request.env)
+    secret_values = check_secrets(request.secret_names, secrets or {}, env_names=user_env)
     program, display, workdir = _program(request)
     if request.checkpoint_every is not None and request.checkpoint_every < 0:
         raise UsageError(
@@ -81,6 +86,7 @@ def prepare(session: Session, request: RunRequest) -> PreparedRun:
         checkpoint_dir=checkpoint_dir,
         run_dir=RunDir.of(session.state_dir, run_id),
         setup=setup,
+        secrets=secret_values,
     )
 
 
@@ -300,9 +306,9 @@ def _per_slice(created: dict[str, Any], slices: int) -> float | None:
 
 
 def plan(session: Session, prepared: PreparedRun, *, budget_usd: float | None = None) -> dict[str, Any]:
-    """What the run would ship and run where: bundle, target, and each host's command and env
-    (secret-looking --env values redacted), with ``budget_usd`` as the run would have it (``with_budget``).
-    Changes nothing."""
+    """What the run would ship and run where: bundle, target, and each host's command and env (secret
+    values and secret-looking --env values shown as ``<secret>``), with ``budget_usd`` as the run would
+    have it (``with_budget``). Changes nothing."""
     prepared = with_budget(session, prepared, budget_usd)
     created, chosen_zone = provision.plan_creation(session, prepared)
     # Of several slice types, the plan is of the one it would place first.

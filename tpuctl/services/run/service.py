@@ -16,7 +16,7 @@ import dataclasses
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from tpuctl.errors import LeaseHeldError, UsageError
@@ -132,9 +132,20 @@ class Runs:
 
     # --- starting runs --------------------------------------------------------------------------
 
-    def prepare(self, request: RunRequest) -> PreparedRun:
-        """Validate the request and build the bundle; raises UsageError for any bad input."""
-        return prepare.prepare(self._session, request)
+    def prepare(self, request: RunRequest, *, secrets: Mapping[str, str] | None = None) -> PreparedRun:
+        """Validate the request and build the bundle; raises UsageError for any bad input.
+
+        ``secrets`` hands over the run's secret values: the value of every name in
+        ``request.secret_names``, by name, and nothing else (a name without a value, or a value the
+        request does not name, is exit 2, naming the variable, never the value). The caller reads them
+        from wherever the user gave them (``secretenv.parse_secret_flags`` and ``resolve_secrets``:
+        ``--secret NAME=VALUE``, or ``NAME`` alone for the submitting environment's value; a job file's
+        ``secrets:`` the same way); the request itself never carries a value (it is saved in plain
+        text). The values ride on the ``PreparedRun`` in memory (``PreparedRun.secrets``, never
+        serialised); starting the run stores them in the ledger only encrypted, and every attempt,
+        recovery and ``runs resume`` on any machine with the ledger and its secret key gives them to
+        the program's environment on the hosts again. A plan shows each as ``<secret>``."""
+        return prepare.prepare(self._session, request, secrets=secrets)
 
     def check_imports(self, prepared: PreparedRun) -> ImportCheck:
         """Whether the hosts' environment will hold every module the program imports at start-up, and

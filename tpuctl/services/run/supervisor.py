@@ -95,6 +95,7 @@ from tpuctl.services.run.occupancy import deletion_of
 from tpuctl.services.run.prepare import with_budget
 from tpuctl.services.run.provision import placed_as, placed_type_line, renamed
 from tpuctl.services.run.runkey import load_run_key, secret_key, store_run_key
+from tpuctl.services.run.secretenv import store_secrets
 from tpuctl.services.run.segments import Segments
 from tpuctl.services.run.signals import EventTap, SliceWatch, StepBudget, classify
 from tpuctl.services.run.takeover import take_over
@@ -257,6 +258,7 @@ class Supervisor:
                 "checkpoint_dir": prepared.checkpoint_dir,
                 "created_pod": target.creates,
                 "env_keys": sorted(prepared.user_env),
+                "secret_names": sorted(prepared.secrets),
                 "supervised": True,
                 "policy": self.policy.to_dict(),
                 "budget_usd": self._budget_usd,
@@ -275,6 +277,9 @@ class Supervisor:
             requirements_text=prepared.setup.requirements,
         )
         record_bundle(self._session.ledger, prepared.run_id, prepared.bundle)
+        store_secrets(
+            self._session.ledger, prepared.run_id, prepared.secrets, secret_key(self._session.settings)
+        )
         store_run_key(self._session, prepared)
 
     def cancel(self) -> None:
