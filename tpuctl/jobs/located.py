@@ -12,7 +12,7 @@ from pydantic import BaseModel, ValidationError
 from tpuctl.errors import ConfigError, UsageError
 from tpuctl.jobs import model
 from tpuctl.jobs.source import JobSource, KeyPath
-from tpuctl.params import did_you_mean
+from tpuctl.params import ParamError, did_you_mean
 
 
 class JobFileError(ConfigError):
@@ -47,7 +47,10 @@ def at(source: JobSource, where: KeyPath, message: str, *, value: object, fix: s
 
 
 def from_usage(source: JobSource, where: KeyPath, exc: UsageError) -> JobFileError:
-    """A flag parser's error (``tpuctl.params``) about the value at ``where``."""
+    """A flag parser's error (``tpuctl.params``) about the value at ``where``, naming the file's key
+    where it named the flag (``budget must be ...``, not ``--budget must be ...``)."""
+    if isinstance(exc, ParamError):
+        exc = exc.for_source(dotted(tuple(p for p in where if isinstance(p, str))))
     return at(source, where, exc.message, value=exc.value, fix=exc.fix or "")
 
 

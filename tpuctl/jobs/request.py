@@ -98,11 +98,21 @@ class _Parser:
         except UsageError as exc:
             raise self.relocated(name, exc) from None
 
-    def relocated(self, name: str, exc: UsageError) -> UsageError:
+    def checked(self, names: tuple[str, ...], check: Callable[[], T]) -> T:
+        """``check()``'s value, where it reads several parameters: an error is placed at the first of
+        ``names`` given."""
+        try:
+            return check()
+        except UsageError as exc:
+            given = next((n for n in names if n in self.values), names[0])
+            raise self.relocated(given, exc) from None
+
+    def relocated(self, name: str, exc: UsageError, *, under: tuple[str, ...] = ()) -> UsageError:
+        """``exc`` about parameter ``name`` (at its key ``under``, e.g. one env's) placed in the file."""
         given = self.values.get(name)
         if given is None or given.where is None or self.source is None:
             return exc
-        return from_usage(self.source, given.where, exc)
+        return from_usage(self.source, (*given.where, *under), exc)
 
 
 def build(
@@ -224,11 +234,12 @@ def _environment(p: _Parser, environ: Mapping[str, str]) -> tuple[dict[str, str]
             raise p.relocated(
                 "env",
                 UsageError(
-                    f"envs.{key} has no value",
+                    f"{key} has no value: an empty envs value is given at launch (--env)",
                     field="env",
                     value=key,
                     fix=f"give it with --env {key}=VALUE, or write a value in the file",
                 ),
+                under=(str(key),),
             )
         env[str(key)] = str(value).lower() if isinstance(value, bool) else str(value)
     secrets: dict[str, str] = {}
@@ -243,6 +254,7 @@ def _environment(p: _Parser, environ: Mapping[str, str]) -> tuple[dict[str, str]
                     value=key,
                     fix=f"export {key}=... before running tpuctl, or give --secret {key}=VALUE",
                 ),
+                under=(str(key),),
             )
         secrets[str(key)] = found
     try:
@@ -295,8 +307,10 @@ def _placement(p: _Parser) -> PlacementChoices:
     ) or params.capacity_types([], spot=spot, preemptible=preemptible)
     region = p.raw("region") or infra_region
     return PlacementChoices(
-        zones=tuple(p.parse("zones", lambda _: [params.zone(z, "zones") for z in zones]) or ()),
-        region=None if region is None else p.parse("region", lambda _: params.region(region)),
+        zones=p.checked(
+            ("zones", "zone", "infra"), lambda: tuple(params.zone(str(z), "zones") for z in zones)
+        ),
+        region=None if region is None else p.checked(("region", "infra"), lambda: params.region(str(region))),
         capacity_types=tuple(capacity),
         reserved=p.raw("reserved"),
         max_price=p.parse("max_price", lambda v: params.usd(v, "max_price", per_hour=True)),
@@ -326,9 +340,12 @@ def _infra(value: Any) -> tuple[str | None, str | None]:
 
 def _host_flags(p: _Parser) -> HostFlags:
     setup = p.raw("setup")
-    copies = p.parse(
-        "file_mounts", lambda v: _copy_commands(v, runtime_deps=p.raw("runtime_deps") is not False)
-    )
+    copies = []
+    for target, entry in (p.raw("file_mounts") or {}).items():
+        try:
+            copies.append(_copy_command(str(target), entry, runtime_deps=p.raw("runtime_deps") is not False))
+        except UsageError as exc:
+            raise p.relocated("file_mounts", exc, under=(str(target),)) from None
     if copies:
         setup = [*copies, *(setup or ())]
     network = p.parse("network", lambda v: params.network(str(v)))
@@ -356,26 +373,23 @@ _COPY_PROGRAM: Final = (
 )
 
 
-def _copy_commands(mounts: Mapping[str, Any], *, runtime_deps: bool) -> list[str]:
-    """One setup command per ``file_mounts`` entry: its gs:// source copied to its path."""
+def _copy_command(target: str, entry: Any, *, runtime_deps: bool) -> str:
+    """The setup command of one ``file_mounts`` entry: its gs:// source copied to its path."""
     import shlex
 
-    commands = []
-    for target, entry in mounts.items():
-        src = entry if isinstance(entry, str) else entry.source
-        if not str(src).startswith("gs://"):
-            raise UsageError(
-                f"file_mounts.{target}: source {src!r} is not a gs:// URL",
-                field="file_mounts",
-                value=src,
-                fix="ship local files with workdir; a mount's source is gs://BUCKET/PATH",
-            )
-        if not runtime_deps:
-            raise UsageError(
-                "file_mounts need the runtime's environment (its gcsfs copies them); runtime_deps is false",
-                field="file_mounts",
-                value=target,
-                fix="drop runtime_deps: false, or copy the files in setup: yourself",
-            )
-        commands.append(f"python -c {shlex.quote(_COPY_PROGRAM)} {shlex.quote(src)} {shlex.quote(target)}")
-    return commands
+    src = str(entry if isinstance(entry, str) else entry.source)
+    if not src.startswith("gs://"):
+        raise UsageError(
+            f"source {src!r} is not a gs:// URL",
+            field="file_mounts",
+            value=src,
+            fix="ship local files with workdir; a mount's source is gs://BUCKET/PATH",
+        )
+    if not runtime_deps:
+        raise UsageError(
+            "a file mount needs the runtime's environment (its gcsfs copies it); runtime_deps is false",
+            field="file_mounts",
+            value=target,
+            fix="drop runtime_deps: false, or copy the files in setup: yourself",
+        )
+    return f"python -c {shlex.quote(_COPY_PROGRAM)} {shlex.quote(src)} {shlex.quote(target)}"
