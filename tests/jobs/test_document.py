@@ -6,7 +6,7 @@ import dataclasses
 
 import yaml
 
-from tpuctl.catalog import Catalog, CapacityType
+from tpuctl.catalog import CapacityType, Catalog
 from tpuctl.jobs.document import job_document
 from tpuctl.jobs.load import load_job_text
 from tpuctl.jobs.request import build
@@ -44,7 +44,7 @@ def test_every_job_field_survives_the_round_trip() -> None:
             valid_for_s=600.0,
             strategy=Strategy.RACE,
             race_k=2,
-        ),  # fmt: skip
+        ),
         keep_pod=True,
         checkpoint_every=50,
         checkpoint_dir="gs://b/c",

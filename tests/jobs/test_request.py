@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tpuctl.catalog import Catalog, CapacityType
+from tpuctl.catalog import CapacityType, Catalog
 from tpuctl.errors import UsageError
 from tpuctl.jobs.load import load_job_text
 from tpuctl.jobs.located import JobFileError

@@ -15,7 +15,7 @@ from typing import Literal
 
 from tpuctl.catalog import Catalog
 from tpuctl.errors import UsageError
-from tpuctl.jobs.model import Resources
+from tpuctl.jobs.model import AcceleratorChoice, Resources
 from tpuctl.jobs.source import KeyPath
 
 TypePreference = Literal["ordered", "cheapest"]
@@ -91,6 +91,8 @@ def accelerator_set(resources: Resources) -> AcceleratorSet | None:
     return AcceleratorSet(names, tuple((*where, n) for n in names), "cheapest")
 
 
-def _entries(entries: Sequence[object], where: KeyPath, preference: TypePreference) -> AcceleratorSet:
-    names = tuple(str(entry.accelerators) for entry in entries)
+def _entries(
+    entries: Sequence[AcceleratorChoice], where: KeyPath, preference: TypePreference
+) -> AcceleratorSet:
+    names = tuple(entry.accelerators for entry in entries)
     return AcceleratorSet(names, tuple((*where, i, "accelerators") for i in range(len(names))), preference)

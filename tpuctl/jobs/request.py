@@ -147,7 +147,7 @@ def build(
         command=p.parse("command", _command),
         args=tuple(str(a) for a in p.raw("args") or ()),
         example=p.raw("example"),
-        workdir=p.parse("workdir", params.local_path),
+        workdir=p.parse("workdir", _workdir),
         env=tuple(f"{k}={v}" for k, v in env.items()),
         secret_names=tuple(secret_values),
         priority=p.raw("priority"),
@@ -188,6 +188,23 @@ def build(
         secret_values=secret_values,
         sources={name: given.origin(source) for name, given in values.items()},
     )
+
+
+def _workdir(value: Any) -> str:
+    """The directory shipped to every host: absolute, relative to the current directory as SkyPilot's
+    is, and there now (checked here so that a job file's mistake names its line)."""
+    from pathlib import Path
+
+    path = params.local_path(str(value))
+    if not Path(path).is_dir():
+        raise UsageError(
+            f"workdir {value} does not exist or is not a directory (relative paths are from the current "
+            "directory)",
+            field="workdir",
+            value=value,
+            fix="give the directory that holds your program and its files",
+        )
+    return path
 
 
 def _least_slices(p: _Parser) -> int:

@@ -14,6 +14,6 @@ def job_schema() -> dict[str, Any]:
     return {
         "$schema": SCHEMA_DIALECT,
         "title": "tpuctl job file",
-        "description": "A run, in SkyPilot's task YAML where the concept is the same, with tpuctl's own keys.",
+        "description": "A run: SkyPilot's task YAML where the concept is the same, and tpuctl's own keys.",
         **{key: value for key, value in schema.items() if key not in ("title", "description")},
     }
