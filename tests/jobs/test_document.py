@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import yaml
 
@@ -20,11 +21,11 @@ NOT_IN_FILE = {"run_id", "deadline_at", "python", "ssh_remote_root", "executor"}
 VIA_SETTINGS = {"bucket", "setup", "requirements", "ssh_proxy_command"}
 
 
-def test_every_job_field_survives_the_round_trip() -> None:
+def test_every_job_field_survives_the_round_trip(tmp_path: Path) -> None:
     request = RunRequest(
         command="python3 -m x",
         args=("--lr", "3"),
-        workdir="/w",
+        workdir=str(tmp_path),  # a workdir must exist where the file is loaded
         env=("A=1",),
         secret_names=("TOKEN",),
         priority=3,
