@@ -97,3 +97,9 @@ def test_check_names_the_types_and_a_bad_file_is_exit_2(cli: Cli, tmp_path: Path
     result = cli("job", "check", str(bad))
     assert result.code == 2
     assert "bad.yaml:3: resources.acelerators: unknown key; did you mean accelerators?" in result.stderr
+
+
+def test_the_readmes_job_file_is_valid(schema: dict[str, Any]) -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    text = readme.split("```yaml\n# job.yaml\n", 1)[1].split("```", 1)[0]
+    assert schema_errors(yaml.safe_load(text), schema, schema) == []

@@ -48,7 +48,8 @@ ALLOWED_VALUES: Final[Mapping[KeyPath, tuple[tuple[Any, ...], str]]] = {
     ("num_nodes",): ((1,), UNSUPPORTED[("num_nodes",)]),
     ("resources", "accelerator_args", "tpu_vm"): (
         (True,),
-        "TPU Nodes (tpu_vm: false) are a retired architecture; tpuctl runs on TPU VMs only: drop tpu_vm",
+        "TPU Nodes (tpu_vm: false: a separate host VM drives the TPU) are not supported; tpuctl runs on "
+        "TPU VMs only: drop tpu_vm",
     ),
     ("file_mounts", "*", "mode"): (("COPY", "copy"), UNSUPPORTED[("file_mounts", "*", "mode")]),
 }
