@@ -174,7 +174,7 @@ def _local_payload(run_dir: RunDir) -> dict[str, Any]:
 def parse_request(payload: dict[str, Any]) -> SavedRequest:
     raw = dict(payload["request"])
     raw["placement"] = _placement(raw)
-    for key in ("args", "env", "setup"):
+    for key in ("args", "env", "setup", "other_accelerator_types", "secret_names"):
         raw[key] = tuple(raw.get(key) or ())
     if raw.get("executor") not in EXECUTOR_KINDS:
         raw["executor"] = None  # one that is gone (simulated hosts are VMs now, reached over SSH)
