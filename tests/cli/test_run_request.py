@@ -5,6 +5,7 @@ public SkyPilot TPU tasks plan (or are refused by field); one job runs end to en
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -185,3 +186,25 @@ def test_a_job_files_shell_command_runs_in_the_workdir_with_args_and_its_exit_st
     assert run_id is not None
     record = cli("runs", "describe", run_id.group(1), "-o", "json").json["run"]
     assert record["exit_code"] == 3 and record["program"].startswith("sh: echo")
+
+
+@pytest.mark.slow
+def test_a_gs_file_mount_is_on_every_host_before_setup_and_run(
+    tmp_path: Path, serve_sim: Callable[..., SimAdminClient], cli: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Slow: the runtime's environment is installed on the hosts (its gcsfs does the copy)."""
+    serve_sim(WORLD)
+    monkeypatch.chdir(tmp_path)
+    assert cli("pod", "create", "v5e-8", "--zone", "us-central1-a", "--name", "fm").code == 0
+    put = "python3 -c \"import gcsfs; gcsfs.GCSFileSystem().pipe('gs://tpuctl-sim/in/data.txt', b'mounted')\""
+    write(tmp_path / "put.yaml", f"resources: {{pod: fm}}\nrun: {json.dumps(put)}\n")
+    stored = cli("run", "put.yaml")
+    assert stored.code == 0, stored.stderr
+    write(
+        tmp_path / "job.yaml",
+        "resources: {pod: fm}\nfile_mounts:\n  /tmp/fm/data.txt: gs://tpuctl-sim/in/data.txt\n"
+        'setup: test -f /tmp/fm/data.txt\nrun: echo "got $(cat /tmp/fm/data.txt)"\n',
+    )
+    result = cli("run", "job.yaml")
+    assert result.code == 0, result.stderr
+    assert "got mounted" in result.stdout

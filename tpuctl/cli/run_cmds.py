@@ -262,7 +262,7 @@ def run(
     output: OutputOpt = None,
     dry_run: DryRunOpt = False,
 ) -> None:
-    """Run SCRIPT (or --example) on every host of a slice and stream the hosts' output.
+    """Run SCRIPT, a job file (JOB.yaml) or --example on every host of a slice and stream their output.
 
     Ships the script's directory (minus .gitignore/.tpuctlignore) with tpuctl's runtime, starts the
     program on all hosts at once, and ends with its result: if a host fails, the others are stopped and
