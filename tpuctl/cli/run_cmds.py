@@ -294,9 +294,10 @@ def run(
         # With --example every positional is the example's: SCRIPT caught the first of them.
         program_args = [script, *program_args]
         script = None
-    # The job file (if any) and the flags typed beside it, each value parsed once (exit 2 for a bad
-    # one, naming the flag or the file's line and key) before anything is contacted.
-    job, _ = run_request(ctx, job_file=job_file, script=script, args=program_args)
+    # The job file (if any) and the flags typed beside it (each option above is read from ctx), each
+    # value parsed once (exit 2 for a bad one, naming the flag or the file's line and key) before
+    # anything is contacted.
+    job = run_request(ctx, job_file=job_file, script=script, args=program_args)
     request = dataclasses.replace(job.request, executor=executor)
     choices = request.placement
     budget_usd, policy = job.budget_usd, job.policy

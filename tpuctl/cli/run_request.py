@@ -68,15 +68,16 @@ def flag_values(ctx: typer.Context, *, script: str | None, args: list[str]) -> d
         param = _RENAMED.get(name, name)
         if param in ("env", "label", "secret"):
             value = _pairs(param)(list(value))
-        out[param] = Given(value, flag=params.flag(param))
+        label = params.flag(param) if param in params.FLAGS else "--" + name.replace("_", "-")
+        out[param] = Given(value, flag=label)
     return out
 
 
 def run_request(
     ctx: typer.Context, *, job_file: str | None, script: str | None, args: list[str]
-) -> tuple[JobRequest, str | None]:
-    """The run's typed request; with the job file's path as the plan names it (None: no job file). A bad
-    job file is exit 2 here, naming its line and key, before anything is contacted."""
+) -> JobRequest:
+    """The run's typed request from the job file (None: flags only) and the flags. A bad job file is
+    exit 2 here, naming its line and key, before anything is contacted."""
     from tpuctl.catalog import Catalog
     from tpuctl.jobs.load import load_job
     from tpuctl.jobs.request import build
@@ -85,8 +86,7 @@ def run_request(
     loaded = None if job_file is None else load_job(Path(job_file))
     flags = flag_values(ctx, script=script, args=args)
     values = flags if loaded is None else merged(loaded.values, flags)
-    job = build(values, catalog=Catalog.load(), source=None if loaded is None else loaded.source)
-    return job, job_file
+    return build(values, catalog=Catalog.load(), source=None if loaded is None else loaded.source)
 
 
 def refuse_until_supported(job: JobRequest) -> None:
