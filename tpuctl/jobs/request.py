@@ -31,7 +31,7 @@ T = TypeVar("T")
 #: The label a job's ``name`` is recorded as (on the run and its slices).
 JOB_NAME_LABEL: Final = "job"
 #: The defaults of the parameters that have one where neither the file nor a flag gives it.
-DEFAULTS: Final[Mapping[str, Any]] = {"grace": "5", "max_bundle_mb": "64", "max_restarts": "0",
+DEFAULTS: Final[Mapping[str, Any]] = {"grace": "5", "max_restarts": "0",
                                        "max_preemptions": "10"}  # fmt: skip
 _SLICES_FIX = "a multislice has 2 or more slices, e.g. --slices 2; drop --slices to run on one slice"
 
@@ -125,57 +125,9 @@ def build(
     """The typed request of ``values``; ``environ`` (default: this process's) gives the secrets and the
     env values a job file leaves empty."""
     p = _Parser(values, source)
-    environ = os.environ if environ is None else environ
-    env, secret_values = _environment(p, environ)
-    types = _types(p, catalog)
-    if len(types[0]) > 1 and p.raw("runtime_version") is not None:
-        raise p.relocated(
-            "runtime_version",
-            UsageError(
-                "one runtime_version for several slice types: each generation has its own software",
-                field="runtime_version",
-                value=p.raw("runtime_version"),
-                fix="name one slice type, or drop runtime_version (each type gets its default)",
-            ),
-        )
-    limit_mb = p.parse("max_bundle_mb", lambda v: params.mebibytes(v, "max_bundle_mb")) or 64.0
-    labels = dict(p.parse("label", lambda v: params.labels(f"{k}={x}" for k, x in v.items())) or {})
-    name = p.parse("job_name", lambda v: params.labels([f"{JOB_NAME_LABEL}={v}"], "name"))
-    labels.update(name or {})
-    request = RunRequest(
-        script=p.parse("script", params.local_path),
-        command=p.parse("command", _command),
-        args=tuple(str(a) for a in p.raw("args") or ()),
-        example=p.raw("example"),
-        workdir=p.parse("workdir", _workdir),
-        env=tuple(f"{k}={v}" for k, v in env.items()),
-        secret_names=tuple(secret_values),
-        priority=p.raw("priority"),
-        workspace=p.parse("workspace", _workspace),
-        labels=labels,
-        pod=p.raw("pod"),
-        accelerator_type=types[0][0] if types[0] else None,
-        other_accelerator_types=types[0][1:],
-        type_preference=types[1],
-        slices=p.parse(
-            "slices", lambda v: params.whole(v, "slices", minimum=_least_slices(p), fix=_SLICES_FIX)
-        )
-        or 1,
-        placement=_placement(p),
-        keep_pod=bool(p.raw("keep_pod")),
-        checkpoint_every=p.parse("checkpoint_every", lambda v: params.whole(v, "checkpoint_every")),
-        checkpoint_dir=p.raw("checkpoint_dir"),
-        runtime_deps=p.raw("runtime_deps") is not False,
-        timeout_s=p.parse("timeout", lambda v: params.duration(v, "timeout")),
-        grace_s=p.parse("grace", lambda v: params.duration(v, "grace", allow_zero=True)) or 0.0,
-        max_hours=p.parse("max_hours", lambda v: params.hours(v, "max_hours")),
-        bundle_limit_bytes=int(limit_mb * 1024 * 1024) if p.raw("max_bundle_mb") else DEFAULT_LIMIT_BYTES,
-        assumed_price_per_hour=p.parse(
-            "assume_price_per_hour", lambda v: params.slice_usd_per_hour(v, "assume_price_per_hour")
-        ),
-    )
+    env, secret_values = _environment(p, os.environ if environ is None else environ)
     return JobRequest(
-        request=request,
+        request=_run_request(p, catalog, env, secret_names=tuple(secret_values)),
         budget_usd=p.parse("budget", lambda v: params.usd(v, "budget")),
         policy=RecoveryPolicy(
             max_restarts=p.parse("max_restarts", lambda v: params.whole(v, "max_restarts", minimum=0)) or 0,
@@ -188,6 +140,73 @@ def build(
         secret_values=secret_values,
         sources={name: given.origin(source) for name, given in values.items()},
     )
+
+
+def _run_request(
+    p: _Parser, catalog: Catalog, env: Mapping[str, str], *, secret_names: tuple[str, ...]
+) -> RunRequest:
+    """The ``RunRequest`` part of the values (the settings' part is ``_host_flags``)."""
+    types, preference = _types(p, catalog)
+    if len(types) > 1 and p.raw("runtime_version") is not None:
+        raise p.relocated(
+            "runtime_version",
+            UsageError(
+                "one runtime_version for several slice types: each generation has its own software",
+                field="runtime_version",
+                value=p.raw("runtime_version"),
+                fix="name one slice type, or drop runtime_version (each type gets its default)",
+            ),
+        )
+    limit_mb = p.parse("max_bundle_mb", lambda v: params.mebibytes(v, "max_bundle_mb"))
+    limit_bytes = DEFAULT_LIMIT_BYTES if limit_mb is None else int(limit_mb * 1024 * 1024)
+    labels = dict(p.parse("label", lambda v: params.labels(f"{k}={x}" for k, x in v.items())) or {})
+    name = p.parse("job_name", lambda v: params.labels([f"{JOB_NAME_LABEL}={v}"], "name"))
+    labels.update(name or {})
+    return RunRequest(
+        script=p.parse("script", params.local_path),
+        command=p.parse("command", _command),
+        args=tuple(str(a) for a in p.raw("args") or ()),
+        example=p.parse("example", _example),
+        workdir=p.parse("workdir", _workdir),
+        env=tuple(f"{k}={v}" for k, v in env.items()),
+        secret_names=secret_names,
+        priority=p.raw("priority"),
+        workspace=p.parse("workspace", _workspace),
+        labels=labels,
+        pod=p.raw("pod"),
+        accelerator_type=types[0] if types else None,
+        other_accelerator_types=types[1:],
+        type_preference=preference,
+        slices=p.parse(
+            "slices", lambda v: params.whole(v, "slices", minimum=_least_slices(p), fix=_SLICES_FIX)
+        )
+        or 1,
+        placement=_placement(p),
+        keep_pod=bool(p.raw("keep_pod")),
+        checkpoint_every=p.parse("checkpoint_every", lambda v: params.whole(v, "checkpoint_every")),
+        checkpoint_dir=p.raw("checkpoint_dir"),
+        runtime_deps=p.raw("runtime_deps") is not False,
+        timeout_s=p.parse("timeout", lambda v: params.duration(v, "timeout")),
+        grace_s=p.parse("grace", lambda v: params.duration(v, "grace", allow_zero=True)) or 0.0,
+        max_hours=p.parse("max_hours", lambda v: params.hours(v, "max_hours")),
+        bundle_limit_bytes=limit_bytes,
+        assumed_price_per_hour=p.parse(
+            "assume_price_per_hour", lambda v: params.slice_usd_per_hour(v, "assume_price_per_hour")
+        ),
+    )
+
+
+def _example(value: Any) -> str:
+    from tpuctl.services.run.model import EXAMPLES
+
+    if value not in EXAMPLES:
+        raise UsageError(
+            f"unknown example {value!r}",
+            field="example",
+            value=value,
+            fix="use one of: " + ", ".join(f"{k} ({v.description})" for k, v in EXAMPLES.items()),
+        )
+    return str(value)
 
 
 def _workdir(value: Any) -> str:
