@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
-from tpuctl.cli import catalog_cmds, cost_cmds, misc_cmds, pod_cmds, run_cmds, sim_cmds
+from tpuctl.cli import catalog_cmds, cost_cmds, job_cmds, misc_cmds, pod_cmds, run_cmds, sim_cmds
 from tpuctl.cli.context import GlobalOptions
 
 if TYPE_CHECKING:
@@ -35,6 +35,7 @@ app.add_typer(pod_cmds.app, name="pod")
 app.add_typer(catalog_cmds.app, name="catalog")
 app.add_typer(sim_cmds.app, name="sim")
 app.add_typer(cost_cmds.app, name="cost")
+app.add_typer(job_cmds.app, name="job")
 misc_cmds.register(app)
 run_cmds.register(app)
 

@@ -30,8 +30,6 @@ from tpuctl.cli.placement_flags import (
     ValidForOpt,
     ZonesOpt,
     host_network_words,
-    network_settings,
-    placement_choices,
 )
 from tpuctl.cli.run_console import RunConsole
 from tpuctl.cli.run_reading import RUN_HELP as _RUN_HELP
@@ -42,7 +40,7 @@ from tpuctl.words import counted
 if TYPE_CHECKING:
     from tpuctl.cli.render import Output
     from tpuctl.services.run.bench import BenchFigures
-    from tpuctl.services.run.model import RecoveryPolicy, SupervisedResult
+    from tpuctl.services.run.model import SupervisedResult
     from tpuctl.services.run.views import (
         CheckpointFallback,
         Detached,
@@ -75,7 +73,11 @@ def register(app: typer.Typer) -> None:
 def run(
     ctx: typer.Context,
     script: Annotated[
-        str | None, typer.Argument(metavar="SCRIPT", help="The Python program to run on every host.")
+        str | None,
+        typer.Argument(
+            metavar="SCRIPT|JOB.yaml",
+            help="The Python program to run on every host, or a job file (.yaml/.yml) describing the run.",
+        ),
     ] = None,
     args: Annotated[
         list[str] | None, typer.Argument(metavar="[ARGS]...", help="Arguments for the program.")
@@ -122,18 +124,18 @@ def run(
     env: Annotated[
         list[str] | None, typer.Option("--env", help="KEY=VALUE for the program (repeatable).")
     ] = None,
+    label: Annotated[
+        list[str] | None,
+        typer.Option("--label", help="KEY=VALUE label on the run and its slice (repeatable)."),
+    ] = None,
     secret: Annotated[
         list[str] | None,
         typer.Option(
             "--secret",
             metavar="KEY[=VALUE]",
-            help="A secret for the program's environment: KEY=VALUE, or KEY for this environment's value "
-            "(repeatable). Kept only encrypted, never shown.",
+            help="A secret variable for the program; KEY alone takes its value from this environment "
+            "(repeatable; never shown or saved in plain text).",
         ),
-    ] = None,
-    label: Annotated[
-        list[str] | None,
-        typer.Option("--label", help="KEY=VALUE label on the run and its slice (repeatable)."),
     ] = None,
     workdir: Annotated[
         str | None,
@@ -264,7 +266,7 @@ def run(
     output: OutputOpt = None,
     dry_run: DryRunOpt = False,
 ) -> None:
-    """Run SCRIPT (or --example) on every host of a slice and stream the hosts' output.
+    """Run SCRIPT, a job file (JOB.yaml) or --example on every host of a slice and stream their output.
 
     Ships the script's directory (minus .gitignore/.tpuctlignore) with tpuctl's runtime, starts the
     program on all hosts at once, and ends with its result: if a host fails, the others are stopped and
@@ -273,84 +275,37 @@ def run(
     tpuctl's options may come before or after SCRIPT; the program's own options go after `--` (an option
     tpuctl does not know is refused, with the nearest one it does: a typo must not reach the program), e.g.
     `tpuctl run train.py --type v5e-16 -- --lr 3e-4` or `tpuctl run --example lm --type v5e-8 -- --steps 50`.
+
+    A job file (SkyPilot's task YAML, see `tpuctl job schema`) describes the whole run; a flag given
+    beside it replaces the file's value (--env, --label and --secret add to the file's), and --dry-run
+    says where each value came from: `tpuctl run job.yaml --type v5e-8 --dry-run`.
     """
     import dataclasses
-    import os
 
-    from tpuctl import params
     from tpuctl.backends import open_backend
+    from tpuctl.cli.run_request import plan_fields, run_request
+    from tpuctl.jobs.load import is_job_file
     from tpuctl.services.locations import check_region, check_zones
     from tpuctl.services.run.checkpoints import refuse_unrecoverable
-    from tpuctl.services.run.model import RunRequest
-    from tpuctl.services.run.secretenv import parse_secret_flags, resolve_secrets
     from tpuctl.services.run.service import Runs
 
     out = make_output(ctx, output, ONE_OBJECT)
+    job_file = script if is_job_file(script) else None
     program_args = [*(args or []), *ctx.args]
-    if example is not None and script is not None:
+    if job_file is not None:
+        script = None
+    elif example is not None and script is not None:
         # With --example every positional is the example's: SCRIPT caught the first of them.
         program_args = [script, *program_args]
         script = None
-    choices = placement_choices(
-        zone=zone,
-        region=region,
-        capacity_type=capacity_type,
-        spot=spot,
-        preemptible=preemptible,
-        reserved=reserved,
-        max_price=max_price,
-        queued=queued,
-        valid_for=valid_for,
-        strategy=strategy,
-        race_k=race_k,
-        api=api,
-    )
-    budget_usd = None if budget is None else params.usd(budget, "budget")
-    types = params.slice_types(accelerator_type)
-    limit_mb = params.mebibytes(max_bundle_mb, "max_bundle_mb")
-    policy = _policy(
-        params.whole(max_restarts, "max_restarts", minimum=0),
-        params.whole(max_preemptions, "max_preemptions", minimum=0),
-    )
-    secrets = resolve_secrets(parse_secret_flags(secret or []), os.environ)
-    request = RunRequest(
-        script=None if script is None else params.local_path(script),
-        args=tuple(program_args),
-        example=example,
-        workdir=None if workdir is None else params.local_path(workdir),
-        env=tuple(env or ()),
-        secret_names=tuple(secrets),
-        labels=params.labels(label or []),
-        pod=pod,
-        accelerator_type=types[0] if types else None,
-        other_accelerator_types=types[1:],
-        slices=1 if slices is None else params.whole(slices, "slices", minimum=2, fix=_SLICES_FIX),
-        placement=choices,
-        keep_pod=keep_pod,
-        checkpoint_every=None
-        if checkpoint_every is None
-        else params.whole(checkpoint_every, "checkpoint_every"),
-        checkpoint_dir=checkpoint_dir,
-        runtime_deps=runtime_deps,
-        executor=executor,
-        timeout_s=None if timeout is None else params.duration(timeout, "timeout"),
-        grace_s=params.duration(grace, "grace", allow_zero=True),
-        max_hours=None if max_hours is None else params.hours(max_hours, "max_hours"),
-        bundle_limit_bytes=int(limit_mb * 1024 * 1024),
-        assumed_price_per_hour=None
-        if assume_price_per_hour is None
-        else params.slice_usd_per_hour(assume_price_per_hour, "assume_price_per_hour"),
-    )
-    host_flags = {
-        "bucket": bucket,
-        "setup": setup,
-        "requirements": None if requirements is None else params.local_path(requirements),
-        "ssh_proxy_command": ssh_proxy_command,
-    }
-    networking = network_settings(
-        network=network, subnetwork=subnetwork, tags=tags, service_account=service_account
-    )
-    settings = build_settings(ctx, **host_flags, **networking)
+    # The job file (if any) and the flags typed beside it (each option above is read from ctx), each
+    # value parsed once (exit 2 for a bad one, naming the flag or the file's line and key) before
+    # anything is contacted.
+    job = run_request(ctx, job_file=job_file, script=script, args=program_args)
+    request = dataclasses.replace(job.request, executor=executor)
+    choices = request.placement
+    budget_usd, policy = job.budget_usd, job.policy
+    settings = build_settings(ctx, **job.host_flags.as_settings())
     # A run that would lose its work at the first preemption is refused before credentials or requests.
     refuse_unrecoverable(
         request,
@@ -374,20 +329,21 @@ def run(
             ),
         )
         # A typo is exit 2 with "did you mean" (a zone that offers the type), before anything is made.
-        accelerators = [sess.catalog.resolve(name) for name in types]
-        check_zones(sess.catalog, sess.cloud, list(choices.zones), accelerator=next(iter(accelerators), None))
+        type_name = request.accelerator_type
+        accelerator = None if type_name is None else sess.catalog.resolve(type_name)
+        check_zones(sess.catalog, sess.cloud, list(choices.zones), accelerator=accelerator)
         if choices.region is not None:
             check_region(sess.catalog, sess.cloud, choices.region)
         runs = Runs(sess)
         # A bad value is exit 2, before the cloud is asked anything.
-        prepared = runs.prepare(request, secrets=secrets)
+        prepared = runs.prepare(request, secrets=job.secret_values)
         if not no_import_check:  # a module nothing provides is exit 2, before a slice is made
             imports = runs.check_imports(prepared)
             imports.refuse()
             for warning in imports.warnings():
                 out.warn(warning)
         if is_dry_run(ctx, dry_run):
-            _render_plan(out, runs.plan(prepared, budget_usd=budget_usd))
+            _render_plan(out, {**runs.plan(prepared, budget_usd=budget_usd), **plan_fields(job)})
             return
         from tpuctl.services.budget import warn_monthly_budget
 
@@ -412,12 +368,6 @@ def run(
 
 
 _SLICES_FIX = "a multislice has 2 or more slices, e.g. --slices 2; drop --slices to run on one slice"
-
-
-def _policy(max_restarts: int, max_preemptions: int) -> RecoveryPolicy:
-    from tpuctl.services.run.model import RecoveryPolicy
-
-    return RecoveryPolicy(max_restarts=max_restarts, max_preemptions=max_preemptions)
 
 
 def _render_result(out: Output, supervised: SupervisedResult) -> None:
@@ -493,6 +443,7 @@ def _render_plan(out: Output, plan: dict[str, Any]) -> None:
     target = plan["target"]
     p("[bold]dry run[/]: nothing was shipped, created or started.")
     p(f"run id: {plan['run_id']}  executor: {plan['executor']}")
+    _render_request_lines(p, plan)
     verb = "existing slice" if target["existing"] else "new slice (created for the run"
     verb += "" if target["existing"] else (", deleted after)" if target.get("delete_after") else ", kept)")
     slices = int(target.get("slices") or 1)
@@ -540,6 +491,26 @@ def _render_plan(out: Output, plan: dict[str, Any]) -> None:
             p(f"  argv: {escape(shlex.join(host['argv']))}")
         for key, value in host["env"].items():
             p(f"  env {key}={escape(value)}")
+
+
+def _render_request_lines(p: Any, plan: dict[str, Any]) -> None:
+    """The plan's lines about the request itself (``run_request.plan_fields``): where each value came
+    from, the slice types a run may take, its secrets by name."""
+    from rich.markup import escape
+
+    types = plan.get("accelerator_types")
+    if types:
+        rank = (
+            "the cheapest first" if plan.get("type_preference") == "cheapest" else "in this order, then price"
+        )
+        p(f"slice types: {', '.join(types)} ({rank})")
+    for name in plan.get("secrets") or {}:
+        p(f"secret {name}=<secret>")
+    sources = plan.get("sources") or {}
+    if sources:
+        p("values from:")
+        for name, origin in sources.items():
+            p(f"  {name}: {escape(origin)}")
 
 
 def _host_python_lines(host_python: dict[str, Any]) -> list[str]:

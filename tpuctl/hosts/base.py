@@ -37,12 +37,25 @@ def redact_env(env: Mapping[str, str], user_keys: Sequence[str] | None = None) -
     return {k: (REDACTED if k in keys and is_secret_name(k) else v) for k, v in env.items()}
 
 
+#: Runs ``argv[1]`` with ``/bin/sh -c``, the rest of argv as its "$@", in place of the interpreter (its
+#: exit status is the host's), with the interpreter's directory first on PATH. Python, not a shell, does
+#: this: the interpreter's path may be relative to the login home, which the launcher resolves for the
+#: program it starts (argv[0]) but not for an argument, and ``sys.executable`` is then absolute.
+SHELL_LAUNCHER = (
+    "import os,sys;"
+    "os.environ['PATH']=os.path.dirname(sys.executable)+os.pathsep+os.environ.get('PATH','');"
+    "os.execv('/bin/sh',['/bin/sh','-c',sys.argv[1],'sh',*sys.argv[2:]])"
+)
+
+
 @dataclass(frozen=True)
 class LaunchSpec:
     """One program to start on every host of a slice, with the worker environment contract.
 
     ``program`` is the interpreter's argv after the interpreter itself, relative to the bundle root:
-    ``("train.py", "--lr", "3e-4")`` or ``("-m", "tpuctl.runtime.examples.lm_train", "--steps", "20")``.
+    ``("train.py", "--lr", "3e-4")`` or ``("-m", "tpuctl.runtime.examples.lm_train", "--steps", "20")``;
+    with ``shell``, a shell command and its arguments (a job file's ``run:``): ``("python3 -m x", "--lr",
+    "3e-4")``.
     """
 
     run_id: str
@@ -60,12 +73,22 @@ class LaunchSpec:
     #: Slices the hosts span (``--slices``): ``num_workers`` counts the hosts of all of them, numbered
     #: slice by slice.
     num_slices: int = 1
+    #: ``program`` is a shell command (``/bin/sh -c``) and its arguments ("$@"), not a Python program.
+    shell: bool = False
 
     def __post_init__(self) -> None:
         if self.num_slices < 1 or self.num_workers % self.num_slices:
             raise ValueError(
                 f"num_workers {self.num_workers} must be a multiple of num_slices {self.num_slices} (>= 1)"
             )
+
+    def argv(self, python: str) -> tuple[str, ...]:
+        """What each host executes, ``python`` being the run's interpreter. A shell command is started
+        by that interpreter (``SHELL_LAUNCHER``), which puts its own directory first on PATH, so the
+        command's ``python3`` is the run's environment's, with the runtime's packages, as a script's is."""
+        if not self.shell:
+            return (python, "-u", *self.program)
+        return (python, "-c", SHELL_LAUNCHER, *self.program)
 
     @property
     def hosts_per_slice(self) -> int:

@@ -682,7 +682,7 @@ class SshExecutor:
             raise ValueError(f"spec is for {spec.num_workers} workers, the slice has {self.num_hosts}")
         bundle = self._bundle_path(digest or self._digest or "<bundle-sha256>")
         run_dir = self._run_dir(spec)
-        argv = (self._python, "-u", *spec.program)
+        argv = spec.argv(self._python)
         plans = []
         follow = self._follow_words('"$b"')
         shown_worker_env = _TPU_WORKER_ENV_SHOWN if self._tpu_worker_env else {}

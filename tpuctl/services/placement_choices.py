@@ -39,6 +39,9 @@ class PlacementChoices:
     #: The hosts' network and service account; None: the settings' (flag, environment or profile).
     network: HostNetwork | None = None
     service_account: str | None = None
+    #: The TPU software version of a new slice (a job file's ``accelerator_args.runtime_version``);
+    #: None: the type's default.
+    runtime_version: str | None = None
 
     def request(
         self,
@@ -75,7 +78,7 @@ class PlacementChoices:
             strategy=self.strategy,
             race_k=self.race_k,
             slices=slices,
-            runtime_version=runtime_version,
+            runtime_version=runtime_version or self.runtime_version,
             labels=labels,
             metadata=metadata,
             wait=wait,
@@ -103,6 +106,7 @@ class PlacementChoices:
             "api": None if self.surface is None else self.surface.value,
             "network": None if network is None else network.to_dict(),
             "service_account": self.service_account,
+            "runtime_version": self.runtime_version,
         }
 
     @classmethod
@@ -122,6 +126,7 @@ class PlacementChoices:
             surface=None if data.get("api") is None else Surface(data["api"]),
             network=None if network is None else _host_network(network),
             service_account=data.get("service_account"),
+            runtime_version=data.get("runtime_version"),
         )
 
 

@@ -4,6 +4,7 @@ that did not start fails the run, unless another supervisor holds it."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import stat
@@ -162,6 +163,21 @@ def test_the_runs_deadline_travels_with_its_request_and_is_kept_by_a_resume(tmp_
     save_request(run_dir, request, run_id="run-x", budget_usd=None, policy=RecoveryPolicy())
     again = load_request(run_dir).request
     assert (again.max_hours, again.deadline_at) == (1.5, 1_800_005_400.0)
+
+
+def test_a_job_files_fields_travel_with_the_saved_request(tmp_path: Path) -> None:
+    """A shell command, other slice types, secret names (never values) and the runtime version come
+    back as they were saved, as the same types: a resume prepares the run the job file asked for."""
+    from tpuctl.services.placement_choices import PlacementChoices
+
+    request = RunRequest(
+        command='python3 -m x "$@"', args=("--lr", "3"), accelerator_type="v5e-16",
+        other_accelerator_types=("v6e-8",), type_preference="cheapest", secret_names=("HF_TOKEN",),
+        priority=5, workspace="ml", placement=PlacementChoices(runtime_version="v2-alpha-tpuv5-lite"),
+    )  # fmt: skip
+    run_dir = RunDir.of(tmp_path, "run-x")
+    save_request(run_dir, request, run_id="run-x", budget_usd=None, policy=RecoveryPolicy())
+    assert load_request(run_dir).request == dataclasses.replace(request, run_id="run-x")
 
 
 def test_a_cancel_on_another_machine_reaches_the_hosts_as_the_run_did(tmp_path: Path) -> None:

@@ -127,6 +127,10 @@ class RunRequest:
     #: Names of variables whose values are secret (a job file's ``secrets:``, ``--secret``): their values
     #: are never in this request (it is saved in plain text); the run keeps them only encrypted.
     secret_names: tuple[str, ...] = ()
+    #: A job file's ``priority`` and ``workspace``: validated and recorded with the run; they take
+    #: effect with a server (which orders and groups the runs it is given by them).
+    priority: int | None = None
+    workspace: str | None = None
     #: The run's labels (``--label``, checked by ``tpuctl.params.labels``): on the run and on its slice.
     labels: Mapping[str, str] = field(default_factory=dict)
     pod: str | None = None
@@ -271,6 +275,7 @@ class PreparedRun:
             restart_count=restart_count,
             user_env=env,
             secret_env=dict(self.secrets),
+            shell=self.request.command is not None,
         )
 
     def _compilation_cache_env(self) -> dict[str, str]:

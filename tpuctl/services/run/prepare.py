@@ -207,6 +207,8 @@ def _setup_spec(session: Session, request: RunRequest) -> SetupSpec:
 
 
 def _program(request: RunRequest) -> tuple[tuple[str, ...], str, Path | None]:
+    if request.command is not None:
+        return _shell_program(request)
     if request.example is not None:
         example = EXAMPLES.get(request.example)
         if example is None:
@@ -264,6 +266,29 @@ def _program(request: RunRequest) -> tuple[tuple[str, ...], str, Path | None]:
             fix="move the script out of tpuctl/, or pick another --workdir",
         )
     return (rel, *request.args), rel, workdir
+
+
+def _shell_program(request: RunRequest) -> tuple[tuple[str, ...], str, Path | None]:
+    """A shell command (a job file's ``run:``), run in the workdir (none: the runtime alone is shipped)."""
+    assert request.command is not None
+    if request.script is not None or request.example is not None:
+        raise UsageError(
+            "give one program: a shell command (run:), a SCRIPT or --example, not several",
+            field="SCRIPT" if request.script is not None else "example",
+            value=request.script or request.example,
+            fix="drop run: from the job file to run a script or an example, or drop the script/--example",
+        )
+    workdir = Path(request.workdir).expanduser().resolve() if request.workdir else None
+    if workdir is not None and not workdir.is_dir():
+        raise UsageError(
+            f"--workdir {request.workdir} does not exist or is not a directory",
+            field="workdir",
+            value=request.workdir,
+            fix="pass the directory that holds your program and its files",
+        )
+    first = request.command.strip().splitlines()[0]
+    display = "sh: " + (first if len(first) <= 60 else first[:57] + "...")
+    return (request.command, *request.args), display, workdir
 
 
 def parse_env(pairs: Sequence[str]) -> dict[str, str]:

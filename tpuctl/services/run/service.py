@@ -158,7 +158,10 @@ class Runs:
         wheelhouse = backend.host_wheelhouse
         return check_imports(
             prepared.bundle,
-            None if prepared.program[0] == "-m" else prepared.program[0],
+            # A shell command's imports are its own business: only a script's source can be read.
+            None
+            if prepared.program[0] == "-m" or prepared.request.command is not None
+            else prepared.program[0],
             prepared.setup,
             python=prepared.request.python,
             wheelhouse=wheelhouse,
