@@ -359,10 +359,15 @@ def _placement(p: _Parser) -> PlacementChoices:
     )
 
 
+#: SkyPilot's name of Google Cloud in ``infra`` (a cloud, not one of tpuctl's backends: the simulator
+#: speaks Google's APIs, so a task for ``gcp`` plans on either).
+SKYPILOT_GOOGLE_CLOUD = "gcp"
+
+
 def _infra(value: Any) -> tuple[str | None, str | None]:
     """SkyPilot's ``infra``: ``gcp``, ``gcp/REGION`` or ``gcp/REGION/ZONE`` (``*`` for any)."""
     parts = [part.strip() for part in str(value).split("/")]
-    if parts[0].lower() != "gcp" or len(parts) > 3:
+    if parts[0].lower() != SKYPILOT_GOOGLE_CLOUD or len(parts) > 3:
         raise UsageError(
             f"infra {value!r}: tpuctl places on Google Cloud only (gcp, gcp/REGION or gcp/REGION/ZONE)",
             field="infra",
