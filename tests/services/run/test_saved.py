@@ -376,7 +376,7 @@ _POLICIES = st.builds(
 )
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(request=_requests(), policy=_POLICIES, budget=st.none() | _AMOUNT)
 def test_any_request_saved_then_loaded_is_the_same_request(
     tmp_path: Path, request: RunRequest, policy: RecoveryPolicy, budget: float | None
@@ -398,7 +398,7 @@ def test_any_request_saved_then_loaded_is_the_same_request(
     assert asked.request == expected
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(request=_requests(), values=st.lists(st.from_regex(r"SECRET-[a-z0-9]{12}", fullmatch=True),
                                               min_size=1, max_size=3, unique=True))  # fmt: skip
 def test_secret_values_never_reach_the_saved_request_and_env_values_only_encrypted(

@@ -83,24 +83,25 @@ def saved_record(
     request: RunRequest, *, run_id: str, budget_usd: float | None, policy: RecoveryPolicy
 ) -> dict[str, Any]:
     """The record of ``request``: its job document and the run's own state (the module's docstring)."""
+    job = document_from_run_request(request, budget_usd=budget_usd, policy=policy)
+    return {JOB_PART: job, RUN_PART: _run_state(request, run_id, policy)}
+
+
+def _run_state(request: RunRequest, run_id: str, policy: RecoveryPolicy) -> dict[str, Any]:
+    """The record's run part; values left at their defaults are left out."""
     defaults = RecoveryPolicy().to_dict()
-    run: dict[str, Any] = {
+    tuning = {k: v for k, v in policy.to_dict().items() if k not in _POLICY_IN_JOB and v != defaults[k]}
+    remote_root = request.ssh_remote_root
+    state: dict[str, Any] = {
         "run_id": run_id,
         "deadline_at": request.deadline_at,
         "executor": request.executor,
         "python": request.python,
-        "ssh_remote_root": None
-        if request.ssh_remote_root == _DEFAULT_REMOTE_ROOT
-        else request.ssh_remote_root,
-        "network_settled": request.placement.network is not None or None,
-        "recovery": {
-            k: v for k, v in policy.to_dict().items() if k not in _POLICY_IN_JOB and v != defaults[k]
-        }
-        or None,
+        "ssh_remote_root": remote_root if remote_root != _DEFAULT_REMOTE_ROOT else None,
+        "network_settled": True if request.placement.network is not None else None,
+        "recovery": tuning or None,
     }
-    run = {key: value for key, value in run.items() if value is not None}
-    job = document_from_run_request(request, budget_usd=budget_usd, policy=policy)
-    return {JOB_PART: job, RUN_PART: run}
+    return {key: value for key, value in state.items() if value is not None}
 
 
 def save_request(
