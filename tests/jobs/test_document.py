@@ -8,7 +8,7 @@ from pathlib import Path
 import yaml
 
 from tpuctl.catalog import CapacityType, Catalog
-from tpuctl.jobs.document import job_document
+from tpuctl.jobs.document import document_from_run_request
 from tpuctl.jobs.load import load_job_text
 from tpuctl.jobs.request import build
 from tpuctl.services.placement import Strategy
@@ -61,7 +61,7 @@ def test_every_job_field_survives_the_round_trip(tmp_path: Path) -> None:
         ssh_proxy_command="nc %h %p",
     )
     policy = RecoveryPolicy(max_restarts=2, max_preemptions=9)
-    text = yaml.safe_dump(job_document(request, budget_usd=40.0, policy=policy))
+    text = yaml.safe_dump(document_from_run_request(request, budget_usd=40.0, policy=policy))
     loaded = load_job_text(text, "saved.yaml")
     again = build(loaded.values, catalog=Catalog.load(), source=loaded.source, environ={"TOKEN": "t"})
     for field in dataclasses.fields(RunRequest):

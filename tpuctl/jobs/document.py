@@ -1,16 +1,78 @@
-"""A run request as a job file: the request's one serialised form (``job_document``). Loading the
-document again (``load.load_job_text`` then ``request.build``) gives the same request, field for field,
-over every field a job file holds (``request``'s docstring names the others)."""
+"""A run request as a job document, and back: the request's one serialised form. What ``tpuctl run``
+saves as a run's request, and what a server takes, is this document: the keys a user writes in a job
+file, nothing else (the run's own state is saved beside it, ``services.run.control``).
+
+``document_from_run_request`` writes a request (with its run's budget and recovery limits) as a job
+file's mapping; ``run_request_from_document`` reads one back through the same format check and parsers
+as a job file (``load.check_job``, ``request.build``), as a document from elsewhere: its paths are
+kept as written and its secrets are names only. The two give the same request, field for field, over
+every field a job file holds (``request``'s docstring names the others).
+
+A job file's bucket, setup, requirements, ProxyCommand, network and service account are defaults the
+settings may fill in (``HostFlags``); a document's values are the run's own, settled when it was
+submitted, so ``run_request_from_document`` puts them in the request itself.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from tpuctl.jobs.request import JOB_NAME_LABEL
+from tpuctl import params
+from tpuctl.jobs.request import JOB_NAME_LABEL, HostFlags
 from tpuctl.services.run.model import RecoveryPolicy, RunRequest
 
+if TYPE_CHECKING:
+    from tpuctl.catalog import Catalog
 
-def job_document(
+
+@dataclass(frozen=True)
+class RequestedRun:
+    """A run as a document asks for it: the request, the run's budget and its recovery limits."""
+
+    request: RunRequest
+    budget_usd: float | None
+    policy: RecoveryPolicy
+
+
+def run_request_from_document(
+    doc: Mapping[str, Any], *, catalog: Catalog, path: str = "<document>"
+) -> RequestedRun:
+    """The run ``doc`` (a job file's mapping) asks for, checked as a job file is; an error names
+    ``path``, the line of ``doc`` written as JSON, and the key (exit 2)."""
+    from tpuctl.jobs.load import load_job_text
+    from tpuctl.jobs.request import build
+
+    loaded = load_job_text(json.dumps(doc, indent=1), path)
+    job = build(loaded.values, catalog=catalog, source=loaded.source, environ={}, local=False)
+    request = _with_host_values(job.request, job.host_flags)
+    return RequestedRun(request, job.budget_usd, job.policy)
+
+
+def _with_host_values(request: RunRequest, flags: HostFlags) -> RunRequest:
+    network = None
+    if flags.network is not None or flags.subnetwork is not None or flags.tags:
+        network = params.host_network(
+            None if flags.network is None else params.network(flags.network),
+            None if flags.subnetwork is None else params.subnetwork(flags.subnetwork),
+            flags.tags or (),
+        )
+    return dataclasses.replace(
+        request,
+        bucket=flags.bucket,
+        setup=flags.setup or (),
+        requirements=flags.requirements,
+        ssh_proxy_command=flags.ssh_proxy_command,
+        placement=dataclasses.replace(
+            request.placement, network=network, service_account=flags.service_account
+        ),
+    )
+
+
+def document_from_run_request(
     request: RunRequest, *, budget_usd: float | None = None, policy: RecoveryPolicy | None = None
 ) -> dict[str, Any]:
     """``request`` (with its run's budget and recovery limits) as a job file's mapping; keys left at
@@ -56,7 +118,7 @@ def _resources(request: RunRequest, labels: dict[str, str], policy: RecoveryPoli
     placement = request.placement
     types = [t for t in (request.accelerator_type, *request.other_accelerator_types) if t is not None]
     accelerators: Any = None
-    if len(types) == 1:
+    if len(types) == 1 and request.type_preference == "ordered":
         accelerators = types[0]
     elif types:
         accelerators = types if request.type_preference == "ordered" else {t: None for t in types}

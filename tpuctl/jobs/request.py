@@ -1,7 +1,7 @@
 """A run's values (a job file's, the flags', or both: ``jobs.values``) -> tpuctl's typed run request
 (``JobRequest``), each value parsed once by ``tpuctl.params`` as its flag is: a bad one names the flag
-it was typed as, or the job file's line and key. ``job_document`` is the way back: a run request as a job
-file, the request's one serialised form.
+it was typed as, or the job file's line and key. ``document`` is the way back and forth between a run
+request and its one serialised form, a job document.
 
 Not in a job file (tpuctl's own bookkeeping, or hidden options): ``run_id``, ``deadline_at``,
 ``python``, ``ssh_remote_root`` and ``executor``.
@@ -81,9 +81,18 @@ class JobRequest:
 class _Parser:
     """Reads one parameter at a time from ``values``, relocating a parser's error to the file's key."""
 
-    def __init__(self, values: Mapping[str, Given], source: JobSource | None) -> None:
+    def __init__(self, values: Mapping[str, Given], source: JobSource | None, *, local: bool = True) -> None:
         self.values = values
         self.source = source
+        self.local = local
+
+    def path(self, name: str) -> str | None:
+        """A path parameter: made absolute on this machine for a local file; as written otherwise (it
+        names a path on the machine that submitted the document, which this one need not have)."""
+        value = self.raw(name)
+        if value is None or not self.local:
+            return None if value is None else str(value)
+        return self.parse(name, params.local_path)
 
     def raw(self, name: str) -> Any:
         given = self.values.get(name)
@@ -121,13 +130,17 @@ def build(
     catalog: Catalog,
     source: JobSource | None = None,
     environ: Mapping[str, str] | None = None,
+    local: bool = True,
 ) -> JobRequest:
     """The typed request of ``values``; ``environ`` (default: this process's) gives the secrets and the
-    env values a job file leaves empty."""
-    p = _Parser(values, source)
-    env, secret_values = _environment(p, os.environ if environ is None else environ)
+    env values a job file leaves empty. ``local``: the values are a file on this machine; False, a
+    document from elsewhere (a saved request, a submission to a server): its paths are kept as written
+    (not looked for here: the program travels in the run's bundle) and an empty secret is a name only
+    (its value travels apart, encrypted), not looked up in ``environ``."""
+    p = _Parser(values, source, local=local)
+    env, secret_values, secret_names = _environment(p, os.environ if environ is None else environ)
     return JobRequest(
-        request=_run_request(p, catalog, env, secret_names=tuple(secret_values)),
+        request=_run_request(p, catalog, env, secret_names=secret_names),
         budget_usd=p.parse("budget", lambda v: params.usd(v, "budget")),
         policy=RecoveryPolicy(
             max_restarts=p.parse("max_restarts", lambda v: params.whole(v, "max_restarts", minimum=0)) or 0,
@@ -163,11 +176,11 @@ def _run_request(
     name = p.parse("job_name", lambda v: params.labels([f"{JOB_NAME_LABEL}={v}"], "name"))
     labels.update(name or {})
     return RunRequest(
-        script=p.parse("script", params.local_path),
+        script=p.path("script"),
         command=p.parse("command", _command),
         args=tuple(str(a) for a in p.raw("args") or ()),
         example=p.parse("example", _example),
-        workdir=p.parse("workdir", _workdir),
+        workdir=p.parse("workdir", _workdir) if p.local else p.path("workdir"),
         env=tuple(f"{k}={v}" for k, v in env.items()),
         secret_names=secret_names,
         priority=p.raw("priority"),
@@ -259,9 +272,12 @@ def _workspace(value: Any) -> str:
     return text
 
 
-def _environment(p: _Parser, environ: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
-    """The program's variables and the secrets' values; an empty one is taken from ``environ`` for a
-    secret, and is an error for an env value (SkyPilot's rule: give it with --env KEY=VALUE)."""
+def _environment(
+    p: _Parser, environ: Mapping[str, str]
+) -> tuple[dict[str, str], dict[str, str], tuple[str, ...]]:
+    """The program's variables, the secrets' values and their names; an empty one is taken from
+    ``environ`` for a secret (a name only, for a document from elsewhere), and is an error for an env
+    value (SkyPilot's rule: give it with --env KEY=VALUE)."""
     from tpuctl.services.run.prepare import parse_env
 
     env: dict[str, str] = {}
@@ -279,8 +295,11 @@ def _environment(p: _Parser, environ: Mapping[str, str]) -> tuple[dict[str, str]
             )
         env[str(key)] = str(value).lower() if isinstance(value, bool) else str(value)
     secrets: dict[str, str] = {}
+    names = tuple(str(key) for key in p.raw("secret") or {})
     for key, value in (p.raw("secret") or {}).items():
-        found = value if value is not None else environ.get(str(key))
+        found = value if value is not None else environ.get(str(key)) if p.local else None
+        if found is None and not p.local:
+            continue  # a name only: its value travels apart from the document, encrypted
         if found is None:
             raise p.relocated(
                 "secret",
@@ -294,10 +313,10 @@ def _environment(p: _Parser, environ: Mapping[str, str]) -> tuple[dict[str, str]
             )
         secrets[str(key)] = found
     try:
-        parse_env([f"{k}={v}" for k, v in {**env, **{k: "" for k in secrets}}.items()])
+        parse_env([f"{k}={v}" for k, v in {**env, **{k: "" for k in names}}.items()])
     except UsageError as exc:
-        raise p.relocated("secret" if str(exc.value).split("=")[0] in secrets else "env", exc) from None
-    both = sorted(set(env) & set(secrets))
+        raise p.relocated("secret" if str(exc.value).split("=")[0] in names else "env", exc) from None
+    both = sorted(set(env) & set(names))
     if both:
         raise p.relocated(
             "secret",
@@ -308,7 +327,7 @@ def _environment(p: _Parser, environ: Mapping[str, str]) -> tuple[dict[str, str]
                 fix="give it once: as a secret if its value must stay out of logs and plans",
             ),
         )
-    return env, secrets
+    return env, secrets, names
 
 
 def _types(p: _Parser, catalog: Catalog) -> tuple[tuple[str, ...], str]:
@@ -396,7 +415,7 @@ def _host_flags(p: _Parser) -> HostFlags:
     return HostFlags(
         bucket=p.raw("bucket"),
         setup=None if setup is None else tuple(str(s) for s in setup),
-        requirements=p.parse("requirements", params.local_path),
+        requirements=p.path("requirements"),
         ssh_proxy_command=p.raw("ssh_proxy_command"),
         network=None if network is None else str(p.raw("network")),
         subnetwork=None if subnetwork is None else str(p.raw("subnetwork")),

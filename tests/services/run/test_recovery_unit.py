@@ -1,9 +1,8 @@
 """The supervisor's pieces without slices or JAX: confirming a lost slice over polls (a failed poll is
-no evidence), the step accounting (recomputed steps, productive time), the saved request, the lease."""
+no evidence), the step accounting (recomputed steps, productive time), the lease."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -13,15 +12,12 @@ from typing import Any
 
 import pytest
 
-from tpuctl.catalog import CapacityType, Surface
-from tpuctl.cloud.base import HostNetwork, Node, VpcNetwork, VpcSubnetwork
+from tpuctl.catalog import CapacityType
+from tpuctl.cloud.base import Node
 from tpuctl.errors import NotFoundError, TransientError
-from tpuctl.services.placement_choices import PlacementChoices
 from tpuctl.services.run.accounting import PreemptionRecord, Progress, recovery_summary
-from tpuctl.services.run.control import load_request, save_request
 from tpuctl.services.run.lease import LOCK_FILE, Lease, lease_holder
-from tpuctl.services.run.model import RecoveryPolicy, RunRequest
-from tpuctl.services.run.rundir import RunDir
+from tpuctl.services.run.model import RecoveryPolicy
 from tpuctl.services.run.signals import SliceWatch as _SliceWatch
 from tpuctl.services.run.sliceset import SliceSet
 from tpuctl.store.records import PreemptionKind
@@ -142,57 +138,6 @@ def test_policy_validation_and_backend_defaults() -> None:
     assert sim.poll_s == 0.25 and gcp.poll_s == 10.0
     assert gcp.confirm_timeout_s == 120.0 and gcp.budget_margin_s == 120.0
     assert RecoveryPolicy(poll_s=3.0).resolved(SIM_TUNING.recovery).poll_s == 3.0
-
-
-def test_the_saved_request_round_trips_and_is_private(tmp_path: Path) -> None:
-    placement = PlacementChoices(
-        zones=("us-central1-a",),
-        capacity_types=(CapacityType.SPOT,),
-        max_price=20.0,
-        queued=True,
-        network=HostNetwork(
-            VpcNetwork("shared", "host-proj"), VpcSubnetwork("s1", "host-proj", "us-central1"), ("tpu",)
-        ),
-        service_account="trainer@p.iam.gserviceaccount.com",
-    )
-    request = RunRequest(example="lm", args=("--steps", "5"), env=("TOKEN=s3cret",), accelerator_type="v5e-8",
-                         placement=placement, checkpoint_every=4)  # fmt: skip
-    policy = RecoveryPolicy(max_restarts=2, max_preemptions=5)
-    run_dir = RunDir(tmp_path / "run")
-    path = save_request(run_dir, request, run_id="run-x", budget_usd=12.5, policy=policy)
-    assert path == run_dir.request_file and path.stat().st_mode & 0o777 == 0o600
-    saved = load_request(run_dir)
-    assert saved.request == RunRequest(**{**request.__dict__, "run_id": "run-x"})
-    assert saved.budget_usd == 12.5 and saved.policy == policy
-    assert json.loads(path.read_text())["request"]["placement"]["capacity_types"] == ["spot"]
-
-
-def test_a_request_saved_with_one_capacity_loads_as_that_allowed_set(tmp_path: Path) -> None:
-    # Requests saved before capacity sets carried one "capacity"; on-demand meant "none named".
-    for saved, expected in (("spot", (CapacityType.SPOT,)), ("on-demand", ())):
-        run = RunDir(tmp_path / saved)
-        path = save_request(
-            run, RunRequest(example="lm"), run_id="run-x", budget_usd=None, policy=RecoveryPolicy()
-        )
-        payload = json.loads(path.read_text())
-        del payload["request"]["placement"]
-        payload["request"]["capacity"] = saved
-        path.write_text(json.dumps(payload))
-        assert load_request(run).request.placement.capacity_types == expected
-
-
-def test_a_request_saved_before_placement_choices_keeps_its_zone_api_and_capacity(tmp_path: Path) -> None:
-    run = RunDir(tmp_path / "old")
-    path = save_request(
-        run, RunRequest(example="lm"), run_id="run-x", budget_usd=None, policy=RecoveryPolicy()
-    )
-    payload = json.loads(path.read_text())
-    del payload["request"]["placement"]
-    payload["request"].update(zone="us-east5-b", api="compute", capacity_types=["spot"])
-    path.write_text(json.dumps(payload))
-    assert load_request(run).request.placement == PlacementChoices(
-        zones=("us-east5-b",), capacity_types=(CapacityType.SPOT,), surface=Surface.COMPUTE
-    )
 
 
 def test_the_lease_is_exclusive_and_dies_with_its_holder(tmp_path: Path) -> None:

@@ -1,20 +1,18 @@
 """Controlling runs from outside their supervisor, the pieces the ``Runs`` service (``service``) puts
-together: the saved request (``--detach``, ``runs resume``), a supervisor started in the background,
-preparing a run again to resume it, and cleaning up after a run nobody supervises (``runs cancel``)."""
+together: the program's files in the ledger, a supervisor started in the background, preparing a run
+again to resume it from its saved request (``saved``), and cleaning up after a run nobody supervises
+(``runs cancel``)."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from tpuctl.catalog import CapacityType, Surface
 from tpuctl.errors import (
     EXIT_LEASE_HELD,
     CloudError,
@@ -23,14 +21,14 @@ from tpuctl.errors import (
     TpuctlError,
     UsageError,
 )
-from tpuctl.services.placement_choices import PlacementChoices
 from tpuctl.services.run import hosts, prepare
 from tpuctl.services.run.lease import Lease
-from tpuctl.services.run.model import EXECUTOR_KINDS, RecoveryPolicy, RunRequest
+from tpuctl.services.run.model import RunRequest
 from tpuctl.services.run.runkey import secret_key
+from tpuctl.services.run.saved import SavedRequest, saved_request, with_saved_requirements
 from tpuctl.services.run.secretenv import load_secrets
 from tpuctl.services.run.views import Cancellation, CancelOutcome, Detached, LeaseHolder, Resumption
-from tpuctl.store.paths import atomic_write_json, atomic_write_text, private_file
+from tpuctl.store.paths import private_file
 from tpuctl.store.records import RunStatus
 
 if TYPE_CHECKING:
@@ -40,84 +38,10 @@ if TYPE_CHECKING:
     from tpuctl.services.session import Session
     from tpuctl.store.ledger import Ledger
     from tpuctl.store.records import RunRecord
-    from tpuctl.store.secrets import SecretKey
-
-
-@dataclass(frozen=True)
-class SavedRequest:
-    """What ``runs resume`` and a background supervisor need to prepare a run again."""
-
-    request: RunRequest  # with the run's id
-    budget_usd: float | None
-    policy: RecoveryPolicy
 
 
 #: Where a run's program is unpacked from the ledger's bundle, in its directory on this machine.
 PROGRAM_FOLDER = "program"
-#: The run's secret that holds its ``--env`` values, and the saved request's mark that they are there.
-ENV_SECRET = "env"
-ENV_IN_SECRET = "env_in_secret"
-#: Where a run's ``--requirements`` are written from the ledger, in its directory on this machine.
-REQUIREMENTS_FILE = "requirements.txt"
-#: The saved request's keys beyond the request: the script's path in the bundle, the requirements' text.
-SCRIPT_IN_BUNDLE = "script_in_bundle"
-REQUIREMENTS_TEXT = "requirements_text"
-
-
-def request_payload(
-    request: RunRequest, *, run_id: str, budget_usd: float | None, policy: RecoveryPolicy
-) -> dict[str, Any]:
-    """What a supervisor prepares the run again from (the ledger's and the local file's one form)."""
-    data = dataclasses.asdict(request)
-    data["placement"] = request.placement.to_dict()
-    data["run_id"] = run_id
-    return {"request": data, "budget_usd": budget_usd, "policy": policy.to_dict()}
-
-
-def save_request(
-    run_dir: RunDir, request: RunRequest, *, run_id: str, budget_usd: float | None, policy: RecoveryPolicy
-) -> Path:
-    """Write the request to the run's local file, for a run whose ledger holds none: 0600 (--env values
-    may be secrets), atomically and durably (a run killed while saving keeps the old request whole, and a
-    machine that crashes after ``runs resume`` returned still has the new one). ``record_request`` is
-    what a run uses: it keeps the --env values out of every file."""
-    run_dir.make()
-    payload = request_payload(request, run_id=run_id, budget_usd=budget_usd, policy=policy)
-    return atomic_write_json(run_dir.request_file, payload)
-
-
-def record_request(
-    ledger: Ledger,
-    run_dir: RunDir,
-    request: RunRequest,
-    *,
-    run_id: str,
-    budget_usd: float | None,
-    policy: RecoveryPolicy,
-    key: SecretKey,
-    script_in_bundle: str | None = None,
-    requirements_text: str | None = None,
-) -> None:
-    """The saved request in the ledger, where a supervisor on any machine reads it, and in the local file.
-    ``script_in_bundle``: the script's path inside the bundle, where another machine finds it;
-    ``requirements_text``: the ``--requirements`` file's content (another machine has no such file).
-    Either, not given, stays as the ledger had it. The ``--env`` values may be secrets: neither the
-    ledger's request nor the local file carries them; they are one secret of the run's, encrypted with
-    ``key``."""
-    payload = request_payload(request, run_id=run_id, budget_usd=budget_usd, policy=policy)
-    env = payload["request"].pop("env", None) or []
-    ledger.put_secret(run_id, ENV_SECRET, json.dumps(list(env)).encode(), key)
-    payload[ENV_IN_SECRET] = True
-    given = {SCRIPT_IN_BUNDLE: script_in_bundle, REQUIREMENTS_TEXT: requirements_text}
-    before_text = ledger.run_request(run_id)
-    before = json.loads(before_text) if before_text is not None else {}
-    for name, value in given.items():
-        kept = value if value is not None else before.get(name)
-        if kept is not None:
-            payload[name] = kept
-    run_dir.make()
-    atomic_write_json(run_dir.request_file, payload)
-    ledger.save_run_request(run_id, json.dumps(payload, sort_keys=True))
 
 
 def record_bundle(ledger: Ledger, run_id: str, bundle: Bundle) -> None:
@@ -129,82 +53,10 @@ def _host_access(ledger: Ledger, run_id: str, run_dir: RunDir) -> hosts.HostAcce
     """How the run reached its hosts (its saved request's remote root and ProxyCommand; the defaults
     otherwise)."""
     try:
-        request = saved_payload(ledger, run_id, run_dir)["request"]
-        return hosts.HostAccess(
-            str(request.get("ssh_remote_root") or ".tpuctl"), request.get("ssh_proxy_command") or None
-        )
+        request = saved_request(ledger, run_id, run_dir).request
+        return hosts.HostAccess(request.ssh_remote_root, request.ssh_proxy_command or None)
     except (UsageError, ValueError, KeyError, TypeError, AttributeError):
         return hosts.HostAccess(".tpuctl")
-
-
-def load_request(run_dir: RunDir) -> SavedRequest:
-    """The request saved in the run's local file (``saved_payload`` prefers the ledger's)."""
-    return parse_request(_local_payload(run_dir))
-
-
-def saved_payload(
-    ledger: Ledger, run_id: str, run_dir: RunDir, key: Callable[[], SecretKey] | None = None
-) -> dict[str, Any]:
-    """The run's saved request as the ledger holds it (any machine), else this machine's file. Its
-    ``--env`` values are decrypted with the key ``key`` gives, asked for only when there are some;
-    without one (a caller that reads no env) they are left out."""
-    text = ledger.run_request(run_id)
-    loaded = json.loads(text) if text is not None else None
-    payload = loaded if isinstance(loaded, dict) else _local_payload(run_dir)
-    if payload.pop(ENV_IN_SECRET, False) and key is not None:
-        env = ledger.get_secret(run_id, ENV_SECRET, key())
-        payload["request"]["env"] = json.loads(env) if env is not None else []
-    return payload
-
-
-def _local_payload(run_dir: RunDir) -> dict[str, Any]:
-    path = run_dir.request_file
-    try:
-        payload = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise UsageError(
-            f"cannot read the saved request of this run ({path}: {exc})",
-            field="RUN",
-            value=run_dir.root.name,
-            fix="only runs started by a tpuctl that saves requests can be resumed; start it again with "
-            "`tpuctl run`",
-        ) from None
-    return dict(payload)
-
-
-def parse_request(payload: dict[str, Any]) -> SavedRequest:
-    raw = dict(payload["request"])
-    raw["placement"] = _placement(raw)
-    for key in ("args", "env", "setup", "other_accelerator_types", "secret_names"):
-        raw[key] = tuple(raw.get(key) or ())
-    if raw.get("executor") not in EXECUTOR_KINDS:
-        raw["executor"] = None  # one that is gone (simulated hosts are VMs now, reached over SSH)
-    raw["labels"] = {str(k): str(v) for k, v in (raw.get("labels") or {}).items()}
-    names = {f.name for f in dataclasses.fields(RunRequest)}
-    request = RunRequest(**{k: v for k, v in raw.items() if k in names})
-    policy_raw = payload.get("policy") or {}
-    policy_names = {f.name for f in dataclasses.fields(RecoveryPolicy)}
-    policy = RecoveryPolicy(**{k: v for k, v in policy_raw.items() if k in policy_names})
-    budget = payload.get("budget_usd")
-    return SavedRequest(request, float(budget) if budget is not None else None, policy)
-
-
-def _placement(raw: dict[str, Any]) -> PlacementChoices:
-    """The saved placement choices; a request saved before they were one value reads its ``zone``,
-    ``api`` and allowed set (or, older still, its one ``capacity``: an on-demand one as none named, the
-    profile's deciding then, as they do now)."""
-    if "placement" in raw:
-        return PlacementChoices.from_dict(raw["placement"])
-    if "capacity_types" in raw:
-        types = tuple(CapacityType(t) for t in raw["capacity_types"])
-    else:
-        legacy = CapacityType(raw.get("capacity") or CapacityType.ON_DEMAND.value)
-        types = () if legacy is CapacityType.ON_DEMAND else (legacy,)
-    return PlacementChoices(
-        zones=(raw["zone"],) if raw.get("zone") else (),
-        capacity_types=types,
-        surface=None if raw.get("api") is None else Surface(raw["api"]),
-    )
 
 
 def _settings_env(session: Session) -> dict[str, str]:
@@ -324,10 +176,9 @@ def prepare_again(session: Session, record: RunRecord, run_dir: RunDir) -> Resum
     """The saved request of ``record``'s run, prepared again under the same run id, with its saved policy
     and budget; with a note when the program's files changed since (the new ones are shipped)."""
     run_id = record.run_id
-    payload = saved_payload(session.ledger, run_id, run_dir, lambda: secret_key(session.settings))
-    saved = parse_request(payload)
-    request = _from_ledger_bundle(session, saved.request, payload, run_dir)
-    request = with_saved_requirements(request, payload, run_dir)
+    saved = saved_request(session.ledger, run_id, run_dir, lambda: secret_key(session.settings))
+    request = _from_ledger_bundle(session, saved, run_dir)
+    request = with_saved_requirements(request, saved, run_dir)
     # The secret values from the ledger, decrypted here: whichever machine resumes the run gives the
     # program the values the run was started with.
     secrets = (
@@ -351,33 +202,22 @@ def prepare_again(session: Session, record: RunRecord, run_dir: RunDir) -> Resum
     )
 
 
-def _from_ledger_bundle(
-    session: Session, request: RunRequest, payload: dict[str, Any], run_dir: RunDir
-) -> RunRequest:
+def _from_ledger_bundle(session: Session, saved: SavedRequest, run_dir: RunDir) -> RunRequest:
     """``request`` reading the program from the ledger's bundle, unpacked into the run's directory on
     this machine (the first machine's files are not needed, nor looked at); as saved when the ledger has
     no bundle (a run recorded before bundles were)."""
+    request = saved.request
     data = session.ledger.bundle(run_dir.root.name)
     if data is None:
         return request
     program = run_dir.make().root / PROGRAM_FOLDER
     unpack_user_files(data, program)
-    script = payload.get(SCRIPT_IN_BUNDLE)
+    script = saved.script_in_bundle
     return dataclasses.replace(
         request,
         workdir=str(program) if request.script is not None or request.workdir else None,
         script=None if request.script is None or not script else str(program / script),
     )
-
-
-def with_saved_requirements(request: RunRequest, payload: dict[str, Any], run_dir: RunDir) -> RunRequest:
-    """``request`` installing the ``--requirements`` saved in the ledger, written (0600) into the run's
-    directory on this machine; as saved when the ledger has none (none given, or a run saved before)."""
-    text = payload.get(REQUIREMENTS_TEXT)
-    if request.requirements is None or not isinstance(text, str):
-        return request
-    path = atomic_write_text(run_dir.make().root / REQUIREMENTS_FILE, text)
-    return dataclasses.replace(request, requirements=str(path))
 
 
 def unpack_user_files(data: bytes, directory: Path) -> None:

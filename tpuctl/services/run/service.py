@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from tpuctl.errors import LeaseHeldError, UsageError
-from tpuctl.services.run import backstopped, control, describe, hostlog, prepare
+from tpuctl.services.run import backstopped, control, describe, hostlog, prepare, saved
 from tpuctl.services.run.fencing import LeaseKeeper, fenced_session
 from tpuctl.services.run.lookup import RunNotFoundError, resolve_run_id
 from tpuctl.services.run.rundir import RunDir
@@ -237,7 +237,7 @@ class Runs:
                 raise RunNotFoundError(record.run_id)
             _refuse_succeeded(fresh)  # it may have ended meanwhile
             if budget_usd is not None or max_preemptions is not None:
-                control.record_request(
+                saved.record_request(
                     fenced,
                     run_dir,
                     ready.prepared.request,

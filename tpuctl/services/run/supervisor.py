@@ -74,7 +74,7 @@ from tpuctl.services.run.accounting import (
     preemption_record,
     recovery_summary,
 )
-from tpuctl.services.run.control import record_bundle, record_request
+from tpuctl.services.run.control import record_bundle
 from tpuctl.services.run.fencing import LeaseBoundExecutor, LeaseKeeper, fenced_session
 from tpuctl.services.run.launcher import Launcher
 from tpuctl.services.run.lease import Lease, supervisor_identity
@@ -95,6 +95,7 @@ from tpuctl.services.run.occupancy import deletion_of
 from tpuctl.services.run.prepare import with_budget
 from tpuctl.services.run.provision import placed_as, placed_type_line, renamed
 from tpuctl.services.run.runkey import load_run_key, secret_key, store_run_key
+from tpuctl.services.run.saved import record_request
 from tpuctl.services.run.secretenv import store_secrets
 from tpuctl.services.run.segments import Segments
 from tpuctl.services.run.signals import EventTap, SliceWatch, StepBudget, classify
