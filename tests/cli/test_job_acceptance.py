@@ -88,10 +88,11 @@ class ProcessWatch:
     """While a run goes on: every process of this machine whose argv holds a value (what ``ps`` on a
     host would show), and for each attempt (TPUCTL_RESTART_COUNT) the environment of the program on
     each simulated host (its VM marker): the first process seen there with ``program`` as a word of its
-    argv."""
+    argv, of a run of ``state_dir`` (other tests on this machine may run the same program)."""
 
     values: tuple[str, ...]
     program: str
+    state_dir: Path
     in_argv: set[str] = field(default_factory=set)
     environs: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)
     _halt: threading.Event = field(default_factory=threading.Event)
@@ -111,9 +112,11 @@ class ProcessWatch:
         while not self._halt.is_set():
             for pid, argv in processes():
                 self.in_argv.update(f"{pid}: {argv!r}" for v in self.values if v.encode() in argv)
+            runs = {path.name for path in (self.state_dir / "runs").glob("run-*")}
             for proc in host_processes():
                 attempt = proc.environ.get("TPUCTL_RESTART_COUNT")
-                if attempt is not None and self.program in proc.argv:
+                ours = proc.environ.get("TPUCTL_RUN_ID") in runs
+                if ours and attempt is not None and self.program in proc.argv:
                     self.environs.setdefault(attempt, {}).setdefault(proc.environ[VM_MARKER], proc.environ)
             time.sleep(0.05)  # a poll of /proc, not a wait for simulated time
 
@@ -164,7 +167,7 @@ def _run_with_a_preemption(
         admin.stockout(v5e)
     chaos = Chaos(admin, state_dir, [Preempt(1, after_steps)], timeout=timeout)
     chaos.preempt = _move_the_stock_then_preempt(admin)
-    with ProcessWatch((HF_TOKEN,), program) as watch:
+    with ProcessWatch((HF_TOKEN,), program, state_dir) as watch:
         chaos.start()
         try:
             result = cli("run", "job.yaml", env={"HF_TOKEN": HF_TOKEN})
