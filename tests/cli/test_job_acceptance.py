@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from recovery_helpers import (
     HOST_XLA_ENV,
-    LM_ARGS,
+    V5E_16_ARGS,
     V5E_OTHER,
     V5E_ZONE,
     WORLD,
@@ -227,8 +227,6 @@ def test_the_job_lands_on_the_other_type_recovers_and_keeps_its_secret_to_the_pr
     _check_the_secret_is_only_in_the_program(result, watch, tmp_path, attempts=2)
 
 
-#: The recovery tests' tiny LM with a global batch of 16: 2 rows per device on v6e-8, 1 on v5e-16.
-V5E_16_ARGS = [*LM_ARGS[: LM_ARGS.index("--batch") + 1], "16", *LM_ARGS[LM_ARGS.index("--batch") + 2 :]]
 _LM_ARGS_WORDS = " ".join(V5E_16_ARGS)
 _XLA_FLAGS = HOST_XLA_ENV[1].split("=", 1)[1]
 #: The LM example's job file (docs/examples/lm-any-type.yaml) with the recovery tests' tiny model. Its
