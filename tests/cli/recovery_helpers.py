@@ -62,6 +62,8 @@ LM_ARGS = ["--steps", "30", "--checkpoint-every", "4", "--log-every", "5", "--ba
            "--layers", "1", "--d-model", "16", "--heads", "2", "--vocab", "32", "--seq-len", "16",
            "--step-delay", "0.15"]  # fmt: skip
 LM_STEPS = 30
+#: The same tiny LM with a global batch of 16: one row per device of a v5e-16, two of a v6e-8's.
+V5E_16_ARGS = [*LM_ARGS[: LM_ARGS.index("--batch") + 1], "16", *LM_ARGS[LM_ARGS.index("--batch") + 2 :]]
 HASH = re.compile(r"final_params_sha256 ([0-9a-f]{64})")
 
 

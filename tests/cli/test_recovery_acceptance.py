@@ -16,7 +16,7 @@ import pytest
 import yaml
 from recovery_helpers import (
     HOST_XLA_ENV,
-    LM_ARGS,
+    V5E_16_ARGS,
     V5E_OTHER,
     V5E_ZONE,
     WORLD,
@@ -33,8 +33,6 @@ from tpuctl.sim.vms.layout import vm_root_for
 from tpuctl.testing.cli import Cli
 
 #: What orbax writes for a step (its metadata and tensorstore's OCDBT files): none may be on a host.
-#: The recovery tests' tiny LM, with one example per device of the 16.
-V5E_16_ARGS = [*LM_ARGS[: LM_ARGS.index("--batch") + 1], "16", *LM_ARGS[LM_ARGS.index("--batch") + 2 :]]
 _CHECKPOINT_MARKERS = ("_CHECKPOINT_METADATA", "manifest.ocdbt", "_METADATA", "_sharding")
 
 

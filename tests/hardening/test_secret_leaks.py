@@ -20,9 +20,11 @@ import yaml
 from hardening_helpers import fast_world, no_crash, walk_modes, write_world
 
 from tpuctl.sim import SimAdminClient, SimServer
+from tpuctl.sim.vms.layout import vm_roots_of
 from tpuctl.sim.world import world_from_data
 from tpuctl.store.secrets import generate_key
 from tpuctl.testing.cli import CliResult, invoke
+from tpuctl.testing.exposure import leaks
 
 SENTINEL_KEY = "SENTINELPRIVKEY9f3a1c"
 SENTINEL_TOKEN = "SENTINELTOKEN7b2e44"
@@ -87,14 +89,9 @@ RESUME_REQUEST = "request.json"
 
 
 def scan(root: Path, texts: list[str]) -> list[str]:
-    leaks = []
-    for text in texts:
-        leaks += [s for s in SENTINELS if s in text]
-    for path in root.rglob("*"):
-        if path.is_file():
-            data = path.read_bytes()
-            leaks += [f"{path}: {s}" for s in SENTINELS if s.encode() in data]
-    return leaks
+    """Every sentinel in ``texts``, in a file below ``root`` or on the disk of a simulated host of a
+    simulator whose state is below ``root`` (its VMs live in the temp dir)."""
+    return leaks(SENTINELS, texts=texts, roots=[root, *vm_roots_of(root)])
 
 
 def test_sentinels_never_leak_and_state_is_private(

@@ -37,14 +37,23 @@ def redact_env(env: Mapping[str, str], user_keys: Sequence[str] | None = None) -
     return {k: (REDACTED if k in keys and is_secret_name(k) else v) for k, v in env.items()}
 
 
-#: Runs ``argv[1]`` with ``/bin/sh -c``, the rest of argv as its "$@", in place of the interpreter (its
-#: exit status is the host's), with the interpreter's directory first on PATH. Python, not a shell, does
+#: What the shell does on SIGTERM, set before the user's command. A VM's shutdown (a preemption's) and a
+#: stop send SIGTERM to every process: a shell without a trap dies at once, and the host's status would be
+#: the shell's (killed) while its program is still saving its checkpoint on the notice. Trapped, the
+#: shell waits for its foreground command and exits with that command's status (POSIX: ``exit`` in a trap
+#: exits with the status of the command before it), running nothing after it; a program that died of the
+#: SIGTERM has the shell die of it too, as a host without a shell does. The commands the shell runs get
+#: SIGTERM's default disposition (a trapped signal, unlike an ignored one, is reset for them).
+_SHELL_ON_SIGTERM = "trap 's=$?; [ \"$s\" -eq 143 ] && { trap - TERM; kill -TERM $$; }; exit $s' TERM; "
+#: Runs ``argv[1]`` with ``/bin/sh -c`` (after ``_SHELL_ON_SIGTERM``, on the same line, so the shell's
+#: line numbers are the command's), the rest of argv as its "$@", in place of the interpreter (its exit
+#: status is the host's), with the interpreter's directory first on PATH. Python, not a shell, does
 #: this: the interpreter's path may be relative to the login home, which the launcher resolves for the
 #: program it starts (argv[0]) but not for an argument, and ``sys.executable`` is then absolute.
 SHELL_LAUNCHER = (
     "import os,sys;"
     "os.environ['PATH']=os.path.dirname(sys.executable)+os.pathsep+os.environ.get('PATH','');"
-    "os.execv('/bin/sh',['/bin/sh','-c',sys.argv[1],'sh',*sys.argv[2:]])"
+    f"os.execv('/bin/sh',['/bin/sh','-c',{_SHELL_ON_SIGTERM!r}+sys.argv[1],'sh',*sys.argv[2:]])"
 )
 
 
