@@ -411,7 +411,9 @@ def test_interrupting_tpuctl_stops_every_host(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, "TPUCTL_STATE_DIR": str(state_dir)},
+        # The fault handler: a tpuctl still running past the bound below is made to print every thread's
+        # stack (SIGABRT), so a hang says where it hung.
+        env={**os.environ, "TPUCTL_STATE_DIR": str(state_dir), "PYTHONFAULTHANDLER": "1"},
     )
     pids: list[int] = []
     four = threading.Event()
@@ -432,7 +434,12 @@ def test_interrupting_tpuctl_stops_every_host(
         proc.send_signal(getattr(signal, sig))
         # ~2 s on a quiet machine; a bound against a hang, not a speed check: one clean-clone CI run beside
         # busy loops (load 15 on 2 cores) took past 20 s here.
-        code = proc.wait(timeout=60)
+        try:
+            code = proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)
+            _, stacks = proc.communicate(timeout=30)
+            pytest.fail(f"tpuctl still ran 60 s after {sig}; its stderr and stacks:\n{stacks[-15000:]}")
     finally:
         if proc.poll() is None:
             proc.kill()
