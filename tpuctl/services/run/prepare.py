@@ -296,19 +296,21 @@ def parse_env(pairs: Sequence[str]) -> dict[str, str]:
     env: dict[str, str] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
+        # The name, never the value: a value may be a token (errors are printed, logged and sent on).
+        shown = f"{key}=..." if sep else key
         if not sep or not ENV_NAME_RE.match(key):
             raise UsageError(
-                f"bad --env {pair!r}: expected KEY=VALUE with KEY a letter or _ followed by letters, "
+                f"bad --env {shown!r}: expected KEY=VALUE with KEY a letter or _ followed by letters, "
                 "digits or _",
                 field="env",
-                value=pair,
+                value=shown,
                 fix="write it as --env NAME=value, e.g. --env LEARNING_RATE=3e-4",
             )
         if key.startswith("TPUCTL_") or key == "PYTHONPATH":
             raise UsageError(
-                f"bad --env {pair!r}: {key} is set by tpuctl on every host (the worker environment)",
+                f"bad --env {shown!r}: {key} is set by tpuctl on every host (the worker environment)",
                 field="env",
-                value=pair,
+                value=shown,
                 fix="choose another name; tpuctl sets TPUCTL_* and PYTHONPATH itself",
             )
         if "\x00" in value:
