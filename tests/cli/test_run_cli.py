@@ -438,9 +438,14 @@ def test_interrupting_tpuctl_stops_every_host(
         try:
             code = proc.wait(timeout=120)
         except subprocess.TimeoutExpired:
+            # Its signal masks too (blocked, ignored, caught), in case the signal never reached Python.
+            masks = [line for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines()
+                     if line.startswith("Sig")]  # fmt: skip
             proc.send_signal(signal.SIGABRT)
             _, stacks = proc.communicate(timeout=30)
-            pytest.fail(f"tpuctl still ran 120 s after {sig}; its stderr and stacks:\n{stacks[-15000:]}")
+            pytest.fail(
+                f"tpuctl still ran 120 s after {sig} ({masks}); its stderr and stacks:\n{stacks[-15000:]}"
+            )
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -525,7 +525,8 @@ def run_crash_loop(
     chain_due = False  # a planned kill of the takeover waits for a run that has one
     while tally["killed"] < kills:
         started += 1
-        assert started <= 2 * kills, f"too few kills landed: {tally}"
+        # A planned kill misses when the run ends first (a loaded machine's recovery can outrun it).
+        assert started <= 2 * kills + 2, f"too few kills landed: {tally}"
         kill = plan[tally["killed"]]
         chain_due = chain_due or kill.chain
         run_id, code, output = _kill_run(env, state_dir, kill, rng, accelerator_type)
