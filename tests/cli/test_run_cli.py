@@ -69,11 +69,12 @@ def test_bad_input_exits_2_with_the_value_and_the_fix(
 
         ([str(script), "--pod", "busy"], "--pod", "busy", "wait until `tpuctl pod list` shows it READY"),
         ([str(script), "--type", "v5e-8", "--env", "NOEQUALS"], "--env", "NOEQUALS", "--env NAME=value"),
-        ([str(script), "--type", "v5e-8", "--env", "1X=2"], "--env", "1X=2", "--env NAME=value"),
+        # The name, never the value: a value may be a token.
+        ([str(script), "--type", "v5e-8", "--env", "1X=2"], "--env", "1X=...", "--env NAME=value"),
         (
             [str(script), "--type", "v5e-8", "--env", "TPUCTL_RUN_ID=x"],
             "--env",
-            "TPUCTL_RUN_ID=x",
+            "TPUCTL_RUN_ID=...",
             "tpuctl sets",
         ),
         ([str(script)], "--type", "", "--type v5e-8, or --pod my-slice"),
