@@ -285,3 +285,25 @@ def program_pids(run_id: str) -> dict[int, int | None]:
         if wanted in environ and any(v.startswith(b"TPUCTL_SIM_VM=") for v in environ):
             found[int(entry.name)] = process_start_ticks(int(entry.name))
     return found
+
+
+def steps_program(report: str = "", *, imports: str = "") -> str:
+    """A stdlib program of 20 steps of 0.1 s that stops at a preemption notice as the runtime's programs
+    do; at its start it prints ``"attempt", restart, <report>`` (``report``: more print arguments, Python
+    source; ``imports``: module names it needs for them, comma-separated)."""
+    modules = ", ".join(filter(None, [imports, "os, sys, time"]))
+    said = ", ".join(filter(None, ['"attempt", restart', report]))
+    return f"""\
+import {modules}
+from tpuctl.runtime.preemption import PreemptionWatch, emit, exit_preempted
+watch = PreemptionWatch.from_env().install()
+restart = int(os.environ["TPUCTL_RESTART_COUNT"])
+print({said}, flush=True)
+emit("start", step=0, restored=None, restart_count=restart, steps=20)
+for step in range(1, 21):
+    time.sleep(0.1)
+    emit("step", step=step, dt=0.1)
+    if watch.should_stop(step):
+        sys.exit(exit_preempted(step, saved=False))
+print("done", flush=True)
+"""

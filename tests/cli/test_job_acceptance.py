@@ -29,6 +29,7 @@ from recovery_helpers import (
     Chaos,
     Preempt,
     serve_for_jax_runs,
+    steps_program,
 )
 
 from tpuctl.sim import SimAdminClient
@@ -50,21 +51,11 @@ BUCKET = "tpuctl-sim"
 
 #: Reports the digest of its HF_TOKEN (never the value) and the type it runs on, steps slowly enough to
 #: be preempted, and stops at a preemption notice as the runtime's programs do.
-PROGRAM = """\
-import hashlib, os, sys, time
-from tpuctl.runtime.preemption import PreemptionWatch, emit, exit_preempted
-watch = PreemptionWatch.from_env().install()
-restart = int(os.environ["TPUCTL_RESTART_COUNT"])
-digest = hashlib.sha256(os.environ.get("HF_TOKEN", "").encode()).hexdigest()
-print("attempt", restart, "on", os.environ["TPUCTL_ACCELERATOR_TYPE"], "hf_token", digest, flush=True)
-emit("start", step=0, restored=None, restart_count=restart, steps=20)
-for step in range(1, 21):
-    time.sleep(0.1)
-    emit("step", step=step, dt=0.1)
-    if watch.should_stop(step):
-        sys.exit(exit_preempted(step, saved=False))
-print("done", flush=True)
-"""
+PROGRAM = steps_program(
+    '"on", os.environ["TPUCTL_ACCELERATOR_TYPE"], "hf_token", '
+    'hashlib.sha256(os.environ.get("HF_TOKEN", "").encode()).hexdigest()',
+    imports="hashlib",
+)
 
 ONE_HOST_JOB = f"""\
 name: acceptance

@@ -16,6 +16,7 @@ from recovery_helpers import (
     Chaos,
     Preempt,
     serve_for_jax_runs,
+    steps_program,
 )
 
 from tpuctl.cli.run_console import QUIET_LIMIT_S
@@ -28,20 +29,7 @@ STILL = "tpuctl: still "
 PLUMBING = ("google_auth_provider", "application-default login", "[Gloo]", "SIGTERM caught", "[tpuctl-setup]")
 
 #: A program with no dependencies that stops at the notice, as the runtime's programs do.
-STEPPER = """\
-import os, sys, time
-from tpuctl.runtime.preemption import PreemptionWatch, emit, exit_preempted
-watch = PreemptionWatch.from_env().install()
-restart = int(os.environ["TPUCTL_RESTART_COUNT"])
-emit("start", step=0, restored=None, restart_count=restart, steps=20)
-print("attempt", restart, flush=True)
-for step in range(1, 21):
-    time.sleep(0.1)
-    emit("step", step=step, dt=0.1)
-    if watch.should_stop(step):
-        sys.exit(exit_preempted(step, saved=False))
-print("done", flush=True)
-"""
+STEPPER = steps_program()
 
 
 @pytest.fixture

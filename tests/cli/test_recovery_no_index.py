@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from recovery_helpers import V5E_ZONE, WORLD, Chaos, Preempt
+from recovery_helpers import V5E_ZONE, WORLD, Chaos, Preempt, steps_program
 
 from tpuctl.hosts.envstore import env_record
 from tpuctl.hosts.setup import SetupSpec
@@ -23,21 +23,7 @@ pytestmark = pytest.mark.fresh_bucket
 
 #: A program whose one dependency (zipp) only the environment has, stopping at the notice as the
 #: runtime's programs do.
-PROGRAM = """\
-import os, sys, time
-import zipp
-from tpuctl.runtime.preemption import PreemptionWatch, emit, exit_preempted
-watch = PreemptionWatch.from_env().install()
-restart = int(os.environ["TPUCTL_RESTART_COUNT"])
-emit("start", step=0, restored=None, restart_count=restart, steps=20)
-print("attempt", restart, "with", zipp.__name__, "from", sys.prefix, flush=True)
-for step in range(1, 21):
-    time.sleep(0.1)
-    emit("step", step=step, dt=0.1)
-    if watch.should_stop(step):
-        sys.exit(exit_preempted(step, saved=False))
-print("done", flush=True)
-"""
+PROGRAM = steps_program('"with", zipp.__name__, "from", sys.prefix', imports="zipp")
 REQUIREMENTS = "zipp\n"
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from recovery_helpers import V5E_ZONE, WORLD, Chaos, Preempt
+from recovery_helpers import V5E_ZONE, WORLD, Chaos, Preempt, steps_program
 
 from tpuctl.sim import SimAdminClient
 from tpuctl.testing.cli import Cli
@@ -22,20 +22,7 @@ TYPES_WORLD: dict[str, Any] = {
     "zones": {**WORLD["zones"], V6E_ZONE: {"v6e": {"on_demand": 64, "preemptible": 64}}},
 }
 #: Says which type it runs on, and stops at a preemption notice as the runtime's programs do.
-PROGRAM = """\
-import os, sys, time
-from tpuctl.runtime.preemption import PreemptionWatch, emit, exit_preempted
-watch = PreemptionWatch.from_env().install()
-restart = int(os.environ["TPUCTL_RESTART_COUNT"])
-emit("start", step=0, restored=None, restart_count=restart, steps=20)
-print("attempt", restart, "on", os.environ["TPUCTL_ACCELERATOR_TYPE"], flush=True)
-for step in range(1, 21):
-    time.sleep(0.1)
-    emit("step", step=step, dt=0.1)
-    if watch.should_stop(step):
-        sys.exit(exit_preempted(step, saved=False))
-print("done", flush=True)
-"""
+PROGRAM = steps_program('"on", os.environ["TPUCTL_ACCELERATOR_TYPE"]')
 
 
 @pytest.fixture
