@@ -7,7 +7,7 @@ A flag left at its default gives nothing, so the file's value (or the parameter'
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
@@ -24,19 +24,17 @@ _NOT_VALUES: Final = frozenset({"script", "args", "executor", "detach", "verbose
                                 "no_import_check"})  # fmt: skip
 
 
-def _pairs(param: str) -> Callable[[list[str]], dict[str, Any]]:
-    def parse(pairs: list[str]) -> dict[str, Any]:
-        if param == "env":
-            from tpuctl.services.run.prepare import parse_env
+def _pairs(param: str, pairs: list[str]) -> dict[str, Any]:
+    """``--env``, ``--label`` or ``--secret`` words by key, parsed as the flag's own parser does."""
+    if param == "env":
+        from tpuctl.services.run.prepare import parse_env
 
-            return dict(parse_env(pairs))
-        if param == "label":
-            return params.labels(pairs)
-        from tpuctl.services.run.secretenv import parse_secret_flags
+        return parse_env(pairs)
+    if param == "label":
+        return params.labels(pairs)
+    from tpuctl.services.run.secretenv import parse_secret_flags
 
-        return dict(parse_secret_flags(pairs))
-
-    return parse
+    return dict(parse_secret_flags(pairs))
 
 
 def flag_values(ctx: typer.Context, *, script: str | None, args: list[str]) -> dict[str, Given]:
@@ -55,7 +53,7 @@ def flag_values(ctx: typer.Context, *, script: str | None, args: list[str]) -> d
             continue
         param = _RENAMED.get(name, name)
         if param in ("env", "label", "secret"):
-            value = _pairs(param)(list(value))
+            value = _pairs(param, list(value))
         label = params.flag(param) if param in params.FLAGS else "--" + name.replace("_", "-")
         out[param] = Given(value, flag=label)
     return out
