@@ -20,14 +20,14 @@ The protocol (what ``Ledger.claim_lease`` and friends run, each inside one write
 * **release**: clears token and owner where token and generation match (the generation stays, so the
   next claim's is still higher).
 
-"Now" is always the database's clock (``DB_NOW_SQL``), read once per transaction, never a caller's: two
-machines with skewed clocks still agree on whether a lease expired. (On SQLite the database's clock is
-the clock of the machine the file is on, the only one its writers share.) Every claim, takeover, loss and
-release is appended to ``run_lease_history`` with that time, the owner and the generation (a claim's
-consecutive renewals are one row, moved on with each); the token never is.
+"Now" is always the database's clock (``db_now``: ``Dialect.now_epoch``), read once per transaction,
+never a caller's: two machines with skewed clocks still agree on whether a lease expired. (On SQLite the
+database's clock is the clock of the machine the file is on, the only one its writers share.) Every
+claim, takeover, loss and release is appended to ``run_lease_history`` with that time, the owner and
+the generation (a claim's consecutive renewals are one row, moved on with each); the token never is.
 
-The SQL here is plain (upsert, RETURNING, NOT EXISTS), as PostgreSQL takes it too; only ``DB_NOW_SQL``
-is SQLite's own.
+The SQL here is plain (upsert, RETURNING, NOT EXISTS) with named parameters, as both engines take it
+(``tpuctl.store.sql``); only the clock comes from the connection's dialect.
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ import dataclasses
 import json
 import math
 import secrets
-import sqlite3
 from typing import Any, Final
 
 from tpuctl.errors import LeaseHeldError, LeaseLostError
@@ -49,12 +48,8 @@ from tpuctl.store.records import (
     LeaseOwner,
     LedgerError,
 )
+from tpuctl.store.sql import SqlConnection
 from tpuctl.timefmt import iso
-
-#: The database's clock in epoch seconds. SQLite: Julian days since noon UTC 4714 BC, whose epoch
-#: (1970-01-01) is Julian day 2440587.5; millisecond resolution. (PostgreSQL:
-#: ``SELECT extract(epoch FROM clock_timestamp())``, not ``now()``, which is the transaction's start.)
-DB_NOW_SQL: Final = "SELECT (julianday('now') - 2440587.5) * 86400.0"
 
 _LEASE_COLS: Final = (
     "run_id, generation, token, owner_id, host, pid, start_ticks, claimed_at, renewed_at, expires_at"
@@ -63,14 +58,15 @@ _HISTORY_COLS: Final = (
     "id, run_id, at, action, generation, owner_id, host, pid, start_ticks, expires_at, detail"
 )
 
-_CLAIM_SQL: Final = f"""INSERT INTO run_leases ({_LEASE_COLS}) VALUES (?, 1, ?, ?, ?, ?, ?, ?, ?, ?)
+_CLAIM_SQL: Final = f"""INSERT INTO run_leases ({_LEASE_COLS})
+    VALUES (:run_id, 1, :token, :owner_id, :host, :pid, :start_ticks, :now, :now, :expires_at)
     ON CONFLICT (run_id) DO UPDATE SET generation = run_leases.generation + 1, token = excluded.token,
         owner_id = excluded.owner_id, host = excluded.host, pid = excluded.pid,
         start_ticks = excluded.start_ticks, claimed_at = excluded.claimed_at,
         renewed_at = excluded.renewed_at, expires_at = excluded.expires_at
-    WHERE run_leases.token IS NULL OR run_leases.expires_at <= ?
+    WHERE run_leases.token IS NULL OR run_leases.expires_at <= :now
     RETURNING generation"""
-_MATCHES: Final = "run_id = ? AND token = ? AND generation = ?"
+_MATCHES: Final = "run_id = :run_id AND token = :token AND generation = :generation"
 _ACTIONS: Final[dict[str, LeaseAction]] = {a.value: a for a in LeaseAction}
 
 
@@ -85,9 +81,9 @@ class _LeaseRow:
     expires_at: float | None
 
 
-def db_now(conn: sqlite3.Connection) -> float:
-    """The database's clock now, in epoch seconds."""
-    return float(conn.execute(DB_NOW_SQL).fetchone()[0])
+def db_now(conn: SqlConnection) -> float:
+    """The database's clock now, in epoch seconds (``Dialect.now_epoch``)."""
+    return float(conn.execute(f"SELECT {conn.dialect.now_epoch}").fetchone()[0])
 
 
 def check_ttl(ttl_s: float) -> float:
@@ -96,7 +92,7 @@ def check_ttl(ttl_s: float) -> float:
     return float(ttl_s)
 
 
-def claim(conn: sqlite3.Connection, run_id: str, owner: LeaseOwner, ttl_s: float) -> LeaseClaim:
+def claim(conn: SqlConnection, run_id: str, owner: LeaseOwner, ttl_s: float) -> LeaseClaim:
     """Take the run's lease if it is free or expired; ``LeaseHeldError`` if another holds it live. The
     caller holds the write transaction (and has checked that the run exists)."""
     ttl = check_ttl(ttl_s)
@@ -108,8 +104,11 @@ def claim(conn: sqlite3.Connection, run_id: str, owner: LeaseOwner, ttl_s: float
     expires_at = now + ttl
     returned = conn.execute(
         _CLAIM_SQL,
-        (run_id, token, owner.owner_id, owner.host, owner.pid, owner.start_ticks, now, now, expires_at, now),
-    ).fetchall()
+        {
+            "run_id": run_id, "token": token, "owner_id": owner.owner_id, "host": owner.host,
+            "pid": owner.pid, "start_ticks": owner.start_ticks, "now": now, "expires_at": expires_at,
+        },
+    ).fetchall()  # fmt: skip
     if not returned:  # taken between our read and our write (an engine without a write lock up front)
         after = _row(conn, run_id)
         if after is None or after.owner is None:
@@ -128,15 +127,16 @@ def claim(conn: sqlite3.Connection, run_id: str, owner: LeaseOwner, ttl_s: float
     return LeaseClaim(run_id, owner, token, generation, expires_at, cancel_request(conn, run_id))
 
 
-def renew(conn: sqlite3.Connection, held: LeaseClaim, ttl_s: float) -> LeaseClaim | LeaseLostError:
+def renew(conn: SqlConnection, held: LeaseClaim, ttl_s: float) -> LeaseClaim | LeaseLostError:
     """``held`` with its expiry pushed to now + ``ttl_s`` (and the run's cancel request read), or the
     loss (already appended to the history) when the lease is no longer ``held``'s."""
     ttl = check_ttl(ttl_s)
     now = db_now(conn)
     expires_at = now + ttl
     cur = conn.execute(
-        f"UPDATE run_leases SET renewed_at = ?, expires_at = ? WHERE {_MATCHES} AND expires_at > ?",
-        (now, expires_at, held.run_id, held.token, held.generation, now),
+        f"UPDATE run_leases SET renewed_at = :now, expires_at = :expires_at WHERE {_MATCHES} "
+        "AND expires_at > :now",
+        {"now": now, "expires_at": expires_at, **_matching(held)},
     )
     if cur.rowcount != 1:
         return lost(conn, held, now, during="renewal")
@@ -144,14 +144,14 @@ def renew(conn: sqlite3.Connection, held: LeaseClaim, ttl_s: float) -> LeaseClai
     return dataclasses.replace(held, expires_at=expires_at, cancel=cancel_request(conn, held.run_id))
 
 
-def _note_renewal(conn: sqlite3.Connection, held: LeaseClaim, now: float, expires_at: float) -> None:
+def _note_renewal(conn: SqlConnection, held: LeaseClaim, now: float, expires_at: float) -> None:
     """A renewal in the history: the claim's renewals since its last other entry are one row, moved to
     the latest one's time and expiry and counting them (``detail["renewals"]``). A run renewed every 15 s
     for days keeps a history of its claims, not tens of thousands of rows that `runs describe` reads."""
     last = conn.execute(
-        "SELECT id, action, owner_id, generation, detail FROM run_lease_history WHERE run_id = ? "
+        "SELECT id, action, owner_id, generation, detail FROM run_lease_history WHERE run_id = :run_id "
         "ORDER BY id DESC LIMIT 1",
-        (held.run_id,),
+        {"run_id": held.run_id},
     ).fetchone()
     if last is not None and (last[1], last[2], last[3]) == (
         LeaseAction.RENEW.value,
@@ -160,33 +160,34 @@ def _note_renewal(conn: sqlite3.Connection, held: LeaseClaim, now: float, expire
     ):
         count = int(json.loads(last[4] or "{}").get("renewals", 1)) + 1
         conn.execute(
-            "UPDATE run_lease_history SET at = ?, expires_at = ?, detail = ? WHERE id = ?",
-            (now, expires_at, _json({"renewals": count}), last[0]),
+            "UPDATE run_lease_history SET at = :at, expires_at = :expires_at, detail = :detail "
+            "WHERE id = :id",
+            {"at": now, "expires_at": expires_at, "detail": _json({"renewals": count}), "id": last[0]},
         )
         return
     detail = {"renewals": 1}
     _append(conn, held.run_id, now, LeaseAction.RENEW, held.owner, held.generation, expires_at, detail)
 
 
-def fence(conn: sqlite3.Connection, held: LeaseClaim, *, during: str = "write") -> LeaseLostError | None:
+def fence(conn: SqlConnection, held: LeaseClaim, *, during: str = "write") -> LeaseLostError | None:
     """The fence of a write transaction, its first statement: None while ``held`` still holds the lease
     (the row is then locked until the transaction ends, on an engine with row locks), else the loss,
     already appended to the history; the caller then commits only that and raises it."""
     now = db_now(conn)
     cur = conn.execute(
-        f"UPDATE run_leases SET generation = generation WHERE {_MATCHES} AND expires_at > ?",
-        (held.run_id, held.token, held.generation, now),
+        f"UPDATE run_leases SET generation = generation WHERE {_MATCHES} AND expires_at > :now",
+        {"now": now, **_matching(held)},
     )
     return None if cur.rowcount == 1 else lost(conn, held, now, during=during)
 
 
-def release(conn: sqlite3.Connection, held: LeaseClaim) -> bool:
+def release(conn: SqlConnection, held: LeaseClaim) -> bool:
     """Give the lease back; False (and nothing written) when it was no longer ``held``'s."""
     now = db_now(conn)
     cur = conn.execute(
         "UPDATE run_leases SET token = NULL, owner_id = NULL, host = NULL, pid = NULL, start_ticks = NULL, "
         f"claimed_at = NULL, renewed_at = NULL, expires_at = NULL WHERE {_MATCHES}",
-        (held.run_id, held.token, held.generation),
+        _matching(held),
     )
     if cur.rowcount != 1:
         return False
@@ -194,7 +195,7 @@ def release(conn: sqlite3.Connection, held: LeaseClaim) -> bool:
     return True
 
 
-def holder(conn: sqlite3.Connection, run_id: str) -> LeaseHolder | None:
+def holder(conn: SqlConnection, run_id: str) -> LeaseHolder | None:
     """Who holds the run's lease (also after it expired, until someone takes or releases it); None when
     it was never claimed or was released."""
     row = _row(conn, run_id)
@@ -206,9 +207,10 @@ def holder(conn: sqlite3.Connection, run_id: str) -> LeaseHolder | None:
     )
 
 
-def history(conn: sqlite3.Connection, run_id: str) -> list[LeaseHistoryRecord]:
+def history(conn: SqlConnection, run_id: str) -> list[LeaseHistoryRecord]:
     rows = conn.execute(
-        f"SELECT {_HISTORY_COLS} FROM run_lease_history WHERE run_id = ? ORDER BY id", (run_id,)
+        f"SELECT {_HISTORY_COLS} FROM run_lease_history WHERE run_id = :run_id ORDER BY id",
+        {"run_id": run_id},
     ).fetchall()
     return [_history_record(r) for r in rows]
 
@@ -226,46 +228,48 @@ def _history_record(r: tuple[Any, ...]) -> LeaseHistoryRecord:
     )
 
 
-def request_cancel(conn: sqlite3.Connection, run_id: str, by: str) -> CancelRequest:
+def request_cancel(conn: SqlConnection, run_id: str, by: str) -> CancelRequest:
     """Record that ``by`` asks the run to stop (needs no lease: any machine may ask); the first request
     stands, a repeat returns it."""
     now = db_now(conn)
     conn.execute(
-        "INSERT INTO run_cancel_requests (run_id, requested_at, requested_by) VALUES (?, ?, ?) "
+        "INSERT INTO run_cancel_requests (run_id, requested_at, requested_by) VALUES (:run_id, :at, :by) "
         "ON CONFLICT (run_id) DO NOTHING",
-        (run_id, now, by),
+        {"run_id": run_id, "at": now, "by": by},
     )
     found = cancel_request(conn, run_id)
     assert found is not None
     return found
 
 
-def clear_cancel(conn: sqlite3.Connection, run_id: str) -> None:
+def clear_cancel(conn: SqlConnection, run_id: str) -> None:
     """Forget the run's cancel request (the caller's write is fenced: only the lease's holder clears)."""
-    conn.execute("DELETE FROM run_cancel_requests WHERE run_id = ?", (run_id,))
+    conn.execute("DELETE FROM run_cancel_requests WHERE run_id = :run_id", {"run_id": run_id})
 
 
-def cancel_request(conn: sqlite3.Connection, run_id: str) -> CancelRequest | None:
+def cancel_request(conn: SqlConnection, run_id: str) -> CancelRequest | None:
     row = conn.execute(
-        "SELECT requested_at, requested_by FROM run_cancel_requests WHERE run_id = ?", (run_id,)
+        "SELECT requested_at, requested_by FROM run_cancel_requests WHERE run_id = :run_id",
+        {"run_id": run_id},
     ).fetchone()
     return None if row is None else CancelRequest(run_id, float(row[0]), str(row[1]))
 
 
-def lost(conn: sqlite3.Connection, held: LeaseClaim, now: float, *, during: str) -> LeaseLostError:
+def lost(conn: SqlConnection, held: LeaseClaim, now: float, *, during: str) -> LeaseLostError:
     """Why ``held`` no longer holds the lease, appended to the history once per claim (a supervisor that
     keeps trying adds no more rows), as the error its holder gets."""
     row = _row(conn, held.run_id)
     reason = _why_lost(row, held, now)
     conn.execute(
         "INSERT INTO run_lease_history (run_id, at, action, generation, owner_id, host, pid, start_ticks, "
-        "expires_at, detail) SELECT ?, ?, ?, ?, ?, ?, ?, ?, NULL, ? WHERE NOT EXISTS (SELECT 1 FROM "
-        "run_lease_history WHERE run_id = ? AND action = ? AND owner_id = ? AND generation = ?)",
-        (
-            held.run_id, now, LeaseAction.LOST.value, held.generation, held.owner.owner_id, held.owner.host,
-            held.owner.pid, held.owner.start_ticks, _json({"during": during, "reason": reason}),
-            held.run_id, LeaseAction.LOST.value, held.owner.owner_id, held.generation,
-        ),
+        "expires_at, detail) SELECT :run_id, :at, :action, :generation, :owner_id, :host, :pid, "
+        ":start_ticks, NULL, :detail WHERE NOT EXISTS (SELECT 1 FROM run_lease_history "
+        "WHERE run_id = :run_id AND action = :action AND owner_id = :owner_id AND generation = :generation)",
+        {
+            "run_id": held.run_id, "at": now, "action": LeaseAction.LOST.value, "generation": held.generation,
+            "owner_id": held.owner.owner_id, "host": held.owner.host, "pid": held.owner.pid,
+            "start_ticks": held.owner.start_ticks, "detail": _json({"during": during, "reason": reason}),
+        },
     )  # fmt: skip
     return LeaseLostError(
         f"the lease on run {held.run_id} (generation {held.generation}) is no longer this supervisor's: "
@@ -289,8 +293,10 @@ def _why_lost(row: _LeaseRow | None, held: LeaseClaim, now: float) -> str:
     return f"it expired at {iso(row.expires_at)}, {now - row.expires_at:.1f} s ago by the ledger's clock"
 
 
-def _row(conn: sqlite3.Connection, run_id: str) -> _LeaseRow | None:
-    r = conn.execute(f"SELECT {_LEASE_COLS} FROM run_leases WHERE run_id = ?", (run_id,)).fetchone()
+def _row(conn: SqlConnection, run_id: str) -> _LeaseRow | None:
+    r = conn.execute(
+        f"SELECT {_LEASE_COLS} FROM run_leases WHERE run_id = :run_id", {"run_id": run_id}
+    ).fetchone()
     if r is None:
         return None
     owner = None if r[3] is None else LeaseOwner(r[3], r[4], r[5], r[6])
@@ -315,7 +321,7 @@ def _held(row: _LeaseRow, owner: LeaseOwner, now: float) -> LeaseHeldError:
 
 
 def _append(
-    conn: sqlite3.Connection,
+    conn: SqlConnection,
     run_id: str,
     at: float,
     action: LeaseAction,
@@ -326,12 +332,20 @@ def _append(
 ) -> None:
     conn.execute(
         "INSERT INTO run_lease_history (run_id, at, action, generation, owner_id, host, pid, start_ticks, "
-        "expires_at, detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        (
-            run_id, at, action.value, generation, owner.owner_id, owner.host, owner.pid, owner.start_ticks,
-            expires_at, None if detail is None else _json(detail),
-        ),
+        "expires_at, detail) VALUES (:run_id, :at, :action, :generation, :owner_id, :host, :pid, "
+        ":start_ticks, :expires_at, :detail)",
+        {
+            "run_id": run_id, "at": at, "action": action.value, "generation": generation,
+            "owner_id": owner.owner_id, "host": owner.host, "pid": owner.pid,
+            "start_ticks": owner.start_ticks, "expires_at": expires_at,
+            "detail": None if detail is None else _json(detail),
+        },
     )  # fmt: skip
+
+
+def _matching(held: LeaseClaim) -> dict[str, Any]:
+    """The parameters of ``_MATCHES``: the lease is still ``held``'s."""
+    return {"run_id": held.run_id, "token": held.token, "generation": held.generation}
 
 
 def _json(data: dict[str, Any]) -> str:

@@ -77,6 +77,7 @@ from tpuctl.store.records import (
     SliceRef,
 )
 from tpuctl.store.secrets import SecretKey
+from tpuctl.store.sql import SqlConnection, SqliteConnection
 from tpuctl.store.url import LEDGER_FILENAME, DatabaseUrl, parse_database_url, sqlite_url
 from tpuctl.store.view import POD_KINDS, Ev, PodRow, apply_event
 
@@ -174,6 +175,7 @@ class Ledger:
             )
         except sqlite3.Error as exc:
             raise LedgerError(f"cannot open the ledger {db}: {exc}") from None
+        self._sql = SqliteConnection(self._conn)
         try:
             with self._translate():
                 self._configure()
@@ -290,7 +292,7 @@ class Ledger:
             ) from exc
 
     @contextlib.contextmanager
-    def _write(self, fence: LeaseClaim | None = None) -> Iterator[sqlite3.Connection]:
+    def _write(self, fence: LeaseClaim | None = None) -> Iterator[SqlConnection]:
         """One write transaction; fenced by ``fence`` and by this view's claim, when either is set: a
         claim that no longer holds its run's lease commits only the loss (to the lease history) and
         raises ``LeaseLostError`` before the caller's statements run."""
@@ -300,11 +302,11 @@ class Ledger:
                 conn.execute("BEGIN IMMEDIATE")
                 try:
                     for claim in _distinct_claims(self._fence, fence):
-                        lost = leases.fence(conn, claim)
+                        lost = leases.fence(self._sql, claim)
                         if lost is not None:
                             conn.execute("COMMIT")
                             raise lost
-                    yield conn
+                    yield self._sql
                     conn.execute("COMMIT")
                 except BaseException:
                     if conn.in_transaction:
@@ -316,13 +318,13 @@ class Ledger:
             raise
 
     @contextlib.contextmanager
-    def _read(self) -> Iterator[sqlite3.Connection]:
+    def _read(self) -> Iterator[SqlConnection]:
         # A read transaction so multi-statement reads see one snapshot.
         with self._lock, self._translate():
             conn = self._conn
             conn.execute("BEGIN")
             try:
-                yield conn
+                yield self._sql
             finally:
                 if conn.in_transaction:
                     conn.execute("COMMIT")
@@ -424,7 +426,7 @@ class Ledger:
         )
 
     def _apply(
-        self, conn: sqlite3.Connection, events: Iterable[Ev], *, return_ids: bool = True
+        self, conn: SqlConnection, events: Iterable[Ev], *, return_ids: bool = True
     ) -> tuple[list[int], int]:
         """Insert ``events`` and move the pods view; the caller holds the write transaction.
 
@@ -662,15 +664,15 @@ class Ledger:
         with self._write() as conn:
             event_id = self._apply(conn, (ev,))[0][0]
             cur = conn.execute(
-                f"INSERT INTO attempts ({_ATTEMPT_COLS}) VALUES (NULL, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT INTO attempts ({_ATTEMPT_COLS}) "
+                "VALUES (NULL, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
                 (
                     request_id, ev.ts, zone, ev.capacity, outcome_value, message,
                     None if duration_s is None else float(duration_s), pod, accelerator_type, event_id,
                     _json_or_none(detail),
                 ),
             )  # fmt: skip
-            assert cur.lastrowid is not None
-            return cur.lastrowid
+            return int(cur.fetchone()[0])
 
     def attempts(self, request_id: str) -> list[AttemptRecord]:
         with self._read() as conn:
@@ -837,14 +839,13 @@ class Ledger:
             )
             cur = conn.execute(
                 f"INSERT INTO run_segments ({_SEGMENT_COLS}) "
-                "VALUES (NULL, ?, ?, ?, NULL, ?, ?, ?, NULL, NULL, ?)",
+                "VALUES (NULL, ?, ?, ?, NULL, ?, ?, ?, NULL, NULL, ?) RETURNING id",
                 (
                     run_id, kind_value, begin, pod, zone,
                     None if capacity is None else CapacityType(capacity).value, _json_or_none(detail),
                 ),
             )  # fmt: skip
-            assert cur.lastrowid is not None
-            return cur.lastrowid
+            return int(cur.fetchone()[0])
 
     def close_segment(
         self,
@@ -923,7 +924,7 @@ class Ledger:
             ).fetchall()
         return [_segment_record(r) for r in rows]
 
-    def _get_run(self, conn: sqlite3.Connection, run_id: str) -> RunRecord:
+    def _get_run(self, conn: SqlConnection, run_id: str) -> RunRecord:
         row = conn.execute(f"SELECT {_RUN_COLS} FROM runs WHERE run_id = ?", (run_id,)).fetchone()
         if row is None:
             raise LedgerError(f"no run {run_id!r} in the ledger", fix="see `tpuctl runs list`")
@@ -1225,7 +1226,7 @@ def _rollup_differences(
 # -- row <-> record helpers ------------------------------------------------------------------------
 
 
-def _flush_pods(conn: sqlite3.Connection, dirty: dict[int, PodRow]) -> None:
+def _flush_pods(conn: SqlConnection, dirty: dict[int, PodRow]) -> None:
     # In id order: updates of existing rows (which may close an incarnation) come before the insert of
     # a newer incarnation of the same zone+name, so the "one open incarnation" index never trips.
     conn.executemany(_UPSERT_POD, [dirty[k].as_tuple() for k in sorted(dirty)])

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sqlite3
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
@@ -26,6 +25,7 @@ from tpuctl.store.records import (
     RunState,
     SliceRef,
 )
+from tpuctl.store.sql import SqlConnection
 
 #: The most one blob (a run's bundle, its saved request) may hold in the ledger. A blob is read whole
 #: into memory and written in one transaction that holds the write lock, and every supervisor of a team
@@ -41,7 +41,7 @@ _INTENT_ACTIONS: Final = {a.value: a for a in IntentAction}
 
 
 def record_intent(
-    conn: sqlite3.Connection,
+    conn: SqlConnection,
     claim: LeaseClaim,
     action: IntentAction,
     pod: str,
@@ -51,18 +51,20 @@ def record_intent(
     now = leases.db_now(conn)
     row = conn.execute(
         "INSERT INTO run_intents (run_id, at, action, pod, zone, generation, owner_id, detail) "
-        f"VALUES (?, ?, ?, ?, ?, ?, ?, ?) RETURNING {_INTENT_COLS}",
-        (
-            claim.run_id, now, IntentAction(action).value, pod, zone, claim.generation,
-            claim.owner.owner_id, None if detail is None else _json(detail),
-        ),
+        "VALUES (:run_id, :at, :action, :pod, :zone, :generation, :owner_id, :detail) "
+        f"RETURNING {_INTENT_COLS}",
+        {
+            "run_id": claim.run_id, "at": now, "action": IntentAction(action).value, "pod": pod, "zone": zone,
+            "generation": claim.generation, "owner_id": claim.owner.owner_id,
+            "detail": None if detail is None else _json(detail),
+        },
     ).fetchone()  # fmt: skip
     return _intent_record(row)
 
 
-def intents(conn: sqlite3.Connection, run_id: str) -> list[IntentRecord]:
+def intents(conn: SqlConnection, run_id: str) -> list[IntentRecord]:
     rows = conn.execute(
-        f"SELECT {_INTENT_COLS} FROM run_intents WHERE run_id = ? ORDER BY id", (run_id,)
+        f"SELECT {_INTENT_COLS} FROM run_intents WHERE run_id = :run_id ORDER BY id", {"run_id": run_id}
     ).fetchall()
     return [_intent_record(r) for r in rows]
 
@@ -82,7 +84,7 @@ def _intent_record(r: tuple[Any, ...]) -> IntentRecord:
 
 
 def update_run_state(
-    conn: sqlite3.Connection,
+    conn: SqlConnection,
     claim: LeaseClaim,
     changes: Mapping[str, Any],
 ) -> RunState:
@@ -96,17 +98,26 @@ def update_run_state(
     )
     conn.execute(
         "INSERT INTO run_state (run_id, phase, attempt, slices, generation, updated_at) "
-        "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (run_id) DO UPDATE SET phase = excluded.phase, "
+        "VALUES (:run_id, :phase, :attempt, :slices, :generation, :at) "
+        "ON CONFLICT (run_id) DO UPDATE SET phase = excluded.phase, "
         "attempt = excluded.attempt, slices = excluded.slices, generation = excluded.generation, "
         "updated_at = excluded.updated_at",
-        (claim.run_id, phase, attempt, _slices_json(slices), claim.generation, now),
+        {
+            "run_id": claim.run_id,
+            "phase": phase,
+            "attempt": attempt,
+            "slices": _slices_json(slices),
+            "generation": claim.generation,
+            "at": now,
+        },
     )
     return RunState(claim.run_id, phase, attempt, slices, claim.generation, now)
 
 
-def run_state(conn: sqlite3.Connection, run_id: str) -> RunState | None:
+def run_state(conn: SqlConnection, run_id: str) -> RunState | None:
     row = conn.execute(
-        "SELECT phase, attempt, slices, generation, updated_at FROM run_state WHERE run_id = ?", (run_id,)
+        "SELECT phase, attempt, slices, generation, updated_at FROM run_state WHERE run_id = :run_id",
+        {"run_id": run_id},
     ).fetchone()
     if row is None:
         return None
@@ -114,7 +125,7 @@ def run_state(conn: sqlite3.Connection, run_id: str) -> RunState | None:
     return RunState(run_id, row[0], row[1], slices, row[3], row[4])
 
 
-def save_blob(conn: sqlite3.Connection, run_id: str, name: str, data: bytes) -> BlobRecord:
+def save_blob(conn: SqlConnection, run_id: str, name: str, data: bytes) -> BlobRecord:
     if len(data) > MAX_BLOB_BYTES:
         raise BlobTooLargeError(
             f"the {name} of run {run_id} is {_mib(len(data))}, more than the {_mib(MAX_BLOB_BYTES)} the "
@@ -127,18 +138,20 @@ def save_blob(conn: sqlite3.Connection, run_id: str, name: str, data: bytes) -> 
     now = leases.db_now(conn)
     digest = hashlib.sha256(data).hexdigest()
     conn.execute(
-        "INSERT INTO run_blobs (run_id, name, sha256, size, data, saved_at) VALUES (?, ?, ?, ?, ?, ?) "
+        "INSERT INTO run_blobs (run_id, name, sha256, size, data, saved_at) "
+        "VALUES (:run_id, :name, :sha256, :size, :data, :at) "
         "ON CONFLICT (run_id, name) DO UPDATE SET sha256 = excluded.sha256, size = excluded.size, "
         "data = excluded.data, saved_at = excluded.saved_at",
-        (run_id, name, digest, len(data), bytes(data), now),
+        {"run_id": run_id, "name": name, "sha256": digest, "size": len(data), "data": bytes(data), "at": now},
     )
     return BlobRecord(run_id, name, digest, len(data), now)
 
 
-def blob(conn: sqlite3.Connection, run_id: str, name: str) -> bytes | None:
+def blob(conn: SqlConnection, run_id: str, name: str) -> bytes | None:
     """The blob's bytes, checked against the SHA-256 saved with them; None when the run has none."""
     row = conn.execute(
-        "SELECT sha256, data FROM run_blobs WHERE run_id = ? AND name = ?", (run_id, name)
+        "SELECT sha256, data FROM run_blobs WHERE run_id = :run_id AND name = :name",
+        {"run_id": run_id, "name": name},
     ).fetchone()
     if row is None:
         return None
@@ -151,26 +164,28 @@ def blob(conn: sqlite3.Connection, run_id: str, name: str) -> bytes | None:
     return data
 
 
-def put_secret(conn: sqlite3.Connection, run_id: str, name: str, key_id: str, ciphertext: bytes) -> None:
+def put_secret(conn: SqlConnection, run_id: str, name: str, key_id: str, ciphertext: bytes) -> None:
     now = leases.db_now(conn)
     conn.execute(
-        "INSERT INTO run_secrets (run_id, name, key_id, ciphertext, saved_at) VALUES (?, ?, ?, ?, ?) "
+        "INSERT INTO run_secrets (run_id, name, key_id, ciphertext, saved_at) "
+        "VALUES (:run_id, :name, :key_id, :ciphertext, :at) "
         "ON CONFLICT (run_id, name) DO UPDATE SET key_id = excluded.key_id, "
         "ciphertext = excluded.ciphertext, saved_at = excluded.saved_at",
-        (run_id, name, key_id, ciphertext, now),
+        {"run_id": run_id, "name": name, "key_id": key_id, "ciphertext": ciphertext, "at": now},
     )
 
 
-def secret(conn: sqlite3.Connection, run_id: str, name: str) -> tuple[str, bytes] | None:
+def secret(conn: SqlConnection, run_id: str, name: str) -> tuple[str, bytes] | None:
     """The key id and the ciphertext of the run's secret ``name``; None when it has none."""
     row = conn.execute(
-        "SELECT key_id, ciphertext FROM run_secrets WHERE run_id = ? AND name = ?", (run_id, name)
+        "SELECT key_id, ciphertext FROM run_secrets WHERE run_id = :run_id AND name = :name",
+        {"run_id": run_id, "name": name},
     ).fetchone()
     return None if row is None else (str(row[0]), bytes(row[1]))
 
 
 def append_log_lines(
-    conn: sqlite3.Connection,
+    conn: SqlConnection,
     claim: LeaseClaim,
     worker: int,
     first_seq: int,
@@ -181,41 +196,47 @@ def append_log_lines(
     were new."""
     if worker < 0 or first_seq < 0:
         raise ValueError(f"worker and first_seq must be >= 0, got {worker!r} and {first_seq!r}")
-    rows = [(claim.run_id, worker, first_seq + i, float(at), text) for i, (at, text) in enumerate(lines)]
-    cur = conn.executemany(
-        "INSERT INTO run_log_lines (run_id, worker, seq, at, text) VALUES (?, ?, ?, ?, ?) "
-        "ON CONFLICT (run_id, worker, seq) DO NOTHING",
+    rows = [
+        {"run_id": claim.run_id, "worker": worker, "seq": first_seq + i, "at": float(at), "text": text}
+        for i, (at, text) in enumerate(lines)
+    ]
+    if not rows:
+        return 0
+    # The rows inserted: a conflict that did nothing is not counted.
+    return conn.executemany(
+        "INSERT INTO run_log_lines (run_id, worker, seq, at, text) "
+        "VALUES (:run_id, :worker, :seq, :at, :text) ON CONFLICT (run_id, worker, seq) DO NOTHING",
         rows,
     )
-    return max(cur.rowcount, 0)  # the rows inserted: a conflict that did nothing is not counted
 
 
 def log_lines(
-    conn: sqlite3.Connection,
+    conn: SqlConnection,
     run_id: str,
     *,
     worker: int | None,
     after_seq: int,
     limit: int | None,
 ) -> list[LogLine]:
-    where = ["run_id = ?", "seq > ?"]
-    params: list[Any] = [run_id, after_seq]
+    where = ["run_id = :run_id", "seq > :after_seq"]
+    params: dict[str, Any] = {"run_id": run_id, "after_seq": after_seq}
     if worker is not None:
-        where.append("worker = ?")
-        params.append(worker)
+        where.append("worker = :worker")
+        params["worker"] = worker
     # One worker: in its own order. All: as they arrived, a worker's own order within one instant.
     order = "seq" if worker is not None else "at, worker, seq"
     sql = f"SELECT worker, seq, at, text FROM run_log_lines WHERE {' AND '.join(where)} ORDER BY {order}"
     if limit is not None:
-        sql += " LIMIT ?"
-        params.append(int(limit))
+        sql += " LIMIT :limit"
+        params["limit"] = int(limit)
     return [LogLine(r[0], r[1], r[2], r[3]) for r in conn.execute(sql, params)]
 
 
-def next_log_seq(conn: sqlite3.Connection, run_id: str, worker: int) -> int:
+def next_log_seq(conn: SqlConnection, run_id: str, worker: int) -> int:
     """Where ``worker``'s next line goes: one past the last stored (0 for none)."""
     row = conn.execute(
-        "SELECT MAX(seq) FROM run_log_lines WHERE run_id = ? AND worker = ?", (run_id, worker)
+        "SELECT MAX(seq) FROM run_log_lines WHERE run_id = :run_id AND worker = :worker",
+        {"run_id": run_id, "worker": worker},
     ).fetchone()
     return 0 if row[0] is None else int(row[0]) + 1
 
