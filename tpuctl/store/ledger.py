@@ -114,15 +114,18 @@ _ATTEMPT_COLS: Final = ", ".join(schema.ATTEMPT_COLUMNS)
 _RUN_COLS: Final = ", ".join(schema.RUN_COLUMNS)
 _SEGMENT_COLS: Final = ", ".join(schema.SEGMENT_COLUMNS)
 _INSERT_EVENT: Final = (
-    f"INSERT INTO events ({_EVENT_COLS}) VALUES ({', '.join('?' * len(schema.EVENT_COLUMNS))})"
+    f"INSERT INTO events ({_EVENT_COLS}) VALUES ({', '.join(f':{c}' for c in schema.EVENT_COLUMNS)})"
 )
 _UPSERT_POD: Final = (
-    f"INSERT INTO pods ({_POD_COLS}) VALUES ({', '.join('?' * len(schema.POD_COLUMNS))}) "
+    f"INSERT INTO pods ({_POD_COLS}) VALUES ({', '.join(f':{c}' for c in schema.POD_COLUMNS)}) "
     "ON CONFLICT (id) DO UPDATE SET "
     + ", ".join(f"{c} = excluded.{c}" for c in schema.POD_COLUMNS if c != "id")
 )
+_SEGMENT_BY_ID: Final = f"SELECT {_SEGMENT_COLS} FROM run_segments WHERE id = :id"
+_ATTEMPT_COLUMNS_BUT_ID: Final = schema.ATTEMPT_COLUMNS[1:]
+_ATTEMPT_COLS_BUT_ID: Final = ", ".join(_ATTEMPT_COLUMNS_BUT_ID)
 _LATEST_POD: Final = (
-    f"SELECT {_POD_COLS} FROM pods WHERE zone = ? AND name = ? ORDER BY incarnation DESC LIMIT 1"
+    f"SELECT {_POD_COLS} FROM pods WHERE zone = :zone AND name = :name ORDER BY incarnation DESC LIMIT 1"
 )
 
 # Decoding tables: a dict lookup is much cheaper than an Enum call per row, and unknown values
@@ -443,7 +446,7 @@ class Ledger:
 
         cache: dict[tuple[str, str], PodRow | None] = {}
         dirty: dict[int, PodRow] = {}
-        rows: list[tuple[Any, ...]] = []
+        rows: list[dict[str, Any]] = []
         ids: list[int] = []
         count = 0
         for ev in events:
@@ -456,14 +459,14 @@ class Ledger:
                 if key in cache:
                     cur = cache[key]
                 else:
-                    found = conn.execute(_LATEST_POD, key).fetchone()
+                    found = conn.execute(_LATEST_POD, {"zone": ev.zone, "name": ev.pod}).fetchone()
                     cur = None if found is None else PodRow.from_tuple(found)
                 row, changed = apply_event(cur, ev, event_id, new_pod_id)
                 cache[key] = row
                 if changed:
                     assert row is not None
                     dirty[row.id] = row
-            rows.append(_event_row(event_id, ev, row))
+            rows.append(dict(zip(schema.EVENT_COLUMNS, _event_row(event_id, ev, row), strict=True)))
             if return_ids:
                 ids.append(event_id)
             if len(rows) >= _EVENT_CHUNK:
@@ -490,12 +493,12 @@ class Ledger:
         """
         with self._read() as conn:
             if zone is not None:
-                found = conn.execute(_LATEST_POD, (zone, name)).fetchone()
+                found = conn.execute(_LATEST_POD, {"zone": zone, "name": name}).fetchone()
                 return None if found is None else _pod_record(found)
             latest = conn.execute(
-                f"SELECT {_POD_COLS} FROM pods AS p WHERE name = ? AND incarnation = "
+                f"SELECT {_POD_COLS} FROM pods AS p WHERE name = :name AND incarnation = "
                 "(SELECT MAX(incarnation) FROM pods WHERE zone = p.zone AND name = p.name) ORDER BY zone",
-                (name,),
+                {"name": name},
             ).fetchall()
         if not latest:
             return None
@@ -523,31 +526,31 @@ class Ledger:
         ``[since, until)``, which is what a cost report over a window needs.
         """
         where: list[str] = []
-        params: list[Any] = []
+        params: dict[str, Any] = {}
         if alive is True:
             where.append("ended_at IS NULL")
         elif alive is False:
             where.append("ended_at IS NOT NULL")
         if zone is not None:
-            where.append("zone = ?")
-            params.append(zone)
+            where.append("zone = :zone")
+            params["zone"] = zone
         if run_id is not None:
-            where.append("run_id = ?")
-            params.append(run_id)
+            where.append("run_id = :run_id")
+            params["run_id"] = run_id
         if state is not None:
-            where.append("state = ?")
-            params.append(PodState(state).value)
+            where.append("state = :state")
+            params["state"] = PodState(state).value
             if state == PodState.PREEMPTED:
                 # Implied by the view (only a preemption makes a slice PREEMPTED; deleting it makes it
                 # DELETED), and what lets SQLite read the partial index pods_preempted instead of every
                 # row: reconciliation asks this on every cost report.
                 where.append("end_reason = 'preempted' AND deleted_at IS NULL")
         if since is not None:
-            where.append("(ended_at IS NULL OR ended_at >= ?)")
-            params.append(float(since))
+            where.append("(ended_at IS NULL OR ended_at >= :since)")
+            params["since"] = float(since)
         if until is not None:
-            where.append("COALESCE(requested_at, created_at, ready_at, ended_at) < ?")
-            params.append(float(until))
+            where.append("COALESCE(requested_at, created_at, ready_at, ended_at) < :until")
+            params["until"] = float(until)
         sql = f"SELECT {_POD_COLS} FROM pods"
         if where:
             sql += " WHERE " + " AND ".join(where)
@@ -580,10 +583,10 @@ class Ledger:
         Events appended during the iteration with a later ts may or may not be seen.
         """
         where: list[str] = []
-        params: list[Any] = []
+        params: dict[str, Any] = {}
         if until is not None:
-            where.append("ts < ?")
-            params.append(float(until))
+            where.append("ts < :until")
+            params["until"] = float(until)
         if kinds is not None:
             values = sorted({EventKind(k).value for k in kinds})
             if not values:
@@ -596,25 +599,27 @@ class Ledger:
                 else f"kind IN ({', '.join(repr(v) for v in values)})"
             )
         if run_id is not None:
-            where.append("run_id = ?")
-            params.append(run_id)
+            where.append("run_id = :run_id")
+            params["run_id"] = run_id
         if pod_id is not None:
-            where.append("pod_id = ?")
-            params.append(pod_id)
+            where.append("pod_id = :pod_id")
+            params["pod_id"] = pod_id
         return self._paged_events(where, params, None if since is None else float(since))
 
     def _paged_events(
-        self, where: list[str], params: list[Any], since: float | None
+        self, where: list[str], params: dict[str, Any], since: float | None
     ) -> Iterator[EventRecord]:
         # Keyset pagination on (ts, id). Each page has exactly one lower bound on ts (the window's start,
         # then the last ts seen) so the planner ranges on the ts index instead of rescanning from the
         # start; only rows sharing the previous page's final ts are re-filtered by id.
-        first = " AND ".join(["ts >= ?", *where] if since is not None else where) or "1"
-        more = " AND ".join(["ts >= ?", "(ts > ? OR id > ?)", *where])
+        first = " AND ".join(["ts >= :since", *where] if since is not None else where) or "TRUE"
+        more = " AND ".join(["ts >= :last_ts", "(ts > :last_ts OR id > :last_id)", *where])
         sql_first = f"SELECT {_EVENT_COLS} FROM events WHERE {first} ORDER BY ts, id LIMIT {_PAGE:d}"
         sql_more = f"SELECT {_EVENT_COLS} FROM events WHERE {more} ORDER BY ts, id LIMIT {_PAGE:d}"
         with self._read() as conn:
-            page = conn.execute(sql_first, [since, *params] if since is not None else params).fetchall()
+            page = conn.execute(
+                sql_first, {**params, "since": since} if since is not None else params
+            ).fetchall()
         while True:
             for r in page:
                 yield _event_record(r)
@@ -622,7 +627,7 @@ class Ledger:
                 return
             last_ts, last_id = page[-1][1], page[-1][0]
             with self._read() as conn:
-                page = conn.execute(sql_more, [last_ts, last_ts, last_id, *params]).fetchall()
+                page = conn.execute(sql_more, {**params, "last_ts": last_ts, "last_id": last_id}).fetchall()
 
     # -- attempts ----------------------------------------------------------------------------------
 
@@ -664,20 +669,23 @@ class Ledger:
         with self._write() as conn:
             event_id = self._apply(conn, (ev,))[0][0]
             cur = conn.execute(
-                f"INSERT INTO attempts ({_ATTEMPT_COLS}) "
-                "VALUES (NULL, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
-                (
-                    request_id, ev.ts, zone, ev.capacity, outcome_value, message,
-                    None if duration_s is None else float(duration_s), pod, accelerator_type, event_id,
-                    _json_or_none(detail),
-                ),
+                f"INSERT INTO attempts ({_ATTEMPT_COLS_BUT_ID}) VALUES ({_named(_ATTEMPT_COLUMNS_BUT_ID)}) "
+                "RETURNING id",
+                {
+                    "request_id": request_id, "ts": ev.ts, "zone": zone, "capacity": ev.capacity,
+                    "outcome": outcome_value, "message": message,
+                    "duration_s": None if duration_s is None else float(duration_s), "pod": pod,
+                    "accelerator_type": accelerator_type, "event_id": event_id,
+                    "detail": _json_or_none(detail),
+                },
             )  # fmt: skip
             return int(cur.fetchone()[0])
 
     def attempts(self, request_id: str) -> list[AttemptRecord]:
         with self._read() as conn:
             rows = conn.execute(
-                f"SELECT {_ATTEMPT_COLS} FROM attempts WHERE request_id = ? ORDER BY ts, id", (request_id,)
+                f"SELECT {_ATTEMPT_COLS} FROM attempts WHERE request_id = :request_id ORDER BY ts, id",
+                {"request_id": request_id},
             ).fetchall()
         return [
             AttemptRecord(
@@ -716,16 +724,17 @@ class Ledger:
     ) -> RunRecord:
         now = self._now(ts)
         with self._write() as conn:
-            if conn.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone():
+            if conn.execute("SELECT 1 FROM runs WHERE run_id = :run_id", {"run_id": run_id}).fetchone():
                 raise LedgerError(f"run {run_id!r} already exists in the ledger", fix="use a new run id")
-            conn.execute(
-                f"INSERT INTO runs ({_RUN_COLS}) VALUES ({', '.join('?' * len(schema.RUN_COLUMNS))})",
-                (
-                    run_id, script, json.dumps(list(args)), RunStatus(status).value, pod, zone,
-                    accelerator_type, None if capacity is None else CapacityType(capacity).value, now,
-                    None, None, 0, 0, 0, _labels_json(labels or {}), _json_or_none(detail), now,
-                ),
+            values = (
+                run_id, script, json.dumps(list(args)), RunStatus(status).value, pod, zone,
+                accelerator_type, None if capacity is None else CapacityType(capacity).value, now,
+                None, None, 0, 0, 0, _labels_json(labels or {}), _json_or_none(detail), now,
             )  # fmt: skip
+            conn.execute(
+                f"INSERT INTO runs ({_RUN_COLS}) VALUES ({_named(schema.RUN_COLUMNS)})",
+                dict(zip(schema.RUN_COLUMNS, values, strict=True)),
+            )
             return self._get_run(conn, run_id)
 
     def update_run(
@@ -780,37 +789,45 @@ class Ledger:
             ):
                 changes["ended_at"] = now
             changes["updated_at"] = now
-            assignments = ", ".join(f"{c} = ?" for c in changes)
-            conn.execute(f"UPDATE runs SET {assignments} WHERE run_id = ?", [*changes.values(), run_id])
+            # Column names are this method's own (never the caller's): safe to name them in the SQL.
+            assignments = ", ".join(f"{c} = :{c}" for c in changes)
+            conn.execute(
+                f"UPDATE runs SET {assignments} WHERE run_id = :run_id", {**changes, "run_id": run_id}
+            )
             return self._get_run(conn, run_id)
 
     def get_run(self, run_id: str) -> RunRecord | None:
         with self._read() as conn:
-            row = conn.execute(f"SELECT {_RUN_COLS} FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+            row = conn.execute(
+                f"SELECT {_RUN_COLS} FROM runs WHERE run_id = :run_id", {"run_id": run_id}
+            ).fetchone()
         return None if row is None else _run_record(row)
 
     def run_ids_around(self, fragment: str, *, limit: int = 20) -> list[str]:
         """Run ids that start or end with ``fragment`` (literally: no wildcards), newest first."""
         escaped = fragment.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
         sql = (
-            "SELECT run_id FROM runs WHERE run_id LIKE ? ESCAPE '\\' OR run_id LIKE ? ESCAPE '\\' "
-            "ORDER BY created_at DESC, run_id LIMIT ?"
+            "SELECT run_id FROM runs WHERE run_id LIKE :prefix ESCAPE '\\' "
+            "OR run_id LIKE :suffix ESCAPE '\\' "
+            "ORDER BY created_at DESC, run_id LIMIT :limit"
         )
         with self._read() as conn:
-            rows = conn.execute(sql, (f"{escaped}%", f"%{escaped}", limit)).fetchall()
+            rows = conn.execute(
+                sql, {"prefix": f"{escaped}%", "suffix": f"%{escaped}", "limit": limit}
+            ).fetchall()
         return [str(r[0]) for r in rows]
 
     def list_runs(self, *, status: RunStatus | None = None, limit: int | None = None) -> list[RunRecord]:
         """Runs, newest first."""
         sql = f"SELECT {_RUN_COLS} FROM runs"
-        params: list[Any] = []
+        params: dict[str, Any] = {}
         if status is not None:
-            sql += " WHERE status = ?"
-            params.append(RunStatus(status).value)
+            sql += " WHERE status = :status"
+            params["status"] = RunStatus(status).value
         sql += " ORDER BY created_at DESC, run_id"
         if limit is not None:
-            sql += " LIMIT ?"
-            params.append(int(limit))
+            sql += " LIMIT :limit"
+            params["limit"] = int(limit)
         with self._read() as conn:
             return [_run_record(r) for r in conn.execute(sql, params)]
 
@@ -835,15 +852,17 @@ class Ledger:
         with self._write() as conn:
             self._get_run(conn, run_id)  # a clear error for an unknown run, not a FOREIGN KEY failure
             conn.execute(
-                "UPDATE run_segments SET ended_at = ? WHERE run_id = ? AND ended_at IS NULL", (begin, run_id)
+                "UPDATE run_segments SET ended_at = :at WHERE run_id = :run_id AND ended_at IS NULL",
+                {"at": begin, "run_id": run_id},
             )
             cur = conn.execute(
-                f"INSERT INTO run_segments ({_SEGMENT_COLS}) "
-                "VALUES (NULL, ?, ?, ?, NULL, ?, ?, ?, NULL, NULL, ?) RETURNING id",
-                (
-                    run_id, kind_value, begin, pod, zone,
-                    None if capacity is None else CapacityType(capacity).value, _json_or_none(detail),
-                ),
+                "INSERT INTO run_segments (run_id, kind, started_at, pod, zone, capacity, detail) "
+                "VALUES (:run_id, :kind, :at, :pod, :zone, :capacity, :detail) RETURNING id",
+                {
+                    "run_id": run_id, "kind": kind_value, "at": begin, "pod": pod, "zone": zone,
+                    "capacity": None if capacity is None else CapacityType(capacity).value,
+                    "detail": _json_or_none(detail),
+                },
             )  # fmt: skip
             return int(cur.fetchone()[0])
 
@@ -859,22 +878,23 @@ class Ledger:
         """Close an open segment (``detail`` and the step counts, when given, replace the segment's)."""
         finish = self._now(end)
         with self._write() as conn:
-            row = conn.execute(
-                f"SELECT {_SEGMENT_COLS} FROM run_segments WHERE id = ?", (segment_id,)
-            ).fetchone()
+            row = conn.execute(_SEGMENT_BY_ID, {"id": segment_id}).fetchone()
             if row is None:
                 raise LedgerError(f"no run segment with id {segment_id}")
             if row[4] is not None:
                 raise LedgerError(f"run segment {segment_id} is already closed (at {row[4]})")
             # Step counts, like detail, keep what update_segment() already set when not given here.
             conn.execute(
-                "UPDATE run_segments SET ended_at = ?, steps_completed = COALESCE(?, steps_completed), "
-                "steps_recomputed = COALESCE(?, steps_recomputed), detail = COALESCE(?, detail) WHERE id = ?",
-                (finish, steps_completed, steps_recomputed, _json_or_none(detail), segment_id),
-            )
-            row = conn.execute(
-                f"SELECT {_SEGMENT_COLS} FROM run_segments WHERE id = ?", (segment_id,)
-            ).fetchone()
+                "UPDATE run_segments SET ended_at = :at, "
+                "steps_completed = COALESCE(:completed, steps_completed), "
+                "steps_recomputed = COALESCE(:recomputed, steps_recomputed), "
+                "detail = COALESCE(:detail, detail) WHERE id = :id",
+                {
+                    "at": finish, "completed": steps_completed, "recomputed": steps_recomputed,
+                    "detail": _json_or_none(detail), "id": segment_id,
+                },
+            )  # fmt: skip
+            row = conn.execute(_SEGMENT_BY_ID, {"id": segment_id}).fetchone()
         return _segment_record(row)
 
     def update_segment(
@@ -905,13 +925,12 @@ class Ledger:
             changes["detail"] = _json_or_none(detail)
         with self._write() as conn:
             if changes:
-                assignments = ", ".join(f"{c} = ?" for c in changes)
+                assignments = ", ".join(f"{c} = :{c}" for c in changes)
                 conn.execute(
-                    f"UPDATE run_segments SET {assignments} WHERE id = ?", [*changes.values(), segment_id]
+                    f"UPDATE run_segments SET {assignments} WHERE id = :segment_id",
+                    {**changes, "segment_id": segment_id},
                 )
-            row = conn.execute(
-                f"SELECT {_SEGMENT_COLS} FROM run_segments WHERE id = ?", (segment_id,)
-            ).fetchone()
+            row = conn.execute(_SEGMENT_BY_ID, {"id": segment_id}).fetchone()
         if row is None:
             raise LedgerError(f"no run segment with id {segment_id}")
         return _segment_record(row)
@@ -919,13 +938,15 @@ class Ledger:
     def segments(self, run_id: str) -> list[SegmentRecord]:
         with self._read() as conn:
             rows = conn.execute(
-                f"SELECT {_SEGMENT_COLS} FROM run_segments WHERE run_id = ? ORDER BY started_at, id",
-                (run_id,),
+                f"SELECT {_SEGMENT_COLS} FROM run_segments WHERE run_id = :run_id ORDER BY started_at, id",
+                {"run_id": run_id},
             ).fetchall()
         return [_segment_record(r) for r in rows]
 
     def _get_run(self, conn: SqlConnection, run_id: str) -> RunRecord:
-        row = conn.execute(f"SELECT {_RUN_COLS} FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        row = conn.execute(
+            f"SELECT {_RUN_COLS} FROM runs WHERE run_id = :run_id", {"run_id": run_id}
+        ).fetchone()
         if row is None:
             raise LedgerError(f"no run {run_id!r} in the ledger", fix="see `tpuctl runs list`")
         return _run_record(row)
@@ -1195,6 +1216,11 @@ class Ledger:
         return self._clock() if ts is None else float(ts)
 
 
+def _named(columns: Sequence[str]) -> str:
+    """The named parameters of an INSERT of ``columns``: ``:a, :b, ...``."""
+    return ", ".join(f":{c}" for c in columns)
+
+
 def _distinct_claims(*claims: LeaseClaim | None) -> list[LeaseClaim]:
     """The claims a write is fenced by, each once (a fenced view's method given its own claim again)."""
     out: list[LeaseClaim] = []
@@ -1229,7 +1255,9 @@ def _rollup_differences(
 def _flush_pods(conn: SqlConnection, dirty: dict[int, PodRow]) -> None:
     # In id order: updates of existing rows (which may close an incarnation) come before the insert of
     # a newer incarnation of the same zone+name, so the "one open incarnation" index never trips.
-    conn.executemany(_UPSERT_POD, [dirty[k].as_tuple() for k in sorted(dirty)])
+    conn.executemany(
+        _UPSERT_POD, [dict(zip(schema.POD_COLUMNS, dirty[k].as_tuple(), strict=True)) for k in sorted(dirty)]
+    )
     dirty.clear()
 
 
