@@ -227,7 +227,11 @@ def postgres_cluster() -> Iterator[PostgresCluster]:
     try:
         cluster = PostgresCluster.start()
     except PostgresMissingError as exc:
-        pytest.fail(str(exc), pytrace=False)
+        missing = str(exc)  # failed below, outside the except: the message alone, not a chain of two
+    else:
+        missing = ""
+    if missing:
+        pytest.fail(missing, pytrace=False)
     try:
         yield cluster
     finally:
