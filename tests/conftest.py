@@ -15,6 +15,7 @@ from tpuctl.testing.cli import Cli, CliResult, invoke
 if TYPE_CHECKING:
     from tpuctl.sim import SimAdminClient, SimServer, World
     from tpuctl.testing.backend import InProcessCli
+    from tpuctl.testing.postgres import PostgresCluster
     from tpuctl.testing.stored_envs import StoredEnvs
 
 # Variables that would steer tpuctl towards a real project or a foreign state dir, or the simulator's
@@ -214,3 +215,38 @@ def serve_sim(
         server.stop()
     if started:
         stored_envs.harvest(storage_dir_for(state_dir))
+
+
+@pytest.fixture(scope="session")
+def postgres_cluster() -> Iterator[PostgresCluster]:
+    """A real PostgreSQL server on loopback for this test process (one per xdist worker), started when a
+    test first asks for it and destroyed at the session's end. Without the server programs the tests
+    that ask FAIL, saying how to install them: a database test never passes by not running."""
+    from tpuctl.testing.postgres import PostgresCluster, PostgresMissingError
+
+    try:
+        cluster = PostgresCluster.start()
+    except PostgresMissingError as exc:
+        missing = str(exc)  # failed below, outside the except: the message alone, not a chain of two
+    else:
+        missing = ""
+    if missing:
+        pytest.fail(missing, pytrace=False)
+    try:
+        yield cluster
+    finally:
+        cluster.destroy()
+
+
+@pytest.fixture
+def postgres_url(postgres_cluster: PostgresCluster) -> Iterator[str]:
+    """The SQLAlchemy URL of a fresh, empty database of this test's own in ``postgres_cluster``, dropped
+    after it (with any connection the test left open)."""
+    import secrets
+
+    name = f"test_{secrets.token_hex(6)}"
+    url = postgres_cluster.create_database(name)
+    try:
+        yield url
+    finally:
+        postgres_cluster.drop_database(name)

@@ -278,12 +278,28 @@ def test_database_precedence_flag_env_profile(
     assert settings.database is not None and settings.database.text == f"sqlite:///{expected}"
 
 
+def test_a_postgresql_databases_password_survives_every_source_and_is_never_dumped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    text = "postgresql://alice:hunter2@team-db/tpuctl"
+    path = tmp_path / "config.yaml"
+    path.write_text(f"profiles:\n  default:\n    database: {text}\n")
+    monkeypatch.setenv("TPUCTL_CONFIG", str(path))
+    from_profile = load_settings({}).resolved_database
+    monkeypatch.setenv("TPUCTL_DATABASE_URL", text)
+    from_env = load_settings({}).resolved_database
+    from_flag = load_settings({"database": text}).resolved_database
+    for url in (from_profile, from_env, from_flag):
+        assert url.password == "hunter2" and url.secret_url.endswith("alice:hunter2@team-db/tpuctl")
+    assert "hunter2" not in load_settings({}).model_dump_json()
+
+
 @pytest.mark.parametrize(
     ("value", "in_message"),
     [
         ("sqlite:///ledger.db", "relative path"),
         ("mysql://db/ledger", "unknown scheme"),
-        ("postgresql://team-db/tpuctl", "not supported yet"),
+        ("postgresql://team-db", "names no database"),
     ],
 )
 def test_a_bad_database_names_where_it_came_from(

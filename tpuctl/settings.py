@@ -31,6 +31,7 @@ from pydantic import (
     PlainValidator,
     PrivateAttr,
     SecretStr,
+    SerializationInfo,
     ValidationError,
     field_validator,
 )
@@ -95,11 +96,19 @@ def _database(value: Any) -> DatabaseUrl | None:
     return None if value is None else parse_database_url(value)
 
 
-#: The ledger's location: a URL parsed once, here (``tpuctl.store.url``), written back as its text.
+def _database_dumped(url: DatabaseUrl | None, info: SerializationInfo) -> str | None:
+    """Its text (the password as ***) in JSON, which is printed; its secret URL in a Python dump, which
+    is read back (a profile's values on their way into the settings) and must keep the password."""
+    if url is None:
+        return None
+    return url.text if info.mode_is_json() else url.secret_url
+
+
+#: The ledger's location: a URL parsed once, here (``tpuctl.store.url``).
 DatabaseSetting = Annotated[
     DatabaseUrl | None,
     PlainValidator(_database),
-    PlainSerializer(lambda url: None if url is None else url.text),
+    PlainSerializer(_database_dumped),
 ]
 
 

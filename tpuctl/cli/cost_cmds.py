@@ -250,10 +250,9 @@ def _start_report(
     migrated first)."""
     from tpuctl.services.cost import CostService
     from tpuctl.services.cost.reconcile import InBackground
+    from tpuctl.store.ledger import ledger_file
 
-    database = settings.resolved_database
-    assert database.path is not None  # a SQLite ledger: the only engine the settings accept yet
-    service = CostService(database.path, *prices, clock=now)
+    service = CostService(ledger_file(settings.resolved_database), *prices, clock=now)
     return InBackground(
         lambda: service.report(since=start, until=end, group_by=group, limit=limit), name="tpuctl-cost-report"
     )

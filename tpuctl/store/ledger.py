@@ -46,7 +46,7 @@ from types import TracebackType
 from typing import Any, Final, Literal, TypeAlias, TypeVar
 
 from tpuctl.catalog import CapacityType
-from tpuctl.errors import LeaseLostError
+from tpuctl.errors import LeaseLostError, UsageError
 from tpuctl.store import leases, runstate, schema
 from tpuctl.store.paths import ensure_private_dir, private_file, tighten_file
 from tpuctl.store.records import (
@@ -81,7 +81,7 @@ from tpuctl.store.sql import SqlConnection, SqliteConnection
 from tpuctl.store.url import LEDGER_FILENAME, DatabaseUrl, parse_database_url, sqlite_url
 from tpuctl.store.view import POD_KINDS, Ev, PodRow, apply_event
 
-__all__ = ["LEDGER_FILENAME", "UNSET", "Ledger", "resolve_ledger_path"]
+__all__ = ["LEDGER_FILENAME", "UNSET", "Ledger", "ledger_file", "resolve_ledger_path"]
 
 DEFAULT_BUSY_TIMEOUT_S: Final = 30.0
 
@@ -147,6 +147,19 @@ def resolve_ledger_path(path_or_state_dir: str | os.PathLike[str]) -> Path:
     return p / LEDGER_FILENAME
 
 
+def ledger_file(url: DatabaseUrl) -> Path:
+    """The SQLite file of the ledger at ``url``. A PostgreSQL ledger is refused here, and only here: a
+    ``UsageError`` (exit 2) naming the URL, its password hidden."""
+    if url.path is None:
+        raise UsageError(
+            f"the ledger on PostgreSQL ({url.text}) is not available in this release yet",
+            field="database",
+            value=url.text,
+            fix="use a SQLite ledger, sqlite:////ABSOLUTE/PATH/ledger.db (the default is the state dir's)",
+        )
+    return url.path
+
+
 class Ledger:
     """The SQLite ledger. ``Ledger(state_dir)`` or ``Ledger(path/to/file.db)``; use as a context manager.
 
@@ -199,9 +212,7 @@ class Ledger:
     ) -> Ledger:
         """The ledger at ``url`` (the ``database`` setting: ``sqlite:////abs/path/ledger.db``); a string is
         parsed first (a bad one is a ``UsageError`` naming it and the fix)."""
-        parsed = parse_database_url(url)
-        assert parsed.path is not None  # parse_database_url accepts SQLite URLs only, for now
-        return cls(parsed.path, clock=clock, busy_timeout_s=busy_timeout_s)
+        return cls(ledger_file(parse_database_url(url)), clock=clock, busy_timeout_s=busy_timeout_s)
 
     @property
     def url(self) -> DatabaseUrl:

@@ -78,7 +78,8 @@ def _settings_env(session: Session) -> dict[str, str]:
         ("TPUCTL_SIM_WORLD", settings.sim_world),
         # The one ledger, the key of the runs' secrets and the lease's timing: the background
         # supervisor must claim, renew and read the run exactly as this command would.
-        ("TPUCTL_DATABASE_URL", settings.resolved_database.text),
+        # (secret_url: the password too, where the URL has one; text shows it as ***.)
+        ("TPUCTL_DATABASE_URL", settings.resolved_database.secret_url),
         (
             "TPUCTL_SECRET_KEY",
             None if settings.secret_key is None else settings.secret_key.get_secret_value(),
