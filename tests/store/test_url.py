@@ -82,6 +82,7 @@ def test_a_bad_url_names_the_value_and_the_fix(text: str, in_message: str, in_fi
         "postgresql+asyncpg://alice:hunter2@team-db/tpuctl",  # ... for the driver
         "mysql://alice:hunter2@team-db/tpuctl",  # ... for the scheme
         "postgresql://alice:hunter2@team-db/",  # ... for the missing database
+        "sqlite://alice:hunter2@team-db/ledger.db",  # ... for a host where a file belongs
     ],
 )
 def test_a_password_in_a_refused_url_is_never_repeated(text: str) -> None:

@@ -186,10 +186,12 @@ def _sqlite_path(text: str, rest: str, param: str) -> Path:
     """The absolute file of ``sqlite://<rest>``; refuses a host, a relative or empty path, parameters."""
     if not rest.startswith("/"):
         # sqlite://host/path: SQLite has no hosts (SQLAlchemy would read "host/path" as a relative path).
+        # A host may come with a password someone meant for a server: hidden like one.
+        shown = _redacted(text)
         raise ParamError(
-            f"{LABEL} {text!r} names a host; a SQLite ledger is a file",
+            f"{LABEL} {shown!r} names a host; a SQLite ledger is a file",
             param=param,
-            value=text,
+            value=shown,
             fix=_FIX_FORM,
         )
     path = rest[1:]

@@ -7,6 +7,8 @@
   route table, with no socket.
 - ``ports``: ``unused_port``, a loopback port for a child process to bind, drawn outside the
   ephemeral range so that no outgoing connection takes it first.
+- ``postgres``: ``PostgresCluster``, a throwaway PostgreSQL server on loopback (run as ``nobody`` under
+  root) with a database per test; the ``postgres_cluster`` and ``postgres_url`` fixtures wrap it.
 - ``backend``: ``InProcessBackend``, a ``tpuctl.backends.base.Backend`` over ``InProcessSim`` that the CLI
   runner hands down to every session (``InProcessCli``): commands on simulated time, no server.
 
