@@ -12,8 +12,6 @@ from pathlib import Path
 import pytest
 
 from tpuctl.store import SCHEMA_VERSION, EventKind, Ledger, LedgerError
-from tpuctl.store import schema as schema_module
-from tpuctl.store.schema import Migration
 
 TABLES = {"events", "pods", "attempts", "runs", "run_segments"}
 
@@ -95,43 +93,6 @@ def test_schema_from_an_empty_file_and_idempotent_reopen(tmp_path: Path) -> None
             assert ledger.schema_version == SCHEMA_VERSION
             assert [p.name for p in ledger.list_pods()] == ["p"]
             assert ledger.integrity_check() == "ok"
-
-
-def test_a_new_migration_adds_a_table_to_an_existing_ledger(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    with Ledger(tmp_path) as ledger:
-        ledger.record_event(EventKind.REQUESTED, pod="p", zone="us-central1-a", ts=1.0)
-    # What a later issue does: append a migration.
-    v2 = Migration(
-        SCHEMA_VERSION + 1,
-        "budgets",
-        ("CREATE TABLE budgets (run_id TEXT PRIMARY KEY, usd REAL NOT NULL) STRICT",),
-    )
-    monkeypatch.setattr(schema_module, "MIGRATIONS", (*schema_module.MIGRATIONS, v2))
-    monkeypatch.setattr(schema_module, "SCHEMA_VERSION", SCHEMA_VERSION + 1)
-    with Ledger(tmp_path) as ledger:
-        assert ledger.schema_version == SCHEMA_VERSION + 1
-        assert [p.name for p in ledger.list_pods()] == ["p"]  # data kept
-    assert "budgets" in tables(tmp_path / "ledger.db")
-
-
-def test_a_failing_migration_changes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    with Ledger(tmp_path):
-        pass
-    broken = Migration(
-        SCHEMA_VERSION + 1,
-        "half",
-        ("CREATE TABLE first_half (x INTEGER) STRICT", "CREATE TABLE oops ("),
-    )
-    monkeypatch.setattr(schema_module, "MIGRATIONS", (*schema_module.MIGRATIONS, broken))
-    monkeypatch.setattr(schema_module, "SCHEMA_VERSION", SCHEMA_VERSION + 1)
-    with pytest.raises(LedgerError):
-        Ledger(tmp_path)
-    monkeypatch.undo()
-    assert "first_half" not in tables(tmp_path / "ledger.db")
-    with Ledger(tmp_path) as ledger:
-        assert ledger.schema_version == SCHEMA_VERSION
 
 
 def test_a_newer_ledger_is_refused(tmp_path: Path) -> None:

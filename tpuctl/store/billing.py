@@ -40,6 +40,7 @@ from typing import Final
 
 from tpuctl.catalog import CapacityType
 from tpuctl.store.records import EventKind
+from tpuctl.store.sql import SQLITE, Dialect
 
 #: A spot/preemptible slice preempted within this many seconds of READY is not charged (GCP's rule).
 FREE_PREEMPTION_S: Final = 60.0
@@ -105,8 +106,11 @@ def free_preemption_sql(r: str) -> str:
     return f"COALESCE({r}.end_reason = '{EventKind.PREEMPTED.value}' AND {free_if_preempted_sql(r)}, 0)"
 
 
-def day_sql(t: str) -> str:
-    """The UTC day number of the instant ``t``."""
+def day_sql(t: str, dialect: Dialect = SQLITE) -> str:
+    """The UTC day number of the instant ``t`` (SQLite's CAST truncates, PostgreSQL's rounds: floor
+    there; the instants are after the epoch, where the two agree)."""
+    if dialect.name == "postgresql":
+        return f"CAST(floor({t} / {DAY_S}) AS BIGINT)"
     return f"CAST({t} / {DAY_S} AS INTEGER)"
 
 
@@ -120,9 +124,9 @@ def midnight_sql(day: str) -> str:
     return f"({day}) * {DAY_S}.0"
 
 
-def midnight_after_sql(t: str) -> str:
+def midnight_after_sql(t: str, dialect: Dialect = SQLITE) -> str:
     """The first midnight after the day holding ``t``, as epoch seconds."""
-    return midnight_sql(f"{day_sql(t)} + 1")
+    return midnight_sql(f"{day_sql(t, dialect)} + 1")
 
 
 def first_day_sql(r: str) -> str:
@@ -135,11 +139,11 @@ def end_day_sql(r: str) -> str:
     return ceil_day_sql(f"{r}.ended_at")
 
 
-def crosses_midnight_sql(r: str) -> str:
+def crosses_midnight_sql(r: str, dialect: Dialect = SQLITE) -> str:
     """A closed slice billed past the midnight after its READY (``r`` "": the columns unqualified, as in
     an index's WHERE)."""
     col = f"{r}." if r else ""
-    return f"{col}ended_at > {midnight_after_sql(f'{col}ready_at')}"
+    return f"{col}ended_at > {midnight_after_sql(f'{col}ready_at', dialect)}"
 
 
 def recompute_fraction_sql(rs: str) -> str:

@@ -47,7 +47,7 @@ from typing import Any, Final, Literal, TypeAlias, TypeVar
 
 from tpuctl.catalog import CapacityType
 from tpuctl.errors import LeaseLostError, UsageError
-from tpuctl.store import leases, runstate, schema
+from tpuctl.store import leases, migrate, runstate, schema
 from tpuctl.store.paths import ensure_private_dir, private_file, tighten_file
 from tpuctl.store.records import (
     AmbiguousPodError,
@@ -195,7 +195,7 @@ class Ledger:
         try:
             with self._translate():
                 self._configure()
-                schema.migrate(self._conn, where=str(db))
+                migrate.migrate_sqlite(self._conn, where=str(db))
         except BaseException:
             self._conn.close()
             raise

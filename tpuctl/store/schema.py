@@ -872,8 +872,12 @@ def migrate(conn: sqlite3.Connection, *, where: str) -> int:
 
 def _refuse_newer(found: int, where: str) -> None:
     if found > SCHEMA_VERSION:
-        raise LedgerError(
-            f"the ledger at {where} has schema version {found}, newer than this tpuctl understands "
-            f"({SCHEMA_VERSION})",
-            fix="upgrade tpuctl, or point --state-dir at another directory",
-        )
+        refuse_newer(found, where, SCHEMA_VERSION)
+
+
+def refuse_newer(found: int, where: str, known: int) -> None:
+    """Raise: the ledger's schema version ``found`` is past ``known``, the newest this tpuctl knows."""
+    raise LedgerError(
+        f"the ledger at {where} has schema version {found}, newer than this tpuctl understands ({known})",
+        fix="upgrade tpuctl, or point --state-dir at another directory",
+    )

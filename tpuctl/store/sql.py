@@ -14,6 +14,7 @@ being guessed at.
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -117,3 +118,48 @@ class SqliteConnection:
     @property
     def in_transaction(self) -> bool:
         return self.raw.in_transaction
+
+
+class SqlAlchemyConnection:
+    """``SqlConnection`` over a SQLAlchemy connection (PostgreSQL's, and either engine's under Alembic).
+
+    Statements go through ``text()``, which turns ``:name`` into the driver's placeholders; each text is
+    compiled once and kept (the ledger runs the same few dozen statements over and over).
+    """
+
+    __slots__ = ("_conn", "_dialect")
+
+    def __init__(self, conn: Any, dialect: Dialect) -> None:
+        self._conn = conn  # a sqlalchemy.engine.Connection (not imported here: tpuctl's start stays light)
+        self._dialect = dialect
+
+    @property
+    def dialect(self) -> Dialect:
+        return self._dialect
+
+    def execute(self, sql: str, params: Params = ()) -> Result:
+        if not isinstance(params, Mapping):
+            if params:
+                raise TypeError(f"positional parameters are SQLite's alone; name them: {sql[:80]!r}")
+            params = {}
+        result: Result = self._conn.execute(_text(sql), params)
+        return result
+
+    def executemany(self, sql: str, params: Iterable[Params]) -> int:
+        rows = [dict(p) if isinstance(p, Mapping) else _refuse_positional(sql) for p in params]
+        if not rows:
+            return 0
+        # The driver's executemany (psycopg pipelines it); its rowcount is the sum over the rows, which
+        # callers rely on (log lines: how many were new). tests/store/test_sql.py checks it on both engines.
+        return max(int(self._conn.execute(_text(sql), rows).rowcount), 0)
+
+
+@functools.lru_cache(maxsize=512)
+def _text(sql: str) -> Any:
+    import sqlalchemy
+
+    return sqlalchemy.text(sql)
+
+
+def _refuse_positional(sql: str) -> dict[str, Any]:
+    raise TypeError(f"positional parameters are SQLite's alone; name them: {sql[:80]!r}")

@@ -1,0 +1,189 @@
+"""Bringing a ledger's schema to the newest revision of its history (``tpuctl.store.migrations``).
+
+Opening a ledger asks one question first, without importing Alembic: is ``alembic_version`` at
+``migrations.HEAD``? Only when it is not does tpuctl take the database's write lock, ask again (another
+process may have migrated meanwhile) and run Alembic, in that one transaction: a tpuctl killed half way
+leaves the old schema, and two opening a new ledger at once create it once.
+
+SQLite ledgers from before the history (``PRAGMA user_version`` 1-10, made by the hand-written
+migrations in ``tpuctl.store.schema``) are adopted without loss: brought to version 10 by those
+migrations, then stamped with the history's baseline, whose schema they then have (a test holds the two
+equal, table by table and index by index). A new SQLite ledger gets ``user_version`` 10 as well, so an
+older tpuctl, which knows only ``user_version``, still opens it; a revision after the baseline that
+changes the schema raises ``user_version`` past 10, so an older tpuctl refuses the ledger ("newer than
+this tpuctl understands") rather than misread it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import sys
+from collections.abc import Collection, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Final
+
+from tpuctl.store import migrations, schema
+from tpuctl.store.records import LedgerError
+
+if TYPE_CHECKING:
+    from alembic.config import Config
+    from alembic.runtime.migration import MigrationContext, MigrationInfo
+
+#: Where Alembic finds the history (a package resource: works from a wheel as from a checkout).
+SCRIPT_LOCATION: Final = "tpuctl.store:migrations"
+#: Alembic's version table, as Alembic creates it on SQLite.
+ALEMBIC_VERSION_TABLE_SQL: Final = (
+    "CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL, "
+    "CONSTRAINT alembic_version_pkc PRIMARY KEY (version_num))"
+)
+
+
+def sqlite_is_current(raw: sqlite3.Connection) -> bool:
+    """Whether the SQLite ledger on ``raw`` is at ``migrations.HEAD`` and its ``user_version`` says so
+    too (two cheap reads; no Alembic). Either one off sends the open down the slow path, which refuses a
+    newer ledger and finishes an older one."""
+    if schema.schema_version(raw) != sqlite_user_version():
+        return False
+    try:
+        row = raw.execute("SELECT version_num FROM alembic_version").fetchone()
+    except sqlite3.OperationalError as exc:
+        if "no such table" in str(exc):
+            return False
+        raise
+    return row is not None and row[0] == migrations.HEAD
+
+
+def sqlite_user_version() -> int:
+    """``PRAGMA user_version`` of a SQLite ledger at ``migrations.HEAD``: the hand-written migrations'
+    count (10, the baseline), plus one per revision after it (see the module docstring)."""
+    return schema.SCHEMA_VERSION + migrations.KNOWN.index(migrations.HEAD)
+
+
+def migrate_sqlite(raw: sqlite3.Connection, *, where: str) -> None:
+    """Bring the SQLite ledger on ``raw`` (autocommit mode: the transaction is ours) to
+    ``migrations.HEAD``; a no-op when it is there already. ``where`` names the ledger in errors."""
+    if sqlite_is_current(raw):
+        return
+    if schema.schema_version(raw) > sqlite_user_version():
+        schema.refuse_newer(schema.schema_version(raw), where, sqlite_user_version())
+    # Up to the baseline by the hand-written migrations (a new file: all ten, in ~15 ms and without
+    # importing SQLAlchemy, which a command's start would pay ~0.5 s for; an adopted one: what it lacks).
+    # What they make is the baseline's schema exactly (tests/store/test_migrate.py).
+    if schema.schema_version(raw) < schema.SCHEMA_VERSION:
+        schema.migrate(raw, where=where)
+    with _write_lock(raw):
+        _refuse_newer_sqlite(raw, where)
+        if not _has_version_table(raw):
+            _stamp_baseline(raw)
+        if _revision(raw) == migrations.HEAD:
+            raw.execute(f"PRAGMA user_version = {sqlite_user_version():d}")
+            return
+    _upgrade_sqlite(raw, where)
+
+
+@contextlib.contextmanager
+def _write_lock(raw: sqlite3.Connection) -> Iterator[None]:
+    """One ``BEGIN IMMEDIATE`` transaction, committed when the block ends (rolled back if it raises)."""
+    raw.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+        if raw.in_transaction:
+            raw.execute("COMMIT")
+    except BaseException:
+        if raw.in_transaction:
+            raw.execute("ROLLBACK")
+        raise
+
+
+def _revision(raw: sqlite3.Connection) -> str | None:
+    row = raw.execute("SELECT version_num FROM alembic_version").fetchone()
+    return None if row is None else str(row[0])
+
+
+def _has_version_table(raw: sqlite3.Connection) -> bool:
+    row = raw.execute(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'alembic_version'"
+    ).fetchone()
+    return row is not None
+
+
+def _stamp_baseline(raw: sqlite3.Connection) -> None:
+    """What ``alembic stamp`` writes for the baseline (the same table and row; a test compares them),
+    without importing Alembic."""
+    raw.execute(ALEMBIC_VERSION_TABLE_SQL)
+    raw.execute("INSERT INTO alembic_version (version_num) VALUES (?)", (migrations.BASELINE,))
+
+
+def _upgrade_sqlite(raw: sqlite3.Connection, where: str) -> None:
+    """Run the revisions after the ledger's, all in one ``BEGIN IMMEDIATE`` transaction: Alembic's
+    commit is the end of it, its rollback undoes every revision of the upgrade. The transaction begins
+    after SQLAlchemy has connected (its first connect ends any transaction open on ``raw``)."""
+    from alembic import command
+    from sqlalchemy.exc import DBAPIError
+
+    with _sqlalchemy_on(raw) as conn:
+        raw.execute("BEGIN IMMEDIATE")
+        try:
+            _refuse_newer_sqlite(raw, where)
+            if _revision(raw) != migrations.HEAD:  # another process may have upgraded meanwhile
+                command.upgrade(_config(conn), migrations.HEAD)
+        except DBAPIError as exc:
+            # The engine's own error, as the ledger's boundary translates it (``Ledger._translate``).
+            raise (exc.orig or exc) from exc
+        finally:
+            if raw.in_transaction:
+                raw.execute("ROLLBACK" if sys.exc_info()[0] is not None else "COMMIT")
+
+
+def on_revision_applied(
+    ctx: MigrationContext, step: MigrationInfo, heads: Collection[Any], run_args: Mapping[str, Any]
+) -> None:
+    """Alembic's hook after each revision, in its transaction: a SQLite ledger's ``user_version``
+    follows the revision (``sqlite_user_version``), so an older tpuctl refuses the newer schema."""
+    del step, run_args
+    assert ctx.connection is not None  # env.py always hands Alembic a connection
+    if ctx.connection.dialect.name != "sqlite":
+        return
+    (head,) = heads
+    version = schema.SCHEMA_VERSION + migrations.KNOWN.index(head)
+    ctx.connection.exec_driver_sql(f"PRAGMA user_version = {version:d}")
+
+
+def _refuse_newer_sqlite(raw: sqlite3.Connection, where: str) -> None:
+    try:
+        row = raw.execute("SELECT version_num FROM alembic_version").fetchone()
+    except sqlite3.OperationalError:
+        return
+    if row is not None and row[0] not in migrations.KNOWN:
+        raise LedgerError(
+            f"the ledger at {where} is at schema revision {row[0]}, newer than this tpuctl understands "
+            f"({migrations.HEAD})",
+            fix="upgrade tpuctl, or point --state-dir at another directory",
+        )
+
+
+@contextlib.contextmanager
+def _sqlalchemy_on(raw: sqlite3.Connection) -> Iterator[Any]:
+    """A SQLAlchemy connection over ``raw`` itself, inside the transaction its caller began: Alembic's
+    statements run under the caller's write lock, and its commit is the caller's (the pool never resets
+    or closes ``raw``)."""
+    import sqlalchemy
+    from sqlalchemy.pool import StaticPool
+
+    engine = sqlalchemy.create_engine(
+        "sqlite://", creator=lambda: raw, poolclass=StaticPool, pool_reset_on_return=None
+    )
+    try:
+        with engine.connect() as conn:
+            yield conn
+    finally:
+        engine.dispose(close=False)
+
+
+def _config(conn: Any) -> Config:
+    from alembic.config import Config
+
+    config = Config()
+    config.set_main_option("script_location", SCRIPT_LOCATION)
+    config.attributes["connection"] = conn
+    return config

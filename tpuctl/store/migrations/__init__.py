@@ -1,0 +1,14 @@
+"""The ledger's migration history, run by Alembic on either engine (``tpuctl.store.migrate``).
+
+``versions/`` holds the revisions; ``HEAD`` names the newest, so that opening a ledger checks it is
+current with one query and without importing Alembic (a test keeps ``KNOWN`` equal to Alembic's view of
+``versions/``, in order). ``BASELINE`` is the first revision: the schema the hand-written SQLite
+migrations (``tpuctl.store.schema``) had reached, which a ledger they made is stamped with when adopted.
+"""
+
+from typing import Final
+
+#: Every revision, oldest first.
+KNOWN: Final = ("0001_ledger_v10",)
+BASELINE: Final = KNOWN[0]
+HEAD: Final = KNOWN[-1]

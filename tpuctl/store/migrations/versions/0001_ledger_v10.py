@@ -1,0 +1,32 @@
+"""The ledger as the hand-written SQLite migrations left it at their version 10: events, pods, attempts,
+runs and segments, the cost rollups and their triggers, the ledger's identity, and runs as leased records.
+
+On a new database: the tables of ``tpuctl.store.tables``, then the engine's triggers and fixed rows
+(``tpuctl.store.derived``) and the ledger's identity. A SQLite ledger the hand-written migrations made is
+stamped with this revision instead of running it (``tpuctl.store.migrate``).
+"""
+
+from alembic import op
+
+from tpuctl.store import derived
+from tpuctl.store.sql import POSTGRESQL, SQLITE, SqlAlchemyConnection, SqlConnection
+from tpuctl.store.tables import build_metadata
+
+revision = "0001_ledger_v10"
+down_revision = None
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    bind = op.get_bind()
+    dialect = SQLITE if bind.dialect.name == "sqlite" else POSTGRESQL
+    build_metadata().create_all(bind)
+    conn: SqlConnection = SqlAlchemyConnection(bind, dialect)
+    for statement in derived.statements(dialect):
+        conn.execute(statement)
+    derived.seed_identity(conn)
+
+
+def downgrade() -> None:
+    raise NotImplementedError("the ledger is never migrated down: restore a copy instead")

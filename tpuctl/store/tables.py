@@ -1,0 +1,312 @@
+"""The ledger's schema, once, for both engines: every table, key and index as SQLAlchemy Core metadata.
+
+Alembic's history (``tpuctl.store.migrations``) creates it from here on a new database, SQLite or
+PostgreSQL. Why each table and index exists is told where it was added, in the hand-written migrations
+that made SQLite ledgers before Alembic (``tpuctl.store.schema``); a ledger they made is adopted by the
+history as it is, and a test checks that it has exactly the tables, columns and indexes defined here.
+
+Types map to what both engines hold exactly: TEXT, 64-bit integers, 8-byte floats (SQLite's REAL,
+PostgreSQL's double precision), bytes. SQLite tables are STRICT (a wrong type is an error at write time)
+and keys of rowid-less tables are ``WITHOUT ROWID``; an ``INTEGER`` primary key on SQLite is the rowid.
+A single-column key is declared nullable, as the hand-written migrations declared it: SQLite then
+records no NOT NULL on it (an ``INTEGER`` key is the rowid, never NULL anyway), and PostgreSQL makes
+every key column NOT NULL whatever the declaration. Foreign keys are ``DEFERRABLE INITIALLY DEFERRED``
+on both: the bulk path inserts events before the pod rows they point to, and the constraint is checked at commit.
+
+What is not a table (the triggers that keep the rollups, the day offsets' rows, the ledger's identity)
+is in ``tpuctl.store.derived``, per engine.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from tpuctl.store import billing
+from tpuctl.store.sql import POSTGRESQL, SQLITE
+
+if TYPE_CHECKING:
+    import sqlalchemy as sa
+
+
+def build_metadata() -> sa.MetaData:
+    """The ledger's tables in a new ``MetaData`` (built on call: SQLAlchemy is imported only by code that
+    creates or migrates a database, never at tpuctl's start)."""
+    import sqlalchemy as sa
+
+    metadata = sa.MetaData()
+    _pods_and_events(metadata)
+    _runs(metadata)
+    _rollups(metadata)
+    _run_records(metadata)
+    sa.Table("ledger_meta", metadata, _text("key", primary_key=True, nullable=True),
+             _text("value", nullable=False),
+             sqlite_strict=True)  # fmt: skip
+    return metadata
+
+
+def _integer(name: str, *args: Any, **kwargs: Any) -> sa.Column[Any]:
+    import sqlalchemy as sa
+
+    # INTEGER on SQLite (so an integer primary key is the rowid alias); 64-bit on PostgreSQL.
+    return sa.Column(name, sa.BigInteger().with_variant(sa.Integer(), "sqlite"), *args, **kwargs)
+
+
+def _real(name: str, *args: Any, **kwargs: Any) -> sa.Column[Any]:
+    import sqlalchemy as sa
+
+    # REAL on SQLite (the only float a STRICT table takes); double precision on PostgreSQL.
+    from sqlalchemy.dialects import sqlite
+
+    return sa.Column(name, sa.Double().with_variant(sqlite.REAL(), "sqlite"), *args, **kwargs)
+
+
+def _text(name: str, *args: Any, **kwargs: Any) -> sa.Column[Any]:
+    import sqlalchemy as sa
+
+    return sa.Column(name, sa.Text(), *args, **kwargs)
+
+
+def _fk(target: str) -> sa.ForeignKey:
+    import sqlalchemy as sa
+
+    return sa.ForeignKey(target, deferrable=True, initially="DEFERRED")
+
+
+def _where(sqlite_sql: str, postgresql_sql: str | None = None) -> dict[str, Any]:
+    import sqlalchemy as sa
+
+    """A partial index's condition on each engine (the same text unless the engines spell it apart)."""
+    return {
+        "sqlite_where": sa.text(sqlite_sql),
+        "postgresql_where": sa.text(sqlite_sql if postgresql_sql is None else postgresql_sql),
+    }
+
+
+def _pods_and_events(metadata: sa.MetaData) -> None:
+    import sqlalchemy as sa
+
+    zero = sa.text("0")
+    pods = sa.Table(
+        "pods", metadata,
+        _integer("id", primary_key=True, nullable=True, autoincrement=False),
+        _text("zone", nullable=False), _text("name", nullable=False),
+        _integer("incarnation", nullable=False), _text("state", nullable=False),
+        _text("accelerator_type"), _integer("chips"), _integer("hosts"), _text("capacity"),
+        _real("price_per_chip_hour"), _text("labels", nullable=False, server_default=sa.text("'{}'")),
+        _text("request_id"), _text("run_id"), _text("queued_resource"),
+        _integer("slice_index"), _text("backend"), _text("project"),
+        _real("requested_at"), _real("created_at"), _real("ready_at"), _real("ended_at"),
+        _text("end_reason"), _real("deleted_at"), _real("updated_at", nullable=False),
+        _integer("last_event_id", nullable=False), _real("bill_mark"),
+        _real("billed_s", nullable=False, server_default=zero),
+        _real("billed_chip_s", nullable=False, server_default=zero),
+        _real("billed_usd_s", nullable=False, server_default=zero),
+        _real("billed_unpriced_chip_s", nullable=False, server_default=zero),
+        _real("rec_priced", nullable=False, server_default=zero),
+        _real("rec_unpriced", nullable=False, server_default=zero),
+        _integer("rolled", nullable=False, server_default=zero),
+        sa.UniqueConstraint("zone", "name", "incarnation"),
+        sqlite_strict=True,
+    )  # fmt: skip
+    closed = "ended_at IS NOT NULL AND ready_at IS NOT NULL"
+    crossing = {
+        engine: f"{closed} AND {billing.crosses_midnight_sql('', dialect=engine)}"
+        for engine in (SQLITE, POSTGRESQL)
+    }
+    billed = ("billed_s", "billed_chip_s", "billed_usd_s", "billed_unpriced_chip_s", "labels")
+    closed_cols = ("ready_at", "ended_at", "zone", "accelerator_type", "capacity", "end_reason", "chips",
+                   "price_per_chip_hour", *billed)  # fmt: skip
+    billing_cols = ("ready_at", "ended_at", "end_reason", "deleted_at", "chips", "capacity",
+                    "accelerator_type", "price_per_chip_hour")  # fmt: skip
+    preempted = "end_reason = 'preempted'"
+    c = pods.c
+    indexes = [
+        ("pods_open", ("zone", "name"), "ended_at IS NULL", True),
+        ("pods_name", ("name",), None, False),
+        ("pods_run", ("run_id", *billing_cols, "zone"), "run_id IS NOT NULL", False),
+        ("pods_request", ("request_id",), "request_id IS NOT NULL", False),
+        ("pods_closed", closed_cols, closed, False),
+        ("pods_preempted", ("zone", "accelerator_type", "capacity", "ended_at", "deleted_at", "ready_at",
+                            "end_reason", "chips", "price_per_chip_hour", "labels", "run_id"),
+         preempted, False),
+        ("pods_ended", ("ended_at", "ready_at"), "ended_at IS NOT NULL", False),
+        ("pods_norun", ("zone", "name", *billing_cols, "run_id"), "run_id IS NULL", False),
+        ("pods_cost", ("billed_usd_s", "ready_at", "ended_at", "chips", "capacity", "end_reason"),
+         closed, False),
+        ("pods_unpriced", ("billed_unpriced_chip_s",), "billed_unpriced_chip_s > 0", False),
+        ("pods_rec", ("zone", "accelerator_type", "capacity", "ready_at", "ended_at", "run_id", "labels",
+                      "rec_priced", "rec_unpriced"), "rec_priced != 0 OR rec_unpriced != 0", False),
+        ("pods_held", ("deleted_at", "ended_at"), preempted, False),
+        ("pods_preemptions", ("ended_at", "ready_at", "capacity"), preempted, False),
+    ]  # fmt: skip
+    for name, columns, where, unique in indexes:
+        options = {} if where is None else _where(where)
+        sa.Index(name, *(c[col] for col in columns), unique=unique, **options)
+    sa.Index("pods_crossing", *(c[col] for col in closed_cols),
+             **_where(crossing[SQLITE], crossing[POSTGRESQL]))  # fmt: skip
+    sa.Index("pods_unrolled_crossing", c.ready_at,
+             **_where(f"{crossing[SQLITE]} AND rolled = 0",
+                      f"{crossing[POSTGRESQL]} AND rolled = 0"))  # fmt: skip
+
+    events = sa.Table(
+        "events", metadata,
+        _integer("id", primary_key=True, nullable=True, autoincrement=False),
+        _real("ts", nullable=False), _text("kind", nullable=False), _text("pod"), _text("zone"),
+        _integer("pod_id", _fk("pods.id")), _text("accelerator_type"), _integer("chips"),
+        _text("capacity"), _real("price_per_chip_hour"), _text("labels"), _text("run_id"),
+        _text("request_id"), _text("detail"), _integer("hosts"), _text("queued_resource"),
+        _integer("slice_index"), _text("backend"), _text("project"),
+        sqlite_strict=True,
+    )  # fmt: skip
+    e = events.c
+    price_change = "kind = 'price_change'"
+    sa.Index("events_ts", e.ts)
+    sa.Index("events_pod", e.pod_id, e.ts, **_where("pod_id IS NOT NULL"))
+    sa.Index("events_run", e.run_id, e.ts, **_where("run_id IS NOT NULL"))
+    sa.Index("events_price", e.ts, **_where(price_change))
+    sa.Index("events_price_facts", e.pod_id, e.ts, e.price_per_chip_hour, e.kind, **_where(price_change))
+    sa.Index("events_end", e.pod_id, **_where(f"kind IN {billing.END_KINDS_SQL}"))
+
+    attempts = sa.Table(
+        "attempts", metadata,
+        _integer("id", primary_key=True, nullable=True),
+        _text("request_id", nullable=False), _real("ts", nullable=False), _text("zone", nullable=False),
+        _text("capacity"), _text("outcome", nullable=False), _text("message"), _real("duration_s"),
+        _text("pod"), _text("accelerator_type"),
+        _integer("event_id", _fk("events.id"), nullable=False), _text("detail"),
+        sqlite_strict=True,
+    )  # fmt: skip
+    sa.Index("attempts_request", attempts.c.request_id, attempts.c.ts)
+
+
+def _runs(metadata: sa.MetaData) -> None:
+    import sqlalchemy as sa
+
+    zero = sa.text("0")
+    runs = sa.Table(
+        "runs", metadata,
+        _text("run_id", primary_key=True, nullable=True), _text("script", nullable=False),
+        _text("args", nullable=False, server_default=sa.text("'[]'")), _text("status", nullable=False),
+        _text("pod"), _text("zone"), _text("accelerator_type"), _text("capacity"),
+        _real("created_at", nullable=False), _real("ended_at"), _integer("exit_code"),
+        _integer("restarts", nullable=False, server_default=zero),
+        _integer("preemptions", nullable=False, server_default=zero),
+        _integer("steps", nullable=False, server_default=zero),
+        _text("labels", nullable=False, server_default=sa.text("'{}'")), _text("detail"),
+        _real("updated_at", nullable=False),
+        sqlite_strict=True,
+    )  # fmt: skip
+    sa.Index("runs_created", runs.c.created_at)
+    segments = sa.Table(
+        "run_segments", metadata,
+        _integer("id", primary_key=True, nullable=True),
+        _text("run_id", _fk("runs.run_id"), nullable=False), _text("kind", nullable=False),
+        _real("started_at", nullable=False), _real("ended_at"), _text("pod"), _text("zone"),
+        _text("capacity"), _integer("steps_completed"), _integer("steps_recomputed"),
+        _text("detail"),
+        sqlite_strict=True,
+    )  # fmt: skip
+    s = segments.c
+    sa.Index("run_segments_run", s.run_id, s.started_at)
+    sa.Index("run_segments_open", s.run_id, unique=True, **_where("ended_at IS NULL"))
+    sa.Index("run_segments_pod", s.zone, s.pod, **_where("pod IS NOT NULL"))
+    sa.Index("run_segments_recomputed", s.zone, s.pod, s.run_id, s.started_at, s.ended_at, s.steps_completed,
+             s.steps_recomputed, **_where("steps_recomputed > 0"))  # fmt: skip
+
+
+def _rollups(metadata: sa.MetaData) -> None:
+    import sqlalchemy as sa
+
+    def key(*names: str) -> list[sa.Column[Any]]:
+        return [
+            (_integer if n.endswith("day") else _text)(n, primary_key=True, autoincrement=False)
+            for n in names
+        ]
+
+    def sums(*names: str) -> list[sa.Column[Any]]:
+        return [(_integer if n == "slices" else _real)(n, nullable=False) for n in names]
+
+    groups = ("zone", "accelerator_type", "capacity", "labels")
+    billed = ("slices", "billed_s", "billed_chip_s", "billed_usd_s", "billed_unpriced_chip_s")
+    rowless: dict[str, Any] = {"sqlite_strict": True, "sqlite_with_rowid": False}
+    sa.Table("cost_rollup", metadata, *key("day", *groups), *sums(*billed), **rowless)
+    sa.Table("cost_day_offsets", metadata,
+             _integer("n", primary_key=True, nullable=True, autoincrement=False),
+             sqlite_strict=True)  # fmt: skip
+    sa.Table("cost_rollup_x", metadata, *key("first_day", "end_day", *groups),
+             *sums(*billed, "d0_s", "d0_chip_s", "d0_usd_s", "d0_unpriced_chip_s"), **rowless)  # fmt: skip
+    sa.Table("cost_rollup_xdays", metadata, *key("day", "first_day", "end_day", *groups),
+             *sums("slices", "s", "chip_s", "usd_s", "unpriced_chip_s"), **rowless)  # fmt: skip
+    sa.Table("cost_rollup_held", metadata, *key("end_day", "deleted_day", *groups),
+             *sums("slices", "held_chip_s", "held_usd_s", "held_unpriced_chip_s"), **rowless)  # fmt: skip
+
+
+def _run_records(metadata: sa.MetaData) -> None:
+    import sqlalchemy as sa
+
+    run = _fk("runs.run_id")
+    sa.Table(
+        "run_leases", metadata,
+        _text("run_id", _fk("runs.run_id"), primary_key=True, nullable=True),
+        _integer("generation", nullable=False),
+        _text("token"), _text("owner_id"), _text("host"), _integer("pid"),
+        _integer("start_ticks"), _real("claimed_at"), _real("renewed_at"), _real("expires_at"),
+        sa.CheckConstraint("(token IS NULL) = (expires_at IS NULL) AND (token IS NULL) = (owner_id IS NULL)"),
+        sqlite_strict=True,
+    )  # fmt: skip
+    history = sa.Table(
+        "run_lease_history", metadata,
+        _integer("id", primary_key=True, nullable=True), _text("run_id", run, nullable=False),
+        _real("at", nullable=False), _text("action", nullable=False),
+        _integer("generation", nullable=False), _text("owner_id", nullable=False),
+        _text("host", nullable=False), _integer("pid", nullable=False), _integer("start_ticks"),
+        _real("expires_at"), _text("detail"),
+        sqlite_strict=True,
+    )  # fmt: skip
+    sa.Index("run_lease_history_run", history.c.run_id, history.c.id)
+    sa.Table(
+        "run_cancel_requests", metadata,
+        _text("run_id", _fk("runs.run_id"), primary_key=True, nullable=True),
+        _real("requested_at", nullable=False), _text("requested_by", nullable=False),
+        sqlite_strict=True,
+    )  # fmt: skip
+    intents = sa.Table(
+        "run_intents", metadata,
+        _integer("id", primary_key=True, nullable=True), _text("run_id", _fk("runs.run_id"), nullable=False),
+        _real("at", nullable=False),
+        _text("action", sa.CheckConstraint("action IN ('create', 'delete')"), nullable=False),
+        _text("pod", nullable=False), _text("zone", nullable=False),
+        _integer("generation", nullable=False), _text("owner_id", nullable=False), _text("detail"),
+        sqlite_strict=True,
+    )  # fmt: skip
+    sa.Index("run_intents_run", intents.c.run_id, intents.c.id)
+    sa.Table(
+        "run_state", metadata,
+        _text("run_id", _fk("runs.run_id"), primary_key=True, nullable=True), _text("phase"),
+        _integer("attempt"),
+        _text("slices", nullable=False, server_default=sa.text("'[]'")),
+        _integer("generation", nullable=False), _real("updated_at", nullable=False),
+        sqlite_strict=True,
+    )  # fmt: skip
+    sa.Table(
+        "run_blobs", metadata,
+        _text("run_id", _fk("runs.run_id"), primary_key=True), _text("name", primary_key=True),
+        _text("sha256", nullable=False), _integer("size", nullable=False),
+        sa.Column("data", sa.LargeBinary(), nullable=False), _real("saved_at", nullable=False),
+        sqlite_strict=True,
+    )  # fmt: skip
+    sa.Table(
+        "run_secrets", metadata,
+        _text("run_id", _fk("runs.run_id"), primary_key=True), _text("name", primary_key=True),
+        _text("key_id", nullable=False), sa.Column("ciphertext", sa.LargeBinary(), nullable=False),
+        _real("saved_at", nullable=False),
+        sqlite_strict=True,
+    )  # fmt: skip
+    sa.Table(
+        "run_log_lines", metadata,
+        _text("run_id", _fk("runs.run_id"), primary_key=True),
+        _integer("worker", primary_key=True, autoincrement=False),
+        _integer("seq", primary_key=True, autoincrement=False),
+        _real("at", nullable=False), _text("text", nullable=False),
+        sqlite_strict=True, sqlite_with_rowid=False,
+    )  # fmt: skip
