@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 
 from tpuctl.store import EventKind, EventRecord, Ledger, NewEvent
 from tpuctl.store import ledger as ledger_module
+from tpuctl.store.database import SqliteDatabase
 
 Z = "us-central1-a"
 
@@ -74,9 +76,11 @@ def test_price_changes_are_found_without_scanning_the_log(ledger: Ledger) -> Non
     ledger.record_event(EventKind.PRICE_CHANGE, pod="p", zone=Z, price_per_chip_hour=2.0, ts=600.0)
     changes = list(ledger.events(kinds=[EventKind.PRICE_CHANGE]))
     assert [(e.ts, e.price_per_chip_hour) for e in changes] == [(600.0, 2.0)]
-    plan = ledger._conn.execute(
-        "EXPLAIN QUERY PLAN SELECT * FROM events WHERE kind = 'price_change' ORDER BY ts, id"
-    ).fetchall()
+    plan = (
+        _raw(ledger)
+        .execute("EXPLAIN QUERY PLAN SELECT * FROM events WHERE kind = 'price_change' ORDER BY ts, id")
+        .fetchall()
+    )
     assert "events_price" in str(plan)
 
 
@@ -125,6 +129,12 @@ def test_event_fields_round_trip(ledger: Ledger) -> None:
 
 
 def test_a_kind_from_a_newer_tpuctl_reads_as_text(ledger: Ledger) -> None:
-    ledger._conn.execute("INSERT INTO events (id, ts, kind) VALUES (1, 1.0, 'teleported')")
+    _raw(ledger).execute("INSERT INTO events (id, ts, kind) VALUES (1, 1.0, 'teleported')")
     (e,) = ledger.events()
     assert e.kind == "teleported" and not isinstance(e.kind, EventKind)
+
+
+def _raw(ledger: Ledger) -> sqlite3.Connection:
+    """The SQLite connection under ``ledger`` (for what only SQLite has: query plans, PRAGMAs)."""
+    assert isinstance(ledger._db, SqliteDatabase)
+    return ledger._db.raw

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tpuctl.store import SCHEMA_VERSION, EventKind, Ledger, LedgerError
+from tpuctl.store.database import SqliteDatabase
 
 TABLES = {"events", "pods", "attempts", "runs", "run_segments"}
 
@@ -74,7 +75,7 @@ def test_file_path_leaves_an_existing_parent_alone(tmp_path: Path) -> None:
 
 def test_pragmas(tmp_path: Path) -> None:
     with Ledger(tmp_path) as ledger:
-        conn = ledger._conn
+        conn = _raw(ledger)
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
         assert conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1
@@ -127,3 +128,9 @@ def test_each_ledger_has_its_own_random_identity(tmp_path: Path) -> None:
         first = a.identity
     with Ledger(tmp_path / "a") as again:
         assert again.identity == first  # made once, with the ledger
+
+
+def _raw(ledger: Ledger) -> sqlite3.Connection:
+    """The SQLite connection under ``ledger`` (for what only SQLite has: query plans, PRAGMAs)."""
+    assert isinstance(ledger._db, SqliteDatabase)
+    return ledger._db.raw

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from tpuctl.store import (
     PodState,
 )
 from tpuctl.store import ledger as ledger_module
+from tpuctl.store.database import SqliteDatabase
 
 Z1, Z2 = "us-central1-a", "europe-west4-b"
 
@@ -398,6 +400,12 @@ def test_view_is_the_replay_of_the_log_and_bulk_matches_singles(
 def test_check_view_reports_a_tampered_view(ledger: Ledger) -> None:
     request(ledger, ts=1.0)
     assert ledger.check_view() == []
-    ledger._conn.execute("UPDATE pods SET state = 'READY'")
+    _raw(ledger).execute("UPDATE pods SET state = 'READY'")
     problems = ledger.check_view()
     assert len(problems) == 1 and "REQUESTED" in problems[0]
+
+
+def _raw(ledger: Ledger) -> sqlite3.Connection:
+    """The SQLite connection under ``ledger`` (for what only SQLite has: query plans, PRAGMAs)."""
+    assert isinstance(ledger._db, SqliteDatabase)
+    return ledger._db.raw

@@ -36,7 +36,6 @@ import copy
 import json
 import math
 import os
-import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -47,8 +46,8 @@ from typing import Any, Final, Literal, TypeAlias, TypeVar
 
 from tpuctl.catalog import CapacityType
 from tpuctl.errors import LeaseLostError, UsageError
-from tpuctl.store import leases, migrate, runstate, schema
-from tpuctl.store.paths import ensure_private_dir, private_file, tighten_file
+from tpuctl.store import leases, runstate, schema
+from tpuctl.store.database import Database, SqliteDatabase
 from tpuctl.store.records import (
     AmbiguousPodError,
     AttemptOutcome,
@@ -63,7 +62,6 @@ from tpuctl.store.records import (
     LeaseHistoryRecord,
     LeaseHolder,
     LeaseOwner,
-    LedgerBusyError,
     LedgerError,
     LogLine,
     NewEvent,
@@ -77,8 +75,8 @@ from tpuctl.store.records import (
     SliceRef,
 )
 from tpuctl.store.secrets import SecretKey
-from tpuctl.store.sql import SqlConnection, SqliteConnection
-from tpuctl.store.url import LEDGER_FILENAME, DatabaseUrl, parse_database_url, sqlite_url
+from tpuctl.store.sql import SqlConnection
+from tpuctl.store.url import LEDGER_FILENAME, DatabaseUrl, parse_database_url
 from tpuctl.store.view import POD_KINDS, Ev, PodRow, apply_event
 
 __all__ = ["LEDGER_FILENAME", "UNSET", "Ledger", "ledger_file", "resolve_ledger_path"]
@@ -89,10 +87,6 @@ DEFAULT_BUSY_TIMEOUT_S: Final = 30.0
 # are flushed (and the cache dropped) every _POD_FLUSH rows for the same reason.
 _EVENT_CHUNK: Final = 10_000
 _POD_FLUSH: Final = 50_000
-# Page cache sizes, negative = KiB (SQLite's convention). 16 MiB keeps a cost report over a large
-# ledger in memory; the bulk path raises it while it runs (see record_events_bulk).
-_CACHE_KIB: Final = -16_384
-_BULK_CACHE_KIB: Final = -262_144
 # events() reads the log in pages: each page is a short read, so a long iteration never pins an old
 # WAL snapshot (which would stop checkpoints) and the caller may write to the ledger while iterating.
 _PAGE: Final = 2_000
@@ -161,7 +155,8 @@ def ledger_file(url: DatabaseUrl) -> Path:
 
 
 class Ledger:
-    """The SQLite ledger. ``Ledger(state_dir)`` or ``Ledger(path/to/file.db)``; use as a context manager.
+    """The ledger. ``Ledger(state_dir)`` or ``Ledger(path/to/file.db)`` (SQLite), ``Ledger(database)`` on a
+    ``tpuctl.store.database.Database`` (either engine); use as a context manager.
 
     Given a state directory, it is created (or tightened) to 0700. Given a file path, a missing parent is
     created 0700 but an existing one is left alone (it may be a shared directory such as /tmp).
@@ -170,7 +165,7 @@ class Ledger:
 
     def __init__(
         self,
-        path_or_state_dir: str | os.PathLike[str],
+        where: str | os.PathLike[str] | Database,
         *,
         clock: Callable[[], float] = time.time,
         busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S,
@@ -180,27 +175,11 @@ class Ledger:
         self._fence: LeaseClaim | None = None  # set on the views fenced() returns
         self._on_lost: Callable[[LeaseLostError], None] | None = None  # ... and who hears of a loss
         self._owns_connection = True
-        db = resolve_ledger_path(path_or_state_dir)
-        if db.parent == Path(path_or_state_dir).expanduser() or not db.parent.exists():
-            ensure_private_dir(db.parent)
-        self.path: Path = db
-        private_file(db)
-        try:
-            self._conn = sqlite3.connect(
-                db, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
-            )
-        except sqlite3.Error as exc:
-            raise LedgerError(f"cannot open the ledger {db}: {exc}") from None
-        self._sql = SqliteConnection(self._conn)
-        try:
-            with self._translate():
-                self._configure()
-                migrate.migrate_sqlite(self._conn, where=str(db))
-        except BaseException:
-            self._conn.close()
-            raise
-        for suffix in ("-wal", "-shm"):
-            tighten_file(f"{db}{suffix}")
+        if isinstance(where, (str, os.PathLike)):
+            db = resolve_ledger_path(where)
+            private_parent = db.parent == Path(where).expanduser()
+            where = SqliteDatabase(db, busy_timeout_s=busy_timeout_s, private_parent=private_parent)
+        self._db: Database = where
 
     @classmethod
     def open(
@@ -216,36 +195,12 @@ class Ledger:
 
     @property
     def url(self) -> DatabaseUrl:
-        return sqlite_url(self.path)
+        return self._db.url
 
-    def _configure(self) -> None:
-        conn = self._conn
-        # journal_mode is persistent in the file; switching it needs an exclusive lock, so only ask
-        # when it is not WAL yet (a fresh ledger), and wait out a concurrent first open.
-        if str(conn.execute("PRAGMA journal_mode").fetchone()[0]).lower() != "wal":
-            deadline = time.monotonic() + 10.0
-            while True:
-                try:
-                    mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-                    break
-                except sqlite3.OperationalError as exc:
-                    # The switch takes an exclusive lock, and SQLite can answer "locked" for it
-                    # without going through the busy handler; another tpuctl opening the same fresh
-                    # file at the same moment is the only expected cause. (Not seen in practice with
-                    # 6 racing openers, but cheap to be safe about.)
-                    if "locked" not in str(exc) or time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.01)
-            if str(mode).lower() != "wal":
-                raise LedgerError(
-                    f"the ledger {self.path} cannot use WAL mode (got {mode!r})",
-                    fix="put the state dir on a local filesystem (WAL does not work over NFS)",
-                )
-        conn.execute("PRAGMA synchronous = FULL")
-        conn.execute(f"PRAGMA cache_size = {_CACHE_KIB:d}")
-        conn.execute("PRAGMA foreign_keys = ON")
-        # After a bulk import the WAL can reach hundreds of MB; truncate it back after checkpoints.
-        conn.execute("PRAGMA journal_size_limit = 67108864")
+    @property
+    def path(self) -> Path:
+        """The SQLite file of this ledger (what the cost report reads; refused for a PostgreSQL ledger)."""
+        return ledger_file(self._db.url)
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -254,7 +209,7 @@ class Ledger:
         if not self._owns_connection:
             return
         with self._lock:
-            self._conn.close()
+            self._db.close()
 
     def __enter__(self) -> Ledger:
         return self
@@ -269,8 +224,8 @@ class Ledger:
 
     @property
     def schema_version(self) -> int:
-        with self._lock, self._translate():
-            return schema.schema_version(self._conn)
+        with self._lock, self._db.translate():
+            return self._db.schema_version()
 
     @property
     def identity(self) -> str:
@@ -283,48 +238,24 @@ class Ledger:
     # -- transactions ------------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def _translate(self) -> Iterator[None]:
-        """sqlite3 errors become LedgerError here, in one place, with what to do about them."""
-        try:
-            yield
-        except sqlite3.OperationalError as exc:
-            text = str(exc)
-            if "locked" in text or "busy" in text:
-                raise LedgerBusyError(
-                    f"the ledger {self.path} stayed locked by another tpuctl process: {text}",
-                    fix="wait for the other tpuctl command to finish and retry",
-                ) from exc
-            raise LedgerError(f"ledger {self.path}: {text}") from exc
-        except (sqlite3.ProgrammingError, sqlite3.InterfaceError):
-            raise  # misuse (a closed ledger, a bad binding): a bug to see as is, not a corrupt file
-        except sqlite3.IntegrityError as exc:
-            raise LedgerError(f"ledger {self.path}: a write broke a constraint: {exc}") from exc
-        except sqlite3.DatabaseError as exc:
-            raise LedgerError(
-                f"the ledger {self.path} is unreadable or inconsistent: {exc}",
-                fix="run `tpuctl doctor`; if the file is corrupt, move it aside (a new one is created)",
-            ) from exc
-
-    @contextlib.contextmanager
     def _write(self, fence: LeaseClaim | None = None) -> Iterator[SqlConnection]:
         """One write transaction; fenced by ``fence`` and by this view's claim, when either is set: a
         claim that no longer holds its run's lease commits only the loss (to the lease history) and
         raises ``LeaseLostError`` before the caller's statements run."""
+        db = self._db
         try:
-            with self._lock, self._translate():
-                conn = self._conn
-                conn.execute("BEGIN IMMEDIATE")
+            with self._lock, db.translate():
+                conn = db.begin(write=True)
                 try:
                     for claim in _distinct_claims(self._fence, fence):
-                        lost = leases.fence(self._sql, claim)
+                        lost = leases.fence(conn, claim)
                         if lost is not None:
-                            conn.execute("COMMIT")
+                            db.commit()
                             raise lost
-                    yield self._sql
-                    conn.execute("COMMIT")
+                    yield conn
+                    db.commit()
                 except BaseException:
-                    if conn.in_transaction:
-                        conn.execute("ROLLBACK")
+                    db.rollback()
                     raise
         except LeaseLostError as lost:
             if self._on_lost is not None:  # told outside the lock: the listener may read the ledger
@@ -334,14 +265,13 @@ class Ledger:
     @contextlib.contextmanager
     def _read(self) -> Iterator[SqlConnection]:
         # A read transaction so multi-statement reads see one snapshot.
-        with self._lock, self._translate():
-            conn = self._conn
-            conn.execute("BEGIN")
+        db = self._db
+        with self._lock, db.translate():
+            conn = db.begin(write=False)
             try:
-                yield self._sql
+                yield conn
             finally:
-                if conn.in_transaction:
-                    conn.execute("COMMIT")
+                db.commit()
 
     # -- events and the pods view ------------------------------------------------------------------
 
@@ -387,15 +317,8 @@ class Ledger:
         Same semantics as calling ``record_event`` for each, in order, but all or nothing. The write lock
         is held throughout, so other tpuctl writers wait (up to their busy timeout).
         """
-        with self._write() as conn:
-            # A big page cache for the duration: index inserts land all over the B-trees (run ids sort
-            # as text), and with the 16 MiB default a million-event import spends half its time
-            # re-reading pages. Memory is only taken as pages are used, and given back after.
-            conn.execute(f"PRAGMA cache_size = {_BULK_CACHE_KIB:d}")
-            try:
-                return self._apply(conn, (self._normalize(e) for e in events), return_ids=False)[1]
-            finally:
-                conn.execute(f"PRAGMA cache_size = {_CACHE_KIB:d}")
+        with self._write() as conn, self._db.bulk():
+            return self._apply(conn, (self._normalize(e) for e in events), return_ids=False)[1]
 
     def _normalize(self, e: NewEvent) -> Ev:
         # Dict lookups rather than Enum calls: this runs a million times in a bulk import, and a
@@ -1150,13 +1073,10 @@ class Ledger:
     # -- checks --------------------------------------------------------------------------------------
 
     def integrity_check(self) -> str:
-        """SQLite's ``integrity_check`` plus ``foreign_key_check``: "ok", or the problems, one a line."""
-        with self._read() as conn:
-            problems = [str(r[0]) for r in conn.execute("PRAGMA integrity_check")]
-            if problems == ["ok"]:
-                problems = []
-            for table, rowid, parent, _fk in conn.execute("PRAGMA foreign_key_check"):
-                problems.append(f"{table} row {rowid}: missing {parent} row")
+        """The engine's own checks (SQLite: ``integrity_check`` and ``foreign_key_check``): "ok", or the
+        problems, one a line."""
+        with self._read():
+            problems = self._db.integrity_problems()
         return "\n".join(problems) if problems else "ok"
 
     def check_view(self) -> list[str]:

@@ -28,6 +28,7 @@ from tpuctl.store.records import LedgerError
 if TYPE_CHECKING:
     from alembic.config import Config
     from alembic.runtime.migration import MigrationContext, MigrationInfo
+    from sqlalchemy.engine import Engine
 
 #: Where Alembic finds the history (a package resource: works from a wheel as from a checkout).
 SCRIPT_LOCATION: Final = "tpuctl.store:migrations"
@@ -187,3 +188,49 @@ def _config(conn: Any) -> Config:
     config.set_main_option("script_location", SCRIPT_LOCATION)
     config.attributes["connection"] = conn
     return config
+
+
+# -- PostgreSQL ---------------------------------------------------------------------------------------
+
+#: The advisory lock a PostgreSQL ledger's migration holds ("tpumig" in ASCII): two tpuctl processes
+#: opening a new database at once create the schema once; the second finds it done.
+PG_MIGRATE_LOCK: Final = 0x7470756D6967
+
+
+def migrate_engine(engine: Engine, *, where: str) -> None:
+    """Bring the PostgreSQL ledger ``engine`` connects to to ``migrations.HEAD``, under an advisory lock,
+    in one transaction; a no-op (one query) when it is there. ``where`` names the ledger in errors."""
+    import sqlalchemy
+
+    with engine.connect() as conn:
+        if _pg_revision(conn) == migrations.HEAD:
+            return
+        with conn.begin():
+            conn.execute(sqlalchemy.text("SELECT pg_advisory_xact_lock(:key)"), {"key": PG_MIGRATE_LOCK})
+            found = _pg_revision(conn)
+            if found is not None and found not in migrations.KNOWN:
+                raise LedgerError(
+                    f"the ledger at {where} is at schema revision {found}, newer than this tpuctl "
+                    f"understands ({migrations.HEAD})",
+                    fix="upgrade tpuctl, or point --database at another database",
+                )
+            if found != migrations.HEAD:
+                from alembic import command
+
+                command.upgrade(_config(conn), migrations.HEAD)
+
+
+def postgres_schema_version(engine: Engine) -> int:
+    """The schema version of a PostgreSQL ledger, counted as a SQLite one's (``sqlite_user_version``)."""
+    with engine.connect() as conn:
+        found = _pg_revision(conn)
+    return 0 if found is None else schema.SCHEMA_VERSION + migrations.KNOWN.index(found)
+
+
+def _pg_revision(conn: Any) -> str | None:
+    import sqlalchemy
+
+    if conn.execute(sqlalchemy.text("SELECT to_regclass('alembic_version')")).scalar() is None:
+        return None
+    row = conn.execute(sqlalchemy.text("SELECT version_num FROM alembic_version")).fetchone()
+    return None if row is None else str(row[0])

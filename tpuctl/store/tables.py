@@ -11,7 +11,8 @@ and keys of rowid-less tables are ``WITHOUT ROWID``; an ``INTEGER`` primary key 
 A single-column key is declared nullable, as the hand-written migrations declared it: SQLite then
 records no NOT NULL on it (an ``INTEGER`` key is the rowid, never NULL anyway), and PostgreSQL makes
 every key column NOT NULL whatever the declaration. Foreign keys are ``DEFERRABLE INITIALLY DEFERRED``
-on both: the bulk path inserts events before the pod rows they point to, and the constraint is checked at commit.
+on both: the bulk path inserts events before the pod rows they point to, and the constraint is checked
+at commit.
 
 What is not a table (the triggers that keep the rollups, the day offsets' rows, the ledger's identity)
 is in ``tpuctl.store.derived``, per engine.

@@ -1,0 +1,268 @@
+"""The database under a ``Ledger``, one implementation per engine: its transactions, its errors and what
+only it has. The ledger's SQL itself is the same on both (``tpuctl.store.sql``).
+
+Both make every write transaction exclusive among the ledger's writers from its first statement, which
+the ledger's writes rely on (ids allocated as max + 1, a pod row naming the event that changed it before
+either is written, a lease's fence): SQLite with ``BEGIN IMMEDIATE`` (the file's write lock), PostgreSQL
+with a transaction-scoped advisory lock that every tpuctl writer takes first. Reads see one snapshot per
+transaction on both (SQLite: a read transaction; PostgreSQL: REPEATABLE READ, read only).
+
+A write transaction whose lease fence failed commits what it wrote before the failure (the loss, in the
+lease history) and raises: ``Ledger._write`` calls ``commit`` itself, then raises.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final, Protocol
+
+from tpuctl.store import migrate, schema
+from tpuctl.store.paths import ensure_private_dir, private_file, tighten_file
+from tpuctl.store.records import LedgerBusyError, LedgerError
+from tpuctl.store.sql import POSTGRESQL, SqlAlchemyConnection, SqlConnection, SqliteConnection
+from tpuctl.store.url import DatabaseUrl, sqlite_url
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Connection, Engine
+
+#: The advisory lock every tpuctl write transaction on a PostgreSQL ledger takes first (any fixed
+#: 64-bit number; "tpuctl" in ASCII), so writers queue as SQLite's do on its write lock.
+PG_WRITE_LOCK: Final = 0x7470756374_6C
+
+
+class Database(Protocol):
+    """One ledger database. Not thread-safe: the ``Ledger`` serialises its threads' transactions."""
+
+    #: Where the ledger is, as errors and ``doctor`` name it (a password never shown).
+    where: str
+
+    @property
+    def url(self) -> DatabaseUrl: ...
+
+    def begin(self, *, write: bool) -> SqlConnection:
+        """Begin a transaction (``write``: exclusive among writers, waiting for the others)."""
+        ...
+
+    def commit(self) -> None: ...
+
+    def rollback(self) -> None:
+        """End the transaction in progress without its writes (a no-op when none is)."""
+        ...
+
+    def translate(self) -> contextlib.AbstractContextManager[None]:
+        """The engine's errors inside become ``LedgerError``s naming the ledger and what to do."""
+        ...
+
+    def schema_version(self) -> int: ...
+
+    def integrity_problems(self) -> list[str]:
+        """What the engine's own checks find wrong (SQLite: integrity and foreign keys); [] when none."""
+        ...
+
+    def bulk(self) -> contextlib.AbstractContextManager[None]:
+        """Settings for one big write (a million-event import), restored after."""
+        ...
+
+    def close(self) -> None: ...
+
+
+# -- SQLite ------------------------------------------------------------------------------------------
+
+# Page cache sizes, negative = KiB (SQLite's convention). 16 MiB keeps a cost report over a large ledger
+# in memory; a bulk write raises it while it runs (``bulk``).
+_CACHE_KIB: Final = -16_384
+_BULK_CACHE_KIB: Final = -262_144
+
+
+class SqliteDatabase:
+    """A ledger file. The file is created 0600 (its parent 0700 when tpuctl makes it), put in WAL mode,
+    and brought to the newest schema (``migrate``). Why each setting: ``tpuctl.store.ledger``."""
+
+    def __init__(self, path: Path, *, busy_timeout_s: float, private_parent: bool) -> None:
+        if private_parent or not path.parent.exists():
+            ensure_private_dir(path.parent)
+        self.path = path
+        self.where = str(path)
+        private_file(path)
+        try:
+            self.raw = sqlite3.connect(
+                path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
+            )
+        except sqlite3.Error as exc:
+            raise LedgerError(f"cannot open the ledger {path}: {exc}") from None
+        self._sql = SqliteConnection(self.raw)
+        try:
+            with self.translate():
+                from tpuctl.store.engine import configure_sqlite
+
+                configure_sqlite(self.raw, where=self.where)
+                migrate.migrate_sqlite(self.raw, where=self.where)
+        except BaseException:
+            self.raw.close()
+            raise
+        for suffix in ("-wal", "-shm"):
+            tighten_file(f"{path}{suffix}")
+
+    @property
+    def url(self) -> DatabaseUrl:
+        return sqlite_url(self.path)
+
+    def begin(self, *, write: bool) -> SqlConnection:
+        self.raw.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+        return self._sql
+
+    def commit(self) -> None:
+        if self.raw.in_transaction:
+            self.raw.execute("COMMIT")
+
+    def rollback(self) -> None:
+        # Some errors (disk full, I/O) have already rolled the transaction back.
+        if self.raw.in_transaction:
+            self.raw.execute("ROLLBACK")
+
+    @contextlib.contextmanager
+    def translate(self) -> Iterator[None]:
+        """sqlite3 errors become LedgerError here, in one place, with what to do about them."""
+        try:
+            yield
+        except sqlite3.OperationalError as exc:
+            text = str(exc)
+            if "locked" in text or "busy" in text:
+                raise LedgerBusyError(
+                    f"the ledger {self.where} stayed locked by another tpuctl process: {text}",
+                    fix="wait for the other tpuctl command to finish and retry",
+                ) from exc
+            raise LedgerError(f"ledger {self.where}: {text}") from exc
+        except (sqlite3.ProgrammingError, sqlite3.InterfaceError):
+            raise  # misuse (a closed ledger, a bad binding): a bug to see as is, not a corrupt file
+        except sqlite3.IntegrityError as exc:
+            raise LedgerError(f"ledger {self.where}: a write broke a constraint: {exc}") from exc
+        except sqlite3.DatabaseError as exc:
+            raise LedgerError(
+                f"the ledger {self.where} is unreadable or inconsistent: {exc}",
+                fix="run `tpuctl doctor`; if the file is corrupt, move it aside (a new one is created)",
+            ) from exc
+
+    def schema_version(self) -> int:
+        return schema.schema_version(self.raw)
+
+    def integrity_problems(self) -> list[str]:
+        problems = [str(r[0]) for r in self.raw.execute("PRAGMA integrity_check")]
+        if problems == ["ok"]:
+            problems = []
+        for table, rowid, parent, _fk in self.raw.execute("PRAGMA foreign_key_check"):
+            problems.append(f"{table} row {rowid}: missing {parent} row")
+        return problems
+
+    @contextlib.contextmanager
+    def bulk(self) -> Iterator[None]:
+        # A big page cache for the duration: index inserts land all over the B-trees (run ids sort as
+        # text), and with the 16 MiB default a million-event import spends half its time re-reading
+        # pages. Memory is only taken as pages are used, and given back after.
+        self.raw.execute(f"PRAGMA cache_size = {_BULK_CACHE_KIB:d}")
+        try:
+            yield
+        finally:
+            self.raw.execute(f"PRAGMA cache_size = {_CACHE_KIB:d}")
+
+    def close(self) -> None:
+        self.raw.close()
+
+
+# -- PostgreSQL --------------------------------------------------------------------------------------
+
+
+class PostgresDatabase:
+    """A ledger in a PostgreSQL database. Each transaction takes a pooled connection (checked before use:
+    one the server dropped in a restart is replaced, not handed out) and gives it back at its end."""
+
+    def __init__(self, url: DatabaseUrl) -> None:
+        from tpuctl.store.engine import create_engine
+
+        self._url = url
+        self.where = url.text
+        self.engine: Engine = create_engine(url)
+        self._conn: Connection | None = None
+        self._lock = threading.Lock()
+        with self.translate():
+            migrate.migrate_engine(self.engine, where=self.where)
+
+    @property
+    def url(self) -> DatabaseUrl:
+        return self._url
+
+    def begin(self, *, write: bool) -> SqlConnection:
+        import sqlalchemy
+
+        conn = self.engine.connect()
+        try:
+            if write:
+                conn.begin()
+                conn.execute(sqlalchemy.text("SELECT pg_advisory_xact_lock(:key)"), {"key": PG_WRITE_LOCK})
+            else:
+                conn = conn.execution_options(isolation_level="REPEATABLE READ", postgresql_readonly=True)
+                conn.begin()
+        except BaseException:
+            conn.close()
+            raise
+        self._conn = conn
+        return SqlAlchemyConnection(conn, POSTGRESQL)
+
+    def commit(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.commit()
+            finally:
+                conn.close()
+
+    def rollback(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.rollback()
+            finally:
+                conn.close()
+
+    @contextlib.contextmanager
+    def translate(self) -> Iterator[None]:
+        """The driver's errors (as SQLAlchemy raises them) become LedgerError here, in one place."""
+        from sqlalchemy import exc as sa_exc
+
+        try:
+            yield
+        except sa_exc.IntegrityError as exc:
+            raise LedgerError(f"ledger {self.where}: a write broke a constraint: {exc.orig}") from exc
+        except sa_exc.OperationalError as exc:
+            raise LedgerError(
+                f"the ledger database {self.where} cannot be reached: {_first_line(exc.orig)}",
+                fix="check that the database server is up and reachable from here, then retry",
+            ) from exc
+        except (sa_exc.ProgrammingError, sa_exc.InterfaceError):
+            raise  # SQL this tpuctl got wrong, or a closed ledger: a bug to see as is
+        except sa_exc.DBAPIError as exc:
+            raise LedgerError(f"ledger {self.where}: {_first_line(exc.orig)}") from exc
+
+    def schema_version(self) -> int:
+        return migrate.postgres_schema_version(self.engine)
+
+    def integrity_problems(self) -> list[str]:
+        # PostgreSQL checks every constraint as it writes (deferred foreign keys at commit) and its pages
+        # carry their own checks: nothing a ledger-level scan would add.
+        return []
+
+    @contextlib.contextmanager
+    def bulk(self) -> Iterator[None]:
+        yield
+
+    def close(self) -> None:
+        self.rollback()
+        self.engine.dispose()
+
+
+def _first_line(exc: Any) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
