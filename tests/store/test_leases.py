@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from ledger_sql import other_machine, table_contents, write_by_hand
 
 from tpuctl.errors import EXIT_LEASE_HELD, LeaseHeldError, LeaseLostError
 from tpuctl.store import (
@@ -41,15 +42,10 @@ SHORT = 0.4  # a ttl tests wait out (through the ledger's clock, polled)
 
 
 @pytest.fixture
-def ledger(tmp_path: Path) -> Iterator[Ledger]:
-    with Ledger(tmp_path / "state") as opened:
+def ledger(open_ledger: Callable[..., Ledger]) -> Iterator[Ledger]:
+    with open_ledger() as opened:
         opened.create_run(RUN, script="train.py")
         yield opened
-
-
-def other_machine(ledger: Ledger, **kwargs: Any) -> Ledger:
-    """Another process's ledger on the same database (another machine, in effect)."""
-    return Ledger.open(ledger.url, **kwargs)
 
 
 def claim_when_free(ledger: Ledger, owner: LeaseOwner, ttl_s: float = LONG) -> LeaseClaim:
@@ -64,15 +60,6 @@ def claim_when_free(ledger: Ledger, owner: LeaseOwner, ttl_s: float = LONG) -> L
     claim = wait_for(attempt, timeout=20.0, what="the lease to expire")
     assert claim is not None  # wait_for returns only a true value
     return claim
-
-
-def table_contents(db: Path, *, skip: tuple[str, ...] = ()) -> dict[str, list[str]]:
-    """Every row of every table (but ``skip``), to compare before and after."""
-    with sqlite3.connect(db) as conn:
-        names = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
-        return {
-            n: sorted(repr(r) for r in conn.execute(f"SELECT * FROM {n}")) for n in names if n not in skip
-        }
 
 
 def test_claim_renew_release(ledger: Ledger) -> None:
@@ -185,10 +172,9 @@ def test_a_stolen_lease_fails_renewal_and_every_fenced_write_and_writes_nothing(
     record = ledger.get_run(RUN)
     assert record is not None and record.status == RunStatus.RUNNING
 
-    with sqlite3.connect(ledger.path) as raw:  # someone rewrites the token by hand
-        raw.execute("UPDATE run_leases SET token = 'stolen' WHERE run_id = ?", (RUN,))
-    db = ledger.path
-    before = table_contents(db, skip=("run_lease_history",))
+    # someone rewrites the token by hand
+    write_by_hand(ledger, "UPDATE run_leases SET token = 'stolen' WHERE run_id = :run", {"run": RUN})
+    before = table_contents(ledger, skip=("run_lease_history",))
     key = SecretKey(generate_key(), "test")
     writes: dict[str, Callable[[], object]] = {
         "update_run": lambda: fenced.update_run(RUN, status=RunStatus.FAILED),
@@ -213,7 +199,7 @@ def test_a_stolen_lease_fails_renewal_and_every_fenced_write_and_writes_nothing(
         with pytest.raises(LeaseLostError) as info:
             write()
         assert "its token was changed by someone else" in info.value.message, name
-    assert table_contents(db, skip=("run_lease_history",)) == before  # not one row written
+    assert table_contents(ledger, skip=("run_lease_history",)) == before  # not one row written
     lost = [h for h in ledger.lease_history(RUN) if h.action == LeaseAction.LOST]
     assert len(lost) == 1  # once per claim, however often its holder tries
     assert lost[0].owner == A and lost[0].generation == 1 and lost[0].detail is not None
@@ -256,9 +242,7 @@ def test_the_history_has_every_step_with_the_ledgers_time_and_never_the_token(le
     claimed_until, renewed_until = history[0].expires_at, history[1].expires_at
     assert claimed_until is not None and renewed_until is not None and renewed_until > claimed_until
     assert history[4].expires_at is None  # a release leaves no expiry
-    with sqlite3.connect(ledger.path) as raw:
-        dumped = "\n".join(raw.iterdump())
-    history_rows = [line for line in dumped.splitlines() if "run_lease_history" in line]
+    history_rows = table_contents(ledger)["run_lease_history"]
     for claim in (first, second, third):
         assert claim.token not in "\n".join(history_rows)
 

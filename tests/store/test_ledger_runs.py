@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -22,8 +21,8 @@ Z1, Z2 = "us-central1-a", "europe-west4-b"
 
 
 @pytest.fixture
-def ledger(tmp_path: Path) -> Iterator[Ledger]:
-    with Ledger(tmp_path / "state", clock=lambda: 1000.0) as led:
+def ledger(open_ledger: Callable[..., Ledger]) -> Iterator[Ledger]:
+    with open_ledger(clock=lambda: 1000.0) as led:
         yield led
 
 

@@ -3,11 +3,10 @@ the size cap), and its hosts' log lines (idempotent, appended where the last own
 
 from __future__ import annotations
 
-import sqlite3
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable, Iterator
 
 import pytest
+from ledger_sql import other_machine, write_by_hand
 
 from tpuctl.errors import LeaseLostError
 from tpuctl.store import (
@@ -30,8 +29,8 @@ ZONE = "us-central1-a"
 
 
 @pytest.fixture
-def ledger(tmp_path: Path) -> Iterator[Ledger]:
-    with Ledger(tmp_path / "state") as opened:
+def ledger(open_ledger: Callable[..., Ledger]) -> Iterator[Ledger]:
+    with open_ledger() as opened:
         opened.create_run(RUN, script="train.py")
         yield opened
 
@@ -91,7 +90,7 @@ def test_request_and_bundle_round_trip_from_another_machine(ledger: Ledger) -> N
     bundle = ledger.save_bundle(RUN, data)
     assert (bundle.name, bundle.size) == ("bundle", len(data))
     assert len(bundle.sha256) == 64 and saved.name == "request.json"
-    with Ledger.open(ledger.url) as elsewhere:
+    with other_machine(ledger) as elsewhere:
         assert elsewhere.run_request(RUN) == request
         assert elsewhere.bundle(RUN) == data
     ledger.save_bundle(RUN, b"smaller")  # a later save replaces it
@@ -121,8 +120,9 @@ def test_a_blob_over_the_cap_is_refused_and_nothing_is_written(
 
 def test_a_blob_changed_in_the_database_is_refused(ledger: Ledger) -> None:
     ledger.save_bundle(RUN, b"the bundle")
-    with sqlite3.connect(ledger.path) as raw:
-        raw.execute("UPDATE run_blobs SET data = ? WHERE run_id = ?", (b"the bundlE", RUN))
+    write_by_hand(
+        ledger, "UPDATE run_blobs SET data = :data WHERE run_id = :run", {"data": b"the bundlE", "run": RUN}
+    )
     with pytest.raises(LedgerError, match="does not match its SHA-256"):
         ledger.bundle(RUN)
 
@@ -151,13 +151,13 @@ def test_a_new_owner_appends_where_the_old_one_stopped(ledger: Ledger) -> None:
     old = ledger.claim_lease(RUN, A, 0.3)
     ledger.append_log_lines(old, 0, 0, [(1.0, "step 1"), (2.0, "step 2")])
     wait_for(lambda: (h := ledger.lease_of(RUN)) is not None and h.expired, timeout=20.0, what="expiry")
-    with Ledger.open(ledger.url) as other_machine:
-        new = other_machine.claim_lease(RUN, B, 300.0)
-        start = other_machine.next_log_seq(RUN, 0)
+    with other_machine(ledger) as elsewhere:
+        new = elsewhere.claim_lease(RUN, B, 300.0)
+        start = elsewhere.next_log_seq(RUN, 0)
         # The new owner re-reads the host's log from a point it is sure of and sends it all again.
-        other_machine.append_log_lines(new, 0, 1, [(2.0, "step 2"), (3.0, "step 3")])
+        elsewhere.append_log_lines(new, 0, 1, [(2.0, "step 2"), (3.0, "step 3")])
         assert start == 2
     with pytest.raises(LeaseLostError):  # the old owner, still streaming, stores nothing more
         ledger.append_log_lines(old, 0, 3, [(4.0, "stale")])
-    with Ledger.open(ledger.url) as reader:  # `runs logs` on a third machine: each line once
+    with other_machine(ledger) as reader:  # `runs logs` on a third machine: each line once
         assert [line.text for line in reader.log_lines(RUN)] == ["step 1", "step 2", "step 3"]

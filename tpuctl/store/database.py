@@ -264,5 +264,12 @@ class PostgresDatabase:
         self.engine.dispose()
 
 
+def open_database(url: DatabaseUrl, *, busy_timeout_s: float = 30.0) -> Database:
+    """The database at ``url``, opened and brought to the newest schema, on its engine."""
+    if url.path is None:
+        return PostgresDatabase(url)
+    return SqliteDatabase(url.path, busy_timeout_s=busy_timeout_s, private_parent=False)
+
+
 def _first_line(exc: Any) -> str:
     return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

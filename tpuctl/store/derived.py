@@ -5,8 +5,7 @@ ledger's random identity.
 SQLite's triggers are the ones the hand-written migrations created (``tpuctl.store.schema``, where each is
 explained), taken from there so that a new ledger and an adopted one hold the very same statements.
 PostgreSQL's are not written yet: the cost rollups are the part of the ledger not yet on both engines,
-and a PostgreSQL ledger is refused (``tpuctl.store.url``) until they are, so nothing half-made is ever
-opened as a ledger.
+and a PostgreSQL ledger is refused to users (``tpuctl.store.ledger.ledger_file``) until they are.
 """
 
 from __future__ import annotations
@@ -14,7 +13,6 @@ from __future__ import annotations
 import secrets
 
 from tpuctl.store import schema
-from tpuctl.store.records import LedgerError
 from tpuctl.store.sql import Dialect, SqlConnection
 
 
@@ -22,10 +20,9 @@ def statements(dialect: Dialect) -> tuple[str, ...]:
     """The triggers and fixed rows of a new ledger on ``dialect``'s engine, in order."""
     if dialect.name == "sqlite":
         return (*_legacy("CREATE TRIGGER"), *_legacy("INSERT INTO cost_day_offsets"))
-    raise LedgerError(
-        "the ledger's cost rollups are not available on PostgreSQL in this release",
-        fix="use a SQLite ledger (the default) for now",
-    )
+    # The rollups' triggers are not written for PostgreSQL yet: its ledger is refused to users until
+    # they are (``tpuctl.store.ledger.ledger_file``); the run records work without them.
+    return (f"INSERT INTO cost_day_offsets (n) SELECT generate_series(0, {schema.ROLLUP_MAX_DAYS:d})",)
 
 
 def seed_identity(conn: SqlConnection) -> None:

@@ -205,6 +205,7 @@ def migrate_engine(engine: Engine, *, where: str) -> None:
     with engine.connect() as conn:
         if _pg_revision(conn) == migrations.HEAD:
             return
+        conn.rollback()  # end the read's own (auto-begun) transaction: the migration's is one of its own
         with conn.begin():
             conn.execute(sqlalchemy.text("SELECT pg_advisory_xact_lock(:key)"), {"key": PG_MIGRATE_LOCK})
             found = _pg_revision(conn)
