@@ -29,8 +29,10 @@ from tpuctl.store import (
     SegmentKind,
     SliceRef,
 )
+from tpuctl.store.database import open_database
 from tpuctl.store.records import AttemptOutcome
 from tpuctl.store.secrets import SecretKey, generate_key
+from tpuctl.store.url import parse_database_url
 from tpuctl.testing.clock import FakeClock, wait_for
 from tpuctl.timefmt import iso
 
@@ -338,7 +340,7 @@ def _race_to_claim(db: str, owner_id: str, go: Any, results: Any) -> None:  # ru
     so the next round can begin soon), report."""
     owner = LeaseOwner(owner_id, "racer", 0, None)
     try:
-        with Ledger(db) as ledger:
+        with _open(db) as ledger:
             results.put(("ready", owner_id, None))
             go.wait(60)
             try:
@@ -350,29 +352,42 @@ def _race_to_claim(db: str, owner_id: str, go: Any, results: Any) -> None:  # ru
         results.put(("error", owner_id, repr(exc)))
 
 
-def test_two_processes_racing_for_an_expired_lease_one_wins(tmp_path: Path) -> None:
-    # Forked racers (a spawned one would take a second to import): SQLite must have no connection open
-    # in this process when it forks (its per-file lock state would be copied into the child), so the
-    # ledger is opened here only between the forks.
-    db = tmp_path / "state" / "ledger.db"
-    with Ledger(db) as ledger:
+def _open(where: str) -> Ledger:
+    """The ledger at ``where``: a SQLite file's path, or a PostgreSQL database's URL."""
+    if where.startswith("postgresql"):
+        return Ledger(open_database(parse_database_url(where)))
+    return Ledger(where)
+
+
+@pytest.mark.parametrize("engine", ["sqlite", "postgresql"])
+def test_two_processes_racing_for_an_expired_lease_one_wins(
+    tmp_path: Path, engine: str, request: pytest.FixtureRequest
+) -> None:
+    # Forked racers (a spawned one would take a second to import): no connection may be open in this
+    # process when it forks (SQLite's per-file lock state, a PostgreSQL socket would be copied into the
+    # child), so the ledger is opened here only between the forks. On PostgreSQL the racers' claims run
+    # over concurrent connections of one server.
+    db = str(tmp_path / "state" / "ledger.db")
+    if engine == "postgresql":
+        db = str(request.getfixturevalue("postgres_url"))
+    with _open(db) as ledger:
         ledger.create_run(RUN, script="train.py")
         expired = ledger.claim_lease(RUN, A, SHORT)
     context = multiprocessing.get_context("fork")
     winners: list[str] = []
     for round_ in range(2):
         if round_:  # A takes the lease back from the last winner, and lets it expire again
-            with Ledger(db) as ledger:
+            with _open(db) as ledger:
                 expired = claim_when_free(ledger, A, SHORT)
         go, results = context.Event(), context.Queue()
         names = [f"racer-{round_}-{i}" for i in range(3)]
-        procs = [context.Process(target=_race_to_claim, args=(str(db), n, go, results)) for n in names]
+        procs = [context.Process(target=_race_to_claim, args=(db, n, go, results)) for n in names]
         for proc in procs:
             proc.start()
         try:
             ready = [results.get(timeout=60) for _ in names]
             assert all(r[0] == "ready" for r in ready), ready
-            with Ledger(db) as ledger:
+            with _open(db) as ledger:
                 wait_for(lambda: (h := ledger.lease_of(RUN)) is not None and h.expired, timeout=20.0)
             go.set()
             outcomes = [results.get(timeout=60) for _ in names]
@@ -388,9 +403,9 @@ def test_two_processes_racing_for_an_expired_lease_one_wins(tmp_path: Path) -> N
         assert all(o[0] == "held" and o[2] == won[0][1] for o in outcomes if o is not won[0]), outcomes
         assert won[0][2] == expired.generation + 1
         winners.append(str(won[0][1]))
-        with Ledger(db) as ledger:
+        with _open(db) as ledger:
             holder = ledger.lease_of(RUN)
             assert holder is not None and holder.owner.owner_id == winners[-1]
-    with Ledger(db) as ledger:
+    with _open(db) as ledger:
         takeovers = [h.owner.owner_id for h in ledger.lease_history(RUN) if h.action == LeaseAction.TAKEOVER]
     assert takeovers == [winners[0], A.owner_id, winners[1]]
