@@ -17,9 +17,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tpuctl.store import billing, derived, migrate, schema
+from tpuctl.catalog import CapacityType
+from tpuctl.store import Ledger, NewEvent, billing, derived, migrate, schema
+from tpuctl.store.database import open_database
 from tpuctl.store.engine import create_engine
-from tpuctl.store.records import EventKind
+from tpuctl.store.records import EventKind, SegmentKind
 from tpuctl.store.sql import (
     POSTGRESQL,
     SQLITE,
@@ -57,12 +59,8 @@ def _alembic_upgrade(connection: Any) -> None:
 
 
 @contextmanager
-def _sqlite_ledger(db: Path) -> Iterator[SqliteConnection]:
-    """A SQLite ledger made by the migration history, in one open transaction (rolled back after)."""
-    engine = create_engine(parse_database_url(f"sqlite:///{db}"))
-    with engine.begin() as conn:
-        _alembic_upgrade(conn)
-    engine.dispose()
+def _sqlite_connection(db: Path) -> Iterator[SqliteConnection]:
+    """A connection to the SQLite ledger ``db`` in one open transaction (rolled back after)."""
     raw = sqlite3.connect(db, isolation_level=None)
     raw.execute("BEGIN")
     try:
@@ -73,17 +71,39 @@ def _sqlite_ledger(db: Path) -> Iterator[SqliteConnection]:
 
 
 @contextmanager
+def _postgres_connection(url: str) -> Iterator[SqlAlchemyConnection]:
+    """A connection to the PostgreSQL ledger at ``url`` in one open transaction (rolled back after)."""
+    engine = create_engine(parse_database_url(url))
+    try:
+        with engine.connect() as conn:
+            yield SqlAlchemyConnection(conn, POSTGRESQL)
+            conn.rollback()
+    finally:
+        engine.dispose()
+
+
+@contextmanager
+def _sqlite_ledger(db: Path) -> Iterator[SqliteConnection]:
+    """A SQLite ledger made by the migration history, in one open transaction (rolled back after)."""
+    engine = create_engine(parse_database_url(f"sqlite:///{db}"))
+    with engine.begin() as conn:
+        _alembic_upgrade(conn)
+    engine.dispose()
+    with _sqlite_connection(db) as conn:
+        yield conn
+
+
+@contextmanager
 def _postgres_ledger(url: str) -> Iterator[SqlAlchemyConnection]:
     """A PostgreSQL ledger made by the migration history, in one open transaction (rolled back after)."""
     engine = create_engine(parse_database_url(url))
     try:
         with engine.begin() as conn:
             _alembic_upgrade(conn)
-        with engine.connect() as conn:
-            yield SqlAlchemyConnection(conn, POSTGRESQL)
-            conn.rollback()
     finally:
         engine.dispose()
+    with _postgres_connection(url) as conn:
+        yield conn
 
 
 @contextmanager
@@ -300,6 +320,50 @@ def test_the_triggers_give_the_same_rollups_on_both_engines(tmp_path: Path, post
     assert (
         sum(1 for _p, _u, rolled in rec.values() if rolled) == 5
     )  # crossing, 2 x three-days, unpriced, untyped-x
+
+
+def _through_the_ledger(ledger: Ledger) -> None:
+    """Slices and segments recorded by the ledger itself: one by one and in bulk, with a price change, a
+    preemption held then deleted, and segments that redid work, closed, updated and moved."""
+
+    def life(name: str, ready: float, end: float, kind: EventKind, **attrs: Any) -> list[NewEvent]:
+        opening = {"chips": 8, "accelerator_type": "v5e-8", "capacity": CapacityType.ON_DEMAND,
+                   "price_per_chip_hour": 1.2, **attrs}  # fmt: skip
+        return [NewEvent(EventKind.REQUESTED, pod=name, zone=Z, ts=ready - 60, **opening),
+                NewEvent(EventKind.READY, pod=name, zone=Z, ts=ready),
+                NewEvent(kind, pod=name, zone=Z, ts=end)]  # fmt: skip
+
+    ledger.record_events_bulk([*life("day", D0 + 3600, D0 + 7200, EventKind.DELETED),
+                               *life("days", D0 + 1000, D0 + 3 * DAY + 500, EventKind.DELETED),
+                               *life("untyped", D0 + 1000, D0 + 5000, EventKind.DELETED,
+                                     accelerator_type=None, capacity=None)])  # fmt: skip
+    for event in life("held", D0 + 5000, D0 + 80_000, EventKind.PREEMPTED, capacity=CapacityType.SPOT):
+        ledger.record_event(**event._asdict())
+    ledger.record_event(EventKind.DELETED, pod="held", zone=Z, ts=D0 + DAY + 3000)
+    for event in life("repriced", D0 + 5000, D0 + DAY + 5000, EventKind.DELETED, price_per_chip_hour=None):
+        ledger.record_event(**event._asdict())
+        if event.kind == EventKind.READY:
+            ledger.record_event(EventKind.PRICE_CHANGE, pod="repriced", zone=Z, ts=D0 + 9000,
+                                price_per_chip_hour=2.0)  # fmt: skip
+    for run in ("r1", "r2"):
+        ledger.create_run(run, script="train.py", ts=D0)
+    first = ledger.add_segment("r1", SegmentKind.RUNNING, start=D0 + 2000, pod="day", zone=Z)
+    ledger.close_segment(first, end=D0 + 6000, steps_completed=100, steps_recomputed=40)
+    second = ledger.add_segment("r2", SegmentKind.RUNNING, start=D0 + 4000, pod="days", zone=Z)
+    ledger.update_segment(second, steps_completed=10, steps_recomputed=10)
+    ledger.update_segment(first, pod="untyped")
+
+
+def test_the_ledger_on_either_engine_keeps_the_same_rollups(tmp_path: Path, postgres_url: str) -> None:
+    url = parse_database_url(postgres_url)
+    with Ledger(tmp_path / "state") as lite_ledger, Ledger(open_database(url)) as pg_ledger:
+        for ledger in (lite_ledger, pg_ledger):
+            _through_the_ledger(ledger)
+        db = lite_ledger.path
+    with _sqlite_connection(db) as lite, _postgres_connection(postgres_url) as pg:
+        facts = _assert_engines_agree(lite, pg)
+    assert {len(facts[t]) > 0 for t in schema.ROLLUP_KEYS} == {True}
+    assert sum(1 for _id, priced, unpriced, _rolled in facts["pods"] if priced or unpriced) == 2
 
 
 def test_postgresql_gets_the_eleven_triggers_in_sqlite_order(postgres_url: str) -> None:
