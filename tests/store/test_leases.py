@@ -339,7 +339,7 @@ def test_a_v9_ledger_gains_the_lease_tables_and_keeps_its_runs(tmp_path: Path) -
             raw.execute(f"DROP TABLE {table}")
         raw.execute("PRAGMA user_version = 9")
     with Ledger(tmp_path / "s") as ledger:
-        assert ledger.schema_version == SCHEMA_VERSION == 10
+        assert ledger.schema_version == SCHEMA_VERSION == 11
         assert ledger.get_run("old") is not None
         claim = ledger.claim_lease("old", A, LONG)
         ledger.update_run_state(claim, phase="running", slices=[SliceRef("p", "us-central1-a")])

@@ -317,7 +317,7 @@ def test_migration_to_v7_stores_the_recomputed_work(tmp_path: Path) -> None:
     conn.commit()
     conn.close()
     with Ledger(tmp_path / "s") as ledger:
-        assert ledger.schema_version == schema_module.SCHEMA_VERSION == 10
+        assert ledger.schema_version == schema_module.SCHEMA_VERSION == 11
         assert _rec(ledger, "s") == pytest.approx((5760.0, 0.0))
         assert ledger.check_view() == []
 
@@ -347,7 +347,7 @@ def test_migration_from_v4_adds_the_report_indexes(tmp_path: Path) -> None:
     assert _indexes(db)["pods_run"] == ["run_id"]
 
     with Ledger(tmp_path / "s") as ledger:
-        assert ledger.schema_version == schema_module.SCHEMA_VERSION == 10
+        assert ledger.schema_version == schema_module.SCHEMA_VERSION == 11
         assert ledger.check_view() == []
     indexes = _indexes(db)
     assert indexes["pods_run"][:3] == ["run_id", "ready_at", "ended_at"]  # covers billing a slice

@@ -824,7 +824,34 @@ _V10 = Migration(
     ),
 )
 
-MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10)
+#: `tpuctl server`: the servers using the ledger (``server_replicas``: one row per live server, renewed
+#: while it lives, its expiry on the ledger's clock; an embedded ledger takes one) and the submissions
+#: they took (``run_submissions``: a client's idempotency key and the run it created, written before the
+#: run is, so no ``runs`` reference). ``tpuctl.store.servers``.
+_V11 = Migration(
+    11,
+    "tpuctl server: the servers using the ledger and the submissions they took",
+    (
+        """CREATE TABLE server_replicas (
+            replica_id  TEXT    PRIMARY KEY,
+            host        TEXT    NOT NULL,
+            pid         INTEGER NOT NULL,
+            start_ticks INTEGER,
+            listen      TEXT    NOT NULL,
+            started_at  REAL    NOT NULL,
+            renewed_at  REAL    NOT NULL,
+            expires_at  REAL    NOT NULL
+        ) STRICT""",
+        """CREATE TABLE run_submissions (
+            idempotency_key TEXT PRIMARY KEY,
+            run_id          TEXT NOT NULL,
+            request_sha256  TEXT NOT NULL,
+            submitted_at    REAL NOT NULL
+        ) STRICT""",
+    ),
+)
+
+MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10, _V11)
 SCHEMA_VERSION: int = len(MIGRATIONS)
 
 
