@@ -85,6 +85,14 @@ def main(
             help="The ledger: sqlite:////ABS/PATH/ledger.db (default: ledger.db in the state dir).",
         ),
     ] = None,
+    server: Annotated[
+        str | None,
+        typer.Option(
+            "--server",
+            metavar="URL",
+            help="Run and read runs through this `tpuctl server` (run, runs list/describe/logs/cancel).",
+        ),
+    ] = None,
     config: Annotated[Path | None, typer.Option("--config", help="Config file (YAML).")] = None,
     backend: Annotated[
         str | None, typer.Option("--backend", help="sim or gcp (default: gcp if a project is set).")
@@ -100,6 +108,7 @@ def main(
         backend,
     )
     opts.database = database
+    opts.server = server
     ctx.obj = opts
 
 
