@@ -337,6 +337,8 @@ def test_a_v9_ledger_gains_the_lease_tables_and_keeps_its_runs(tmp_path: Path) -
             raw.execute(f"DROP TABLE {table}")
         for table in ("run_state", "run_blobs", "run_secrets", "run_log_lines"):
             raw.execute(f"DROP TABLE {table}")
+        for table in ("server_replicas", "run_submissions"):  # v11's
+            raw.execute(f"DROP TABLE {table}")
         raw.execute("PRAGMA user_version = 9")
     with Ledger(tmp_path / "s") as ledger:
         assert ledger.schema_version == SCHEMA_VERSION == 11

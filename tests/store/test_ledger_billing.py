@@ -193,8 +193,15 @@ _V10_TABLES = (
 )
 
 
+def _undo_v11(conn: sqlite3.Connection) -> None:
+    """Take a ledger back to v10: no servers nor their submissions."""
+    for table in ("server_replicas", "run_submissions"):
+        conn.execute(f"DROP TABLE {table}")
+
+
 def _undo_v10(conn: sqlite3.Connection) -> None:
-    """Take a ledger back to v9: no leases nor the run state a new owner reads."""
+    """Take a ledger back to v9: no leases nor the run state a new owner reads (nor v11)."""
+    _undo_v11(conn)
     for table in _V10_TABLES:
         conn.execute(f"DROP TABLE {table}")
 

@@ -63,7 +63,7 @@ class ReplicaLimitError(UsageError):
     def __init__(self, others: list[ReplicaRecord], limit: int) -> None:
         first = others[0]
         super().__init__(
-            f"another tpuctl server uses this ledger ({first.describe()}; it renewed its claim until "
+            f"another tpuctl server uses this ledger ({first.describe()}; its claim runs until "
             f"{iso(first.expires_at)}), and this ledger takes {limit} server at a time",
             field="--database",
             fix="stop the other server first, or point this one at another ledger with --database "
