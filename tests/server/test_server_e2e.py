@@ -1,7 +1,9 @@
 """`tpuctl server` end to end, one host and a tiny program on the served simulator: a client submits with
-``--server`` and is killed at once; the run goes on under server A; A is killed -9 mid-run; server B on the
-same ledger adopts the run only once A's lease expired (the lease history says so), and finishes it: one
-slice created per attempt, the last one deleted. SIGTERM stops B cleanly (exit 0, its place given back).
+``--server`` and is interrupted (Ctrl-C) once the run prints; the run goes on under server A; A is killed
+-9 mid-run; server B on the same ledger adopts the run only once A's lease expired (the lease history says
+so), and finishes it: one slice created per attempt, the last one deleted. SIGTERM stops B cleanly (exit
+0, its place given back). A run submitted with ``--detach`` is cancelled through the server while it runs:
+its supervisor (a thread of the server) stops it and deletes its slice.
 """
 
 from __future__ import annotations
@@ -78,9 +80,11 @@ class Place:
         wait_for(ready, timeout=60.0, interval=0.1, what="the server to be ready")
         return proc
 
-    def client(self, *args: str) -> subprocess.Popen[bytes]:
+    def client(self, *args: str, output: Path | None = None) -> subprocess.Popen[bytes]:
+        """A client process; its output piped, or written to ``output`` (read while it runs)."""
         argv = [sys.executable, "-m", "tpuctl", *args]
-        proc = subprocess.Popen(argv, env=self.client_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        stdout = subprocess.PIPE if output is None else output.open("wb")
+        proc = subprocess.Popen(argv, env=self.client_env, stdout=stdout, stderr=subprocess.STDOUT)
         self.started.append(proc)
         return proc
 
@@ -125,10 +129,13 @@ def place(tmp_path: Path, serve_sim: Callable[..., SimAdminClient]) -> Iterator[
 
 
 def test_a_submitted_run_outlives_its_client_and_its_server_and_is_adopted_after_the_lease_expires(
-    place: Place,
+    place: Place, tmp_path: Path
 ) -> None:
     a = place.start_server()
-    client = place.client("run", str(place.script), "--type", "v5e-8", "--zone", ZONE, "--no-runtime-deps")
+    followed = tmp_path / "client.out"
+    client = place.client(
+        "run", str(place.script), "--type", "v5e-8", "--zone", ZONE, "--no-runtime-deps", output=followed
+    )
 
     def submitted() -> str | None:
         assert client.poll() is None, _output(client)
@@ -138,8 +145,6 @@ def test_a_submitted_run_outlives_its_client_and_its_server_and_is_adopted_after
 
     run_id = wait_for(submitted, timeout=60.0, interval=0.05, what="the submission")
     assert run_id is not None
-    client.kill()  # the laptop closes: nothing of the run depends on it
-    client.wait(timeout=10)
 
     def running_under_a() -> bool:
         assert a.poll() is None, _output(a)
@@ -149,6 +154,15 @@ def test_a_submitted_run_outlives_its_client_and_its_server_and_is_adopted_after
         return held is not None and held.owner.pid == a.pid and len(lines) >= 3
 
     wait_for(running_under_a, timeout=120.0, interval=0.1, what="the run to print under server A")
+    # The laptop follows the run's lines; Ctrl-C there stops following, not the run, and says how to stop it.
+    wait_for(
+        lambda: "w0 | attempt 0 line 0" in followed.read_text(), timeout=60.0, interval=0.1, what="lines"
+    )
+    client.send_signal(signal.SIGINT)
+    assert client.wait(timeout=30) == 130
+    said = followed.read_text()
+    assert f"run {run_id}; it goes on under the server" in said
+    assert f"tpuctl --server {place.url} runs cancel {run_id}" in said
     a.send_signal(signal.SIGKILL)
     a.wait(timeout=10)
     with place.ledger() as ledger:
@@ -194,3 +208,44 @@ def test_a_submitted_run_outlives_its_client_and_its_server_and_is_adopted_after
     assert b.wait(timeout=30) == 0, _output(b)
     with place.ledger() as ledger:
         assert ledger.replicas() == []  # B gave its place back
+
+
+def test_a_detached_submission_is_cancelled_through_the_server_by_its_supervisor(place: Place) -> None:
+    server = place.start_server()
+    detached = place.client(
+        "run",
+        str(place.script),
+        "--type",
+        "v5e-8",
+        "--zone",
+        ZONE,
+        "--no-runtime-deps",
+        "--detach",
+        "-o",
+        "json",
+    )
+    out = detached.communicate(timeout=60)[0].decode()
+    assert detached.returncode == 0, out
+    run_id = json.loads(out[out.index("{") :])["run"]["run_id"]
+
+    def printing() -> bool:
+        assert server.poll() is None, _output(server)
+        with place.ledger() as ledger:
+            held = ledger.lease_of(run_id)
+            return held is not None and held.owner.pid == server.pid and len(ledger.log_lines(run_id)) >= 2
+
+    wait_for(printing, timeout=120.0, interval=0.1, what="the detached run to print")
+    cancel = subprocess.run(
+        [sys.executable, "-m", "tpuctl", "runs", "cancel", run_id, "-o", "json"],
+        env=place.client_env,
+        capture_output=True,
+        timeout=120,
+    )
+    assert cancel.returncode == 0, cancel.stderr.decode()
+    document = json.loads(cancel.stdout)["cancel"]
+    assert document["cancelled"] is True and document["status"] == "cancelled"
+    assert document["by"] == f"its supervisor (pid {server.pid})"
+    assert server.poll() is None  # the server never signals itself
+    assert place.admin.status()["nodes"] == []  # the run's slice deleted
+    with place.ledger() as ledger:
+        assert ledger.lease_of(run_id) is None  # given back by its supervisor
