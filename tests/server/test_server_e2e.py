@@ -249,3 +249,51 @@ def test_a_detached_submission_is_cancelled_through_the_server_by_its_supervisor
     assert place.admin.status()["nodes"] == []  # the run's slice deleted
     with place.ledger() as ledger:
         assert ledger.lease_of(run_id) is None  # given back by its supervisor
+
+
+@pytest.mark.slow
+def test_sigterm_mid_run_leaves_the_lease_to_expire_and_the_next_server_adopts_the_run(place: Place) -> None:
+    a = place.start_server()
+    submitted = place.client(
+        "run",
+        str(place.script),
+        "--type",
+        "v5e-8",
+        "--zone",
+        ZONE,
+        "--no-runtime-deps",
+        "--detach",
+        "-o",
+        "json",
+    )
+    out = submitted.communicate(timeout=60)[0].decode()
+    run_id = json.loads(out[out.index("{") :])["run"]["run_id"]
+
+    def printing() -> bool:
+        with place.ledger() as ledger:
+            held = ledger.lease_of(run_id)
+            return held is not None and held.owner.pid == a.pid and len(ledger.log_lines(run_id)) >= 3
+
+    wait_for(printing, timeout=120.0, interval=0.1, what="the run to print under A")
+    a.send_signal(signal.SIGTERM)
+    assert a.wait(timeout=30) == 0, _output(a)
+    with place.ledger() as ledger:
+        left = ledger.lease_of(run_id)
+        assert ledger.replicas() == []  # A gave its place back ...
+    assert left is not None and left.owner.pid == a.pid  # ... and left the run's lease to expire
+
+    b = place.start_server()
+
+    def ended() -> bool:
+        assert b.poll() is None, _output(b)
+        with place.ledger() as ledger:
+            record = ledger.get_run(run_id)
+        return record is not None and RunStatus(record.status).finished
+
+    wait_for(ended, timeout=120.0, interval=0.2, what="the run to end under B")
+    with place.ledger() as ledger:
+        record = ledger.get_run(run_id)
+        takeover = next(h for h in ledger.lease_history(run_id) if h.action is LeaseAction.TAKEOVER)
+    assert record is not None and record.status == RunStatus.SUCCEEDED
+    assert takeover.at >= left.expires_at and takeover.owner.pid == b.pid
+    assert place.creates() == 2 and place.admin.status()["nodes"] == []

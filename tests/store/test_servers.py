@@ -58,3 +58,7 @@ def test_an_idempotency_key_keeps_the_first_run_it_named(tmp_path: Path) -> None
             == ("run-a", "digest-a")
         )
         assert ledger.submission("k1") == first
+        ledger.forget_submission("k1", "run-b")  # not its run: kept
+        assert ledger.submission("k1") == first
+        ledger.forget_submission("k1", "run-a")  # its run was never recorded: a retry may try again
+        assert ledger.submission("k1") is None

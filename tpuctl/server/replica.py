@@ -163,7 +163,8 @@ class Replica:
                 with self._lock:
                     if run_id in self._workers:
                         continue
-                if self._not_before.get(run_id, 0.0) > now or ledger.run_request(run_id) is None:
+                    backing_off = self._not_before.get(run_id, 0.0) > now
+                if backing_off or ledger.run_request(run_id) is None:
                     continue  # backing off; or a run recorded before runs were resumable anywhere
                 lease = ledger.lease_of(run_id)
                 if lease is None or lease.expired:
@@ -182,8 +183,10 @@ class Replica:
         except TpuctlError as exc:
             _say(f"run {run_id} ended: {exc.message}")
         except Exception as exc:  # a bug: said, and the run left alone for a while
-            _say(f"run {run_id}: could not be supervised ({type(exc).__name__}: {exc})")
-            self._not_before[run_id] = time.monotonic() + RETRY_AFTER_S
+            if not self._stop.is_set():  # once stopping, the session closing under a worker is expected
+                _say(f"run {run_id}: could not be supervised ({type(exc).__name__}: {exc})")
+            with self._lock:
+                self._not_before[run_id] = time.monotonic() + RETRY_AFTER_S
         finally:
             with self._lock:
                 self._workers.pop(run_id, None)

@@ -60,7 +60,13 @@ def submit(session: Session, bundles: BundleStore, body: SubmitRun, key: str) ->
     if stored.run_id != run_id:  # the same key arrived twice at once: the other one is the run
         return _the_first(session, stored.run_id, stored.request_sha256, digest, key)
     supervisor = Supervisor(session, policy=requested.policy, budget_usd=requested.budget_usd)
-    supervisor.create_record(prepared)
+    try:
+        supervisor.create_record(prepared)
+    except BaseException:
+        # Not recorded (or half: a run row without its request is one no replica takes up): the key
+        # must not keep pointing at it, or every retry would be told to wait for it.
+        session.ledger.forget_submission(key, run_id)
+        raise
     record = session.ledger.get_run(run_id)
     assert record is not None
     return Accepted(record, created=True)
@@ -79,7 +85,8 @@ def _the_first(session: Session, run_id: str, stored_digest: str, digest: str, k
     if record is None:
         raise Conflict(
             f"run {run_id} of this Idempotency-Key is still being recorded",
-            fix="retry the same request in a moment",
+            fix="retry the same request in a moment; if this persists, the server stopped while recording "
+            "it: submit again with a new key",
         )
     return Accepted(record, created=False)
 

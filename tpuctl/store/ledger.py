@@ -1047,6 +1047,11 @@ class Ledger:
         with self._write() as conn:
             return servers.remember_submission(conn, key, run_id, request_sha256)
 
+    def forget_submission(self, key: str, run_id: str) -> None:
+        """Drop ``key``'s submission of ``run_id``, whose run could not be recorded."""
+        with self._write() as conn:
+            servers.forget_submission(conn, key, run_id)
+
     def submission(self, key: str) -> servers.Submission | None:
         with self._read() as conn:
             return servers.submission(conn, key)

@@ -142,6 +142,11 @@ def remember_submission(conn: sqlite3.Connection, key: str, run_id: str, request
     return found
 
 
+def forget_submission(conn: sqlite3.Connection, key: str, run_id: str) -> None:
+    """Drop ``key``'s submission of ``run_id`` (its run could not be recorded: a retry may try again)."""
+    conn.execute("DELETE FROM run_submissions WHERE idempotency_key = ? AND run_id = ?", (key, run_id))
+
+
 def submission(conn: sqlite3.Connection, key: str) -> Submission | None:
     row = conn.execute(
         "SELECT idempotency_key, run_id, request_sha256, submitted_at FROM run_submissions "
