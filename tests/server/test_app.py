@@ -223,7 +223,11 @@ def test_an_unknown_run_is_404_everywhere(api: TestClient) -> None:
 
 
 _JSON = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=20),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
     max_leaves=12,
 )
@@ -249,3 +253,12 @@ def test_fuzzed_submissions_never_answer_500(api: TestClient, uploaded: str, bod
     assert response.status_code < 500, response.text
     if response.status_code >= 400:
         assert set(response.json()) >= ERROR_KEYS
+
+
+def test_an_error_quoting_input_utf8_cannot_encode_is_still_the_document(
+    api: TestClient, uploaded: str
+) -> None:
+    job = '{"script": "prog.py", "resources": {"\\ud800": 1}}'  # a lone surrogate: JSON has it, UTF-8 not
+    raw = f'{{"job": {job}, "bundle_sha256": "{uploaded}"}}'
+    headers = {"content-type": "application/json", "Idempotency-Key": "key-0005"}
+    assert_document(api.post("/v1/runs", content=raw.encode(), headers=headers), 400, field="resources")

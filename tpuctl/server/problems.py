@@ -19,7 +19,7 @@ from tpuctl.errors import (
 
 if TYPE_CHECKING:
     from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse
+    from fastapi.responses import Response
 
 #: A tpuctl exit code -> the HTTP status of the same failure.
 _STATUS_OF_EXIT: Final = {
@@ -67,22 +67,22 @@ def install(app: FastAPI) -> None:
     from fastapi.exceptions import RequestValidationError
     from starlette.exceptions import HTTPException
 
-    async def on_tpuctl(request: Request, exc: Exception) -> JSONResponse:
+    async def on_tpuctl(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, TpuctlError)
         return _respond(status_of(exc), document(exc))
 
-    async def on_validation(request: Request, exc: Exception) -> JSONResponse:
+    async def on_validation(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, RequestValidationError)
         return _respond(422, document(validation_problem(exc.errors())))
 
-    async def on_http(request: Request, exc: Exception) -> JSONResponse:
+    async def on_http(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
         problem = RequestProblem(str(exc.detail), status=exc.status_code, value=request.url.path)
         if exc.status_code >= 500:
             return _respond(exc.status_code, document(TpuctlError(str(exc.detail))))
         return _respond(exc.status_code, document(problem))
 
-    async def on_bug(request: Request, exc: Exception) -> JSONResponse:
+    async def on_bug(request: Request, exc: Exception) -> Response:
         bug = TpuctlError(
             f"internal error in tpuctl server ({type(exc).__name__}); the request may not have been served",
             fix="see the server's log; retry a submission with the same Idempotency-Key",
@@ -113,7 +113,13 @@ def validation_problem(errors: Any) -> RequestProblem:
     return RequestProblem(message, status=422, field=where, fix="see the API's schema at /openapi.json")
 
 
-def _respond(status: int, content: dict[str, Any]) -> JSONResponse:
-    from fastapi.responses import JSONResponse
+def _respond(status: int, content: dict[str, Any]) -> Response:
+    """The document as JSON text, every non-ASCII character escaped: a message quoting the client's
+    input may hold what UTF-8 cannot encode (a lone surrogate from a ``\\ud800`` escape), and the error
+    answer must not fail in its turn."""
+    import json
 
-    return JSONResponse(status_code=status, content=content)
+    from fastapi.responses import Response
+
+    text = json.dumps(content, ensure_ascii=True, default=str)
+    return Response(content=text, status_code=status, media_type="application/json")
