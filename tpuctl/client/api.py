@@ -8,6 +8,7 @@ a retry with the run the key first made, never a second one.
 
 from __future__ import annotations
 
+import time
 import uuid
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
@@ -31,8 +32,10 @@ if TYPE_CHECKING:
     from types import TracebackType
 
 _Body = TypeVar("_Body", bound=BaseModel)
-#: Tries of a submission (the first and the retries), all with one idempotency key.
+#: Tries of a submission (the first and the retries), all with one idempotency key, and the pause before
+#: the first retry (twice that before the second).
 SUBMIT_TRIES: Final = 3
+RETRY_AFTER_S: Final = 1.0
 
 
 class ServerError(TpuctlError):
@@ -74,15 +77,17 @@ class ServerClient:
                           headers={"content-type": BUNDLE_MEDIA_TYPE})  # fmt: skip
 
     def submit(self, body: SubmitRun, *, key: str | None = None) -> Submitted:
-        """Submit a run; retried with the same key when the connection drops or times out."""
+        """Submit a run; retried with the same key when the connection drops or times out, or while the
+        server is still recording the run an earlier try of the key started (409 ``conflict``)."""
         key = key or uuid.uuid4().hex
         for attempt in range(1, SUBMIT_TRIES + 1):
             try:
                 return self._call(Submitted, "POST", "/v1/runs", json=body.model_dump(),
                                   headers={IDEMPOTENCY_HEADER: key})  # fmt: skip
-            except UnreachableError:
-                if attempt == SUBMIT_TRIES:
+            except (UnreachableError, ServerError) as exc:
+                if attempt == SUBMIT_TRIES or (isinstance(exc, ServerError) and exc.kind != "conflict"):
                     raise
+                time.sleep(RETRY_AFTER_S * attempt)
         raise AssertionError("unreachable")
 
     def list_runs(self, *, limit: int) -> RunList:
