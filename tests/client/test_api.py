@@ -77,7 +77,7 @@ def test_a_retried_submission_after_a_dropped_reply_makes_one_run(
     submission = submission_of(job, job.request)
     assert submission.body.script_in_bundle == "train.py"
     transport = forwarding(app_client, drop_first_reply_to="/v1/runs")
-    with ServerClient("http://server.test", transport=transport) as api:
+    with ServerClient("http://server.test", transport=transport, retry_after_s=0.0) as api:
         api.upload_bundle(submission.sha256, submission.bundle)
         submitted = api.submit(submission.body, key="retry-key-1")
     assert submitted.created is False  # the retry found the run the first try made

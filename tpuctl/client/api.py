@@ -55,9 +55,15 @@ class ServerError(TpuctlError):
 
 class ServerClient:
     def __init__(
-        self, url: str, *, timeout_s: float = 120.0, transport: httpx.BaseTransport | None = None
+        self,
+        url: str,
+        *,
+        timeout_s: float = 120.0,
+        retry_after_s: float = RETRY_AFTER_S,
+        transport: httpx.BaseTransport | None = None,
     ) -> None:
         self.url = url
+        self._retry_after_s = retry_after_s
         self._http = httpx.Client(base_url=url, timeout=timeout_s, transport=transport)
 
     def close(self) -> None:
@@ -87,7 +93,7 @@ class ServerClient:
             except (UnreachableError, ServerError) as exc:
                 if attempt == SUBMIT_TRIES or (isinstance(exc, ServerError) and exc.kind != "conflict"):
                     raise
-                time.sleep(RETRY_AFTER_S * attempt)
+                time.sleep(self._retry_after_s * attempt)
         raise AssertionError("unreachable")
 
     def list_runs(self, *, limit: int) -> RunList:
