@@ -68,3 +68,11 @@ def test_what_a_server_does_not_carry_yet_is_exit_2(cli: Cli, args: tuple[str, .
 def test_a_server_that_does_not_answer_is_exit_15(cli: Cli) -> None:
     result = cli("runs", "list", env={"TPUCTL_SERVER": f"http://127.0.0.1:{unused_port()}"})
     assert result.code == 15 and "cannot reach tpuctl server" in result.stderr
+
+
+def test_the_profile_key_server_makes_the_cli_a_client(cli: Cli, tmp_path: Path) -> None:
+    url = f"http://127.0.0.1:{unused_port()}"
+    config = tmp_path / "config.yaml"
+    config.write_text(f"profiles:\n  default:\n    server: {url}\n")
+    result = cli("runs", "list", env={"TPUCTL_CONFIG": str(config)})
+    assert result.code == 15 and f"cannot reach tpuctl server at {url}" in result.stderr

@@ -262,3 +262,26 @@ def test_an_error_quoting_input_utf8_cannot_encode_is_still_the_document(
     raw = f'{{"job": {job}, "bundle_sha256": "{uploaded}"}}'
     headers = {"content-type": "application/json", "Idempotency-Key": "key-0005"}
     assert_document(api.post("/v1/runs", content=raw.encode(), headers=headers), 400, field="resources")
+
+
+def test_a_bug_is_a_500_with_the_document_and_no_traceback(
+    session: Session, state_dir: Path, uploaded: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tpuctl.server.submit
+
+    def broken(*args: object) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(tpuctl.server.submit, "submit", broken)
+    api = TestClient(
+        build_app(session, BundleStore(state_dir / "bundles"), None), raise_server_exceptions=False
+    )
+    response = submit(
+        api, {"job": JOB, "bundle_sha256": uploaded, "script_in_bundle": "prog.py"}, key="key-0006"
+    )
+    document = assert_document(response, 500)
+    assert (
+        document["error"] == "error"
+        and "RuntimeError" in document["message"]
+        and "a bug" not in response.text
+    )
