@@ -65,7 +65,7 @@ def run(out: Output, server: str, job: JobRequest, request: RunRequest, *, detac
             out.warn(f"stopped following run {run_id}; it goes on under the server. To stop it: {cancel}")
             raise typer.Exit(EXIT_INTERRUPTED) from None
         ended = api.describe(run_id)
-    _render_end(out, ended)
+    render_end(out, ended)
 
 
 def _follow(api: ServerClient, run_id: str, *, worker: int | None, stream: TextIO) -> None:
@@ -92,7 +92,7 @@ def _print(page: LogsOut, worker: int | None, stream: TextIO) -> None:
     stream.flush()
 
 
-def _render_end(out: Output, ended: RunDescriptionOut) -> None:
+def render_end(out: Output, ended: RunDescriptionOut) -> None:
     """The run's end as a local run says it: its document or a line; an exit code for a bad end."""
     from tpuctl.client.api import ServerError
 
