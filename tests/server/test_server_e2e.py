@@ -37,9 +37,9 @@ WORLD: dict[str, Any] = {
     },
     "latency": {"base_ms": 0, "jitter_ms": 0},
 }
-LINES = 24
-#: The first attempt's lines come a quarter second apart (long enough to kill its server mid-run); a
-#: takeover's quickly.
+LINES = 48
+#: The first attempt's lines come a quarter second apart (12 s: long enough to kill its server mid-run on a
+#: loaded machine; it is never waited for to the end); a takeover's quickly.
 PROGRAM = f"""
 import os, time
 attempt = os.environ.get("TPUCTL_RESTART_COUNT", "0")
