@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Final
 
 from tpuctl.errors import LeaseHeldError, LeaseLostError, TpuctlError
 from tpuctl.server import membership
+from tpuctl.services.run.model import Silent
 from tpuctl.store.records import RunStatus
 
 if TYPE_CHECKING:
@@ -180,11 +181,13 @@ class Replica:
             pass  # another supervisor claimed it first: it is theirs
         except LeaseLostError as exc:
             _say(f"run {run_id}: lease lost, no longer supervised here: {exc.message}")
-        except TpuctlError as exc:
-            _say(f"run {run_id} ended: {exc.message}")
-        except Exception as exc:  # a bug: said, and the run left alone for a while
+        except Exception as exc:
+            # The run's own end (its supervisor recorded it), or a failure before supervision began (its
+            # saved request unreadable, a bug): said, and the run left alone for a while either way, so
+            # that one that stays unfinished is not tried again at every tick.
             if not self._stop.is_set():  # once stopping, the session closing under a worker is expected
-                _say(f"run {run_id}: could not be supervised ({type(exc).__name__}: {exc})")
+                what = exc.message if isinstance(exc, TpuctlError) else f"{type(exc).__name__}: {exc}"
+                _say(f"run {run_id}: ended here: {what}")
             with self._lock:
                 self._not_before[run_id] = time.monotonic() + RETRY_AFTER_S
         finally:
@@ -209,6 +212,7 @@ class Replica:
         ready = runs.reload(run_id) if fresh else runs.resume(run_id)
         supervisor = Supervisor(
             session,
+            observer=_StatusLog(run_id),
             policy=ready.policy,
             budget_usd=ready.budget_usd,
             owner=self.owner,
@@ -219,6 +223,17 @@ class Replica:
         _say(f"run {run_id}: {'supervising' if fresh else 'taking over'}")
         supervisor.supervise(ready.prepared, resume=not fresh)
         _say(f"run {run_id}: succeeded")
+
+
+class _StatusLog(Silent):
+    """A supervised run as the server's log tells it: the supervisor's steps (placed, preempted,
+    recovering), not the hosts' lines (those are the ledger's, for `runs logs`)."""
+
+    def __init__(self, run_id: str) -> None:
+        self._run_id = run_id
+
+    def status(self, text: str) -> None:
+        _say(f"run {self._run_id}: {text}")
 
 
 def _say(text: str) -> None:
