@@ -1,10 +1,12 @@
 """Where an uploaded program waits for the run that names it: content-addressed files
 (``<state dir>/server/bundles/<sha256>.tar.gz``, 0600), checked against their digest on the way in.
 Once a run is recorded, its bundle is the ledger's (any replica reads it there); these files are only
-the hand-over between the upload and the submission."""
+the hand-over between the upload and the submission, and are pruned a day after their last upload (not
+at once: two clients may submit the same program at the same moment, each after its own upload)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from pathlib import Path
 from typing import Final
@@ -14,6 +16,8 @@ from tpuctl.store.paths import atomic_write_bytes, ensure_private_dir
 
 #: The largest bundle the server takes: what the ledger stores per run (``runstate.MAX_BLOB_BYTES``).
 MAX_BUNDLE_BYTES: Final = 64 * 1024 * 1024
+#: How long an uploaded bundle is kept after its last upload.
+KEEP_S: Final = 24 * 3600.0
 
 
 class BundleStore:
@@ -49,6 +53,16 @@ class BundleStore:
                 value=sha256,
                 fix=f"PUT the bundle at /v1/bundles/{sha256} first",
             ) from None
+
+    def prune(self, *, now: float, keep_s: float = KEEP_S) -> list[str]:
+        """Remove the bundles last uploaded more than ``keep_s`` before ``now``; their digests."""
+        removed = []
+        for path in self._dir.glob("*.tar.gz") if self._dir.is_dir() else ():
+            with contextlib.suppress(FileNotFoundError):  # another request pruned it meanwhile
+                if path.stat().st_mtime < now - keep_s:
+                    path.unlink()
+                    removed.append(path.name.removesuffix(".tar.gz"))
+        return removed
 
     def _path(self, sha256: str) -> Path:
         return self._dir / f"{sha256}.tar.gz"

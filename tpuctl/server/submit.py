@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -67,6 +68,7 @@ def submit(session: Session, bundles: BundleStore, body: SubmitRun, key: str) ->
         # must not keep pointing at it, or every retry would be told to wait for it.
         session.ledger.forget_submission(key, run_id)
         raise
+    bundles.prune(now=time.time())  # the run's bundle is the ledger's now; old uploads go
     record = session.ledger.get_run(run_id)
     assert record is not None
     return Accepted(record, created=True)
