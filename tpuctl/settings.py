@@ -112,6 +112,31 @@ DatabaseSetting = Annotated[
 ]
 
 
+def server_url(value: Any) -> str | None:
+    """A `tpuctl server`'s address, ``http(s)://HOST[:PORT]``, without a trailing slash; exit 2 (naming
+    the setting) for anything else."""
+    if value is None:
+        return None
+    from urllib.parse import urlsplit
+
+    from tpuctl.errors import UsageError
+
+    text = str(value).strip().rstrip("/")
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+        raise UsageError(
+            f"server {value!r} is not an http(s) URL",
+            field="server",
+            value=value,
+            fix="e.g. --server http://127.0.0.1:8471 (where `tpuctl server` listens)",
+        )
+    return text
+
+
+#: Where `tpuctl server` is (flag --server, TPUCTL_SERVER, profile key server): the CLI is its client.
+ServerSetting = Annotated[str | None, PlainValidator(server_url)]
+
+
 def _network_setting(value: Any) -> VpcNetwork | None:
     return None if value is None else network(value)
 
@@ -207,6 +232,7 @@ class Profile(BaseModel):
     service_account: ServiceAccount = None
     state_dir: Path | None = None
     sim_world: Path | None = None
+    server: ServerSetting = None
     output: OutputFormat | None = None
     owner: str | None = None
     # Runs: the bucket they checkpoint to, what every host installs and runs after each provision, and
@@ -422,6 +448,8 @@ class Settings(BaseSettings):
     sim_world: Path | None = None
     # An already running simulator (`tpuctl sim serve`) to talk to instead of starting one in-process.
     sim_url: str | None = None
+    # A `tpuctl server` that runs and keeps the runs (``run``, ``runs ...``) instead of this machine.
+    server: ServerSetting = None
     output: OutputFormat = OutputFormat.TABLE
     owner: str | None = None
     bucket: str | None = None

@@ -102,7 +102,8 @@ def test_cost_report_csv_by_slice_has_a_column_per_fact(sim_cli: InProcessCli) -
 def test_help_lists_commands_in_order_with_named_values(sim_cli: InProcessCli) -> None:
     top = sim_cli("--help").stdout
     commands = re.findall(r"^  (\w+)\s{2,}", top.split("Commands:")[1], re.MULTILINE)
-    assert commands == ["run", "runs", "job", "pod", "cost", "catalog", "quota", "bench", "doctor", "sim"]
+    expected = ["run", "runs", "job", "pod", "cost", "catalog", "quota", "bench", "doctor", "server", "sim"]
+    assert commands == expected
     assert "..." not in top.split("Commands:")[1] and "<str>" not in top
     assert "-o, --output FORMAT" in top and "--state-dir DIR" in top
     create = sim_cli("pod", "create", "--help").stdout

@@ -11,6 +11,7 @@ import pytest
 from tpuctl.catalog import CapacityType
 from tpuctl.store import EventKind, Ledger, NewEvent
 from tpuctl.store import schema as schema_module
+from tpuctl.store.migrate import sqlite_user_version
 
 Z = "us-central1-a"
 T0 = 1_790_000_000.0
@@ -163,7 +164,7 @@ def test_migration_from_v1_backfills_the_facts(tmp_path: Path) -> None:
     conn.commit()
     conn.close()
     with Ledger(tmp_path / "s") as ledger:
-        assert ledger.schema_version == schema_module.SCHEMA_VERSION
+        assert ledger.schema_version == sqlite_user_version()
         assert ledger.check_view() == []
         assert round(_facts(ledger, "spot90")[3] / 3600, 6) == 23.52
         _assert_rollup_matches_pods(ledger)
@@ -193,8 +194,16 @@ _V10_TABLES = (
 )
 
 
+def _undo_v11(conn: sqlite3.Connection) -> None:
+    """Take a ledger back to v10, before the Alembic history: no servers nor their submissions (its
+    revision 0002), no record of the history at all."""
+    for table in ("server_replicas", "run_submissions", "alembic_version"):
+        conn.execute(f"DROP TABLE {table}")
+
+
 def _undo_v10(conn: sqlite3.Connection) -> None:
-    """Take a ledger back to v9: no leases nor the run state a new owner reads."""
+    """Take a ledger back to v9: no leases nor the run state a new owner reads (nor v11)."""
+    _undo_v11(conn)
     for table in _V10_TABLES:
         conn.execute(f"DROP TABLE {table}")
 
@@ -317,7 +326,7 @@ def test_migration_to_v7_stores_the_recomputed_work(tmp_path: Path) -> None:
     conn.commit()
     conn.close()
     with Ledger(tmp_path / "s") as ledger:
-        assert ledger.schema_version == schema_module.SCHEMA_VERSION == 10
+        assert ledger.schema_version == sqlite_user_version() == schema_module.SCHEMA_VERSION + 1
         assert _rec(ledger, "s") == pytest.approx((5760.0, 0.0))
         assert ledger.check_view() == []
 
@@ -347,7 +356,7 @@ def test_migration_from_v4_adds_the_report_indexes(tmp_path: Path) -> None:
     assert _indexes(db)["pods_run"] == ["run_id"]
 
     with Ledger(tmp_path / "s") as ledger:
-        assert ledger.schema_version == schema_module.SCHEMA_VERSION == 10
+        assert ledger.schema_version == sqlite_user_version() == schema_module.SCHEMA_VERSION + 1
         assert ledger.check_view() == []
     indexes = _indexes(db)
     assert indexes["pods_run"][:3] == ["run_id", "ready_at", "ended_at"]  # covers billing a slice

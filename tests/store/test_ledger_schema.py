@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tpuctl.store import SCHEMA_VERSION, EventKind, Ledger, LedgerError
+from tpuctl.store import EventKind, Ledger, LedgerError
 from tpuctl.store.database import SqliteDatabase
+from tpuctl.store.migrate import sqlite_user_version
 
 TABLES = {"events", "pods", "attempts", "runs", "run_segments"}
 
@@ -86,12 +87,12 @@ def test_schema_from_an_empty_file_and_idempotent_reopen(tmp_path: Path) -> None
     db = tmp_path / "ledger.db"
     db.touch()  # a zero-byte file is an empty SQLite database
     with Ledger(tmp_path) as ledger:
-        assert ledger.schema_version == SCHEMA_VERSION
+        assert ledger.schema_version == sqlite_user_version()
         ledger.record_event(EventKind.REQUESTED, pod="p", zone="us-central1-a", ts=1.0)
     assert tables(db) >= TABLES
     for _ in range(3):
         with Ledger(tmp_path) as ledger:
-            assert ledger.schema_version == SCHEMA_VERSION
+            assert ledger.schema_version == sqlite_user_version()
             assert [p.name for p in ledger.list_pods()] == ["p"]
             assert ledger.integrity_check() == "ok"
 
@@ -100,7 +101,7 @@ def test_a_newer_ledger_is_refused(tmp_path: Path) -> None:
     with Ledger(tmp_path):
         pass
     with sqlite3.connect(tmp_path / "ledger.db") as conn:
-        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 5}")
+        conn.execute(f"PRAGMA user_version = {sqlite_user_version() + 5}")
     with pytest.raises(LedgerError, match="newer than this tpuctl") as info:
         Ledger(tmp_path)
     assert "upgrade tpuctl" in (info.value.fix or "")

@@ -36,6 +36,7 @@ class GlobalOptions:
     yes: bool = False
     state_dir: Path | None = None
     database: str | None = None
+    server: str | None = None
     config: Path | None = None
     backend: str | None = None
     current_output: Output | None = None
@@ -103,6 +104,7 @@ def build_settings(ctx: typer.Context, **flags: Any) -> Settings:
         "project": opts.project,
         "state_dir": opts.state_dir,
         "database": opts.database,
+        "server": opts.server,
         "config_file": opts.config,
         "backend": opts.backend,
     }

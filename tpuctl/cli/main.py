@@ -14,7 +14,16 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
-from tpuctl.cli import catalog_cmds, cost_cmds, job_cmds, misc_cmds, pod_cmds, run_cmds, sim_cmds
+from tpuctl.cli import (
+    catalog_cmds,
+    cost_cmds,
+    job_cmds,
+    misc_cmds,
+    pod_cmds,
+    run_cmds,
+    server_cmds,
+    sim_cmds,
+)
 from tpuctl.cli.context import GlobalOptions
 
 if TYPE_CHECKING:
@@ -38,6 +47,7 @@ app.add_typer(cost_cmds.app, name="cost")
 app.add_typer(job_cmds.app, name="job")
 misc_cmds.register(app)
 run_cmds.register(app)
+server_cmds.register(app)
 
 
 def _print_version(value: bool) -> None:
@@ -75,6 +85,14 @@ def main(
             help="The ledger: sqlite:////ABS/PATH/ledger.db (default: ledger.db in the state dir).",
         ),
     ] = None,
+    server: Annotated[
+        str | None,
+        typer.Option(
+            "--server",
+            metavar="URL",
+            help="Run and read runs through this `tpuctl server` (run, runs list/describe/logs/cancel).",
+        ),
+    ] = None,
     config: Annotated[Path | None, typer.Option("--config", help="Config file (YAML).")] = None,
     backend: Annotated[
         str | None, typer.Option("--backend", help="sim or gcp (default: gcp if a project is set).")
@@ -90,6 +108,7 @@ def main(
         backend,
     )
     opts.database = database
+    opts.server = server
     ctx.obj = opts
 
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+if TYPE_CHECKING:
+    from tpuctl.settings import Settings
 
 OutputOpt = Annotated[
     str | None, typer.Option("-o", "--output", help="Output format: table, json, yaml or csv.")
@@ -33,3 +36,33 @@ def type_given_once(argument: str | None, option: str | None, *, command: str) -
             fix=f"give the type once: `tpuctl {command} TYPE` or `tpuctl {command} --type TYPE`",
         )
     return argument if argument is not None else option
+
+
+def server_of(settings: Settings) -> str | None:
+    """The `tpuctl server` a command goes through (``--server``, ``TPUCTL_SERVER``, profile key
+    ``server``; parsed by the settings), None for this machine. With a ledger named too it is exit 2:
+    through a server, the ledger is the server's."""
+    from tpuctl.errors import UsageError
+
+    if settings.server is not None and settings.database is not None:
+        raise UsageError(
+            f"both a server ({settings.server}) and a ledger ({settings.database.text}) were given",
+            field="--server",
+            value=settings.server,
+            fix="drop --database (TPUCTL_DATABASE_URL) to go through the server, or drop --server "
+            "(TPUCTL_SERVER) to use the ledger here",
+        )
+    return settings.server
+
+
+def refuse_through_server(server: str | None, what: str, *, fix: str) -> None:
+    """Exit 2 for ``what`` when the command goes through a server, which does not carry it yet."""
+    from tpuctl.errors import UsageError
+
+    if server is not None:
+        raise UsageError(
+            f"{what} is not carried through a tpuctl server yet",
+            field="--server",
+            value=server,
+            fix=fix,
+        )

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from tpuctl.cli.context import ONE_OBJECT, build_settings, is_dry_run, make_output, session
-from tpuctl.cli.options import DryRunOpt, OutputOpt, VerboseOpt
+from tpuctl.cli.options import DryRunOpt, OutputOpt, VerboseOpt, refuse_through_server, server_of
 from tpuctl.cli.placement_flags import (
     ApiOpt,
     CapacityTypeOpt,
@@ -38,18 +38,25 @@ from tpuctl.cli.run_signals import resumable, stop_hosts_on_termination
 from tpuctl.words import counted
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from tpuctl.cli.render import Output
+    from tpuctl.jobs.request import JobRequest
+    from tpuctl.server.wire import CancelOut, RunOut
     from tpuctl.services.run.bench import BenchFigures
-    from tpuctl.services.run.model import SupervisedResult
+    from tpuctl.services.run.model import RunRequest, SupervisedResult
     from tpuctl.services.run.views import (
+        Cancellation,
         CheckpointFallback,
         Detached,
         LeaseEvent,
         PreemptionView,
         RunDescription,
+        RunView,
         SegmentView,
         TimelineBar,
     )
+    from tpuctl.settings import Settings
 
 runs_app = typer.Typer(help="List runs, describe one, show its hosts' logs.", no_args_is_help=True)
 bench_app = typer.Typer(help="Benchmarks on a (simulated) slice.", no_args_is_help=True)
@@ -306,6 +313,15 @@ def run(
     choices = request.placement
     budget_usd, policy = job.budget_usd, job.policy
     settings = build_settings(ctx, **job.host_flags.as_settings())
+    server = server_of(settings)
+    if server is not None:  # the server prepares, checks and supervises it
+        from tpuctl.cli import runs_remote
+
+        _refuse_through_server(server, job, dry_run=is_dry_run(ctx, dry_run), executor=executor,
+                               no_import_check=no_import_check)  # fmt: skip
+        request = _with_settings(request, settings)
+        runs_remote.run(out, server, job, request, detach=detach)
+        return
     # A run that would lose its work at the first preemption is refused before credentials or requests.
     refuse_unrecoverable(
         request,
@@ -314,20 +330,7 @@ def run(
         defaults=settings.capacity_types or (),
     )
     with session(ctx, out, settings) as sess:
-        # Flag, environment or profile: each parsed once, by the settings.
-        chosen = sess.settings
-        request = dataclasses.replace(
-            request,
-            bucket=chosen.bucket,
-            setup=tuple(chosen.setup),
-            requirements=None if chosen.requirements is None else str(chosen.requirements),
-            ssh_proxy_command=chosen.ssh_proxy_command,
-            # The hosts' network as chosen now (flag, environment or profile), kept for every slice of
-            # the run: a recovery or `runs resume` must not land its hosts elsewhere.
-            placement=dataclasses.replace(
-                choices, network=chosen.host_network, service_account=chosen.service_account
-            ),
-        )
+        request = _with_settings(request, sess.settings)
         # A typo is exit 2 with "did you mean" (a zone that offers the type), before anything is made.
         type_name = request.accelerator_type
         accelerator = None if type_name is None else sess.catalog.resolve(type_name)
@@ -365,6 +368,42 @@ def run(
                     progress=prog,
                 )
     _render_result(out, supervised)
+
+
+def _with_settings(request: RunRequest, chosen: Settings) -> RunRequest:
+    """The request with what the settings choose (flag, environment or profile: each parsed once, by the
+    settings)."""
+    import dataclasses
+
+    return dataclasses.replace(
+        request,
+        bucket=chosen.bucket,
+        setup=tuple(chosen.setup),
+        requirements=None if chosen.requirements is None else str(chosen.requirements),
+        ssh_proxy_command=chosen.ssh_proxy_command,
+        # The hosts' network as chosen now (flag, environment or profile), kept for every slice of the
+        # run: a recovery or `runs resume` must not land its hosts elsewhere.
+        placement=dataclasses.replace(
+            request.placement, network=chosen.host_network, service_account=chosen.service_account
+        ),
+    )
+
+
+def _refuse_through_server(
+    server: str, job: JobRequest, *, dry_run: bool, executor: str | None, no_import_check: bool
+) -> None:
+    """Exit 2 for what a run through a server does not carry yet."""
+    fix = "drop it, or run without --server"
+    if job.request.secret_names:
+        refuse_through_server(
+            server, "a run with secrets (--secret, secrets:)", fix="run it without --server"
+        )
+    if dry_run:
+        refuse_through_server(server, "--dry-run", fix="run the dry run without --server")
+    if executor is not None:
+        refuse_through_server(server, "--executor", fix=fix)
+    if no_import_check:
+        refuse_through_server(server, "--no-import-check", fix=fix)
 
 
 _SLICES_FIX = "a multislice has 2 or more slices, e.g. --slices 2; drop --slices to run on one slice"
@@ -551,11 +590,20 @@ def list_runs(
     """List runs, newest first."""
     from tpuctl import params
     from tpuctl.services.run.service import Runs
+    from tpuctl.services.run.views import RunView
 
     out = make_output(ctx, output)
     count = params.whole(limit, "limit")
-    with session(ctx, out) as sess:
-        views = Runs(sess).list_runs(limit=count)
+    settings = build_settings(ctx)
+    server = server_of(settings)
+    views: Sequence[RunView | RunOut]
+    if server is not None:
+        from tpuctl.cli import runs_remote
+
+        views = runs_remote.listed(server, count)
+    else:
+        with session(ctx, out, settings) as sess:
+            views = Runs(sess).list_runs(limit=count)
     out.rows(
         "runs",
         _RUN_COLUMNS,
@@ -576,7 +624,7 @@ def list_runs(
             for v in views
         ),
         key="runs",
-        records=[v.to_dict() for v in views],
+        records=[v.to_dict() if isinstance(v, RunView) else v.model_dump() for v in views],
         keep=frozenset({"RUN", "STATUS", "POD", "ZONE"}),
         drop=("PROGRAM", "STARTED (UTC)", "RESTARTS", "EXIT", "DURATION S", "PREEMPTIONS"),
     )
@@ -593,7 +641,14 @@ def describe_run(
     from tpuctl.services.run.service import Runs
 
     out = make_output(ctx, output, ONE_OBJECT)
-    with session(ctx, out) as sess:
+    settings = build_settings(ctx)
+    server = server_of(settings)
+    if server is not None:
+        from tpuctl.cli import runs_remote
+
+        runs_remote.describe(out, server, run_id)
+        return
+    with session(ctx, out, settings) as sess:
         described = Runs(sess).describe(run_id)
     if out.machine:
         out.document(out.envelope(run=described.to_dict()))
@@ -780,6 +835,11 @@ def resume_run(
     from tpuctl.services.run.service import Runs
 
     out = make_output(ctx, output, ONE_OBJECT)
+    refuse_through_server(
+        server_of(build_settings(ctx)),
+        "`runs resume`",
+        fix="nothing to do: the server adopts a run whose supervisor is gone once its lease expires",
+    )
     new_budget = None if budget is None else params.usd(budget, "budget")
     max_preemptions = (
         None
@@ -809,12 +869,24 @@ def cancel_run(
 ) -> None:
     """Stop a run: its hosts checkpoint and stop, its slice is deleted, it is recorded as cancelled."""
     from tpuctl.services.run.service import Runs
+    from tpuctl.services.run.views import Cancellation
 
     out = make_output(ctx, output, ONE_OBJECT)
-    with session(ctx, out) as sess:
-        result = Runs(sess).cancel(run_id, progress=out.note)
+    settings = build_settings(ctx)
+    server = server_of(settings)
+    result: Cancellation | CancelOut
+    if server is not None:
+        from tpuctl.cli import runs_remote
+
+        result = runs_remote.cancel(server, run_id)
+    else:
+        with session(ctx, out, settings) as sess:
+            result = Runs(sess).cancel(run_id, progress=out.note)
     if out.machine:
-        out.document(out.envelope(cancel=result.to_dict()))
+        document = (
+            result.to_dict() if isinstance(result, Cancellation) else result.model_dump(exclude_unset=True)
+        )
+        out.document(out.envelope(cancel=document))
         return
     if not result.cancelled:
         out.note(f"run {result.run_id}: {result.note} ({result.status})")

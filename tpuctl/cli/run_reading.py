@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from tpuctl.cli.context import make_output, session
+from tpuctl.cli.context import build_settings, make_output, session
+from tpuctl.cli.options import refuse_through_server, server_of
 
 if TYPE_CHECKING:
     from tpuctl.services.run.views import RunDescription
@@ -51,7 +52,16 @@ def run_logs(
 
     out = make_output(ctx, None)
     worker = None if worker_flag is None else params.whole(worker_flag, "worker", minimum=0)
-    with session(ctx, out) as sess:
+    settings = build_settings(ctx)
+    server = server_of(settings)
+    if server is not None:
+        from tpuctl.cli import runs_remote
+
+        refuse_through_server(server if timestamps or everything or raw else None, "-t/--all/--raw",
+                              fix="drop them, or read the logs without --server")  # fmt: skip
+        runs_remote.logs(server, run_id, worker=worker, follow=follow)
+        return
+    with session(ctx, out, settings) as sess:
         runs = Runs(sess)
         logs = runs.logs(run_id, worker=worker)
         for w, path in logs.files:

@@ -46,7 +46,7 @@ from typing import Any, Final, Literal, TypeAlias, TypeVar
 
 from tpuctl.catalog import CapacityType
 from tpuctl.errors import LeaseLostError, UsageError
-from tpuctl.store import leases, runstate, schema
+from tpuctl.store import leases, runstate, schema, servers
 from tpuctl.store.database import Database, SqliteDatabase
 from tpuctl.store.records import (
     AmbiguousPodError,
@@ -967,6 +967,50 @@ class Ledger:
     def cancel_requested(self, run_id: str) -> CancelRequest | None:
         with self._read() as conn:
             return leases.cancel_request(conn, run_id)
+
+    # -- servers (``tpuctl.store.servers``) ----------------------------------------------------------
+
+    #: How many `tpuctl server` processes this ledger takes at once: an embedded file has one writer
+    #: machine, and two servers on it would both adopt every orphaned run they see.
+    max_replicas: Final = 1
+
+    def claim_replica(
+        self, owner: LeaseOwner, listen: str, ttl_s: float, *, replacing: frozenset[str] = frozenset()
+    ) -> servers.ReplicaRecord:
+        """Record ``owner`` as a server using this ledger until now + ``ttl_s`` (renew it with
+        ``renew_replica``); expired rows and ``replacing`` (servers the caller proved dead) are removed
+        first. ``ReplicaLimitError`` (exit 2, naming the others) when ``max_replicas`` live ones remain."""
+        with self._write() as conn:
+            return servers.claim(conn, owner, listen, ttl_s, limit=self.max_replicas, replacing=replacing)
+
+    def renew_replica(self, replica_id: str, ttl_s: float) -> bool:
+        """False when the server's row is gone or expired: it no longer counts as one of the ledger's."""
+        with self._write() as conn:
+            return servers.renew(conn, replica_id, ttl_s)
+
+    def release_replica(self, replica_id: str) -> None:
+        with self._write() as conn:
+            servers.release(conn, replica_id)
+
+    def replicas(self) -> list[servers.ReplicaRecord]:
+        """Every server row, live or expired (``expired``), oldest first."""
+        with self._read() as conn:
+            return servers.replicas(conn)
+
+    def remember_submission(self, key: str, run_id: str, request_sha256: str) -> servers.Submission:
+        """The submission an idempotency key names: the first one stored under ``key`` (this one when
+        the key is new). Written before the run it names is created."""
+        with self._write() as conn:
+            return servers.remember_submission(conn, key, run_id, request_sha256)
+
+    def forget_submission(self, key: str, run_id: str) -> None:
+        """Drop ``key``'s submission of ``run_id``, whose run could not be recorded."""
+        with self._write() as conn:
+            servers.forget_submission(conn, key, run_id)
+
+    def submission(self, key: str) -> servers.Submission | None:
+        with self._read() as conn:
+            return servers.submission(conn, key)
 
     def record_intent(
         self,

@@ -969,6 +969,8 @@ _V10 = Migration(
     ),
 )
 
+#: The hand-written migrations end here: later changes of the schema are revisions of the Alembic history
+#: (``tpuctl.store.migrations``), whose baseline is where these leave a ledger.
 MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10)
 SCHEMA_VERSION: int = len(MIGRATIONS)
 

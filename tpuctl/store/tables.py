@@ -20,7 +20,8 @@ is in ``tpuctl.store.derived``, per engine.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Final
 
 from tpuctl.store import billing
 from tpuctl.store.sql import POSTGRESQL, SQLITE
@@ -29,20 +30,38 @@ if TYPE_CHECKING:
     import sqlalchemy as sa
 
 
-def build_metadata() -> sa.MetaData:
-    """The ledger's tables in a new ``MetaData`` (built on call: SQLAlchemy is imported only by code that
-    creates or migrates a database, never at tpuctl's start)."""
+def build_metadata(upto: str | None = None) -> sa.MetaData:
+    """The ledger's tables at revision ``upto`` of the history (default: its head) in a new ``MetaData``
+    (built on call: SQLAlchemy is imported only by code that creates or migrates a database, never at
+    tpuctl's start). Each group of tables belongs to the revision that added it, which creates exactly
+    those (``added_by``); a revision that changes a table already made writes its own ``op`` calls."""
     import sqlalchemy as sa
 
+    from tpuctl.store import migrations
+
+    upto = migrations.HEAD if upto is None else upto
     metadata = sa.MetaData()
-    _pods_and_events(metadata)
-    _runs(metadata)
-    _rollups(metadata)
-    _run_records(metadata)
-    sa.Table("ledger_meta", metadata, _text("key", primary_key=True, nullable=True),
-             _text("value", nullable=False),
-             sqlite_strict=True)  # fmt: skip
+    for revision, define in _GROUPS:
+        if migrations.KNOWN.index(revision) <= migrations.KNOWN.index(upto):
+            define(metadata)
     return metadata
+
+
+def added_by(revision: str) -> list[sa.Table]:
+    """The tables ``revision`` adds to the ledger, in creation order."""
+    from tpuctl.store import migrations
+
+    now = build_metadata(revision)
+    index = migrations.KNOWN.index(revision)
+    before = set() if index == 0 else set(build_metadata(migrations.KNOWN[index - 1]).tables)
+    return [t for t in now.sorted_tables if t.name not in before]
+
+
+def _ledger_meta(metadata: sa.MetaData) -> None:
+    import sqlalchemy as sa
+
+    sa.Table("ledger_meta", metadata, _text("key", primary_key=True, nullable=True),
+             _text("value", nullable=False), sqlite_strict=True)  # fmt: skip
 
 
 def _integer(name: str, *args: Any, **kwargs: Any) -> sa.Column[Any]:
@@ -311,3 +330,37 @@ def _run_records(metadata: sa.MetaData) -> None:
         _real("at", nullable=False), _text("text", nullable=False),
         sqlite_strict=True, sqlite_with_rowid=False,
     )  # fmt: skip
+
+
+def _servers(metadata: sa.MetaData) -> None:
+    """`tpuctl server` (revision 0002): the servers using the ledger (one row per live server, renewed
+    while it lives, its expiry on the ledger's clock) and the submissions they took (a client's
+    idempotency key and the run it created, written before the run is, so no ``runs`` reference).
+    ``tpuctl.store.servers``."""
+    import sqlalchemy as sa
+
+    sa.Table(
+        "server_replicas", metadata,
+        _text("replica_id", primary_key=True, nullable=True), _text("host", nullable=False),
+        _integer("pid", nullable=False), _integer("start_ticks"), _text("listen", nullable=False),
+        _real("started_at", nullable=False), _real("renewed_at", nullable=False),
+        _real("expires_at", nullable=False),
+        sqlite_strict=True,
+    )  # fmt: skip
+    sa.Table(
+        "run_submissions", metadata,
+        _text("idempotency_key", primary_key=True, nullable=True), _text("run_id", nullable=False),
+        _text("request_sha256", nullable=False), _real("submitted_at", nullable=False),
+        sqlite_strict=True,
+    )  # fmt: skip
+
+
+#: Each group of tables with the revision of the history that added it, in order.
+_GROUPS: Final[tuple[tuple[str, Callable[[sa.MetaData], None]], ...]] = (
+    ("0001_ledger_v10", _pods_and_events),
+    ("0001_ledger_v10", _runs),
+    ("0001_ledger_v10", _rollups),
+    ("0001_ledger_v10", _run_records),
+    ("0001_ledger_v10", _ledger_meta),
+    ("0002_servers", _servers),
+)

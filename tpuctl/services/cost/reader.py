@@ -10,7 +10,7 @@ from typing import Any, Final
 from tpuctl.store.records import LedgerError
 
 #: The ledger schema version these queries are written for.
-KNOWN_SCHEMA: Final = 10  # v9 added the ledger identity, v10 the run leases: reports read neither
+KNOWN_SCHEMA: Final = 11  # v9 the ledger identity, v10 the run leases, v11 the servers: reports read none
 
 
 class LedgerReader:

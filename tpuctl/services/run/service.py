@@ -330,7 +330,9 @@ class Runs:
         here = os.uname().nodename
         self._session.ledger.request_cancel(run_id, f"runs cancel (host {here}, pid {os.getpid()})")
         pid = holder.pid
-        if holder.host == here and pid is not None and is_same_process(pid, holder.start_ticks):
+        # Never this process: a server supervises its runs in threads, and SIGTERM would stop the server.
+        ours = pid == os.getpid()
+        if holder.host == here and pid is not None and not ours and is_same_process(pid, holder.start_ticks):
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGTERM)
         started = time.monotonic()

@@ -1,16 +1,16 @@
 """The ledger as the hand-written SQLite migrations left it at their version 10: events, pods, attempts,
 runs and segments, the cost rollups and their triggers, the ledger's identity, and runs as leased records.
 
-On a new database: the tables of ``tpuctl.store.tables``, then the engine's triggers and fixed rows
-(``tpuctl.store.derived``) and the ledger's identity. A SQLite ledger the hand-written migrations made is
-stamped with this revision instead of running it (``tpuctl.store.migrate``).
+On a new database: the tables of ``tpuctl.store.tables`` this revision adds, then the engine's triggers
+and fixed rows (``tpuctl.store.derived``) and the ledger's identity. A SQLite ledger the hand-written
+migrations made is stamped with this revision instead of running it (``tpuctl.store.migrate``).
 """
 
 from alembic import op
 
 from tpuctl.store import derived
 from tpuctl.store.sql import POSTGRESQL, SQLITE, SqlAlchemyConnection, SqlConnection
-from tpuctl.store.tables import build_metadata
+from tpuctl.store.tables import added_by
 
 revision = "0001_ledger_v10"
 down_revision = None
@@ -21,7 +21,8 @@ depends_on = None
 def upgrade() -> None:
     bind = op.get_bind()
     dialect = SQLITE if bind.dialect.name == "sqlite" else POSTGRESQL
-    build_metadata().create_all(bind)
+    for table in added_by(revision):
+        table.create(bind)
     conn: SqlConnection = SqlAlchemyConnection(bind, dialect)
     for statement in derived.statements(dialect):
         conn.execute(statement)

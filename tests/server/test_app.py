@@ -1,0 +1,287 @@
+"""The API in process (FastAPI's test client) over the in-process simulator: every endpoint's good and bad
+input, the idempotent submission, and a hypothesis fuzz of the submission body (never a 500)."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import tarfile
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tpuctl.server.app import build_app
+from tpuctl.server.bundles import MAX_BUNDLE_BYTES, BundleStore
+from tpuctl.services.session import Session, open_session
+from tpuctl.settings import load_settings
+from tpuctl.store.records import RunStatus
+from tpuctl.testing.backend import InProcessCli
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")  # starlette's note on which httpx it prefers, at import
+    from fastapi.testclient import TestClient
+
+PROGRAM = b"print('hello from the server')\n"
+JOB: dict[str, Any] = {
+    "script": "prog.py",
+    "resources": {"accelerators": "v5e-8", "zone": "us-central1-a"},
+    "runtime_deps": False,
+}
+ERROR_KEYS = {"error", "message", "exit_code"}
+
+
+def bundle_of(files: dict[str, bytes]) -> tuple[bytes, str]:
+    """A .tar.gz of ``files`` and its SHA-256."""
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w:gz") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    data = raw.getvalue()
+    return data, hashlib.sha256(data).hexdigest()
+
+
+@pytest.fixture
+def session(sim_cli: InProcessCli, state_dir: Path) -> Iterator[Session]:
+    opened = open_session(load_settings({"backend": "sim", "state_dir": state_dir}), backend=sim_cli.backend)
+    with opened:
+        yield opened
+
+
+@pytest.fixture
+def api(session: Session, state_dir: Path) -> TestClient:
+    return TestClient(build_app(session, BundleStore(state_dir / "bundles"), None))
+
+
+@pytest.fixture
+def uploaded(api: TestClient) -> str:
+    data, sha = bundle_of({"prog.py": PROGRAM})
+    response = api.put(f"/v1/bundles/{sha}", content=data, headers={"content-type": "application/gzip"})
+    assert response.status_code == 201 and response.json() == {"sha256": sha, "size": len(data)}
+    return sha
+
+
+def submit(api: TestClient, body: Any, key: str = "key-0001", **headers: str) -> Any:
+    return api.post("/v1/runs", json=body, headers={"Idempotency-Key": key, **headers})
+
+
+def assert_document(response: Any, status: int, *, field: str | None = None) -> dict[str, Any]:
+    """A 4xx/5xx answered with the CLI's error document."""
+    assert response.status_code == status, response.text
+    document: dict[str, Any] = response.json()
+    assert set(document) >= ERROR_KEYS and "Traceback" not in response.text
+    if field is not None:
+        assert document.get("field") == field, document
+    return document
+
+
+def test_health_and_readiness_without_a_replica(api: TestClient) -> None:
+    assert api.get("/healthz").json()["status"] == "ok"
+    ready = api.get("/readyz")
+    assert ready.status_code == 503 and ready.json()["ledger"] is True and ready.json()["replica"] is False
+
+
+def test_the_openapi_document_names_every_path(api: TestClient) -> None:
+    paths = set(api.get("/openapi.json").json()["paths"])
+    assert {"/healthz", "/readyz", "/v1/bundles/{sha256}", "/v1/runs", "/v1/runs/{run}",
+            "/v1/runs/{run}/logs", "/v1/runs/{run}/cancel"} <= paths  # fmt: skip
+
+
+def test_a_submission_records_a_run_for_a_replica_and_a_retry_with_its_key_finds_it(
+    api: TestClient, uploaded: str, session: Session
+) -> None:
+    body = {"job": JOB, "bundle_sha256": uploaded, "script_in_bundle": "prog.py"}
+    first = submit(api, body)
+    assert first.status_code == 201, first.text
+    run = first.json()["run"]
+    assert first.json()["created"] is True and run["status"] == RunStatus.PROVISIONING.value
+    assert run["accelerator_type"] == "v5litepod-8" and run["detail"]["supervised"] is True
+    assert session.ledger.lease_of(run["run_id"]) is None  # nobody holds it yet: a replica will
+
+    again = submit(api, body)
+    assert again.status_code == 200 and again.json() == {**first.json(), "created": False}
+    assert [r.run_id for r in session.ledger.list_runs()] == [run["run_id"]]
+
+    other = submit(api, {**body, "job": {**JOB, "args": ["--x"]}})
+    assert "another submission" in assert_document(other, 422, field="Idempotency-Key")["message"]
+
+    listed = api.get("/v1/runs").json()["runs"]
+    assert [r["run_id"] for r in listed] == [run["run_id"]]
+    described = api.get(f"/v1/runs/{run['run_id'][-6:]}").json()  # a unique end names it, as in the CLI
+    assert described["run_id"] == run["run_id"] and described["segments"] == []
+
+
+def test_logs_page_by_cursor_and_cancel_cleans_up_a_run_nobody_holds(
+    api: TestClient, uploaded: str, session: Session
+) -> None:
+    from tpuctl.store.records import LeaseOwner
+
+    run_id = submit(api, {"job": JOB, "bundle_sha256": uploaded, "script_in_bundle": "prog.py"}).json()[
+        "run"
+    ]["run_id"]
+    claim = session.ledger.claim_lease(run_id, LeaseOwner.of_this_process(), 30)
+    session.ledger.append_log_lines(claim, 0, 0, [(1.0, "one"), (2.0, "two"), (3.0, "three")])
+    session.ledger.release_lease(claim)
+
+    first = api.get(f"/v1/runs/{run_id}/logs", params={"limit": 2}).json()
+    assert [line["text"] for line in first["lines"]] == ["one", "two"] and first["cursor"] == "0:1"
+    rest = api.get(f"/v1/runs/{run_id}/logs", params={"after": first["cursor"]}).json()
+    assert [line["text"] for line in rest["lines"]] == ["three"] and rest["live"] is True
+    assert_document(api.get(f"/v1/runs/{run_id}/logs", params={"after": "zz"}), 400, field="after")
+
+    cancelled = api.post(f"/v1/runs/{run_id}/cancel")
+    assert cancelled.status_code == 200, cancelled.text
+    assert cancelled.json() == {"run_id": run_id, "status": "cancelled", "cancelled": True,
+                                "hosts_killed": 0, "deleted": None}  # fmt: skip
+    again = api.post(f"/v1/runs/{run_id}/cancel").json()
+    assert again == {
+        "run_id": run_id,
+        "status": "cancelled",
+        "cancelled": False,
+        "note": "the run had already ended",
+    }
+    assert api.get(f"/v1/runs/{run_id}/logs", params={"after": rest["cursor"]}).json()["live"] is False
+
+
+@pytest.mark.parametrize(
+    ("send", "status", "field"),
+    [
+        ({"content": b"{", "headers": {"content-type": "application/json"}}, 422, "body"),
+        ({"content": b"x", "headers": {"content-type": "text/plain"}}, 415, "Content-Type"),
+        ({"json": {"job": JOB, "bundle_sha256": "0" * 64, "zzz": 1}}, 422, "zzz"),
+        ({"json": {"job": 5, "bundle_sha256": "0" * 64}}, 422, "job"),
+        ({"json": {"job": JOB, "bundle_sha256": 7}}, 422, "bundle_sha256"),
+        ({"json": {"job": JOB, "bundle_sha256": "not-a-digest"}}, 422, "bundle_sha256"),
+        ({"json": {"job": JOB, "bundle_sha256": "0" * 64}}, 409, "bundle_sha256"),  # never uploaded
+        ({"json": [1, 2]}, 422, None),
+    ],
+)
+def test_bad_submissions_are_4xx_with_the_error_document(
+    api: TestClient, send: dict[str, Any], status: int, field: str | None
+) -> None:
+    headers = {"Idempotency-Key": "key-0002", **send.pop("headers", {})}
+    assert_document(api.post("/v1/runs", headers=headers, **send), status, field=field)
+
+
+def test_a_submission_needs_a_well_formed_key(api: TestClient, uploaded: str) -> None:
+    body = {"job": JOB, "bundle_sha256": uploaded, "script_in_bundle": "prog.py"}
+    assert_document(api.post("/v1/runs", json=body), 422, field="Idempotency-Key")
+    assert_document(submit(api, body, key="short"), 422, field="Idempotency-Key")
+
+
+@pytest.mark.parametrize(
+    ("job", "script", "status", "field"),
+    [
+        ({**JOB, "bogus": 1}, "prog.py", 400, "bogus"),  # the job file's own checks, naming the key
+        ({**JOB, "resources": {"accelerators": "v9z-8"}}, "prog.py", 400, None),
+        (JOB, "missing.py", 400, "script_in_bundle"),
+        (JOB, "../prog.py", 400, "script_in_bundle"),
+        (JOB, None, 400, "script_in_bundle"),
+        ({**JOB, "secrets": {"TOKEN": None}}, "prog.py", 400, "secrets"),
+    ],
+)
+def test_bad_jobs_are_400_naming_what_is_wrong(
+    api: TestClient, uploaded: str, job: dict[str, Any], script: str | None, status: int, field: str | None
+) -> None:
+    body = {"job": job, "bundle_sha256": uploaded, "script_in_bundle": script}
+    assert_document(submit(api, body, key="key-0003"), status, field=field)
+
+
+def test_bundle_uploads_are_checked(api: TestClient) -> None:
+    data, sha = bundle_of({"prog.py": PROGRAM})
+    gz = {"content-type": "application/gzip"}
+    assert_document(api.put(f"/v1/bundles/{'0' * 64}", content=data, headers=gz), 400, field="sha256")
+    assert_document(api.put(f"/v1/bundles/{sha}", content=data, headers={"content-type": "text/plain"}), 415)
+    assert_document(api.put("/v1/bundles/nothex", content=data, headers=gz), 422, field="sha256")
+    big = {**gz, "content-length": str(MAX_BUNDLE_BYTES + 1)}
+    assert_document(api.put(f"/v1/bundles/{sha}", content=b"x", headers=big), 413, field="bundle")
+
+
+def test_a_bundle_that_is_not_a_tarball_is_refused_at_submission(api: TestClient) -> None:
+    data = b"not a tarball"
+    sha = hashlib.sha256(data).hexdigest()
+    api.put(f"/v1/bundles/{sha}", content=data, headers={"content-type": "application/gzip"})
+    body = {"job": JOB, "bundle_sha256": sha, "script_in_bundle": "prog.py"}
+    assert_document(submit(api, body, key="key-0004"), 400, field="bundle_sha256")
+
+
+def test_an_unknown_run_is_404_everywhere(api: TestClient) -> None:
+    for response in (
+        api.get("/v1/runs/nope"),
+        api.get("/v1/runs/nope/logs"),
+        api.post("/v1/runs/nope/cancel"),
+    ):
+        assert assert_document(response, 404, field="RUN")["exit_code"] == 11
+    assert_document(api.get("/v1/runs", params={"limit": 0}), 422, field="limit")
+
+
+_JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
+    max_leaves=12,
+)
+_JOB_KEYS = st.sampled_from(["script", "resources", "args", "envs", "budget", "timeout", "run", "example",
+                             "max_preemptions", "slices", "labels", "name", "workdir"])  # fmt: skip
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    body=st.one_of(
+        _JSON,
+        st.fixed_dictionaries(
+            {"job": st.dictionaries(_JOB_KEYS, _JSON, max_size=4)},
+            optional={"bundle_sha256": st.text(max_size=70), "script_in_bundle": _JSON},
+        ),
+    )
+)
+def test_fuzzed_submissions_never_answer_500(api: TestClient, uploaded: str, body: Any) -> None:
+    if isinstance(body, dict) and body.get("bundle_sha256") == "":
+        body["bundle_sha256"] = uploaded  # now and then a body that gets as far as the job's checks
+    key = "fuzz-" + hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    response = submit(api, body, key=key)
+    assert response.status_code < 500, response.text
+    if response.status_code >= 400:
+        assert set(response.json()) >= ERROR_KEYS
+
+
+def test_an_error_quoting_input_utf8_cannot_encode_is_still_the_document(
+    api: TestClient, uploaded: str
+) -> None:
+    job = '{"script": "prog.py", "resources": {"\\ud800": 1}}'  # a lone surrogate: JSON has it, UTF-8 not
+    raw = f'{{"job": {job}, "bundle_sha256": "{uploaded}"}}'
+    headers = {"content-type": "application/json", "Idempotency-Key": "key-0005"}
+    assert_document(api.post("/v1/runs", content=raw.encode(), headers=headers), 400, field="resources")
+
+
+def test_a_bug_is_a_500_with_the_document_and_no_traceback(
+    session: Session, state_dir: Path, uploaded: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tpuctl.server.submit
+
+    def broken(*args: object) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(tpuctl.server.submit, "submit", broken)
+    api = TestClient(
+        build_app(session, BundleStore(state_dir / "bundles"), None), raise_server_exceptions=False
+    )
+    response = submit(
+        api, {"job": JOB, "bundle_sha256": uploaded, "script_in_bundle": "prog.py"}, key="key-0006"
+    )
+    document = assert_document(response, 500)
+    assert (
+        document["error"] == "error"
+        and "RuntimeError" in document["message"]
+        and "a bug" not in response.text
+    )

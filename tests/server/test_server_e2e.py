@@ -1,0 +1,299 @@
+"""`tpuctl server` end to end, one host and a tiny program on the served simulator: a client submits with
+``--server`` and is interrupted (Ctrl-C) once the run prints; the run goes on under server A; A is killed
+-9 mid-run; server B on the same ledger adopts the run only once A's lease expired (the lease history says
+so), and finishes it: one slice created per attempt, the last one deleted. SIGTERM stops B cleanly (exit
+0, its place given back). A run submitted with ``--detach`` is cancelled through the server while it runs:
+its supervisor (a thread of the server) stops it and deletes its slice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tpuctl.sim import SimAdminClient
+from tpuctl.store.ledger import Ledger
+from tpuctl.store.records import LeaseAction, RunStatus
+from tpuctl.store.secrets import generate_key
+from tpuctl.testing.clock import wait_for
+from tpuctl.testing.ports import unused_port
+
+ZONE = "us-central1-a"
+WORLD: dict[str, Any] = {
+    "speed": 1000,
+    "zones": {ZONE: {"v5e": {"on_demand": 64, "preemptible": 64}}},
+    "quotas": {
+        "default": {"on_demand": {"zone": -1, "region": -1}, "preemptible": {"zone": -1, "region": -1}}
+    },
+    "latency": {"base_ms": 0, "jitter_ms": 0},
+}
+LINES = 48
+#: The first attempt's lines come a quarter second apart (12 s: long enough to kill its server mid-run on a
+#: loaded machine; it is never waited for to the end); a takeover's quickly.
+PROGRAM = f"""
+import os, time
+attempt = os.environ.get("TPUCTL_RESTART_COUNT", "0")
+for i in range({LINES}):
+    print(f"attempt {{attempt}} line {{i}}", flush=True)
+    time.sleep(0.25 if attempt == "0" else 0.02)
+"""
+
+
+@dataclass
+class Place:
+    """One ledger, one simulated cloud, a server's environment and a client's."""
+
+    db: Path
+    server_env: dict[str, str]
+    client_env: dict[str, str]
+    admin: SimAdminClient
+    script: Path
+    url: str
+    started: list[subprocess.Popen[bytes]]
+
+    def ledger(self) -> Ledger:
+        return Ledger(self.db)
+
+    def start_server(self) -> subprocess.Popen[bytes]:
+        listen = self.url.removeprefix("http://")
+        argv = [sys.executable, "-m", "tpuctl", "server", "--listen", listen]
+        proc = subprocess.Popen(argv, env=self.server_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        self.started.append(proc)
+
+        def ready() -> bool:
+            assert proc.poll() is None, _output(proc)
+            try:
+                return httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200
+            except httpx.TransportError:
+                return False
+
+        wait_for(ready, timeout=60.0, interval=0.1, what="the server to be ready")
+        return proc
+
+    def client(self, *args: str, output: Path | None = None) -> subprocess.Popen[bytes]:
+        """A client process; its output piped, or written to ``output`` (read while it runs)."""
+        argv = [sys.executable, "-m", "tpuctl", *args]
+        stdout = subprocess.PIPE if output is None else output.open("wb")
+        proc = subprocess.Popen(argv, env=self.client_env, stdout=stdout, stderr=subprocess.STDOUT)
+        self.started.append(proc)
+        return proc
+
+    def creates(self) -> int:
+        return len(
+            [m for m in self.admin.mutations() if m["method"] == "POST" and m["path"].endswith("/nodes")]
+        )
+
+
+def _output(proc: subprocess.Popen[bytes]) -> str:
+    if proc.poll() is None:
+        proc.kill()
+    out = proc.communicate(timeout=10)[0] if proc.stdout is not None else b""
+    return out.decode(errors="replace")[-4000:]
+
+
+@pytest.fixture
+def place(tmp_path: Path, serve_sim: Callable[..., SimAdminClient]) -> Iterator[Place]:
+    admin = serve_sim(WORLD)  # points TPUCTL_SIM_URL at it
+    db = tmp_path / "team" / "ledger.db"
+    base = {k: v for k, v in os.environ.items() if not k.startswith("TPUCTL_")}
+    base["TPUCTL_SIM_URL"] = os.environ["TPUCTL_SIM_URL"]
+    server_env = {
+        **base,
+        "TPUCTL_STATE_DIR": str(tmp_path / "server"),
+        "TPUCTL_DATABASE_URL": f"sqlite:///{db}",
+        "TPUCTL_SECRET_KEY": generate_key().decode("ascii"),
+        "TPUCTL_LEASE_DURATION": "3",
+        "TPUCTL_LEASE_RENEW_EVERY": "0.5",
+    }
+    url = f"http://127.0.0.1:{unused_port()}"
+    client_env = {**base, "TPUCTL_STATE_DIR": str(tmp_path / "laptop"), "TPUCTL_SERVER": url}
+    script = tmp_path / "proj" / "prog.py"
+    script.parent.mkdir()
+    script.write_text(PROGRAM)
+    started: list[subprocess.Popen[bytes]] = []
+    yield Place(db, server_env, client_env, admin, script, url, started)
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+def test_a_submitted_run_outlives_its_client_and_its_server_and_is_adopted_after_the_lease_expires(
+    place: Place, tmp_path: Path
+) -> None:
+    a = place.start_server()
+    followed = tmp_path / "client.out"
+    client = place.client(
+        "run", str(place.script), "--type", "v5e-8", "--zone", ZONE, "--no-runtime-deps", output=followed
+    )
+
+    def submitted() -> str | None:
+        assert client.poll() is None, _output(client)
+        with place.ledger() as ledger:
+            runs = ledger.list_runs()
+        return runs[0].run_id if runs else None
+
+    run_id = wait_for(submitted, timeout=60.0, interval=0.05, what="the submission")
+    assert run_id is not None
+
+    def running_under_a() -> bool:
+        assert a.poll() is None, _output(a)
+        with place.ledger() as ledger:
+            held = ledger.lease_of(run_id)
+            lines = ledger.log_lines(run_id, worker=0)
+        return held is not None and held.owner.pid == a.pid and len(lines) >= 3
+
+    wait_for(running_under_a, timeout=120.0, interval=0.1, what="the run to print under server A")
+    # The laptop follows the run's lines; Ctrl-C there stops following, not the run, and says how to stop it.
+    wait_for(
+        lambda: "w0 | attempt 0 line 0" in followed.read_text(), timeout=60.0, interval=0.1, what="lines"
+    )
+    client.send_signal(signal.SIGINT)
+    assert client.wait(timeout=30) == 130
+    said = followed.read_text()
+    assert f"run {run_id}; it goes on under the server" in said
+    assert f"tpuctl --server {place.url} runs cancel {run_id}" in said
+    a.send_signal(signal.SIGKILL)
+    a.wait(timeout=10)
+    with place.ledger() as ledger:
+        last = ledger.lease_of(run_id)
+    assert last is not None and last.owner.pid == a.pid
+
+    b = place.start_server()  # A's place is taken over at once: A's pid is provably dead
+
+    def ended() -> RunStatus | None:
+        assert b.poll() is None, _output(b)
+        with place.ledger() as ledger:
+            record = ledger.get_run(run_id)
+        assert record is not None
+        status = RunStatus(record.status)
+        return status if status.finished else None
+
+    assert wait_for(ended, timeout=120.0, interval=0.2, what="the run to end under B") is RunStatus.SUCCEEDED
+
+    with place.ledger() as ledger:
+        history = ledger.lease_history(run_id)
+        stored = ledger.log_lines(run_id, worker=0)
+    takeover = next(h for h in history if h.action is LeaseAction.TAKEOVER)
+    a_entries = [h for h in history if h.owner.pid == a.pid]
+    # A's last renewal set the expiry; B took the run at or after it, not before.
+    assert a_entries[-1].expires_at == last.expires_at
+    assert takeover.at >= last.expires_at and takeover.owner.pid == b.pid
+    assert {h.owner.pid for h in history} == {a.pid, b.pid}
+    assert place.creates() == 2  # one slice per attempt
+    assert place.admin.status()["nodes"] == []  # the last one deleted
+    assert any(s.text == f"attempt 1 line {LINES - 1}" for s in stored)
+
+    # Read back through B, as a client does.
+    listed = subprocess.run(
+        [sys.executable, "-m", "tpuctl", "runs", "list", "-o", "json"],
+        env=place.client_env,
+        capture_output=True,
+        timeout=60,
+    )
+    assert listed.returncode == 0, listed.stderr.decode()
+    assert [(r["run_id"], r["status"]) for r in json.loads(listed.stdout)["runs"]] == [(run_id, "succeeded")]
+
+    b.send_signal(signal.SIGTERM)
+    assert b.wait(timeout=30) == 0, _output(b)
+    with place.ledger() as ledger:
+        assert ledger.replicas() == []  # B gave its place back
+
+
+def test_a_detached_submission_is_cancelled_through_the_server_by_its_supervisor(place: Place) -> None:
+    server = place.start_server()
+    detached = place.client(
+        "run",
+        str(place.script),
+        "--type",
+        "v5e-8",
+        "--zone",
+        ZONE,
+        "--no-runtime-deps",
+        "--detach",
+        "-o",
+        "json",
+    )
+    out = detached.communicate(timeout=60)[0].decode()
+    assert detached.returncode == 0, out
+    run_id = json.loads(out[out.index("{") :])["run"]["run_id"]
+
+    def printing() -> bool:
+        assert server.poll() is None, _output(server)
+        with place.ledger() as ledger:
+            held = ledger.lease_of(run_id)
+            return held is not None and held.owner.pid == server.pid and len(ledger.log_lines(run_id)) >= 2
+
+    wait_for(printing, timeout=120.0, interval=0.1, what="the detached run to print")
+    cancel = subprocess.run(
+        [sys.executable, "-m", "tpuctl", "runs", "cancel", run_id, "-o", "json"],
+        env=place.client_env,
+        capture_output=True,
+        timeout=120,
+    )
+    assert cancel.returncode == 0, cancel.stderr.decode()
+    document = json.loads(cancel.stdout)["cancel"]
+    assert document["cancelled"] is True and document["status"] == "cancelled"
+    assert document["by"] == f"its supervisor (pid {server.pid})"
+    assert server.poll() is None  # the server never signals itself
+    assert place.admin.status()["nodes"] == []  # the run's slice deleted
+    with place.ledger() as ledger:
+        assert ledger.lease_of(run_id) is None  # given back by its supervisor
+
+
+@pytest.mark.slow
+def test_sigterm_mid_run_leaves_the_lease_to_expire_and_the_next_server_adopts_the_run(place: Place) -> None:
+    a = place.start_server()
+    submitted = place.client(
+        "run",
+        str(place.script),
+        "--type",
+        "v5e-8",
+        "--zone",
+        ZONE,
+        "--no-runtime-deps",
+        "--detach",
+        "-o",
+        "json",
+    )
+    out = submitted.communicate(timeout=60)[0].decode()
+    run_id = json.loads(out[out.index("{") :])["run"]["run_id"]
+
+    def printing() -> bool:
+        with place.ledger() as ledger:
+            held = ledger.lease_of(run_id)
+            return held is not None and held.owner.pid == a.pid and len(ledger.log_lines(run_id)) >= 3
+
+    wait_for(printing, timeout=120.0, interval=0.1, what="the run to print under A")
+    a.send_signal(signal.SIGTERM)
+    assert a.wait(timeout=30) == 0, _output(a)
+    with place.ledger() as ledger:
+        left = ledger.lease_of(run_id)
+        assert ledger.replicas() == []  # A gave its place back ...
+    assert left is not None and left.owner.pid == a.pid  # ... and left the run's lease to expire
+
+    b = place.start_server()
+
+    def ended() -> bool:
+        assert b.poll() is None, _output(b)
+        with place.ledger() as ledger:
+            record = ledger.get_run(run_id)
+        return record is not None and RunStatus(record.status).finished
+
+    wait_for(ended, timeout=120.0, interval=0.2, what="the run to end under B")
+    with place.ledger() as ledger:
+        record = ledger.get_run(run_id)
+        takeover = next(h for h in ledger.lease_history(run_id) if h.action is LeaseAction.TAKEOVER)
+    assert record is not None and record.status == RunStatus.SUCCEEDED
+    assert takeover.at >= left.expires_at and takeover.owner.pid == b.pid
+    assert place.creates() == 2 and place.admin.status()["nodes"] == []

@@ -1,0 +1,153 @@
+"""The HTTP client of `tpuctl server`: one method per endpoint, each returning the typed body
+(``tpuctl.server.wire``) or raising the server's error document as a ``TpuctlError`` with the same kind,
+message, fix and exit code, so the CLI renders and exits exactly as it would for a local error.
+
+A submission is retried with its idempotency key on a dropped connection or timeout: the server answers
+a retry with the run the key first made, never a second one.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import TYPE_CHECKING, Any, Final, TypeVar
+
+import httpx
+from pydantic import BaseModel, ValidationError
+
+from tpuctl.errors import TpuctlError, UnreachableError, UsageError
+from tpuctl.server.wire import (
+    BUNDLE_MEDIA_TYPE,
+    IDEMPOTENCY_HEADER,
+    BundleOut,
+    CancelOut,
+    LogsOut,
+    RunDescriptionOut,
+    RunList,
+    SubmitRun,
+    Submitted,
+)
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+_Body = TypeVar("_Body", bound=BaseModel)
+#: Tries of a submission (the first and the retries), all with one idempotency key, and the pause before
+#: the first retry (twice that before the second).
+SUBMIT_TRIES: Final = 3
+RETRY_AFTER_S: Final = 1.0
+
+
+class ServerError(TpuctlError):
+    """An error document from the server, as the error it stands for."""
+
+    def __init__(self, document: dict[str, Any]) -> None:
+        super().__init__(str(document.get("message") or "the server refused the request"),
+                         fix=document.get("fix"))  # fmt: skip
+        self.kind = str(document.get("error") or "error")
+        code = document.get("exit_code")
+        self.exit_code = code if isinstance(code, int) and 0 < code < 256 else 1
+        self._extra = {k: v for k, v in document.items() if k not in ("error", "message", "fix", "exit_code")}
+
+    def details(self) -> dict[str, Any]:
+        return dict(self._extra)
+
+
+class ServerClient:
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout_s: float = 120.0,
+        retry_after_s: float = RETRY_AFTER_S,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.url = url
+        self._retry_after_s = retry_after_s
+        self._http = httpx.Client(base_url=url, timeout=timeout_s, transport=transport)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> ServerClient:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:  # fmt: skip
+        self.close()
+
+    # --- endpoints ------------------------------------------------------------------------------
+
+    def upload_bundle(self, sha256: str, data: bytes) -> BundleOut:
+        return self._call(BundleOut, "PUT", f"/v1/bundles/{sha256}", content=data,
+                          headers={"content-type": BUNDLE_MEDIA_TYPE})  # fmt: skip
+
+    def submit(self, body: SubmitRun, *, key: str | None = None) -> Submitted:
+        """Submit a run; retried with the same key when the connection drops or times out, or while the
+        server is still recording the run an earlier try of the key started (409 ``conflict``)."""
+        key = key or uuid.uuid4().hex
+        for attempt in range(1, SUBMIT_TRIES + 1):
+            try:
+                return self._call(Submitted, "POST", "/v1/runs", json=body.model_dump(),
+                                  headers={IDEMPOTENCY_HEADER: key})  # fmt: skip
+            except (UnreachableError, ServerError) as exc:
+                if attempt == SUBMIT_TRIES or (isinstance(exc, ServerError) and exc.kind != "conflict"):
+                    raise
+                time.sleep(self._retry_after_s * attempt)
+        raise AssertionError("unreachable")
+
+    def list_runs(self, *, limit: int) -> RunList:
+        return self._call(RunList, "GET", "/v1/runs", params={"limit": limit})
+
+    def describe(self, ref: str) -> RunDescriptionOut:
+        return self._call(RunDescriptionOut, "GET", f"/v1/runs/{_quoted(ref)}")
+
+    def logs(self, ref: str, *, after: str = "", worker: int | None = None) -> LogsOut:
+        params: dict[str, Any] = {"after": after}
+        if worker is not None:
+            params["worker"] = worker
+        return self._call(LogsOut, "GET", f"/v1/runs/{_quoted(ref)}/logs", params=params)
+
+    def cancel(self, ref: str) -> CancelOut:
+        return self._call(CancelOut, "POST", f"/v1/runs/{_quoted(ref)}/cancel")
+
+    # --- plumbing -------------------------------------------------------------------------------
+
+    def _call(self, model: type[_Body], method: str, path: str, **kwargs: Any) -> _Body:
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise UnreachableError(
+                f"cannot reach tpuctl server at {self.url}: {exc or type(exc).__name__}",
+                fix="check that `tpuctl server` runs there (its /healthz answers), or fix --server",
+            ) from None
+        if response.is_success:
+            try:
+                return model.model_validate(response.json())
+            except (ValueError, ValidationError) as exc:
+                raise TpuctlError(
+                    f"tpuctl server at {self.url} answered {path} with an unexpected body: {str(exc)[:300]}",
+                    fix="use a tpuctl of the server's version",
+                ) from None
+        raise _error_of(response)
+
+
+def _error_of(response: httpx.Response) -> TpuctlError:
+    try:
+        document = response.json()
+    except ValueError:
+        document = None
+    if isinstance(document, dict) and "message" in document:
+        return ServerError(document)
+    return TpuctlError(
+        f"tpuctl server answered HTTP {response.status_code}: {response.text[:300]}",
+        fix="check --server: it must be a tpuctl server's address",
+    )
+
+
+def _quoted(ref: str) -> str:
+    from urllib.parse import quote
+
+    if not ref.strip():
+        raise UsageError("an empty run id", field="RUN", value=ref, fix="`tpuctl runs list` shows the runs")
+    return quote(ref, safe="")

@@ -1,0 +1,90 @@
+"""One `tpuctl server` process: the replica (``replica``) and the API (``app``) served by uvicorn in
+this process, on a socket bound here first (a port in use is a plain error, not uvicorn's exit).
+
+SIGTERM and SIGINT: uvicorn stops taking requests and finishes those in flight; then the replica stops
+(``Replica.stop``: it adopts nothing more, gives its place among the ledger's servers back, and leaves
+its runs' leases to expire for the next server to adopt), and the process exits 0.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+from tpuctl.errors import TpuctlError
+
+if TYPE_CHECKING:
+    from tpuctl.server.listen import Listen
+    from tpuctl.services.session import Session
+
+
+def serve(session: Session, listen: Listen, *, max_runs: int) -> None:
+    """Serve until SIGTERM or SIGINT. ``ReplicaLimitError`` (exit 2) when the ledger has no room for
+    another server; ``TpuctlError`` when the address cannot be bound."""
+    import uvicorn
+
+    from tpuctl.server.app import build_app
+    from tpuctl.server.bundles import BundleStore
+    from tpuctl.server.replica import Replica
+    from tpuctl.store.records import LeaseOwner
+
+    sock = _bind(listen)
+    settings = session.settings
+    replica = Replica(
+        session,
+        LeaseOwner.of_this_process(),
+        listen=str(listen),
+        max_runs=max_runs,
+        # Often enough that an expired lease is seen within a renewal period of its expiry.
+        tick_s=min(settings.lease_renew_every, 2.0),
+    )
+    replica.start()
+    try:
+        app = build_app(session, BundleStore(session.state_dir / "server" / "bundles"), replica)
+        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
+        server = uvicorn.Server(config)
+        print(
+            f"tpuctl server: listening on {listen.url} (replica {replica.owner.owner_id}, pid "
+            f"{replica.owner.pid}, ledger {settings.resolved_database.text})",
+            file=sys.stderr,
+            flush=True,
+        )
+        with _signals_end_quietly():
+            server.run(sockets=[sock])
+    finally:
+        replica.stop()
+        sock.close()
+
+
+def _bind(listen: Listen) -> socket.socket:
+    family = socket.AF_INET6 if ":" in listen.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((listen.host, listen.port))
+    except OSError as exc:
+        sock.close()
+        raise TpuctlError(
+            f"cannot listen on {listen}: {exc.strerror or exc}",
+            fix="another process uses that port; pick another with --listen",
+        ) from None
+    sock.listen(128)
+    sock.set_inheritable(True)
+    return sock
+
+
+@contextmanager
+def _signals_end_quietly() -> Iterator[None]:
+    """uvicorn catches SIGTERM and SIGINT while it serves and raises them again once it has stopped;
+    handlers that do nothing here let the stop go on (the replica's, then a normal exit) instead of
+    dying on the raised-again signal."""
+    before = {sig: signal.signal(sig, lambda signum, frame: None) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
