@@ -43,6 +43,11 @@ class Database(Protocol):
     @property
     def url(self) -> DatabaseUrl: ...
 
+    @property
+    def max_replicas(self) -> int:
+        """How many `tpuctl server` processes may use the ledger at once."""
+        ...
+
     def begin(self, *, write: bool) -> SqlConnection:
         """Begin a transaction (``write``: exclusive among writers, waiting for the others)."""
         ...
@@ -81,6 +86,10 @@ _BULK_CACHE_KIB: Final = -262_144
 class SqliteDatabase:
     """A ledger file. The file is created 0600 (its parent 0700 when tpuctl makes it), put in WAL mode,
     and brought to the newest schema (``migrate``). Why each setting: ``tpuctl.store.ledger``."""
+
+    #: One server: a file has one machine's writers, and two servers on it would both adopt every
+    #: orphaned run they see, serialised on one lock, for nothing.
+    max_replicas: Final = 1
 
     def __init__(self, path: Path, *, busy_timeout_s: float, private_parent: bool) -> None:
         if private_parent or not path.parent.exists():
@@ -179,6 +188,9 @@ class SqliteDatabase:
 class PostgresDatabase:
     """A ledger in a PostgreSQL database. Each transaction takes a pooled connection (checked before use:
     one the server dropped in a restart is replaced, not handed out) and gives it back at its end."""
+
+    #: Servers share the runs through their leases; the bound only catches a runaway deployment.
+    max_replicas: Final = 64
 
     def __init__(self, url: DatabaseUrl) -> None:
         from tpuctl.store.engine import create_engine

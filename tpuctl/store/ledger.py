@@ -970,9 +970,10 @@ class Ledger:
 
     # -- servers (``tpuctl.store.servers``) ----------------------------------------------------------
 
-    #: How many `tpuctl server` processes this ledger takes at once: an embedded file has one writer
-    #: machine, and two servers on it would both adopt every orphaned run they see.
-    max_replicas: Final = 1
+    @property
+    def max_replicas(self) -> int:
+        """How many `tpuctl server` processes this ledger takes at once (``Database.max_replicas``)."""
+        return self._db.max_replicas
 
     def claim_replica(
         self, owner: LeaseOwner, listen: str, ttl_s: float, *, replacing: frozenset[str] = frozenset()
