@@ -4,6 +4,7 @@ place renewed and given back; an idempotency key kept with the first run it made
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -35,8 +36,8 @@ def test_a_second_server_is_refused_naming_the_first_until_the_first_gives_its_p
         assert [r.owner.pid for r in ledger.replicas()] == [102]
 
 
-def test_an_expired_place_is_taken_and_a_proven_dead_one_replaced(tmp_path: Path) -> None:
-    with Ledger(tmp_path / "ledger.db") as ledger:
+def test_an_expired_place_is_taken_and_a_proven_dead_one_replaced(open_ledger: Callable[..., Ledger]) -> None:
+    with open_ledger() as ledger:
         dead = ledger.claim_replica(owner(101), "127.0.0.1:1", 0.05)
         assert ledger.replicas()[0].owner == dead.owner
         wait_for(lambda: ledger.replicas()[0].expired, timeout=10.0, interval=0.01, what="the claim's expiry")
@@ -47,8 +48,8 @@ def test_an_expired_place_is_taken_and_a_proven_dead_one_replaced(tmp_path: Path
         assert [r.owner.pid for r in ledger.replicas()] == [103]
 
 
-def test_an_idempotency_key_keeps_the_first_run_it_named(tmp_path: Path) -> None:
-    with Ledger(tmp_path / "ledger.db") as ledger:
+def test_an_idempotency_key_keeps_the_first_run_it_named(open_ledger: Callable[..., Ledger]) -> None:
+    with open_ledger() as ledger:
         assert ledger.submission("k1") is None
         first = ledger.remember_submission("k1", "run-a", "digest-a")
         again = ledger.remember_submission("k1", "run-b", "digest-b")
@@ -62,3 +63,13 @@ def test_an_idempotency_key_keeps_the_first_run_it_named(tmp_path: Path) -> None
         assert ledger.submission("k1") == first
         ledger.forget_submission("k1", "run-a")  # its run was never recorded: a retry may try again
         assert ledger.submission("k1") is None
+
+
+def test_a_postgresql_ledger_takes_several_servers(open_ledger: Callable[..., Ledger]) -> None:
+    with open_ledger() as ledger:
+        if ledger.url.path is not None:
+            assert ledger.max_replicas == 1  # the embedded file: the test above
+            return
+        for pid in (101, 102, 103):
+            ledger.claim_replica(owner(pid), f"127.0.0.1:{pid}", 30)
+        assert [r.owner.pid for r in ledger.replicas()] == [101, 102, 103]
