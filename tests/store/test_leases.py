@@ -413,3 +413,18 @@ def test_two_processes_racing_for_an_expired_lease_one_wins(
     with _open(db) as ledger:
         takeovers = [h.owner.owner_id for h in ledger.lease_history(RUN) if h.action == LeaseAction.TAKEOVER]
     assert takeovers == [winners[0], A.owner_id, winners[1]]
+
+
+def test_orphans_are_the_unfinished_resumable_runs_nobody_holds(open_ledger: Callable[..., Ledger]) -> None:
+    with open_ledger() as ledger:
+        for run_id in ("held", "expired", "released", "never", "finished", "unsaved"):
+            ledger.create_run(run_id, script="train.py")
+            if run_id != "unsaved":
+                ledger.save_run_request(run_id, "{}")
+        ledger.update_run("finished", status=RunStatus.SUCCEEDED)
+        ledger.claim_lease("held", A, LONG)
+        short = ledger.claim_lease("expired", A, SHORT)
+        ledger.release_lease(ledger.claim_lease("released", B, LONG))
+        wait_for(lambda: ledger.db_now() > short.expires_at, timeout=20.0, what="the short lease's expiry")
+        assert ledger.orphans() == ["expired", "released", "never"]
+        assert ledger.orphans(limit=1) == ["expired"]

@@ -33,15 +33,12 @@ from typing import TYPE_CHECKING, Final
 from tpuctl.errors import LeaseHeldError, LeaseLostError, TpuctlError
 from tpuctl.server import membership
 from tpuctl.services.run.model import Silent
-from tpuctl.store.records import RunStatus
 
 if TYPE_CHECKING:
     from tpuctl.services.run.supervisor import Supervisor
     from tpuctl.services.session import Session
     from tpuctl.store.records import LeaseOwner
 
-#: The statuses of a run someone must still supervise.
-UNFINISHED: Final = tuple(s for s in RunStatus if not s.finished)
 #: How long a run that could not be taken up (its saved request unreadable, a bug) is left alone before
 #: the replica tries again: it must not spin on it every tick.
 RETRY_AFTER_S: Final = 60.0
@@ -154,23 +151,15 @@ class Replica:
             worker.start()
 
     def _unheld(self) -> list[str]:
-        """Runs not finished whose lease is free or expired, oldest first, that no worker here has."""
-        ledger = self._session.ledger
+        """Runs nobody holds (``Ledger.orphans``), oldest first, that no worker here has and that are not
+        being backed off from."""
         now = time.monotonic()
-        found = []
-        for status in UNFINISHED:
-            for record in ledger.list_runs(status=status):
-                run_id = record.run_id
-                with self._lock:
-                    if run_id in self._workers:
-                        continue
-                    backing_off = self._not_before.get(run_id, 0.0) > now
-                if backing_off or ledger.run_request(run_id) is None:
-                    continue  # backing off; or a run recorded before runs were resumable anywhere
-                lease = ledger.lease_of(run_id)
-                if lease is None or lease.expired:
-                    found.append((record.created_at, run_id))
-        return [run_id for _created, run_id in sorted(found)]
+        with self._lock:
+            return [
+                run_id
+                for run_id in self._session.ledger.orphans()
+                if run_id not in self._workers and self._not_before.get(run_id, 0.0) <= now
+            ]
 
     # --- a worker -------------------------------------------------------------------------------
 

@@ -919,6 +919,25 @@ class Ledger:
         with self._write() as conn:
             return leases.release(conn, claim)
 
+    def orphans(self, *, limit: int | None = None) -> list[str]:
+        """Runs someone must supervise and nobody does: not finished, resumable from the ledger (their
+        saved request is here), and their lease never claimed, released or expired by the ledger's
+        clock; oldest first. One query, however many runs the ledger holds (a server asks every tick)."""
+        unfinished = ", ".join(f"'{s.value}'" for s in RunStatus if not s.finished)
+        sql = (
+            "SELECT r.run_id FROM runs AS r LEFT JOIN run_leases AS l ON l.run_id = r.run_id "
+            f"WHERE r.status IN ({unfinished}) AND (l.token IS NULL OR l.expires_at <= :now) "
+            "AND EXISTS (SELECT 1 FROM run_blobs AS b WHERE b.run_id = r.run_id AND b.name = :request) "
+            "ORDER BY r.created_at, r.run_id"
+        )
+        params: dict[str, Any] = {"request": runstate.REQUEST_BLOB}
+        if limit is not None:
+            sql += " LIMIT :limit"
+            params["limit"] = int(limit)
+        with self._read() as conn:
+            params["now"] = leases.db_now(conn)
+            return [str(r[0]) for r in conn.execute(sql, params)]
+
     def lease_of(self, run_id: str) -> LeaseHolder | None:
         """Who holds the run's lease, with the ledger's clock at the read (``expired`` tells whether it
         may be taken); None when it was never claimed or was released."""
