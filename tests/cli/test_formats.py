@@ -102,7 +102,20 @@ def test_cost_report_csv_by_slice_has_a_column_per_fact(sim_cli: InProcessCli) -
 def test_help_lists_commands_in_order_with_named_values(sim_cli: InProcessCli) -> None:
     top = sim_cli("--help").stdout
     commands = re.findall(r"^  (\w+)\s{2,}", top.split("Commands:")[1], re.MULTILINE)
-    expected = ["run", "runs", "job", "pod", "cost", "catalog", "quota", "bench", "doctor", "server", "sim"]
+    expected = [
+        "run",
+        "runs",
+        "job",
+        "pod",
+        "cost",
+        "catalog",
+        "quota",
+        "bench",
+        "doctor",
+        "server",
+        "db",
+        "sim",
+    ]
     assert commands == expected
     assert "..." not in top.split("Commands:")[1] and "<str>" not in top
     assert "-o, --output FORMAT" in top and "--state-dir DIR" in top

@@ -12,7 +12,20 @@ from typing import Any
 
 #: Commands first, in this order, at each level; the others after them in registration order.
 ORDER: dict[str, tuple[str, ...]] = {
-    "tpuctl": ("run", "runs", "job", "pod", "cost", "catalog", "quota", "bench", "doctor", "server", "sim"),
+    "tpuctl": (
+        "run",
+        "runs",
+        "job",
+        "pod",
+        "cost",
+        "catalog",
+        "quota",
+        "bench",
+        "doctor",
+        "server",
+        "db",
+        "sim",
+    ),
     "pod": ("create", "list", "describe", "delete", "gc"),
     "runs": ("list", "describe", "logs", "cancel", "resume"),
     "cost": ("estimate", "report"),

@@ -17,6 +17,7 @@ import typer
 from tpuctl.cli import (
     catalog_cmds,
     cost_cmds,
+    db_cmds,
     job_cmds,
     misc_cmds,
     pod_cmds,
@@ -45,6 +46,7 @@ app.add_typer(catalog_cmds.app, name="catalog")
 app.add_typer(sim_cmds.app, name="sim")
 app.add_typer(cost_cmds.app, name="cost")
 app.add_typer(job_cmds.app, name="job")
+app.add_typer(db_cmds.app, name="db")
 misc_cmds.register(app)
 run_cmds.register(app)
 server_cmds.register(app)

@@ -17,6 +17,7 @@ this tpuctl understands") rather than misread it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sqlite3
 import sys
 from collections.abc import Collection, Iterator, Mapping
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from tpuctl.store import migrations, schema
 from tpuctl.store.records import LedgerError
+from tpuctl.store.url import DatabaseUrl
 
 if TYPE_CHECKING:
     from alembic.config import Config
@@ -236,3 +238,54 @@ def _pg_revision(conn: Any) -> str | None:
         return None
     row = conn.execute(sqlalchemy.text("SELECT version_num FROM alembic_version")).fetchone()
     return None if row is None else str(row[0])
+
+
+# -- where a ledger stands, without changing it ---------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SchemaState:
+    """Where a ledger's schema stands against this tpuctl's history (``schema_state``)."""
+
+    #: The ledger's revision of the history; None for a new database or one from before the history.
+    revision: str | None
+    #: The hand-written migrations' version of a SQLite ledger (``PRAGMA user_version``); None for
+    #: PostgreSQL, which never had them.
+    legacy_version: int | None
+    #: The revisions opening the ledger would run, oldest first (all of them for a new database).
+    pending: tuple[str, ...]
+    #: Whether the ledger is newer than this tpuctl (it refuses to open it).
+    newer: bool
+
+
+def schema_state(url: DatabaseUrl) -> SchemaState:
+    """Where the ledger at ``url`` stands, read without migrating or creating anything (a missing SQLite
+    file reads as a new database)."""
+    if url.path is None:
+        from tpuctl.store.engine import create_engine
+
+        engine = create_engine(url)
+        try:
+            with engine.connect() as conn:
+                return _state(_pg_revision(conn), None)
+        finally:
+            engine.dispose()
+    if not url.path.exists():
+        return _state(None, 0)
+    raw = sqlite3.connect(url.path.resolve().as_uri() + "?mode=ro", uri=True)
+    try:
+        legacy = schema.schema_version(raw)
+        revision = _revision(raw) if _has_version_table(raw) else None
+    finally:
+        raw.close()
+    return _state(revision, legacy)
+
+
+def _state(revision: str | None, legacy: int | None) -> SchemaState:
+    if revision is not None and revision not in migrations.KNOWN:
+        return SchemaState(revision, legacy, (), newer=True)
+    newer = legacy is not None and legacy > sqlite_user_version()
+    start = 0 if revision is None else migrations.KNOWN.index(revision) + 1
+    if revision is None and legacy:  # adopted: stamped with the baseline, not run
+        start = 1
+    return SchemaState(revision, legacy, migrations.KNOWN[start:], newer)
