@@ -2,9 +2,12 @@
 new owner of a run needs, and private files.
 
 ``Ledger.open(url)`` opens (creating and migrating) the ledger the ``database`` setting names;
-``Ledger(state_dir)`` the state dir's ``ledger.db``. ``leases`` is the lease protocol, ``runstate`` the
-run state a new owner reads, ``secrets`` the key that encrypts a run's secrets, ``url`` the ledger's
-location; ``paths`` holds the 0700/0600 helpers and the atomic writes other modules use for durable files.
+``Ledger(state_dir)`` the state dir's ``ledger.db``; ``Ledger(database)`` a ``database.Database`` of either
+engine. ``sql`` is the connection the ledger's SQL runs on and the engines' differences, ``tables`` the
+one schema, ``migrations``/``migrate`` its history, ``derived`` the triggers per engine, ``leases`` the
+lease protocol, ``runstate`` the run state a new owner reads, ``servers`` the servers using the ledger,
+``secrets`` the key that encrypts a run's secrets, ``url`` the ledger's location; ``paths`` holds the
+0700/0600 helpers and the atomic writes other modules use for durable files.
 """
 
 from tpuctl.store.ledger import UNSET, Ledger, resolve_ledger_path

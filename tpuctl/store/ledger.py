@@ -2,9 +2,11 @@
 may act on each run (its lease, ``tpuctl.store.leases``).
 
 One SQLite file, ``<state_dir>/ledger.db`` unless the ``database`` setting names another
-(``Ledger.open(url)``), shared by every tpuctl process of a user (or of the machines that share it).
+(``Ledger.open(url)``), shared by every tpuctl process of a user (or of the machines that share it); or a
+PostgreSQL database, shared by a team (``tpuctl.store.database``: what differs per engine). The SQL here
+is written once for both (``tpuctl.store.sql``).
 
-Durability and concurrency choices (the why):
+Durability and concurrency choices on SQLite (the why; PostgreSQL's: ``tpuctl.store.database``):
 
 * WAL journal: readers (``pod list``, ``cost report``) never block a writer and a writer never blocks
   them, which matters when a detached run supervisor writes while the user runs other commands.
