@@ -20,6 +20,7 @@ from tpuctl.services.prices import PriceSource
 from tpuctl.store.ledger import Ledger
 from tpuctl.store.records import EventKind, NewEvent, SegmentKind
 from tpuctl.store.schema import ROLLUP_CHECK_SQL
+from tpuctl.store.url import sqlite_url
 
 T0 = 1_800_000_000.0  # 2027-01-15T08:00:00Z
 DAY = 86400.0
@@ -140,7 +141,7 @@ def test_fast_path_equals_interval_arithmetic(tmp_path: Path, seed: int) -> None
     now = T0 + 4 * DAY
 
     def service(fast: bool) -> CostService:
-        return CostService(db, catalog, source, clock=lambda: now, workers=1, fast=fast)
+        return CostService(sqlite_url(db), catalog, source, clock=lambda: now, workers=1, fast=fast)
 
     for group in ("slice", "run", "zone", "region", "type", "capacity", "day", "label:team"):
         for since, until in WINDOWS:
@@ -169,7 +170,7 @@ def test_limit_keeps_the_costliest_groups_of_the_same_report(tmp_path: Path, gro
     since = T0 - 1.5 * DAY + 1234.5
     n = 2
     for fast in (True, False):
-        service = CostService(db, catalog, source, clock=lambda: now, workers=1, fast=fast)
+        service = CostService(sqlite_url(db), catalog, source, clock=lambda: now, workers=1, fast=fast)
         full = service.report(since=since, group_by=parse_group_by(group)).to_dict()
         top = service.report(since=since, group_by=parse_group_by(group), limit=n).to_dict()
         assert top["limit"] == n and full["limit"] is None
@@ -194,7 +195,7 @@ def test_the_groups_shown_carry_their_recomputed_work(tmp_path: Path, group: str
     db = _ledger(tmp_path / "state", 6)
     catalog = Catalog.load()
     source = PriceSource(catalog.prices.source, catalog.prices.date, cached=False)
-    service = CostService(db, catalog, source, clock=lambda: T0 + 4 * DAY, workers=1)
+    service = CostService(sqlite_url(db), catalog, source, clock=lambda: T0 + 4 * DAY, workers=1)
     for since, until in WINDOWS:
         full = service.report(since=since, until=until, group_by=parse_group_by(group)).to_dict()
         assert sum(1 for g in full["groups"] if g["recomputed_usd"] > 0) >= 3
@@ -213,7 +214,7 @@ def test_the_costliest_slices_are_the_full_reports_first_ones_in_every_window(
     db = _ledger(tmp_path / "state", seed)
     catalog = Catalog.load()
     source = PriceSource(catalog.prices.source, catalog.prices.date, cached=False)
-    service = CostService(db, catalog, source, clock=lambda: T0 + 4 * DAY, workers=1)
+    service = CostService(sqlite_url(db), catalog, source, clock=lambda: T0 + 4 * DAY, workers=1)
     for since, until in WINDOWS:
         full = service.report(since=since, until=until).to_dict()
         assert len(full["groups"]) > 20
@@ -230,14 +231,14 @@ def test_no_correlated_subquery_scans_a_table(
 ) -> None:
     """Every look-up a report makes per slice or per group is a SEARCH by key: a SCAN there costs a pass
     over a table per row, quadratic on a big ledger (an untyped temp-table key once did exactly that)."""
-    import tpuctl.services.cost as cost_module
+    from tpuctl.services.cost.reader import SqliteReader
 
     db = _ledger(tmp_path / "state", 6)
     plans: list[tuple[str, list[tuple[int, int, str]]]] = []
-    real_query, real_execute = cost_module.LedgerReader.query, cost_module.LedgerReader.execute
+    real_query, real_execute = SqliteReader.query, SqliteReader.execute
 
     def explain(reader: Any, sql: str, params: Any) -> None:
-        if sql.lstrip().upper().startswith(("SELECT", "INSERT", "WITH", "CREATE TEMP TABLE COST_ALL")):
+        if sql.lstrip().upper().startswith(("SELECT", "INSERT", "WITH")):
             rows = reader._conn.execute("EXPLAIN QUERY PLAN " + sql, dict(params)).fetchall()
             plans.append((sql, [(r[0], r[1], r[3]) for r in rows]))
 
@@ -249,11 +250,11 @@ def test_no_correlated_subquery_scans_a_table(
         explain(reader, sql, params)
         real_execute(reader, sql, params)
 
-    monkeypatch.setattr(cost_module.LedgerReader, "query", query)
-    monkeypatch.setattr(cost_module.LedgerReader, "execute", execute)
+    monkeypatch.setattr(SqliteReader, "query", query)
+    monkeypatch.setattr(SqliteReader, "execute", execute)
     catalog = Catalog.load()
     source = PriceSource(catalog.prices.source, catalog.prices.date, cached=False)
-    service = CostService(db, catalog, source, clock=lambda: T0 + 4 * DAY, workers=1)
+    service = CostService(sqlite_url(db), catalog, source, clock=lambda: T0 + 4 * DAY, workers=1)
     service.report(group_by=parse_group_by(group), limit=limit)
 
     assert any("cost_item_rec" in sql or "cost_item_adj" in sql for sql, _ in plans)
@@ -276,7 +277,7 @@ def _both(db: Path, now: float, windows: list[tuple[float | None, float | None]]
     for group in ("zone", "day", "slice"):
         for since, until in windows:
             fast, slow = (
-                CostService(db, catalog, source, clock=lambda: now, workers=1, fast=f)
+                CostService(sqlite_url(db), catalog, source, clock=lambda: now, workers=1, fast=f)
                 .report(since=since, until=until, group_by=parse_group_by(group))
                 .to_dict()
                 for f in (True, False)
@@ -307,7 +308,7 @@ def test_a_price_change_stamped_at_the_end_does_not_set_the_days_price(tmp_path:
     assert _both(db, D0 + 5 * DAY, [(None, None), (D0, D0 + 3 * DAY)]) == []
     catalog = Catalog.load()
     source = PriceSource(catalog.prices.source, catalog.prices.date, cached=False)
-    report = CostService(db, catalog, source, clock=lambda: D0 + 5 * DAY).report(
+    report = CostService(sqlite_url(db), catalog, source, clock=lambda: D0 + 5 * DAY).report(
         group_by=parse_group_by("day")
     )
     assert [d["cost_usd"] for d in report.by_day] == [pytest.approx(8 * 4 * 1.0), pytest.approx(8 * 6 * 1.0)]
@@ -332,7 +333,7 @@ def test_a_price_change_recorded_after_the_slice_ended_changes_nothing(tmp_path:
     assert _both(db, D0 + 5 * DAY, [(None, None), (D0, D0 + 3 * DAY), (D0 + 21 * 3600, None)]) == []
     catalog = Catalog.load()
     source = PriceSource(catalog.prices.source, catalog.prices.date, cached=False)
-    report = CostService(db, catalog, source, clock=lambda: D0 + 5 * DAY).report()
+    report = CostService(sqlite_url(db), catalog, source, clock=lambda: D0 + 5 * DAY).report()
     assert report.totals.cost_usd == pytest.approx(8 * hours * 1.0)
 
 

@@ -76,7 +76,7 @@ def _reconciled(
 def _reporter(ledger: Ledger, clock: FakeClock) -> tuple[list[CostReport], Callable[[], CostReport]]:
     catalog = Catalog.load()
     source = PriceSource(catalog.prices.source, catalog.prices.date, cached=False)
-    service = CostService(ledger.path, catalog, source, clock=clock)
+    service = CostService(ledger.url, catalog, source, clock=clock)
     made: list[CostReport] = []
 
     def report() -> CostReport:

@@ -35,7 +35,7 @@ def test_a_tpu7x_slice_is_billed_at_the_tpu7x_price_with_its_source_and_note(tmp
     with Ledger(tmp_path / "state") as ledger:
         _tpu7x_life(ledger, "ce-7x", price=price, ready_s=1800)
         _tpu7x_life(ledger, "ce-7x-unpriced", price=None, ready_s=900)  # priced from the catalog
-        service = CostService(ledger.path, catalog, source, clock=lambda: T0 + 3600)
+        service = CostService(ledger.url, catalog, source, clock=lambda: T0 + 3600)
         report = service.report(group_by=parse_group_by("slice"))
 
     doc = report.to_dict()
@@ -67,10 +67,10 @@ def test_a_report_without_tpu7x_carries_no_tpu7x_note(tmp_path: Path) -> None:
             capacity=CapacityType.SPOT, price_per_chip_hour=0.245, ts=T0 - 60, backend="sim",
         )  # fmt: skip
         ledger.record_event(EventKind.READY, pod="v5e", zone="us-central1-a", ts=T0)
-        report = CostService(ledger.path, catalog, source, clock=lambda: T0 + 3600).report()
+        report = CostService(ledger.url, catalog, source, clock=lambda: T0 + 3600).report()
     assert report.price_notes == {}
     # Neither does a window that ends before the tpu7x slice was READY.
     with Ledger(tmp_path / "state") as ledger:
         _tpu7x_life(ledger, "later", price=12.0, ready_s=60)
-        early = CostService(ledger.path, catalog, source, clock=lambda: T0 + 3600).report(until=T0 - 1)
+        early = CostService(ledger.url, catalog, source, clock=lambda: T0 + 3600).report(until=T0 - 1)
     assert early.price_notes == {}

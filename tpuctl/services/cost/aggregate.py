@@ -5,7 +5,6 @@ aggregate rows the SQL gives back."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from tpuctl.services.cost.details import NONE_KEY, display_key, sorted_lines
@@ -31,7 +30,6 @@ _DAY = GroupBy("day")
 class Query:
     """One report being computed: where it reads, with what, and what the ledger holds."""
 
-    path: Path
     reader: LedgerReader
     params: dict[str, Any]
     warnings: list[str]
@@ -66,7 +64,7 @@ def aggregate_lines(
     main = group if by_group else GroupBy("total")
     fast = q.fast and group.kind not in ("slice", "run")
     partials = scan_all(
-        q.path, q.reader, main, group, q.params, need_days=with_days or not by_group, fast=fast,
+        q.reader, main, group, q.params, need_days=with_days or not by_group, fast=fast,
         changes=q.changes, workers=q.workers,
     )  # fmt: skip
     total_slices, day_subs = _merge_partials(q, partials, line_for, by_group=by_group)

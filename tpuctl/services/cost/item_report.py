@@ -31,8 +31,6 @@ def item_report(q: Query, group: GroupBy, *, with_days: bool, limit: int | None)
     # Recomputed work is added below, per group, and summed into the totals from the same rows.
     lines, by_day, counts = aggregate_lines(q, GroupBy("total"), with_days=with_days, recomputed=False)
     totals = lines[0] if lines else CostLine("total")
-    for statement in items.PREPARE:
-        q.reader.execute(statement, {})
     items.fill_prices(q.reader, items.combos(q.reader), q.pricer.combo_prices)
     ctes = _prepare_pieces(q) if q.changes else CHANGE_CTES
     if q.segments:
@@ -43,7 +41,7 @@ def item_report(q: Query, group: GroupBy, *, with_days: bool, limit: int | None)
             # Slices no run created are billed to the runs that ran on them, for the time they did;
             # the rest of their time stays with "(none)".
             runs = aggregate_sql(SRC_SEGMENT_RUNS, group, count=True, ctes=ctes)
-            q.reader.execute(f"CREATE TEMP TABLE cost_seg AS {runs}", q.params)
+            q.reader.execute(f"INSERT INTO cost_seg {runs}", q.params)
             q.reader.execute(items.adj_sql("SELECT * FROM cost_seg", recomputed=False), q.params)
             q.reader.execute(items.adj_sql("SELECT * FROM cost_seg", recomputed=False, sign="-"), q.params)
     if group.kind == "slice":
@@ -62,7 +60,7 @@ def _prepare_pieces(q: Query) -> str:
     wholly inside the window, the stored facts are the bill. Returns the CTEs that read them back."""
     needed = q.reader.query(PIECES_NEEDED_SQL, q.params)[0][0] or "[]"
     pieces = f"WITH {CHANGE_CTES} SELECT id, s, e, price FROM pieces"
-    q.reader.execute(f"CREATE TEMP TABLE cost_all_pieces AS {pieces}", {**q.params, "price_changes": needed})
+    q.reader.execute(f"INSERT INTO cost_all_pieces {pieces}", {**q.params, "price_changes": needed})
     q.reader.execute(items.PIECES_SQL, {})
     q.reader.execute(STORED_PIECES_SQL, q.params)
     return STORED_CHANGE_CTES

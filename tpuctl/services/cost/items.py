@@ -26,6 +26,7 @@ from operator import itemgetter
 from typing import Any, Final, Protocol
 
 from tpuctl.services.cost.model import FIGURES
+from tpuctl.services.cost.reader import TempTable
 from tpuctl.services.cost.sql_intervals import BILLED_IN_WINDOW, BILLED_S, HELD_S
 from tpuctl.store.billing import preemptible_sql
 
@@ -371,20 +372,61 @@ ORDER BY {order}"""
 
 # --- set-up -------------------------------------------------------------------------------------------
 
+#: The working tables of the slice and run groups. SQLite's REAL is PostgreSQL's float8; its untyped ``k``
+#: (a slice's id or a run's) is text there, as every group key is on PostgreSQL.
 PREPARE: Final = (
-    "CREATE TEMP TABLE cost_prices (zone TEXT, atype TEXT, capacity TEXT, own REAL, od REAL, "
-    "PRIMARY KEY (zone, atype, capacity))",
-    "CREATE TEMP TABLE cost_item_pieces (id INTEGER PRIMARY KEY, priced REAL, unpriced REAL)",
-    "CREATE TEMP TABLE cost_item_adj (k, zone TEXT, atype TEXT, capacity TEXT, slices INTEGER DEFAULT 0, "
-    "bs REAL DEFAULT 0, cs REAL DEFAULT 0, priced REAL DEFAULT 0, unpriced REAL DEFAULT 0, "
-    "rpriced REAL DEFAULT 0, runpriced REAL DEFAULT 0)",
+    TempTable(
+        "CREATE TEMP TABLE cost_prices (zone TEXT, atype TEXT, capacity TEXT, own REAL, od REAL, "
+        "PRIMARY KEY (zone, atype, capacity))",
+        "CREATE TEMP TABLE cost_prices (zone TEXT, atype TEXT, capacity TEXT, own float8, od float8, "
+        "PRIMARY KEY (zone, atype, capacity))",
+    ),
+    TempTable(
+        "CREATE TEMP TABLE cost_item_pieces (id INTEGER PRIMARY KEY, priced REAL, unpriced REAL)",
+        "CREATE TEMP TABLE cost_item_pieces (id BIGINT PRIMARY KEY, priced float8, unpriced float8)",
+    ),
+    TempTable(
+        "CREATE TEMP TABLE cost_item_adj (k, zone TEXT, atype TEXT, capacity TEXT, slices INTEGER DEFAULT 0, "
+        "bs REAL DEFAULT 0, cs REAL DEFAULT 0, priced REAL DEFAULT 0, unpriced REAL DEFAULT 0, "
+        "rpriced REAL DEFAULT 0, runpriced REAL DEFAULT 0)",
+        "CREATE TEMP TABLE cost_item_adj (k TEXT, zone TEXT, atype TEXT, capacity TEXT, "
+        "slices BIGINT DEFAULT 0, bs float8 DEFAULT 0, cs float8 DEFAULT 0, priced float8 DEFAULT 0, "
+        "unpriced float8 DEFAULT 0, rpriced float8 DEFAULT 0, runpriced float8 DEFAULT 0)",
+    ),
     # Typed keys: an untyped key compared with an INTEGER id cannot use its index (a scan per slice).
-    "CREATE TEMP TABLE cost_item_rec (k INTEGER PRIMARY KEY, rec REAL)",
+    TempTable(
+        "CREATE TEMP TABLE cost_item_rec (k INTEGER PRIMARY KEY, rec REAL)",
+        "CREATE TEMP TABLE cost_item_rec (k BIGINT PRIMARY KEY, rec float8)",
+    ),
     # By rank: scanned in rowid order, its slices come out most expensive first.
-    "CREATE TEMP TABLE cost_top (n INTEGER PRIMARY KEY, k INTEGER)",
-    "CREATE TEMP TABLE cost_top_runs (k TEXT PRIMARY KEY, n INTEGER) WITHOUT ROWID",
-    "CREATE TEMP TABLE cost_runs (k TEXT PRIMARY KEY, usd REAL, slices INTEGER, cs REAL) WITHOUT ROWID",
-    f"CREATE TEMP TABLE cost_none (n INTEGER, {_NAMES})",
+    TempTable(
+        "CREATE TEMP TABLE cost_top (n INTEGER PRIMARY KEY, k INTEGER)",
+        "CREATE TEMP TABLE cost_top (n BIGINT PRIMARY KEY, k BIGINT)",
+    ),
+    TempTable(
+        "CREATE TEMP TABLE cost_top_runs (k TEXT PRIMARY KEY, n INTEGER) WITHOUT ROWID",
+        "CREATE TEMP TABLE cost_top_runs (k TEXT PRIMARY KEY, n BIGINT)",
+    ),
+    TempTable(
+        "CREATE TEMP TABLE cost_runs (k TEXT PRIMARY KEY, usd REAL, slices INTEGER, cs REAL) WITHOUT ROWID",
+        "CREATE TEMP TABLE cost_runs (k TEXT PRIMARY KEY, usd float8, slices BIGINT, cs float8)",
+    ),
+    TempTable(
+        f"CREATE TEMP TABLE cost_none (n INTEGER, {_NAMES})",
+        "CREATE TEMP TABLE cost_none (n BIGINT, slices BIGINT, bs float8, cs float8, usd float8, od float8, "
+        "sav float8, rec float8, hcs float8, husd float8)",
+    ),
+    # The price pieces a report needs (``item_report``), and the runs' shares of slices they did not
+    # create (``sql_intervals.aggregate_sql``'s columns).
+    TempTable(
+        "CREATE TEMP TABLE cost_all_pieces (id INTEGER, s, e, price)",
+        "CREATE TEMP TABLE cost_all_pieces (id BIGINT, s float8, e float8, price float8)",
+    ),
+    TempTable(
+        "CREATE TEMP TABLE cost_seg (k, zone, atype, capacity, slices, s, cs, priced, unpriced)",
+        "CREATE TEMP TABLE cost_seg (k TEXT, zone TEXT, atype TEXT, capacity TEXT, slices BIGINT, s float8, "
+        "cs float8, priced float8, unpriced float8)",
+    ),
 )
 
 

@@ -7,12 +7,11 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any, Final
 
 from tpuctl.services.cost import sql_fast as fsql
 from tpuctl.services.cost import sql_scan as ssql
-from tpuctl.services.cost.reader import LedgerReader
+from tpuctl.services.cost.reader import LedgerReader, TempTable
 from tpuctl.services.cost.sql_intervals import (
     BILLED_POD,
     CHANGE_CTES,
@@ -24,6 +23,29 @@ from tpuctl.services.cost.sql_intervals import (
 from tpuctl.services.cost.subs import Partial, Sub, floats, subs, unnull
 from tpuctl.services.cost.window import GroupBy
 from tpuctl.store.billing import DAY_S
+
+
+def _intervals_table(name: str) -> TempTable:
+    """Billed intervals (``IV_COLUMNS``), computed once and read several times."""
+    return TempTable(
+        f"CREATE TEMP TABLE {name} (id INTEGER, s, e, price, w, run, zone, name, atype, capacity, chips, "
+        "run_id, labels)",
+        f"CREATE TEMP TABLE {name} (id BIGINT, s float8, e float8, price float8, w float8, run TEXT, "
+        "zone TEXT, name TEXT, atype TEXT, capacity TEXT, chips BIGINT, run_id TEXT, labels TEXT)",
+    )
+
+
+#: The working tables of one scan (each reader of a parallel scan makes its own).
+SCAN_TABLES: Final = (
+    ssql.AGG_TABLE,
+    ssql.DAY_TABLE,
+    fsql.REST_TABLE,
+    fsql.LATER_TABLE,
+    fsql.XREST_TABLE,
+    fsql.HREST_TABLE,
+    _intervals_table("cost_pieces"),
+    _intervals_table("cost_whole"),
+)
 
 #: Below this many pods one scan is quicker than starting threads and connections.
 _PARALLEL_MIN_PODS: Final = 20_000
@@ -38,7 +60,6 @@ def partitions(lo: int, hi: int, workers: int) -> list[tuple[int, int]]:
 
 
 def scan_all(
-    path: Path,
     reader: LedgerReader,
     main: GroupBy,
     group: GroupBy,
@@ -50,7 +71,7 @@ def scan_all(
     workers: int,
 ) -> list[Partial]:
     """Every slice scanned: in one range on the fast path (it reads few rows), else in ``workers`` id
-    ranges, each on a connection of its own to the ledger at ``path``."""
+    ranges, each on a connection of its own to the same ledger."""
     # Two subqueries: SQLite reads MIN or MAX of the rowid from the B-tree's ends only when each is
     # the query's sole aggregate (both in one SELECT scan the table).
     lo, hi = reader.query(
@@ -62,9 +83,9 @@ def scan_all(
         return [scan(reader, main, group, bounds, need_days, fast=fast, changes=changes)]
 
     def scan_range(bounds: tuple[int, int]) -> Partial:
-        # sqlite3 releases the GIL while a statement runs: one connection per thread scans its
-        # range of pods on its own core.
-        with LedgerReader(path) as part_reader, part_reader.snapshot():
+        # The database driver releases the GIL while a statement runs: one connection per thread scans
+        # its range of pods on its own core.
+        with reader.another() as part_reader, part_reader.snapshot(SCAN_TABLES):
             part_params = {**params, "lo": bounds[0], "hi": bounds[1]}
             return scan(part_reader, main, group, part_params, need_days, fast=False, changes=changes)
 
@@ -85,7 +106,6 @@ def scan(
     """The pods scans over one id range (its bounds in ``params``), in one read transaction; ``fast``:
     closed slices from their stored facts, the rest (``cost_rest``) by interval arithmetic; ``changes``:
     whether the ledger holds price changes (their slices are billed by piece)."""
-    reader.execute(ssql.AGG_TABLE, {})
     if fast:
         params = _billed_fast(reader, main, params, changes=changes)
     else:
@@ -134,7 +154,6 @@ def _billed_fast(
     window, price-changed across midnight) by interval arithmetic. Returns the parameters the later
     queries take (the price changes of cost_rest's slices only, the window's whole days)."""
     params = dict(params)
-    reader.execute(fsql.REST_TABLE, {})
     reader.execute(fsql.REST_OPEN, params)
     for cut in (params["since"], params["until"]):
         if cut > -1e17:  # no --since: nothing is cut at the start
@@ -149,7 +168,6 @@ def _billed_fast(
     days = {"d_lo": d_lo, "d_hi": d_hi}
     reader.execute(fsql.rollup_sql(main), {**params, **days})
     reader.execute(fsql.rollup_x_sql(main), {**params, **days})
-    reader.execute(fsql.XREST_TABLE, {})
     for statement in fsql.XREST_FILL:
         reader.execute(statement, days)
     reader.execute(fsql.closed_billed_sql(main, fsql.CLOSED_XREST), {**params, **days})
@@ -160,7 +178,6 @@ def _billed_fast(
     # ended after :since, as being billed in the window asks) and deleted by :d_hi.
     held_days = {"d_hi": d_hi, "h_lo": math.floor(params["since"] / DAY_S) + 1}
     reader.execute(fsql.rollup_held_sql(main), {**params, **held_days})
-    reader.execute(fsql.HREST_TABLE, {})
     for statement in fsql.HREST_FILL:
         reader.execute(statement, {**params, **held_days})
     reader.execute(ssql.pods_held_sql(main, fsql.HREST_PODS), params)
@@ -179,10 +196,8 @@ def _scan_days(
 ) -> None:
     """Per day: each interval's first day (in the rows), the days after it for those crossing midnight,
     and the price-changed slices' pieces cut at midnight."""
-    reader.execute(ssql.DAY_TABLE, {})
     source = ssql.ALL_PODS
     if fast:
-        reader.execute(fsql.LATER_TABLE, {})
         reader.execute("INSERT INTO cost_later (id) SELECT id FROM cost_rest", {})
         reader.execute(fsql.LATER_CLOSED, params)
         source = fsql.REST_PODS_LATER
@@ -207,6 +222,6 @@ def _scan_days(
 def _materialize_changed(reader: LedgerReader, params: Mapping[str, Any]) -> bool:
     """The price-changed slices of this range, cut into pieces, in temp tables read four times
     (per group and per day, pieces and whole); False when this range has none."""
-    reader.execute(f"CREATE TEMP TABLE cost_pieces AS WITH {CHANGE_CTES} {SRC_CHANGED}", params)
-    reader.execute(f"CREATE TEMP TABLE cost_whole AS WITH {CHANGE_CTES} {SRC_CHANGED_WHOLE}", params)
+    reader.execute(f"INSERT INTO cost_pieces WITH {CHANGE_CTES} {SRC_CHANGED}", params)
+    reader.execute(f"INSERT INTO cost_whole WITH {CHANGE_CTES} {SRC_CHANGED_WHOLE}", params)
     return bool(reader.query("SELECT EXISTS (SELECT 1 FROM cost_whole)", {})[0][0])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Final
 
+from tpuctl.services.cost.reader import TempTable
 from tpuctl.services.cost.sql_intervals import key_sql
 from tpuctl.services.cost.sql_scan import GROUP_COLUMNS, upsert
 from tpuctl.services.cost.window import GroupBy
@@ -22,14 +23,23 @@ from tpuctl.store.billing import (
     midnight_sql,
 )
 
+
+def _id_table(name: str) -> TempTable:
+    """A set of slice ids (the pods rows a step of the fast path reads one by one)."""
+    return TempTable(
+        f"CREATE TEMP TABLE {name} (id INTEGER PRIMARY KEY)",
+        f"CREATE TEMP TABLE {name} (id BIGINT PRIMARY KEY)",
+    )
+
+
 #: The fast path (every grouping but slice and run). A slice whose billing closed inside the window
 #: contributes the billing facts the view function stored when it closed (``tpuctl.store.view``: billed
 #: seconds, chip-seconds and USD at each price in force), summed in SQL straight from the covering index
 #: ``pods_closed``. Only the rest -- slices still open, cut by --since/--until, and price-changed slices
 #: crossing midnight (their per-day split needs their pieces) -- goes through the interval arithmetic,
 #: found through indexes, never a scan of the pods rows.
-REST_TABLE: Final = "CREATE TEMP TABLE cost_rest (id INTEGER PRIMARY KEY)"
-LATER_TABLE: Final = "CREATE TEMP TABLE cost_later (id INTEGER PRIMARY KEY)"
+REST_TABLE: Final = _id_table("cost_rest")
+LATER_TABLE: Final = _id_table("cost_later")
 REST_PODS_LATER: Final = "cost_later AS r CROSS JOIN pods AS p ON p.id = r.id"
 CROSSES_MIDNIGHT: Final = crosses_midnight_sql("p")
 CLOSED_CROSSING: Final = f"p.ended_at IS NOT NULL AND p.ready_at IS NOT NULL AND {CROSSES_MIDNIGHT}"
@@ -76,7 +86,7 @@ WHERE {UNINDEXED_WINDOW}
 X_INSIDE: Final = f"p.rolled = 1 AND {first_day_sql('p')} >= :d_lo AND {end_day_sql('p')} <= :d_hi"
 #: The candidates for the other closed slices crossing midnight, found by index: beginning before the
 #: window's first whole day, ending after its last, or not rolled up at all (price-changed, free, long).
-XREST_TABLE: Final = "CREATE TEMP TABLE cost_xrest (id INTEGER PRIMARY KEY)"
+XREST_TABLE: Final = _id_table("cost_xrest")
 XREST_FILL: Final = tuple(
     f"INSERT OR IGNORE INTO cost_xrest (id) SELECT p.id FROM pods AS p INDEXED BY {index} "
     f"WHERE {CLOSED_CROSSING} AND {where}"
@@ -124,7 +134,7 @@ ON CONFLICT (day, zone, atype, capacity) DO UPDATE SET slices = slices + exclude
 #: Quota held: the preempted slices deleted inside the window's days (preempted after the day holding
 #: :since began, deleted by the end of its last whole day) from ``cost_rollup_held``; the rest -- still
 #: held, deleted later, or preempted before that -- slice by slice (pods_held finds them).
-HREST_TABLE: Final = "CREATE TEMP TABLE cost_hrest (id INTEGER PRIMARY KEY)"
+HREST_TABLE: Final = _id_table("cost_hrest")
 HREST_FILL: Final = (
     "INSERT OR IGNORE INTO cost_hrest (id) SELECT id FROM pods INDEXED BY pods_held "
     "WHERE end_reason = 'preempted' AND deleted_at IS NULL",

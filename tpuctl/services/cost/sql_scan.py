@@ -9,24 +9,41 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
+from tpuctl.services.cost.reader import TempTable
 from tpuctl.services.cost.sql_intervals import BILLED_POD, HELD_S, IN_WINDOW_PREEMPTION, PART, key_sql
 from tpuctl.services.cost.window import GroupBy
 from tpuctl.store.billing import DAY_S, day_sql, free_if_preempted_sql, midnight_after_sql
 
 #: Stands for a NULL group key or attribute inside the temp tables (NULLs never conflict in a UNIQUE key).
 NULL_KEY: Final = "\x00"
-AGG_TABLE: Final = """CREATE TEMP TABLE cost_agg (
+AGG_TABLE: Final = TempTable(
+    """CREATE TEMP TABLE cost_agg (
     k, zone TEXT, atype TEXT, capacity TEXT, day0 INTEGER,
     slices INTEGER DEFAULT 0, seen INTEGER DEFAULT 0, bs REAL DEFAULT 0, cs REAL DEFAULT 0,
     priced REAL DEFAULT 0, unpriced REAL DEFAULT 0, d0s REAL DEFAULT 0, d0cs REAL DEFAULT 0,
     d0priced REAL DEFAULT 0, d0unpriced REAL DEFAULT 0, hcs REAL DEFAULT 0, hpriced REAL DEFAULT 0,
     hunpriced REAL DEFAULT 0,
     PRIMARY KEY (k, zone, atype, capacity, day0)
-)"""
-DAY_TABLE: Final = """CREATE TEMP TABLE cost_days (
+)""",
+    """CREATE TEMP TABLE cost_agg (
+    k TEXT, zone TEXT, atype TEXT, capacity TEXT, day0 BIGINT,
+    slices BIGINT DEFAULT 0, seen BIGINT DEFAULT 0, bs float8 DEFAULT 0, cs float8 DEFAULT 0,
+    priced float8 DEFAULT 0, unpriced float8 DEFAULT 0, d0s float8 DEFAULT 0, d0cs float8 DEFAULT 0,
+    d0priced float8 DEFAULT 0, d0unpriced float8 DEFAULT 0, hcs float8 DEFAULT 0, hpriced float8 DEFAULT 0,
+    hunpriced float8 DEFAULT 0,
+    PRIMARY KEY (k, zone, atype, capacity, day0)
+)""",
+)
+DAY_TABLE: Final = TempTable(
+    """CREATE TEMP TABLE cost_days (
     day INTEGER, zone TEXT, atype TEXT, capacity TEXT, slices INTEGER, s REAL, cs REAL, priced REAL,
     unpriced REAL, PRIMARY KEY (day, zone, atype, capacity)
-)"""
+)""",
+    """CREATE TEMP TABLE cost_days (
+    day BIGINT, zone TEXT, atype TEXT, capacity TEXT, slices BIGINT, s float8, cs float8, priced float8,
+    unpriced float8, PRIMARY KEY (day, zone, atype, capacity)
+)""",
+)
 GROUP_COLUMNS: Final = (
     "COALESCE({k}, :null_key), p.zone, COALESCE(p.accelerator_type, :null_key), "
     "COALESCE(p.capacity, :null_key)"
