@@ -45,8 +45,9 @@ from tpuctl.services.cost.model import CostLine, CostReport
 from tpuctl.services.cost.pricing import Pricer
 from tpuctl.services.cost.reader import LedgerReader, open_reader
 from tpuctl.services.cost.scan import SCAN_TABLES
-from tpuctl.services.cost.sql_intervals import PRICE_CHANGES_SQL
-from tpuctl.services.cost.sql_scan import NULL_KEY, PREEMPTION_KINDS_SQL
+from tpuctl.services.cost.sql_dialect import null_key
+from tpuctl.services.cost.sql_intervals import price_changes_sql
+from tpuctl.services.cost.sql_scan import preemption_kinds_sql
 from tpuctl.services.cost.window import GroupBy
 
 if TYPE_CHECKING:
@@ -106,7 +107,7 @@ class CostService:
         group = group_by or GroupBy("slice")
         warnings: list[str] = list(self._prices.warnings)
         with open_reader(self._database) as reader, reader.snapshot(REPORT_TABLES):
-            q = self._query(reader, _params(since, end, now, group), warnings)
+            q = self._query(reader, _params(since, end, now, group, null_key(reader.dialect)), warnings)
             if self._fast and group.kind in ("slice", "run"):
                 groups, groups_total, by_day, counts, totals = item_report(
                     q, group, with_days=with_days, limit=limit
@@ -126,7 +127,8 @@ class CostService:
                 mark_unknown_steps(reader, groups)
             notes = self._price_notes(reader, q.params)
             kinds = {
-                str(kind or UNCLASSIFIED): int(n) for kind, n in reader.query(PREEMPTION_KINDS_SQL, q.params)
+                str(kind or UNCLASSIFIED): int(n)
+                for kind, n in reader.query(preemption_kinds_sql(reader.dialect), q.params)
             }
         preemptions, free, total_slices = counts
         totals.key = "total"
@@ -178,7 +180,7 @@ class CostService:
         segments = bool(
             reader.query("SELECT EXISTS (SELECT 1 FROM run_segments WHERE pod IS NOT NULL)", {})[0][0]
         )
-        changes = reader.query(PRICE_CHANGES_SQL, {})
+        changes = reader.query(price_changes_sql(reader.dialect), {})
         params["price_changes"] = json.dumps([c for c in changes if c[0] is not None])
         return Query(
             reader=reader, params=params, warnings=warnings, pricer=self._pricer,
@@ -186,15 +188,16 @@ class CostService:
         )  # fmt: skip
 
 
-def _params(since: float | None, until: float, now: float, group: GroupBy) -> dict[str, Any]:
+def _params(since: float | None, until: float, now: float, group: GroupBy, null: str) -> dict[str, Any]:
     return {
         # -inf would do, but SQLite binds it as a REAL fine only on some builds: a far past is plain.
         "since": -1e18 if since is None else float(since),
         "until": float(until),
         "now": float(now),
         "label_path": f'$."{group.label_key}"' if group.label_key else "$",
+        "label_key": group.label_key or "",
         "price_changes": "[]",
-        "null_key": NULL_KEY,
+        "null_key": null,
         "lo": -(2**62),
         "hi": 2**62,
     }

@@ -9,7 +9,6 @@ from typing import Any
 
 from tpuctl.services.cost.reader import LedgerReader
 from tpuctl.services.cost.sql_intervals import aggregate_sql
-from tpuctl.services.cost.sql_scan import NULL_KEY
 from tpuctl.services.cost.window import GroupBy
 
 
@@ -68,7 +67,7 @@ def subs(
     reader: LedgerReader, source: str, group: GroupBy, params: Mapping[str, Any], *, count: bool = False
 ) -> list[Sub]:
     """An interval relation (``sql_intervals``) summed per group."""
-    return sub_rows(reader, aggregate_sql(source, group, count=count), params)
+    return sub_rows(reader, aggregate_sql(source, group, reader.dialect, count=count), params)
 
 
 def negate(sub: Sub) -> Sub:
@@ -78,7 +77,9 @@ def negate(sub: Sub) -> Sub:
 
 
 def unnull(value: Any) -> Any:
-    return None if value == NULL_KEY else value
+    """None for the working tables' stand-in for NULL: either engine's (a control character, never a real
+    key, zone, type or capacity)."""
+    return None if isinstance(value, str) and len(value) == 1 and value < " " else value
 
 
 def floats(values: Sequence[Any]) -> list[float]:
