@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import sqlite3
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable, Iterator
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from ledger_sql import write_by_hand
 
 from tpuctl.catalog import CapacityType
 from tpuctl.errors import EXIT_USAGE, UsageError
@@ -21,7 +20,6 @@ from tpuctl.store import (
     PodState,
 )
 from tpuctl.store import ledger as ledger_module
-from tpuctl.store.database import SqliteDatabase
 
 Z1, Z2 = "us-central1-a", "europe-west4-b"
 
@@ -41,8 +39,8 @@ def clock() -> FakeClock:
 
 
 @pytest.fixture
-def ledger(tmp_path: Path, clock: FakeClock) -> Iterator[Ledger]:
-    with Ledger(tmp_path / "state", clock=clock) as led:
+def ledger(open_ledger: Callable[..., Ledger], clock: FakeClock) -> Iterator[Ledger]:
+    with open_ledger(clock=clock) as led:
         yield led
 
 
@@ -400,12 +398,6 @@ def test_view_is_the_replay_of_the_log_and_bulk_matches_singles(
 def test_check_view_reports_a_tampered_view(ledger: Ledger) -> None:
     request(ledger, ts=1.0)
     assert ledger.check_view() == []
-    _raw(ledger).execute("UPDATE pods SET state = 'READY'")
+    write_by_hand(ledger, "UPDATE pods SET state = 'READY'")
     problems = ledger.check_view()
     assert len(problems) == 1 and "REQUESTED" in problems[0]
-
-
-def _raw(ledger: Ledger) -> sqlite3.Connection:
-    """The SQLite connection under ``ledger`` (for what only SQLite has: query plans, PRAGMAs)."""
-    assert isinstance(ledger._db, SqliteDatabase)
-    return ledger._db.raw

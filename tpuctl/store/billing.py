@@ -89,6 +89,25 @@ def round_usd(value: float) -> float:
 
 
 # --- SQL (``r``: the alias of a pods row, e.g. "p" or "NEW") -------------------------------------------
+#
+# Each fragment is written for SQLite (the default: its text is what existing ledgers' triggers hold, so it
+# never changes) and, with ``dialect=POSTGRESQL``, for PostgreSQL, giving the same value for every input:
+# a day is SQLite's truncating CAST (``trunc`` there, not PostgreSQL's rounding CAST), a condition is a
+# boolean where PostgreSQL will not take a number, and a midnight is a double (PostgreSQL's ``86400.0`` is
+# an exact numeric, which would leak into results as a Decimal).
+
+
+def null_key_sql(dialect: Dialect = SQLITE) -> str:
+    """What stands for a NULL type or capacity in a rollup's key (a key column cannot be NULL: NULLs
+    never conflict in a primary key, so each NULL slice would get a row of its own). SQLite: ``char(0)``.
+    PostgreSQL text cannot hold a NUL character: ``chr(1)`` there, equally never a real type or capacity.
+    Queries that read the rollups compare with this (or pass ``null_key(dialect)``)."""
+    return "char(0)" if dialect.name == "sqlite" else "chr(1)"
+
+
+def null_key(dialect: Dialect = SQLITE) -> str:
+    """``null_key_sql``'s value, as a query parameter or to recognise it in a row read back."""
+    return "\x00" if dialect.name == "sqlite" else "\x01"
 
 
 def preemptible_sql(r: str) -> str:
@@ -101,42 +120,53 @@ def free_if_preempted_sql(r: str) -> str:
     return f"{preemptible_sql(r)}\n                  AND {r}.ended_at - {r}.ready_at < {FREE_PREEMPTION_S!r}"
 
 
-def free_preemption_sql(r: str) -> str:
-    """1 for a free preemption, else 0 (never NULL: a NULL end_reason must not make ``NOT`` of it NULL)."""
-    return f"COALESCE({r}.end_reason = '{EventKind.PREEMPTED.value}' AND {free_if_preempted_sql(r)}, 0)"
+def free_preemption_sql(r: str, dialect: Dialect = SQLITE) -> str:
+    """Whether a slice is a free preemption, never NULL (a NULL end_reason must not make ``NOT`` of it
+    NULL): 1 or 0 on SQLite, a boolean on PostgreSQL (whose ``NOT`` takes no number). Use it as a
+    condition (``NOT ...``), not as a number."""
+    otherwise = "0" if dialect.name == "sqlite" else "FALSE"
+    preempted = f"{r}.end_reason = '{EventKind.PREEMPTED.value}'"
+    return f"COALESCE({preempted} AND {free_if_preempted_sql(r)}, {otherwise})"
 
 
 def day_sql(t: str, dialect: Dialect = SQLITE) -> str:
-    """The UTC day number of the instant ``t`` (SQLite's CAST truncates, PostgreSQL's rounds: floor
-    there; the instants are after the epoch, where the two agree)."""
+    """The UTC day number of the instant ``t``: SQLite's CAST truncates toward zero; PostgreSQL's CAST
+    rounds, so ``trunc`` first there (not ``floor``: the same number as SQLite's for every instant, even
+    one before the epoch)."""
     if dialect.name == "postgresql":
-        return f"CAST(floor({t} / {DAY_S}) AS BIGINT)"
+        return f"CAST(trunc({t} / {DAY_S}) AS BIGINT)"
     return f"CAST({t} / {DAY_S} AS INTEGER)"
 
 
-def ceil_day_sql(t: str) -> str:
-    """The day after the one holding the instant ``t`` (rounded up to midnight; an exact midnight stays)."""
-    return f"({day_sql(t)} + ({t} > {day_sql(t)} * {DAY_S}.0))"
+def ceil_day_sql(t: str, dialect: Dialect = SQLITE) -> str:
+    """The day after the one holding the instant ``t`` (rounded up to midnight; an exact midnight stays).
+    SQLite adds the comparison (0 or 1); PostgreSQL's boolean is cast to an integer first."""
+    day = day_sql(t, dialect)
+    if dialect.name == "postgresql":
+        return f"({day} + CAST({t} > {midnight_sql(day, dialect)} AS INTEGER))"
+    return f"({day} + ({t} > {day} * {DAY_S}.0))"
 
 
-def midnight_sql(day: str) -> str:
-    """The instant (epoch seconds) the UTC day numbered ``day`` begins."""
+def midnight_sql(day: str, dialect: Dialect = SQLITE) -> str:
+    """The instant (epoch seconds) the UTC day numbered ``day`` begins, as a float on both engines."""
+    if dialect.name == "postgresql":
+        return f"(CAST(({day}) AS DOUBLE PRECISION) * {DAY_S})"
     return f"({day}) * {DAY_S}.0"
 
 
 def midnight_after_sql(t: str, dialect: Dialect = SQLITE) -> str:
     """The first midnight after the day holding ``t``, as epoch seconds."""
-    return midnight_sql(f"{day_sql(t, dialect)} + 1")
+    return midnight_sql(f"{day_sql(t, dialect)} + 1", dialect)
 
 
-def first_day_sql(r: str) -> str:
+def first_day_sql(r: str, dialect: Dialect = SQLITE) -> str:
     """A slice's first billed day (as the rollups key it)."""
-    return day_sql(f"{r}.ready_at")
+    return day_sql(f"{r}.ready_at", dialect)
 
 
-def end_day_sql(r: str) -> str:
+def end_day_sql(r: str, dialect: Dialect = SQLITE) -> str:
     """The day after the last one a closed slice was billed in (its end rounded up to midnight)."""
-    return ceil_day_sql(f"{r}.ended_at")
+    return ceil_day_sql(f"{r}.ended_at", dialect)
 
 
 def crosses_midnight_sql(r: str, dialect: Dialect = SQLITE) -> str:
@@ -146,8 +176,19 @@ def crosses_midnight_sql(r: str, dialect: Dialect = SQLITE) -> str:
     return f"{col}ended_at > {midnight_after_sql(f'{col}ready_at', dialect)}"
 
 
-def recompute_fraction_sql(rs: str) -> str:
-    """The share of a run segment's (alias ``rs``) slice time whose work was recomputed."""
+def recompute_fraction_sql(rs: str, dialect: Dialect = SQLITE) -> str:
+    """The share of a run segment's (alias ``rs``) slice time whose work was recomputed (NULL when
+    ``steps_recomputed`` is).
+
+    The divisor is at least the dividend, so the share never exceeds 1 and SQLite's ``MIN(1.0, ...)`` only
+    ever passes the share or its NULL on; PostgreSQL's ``LEAST`` would turn that NULL into 1.0, so the
+    PostgreSQL text leaves the cap out. Its ``GREATEST`` skips a NULL where SQLite's ``MAX`` returns NULL:
+    only when ``steps_recomputed`` is NULL, and then the share is NULL on both."""
+    if dialect.name == "postgresql":
+        return (
+            f"(CAST({rs}.steps_recomputed AS DOUBLE PRECISION) / "
+            f"GREATEST(COALESCE({rs}.steps_completed, 0), {rs}.steps_recomputed, 1))"
+        )
     return (
         f"MIN(1.0, CAST({rs}.steps_recomputed AS REAL) / MAX(COALESCE({rs}.steps_completed, 0), "
         f"{rs}.steps_recomputed, 1))"

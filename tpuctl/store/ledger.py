@@ -1109,7 +1109,7 @@ class Ledger:
                         f"event {r[0]} points at pod {r[5]}, replay says {None if row is None else row.id}"
                     ]
             stored = {r[0]: r for r in conn.execute(f"SELECT {_POD_COLS} FROM pods")}
-            recomputed = conn.execute(schema.REC_CHECK_SQL).fetchall()
+            recomputed = conn.execute(schema.rec_check_sql(conn.dialect)).fetchall()
             rollups = [
                 (
                     table,
@@ -1117,9 +1117,9 @@ class Ledger:
                     conn.execute(f"SELECT * FROM {table}").fetchall(),
                     conn.execute(check).fetchall(),
                 )
-                for table, keys, check in schema.ROLLUP_CHECKS
+                for table, keys, check in schema.rollup_checks(conn.dialect)
             ]
-            wrongly_rolled = conn.execute(schema.ROLLED_CHECK_SQL).fetchall()
+            wrongly_rolled = conn.execute(schema.rolled_check_sql(conn.dialect)).fetchall()
         problems: list[str] = []
         for table, keys, rows, derived in rollups:
             problems += _rollup_differences(table, keys, rows, derived)

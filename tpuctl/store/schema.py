@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 from tpuctl.store import billing
 from tpuctl.store.records import LedgerError
+from tpuctl.store.sql import SQLITE, Dialect
 
 
 @dataclass(frozen=True)
@@ -333,28 +334,79 @@ _V3 = Migration(
     ),
 )
 
-#: A closed, billed slice whose billing stayed within one UTC day (most slices; not a free preemption).
-_ROLLED = (
-    """{r}.ended_at IS NOT NULL AND {r}.ready_at IS NOT NULL AND {r}.chips IS NOT NULL
+# --- The rollups' SQL, for either engine -------------------------------------------------------------
+#
+# Every function below gives SQLite's text by default: the very text (byte for byte) the released
+# migrations put in ledgers' triggers, so that a new ledger (``tpuctl.store.derived``) holds the same
+# statements as an old one. With ``dialect=POSTGRESQL`` it gives PostgreSQL's, with the same values (the
+# engines' differences are in ``tpuctl.store.billing``'s fragments, and here: two-argument MAX/MIN,
+# TOTAL, an upsert's conflict target). ``r`` is the alias of a pods row ("p", "NEW", "pods").
+
+#: Each rollup's key columns (its primary key: what an upsert conflicts on).
+_GROUP_COLUMNS = ("zone", "accelerator_type", "capacity", "labels")
+ROLLUP_KEYS: dict[str, tuple[str, ...]] = {
+    "cost_rollup": ("day", *_GROUP_COLUMNS),
+    "cost_rollup_x": ("first_day", "end_day", *_GROUP_COLUMNS),
+    "cost_rollup_xdays": ("day", "first_day", "end_day", *_GROUP_COLUMNS),
+    "cost_rollup_held": ("end_day", "deleted_day", *_GROUP_COLUMNS),
+}
+
+
+def _max_min(dialect: Dialect) -> tuple[str, str]:
+    """The larger and smaller of several values. SQLite's scalar MAX/MIN are NULL if any argument is,
+    PostgreSQL's GREATEST/LEAST skip NULLs: every use below passes values that are never NULL there."""
+    return ("MAX", "MIN") if dialect.name == "sqlite" else ("GREATEST", "LEAST")
+
+
+def _upsert_sums(table: str, columns: tuple[str, ...], dialect: Dialect) -> str:
+    """Add a new row's ``columns`` to the existing row of its key. PostgreSQL requires the conflict
+    target for DO UPDATE (SQLite's is the one key there is); the existing row is named by the table."""
+    if dialect.name == "sqlite":
+        return "ON CONFLICT DO UPDATE SET " + ", ".join(f"{c} = {c} + excluded.{c}" for c in columns)
+    return f"ON CONFLICT ({', '.join(ROLLUP_KEYS[table])}) DO UPDATE SET " + ", ".join(
+        f"{c} = {table}.{c} + excluded.{c}" for c in columns
+    )
+
+
+def _groups_sql(r: str, dialect: Dialect) -> str:
+    """Zone, type, capacity, labels of a rollup's key (a NULL as ``billing.null_key_sql``)."""
+    null = billing.null_key_sql(dialect)
+    return f"{r}.zone, COALESCE({r}.accelerator_type, {null}), COALESCE({r}.capacity, {null}), {r}.labels"
+
+
+def rolled_sql(r: str, dialect: Dialect = SQLITE) -> str:
+    """A closed, billed slice whose billing stayed within one UTC day (most slices; not a free
+    preemption): what ``cost_rollup`` sums."""
+    return f"""{r}.ended_at IS NOT NULL AND {r}.ready_at IS NOT NULL AND {r}.chips IS NOT NULL
     AND {r}.ended_at >= {r}.ready_at
-    AND {r}.ended_at <= """
-    + billing.midnight_after_sql("{r}.ready_at")
-    + """
-    AND NOT """
-    + billing.free_preemption_sql("{r}")
-)
-_ROLLUP_KEY = (
-    billing.first_day_sql("{r}") + ", {r}.zone, COALESCE({r}.accelerator_type, char(0)), "
-    "COALESCE({r}.capacity, char(0)), {r}.labels"
-)
-_ROLLUP_ADD = """INSERT INTO cost_rollup VALUES ({key}, 1, NEW.billed_s, NEW.billed_chip_s, NEW.billed_usd_s,
-        NEW.billed_unpriced_chip_s)
+    AND {r}.ended_at <= {billing.midnight_after_sql(f"{r}.ready_at", dialect)}
+    AND NOT {billing.free_preemption_sql(r, dialect)}"""
+
+
+def rollup_key_sql(r: str, dialect: Dialect = SQLITE) -> str:
+    """``cost_rollup``'s key of a slice: its first day, zone, type, capacity, labels."""
+    return f"{billing.first_day_sql(r, dialect)}, {_groups_sql(r, dialect)}"
+
+
+_ROLLUP_SUMS = ("slices", "billed_s", "billed_chip_s", "billed_usd_s", "billed_unpriced_chip_s")
+
+
+def rollup_add_sql(dialect: Dialect = SQLITE) -> str:
+    """A trigger's statement adding the slice NEW to ``cost_rollup``."""
+    key = rollup_key_sql("NEW", dialect)
+    insert = f"""INSERT INTO cost_rollup VALUES ({key}, 1, NEW.billed_s, NEW.billed_chip_s, NEW.billed_usd_s,
+        NEW.billed_unpriced_chip_s)"""
+    if dialect.name == "sqlite":
+        return (
+            insert
+            + """
     ON CONFLICT DO UPDATE SET slices = slices + 1, billed_s = billed_s + excluded.billed_s,
         billed_chip_s = billed_chip_s + excluded.billed_chip_s,
         billed_usd_s = billed_usd_s + excluded.billed_usd_s,
-        billed_unpriced_chip_s = billed_unpriced_chip_s + excluded.billed_unpriced_chip_s;""".format(
-    key=_ROLLUP_KEY.format(r="NEW")
-)
+        billed_unpriced_chip_s = billed_unpriced_chip_s + excluded.billed_unpriced_chip_s;"""
+        )
+    return f"{insert}\n    {_upsert_sums('cost_rollup', _ROLLUP_SUMS, dialect)};"
+
 
 #: The common report reads a few thousand rows, not one per slice: ``cost_rollup`` sums the billing
 #: facts of every slice whose billing closed within one UTC day, per (day, zone, type, capacity, labels).
@@ -381,15 +433,15 @@ _V4 = Migration(
             billed_unpriced_chip_s REAL    NOT NULL,
             PRIMARY KEY (day, zone, accelerator_type, capacity, labels)
         ) STRICT, WITHOUT ROWID""",
-        f"""CREATE TRIGGER pods_rollup_insert AFTER INSERT ON pods WHEN {_ROLLED.format(r="NEW")}
-        BEGIN {_ROLLUP_ADD} END""",
+        f"""CREATE TRIGGER pods_rollup_insert AFTER INSERT ON pods WHEN {rolled_sql("NEW")}
+        BEGIN {rollup_add_sql()} END""",
         f"""CREATE TRIGGER pods_rollup_close AFTER UPDATE ON pods
-        WHEN OLD.ended_at IS NULL AND {_ROLLED.format(r="NEW")}
-        BEGIN {_ROLLUP_ADD} END""",
+        WHEN OLD.ended_at IS NULL AND {rolled_sql("NEW")}
+        BEGIN {rollup_add_sql()} END""",
         f"""INSERT INTO cost_rollup
-        SELECT {_ROLLUP_KEY.format(r="p")}, COUNT(*), SUM(billed_s), SUM(billed_chip_s), SUM(billed_usd_s),
+        SELECT {rollup_key_sql("p")}, COUNT(*), SUM(billed_s), SUM(billed_chip_s), SUM(billed_usd_s),
                SUM(billed_unpriced_chip_s)
-        FROM pods AS p WHERE {_ROLLED.format(r="p")} GROUP BY 1, 2, 3, 4, 5""",
+        FROM pods AS p WHERE {rolled_sql("p")} GROUP BY 1, 2, 3, 4, 5""",
         "DROP INDEX pods_closed",
         """CREATE INDEX pods_closed ON pods (
             ready_at, ended_at, zone, accelerator_type, capacity, end_reason, chips, price_per_chip_hour,
@@ -404,10 +456,16 @@ _V4 = Migration(
     ),
 )
 
-#: What ``cost_rollup`` must hold, recomputed from ``pods`` (rows in key order; for checks and tests).
-ROLLUP_CHECK_SQL = f"""SELECT {_ROLLUP_KEY.format(r="p")}, COUNT(*), SUM(billed_s), SUM(billed_chip_s),
+
+def rollup_check_sql(dialect: Dialect = SQLITE) -> str:
+    """What ``cost_rollup`` must hold, recomputed from ``pods`` (rows in key order; for checks and
+    tests)."""
+    return f"""SELECT {rollup_key_sql("p", dialect)}, COUNT(*), SUM(billed_s), SUM(billed_chip_s),
     SUM(billed_usd_s), SUM(billed_unpriced_chip_s)
-FROM pods AS p WHERE {_ROLLED.format(r="p")} GROUP BY 1, 2, 3, 4, 5 ORDER BY 1, 2, 3, 4, 5"""
+FROM pods AS p WHERE {rolled_sql("p", dialect)} GROUP BY 1, 2, 3, 4, 5 ORDER BY 1, 2, 3, 4, 5"""
+
+
+ROLLUP_CHECK_SQL = rollup_check_sql()
 
 #: What a cost report reads of a slice to bill it in a window (``tpuctl.services.cost.items``: its billed
 #: time, price, quota held), after the index's own key columns.
@@ -451,6 +509,7 @@ _V6 = Migration(
     ),
 )
 
+
 #: A closed slice's recomputed work, as ``tpuctl.services.cost.sql_intervals.SRC_RECOMPUTED`` computes it
 #: for a slice billed wholly inside a report's window: for every segment on it (zone + name) that redid
 #: steps, the recomputed share of the time the segment and the slice's billing overlap, at the slice's
@@ -458,26 +517,49 @@ _V6 = Migration(
 #: recorded, as chip-seconds the catalog prices at report time (unpriced). 0 for a slice not billed (never
 #: READY, a free preemption). An open segment on a closed slice counts up to the slice's end, as it does in
 #: the report.
-#: A spot or preemptible slice ({r}) preempted within its first minute: not billed (v7 and v8's SQL).
-_FREE_PREEMPTION = billing.free_preemption_sql("{r}")
-#: The day after the one holding the instant {t} (rounded up to midnight; an exact midnight stays).
-_CEIL_DAY = billing.ceil_day_sql("{t}")
-_REC_SUM = f"""(SELECT TOTAL({{value}}) FROM run_segments AS rs
+def _rec_sum(value: str, dialect: Dialect) -> str:
+    """The sum of ``value`` over the recomputing segments on the closed slice ``pods`` (0.0 for none:
+    SQLite's TOTAL, PostgreSQL's COALESCE of SUM)."""
+    total = f"TOTAL({value})" if dialect.name == "sqlite" else f"COALESCE(SUM({value}), 0.0)"
+    return f"""(SELECT {total} FROM run_segments AS rs
         WHERE rs.zone = pods.zone AND rs.pod = pods.name AND rs.steps_recomputed > 0
           AND pods.ready_at IS NOT NULL AND pods.chips IS NOT NULL
-          AND NOT {_FREE_PREEMPTION.format(r="pods")})"""
-_REC_PART = """pods.chips * MAX(0.0, MIN(pods.ended_at, COALESCE(rs.ended_at, pods.ended_at))
-                    - MAX(pods.ready_at, rs.started_at))
-        * """ + billing.recompute_fraction_sql("rs")
-_REC_PRICED = _REC_SUM.format(value=f"{_REC_PART} * pods.price_per_chip_hour")
-_REC_UNPRICED = _REC_SUM.format(
-    value=f"CASE WHEN pods.price_per_chip_hour IS NULL THEN {_REC_PART} ELSE 0 END"
-)
-_REC_SET = f"rec_priced = {_REC_PRICED}, rec_unpriced = {_REC_UNPRICED}"
-#: Re-derive the facts of the closed incarnations of one zone + name.
-_REC_UPDATE = (
-    "UPDATE pods SET " + _REC_SET + " WHERE zone = {zone} AND name = {name} AND ended_at IS NOT NULL;"
-)
+          AND NOT {billing.free_preemption_sql("pods", dialect)})"""
+
+
+def _rec_part(dialect: Dialect) -> str:
+    """One segment's recomputed chip-seconds on the slice. No MAX/MIN argument is NULL: the slice is
+    closed (``ended_at``), READY (the WHERE of ``_rec_sum``), and a segment always has ``started_at``."""
+    greatest, least = _max_min(dialect)
+    return f"""pods.chips * {greatest}(0.0, {least}(pods.ended_at, COALESCE(rs.ended_at, pods.ended_at))
+                    - {greatest}(pods.ready_at, rs.started_at))
+        * {billing.recompute_fraction_sql("rs", dialect)}"""
+
+
+def rec_priced_sql(dialect: Dialect = SQLITE) -> str:
+    return _rec_sum(f"{_rec_part(dialect)} * pods.price_per_chip_hour", dialect)
+
+
+def rec_unpriced_sql(dialect: Dialect = SQLITE) -> str:
+    return _rec_sum(
+        f"CASE WHEN pods.price_per_chip_hour IS NULL THEN {_rec_part(dialect)} ELSE 0 END", dialect
+    )
+
+
+def _rec_set(dialect: Dialect) -> str:
+    return f"rec_priced = {rec_priced_sql(dialect)}, rec_unpriced = {rec_unpriced_sql(dialect)}"
+
+
+#: The columns of ``pods`` a closed slice's recomputed work depends on (an update of one re-derives it).
+REC_WATCHED_COLUMNS = ("ended_at", "ready_at", "chips", "price_per_chip_hour", "end_reason", "capacity")
+
+
+def rec_update_sql(zone: str, name: str, dialect: Dialect = SQLITE) -> str:
+    """Re-derive the facts of the closed incarnations of one zone + name (SQL expressions)."""
+    return (
+        f"UPDATE pods SET {_rec_set(dialect)} WHERE zone = {zone} AND name = {name} AND ended_at IS NOT NULL;"
+    )
+
 
 #: Recomputed work stored per closed slice, kept by triggers (a segment recorded or updated, a slice
 #: closed or its billing facts changed), so that a report sums one stored figure per slice that redid
@@ -493,64 +575,82 @@ _V7 = Migration(
         "ALTER TABLE pods ADD COLUMN rec_priced REAL NOT NULL DEFAULT 0",
         "ALTER TABLE pods ADD COLUMN rec_unpriced REAL NOT NULL DEFAULT 0",
         f"""CREATE TRIGGER pods_rec_insert AFTER INSERT ON pods WHEN NEW.ended_at IS NOT NULL
-        BEGIN {_REC_UPDATE.format(zone="NEW.zone", name="NEW.name")} END""",
+        BEGIN {rec_update_sql("NEW.zone", "NEW.name")} END""",
         f"""CREATE TRIGGER pods_rec_update
-        AFTER UPDATE OF ended_at, ready_at, chips, price_per_chip_hour, end_reason, capacity ON pods
+        AFTER UPDATE OF {", ".join(REC_WATCHED_COLUMNS)} ON pods
         WHEN NEW.ended_at IS NOT NULL
-        BEGIN {_REC_UPDATE.format(zone="NEW.zone", name="NEW.name")} END""",
+        BEGIN {rec_update_sql("NEW.zone", "NEW.name")} END""",
         f"""CREATE TRIGGER run_segments_rec_insert AFTER INSERT ON run_segments WHEN NEW.pod IS NOT NULL
-        BEGIN {_REC_UPDATE.format(zone="NEW.zone", name="NEW.pod")} END""",
+        BEGIN {rec_update_sql("NEW.zone", "NEW.pod")} END""",
         f"""CREATE TRIGGER run_segments_rec_update AFTER UPDATE ON run_segments
-        BEGIN {_REC_UPDATE.format(zone="NEW.zone", name="NEW.pod")}
-              {_REC_UPDATE.format(zone="OLD.zone", name="OLD.pod")} END""",
+        BEGIN {rec_update_sql("NEW.zone", "NEW.pod")}
+              {rec_update_sql("OLD.zone", "OLD.pod")} END""",
         f"""CREATE TRIGGER run_segments_rec_delete AFTER DELETE ON run_segments WHEN OLD.pod IS NOT NULL
-        BEGIN {_REC_UPDATE.format(zone="OLD.zone", name="OLD.pod")} END""",
-        "UPDATE pods SET " + _REC_SET + " WHERE ended_at IS NOT NULL",
+        BEGIN {rec_update_sql("OLD.zone", "OLD.pod")} END""",
+        f"UPDATE pods SET {_rec_set(SQLITE)} WHERE ended_at IS NOT NULL",
         """CREATE INDEX pods_rec ON pods (
             zone, accelerator_type, capacity, ready_at, ended_at, run_id, labels, rec_priced, rec_unpriced
         ) WHERE rec_priced != 0 OR rec_unpriced != 0""",
     ),
 )
 
-#: Every closed slice's stored recomputed figures next to what the triggers should have made of them
-#: (id, stored priced, stored unpriced, derived priced, derived unpriced); for checks and tests.
-REC_CHECK_SQL = (
-    f"SELECT id, rec_priced, rec_unpriced, {_REC_PRICED}, {_REC_UNPRICED} FROM pods "
-    "WHERE ended_at IS NOT NULL ORDER BY id"
-)
+
+def rec_check_sql(dialect: Dialect = SQLITE) -> str:
+    """Every closed slice's stored recomputed figures next to what the triggers should have made of them
+    (id, stored priced, stored unpriced, derived priced, derived unpriced); for checks and tests."""
+    return (
+        f"SELECT id, rec_priced, rec_unpriced, {rec_priced_sql(dialect)}, {rec_unpriced_sql(dialect)} "
+        "FROM pods WHERE ended_at IS NOT NULL ORDER BY id"
+    )
+
+
+REC_CHECK_SQL = rec_check_sql()
 
 #: The event kinds that end a slice's billing (as ``tpuctl.store.view`` applies them), as SQL.
 END_KINDS_SQL = billing.END_KINDS_SQL
 #: The longest billed life (in UTC days) whose per-day pieces ``cost_rollup_xdays`` holds; a longer one
 #: is billed slice by slice at report time.
 ROLLUP_MAX_DAYS = 3660
-_FIRST_DAY = billing.first_day_sql("{r}")
 #: For the report's queries (``{r}``: the pods alias): a slice's first billed day and the day after its
-#: last, as the rollups key them.
-FIRST_DAY_SQL = _FIRST_DAY
+#: last, as the rollups key them (SQLite's; ``billing.first_day_sql`` and ``end_day_sql`` for either).
+FIRST_DAY_SQL = billing.first_day_sql("{r}")
 #: The day after the last one the slice was billed in (its end rounded up to midnight).
-_END_DAY = _CEIL_DAY.format(t="{r}.ended_at")
-END_DAY_SQL = _END_DAY
-#: A closed, billed slice crossing midnight, not longer than ROLLUP_MAX_DAYS: what may be rolled up.
-_CROSSING_BILLED = f"""{{r}}.ended_at IS NOT NULL AND {{r}}.ready_at IS NOT NULL AND {{r}}.chips IS NOT NULL
-    AND {billing.crosses_midnight_sql("{r}")}
-    AND {_END_DAY} - {_FIRST_DAY} <= {ROLLUP_MAX_DAYS}
-    AND NOT {_FREE_PREEMPTION}"""
-#: One that is rolled up: no price change at all (a price-changed slice crossing midnight needs its pieces,
-#: at report time; one stamped at or after the end still sets the slice's last price, which its days
-#: would then be cut at).
-_ROLLED_X = f"""{_CROSSING_BILLED}
-    AND NOT EXISTS (SELECT 1 FROM events AS e WHERE e.pod_id = {{r}}.id AND e.kind = 'price_change')"""
-_X_KEY = (
-    f"{_FIRST_DAY}, {_END_DAY}, {{r}}.zone, COALESCE({{r}}.accelerator_type, char(0)), "
-    "COALESCE({r}.capacity, char(0)), {r}.labels"
-)
+END_DAY_SQL = billing.end_day_sql("{r}")
 
 
-def _x_values(r: str) -> list[str]:
+def crossing_billed_sql(r: str, dialect: Dialect = SQLITE) -> str:
+    """A closed, billed slice crossing midnight, not longer than ROLLUP_MAX_DAYS: what may be rolled up
+    (no subquery: PostgreSQL's trigger WHEN takes none)."""
+    first, end = billing.first_day_sql(r, dialect), billing.end_day_sql(r, dialect)
+    return f"""{r}.ended_at IS NOT NULL AND {r}.ready_at IS NOT NULL AND {r}.chips IS NOT NULL
+    AND {billing.crosses_midnight_sql(r, dialect)}
+    AND {end} - {first} <= {ROLLUP_MAX_DAYS}
+    AND NOT {billing.free_preemption_sql(r, dialect)}"""
+
+
+def price_never_changed_sql(r: str) -> str:
+    """No price change recorded for the slice (the same text on both engines)."""
+    return f"NOT EXISTS (SELECT 1 FROM events AS e WHERE e.pod_id = {r}.id AND e.kind = 'price_change')"
+
+
+def rolled_x_sql(r: str, dialect: Dialect = SQLITE) -> str:
+    """A crossing slice that is rolled up: no price change at all (a price-changed slice crossing
+    midnight needs its pieces, at report time; one stamped at or after the end still sets the slice's
+    last price, which its days would then be cut at)."""
+    return f"""{crossing_billed_sql(r, dialect)}
+    AND {price_never_changed_sql(r)}"""
+
+
+def x_key_sql(r: str, dialect: Dialect = SQLITE) -> str:
+    """``cost_rollup_x``'s key of a slice: first day, end day, zone, type, capacity, labels."""
+    first, end = billing.first_day_sql(r, dialect), billing.end_day_sql(r, dialect)
+    return f"{first}, {end}, {_groups_sql(r, dialect)}"
+
+
+def _x_values(r: str, dialect: Dialect) -> list[str]:
     """A rolled slice's row of cost_rollup_x after the key: 1 slice, its billing facts, its first day's
     share (it is billed at one price)."""
-    d0 = f"({billing.midnight_after_sql(f'{r}.ready_at')} - {r}.ready_at)"
+    d0 = f"({billing.midnight_after_sql(f'{r}.ready_at', dialect)} - {r}.ready_at)"
     return [
         "1", f"{r}.billed_s", f"{r}.billed_chip_s", f"{r}.billed_usd_s", f"{r}.billed_unpriced_chip_s",
         d0, f"{r}.chips * {d0}", f"COALESCE({r}.chips * {d0} * {r}.price_per_chip_hour, 0)",
@@ -558,53 +658,70 @@ def _x_values(r: str) -> list[str]:
     ]  # fmt: skip
 
 
-def _xdays_values(r: str) -> list[str]:
-    """Day first_day + o.n (n >= 1) of a rolled slice: the day, its key, 1 piece, the piece's figures."""
-    fd = _FIRST_DAY.format(r=r)
-    day_start, day_end = billing.midnight_sql(f"{fd} + o.n"), billing.midnight_sql(f"{fd} + o.n + 1")
-    piece = f"(MIN({r}.ended_at, {day_end}) - {day_start})"
+def _xdays_values(r: str, dialect: Dialect) -> list[str]:
+    """Day first_day + o.n (n >= 1) of a rolled slice: the day, its key, 1 piece, the piece's figures
+    (``ended_at`` is never NULL in MIN: the slice is closed)."""
+    fd = billing.first_day_sql(r, dialect)
+    day_start = billing.midnight_sql(f"{fd} + o.n", dialect)
+    day_end = billing.midnight_sql(f"{fd} + o.n + 1", dialect)
+    piece = f"({_max_min(dialect)[1]}({r}.ended_at, {day_end}) - {day_start})"
     return [
         "1", piece, f"{r}.chips * {piece}", f"COALESCE({r}.chips * {piece} * {r}.price_per_chip_hour, 0)",
         f"CASE WHEN {r}.price_per_chip_hour IS NULL THEN {r}.chips * {piece} ELSE 0 END",
     ]  # fmt: skip
 
 
-def _xdays_from(r: str) -> str:
-    return f"cost_day_offsets AS o WHERE o.n >= 1 AND o.n < {_END_DAY.format(r=r)} - {_FIRST_DAY.format(r=r)}"
+def _xdays_from(r: str, dialect: Dialect) -> str:
+    first, end = billing.first_day_sql(r, dialect), billing.end_day_sql(r, dialect)
+    return f"cost_day_offsets AS o WHERE o.n >= 1 AND o.n < {end} - {first}"
 
 
-def _upsert_sums(columns: tuple[str, ...]) -> str:
-    return "ON CONFLICT DO UPDATE SET " + ", ".join(f"{c} = {c} + excluded.{c}" for c in columns)
+def _xday_sql(r: str, dialect: Dialect) -> str:
+    return f"{billing.first_day_sql(r, dialect)} + o.n"
 
 
 _X_SUMS = ("slices", "billed_s", "billed_chip_s", "billed_usd_s", "billed_unpriced_chip_s", "d0_s",
            "d0_chip_s", "d0_usd_s", "d0_unpriced_chip_s")  # fmt: skip
 _XDAYS_SUMS = ("slices", "s", "chip_s", "usd_s", "unpriced_chip_s")
-_XDAY = f"{_FIRST_DAY} + o.n"
-_ROLL_X = f"""INSERT INTO cost_rollup_x VALUES ({_X_KEY.format(r="NEW")}, {", ".join(_x_values("NEW"))})
-        {_upsert_sums(_X_SUMS)};
+
+
+def roll_x_sql(dialect: Dialect = SQLITE) -> str:
+    """A trigger's statements adding the crossing slice NEW to ``cost_rollup_x`` and its later days to
+    ``cost_rollup_xdays``, and marking it rolled."""
+    x_upsert = _upsert_sums("cost_rollup_x", _X_SUMS, dialect)
+    xdays_upsert = _upsert_sums("cost_rollup_xdays", _XDAYS_SUMS, dialect)
+    key = x_key_sql("NEW", dialect)
+    values, day_values = ", ".join(_x_values("NEW", dialect)), ", ".join(_xdays_values("NEW", dialect))
+    return f"""INSERT INTO cost_rollup_x VALUES ({key}, {values})
+        {x_upsert};
     INSERT INTO cost_rollup_xdays
-        SELECT {_XDAY.format(r="NEW")}, {_X_KEY.format(r="NEW")}, {", ".join(_xdays_values("NEW"))}
-        FROM {_xdays_from("NEW")}
-        {_upsert_sums(_XDAYS_SUMS)};
+        SELECT {_xday_sql("NEW", dialect)}, {key}, {day_values}
+        FROM {_xdays_from("NEW", dialect)}
+        {xdays_upsert};
     UPDATE pods SET rolled = 1 WHERE id = NEW.id;"""
 
-#: A preempted slice deleted after its preemption: the quota it held, final.
-_HELD_FINAL = """{r}.end_reason = 'preempted' AND {r}.chips IS NOT NULL AND {r}.deleted_at IS NOT NULL
+
+def held_final_sql(r: str) -> str:
+    """A preempted slice deleted after its preemption: the quota it held, final (the same text on both
+    engines)."""
+    return f"""{r}.end_reason = 'preempted' AND {r}.chips IS NOT NULL AND {r}.deleted_at IS NOT NULL
     AND {r}.ended_at IS NOT NULL AND {r}.deleted_at > {r}.ended_at"""
-#: Preemption day, the day after the deletion's (rounded up to midnight), zone, type, capacity, labels.
-_HELD_KEY = (
-    billing.day_sql("{r}.ended_at") + ", " + _CEIL_DAY.format(t="{r}.deleted_at") + ", "
-    "{r}.zone, COALESCE({r}.accelerator_type, char(0)), COALESCE({r}.capacity, char(0)), {r}.labels"
-)
 
 
-def _held_values(r: str) -> list[str]:
+def held_key_sql(r: str, dialect: Dialect = SQLITE) -> str:
+    """Preemption day, the day after the deletion's (rounded up to midnight), zone, type, capacity,
+    labels."""
+    ended = billing.day_sql(f"{r}.ended_at", dialect)
+    deleted = billing.ceil_day_sql(f"{r}.deleted_at", dialect)
+    return f"{ended}, {deleted}, {_groups_sql(r, dialect)}"
+
+
+def _held_values(r: str, dialect: Dialect) -> list[str]:
     """A held slice's row of cost_rollup_held after the key: 1 if it was not billed at all (never READY,
     or a free preemption: it counts as a slice of its group for the quota it held), chip-seconds held,
     at its price (USD x 3600), and unpriced."""
     held = f"({r}.deleted_at - {r}.ended_at)"
-    billed = f"({r}.ready_at IS NOT NULL AND NOT {_FREE_PREEMPTION.format(r=r)})"
+    billed = f"({r}.ready_at IS NOT NULL AND NOT {billing.free_preemption_sql(r, dialect)})"
     return [
         f"CASE WHEN {billed} THEN 0 ELSE 1 END", f"{r}.chips * {held}",
         f"COALESCE({r}.chips * {held} * {r}.price_per_chip_hour, 0)",
@@ -613,37 +730,65 @@ def _held_values(r: str) -> list[str]:
 
 
 _HELD_SUMS = ("slices", "held_chip_s", "held_usd_s", "held_unpriced_chip_s")
-_ROLL_HELD = f"""INSERT INTO cost_rollup_held
-        VALUES ({_HELD_KEY.format(r="NEW")}, {", ".join(_held_values("NEW"))})
-        {_upsert_sums(_HELD_SUMS)};"""
+
+
+def roll_held_sql(dialect: Dialect = SQLITE) -> str:
+    """A trigger's statement adding the quota the slice NEW held to ``cost_rollup_held``."""
+    return f"""INSERT INTO cost_rollup_held
+        VALUES ({held_key_sql("NEW", dialect)}, {", ".join(_held_values("NEW", dialect))})
+        {_upsert_sums("cost_rollup_held", _HELD_SUMS, dialect)};"""
 
 
 def _sums(values: list[str]) -> str:
     return ", ".join(f"SUM({v})" for v in values)
 
 
-#: What the three rollups must hold, recomputed from ``pods`` (rows in key order; for checks and tests).
-ROLLUP_X_CHECK_SQL = f"""SELECT {_X_KEY.format(r="p")}, {_sums(_x_values("p"))}
+def rollup_x_check_sql(dialect: Dialect = SQLITE) -> str:
+    """What ``cost_rollup_x`` must hold, recomputed from ``pods`` (rows in key order)."""
+    return f"""SELECT {x_key_sql("p", dialect)}, {_sums(_x_values("p", dialect))}
 FROM pods AS p WHERE p.rolled = 1 GROUP BY 1, 2, 3, 4, 5, 6 ORDER BY 1, 2, 3, 4, 5, 6"""
-ROLLUP_XDAYS_CHECK_SQL = f"""SELECT {_XDAY.format(r="p")}, {_X_KEY.format(r="p")}, {_sums(_xdays_values("p"))}
-FROM pods AS p CROSS JOIN {_xdays_from("p")} AND p.rolled = 1
+
+
+def rollup_xdays_check_sql(dialect: Dialect = SQLITE) -> str:
+    """What ``cost_rollup_xdays`` must hold, recomputed from ``pods`` (rows in key order)."""
+    sums = _sums(_xdays_values("p", dialect))
+    return f"""SELECT {_xday_sql("p", dialect)}, {x_key_sql("p", dialect)}, {sums}
+FROM pods AS p CROSS JOIN {_xdays_from("p", dialect)} AND p.rolled = 1
 GROUP BY 1, 2, 3, 4, 5, 6, 7 ORDER BY 1, 2, 3, 4, 5, 6, 7"""
-ROLLUP_HELD_CHECK_SQL = f"""SELECT {_HELD_KEY.format(r="p")}, {_sums(_held_values("p"))}
-FROM pods AS p WHERE {_HELD_FINAL.format(r="p")} GROUP BY 1, 2, 3, 4, 5, 6 ORDER BY 1, 2, 3, 4, 5, 6"""
-#: (table, number of key columns, the SQL that recomputes it) of every rollup the triggers keep.
-ROLLUP_CHECKS: tuple[tuple[str, int, str], ...] = (
-    ("cost_rollup", 5, ROLLUP_CHECK_SQL),
-    ("cost_rollup_x", 6, ROLLUP_X_CHECK_SQL),
-    ("cost_rollup_xdays", 7, ROLLUP_XDAYS_CHECK_SQL),
-    ("cost_rollup_held", 6, ROLLUP_HELD_CHECK_SQL),
-)
-#: Rolled slices that should not be (an open, unbilled, or too long slice), for checks and tests.
-#: A rolled slice may have a price change recorded after it closed (the view ignored it too), but none
-#: recorded before its first end event.
-ROLLED_CHECK_SQL = f"""SELECT id FROM pods AS p WHERE p.rolled = 1 AND (NOT ({_CROSSING_BILLED.format(r="p")})
+
+
+def rollup_held_check_sql(dialect: Dialect = SQLITE) -> str:
+    """What ``cost_rollup_held`` must hold, recomputed from ``pods`` (rows in key order)."""
+    return f"""SELECT {held_key_sql("p", dialect)}, {_sums(_held_values("p", dialect))}
+FROM pods AS p WHERE {held_final_sql("p")} GROUP BY 1, 2, 3, 4, 5, 6 ORDER BY 1, 2, 3, 4, 5, 6"""
+
+
+def rollup_checks(dialect: Dialect = SQLITE) -> tuple[tuple[str, int, str], ...]:
+    """(table, number of key columns, the SQL that recomputes it) of every rollup the triggers keep."""
+    return (
+        ("cost_rollup", len(ROLLUP_KEYS["cost_rollup"]), rollup_check_sql(dialect)),
+        ("cost_rollup_x", len(ROLLUP_KEYS["cost_rollup_x"]), rollup_x_check_sql(dialect)),
+        ("cost_rollup_xdays", len(ROLLUP_KEYS["cost_rollup_xdays"]), rollup_xdays_check_sql(dialect)),
+        ("cost_rollup_held", len(ROLLUP_KEYS["cost_rollup_held"]), rollup_held_check_sql(dialect)),
+    )
+
+
+def rolled_check_sql(dialect: Dialect = SQLITE) -> str:
+    """Rolled slices that should not be (an open, unbilled, or too long slice), for checks and tests.
+    A rolled slice may have a price change recorded after it closed (the view ignored it too), but none
+    recorded before its first end event."""
+    return f"""SELECT id FROM pods AS p WHERE p.rolled = 1 AND (NOT ({crossing_billed_sql("p", dialect)})
     OR EXISTS (SELECT 1 FROM events AS e WHERE e.pod_id = p.id AND e.kind = 'price_change'
                AND e.id < (SELECT MIN(x.id) FROM events AS x WHERE x.pod_id = p.id
                            AND x.kind IN {END_KINDS_SQL})))"""
+
+
+#: SQLite's checks (what ``Ledger.check_view`` runs on a SQLite ledger).
+ROLLUP_X_CHECK_SQL = rollup_x_check_sql()
+ROLLUP_XDAYS_CHECK_SQL = rollup_xdays_check_sql()
+ROLLUP_HELD_CHECK_SQL = rollup_held_check_sql()
+ROLLUP_CHECKS: tuple[tuple[str, int, str], ...] = rollup_checks()
+ROLLED_CHECK_SQL = rolled_check_sql()
 
 #: Slices crossing midnight (a few percent) and the quota preempted slices held until deleted were summed
 #: slice by slice on every report: two thirds of a default report's time on a 1,000,000-event ledger
@@ -685,17 +830,17 @@ _V8 = Migration(
             held_unpriced_chip_s REAL NOT NULL,
             PRIMARY KEY (end_day, deleted_day, zone, accelerator_type, capacity, labels)
         ) STRICT, WITHOUT ROWID""",
-        f"""CREATE TRIGGER pods_rollup_x_insert AFTER INSERT ON pods WHEN {_ROLLED_X.format(r="NEW")}
-        BEGIN {_ROLL_X} END""",
+        f"""CREATE TRIGGER pods_rollup_x_insert AFTER INSERT ON pods WHEN {rolled_x_sql("NEW")}
+        BEGIN {roll_x_sql()} END""",
         f"""CREATE TRIGGER pods_rollup_x_close AFTER UPDATE ON pods
-        WHEN OLD.ended_at IS NULL AND {_ROLLED_X.format(r="NEW")}
-        BEGIN {_ROLL_X} END""",
-        f"""CREATE TRIGGER pods_rollup_held_insert AFTER INSERT ON pods WHEN {_HELD_FINAL.format(r="NEW")}
-        BEGIN {_ROLL_HELD} END""",
+        WHEN OLD.ended_at IS NULL AND {rolled_x_sql("NEW")}
+        BEGIN {roll_x_sql()} END""",
+        f"""CREATE TRIGGER pods_rollup_held_insert AFTER INSERT ON pods WHEN {held_final_sql("NEW")}
+        BEGIN {roll_held_sql()} END""",
         f"""CREATE TRIGGER pods_rollup_held_delete AFTER UPDATE ON pods
-        WHEN OLD.deleted_at IS NULL AND {_HELD_FINAL.format(r="NEW")}
-        BEGIN {_ROLL_HELD} END""",
-        f"UPDATE pods SET rolled = 1 WHERE {_ROLLED_X.format(r='pods')}",
+        WHEN OLD.deleted_at IS NULL AND {held_final_sql("NEW")}
+        BEGIN {roll_held_sql()} END""",
+        f"UPDATE pods SET rolled = 1 WHERE {rolled_x_sql('pods')}",
         f"INSERT INTO cost_rollup_x {ROLLUP_X_CHECK_SQL}",
         f"INSERT INTO cost_rollup_xdays {ROLLUP_XDAYS_CHECK_SQL}",
         f"INSERT INTO cost_rollup_held {ROLLUP_HELD_CHECK_SQL}",
