@@ -5,7 +5,6 @@ report runs with a fixed clock, so every figure is asserted exactly."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,8 +24,8 @@ Z = "us-central1-a"
 
 
 @pytest.fixture
-def ledger(tmp_path: Path) -> Iterator[Ledger]:
-    with Ledger(tmp_path / "state") as led:
+def ledger(open_ledger: Callable[..., Ledger]) -> Iterator[Ledger]:
+    with open_ledger() as led:
         yield led
 
 

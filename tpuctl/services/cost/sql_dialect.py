@@ -4,37 +4,20 @@ Each helper returns SQLite's text unchanged (the 1,000,000-event report's speed 
 PostgreSQL's equivalent: JSON arrays passed in as one text parameter (``jsonb_array_elements``, one way
 everywhere), ``TOTAL``, a condition used as a number, SQLite's index hints (PostgreSQL's planner takes
 none), ``INSERT OR IGNORE``, the subquery fence ``LIMIT -1``, an ISO 8601 time. The billing rules'
-fragments stay ``tpuctl.store.billing``'s (``billing_sql``).
+fragments stay ``tpuctl.store.billing``'s (each takes the dialect too).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, Final
-
 from tpuctl.store import billing
 from tpuctl.store.sql import Dialect
 
-#: Stands for a NULL group key or attribute inside SQLite's temp tables (NULLs never conflict in a
-#: UNIQUE key). PostgreSQL text cannot hold it: there the rollups' own sentinel (``null_key``).
-SQLITE_NULL_KEY: Final = "\x00"
-
-
-def billing_sql(fragment: Callable[..., str], *args: str, dialect: Dialect) -> str:
-    """``fragment(*args)`` of ``tpuctl.store.billing`` for ``dialect``: SQLite's text is the fragment's
-    default (the one the ledger's triggers hold), PostgreSQL's its ``dialect=`` form."""
-    if dialect.name == "sqlite":
-        return fragment(*args)
-    return fragment(*args, dialect=dialect)
-
 
 def null_key(dialect: Dialect) -> str:
-    """The value standing for NULL in a group key, as the rollup tables store it (a query parameter)."""
-    if dialect.name == "sqlite":
-        return SQLITE_NULL_KEY
-    # billing's, where the rollup triggers' PostgreSQL port defines it.
-    key: Any = getattr(billing, "null_key")(dialect)  # noqa: B009
-    return str(key)
+    """The value standing for NULL in a group key: the rollup tables' own (``billing.null_key``), so
+    that rows summed from them and from the slices meet in one key. SQLite's is a NUL character;
+    PostgreSQL text cannot hold one."""
+    return billing.null_key(dialect)
 
 
 def is_pg(dialect: Dialect) -> bool:

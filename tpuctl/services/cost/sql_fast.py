@@ -64,7 +64,7 @@ def hrest_pods(d: Dialect) -> str:
 
 
 def _crossing(d: Dialect) -> str:
-    return sd.billing_sql(crosses_midnight_sql, "p", dialect=d)
+    return crosses_midnight_sql("p", d)
 
 
 def _closed_crossing(d: Dialect) -> str:
@@ -117,7 +117,7 @@ def closed(d: Dialect) -> str:
     return f"""p.ended_at IS NOT NULL AND p.ready_at IS NOT NULL
       AND p.ready_at >= :since AND p.ready_at < :until AND p.ended_at <= :until AND p.ended_at > :since
       AND p.chips IS NOT NULL
-      AND NOT {sd.billing_sql(free_preemption_sql, "p", dialect=d)}
+      AND NOT {free_preemption_sql("p", d)}
       AND p.id NOT IN (SELECT id FROM cost_rest)"""
 
 
@@ -130,7 +130,7 @@ def closed_edge_day(d: Dialect) -> str:
     unindexed_window = closed(d).replace(
         "p.ready_at >= :since AND p.ready_at < :until", "+p.ready_at >= :since AND +p.ready_at < :until"
     )
-    first_day = sd.billing_sql(first_day_sql, "p", dialect=d)
+    first_day = first_day_sql("p", d)
     return f"""{sd.indexed("pods_closed", d)}
 WHERE {unindexed_window}
       AND NOT {_crossing(d)}
@@ -141,8 +141,8 @@ WHERE {unindexed_window}
 def _x_inside(d: Dialect) -> str:
     """Closed slices crossing midnight that the rollups (schema v8: cost_rollup_x, cost_rollup_xdays) hold
     for the window: rolled, and every day they were billed in is a whole day of the window."""
-    first_day = sd.billing_sql(first_day_sql, "p", dialect=d)
-    end_day = sd.billing_sql(end_day_sql, "p", dialect=d)
+    first_day = first_day_sql("p", d)
+    end_day = end_day_sql("p", d)
     return f"p.rolled = 1 AND {first_day} >= :d_lo AND {end_day} <= :d_hi"
 
 
@@ -157,8 +157,8 @@ def xrest_fill(d: Dialect) -> tuple[str, ...]:
             d,
         )
         for index, where in (
-            ("pods_crossing", f"p.ready_at < {sd.billing_sql(midnight_sql, ':d_lo', dialect=d)}"),
-            ("pods_ended", f"p.ended_at > {sd.billing_sql(midnight_sql, ':d_hi', dialect=d)}"),
+            ("pods_crossing", f"p.ready_at < {midnight_sql(':d_lo', d)}"),
+            ("pods_ended", f"p.ended_at > {midnight_sql(':d_hi', d)}"),
             ("pods_unrolled_crossing", "p.rolled = 0"),
         )
     )
@@ -227,8 +227,8 @@ def hrest_fill(d: Dialect) -> tuple[str, ...]:
         sd.insert_ignore("cost_hrest (id)", held + where, d)
         for where in (
             "deleted_at IS NULL",
-            f"deleted_at > {sd.billing_sql(midnight_sql, ':d_hi', dialect=d)}",
-            f"deleted_at > :since AND ended_at < {sd.billing_sql(midnight_sql, ':h_lo', dialect=d)}",
+            f"deleted_at > {midnight_sql(':d_hi', d)}",
+            f"deleted_at > :since AND ended_at < {midnight_sql(':h_lo', d)}",
         )
     )
 
@@ -266,9 +266,9 @@ def closed_billed_sql(group: GroupBy, d: Dialect, where: str) -> str:
     """The closed slices' stored facts, summed per (group key, zone, type, capacity, first day); the
     first day's share is the whole for a slice within one UTC day (most), else cut at midnight at its one
     price (a price-changed slice crossing midnight is in cost_rest)."""
-    day0 = sd.billing_sql(first_day_sql, "p", dialect=d)
+    day0 = first_day_sql("p", d)
     one = f"NOT {_crossing(d)}"
-    d0 = f"({sd.billing_sql(midnight_after_sql, 'p.ready_at', dialect=d)} - p.ready_at)"
+    d0 = f"({midnight_after_sql('p.ready_at', d)} - p.ready_at)"
     return f"""
 INSERT INTO cost_agg (k, zone, atype, capacity, day0, {", ".join(_FACTS)})
 SELECT {group_columns(key_sql(group, "p", d), d)}, {day0} AS d, COUNT(*), COUNT(*),

@@ -33,7 +33,7 @@ def billed_in_window(d: Dialect) -> str:
     some point, with a known chip count, and not a free preemption (``tpuctl.store.billing``)."""
     return f"""p.ready_at IS NOT NULL AND p.chips IS NOT NULL
       AND p.ready_at < :until AND COALESCE(p.ended_at, :now) > :since
-      AND NOT {sd.billing_sql(free_preemption_sql, "p", dialect=d)}"""
+      AND NOT {free_preemption_sql("p", d)}"""
 
 
 #: The pods scans run in parallel over id ranges (one connection and thread each); a query over the whole
@@ -185,7 +185,7 @@ def src_recomputed(d: Dialect) -> str:
     most segments redo nothing, and a report should not read them all to find that out)."""
     return segment_source(
         "rs.steps_recomputed > 0",
-        sd.billing_sql(recompute_fraction_sql, "rs", dialect=d),
+        recompute_fraction_sql("rs", d),
         f"run_segments AS rs {sd.indexed('run_segments_recomputed', d)} {sd.cross_join(d)} pods AS p "
         "ON p.name = rs.pod AND p.zone = rs.zone",
         d,
@@ -244,7 +244,7 @@ def recomputed_sql(
         )
     computed = segment_source(
         f"rs.steps_recomputed > 0 AND {only}",
-        sd.billing_sql(recompute_fraction_sql, "rs", dialect=d),
+        recompute_fraction_sql("rs", d),
         f"({rest}) AS r {join} pods AS p ON p.id = r.id {join} run_segments AS rs "
         f"{sd.indexed('run_segments_recomputed', d)} ON rs.zone = p.zone AND rs.pod = p.name",
         d,
@@ -267,7 +267,7 @@ def day_split(d: Dialect) -> str:
     recurse for the days after."""
     return f"""
 days({IV_COLUMNS}, pe) AS (
-    SELECT id, s, {d.least("e", sd.billing_sql(midnight_after_sql, "s", dialect=d))}, price, w, run, zone, \
+    SELECT id, s, {d.least("e", midnight_after_sql("s", d))}, price, w, run, zone, \
 name, atype,
            capacity, chips, run_id, labels, e
     FROM src
@@ -293,7 +293,7 @@ def key_sql(group: GroupBy, alias: str, d: Dialect) -> str:
         "region": f"{a}.zone",  # mapped to the region in Python (SQLite has no rsplit)
         "type": f"{a}.{'atype' if a == 'iv' else 'accelerator_type'}",
         "capacity": f"{a}.capacity",
-        "day": sd.billing_sql(day_sql, f"{a}.s", dialect=d),  # the UTC day number; a date in Python
+        "day": day_sql(f"{a}.s", d),  # the UTC day number; a date in Python
         "total": "NULL",
     }[group.kind]
 

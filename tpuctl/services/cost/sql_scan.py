@@ -105,8 +105,8 @@ def pods_billed_sql(group: GroupBy, d: Dialect, source: str | None = None) -> st
     source = all_pods(d) if source is None else source
     b0 = d.greatest("p.ready_at", ":since")
     be = d.least("COALESCE(p.ended_at, :now)", ":until")
-    day0 = sd.billing_sql(day_sql, b0, dialect=d)
-    d0 = f"({d.least(be, sd.billing_sql(midnight_after_sql, b0, dialect=d))} - {b0})"
+    day0 = day_sql(b0, d)
+    d0 = f"({d.least(be, midnight_after_sql(b0, d))} - {b0})"
     columns = ("slices", "seen", "bs", "cs", "priced", "unpriced", "d0s", "d0cs", "d0priced", "d0unpriced")
     values = [
         own_sql(group, d),
@@ -192,7 +192,7 @@ def later_days_sql(d: Dialect, source: str) -> str:
     few rows."""
     b0 = d.greatest("p.ready_at", ":since")
     be = d.least("COALESCE(p.ended_at, :now)", ":until")
-    midnight = sd.billing_sql(midnight_after_sql, b0, dialect=d)
+    midnight = midnight_after_sql(b0, d)
     return f"""
 WITH RECURSIVE x AS (
     SELECT p.zone, p.accelerator_type AS atype, p.capacity, p.chips, p.price_per_chip_hour AS price,
@@ -210,7 +210,7 @@ days(zone, atype, capacity, chips, price, s, e, pe) AS (
     FROM days WHERE e < pe
 )
 INSERT INTO cost_days (day, zone, atype, capacity, slices, s, cs, priced, unpriced)
-SELECT {sd.billing_sql(day_sql, "s", dialect=d)}, zone, COALESCE(atype, :null_key),
+SELECT {day_sql("s", d)}, zone, COALESCE(atype, :null_key),
        COALESCE(capacity, :null_key),
        COUNT(*), SUM(e - s), SUM(chips * (e - s)),
        -- TOTAL, not SUM: a day's unpriced piece must not make its priced sum NULL

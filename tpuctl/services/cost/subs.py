@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from tpuctl.services.cost.reader import LedgerReader
 from tpuctl.services.cost.sql_intervals import aggregate_sql
 from tpuctl.services.cost.window import GroupBy
+from tpuctl.store.billing import null_key
+from tpuctl.store.sql import POSTGRESQL, SQLITE
 
 
 @dataclass(frozen=True)
@@ -76,10 +78,12 @@ def negate(sub: Sub) -> Sub:
                -sub.priced_usd_seconds, -sub.unpriced_chip_seconds)  # fmt: skip
 
 
+#: What stands for NULL in the working tables' keys, on either engine (``billing.null_key``).
+_NULL_KEYS: Final = frozenset({null_key(SQLITE), null_key(POSTGRESQL)})
+
+
 def unnull(value: Any) -> Any:
-    """None for the working tables' stand-in for NULL: either engine's (a control character, never a real
-    key, zone, type or capacity)."""
-    return None if isinstance(value, str) and len(value) == 1 and value < " " else value
+    return None if value in _NULL_KEYS else value
 
 
 def floats(values: Sequence[Any]) -> list[float]:
