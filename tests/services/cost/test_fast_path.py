@@ -131,7 +131,7 @@ WINDOWS = [
 ]
 
 
-@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("seed", [1, pytest.param(2, marks=pytest.mark.slow_on_postgresql)])
 def test_fast_path_equals_interval_arithmetic(open_ledger: Callable[..., Ledger], seed: int) -> None:
     db = _ledger(open_ledger, seed)
     catalog = Catalog.load()
@@ -159,7 +159,10 @@ def test_fast_path_equals_interval_arithmetic(open_ledger: Callable[..., Ledger]
     assert runs["(none)"]["slices"] > 0
 
 
-@pytest.mark.parametrize("group", ["slice", "run", "zone", "day"])
+@pytest.mark.parametrize(
+    "group",
+    ["run", *(pytest.param(g, marks=pytest.mark.slow_on_postgresql) for g in ("slice", "zone", "day"))],
+)
 def test_limit_keeps_the_costliest_groups_of_the_same_report(
     open_ledger: Callable[..., Ledger], group: str
 ) -> None:
@@ -188,7 +191,7 @@ def test_limit_keeps_the_costliest_groups_of_the_same_report(
         assert service.report(since=since, group_by=parse_group_by(group), limit=0).to_dict() == full
 
 
-@pytest.mark.parametrize("group", ["slice", "run"])
+@pytest.mark.parametrize("group", [pytest.param("slice", marks=pytest.mark.slow_on_postgresql), "run"])
 def test_the_groups_shown_carry_their_recomputed_work(open_ledger: Callable[..., Ledger], group: str) -> None:
     """With a limit only the groups shown get their recomputed work (it does not rank them): the same
     figures as the full report's, in every window, for the many groups that redid steps."""
@@ -204,7 +207,7 @@ def test_the_groups_shown_carry_their_recomputed_work(open_ledger: Callable[...,
             assert top.to_dict()["groups"] == full["groups"][:limit], (since, until, limit)
 
 
-@pytest.mark.parametrize("seed", [4, 5])
+@pytest.mark.parametrize("seed", [4, pytest.param(5, marks=pytest.mark.slow_on_postgresql)])
 def test_the_costliest_slices_are_the_full_reports_first_ones_in_every_window(
     open_ledger: Callable[..., Ledger], seed: int
 ) -> None:
@@ -365,3 +368,25 @@ def test_a_bulk_import_never_rolls_up_a_slice_whose_price_change_is_not_written_
         assert _count(ledger, "pods", "name = 'x' AND rolled = 0") == 1
         db = ledger.url
     assert _both(db, D0 + 5 * DAY, [(None, None), (D0, D0 + 3 * DAY)]) == []
+
+
+def test_both_engines_give_the_same_report_to_the_cent(tmp_path: Path, postgres_url: str) -> None:
+    """The same events in a SQLite ledger and a PostgreSQL one: the same report, for every grouping and
+    window (the fast path; the reference path is held to it above on each engine)."""
+    from tpuctl.store import parse_database_url
+    from tpuctl.store.database import open_database
+
+    on_sqlite = _ledger(lambda: Ledger(tmp_path / "state"), 1)
+    on_postgresql = _ledger(lambda: Ledger(open_database(parse_database_url(postgres_url))), 1)
+    catalog = Catalog.load()
+    source = PriceSource(catalog.prices.source, catalog.prices.date, cached=False)
+    for group in ("slice", "run", "zone", "day", "label:team"):
+        for since, until in WINDOWS:
+            sqlite_doc, postgresql_doc = (
+                CostService(db, catalog, source, clock=lambda: T0 + 4 * DAY, workers=1)
+                .report(since=since, until=until, group_by=parse_group_by(group))
+                .to_dict()
+                for db in (on_sqlite, on_postgresql)
+            )
+            assert _rounded(postgresql_doc) == _rounded(sqlite_doc), (group, since, until)
+            assert postgresql_doc["totals"]["cost_usd"] == sqlite_doc["totals"]["cost_usd"]
