@@ -38,6 +38,15 @@ class TempTable:
     sqlite: str
     postgresql: str
 
+    def __post_init__(self) -> None:
+        for ddl in (self.sqlite, self.postgresql):
+            if not ddl.startswith(f"CREATE TEMP TABLE {self.name} ("):
+                raise ValueError(f"not a CREATE TEMP TABLE of {self.name}: {ddl[:60]!r}")
+
+    @property
+    def name(self) -> str:
+        return self.sqlite.split()[3]
+
     def ddl(self, dialect: Dialect) -> str:
         return self.sqlite if dialect.name == "sqlite" else self.postgresql
 
@@ -137,12 +146,14 @@ class SqliteReader:
         self._conn.execute("BEGIN")
         try:
             for table in tables:
-                self.execute(table.sqlite, {})
+                self.execute(table.ddl(SQLITE), {})
             yield
         finally:
             if self._conn.in_transaction:
-                # The temp tables go with the connection (one report's); the read ends here.
                 self._conn.execute("COMMIT")
+            # Temp tables outlive a transaction on SQLite: gone with the snapshot, as on PostgreSQL.
+            for table in tables:
+                self._conn.execute(f"DROP TABLE IF EXISTS temp.{table.name}")
 
     def another(self) -> SqliteReader:
         return SqliteReader(self.path)
@@ -203,7 +214,7 @@ class PostgresReader:
         self._conn = SqlAlchemyConnection(conn, POSTGRESQL)
         try:
             for table in tables:
-                self.execute(table.postgresql + " ON COMMIT DROP", {})
+                self.execute(table.ddl(POSTGRESQL) + " ON COMMIT DROP", {})
             self.execute("SET TRANSACTION READ ONLY", {})
             yield
         finally:
