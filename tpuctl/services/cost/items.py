@@ -2,7 +2,7 @@
 
 Why a path of their own: one group per slice or per run is hundreds of thousands of groups on a big
 ledger (230k slices, 158k runs for 1,000,000 events). Building each in Python (a line object, catalog
-look-ups, ten roundings, a dict) took 16 s for the slices. Here SQLite computes every group's figures,
+look-ups, ten roundings, a dict) took 16 s for the slices. Here the database computes every group's figures,
 catalog prices included (``cost_prices``: the few zone x type x capacity combinations in the window),
 and Python only zips the rows it gets into dicts. With a ``limit`` (the table's default) the groups are
 first ranked on their cost alone, one cheap pass, and the full figures computed and formatted only for

@@ -168,6 +168,14 @@ class SqliteReader:
         self.close()
 
 
+def _number(value: Decimal) -> int | float:
+    """A NUMERIC as SQLite would have given it: the SUM of a BIGINT (a whole number) as an int, exact
+    literals and what they touch as a float, so the report never meets a Decimal and its documents are
+    the same on both engines (3 slices, not 3.0)."""
+    exponent = value.as_tuple().exponent
+    return int(value) if isinstance(exponent, int) and exponent >= 0 else float(value)
+
+
 class PostgresReader:
     """A connection of the ledger database's pool, reading in one REPEATABLE READ, read-only transaction
     per snapshot. ``engine``: an open ``PostgresDatabase``'s, shared; else one made here and disposed of
@@ -193,9 +201,7 @@ class PostgresReader:
 
     def query(self, sql: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
         rows = self._run(sql, params).fetchall()
-        # SUM of a BIGINT and exact literals are NUMERIC on PostgreSQL: floats, as SQLite gives them,
-        # so that the report's arithmetic never meets a Decimal.
-        return [tuple(float(v) if isinstance(v, Decimal) else v for v in row) for row in rows]
+        return [tuple(_number(v) if isinstance(v, Decimal) else v for v in row) for row in rows]
 
     def execute(self, sql: str, params: Mapping[str, Any]) -> None:
         self._run(sql, params)
