@@ -60,3 +60,18 @@ def test_a_database_without_the_ledgers_schema_is_refused(tmp_path: Path, postgr
         open_reader(parse_database_url(postgres_url))  # an empty database: never a ledger
     with pytest.raises(LedgerError, match="no ledger at"):
         open_reader(sqlite_url(tmp_path / "ledger.db"))
+
+
+def test_a_parallel_part_on_postgresql_reads_the_reports_own_snapshot(postgres_url: str) -> None:
+    """A scan's parts are connections of their own: on PostgreSQL they import the report's snapshot, so a
+    write between the report's start and a part's sees neither."""
+    url = parse_database_url(postgres_url)
+    with Ledger(open_database(url)) as ledger, open_reader(url) as reader:
+        _requested(ledger, "a")
+        with reader.snapshot(REPORT_TABLES):
+            assert reader.query("SELECT COUNT(*) FROM pods", {}) == [(1,)]
+            _requested(ledger, "b")
+            with reader.another() as part, part.snapshot(REPORT_TABLES):
+                assert part.query("SELECT COUNT(*) FROM pods", {}) == [(1,)]
+                settings = "SELECT current_setting('transaction_read_only')"
+                assert part.query(settings, {}) == [("on",)]

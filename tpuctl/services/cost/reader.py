@@ -66,7 +66,8 @@ class LedgerReader(Protocol):
         ...
 
     def another(self) -> LedgerReader:
-        """One more reader of the same database (a scan's parallel part: a connection of its own)."""
+        """One more reader of the same database (a scan's parallel part: a connection of its own), whose
+        snapshot is this one's where the engine can share it (PostgreSQL), called inside ``snapshot``."""
         ...
 
     def close(self) -> None: ...
@@ -181,11 +182,13 @@ class PostgresReader:
     per snapshot. ``engine``: an open ``PostgresDatabase``'s, shared; else one made here and disposed of
     at ``close``."""
 
-    def __init__(self, url: DatabaseUrl, engine: Engine | None = None) -> None:
+    def __init__(self, url: DatabaseUrl, engine: Engine | None = None, *, shared: str | None = None) -> None:
         from tpuctl.store import migrate
         from tpuctl.store.engine import create_engine
 
         self.url = url
+        #: The exported snapshot this reader's transactions read (``another``), else their own.
+        self._shared = shared
         self._own_engine = engine is None
         self._engine: Engine = create_engine(url) if engine is None else engine
         self._conn: SqlAlchemyConnection | None = None
@@ -219,6 +222,8 @@ class PostgresReader:
             conn.begin()
         self._conn = SqlAlchemyConnection(conn, POSTGRESQL)
         try:
+            if self._shared is not None:  # first, as PostgreSQL requires; an id it made, never user input
+                self.execute(f"SET TRANSACTION SNAPSHOT '{self._shared}'", {})
             for table in tables:
                 self.execute(table.ddl(POSTGRESQL) + " ON COMMIT DROP", {})
             self.execute("SET TRANSACTION READ ONLY", {})
@@ -231,7 +236,9 @@ class PostgresReader:
                 conn.close()
 
     def another(self) -> PostgresReader:
-        return PostgresReader(self.url, self._engine)
+        # The parts of a scan read the very state this report reads, even with writers in between.
+        (shared,) = self.query("SELECT pg_export_snapshot()", {})[0]
+        return PostgresReader(self.url, self._engine, shared=str(shared))
 
     @contextmanager
     def _translate(self) -> Iterator[None]:
