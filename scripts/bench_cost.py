@@ -41,6 +41,7 @@ from tpuctl.services.cost import DEFAULT_TABLE_LIMIT, CostService, parse_group_b
 from tpuctl.services.prices import load_catalog  # noqa: E402
 from tpuctl.store.ledger import Ledger  # noqa: E402
 from tpuctl.store.records import EventKind, NewEvent  # noqa: E402
+from tpuctl.store.url import sqlite_url  # noqa: E402
 
 START = 1_790_000_000.0  # 2026-09-21
 SPAN_S = 60 * 86400.0  # two months of activity
@@ -261,7 +262,7 @@ def main() -> int:
         print(json.dumps(ledger_info), flush=True)
         catalog, source = load_catalog(state, "sim")
         now = START + SPAN_S + 86400
-        service = CostService(state / "ledger.db", catalog, source, clock=lambda: now)
+        service = CostService(sqlite_url(state / "ledger.db"), catalog, source, clock=lambda: now)
         results: dict[str, Any] = {}
         load_before = os.getloadavg()
         # (name, group, limit): the per-slice and per-run groupings as the table shows them (the 50

@@ -263,13 +263,13 @@ def test_monthly_budget_warns_once_the_month_is_over_it(ledger: Ledger) -> None:
     _slice(ledger, "this-month", ready=T0, run_id=None, end=T0 + 5 * 3600)  # 10 USD
 
     def warn(budget: float) -> str | None:
-        return monthly_budget_warning(ledger.path, catalog, source, monthly_budget=budget, now=T0 + 6 * 3600)
+        return monthly_budget_warning(ledger.url, catalog, source, monthly_budget=budget, now=T0 + 6 * 3600)
 
     assert warn(10.0) is None  # not over
     text = warn(9.99)
     assert text is not None
     assert "10.00 USD" in text and "9.99 USD" in text and "2027-01" in text
-    assert monthly_budget_warning(ledger.path, catalog, source, monthly_budget=None) is None
+    assert monthly_budget_warning(ledger.url, catalog, source, monthly_budget=None) is None
 
 
 def test_max_hours_labels_and_expired_slices(ledger: Ledger) -> None:

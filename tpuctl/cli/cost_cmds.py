@@ -250,9 +250,8 @@ def _start_report(
     migrated first)."""
     from tpuctl.services.cost import CostService
     from tpuctl.services.cost.reconcile import InBackground
-    from tpuctl.store.ledger import ledger_file
 
-    service = CostService(ledger_file(settings.resolved_database), *prices, clock=now)
+    service = CostService(settings.resolved_database, *prices, clock=now)
     return InBackground(
         lambda: service.report(since=start, until=end, group_by=group, limit=limit), name="tpuctl-cost-report"
     )
@@ -274,7 +273,7 @@ def _report(
     from tpuctl.services.cost import CostService
     from tpuctl.services.cost.reconcile import Reconciler, reconciled_report
 
-    service = CostService(sess.ledger.path, sess.catalog, source, clock=sess.clock)
+    service = CostService(sess.ledger.url, sess.catalog, source, clock=sess.clock)
 
     def compute() -> CostReport:
         return service.report(since=start, until=end, group_by=group, limit=limit)
@@ -308,7 +307,7 @@ def _offline_report(
     out.backend_banner(backend.label, settings.project or "(not contacted)", ", offline")
     out.note("offline: the ledger only, not reconciled with the live listing")
     with Ledger.open(settings.resolved_database) as ledger:
-        result = CostService(ledger.path, catalog, source, clock=now).report(
+        result = CostService(ledger.url, catalog, source, clock=now).report(
             since=start, until=end, group_by=group, limit=limit
         )
         result.warnings.extend(expired_slices(ledger, now=now()))

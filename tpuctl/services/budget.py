@@ -23,7 +23,6 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from tpuctl import params
@@ -36,6 +35,7 @@ if TYPE_CHECKING:
     from tpuctl.services.session import Session
     from tpuctl.store.ledger import Ledger
     from tpuctl.store.records import PodRecord
+    from tpuctl.store.url import DatabaseUrl
 
 #: The label ``pod create --max-hours`` puts on a slice: its billed-time limit in whole seconds (label
 #: values allow only lowercase letters, digits, - and _, so no decimal point).
@@ -563,7 +563,7 @@ def month_start(now: float) -> float:
 
 
 def monthly_budget_warning(
-    ledger_path: Path,
+    database: DatabaseUrl,
     catalog: Catalog,
     prices: PriceSource,
     *,
@@ -572,13 +572,13 @@ def monthly_budget_warning(
 ) -> str | None:
     """The warning every create prints once this calendar month's (UTC) spend exceeds the profile's
     ``monthly_budget``; None while under it, or without one."""
-    if monthly_budget is None or not Path(ledger_path).exists():
+    if monthly_budget is None or (database.path is not None and not database.path.exists()):
         return None
     from tpuctl.services.cost import CostService
 
     at = time.time() if now is None else now
     start = month_start(at)
-    spent = CostService(Path(ledger_path), catalog, prices, clock=lambda: at).spend(since=start, until=at)
+    spent = CostService(database, catalog, prices, clock=lambda: at).spend(since=start, until=at)
     if spent <= monthly_budget:
         return None
     month = datetime.fromtimestamp(start, UTC).strftime("%Y-%m")
@@ -613,7 +613,7 @@ def warn_monthly_budget(session: Session, warn: Callable[[str], None], *, now: f
 
     prices = session.catalog.prices
     text = monthly_budget_warning(
-        session.ledger.path,
+        session.ledger.url,
         session.catalog,
         PriceSource(prices.source, prices.date, cached=False),
         monthly_budget=session.settings.monthly_budget,

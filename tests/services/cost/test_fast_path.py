@@ -8,7 +8,7 @@ costliest groups of that same report."""
 from __future__ import annotations
 
 import random
-import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +17,10 @@ import pytest
 from tpuctl.catalog import CapacityType, Catalog
 from tpuctl.services.cost import CostService, parse_group_by
 from tpuctl.services.prices import PriceSource
+from tpuctl.store.billing import crosses_midnight_sql
 from tpuctl.store.ledger import Ledger
 from tpuctl.store.records import EventKind, NewEvent, SegmentKind
-from tpuctl.store.schema import ROLLUP_CHECK_SQL
+from tpuctl.store.url import DatabaseUrl
 
 T0 = 1_800_000_000.0  # 2027-01-15T08:00:00Z
 DAY = 86400.0
@@ -27,7 +28,7 @@ ZONES = ("us-central1-a", "us-east1-c", "europe-west4-b")
 TYPES = (("v5litepod-8", 8), ("v5litepod-64", 64), ("v6e-16", 16))
 
 
-def _ledger(path: Path, seed: int) -> Path:
+def _ledger(open_ledger: Callable[..., Ledger], seed: int) -> DatabaseUrl:
     rng = random.Random(seed)
     events: list[NewEvent] = []
     runs = [f"r{i}" for i in range(12)]  # r11 has no runs row: its slices name a run the ledger lacks
@@ -73,7 +74,7 @@ def _ledger(path: Path, seed: int) -> Path:
         else:
             events.append(NewEvent(EventKind.DELETED, ts=end, **common))
     events.sort(key=lambda e: e.ts or 0.0)
-    with Ledger(path) as ledger:
+    with open_ledger() as ledger:
         ledger.record_events_bulk(events)
         assert ledger.check_view() == []
         for run in runs[:11]:
@@ -81,34 +82,32 @@ def _ledger(path: Path, seed: int) -> Path:
         for run, pod, zone, start, end, completed, recomputed in segments:
             seg = ledger.add_segment(run, SegmentKind.RUNNING, start=start, pod=pod, zone=zone)
             ledger.close_segment(seg, end=end, steps_completed=completed, steps_recomputed=recomputed)
-        db = ledger.path
-    conn = sqlite3.connect(db)
-    try:  # the rollup the triggers kept is what the pods view sums to
-        stored = conn.execute("SELECT * FROM cost_rollup ORDER BY 1, 2, 3, 4, 5").fetchall()
-        assert stored == conn.execute(ROLLUP_CHECK_SQL).fetchall()
-        assert stored
-        # Both ways of billing slices crossing midnight and quota held are exercised (schema v8): rolled
-        # up (and, per window, some of those read slice by slice) and never rolled (price-changed).
-        rolled = "SELECT COUNT(*) FROM pods WHERE rolled = 1"
-        unrolled = (
-            "SELECT COUNT(*) FROM pods WHERE rolled = 0 AND ended_at IS NOT NULL AND ready_at IS NOT NULL "
-            "AND ended_at > (CAST(ready_at / 86400 AS INTEGER) + 1) * 86400.0"
-        )
-        assert conn.execute(rolled).fetchone()[0] > 0 and conn.execute(unrolled).fetchone()[0] > 0
-        assert conn.execute("SELECT COUNT(*) FROM cost_rollup_held").fetchone()[0] > 0
+        # The rollups the triggers kept are what the pods view sums to (check_view, on the ledger's
+        # engine); both ways of billing slices crossing midnight and quota held are exercised (schema v8):
+        # rolled up (and, per window, some of those read slice by slice) and never rolled (price-changed).
+        assert ledger.check_view() == []
+        assert _count(ledger, "cost_rollup") > 0
+        assert _count(ledger, "pods", "rolled = 1") > 0
+        unrolled = "rolled = 0 AND ended_at IS NOT NULL AND ready_at IS NOT NULL AND {crossing}"
+        assert _count(ledger, "pods", unrolled) > 0
+        assert _count(ledger, "cost_rollup_held") > 0
         # Both ways of costing recomputed work are exercised: figures stored on closed slices (schema v7)
         # and segments on slices still open at report time.
-        assert conn.execute("SELECT COUNT(*) FROM pods WHERE rec_priced > 0").fetchone()[0] > 0
-        assert (
-            conn.execute(
-                "SELECT COUNT(*) FROM run_segments AS rs JOIN pods AS p "
-                "ON p.zone = rs.zone AND p.name = rs.pod WHERE rs.steps_recomputed > 0 AND p.ended_at IS NULL"
-            ).fetchone()[0]
-            > 0
+        assert _count(ledger, "pods", "rec_priced > 0") > 0
+        open_recomputing = (
+            "EXISTS (SELECT 1 FROM pods AS p WHERE p.zone = run_segments.zone AND p.name = run_segments.pod "
+            "AND p.ended_at IS NULL)"
         )
-    finally:
-        conn.close()
-    return db
+        assert _count(ledger, "run_segments", f"steps_recomputed > 0 AND {open_recomputing}") > 0
+        return ledger.url
+
+
+def _count(ledger: Ledger, table: str, where: str = "TRUE") -> int:
+    """Rows of ``table`` where ``where`` (``{crossing}``: a closed slice crossing midnight), on the
+    ledger's own engine."""
+    with ledger._read() as conn:
+        where = where.replace("{crossing}", crosses_midnight_sql("", conn.dialect))
+        return int(conn.execute(f"SELECT COUNT(*) FROM {table} WHERE {where}").fetchone()[0])
 
 
 def _rounded(doc: dict[str, Any]) -> dict[str, Any]:
@@ -132,9 +131,12 @@ WINDOWS = [
 ]
 
 
+# On PostgreSQL with --slow only: by default the both-engines test below holds PostgreSQL's report to
+# SQLite's on seed 1's ledger, which this test holds to the interval arithmetic.
+@pytest.mark.slow_on_postgresql
 @pytest.mark.parametrize("seed", [1, 2])
-def test_fast_path_equals_interval_arithmetic(tmp_path: Path, seed: int) -> None:
-    db = _ledger(tmp_path / "state", seed)
+def test_fast_path_equals_interval_arithmetic(open_ledger: Callable[..., Ledger], seed: int) -> None:
+    db = _ledger(open_ledger, seed)
     catalog = Catalog.load()
     source = PriceSource(catalog.prices.source, catalog.prices.date, cached=False)
     now = T0 + 4 * DAY
@@ -160,9 +162,14 @@ def test_fast_path_equals_interval_arithmetic(tmp_path: Path, seed: int) -> None
     assert runs["(none)"]["slices"] > 0
 
 
-@pytest.mark.parametrize("group", ["slice", "run", "zone", "day"])
-def test_limit_keeps_the_costliest_groups_of_the_same_report(tmp_path: Path, group: str) -> None:
-    db = _ledger(tmp_path / "state", 3)
+@pytest.mark.parametrize(
+    "group",
+    ["run", *(pytest.param(g, marks=pytest.mark.slow_on_postgresql) for g in ("slice", "zone", "day"))],
+)
+def test_limit_keeps_the_costliest_groups_of_the_same_report(
+    open_ledger: Callable[..., Ledger], group: str
+) -> None:
+    db = _ledger(open_ledger, 3)
     catalog = Catalog.load()
     source = PriceSource(catalog.prices.source, catalog.prices.date, cached=False)
     now = T0 + 4 * DAY
@@ -187,11 +194,11 @@ def test_limit_keeps_the_costliest_groups_of_the_same_report(tmp_path: Path, gro
         assert service.report(since=since, group_by=parse_group_by(group), limit=0).to_dict() == full
 
 
-@pytest.mark.parametrize("group", ["slice", "run"])
-def test_the_groups_shown_carry_their_recomputed_work(tmp_path: Path, group: str) -> None:
+@pytest.mark.parametrize("group", [pytest.param("slice", marks=pytest.mark.slow_on_postgresql), "run"])
+def test_the_groups_shown_carry_their_recomputed_work(open_ledger: Callable[..., Ledger], group: str) -> None:
     """With a limit only the groups shown get their recomputed work (it does not rank them): the same
     figures as the full report's, in every window, for the many groups that redid steps."""
-    db = _ledger(tmp_path / "state", 6)
+    db = _ledger(open_ledger, 6)
     catalog = Catalog.load()
     source = PriceSource(catalog.prices.source, catalog.prices.date, cached=False)
     service = CostService(db, catalog, source, clock=lambda: T0 + 4 * DAY, workers=1)
@@ -203,14 +210,15 @@ def test_the_groups_shown_carry_their_recomputed_work(tmp_path: Path, group: str
             assert top.to_dict()["groups"] == full["groups"][:limit], (since, until, limit)
 
 
+@pytest.mark.slow_on_postgresql  # the limit's SQL on PostgreSQL: test_report's limit tests, by default
 @pytest.mark.parametrize("seed", [4, 5])
 def test_the_costliest_slices_are_the_full_reports_first_ones_in_every_window(
-    tmp_path: Path, seed: int
+    open_ledger: Callable[..., Ledger], seed: int
 ) -> None:
     """The limited slice report ranks only slices that can make it (closed ones down to the stored USD of
     the limit-th, plus open, window-cut and unpriced ones), or all of them when fewer closed slices cost
     anything: either way, the full report's first groups."""
-    db = _ledger(tmp_path / "state", seed)
+    db = _ledger(open_ledger, seed)
     catalog = Catalog.load()
     source = PriceSource(catalog.prices.source, catalog.prices.date, cached=False)
     service = CostService(db, catalog, source, clock=lambda: T0 + 4 * DAY, workers=1)
@@ -229,15 +237,16 @@ def test_no_correlated_subquery_scans_a_table(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, group: str, limit: int | None
 ) -> None:
     """Every look-up a report makes per slice or per group is a SEARCH by key: a SCAN there costs a pass
-    over a table per row, quadratic on a big ledger (an untyped temp-table key once did exactly that)."""
-    import tpuctl.services.cost as cost_module
+    over a table per row, quadratic on a big ledger (an untyped temp-table key once did exactly that).
+    SQLite's query plans: on SQLite only."""
+    from tpuctl.services.cost.reader import SqliteReader
 
-    db = _ledger(tmp_path / "state", 6)
+    db = _ledger(lambda: Ledger(tmp_path / "state"), 6)
     plans: list[tuple[str, list[tuple[int, int, str]]]] = []
-    real_query, real_execute = cost_module.LedgerReader.query, cost_module.LedgerReader.execute
+    real_query, real_execute = SqliteReader.query, SqliteReader.execute
 
     def explain(reader: Any, sql: str, params: Any) -> None:
-        if sql.lstrip().upper().startswith(("SELECT", "INSERT", "WITH", "CREATE TEMP TABLE COST_ALL")):
+        if sql.lstrip().upper().startswith(("SELECT", "INSERT", "WITH")):
             rows = reader._conn.execute("EXPLAIN QUERY PLAN " + sql, dict(params)).fetchall()
             plans.append((sql, [(r[0], r[1], r[3]) for r in rows]))
 
@@ -249,8 +258,8 @@ def test_no_correlated_subquery_scans_a_table(
         explain(reader, sql, params)
         real_execute(reader, sql, params)
 
-    monkeypatch.setattr(cost_module.LedgerReader, "query", query)
-    monkeypatch.setattr(cost_module.LedgerReader, "execute", execute)
+    monkeypatch.setattr(SqliteReader, "query", query)
+    monkeypatch.setattr(SqliteReader, "execute", execute)
     catalog = Catalog.load()
     source = PriceSource(catalog.prices.source, catalog.prices.date, cached=False)
     service = CostService(db, catalog, source, clock=lambda: T0 + 4 * DAY, workers=1)
@@ -268,7 +277,7 @@ def test_no_correlated_subquery_scans_a_table(
 D0 = 1_800_057_600.0  # 2027-01-16T00:00:00Z: a midnight
 
 
-def _both(db: Path, now: float, windows: list[tuple[float | None, float | None]]) -> list[str]:
+def _both(db: DatabaseUrl, now: float, windows: list[tuple[float | None, float | None]]) -> list[str]:
     """Where the fast path differs from the reference (groups, totals, per day), for zone, day and slice."""
     catalog = Catalog.load()
     source = PriceSource(catalog.prices.source, catalog.prices.date, cached=False)
@@ -291,19 +300,21 @@ def _requested(name: str, ts: float, price: float = 1.0) -> NewEvent:
                     capacity=CapacityType.SPOT, price_per_chip_hour=price, ts=ts)  # fmt: skip
 
 
-def test_a_price_change_stamped_at_the_end_does_not_set_the_days_price(tmp_path: Path) -> None:
+def test_a_price_change_stamped_at_the_end_does_not_set_the_days_price(
+    open_ledger: Callable[..., Ledger],
+) -> None:
     """20:00 -> 06:00 across midnight at 1 USD, a change to 3 USD stamped at the very end: billed wholly
     at 1 USD (80 USD for 8 chips x 10 h), each day at 1 USD, not cut at the last price."""
     ready, end = D0 + 20 * 3600, D0 + DAY + 6 * 3600
     z = ZONES[0]
-    with Ledger(tmp_path / "state") as ledger:
+    with open_ledger() as ledger:
         ledger.record_events_bulk(
             [_requested("a", ready - 60), NewEvent(EventKind.READY, pod="a", zone=z, ts=ready)]
         )
         ledger.record_event(EventKind.PRICE_CHANGE, pod="a", zone=z, price_per_chip_hour=3.0, ts=end)
         ledger.record_event(EventKind.DELETED, pod="a", zone=z, ts=end)
         assert ledger.check_view() == []
-        db = ledger.path
+        db = ledger.url
     assert _both(db, D0 + 5 * DAY, [(None, None), (D0, D0 + 3 * DAY)]) == []
     catalog = Catalog.load()
     source = PriceSource(catalog.prices.source, catalog.prices.date, cached=False)
@@ -315,20 +326,22 @@ def test_a_price_change_stamped_at_the_end_does_not_set_the_days_price(tmp_path:
 
 
 @pytest.mark.parametrize("hours", [10, 2])  # across midnight, and within one day
-def test_a_price_change_recorded_after_the_slice_ended_changes_nothing(tmp_path: Path, hours: int) -> None:
+def test_a_price_change_recorded_after_the_slice_ended_changes_nothing(
+    open_ledger: Callable[..., Ledger], hours: int
+) -> None:
     """Events out of order: a change stamped inside the slice's life but recorded after its end. The
     ledger's view ignores it, and so do both report paths: billed at the price in force when it ran."""
     ready = D0 + 20 * 3600
     end = ready + hours * 3600
     z = ZONES[0]
-    with Ledger(tmp_path / "state") as ledger:
+    with open_ledger() as ledger:
         ledger.record_events_bulk(
             [_requested("a", ready - 60), NewEvent(EventKind.READY, pod="a", zone=z, ts=ready)]
         )
         ledger.record_event(EventKind.DELETED, pod="a", zone=z, ts=end)
         ledger.record_event(EventKind.PRICE_CHANGE, pod="a", zone=z, price_per_chip_hour=3.0, ts=ready + 1800)
         assert ledger.check_view() == []
-        db = ledger.path
+        db = ledger.url
     assert _both(db, D0 + 5 * DAY, [(None, None), (D0, D0 + 3 * DAY), (D0 + 21 * 3600, None)]) == []
     catalog = Catalog.load()
     source = PriceSource(catalog.prices.source, catalog.prices.date, cached=False)
@@ -337,7 +350,7 @@ def test_a_price_change_recorded_after_the_slice_ended_changes_nothing(tmp_path:
 
 
 def test_a_bulk_import_never_rolls_up_a_slice_whose_price_change_is_not_written_yet(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    open_ledger: Callable[..., Ledger], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The bulk path writes pod rows every _POD_FLUSH dirty pods and events every _EVENT_CHUNK: a slice
     closed in a pod flush must find its price change already written (the trigger reads it)."""
@@ -353,13 +366,40 @@ def test_a_bulk_import_never_rolls_up_a_slice_whose_price_change_is_not_written_
         NewEvent(EventKind.DELETED, pod="x", zone=z, ts=ex),
         _requested("y", ex + 1),  # the dirty set reaches the flush size with x closed
     ]
-    with Ledger(tmp_path / "state") as ledger:
+    with open_ledger() as ledger:
         ledger.record_events_bulk(events)
         assert ledger.check_view() == []
-        db = ledger.path
-    conn = sqlite3.connect(db)
-    try:
-        assert conn.execute("SELECT rolled FROM pods WHERE name = 'x'").fetchone() == (0,)
-    finally:
-        conn.close()
+        assert _count(ledger, "pods", "name = 'x' AND rolled = 0") == 1
+        db = ledger.url
     assert _both(db, D0 + 5 * DAY, [(None, None), (D0, D0 + 3 * DAY)]) == []
+
+
+def _typed(doc: Any) -> Any:
+    """``doc`` with each value's type beside it (an int stays an int: 3 slices, never 3.0)."""
+    if isinstance(doc, dict):
+        return {k: _typed(v) for k, v in doc.items()}
+    if isinstance(doc, list):
+        return [_typed(v) for v in doc]
+    return (type(doc).__name__, round(doc, 4) if isinstance(doc, float) else doc)
+
+
+def test_both_engines_give_the_same_report_to_the_cent(tmp_path: Path, postgres_url: str) -> None:
+    """The same events in a SQLite ledger and a PostgreSQL one: the same report, for every grouping and
+    window (the fast path; the reference path is held to it above on each engine)."""
+    from tpuctl.store import parse_database_url
+    from tpuctl.store.database import open_database
+
+    on_sqlite = _ledger(lambda: Ledger(tmp_path / "state"), 1)
+    on_postgresql = _ledger(lambda: Ledger(open_database(parse_database_url(postgres_url))), 1)
+    catalog = Catalog.load()
+    source = PriceSource(catalog.prices.source, catalog.prices.date, cached=False)
+    for group in ("slice", "run", "zone", "day", "label:team"):
+        for since, until in WINDOWS:
+            sqlite_doc, postgresql_doc = (
+                CostService(db, catalog, source, clock=lambda: T0 + 4 * DAY, workers=1)
+                .report(since=since, until=until, group_by=parse_group_by(group))
+                .to_dict()
+                for db in (on_sqlite, on_postgresql)
+            )
+            assert _typed(postgresql_doc) == _typed(sqlite_doc), (group, since, until)
+            assert postgresql_doc["totals"]["cost_usd"] == sqlite_doc["totals"]["cost_usd"]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, cast
 
 import pytest
@@ -55,8 +54,8 @@ def _node(name: str, state: str = "READY") -> Node:
 
 
 @pytest.fixture
-def ledger(tmp_path: Path) -> Ledger:
-    led = Ledger(tmp_path / "state")
+def ledger(open_ledger: Callable[..., Ledger]) -> Ledger:
+    led = open_ledger()
     for name in ("kept", "vanished"):
         led.record_event(EventKind.REQUESTED, pod=name, zone=Z, accelerator_type="v5litepod-8", chips=8,
                          capacity=CapacityType.SPOT, price_per_chip_hour=0.245, ts=T0 - 60, backend="sim",
@@ -76,7 +75,7 @@ def _reconciled(
 def _reporter(ledger: Ledger, clock: FakeClock) -> tuple[list[CostReport], Callable[[], CostReport]]:
     catalog = Catalog.load()
     source = PriceSource(catalog.prices.source, catalog.prices.date, cached=False)
-    service = CostService(ledger.path, catalog, source, clock=clock)
+    service = CostService(ledger.url, catalog, source, clock=clock)
     made: list[CostReport] = []
 
     def report() -> CostReport:

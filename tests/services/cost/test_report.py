@@ -5,7 +5,6 @@ report runs with a fixed clock, so every figure is asserted exactly."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,8 +24,8 @@ Z = "us-central1-a"
 
 
 @pytest.fixture
-def ledger(tmp_path: Path) -> Iterator[Ledger]:
-    with Ledger(tmp_path / "state") as led:
+def ledger(open_ledger: Callable[..., Ledger]) -> Iterator[Ledger]:
+    with open_ledger() as led:
         yield led
 
 
@@ -68,7 +67,7 @@ def report(ledger: Ledger) -> Callable[..., CostReport]:
     def run(
         *, now: float = T0 + DAY, group_by: str | None = None, fast: bool = True, **kwargs: Any
     ) -> CostReport:
-        service = CostService(ledger.path, catalog, source, clock=lambda: now, fast=fast)
+        service = CostService(ledger.url, catalog, source, clock=lambda: now, fast=fast)
         return service.report(group_by=parse_group_by(group_by), **kwargs)
 
     return run
@@ -570,7 +569,7 @@ def test_parallel_scans_over_id_ranges_give_the_same_report(
     source = PriceSource(catalog.prices.source, catalog.prices.date, cached=False)
 
     def doc(workers: int, group: str) -> dict[str, Any]:
-        service = CostService(ledger.path, catalog, source, clock=lambda: midnight + DAY, workers=workers)
+        service = CostService(ledger.url, catalog, source, clock=lambda: midnight + DAY, workers=workers)
         return service.report(group_by=parse_group_by(group), since=midnight - 5 * 3600).to_dict()
 
     monkeypatch.setattr(cost_module, "_PARALLEL_MIN_PODS", 0)

@@ -4,6 +4,7 @@ date and the note that its unit is unconfirmed; nothing on the way looks up a TP
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from tpuctl.catalog import CapacityType
@@ -28,14 +29,16 @@ def _tpu7x_life(ledger: Ledger, name: str, *, price: float | None, ready_s: floa
     ledger.record_event(EventKind.DELETED, pod=name, zone=ZONE, ts=T0 + ready_s)
 
 
-def test_a_tpu7x_slice_is_billed_at_the_tpu7x_price_with_its_source_and_note(tmp_path: Path) -> None:
+def test_a_tpu7x_slice_is_billed_at_the_tpu7x_price_with_its_source_and_note(
+    tmp_path: Path, open_ledger: Callable[..., Ledger]
+) -> None:
     catalog, source = load_catalog(tmp_path / "state", "sim")
     price = catalog.prices.per_chip_hour("tpu7x", "us-central1", CapacityType.ON_DEMAND)
     assert price == 12.0
-    with Ledger(tmp_path / "state") as ledger:
+    with open_ledger() as ledger:
         _tpu7x_life(ledger, "ce-7x", price=price, ready_s=1800)
         _tpu7x_life(ledger, "ce-7x-unpriced", price=None, ready_s=900)  # priced from the catalog
-        service = CostService(ledger.path, catalog, source, clock=lambda: T0 + 3600)
+        service = CostService(ledger.url, catalog, source, clock=lambda: T0 + 3600)
         report = service.report(group_by=parse_group_by("slice"))
 
     doc = report.to_dict()
@@ -59,18 +62,20 @@ def test_a_tpu7x_slice_is_billed_at_the_tpu7x_price_with_its_source_and_note(tmp
     ]
 
 
-def test_a_report_without_tpu7x_carries_no_tpu7x_note(tmp_path: Path) -> None:
+def test_a_report_without_tpu7x_carries_no_tpu7x_note(
+    tmp_path: Path, open_ledger: Callable[..., Ledger]
+) -> None:
     catalog, source = load_catalog(tmp_path / "state", "sim")
-    with Ledger(tmp_path / "state") as ledger:
+    with open_ledger() as ledger:
         ledger.record_event(
             EventKind.REQUESTED, pod="v5e", zone="us-central1-a", accelerator_type="v5litepod-8", chips=8,
             capacity=CapacityType.SPOT, price_per_chip_hour=0.245, ts=T0 - 60, backend="sim",
         )  # fmt: skip
         ledger.record_event(EventKind.READY, pod="v5e", zone="us-central1-a", ts=T0)
-        report = CostService(ledger.path, catalog, source, clock=lambda: T0 + 3600).report()
+        report = CostService(ledger.url, catalog, source, clock=lambda: T0 + 3600).report()
     assert report.price_notes == {}
     # Neither does a window that ends before the tpu7x slice was READY.
-    with Ledger(tmp_path / "state") as ledger:
+    with open_ledger() as ledger:
         _tpu7x_life(ledger, "later", price=12.0, ready_s=60)
-        early = CostService(ledger.path, catalog, source, clock=lambda: T0 + 3600).report(until=T0 - 1)
+        early = CostService(ledger.url, catalog, source, clock=lambda: T0 + 3600).report(until=T0 - 1)
     assert early.price_notes == {}

@@ -3,12 +3,14 @@
 Modules, each one idea (the billing rules themselves are ``tpuctl.store.billing``):
 
 * ``service``: ``CostService``, the report's facade; ``window``: its inputs (grouping, limit, window);
-  ``model``: its records (``CostLine``, ``CostReport``); ``reader``: the read-only ledger connection.
+  ``model``: its records (``CostLine``, ``CostReport``); ``reader``: the report's read-only connection
+  and snapshot, on either engine.
 * The aggregate groupings: ``aggregate`` (groups from the scans' rows), ``scan`` (the fast path and its
   reference oracle side by side), ``subs`` (the rows), ``pricing`` (catalog and on-demand prices).
 * The slice and run groupings: ``item_report`` and the SQL that computes them, ``items``.
 * The SQL: ``sql_intervals`` (billed intervals, price pieces, segments, per-day split: both paths),
-  ``sql_scan`` (the pods scans), ``sql_fast`` (the rollup-driven fast path).
+  ``sql_scan`` (the pods scans), ``sql_fast`` (the rollup-driven fast path); ``sql_dialect``: what
+  they write differently on SQLite and PostgreSQL.
 * ``details``: the groups' keys, order and facts; ``reconcile``: the ledger against the live listing;
   ``estimate``: ``cost estimate``.
 

@@ -5,7 +5,6 @@ aggregate rows the SQL gives back."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from tpuctl.services.cost.details import NONE_KEY, display_key, sorted_lines
@@ -14,11 +13,11 @@ from tpuctl.services.cost.pricing import Pricer
 from tpuctl.services.cost.reader import LedgerReader
 from tpuctl.services.cost.scan import scan_all
 from tpuctl.services.cost.sql_intervals import (
-    SRC_HELD,
-    SRC_RECOMPUTED,
-    SRC_SEGMENT_RUNS,
     aggregate_sql,
     recomputed_sql,
+    src_held,
+    src_recomputed,
+    src_segment_runs,
 )
 from tpuctl.services.cost.subs import Partial, Sub, negate, sub_rows, subs, unnull
 from tpuctl.services.cost.window import GroupBy
@@ -31,7 +30,6 @@ _DAY = GroupBy("day")
 class Query:
     """One report being computed: where it reads, with what, and what the ledger holds."""
 
-    path: Path
     reader: LedgerReader
     params: dict[str, Any]
     warnings: list[str]
@@ -66,7 +64,7 @@ def aggregate_lines(
     main = group if by_group else GroupBy("total")
     fast = q.fast and group.kind not in ("slice", "run")
     partials = scan_all(
-        q.path, q.reader, main, group, q.params, need_days=with_days or not by_group, fast=fast,
+        q.reader, main, group, q.params, need_days=with_days or not by_group, fast=fast,
         changes=q.changes, workers=q.workers,
     )  # fmt: skip
     total_slices, day_subs = _merge_partials(q, partials, line_for, by_group=by_group)
@@ -75,12 +73,13 @@ def aggregate_lines(
             line = line_for(sub)
             q.pricer.add_billed(line, sub, q.warnings, sign=1.0)
             line.slices += sub.slices
-        for sub in subs(q.reader, SRC_HELD, group, q.params):
+        for sub in subs(q.reader, src_held(q.reader.dialect), group, q.params):
             q.pricer.add_held(line_for(sub), sub, q.warnings)
     if group.kind == "run" and q.segments:
         _move_segment_runs(q, group, line_for)
     if q.segments and recomputed:
-        sql = recomputed_sql(group) if q.fast else aggregate_sql(SRC_RECOMPUTED, group)
+        d = q.reader.dialect
+        sql = recomputed_sql(group, d) if q.fast else aggregate_sql(src_recomputed(d), group, d)
         for sub in sub_rows(q.reader, sql, q.params):
             line_for(sub).recomputed_usd += q.pricer.usd(sub, q.warnings)
     out = list(line_for.by_key.values())
@@ -134,7 +133,7 @@ def _merge_partials(
 def _move_segment_runs(q: Query, group: GroupBy, line_for: _Lines) -> None:
     """Slices no run created are billed to the runs that ran on them, for the time they did; the rest of
     their time stays with "(none)"."""
-    for sub in subs(q.reader, SRC_SEGMENT_RUNS, group, q.params, count=True):
+    for sub in subs(q.reader, src_segment_runs(q.reader.dialect), group, q.params, count=True):
         line = line_for(sub)
         q.pricer.add_billed(line, sub, q.warnings, sign=1.0)
         line.slices += sub.slices

@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any, Final
 
+from tpuctl.services.cost import sql_dialect as sd
 from tpuctl.services.cost.model import CostLine
 from tpuctl.services.cost.pricing import region_or
 from tpuctl.services.cost.reader import LedgerReader
@@ -16,11 +17,10 @@ from tpuctl.services.cost.subs import Sub
 from tpuctl.services.cost.window import GroupBy, iso
 from tpuctl.store.billing import DAY_S
 from tpuctl.store.billing import round_usd as _r
+from tpuctl.store.sql import Dialect
 
 #: The group of what belongs to none (slices no run created, with --group-by run).
 NONE_KEY: Final = "(none)"
-#: ISO 8601 UTC with a Z, as ``iso()`` writes it, computed by SQLite (NULL stays NULL).
-_ISO_SQL: Final = "strftime('%Y-%m-%dT%H:%M:%SZ', {0}, 'unixepoch')"
 
 
 def display_key(group: GroupBy, sub: Sub) -> Any:
@@ -49,12 +49,13 @@ def slice_info(reader: LedgerReader, lines: list[CostLine]) -> None:
     by_id = {int(line.key): line for line in lines}
     if not by_id:
         return
+    d = reader.dialect
     rows = reader.query(
-        # Times formatted by SQLite: a few hundred thousand datetime objects cost seconds in Python.
+        # Times formatted by the database: a few hundred thousand datetime objects cost seconds in Python.
         f"SELECT id, zone, name, incarnation, accelerator_type, chips, capacity, state, run_id, "
-        f"{_ISO_SQL.format('ready_at')}, {_ISO_SQL.format('ended_at')}, end_reason, "
-        f"{_ISO_SQL.format('deleted_at')}, price_per_chip_hour, labels, ready_at FROM pods "
-        "WHERE id IN (SELECT value FROM json_each(:ids))",
+        f"{sd.iso('ready_at', d)}, {sd.iso('ended_at', d)}, end_reason, "
+        f"{sd.iso('deleted_at', d)}, price_per_chip_hour, labels, ready_at FROM pods "
+        f"WHERE id IN ({sd.json_values(':ids', 'INTEGER', d)})",
         {"ids": json.dumps(sorted(by_id))},
     )
     order: dict[int, tuple[float, int]] = {}
@@ -87,7 +88,7 @@ def run_info(reader: LedgerReader, lines: list[CostLine]) -> None:
         return
     rows = reader.query(
         "SELECT run_id, status, created_at, ended_at, restarts, preemptions, steps, script FROM runs "
-        "WHERE run_id IN (SELECT value FROM json_each(:ids))",
+        f"WHERE run_id IN ({sd.json_values(':ids', 'TEXT', reader.dialect)})",
         {"ids": json.dumps(ids)},
     )
     info = {
@@ -115,14 +116,21 @@ def mark_unknown_steps(reader: LedgerReader, groups: list[dict[str, Any]]) -> No
     if not ids:
         return
     rows = reader.query(
-        "SELECT run_id FROM runs WHERE run_id IN (SELECT value FROM json_each(:ids)) "
-        "AND json_extract(detail, '$.recovery.steps_reported') = 0",
+        f"SELECT run_id FROM runs WHERE run_id IN ({sd.json_values(':ids', 'TEXT', reader.dialect)}) "
+        f"AND {_steps_unreported(reader.dialect)}",
         {"ids": json.dumps(ids)},
     )
     silent = {r[0] for r in rows}
     for g in groups:
         if g["key"] in silent:
             g.update(steps=None, recomputed_usd=None, waste_usd=None, steps_reported=False)
+
+
+def _steps_unreported(d: Dialect) -> str:
+    """A run (its JSON ``detail``) whose supervisor recorded ``recovery.steps_reported`` false."""
+    if sd.is_pg(d):
+        return "(CAST(detail AS jsonb) -> 'recovery' -> 'steps_reported') = 'false'::jsonb"
+    return "json_extract(detail, '$.recovery.steps_reported') = 0"
 
 
 def limited(group: GroupBy, lines: list[CostLine], limit: int | None) -> list[CostLine]:

@@ -9,14 +9,15 @@ from typing import Any
 from tpuctl.services.cost import items
 from tpuctl.services.cost.aggregate import Query, aggregate_lines
 from tpuctl.services.cost.model import CostLine
+from tpuctl.services.cost.sql_dialect import cross_join, true
 from tpuctl.services.cost.sql_intervals import (
-    CHANGE_CTES,
-    PIECES_NEEDED_SQL,
-    SRC_SEGMENT_RUNS,
     STORED_CHANGE_CTES,
-    STORED_PIECES_SQL,
     aggregate_sql,
+    change_ctes,
+    pieces_needed_sql,
     recomputed_sql,
+    src_segment_runs,
+    stored_pieces_sql,
 )
 from tpuctl.services.cost.subs import sub_rows
 from tpuctl.services.cost.window import GroupBy
@@ -31,21 +32,20 @@ def item_report(q: Query, group: GroupBy, *, with_days: bool, limit: int | None)
     # Recomputed work is added below, per group, and summed into the totals from the same rows.
     lines, by_day, counts = aggregate_lines(q, GroupBy("total"), with_days=with_days, recomputed=False)
     totals = lines[0] if lines else CostLine("total")
-    for statement in items.PREPARE:
-        q.reader.execute(statement, {})
     items.fill_prices(q.reader, items.combos(q.reader), q.pricer.combo_prices)
-    ctes = _prepare_pieces(q) if q.changes else CHANGE_CTES
+    d = q.reader.dialect
+    ctes = _prepare_pieces(q) if q.changes else change_ctes(d)
     if q.segments:
         # The total from the few per-combination rows; per group below (for slices: only those shown).
-        for sub in sub_rows(q.reader, recomputed_sql(GroupBy("total"), ctes), q.params):
+        for sub in sub_rows(q.reader, recomputed_sql(GroupBy("total"), d, ctes), q.params):
             totals.recomputed_usd += q.pricer.usd(sub, q.warnings)
         if group.kind == "run":
             # Slices no run created are billed to the runs that ran on them, for the time they did;
             # the rest of their time stays with "(none)".
-            runs = aggregate_sql(SRC_SEGMENT_RUNS, group, count=True, ctes=ctes)
-            q.reader.execute(f"CREATE TEMP TABLE cost_seg AS {runs}", q.params)
-            q.reader.execute(items.adj_sql("SELECT * FROM cost_seg", recomputed=False), q.params)
-            q.reader.execute(items.adj_sql("SELECT * FROM cost_seg", recomputed=False, sign="-"), q.params)
+            runs = aggregate_sql(src_segment_runs(d), group, d, count=True, ctes=ctes)
+            q.reader.execute(f"INSERT INTO cost_seg {runs}", q.params)
+            q.reader.execute(items.adj_sql("SELECT * FROM cost_seg", d, recomputed=False), q.params)
+            q.reader.execute(items.adj_sql("SELECT * FROM cost_seg", d, recomputed=False, sign="-"), q.params)
     if group.kind == "slice":
         groups = _slice_groups(q, group, ctes, limit)
         # One group per slice billed or holding quota in the window: what the aggregate pass counted.
@@ -60,61 +60,66 @@ def _prepare_pieces(q: Query) -> str:
     read them): those still open or cut by the window, and those segments ran on (their recomputed work,
     or a run's share of a slice it did not create, is priced piece by piece). For the other ones, billed
     wholly inside the window, the stored facts are the bill. Returns the CTEs that read them back."""
-    needed = q.reader.query(PIECES_NEEDED_SQL, q.params)[0][0] or "[]"
-    pieces = f"WITH {CHANGE_CTES} SELECT id, s, e, price FROM pieces"
-    q.reader.execute(f"CREATE TEMP TABLE cost_all_pieces AS {pieces}", {**q.params, "price_changes": needed})
-    q.reader.execute(items.PIECES_SQL, {})
-    q.reader.execute(STORED_PIECES_SQL, q.params)
+    d = q.reader.dialect
+    needed = q.reader.query(pieces_needed_sql(d), q.params)[0][0] or "[]"
+    pieces = f"WITH {change_ctes(d)} SELECT id, s, e, price FROM pieces"
+    q.reader.execute(f"INSERT INTO cost_all_pieces {pieces}", {**q.params, "price_changes": needed})
+    q.reader.execute(items.pieces_sql(d), {})
+    q.reader.execute(stored_pieces_sql(d), q.params)
     return STORED_CHANGE_CTES
 
 
 def _slice_groups(q: Query, group: GroupBy, ctes: str, limit: int | None) -> list[dict[str, Any]]:
     """The slices ranked into cost_top (only the ``limit`` costliest, if given), then their records."""
+    d = q.reader.dialect
     bound = {**q.params, "limit": limit if limit is not None else -1}
     if limit is not None:
-        bar, found = q.reader.query(items.SLICE_BAR_SQL, bound)[0]
+        bar, found = q.reader.query(items.slice_bar_sql(d), bound)[0]
         if found == limit and bar is not None and bar > items.BAR_MARGIN_USD_S:
             # Only slices that can be among the costliest: closed ones down to the bar, and those
             # the stored facts cannot rank (open, cut by the window, unpriced).
-            q.reader.execute(items.SLICE_RANK_ABOVE_SQL, {**bound, "bar": bar - items.BAR_MARGIN_USD_S})
+            q.reader.execute(items.slice_rank_above_sql(d), {**bound, "bar": bar - items.BAR_MARGIN_USD_S})
         else:  # fewer than `limit` closed slices cost anything: rank them all
-            q.reader.execute(items.SLICE_RANK_SQL, bound)
+            q.reader.execute(items.slice_rank_sql(d), bound)
     else:
-        q.reader.execute(items.SLICE_RANK_ALL_SQL, bound)
+        q.reader.execute(items.slice_rank_all_sql(d), bound)
     if q.segments:
         shown = recomputed_sql(
             group,
+            d,
             ctes,
             only="p.id IN (SELECT k FROM cost_top)",
-            stored_from="cost_top AS t CROSS JOIN pods AS p ON p.id = t.k",
+            stored_from=f"cost_top AS t {cross_join(d)} pods AS p ON p.id = t.k",
         )
-        q.reader.execute(items.adj_sql(shown, recomputed=True), q.params)
-        q.reader.execute(items.REC_SQL, {})
-    return items.slice_records(q.reader.query(items.slice_sql(), bound))
+        q.reader.execute(items.adj_sql(shown, d, recomputed=True), q.params)
+        q.reader.execute(items.rec_sql(d), {})
+    return items.slice_records(q.reader.query(items.slice_sql(d), bound))
 
 
 def _run_groups(q: Query, group: GroupBy, ctes: str, limit: int | None) -> tuple[list[dict[str, Any]], int]:
     """The run groups ("(none)" included), ranked when there is a ``limit``; and how many there are."""
+    d = q.reader.dialect
     bound = {**q.params, "limit": limit if limit is not None else -1}
     ranked = limit is not None
-    q.reader.execute(items.NONE_SQL, bound)
+    q.reader.execute(items.none_sql(d), bound)
     if ranked:
-        for statement in items.RUN_RANK_SQL:
+        for statement in items.run_rank_sql(d):
             q.reader.execute(statement, bound)
     if q.segments:
         # Recomputed work is not part of the ranking: only the runs shown need it.
         rec = (
             recomputed_sql(
                 group,
+                d,
                 ctes,
                 only="COALESCE(p.run_id, rs.run_id) IN (SELECT k FROM cost_top_runs)",
-                only_stored="1",
-                stored_from="cost_top_runs AS t CROSS JOIN pods AS p ON p.run_id = t.k",
+                only_stored=true(d),
+                stored_from=f"cost_top_runs AS t {cross_join(d)} pods AS p ON p.run_id = t.k",
             )
             if ranked
-            else recomputed_sql(group, ctes)
+            else recomputed_sql(group, d, ctes)
         )
-        q.reader.execute(items.adj_sql(rec, recomputed=True), q.params)
-    groups = items.run_records(q.reader.query(items.run_sql(ranked=ranked), bound))
+        q.reader.execute(items.adj_sql(rec, d, recomputed=True), q.params)
+    groups = items.run_records(q.reader.query(items.run_sql(d, ranked=ranked), bound))
     total = int(q.reader.query("SELECT COUNT(*) FROM cost_runs", {})[0][0]) if ranked else len(groups)
     return groups, total

@@ -2,7 +2,7 @@
 
 Why a path of their own: one group per slice or per run is hundreds of thousands of groups on a big
 ledger (230k slices, 158k runs for 1,000,000 events). Building each in Python (a line object, catalog
-look-ups, ten roundings, a dict) took 16 s for the slices. Here SQLite computes every group's figures,
+look-ups, ten roundings, a dict) took 16 s for the slices. Here the database computes every group's figures,
 catalog prices included (``cost_prices``: the few zone x type x capacity combinations in the window),
 and Python only zips the rows it gets into dicts. With a ``limit`` (the table's default) the groups are
 first ranked on their cost alone, one cheap pass, and the full figures computed and formatted only for
@@ -20,18 +20,20 @@ share of slices it ran on without creating them, taken from "(none)".
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Mapping, Sequence
 from operator import itemgetter
 from typing import Any, Final, Protocol
 
+from tpuctl.services.cost import sql_dialect as sd
 from tpuctl.services.cost.model import FIGURES
-from tpuctl.services.cost.sql_intervals import BILLED_IN_WINDOW, BILLED_S, HELD_S
+from tpuctl.services.cost.reader import TempTable
+from tpuctl.services.cost.sql_intervals import billed_in_window, billed_s, held_s
 from tpuctl.store.billing import preemptible_sql
+from tpuctl.store.sql import Dialect
 
 _A_SPOT: Final = preemptible_sql("a")
-#: ISO 8601 UTC with a Z, as ``window.iso()`` writes it (seconds truncated, like isoformat does).
-_ISO: Final = "strftime('%Y-%m-%dT%H:%M:%SZ', {0}, 'unixepoch')"
 
 SLICE_INFO: Final = (
     "name",
@@ -53,6 +55,9 @@ RUN_INFO: Final = ("status", "created_at", "ended_at", "restarts", "preemptions"
 
 
 class Reader(Protocol):
+    @property
+    def dialect(self) -> Dialect: ...
+
     def query(self, sql: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]: ...
 
     def execute(self, sql: str, params: Mapping[str, Any]) -> None: ...
@@ -60,17 +65,49 @@ class Reader(Protocol):
 
 # --- per-slice expressions (alias p: pods; x: its price pieces, LEFT JOINed) -------------------------
 
-#: Billed in the window, and its billed seconds there (the aggregate paths' own expressions).
-_BILLED: Final = f"({BILLED_IN_WINDOW})"
-_SECONDS: Final = f"({BILLED_S})"
-#: Quota a preempted slice held in the window (until deleted, or until now), in chip-seconds; else 0.
-_HELD_S: Final = f"({HELD_S})"
-_HELD_CS: Final = f"""(CASE WHEN p.end_reason = 'preempted' AND p.chips IS NOT NULL AND {_HELD_S} > 0
-      THEN p.chips * {_HELD_S} ELSE 0 END)"""
-#: Held quota in the window but not billed in it: such a slice still counts as a slice of its group.
-#: Found through the narrow partial index of preempted slices, not a scan of every pods row.
-_HELD_ONLY: Final = f"p.end_reason = 'preempted' AND NOT {_BILLED} AND {_HELD_CS} > 0"
-_PREEMPTED: Final = "pods AS p INDEXED BY pods_preempted"
+
+class _Slice:
+    """A slice's (alias p) expressions on one engine."""
+
+    def __init__(self, d: Dialect) -> None:
+        self.d = d
+        #: Billed in the window, and its billed seconds there (the aggregate paths' own expressions).
+        self.billed = f"({billed_in_window(d)})"
+        self.seconds = f"({billed_s(d)})"
+        #: Quota a preempted slice held in the window (until deleted, or until now), in chip-seconds; else 0.
+        held = f"({held_s(d)})"
+        self.held_cs = f"""(CASE WHEN p.end_reason = 'preempted' AND p.chips IS NOT NULL AND {held} > 0
+      THEN p.chips * {held} ELSE 0 END)"""
+        #: Held quota in the window but not billed in it: such a slice still counts as a slice of its
+        #: group. Found through the narrow partial index of preempted slices, not a scan of every pods row.
+        self.held_only = f"p.end_reason = 'preempted' AND NOT {self.billed} AND {self.held_cs} > 0"
+        self.preempted = f"pods AS p {sd.indexed('pods_preempted', d)}"
+        #: Billed USD of a billed slice: its pieces if its price changed, else its time at its recorded
+        #: price or, with none recorded, the catalog's (0 where neither has one). COALESCE evaluates the
+        #: catalog look-up only for an unpriced slice. The same text ranks and reports, so a limit keeps
+        #: exactly the costliest.
+        self.usd = f"""((CASE WHEN x.id IS NOT NULL THEN x.priced + x.unpriced * COALESCE({_OWN}, 0)
+       ELSE p.chips * {self.seconds} * COALESCE(p.price_per_chip_hour, {_OWN}, 0) END) / 3600.0)"""
+        self.held_usd = f"({self.held_cs} * COALESCE(p.price_per_chip_hour, {_OWN}, 0) / 3600.0)"
+        self.billed_or_held = f"({self.billed} OR (p.end_reason = 'preempted' AND {self.held_cs} > 0))"
+        #: Per slice shown, what its figures are made of, each evaluated once: billed in the window (b),
+        #: seconds in the window (s), chips, the price its time is billed at (price: recorded, else the
+        #: catalog's, else 0), its price pieces' USD x 3600 if its price changed (xusd), the on-demand
+        #: price its spot time compares with (odp, NULL if not spot or none known), held chip-seconds
+        #: (hcs), recomputed USD.
+        self.parts = f"""{self.billed} AS b, {self.seconds} AS s, p.chips AS chips,
+       COALESCE(p.price_per_chip_hour, {_OWN}, 0) AS price,
+       CASE WHEN x.id IS NOT NULL THEN x.priced + x.unpriced * COALESCE({_OWN}, 0) END AS xusd,
+       CASE WHEN {_SPOT} THEN {_OD} END AS odp, {self.held_cs} AS hcs"""
+
+
+@functools.cache
+def _slice(d: Dialect) -> _Slice:
+    return _Slice(d)
+
+
+_SPOT: Final = preemptible_sql("p")
+_PIECES_JOIN: Final = "LEFT JOIN cost_item_pieces AS x ON x.id = p.id"
 #: A catalog price of the slice's combination (a primary-key look-up in a few dozen rows).
 _CATALOG: Final = (
     "(SELECT c.{0} FROM cost_prices AS c WHERE c.zone = p.zone "
@@ -78,14 +115,6 @@ _CATALOG: Final = (
 )
 _OWN: Final = _CATALOG.format("own")
 _OD: Final = _CATALOG.format("od")
-#: Billed USD of a billed slice: its pieces if its price changed, else its time at its recorded price or,
-#: with none recorded, the catalog's (0 where neither has one). COALESCE evaluates the catalog look-up
-#: only for an unpriced slice. The same text ranks and reports, so a limit keeps exactly the costliest.
-_USD: Final = f"""((CASE WHEN x.id IS NOT NULL THEN x.priced + x.unpriced * COALESCE({_OWN}, 0)
-       ELSE p.chips * {_SECONDS} * COALESCE(p.price_per_chip_hour, {_OWN}, 0) END) / 3600.0)"""
-_HELD_USD: Final = f"({_HELD_CS} * COALESCE(p.price_per_chip_hour, {_OWN}, 0) / 3600.0)"
-_SPOT: Final = preemptible_sql("p")
-_PIECES_JOIN: Final = "LEFT JOIN cost_item_pieces AS x ON x.id = p.id"
 
 
 def _own(kind: str) -> str:
@@ -99,26 +128,23 @@ def _own(kind: str) -> str:
     )
 
 
-def _slice_figures(kind: str, recomputed: str) -> list[tuple[str, str]]:
+def _slice_figures(kind: str, recomputed: str, d: Dialect) -> list[tuple[str, str]]:
     """(name, expression) of a slice p's figures (billed or holding quota in the window): slices, bs
     (seconds), cs (chip-seconds), usd, od (on-demand USD), sav, rec, hcs (held chip-seconds), husd."""
-    od_usd = f"(p.chips * {_SECONDS} * {_OD} / 3600.0)"
+    e = _slice(d)
+    od_usd = f"(p.chips * {e.seconds} * {_OD} / 3600.0)"
     spot_od = f"({_SPOT} AND {_OD} IS NOT NULL)"
     return [
         ("slices", _own(kind)),
-        ("bs", f"CASE WHEN {_BILLED} THEN {_SECONDS} ELSE 0 END"),
-        ("cs", f"CASE WHEN {_BILLED} THEN p.chips * {_SECONDS} ELSE 0 END"),
-        ("usd", f"CASE WHEN {_BILLED} THEN {_USD} ELSE 0 END"),
-        ("od", f"CASE WHEN NOT {_BILLED} THEN 0 WHEN {spot_od} THEN {od_usd} ELSE {_USD} END"),
-        ("sav", f"CASE WHEN {_BILLED} AND {spot_od} THEN {od_usd} - {_USD} ELSE 0 END"),
+        ("bs", f"CASE WHEN {e.billed} THEN {e.seconds} ELSE 0 END"),
+        ("cs", f"CASE WHEN {e.billed} THEN p.chips * {e.seconds} ELSE 0 END"),
+        ("usd", f"CASE WHEN {e.billed} THEN {e.usd} ELSE 0 END"),
+        ("od", f"CASE WHEN NOT {e.billed} THEN 0 WHEN {spot_od} THEN {od_usd} ELSE {e.usd} END"),
+        ("sav", f"CASE WHEN {e.billed} AND {spot_od} THEN {od_usd} - {e.usd} ELSE 0 END"),
         ("rec", recomputed),
-        ("hcs", _HELD_CS),
-        ("husd", _HELD_USD),
+        ("hcs", e.held_cs),
+        ("husd", e.held_usd),
     ]
-
-
-def _select(figures: list[tuple[str, str]]) -> str:
-    return ",\n       ".join(f"{expr} AS {name}" for name, expr in figures)
 
 
 def _sums(figures: list[tuple[str, str]]) -> str:
@@ -128,105 +154,121 @@ def _sums(figures: list[tuple[str, str]]) -> str:
 _NAMES: Final = "slices, bs, cs, usd, od, sav, rec, hcs, husd"
 
 
-def _round(expr: str) -> str:
+def _round(expr: str, d: Dialect) -> str:
     """``expr`` (columns: it is evaluated three times) to 6 decimals like ``billing.round_usd``, half away
     from zero.
 
     Integer arithmetic rather than ROUND(): SQLite's ROUND goes through printf (twice the cost of the
     rest of a figure) and disagreed with Python's round() on 47 of 241k bench values, this on none; the
     integer 0 it gives for a tiny negative is 0.0, not -0.0, as _r wants. Beyond 1e12 (no bill is) the
-    product would overflow an integer: ROUND there."""
+    product would overflow an integer: ROUND there (PostgreSQL rounds only exact numbers)."""
     x = f"({expr})"
-    return (
-        f"(CASE WHEN ABS({x}) < 1e12 THEN CAST({x} * 1e6 + (CASE WHEN {x} < 0 THEN -0.5 ELSE 0.5 END)"
-        f" AS INTEGER) / 1e6 ELSE ROUND({x}, 6) END)"
-    )
+    big = f"ROUND(CAST({x} AS NUMERIC), 6)" if sd.is_pg(d) else f"ROUND({x}, 6)"
+    whole = sd.trunc_int(f"{x} * 1e6 + (CASE WHEN {x} < 0 THEN -0.5 ELSE 0.5 END)", d)
+    return f"(CASE WHEN ABS({x}) < 1e12 THEN {whole} / 1e6 ELSE {big} END)"
 
 
-def _rounded_figures(a: str) -> str:
+def _rounded_figures(a: str, d: Dialect) -> str:
     return ", ".join(
         [
             f"{a}.slices",
-            _round(f"{a}.bs / 3600.0"),
-            _round(f"{a}.cs / 3600.0"),
-            _round(f"{a}.usd"),
-            _round(f"{a}.od"),
-            _round(f"{a}.sav"),
-            _round(f"{a}.rec"),
-            _round(f"{a}.hcs / 3600.0"),
-            _round(f"{a}.husd"),
-            _round(f"{a}.rec + {a}.husd"),
+            _round(f"{a}.bs / 3600.0", d),
+            _round(f"{a}.cs / 3600.0", d),
+            _round(f"{a}.usd", d),
+            _round(f"{a}.od", d),
+            _round(f"{a}.sav", d),
+            _round(f"{a}.rec", d),
+            _round(f"{a}.hcs / 3600.0", d),
+            _round(f"{a}.husd", d),
+            _round(f"{a}.rec + {a}.husd", d),
         ]
     )
 
 
 # --- slices -------------------------------------------------------------------------------------------
 
-#: The ``:limit`` costliest slices (then by READY time and id), numbered, into cost_top.
-SLICE_RANK_SQL: Final = f"""
-INSERT INTO cost_top (k, n)
-SELECT id, ROW_NUMBER() OVER (ORDER BY ru DESC, ready_at IS NULL, ready_at, id) FROM (
-    SELECT id, ready_at, {_round("usd")} AS ru FROM (
-        SELECT p.id AS id, p.ready_at AS ready_at, {_USD} AS usd
-        FROM pods AS p {_PIECES_JOIN} WHERE {_BILLED}
+_RANK_ORDER: Final = "ORDER BY ru DESC, ready_at IS NULL, ready_at, id"
+
+
+def _ranked(candidates: str, d: Dialect, *, limited: bool) -> str:
+    """cost_top's rows (id, rank) from ``candidates`` (id, ready_at, usd), the ``:limit`` costliest first
+    when ``limited``."""
+    cut = f"\n    {_RANK_ORDER} {sd.limit(':limit', d)}" if limited else ""
+    return f"""SELECT id, ROW_NUMBER() OVER ({_RANK_ORDER}) FROM (
+    SELECT id, ready_at, {_round("usd", d)} AS ru FROM (
+{candidates}
+    ) AS c{cut}
+) AS ranked"""
+
+
+def _all_candidates(d: Dialect) -> str:
+    e = _slice(d)
+    return f"""        SELECT p.id AS id, p.ready_at AS ready_at, {e.usd} AS usd
+        FROM pods AS p {_PIECES_JOIN} WHERE {e.billed}
         UNION ALL
-        SELECT p.id, p.ready_at, 0.0 FROM {_PREEMPTED} WHERE {_HELD_ONLY}
-    )
-    ORDER BY ru DESC, ready_at IS NULL, ready_at, id LIMIT :limit
-)"""
+        SELECT p.id, p.ready_at, 0.0 FROM {e.preempted} WHERE {e.held_only}"""
 
 
-#: A closed slice billed inside the window: its stored facts are its bill (pods_cost's columns).
-_CLOSED_INSIDE: Final = f"""p.ended_at IS NOT NULL AND p.ready_at IS NOT NULL
-      AND p.ready_at >= :since AND p.ended_at <= :until AND {_BILLED}"""
-#: The ``:limit``-th highest stored USD (x 3600) of a closed slice inside the window, and how many were
-#: found: pods_cost walked from the top, so it reads ``:limit`` entries when the window holds the costliest
-#: slices (and at most the index when it holds none of them).
-SLICE_BAR_SQL: Final = f"""
+@functools.cache
+def slice_rank_sql(d: Dialect) -> str:
+    """The ``:limit`` costliest slices (then by READY time and id), numbered, into cost_top."""
+    return f"INSERT INTO cost_top (k, n)\n{_ranked(_all_candidates(d), d, limited=True)}"
+
+
+def _closed_inside(d: Dialect) -> str:
+    """A closed slice billed inside the window: its stored facts are its bill (pods_cost's columns)."""
+    return f"""p.ended_at IS NOT NULL AND p.ready_at IS NOT NULL
+      AND p.ready_at >= :since AND p.ended_at <= :until AND {_slice(d).billed}"""
+
+
+@functools.cache
+def slice_bar_sql(d: Dialect) -> str:
+    """The ``:limit``-th highest stored USD (x 3600) of a closed slice inside the window, and how many
+    were found: pods_cost walked from the top, so it reads ``:limit`` entries when the window holds the
+    costliest slices (and at most the index when it holds none of them)."""
+    return f"""
 SELECT MIN(usd_s), COUNT(*) FROM (
-    SELECT p.billed_usd_s AS usd_s FROM pods AS p INDEXED BY pods_cost
-    WHERE {_CLOSED_INSIDE}
-    ORDER BY p.billed_usd_s DESC LIMIT :limit
-)"""
+    SELECT p.billed_usd_s AS usd_s FROM pods AS p {sd.indexed("pods_cost", d)}
+    WHERE {_closed_inside(d)}
+    ORDER BY p.billed_usd_s DESC {sd.limit(":limit", d)}
+) AS top"""
+
+
 #: How far below the bar (USD x 3600) candidates still count: two millionths of a dollar, so that float
 #: noise between the stored facts and the ranking's own sum cannot keep a slice out.
 BAR_MARGIN_USD_S: Final = 3600 * 2e-6
-#: SLICE_RANK_SQL over the only slices that can rank among the ``:limit`` costliest once ``:limit``
-#: closed slices cost at least ``:bar``: closed ones from the bar up (pods_cost), and those whose stored
-#: USD is not their bill: open or cut by the window (cost_rest, from the aggregate pass) or with unpriced
-#: time (pods_unpriced). Everything else costs less than ``:limit`` slices already found.
-SLICE_RANK_ABOVE_SQL: Final = f"""
-INSERT INTO cost_top (k, n)
-SELECT id, ROW_NUMBER() OVER (ORDER BY ru DESC, ready_at IS NULL, ready_at, id) FROM (
-    SELECT id, ready_at, {_round("usd")} AS ru FROM (
-    SELECT p.id AS id, p.ready_at AS ready_at, {_USD} AS usd
+
+
+@functools.cache
+def slice_rank_above_sql(d: Dialect) -> str:
+    """slice_rank_sql over the only slices that can rank among the ``:limit`` costliest once ``:limit``
+    closed slices cost at least ``:bar``: closed ones from the bar up (pods_cost), and those whose stored
+    USD is not their bill: open or cut by the window (cost_rest, from the aggregate pass) or with unpriced
+    time (pods_unpriced). Everything else costs less than ``:limit`` slices already found."""
+    e = _slice(d)
+    pods_cost = sd.indexed("pods_cost", d)
+    candidates = f"""    SELECT p.id AS id, p.ready_at AS ready_at, {e.usd} AS usd
     FROM pods AS p {_PIECES_JOIN}
     WHERE p.id IN (
-        SELECT p.id FROM pods AS p INDEXED BY pods_cost WHERE {_CLOSED_INSIDE} AND p.billed_usd_s >= :bar
+        SELECT p.id FROM pods AS p {pods_cost} WHERE {_closed_inside(d)} AND p.billed_usd_s >= :bar
         UNION SELECT id FROM cost_rest
-        UNION SELECT id FROM pods INDEXED BY pods_unpriced WHERE billed_unpriced_chip_s > 0
-    ) AND {_BILLED}
-    )
-    ORDER BY ru DESC, ready_at IS NULL, ready_at, id LIMIT :limit
-)"""
+        UNION SELECT id FROM pods {sd.indexed("pods_unpriced", d)} WHERE billed_unpriced_chip_s > 0
+    ) AND {e.billed}"""
+    return f"INSERT INTO cost_top (k, n)\n{_ranked(candidates, d, limited=True)}"
 
 
-#: Per slice in cost_top, what its figures are made of, each evaluated once: billed in the window (b, 0 or
-#: 1), seconds in the window (s), chips, the price its time is billed at (price: recorded, else the
-#: catalog's, else 0), its price pieces' USD x 3600 if its price changed (xusd), the on-demand price its
-#: spot time compares with (odp, NULL if not spot or none known), held chip-seconds (hcs), recomputed USD.
-_PARTS: Final = f"""{_BILLED} AS b, {_SECONDS} AS s, p.chips AS chips,
-       COALESCE(p.price_per_chip_hour, {_OWN}, 0) AS price,
-       CASE WHEN x.id IS NOT NULL THEN x.priced + x.unpriced * COALESCE({_OWN}, 0) END AS xusd,
-       CASE WHEN {_SPOT} THEN {_OD} END AS odp, {_HELD_CS} AS hcs"""
-_SLICE_PARTS: Final = f"""
-SELECT t.n AS n, p.id AS id, 1 AS own, {_PARTS},
+def _slice_parts(d: Dialect) -> str:
+    return f"""
+SELECT t.n AS n, p.id AS id, 1 AS own, {_slice(d).parts},
        COALESCE((SELECT r.rec FROM cost_item_rec AS r WHERE r.k = p.id), 0) AS rec
-FROM cost_top AS t CROSS JOIN pods AS p ON p.id = t.k {_PIECES_JOIN}
-LIMIT -1"""
-#: The same figures as _slice_figures, from _SLICE_PARTS' columns (USD x 3600 until the last division;
-#: ``own``: whether the slice counts as a slice of its group).
-_SLICE_FROM_PARTS: Final = """
+FROM cost_top AS t {sd.cross_join(d)} pods AS p ON p.id = t.k {_PIECES_JOIN}
+{sd.fence(d)}"""
+
+
+def _figures_from_parts(parts: str, d: Dialect) -> str:
+    """The same figures as _slice_figures, from the parts' columns (USD x 3600 until the last division;
+    ``own``: whether the slice counts as a slice of its group)."""
+    return f"""
 SELECT q.n AS n, q.id AS id, q.own AS slices,
        CASE WHEN q.b THEN q.s ELSE 0 END AS bs,
        CASE WHEN q.b THEN q.chips * q.s ELSE 0 END AS cs,
@@ -238,36 +280,32 @@ SELECT q.n AS n, q.id AS id, q.own AS slices,
             ELSE 0 END AS sav,
        q.rec AS rec, q.hcs AS hcs, q.hcs * q.price / 3600.0 AS husd
 FROM ({parts}) AS q
-LIMIT -1"""
-#: Every slice billed or holding quota in the window, numbered most expensive first, into cost_top
-#: (what the unlimited report lists, in that order).
-SLICE_RANK_ALL_SQL: Final = f"""
-INSERT INTO cost_top (n, k)
-SELECT ROW_NUMBER() OVER (ORDER BY ru DESC, ready_at IS NULL, ready_at, id), id FROM (
-    SELECT id, ready_at, {_round("usd")} AS ru FROM (
-        SELECT p.id AS id, p.ready_at AS ready_at, {_USD} AS usd
-        FROM pods AS p {_PIECES_JOIN} WHERE {_BILLED}
-        UNION ALL
-        SELECT p.id, p.ready_at, 0.0 FROM {_PREEMPTED} WHERE {_HELD_ONLY}
-    )
-)"""
+{sd.fence(d)}"""
 
 
-def slice_sql() -> str:
+@functools.cache
+def slice_rank_all_sql(d: Dialect) -> str:
+    """Every slice billed or holding quota in the window, numbered most expensive first, into cost_top
+    (what the unlimited report lists, in that order)."""
+    return f"INSERT INTO cost_top (k, n)\n{_ranked(_all_candidates(d), d, limited=False)}"
+
+
+@functools.cache
+def slice_sql(d: Dialect) -> str:
     """The rows of the slices in cost_top (rank, key, facts, figures). Unordered: cost_top is scanned in
     rank order and the caller sorts by rank, which costs nothing on rows already in order, where an ORDER
     BY here would sort hundreds of thousands of wide rows.
 
-    Each level is kept from being flattened into the next ("LIMIT -1"): flattening copies an expression
-    into every use of it (the cost into the on-demand figure and the savings, the billed test into each
-    figure...) and evaluates it that many times per slice."""
-    figures = _SLICE_FROM_PARTS.format(parts=_SLICE_PARTS)
+    Each level is kept from being flattened into the next (``sql_dialect.fence``): flattening copies an
+    expression into every use of it (the cost into the on-demand figure and the savings, the billed test
+    into each figure...) and evaluates it that many times per slice."""
+    figures = _figures_from_parts(_slice_parts(d), d)
     return f"""
 SELECT f.n, p.zone || '/' || p.name || '#' || p.incarnation, p.name, p.zone, p.incarnation,
-       p.accelerator_type, p.chips, p.capacity, p.state, p.run_id, {_ISO.format("p.ready_at")},
-       {_ISO.format("p.ended_at")}, p.end_reason, {_ISO.format("p.deleted_at")}, p.price_per_chip_hour,
-       p.labels, {_rounded_figures("f")}
-FROM ({figures}) AS f CROSS JOIN pods AS p ON p.id = f.id"""
+       p.accelerator_type, p.chips, p.capacity, p.state, p.run_id, {sd.iso("p.ready_at", d)},
+       {sd.iso("p.ended_at", d)}, p.end_reason, {sd.iso("p.deleted_at", d)}, p.price_per_chip_hour,
+       p.labels, {_rounded_figures("f", d)}
+FROM ({figures}) AS f {sd.cross_join(d)} pods AS p ON p.id = f.id"""
 
 
 # --- runs ---------------------------------------------------------------------------------------------
@@ -277,62 +315,80 @@ _ADJ_USD: Final = "((a.priced + a.unpriced * COALESCE(c.own, 0)) / 3600.0)"
 _ADJ_PRICES: Final = (
     "LEFT JOIN cost_prices AS c ON c.zone = a.zone AND c.atype = a.atype AND c.capacity = a.capacity"
 )
-_RUN_UPSERT: Final = (
-    "ON CONFLICT (k) DO UPDATE SET usd = usd + excluded.usd, slices = slices + excluded.slices, "
-    "cs = cs + excluded.cs"
-)
-_BILLED_OR_HELD: Final = f"({_BILLED} OR (p.end_reason = 'preempted' AND {_HELD_CS} > 0))"
-_RUN_FIGURES: Final = _slice_figures("run", "0")
 
-#: "(none)": every figure of the slices no run created, in one pass over the covering pods_norun (ranking
-#: and reporting it read it from here).
-#: Its parts are evaluated once per slice (as for the slices shown, _SLICE_PARTS): summing the figures
-#: straight from the expressions evaluated the billed test, the price look-ups and the window's seconds
-#: once per figure.
-_NONE_PARTS: Final = f"""
-SELECT 0 AS n, p.id AS id, {_own("run")} AS own, {_PARTS}, 0 AS rec
-FROM pods AS p INDEXED BY pods_norun {_PIECES_JOIN}
-WHERE p.run_id IS NULL AND {_BILLED_OR_HELD}
-LIMIT -1"""
-NONE_SQL: Final = f"""
+
+def _run_upsert(d: Dialect) -> str:
+    mine = "cost_runs." if sd.is_pg(d) else ""
+    return (
+        f"ON CONFLICT (k) DO UPDATE SET usd = {mine}usd + excluded.usd, "
+        f"slices = {mine}slices + excluded.slices, cs = {mine}cs + excluded.cs"
+    )
+
+
+@functools.cache
+def none_sql(d: Dialect) -> str:
+    """ "(none)": every figure of the slices no run created, in one pass over the covering pods_norun
+    (ranking and reporting it read it from here). Its parts are evaluated once per slice (as for the
+    slices shown): summing the figures straight from the expressions evaluated the billed test, the price
+    look-ups and the window's seconds once per figure."""
+    e = _slice(d)
+    parts = f"""
+SELECT 0 AS n, p.id AS id, {_own("run")} AS own, {e.parts}, 0 AS rec
+FROM pods AS p {sd.indexed("pods_norun", d)} {_PIECES_JOIN}
+WHERE p.run_id IS NULL AND {e.billed_or_held}
+{sd.fence(d)}"""
+    return f"""
 INSERT INTO cost_none (n, {_NAMES})
 SELECT COUNT(*), SUM(f.slices), SUM(f.bs), SUM(f.cs), SUM(f.usd), SUM(f.od), SUM(f.sav), SUM(f.rec),
        SUM(f.hcs), SUM(f.husd)
-FROM ({_SLICE_FROM_PARTS.format(parts=_NONE_PARTS)}) AS f"""
+FROM ({_figures_from_parts(parts, d)}) AS f"""
 
-#: Every run group's cost (and what decides whether "(none)" is a group), into cost_runs, then the
-#: ``:limit`` costliest into cost_top_runs. The slices runs created are summed in run order straight off the
-#: covering pods_run index (no sort, no row look-ups); the rest is small.
-RUN_RANK_SQL: Final = (
-    f"""INSERT INTO cost_runs (k, usd, slices, cs)
-SELECT p.run_id, SUM({_USD}), COUNT(*), SUM(p.chips * {_SECONDS})
-FROM pods AS p INDEXED BY pods_run {_PIECES_JOIN}
-WHERE p.run_id IS NOT NULL AND {_BILLED}
+
+@functools.cache
+def run_rank_sql(d: Dialect) -> tuple[str, ...]:
+    """Every run group's cost (and what decides whether "(none)" is a group), into cost_runs, then the
+    ``:limit`` costliest into cost_top_runs. The slices runs created are summed in run order straight off
+    the covering pods_run index (no sort, no row look-ups); the rest is small. (A run's held-only slices
+    are counted per run before the upsert on PostgreSQL, whose upsert may not meet one key twice.)"""
+    e = _slice(d)
+    held_only = (
+        f"SELECT p.run_id, 0.0, COUNT(*), 0.0 FROM {e.preempted} WHERE p.run_id IS NOT NULL AND {e.held_only}"
+        " GROUP BY p.run_id"
+        if sd.is_pg(d)
+        else f"SELECT p.run_id, 0.0, 1, 0.0 FROM {e.preempted} WHERE p.run_id IS NOT NULL AND {e.held_only}"
+    )
+    return (
+        f"""INSERT INTO cost_runs (k, usd, slices, cs)
+SELECT p.run_id, SUM({e.usd}), COUNT(*), SUM(p.chips * {e.seconds})
+FROM pods AS p {sd.indexed("pods_run", d)} {_PIECES_JOIN}
+WHERE p.run_id IS NOT NULL AND {e.billed}
 GROUP BY p.run_id""",
-    f"""INSERT INTO cost_runs (k, usd, slices, cs)
-SELECT p.run_id, 0.0, 1, 0.0 FROM {_PREEMPTED} WHERE p.run_id IS NOT NULL AND {_HELD_ONLY}
-{_RUN_UPSERT}""",
-    f"""INSERT INTO cost_runs (k, usd, slices, cs)
+        f"""INSERT INTO cost_runs (k, usd, slices, cs)
+{held_only}
+{_run_upsert(d)}""",
+        f"""INSERT INTO cost_runs (k, usd, slices, cs)
 SELECT :null_key, usd, slices, cs FROM cost_none WHERE n > 0
-{_RUN_UPSERT}""",
-    f"""INSERT INTO cost_runs (k, usd, slices, cs)
+{_run_upsert(d)}""",
+        f"""INSERT INTO cost_runs (k, usd, slices, cs)
 SELECT a.k, SUM({_ADJ_USD}), SUM(a.slices), SUM(a.cs) FROM cost_item_adj AS a {_ADJ_PRICES}
-WHERE 1 GROUP BY a.k
-{_RUN_UPSERT}""",
-    # "(none)" when only the runs' shares were moved out of it: nothing is left (as the reference path).
-    "DELETE FROM cost_runs WHERE k = :null_key AND slices = 0 AND ABS(cs) < 3.6e-6",
-    f"""INSERT INTO cost_top_runs (k, n)
+WHERE {sd.true(d)} GROUP BY a.k
+{_run_upsert(d)}""",
+        # "(none)" when only the runs' shares were moved out of it: nothing is left (as the reference path).
+        "DELETE FROM cost_runs WHERE k = :null_key AND slices = 0 AND ABS(cs) < 3.6e-6",
+        f"""INSERT INTO cost_top_runs (k, n)
 SELECT k, ROW_NUMBER() OVER (ORDER BY ru DESC, key) FROM (
-    SELECT k, {_round("usd")} AS ru, CASE WHEN k = :null_key THEN '(none)' ELSE k END AS key FROM cost_runs
-    ORDER BY ru DESC, key LIMIT :limit
-)""",
-)
+    SELECT k, {_round("usd", d)} AS ru, CASE WHEN k = :null_key THEN '(none)' ELSE k END AS key FROM cost_runs
+    ORDER BY ru DESC, key {sd.limit(":limit", d)}
+) AS ranked""",
+    )
 
 
-def run_sql(*, ranked: bool) -> str:
+@functools.cache
+def run_sql(d: Dialect, *, ranked: bool) -> str:
     """Run group rows (key, whether the run is in ``runs``, its facts, figures): those in cost_top_runs in its
     order (``ranked``), else every group, most expensive first, then by key ("(none)" for slices no run
     created, as the reference path names it)."""
+    e = _slice(d)
     # a.slices: a run counts the slices it ran on without creating them with its share of their time.
     adj = f"""a.slices AS slices, a.bs AS bs, a.cs AS cs, {_ADJ_USD} AS usd,
        CASE WHEN {_A_SPOT} AND c.od IS NOT NULL THEN a.cs * c.od / 3600.0
@@ -340,13 +396,13 @@ def run_sql(*, ranked: bool) -> str:
        CASE WHEN {_A_SPOT} AND c.od IS NOT NULL
             THEN a.cs * c.od / 3600.0 - {_ADJ_USD} ELSE 0 END AS sav,
        (a.rpriced + a.runpriced * COALESCE(c.own, 0)) / 3600.0 AS rec, 0 AS hcs, 0 AS husd"""
-    top = "CROSS JOIN cost_top_runs AS t ON t.k = p.run_id" if ranked else ""
+    top = f"{sd.cross_join(d)} cost_top_runs AS t ON t.k = p.run_id" if ranked else ""
     in_top = "AND EXISTS (SELECT 1 FROM cost_top_runs WHERE k = :null_key)" if ranked else ""
     adj_in_top = "WHERE a.k IN (SELECT k FROM cost_top_runs)" if ranked else ""
     items = f"""
-    SELECT p.run_id AS k, {_sums(_RUN_FIGURES)}
-    FROM pods AS p INDEXED BY pods_run {top} {_PIECES_JOIN}
-    WHERE p.run_id IS NOT NULL AND {_BILLED_OR_HELD}
+    SELECT p.run_id AS k, {_sums(_slice_figures("run", "0", d))}
+    FROM pods AS p {sd.indexed("pods_run", d)} {top} {_PIECES_JOIN}
+    WHERE p.run_id IS NOT NULL AND {e.billed_or_held}
     GROUP BY p.run_id
     UNION ALL
     SELECT :null_key, {_NAMES} FROM cost_none WHERE n > 0 {in_top}
@@ -354,50 +410,93 @@ def run_sql(*, ranked: bool) -> str:
     SELECT a.k, {adj} FROM cost_item_adj AS a {_ADJ_PRICES} {adj_in_top}"""
     having = "" if ranked else "HAVING NOT (k = :null_key AND SUM(slices) = 0 AND ABS(SUM(cs)) < 3.6e-6)"
     rank = "LEFT JOIN cost_top_runs AS t ON t.k = g.k" if ranked else ""
-    order = "t.n" if ranked else f"{_round('g.usd')} DESC, g.key"
+    order = "t.n" if ranked else f"{_round('g.usd', d)} DESC, g.key"
     return f"""
 WITH g AS (
     SELECT k, CASE WHEN k = :null_key THEN '(none)' ELSE k END AS key, SUM(slices) AS slices, SUM(bs) AS bs,
            SUM(cs) AS cs, SUM(usd) AS usd, SUM(od) AS od, SUM(sav) AS sav, SUM(rec) AS rec,
            SUM(hcs) AS hcs, SUM(husd) AS husd
-    FROM ({items}) GROUP BY k
+    FROM ({items}) AS i GROUP BY k
     {having}
 )
-SELECT g.key, r.run_id IS NOT NULL, r.status, {_ISO.format("r.created_at")}, {_ISO.format("r.ended_at")},
-       r.restarts, r.preemptions, r.steps, r.script, {_rounded_figures("g")}
+SELECT g.key, r.run_id IS NOT NULL, r.status, {sd.iso("r.created_at", d)}, {sd.iso("r.ended_at", d)},
+       r.restarts, r.preemptions, r.steps, r.script, {_rounded_figures("g", d)}
 FROM g LEFT JOIN runs AS r ON r.run_id = g.key {rank}
 ORDER BY {order}"""
 
 
 # --- set-up -------------------------------------------------------------------------------------------
 
+#: The working tables of the slice and run groups. SQLite's REAL is PostgreSQL's float8; its untyped ``k``
+#: (a slice's id or a run's) is text there, as every group key is on PostgreSQL.
 PREPARE: Final = (
-    "CREATE TEMP TABLE cost_prices (zone TEXT, atype TEXT, capacity TEXT, own REAL, od REAL, "
-    "PRIMARY KEY (zone, atype, capacity))",
-    "CREATE TEMP TABLE cost_item_pieces (id INTEGER PRIMARY KEY, priced REAL, unpriced REAL)",
-    "CREATE TEMP TABLE cost_item_adj (k, zone TEXT, atype TEXT, capacity TEXT, slices INTEGER DEFAULT 0, "
-    "bs REAL DEFAULT 0, cs REAL DEFAULT 0, priced REAL DEFAULT 0, unpriced REAL DEFAULT 0, "
-    "rpriced REAL DEFAULT 0, runpriced REAL DEFAULT 0)",
+    TempTable(
+        "CREATE TEMP TABLE cost_prices (zone TEXT, atype TEXT, capacity TEXT, own REAL, od REAL, "
+        "PRIMARY KEY (zone, atype, capacity))",
+        "CREATE TEMP TABLE cost_prices (zone TEXT, atype TEXT, capacity TEXT, own float8, od float8, "
+        "PRIMARY KEY (zone, atype, capacity))",
+    ),
+    TempTable(
+        "CREATE TEMP TABLE cost_item_pieces (id INTEGER PRIMARY KEY, priced REAL, unpriced REAL)",
+        "CREATE TEMP TABLE cost_item_pieces (id BIGINT PRIMARY KEY, priced float8, unpriced float8)",
+    ),
+    TempTable(
+        "CREATE TEMP TABLE cost_item_adj (k, zone TEXT, atype TEXT, capacity TEXT, slices INTEGER DEFAULT 0, "
+        "bs REAL DEFAULT 0, cs REAL DEFAULT 0, priced REAL DEFAULT 0, unpriced REAL DEFAULT 0, "
+        "rpriced REAL DEFAULT 0, runpriced REAL DEFAULT 0)",
+        "CREATE TEMP TABLE cost_item_adj (k TEXT, zone TEXT, atype TEXT, capacity TEXT, "
+        "slices BIGINT DEFAULT 0, bs float8 DEFAULT 0, cs float8 DEFAULT 0, priced float8 DEFAULT 0, "
+        "unpriced float8 DEFAULT 0, rpriced float8 DEFAULT 0, runpriced float8 DEFAULT 0)",
+    ),
     # Typed keys: an untyped key compared with an INTEGER id cannot use its index (a scan per slice).
-    "CREATE TEMP TABLE cost_item_rec (k INTEGER PRIMARY KEY, rec REAL)",
+    TempTable(
+        "CREATE TEMP TABLE cost_item_rec (k INTEGER PRIMARY KEY, rec REAL)",
+        "CREATE TEMP TABLE cost_item_rec (k BIGINT PRIMARY KEY, rec float8)",
+    ),
     # By rank: scanned in rowid order, its slices come out most expensive first.
-    "CREATE TEMP TABLE cost_top (n INTEGER PRIMARY KEY, k INTEGER)",
-    "CREATE TEMP TABLE cost_top_runs (k TEXT PRIMARY KEY, n INTEGER) WITHOUT ROWID",
-    "CREATE TEMP TABLE cost_runs (k TEXT PRIMARY KEY, usd REAL, slices INTEGER, cs REAL) WITHOUT ROWID",
-    f"CREATE TEMP TABLE cost_none (n INTEGER, {_NAMES})",
+    TempTable(
+        "CREATE TEMP TABLE cost_top (n INTEGER PRIMARY KEY, k INTEGER)",
+        "CREATE TEMP TABLE cost_top (n BIGINT PRIMARY KEY, k BIGINT)",
+    ),
+    TempTable(
+        "CREATE TEMP TABLE cost_top_runs (k TEXT PRIMARY KEY, n INTEGER) WITHOUT ROWID",
+        "CREATE TEMP TABLE cost_top_runs (k TEXT PRIMARY KEY, n BIGINT)",
+    ),
+    TempTable(
+        "CREATE TEMP TABLE cost_runs (k TEXT PRIMARY KEY, usd REAL, slices INTEGER, cs REAL) WITHOUT ROWID",
+        "CREATE TEMP TABLE cost_runs (k TEXT PRIMARY KEY, usd float8, slices BIGINT, cs float8)",
+    ),
+    TempTable(
+        f"CREATE TEMP TABLE cost_none (n INTEGER, {_NAMES})",
+        "CREATE TEMP TABLE cost_none (n BIGINT, slices BIGINT, bs float8, cs float8, usd float8, od float8, "
+        "sav float8, rec float8, hcs float8, husd float8)",
+    ),
+    # The price pieces a report needs (``item_report``), and the runs' shares of slices they did not
+    # create (``sql_intervals.aggregate_sql``'s columns).
+    TempTable(
+        "CREATE TEMP TABLE cost_all_pieces (id INTEGER, s, e, price)",
+        "CREATE TEMP TABLE cost_all_pieces (id BIGINT, s float8, e float8, price float8)",
+    ),
+    TempTable(
+        "CREATE TEMP TABLE cost_seg (k, zone, atype, capacity, slices, s, cs, priced, unpriced)",
+        "CREATE TEMP TABLE cost_seg (k TEXT, zone TEXT, atype TEXT, capacity TEXT, slices BIGINT, s float8, "
+        "cs float8, priced float8, unpriced float8)",
+    ),
 )
 
 
 #: The price pieces of every price-changed slice billed in the window (``cost_all_pieces``), summed per
 #: slice: USD x 3600 and unpriced chip-seconds.
-PIECES_SQL: Final = """
+@functools.cache
+def pieces_sql(d: Dialect) -> str:
+    return f"""
 INSERT INTO cost_item_pieces (id, priced, unpriced)
 SELECT x.id, COALESCE(SUM(p.chips * (x.e - x.s) * x.price), 0),
        SUM(CASE WHEN x.price IS NULL THEN p.chips * (x.e - x.s) ELSE 0 END)
-FROM cost_all_pieces AS x CROSS JOIN pods AS p ON p.id = x.id WHERE x.e > x.s GROUP BY x.id"""
+FROM cost_all_pieces AS x {sd.cross_join(d)} pods AS p ON p.id = x.id WHERE x.e > x.s GROUP BY x.id"""
 
 
-def adj_sql(aggregate: str, *, recomputed: bool, sign: str = "") -> str:
+def adj_sql(aggregate: str, d: Dialect, *, recomputed: bool, sign: str = "") -> str:
     """Rows of an interval aggregate (``sql_intervals.aggregate_sql``: k, zone, atype, capacity, slices, s,
     cs, priced, unpriced) into cost_item_adj: as recomputed work, or as billed time (``sign`` "-" takes it
     away from "(none)")."""
@@ -407,17 +506,21 @@ def adj_sql(aggregate: str, *, recomputed: bool, sign: str = "") -> str:
     values = sums if recomputed else f"a.slices, a.s, a.cs, {sums}"
     if sign:
         values = "0, -a.s, -a.cs, -COALESCE(a.priced, 0), -COALESCE(a.unpriced, 0)"
+    key = ":null_key" if sign else f"COALESCE({sd.key_text('a.k', d)}, :null_key)"
     return f"""
 INSERT INTO cost_item_adj (k, zone, atype, capacity, {columns})
-SELECT {":null_key" if sign else "COALESCE(a.k, :null_key)"}, a.zone, COALESCE(a.atype, :null_key),
+SELECT {key}, a.zone, COALESCE(a.atype, :null_key),
        COALESCE(a.capacity, :null_key), {values}
 FROM ({aggregate}) AS a"""
 
 
-#: Recomputed work per slice, priced (after cost_prices is filled); the run groups sum cost_item_adj.
-REC_SQL: Final = f"""
+@functools.cache
+def rec_sql(d: Dialect) -> str:
+    """Recomputed work per slice, priced (after cost_prices is filled); the run groups sum cost_item_adj."""
+    key = "CAST(a.k AS BIGINT)" if sd.is_pg(d) else "a.k"
+    return f"""
 INSERT INTO cost_item_rec (k, rec)
-SELECT a.k, SUM((a.rpriced + a.runpriced * COALESCE(c.own, 0)) / 3600.0)
+SELECT {key}, SUM((a.rpriced + a.runpriced * COALESCE(c.own, 0)) / 3600.0)
 FROM cost_item_adj AS a {_ADJ_PRICES}
 WHERE a.rpriced != 0 OR a.runpriced != 0
 GROUP BY a.k"""

@@ -1,20 +1,100 @@
-"""A read-only connection to the ledger file for a report's queries, refusing a schema it does not know."""
+"""A read-only connection to the ledger's database for a report's queries, refusing a schema it does not
+know. One report reads one snapshot: every query sees the same ledger state.
+
+The report's working tables (``TempTable``) are made with the snapshot: a PostgreSQL transaction that is
+read only refuses even ``CREATE TEMP TABLE``, so there they are made first, dropped at the transaction's
+end, and only then is the transaction made read only. This module is the one place in the cost package
+that knows which engine it reads; the queries take the dialect from ``LedgerReader.dialect``.
+"""
 
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from tpuctl.store.records import LedgerError
+from tpuctl.store.sql import POSTGRESQL, SQLITE, Dialect, SqlAlchemyConnection
+from tpuctl.store.url import DatabaseUrl
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
+
+    from tpuctl.store.database import Database
 
 #: The ledger schema version these queries are written for.
 KNOWN_SCHEMA: Final = 11  # v9 the ledger identity, v10 the run leases, v11 the servers: reports read none
 
 
-class LedgerReader:
-    """A read-only SQLite connection to the ledger file, for the report's aggregate queries."""
+@dataclass(frozen=True, slots=True)
+class TempTable:
+    """A working table of a report, as each engine declares it (SQLite's columns may be untyped: no
+    affinity, values kept as computed; PostgreSQL's need a type)."""
+
+    sqlite: str
+    postgresql: str
+
+    def __post_init__(self) -> None:
+        for ddl in (self.sqlite, self.postgresql):
+            if not ddl.startswith(f"CREATE TEMP TABLE {self.name} ("):
+                raise ValueError(f"not a CREATE TEMP TABLE of {self.name}: {ddl[:60]!r}")
+
+    @property
+    def name(self) -> str:
+        return self.sqlite.split()[3]
+
+    def ddl(self, dialect: Dialect) -> str:
+        return self.sqlite if dialect.name == "sqlite" else self.postgresql
+
+
+class LedgerReader(Protocol):
+    """The report's connection: queries inside ``snapshot``, on the engine's ``dialect``."""
+
+    @property
+    def dialect(self) -> Dialect: ...
+
+    def query(self, sql: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]: ...
+
+    def execute(self, sql: str, params: Mapping[str, Any]) -> None: ...
+
+    def snapshot(self, tables: Sequence[TempTable] = ()) -> AbstractContextManager[None]:
+        """One read transaction, with the report's working ``tables`` made empty in it."""
+        ...
+
+    def another(self) -> LedgerReader:
+        """One more reader of the same database (a scan's parallel part: a connection of its own), whose
+        snapshot is this one's where the engine can share it (PostgreSQL), called inside ``snapshot``."""
+        ...
+
+    def close(self) -> None: ...
+
+    def __enter__(self) -> LedgerReader: ...
+
+    def __exit__(self, *exc: object) -> None: ...
+
+
+def open_reader(database: DatabaseUrl | Database) -> LedgerReader:
+    """A reader of the ledger at ``database`` (a URL, or an open ``Database`` whose engine it shares)."""
+    url = database if isinstance(database, DatabaseUrl) else database.url
+    if url.path is not None:
+        return SqliteReader(url.path)
+    engine = None if isinstance(database, DatabaseUrl) else getattr(database, "engine", None)
+    return PostgresReader(url, engine)
+
+
+def _refuse_schema(where: str, version: int) -> LedgerError:
+    return LedgerError(
+        f"the ledger {where} has schema version {version}; cost reports know version {KNOWN_SCHEMA}",
+        fix="use the tpuctl version that wrote this ledger",
+    )
+
+
+class SqliteReader:
+    """A read-only SQLite connection to the ledger file."""
 
     def __init__(self, path: Path, *, timeout_s: float = 30.0) -> None:
         self.path = Path(path)
@@ -40,11 +120,11 @@ class LedgerReader:
             raise LedgerError(f"cannot read the ledger {self.path}: {exc}") from None
         if version != KNOWN_SCHEMA:
             self._conn.close()
-            raise LedgerError(
-                f"the ledger {self.path} has schema version {version}; cost reports know version "
-                f"{KNOWN_SCHEMA}",
-                fix="use the tpuctl version that wrote this ledger",
-            )
+            raise _refuse_schema(str(self.path), version)
+
+    @property
+    def dialect(self) -> Dialect:
+        return SQLITE
 
     def query(self, sql: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
         try:
@@ -62,28 +142,124 @@ class LedgerReader:
         except sqlite3.Error as exc:
             raise LedgerError(f"ledger {self.path}: {exc}") from exc
 
-    def snapshot(self) -> Snapshot:
-        return Snapshot(self._conn)
+    @contextmanager
+    def snapshot(self, tables: Sequence[TempTable] = ()) -> Iterator[None]:
+        self._conn.execute("BEGIN")
+        try:
+            for table in tables:
+                self.execute(table.ddl(SQLITE), {})
+            yield
+        finally:
+            if self._conn.in_transaction:
+                self._conn.execute("COMMIT")
+            # Temp tables outlive a transaction on SQLite: gone with the snapshot, as on PostgreSQL.
+            for table in tables:
+                self._conn.execute(f"DROP TABLE IF EXISTS temp.{table.name}")
+
+    def another(self) -> SqliteReader:
+        return SqliteReader(self.path)
 
     def close(self) -> None:
         self._conn.close()
 
-    def __enter__(self) -> LedgerReader:
+    def __enter__(self) -> SqliteReader:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
 
-class Snapshot:
-    """One read transaction: every query of a report sees the same ledger state."""
+def _number(value: Decimal) -> int | float:
+    """A NUMERIC as SQLite would have given it: the SUM of a BIGINT (a whole number) as an int, exact
+    literals and what they touch as a float, so the report never meets a Decimal and its documents are
+    the same on both engines (3 slices, not 3.0)."""
+    exponent = value.as_tuple().exponent
+    return int(value) if isinstance(exponent, int) and exponent >= 0 else float(value)
 
-    def __init__(self, conn: sqlite3.Connection) -> None:
-        self._conn = conn
 
-    def __enter__(self) -> None:
-        self._conn.execute("BEGIN")
+class PostgresReader:
+    """A connection of the ledger database's pool, reading in one REPEATABLE READ, read-only transaction
+    per snapshot. ``engine``: an open ``PostgresDatabase``'s, shared; else one made here and disposed of
+    at ``close``."""
+
+    def __init__(self, url: DatabaseUrl, engine: Engine | None = None, *, shared: str | None = None) -> None:
+        from tpuctl.store import migrate
+        from tpuctl.store.engine import create_engine
+
+        self.url = url
+        #: The exported snapshot this reader's transactions read (``another``), else their own.
+        self._shared = shared
+        self._own_engine = engine is None
+        self._engine: Engine = create_engine(url) if engine is None else engine
+        self._conn: SqlAlchemyConnection | None = None
+        with self._translate():
+            version = migrate.postgres_schema_version(self._engine)
+        if version != KNOWN_SCHEMA:
+            self.close()
+            raise _refuse_schema(url.text, version)
+
+    @property
+    def dialect(self) -> Dialect:
+        return POSTGRESQL
+
+    def query(self, sql: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+        rows = self._run(sql, params).fetchall()
+        return [tuple(_number(v) if isinstance(v, Decimal) else v for v in row) for row in rows]
+
+    def execute(self, sql: str, params: Mapping[str, Any]) -> None:
+        self._run(sql, params)
+
+    def _run(self, sql: str, params: Mapping[str, Any]) -> Any:
+        if self._conn is None:
+            raise LedgerError(f"ledger {self.url.text}: a report's query outside its snapshot")
+        with self._translate():
+            return self._conn.execute(sql, dict(params))
+
+    @contextmanager
+    def snapshot(self, tables: Sequence[TempTable] = ()) -> Iterator[None]:
+        with self._translate():
+            conn = self._engine.connect().execution_options(isolation_level="REPEATABLE READ")
+            conn.begin()
+        self._conn = SqlAlchemyConnection(conn, POSTGRESQL)
+        try:
+            if self._shared is not None:  # first, as PostgreSQL requires; an id it made, never user input
+                self.execute(f"SET TRANSACTION SNAPSHOT '{self._shared}'", {})
+            for table in tables:
+                self.execute(table.ddl(POSTGRESQL) + " ON COMMIT DROP", {})
+            self.execute("SET TRANSACTION READ ONLY", {})
+            yield
+        finally:
+            self._conn = None
+            try:
+                conn.rollback()  # nothing was written: rolling back ends the read and drops the tables
+            finally:
+                conn.close()
+
+    def another(self) -> PostgresReader:
+        # The parts of a scan read the very state this report reads, even with writers in between.
+        (shared,) = self.query("SELECT pg_export_snapshot()", {})[0]
+        return PostgresReader(self.url, self._engine, shared=str(shared))
+
+    @contextmanager
+    def _translate(self) -> Iterator[None]:
+        from sqlalchemy import exc as sa_exc
+
+        try:
+            yield
+        except sa_exc.OperationalError as exc:
+            raise LedgerError(
+                f"the ledger database {self.url.text} cannot be reached: {exc.orig}",
+                fix="check that the database server is up and reachable from here, then retry",
+            ) from exc
+        except sa_exc.InternalError as exc:
+            raise LedgerError(f"ledger {self.url.text}: {exc.orig}") from exc
+
+    def close(self) -> None:
+        if self._own_engine:
+            self._engine.dispose()
+
+    def __enter__(self) -> PostgresReader:
+        return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._conn.in_transaction:
-            self._conn.execute("COMMIT")
+        self.close()

@@ -160,8 +160,8 @@ class InBackground(Generic[T]):
     """``fn()`` on a thread of its own, started at once; ``result()`` joins it and returns its value or
     raises its exception. The cost report uses two: the live listing (its first call imports and builds
     the TPU client, ``google.cloud.tpu_v2`` and protobuf: a few tenths of a second of Python) and the
-    report itself (its queries run in SQLite, which releases the GIL), so that the two, and the command's
-    own start-up, overlap instead of adding up."""
+    report itself (its queries run in the database, whose driver releases the GIL), so that the two,
+    and the command's own start-up, overlap instead of adding up."""
 
     def __init__(self, fn: Callable[[], T], *, name: str) -> None:
         self._fn = fn

@@ -7,23 +7,44 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any, Final
 
 from tpuctl.services.cost import sql_fast as fsql
 from tpuctl.services.cost import sql_scan as ssql
-from tpuctl.services.cost.reader import LedgerReader
+from tpuctl.services.cost.reader import LedgerReader, TempTable
 from tpuctl.services.cost.sql_intervals import (
-    BILLED_POD,
-    CHANGE_CTES,
     SRC_CHANGED,
     SRC_CHANGED_TEMP,
-    SRC_CHANGED_WHOLE,
     SRC_CHANGED_WHOLE_TEMP,
+    change_ctes,
+    src_changed_whole,
 )
 from tpuctl.services.cost.subs import Partial, Sub, floats, subs, unnull
 from tpuctl.services.cost.window import GroupBy
 from tpuctl.store.billing import DAY_S
+
+
+def _intervals_table(name: str) -> TempTable:
+    """Billed intervals (``IV_COLUMNS``), computed once and read several times."""
+    return TempTable(
+        f"CREATE TEMP TABLE {name} (id INTEGER, s, e, price, w, run, zone, name, atype, capacity, chips, "
+        "run_id, labels)",
+        f"CREATE TEMP TABLE {name} (id BIGINT, s float8, e float8, price float8, w float8, run TEXT, "
+        "zone TEXT, name TEXT, atype TEXT, capacity TEXT, chips BIGINT, run_id TEXT, labels TEXT)",
+    )
+
+
+#: The working tables of one scan (each reader of a parallel scan makes its own).
+SCAN_TABLES: Final = (
+    ssql.AGG_TABLE,
+    ssql.DAY_TABLE,
+    fsql.REST_TABLE,
+    fsql.LATER_TABLE,
+    fsql.XREST_TABLE,
+    fsql.HREST_TABLE,
+    _intervals_table("cost_pieces"),
+    _intervals_table("cost_whole"),
+)
 
 #: Below this many pods one scan is quicker than starting threads and connections.
 _PARALLEL_MIN_PODS: Final = 20_000
@@ -38,7 +59,6 @@ def partitions(lo: int, hi: int, workers: int) -> list[tuple[int, int]]:
 
 
 def scan_all(
-    path: Path,
     reader: LedgerReader,
     main: GroupBy,
     group: GroupBy,
@@ -50,7 +70,7 @@ def scan_all(
     workers: int,
 ) -> list[Partial]:
     """Every slice scanned: in one range on the fast path (it reads few rows), else in ``workers`` id
-    ranges, each on a connection of its own to the ledger at ``path``."""
+    ranges, each on a connection of its own to the same ledger."""
     # Two subqueries: SQLite reads MIN or MAX of the rowid from the B-tree's ends only when each is
     # the query's sole aggregate (both in one SELECT scan the table).
     lo, hi = reader.query(
@@ -62,9 +82,9 @@ def scan_all(
         return [scan(reader, main, group, bounds, need_days, fast=fast, changes=changes)]
 
     def scan_range(bounds: tuple[int, int]) -> Partial:
-        # sqlite3 releases the GIL while a statement runs: one connection per thread scans its
-        # range of pods on its own core.
-        with LedgerReader(path) as part_reader, part_reader.snapshot():
+        # The database driver releases the GIL while a statement runs: one connection per thread scans
+        # its range of pods on its own core.
+        with reader.another() as part_reader, part_reader.snapshot(SCAN_TABLES):
             part_params = {**params, "lo": bounds[0], "hi": bounds[1]}
             return scan(part_reader, main, group, part_params, need_days, fast=False, changes=changes)
 
@@ -85,7 +105,6 @@ def scan(
     """The pods scans over one id range (its bounds in ``params``), in one read transaction; ``fast``:
     closed slices from their stored facts, the rest (``cost_rest``) by interval arithmetic; ``changes``:
     whether the ledger holds price changes (their slices are billed by piece)."""
-    reader.execute(ssql.AGG_TABLE, {})
     if fast:
         params = _billed_fast(reader, main, params, changes=changes)
     else:
@@ -108,7 +127,8 @@ def scan(
             {},
         )
     )
-    preemptions_sql = fsql.PREEMPTIONS_FAST_SQL if fast else ssql.PREEMPTIONS_SQL
+    d = reader.dialect
+    preemptions_sql = fsql.preemptions_fast_sql(d) if fast else ssql.preemptions_sql(d)
     preemptions, free = (int(v) for v in reader.query(preemptions_sql, params)[0])
     part = Partial(rows=rows, first_days=first_days, preemptions=preemptions, free=free)
     changed = changes and _materialize_changed(reader, params)
@@ -122,8 +142,8 @@ def scan(
 
 def _billed_reference(reader: LedgerReader, main: GroupBy, params: Mapping[str, Any]) -> None:
     """The reference path: every slice of the range through the interval arithmetic."""
-    reader.execute(ssql.pods_billed_sql(main), params)
-    reader.execute(ssql.pods_held_sql(main), params)
+    reader.execute(ssql.pods_billed_sql(main, reader.dialect), params)
+    reader.execute(ssql.pods_held_sql(main, reader.dialect), params)
 
 
 def _billed_fast(
@@ -134,36 +154,34 @@ def _billed_fast(
     window, price-changed across midnight) by interval arithmetic. Returns the parameters the later
     queries take (the price changes of cost_rest's slices only, the window's whole days)."""
     params = dict(params)
-    reader.execute(fsql.REST_TABLE, {})
-    reader.execute(fsql.REST_OPEN, params)
+    d = reader.dialect
+    reader.execute(fsql.rest_open(d), params)
     for cut in (params["since"], params["until"]):
         if cut > -1e17:  # no --since: nothing is cut at the start
-            reader.execute(fsql.REST_CUT, {"cut": cut})
+            reader.execute(fsql.rest_cut(d), {"cut": cut})
     if changes:
-        reader.execute(fsql.REST_CHANGED, params)
-        params["price_changes"] = reader.query(fsql.REST_PRICE_CHANGES, params)[0][0] or "[]"
-    reader.execute(ssql.pods_billed_sql(main, ssql.REST_PODS), params)
+        reader.execute(fsql.rest_changed(d), params)
+        params["price_changes"] = reader.query(fsql.rest_price_changes(d), params)[0][0] or "[]"
+    reader.execute(ssql.pods_billed_sql(main, d, ssql.rest_pods(d)), params)
     # Whole UTC days inside the window come from the rollup; the rest slice by slice.
     d_lo = math.ceil(params["since"] / DAY_S)
     d_hi = math.floor(params["until"] / DAY_S)
     days = {"d_lo": d_lo, "d_hi": d_hi}
-    reader.execute(fsql.rollup_sql(main), {**params, **days})
-    reader.execute(fsql.rollup_x_sql(main), {**params, **days})
-    reader.execute(fsql.XREST_TABLE, {})
-    for statement in fsql.XREST_FILL:
+    reader.execute(fsql.rollup_sql(main, d), {**params, **days})
+    reader.execute(fsql.rollup_x_sql(main, d), {**params, **days})
+    for statement in fsql.xrest_fill(d):
         reader.execute(statement, days)
-    reader.execute(fsql.closed_billed_sql(main, fsql.CLOSED_XREST), {**params, **days})
+    reader.execute(fsql.closed_billed_sql(main, d, fsql.closed_xrest(d)), {**params, **days})
     for edge in {d_lo - 1, d_hi}:
         bounds = {"b_lo": float(edge * DAY_S), "b_hi": float((edge + 1) * DAY_S)}
-        reader.execute(fsql.closed_billed_sql(main, fsql.CLOSED_EDGE_DAY), {**params, **days, **bounds})
+        reader.execute(fsql.closed_billed_sql(main, d, fsql.closed_edge_day(d)), {**params, **days, **bounds})
     # Held quota: rolled up when preempted after the day holding :since began (so the slice
     # ended after :since, as being billed in the window asks) and deleted by :d_hi.
     held_days = {"d_hi": d_hi, "h_lo": math.floor(params["since"] / DAY_S) + 1}
-    reader.execute(fsql.rollup_held_sql(main), {**params, **held_days})
-    reader.execute(fsql.HREST_TABLE, {})
-    for statement in fsql.HREST_FILL:
+    reader.execute(fsql.rollup_held_sql(main, d), {**params, **held_days})
+    for statement in fsql.hrest_fill(d):
         reader.execute(statement, {**params, **held_days})
-    reader.execute(ssql.pods_held_sql(main, fsql.HREST_PODS), params)
+    reader.execute(ssql.pods_held_sql(main, d, fsql.hrest_pods(d)), params)
     params["d_lo"], params["d_hi"] = d_lo, d_hi  # for the later days
     return params
 
@@ -179,18 +197,17 @@ def _scan_days(
 ) -> None:
     """Per day: each interval's first day (in the rows), the days after it for those crossing midnight,
     and the price-changed slices' pieces cut at midnight."""
-    reader.execute(ssql.DAY_TABLE, {})
-    source = ssql.ALL_PODS
+    d = reader.dialect
+    source = ssql.all_pods(d)
     if fast:
-        reader.execute(fsql.LATER_TABLE, {})
         reader.execute("INSERT INTO cost_later (id) SELECT id FROM cost_rest", {})
-        reader.execute(fsql.LATER_CLOSED, params)
-        source = fsql.REST_PODS_LATER
-    reader.execute(ssql.LATER_DAYS_SQL.format(source=source, billed=BILLED_POD), params)
+        reader.execute(fsql.later_closed(d), params)
+        source = fsql.rest_pods_later(d)
+    reader.execute(ssql.later_days_sql(d, source), params)
     if fast:
-        reader.execute(fsql.ROLLUP_XDAYS_SQL, params)
+        reader.execute(fsql.rollup_xdays_sql(d), params)
     if sql_days:
-        part.day_rows = reader.query(ssql.DAY_USD_SQL, {})
+        part.day_rows = reader.query(ssql.day_usd_sql(d), {})
     else:
         part.later = [
             Sub(r[0], r[1], unnull(r[2]), unnull(r[3]), int(r[4]), *floats(r[5:9]))
@@ -207,6 +224,7 @@ def _scan_days(
 def _materialize_changed(reader: LedgerReader, params: Mapping[str, Any]) -> bool:
     """The price-changed slices of this range, cut into pieces, in temp tables read four times
     (per group and per day, pieces and whole); False when this range has none."""
-    reader.execute(f"CREATE TEMP TABLE cost_pieces AS WITH {CHANGE_CTES} {SRC_CHANGED}", params)
-    reader.execute(f"CREATE TEMP TABLE cost_whole AS WITH {CHANGE_CTES} {SRC_CHANGED_WHOLE}", params)
+    ctes = change_ctes(reader.dialect)
+    reader.execute(f"INSERT INTO cost_pieces WITH {ctes} {SRC_CHANGED}", params)
+    reader.execute(f"INSERT INTO cost_whole WITH {ctes} {src_changed_whole(reader.dialect)}", params)
     return bool(reader.query("SELECT EXISTS (SELECT 1 FROM cost_whole)", {})[0][0])

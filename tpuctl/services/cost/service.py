@@ -34,36 +34,44 @@ import json
 import os
 import time
 from collections.abc import Callable
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from tpuctl.errors import UsageError
 from tpuctl.services.cost.aggregate import Query, aggregate_lines
 from tpuctl.services.cost.details import dedupe, limited, mark_unknown_steps, run_info, slice_info
 from tpuctl.services.cost.item_report import item_report
+from tpuctl.services.cost.items import PREPARE
 from tpuctl.services.cost.model import CostLine, CostReport
 from tpuctl.services.cost.pricing import Pricer
-from tpuctl.services.cost.reader import LedgerReader
-from tpuctl.services.cost.sql_intervals import PRICE_CHANGES_SQL
-from tpuctl.services.cost.sql_scan import NULL_KEY, PREEMPTION_KINDS_SQL
+from tpuctl.services.cost.reader import LedgerReader, open_reader
+from tpuctl.services.cost.scan import SCAN_TABLES
+from tpuctl.services.cost.sql_dialect import null_key
+from tpuctl.services.cost.sql_intervals import price_changes_sql
+from tpuctl.services.cost.sql_scan import preemption_kinds_sql
 from tpuctl.services.cost.window import GroupBy
 
 if TYPE_CHECKING:
     from tpuctl.catalog import Catalog
     from tpuctl.services.prices import PriceSource
+    from tpuctl.store.database import Database
+    from tpuctl.store.url import DatabaseUrl
 
+
+#: The working tables of a report: its scan's and its slice and run groups'.
+REPORT_TABLES: Final = (*SCAN_TABLES, *PREPARE)
 
 #: The kind of a preemption no run's supervisor classified (a slice no run was on, one the listing found).
 UNCLASSIFIED = "unclassified"
 
 
 class CostService:
-    """Builds cost reports from the ledger file. ``catalog`` prices what the ledger left unpriced and
+    """Builds cost reports from the ledger's database (its URL, or the open ``Database``, whose connections
+    the reports then share), on either engine. ``catalog`` prices what the ledger left unpriced and
     gives the on-demand prices that savings are measured against."""
 
     def __init__(
         self,
-        ledger_path: Path,
+        database: DatabaseUrl | Database,
         catalog: Catalog,
         prices: PriceSource,
         *,
@@ -71,7 +79,7 @@ class CostService:
         workers: int | None = None,
         fast: bool = True,
     ) -> None:
-        self._path = Path(ledger_path)
+        self._database = database
         self._prices = prices
         self._clock = clock
         self._catalog = catalog
@@ -98,8 +106,8 @@ class CostService:
         end = now if until is None else until
         group = group_by or GroupBy("slice")
         warnings: list[str] = list(self._prices.warnings)
-        with LedgerReader(self._path) as reader, reader.snapshot():
-            q = self._query(reader, _params(since, end, now, group), warnings)
+        with open_reader(self._database) as reader, reader.snapshot(REPORT_TABLES):
+            q = self._query(reader, _params(since, end, now, group, null_key(reader.dialect)), warnings)
             if self._fast and group.kind in ("slice", "run"):
                 groups, groups_total, by_day, counts, totals = item_report(
                     q, group, with_days=with_days, limit=limit
@@ -119,7 +127,8 @@ class CostService:
                 mark_unknown_steps(reader, groups)
             notes = self._price_notes(reader, q.params)
             kinds = {
-                str(kind or UNCLASSIFIED): int(n) for kind, n in reader.query(PREEMPTION_KINDS_SQL, q.params)
+                str(kind or UNCLASSIFIED): int(n)
+                for kind, n in reader.query(preemption_kinds_sql(reader.dialect), q.params)
             }
         preemptions, free, total_slices = counts
         totals.key = "total"
@@ -171,23 +180,24 @@ class CostService:
         segments = bool(
             reader.query("SELECT EXISTS (SELECT 1 FROM run_segments WHERE pod IS NOT NULL)", {})[0][0]
         )
-        changes = reader.query(PRICE_CHANGES_SQL, {})
+        changes = reader.query(price_changes_sql(reader.dialect), {})
         params["price_changes"] = json.dumps([c for c in changes if c[0] is not None])
         return Query(
-            path=self._path, reader=reader, params=params, warnings=warnings, pricer=self._pricer,
+            reader=reader, params=params, warnings=warnings, pricer=self._pricer,
             fast=self._fast, workers=self._workers, segments=segments, changes=bool(changes),
         )  # fmt: skip
 
 
-def _params(since: float | None, until: float, now: float, group: GroupBy) -> dict[str, Any]:
+def _params(since: float | None, until: float, now: float, group: GroupBy, null: str) -> dict[str, Any]:
     return {
         # -inf would do, but SQLite binds it as a REAL fine only on some builds: a far past is plain.
         "since": -1e18 if since is None else float(since),
         "until": float(until),
         "now": float(now),
         "label_path": f'$."{group.label_key}"' if group.label_key else "$",
+        "label_key": group.label_key or "",
         "price_changes": "[]",
-        "null_key": NULL_KEY,
+        "null_key": null,
         "lo": -(2**62),
         "hi": 2**62,
     }

@@ -3,13 +3,16 @@ price-changed slice (one per price in force), run segments' shares of them (a ru
 not create, recomputed work), the split at UTC midnight, and their sums per group.
 
 Every relation here has the columns ``IV_COLUMNS``; ``aggregate_sql`` sums one per (group key, zone, type,
-capacity). The billing rules these apply come from ``tpuctl.store.billing``.
+capacity). The billing rules these apply come from ``tpuctl.store.billing``. Each statement is written
+once, for the ``Dialect`` it is asked for (``sql_dialect``); each text is made once per dialect.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Final
 
+from tpuctl.services.cost import sql_dialect as sd
 from tpuctl.services.cost.window import GroupBy
 from tpuctl.store.billing import (
     DAY_S,
@@ -19,36 +22,63 @@ from tpuctl.store.billing import (
     midnight_after_sql,
     recompute_fraction_sql,
 )
+from tpuctl.store.sql import Dialect
 
-#: Which incarnations (alias p) are billed in the window [:since, :until), :now being now: READY at
-#: some point, with a known chip count, and not a free preemption (``tpuctl.store.billing``).
-BILLED_IN_WINDOW: Final = f"""p.ready_at IS NOT NULL AND p.chips IS NOT NULL
+cache = functools.cache
+
+
+@cache
+def billed_in_window(d: Dialect) -> str:
+    """Which incarnations (alias p) are billed in the window [:since, :until), :now being now: READY at
+    some point, with a known chip count, and not a free preemption (``tpuctl.store.billing``)."""
+    return f"""p.ready_at IS NOT NULL AND p.chips IS NOT NULL
       AND p.ready_at < :until AND COALESCE(p.ended_at, :now) > :since
-      AND NOT {free_preemption_sql("p")}"""
+      AND NOT {free_preemption_sql("p", d)}"""
+
+
 #: The pods scans run in parallel over id ranges (one connection and thread each); a query over the whole
 #: table binds the full range.
 PART: Final = "p.id >= :lo AND p.id < :hi"
-BILLED_POD: Final = f"{PART} AND {BILLED_IN_WINDOW}"
-#: A billed incarnation's billed seconds in the window (from READY until its end, or until now).
-BILLED_S: Final = "MIN(COALESCE(p.ended_at, :now), :until) - MAX(p.ready_at, :since)"
-#: A preempted incarnation's quota-holding time in the window (until deleted, or until now).
-HELD_S: Final = "MIN(COALESCE(p.deleted_at, :now), :until) - MAX(p.ended_at, :since)"
+
+
+@cache
+def billed_pod(d: Dialect) -> str:
+    return f"{PART} AND {billed_in_window(d)}"
+
+
+@cache
+def billed_s(d: Dialect) -> str:
+    """A billed incarnation's billed seconds in the window (from READY until its end, or until now)."""
+    return f"{d.least('COALESCE(p.ended_at, :now)', ':until')} - {d.greatest('p.ready_at', ':since')}"
+
+
+@cache
+def held_s(d: Dialect) -> str:
+    """A preempted incarnation's quota-holding time in the window (until deleted, or until now)."""
+    return f"{d.least('COALESCE(p.deleted_at, :now)', ':until')} - {d.greatest('p.ended_at', ':since')}"
+
+
 IN_WINDOW_PREEMPTION: Final = "(p.end_reason = 'preempted' AND p.ended_at >= :since AND p.ended_at < :until)"
 
-#: The few slices whose price changed while billed, cut into one piece per price (the log's
-#: ``price_change`` events through the small partial index events_price; the price in force at READY is
-#: the one on the last event recorded up to then).
-CHANGE_CTES: Final = f"""
+
+@cache
+def change_ctes(d: Dialect) -> str:
+    """The few slices whose price changed while billed, cut into one piece per price (the log's
+    ``price_change`` events through the small partial index events_price; the price in force at READY is
+    the one on the last event recorded up to then)."""
+    pod_id = sd.json_int("j.value", 0, d)
+    return f"""
 pc AS (
     -- The price_change events were read beforehand by a query of their own (which the planner answers
     -- from the small partial index events_price) and come in as JSON: inside a join the planner may
     -- prefer walking events_pod, i.e. most of the log. Joined to pods by primary key.
-    SELECT CAST(json_extract(j.value, '$[0]') AS INTEGER) AS pod_id, json_extract(j.value, '$[1]') AS ts,
-           json_extract(j.value, '$[2]') AS id, json_extract(j.value, '$[3]') AS price, p.ready_at,
+    SELECT {pod_id} AS pod_id, {sd.json_real("j.value", 1, d)} AS ts,
+           {sd.json_int("j.value", 2, d) if sd.is_pg(d) else sd.json_real("j.value", 2, d)} AS id,
+           {sd.json_real("j.value", 3, d)} AS price, p.ready_at,
            COALESCE(p.ended_at, :now) AS bill_end, p.price_per_chip_hour AS last_price
-    FROM json_each(:price_changes) AS j CROSS JOIN pods AS p
-         ON p.id = CAST(json_extract(j.value, '$[0]') AS INTEGER)
-    WHERE {BILLED_POD}
+    FROM {sd.json_elements(":price_changes", "j", d)} {sd.cross_join(d)} pods AS p
+         ON p.id = {pod_id}
+    WHERE {billed_pod(d)}
 ),
 changed AS (SELECT DISTINCT pod_id, ready_at, bill_end, last_price FROM pc),
 marks AS (
@@ -61,70 +91,106 @@ marks AS (
     SELECT pod_id, ts, id, bill_end, price FROM pc WHERE ts > ready_at AND ts < bill_end
 ),
 pieces AS (
-    SELECT pod_id AS id, MAX(t, :since) AS s,
-           MIN(COALESCE(LEAD(t) OVER (PARTITION BY pod_id ORDER BY t, ord), be), :until) AS e, price
+    SELECT pod_id AS id, {d.greatest("t", ":since")} AS s,
+           {d.least("COALESCE(LEAD(t) OVER (PARTITION BY pod_id ORDER BY t, ord), be)", ":until")} AS e, price
     FROM marks
 )"""
+
 
 #: Interval relations, all with these columns: (pod id, start, end, price, weight, run of a segment,
 #: the slice's attributes).
 IV_COLUMNS: Final = "id, s, e, price, w, run, zone, name, atype, capacity, chips, run_id, labels"
 ATTRS: Final = "p.zone, p.name, p.accelerator_type, p.capacity, p.chips, p.run_id, p.labels"
 UNCHANGED: Final = "p.id NOT IN (SELECT pod_id FROM changed)"
-SRC_BILLED: Final = f"""
-SELECT p.id, MAX(p.ready_at, :since), MIN(COALESCE(p.ended_at, :now), :until), p.price_per_chip_hour, 1.0,
+
+
+def _billed_interval(d: Dialect) -> str:
+    return f"{d.greatest('p.ready_at', ':since')}, {d.least('COALESCE(p.ended_at, :now)', ':until')}"
+
+
+@cache
+def src_billed(d: Dialect) -> str:
+    return f"""
+SELECT p.id, {_billed_interval(d)}, p.price_per_chip_hour, 1.0,
        NULL, {ATTRS}
-FROM pods AS p WHERE {BILLED_POD} AND {UNCHANGED}
+FROM pods AS p WHERE {billed_pod(d)} AND {UNCHANGED}
 UNION ALL
 SELECT x.id, x.s, x.e, x.price, 1.0, NULL, {ATTRS} FROM pieces AS x JOIN pods AS p ON p.id = x.id"""
+
+
 SRC_CHANGED: Final = (
     f"SELECT x.id, x.s, x.e, x.price, 1.0, NULL, {ATTRS} FROM pieces AS x JOIN pods AS p ON p.id = x.id"
 )
-#: The same slices over their whole billed interval at their last price: what the pods scan counted
-#: for them, to take back before adding their pieces.
-SRC_CHANGED_WHOLE: Final = f"""
-SELECT p.id, MAX(p.ready_at, :since), MIN(COALESCE(p.ended_at, :now), :until), p.price_per_chip_hour, 1.0,
+
+
+@cache
+def src_changed_whole(d: Dialect) -> str:
+    """The same slices over their whole billed interval at their last price: what the pods scan counted
+    for them, to take back before adding their pieces."""
+    return f"""
+SELECT p.id, {_billed_interval(d)}, p.price_per_chip_hour, 1.0,
        NULL, {ATTRS}
 FROM changed AS c JOIN pods AS p ON p.id = c.pod_id"""
+
+
 SRC_CHANGED_TEMP: Final = "SELECT * FROM cost_pieces"
 SRC_CHANGED_WHOLE_TEMP: Final = "SELECT * FROM cost_whole"
-SRC_HELD: Final = f"""
-SELECT p.id, MAX(p.ended_at, :since), MIN(COALESCE(p.deleted_at, :now), :until), p.price_per_chip_hour, 1.0,
+
+
+@cache
+def src_held(d: Dialect) -> str:
+    return f"""
+SELECT p.id, {d.greatest("p.ended_at", ":since")}, {d.least("COALESCE(p.deleted_at, :now)", ":until")}, \
+p.price_per_chip_hour, 1.0,
        NULL, {ATTRS}
 FROM pods AS p WHERE p.end_reason = 'preempted' AND p.chips IS NOT NULL"""
 
 
-def segment_source(condition: str, weight: str, source: str, *, unchanged_only: str = "1") -> str:
+def segment_source(condition: str, weight: str, source: str, d: Dialect, *, unchanged_only: str = "") -> str:
     """Billed intervals cut to the run segments that ran on them (``source`` joins run_segments rs to pods
     p, in the order the condition's index makes cheap; price-changed slices through their pieces).
     ``unchanged_only``: a further condition on the slices whose price did not change."""
-    seg = "MAX({s}, rs.started_at), MIN({e}, COALESCE(rs.ended_at, :now))"
+
+    def seg(s: str, e: str) -> str:
+        return f"{d.greatest(s, 'rs.started_at')}, {d.least(e, 'COALESCE(rs.ended_at, :now)')}"
+
+    whole = seg(d.greatest("p.ready_at", ":since"), d.least("COALESCE(p.ended_at, :now)", ":until"))
     return f"""
-SELECT p.id, {seg.format(s="MAX(p.ready_at, :since)", e="MIN(COALESCE(p.ended_at, :now), :until)")},
+SELECT p.id, {whole},
        p.price_per_chip_hour, {weight}, rs.run_id, {ATTRS}
 FROM {source}
-WHERE {condition} AND {BILLED_POD} AND {UNCHANGED} AND {unchanged_only}
+WHERE {condition} AND {billed_pod(d)} AND {UNCHANGED} AND {unchanged_only or sd.true(d)}
 UNION ALL
-SELECT p.id, {seg.format(s="x.s", e="x.e")}, x.price, {weight}, rs.run_id, {ATTRS}
+SELECT p.id, {seg("x.s", "x.e")}, x.price, {weight}, rs.run_id, {ATTRS}
 FROM run_segments AS rs JOIN pods AS p ON p.name = rs.pod AND p.zone = rs.zone JOIN pieces AS x ON x.id = p.id
 WHERE {condition}"""
 
 
-#: Billed time of slices no run created, attributed to the runs whose segments ran on them: from those
-#: slices (partial index pods_norun) to their segments (run_segments_pod), not from every segment.
-SRC_SEGMENT_RUNS: Final = segment_source(
-    "p.run_id IS NULL",
-    "1.0",
-    "pods AS p INDEXED BY pods_norun CROSS JOIN run_segments AS rs ON rs.zone = p.zone AND rs.pod = p.name",
-)
-#: The recomputed share of billed time, from the segments that recomputed steps (a partial index: most
-#: segments redo nothing, and a report should not read them all to find that out).
-SRC_RECOMPUTED: Final = segment_source(
-    "rs.steps_recomputed > 0",
-    recompute_fraction_sql("rs"),
-    "run_segments AS rs INDEXED BY run_segments_recomputed CROSS JOIN pods AS p "
-    "ON p.name = rs.pod AND p.zone = rs.zone",
-)
+@cache
+def src_segment_runs(d: Dialect) -> str:
+    """Billed time of slices no run created, attributed to the runs whose segments ran on them: from
+    those slices (partial index pods_norun) to their segments (run_segments_pod), not from every segment."""
+    return segment_source(
+        "p.run_id IS NULL",
+        "1.0",
+        f"pods AS p {sd.indexed('pods_norun', d)} {sd.cross_join(d)} run_segments AS rs "
+        "ON rs.zone = p.zone AND rs.pod = p.name",
+        d,
+    )
+
+
+@cache
+def src_recomputed(d: Dialect) -> str:
+    """The recomputed share of billed time, from the segments that recomputed steps (a partial index:
+    most segments redo nothing, and a report should not read them all to find that out)."""
+    return segment_source(
+        "rs.steps_recomputed > 0",
+        recompute_fraction_sql("rs", d),
+        f"run_segments AS rs {sd.indexed('run_segments_recomputed', d)} {sd.cross_join(d)} pods AS p "
+        "ON p.name = rs.pod AND p.zone = rs.zone",
+        d,
+    )
+
 
 #: A slice (alias p) closed, billed wholly inside the window, and before now: what the ledger stored for
 #: it is its bill (its billing facts) and its recomputed work (``pods.rec_*``, schema v7; an open segment's
@@ -137,69 +203,89 @@ CLOSED_IN_WINDOW: Final = (
 
 def recomputed_sql(
     group: GroupBy,
-    ctes: str = CHANGE_CTES,
+    d: Dialect,
+    ctes: str | None = None,
     *,
-    only: str = "1",
+    only: str = "",
     only_stored: str | None = None,
-    stored_from: str = "pods AS p INDEXED BY pods_rec",
+    stored_from: str | None = None,
 ) -> str:
     """The recomputed share of billed time per (group key, zone, type, capacity), in aggregate_sql's
     columns: the slices the ledger stored it for summed from ``pods_rec`` (one row per slice that redid
     work), the rest from their segments. Those are found from the slices, not from every recomputing
-    segment: ``cost_rest`` (the aggregate pass's slices still open or cut by the window, which must exist
-    on the connection), slices that end after now (only a test clock has them), and the price-changed
-    ones (through their pieces). Per day the stored figures are no use (a slice's segments may cross
-    midnight): all from the segments. For runs the stored figure serves only slices a run created (the
-    group is then the slice's run whatever segment ran on it); the others' segments name their run, so
-    all slices no run created are computed too. ``only``: a condition on the slice (alias p) and its
-    segment (alias rs), ``only_stored`` the same on the slice alone (default: ``only``); ``stored_from``:
-    where the stored figures are read from (a few given slices: from their list)."""
+    segment: ``cost_rest`` (the aggregate pass's slices still open or cut by the window), slices that
+    end after now (only a test clock has them), and the price-changed ones (through their pieces). Per
+    day the stored figures are no use (a slice's segments may cross midnight): all from the segments.
+    For runs the stored figure serves only slices a run created (the group is then the slice's run
+    whatever segment ran on it); the others' segments name their run, so all slices no run created are
+    computed too. ``ctes``: the price pieces (default ``change_ctes``); ``only``: a condition on the slice
+    (alias p) and its segment (alias rs), ``only_stored`` the same on the slice alone (default: ``only``);
+    ``stored_from``: where the stored figures are read from (default ``pods_rec``; a few given slices:
+    from their list)."""
+    ctes = change_ctes(d) if ctes is None else ctes
+    only = only or sd.true(d)
+    if stored_from is None:
+        stored_from = f"pods AS p {sd.indexed('pods_rec', d)}"
     if group.kind == "day":
-        return aggregate_sql(SRC_RECOMPUTED, group, ctes=ctes)
+        return aggregate_sql(src_recomputed(d), group, d, ctes=ctes)
     stored = CLOSED_IN_WINDOW + (" AND p.run_id IS NOT NULL" if group.kind == "run" else "")
-    rest = "SELECT id FROM cost_rest UNION SELECT id FROM pods INDEXED BY pods_ended WHERE ended_at > :now"
+    join = sd.cross_join(d)
+    rest = (
+        f"SELECT id FROM cost_rest UNION SELECT id FROM pods {sd.indexed('pods_ended', d)} "
+        "WHERE ended_at > :now"
+    )
     if group.kind == "run":
         # From the recomputing segments to the covering pods_norun: few rows fetched, not every slice
         # no run created.
         rest += (
-            " UNION SELECT p.id FROM run_segments AS rs INDEXED BY run_segments_recomputed"
-            " CROSS JOIN pods AS p INDEXED BY pods_norun ON p.zone = rs.zone AND p.name = rs.pod"
+            f" UNION SELECT p.id FROM run_segments AS rs {sd.indexed('run_segments_recomputed', d)}"
+            f" {join} pods AS p {sd.indexed('pods_norun', d)} ON p.zone = rs.zone AND p.name = rs.pod"
             " WHERE rs.steps_recomputed > 0 AND p.run_id IS NULL"
         )
     computed = segment_source(
         f"rs.steps_recomputed > 0 AND {only}",
-        recompute_fraction_sql("rs"),
-        f"({rest}) AS r CROSS JOIN pods AS p ON p.id = r.id CROSS JOIN run_segments AS rs "
-        "INDEXED BY run_segments_recomputed ON rs.zone = p.zone AND rs.pod = p.name",
+        recompute_fraction_sql("rs", d),
+        f"({rest}) AS r {join} pods AS p ON p.id = r.id {join} run_segments AS rs "
+        f"{sd.indexed('run_segments_recomputed', d)} ON rs.zone = p.zone AND rs.pod = p.name",
+        d,
         unchanged_only=f"NOT ({stored})",
     )
-    return f"""{aggregate_sql(computed, group, ctes=ctes)}
+    return f"""{aggregate_sql(computed, group, d, ctes=ctes)}
 UNION ALL
-SELECT {key_sql(group, "p")} AS k, p.zone AS zone, p.accelerator_type AS atype, p.capacity AS capacity,
-       0 AS slices, 0.0 AS s, 0.0 AS cs, TOTAL(p.rec_priced) AS priced, TOTAL(p.rec_unpriced) AS unpriced
+SELECT {key_sql(group, "p", d)} AS k, p.zone AS zone, p.accelerator_type AS atype, p.capacity AS capacity,
+       0 AS slices, 0.0 AS s, 0.0 AS cs, {sd.total("p.rec_priced", d)} AS priced, \
+{sd.total("p.rec_unpriced", d)} AS unpriced
 FROM {stored_from}
 WHERE (p.rec_priced != 0 OR p.rec_unpriced != 0) AND {stored} AND {UNCHANGED}
       AND {only if only_stored is None else only_stored}
 GROUP BY 1, 2, 3, 4"""
 
 
-#: UTC days: the first day of every interval comes straight out; only intervals that cross midnight
-#: recurse for the days after.
-DAY_SPLIT: Final = f"""
+@cache
+def day_split(d: Dialect) -> str:
+    """UTC days: the first day of every interval comes straight out; only intervals that cross midnight
+    recurse for the days after."""
+    return f"""
 days({IV_COLUMNS}, pe) AS (
-    SELECT id, s, MIN(e, {midnight_after_sql("s")}), price, w, run, zone, name, atype,
+    SELECT id, s, {d.least("e", midnight_after_sql("s", d))}, price, w, run, zone, \
+name, atype,
            capacity, chips, run_id, labels, e
     FROM src
     UNION ALL
-    SELECT id, e, MIN(pe, e + {DAY_S}.0), price, w, run, zone, name, atype, capacity, chips, run_id, labels,
+    SELECT id, e, {d.least("pe", f"e + {DAY_S}.0")}, price, w, run, zone, name, atype, capacity, chips, \
+run_id, labels,
            pe
     FROM days WHERE e < pe
 ),
 iv AS (SELECT {IV_COLUMNS} FROM days)"""
 
 
-def key_sql(group: GroupBy, alias: str) -> str:
+def key_sql(group: GroupBy, alias: str, d: Dialect) -> str:
     a = alias
+    if group.kind == "label":
+        if sd.is_pg(d):
+            return f"(CAST({a}.labels AS jsonb) ->> :label_key)"
+        return f"json_extract({a}.labels, :label_path)"
     return {
         "slice": f"{a}.id",
         "run": f"COALESCE({a}.run_id, {a}.run)" if a == "iv" else f"{a}.run_id",
@@ -207,58 +293,77 @@ def key_sql(group: GroupBy, alias: str) -> str:
         "region": f"{a}.zone",  # mapped to the region in Python (SQLite has no rsplit)
         "type": f"{a}.{'atype' if a == 'iv' else 'accelerator_type'}",
         "capacity": f"{a}.capacity",
-        "day": day_sql(f"{a}.s"),  # the UTC day number; a date in Python
-        "label": f"json_extract({a}.labels, :label_path)",
+        "day": day_sql(f"{a}.s", d),  # the UTC day number; a date in Python
         "total": "NULL",
     }[group.kind]
 
 
-#: The price changes in force: each one recorded while its slice was open. One recorded after the slice
-#: ended (events out of order) changed nothing: the ledger's view ignores it when it bills the slice
-#: (``tpuctl.store.view``), and so do both report paths, whichever way the slice is summed.
-PRICE_CHANGES_SQL: Final = f"""
-SELECT e.pod_id, e.ts, e.id, e.price_per_chip_hour FROM events AS e INDEXED BY events_price_facts
+@cache
+def price_changes_sql(d: Dialect) -> str:
+    """The price changes in force: each one recorded while its slice was open. One recorded after the
+    slice ended (events out of order) changed nothing: the ledger's view ignores it when it bills the
+    slice (``tpuctl.store.view``), and so do both report paths, whichever way the slice is summed."""
+    return f"""
+SELECT e.pod_id, e.ts, e.id, e.price_per_chip_hour FROM events AS e {sd.indexed("events_price_facts", d)}
 WHERE e.kind = 'price_change'
-  AND NOT EXISTS (SELECT 1 FROM events AS x INDEXED BY events_end
+  AND NOT EXISTS (SELECT 1 FROM events AS x {sd.indexed("events_end", d)}
                   WHERE x.pod_id = e.pod_id AND x.id < e.id AND x.kind IN {END_KINDS_SQL})"""
 
-CHANGED_IDS: Final = "SELECT CAST(json_extract(value, '$[0]') AS INTEGER) FROM json_each(:price_changes)"
-#: The price changes (as JSON, like :price_changes) of the slices whose pieces a per-slice or per-run
-#: report needs: not billed wholly inside the window, or with segments whose share is priced by piece.
-PIECES_NEEDED_SQL: Final = f"""
-SELECT json_group_array(json(j.value)) FROM json_each(:price_changes) AS j
-WHERE CAST(json_extract(j.value, '$[0]') AS INTEGER) IN (
+
+def _changed_ids(d: Dialect) -> str:
+    return f"SELECT {sd.json_int('j.value', 0, d)} FROM {sd.json_elements(':price_changes', 'j', d)}"
+
+
+@cache
+def pieces_needed_sql(d: Dialect) -> str:
+    """The price changes (as JSON, like :price_changes) of the slices whose pieces a per-slice or per-run
+    report needs: not billed wholly inside the window, or with segments whose share is priced by piece."""
+    by_pod = sd.indexed("run_segments_pod", d)
+    return f"""
+SELECT {sd.json_array_agg("j.value", d)} FROM {sd.json_elements(":price_changes", "j", d)}
+WHERE {sd.json_int("j.value", 0, d)} IN (
     SELECT p.id FROM pods AS p
-    WHERE p.id IN ({CHANGED_IDS})
+    WHERE p.id IN ({_changed_ids(d)})
       AND (NOT ({CLOSED_IN_WINDOW})
-           OR EXISTS (SELECT 1 FROM run_segments AS rs INDEXED BY run_segments_recomputed
+           OR EXISTS (SELECT 1 FROM run_segments AS rs {sd.indexed("run_segments_recomputed", d)}
                       WHERE rs.zone = p.zone AND rs.pod = p.name AND rs.steps_recomputed > 0)
-           OR (p.run_id IS NULL AND EXISTS (SELECT 1 FROM run_segments AS rs INDEXED BY run_segments_pod
+           OR (p.run_id IS NULL AND EXISTS (SELECT 1 FROM run_segments AS rs {by_pod}
                                             WHERE rs.zone = p.zone AND rs.pod = p.name)))
 )"""
-#: The other price-changed slices billed in the window, into cost_item_pieces from their stored facts
-#: (USD x 3600 at each price in force, and chip-seconds with no price).
-STORED_PIECES_SQL: Final = f"""
-INSERT OR IGNORE INTO cost_item_pieces (id, priced, unpriced)
-SELECT p.id, p.billed_usd_s, p.billed_unpriced_chip_s FROM pods AS p
-WHERE p.id IN ({CHANGED_IDS}) AND {CLOSED_IN_WINDOW} AND {BILLED_POD}"""
 
-#: CHANGE_CTES's ``changed`` and ``pieces`` read back from ``cost_all_pieces``, where a report that
+
+@cache
+def stored_pieces_sql(d: Dialect) -> str:
+    """The other price-changed slices billed in the window, into cost_item_pieces from their stored facts
+    (USD x 3600 at each price in force, and chip-seconds with no price)."""
+    return sd.insert_ignore(
+        "cost_item_pieces (id, priced, unpriced)",
+        f"""
+SELECT p.id, p.billed_usd_s, p.billed_unpriced_chip_s FROM pods AS p
+WHERE p.id IN ({_changed_ids(d)}) AND {CLOSED_IN_WINDOW} AND {billed_pod(d)}""",
+        d,
+    )
+
+
+#: change_ctes's ``changed`` and ``pieces`` read back from ``cost_all_pieces``, where a report that
 #: needs them in several queries computed them once (only the slices that need pieces: see
-#: PIECES_NEEDED_SQL; the segment queries, the only readers of ``changed``, meet no other).
+#: pieces_needed_sql; the segment queries, the only readers of ``changed``, meet no other).
 STORED_CHANGE_CTES: Final = """
 changed AS (SELECT DISTINCT id AS pod_id FROM cost_all_pieces),
 pieces AS (SELECT id, s, e, price FROM cost_all_pieces)"""
 
 
-def aggregate_sql(source: str, group: GroupBy, *, count: bool = False, ctes: str = CHANGE_CTES) -> str:
+def aggregate_sql(
+    source: str, group: GroupBy, d: Dialect, *, count: bool = False, ctes: str | None = None
+) -> str:
     """Sum an interval relation per (group key, zone, type, capacity); ``count``: distinct slices too."""
-    split = DAY_SPLIT if group.kind == "day" else "iv AS (SELECT * FROM src)"
+    ctes = change_ctes(d) if ctes is None else ctes
+    split = day_split(d) if group.kind == "day" else "iv AS (SELECT * FROM src)"
     return f"""
 WITH RECURSIVE {ctes},
 src({IV_COLUMNS}) AS ({source}),
 {split}
-SELECT {key_sql(group, "iv")} AS k, iv.zone AS zone, iv.atype AS atype, iv.capacity AS capacity,
+SELECT {key_sql(group, "iv", d)} AS k, iv.zone AS zone, iv.atype AS atype, iv.capacity AS capacity,
        {"COUNT(DISTINCT iv.id)" if count else "0"} AS slices,
        SUM((iv.e - iv.s) * iv.w) AS s,
        SUM(iv.chips * (iv.e - iv.s) * iv.w) AS cs,

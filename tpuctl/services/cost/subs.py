@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from tpuctl.services.cost.reader import LedgerReader
 from tpuctl.services.cost.sql_intervals import aggregate_sql
-from tpuctl.services.cost.sql_scan import NULL_KEY
 from tpuctl.services.cost.window import GroupBy
+from tpuctl.store.billing import null_key
+from tpuctl.store.sql import POSTGRESQL, SQLITE
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,7 @@ def subs(
     reader: LedgerReader, source: str, group: GroupBy, params: Mapping[str, Any], *, count: bool = False
 ) -> list[Sub]:
     """An interval relation (``sql_intervals``) summed per group."""
-    return sub_rows(reader, aggregate_sql(source, group, count=count), params)
+    return sub_rows(reader, aggregate_sql(source, group, reader.dialect, count=count), params)
 
 
 def negate(sub: Sub) -> Sub:
@@ -77,8 +78,12 @@ def negate(sub: Sub) -> Sub:
                -sub.priced_usd_seconds, -sub.unpriced_chip_seconds)  # fmt: skip
 
 
+#: What stands for NULL in the working tables' keys, on either engine (``billing.null_key``).
+_NULL_KEYS: Final = frozenset({null_key(SQLITE), null_key(POSTGRESQL)})
+
+
 def unnull(value: Any) -> Any:
-    return None if value == NULL_KEY else value
+    return None if value in _NULL_KEYS else value
 
 
 def floats(values: Sequence[Any]) -> list[float]:

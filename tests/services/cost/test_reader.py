@@ -1,0 +1,77 @@
+"""The report's connection on either engine: one snapshot per report, its working tables its own, nothing
+written to the ledger, and a database of another schema refused."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tpuctl.catalog import CapacityType
+from tpuctl.services.cost.reader import open_reader
+from tpuctl.services.cost.service import REPORT_TABLES
+from tpuctl.store import Ledger, parse_database_url
+from tpuctl.store.database import open_database
+from tpuctl.store.records import EventKind, LedgerError
+from tpuctl.store.url import sqlite_url
+
+T0 = 1_800_000_000.0
+
+
+def _requested(ledger: Ledger, name: str) -> None:
+    ledger.record_event(
+        EventKind.REQUESTED, pod=name, zone="us-central1-a", accelerator_type="v5litepod-8", chips=8,
+        capacity=CapacityType.SPOT, price_per_chip_hour=0.245, ts=T0, backend="sim",
+    )  # fmt: skip
+
+
+def test_a_report_reads_one_snapshot_of_the_ledger(open_ledger: Callable[..., Ledger]) -> None:
+    with open_ledger() as ledger:
+        _requested(ledger, "a")
+        with open_reader(ledger.url) as reader:
+            with reader.snapshot(REPORT_TABLES):
+                before = reader.query("SELECT COUNT(*) FROM pods", {})
+                _requested(ledger, "b")  # another connection writes while the report reads
+                assert reader.query("SELECT COUNT(*) FROM pods", {}) == before == [(1,)]
+            with reader.snapshot(REPORT_TABLES):  # the next report: the new state, its tables made anew
+                assert reader.query("SELECT COUNT(*) FROM pods", {}) == [(2,)]
+                assert reader.query("SELECT COUNT(*) FROM cost_agg", {}) == [(0,)]
+
+
+def test_a_report_writes_only_its_working_tables(open_ledger: Callable[..., Ledger]) -> None:
+    with open_ledger() as ledger, open_reader(ledger.url) as reader, reader.snapshot(REPORT_TABLES):
+        reader.execute("INSERT INTO cost_rest (id) VALUES (7)", {})
+        assert reader.query("SELECT id FROM cost_rest", {}) == [(7,)]
+        with pytest.raises(LedgerError):  # SQLite's connection is read only; PostgreSQL's transaction
+            reader.execute("INSERT INTO ledger_meta (key, value) VALUES ('k', 'v')", {})
+
+
+def test_postgresql_reads_in_a_repeatable_read_read_only_transaction(postgres_url: str) -> None:
+    url = parse_database_url(postgres_url)
+    with Ledger(open_database(url)), open_reader(url) as reader, reader.snapshot(REPORT_TABLES):
+        assert reader.dialect.name == "postgresql"
+        settings = "SELECT current_setting('transaction_isolation'), current_setting('transaction_read_only')"
+        assert reader.query(settings, {}) == [("repeatable read", "on")]
+
+
+def test_a_database_without_the_ledgers_schema_is_refused(tmp_path: Path, postgres_url: str) -> None:
+    with pytest.raises(LedgerError, match="schema version 0; cost reports know version 10"):
+        open_reader(parse_database_url(postgres_url))  # an empty database: never a ledger
+    with pytest.raises(LedgerError, match="no ledger at"):
+        open_reader(sqlite_url(tmp_path / "ledger.db"))
+
+
+def test_a_parallel_part_on_postgresql_reads_the_reports_own_snapshot(postgres_url: str) -> None:
+    """A scan's parts are connections of their own: on PostgreSQL they import the report's snapshot, so a
+    write between the report's start and a part's sees neither."""
+    url = parse_database_url(postgres_url)
+    with Ledger(open_database(url)) as ledger, open_reader(url) as reader:
+        _requested(ledger, "a")
+        with reader.snapshot(REPORT_TABLES):
+            assert reader.query("SELECT COUNT(*) FROM pods", {}) == [(1,)]
+            _requested(ledger, "b")
+            with reader.another() as part, part.snapshot(REPORT_TABLES):
+                assert part.query("SELECT COUNT(*) FROM pods", {}) == [(1,)]
+                settings = "SELECT current_setting('transaction_read_only')"
+                assert part.query(settings, {}) == [("on",)]

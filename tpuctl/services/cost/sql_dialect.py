@@ -1,0 +1,138 @@
+"""What the cost report's SQL writes differently on each engine, beyond ``tpuctl.store.sql.Dialect``.
+
+Each helper returns SQLite's text unchanged (the 1,000,000-event report's speed was measured on it) and
+PostgreSQL's equivalent: JSON arrays passed in as one text parameter (``jsonb_array_elements``, one way
+everywhere), ``TOTAL``, a condition used as a number, SQLite's index hints (PostgreSQL's planner takes
+none), ``INSERT OR IGNORE``, the subquery fence ``LIMIT -1``, an ISO 8601 time. The billing rules'
+fragments stay ``tpuctl.store.billing``'s (each takes the dialect too).
+"""
+
+from __future__ import annotations
+
+from tpuctl.store import billing
+from tpuctl.store.sql import Dialect
+
+
+def null_key(dialect: Dialect) -> str:
+    """The value standing for NULL in a group key: the rollup tables' own (``billing.null_key``), so
+    that rows summed from them and from the slices meet in one key. SQLite's is a NUL character;
+    PostgreSQL text cannot hold one."""
+    return billing.null_key(dialect)
+
+
+def is_pg(dialect: Dialect) -> bool:
+    return dialect.name == "postgresql"
+
+
+def json_elements(param: str, alias: str, dialect: Dialect) -> str:
+    """A FROM item: the elements of the JSON array in text parameter ``param``, as ``alias.value``."""
+    if is_pg(dialect):
+        return f"jsonb_array_elements(CAST({param} AS jsonb)) AS {alias}(value)"
+    return f"json_each({param}) AS {alias}"
+
+
+def json_int(value: str, index: int, dialect: Dialect) -> str:
+    """Element ``index`` of JSON array ``value`` (an element of ``json_elements``) as an integer."""
+    if is_pg(dialect):
+        return f"CAST({value} ->> {index} AS BIGINT)"
+    return f"CAST(json_extract({value}, '$[{index}]') AS INTEGER)"
+
+
+def json_real(value: str, index: int, dialect: Dialect) -> str:
+    """Element ``index`` of JSON array ``value`` as a number (NULL for JSON null)."""
+    if is_pg(dialect):
+        return f"CAST({value} ->> {index} AS DOUBLE PRECISION)"
+    return f"json_extract({value}, '$[{index}]')"
+
+
+def json_array_agg(value: str, dialect: Dialect) -> str:
+    """The JSON text of an array of the elements ``value`` (NULL when there are none)."""
+    if is_pg(dialect):
+        return f"CAST(jsonb_agg({value}) AS TEXT)"
+    return f"json_group_array(json({value}))"
+
+
+def json_values(param: str, sql_type: str, dialect: Dialect) -> str:
+    """A subquery of the scalars in the JSON array in text parameter ``param`` (``sql_type``: INTEGER or
+    TEXT), for ``x IN (...)``."""
+    if is_pg(dialect):
+        pg_type = "BIGINT" if sql_type == "INTEGER" else "TEXT"
+        elements = f"jsonb_array_elements_text(CAST({param} AS jsonb)) AS j(value)"
+        return f"SELECT CAST(j.value AS {pg_type}) FROM {elements}"
+    return f"SELECT value FROM json_each({param})"
+
+
+def total(value: str, dialect: Dialect) -> str:
+    """SQLite's ``TOTAL``: the sum as a float, 0.0 over no rows or only NULLs."""
+    if is_pg(dialect):
+        return f"COALESCE(SUM({value}), 0.0)"
+    return f"TOTAL({value})"
+
+
+def as_int(condition: str, dialect: Dialect) -> str:
+    """A condition as 1 or 0 (SQLite's conditions are numbers; PostgreSQL's booleans are not)."""
+    if is_pg(dialect) and condition not in ("0", "1"):
+        return f"CAST(({condition}) AS INTEGER)"
+    return condition
+
+
+def true(dialect: Dialect) -> str:
+    return "TRUE" if is_pg(dialect) else "1"
+
+
+def indexed(index: str, dialect: Dialect) -> str:
+    """SQLite's ``INDEXED BY`` hint (its planner's choice measured wrong there); nothing on PostgreSQL."""
+    return "" if is_pg(dialect) else f"INDEXED BY {index}"
+
+
+def not_indexed(dialect: Dialect) -> str:
+    return "" if is_pg(dialect) else "NOT INDEXED"
+
+
+def insert_ignore(into: str, select: str, dialect: Dialect) -> str:
+    """``INSERT INTO {into} {select}``, keeping the rows already there on a conflict."""
+    if is_pg(dialect):
+        return f"INSERT INTO {into} {select} ON CONFLICT DO NOTHING"
+    return f"INSERT OR IGNORE INTO {into} {select}"
+
+
+def fence(dialect: Dialect) -> str:
+    """Keeps a subquery from being flattened into its user (which would evaluate its expressions once
+    per use): SQLite's ``LIMIT -1``, PostgreSQL's ``OFFSET 0``."""
+    return "OFFSET 0" if is_pg(dialect) else "LIMIT -1"
+
+
+def limit(param: str, dialect: Dialect) -> str:
+    """``LIMIT`` a parameter where -1 means none (SQLite's convention; PostgreSQL's is NULL)."""
+    if is_pg(dialect):
+        return f"LIMIT NULLIF({param}, -1)"
+    return f"LIMIT {param}"
+
+
+def iso(instant: str, dialect: Dialect) -> str:
+    """ISO 8601 UTC with a Z of epoch seconds ``instant``, seconds truncated (``window.iso``'s form);
+    NULL stays NULL."""
+    if is_pg(dialect):
+        return f"""to_char(to_timestamp(trunc({instant})) AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')"""
+    return f"strftime('%Y-%m-%dT%H:%M:%SZ', {instant}, 'unixepoch')"
+
+
+def key_text(key: str, dialect: Dialect) -> str:
+    """A group key as stored in the working tables: as is on SQLite (untyped columns), text on
+    PostgreSQL (a slice's id, a day's number and a run's id share one column there)."""
+    if is_pg(dialect) and key != "NULL":
+        return f"CAST({key} AS TEXT)"
+    return key
+
+
+def trunc_int(value: str, dialect: Dialect) -> str:
+    """``value`` truncated toward zero to an integer (SQLite's CAST truncates; PostgreSQL's rounds)."""
+    if is_pg(dialect):
+        return f"CAST(trunc({value}) AS BIGINT)"
+    return f"CAST({value} AS INTEGER)"
+
+
+def cross_join(dialect: Dialect) -> str:
+    """A join kept in the order written: SQLite's ``CROSS JOIN ... ON`` (its planner's hint); a plain
+    ``JOIN`` on PostgreSQL, whose ``CROSS JOIN`` takes no ``ON``."""
+    return "JOIN" if is_pg(dialect) else "CROSS JOIN"
