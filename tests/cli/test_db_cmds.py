@@ -70,3 +70,19 @@ def test_a_newer_ledger_is_refused_naming_the_fix(cli: Cli, tmp_path: Path) -> N
         and "newer than this tpuctl" in refused.output
         and "upgrade tpuctl" in refused.output
     )
+
+
+def test_a_postgresql_ledger_is_upgraded_and_used_by_the_commands(cli: Cli, postgres_url: str) -> None:
+    env = {"TPUCTL_DATABASE_URL": postgres_url}
+    before = cli("db", "status", "-o", "json", env=env).json["database"]
+    assert (before["engine"], before["revision"], before["pending"]) == (
+        "postgresql",
+        None,
+        list(migrations.KNOWN),
+    )
+    assert cli("db", "upgrade", env=env).code == 0
+    after = cli("db", "status", "-o", "json", env=env).json["database"]
+    assert (after["revision"], after["pending"]) == (migrations.HEAD, [])
+    assert cli("runs", "list", "-o", "json", env=env).json["runs"] == []
+    report = cli("cost", "report", "-o", "json", env=env)
+    assert report.code == 0, report.output

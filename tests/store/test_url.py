@@ -143,29 +143,27 @@ def test_the_password_is_shown_as_stars_and_kept_for_the_engine_only() -> None:
     assert parse_database_url("postgresql://alice:other@team-db:5432/tpuctl?sslmode=require") != url
 
 
-def test_the_ledger_on_postgresql_is_refused_in_one_place_naming_the_url_redacted() -> None:
+def test_a_postgresql_ledger_has_no_file_and_says_so_without_the_password() -> None:
     from tpuctl.errors import UsageError
-    from tpuctl.store.ledger import Ledger, ledger_file
+    from tpuctl.store.ledger import ledger_file
 
     url = parse_database_url("postgresql://alice:hunter2@team-db/tpuctl")
-    for attempt in (lambda: Ledger.open(url), lambda: Ledger.open(url.secret_url), lambda: ledger_file(url)):
-        with pytest.raises(UsageError) as info:
-            attempt()
-        err = info.value
-        assert err.exit_code == 2
-        assert "not available in this release yet" in err.message
-        assert "postgresql://alice:***@team-db/tpuctl" in err.message
-        assert "hunter2" not in f"{err} {err.value} {err.fix}"
+    with pytest.raises(UsageError) as info:
+        ledger_file(url)
+    err = info.value
+    assert err.exit_code == 2 and "is a database, not a file" in err.message
+    assert "postgresql://alice:***@team-db/tpuctl" in err.message
+    assert "hunter2" not in f"{err} {err.value} {err.fix}"
 
 
 @pytest.mark.parametrize(
     "command", [("runs", "list"), ("cost", "report"), ("cost", "report", "--no-reconcile")]
 )
-def test_a_command_on_a_postgresql_ledger_exits_2_without_the_password(
+def test_an_unreachable_postgresql_ledger_is_named_without_the_password(
     cli: Cli, command: tuple[str, ...]
 ) -> None:
-    done = cli("--database", "postgresql://alice:hunter2@127.0.0.1:9/tpuctl", *command)
-    assert done.code == 2, done.output
-    assert "not available in this release yet" in done.output
+    done = cli("--database", "postgresql://alice:hunter2@127.0.0.1:9/tpuctl?connect_timeout=2", *command)
+    assert done.code == 1, done.output
+    assert "cannot be reached" in done.output and "database server is up" in done.output
     assert "alice:***@127.0.0.1:9/tpuctl" in done.output
     assert "hunter2" not in done.output

@@ -49,7 +49,7 @@ from typing import Any, Final, Literal, TypeAlias, TypeVar
 from tpuctl.catalog import CapacityType
 from tpuctl.errors import LeaseLostError, UsageError
 from tpuctl.store import leases, runstate, schema, servers
-from tpuctl.store.database import Database, SqliteDatabase
+from tpuctl.store.database import Database, SqliteDatabase, open_database
 from tpuctl.store.records import (
     AmbiguousPodError,
     AttemptOutcome,
@@ -144,14 +144,14 @@ def resolve_ledger_path(path_or_state_dir: str | os.PathLike[str]) -> Path:
 
 
 def ledger_file(url: DatabaseUrl) -> Path:
-    """The SQLite file of the ledger at ``url``. A PostgreSQL ledger is refused here, and only here: a
-    ``UsageError`` (exit 2) naming the URL, its password hidden."""
+    """The SQLite file of the ledger at ``url``, for what only a file has (tests, SQLite's own tools); a
+    ``UsageError`` (exit 2) naming the URL, its password hidden, for a PostgreSQL ledger, which has none."""
     if url.path is None:
         raise UsageError(
-            f"the ledger on PostgreSQL ({url.text}) is not available in this release yet",
+            f"the ledger on PostgreSQL ({url.text}) is a database, not a file",
             field="database",
             value=url.text,
-            fix="use a SQLite ledger, sqlite:////ABSOLUTE/PATH/ledger.db (the default is the state dir's)",
+            fix="use a SQLite ledger, sqlite:////ABSOLUTE/PATH/ledger.db, for what needs the file itself",
         )
     return url.path
 
@@ -191,9 +191,10 @@ class Ledger:
         clock: Callable[[], float] = time.time,
         busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S,
     ) -> Ledger:
-        """The ledger at ``url`` (the ``database`` setting: ``sqlite:////abs/path/ledger.db``); a string is
-        parsed first (a bad one is a ``UsageError`` naming it and the fix)."""
-        return cls(ledger_file(parse_database_url(url)), clock=clock, busy_timeout_s=busy_timeout_s)
+        """The ledger at ``url`` (the ``database`` setting: ``sqlite:////abs/path/ledger.db`` or
+        ``postgresql://…``), opened and brought to the newest schema; a string is parsed first (a bad one
+        is a ``UsageError`` naming it and the fix)."""
+        return cls(open_database(parse_database_url(url), busy_timeout_s=busy_timeout_s), clock=clock)
 
     @property
     def url(self) -> DatabaseUrl:
