@@ -8,6 +8,7 @@ its supervisor (a thread of the server) stops it and deletes its slice.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -53,7 +54,7 @@ for i in range({LINES}):
 class Place:
     """One ledger, one simulated cloud, a server's environment and a client's."""
 
-    db: Path
+    database: str
     server_env: dict[str, str]
     client_env: dict[str, str]
     admin: SimAdminClient
@@ -62,7 +63,7 @@ class Place:
     started: list[subprocess.Popen[bytes]]
 
     def ledger(self) -> Ledger:
-        return Ledger(self.db)
+        return Ledger.open(self.database)
 
     def start_server(self) -> subprocess.Popen[bytes]:
         listen = self.url.removeprefix("http://")
@@ -103,14 +104,25 @@ def _output(proc: subprocess.Popen[bytes]) -> str:
 
 @pytest.fixture
 def place(tmp_path: Path, serve_sim: Callable[..., SimAdminClient]) -> Iterator[Place]:
+    yield from _place(tmp_path, serve_sim, f"sqlite:///{tmp_path / 'team' / 'ledger.db'}")
+
+
+@pytest.fixture
+def team_place(
+    tmp_path: Path, serve_sim: Callable[..., SimAdminClient], postgres_url: str
+) -> Iterator[Place]:
+    """A place whose ledger is a PostgreSQL database, for servers that share it."""
+    yield from _place(tmp_path, serve_sim, postgres_url)
+
+
+def _place(tmp_path: Path, serve_sim: Callable[..., SimAdminClient], database: str) -> Iterator[Place]:
     admin = serve_sim(WORLD)  # points TPUCTL_SIM_URL at it
-    db = tmp_path / "team" / "ledger.db"
     base = {k: v for k, v in os.environ.items() if not k.startswith("TPUCTL_")}
     base["TPUCTL_SIM_URL"] = os.environ["TPUCTL_SIM_URL"]
     server_env = {
         **base,
         "TPUCTL_STATE_DIR": str(tmp_path / "server"),
-        "TPUCTL_DATABASE_URL": f"sqlite:///{db}",
+        "TPUCTL_DATABASE_URL": database,
         "TPUCTL_SECRET_KEY": generate_key().decode("ascii"),
         "TPUCTL_LEASE_DURATION": "3",
         "TPUCTL_LEASE_RENEW_EVERY": "0.5",
@@ -121,7 +133,7 @@ def place(tmp_path: Path, serve_sim: Callable[..., SimAdminClient]) -> Iterator[
     script.parent.mkdir()
     script.write_text(PROGRAM)
     started: list[subprocess.Popen[bytes]] = []
-    yield Place(db, server_env, client_env, admin, script, url, started)
+    yield Place(database, server_env, client_env, admin, script, url, started)
     for proc in started:
         if proc.poll() is None:
             proc.kill()
@@ -297,3 +309,54 @@ def test_sigterm_mid_run_leaves_the_lease_to_expire_and_the_next_server_adopts_t
     assert record is not None and record.status == RunStatus.SUCCEEDED
     assert takeover.at >= left.expires_at and takeover.owner.pid == b.pid
     assert place.creates() == 2 and place.admin.status()["nodes"] == []
+
+
+def test_two_servers_on_postgresql_share_a_run_and_the_survivor_adopts_it_after_the_lease(
+    team_place: Place, tmp_path: Path
+) -> None:
+    place = team_place
+    a = place.start_server()
+    b_url = f"http://127.0.0.1:{unused_port()}"
+    b_place = dataclasses.replace(place, url=b_url)
+    b = b_place.start_server()  # a second replica on the same database: PostgreSQL takes several
+    with place.ledger() as ledger:
+        assert sorted(r.owner.pid for r in ledger.replicas()) == sorted([a.pid, b.pid])
+    client = place.client("run", str(place.script), "--type", "v5e-8", "--zone", ZONE, "--no-runtime-deps",
+                          "--detach")  # fmt: skip
+    assert client.wait(timeout=120) == 0, _output(client)
+    with place.ledger() as ledger:
+        (run,) = ledger.list_runs()
+    run_id = run.run_id
+
+    def holder_printing() -> int | None:
+        with place.ledger() as ledger:
+            held = ledger.lease_of(run_id)
+            lines = ledger.log_lines(run_id, worker=0)
+        return held.owner.pid if held is not None and len(lines) >= 3 else None
+
+    holder_pid = wait_for(holder_printing, timeout=120.0, interval=0.1, what="a replica to run it")
+    holder, survivor = (a, b) if holder_pid == a.pid else (b, a)
+    holder.send_signal(signal.SIGKILL)
+    holder.wait(timeout=10)
+    with place.ledger() as ledger:
+        last = ledger.lease_of(run_id)
+    assert last is not None and last.owner.pid == holder.pid
+
+    def ended() -> RunStatus | None:
+        assert survivor.poll() is None, _output(survivor)
+        with place.ledger() as ledger:
+            record = ledger.get_run(run_id)
+        assert record is not None
+        status = RunStatus(record.status)
+        return status if status.finished else None
+
+    assert (
+        wait_for(ended, timeout=120.0, interval=0.2, what="the survivor to finish it") is RunStatus.SUCCEEDED
+    )
+    with place.ledger() as ledger:
+        history = ledger.lease_history(run_id)
+    takeover = next(h for h in history if h.action is LeaseAction.TAKEOVER)
+    assert takeover.owner.pid == survivor.pid and takeover.at >= last.expires_at  # after expiry, not before
+    assert {h.owner.pid for h in history} == {holder.pid, survivor.pid}
+    assert place.creates() == 2  # one slice per attempt
+    assert place.admin.status()["nodes"] == []  # the last one deleted
