@@ -18,9 +18,10 @@ import sqlite3
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import TYPE_CHECKING, Final, Protocol
 
 from tpuctl.store import migrate, schema
+from tpuctl.store.engine import postgres_errors
 from tpuctl.store.paths import ensure_private_dir, private_file, tighten_file
 from tpuctl.store.records import LedgerBusyError, LedgerError
 from tpuctl.store.sql import POSTGRESQL, SqlAlchemyConnection, SqlConnection, SqliteConnection
@@ -240,24 +241,9 @@ class PostgresDatabase:
             finally:
                 conn.close()
 
-    @contextlib.contextmanager
-    def translate(self) -> Iterator[None]:
-        """The driver's errors (as SQLAlchemy raises them) become LedgerError here, in one place."""
-        from sqlalchemy import exc as sa_exc
-
-        try:
-            yield
-        except sa_exc.IntegrityError as exc:
-            raise LedgerError(f"ledger {self.where}: a write broke a constraint: {exc.orig}") from exc
-        except sa_exc.OperationalError as exc:
-            raise LedgerError(
-                f"the ledger database {self.where} cannot be reached: {_first_line(exc.orig)}",
-                fix="check that the database server is up and reachable from here, then retry",
-            ) from exc
-        except (sa_exc.ProgrammingError, sa_exc.InterfaceError):
-            raise  # SQL this tpuctl got wrong, or a closed ledger: a bug to see as is
-        except sa_exc.DBAPIError as exc:
-            raise LedgerError(f"ledger {self.where}: {_first_line(exc.orig)}") from exc
+    def translate(self) -> contextlib.AbstractContextManager[None]:
+        """The driver's errors (as SQLAlchemy raises them) become LedgerError here (``postgres_errors``)."""
+        return postgres_errors(self.where)
 
     def schema_version(self) -> int:
         return migrate.postgres_schema_version(self.engine)
@@ -281,7 +267,3 @@ def open_database(url: DatabaseUrl, *, busy_timeout_s: float = 30.0) -> Database
     if url.path is None:
         return PostgresDatabase(url)
     return SqliteDatabase(url.path, busy_timeout_s=busy_timeout_s, private_parent=False)
-
-
-def _first_line(exc: Any) -> str:
-    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

@@ -13,8 +13,10 @@ SQLAlchemy is imported here, when an engine is made, never at tpuctl's start.
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Final
 
 from tpuctl.store.paths import ensure_private_dir, private_file, tighten_file
@@ -106,3 +108,29 @@ def configure_sqlite(conn: sqlite3.Connection, *, where: str) -> None:
     conn.execute(f"PRAGMA cache_size = {_CACHE_KIB:d}")
     conn.execute("PRAGMA foreign_keys = ON")
     conn.execute(f"PRAGMA journal_size_limit = {_JOURNAL_SIZE_LIMIT:d}")
+
+
+@contextlib.contextmanager
+def postgres_errors(where: str) -> Iterator[None]:
+    """PostgreSQL's errors (as SQLAlchemy raises them) become ``LedgerError``s naming the ledger (``where``,
+    its password hidden) and what to do, in this one place."""
+    from sqlalchemy import exc as sa_exc
+
+    try:
+        yield
+    except sa_exc.IntegrityError as exc:
+        raise LedgerError(f"ledger {where}: a write broke a constraint: {exc.orig}") from exc
+    except sa_exc.OperationalError as exc:
+        raise LedgerError(
+            f"the ledger database {where} cannot be reached: {_first_line(exc.orig)}",
+            fix="check that the database server is up and reachable from here, then retry",
+        ) from exc
+    except (sa_exc.ProgrammingError, sa_exc.InterfaceError):
+        raise  # SQL this tpuctl got wrong, or a closed ledger: a bug to see as is
+    except sa_exc.DBAPIError as exc:
+        raise LedgerError(f"ledger {where}: {_first_line(exc.orig)}") from exc
+
+
+def _first_line(exc: object) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

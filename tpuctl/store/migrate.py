@@ -262,11 +262,11 @@ def schema_state(url: DatabaseUrl) -> SchemaState:
     """Where the ledger at ``url`` stands, read without migrating or creating anything (a missing SQLite
     file reads as a new database)."""
     if url.path is None:
-        from tpuctl.store.engine import create_engine
+        from tpuctl.store.engine import create_engine, postgres_errors
 
         engine = create_engine(url)
         try:
-            with engine.connect() as conn:
+            with postgres_errors(url.text), engine.connect() as conn:
                 return _state(_pg_revision(conn), None)
         finally:
             engine.dispose()
