@@ -14,6 +14,7 @@ from tpuctl.testing.cli import Cli, CliResult, invoke
 
 if TYPE_CHECKING:
     from tpuctl.sim import SimAdminClient, SimServer, World
+    from tpuctl.store import Ledger
     from tpuctl.testing.backend import InProcessCli
     from tpuctl.testing.postgres import PostgresCluster
     from tpuctl.testing.stored_envs import StoredEnvs
@@ -250,3 +251,21 @@ def postgres_url(postgres_cluster: PostgresCluster) -> Iterator[str]:
         yield url
     finally:
         postgres_cluster.drop_database(name)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def open_ledger(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[..., Ledger]:
+    """The test's ledger on each engine: a SQLite file, or a fresh database of the session's PostgreSQL.
+    Each call opens it again (another process's ledger on the same database, in effect)."""
+    from tpuctl.store import Ledger, parse_database_url
+    from tpuctl.store.database import open_database
+
+    if request.param == "sqlite":
+        state = tmp_path / "state"
+        return lambda **kwargs: Ledger(state, **kwargs)
+    url = parse_database_url(str(request.getfixturevalue("postgres_url")))
+
+    def on_postgresql(**kwargs: Any) -> Ledger:
+        return Ledger(open_database(url), **kwargs)
+
+    return on_postgresql

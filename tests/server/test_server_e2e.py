@@ -95,6 +95,22 @@ class Place:
         )
 
 
+def _ended_under(place: Place, server: subprocess.Popen[bytes], run_id: str) -> RunStatus:
+    """How the run ended, waited for while ``server`` (the one that must finish it) lives."""
+
+    def ended() -> RunStatus | None:
+        assert server.poll() is None, _output(server)
+        with place.ledger() as ledger:
+            record = ledger.get_run(run_id)
+        assert record is not None
+        status = RunStatus(record.status)
+        return status if status.finished else None
+
+    status = wait_for(ended, timeout=120.0, interval=0.2, what=f"run {run_id} to end")
+    assert status is not None
+    return status
+
+
 def _output(proc: subprocess.Popen[bytes]) -> str:
     if proc.poll() is None:
         proc.kill()
@@ -183,15 +199,7 @@ def test_a_submitted_run_outlives_its_client_and_its_server_and_is_adopted_after
 
     b = place.start_server()  # A's place is taken over at once: A's pid is provably dead
 
-    def ended() -> RunStatus | None:
-        assert b.poll() is None, _output(b)
-        with place.ledger() as ledger:
-            record = ledger.get_run(run_id)
-        assert record is not None
-        status = RunStatus(record.status)
-        return status if status.finished else None
-
-    assert wait_for(ended, timeout=120.0, interval=0.2, what="the run to end under B") is RunStatus.SUCCEEDED
+    assert _ended_under(place, b, run_id) is RunStatus.SUCCEEDED
 
     with place.ledger() as ledger:
         history = ledger.lease_history(run_id)
@@ -296,13 +304,7 @@ def test_sigterm_mid_run_leaves_the_lease_to_expire_and_the_next_server_adopts_t
 
     b = place.start_server()
 
-    def ended() -> bool:
-        assert b.poll() is None, _output(b)
-        with place.ledger() as ledger:
-            record = ledger.get_run(run_id)
-        return record is not None and RunStatus(record.status).finished
-
-    wait_for(ended, timeout=120.0, interval=0.2, what="the run to end under B")
+    _ended_under(place, b, run_id)
     with place.ledger() as ledger:
         record = ledger.get_run(run_id)
         takeover = next(h for h in ledger.lease_history(run_id) if h.action is LeaseAction.TAKEOVER)
@@ -342,17 +344,7 @@ def test_two_servers_on_postgresql_share_a_run_and_the_survivor_adopts_it_after_
         last = ledger.lease_of(run_id)
     assert last is not None and last.owner.pid == holder.pid
 
-    def ended() -> RunStatus | None:
-        assert survivor.poll() is None, _output(survivor)
-        with place.ledger() as ledger:
-            record = ledger.get_run(run_id)
-        assert record is not None
-        status = RunStatus(record.status)
-        return status if status.finished else None
-
-    assert (
-        wait_for(ended, timeout=120.0, interval=0.2, what="the survivor to finish it") is RunStatus.SUCCEEDED
-    )
+    assert _ended_under(place, survivor, run_id) is RunStatus.SUCCEEDED
     with place.ledger() as ledger:
         history = ledger.lease_history(run_id)
     takeover = next(h for h in history if h.action is LeaseAction.TAKEOVER)

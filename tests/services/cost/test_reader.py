@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tpuctl.catalog import CapacityType
-from tpuctl.services.cost.reader import open_reader
+from tpuctl.services.cost.reader import KNOWN_SCHEMA, open_reader
 from tpuctl.services.cost.service import REPORT_TABLES
 from tpuctl.store import Ledger, parse_database_url
 from tpuctl.store.database import open_database
@@ -56,7 +56,7 @@ def test_postgresql_reads_in_a_repeatable_read_read_only_transaction(postgres_ur
 
 
 def test_a_database_without_the_ledgers_schema_is_refused(tmp_path: Path, postgres_url: str) -> None:
-    with pytest.raises(LedgerError, match="schema version 0; cost reports know version 10"):
+    with pytest.raises(LedgerError, match=f"schema version 0; cost reports know version {KNOWN_SCHEMA}"):
         open_reader(parse_database_url(postgres_url))  # an empty database: never a ledger
     with pytest.raises(LedgerError, match="no ledger at"):
         open_reader(sqlite_url(tmp_path / "ledger.db"))

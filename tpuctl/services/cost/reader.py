@@ -17,6 +17,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
+from tpuctl.store.migrate import sqlite_user_version
 from tpuctl.store.records import LedgerError
 from tpuctl.store.sql import POSTGRESQL, SQLITE, Dialect, SqlAlchemyConnection
 from tpuctl.store.url import DatabaseUrl
@@ -26,8 +27,9 @@ if TYPE_CHECKING:
 
     from tpuctl.store.database import Database
 
-#: The ledger schema version these queries are written for.
-KNOWN_SCHEMA: Final = 11  # v9 the ledger identity, v10 the run leases, v11 the servers: reports read none
+#: The ledger schema version these queries are written for: this tpuctl's newest (a report reads a ledger
+#: its own tpuctl has brought up to date; one of another version may hold other columns).
+KNOWN_SCHEMA: Final = sqlite_user_version()
 
 
 @dataclass(frozen=True, slots=True)
