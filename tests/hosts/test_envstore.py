@@ -77,6 +77,7 @@ def test_built_once_then_restored_without_index_or_uv(
     assert rc == 0, "\n".join(lines)
     assert lines[-1] == f"[tpuctl-setup] restored: {tmp_path}/other/.tpuctl/envs/{spec.key()}"
     python = tmp_path / "other" / env_python(spec)
+    _bytecode_came_in_the_archive_and_is_used(python, other)  # before anything here imports zipp
     probe = "import sys, zipp; print(sys.prefix); print(open(sys.prefix + '/ran').read())"
     done = subprocess.run([python, "-c", probe], capture_output=True, text=True, env=other, check=False)
     # The environment works where it landed, and the command ran on both hosts (its effects outside
@@ -87,6 +88,19 @@ def test_built_once_then_restored_without_index_or_uv(
     # Restored once: the marker makes the next start a no-op.
     rc, lines, _ = run_script(restore_script(spec, DEFAULT_BUCKET), other)
     assert (rc, lines[-1].split(":")[0]) == (0, "[tpuctl-setup] up to date")
+
+
+def _bytecode_came_in_the_archive_and_is_used(python: Path, env: dict[str, str]) -> None:
+    """The restored environment has the builder's bytecode for a package it installed, and Python takes
+    it as valid: an import leaves the file as it was (a stale or missing one is written anew)."""
+    where = "import importlib.util as u; s = u.find_spec('zipp'); print(u.cache_from_source(s.origin))"
+    done = subprocess.run([python, "-c", where], capture_output=True, text=True, env=env, check=True)
+    pyc = Path(done.stdout.strip())
+    assert pyc.is_file(), f"no bytecode restored for zipp: {pyc}"
+    before = pyc.stat()
+    subprocess.run([python, "-c", "import zipp"], env=env, check=True)
+    after = pyc.stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
 
 
 def test_a_second_builder_stores_nothing_and_a_uv_pip_install_command_asks_no_index_on_a_restoring_host(
