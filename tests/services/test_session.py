@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import respx
 from allocator_helpers import InProcessEnv
 
 from tpuctl.store.ledger import Ledger
+from tpuctl.testing.backend import InProcessCli
 from tpuctl.testing.cli import CliResult
 
 Cli = Callable[..., CliResult]
@@ -53,3 +55,32 @@ def test_a_placement_uses_the_refreshed_price(
     with Ledger(state_dir) as ledger:
         pod = ledger.get_pod("priced", zone=ZONE)
     assert pod is not None and pod.price_per_chip_hour == REFRESHED
+
+
+def test_a_ledger_that_cannot_be_opened_closes_what_the_session_had_opened(
+    sim_cli: InProcessCli, state_dir: Path
+) -> None:
+    import pytest
+
+    from tpuctl.services.session import open_session
+    from tpuctl.settings import load_settings
+    from tpuctl.store.records import LedgerError
+
+    closed: list[str] = []
+
+    class Recording:
+        """The in-process backend, its cloud's closing recorded."""
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(sim_cli.backend, name)
+
+        def open_cloud(self, state: Path, closers: list[Callable[[], None]]) -> Any:
+            cloud = sim_cli.backend.open_cloud(state, closers)
+            closers.append(lambda: closed.append("cloud"))
+            return cloud
+
+    down = "postgresql://alice:pw@127.0.0.1:9/ledger?connect_timeout=2"
+    settings = load_settings({"backend": "sim", "state_dir": state_dir, "database": down})
+    with pytest.raises(LedgerError, match="cannot be reached"):
+        open_session(settings, backend=Recording())  # type: ignore[arg-type]
+    assert closed == ["cloud"]

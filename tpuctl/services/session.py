@@ -103,7 +103,15 @@ def open_session(
     cloud = backend.open_cloud(state_dir, closers)
     closers.append(cloud.close)
     timekeeping = backend.timekeeping
-    ledger = Ledger.open(settings.resolved_database, clock=timekeeping.clock)
+    try:
+        ledger = Ledger.open(settings.resolved_database, clock=timekeeping.clock)
+    except BaseException:
+        # A ledger that cannot be opened (a database down, a newer schema): what was opened goes too,
+        # without masking why (as ``Session.close``).
+        for close in reversed(closers):
+            with contextlib.suppress(Exception):
+                close()
+        raise
     closers.append(ledger.close)
     return Session(
         settings=settings,
