@@ -89,6 +89,14 @@ class Place:
         self.started.append(proc)
         return proc
 
+    def submit_detached(self) -> str:
+        """Submit the program with ``--detach`` from a client process (which exits at once); its run id."""
+        argv = ("run", str(self.script), "--type", "v5e-8", "--zone", ZONE, "--no-runtime-deps", "--detach")
+        detached = self.client(*argv, "-o", "json")
+        out = detached.communicate(timeout=120)[0].decode()
+        assert detached.returncode == 0, out
+        return str(json.loads(out[out.index("{") :])["run"]["run_id"])
+
     def creates(self) -> int:
         return len(
             [m for m in self.admin.mutations() if m["method"] == "POST" and m["path"].endswith("/nodes")]
@@ -232,21 +240,7 @@ def test_a_submitted_run_outlives_its_client_and_its_server_and_is_adopted_after
 
 def test_a_detached_submission_is_cancelled_through_the_server_by_its_supervisor(place: Place) -> None:
     server = place.start_server()
-    detached = place.client(
-        "run",
-        str(place.script),
-        "--type",
-        "v5e-8",
-        "--zone",
-        ZONE,
-        "--no-runtime-deps",
-        "--detach",
-        "-o",
-        "json",
-    )
-    out = detached.communicate(timeout=60)[0].decode()
-    assert detached.returncode == 0, out
-    run_id = json.loads(out[out.index("{") :])["run"]["run_id"]
+    run_id = place.submit_detached()
 
     def printing() -> bool:
         assert server.poll() is None, _output(server)
@@ -274,20 +268,7 @@ def test_a_detached_submission_is_cancelled_through_the_server_by_its_supervisor
 @pytest.mark.slow
 def test_sigterm_mid_run_leaves_the_lease_to_expire_and_the_next_server_adopts_the_run(place: Place) -> None:
     a = place.start_server()
-    submitted = place.client(
-        "run",
-        str(place.script),
-        "--type",
-        "v5e-8",
-        "--zone",
-        ZONE,
-        "--no-runtime-deps",
-        "--detach",
-        "-o",
-        "json",
-    )
-    out = submitted.communicate(timeout=60)[0].decode()
-    run_id = json.loads(out[out.index("{") :])["run"]["run_id"]
+    run_id = place.submit_detached()
 
     def printing() -> bool:
         with place.ledger() as ledger:
@@ -323,12 +304,7 @@ def test_two_servers_on_postgresql_share_a_run_and_the_survivor_adopts_it_after_
     b = b_place.start_server()  # a second replica on the same database: PostgreSQL takes several
     with place.ledger() as ledger:
         assert sorted(r.owner.pid for r in ledger.replicas()) == sorted([a.pid, b.pid])
-    client = place.client("run", str(place.script), "--type", "v5e-8", "--zone", ZONE, "--no-runtime-deps",
-                          "--detach")  # fmt: skip
-    assert client.wait(timeout=120) == 0, _output(client)
-    with place.ledger() as ledger:
-        (run,) = ledger.list_runs()
-    run_id = run.run_id
+    run_id = place.submit_detached()
 
     def holder_printing() -> int | None:
         with place.ledger() as ledger:
