@@ -262,3 +262,23 @@ def test_a_failing_revision_changes_nothing(
     conn.close()
     with Ledger(state) as ledger:
         assert ledger.schema_version == migrate.sqlite_user_version()
+
+
+def test_a_ledger_another_process_took_through_the_history_meanwhile_is_left_as_it_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two tpuctl processes open a new ledger at once: this one read version 0, then, waiting for the
+    # write lock, the other made the ledger and ran the history's later revisions (user_version 11).
+    db = tmp_path / "ledger.db"
+    Ledger(db).close()  # the other process's work
+    real = schema.schema_version
+    first_read = [0]
+    monkeypatch.setattr(schema, "schema_version", lambda conn: first_read.pop() if first_read else real(conn))
+    raw = sqlite3.connect(db, isolation_level=None)
+    try:
+        assert schema.migrate(raw, where=str(db), newest=migrate.sqlite_user_version()) == 11
+        assert real(raw) == migrate.sqlite_user_version()  # neither refused nor set back to 10
+    finally:
+        raw.close()
+    with Ledger(db) as ledger:
+        assert ledger.schema_version == migrate.sqlite_user_version()

@@ -74,7 +74,9 @@ def migrate_sqlite(raw: sqlite3.Connection, *, where: str) -> None:
     # the revisions after the baseline need Alembic, and SQLAlchemy's import (~0.3 s, once per new
     # ledger: a command that opens a current ledger imports neither).
     if schema.schema_version(raw) < schema.SCHEMA_VERSION:
-        schema.migrate(raw, where=where)
+        # Another process may finish the whole history meanwhile: the hand-written migrations then
+        # leave the ledger as it is (up to this tpuctl's newest), as this one does below.
+        schema.migrate(raw, where=where, newest=sqlite_user_version())
     with _write_lock(raw):
         _refuse_newer_sqlite(raw, where)
         if not _has_version_table(raw):

@@ -987,20 +987,26 @@ def schema_version(conn: sqlite3.Connection) -> int:
     return int(row[0])
 
 
-def migrate(conn: sqlite3.Connection, *, where: str) -> int:
-    """Bring the schema up to ``SCHEMA_VERSION``; return the version found before. Idempotent.
+def migrate(conn: sqlite3.Connection, *, where: str, newest: int = SCHEMA_VERSION) -> int:
+    """Bring the schema up to ``SCHEMA_VERSION``; return the version found before. Idempotent. A ledger
+    already past it, up to ``newest`` (the later revisions of the Alembic history, which take it from
+    here), is left as it is; one past ``newest`` is refused.
 
     ``conn`` must be in autocommit mode (``isolation_level=None``): the transaction is ours.
     """
     _check_migrations()
     found = schema_version(conn)
-    if found == SCHEMA_VERSION:
+    if found >= SCHEMA_VERSION:
+        _refuse_newer(found, where, newest)
         return found  # the common case: no write lock taken at all
-    _refuse_newer(found, where)
     conn.execute("BEGIN IMMEDIATE")
     try:
-        found = schema_version(conn)  # another process may have migrated while we waited
-        _refuse_newer(found, where)
+        # Another process may have migrated while we waited, and even gone on through the history.
+        found = schema_version(conn)
+        if found >= SCHEMA_VERSION:
+            _refuse_newer(found, where, newest)
+            conn.execute("COMMIT")
+            return found
         for migration in MIGRATIONS[found:]:
             for statement in migration.statements:
                 conn.execute(statement)
@@ -1017,9 +1023,9 @@ def migrate(conn: sqlite3.Connection, *, where: str) -> int:
     return found
 
 
-def _refuse_newer(found: int, where: str) -> None:
-    if found > SCHEMA_VERSION:
-        refuse_newer(found, where, SCHEMA_VERSION)
+def _refuse_newer(found: int, where: str, newest: int) -> None:
+    if found > newest:
+        refuse_newer(found, where, newest)
 
 
 def refuse_newer(found: int, where: str, known: int) -> None:
