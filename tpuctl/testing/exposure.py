@@ -20,15 +20,28 @@ def leaks(values: Sequence[str], *, texts: Iterable[str] = (), roots: Iterable[P
     (``"PATH: VALUE"``), read as bytes so a binary file (SQLite, an archive's members) is searched too."""
     found = [f"output: {v}" for text in texts for v in values if v in text]
     for root in roots:
-        for path in sorted(root.rglob("*")):
-            if not path.is_file() or path.is_symlink():
-                continue
+        for path in _files_below(root):
             try:
                 data = path.read_bytes()
             except OSError:  # removed while walking (a host's temp file)
                 continue
             found += [f"{path}: {v}" for v in values if v.encode() in data]
     return found
+
+
+def _files_below(root: Path) -> list[Path]:
+    """Every regular file below ``root`` (not through symlinks), in order. A directory removed while
+    walking (a dead VM's disk the fleet's reaper is wiping) is passed over, as ``os.walk`` does with an
+    error, where ``Path.rglob`` raises."""
+    import os
+
+    files = []
+    for directory, _dirs, names in os.walk(root):
+        for name in names:
+            path = Path(directory, name)
+            if path.is_file() and not path.is_symlink():
+                files.append(path)
+    return sorted(files)
 
 
 @dataclass(frozen=True)
