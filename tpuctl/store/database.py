@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, Protocol
@@ -200,7 +199,6 @@ class PostgresDatabase:
         self.where = url.text
         self.engine: Engine = create_engine(url)
         self._conn: Connection | None = None
-        self._lock = threading.Lock()
         with self.translate():
             migrate.migrate_engine(self.engine, where=self.where)
 

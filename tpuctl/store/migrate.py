@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import sqlite3
-import sys
 from collections.abc import Collection, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
@@ -59,7 +58,12 @@ def sqlite_is_current(raw: sqlite3.Connection) -> bool:
 def sqlite_user_version() -> int:
     """``PRAGMA user_version`` of a SQLite ledger at ``migrations.HEAD``: the hand-written migrations'
     count (10, the baseline), plus one per revision after it (see the module docstring)."""
-    return schema.SCHEMA_VERSION + migrations.KNOWN.index(migrations.HEAD)
+    return user_version_at(migrations.HEAD)
+
+
+def user_version_at(revision: str) -> int:
+    """``PRAGMA user_version`` of a SQLite ledger at ``revision`` of the history."""
+    return schema.SCHEMA_VERSION + migrations.KNOWN.index(revision)
 
 
 def migrate_sqlite(raw: sqlite3.Connection, *, where: str) -> None:
@@ -127,18 +131,14 @@ def _upgrade_sqlite(raw: sqlite3.Connection, where: str) -> None:
     from alembic import command
     from sqlalchemy.exc import DBAPIError
 
-    with _sqlalchemy_on(raw) as conn:
-        raw.execute("BEGIN IMMEDIATE")
-        try:
-            _refuse_newer_sqlite(raw, where)
-            if _revision(raw) != migrations.HEAD:  # another process may have upgraded meanwhile
+    with _sqlalchemy_on(raw) as conn, _write_lock(raw):
+        _refuse_newer_sqlite(raw, where)
+        if _revision(raw) != migrations.HEAD:  # another process may have upgraded meanwhile
+            try:
                 command.upgrade(_config(conn), migrations.HEAD)
-        except DBAPIError as exc:
-            # The engine's own error, as the ledger's boundary translates it (``Ledger._translate``).
-            raise (exc.orig or exc) from exc
-        finally:
-            if raw.in_transaction:
-                raw.execute("ROLLBACK" if sys.exc_info()[0] is not None else "COMMIT")
+            except DBAPIError as exc:
+                # The engine's own error, as the ledger's boundary translates it (``Database.translate``).
+                raise (exc.orig or exc) from exc
 
 
 def on_revision_applied(
@@ -151,18 +151,14 @@ def on_revision_applied(
     if ctx.connection.dialect.name != "sqlite":
         return
     (head,) = heads
-    version = schema.SCHEMA_VERSION + migrations.KNOWN.index(head)
-    ctx.connection.exec_driver_sql(f"PRAGMA user_version = {version:d}")
+    ctx.connection.exec_driver_sql(f"PRAGMA user_version = {user_version_at(head):d}")
 
 
 def _refuse_newer_sqlite(raw: sqlite3.Connection, where: str) -> None:
-    try:
-        row = raw.execute("SELECT version_num FROM alembic_version").fetchone()
-    except sqlite3.OperationalError:
-        return
-    if row is not None and row[0] not in migrations.KNOWN:
+    revision = _revision(raw) if _has_version_table(raw) else None
+    if revision is not None and revision not in migrations.KNOWN:
         raise LedgerError(
-            f"the ledger at {where} is at schema revision {row[0]}, newer than this tpuctl understands "
+            f"the ledger at {where} is at schema revision {revision}, newer than this tpuctl understands "
             f"({migrations.HEAD})",
             fix="upgrade tpuctl, or point --state-dir at another directory",
         )
@@ -230,7 +226,7 @@ def postgres_schema_version(engine: Engine) -> int:
     """The schema version of a PostgreSQL ledger, counted as a SQLite one's (``sqlite_user_version``)."""
     with engine.connect() as conn:
         found = _pg_revision(conn)
-    return 0 if found is None else schema.SCHEMA_VERSION + migrations.KNOWN.index(found)
+    return 0 if found is None else user_version_at(found)
 
 
 def _pg_revision(conn: Any) -> str | None:

@@ -242,19 +242,10 @@ class PostgresReader:
         (shared,) = self.query("SELECT pg_export_snapshot()", {})[0]
         return PostgresReader(self.url, self._engine, shared=str(shared))
 
-    @contextmanager
-    def _translate(self) -> Iterator[None]:
-        from sqlalchemy import exc as sa_exc
+    def _translate(self) -> AbstractContextManager[None]:
+        from tpuctl.store.engine import postgres_errors
 
-        try:
-            yield
-        except sa_exc.OperationalError as exc:
-            raise LedgerError(
-                f"the ledger database {self.url.text} cannot be reached: {exc.orig}",
-                fix="check that the database server is up and reachable from here, then retry",
-            ) from exc
-        except sa_exc.InternalError as exc:
-            raise LedgerError(f"ledger {self.url.text}: {exc.orig}") from exc
+        return postgres_errors(self.url.text)
 
     def close(self) -> None:
         if self._own_engine:
