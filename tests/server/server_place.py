@@ -97,7 +97,9 @@ class Place:
         )
 
 
-def ended_under(place: Place, server: subprocess.Popen[bytes], run_id: str) -> RunStatus:
+def ended_under(
+    place: Place, server: subprocess.Popen[bytes], run_id: str, *, timeout: float = 120.0
+) -> RunStatus:
     """How the run ended, waited for while ``server`` (the one that must finish it) lives."""
 
     def ended() -> RunStatus | None:
@@ -108,7 +110,7 @@ def ended_under(place: Place, server: subprocess.Popen[bytes], run_id: str) -> R
         status = RunStatus(record.status)
         return status if status.finished else None
 
-    status = wait_for(ended, timeout=120.0, interval=0.2, what=f"run {run_id} to end")
+    status = wait_for(ended, timeout=timeout, interval=0.2, what=f"run {run_id} to end")
     assert status is not None
     return status
 
