@@ -41,7 +41,6 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from tpuctl.cli.render import Output
-    from tpuctl.jobs.request import JobRequest
     from tpuctl.server.wire import CancelOut, RunOut
     from tpuctl.services.run.bench import BenchFigures
     from tpuctl.services.run.model import RunRequest, SupervisedResult
@@ -317,7 +316,7 @@ def run(
     if server is not None:  # the server prepares, checks and supervises it
         from tpuctl.cli import runs_remote
 
-        _refuse_through_server(server, job, dry_run=is_dry_run(ctx, dry_run), executor=executor,
+        _refuse_through_server(server, dry_run=is_dry_run(ctx, dry_run), executor=executor,
                                no_import_check=no_import_check)  # fmt: skip
         request = _with_settings(request, settings)
         runs_remote.run(out, server, job, request, detach=detach)
@@ -390,14 +389,10 @@ def _with_settings(request: RunRequest, chosen: Settings) -> RunRequest:
 
 
 def _refuse_through_server(
-    server: str, job: JobRequest, *, dry_run: bool, executor: str | None, no_import_check: bool
+    server: str, *, dry_run: bool, executor: str | None, no_import_check: bool
 ) -> None:
     """Exit 2 for what a run through a server does not carry yet."""
     fix = "drop it, or run without --server"
-    if job.request.secret_names:
-        refuse_through_server(
-            server, "a run with secrets (--secret, secrets:)", fix="run it without --server"
-        )
     if dry_run:
         refuse_through_server(server, "--dry-run", fix="run the dry run without --server")
     if executor is not None:

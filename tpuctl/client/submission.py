@@ -49,6 +49,7 @@ def submission_of(job: JobRequest, request: RunRequest) -> Submission:
         bundle_sha256=hashlib.sha256(data).hexdigest(),
         script_in_bundle=None if script is None or workdir is None else _inside(script, workdir),
         requirements_text=_requirements(request.requirements),
+        secrets=dict(job.secret_values) or None,
     )
     return Submission(body, data, body.bundle_sha256)
 

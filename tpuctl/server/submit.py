@@ -35,8 +35,12 @@ class Accepted:
 
 
 def request_digest(body: SubmitRun) -> str:
-    """The submission's identity beside its key: the same key may only ever mean the same request."""
-    return hashlib.sha256(json.dumps(body.model_dump(), sort_keys=True).encode()).hexdigest()
+    """The submission's identity beside its key: the same key may only ever mean the same request. The
+    secrets count by name only: the digest is stored in the ledger in the clear, and a digest of a
+    short secret is as good as the secret to whoever guesses it (a retry sends the same values anyway)."""
+    identity = body.model_dump(exclude={"secrets"})
+    identity["secret_names"] = sorted(body.secrets or {})
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
 
 
 def submit(session: Session, bundles: BundleStore, body: SubmitRun, key: str) -> Accepted:
@@ -50,12 +54,13 @@ def submit(session: Session, bundles: BundleStore, body: SubmitRun, key: str) ->
     from tpuctl.services.run.supervisor import Supervisor
 
     requested = run_request_from_document(body.job, catalog=session.catalog, path="the submitted job")
-    _refuse_secrets(requested.request)
     run_id = new_run_id(session.clock())
     request = _with_program(session, bundles, body, requested, run_id)
     _refuse_unrecoverable(session, request)
     runs = Runs(session)
-    prepared = runs.prepare(request)  # every bad value is exit 2 -> 400, before anything is stored
+    # Every bad value is exit 2 -> 400, before anything is stored; a secret named but not sent (or sent
+    # but not named) too, naming the variable and never its value (``secretenv.check_secrets``).
+    prepared = runs.prepare(request, secrets=body.secrets or {})
     runs.check_imports(prepared).refuse()
     stored = session.ledger.remember_submission(key, run_id, digest)
     if stored.run_id != run_id:  # the same key arrived twice at once: the other one is the run
@@ -91,18 +96,6 @@ def _the_first(session: Session, run_id: str, stored_digest: str, digest: str, k
             "it: submit again with a new key",
         )
     return Accepted(record, created=False)
-
-
-def _refuse_secrets(request: RunRequest) -> None:
-    if request.secret_names:
-        raise RequestProblem(
-            "a run with secrets cannot be submitted to a server yet (their values would have to travel "
-            "with the request)",
-            status=400,
-            field="secrets",
-            value=", ".join(request.secret_names),
-            fix="run it locally (without --server) for now",
-        )
 
 
 def _with_program(
