@@ -49,7 +49,6 @@ def test_a_server_that_is_not_an_http_url_is_exit_2(cli: Cli) -> None:
 @pytest.mark.parametrize(
     ("args", "said"),
     [
-        (("run", "--example", "lm", "--type", "v5e-8", "--dry-run"), "--dry-run"),
         (("run", "--example", "lm", "--type", "v5e-8", "--no-import-check"), "--no-import-check"),
         (("runs", "resume", "run-1"), "`runs resume`"),
     ],

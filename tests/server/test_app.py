@@ -203,6 +203,23 @@ def test_a_submissions_secrets_are_kept_encrypted_by_the_server_and_never_shown(
     assert "OTHER" in problem["message"] and "zzz-secret" not in stray.text
 
 
+def test_a_plan_says_what_a_submission_would_do_and_leaves_nothing_behind(
+    api: TestClient, uploaded: str, session: Session, state_dir: Path
+) -> None:
+    before = sorted(p.name for p in state_dir.iterdir())
+    body = {"job": JOB, "bundle_sha256": uploaded, "script_in_bundle": "prog.py"}
+    answered = api.post("/v1/runs:plan", json=body)
+    assert answered.status_code == 200, answered.text
+    plan = answered.json()["plan"]
+    assert plan["target"]["accelerator_type"] == "v5litepod-8" and plan["target"]["zone"] == "us-central1-a"
+    assert plan["program"][-1].endswith("prog.py") and plan["target"]["existing"] is False
+    assert session.ledger.list_runs() == [] and session.cloud.list_nodes() == []
+    assert sorted(p.name for p in state_dir.iterdir()) == before  # no run directory, no unpacked program
+    # A bad job is the same 400 as at submission, naming what is wrong.
+    bad = {**body, "job": {**JOB, "resources": {"accelerators": "v5e-8", "zone": "mars-1-a"}}}
+    assert_document(api.post("/v1/runs:plan", json=bad), 400)
+
+
 def test_a_submission_needs_a_well_formed_key(api: TestClient, uploaded: str) -> None:
     body = {"job": JOB, "bundle_sha256": uploaded, "script_in_bundle": "prog.py"}
     assert_document(api.post("/v1/runs", json=body), 422, field="Idempotency-Key")
@@ -274,18 +291,22 @@ _JOB_KEYS = st.sampled_from(["script", "resources", "args", "envs", "budget", "t
         _JSON,
         st.fixed_dictionaries(
             {"job": st.dictionaries(_JOB_KEYS, _JSON, max_size=4)},
-            optional={"bundle_sha256": st.text(max_size=70), "script_in_bundle": _JSON},
+            optional={
+                "bundle_sha256": st.text(max_size=70),
+                "script_in_bundle": _JSON,
+                "secrets": st.one_of(_JSON, st.dictionaries(st.text(max_size=8), _JSON, max_size=2)),
+            },
         ),
     )
 )
-def test_fuzzed_submissions_never_answer_500(api: TestClient, uploaded: str, body: Any) -> None:
+def test_fuzzed_submissions_and_plans_never_answer_500(api: TestClient, uploaded: str, body: Any) -> None:
     if isinstance(body, dict) and body.get("bundle_sha256") == "":
         body["bundle_sha256"] = uploaded  # now and then a body that gets as far as the job's checks
     key = "fuzz-" + hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:16]
-    response = submit(api, body, key=key)
-    assert response.status_code < 500, response.text
-    if response.status_code >= 400:
-        assert set(response.json()) >= ERROR_KEYS
+    for response in (submit(api, body, key=key), api.post("/v1/runs:plan", json=body)):
+        assert response.status_code < 500, response.text
+        if response.status_code >= 400:
+            assert set(response.json()) >= ERROR_KEYS
 
 
 def test_an_error_quoting_input_utf8_cannot_encode_is_still_the_document(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import TYPE_CHECKING, Final, TextIO
+from typing import TYPE_CHECKING, Any, Final, TextIO
 
 import typer
 
@@ -70,6 +70,17 @@ def run(out: Output, server: str, job: JobRequest, request: RunRequest, *, detac
             raise typer.Exit(EXIT_INTERRUPTED) from None
         ended = api.describe(run_id)
     render_end(out, ended)
+
+
+def plan(server: str, job: JobRequest, request: RunRequest) -> dict[str, Any]:
+    """What the server would do with the run (`run --dry-run` through it): its bundle uploaded (the
+    server checks the program's imports as a submission does), nothing recorded."""
+    from tpuctl.client.submission import submission_of
+
+    submission = submission_of(job, request)
+    with client(server) as api:
+        api.upload_bundle(submission.sha256, submission.bundle)
+        return api.plan(submission.body).plan
 
 
 def _follow(api: ServerClient, run_id: str, *, worker: int | None, stream: TextIO, style: LogStyle) -> None:

@@ -24,6 +24,7 @@ from tpuctl.server.wire import (
     LogsOut,
     RunDescriptionOut,
     RunList,
+    RunPlanOut,
     SubmitRun,
     Submitted,
 )
@@ -95,6 +96,10 @@ class ServerClient:
                     raise
                 time.sleep(self._retry_after_s * attempt)
         raise AssertionError("unreachable")
+
+    def plan(self, body: SubmitRun) -> RunPlanOut:
+        """What submitting ``body`` would do (nothing recorded, nothing created)."""
+        return self._call(RunPlanOut, "POST", "/v1/runs:plan", json=body.model_dump())
 
     def list_runs(self, *, limit: int) -> RunList:
         return self._call(RunList, "GET", "/v1/runs", params={"limit": limit})

@@ -71,6 +71,13 @@ class RunOut(BaseModel):
     detail: dict[str, Any]
 
 
+class RunPlanOut(BaseModel):
+    """``POST /v1/runs:plan``: what the submission would do, the document `run --dry-run -o json` prints
+    locally (the client adds the job's own keys, which it parsed)."""
+
+    plan: dict[str, Any]
+
+
 class RunList(BaseModel):
     runs: list[RunOut]
 
