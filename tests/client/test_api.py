@@ -122,7 +122,7 @@ def test_a_script_outside_the_working_directory_is_refused_before_anything_is_se
     (tmp_path / "elsewhere").mkdir()
     job = job_for(script)
     request = dataclasses.replace(job.request, workdir=str(tmp_path / "elsewhere"))
-    with pytest.raises(UsageError, match="not inside --workdir"):
+    with pytest.raises(UsageError, match="outside the working directory"):
         submission_of(job, request)
 
 
