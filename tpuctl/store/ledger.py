@@ -323,6 +323,18 @@ class Ledger:
         with self._write() as conn, self._db.bulk():
             return self._apply(conn, (self._normalize(e) for e in events), return_ids=False)[1]
 
+    def replay_events(
+        self, events: Sequence[Ev], *, then: Callable[[SqlConnection, list[int]], None]
+    ) -> list[int]:
+        """Append events read from another ledger (its stored rows, as ``check_view`` replays them:
+        validated there, JSON as stored) in ONE transaction, moving this ledger's view and rollups as if
+        they had happened here; return their ids here. ``then(conn, ids)`` runs in the same transaction
+        (``db copy``: the rows that point at these events, and how far it got, all or nothing)."""
+        with self._write() as conn, self._db.bulk():
+            ids = self._apply(conn, events)[0]
+            then(conn, ids)
+            return ids
+
     def _normalize(self, e: NewEvent) -> Ev:
         # Dict lookups rather than Enum calls: this runs a million times in a bulk import, and a
         # StrEnum member hashes and compares equal to its value, so both spellings are accepted.
