@@ -5,6 +5,7 @@ every table of the schema has a decision."""
 
 from __future__ import annotations
 
+import importlib
 import random
 import shutil
 from pathlib import Path
@@ -111,25 +112,29 @@ def own(built: dict[str, Path], name: str, tmp_path: Path) -> DatabaseUrl:
     return sqlite_url(path)
 
 
-def copy(source: DatabaseUrl, target: DatabaseUrl, **kwargs: Any) -> CopyResult:
+def copy(source: DatabaseUrl, target: DatabaseUrl, *, now: float = NOW, **kwargs: Any) -> CopyResult:
     catalog = Catalog.load()
     prices = PriceSource(catalog.prices.source, catalog.prices.date, cached=False)
-    return copy_database(source, target, catalog=catalog, prices=prices, clock=lambda: NOW, **kwargs)
+    return copy_database(source, target, catalog=catalog, prices=prices, clock=lambda: now, **kwargs)
 
 
-def reports(url: DatabaseUrl, groups: tuple[str, ...] = GROUPS) -> dict[str, Any]:
+def reports(url: DatabaseUrl, groups: tuple[str, ...] = GROUPS, now: float = NOW) -> dict[str, Any]:
     """`cost report` by each grouping, every figure to the cent: what the acceptance compares."""
     catalog = Catalog.load()
     prices = PriceSource(catalog.prices.source, catalog.prices.date, cached=False)
-    service = CostService(url, catalog, prices, clock=lambda: NOW, workers=1)
+    service = CostService(url, catalog, prices, clock=lambda: now, workers=1)
     return {group: _cents(service.report(group_by=parse_group_by(group)).to_dict()) for group in groups}
 
 
 def _cents(value: Any) -> Any:
+    """``value`` with every figure to the cent, and without the instants a slice's or run's line shows
+    (``ready_at``...): printed to the second, they can print a second apart on the two engines for one
+    stored value (SQLite's strftime rounds to the millisecond before it cuts the seconds, PostgreSQL's
+    trunc does not), whichever way the ledger got there."""
     if isinstance(value, float):
         return round(value, 2)
     if isinstance(value, dict):
-        return {k: _cents(v) for k, v in value.items()}
+        return {k: _cents(v) for k, v in value.items() if not (k.endswith("_at") and isinstance(v, str))}
     if isinstance(value, list):
         return [_cents(v) for v in value]
     return value
@@ -240,3 +245,21 @@ def test_a_ledger_is_not_copied_into_itself(built: dict[str, Path], tmp_path: Pa
     shutil.copyfile(built["b"], twin)  # a copy of the file: the same ledger, its history twice
     with pytest.raises(UsageError, match="same ledger"):
         copy(source, sqlite_url(twin))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)  # about a minute on a quiet 2-core machine; much more on a shared, loaded one
+def test_a_ledger_of_100000_events_copied_into_postgresql_gives_the_same_cost_report_to_the_cent(
+    tmp_path: Path, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The benchmark's ledger (scripts/bench_cost.py's mix of slices, runs and segments, ended).
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "scripts"))
+    bench_copy, bench_cost = (importlib.import_module(name) for name in ("bench_copy", "bench_cost"))
+    state = tmp_path / "state"
+    built_events = bench_copy.quiet_ledger(state, 100_000, 6)["events"]
+    source, target = sqlite_url(state / "ledger.db"), parse_database_url(postgres_url)
+    now = bench_cost.START + bench_cost.SPAN_S + DAY
+    result = copy(source, target, now=now)
+    assert result.scope == "ledger" and result.target_rows["events"] == built_events >= 100_000
+    every = ("slice", "run", "zone", "region", "type", "capacity", "day", "label:team")
+    assert reports(target, every, now) == reports(source, every, now)

@@ -92,6 +92,15 @@ def copy_database(
             value=target_url.text,
             fix="name the database to copy into as DST",
         )
+    state = schema_state(source_url)
+    if state.revision is None and not state.legacy_version:
+        # Opening it would make an empty ledger there (a mistyped path): nothing to copy, say so.
+        raise UsageError(
+            f"there is no ledger at {source_url.text}",
+            field="source",
+            value=source_url.text,
+            fix="name the ledger to copy as SRC (the laptop's: `tpuctl db status` shows its URL)",
+        )
     started = time.monotonic()
     source = open_database(source_url)
     try:
