@@ -201,6 +201,7 @@ def progress_key(source_identity: str) -> str:
 
 @contextlib.contextmanager
 def _transaction(db: Database, *, write: bool) -> Iterator[SqlConnection]:
+    """One transaction on ``db``, as ``Ledger`` runs its own (the copy's rows go in beside its writes)."""
     with db.translate():
         conn = db.begin(write=write)
         try:
@@ -212,6 +213,7 @@ def _transaction(db: Database, *, write: bool) -> Iterator[SqlConnection]:
 
 
 def ledger_identity(db: Database) -> str:
+    """The ledger's random identity (``Ledger.identity``): what names a source in the target's marker."""
     with _transaction(db, write=False) as conn:
         return str(conn.execute("SELECT value FROM ledger_meta WHERE key = 'identity'").fetchone()[0])
 
