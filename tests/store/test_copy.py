@@ -166,6 +166,9 @@ def test_a_laptop_ledger_copied_into_postgresql_gives_the_same_cost_report_and_r
         (attempt,) = copied.attempts("req-a3")
         (event,) = [e for e in copied.events(kinds=[EventKind.ATTEMPT]) if e.id == attempt.event_id]
         assert event.request_id == "req-a3"
+        assert copied.segments("run-a0") == original.segments("run-a0") != []
+        assert copied.lease_history("run-a0")[-1].action == original.lease_history("run-a0")[-1].action
+        assert copied.log_lines("run-a0") == original.log_lines("run-a0")
         assert [r.steps for r in copied.list_runs()] == [r.steps for r in original.list_runs()]
 
 
@@ -209,6 +212,14 @@ def test_a_second_laptop_into_the_same_database_adds_its_own_history(
     merged = copy(second, target)
     assert merged.scope == "copied"  # the target holds the first laptop's too: only the copy is compared
     assert merged.target_rows["runs"] == 6
+    with Ledger.open(target) as team:
+        # The second laptop's events got new ids after the first's: its attempts point at their own.
+        attempts = {i: team.attempts(f"req-b{i}") for i in range(5)}
+        by_id = {e.id: e for e in team.events(kinds=[EventKind.ATTEMPT])}
+        assert all(len(found) == 1 for found in attempts.values())
+        assert [by_id[found[0].event_id].request_id for found in attempts.values()] == [
+            f"req-b{i}" for i in range(5)
+        ]
     a, b, both = (reports(url, ("run",))["run"] for url in (first, second, target))
     assert both["totals"]["cost_usd"] == pytest.approx(a["totals"]["cost_usd"] + b["totals"]["cost_usd"])
 
