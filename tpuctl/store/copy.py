@@ -13,10 +13,10 @@ What is copied, table by table (``TABLES``; a test checks that it names every ta
 * **Events are replayed** (``REPLAYED``), in the source's order, through the target's own view
   (``Ledger.replay_events``): the target's pods and billing rollups are derived there by its own code and
   triggers, never copied (``DERIVED``): copied rollups would count twice in a target that holds anything,
-  and their empty-string keys are not the same value on PostgreSQL. Each chunk of events is one
-  transaction with the placement attempts that point at them (``WITH_EVENT``, their ``event_id``
-  renumbered to the target's) and the copy's progress marker, so a copy killed midway leaves whole
-  chunks and a marker that says exactly which.
+  and SQLite's stand-in for a NULL key (a NUL character) is not text PostgreSQL can hold. Each chunk of
+  events is one transaction with the placement attempts that point at them (``WITH_EVENT``, their
+  ``event_id`` renumbered to the target's) and the copy's progress marker, so a copy killed midway
+  leaves whole chunks and a marker that says exactly which.
 * **The progress marker**: ``ledger_meta`` row ``copied:<source identity>`` = JSON ``{"event": the last
   source event id copied, "events": how many, "attempts": how many}``; the next copy of that source starts
   after ``event`` (so one of a laptop that went on working copies only what is new).
