@@ -239,6 +239,22 @@ def _cost(d: dict[str, Any]) -> list[Row]:
     ]
 
 
+def _copy(d: dict[str, Any]) -> list[Row]:
+    ledger = d.get("ledger", {})
+    written, checked, again = (_f(d.get(k), " s", 1) for k in ("written_s", "checked_s", "second_copy_s"))
+    return [
+        (
+            f"`tpuctl db copy` of a SQLite ledger of {ledger.get('events', 0):,} events into PostgreSQL",
+            f"{_f(d.get('copy_s'), ' s', 1)} ({_f(d.get('events_per_s'), ' events/s', 0)})",
+            "",
+            f"written {written} ({_f(d.get('vs_sqlite_bulk_write'), 'x', 2)} the bulk write of the same "
+            f"events into SQLite, same run), checked (rows and cost totals, both sides) {checked}; a second "
+            f"copy (nothing to do) {again}; {ledger.get('runs', 0):,} runs, {ledger.get('pods', 0):,} "
+            f"slices; the client's CPU {_f(d.get('copy_cpu_s'), ' s', 1)}; load {d.get('load')}",
+        )
+    ]
+
+
 def _recovery(d: dict[str, Any]) -> list[Row]:
     h, s, cfg = d.get("headline", {}), d.get("summary", {}), d.get("settings", {})
     det, net = s.get("detection_latency_s", {}), s.get("net_recovery_s", {})
@@ -332,6 +348,7 @@ BENCHES: list[tuple[str, str, str, Callable[[dict[str, Any]], list[Row]]]] = [
         _checkpoint_gcs,
     ),
     ("cost", "Cost report on 1,000,000 events", "scripts/bench_cost.py", _cost),
+    ("copy", "`db copy` of 100,000 events into PostgreSQL", "scripts/bench_copy.py", _copy),
     ("multislice", "Multislice step: 2 x 2 hosts vs 1 x 4 hosts", "scripts/bench_multislice.py", _multislice),
 ]
 

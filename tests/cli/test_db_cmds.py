@@ -1,13 +1,17 @@
 """`tpuctl db status` and `tpuctl db upgrade`: where the ledger's schema stands, read without changing it,
-and brought to this tpuctl's newest revision on demand (a dry run changes nothing)."""
+and brought to this tpuctl's newest revision on demand (a dry run changes nothing); `tpuctl db copy`:
+its document, its progress on stderr, its dry run and its refusal (the copy itself: tests/store)."""
 
 from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
 
-from tpuctl.store import migrations, schema
+from tpuctl.store import EventKind, Ledger, RunStatus, migrations, schema
+from tpuctl.store.url import sqlite_url
 from tpuctl.testing.cli import Cli
+
+T0 = 1_780_000_000.0  # 2026-05-28: before the real clock the command reports until
 
 
 def _ledger(tmp_path: Path) -> tuple[Path, dict[str, str]]:
@@ -86,3 +90,49 @@ def test_a_postgresql_ledger_is_upgraded_and_used_by_the_commands(cli: Cli, post
     assert cli("runs", "list", "-o", "json", env=env).json["runs"] == []
     report = cli("cost", "report", "-o", "json", env=env)
     assert report.code == 0, report.output
+
+
+def _laptop(path: Path) -> str:
+    """A small quiet ledger: one finished run whose slice was created, billed for an hour and deleted."""
+    url = sqlite_url(path)
+    with Ledger.open(url) as ledger:
+        ledger.create_run("run-1", script="train.py", ts=T0)
+        ledger.record_event(EventKind.REQUESTED, pod="s1", zone="us-central1-a",
+                            accelerator_type="v5litepod-8", chips=8, price_per_chip_hour=1.2, run_id="run-1",
+                            ts=T0)  # fmt: skip
+        ledger.record_event(EventKind.READY, pod="s1", zone="us-central1-a", ts=T0 + 60)
+        ledger.record_event(EventKind.DELETED, pod="s1", zone="us-central1-a", ts=T0 + 3660)
+        ledger.update_run("run-1", status=RunStatus.SUCCEEDED, ended_at=T0 + 3660)
+    return url.text
+
+
+def test_db_copy_says_what_it_copied_and_checked_and_a_second_copy_writes_nothing(
+    cli: Cli, tmp_path: Path
+) -> None:
+    source, target = _laptop(tmp_path / "laptop.db"), f"sqlite:///{tmp_path / 'team.db'}"
+    plan = cli("db", "copy", source, target, "--dry-run", "-o", "json")
+    assert plan.code == 0, plan.output
+    assert plan.json["copy"]["plan"]["events"] == 3 and not (tmp_path / "team.db").exists()
+    done = cli("db", "copy", source, target, "-o", "json")
+    assert done.code == 0, done.output
+    doc = done.json["copy"]
+    assert doc["verified"] == "ledger" and doc["copied"]["runs_copied"] == 1
+    assert doc["rows"]["source"] == doc["rows"]["target"] and doc["rows"]["target"]["events"] == 3
+    assert doc["cost_totals"]["target"]["cost_usd"] == doc["cost_totals"]["source"]["cost_usd"] == 9.6
+    assert "db copy: events: 3 of 3" in done.stderr  # progress as plain lines when stderr is no terminal
+    again = cli("db", "copy", source, target)
+    assert again.code == 0 and "every table and the cost totals match" in again.stdout
+    assert "events_copied" in again.stdout and "runs_present" in again.stdout
+
+
+def test_db_copy_refuses_a_ledger_with_a_run_still_going(cli: Cli, tmp_path: Path) -> None:
+    source = _laptop(tmp_path / "laptop.db")
+    with Ledger.open(source) as ledger:
+        ledger.create_run("run-2", script="train.py", status=RunStatus.RUNNING)
+    refused = cli("db", "copy", source, f"sqlite:///{tmp_path / 'team.db'}", "-o", "json")
+    assert refused.code == 2 and "run-2 (running)" in refused.json["message"]
+    assert not (tmp_path / "team.db").exists()
+    bad = cli("db", "copy", source, "team.db")
+    assert bad.code == 2 and "target" in bad.output
+    missing = cli("db", "copy", f"sqlite:///{tmp_path / 'typo.db'}", f"sqlite:///{tmp_path / 'team.db'}")
+    assert missing.code == 2 and "no ledger at" in missing.output and not (tmp_path / "typo.db").exists()

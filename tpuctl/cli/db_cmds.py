@@ -1,9 +1,12 @@
 """`tpuctl db ...`: the ledger's schema: where it stands against this tpuctl's history (`db status`), and
-bringing it there now (`db upgrade`) rather than at the next command that opens it."""
+bringing it there now (`db upgrade`) rather than at the next command that opens it; and moving a
+ledger's history into another database (`db copy`)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -11,10 +14,16 @@ from tpuctl.cli.context import ONE_OBJECT, build_settings, is_dry_run, make_outp
 from tpuctl.cli.options import DryRunOpt, OutputOpt
 
 if TYPE_CHECKING:
+    from tpuctl.cli.render import Output
+    from tpuctl.services.db_copy import CopyResult
+    from tpuctl.store.copy import CopyStep
     from tpuctl.store.migrate import SchemaState
     from tpuctl.store.url import DatabaseUrl
 
-app = typer.Typer(help="The ledger's schema: where it stands, and upgrading it.", no_args_is_help=True)
+app = typer.Typer(
+    help="The ledger's schema: where it stands, upgrading it; copying a ledger into another database.",
+    no_args_is_help=True,
+)
 
 
 @app.command("status")
@@ -53,6 +62,75 @@ def upgrade(ctx: typer.Context, dry_run: DryRunOpt = False, output: OutputOpt = 
     verb = "would run" if fields["dry_run"] else "ran"
     title = f"ledger {url.text}: {verb} {', '.join(before.pending)}" if before.pending else "up to date"
     out.fields(title, fields)
+
+
+@app.command("copy")
+def copy(
+    ctx: typer.Context,
+    source: Annotated[str, typer.Argument(metavar="SRC", help="The ledger to copy from (a database URL).")],
+    target: Annotated[
+        str, typer.Argument(metavar="DST", help="The database to copy into (created or upgraded).")
+    ],
+    dry_run: DryRunOpt = False,
+    output: OutputOpt = None,
+) -> None:
+    """Copy a ledger's finished runs and its events into another database (a laptop's
+    sqlite:////path/ledger.db into the team's postgresql://...), then check that both give the same row
+    counts and cost totals. Safe to run again: what is there already is skipped, a stopped copy goes on
+    where it stopped. Refused while SRC has runs not finished or slices not ended. `--dry-run` counts
+    what would be copied and writes nothing."""
+    from tpuctl.services.db_copy import copy_database
+    from tpuctl.services.prices import load_catalog
+    from tpuctl.store.url import parse_database_url
+
+    out = make_output(ctx, output, ONE_OBJECT)
+    settings = build_settings(ctx)
+    src, dst = parse_database_url(source, "source"), parse_database_url(target, "target")
+    catalog, prices = load_catalog(settings.resolved_state_dir, settings.resolved_backend.value)
+    with _copy_progress(out) as on_step:
+        result = copy_database(
+            src, dst, catalog=catalog, prices=prices, dry_run=is_dry_run(ctx, dry_run), on_step=on_step
+        )
+    if out.machine:
+        out.document(out.envelope(copy=result.to_dict()))
+        return
+    out.fields(_copy_title(result), _copy_fields(result))
+
+
+@contextmanager
+def _copy_progress(out: Output) -> Iterator[Callable[[CopyStep], None]]:
+    """Each committed batch on stderr: a status line on a terminal, else a plain line (a log, a CI job)."""
+    with out.progress("copying the ledger") as status:
+        live = status.shown
+
+        def on_step(step: CopyStep) -> None:
+            text = f"{step.phase}: {step.done:,} of {step.total:,}"
+            if live:
+                status.update(text, elapsed_s=status.elapsed_s)
+            else:
+                out.err.print(f"db copy: {text} ({status.elapsed_s:.1f} s)")
+
+        yield on_step
+
+
+def _copy_title(result: CopyResult) -> str:
+    if result.plan is not None:
+        return f"would copy {result.source} into {result.target}"
+    checked = {"ledger": "every table and the cost totals match", "copied": "every copied row is there"}
+    return f"copied {result.source} into {result.target}: {checked[result.scope or 'copied']}"
+
+
+def _copy_fields(result: CopyResult) -> dict[str, Any]:
+    doc = result.to_dict()
+    fields: dict[str, Any] = {"source": doc["source"], "target": doc["target"]}
+    fields.update(doc.get("plan") or doc.get("copied") or {})
+    fields.pop("progress", None)
+    if result.outcome is not None:
+        fields["source_rows"] = doc["rows"]["source"]
+        fields["cost_usd"] = f"{result.source_cost['cost_usd']:.2f} (both)"
+        fields["verified"] = result.scope
+    fields["elapsed_s"] = doc["elapsed_s"]
+    return fields
 
 
 def _fields(url: DatabaseUrl, state: SchemaState) -> dict[str, Any]:

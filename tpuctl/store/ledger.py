@@ -323,6 +323,18 @@ class Ledger:
         with self._write() as conn, self._db.bulk():
             return self._apply(conn, (self._normalize(e) for e in events), return_ids=False)[1]
 
+    def replay_events(
+        self, events: Sequence[Ev], *, then: Callable[[SqlConnection, list[int]], None]
+    ) -> list[int]:
+        """Append events read from another ledger (its stored rows, as ``check_view`` replays them:
+        validated there, JSON as stored) in ONE transaction, moving this ledger's view and rollups as if
+        they had happened here; return their ids here. ``then(conn, ids)`` runs in the same transaction
+        (``db copy``: the rows that point at these events, and how far it got, all or nothing)."""
+        with self._write() as conn, self._db.bulk():
+            ids = self._apply(conn, events, known=_latest_pods(conn, events))[0]
+            then(conn, ids)
+            return ids
+
     def _normalize(self, e: NewEvent) -> Ev:
         # Dict lookups rather than Enum calls: this runs a million times in a bulk import, and a
         # StrEnum member hashes and compares equal to its value, so both spellings are accepted.
@@ -366,9 +378,15 @@ class Ledger:
         )
 
     def _apply(
-        self, conn: SqlConnection, events: Iterable[Ev], *, return_ids: bool = True
+        self,
+        conn: SqlConnection,
+        events: Iterable[Ev],
+        *,
+        return_ids: bool = True,
+        known: dict[tuple[str, str], PodRow | None] | None = None,
     ) -> tuple[list[int], int]:
-        """Insert ``events`` and move the pods view; the caller holds the write transaction.
+        """Insert ``events`` and move the pods view; the caller holds the write transaction. ``known``:
+        the latest incarnation of (zone, name)s already read (None: not in the ledger).
 
         Ids are allocated here (max + 1) rather than by SQLite because a pod row records the id of the
         last event that changed it before either is inserted; ``BEGIN IMMEDIATE`` makes this safe.
@@ -381,7 +399,7 @@ class Ledger:
             next_pod += 1
             return next_pod - 1
 
-        cache: dict[tuple[str, str], PodRow | None] = {}
+        cache: dict[tuple[str, str], PodRow | None] = {} if known is None else known
         dirty: dict[int, PodRow] = {}
         rows: list[dict[str, Any]] = []
         ids: list[int] = []
@@ -1248,6 +1266,25 @@ def _rollup_differences(
 
 
 # -- row <-> record helpers ------------------------------------------------------------------------
+
+
+def _latest_pods(conn: SqlConnection, events: Sequence[Ev]) -> dict[tuple[str, str], PodRow | None]:
+    """The latest incarnation of each slice ``events`` name (None: not in the ledger), read by name a
+    thousand names a query: one query per slice, as ``_apply`` reads them, is a round trip each on
+    PostgreSQL, and most of a replayed chunk's time."""
+    found: dict[tuple[str, str], PodRow | None] = {
+        (e.zone, e.pod): None for e in events if e.pod is not None and e.zone is not None
+    }
+    names = sorted({name for _zone, name in found})
+    for start in range(0, len(names), 1000):
+        params = {f"n{i}": name for i, name in enumerate(names[start : start + 1000])}
+        sql = f"SELECT {_POD_COLS} FROM pods WHERE name IN ({_named(list(params))})"
+        for r in conn.execute(sql, params):
+            row = PodRow.from_tuple(r)
+            key = (row.zone, row.name)
+            if key in found and ((have := found[key]) is None or row.incarnation > have.incarnation):
+                found[key] = row
+    return found
 
 
 def _flush_pods(conn: SqlConnection, dirty: dict[int, PodRow]) -> None:
