@@ -57,7 +57,7 @@ def record_run(ledger: Ledger, run_id: str, attempts: list[Attempt], *, finished
         preemptions.append(
             PreemptionRecord(
                 number=len(preemptions) + 1, kind=a.kind, source="api", pod=a.pod, zone=ZONE, capacity="spot",
-                occurred_at=a.end, detected_at=a.end + 2, checkpoint_step=a.steps,
+                occurred_at=a.end, detected_at=a.end + 2, checkpoint_step=a.steps, last_step=a.steps,
                 new_pod=None if following is None else following.pod,
                 resumed_at=None if following is None else following.start + 30,
             ).to_dict()

@@ -54,9 +54,9 @@ def test_a_run_preempted_twice_shows_both_preemptions_with_their_kinds_and_recov
     page.click(f"text={RUN}")
     page.wait_for_url(f"{served}/runs/{RUN}")
     marks = page.locator('#timeline [data-mark="preemption"]')
-    assert marks.evaluate_all("ms => ms.map(m => [m.dataset.number, m.dataset.kind])") == [
-        ["1", "notice"],
-        ["2", "hard"],
+    assert marks.evaluate_all("ms => ms.map(m => [m.dataset.number, m.dataset.kind, m.dataset.step])") == [
+        ["1", "notice", "40"],
+        ["2", "hard", "80"],
     ]
     segments = page.locator('#timeline [data-mark="segment"]').evaluate_all(
         "ss => ss.map(s => s.dataset.kind)"
@@ -75,7 +75,9 @@ def test_the_money_pages_totals_equal_cost_report_json(
     recorded: Session, served: str, page: Page, sim_cli: InProcessCli
 ) -> None:
     page.goto(f"{served}/money?group_by=capacity")
-    report = sim_cli("cost", "report", "--group-by", "capacity", "-o", "json").json
+    # --no-reconcile: what the page reads, the ledger as it is (test_real_run, --slow, compares a
+    # reconciled report).
+    report = sim_cli("cost", "report", "--group-by", "capacity", "--no-reconcile", "-o", "json").json
     for figure in ("cost_usd", "on_demand_usd", "spot_savings_usd", "waste_usd", "preemptions"):
         shown = page.locator(f'#totals [data-total="{figure}"]').get_attribute("data-value")
         assert shown is not None and float(shown) == report["totals"][figure], figure

@@ -20,6 +20,7 @@ from tpuctl.dashboard import svg
 if TYPE_CHECKING:
     from tpuctl.services.cost import CostReport, CostService
     from tpuctl.services.prices import PriceSource
+    from tpuctl.services.run.service import Runs
     from tpuctl.services.run.views import RunDescription, RunView
     from tpuctl.services.session import Session
 
@@ -102,7 +103,7 @@ class Dashboard:
         s = self._session
         return CostService(s.ledger.url, s.catalog, self._prices, clock=s.clock)
 
-    def _runs(self) -> Any:
+    def _runs(self) -> Runs:
         from tpuctl.services.run.service import Runs
 
         return Runs(self._session)
@@ -197,6 +198,14 @@ def _preemption_marks(described: RunDescription, spans: tuple[svg.Span, ...]) ->
         at = epoch(record.get("detected_at")) if isinstance(record.get("detected_at"), str) else None
         if at is None and i < len(preempted):
             at = preempted[i].start
+        step = record.get("last_step")
         if at is not None:
-            marks.append(svg.Mark(at, view.number or i + 1, view.kind or "unclassified"))
+            marks.append(
+                svg.Mark(
+                    at,
+                    view.number or i + 1,
+                    view.kind or "unclassified",
+                    step if isinstance(step, int) else None,
+                )
+            )
     return tuple(marks)

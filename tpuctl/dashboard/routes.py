@@ -39,10 +39,10 @@ def dashboard_router(
     env = _environment()
     router = APIRouter(include_in_schema=False)
 
-    def page(name: str, title: str, status: int = 200, **values: Any) -> HTMLResponse:
+    def page(name: str, title: str, **values: Any) -> HTMLResponse:
         html = env.get_template(name).render(title=title, root="", live_every_ms=int(live_every_s * 1000),
                                              **values)  # fmt: skip
-        return HTMLResponse(html, status_code=status)
+        return HTMLResponse(html)
 
     @router.get("/", response_class=HTMLResponse)
     def runs(limit: Annotated[int, Query(ge=1, le=10_000)] = 50) -> HTMLResponse:

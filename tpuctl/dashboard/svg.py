@@ -37,11 +37,13 @@ class Span:
 
 @dataclass(frozen=True)
 class Mark:
-    """A preemption on the timeline: when it was detected (epoch seconds), its number and its kind."""
+    """A preemption on the timeline: when it was detected (epoch seconds), its number, its kind and the
+    last step the program reported before it (None: not known)."""
 
     at: float
     number: int
     kind: str
+    step: int | None = None
 
 
 def _attrs(values: Mapping[str, object]) -> str:
@@ -81,6 +83,7 @@ def timeline(spans: Sequence[Span], marks: Sequence[Mark]) -> Markup:
             "data-mark": "preemption",
             "data-kind": mark.kind,
             "data-number": mark.number,
+            "data-step": mark.step,
         }
         body.append(
             f'<g {_attrs(facts)}><line x1="{x:.2f}" y1="2" x2="{x:.2f}" y2="44" stroke="#1a202c" '
