@@ -38,8 +38,12 @@ def recorded(session: Session) -> Session:
     return session
 
 
+#: Read when the tests are collected: each test's environment is cleaned before it runs (conftest).
+SCREENSHOTS = os.environ.get("TPUCTL_SCREENSHOTS")
+
+
 def _screenshot(page: Page, name: str) -> None:
-    folder = os.environ.get("TPUCTL_SCREENSHOTS")
+    folder = SCREENSHOTS
     if folder:
         Path(folder).mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(Path(folder) / f"dashboard-{name}.png"), full_page=True)

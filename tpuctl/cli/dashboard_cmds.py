@@ -18,9 +18,9 @@ def register(app: typer.Typer) -> None:
 
 def dashboard(
     ctx: typer.Context,
-    port: Annotated[
-        str, typer.Option("--port", metavar="P", help=f"Listen on 127.0.0.1:P (default {DEFAULT_PORT}).")
-    ] = str(DEFAULT_PORT),
+    port: Annotated[str, typer.Option("--port", metavar="P", help="Listen on 127.0.0.1:P.")] = str(
+        DEFAULT_PORT
+    ),
     no_browser: Annotated[bool, typer.Option("--no-browser", help="Do not open a browser.")] = False,
 ) -> None:
     """Serve the dashboard (runs, a run's timeline and preemptions, money per day, live slices) on this

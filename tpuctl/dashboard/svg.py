@@ -135,7 +135,7 @@ def stacked_bars(days: Sequence[DayStack], groups: Sequence[str]) -> Markup:
         return _svg(24, "nothing billed", ['<text x="0" y="16">nothing billed in this window</text>'])
     height, base = 180, 160
     top = max(sum(usd for _, usd in d.parts) for d in days) or 1.0
-    slot = WIDTH / len(days)
+    slot = min(WIDTH / len(days), 48.0)  # a few days must not make bars as wide as the chart
     colour = {g: GROUP_COLOURS[i % len(GROUP_COLOURS)] for i, g in enumerate(groups)}
     body = []
     for i, day in enumerate(days):
