@@ -88,6 +88,29 @@ def test_a_live_runs_page_polls_its_live_part_which_says_whether_the_run_is_stil
     assert client.get(f"/runs/{RUN}/live").headers["X-Tpuctl-Live"] == "no"
 
 
+def test_a_runs_page_links_each_hosts_log_from_this_machine_or_from_the_ledger(
+    client: TestClient, recorded: Session
+) -> None:
+    from tpuctl.services.run.rundir import RunDir
+    from tpuctl.store.records import LeaseOwner
+
+    RunDir.of(recorded.state_dir, RUN).make().host_log(0).write_text("step 1\nstep 2\n")
+    # OTHER keeps its lines in the ledger: a supervisor on another machine (it took the run over) wrote
+    # them, and this machine has no log file of it.
+    ledger = recorded.ledger
+    ledger.save_run_request(OTHER, "{}")
+    claim = ledger.claim_lease(OTHER, LeaseOwner("owner-x", "host-x", 4242, 7), 300.0)
+    ledger.append_log_lines(claim, 0, 0, [(recorded.clock(), "from the supervisor on host-x")])
+    ledger.release_lease(claim)
+    for run, text in ((RUN, "step 1\nstep 2\n"), (OTHER, "from the supervisor on host-x\n")):
+        html = client.get(f"/runs/{run}").text
+        assert _attr(html, "href", data_worker="0") == [f"/runs/{run}/logs/0"]
+        log = client.get(f"/runs/{run}/logs/0")
+        assert (log.status_code, log.text) == (200, text)
+        assert log.headers["content-type"].startswith("text/plain")
+    assert client.get(f"/runs/{RUN}/logs/1").status_code == 400  # one host: worker 0 only
+
+
 def test_the_money_pages_totals_are_cost_reports(client: TestClient, sim_cli: InProcessCli) -> None:
     for group in ("type",):
         html = client.get(f"/money?group_by={group}").text

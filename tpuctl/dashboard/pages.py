@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 #: per slice or day).
 MONEY_GROUPINGS: Final = ("type", "capacity", "zone", "region", "run")
 _DAY_S: Final = 86_400.0
+#: A host log page's last lines (`runs logs` has them all).
+HOST_LOG_LINES: Final = 20_000
 
 
 def epoch(text: str | None) -> float | None:
@@ -142,6 +144,17 @@ class Dashboard:
             spans=spans,
             marks=_preemption_marks(described, spans),
         )
+
+    def host_log(self, ref: str, worker: int) -> str:
+        """Host ``worker``'s log of the run, as `runs logs RUN --worker N --raw --all` prints it: the
+        ledger's lines (wherever the run was supervised, a run taken over included), else this machine's
+        log file. At most the last ``HOST_LOG_LINES`` lines."""
+        from collections import deque
+
+        runs = self._runs()
+        logs = runs.logs(ref, worker=worker)  # exit 2 (a 400) for a worker the run does not have
+        lines = deque((line.text for line in runs.read_logs(logs)), maxlen=HOST_LOG_LINES)
+        return "".join(f"{text}\n" for text in lines)
 
     def money(self, *, group_by: str, since: str | None) -> MoneyPage:
         """`cost report --group-by G [--since S]` (offline: the dashboard records nothing), and each

@@ -1,7 +1,8 @@
-"""The dashboard's pages as a FastAPI router: ``/`` (runs), ``/runs/{run}`` (and ``/runs/{run}/live``,
-the part of it a live page fetches again), ``/money`` and ``/slices``. Rendered on the server with
-Jinja2 (autoescaped); the pages' one script (``templates/live.js``) and style sheet are inlined, so a
-page is one request and needs nothing from another host."""
+"""The dashboard's pages as a FastAPI router: ``/`` (runs), ``/runs/{run}`` (with ``/runs/{run}/live``,
+the part of it a live page fetches again, and ``/runs/{run}/logs/{worker}``, a host's log as text),
+``/money`` and ``/slices``. Rendered on the server with Jinja2 (autoescaped); the pages' one script
+(``templates/live.js``) and style sheet are inlined, so a page is one request and needs nothing from
+another host."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 from fastapi import APIRouter, Query
 from fastapi import Path as PathParam
-from fastapi.responses import HTMLResponse
+from fastapi.responses import HTMLResponse, PlainTextResponse
 
 from tpuctl.dashboard import svg
 from tpuctl.dashboard.pages import MONEY_GROUPINGS, Dashboard
@@ -60,6 +61,10 @@ def dashboard_router(
         response.headers["X-Tpuctl-Live"] = "yes" if got.live else "no"
         response.headers["Cache-Control"] = "no-store"
         return response
+
+    @router.get("/runs/{run}/logs/{worker}", response_class=PlainTextResponse)
+    def host_log(run: RunRef, worker: Annotated[int, PathParam(ge=0)]) -> PlainTextResponse:
+        return PlainTextResponse(data.host_log(run, worker), headers={"Cache-Control": "no-store"})
 
     @router.get("/money", response_class=HTMLResponse)
     def money(
