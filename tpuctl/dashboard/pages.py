@@ -18,7 +18,7 @@ from markupsafe import Markup
 from tpuctl.dashboard import svg
 
 if TYPE_CHECKING:
-    from tpuctl.services.cost import CostReport, CostService
+    from tpuctl.services.cost import CostLine, CostReport, CostService
     from tpuctl.services.prices import PriceSource
     from tpuctl.services.run.service import Runs
     from tpuctl.services.run.views import RunDescription, RunView
@@ -47,7 +47,7 @@ class RunRow:
 @dataclass(frozen=True)
 class RunPage:
     described: RunDescription
-    cost: dict[str, Any] | None  # its group of `cost report --group-by run`
+    cost: CostLine | None  # its group of `cost report --group-by run`
     live: bool
     spans: tuple[svg.Span, ...]
     marks: tuple[svg.Mark, ...]
@@ -110,11 +110,12 @@ class Dashboard:
 
         return Runs(self._session)
 
-    def _run_costs(self) -> dict[str, dict[str, Any]]:
+    def _run_costs(self) -> dict[str, CostLine]:
+        """Each run's group of `cost report --group-by run` (its figures rounded as the JSON has them)."""
         from tpuctl.services.cost import GroupBy
 
         report = self._costs().report(group_by=GroupBy("run"), with_days=False)
-        return {str(g["key"]): g for g in report.groups}
+        return {line.key: line for line in report.lines}
 
     def runs(self, *, limit: int) -> list[RunRow]:
         """`runs list --limit`'s runs, newest first, each with its cost so far and goodput."""
@@ -125,7 +126,7 @@ class Dashboard:
             recovery = view.detail.get("recovery") or {}
             goodput = recovery.get("goodput") if isinstance(recovery, dict) else None
             cost = costs.get(view.run_id)
-            rows.append(RunRow(view, None if cost is None else cost["cost_usd"], goodput))
+            rows.append(RunRow(view, None if cost is None else cost.cost_usd, goodput))
         return rows
 
     def run(self, ref: str) -> RunPage:
