@@ -17,6 +17,7 @@ import typer
 from tpuctl.cli import (
     catalog_cmds,
     cost_cmds,
+    dashboard_cmds,
     db_cmds,
     job_cmds,
     misc_cmds,
@@ -50,6 +51,7 @@ app.add_typer(db_cmds.app, name="db")
 misc_cmds.register(app)
 run_cmds.register(app)
 server_cmds.register(app)
+dashboard_cmds.register(app)
 
 
 def _print_version(value: bool) -> None:

@@ -57,9 +57,11 @@ def build_app(session: Session, bundles: BundleStore, replica: Replica | None) -
     """The API over ``session`` (its ledger and cloud), ``bundles`` and ``replica`` (None: an API that
     supervises nothing, never ready)."""
     from tpuctl import __version__
+    from tpuctl.dashboard.routes import dashboard_router
 
     app = FastAPI(title="tpuctl server", version=__version__, responses=_ERRORS)
     problems.install(app)
+    app.include_router(dashboard_router(session))  # the dashboard's pages, at /
 
     @app.get("/healthz", response_model=Health)
     def healthz() -> Health:
