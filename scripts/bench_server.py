@@ -714,6 +714,99 @@ def extrapolate(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+# --- the report's rows (scripts/bench_report.py) -------------------------------------------------------
+
+Row = tuple[str, str, str, str]  # figure, value, target, note
+
+
+def _s(value: Any, digits: int = 2) -> str:
+    return f"{value:.{digits}f} s" if isinstance(value, int | float) else "n/a"
+
+
+def _mib(value: Any) -> str:
+    return f"{value / 2**20:.2f} MiB" if isinstance(value, int | float) else "n/a"
+
+
+def report_rows(d: dict[str, Any]) -> list[Row]:
+    """The rows of docs/benchmarks.md for one run's figures (any measure missing: no row for it)."""
+    rows: list[Row] = []
+    if "latency" in d:
+        rows.append(_latency_row(d["latency"]))
+    if "takeover" in d:
+        rows.append(_takeover_row(d["takeover"]))
+    if "scale" in d and "per_run" in d["scale"]:
+        rows += _scale_rows(d["scale"])
+    return rows
+
+
+def _latency_row(lat: dict[str, Any]) -> Row:
+    med = lat["median_by_phase_s"]
+    phases = "; ".join(
+        f"{mode}: recorded {_s(m['to_recorded_s'])}, claimed {_s(m['to_claimed_s'])}, first step "
+        f"{_s(m['to_first_step_s'])}, shown {_s(m['to_line_shown_s'])}"
+        for mode, m in med.items()
+    )
+    return (
+        "submit-to-first-step through the server / local mode (SQLite), medians",
+        f"{lat['ratio_server_over_local_sqlite']:.2f}x ({_s(med['server']['to_first_step_s'])} / "
+        f"{_s(med['local_sqlite']['to_first_step_s'])})",
+        f"≤ {lat['target_ratio']}x",
+        f"{lat['rounds']} interleaved rounds of a one-host v5e-8 run of a program that stamps its first step,"
+        f" from the client's spawn; against local mode on the same PostgreSQL "
+        f"{lat['ratio_server_over_local_postgresql']:.2f}x; to the line shown by the client "
+        f"{lat['ratio_shown_server_over_local_sqlite']:.2f}x. Medians from the spawn: {phases}",
+    )
+
+
+def _takeover_row(tk: dict[str, Any]) -> Row:
+    parts = []
+    for lease in tk["leases"].values():
+        parts.append(
+            f"lease {lease['lease_s']:g} s: {_s(lease['median_kill_to_takeover_s'])} "
+            f"({lease['median_over_lease']:.2f}x the lease)"
+        )
+    gaps = ", ".join(
+        f"{_s(row['expiry_to_takeover_s'])}" for lease in tk["leases"].values() for row in lease["rows"]
+    )
+    return (
+        "a replica killed (SIGKILL) → another's TAKEOVER in the lease history, median",
+        "; ".join(parts),
+        "after the lease expires",
+        f"{tk['reps']} kill(s) per lease length; renewal every quarter of the lease, so the dead replica's "
+        f"lease expires 0.75-1x the lease after the kill; every takeover came after that expiry, by "
+        f"{gaps} (the surviving replica's tick, at most 2 s)",
+    )
+
+
+def _scale_rows(sc: dict[str, Any]) -> list[Row]:
+    per, last = sc["per_run"], sc["rows"][-1]
+    levels = "/".join(str(r["runs"]) for r in sc["rows"])
+    rss = " / ".join(_mib(r["replica"]["rss_bytes"]) for r in sc["rows"])
+    cpu = " / ".join(f"{r['replica']['cpu_s_per_s']:.3f}" for r in sc["rows"])
+    qps = " / ".join(f"{r['database']['statement_calls_per_s']:.0f}" for r in sc["rows"])
+    threads = " / ".join(str(r["replica"]["threads"]) for r in sc["rows"])
+    conns = sum(last["database"]["connections"].values())
+    return [
+        (
+            f"runs one replica supervises in 8 GiB (RSS), from {levels} concurrent one-host runs",
+            f"{sc['runs_per_8_gib_rss']} (USS: {sc['runs_per_8_gib_uss']})",
+            f"≥ {sc['target_runs_per_8_gib']} (SkyPilot: {sc['skypilot_runs_per_8_gib']} per 8 GiB)",
+            f"the replica process's RSS {rss} at {levels} runs: {_mib(per['rss_bytes'])} per run (USS "
+            f"{_mib(per['uss_bytes'])}) over {_mib(sc['intercept']['rss_bytes'])} at none (least squares);"
+            f" threads {threads}",
+        ),
+        (
+            f"the replica's CPU and the database load per supervised run ({levels} runs)",
+            f"{per['cpu_s_per_s'] * 1000:.1f} ms CPU/s, {per['statements_per_s']:.2f} statements/s, "
+            f"{per['commits_per_s']:.2f} commits/s per run",
+            "",
+            f"CPU seconds per second {cpu}, statements per second {qps}, over {sc['window_s']:g} s windows "
+            f"(pg_stat_statements); {conns} connection(s) at {last['runs']} runs; one core fits "
+            f"{sc['runs_per_core']} runs; each program prints a step every {sc['step_every_s']:g} s",
+        ),
+    ]
+
+
 # --- main ---------------------------------------------------------------------------------------------
 
 
