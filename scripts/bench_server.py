@@ -38,6 +38,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -878,7 +879,8 @@ def simulator(state: Path) -> Iterator[Sim]:
 
 
 def _stop_vms(state: Path) -> None:
-    """Stop the simulator's hypervisor, then kill what its VMs still run (their programs outlive it)."""
+    """Stop the simulator's hypervisor, kill what its VMs still run (their programs outlive it), and
+    remove their root."""
     from tpuctl.sim.hypervisor import stop_hypervisor
     from tpuctl.sim.vms.layout import vm_root_for
 
@@ -890,6 +892,7 @@ def _stop_vms(state: Path) -> None:
             with contextlib.suppress(OSError):
                 if os.readlink(entry / "cwd").startswith(prefix):
                     os.kill(int(entry.name), signal.SIGKILL)
+    shutil.rmtree(vm_root, ignore_errors=True)  # the disks and image of a simulator that is gone
 
 
 def main(argv: list[str] | None = None) -> int:
