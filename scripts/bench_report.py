@@ -19,6 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench_server import report_rows as server_rows  # scripts/ is on sys.path: the scripts run by path
+
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "docs" / "bench"
 
@@ -350,6 +352,12 @@ BENCHES: list[tuple[str, str, str, Callable[[dict[str, Any]], list[Row]]]] = [
     ("cost", "Cost report on 1,000,000 events", "scripts/bench_cost.py", _cost),
     ("copy", "`db copy` of 100,000 events into PostgreSQL", "scripts/bench_copy.py", _copy),
     ("multislice", "Multislice step: 2 x 2 hosts vs 1 x 4 hosts", "scripts/bench_multislice.py", _multislice),
+    (
+        "server",
+        "tpuctl server: submit-to-first-step, takeover, runs per replica",
+        "scripts/bench_server.py",
+        server_rows,
+    ),
 ]
 
 
