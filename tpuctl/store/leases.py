@@ -1,22 +1,26 @@
 """The lease on a run: who may act on it, judged by the ledger's own clock, and the fence every write of
 run state passes. The one module a change of database engine re-implements for leases.
 
-The protocol (what ``Ledger.claim_lease`` and friends run, each inside one write transaction):
+The protocol (what ``Ledger.claim_lease`` and friends run, each inside one write transaction). Claims,
+renewals and releases run in row-locked transactions: on PostgreSQL they lock the lease row instead of
+the ledger's write lock, so servers claim and renew side by side; every other write, fenced ones
+included, still takes the write lock. Why that stays correct: docs/architecture.md, "Claims on
+PostgreSQL". Each locks the row first and reads the clock after, so a transaction that waited for a lock
+judges expiry as of when it holds the row.
 
 * **claim**: a run's lease is free (no row, or released) or expired (``expires_at <= now``) or held. A free
   or expired one is taken with a new random token and ``generation + 1``; a held one is refused with
-  ``LeaseHeldError`` naming the holder and when its lease expires. The write itself is a conditional
-  upsert (``ON CONFLICT ... DO UPDATE ... WHERE`` the old lease is free or expired), so it is correct on an
-  engine that lets two transactions read the row at once (PostgreSQL at READ COMMITTED) as well as on
-  SQLite, where ``BEGIN IMMEDIATE`` already serialises writers.
+  ``LeaseHeldError`` naming the holder and when its lease expires. The row is locked ``FOR UPDATE SKIP
+  LOCKED`` (``claim``, ``claim_orphans``: what to do with a row another transaction holds). The write is
+  a conditional upsert (``ON CONFLICT ... DO UPDATE ... WHERE`` the old lease is free or expired), which
+  also settles two claimers inserting a never-claimed run's first row at once.
 * **renew**: pushes ``expires_at`` to ``now + ttl`` only where token, generation and an unexpired lease
   all still match; anything else is a loss. Expired means lost even if nobody took it yet: another owner
   may be claiming it at this moment, and "cannot tell" never counts as "still mine".
-* **fence**: the first statement of every fenced write transaction is an ``UPDATE`` of the lease row
-  matching token, generation and ``expires_at > now``. One matched row: the write goes on, and (on an
-  engine with row locks) the row stays locked until it commits, so no claim can slip between the check
-  and the write. No row: the loss is appended to the history and committed alone, and the caller gets
-  ``LeaseLostError``: nothing of its write happened.
+* **fence**: the first statement of every fenced write transaction locks the lease row for share and
+  checks token, generation and ``expires_at > now``. A match: the write goes on, and no claim can commit
+  until it does (a claim locks for update). No match: the loss is appended to the history and committed
+  alone, and the caller gets ``LeaseLostError``: nothing of its write happened.
 * **release**: clears token and owner where token and generation match (the generation stays, so the
   next claim's is still higher).
 
@@ -27,7 +31,7 @@ claim, takeover, loss and release is appended to ``run_lease_history`` with that
 the generation (a claim's consecutive renewals are one row, moved on with each); the token never is.
 
 The SQL here is plain (upsert, RETURNING, NOT EXISTS) with named parameters, as both engines take it
-(``tpuctl.store.sql``); only the clock comes from the connection's dialect.
+(``tpuctl.store.sql``); only the clock and the row locks come from the connection's dialect.
 """
 
 from __future__ import annotations
