@@ -435,6 +435,20 @@ def test_orphans_are_the_unfinished_resumable_runs_nobody_holds(open_ledger: Cal
         assert ledger.orphans() == ["expired", "released", "never"]
         assert ledger.orphans(limit=1) == ["expired"]
 
+        # A server claims them in one go, oldest first, skipping what it is told to (its own, its back-offs).
+        ledger.request_cancel("released", "a test")
+        assert ledger.claim_orphans(B, LONG, limit=0) == []
+        first = ledger.claim_orphans(B, LONG, limit=1, excluding=["expired"])
+        assert [(c.run_id, c.generation, c.cancel) for c in first] == [("released", 2, first[0].cancel)]
+        assert first[0].cancel is not None and first[0].cancel.requested_by == "a test"  # read with the claim
+        rest = ledger.claim_orphans(B, LONG, limit=10)
+        assert [(c.run_id, c.generation, c.owner) for c in rest] == [("expired", 2, B), ("never", 1, B)]
+        assert ledger.orphans() == [] and ledger.claim_orphans(A, LONG, limit=10) == []
+        assert [h.action for h in ledger.lease_history("expired")] == [
+            LeaseAction.CLAIM,
+            LeaseAction.TAKEOVER,
+        ]
+
 
 # -- claims over concurrent PostgreSQL connections -------------------------------------------------------
 #
