@@ -109,6 +109,7 @@ def _ready(proc: subprocess.Popen[bytes], url: str, log: Path) -> bool:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1500)
 def test_twenty_runs_submitted_at_once_across_two_replicas_finish_with_one_holder_at_a_time(
     servers: tuple[SimAdminClient, list[tuple[subprocess.Popen[bytes], str]]],
     postgres_url: str,
@@ -129,14 +130,21 @@ def test_twenty_runs_submitted_at_once_across_two_replicas_finish_with_one_holde
     run_ids = sorted(s.run.run_id for s in submitted)
     assert len(set(run_ids)) == RUNS and all(s.created for s in submitted)
 
-    def all_ended() -> list[RunStatus] | None:
-        for i, (proc, _url) in enumerate(replicas):
-            assert proc.poll() is None, (tmp_path / f"replica-{i}.log").read_text(errors="replace")[-4000:]
-        with Ledger.open(postgres_url) as ledger:
-            statuses = [RunStatus(r.status) for r in ledger.list_runs() if r.run_id in run_ids]
-        return statuses if len(statuses) == RUNS and all(s.finished for s in statuses) else None
+    logs = [tmp_path / f"replica-{i}.log" for i in range(len(replicas))]
+    seen: list[RunStatus] = []
 
-    statuses = wait_for(all_ended, timeout=900.0, interval=1.0, what=f"{RUNS} runs to end")
+    def all_ended() -> list[RunStatus] | None:
+        for (proc, _url), log in zip(replicas, logs, strict=True):
+            assert proc.poll() is None, log.read_text(errors="replace")[-4000:]
+        with Ledger.open(postgres_url) as ledger:
+            seen[:] = [RunStatus(r.status) for r in ledger.list_runs() if r.run_id in run_ids]
+        return list(seen) if len(seen) == RUNS and all(s.finished for s in seen) else None
+
+    try:
+        statuses = wait_for(all_ended, timeout=1200.0, interval=1.0, what=f"{RUNS} runs to end")
+    except AssertionError as exc:  # what the replicas said, with the runs' statuses
+        tails = "\n".join(log.read_text(errors="replace")[-3000:] for log in logs)
+        raise AssertionError(f"{exc}; statuses {sorted(seen)}; the replicas said:\n{tails}") from None
     assert statuses == [RunStatus.SUCCEEDED] * RUNS
 
     with Ledger.open(postgres_url) as ledger:
