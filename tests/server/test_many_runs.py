@@ -77,8 +77,11 @@ def servers(
         TPUCTL_STATE_DIR=str(tmp_path / "server"),
         TPUCTL_DATABASE_URL=postgres_url,
         TPUCTL_SECRET_KEY=generate_key().decode("ascii"),
-        TPUCTL_LEASE_DURATION="3",
-        TPUCTL_LEASE_RENEW_EVERY="0.5",
+        # Nothing here waits for a lease to expire, and twenty runs on a loaded machine must not lose
+        # theirs to a renewal that came late (the replicas would take them from each other, correctly,
+        # for ever).
+        TPUCTL_LEASE_DURATION="20",
+        TPUCTL_LEASE_RENEW_EVERY="1",
     )
     started: list[tuple[subprocess.Popen[bytes], str]] = []
     try:

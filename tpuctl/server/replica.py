@@ -37,6 +37,7 @@ from tpuctl.server import membership
 from tpuctl.services.run.model import Silent
 
 if TYPE_CHECKING:
+    from tpuctl.services.run.fencing import LeaseKeeper
     from tpuctl.services.run.supervisor import Supervisor
     from tpuctl.services.session import Session
     from tpuctl.store.records import LeaseClaim, LeaseOwner
@@ -196,10 +197,6 @@ class Replica:
             with self._lock:
                 self._not_before[run_id] = time.monotonic() + RETRY_AFTER_S
         finally:
-            # Given back when the supervisor never took it (a failure before supervision began); a no-op
-            # when it released or lost it: a release matches the claim's token.
-            with contextlib.suppress(TpuctlError):
-                self._session.ledger.release_lease(claim)
             with self._lock:
                 self._workers.pop(run_id, None)
                 self._supervisors.pop(run_id, None)
@@ -215,12 +212,23 @@ class Replica:
         runs = Runs(session)
         run_id = claim.run_id
         fresh = claim.generation == 1
-        if not fresh and claim.cancel is not None:
-            session.ledger.release_lease(claim)  # the clean-up claims the run itself
-            runs.cancel(run_id)
-            _say(f"run {run_id}: cancelled, as asked while nobody supervised it")
-            return
-        ready = runs.reload(run_id) if fresh else runs.resume(run_id, claim=claim)
+        # Renewed from the claim on, not from the supervisor's start: preparing the run (its saved
+        # request read back, a resume recorded) takes part of the lease, seconds on a busy machine.
+        keeper = self._keeper(claim)
+        try:
+            if not fresh and claim.cancel is not None:
+                keeper.release()  # the clean-up claims the run itself
+                runs.cancel(run_id)
+                _say(f"run {run_id}: cancelled, as asked while nobody supervised it")
+                return
+            ready = runs.reload(run_id) if fresh else runs.resume(run_id, claim=claim)
+        except BaseException:
+            with contextlib.suppress(TpuctlError):
+                keeper.release()  # not supervised after all: free for the next tick, not left to expire
+            raise
+        keeper.stop()
+        if keeper.lost is not None:
+            raise keeper.lost
         supervisor = Supervisor(
             session,
             observer=_StatusLog(run_id),
@@ -232,8 +240,25 @@ class Replica:
         with self._lock:
             self._supervisors[run_id] = supervisor
         _say(f"run {run_id}: {'supervising' if fresh else 'taking over'}")
-        supervisor.supervise(ready.prepared, resume=not fresh, claim=claim)
+        supervisor.supervise(ready.prepared, resume=not fresh, claim=keeper.claim)
         _say(f"run {run_id}: succeeded")
+
+    def _keeper(self, claim: LeaseClaim) -> LeaseKeeper:
+        """The claim kept renewed until its supervisor takes it over (a loss or a cancel request it sees
+        is the preparation's fenced writes' and the supervisor's to act on)."""
+        from tpuctl.services.run.fencing import LeaseKeeper
+
+        settings = self._session.settings
+        keeper = LeaseKeeper(
+            self._session.ledger,
+            claim,
+            ttl_s=settings.lease_duration,
+            renew_every_s=settings.lease_renew_every,
+            on_lost=lambda lost: None,
+            on_cancel=lambda request: None,
+        )
+        keeper.start()
+        return keeper
 
 
 class _StatusLog(Silent):

@@ -382,6 +382,8 @@ class Supervisor:
         settings = session.settings
         if claim is None:
             claim = session.ledger.claim_lease(prepared.run_id, self._owner, settings.lease_duration)
+        else:  # renewed first: its holder spent part of its ttl before handing it over
+            claim = session.ledger.renew_lease(claim, settings.lease_duration)
         self._keeper = keeper = LeaseKeeper(
             session.ledger,
             claim,
