@@ -75,7 +75,8 @@ def test_a_run_whose_lease_lives_is_left_alone_and_a_cancelled_orphan_is_cleaned
     run_id = submitted(session, state_dir)
     other = dataclasses.replace(LeaseOwner.of_this_process(), owner_id="another-supervisor")
     claim = session.ledger.claim_lease(run_id, other, 30)
-    replica.start()
+    # Ticked by hand alone (its loop not started): a loop's first tick landing between the release and
+    # the cancel request below would rightly resume the run instead.
     replica.tick()
     assert replica.supervising() == []  # someone else's, alive
 
