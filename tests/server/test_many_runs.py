@@ -1,7 +1,7 @@
 """Many runs across two `tpuctl server` replicas on one PostgreSQL, one host each and a tiny program on the
 served simulator: twenty runs submitted at once, half to each replica, all finish; the lease history of
-every run shows no moment when two replicas held it (``tpuctl.testing.leases``); both replicas supervised
-some; each run created exactly one slice, and none is left.
+every run shows no moment when two replicas held it (``tpuctl.testing.lease_holds``); both replicas
+supervised some; each run created exactly one slice, and none is left.
 
 Behind ``--slow`` (twenty simulated VMs); the default suite's case of the same claims is the races over
 concurrent connections in tests/store/test_leases.py.
@@ -31,7 +31,7 @@ from tpuctl.store.ledger import Ledger
 from tpuctl.store.records import LeaseAction, RunStatus
 from tpuctl.store.secrets import generate_key
 from tpuctl.testing.clock import wait_for
-from tpuctl.testing.leases import assert_one_holder_at_a_time
+from tpuctl.testing.lease_holds import assert_one_holder_at_a_time
 from tpuctl.testing.ports import unused_port
 
 ZONE = "us-central1-a"

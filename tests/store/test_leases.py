@@ -39,7 +39,7 @@ from tpuctl.store.records import AttemptOutcome
 from tpuctl.store.secrets import SecretKey, generate_key
 from tpuctl.store.url import parse_database_url
 from tpuctl.testing.clock import FakeClock, wait_for
-from tpuctl.testing.leases import assert_one_holder_at_a_time
+from tpuctl.testing.lease_holds import assert_one_holder_at_a_time
 from tpuctl.testing.postgres import PostgresCluster
 from tpuctl.timefmt import iso
 
@@ -459,7 +459,7 @@ def test_orphans_are_the_unfinished_resumable_runs_nobody_holds(open_ledger: Cal
 # once the other side is seen waiting in the server (``pg_stat_activity``): no sleep decides the order.
 
 RACERS = 4
-RACED_RUNS = 16
+RACED_RUNS = 12
 RACE_TTL = 0.6  # a lease a race outlives the start of, then waits out (through the ledger's clock)
 
 

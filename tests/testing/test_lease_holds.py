@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from tpuctl.store.records import LeaseAction, LeaseHistoryRecord, LeaseOwner
-from tpuctl.testing.leases import Hold, assert_one_holder_at_a_time, holds
+from tpuctl.testing.lease_holds import Hold, assert_one_holder_at_a_time, holds
 
 A = LeaseOwner("owner-a", "host-a", 1, None)
 B = LeaseOwner("owner-b", "host-b", 2, None)
