@@ -1,6 +1,7 @@
 """The replica's loop over the in-process simulator, for what needs no host: it takes its place among the
 ledger's servers and gives it back; it leaves a run whose lease lives alone; an orphan someone asked to
-cancel while nobody held it is cleaned up, not resumed (a resume would forget the request)."""
+cancel while nobody held it is claimed by the tick and cleaned up, not resumed (a resume would forget the
+request)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from tpuctl.server.submit import submit
 from tpuctl.server.wire import SubmitRun
 from tpuctl.services.session import Session, open_session
 from tpuctl.settings import load_settings
-from tpuctl.store.records import LeaseOwner, RunStatus
+from tpuctl.store.records import LeaseAction, LeaseOwner, RunStatus
 from tpuctl.testing.backend import InProcessCli
 from tpuctl.testing.clock import wait_for
 
@@ -74,7 +75,8 @@ def test_a_run_whose_lease_lives_is_left_alone_and_a_cancelled_orphan_is_cleaned
     run_id = submitted(session, state_dir)
     other = dataclasses.replace(LeaseOwner.of_this_process(), owner_id="another-supervisor")
     claim = session.ledger.claim_lease(run_id, other, 30)
-    replica.start()
+    # Ticked by hand alone (its loop not started): a loop's first tick landing between the release and
+    # the cancel request below would rightly resume the run instead.
     replica.tick()
     assert replica.supervising() == []  # someone else's, alive
 
@@ -90,4 +92,10 @@ def test_a_run_whose_lease_lives_is_left_alone_and_a_cancelled_orphan_is_cleaned
     assert wait_for(ended, timeout=60.0, interval=0.05, what="the clean-up") is RunStatus.CANCELLED
     record = session.ledger.get_run(run_id)
     assert record is not None and record.exit_code == 130
-    assert session.ledger.lease_history(run_id)[-1].owner.owner_id != "another-supervisor"
+    history = session.ledger.lease_history(run_id)
+    assert history[-1].owner.owner_id != "another-supervisor"
+    # The tick claimed the orphan for the replica (one transaction for all it takes up), read the cancel
+    # request with the claim, and gave the lease back for the clean-up, which claims the run itself.
+    mine = [(h.action, h.generation) for h in history if h.owner == replica.owner]
+    assert mine == [(LeaseAction.CLAIM, 2), (LeaseAction.RELEASE, 2)]
+    assert [h.generation for h in history if h.action is LeaseAction.CLAIM][-1] == 3

@@ -3,9 +3,13 @@ every write passes; the history; cancel requests; two processes racing for one e
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import queue
+import random
+import secrets
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -35,6 +39,8 @@ from tpuctl.store.records import AttemptOutcome
 from tpuctl.store.secrets import SecretKey, generate_key
 from tpuctl.store.url import parse_database_url
 from tpuctl.testing.clock import FakeClock, wait_for
+from tpuctl.testing.lease_holds import assert_one_holder_at_a_time
+from tpuctl.testing.postgres import PostgresCluster
 from tpuctl.timefmt import iso
 
 RUN = "r-lease"
@@ -428,3 +434,237 @@ def test_orphans_are_the_unfinished_resumable_runs_nobody_holds(open_ledger: Cal
         wait_for(lambda: ledger.db_now() > short.expires_at, timeout=20.0, what="the short lease's expiry")
         assert ledger.orphans() == ["expired", "released", "never"]
         assert ledger.orphans(limit=1) == ["expired"]
+
+        # A server claims them in one go, oldest first, skipping what it is told to (its own, its back-offs).
+        ledger.request_cancel("released", "a test")
+        assert ledger.claim_orphans(B, LONG, limit=0) == []
+        first = ledger.claim_orphans(B, LONG, limit=1, excluding=["expired"])
+        assert [(c.run_id, c.generation, c.cancel) for c in first] == [("released", 2, first[0].cancel)]
+        assert first[0].cancel is not None and first[0].cancel.requested_by == "a test"  # read with the claim
+        rest = ledger.claim_orphans(B, LONG, limit=10)
+        assert [(c.run_id, c.generation, c.owner) for c in rest] == [("expired", 2, B), ("never", 1, B)]
+        assert ledger.orphans() == [] and ledger.claim_orphans(A, LONG, limit=10) == []
+        assert [h.action for h in ledger.lease_history("expired")] == [
+            LeaseAction.CLAIM,
+            LeaseAction.TAKEOVER,
+        ]
+
+
+# -- claims over concurrent PostgreSQL connections -------------------------------------------------------
+#
+# SQLite has one writer at a time, so these run on PostgreSQL alone, where a lease's claim, renewal and
+# release lock its row instead of the ledger-wide write lock. Each thread has its own ledger (its own
+# connection). A race that needs one side paused inside its transaction is paused on a lock the test holds
+# from a connection of its own on the run's row (the history's and the run's writes need it), and released
+# once the other side is seen waiting in the server (``pg_stat_activity``): no sleep decides the order.
+
+RACERS = 4
+RACED_RUNS = 12
+RACE_TTL = 0.6  # a lease a race outlives the start of, then waits out (through the ledger's clock)
+
+
+@pytest.fixture(scope="module")
+def raced_url(postgres_cluster: PostgresCluster) -> Iterator[str]:
+    """One PostgreSQL database, migrated once, for the races below (each on runs of its own): a new one
+    per test would cost more than the races themselves."""
+    name = f"races_{secrets.token_hex(6)}"
+    url = postgres_cluster.create_database(name)
+    try:
+        _open(url).close()
+        yield url
+    finally:
+        postgres_cluster.drop_database(name)
+
+
+def _race(
+    ledgers: list[Ledger], attempts: list[Callable[[Ledger], list[LeaseClaim]]]
+) -> list[list[LeaseClaim]]:
+    """Run each attempt on a thread of its own with a ledger of its own (its connection), started
+    together."""
+    go = threading.Barrier(len(attempts))
+    won: list[list[LeaseClaim]] = [[] for _ in attempts]
+    failed: list[BaseException] = []
+
+    def racer(i: int) -> None:
+        try:
+            go.wait(timeout=30)
+            won[i] = attempts[i](ledgers[i])
+        except BaseException as exc:  # reported below, in the test's thread
+            failed.append(exc)
+
+    threads = [threading.Thread(target=racer, args=(i,)) for i in range(len(attempts))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not failed, failed
+    assert not any(t.is_alive() for t in threads), "a racer did not finish in 60 s"
+    return won
+
+
+def _each_one(owner: LeaseOwner, run_ids: list[str], ttl_s: float) -> Callable[[Ledger], list[LeaseClaim]]:
+    """A racer that claims the runs one by one (``claim_lease``), in an order of its own."""
+
+    def attempt(ledger: Ledger) -> list[LeaseClaim]:
+        won = []
+        for run_id in random.Random(owner.owner_id).sample(run_ids, len(run_ids)):
+            with contextlib.suppress(LeaseHeldError):
+                won.append(ledger.claim_lease(run_id, owner, ttl_s))
+        return won
+
+    return attempt
+
+
+def _orphans(owner: LeaseOwner, ttl_s: float) -> Callable[[Ledger], list[LeaseClaim]]:
+    """A racer that claims the runs nobody holds a few at a time until none is left, as a server's ticks
+    do (``claim_orphans``)."""
+
+    def attempt(ledger: Ledger) -> list[LeaseClaim]:
+        won: list[LeaseClaim] = []
+        while claims := ledger.claim_orphans(owner, ttl_s, limit=3):
+            won.extend(claims)
+        return won
+
+    return attempt
+
+
+def test_many_claimers_racing_for_many_runs_claim_each_run_once(raced_url: str) -> None:
+    run_ids = [f"race-{i:02d}" for i in range(RACED_RUNS)]
+    owners = [LeaseOwner(f"racer-{i}", f"host-{i}", 100 + i, None) for i in range(RACERS)]
+    with contextlib.ExitStack() as opened:
+        ledgers = [opened.enter_context(_open(raced_url)) for _ in owners]
+        for run_id in run_ids:
+            ledgers[0].create_run(run_id, script="train.py")
+            ledgers[0].save_run_request(run_id, "{}")
+        for round_ in (1, 2):  # runs never claimed (no lease row yet), then every lease released
+            attempts = [
+                _orphans(o, LONG) if i % 2 else _each_one(o, run_ids, LONG) for i, o in enumerate(owners)
+            ]
+            claims = [c for by_one in _race(ledgers, attempts) for c in by_one]
+            assert sorted(c.run_id for c in claims) == run_ids  # every run once: no run twice, none missed
+            assert {c.generation for c in claims} == {round_}
+            assert all(ledgers[0].release_lease(c) for c in claims)
+        found = assert_one_holder_at_a_time(ledgers[0].lease_history(r) for r in run_ids)
+    assert len(found) == 2 * RACED_RUNS
+
+
+@contextlib.contextmanager
+def _run_row_locked(url: str, run_id: str) -> Iterator[Callable[[int], None]]:
+    """Hold a lock on the run's row from a connection of the test's own (a write under the run, or a new
+    lease-history row, waits for it); yields a wait for ``n`` of the database's sessions to be waiting on
+    a lock. The lock goes when the block ends."""
+    import sqlalchemy
+
+    engine = sqlalchemy.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            conn.execute(sqlalchemy.text("SELECT 1 FROM runs WHERE run_id = :r FOR UPDATE"), {"r": run_id})
+
+            def waiting(n: int) -> None:
+                def count() -> bool:
+                    with engine.connect() as probe:
+                        found = probe.execute(
+                            sqlalchemy.text(
+                                "SELECT count(*) FROM pg_stat_activity "
+                                "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+                            )
+                        ).scalar_one()
+                    return int(found) >= n
+
+                wait_for(count, timeout=20.0, interval=0.02, what=f"{n} sessions waiting on a lock")
+
+            yield waiting
+            conn.rollback()
+    finally:
+        engine.dispose()
+
+
+def _in_thread(call: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
+    """``call`` on a thread; its result (or the exception it raised) in the list once it ends."""
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append(call())
+        except Exception as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, outcome
+
+
+def _ended(thread: threading.Thread, outcome: list[Any]) -> Any:
+    thread.join(timeout=30)
+    assert not thread.is_alive() and len(outcome) == 1, "the racer did not end"
+    return outcome[0]
+
+
+def test_a_renewal_racing_a_takeover_wins_when_its_lock_came_first(raced_url: str) -> None:
+    run = "renewed-first"
+    with _open(raced_url) as a, _open(raced_url) as b, _open(raced_url) as server:
+        a.create_run(run, script="train.py")
+        a.save_run_request(run, "{}")
+        claim = a.claim_lease(run, A, RACE_TTL)
+        with _run_row_locked(raced_url, run) as waiting:
+            # A renews before its lease expires; the renewal's history row waits on the test's lock, so
+            # A's transaction holds the lease row, renewed but not committed, past the old expiry.
+            renewing = _in_thread(lambda: a.renew_lease(claim, LONG))
+            waiting(1)
+            wait_for(lambda: b.db_now() > claim.expires_at, timeout=20.0, what="the old expiry")
+            # A server's tick skips the locked lease rather than wait for it ...
+            assert run not in [c.run_id for c in server.claim_orphans(B, LONG, limit=100)]
+            # ... and B's claim, which sees only the committed (expired) lease, waits for A to commit.
+            taking = _in_thread(lambda: b.claim_lease(run, B, LONG))
+            waiting(2)
+            assert taking[0].is_alive()
+        renewed = _ended(*renewing)
+        refused = _ended(*taking)
+        assert isinstance(renewed, LeaseClaim) and renewed.expires_at > claim.expires_at + LONG / 2
+        assert isinstance(refused, LeaseHeldError) and refused.owner_id == A.owner_id
+        assert [h.action for h in a.lease_history(run)] == [LeaseAction.CLAIM, LeaseAction.RENEW]
+        assert_one_holder_at_a_time([a.lease_history(run)])
+
+
+def test_a_fenced_write_racing_a_takeover_lands_before_it(raced_url: str) -> None:
+    run = "written-first"
+    with _open(raced_url) as a, _open(raced_url) as b:
+        a.create_run(run, script="train.py")
+        claim = a.claim_lease(run, A, RACE_TTL)
+        with _run_row_locked(raced_url, run) as waiting:
+            # A's write passed its fence and waits on the run's row, holding its lease row for share.
+            writing = _in_thread(lambda: a.fenced(claim).update_run(run, status=RunStatus.RUNNING))
+            waiting(1)
+            wait_for(lambda: b.db_now() > claim.expires_at, timeout=20.0, what="the lease's expiry")
+            taking = _in_thread(lambda: b.claim_lease(run, B, LONG))
+            waiting(2)  # the takeover waits for the write: it cannot commit between fence and write
+            assert taking[0].is_alive()
+        assert not isinstance(_ended(*writing), BaseException)
+        taken = _ended(*taking)
+        assert isinstance(taken, LeaseClaim) and taken.generation == 2
+        with pytest.raises(LeaseLostError):  # and after the takeover, A's next write is refused
+            a.fenced(claim).update_run(run, status=RunStatus.FAILED)
+        record = b.get_run(run)
+        assert record is not None and record.status == RunStatus.RUNNING
+        actions = [h.action for h in b.lease_history(run)]
+        assert actions == [LeaseAction.CLAIM, LeaseAction.TAKEOVER, LeaseAction.LOST]
+
+
+def test_a_fenced_write_racing_a_takeover_that_locked_first_is_refused(raced_url: str) -> None:
+    run = "taken-first"
+    with _open(raced_url) as a, _open(raced_url) as b:
+        a.create_run(run, script="train.py")
+        claim = a.claim_lease(run, A, 0.05)
+        wait_for(lambda: b.db_now() > claim.expires_at, timeout=20.0, what="the lease's expiry")
+        with _run_row_locked(raced_url, run) as waiting:
+            # B's takeover holds the lease row, its history row waiting on the test's lock ...
+            taking = _in_thread(lambda: b.claim_lease(run, B, LONG))
+            waiting(1)
+            # ... and A's write waits at its fence for B to commit or not.
+            writing = _in_thread(lambda: a.fenced(claim).update_run(run, status=RunStatus.RUNNING))
+            waiting(2)
+            assert writing[0].is_alive()
+        assert isinstance(_ended(*taking), LeaseClaim)
+        assert isinstance(_ended(*writing), LeaseLostError)
+        record = b.get_run(run)
+        assert record is not None and record.status == RunStatus.PENDING  # nothing of A's write

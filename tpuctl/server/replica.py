@@ -1,14 +1,16 @@
 """The replica: the part of `tpuctl server` that supervises runs. Every tick it renews this server's place
 among the ledger's servers (``membership``) and looks for runs that are not finished and that nobody
 holds: no lease (a submitted run starts PENDING with none) or an expired one (its supervisor died, or was
-cut off from the ledger past its lease). It claims each and supervises it in a worker thread of its own,
-with this replica's lease owner identity: a fresh run from its first attempt, an orphan through the path
-`runs resume` takes (``Runs.resume``, then ``takeover``). At most ``max_runs`` at once.
+cut off from the ledger past its lease). It claims them all in one transaction (``Ledger.claim_orphans``)
+and supervises each in a worker thread of its own, under that claim, with this replica's lease owner
+identity: a fresh run from its first attempt, an orphan through the path `runs resume` takes
+(``Runs.resume``, then ``takeover``). At most ``max_runs`` at once.
 
-Who may act is the ledger's lease, not this loop: two replicas that pick the same run both try to claim
-it and one gets ``LeaseHeldError``; a worker whose lease is lost (a renewal or a fenced write finds it
-gone) stops acting on the run at once, sends the cloud nothing more and ends with ``LeaseLostError``
-(``fencing``), and the run is the new owner's.
+Who may act is the ledger's lease, not this loop. The claim skips the leases another replica is claiming
+at the same moment (on PostgreSQL, ``SKIP LOCKED``), so replicas that tick together take disjoint runs
+and the lease is held from the pick on, never free between the pick and the supervisor. A worker whose
+lease is lost (a renewal or a fenced write finds it gone) stops acting on the run at once, sends the cloud
+nothing more and ends with ``LeaseLostError`` (``fencing``), and the run is the new owner's.
 
 Threads: the supervisor installs no signal handler itself (the CLI's ``run_signals`` does, and skips a
 thread that is not the main one), so it supervises in a worker thread as it does in a process; only
@@ -35,9 +37,10 @@ from tpuctl.server import membership
 from tpuctl.services.run.model import Silent
 
 if TYPE_CHECKING:
+    from tpuctl.services.run.fencing import LeaseKeeper
     from tpuctl.services.run.supervisor import Supervisor
     from tpuctl.services.session import Session
-    from tpuctl.store.records import LeaseOwner
+    from tpuctl.store.records import LeaseClaim, LeaseOwner
 
 #: How long a run that could not be taken up (its saved request unreadable, a bug) is left alone before
 #: the replica tries again: it must not spin on it every tick.
@@ -131,7 +134,8 @@ class Replica:
             self._wake.clear()
 
     def tick(self) -> None:
-        """One pass: renew this server's place, then take up every run nobody holds, up to ``max_runs``."""
+        """One pass: renew this server's place, then claim and take up every run nobody holds, up to
+        ``max_runs``."""
         ledger = self._session.ledger
         if not ledger.renew_replica(self.owner.owner_id, self._session.settings.lease_duration):
             # Our place expired (the ledger was out of reach past it): another server may have taken
@@ -140,34 +144,47 @@ class Replica:
             membership.join(ledger, self.owner, self._listen, self._session.settings.lease_duration)
             self._member = True
         self._last_tick = time.monotonic()
-        for run_id in self._unheld():
-            with self._lock:
-                if len(self._workers) >= self._max_runs or self._stop.is_set():
-                    return
-                worker = threading.Thread(
-                    target=self._supervise, args=(run_id,), name=f"tpuctl-run-{run_id}", daemon=True
-                )
-                self._workers[run_id] = worker
-            worker.start()
+        room, busy = self._room()
+        claims = ledger.claim_orphans(
+            self.owner, self._session.settings.lease_duration, limit=room, excluding=busy
+        )
+        for index, claim in enumerate(claims):
+            if not self._start_worker(claim):
+                for unused in claims[index:]:  # stopping: claimed but not taken up, so given back now
+                    with contextlib.suppress(TpuctlError):
+                        ledger.release_lease(unused)
+                return
 
-    def _unheld(self) -> list[str]:
-        """Runs nobody holds (``Ledger.orphans``), oldest first, that no worker here has and that are not
-        being backed off from."""
+    def _start_worker(self, claim: LeaseClaim) -> bool:
+        """Supervise the claimed run on a thread of its own; False (nothing started) once stopping."""
+        with self._lock:
+            if self._stop.is_set():
+                return False
+            worker = threading.Thread(
+                target=self._supervise, args=(claim,), name=f"tpuctl-run-{claim.run_id}", daemon=True
+            )
+            self._workers[claim.run_id] = worker
+        worker.start()
+        return True
+
+    def _room(self) -> tuple[int, set[str]]:
+        """How many more runs this replica may take up, and the runs it must not claim: those its workers
+        have (a worker still winding down after its lease was lost among them) and those it is backing
+        off from."""
         now = time.monotonic()
         with self._lock:
-            return [
-                run_id
-                for run_id in self._session.ledger.orphans()
-                if run_id not in self._workers and self._not_before.get(run_id, 0.0) <= now
-            ]
+            self._not_before = {run_id: t for run_id, t in self._not_before.items() if t > now}
+            room = 0 if self._stop.is_set() else self._max_runs - len(self._workers)
+            return room, set(self._workers) | set(self._not_before)
 
     # --- a worker -------------------------------------------------------------------------------
 
-    def _supervise(self, run_id: str) -> None:
+    def _supervise(self, claim: LeaseClaim) -> None:
+        run_id = claim.run_id
         try:
-            self._take_up(run_id)
+            self._take_up(claim)
         except LeaseHeldError:
-            pass  # another supervisor claimed it first: it is theirs
+            pass  # another supervisor claimed it first (after a cancelled orphan was given back): theirs
         except LeaseLostError as exc:
             _say(f"run {run_id}: lease lost, no longer supervised here: {exc.message}")
         except Exception as exc:
@@ -184,21 +201,34 @@ class Replica:
                 self._workers.pop(run_id, None)
                 self._supervisors.pop(run_id, None)
 
-    def _take_up(self, run_id: str) -> None:
-        """Supervise one run to its end: a never-claimed one from its first attempt; an orphan as `runs
-        resume` takes it over; an orphan someone asked to cancel is cleaned up instead (a resume would
-        forget the request)."""
+    def _take_up(self, claim: LeaseClaim) -> None:
+        """Supervise one claimed run to its end: a never-claimed one (its first claim, generation 1)
+        from its first attempt; an orphan as `runs resume` takes it over; an orphan someone asked to
+        cancel (the claim read the request) is cleaned up instead (a resume would forget the request)."""
         from tpuctl.services.run.service import Runs
         from tpuctl.services.run.supervisor import Supervisor
 
         session = self._session
         runs = Runs(session)
-        fresh = not session.ledger.lease_history(run_id)
-        if not fresh and session.ledger.cancel_requested(run_id) is not None:
-            runs.cancel(run_id)
-            _say(f"run {run_id}: cancelled, as asked while nobody supervised it")
-            return
-        ready = runs.reload(run_id) if fresh else runs.resume(run_id)
+        run_id = claim.run_id
+        fresh = claim.generation == 1
+        # Renewed from the claim on, not from the supervisor's start: preparing the run (its saved
+        # request read back, a resume recorded) takes part of the lease, seconds on a busy machine.
+        keeper = self._keeper(claim)
+        try:
+            if not fresh and claim.cancel is not None:
+                keeper.release()  # the clean-up claims the run itself
+                runs.cancel(run_id)
+                _say(f"run {run_id}: cancelled, as asked while nobody supervised it")
+                return
+            ready = runs.reload(run_id) if fresh else runs.resume(run_id, claim=claim)
+        except BaseException:
+            with contextlib.suppress(TpuctlError):
+                keeper.release()  # not supervised after all: free for the next tick, not left to expire
+            raise
+        keeper.stop()
+        if keeper.lost is not None:
+            raise keeper.lost
         supervisor = Supervisor(
             session,
             observer=_StatusLog(run_id),
@@ -210,8 +240,25 @@ class Replica:
         with self._lock:
             self._supervisors[run_id] = supervisor
         _say(f"run {run_id}: {'supervising' if fresh else 'taking over'}")
-        supervisor.supervise(ready.prepared, resume=not fresh)
+        supervisor.supervise(ready.prepared, resume=not fresh, claim=keeper.claim)
         _say(f"run {run_id}: succeeded")
+
+    def _keeper(self, claim: LeaseClaim) -> LeaseKeeper:
+        """The claim kept renewed until its supervisor takes it over (a loss or a cancel request it sees
+        is the preparation's fenced writes' and the supervisor's to act on)."""
+        from tpuctl.services.run.fencing import LeaseKeeper
+
+        settings = self._session.settings
+        keeper = LeaseKeeper(
+            self._session.ledger,
+            claim,
+            ttl_s=settings.lease_duration,
+            renew_every_s=settings.lease_renew_every,
+            on_lost=lambda lost: None,
+            on_cancel=lambda request: None,
+        )
+        keeper.start()
+        return keeper
 
 
 class _StatusLog(Silent):

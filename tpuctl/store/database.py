@@ -7,6 +7,12 @@ either is written, a lease's fence): SQLite with ``BEGIN IMMEDIATE`` (the file's
 with a transaction-scoped advisory lock that every tpuctl writer takes first. Reads see one snapshot per
 transaction on both (SQLite: a read transaction; PostgreSQL: REPEATABLE READ, read only).
 
+One kind of write is not exclusive on PostgreSQL: a lease's own claim, renewal and release
+(``begin(write=True, row_locked=True)``) lock only the lease rows they touch (``Dialect.row_lock``), so
+replicas claim and renew their runs side by side instead of queueing on the one lock. Why that stays
+correct next to the exclusive writes: ``tpuctl.store.leases`` and docs/architecture.md ("Claims on
+PostgreSQL"). On SQLite it is an ordinary write transaction (one writer at a time is all SQLite has).
+
 A write transaction whose lease fence failed commits what it wrote before the failure (the loss, in the
 lease history) and raises: ``Ledger._write`` calls ``commit`` itself, then raises.
 """
@@ -48,8 +54,10 @@ class Database(Protocol):
         """How many `tpuctl server` processes may use the ledger at once."""
         ...
 
-    def begin(self, *, write: bool) -> SqlConnection:
-        """Begin a transaction (``write``: exclusive among writers, waiting for the others)."""
+    def begin(self, *, write: bool, row_locked: bool = False) -> SqlConnection:
+        """Begin a transaction (``write``: exclusive among writers, waiting for the others; with
+        ``row_locked`` a write that relies on the row locks it takes instead, where the engine has them:
+        the module docstring)."""
         ...
 
     def commit(self) -> None: ...
@@ -120,7 +128,8 @@ class SqliteDatabase:
     def url(self) -> DatabaseUrl:
         return sqlite_url(self.path)
 
-    def begin(self, *, write: bool) -> SqlConnection:
+    def begin(self, *, write: bool, row_locked: bool = False) -> SqlConnection:
+        # No row locks in SQLite: a row-locked write is exclusive like any other.
         self.raw.execute("BEGIN IMMEDIATE" if write else "BEGIN")
         return self._sql
 
@@ -206,14 +215,17 @@ class PostgresDatabase:
     def url(self) -> DatabaseUrl:
         return self._url
 
-    def begin(self, *, write: bool) -> SqlConnection:
+    def begin(self, *, write: bool, row_locked: bool = False) -> SqlConnection:
         import sqlalchemy
 
         conn = self.engine.connect()
         try:
             if write:
-                conn.begin()
-                conn.execute(sqlalchemy.text("SELECT pg_advisory_xact_lock(:key)"), {"key": PG_WRITE_LOCK})
+                conn.begin()  # READ COMMITTED, PostgreSQL's default: a row lock re-reads what it locked
+                if not row_locked:
+                    conn.execute(
+                        sqlalchemy.text("SELECT pg_advisory_xact_lock(:key)"), {"key": PG_WRITE_LOCK}
+                    )
             else:
                 conn = conn.execution_options(isolation_level="REPEATABLE READ", postgresql_readonly=True)
                 conn.begin()

@@ -1,22 +1,26 @@
 """The lease on a run: who may act on it, judged by the ledger's own clock, and the fence every write of
 run state passes. The one module a change of database engine re-implements for leases.
 
-The protocol (what ``Ledger.claim_lease`` and friends run, each inside one write transaction):
+The protocol (what ``Ledger.claim_lease`` and friends run, each inside one write transaction). Claims,
+renewals and releases run in row-locked transactions: on PostgreSQL they lock the lease row instead of
+the ledger's write lock, so servers claim and renew side by side; every other write, fenced ones
+included, still takes the write lock. Why that stays correct: docs/architecture.md, "Claims on
+PostgreSQL". Each locks the row first and reads the clock after, so a transaction that waited for a lock
+judges expiry as of when it holds the row.
 
 * **claim**: a run's lease is free (no row, or released) or expired (``expires_at <= now``) or held. A free
   or expired one is taken with a new random token and ``generation + 1``; a held one is refused with
-  ``LeaseHeldError`` naming the holder and when its lease expires. The write itself is a conditional
-  upsert (``ON CONFLICT ... DO UPDATE ... WHERE`` the old lease is free or expired), so it is correct on an
-  engine that lets two transactions read the row at once (PostgreSQL at READ COMMITTED) as well as on
-  SQLite, where ``BEGIN IMMEDIATE`` already serialises writers.
+  ``LeaseHeldError`` naming the holder and when its lease expires. The row is locked ``FOR UPDATE SKIP
+  LOCKED`` (``claim``, ``claim_orphans``: what to do with a row another transaction holds). The write is
+  a conditional upsert (``ON CONFLICT ... DO UPDATE ... WHERE`` the old lease is free or expired), which
+  also settles two claimers inserting a never-claimed run's first row at once.
 * **renew**: pushes ``expires_at`` to ``now + ttl`` only where token, generation and an unexpired lease
   all still match; anything else is a loss. Expired means lost even if nobody took it yet: another owner
   may be claiming it at this moment, and "cannot tell" never counts as "still mine".
-* **fence**: the first statement of every fenced write transaction is an ``UPDATE`` of the lease row
-  matching token, generation and ``expires_at > now``. One matched row: the write goes on, and (on an
-  engine with row locks) the row stays locked until it commits, so no claim can slip between the check
-  and the write. No row: the loss is appended to the history and committed alone, and the caller gets
-  ``LeaseLostError``: nothing of its write happened.
+* **fence**: the first statement of every fenced write transaction locks the lease row for share and
+  checks token, generation and ``expires_at > now``. A match: the write goes on, and no claim can commit
+  until it does (a claim locks for update). No match: the loss is appended to the history and committed
+  alone, and the caller gets ``LeaseLostError``: nothing of its write happened.
 * **release**: clears token and owner where token and generation match (the generation stays, so the
   next claim's is still higher).
 
@@ -27,7 +31,7 @@ claim, takeover, loss and release is appended to ``run_lease_history`` with that
 the generation (a claim's consecutive renewals are one row, moved on with each); the token never is.
 
 The SQL here is plain (upsert, RETURNING, NOT EXISTS) with named parameters, as both engines take it
-(``tpuctl.store.sql``); only the clock comes from the connection's dialect.
+(``tpuctl.store.sql``); only the clock and the row locks come from the connection's dialect.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import dataclasses
 import json
 import math
 import secrets
+from collections.abc import Mapping
 from typing import Any, Final
 
 from tpuctl.errors import LeaseHeldError, LeaseLostError
@@ -48,7 +53,7 @@ from tpuctl.store.records import (
     LeaseOwner,
     LedgerError,
 )
-from tpuctl.store.sql import SqlConnection
+from tpuctl.store.sql import RowLock, SqlConnection
 from tpuctl.timefmt import iso
 
 _LEASE_COLS: Final = (
@@ -94,12 +99,70 @@ def check_ttl(ttl_s: float) -> float:
 
 def claim(conn: SqlConnection, run_id: str, owner: LeaseOwner, ttl_s: float) -> LeaseClaim:
     """Take the run's lease if it is free or expired; ``LeaseHeldError`` if another holds it live. The
-    caller holds the write transaction (and has checked that the run exists)."""
+    caller holds a (row-locked) write transaction and has checked that the run exists.
+
+    The lease row is locked first, skipping it if another transaction has it: then a live lease (its
+    holder renewing it or writing under it) is refused at once, never waited for; a free or expired one
+    that someone else is claiming, releasing or losing right now is waited for (a few statements) so the
+    answer names whoever took it."""
     ttl = check_ttl(ttl_s)
+    before = _locked(conn, run_id, "update", skip_locked=True)
+    if before is None and (committed := _row(conn, run_id)) is not None:  # locked by another
+        now = db_now(conn)
+        if committed.owner is not None and _live(committed, now):
+            raise _held(committed, committed.owner, now)
+        before = _locked(conn, run_id, "update")
     now = db_now(conn)
-    before = _row(conn, run_id)
     if before is not None and before.owner is not None and _live(before, now):
         raise _held(before, before.owner, now)
+    return _take(conn, run_id, owner, ttl, before, now)
+
+
+def claim_orphans(
+    conn: SqlConnection,
+    owner: LeaseOwner,
+    ttl_s: float,
+    *,
+    wanted: str,
+    params: Mapping[str, Any],
+    limit: int,
+) -> list[LeaseClaim]:
+    """Claim up to ``limit`` of the runs that ``wanted`` (a condition on ``runs AS r``, with ``params``)
+    selects and nobody holds, oldest first, in the caller's row-locked write transaction.
+
+    A lease another transaction has locked is skipped, not waited for (``SKIP LOCKED``), so two
+    replicas claiming at once take disjoint runs and neither waits on the other's. A run never claimed
+    has no lease row to lock: its first claim inserts one, and of two claimers inserting at once the
+    second waits for the first to commit and then finds it held, and skips it."""
+    ttl = check_ttl(ttl_s)
+    lock = conn.dialect.row_lock("update", of="l", skip_locked=True)
+    order = " ORDER BY r.created_at, r.run_id LIMIT :limit"
+    both = {**params, "now": db_now(conn), "limit": int(limit)}
+    expired = conn.execute(
+        "SELECT r.created_at, r.run_id FROM run_leases AS l JOIN runs AS r ON r.run_id = l.run_id "
+        f"WHERE ({wanted}) AND (l.token IS NULL OR l.expires_at <= :now){order}{lock}",
+        both,
+    ).fetchall()
+    never = conn.execute(
+        f"SELECT r.created_at, r.run_id FROM runs AS r WHERE ({wanted}) AND NOT EXISTS "
+        f"(SELECT 1 FROM run_leases AS l WHERE l.run_id = r.run_id){order}",
+        both,
+    ).fetchall()
+    claims: list[LeaseClaim] = []
+    for _created, run_id in sorted(expired + never)[: max(int(limit), 0)]:
+        now = db_now(conn)  # after the lock: later than the check, so what was expired still is
+        try:
+            claims.append(_take(conn, run_id, owner, ttl, _row(conn, run_id), now))
+        except (LeaseHeldError, LedgerError):
+            continue  # a never-claimed run another claimer inserted first: theirs
+    return claims
+
+
+def _take(
+    conn: SqlConnection, run_id: str, owner: LeaseOwner, ttl: float, before: _LeaseRow | None, now: float
+) -> LeaseClaim:
+    """Write the claim of a lease judged free or expired at ``now`` (its row, ``before``, locked by this
+    transaction, or not there yet), with its history entry."""
     token = secrets.token_hex(16)
     expires_at = now + ttl
     returned = conn.execute(
@@ -109,7 +172,7 @@ def claim(conn: SqlConnection, run_id: str, owner: LeaseOwner, ttl_s: float) -> 
             "pid": owner.pid, "start_ticks": owner.start_ticks, "now": now, "expires_at": expires_at,
         },
     ).fetchall()  # fmt: skip
-    if not returned:  # taken between our read and our write (an engine without a write lock up front)
+    if not returned:  # no row to lock yet, and another claimer's insert committed first
         after = _row(conn, run_id)
         if after is None or after.owner is None:
             raise LedgerError(f"run {run_id}'s lease changed while it was being claimed", fix="try again")
@@ -131,6 +194,7 @@ def renew(conn: SqlConnection, held: LeaseClaim, ttl_s: float) -> LeaseClaim | L
     """``held`` with its expiry pushed to now + ``ttl_s`` (and the run's cancel request read), or the
     loss (already appended to the history) when the lease is no longer ``held``'s."""
     ttl = check_ttl(ttl_s)
+    _locked(conn, held.run_id, "update")  # waits out a write fenced by it, or a claim in progress
     now = db_now(conn)
     expires_at = now + ttl
     cur = conn.execute(
@@ -170,19 +234,21 @@ def _note_renewal(conn: SqlConnection, held: LeaseClaim, now: float, expires_at:
 
 
 def fence(conn: SqlConnection, held: LeaseClaim, *, during: str = "write") -> LeaseLostError | None:
-    """The fence of a write transaction, its first statement: None while ``held`` still holds the lease
-    (the row is then locked until the transaction ends, on an engine with row locks), else the loss,
-    already appended to the history; the caller then commits only that and raises it."""
+    """The fence of a write transaction, its first statement: None while ``held`` still holds the lease,
+    else the loss, already appended to the history; the caller then commits only that and raises it.
+
+    The lease row is locked for share first and judged after, by the clock read then: no claim can
+    take the lease from the check until the write commits (a claimer skips the row, or waits for it),
+    and a check that waited for a claim in progress judges what that claim left."""
+    row = _locked(conn, held.run_id, "share")
     now = db_now(conn)
-    cur = conn.execute(
-        f"UPDATE run_leases SET generation = generation WHERE {_MATCHES} AND expires_at > :now",
-        {"now": now, **_matching(held)},
-    )
-    return None if cur.rowcount == 1 else lost(conn, held, now, during=during)
+    holds = row is not None and (row.token, row.generation) == (held.token, held.generation)
+    return None if holds and row is not None and _live(row, now) else lost(conn, held, now, during=during)
 
 
 def release(conn: SqlConnection, held: LeaseClaim) -> bool:
     """Give the lease back; False (and nothing written) when it was no longer ``held``'s."""
+    _locked(conn, held.run_id, "update")
     now = db_now(conn)
     cur = conn.execute(
         "UPDATE run_leases SET token = NULL, owner_id = NULL, host = NULL, pid = NULL, start_ticks = NULL, "
@@ -297,10 +363,24 @@ def _row(conn: SqlConnection, run_id: str) -> _LeaseRow | None:
     r = conn.execute(
         f"SELECT {_LEASE_COLS} FROM run_leases WHERE run_id = :run_id", {"run_id": run_id}
     ).fetchone()
-    if r is None:
-        return None
+    return None if r is None else _lease_row(r)
+
+
+def _lease_row(r: tuple[Any, ...]) -> _LeaseRow:
     owner = None if r[3] is None else LeaseOwner(r[3], r[4], r[5], r[6])
     return _LeaseRow(r[0], r[1], r[2], owner, r[7], r[8], r[9])
+
+
+def _locked(
+    conn: SqlConnection, run_id: str, strength: RowLock, *, skip_locked: bool = False
+) -> _LeaseRow | None:
+    """The run's lease row, locked until the transaction ends (``Dialect.row_lock``); None when there is
+    none, or (``skip_locked``) when another transaction has it locked."""
+    lock = conn.dialect.row_lock(strength, skip_locked=skip_locked)
+    r = conn.execute(
+        f"SELECT {_LEASE_COLS} FROM run_leases WHERE run_id = :run_id{lock}", {"run_id": run_id}
+    ).fetchone()
+    return None if r is None else _lease_row(r)
 
 
 def _live(row: _LeaseRow, now: float) -> bool:

@@ -109,6 +109,12 @@ _POD_COLS: Final = ", ".join(schema.POD_COLUMNS)
 _ATTEMPT_COLS: Final = ", ".join(schema.ATTEMPT_COLUMNS)
 _RUN_COLS: Final = ", ".join(schema.RUN_COLUMNS)
 _SEGMENT_COLS: Final = ", ".join(schema.SEGMENT_COLUMNS)
+#: A run (``runs AS r``) someone must supervise: not finished, and resumable from the ledger (its saved
+#: request, parameter ``:request``, is here). Whether anyone holds it is the lease's to say.
+_RESUMABLE: Final = (
+    "r.status IN ({}) AND EXISTS (SELECT 1 FROM run_blobs AS b WHERE b.run_id = r.run_id "
+    "AND b.name = :request)".format(", ".join(f"'{s.value}'" for s in RunStatus if not s.finished))
+)
 _INSERT_EVENT: Final = (
     f"INSERT INTO events ({_EVENT_COLS}) VALUES ({', '.join(f':{c}' for c in schema.EVENT_COLUMNS)})"
 )
@@ -264,6 +270,21 @@ class Ledger:
             if self._on_lost is not None:  # told outside the lock: the listener may read the ledger
                 self._on_lost(lost)
             raise
+
+    @contextlib.contextmanager
+    def _lease_write(self) -> Iterator[SqlConnection]:
+        """One write transaction of a lease's own (claim, renewal, release): on PostgreSQL it locks the
+        lease rows it touches instead of taking the ledger's write lock (``tpuctl.store.leases``), so
+        replicas claim and renew side by side; never fenced (it is the lease's own bookkeeping)."""
+        db = self._db
+        with self._lock, db.translate():
+            conn = db.begin(write=True, row_locked=True)
+            try:
+                yield conn
+                db.commit()
+            except BaseException:
+                db.rollback()
+                raise
 
     @contextlib.contextmanager
     def _read(self) -> Iterator[SqlConnection]:
@@ -921,7 +942,7 @@ class Ledger:
         + 1, a new token, expiry now + ``ttl_s`` by the ledger's clock; taking another owner's expired
         lease is a takeover in the history). A live lease held by anyone, ``owner`` included, is refused
         with ``LeaseHeldError`` (exit 9), naming the holder and when its lease expires."""
-        with self._write() as conn:
+        with self._lease_write() as conn:
             self._get_run(conn, run_id)
             return leases.claim(conn, run_id, owner, ttl_s)
 
@@ -929,7 +950,7 @@ class Ledger:
         """``claim`` with its expiry moved to now + ``ttl_s`` and the run's cancel request (``cancel``)
         read. ``LeaseLostError`` when the lease is no longer ``claim``'s: its token or generation changed,
         or it expired (expired is lost: another owner may be taking it), the loss in the history."""
-        with self._write() as conn:
+        with self._lease_write() as conn:
             renewed = leases.renew(conn, claim, ttl_s)
         if isinstance(renewed, LeaseLostError):
             raise renewed  # after the commit: the loss stays in the history
@@ -937,18 +958,16 @@ class Ledger:
 
     def release_lease(self, claim: LeaseClaim) -> bool:
         """Give the lease back (the next claim needs no wait); False when it was no longer ``claim``'s."""
-        with self._write() as conn:
+        with self._lease_write() as conn:
             return leases.release(conn, claim)
 
     def orphans(self, *, limit: int | None = None) -> list[str]:
         """Runs someone must supervise and nobody does: not finished, resumable from the ledger (their
         saved request is here), and their lease never claimed, released or expired by the ledger's
         clock; oldest first. One query, however many runs the ledger holds (a server asks every tick)."""
-        unfinished = ", ".join(f"'{s.value}'" for s in RunStatus if not s.finished)
         sql = (
             "SELECT r.run_id FROM runs AS r LEFT JOIN run_leases AS l ON l.run_id = r.run_id "
-            f"WHERE r.status IN ({unfinished}) AND (l.token IS NULL OR l.expires_at <= :now) "
-            "AND EXISTS (SELECT 1 FROM run_blobs AS b WHERE b.run_id = r.run_id AND b.name = :request) "
+            f"WHERE {_RESUMABLE} AND (l.token IS NULL OR l.expires_at <= :now) "
             "ORDER BY r.created_at, r.run_id"
         )
         params: dict[str, Any] = {"request": runstate.REQUEST_BLOB}
@@ -958,6 +977,25 @@ class Ledger:
         with self._read() as conn:
             params["now"] = leases.db_now(conn)
             return [str(r[0]) for r in conn.execute(sql, params)]
+
+    def claim_orphans(
+        self, owner: LeaseOwner, ttl_s: float, *, limit: int, excluding: Iterable[str] = ()
+    ) -> list[LeaseClaim]:
+        """Claim, in one write transaction, up to ``limit`` of the runs ``orphans`` lists (less those in
+        ``excluding``), oldest first, for ``owner``: what a server takes up each tick. On PostgreSQL the
+        leases others are claiming or renewing at that moment are skipped, not waited for, so servers
+        that claim at once take disjoint runs (``leases.claim_orphans``). Each claim is the run's own
+        (``claim_lease``'s): a generation of 1 is the run's first ever."""
+        if limit <= 0:
+            return []
+        skip = sorted(set(excluding))
+        wanted = _RESUMABLE
+        params: dict[str, Any] = {"request": runstate.REQUEST_BLOB}
+        if skip:
+            params.update({f"skip{i}": run_id for i, run_id in enumerate(skip)})
+            wanted += f" AND r.run_id NOT IN ({', '.join(f':skip{i}' for i in range(len(skip)))})"
+        with self._lease_write() as conn:
+            return leases.claim_orphans(conn, owner, ttl_s, wanted=wanted, params=params, limit=limit)
 
     def lease_of(self, run_id: str) -> LeaseHolder | None:
         """Who holds the run's lease, with the ledger's clock at the read (``expired`` tells whether it

@@ -21,6 +21,9 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal, Protocol
 
 EngineName = Literal["sqlite", "postgresql"]
+#: How strongly ``Dialect.row_lock`` locks: ``update`` excludes every other lock; ``share`` excludes only
+#: ``update`` (and writes), so two sharers may hold a row at once.
+RowLock = Literal["update", "share"]
 
 #: Parameters of one statement: named (both engines) or positional (SQLite only, see the module doc).
 Params = Mapping[str, Any] | Sequence[Any]
@@ -52,6 +55,19 @@ class Dialect:
     def least(self, first: str, second: str) -> str:
         """The smaller of two values (see ``greatest`` on NULLs)."""
         return f"min({first}, {second})" if self.name == "sqlite" else f"LEAST({first}, {second})"
+
+    def row_lock(self, strength: RowLock, *, of: str | None = None, skip_locked: bool = False) -> str:
+        """The clause a ``SELECT`` ends with to lock the rows it returns until the transaction ends:
+        ``update`` (to change them; excludes every other lock) or ``share`` (to keep them as they are
+        while the transaction writes elsewhere), of table (alias) ``of`` only, ``skip_locked``: rows
+        another transaction has locked are left out instead of waited for. Empty on SQLite, whose write
+        transactions already exclude each other from their first statement (``BEGIN IMMEDIATE``)."""
+        if self.name == "sqlite":
+            return ""
+        clause = " FOR UPDATE" if strength == "update" else " FOR SHARE"
+        if of is not None:
+            clause += f" OF {of}"
+        return clause + (" SKIP LOCKED" if skip_locked else "")
 
     def json_text(self, column: str, key: str) -> str:
         """The text of top-level field ``key`` of the JSON object held in text column ``column`` (NULL

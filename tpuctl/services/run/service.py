@@ -35,7 +35,7 @@ from tpuctl.services.run.views import (
     RunLogs,
     RunView,
 )
-from tpuctl.store.records import LeaseOwner, RunStatus
+from tpuctl.store.records import LeaseClaim, LeaseOwner, RunStatus
 
 if TYPE_CHECKING:
     from tpuctl.cloud.base import OperationProgress
@@ -211,15 +211,21 @@ class Runs:
     # --- controlling runs -----------------------------------------------------------------------
 
     def resume(
-        self, ref: str | None, *, budget_usd: float | None = None, max_preemptions: int | None = None
+        self,
+        ref: str | None,
+        *,
+        budget_usd: float | None = None,
+        max_preemptions: int | None = None,
+        claim: LeaseClaim | None = None,
     ) -> Resumption:
         """Make a run whose supervisor is gone (or that stopped: budget, cancel, failure) ready to carry
         on: refused when it succeeded or is still supervised; prepared again from its saved request, with
         a new budget or preemption cap saved when given; recorded RECOVERING. ``supervise`` (here) or
-        ``detach(resume=True)`` (in the background) then carries it on."""
+        ``detach(resume=True)`` (in the background) then carries it on. With ``claim`` (the run's lease,
+        held by the caller: a server's), the run is written under it and it stays held."""
         record = self.get(ref)
         run_dir = self.dir_of(record)
-        self._refuse_unresumable(record, run_dir)
+        self._refuse_unresumable(record, run_dir, held=claim)
         ready = control.prepare_again(self._session, record, run_dir)
         policy = ready.policy
         if max_preemptions is not None:
@@ -229,9 +235,11 @@ class Runs:
         # Written under the run's lease, claimed here and given back before the supervisor claims it: a
         # supervisor that took the run since the check above makes this exit 9 having written nothing.
         ledger, settings = self._session.ledger, self._session.settings
-        claim = ledger.claim_lease(record.run_id, LeaseOwner.of_this_process(), settings.lease_duration)
+        under = claim or ledger.claim_lease(
+            record.run_id, LeaseOwner.of_this_process(), settings.lease_duration
+        )
         try:
-            fenced = ledger.fenced(claim)
+            fenced = ledger.fenced(under)
             fresh = fenced.get_run(record.run_id)
             if fresh is None:
                 raise RunNotFoundError(record.run_id)
@@ -249,16 +257,21 @@ class Runs:
             if fresh.status != RunStatus.RUNNING:
                 fenced.update_run(record.run_id, status=RunStatus.RECOVERING, ended_at=None, exit_code=None)
         finally:
-            ledger.release_lease(claim)
+            if claim is None:
+                ledger.release_lease(under)
         return dataclasses.replace(ready, policy=policy, budget_usd=budget)
 
-    def _refuse_unresumable(self, record: RunRecord, run_dir: RunDir) -> None:
+    def _refuse_unresumable(
+        self, record: RunRecord, run_dir: RunDir, *, held: LeaseClaim | None = None
+    ) -> None:
         """Exit 2 when the run succeeded; exit 9 (``LeaseHeldError``, naming the owner and when its lease
-        expires) while another supervisor's lease on it lives. Nothing is written either way."""
+        expires) while another supervisor's lease on it lives (``held``: the caller's own). Nothing is
+        written either way."""
         run_id = record.run_id
         _refuse_succeeded(record)
         lease = self._session.ledger.lease_of(run_id)
-        if lease is not None and not lease.expired:
+        ours = held is not None and lease is not None and lease.generation == held.generation
+        if lease is not None and not lease.expired and not ours:
             owner = lease.owner
             raise LeaseHeldError(
                 run_id=run_id,

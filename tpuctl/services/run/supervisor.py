@@ -100,7 +100,15 @@ from tpuctl.services.run.secretenv import store_secrets
 from tpuctl.services.run.segments import Segments
 from tpuctl.services.run.signals import EventTap, SliceWatch, StepBudget, classify
 from tpuctl.services.run.takeover import take_over
-from tpuctl.store.records import EventKind, LeaseOwner, LedgerError, PreemptionKind, RunStatus, SegmentKind
+from tpuctl.store.records import (
+    EventKind,
+    LeaseClaim,
+    LeaseOwner,
+    LedgerError,
+    PreemptionKind,
+    RunStatus,
+    SegmentKind,
+)
 
 if TYPE_CHECKING:
     from tpuctl.cloud.base import Node, OperationProgress
@@ -290,16 +298,23 @@ class Supervisor:
         self._stop_hosts(Outcome.CANCELLED)
 
     def supervise(
-        self, prepared: PreparedRun, *, progress: OperationProgress | None = None, resume: bool = False
+        self,
+        prepared: PreparedRun,
+        *,
+        progress: OperationProgress | None = None,
+        resume: bool = False,
+        claim: LeaseClaim | None = None,
     ) -> SupervisedResult:
-        """Run (or, with ``resume``, take over and continue) a run already in the ledger."""
+        """Run (or, with ``resume``, take over and continue) a run already in the ledger; under ``claim``
+        when the caller already holds the run's lease for this supervisor's owner (a server claims the
+        runs it takes up), else under a claim of its own."""
         # The run's SSH key, from the ledger whoever recorded the run: held in memory, never in a file.
         prepared = dataclasses.replace(prepared, ssh_key=load_run_key(self._session, prepared.run_id))
         # Under a budget, every slice it places (recoveries too) is one the budget can price.
         prepared = with_budget(self._session, prepared, self._budget_usd)
         self._run_id = prepared.run_id
         self._grace_s = prepared.request.grace_s
-        self._take_lease(prepared, resume=resume)
+        self._take_lease(prepared, resume=resume, claim=claim)
         try:
             return self._supervise_leased(prepared, progress=progress, resume=resume)
         finally:
@@ -355,14 +370,20 @@ class Supervisor:
 
     # --- the lifecycle --------------------------------------------------------------------------
 
-    def _take_lease(self, prepared: PreparedRun, *, resume: bool = False) -> None:
-        """Claim the run's ledger lease (``LeaseHeldError``, exit 9, while another owner's is live), then
+    def _take_lease(
+        self, prepared: PreparedRun, *, resume: bool = False, claim: LeaseClaim | None = None
+    ) -> None:
+        """Claim the run's ledger lease unless ``claim`` is given (``LeaseHeldError``, exit 9, while
+        another owner's is live), then
         act through a session fenced by it, renewed on a thread from now on. A resume first clears the
         run's cancel request: an earlier owner already ended the run on it, and it would otherwise cancel
         every later resume at once."""
         session = self._session
         settings = session.settings
-        claim = session.ledger.claim_lease(prepared.run_id, self._owner, settings.lease_duration)
+        if claim is None:
+            claim = session.ledger.claim_lease(prepared.run_id, self._owner, settings.lease_duration)
+        else:  # renewed first: its holder spent part of its ttl before handing it over
+            claim = session.ledger.renew_lease(claim, settings.lease_duration)
         self._keeper = keeper = LeaseKeeper(
             session.ledger,
             claim,
