@@ -8,8 +8,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from tpuctl.cli.context import ONE_OBJECT, confirm, is_dry_run, make_output, session
-from tpuctl.cli.options import DryRunOpt, OutputOpt, YesOpt, ZoneOpt, type_given_once
+from tpuctl.cli import remote
+from tpuctl.cli.context import ONE_OBJECT, build_settings, confirm, is_dry_run, make_output, session
+from tpuctl.cli.options import DryRunOpt, OutputOpt, YesOpt, ZoneOpt, server_of, type_given_once
 from tpuctl.cli.placement_flags import (
     ApiOpt,
     CapacityTypeOpt,
@@ -471,8 +472,15 @@ def list_pods(ctx: typer.Context, zone: ZoneOpt = None, output: OutputOpt = None
 
     out = make_output(ctx, output)
     zone = _zone(zone)
-    with session(ctx, out) as sess:
-        views = PodService(sess).list(zone)
+    server = server_of(build_settings(ctx))
+    if server is not None:
+        with remote.client(server) as api:
+            answer = api.list_pods(zone)
+        remote.banner(out, answer.served_by, server)
+        views = answer.pods
+    else:
+        with session(ctx, out) as sess:
+            views = PodService(sess).list(zone)
     out.rows(
         "pods",
         _POD_COLUMNS,
@@ -496,8 +504,15 @@ def describe(
 
     out = make_output(ctx, output, ONE_OBJECT)
     zone = _zone(zone)
-    with session(ctx, out) as sess:
-        data = PodService(sess).describe(name, zone)
+    server = server_of(build_settings(ctx))
+    if server is not None:
+        with remote.client(server) as api:
+            described = api.describe_pod(name, zone)
+        remote.banner(out, described.served_by, server)
+        data = described.pod
+    else:
+        with session(ctx, out) as sess:
+            data = PodService(sess).describe(name, zone)
     if out.machine:
         out.document(out.envelope(pod=data))
         return

@@ -27,6 +27,15 @@ from tpuctl.server.wire import (
     SubmitRun,
     Submitted,
 )
+from tpuctl.server.wire_views import (
+    CostReportOut,
+    EstimateIn,
+    EstimateOut,
+    PodDescriptionOut,
+    PodListOut,
+    PricesOut,
+    QuotaOut,
+)
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -111,9 +120,37 @@ class ServerClient:
     def cancel(self, ref: str) -> CancelOut:
         return self._call(CancelOut, "POST", f"/v1/runs/{_quoted(ref)}/cancel")
 
+    def cost_report(self, query: dict[str, Any]) -> CostReportOut:
+        """``query``: ``group_by``, ``since``, ``until``, ``limit``, ``reconcile``, ``dry_run`` (a None
+        is left out)."""
+        params = {k: v for k, v in query.items() if v is not None}
+        return self._call(CostReportOut, "GET", "/v1/cost/report", params=params, command="cost report")
+
+    def cost_estimate(self, body: EstimateIn) -> EstimateOut:
+        return self._call(EstimateOut, "POST", "/v1/cost/estimate", json=body.model_dump(),
+                          command="cost estimate")  # fmt: skip
+
+    def catalog_prices(self) -> PricesOut:
+        return self._call(PricesOut, "GET", "/v1/catalog/prices", command="catalog prices")
+
+    def quota(self) -> QuotaOut:
+        return self._call(QuotaOut, "GET", "/v1/quota", command="quota")
+
+    def list_pods(self, zone: str | None) -> PodListOut:
+        params = {} if zone is None else {"zone": zone}
+        return self._call(PodListOut, "GET", "/v1/pods", params=params, command="pod list")
+
+    def describe_pod(self, name: str, zone: str | None) -> PodDescriptionOut:
+        params = {} if zone is None else {"zone": zone}
+        return self._call(PodDescriptionOut, "GET", f"/v1/pods/{_quoted(name, 'NAME')}", params=params,
+                          command="pod describe")  # fmt: skip
+
     # --- plumbing -------------------------------------------------------------------------------
 
-    def _call(self, model: type[_Body], method: str, path: str, **kwargs: Any) -> _Body:
+    def _call(self, model: type[_Body], method: str, path: str, *, command: str | None = None,
+              **kwargs: Any) -> _Body:  # fmt: skip
+        """The typed answer to one request; ``command``: the CLI command it serves, named when the server
+        does not know the path (a server older than this client)."""
         try:
             response = self._http.request(method, path, **kwargs)
         except httpx.TransportError as exc:
@@ -129,14 +166,22 @@ class ServerClient:
                     f"tpuctl server at {self.url} answered {path} with an unexpected body: {str(exc)[:300]}",
                     fix="use a tpuctl of the server's version",
                 ) from None
-        raise _error_of(response)
+        raise _error_of(response, self.url, command)
 
 
-def _error_of(response: httpx.Response) -> TpuctlError:
+def _error_of(response: httpx.Response, url: str, command: str | None) -> TpuctlError:
     try:
         document = response.json()
     except ValueError:
         document = None
+    if response.status_code in (404, 405) and _unrouted(document, response):
+        return UsageError(
+            f"tpuctl server at {url} does not serve `{command or response.request.url.path}` "
+            f"({response.request.method} {response.request.url.path}: HTTP {response.status_code})",
+            field="--server",
+            value=url,
+            fix="run a tpuctl server of this client's version, or run the command without --server",
+        )
     if isinstance(document, dict) and "message" in document:
         return ServerError(document)
     return TpuctlError(
@@ -145,9 +190,21 @@ def _error_of(response: httpx.Response) -> TpuctlError:
     )
 
 
-def _quoted(ref: str) -> str:
+def _unrouted(document: Any, response: httpx.Response) -> bool:
+    """The framework's own "no such path" (or "no such method there"), not a tpuctl not-found: its
+    document names the path as its value and carries no field."""
+    if not isinstance(document, dict):
+        return True
+    return document.get("field") is None and document.get("value") == response.request.url.path
+
+
+def _quoted(ref: str, what: str = "RUN") -> str:
     from urllib.parse import quote
 
     if not ref.strip():
-        raise UsageError("an empty run id", field="RUN", value=ref, fix="`tpuctl runs list` shows the runs")
+        if what == "RUN":
+            raise UsageError(
+                "an empty run id", field="RUN", value=ref, fix="`tpuctl runs list` shows the runs"
+            )
+        raise UsageError(f"an empty {what}", field=what, value=ref, fix="give a name")
     return quote(ref, safe="")
