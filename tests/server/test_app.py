@@ -91,7 +91,8 @@ def test_health_and_readiness_without_a_replica(api: TestClient) -> None:
 def test_the_openapi_document_names_every_path(api: TestClient) -> None:
     paths = set(api.get("/openapi.json").json()["paths"])
     assert {"/healthz", "/readyz", "/v1/bundles/{sha256}", "/v1/runs", "/v1/runs/{run}",
-            "/v1/runs/{run}/logs", "/v1/runs/{run}/cancel"} <= paths  # fmt: skip
+            "/v1/runs/{run}/logs", "/v1/runs/{run}/cancel", "/v1/cost/report", "/v1/cost/estimate",
+            "/v1/catalog/prices", "/v1/quota", "/v1/pods", "/v1/pods/{name}"} <= paths  # fmt: skip
 
 
 def test_a_submission_records_a_run_for_a_replica_and_a_retry_with_its_key_finds_it(
@@ -222,6 +223,44 @@ def test_an_unknown_run_is_404_everywhere(api: TestClient) -> None:
     assert_document(api.get("/v1/runs", params={"limit": 0}), 422, field="limit")
 
 
+#: Bad reads: the path, its query, and the status and field of the answer.
+BAD_READS: list[tuple[str, dict[str, Any], int, str | None]] = [
+    ("/v1/cost/report", {"group_by": "colour"}, 400, "group_by"),
+    ("/v1/cost/report", {"since": 20.0, "until": 10.0}, 400, "since"),
+    ("/v1/cost/report", {"since": -1}, 422, "since"),
+    ("/v1/cost/report", {"limit": 0}, 422, "limit"),
+    ("/v1/cost/report", {"reconcile": "maybe"}, 422, "reconcile"),
+    ("/v1/pods", {"zone": "not a zone"}, 400, "zone"),
+]
+#: Bad estimates: the body, and the status and field of the answer.
+BAD_ESTIMATES: list[tuple[dict[str, Any], int, str | None]] = [
+    ({"accelerator_type": "v9z-8"}, 400, None),
+    ({"accelerator_type": "v5e-8", "hours": 0}, 422, "hours"),
+    ({"accelerator_type": "v5e-8", "zones": "us-central1-a"}, 422, "zones"),
+    ({"accelerator_type": "v5e-8", "zones": ["nowhere"]}, 400, "zones"),
+    ({"accelerator_type": "v5e-8", "colour": 1}, 422, "colour"),
+    ({}, 422, "accelerator_type"),
+]
+
+
+def test_bad_reads_and_estimates_are_4xx_with_the_error_document(api: TestClient) -> None:
+    for path, params, status, field in BAD_READS:
+        assert_document(api.get(path, params=params), status, field=field)
+    for body, status, field in BAD_ESTIMATES:
+        assert_document(api.post("/v1/cost/estimate", json=body), status, field=field)
+    assert_document(api.post("/v1/cost/estimate", content=b"x", headers={"content-type": "text/plain"}), 415)
+
+
+def test_a_cost_report_answers_the_services_typed_report(api: TestClient) -> None:
+    from tpuctl.server.wire_views import CostReportOut
+
+    answer = CostReportOut.model_validate(
+        api.get("/v1/cost/report", params={"group_by": "run", "reconcile": False}).json()
+    )
+    assert answer.report.group_by.name == "run" and answer.report.groups == []
+    assert answer.served_by.backend.name == "sim" and answer.report.prices.source
+
+
 _JSON = st.recursive(
     st.none()
     | st.booleans()
@@ -250,6 +289,22 @@ def test_fuzzed_submissions_never_answer_500(api: TestClient, uploaded: str, bod
         body["bundle_sha256"] = uploaded  # now and then a body that gets as far as the job's checks
     key = "fuzz-" + hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:16]
     response = submit(api, body, key=key)
+    assert response.status_code < 500, response.text
+    if response.status_code >= 400:
+        assert set(response.json()) >= ERROR_KEYS
+
+
+_ESTIMATE_KEYS = st.sampled_from(["accelerator_type", "hours", "zones", "region", "slices"])
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    body=st.one_of(
+        _JSON, st.dictionaries(_ESTIMATE_KEYS, _JSON | st.sampled_from(["v5e-8", "us-central1-a"]))
+    )
+)
+def test_fuzzed_estimates_never_answer_500(api: TestClient, body: Any) -> None:
+    response = api.post("/v1/cost/estimate", json=body)
     assert response.status_code < 500, response.text
     if response.status_code >= 400:
         assert set(response.json()) >= ERROR_KEYS
