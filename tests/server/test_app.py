@@ -251,6 +251,47 @@ def test_bad_reads_and_estimates_are_4xx_with_the_error_document(api: TestClient
     assert_document(api.post("/v1/cost/estimate", content=b"x", headers={"content-type": "text/plain"}), 415)
 
 
+_CHOICES: dict[str, Any] = {"zones": ["us-central1-a"]}
+_POD: dict[str, Any] = {"accelerator_type": "v5e-8", "name": "p", "choices": _CHOICES}
+#: Bad pod creates: the body, and the status and field of the answer.
+BAD_CREATES: list[tuple[Any, int, str | None]] = [
+    ({**_POD, "colour": 1}, 422, "colour"),
+    ({**_POD, "slices": "2"}, 422, "slices"),
+    ({**_POD, "name": ""}, 422, "name"),
+    ({**_POD, "choices": {"capacity_types": ["free"]}}, 422, "choices"),
+    ({**_POD, "choices": {"zones": 5}}, 422, "choices"),
+    ({**_POD, "choices": {"zones": ["nowhere"]}}, 400, "zones"),
+    ({**_POD, "name": "Bad_Name"}, 400, None),
+    ({**_POD, "accelerator_type": "v9z-8"}, 400, None),
+    ([1], 422, None),
+]
+
+
+def test_bad_pod_creates_and_deletes_are_4xx_with_the_error_document(api: TestClient) -> None:
+    key = {"Idempotency-Key": "pod-key-0001"}
+    for body, status, field in BAD_CREATES:
+        assert_document(api.post("/v1/pods", json=body, headers=key), status, field=field)
+    assert_document(api.post("/v1/pods", json=_POD), 422, field="Idempotency-Key")
+    assert_document(api.post("/v1/pods/delete", json={"names": []}, headers=key), 422, field="names")
+    assert_document(
+        api.post("/v1/pods/delete", json={"names": ["x"], "zone": 3}, headers=key), 422, field="zone"
+    )
+
+
+def test_a_pod_create_dry_run_answers_the_plan_the_server_would_carry_out(
+    api: TestClient, session: Session
+) -> None:
+    from tpuctl.server.pods import request_id_of
+    from tpuctl.server.wire_pods import PodCreated
+
+    answer = api.post("/v1/pods", json={**_POD, "dry_run": True}, headers={"Idempotency-Key": "pod-key-0002"})
+    assert answer.status_code == 200, answer.text
+    plan = PodCreated.model_validate(answer.json()).plan
+    assert plan is not None and plan.feasible and plan.request.name == "p"
+    assert plan.request.request_id == request_id_of("pod-key-0002") and plan.chosen is not None
+    assert session.ledger.list_pods() == [] and session.cloud.list_nodes(None) == []
+
+
 def test_a_cost_report_answers_the_services_typed_report(api: TestClient) -> None:
     from tpuctl.server.wire_views import CostReportOut
 
@@ -305,6 +346,38 @@ _ESTIMATE_KEYS = st.sampled_from(["accelerator_type", "hours", "zones", "region"
 )
 def test_fuzzed_estimates_never_answer_500(api: TestClient, body: Any) -> None:
     response = api.post("/v1/cost/estimate", json=body)
+    assert response.status_code < 500, response.text
+    if response.status_code >= 400:
+        assert set(response.json()) >= ERROR_KEYS
+
+
+_POD_KEYS = st.sampled_from(["accelerator_type", "name", "choices", "slices", "runtime_version", "labels",
+                             "wait"])  # fmt: skip
+_CHOICE_KEYS = st.sampled_from(["zones", "region", "capacity_types", "max_price", "strategy", "race_k", "api",
+                                "network", "valid_for_s"])  # fmt: skip
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    body=st.one_of(
+        _JSON,
+        st.dictionaries(_POD_KEYS, _JSON, max_size=5),
+        st.fixed_dictionaries(
+            {
+                "accelerator_type": st.just("v5e-8"),
+                "name": st.just("p"),
+                # One zone unless the fuzz says otherwise: a plan over every zone is slow.
+                "choices": st.dictionaries(_CHOICE_KEYS, _JSON, max_size=4).map(
+                    lambda choices: {"zones": ["us-central1-a"], **choices}
+                ),
+            },
+        ),
+    )
+)
+def test_fuzzed_pod_creates_never_answer_500(api: TestClient, body: Any) -> None:
+    if isinstance(body, dict) and body.get("name") == "p":
+        body["dry_run"] = True  # a body that gets as far as the plan must place nothing
+    response = api.post("/v1/pods", json=body, headers={"Idempotency-Key": "pod-fuzz-0001"})
     assert response.status_code < 500, response.text
     if response.status_code >= 400:
         assert set(response.json()) >= ERROR_KEYS

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Annotated, Any
@@ -10,7 +11,15 @@ import typer
 
 from tpuctl.cli import remote
 from tpuctl.cli.context import ONE_OBJECT, build_settings, confirm, is_dry_run, make_output, session
-from tpuctl.cli.options import DryRunOpt, OutputOpt, YesOpt, ZoneOpt, server_of, type_given_once
+from tpuctl.cli.options import (
+    DryRunOpt,
+    OutputOpt,
+    YesOpt,
+    ZoneOpt,
+    refuse_through_server,
+    server_of,
+    type_given_once,
+)
 from tpuctl.cli.placement_flags import (
     ApiOpt,
     CapacityTypeOpt,
@@ -36,10 +45,10 @@ from tpuctl.words import counted
 
 if TYPE_CHECKING:
     from tpuctl.cli.render import Output
+    from tpuctl.server.wire_pods import CreatePod, DeletePods
     from tpuctl.services.attempts import Placement
     from tpuctl.services.placement import Plan
     from tpuctl.services.pods import PodView
-    from tpuctl.services.session import Session
 
 app = typer.Typer(help="Create, list, describe and delete TPU slices (pods).", no_args_is_help=True)
 
@@ -121,10 +130,12 @@ def create(
     from tpuctl import params
     from tpuctl.catalog import Catalog
     from tpuctl.cli.context import build_settings
+    from tpuctl.server.wire_pods import CreatePod
     from tpuctl.services.access import with_host_access
     from tpuctl.services.allocator import Allocator
     from tpuctl.services.budget import max_hours_labels, warn_monthly_budget  # the budget's warnings
     from tpuctl.services.locations import check_region, check_zones
+    from tpuctl.services.placed import placed_views
 
     def hours_of(value: str | None) -> float | None:
         return None if value is None else params.hours(value, "max_hours")
@@ -153,6 +164,7 @@ def create(
             network=network, subnetwork=subnetwork, tags=tags, service_account=service_account
         ),
     )
+    labels = {**params.labels(label or []), **max_hours_labels(hours_of(max_hours))}
     request = choices.request(
         Catalog.load(),
         settings,
@@ -160,9 +172,20 @@ def create(
         name=name,
         slices=1 if slices is None else params.whole(slices, "slices"),
         runtime_version=runtime_version,
-        labels={**params.labels(label or []), **max_hours_labels(hours_of(max_hours))},
+        labels=labels,
         wait=wait,
     )
+    server = server_of(settings)
+    if server is not None:
+        if any(v is not None for v in (network, subnetwork, tags, service_account)):
+            # The flags win over the server's settings, as they win over this machine's.
+            choices = dataclasses.replace(
+                choices, network=request.network, service_account=request.service_account
+            )
+        body = CreatePod(accelerator_type=accelerator_type, name=request.name, choices=choices.to_dict(),
+                         slices=request.slices, runtime_version=runtime_version, labels=labels, wait=wait,
+                         dry_run=is_dry_run(ctx, dry_run))  # fmt: skip
+        return _create_through(out, server, body)
     with session(ctx, out, settings) as sess:
         # A typo is exit 2, not "not offered"; its suggestion is a zone that offers the type.
         check_zones(sess.catalog, sess.cloud, list(choices.zones), accelerator=request.accelerator)
@@ -177,12 +200,7 @@ def create(
         allocator = Allocator(sess)
         plan = allocator.plan(request)
         if is_dry_run(ctx, dry_run):
-            _render_plan(out, plan)
-            if not plan.feasible:
-                out.err.print(f"[red]infeasible ({plan.verdict.value}):[/] {_escape(plan.message or '')}")
-                if plan.fix:
-                    out.err.print(f"[dim]fix:[/] {_escape(plan.fix)}")
-            return plan.verdict.exit_code
+            return _dry_run_end(out, plan)
         for warning in plan.warnings:
             out.warn(warning)
         error = plan.error()
@@ -197,17 +215,50 @@ def create(
         )
         with out.progress(f"placing {request.name} ({what})") as prog, _placing(request.name):
             placement = allocator.place(request, progress=prog, plan=plan)
-        views = _placed_views(sess, placement)
+        views = placed_views(sess, placement)
         if out.machine:
-            out.document(
-                out.envelope(
-                    pod=views[0] if views else None,
-                    pods=views,
-                    placement=placement.to_dict(),
-                )
-            )
+            out.document(out.envelope(pod=views[0] if views else None, pods=views,
+                                      placement=placement.to_dict()))  # fmt: skip
             return 0
         _render_placement(out, placement, views, prog.elapsed_s)
+    return 0
+
+
+def _dry_run_end(out: Output, plan: Plan) -> int:
+    """`pod create --dry-run`'s plan, and its verdict's exit code (what is infeasible said on stderr)."""
+    _render_plan(out, plan)
+    if not plan.feasible:
+        out.err.print(f"[red]infeasible ({plan.verdict.value}):[/] {_escape(plan.message or '')}")
+        if plan.fix:
+            out.err.print(f"[dim]fix:[/] {_escape(plan.fix)}")
+    return plan.verdict.exit_code
+
+
+def _create_through(out: Output, server: str, body: CreatePod) -> int:
+    """`pod create` by the server: its plan (a dry run), its placement, or for a retry the slices it had
+    placed, rendered as a local create renders them."""
+    import time
+
+    started = time.monotonic()
+    with remote.client(server) as api, _placing(body.name):
+        answer = api.create_pod(body)
+    remote.banner(out, answer.served_by, server)
+    for warning in answer.warnings:
+        out.warn(warning)
+    if body.dry_run:
+        assert answer.plan is not None
+        return _dry_run_end(out, answer.plan)
+    placement, views = answer.placement, answer.pods
+    if out.machine:
+        out.document(out.envelope(pod=views[0] if views else None, pods=views,
+                                  placement=None if placement is None else placement.to_dict()))  # fmt: skip
+    elif placement is not None:
+        _render_placement(out, placement, views, time.monotonic() - started)
+    else:
+        out.out.print(f"[bold]{body.name}[/] was placed by an earlier try of this request:")
+        out.rows("slices", ("NAME", "ZONE", "TYPE", "STATE"),
+                 ([v["name"], v["zone"], v["accelerator_type"], v["state"]] for v in views),
+                 key="pods", records=views)  # fmt: skip
     return 0
 
 
@@ -251,23 +302,6 @@ def _escape(text: str) -> str:
     from rich.markup import escape
 
     return escape(text)
-
-
-def _placed_views(sess: Session, placement: Placement) -> list[dict[str, Any]]:
-    """The placed slices as `pod list` shows them, each with its slice index."""
-    from tpuctl.services.pods import PodService
-
-    by_name = {d["name"]: d for d in placement.to_dict()["pods"]}
-    views: list[dict[str, Any]] = []
-    pods = PodService(sess).list(placement.candidate.zone, surfaces=(placement.request.surface,))
-    listed = {(v.zone, v.name): v for v in pods}
-    for name, pod in by_name.items():
-        view = listed.get((placement.candidate.zone, name))
-        data = view.to_dict() if view is not None else dict(pod)
-        data["slice_index"] = pod["slice_index"]
-        data["request_id"] = placement.request.request_id
-        views.append(data)
-    return views
 
 
 def _render_placement(
@@ -403,6 +437,8 @@ def gc(
 
     out = make_output(ctx, output)
     zone = _zone(zone)
+    refuse_through_server(server_of(build_settings(ctx)), "`pod gc`",
+                          fix="run `tpuctl pod gc` on the server's machine, against its ledger")  # fmt: skip
     with session(ctx, out) as sess:
         collector = GarbageCollector(sess)
         dry = is_dry_run(ctx, dry_run)
@@ -571,34 +607,29 @@ def delete(
 ) -> None:
     """Delete slices (they stop billing and free their quota). A slice a live run is on needs --force."""
     from tpuctl.errors import NotFoundError, TpuctlError
+    from tpuctl.server.wire_pods import DeletePods
     from tpuctl.services.pods import PodService
     from tpuctl.services.run.occupancy import guard_deletion, live_runs_on
 
     out = make_output(ctx, output)
     zone = _zone(zone)
+    server = server_of(build_settings(ctx))
+    if server is not None:
+        _delete_through(ctx, out, server, DeletePods(names=names, zone=zone, wait=wait, force=force),
+                        dry_run=is_dry_run(ctx, dry_run), yes=yes)  # fmt: skip
+        return
     with session(ctx, out) as sess:
         pods = PodService(sess)
         plans = pods.plan_delete(names, zone)
         for plan in plans:
             plan["in_use_by"] = [r.run_id for r in live_runs_on(sess, plan["name"], plan["zone"])]
         if is_dry_run(ctx, dry_run):
-            if out.machine:
-                out.document(out.envelope(dry_run=True, plan=plans))
-            else:
-                out.out.print("[bold]dry run[/]: nothing was changed. Would delete:")
-                for plan in plans:
-                    for req in plan["requests"]:
-                        out.out.print(f"  {plan['name']} ({plan['zone']}): {req['method']} {req['url']}")
+            _render_delete_plan(out, plans)
             return
         for plan in plans:  # refused without --force while a run is on it (checked before asking)
             if plan["in_use_by"] and not force:
                 guard_deletion(sess, plan["name"], plan["zone"], force=False)
-        listing = ", ".join(
-            f"{p['name']} ({p['zone']}"
-            + (f"; in use by run {', '.join(p['in_use_by'])})" if p["in_use_by"] else ")")
-            for p in plans
-        )
-        confirm(ctx, yes, f"delete {listing}?", out)
+        confirm(ctx, yes, f"delete {_deletion_listing(plans)}?", out)
         for plan in plans:  # the runs on it will record a deletion, not a preemption
             guard_deletion(sess, plan["name"], plan["zone"], force=True)
         deleted: list[dict[str, Any]] = []
@@ -620,3 +651,45 @@ def delete(
             out.document(out.envelope(deleted=deleted))
         if failures:
             raise failures[0]
+
+
+def _render_delete_plan(out: Output, plans: list[dict[str, Any]]) -> None:
+    if out.machine:
+        out.document(out.envelope(dry_run=True, plan=plans))
+        return
+    out.out.print("[bold]dry run[/]: nothing was changed. Would delete:")
+    for plan in plans:
+        for req in plan["requests"]:
+            out.out.print(f"  {plan['name']} ({plan['zone']}): {req['method']} {req['url']}")
+
+
+def _deletion_listing(plans: list[dict[str, Any]]) -> str:
+    return ", ".join(
+        f"{p['name']} ({p['zone']}"
+        + (f"; in use by run {', '.join(p['in_use_by'])})" if p["in_use_by"] else ")")
+        for p in plans
+    )
+
+
+def _delete_through(ctx: typer.Context, out: Output, server: str, body: DeletePods, *, dry_run: bool,
+                    yes: bool) -> None:  # fmt: skip
+    """`pod delete` by the server: its plan first (shown, or asked about), then the deletion; a slice a
+    live run is on is refused by the server without --force before anything is deleted, as here."""
+    from tpuctl.client.api import ServerError
+
+    with remote.client(server) as api:
+        planned = api.delete_pods(body.model_copy(update={"dry_run": True}))
+        remote.banner(out, planned.served_by, server)
+        if dry_run:
+            _render_delete_plan(out, planned.plan)
+            return
+        if not any(p["in_use_by"] for p in planned.plan) or body.force:
+            confirm(ctx, yes, f"delete {_deletion_listing(planned.plan)}?", out)
+        answer = api.delete_pods(body)
+    for entry in answer.deleted:
+        also = f" and its queued resource {entry['queued_resource']}" if entry.get("queued_resource") else ""
+        out.note(f"deleted {entry['name']} ({entry['zone']}){also}")
+    if out.machine:
+        out.document(out.envelope(deleted=answer.deleted))
+    if answer.failures:
+        raise ServerError(answer.failures[0])

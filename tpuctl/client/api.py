@@ -27,6 +27,7 @@ from tpuctl.server.wire import (
     SubmitRun,
     Submitted,
 )
+from tpuctl.server.wire_pods import CreatePod, DeletePods, PodCreated, PodsDeleted
 from tpuctl.server.wire_views import (
     CostReportOut,
     EstimateIn,
@@ -45,6 +46,9 @@ _Body = TypeVar("_Body", bound=BaseModel)
 #: the first retry (twice that before the second).
 SUBMIT_TRIES: Final = 3
 RETRY_AFTER_S: Final = 1.0
+#: How long a request that places or deletes slices may take: it waits for the cloud (a slice's create
+#: can take many minutes), so it has its own limit, not the reads'.
+PLACE_TIMEOUT_S: Final = 3600.0
 
 
 class ServerError(TpuctlError):
@@ -94,16 +98,7 @@ class ServerClient:
     def submit(self, body: SubmitRun, *, key: str | None = None) -> Submitted:
         """Submit a run; retried with the same key when the connection drops or times out, or while the
         server is still recording the run an earlier try of the key started (409 ``conflict``)."""
-        key = key or uuid.uuid4().hex
-        for attempt in range(1, SUBMIT_TRIES + 1):
-            try:
-                return self._call(Submitted, "POST", "/v1/runs", json=body.model_dump(),
-                                  headers={IDEMPOTENCY_HEADER: key})  # fmt: skip
-            except (UnreachableError, ServerError) as exc:
-                if attempt == SUBMIT_TRIES or (isinstance(exc, ServerError) and exc.kind != "conflict"):
-                    raise
-                time.sleep(self._retry_after_s * attempt)
-        raise AssertionError("unreachable")
+        return self._idempotent(Submitted, "/v1/runs", body, key, command="run")
 
     def list_runs(self, *, limit: int) -> RunList:
         return self._call(RunList, "GET", "/v1/runs", params={"limit": limit})
@@ -119,6 +114,14 @@ class ServerClient:
 
     def cancel(self, ref: str) -> CancelOut:
         return self._call(CancelOut, "POST", f"/v1/runs/{_quoted(ref)}/cancel")
+
+    def create_pod(self, body: CreatePod, *, key: str | None = None) -> PodCreated:
+        """Place a slice (the request waits for the placement: ``PLACE_TIMEOUT_S``); retried with the same
+        key as a submission is, which never places a second slice."""
+        return self._idempotent(PodCreated, "/v1/pods", body, key, command="pod create")
+
+    def delete_pods(self, body: DeletePods, *, key: str | None = None) -> PodsDeleted:
+        return self._idempotent(PodsDeleted, "/v1/pods/delete", body, key, command="pod delete")
 
     def cost_report(self, query: dict[str, Any]) -> CostReportOut:
         """``query``: ``group_by``, ``since``, ``until``, ``limit``, ``reconcile``, ``dry_run`` (a None
@@ -146,6 +149,22 @@ class ServerClient:
                           command="pod describe")  # fmt: skip
 
     # --- plumbing -------------------------------------------------------------------------------
+
+    def _idempotent(self, model: type[_Body], path: str, body: BaseModel, key: str | None, *,
+                    command: str) -> _Body:  # fmt: skip
+        """POST ``body`` with an idempotency key, retried with that key on a dropped connection or a
+        timeout, and while the server is still serving an earlier try of it (409 ``conflict``)."""
+        key = key or uuid.uuid4().hex
+        for attempt in range(1, SUBMIT_TRIES + 1):
+            try:
+                return self._call(model, "POST", path, json=body.model_dump(mode="json"),
+                                  headers={IDEMPOTENCY_HEADER: key}, timeout=PLACE_TIMEOUT_S,
+                                  command=command)  # fmt: skip
+            except (UnreachableError, ServerError) as exc:
+                if attempt == SUBMIT_TRIES or (isinstance(exc, ServerError) and exc.kind != "conflict"):
+                    raise
+                time.sleep(self._retry_after_s * attempt)
+        raise AssertionError("unreachable")
 
     def _call(self, model: type[_Body], method: str, path: str, *, command: str | None = None,
               **kwargs: Any) -> _Body:  # fmt: skip
