@@ -74,7 +74,7 @@ def billed(sim_cli: InProcessCli) -> None:
 
 
 @pytest.mark.usefixtures("app", "billed")
-def test_reads_through_a_server_are_the_local_documents(sim_cli: InProcessCli) -> None:
+def test_reads_and_pod_gc_through_a_server_are_the_local_documents(sim_cli: InProcessCli) -> None:
     for group_by in ("run", "slice"):
         local, served = both(sim_cli, "cost", "report", "--group-by", group_by)
         assert served.json == local.json, group_by
@@ -88,6 +88,13 @@ def test_reads_through_a_server_are_the_local_documents(sim_cli: InProcessCli) -
     here, there = local.json, served.json
     assert (here.pop("project"), there.pop("project")) == ("(not contacted)", "tpuctl-sim")
     assert there == here and len(there["groups"]) == 1
+
+    sim_cli.admin.preempt(ZONE, "a", notice=False)  # now `pod gc` has a slice to collect
+    local, served = both(sim_cli, "pod", "gc", "--dry-run")
+    assert served.json == local.json and [g["name"] for g in served.json["gc"]] == ["a"]
+    collected = sim_cli("--server", SERVER, "pod", "gc", "-y", "-o", "json")
+    assert collected.code == 0, collected.output
+    assert collected.json["deleted"] == ["a"] and sim_cli.cloud().list_nodes(None) == []
 
 
 @pytest.mark.usefixtures("app")
@@ -144,7 +151,7 @@ def test_a_retried_pod_create_places_one_slice_and_a_delete_deletes_it(
     from tpuctl.server.wire_pods import CreatePod, DeletePods
     from tpuctl.services.placement_choices import PlacementChoices
 
-    body = CreatePod(accelerator_type="v5e-8", name="r", choices=PlacementChoices(zones=(ZONE,)).to_dict())
+    body = CreatePod(accelerator_type="v5e-8", name="r", choices=PlacementChoices(zones=(ZONE,)))
     with remote.client(SERVER) as api:
         first = api.create_pod(body, key="pod-key-0001")
         again = api.create_pod(body, key="pod-key-0001")

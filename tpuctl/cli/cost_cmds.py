@@ -246,12 +246,7 @@ def report(
     if server is not None:
         query = {"group_by": group.name, "since": start, "until": end, "limit": keep, "reconcile": reconcile,
                  "dry_run": dry}  # fmt: skip
-        with remote.client(server) as api:
-            answer = api.cost_report(query)
-        remote.banner(out, answer.served_by, server)
-        if not reconcile:
-            out.note("offline: the ledger only, not reconciled with the live listing")
-        _render_report(out, answer.report)
+        _render_report(out, _remote_report(out, server, query))
         return
     if reconcile:
         from tpuctl.services.prices import load_catalog
@@ -269,6 +264,16 @@ def report(
     else:
         result = _offline_report(out, settings, backend_for(ctx, settings), group, start, end, keep, now)
     _render_report(out, result)
+
+
+def _remote_report(out: Output, server: str, query: dict[str, Any]) -> CostReport:
+    """The report the server computes on its ledger (``query``: the parsed flags)."""
+    with remote.client(server) as api:
+        answer = api.cost_report(query)
+    remote.banner(out, answer.served_by, server)
+    if not query["reconcile"]:
+        out.note("offline: the ledger only, not reconciled with the live listing")
+    return answer.report
 
 
 def _start_report(

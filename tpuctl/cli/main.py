@@ -92,7 +92,7 @@ def main(
         typer.Option(
             "--server",
             metavar="URL",
-            help="Work through this `tpuctl server`: run, runs, cost, pod (not gc), quota, catalog prices.",
+            help="Work through this `tpuctl server`: run, runs, cost, pod, quota, catalog prices.",
         ),
     ] = None,
     config: Annotated[Path | None, typer.Option("--config", help="Config file (YAML).")] = None,

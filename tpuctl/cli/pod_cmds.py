@@ -16,7 +16,6 @@ from tpuctl.cli.options import (
     OutputOpt,
     YesOpt,
     ZoneOpt,
-    refuse_through_server,
     server_of,
     type_given_once,
 )
@@ -47,8 +46,10 @@ if TYPE_CHECKING:
     from tpuctl.cli.render import Output
     from tpuctl.server.wire_pods import CreatePod, DeletePods
     from tpuctl.services.attempts import Placement
+    from tpuctl.services.gc import GcResult, GcSurvey
     from tpuctl.services.placement import Plan
     from tpuctl.services.pods import PodView
+    from tpuctl.store.records import PodRecord
 
 app = typer.Typer(help="Create, list, describe and delete TPU slices (pods).", no_args_is_help=True)
 
@@ -182,7 +183,7 @@ def create(
             choices = dataclasses.replace(
                 choices, network=request.network, service_account=request.service_account
             )
-        body = CreatePod(accelerator_type=accelerator_type, name=request.name, choices=choices.to_dict(),
+        body = CreatePod(accelerator_type=accelerator_type, name=request.name, choices=choices,
                          slices=request.slices, runtime_version=runtime_version, labels=labels, wait=wait,
                          dry_run=is_dry_run(ctx, dry_run))  # fmt: skip
         return _create_through(out, server, body)
@@ -432,73 +433,100 @@ def gc(
     queued resources, and the slices this ledger created that no ledger entry owns (a live slice it cannot
     prove its own is listed as not ours, never deleted); record ledger entries whose slice no longer exists
     as gone. --dry-run lists only."""
-    from tpuctl.errors import CloudError
     from tpuctl.services.gc import GarbageCollector
 
     out = make_output(ctx, output)
     zone = _zone(zone)
-    refuse_through_server(server_of(build_settings(ctx)), "`pod gc`",
-                          fix="run `tpuctl pod gc` on the server's machine, against its ledger")  # fmt: skip
+    dry = is_dry_run(ctx, dry_run)
+    server = server_of(build_settings(ctx))
+    if server is not None:
+        _gc_through(ctx, out, server, zone, dry=dry, yes=yes)
+        return
     with session(ctx, out) as sess:
         collector = GarbageCollector(sess)
-        dry = is_dry_run(ctx, dry_run)
         # Ledger entries whose slice is gone: recorded at once (only the ledger changes, nothing to ask).
         vanished = collector.vanished(zone)
         if not dry:
             collector.record_gone(vanished)
-        gone = [
-            {"name": p.name, "zone": p.zone, "state": p.state.value, "recorded": not dry} for p in vanished
-        ]
-        if not out.machine:
-            for p in vanished:
-                verdict = "would be recorded as gone" if dry else "recorded as gone"
-                out.out.print(f"slice {p.name} ({p.zone}) no longer exists; its ledger entry {verdict}")
         found = collector.survey(zone)
-        items = found.items
-        not_ours = [n.to_dict() for n in found.not_ours]
-        if not out.machine:
-            for n in found.not_ours:
-                what = n.kind.replace("_", " ")
-                out.out.print(f"{what} {n.name} ({n.zone}, {n.state}): {_escape(n.reason)}")
-        records = [i.to_dict() for i in items]
-        columns = ("KIND", "NAME", "ZONE", "STATE", "TYPE", "WHY")
-
-        def rows() -> list[list[Any]]:
-            return [[i.kind, i.name, i.zone, i.state, i.accelerator_type, i.reason] for i in items]
-
-        if dry or not items:
-            if out.machine:
-                out.document(out.envelope(dry_run=dry, gc=records, deleted=[], gone=gone, not_ours=not_ours))
-            elif not items:
-                out.out.print("nothing to collect")
-            else:
-                out.out.print("[bold]dry run[/]: nothing was changed. Would delete:")
-                out.rows("garbage", columns, rows(), key="gc", records=records)
+        if _gc_found(out, vanished, found, dry=dry):
             return
-        if not out.machine:
-            out.rows("garbage", columns, rows(), key="gc", records=records)
-        confirm(ctx, yes, f"delete these {len(items)}?", out)
+        confirm(ctx, yes, f"delete these {len(found.items)}?", out)
         with out.progress("collecting") as prog:
-            results = collector.collect(items, progress=prog)
+            results = collector.collect(found.items, progress=prog)
+    _gc_collected(out, vanished, found, results, dry=dry)
+
+
+def _gone(vanished: list[PodRecord], *, dry: bool) -> list[dict[str, Any]]:
+    return [{"name": p.name, "zone": p.zone, "state": p.state.value, "recorded": not dry} for p in vanished]
+
+
+def _gc_found(out: Output, vanished: list[PodRecord], found: GcSurvey, *, dry: bool) -> bool:
+    """Say what gc found; True when that is all (a dry run, or nothing to delete), else the table of what
+    it would delete, before asking."""
+    items = found.items
+    if not out.machine:
+        for p in vanished:
+            verdict = "would be recorded as gone" if dry else "recorded as gone"
+            out.out.print(f"slice {p.name} ({p.zone}) no longer exists; its ledger entry {verdict}")
+        for n in found.not_ours:
+            out.out.print(f"{n.kind.replace('_', ' ')} {n.name} ({n.zone}, {n.state}): {_escape(n.reason)}")
+    records = [i.to_dict() for i in items]
+    columns = ("KIND", "NAME", "ZONE", "STATE", "TYPE", "WHY")
+    rows = [[i.kind, i.name, i.zone, i.state, i.accelerator_type, i.reason] for i in items]
+    if dry or not items:
         if out.machine:
-            out.document(
-                out.envelope(
-                    gc=[r.to_dict() for r in results],
-                    deleted=[r.item.name for r in results if r.deleted],
-                    gone=gone,
-                    not_ours=not_ours,
-                )
-            )
+            out.document(out.envelope(dry_run=dry, gc=records, deleted=[], gone=_gone(vanished, dry=dry),
+                                      not_ours=[n.to_dict() for n in found.not_ours]))  # fmt: skip
+        elif not items:
+            out.out.print("nothing to collect")
         else:
-            for r in results:
-                verdict = "deleted" if r.deleted else f"[red]not deleted[/]: {_escape(r.error or '')}"
-                out.out.print(f"{r.item.kind} {r.item.name} ({r.item.zone}): {verdict}")
-        failures = [r for r in results if not r.deleted]
-        if failures:
-            names = ", ".join(f"{r.item.name} ({r.item.zone})" for r in failures)
-            raise CloudError(
-                f"could not delete {names}", fix="run `tpuctl pod gc` again; `tpuctl pod list` shows them"
-            )
+            out.out.print("[bold]dry run[/]: nothing was changed. Would delete:")
+            out.rows("garbage", columns, rows, key="gc", records=records)
+        return True
+    if not out.machine:
+        out.rows("garbage", columns, rows, key="gc", records=records)
+    return False
+
+
+def _gc_collected(
+    out: Output, vanished: list[PodRecord], found: GcSurvey, results: list[GcResult], *, dry: bool
+) -> None:
+    """What gc deleted; exit 4 naming what it could not."""
+    from tpuctl.errors import CloudError
+
+    if out.machine:
+        out.document(out.envelope(gc=[r.to_dict() for r in results],
+                                  deleted=[r.item.name for r in results if r.deleted],
+                                  gone=_gone(vanished, dry=dry),
+                                  not_ours=[n.to_dict() for n in found.not_ours]))  # fmt: skip
+    else:
+        for r in results:
+            verdict = "deleted" if r.deleted else f"[red]not deleted[/]: {_escape(r.error or '')}"
+            out.out.print(f"{r.item.kind} {r.item.name} ({r.item.zone}): {verdict}")
+    failures = [r for r in results if not r.deleted]
+    if failures:
+        names = ", ".join(f"{r.item.name} ({r.item.zone})" for r in failures)
+        raise CloudError(
+            f"could not delete {names}", fix="run `tpuctl pod gc` again; `tpuctl pod list` shows them"
+        )
+
+
+def _gc_through(ctx: typer.Context, out: Output, server: str, zone: str | None, *, dry: bool,
+                yes: bool) -> None:  # fmt: skip
+    """`pod gc` by the server: its survey (the gone entries recorded unless a dry run), then, once
+    confirmed here, the deletion of what it surveyed and still finds dead."""
+    from tpuctl.server.wire_pods import CollectGarbage, GcKey
+
+    with remote.client(server) as api:
+        first = api.collect_garbage(CollectGarbage(zone=zone, dry_run=dry))
+        remote.banner(out, first.served_by, server)
+        if _gc_found(out, first.vanished, first.survey, dry=dry):
+            return
+        confirm(ctx, yes, f"delete these {len(first.survey.items)}?", out)
+        confirmed = [GcKey(kind=i.kind, zone=i.zone, name=i.name) for i in first.survey.items]
+        done = api.collect_garbage(CollectGarbage(zone=zone, confirmed=confirmed))
+    _gc_collected(out, first.vanished, first.survey, done.results, dry=False)
 
 
 @app.command("list")

@@ -27,7 +27,14 @@ from tpuctl.server.wire import (
     SubmitRun,
     Submitted,
 )
-from tpuctl.server.wire_pods import CreatePod, DeletePods, PodCreated, PodsDeleted
+from tpuctl.server.wire_pods import (
+    CollectGarbage,
+    CreatePod,
+    DeletePods,
+    GarbageCollected,
+    PodCreated,
+    PodsDeleted,
+)
 from tpuctl.server.wire_views import (
     CostReportOut,
     EstimateIn,
@@ -93,7 +100,7 @@ class ServerClient:
 
     def upload_bundle(self, sha256: str, data: bytes) -> BundleOut:
         return self._call(BundleOut, "PUT", f"/v1/bundles/{sha256}", content=data,
-                          headers={"content-type": BUNDLE_MEDIA_TYPE})  # fmt: skip
+                          headers={"content-type": BUNDLE_MEDIA_TYPE}, command="run")  # fmt: skip
 
     def submit(self, body: SubmitRun, *, key: str | None = None) -> Submitted:
         """Submit a run; retried with the same key when the connection drops or times out, or while the
@@ -101,19 +108,19 @@ class ServerClient:
         return self._idempotent(Submitted, "/v1/runs", body, key, command="run")
 
     def list_runs(self, *, limit: int) -> RunList:
-        return self._call(RunList, "GET", "/v1/runs", params={"limit": limit})
+        return self._call(RunList, "GET", "/v1/runs", params={"limit": limit}, command="runs list")
 
     def describe(self, ref: str) -> RunDescriptionOut:
-        return self._call(RunDescriptionOut, "GET", f"/v1/runs/{_quoted(ref)}")
+        return self._call(RunDescriptionOut, "GET", f"/v1/runs/{_quoted(ref)}", command="runs describe")
 
     def logs(self, ref: str, *, after: str = "", worker: int | None = None) -> LogsOut:
         params: dict[str, Any] = {"after": after}
         if worker is not None:
             params["worker"] = worker
-        return self._call(LogsOut, "GET", f"/v1/runs/{_quoted(ref)}/logs", params=params)
+        return self._call(LogsOut, "GET", f"/v1/runs/{_quoted(ref)}/logs", params=params, command="runs logs")
 
     def cancel(self, ref: str) -> CancelOut:
-        return self._call(CancelOut, "POST", f"/v1/runs/{_quoted(ref)}/cancel")
+        return self._call(CancelOut, "POST", f"/v1/runs/{_quoted(ref)}/cancel", command="runs cancel")
 
     def create_pod(self, body: CreatePod, *, key: str | None = None) -> PodCreated:
         """Place a slice (the request waits for the placement: ``PLACE_TIMEOUT_S``); retried with the same
@@ -122,6 +129,9 @@ class ServerClient:
 
     def delete_pods(self, body: DeletePods, *, key: str | None = None) -> PodsDeleted:
         return self._idempotent(PodsDeleted, "/v1/pods/delete", body, key, command="pod delete")
+
+    def collect_garbage(self, body: CollectGarbage, *, key: str | None = None) -> GarbageCollected:
+        return self._idempotent(GarbageCollected, "/v1/pods/gc", body, key, command="pod gc")
 
     def cost_report(self, query: dict[str, Any]) -> CostReportOut:
         """``query``: ``group_by``, ``since``, ``until``, ``limit``, ``reconcile``, ``dry_run`` (a None

@@ -1,5 +1,5 @@
-"""`pod create` and `pod delete` done by `tpuctl server`, on its session: the same checks, plan, placement
-(failover included) and deletion as the local commands, recorded in the server's ledger.
+"""`pod create`, `pod delete` and `pod gc` done by `tpuctl server`, on its session: the same checks,
+plan, placement (failover included) and deletion as the local commands, recorded in the server's ledger.
 
 A create is idempotent on the client's key: the key fixes the placement's request id (``request_id_of``),
 which labels every slice the placement makes and is recorded with each in the ledger. A retry of a key
@@ -24,11 +24,17 @@ from typing import TYPE_CHECKING, Any
 
 from tpuctl.errors import NotFoundError, TpuctlError
 from tpuctl.server.problems import Conflict, RequestProblem, document
-from tpuctl.server.wire_pods import CreatePod, DeletePods, PodCreated, PodsDeleted
+from tpuctl.server.wire_pods import (
+    CollectGarbage,
+    CreatePod,
+    DeletePods,
+    GarbageCollected,
+    PodCreated,
+    PodsDeleted,
+)
 
 if TYPE_CHECKING:
     from tpuctl.server.wire_views import ServedBy
-    from tpuctl.services.placement_choices import PlacementChoices
     from tpuctl.services.session import Session
 
 
@@ -81,12 +87,15 @@ def _checked_request(session: Session, body: CreatePod, rid: str) -> tuple[Any, 
     from tpuctl.services.access import with_host_access
     from tpuctl.services.budget import warn_monthly_budget
     from tpuctl.services.locations import check_region, check_zones
+    from tpuctl.services.placement_choices import PlacementChoices
 
-    choices = _choices(body.choices)
-    request = choices.request(
-        session.catalog, session.settings, body.accelerator_type, name=body.name, slices=body.slices,
-        runtime_version=body.runtime_version, labels=body.labels, wait=body.wait,
-    )  # fmt: skip
+    with _choices_checked():
+        # Read back as a saved request is: its network values parsed again, as flags are.
+        choices = PlacementChoices.from_dict(body.choices.to_dict())
+        request = choices.request(
+            session.catalog, session.settings, body.accelerator_type, name=body.name, slices=body.slices,
+            runtime_version=body.runtime_version, labels=body.labels, wait=body.wait,
+        )  # fmt: skip
     request = dataclasses.replace(request, request_id=rid)
     check_zones(session.catalog, session.cloud, list(choices.zones), accelerator=request.accelerator)
     if choices.region is not None:
@@ -100,11 +109,12 @@ def _checked_request(session: Session, body: CreatePod, rid: str) -> tuple[Any, 
     return request, warnings
 
 
-def _choices(data: dict[str, Any]) -> PlacementChoices:
-    from tpuctl.services.placement_choices import PlacementChoices
-
+@contextmanager
+def _choices_checked() -> Iterator[None]:
+    """The choices come from a client: a value the flags' parsers cannot take is the client's error
+    (422), never a bug."""
     try:
-        return PlacementChoices.from_dict(data)
+        yield
     except TpuctlError:
         raise
     except (TypeError, ValueError, KeyError, AttributeError) as exc:
@@ -112,7 +122,7 @@ def _choices(data: dict[str, Any]) -> PlacementChoices:
             f"choices: not the placement choices tpuctl writes ({type(exc).__name__}: {exc})",
             status=422,
             field="choices",
-            fix="send PlacementChoices.to_dict of the parsed placement flags",
+            fix="send the placement flags as tpuctl parses them (see the API's schema at /openapi.json)",
         ) from None
 
 
@@ -183,3 +193,18 @@ def delete_pods(session: Session, served: ServedBy, body: DeletePods) -> PodsDel
             entry["queued_resource"] = done.queued_resource
         deleted.append(entry)
     return PodsDeleted(served_by=served, plan=plans, deleted=deleted, failures=failures)
+
+
+def collect_garbage(session: Session, served: ServedBy, body: CollectGarbage) -> GarbageCollected:
+    """`pod gc` on the server's ledger and cloud (``CollectGarbage``)."""
+    from tpuctl.services.gc import GarbageCollector
+
+    collector = GarbageCollector(session)
+    vanished = collector.vanished(body.zone)
+    if not body.dry_run:
+        collector.record_gone(vanished)
+    survey = collector.survey(body.zone)
+    wanted = {(k.kind, k.zone, k.name) for k in body.confirmed}
+    items = [i for i in survey.items if (i.kind, i.zone, i.name) in wanted]
+    results = collector.collect(items) if items and not body.dry_run else []
+    return GarbageCollected(served_by=served, vanished=vanished, survey=survey, results=results)

@@ -3,6 +3,7 @@
 - ``POST /v1/pods``: `pod create` (``wire_pods.CreatePod``); 201 with the placement, 200 for a retry of
   the key (the slices it placed) or a dry run (the plan the server would carry out).
 - ``POST /v1/pods/delete``: `pod delete` (``wire_pods.DeletePods``); 200 with what was deleted.
+- ``POST /v1/pods/gc``: `pod gc` (``wire_pods.CollectGarbage``); 200 with what it found and deleted.
 """
 
 from __future__ import annotations
@@ -13,7 +14,14 @@ from fastapi import APIRouter, Depends, Header
 from fastapi.responses import JSONResponse
 
 from tpuctl.server.wire import IDEMPOTENCY_HEADER, IDEMPOTENCY_KEY_PATTERN
-from tpuctl.server.wire_pods import CreatePod, DeletePods, PodCreated, PodsDeleted
+from tpuctl.server.wire_pods import (
+    CollectGarbage,
+    CreatePod,
+    DeletePods,
+    GarbageCollected,
+    PodCreated,
+    PodsDeleted,
+)
 from tpuctl.server.wire_views import ServedBy
 
 if TYPE_CHECKING:
@@ -25,7 +33,7 @@ IdempotencyKey = Annotated[str, Header(alias=IDEMPOTENCY_HEADER, pattern=IDEMPOT
 
 
 def pod_routes(session: Session, json_body: Callable[..., None]) -> APIRouter:
-    from tpuctl.server.pods import PodCreates, delete_pods
+    from tpuctl.server.pods import PodCreates, collect_garbage, delete_pods
 
     router = APIRouter()
     served = ServedBy(backend=session.backend.label, project=session.project)
@@ -49,5 +57,10 @@ def pod_routes(session: Session, json_body: Callable[..., None]) -> APIRouter:
         # A delete is idempotent by nature (a slice already gone is an outcome, never a second one); the
         # key is required all the same, as on every mutating request.
         return delete_pods(session, served, body)
+
+    @router.post("/v1/pods/gc", response_model=GarbageCollected, dependencies=[Depends(json_body)])
+    def collect_garbage_route(body: CollectGarbage, idempotency_key: IdempotencyKey) -> GarbageCollected:
+        # Idempotent by nature too: what a first try deleted, a retry's survey no longer finds.
+        return collect_garbage(session, served, body)
 
     return router
