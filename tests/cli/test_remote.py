@@ -74,27 +74,20 @@ def billed(sim_cli: InProcessCli) -> None:
 
 
 @pytest.mark.usefixtures("app", "billed")
-def test_reads_and_pod_gc_through_a_server_are_the_local_documents(sim_cli: InProcessCli) -> None:
-    for group_by in ("run", "slice"):
-        local, served = both(sim_cli, "cost", "report", "--group-by", group_by)
-        assert served.json == local.json, group_by
-        assert served.json["totals"]["cost_usd"] > 0 and served.json["backend"] == "sim"
+def test_reads_through_a_server_are_the_local_documents(sim_cli: InProcessCli) -> None:
+    local, served = both(sim_cli, "cost", "report", "--group-by", "run")
+    assert served.json == local.json
+    assert served.json["totals"]["cost_usd"] > 0 and served.json["backend"] == "sim"
     for args in (("pod", "list"), ("pod", "describe", "a"), ("quota",), ("catalog", "prices"),
                  ("cost", "estimate", "v5e-8", "--hours", "2")):  # fmt: skip
         local, served = both(sim_cli, *args)
         assert served.json == local.json, args
+    # By slice (the default), offline, over a window, the costliest group only.
     local, served = both(sim_cli, "cost", "report", "--no-reconcile", "--since", "1d", "--limit", "1")
     # Offline, this machine contacts no cloud and so names no project; the server names its own.
     here, there = local.json, served.json
     assert (here.pop("project"), there.pop("project")) == ("(not contacted)", "tpuctl-sim")
     assert there == here and len(there["groups"]) == 1
-
-    sim_cli.admin.preempt(ZONE, "a", notice=False)  # now `pod gc` has a slice to collect
-    local, served = both(sim_cli, "pod", "gc", "--dry-run")
-    assert served.json == local.json and [g["name"] for g in served.json["gc"]] == ["a"]
-    collected = sim_cli("--server", SERVER, "pod", "gc", "-y", "-o", "json")
-    assert collected.code == 0, collected.output
-    assert collected.json["deleted"] == ["a"] and sim_cli.cloud().list_nodes(None) == []
 
 
 @pytest.mark.usefixtures("app")
@@ -120,7 +113,7 @@ def test_a_path_the_server_does_not_serve_names_the_command(
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("app")
-def test_pod_create_and_delete_through_a_server(sim_cli: InProcessCli, state_dir: Path) -> None:
+def test_pod_create_delete_and_gc_through_a_server(sim_cli: InProcessCli, state_dir: Path) -> None:
     from tpuctl.store.ledger import Ledger
 
     args = ("pod", "create", "v5e-8", "--name", "c", "--zone", ZONE, "--spot", "--dry-run")
@@ -144,21 +137,10 @@ def test_pod_create_and_delete_through_a_server(sim_cli: InProcessCli, state_dir
     assert deleted.json["deleted"] == [{"name": "c", "zone": ZONE}]
     assert sim_cli("pod", "list", "-o", "json").json["pods"] == []
 
-
-def test_a_retried_pod_create_places_one_slice_and_a_delete_deletes_it(
-    app: TestClient, sim_cli: InProcessCli
-) -> None:
-    from tpuctl.server.wire_pods import CreatePod, DeletePods
-    from tpuctl.services.placement_choices import PlacementChoices
-
-    body = CreatePod(accelerator_type="v5e-8", name="r", choices=PlacementChoices(zones=(ZONE,)))
-    with remote.client(SERVER) as api:
-        first = api.create_pod(body, key="pod-key-0001")
-        again = api.create_pod(body, key="pod-key-0001")
-    assert (first.created, again.created) == (True, False)
-    assert [p["name"] for p in again.pods] == ["r"] and again.placement is None
-    assert [n.name for n in sim_cli.cloud().list_nodes(None)] == ["r"]
-    with remote.client(SERVER) as api:
-        deleted = api.delete_pods(DeletePods(names=["r"], zone=ZONE))
-    assert deleted.deleted == [{"name": "r", "zone": ZONE}] and deleted.failures == []
-    assert sim_cli.cloud().list_nodes(None) == []
+    assert sim_cli("pod", "create", "v5e-8", "--spot", "--name", "g", "--zone", ZONE).code == 0
+    sim_cli.admin.preempt(ZONE, "g", notice=False)  # now `pod gc` has a slice to collect
+    local, served = both(sim_cli, "pod", "gc", "--dry-run")
+    assert served.json == local.json and [g["name"] for g in served.json["gc"]] == ["g"]
+    collected = sim_cli("--server", SERVER, "pod", "gc", "-y", "-o", "json")
+    assert collected.code == 0, collected.output
+    assert collected.json["deleted"] == ["g"] and sim_cli.cloud().list_nodes(None) == []

@@ -111,10 +111,10 @@ def test_a_server_that_does_not_answer_is_unreachable() -> None:
     assert caught.value.exit_code == 15
 
 
-def test_a_retried_pod_create_after_a_dropped_reply_places_one_slice(
+def test_a_retried_pod_create_after_a_dropped_reply_places_one_slice_and_a_delete_deletes_it(
     app_client: TestClient, session: Session
 ) -> None:
-    from tpuctl.server.wire_pods import CreatePod
+    from tpuctl.server.wire_pods import CreatePod, DeletePods
     from tpuctl.services.placement_choices import PlacementChoices
 
     body = CreatePod(
@@ -126,3 +126,7 @@ def test_a_retried_pod_create_after_a_dropped_reply_places_one_slice(
     assert answer.created is False and [p["name"] for p in answer.pods] == ["once"]
     assert [(n.name, n.zone) for n in session.cloud.list_nodes(None)] == [("once", "us-central1-a")]
     assert [p.name for p in session.ledger.list_pods(alive=True)] == ["once"]
+    with ServerClient("http://server.test", transport=forwarding(app_client)) as api:
+        deleted = api.delete_pods(DeletePods(names=["once"], zone="us-central1-a"))
+    assert deleted.deleted == [{"name": "once", "zone": "us-central1-a"}] and deleted.failures == []
+    assert session.cloud.list_nodes("us-central1-a") == []

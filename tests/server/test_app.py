@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from tpuctl.server.app import build_app
 from tpuctl.server.bundles import MAX_BUNDLE_BYTES, BundleStore
+from tpuctl.server.wire_views import CostReportOut
 from tpuctl.services.session import Session, open_session
 from tpuctl.settings import load_settings
 from tpuctl.store.records import RunStatus
@@ -258,12 +259,17 @@ BAD_ESTIMATES: list[tuple[dict[str, Any], int, str | None]] = [
 ]
 
 
-def test_bad_reads_and_estimates_are_4xx_with_the_error_document(api: TestClient) -> None:
+def test_reads_answer_typed_results_and_bad_ones_are_4xx_with_the_error_document(api: TestClient) -> None:
     for path, params, status, field in BAD_READS:
         assert_document(api.get(path, params=params), status, field=field)
     for body, status, field in BAD_ESTIMATES:
         assert_document(api.post("/v1/cost/estimate", json=body), status, field=field)
     assert_document(api.post("/v1/cost/estimate", content=b"x", headers={"content-type": "text/plain"}), 415)
+
+    good = api.get("/v1/cost/report", params={"group_by": "run", "reconcile": False})
+    answer = CostReportOut.model_validate(good.json())  # the service's typed report
+    assert answer.report.group_by.name == "run" and answer.report.groups == []
+    assert answer.served_by.backend.name == "sim" and answer.report.prices.source
 
 
 _CHOICES: dict[str, Any] = {"zones": ["us-central1-a"]}
@@ -312,16 +318,6 @@ def test_a_pod_create_dry_run_answers_the_plan_the_server_would_carry_out(
     assert session.ledger.list_pods() == [] and session.ledger.attempts(plan.request.request_id) == []
 
 
-def test_a_cost_report_answers_the_services_typed_report(api: TestClient) -> None:
-    from tpuctl.server.wire_views import CostReportOut
-
-    answer = CostReportOut.model_validate(
-        api.get("/v1/cost/report", params={"group_by": "run", "reconcile": False}).json()
-    )
-    assert answer.report.group_by.name == "run" and answer.report.groups == []
-    assert answer.served_by.backend.name == "sim" and answer.report.prices.source
-
-
 _JSON = st.recursive(
     st.none()
     | st.booleans()
@@ -358,7 +354,7 @@ def test_fuzzed_submissions_never_answer_500(api: TestClient, uploaded: str, bod
 _ESTIMATE_KEYS = st.sampled_from(["accelerator_type", "hours", "zones", "region", "slices"])
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     body=st.one_of(
         _JSON, st.dictionaries(_ESTIMATE_KEYS, _JSON | st.sampled_from(["v5e-8", "us-central1-a"]))
@@ -379,7 +375,7 @@ _CHOICE_KEYS = st.sampled_from(["capacity_types", "max_price", "strategy", "race
                                 "valid_for_s", "reserved", "queued", "service_account"])  # fmt: skip
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     body=st.one_of(
         _JSON,
@@ -407,7 +403,7 @@ def test_fuzzed_pod_creates_never_answer_500(api: TestClient, body: Any) -> None
 _DELETE_KEYS = st.sampled_from(["names", "zone", "wait", "force", "dry_run", "confirmed"])
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(path=st.sampled_from(["/v1/pods/delete", "/v1/pods/gc"]),
        body=st.one_of(_JSON, st.dictionaries(_DELETE_KEYS, _JSON, max_size=4)))  # fmt: skip
 def test_fuzzed_pod_deletes_and_gcs_never_answer_500(api: TestClient, path: str, body: Any) -> None:
