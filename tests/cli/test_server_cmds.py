@@ -49,14 +49,8 @@ def test_a_server_that_is_not_an_http_url_is_exit_2(cli: Cli) -> None:
 @pytest.mark.parametrize(
     ("args", "said"),
     [
-        (
-            ("run", "--example", "lm", "--type", "v5e-8", "--secret", "TOKEN=x"),
-            "a run with secrets (--secret, secrets:)",
-        ),
-        (("run", "--example", "lm", "--type", "v5e-8", "--dry-run"), "--dry-run"),
         (("run", "--example", "lm", "--type", "v5e-8", "--no-import-check"), "--no-import-check"),
         (("runs", "resume", "run-1"), "`runs resume`"),
-        (("runs", "logs", "run-1", "--raw"), "-t/--all/--raw"),
     ],
 )
 def test_what_a_server_does_not_carry_yet_is_exit_2(cli: Cli, args: tuple[str, ...], said: str) -> None:

@@ -86,6 +86,27 @@ def test_a_retried_submission_after_a_dropped_reply_makes_one_run(
     assert sorted(p.name for p in unpacked.iterdir()) == ["data.txt", "train.py"]
 
 
+def test_a_runs_secrets_travel_with_its_submission_and_the_server_keeps_them(
+    app_client: TestClient, session: Session, tmp_path: Path
+) -> None:
+    from tpuctl.services.run.runkey import secret_key
+    from tpuctl.services.run.secretenv import load_secrets
+
+    script = tmp_path / "proj" / "train.py"
+    script.parent.mkdir()
+    script.write_text("print('hi')\n")
+    job = job_for(script)
+    request = dataclasses.replace(job.request, secret_names=("WANDB_API_KEY",))
+    job = dataclasses.replace(job, request=request, secret_values={"WANDB_API_KEY": "k-123"})
+    submission = submission_of(job, request)
+    assert submission.body.secrets == {"WANDB_API_KEY": "k-123"}
+    with ServerClient("http://server.test", transport=forwarding(app_client)) as api:
+        api.upload_bundle(submission.sha256, submission.bundle)
+        submitted = api.submit(submission.body, key="secret-key-1")
+    stored = load_secrets(session.ledger, submitted.run.run_id, secret_key(session.settings))
+    assert stored == {"WANDB_API_KEY": "k-123"}
+
+
 def test_error_documents_come_back_as_the_errors_they_stand_for(app_client: TestClient) -> None:
     api = ServerClient("http://server.test", transport=forwarding(app_client))
     with api, pytest.raises(ServerError) as caught:
@@ -101,7 +122,7 @@ def test_a_script_outside_the_working_directory_is_refused_before_anything_is_se
     (tmp_path / "elsewhere").mkdir()
     job = job_for(script)
     request = dataclasses.replace(job.request, workdir=str(tmp_path / "elsewhere"))
-    with pytest.raises(UsageError, match="not inside --workdir"):
+    with pytest.raises(UsageError, match="outside the working directory"):
         submission_of(job, request)
 
 

@@ -187,6 +187,56 @@ def test_bad_submissions_are_4xx_with_the_error_document(
     assert_document(api.post("/v1/runs", headers=headers, **send), status, field=field)
 
 
+def test_a_submissions_secrets_are_kept_encrypted_by_the_server_and_never_shown(
+    api: TestClient, uploaded: str, session: Session
+) -> None:
+    from tpuctl.services.run.runkey import secret_key
+    from tpuctl.services.run.secretenv import load_secrets
+
+    value = "hf_s3cr3t-value-0123456789"
+    job = {**JOB, "secrets": {"HF_TOKEN": None}}
+    body = {
+        "job": job,
+        "bundle_sha256": uploaded,
+        "script_in_bundle": "prog.py",
+        "secrets": {"HF_TOKEN": value},
+    }
+    first = submit(api, body, key="key-secret-1")
+    assert first.status_code == 201, first.text
+    run_id = first.json()["run"]["run_id"]
+    assert load_secrets(session.ledger, run_id, secret_key(session.settings)) == {"HF_TOKEN": value}
+    described = api.get(f"/v1/runs/{run_id}")
+    assert value not in first.text and value not in described.text
+    assert "HF_TOKEN" in json.dumps(described.json())  # by name
+    # The submission's stored digest does not hash the value: the same key with another value is the
+    # same submission (a retry), with other names another one.
+    stored = session.ledger.submission("key-secret-1")
+    assert stored is not None and stored.run_id == run_id
+    again = submit(api, {**body, "secrets": {"HF_TOKEN": "another"}}, key="key-secret-1")
+    assert again.status_code == 200 and again.json()["run"]["run_id"] == run_id
+    # A value for a name the job does not give as a secret is refused, naming it and not its value.
+    stray = submit(api, {**body, "secrets": {"HF_TOKEN": value, "OTHER": "zzz-secret"}}, key="key-secret-2")
+    problem = assert_document(stray, 400, field="secret")
+    assert "OTHER" in problem["message"] and "zzz-secret" not in stray.text
+
+
+def test_a_plan_says_what_a_submission_would_do_and_leaves_nothing_behind(
+    api: TestClient, uploaded: str, session: Session, state_dir: Path
+) -> None:
+    before = sorted(p.name for p in state_dir.iterdir())
+    body = {"job": JOB, "bundle_sha256": uploaded, "script_in_bundle": "prog.py"}
+    answered = api.post("/v1/runs:plan", json=body)
+    assert answered.status_code == 200, answered.text
+    plan = answered.json()["plan"]
+    assert plan["target"]["accelerator_type"] == "v5litepod-8" and plan["target"]["zone"] == "us-central1-a"
+    assert plan["program"][-1].endswith("prog.py") and plan["target"]["existing"] is False
+    assert session.ledger.list_runs() == [] and session.cloud.list_nodes() == []
+    assert sorted(p.name for p in state_dir.iterdir()) == before  # no run directory, no unpacked program
+    # A bad job is the same 400 as at submission, naming what is wrong.
+    bad = {**body, "job": {**JOB, "resources": {"accelerators": "v5e-8", "zone": "mars-1-a"}}}
+    assert_document(api.post("/v1/runs:plan", json=bad), 400)
+
+
 def test_a_submission_needs_a_well_formed_key(api: TestClient, uploaded: str) -> None:
     body = {"job": JOB, "bundle_sha256": uploaded, "script_in_bundle": "prog.py"}
     assert_document(api.post("/v1/runs", json=body), 422, field="Idempotency-Key")
@@ -201,7 +251,7 @@ def test_a_submission_needs_a_well_formed_key(api: TestClient, uploaded: str) ->
         (JOB, "missing.py", 400, "script_in_bundle"),
         (JOB, "../prog.py", 400, "script_in_bundle"),
         (JOB, None, 400, "script_in_bundle"),
-        ({**JOB, "secrets": {"TOKEN": None}}, "prog.py", 400, "secrets"),
+        ({**JOB, "secrets": {"TOKEN": None}}, "prog.py", 400, "secret"),  # named, its value not sent
     ],
 )
 def test_bad_jobs_are_400_naming_what_is_wrong(
@@ -337,18 +387,22 @@ _JOB_KEYS = st.sampled_from(["script", "resources", "args", "envs", "budget", "t
         _JSON,
         st.fixed_dictionaries(
             {"job": st.dictionaries(_JOB_KEYS, _JSON, max_size=4)},
-            optional={"bundle_sha256": st.text(max_size=70), "script_in_bundle": _JSON},
+            optional={
+                "bundle_sha256": st.text(max_size=70),
+                "script_in_bundle": _JSON,
+                "secrets": st.one_of(_JSON, st.dictionaries(st.text(max_size=8), _JSON, max_size=2)),
+            },
         ),
     )
 )
-def test_fuzzed_submissions_never_answer_500(api: TestClient, uploaded: str, body: Any) -> None:
+def test_fuzzed_submissions_and_plans_never_answer_500(api: TestClient, uploaded: str, body: Any) -> None:
     if isinstance(body, dict) and body.get("bundle_sha256") == "":
         body["bundle_sha256"] = uploaded  # now and then a body that gets as far as the job's checks
     key = "fuzz-" + hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:16]
-    response = submit(api, body, key=key)
-    assert response.status_code < 500, response.text
-    if response.status_code >= 400:
-        assert set(response.json()) >= ERROR_KEYS
+    for response in (submit(api, body, key=key), api.post("/v1/runs:plan", json=body)):
+        assert response.status_code < 500, response.text
+        if response.status_code >= 400:
+            assert set(response.json()) >= ERROR_KEYS
 
 
 _ESTIMATE_KEYS = st.sampled_from(["accelerator_type", "hours", "zones", "region", "slices"])

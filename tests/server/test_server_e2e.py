@@ -10,158 +10,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import httpx
 import pytest
+from server_place import LINES, ZONE, Place, ended_under, output
 
-from tpuctl.sim import SimAdminClient
-from tpuctl.store.ledger import Ledger
 from tpuctl.store.records import LeaseAction, RunStatus
-from tpuctl.store.secrets import generate_key
 from tpuctl.testing.clock import wait_for
 from tpuctl.testing.ports import unused_port
-
-ZONE = "us-central1-a"
-WORLD: dict[str, Any] = {
-    "speed": 1000,
-    "zones": {ZONE: {"v5e": {"on_demand": 64, "preemptible": 64}}},
-    "quotas": {
-        "default": {"on_demand": {"zone": -1, "region": -1}, "preemptible": {"zone": -1, "region": -1}}
-    },
-    "latency": {"base_ms": 0, "jitter_ms": 0},
-}
-LINES = 48
-#: The first attempt's lines come a quarter second apart (12 s: long enough to kill its server mid-run on a
-#: loaded machine; it is never waited for to the end); a takeover's quickly.
-PROGRAM = f"""
-import os, time
-attempt = os.environ.get("TPUCTL_RESTART_COUNT", "0")
-for i in range({LINES}):
-    print(f"attempt {{attempt}} line {{i}}", flush=True)
-    time.sleep(0.25 if attempt == "0" else 0.02)
-"""
-
-
-@dataclass
-class Place:
-    """One ledger, one simulated cloud, a server's environment and a client's."""
-
-    database: str
-    server_env: dict[str, str]
-    client_env: dict[str, str]
-    admin: SimAdminClient
-    script: Path
-    url: str
-    started: list[subprocess.Popen[bytes]]
-
-    def ledger(self) -> Ledger:
-        return Ledger.open(self.database)
-
-    def start_server(self) -> subprocess.Popen[bytes]:
-        listen = self.url.removeprefix("http://")
-        argv = [sys.executable, "-m", "tpuctl", "server", "--listen", listen]
-        proc = subprocess.Popen(argv, env=self.server_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        self.started.append(proc)
-
-        def ready() -> bool:
-            assert proc.poll() is None, _output(proc)
-            try:
-                return httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200
-            except httpx.TransportError:
-                return False
-
-        wait_for(ready, timeout=60.0, interval=0.1, what="the server to be ready")
-        return proc
-
-    def client(self, *args: str, output: Path | None = None) -> subprocess.Popen[bytes]:
-        """A client process; its output piped, or written to ``output`` (read while it runs)."""
-        argv = [sys.executable, "-m", "tpuctl", *args]
-        stdout = subprocess.PIPE if output is None else output.open("wb")
-        proc = subprocess.Popen(argv, env=self.client_env, stdout=stdout, stderr=subprocess.STDOUT)
-        self.started.append(proc)
-        return proc
-
-    def submit_detached(self) -> str:
-        """Submit the program with ``--detach`` from a client process (which exits at once); its run id."""
-        argv = ("run", str(self.script), "--type", "v5e-8", "--zone", ZONE, "--no-runtime-deps", "--detach")
-        detached = self.client(*argv, "-o", "json")
-        out = detached.communicate(timeout=120)[0].decode()
-        assert detached.returncode == 0, out
-        return str(json.loads(out[out.index("{") :])["run"]["run_id"])
-
-    def creates(self) -> int:
-        return len(
-            [m for m in self.admin.mutations() if m["method"] == "POST" and m["path"].endswith("/nodes")]
-        )
-
-
-def _ended_under(place: Place, server: subprocess.Popen[bytes], run_id: str) -> RunStatus:
-    """How the run ended, waited for while ``server`` (the one that must finish it) lives."""
-
-    def ended() -> RunStatus | None:
-        assert server.poll() is None, _output(server)
-        with place.ledger() as ledger:
-            record = ledger.get_run(run_id)
-        assert record is not None
-        status = RunStatus(record.status)
-        return status if status.finished else None
-
-    status = wait_for(ended, timeout=120.0, interval=0.2, what=f"run {run_id} to end")
-    assert status is not None
-    return status
-
-
-def _output(proc: subprocess.Popen[bytes]) -> str:
-    if proc.poll() is None:
-        proc.kill()
-    out = proc.communicate(timeout=10)[0] if proc.stdout is not None else b""
-    return out.decode(errors="replace")[-4000:]
-
-
-@pytest.fixture
-def place(tmp_path: Path, serve_sim: Callable[..., SimAdminClient]) -> Iterator[Place]:
-    yield from _place(tmp_path, serve_sim, f"sqlite:///{tmp_path / 'team' / 'ledger.db'}")
-
-
-@pytest.fixture
-def team_place(
-    tmp_path: Path, serve_sim: Callable[..., SimAdminClient], postgres_url: str
-) -> Iterator[Place]:
-    """A place whose ledger is a PostgreSQL database, for servers that share it."""
-    yield from _place(tmp_path, serve_sim, postgres_url)
-
-
-def _place(tmp_path: Path, serve_sim: Callable[..., SimAdminClient], database: str) -> Iterator[Place]:
-    admin = serve_sim(WORLD)  # points TPUCTL_SIM_URL at it
-    base = {k: v for k, v in os.environ.items() if not k.startswith("TPUCTL_")}
-    base["TPUCTL_SIM_URL"] = os.environ["TPUCTL_SIM_URL"]
-    server_env = {
-        **base,
-        "TPUCTL_STATE_DIR": str(tmp_path / "server"),
-        "TPUCTL_DATABASE_URL": database,
-        "TPUCTL_SECRET_KEY": generate_key().decode("ascii"),
-        "TPUCTL_LEASE_DURATION": "3",
-        "TPUCTL_LEASE_RENEW_EVERY": "0.5",
-    }
-    url = f"http://127.0.0.1:{unused_port()}"
-    client_env = {**base, "TPUCTL_STATE_DIR": str(tmp_path / "laptop"), "TPUCTL_SERVER": url}
-    script = tmp_path / "proj" / "prog.py"
-    script.parent.mkdir()
-    script.write_text(PROGRAM)
-    started: list[subprocess.Popen[bytes]] = []
-    yield Place(database, server_env, client_env, admin, script, url, started)
-    for proc in started:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=10)
 
 
 def test_a_submitted_run_outlives_its_client_and_its_server_and_is_adopted_after_the_lease_expires(
@@ -174,7 +33,7 @@ def test_a_submitted_run_outlives_its_client_and_its_server_and_is_adopted_after
     )
 
     def submitted() -> str | None:
-        assert client.poll() is None, _output(client)
+        assert client.poll() is None, output(client)
         with place.ledger() as ledger:
             runs = ledger.list_runs()
         return runs[0].run_id if runs else None
@@ -183,7 +42,7 @@ def test_a_submitted_run_outlives_its_client_and_its_server_and_is_adopted_after
     assert run_id is not None
 
     def running_under_a() -> bool:
-        assert a.poll() is None, _output(a)
+        assert a.poll() is None, output(a)
         with place.ledger() as ledger:
             held = ledger.lease_of(run_id)
             lines = ledger.log_lines(run_id, worker=0)
@@ -207,7 +66,7 @@ def test_a_submitted_run_outlives_its_client_and_its_server_and_is_adopted_after
 
     b = place.start_server()  # A's place is taken over at once: A's pid is provably dead
 
-    assert _ended_under(place, b, run_id) is RunStatus.SUCCEEDED
+    assert ended_under(place, b, run_id) is RunStatus.SUCCEEDED
 
     with place.ledger() as ledger:
         history = ledger.lease_history(run_id)
@@ -233,7 +92,7 @@ def test_a_submitted_run_outlives_its_client_and_its_server_and_is_adopted_after
     assert [(r["run_id"], r["status"]) for r in json.loads(listed.stdout)["runs"]] == [(run_id, "succeeded")]
 
     b.send_signal(signal.SIGTERM)
-    assert b.wait(timeout=30) == 0, _output(b)
+    assert b.wait(timeout=30) == 0, output(b)
     with place.ledger() as ledger:
         assert ledger.replicas() == []  # B gave its place back
 
@@ -243,7 +102,7 @@ def test_a_detached_submission_is_cancelled_through_the_server_by_its_supervisor
     run_id = place.submit_detached()
 
     def printing() -> bool:
-        assert server.poll() is None, _output(server)
+        assert server.poll() is None, output(server)
         with place.ledger() as ledger:
             held = ledger.lease_of(run_id)
             return held is not None and held.owner.pid == server.pid and len(ledger.log_lines(run_id)) >= 2
@@ -277,7 +136,7 @@ def test_sigterm_mid_run_leaves_the_lease_to_expire_and_the_next_server_adopts_t
 
     wait_for(printing, timeout=120.0, interval=0.1, what="the run to print under A")
     a.send_signal(signal.SIGTERM)
-    assert a.wait(timeout=30) == 0, _output(a)
+    assert a.wait(timeout=30) == 0, output(a)
     with place.ledger() as ledger:
         left = ledger.lease_of(run_id)
         assert ledger.replicas() == []  # A gave its place back ...
@@ -285,7 +144,7 @@ def test_sigterm_mid_run_leaves_the_lease_to_expire_and_the_next_server_adopts_t
 
     b = place.start_server()
 
-    _ended_under(place, b, run_id)
+    ended_under(place, b, run_id)
     with place.ledger() as ledger:
         record = ledger.get_run(run_id)
         takeover = next(h for h in ledger.lease_history(run_id) if h.action is LeaseAction.TAKEOVER)
@@ -320,7 +179,7 @@ def test_two_servers_on_postgresql_share_a_run_and_the_survivor_adopts_it_after_
         last = ledger.lease_of(run_id)
     assert last is not None and last.owner.pid == holder.pid
 
-    assert _ended_under(place, survivor, run_id) is RunStatus.SUCCEEDED
+    assert ended_under(place, survivor, run_id) is RunStatus.SUCCEEDED
     with place.ledger() as ledger:
         history = ledger.lease_history(run_id)
     takeover = next(h for h in history if h.action is LeaseAction.TAKEOVER)

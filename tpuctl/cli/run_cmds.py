@@ -41,7 +41,6 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from tpuctl.cli.render import Output
-    from tpuctl.jobs.request import JobRequest
     from tpuctl.server.wire import CancelOut, RunOut
     from tpuctl.services.run.bench import BenchFigures
     from tpuctl.services.run.model import RunRequest, SupervisedResult
@@ -317,9 +316,11 @@ def run(
     if server is not None:  # the server prepares, checks and supervises it
         from tpuctl.cli import runs_remote
 
-        _refuse_through_server(server, job, dry_run=is_dry_run(ctx, dry_run), executor=executor,
-                               no_import_check=no_import_check)  # fmt: skip
+        _refuse_through_server(server, executor=executor, no_import_check=no_import_check)
         request = _with_settings(request, settings)
+        if is_dry_run(ctx, dry_run):  # the server's plan: where it would place it, with its settings
+            _render_plan(out, {**runs_remote.plan(server, job, request), **plan_fields(job)})
+            return
         runs_remote.run(out, server, job, request, detach=detach)
         return
     # A run that would lose its work at the first preemption is refused before credentials or requests.
@@ -389,17 +390,9 @@ def _with_settings(request: RunRequest, chosen: Settings) -> RunRequest:
     )
 
 
-def _refuse_through_server(
-    server: str, job: JobRequest, *, dry_run: bool, executor: str | None, no_import_check: bool
-) -> None:
+def _refuse_through_server(server: str, *, executor: str | None, no_import_check: bool) -> None:
     """Exit 2 for what a run through a server does not carry yet."""
     fix = "drop it, or run without --server"
-    if job.request.secret_names:
-        refuse_through_server(
-            server, "a run with secrets (--secret, secrets:)", fix="run it without --server"
-        )
-    if dry_run:
-        refuse_through_server(server, "--dry-run", fix="run the dry run without --server")
     if executor is not None:
         refuse_through_server(server, "--executor", fix=fix)
     if no_import_check:

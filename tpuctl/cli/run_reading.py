@@ -4,12 +4,13 @@ exit status, sparklines of its steps."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from tpuctl.cli.context import build_settings, make_output, session
-from tpuctl.cli.options import refuse_through_server, server_of
+from tpuctl.cli.options import server_of
 
 if TYPE_CHECKING:
     from tpuctl.services.run.views import RunDescription
@@ -47,19 +48,17 @@ def run_logs(
     import sys
 
     from tpuctl import params
-    from tpuctl.services.run.hostlog import iso
     from tpuctl.services.run.service import Runs
 
     out = make_output(ctx, None)
     worker = None if worker_flag is None else params.whole(worker_flag, "worker", minimum=0)
     settings = build_settings(ctx)
     server = server_of(settings)
+    style = LogStyle(one_worker=worker is not None, timestamps=timestamps, everything=everything, raw=raw)
     if server is not None:
         from tpuctl.cli import runs_remote
 
-        refuse_through_server(server if timestamps or everything or raw else None, "-t/--all/--raw",
-                              fix="drop them, or read the logs without --server")  # fmt: skip
-        runs_remote.logs(server, run_id, worker=worker, follow=follow)
+        runs_remote.logs(server, run_id, worker=worker, follow=follow, style=style)
         return
     with session(ctx, out, settings) as sess:
         runs = Runs(sess)
@@ -67,18 +66,46 @@ def run_logs(
         for w, path in logs.files:
             if not path.exists() and not follow:
                 out.note(f"(no log for worker {w})")
-        width = len(str(max(len(logs.files) - 1, 0)))
+        style = style.for_hosts(len(logs.files))
         for line in runs.read_logs(logs, follow=follow):
-            text = log_text(line.text, everything=everything, raw=raw)
+            text = style.line(line.text, worker=line.worker, at=line.at)
             if text is None:
                 continue
-            prefix = "" if worker is not None else f"w{line.worker:<{width}} | "
-            if timestamps:
-                prefix = ("-" * 24 if line.at is None else iso(line.at)) + " " + prefix
-            sys.stdout.write(f"{prefix}{text}\n")
+            sys.stdout.write(text + "\n")
             if follow:
                 sys.stdout.flush()
     sys.stdout.flush()
+
+
+@dataclass(frozen=True)
+class LogStyle:
+    """How `runs logs` prints a host's line, locally or through a server alike: a worker prefix (padded
+    to the widest worker number) unless one worker's, the arrival time with ``timestamps``, events in
+    words unless ``raw``, plumbing only with ``everything``."""
+
+    one_worker: bool = False
+    timestamps: bool = False
+    everything: bool = False
+    raw: bool = False
+    width: int = 1
+
+    def for_hosts(self, hosts: int) -> LogStyle:
+        """This style for a run of ``hosts`` hosts (the prefix's width)."""
+        from dataclasses import replace
+
+        return replace(self, width=len(str(max(hosts - 1, 0))))
+
+    def line(self, text: str, *, worker: int, at: float | None) -> str | None:
+        """The printed line; None for one not shown."""
+        from tpuctl.services.run.hostlog import iso
+
+        shown = log_text(text, everything=self.everything, raw=self.raw)
+        if shown is None:
+            return None
+        prefix = "" if self.one_worker else f"w{worker:<{self.width}} | "
+        if self.timestamps:
+            prefix = ("-" * 24 if at is None else iso(at)) + " " + prefix
+        return prefix + shown
 
 
 def log_text(text: str, *, everything: bool, raw: bool) -> str | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import TYPE_CHECKING, Final, TextIO
+from typing import TYPE_CHECKING, Any, Final, TextIO
 
 import typer
 
@@ -18,6 +18,7 @@ from tpuctl.errors import EXIT_BUDGET, EXIT_INTERRUPTED, EXIT_RUN_FAILED
 
 if TYPE_CHECKING:
     from tpuctl.cli.render import Output
+    from tpuctl.cli.run_reading import LogStyle
     from tpuctl.client.api import ServerClient
     from tpuctl.jobs.request import JobRequest
     from tpuctl.server.wire import CancelOut, LogsOut, RunDescriptionOut, RunOut
@@ -41,12 +42,14 @@ def client(server: str) -> ServerClient:
 
 def run(out: Output, server: str, job: JobRequest, request: RunRequest, *, detach: bool) -> None:
     """Submit the run and, unless ``detach``, follow it to its end (see the module docstring)."""
+    from tpuctl.cli.run_reading import LogStyle
     from tpuctl.client.submission import submission_of
 
     submission = submission_of(job, request)
     with client(server) as api:
         api.upload_bundle(submission.sha256, submission.bundle)
-        run_id = api.submit(submission.body).run.run_id
+        submitted = api.submit(submission.body).run
+        run_id = submitted.run_id
         cancel = f"tpuctl --server {server} runs cancel {run_id}"
         if detach:
             if out.machine:
@@ -60,7 +63,8 @@ def run(out: Output, server: str, job: JobRequest, request: RunRequest, *, detac
             return
         out.note(f"run {run_id} submitted to tpuctl server {server}; Ctrl-C stops following, not the run")
         try:
-            _follow(api, run_id, worker=None, stream=sys.stderr if out.machine else sys.stdout)
+            style = LogStyle().for_hosts(int(submitted.detail.get("hosts") or 1))
+            _follow(api, run_id, worker=None, stream=sys.stderr if out.machine else sys.stdout, style=style)
         except KeyboardInterrupt:
             out.warn(f"stopped following run {run_id}; it goes on under the server. To stop it: {cancel}")
             raise typer.Exit(EXIT_INTERRUPTED) from None
@@ -68,27 +72,36 @@ def run(out: Output, server: str, job: JobRequest, request: RunRequest, *, detac
     render_end(out, ended)
 
 
-def _follow(api: ServerClient, run_id: str, *, worker: int | None, stream: TextIO) -> None:
+def plan(server: str, job: JobRequest, request: RunRequest) -> dict[str, Any]:
+    """What the server would do with the run (`run --dry-run` through it): its bundle uploaded (the
+    server checks the program's imports as a submission does), nothing recorded."""
+    from tpuctl.client.submission import submission_of
+
+    submission = submission_of(job, request)
+    with client(server) as api:
+        api.upload_bundle(submission.sha256, submission.bundle)
+        return api.plan(submission.body).plan
+
+
+def _follow(api: ServerClient, run_id: str, *, worker: int | None, stream: TextIO, style: LogStyle) -> None:
     """Print the run's host lines as they arrive until it ends (no more lines, and not live)."""
     cursor = ""
     while True:
         page = api.logs(run_id, after=cursor, worker=worker)
         cursor = page.cursor
-        _print(page, worker, stream)
+        _print(page, style, stream)
         if not page.lines:
             if not page.live:
                 return
             time.sleep(POLL_S)
 
 
-def _print(page: LogsOut, worker: int | None, stream: TextIO) -> None:
-    """Lines as `runs logs` prints them: a worker prefix unless one worker's, events in words."""
-    from tpuctl.cli.run_reading import log_text
-
+def _print(page: LogsOut, style: LogStyle, stream: TextIO) -> None:
+    """Lines as `runs logs` prints them locally (``LogStyle``)."""
     for line in page.lines:
-        text = log_text(line.text, everything=False, raw=False)
+        text = style.line(line.text, worker=line.worker, at=line.at)
         if text is not None:
-            stream.write(text + "\n" if worker is not None else f"w{line.worker} | {text}\n")
+            stream.write(text + "\n")
     stream.flush()
 
 
@@ -146,23 +159,25 @@ def describe(out: Output, server: str, ref: str | None) -> None:
     out.fields(f"run {described.run_id}", {k: v for k, v in fields.items() if v is not None})
 
 
-def logs(server: str, ref: str | None, *, worker: int | None, follow: bool) -> None:
+def logs(server: str, ref: str | None, *, worker: int | None, follow: bool, style: LogStyle) -> None:
     with client(server) as api:
-        run_id = api.describe(ref or "latest").run_id
+        described = api.describe(ref or "latest")
+        run_id = described.run_id
+        style = style.for_hosts(int(described.detail.get("hosts") or 1))
         if follow:
-            _follow(api, run_id, worker=worker, stream=sys.stdout)
+            _follow(api, run_id, worker=worker, stream=sys.stdout, style=style)
             return
-        _page_all(api, run_id, worker)
+        _page_all(api, run_id, worker, style)
 
 
-def _page_all(api: ServerClient, run_id: str, worker: int | None) -> None:
+def _page_all(api: ServerClient, run_id: str, worker: int | None, style: LogStyle) -> None:
     cursor = ""
     while True:
         page = api.logs(run_id, after=cursor, worker=worker)
         if not page.lines:
             return
         cursor = page.cursor
-        _print(page, worker, sys.stdout)
+        _print(page, style, sys.stdout)
 
 
 def cancel(server: str, ref: str) -> CancelOut:

@@ -24,6 +24,7 @@ from tpuctl.server.wire import (
     LogsOut,
     RunDescriptionOut,
     RunList,
+    RunPlanOut,
     SubmitRun,
     Submitted,
 )
@@ -106,6 +107,12 @@ class ServerClient:
         """Submit a run; retried with the same key when the connection drops or times out, or while the
         server is still recording the run an earlier try of the key started (409 ``conflict``)."""
         return self._idempotent(Submitted, "/v1/runs", body, key, command="run")
+
+    def plan(self, body: SubmitRun) -> RunPlanOut:
+        """What submitting ``body`` would do (nothing recorded, nothing created)."""
+        return self._call(
+            RunPlanOut, "POST", "/v1/runs:plan", json=body.model_dump(), command="run --dry-run"
+        )
 
     def list_runs(self, *, limit: int) -> RunList:
         return self._call(RunList, "GET", "/v1/runs", params={"limit": limit}, command="runs list")

@@ -27,41 +27,26 @@ class Submission:
 
 def submission_of(job: JobRequest, request: RunRequest) -> Submission:
     """``request`` (``job``'s, with the settings applied) as a submission; exit 2 for a script or a
-    directory that is not there, as a local run says."""
+    directory that is not there, or a script outside the directory shipped, as a local run says
+    (``script_path``)."""
     from tpuctl.hosts.bundle import build_bundle
     from tpuctl.jobs.document import document_from_run_request
+    from tpuctl.services.run.script_path import script_path
 
-    script = None if request.script is None else Path(request.script).expanduser().resolve()
-    if script is not None and not script.is_file():
-        raise UsageError(
-            f"script {request.script} does not exist",
-            field="SCRIPT",
-            value=request.script,
-            fix="check the path (relative paths are from the current directory)",
-        )
+    located = None if request.script is None else script_path(request.script, request.workdir)
     workdir = Path(request.workdir).expanduser().resolve() if request.workdir else None
-    if workdir is None and script is not None:
-        workdir = script.parent
+    if located is not None:
+        workdir = located.workdir
     bundle = build_bundle(workdir, limit_bytes=request.bundle_limit_bytes)
     data = bundle.tar_gz()
     body = SubmitRun(
         job=document_from_run_request(request, budget_usd=job.budget_usd, policy=job.policy),
         bundle_sha256=hashlib.sha256(data).hexdigest(),
-        script_in_bundle=None if script is None or workdir is None else _inside(script, workdir),
+        script_in_bundle=None if located is None else located.in_workdir,
         requirements_text=_requirements(request.requirements),
+        secrets=dict(job.secret_values) or None,
     )
     return Submission(body, data, body.bundle_sha256)
-
-
-def _inside(script: Path, workdir: Path) -> str:
-    if not script.is_relative_to(workdir):
-        raise UsageError(
-            f"script {script} is not inside --workdir {workdir}: the server gets only the directory's files",
-            field="SCRIPT",
-            value=str(script),
-            fix="put the script in the working directory, or point --workdir at a directory holding it",
-        )
-    return script.relative_to(workdir).as_posix()
 
 
 def _requirements(path: str | None) -> str | None:

@@ -42,6 +42,7 @@ from tpuctl.server.wire import (
     RunDescriptionOut,
     RunList,
     RunOut,
+    RunPlanOut,
     SubmitRun,
     Submitted,
 )
@@ -121,6 +122,12 @@ def build_app(session: Session, bundles: BundleStore, replica: Replica | None) -
             replica.wake()
         out = Submitted(run=RunOut(**RunView.of(accepted.record).to_dict()), created=accepted.created)
         return out if accepted.created else JSONResponse(out.model_dump(), status_code=200)
+
+    @app.post("/v1/runs:plan", response_model=RunPlanOut, dependencies=[Depends(_json_body)])
+    def plan_run(body: SubmitRun) -> RunPlanOut:
+        from tpuctl.server.submit import plan
+
+        return RunPlanOut(plan=plan(session, bundles, body))
 
     @app.get("/v1/runs", response_model=RunList)
     def list_runs(limit: Annotated[int, Query(ge=1, le=10_000)] = 50) -> RunList:

@@ -15,7 +15,7 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tpuctl.server.problems import Conflict, RequestProblem
 
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from tpuctl.jobs.document import RequestedRun
     from tpuctl.server.bundles import BundleStore
     from tpuctl.server.wire import SubmitRun
-    from tpuctl.services.run.model import RunRequest
+    from tpuctl.services.run.model import PreparedRun, RunRequest
     from tpuctl.services.session import Session
     from tpuctl.store.records import RunRecord
 
@@ -35,8 +35,12 @@ class Accepted:
 
 
 def request_digest(body: SubmitRun) -> str:
-    """The submission's identity beside its key: the same key may only ever mean the same request."""
-    return hashlib.sha256(json.dumps(body.model_dump(), sort_keys=True).encode()).hexdigest()
+    """The submission's identity beside its key: the same key may only ever mean the same request. The
+    secrets count by name only: the digest is stored in the ledger in the clear, and a digest of a
+    short secret is as good as the secret to whoever guesses it (a retry sends the same values anyway)."""
+    identity = body.model_dump(exclude={"secrets"})
+    identity["secret_names"] = sorted(body.secrets or {})
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
 
 
 def submit(session: Session, bundles: BundleStore, body: SubmitRun, key: str) -> Accepted:
@@ -44,19 +48,14 @@ def submit(session: Session, bundles: BundleStore, body: SubmitRun, key: str) ->
     known = session.ledger.submission(key)
     if known is not None:
         return _the_first(session, known.run_id, known.request_sha256, digest, key)
-    from tpuctl.jobs.document import run_request_from_document
     from tpuctl.services.run.prepare import new_run_id
-    from tpuctl.services.run.service import Runs
+    from tpuctl.services.run.rundir import RunDir
     from tpuctl.services.run.supervisor import Supervisor
 
-    requested = run_request_from_document(body.job, catalog=session.catalog, path="the submitted job")
-    _refuse_secrets(requested.request)
     run_id = new_run_id(session.clock())
-    request = _with_program(session, bundles, body, requested, run_id)
-    _refuse_unrecoverable(session, request)
-    runs = Runs(session)
-    prepared = runs.prepare(request)  # every bad value is exit 2 -> 400, before anything is stored
-    runs.check_imports(prepared).refuse()
+    requested, prepared = _prepared(
+        session, bundles, body, run_id, RunDir.of(session.state_dir, run_id).make().root
+    )
     stored = session.ledger.remember_submission(key, run_id, digest)
     if stored.run_id != run_id:  # the same key arrived twice at once: the other one is the run
         return _the_first(session, stored.run_id, stored.request_sha256, digest, key)
@@ -72,6 +71,42 @@ def submit(session: Session, bundles: BundleStore, body: SubmitRun, key: str) ->
     record = session.ledger.get_run(run_id)
     assert record is not None
     return Accepted(record, created=True)
+
+
+def plan(session: Session, bundles: BundleStore, body: SubmitRun) -> dict[str, Any]:
+    """What a submission of ``body`` would do, as `run --dry-run` plans it locally: every check a
+    submission makes, nothing recorded, nothing created; the program unpacked into a directory of its
+    own that is removed after (a plan leaves no run behind)."""
+    import tempfile
+
+    from tpuctl.services.run.prepare import new_run_id
+    from tpuctl.services.run.service import Runs
+    from tpuctl.store.paths import ensure_private_dir
+
+    run_id = new_run_id(session.clock())
+    ensure_private_dir(session.state_dir)
+    with tempfile.TemporaryDirectory(prefix="plan-", dir=session.state_dir) as root:
+        requested, prepared = _prepared(session, bundles, body, run_id, Path(root))
+        return Runs(session).plan(prepared, budget_usd=requested.budget_usd)
+
+
+def _prepared(
+    session: Session, bundles: BundleStore, body: SubmitRun, run_id: str, root: Path
+) -> tuple[RequestedRun, PreparedRun]:
+    """``body`` as a prepared run with id ``run_id``, its program unpacked under ``root``: every check of
+    a submission (each bad value is exit 2 -> 400), before anything is stored."""
+    from tpuctl.jobs.document import run_request_from_document
+    from tpuctl.services.run.service import Runs
+
+    requested = run_request_from_document(body.job, catalog=session.catalog, path="the submitted job")
+    request = _with_program(session, bundles, body, requested, run_id, root)
+    _refuse_unrecoverable(session, request)
+    runs = Runs(session)
+    # A secret named but not sent (or sent but not named) is a 400 too, naming the variable and never
+    # its value (``secretenv.check_secrets``).
+    prepared = runs.prepare(request, secrets=body.secrets or {})
+    runs.check_imports(prepared).refuse()
+    return requested, prepared
 
 
 def _the_first(session: Session, run_id: str, stored_digest: str, digest: str, key: str) -> Accepted:
@@ -93,31 +128,17 @@ def _the_first(session: Session, run_id: str, stored_digest: str, digest: str, k
     return Accepted(record, created=False)
 
 
-def _refuse_secrets(request: RunRequest) -> None:
-    if request.secret_names:
-        raise RequestProblem(
-            "a run with secrets cannot be submitted to a server yet (their values would have to travel "
-            "with the request)",
-            status=400,
-            field="secrets",
-            value=", ".join(request.secret_names),
-            fix="run it locally (without --server) for now",
-        )
-
-
 def _with_program(
-    session: Session, bundles: BundleStore, body: SubmitRun, requested: RequestedRun, run_id: str
+    session: Session, bundles: BundleStore, body: SubmitRun, requested: RequestedRun, run_id: str, root: Path
 ) -> RunRequest:
-    """The request reading its program from the uploaded bundle, unpacked into the run's directory on
-    the server (as a takeover unpacks it from the ledger)."""
+    """The request reading its program from the uploaded bundle, unpacked under ``root`` (the run's
+    directory on the server, as a takeover unpacks it from the ledger)."""
     from tpuctl.services.run.control import PROGRAM_FOLDER, unpack_user_files
-    from tpuctl.services.run.rundir import RunDir
     from tpuctl.store.paths import atomic_write_text
 
     request = requested.request
     data = bundles.get(body.bundle_sha256)
-    run_dir = RunDir.of(session.state_dir, run_id).make()
-    program = run_dir.root / PROGRAM_FOLDER
+    program = root / PROGRAM_FOLDER
     try:
         unpack_user_files(data, program)
     except Exception as exc:  # tarfile's and gzip's errors, a path the "data" filter refuses
@@ -141,7 +162,7 @@ def _with_program(
         )
     requirements = request.requirements
     if body.requirements_text is not None:
-        requirements = str(atomic_write_text(run_dir.root / "requirements.txt", body.requirements_text))
+        requirements = str(atomic_write_text(root / "requirements.txt", body.requirements_text))
     elif requirements is not None:
         raise RequestProblem(
             "the job names a requirements file, but its text was not sent",

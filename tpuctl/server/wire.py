@@ -43,6 +43,11 @@ class SubmitRun(_Strict):
     script_in_bundle: str | None = Field(default=None, min_length=1, max_length=1024)
     #: The ``--requirements`` file's text (the server has no such file).
     requirements_text: str | None = Field(default=None, max_length=1_000_000)
+    #: The values of the job's ``secrets`` by name, read from the submitting environment as a local run
+    #: reads them. The server keeps them encrypted in the ledger with its key, as a local run does; they
+    #: are never echoed back, never in the submission's digest, never in a log. They cross the wire in
+    #: plain text, which is why the server listens on loopback only until it has authentication and TLS.
+    secrets: dict[str, str] | None = Field(default=None, max_length=256)
 
 
 class RunOut(BaseModel):
@@ -64,6 +69,13 @@ class RunOut(BaseModel):
     preemptions: int
     labels: dict[str, str]
     detail: dict[str, Any]
+
+
+class RunPlanOut(BaseModel):
+    """``POST /v1/runs:plan``: what the submission would do, the document `run --dry-run -o json` prints
+    locally (the client adds the job's own keys, which it parsed)."""
+
+    plan: dict[str, Any]
 
 
 class RunList(BaseModel):

@@ -18,6 +18,7 @@ from tpuctl.hosts.bundle import build_bundle
 from tpuctl.services.run import bucket_check, checkpoints, hosts, provision
 from tpuctl.services.run.model import EXAMPLES, RUN_ID_RE, PreparedRun, RunRequest
 from tpuctl.services.run.rundir import RunDir
+from tpuctl.services.run.script_path import script_path
 from tpuctl.services.run.secretenv import check_secrets
 from tpuctl.timefmt import iso
 
@@ -233,31 +234,8 @@ def _program(request: RunRequest) -> tuple[tuple[str, ...], str, Path | None]:
             field="SCRIPT",
             fix="e.g. `tpuctl run train.py --type v5e-8` or `tpuctl run --example lm --type v5e-8`",
         )
-    script = Path(request.script).expanduser()
-    if not script.is_file():
-        raise UsageError(
-            f"script {request.script} does not exist" + (" (it is a directory)" if script.is_dir() else ""),
-            field="SCRIPT",
-            value=request.script,
-            fix="check the path (relative paths are from the current directory)",
-        )
-    script = script.resolve()
-    workdir = Path(request.workdir).expanduser().resolve() if request.workdir else script.parent
-    if not workdir.is_dir():
-        raise UsageError(
-            f"--workdir {request.workdir} does not exist or is not a directory",
-            field="workdir",
-            value=request.workdir,
-            fix="pass the directory that holds your program and its files",
-        )
-    if not script.is_relative_to(workdir):
-        raise UsageError(
-            f"script {script} is outside the working directory {workdir}",
-            field="workdir",
-            value=str(workdir),
-            fix="pass a --workdir that contains the script (it is shipped with its directory)",
-        )
-    rel = script.relative_to(workdir).as_posix()
+    located = script_path(request.script, request.workdir)
+    rel, workdir = located.in_workdir, located.workdir
     if rel == "tpuctl" or rel.startswith("tpuctl/"):
         raise UsageError(
             f"script {rel} is inside a tpuctl/ directory, whose paths the runtime takes in the bundle",
