@@ -130,3 +130,24 @@ def test_a_server_that_does_not_answer_is_unreachable() -> None:
     with ServerClient(f"http://127.0.0.1:{unused_port()}") as api, pytest.raises(UnreachableError) as caught:
         api.list_runs(limit=5)
     assert caught.value.exit_code == 15
+
+
+def test_a_retried_pod_create_after_a_dropped_reply_places_one_slice_and_a_delete_deletes_it(
+    app_client: TestClient, session: Session
+) -> None:
+    from tpuctl.server.wire_pods import CreatePod, DeletePods
+    from tpuctl.services.placement_choices import PlacementChoices
+
+    body = CreatePod(
+        accelerator_type="v5e-8", name="once", choices=PlacementChoices(zones=("us-central1-a",))
+    )
+    transport = forwarding(app_client, drop_first_reply_to="/v1/pods")
+    with ServerClient("http://server.test", transport=transport, retry_after_s=0.0) as api:
+        answer = api.create_pod(body)
+    assert answer.created is False and [p["name"] for p in answer.pods] == ["once"]
+    assert [(n.name, n.zone) for n in session.cloud.list_nodes(None)] == [("once", "us-central1-a")]
+    assert [p.name for p in session.ledger.list_pods(alive=True)] == ["once"]
+    with ServerClient("http://server.test", transport=forwarding(app_client)) as api:
+        deleted = api.delete_pods(DeletePods(names=["once"], zone="us-central1-a"))
+    assert deleted.deleted == [{"name": "once", "zone": "us-central1-a"}] and deleted.failures == []
+    assert session.cloud.list_nodes("us-central1-a") == []

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from tpuctl.server.app import build_app
 from tpuctl.server.bundles import MAX_BUNDLE_BYTES, BundleStore
+from tpuctl.server.wire_views import CostReportOut
 from tpuctl.services.session import Session, open_session
 from tpuctl.settings import load_settings
 from tpuctl.store.records import RunStatus
@@ -34,6 +35,15 @@ JOB: dict[str, Any] = {
     "runtime_deps": False,
 }
 ERROR_KEYS = {"error", "message", "exit_code"}
+#: One zone: a survey (a plan, `pod gc`) lists every zone, and the default world's many make it slow.
+WORLD: dict[str, Any] = {
+    "project": "tpuctl-sim",
+    "zones": {"us-central1-a": {"v5e": {"on_demand": 64, "preemptible": 64}}},
+    "quotas": {
+        "default": {"on_demand": {"zone": 64, "region": 64}, "preemptible": {"zone": 64, "region": 64}}
+    },
+    "latency": {"base_ms": 0, "jitter_ms": 0},
+}
 
 
 def bundle_of(files: dict[str, bytes]) -> tuple[bytes, str]:
@@ -46,6 +56,11 @@ def bundle_of(files: dict[str, bytes]) -> tuple[bytes, str]:
             tar.addfile(info, io.BytesIO(data))
     data = raw.getvalue()
     return data, hashlib.sha256(data).hexdigest()
+
+
+@pytest.fixture
+def sim_world() -> dict[str, Any]:
+    return WORLD
 
 
 @pytest.fixture
@@ -91,7 +106,9 @@ def test_health_and_readiness_without_a_replica(api: TestClient) -> None:
 def test_the_openapi_document_names_every_path(api: TestClient) -> None:
     paths = set(api.get("/openapi.json").json()["paths"])
     assert {"/healthz", "/readyz", "/v1/bundles/{sha256}", "/v1/runs", "/v1/runs/{run}",
-            "/v1/runs/{run}/logs", "/v1/runs/{run}/cancel"} <= paths  # fmt: skip
+            "/v1/runs/{run}/logs", "/v1/runs/{run}/cancel", "/v1/cost/report", "/v1/cost/estimate",
+            "/v1/catalog/prices", "/v1/quota", "/v1/pods", "/v1/pods/{name}", "/v1/pods/delete",
+            "/v1/pods/gc"} <= paths  # fmt: skip
 
 
 def test_a_submission_records_a_run_for_a_replica_and_a_retry_with_its_key_finds_it(
@@ -272,6 +289,85 @@ def test_an_unknown_run_is_404_everywhere(api: TestClient) -> None:
     assert_document(api.get("/v1/runs", params={"limit": 0}), 422, field="limit")
 
 
+#: Bad reads: the path, its query, and the status and field of the answer.
+BAD_READS: list[tuple[str, dict[str, Any], int, str | None]] = [
+    ("/v1/cost/report", {"group_by": "colour"}, 400, "group_by"),
+    ("/v1/cost/report", {"since": 20.0, "until": 10.0}, 400, "since"),
+    ("/v1/cost/report", {"since": -1}, 422, "since"),
+    ("/v1/cost/report", {"limit": 0}, 422, "limit"),
+    ("/v1/cost/report", {"reconcile": "maybe"}, 422, "reconcile"),
+    ("/v1/pods", {"zone": "not a zone"}, 400, "zone"),
+]
+#: Bad estimates: the body, and the status and field of the answer.
+BAD_ESTIMATES: list[tuple[dict[str, Any], int, str | None]] = [
+    ({"accelerator_type": "v9z-8"}, 400, None),
+    ({"accelerator_type": "v5e-8", "hours": 0}, 422, "hours"),
+    ({"accelerator_type": "v5e-8", "zones": "us-central1-a"}, 422, "zones"),
+    ({"accelerator_type": "v5e-8", "zones": ["nowhere"]}, 400, "zones"),
+    ({"accelerator_type": "v5e-8", "colour": 1}, 422, "colour"),
+    ({}, 422, "accelerator_type"),
+]
+
+
+def test_reads_answer_typed_results_and_bad_ones_are_4xx_with_the_error_document(api: TestClient) -> None:
+    for path, params, status, field in BAD_READS:
+        assert_document(api.get(path, params=params), status, field=field)
+    for body, status, field in BAD_ESTIMATES:
+        assert_document(api.post("/v1/cost/estimate", json=body), status, field=field)
+    assert_document(api.post("/v1/cost/estimate", content=b"x", headers={"content-type": "text/plain"}), 415)
+
+    good = api.get("/v1/cost/report", params={"group_by": "run", "reconcile": False})
+    answer = CostReportOut.model_validate(good.json())  # the service's typed report
+    assert answer.report.group_by.name == "run" and answer.report.groups == []
+    assert answer.served_by.backend.name == "sim" and answer.report.prices.source
+
+
+_CHOICES: dict[str, Any] = {"zones": ["us-central1-a"]}
+_POD: dict[str, Any] = {"accelerator_type": "v5e-8", "name": "p", "choices": _CHOICES}
+#: Bad pod creates: the body, and the status and field of the answer.
+BAD_CREATES: list[tuple[Any, int, str | None]] = [
+    ({**_POD, "colour": 1}, 422, "colour"),
+    ({**_POD, "slices": "2"}, 422, "slices"),
+    ({**_POD, "name": ""}, 422, "name"),
+    ({**_POD, "choices": {"capacity_types": ["free"]}}, 422, "choices.capacity_types.0"),
+    ({**_POD, "choices": {"zones": 5}}, 422, "choices.zones"),
+    ({**_POD, "choices": {"zonez": ["us-central1-a"]}}, 422, "choices"),
+    ({**_POD, "choices": {"network": {"network": {"name": "Bad Net!"}}}}, 400, "network"),
+    ({**_POD, "choices": {"zones": ["nowhere"]}}, 400, "zones"),
+    ({**_POD, "name": "Bad_Name"}, 400, None),
+    ({**_POD, "accelerator_type": "v9z-8"}, 400, None),
+    ([1], 422, None),
+]
+
+
+def test_bad_pod_creates_and_deletes_are_4xx_with_the_error_document(api: TestClient) -> None:
+    key = {"Idempotency-Key": "pod-key-0001"}
+    for body, status, field in BAD_CREATES:
+        assert_document(api.post("/v1/pods", json=body, headers=key), status, field=field)
+    assert_document(api.post("/v1/pods", json=_POD), 422, field="Idempotency-Key")
+    assert_document(api.post("/v1/pods/delete", json={"names": []}, headers=key), 422, field="names")
+    gc = {"confirmed": [{"kind": "slice", "zone": "us-central1-a"}]}
+    assert_document(api.post("/v1/pods/gc", json=gc, headers=key), 422, field="confirmed.0.name")
+    assert_document(api.post("/v1/pods/gc", json={"zone": "nowhere"}, headers=key), 400, field="zone")
+    assert_document(
+        api.post("/v1/pods/delete", json={"names": ["x"], "zone": 3}, headers=key), 422, field="zone"
+    )
+
+
+def test_a_pod_create_dry_run_answers_the_plan_the_server_would_carry_out(
+    api: TestClient, session: Session
+) -> None:
+    from tpuctl.server.pods import request_id_of
+    from tpuctl.server.wire_pods import PodCreated
+
+    answer = api.post("/v1/pods", json={**_POD, "dry_run": True}, headers={"Idempotency-Key": "pod-key-0002"})
+    assert answer.status_code == 200, answer.text
+    plan = PodCreated.model_validate(answer.json()).plan
+    assert plan is not None and plan.feasible and plan.request.name == "p"
+    assert plan.request.request_id == request_id_of("pod-key-0002") and plan.chosen is not None
+    assert session.ledger.list_pods() == [] and session.ledger.attempts(plan.request.request_id) == []
+
+
 _JSON = st.recursive(
     st.none()
     | st.booleans()
@@ -307,6 +403,70 @@ def test_fuzzed_submissions_and_plans_never_answer_500(api: TestClient, uploaded
         assert response.status_code < 500, response.text
         if response.status_code >= 400:
             assert set(response.json()) >= ERROR_KEYS
+
+
+_ESTIMATE_KEYS = st.sampled_from(["accelerator_type", "hours", "zones", "region", "slices"])
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    body=st.one_of(
+        _JSON, st.dictionaries(_ESTIMATE_KEYS, _JSON | st.sampled_from(["v5e-8", "us-central1-a"]))
+    )
+)
+def test_fuzzed_estimates_never_answer_500(api: TestClient, body: Any) -> None:
+    response = api.post("/v1/cost/estimate", json=body)
+    assert response.status_code < 500, response.text
+    if response.status_code >= 400:
+        assert set(response.json()) >= ERROR_KEYS
+
+
+_POD_KEYS = st.sampled_from(["accelerator_type", "name", "choices", "slices", "runtime_version", "labels",
+                             "wait"])  # fmt: skip
+# Not zones or region: a plan over every zone of the default world is slow (their bad values are cases of
+# BAD_CREATES).
+_CHOICE_KEYS = st.sampled_from(["capacity_types", "max_price", "strategy", "race_k", "surface", "network",
+                                "valid_for_s", "reserved", "queued", "service_account"])  # fmt: skip
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    body=st.one_of(
+        _JSON,
+        st.dictionaries(_POD_KEYS, _JSON, max_size=5),
+        st.fixed_dictionaries(
+            {
+                "accelerator_type": st.just("v5e-8"),
+                "name": st.just("p"),
+                "choices": st.dictionaries(_CHOICE_KEYS, _JSON, max_size=4).map(
+                    lambda choices: {"zones": ["us-central1-a"], **choices}
+                ),
+            },
+        ),
+    )
+)
+def test_fuzzed_pod_creates_never_answer_500(api: TestClient, body: Any) -> None:
+    if isinstance(body, dict) and body.get("name") == "p":
+        body["dry_run"] = True  # a body that gets as far as the plan must place nothing
+    response = api.post("/v1/pods", json=body, headers={"Idempotency-Key": "pod-fuzz-0001"})
+    assert response.status_code < 500, response.text
+    if response.status_code >= 400:
+        assert set(response.json()) >= ERROR_KEYS
+
+
+_DELETE_KEYS = st.sampled_from(["names", "zone", "wait", "force", "dry_run", "confirmed"])
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(path=st.sampled_from(["/v1/pods/delete", "/v1/pods/gc"]),
+       body=st.one_of(_JSON, st.dictionaries(_DELETE_KEYS, _JSON, max_size=4)))  # fmt: skip
+def test_fuzzed_pod_deletes_and_gcs_never_answer_500(api: TestClient, path: str, body: Any) -> None:
+    if isinstance(body, dict):
+        body["dry_run"] = True  # nothing of the simulator's is deleted by the fuzz
+    response = api.post(path, json=body, headers={"Idempotency-Key": "pod-fuzz-0002"})
+    assert response.status_code < 500, response.text
+    if response.status_code >= 400:
+        assert set(response.json()) >= ERROR_KEYS
 
 
 def test_an_error_quoting_input_utf8_cannot_encode_is_still_the_document(

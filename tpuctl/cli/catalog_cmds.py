@@ -7,13 +7,15 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from tpuctl.cli import remote
 from tpuctl.cli.context import make_output
-from tpuctl.cli.options import DryRunOpt, OutputOpt
+from tpuctl.cli.options import DryRunOpt, OutputOpt, refuse_through_server, server_of
 
 if TYPE_CHECKING:
     from tpuctl.backends.base import Backend
+    from tpuctl.catalog import Catalog
     from tpuctl.cli.render import Output
-    from tpuctl.services.prices import RefreshResult
+    from tpuctl.services.prices import PriceSource, RefreshResult
     from tpuctl.settings import Settings
 
 app = typer.Typer(help="Accelerator types, prices and zones.", no_args_is_help=True)
@@ -105,7 +107,13 @@ def prices(
             chosen=backend_for(ctx, settings),
             now=clock(ctx)(),
         )
-    catalog, source = load_catalog(settings.resolved_state_dir, settings.resolved_backend.value)
+    server = server_of(settings)
+    if server is not None:
+        fix = "refresh the prices on the server's machine: tpuctl catalog prices --refresh"
+        refuse_through_server(server if refresh else None, "catalog prices --refresh", fix=fix)
+        catalog, source = _served_prices(out, server)
+    else:
+        catalog, source = load_catalog(settings.resolved_state_dir, settings.resolved_backend.value)
     for warning in source.warnings:
         out.warn(warning)
     if refreshed is not None and is_dry_run(ctx, dry_run):
@@ -149,6 +157,16 @@ def prices(
         records=records,
         extra=extra,
     )
+
+
+def _served_prices(out: Output, server: str) -> tuple[Catalog, PriceSource]:
+    """The bundled catalog with the prices the server prices with (its refreshed cache, if any)."""
+    from tpuctl.catalog import Catalog
+
+    with remote.client(server) as api:
+        answer = api.catalog_prices()
+    out.note(f"prices of tpuctl server {server} ({answer.served_by.backend.name})")
+    return dataclasses.replace(Catalog.load(), prices=answer.table), answer.source
 
 
 def _refresh_prices(

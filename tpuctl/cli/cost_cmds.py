@@ -9,15 +9,16 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from tpuctl.cli import remote
 from tpuctl.cli.context import backend_for, build_settings, clock, global_options, is_dry_run, make_output
-from tpuctl.cli.options import DryRunOpt, OutputOpt
+from tpuctl.cli.options import DryRunOpt, OutputOpt, server_of
 
 if TYPE_CHECKING:
     from tpuctl.backends.base import Backend
     from tpuctl.catalog import Catalog
     from tpuctl.cli.render import Output
     from tpuctl.services.cost import CostReport
-    from tpuctl.services.cost.estimate import Estimate
+    from tpuctl.services.cost.estimate import Estimate, EstimateRequest
     from tpuctl.services.cost.reconcile import InBackground
     from tpuctl.services.prices import PriceSource
     from tpuctl.services.session import Session
@@ -90,9 +91,31 @@ def estimate(
         region=region,
         slices=1 if slices is None else params.whole(slices, "slices"),
     )
-    with cost_session(ctx, out, settings) as (sess, source):
-        result = run_estimate(sess, request, source)
+    server = server_of(settings)
+    if server is not None:
+        result = _remote_estimate(out, server, request, zones=zone or [], region=region)
+    else:
+        with cost_session(ctx, out, settings) as (sess, source):
+            result = run_estimate(sess, request, source)
     _render_estimate(out, result)
+
+
+def _remote_estimate(
+    out: Output, server: str, request: EstimateRequest, *, zones: list[str], region: str | None
+) -> Estimate:
+    """The estimate the server makes on its project, for ``request`` (checked here first)."""
+    from tpuctl.server.wire_views import EstimateIn
+    from tpuctl.services.cost.estimate import Estimate
+
+    body = EstimateIn(accelerator_type=request.placement.accelerator.api_name, hours=request.hours,
+                      zones=zones, region=region, slices=request.placement.slices)  # fmt: skip
+    with remote.client(server) as api:
+        answer = api.cost_estimate(body)
+    remote.banner(out, answer.served_by, server)
+    for warning in answer.prices.warnings:
+        out.warn(warning)
+    return Estimate(request=request, rows=answer.rows, not_offered=answer.not_offered, prices=answer.prices,
+                    warnings=answer.warnings)  # fmt: skip
 
 
 #: Capacity types that are one offer under two names when zone and price agree (spot is the newer
@@ -207,6 +230,7 @@ def report(
     totals, spot savings against on-demand, what preemptions wasted, untracked slices, and a per-day
     chart. With --dry-run the reconciliation records nothing."""
     from tpuctl.services.cost import parse_group_by, parse_limit, parse_window
+    from tpuctl.services.cost.session_report import session_report
 
     out = make_output(ctx, output)
     settings = build_settings(ctx)
@@ -218,6 +242,12 @@ def report(
     # saw), not when the command started.
     end = end_given if until is not None else None
     dry = is_dry_run(ctx, dry_run)
+    server = server_of(settings)
+    if server is not None:
+        query = {"group_by": group.name, "since": start, "until": end, "limit": keep, "reconcile": reconcile,
+                 "dry_run": dry}  # fmt: skip
+        _render_report(out, _remote_report(out, server, query))
+        return
     if reconcile:
         from tpuctl.services.prices import load_catalog
 
@@ -226,7 +256,7 @@ def report(
         early = _start_report(settings, prices, group, start, end, keep, now)
         try:
             with cost_session(ctx, out, settings, prices) as (sess, source):
-                result = _report(
+                result = session_report(
                     sess, source, group, start, end, keep, reconcile=True, dry_run=dry, early=early
                 )
         finally:
@@ -234,6 +264,16 @@ def report(
     else:
         result = _offline_report(out, settings, backend_for(ctx, settings), group, start, end, keep, now)
     _render_report(out, result)
+
+
+def _remote_report(out: Output, server: str, query: dict[str, Any]) -> CostReport:
+    """The report the server computes on its ledger (``query``: the parsed flags)."""
+    with remote.client(server) as api:
+        answer = api.cost_report(query)
+    remote.banner(out, answer.served_by, server)
+    if not query["reconcile"]:
+        out.note("offline: the ledger only, not reconciled with the live listing")
+    return answer.report
 
 
 def _start_report(
@@ -255,36 +295,6 @@ def _start_report(
     return InBackground(
         lambda: service.report(since=start, until=end, group_by=group, limit=limit), name="tpuctl-cost-report"
     )
-
-
-def _report(
-    sess: Session,
-    source: PriceSource,
-    group: Any,
-    start: float | None,
-    end: float | None,
-    limit: int | None,
-    *,
-    reconcile: bool,
-    dry_run: bool,
-    early: InBackground[CostReport] | None = None,
-) -> CostReport:
-    from tpuctl.services.budget import expired_slices
-    from tpuctl.services.cost import CostService
-    from tpuctl.services.cost.reconcile import Reconciler, reconciled_report
-
-    service = CostService(sess.ledger.url, sess.catalog, source, clock=sess.clock)
-
-    def compute() -> CostReport:
-        return service.report(since=start, until=end, group_by=group, limit=limit)
-
-    if reconcile:
-        reconciler = Reconciler(sess.ledger, sess.cloud, sess.catalog, clock=sess.clock)
-        result = reconciled_report(reconciler, sess.cloud, compute, dry_run=dry_run, first=early)
-    else:
-        result = compute()
-    result.warnings = [*result.warnings, *expired_slices(sess.ledger, now=sess.clock())]
-    return result
 
 
 def _offline_report(

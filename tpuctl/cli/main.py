@@ -94,7 +94,7 @@ def main(
         typer.Option(
             "--server",
             metavar="URL",
-            help="Run and read runs through this `tpuctl server` (run, runs list/describe/logs/cancel).",
+            help="Work through this `tpuctl server`: run, runs, cost, pod, quota, catalog prices.",
         ),
     ] = None,
     config: Annotated[Path | None, typer.Option("--config", help="Config file (YAML).")] = None,

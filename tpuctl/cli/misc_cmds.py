@@ -6,8 +6,9 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from tpuctl.cli.context import make_output, session
-from tpuctl.cli.options import OutputOpt, type_given_once
+from tpuctl.cli import remote
+from tpuctl.cli.context import build_settings, make_output, session
+from tpuctl.cli.options import OutputOpt, server_of, type_given_once
 
 if TYPE_CHECKING:
     from tpuctl.catalog import Catalog, Generation
@@ -43,9 +44,16 @@ def quota(
     wanted = type_given_once(type_argument, type_option, command="quota")
     # Checked before the backend opens: a typo is exit 2 with the generations listed.
     generation = None if wanted is None else _generation(Catalog.load(), wanted)
-    with session(ctx, out) as sess:
-        book = QuotaBook.from_cloud(sess.cloud, sess.catalog)
-    uses = [u for u in book.all_uses() if all_ or u.in_use or u.limit != 0]
+    server = server_of(build_settings(ctx))
+    if server is not None:
+        with remote.client(server) as api:
+            answer = api.quota()
+        remote.banner(out, answer.served_by, server)
+        every = answer.uses
+    else:
+        with session(ctx, out) as sess:
+            every = QuotaBook.from_cloud(sess.cloud, sess.catalog).all_uses()
+    uses = [u for u in every if all_ or u.in_use or u.limit != 0]
     if generation is not None:
         uses = generation_uses(uses, generation)
     # A per-family quota's row without a family is its limit for every family without a row of its own.
@@ -91,7 +99,7 @@ def _generation(catalog: Catalog, name: str) -> Generation:
 def doctor(ctx: typer.Context, output: OutputOpt = None) -> int:
     """Check the setup: config file, profile, backend, credentials, project, API reachable, quotas
     readable, state dir. Every check runs; exit 0 if all pass, else the first failure's exit code."""
-    from tpuctl.cli.context import build_settings, global_options
+    from tpuctl.cli.context import global_options
     from tpuctl.services.doctor import diagnose
 
     out = make_output(ctx, output)

@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from tpuctl.cli.context import ONE_OBJECT, confirm, is_dry_run, make_output, session
-from tpuctl.cli.options import DryRunOpt, OutputOpt, YesOpt, ZoneOpt, type_given_once
+from tpuctl.cli import remote
+from tpuctl.cli.context import ONE_OBJECT, build_settings, confirm, is_dry_run, make_output, session
+from tpuctl.cli.options import (
+    DryRunOpt,
+    OutputOpt,
+    YesOpt,
+    ZoneOpt,
+    server_of,
+    type_given_once,
+)
 from tpuctl.cli.placement_flags import (
     ApiOpt,
     CapacityTypeOpt,
@@ -35,10 +44,12 @@ from tpuctl.words import counted
 
 if TYPE_CHECKING:
     from tpuctl.cli.render import Output
+    from tpuctl.server.wire_pods import CreatePod, DeletePods
     from tpuctl.services.attempts import Placement
+    from tpuctl.services.gc import GcResult, GcSurvey
     from tpuctl.services.placement import Plan
     from tpuctl.services.pods import PodView
-    from tpuctl.services.session import Session
+    from tpuctl.store.records import PodRecord
 
 app = typer.Typer(help="Create, list, describe and delete TPU slices (pods).", no_args_is_help=True)
 
@@ -120,10 +131,12 @@ def create(
     from tpuctl import params
     from tpuctl.catalog import Catalog
     from tpuctl.cli.context import build_settings
+    from tpuctl.server.wire_pods import CreatePod
     from tpuctl.services.access import with_host_access
     from tpuctl.services.allocator import Allocator
     from tpuctl.services.budget import max_hours_labels, warn_monthly_budget  # the budget's warnings
     from tpuctl.services.locations import check_region, check_zones
+    from tpuctl.services.placed import placed_views
 
     def hours_of(value: str | None) -> float | None:
         return None if value is None else params.hours(value, "max_hours")
@@ -152,6 +165,7 @@ def create(
             network=network, subnetwork=subnetwork, tags=tags, service_account=service_account
         ),
     )
+    labels = {**params.labels(label or []), **max_hours_labels(hours_of(max_hours))}
     request = choices.request(
         Catalog.load(),
         settings,
@@ -159,9 +173,20 @@ def create(
         name=name,
         slices=1 if slices is None else params.whole(slices, "slices"),
         runtime_version=runtime_version,
-        labels={**params.labels(label or []), **max_hours_labels(hours_of(max_hours))},
+        labels=labels,
         wait=wait,
     )
+    server = server_of(settings)
+    if server is not None:
+        if any(v is not None for v in (network, subnetwork, tags, service_account)):
+            # The flags win over the server's settings, as they win over this machine's.
+            choices = dataclasses.replace(
+                choices, network=request.network, service_account=request.service_account
+            )
+        body = CreatePod(accelerator_type=accelerator_type, name=request.name, choices=choices,
+                         slices=request.slices, runtime_version=runtime_version, labels=labels, wait=wait,
+                         dry_run=is_dry_run(ctx, dry_run))  # fmt: skip
+        return _create_through(out, server, body)
     with session(ctx, out, settings) as sess:
         # A typo is exit 2, not "not offered"; its suggestion is a zone that offers the type.
         check_zones(sess.catalog, sess.cloud, list(choices.zones), accelerator=request.accelerator)
@@ -176,12 +201,7 @@ def create(
         allocator = Allocator(sess)
         plan = allocator.plan(request)
         if is_dry_run(ctx, dry_run):
-            _render_plan(out, plan)
-            if not plan.feasible:
-                out.err.print(f"[red]infeasible ({plan.verdict.value}):[/] {_escape(plan.message or '')}")
-                if plan.fix:
-                    out.err.print(f"[dim]fix:[/] {_escape(plan.fix)}")
-            return plan.verdict.exit_code
+            return _dry_run_end(out, plan)
         for warning in plan.warnings:
             out.warn(warning)
         error = plan.error()
@@ -196,17 +216,50 @@ def create(
         )
         with out.progress(f"placing {request.name} ({what})") as prog, _placing(request.name):
             placement = allocator.place(request, progress=prog, plan=plan)
-        views = _placed_views(sess, placement)
+        views = placed_views(sess, placement)
         if out.machine:
-            out.document(
-                out.envelope(
-                    pod=views[0] if views else None,
-                    pods=views,
-                    placement=placement.to_dict(),
-                )
-            )
+            out.document(out.envelope(pod=views[0] if views else None, pods=views,
+                                      placement=placement.to_dict()))  # fmt: skip
             return 0
         _render_placement(out, placement, views, prog.elapsed_s)
+    return 0
+
+
+def _dry_run_end(out: Output, plan: Plan) -> int:
+    """`pod create --dry-run`'s plan, and its verdict's exit code (what is infeasible said on stderr)."""
+    _render_plan(out, plan)
+    if not plan.feasible:
+        out.err.print(f"[red]infeasible ({plan.verdict.value}):[/] {_escape(plan.message or '')}")
+        if plan.fix:
+            out.err.print(f"[dim]fix:[/] {_escape(plan.fix)}")
+    return plan.verdict.exit_code
+
+
+def _create_through(out: Output, server: str, body: CreatePod) -> int:
+    """`pod create` by the server: its plan (a dry run), its placement, or for a retry the slices it had
+    placed, rendered as a local create renders them."""
+    import time
+
+    started = time.monotonic()
+    with remote.client(server) as api, _placing(body.name):
+        answer = api.create_pod(body)
+    remote.banner(out, answer.served_by, server)
+    for warning in answer.warnings:
+        out.warn(warning)
+    if body.dry_run:
+        assert answer.plan is not None
+        return _dry_run_end(out, answer.plan)
+    placement, views = answer.placement, answer.pods
+    if out.machine:
+        out.document(out.envelope(pod=views[0] if views else None, pods=views,
+                                  placement=None if placement is None else placement.to_dict()))  # fmt: skip
+    elif placement is not None:
+        _render_placement(out, placement, views, time.monotonic() - started)
+    else:
+        out.out.print(f"[bold]{body.name}[/] was placed by an earlier try of this request:")
+        out.rows("slices", ("NAME", "ZONE", "TYPE", "STATE"),
+                 ([v["name"], v["zone"], v["accelerator_type"], v["state"]] for v in views),
+                 key="pods", records=views)  # fmt: skip
     return 0
 
 
@@ -250,23 +303,6 @@ def _escape(text: str) -> str:
     from rich.markup import escape
 
     return escape(text)
-
-
-def _placed_views(sess: Session, placement: Placement) -> list[dict[str, Any]]:
-    """The placed slices as `pod list` shows them, each with its slice index."""
-    from tpuctl.services.pods import PodService
-
-    by_name = {d["name"]: d for d in placement.to_dict()["pods"]}
-    views: list[dict[str, Any]] = []
-    pods = PodService(sess).list(placement.candidate.zone, surfaces=(placement.request.surface,))
-    listed = {(v.zone, v.name): v for v in pods}
-    for name, pod in by_name.items():
-        view = listed.get((placement.candidate.zone, name))
-        data = view.to_dict() if view is not None else dict(pod)
-        data["slice_index"] = pod["slice_index"]
-        data["request_id"] = placement.request.request_id
-        views.append(data)
-    return views
 
 
 def _render_placement(
@@ -397,71 +433,100 @@ def gc(
     queued resources, and the slices this ledger created that no ledger entry owns (a live slice it cannot
     prove its own is listed as not ours, never deleted); record ledger entries whose slice no longer exists
     as gone. --dry-run lists only."""
-    from tpuctl.errors import CloudError
     from tpuctl.services.gc import GarbageCollector
 
     out = make_output(ctx, output)
     zone = _zone(zone)
+    dry = is_dry_run(ctx, dry_run)
+    server = server_of(build_settings(ctx))
+    if server is not None:
+        _gc_through(ctx, out, server, zone, dry=dry, yes=yes)
+        return
     with session(ctx, out) as sess:
         collector = GarbageCollector(sess)
-        dry = is_dry_run(ctx, dry_run)
         # Ledger entries whose slice is gone: recorded at once (only the ledger changes, nothing to ask).
         vanished = collector.vanished(zone)
         if not dry:
             collector.record_gone(vanished)
-        gone = [
-            {"name": p.name, "zone": p.zone, "state": p.state.value, "recorded": not dry} for p in vanished
-        ]
-        if not out.machine:
-            for p in vanished:
-                verdict = "would be recorded as gone" if dry else "recorded as gone"
-                out.out.print(f"slice {p.name} ({p.zone}) no longer exists; its ledger entry {verdict}")
         found = collector.survey(zone)
-        items = found.items
-        not_ours = [n.to_dict() for n in found.not_ours]
-        if not out.machine:
-            for n in found.not_ours:
-                what = n.kind.replace("_", " ")
-                out.out.print(f"{what} {n.name} ({n.zone}, {n.state}): {_escape(n.reason)}")
-        records = [i.to_dict() for i in items]
-        columns = ("KIND", "NAME", "ZONE", "STATE", "TYPE", "WHY")
-
-        def rows() -> list[list[Any]]:
-            return [[i.kind, i.name, i.zone, i.state, i.accelerator_type, i.reason] for i in items]
-
-        if dry or not items:
-            if out.machine:
-                out.document(out.envelope(dry_run=dry, gc=records, deleted=[], gone=gone, not_ours=not_ours))
-            elif not items:
-                out.out.print("nothing to collect")
-            else:
-                out.out.print("[bold]dry run[/]: nothing was changed. Would delete:")
-                out.rows("garbage", columns, rows(), key="gc", records=records)
+        if _gc_found(out, vanished, found, dry=dry):
             return
-        if not out.machine:
-            out.rows("garbage", columns, rows(), key="gc", records=records)
-        confirm(ctx, yes, f"delete these {len(items)}?", out)
+        confirm(ctx, yes, f"delete these {len(found.items)}?", out)
         with out.progress("collecting") as prog:
-            results = collector.collect(items, progress=prog)
+            results = collector.collect(found.items, progress=prog)
+    _gc_collected(out, vanished, found, results, dry=dry)
+
+
+def _gone(vanished: list[PodRecord], *, dry: bool) -> list[dict[str, Any]]:
+    return [{"name": p.name, "zone": p.zone, "state": p.state.value, "recorded": not dry} for p in vanished]
+
+
+def _gc_found(out: Output, vanished: list[PodRecord], found: GcSurvey, *, dry: bool) -> bool:
+    """Say what gc found; True when that is all (a dry run, or nothing to delete), else the table of what
+    it would delete, before asking."""
+    items = found.items
+    if not out.machine:
+        for p in vanished:
+            verdict = "would be recorded as gone" if dry else "recorded as gone"
+            out.out.print(f"slice {p.name} ({p.zone}) no longer exists; its ledger entry {verdict}")
+        for n in found.not_ours:
+            out.out.print(f"{n.kind.replace('_', ' ')} {n.name} ({n.zone}, {n.state}): {_escape(n.reason)}")
+    records = [i.to_dict() for i in items]
+    columns = ("KIND", "NAME", "ZONE", "STATE", "TYPE", "WHY")
+    rows = [[i.kind, i.name, i.zone, i.state, i.accelerator_type, i.reason] for i in items]
+    if dry or not items:
         if out.machine:
-            out.document(
-                out.envelope(
-                    gc=[r.to_dict() for r in results],
-                    deleted=[r.item.name for r in results if r.deleted],
-                    gone=gone,
-                    not_ours=not_ours,
-                )
-            )
+            out.document(out.envelope(dry_run=dry, gc=records, deleted=[], gone=_gone(vanished, dry=dry),
+                                      not_ours=[n.to_dict() for n in found.not_ours]))  # fmt: skip
+        elif not items:
+            out.out.print("nothing to collect")
         else:
-            for r in results:
-                verdict = "deleted" if r.deleted else f"[red]not deleted[/]: {_escape(r.error or '')}"
-                out.out.print(f"{r.item.kind} {r.item.name} ({r.item.zone}): {verdict}")
-        failures = [r for r in results if not r.deleted]
-        if failures:
-            names = ", ".join(f"{r.item.name} ({r.item.zone})" for r in failures)
-            raise CloudError(
-                f"could not delete {names}", fix="run `tpuctl pod gc` again; `tpuctl pod list` shows them"
-            )
+            out.out.print("[bold]dry run[/]: nothing was changed. Would delete:")
+            out.rows("garbage", columns, rows, key="gc", records=records)
+        return True
+    if not out.machine:
+        out.rows("garbage", columns, rows, key="gc", records=records)
+    return False
+
+
+def _gc_collected(
+    out: Output, vanished: list[PodRecord], found: GcSurvey, results: list[GcResult], *, dry: bool
+) -> None:
+    """What gc deleted; exit 4 naming what it could not."""
+    from tpuctl.errors import CloudError
+
+    if out.machine:
+        out.document(out.envelope(gc=[r.to_dict() for r in results],
+                                  deleted=[r.item.name for r in results if r.deleted],
+                                  gone=_gone(vanished, dry=dry),
+                                  not_ours=[n.to_dict() for n in found.not_ours]))  # fmt: skip
+    else:
+        for r in results:
+            verdict = "deleted" if r.deleted else f"[red]not deleted[/]: {_escape(r.error or '')}"
+            out.out.print(f"{r.item.kind} {r.item.name} ({r.item.zone}): {verdict}")
+    failures = [r for r in results if not r.deleted]
+    if failures:
+        names = ", ".join(f"{r.item.name} ({r.item.zone})" for r in failures)
+        raise CloudError(
+            f"could not delete {names}", fix="run `tpuctl pod gc` again; `tpuctl pod list` shows them"
+        )
+
+
+def _gc_through(ctx: typer.Context, out: Output, server: str, zone: str | None, *, dry: bool,
+                yes: bool) -> None:  # fmt: skip
+    """`pod gc` by the server: its survey (the gone entries recorded unless a dry run), then, once
+    confirmed here, the deletion of what it surveyed and still finds dead."""
+    from tpuctl.server.wire_pods import CollectGarbage, GcKey
+
+    with remote.client(server) as api:
+        first = api.collect_garbage(CollectGarbage(zone=zone, dry_run=dry))
+        remote.banner(out, first.served_by, server)
+        if _gc_found(out, first.vanished, first.survey, dry=dry):
+            return
+        confirm(ctx, yes, f"delete these {len(first.survey.items)}?", out)
+        confirmed = [GcKey(kind=i.kind, zone=i.zone, name=i.name) for i in first.survey.items]
+        done = api.collect_garbage(CollectGarbage(zone=zone, confirmed=confirmed))
+    _gc_collected(out, first.vanished, first.survey, done.results, dry=False)
 
 
 @app.command("list")
@@ -471,8 +536,15 @@ def list_pods(ctx: typer.Context, zone: ZoneOpt = None, output: OutputOpt = None
 
     out = make_output(ctx, output)
     zone = _zone(zone)
-    with session(ctx, out) as sess:
-        views = PodService(sess).list(zone)
+    server = server_of(build_settings(ctx))
+    if server is not None:
+        with remote.client(server) as api:
+            answer = api.list_pods(zone)
+        remote.banner(out, answer.served_by, server)
+        views = answer.pods
+    else:
+        with session(ctx, out) as sess:
+            views = PodService(sess).list(zone)
     out.rows(
         "pods",
         _POD_COLUMNS,
@@ -496,8 +568,15 @@ def describe(
 
     out = make_output(ctx, output, ONE_OBJECT)
     zone = _zone(zone)
-    with session(ctx, out) as sess:
-        data = PodService(sess).describe(name, zone)
+    server = server_of(build_settings(ctx))
+    if server is not None:
+        with remote.client(server) as api:
+            described = api.describe_pod(name, zone)
+        remote.banner(out, described.served_by, server)
+        data = described.pod
+    else:
+        with session(ctx, out) as sess:
+            data = PodService(sess).describe(name, zone)
     if out.machine:
         out.document(out.envelope(pod=data))
         return
@@ -556,34 +635,29 @@ def delete(
 ) -> None:
     """Delete slices (they stop billing and free their quota). A slice a live run is on needs --force."""
     from tpuctl.errors import NotFoundError, TpuctlError
+    from tpuctl.server.wire_pods import DeletePods
     from tpuctl.services.pods import PodService
     from tpuctl.services.run.occupancy import guard_deletion, live_runs_on
 
     out = make_output(ctx, output)
     zone = _zone(zone)
+    server = server_of(build_settings(ctx))
+    if server is not None:
+        _delete_through(ctx, out, server, DeletePods(names=names, zone=zone, wait=wait, force=force),
+                        dry_run=is_dry_run(ctx, dry_run), yes=yes)  # fmt: skip
+        return
     with session(ctx, out) as sess:
         pods = PodService(sess)
         plans = pods.plan_delete(names, zone)
         for plan in plans:
             plan["in_use_by"] = [r.run_id for r in live_runs_on(sess, plan["name"], plan["zone"])]
         if is_dry_run(ctx, dry_run):
-            if out.machine:
-                out.document(out.envelope(dry_run=True, plan=plans))
-            else:
-                out.out.print("[bold]dry run[/]: nothing was changed. Would delete:")
-                for plan in plans:
-                    for req in plan["requests"]:
-                        out.out.print(f"  {plan['name']} ({plan['zone']}): {req['method']} {req['url']}")
+            _render_delete_plan(out, plans)
             return
         for plan in plans:  # refused without --force while a run is on it (checked before asking)
             if plan["in_use_by"] and not force:
                 guard_deletion(sess, plan["name"], plan["zone"], force=False)
-        listing = ", ".join(
-            f"{p['name']} ({p['zone']}"
-            + (f"; in use by run {', '.join(p['in_use_by'])})" if p["in_use_by"] else ")")
-            for p in plans
-        )
-        confirm(ctx, yes, f"delete {listing}?", out)
+        confirm(ctx, yes, f"delete {_deletion_listing(plans)}?", out)
         for plan in plans:  # the runs on it will record a deletion, not a preemption
             guard_deletion(sess, plan["name"], plan["zone"], force=True)
         deleted: list[dict[str, Any]] = []
@@ -605,3 +679,45 @@ def delete(
             out.document(out.envelope(deleted=deleted))
         if failures:
             raise failures[0]
+
+
+def _render_delete_plan(out: Output, plans: list[dict[str, Any]]) -> None:
+    if out.machine:
+        out.document(out.envelope(dry_run=True, plan=plans))
+        return
+    out.out.print("[bold]dry run[/]: nothing was changed. Would delete:")
+    for plan in plans:
+        for req in plan["requests"]:
+            out.out.print(f"  {plan['name']} ({plan['zone']}): {req['method']} {req['url']}")
+
+
+def _deletion_listing(plans: list[dict[str, Any]]) -> str:
+    return ", ".join(
+        f"{p['name']} ({p['zone']}"
+        + (f"; in use by run {', '.join(p['in_use_by'])})" if p["in_use_by"] else ")")
+        for p in plans
+    )
+
+
+def _delete_through(ctx: typer.Context, out: Output, server: str, body: DeletePods, *, dry_run: bool,
+                    yes: bool) -> None:  # fmt: skip
+    """`pod delete` by the server: its plan first (shown, or asked about), then the deletion; a slice a
+    live run is on is refused by the server without --force before anything is deleted, as here."""
+    from tpuctl.client.api import ServerError
+
+    with remote.client(server) as api:
+        planned = api.delete_pods(body.model_copy(update={"dry_run": True}))
+        remote.banner(out, planned.served_by, server)
+        if dry_run:
+            _render_delete_plan(out, planned.plan)
+            return
+        if not any(p["in_use_by"] for p in planned.plan) or body.force:
+            confirm(ctx, yes, f"delete {_deletion_listing(planned.plan)}?", out)
+        answer = api.delete_pods(body)
+    for entry in answer.deleted:
+        also = f" and its queued resource {entry['queued_resource']}" if entry.get("queued_resource") else ""
+        out.note(f"deleted {entry['name']} ({entry['zone']}){also}")
+    if out.machine:
+        out.document(out.envelope(deleted=answer.deleted))
+    if answer.failures:
+        raise ServerError(answer.failures[0])

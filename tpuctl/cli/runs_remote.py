@@ -35,9 +35,9 @@ _EXIT_OF_STATUS: Final = {
 
 
 def client(server: str) -> ServerClient:
-    from tpuctl.client.api import ServerClient
+    from tpuctl.cli import remote
 
-    return ServerClient(server)
+    return remote.client(server)
 
 
 def run(out: Output, server: str, job: JobRequest, request: RunRequest, *, detach: bool) -> None:

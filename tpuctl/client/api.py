@@ -28,6 +28,23 @@ from tpuctl.server.wire import (
     SubmitRun,
     Submitted,
 )
+from tpuctl.server.wire_pods import (
+    CollectGarbage,
+    CreatePod,
+    DeletePods,
+    GarbageCollected,
+    PodCreated,
+    PodsDeleted,
+)
+from tpuctl.server.wire_views import (
+    CostReportOut,
+    EstimateIn,
+    EstimateOut,
+    PodDescriptionOut,
+    PodListOut,
+    PricesOut,
+    QuotaOut,
+)
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -37,6 +54,9 @@ _Body = TypeVar("_Body", bound=BaseModel)
 #: the first retry (twice that before the second).
 SUBMIT_TRIES: Final = 3
 RETRY_AFTER_S: Final = 1.0
+#: How long a request that places or deletes slices may take: it waits for the cloud (a slice's create
+#: can take many minutes), so it has its own limit, not the reads'.
+PLACE_TIMEOUT_S: Final = 3600.0
 
 
 class ServerError(TpuctlError):
@@ -81,44 +101,92 @@ class ServerClient:
 
     def upload_bundle(self, sha256: str, data: bytes) -> BundleOut:
         return self._call(BundleOut, "PUT", f"/v1/bundles/{sha256}", content=data,
-                          headers={"content-type": BUNDLE_MEDIA_TYPE})  # fmt: skip
+                          headers={"content-type": BUNDLE_MEDIA_TYPE}, command="run")  # fmt: skip
 
     def submit(self, body: SubmitRun, *, key: str | None = None) -> Submitted:
         """Submit a run; retried with the same key when the connection drops or times out, or while the
         server is still recording the run an earlier try of the key started (409 ``conflict``)."""
+        return self._idempotent(Submitted, "/v1/runs", body, key, command="run")
+
+    def plan(self, body: SubmitRun) -> RunPlanOut:
+        """What submitting ``body`` would do (nothing recorded, nothing created)."""
+        return self._call(
+            RunPlanOut, "POST", "/v1/runs:plan", json=body.model_dump(), command="run --dry-run"
+        )
+
+    def list_runs(self, *, limit: int) -> RunList:
+        return self._call(RunList, "GET", "/v1/runs", params={"limit": limit}, command="runs list")
+
+    def describe(self, ref: str) -> RunDescriptionOut:
+        return self._call(RunDescriptionOut, "GET", f"/v1/runs/{_quoted(ref)}", command="runs describe")
+
+    def logs(self, ref: str, *, after: str = "", worker: int | None = None) -> LogsOut:
+        params: dict[str, Any] = {"after": after}
+        if worker is not None:
+            params["worker"] = worker
+        return self._call(LogsOut, "GET", f"/v1/runs/{_quoted(ref)}/logs", params=params, command="runs logs")
+
+    def cancel(self, ref: str) -> CancelOut:
+        return self._call(CancelOut, "POST", f"/v1/runs/{_quoted(ref)}/cancel", command="runs cancel")
+
+    def create_pod(self, body: CreatePod, *, key: str | None = None) -> PodCreated:
+        """Place a slice (the request waits for the placement: ``PLACE_TIMEOUT_S``); retried with the same
+        key as a submission is, which never places a second slice."""
+        return self._idempotent(PodCreated, "/v1/pods", body, key, command="pod create")
+
+    def delete_pods(self, body: DeletePods, *, key: str | None = None) -> PodsDeleted:
+        return self._idempotent(PodsDeleted, "/v1/pods/delete", body, key, command="pod delete")
+
+    def collect_garbage(self, body: CollectGarbage, *, key: str | None = None) -> GarbageCollected:
+        return self._idempotent(GarbageCollected, "/v1/pods/gc", body, key, command="pod gc")
+
+    def cost_report(self, query: dict[str, Any]) -> CostReportOut:
+        """``query``: ``group_by``, ``since``, ``until``, ``limit``, ``reconcile``, ``dry_run`` (a None
+        is left out)."""
+        params = {k: v for k, v in query.items() if v is not None}
+        return self._call(CostReportOut, "GET", "/v1/cost/report", params=params, command="cost report")
+
+    def cost_estimate(self, body: EstimateIn) -> EstimateOut:
+        return self._call(EstimateOut, "POST", "/v1/cost/estimate", json=body.model_dump(),
+                          command="cost estimate")  # fmt: skip
+
+    def catalog_prices(self) -> PricesOut:
+        return self._call(PricesOut, "GET", "/v1/catalog/prices", command="catalog prices")
+
+    def quota(self) -> QuotaOut:
+        return self._call(QuotaOut, "GET", "/v1/quota", command="quota")
+
+    def list_pods(self, zone: str | None) -> PodListOut:
+        params = {} if zone is None else {"zone": zone}
+        return self._call(PodListOut, "GET", "/v1/pods", params=params, command="pod list")
+
+    def describe_pod(self, name: str, zone: str | None) -> PodDescriptionOut:
+        params = {} if zone is None else {"zone": zone}
+        return self._call(PodDescriptionOut, "GET", f"/v1/pods/{_quoted(name, 'NAME')}", params=params,
+                          command="pod describe")  # fmt: skip
+
+    # --- plumbing -------------------------------------------------------------------------------
+
+    def _idempotent(self, model: type[_Body], path: str, body: BaseModel, key: str | None, *,
+                    command: str) -> _Body:  # fmt: skip
+        """POST ``body`` with an idempotency key, retried with that key on a dropped connection or a
+        timeout, and while the server is still serving an earlier try of it (409 ``conflict``)."""
         key = key or uuid.uuid4().hex
         for attempt in range(1, SUBMIT_TRIES + 1):
             try:
-                return self._call(Submitted, "POST", "/v1/runs", json=body.model_dump(),
-                                  headers={IDEMPOTENCY_HEADER: key})  # fmt: skip
+                return self._call(model, "POST", path, json=body.model_dump(mode="json"),
+                                  headers={IDEMPOTENCY_HEADER: key}, timeout=PLACE_TIMEOUT_S,
+                                  command=command)  # fmt: skip
             except (UnreachableError, ServerError) as exc:
                 if attempt == SUBMIT_TRIES or (isinstance(exc, ServerError) and exc.kind != "conflict"):
                     raise
                 time.sleep(self._retry_after_s * attempt)
         raise AssertionError("unreachable")
 
-    def plan(self, body: SubmitRun) -> RunPlanOut:
-        """What submitting ``body`` would do (nothing recorded, nothing created)."""
-        return self._call(RunPlanOut, "POST", "/v1/runs:plan", json=body.model_dump())
-
-    def list_runs(self, *, limit: int) -> RunList:
-        return self._call(RunList, "GET", "/v1/runs", params={"limit": limit})
-
-    def describe(self, ref: str) -> RunDescriptionOut:
-        return self._call(RunDescriptionOut, "GET", f"/v1/runs/{_quoted(ref)}")
-
-    def logs(self, ref: str, *, after: str = "", worker: int | None = None) -> LogsOut:
-        params: dict[str, Any] = {"after": after}
-        if worker is not None:
-            params["worker"] = worker
-        return self._call(LogsOut, "GET", f"/v1/runs/{_quoted(ref)}/logs", params=params)
-
-    def cancel(self, ref: str) -> CancelOut:
-        return self._call(CancelOut, "POST", f"/v1/runs/{_quoted(ref)}/cancel")
-
-    # --- plumbing -------------------------------------------------------------------------------
-
-    def _call(self, model: type[_Body], method: str, path: str, **kwargs: Any) -> _Body:
+    def _call(self, model: type[_Body], method: str, path: str, *, command: str | None = None,
+              **kwargs: Any) -> _Body:  # fmt: skip
+        """The typed answer to one request; ``command``: the CLI command it serves, named when the server
+        does not know the path (a server older than this client)."""
         try:
             response = self._http.request(method, path, **kwargs)
         except httpx.TransportError as exc:
@@ -134,14 +202,22 @@ class ServerClient:
                     f"tpuctl server at {self.url} answered {path} with an unexpected body: {str(exc)[:300]}",
                     fix="use a tpuctl of the server's version",
                 ) from None
-        raise _error_of(response)
+        raise _error_of(response, self.url, command)
 
 
-def _error_of(response: httpx.Response) -> TpuctlError:
+def _error_of(response: httpx.Response, url: str, command: str | None) -> TpuctlError:
     try:
         document = response.json()
     except ValueError:
         document = None
+    if response.status_code in (404, 405) and _unrouted(document, response):
+        return UsageError(
+            f"tpuctl server at {url} does not serve `{command or response.request.url.path}` "
+            f"({response.request.method} {response.request.url.path}: HTTP {response.status_code})",
+            field="--server",
+            value=url,
+            fix="run a tpuctl server of this client's version, or run the command without --server",
+        )
     if isinstance(document, dict) and "message" in document:
         return ServerError(document)
     return TpuctlError(
@@ -150,9 +226,21 @@ def _error_of(response: httpx.Response) -> TpuctlError:
     )
 
 
-def _quoted(ref: str) -> str:
+def _unrouted(document: Any, response: httpx.Response) -> bool:
+    """The framework's own "no such path" (or "no such method there"), not a tpuctl not-found: its
+    document names the path as its value and carries no field."""
+    if not isinstance(document, dict):
+        return True
+    return document.get("field") is None and document.get("value") == response.request.url.path
+
+
+def _quoted(ref: str, what: str = "RUN") -> str:
     from urllib.parse import quote
 
     if not ref.strip():
-        raise UsageError("an empty run id", field="RUN", value=ref, fix="`tpuctl runs list` shows the runs")
+        if what == "RUN":
+            raise UsageError(
+                "an empty run id", field="RUN", value=ref, fix="`tpuctl runs list` shows the runs"
+            )
+        raise UsageError(f"an empty {what}", field=what, value=ref, fix="give a name")
     return quote(ref, safe="")

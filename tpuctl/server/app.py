@@ -7,6 +7,9 @@
   200 with the first one for a retry.
 - ``GET /v1/runs``, ``GET /v1/runs/{run}``, ``GET /v1/runs/{run}/logs?after=CURSOR``,
   ``POST /v1/runs/{run}/cancel``: as `runs list`, `runs describe`, `runs logs` and `runs cancel`.
+- ``/v1/cost/...``, ``/v1/catalog/prices``, ``/v1/quota``, ``GET /v1/pods[/{name}]``: the read-only
+  commands (``routes_views``); ``POST /v1/pods``, ``POST /v1/pods/delete``: `pod create` and `pod
+  delete` (``routes_pods``).
 
 ``{run}`` names a run as the CLI's RUN argument does (a whole id, a unique start or end, ``latest``). Every
 error is the CLI's error document (``problems``). The handlers are plain functions: FastAPI runs them on
@@ -23,6 +26,8 @@ from fastapi.responses import JSONResponse
 from tpuctl.server import problems
 from tpuctl.server.bundles import MAX_BUNDLE_BYTES, too_large
 from tpuctl.server.problems import RequestProblem
+from tpuctl.server.routes_pods import pod_routes
+from tpuctl.server.routes_views import view_routes
 from tpuctl.server.wire import (
     BUNDLE_MEDIA_TYPE,
     IDEMPOTENCY_HEADER,
@@ -62,6 +67,8 @@ def build_app(session: Session, bundles: BundleStore, replica: Replica | None) -
     app = FastAPI(title="tpuctl server", version=__version__, responses=_ERRORS)
     problems.install(app)
     app.include_router(dashboard_router(session))  # the dashboard's pages, at /
+    app.include_router(view_routes(session, _json_body))
+    app.include_router(pod_routes(session, _json_body))
 
     @app.get("/healthz", response_model=Health)
     def healthz() -> Health:
