@@ -100,7 +100,15 @@ from tpuctl.services.run.secretenv import store_secrets
 from tpuctl.services.run.segments import Segments
 from tpuctl.services.run.signals import EventTap, SliceWatch, StepBudget, classify
 from tpuctl.services.run.takeover import take_over
-from tpuctl.store.records import EventKind, LeaseOwner, LedgerError, PreemptionKind, RunStatus, SegmentKind
+from tpuctl.store.records import (
+    EventKind,
+    LeaseOwner,
+    LedgerError,
+    LedgerUnavailableError,
+    PreemptionKind,
+    RunStatus,
+    SegmentKind,
+)
 
 if TYPE_CHECKING:
     from tpuctl.cloud.base import Node, OperationProgress
@@ -339,6 +347,10 @@ class Supervisor:
             failure = exc
             if isinstance(exc, InterruptedByUser):
                 run.end(RunStatus.CANCELLED, 130)
+        if isinstance(failure, LedgerUnavailableError) and self._keeper is not None:
+            # The database out of reach mid-run ends this supervision, not the run: a settle would record
+            # a failure the run never had (if it could record anything). Left as a lost lease leaves it.
+            self._keeper.give_up(failure)
         # Not ours any more: nothing is deleted or recorded; the new owner settles the run.
         if (lost := self._lost()) is not None:
             raise lost
@@ -362,6 +374,7 @@ class Supervisor:
         every later resume at once."""
         session = self._session
         settings = session.settings
+        claimed_at = time.monotonic()  # the ledger's expiry counts from this moment or later
         claim = session.ledger.claim_lease(prepared.run_id, self._owner, settings.lease_duration)
         self._keeper = keeper = LeaseKeeper(
             session.ledger,
@@ -370,6 +383,7 @@ class Supervisor:
             renew_every_s=settings.lease_renew_every,
             on_lost=self._on_lease_lost,
             on_cancel=lambda request: self.cancel(),
+            claimed_at=claimed_at,
         )
         try:
             if resume and claim.cancel is not None:
@@ -378,7 +392,7 @@ class Supervisor:
             # The kernel lock stays a local shortcut (a second supervisor on this machine sees it at
             # once); failing to take it changes nothing: the ledger lease decides.
             self._lease = Lease.acquire(prepared.run_dir.lock_file)
-            self._bind(fenced_session(session, claim, on_lost=keeper.note_lost))
+            self._bind(fenced_session(session, claim, on_lost=keeper.note_lost, lost=lambda: keeper.lost))
             keeper.start()
         except BaseException:
             # Not supervising after all (an OSError from the local lock, Ctrl-C): give the lease back now
