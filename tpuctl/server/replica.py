@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Final
 from tpuctl.errors import LeaseHeldError, LeaseLostError, TpuctlError
 from tpuctl.server import membership
 from tpuctl.services.run.model import Silent
+from tpuctl.store.records import LedgerBusyError
 
 if TYPE_CHECKING:
     from tpuctl.services.run.supervisor import Supervisor
@@ -126,6 +127,7 @@ class Replica:
             try:
                 self.tick()
             except Exception as exc:  # the ledger busy or gone: said, and tried again at the next tick
+                # (the loop must outlive any outage: it is what adopts the runs once the database is back)
                 _say(f"replica tick failed: {exc}")
             self._wake.wait(self._tick_s)
             self._wake.clear()
@@ -153,11 +155,14 @@ class Replica:
     def _unheld(self) -> list[str]:
         """Runs nobody holds (``Ledger.orphans``), oldest first, that no worker here has and that are not
         being backed off from."""
+        # Asked outside the lock: the ledger may be waiting out a database restart, and the API (readyz,
+        # cancel) must not wait behind it.
+        orphans = self._session.ledger.orphans()
         now = time.monotonic()
         with self._lock:
             return [
                 run_id
-                for run_id in self._session.ledger.orphans()
+                for run_id in orphans
                 if run_id not in self._workers and self._not_before.get(run_id, 0.0) <= now
             ]
 
@@ -170,6 +175,10 @@ class Replica:
             pass  # another supervisor claimed it first: it is theirs
         except LeaseLostError as exc:
             _say(f"run {run_id}: lease lost, no longer supervised here: {exc.message}")
+        except LedgerBusyError as exc:
+            # The ledger busy or out of reach before supervision began (a restart, an outage): no fault
+            # of the run's, so it is not backed off from; whoever finds it unheld next takes it up.
+            _say(f"run {run_id}: not taken up, the ledger did not answer: {exc.message}")
         except Exception as exc:
             # The run's own end (its supervisor recorded it), or a failure before supervision began (its
             # saved request unreadable, a bug): said, and the run left alone for a while either way, so
