@@ -218,6 +218,19 @@ def test_the_loss_is_declared_at_the_deadline_while_a_renewal_is_stuck(
         kept.stop()
 
 
+def test_a_supervisor_that_cannot_write_its_ledger_gives_the_run_up_as_on_a_loss(ledger: Ledger) -> None:
+    seen = Seen()
+    kept = keeper(ledger, seen)
+    kept.start()
+    lost = kept.give_up(LedgerUnavailableError("the ledger database cannot be reached: server closed"))
+    assert kept.lost is lost and seen.lost == [lost] and lost.exit_code == 9
+    assert "could not be written" in lost.message and "server closed" in lost.message
+    assert kept.give_up(RuntimeError("again")) is lost and len(seen.lost) == 1  # once
+    kept.release()  # lost: the lease is left to expire for the next owner, not given back
+    assert ledger.lease_of(RUN) is not None
+    assert LeaseAction.RELEASE not in [h.action for h in ledger.lease_history(RUN)]
+
+
 def test_a_cancel_request_reaches_the_keeper_once(ledger: Ledger) -> None:
     seen = Seen()
     kept = keeper(ledger, seen)
