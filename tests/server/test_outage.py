@@ -222,8 +222,12 @@ def test_a_database_restart_mid_run_is_waited_out_and_the_run_carries_on(place: 
 
     assert _ended(place, run_id, [server]) is RunStatus.SUCCEEDED
     assert _readiness(url) == 200  # reconnected
-    assert len(place.node_mutations("POST")) == 1  # one attempt, one slice
-    assert len(place.node_mutations("DELETE")) == 1 and place.admin.status()["nodes"] == []
+    # One slice per attempt (one attempt, unless a loaded machine let the lease lapse and the server took
+    # its own run over), each deleted once, the last one too.
+    attempts = _attempts(place, run_id)
+    assert len(place.node_mutations("POST")) == len(place.node_mutations("DELETE")) == len(attempts)
+    deleted = [d["name"] for d in place.admin.deletions()]
+    assert len(deleted) == len(set(deleted)) and place.admin.status()["nodes"] == []
     _lines_once(place, run_id)
     with place.ledger() as ledger:
         owners = {h.owner.pid for h in ledger.lease_history(run_id)}
@@ -287,10 +291,12 @@ def test_a_database_down_past_the_lease_stops_every_replica_acting_and_one_carri
         f"{h.at:.3f} {h.action} g{h.generation} pid {h.owner.pid} -> {h.expires_at}" for h in history
     )
     held = _held(history)
-    assert held[0].pid == holder_pid and held[0].until > down_at, said  # held when the database went
+    at_outage = [span for span in held if span.since <= down_at][-1]  # (a loaded machine may lose one before)
+    assert at_outage.pid == holder_pid and at_outage.until > down_at - LEASE_S, said
     for before, after in itertools.pairwise(held):  # never two holders at once
         assert after.since >= before.until, said
-    assert any(h.action is LeaseAction.TAKEOVER and h.at >= held[0].until for h in history), said
+    # Someone carried the run on after the outage, once the holder's lease had expired.
+    assert any(h.action is LeaseAction.TAKEOVER and h.at >= at_outage.until for h in history), said
     creates, deletes = place.node_mutations("POST"), place.node_mutations("DELETE")
     for at in creates + deletes:  # each sent inside a lease, before its holder's local deadline
         assert any(span.since <= at < span.acting_until for span in held), f"{at}\n{said}"
