@@ -228,7 +228,7 @@ class PostgresDatabase:
 
         from tpuctl.store.engine import unreachable
 
-        waited_until: float | None = None
+        give_up_at: float | None = None
         delay = _RECONNECT_FIRST_DELAY_S
         while True:
             try:
@@ -237,10 +237,10 @@ class PostgresDatabase:
                 if not unreachable(exc):
                     raise
                 now = time.monotonic()
-                waited_until = now + self._reconnect_wait_s if waited_until is None else waited_until
-                if now + delay > waited_until:
+                give_up_at = now + self._reconnect_wait_s if give_up_at is None else give_up_at
+                if now >= give_up_at:
                     raise
-            time.sleep(delay)
+            time.sleep(min(delay, give_up_at - now))  # a last try at the end of the wait
             delay = min(delay * 2, _RECONNECT_MAX_DELAY_S)
 
     def _begin(self, *, write: bool) -> SqlConnection:

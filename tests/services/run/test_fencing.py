@@ -207,7 +207,7 @@ def test_the_loss_is_declared_at_the_deadline_while_a_renewal_is_stuck(
         raise LedgerUnavailableError("timed out")
 
     seen = Seen()
-    kept = keeper(ledger, seen, ttl_s=1.0, every_s=0.2)
+    kept = keeper(ledger, seen, ttl_s=0.4, every_s=0.1)  # given up 0.3 s after the claim
     monkeypatch.setattr(ledger, "renew_lease", stuck)
     kept.start()
     try:
