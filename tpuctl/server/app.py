@@ -1,7 +1,7 @@
 """The HTTP API of `tpuctl server` (FastAPI; its OpenAPI document at ``/openapi.json``):
 
-- ``GET /healthz``: the process answers. ``GET /readyz``: the ledger answers and the replica ticks (503
-  otherwise).
+- ``GET /healthz``: the process answers. ``GET /readyz``: the ledger answers (within
+  ``LedgerProbe``'s time) and the replica ticks (503 otherwise).
 - ``PUT /v1/bundles/{sha256}``: a program's files (``application/gzip``, at most the ledger's 64 MiB).
 - ``POST /v1/runs``: submit a run (``wire.SubmitRun``, ``Idempotency-Key`` header); 201 with the new run,
   200 with the first one for a retry.
@@ -18,6 +18,8 @@ its thread pool, over the server's one session (the replica's too).
 
 from __future__ import annotations
 
+import concurrent.futures
+import threading
 from typing import TYPE_CHECKING, Annotated, Any
 
 from fastapi import Depends, FastAPI, Header, Path, Query, Request
@@ -51,6 +53,7 @@ if TYPE_CHECKING:
     from tpuctl.server.bundles import BundleStore
     from tpuctl.server.replica import Replica
     from tpuctl.services.session import Session
+    from tpuctl.store.ledger import Ledger
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorOut} for code in (400, 404, 409, 413, 415, 422, 500)
@@ -74,13 +77,11 @@ def build_app(session: Session, bundles: BundleStore, replica: Replica | None) -
     def healthz() -> Health:
         return Health(status="ok")
 
+    ledger_probe = LedgerProbe(session.ledger)
+
     @app.get("/readyz", response_model=Health, responses={503: {"model": Health}})
     def readyz() -> Any:
-        try:
-            session.ledger.db_now()
-            ledger_ok = True
-        except Exception:  # any failure to read the ledger: not ready, said in the body
-            ledger_ok = False
+        ledger_ok = ledger_probe.answers()
         replica_ok = replica is not None and replica.ready
         health = Health(
             status="ready" if ledger_ok and replica_ok else "not ready",
@@ -221,3 +222,34 @@ def _cursor(text: str) -> dict[int, int]:
             )
         seen[int(worker)] = int(seq)
     return seen
+
+
+class LedgerProbe:
+    """Whether the ledger answers, asked on a thread of its own and waited for at most ``timeout_s``: a
+    readiness probe must answer while the database does not (a transaction waits for a database out of
+    reach, up to the ledger's busy timeout). One question at a time: while one waits, later probes wait on
+    the same answer rather than stack threads up behind the ledger."""
+
+    def __init__(self, ledger: Ledger, *, timeout_s: float = 2.0) -> None:
+        self._ledger = ledger
+        self._timeout_s = timeout_s
+        self._lock = threading.Lock()
+        self._pending: concurrent.futures.Future[float] | None = None
+
+    def answers(self) -> bool:
+        with self._lock:
+            pending = self._pending
+            if pending is None or pending.done():
+                self._pending = pending = concurrent.futures.Future()
+                threading.Thread(target=self._ask, args=(pending,), name="tpuctl-readyz", daemon=True).start()
+        try:
+            pending.result(timeout=self._timeout_s)
+        except Exception:  # no answer in time, or any failure to read the ledger: not ready
+            return False
+        return True
+
+    def _ask(self, pending: concurrent.futures.Future[float]) -> None:
+        try:
+            pending.set_result(self._ledger.db_now())
+        except Exception as exc:
+            pending.set_exception(exc)

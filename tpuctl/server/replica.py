@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Final
 from tpuctl.errors import LeaseHeldError, LeaseLostError, TpuctlError
 from tpuctl.server import membership
 from tpuctl.services.run.model import Silent
+from tpuctl.store.records import LedgerBusyError
 
 if TYPE_CHECKING:
     from tpuctl.services.run.fencing import LeaseKeeper
@@ -129,6 +130,7 @@ class Replica:
             try:
                 self.tick()
             except Exception as exc:  # the ledger busy or gone: said, and tried again at the next tick
+                # (the loop must outlive any outage: it is what adopts the runs once the database is back)
                 _say(f"replica tick failed: {exc}")
             self._wake.wait(self._tick_s)
             self._wake.clear()
@@ -145,23 +147,27 @@ class Replica:
             self._member = True
         self._last_tick = time.monotonic()
         room, busy = self._room()
+        asked_at = time.monotonic()  # the claims' expiry counts from this moment or later
         claims = ledger.claim_orphans(
             self.owner, self._session.settings.lease_duration, limit=room, excluding=busy
         )
         for index, claim in enumerate(claims):
-            if not self._start_worker(claim):
+            if not self._start_worker(claim, asked_at):
                 for unused in claims[index:]:  # stopping: claimed but not taken up, so given back now
                     with contextlib.suppress(TpuctlError):
                         ledger.release_lease(unused)
                 return
 
-    def _start_worker(self, claim: LeaseClaim) -> bool:
+    def _start_worker(self, claim: LeaseClaim, claimed_at: float) -> bool:
         """Supervise the claimed run on a thread of its own; False (nothing started) once stopping."""
         with self._lock:
             if self._stop.is_set():
                 return False
             worker = threading.Thread(
-                target=self._supervise, args=(claim,), name=f"tpuctl-run-{claim.run_id}", daemon=True
+                target=self._supervise,
+                args=(claim, claimed_at),
+                name=f"tpuctl-run-{claim.run_id}",
+                daemon=True,
             )
             self._workers[claim.run_id] = worker
         worker.start()
@@ -179,14 +185,18 @@ class Replica:
 
     # --- a worker -------------------------------------------------------------------------------
 
-    def _supervise(self, claim: LeaseClaim) -> None:
+    def _supervise(self, claim: LeaseClaim, claimed_at: float) -> None:
         run_id = claim.run_id
         try:
-            self._take_up(claim)
+            self._take_up(claim, claimed_at)
         except LeaseHeldError:
             pass  # another supervisor claimed it first (after a cancelled orphan was given back): theirs
         except LeaseLostError as exc:
             _say(f"run {run_id}: lease lost, no longer supervised here: {exc.message}")
+        except LedgerBusyError as exc:
+            # The ledger busy or out of reach before supervision began (a restart, an outage): no fault
+            # of the run's, so it is not backed off from; whoever finds it unheld next takes it up.
+            _say(f"run {run_id}: not taken up, the ledger did not answer: {exc.message}")
         except Exception as exc:
             # The run's own end (its supervisor recorded it), or a failure before supervision began (its
             # saved request unreadable, a bug): said, and the run left alone for a while either way, so
@@ -201,7 +211,7 @@ class Replica:
                 self._workers.pop(run_id, None)
                 self._supervisors.pop(run_id, None)
 
-    def _take_up(self, claim: LeaseClaim) -> None:
+    def _take_up(self, claim: LeaseClaim, claimed_at: float) -> None:
         """Supervise one claimed run to its end: a never-claimed one (its first claim, generation 1)
         from its first attempt; an orphan as `runs resume` takes it over; an orphan someone asked to
         cancel (the claim read the request) is cleaned up instead (a resume would forget the request)."""
@@ -214,7 +224,7 @@ class Replica:
         fresh = claim.generation == 1
         # Renewed from the claim on, not from the supervisor's start: preparing the run (its saved
         # request read back, a resume recorded) takes part of the lease, seconds on a busy machine.
-        keeper = self._keeper(claim)
+        keeper = self._keeper(claim, claimed_at)
         try:
             if not fresh and claim.cancel is not None:
                 keeper.release()  # the clean-up claims the run itself
@@ -243,7 +253,7 @@ class Replica:
         supervisor.supervise(ready.prepared, resume=not fresh, claim=keeper.claim)
         _say(f"run {run_id}: succeeded")
 
-    def _keeper(self, claim: LeaseClaim) -> LeaseKeeper:
+    def _keeper(self, claim: LeaseClaim, claimed_at: float) -> LeaseKeeper:
         """The claim kept renewed until its supervisor takes it over (a loss or a cancel request it sees
         is the preparation's fenced writes' and the supervisor's to act on)."""
         from tpuctl.services.run.fencing import LeaseKeeper
@@ -256,6 +266,7 @@ class Replica:
             renew_every_s=settings.lease_renew_every,
             on_lost=lambda lost: None,
             on_cancel=lambda request: None,
+            claimed_at=claimed_at,  # its local deadline: from the claim request, not from now
         )
         keeper.start()
         return keeper

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, Protocol
@@ -34,6 +35,14 @@ from tpuctl.store.url import DatabaseUrl, sqlite_url
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection, Engine
+
+#: How long a transaction on a PostgreSQL ledger waits for a server out of reach to come back (unless
+#: the opener says: ``open_database``'s busy timeout).
+DEFAULT_RECONNECT_WAIT_S: Final = 30.0
+# Backoff between connection attempts while it is away: quick at first (a restart takes well under a
+# second on a small database), then once a second.
+_RECONNECT_FIRST_DELAY_S: Final = 0.05
+_RECONNECT_MAX_DELAY_S: Final = 1.0
 
 #: The advisory lock every tpuctl write transaction on a PostgreSQL ledger takes first (any fixed
 #: 64-bit number; "tpuctl" in ASCII), so writers queue as SQLite's do on its write lock.
@@ -196,18 +205,26 @@ class SqliteDatabase:
 
 class PostgresDatabase:
     """A ledger in a PostgreSQL database. Each transaction takes a pooled connection (checked before use:
-    one the server dropped in a restart is replaced, not handed out) and gives it back at its end."""
+    one the server dropped in a restart is replaced, not handed out) and gives it back at its end.
+
+    A transaction that cannot get a connection because the server is out of reach (``unreachable``: a
+    restart, an outage) waits for it to come back, trying again with backoff for up to
+    ``reconnect_wait_s``, then fails with ``LedgerUnavailableError``: a restart then costs the ledger's
+    users a pause, not an error. Only a server this ledger has reached is waited for: opening one that
+    does not answer fails at once (a wrong address is not an outage). A transaction the restart cut in
+    the middle fails (``LedgerUnavailableError``); what it wrote was rolled back."""
 
     #: Servers share the runs through their leases; the bound only catches a runaway deployment.
     max_replicas: Final = 64
 
-    def __init__(self, url: DatabaseUrl) -> None:
+    def __init__(self, url: DatabaseUrl, *, reconnect_wait_s: float = DEFAULT_RECONNECT_WAIT_S) -> None:
         from tpuctl.store.engine import create_engine
 
         self._url = url
         self.where = url.text
         self.engine: Engine = create_engine(url)
         self._conn: Connection | None = None
+        self._reconnect_wait_s = reconnect_wait_s
         with self.translate():
             migrate.migrate_engine(self.engine, where=self.where)
 
@@ -216,6 +233,26 @@ class PostgresDatabase:
         return self._url
 
     def begin(self, *, write: bool, row_locked: bool = False) -> SqlConnection:
+        from sqlalchemy import exc as sa_exc
+
+        from tpuctl.store.engine import unreachable
+
+        give_up_at: float | None = None
+        delay = _RECONNECT_FIRST_DELAY_S
+        while True:
+            try:
+                return self._begin(write=write, row_locked=row_locked)
+            except sa_exc.DBAPIError as exc:
+                if not unreachable(exc):
+                    raise
+                now = time.monotonic()
+                give_up_at = now + self._reconnect_wait_s if give_up_at is None else give_up_at
+                if now >= give_up_at:
+                    raise
+            time.sleep(min(delay, give_up_at - now))  # a last try at the end of the wait
+            delay = min(delay * 2, _RECONNECT_MAX_DELAY_S)
+
+    def _begin(self, *, write: bool, row_locked: bool) -> SqlConnection:
         import sqlalchemy
 
         conn = self.engine.connect()
@@ -275,5 +312,6 @@ class PostgresDatabase:
 def open_database(url: DatabaseUrl, *, busy_timeout_s: float = 30.0) -> Database:
     """The database at ``url``, opened and brought to the newest schema, on its engine."""
     if url.path is None:
-        return PostgresDatabase(url)
+        # Waiting for a restarted server is PostgreSQL's kind of busy: the same patience as SQLite's lock.
+        return PostgresDatabase(url, reconnect_wait_s=busy_timeout_s)
     return SqliteDatabase(url.path, busy_timeout_s=busy_timeout_s, private_parent=False)

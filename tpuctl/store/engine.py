@@ -20,13 +20,13 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Final
 
 from tpuctl.store.paths import ensure_private_dir, private_file, tighten_file
-from tpuctl.store.records import LedgerError
+from tpuctl.store.records import LedgerBusyError, LedgerError, LedgerUnavailableError
 from tpuctl.store.url import DatabaseUrl
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
-__all__ = ["DEFAULT_BUSY_TIMEOUT_S", "configure_sqlite", "create_engine"]
+__all__ = ["DEFAULT_BUSY_TIMEOUT_S", "configure_sqlite", "create_engine", "unreachable"]
 
 #: How long a SQLite writer waits for another's lock (the ledger's default).
 DEFAULT_BUSY_TIMEOUT_S: Final = 30.0
@@ -113,22 +113,69 @@ def configure_sqlite(conn: sqlite3.Connection, *, where: str) -> None:
 @contextlib.contextmanager
 def postgres_errors(where: str) -> Iterator[None]:
     """PostgreSQL's errors (as SQLAlchemy raises them) become ``LedgerError``s naming the ledger (``where``,
-    its password hidden) and what to do, in this one place."""
+    its password hidden) and what to do, in this one place: ``LedgerUnavailableError`` (retryable) when
+    the server is out of reach for now (``unreachable``), ``LedgerBusyError`` for a conflict with another
+    transaction."""
     from sqlalchemy import exc as sa_exc
 
     try:
         yield
-    except sa_exc.IntegrityError as exc:
-        raise LedgerError(f"ledger {where}: a write broke a constraint: {exc.orig}") from exc
-    except sa_exc.OperationalError as exc:
-        raise LedgerError(
-            f"the ledger database {where} cannot be reached: {_first_line(exc.orig)}",
-            fix="check that the database server is up and reachable from here, then retry",
-        ) from exc
-    except (sa_exc.ProgrammingError, sa_exc.InterfaceError):
-        raise  # SQL this tpuctl got wrong, or a closed ledger: a bug to see as is
     except sa_exc.DBAPIError as exc:
+        if unreachable(exc):
+            raise LedgerUnavailableError(
+                f"the ledger database {where} cannot be reached: {_first_line(exc.orig)}",
+                fix="check that the database server is up and reachable from here, then retry",
+            ) from exc
+        if isinstance(exc, sa_exc.IntegrityError):
+            raise LedgerError(f"ledger {where}: a write broke a constraint: {exc.orig}") from exc
+        if isinstance(exc, (sa_exc.ProgrammingError, sa_exc.InterfaceError)):
+            raise  # SQL this tpuctl got wrong, or a closed ledger: a bug to see as is
+        if _sqlstate(exc) in _CONFLICT_STATES:
+            raise LedgerBusyError(f"ledger {where}: {_first_line(exc.orig)}", fix="retry") from exc
+        # The rest (a refused login, a database that does not exist): retrying would not help.
         raise LedgerError(f"ledger {where}: {_first_line(exc.orig)}") from exc
+
+
+#: SQLSTATEs of a server going away or not taking connections yet (a restart), beside class 08 (the
+#: connection itself): admin_shutdown, crash_shutdown, cannot_connect_now, too_many_connections.
+_UNAVAILABLE_STATES: Final = frozenset({"57P01", "57P02", "57P03", "53300"})
+#: The same, as the server words them when it turns a new connection away (PostgreSQL 12 to 17).
+_UNAVAILABLE_PHRASES: Final = (
+    "the database system is starting up",
+    "the database system is shutting down",
+    "the database system is not yet accepting connections",
+    "the database system is in recovery mode",
+    "too many clients",
+    "connection slots are reserved",
+)
+#: serialization_failure, deadlock_detected: the transaction lost to another; the same one may pass again.
+_CONFLICT_STATES: Final = frozenset({"40001", "40P01"})
+
+
+def unreachable(exc: Exception) -> bool:
+    """Whether a PostgreSQL error (as SQLAlchemy raises it) says the server is out of reach for now, so
+    that the same transaction may succeed later on a new connection: the connection was cut (SQLAlchemy
+    invalidated it), could not be made (an operational error without a SQLSTATE: refused, reset, timed
+    out; or class 08), or the server is shutting down or not taking connections yet."""
+    from sqlalchemy import exc as sa_exc
+
+    if isinstance(exc, sa_exc.DBAPIError) and exc.connection_invalidated:
+        return True
+    if not isinstance(exc, sa_exc.OperationalError):
+        return False
+    state = _sqlstate(exc)
+    if state is None:
+        # libpq gives no SQLSTATE for a failed connection attempt, only the text. A server that answered
+        # with FATAL turned us away for good (a login refused, no such database) unless it said it is
+        # starting, stopping or full; no FATAL at all is no answer (refused, reset, timed out).
+        text = str(exc.orig)
+        return "FATAL:" not in text or any(phrase in text for phrase in _UNAVAILABLE_PHRASES)
+    return state.startswith("08") or state in _UNAVAILABLE_STATES
+
+
+def _sqlstate(exc: Exception) -> str | None:
+    state = getattr(getattr(exc, "orig", None), "sqlstate", None)
+    return state if isinstance(state, str) else None
 
 
 def _first_line(exc: object) -> str:

@@ -31,6 +31,14 @@ class LedgerBusyError(LedgerError):
     kind = "ledger_busy"
 
 
+class LedgerUnavailableError(LedgerBusyError):
+    """The ledger's database could not be reached (down, restarting, the connection cut mid-transaction):
+    busy in the sense that matters, worth trying again later; the transaction wrote nothing it did not
+    roll back, unless the cut came during its commit."""
+
+    kind = "ledger_unavailable"
+
+
 class AmbiguousPodError(UsageError):
     """A pod name given without a zone matches slices in more than one zone."""
 

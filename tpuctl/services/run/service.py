@@ -369,6 +369,7 @@ class Runs:
         """Claim the lease of a run nobody supervises and clean up after it, fenced (``control.clean_up``);
         ``LeaseHeldError`` when another supervisor took it meanwhile."""
         ledger, settings = self._session.ledger, self._session.settings
+        claimed_at = time.monotonic()  # the lease's expiry counts from this moment or later
         claim = ledger.claim_lease(record.run_id, LeaseOwner.of_this_process(), settings.lease_duration)
         # Read again under the lease: the run may have ended between the first read and the claim (its
         # supervisor finished and released it), and a cleanup from the old record would undo that end.
@@ -385,6 +386,7 @@ class Runs:
             renew_every_s=settings.lease_renew_every,
             on_lost=lambda lost: None,  # the next fenced write raises it
             on_cancel=lambda request: None,  # we are the cancel
+            claimed_at=claimed_at,
         )
         keeper.start()
         try:

@@ -105,6 +105,7 @@ from tpuctl.store.records import (
     LeaseClaim,
     LeaseOwner,
     LedgerError,
+    LedgerUnavailableError,
     PreemptionKind,
     RunStatus,
     SegmentKind,
@@ -354,6 +355,10 @@ class Supervisor:
             failure = exc
             if isinstance(exc, InterruptedByUser):
                 run.end(RunStatus.CANCELLED, 130)
+        if isinstance(failure, LedgerUnavailableError) and self._keeper is not None:
+            # The database out of reach mid-run ends this supervision, not the run: a settle would record
+            # a failure the run never had (if it could record anything). Left as a lost lease leaves it.
+            self._keeper.give_up(failure)
         # Not ours any more: nothing is deleted or recorded; the new owner settles the run.
         if (lost := self._lost()) is not None:
             raise lost
@@ -380,6 +385,7 @@ class Supervisor:
         every later resume at once."""
         session = self._session
         settings = session.settings
+        claimed_at = time.monotonic()  # the ledger's expiry counts from this moment or later
         if claim is None:
             claim = session.ledger.claim_lease(prepared.run_id, self._owner, settings.lease_duration)
         else:  # renewed first: its holder spent part of its ttl before handing it over
@@ -391,6 +397,7 @@ class Supervisor:
             renew_every_s=settings.lease_renew_every,
             on_lost=self._on_lease_lost,
             on_cancel=lambda request: self.cancel(),
+            claimed_at=claimed_at,
         )
         try:
             if resume and claim.cancel is not None:
@@ -399,7 +406,7 @@ class Supervisor:
             # The kernel lock stays a local shortcut (a second supervisor on this machine sees it at
             # once); failing to take it changes nothing: the ledger lease decides.
             self._lease = Lease.acquire(prepared.run_dir.lock_file)
-            self._bind(fenced_session(session, claim, on_lost=keeper.note_lost))
+            self._bind(fenced_session(session, claim, on_lost=keeper.note_lost, lost=lambda: keeper.lost))
             keeper.start()
         except BaseException:
             # Not supervising after all (an OSError from the local lock, Ctrl-C): give the lease back now
