@@ -1,16 +1,22 @@
-"""What the cost report's SQL writes differently on each engine, beyond ``tpuctl.store.sql.Dialect``.
+"""What the cost report's SQL writes differently on each engine, beyond ``tpuctl.store.sql.Dialect``: the
+one place that knows, so that the cost service (``tpuctl.services.cost``) writes its queries from these
+fragments without asking which engine it reads.
 
 Each helper returns SQLite's text unchanged (the 1,000,000-event report's speed was measured on it) and
 PostgreSQL's equivalent: JSON arrays passed in as one text parameter (``jsonb_array_elements``, one way
 everywhere), ``TOTAL``, a condition used as a number, SQLite's index hints (PostgreSQL's planner takes
-none), ``INSERT OR IGNORE``, the subquery fence ``LIMIT -1``, an ISO 8601 time. The billing rules'
-fragments stay ``tpuctl.store.billing``'s (each takes the dialect too).
+none), ``INSERT OR IGNORE``, the subquery fence ``LIMIT -1``, an ISO 8601 time, and the report's working
+tables (``TempTable``). The billing rules' fragments stay ``tpuctl.store.billing``'s (each takes the
+dialect too).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Final
+
 from tpuctl.store import billing
-from tpuctl.store.sql import Dialect
+from tpuctl.store.sql import POSTGRESQL, SQLITE, Dialect
 
 
 def null_key(dialect: Dialect) -> str:
@@ -20,8 +26,55 @@ def null_key(dialect: Dialect) -> str:
     return billing.null_key(dialect)
 
 
+#: What stands for NULL in a group key on any engine (a report's rows, read back, are told apart by it).
+NULL_KEYS: Final = frozenset({billing.null_key(SQLITE), billing.null_key(POSTGRESQL)})
+
+
 def is_pg(dialect: Dialect) -> bool:
     return dialect.name == "postgresql"
+
+
+def upsert_groups_first(dialect: Dialect) -> bool:
+    """Whether an ``INSERT ... ON CONFLICT DO UPDATE`` must be handed each key once (grouped first):
+    PostgreSQL's refuses to meet one key twice in a statement; SQLite's adds up as it goes (and grouping
+    there costs a sort of every row)."""
+    return is_pg(dialect)
+
+
+def conflict_column(table: str, column: str, dialect: Dialect) -> str:
+    """``column`` of the row already there, in an ``ON CONFLICT DO UPDATE`` of ``table`` (PostgreSQL
+    wants it named by its table; SQLite takes the bare name)."""
+    return f"{table}.{column}" if is_pg(dialect) else column
+
+
+def json_path_is_false(document: str, path: tuple[str, ...], dialect: Dialect) -> str:
+    """Whether the JSON text ``document`` holds ``false`` at ``path`` (SQLite reads JSON false as 0)."""
+    if is_pg(dialect):
+        steps = "".join(f" -> '{key}'" for key in path)
+        return f"(CAST({document} AS jsonb){steps}) = 'false'::jsonb"
+    return f"json_extract({document}, '$.{'.'.join(path)}') = 0"
+
+
+def label_value(labels: str, dialect: Dialect) -> str:
+    """The value of the label named by parameter ``:label_key`` (SQLite: its JSON path ``:label_path``)
+    in the JSON object text ``labels``."""
+    if is_pg(dialect):
+        return f"(CAST({labels} AS jsonb) ->> :label_key)"
+    return f"json_extract({labels}, :label_path)"
+
+
+def round_exact(value: str, dialect: Dialect) -> str:
+    """``ROUND(value, 6)`` (PostgreSQL rounds only exact numbers)."""
+    if is_pg(dialect):
+        return f"ROUND(CAST({value} AS NUMERIC), 6)"
+    return f"ROUND({value}, 6)"
+
+
+def slice_id(key: str, dialect: Dialect) -> str:
+    """A group key (``key_text``) that holds a slice's id, as the id again."""
+    if is_pg(dialect):
+        return f"CAST({key} AS BIGINT)"
+    return key
 
 
 def json_elements(param: str, alias: str, dialect: Dialect) -> str:
@@ -36,6 +89,14 @@ def json_int(value: str, index: int, dialect: Dialect) -> str:
     if is_pg(dialect):
         return f"CAST({value} ->> {index} AS BIGINT)"
     return f"CAST(json_extract({value}, '$[{index}]') AS INTEGER)"
+
+
+def json_id(value: str, index: int, dialect: Dialect) -> str:
+    """Element ``index`` of JSON array ``value``, a row's id, as an integer (SQLite's JSON integer is one
+    already: no cast)."""
+    if is_pg(dialect):
+        return f"CAST({value} ->> {index} AS BIGINT)"
+    return f"json_extract({value}, '$[{index}]')"
 
 
 def json_real(value: str, index: int, dialect: Dialect) -> str:
@@ -136,3 +197,52 @@ def cross_join(dialect: Dialect) -> str:
     """A join kept in the order written: SQLite's ``CROSS JOIN ... ON`` (its planner's hint); a plain
     ``JOIN`` on PostgreSQL, whose ``CROSS JOIN`` takes no ``ON``."""
     return "JOIN" if is_pg(dialect) else "CROSS JOIN"
+
+
+#: A working table's column types, each engine's: ``KEY`` a group key (a slice's id, a day's number or a
+#: run's id: untyped on SQLite, values kept as computed; text on PostgreSQL), ``NUM`` a figure kept as
+#: computed on SQLite (an int stays one), ``WHOLE`` a count kept as computed there.
+_TYPES: Final = {
+    "INT": ("INTEGER", "BIGINT"),
+    "REAL": ("REAL", "float8"),
+    "TEXT": ("TEXT", "TEXT"),
+    "KEY": ("", "TEXT"),
+    "NUM": ("", "float8"),
+    "WHOLE": ("", "BIGINT"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class TempTable:
+    """A working table of a report, declared once in engine-neutral column types (``_TYPES``):
+    ``columns`` as ``"name TYPE [DEFAULT 0], ..."``, ``primary_key`` the key's columns, ``without_rowid``
+    SQLite's clustered table (nothing on PostgreSQL, whose tables are heaps)."""
+
+    name: str
+    columns: str
+    primary_key: str = ""
+    without_rowid: bool = False
+
+    def __post_init__(self) -> None:
+        for column in self.columns.split(", "):
+            words = column.split()
+            if len(words) < 2 or words[1] not in _TYPES:
+                raise ValueError(
+                    f"{self.name}: a column needs a name and one of {sorted(_TYPES)}: {column!r}"
+                )
+
+    def ddl(self, dialect: Dialect) -> str:
+        """The ``CREATE TEMP TABLE`` statement on ``dialect``'s engine."""
+        engine = 1 if is_pg(dialect) else 0
+        single_key = "," not in self.primary_key and self.primary_key != ""
+        columns = []
+        for column in self.columns.split(", "):
+            name, kind, *rest = column.split()
+            declared = " ".join(w for w in (name, _TYPES[kind][engine], *rest) if w)
+            if single_key and name == self.primary_key:
+                declared += " PRIMARY KEY"
+            columns.append(declared)
+        if self.primary_key and not single_key:
+            columns.append(f"PRIMARY KEY ({self.primary_key})")
+        rowid = " WITHOUT ROWID" if self.without_rowid and not engine else ""
+        return f"CREATE TEMP TABLE {self.name} ({', '.join(columns)}){rowid}"

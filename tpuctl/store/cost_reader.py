@@ -3,8 +3,9 @@ know. One report reads one snapshot: every query sees the same ledger state.
 
 The report's working tables (``TempTable``) are made with the snapshot: a PostgreSQL transaction that is
 read only refuses even ``CREATE TEMP TABLE``, so there they are made first, dropped at the transaction's
-end, and only then is the transaction made read only. This module is the one place in the cost package
-that knows which engine it reads; the queries take the dialect from ``LedgerReader.dialect``.
+end, and only then is the transaction made read only. The cost service (``tpuctl.services.cost``) holds
+a ``LedgerReader`` and never asks which engine is behind it: its queries are written from
+``tpuctl.store.cost_sql``'s fragments for ``LedgerReader.dialect``.
 """
 
 from __future__ import annotations
@@ -12,11 +13,11 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
+from tpuctl.store.cost_sql import TempTable
 from tpuctl.store.migrate import sqlite_user_version
 from tpuctl.store.records import LedgerError
 from tpuctl.store.sql import POSTGRESQL, SQLITE, Dialect, SqlAlchemyConnection
@@ -30,27 +31,6 @@ if TYPE_CHECKING:
 #: The ledger schema version these queries are written for: this tpuctl's newest (a report reads a ledger
 #: its own tpuctl has brought up to date; one of another version may hold other columns).
 KNOWN_SCHEMA: Final = sqlite_user_version()
-
-
-@dataclass(frozen=True, slots=True)
-class TempTable:
-    """A working table of a report, as each engine declares it (SQLite's columns may be untyped: no
-    affinity, values kept as computed; PostgreSQL's need a type)."""
-
-    sqlite: str
-    postgresql: str
-
-    def __post_init__(self) -> None:
-        for ddl in (self.sqlite, self.postgresql):
-            if not ddl.startswith(f"CREATE TEMP TABLE {self.name} ("):
-                raise ValueError(f"not a CREATE TEMP TABLE of {self.name}: {ddl[:60]!r}")
-
-    @property
-    def name(self) -> str:
-        return self.sqlite.split()[3]
-
-    def ddl(self, dialect: Dialect) -> str:
-        return self.sqlite if dialect.name == "sqlite" else self.postgresql
 
 
 class LedgerReader(Protocol):

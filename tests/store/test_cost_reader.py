@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from tpuctl.catalog import CapacityType
-from tpuctl.services.cost.reader import KNOWN_SCHEMA, open_reader
 from tpuctl.services.cost.service import REPORT_TABLES
 from tpuctl.store import Ledger, parse_database_url
+from tpuctl.store.cost_reader import KNOWN_SCHEMA, open_reader
 from tpuctl.store.database import open_database
 from tpuctl.store.records import EventKind, LedgerError
 from tpuctl.store.url import sqlite_url
