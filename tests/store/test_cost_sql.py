@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tpuctl.store.cost_sql import TempTable, conflict_column, upsert_groups_first
+from tpuctl.store.cost_sql import TempTable, add_to_rows, conflict_column, upsert_groups_first
 from tpuctl.store.sql import POSTGRESQL, SQLITE
 
 
@@ -38,3 +38,11 @@ def test_an_upsert_is_spelled_as_each_engine_takes_it() -> None:
     assert conflict_column("cost_runs", "usd", SQLITE) == "usd"
     assert conflict_column("cost_runs", "usd", POSTGRESQL) == "cost_runs.usd"
     assert (upsert_groups_first(SQLITE), upsert_groups_first(POSTGRESQL)) == (False, True)
+
+
+def test_a_table_summed_by_key_is_upserted_on_sqlite_and_appended_to_on_postgresql() -> None:
+    table = TempTable("cost_s", "k KEY, n INT DEFAULT 0", primary_key="k", summed_by_key=True)
+    assert table.ddl(SQLITE) == "CREATE TEMP TABLE cost_s (k PRIMARY KEY, n INTEGER DEFAULT 0)"
+    assert table.ddl(POSTGRESQL) == "CREATE TEMP TABLE cost_s (k TEXT, n BIGINT DEFAULT 0)"
+    assert add_to_rows(table, ("n",), SQLITE) == "ON CONFLICT (k) DO UPDATE SET n = n + excluded.n"
+    assert add_to_rows(table, ("n",), POSTGRESQL) == ""

@@ -10,6 +10,7 @@ a ``LedgerReader`` and never asks which engine is behind it: its queries are wri
 
 from __future__ import annotations
 
+import re
 import sqlite3
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
@@ -24,9 +25,20 @@ from tpuctl.store.sql import POSTGRESQL, SQLITE, Dialect, SqlAlchemyConnection
 from tpuctl.store.url import DatabaseUrl
 
 if TYPE_CHECKING:
-    from sqlalchemy.engine import Engine
+    from sqlalchemy.engine import Connection, Engine
 
     from tpuctl.store.database import Database
+
+#: A report's settings on PostgreSQL, for its transaction only. JIT off: the planner's cost of a query over
+#: a big ledger passes ``jit_above_cost`` though it runs in milliseconds, and compiling it took longer
+#: than running it. A bigger ``work_mem``: the per-day and per-run groupings hash and sort a row per
+#: slice, which spilled to disk at the 4 MB default.
+_REPORT_SETTINGS: Final = "SELECT set_config('jit', 'off', true), set_config('work_mem', '64MB', true)"
+#: The working tables' buffers, per connection (``temp_buffers`` can only be set before the connection's
+#: first temp table): the 8 MB default made the report's upserts write its working tables out and read
+#: them back.
+_TEMP_BUFFERS: Final = "SET temp_buffers = '64MB'"
+_INSERT_INTO: Final = re.compile(r"\s*INSERT\s+INTO\s+(\w+)", re.IGNORECASE)
 
 #: The ledger schema version these queries are written for: this tpuctl's newest (a report reads a ledger
 #: its own tpuctl has brought up to date; one of another version may hold other columns).
@@ -174,6 +186,9 @@ class PostgresReader:
         self._own_engine = engine is None
         self._engine: Engine = create_engine(url) if engine is None else engine
         self._conn: SqlAlchemyConnection | None = None
+        #: The working tables of the snapshot, and those written since their statistics were gathered.
+        self._tables: frozenset[str] = frozenset()
+        self._unanalyzed: set[str] = set()
         with self._translate():
             version = migrate.postgres_schema_version(self._engine)
         if version != KNOWN_SCHEMA:
@@ -194,8 +209,40 @@ class PostgresReader:
     def _run(self, sql: str, params: Mapping[str, Any]) -> Any:
         if self._conn is None:
             raise LedgerError(f"ledger {self.url.text}: a report's query outside its snapshot")
+        written = self._analyze_before(sql)
         with self._translate():
-            return self._conn.execute(sql, dict(params))
+            result = self._conn.execute(sql, dict(params))
+        if written is not None:
+            self._unanalyzed.add(written)
+        return result
+
+    def _analyze_before(self, sql: str) -> str | None:
+        """Gather the statistics of the working tables ``sql`` reads that were written since (the
+        planner otherwise takes a temp table for a few thousand rows, and joins a handful of slice ids
+        to ``pods`` by reading all of it); the working table ``sql`` writes, if any."""
+        insert = _INSERT_INTO.match(sql)
+        target = insert.group(1) if insert is not None and insert.group(1) in self._tables else None
+        body = sql if target is None else re.sub(rf"\b{target}\b", "", sql)
+        for table in sorted(self._unanalyzed):
+            if re.search(rf"\b{table}\b", body):
+                self._unanalyzed.discard(table)
+                assert self._conn is not None
+                with self._translate():
+                    self._conn.execute(f"ANALYZE {table}", {})  # a name of the report's own tables
+        return target
+
+    def _set_temp_buffers(self, conn: Connection) -> None:
+        """``_TEMP_BUFFERS`` on a connection of the pool that has not had it (once: a setting of the
+        session). One that made temp tables before refuses it, and keeps its buffers."""
+        info = conn.connection.info
+        if info.get("tpuctl_temp_buffers"):
+            return
+        info["tpuctl_temp_buffers"] = True
+        try:
+            with conn.begin_nested():
+                self.execute(_TEMP_BUFFERS, {})
+        except LedgerError:
+            pass  # the default buffers: slower, not wrong
 
     @contextmanager
     def snapshot(self, tables: Sequence[TempTable] = ()) -> Iterator[None]:
@@ -206,12 +253,17 @@ class PostgresReader:
         try:
             if self._shared is not None:  # first, as PostgreSQL requires; an id it made, never user input
                 self.execute(f"SET TRANSACTION SNAPSHOT '{self._shared}'", {})
+            self._set_temp_buffers(conn)
             for table in tables:
                 self.execute(table.ddl(POSTGRESQL) + " ON COMMIT DROP", {})
+            self._tables = frozenset(table.name for table in tables)
+            self.execute(_REPORT_SETTINGS, {})
             self.execute("SET TRANSACTION READ ONLY", {})
             yield
         finally:
             self._conn = None
+            self._tables = frozenset()
+            self._unanalyzed.clear()
             try:
                 conn.rollback()  # nothing was written: rolling back ends the read and drops the tables
             finally:

@@ -24,11 +24,13 @@ AGG_TABLE: Final = TempTable(
     "d0s REAL DEFAULT 0, d0cs REAL DEFAULT 0, d0priced REAL DEFAULT 0, d0unpriced REAL DEFAULT 0, "
     "hcs REAL DEFAULT 0, hpriced REAL DEFAULT 0, hunpriced REAL DEFAULT 0",
     primary_key="k, zone, atype, capacity, day0",
+    summed_by_key=True,
 )
 DAY_TABLE: Final = TempTable(
     "cost_days",
     "day INT, zone TEXT, atype TEXT, capacity TEXT, slices INT, s REAL, cs REAL, priced REAL, unpriced REAL",
     primary_key="day, zone, atype, capacity",
+    summed_by_key=True,
 )
 
 
@@ -41,12 +43,9 @@ def group_columns(key: str, d: Dialect) -> str:
     )
 
 
-def upsert(columns: Sequence[str], d: Dialect, table: str = "cost_agg") -> str:
-    """Add to the row already there. (PostgreSQL wants the table's own columns named by table.)"""
-    target = "(day, zone, atype, capacity)" if table == "cost_days" else "(k, zone, atype, capacity, day0)"
-    return f"ON CONFLICT {target} DO UPDATE SET " + ", ".join(
-        f"{c} = {sd.conflict_column(table, c, d)} + excluded.{c}" for c in columns
-    )
+def upsert(columns: Sequence[str], d: Dialect, table: TempTable = AGG_TABLE) -> str:
+    """Add to the row already there with the same key (``cost_sql.add_to_rows``)."""
+    return sd.add_to_rows(table, tuple(columns), d)
 
 
 def own_sql(group: GroupBy, d: Dialect) -> str:
@@ -207,7 +206,7 @@ GROUP BY 1, 2, 3, 4
 
 
 def days_upsert(d: Dialect) -> str:
-    return upsert(("slices", "s", "cs", "priced", "unpriced"), d, "cost_days")
+    return upsert(("slices", "s", "cs", "priced", "unpriced"), d, DAY_TABLE)
 
 
 @functools.cache
