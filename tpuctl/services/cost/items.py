@@ -62,6 +62,8 @@ class Reader(Protocol):
 
     def execute(self, sql: str, params: Mapping[str, Any]) -> None: ...
 
+    def execute_many(self, sql: str, rows: Sequence[Mapping[str, Any]]) -> None: ...
+
 
 # --- per-slice expressions (alias p: pods; x: its price pieces, LEFT JOINed) -------------------------
 
@@ -510,13 +512,13 @@ def fill_prices(
     combos: Sequence[tuple[str, str, str]],
     prices: Callable[[str, str, str], tuple[float | None, float | None]],
 ) -> None:
-    """``cost_prices`` for these combinations (a few dozen rows: one statement each is cheap)."""
+    """``cost_prices`` for these combinations (a few dozen rows, in one go: on PostgreSQL one statement
+    each was a round trip each)."""
+    rows = []
     for zone, atype, capacity in combos:
         own, od = prices(zone, atype, capacity)
-        reader.execute(
-            "INSERT INTO cost_prices VALUES (:zone, :atype, :capacity, :own, :od)",
-            {"zone": zone, "atype": atype, "capacity": capacity, "own": own, "od": od},
-        )
+        rows.append({"zone": zone, "atype": atype, "capacity": capacity, "own": own, "od": od})
+    reader.execute_many("INSERT INTO cost_prices VALUES (:zone, :atype, :capacity, :own, :od)", rows)
 
 
 # --- rows -> records ----------------------------------------------------------------------------------
