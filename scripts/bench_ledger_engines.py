@@ -13,6 +13,11 @@ group's ratio.
 
     .venv/bin/python scripts/bench_ledger_engines.py [--events 100000] [--repeat 5]
     .venv/bin/python scripts/bench_ledger_engines.py --events 1000000   # the full figure (long)
+    .venv/bin/python scripts/bench_ledger_engines.py --reuse-sqlite PATH --reuse-postgresql URL
+
+``--reuse-*`` times two ledgers built before from the same events (``build`` here, same --events and
+--seed; their counts are checked equal) instead of building them again: a 1,000,000-event ledger takes
+minutes to write on SQLite and several times that on PostgreSQL.
 """
 
 from __future__ import annotations
@@ -156,48 +161,78 @@ def compare(services: dict[str, CostService], repeat: int) -> dict[str, Any]:
     return results
 
 
+def counts(url: DatabaseUrl) -> dict[str, Any]:
+    """What a ledger holds (to check that two reused ledgers are the same one)."""
+    with Ledger(open_database(url)) as ledger, ledger._read() as conn:
+        return {
+            table: int(conn.execute(f"SELECT COUNT(*) FROM {table}", {}).fetchone()[0])
+            for table in ("events", "pods", "runs", "run_segments")
+        }
+
+
+def measure(urls: dict[str, DatabaseUrl], state: Path, repeat: int) -> tuple[dict[str, Any], dict[str, str]]:
+    """The group-bys timed on both ledgers, and the PostgreSQL server's settings they ran under."""
+    catalog, source = load_catalog(state, "sim")
+    now = START + SPAN_S + 86400
+    services = {engine: CostService(url, catalog, source, clock=lambda: now) for engine, url in urls.items()}
+    results = compare(services, repeat)
+    settings = {}
+    with Ledger(open_database(urls["postgresql"])) as ledger, ledger._read() as conn:
+        for name in ("server_version", "shared_buffers", "temp_buffers", "work_mem", "jit"):
+            settings[name] = str(conn.execute(f"SHOW {name}", {}).fetchone()[0])
+    return results, settings
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--events", type=int, default=100_000)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--seed", type=int, default=6)
     parser.add_argument("--target", type=float, default=1.5, help="the worst ratio allowed")
+    parser.add_argument(
+        "--reuse-sqlite",
+        type=Path,
+        help="time this SQLite ledger instead of building one (with --reuse-postgresql)",
+    )
+    parser.add_argument(
+        "--reuse-postgresql",
+        help="time the ledger at this PostgreSQL URL, built from the same events as --reuse-sqlite",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "bench" / "ledger_engines.json")
     args = parser.parse_args()
 
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     load_before = os.getloadavg()
-    print(f"generating {args.events:,} events ...", flush=True)
-    data = generate(args.events, args.seed)
-    with (
-        tempfile.TemporaryDirectory(prefix="tpuctl-bench-engines-") as tmp,
-        PostgresCluster.start() as cluster,
-    ):
+    with tempfile.TemporaryDirectory(prefix="tpuctl-bench-engines-") as tmp:
         state = Path(tmp) / "state"
-        urls = {
-            "sqlite": sqlite_url(state / "ledger.db"),
-            "postgresql": parse_database_url(cluster.create_database("bench")),
-        }
-        ledgers = {}
-        for engine, url in urls.items():
-            print(f"building the {engine} ledger ...", flush=True)
-            ledgers[engine] = build(url, data)
-            print(json.dumps(ledgers[engine]), flush=True)
-        catalog, source = load_catalog(state, "sim")
-        now = START + SPAN_S + 86400
-        services = {
-            engine: CostService(url, catalog, source, clock=lambda: now) for engine, url in urls.items()
-        }
-        results = compare(services, args.repeat)
-        settings = {}
-        with Ledger(open_database(urls["postgresql"])) as ledger, ledger._read() as conn:
-            for name in ("server_version", "shared_buffers", "work_mem", "jit"):
-                settings[name] = str(conn.execute(f"SHOW {name}", {}).fetchone()[0])
+        if args.reuse_sqlite is not None and args.reuse_postgresql is not None:
+            urls = {
+                "sqlite": sqlite_url(args.reuse_sqlite),
+                "postgresql": parse_database_url(args.reuse_postgresql),
+            }
+            ledgers = {engine: counts(url) for engine, url in urls.items()}
+            if ledgers["sqlite"] != ledgers["postgresql"]:
+                raise SystemExit(f"not the same ledger: {ledgers}")
+            results, settings = measure(urls, state, args.repeat)
+        else:
+            print(f"generating {args.events:,} events ...", flush=True)
+            data = generate(args.events, args.seed)
+            with PostgresCluster.start() as cluster:
+                urls = {
+                    "sqlite": sqlite_url(state / "ledger.db"),
+                    "postgresql": parse_database_url(cluster.create_database("bench")),
+                }
+                ledgers = {}
+                for engine, url in urls.items():
+                    print(f"building the {engine} ledger ...", flush=True)
+                    ledgers[engine] = build(url, data)
+                    print(json.dumps(ledgers[engine]), flush=True)
+                results, settings = measure(urls, state, args.repeat)
 
     worst = max(results, key=lambda name: results[name]["ratio"])
     doc = {
         "benchmark": "cost report on PostgreSQL vs SQLite, same ledger",
-        "events": args.events,
+        "events": ledgers["sqlite"]["events"],
         "repeat": args.repeat,
         "target_ratio": args.target,
         "worst_group": worst,
@@ -210,6 +245,7 @@ def main() -> int:
         "them), each engine's median of --repeat rounds, the engines alternated within each round; ratio = "
         "PostgreSQL median / SQLite median; judged on the worst group. PostgreSQL: a throwaway cluster on "
         "loopback (fsync off, as the tests'), ANALYZEd after the load; each report opens its own connection "
+        "and sets its own jit, work_mem and temp_buffers (`postgresql` below: the server's defaults); "
         "as `tpuctl cost report` does. The machine is shared: load is the 1-minute load average before and "
         "after each group's rounds.",
         "started": started,
