@@ -257,6 +257,23 @@ def _copy(d: dict[str, Any]) -> list[Row]:
     ]
 
 
+def _ledger_engines(d: dict[str, Any]) -> list[Row]:
+    report = d.get("report", {})
+    groups = ", ".join(
+        f"{name} {_f(r.get('ratio'), 'x', 2)} ({_f(r.get('postgresql_median_s'), '', 2)} / "
+        f"{_f(r.get('sqlite_median_s'), ' s', 2)})"
+        for name, r in report.items()
+    )
+    return [
+        (
+            f"`cost report` on PostgreSQL vs SQLite, same {d.get('events', 0):,}-event ledger, worst group",
+            f"{_f(d.get('worst_ratio'), 'x', 2)} ({d.get('worst_group')})",
+            f"≤ {d.get('target_ratio')}x",
+            f"median of {d.get('repeat')} alternated rounds per group-by (PostgreSQL / SQLite): {groups}",
+        )
+    ]
+
+
 def _recovery(d: dict[str, Any]) -> list[Row]:
     h, s, cfg = d.get("headline", {}), d.get("summary", {}), d.get("settings", {})
     det, net = s.get("detection_latency_s", {}), s.get("net_recovery_s", {})
@@ -351,6 +368,12 @@ BENCHES: list[tuple[str, str, str, Callable[[dict[str, Any]], list[Row]]]] = [
     ),
     ("cost", "Cost report on 1,000,000 events", "scripts/bench_cost.py", _cost),
     ("copy", "`db copy` of 100,000 events into PostgreSQL", "scripts/bench_copy.py", _copy),
+    (
+        "ledger_engines",
+        "Cost report on PostgreSQL vs SQLite",
+        "scripts/bench_ledger_engines.py",
+        _ledger_engines,
+    ),
     ("multislice", "Multislice step: 2 x 2 hosts vs 1 x 4 hosts", "scripts/bench_multislice.py", _multislice),
     (
         "server",

@@ -1,10 +1,16 @@
 """Schema v2: the per-slice billing facts the view function keeps (billed seconds, chip-seconds, USD at
-the prices in force), the same on the single, bulk and replay paths, and backfilled by the migration."""
+the prices in force), the same on the single, bulk and replay paths, and backfilled by the migration.
+
+The billing rules run on both engines (``open_ledger``: SQLite's triggers, PostgreSQL's PL/pgSQL); the
+migration tests are SQLite's alone: they take a SQLite ledger back to a version the hand-written
+migrations made, which no PostgreSQL database ever was (its history starts at the Alembic revisions)."""
 
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -12,22 +18,49 @@ from tpuctl.catalog import CapacityType
 from tpuctl.store import EventKind, Ledger, NewEvent
 from tpuctl.store import schema as schema_module
 from tpuctl.store.migrate import sqlite_user_version
+from tpuctl.store.sql import Dialect
 
 Z = "us-central1-a"
 T0 = 1_790_000_000.0
 
 
-def _facts(ledger: Ledger, name: str) -> tuple[float | None, float, float, float, float]:
-    conn = sqlite3.connect(ledger.path)
-    try:
-        row = conn.execute(
-            "SELECT bill_mark, billed_s, billed_chip_s, billed_usd_s, billed_unpriced_chip_s FROM pods "
-            "WHERE name = ? ORDER BY incarnation DESC LIMIT 1",
-            (name,),
-        ).fetchone()
-    finally:
-        conn.close()
-    return row  # type: ignore[no-any-return]
+OpenLedger = Callable[..., Ledger]
+
+#: Both engines, PostgreSQL's run only with --slow: the default suite keeps one PostgreSQL case of each
+#: rule (facts, recomputed work, rollups), each PostgreSQL case being a fresh database migrated anew.
+SLOW_ON_POSTGRESQL = pytest.mark.parametrize(
+    "open_ledger", ["sqlite", pytest.param("postgresql", marks=pytest.mark.slow)], indirect=True
+)
+#: Single and bulk writes on both engines; PostgreSQL's single writes only with --slow.
+ENGINES_AND_PATHS = pytest.mark.parametrize(
+    ("open_ledger", "path"),
+    [
+        ("sqlite", "single"),
+        ("sqlite", "bulk"),
+        pytest.param("postgresql", "single", marks=pytest.mark.slow),
+        ("postgresql", "bulk"),
+    ],
+    indirect=["open_ledger"],
+)
+
+
+def _rows(
+    ledger: Ledger, sql: str | Callable[[Dialect], str], params: Mapping[str, Any] | None = None
+) -> list[tuple[Any, ...]]:
+    """``sql`` (named parameters; or made for the ledger's engine) in a read transaction of the ledger's."""
+    with ledger._read() as conn:
+        text = sql if isinstance(sql, str) else sql(conn.dialect)
+        return [tuple(r) for r in conn.execute(text, dict(params or {})).fetchall()]
+
+
+def _facts(ledger: Ledger, name: str) -> tuple[Any, ...]:
+    (row,) = _rows(
+        ledger,
+        "SELECT bill_mark, billed_s, billed_chip_s, billed_usd_s, billed_unpriced_chip_s FROM pods "
+        "WHERE name = :name ORDER BY incarnation DESC LIMIT 1",
+        {"name": name},
+    )
+    return row
 
 
 def _life(
@@ -89,17 +122,12 @@ CASES = {
 }
 
 
-def _recorded(tmp_path: Path, path: str, events: list[NewEvent]) -> Ledger:
+def _recorded(open_ledger: OpenLedger, path: str, events: list[NewEvent]) -> Ledger:
     """A ledger with ``events`` recorded one by one (``path`` "single") or in bulk."""
-    if path == "single":
-        return _single(tmp_path, events)
-    ledger = Ledger(tmp_path / "bulk")
-    ledger.record_events_bulk(events)
-    return ledger
-
-
-def _single(tmp_path: Path, events: list[NewEvent]) -> Ledger:
-    ledger = Ledger(tmp_path / "single")
+    ledger = open_ledger()
+    if path == "bulk":
+        ledger.record_events_bulk(events)
+        return ledger
     for e in events:
         ledger.record_event(
             e.kind,
@@ -114,10 +142,10 @@ def _single(tmp_path: Path, events: list[NewEvent]) -> Ledger:
     return ledger
 
 
-@pytest.mark.parametrize("path", ["single", "bulk"])
-def test_hand_computed_billing_facts(tmp_path: Path, path: str) -> None:
+@ENGINES_AND_PATHS
+def test_hand_computed_billing_facts(open_ledger: OpenLedger, path: str) -> None:
     events = [e for evs, _s, _usd in CASES.values() for e in evs]
-    ledger = _recorded(tmp_path, path, events)
+    ledger = _recorded(open_ledger, path, events)
     with ledger:
         for name, (_evs, billed_s, usd) in CASES.items():
             mark, s, chip_s, usd_s, unpriced = _facts(ledger, name)
@@ -129,9 +157,10 @@ def test_hand_computed_billing_facts(tmp_path: Path, path: str) -> None:
         assert ledger.check_view() == []
 
 
-def test_open_slice_keeps_its_open_piece_and_unpriced_time(tmp_path: Path) -> None:
+@SLOW_ON_POSTGRESQL
+def test_open_slice_keeps_its_open_piece_and_unpriced_time(open_ledger: OpenLedger) -> None:
     events = _life("open", CapacityType.SPOT, None, 3600, EventKind.DELETED, chips=4, change=(1800, 3.0))[:-1]
-    with Ledger(tmp_path / "s") as ledger:
+    with open_ledger() as ledger:
         ledger.record_events_bulk(events)
         mark, s, chip_s, usd_s, unpriced = _facts(ledger, "open")
         # Still open: the first half hour had no price (unpriced chip-seconds); the rest runs from the mark.
@@ -145,6 +174,8 @@ def test_open_slice_keeps_its_open_piece_and_unpriced_time(tmp_path: Path) -> No
 
 
 def test_migration_from_v1_backfills_the_facts(tmp_path: Path) -> None:
+    """SQLite only: a ledger taken back to a version of the hand-written migrations (no PostgreSQL
+    database was ever one)."""
     events = [e for evs, _s, _usd in CASES.values() for e in evs]
     with Ledger(tmp_path / "s") as ledger:
         ledger.record_events_bulk(events)
@@ -247,35 +278,28 @@ def _undo_v7(conn: sqlite3.Connection) -> None:
         conn.execute(f"ALTER TABLE pods DROP COLUMN {column}")
 
 
-def _rec(ledger: Ledger, name: str) -> tuple[float, float]:
-    conn = sqlite3.connect(ledger.path)
-    try:
-        row = conn.execute(
-            "SELECT rec_priced, rec_unpriced FROM pods WHERE name = ? ORDER BY incarnation DESC LIMIT 1",
-            (name,),
-        ).fetchone()
-    finally:
-        conn.close()
-    return row  # type: ignore[no-any-return]
+def _rec(ledger: Ledger, name: str) -> tuple[Any, ...]:
+    (row,) = _rows(
+        ledger,
+        "SELECT rec_priced, rec_unpriced FROM pods WHERE name = :name ORDER BY incarnation DESC LIMIT 1",
+        {"name": name},
+    )
+    return row
 
 
-def _rec_problems(ledger: Ledger) -> list[tuple[float, ...]]:
-    conn = sqlite3.connect(ledger.path)
-    try:
-        rows = conn.execute(schema_module.REC_CHECK_SQL).fetchall()
-    finally:
-        conn.close()
+def _rec_problems(ledger: Ledger) -> list[tuple[Any, ...]]:
+    rows = _rows(ledger, schema_module.rec_check_sql)
     return [r for r in rows if abs(r[1] - r[3]) > 1e-6 or abs(r[2] - r[4]) > 1e-6]
 
 
-def test_recomputed_work_is_stored_as_segments_and_slices_change(tmp_path: Path) -> None:
+def test_recomputed_work_is_stored_as_segments_and_slices_change(open_ledger: OpenLedger) -> None:
     """v7: a closed slice's recomputed work (segment overlap x recomputed share x chips x price) follows
     every change the triggers watch: a segment opened before the slice closes, the slice closing, the
     segment closing with its step counts, a second segment, an update of the counts, a deletion."""
     from tpuctl.store.records import SegmentKind
 
     events = _life("s", CapacityType.SPOT, 1.2, 3600, EventKind.DELETED, chips=8)  # READY T0+100..T0+3700
-    with Ledger(tmp_path / "s") as ledger:
+    with open_ledger() as ledger:
         ledger.create_run("r1", script="train.py", ts=T0)
         ledger.record_events_bulk(events[:-1])
         seg = ledger.add_segment("r1", SegmentKind.RUNNING, start=T0 + 700, pod="s", zone=Z)
@@ -295,12 +319,13 @@ def test_recomputed_work_is_stored_as_segments_and_slices_change(tmp_path: Path)
         assert ledger.check_view() == []
 
 
-def test_recomputed_work_of_a_free_preemption_or_unpriced_slice(tmp_path: Path) -> None:
+@SLOW_ON_POSTGRESQL
+def test_recomputed_work_of_a_free_preemption_or_unpriced_slice(open_ledger: OpenLedger) -> None:
     from tpuctl.store.records import SegmentKind
 
     free = _life("free", CapacityType.SPOT, 1.2, 40, EventKind.PREEMPTED, chips=8)
     unpriced = _life("unpriced", CapacityType.ON_DEMAND, None, 3600, EventKind.DELETED, chips=8)
-    with Ledger(tmp_path / "s") as ledger:
+    with open_ledger() as ledger:
         ledger.record_events_bulk([*free, *unpriced])
         ledger.create_run("r1", script="train.py", ts=T0)
         for name in ("free", "unpriced"):
@@ -312,6 +337,8 @@ def test_recomputed_work_of_a_free_preemption_or_unpriced_slice(tmp_path: Path) 
 
 
 def test_migration_to_v7_stores_the_recomputed_work(tmp_path: Path) -> None:
+    """SQLite only: a ledger taken back to a version of the hand-written migrations (no PostgreSQL
+    database was ever one)."""
     from tpuctl.store.records import SegmentKind
 
     with Ledger(tmp_path / "s") as ledger:
@@ -341,6 +368,8 @@ def _indexes(db: Path) -> dict[str, list[str]]:
 
 
 def test_migration_from_v4_adds_the_report_indexes(tmp_path: Path) -> None:
+    """SQLite only: a ledger taken back to a version of the hand-written migrations (no PostgreSQL
+    database was ever one)."""
     events = [e for evs, _s, _usd in CASES.values() for e in evs]
     with Ledger(tmp_path / "s") as ledger:
         ledger.record_events_bulk(events)
@@ -368,28 +397,21 @@ def test_migration_from_v4_adds_the_report_indexes(tmp_path: Path) -> None:
 
 
 def _assert_rollup_matches_pods(ledger: Ledger) -> None:
-    conn = sqlite3.connect(ledger.path)
-    try:
-        stored = conn.execute("SELECT * FROM cost_rollup ORDER BY 1, 2, 3, 4, 5").fetchall()
-        want = conn.execute(schema_module.ROLLUP_CHECK_SQL).fetchall()
-    finally:
-        conn.close()
+    stored = _rows(ledger, "SELECT * FROM cost_rollup ORDER BY 1, 2, 3, 4, 5")
+    want = _rows(ledger, schema_module.rollup_check_sql)
     assert stored == want
     assert stored  # the hand cases are single-day slices: all rolled up
 
 
+@SLOW_ON_POSTGRESQL
 @pytest.mark.parametrize("path", ["single", "bulk"])
-def test_rollup_is_kept_in_the_events_transaction(tmp_path: Path, path: str) -> None:
+def test_rollup_is_kept_in_the_events_transaction(open_ledger: OpenLedger, path: str) -> None:
     events = [e for evs, _s, _usd in CASES.values() for e in evs]
-    ledger = _recorded(tmp_path, path, events)
+    ledger = _recorded(open_ledger, path, events)
     with ledger:
         _assert_rollup_matches_pods(ledger)
-        conn = sqlite3.connect(ledger.path)
-        try:
-            # The free preemption is not billed, so not rolled up; the other four are.
-            assert conn.execute("SELECT SUM(slices) FROM cost_rollup").fetchone()[0] == 4
-        finally:
-            conn.close()
+        # The free preemption is not billed, so not rolled up; the other four are.
+        assert _rows(ledger, "SELECT SUM(slices) FROM cost_rollup") == [(4,)]
 
 
 def _v8_events() -> list[NewEvent]:
@@ -412,32 +434,28 @@ def _v8_events() -> list[NewEvent]:
     ]
 
 
-@pytest.mark.parametrize("path", ["single", "bulk"])
-def test_crossing_and_held_rollups_are_kept_in_the_events_transaction(tmp_path: Path, path: str) -> None:
+@ENGINES_AND_PATHS
+def test_crossing_and_held_rollups_are_kept_in_the_events_transaction(
+    open_ledger: OpenLedger, path: str
+) -> None:
     events = sorted(_v8_events(), key=lambda e: e.ts or 0.0)
-    ledger = _recorded(tmp_path, path, events)
+    ledger = _recorded(open_ledger, path, events)
     with ledger:
         assert ledger.check_view() == []  # every rollup equals what pods gives, and `rolled` is right
-        conn = sqlite3.connect(ledger.path)
-        try:
-            rolled = dict(conn.execute("SELECT name, rolled FROM pods").fetchall())
-            assert rolled == {"cross2d": 1, "crosschg": 0, "held": 0, "heldx": 0}
-            (slices, usd_s, d0_s), *more = conn.execute(
-                "SELECT slices, billed_usd_s, d0_s FROM cost_rollup_x"
-            ).fetchall()
-            assert not more and slices == 1
-            assert usd_s == pytest.approx(8 * 2.2 * 86400 * 0.245)
-            day = 86400.0
-            assert d0_s == pytest.approx(((T0 + 100) // day + 1) * day - (T0 + 100))  # to the first midnight
-            later = conn.execute("SELECT day, s FROM cost_rollup_xdays ORDER BY day").fetchall()
-            assert len(later) == 2 and later[0][1] == day  # a whole second day, then the rest of the third
-            assert d0_s + day + later[1][1] == pytest.approx(2.2 * day)
-            held = conn.execute(
-                "SELECT deleted_day - end_day, held_chip_s, held_usd_s FROM cost_rollup_held ORDER BY 2"
-            ).fetchall()
-            assert held == [
-                (2, pytest.approx(4 * 1200.0), pytest.approx(4 * 1200.0 * 2.0)),  # across midnight
-                (1, pytest.approx(8 * 1800.0), pytest.approx(8 * 1800.0 * 1.0)),
-            ]
-        finally:
-            conn.close()
+        rolled = dict(_rows(ledger, "SELECT name, rolled FROM pods"))
+        assert rolled == {"cross2d": 1, "crosschg": 0, "held": 0, "heldx": 0}
+        (slices, usd_s, d0_s), *more = _rows(ledger, "SELECT slices, billed_usd_s, d0_s FROM cost_rollup_x")
+        assert not more and slices == 1
+        assert usd_s == pytest.approx(8 * 2.2 * 86400 * 0.245)
+        day = 86400.0
+        assert d0_s == pytest.approx(((T0 + 100) // day + 1) * day - (T0 + 100))  # to the first midnight
+        later = _rows(ledger, "SELECT day, s FROM cost_rollup_xdays ORDER BY day")
+        assert len(later) == 2 and later[0][1] == day  # a whole second day, then the rest of the third
+        assert d0_s + day + later[1][1] == pytest.approx(2.2 * day)
+        held = _rows(
+            ledger, "SELECT deleted_day - end_day, held_chip_s, held_usd_s FROM cost_rollup_held ORDER BY 2"
+        )
+        assert held == [
+            (2, pytest.approx(4 * 1200.0), pytest.approx(4 * 1200.0 * 2.0)),  # across midnight
+            (1, pytest.approx(8 * 1800.0), pytest.approx(8 * 1800.0 * 1.0)),
+        ]

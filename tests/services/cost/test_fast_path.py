@@ -239,7 +239,7 @@ def test_no_correlated_subquery_scans_a_table(
     """Every look-up a report makes per slice or per group is a SEARCH by key: a SCAN there costs a pass
     over a table per row, quadratic on a big ledger (an untyped temp-table key once did exactly that).
     SQLite's query plans: on SQLite only."""
-    from tpuctl.services.cost.reader import SqliteReader
+    from tpuctl.store.cost_reader import SqliteReader
 
     db = _ledger(lambda: Ledger(tmp_path / "state"), 6)
     plans: list[tuple[str, list[tuple[int, int, str]]]] = []

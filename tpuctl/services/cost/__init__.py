@@ -3,14 +3,14 @@
 Modules, each one idea (the billing rules themselves are ``tpuctl.store.billing``):
 
 * ``service``: ``CostService``, the report's facade; ``window``: its inputs (grouping, limit, window);
-  ``model``: its records (``CostLine``, ``CostReport``); ``reader``: the report's read-only connection
-  and snapshot, on either engine.
+  ``model``: its records (``CostLine``, ``CostReport``). The report reads through
+  ``tpuctl.store.cost_reader.LedgerReader`` (a read-only snapshot, whichever engine is behind it).
 * The aggregate groupings: ``aggregate`` (groups from the scans' rows), ``scan`` (the fast path and its
   reference oracle side by side), ``subs`` (the rows), ``pricing`` (catalog and on-demand prices).
 * The slice and run groupings: ``item_report`` and the SQL that computes them, ``items``.
 * The SQL: ``sql_intervals`` (billed intervals, price pieces, segments, per-day split: both paths),
-  ``sql_scan`` (the pods scans), ``sql_fast`` (the rollup-driven fast path); ``sql_dialect``: what
-  they write differently on SQLite and PostgreSQL.
+  ``sql_scan`` (the pods scans), ``sql_fast`` (the rollup-driven fast path), each written from
+  ``tpuctl.store.cost_sql``'s fragments, which know what the engines write differently.
 * ``details``: the groups' keys, order and facts; ``reconcile``: the ledger against the live listing;
   ``estimate``: ``cost estimate``.
 
@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from tpuctl.services.cost.estimate import Estimate, EstimateRequest, build_estimate_request, estimate
     from tpuctl.services.cost.model import CSV_COLUMNS, FIGURES, CostLine, CostReport
-    from tpuctl.services.cost.reader import KNOWN_SCHEMA, LedgerReader
     from tpuctl.services.cost.reconcile import InBackground, Reconciler, reconciled_report
     from tpuctl.services.cost.service import CostService
     from tpuctl.services.cost.window import (
@@ -40,6 +39,7 @@ if TYPE_CHECKING:
         parse_window,
     )
     from tpuctl.store.billing import FREE_PREEMPTION_S, recompute_fraction_sql
+    from tpuctl.store.cost_reader import KNOWN_SCHEMA, LedgerReader
 
 #: Public name -> the module that defines it.
 _HOMES = {
@@ -48,8 +48,8 @@ _HOMES = {
     "CostReport": "tpuctl.services.cost.model",
     "CSV_COLUMNS": "tpuctl.services.cost.model",
     "FIGURES": "tpuctl.services.cost.model",
-    "LedgerReader": "tpuctl.services.cost.reader",
-    "KNOWN_SCHEMA": "tpuctl.services.cost.reader",
+    "LedgerReader": "tpuctl.store.cost_reader",
+    "KNOWN_SCHEMA": "tpuctl.store.cost_reader",
     "DEFAULT_TABLE_LIMIT": "tpuctl.services.cost.window",
     "GROUP_BY_CHOICES": "tpuctl.services.cost.window",
     "GroupBy": "tpuctl.services.cost.window",

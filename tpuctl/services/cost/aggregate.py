@@ -10,7 +10,6 @@ from typing import Any
 from tpuctl.services.cost.details import NONE_KEY, display_key, sorted_lines
 from tpuctl.services.cost.model import CostLine
 from tpuctl.services.cost.pricing import Pricer
-from tpuctl.services.cost.reader import LedgerReader
 from tpuctl.services.cost.scan import scan_all
 from tpuctl.services.cost.sql_intervals import (
     aggregate_sql,
@@ -22,6 +21,7 @@ from tpuctl.services.cost.sql_intervals import (
 from tpuctl.services.cost.subs import Partial, Sub, negate, sub_rows, subs, unnull
 from tpuctl.services.cost.window import GroupBy
 from tpuctl.store.billing import round_usd as _r
+from tpuctl.store.cost_reader import LedgerReader
 
 _DAY = GroupBy("day")
 

@@ -9,14 +9,14 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from tpuctl.services.cost import sql_dialect as sd
 from tpuctl.services.cost.model import CostLine
 from tpuctl.services.cost.pricing import region_or
-from tpuctl.services.cost.reader import LedgerReader
 from tpuctl.services.cost.subs import Sub
 from tpuctl.services.cost.window import GroupBy, iso
+from tpuctl.store import cost_sql as sd
 from tpuctl.store.billing import DAY_S
 from tpuctl.store.billing import round_usd as _r
+from tpuctl.store.cost_reader import LedgerReader
 from tpuctl.store.sql import Dialect
 
 #: The group of what belongs to none (slices no run created, with --group-by run).
@@ -128,9 +128,7 @@ def mark_unknown_steps(reader: LedgerReader, groups: list[dict[str, Any]]) -> No
 
 def _steps_unreported(d: Dialect) -> str:
     """A run (its JSON ``detail``) whose supervisor recorded ``recovery.steps_reported`` false."""
-    if sd.is_pg(d):
-        return "(CAST(detail AS jsonb) -> 'recovery' -> 'steps_reported') = 'false'::jsonb"
-    return "json_extract(detail, '$.recovery.steps_reported') = 0"
+    return sd.json_path_is_false("detail", ("recovery", "steps_reported"), d)
 
 
 def limited(group: GroupBy, lines: list[CostLine], limit: int | None) -> list[CostLine]:

@@ -9,7 +9,6 @@ from typing import Any
 from tpuctl.services.cost import items
 from tpuctl.services.cost.aggregate import Query, aggregate_lines
 from tpuctl.services.cost.model import CostLine
-from tpuctl.services.cost.sql_dialect import cross_join, true
 from tpuctl.services.cost.sql_intervals import (
     STORED_CHANGE_CTES,
     aggregate_sql,
@@ -21,6 +20,7 @@ from tpuctl.services.cost.sql_intervals import (
 )
 from tpuctl.services.cost.subs import sub_rows
 from tpuctl.services.cost.window import GroupBy
+from tpuctl.store.cost_sql import cross_join, true
 
 #: (groups, how many in all, by_day, (preemptions, free preemptions, distinct slices), totals)
 ItemReport = tuple[list[dict[str, Any]], int, list[dict[str, Any]], tuple[int, int, int], CostLine]

@@ -26,11 +26,11 @@ from collections.abc import Callable, Mapping, Sequence
 from operator import itemgetter
 from typing import Any, Final, Protocol
 
-from tpuctl.services.cost import sql_dialect as sd
 from tpuctl.services.cost.model import FIGURES
-from tpuctl.services.cost.reader import TempTable
 from tpuctl.services.cost.sql_intervals import billed_in_window, billed_s, held_s
+from tpuctl.store import cost_sql as sd
 from tpuctl.store.billing import preemptible_sql
+from tpuctl.store.cost_sql import TempTable
 from tpuctl.store.sql import Dialect
 
 _A_SPOT: Final = preemptible_sql("a")
@@ -61,6 +61,8 @@ class Reader(Protocol):
     def query(self, sql: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]: ...
 
     def execute(self, sql: str, params: Mapping[str, Any]) -> None: ...
+
+    def execute_many(self, sql: str, rows: Sequence[Mapping[str, Any]]) -> None: ...
 
 
 # --- per-slice expressions (alias p: pods; x: its price pieces, LEFT JOINed) -------------------------
@@ -163,7 +165,7 @@ def _round(expr: str, d: Dialect) -> str:
     integer 0 it gives for a tiny negative is 0.0, not -0.0, as _r wants. Beyond 1e12 (no bill is) the
     product would overflow an integer: ROUND there (PostgreSQL rounds only exact numbers)."""
     x = f"({expr})"
-    big = f"ROUND(CAST({x} AS NUMERIC), 6)" if sd.is_pg(d) else f"ROUND({x}, 6)"
+    big = sd.round_exact(x, d)
     whole = sd.trunc_int(f"{x} * 1e6 + (CASE WHEN {x} < 0 THEN -0.5 ELSE 0.5 END)", d)
     return f"(CASE WHEN ABS({x}) < 1e12 THEN {whole} / 1e6 ELSE {big} END)"
 
@@ -318,10 +320,8 @@ _ADJ_PRICES: Final = (
 
 
 def _run_upsert(d: Dialect) -> str:
-    mine = "cost_runs." if sd.is_pg(d) else ""
-    return (
-        f"ON CONFLICT (k) DO UPDATE SET usd = {mine}usd + excluded.usd, "
-        f"slices = {mine}slices + excluded.slices, cs = {mine}cs + excluded.cs"
+    return "ON CONFLICT (k) DO UPDATE SET " + ", ".join(
+        f"{c} = {sd.conflict_column('cost_runs', c, d)} + excluded.{c}" for c in ("usd", "slices", "cs")
     )
 
 
@@ -354,7 +354,7 @@ def run_rank_sql(d: Dialect) -> tuple[str, ...]:
     held_only = (
         f"SELECT p.run_id, 0.0, COUNT(*), 0.0 FROM {e.preempted} WHERE p.run_id IS NOT NULL AND {e.held_only}"
         " GROUP BY p.run_id"
-        if sd.is_pg(d)
+        if sd.upsert_groups_first(d)
         else f"SELECT p.run_id, 0.0, 1, 0.0 FROM {e.preempted} WHERE p.run_id IS NOT NULL AND {e.held_only}"
     )
     return (
@@ -431,56 +431,31 @@ ORDER BY {order}"""
 #: (a slice's id or a run's) is text there, as every group key is on PostgreSQL.
 PREPARE: Final = (
     TempTable(
-        "CREATE TEMP TABLE cost_prices (zone TEXT, atype TEXT, capacity TEXT, own REAL, od REAL, "
-        "PRIMARY KEY (zone, atype, capacity))",
-        "CREATE TEMP TABLE cost_prices (zone TEXT, atype TEXT, capacity TEXT, own float8, od float8, "
-        "PRIMARY KEY (zone, atype, capacity))",
+        "cost_prices", "zone TEXT, atype TEXT, capacity TEXT, own REAL, od REAL", "zone, atype, capacity"
     ),
+    TempTable("cost_item_pieces", "id INT, priced REAL, unpriced REAL", primary_key="id"),
     TempTable(
-        "CREATE TEMP TABLE cost_item_pieces (id INTEGER PRIMARY KEY, priced REAL, unpriced REAL)",
-        "CREATE TEMP TABLE cost_item_pieces (id BIGINT PRIMARY KEY, priced float8, unpriced float8)",
-    ),
-    TempTable(
-        "CREATE TEMP TABLE cost_item_adj (k, zone TEXT, atype TEXT, capacity TEXT, slices INTEGER DEFAULT 0, "
-        "bs REAL DEFAULT 0, cs REAL DEFAULT 0, priced REAL DEFAULT 0, unpriced REAL DEFAULT 0, "
-        "rpriced REAL DEFAULT 0, runpriced REAL DEFAULT 0)",
-        "CREATE TEMP TABLE cost_item_adj (k TEXT, zone TEXT, atype TEXT, capacity TEXT, "
-        "slices BIGINT DEFAULT 0, bs float8 DEFAULT 0, cs float8 DEFAULT 0, priced float8 DEFAULT 0, "
-        "unpriced float8 DEFAULT 0, rpriced float8 DEFAULT 0, runpriced float8 DEFAULT 0)",
+        "cost_item_adj",
+        "k KEY, zone TEXT, atype TEXT, capacity TEXT, slices INT DEFAULT 0, bs REAL DEFAULT 0, "
+        "cs REAL DEFAULT 0, priced REAL DEFAULT 0, unpriced REAL DEFAULT 0, rpriced REAL DEFAULT 0, "
+        "runpriced REAL DEFAULT 0",
     ),
     # Typed keys: an untyped key compared with an INTEGER id cannot use its index (a scan per slice).
-    TempTable(
-        "CREATE TEMP TABLE cost_item_rec (k INTEGER PRIMARY KEY, rec REAL)",
-        "CREATE TEMP TABLE cost_item_rec (k BIGINT PRIMARY KEY, rec float8)",
-    ),
+    TempTable("cost_item_rec", "k INT, rec REAL", primary_key="k"),
     # By rank: scanned in rowid order, its slices come out most expensive first.
+    TempTable("cost_top", "n INT, k INT", primary_key="n"),
+    TempTable("cost_top_runs", "k TEXT, n INT", primary_key="k", without_rowid=True),
+    TempTable("cost_runs", "k TEXT, usd REAL, slices INT, cs REAL", primary_key="k", without_rowid=True),
     TempTable(
-        "CREATE TEMP TABLE cost_top (n INTEGER PRIMARY KEY, k INTEGER)",
-        "CREATE TEMP TABLE cost_top (n BIGINT PRIMARY KEY, k BIGINT)",
-    ),
-    TempTable(
-        "CREATE TEMP TABLE cost_top_runs (k TEXT PRIMARY KEY, n INTEGER) WITHOUT ROWID",
-        "CREATE TEMP TABLE cost_top_runs (k TEXT PRIMARY KEY, n BIGINT)",
-    ),
-    TempTable(
-        "CREATE TEMP TABLE cost_runs (k TEXT PRIMARY KEY, usd REAL, slices INTEGER, cs REAL) WITHOUT ROWID",
-        "CREATE TEMP TABLE cost_runs (k TEXT PRIMARY KEY, usd float8, slices BIGINT, cs float8)",
-    ),
-    TempTable(
-        f"CREATE TEMP TABLE cost_none (n INTEGER, {_NAMES})",
-        "CREATE TEMP TABLE cost_none (n BIGINT, slices BIGINT, bs float8, cs float8, usd float8, od float8, "
-        "sav float8, rec float8, hcs float8, husd float8)",
+        "cost_none",
+        "n INT, slices WHOLE, bs NUM, cs NUM, usd NUM, od NUM, sav NUM, rec NUM, hcs NUM, husd NUM",
     ),
     # The price pieces a report needs (``item_report``), and the runs' shares of slices they did not
     # create (``sql_intervals.aggregate_sql``'s columns).
+    TempTable("cost_all_pieces", "id INT, s NUM, e NUM, price NUM"),
     TempTable(
-        "CREATE TEMP TABLE cost_all_pieces (id INTEGER, s, e, price)",
-        "CREATE TEMP TABLE cost_all_pieces (id BIGINT, s float8, e float8, price float8)",
-    ),
-    TempTable(
-        "CREATE TEMP TABLE cost_seg (k, zone, atype, capacity, slices, s, cs, priced, unpriced)",
-        "CREATE TEMP TABLE cost_seg (k TEXT, zone TEXT, atype TEXT, capacity TEXT, slices BIGINT, s float8, "
-        "cs float8, priced float8, unpriced float8)",
+        "cost_seg",
+        "k KEY, zone KEY, atype KEY, capacity KEY, slices WHOLE, s NUM, cs NUM, priced NUM, unpriced NUM",
     ),
 )
 
@@ -517,7 +492,7 @@ FROM ({aggregate}) AS a"""
 @functools.cache
 def rec_sql(d: Dialect) -> str:
     """Recomputed work per slice, priced (after cost_prices is filled); the run groups sum cost_item_adj."""
-    key = "CAST(a.k AS BIGINT)" if sd.is_pg(d) else "a.k"
+    key = sd.slice_id("a.k", d)
     return f"""
 INSERT INTO cost_item_rec (k, rec)
 SELECT {key}, SUM((a.rpriced + a.runpriced * COALESCE(c.own, 0)) / 3600.0)
@@ -537,13 +512,13 @@ def fill_prices(
     combos: Sequence[tuple[str, str, str]],
     prices: Callable[[str, str, str], tuple[float | None, float | None]],
 ) -> None:
-    """``cost_prices`` for these combinations (a few dozen rows: one statement each is cheap)."""
+    """``cost_prices`` for these combinations (a few dozen rows, in one go: on PostgreSQL one statement
+    each was a round trip each)."""
+    rows = []
     for zone, atype, capacity in combos:
         own, od = prices(zone, atype, capacity)
-        reader.execute(
-            "INSERT INTO cost_prices VALUES (:zone, :atype, :capacity, :own, :od)",
-            {"zone": zone, "atype": atype, "capacity": capacity, "own": own, "od": od},
-        )
+        rows.append({"zone": zone, "atype": atype, "capacity": capacity, "own": own, "od": od})
+    reader.execute_many("INSERT INTO cost_prices VALUES (:zone, :atype, :capacity, :own, :od)", rows)
 
 
 # --- rows -> records ----------------------------------------------------------------------------------

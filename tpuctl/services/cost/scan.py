@@ -11,7 +11,6 @@ from typing import Any, Final
 
 from tpuctl.services.cost import sql_fast as fsql
 from tpuctl.services.cost import sql_scan as ssql
-from tpuctl.services.cost.reader import LedgerReader, TempTable
 from tpuctl.services.cost.sql_intervals import (
     SRC_CHANGED,
     SRC_CHANGED_TEMP,
@@ -22,15 +21,16 @@ from tpuctl.services.cost.sql_intervals import (
 from tpuctl.services.cost.subs import Partial, Sub, floats, subs, unnull
 from tpuctl.services.cost.window import GroupBy
 from tpuctl.store.billing import DAY_S
+from tpuctl.store.cost_reader import LedgerReader
+from tpuctl.store.cost_sql import TempTable
 
 
 def _intervals_table(name: str) -> TempTable:
     """Billed intervals (``IV_COLUMNS``), computed once and read several times."""
     return TempTable(
-        f"CREATE TEMP TABLE {name} (id INTEGER, s, e, price, w, run, zone, name, atype, capacity, chips, "
-        "run_id, labels)",
-        f"CREATE TEMP TABLE {name} (id BIGINT, s float8, e float8, price float8, w float8, run TEXT, "
-        "zone TEXT, name TEXT, atype TEXT, capacity TEXT, chips BIGINT, run_id TEXT, labels TEXT)",
+        name,
+        "id INT, s NUM, e NUM, price NUM, w NUM, run KEY, zone KEY, name KEY, atype KEY, capacity KEY, "
+        "chips WHOLE, run_id KEY, labels KEY",
     )
 
 

@@ -43,12 +43,12 @@ from tpuctl.services.cost.item_report import item_report
 from tpuctl.services.cost.items import PREPARE
 from tpuctl.services.cost.model import CostLine, CostReport
 from tpuctl.services.cost.pricing import Pricer
-from tpuctl.services.cost.reader import LedgerReader, open_reader
 from tpuctl.services.cost.scan import SCAN_TABLES
-from tpuctl.services.cost.sql_dialect import null_key
 from tpuctl.services.cost.sql_intervals import price_changes_sql
 from tpuctl.services.cost.sql_scan import preemption_kinds_sql
 from tpuctl.services.cost.window import GroupBy
+from tpuctl.store.cost_reader import LedgerReader, open_reader
+from tpuctl.store.cost_sql import null_key
 
 if TYPE_CHECKING:
     from tpuctl.catalog import Catalog

@@ -17,11 +17,10 @@ from __future__ import annotations
 import functools
 from typing import Final
 
-from tpuctl.services.cost import sql_dialect as sd
-from tpuctl.services.cost.reader import TempTable
 from tpuctl.services.cost.sql_intervals import key_sql
 from tpuctl.services.cost.sql_scan import days_upsert, group_columns, upsert
 from tpuctl.services.cost.window import GroupBy
+from tpuctl.store import cost_sql as sd
 from tpuctl.store.billing import (
     crosses_midnight_sql,
     end_day_sql,
@@ -31,6 +30,7 @@ from tpuctl.store.billing import (
     midnight_after_sql,
     midnight_sql,
 )
+from tpuctl.store.cost_sql import TempTable
 from tpuctl.store.sql import Dialect
 
 cache = functools.cache
@@ -38,10 +38,7 @@ cache = functools.cache
 
 def _id_table(name: str) -> TempTable:
     """A set of slice ids (the pods rows a step of the fast path reads one by one)."""
-    return TempTable(
-        f"CREATE TEMP TABLE {name} (id INTEGER PRIMARY KEY)",
-        f"CREATE TEMP TABLE {name} (id BIGINT PRIMARY KEY)",
-    )
+    return TempTable(name, "id INT", primary_key="id")
 
 
 REST_TABLE: Final = _id_table("cost_rest")

@@ -12,8 +12,8 @@ from __future__ import annotations
 import functools
 from typing import Final
 
-from tpuctl.services.cost import sql_dialect as sd
 from tpuctl.services.cost.window import GroupBy
+from tpuctl.store import cost_sql as sd
 from tpuctl.store.billing import (
     DAY_S,
     END_KINDS_SQL,
@@ -73,7 +73,7 @@ pc AS (
     -- from the small partial index events_price) and come in as JSON: inside a join the planner may
     -- prefer walking events_pod, i.e. most of the log. Joined to pods by primary key.
     SELECT {pod_id} AS pod_id, {sd.json_real("j.value", 1, d)} AS ts,
-           {sd.json_int("j.value", 2, d) if sd.is_pg(d) else sd.json_real("j.value", 2, d)} AS id,
+           {sd.json_id("j.value", 2, d)} AS id,
            {sd.json_real("j.value", 3, d)} AS price, p.ready_at,
            COALESCE(p.ended_at, :now) AS bill_end, p.price_per_chip_hour AS last_price
     FROM {sd.json_elements(":price_changes", "j", d)} {sd.cross_join(d)} pods AS p
@@ -283,9 +283,7 @@ iv AS (SELECT {IV_COLUMNS} FROM days)"""
 def key_sql(group: GroupBy, alias: str, d: Dialect) -> str:
     a = alias
     if group.kind == "label":
-        if sd.is_pg(d):
-            return f"(CAST({a}.labels AS jsonb) ->> :label_key)"
-        return f"json_extract({a}.labels, :label_path)"
+        return sd.label_value(f"{a}.labels", d)
     return {
         "slice": f"{a}.id",
         "run": f"COALESCE({a}.run_id, {a}.run)" if a == "iv" else f"{a}.run_id",

@@ -10,40 +10,27 @@ import functools
 from collections.abc import Sequence
 from typing import Final
 
-from tpuctl.services.cost import sql_dialect as sd
-from tpuctl.services.cost.reader import TempTable
 from tpuctl.services.cost.sql_intervals import IN_WINDOW_PREEMPTION, PART, billed_pod, held_s, key_sql
 from tpuctl.services.cost.window import GroupBy
+from tpuctl.store import cost_sql as sd
 from tpuctl.store.billing import DAY_S, day_sql, free_if_preempted_sql, midnight_after_sql
+from tpuctl.store.cost_sql import TempTable
 from tpuctl.store.sql import Dialect
 
 AGG_TABLE: Final = TempTable(
-    """CREATE TEMP TABLE cost_agg (
-    k, zone TEXT, atype TEXT, capacity TEXT, day0 INTEGER,
-    slices INTEGER DEFAULT 0, seen INTEGER DEFAULT 0, bs REAL DEFAULT 0, cs REAL DEFAULT 0,
-    priced REAL DEFAULT 0, unpriced REAL DEFAULT 0, d0s REAL DEFAULT 0, d0cs REAL DEFAULT 0,
-    d0priced REAL DEFAULT 0, d0unpriced REAL DEFAULT 0, hcs REAL DEFAULT 0, hpriced REAL DEFAULT 0,
-    hunpriced REAL DEFAULT 0,
-    PRIMARY KEY (k, zone, atype, capacity, day0)
-)""",
-    """CREATE TEMP TABLE cost_agg (
-    k TEXT, zone TEXT, atype TEXT, capacity TEXT, day0 BIGINT,
-    slices BIGINT DEFAULT 0, seen BIGINT DEFAULT 0, bs float8 DEFAULT 0, cs float8 DEFAULT 0,
-    priced float8 DEFAULT 0, unpriced float8 DEFAULT 0, d0s float8 DEFAULT 0, d0cs float8 DEFAULT 0,
-    d0priced float8 DEFAULT 0, d0unpriced float8 DEFAULT 0, hcs float8 DEFAULT 0, hpriced float8 DEFAULT 0,
-    hunpriced float8 DEFAULT 0,
-    PRIMARY KEY (k, zone, atype, capacity, day0)
-)""",
+    "cost_agg",
+    "k KEY, zone TEXT, atype TEXT, capacity TEXT, day0 INT, slices INT DEFAULT 0, seen INT DEFAULT 0, "
+    "bs REAL DEFAULT 0, cs REAL DEFAULT 0, priced REAL DEFAULT 0, unpriced REAL DEFAULT 0, "
+    "d0s REAL DEFAULT 0, d0cs REAL DEFAULT 0, d0priced REAL DEFAULT 0, d0unpriced REAL DEFAULT 0, "
+    "hcs REAL DEFAULT 0, hpriced REAL DEFAULT 0, hunpriced REAL DEFAULT 0",
+    primary_key="k, zone, atype, capacity, day0",
+    summed_by_key=True,
 )
 DAY_TABLE: Final = TempTable(
-    """CREATE TEMP TABLE cost_days (
-    day INTEGER, zone TEXT, atype TEXT, capacity TEXT, slices INTEGER, s REAL, cs REAL, priced REAL,
-    unpriced REAL, PRIMARY KEY (day, zone, atype, capacity)
-)""",
-    """CREATE TEMP TABLE cost_days (
-    day BIGINT, zone TEXT, atype TEXT, capacity TEXT, slices BIGINT, s float8, cs float8, priced float8,
-    unpriced float8, PRIMARY KEY (day, zone, atype, capacity)
-)""",
+    "cost_days",
+    "day INT, zone TEXT, atype TEXT, capacity TEXT, slices INT, s REAL, cs REAL, priced REAL, unpriced REAL",
+    primary_key="day, zone, atype, capacity",
+    summed_by_key=True,
 )
 
 
@@ -56,13 +43,9 @@ def group_columns(key: str, d: Dialect) -> str:
     )
 
 
-def upsert(columns: Sequence[str], d: Dialect, table: str = "cost_agg") -> str:
-    """Add to the row already there. (PostgreSQL wants the table's own columns named by table.)"""
-    mine = f"{table}." if sd.is_pg(d) else ""
-    target = "(day, zone, atype, capacity)" if table == "cost_days" else "(k, zone, atype, capacity, day0)"
-    return f"ON CONFLICT {target} DO UPDATE SET " + ", ".join(
-        f"{c} = {mine}{c} + excluded.{c}" for c in columns
-    )
+def upsert(columns: Sequence[str], d: Dialect, table: TempTable = AGG_TABLE) -> str:
+    """Add to the row already there with the same key (``cost_sql.add_to_rows``)."""
+    return sd.add_to_rows(table, tuple(columns), d)
 
 
 def own_sql(group: GroupBy, d: Dialect) -> str:
@@ -121,7 +104,7 @@ def pods_billed_sql(group: GroupBy, d: Dialect, source: str | None = None) -> st
         f"CASE WHEN p.price_per_chip_hour IS NULL THEN p.chips * {d0} ELSE 0 END",
     ]
     grouped = ""
-    if sd.is_pg(d):
+    if sd.upsert_groups_first(d):
         values = [f"SUM({v})" for v in values]
         grouped = "\nGROUP BY 1, 2, 3, 4, 5"
     return f"""
@@ -223,7 +206,7 @@ GROUP BY 1, 2, 3, 4
 
 
 def days_upsert(d: Dialect) -> str:
-    return upsert(("slices", "s", "cs", "priced", "unpriced"), d, "cost_days")
+    return upsert(("slices", "s", "cs", "priced", "unpriced"), d, DAY_TABLE)
 
 
 @functools.cache

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any
 
-from tpuctl.services.cost.reader import LedgerReader
 from tpuctl.services.cost.sql_intervals import aggregate_sql
 from tpuctl.services.cost.window import GroupBy
-from tpuctl.store.billing import null_key
-from tpuctl.store.sql import POSTGRESQL, SQLITE
+from tpuctl.store.cost_reader import LedgerReader
+from tpuctl.store.cost_sql import NULL_KEYS
 
 
 @dataclass(frozen=True)
@@ -79,11 +78,8 @@ def negate(sub: Sub) -> Sub:
 
 
 #: What stands for NULL in the working tables' keys, on either engine (``billing.null_key``).
-_NULL_KEYS: Final = frozenset({null_key(SQLITE), null_key(POSTGRESQL)})
-
-
 def unnull(value: Any) -> Any:
-    return None if value in _NULL_KEYS else value
+    return None if value in NULL_KEYS else value
 
 
 def floats(values: Sequence[Any]) -> list[float]:

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from tpuctl.catalog import CapacityType
-from tpuctl.services.cost.reader import KNOWN_SCHEMA, open_reader
 from tpuctl.services.cost.service import REPORT_TABLES
 from tpuctl.store import Ledger, parse_database_url
+from tpuctl.store.cost_reader import KNOWN_SCHEMA, open_reader
 from tpuctl.store.database import open_database
 from tpuctl.store.records import EventKind, LedgerError
 from tpuctl.store.url import sqlite_url
@@ -75,3 +75,28 @@ def test_a_parallel_part_on_postgresql_reads_the_reports_own_snapshot(postgres_u
                 assert part.query("SELECT COUNT(*) FROM pods", {}) == [(1,)]
                 settings = "SELECT current_setting('transaction_read_only')"
                 assert part.query(settings, {}) == [("on",)]
+
+
+def test_a_postgresql_report_runs_with_its_own_settings(postgres_url: str) -> None:
+    """JIT off and a bigger work_mem for the report's transaction alone; bigger temp buffers for its
+    connection (settable only before the connection's first temp table)."""
+    url = parse_database_url(postgres_url)
+    names = "SELECT current_setting('jit'), current_setting('work_mem'), current_setting('temp_buffers')"
+    with Ledger(open_database(url)), open_reader(url) as reader:
+        with reader.snapshot(REPORT_TABLES):
+            assert reader.query(names, {}) == [("off", "64MB", "64MB")]
+            assert reader.query("SELECT COUNT(*) FROM cost_agg", {}) == [(0,)]
+        with reader.snapshot(REPORT_TABLES):  # the same pooled connection: its buffers already made
+            assert reader.query(names, {})[0][:2] == ("off", "64MB")
+
+
+def test_postgresql_gathers_a_working_tables_statistics_before_reading_it(postgres_url: str) -> None:
+    """The planner would otherwise take a few slice ids in a temp table for thousands of rows and read
+    every slice to join them."""
+    url = parse_database_url(postgres_url)
+    rows_known = "SELECT reltuples FROM pg_class WHERE relname = :name AND relpersistence = 't'"
+    with Ledger(open_database(url)), open_reader(url) as reader, reader.snapshot(REPORT_TABLES):
+        reader.execute("INSERT INTO cost_rest (id) SELECT generate_series(1, 7)", {})
+        assert reader.query(rows_known, {"name": "cost_rest"}) == [(-1.0,)]  # never analyzed
+        assert reader.query("SELECT COUNT(*) FROM cost_rest", {}) == [(7,)]
+        assert reader.query(rows_known, {"name": "cost_rest"}) == [(7.0,)]

@@ -3,54 +3,51 @@ know. One report reads one snapshot: every query sees the same ledger state.
 
 The report's working tables (``TempTable``) are made with the snapshot: a PostgreSQL transaction that is
 read only refuses even ``CREATE TEMP TABLE``, so there they are made first, dropped at the transaction's
-end, and only then is the transaction made read only. This module is the one place in the cost package
-that knows which engine it reads; the queries take the dialect from ``LedgerReader.dialect``.
+end, and only then is the transaction made read only. The cost service (``tpuctl.services.cost``) holds
+a ``LedgerReader`` and never asks which engine is behind it: its queries are written from
+``tpuctl.store.cost_sql``'s fragments for ``LedgerReader.dialect``.
 """
 
 from __future__ import annotations
 
+import re
 import sqlite3
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
+from tpuctl.store.cost_sql import TempTable
 from tpuctl.store.migrate import sqlite_user_version
 from tpuctl.store.records import LedgerError
 from tpuctl.store.sql import POSTGRESQL, SQLITE, Dialect, SqlAlchemyConnection
 from tpuctl.store.url import DatabaseUrl
 
 if TYPE_CHECKING:
-    from sqlalchemy.engine import Engine
+    from sqlalchemy.engine import Connection, Engine
 
     from tpuctl.store.database import Database
+
+#: A report's settings on PostgreSQL, for its transaction only. JIT off: the planner's cost of a query over
+#: a big ledger passes ``jit_above_cost`` though it runs in milliseconds, and compiling it took longer
+#: than running it. A bigger ``work_mem``: the per-day and per-run groupings hash and sort a row per
+#: slice, which spilled to disk at the 4 MB default. Random reads costed as sequential ones nearly: the
+#: report reads the ledger's hot pages, and at the default (4x) the planner walked a whole index in a
+#: merge join to anti-join a few hundred price changes to their slices' ends, where SQLite looks each up.
+_REPORT_SETTINGS: Final = (
+    "SELECT set_config('jit', 'off', true), set_config('work_mem', '64MB', true), "
+    "set_config('random_page_cost', '1.1', true)"
+)
+#: The working tables' buffers, per connection (``temp_buffers`` can only be set before the connection's
+#: first temp table): the 8 MB default made the report's upserts write its working tables out and read
+#: them back.
+_TEMP_BUFFERS: Final = "SET temp_buffers = '64MB'"
+_INSERT_INTO: Final = re.compile(r"\s*INSERT\s+INTO\s+(\w+)", re.IGNORECASE)
 
 #: The ledger schema version these queries are written for: this tpuctl's newest (a report reads a ledger
 #: its own tpuctl has brought up to date; one of another version may hold other columns).
 KNOWN_SCHEMA: Final = sqlite_user_version()
-
-
-@dataclass(frozen=True, slots=True)
-class TempTable:
-    """A working table of a report, as each engine declares it (SQLite's columns may be untyped: no
-    affinity, values kept as computed; PostgreSQL's need a type)."""
-
-    sqlite: str
-    postgresql: str
-
-    def __post_init__(self) -> None:
-        for ddl in (self.sqlite, self.postgresql):
-            if not ddl.startswith(f"CREATE TEMP TABLE {self.name} ("):
-                raise ValueError(f"not a CREATE TEMP TABLE of {self.name}: {ddl[:60]!r}")
-
-    @property
-    def name(self) -> str:
-        return self.sqlite.split()[3]
-
-    def ddl(self, dialect: Dialect) -> str:
-        return self.sqlite if dialect.name == "sqlite" else self.postgresql
 
 
 class LedgerReader(Protocol):
@@ -62,6 +59,10 @@ class LedgerReader(Protocol):
     def query(self, sql: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]: ...
 
     def execute(self, sql: str, params: Mapping[str, Any]) -> None: ...
+
+    def execute_many(self, sql: str, rows: Sequence[Mapping[str, Any]]) -> None:
+        """``sql`` once per parameter set in ``rows``, in one go (PostgreSQL: one round trip)."""
+        ...
 
     def snapshot(self, tables: Sequence[TempTable] = ()) -> AbstractContextManager[None]:
         """One read transaction, with the report's working ``tables`` made empty in it."""
@@ -144,6 +145,12 @@ class SqliteReader:
         except sqlite3.Error as exc:
             raise LedgerError(f"ledger {self.path}: {exc}") from exc
 
+    def execute_many(self, sql: str, rows: Sequence[Mapping[str, Any]]) -> None:
+        try:
+            self._conn.executemany(sql, [dict(row) for row in rows])
+        except sqlite3.Error as exc:
+            raise LedgerError(f"ledger {self.path}: {exc}") from exc
+
     @contextmanager
     def snapshot(self, tables: Sequence[TempTable] = ()) -> Iterator[None]:
         self._conn.execute("BEGIN")
@@ -194,6 +201,9 @@ class PostgresReader:
         self._own_engine = engine is None
         self._engine: Engine = create_engine(url) if engine is None else engine
         self._conn: SqlAlchemyConnection | None = None
+        #: The working tables of the snapshot, and those written since their statistics were gathered.
+        self._tables: frozenset[str] = frozenset()
+        self._unanalyzed: set[str] = set()
         with self._translate():
             version = migrate.postgres_schema_version(self._engine)
         if version != KNOWN_SCHEMA:
@@ -211,11 +221,52 @@ class PostgresReader:
     def execute(self, sql: str, params: Mapping[str, Any]) -> None:
         self._run(sql, params)
 
+    def execute_many(self, sql: str, rows: Sequence[Mapping[str, Any]]) -> None:
+        if self._conn is None:
+            raise LedgerError(f"ledger {self.url.text}: a report's query outside its snapshot")
+        written = self._analyze_before(sql)
+        with self._translate():
+            self._conn.executemany(sql, rows)  # pipelined by the driver
+        if written is not None:
+            self._unanalyzed.add(written)
+
     def _run(self, sql: str, params: Mapping[str, Any]) -> Any:
         if self._conn is None:
             raise LedgerError(f"ledger {self.url.text}: a report's query outside its snapshot")
+        written = self._analyze_before(sql)
         with self._translate():
-            return self._conn.execute(sql, dict(params))
+            result = self._conn.execute(sql, dict(params))
+        if written is not None:
+            self._unanalyzed.add(written)
+        return result
+
+    def _analyze_before(self, sql: str) -> str | None:
+        """Gather the statistics of the working tables ``sql`` reads that were written since (the
+        planner otherwise takes a temp table for a few thousand rows, and joins a handful of slice ids
+        to ``pods`` by reading all of it); the working table ``sql`` writes, if any."""
+        insert = _INSERT_INTO.match(sql)
+        target = insert.group(1) if insert is not None and insert.group(1) in self._tables else None
+        body = sql if target is None else re.sub(rf"\b{target}\b", "", sql)
+        for table in sorted(self._unanalyzed):
+            if re.search(rf"\b{table}\b", body):
+                self._unanalyzed.discard(table)
+                assert self._conn is not None
+                with self._translate():
+                    self._conn.execute(f"ANALYZE {table}", {})  # a name of the report's own tables
+        return target
+
+    def _set_temp_buffers(self, conn: Connection) -> None:
+        """``_TEMP_BUFFERS`` on a connection of the pool that has not had it (once: a setting of the
+        session). One that made temp tables before refuses it, and keeps its buffers."""
+        info = conn.connection.info
+        if info.get("tpuctl_temp_buffers"):
+            return
+        info["tpuctl_temp_buffers"] = True
+        try:
+            with conn.begin_nested():
+                self.execute(_TEMP_BUFFERS, {})
+        except LedgerError:
+            pass  # the default buffers: slower, not wrong
 
     @contextmanager
     def snapshot(self, tables: Sequence[TempTable] = ()) -> Iterator[None]:
@@ -226,12 +277,19 @@ class PostgresReader:
         try:
             if self._shared is not None:  # first, as PostgreSQL requires; an id it made, never user input
                 self.execute(f"SET TRANSACTION SNAPSHOT '{self._shared}'", {})
-            for table in tables:
-                self.execute(table.ddl(POSTGRESQL) + " ON COMMIT DROP", {})
-            self.execute("SET TRANSACTION READ ONLY", {})
+            self._set_temp_buffers(conn)
+            # One round trip for the tables and settings (a script of statements without parameters):
+            # each is a few milliseconds' work, and on a loaded machine as much again to wait for the reply.
+            script = [table.ddl(POSTGRESQL) + " ON COMMIT DROP" for table in tables]
+            script += [_REPORT_SETTINGS, "SET TRANSACTION READ ONLY"]
+            with self._translate():
+                conn.exec_driver_sql(";\n".join(script))
+            self._tables = frozenset(table.name for table in tables)
             yield
         finally:
             self._conn = None
+            self._tables = frozenset()
+            self._unanalyzed.clear()
             try:
                 conn.rollback()  # nothing was written: rolling back ends the read and drops the tables
             finally:
