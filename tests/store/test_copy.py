@@ -127,14 +127,12 @@ def reports(url: DatabaseUrl, groups: tuple[str, ...] = GROUPS, now: float = NOW
 
 
 def _cents(value: Any) -> Any:
-    """``value`` with every figure to the cent, and without the instants a slice's or run's line shows
-    (``ready_at``...): printed to the second, they can print a second apart on the two engines for one
-    stored value (SQLite's strftime rounds to the millisecond before it cuts the seconds, PostgreSQL's
-    trunc does not), whichever way the ledger got there."""
+    """``value`` with every figure to the cent (the instants a slice's or run's line shows compared as
+    printed: to the second, on both engines alike)."""
     if isinstance(value, float):
         return round(value, 2)
     if isinstance(value, dict):
-        return {k: _cents(v) for k, v in value.items() if not (k.endswith("_at") and isinstance(v, str))}
+        return {k: _cents(v) for k, v in value.items()}
     if isinstance(value, list):
         return [_cents(v) for v in value]
     return value

@@ -100,3 +100,15 @@ def test_postgresql_gathers_a_working_tables_statistics_before_reading_it(postgr
         assert reader.query(rows_known, {"name": "cost_rest"}) == [(-1.0,)]  # never analyzed
         assert reader.query("SELECT COUNT(*) FROM cost_rest", {}) == [(7,)]
         assert reader.query(rows_known, {"name": "cost_rest"}) == [(7.0,)]
+
+
+def test_an_instant_prints_its_truncated_second_on_both_engines(open_ledger: Callable[..., Ledger]) -> None:
+    from tpuctl.store.cost_sql import iso
+
+    with open_ledger() as ledger, open_reader(ledger.url) as reader, reader.snapshot(()):
+        instant = "CAST(:t AS DOUBLE PRECISION)"  # a column's type (both engines know the name)
+        sql = (
+            f"SELECT {iso(instant, reader.dialect)}, {iso('CAST(NULL AS DOUBLE PRECISION)', reader.dialect)}"
+        )
+        # Just short of a second: SQLite's strftime alone rounds it up to the next one.
+        assert reader.query(sql, {"t": T0 + 42.9996}) == [("2027-01-15T08:00:42Z", None)]

@@ -186,7 +186,9 @@ def iso(instant: str, dialect: Dialect) -> str:
     NULL stays NULL."""
     if is_pg(dialect):
         return f"""to_char(to_timestamp(trunc({instant})) AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')"""
-    return f"strftime('%Y-%m-%dT%H:%M:%SZ', {instant}, 'unixepoch')"
+    # Truncated before strftime, which would round a fraction to the millisecond first (x:42.9996 as :43):
+    # the second printed must be the one PostgreSQL's trunc and Python's window.iso print.
+    return f"strftime('%Y-%m-%dT%H:%M:%SZ', CAST({instant} AS INTEGER), 'unixepoch')"
 
 
 def key_text(key: str, dialect: Dialect) -> str:
