@@ -190,3 +190,24 @@ def test_google_images_have_their_ubuntus_python_and_simulated_ones_this_interpr
     # download a Python. A simulator serving at a URL may run another interpreter: not known.
     assert SimBackend().image_python("v2-alpha-tpuv5-lite") == ImagePython(this, downloads=False)
     assert SimBackend(url="http://127.0.0.1:1").image_python("x") == ImagePython(None, downloads=False)
+
+
+def test_a_client_with_a_state_dir_of_its_own_reaches_a_served_simulators_storage(
+    serve_sim: Callable[..., SimAdminClient], tmp_path: Path
+) -> None:
+    from tpuctl.backends.sim import SIM_BUCKET
+    from tpuctl.sim.network import STORAGE_PORT
+    from tpuctl.sim.vms.layout import services_address
+
+    admin = serve_sim({}, point_cli=False)
+    served = admin.status()["storage_url"]
+    elsewhere = tmp_path / "team-server"  # not the simulator's state dir: its address is another
+    assert served != f"http://{services_address(elsewhere)}:{STORAGE_PORT}"
+    closers: list[Callable[[], None]] = []
+    try:
+        buckets = SimBackend(url=admin.base_url).open_buckets(elsewhere, closers)
+        assert buckets.base_url == served
+        assert buckets.location(SIM_BUCKET).location  # answered by the simulator's storage
+    finally:
+        for close in reversed(closers):
+            close()

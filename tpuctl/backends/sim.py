@@ -188,7 +188,11 @@ class SimBackend:
         from tpuctl.sim.network import STORAGE_PORT
         from tpuctl.sim.vms.layout import services_address
 
-        return sim_buckets(f"http://{services_address(state_dir)}:{STORAGE_PORT}", closers)
+        # A simulator serving at a URL says where its Cloud Storage is (its own state's address, which a
+        # client with a state dir of its own, a team server's, cannot work out): one endpoint for every
+        # client, as Google's is.
+        served = self._status_at(self.url).get("storage_url") if self.url else None
+        return sim_buckets(str(served or f"http://{services_address(state_dir)}:{STORAGE_PORT}"), closers)
 
     def open_account_access(self, cloud: TpuCloud, closers: list[Closer]) -> AccountAccess:
         """The simulator's Policy Troubleshooter and Compute Engine, both at its URL."""
@@ -234,11 +238,14 @@ class SimBackend:
 
     def _sim_status(self, cloud: TpuCloud) -> dict[str, Any]:
         """The simulator's admin status, read once per backend (empty when it cannot be read)."""
+        return self._status_at(cloud.endpoint)
+
+    def _status_at(self, endpoint: str) -> dict[str, Any]:
         if self._status is None:
             from tpuctl.sim import SimAdminClient
 
             try:
-                admin = SimAdminClient(cloud.endpoint, timeout_s=5.0)
+                admin = SimAdminClient(endpoint, timeout_s=5.0)
                 try:
                     self._status = dict(admin.status())
                 finally:

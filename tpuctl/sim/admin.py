@@ -94,6 +94,7 @@ class SimStatus(TypedDict):
     world: dict[str, Any]
     ssh_port: int  # every host's sshd listens on (its address, ssh_port)
     metadata_port: int  # and its metadata server on (its address, metadata_port)
+    storage_url: str  # the simulated network's Cloud Storage (JSON API) for every client
 
 
 class SimAdminClient:

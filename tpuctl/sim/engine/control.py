@@ -14,8 +14,10 @@ from tpuctl.sim.engine.context import Context
 from tpuctl.sim.engine.nodes import Nodes
 from tpuctl.sim.engine.records import existing_node_row, host_addresses, node_json, node_row, update_node
 from tpuctl.sim.engine.timeline import Timeline
+from tpuctl.sim.network import STORAGE_PORT
 from tpuctl.sim.shapes import node_name
 from tpuctl.sim.state import STATE_TABLES
+from tpuctl.sim.vms.layout import services_address
 from tpuctl.sim.wire import check_zone, rfc3339
 from tpuctl.sim.world import Faults, World, region_of
 
@@ -98,6 +100,9 @@ class Control:
             "world": world.summary(),
             "ssh_port": self.ctx.vm_ports[0],
             "metadata_port": self.ctx.vm_ports[1],
+            # Where the simulated network's Cloud Storage answers, for clients whose state dir is not
+            # the simulator's (a team server reaching a served simulator).
+            "storage_url": f"http://{services_address(self.ctx.state_dir)}:{STORAGE_PORT}",
         }
 
     def reset(self, world: World | None = None) -> World:
