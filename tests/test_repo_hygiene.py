@@ -224,3 +224,13 @@ def test_a_heading_anchor_is_githubs() -> None:
         "tpu-api-nodes",
         "images",
     }
+
+
+def test_no_two_test_modules_share_a_name() -> None:
+    """The test directories are not packages: pytest imports each test module by its file name, and a
+    second module of the same name elsewhere fails the whole run's collection ("import file mismatch")."""
+    seen: dict[str, list[str]] = {}
+    for path in sorted((REPO / "tests").rglob("*.py")):
+        if path.name != "conftest.py" and "__pycache__" not in path.parts:
+            seen.setdefault(path.name, []).append(path.relative_to(REPO).as_posix())
+    assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}

@@ -112,6 +112,7 @@ def test_help_lists_commands_in_order_with_named_values(sim_cli: InProcessCli) -
         "quota",
         "bench",
         "doctor",
+        "dashboard",
         "server",
         "db",
         "sim",

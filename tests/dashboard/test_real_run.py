@@ -1,7 +1,7 @@
 """The run page of a real run on the simulator's VMs, preempted twice (with a notice, then without), then
 finished: its timeline has two preemption marks with the kinds and recovery times `runs describe -o json`
 gives, and its cost is its group of `cost report --group-by run`. Minutes of simulated VMs: --slow (the
-default suite draws the same pages over runs recorded through the ledger, test_routes and
+default suite draws the same pages over runs recorded through the ledger, test_dashboard_routes and
 test_browser)."""
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ ORDER: dict[str, tuple[str, ...]] = {
         "quota",
         "bench",
         "doctor",
+        "dashboard",
         "server",
         "db",
         "sim",
