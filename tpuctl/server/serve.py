@@ -13,7 +13,7 @@ import socket
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from tpuctl.errors import TpuctlError
 
@@ -21,12 +21,19 @@ if TYPE_CHECKING:
     from tpuctl.server.listen import Listen
     from tpuctl.services.session import Session
 
+#: How old a slice's state read from its zone's shared listing may be: a slice watch's own default poll
+#: (it sees a preemption no later than it did asking alone).
+SLICE_READ_MAX_AGE_S: Final = 1.0
+
 
 def serve(session: Session, listen: Listen, *, max_runs: int) -> None:
     """Serve until SIGTERM or SIGINT. ``ReplicaLimitError`` (exit 2) when the ledger has no room for
     another server; ``TpuctlError`` when the address cannot be bound."""
+    import dataclasses
+
     import uvicorn
 
+    from tpuctl.cloud.shared_reads import SharedNodeReads
     from tpuctl.server.app import build_app
     from tpuctl.server.bundles import BundleStore
     from tpuctl.server.replica import Replica
@@ -34,6 +41,11 @@ def serve(session: Session, listen: Listen, *, max_runs: int) -> None:
 
     sock = _bind(listen)
     settings = session.settings
+    # Every run's slice watch reads its slice once a second: through one zone listing a second, shared
+    # by all of them (``SharedNodeReads``), the replica's reads and CPU grow with its zones, not its runs.
+    session = dataclasses.replace(
+        session, cloud=SharedNodeReads(session.cloud, max_age_s=SLICE_READ_MAX_AGE_S, clock=session.monotonic)
+    )
     replica = Replica(
         session,
         LeaseOwner.of_this_process(),

@@ -17,20 +17,18 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from tpuctl.cloud.forwarding import ForwardingCloud
 from tpuctl.errors import LeaseLostError
 from tpuctl.hosts.base import ForwardingExecutor
 from tpuctl.store.records import CancelRequest, IntentAction, LeaseClaim
 
 if TYPE_CHECKING:
     from tpuctl.cloud.base import (
-        HostIdentity,
         Node,
         NodeRequest,
         OperationProgress,
-        PlannedRequest,
         QueuedResource,
         QueuedResourceRequest,
-        QuotaLimit,
         TpuCloud,
     )
     from tpuctl.hosts.base import CommandResult, Executor, HostEvent, LaunchSpec, ShipResult
@@ -232,7 +230,7 @@ def fenced_session(
     return dataclasses.replace(session, ledger=ledger, cloud=cloud, _closers=[], _os_login=session.os_login())
 
 
-class FencedCloud:
+class FencedCloud(ForwardingCloud):
     """A ``TpuCloud`` whose mutations first record a fenced intent (``Ledger.record_intent``): a
     supervisor that lost its lease gets ``LeaseLostError`` before the request is sent. ``lost`` (the
     keeper's) is asked before the intent and again after it, right before the request: the intent's write
@@ -310,65 +308,6 @@ class FencedCloud:
     def reset_queued_resource(self, zone: str, qr_id: str) -> QueuedResource:
         self._intend(IntentAction.CREATE, qr_id, zone, "reset_queued_resource")
         return self._cloud.reset_queued_resource(zone, qr_id)
-
-    # --- everything else: as the cloud answers --------------------------------------------------------
-
-    @property
-    def backend(self) -> str:
-        return self._cloud.backend
-
-    @property
-    def project(self) -> str:
-        return self._cloud.project
-
-    @property
-    def endpoint(self) -> str:
-        return self._cloud.endpoint
-
-    def list_nodes(self, zone: str | None = None) -> list[Node]:
-        return self._cloud.list_nodes(zone)
-
-    def get_node(self, zone: str, name: str) -> Node:
-        return self._cloud.get_node(zone, name)
-
-    def host_identities(self, zone: str, name: str) -> list[HostIdentity]:
-        return self._cloud.host_identities(zone, name)
-
-    def get_queued_resource(self, zone: str, qr_id: str) -> QueuedResource:
-        return self._cloud.get_queued_resource(zone, qr_id)
-
-    def list_queued_resources(self, zone: str | None = None) -> list[QueuedResource]:
-        return self._cloud.list_queued_resources(zone)
-
-    def list_accelerator_types(self, zone: str) -> list[str]:
-        return self._cloud.list_accelerator_types(zone)
-
-    def list_runtime_versions(self, zone: str) -> list[str]:
-        return self._cloud.list_runtime_versions(zone)
-
-    def list_zones(self) -> list[str]:
-        return self._cloud.list_zones()
-
-    def quota_limits(self) -> list[QuotaLimit]:
-        return self._cloud.quota_limits()
-
-    def plan_create_node(
-        self, request: NodeRequest, *, request_id: str | None = None
-    ) -> list[PlannedRequest]:
-        return self._cloud.plan_create_node(request, request_id=request_id)
-
-    def plan_create_queued_resource(
-        self, request: QueuedResourceRequest, *, request_id: str | None = None
-    ) -> PlannedRequest:
-        return self._cloud.plan_create_queued_resource(request, request_id=request_id)
-
-    def plan_delete_node(self, zone: str, name: str) -> list[PlannedRequest]:
-        return self._cloud.plan_delete_node(zone, name)
-
-    def plan_delete_queued_resource(
-        self, zone: str, qr_id: str, *, force: bool = False, request_id: str | None = None
-    ) -> PlannedRequest:
-        return self._cloud.plan_delete_queued_resource(zone, qr_id, force=force, request_id=request_id)
 
     def close(self) -> None:
         """Nothing: the session the cloud came from closes it."""
