@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from recorded_runs import record_both
 
 from tpuctl.testing.clock import wait_for
 from tpuctl.testing.ports import unused_port
@@ -38,6 +39,13 @@ def session(sim_cli: InProcessCli, state_dir: Path) -> Iterator[Session]:
 
     with open_session(load_settings({"state_dir": state_dir}), backend=sim_cli.backend) as sess:
         yield sess
+
+
+@pytest.fixture
+def recorded(session: Session) -> Session:
+    """The session with RUN and LIVE recorded (``recorded_runs.record_both``)."""
+    record_both(session.ledger, session.clock())
+    return session
 
 
 @pytest.fixture

@@ -19,6 +19,12 @@ CHIPS = 4
 PRICE = 0.9  # USD per chip-hour (spot)
 
 
+#: The runs the dashboard's default tests draw: RUN preempted twice (a notice, then a hard one), then
+#: finished; LIVE still running (``recorded``).
+RUN = "run-20261101-120000-aa01"
+LIVE = "run-20261101-130000-bb02"
+
+
 @dataclass(frozen=True)
 class Attempt:
     """One slice of a run: ready at ``start``, running until ``end``, then preempted with ``kind`` (None:
@@ -93,3 +99,13 @@ def _slice(ledger: Ledger, run_id: str, a: Attempt, *, ended: bool) -> None:
         ledger.record_event(EventKind.DELETED, ts=a.end + 10, **facts)
     elif ended:
         ledger.record_event(EventKind.DELETED, ts=a.end, **facts)
+
+
+def record_both(ledger: Ledger, now: float) -> None:
+    """RUN and LIVE, as the default tests draw them."""
+    record_run(ledger, RUN, [
+        Attempt("p-1", now - 7200, now - 6000, 40, PreemptionKind.NOTICE),
+        Attempt("p-2", now - 5900, now - 4000, 80, PreemptionKind.HARD),
+        Attempt("p-3", now - 3900, now - 3000, 120, None),
+    ])  # fmt: skip
+    record_run(ledger, LIVE, [Attempt("q-1", now - 600, now, 5, None)], finished=False)

@@ -10,32 +10,15 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import pytest
-from recorded_runs import Attempt, record_run
+from recorded_runs import LIVE, RUN
 
-from tpuctl.store.records import PreemptionKind, SegmentKind
+from tpuctl.store.records import SegmentKind
 
 if TYPE_CHECKING:
     from playwright.sync_api import Page
 
     from tpuctl.services.session import Session
     from tpuctl.testing.backend import InProcessCli
-
-RUN = "run-20261101-120000-aa01"
-LIVE = "run-20261101-130000-bb02"
-
-
-@pytest.fixture
-def recorded(session: Session) -> Session:
-    """RUN preempted twice (a notice, then a hard one), then finished; LIVE still running."""
-    now = session.clock()
-    record_run(session.ledger, RUN, [
-        Attempt("p-1", now - 7200, now - 6000, 40, PreemptionKind.NOTICE),
-        Attempt("p-2", now - 5900, now - 4000, 80, PreemptionKind.HARD),
-        Attempt("p-3", now - 3900, now - 3000, 120, None),
-    ])  # fmt: skip
-    record_run(session.ledger, LIVE, [Attempt("q-1", now - 600, now, 5, None)], finished=False)
-    return session
 
 
 #: Read when the tests are collected: each test's environment is cleaned before it runs (conftest).

@@ -9,29 +9,11 @@ from typing import TYPE_CHECKING
 
 import pytest
 from fastapi.testclient import TestClient
-from recorded_runs import Attempt, record_run
-
-from tpuctl.store.records import PreemptionKind
+from recorded_runs import LIVE, RUN
 
 if TYPE_CHECKING:
     from tpuctl.services.session import Session
     from tpuctl.testing.backend import InProcessCli
-
-RUN = "run-20261101-120000-aa01"
-OTHER = "run-20261101-130000-bb02"
-
-
-@pytest.fixture
-def recorded(session: Session) -> Session:
-    """Two runs: RUN preempted twice (a notice, then a hard one), then finished; OTHER still running."""
-    now = session.clock()
-    record_run(session.ledger, RUN, [
-        Attempt("p-1", now - 7200, now - 6000, 40, PreemptionKind.NOTICE),
-        Attempt("p-2", now - 5900, now - 4000, 80, PreemptionKind.HARD),
-        Attempt("p-3", now - 3900, now - 3000, 120, None),
-    ])  # fmt: skip
-    record_run(session.ledger, OTHER, [Attempt("q-1", now - 600, now, 5, None)], finished=False)
-    return session
 
 
 @pytest.fixture
@@ -56,12 +38,12 @@ def test_the_runs_page_lists_runs_newest_first_with_their_cost_from_cost_report(
     client: TestClient, sim_cli: InProcessCli
 ) -> None:
     html = client.get("/").text
-    assert _attr(html, "data-run") == [OTHER, RUN]
+    assert _attr(html, "data-run") == [LIVE, RUN]
     report = sim_cli("cost", "report", "--group-by", "run", "--no-reconcile", "-o", "json").json
     cost = {g["key"]: g["cost_usd"] for g in report["groups"]}
-    assert [float(v) for v in _attr(html, "data-cost-usd")] == [cost[OTHER], cost[RUN]]
+    assert [float(v) for v in _attr(html, "data-cost-usd")] == [cost[LIVE], cost[RUN]]
     assert _attr(html, "data-preemptions") == ["0", "2"]
-    assert _attr(client.get("/?limit=1").text, "data-run") == [OTHER]
+    assert _attr(client.get("/?limit=1").text, "data-run") == [LIVE]
 
 
 def test_a_runs_page_marks_each_preemption_with_its_kind_and_its_recovery_time(
@@ -82,8 +64,8 @@ def test_a_runs_page_marks_each_preemption_with_its_kind_and_its_recovery_time(
 def test_a_live_runs_page_polls_its_live_part_which_says_whether_the_run_is_still_live(
     client: TestClient,
 ) -> None:
-    assert f'data-live-src="/runs/{OTHER}/live"' in client.get(f"/runs/{OTHER}").text
-    live = client.get(f"/runs/{OTHER}/live")
+    assert f'data-live-src="/runs/{LIVE}/live"' in client.get(f"/runs/{LIVE}").text
+    live = client.get(f"/runs/{LIVE}/live")
     assert live.headers["X-Tpuctl-Live"] == "yes" and "<html" not in live.text
     assert client.get(f"/runs/{RUN}/live").headers["X-Tpuctl-Live"] == "no"
 
@@ -95,14 +77,14 @@ def test_a_runs_page_links_each_hosts_log_from_this_machine_or_from_the_ledger(
     from tpuctl.store.records import LeaseOwner
 
     RunDir.of(recorded.state_dir, RUN).make().host_log(0).write_text("step 1\nstep 2\n")
-    # OTHER keeps its lines in the ledger: a supervisor on another machine (it took the run over) wrote
+    # LIVE keeps its lines in the ledger: a supervisor on another machine (it took the run over) wrote
     # them, and this machine has no log file of it.
     ledger = recorded.ledger
-    ledger.save_run_request(OTHER, "{}")
-    claim = ledger.claim_lease(OTHER, LeaseOwner("owner-x", "host-x", 4242, 7), 300.0)
+    ledger.save_run_request(LIVE, "{}")
+    claim = ledger.claim_lease(LIVE, LeaseOwner("owner-x", "host-x", 4242, 7), 300.0)
     ledger.append_log_lines(claim, 0, 0, [(recorded.clock(), "from the supervisor on host-x")])
     ledger.release_lease(claim)
-    for run, text in ((RUN, "step 1\nstep 2\n"), (OTHER, "from the supervisor on host-x\n")):
+    for run, text in ((RUN, "step 1\nstep 2\n"), (LIVE, "from the supervisor on host-x\n")):
         html = client.get(f"/runs/{run}").text
         assert _attr(html, "href", data_worker="0") == [f"/runs/{run}/logs/0"]
         log = client.get(f"/runs/{run}/logs/0")
@@ -128,7 +110,7 @@ def test_the_slices_page_shows_the_live_slices_with_their_price_and_run(client: 
     html = client.get("/slices").text
     assert _attr(html, "data-slice") == ["q-1"]
     assert _attr(html, "data-usd-per-hour") == ["3.6"]  # 4 chips x 0.90 USD
-    assert f'href="/runs/{OTHER}"' in html
+    assert f'href="/runs/{LIVE}"' in html
 
 
 def test_tpuctl_server_serves_the_pages_at_its_root(recorded: Session, tmp_path: object) -> None:
@@ -139,6 +121,6 @@ def test_tpuctl_server_serves_the_pages_at_its_root(recorded: Session, tmp_path:
 
     app = build_app(recorded, BundleStore(Path(str(tmp_path)) / "bundles"), None)
     with TestClient(app) as client:
-        assert _attr(client.get("/").text, "data-run") == [OTHER, RUN]
+        assert _attr(client.get("/").text, "data-run") == [LIVE, RUN]
         assert client.get("/healthz").json() == {"status": "ok"} or client.get("/healthz").status_code == 200
         assert "/" not in client.get("/openapi.json").json()["paths"]  # pages are not the API
