@@ -15,39 +15,28 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
 import os
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 import httpx
 import pytest
+from server_place import WORLD, Place, make_place, output
 
 from tpuctl.server.app import LedgerProbe
 from tpuctl.services.run.fencing import loss_margin
 from tpuctl.sim import SimAdminClient
 from tpuctl.store.ledger import Ledger
 from tpuctl.store.records import LeaseAction, LeaseHistoryRecord, RunStatus
-from tpuctl.store.secrets import generate_key
 from tpuctl.testing.clock import wait_for
 from tpuctl.testing.ports import unused_port
 from tpuctl.testing.postgres import PostgresCluster
 
-ZONE = "us-central1-a"
-WORLD: dict[str, Any] = {
-    "speed": 1000,
-    "zones": {ZONE: {"v5e": {"on_demand": 64, "preemptible": 64}}},
-    "quotas": {
-        "default": {"on_demand": {"zone": -1, "region": -1}, "preemptible": {"zone": -1, "region": -1}}
-    },
-    "latency": {"base_ms": 0, "jitter_ms": 0},
-}
 LEASE_S, RENEW_EVERY_S = 3.0, 0.5
 LINES = 20
 #: A quarter second a line (5 s: time to act on the database mid-run on a loaded machine).
@@ -66,88 +55,32 @@ def outage_cluster() -> Iterator[PostgresCluster]:
         yield cluster
 
 
-@dataclass
-class Place:
-    """One ledger on the module's cluster, one simulated cloud, the servers' environment."""
+def node_mutations(place: Place, method: str) -> list[float]:
+    """When each create (POST) or delete (DELETE) of a node reached the cloud."""
+    return [
+        float(m["at"])
+        for m in place.admin.mutations()
+        if m["method"] == method and "/nodes" in m["path"] and ":" not in m["path"].rsplit("/", 1)[-1]
+    ]
 
-    cluster: PostgresCluster
-    database: str
-    env: dict[str, str]
-    admin: SimAdminClient
-    script: Path
-    started: list[subprocess.Popen[bytes]]
 
-    def ledger(self) -> Ledger:
-        return Ledger.open(self.database)
-
-    def start_server(self) -> tuple[subprocess.Popen[bytes], str]:
-        url = f"http://127.0.0.1:{unused_port()}"
-        argv = [sys.executable, "-m", "tpuctl", "server", "--listen", url.removeprefix("http://")]
-        proc = subprocess.Popen(argv, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        self.started.append(proc)
-
-        def ready() -> bool:
-            assert proc.poll() is None, _output(proc)
-            return _readiness(url) == 200
-
-        wait_for(ready, timeout=60.0, interval=0.1, what="the server to be ready")
-        return proc, url
-
-    def submit_detached(self, url: str) -> str:
-        """Submit the program through the server at ``url`` from a client process that exits at once."""
-        argv = ["run", str(self.script), "--type", "v5e-8", "--zone", ZONE, "--no-runtime-deps", "--detach"]
-        client = {k: v for k, v in self.env.items() if k not in ("TPUCTL_DATABASE_URL", "TPUCTL_SECRET_KEY")}
-        done = subprocess.run(
-            [sys.executable, "-m", "tpuctl", *argv, "-o", "json"],
-            env={
-                **client,
-                "TPUCTL_STATE_DIR": self.env["TPUCTL_STATE_DIR"] + "-laptop",
-                "TPUCTL_SERVER": url,
-            },
-            capture_output=True,
-            timeout=120,
-        )
-        assert done.returncode == 0, done.stdout.decode() + done.stderr.decode()
-        out = done.stdout.decode()
-        return str(json.loads(out[out.index("{") :])["run"]["run_id"])
-
-    def node_mutations(self, method: str) -> list[float]:
-        """When each create (POST) or delete (DELETE) of a node reached the cloud."""
-        return [
-            float(m["at"])
-            for m in self.admin.mutations()
-            if m["method"] == method and "/nodes" in m["path"] and ":" not in m["path"].rsplit("/", 1)[-1]
-        ]
+def another_server(place: Place) -> tuple[subprocess.Popen[bytes], str]:
+    """One more server on the place's ledger, at an address of its own; it and its URL."""
+    elsewhere = dataclasses.replace(place, url=f"http://127.0.0.1:{unused_port()}")
+    return elsewhere.start_server(), elsewhere.url
 
 
 @pytest.fixture
 def place(
     tmp_path: Path, serve_sim: Callable[..., SimAdminClient], outage_cluster: PostgresCluster
 ) -> Iterator[Place]:
-    admin = serve_sim(WORLD)  # points TPUCTL_SIM_URL at it
+    """A place (``server_place``) on a database of the module's cluster, which its test may stop."""
     name = f"outage_{os.urandom(6).hex()}"
     database = outage_cluster.create_database(name)
-    base = {k: v for k, v in os.environ.items() if not k.startswith("TPUCTL_")}
-    env = {
-        **base,
-        "TPUCTL_SIM_URL": os.environ["TPUCTL_SIM_URL"],
-        "TPUCTL_STATE_DIR": str(tmp_path / "server"),
-        "TPUCTL_DATABASE_URL": database,
-        "TPUCTL_SECRET_KEY": generate_key().decode("ascii"),
-        "TPUCTL_LEASE_DURATION": f"{LEASE_S:g}",
-        "TPUCTL_LEASE_RENEW_EVERY": f"{RENEW_EVERY_S:g}",
-    }
-    script = tmp_path / "proj" / "prog.py"
-    script.parent.mkdir()
-    script.write_text(PROGRAM)
-    started: list[subprocess.Popen[bytes]] = []
+    lease = {"TPUCTL_LEASE_DURATION": f"{LEASE_S:g}", "TPUCTL_LEASE_RENEW_EVERY": f"{RENEW_EVERY_S:g}"}
     try:
-        yield Place(outage_cluster, database, env, admin, script, started)
+        yield from make_place(tmp_path, serve_sim, database, world=WORLD, program=PROGRAM, server_env=lease)
     finally:
-        for proc in started:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(timeout=10)
         if outage_cluster.pid is None:
             outage_cluster.start_again()
         outage_cluster.drop_database(name)
@@ -158,13 +91,6 @@ def _readiness(url: str) -> int | None:
         return httpx.get(f"{url}/readyz", timeout=10).status_code
     except httpx.TransportError:
         return None
-
-
-def _output(proc: subprocess.Popen[bytes]) -> str:
-    if proc.poll() is None:
-        proc.kill()
-    out = proc.communicate(timeout=10)[0] if proc.stdout is not None else b""
-    return out.decode(errors="replace")[-6000:]
 
 
 def _printed(place: Place, run_id: str, lines: int) -> int | None:
@@ -178,7 +104,7 @@ def _printed(place: Place, run_id: str, lines: int) -> int | None:
 def _ended(place: Place, run_id: str, servers: list[subprocess.Popen[bytes]]) -> RunStatus:
     def ended() -> RunStatus | None:
         for server in servers:
-            assert server.poll() is None, _output(server)
+            assert server.poll() is None, output(server)
         with place.ledger() as ledger:
             record = ledger.get_run(run_id)
         assert record is not None
@@ -213,19 +139,21 @@ def _lines_once(place: Place, run_id: str) -> None:
 # ~20 s (a server, a slice, a program): slow. The same restart under one ledger is in the default suite
 # (tests/store/test_database.py).
 @pytest.mark.slow
-def test_a_database_restart_mid_run_is_waited_out_and_the_run_carries_on(place: Place) -> None:
-    server, url = place.start_server()
-    run_id = place.submit_detached(url)
+def test_a_database_restart_mid_run_is_waited_out_and_the_run_carries_on(
+    place: Place, outage_cluster: PostgresCluster
+) -> None:
+    server, url = place.start_server(), place.url
+    run_id = place.submit_detached()
     wait_for(lambda: _printed(place, run_id, 3), timeout=120.0, interval=0.1, what="the run to print")
 
-    place.cluster.restart()  # every connection the server holds is dropped
+    outage_cluster.restart()  # every connection the server holds is dropped
 
     assert _ended(place, run_id, [server]) is RunStatus.SUCCEEDED
     assert _readiness(url) == 200  # reconnected
     # One slice per attempt (one attempt, unless a loaded machine let the lease lapse and the server took
     # its own run over), each deleted once, the last one too.
     attempts = _attempts(place, run_id)
-    assert len(place.node_mutations("POST")) == len(place.node_mutations("DELETE")) == len(attempts)
+    assert len(node_mutations(place, "POST")) == len(node_mutations(place, "DELETE")) == len(attempts)
     deleted = [d["name"] for d in place.admin.deletions()]
     assert len(deleted) == len(set(deleted)) and place.admin.status()["nodes"] == []
     _lines_once(place, run_id)
@@ -264,16 +192,16 @@ def _held(history: list[LeaseHistoryRecord]) -> list[Held]:
 
 @pytest.mark.slow
 def test_a_database_down_past_the_lease_stops_every_replica_acting_and_one_carries_the_run_on(
-    place: Place,
+    place: Place, outage_cluster: PostgresCluster
 ) -> None:
-    a, a_url = place.start_server()
-    b, b_url = place.start_server()
-    run_id = place.submit_detached(a_url)
+    a, a_url = place.start_server(), place.url
+    b, b_url = another_server(place)
+    run_id = place.submit_detached()  # through A
     # Down just before the program's end, so that its slice falls due for deletion in the outage.
     holder_pid = wait_for(
         lambda: _printed(place, run_id, LINES - 8), timeout=120.0, interval=0.05, what="the run near its end"
     )
-    place.cluster.stop()
+    outage_cluster.stop()
     down_at = time.time()
     try:
         for url in (a_url, b_url):  # each says so within its probe's time and an HTTP round trip
@@ -282,7 +210,7 @@ def test_a_database_down_past_the_lease_stops_every_replica_acting_and_one_carri
             assert time.monotonic() - began < 5.0
         wait_for(lambda: time.time() - down_at > 2.5 * LEASE_S, timeout=30.0, interval=0.1)
     finally:
-        place.cluster.start_again()
+        outage_cluster.start_again()
 
     assert _ended(place, run_id, [a, b]) is RunStatus.SUCCEEDED
     with place.ledger() as ledger:
@@ -295,9 +223,11 @@ def test_a_database_down_past_the_lease_stops_every_replica_acting_and_one_carri
     assert at_outage.pid == holder_pid and at_outage.until > down_at - LEASE_S, said
     for before, after in itertools.pairwise(held):  # never two holders at once
         assert after.since >= before.until, said
-    # Someone carried the run on after the outage, once the holder's lease had expired.
-    assert any(h.action is LeaseAction.TAKEOVER and h.at >= at_outage.until for h in history), said
-    creates, deletes = place.node_mutations("POST"), place.node_mutations("DELETE")
+    # Someone carried the run on after the outage, under a new generation claimed once the holder's lease
+    # had expired (a TAKEOVER by the other replica, or a CLAIM by the same one taking its run back).
+    carried = [h for h in history if h.action in (LeaseAction.CLAIM, LeaseAction.TAKEOVER)]
+    assert any(h.generation > at_outage.generation and h.at >= at_outage.until for h in carried), said
+    creates, deletes = node_mutations(place, "POST"), node_mutations(place, "DELETE")
     for at in creates + deletes:  # each sent inside a lease, before its holder's local deadline
         assert any(span.since <= at < span.acting_until for span in held), f"{at}\n{said}"
     # A takeover runs the program again on a slice of its own (as after a crash): one per attempt, each

@@ -61,6 +61,8 @@ def _steps_of_start(events: list[dict[str, Any]], start: int) -> int:
 
 
 def _cost_by_run(env: dict[str, str]) -> dict[str, Any]:
+    """`cost report --group-by run -o json` as ``env`` runs it (locally, or through a server), without
+    its window (the instant it was asked at)."""
     out = subprocess.run(
         [sys.executable, "-m", "tpuctl", "cost", "report", "--group-by", "run", "-o", "json"],
         env=env,
@@ -69,6 +71,7 @@ def _cost_by_run(env: dict[str, str]) -> dict[str, Any]:
     )
     assert out.returncode == 0, out.stderr.decode()[-3000:]
     document: dict[str, Any] = json.loads(out.stdout)
+    document.pop("window")  # the instant each report was asked at
     return document
 
 
