@@ -312,6 +312,16 @@ FROM ({figures}) AS f {sd.cross_join(d)} pods AS p ON p.id = f.id"""
 
 # --- runs ---------------------------------------------------------------------------------------------
 
+#: Every run group's figures (``run_rank_sql``): one row per run on SQLite (an upsert adds to it); rows
+#: appended and summed by key where read on PostgreSQL (``TempTable.summed_by_key``).
+RUNS_TABLE: Final = TempTable(
+    "cost_runs",
+    "k TEXT, usd REAL, slices INT, cs REAL",
+    primary_key="k",
+    without_rowid=True,
+    summed_by_key=True,
+)
+
 #: Priced rows of cost_item_adj (alias a): billed time moved between runs, and recomputed work.
 _ADJ_USD: Final = "((a.priced + a.unpriced * COALESCE(c.own, 0)) / 3600.0)"
 _ADJ_PRICES: Final = (
@@ -320,9 +330,9 @@ _ADJ_PRICES: Final = (
 
 
 def _run_upsert(d: Dialect) -> str:
-    return "ON CONFLICT (k) DO UPDATE SET " + ", ".join(
-        f"{c} = {sd.conflict_column('cost_runs', c, d)} + excluded.{c}" for c in ("usd", "slices", "cs")
-    )
+    """Rows added to a run's row (SQLite's upsert), or appended and summed where read (PostgreSQL: one row
+    per run inserted into a keyed table was a quarter of its report by run)."""
+    return sd.add_to_rows(RUNS_TABLE, ("usd", "slices", "cs"), d)
 
 
 @functools.cache
@@ -374,10 +384,13 @@ SELECT a.k, SUM({_ADJ_USD}), SUM(a.slices), SUM(a.cs) FROM cost_item_adj AS a {_
 WHERE {sd.true(d)} GROUP BY a.k
 {_run_upsert(d)}""",
         # "(none)" when only the runs' shares were moved out of it: nothing is left (as the reference path).
-        "DELETE FROM cost_runs WHERE k = :null_key AND slices = 0 AND ABS(cs) < 3.6e-6",
+        "DELETE FROM cost_runs WHERE k = :null_key "
+        "AND (SELECT SUM(slices) FROM cost_runs WHERE k = :null_key) = 0 "
+        "AND (SELECT ABS(SUM(cs)) FROM cost_runs WHERE k = :null_key) < 3.6e-6",
         f"""INSERT INTO cost_top_runs (k, n)
 SELECT k, ROW_NUMBER() OVER (ORDER BY ru DESC, key) FROM (
-    SELECT k, {_round("usd", d)} AS ru, CASE WHEN k = :null_key THEN '(none)' ELSE k END AS key FROM cost_runs
+    SELECT k, {_round("SUM(usd)", d)} AS ru, CASE WHEN k = :null_key THEN '(none)' ELSE k END AS key
+    FROM cost_runs GROUP BY k
     ORDER BY ru DESC, key {sd.limit(":limit", d)}
 ) AS ranked""",
     )
@@ -445,7 +458,7 @@ PREPARE: Final = (
     # By rank: scanned in rowid order, its slices come out most expensive first.
     TempTable("cost_top", "n INT, k INT", primary_key="n"),
     TempTable("cost_top_runs", "k TEXT, n INT", primary_key="k", without_rowid=True),
-    TempTable("cost_runs", "k TEXT, usd REAL, slices INT, cs REAL", primary_key="k", without_rowid=True),
+    RUNS_TABLE,
     TempTable(
         "cost_none",
         "n INT, slices WHOLE, bs NUM, cs NUM, usd NUM, od NUM, sav NUM, rec NUM, hcs NUM, husd NUM",
