@@ -121,7 +121,7 @@ def _run_groups(q: Query, group: GroupBy, ctes: str, limit: int | None) -> tuple
         )
         q.reader.execute(items.adj_sql(rec, d, recomputed=True), q.params)
     groups = items.run_records(q.reader.query(items.run_sql(d, ranked=ranked), bound))
-    total = (
-        int(q.reader.query("SELECT COUNT(DISTINCT k) FROM cost_runs", {})[0][0]) if ranked else len(groups)
-    )
+    total = len(groups)
+    if ranked:  # every group, counted when they were ranked (none: no row, so no count)
+        total = int(q.reader.query("SELECT COALESCE(MAX(groups), 0) FROM cost_top_runs", {})[0][0])
     return groups, total

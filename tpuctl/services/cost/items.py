@@ -383,14 +383,15 @@ SELECT :null_key, usd, slices, cs FROM cost_none WHERE n > 0
 SELECT a.k, SUM({_ADJ_USD}), SUM(a.slices), SUM(a.cs) FROM cost_item_adj AS a {_ADJ_PRICES}
 WHERE {sd.true(d)} GROUP BY a.k
 {_run_upsert(d)}""",
-        # "(none)" when only the runs' shares were moved out of it: nothing is left (as the reference path).
-        "DELETE FROM cost_runs WHERE k = :null_key "
-        "AND (SELECT SUM(slices) FROM cost_runs WHERE k = :null_key) = 0 "
-        "AND (SELECT ABS(SUM(cs)) FROM cost_runs WHERE k = :null_key) < 3.6e-6",
-        f"""INSERT INTO cost_top_runs (k, n)
-SELECT k, ROW_NUMBER() OVER (ORDER BY ru DESC, key) FROM (
-    SELECT k, {_round("SUM(usd)", d)} AS ru, CASE WHEN k = :null_key THEN '(none)' ELSE k END AS key
-    FROM cost_runs GROUP BY k
+        # Summed by run in one pass; "(none)" left out when only the runs' shares were moved out of it
+        # (nothing is left, as the reference path says); every group counted before the limit (``groups``).
+        f"""INSERT INTO cost_top_runs (k, n, groups)
+SELECT k, ROW_NUMBER() OVER (ORDER BY ru DESC, key), groups FROM (
+    SELECT k, ru, key, COUNT(*) OVER () AS groups FROM (
+        SELECT k, {_round("SUM(usd)", d)} AS ru, CASE WHEN k = :null_key THEN '(none)' ELSE k END AS key
+        FROM cost_runs GROUP BY k
+        HAVING NOT (k = :null_key AND SUM(slices) = 0 AND ABS(SUM(cs)) < 3.6e-6)
+    ) AS summed
     ORDER BY ru DESC, key {sd.limit(":limit", d)}
 ) AS ranked""",
     )
@@ -457,7 +458,8 @@ PREPARE: Final = (
     TempTable("cost_item_rec", "k INT, rec REAL", primary_key="k"),
     # By rank: scanned in rowid order, its slices come out most expensive first.
     TempTable("cost_top", "n INT, k INT", primary_key="n"),
-    TempTable("cost_top_runs", "k TEXT, n INT", primary_key="k", without_rowid=True),
+    # ``groups``: how many run groups there are in all (the same on every row), for "N more".
+    TempTable("cost_top_runs", "k TEXT, n INT, groups INT", primary_key="k", without_rowid=True),
     RUNS_TABLE,
     TempTable(
         "cost_none",
