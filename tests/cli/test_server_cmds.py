@@ -50,7 +50,6 @@ def test_a_server_that_is_not_an_http_url_is_exit_2(cli: Cli) -> None:
     ("args", "said"),
     [
         (("run", "--example", "lm", "--type", "v5e-8", "--no-import-check"), "--no-import-check"),
-        (("runs", "resume", "run-1"), "`runs resume`"),
     ],
 )
 def test_what_a_server_does_not_carry_yet_is_exit_2(cli: Cli, args: tuple[str, ...], said: str) -> None:

@@ -167,6 +167,25 @@ def test_logs_page_by_cursor_and_cancel_cleans_up_a_run_nobody_holds(
     assert api.get(f"/v1/runs/{run_id}/logs", params={"after": rest["cursor"]}).json()["live"] is False
 
 
+def test_a_cancelled_run_resumed_through_the_server_waits_for_a_replica_to_take_it_up(
+    api: TestClient, uploaded: str, session: Session
+) -> None:
+    run_id = submit(api, {"job": JOB, "bundle_sha256": uploaded, "script_in_bundle": "prog.py"}).json()[
+        "run"
+    ]["run_id"]
+    assert api.post(f"/v1/runs/{run_id}/cancel").json()["status"] == "cancelled"
+    assert session.ledger.orphans() == []  # ended: nobody's to take up
+
+    resumed = api.post(f"/v1/runs/{run_id}/resume", json={"budget_usd": 5.0})
+    assert resumed.status_code == 200, resumed.text
+    assert resumed.json()["run"]["run_id"] == run_id and resumed.json()["run"]["status"] == "recovering"
+    assert session.ledger.lease_of(run_id) is None  # given back: the replica's tick claims it
+    assert session.ledger.cancel_requested(run_id) is None  # answered: the replica must not cancel it again
+    assert session.ledger.orphans() == [run_id]
+    assert_document(api.post(f"/v1/runs/{run_id}/resume", json={"budget_usd": -1}), 422, field="budget_usd")
+    assert_document(api.post("/v1/runs/run-nope/resume", json={}), 404)
+
+
 @pytest.mark.parametrize(
     ("send", "status", "field"),
     [

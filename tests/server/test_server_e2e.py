@@ -187,3 +187,26 @@ def test_two_servers_on_postgresql_share_a_run_and_the_survivor_adopts_it_after_
     assert {h.owner.pid for h in history} == {holder.pid, survivor.pid}
     assert place.creates() == 2  # one slice per attempt
     assert place.admin.status()["nodes"] == []  # the last one deleted
+
+
+@pytest.mark.slow
+def test_a_cancelled_run_resumed_through_the_server_is_carried_on_to_its_end(place: Place) -> None:
+    server = place.start_server()
+    run_id = place.submit_detached()
+
+    def printing() -> bool:
+        with place.ledger() as ledger:
+            return len(ledger.log_lines(run_id, worker=0)) >= 2
+
+    wait_for(printing, timeout=120.0, interval=0.1, what="the run to print")
+    cancel = place.client("runs", "cancel", run_id, "-o", "json")
+    assert cancel.wait(timeout=120) == 0, output(cancel)
+    resume = place.client("runs", "resume", run_id, "--detach", "-o", "json")
+    out = resume.communicate(timeout=120)[0].decode()
+    assert resume.returncode == 0, out
+    assert json.loads(out[out.index("{") :])["run"]["run_id"] == run_id
+    assert ended_under(place, server, run_id) is RunStatus.SUCCEEDED
+    with place.ledger() as ledger:
+        lines = [line.text for line in ledger.log_lines(run_id, worker=0)]
+    assert f"attempt 1 line {LINES - 1}" in lines  # the second start ran to its end
+    assert place.creates() == 2 and place.admin.status()["nodes"] == []

@@ -828,17 +828,20 @@ def resume_run(
     from tpuctl.services.run.service import Runs
 
     out = make_output(ctx, output, ONE_OBJECT)
-    refuse_through_server(
-        server_of(build_settings(ctx)),
-        "`runs resume`",
-        fix="nothing to do: the server adopts a run whose supervisor is gone once its lease expires",
-    )
     new_budget = None if budget is None else params.usd(budget, "budget")
     max_preemptions = (
         None
         if max_preemptions_flag is None
         else params.whole(max_preemptions_flag, "max_preemptions", minimum=0)
     )
+    server = server_of(build_settings(ctx))
+    if server is not None:  # a replica carries it on
+        from tpuctl.cli import runs_remote
+
+        runs_remote.resume(
+            out, server, run_id, budget_usd=new_budget, max_preemptions=max_preemptions, detach=detach
+        )
+        return
     with session(ctx, out) as sess:
         runs = Runs(sess)
         ready = runs.resume(run_id, budget_usd=new_budget, max_preemptions=max_preemptions)

@@ -42,34 +42,61 @@ def client(server: str) -> ServerClient:
 
 def run(out: Output, server: str, job: JobRequest, request: RunRequest, *, detach: bool) -> None:
     """Submit the run and, unless ``detach``, follow it to its end (see the module docstring)."""
-    from tpuctl.cli.run_reading import LogStyle
     from tpuctl.client.submission import submission_of
 
     submission = submission_of(job, request)
     with client(server) as api:
         api.upload_bundle(submission.sha256, submission.bundle)
         submitted = api.submit(submission.body).run
-        run_id = submitted.run_id
-        cancel = f"tpuctl --server {server} runs cancel {run_id}"
-        if detach:
-            if out.machine:
-                out.document(out.envelope(run={"run_id": run_id, "status": "submitted", "server": server}))
-                return
-            out.out.print(
-                f"run {run_id} is supervised by tpuctl server {server}.\n"
-                f"  tpuctl --server {server} runs describe {run_id}    "
-                f"tpuctl --server {server} runs logs -f {run_id}    {cancel}"
-            )
+        _hand_over(out, api, server, submitted, "submitted to", detach=detach)
+
+
+def resume(
+    out: Output,
+    server: str,
+    ref: str | None,
+    *,
+    budget_usd: float | None,
+    max_preemptions: int | None,
+    detach: bool,
+) -> None:
+    """`runs resume` through a server: the run made ready there (a replica takes it up), then followed
+    to its end unless ``detach``, as a submission is."""
+    from tpuctl.server.wire import ResumeRun
+
+    with client(server) as api:
+        resumed = api.resume(
+            ref or "latest", ResumeRun(budget_usd=budget_usd, max_preemptions=max_preemptions)
+        )
+        if resumed.note:
+            out.warn(resumed.note)
+        _hand_over(out, api, server, resumed.run, "resumed under", detach=detach)
+
+
+def _hand_over(out: Output, api: ServerClient, server: str, run: RunOut, how: str, *, detach: bool) -> None:
+    """The run is the server's now: say how to reach it (``detach``), or follow its lines to its end."""
+    from tpuctl.cli.run_reading import LogStyle
+
+    run_id = run.run_id
+    cancel = f"tpuctl --server {server} runs cancel {run_id}"
+    if detach:
+        if out.machine:
+            out.document(out.envelope(run={"run_id": run_id, "status": "submitted", "server": server}))
             return
-        out.note(f"run {run_id} submitted to tpuctl server {server}; Ctrl-C stops following, not the run")
-        try:
-            style = LogStyle().for_hosts(int(submitted.detail.get("hosts") or 1))
-            _follow(api, run_id, worker=None, stream=sys.stderr if out.machine else sys.stdout, style=style)
-        except KeyboardInterrupt:
-            out.warn(f"stopped following run {run_id}; it goes on under the server. To stop it: {cancel}")
-            raise typer.Exit(EXIT_INTERRUPTED) from None
-        ended = api.describe(run_id)
-    render_end(out, ended)
+        out.out.print(
+            f"run {run_id} is supervised by tpuctl server {server}.\n"
+            f"  tpuctl --server {server} runs describe {run_id}    "
+            f"tpuctl --server {server} runs logs -f {run_id}    {cancel}"
+        )
+        return
+    out.note(f"run {run_id} {how} tpuctl server {server}; Ctrl-C stops following, not the run")
+    try:
+        style = LogStyle().for_hosts(int(run.detail.get("hosts") or 1))
+        _follow(api, run_id, worker=None, stream=sys.stderr if out.machine else sys.stdout, style=style)
+    except KeyboardInterrupt:
+        out.warn(f"stopped following run {run_id}; it goes on under the server. To stop it: {cancel}")
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    render_end(out, api.describe(run_id))
 
 
 def plan(server: str, job: JobRequest, request: RunRequest) -> dict[str, Any]:

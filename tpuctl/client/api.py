@@ -22,6 +22,8 @@ from tpuctl.server.wire import (
     BundleOut,
     CancelOut,
     LogsOut,
+    Resumed,
+    ResumeRun,
     RunDescriptionOut,
     RunList,
     RunPlanOut,
@@ -112,6 +114,12 @@ class ServerClient:
         """What submitting ``body`` would do (nothing recorded, nothing created)."""
         return self._call(
             RunPlanOut, "POST", "/v1/runs:plan", json=body.model_dump(), command="run --dry-run"
+        )
+
+    def resume(self, ref: str, body: ResumeRun) -> Resumed:
+        """Carry a stopped run on under the server (`runs resume`)."""
+        return self._call(
+            Resumed, "POST", f"/v1/runs/{_quoted(ref)}/resume", json=body.model_dump(), command="runs resume"
         )
 
     def list_runs(self, *, limit: int) -> RunList:

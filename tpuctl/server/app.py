@@ -41,6 +41,8 @@ from tpuctl.server.wire import (
     Health,
     LogLineOut,
     LogsOut,
+    Resumed,
+    ResumeRun,
     RunDescriptionOut,
     RunList,
     RunOut,
@@ -149,6 +151,18 @@ def build_app(session: Session, bundles: BundleStore, replica: Replica | None) -
         limit: Annotated[int, Query(ge=1, le=10_000)] = 2_000,
     ) -> LogsOut:
         return _logs(session, run, after=after, worker=worker, limit=limit)
+
+    @app.post("/v1/runs/{run}/resume", response_model=Resumed, dependencies=[Depends(_json_body)])
+    def resume_run(run: RunRef, body: ResumeRun) -> Resumed:
+        """Made ready here (prepared again, RECOVERING) and its lease given back: a replica's next tick
+        takes it up, as it takes up any run nobody holds."""
+        from tpuctl.services.run.views import RunView
+
+        runs = _runs(session)
+        ready = runs.resume(run, budget_usd=body.budget_usd, max_preemptions=body.max_preemptions)
+        if replica is not None:
+            replica.wake()
+        return Resumed(run=RunOut(**RunView.of(runs.get(ready.run_id)).to_dict()), note=ready.note)
 
     @app.post("/v1/runs/{run}/cancel", response_model=CancelOut, response_model_exclude_unset=True)
     def cancel_run(run: RunRef) -> CancelOut:

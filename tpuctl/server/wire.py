@@ -78,6 +78,21 @@ class RunPlanOut(BaseModel):
     plan: dict[str, Any]
 
 
+class ResumeRun(_Strict):
+    """``POST /v1/runs/{run}/resume``: carry a stopped run on (`runs resume`), with a new budget or
+    preemption cap when given."""
+
+    budget_usd: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    max_preemptions: int | None = Field(default=None, ge=0)
+
+
+class Resumed(BaseModel):
+    """The run made ready to carry on, for a replica to take up; ``note`` as `runs resume` says it."""
+
+    run: RunOut
+    note: str | None
+
+
 class RunList(BaseModel):
     runs: list[RunOut]
 

@@ -256,6 +256,10 @@ class Runs:
                 )
             if fresh.status != RunStatus.RUNNING:
                 fenced.update_run(record.run_id, status=RunStatus.RECOVERING, ended_at=None, exit_code=None)
+            if claim is None and under.cancel is not None:
+                # Asked to carry on: the cancel it ended by is answered, and whoever takes the run up
+                # next (a server's replica, which cleans up a run asked to be cancelled) must not redo it.
+                ledger.clear_cancel(under)
         finally:
             if claim is None:
                 ledger.release_lease(under)
