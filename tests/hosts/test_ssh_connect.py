@@ -127,7 +127,9 @@ def test_a_refused_key_names_what_authorized_it_and_the_logins_fix(servers: Loop
         "alice_example_com", authorized_by="OS Login (project p), as alice", refused_fix="grant the role"
     )
     hosts = [servers.hosts[0].ssh_host()]
-    executor = SshExecutor(hosts, login=login, key=stranger, connect_deadline_s=0.5)
+    # A refusal is tried again until the deadline (a guest agent may not have written the key yet); 2 s
+    # leaves a loaded machine time for one whole handshake (a clean-clone CI run timed out at 0.5 s).
+    executor = SshExecutor(hosts, login=login, key=stranger, connect_deadline_s=2.0)
     try:
         with pytest.raises(RunFailedError) as info:
             _echo(executor)
