@@ -964,7 +964,8 @@ class Ledger:
     def orphans(self, *, limit: int | None = None) -> list[str]:
         """Runs someone must supervise and nobody does: not finished, resumable from the ledger (their
         saved request is here), and their lease never claimed, released or expired by the ledger's
-        clock; oldest first. One query, however many runs the ledger holds (a server asks every tick)."""
+        clock; oldest first, read only. A server's tick does not read them first: it claims them in one
+        transaction (``claim_orphans``, the same condition), so nothing is free between pick and claim."""
         sql = (
             "SELECT r.run_id FROM runs AS r LEFT JOIN run_leases AS l ON l.run_id = r.run_id "
             f"WHERE {_RESUMABLE} AND (l.token IS NULL OR l.expires_at <= :now) "
