@@ -1,13 +1,16 @@
 """Reaching under a ledger in tests, on either engine: a write no tpuctl code makes (someone editing the
-database by hand), every row of every table, another machine's ledger on the same database."""
+database by hand), every row of every table, another machine's ledger on the same database, a ledger
+taken back to before the Alembic history."""
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Mapping
 from typing import Any
 
 from tpuctl.store import Ledger
 from tpuctl.store.database import open_database
+from tpuctl.store.tables import ATTRIBUTED_TABLES, attribution_columns, run_queue_columns
 
 
 def write_by_hand(ledger: Ledger, sql: str, params: Mapping[str, Any] | None = None) -> None:
@@ -34,3 +37,18 @@ def table_contents(ledger: Ledger, *, skip: tuple[str, ...] = ()) -> dict[str, l
 def other_machine(ledger: Ledger, **kwargs: Any) -> Ledger:
     """Another process's ledger on the same database (another machine, in effect)."""
     return Ledger(open_database(ledger.url), **kwargs)
+
+
+def undo_history(conn: sqlite3.Connection) -> None:
+    """Take a SQLite ledger back to the baseline of the Alembic history (the hand-written migrations' v10)
+    with no record of the history: what the revisions after the baseline added is gone (servers and
+    submissions; attribution, queue columns and the audit log)."""
+    for table in ("server_replicas", "run_submissions", "alembic_version", "audit_log"):
+        conn.execute(f"DROP TABLE {table}")
+    for index in ("runs_workspace", "runs_queued"):
+        conn.execute(f"DROP INDEX {index}")
+    for table in ATTRIBUTED_TABLES:
+        for column in attribution_columns():
+            conn.execute(f"ALTER TABLE {table} DROP COLUMN {column.name}")
+    for column in run_queue_columns():
+        conn.execute(f"ALTER TABLE runs DROP COLUMN {column.name}")

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ledger_sql import other_machine, table_contents, write_by_hand
+from ledger_sql import other_machine, table_contents, undo_history, write_by_hand
 
 from tpuctl.errors import EXIT_LEASE_HELD, LeaseHeldError, LeaseLostError
 from tpuctl.store import (
@@ -35,6 +35,7 @@ from tpuctl.store import (
 )
 from tpuctl.store.database import open_database
 from tpuctl.store.migrate import sqlite_user_version
+from tpuctl.store.migrations import KNOWN
 from tpuctl.store.records import AttemptOutcome
 from tpuctl.store.secrets import SecretKey, generate_key
 from tpuctl.store.url import parse_database_url
@@ -331,11 +332,10 @@ def test_a_v9_ledger_gains_the_lease_tables_and_keeps_its_runs(tmp_path: Path) -
         for table in ("run_state", "run_blobs", "run_secrets", "run_log_lines"):
             raw.execute(f"DROP TABLE {table}")
         # ... and what came after the hand-written migrations: a ledger from before the history.
-        for table in ("server_replicas", "run_submissions", "alembic_version"):
-            raw.execute(f"DROP TABLE {table}")
+        undo_history(raw)
         raw.execute("PRAGMA user_version = 9")
     with Ledger(tmp_path / "s") as ledger:
-        assert ledger.schema_version == sqlite_user_version() == SCHEMA_VERSION + 1
+        assert ledger.schema_version == sqlite_user_version() == SCHEMA_VERSION + len(KNOWN) - 1
         assert ledger.get_run("old") is not None
         claim = ledger.claim_lease("old", A, LONG)
         ledger.update_run_state(claim, phase="running", slices=[SliceRef("p", "us-central1-a")])

@@ -13,11 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from ledger_sql import undo_history
 
 from tpuctl.catalog import CapacityType
 from tpuctl.store import EventKind, Ledger, NewEvent
 from tpuctl.store import schema as schema_module
 from tpuctl.store.migrate import sqlite_user_version
+from tpuctl.store.migrations import KNOWN
 from tpuctl.store.sql import Dialect
 
 Z = "us-central1-a"
@@ -226,10 +228,9 @@ _V10_TABLES = (
 
 
 def _undo_v11(conn: sqlite3.Connection) -> None:
-    """Take a ledger back to v10, before the Alembic history: no servers nor their submissions (its
-    revision 0002), no record of the history at all."""
-    for table in ("server_replicas", "run_submissions", "alembic_version"):
-        conn.execute(f"DROP TABLE {table}")
+    """Take a ledger back to v10, before the Alembic history: nothing its revisions added, no record of
+    the history at all."""
+    undo_history(conn)
 
 
 def _undo_v10(conn: sqlite3.Connection) -> None:
@@ -353,7 +354,7 @@ def test_migration_to_v7_stores_the_recomputed_work(tmp_path: Path) -> None:
     conn.commit()
     conn.close()
     with Ledger(tmp_path / "s") as ledger:
-        assert ledger.schema_version == sqlite_user_version() == schema_module.SCHEMA_VERSION + 1
+        assert ledger.schema_version == sqlite_user_version() == schema_module.SCHEMA_VERSION + len(KNOWN) - 1
         assert _rec(ledger, "s") == pytest.approx((5760.0, 0.0))
         assert ledger.check_view() == []
 
@@ -385,7 +386,7 @@ def test_migration_from_v4_adds_the_report_indexes(tmp_path: Path) -> None:
     assert _indexes(db)["pods_run"] == ["run_id"]
 
     with Ledger(tmp_path / "s") as ledger:
-        assert ledger.schema_version == sqlite_user_version() == schema_module.SCHEMA_VERSION + 1
+        assert ledger.schema_version == sqlite_user_version() == schema_module.SCHEMA_VERSION + len(KNOWN) - 1
         assert ledger.check_view() == []
     indexes = _indexes(db)
     assert indexes["pods_run"][:3] == ["run_id", "ready_at", "ended_at"]  # covers billing a slice

@@ -29,6 +29,13 @@ if TYPE_CHECKING:
     from tpuctl.cloud.buckets import BucketClient
     from tpuctl.cloud.oslogin import OsLoginAccess
     from tpuctl.store.ledger import Ledger
+    from tpuctl.teams.actor import Actor
+
+
+def _local_actor() -> Actor:
+    from tpuctl.teams.actor import local_actor
+
+    return local_actor()
 
 
 @dataclass
@@ -46,6 +53,9 @@ class Session:
     monotonic: Callable[[], float] = time.monotonic
     #: How the services wait (polls, retries): the backend's.
     sleep: Callable[[float], None] = time.sleep
+    #: Who the services act for: what they write is attributed to it, what they read is limited to what it
+    #: may see (``tpuctl.teams.actor``). Default: this machine's user, seeing the whole ledger.
+    actor: Actor = field(default_factory=_local_actor)
     _closers: list[Callable[[], None]] = field(default_factory=list)
     _os_login: OsLoginAccess | None = field(default=None, repr=False)
     _buckets: BucketClient | None = field(default=None, repr=False)

@@ -104,6 +104,7 @@ TABLES: Final[Mapping[str, Copied]] = {
     "cost_day_offsets": Copied.DERIVED,  # fixed rows every ledger has
     "run_secrets": Copied.NOT_COPIED,
     "server_replicas": Copied.NOT_COPIED,
+    "audit_log": Copied.NOT_COPIED,  # the requests a server took: its own, not a laptop's history
     "ledger_meta": Copied.NOT_COPIED,
 }
 

@@ -355,6 +355,54 @@ def _servers(metadata: sa.MetaData) -> None:
     )  # fmt: skip
 
 
+#: Who did it (revision 0003): the principal (an email; a local user's name without a server) and the
+#: workspace each run, slice, attempt and cost event belongs to. NULL on rows written before: read as the
+#: implicit local workspace (``tpuctl.teams.workspaces.LOCAL_WORKSPACE``) and an unknown principal.
+ATTRIBUTED_TABLES: Final = ("runs", "pods", "events", "attempts")
+
+
+def attribution_columns() -> list[sa.Column[Any]]:
+    """The columns revision 0003 adds to each of ``ATTRIBUTED_TABLES`` (new objects on each call)."""
+    return [_text("principal"), _text("workspace")]
+
+
+def run_queue_columns() -> list[sa.Column[Any]]:
+    """The columns revision 0003 adds to ``runs`` for the server's queue: the priority band
+    (``production``, ``interactive``, ``batch``; NULL: batch), when the run entered the queue and when it
+    was admitted (the ledger's clock; NULL: never queued / not yet), and why it waits now (NULL once
+    admitted)."""
+    return [_text("priority"), _real("queued_at"), _real("admitted_at"), _text("queue_reason")]
+
+
+def _teams(metadata: sa.MetaData) -> None:
+    """Teams on the control plane (revision 0003): attribution and queue columns on existing tables
+    (``op.add_column`` in the revision, appended here so that the head's metadata has them) and the audit
+    log of every mutating request the server took: who, what, on which target, when, and the answer."""
+    import sqlalchemy as sa
+
+    for name in ATTRIBUTED_TABLES:
+        for column in attribution_columns():
+            metadata.tables[name].append_column(column)
+    for column in run_queue_columns():
+        metadata.tables["runs"].append_column(column)
+    audit = sa.Table(
+        "audit_log", metadata,
+        _integer("id", primary_key=True, nullable=True), _real("at", nullable=False),
+        _text("principal", nullable=False), _text("workspace"), _text("method", nullable=False),
+        _text("path", nullable=False), _text("action", nullable=False), _text("target"),
+        _integer("status", nullable=False), _text("detail"),
+        sqlite_strict=True,
+    )  # fmt: skip
+    sa.Index("audit_log_at", audit.c.at)
+    sa.Index("runs_workspace", metadata.tables["runs"].c.workspace, metadata.tables["runs"].c.created_at)
+    sa.Index(
+        "runs_queued",
+        metadata.tables["runs"].c.workspace,
+        metadata.tables["runs"].c.queued_at,
+        **_where("admitted_at IS NULL AND queued_at IS NOT NULL"),
+    )
+
+
 #: Each group of tables with the revision of the history that added it, in order.
 _GROUPS: Final[tuple[tuple[str, Callable[[sa.MetaData], None]], ...]] = (
     ("0001_ledger_v10", _pods_and_events),
@@ -363,4 +411,5 @@ _GROUPS: Final[tuple[tuple[str, Callable[[sa.MetaData], None]], ...]] = (
     ("0001_ledger_v10", _run_records),
     ("0001_ledger_v10", _ledger_meta),
     ("0002_servers", _servers),
+    ("0003_teams", _teams),
 )
