@@ -107,7 +107,10 @@ _Maybe: TypeAlias = _T | Literal[_Unset.UNSET]
 _EVENT_COLS: Final = ", ".join(schema.EVENT_COLUMNS)
 _POD_COLS: Final = ", ".join(schema.POD_COLUMNS)
 _ATTEMPT_COLS: Final = ", ".join(schema.ATTEMPT_COLUMNS)
-_RUN_COLS: Final = ", ".join(schema.RUN_COLUMNS)
+#: A run's columns: the hand-written migrations' and what revision 0003 added (who, and the queue).
+_RUN_COLUMNS: Final = (*schema.RUN_COLUMNS, "principal", "workspace", "priority", "queued_at", "admitted_at",
+                       "queue_reason")  # fmt: skip
+_RUN_COLS: Final = ", ".join(_RUN_COLUMNS)
 _SEGMENT_COLS: Final = ", ".join(schema.SEGMENT_COLUMNS)
 #: A run (``runs AS r``) someone must supervise: not finished, and resumable from the ledger (its saved
 #: request, parameter ``:request``, is here). Whether anyone holds it is the lease's to say.
@@ -697,7 +700,14 @@ class Ledger:
         labels: Mapping[str, str] | None = None,
         detail: Mapping[str, Any] | None = None,
         ts: float | None = None,
+        principal: str | None = None,
+        workspace: str | None = None,
+        priority: str | None = None,
+        queue_reason: str | None = None,
     ) -> RunRecord:
+        """A new run. ``principal`` and ``workspace``: who submitted it and whose share it uses (None: an
+        unknown principal, the implicit local workspace). ``queue_reason``: it enters the server's queue
+        now (``queued_at`` is the run's creation), waiting for that reason."""
         now = self._now(ts)
         with self._write() as conn:
             if conn.execute("SELECT 1 FROM runs WHERE run_id = :run_id", {"run_id": run_id}).fetchone():
@@ -706,10 +716,11 @@ class Ledger:
                 run_id, script, json.dumps(list(args)), RunStatus(status).value, pod, zone,
                 accelerator_type, None if capacity is None else CapacityType(capacity).value, now,
                 None, None, 0, 0, 0, _labels_json(labels or {}), _json_or_none(detail), now,
+                principal, workspace, priority, None if queue_reason is None else now, None, queue_reason,
             )  # fmt: skip
             conn.execute(
-                f"INSERT INTO runs ({_RUN_COLS}) VALUES ({_named(schema.RUN_COLUMNS)})",
-                dict(zip(schema.RUN_COLUMNS, values, strict=True)),
+                f"INSERT INTO runs ({_RUN_COLS}) VALUES ({_named(_RUN_COLUMNS)})",
+                dict(zip(_RUN_COLUMNS, values, strict=True)),
             )
             return self._get_run(conn, run_id)
 
@@ -1407,7 +1418,8 @@ def _run_record(r: tuple[Any, ...]) -> RunRecord:
         run_id=r[0], script=r[1], args=tuple(json.loads(r[2])), status=_RUN_STATUSES.get(r[3], r[3]),
         pod=r[4], zone=r[5], accelerator_type=r[6], capacity=_capacity(r[7]), created_at=r[8],
         ended_at=r[9], exit_code=r[10], restarts=r[11], preemptions=r[12], steps=r[13],
-        labels=json.loads(r[14]), detail=_loads(r[15]), updated_at=r[16],
+        labels=json.loads(r[14]), detail=_loads(r[15]), updated_at=r[16], principal=r[17], workspace=r[18],
+        priority=r[19], queued_at=r[20], admitted_at=r[21], queue_reason=r[22],
     )  # fmt: skip
 
 

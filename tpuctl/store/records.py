@@ -275,6 +275,16 @@ class RunRecord:
     labels: dict[str, str]
     detail: dict[str, Any] | None
     updated_at: float
+    #: Who submitted it (an email; a local user's name) and whose share it uses; None: from before
+    #: workspaces (an unknown principal, the implicit local workspace).
+    principal: str | None = None
+    workspace: str | None = None
+    #: The server's queue: the priority band (None: batch), when it entered the queue and was admitted
+    #: (the ledger's clock; None: never queued / not yet), and why it waits now (None once admitted).
+    priority: str | None = None
+    queued_at: float | None = None
+    admitted_at: float | None = None
+    queue_reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
