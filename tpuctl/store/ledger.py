@@ -40,7 +40,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from enum import Enum
 from pathlib import Path
 from types import TracebackType
@@ -51,6 +51,7 @@ from tpuctl.errors import LeaseLostError, UsageError
 from tpuctl.store import leases, runstate, schema, servers
 from tpuctl.store.database import Database, SqliteDatabase, open_database
 from tpuctl.store.records import (
+    LOCAL_WORKSPACE,
     AmbiguousPodError,
     AttemptOutcome,
     AttemptRecord,
@@ -804,13 +805,33 @@ class Ledger:
             ).fetchall()
         return [str(r[0]) for r in rows]
 
-    def list_runs(self, *, status: RunStatus | None = None, limit: int | None = None) -> list[RunRecord]:
-        """Runs, newest first."""
+    def list_runs(
+        self,
+        *,
+        status: RunStatus | None = None,
+        limit: int | None = None,
+        workspaces: Collection[str] | None = None,
+        principal: str | None = None,
+    ) -> list[RunRecord]:
+        """Runs, newest first; only those of ``workspaces`` (None: every workspace; a run from before
+        workspaces is in ``LOCAL_WORKSPACE``) and of ``principal`` when given."""
         sql = f"SELECT {_RUN_COLS} FROM runs"
+        where: list[str] = []
         params: dict[str, Any] = {}
         if status is not None:
-            sql += " WHERE status = :status"
+            where.append("status = :status")
             params["status"] = RunStatus(status).value
+        if workspaces is not None:
+            names = sorted(workspaces)
+            params.update({f"ws{i}": name for i, name in enumerate(names)})
+            listed = ", ".join(f":ws{i}" for i in range(len(names))) or "NULL"
+            where.append(f"COALESCE(workspace, :local_ws) IN ({listed})")
+            params["local_ws"] = LOCAL_WORKSPACE
+        if principal is not None:
+            where.append("principal = :principal")
+            params["principal"] = principal
+        if where:
+            sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY created_at DESC, run_id"
         if limit is not None:
             sql += " LIMIT :limit"

@@ -12,7 +12,7 @@ import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple
 
 from tpuctl.catalog import CapacityType
 from tpuctl.errors import TpuctlError, UsageError
@@ -103,6 +103,10 @@ class AttemptOutcome(StrEnum):
     SKIPPED = "skipped"
     CANCELLED = "cancelled"
     FAILED = "failed"
+
+
+#: The one workspace of a ledger used without a workspace file, and of rows written before workspaces.
+LOCAL_WORKSPACE: Final = "default"
 
 
 class RunStatus(StrEnum):

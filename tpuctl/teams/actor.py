@@ -21,7 +21,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from tpuctl.errors import UsageError
-from tpuctl.teams.workspaces import LOCAL_WORKSPACE, Role
+from tpuctl.store.records import LOCAL_WORKSPACE
+from tpuctl.teams.workspaces import Role
 
 
 class ForbiddenError(UsageError):

@@ -36,9 +36,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from tpuctl.catalog.catalog import CapacityType
 from tpuctl.errors import ConfigError
+from tpuctl.store.records import LOCAL_WORKSPACE as LOCAL_WORKSPACE
 
-#: The one workspace of a ledger used without a workspace file, and of rows written before workspaces.
-LOCAL_WORKSPACE: Final = "default"
 _NAME_PATTERN: Final = r"^[a-z][a-z0-9-]{0,62}$"
 
 
