@@ -23,6 +23,7 @@ from tpuctl.testing.clock import wait_for
 from tpuctl.testing.ports import unused_port
 
 
+@pytest.mark.slow  # the same behaviour on PostgreSQL is in the default suite (two servers, below)
 def test_a_submitted_run_outlives_its_client_and_its_server_and_is_adopted_after_the_lease_expires(
     place: Place, tmp_path: Path
 ) -> None:
@@ -163,7 +164,19 @@ def test_two_servers_on_postgresql_share_a_run_and_the_survivor_adopts_it_after_
     b = b_place.start_server()  # a second replica on the same database: PostgreSQL takes several
     with place.ledger() as ledger:
         assert sorted(r.owner.pid for r in ledger.replicas()) == sorted([a.pid, b.pid])
-    run_id = place.submit_detached()
+    followed = tmp_path / "client.out"
+    client = place.client(
+        "run", str(place.script), "--type", "v5e-8", "--zone", ZONE, "--no-runtime-deps", output=followed
+    )
+
+    def submitted() -> str | None:
+        assert client.poll() is None, output(client)
+        with place.ledger() as ledger:
+            runs = ledger.list_runs()
+        return runs[0].run_id if runs else None
+
+    run_id = wait_for(submitted, timeout=60.0, interval=0.05, what="the submission")
+    assert run_id is not None
 
     def holder_printing() -> int | None:
         with place.ledger() as ledger:
@@ -172,6 +185,15 @@ def test_two_servers_on_postgresql_share_a_run_and_the_survivor_adopts_it_after_
         return held.owner.pid if held is not None and len(lines) >= 3 else None
 
     holder_pid = wait_for(holder_printing, timeout=120.0, interval=0.1, what="a replica to run it")
+    # The laptop follows the run's lines; Ctrl-C there stops following, not the run, and says how to stop it.
+    wait_for(
+        lambda: "w0 | attempt 0 line 0" in followed.read_text(), timeout=60.0, interval=0.1, what="lines"
+    )
+    client.send_signal(signal.SIGINT)
+    assert client.wait(timeout=30) == 130
+    said = followed.read_text()
+    assert f"run {run_id}; it goes on under the server" in said
+    assert f"tpuctl --server {place.url} runs cancel {run_id}" in said
     holder, survivor = (a, b) if holder_pid == a.pid else (b, a)
     holder.send_signal(signal.SIGKILL)
     holder.wait(timeout=10)
@@ -187,6 +209,21 @@ def test_two_servers_on_postgresql_share_a_run_and_the_survivor_adopts_it_after_
     assert {h.owner.pid for h in history} == {holder.pid, survivor.pid}
     assert place.creates() == 2  # one slice per attempt
     assert place.admin.status()["nodes"] == []  # the last one deleted
+
+    # Read back through the survivor, as a client does.
+    survivor_url = place.url if survivor is a else b_url
+    listed = subprocess.run(
+        [sys.executable, "-m", "tpuctl", "runs", "list", "-o", "json"],
+        env={**place.client_env, "TPUCTL_SERVER": survivor_url},
+        capture_output=True,
+        timeout=60,
+    )
+    assert listed.returncode == 0, listed.stderr.decode()
+    assert [(r["run_id"], r["status"]) for r in json.loads(listed.stdout)["runs"]] == [(run_id, "succeeded")]
+    survivor.send_signal(signal.SIGTERM)
+    assert survivor.wait(timeout=30) == 0, output(survivor)
+    with place.ledger() as ledger:
+        assert survivor.pid not in [r.owner.pid for r in ledger.replicas()]  # it gave its place back
 
 
 @pytest.mark.slow
