@@ -2,9 +2,10 @@
 scraped. Every metric, its labels and the CLI command whose number it equals: docs/metrics.md.
 
 A scrape reads the ledger with a handful of aggregate queries in one read snapshot (runs by state, the
-queue, the slices billing now) plus the cost report grouped by run (``CostService``, the one behind `cost
-report`) and the recovery records of the runs that have them (read through ``RecoveryView``, as `runs
-describe` reads them): nothing is kept between scrapes, so two replicas answer alike.
+queue and its waits, the slices billing now, the goodput sums of the recovery records), the preemptions of
+the preempted runs (each read through ``PreemptionView``, as `runs describe` reads it), and the cost report
+grouped by run (``CostService``, the one behind `cost report`) on a thread beside them: nothing is kept
+between scrapes, so two replicas answer alike.
 
 Who may scrape: a bearer token whose SHA-256 is the workspace file's ``metrics.scrape_token_sha256``
 (every workspace's series), or a member's ID token (only the series of the workspaces they belong to: a
@@ -28,14 +29,17 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from tpuctl.server.problems import RequestProblem
+from tpuctl.store.cost_sql import fence, is_pg
 from tpuctl.store.records import LOCAL_WORKSPACE, RunStatus
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
+    from tpuctl.services.cost import CostLine
     from tpuctl.services.prices import PriceSource
     from tpuctl.services.session import Session
     from tpuctl.store.cost_reader import LedgerReader
+    from tpuctl.store.sql import Dialect
     from tpuctl.teams.actor import Actor
     from tpuctl.teams.workspaces import Workspaces
 
@@ -113,8 +117,11 @@ class Figures(defaultdict[str, WorkspaceFigures]):
 
 def read_figures(session: Session, prices: PriceSource, known: Iterable[str] = ()) -> Figures:
     """The ledger's figures now, for every workspace it has rows of and every one in ``known``."""
+    from tpuctl.services.cost import InBackground
     from tpuctl.store.cost_reader import open_reader
 
+    # The cost report (most of a scrape's time, in the database) overlaps the other queries.
+    costs = InBackground(lambda: _run_costs(session, prices), name="tpuctl-metrics-cost")
     figures = Figures()
     for name in known:
         figures.setdefault(name, WorkspaceFigures())  # a workspace of the file shows its zeros
@@ -123,9 +130,10 @@ def read_figures(session: Session, prices: PriceSource, known: Iterable[str] = (
         _read_runs(reader, params, figures)
         _read_queue(reader, params, figures)
         _read_recoveries(reader, params, figures)
+        _read_goodput(reader, params, figures)
         _read_burning(reader, params, figures)
         run_workspace = dict(reader.query("SELECT run_id, COALESCE(workspace, :local) FROM runs", params))
-    _read_costs(session, prices, run_workspace, figures)
+    _add_costs(costs.result(), run_workspace, figures)
     return figures
 
 
@@ -165,37 +173,69 @@ def _read_queue(reader: LedgerReader, params: dict[str, Any], figures: Figures) 
 
 
 def _read_recoveries(reader: LedgerReader, params: dict[str, Any], figures: Figures) -> None:
-    """Each run's recovery record as `runs describe` reads it (``RecoveryView``): its preemptions'
-    detection latency and recovery time (a preemption with a recovery time is a recovery: training ran
-    again), and its productive and wall time where its goodput is known."""
-    from tpuctl.services.run.views import RecoveryView
+    """The preemptions of each run's recovery record, each read as `runs describe` reads it
+    (``PreemptionView``): its detection latency and its recovery time (one with a recovery time is a
+    recovery: training ran again). Only the preempted runs' records are read (``runs.preemptions`` is
+    the length of that list, written with it)."""
+    from tpuctl.services.run.views import PreemptionView
 
+    preemptions = _json_text("detail", ("recovery", "preemptions"), reader.dialect)
     rows = reader.query(
-        "SELECT COALESCE(workspace, :local), detail FROM runs WHERE detail LIKE '%\"recovery\"%'", params
+        f"SELECT COALESCE(workspace, :local), {preemptions} FROM runs WHERE preemptions > 0", params
     )
-    for workspace, detail in rows:
-        record = _recovery_record(detail)
-        if record is None:
-            continue
-        recovery = RecoveryView.of(record)
+    for workspace, listed in rows:
         into = figures[workspace]
-        for preemption in recovery.preemptions:
+        for record in _json_list(listed):
+            preemption = PreemptionView.of(record)
             if preemption.detection_latency_s is not None:
                 into.detection.observe(preemption.detection_latency_s)
             if preemption.recovery_s is not None:
                 into.recoveries += 1
                 into.recovery.observe(preemption.recovery_s)
-        if recovery.goodput is not None and recovery.productive_step_s is not None and recovery.wall_s:
-            into.productive_s += recovery.productive_step_s
-            into.wall_s += recovery.wall_s
 
 
-def _recovery_record(detail: str | None) -> dict[str, Any] | None:
+def _read_goodput(reader: LedgerReader, params: dict[str, Any], figures: Figures) -> None:
+    """The productive step time and wall time of the recovery records whose goodput is known (those
+    `runs describe` shows a goodput for), summed in SQL: every run's record, so not parsed one by one
+    here. Each record is cut out of its run's detail once (the fence keeps the subquery from being
+    flattened into three cuts a row)."""
+    d = reader.dialect
+    record = "CAST(detail AS jsonb) -> 'recovery'" if is_pg(d) else "json_extract(detail, '$.recovery')"
+    productive, wall, goodput = (
+        _json_number("r", key, d) for key in ("productive_step_s", "wall_s", "goodput")
+    )
+    rows = reader.query(
+        f"SELECT ws, SUM({productive}), SUM({wall}) FROM (SELECT COALESCE(workspace, :local) AS ws, "
+        f"{record} AS r FROM runs WHERE detail IS NOT NULL {fence(d)}) AS j "
+        f"WHERE {goodput} IS NOT NULL AND {productive} IS NOT NULL AND {wall} > 0 GROUP BY ws",
+        params,
+    )
+    for workspace, productive_s, wall_s in rows:
+        figures[workspace].productive_s = float(productive_s)
+        figures[workspace].wall_s = float(wall_s)
+
+
+def _json_text(document: str, path: tuple[str, ...], dialect: Dialect) -> str:
+    """The JSON at ``path`` of the JSON text ``document``, as JSON text (NULL where there is none)."""
+    if is_pg(dialect):
+        return f"(CAST({document} AS jsonb) #>> '{{{','.join(path)}}}')"
+    return f"json_extract({document}, '$.{'.'.join(path)}')"
+
+
+def _json_number(document: str, key: str, dialect: Dialect) -> str:
+    """The number under ``key`` of the JSON object ``document`` (jsonb on PostgreSQL, JSON text on
+    SQLite), or NULL."""
+    if is_pg(dialect):
+        return f"CAST({document} ->> '{key}' AS DOUBLE PRECISION)"
+    return f"json_extract({document}, '$.{key}')"
+
+
+def _json_list(text: str | None) -> list[dict[str, Any]]:
     try:
-        record = (json.loads(detail) if detail else {}).get("recovery")
-    except (ValueError, AttributeError):
-        return None  # not a JSON object: nothing this scrape can read (runs describe shows it as is)
-    return record if isinstance(record, dict) else None
+        value = json.loads(text) if text else []
+    except ValueError:
+        return []  # not JSON: nothing a scrape can read (runs describe shows the record as stored)
+    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
 
 
 def _read_burning(reader: LedgerReader, params: dict[str, Any], figures: Figures) -> None:
@@ -212,16 +252,18 @@ def _read_burning(reader: LedgerReader, params: dict[str, Any], figures: Figures
         figures[workspace].burning_usd_per_hour[str(capacity)] = float(usd_per_hour or 0.0)
 
 
-def _read_costs(
-    session: Session, prices: PriceSource, run_workspace: dict[str, str], figures: Figures
-) -> None:
-    """`cost report --group-by run`'s groups (the same service), summed by the run's workspace; slices no
-    run created (its "(none)" group) and runs the ledger lacks count for ``LOCAL_WORKSPACE``."""
+def _run_costs(session: Session, prices: PriceSource) -> list[CostLine]:
+    """`cost report --group-by run`'s groups, from the same service."""
     from tpuctl.services.cost import CostService, GroupBy
 
     service = CostService(session.ledger.url, session.catalog, prices, clock=session.clock)
-    report = service.report(group_by=GroupBy("run"), with_days=False)
-    for line in report.lines:
+    return service.report(group_by=GroupBy("run"), with_days=False).lines
+
+
+def _add_costs(lines: list[CostLine], run_workspace: dict[str, str], figures: Figures) -> None:
+    """Each run's spend and recomputed work to its workspace; slices no run created (the report's
+    "(none)" group) and runs the ledger lacks count for ``LOCAL_WORKSPACE``."""
+    for line in lines:
         workspace = LOCAL_WORKSPACE if line.key == _NO_RUN_GROUP else run_workspace.get(line.key)
         into = figures[workspace or LOCAL_WORKSPACE]
         into.spent_usd += line.cost_usd
