@@ -52,7 +52,7 @@ DETECTION_BUCKETS_S: Final = (1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.
 #: From detection to training running again: a new slice's creation and setup, minutes to an hour or more
 #: while no zone has capacity.
 RECOVERY_BUCKETS_S: Final = (60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0, 7200.0, 14400.0)
-#: The statuses a run can wait in the queue with (a cancelled queued run is not waiting any more).
+#: A run in one of these has ended: one that entered the queue and ended there (cancelled) waits no more.
 _FINISHED: Final = tuple(s.value for s in RunStatus if s.finished)
 #: The "(none)" group of `cost report --group-by run`: slices no run created.
 _NO_RUN_GROUP: Final = "(none)"
@@ -126,7 +126,7 @@ def read_figures(session: Session, prices: PriceSource, known: Iterable[str] = (
     for name in known:
         figures.setdefault(name, WorkspaceFigures())  # a workspace of the file shows its zeros
     with open_reader(session.ledger.url) as reader, reader.snapshot():
-        params = {"local": LOCAL_WORKSPACE, "now": session.clock()}
+        params = {"local": LOCAL_WORKSPACE}
         _read_runs(reader, params, figures)
         _read_queue(reader, params, figures)
         _read_recoveries(reader, params, figures)
