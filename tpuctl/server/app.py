@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from tpuctl.server.replica import Replica
     from tpuctl.services.session import Session
     from tpuctl.store.ledger import Ledger
+    from tpuctl.teams.workspaces import Workspaces
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorOut} for code in (400, 404, 409, 413, 415, 422, 500)
@@ -63,17 +64,23 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 RunRef = Annotated[str, Path(min_length=1, max_length=200, description="A run id, a unique part, or latest.")]
 
 
-def build_app(session: Session, bundles: BundleStore, replica: Replica | None) -> FastAPI:
+def build_app(
+    session: Session, bundles: BundleStore, replica: Replica | None, workspaces: Workspaces | None = None
+) -> FastAPI:
     """The API over ``session`` (its ledger and cloud), ``bundles`` and ``replica`` (None: an API that
-    supervises nothing, never ready)."""
+    supervises nothing, never ready); ``workspaces``: the server's workspace file (None:
+    ``Workspaces.implicit()``, one user's server without one)."""
     from tpuctl import __version__
     from tpuctl.dashboard.routes import dashboard_router
+    from tpuctl.server.metrics import metrics_router
+    from tpuctl.teams.workspaces import Workspaces
 
     app = FastAPI(title="tpuctl server", version=__version__, responses=_ERRORS)
     problems.install(app)
     app.include_router(dashboard_router(session))  # the dashboard's pages, at /
     app.include_router(view_routes(session, _json_body))
     app.include_router(pod_routes(session, _json_body))
+    app.include_router(metrics_router(session, workspaces or Workspaces.implicit()))  # /metrics
 
     @app.get("/healthz", response_model=Health)
     def healthz() -> Health:
