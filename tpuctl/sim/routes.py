@@ -586,6 +586,16 @@ def _advance(engine: SimEngine, request: SimRequest, args: tuple[str, ...]) -> A
     return {"now": engine.clock()}
 
 
+def _credentials(engine: SimEngine, request: SimRequest, args: tuple[str, ...]) -> Answer:
+    """A new credentials file for simulated account ``email`` (``tpuctl.sim.issuer``), naming this
+    simulator as the caller reached it (its Host header) as the token endpoint."""
+    email = str(_required(request.body, "email"))
+    try:
+        return issuer.issuer_of(engine).credentials_file(email, f"http://{request.headers.get('host', '')}")
+    except ValueError as exc:
+        raise invalid_argument(str(exc), "email") from None
+
+
 def _admin_unrouted(request: SimRequest, path_known: bool) -> SimResponse:
     raise ApiError(404, "NOT_FOUND", f"No admin route {request.method} {request.path}.")
 
@@ -606,6 +616,8 @@ ADMIN_ROUTES = (
     route("GET", _admin("faults"), lambda e, r, a: e.faults().model_dump()),
     route("POST", _admin("faults"), _set_faults),
     route("POST", _admin("advance"), _advance),
+    route("POST", _admin("credentials"), _credentials),
+    route("POST", _admin("issuer/rotate"), lambda e, r, a: {"kid": issuer.issuer_of(e).rotate()}),
 )
 
 

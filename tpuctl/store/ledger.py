@@ -48,7 +48,7 @@ from typing import Any, Final, Literal, TypeAlias, TypeVar
 
 from tpuctl.catalog import CapacityType
 from tpuctl.errors import LeaseLostError, UsageError
-from tpuctl.store import leases, runstate, schema, servers
+from tpuctl.store import audit, leases, runstate, schema, servers
 from tpuctl.store.database import Database, SqliteDatabase, open_database
 from tpuctl.store.records import (
     LOCAL_WORKSPACE,
@@ -1123,6 +1123,16 @@ class Ledger:
     def submission(self, key: str) -> servers.Submission | None:
         with self._read() as conn:
             return servers.submission(conn, key)
+
+    def record_audit(self, record: audit.AuditRecord) -> None:
+        """One row of the audit log (``tpuctl.store.audit``), at the ledger's clock."""
+        with self._write() as conn:
+            audit.write(conn, record)
+
+    def audit_entries(self, **query: Any) -> list[audit.AuditEntry]:
+        """Audit rows newest first (``audit.entries``' filters)."""
+        with self._read() as conn:
+            return audit.entries(conn, **query)
 
     def record_intent(
         self,
