@@ -4,6 +4,8 @@ gets 401, 403 and 404, what each caller sees, and the audit row of each change a
 
 from __future__ import annotations
 
+import hashlib
+import json
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,6 +47,8 @@ workspaces:
     members:
       b1@example.com: member
       {CI}: member
+metrics:
+  scrape_token_sha256: {hashlib.sha256(b"scrape-me").hexdigest()}
 """
 
 
@@ -185,3 +189,41 @@ def test_every_change_and_refusal_is_audited_and_admins_read_their_workspaces(
         ("a1@example.com", "GET /v1/audit", 403),
         ("b1@example.com", "runs.cancel", 200),
     ]
+
+
+def test_the_scrape_token_opens_metrics_only(api: TestClient) -> None:
+    scrape = {"Authorization": "Bearer scrape-me"}
+    assert api.get("/metrics", headers=scrape).status_code == 404  # past the gate (no such route here)
+    assert api.get("/metrics", headers={"Authorization": "Bearer guess"}).status_code == 401
+    assert api.get("/v1/runs", headers=scrape).status_code == 401
+
+
+def test_the_cli_client_sends_a_token_once_the_server_wants_one_and_names_the_fix_for_a_refused_one(
+    api: TestClient, idp: SimServer, session: Session, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import httpx
+
+    from tpuctl.client.api import NotAuthenticatedError, ServerClient
+
+    ids = runs_of(session)
+    key = tmp_path / "ci.json"
+    key.write_text(json.dumps(issuer_of(idp.engine).credentials_file(CI, idp.url)))
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(key))
+
+    def forward(request: httpx.Request) -> httpx.Response:
+        served = api.request(request.method, request.url.path, params=request.url.params,
+                             content=request.content, headers=dict(request.headers))  # fmt: skip
+        return httpx.Response(served.status_code, headers=served.headers, content=served.content)
+
+    with ServerClient(AUDIENCE, transport=httpx.MockTransport(forward)) as client:
+        assert [r.run_id for r in client.list_runs(limit=10).runs] == [ids["b"]]
+        assert client.cancel(ids["b"]).run_id == ids["b"]  # a change, with the token the read needed
+    elsewhere = ServerClient("http://another.name:8471", transport=httpx.MockTransport(forward))
+    with elsewhere, pytest.raises(NotAuthenticatedError) as refused:  # a token for another audience
+        elsewhere.cancel(ids["b"])
+    assert refused.value.exit_code == 13 and "audience" in refused.value.message
+    assert "GOOGLE_APPLICATION_CREDENTIALS" in (refused.value.fix or "")
+    rows = [(e.principal, e.action, e.status) for e in session.ledger.audit_entries(limit=10)]
+    assert rows[0] == ("(anonymous)", "runs.cancel", 401)  # the refused one: its token was not taken
+    # The reads that taught each client that the server wants a token are not written.
+    assert rows[1:] == [(CI, "runs.cancel", 200)]

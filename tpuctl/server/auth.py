@@ -10,6 +10,9 @@ Accepted tokens (docs/teams.md#identity):
   that backend service, which wins over a bearer token (IAP strips the caller's own).
 
 The principal is the token's email; the actor is the principal with its roles from the workspace file.
+``GET /metrics`` also takes the workspace file's scrape token (a plain bearer token whose SHA-256 the file
+holds), for a Prometheus scraper that has no Google identity; it reads metrics only.
+
 No token, or one that fails verification: 401 with ``WWW-Authenticate: Bearer``. A verified principal
 that belongs to no workspace: 403 on every request (it may see nothing, and saying so beats an empty
 answer that looks like a server without runs).
@@ -44,6 +47,10 @@ if TYPE_CHECKING:
 #: How long fetched keys are used before they are fetched again (a key id not among them refetches at
 #: once: the issuer rotated).
 CERTS_MAX_AGE_S: Final = 300.0
+#: The one path the workspace file's scrape token opens.
+METRICS_PATH: Final = "/metrics"
+#: Who a request with the scrape token is (it sees the metrics of every workspace).
+SCRAPER: Final = "(metrics scraper)"
 #: Clock skew allowed between the issuer and this machine when checking ``iat`` and ``exp``.
 CLOCK_SKEW_S: Final = 10
 
@@ -93,6 +100,19 @@ class Authenticator:
                 fix="ask a workspace admin to add you to the server's workspace file",
             )
         return Actor(principal=email, roles=dict(roles))
+
+    def scraper(self, path: str, headers: Mapping[str, str]) -> Actor | None:
+        """The scraper's actor when ``path`` is ``/metrics`` and the bearer token is the workspace file's
+        scrape token; None otherwise (the request is authenticated as any other)."""
+        import hashlib
+        import hmac
+
+        expected = self.config.workspaces.metrics.scrape_token_sha256
+        token = _bearer(headers)
+        if path != METRICS_PATH or expected is None or token is None:
+            return None
+        digest = hashlib.sha256(token.encode()).hexdigest()
+        return Actor(principal=SCRAPER, sees_all=True) if hmac.compare_digest(digest, expected) else None
 
     def principal_of(self, headers: Mapping[str, str]) -> str:
         """The verified email of the caller."""

@@ -2,8 +2,9 @@
 (``auth``), the session the request's handlers act through (the server's, with the caller as its actor:
 ``scoped``), and the audit row of what the request did.
 
-Audited: every request that may change something (POST, PUT, PATCH, DELETE), served or refused, and
-every refused request (401, 403, 404) of any method: who probes what is what an admin looks for. The row
+Audited: every request that may change something (POST, PUT, PATCH, DELETE), served or refused (401
+included), and every read refused as forbidden or not found (403, 404): who probes what is what an admin
+looks for. A read's 401 is not: it is how a client learns that the server wants a token. The row
 is written once the response's status is known, with the action the route stands for (``runs.cancel``),
 its target (the run a handler resolved, else the path's own ``{run}``), and the workspace a handler
 noted (``note``; None when refused before one was known).
@@ -37,7 +38,8 @@ App = Callable[[Scope, Receive, Send], Awaitable[None]]
 #: What answers without a token: a load balancer's and an orchestrator's probes.
 OPEN_PATHS: Final = frozenset({"/healthz", "/readyz"})
 CHANGING_METHODS: Final = frozenset({"POST", "PUT", "PATCH", "DELETE"})
-REFUSALS: Final = frozenset({401, 403, 404})
+#: The refusals of a read that are audited.
+REFUSALS: Final = frozenset({403, 404})
 #: A route (method, path template) -> the action its audit rows name; others: "METHOD TEMPLATE".
 ACTIONS: Final = {
     ("POST", "/v1/runs"): "runs.submit",
@@ -111,7 +113,12 @@ class Gate:
         principal = ANONYMOUS
         request = RequestScope(actor=self._session.actor)
         try:
-            if self._authenticator is not None:
+            scraper = (
+                None if self._authenticator is None else self._authenticator.scraper(scope["path"], headers)
+            )
+            if scraper is not None:
+                principal, request.actor = scraper.principal, scraper
+            elif self._authenticator is not None:
                 principal = await run_in_threadpool(self._authenticator.principal_of, headers)
                 request.actor = self._authenticator.actor_for(principal)
             else:
