@@ -25,13 +25,15 @@ time wherever a token is verified.
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime
+import fcntl
 import hashlib
 import json
 import os
 import secrets
-import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -90,11 +92,18 @@ class _Account:
 
 
 class Issuer:
-    """The issuer whose state is under ``root`` (created on first use; safe across threads)."""
+    """The issuer whose state is under ``root`` (created on first use). Its changes hold a lock file there:
+    every ``Issuer`` of one root is safe with the others, in this process (each request builds its own)
+    and in another (a hypervisor's metadata servers)."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def _lock(self) -> Iterator[None]:
+        with open(ensure_private_dir(self.root) / ".lock", "a") as held:
+            fcntl.flock(held, fcntl.LOCK_EX)  # released when the file closes
+            yield
 
     # --- published keys -----------------------------------------------------------------------
 
@@ -130,10 +139,11 @@ class Issuer:
 
     def rotate(self) -> str:
         """A new signing key, used from now on; the one before stays published (older ones go)."""
-        with self._lock:
+        with self._lock():
             kid = self._new_signing_key()
             for old in self._kids()[:-_PUBLISHED_KEYS]:
-                (self._keys_dir / f"{old}.pem").unlink(missing_ok=True)
+                for suffix in (".pem", ".crt"):
+                    (self._keys_dir / f"{old}{suffix}").unlink(missing_ok=True)
             return kid
 
     # --- tokens ---------------------------------------------------------------------------------
@@ -193,7 +203,7 @@ class Issuer:
         if "@" not in email:
             raise ValueError(f"{email!r} is not an email address")
         token_uri = base_url.rstrip("/") + TOKEN_PATH
-        with self._lock:
+        with self._lock():
             account = self._account(email)
             if account.is_service_account:
                 return self._new_service_account_key(account, token_uri, project)
@@ -310,7 +320,7 @@ class Issuer:
         return sorted(p.stem for p in self._keys_dir.glob("*.pem"))
 
     def _published(self) -> list[str]:
-        with self._lock:
+        with self._lock():
             kids = self._kids() or [self._new_signing_key()]
         return kids[-_PUBLISHED_KEYS:]
 
@@ -369,7 +379,7 @@ class Issuer:
         from cryptography.hazmat.primitives.asymmetric import ec
 
         path = ensure_private_dir(self.root) / "iap.pem"
-        with self._lock:
+        with self._lock():
             if not path.exists():
                 key = ec.generate_private_key(ec.SECP256R1())
                 _write_private(
