@@ -19,9 +19,9 @@ from tpuctl.sim.issuer import issuer_of
 SERVER = "http://tpuctl.test:8471"
 
 
-@pytest.fixture
-def idp(tmp_path: Path) -> Iterator[SimServer]:
-    with SimServer(tmp_path / "idp") as server:
+@pytest.fixture(scope="module")
+def idp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimServer]:
+    with SimServer(tmp_path_factory.mktemp("idp")) as server:
         yield server
 
 

@@ -113,6 +113,10 @@ def test_no_token_or_a_bad_one_is_401_with_www_authenticate(
         assert refused.status_code == 401, refused.text
         assert 'error="invalid_token"' in refused.headers["www-authenticate"]
     assert api.get("/healthz").status_code == 200  # the probes need no token
+    scrape = {"Authorization": "Bearer scrape-me"}  # the workspace file's scrape token opens /metrics only
+    assert api.get("/metrics", headers=scrape).status_code == 404  # past the gate (no such route here)
+    assert api.get("/metrics", headers={"Authorization": "Bearer guess"}).status_code == 401
+    assert api.get("/v1/runs", headers=scrape).status_code == 401
     assert api.get("/", headers={}).status_code == 401  # nor do the dashboard's pages go without one
     forged = Issuer(tmp_path / "elsewhere").id_token("a1@example.com", AUDIENCE)  # same claims, other keys
     refused = api.get("/v1/runs", headers={"Authorization": f"Bearer {forged}"})
@@ -189,13 +193,6 @@ def test_every_change_and_refusal_is_audited_and_admins_read_their_workspaces(
         ("a1@example.com", "GET /v1/audit", 403),
         ("b1@example.com", "runs.cancel", 200),
     ]
-
-
-def test_the_scrape_token_opens_metrics_only(api: TestClient) -> None:
-    scrape = {"Authorization": "Bearer scrape-me"}
-    assert api.get("/metrics", headers=scrape).status_code == 404  # past the gate (no such route here)
-    assert api.get("/metrics", headers={"Authorization": "Bearer guess"}).status_code == 401
-    assert api.get("/v1/runs", headers=scrape).status_code == 401
 
 
 def test_the_cli_client_sends_a_token_once_the_server_wants_one_and_names_the_fix_for_a_refused_one(

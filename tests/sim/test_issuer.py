@@ -7,6 +7,7 @@ published certificates."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import google.auth.transport.requests
@@ -21,6 +22,13 @@ from tpuctl.sim import SimServer
 from tpuctl.sim.issuer import Issuer, issuer_of
 
 SA = "ci@proj.iam.gserviceaccount.com"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimServer]:
+    """One simulator for the module: its issuer's state is all these tests use."""
+    with SimServer(tmp_path_factory.mktemp("issuer")) as served:
+        yield served
 
 
 def _request() -> google.auth.transport.requests.Request:
