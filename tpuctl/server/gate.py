@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from collections.abc import Awaitable, Callable, MutableMapping
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -133,7 +134,16 @@ class Gate:
                 _SCOPE.reset(token)
         if scope["method"] in CHANGING_METHODS or answer.status in REFUSALS:
             record = self._record(scope, request, principal, answer)
-            await run_in_threadpool(self._session.ledger.record_audit, record)
+            await run_in_threadpool(self._write, record)
+
+    def _write(self, record: AuditRecord) -> None:
+        """The row, written after the answer was sent: a ledger that cannot take it (an outage) is said in
+        the server's log, never turned into a failure of a request already answered."""
+        try:
+            self._session.ledger.record_audit(record)
+        except Exception as exc:
+            print(f"tpuctl server: audit row not written ({record.principal} {record.method} {record.path} "
+                  f"-> {record.status}): {exc}", file=sys.stderr, flush=True)  # fmt: skip
 
     def _record(self, scope: Scope, request: RequestScope, principal: str, answer: _Answer) -> AuditRecord:
         template, params = self._route(scope)
