@@ -15,6 +15,7 @@ from tpuctl.client.identity import IdentityTokens, NoIdentityError
 from tpuctl.cloud.identity import GCLOUD_CLIENT_ID
 from tpuctl.sim import SimServer
 from tpuctl.sim.issuer import issuer_of
+from tpuctl.testing.cli import Cli
 
 SERVER = "http://tpuctl.test:8471"
 
@@ -32,10 +33,14 @@ def credentials(idp: SimServer, email: str, tmp_path: Path) -> Path:
 
 
 def test_a_service_account_key_and_user_credentials_give_tokens_held_until_near_expiry(
-    idp: SimServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    idp: SimServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cli: Cli
 ) -> None:
     sa = "ci@proj.iam.gserviceaccount.com"
-    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(credentials(idp, sa, tmp_path)))
+    key = tmp_path / "ci.json"
+    made = cli("sim", "credentials", sa, "--out", str(key), env={"TPUCTL_SIM_URL": idp.url})
+    assert made.code == 0 and oct(key.stat().st_mode & 0o777) == "0o600", made.stderr
+    assert cli("sim", "credentials", sa, "--out", str(tmp_path / "x.json")).code == 2  # no served simulator
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(key))
     tokens = IdentityTokens(SERVER)
     first = tokens.token()
     claims = jwt.decode(first.token, verify=False)

@@ -79,6 +79,11 @@ def test_refused_grants_answer_oauths_errors(server: SimServer) -> None:
     answer = requests.post(f"{server.url}/token", data={"grant_type": "password"}, timeout=10)
     assert answer.status_code == 400
     assert answer.json()["error"] == "unsupported_grant_type"
+    bare = requests.post(f"{server.url}/token", data={"grant_type": "refresh_token"}, timeout=10)
+    assert bare.json() == {
+        "error": "invalid_request",
+        "error_description": "Missing required parameter: refresh_token",
+    }
 
 
 def test_rotation_keeps_the_previous_key_published(tmp_path: Path) -> None:

@@ -187,6 +187,9 @@ class Issuer:
     def grant(self, form: dict[str, str]) -> dict[str, Any]:
         """The token endpoint's answer to ``form``; ``GrantError`` for a refused one."""
         grant_type = form.get("grant_type", "")
+        needed = {JWT_BEARER: "assertion", "refresh_token": "refresh_token"}.get(grant_type)
+        if needed is not None and not form.get(needed):
+            raise GrantError("invalid_request", f"Missing required parameter: {needed}")
         if grant_type == JWT_BEARER:
             return self._jwt_bearer(form.get("assertion", ""))
         if grant_type == "refresh_token":
