@@ -226,8 +226,11 @@ class ServerClient:
             self._needs_token = True
             response = self._send(method, path, **kwargs)
         if response.status_code == 401 and self._needs_token:
-            self._identity.forget()
-            raise _refused_token(response, self._identity)
+            self._identity.forget()  # it may have expired on the way (clocks differ): one fresh try
+            response = self._send(method, path, **kwargs)
+            if response.status_code == 401:
+                self._identity.forget()
+                raise _refused_token(response, self._identity)
         if response.is_success:
             try:
                 return model.model_validate(response.json())
