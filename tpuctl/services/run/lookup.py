@@ -23,8 +23,6 @@ LATEST = "latest"
 
 #: How many candidates an ambiguous reference lists.
 _SHOWN = 10
-#: How many ids around a fragment are read when some may be invisible to the caller.
-_AROUND_SCOPED = 500
 
 
 class RunNotFoundError(NameNotFoundError):
@@ -54,11 +52,7 @@ def resolve_run_id(ledger: Ledger, ref: str | None, visible: Collection[str] | N
         raise UsageError("an empty run id", field="RUN", value=ref, fix="`tpuctl runs list` shows the runs")
     if _visible(ledger, ref, visible):
         return ref
-    if visible is None:
-        matches = ledger.run_ids_around(ref, limit=_SHOWN + 1)
-    else:
-        around = ledger.run_ids_around(ref, limit=_AROUND_SCOPED)
-        matches = [run_id for run_id in around if _visible(ledger, run_id, visible)][: _SHOWN + 1]
+    matches = ledger.run_ids_around(ref, limit=_SHOWN + 1, workspaces=visible)
     if len(matches) == 1:
         return matches[0]
     if not matches:
