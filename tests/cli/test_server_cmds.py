@@ -31,6 +31,9 @@ def test_a_bad_workspace_file_is_exit_2_naming_its_line(cli: Cli, tmp_path: Path
     assert f"{path}:4: workspaces.team-a.members.a1@example.com" in result.stderr
     alone = cli("server", "--audience", "https://x")
     assert alone.code == 2 and "need --workspaces" in alone.stderr
+    path.write_text("workspaces:\n  team-a:\n    members:\n      a1@example.com: member\n")
+    anywhere = cli("server", "--listen", "0.0.0.0:8471", "--workspaces", str(path))
+    assert anywhere.code == 2 and "--audience http://HOST:8471" in anywhere.stderr
 
 
 def test_a_second_server_on_the_same_ledger_exits_2_naming_the_first(state_dir: Path) -> None:

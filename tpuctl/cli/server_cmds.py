@@ -78,6 +78,13 @@ def server(
             fix="give --workspaces FILE",
         )
     address = parse_listen(listen, authenticated=team is not None)
+    if team is not None and audience is None and address.unspecified:
+        raise UsageError(
+            f"--listen {listen} names no address clients can use, so it cannot be the tokens' audience",
+            field="--audience",
+            fix="give --audience with the URL clients reach the server at (their --server), e.g. "
+            f"--audience http://HOST:{address.port}",
+        )
     runs = params.whole(max_runs, "max_runs", minimum=1)
     settings = build_settings(ctx, database=database)
     with session(ctx, out, settings) as sess:

@@ -25,6 +25,11 @@ class Listen:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"
 
+    @property
+    def unspecified(self) -> bool:
+        """Every address of the machine (``0.0.0.0``, ``::``): not one a client can name."""
+        return ipaddress.ip_address(self.host).is_unspecified
+
     def __str__(self) -> str:
         return self.url.removeprefix("http://")
 
