@@ -123,10 +123,14 @@ def test_no_token_or_a_bad_one_is_401_with_www_authenticate(
     assert refused.status_code == 401 and "Certificate for key id" in refused.json()["message"]
 
 
-def test_gcloud_iap_and_rotated_keys_are_taken_and_a_stranger_is_403(api: TestClient, issuer: Issuer) -> None:
+def test_gcloud_iap_and_rotated_keys_are_taken_and_a_stranger_is_403(
+    api: TestClient, issuer: Issuer, session: Session
+) -> None:
     assert api.get("/v1/runs", headers=as_(issuer, "a1@example.com", GCLOUD_CLIENT_ID)).status_code == 200
     stranger = api.get("/v1/runs", headers=as_(issuer, "eve@example.com", GCLOUD_CLIENT_ID))
     assert stranger.status_code == 403 and "not a member of any workspace" in stranger.json()["message"]
+    refused = session.ledger.audit_entries(principal="eve@example.com")  # who was refused is written
+    assert [(e.action, e.status, e.workspace) for e in refused] == [("runs.list", 403, None)]
     # A metadata server's token without format=full has no email: refused.
     bare = issuer.id_token(CI, AUDIENCE, full=False)
     assert api.get("/v1/runs", headers={"Authorization": f"Bearer {bare}"}).status_code == 401

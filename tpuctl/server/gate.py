@@ -64,6 +64,8 @@ class RequestScope:
     """One request's actor, and what its handlers noted for the audit row."""
 
     actor: Actor
+    #: The verified principal (None: none yet, or none at all).
+    principal: str | None = None
     workspace: str | None = None
     target: str | None = None
     session: Session | None = None
@@ -93,8 +95,8 @@ def note(*, target: str | None = None, workspace: str | None = None) -> None:
 
 
 class Gate:
-    """``authenticator`` None: no workspace file, every request acts as ``local`` (the server's own
-    session's actor). ``router``: the app's, to name a request's route in its audit row."""
+    """``authenticator`` None: no workspace file, every request acts as the server's own session's actor.
+    ``router``: the app's, to name a request's route in its audit row."""
 
     def __init__(self, app: App, *, session: Session, authenticator: Authenticator | None,
                  router: Router) -> None:  # fmt: skip
@@ -111,30 +113,36 @@ class Gate:
 
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         answer = _Answer(send)
-        principal = ANONYMOUS
         request = RequestScope(actor=self._session.actor)
         try:
-            scraper = (
-                None if self._authenticator is None else self._authenticator.scraper(scope["path"], headers)
-            )
-            if scraper is not None:
-                principal, request.actor = scraper.principal, scraper
-            elif self._authenticator is not None:
-                principal = await run_in_threadpool(self._authenticator.principal_of, headers)
-                request.actor = self._authenticator.actor_for(principal)
-            else:
-                principal = request.actor.principal
-        except TpuctlError as exc:
-            await _refuse(exc, answer, scope, receive)
-        else:
+            try:
+                await self._authenticate(scope, headers, request)
+            except TpuctlError as exc:
+                await _refuse(exc, answer, scope, receive)
+                return
             token = _SCOPE.set(request)
             try:
                 await self.app(scope, receive, answer.send)
             finally:
                 _SCOPE.reset(token)
-        if scope["method"] in CHANGING_METHODS or answer.status in REFUSALS:
-            record = self._record(scope, request, principal, answer)
-            await run_in_threadpool(self._write, record)
+        finally:  # a request the app failed on (a 500) is written too
+            if scope["method"] in CHANGING_METHODS or answer.status in REFUSALS:
+                record = self._record(scope, request, answer)
+                await run_in_threadpool(self._write, record)
+
+    async def _authenticate(self, scope: Scope, headers: dict[str, str], request: RequestScope) -> None:
+        """Set the request's principal and actor; ``TpuctlError`` (401, 403) refuses it. The principal
+        is set before a 403 is raised, so the audit row says who was refused."""
+        from starlette.concurrency import run_in_threadpool
+
+        auth = self._authenticator
+        scraper = None if auth is None else auth.scraper(scope["path"], headers)
+        if auth is None or scraper is not None:
+            request.actor = scraper or request.actor
+            request.principal = request.actor.principal
+            return
+        request.principal = await run_in_threadpool(auth.principal_of, headers)
+        request.actor = auth.actor_for(request.principal)
 
     def _write(self, record: AuditRecord) -> None:
         """The row, written after the answer was sent: a ledger that cannot take it (an outage) is said in
@@ -145,12 +153,12 @@ class Gate:
             print(f"tpuctl server: audit row not written ({record.principal} {record.method} {record.path} "
                   f"-> {record.status}): {exc}", file=sys.stderr, flush=True)  # fmt: skip
 
-    def _record(self, scope: Scope, request: RequestScope, principal: str, answer: _Answer) -> AuditRecord:
+    def _record(self, scope: Scope, request: RequestScope, answer: _Answer) -> AuditRecord:
         template, params = self._route(scope)
         method = str(scope["method"])
         target = request.target or next(iter(params.values()), None)
         return AuditRecord(
-            principal=principal,
+            principal=request.principal or ANONYMOUS,
             workspace=request.workspace,
             method=method,
             path=str(scope["path"]),
