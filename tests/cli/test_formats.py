@@ -114,6 +114,8 @@ def test_help_lists_commands_in_order_with_named_values(sim_cli: InProcessCli) -
         "doctor",
         "dashboard",
         "server",
+        "workspace",
+        "audit",
         "db",
         "sim",
     ]

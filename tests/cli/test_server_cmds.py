@@ -20,7 +20,20 @@ from tpuctl.testing.ports import unused_port
 def test_a_non_loopback_address_is_refused(cli: Cli) -> None:
     result = cli("server", "--listen", "0.0.0.0:8471")
     assert result.code == 2
-    assert "not a loopback address" in result.stderr and "authentication" in result.stderr
+    assert "not a loopback address" in result.stderr and "without a workspace file" in result.stderr
+
+
+def test_a_bad_workspace_file_is_exit_2_naming_its_line(cli: Cli, tmp_path: Path) -> None:
+    path = tmp_path / "workspaces.yaml"
+    path.write_text("workspaces:\n  team-a:\n    members:\n      a1@example.com: owner\n")
+    result = cli("server", "--listen", "0.0.0.0:8471", "--workspaces", str(path))
+    assert result.code == 2
+    assert f"{path}:4: workspaces.team-a.members.a1@example.com" in result.stderr
+    alone = cli("server", "--audience", "https://x")
+    assert alone.code == 2 and "need --workspaces" in alone.stderr
+    path.write_text("workspaces:\n  team-a:\n    members:\n      a1@example.com: member\n")
+    anywhere = cli("server", "--listen", "0.0.0.0:8471", "--workspaces", str(path))
+    assert anywhere.code == 2 and "--audience http://HOST:8471" in anywhere.stderr
 
 
 def test_a_second_server_on_the_same_ledger_exits_2_naming_the_first(state_dir: Path) -> None:

@@ -59,9 +59,10 @@ class Place:
     def ledger(self) -> Ledger:
         return Ledger.open(self.database)
 
-    def start_server(self) -> subprocess.Popen[bytes]:
+    def start_server(self, *args: str) -> subprocess.Popen[bytes]:
+        """A server process (``args``: more of `tpuctl server`'s flags), once it is ready."""
         listen = self.url.removeprefix("http://")
-        argv = [sys.executable, "-m", "tpuctl", "server", "--listen", listen]
+        argv = [sys.executable, "-m", "tpuctl", "server", "--listen", listen, *args]
         proc = subprocess.Popen(argv, env=self.server_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         self.started.append(proc)
 

@@ -29,8 +29,13 @@ def test_the_url_brackets_an_ipv6_address() -> None:
 def test_any_other_address_is_refused_saying_why(text: str) -> None:
     with pytest.raises(UsageError) as caught:
         parse_listen(text)
-    assert "not a loopback address" in caught.value.message and "authentication" in caught.value.message
+    assert "not a loopback address" in caught.value.message and "workspace file" in caught.value.message
     assert caught.value.field == "--listen"
+
+
+@pytest.mark.parametrize("text", ["0.0.0.0:8471", "10.1.2.3:80", "[::]:8471"])
+def test_a_server_that_authenticates_may_listen_anywhere(text: str) -> None:
+    assert parse_listen(text, authenticated=True).port in (8471, 80)
 
 
 @pytest.mark.parametrize(

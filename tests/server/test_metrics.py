@@ -6,7 +6,6 @@ the report uses); and who may scrape (the workspace file's token, a member's tok
 
 from __future__ import annotations
 
-import hashlib
 import warnings
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -15,13 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from prometheus_client.parser import text_string_to_metric_families
 
 from tpuctl.catalog import CapacityType
 from tpuctl.server import problems
-from tpuctl.server.app import build_app
-from tpuctl.server.bundles import BundleStore
 from tpuctl.server.metrics import (
     DETECTION_BUCKETS_S,
     QUEUE_WAIT_BUCKETS_S,
@@ -33,8 +30,7 @@ from tpuctl.services.session import Session, open_session
 from tpuctl.settings import load_settings
 from tpuctl.store.ledger import Ledger
 from tpuctl.store.records import EventKind, NewEvent, RunStatus, SegmentKind
-from tpuctl.teams.actor import Actor
-from tpuctl.teams.workspaces import MetricsAccess, Role, Workspace, Workspaces
+from tpuctl.teams.workspaces import Workspaces
 from tpuctl.testing.backend import InProcessCli
 
 with warnings.catch_warnings():
@@ -48,7 +44,7 @@ WORLD: dict[str, Any] = {
     "zones": {ZONE: {"v5e": {"on_demand": 64, "preemptible": 64}}},
     "latency": {"base_ms": 0, "jitter_ms": 0},
 }
-TOKEN = "scrape-me-0123456789"
+SQLITE_ONLY = pytest.mark.parametrize("open_ledger", ["sqlite"], indirect=True)
 
 
 @pytest.fixture
@@ -291,69 +287,6 @@ def check_histogram(
 
 
 # --- who may scrape ---------------------------------------------------------------------------------------
-
-
-def team_file(token: str | None) -> Workspaces:
-    """A workspace file of team-a (a1 a member) and team-b, with a scrape token's hash when given."""
-    sha = None if token is None else hashlib.sha256(token.encode()).hexdigest()
-    return Workspaces(
-        workspaces={
-            "team-a": Workspace(name="team-a", members={"a1@example.com": Role.MEMBER}),
-            "team-b": Workspace(name="team-b", members={"b1@example.com": Role.MEMBER}),
-        },
-        metrics=MetricsAccess(scrape_token_sha256=sha),
-        source="workspaces.yaml",
-    )
-
-
-def member_of(team: Workspaces) -> Callable[[Request], Actor | None]:
-    """The identity helper's stand-in: the header names the member (its ID token, verified)."""
-
-    def check(request: Request) -> Actor | None:
-        email = request.headers.get("x-test-member")
-        return None if email is None else Actor(principal=email, roles=team.roles_of(email))
-
-    return check
-
-
-def workspaces_in(text: str) -> set[str]:
-    return {dict(labels)["workspace"] for (_, labels) in parsed(text)}
-
-
-SQLITE_ONLY = pytest.mark.parametrize("open_ledger", ["sqlite"], indirect=True)
-
-
-@SQLITE_ONLY
-def test_who_may_scrape(session: Session, state_dir: Path) -> None:
-    """The scrape token: every workspace; a member: their own; anyone else: 401, or 403 for a principal
-    of no workspace. Without a workspace file the server's /metrics is open (loopback only)."""
-    team = team_file(TOKEN)
-    api = scrape(session, team, member_check=member_of(team))
-
-    right = api.get("/metrics", headers={"Authorization": f"Bearer {TOKEN}"})
-    assert right.status_code == 200, right.text
-    assert workspaces_in(right.text) == {"team-a", "team-b", "default"}
-    for headers in ({"Authorization": f"Bearer {TOKEN}x"}, {"Authorization": TOKEN}, {}):
-        refused = api.get("/metrics", headers=headers)
-        assert refused.status_code == 401, headers
-        assert refused.json()["exit_code"] == 2 and "scrape token" in refused.json()["message"]
-    # A member's token: only the series of the workspaces the member belongs to.
-    member = api.get("/metrics", headers={"x-test-member": "a1@example.com"})
-    assert member.status_code == 200
-    assert workspaces_in(member.text) == {"team-a"}
-    stranger = api.get("/metrics", headers={"x-test-member": "stranger@example.com"})
-    assert stranger.status_code == 403 and "no workspace" in stranger.json()["message"]
-
-    # A file without a scrape token: members only.
-    tokenless = team_file(None)
-    api = scrape(session, tokenless, member_check=member_of(tokenless))
-    assert api.get("/metrics", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 401
-    member = api.get("/metrics", headers={"x-test-member": "b1@example.com"})
-    assert workspaces_in(member.text) == {"team-b"}
-
-    # No workspace file: build_app mounts it, open.
-    server = TestClient(build_app(session, BundleStore(state_dir / "bundles"), None))
-    assert workspaces_in(server.get("/metrics").text) == {"team-a", "team-b", "default"}
 
 
 # --- what a scrape costs ----------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import respx
 from allocator_helpers import InProcessEnv
@@ -84,3 +84,29 @@ def test_a_ledger_that_cannot_be_opened_closes_what_the_session_had_opened(
     with pytest.raises(LedgerError, match="cannot be reached"):
         open_session(settings, backend=Recording())  # type: ignore[arg-type]
     assert closed == ["cloud"]
+
+
+def test_a_copy_for_another_actor_shares_the_clients_opened_on_first_use(tmp_path: Path) -> None:
+    """A server's per-request session (``dataclasses.replace``) opens nothing again, whichever copy asks
+    first, and the clients close with the server's."""
+    import dataclasses
+
+    from tpuctl.services.session import Session
+    from tpuctl.teams.actor import Actor
+
+    opened: list[object] = []
+
+    class Backend:
+        def open_os_login(self, cloud: object, closers: list[Callable[[], None]]) -> object:
+            opened.append(object())
+            closers.append(lambda: opened.append("closed"))
+            return opened[-1]
+
+    nothing: Any = None
+    server = Session(settings=nothing, backend=cast(Any, Backend()), catalog=nothing, cloud=nothing,
+                     ledger=nothing, state_dir=tmp_path)  # fmt: skip
+    first = dataclasses.replace(server, actor=Actor("a1@example.com"))
+    second = dataclasses.replace(server, actor=Actor("b1@example.com"))
+    assert first.os_login() is second.os_login() is server.os_login() is opened[0]
+    server.close()
+    assert opened[1:] == ["closed"]

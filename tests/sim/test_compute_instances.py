@@ -6,12 +6,14 @@ from __future__ import annotations
 from typing import Any
 
 import asyncssh
+import google.auth.transport.requests
 import httpx
 import pytest
 from api_schema import schema_problems
 from compute_helpers import REGION, V6E_ZONE, ZONE, Clients, compute, compute_world, instance_body
 from google.api_core import exceptions
 from google.cloud import compute_v1
+from google.oauth2 import id_token
 from sim_helpers import AUTH, PROJECT, tpu_client
 
 from tpuctl.backends.sim import sim_credentials
@@ -65,6 +67,21 @@ def test_insert_runs_through_provisioning_staging_running(compute: tuple[SimServ
         assert http.get(base + "zone").text == f"projects/{PROJECT}/zones/{ZONE}"
         assert http.get(base + "network-interfaces/0/ip").text == nic.network_i_p
         assert http.get(base + "preempted").text == "FALSE"
+        # The VM's service account's ID token, asked as google-auth's compute_engine.IDTokenCredentials
+        # asks (format=full: with the email), verified as a server verifies one.
+        email = http.get(base + "service-accounts/default/email").text
+        identity = base + "service-accounts/default/identity"
+        token = http.get(identity, params={"audience": "https://srv", "format": "full"}).text
+        request = google.auth.transport.requests.Request()
+        claims = id_token.verify_token(
+            token, request, "https://srv", certs_url=f"{server.url}/oauth2/v1/certs"
+        )
+        assert (claims["email"], claims["email_verified"]) == (email, True)
+        standard = http.get(identity, params={"audience": "https://srv"}).text  # no email claims
+        assert "email" not in id_token.verify_token(
+            standard, request, certs_url=f"{server.url}/oauth2/v1/certs"
+        )
+        assert http.get(identity).status_code == 400  # an audience is required
 
     async def ssh() -> str:
         async with asyncssh.connect(

@@ -112,6 +112,12 @@ def test_runs_errors_and_listing(ledger: Ledger) -> None:
     assert [r.run_id for r in ledger.list_runs()] == ["b", "a"]
     assert [r.run_id for r in ledger.list_runs(status=RunStatus.RUNNING)] == ["b"]
     assert [r.run_id for r in ledger.list_runs(limit=1)] == ["b"]
+    # Ids around a fragment, only a workspace's when asked (a run without one is the local workspace's).
+    ledger.create_run("x-a", script="a.py", ts=3.0, workspace="team-a")
+    assert ledger.run_ids_around("a") == ["x-a", "a"]
+    assert ledger.run_ids_around("a", workspaces={"team-a"}) == ["x-a"]
+    assert ledger.run_ids_around("a", workspaces={"default"}) == ["a"]
+    assert ledger.run_ids_around("a", workspaces=set()) == []
 
 
 def test_segments_are_consecutive(ledger: Ledger) -> None:

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from tpuctl.cloud.account_access import AccountAccess
     from tpuctl.cloud.base import Node, TpuCloud
     from tpuctl.cloud.buckets import BucketClient
+    from tpuctl.cloud.identity import IdentityIssuer
     from tpuctl.cloud.oslogin import OsLoginAccess
     from tpuctl.hosts.pythons import ImagePython
 
@@ -224,6 +225,11 @@ class Backend(Protocol):
     def maintenance_notice_s(self, cloud: TpuCloud) -> float | None:
         """How long before a host maintenance the metadata server warns, in real seconds, where the
         backend can tell (None: unknown)."""
+        ...
+
+    def identity_issuer(self, cloud: TpuCloud) -> IdentityIssuer:
+        """Where the issuer of the ID tokens a server verifies publishes its keys: Google's, or the
+        simulator's own issuer at ``cloud``'s endpoint."""
         ...
 
     def own_prices(self) -> OwnPrices | None:

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from tpuctl.cloud.base import Node, TpuCloud
     from tpuctl.cloud.buckets import BucketClient
     from tpuctl.cloud.config import CloudConfig
+    from tpuctl.cloud.identity import IdentityIssuer
     from tpuctl.cloud.oslogin import OsLoginAccess
     from tpuctl.hosts.pythons import ImagePython
 
@@ -183,6 +184,11 @@ class GcpBackend:
 
     def maintenance_notice_s(self, cloud: TpuCloud) -> float | None:
         return None  # Google does not say per VM; the documented 60 s stands
+
+    def identity_issuer(self, cloud: TpuCloud) -> IdentityIssuer:
+        from tpuctl.cloud.identity import IdentityIssuer
+
+        return IdentityIssuer.google()
 
     def own_prices(self) -> OwnPrices | None:
         return None

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from tpuctl.cloud.account_access import AccountAccess
     from tpuctl.cloud.base import Node, TpuCloud
     from tpuctl.cloud.buckets import BucketClient
+    from tpuctl.cloud.identity import IdentityIssuer
     from tpuctl.cloud.oslogin import OsLoginAccess
     from tpuctl.cloud.retry import Sleep
     from tpuctl.hosts.pythons import ImagePython
@@ -253,6 +254,12 @@ class SimBackend:
             except Exception:  # an older or foreign simulator: the callers' defaults stand
                 return {}
         return self._status
+
+    def identity_issuer(self, cloud: TpuCloud) -> IdentityIssuer:
+        """The simulator's issuer (``tpuctl.sim.issuer``), serving Google's documents at its URL."""
+        from tpuctl.cloud.identity import IdentityIssuer
+
+        return IdentityIssuer.at(cloud.endpoint)
 
     def own_prices(self) -> OwnPrices:
         from tpuctl.sim import default_world, load_world

@@ -24,6 +24,8 @@ ORDER: dict[str, tuple[str, ...]] = {
         "doctor",
         "dashboard",
         "server",
+        "workspace",
+        "audit",
         "db",
         "sim",
     ),

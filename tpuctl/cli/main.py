@@ -25,6 +25,7 @@ from tpuctl.cli import (
     run_cmds,
     server_cmds,
     sim_cmds,
+    team_cmds,
 )
 from tpuctl.cli.context import GlobalOptions
 
@@ -52,6 +53,7 @@ misc_cmds.register(app)
 run_cmds.register(app)
 server_cmds.register(app)
 dashboard_cmds.register(app)
+team_cmds.register(app)
 
 
 def _print_version(value: bool) -> None:

@@ -205,3 +205,34 @@ def stockout(
         params.zone(zone, "ZONE", known={*Catalog.load().zones(), *admin.world().get("zones", {})})
         admin.stockout(zone, clear=clear)
     out.note(f"{zone}: " + ("stockout cleared" if clear else "stocked out"))
+
+
+@app.command("credentials")
+def credentials(
+    ctx: typer.Context,
+    email: Annotated[str, typer.Argument(metavar="EMAIL", help="The simulated user or service account.")],
+    out_path: Annotated[str, typer.Option("--out", metavar="FILE", help="Write the credentials file here.")],
+) -> None:
+    """A credentials file for a simulated principal (a service account key for *.gserviceaccount.com,
+    else gcloud-style user credentials), for GOOGLE_APPLICATION_CREDENTIALS: `tpuctl --server URL ...`
+    then acts as that principal. Needs a served simulator (`tpuctl sim serve`): the file names its URL."""
+    import json
+    import os
+    from pathlib import Path
+
+    from tpuctl.errors import UsageError
+
+    out = make_output(ctx, None)
+    if not build_settings(ctx, backend="sim").sim_url:
+        raise UsageError(
+            "a credentials file names the simulator's token endpoint: it needs a served simulator",
+            field="TPUCTL_SIM_URL",
+            fix="start one with `tpuctl sim serve` and point at it with TPUCTL_SIM_URL",
+        )
+    with _admin(ctx) as admin:
+        document = admin.credentials(email)
+    path = Path(out_path)
+    fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)  # a private key: the owner's only
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(document, f, indent=2)
+    out.note(f"wrote {document['type']} credentials for {email} to {path}")

@@ -4,6 +4,11 @@ message, fix and exit code, so the CLI renders and exits exactly as it would for
 
 A submission is retried with its idempotency key on a dropped connection or timeout: the server answers
 a retry with the run the key first made, never a second one.
+
+A team server (one with a workspace file) wants a Google ID token on every request
+(``tpuctl.client.identity``); a one-user server on loopback wants none. The client learns which from the
+server: before its first change it asks an authenticated read (``GET /v1/workspaces``), and a read
+answered 401 is sent again with a token; from then on every request carries one.
 """
 
 from __future__ import annotations
@@ -15,7 +20,8 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 import httpx
 from pydantic import BaseModel, ValidationError
 
-from tpuctl.errors import TpuctlError, UnreachableError, UsageError
+from tpuctl.client.identity import IdentityTokens
+from tpuctl.errors import EXIT_PERMISSION, TpuctlError, UnreachableError, UsageError
 from tpuctl.server.wire import (
     BUNDLE_MEDIA_TYPE,
     IDEMPOTENCY_HEADER,
@@ -38,6 +44,7 @@ from tpuctl.server.wire_pods import (
     PodCreated,
     PodsDeleted,
 )
+from tpuctl.server.wire_teams import AuditOut, WorkspaceList, WorkspaceOut
 from tpuctl.server.wire_views import (
     CostReportOut,
     EstimateIn,
@@ -84,10 +91,14 @@ class ServerClient:
         timeout_s: float = 120.0,
         retry_after_s: float = RETRY_AFTER_S,
         transport: httpx.BaseTransport | None = None,
+        identity: IdentityTokens | None = None,
     ) -> None:
         self.url = url
         self._retry_after_s = retry_after_s
         self._http = httpx.Client(base_url=url, timeout=timeout_s, transport=transport)
+        self._identity = identity or IdentityTokens(url.rstrip("/"))
+        #: Whether the server wants a token: None until it said (a 401, or the probe's answer).
+        self._needs_token: bool | None = None
 
     def close(self) -> None:
         self._http.close()
@@ -173,6 +184,18 @@ class ServerClient:
         return self._call(PodDescriptionOut, "GET", f"/v1/pods/{_quoted(name, 'NAME')}", params=params,
                           command="pod describe")  # fmt: skip
 
+    def workspaces(self) -> WorkspaceList:
+        return self._call(WorkspaceList, "GET", "/v1/workspaces", command="workspace list")
+
+    def workspace(self, name: str) -> WorkspaceOut:
+        return self._call(WorkspaceOut, "GET", f"/v1/workspaces/{_quoted(name, 'WORKSPACE')}",
+                          command="workspace describe")  # fmt: skip
+
+    def audit(self, *, since: float | None, principal: str | None, limit: int) -> AuditOut:
+        query = {"since": since, "principal": principal, "limit": limit}
+        params = {k: v for k, v in query.items() if v is not None}
+        return self._call(AuditOut, "GET", "/v1/audit", params=params, command="audit")
+
     # --- plumbing -------------------------------------------------------------------------------
 
     def _idempotent(self, model: type[_Body], path: str, body: BaseModel, key: str | None, *,
@@ -195,13 +218,19 @@ class ServerClient:
               **kwargs: Any) -> _Body:  # fmt: skip
         """The typed answer to one request; ``command``: the CLI command it serves, named when the server
         does not know the path (a server older than this client)."""
-        try:
-            response = self._http.request(method, path, **kwargs)
-        except httpx.TransportError as exc:
-            raise UnreachableError(
-                f"cannot reach tpuctl server at {self.url}: {exc or type(exc).__name__}",
-                fix="check that `tpuctl server` runs there (its /healthz answers), or fix --server",
-            ) from None
+        if self._needs_token is None and method != "GET":
+            # A change is not sent twice to learn that it needs a token (its refusal is audited).
+            self._needs_token = self._send("GET", "/v1/workspaces").status_code == 401
+        response = self._send(method, path, **kwargs)
+        if response.status_code == 401 and not self._needs_token and method == "GET":
+            self._needs_token = True
+            response = self._send(method, path, **kwargs)
+        if response.status_code == 401 and self._needs_token:
+            self._identity.forget()  # it may have expired on the way (clocks differ): one fresh try
+            response = self._send(method, path, **kwargs)
+            if response.status_code == 401:
+                self._identity.forget()
+                raise _refused_token(response, self._identity)
         if response.is_success:
             try:
                 return model.model_validate(response.json())
@@ -211,6 +240,40 @@ class ServerClient:
                     fix="use a tpuctl of the server's version",
                 ) from None
         raise _error_of(response, self.url, command)
+
+    def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        headers = dict(kwargs.pop("headers", None) or {})
+        if self._needs_token:
+            headers["Authorization"] = f"Bearer {self._identity.token().token}"
+        try:
+            return self._http.request(method, path, headers=headers, **kwargs)
+        except httpx.TransportError as exc:
+            raise UnreachableError(
+                f"cannot reach tpuctl server at {self.url}: {exc or type(exc).__name__}",
+                fix="check that `tpuctl server` runs there (its /healthz answers), or fix --server",
+            ) from None
+
+
+class NotAuthenticatedError(TpuctlError):
+    """The server refused the caller's ID token, or wants one (HTTP 401)."""
+
+    exit_code = EXIT_PERMISSION
+    kind = "unauthenticated"
+
+
+def _refused_token(response: httpx.Response, identity: IdentityTokens) -> TpuctlError:
+    """A 401 as the error that says which credentials were tried and how to log in."""
+    try:
+        document = response.json()
+    except ValueError:
+        document = {}
+    said = document.get("message") if isinstance(document, dict) else None
+    return NotAuthenticatedError(
+        f"tpuctl server at {identity.audience} refused the ID token: {said or response.text[:200]}",
+        fix="a team server takes a Google ID token of a workspace member: set GOOGLE_APPLICATION_CREDENTIALS "
+        "to a service account key (CI), run on a VM whose service account is a member, or log in with "
+        "`gcloud auth login`; ask a workspace admin to add that account (docs/teams.md)",
+    )
 
 
 def _error_of(response: httpx.Response, url: str, command: str | None) -> TpuctlError:

@@ -27,6 +27,7 @@ from fastapi.responses import JSONResponse
 
 from tpuctl.server import problems
 from tpuctl.server.bundles import MAX_BUNDLE_BYTES, too_large
+from tpuctl.server.gate import note, scoped
 from tpuctl.server.problems import RequestProblem
 from tpuctl.server.routes_pods import pod_routes
 from tpuctl.server.routes_views import view_routes
@@ -52,35 +53,50 @@ from tpuctl.server.wire import (
 )
 
 if TYPE_CHECKING:
+    from tpuctl.server.auth import Authenticator
     from tpuctl.server.bundles import BundleStore
     from tpuctl.server.replica import Replica
     from tpuctl.services.session import Session
     from tpuctl.store.ledger import Ledger
+    from tpuctl.store.records import RunRecord
     from tpuctl.teams.workspaces import Workspaces
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorOut} for code in (400, 404, 409, 413, 415, 422, 500)
+    code: {"model": ErrorOut} for code in (400, 401, 403, 404, 409, 413, 415, 422, 500)
 }
 RunRef = Annotated[str, Path(min_length=1, max_length=200, description="A run id, a unique part, or latest.")]
 
 
 def build_app(
-    session: Session, bundles: BundleStore, replica: Replica | None, workspaces: Workspaces | None = None
+    session: Session,
+    bundles: BundleStore,
+    replica: Replica | None,
+    *,
+    auth: Authenticator | None = None,
+    workspaces: Workspaces | None = None,
 ) -> FastAPI:
     """The API over ``session`` (its ledger and cloud), ``bundles`` and ``replica`` (None: an API that
-    supervises nothing, never ready); ``workspaces``: the server's workspace file (None:
-    ``Workspaces.implicit()``, one user's server without one)."""
+    supervises nothing, never ready). ``auth``: how requests are authenticated (None: not at all, the
+    one-user server on loopback, acting as ``session.actor``); ``workspaces``: the server's (default:
+    ``auth``'s, else the implicit local one)."""
     from tpuctl import __version__
     from tpuctl.dashboard.routes import dashboard_router
+    from tpuctl.server.gate import Gate
     from tpuctl.server.metrics import metrics_router
+    from tpuctl.server.routes_teams import team_routes
     from tpuctl.teams.workspaces import Workspaces
 
+    if workspaces is None:
+        workspaces = auth.config.workspaces if auth is not None else Workspaces.implicit()
     app = FastAPI(title="tpuctl server", version=__version__, responses=_ERRORS)
     problems.install(app)
+    # Every request but the health checks passes the gate: who asks, and the audit row of what it did.
+    app.add_middleware(Gate, session=session, authenticator=auth, router=app.router)
     app.include_router(dashboard_router(session))  # the dashboard's pages, at /
     app.include_router(view_routes(session, _json_body))
     app.include_router(pod_routes(session, _json_body))
-    app.include_router(metrics_router(session, workspaces or Workspaces.implicit()))  # /metrics
+    app.include_router(team_routes(session, workspaces))
+    app.include_router(metrics_router(session, workspaces))  # /metrics, behind the same gate
 
     @app.get("/healthz", response_model=Health)
     def healthz() -> Health:
@@ -129,7 +145,8 @@ def build_app(
         from tpuctl.server.submit import submit
         from tpuctl.services.run.views import RunView
 
-        accepted = submit(session, bundles, body, idempotency_key)
+        accepted = submit(scoped(session), bundles, body, idempotency_key)
+        note(target=accepted.record.run_id, workspace=accepted.record.workspace)
         if replica is not None and accepted.created:
             replica.wake()
         out = Submitted(run=RunOut(**RunView.of(accepted.record).to_dict()), created=accepted.created)
@@ -139,16 +156,16 @@ def build_app(
     def plan_run(body: SubmitRun) -> RunPlanOut:
         from tpuctl.server.submit import plan
 
-        return RunPlanOut(plan=plan(session, bundles, body))
+        return RunPlanOut(plan=plan(scoped(session), bundles, body))
 
     @app.get("/v1/runs", response_model=RunList)
     def list_runs(limit: Annotated[int, Query(ge=1, le=10_000)] = 50) -> RunList:
-        views = _runs(session).list_runs(limit=limit)
+        views = _runs(scoped(session)).list_runs(limit=limit)
         return RunList(runs=[RunOut(**v.to_dict()) for v in views])
 
     @app.get("/v1/runs/{run}", response_model=RunDescriptionOut)
     def describe_run(run: RunRef) -> RunDescriptionOut:
-        return RunDescriptionOut(**_runs(session).describe(run).to_dict())
+        return RunDescriptionOut(**_runs(scoped(session)).describe(run).to_dict())
 
     @app.get("/v1/runs/{run}/logs", response_model=LogsOut)
     def run_logs(
@@ -157,7 +174,7 @@ def build_app(
         worker: Annotated[int | None, Query(ge=0)] = None,
         limit: Annotated[int, Query(ge=1, le=10_000)] = 2_000,
     ) -> LogsOut:
-        return _logs(session, run, after=after, worker=worker, limit=limit)
+        return _logs(scoped(session), run, after=after, worker=worker, limit=limit)
 
     @app.post("/v1/runs/{run}/resume", response_model=Resumed, dependencies=[Depends(_json_body)])
     def resume_run(run: RunRef, body: ResumeRun) -> Resumed:
@@ -165,7 +182,8 @@ def build_app(
         takes it up, as it takes up any run nobody holds."""
         from tpuctl.services.run.views import RunView
 
-        runs = _runs(session)
+        runs = _runs(scoped(session))
+        _found(runs.get(run))
         ready = runs.resume(run, budget_usd=body.budget_usd, max_preemptions=body.max_preemptions)
         if replica is not None:
             replica.wake()
@@ -173,8 +191,10 @@ def build_app(
 
     @app.post("/v1/runs/{run}/cancel", response_model=CancelOut, response_model_exclude_unset=True)
     def cancel_run(run: RunRef) -> CancelOut:
-        runs = _runs(session)
-        run_id = runs.get(run).run_id
+        runs = _runs(scoped(session))
+        record = _found(runs.get(run))
+        scoped(session).actor.check_change(record.workspace, "cancel its runs")  # 403 before any change
+        run_id = record.run_id
         if replica is not None and runs.holder(run_id) is not None:
             # Ours: the ledger's request first (the authority), then our supervisor told at once.
             session.ledger.request_cancel(run_id, f"tpuctl server {replica.owner.owner_id}: runs cancel")
@@ -182,6 +202,12 @@ def build_app(
         return CancelOut(**runs.cancel(run_id, wait_s=60.0).to_dict())
 
     return app
+
+
+def _found(record: RunRecord) -> RunRecord:
+    """``record``, named in the request's audit row (its id and workspace)."""
+    note(target=record.run_id, workspace=record.workspace)
+    return record
 
 
 def _runs(session: Session) -> Any:

@@ -7,28 +7,26 @@ the preempted runs (each read through ``PreemptionView``, as `runs describe` rea
 grouped by run (``CostService``, the one behind `cost report`) on a thread beside them: nothing is kept
 between scrapes, so two replicas answer alike.
 
-Who may scrape: a bearer token whose SHA-256 is the workspace file's ``metrics.scrape_token_sha256``
-(every workspace's series), or a member's ID token (only the series of the workspaces they belong to: a
-scrape must not show what `runs list` would hide from them). Without a workspace file the server is one
-user's on loopback and ``/metrics`` is open, like the rest of its API.
+Who may scrape is the server's gate's to say (``tpuctl.server.auth``): a bearer token whose SHA-256 is the
+workspace file's ``metrics.scrape_token_sha256`` sees every workspace's series, a member's ID token only
+those of the workspaces they belong to (a scrape must not show what `runs list` would hide from them).
+Without a workspace file the server is one user's on loopback and ``/metrics`` is open, like the rest of
+its API.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 from collections import defaultdict
-from collections.abc import Callable, Collection, Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 from fastapi.responses import Response
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from tpuctl.server.problems import RequestProblem
 from tpuctl.store.cost_sql import fence, is_pg
 from tpuctl.store.records import LOCAL_WORKSPACE, RunStatus
 
@@ -40,7 +38,6 @@ if TYPE_CHECKING:
     from tpuctl.services.session import Session
     from tpuctl.store.cost_reader import LedgerReader
     from tpuctl.store.sql import Dialect
-    from tpuctl.teams.actor import Actor
     from tpuctl.teams.workspaces import Workspaces
 
 #: A run's wait in the server's queue: from seconds (room appeared at once) through minutes (a run ended)
@@ -383,24 +380,17 @@ def _money_families(figures: dict[str, WorkspaceFigures]) -> Iterator[Metric]:
 
 # --- the route -------------------------------------------------------------------------------------------
 
-MemberCheck = Callable[[Request], "Actor | None"]
-
-
-def _no_members(request: Request) -> Actor | None:
-    return None
-
 
 def metrics_router(
-    session: Session,
-    workspaces: Workspaces,
-    *,
-    member_check: MemberCheck = _no_members,
-    prices: PriceSource | None = None,
+    session: Session, workspaces: Workspaces, *, prices: PriceSource | None = None
 ) -> APIRouter:
-    """``GET /metrics`` over ``session``'s ledger. ``member_check``: the actor of a request's verified ID
-    token (None: no member's token), which limits the scrape to that actor's workspaces; ``prices``: the
-    catalog's price source (None: loaded as `cost report` loads it)."""
+    """``GET /metrics`` over ``session``'s ledger, showing the series of the workspaces the request's actor
+    may see (``tpuctl.server.gate``: the scrape token's actor sees all, a member theirs, and without a
+    workspace file the server's own actor sees all); ``prices``: the catalog's price source (None: loaded
+    as `cost report` loads it)."""
     from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+    from tpuctl.server.gate import scoped
 
     if prices is None:
         from tpuctl.services.prices import load_catalog
@@ -414,47 +404,11 @@ def metrics_router(
         response_class=Response,
         responses={200: {"content": {CONTENT_TYPE_LATEST: {}}, "description": "Prometheus text format"}},
     )
-    def scrape(request: Request) -> Response:
+    def scrape() -> Response:
         """The ledger's figures (docs/metrics.md), for a scrape token or a member's ID token."""
-        visible = scrape_access(request, workspaces, member_check)
         # A registry per scrape, not per app: what it shows depends on who asks.
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(metrics.scoped(visible))
+        registry.register(metrics.scoped(scoped(session).actor.visible))
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     return router
-
-
-def scrape_access(
-    request: Request, workspaces: Workspaces, member_check: MemberCheck
-) -> frozenset[str] | None:
-    """The workspaces ``request`` may see the series of (None: all); 401 when it may see none."""
-    token = _bearer(request)
-    wanted = workspaces.metrics.scrape_token_sha256
-    if token is not None and wanted is not None:
-        given = hashlib.sha256(token.encode("utf-8")).hexdigest()
-        if hmac.compare_digest(given, wanted):
-            return None
-    actor = member_check(request)
-    if actor is not None:
-        if actor.visible is not None and not actor.visible:
-            raise RequestProblem(
-                f"{actor.principal} is a member of no workspace: there is nothing to scrape",
-                status=403,
-                field="Authorization",
-                fix="ask an admin of a workspace to add you to its members",
-            )
-        return actor.visible
-    if workspaces.source is None:
-        return None  # no workspace file: one user's server on loopback, open as its whole API is
-    raise RequestProblem(
-        "/metrics needs the workspace file's scrape token or a member's ID token",
-        status=401,
-        field="Authorization",
-        fix="send Authorization: Bearer <token> (the token whose SHA-256 is metrics.scrape_token_sha256)",
-    )
-
-
-def _bearer(request: Request) -> str | None:
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    return token.strip() or None if scheme.lower() == "bearer" else None

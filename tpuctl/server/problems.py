@@ -11,6 +11,7 @@ from tpuctl.errors import (
     EXIT_ERROR,
     EXIT_LEASE_HELD,
     EXIT_NOT_FOUND,
+    EXIT_PERMISSION,
     EXIT_USAGE,
     CloudError,
     TpuctlError,
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
 _STATUS_OF_EXIT: Final = {
     EXIT_USAGE: 400,
     EXIT_NOT_FOUND: 404,
+    EXIT_PERMISSION: 403,  # the caller may see the target but not change it (``ForbiddenError``)
     EXIT_ALREADY_EXISTS: 409,
     EXIT_LEASE_HELD: 409,
 }
@@ -47,8 +49,9 @@ class Conflict(TpuctlError):
 
 
 def status_of(exc: TpuctlError) -> int:
-    if isinstance(exc, (RequestProblem, Conflict)):
-        return exc.status
+    own = getattr(exc, "status", None)  # an error that says its own (a bad request, a 401)
+    if isinstance(own, int):
+        return own
     if exc.kind == "blob_too_large":
         return 413
     if isinstance(exc, CloudError) and exc.exit_code != EXIT_NOT_FOUND:
@@ -111,6 +114,11 @@ def validation_problem(errors: Any) -> RequestProblem:
     else:
         message = f"{where or 'the request'}: {message}"
     return RequestProblem(message, status=422, field=where, fix="see the API's schema at /openapi.json")
+
+
+def respond(exc: TpuctlError) -> Response:
+    """The error document of ``exc`` as the response to send, with its status."""
+    return _respond(status_of(exc), document(exc))
 
 
 def _respond(status: int, content: dict[str, Any]) -> Response:

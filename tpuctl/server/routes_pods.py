@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 from fastapi import APIRouter, Depends, Header
 from fastapi.responses import JSONResponse
 
+from tpuctl.server.gate import scoped
 from tpuctl.server.wire import IDEMPOTENCY_HEADER, IDEMPOTENCY_KEY_PATTERN
 from tpuctl.server.wire_pods import (
     CollectGarbage,
@@ -47,7 +48,7 @@ def pod_routes(session: Session, json_body: Callable[..., None]) -> APIRouter:
         responses={200: {"model": PodCreated, "description": "a retry, or a dry run: nothing placed now"}},
     )
     def create_pod(body: CreatePod, idempotency_key: IdempotencyKey) -> Any:
-        answer = creates.create(session, served, body, idempotency_key)
+        answer = creates.create(scoped(session), served, body, idempotency_key)
         if answer.created:
             return answer
         return JSONResponse(answer.model_dump(mode="json"), status_code=200)
@@ -56,11 +57,11 @@ def pod_routes(session: Session, json_body: Callable[..., None]) -> APIRouter:
     def delete_pods_route(body: DeletePods, idempotency_key: IdempotencyKey) -> PodsDeleted:
         # A delete is idempotent by nature (a slice already gone is an outcome, never a second one); the
         # key is required all the same, as on every mutating request.
-        return delete_pods(session, served, body)
+        return delete_pods(scoped(session), served, body)
 
     @router.post("/v1/pods/gc", response_model=GarbageCollected, dependencies=[Depends(json_body)])
     def collect_garbage_route(body: CollectGarbage, idempotency_key: IdempotencyKey) -> GarbageCollected:
         # Idempotent by nature too: what a first try deleted, a retry's survey no longer finds.
-        return collect_garbage(session, served, body)
+        return collect_garbage(scoped(session), served, body)
 
     return router

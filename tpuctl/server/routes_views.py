@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Annotated
 
 from fastapi import APIRouter, Depends, Path, Query
 
+from tpuctl.server.gate import scoped
 from tpuctl.server.wire_views import (
     CostReportOut,
     EstimateIn,
@@ -59,7 +60,14 @@ def view_routes(session: Session, json_body: Callable[..., None]) -> APIRouter:
         group = parse_group_by(group_by)
         _check_window(since, until)
         report = session_report(
-            session, _prices(session), group, since, until, limit, reconcile=reconcile, dry_run=dry_run
+            scoped(session),
+            _prices(session),
+            group,
+            since,
+            until,
+            limit,
+            reconcile=reconcile,
+            dry_run=dry_run,
         )
         return CostReportOut(served_by=served, report=report)
 
@@ -71,7 +79,7 @@ def view_routes(session: Session, json_body: Callable[..., None]) -> APIRouter:
             session.catalog, session.settings, body.accelerator_type, hours=body.hours, zones=body.zones,
             region=body.region, slices=body.slices,
         )  # fmt: skip
-        result = estimate(session, request, _prices(session))
+        result = estimate(scoped(session), request, _prices(session))
         return EstimateOut(served_by=served, rows=result.rows, not_offered=result.not_offered,
                            prices=result.prices, warnings=result.warnings)  # fmt: skip
 
@@ -94,7 +102,7 @@ def view_routes(session: Session, json_body: Callable[..., None]) -> APIRouter:
     def list_pods(zone: ZoneQuery = None) -> PodListOut:
         from tpuctl.services.pods import PodService
 
-        return PodListOut(served_by=served, pods=PodService(session).list(zone))
+        return PodListOut(served_by=served, pods=PodService(scoped(session)).list(zone))
 
     @router.get("/v1/pods/{name}", response_model=PodDescriptionOut)
     def describe_pod(
@@ -102,7 +110,7 @@ def view_routes(session: Session, json_body: Callable[..., None]) -> APIRouter:
     ) -> PodDescriptionOut:
         from tpuctl.services.pods import PodService
 
-        return PodDescriptionOut(served_by=served, pod=PodService(session).describe(name, zone))
+        return PodDescriptionOut(served_by=served, pod=PodService(scoped(session)).describe(name, zone))
 
     return router
 

@@ -13,28 +13,33 @@ import socket
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 from tpuctl.errors import TpuctlError
 
 if TYPE_CHECKING:
+    from tpuctl.server.auth import AuthConfig
     from tpuctl.server.listen import Listen
     from tpuctl.services.session import Session
+    from tpuctl.teams.workspaces import Workspaces
 
 #: How old a slice's state read from its zone's shared listing may be: a slice watch's own default poll
 #: (it sees a preemption no later than it did asking alone).
 SLICE_READ_MAX_AGE_S: Final = 1.0
 
 
-def serve(session: Session, listen: Listen, *, max_runs: int) -> None:
+def serve(session: Session, listen: Listen, *, max_runs: int, team: TeamAccess | None = None) -> None:
     """Serve until SIGTERM or SIGINT. ``ReplicaLimitError`` (exit 2) when the ledger has no room for
-    another server; ``TpuctlError`` when the address cannot be bound."""
+    another server; ``TpuctlError`` when the address cannot be bound. ``team``: the workspace file and
+    audiences that turn authentication on (None: a one-user server on loopback, no tokens)."""
     import dataclasses
 
     import uvicorn
 
     from tpuctl.cloud.shared_reads import SharedNodeReads
     from tpuctl.server.app import build_app
+    from tpuctl.server.auth import Authenticator
     from tpuctl.server.bundles import BundleStore
     from tpuctl.server.replica import Replica
     from tpuctl.store.records import LeaseOwner
@@ -56,7 +61,8 @@ def serve(session: Session, listen: Listen, *, max_runs: int) -> None:
     )
     replica.start()
     try:
-        app = build_app(session, BundleStore(session.state_dir / "server" / "bundles"), replica)
+        auth = None if team is None else Authenticator(team.config(session, listen))
+        app = build_app(session, BundleStore(session.state_dir / "server" / "bundles"), replica, auth=auth)
         config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
         server = uvicorn.Server(config)
         print(
@@ -70,6 +76,26 @@ def serve(session: Session, listen: Listen, *, max_runs: int) -> None:
     finally:
         replica.stop()
         sock.close()
+
+
+@dataclass(frozen=True)
+class TeamAccess:
+    """A team server's authentication, from `tpuctl server`'s flags: the workspace file (read and
+    checked before anything opens), its own audience (None: its URL) and IAP's backend service."""
+
+    workspaces: Workspaces
+    audience: str | None = None
+    iap_audience: str | None = None
+
+    def config(self, session: Session, listen: Listen) -> AuthConfig:
+        from tpuctl.server.auth import AuthConfig
+
+        return AuthConfig(
+            workspaces=self.workspaces,
+            audience=self.audience or listen.url,
+            issuer=session.backend.identity_issuer(session.cloud),
+            iap_audience=self.iap_audience,
+        )
 
 
 def _bind(listen: Listen) -> socket.socket:

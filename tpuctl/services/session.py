@@ -13,6 +13,7 @@ of sleeping.
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -39,6 +40,15 @@ def _local_actor() -> Actor:
 
 
 @dataclass
+class _Opened:
+    """The clients a session opens on first use (one lock: two threads never open one twice)."""
+
+    os_login: OsLoginAccess | None = None
+    buckets: BucketClient | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+@dataclass
 class Session:
     """What a service needs from the outside world. Build with ``open_session``; close when done."""
 
@@ -57,8 +67,9 @@ class Session:
     #: may see (``tpuctl.teams.actor``). Default: this machine's user, seeing the whole ledger.
     actor: Actor = field(default_factory=_local_actor)
     _closers: list[Callable[[], None]] = field(default_factory=list)
-    _os_login: OsLoginAccess | None = field(default=None, repr=False)
-    _buckets: BucketClient | None = field(default=None, repr=False)
+    #: The clients opened on first use, shared by every copy of the session (``dataclasses.replace``:
+    #: a server's per-request session with its caller as actor), so none is opened twice.
+    _opened: _Opened = field(default_factory=lambda: _Opened(), repr=False)
 
     @property
     def project(self) -> str:
@@ -67,15 +78,19 @@ class Session:
     def os_login(self) -> OsLoginAccess:
         """OS Login as the backend reaches it, opened on first use (most commands never log in to a
         host) and closed with the session."""
-        if self._os_login is None:
-            self._os_login = self.backend.open_os_login(self.cloud, self._closers)
-        return self._os_login
+        opened = self._opened
+        with opened.lock:
+            if opened.os_login is None:
+                opened.os_login = self.backend.open_os_login(self.cloud, self._closers)
+            return opened.os_login
 
     def buckets(self) -> BucketClient:
         """Cloud Storage as the backend reaches it, opened on first use and closed with the session."""
-        if self._buckets is None:
-            self._buckets = self.backend.open_buckets(self.state_dir, self._closers)
-        return self._buckets
+        opened = self._opened
+        with opened.lock:
+            if opened.buckets is None:
+                opened.buckets = self.backend.open_buckets(self.state_dir, self._closers)
+            return opened.buckets
 
     def describe_backend(self) -> dict[str, Any]:
         return {"backend": self.backend.name, "project": self.project, "endpoint": self.cloud.endpoint}

@@ -146,6 +146,16 @@ class SimAdminClient:
 
     # --- acting ----------------------------------------------------------------------------------
 
+    def credentials(self, email: str) -> dict[str, Any]:
+        """A credentials file for simulated account ``email``: a service account key for an address of
+        ``*.gserviceaccount.com``, else gcloud-style user credentials; both name this simulator's token
+        endpoint (``tpuctl.sim.issuer``)."""
+        return self._call("POST", "/credentials", json={"email": email})
+
+    def rotate_signing_key(self) -> str:
+        """Sign ID tokens with a new key from now on (the previous one stays published)."""
+        return str(self._call("POST", "/issuer/rotate", json={})["kid"])
+
     def reset(self, world: dict[str, Any] | None = None) -> dict[str, Any]:
         """Forget all simulated state; with ``world`` (World.model_dump() data), put it in force."""
         payload: dict[str, Any] = {"world": world} if world is not None else {}

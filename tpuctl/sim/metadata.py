@@ -61,6 +61,9 @@ def answer(
     values = tree()
     if values is None:
         return text_response(NOT_FOUND, 404)
+    identity = re.fullmatch(r"instance/service-accounts/([^/]+)/identity", key)
+    if identity is not None:
+        return _identity(engine, request, values.get(f"instance/service-accounts/{identity.group(1)}/email"))
     if recursive or key not in values:
         return _directory(values, key, recursive=recursive)
     value = values[key]
@@ -76,6 +79,20 @@ def answer(
             value = values[key]
     content_type = "application/json" if key.endswith("/token") else "application/text"
     return SimResponse(200, value.encode(), content_type, etag(value))
+
+
+def _identity(engine: SimEngine, request: SimRequest, email: str | None) -> SimResponse:
+    """An ID token for the VM's service account (``email``; None: the VM has no such account) with the
+    ``audience`` asked for; the email claims only with ``format=full``, as GCE's metadata server."""
+    from tpuctl.sim.issuer import issuer_of
+
+    if email is None:
+        return text_response(NOT_FOUND, 404)
+    audience = first(request.query, "audience")
+    if not audience:
+        return text_response("non-empty audience parameter required\n", 400)
+    full = first(request.query, "format") == "full"
+    return text_response(issuer_of(engine).id_token(email, audience, full=full))
 
 
 def _directory(tree: dict[str, str], key: str, *, recursive: bool) -> SimResponse:

@@ -11,6 +11,8 @@ Surfaces (all JSON unless noted):
 - ``/v1/projects/{p}/locations/global/services/tpu.googleapis.com/quotaInfos[/{id}]``: Cloud Quotas.
 - ``/v1/users/...``: OS Login (importSshPublicKey, sshPublicKeys.patch, loginProfile;
   ``tpuctl.sim.engine.oslogin``); ``/tokeninfo``: OAuth's tokeninfo (who the caller is).
+- ``/oauth2/v1/certs``, ``/oauth2/v3/certs``, ``/iap/verify/public_key``, ``/token``: the identity
+  issuer (``tpuctl.sim.issuer``): its keys as Google publishes them, and the OAuth token endpoint.
 - ``/v1/iam:troubleshoot``: Policy Troubleshooter (who may do what, another account included).
 - ``/sim/v1/...``: the admin API (status, reset, preempt, maintenance, stockout, metadata, endpoints,
   faults); see ``SimAdminClient``.
@@ -32,7 +34,7 @@ from typing import Any, NamedTuple
 
 from tpuctl.cloud.base import HOSTNAME_GUEST_ATTRIBUTE
 from tpuctl.errors import ConfigError
-from tpuctl.sim import api_errors, deletions, discovery, frontend, iam
+from tpuctl.sim import api_errors, deletions, discovery, frontend, iam, issuer
 from tpuctl.sim.api_errors import ApiError, invalid_argument
 from tpuctl.sim.compute import routes as compute_routes
 from tpuctl.sim.engine import SimEngine
@@ -485,6 +487,14 @@ def _tokeninfo(engine: SimEngine, request: SimRequest, args: tuple[str, ...]) ->
 TOKENINFO_ROUTES = (route("GET", r"/tokeninfo", _tokeninfo),)
 
 
+IDENTITY_ROUTES = (
+    route("GET", r"/oauth2/v1/certs", issuer.certs_v1),
+    route("GET", r"/oauth2/v3/certs", issuer.certs_v3),
+    route("GET", r"/iap/verify/public_key", issuer.iap_public_keys),
+    route("POST", r"/token", issuer.token),
+)
+
+
 # --- Policy Troubleshooter ------------------------------------------------------------------------
 
 
@@ -576,6 +586,16 @@ def _advance(engine: SimEngine, request: SimRequest, args: tuple[str, ...]) -> A
     return {"now": engine.clock()}
 
 
+def _credentials(engine: SimEngine, request: SimRequest, args: tuple[str, ...]) -> Answer:
+    """A new credentials file for simulated account ``email`` (``tpuctl.sim.issuer``), naming this
+    simulator as the caller reached it (its Host header) as the token endpoint."""
+    email = str(_required(request.body, "email"))
+    try:
+        return issuer.issuer_of(engine).credentials_file(email, f"http://{request.headers.get('host', '')}")
+    except ValueError as exc:
+        raise invalid_argument(str(exc), "email") from None
+
+
 def _admin_unrouted(request: SimRequest, path_known: bool) -> SimResponse:
     raise ApiError(404, "NOT_FOUND", f"No admin route {request.method} {request.path}.")
 
@@ -596,6 +616,8 @@ ADMIN_ROUTES = (
     route("GET", _admin("faults"), lambda e, r, a: e.faults().model_dump()),
     route("POST", _admin("faults"), _set_faults),
     route("POST", _admin("advance"), _advance),
+    route("POST", _admin("credentials"), _credentials),
+    route("POST", _admin("issuer/rotate"), lambda e, r, a: {"kid": issuer.issuer_of(e).rotate()}),
 )
 
 
@@ -621,6 +643,10 @@ SURFACES = (
     Surface("/v1/users/", OSLOGIN_ROUTES, _tpu_unrouted, iam.OS_LOGIN),
     Surface("/v1/iam:troubleshoot", TROUBLESHOOTER_ROUTES, _tpu_unrouted, iam.POLICY_TROUBLESHOOTER),
     Surface("/tokeninfo", TOKENINFO_ROUTES, _tpu_unrouted),
+    # The issuer's documents and token endpoint take anyone, as Google's (after /tokeninfo: a prefix).
+    Surface("/oauth2/", IDENTITY_ROUTES, _tpu_unrouted),
+    Surface("/iap/", IDENTITY_ROUTES, _tpu_unrouted),
+    Surface("/token", IDENTITY_ROUTES, _tpu_unrouted),
     Surface("/v1/", QUOTA_ROUTES, _quotas_unrouted, iam.CLOUD_QUOTAS),
     Surface("/sim/v1/", ADMIN_ROUTES, _admin_unrouted),
 )

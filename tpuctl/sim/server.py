@@ -348,7 +348,12 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _serve(self, method: str) -> None:
         try:
-            body = parse_body(self._read_raw_body())
+            raw = self._read_raw_body()
+            if (self.headers.get("Content-Type") or "").startswith("application/x-www-form-urlencoded"):
+                # OAuth's token endpoint takes a form (RFC 6749), as Google's does.
+                body: dict[str, Any] = {k: v[0] for k, v in parse_qs(raw.decode("utf-8", "replace")).items()}
+            else:
+                body = parse_body(raw)
         except ApiError as exc:
             self._send(error_response(exc))
             return

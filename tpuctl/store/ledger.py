@@ -48,7 +48,7 @@ from typing import Any, Final, Literal, TypeAlias, TypeVar
 
 from tpuctl.catalog import CapacityType
 from tpuctl.errors import LeaseLostError, UsageError
-from tpuctl.store import leases, runstate, schema, servers
+from tpuctl.store import audit, leases, runstate, schema, servers
 from tpuctl.store.database import Database, SqliteDatabase, open_database
 from tpuctl.store.records import (
     LOCAL_WORKSPACE,
@@ -791,18 +791,26 @@ class Ledger:
             ).fetchone()
         return None if row is None else _run_record(row)
 
-    def run_ids_around(self, fragment: str, *, limit: int = 20) -> list[str]:
-        """Run ids that start or end with ``fragment`` (literally: no wildcards), newest first."""
+    def run_ids_around(
+        self, fragment: str, *, limit: int = 20, workspaces: Collection[str] | None = None
+    ) -> list[str]:
+        """Run ids that start or end with ``fragment`` (literally: no wildcards), newest first; only those
+        of ``workspaces`` when given (as ``list_runs``)."""
         escaped = fragment.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        params: dict[str, Any] = {"prefix": f"{escaped}%", "suffix": f"%{escaped}", "limit": limit}
+        scope = ""
+        if workspaces is not None:
+            names = sorted(workspaces)
+            params.update({f"ws{i}": name for i, name in enumerate(names)}, local_ws=LOCAL_WORKSPACE)
+            listed = ", ".join(f":ws{i}" for i in range(len(names))) or "NULL"
+            scope = f"AND COALESCE(workspace, :local_ws) IN ({listed}) "
         sql = (
-            "SELECT run_id FROM runs WHERE run_id LIKE :prefix ESCAPE '\\' "
-            "OR run_id LIKE :suffix ESCAPE '\\' "
+            "SELECT run_id FROM runs WHERE (run_id LIKE :prefix ESCAPE '\\' "
+            f"OR run_id LIKE :suffix ESCAPE '\\') {scope}"
             "ORDER BY created_at DESC, run_id LIMIT :limit"
         )
         with self._read() as conn:
-            rows = conn.execute(
-                sql, {"prefix": f"{escaped}%", "suffix": f"%{escaped}", "limit": limit}
-            ).fetchall()
+            rows = conn.execute(sql, params).fetchall()
         return [str(r[0]) for r in rows]
 
     def list_runs(
@@ -1123,6 +1131,16 @@ class Ledger:
     def submission(self, key: str) -> servers.Submission | None:
         with self._read() as conn:
             return servers.submission(conn, key)
+
+    def record_audit(self, record: audit.AuditRecord) -> None:
+        """One row of the audit log (``tpuctl.store.audit``), at the ledger's clock."""
+        with self._write() as conn:
+            audit.write(conn, record)
+
+    def audit_entries(self, **query: Any) -> list[audit.AuditEntry]:
+        """Audit rows newest first (``audit.entries``' filters)."""
+        with self._read() as conn:
+            return audit.entries(conn, **query)
 
     def record_intent(
         self,

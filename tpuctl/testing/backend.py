@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from tpuctl.cloud.account_access import AccountAccess
     from tpuctl.cloud.base import Node, TpuCloud
     from tpuctl.cloud.buckets import BucketClient
+    from tpuctl.cloud.identity import IdentityIssuer
     from tpuctl.cloud.oslogin import OsLoginAccess
     from tpuctl.hosts.pythons import ImagePython
     from tpuctl.sim import SimAdminClient
@@ -180,6 +181,13 @@ class InProcessBackend:
 
     def maintenance_notice_s(self, cloud: TpuCloud) -> float | None:
         return float(self.sim.engine.world.durations.maintenance_notice_s)
+
+    def identity_issuer(self, cloud: TpuCloud) -> IdentityIssuer:
+        """Where a served simulator's issuer would be: this one serves no HTTP, so a test that verifies
+        tokens serves a simulator for its issuer (``tpuctl.server.auth.Authenticator`` takes any)."""
+        from tpuctl.cloud.identity import IdentityIssuer
+
+        return IdentityIssuer.at(ENDPOINT)
 
     def own_prices(self) -> OwnPrices:
         return world_prices(self.sim.engine.world, WORLD_SOURCE)

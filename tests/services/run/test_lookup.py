@@ -46,3 +46,23 @@ def test_no_match_and_no_runs(ledger: Ledger, tmp_path: Path) -> None:
         resolve_run_id(ledger, "%")
     with pytest.raises(UsageError, match="there are no runs yet"):
         resolve_run_id(Ledger(tmp_path / "empty"), "latest")
+
+
+def test_only_the_visible_workspaces_runs_are_found(tmp_path: Path) -> None:
+    """Another workspace's run is not found, as an absent one, and never makes a fragment ambiguous; a run
+    from before workspaces is the local workspace's."""
+    ledger = Ledger(tmp_path / "scoped")
+    ledger.create_run(IDS[0], script="train.py", ts=time.time(), workspace="team-a")
+    ledger.create_run(IDS[1], script="train.py", ts=time.time() + 1, workspace="team-b")
+    ledger.create_run(IDS[2], script="train.py", ts=time.time() + 2)  # no workspace: the local one
+    team_a = frozenset({"team-a"})
+    assert resolve_run_id(ledger, "16", team_a) == IDS[0]  # ambiguous to one who sees both
+    assert resolve_run_id(ledger, "latest", team_a) == IDS[0]
+    assert resolve_run_id(ledger, IDS[2], frozenset({"default"})) == IDS[2]
+    for hidden in (IDS[1], "cd16", "run-20261125"):
+        with pytest.raises(UsageError) as caught:
+            resolve_run_id(ledger, hidden, team_a)
+        assert caught.value.exit_code == 11 and caught.value.message == f"no run {hidden!r}"
+    with pytest.raises(UsageError) as none:
+        resolve_run_id(ledger, None, frozenset())
+    assert none.value.exit_code == 11

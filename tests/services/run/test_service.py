@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, cast
@@ -21,6 +21,7 @@ from tpuctl.services.run.service import Runs
 from tpuctl.services.run.views import CancelOutcome
 from tpuctl.store.ledger import Ledger
 from tpuctl.store.records import LeaseClaim, LeaseOwner, RunStatus, SegmentKind
+from tpuctl.teams.actor import Actor, local_actor
 
 if TYPE_CHECKING:
     from tpuctl.services.session import Session
@@ -32,10 +33,12 @@ OWNER = LeaseOwner("owner-b1", "host-b", 4242, 77)
 
 @dataclass
 class LedgerOnly:
-    """What these calls use of a session: its ledger and state dir (nothing here asks the cloud)."""
+    """What these calls use of a session: its ledger and state dir (nothing here asks the cloud), and who
+    acts (this machine's user, seeing every run)."""
 
     ledger: Ledger
     state_dir: Path
+    actor: Actor = field(default_factory=local_actor)
 
 
 @pytest.fixture
@@ -192,7 +195,12 @@ def test_a_cancel_that_finds_the_run_ended_once_it_holds_the_lease_changes_nothi
     ledger: Ledger, tmp_path: Path
 ) -> None:
     settings = SimpleNamespace(lease_duration=300.0, lease_renew_every=100.0)
-    runs = Runs(cast("Session", SimpleNamespace(ledger=ledger, state_dir=tmp_path, settings=settings)))
+    runs = Runs(
+        cast(
+            "Session",
+            SimpleNamespace(ledger=ledger, state_dir=tmp_path, settings=settings, actor=local_actor()),
+        )
+    )
     stale = runs.get(IDS[0])  # read while the run was going
     ledger.update_run(IDS[0], status=RunStatus.SUCCEEDED, exit_code=0)  # its supervisor finished since
     result = runs._clean_up(stale, runs.dir_of(stale))
@@ -234,7 +242,12 @@ def test_resume_writes_nothing_when_a_supervisor_takes_the_run_while_it_prepares
     monkeypatch.setattr(control, "prepare_again", prepared_while_another_took_it)
     monkeypatch.setattr(prepare, "with_budget", lambda *args: None)  # its price is not what is tested
     settings = SimpleNamespace(lease_duration=60.0)
-    runs = Runs(cast("Session", SimpleNamespace(ledger=ledger, state_dir=tmp_path, settings=settings)))
+    runs = Runs(
+        cast(
+            "Session",
+            SimpleNamespace(ledger=ledger, state_dir=tmp_path, settings=settings, actor=local_actor()),
+        )
+    )
     with pytest.raises(LeaseHeldError, match="is supervised by host host-b, pid 4242"):
         runs.resume(IDS[0], budget_usd=5.0)
     assert taken and ledger.get_run(IDS[0]) == before  # still FAILED: no RECOVERING, no new budget

@@ -227,7 +227,8 @@ def fenced_session(
     connections, OS Login's among them)."""
     ledger = session.ledger.fenced(claim, on_lost=on_lost)
     cloud = FencedCloud(session.cloud, ledger, claim, lost=lost)
-    return dataclasses.replace(session, ledger=ledger, cloud=cloud, _closers=[], _os_login=session.os_login())
+    session.os_login()  # opened by (and closed with) ``session``: the copy shares its opened clients
+    return dataclasses.replace(session, ledger=ledger, cloud=cloud, _closers=[])
 
 
 class FencedCloud(ForwardingCloud):

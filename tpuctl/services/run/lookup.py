@@ -2,13 +2,18 @@
 
 Run ids are long (``run-20261124-150943-ab16``); people type the end they can see (``ab16``) or the
 newest one. Every command that names a run resolves it here, so they all accept the same forms.
+
+Only the runs of the workspaces a caller may see count (``visible``): a run of another workspace is not
+found, exactly as one that does not exist (``tpuctl.teams.actor``), and never makes a reference ambiguous.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 from tpuctl.errors import NameNotFoundError, UsageError
+from tpuctl.store.records import LOCAL_WORKSPACE
 
 if TYPE_CHECKING:
     from tpuctl.store.ledger import Ledger
@@ -32,12 +37,12 @@ class RunNotFoundError(NameNotFoundError):
         )
 
 
-def resolve_run_id(ledger: Ledger, ref: str | None) -> str:
-    """The run id ``ref`` names (None or ``latest``: the newest run). Exit 11 (``NameNotFoundError``) when
-    no run matches; exit 2 (UsageError) when a prefix or suffix matches several (they are listed, newest
-    first)."""
+def resolve_run_id(ledger: Ledger, ref: str | None, visible: Collection[str] | None = None) -> str:
+    """The run id ``ref`` names (None or ``latest``: the newest run) among the runs of ``visible``'s
+    workspaces (None: all). Exit 11 (``NameNotFoundError``) when no run matches; exit 2 (UsageError) when a
+    prefix or suffix matches several (they are listed, newest first)."""
     if ref is None or ref == LATEST:
-        newest = ledger.list_runs(limit=1)
+        newest = ledger.list_runs(limit=1, workspaces=visible)
         if not newest:
             raise NameNotFoundError(
                 "there are no runs yet", field="RUN", value=ref, fix="start one with `tpuctl run`"
@@ -45,9 +50,9 @@ def resolve_run_id(ledger: Ledger, ref: str | None) -> str:
         return newest[0].run_id
     if not ref.strip():
         raise UsageError("an empty run id", field="RUN", value=ref, fix="`tpuctl runs list` shows the runs")
-    if ledger.get_run(ref) is not None:
+    if _visible(ledger, ref, visible):
         return ref
-    matches = ledger.run_ids_around(ref, limit=_SHOWN + 1)
+    matches = ledger.run_ids_around(ref, limit=_SHOWN + 1, workspaces=visible)
     if len(matches) == 1:
         return matches[0]
     if not matches:
@@ -60,3 +65,11 @@ def resolve_run_id(ledger: Ledger, ref: str | None) -> str:
         value=ref,
         fix="give more of the id, enough to match only one",
     )
+
+
+def _visible(ledger: Ledger, run_id: str, visible: Collection[str] | None) -> bool:
+    """Whether run ``run_id`` exists in one of ``visible``'s workspaces (None: in any)."""
+    record = ledger.get_run(run_id)
+    if record is None:
+        return False
+    return visible is None or (record.workspace or LOCAL_WORKSPACE) in visible

@@ -68,7 +68,7 @@ class Runs:
         Exit 11 (``RunNotFoundError``) when none matches; several matches are listed (``lookup``). A run
         whose backstop deleted its slices behind a silent supervisor has that recorded first
         (``backstopped``)."""
-        run_id = resolve_run_id(self._session.ledger, ref)
+        run_id = resolve_run_id(self._session.ledger, ref, self._session.actor.visible)
         record = self._session.ledger.get_run(run_id)
         if record is None:  # gone between the lookup and now
             raise RunNotFoundError(run_id)
@@ -90,7 +90,9 @@ class Runs:
 
     def list_runs(self, *, limit: int) -> list[RunView]:
         """At most ``limit`` runs, newest first."""
-        records = backstopped.settle_all(self._session, self._session.ledger.list_runs(limit=limit))
+        visible = self._session.actor.visible
+        records = self._session.ledger.list_runs(limit=limit, workspaces=visible)
+        records = backstopped.settle_all(self._session, records)
         return [RunView.of(r) for r in records]
 
     def describe(self, ref: str | None) -> RunDescription:
@@ -224,6 +226,7 @@ class Runs:
         ``detach(resume=True)`` (in the background) then carries it on. With ``claim`` (the run's lease,
         held by the caller: a server's), the run is written under it and it stays held."""
         record = self.get(ref)
+        self._session.actor.check_change(record.workspace, "resume its runs")
         run_dir = self.dir_of(record)
         self._refuse_unresumable(record, run_dir, held=claim)
         ready = control.prepare_again(self._session, record, run_dir)
@@ -324,6 +327,7 @@ class Runs:
         which checkpoint, deletes the slices it made and records CANCELLED); without one (it was killed,
         or its lease expired while we waited), tpuctl claims the lease and cleans up itself."""
         record = self.get(ref)
+        self._session.actor.check_change(record.workspace, "cancel its runs")
         status = RunStatus(record.status)
         if status.finished:
             return Cancellation(record.run_id, CancelOutcome.ALREADY_ENDED, status=status.value)
