@@ -247,7 +247,7 @@ def test_metrics_show_the_scrape_token_every_workspace_and_a_member_their_own(
 
     everything = api.get("/metrics", headers={"Authorization": "Bearer scrape-me"})
     assert everything.status_code == 200, everything.text
-    assert workspaces_in(everything.text) == {"team-a", "team-b", "default"}
+    assert workspaces_in(everything.text) == {"team-a", "team-b"}
     mine = api.get("/metrics", headers=as_(issuer, "a1@example.com"))
     assert mine.status_code == 200 and workspaces_in(mine.text) == {"team-a"}
     assert workspaces_in(api.get("/metrics", headers=as_(issuer, CI)).text) == {"team-b"}
