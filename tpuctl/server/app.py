@@ -122,7 +122,9 @@ def build_app(session: Session, bundles: BundleStore, replica: Replica | None) -
         from tpuctl.server.submit import submit
         from tpuctl.services.run.views import RunView
 
-        accepted = submit(session, bundles, body, idempotency_key)
+        accepted = submit(
+            session, bundles, body, idempotency_key, None if replica is None else replica.workspaces
+        )
         if replica is not None and accepted.created:
             replica.wake()
         out = Submitted(run=RunOut(**RunView.of(accepted.record).to_dict()), created=accepted.created)

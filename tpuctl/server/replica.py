@@ -6,6 +6,11 @@ and supervises each in a worker thread of its own, under that claim, with this r
 identity: a fresh run from its first attempt, an orphan through the path `runs resume` takes
 (``Runs.resume``, then ``takeover``). At most ``max_runs`` at once.
 
+A submitted run waits QUEUED until there is room for it in its workspace (``admission``): with the room
+left after the orphans, each tick admits the waiting runs that fit, in the queue's order, and claims them
+in the same transaction (``Ledger.admit_queued``); a run admitted is taken up as a fresh one. The spend
+the order reads is recomputed at most every ``SPEND_MAX_AGE_S`` (a cost report is not a per-tick read).
+
 Who may act is the ledger's lease, not this loop. The claim skips the leases another replica is claiming
 at the same moment (on PostgreSQL, ``SKIP LOCKED``), so replicas that tick together take disjoint runs
 and the lease is held from the pick on, never free between the pick and the supervisor. A worker whose
@@ -34,14 +39,21 @@ from typing import TYPE_CHECKING, Final
 
 from tpuctl.errors import LeaseHeldError, LeaseLostError, TpuctlError
 from tpuctl.server import membership
+from tpuctl.server.admission import Admission
 from tpuctl.services.run.model import Silent
-from tpuctl.store.records import LedgerBusyError
+from tpuctl.store.records import LedgerBusyError, RunStatus
 
 if TYPE_CHECKING:
+    from tpuctl.services.queue_spend import MonthSpend
     from tpuctl.services.run.fencing import LeaseKeeper
     from tpuctl.services.run.supervisor import Supervisor
     from tpuctl.services.session import Session
     from tpuctl.store.records import LeaseClaim, LeaseOwner
+    from tpuctl.teams.workspaces import Workspaces
+
+#: How old the month's spend the queue is ordered by may be: it moves by cents a minute, and reading it
+#: is a cost report over the month.
+SPEND_MAX_AGE_S: Final = 30.0
 
 #: How long a run that could not be taken up (its saved request unreadable, a bug) is left alone before
 #: the replica tries again: it must not spin on it every tick.
@@ -60,8 +72,14 @@ class Replica:
         listen: str,
         max_runs: int,
         tick_s: float,
+        workspaces: Workspaces | None = None,
     ) -> None:
+        from tpuctl.teams.workspaces import Workspaces
+
         self.owner = owner
+        #: The server's workspaces: whose limits the queue's admissions keep.
+        self.workspaces = workspaces or Workspaces.implicit()
+        self._spend: tuple[float, MonthSpend] | None = None  # (monotonic time read, the spend)
         self._session = session
         self._listen = listen
         self._max_runs = max_runs
@@ -148,15 +166,33 @@ class Replica:
         self._last_tick = time.monotonic()
         room, busy = self._room()
         asked_at = time.monotonic()  # the claims' expiry counts from this moment or later
-        claims = ledger.claim_orphans(
-            self.owner, self._session.settings.lease_duration, limit=room, excluding=busy
-        )
+        ttl = self._session.settings.lease_duration
+        # Read before anything is claimed: a failure here must not leave claims nobody takes up.
+        waiting = room > 0 and bool(ledger.list_runs(status=RunStatus.QUEUED, limit=1))
+        spend = self._month_spend() if waiting else None
+        claims = ledger.claim_orphans(self.owner, ttl, limit=room, excluding=busy)
+        if spend is not None and len(claims) < room:
+            left = room - len(claims)
+            admission = Admission(self.workspaces, self._session.catalog, spend, room=left)
+            try:
+                claims += ledger.admit_queued(self.owner, ttl, decide=admission.decide, limit=left)
+            except TpuctlError as exc:  # the orphans claimed above are still taken up
+                _say(f"admitting queued runs failed: {exc.message}")
         for index, claim in enumerate(claims):
             if not self._start_worker(claim, asked_at):
                 for unused in claims[index:]:  # stopping: claimed but not taken up, so given back now
                     with contextlib.suppress(TpuctlError):
                         ledger.release_lease(unused)
                 return
+
+    def _month_spend(self) -> MonthSpend:
+        """This month's spend per workspace and principal, read again once ``SPEND_MAX_AGE_S`` old."""
+        from tpuctl.services.queue_spend import month_spend
+
+        now = time.monotonic()
+        if self._spend is None or now - self._spend[0] >= SPEND_MAX_AGE_S:
+            self._spend = (now, month_spend(self._session, now=self._session.clock()))
+        return self._spend[1]
 
     def _start_worker(self, claim: LeaseClaim, claimed_at: float) -> bool:
         """Supervise the claimed run on a thread of its own; False (nothing started) once stopping."""

@@ -116,6 +116,7 @@ if TYPE_CHECKING:
     from tpuctl.hosts.base import Executor
     from tpuctl.services.run.sliceset import SliceSet
     from tpuctl.services.session import Session
+    from tpuctl.store.queue import QueueEntry
 
 
 @dataclass
@@ -244,15 +245,21 @@ class Supervisor:
         self.create_record(prepared)
         return self.supervise(prepared, progress=progress)
 
-    def create_record(self, prepared: PreparedRun) -> None:
+    def create_record(self, prepared: PreparedRun, *, queue: QueueEntry | None = None) -> None:
+        """Record the run; with ``queue``, QUEUED in the server's queue (a replica admits it)."""
         # A budget that could not be enforced is refused before the run exists (exit 2).
         with_budget(self._session, prepared, self._budget_usd)
         target = prepared.target
+        status = RunStatus.PROVISIONING if target.creates else RunStatus.PENDING
         self._session.ledger.create_run(
             prepared.run_id,
             script=prepared.display,
             args=list(prepared.program),
-            status=RunStatus.PROVISIONING if target.creates else RunStatus.PENDING,
+            status=status if queue is None else RunStatus.QUEUED,
+            principal=None if queue is None else queue.principal,
+            workspace=None if queue is None else queue.workspace,
+            priority=None if queue is None else queue.priority,
+            queue_reason=None if queue is None else queue.reason,
             pod=target.name,
             zone=target.zone,
             accelerator_type=target.accelerator.api_name,
