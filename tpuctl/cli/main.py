@@ -22,6 +22,7 @@ from tpuctl.cli import (
     job_cmds,
     misc_cmds,
     pod_cmds,
+    queue_cmds,
     run_cmds,
     server_cmds,
     sim_cmds,
@@ -52,6 +53,7 @@ misc_cmds.register(app)
 run_cmds.register(app)
 server_cmds.register(app)
 dashboard_cmds.register(app)
+queue_cmds.register(app)
 
 
 def _print_version(value: bool) -> None:

@@ -696,6 +696,7 @@ def _description_fields(described: RunDescription) -> dict[str, Any]:
         "restarts": run.restarts,
         "preemptions": run.preemptions,
         "supervisor": described.supervisor_state,
+        **({} if described.queue is None else described.queue.lines()),
     }
     figures = {
         "steps_completed": recovery.steps_completed,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -31,6 +32,10 @@ def server(
         str,
         typer.Option("--max-runs", metavar="N", help="Supervise at most N runs at once (the rest wait)."),
     ] = "50",
+    workspaces_file: Annotated[
+        Path | None,
+        typer.Option("--workspaces", metavar="FILE", help="The workspace file: teams' limits and members."),
+    ] = None,
 ) -> None:
     """Serve the HTTP API (OpenAPI at /openapi.json) and supervise every run nobody holds: submitted ones
     (`tpuctl run --server URL`) and orphans whose supervisor died (adopted once their lease expires).
@@ -38,10 +43,12 @@ def server(
     from tpuctl import params
     from tpuctl.server.listen import parse_listen
     from tpuctl.server.serve import serve
+    from tpuctl.teams.workspaces import load_workspaces
 
     out = make_output(ctx, None)
     address = parse_listen(listen)  # exit 2 for a non-loopback address, before anything opens
     runs = params.whole(max_runs, "max_runs", minimum=1)
+    workspaces = None if workspaces_file is None else load_workspaces(workspaces_file)
     settings = build_settings(ctx, database=database)
     with session(ctx, out, settings) as sess:
-        serve(sess, address, max_runs=runs)
+        serve(sess, address, max_runs=runs, workspaces=workspaces)

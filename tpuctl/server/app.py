@@ -7,6 +7,7 @@
   200 with the first one for a retry.
 - ``GET /v1/runs``, ``GET /v1/runs/{run}``, ``GET /v1/runs/{run}/logs?after=CURSOR``,
   ``POST /v1/runs/{run}/cancel``: as `runs list`, `runs describe`, `runs logs` and `runs cancel`.
+- ``GET /v1/queue``: as `tpuctl queue` (``routes_queue``).
 - ``/v1/cost/...``, ``/v1/catalog/prices``, ``/v1/quota``, ``GET /v1/pods[/{name}]``: the read-only
   commands (``routes_views``); ``POST /v1/pods``, ``POST /v1/pods/delete``: `pod create` and `pod
   delete` (``routes_pods``).
@@ -29,6 +30,7 @@ from tpuctl.server import problems
 from tpuctl.server.bundles import MAX_BUNDLE_BYTES, too_large
 from tpuctl.server.problems import RequestProblem
 from tpuctl.server.routes_pods import pod_routes
+from tpuctl.server.routes_queue import queue_routes
 from tpuctl.server.routes_views import view_routes
 from tpuctl.server.wire import (
     BUNDLE_MEDIA_TYPE,
@@ -50,6 +52,7 @@ from tpuctl.server.wire import (
     SubmitRun,
     Submitted,
 )
+from tpuctl.teams.workspaces import Workspaces
 
 if TYPE_CHECKING:
     from tpuctl.server.bundles import BundleStore
@@ -74,6 +77,8 @@ def build_app(session: Session, bundles: BundleStore, replica: Replica | None) -
     app.include_router(dashboard_router(session))  # the dashboard's pages, at /
     app.include_router(view_routes(session, _json_body))
     app.include_router(pod_routes(session, _json_body))
+    workspaces = Workspaces.implicit() if replica is None else replica.workspaces
+    app.include_router(queue_routes(session, workspaces))
 
     @app.get("/healthz", response_model=Health)
     def healthz() -> Health:
@@ -122,9 +127,7 @@ def build_app(session: Session, bundles: BundleStore, replica: Replica | None) -
         from tpuctl.server.submit import submit
         from tpuctl.services.run.views import RunView
 
-        accepted = submit(
-            session, bundles, body, idempotency_key, None if replica is None else replica.workspaces
-        )
+        accepted = submit(session, bundles, body, idempotency_key, workspaces)
         if replica is not None and accepted.created:
             replica.wake()
         out = Submitted(run=RunOut(**RunView.of(accepted.record).to_dict()), created=accepted.created)

@@ -20,13 +20,14 @@ from tpuctl.errors import TpuctlError
 if TYPE_CHECKING:
     from tpuctl.server.listen import Listen
     from tpuctl.services.session import Session
+    from tpuctl.teams.workspaces import Workspaces
 
 #: How old a slice's state read from its zone's shared listing may be: a slice watch's own default poll
 #: (it sees a preemption no later than it did asking alone).
 SLICE_READ_MAX_AGE_S: Final = 1.0
 
 
-def serve(session: Session, listen: Listen, *, max_runs: int) -> None:
+def serve(session: Session, listen: Listen, *, max_runs: int, workspaces: Workspaces | None = None) -> None:
     """Serve until SIGTERM or SIGINT. ``ReplicaLimitError`` (exit 2) when the ledger has no room for
     another server; ``TpuctlError`` when the address cannot be bound."""
     import dataclasses
@@ -53,6 +54,7 @@ def serve(session: Session, listen: Listen, *, max_runs: int) -> None:
         max_runs=max_runs,
         # Often enough that an expired lease is seen within a renewal period of its expiry.
         tick_s=min(settings.lease_renew_every, 2.0),
+        workspaces=workspaces,
     )
     replica.start()
     try:

@@ -16,6 +16,7 @@ SQLite the transaction is ``BEGIN IMMEDIATE``: one writer at a time already.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -25,6 +26,8 @@ from tpuctl.store.sql import SqlConnection
 
 #: The statuses of runs that hold their workspace's chips: admitted (or never queued) and not finished.
 _HOLDING: Final = ", ".join(f"'{s.value}'" for s in RunStatus if not s.finished and s is not RunStatus.QUEUED)
+#: The key of a run's detail that keeps the reason it last waited for, once admitted.
+WAITED_FOR: Final = "waited_for"
 #: The advisory locks' namespace, so a workspace's key never equals the ledger's write lock by design.
 _KEY_PREFIX: Final = b"tpuctl-queue-workspace:"
 
@@ -116,13 +119,19 @@ def snapshot(
 def admit(conn: SqlConnection, record: RunRecord, now: float) -> bool:
     """Admit a waiting run: PROVISIONING when it creates its slice, else PENDING (what it was recorded as
     before the queue existed); False when it was no longer waiting."""
-    creates = bool((record.detail or {}).get("created_pod"))
-    status = RunStatus.PROVISIONING if creates else RunStatus.PENDING
+    detail = dict(record.detail or {})
+    status = RunStatus.PROVISIONING if detail.get("created_pod") else RunStatus.PENDING
+    # The reason it waited is kept (the column says why it waits now, so it is cleared): `runs describe`
+    # says how long the run waited, and why.
+    detail[WAITED_FOR] = record.queue_reason
     cur = conn.execute(
-        "UPDATE runs SET status = :status, admitted_at = :now, queue_reason = NULL, updated_at = :now "
-        "WHERE run_id = :run_id AND status = :queued",
-        {"status": status.value, "now": now, "run_id": record.run_id, "queued": RunStatus.QUEUED.value},
-    )
+        "UPDATE runs SET status = :status, admitted_at = :now, queue_reason = NULL, updated_at = :now, "
+        "detail = :detail WHERE run_id = :run_id AND status = :queued",
+        {
+            "status": status.value, "now": now, "run_id": record.run_id, "queued": RunStatus.QUEUED.value,
+            "detail": json.dumps(detail, sort_keys=True),
+        },
+    )  # fmt: skip
     return cur.rowcount == 1
 
 
