@@ -59,9 +59,10 @@ class Place:
     def ledger(self) -> Ledger:
         return Ledger.open(self.database)
 
-    def start_server(self) -> subprocess.Popen[bytes]:
+    def start_server(self, *flags: str) -> subprocess.Popen[bytes]:
+        """A server process (with ``flags`` added to `tpuctl server`), waited for until it is ready."""
         listen = self.url.removeprefix("http://")
-        argv = [sys.executable, "-m", "tpuctl", "server", "--listen", listen]
+        argv = [sys.executable, "-m", "tpuctl", "server", "--listen", listen, *flags]
         proc = subprocess.Popen(argv, env=self.server_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         self.started.append(proc)
 

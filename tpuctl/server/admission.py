@@ -103,17 +103,19 @@ def never_fits(workspace: Workspace, demand: Demand) -> InfeasibleError | None:
     limit = workspace.chip_limit(demand.generation)
     if limit is None:
         return None
-    capacities = [demand.capacity] if demand.capacity is not None else list(CapacityType)
-    largest = max((_largest(limit.largest(c)) for c in capacities), default=0.0)
-    if demand.chips <= largest:
+    # The binding limit: the capacity type's own where it is the lower one (and the run's type is known).
+    cap = None if demand.capacity is None else limit.by_capacity.get(demand.capacity)
+    by_type = cap is not None and (limit.total is None or cap < limit.total)
+    largest = cap if by_type else limit.total
+    if largest is None or demand.chips <= largest:
         return None
-    what = f"{demand.capacity} {demand.generation}" if demand.capacity is not None else demand.generation
+    what = f"{demand.capacity} {demand.generation}" if by_type else demand.generation
     if largest == 0:
         message = f"workspace {workspace.name} may not use {what} chips (its limit is 0)"
     else:
         message = (
             f"the run needs {demand.chips} {what} chips, more than workspace {workspace.name} may ever "
-            f"hold at once ({int(largest)})"
+            f"hold at once ({largest})"
         )
     return InfeasibleError(message, fix=f"ask for a smaller slice, or {fix}")
 
@@ -140,10 +142,6 @@ def queue_entry(session: Session, workspaces: Workspaces, prepared: PreparedRun)
         priority=PriorityBand(request.priority or PriorityBand.BATCH).value,
         reason=SUBMITTED_REASON,
     )
-
-
-def _largest(limit: int | None) -> float:
-    return float("inf") if limit is None else float(limit)
 
 
 @dataclass
