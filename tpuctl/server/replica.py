@@ -246,6 +246,7 @@ class Replica:
             with self._lock:
                 self._workers.pop(run_id, None)
                 self._supervisors.pop(run_id, None)
+            self._wake.set()  # its chips are free: admit the next waiting run now, not at the next tick
 
     def _take_up(self, claim: LeaseClaim, claimed_at: float) -> None:
         """Supervise one claimed run to its end: a never-claimed one (its first claim, generation 1)
