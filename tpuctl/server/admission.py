@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Final
 from tpuctl.catalog import CapacityType
 from tpuctl.errors import InfeasibleError, UsageError
 from tpuctl.services.queue_spend import MonthSpend
-from tpuctl.store.queue import QueueDecision, QueueEntry, QueueSnapshot, workspace_of
+from tpuctl.store.queue import RETRY_AT, QueueDecision, QueueEntry, QueueSnapshot, workspace_of
 from tpuctl.store.records import PriorityBand, RunRecord
 
 if TYPE_CHECKING:
@@ -178,6 +178,9 @@ class Admission:
         blocked: dict[tuple[str, str], str] = {}  # (workspace, generation) -> the run that blocks it
         for record in sorted(snapshot.waiting, key=lambda r: order_key(r, self._workspaces, self._spend)):
             name = workspace_of(record)
+            retry_at = (record.detail or {}).get(RETRY_AT)
+            if isinstance(retry_at, int | float) and retry_at > snapshot.now:
+                continue  # backing off from Google's quota or capacity: its reason stays, it blocks nobody
             demand = demand_of(record, self._catalog)
             reason = self.reason(record, demand, usage[name])
             if reason is None and demand is not None and (name, demand.generation) in blocked:

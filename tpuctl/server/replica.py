@@ -171,15 +171,19 @@ class Replica:
         waiting = room > 0 and bool(ledger.list_runs(status=RunStatus.QUEUED, limit=1))
         spend = self._month_spend() if waiting else None
         claims = ledger.claim_orphans(self.owner, ttl, limit=room, excluding=busy)
+        admitted: list[LeaseClaim] = []
         if spend is not None and len(claims) < room:
             left = room - len(claims)
             admission = Admission(self.workspaces, self._session.catalog, spend, room=left)
             try:
-                claims += ledger.admit_queued(self.owner, ttl, decide=admission.decide, limit=left)
+                admitted = ledger.admit_queued(self.owner, ttl, decide=admission.decide, limit=left)
             except TpuctlError as exc:  # the orphans claimed above are still taken up
                 _say(f"admitting queued runs failed: {exc.message}")
+        claims += admitted
         for index, claim in enumerate(claims):
-            if not self._start_worker(claim, asked_at):
+            # An admitted run starts afresh, also one whose first placement sent it back to the queue
+            # before (its claim's generation is then above 1).
+            if not self._start_worker(claim, asked_at, fresh=claim in admitted or claim.generation == 1):
                 for unused in claims[index:]:  # stopping: claimed but not taken up, so given back now
                     with contextlib.suppress(TpuctlError):
                         ledger.release_lease(unused)
@@ -194,14 +198,14 @@ class Replica:
             self._spend = (now, month_spend(self._session, now=self._session.clock()))
         return self._spend[1]
 
-    def _start_worker(self, claim: LeaseClaim, claimed_at: float) -> bool:
+    def _start_worker(self, claim: LeaseClaim, claimed_at: float, *, fresh: bool) -> bool:
         """Supervise the claimed run on a thread of its own; False (nothing started) once stopping."""
         with self._lock:
             if self._stop.is_set():
                 return False
             worker = threading.Thread(
                 target=self._supervise,
-                args=(claim, claimed_at),
+                args=(claim, claimed_at, fresh),
                 name=f"tpuctl-run-{claim.run_id}",
                 daemon=True,
             )
@@ -221,10 +225,14 @@ class Replica:
 
     # --- a worker -------------------------------------------------------------------------------
 
-    def _supervise(self, claim: LeaseClaim, claimed_at: float) -> None:
+    def _supervise(self, claim: LeaseClaim, claimed_at: float, fresh: bool) -> None:
+        from tpuctl.services.run.supervisor import BackInQueueError
+
         run_id = claim.run_id
         try:
-            self._take_up(claim, claimed_at)
+            self._take_up(claim, claimed_at, fresh=fresh)
+        except BackInQueueError as exc:  # admitted again by a tick once its back-off ends
+            _say(exc.message)
         except LeaseHeldError:
             pass  # another supervisor claimed it first (after a cancelled orphan was given back): theirs
         except LeaseLostError as exc:
@@ -248,7 +256,7 @@ class Replica:
                 self._supervisors.pop(run_id, None)
             self._wake.set()  # its chips are free: admit the next waiting run now, not at the next tick
 
-    def _take_up(self, claim: LeaseClaim, claimed_at: float) -> None:
+    def _take_up(self, claim: LeaseClaim, claimed_at: float, *, fresh: bool) -> None:
         """Supervise one claimed run to its end: a never-claimed one (its first claim, generation 1)
         from its first attempt; an orphan as `runs resume` takes it over; an orphan someone asked to
         cancel (the claim read the request) is cleaned up instead (a resume would forget the request)."""
@@ -258,12 +266,11 @@ class Replica:
         session = self._session
         runs = Runs(session)
         run_id = claim.run_id
-        fresh = claim.generation == 1
         # Renewed from the claim on, not from the supervisor's start: preparing the run (its saved
         # request read back, a resume recorded) takes part of the lease, seconds on a busy machine.
         keeper = self._keeper(claim, claimed_at)
         try:
-            if not fresh and claim.cancel is not None:
+            if claim.cancel is not None:  # also a queued run cancelled while it waited
                 keeper.release()  # the clean-up claims the run itself
                 runs.cancel(run_id)
                 _say(f"run {run_id}: cancelled, as asked while nobody supervised it")
@@ -283,6 +290,7 @@ class Replica:
             budget_usd=ready.budget_usd,
             owner=self.owner,
             warn=lambda text: _say(f"run {run_id}: {text}"),
+            requeue_when_no_room=fresh,
         )
         with self._lock:
             self._supervisors[run_id] = supervisor

@@ -1072,6 +1072,14 @@ class Ledger:
             queue.note_reasons(conn, decision.reasons, snap.waiting)
             return claims
 
+    def requeue_run(self, run_id: str, reason: str) -> bool:
+        """Put an admitted run that never started back in the server's queue (no quota or capacity at
+        Google at its first placement), waiting for ``reason`` with a back-off, its age kept
+        (``queue.requeue``); False when it had started or ended. Fenced on a fenced view: only the run's
+        supervisor sends it back."""
+        with self._write() as conn:
+            return queue.requeue(conn, self._get_run(conn, run_id), reason, leases.db_now(conn))
+
     def lease_of(self, run_id: str) -> LeaseHolder | None:
         """Who holds the run's lease, with the ledger's clock at the read (``expired`` tells whether it
         may be taken); None when it was never claimed or was released."""

@@ -28,6 +28,13 @@ from tpuctl.store.sql import SqlConnection
 _HOLDING: Final = ", ".join(f"'{s.value}'" for s in RunStatus if not s.finished and s is not RunStatus.QUEUED)
 #: The key of a run's detail that keeps the reason it last waited for, once admitted.
 WAITED_FOR: Final = "waited_for"
+#: A run sent back to the queue for want of Google quota or capacity: how often (the detail's
+#: ``REQUEUES``), and not admitted again before ``RETRY_AT`` (the ledger's clock). Quota and capacity come
+#: back on Google's time, not the workspace's: the first retry after 30 s, doubling to 10 minutes.
+REQUEUES: Final = "requeues"
+RETRY_AT: Final = "queue_retry_at"
+REQUEUE_FIRST_S: Final = 30.0
+REQUEUE_MAX_S: Final = 600.0
 #: The advisory locks' namespace, so a workspace's key never equals the ledger's write lock by design.
 _KEY_PREFIX: Final = b"tpuctl-queue-workspace:"
 
@@ -144,6 +151,29 @@ def note_reasons(conn: SqlConnection, reasons: dict[str, str], waiting: Iterable
                 "UPDATE runs SET queue_reason = :reason WHERE run_id = :run_id AND status = :queued",
                 {"reason": reason, "run_id": run_id, "queued": RunStatus.QUEUED.value},
             )
+
+
+def requeue(conn: SqlConnection, record: RunRecord, reason: str, now: float) -> bool:
+    """Put an admitted run that never started back in the queue, waiting for ``reason`` (no quota or
+    capacity at Google), not admitted again before its back-off ends (``RETRY_AT`` in its detail: the
+    first after ``REQUEUE_FIRST_S``, doubling to ``REQUEUE_MAX_S``); it keeps its ``queued_at`` (its age
+    in the order). False when it had started or ended meanwhile."""
+    detail = dict(record.detail or {})
+    detail.pop("supervisor", None)  # none until it is admitted again
+    tries = int(detail.get(REQUEUES, 0) or 0) + 1
+    detail[REQUEUES] = tries
+    detail[RETRY_AT] = now + min(REQUEUE_FIRST_S * 2 ** (tries - 1), REQUEUE_MAX_S)
+    cur = conn.execute(
+        "UPDATE runs SET status = :queued, admitted_at = NULL, queue_reason = :reason, updated_at = :now, "
+        "detail = :detail, queued_at = COALESCE(queued_at, created_at) WHERE run_id = :run_id "
+        "AND status IN (:pending, :provisioning)",
+        {
+            "queued": RunStatus.QUEUED.value, "reason": reason, "now": now, "run_id": record.run_id,
+            "detail": json.dumps(detail, sort_keys=True), "pending": RunStatus.PENDING.value,
+            "provisioning": RunStatus.PROVISIONING.value,
+        },
+    )  # fmt: skip
+    return cur.rowcount == 1
 
 
 _REQUEST_SAVED: Final = (

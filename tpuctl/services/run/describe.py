@@ -104,6 +104,8 @@ def _supervisor_state(record: RunRecord, holder: LeaseHolder | None) -> str:
         )
     if finished:
         return "none (the run ended)"
+    if record.status == RunStatus.QUEUED:
+        return "none yet (waiting in the server's queue)"
     return f"gone: take over with `tpuctl runs resume {record.run_id}`"
 
 
