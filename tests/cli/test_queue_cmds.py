@@ -36,6 +36,18 @@ def test_the_queue_lists_waiting_runs_in_admission_order(sim_cli: InProcessCli, 
     )
     text = sim_cli("queue")
     assert text.code == 0 and "r-prod" in text.stdout and "waiting for room" in text.stdout
+    described = sim_cli("runs", "describe", "r-prod", "-o", "json")
+    assert described.code == 0, described.stderr
+    queue = described.json["run"]["queue"]
+    assert (queue["priority"], queue["queued_at"], queue["admitted_at"]) == (
+        "production",
+        "1970-01-01T00:33:20Z",
+        None,
+    )
+    assert queue["reason"] == "waiting for room" and queue["waited_s"] > 0
+    assert described.json["run"]["supervisor_state"] == "none yet (waiting in the server's queue)"
+    said = sim_cli("runs", "describe", "r-prod").stdout
+    assert "waiting for room" in said and "production" in said
 
 
 @pytest.mark.parametrize(("given", "code"), [("interactive", 0), ("urgent", 2)])
