@@ -105,6 +105,7 @@ def test_help_lists_commands_in_order_with_named_values(sim_cli: InProcessCli) -
     expected = [
         "run",
         "runs",
+        "queue",
         "job",
         "pod",
         "cost",

@@ -28,7 +28,7 @@ def test_every_job_field_survives_the_round_trip(tmp_path: Path) -> None:
         workdir=str(tmp_path),  # a workdir must exist where the file is loaded
         env=("A=1",),
         secret_names=("TOKEN",),
-        priority=3,
+        priority="production",
         workspace="ml",
         labels={"team": "ml", "job": "lm"},
         accelerator_type="v5e-16",

@@ -66,13 +66,18 @@ def test_placement_recovery_and_tpuctl_keys() -> None:
         "resources:\n  accelerators: tpu-v5litepod-16\n  use_spot: true\n  infra: gcp/us-central1\n"
         "  max_hourly_cost: 30\n  accelerator_args: {runtime_version: v2-alpha-tpuv5-lite}\n"
         "  job_recovery: {max_restarts_on_errors: 3}\n"
-        "run: x\nslices: 2\nmax_preemptions: 7\ntimeout: 2h\npriority: 5\nworkspace: ml\nname: lm\n"
+        "run: x\nslices: 2\nmax_preemptions: 7\ntimeout: 2h\npriority: interactive\nworkspace: ml\nname: lm\n"
     )
     request, placement = built.request, built.request.placement
     assert placement.capacity_types == (CapacityType.SPOT,) and placement.region == "us-central1"
     assert placement.max_price == 30.0 and placement.runtime_version == "v2-alpha-tpuv5-lite"
     assert (built.policy.max_restarts, built.policy.max_preemptions) == (3, 7)
-    assert (request.slices, request.timeout_s, request.priority, request.workspace) == (2, 7200.0, 5, "ml")
+    assert (request.slices, request.timeout_s, request.priority, request.workspace) == (
+        2,
+        7200.0,
+        "interactive",
+        "ml",
+    )
     assert request.labels == {"job": "lm"}
 
 

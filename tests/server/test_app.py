@@ -16,12 +16,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tpuctl.errors import EXIT_INFEASIBLE
+from tpuctl.server.admission import SUBMITTED_REASON
 from tpuctl.server.app import build_app
 from tpuctl.server.bundles import MAX_BUNDLE_BYTES, BundleStore
+from tpuctl.server.replica import Replica
 from tpuctl.server.wire_views import CostReportOut
 from tpuctl.services.session import Session, open_session
 from tpuctl.settings import load_settings
-from tpuctl.store.records import RunStatus
+from tpuctl.store.records import LeaseOwner, RunStatus
+from tpuctl.teams.workspaces import Workspaces
 from tpuctl.testing.backend import InProcessCli
 
 with warnings.catch_warnings():
@@ -108,7 +112,30 @@ def test_the_openapi_document_names_every_path(api: TestClient) -> None:
     assert {"/healthz", "/readyz", "/v1/bundles/{sha256}", "/v1/runs", "/v1/runs/{run}",
             "/v1/runs/{run}/logs", "/v1/runs/{run}/cancel", "/v1/cost/report", "/v1/cost/estimate",
             "/v1/catalog/prices", "/v1/quota", "/v1/pods", "/v1/pods/{name}", "/v1/pods/delete",
-            "/v1/pods/gc"} <= paths  # fmt: skip
+            "/v1/pods/gc", "/v1/queue"} <= paths  # fmt: skip
+
+
+def test_a_run_its_workspace_can_never_hold_is_refused_and_the_queue_lists_the_waiting_ones(
+    api: TestClient, uploaded: str, session: Session, state_dir: Path
+) -> None:
+    body = {"job": JOB, "bundle_sha256": uploaded, "script_in_bundle": "prog.py"}
+    small = Workspaces.model_validate({"workspaces": {"default": {"chips": {"v5e": 4}}}})
+    replica = Replica(session, LeaseOwner.of_this_process(), listen="test", max_runs=1, tick_s=1.0,
+                      workspaces=small)  # fmt: skip
+    limited = TestClient(build_app(session, BundleStore(state_dir / "bundles"), replica))
+    refused = assert_document(submit(limited, body), 422)
+    assert refused["exit_code"] == EXIT_INFEASIBLE
+    assert (
+        refused["message"]
+        == "the run needs 8 v5e chips, more than workspace default may ever hold at once (4)"
+    )
+    assert session.ledger.list_runs() == []  # nothing recorded, the key not kept
+
+    run_id = submit(api, body).json()["run"]["run_id"]
+    queue = api.get("/v1/queue").json()
+    assert [(q["position"], q["run_id"], q["reason"]) for q in queue["runs"]] == [
+        (1, run_id, SUBMITTED_REASON)
+    ]
 
 
 def test_a_submission_records_a_run_for_a_replica_and_a_retry_with_its_key_finds_it(
@@ -118,7 +145,7 @@ def test_a_submission_records_a_run_for_a_replica_and_a_retry_with_its_key_finds
     first = submit(api, body)
     assert first.status_code == 201, first.text
     run = first.json()["run"]
-    assert first.json()["created"] is True and run["status"] == RunStatus.PROVISIONING.value
+    assert first.json()["created"] is True and run["status"] == RunStatus.QUEUED.value
     assert run["accelerator_type"] == "v5litepod-8" and run["detail"]["supervised"] is True
     assert session.ledger.lease_of(run["run_id"]) is None  # nobody holds it yet: a replica will
 

@@ -15,6 +15,7 @@ ORDER: dict[str, tuple[str, ...]] = {
     "tpuctl": (
         "run",
         "runs",
+        "queue",
         "job",
         "pod",
         "cost",

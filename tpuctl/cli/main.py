@@ -22,6 +22,7 @@ from tpuctl.cli import (
     job_cmds,
     misc_cmds,
     pod_cmds,
+    queue_cmds,
     run_cmds,
     server_cmds,
     sim_cmds,
@@ -54,6 +55,7 @@ run_cmds.register(app)
 server_cmds.register(app)
 dashboard_cmds.register(app)
 team_cmds.register(app)
+queue_cmds.register(app)
 
 
 def _print_version(value: bool) -> None:

@@ -216,6 +216,15 @@ def run(
             "--timeout", metavar="DURATION", help="Stop the run after this long: seconds, or 30m, 2h."
         ),
     ] = None,
+    priority: Annotated[
+        str | None,
+        typer.Option(
+            "--priority",
+            metavar="BAND",
+            help="Its band in a server's queue: production, interactive or batch (the default); the "
+            "job file's priority.",
+        ),
+    ] = None,
     grace: Annotated[
         str,
         typer.Option(
@@ -696,6 +705,7 @@ def _description_fields(described: RunDescription) -> dict[str, Any]:
         "restarts": run.restarts,
         "preemptions": run.preemptions,
         "supervisor": described.supervisor_state,
+        **({} if described.queue is None else described.queue.lines()),
     }
     figures = {
         "steps_completed": recovery.steps_completed,

@@ -162,6 +162,8 @@ def listed(server: str, limit: int) -> list[RunOut]:
 
 
 def describe(out: Output, server: str, ref: str | None) -> None:
+    from tpuctl.services.run.views import QueueWait
+
     with client(server) as api:
         described = api.describe(ref or "latest")
     if out.machine:
@@ -182,6 +184,7 @@ def describe(out: Output, server: str, ref: str | None) -> None:
         "restarts": described.restarts,
         "supervisor": described.supervisor_state,
         "reason": described.reason,
+        **({} if described.queue is None else QueueWait(**described.queue).lines()),
     }
     out.fields(f"run {described.run_id}", {k: v for k, v in fields.items() if v is not None})
 

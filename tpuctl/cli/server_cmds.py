@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -57,7 +58,6 @@ def server(
     """Serve the HTTP API (OpenAPI at /openapi.json) and supervise every run nobody holds: submitted ones
     (`tpuctl run --server URL`) and orphans whose supervisor died (adopted once their lease expires).
     Runs outlive every client. SIGTERM or Ctrl-C stops it; its runs are adopted by the next server."""
-    from pathlib import Path
 
     from tpuctl import params
     from tpuctl.errors import UsageError

@@ -44,6 +44,7 @@ from tpuctl.server.wire_pods import (
     PodCreated,
     PodsDeleted,
 )
+from tpuctl.server.wire_queue import QueueOut
 from tpuctl.server.wire_teams import AuditOut, WorkspaceList, WorkspaceOut
 from tpuctl.server.wire_views import (
     CostReportOut,
@@ -171,6 +172,9 @@ class ServerClient:
 
     def catalog_prices(self) -> PricesOut:
         return self._call(PricesOut, "GET", "/v1/catalog/prices", command="catalog prices")
+
+    def queue(self) -> QueueOut:
+        return self._call(QueueOut, "GET", "/v1/queue", command="queue")
 
     def quota(self) -> QuotaOut:
         return self._call(QuotaOut, "GET", "/v1/quota", command="quota")

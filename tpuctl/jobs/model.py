@@ -169,7 +169,9 @@ class JobFile(_Strict):
     keep_pod: bool | None = Field(default=None, description="Keep the slice the run created.")
     max_bundle_mb: float | None = None
     ssh_proxy_command: str | None = None
-    priority: int | None = Field(
-        default=None, ge=0, le=1000, description="Recorded; takes effect with a server (higher runs first)."
+    priority: Literal["production", "interactive", "batch"] | None = Field(
+        default=None,
+        description="The run's band in a server's queue: production, then interactive, then batch (the "
+        "default).",
     )
     workspace: str | None = Field(default=None, description="Recorded; takes effect with a server.")

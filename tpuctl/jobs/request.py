@@ -25,6 +25,7 @@ from tpuctl.jobs.values import Given
 from tpuctl.services.placement import Strategy
 from tpuctl.services.placement_choices import PlacementChoices
 from tpuctl.services.run.model import RecoveryPolicy, RunRequest
+from tpuctl.store.records import PriorityBand
 
 T = TypeVar("T")
 
@@ -183,7 +184,7 @@ def _run_request(
         workdir=p.parse("workdir", _workdir) if p.local else p.path("workdir"),
         env=tuple(f"{k}={v}" for k, v in env.items()),
         secret_names=secret_names,
-        priority=p.raw("priority"),
+        priority=p.parse("priority", _priority),
         workspace=p.parse("workspace", _workspace),
         labels=labels,
         pod=p.raw("pod"),
@@ -258,6 +259,18 @@ def _command(value: Any) -> str:
 
 
 _WORKSPACE_RE = params.LABEL_VALUE_RE
+
+
+def _priority(value: Any) -> str:
+    try:
+        return PriorityBand(str(value).lower()).value
+    except ValueError:
+        raise UsageError(
+            f"bad priority {value!r}",
+            field="priority",
+            value=value,
+            fix=f"use one of: {', '.join(PriorityBand)} (production runs first; batch is the default)",
+        ) from None
 
 
 def _workspace(value: Any) -> str:

@@ -7,6 +7,7 @@
   200 with the first one for a retry.
 - ``GET /v1/runs``, ``GET /v1/runs/{run}``, ``GET /v1/runs/{run}/logs?after=CURSOR``,
   ``POST /v1/runs/{run}/cancel``: as `runs list`, `runs describe`, `runs logs` and `runs cancel`.
+- ``GET /v1/queue``: as `tpuctl queue` (``routes_queue``).
 - ``/v1/cost/...``, ``/v1/catalog/prices``, ``/v1/quota``, ``GET /v1/pods[/{name}]``: the read-only
   commands (``routes_views``); ``POST /v1/pods``, ``POST /v1/pods/delete``: `pod create` and `pod
   delete` (``routes_pods``).
@@ -30,6 +31,7 @@ from tpuctl.server.bundles import MAX_BUNDLE_BYTES, too_large
 from tpuctl.server.gate import note, scoped
 from tpuctl.server.problems import RequestProblem
 from tpuctl.server.routes_pods import pod_routes
+from tpuctl.server.routes_queue import queue_routes
 from tpuctl.server.routes_views import view_routes
 from tpuctl.server.wire import (
     BUNDLE_MEDIA_TYPE,
@@ -51,6 +53,7 @@ from tpuctl.server.wire import (
     SubmitRun,
     Submitted,
 )
+from tpuctl.teams.workspaces import Workspaces
 
 if TYPE_CHECKING:
     from tpuctl.server.auth import Authenticator
@@ -87,7 +90,10 @@ def build_app(
     from tpuctl.teams.workspaces import Workspaces
 
     if workspaces is None:
-        workspaces = auth.config.workspaces if auth is not None else Workspaces.implicit()
+        if auth is not None:
+            workspaces = auth.config.workspaces
+        else:
+            workspaces = Workspaces.implicit() if replica is None else replica.workspaces
     app = FastAPI(title="tpuctl server", version=__version__, responses=_ERRORS)
     problems.install(app)
     # Every request but the health checks passes the gate: who asks, and the audit row of what it did.
@@ -97,6 +103,7 @@ def build_app(
     app.include_router(pod_routes(session, _json_body))
     app.include_router(team_routes(session, workspaces))
     app.include_router(metrics_router(session, workspaces))  # /metrics, behind the same gate
+    app.include_router(queue_routes(session, workspaces))
 
     @app.get("/healthz", response_model=Health)
     def healthz() -> Health:
@@ -145,7 +152,7 @@ def build_app(
         from tpuctl.server.submit import submit
         from tpuctl.services.run.views import RunView
 
-        accepted = submit(scoped(session), bundles, body, idempotency_key)
+        accepted = submit(scoped(session), bundles, body, idempotency_key, workspaces)
         note(target=accepted.record.run_id, workspace=accepted.record.workspace)
         if replica is not None and accepted.created:
             replica.wake()

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Final
 from tpuctl.errors import (
     EXIT_ALREADY_EXISTS,
     EXIT_ERROR,
+    EXIT_INFEASIBLE,
     EXIT_LEASE_HELD,
     EXIT_NOT_FOUND,
     EXIT_PERMISSION,
@@ -29,6 +30,7 @@ _STATUS_OF_EXIT: Final = {
     EXIT_PERMISSION: 403,  # the caller may see the target but not change it (``ForbiddenError``)
     EXIT_ALREADY_EXISTS: 409,
     EXIT_LEASE_HELD: 409,
+    EXIT_INFEASIBLE: 422,  # a run its workspace can never hold: the request, not the server, is at fault
 }
 
 

@@ -6,6 +6,11 @@ and supervises each in a worker thread of its own, under that claim, with this r
 identity: a fresh run from its first attempt, an orphan through the path `runs resume` takes
 (``Runs.resume``, then ``takeover``). At most ``max_runs`` at once.
 
+A submitted run waits QUEUED until there is room for it in its workspace (``admission``): with the room
+left after the orphans, each tick admits the waiting runs that fit, in the queue's order, and claims them
+in the same transaction (``Ledger.admit_queued``); a run admitted is taken up as a fresh one. The spend
+the order reads is recomputed at most every ``SPEND_MAX_AGE_S`` (a cost report is not a per-tick read).
+
 Who may act is the ledger's lease, not this loop. The claim skips the leases another replica is claiming
 at the same moment (on PostgreSQL, ``SKIP LOCKED``), so replicas that tick together take disjoint runs
 and the lease is held from the pick on, never free between the pick and the supervisor. A worker whose
@@ -34,14 +39,21 @@ from typing import TYPE_CHECKING, Final
 
 from tpuctl.errors import LeaseHeldError, LeaseLostError, TpuctlError
 from tpuctl.server import membership
+from tpuctl.server.admission import Admission
 from tpuctl.services.run.model import Silent
-from tpuctl.store.records import LedgerBusyError
+from tpuctl.store.records import LedgerBusyError, RunStatus
 
 if TYPE_CHECKING:
+    from tpuctl.services.queue_spend import MonthSpend
     from tpuctl.services.run.fencing import LeaseKeeper
     from tpuctl.services.run.supervisor import Supervisor
     from tpuctl.services.session import Session
     from tpuctl.store.records import LeaseClaim, LeaseOwner
+    from tpuctl.teams.workspaces import Workspaces
+
+#: How old the month's spend the queue is ordered by may be: it moves by cents a minute, and reading it
+#: is a cost report over the month.
+SPEND_MAX_AGE_S: Final = 30.0
 
 #: How long a run that could not be taken up (its saved request unreadable, a bug) is left alone before
 #: the replica tries again: it must not spin on it every tick.
@@ -60,8 +72,14 @@ class Replica:
         listen: str,
         max_runs: int,
         tick_s: float,
+        workspaces: Workspaces | None = None,
     ) -> None:
+        from tpuctl.teams.workspaces import Workspaces
+
         self.owner = owner
+        #: The server's workspaces: whose limits the queue's admissions keep.
+        self.workspaces = workspaces or Workspaces.implicit()
+        self._spend: tuple[float, MonthSpend] | None = None  # (monotonic time read, the spend)
         self._session = session
         self._listen = listen
         self._max_runs = max_runs
@@ -148,24 +166,46 @@ class Replica:
         self._last_tick = time.monotonic()
         room, busy = self._room()
         asked_at = time.monotonic()  # the claims' expiry counts from this moment or later
-        claims = ledger.claim_orphans(
-            self.owner, self._session.settings.lease_duration, limit=room, excluding=busy
-        )
+        ttl = self._session.settings.lease_duration
+        # Read before anything is claimed: a failure here must not leave claims nobody takes up.
+        waiting = room > 0 and bool(ledger.list_runs(status=RunStatus.QUEUED, limit=1))
+        spend = self._month_spend() if waiting else None
+        claims = ledger.claim_orphans(self.owner, ttl, limit=room, excluding=busy)
+        admitted: list[LeaseClaim] = []
+        if spend is not None and len(claims) < room:
+            left = room - len(claims)
+            admission = Admission(self.workspaces, self._session.catalog, spend, room=left)
+            try:
+                admitted = ledger.admit_queued(self.owner, ttl, decide=admission.decide, limit=left)
+            except TpuctlError as exc:  # the orphans claimed above are still taken up
+                _say(f"admitting queued runs failed: {exc.message}")
+        claims += admitted
         for index, claim in enumerate(claims):
-            if not self._start_worker(claim, asked_at):
+            # An admitted run starts afresh, also one whose first placement sent it back to the queue
+            # before (its claim's generation is then above 1).
+            if not self._start_worker(claim, asked_at, fresh=claim in admitted or claim.generation == 1):
                 for unused in claims[index:]:  # stopping: claimed but not taken up, so given back now
                     with contextlib.suppress(TpuctlError):
                         ledger.release_lease(unused)
                 return
 
-    def _start_worker(self, claim: LeaseClaim, claimed_at: float) -> bool:
+    def _month_spend(self) -> MonthSpend:
+        """This month's spend per workspace and principal, read again once ``SPEND_MAX_AGE_S`` old."""
+        from tpuctl.services.queue_spend import month_spend
+
+        now = time.monotonic()
+        if self._spend is None or now - self._spend[0] >= SPEND_MAX_AGE_S:
+            self._spend = (now, month_spend(self._session, now=self._session.clock()))
+        return self._spend[1]
+
+    def _start_worker(self, claim: LeaseClaim, claimed_at: float, *, fresh: bool) -> bool:
         """Supervise the claimed run on a thread of its own; False (nothing started) once stopping."""
         with self._lock:
             if self._stop.is_set():
                 return False
             worker = threading.Thread(
                 target=self._supervise,
-                args=(claim, claimed_at),
+                args=(claim, claimed_at, fresh),
                 name=f"tpuctl-run-{claim.run_id}",
                 daemon=True,
             )
@@ -185,10 +225,14 @@ class Replica:
 
     # --- a worker -------------------------------------------------------------------------------
 
-    def _supervise(self, claim: LeaseClaim, claimed_at: float) -> None:
+    def _supervise(self, claim: LeaseClaim, claimed_at: float, fresh: bool) -> None:
+        from tpuctl.services.run.supervisor import BackInQueueError
+
         run_id = claim.run_id
         try:
-            self._take_up(claim, claimed_at)
+            self._take_up(claim, claimed_at, fresh=fresh)
+        except BackInQueueError as exc:  # admitted again by a tick once its back-off ends
+            _say(exc.message)
         except LeaseHeldError:
             pass  # another supervisor claimed it first (after a cancelled orphan was given back): theirs
         except LeaseLostError as exc:
@@ -210,8 +254,9 @@ class Replica:
             with self._lock:
                 self._workers.pop(run_id, None)
                 self._supervisors.pop(run_id, None)
+            self._wake.set()  # its chips are free: admit the next waiting run now, not at the next tick
 
-    def _take_up(self, claim: LeaseClaim, claimed_at: float) -> None:
+    def _take_up(self, claim: LeaseClaim, claimed_at: float, *, fresh: bool) -> None:
         """Supervise one claimed run to its end: a never-claimed one (its first claim, generation 1)
         from its first attempt; an orphan as `runs resume` takes it over; an orphan someone asked to
         cancel (the claim read the request) is cleaned up instead (a resume would forget the request)."""
@@ -221,12 +266,11 @@ class Replica:
         session = self._session
         runs = Runs(session)
         run_id = claim.run_id
-        fresh = claim.generation == 1
         # Renewed from the claim on, not from the supervisor's start: preparing the run (its saved
         # request read back, a resume recorded) takes part of the lease, seconds on a busy machine.
         keeper = self._keeper(claim, claimed_at)
         try:
-            if not fresh and claim.cancel is not None:
+            if claim.cancel is not None:  # also a queued run cancelled while it waited
                 keeper.release()  # the clean-up claims the run itself
                 runs.cancel(run_id)
                 _say(f"run {run_id}: cancelled, as asked while nobody supervised it")
@@ -246,6 +290,7 @@ class Replica:
             budget_usd=ready.budget_usd,
             owner=self.owner,
             warn=lambda text: _say(f"run {run_id}: {text}"),
+            requeue_when_no_room=fresh,
         )
         with self._lock:
             self._supervisors[run_id] = supervisor

@@ -58,6 +58,7 @@ def serve(session: Session, listen: Listen, *, max_runs: int, team: TeamAccess |
         max_runs=max_runs,
         # Often enough that an expired lease is seen within a renewal period of its expiry.
         tick_s=min(settings.lease_renew_every, 2.0),
+        workspaces=None if team is None else team.workspaces,
     )
     replica.start()
     try:

@@ -1,6 +1,7 @@
 """A submission becomes a recorded run: the job document read as a job file is (``jobs.document``), the
-program unpacked from its uploaded bundle, the run prepared and recorded PENDING (or PROVISIONING) with
-no lease, as ``--detach`` records one, for a replica to claim (``replica``).
+program unpacked from its uploaded bundle, the run prepared and recorded QUEUED with no lease, for a
+replica to admit when its workspace has room (``admission``, ``replica``); one that can never fit its
+workspace is refused (exit 3).
 
 Idempotent on the client's key: everything is checked first, then the key is stored with the new run's
 id (``Ledger.remember_submission``), then the run is recorded. A retry with the same key finds the first
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from tpuctl.services.run.model import PreparedRun, RunRequest
     from tpuctl.services.session import Session
     from tpuctl.store.records import RunRecord
+    from tpuctl.teams.workspaces import Workspaces
 
 
 @dataclass(frozen=True)
@@ -43,25 +45,32 @@ def request_digest(body: SubmitRun) -> str:
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
 
 
-def submit(session: Session, bundles: BundleStore, body: SubmitRun, key: str) -> Accepted:
+def submit(
+    session: Session, bundles: BundleStore, body: SubmitRun, key: str, workspaces: Workspaces | None = None
+) -> Accepted:
+    """Record the submission as a QUEUED run of its workspace (``workspaces``: the server's; None, the
+    implicit one), refused (exit 3) if it can never fit there (``admission.queue_entry``)."""
     digest = request_digest(body)
     known = session.ledger.submission(key)
     if known is not None:
         return _the_first(session, known.run_id, known.request_sha256, digest, key)
+    from tpuctl.server.admission import queue_entry
     from tpuctl.services.run.prepare import new_run_id
     from tpuctl.services.run.rundir import RunDir
     from tpuctl.services.run.supervisor import Supervisor
+    from tpuctl.teams.workspaces import Workspaces
 
     run_id = new_run_id(session.clock())
     requested, prepared = _prepared(
         session, bundles, body, run_id, RunDir.of(session.state_dir, run_id).make().root
     )
+    entry = queue_entry(session, workspaces or Workspaces.implicit(), prepared)
     stored = session.ledger.remember_submission(key, run_id, digest)
     if stored.run_id != run_id:  # the same key arrived twice at once: the other one is the run
         return _the_first(session, stored.run_id, stored.request_sha256, digest, key)
     supervisor = Supervisor(session, policy=requested.policy, budget_usd=requested.budget_usd)
     try:
-        supervisor.create_record(prepared)
+        supervisor.create_record(prepared, queue=entry)
     except BaseException:
         # Not recorded (or half: a run row without its request is one no replica takes up): the key
         # must not keep pointing at it, or every retry would be told to wait for it.

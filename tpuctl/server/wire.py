@@ -116,6 +116,7 @@ class RunDescriptionOut(RunOut):
     host_exits: list[dict[str, Any]]
     series: dict[str, Any]
     lease_history: list[dict[str, Any]]
+    queue: dict[str, Any] | None = None  # its time in the server's queue: waited_s, reason, ...
 
 
 class LogLineOut(BaseModel):

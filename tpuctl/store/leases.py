@@ -158,6 +158,23 @@ def claim_orphans(
     return claims
 
 
+def claim_free(conn: SqlConnection, run_id: str, owner: LeaseOwner, ttl_s: float) -> LeaseClaim | None:
+    """Take the run's lease if it is free or expired and nobody else is busy with it; None otherwise
+    (another transaction has the row locked, or a live lease: a `runs cancel` cleaning a queued run up).
+    What an admission claims with, in its own transaction: a run it cannot claim it does not admit."""
+    ttl = check_ttl(ttl_s)
+    before = _locked(conn, run_id, "update", skip_locked=True)
+    if before is None and _row(conn, run_id) is not None:
+        return None  # locked by another transaction
+    now = db_now(conn)
+    if before is not None and before.owner is not None and _live(before, now):
+        return None
+    try:
+        return _take(conn, run_id, owner, ttl, before, now)
+    except (LeaseHeldError, LedgerError):
+        return None  # a first claim another claimer inserted first
+
+
 def _take(
     conn: SqlConnection, run_id: str, owner: LeaseOwner, ttl: float, before: _LeaseRow | None, now: float
 ) -> LeaseClaim:

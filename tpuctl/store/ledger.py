@@ -48,7 +48,7 @@ from typing import Any, Final, Literal, TypeAlias, TypeVar
 
 from tpuctl.catalog import CapacityType
 from tpuctl.errors import LeaseLostError, UsageError
-from tpuctl.store import audit, leases, runstate, schema, servers
+from tpuctl.store import audit, leases, queue, runstate, schema, servers
 from tpuctl.store.database import Database, SqliteDatabase, open_database
 from tpuctl.store.records import (
     LOCAL_WORKSPACE,
@@ -112,12 +112,17 @@ _ATTEMPT_COLS: Final = ", ".join(schema.ATTEMPT_COLUMNS)
 _RUN_COLUMNS: Final = (*schema.RUN_COLUMNS, "principal", "workspace", "priority", "queued_at", "admitted_at",
                        "queue_reason")  # fmt: skip
 _RUN_COLS: Final = ", ".join(_RUN_COLUMNS)
+_RUN_COLS_R: Final = ", ".join(f"r.{c}" for c in _RUN_COLUMNS)
 _SEGMENT_COLS: Final = ", ".join(schema.SEGMENT_COLUMNS)
 #: A run (``runs AS r``) someone must supervise: not finished, and resumable from the ledger (its saved
 #: request, parameter ``:request``, is here). Whether anyone holds it is the lease's to say.
+#: A run a replica takes up as it is: unfinished, admitted (a QUEUED one waits for ``admit_queued``) and
+#: with its saved request in the ledger.
 _RESUMABLE: Final = (
     "r.status IN ({}) AND EXISTS (SELECT 1 FROM run_blobs AS b WHERE b.run_id = r.run_id "
-    "AND b.name = :request)".format(", ".join(f"'{s.value}'" for s in RunStatus if not s.finished))
+    "AND b.name = :request)".format(
+        ", ".join(f"'{s.value}'" for s in RunStatus if not s.finished and s is not RunStatus.QUEUED)
+    )
 )
 _INSERT_EVENT: Final = (
     f"INSERT INTO events ({_EVENT_COLS}) VALUES ({', '.join(f':{c}' for c in schema.EVENT_COLUMNS)})"
@@ -1037,6 +1042,51 @@ class Ledger:
             wanted += f" AND r.run_id NOT IN ({', '.join(f':skip{i}' for i in range(len(skip)))})"
         with self._lease_write() as conn:
             return leases.claim_orphans(conn, owner, ttl_s, wanted=wanted, params=params, limit=limit)
+
+    def admit_queued(
+        self,
+        owner: LeaseOwner,
+        ttl_s: float,
+        *,
+        decide: Callable[[queue.QueueSnapshot], queue.QueueDecision],
+        limit: int,
+    ) -> list[LeaseClaim]:
+        """Admit waiting runs and claim them for ``owner``, in one transaction (``tpuctl.store.queue``
+        says why two replicas never admit past a limit): the workspaces with waiting runs are locked, the
+        queue and what holds chips read, ``decide`` (the server's admission: order, limits, reasons)
+        chooses, and each chosen run, up to ``limit``, is claimed and admitted; a run that cannot be
+        claimed (a `runs cancel` busy with it) stays waiting. The others' reasons are written."""
+        if limit <= 0:
+            return []
+        blob = runstate.REQUEST_BLOB
+        with self._lease_write() as conn:
+            names = queue.waiting_workspaces(conn, blob)
+            if not names:
+                return []
+            queue.lock_workspaces(conn, names)
+            now = leases.db_now(conn)
+            snap = queue.snapshot(
+                conn, columns=_RUN_COLS_R, record=_run_record, workspaces=names, request_blob=blob, now=now
+            )
+            decision = decide(snap)
+            waiting = {r.run_id: r for r in snap.waiting}
+            claims: list[LeaseClaim] = []
+            for run_id in decision.admit:
+                if len(claims) >= limit or run_id not in waiting:
+                    break
+                claim = leases.claim_free(conn, run_id, owner, ttl_s)
+                if claim is not None and queue.admit(conn, waiting[run_id], now):
+                    claims.append(claim)
+            queue.note_reasons(conn, decision.reasons, snap.waiting)
+            return claims
+
+    def requeue_run(self, run_id: str, reason: str) -> bool:
+        """Put an admitted run that never started back in the server's queue (no quota or capacity at
+        Google at its first placement), waiting for ``reason`` with a back-off, its age kept
+        (``queue.requeue``); False when it had started or ended. Fenced on a fenced view: only the run's
+        supervisor sends it back."""
+        with self._write() as conn:
+            return queue.requeue(conn, self._get_run(conn, run_id), reason, leases.db_now(conn))
 
     def lease_of(self, run_id: str) -> LeaseHolder | None:
         """Who holds the run's lease, with the ledger's clock at the read (``expired`` tells whether it

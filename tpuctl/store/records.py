@@ -110,6 +110,9 @@ LOCAL_WORKSPACE: Final = "default"
 
 
 class RunStatus(StrEnum):
+    #: Waiting in the server's queue for room in its workspace (or for Google quota or capacity): not
+    #: admitted yet, so nobody supervises it and it holds no chips (``tpuctl.server.admission``).
+    QUEUED = "queued"
     PENDING = "pending"
     PROVISIONING = "provisioning"
     RUNNING = "running"
@@ -122,6 +125,20 @@ class RunStatus(StrEnum):
     @property
     def finished(self) -> bool:
         return self in (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.BUDGET_EXCEEDED)
+
+
+class PriorityBand(StrEnum):
+    """A run's band in the server's queue: every production run is admitted before any interactive one,
+    and those before any batch one (``tpuctl.server.admission``). A run that names none is batch."""
+
+    PRODUCTION = "production"
+    INTERACTIVE = "interactive"
+    BATCH = "batch"
+
+    @property
+    def rank(self) -> int:
+        """Its place in the order: 0 first."""
+        return tuple(PriorityBand).index(self)
 
 
 class PreemptionKind(StrEnum):

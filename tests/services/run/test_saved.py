@@ -47,7 +47,7 @@ def _rich_request() -> RunRequest:
     """A request with every field set, as `tpuctl run job.yaml` with many flags would make it."""
     return RunRequest(
         command='python3 -m x "$@"', args=("--lr", "3e-4"), workdir="/home/u/proj", env=("A=1", "MODE=fast"),
-        secret_names=("HF_TOKEN",), priority=5, workspace="ml", labels={"team": "ml", "job": "lm"},
+        secret_names=("HF_TOKEN",), priority="batch", workspace="ml", labels={"team": "ml", "job": "lm"},
         accelerator_type="v5e-16", other_accelerator_types=("v6e-8",), type_preference="cheapest", slices=2,
         placement=PlacementChoices(
             zones=("us-central1-a", "us-east5-b"), region="us-central1", capacity_types=(CapacityType.SPOT,),
@@ -337,7 +337,7 @@ def _requests(draw: st.DrawFn) -> RunRequest:
         workdir=draw(optional() | _PATH),
         env=tuple(f"{k}={v}" for k, v in env.items()),
         secret_names=tuple(secrets),
-        priority=draw(optional() | st.integers(0, 1000)),
+        priority=draw(optional() | st.sampled_from(["production", "interactive", "batch"])),
         workspace=draw(optional() | _NAME),
         labels=labels,
         pod=draw(optional() | _NAME),

@@ -124,10 +124,11 @@ def test_describe_reads_the_record_the_segments_and_host_0s_steps(
     assert (bar.offset, bar.width) == (0, 60)
     assert described.recovery.steps_completed == 3
     data = described.to_dict()
-    assert list(data)[:2] == ["run_id", "status"] and list(data)[-10:] == [
+    assert list(data)[:2] == ["run_id", "status"] and list(data)[-11:] == [
         "detail", "segments", "timeline", "recovery", "supervisor_state", "supervisor", "reason",
-        "host_exits", "series", "lease_history",
+        "host_exits", "series", "lease_history", "queue",
     ]  # fmt: skip
+    assert data["queue"] is None  # a run without a server never waited in its queue
     assert data["recovery"]["preemptions"][0]["detected_at"] == "2026-09-21T14:13:20.000Z"  # times in ISO
     assert data["series"] == {"step_time_s": [0.5, 1.0, 1.5], "loss": [3.0, 2.0, 1.0]}
 

@@ -13,6 +13,7 @@ from tpuctl.services.run.views import (
     HostExit,
     LeaseEvent,
     LeaseHolder,
+    QueueWait,
     RecoveryView,
     RunDescription,
     RunView,
@@ -49,6 +50,7 @@ def describe_run(
         host_exits=host_exits(detail),
         series=step_series(host_lines(session.ledger, record.run_id, 0, run_dir.host_log(0))),
         lease_history=tuple(LeaseEvent.of(h) for h in session.ledger.lease_history(record.run_id)),
+        queue=QueueWait.of(record, now),
     )
 
 
@@ -102,6 +104,8 @@ def _supervisor_state(record: RunRecord, holder: LeaseHolder | None) -> str:
         )
     if finished:
         return "none (the run ended)"
+    if record.status == RunStatus.QUEUED:
+        return "none yet (waiting in the server's queue)"
     return f"gone: take over with `tpuctl runs resume {record.run_id}`"
 
 

@@ -127,9 +127,9 @@ class RunRequest:
     #: Names of variables whose values are secret (a job file's ``secrets:``, ``--secret``): their values
     #: are never in this request (it is saved in plain text); the run keeps them only encrypted.
     secret_names: tuple[str, ...] = ()
-    #: A job file's ``priority`` and ``workspace``: validated and recorded with the run; they take
-    #: effect with a server (which orders and groups the runs it is given by them).
-    priority: int | None = None
+    #: A job file's ``priority`` (a ``PriorityBand``'s value) and ``workspace``: recorded with the run;
+    #: they take effect with a server (whose queue orders its runs by band, and limits each workspace).
+    priority: str | None = None
     workspace: str | None = None
     #: The run's labels (``--label``, checked by ``tpuctl.params.labels``): on the run and on its slice.
     labels: Mapping[str, str] = field(default_factory=dict)

@@ -199,7 +199,11 @@ def parse_request(record: dict[str, Any], *, where: str = "the saved request") -
 
 def _from_document(record: dict[str, Any], where: str) -> SavedRequest:
     run = dict(record.get(RUN_PART) or {})
-    asked = run_request_from_document(record[JOB_PART], catalog=Catalog.load(), path=where)
+    job = record[JOB_PART]
+    if isinstance(job, dict) and isinstance(job.get("priority"), int):
+        # A number from before priority bands: it was recorded only, never acted on, so it is dropped.
+        job = {k: v for k, v in job.items() if k != "priority"}
+    asked = run_request_from_document(job, catalog=Catalog.load(), path=where)
     request = asked.request
     placement = request.placement
     if run.get("network_settled") and placement.network is None:

@@ -116,6 +116,7 @@ if TYPE_CHECKING:
     from tpuctl.hosts.base import Executor
     from tpuctl.services.run.sliceset import SliceSet
     from tpuctl.services.session import Session
+    from tpuctl.store.queue import QueueEntry
 
 
 @dataclass
@@ -176,6 +177,18 @@ def _waits_for_capacity(exc: BaseException) -> bool:
     )
 
 
+class BackInQueueError(TpuctlError):
+    """A server's run went back to its queue: its first placement found no quota or capacity anywhere
+    (``requeue_when_no_room``). Not a failure: the server admits it again after a back-off."""
+
+    kind = "back_in_queue"
+
+    def __init__(self, run_id: str, cause: BaseException) -> None:
+        why = cause.message if isinstance(cause, TpuctlError) else str(cause)
+        super().__init__(f"run {run_id} went back to the queue: no room at Google: {why}")
+        self.run_id = run_id
+
+
 class Supervisor:
     """Runs a prepared run to its end through preemptions (see the module docstring)."""
 
@@ -188,8 +201,12 @@ class Supervisor:
         budget_usd: float | None = None,
         warn: Callable[[str], None] | None = None,
         owner: LeaseOwner | None = None,
+        requeue_when_no_room: bool = False,
     ) -> None:
         self._session = session
+        # A server's admitted run whose first placement finds no quota or capacity goes back to the queue
+        # (``BackInQueueError``) instead of failing for being early.
+        self._requeue_when_no_room = requeue_when_no_room
         self._owner = owner or LeaseOwner.of_this_process()
         self._inner: LaunchObserver = observer or Silent()
         chosen = policy or RecoveryPolicy()
@@ -244,15 +261,21 @@ class Supervisor:
         self.create_record(prepared)
         return self.supervise(prepared, progress=progress)
 
-    def create_record(self, prepared: PreparedRun) -> None:
+    def create_record(self, prepared: PreparedRun, *, queue: QueueEntry | None = None) -> None:
+        """Record the run; with ``queue``, QUEUED in the server's queue (a replica admits it)."""
         # A budget that could not be enforced is refused before the run exists (exit 2).
         with_budget(self._session, prepared, self._budget_usd)
         target = prepared.target
+        status = RunStatus.PROVISIONING if target.creates else RunStatus.PENDING
         self._session.ledger.create_run(
             prepared.run_id,
             script=prepared.display,
             args=list(prepared.program),
-            status=RunStatus.PROVISIONING if target.creates else RunStatus.PENDING,
+            status=status if queue is None else RunStatus.QUEUED,
+            principal=None if queue is None else queue.principal,
+            workspace=None if queue is None else queue.workspace,
+            priority=None if queue is None else queue.priority,
+            queue_reason=None if queue is None else queue.reason,
             pod=target.name,
             zone=target.zone,
             accelerator_type=target.accelerator.api_name,
@@ -364,6 +387,9 @@ class Supervisor:
             raise lost
         if isinstance(failure, LeaseLostError):
             raise failure
+        if self._back_in_queue(prepared, run, failure, resume=resume):
+            assert failure is not None
+            raise BackInQueueError(prepared.run_id, failure)
         summary = self._settle(prepared, run, failure)
         if isinstance(failure, BudgetExceededError) and self._budget is not None and self._budget.decision:
             failure = self._budget.final_error(run_id=prepared.run_id)
@@ -372,6 +398,19 @@ class Supervisor:
         if failure is not None:
             raise failure
         return self._result(prepared, run, summary)
+
+    def _back_in_queue(
+        self, prepared: PreparedRun, run: _Run, failure: BaseException | None, *, resume: bool
+    ) -> bool:
+        """Send a fresh run that placed nothing back to the server's queue when its placement found no
+        quota or capacity anywhere (under its lease: the write is fenced); True when it went back."""
+        if not self._requeue_when_no_room or resume or run.created or failure is None:
+            return False
+        if not _waits_for_capacity(failure):
+            return False
+        self._segments.close()
+        why = failure.message if isinstance(failure, TpuctlError) else str(failure)
+        return self._session.ledger.requeue_run(prepared.run_id, f"no room at Google: {why}")
 
     # --- the lifecycle --------------------------------------------------------------------------
 

@@ -7,12 +7,15 @@ writes; they are read here into typed fields for people, and passed through as s
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tpuctl.store.queue import WAITED_FOR
+from tpuctl.store.records import PriorityBand
 from tpuctl.timefmt import iso_or_none
 
 if TYPE_CHECKING:
@@ -381,6 +384,46 @@ class LeaseEvent:
 
 
 @dataclass(frozen=True)
+class QueueWait:
+    """A run's time in the server's queue: its band, when it entered and was admitted (ISO; admitted None
+    while it waits), how long it waited (so far), and why (the reason now, or the last one it waited
+    for)."""
+
+    priority: str
+    queued_at: str | None
+    admitted_at: str | None
+    waited_s: float
+    reason: str | None
+
+    @classmethod
+    def of(cls, record: RunRecord, now: float) -> QueueWait | None:
+        """None for a run that never was in the queue (a run without a server)."""
+        if record.queued_at is None:
+            return None
+        end = record.admitted_at if record.admitted_at is not None else (record.ended_at or now)
+        reason = record.queue_reason or _str((record.detail or {}).get(WAITED_FOR))
+        return cls(
+            priority=record.priority or PriorityBand.BATCH.value,
+            queued_at=iso_or_none(record.queued_at),
+            admitted_at=iso_or_none(record.admitted_at),
+            waited_s=round(max(end - record.queued_at, 0.0), 3),
+            reason=reason,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def lines(self) -> dict[str, Any]:
+        """What `runs describe` says of it, by line name: how long it waited (so far) and why."""
+        waiting = self.admitted_at is None
+        return {
+            "priority": self.priority,
+            "waiting_s" if waiting else "waited_s": self.waited_s,
+            "waiting_for" if waiting else "waited_for": self.reason,
+        }
+
+
+@dataclass(frozen=True)
 class RunDescription:
     """``runs describe``: the run, its segments and timeline, its recovery, who supervises it, why it
     ended and each host's exit, and host 0's steps."""
@@ -395,6 +438,7 @@ class RunDescription:
     host_exits: tuple[HostExit, ...]
     series: StepSeries
     lease_history: tuple[LeaseEvent, ...] = ()  # claims, renewals (one per run of them), losses, releases
+    queue: QueueWait | None = None  # its time in the server's queue (None: it never was in one)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -408,6 +452,7 @@ class RunDescription:
             "host_exits": [e.to_dict() for e in self.host_exits],
             "series": self.series.to_dict(),
             "lease_history": [e.to_dict() for e in self.lease_history],
+            "queue": None if self.queue is None else self.queue.to_dict(),
         }
 
 
