@@ -52,6 +52,7 @@ from tpuctl.store.cost_sql import null_key
 
 if TYPE_CHECKING:
     from tpuctl.catalog import Catalog
+    from tpuctl.services.cost.daily import DayCosts
     from tpuctl.services.prices import PriceSource
     from tpuctl.store.database import Database
     from tpuctl.store.url import DatabaseUrl
@@ -169,6 +170,23 @@ class CostService:
             if note:
                 notes[generation] = note
         return dict(sorted(notes.items()))
+
+    def cost_per_day(
+        self, *, since: float | None = None, until: float | None = None, group_by: GroupBy
+    ) -> list[DayCosts]:
+        """Each UTC day's billed USD in ``[since, until)`` split by ``group_by`` (one of
+        ``daily.DAY_SPLIT_GROUPINGS``), in one scan: the cells whose rows and columns add up to the
+        report's ``by_day`` and ``groups`` (the dashboard's stacked bars)."""
+        from tpuctl.services.cost.daily import day_split
+
+        now = self._clock()
+        end = now if until is None else until
+        warnings: list[str] = []
+        with open_reader(self._database) as reader, reader.snapshot(REPORT_TABLES):
+            q = self._query(
+                reader, _params(since, end, now, GroupBy("day"), null_key(reader.dialect)), warnings
+            )
+            return day_split(q, group_by)
 
     def spend(self, *, since: float | None = None, until: float | None = None) -> float:
         """Total billed USD in the window (for budgets)."""
