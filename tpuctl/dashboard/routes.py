@@ -21,22 +21,28 @@ if TYPE_CHECKING:
 
     from tpuctl.services.prices import PriceSource
     from tpuctl.services.session import Session
+    from tpuctl.teams.workspaces import Workspaces
 
 TEMPLATES = Path(__file__).parent / "templates"
 RunRef = Annotated[str, PathParam(min_length=1, max_length=200)]
 
 
 def dashboard_router(
-    session: Session, prices: PriceSource | None = None, *, live_every_s: float = 2.0
+    session: Session,
+    prices: PriceSource | None = None,
+    *,
+    live_every_s: float = 2.0,
+    workspaces: Workspaces | None = None,
 ) -> APIRouter:
     """The pages over ``session``; ``prices``: the catalog's price source (None: loaded as `cost report`
     loads it, from the backend's refreshed cache if any). A live run's page refreshes every
-    ``live_every_s``."""
+    ``live_every_s``. ``workspaces``: the server's (their monthly budgets burn down on the money page;
+    None: the implicit local one, which has no budget)."""
     if prices is None:
         from tpuctl.services.prices import load_catalog
 
         prices = load_catalog(session.state_dir, session.backend.name)[1]
-    data = Dashboard(session, prices)
+    data = Dashboard(session, prices, workspaces)
     env = _environment()
     router = APIRouter(include_in_schema=False)
 
@@ -77,8 +83,14 @@ def dashboard_router(
         )
 
     @router.get("/slices", response_class=HTMLResponse)
-    def slices() -> HTMLResponse:
-        return page("slices.html", "Slices", page="slices", rows=data.slices())
+    def slices(gone: Annotated[str | None, Query(max_length=100)] = None) -> HTMLResponse:
+        """``gone``: also the slices that ended since then (``cost report --since``'s forms: 1d, 7d, a
+        date); absent, the live ones only."""
+        from tpuctl.services.cost import parse_instant
+
+        since = None if not gone else parse_instant(gone, field_name="gone", now=session.clock())
+        rows = data.slices(gone_since=since)
+        return page("slices.html", "Slices", page="slices", rows=rows, gone=gone or "")
 
     return router
 
