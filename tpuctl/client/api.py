@@ -191,17 +191,26 @@ class ServerClient:
                 time.sleep(self._retry_after_s * attempt)
         raise AssertionError("unreachable")
 
-    def _call(self, model: type[_Body], method: str, path: str, *, command: str | None = None,
-              **kwargs: Any) -> _Body:  # fmt: skip
-        """The typed answer to one request; ``command``: the CLI command it serves, named when the server
-        does not know the path (a server older than this client)."""
+    def forward(self, method: str, path: str, *, params: list[tuple[str, str]]) -> httpx.Response:
+        """The server's answer to a request passed on as it is (`tpuctl dashboard --server`'s pages),
+        sent the way every call is (``_send``), so what every request carries travels with it too."""
+        return self._send(method, path, params=params)
+
+    def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """Every request to the server goes out here (whatever each must carry is added in one place)."""
         try:
-            response = self._http.request(method, path, **kwargs)
+            return self._http.request(method, path, **kwargs)
         except httpx.TransportError as exc:
             raise UnreachableError(
                 f"cannot reach tpuctl server at {self.url}: {exc or type(exc).__name__}",
                 fix="check that `tpuctl server` runs there (its /healthz answers), or fix --server",
             ) from None
+
+    def _call(self, model: type[_Body], method: str, path: str, *, command: str | None = None,
+              **kwargs: Any) -> _Body:  # fmt: skip
+        """The typed answer to one request; ``command``: the CLI command it serves, named when the server
+        does not know the path (a server older than this client)."""
+        response = self._send(method, path, **kwargs)
         if response.is_success:
             try:
                 return model.model_validate(response.json())
