@@ -189,23 +189,23 @@ class Dashboard:
 
         return Runs(self._session)
 
-    def _run_costs(self) -> dict[str, CostLine]:
-        """Each run's group of `cost report --group-by run` (its figures rounded as the JSON has them)."""
-        from tpuctl.services.cost import GroupBy
+    def _run_cost(self, run_id: str) -> CostLine | None:
+        """The run's group of `cost report --group-by run` (its figures rounded as the JSON has them)."""
 
-        report = self._costs().report(group_by=GroupBy("run"), with_days=False)
-        return {line.key: line for line in report.lines}
+        groups = self._costs().run_groups([run_id])
+        return None if not groups else _cost_line(groups[0])
 
     def runs(self, *, limit: int) -> list[RunRow]:
-        """`runs list --limit`'s runs, newest first, each with its cost so far and goodput."""
+        """`runs list --limit`'s runs, newest first, each with its cost so far (its group of `cost report
+        --group-by run`, computed for the runs shown alone) and goodput."""
         views = self._runs().list_runs(limit=limit)
-        costs = self._run_costs()
+        costs = {g["key"]: g for g in self._costs().run_groups([v.run_id for v in views])}
         rows = []
         for view in views:
             recovery = view.detail.get("recovery") or {}
             goodput = recovery.get("goodput") if isinstance(recovery, dict) else None
             cost = costs.get(view.run_id)
-            rows.append(RunRow(view, None if cost is None else cost.cost_usd, goodput))
+            rows.append(RunRow(view, None if cost is None else cost["cost_usd"], goodput))
         return rows
 
     def run(self, ref: str) -> RunPage:
@@ -219,7 +219,7 @@ class Dashboard:
         )
         return RunPage(
             described=described,
-            cost=self._run_costs().get(described.run.run_id),
+            cost=self._run_cost(described.run.run_id),
             live=runs.is_live(described.run.run_id),
             spans=spans,
             marks=_preemption_marks(described, spans),
@@ -422,3 +422,11 @@ def _budget(
     elapsed = max(now - month.timestamp(), 1.0)
     projected = round(running / elapsed * days_in_month * _DAY_S, 2)
     return Budget(name, usd_per_month, month.strftime("%Y-%m"), tuple(spent), projected)
+
+
+def _cost_line(group: dict[str, Any]) -> CostLine:
+    """A group record of the report's JSON as a ``CostLine`` (the report's own ``lines`` conversion)."""
+    from tpuctl.services.cost.model import FIGURE_FIELDS, CostLine
+
+    figures: dict[str, Any] = {n: 0.0 if group[n] is None else group[n] for n in FIGURE_FIELDS}
+    return CostLine(str(group["key"]), **figures)

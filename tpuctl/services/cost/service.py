@@ -33,7 +33,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from tpuctl.errors import UsageError
@@ -187,6 +187,24 @@ class CostService:
                 reader, _params(since, end, now, GroupBy("day"), null_key(reader.dialect)), warnings
             )
             return day_split(q, group_by)
+
+    def run_groups(
+        self, run_ids: Sequence[str], *, since: float | None = None, until: float | None = None
+    ) -> list[dict[str, Any]]:
+        """These runs' groups of ``cost report --group-by run`` over ``[since, until)`` (its JSON records;
+        a run billed nothing in the window has none), computed for them alone (``run_groups``)."""
+        from tpuctl.services.cost.run_groups import run_groups
+
+        now = self._clock()
+        end = now if until is None else until
+        warnings: list[str] = []
+        with open_reader(self._database) as reader, reader.snapshot(REPORT_TABLES):
+            q = self._query(
+                reader, _params(since, end, now, GroupBy("run"), null_key(reader.dialect)), warnings
+            )
+            groups = run_groups(q, run_ids)
+            mark_unknown_steps(reader, groups)
+            return groups
 
     def spend(self, *, since: float | None = None, until: float | None = None) -> float:
         """Total billed USD in the window (for budgets)."""
