@@ -36,3 +36,18 @@ def test_some_runs_groups_are_the_full_reports_records_of_them(open_ledger: Call
         ]
     assert wasted > 0  # the figures a run's page splits by were exercised
     assert service.run_groups([]) == []
+
+
+@pytest.mark.slow_on_postgresql
+def test_the_runs_that_wasted_most_are_the_full_reports(open_ledger: Callable[..., Ledger]) -> None:
+    db = _ledger(open_ledger, 6)
+    catalog = Catalog.load()
+    source = PriceSource(catalog.prices.source, catalog.prices.date, cached=False)
+    service = CostService(db, catalog, source, clock=lambda: T0 + 4 * DAY, workers=1)
+    for since, until in WINDOWS:
+        full = service.report(since=since, until=until, group_by=parse_group_by("run")).to_dict()["groups"]
+        wasted = [g for g in full if g["key"] != "(none)" and (g["waste_usd"] or 0) > 0]
+        wasted.sort(key=lambda g: (-g["waste_usd"], g["key"]))
+        assert len(wasted) > 3
+        for count in (1, 3, len(wasted) + 2):
+            assert service.runs_by_waste(count, since=since, until=until) == wasted[:count], (since, until)

@@ -12,7 +12,7 @@ them. "(none)" is never one of them.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final
 
 from tpuctl.services.cost import items
 from tpuctl.services.cost import sql_fast as fsql
@@ -20,6 +20,7 @@ from tpuctl.services.cost.aggregate import Query
 from tpuctl.services.cost.item_report import _prepare_pieces
 from tpuctl.services.cost.sql_intervals import aggregate_sql, change_ctes, recomputed_sql, src_segment_runs
 from tpuctl.services.cost.window import GroupBy
+from tpuctl.store import cost_sql as sd
 from tpuctl.store.cost_sql import cross_join, true
 
 _RUN = GroupBy("run")
@@ -32,12 +33,6 @@ def run_groups(q: Query, run_ids: Sequence[str]) -> list[dict[str, Any]]:
     if not wanted:
         return []
     d = q.reader.dialect
-    combos = q.reader.query(
-        "SELECT DISTINCT zone, COALESCE(accelerator_type, :null_key), COALESCE(capacity, :null_key) "
-        "FROM pods",
-        q.params,
-    )
-    items.fill_prices(q.reader, [(str(z), str(t), str(c)) for z, t, c in combos], q.pricer.combo_prices)
     ctes = _prepare_pieces(q) if q.changes else change_ctes(d)
     _rest(q)
     q.reader.execute_many(
@@ -58,6 +53,15 @@ def run_groups(q: Query, run_ids: Sequence[str]) -> list[dict[str, Any]]:
             stored_from=f"cost_top_runs AS t {cross_join(d)} pods AS p ON p.run_id = t.k",
         )
         q.reader.execute(items.adj_sql(recomputed, d, recomputed=True), q.params)
+    # The catalog prices the rows read: of the runs' own slices and of the shares and recomputed work
+    # added to them (the report prices what its aggregate pass saw: a superset of these).
+    combos = q.reader.query(
+        f"""SELECT DISTINCT p.zone, COALESCE(p.accelerator_type, :null_key), COALESCE(p.capacity, :null_key)
+FROM cost_top_runs AS t {cross_join(d)} pods AS p {sd.indexed("pods_run", d)} ON p.run_id = t.k
+UNION SELECT zone, atype, capacity FROM cost_item_adj""",
+        q.params,
+    )
+    items.fill_prices(q.reader, [(str(z), str(t), str(c)) for z, t, c in combos], q.pricer.combo_prices)
     return items.run_records(q.reader.query(items.run_sql(d, ranked=True), {**q.params, "limit": -1}))
 
 
@@ -72,3 +76,45 @@ def _rest(q: Query) -> None:
             q.reader.execute(fsql.rest_cut(d), {"cut": cut})
     if q.changes:
         q.reader.execute(fsql.rest_changed(d), q.params)
+
+
+#: Runs considered for each one shown by waste (candidates by their stored facts, ranked exactly after).
+CANDIDATES_PER_RUN: Final = 5
+#: USD per chip-hour assumed for time the ledger has no price for, when choosing candidates only: above
+#: any list price, so such a run is considered rather than missed.
+UNPRICED_GUESS_USD: Final = 100.0
+
+
+def waste_candidates(q: Query, count: int) -> list[dict[str, Any]]:
+    """The groups (exact figures: ``run_groups``) of the runs among which the ``count`` that wasted most
+    (recomputed work and quota held) are, chosen from the slices' stored facts:
+    the runs whose closed slices' recomputed work and held quota come to most (every window's slice
+    counted whole: an overestimate), and every run whose recomputed work the stored facts do not hold
+    (steps redone on a slice still open, or on one it did not create)."""
+    if count <= 0:
+        return []
+    d = q.reader.dialect
+    # The partial indexes of the preempted slices and of those that redid steps cover every column read
+    # (SQLite would otherwise walk every ended slice by the window's bound).
+    estimated = q.reader.query(
+        f"""SELECT run_id, SUM(w) AS w FROM (
+    SELECT run_id, (COALESCE(deleted_at, :now) - ended_at) * chips * COALESCE(price_per_chip_hour, :guess)
+           / 3600.0 AS w
+    FROM pods {sd.indexed("pods_preempted", d)} WHERE end_reason = 'preempted' AND run_id IS NOT NULL
+      AND ended_at < :until AND COALESCE(deleted_at, :now) > :since
+    UNION ALL
+    SELECT run_id, (rec_priced + rec_unpriced * :guess) / 3600.0 AS w
+    FROM pods {sd.indexed("pods_rec", d)} WHERE (rec_priced != 0 OR rec_unpriced != 0) AND run_id IS NOT NULL
+      AND ready_at < :until AND COALESCE(ended_at, :now) > :since
+) AS c GROUP BY run_id ORDER BY w DESC, run_id LIMIT {int(count * CANDIDATES_PER_RUN)}""",
+        {**q.params, "guess": UNPRICED_GUESS_USD},
+    )
+    unstored = q.reader.query(
+        """SELECT DISTINCT rs.run_id FROM run_segments AS rs
+JOIN pods AS p ON p.zone = rs.zone AND p.name = rs.pod
+WHERE rs.steps_recomputed > 0 AND rs.started_at < :until AND COALESCE(rs.ended_at, :now) > :since
+  AND (p.ended_at IS NULL OR p.run_id IS NULL OR p.run_id != rs.run_id)""",
+        q.params,
+    )
+    candidates = [str(r[0]) for r in estimated] + sorted(str(r[0]) for r in unstored)
+    return run_groups(q, candidates)

@@ -206,6 +206,26 @@ class CostService:
             mark_unknown_steps(reader, groups)
             return groups
 
+    def runs_by_waste(
+        self, count: int, *, since: float | None = None, until: float | None = None
+    ) -> list[dict[str, Any]]:
+        """The ``count`` groups of ``cost report --group-by run`` over ``[since, until)`` with the most
+        ``waste_usd``, most first (none that wasted nothing), without computing every run's group."""
+        from tpuctl.services.cost.run_groups import waste_candidates
+
+        now = self._clock()
+        end = now if until is None else until
+        warnings: list[str] = []
+        with open_reader(self._database) as reader, reader.snapshot(REPORT_TABLES):
+            q = self._query(
+                reader, _params(since, end, now, GroupBy("run"), null_key(reader.dialect)), warnings
+            )
+            groups = waste_candidates(q, count)
+            mark_unknown_steps(reader, groups)  # a run whose steps are unknown has no waste figure
+        wasted = [g for g in groups if (g["waste_usd"] or 0) > 0]
+        wasted.sort(key=lambda g: (-float(g["waste_usd"]), str(g["key"])))
+        return wasted[:count]
+
     def spend(self, *, since: float | None = None, until: float | None = None) -> float:
         """Total billed USD in the window (for budgets)."""
         report = self.report(since=since, until=until, group_by=GroupBy("total"), with_days=False)
