@@ -227,3 +227,20 @@ def test_a_budget_burns_down_with_the_months_projection() -> None:
     drawn = str(budget.chart)
     assert _attr(drawn, "data-left-usd", data_mark="left") == ["900.000000", "850.000000"]
     assert _attr(drawn, "data-left-usd", data_mark="projection") == ["-1250.00"]
+
+
+def test_workspace_budgets_need_the_workspace_grouping_and_say_so(recorded: Session) -> None:
+    from tpuctl.dashboard.pages import Dashboard
+    from tpuctl.services.prices import load_catalog
+    from tpuctl.teams.workspaces import Workspace, Workspaces
+
+    budgeted = Workspaces(
+        workspaces={"team-a": Workspace(name="team-a", usd_per_month=500.0)}, source="workspaces.yaml"
+    )
+    prices = load_catalog(recorded.state_dir, recorded.backend.name)[1]
+    page = Dashboard(recorded, prices, budgeted).money(group_by="type", since=None)
+    # This tpuctl's `cost report` has no workspace grouping: no made-up spend, and the page says why.
+    assert page.budgets == () and page.budget_note is not None
+    assert "cost report --group-by workspace" in page.budget_note
+    unbudgeted = Dashboard(recorded, prices).money(group_by="type", since=None)
+    assert unbudgeted.budget_note is not None and "local workspace" in unbudgeted.budget_note
