@@ -3,8 +3,9 @@
 
 A page never computes a figure of its own that the CLI also gives: a run's cost is its group of
 ``cost report --group-by run``, the money page's totals are the report's totals, a run's preemptions and
-recovery times are its describe's. The only arithmetic here is drawing (where a mark goes) and a live
-slice's USD/h and age (chips x the price the ledger recorded, now - ready).
+recovery times are its describe's. The only arithmetic here is drawing (where a mark goes), a slice's
+USD/h and age (chips x the price the ledger recorded, now - ready), a run's productive USD (its cost less
+its recomputed work) and a budget's remainder and month's projection.
 """
 
 from __future__ import annotations
@@ -32,8 +33,6 @@ MONEY_GROUPINGS: Final = ("type", "capacity", "zone", "region", "run")
 _DAY_S: Final = 86_400.0
 #: The runs the money page lists by waste.
 TOP_WASTE: Final = 10
-#: What `cost report` names the group of time no run (or no key) had.
-NONE_KEY: Final = "(none)"
 #: A host log page's last lines (`runs logs` has them all).
 HOST_LOG_LINES: Final = 20_000
 
