@@ -5,16 +5,13 @@ for the whole test process; a fresh context, with every non-loopback request fai
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from loopback import serving
 from recorded_runs import record_both
-
-from tpuctl.testing.clock import wait_for
-from tpuctl.testing.ports import unused_port
 
 if TYPE_CHECKING:
     from playwright.sync_api import Browser, Page, Route
@@ -51,23 +48,10 @@ def recorded(session: Session) -> Session:
 @pytest.fixture
 def served(session: Session) -> Iterator[str]:
     """The dashboard's pages over ``session`` on a loopback port: their base URL."""
-    import uvicorn
-
     from tpuctl.dashboard.serve import dashboard_app
 
-    app = dashboard_app(session, live_every_s=0.2)  # a live page polls every 0.2 s, not 2 s
-    port = unused_port()
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    wait_for(lambda: server.started, timeout=20, what="the dashboard to listen")
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+    with serving(dashboard_app(session, live_every_s=0.2)) as url:  # a live page polls every 0.2 s
+        yield url
 
 
 @pytest.fixture(scope="session")

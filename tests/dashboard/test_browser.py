@@ -55,7 +55,33 @@ def test_a_run_preempted_twice_shows_both_preemptions_with_their_kinds_and_recov
         "rs => rs.map(r => Number(r.dataset.recoveryS))"
     )
     assert shown == [p["recovery_s"] for p in described["recovery"]["preemptions"]]
+    on_marks = marks.evaluate_all(
+        "ms => ms.map(m => [Number(m.dataset.detectionLatencyS), Number(m.dataset.recoveryS)])"
+    )
+    assert on_marks == [
+        [p["detection_latency_s"], p["recovery_s"]] for p in described["recovery"]["preemptions"]
+    ]
+    parts = page.locator('#cost-split [data-mark="cost-part"]').evaluate_all(
+        "ps => ps.map(p => p.dataset.part)"
+    )
+    assert parts == ["productive", "wasted"]
+    attempts = page.locator("#slices tbody tr").evaluate_all("rs => rs.map(r => r.dataset.slice)")
+    assert attempts == ["p-1", "p-2", "p-3"]
     _screenshot(page, "run")
+    page.click('#host-logs [data-worker="0"]')  # opens host 0's log (a host-log page of its own)
+    page.wait_for_url(f"{served}/runs/{RUN}/logs/0")
+
+
+def test_gone_slices_show_on_request(recorded: Session, served: str, page: Page) -> None:
+    page.goto(f"{served}/slices")
+    assert page.locator("#slices tbody tr").evaluate_all("rs => rs.map(r => r.dataset.slice)") == ["q-1"]
+    page.click('[data-gone="1d"]')
+    page.wait_for_url(f"{served}/slices?gone=1d")
+    rows = page.locator("#slices tbody tr").evaluate_all(
+        "rs => rs.map(r => [r.dataset.slice, r.dataset.endReason])"
+    )
+    assert rows == [["q-1", None], ["p-3", "deleted"], ["p-2", "preempted"], ["p-1", "preempted"]]
+    _screenshot(page, "slices")
 
 
 def test_the_money_pages_totals_equal_cost_report_json(
@@ -70,6 +96,13 @@ def test_the_money_pages_totals_equal_cost_report_json(
         assert shown is not None and float(shown) == report["totals"][figure], figure
     bars = page.locator('#per-day [data-mark="bar"]').evaluate_all("bs => bs.map(b => b.dataset.group)")
     assert set(bars) == {"spot"}
+    by_run = sim_cli("cost", "report", "--group-by", "run", "--no-reconcile", "-o", "json").json
+    waste = {g["key"]: g["waste_usd"] for g in by_run["groups"] if g["waste_usd"]}
+    drawn = page.locator('#waste [data-mark="waste-bar"]').evaluate_all(
+        "bs => bs.map(b => [b.dataset.key, Number(b.dataset.usd)])"
+    )
+    assert drawn == [[RUN, waste[RUN]]]
+    assert "no burn-down to draw" in page.locator("#budget-note").inner_text()
     _screenshot(page, "money")
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -54,9 +54,13 @@ def test_a_runs_page_marks_each_preemption_with_its_kind_and_its_recovery_time(
     assert _attr(html, "data-step", data_mark="preemption") == ["40", "80"]  # where each hit
     kinds = _attr(html, "data-kind", data_mark="segment")
     assert kinds.count("preempted") == 2 and kinds.count("running") == 3
-    described = sim_cli("runs", "describe", RUN, "-o", "json").json["run"]
-    assert [float(v) for v in _attr(html, "data-recovery-s")] == [
-        p["recovery_s"] for p in described["recovery"]["preemptions"]
+    described = sim_cli("runs", "describe", RUN, "-o", "json").json["run"]["recovery"]["preemptions"]
+    for figure in ("recovery_s", "detection_latency_s"):
+        wanted = [p[figure] for p in described]
+        attribute = "data-" + figure.replace("_", "-")
+        assert [float(v) for v in _attr(html, attribute, data_mark="preemption")] == wanted, figure
+    assert [float(v) for v in _attr(html, "data-recovery-s", data_preemption="1")] == [
+        described[0]["recovery_s"]
     ]
     assert _attr(html, "data-live-src") == []  # it ended: nothing polls
 
@@ -124,3 +128,119 @@ def test_tpuctl_server_serves_the_pages_at_its_root(recorded: Session, tmp_path:
         assert _attr(client.get("/").text, "data-run") == [LIVE, RUN]
         assert client.get("/healthz").json() == {"status": "ok"} or client.get("/healthz").status_code == 200
         assert "/" not in client.get("/openapi.json").json()["paths"]  # pages are not the API
+
+
+def test_gone_slices_show_on_request_with_when_and_why_they_ended(client: TestClient) -> None:
+    assert _attr(client.get("/slices").text, "data-slice") == ["q-1"]  # the live ones only
+    html = client.get("/slices?gone=1d").text
+    assert _attr(html, "data-slice") == ["q-1", "p-3", "p-2", "p-1"]  # live, then the last to end first
+    assert _attr(html, "data-end-reason") == ["deleted", "preempted", "preempted"]
+    ended = _attr(html, "data-ended-at")
+    assert ended == sorted(ended, reverse=True) and len(ended) == 3
+    assert client.get("/slices?gone=tomorrowish").status_code == 400  # `cost report --since`'s forms
+
+
+def test_a_runs_page_lists_its_attempts_slices_and_cost_split_as_cost_report_has_them(
+    client: TestClient, sim_cli: InProcessCli
+) -> None:
+    html = client.get(f"/runs/{RUN}").text
+    assert _attr(html, "data-slice", data_zone="us-central2-b") == ["p-1", "p-2", "p-3"]
+    assert _attr(html, "data-attempt") == ["1", "2", "3"]
+    by_slice = sim_cli("cost", "report", "--group-by", "slice", "--no-reconcile", "-o", "json").json
+    usd = {g["name"]: g["cost_usd"] for g in by_slice["groups"]}
+    assert [float(v) for v in _attr(html, "data-cost-usd", data_capacity="spot")] == [
+        usd["p-1"],
+        usd["p-2"],
+        usd["p-3"],
+    ]
+    by_run = sim_cli("cost", "report", "--group-by", "run", "--no-reconcile", "-o", "json").json
+    (run,) = [g for g in by_run["groups"] if g["key"] == RUN]
+    drawn = dict(
+        zip(
+            _attr(html, "data-part", data_mark="cost-part"),
+            _attr(html, "data-usd", data_mark="cost-part"),
+            strict=True,
+        )
+    )
+    assert float(drawn["wasted"]) == run["waste_usd"] > 0  # the quota two preempted slices held
+    assert float(drawn["productive"]) == pytest.approx(run["cost_usd"] - run["recomputed_usd"], abs=1e-6)
+
+
+def _another_day(session: Session) -> None:
+    """An on-demand v5litepod-8 (no run) billed across the midnight a day before: a second type, a
+    second capacity and a second day."""
+    from tpuctl.catalog import CapacityType
+    from tpuctl.store.records import EventKind
+
+    now = session.clock()
+    facts: dict[str, Any] = {"pod": "od-1", "zone": "us-central1-a"}
+    session.ledger.record_event(EventKind.CREATED, accelerator_type="v5litepod-8", chips=8, hosts=1,
+                                capacity=CapacityType.ON_DEMAND, price_per_chip_hour=1.2,
+                                ts=now - 40 * 3600, **facts)  # fmt: skip
+    session.ledger.record_event(EventKind.READY, ts=now - 36 * 3600, **facts)
+    session.ledger.record_event(EventKind.DELETED, ts=now - 20 * 3600, **facts)
+
+
+@pytest.mark.parametrize("group", ["type", "capacity", "run"])
+def test_the_money_pages_days_add_up_to_cost_reports_days_and_groups(
+    client: TestClient, recorded: Session, sim_cli: InProcessCli, group: str
+) -> None:
+    _another_day(recorded)
+    html = client.get(f"/money?group_by={group}").text
+    report = sim_cli("cost", "report", "--group-by", group, "--no-reconcile", "-o", "json").json
+    cells = list(zip(_attr(html, "data-day", data_mark="bar"), _attr(html, "data-group", data_mark="bar"),
+                     (float(v) for v in _attr(html, "data-usd", data_mark="bar")), strict=True))  # fmt: skip
+    assert len({day for day, _, _ in cells}) == len(report["by_day"]) >= 2
+    for day in report["by_day"]:
+        assert sum(usd for d, _, usd in cells if d == day["day"]) == pytest.approx(day["cost_usd"], abs=2e-6)
+    for g in report["groups"]:
+        assert sum(usd for _, k, usd in cells if k == g["key"]) == pytest.approx(g["cost_usd"], abs=2e-6)
+    assert [float(v) for v in _attr(html, "data-cost-usd")] == [g["cost_usd"] for g in report["groups"]]
+
+
+def test_the_money_page_ranks_the_runs_by_waste_as_cost_report_has_it(
+    client: TestClient, sim_cli: InProcessCli
+) -> None:
+    html = client.get("/money").text
+    report = sim_cli("cost", "report", "--group-by", "run", "--no-reconcile", "-o", "json").json
+    wasted = sorted((g for g in report["groups"] if g["waste_usd"]), key=lambda g: -g["waste_usd"])
+    assert [g["key"] for g in wasted] == [RUN]
+    assert _attr(html, "data-key", data_mark="waste-bar") == _attr(html, "data-run") == [RUN]
+    assert [float(v) for v in _attr(html, "data-waste-usd")] == [wasted[0]["waste_usd"]]
+    # The implicit local workspace has no monthly budget: the page says so and draws no burn-down.
+    assert "no burn-down to draw" in html and 'data-mark="projection"' not in html
+
+
+def test_a_budget_burns_down_with_the_months_projection() -> None:
+    from datetime import UTC, datetime
+
+    from tpuctl.dashboard import svg
+    from tpuctl.dashboard.pages import _budget
+
+    month = datetime(2026, 11, 1, tzinfo=UTC)
+    days = (svg.DayStack("2026-11-01", (("team-a", 100.0), ("team-b", 5.0))),
+            svg.DayStack("2026-11-02", (("team-a", 50.0),)))  # fmt: skip
+    now = month.timestamp() + 2 * 86_400  # the end of the 2nd: 150 USD in 2 of 30 days
+    budget = _budget("team-a", 1000.0, month, days, now)
+    assert budget.spent_by_day == (("2026-11-01", 100.0), ("2026-11-02", 150.0))
+    assert budget.projected_usd == 2250.0  # 75 USD a day x 30 days
+    drawn = str(budget.chart)
+    assert _attr(drawn, "data-left-usd", data_mark="left") == ["900.000000", "850.000000"]
+    assert _attr(drawn, "data-left-usd", data_mark="projection") == ["-1250.00"]
+
+
+def test_workspace_budgets_need_the_workspace_grouping_and_say_so(recorded: Session) -> None:
+    from tpuctl.dashboard.pages import Dashboard
+    from tpuctl.services.prices import load_catalog
+    from tpuctl.teams.workspaces import Workspace, Workspaces
+
+    budgeted = Workspaces(
+        workspaces={"team-a": Workspace(name="team-a", usd_per_month=500.0)}, source="workspaces.yaml"
+    )
+    prices = load_catalog(recorded.state_dir, recorded.backend.name)[1]
+    page = Dashboard(recorded, prices, budgeted).money(group_by="type", since=None)
+    # This tpuctl's `cost report` has no workspace grouping: no made-up spend, and the page says why.
+    assert page.budgets == () and page.budget_note is not None
+    assert "cost report --group-by workspace" in page.budget_note
+    unbudgeted = Dashboard(recorded, prices).money(group_by="type", since=None)
+    assert unbudgeted.budget_note is not None and "local workspace" in unbudgeted.budget_note

@@ -101,8 +101,10 @@ def _check_page(
         money = c.get("/money?group_by=run").text
     marks = re.findall(r'data-mark="preemption" data-kind="([a-z_]+)" data-number="(\d+)"', html)
     assert marks == [(p["kind"], str(p["number"])) for p in preemptions]
-    shown = [float(v) for v in re.findall(r'data-recovery-s="([\d.]+)"', html)]
-    assert shown == [p["recovery_s"] for p in preemptions] and all(v > 0 for v in shown)
+    wanted = [p["recovery_s"] for p in preemptions]
+    in_table = [float(v) for v in re.findall(r'data-preemption="\d+" [^>]*data-recovery-s="([\d.]+)"', html)]
+    on_marks = [float(v) for v in re.findall(r'data-mark="preemption" [^>]*data-recovery-s="([\d.]+)"', html)]
+    assert in_table == on_marks == wanted and all(v > 0 for v in wanted)
     assert 'data-mark="point" data-series="loss"' in html
     (group,) = [g for g in costs["groups"] if g["key"] == run_id]
     assert re.search(rf'data-cost-usd="{group["cost_usd"]}"', html)

@@ -218,12 +218,31 @@ class ServerClient:
                 time.sleep(self._retry_after_s * attempt)
         raise AssertionError("unreachable")
 
+    def forward(self, method: str, path: str, *, params: list[tuple[str, str]]) -> httpx.Response:
+        """The server's answer to a request passed on as it is (`tpuctl dashboard --server`'s pages),
+        exchanged the way every call is (``_exchange``: the caller's token where the server wants one)."""
+        return self._exchange(method, path, params=params)
+
     def _call(self, model: type[_Body], method: str, path: str, *, command: str | None = None,
               **kwargs: Any) -> _Body:  # fmt: skip
         """The typed answer to one request; ``command``: the CLI command it serves, named when the server
         does not know the path (a server older than this client)."""
+        response = self._exchange(method, path, **kwargs)
+        if response.is_success:
+            try:
+                return model.model_validate(response.json())
+            except (ValueError, ValidationError) as exc:
+                raise TpuctlError(
+                    f"tpuctl server at {self.url} answered {path} with an unexpected body: {str(exc)[:300]}",
+                    fix="use a tpuctl of the server's version",
+                ) from None
+        raise _error_of(response, self.url, command)
+
+    def _exchange(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """One request and its answer, with the caller's ID token where the server wants one: learnt from a
+        read's 401 (a change is never sent twice to learn it: its refusal is audited), a token refused
+        once fetched afresh and tried once more, then ``NotAuthenticatedError``."""
         if self._needs_token is None and method != "GET":
-            # A change is not sent twice to learn that it needs a token (its refusal is audited).
             self._needs_token = self._send("GET", "/v1/workspaces").status_code == 401
         response = self._send(method, path, **kwargs)
         if response.status_code == 401 and not self._needs_token and method == "GET":
@@ -235,17 +254,10 @@ class ServerClient:
             if response.status_code == 401:
                 self._identity.forget()
                 raise _refused_token(response, self._identity)
-        if response.is_success:
-            try:
-                return model.model_validate(response.json())
-            except (ValueError, ValidationError) as exc:
-                raise TpuctlError(
-                    f"tpuctl server at {self.url} answered {path} with an unexpected body: {str(exc)[:300]}",
-                    fix="use a tpuctl of the server's version",
-                ) from None
-        raise _error_of(response, self.url, command)
+        return response
 
     def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """Every request to the server goes out here (whatever each must carry is added in one place)."""
         headers = dict(kwargs.pop("headers", None) or {})
         if self._needs_token:
             headers["Authorization"] = f"Bearer {self._identity.token().token}"

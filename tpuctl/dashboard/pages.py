@@ -3,8 +3,9 @@
 
 A page never computes a figure of its own that the CLI also gives: a run's cost is its group of
 ``cost report --group-by run``, the money page's totals are the report's totals, a run's preemptions and
-recovery times are its describe's. The only arithmetic here is drawing (where a mark goes) and a live
-slice's USD/h and age (chips x the price the ledger recorded, now - ready).
+recovery times are its describe's. The only arithmetic here is drawing (where a mark goes), a slice's
+USD/h and age (chips x the price the ledger recorded, now - ready), a run's productive USD (its cost less
+its recomputed work) and a budget's remainder and month's projection.
 """
 
 from __future__ import annotations
@@ -18,16 +19,20 @@ from markupsafe import Markup
 from tpuctl.dashboard import svg
 
 if TYPE_CHECKING:
-    from tpuctl.services.cost import CostLine, CostReport, CostService
+    from tpuctl.services.cost import CostLine, CostReport, CostService, GroupBy
     from tpuctl.services.prices import PriceSource
     from tpuctl.services.run.service import Runs
     from tpuctl.services.run.views import RunDescription, RunView
     from tpuctl.services.session import Session
+    from tpuctl.store.records import PodRecord
+    from tpuctl.teams.workspaces import Workspaces
 
-#: The groupings the money page stacks its days by (``cost report --group-by``'s that are not one group
-#: per slice or day).
+#: The groupings the money page links to (any ``cost report --group-by`` is taken as ``?group_by=``; a
+#: grouping added to `cost report` is offered by adding it here).
 MONEY_GROUPINGS: Final = ("type", "capacity", "zone", "region", "run")
 _DAY_S: Final = 86_400.0
+#: The runs the money page lists by waste.
+TOP_WASTE: Final = 10
 #: A host log page's last lines (`runs logs` has them all).
 HOST_LOG_LINES: Final = 20_000
 
@@ -45,12 +50,44 @@ class RunRow:
 
 
 @dataclass(frozen=True)
+class RunSlice:
+    """One slice a run had (an attempt of it: its number in creation order), as the ledger has it, with
+    its USD: its group of `cost report --group-by slice`; ``tries``: the placement attempts its request
+    made (zones and capacities tried before it was placed)."""
+
+    number: int
+    name: str
+    zone: str
+    accelerator_type: str | None
+    capacity: str | None
+    state: str
+    created_at: str | None
+    ended_at: str | None
+    end_reason: str | None
+    cost_usd: float | None
+    tries: int
+
+
+@dataclass(frozen=True)
 class RunPage:
     described: RunDescription
     cost: CostLine | None  # its group of `cost report --group-by run`
     live: bool
     spans: tuple[svg.Span, ...]
     marks: tuple[svg.Mark, ...]
+    slices: tuple[RunSlice, ...] = ()
+
+    @property
+    def cost_split(self) -> Markup:
+        """The run's cost so far as productive (billed, less the recomputed work) and wasted (recomputed
+        work and quota held after preemptions) USD: `cost report --group-by run`'s figures."""
+        if self.cost is None:
+            return svg.cost_split(None, None)
+        return svg.cost_split(self.productive_usd, self.cost.waste_usd)
+
+    @property
+    def productive_usd(self) -> float | None:
+        return None if self.cost is None else round(self.cost.cost_usd - self.cost.recomputed_usd, 6)
 
     @property
     def timeline(self) -> Markup:
@@ -66,14 +103,50 @@ class RunPage:
 
 
 @dataclass(frozen=True)
+class Budget:
+    """A workspace's month so far against its ``usd_per_month``: its spend to the end of each day, and
+    the month's projection (the spend so far at the same rate to the month's end)."""
+
+    workspace: str
+    usd_per_month: float
+    month: str  # YYYY-MM
+    spent_by_day: tuple[tuple[str, float], ...]  # (day, spend from the month's start to that day's end)
+    projected_usd: float
+
+    @property
+    def spent_usd(self) -> float:
+        return self.spent_by_day[-1][1] if self.spent_by_day else 0.0
+
+    @property
+    def chart(self) -> Markup:
+        return svg.burn_down(self.spent_by_day, self.usd_per_month, self.projected_usd, self.days_in_month)
+
+    @property
+    def days_in_month(self) -> int:
+        import calendar
+
+        year, month = (int(part) for part in self.month.split("-"))
+        return calendar.monthrange(year, month)[1]
+
+
+@dataclass(frozen=True)
 class MoneyPage:
     report: CostReport  # the whole window, grouped as asked: its to_dict is `cost report -o json`'s body
     days: tuple[svg.DayStack, ...]
     groups: tuple[str, ...]
+    #: `cost report --group-by run`'s groups that wasted anything, most waste first (its JSON records).
+    top_waste: tuple[dict[str, Any], ...] = ()
+    budgets: tuple[Budget, ...] = ()
+    #: Why no burn-down is drawn (None: one per workspace with a monthly budget is).
+    budget_note: str | None = None
 
     @property
     def chart(self) -> Markup:
         return svg.stacked_bars(self.days, self.groups)
+
+    @property
+    def waste_chart(self) -> Markup:
+        return svg.ranked_bars([(str(g["key"]), float(g["waste_usd"] or 0.0)) for g in self.top_waste])
 
     @property
     def document(self) -> dict[str, Any]:
@@ -90,14 +163,19 @@ class SliceRow:
     usd_per_hour: float | None
     age_s: float | None
     run_id: str | None
+    ended_at: str | None = None  # a gone slice's end, and why it ended (the ledger's end_reason)
+    end_reason: str | None = None
 
 
 class Dashboard:
     """The pages' data over one session (its ledger, catalog and clock) and the catalog's price source."""
 
-    def __init__(self, session: Session, prices: PriceSource) -> None:
+    def __init__(self, session: Session, prices: PriceSource, workspaces: Workspaces | None = None) -> None:
+        from tpuctl.teams.workspaces import Workspaces
+
         self._session = session
         self._prices = prices
+        self._workspaces = workspaces if workspaces is not None else Workspaces.implicit()
 
     def _costs(self) -> CostService:
         from tpuctl.services.cost import CostService
@@ -110,23 +188,23 @@ class Dashboard:
 
         return Runs(self._session)
 
-    def _run_costs(self) -> dict[str, CostLine]:
-        """Each run's group of `cost report --group-by run` (its figures rounded as the JSON has them)."""
-        from tpuctl.services.cost import GroupBy
+    def _run_cost(self, run_id: str) -> CostLine | None:
+        """The run's group of `cost report --group-by run` (its figures rounded as the JSON has them)."""
 
-        report = self._costs().report(group_by=GroupBy("run"), with_days=False)
-        return {line.key: line for line in report.lines}
+        groups = self._costs().run_groups([run_id])
+        return None if not groups else _cost_line(groups[0])
 
     def runs(self, *, limit: int) -> list[RunRow]:
-        """`runs list --limit`'s runs, newest first, each with its cost so far and goodput."""
+        """`runs list --limit`'s runs, newest first, each with its cost so far (its group of `cost report
+        --group-by run`, computed for the runs shown alone) and goodput."""
         views = self._runs().list_runs(limit=limit)
-        costs = self._run_costs()
+        costs = {g["key"]: g for g in self._costs().run_groups([v.run_id for v in views])}
         rows = []
         for view in views:
             recovery = view.detail.get("recovery") or {}
             goodput = recovery.get("goodput") if isinstance(recovery, dict) else None
             cost = costs.get(view.run_id)
-            rows.append(RunRow(view, None if cost is None else cost.cost_usd, goodput))
+            rows.append(RunRow(view, None if cost is None else cost["cost_usd"], goodput))
         return rows
 
     def run(self, ref: str) -> RunPage:
@@ -140,10 +218,43 @@ class Dashboard:
         )
         return RunPage(
             described=described,
-            cost=self._run_costs().get(described.run.run_id),
+            cost=self._run_cost(described.run.run_id),
             live=runs.is_live(described.run.run_id),
             spans=spans,
             marks=_preemption_marks(described, spans),
+            slices=self._run_slices(described.run.run_id),
+        )
+
+    def _run_slices(self, run_id: str) -> tuple[RunSlice, ...]:
+        """The run's slices, oldest first, each with its group of `cost report --group-by slice` (the
+        report over the window from the run's first slice on, which holds each of them whole)."""
+        from tpuctl.services.cost import GroupBy
+        from tpuctl.timefmt import iso_or_none
+
+        ledger = self._session.ledger
+        pods = ledger.list_pods(run_id=run_id)
+        if not pods:
+            return ()
+        starts = [t for p in pods if (t := p.requested_at or p.created_at or p.ready_at) is not None]
+        report = self._costs().report(
+            since=min(starts) if starts else None, group_by=GroupBy("slice"), with_days=False
+        )
+        usd = {(g.get("zone"), g.get("name"), g.get("incarnation")): g["cost_usd"] for g in report.groups}
+        return tuple(
+            RunSlice(
+                number=i,
+                name=p.name,
+                zone=p.zone,
+                accelerator_type=p.accelerator_type,
+                capacity=None if p.capacity is None else p.capacity.value,
+                state=str(p.state),
+                created_at=iso_or_none(p.created_at or p.requested_at),
+                ended_at=iso_or_none(p.ended_at),
+                end_reason=p.end_reason,
+                cost_usd=usd.get((p.zone, p.name, p.incarnation)),
+                tries=len(ledger.attempts(p.request_id)) if p.request_id else 0,
+            )
+            for i, p in enumerate(pods, start=1)
         )
 
     def host_log(self, ref: str, worker: int) -> str:
@@ -158,47 +269,126 @@ class Dashboard:
         return "".join(f"{text}\n" for text in lines)
 
     def money(self, *, group_by: str, since: str | None) -> MoneyPage:
-        """`cost report --group-by G [--since S]` (offline: the dashboard records nothing), and each
-        day's cost grouped the same way (the report over that day alone)."""
+        """`cost report --group-by G [--since S]` (offline: the dashboard records nothing), each day's
+        cost split the same way, the runs that wasted most, and each workspace's budget burn-down. The
+        report, the split and the waste ranking are independent queries, each on a connection of its
+        own: asked at once, the page takes the longest of them rather than their sum."""
+        from concurrent.futures import ThreadPoolExecutor
+
         from tpuctl.services.cost import parse_group_by, parse_window
+        from tpuctl.services.cost.daily import DAY_SPLIT_GROUPINGS
 
         group = parse_group_by(group_by)
+        now = self._session.clock()
+        start, end = parse_window(since, None, now=now)
         costs = self._costs()
-        start, end = parse_window(since, None, now=self._session.clock())
-        whole = costs.report(since=start, until=end, group_by=group)
+        with ThreadPoolExecutor(max_workers=3, thread_name_prefix="tpuctl-money") as pool:
+            report = pool.submit(costs.report, since=start, until=end, group_by=group)
+            split = (
+                pool.submit(costs.cost_per_day, since=start, until=end, group_by=group)
+                if group.kind in DAY_SPLIT_GROUPINGS
+                else None
+            )
+            waste = pool.submit(self.top_waste, start, end)
+            budgets = self._budgets(now)
+            whole = report.result()
+            days = (
+                tuple(svg.DayStack(d.day, d.groups) for d in split.result())
+                if split is not None
+                else self.cost_per_day(group, start, end, whole.by_day)
+            )
+            return MoneyPage(
+                whole, days, tuple(str(g["key"]) for g in whole.groups), top_waste=waste.result(), **budgets
+            )
+
+    def cost_per_day(
+        self, group: GroupBy, start: float | None, end: float, by_day: list[dict[str, Any]]
+    ) -> tuple[svg.DayStack, ...]:
+        """Each day's cost split by ``group``: in one scan where the grouping is a slice's own fact (type,
+        capacity, zone, region), else one report per day of ``by_day`` (slow on a long window)."""
+        from tpuctl.services.cost.daily import DAY_SPLIT_GROUPINGS
+
+        costs = self._costs()
+        if group.kind in DAY_SPLIT_GROUPINGS:
+            split = costs.cost_per_day(since=start, until=end, group_by=group)
+            return tuple(svg.DayStack(d.day, d.groups) for d in split)
         days = []
-        for day in whole.by_day:
+        for day in by_day:
             first = datetime.fromisoformat(day["day"]).replace(tzinfo=UTC).timestamp()
             that_day = costs.report(
                 since=max(first, start if start is not None else first),
-                until=min(first + _DAY_S, whole.until),
+                until=min(first + _DAY_S, end),
                 group_by=group,
                 with_days=False,
             )
             parts = tuple((str(g["key"]), float(g["cost_usd"])) for g in that_day.groups if g["cost_usd"])
             days.append(svg.DayStack(day["day"], parts))
-        return MoneyPage(whole, tuple(days), tuple(str(g["key"]) for g in whole.groups))
+        return tuple(days)
 
-    def slices(self) -> list[SliceRow]:
-        """The slices the ledger has alive (not ended), oldest first."""
+    def top_waste(
+        self, start: float | None, end: float, *, count: int = TOP_WASTE
+    ) -> tuple[dict[str, Any], ...]:
+        """The ``count`` groups of `cost report --group-by run` that wasted most (none that wasted
+        nothing), most first."""
+        return tuple(self._costs().runs_by_waste(count, since=start, until=end))
+
+    def _budgets(self, now: float) -> dict[str, Any]:
+        """The burn-down of each workspace with a ``usd_per_month``, or why there is none."""
+        from tpuctl.errors import UsageError
+        from tpuctl.services.cost import parse_group_by
+
+        budgeted = [w for w in self._workspaces if w.usd_per_month is not None]
+        if not budgeted:
+            where = "this server's workspace file" if self._workspaces.source else "the local workspace"
+            return {"budget_note": f"No workspace has a monthly budget (usd_per_month) in {where}: "
+                                   "there is no burn-down to draw."}  # fmt: skip
+        try:
+            group = parse_group_by("workspace")
+        except UsageError:
+            return {"budget_note": "A workspace's spend needs `cost report --group-by workspace`, which "
+                                   "this tpuctl does not have: no burn-down is drawn."}  # fmt: skip
+        month = datetime.fromtimestamp(now, UTC).replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+        first = month.timestamp()
+        report = self._costs().report(since=first, until=now, group_by=group)
+        days = self.cost_per_day(group, first, now, report.by_day)
+        return {
+            "budgets": tuple(_budget(w.name, float(w.usd_per_month or 0), month, days, now) for w in budgeted)
+        }
+
+    def slices(self, *, gone_since: float | None = None) -> list[SliceRow]:
+        """The slices the ledger has alive (not ended), oldest first; with ``gone_since``, then the ones
+        that ended since then, the last to end first, with when and why they ended."""
         now = self._session.clock()
-        rows = []
-        for pod in self._session.ledger.list_pods(alive=True):
-            per_chip, chips = pod.price_per_chip_hour, pod.chips
-            since = pod.ready_at or pod.created_at or pod.requested_at
-            rows.append(
-                SliceRow(
-                    name=pod.name,
-                    zone=pod.zone,
-                    state=str(pod.state),
-                    accelerator_type=pod.accelerator_type,
-                    capacity=None if pod.capacity is None else pod.capacity.value,
-                    usd_per_hour=None if per_chip is None or chips is None else round(per_chip * chips, 6),
-                    age_s=None if since is None else round(now - since, 1),
-                    run_id=pod.run_id,
-                )
-            )
+        ledger = self._session.ledger
+        rows = [_slice_row(pod, now) for pod in ledger.list_pods(alive=True)]
+        if gone_since is not None:
+            gone = [
+                p for p in ledger.list_pods(alive=False, since=gone_since) if (p.ended_at or 0) >= gone_since
+            ]
+            gone.sort(key=lambda p: (-(p.ended_at or 0.0), -p.id))
+            rows += [_slice_row(pod, now) for pod in gone]
         return rows
+
+
+def _slice_row(pod: PodRecord, now: float) -> SliceRow:
+    """A slice's row: USD/h = chips x the price the ledger recorded; age = from ready (else created, else
+    asked for) to its end, or to now while it lives."""
+    from tpuctl.timefmt import iso_or_none
+
+    per_chip, chips = pod.price_per_chip_hour, pod.chips
+    since = pod.ready_at or pod.created_at or pod.requested_at
+    return SliceRow(
+        name=pod.name,
+        zone=pod.zone,
+        state=str(pod.state),
+        accelerator_type=pod.accelerator_type,
+        capacity=None if pod.capacity is None else pod.capacity.value,
+        usd_per_hour=None if per_chip is None or chips is None else round(per_chip * chips, 6),
+        age_s=None if since is None else round((pod.ended_at or now) - since, 1),
+        run_id=pod.run_id,
+        ended_at=iso_or_none(pod.ended_at),
+        end_reason=pod.end_reason,
+    )
 
 
 def _preemption_marks(described: RunDescription, spans: tuple[svg.Span, ...]) -> tuple[svg.Mark, ...]:
@@ -220,6 +410,33 @@ def _preemption_marks(described: RunDescription, spans: tuple[svg.Span, ...]) ->
                     view.number or i + 1,
                     view.kind or "unclassified",
                     step if isinstance(step, int) else None,
+                    detection_latency_s=view.detection_latency_s,
+                    recovery_s=view.recovery_s,
                 )
             )
     return tuple(marks)
+
+
+def _budget(
+    name: str, usd_per_month: float, month: datetime, days: tuple[svg.DayStack, ...], now: float
+) -> Budget:
+    """``name``'s spend to the end of each day of the month so far, and its projection to the month's
+    end at the month's rate so far."""
+    import calendar
+
+    spent, running = [], 0.0
+    for day in days:
+        running += sum(usd for key, usd in day.parts if key == name)
+        spent.append((day.day, round(running, 6)))
+    days_in_month = calendar.monthrange(month.year, month.month)[1]
+    elapsed = max(now - month.timestamp(), 1.0)
+    projected = round(running / elapsed * days_in_month * _DAY_S, 2)
+    return Budget(name, usd_per_month, month.strftime("%Y-%m"), tuple(spent), projected)
+
+
+def _cost_line(group: dict[str, Any]) -> CostLine:
+    """A group record of the report's JSON as a ``CostLine`` (the report's own ``lines`` conversion)."""
+    from tpuctl.services.cost.model import FIGURE_FIELDS, CostLine
+
+    figures: dict[str, Any] = {n: 0.0 if group[n] is None else group[n] for n in FIGURE_FIELDS}
+    return CostLine(str(group["key"]), **figures)

@@ -17,26 +17,41 @@ from tpuctl.dashboard import svg
 from tpuctl.dashboard.pages import MONEY_GROUPINGS, Dashboard
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import jinja2
 
     from tpuctl.services.prices import PriceSource
     from tpuctl.services.session import Session
+    from tpuctl.teams.workspaces import Workspaces
 
 TEMPLATES = Path(__file__).parent / "templates"
 RunRef = Annotated[str, PathParam(min_length=1, max_length=200)]
 
 
 def dashboard_router(
-    session: Session, prices: PriceSource | None = None, *, live_every_s: float = 2.0
+    session: Session,
+    prices: PriceSource | None = None,
+    *,
+    live_every_s: float = 2.0,
+    workspaces: Workspaces | None = None,
+    acting: Callable[[], Session] | None = None,
 ) -> APIRouter:
     """The pages over ``session``; ``prices``: the catalog's price source (None: loaded as `cost report`
     loads it, from the backend's refreshed cache if any). A live run's page refreshes every
-    ``live_every_s``."""
+    ``live_every_s``. ``workspaces``: the server's (their monthly budgets burn down on the money page;
+    None: the implicit local one, which has no budget). ``acting``: the session a request acts through
+    (a team server's: the caller as actor, so a page shows only what the caller may see, as the API's
+    JSON does); None: ``session`` itself (`tpuctl dashboard` over the local ledger)."""
     if prices is None:
         from tpuctl.services.prices import load_catalog
 
         prices = load_catalog(session.state_dir, session.backend.name)[1]
-    data = Dashboard(session, prices)
+    priced = prices
+
+    def pages_data() -> Dashboard:
+        return Dashboard(session if acting is None else acting(), priced, workspaces)
+
     env = _environment()
     router = APIRouter(include_in_schema=False)
 
@@ -47,16 +62,16 @@ def dashboard_router(
 
     @router.get("/", response_class=HTMLResponse)
     def runs(limit: Annotated[int, Query(ge=1, le=10_000)] = 50) -> HTMLResponse:
-        return page("runs.html", "Runs", page="runs", rows=data.runs(limit=limit), limit=limit)
+        return page("runs.html", "Runs", page="runs", rows=pages_data().runs(limit=limit), limit=limit)
 
     @router.get("/runs/{run}", response_class=HTMLResponse)
     def run(run: RunRef) -> HTMLResponse:
-        got = data.run(run)
+        got = pages_data().run(run)
         return page("run.html", f"Run {got.described.run.run_id}", page="run", page_data=got)
 
     @router.get("/runs/{run}/live", response_class=HTMLResponse)
     def run_live(run: RunRef) -> HTMLResponse:
-        got = data.run(run)
+        got = pages_data().run(run)
         response = page("run_body.html", "", page_data=got)
         response.headers["X-Tpuctl-Live"] = "yes" if got.live else "no"
         response.headers["Cache-Control"] = "no-store"
@@ -64,21 +79,27 @@ def dashboard_router(
 
     @router.get("/runs/{run}/logs/{worker}", response_class=PlainTextResponse)
     def host_log(run: RunRef, worker: Annotated[int, PathParam(ge=0)]) -> PlainTextResponse:
-        return PlainTextResponse(data.host_log(run, worker), headers={"Cache-Control": "no-store"})
+        return PlainTextResponse(pages_data().host_log(run, worker), headers={"Cache-Control": "no-store"})
 
     @router.get("/money", response_class=HTMLResponse)
     def money(
         group_by: Annotated[str, Query(max_length=100)] = "type",
         since: Annotated[str | None, Query(max_length=100)] = None,
     ) -> HTMLResponse:
-        got = data.money(group_by=group_by, since=since)
+        got = pages_data().money(group_by=group_by, since=since)
         return page(
             "money.html", "Money", page="money", page_data=got, since=since, groupings=MONEY_GROUPINGS
         )
 
     @router.get("/slices", response_class=HTMLResponse)
-    def slices() -> HTMLResponse:
-        return page("slices.html", "Slices", page="slices", rows=data.slices())
+    def slices(gone: Annotated[str | None, Query(max_length=100)] = None) -> HTMLResponse:
+        """``gone``: also the slices that ended since then (``cost report --since``'s forms: 1d, 7d, a
+        date); absent, the live ones only."""
+        from tpuctl.services.cost import parse_instant
+
+        since = None if not gone else parse_instant(gone, field_name="gone", now=session.clock())
+        rows = pages_data().slices(gone_since=since)
+        return page("slices.html", "Slices", page="slices", rows=rows, gone=gone or "")
 
     return router
 

@@ -9,7 +9,10 @@ import threading
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from fastapi import FastAPI
+    from starlette.applications import Starlette
 
     from tpuctl.server.listen import Listen
     from tpuctl.services.session import Session
@@ -33,15 +36,20 @@ def dashboard_app(session: Session, *, live_every_s: float = 2.0) -> FastAPI:
 
 
 def serve_dashboard(session: Session, listen: Listen, *, open_browser: bool) -> None:
-    """Serve until SIGTERM or SIGINT; with ``open_browser``, open the runs page once the socket listens
-    (the socket is bound first, so the browser never finds nothing there)."""
+    """Serve the pages over ``session`` until SIGTERM or SIGINT (``serve_app``)."""
+    serve_app(lambda: dashboard_app(session), listen, open_browser=open_browser)
+
+
+def serve_app(make_app: Callable[[], Starlette], listen: Listen, *, open_browser: bool) -> None:
+    """Serve the app ``make_app`` builds until SIGTERM or SIGINT; with ``open_browser``, open the runs page
+    once the socket listens (the socket is bound first, so the browser never finds nothing there)."""
     import uvicorn
 
     from tpuctl.server.serve import _bind, _signals_end_quietly
 
     sock = _bind(listen)
     try:
-        app = dashboard_app(session)
+        app = make_app()
         server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off"))
         print(f"tpuctl dashboard: {listen.url}/ (Ctrl-C stops it)", file=sys.stderr, flush=True)
         if open_browser:

@@ -98,7 +98,8 @@ def build_app(
     problems.install(app)
     # Every request but the health checks passes the gate: who asks, and the audit row of what it did.
     app.add_middleware(Gate, session=session, authenticator=auth, router=app.router)
-    app.include_router(dashboard_router(session))  # the dashboard's pages, at /
+    # The dashboard's pages, at /, as the caller sees the ledger (the same scope as the API's JSON).
+    app.include_router(dashboard_router(session, workspaces=workspaces, acting=lambda: scoped(session)))
     app.include_router(view_routes(session, _json_body))
     app.include_router(pod_routes(session, _json_body))
     app.include_router(team_routes(session, workspaces))

@@ -33,7 +33,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from tpuctl.errors import UsageError
@@ -52,6 +52,7 @@ from tpuctl.store.cost_sql import null_key
 
 if TYPE_CHECKING:
     from tpuctl.catalog import Catalog
+    from tpuctl.services.cost.daily import DayCosts
     from tpuctl.services.prices import PriceSource
     from tpuctl.store.database import Database
     from tpuctl.store.url import DatabaseUrl
@@ -169,6 +170,61 @@ class CostService:
             if note:
                 notes[generation] = note
         return dict(sorted(notes.items()))
+
+    def cost_per_day(
+        self, *, since: float | None = None, until: float | None = None, group_by: GroupBy
+    ) -> list[DayCosts]:
+        """Each UTC day's billed USD in ``[since, until)`` split by ``group_by`` (one of
+        ``daily.DAY_SPLIT_GROUPINGS``), in one scan: the cells whose rows and columns add up to the
+        report's ``by_day`` and ``groups`` (the dashboard's stacked bars)."""
+        from tpuctl.services.cost.daily import day_split
+
+        now = self._clock()
+        end = now if until is None else until
+        warnings: list[str] = []
+        with open_reader(self._database) as reader, reader.snapshot(REPORT_TABLES):
+            q = self._query(
+                reader, _params(since, end, now, GroupBy("day"), null_key(reader.dialect)), warnings
+            )
+            return day_split(q, group_by)
+
+    def run_groups(
+        self, run_ids: Sequence[str], *, since: float | None = None, until: float | None = None
+    ) -> list[dict[str, Any]]:
+        """These runs' groups of ``cost report --group-by run`` over ``[since, until)`` (its JSON records;
+        a run billed nothing in the window has none), computed for them alone (``run_groups``)."""
+        from tpuctl.services.cost.run_groups import run_groups
+
+        now = self._clock()
+        end = now if until is None else until
+        warnings: list[str] = []
+        with open_reader(self._database) as reader, reader.snapshot(REPORT_TABLES):
+            q = self._query(
+                reader, _params(since, end, now, GroupBy("run"), null_key(reader.dialect)), warnings
+            )
+            groups = run_groups(q, run_ids)
+            mark_unknown_steps(reader, groups)
+            return groups
+
+    def runs_by_waste(
+        self, count: int, *, since: float | None = None, until: float | None = None
+    ) -> list[dict[str, Any]]:
+        """The ``count`` groups of ``cost report --group-by run`` over ``[since, until)`` with the most
+        ``waste_usd``, most first (none that wasted nothing), without computing every run's group."""
+        from tpuctl.services.cost.run_groups import waste_candidates
+
+        now = self._clock()
+        end = now if until is None else until
+        warnings: list[str] = []
+        with open_reader(self._database) as reader, reader.snapshot(REPORT_TABLES):
+            q = self._query(
+                reader, _params(since, end, now, GroupBy("run"), null_key(reader.dialect)), warnings
+            )
+            groups = waste_candidates(q, count)
+            mark_unknown_steps(reader, groups)  # a run whose steps are unknown has no waste figure
+        wasted = [g for g in groups if (g["waste_usd"] or 0) > 0]
+        wasted.sort(key=lambda g: (-float(g["waste_usd"]), str(g["key"])))
+        return wasted[:count]
 
     def spend(self, *, since: float | None = None, until: float | None = None) -> float:
         """Total billed USD in the window (for budgets)."""

@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""Benchmark: the dashboard's pages at team size (target: 500 ms of server time or less for the runs list
+over 10,000 runs and the money page over 1,000,000 cost events).
+
+Builds a ledger as ``bench_cost.py`` does (its seeded mix of slices, runs and segments, written in bulk),
+then times each page's request through the app in process (FastAPI's TestClient: the handler, the
+services it asks and the template, no socket), best and median of ``--repeat``: the runs list (the 50
+newest, with each one's cost so far) and the money page grouped by type and capacity (the default view:
+the report's totals and groups, each day split by the grouping, the runs that wasted most, the budget
+note), by run (its days one report each) and its parts alone. The default size takes a few minutes on a
+loaded machine; ``--events 1000000`` is the target's size.
+
+    .venv/bin/python scripts/bench_dashboard.py [--events 100000] [--repeat 3] [--out FILE.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from bench_cost import SPAN_S, START, build, timed  # noqa: E402
+from bench_machine import machine  # noqa: E402
+
+PAGES = {
+    "runs list (50 newest)": "/",
+    "money, by type": "/money?group_by=type",
+    "money, by capacity": "/money?group_by=capacity",
+    "money, by run": "/money?group_by=run",
+}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--events", type=int, default=100_000)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=6)
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "bench" / "dashboard.json")
+    parser.add_argument("--target-s", type=float, default=0.5)
+    parser.add_argument("--pages", nargs="*", default=list(PAGES), help="which of the pages to time")
+    args = parser.parse_args()
+
+    from fastapi.testclient import TestClient
+
+    from tpuctl.dashboard.routes import dashboard_router
+    from tpuctl.services.session import open_session
+    from tpuctl.settings import load_settings
+
+    with tempfile.TemporaryDirectory(prefix="tpuctl-bench-dashboard-") as tmp:
+        state = Path(tmp) / "state"
+        print(f"building a ledger of {args.events:,} events ...", flush=True)
+        ledger = build(state, args.events, args.seed)
+        print(json.dumps(ledger), flush=True)
+        now = START + SPAN_S + 86400
+        settings = load_settings({"state_dir": state, "backend": "sim"})
+        results: dict[str, Any] = {}
+        with open_session(settings) as session:
+            from dataclasses import replace
+
+            frozen = replace(session, clock=lambda: now)
+            from fastapi import FastAPI
+
+            app = FastAPI()
+            app.include_router(dashboard_router(frozen))
+            with TestClient(app) as client:
+                for name in args.pages:
+                    path = PAGES[name]
+                    answer: dict[str, Any] = {}
+
+                    def get(path: str = path, answer: dict[str, Any] = answer) -> None:
+                        response = client.get(path)
+                        if response.status_code != 200:
+                            raise SystemExit(f"{path}: HTTP {response.status_code}: {response.text[:500]}")
+                        answer["bytes"] = len(response.content)
+
+                    get()  # warm: templates compiled, the ledger's pages in the page cache
+                    figures = timed(args.repeat, get)
+                    results[name] = {**figures, "path": path, "html_bytes": answer["bytes"]}
+                    print(f"{name:<28} best {figures['best_s']:.3f} s, median {figures['median_s']:.3f} s, "
+                          f"cpu {figures['cpu_s']:.3f} s (load {figures['load']})", flush=True)  # fmt: skip
+        document = {
+            "benchmark": f"dashboard pages over a ledger of {args.events:,} events",
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "machine": machine(load_average=list(os.getloadavg())),
+            "ledger": ledger,
+            "target_s": args.target_s,
+            "pages": results,
+            "notes": "server time = the request through the app in process (TestClient), template included; "
+            "best and median of --repeat after one warm-up request; the machine may be shared: load "
+            "is the 1-minute load average before and after each figure.",
+        }
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(document, indent=2) + "\n")
+        print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

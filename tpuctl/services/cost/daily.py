@@ -1,0 +1,71 @@
+"""Cost per UTC day split by a slice's own facts (zone, region, type, capacity), in one scan: the
+dashboard's stacked bars. ``cost report`` gives each day's total (``by_day``) and each group's total
+(``groups``); this gives the cells between them, from the same per-day rows the day grouping prices, so a
+day's cells add up to its ``by_day`` figure and a group's cells to its group's ``cost_usd``.
+
+Groupings whose key is not a fact of the slice's (zone, type, capacity) row (run, slice, label, ...) are
+not split here: ``DAY_SPLIT_GROUPINGS`` names those that are.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Final
+
+from tpuctl.services.cost.aggregate import Query, _Lines, _merge_partials
+from tpuctl.services.cost.details import NONE_KEY
+from tpuctl.services.cost.pricing import region_or
+from tpuctl.services.cost.scan import scan_all
+from tpuctl.services.cost.subs import Sub
+from tpuctl.services.cost.window import GroupBy
+from tpuctl.store.billing import DAY_S
+from tpuctl.store.billing import round_usd as _r
+
+#: The groupings a day's cost splits by in one scan: the key is a fact of every per-day row.
+DAY_SPLIT_GROUPINGS: Final = ("zone", "region", "type", "capacity")
+_DAY: Final = GroupBy("day")
+
+
+@dataclass(frozen=True)
+class DayCosts:
+    """One UTC day (``YYYY-MM-DD``) and each group's USD that day, costliest first (rounded as the
+    report's JSON rounds)."""
+
+    day: str
+    groups: tuple[tuple[str, float], ...]
+
+
+def day_split(q: Query, group: GroupBy) -> list[DayCosts]:
+    """Each day's billed USD in the window, split by ``group`` (one of ``DAY_SPLIT_GROUPINGS``)."""
+    if group.kind not in DAY_SPLIT_GROUPINGS:
+        raise ValueError(f"a day's cost does not split by {group.name} in one scan")
+    partials = scan_all(
+        q.reader, GroupBy("total"), _DAY, q.params, need_days=True, fast=q.fast,
+        changes=q.changes, workers=q.workers,
+    )  # fmt: skip
+    _, day_rows = _merge_partials(q, partials, _Lines(_DAY), by_group=False)
+    cells: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for sub in day_rows:
+        cells[_day(sub)][_key(group, sub)] += q.pricer.usd(sub, q.warnings)
+    return [
+        DayCosts(
+            day, tuple(sorted(((k, _r(v)) for k, v in by.items() if _r(v)), key=lambda kv: (-kv[1], kv[0])))
+        )
+        for day, by in sorted(cells.items())
+    ]
+
+
+def _day(sub: Sub) -> str:
+    return datetime.fromtimestamp(int(sub.key) * DAY_S, UTC).date().isoformat()
+
+
+def _key(group: GroupBy, sub: Sub) -> str:
+    """The group a per-day row belongs to, as ``cost report --group-by`` names it."""
+    if group.kind == "zone":
+        return sub.zone
+    if group.kind == "region":
+        return region_or(sub.zone)
+    value = sub.accelerator_type if group.kind == "type" else sub.capacity
+    return NONE_KEY if value is None else str(value)
