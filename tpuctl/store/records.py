@@ -165,6 +165,9 @@ class NewEvent(NamedTuple):
     slice_index: int | None = None
     backend: str | None = None
     project: str | None = None
+    #: Who it is done for. Left out: the run's (``run_id``, or the slice's run), else the slice's own.
+    principal: str | None = None
+    workspace: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,6 +201,9 @@ class EventRecord:
     slice_index: int | None
     backend: str | None
     project: str | None
+    #: Whose the event is (None: written before revision 0003).
+    principal: str | None = None
+    workspace: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,6 +243,9 @@ class PodRecord:
     deleted_at: float | None
     updated_at: float
     last_event_id: int
+    #: Whose slice it is: its run's owner, else who made it (None: from before revision 0003).
+    principal: str | None = None
+    workspace: str | None = None
 
     @property
     def alive(self) -> bool:
@@ -258,6 +267,9 @@ class AttemptRecord:
     accelerator_type: str | None
     event_id: int
     detail: dict[str, Any] | None
+    #: Whose placement it was: the run's owner, else who asked (None: from before revision 0003).
+    principal: str | None = None
+    workspace: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
