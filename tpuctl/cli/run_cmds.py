@@ -11,7 +11,14 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from tpuctl.cli.context import ONE_OBJECT, build_settings, is_dry_run, make_output, session
-from tpuctl.cli.options import DryRunOpt, OutputOpt, VerboseOpt, refuse_through_server, server_of
+from tpuctl.cli.options import (
+    DryRunOpt,
+    OutputOpt,
+    VerboseOpt,
+    WorkspaceOpt,
+    refuse_through_server,
+    server_of,
+)
 from tpuctl.cli.placement_flags import (
     ApiOpt,
     CapacityTypeOpt,
@@ -134,6 +141,7 @@ def run(
         list[str] | None,
         typer.Option("--label", help="KEY=VALUE label on the run and its slice (repeatable)."),
     ] = None,
+    workspace: WorkspaceOpt = None,
     secret: Annotated[
         list[str] | None,
         typer.Option(

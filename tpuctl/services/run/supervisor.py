@@ -248,6 +248,11 @@ class Supervisor:
         # A budget that could not be enforced is refused before the run exists (exit 2).
         with_budget(self._session, prepared, self._budget_usd)
         target = prepared.target
+        # Whose run it is and whose share it uses: everything later done for it (its slices, attempts
+        # and cost) is attributed to these, whoever supervises it. A workspace the actor may not start
+        # runs in is exit 2 here, before anything exists.
+        actor = self._session.actor
+        workspace = actor.submit_workspace(prepared.request.workspace)
         self._session.ledger.create_run(
             prepared.run_id,
             script=prepared.display,
@@ -258,6 +263,8 @@ class Supervisor:
             accelerator_type=target.accelerator.api_name,
             capacity=target.capacity,
             labels=prepared.request.labels,
+            principal=actor.principal,
+            workspace=workspace,
             detail={
                 "hosts": target.accelerator.hosts,
                 "slices": target.slices,
