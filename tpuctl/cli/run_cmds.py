@@ -576,8 +576,8 @@ def _host_python_lines(host_python: dict[str, Any]) -> list[str]:
 # --- runs ----------------------------------------------------------------------------------------------
 
 
-_RUN_COLUMNS = ("RUN", "STATUS", "PROGRAM", "POD", "ZONE", "TYPE", "EXIT", "PREEMPTIONS", "RESTARTS",
-               "STARTED (UTC)", "DURATION S")  # fmt: skip
+_RUN_COLUMNS = ("RUN", "STATUS", "WORKSPACE", "USER", "PROGRAM", "POD", "ZONE", "TYPE", "EXIT",
+                "PREEMPTIONS", "RESTARTS", "STARTED (UTC)", "DURATION S")  # fmt: skip
 
 
 @runs_app.command("list")
@@ -586,9 +586,16 @@ def list_runs(
     limit: Annotated[
         str, typer.Option("--limit", metavar="N", help="Show at most this many (newest first).")
     ] = "50",
+    workspace: Annotated[
+        str | None, typer.Option("--workspace", metavar="NAME", help="Only the runs of this workspace.")
+    ] = None,
+    user: Annotated[
+        str | None,
+        typer.Option("--user", metavar="EMAIL", help="Only the runs this principal submitted."),
+    ] = None,
     output: OutputOpt = None,
 ) -> None:
-    """List runs, newest first."""
+    """List runs, newest first, with the workspace each uses and who submitted it."""
     from tpuctl import params
     from tpuctl.services.run.service import Runs
     from tpuctl.services.run.views import RunView
@@ -601,10 +608,14 @@ def list_runs(
     if server is not None:
         from tpuctl.cli import runs_remote
 
-        views = runs_remote.listed(server, count)
+        views = [
+            v
+            for v in runs_remote.listed(server, count)
+            if workspace in (None, v.workspace) and user in (None, v.principal)
+        ]
     else:
         with session(ctx, out, settings) as sess:
-            views = Runs(sess).list_runs(limit=count)
+            views = Runs(sess).list_runs(limit=count, workspace=workspace, principal=user)
     out.rows(
         "runs",
         _RUN_COLUMNS,
@@ -612,6 +623,8 @@ def list_runs(
             [
                 v.run_id,
                 v.status,
+                v.workspace,
+                v.principal,
                 v.program,
                 v.pod,
                 v.zone,
@@ -626,7 +639,7 @@ def list_runs(
         ),
         key="runs",
         records=[v.to_dict() if isinstance(v, RunView) else v.model_dump() for v in views],
-        keep=frozenset({"RUN", "STATUS", "POD", "ZONE"}),
+        keep=frozenset({"RUN", "STATUS", "WORKSPACE", "USER", "POD", "ZONE"}),
         drop=("PROGRAM", "STARTED (UTC)", "RESTARTS", "EXIT", "DURATION S", "PREEMPTIONS"),
     )
 

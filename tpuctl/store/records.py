@@ -107,6 +107,8 @@ class AttemptOutcome(StrEnum):
 
 #: The one workspace of a ledger used without a workspace file, and of rows written before workspaces.
 LOCAL_WORKSPACE: Final = "default"
+#: Who wrote a row from before workspaces (its principal NULL), as lists and reports show it.
+UNKNOWN_PRINCIPAL: Final = "(unknown)"
 
 
 class RunStatus(StrEnum):

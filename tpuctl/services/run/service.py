@@ -88,9 +88,14 @@ class Runs:
         lease = self._session.ledger.lease_of(run_id)
         return None if lease is None or lease.expired else LeaseHolder.of_lease(lease)
 
-    def list_runs(self, *, limit: int) -> list[RunView]:
-        """At most ``limit`` runs, newest first."""
-        records = backstopped.settle_all(self._session, self._session.ledger.list_runs(limit=limit))
+    def list_runs(
+        self, *, limit: int, workspace: str | None = None, principal: str | None = None
+    ) -> list[RunView]:
+        """At most ``limit`` runs, newest first; only ``workspace``'s and ``principal``'s when given."""
+        listed = self._session.ledger.list_runs(
+            limit=limit, workspaces=None if workspace is None else {workspace}, principal=principal
+        )
+        records = backstopped.settle_all(self._session, listed)
         return [RunView.of(r) for r in records]
 
     def describe(self, ref: str | None) -> RunDescription:

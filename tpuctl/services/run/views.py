@@ -13,6 +13,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tpuctl.store.records import LOCAL_WORKSPACE, UNKNOWN_PRINCIPAL
 from tpuctl.timefmt import iso_or_none
 
 if TYPE_CHECKING:
@@ -65,6 +66,10 @@ class RunView:
     error: str | None
     #: The ledger's free-form detail of the run, as stored (``-o json`` passes it through).
     detail: Mapping[str, Any]
+    #: Whose share it uses and who submitted it (a run from before workspaces: the local workspace and
+    #: ``UNKNOWN_PRINCIPAL``).
+    workspace: str = LOCAL_WORKSPACE
+    principal: str = UNKNOWN_PRINCIPAL
 
     @classmethod
     def of(cls, record: RunRecord) -> RunView:
@@ -93,6 +98,8 @@ class RunView:
             log_dir=_str(detail.get("log_dir")),
             error=_str(detail.get("error")),
             detail=detail,
+            workspace=record.workspace or LOCAL_WORKSPACE,
+            principal=record.principal or UNKNOWN_PRINCIPAL,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -111,6 +118,8 @@ class RunView:
             "duration_s": self.duration_s,
             "restarts": self.restarts,
             "preemptions": self.preemptions,
+            "workspace": self.workspace,
+            "principal": self.principal,
             "labels": dict(self.labels),
             "detail": dict(self.detail),
         }
