@@ -27,6 +27,7 @@ from operator import itemgetter
 from typing import Any, Final, Protocol
 
 from tpuctl.services.cost.model import FIGURES
+from tpuctl.services.cost.scope import PRINCIPAL_OF_P, WORKSPACE_OF_P, scope_sql
 from tpuctl.services.cost.sql_intervals import billed_in_window, billed_s, held_s
 from tpuctl.store import cost_sql as sd
 from tpuctl.store.billing import preemptible_sql
@@ -50,6 +51,8 @@ SLICE_INFO: Final = (
     "deleted_at",
     "price_per_chip_hour",
     "labels",
+    "workspace",
+    "principal",
 )
 RUN_INFO: Final = ("status", "created_at", "ended_at", "restarts", "preemptions", "steps", "program")
 
@@ -203,12 +206,15 @@ def _ranked(candidates: str, d: Dialect, *, limited: bool) -> str:
 ) AS ranked"""
 
 
-def _all_candidates(d: Dialect) -> str:
+def _all_candidates(d: Dialect, *, scoped: bool = False) -> str:
+    """Every slice billed or holding quota in the window; ``scoped``: only those of the report's scope
+    (``attributed.scope_sql``: some workspaces, one principal)."""
     e = _slice(d)
+    scope = f" AND {scope_sql('p', d)}" if scoped else ""
     return f"""        SELECT p.id AS id, p.ready_at AS ready_at, {e.usd} AS usd
-        FROM pods AS p {_PIECES_JOIN} WHERE {e.billed}
+        FROM pods AS p {_PIECES_JOIN} WHERE {e.billed}{scope}
         UNION ALL
-        SELECT p.id, p.ready_at, 0.0 FROM {e.preempted} WHERE {e.held_only}"""
+        SELECT p.id, p.ready_at, 0.0 FROM {e.preempted} WHERE {e.held_only}{scope}"""
 
 
 @functools.cache
@@ -286,10 +292,10 @@ FROM ({parts}) AS q
 
 
 @functools.cache
-def slice_rank_all_sql(d: Dialect) -> str:
-    """Every slice billed or holding quota in the window, numbered most expensive first, into cost_top
-    (what the unlimited report lists, in that order)."""
-    return f"INSERT INTO cost_top (k, n)\n{_ranked(_all_candidates(d), d, limited=False)}"
+def slice_rank_all_sql(d: Dialect, *, scoped: bool = False) -> str:
+    """Every slice billed or holding quota in the window (of the report's scope when ``scoped``), numbered
+    most expensive first, into cost_top (what the unlimited report lists, in that order)."""
+    return f"INSERT INTO cost_top (k, n)\n{_ranked(_all_candidates(d, scoped=scoped), d, limited=False)}"
 
 
 @functools.cache
@@ -306,7 +312,7 @@ def slice_sql(d: Dialect) -> str:
 SELECT f.n, p.zone || '/' || p.name || '#' || p.incarnation, p.name, p.zone, p.incarnation,
        p.accelerator_type, p.chips, p.capacity, p.state, p.run_id, {sd.iso("p.ready_at", d)},
        {sd.iso("p.ended_at", d)}, p.end_reason, {sd.iso("p.deleted_at", d)}, p.price_per_chip_hour,
-       p.labels, {_rounded_figures("f", d)}
+       p.labels, {WORKSPACE_OF_P}, {PRINCIPAL_OF_P}, {_rounded_figures("f", d)}
 FROM ({figures}) AS f {sd.cross_join(d)} pods AS p ON p.id = f.id"""
 
 
