@@ -23,7 +23,7 @@ from tpuctl.services.cost.details import NONE_KEY, limited, sorted_lines
 from tpuctl.services.cost.item_report import ItemReport, item_report
 from tpuctl.services.cost.model import FIGURE_FIELDS, CostLine
 from tpuctl.services.cost.pricing import region_or
-from tpuctl.services.cost.scope import CostScope, scope_sql
+from tpuctl.services.cost.scope import PRINCIPAL_OF_P, WORKSPACE_OF_P, CostScope, scope_sql
 from tpuctl.services.cost.sql_scan import preemptions_sql
 from tpuctl.services.cost.window import GroupBy
 
@@ -31,9 +31,12 @@ from tpuctl.services.cost.window import GroupBy
 ATTRIBUTED_KINDS: Final = frozenset({"workspace", "user"})
 
 _SLICE = GroupBy("slice")
+#: The groupings summed in SQL: their key over a slice (alias p).
+_SUMMED_BY: Final = {"workspace": WORKSPACE_OF_P, "user": PRINCIPAL_OF_P}
+_KeyOf = Callable[[Mapping[str, Any]], Any]
 
 
-def _key_of(group: GroupBy) -> Callable[[Mapping[str, Any]], Any]:
+def _key_of(group: GroupBy) -> _KeyOf:
     """A slice row's group key (None: "(none)")."""
     if group.kind == "label":
         label = group.label_key or ""
@@ -47,9 +50,10 @@ def _key_of(group: GroupBy) -> Callable[[Mapping[str, Any]], Any]:
     return lambda row: row[field]
 
 
-def lines_of(group: GroupBy, rows: list[dict[str, Any]]) -> list[CostLine]:
-    """The groups of ``group`` summed from slice rows (``items.slice_records``), in report order."""
-    key_of = _key_of(group)
+def lines_of(group: GroupBy, rows: list[dict[str, Any]], key_of: _KeyOf | None = None) -> list[CostLine]:
+    """The groups of ``group`` summed from rows holding ``FIGURES`` (slice rows, ``items.slice_records``;
+    or groups already summed, keyed by ``key_of``), in report order."""
+    key_of = key_of or _key_of(group)
     lines: dict[str, CostLine] = {}
     for row in rows:
         key = key_of(row)
@@ -64,7 +68,8 @@ def lines_of(group: GroupBy, rows: list[dict[str, Any]]) -> list[CostLine]:
 def attributed_report(
     q: Query, group: GroupBy, scope: CostScope, *, with_days: bool, limit: int | None
 ) -> ItemReport:
-    """The groups of ``group`` over the slices of ``scope``, each the sum of its slice rows."""
+    """The groups of ``group`` over the slices of ``scope``, each the sum of its slice rows (summed in SQL
+    for the workspace and user groupings, in Python for what else a scoped report groups by)."""
     scoped = not scope.everything
     if scoped and group.kind == "day":
         raise UsageError(
@@ -74,21 +79,25 @@ def attributed_report(
             fix="drop --workspace/--user, or group by workspace, user, run, slice, zone or type",
         )
     q.params.update(scope.params())
+    summed_by = _SUMMED_BY.get(group.kind)
     rows, _count, by_day, counts, totals = item_report(
-        q, _SLICE, with_days=with_days and not scoped, limit=None, scoped=scoped
+        q, _SLICE, with_days=with_days and not scoped, limit=None, scoped=scoped, summed_by=summed_by
     )
     if scoped:
         totals = CostLine("total")
         for line in lines_of(GroupBy("total"), rows):
             totals.add(line)
-        preempted, free = q.reader.query(
-            f"{preemptions_sql(q.reader.dialect)} AND {scope_sql('p', q.reader.dialect)}", q.params
-        )[0]
-        counts = (int(preempted), int(free), len(rows))
+        d = q.reader.dialect
+        preempted, free = q.reader.query(f"{preemptions_sql(d)} AND {scope_sql('p', d)}", q.params)[0]
+        counts = (int(preempted), int(free), int(totals.slices))
         by_day = []
         if with_days:
             q.warnings.append("no per-day figures in a report limited to a workspace or a user")
     if group.kind == "slice":
         return (rows if limit is None else rows[:limit]), len(rows), by_day, counts, totals
-    lines = lines_of(group, rows)
+    lines = lines_of(group, rows, _summed_key if summed_by is not None else None)
     return [line.to_dict() for line in limited(group, lines, limit)], len(lines), by_day, counts, totals
+
+
+def _summed_key(row: Mapping[str, Any]) -> Any:
+    return row["key"]

@@ -174,20 +174,40 @@ def _round(expr: str, d: Dialect) -> str:
 
 
 def _rounded_figures(a: str, d: Dialect) -> str:
-    return ", ".join(
-        [
-            f"{a}.slices",
-            _round(f"{a}.bs / 3600.0", d),
-            _round(f"{a}.cs / 3600.0", d),
-            _round(f"{a}.usd", d),
-            _round(f"{a}.od", d),
-            _round(f"{a}.sav", d),
-            _round(f"{a}.rec", d),
-            _round(f"{a}.hcs / 3600.0", d),
-            _round(f"{a}.husd", d),
-            _round(f"{a}.rec + {a}.husd", d),
-        ]
+    return ", ".join(_rounded_figure_list(a, d))
+
+
+def _rounded_figure_list(a: str, d: Dialect) -> list[str]:
+    """``FIGURES``' expressions over a row of figures ``a``, each rounded as a group record's."""
+    return [
+        f"{a}.slices",
+        _round(f"{a}.bs / 3600.0", d),
+        _round(f"{a}.cs / 3600.0", d),
+        _round(f"{a}.usd", d),
+        _round(f"{a}.od", d),
+        _round(f"{a}.sav", d),
+        _round(f"{a}.rec", d),
+        _round(f"{a}.hcs / 3600.0", d),
+        _round(f"{a}.husd", d),
+        _round(f"{a}.rec + {a}.husd", d),
+    ]
+
+
+@functools.cache
+def slice_groups_sql(d: Dialect, key: str) -> str:
+    """The slices in cost_top summed per ``key`` (an expression over the slice, alias p): each group the
+    sum of its slices' rows as ``slice_sql`` gives them (rounded), in ``FIGURES`` order after the key."""
+    figures = _figures_from_parts(_slice_parts(d), d)
+    names = [f"x{i}" for i in range(len(FIGURES))]
+    rounded = ", ".join(
+        f"{expr} AS {name}" for expr, name in zip(_rounded_figure_list("f", d), names, strict=True)
     )
+    sums = ", ".join(f"SUM(g.{name})" for name in names)
+    return f"""
+SELECT g.k, {sums} FROM (
+    SELECT {key} AS k, {rounded}
+    FROM ({figures}) AS f {sd.cross_join(d)} pods AS p ON p.id = f.id
+) AS g GROUP BY g.k"""
 
 
 # --- slices -------------------------------------------------------------------------------------------
@@ -296,6 +316,14 @@ def slice_rank_all_sql(d: Dialect, *, scoped: bool = False) -> str:
     """Every slice billed or holding quota in the window (of the report's scope when ``scoped``), numbered
     most expensive first, into cost_top (what the unlimited report lists, in that order)."""
     return f"INSERT INTO cost_top (k, n)\n{_ranked(_all_candidates(d, scoped=scoped), d, limited=False)}"
+
+
+@functools.cache
+def slice_all_sql(d: Dialect, *, scoped: bool = False) -> str:
+    """``slice_rank_all_sql`` unnumbered (each numbered by its id, the table's key): for groups summed
+    from the slices, which need no order (sorting every slice by cost was a third of such a report)."""
+    candidates = _all_candidates(d, scoped=scoped)
+    return f"INSERT INTO cost_top (k, n)\nSELECT c.id, c.id FROM (\n{candidates}\n) AS c"
 
 
 @functools.cache
