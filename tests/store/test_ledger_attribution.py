@@ -1,16 +1,14 @@
 """Whose each row is, on both engines: a run's slices, events and attempts are its owner's whoever writes
-them (another supervisor that took the run over too); a slice outside any run is its maker's, its later
-events too; the pods view takes the slice's first attributed event's, and its replay agrees; rows from
-before workspaces (NULL) read as the local workspace; `db copy` carries all of it."""
+them (another supervisor that took the run over too; a bulk import too); a slice outside any run is its
+maker's, its later events too; the pods view takes the slice's first attributed event's, and its replay
+agrees; rows from before workspaces (NULL) read as the local workspace; `db copy` carries all of it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
-import pytest
-
-from tests.store.ledger_sql import other_machine, write_by_hand
+from tests.store.ledger_sql import other_machine
 from tpuctl.catalog import CapacityType, Catalog
 from tpuctl.services.db_copy import copy_database
 from tpuctl.services.prices import PriceSource
@@ -22,87 +20,62 @@ from tpuctl.store.url import sqlite_url
 T0 = 1_800_000_000.0
 Z = "us-central1-a"
 A1 = ("a1@x.com", "team-a")
+B1 = ("b1@x.com", "team-b")
 
 
-@pytest.fixture
-def ledger(open_ledger: Callable[..., Ledger]) -> Iterator[Ledger]:
-    with open_ledger() as led:
-        yield led
+def _whose(ledger: Ledger, name: str) -> set[tuple[str | None, str | None]]:
+    return {(e.principal, e.workspace) for e in ledger.pod_events(name, Z)}
 
 
-def _owners(ledger: Ledger) -> tuple[set[tuple[str | None, str | None]], ...]:
-    events = {(e.principal, e.workspace) for e in ledger.events()}
-    pods = {(p.principal, p.workspace) for p in ledger.list_pods()}
-    return events, pods
+def test_whose_each_row_is(open_ledger: Callable[..., Ledger]) -> None:
+    with open_ledger() as ledger:
+        ledger.create_run("r1", script="t.py", principal=A1[0], workspace=A1[1], ts=T0)
+        ledger.record_event(
+            EventKind.REQUESTED, pod="s1", zone=Z, accelerator_type="v5litepod-8", chips=8,
+            capacity=CapacityType.SPOT, run_id="r1", request_id="q1", ts=T0 + 1,
+        )  # fmt: skip
+        ledger.record_attempt("q1", zone=Z, outcome=AttemptOutcome.CREATED, run_id="r1", ts=T0 + 2)
+        # Another supervisor (a replica acting as itself, on its own connection) carries the run on: its
+        # events name only the slice, and still are the run owner's.
+        with other_machine(ledger) as replica:
+            replica.record_event(EventKind.READY, pod="s1", zone=Z, ts=T0 + 3)
+            replica.record_event(EventKind.PREEMPTED, pod="s1", zone=Z, ts=T0 + 60)
+        ledger.record_events_bulk(
+            [
+                NewEvent(EventKind.REQUESTED, pod="s2", zone=Z, chips=8, run_id="r1", ts=T0 + 70),
+                NewEvent(EventKind.READY, pod="s2", zone=Z, ts=T0 + 71),
+                NewEvent(EventKind.REQUESTED, pod="t", zone=Z, chips=8, ts=T0 + 72),
+            ]
+        )
+        # A slice outside any run is its maker's to the end; a name used again, its new maker's.
+        ledger.record_event(
+            EventKind.REQUESTED, pod="p", zone=Z, chips=8, principal=B1[0], workspace=B1[1], ts=T0
+        )
+        ledger.record_event(EventKind.READY, pod="p", zone=Z, ts=T0 + 1)
+        ledger.record_event(EventKind.DELETED, pod="p", zone=Z, ts=T0 + 9)
+        ledger.record_event(
+            EventKind.REQUESTED, pod="p", zone=Z, chips=8, principal=A1[0], workspace=A1[1], ts=T0 + 10
+        )
+        # A run and its slice from before workspaces: no principal, no workspace.
+        ledger.create_run("old", script="t.py", ts=T0 - 1)
+        ledger.record_event(EventKind.REQUESTED, pod="o", zone=Z, chips=8, run_id="old", ts=T0)
 
-
-def test_a_runs_rows_are_its_owners_whoever_writes_them(ledger: Ledger) -> None:
-    ledger.create_run("r1", script="t.py", principal=A1[0], workspace=A1[1], ts=T0)
-    ledger.record_event(
-        EventKind.REQUESTED, pod="s1", zone=Z, accelerator_type="v5litepod-8", chips=8,
-        capacity=CapacityType.SPOT, run_id="r1", request_id="q1", ts=T0 + 1,
-    )  # fmt: skip
-    ledger.record_attempt("q1", zone=Z, outcome=AttemptOutcome.CREATED, run_id="r1", ts=T0 + 2)
-    # Another supervisor (a replica acting as itself, on its own connection) carries the run on: its
-    # events name only the slice, and still are the run owner's.
-    with other_machine(ledger) as replica:
-        replica.record_event(EventKind.READY, pod="s1", zone=Z, ts=T0 + 3)
-        replica.record_event(EventKind.PREEMPTED, pod="s1", zone=Z, ts=T0 + 60)
-
-    assert _owners(ledger) == ({A1}, {A1})
-    (attempt,) = ledger.attempts("q1")
-    assert (attempt.principal, attempt.workspace) == A1
-    assert ledger.check_view() == []
-
-
-def test_a_slice_outside_any_run_is_its_makers_to_the_end(ledger: Ledger) -> None:
-    ledger.record_event(
-        EventKind.REQUESTED, pod="p", zone=Z, chips=8, principal="b1", workspace="team-b", ts=T0
-    )
-    ledger.record_event(EventKind.READY, pod="p", zone=Z, ts=T0 + 1)
-    ledger.record_event(EventKind.DELETED, pod="p", zone=Z, ts=T0 + 9)
-    # A name used again is a new slice, with its new maker.
-    ledger.record_event(
-        EventKind.REQUESTED, pod="p", zone=Z, chips=8, principal=A1[0], workspace=A1[1], ts=T0 + 10
-    )
-
-    first, second = ledger.list_pods()
-    assert (first.principal, first.workspace) == ("b1", "team-b")
-    assert (second.principal, second.workspace) == A1
-    assert [e.workspace for e in ledger.events()] == ["team-b", "team-b", "team-b", "team-a"]
-    assert [p.name for p in ledger.list_pods(workspaces={"team-a"})] == ["p"]
-    assert ledger.check_view() == []
-
-
-def test_a_bulk_import_attributes_the_runs_slices(ledger: Ledger) -> None:
-    ledger.create_run("r1", script="t.py", principal=A1[0], workspace=A1[1], ts=T0)
-    ledger.record_events_bulk(
-        [
-            NewEvent(EventKind.REQUESTED, pod="s", zone=Z, chips=8, run_id="r1", ts=T0 + 1),
-            NewEvent(EventKind.READY, pod="s", zone=Z, ts=T0 + 2),
-            NewEvent(EventKind.REQUESTED, pod="t", zone=Z, chips=8, ts=T0 + 3),
-        ]
-    )
-
-    assert {(p.name, p.principal, p.workspace) for p in ledger.list_pods()} == {
-        ("s", *A1),
-        ("t", None, None),
-    }
-
-
-def test_rows_from_before_workspaces_are_the_local_ones(ledger: Ledger) -> None:
-    ledger.create_run("old", script="t.py", ts=T0)
-    ledger.record_event(EventKind.REQUESTED, pod="p", zone=Z, chips=8, run_id="old", ts=T0)
-    write_by_hand(ledger, "UPDATE runs SET principal = NULL, workspace = NULL")
-    ledger.create_run("new", script="t.py", principal=A1[0], workspace=A1[1], ts=T0 + 1)
-
-    assert [r.run_id for r in ledger.list_runs(workspaces={"default"})] == ["old"]
-    assert [r.run_id for r in ledger.list_runs(principal=A1[0])] == ["new"]
-    assert [p.name for p in ledger.list_pods(workspaces={"default"})] == ["p"]
-    old = ledger.get_run("old")
-    assert old is not None
-    view = RunView.of(old).to_dict()
-    assert (view["workspace"], view["principal"]) == ("default", "(unknown)")
+        assert _whose(ledger, "s1") == _whose(ledger, "s2") == {A1}
+        assert [(a.principal, a.workspace) for a in ledger.attempts("q1")] == [A1]
+        pods = [(p.name, p.incarnation, p.principal, p.workspace) for p in ledger.list_pods()]
+        assert sorted(pods) == [
+            ("o", 1, None, None), ("p", 1, *B1), ("p", 2, *A1), ("s1", 1, *A1), ("s2", 1, *A1),
+            ("t", 1, None, None),
+        ]  # fmt: skip
+        assert [e.workspace for e in ledger.events() if e.pod == "p"] == ["team-b"] * 3 + ["team-a"]
+        assert ledger.check_view() == []  # the replay gives each slice the same owner
+        assert [r.run_id for r in ledger.list_runs(workspaces={"default"})] == ["old"]
+        assert [r.run_id for r in ledger.list_runs(principal=A1[0])] == ["r1"]
+        assert sorted(p.name for p in ledger.list_pods(workspaces={"default"})) == ["o", "t"]
+        old = ledger.get_run("old")
+        assert old is not None
+        view = RunView.of(old).to_dict()
+        assert (view["workspace"], view["principal"]) == ("default", "(unknown)")
 
 
 def test_db_copy_carries_whose_each_row_is(tmp_path: Path) -> None:
@@ -122,5 +95,6 @@ def test_db_copy_carries_whose_each_row_is(tmp_path: Path) -> None:
     with Ledger.open(target) as team:
         run = team.get_run("r1")
         assert run is not None and (run.principal, run.workspace) == A1
-        assert _owners(team) == ({A1}, {A1})
+        assert _whose(team, "s") == {A1}
+        assert [(p.principal, p.workspace) for p in team.list_pods()] == [A1]
         assert [(a.principal, a.workspace) for a in team.attempts("q")] == [A1]

@@ -61,7 +61,16 @@ def _costs(report: CostReport) -> dict[str, float]:
     return {g["key"]: g["cost_usd"] for g in report.groups}
 
 
-def test_workspace_and_user_groups_are_the_sums_of_their_slices(teams: Ledger) -> None:
+def test_cost_by_whose_it_is(teams: Ledger) -> None:
+    _groups_are_the_sums_of_their_slices(teams)
+    _a_reader_of_team_b_sees_only_team_b(teams)
+    _a_users_report_counts_their_slices_in_every_workspace(teams)
+    _old_rows_are_the_local_workspaces(teams)
+    with pytest.raises(UsageError, match="--group-by day"):
+        _report(teams, "day", CostScope(frozenset({"team-a"})))
+
+
+def _groups_are_the_sums_of_their_slices(teams: Ledger) -> None:
     slices = _report(teams, "slice")
     by_workspace = _report(teams, "workspace")
     by_user = _report(teams, "user")
@@ -77,7 +86,7 @@ def test_workspace_and_user_groups_are_the_sums_of_their_slices(teams: Ledger) -
         assert grouped.by_day == slices.by_day
 
 
-def test_a_reader_of_team_b_sees_only_team_b(teams: Ledger) -> None:
+def _a_reader_of_team_b_sees_only_team_b(teams: Ledger) -> None:
     viewer = Actor("b2@x.com", {"team-b": Role.VIEWER})
     scope = CostScope(viewer.visible)
 
@@ -91,7 +100,7 @@ def test_a_reader_of_team_b_sees_only_team_b(teams: Ledger) -> None:
     assert _report(teams, "slice", scope.narrowed("team-a", None)).groups == []
 
 
-def test_a_users_report_counts_their_slices_in_every_workspace(teams: Ledger) -> None:
+def _a_users_report_counts_their_slices_in_every_workspace(teams: Ledger) -> None:
     report = _report(teams, "zone", CostScope().narrowed(None, "a1@x.com"))
 
     assert _costs(report) == {Z: 12.0}
@@ -99,14 +108,9 @@ def test_a_users_report_counts_their_slices_in_every_workspace(teams: Ledger) ->
     assert report.by_day == [] and any("per-day" in w for w in report.warnings)
 
 
-def test_old_rows_are_the_local_workspaces(teams: Ledger) -> None:
+def _old_rows_are_the_local_workspaces(teams: Ledger) -> None:
     local = Actor("me", {"default": Role.ADMIN})
 
     report = _report(teams, "user", CostScope(local.visible))
 
     assert _costs(report) == {"(unknown)": 2.0}
-
-
-def test_grouping_by_day_in_a_scope_is_refused(teams: Ledger) -> None:
-    with pytest.raises(UsageError, match="--group-by day"):
-        _report(teams, "day", CostScope(frozenset({"team-a"})))
