@@ -16,11 +16,15 @@ FEB = month_bounds(2027, 2)[0]  # 2027-02-01T00:00Z
 Z = "us-central1-a"
 
 
-def _slice(ledger: Ledger, name: str, ready: float, hours: float, **kwargs: str) -> None:
+def _slice(
+    ledger: Ledger, name: str, ready: float, hours: float, *, run_id: str | None = None,
+    principal: str | None = None, workspace: str | None = None,
+) -> None:  # fmt: skip
     """A v5e-8 on demand at 0.5 USD per chip-hour: 4 USD an hour."""
     ledger.record_event(
         EventKind.REQUESTED, pod=name, zone=Z, accelerator_type="v5litepod-8", chips=8,
-        capacity=CapacityType.ON_DEMAND, price_per_chip_hour=0.5, ts=ready - 60, **kwargs,
+        capacity=CapacityType.ON_DEMAND, price_per_chip_hour=0.5, ts=ready - 60, run_id=run_id,
+        principal=principal, workspace=workspace,
     )  # fmt: skip
     ledger.record_event(EventKind.READY, pod=name, zone=Z, ts=ready)
     ledger.record_event(EventKind.DELETED, pod=name, zone=Z, ts=ready + hours * 3600)
