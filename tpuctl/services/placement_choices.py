@@ -98,7 +98,10 @@ class PlacementChoices:
 
     def to_dict(self) -> dict[str, Any]:
         network = self.network
+        # Only when given: a run's saved request (its slices are the run's) stays as it was.
+        workspace = {} if self.workspace is None else {"workspace": self.workspace}
         return {
+            **workspace,
             "zones": list(self.zones),
             "region": self.region,
             "capacity_types": [c.value for c in self.capacity_types],
@@ -132,6 +135,7 @@ class PlacementChoices:
             network=None if network is None else _host_network(network),
             service_account=data.get("service_account"),
             runtime_version=data.get("runtime_version"),
+            workspace=data.get("workspace"),
         )
 
 
