@@ -66,6 +66,8 @@ class Where(TypedDict):
 
 AGGREGATE_GROUPS = ("zone", "type", "capacity", "day", "label:team")
 PER_ITEM_GROUPS = ("run", "slice")
+#: Timed, not judged against the target: summed from every slice's row (docs/cost.md, Attribution).
+ATTRIBUTED_GROUPS = ("workspace", "user")
 
 
 def chips_of(prefix: str, size: int) -> int:
@@ -105,6 +107,7 @@ def generate(
         name = f"s{n}"
         t = run_clock if owner else START + rng.random() * SPAN_S
         common: Where = {"pod": name, "zone": zone}
+        team = rng.choice(TEAMS)
         events.append(
             NewEvent(
                 EventKind.REQUESTED,
@@ -112,8 +115,11 @@ def generate(
                 chips=chips_of(prefix, size),
                 capacity=capacity,
                 price_per_chip_hour=price,
-                labels={"team": rng.choice(TEAMS)},
+                labels={"team": team},
                 run_id=owner,
+                # Whose it is (the attributed groupings): the team's workspace, one of its 8 users.
+                principal=f"{team}-{n % 8}@example.com",
+                workspace=team,
                 ts=t,
                 backend="sim",
                 project="bench",
@@ -270,6 +276,7 @@ def main() -> int:
         cases: list[tuple[str, str, int | None]] = [(g, g, None) for g in AGGREGATE_GROUPS]
         for g in PER_ITEM_GROUPS:
             cases += [(g, g, DEFAULT_TABLE_LIMIT), (f"{g} (all groups)", g, None)]
+        cases += [(g, g, None) for g in ATTRIBUTED_GROUPS]
         for name, group, limit in cases:
             last: dict[str, Any] = {}
 

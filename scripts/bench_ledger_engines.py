@@ -49,7 +49,8 @@ from tpuctl.store.ledger import Ledger  # noqa: E402
 from tpuctl.store.url import DatabaseUrl, parse_database_url, sqlite_url  # noqa: E402
 from tpuctl.testing.postgres import PostgresCluster  # noqa: E402
 
-#: (name, group-by, limit): the groupings of `cost report`, slice and run as the table shows them.
+#: (name, group-by, limit): the groupings of `cost report`, slice and run as the table shows them, and
+#: whose the cost is (the sums of every slice's row: docs/cost.md, Attribution).
 CASES: tuple[tuple[str, str, int | None], ...] = (
     ("zone", "zone", None),
     ("type", "type", None),
@@ -58,6 +59,8 @@ CASES: tuple[tuple[str, str, int | None], ...] = (
     ("label:team", "label:team", None),
     ("run", "run", 50),
     ("slice", "slice", 50),
+    ("workspace", "workspace", None),
+    ("user", "user", None),
 )
 #: The server's memory as a server's would be set, not the tests' defaults: 128 MB of shared buffers held a
 #: fraction of a 1,000,000-event ledger, where SQLite's report maps up to 1 GB of the file.

@@ -88,7 +88,7 @@ def test_runs_list_and_cost_report_show_whole_ids_slices_and_zones(
     else:
         assert "┌" not in runs.stdout and "│" not in runs.stdout and "─" not in runs.stdout
         header = runs.stdout.splitlines()[0].split()
-        assert header[:3] == ["RUN", "STATUS", "PROGRAM"]  # every column, piped
+        assert header[:5] == ["RUN", "STATUS", "WORKSPACE", "USER", "PROGRAM"]  # every column, piped
         assert "examples/train_a_much_longer_program_name.py" in runs.stdout
         assert runs.stderr.count("not shown") == 0
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -229,18 +230,26 @@ def test_a_budget_burns_down_with_the_months_projection() -> None:
     assert _attr(drawn, "data-left-usd", data_mark="projection") == ["-1250.00"]
 
 
-def test_workspace_budgets_need_the_workspace_grouping_and_say_so(recorded: Session) -> None:
+def test_a_workspace_budget_burns_down_by_its_spend_this_month(recorded: Session) -> None:
     from tpuctl.dashboard.pages import Dashboard
+    from tpuctl.services.cost import CostService, GroupBy
     from tpuctl.services.prices import load_catalog
     from tpuctl.teams.workspaces import Workspace, Workspaces
 
     budgeted = Workspaces(
-        workspaces={"team-a": Workspace(name="team-a", usd_per_month=500.0)}, source="workspaces.yaml"
+        workspaces={"default": Workspace(name="default", usd_per_month=500.0)}, source="workspaces.yaml"
     )
     prices = load_catalog(recorded.state_dir, recorded.backend.name)[1]
     page = Dashboard(recorded, prices, budgeted).money(group_by="type", since=None)
-    # This tpuctl's `cost report` has no workspace grouping: no made-up spend, and the page says why.
-    assert page.budgets == () and page.budget_note is not None
-    assert "cost report --group-by workspace" in page.budget_note
+    (budget,) = page.budgets
+    now = recorded.clock()
+    first = datetime.fromtimestamp(now, UTC).replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    report = CostService(recorded.ledger.url, recorded.catalog, prices, clock=recorded.clock).report(
+        since=first.timestamp(), until=now, group_by=GroupBy("workspace"), with_days=False
+    )
+    spent = sum(float(g["cost_usd"]) for g in report.groups if g["key"] == "default")
+    # The burn-down's spend is `cost report --group-by workspace`'s for the month (to the cent).
+    assert (budget.workspace, budget.month) == ("default", first.strftime("%Y-%m"))
+    assert round(budget.spent_usd, 2) == round(spent, 2)
     unbudgeted = Dashboard(recorded, prices).money(group_by="type", since=None)
     assert unbudgeted.budget_note is not None and "local workspace" in unbudgeted.budget_note

@@ -10,7 +10,7 @@ import pytest
 from tpuctl.catalog import CapacityType, Catalog
 from tpuctl.errors import EXIT_INFEASIBLE
 from tpuctl.server.admission import Admission, Demand, never_fits, order_key
-from tpuctl.services.queue_spend import MonthSpend
+from tpuctl.services.cost.monthly_spend import MonthSpend, Spend
 from tpuctl.store.queue import QueueSnapshot
 from tpuctl.store.records import RunRecord, RunStatus
 from tpuctl.teams.workspaces import Workspaces
@@ -61,7 +61,11 @@ def test_the_cheaper_spender_goes_first_when_room_appears() -> None:
     """Two batch runs of a user who spent more this month, one of a user who spent less (submitted
     last): room for one, and it is the cheaper spender's."""
     spend = MonthSpend(
-        "2026-11", by_principal={("team-a", "big@example.com"): 12.0, ("team-a", "small@example.com"): 3.0}
+        "2026-11",
+        by_principal={
+            ("team-a", "big@example.com"): Spend(12.0),
+            ("team-a", "small@example.com"): Spend(3.0),
+        },
     )
     waiting = [
         run("big-1", principal="big@example.com", queued_at=1.0),
@@ -77,8 +81,11 @@ def test_the_cheaper_spender_goes_first_when_room_appears() -> None:
 def test_order_is_band_then_workspace_share_then_user_spend_then_age() -> None:
     spend = MonthSpend(
         "2026-11",
-        by_workspace={"team-a": 25.0, "team-b": 25.0},  # half of team-a's 50, a quarter of team-b's 100
-        by_principal={("team-a", "rich@example.com"): 20.0},
+        by_workspace={
+            "team-a": Spend(25.0),
+            "team-b": Spend(25.0),
+        },  # half of team-a's 50, a quarter of team-b's 100
+        by_principal={("team-a", "rich@example.com"): Spend(20.0)},
     )
     runs = [
         run("a-old", queued_at=1.0),
@@ -115,7 +122,7 @@ def test_a_run_behind_a_blocked_one_of_its_workspace_and_generation_waits_behind
 
 
 def test_a_workspace_over_its_monthly_budget_waits() -> None:
-    spend = MonthSpend("2026-11", by_workspace={"team-a": 50.0})
+    spend = MonthSpend("2026-11", by_workspace={"team-a": Spend(50.0)})
     admit, reasons = decide([run("r1")], spend=spend)
     assert admit == ()
     assert reasons == {"r1": "workspace team-a: 50.00 of 50.00 USD spent this month (2026-11, UTC)"}

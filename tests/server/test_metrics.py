@@ -110,25 +110,22 @@ def fill(ledger: Ledger, now: float) -> None:
         events += [
             NewEvent(EventKind.REQUESTED, accelerator_type=f"v5litepod-{s.chips}", chips=s.chips,
                      capacity=s.capacity, price_per_chip_hour=s.price, run_id=s.run_id,
-                     ts=now - s.ready * HOUR - 60, **common),
+                     workspace=None if s.run_id else s.workspace, ts=now - s.ready * HOUR - 60, **common),
             NewEvent(EventKind.READY, ts=now - s.ready * HOUR, **common),
         ]  # fmt: skip
         if s.ended is not None:
             events.append(NewEvent(s.end_kind, ts=now - s.ended * HOUR, **common))
-    ledger.record_events_bulk(sorted(events, key=lambda e: e.ts or 0.0))
+    # The runs first: each slice of a run is then its run's workspace's (the ledger attributes it).
     for run_id, (workspace, status, created, preemptions, detail, queued) in RUNS.items():
         ledger.create_run(run_id, script="train.py", ts=now - created * HOUR, workspace=workspace,
                           queue_reason=None if queued is None else "workspace full")  # fmt: skip
         ledger.update_run(run_id, status=status, preemptions=preemptions, detail=detail or None, ts=now)
-    with ledger._write() as conn:  # the queue's and the attribution's writers are not the ledger's yet
+    ledger.record_events_bulk(sorted(events, key=lambda e: e.ts or 0.0))
+    with ledger._write() as conn:  # an admission's instant, as a replica writes it when it admits
         for run_id, (*_, queued) in RUNS.items():
             if isinstance(queued, float):
                 conn.execute("UPDATE runs SET admitted_at = queued_at + :wait WHERE run_id = :run_id",
                              {"wait": queued, "run_id": run_id})  # fmt: skip
-        for s in SLICES:
-            conn.execute(
-                "UPDATE pods SET workspace = :ws WHERE name = :name", {"ws": s.workspace, "name": s.name}
-            )
     segments = ((SegmentKind.RUNNING, "a1-s1", 3.0, 2.0, 100, 0),
                 (SegmentKind.PREEMPTED, "a1-s1", 2.0, 1.95),
                 (SegmentKind.RECOVERING, None, 1.95, 1.9),

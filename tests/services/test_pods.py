@@ -81,3 +81,51 @@ def test_describe_of_a_deleted_slice_shows_what_the_ledger_recorded(
 
     never = cli("pod", "describe", "never-made", "-o", "json", env=env)
     assert never.code == 11 and never.json["message"] == "no slice named 'never-made'"
+
+
+def test_slices_are_their_makers_and_seen_only_by_their_workspaces(
+    in_process_sim: Callable[..., InProcessEnv],
+) -> None:
+    import dataclasses
+
+    import pytest
+
+    from tpuctl.catalog import Surface
+    from tpuctl.errors import NotFoundError, UsageError
+    from tpuctl.services.allocator import Allocator
+    from tpuctl.services.placement_choices import PlacementChoices
+    from tpuctl.services.pods import PodService
+    from tpuctl.teams.actor import Actor, ForbiddenError
+    from tpuctl.teams.workspaces import Role
+
+    env = in_process_sim()
+    a1 = Actor("a1@x.com", {"team-a": Role.MEMBER, "team-c": Role.MEMBER})
+    maker = dataclasses.replace(env.session(), actor=a1)
+    choices = PlacementChoices(zones=(ZONE,))
+    with pytest.raises(UsageError, match="may submit to 2 workspaces"):
+        Allocator(maker).plan(choices.request(maker.catalog, maker.settings, "v5e-8", name="ta"))
+    request = dataclasses.replace(choices, workspace="team-a").request(
+        maker.catalog, maker.settings, "v5e-8", name="ta"
+    )
+    Allocator(maker).place(request)
+    record = maker.ledger.get_pod("ta", ZONE)
+    assert record is not None and (record.principal, record.workspace) == ("a1@x.com", "team-a")
+
+    def pods_as(actor: Actor) -> PodService:
+        return PodService(dataclasses.replace(env.session(), actor=actor))
+
+    outsider = pods_as(Actor("b1@x.com", {"team-b": Role.MEMBER}))
+    tpu_api = (Surface.TPU_API,)  # the one the slice is on (listing Compute Engine too costs seconds)
+    assert outsider.list(ZONE, surfaces=tpu_api) == []
+    with pytest.raises(NotFoundError, match="no slice named 'ta'"):
+        outsider.describe("ta", ZONE)
+    with pytest.raises(NotFoundError):
+        outsider.delete("ta", zone=ZONE)
+    viewer = pods_as(Actor("a2@x.com", {"team-a": Role.VIEWER}))
+    listed = viewer.list(ZONE, surfaces=tpu_api)
+    assert [(v.name, v.workspace, v.principal) for v in listed] == [("ta", "team-a", "a1@x.com")]
+    with pytest.raises(ForbiddenError) as refused:
+        viewer.delete("ta", zone=ZONE)
+    assert refused.value.exit_code == 13
+    pods_as(a1).delete("ta", zone=ZONE)
+    assert [e.workspace for e in maker.ledger.pod_events("ta", ZONE)][-1] == "team-a"

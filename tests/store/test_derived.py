@@ -31,7 +31,7 @@ from tpuctl.store.sql import (
     SqliteConnection,
 )
 from tpuctl.store.url import parse_database_url
-from tpuctl.store.view import Ev, PodRow, apply_event
+from tpuctl.store.view import POD_COLUMNS, Ev, PodRow, apply_event
 
 DAY = 86400.0
 #: A midnight (UTC), so a test's times read as offsets into its days.
@@ -39,9 +39,9 @@ D0 = 20_000 * DAY
 Z = "us-west4-a"
 
 _UPSERT_POD = (
-    f"INSERT INTO pods ({', '.join(schema.POD_COLUMNS)}) "
-    f"VALUES ({', '.join(f':{c}' for c in schema.POD_COLUMNS)}) ON CONFLICT (id) DO UPDATE SET "
-    + ", ".join(f"{c} = excluded.{c}" for c in schema.POD_COLUMNS if c != "id")
+    f"INSERT INTO pods ({', '.join(POD_COLUMNS)}) "
+    f"VALUES ({', '.join(f':{c}' for c in POD_COLUMNS)}) ON CONFLICT (id) DO UPDATE SET "
+    + ", ".join(f"{c} = excluded.{c}" for c in POD_COLUMNS if c != "id")
 )  # what the ledger writes a pods row with: an update fires UPDATE OF every column the view keeps
 _INSERT_EVENT = (
     "INSERT INTO events (id, ts, kind, pod, zone, pod_id) VALUES (:id, :ts, :kind, :pod, :zone, :pod_id)"
@@ -151,9 +151,7 @@ class _Writer:
         return self.next_pod - 1
 
     def flush(self) -> None:
-        rows = [
-            dict(zip(schema.POD_COLUMNS, self.dirty[k].as_tuple(), strict=True)) for k in sorted(self.dirty)
-        ]
+        rows = [dict(zip(POD_COLUMNS, self.dirty[k].as_tuple(), strict=True)) for k in sorted(self.dirty)]
         for conn in self.conns:
             if self.events:
                 conn.executemany(_INSERT_EVENT, self.events)

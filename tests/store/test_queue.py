@@ -10,7 +10,7 @@ import pytest
 
 from tpuctl.catalog import CapacityType, Catalog
 from tpuctl.server.admission import Admission
-from tpuctl.services.queue_spend import MonthSpend
+from tpuctl.services.cost.monthly_spend import MonthSpend, Spend
 from tpuctl.store import LeaseOwner, Ledger, RunStatus
 from tpuctl.store.queue import QueueDecision, QueueSnapshot
 from tpuctl.teams.workspaces import Workspaces
@@ -122,7 +122,9 @@ def test_two_replicas_never_admit_past_the_limit(open_ledger: Callable[..., Ledg
     spent_more = {A: "a1@example.com", B: "a3@example.com"}
 
     def replica(owner: LeaseOwner) -> None:
-        decide = admission(spend=MonthSpend("2026-11", by_principal={("team-a", spent_more[owner]): 5.0}))
+        decide = admission(
+            spend=MonthSpend("2026-11", by_principal={("team-a", spent_more[owner]): Spend(5.0)})
+        )
 
         def slow(snapshot: QueueSnapshot) -> QueueDecision:
             threading.Event().wait(0.4)  # widen the window between the read and the admission

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from tpuctl.backends.base import Backend
     from tpuctl.catalog import Catalog
     from tpuctl.cli.render import Output
-    from tpuctl.services.cost import CostReport
+    from tpuctl.services.cost import CostReport, CostScope
     from tpuctl.services.cost.estimate import Estimate, EstimateRequest
     from tpuctl.services.cost.reconcile import InBackground
     from tpuctl.services.prices import PriceSource
@@ -204,7 +204,17 @@ def report(
     group_by: Annotated[
         str | None,
         typer.Option(
-            "--group-by", help="slice (default), run, zone, region, type, capacity, day or label:KEY."
+            "--group-by",
+            help="slice (default), run, workspace, user, zone, region, type, capacity, day or label:KEY.",
+        ),
+    ] = None,
+    workspace: Annotated[
+        str | None, typer.Option("--workspace", metavar="NAME", help="Only the slices of this workspace.")
+    ] = None,
+    user: Annotated[
+        str | None,
+        typer.Option(
+            "--user", metavar="EMAIL", help="Only the slices this principal's runs and commands made."
         ),
     ] = None,
     reconcile: Annotated[
@@ -229,7 +239,7 @@ def report(
     """What was spent, from the ledger with GCP's billing rules: per group (most expensive first),
     totals, spot savings against on-demand, what preemptions wasted, untracked slices, and a per-day
     chart. With --dry-run the reconciliation records nothing."""
-    from tpuctl.services.cost import parse_group_by, parse_limit, parse_window
+    from tpuctl.services.cost import CostScope, parse_group_by, parse_limit, parse_window
     from tpuctl.services.cost.session_report import session_report
 
     out = make_output(ctx, output)
@@ -242,10 +252,13 @@ def report(
     # saw), not when the command started.
     end = end_given if until is not None else None
     dry = is_dry_run(ctx, dry_run)
+    # This machine's user sees the whole ledger: the flags alone narrow it (a server narrows to its
+    # reader's workspaces as well).
+    scope = CostScope().narrowed(workspace, user)
     server = server_of(settings)
     if server is not None:
         query = {"group_by": group.name, "since": start, "until": end, "limit": keep, "reconcile": reconcile,
-                 "dry_run": dry}  # fmt: skip
+                 "dry_run": dry, "workspace": workspace, "user": user}  # fmt: skip
         _render_report(out, _remote_report(out, server, query))
         return
     if reconcile:
@@ -253,16 +266,19 @@ def report(
 
         prices = load_catalog(settings.resolved_state_dir, settings.resolved_backend.value)
         # The report starts now, on a thread, while the session opens and the cloud is listed.
-        early = _start_report(settings, prices, group, start, end, keep, now)
+        early = _start_report(settings, prices, group, start, end, keep, now, scope)
         try:
             with cost_session(ctx, out, settings, prices) as (sess, source):
                 result = session_report(
-                    sess, source, group, start, end, keep, reconcile=True, dry_run=dry, early=early
-                )
+                    sess, source, group, start, end, keep, reconcile=True, dry_run=dry, early=early,
+                    workspace=workspace, principal=user,
+                )  # fmt: skip
         finally:
             early.wait()
     else:
-        result = _offline_report(out, settings, backend_for(ctx, settings), group, start, end, keep, now)
+        result = _offline_report(
+            out, settings, backend_for(ctx, settings), group, start, end, keep, now, scope
+        )
     _render_report(out, result)
 
 
@@ -284,6 +300,7 @@ def _start_report(
     end: float | None,
     limit: int | None,
     now: Callable[[], float],
+    scope: CostScope,
 ) -> InBackground[CostReport]:
     """The report over the ledger as it is, computed on a thread from now on (it fails with a
     LedgerError, and is computed again once the session is open, if there is no ledger yet or it must be
@@ -293,7 +310,8 @@ def _start_report(
 
     service = CostService(settings.resolved_database, *prices, clock=now)
     return InBackground(
-        lambda: service.report(since=start, until=end, group_by=group, limit=limit), name="tpuctl-cost-report"
+        lambda: service.report(since=start, until=end, group_by=group, limit=limit, scope=scope),
+        name="tpuctl-cost-report",
     )
 
 
@@ -306,6 +324,7 @@ def _offline_report(
     end: float | None,
     limit: int | None,
     now: Callable[[], float],
+    scope: CostScope,
 ) -> CostReport:
     from tpuctl.services.budget import expired_slices
     from tpuctl.services.cost import CostService
@@ -318,7 +337,7 @@ def _offline_report(
     out.note("offline: the ledger only, not reconciled with the live listing")
     with Ledger.open(settings.resolved_database) as ledger:
         result = CostService(ledger.url, catalog, source, clock=now).report(
-            since=start, until=end, group_by=group, limit=limit
+            since=start, until=end, group_by=group, limit=limit, scope=scope
         )
         result.warnings.extend(expired_slices(ledger, now=now()))
     return result
@@ -339,7 +358,7 @@ def _amount(value: float, places: int) -> str:
 
 
 #: What a narrow terminal keeps of the report, and what it loses first (``Output.rows``).
-_KEEP = frozenset({"SLICE", "ZONE", "RUN", "COST USD"})
+_KEEP = frozenset({"SLICE", "ZONE", "RUN", "WORKSPACE", "USER", "COST USD"})
 _DROP = ("SAVED USD", "HOURS", "STATE", "TYPE", "CHIP-H", "SLICES", "WASTE USD", "CAPACITY")
 
 

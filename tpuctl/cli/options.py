@@ -15,6 +15,14 @@ OutputOpt = Annotated[
 DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Print the plan; change nothing.")]
 YesOpt = Annotated[bool, typer.Option("-y", "--yes", help="Do not ask for confirmation.")]
 ZoneOpt = Annotated[str | None, typer.Option("--zone", help="Zone, e.g. us-central1-a.")]
+WorkspaceOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--workspace",
+        metavar="NAME",
+        help="The workspace whose share it uses (default: your only one; locally: default).",
+    ),
+]
 VerboseOpt = Annotated[
     bool,
     typer.Option(

@@ -14,6 +14,7 @@ from tpuctl.cli.context import ONE_OBJECT, build_settings, confirm, is_dry_run, 
 from tpuctl.cli.options import (
     DryRunOpt,
     OutputOpt,
+    WorkspaceOpt,
     YesOpt,
     ZoneOpt,
     server_of,
@@ -109,6 +110,7 @@ def create(
         str | None, typer.Option("--runtime-version", help="TPU software version (default per type).")
     ] = None,
     label: Annotated[list[str] | None, typer.Option("--label", help="KEY=VALUE label (repeatable).")] = None,
+    workspace: WorkspaceOpt = None,
     wait: Annotated[
         bool,
         typer.Option("--wait/--no-wait", help="Wait until READY (without waiting there is no failover)."),
@@ -159,6 +161,8 @@ def create(
         race_k=race_k,
         api=api,
     )
+    if workspace is not None:
+        choices = dataclasses.replace(choices, workspace=workspace)  # checked by the actor at the plan
     settings = build_settings(
         ctx,
         **network_settings(

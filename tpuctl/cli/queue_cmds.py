@@ -33,11 +33,11 @@ def queue(ctx: typer.Context, output: OutputOpt = None) -> None:
         runs = answer.runs
     else:
         from tpuctl.server.queue_view import queue_of
-        from tpuctl.services.queue_spend import month_spend
+        from tpuctl.services.cost.monthly_spend import this_month_spend
         from tpuctl.teams.workspaces import Workspaces
 
         with session(ctx, out) as sess:
-            runs = queue_of(sess, Workspaces.implicit(), month_spend(sess, now=sess.clock()))
+            runs = queue_of(sess, Workspaces.implicit(), this_month_spend(sess, now=sess.clock()))
     out.rows(
         "queue",
         ("#", "RUN", "WORKSPACE", "PRINCIPAL", "PRIORITY", "TYPE", "WAITING SINCE", "WAITED S", "REASON"),

@@ -11,7 +11,14 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from tpuctl.cli.context import ONE_OBJECT, build_settings, is_dry_run, make_output, session
-from tpuctl.cli.options import DryRunOpt, OutputOpt, VerboseOpt, refuse_through_server, server_of
+from tpuctl.cli.options import (
+    DryRunOpt,
+    OutputOpt,
+    VerboseOpt,
+    WorkspaceOpt,
+    refuse_through_server,
+    server_of,
+)
 from tpuctl.cli.placement_flags import (
     ApiOpt,
     CapacityTypeOpt,
@@ -134,6 +141,7 @@ def run(
         list[str] | None,
         typer.Option("--label", help="KEY=VALUE label on the run and its slice (repeatable)."),
     ] = None,
+    workspace: WorkspaceOpt = None,
     secret: Annotated[
         list[str] | None,
         typer.Option(
@@ -577,8 +585,8 @@ def _host_python_lines(host_python: dict[str, Any]) -> list[str]:
 # --- runs ----------------------------------------------------------------------------------------------
 
 
-_RUN_COLUMNS = ("RUN", "STATUS", "PROGRAM", "POD", "ZONE", "TYPE", "EXIT", "PREEMPTIONS", "RESTARTS",
-               "STARTED (UTC)", "DURATION S")  # fmt: skip
+_RUN_COLUMNS = ("RUN", "STATUS", "WORKSPACE", "USER", "PROGRAM", "POD", "ZONE", "TYPE", "EXIT",
+                "PREEMPTIONS", "RESTARTS", "STARTED (UTC)", "DURATION S")  # fmt: skip
 
 
 @runs_app.command("list")
@@ -587,9 +595,16 @@ def list_runs(
     limit: Annotated[
         str, typer.Option("--limit", metavar="N", help="Show at most this many (newest first).")
     ] = "50",
+    workspace: Annotated[
+        str | None, typer.Option("--workspace", metavar="NAME", help="Only the runs of this workspace.")
+    ] = None,
+    user: Annotated[
+        str | None,
+        typer.Option("--user", metavar="EMAIL", help="Only the runs this principal submitted."),
+    ] = None,
     output: OutputOpt = None,
 ) -> None:
-    """List runs, newest first."""
+    """List runs, newest first, with the workspace each uses and who submitted it."""
     from tpuctl import params
     from tpuctl.services.run.service import Runs
     from tpuctl.services.run.views import RunView
@@ -602,10 +617,10 @@ def list_runs(
     if server is not None:
         from tpuctl.cli import runs_remote
 
-        views = runs_remote.listed(server, count)
+        views = runs_remote.listed(server, count, workspace=workspace, principal=user)
     else:
         with session(ctx, out, settings) as sess:
-            views = Runs(sess).list_runs(limit=count)
+            views = Runs(sess).list_runs(limit=count, workspace=workspace, principal=user)
     out.rows(
         "runs",
         _RUN_COLUMNS,
@@ -613,6 +628,8 @@ def list_runs(
             [
                 v.run_id,
                 v.status,
+                v.workspace,
+                v.principal,
                 v.program,
                 v.pod,
                 v.zone,
@@ -627,7 +644,7 @@ def list_runs(
         ),
         key="runs",
         records=[v.to_dict() if isinstance(v, RunView) else v.model_dump() for v in views],
-        keep=frozenset({"RUN", "STATUS", "POD", "ZONE"}),
+        keep=frozenset({"RUN", "STATUS", "WORKSPACE", "USER", "POD", "ZONE"}),
         drop=("PROGRAM", "STARTED (UTC)", "RESTARTS", "EXIT", "DURATION S", "PREEMPTIONS"),
     )
 

@@ -156,9 +156,9 @@ def render_end(out: Output, ended: RunDescriptionOut) -> None:
     )
 
 
-def listed(server: str, limit: int) -> list[RunOut]:
+def listed(server: str, limit: int, *, workspace: str | None, principal: str | None) -> list[RunOut]:
     with client(server) as api:
-        return api.list_runs(limit=limit).runs
+        return api.list_runs(limit=limit, workspace=workspace, principal=principal).runs
 
 
 def describe(out: Output, server: str, ref: str | None) -> None:

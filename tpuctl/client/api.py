@@ -134,8 +134,10 @@ class ServerClient:
             Resumed, "POST", f"/v1/runs/{_quoted(ref)}/resume", json=body.model_dump(), command="runs resume"
         )
 
-    def list_runs(self, *, limit: int) -> RunList:
-        return self._call(RunList, "GET", "/v1/runs", params={"limit": limit}, command="runs list")
+    def list_runs(self, *, limit: int, workspace: str | None = None, principal: str | None = None) -> RunList:
+        wanted = {"limit": limit, "workspace": workspace, "user": principal}
+        params = {k: v for k, v in wanted.items() if v is not None}
+        return self._call(RunList, "GET", "/v1/runs", params=params, command="runs list")
 
     def describe(self, ref: str) -> RunDescriptionOut:
         return self._call(RunDescriptionOut, "GET", f"/v1/runs/{_quoted(ref)}", command="runs describe")

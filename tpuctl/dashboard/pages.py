@@ -19,7 +19,7 @@ from markupsafe import Markup
 from tpuctl.dashboard import svg
 
 if TYPE_CHECKING:
-    from tpuctl.services.cost import CostLine, CostReport, CostService, GroupBy
+    from tpuctl.services.cost import CostLine, CostReport, CostScope, CostService, GroupBy
     from tpuctl.services.prices import PriceSource
     from tpuctl.services.run.service import Runs
     from tpuctl.services.run.views import RunDescription, RunView
@@ -183,6 +183,15 @@ class Dashboard:
         s = self._session
         return CostService(s.ledger.url, s.catalog, self._prices, clock=s.clock)
 
+    def _scope(self) -> CostScope | None:
+        """The slices the viewer's reports cover: None, every slice (a local ledger, a scrape of it all);
+        else those of the workspaces the session's actor may see (a team server's member), exactly as
+        the API's cost report is scoped."""
+        from tpuctl.services.cost import CostScope
+
+        visible = self._session.actor.visible
+        return None if visible is None else CostScope(visible)
+
     def _runs(self) -> Runs:
         from tpuctl.services.run.service import Runs
 
@@ -237,7 +246,10 @@ class Dashboard:
             return ()
         starts = [t for p in pods if (t := p.requested_at or p.created_at or p.ready_at) is not None]
         report = self._costs().report(
-            since=min(starts) if starts else None, group_by=GroupBy("slice"), with_days=False
+            since=min(starts) if starts else None,
+            group_by=GroupBy("slice"),
+            with_days=False,
+            scope=self._scope(),
         )
         usd = {(g.get("zone"), g.get("name"), g.get("incarnation")): g["cost_usd"] for g in report.groups}
         return tuple(
@@ -281,12 +293,14 @@ class Dashboard:
         group = parse_group_by(group_by)
         now = self._session.clock()
         start, end = parse_window(since, None, now=now)
-        costs = self._costs()
+        costs, scope = self._costs(), self._scope()
         with ThreadPoolExecutor(max_workers=3, thread_name_prefix="tpuctl-money") as pool:
-            report = pool.submit(costs.report, since=start, until=end, group_by=group)
+            report = pool.submit(costs.report, since=start, until=end, group_by=group, scope=scope)
+            # A scoped report has no per-day figures (docs/cost.md, Attribution), nor is the one-scan day
+            # split scoped: a member's page draws no days rather than other workspaces' cost.
             split = (
                 pool.submit(costs.cost_per_day, since=start, until=end, group_by=group)
-                if group.kind in DAY_SPLIT_GROUPINGS
+                if group.kind in DAY_SPLIT_GROUPINGS and scope is None
                 else None
             )
             waste = pool.submit(self.top_waste, start, end)
@@ -329,15 +343,24 @@ class Dashboard:
         self, start: float | None, end: float, *, count: int = TOP_WASTE
     ) -> tuple[dict[str, Any], ...]:
         """The ``count`` groups of `cost report --group-by run` that wasted most (none that wasted
-        nothing), most first."""
-        return tuple(self._costs().runs_by_waste(count, since=start, until=end))
+        nothing), most first; a scoped viewer's from their own runs' report."""
+        from tpuctl.services.cost import GroupBy
+
+        scope = self._scope()
+        if scope is None:
+            return tuple(self._costs().runs_by_waste(count, since=start, until=end))
+        report = self._costs().report(since=start, until=end, group_by=GroupBy("run"), with_days=False,
+                                      scope=scope)  # fmt: skip
+        wasted = [g for g in report.groups if float(g.get("waste_usd") or 0) > 0]
+        return tuple(sorted(wasted, key=lambda g: -float(g["waste_usd"]))[:count])
 
     def _budgets(self, now: float) -> dict[str, Any]:
         """The burn-down of each workspace with a ``usd_per_month``, or why there is none."""
         from tpuctl.errors import UsageError
         from tpuctl.services.cost import parse_group_by
 
-        budgeted = [w for w in self._workspaces if w.usd_per_month is not None]
+        actor = self._session.actor
+        budgeted = [w for w in self._workspaces if w.usd_per_month is not None and actor.may_see(w.name)]
         if not budgeted:
             where = "this server's workspace file" if self._workspaces.source else "the local workspace"
             return {"budget_note": f"No workspace has a monthly budget (usd_per_month) in {where}: "
@@ -349,6 +372,8 @@ class Dashboard:
                                    "this tpuctl does not have: no burn-down is drawn."}  # fmt: skip
         month = datetime.fromtimestamp(now, UTC).replace(day=1, hour=0, minute=0, second=0, microsecond=0)
         first = month.timestamp()
+        # Every workspace's days (a scoped report has none), of which only the visible workspaces' budgets
+        # are drawn: nothing of another workspace reaches the page.
         report = self._costs().report(since=first, until=now, group_by=group)
         days = self.cost_per_day(group, first, now, report.by_day)
         return {
@@ -360,10 +385,13 @@ class Dashboard:
         that ended since then, the last to end first, with when and why they ended."""
         now = self._session.clock()
         ledger = self._session.ledger
-        rows = [_slice_row(pod, now) for pod in ledger.list_pods(alive=True)]
+        seen = self._session.actor.may_see  # a slice of a workspace the viewer may not see is not shown
+        rows = [_slice_row(pod, now) for pod in ledger.list_pods(alive=True) if seen(pod.workspace)]
         if gone_since is not None:
             gone = [
-                p for p in ledger.list_pods(alive=False, since=gone_since) if (p.ended_at or 0) >= gone_since
+                p
+                for p in ledger.list_pods(alive=False, since=gone_since)
+                if (p.ended_at or 0) >= gone_since and seen(p.workspace)
             ]
             gone.sort(key=lambda p: (-(p.ended_at or 0.0), -p.id))
             rows += [_slice_row(pod, now) for pod in gone]

@@ -28,9 +28,9 @@ from typing import TYPE_CHECKING, Final
 
 from tpuctl.catalog import CapacityType
 from tpuctl.errors import InfeasibleError, UsageError
-from tpuctl.services.queue_spend import MonthSpend
+from tpuctl.services.cost.monthly_spend import MonthSpend, Spend
 from tpuctl.store.queue import RETRY_AT, QueueDecision, QueueEntry, QueueSnapshot, workspace_of
-from tpuctl.store.records import PriorityBand, RunRecord
+from tpuctl.store.records import UNKNOWN_PRINCIPAL, PriorityBand, RunRecord
 
 if TYPE_CHECKING:
     from tpuctl.catalog import Catalog
@@ -79,9 +79,9 @@ def order_key(record: RunRecord, workspaces: Workspaces, spend: MonthSpend) -> t
     name = workspace_of(record)
     workspace = workspaces.get(name)
     budget = None if workspace is None else workspace.usd_per_month
-    spent = spend.by_workspace.get(name, 0.0)
+    spent = spend.by_workspace.get(name, Spend()).spent_usd
     share = spent / budget if budget else 0.0
-    mine = spend.by_principal.get((name, record.principal or ""), 0.0)
+    mine = spend.by_principal.get((name, record.principal or UNKNOWN_PRINCIPAL), Spend()).spent_usd
     age = record.queued_at if record.queued_at is not None else record.created_at
     return (band_of(record).rank, share, mine, age, record.run_id)
 
@@ -204,7 +204,7 @@ class Admission:
         if workspace is None:
             return f"workspace {name} is not in the server's workspace file"
         budget = workspace.usd_per_month
-        spent = self._spend.by_workspace.get(name, 0.0)
+        spent = self._spend.by_workspace.get(name, Spend()).spent_usd
         if budget is not None and spent >= budget:
             return (
                 f"workspace {name}: {spent:.2f} of {budget:.2f} USD spent this month "

@@ -167,8 +167,12 @@ def build_app(
         return RunPlanOut(plan=plan(scoped(session), bundles, body))
 
     @app.get("/v1/runs", response_model=RunList)
-    def list_runs(limit: Annotated[int, Query(ge=1, le=10_000)] = 50) -> RunList:
-        views = _runs(scoped(session)).list_runs(limit=limit)
+    def list_runs(
+        limit: Annotated[int, Query(ge=1, le=10_000)] = 50,
+        workspace: Annotated[str | None, Query(max_length=200, description="Only this workspace's.")] = None,
+        user: Annotated[str | None, Query(max_length=320, description="Only this principal's.")] = None,
+    ) -> RunList:
+        views = _runs(scoped(session)).list_runs(limit=limit, workspace=workspace, principal=user)
         return RunList(runs=[RunOut(**v.to_dict()) for v in views])
 
     @app.get("/v1/runs/{run}", response_model=RunDescriptionOut)

@@ -4,7 +4,7 @@ scraped. Every metric, its labels and the CLI command whose number it equals: do
 A scrape reads the ledger with a handful of aggregate queries in one read snapshot (runs by state, the
 queue and its waits, the slices billing now, the goodput sums of the recovery records), the preemptions of
 the preempted runs (each read through ``PreemptionView``, as `runs describe` reads it), and the cost report
-grouped by run (``CostService``, the one behind `cost report`) on a thread beside them: nothing is kept
+grouped by workspace (``CostService``, the one behind `cost report`) on a thread beside them: nothing is kept
 between scrapes, so two replicas answer alike.
 
 Who may scrape is the server's gate's to say (``tpuctl.server.auth``): a bearer token whose SHA-256 is the
@@ -51,8 +51,6 @@ DETECTION_BUCKETS_S: Final = (1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.
 RECOVERY_BUCKETS_S: Final = (60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0, 7200.0, 14400.0)
 #: A run in one of these has ended: one that entered the queue and ended there (cancelled) waits no more.
 _FINISHED: Final = tuple(s.value for s in RunStatus if s.finished)
-#: The "(none)" group of `cost report --group-by run`: slices no run created.
-_NO_RUN_GROUP: Final = "(none)"
 
 
 @dataclass
@@ -118,7 +116,7 @@ def read_figures(session: Session, prices: PriceSource, known: Iterable[str] = (
     from tpuctl.store.cost_reader import open_reader
 
     # The cost report (most of a scrape's time, in the database) overlaps the other queries.
-    costs = InBackground(lambda: _run_costs(session, prices), name="tpuctl-metrics-cost")
+    costs = InBackground(lambda: _workspace_costs(session, prices), name="tpuctl-metrics-cost")
     figures = Figures()
     for name in known:
         figures.setdefault(name, WorkspaceFigures())  # a workspace of the file shows its zeros
@@ -129,8 +127,7 @@ def read_figures(session: Session, prices: PriceSource, known: Iterable[str] = (
         _read_recoveries(reader, params, figures)
         _read_goodput(reader, params, figures)
         _read_burning(reader, params, figures)
-        run_workspace = dict(reader.query("SELECT run_id, COALESCE(workspace, :local) FROM runs", params))
-    _add_costs(costs.result(), run_workspace, figures)
+    _add_costs(costs.result(), figures)
     return figures
 
 
@@ -249,20 +246,18 @@ def _read_burning(reader: LedgerReader, params: dict[str, Any], figures: Figures
         figures[workspace].burning_usd_per_hour[str(capacity)] = float(usd_per_hour or 0.0)
 
 
-def _run_costs(session: Session, prices: PriceSource) -> list[CostLine]:
-    """`cost report --group-by run`'s groups, from the same service."""
+def _workspace_costs(session: Session, prices: PriceSource) -> list[CostLine]:
+    """`cost report --group-by workspace`'s groups, from the same service: each slice counts for its own
+    workspace (its run's, else its maker's; a slice from before workspaces for ``LOCAL_WORKSPACE``)."""
     from tpuctl.services.cost import CostService, GroupBy
 
     service = CostService(session.ledger.url, session.catalog, prices, clock=session.clock)
-    return service.report(group_by=GroupBy("run"), with_days=False).lines
+    return service.report(group_by=GroupBy("workspace"), with_days=False).lines
 
 
-def _add_costs(lines: list[CostLine], run_workspace: dict[str, str], figures: Figures) -> None:
-    """Each run's spend and recomputed work to its workspace; slices no run created (the report's
-    "(none)" group) and runs the ledger lacks count for ``LOCAL_WORKSPACE``."""
+def _add_costs(lines: list[CostLine], figures: Figures) -> None:
     for line in lines:
-        workspace = LOCAL_WORKSPACE if line.key == _NO_RUN_GROUP else run_workspace.get(line.key)
-        into = figures[workspace or LOCAL_WORKSPACE]
+        into = figures[str(line.key)]
         into.spent_usd += line.cost_usd
         into.recomputed_usd += line.recomputed_usd
 

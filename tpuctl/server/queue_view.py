@@ -12,7 +12,7 @@ from tpuctl.store.records import RunStatus
 from tpuctl.timefmt import iso_or_none
 
 if TYPE_CHECKING:
-    from tpuctl.services.queue_spend import MonthSpend
+    from tpuctl.services.cost.monthly_spend import MonthSpend
     from tpuctl.services.session import Session
     from tpuctl.teams.workspaces import Workspaces
 

@@ -44,7 +44,7 @@ from tpuctl.services.run.model import Silent
 from tpuctl.store.records import LedgerBusyError, RunStatus
 
 if TYPE_CHECKING:
-    from tpuctl.services.queue_spend import MonthSpend
+    from tpuctl.services.cost.monthly_spend import MonthSpend
     from tpuctl.services.run.fencing import LeaseKeeper
     from tpuctl.services.run.supervisor import Supervisor
     from tpuctl.services.session import Session
@@ -191,11 +191,11 @@ class Replica:
 
     def _month_spend(self) -> MonthSpend:
         """This month's spend per workspace and principal, read again once ``SPEND_MAX_AGE_S`` old."""
-        from tpuctl.services.queue_spend import month_spend
+        from tpuctl.services.cost.monthly_spend import this_month_spend
 
         now = time.monotonic()
         if self._spend is None or now - self._spend[0] >= SPEND_MAX_AGE_S:
-            self._spend = (now, month_spend(self._session, now=self._session.clock()))
+            self._spend = (now, this_month_spend(self._session, now=self._session.clock()))
         return self._spend[1]
 
     def _start_worker(self, claim: LeaseClaim, claimed_at: float, *, fresh: bool) -> bool:

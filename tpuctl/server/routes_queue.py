@@ -22,9 +22,9 @@ def queue_routes(session: Session, workspaces: Workspaces) -> APIRouter:
     @router.get("/v1/queue", response_model=QueueOut)
     def queue() -> QueueOut:
         from tpuctl.server.queue_view import queue_of
-        from tpuctl.services.queue_spend import month_spend
+        from tpuctl.services.cost.monthly_spend import this_month_spend
 
-        spend = month_spend(session, now=session.clock())
+        spend = this_month_spend(session, now=session.clock())
         return QueueOut(served_by=served, runs=queue_of(session, workspaces, spend))
 
     return router

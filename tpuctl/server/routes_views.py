@@ -53,6 +53,8 @@ def view_routes(session: Session, json_body: Callable[..., None]) -> APIRouter:
         limit: Annotated[int | None, Query(ge=1, le=10_000_000)] = None,
         reconcile: bool = True,
         dry_run: bool = False,
+        workspace: Annotated[str | None, Query(max_length=100)] = None,
+        user: Annotated[str | None, Query(max_length=320)] = None,
     ) -> CostReportOut:
         from tpuctl.services.cost import parse_group_by
         from tpuctl.services.cost.session_report import session_report
@@ -60,15 +62,9 @@ def view_routes(session: Session, json_body: Callable[..., None]) -> APIRouter:
         group = parse_group_by(group_by)
         _check_window(since, until)
         report = session_report(
-            scoped(session),
-            _prices(session),
-            group,
-            since,
-            until,
-            limit,
-            reconcile=reconcile,
-            dry_run=dry_run,
-        )
+            scoped(session), _prices(session), group, since, until, limit, reconcile=reconcile,
+            dry_run=dry_run, workspace=workspace, principal=user,
+        )  # fmt: skip
         return CostReportOut(served_by=served, report=report)
 
     @router.post("/v1/cost/estimate", response_model=EstimateOut, dependencies=[Depends(json_body)])

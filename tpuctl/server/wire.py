@@ -69,6 +69,9 @@ class RunOut(BaseModel):
     preemptions: int
     labels: dict[str, str]
     detail: dict[str, Any]
+    #: Whose share it uses and who submitted it (``RunView``'s).
+    workspace: str = "default"
+    principal: str = "(unknown)"
 
 
 class RunPlanOut(BaseModel):

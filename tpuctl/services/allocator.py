@@ -37,6 +37,7 @@ from tpuctl.cloud.base import (
     LABEL_MANAGED_BY_VALUE,
     LABEL_OWNER,
     LABEL_REQUEST,
+    LABEL_RUN,
     HostNetwork,
     Node,
     OperationProgress,
@@ -412,7 +413,11 @@ class Allocator:
         self.context = PlacementContext(
             cloud=self._cloud,
             recorder=Recorder(
-                session.ledger, backend=self._cloud.backend, project=self._cloud.project, clock=monotonic
+                session.ledger,
+                backend=self._cloud.backend,
+                project=self._cloud.project,
+                clock=monotonic,
+                actor=session.actor,
             ),
             retry=retry or tuning.step_retry,
             sleep=sleep or session.sleep,
@@ -564,6 +569,12 @@ class Allocator:
         """The request with this ledger's identity among its labels: what lets `pod gc` prove a live
         slice is its own (``$USER`` cannot: two machines may both be root)."""
         identity = self._session.ledger.identity
+        if LABEL_RUN not in request.labels:
+            # A slice outside any run is its maker's, in the workspace asked for (checked here, before
+            # anything is planned or created: exit 2 names the choices).
+            workspace = self._session.actor.submit_workspace(request.workspace)
+            if workspace != request.workspace:
+                request = dataclasses.replace(request, workspace=workspace)
         if request.labels.get(LABEL_LEDGER) == identity:
             return request
         return dataclasses.replace(request, labels={**request.labels, LABEL_LEDGER: identity})

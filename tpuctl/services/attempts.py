@@ -46,6 +46,7 @@ from tpuctl.store.records import AttemptOutcome, EventKind
 
 if TYPE_CHECKING:
     from tpuctl.store.ledger import Ledger
+    from tpuctl.teams.actor import Actor
 
 T = TypeVar("T")
 
@@ -204,7 +205,9 @@ class Placement:
 
 
 class Recorder:
-    """Writes a placement's lifecycle events and attempts to the ledger."""
+    """Writes a placement's lifecycle events and attempts to the ledger, each attributed: a run's to the
+    run (the ledger reads its owner), a slice made outside any run to ``actor`` in the request's
+    workspace."""
 
     def __init__(
         self,
@@ -213,11 +216,20 @@ class Recorder:
         backend: str,
         project: str,
         clock: Callable[[], float] = time.monotonic,
+        actor: Actor | None = None,
     ) -> None:
         self._ledger = ledger
         self._backend = backend
         self._project = project
         self._clock = clock
+        self._actor = actor
+
+    def _owner(self, request: PlacementRequest) -> tuple[str | None, str | None]:
+        """(principal, workspace) a write of ``request`` is for when it is no run's; (None, None) for a
+        run's (the ledger knows its owner)."""
+        if LABEL_RUN in request.labels or self._actor is None:
+            return None, None
+        return self._actor.principal, self._actor.submit_workspace(request.workspace)
 
     def pod_event(
         self,
@@ -232,6 +244,7 @@ class Recorder:
         detail: Mapping[str, Any] | None = None,
     ) -> None:
         accel = request.accelerator
+        principal, workspace = self._owner(request)
         if kind is EventKind.REQUESTED:
             detail = {**(detail or {}), REQUESTED_BY: requester()}
         self._ledger.record_event(
@@ -252,6 +265,8 @@ class Recorder:
             backend=self._backend,
             project=self._project,
             detail=detail,
+            principal=principal,
+            workspace=workspace,
         )
 
     def gone(self, zone: str, name: str, request_id: str, reason: str) -> None:
@@ -279,6 +294,7 @@ class Recorder:
         if queued_resource is not None:
             extra["queued_resource"] = queued_resource
         extra["price_per_hour"] = candidate.price_per_hour
+        principal, workspace = self._owner(request)
         self._ledger.record_attempt(
             request.request_id,
             zone=candidate.zone,
@@ -289,6 +305,9 @@ class Recorder:
             pod=request.name,
             accelerator_type=request.accelerator.api_name,
             detail=extra,
+            run_id=request.labels.get(LABEL_RUN),
+            principal=principal,
+            workspace=workspace,
         )
         return AttemptResult(
             zone=candidate.zone,

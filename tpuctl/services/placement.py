@@ -173,6 +173,9 @@ class PlacementRequest:
     #: are the fields above): every type's candidates are ranked in one plan. Empty: that type only.
     other_types: tuple[SliceType, ...] = ()
     type_preference: TypePreference = TypePreference.ORDERED
+    #: The workspace asked for a slice made outside any run (None: the actor's only one); a run's slices
+    #: are attributed to the run, whatever this says (``attempts.Recorder``).
+    workspace: str | None = None
 
     @property
     def slice_types(self) -> tuple[SliceType, ...]:

@@ -7,6 +7,7 @@ resume` and a background supervisor place its slices as the command that started
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -42,6 +43,9 @@ class PlacementChoices:
     #: The TPU software version of a new slice (a job file's ``accelerator_args.runtime_version``);
     #: None: the type's default.
     runtime_version: str | None = None
+    #: The workspace a slice made outside any run goes into (``pod create --workspace``); None: the
+    #: actor's only one. A run's slices are its run's, whatever this says.
+    workspace: str | None = None
 
     def request(
         self,
@@ -63,7 +67,7 @@ class PlacementChoices:
         error naming the flag)."""
         from tpuctl.services.allocator import build_request
 
-        return build_request(
+        request = build_request(
             catalog,
             settings,
             type_name,
@@ -88,12 +92,16 @@ class PlacementChoices:
             other_types=other_types,
             type_preference=type_preference,
         )
+        return request if self.workspace is None else dataclasses.replace(request, workspace=self.workspace)
 
     # --- the saved form (a run's request) ----------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
         network = self.network
+        # Only when given: a run's saved request (its slices are the run's) stays as it was.
+        workspace = {} if self.workspace is None else {"workspace": self.workspace}
         return {
+            **workspace,
             "zones": list(self.zones),
             "region": self.region,
             "capacity_types": [c.value for c in self.capacity_types],
@@ -127,6 +135,7 @@ class PlacementChoices:
             network=None if network is None else _host_network(network),
             service_account=data.get("service_account"),
             runtime_version=data.get("runtime_version"),
+            workspace=data.get("workspace"),
         )
 
 

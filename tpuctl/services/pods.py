@@ -27,7 +27,7 @@ from tpuctl.errors import (
     UsageError,
 )
 from tpuctl.services.session import Session
-from tpuctl.store.records import EventKind, EventRecord, PodRecord
+from tpuctl.store.records import LOCAL_WORKSPACE, EventKind, EventRecord, PodRecord
 from tpuctl.timefmt import iso
 
 _NODE_ID_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -71,6 +71,10 @@ class PodView:
     created_at: str | None
     tracked: bool
     queued_resource: str | None = None
+    #: Whose slice it is (the ledger's; a slice it does not know, or from before workspaces: the local
+    #: workspace, an unknown principal).
+    workspace: str = LOCAL_WORKSPACE
+    principal: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -88,6 +92,8 @@ class PodView:
             "created_at": self.created_at,
             "tracked": self.tracked,
             "queued_resource": self.queued_resource,
+            "workspace": self.workspace,
+            "principal": self.principal,
         }
 
 
@@ -116,6 +122,10 @@ def _deleted_by(event: EventRecord) -> str:
     return str(by or reason or "unknown")
 
 
+def _no_slice(name: str) -> NotFoundError:
+    return NotFoundError(f"no slice named {name!r}", fix="`tpuctl pod list` shows the slices that exist")
+
+
 @dataclass(frozen=True)
 class Deletion:
     """A deleted slice, and the queued resource deleted with it (its id), if any."""
@@ -142,7 +152,8 @@ class PodService:
         caller may not list is left out, with a note on the cloud)."""
         cloud = self._cloud if surfaces is None else asking_only(self._cloud, surfaces)
         nodes = cloud.list_nodes(validate_zone(zone) if zone else None)
-        return [self._view(node) for node in sorted(nodes, key=lambda n: (n.zone, n.name))]
+        views = [self._view(node) for node in sorted(nodes, key=lambda n: (n.zone, n.name))]
+        return [view for view in views if self._session.actor.may_see(view.workspace)]
 
     def describe(self, name: str, zone: str | None = None) -> dict[str, Any]:
         """The live slice joined with its ledger record; for one the cloud no longer has, what the ledger
@@ -151,7 +162,7 @@ class PodService:
             node = self._locate(name, zone)
         except NotFoundError:
             record = self._ledger.get_pod(name, zone=validate_zone(zone) if zone else None)
-            if record is None:
+            if record is None or not self._session.actor.may_see(record.workspace):
                 raise
             return self._describe_from_ledger(record)
         view = self._view(node)
@@ -198,9 +209,27 @@ class PodService:
             "events": [_event_dict(e) for e in events],
             "deleted_at": None if record.deleted_at is None else iso(record.deleted_at),
             "deleted_by": None if deletion is None else _deleted_by(deletion),
+            "workspace": record.workspace or LOCAL_WORKSPACE,
+            "principal": record.principal,
         }
 
     def _locate(self, name: str, zone: str | None) -> Node:
+        """Find a slice by name (one the actor may see: another workspace's is not found, exactly as one
+        that does not exist)."""
+        node = self._find(name, zone)
+        record = self._ledger.get_pod(node.name, zone=node.zone)
+        if not self._session.actor.may_see(None if record is None else record.workspace):
+            raise _no_slice(name)
+        return node
+
+    def _locate_to_change(self, name: str, zone: str | None) -> Node:
+        """``_locate``, and ``ForbiddenError`` (exit 13, HTTP 403) unless the actor may change it."""
+        node = self._locate(name, zone)
+        record = self._ledger.get_pod(node.name, zone=node.zone)
+        self._session.actor.check_change(None if record is None else record.workspace, "delete slices")
+        return node
+
+    def _find(self, name: str, zone: str | None) -> Node:
         """Find a slice by name: in the given zone, the ledger's zone for it, or any zone."""
         if zone:
             return self._cloud.get_node(validate_zone(zone), name)
@@ -212,10 +241,7 @@ class PodService:
                 pass
         matches = [n for n in self._cloud.list_nodes(None) if n.name == name]
         if not matches:
-            raise NotFoundError(
-                f"no slice named {name!r}",
-                fix="`tpuctl pod list` shows the slices that exist",
-            )
+            raise _no_slice(name)
         if len(matches) > 1:
             zones = ", ".join(sorted(n.zone for n in matches))
             raise UsageError(
@@ -248,6 +274,8 @@ class PodService:
             created_at=node.create_time.isoformat() if node.create_time else None,
             tracked=record is not None,
             queued_resource=node.queued_resource,
+            workspace=(record.workspace if record is not None else None) or LOCAL_WORKSPACE,
+            principal=None if record is None else record.principal,
         )
 
     def _accelerator_or_none(self, api_name: str) -> AcceleratorType | None:
@@ -261,7 +289,7 @@ class PodService:
     def plan_delete(self, names: Sequence[str], zone: str | None = None) -> builtins.list[dict[str, Any]]:
         plans = []
         for name in names:
-            node = self._locate(name, zone)
+            node = self._locate_to_change(name, zone)
             requests = [r.to_dict() for r in self._cloud.plan_delete_node(node.zone, node.name)]
             qr_id = self._queue_to_delete(node)
             if qr_id is not None:
@@ -290,7 +318,7 @@ class PodService:
     ) -> Deletion:
         """Delete the slice, and the queued resource that made it when nothing else of it is left (a
         queued resource holds quota until it is deleted, whatever became of its slices)."""
-        node = self._locate(name, zone)
+        node = self._locate_to_change(name, zone)
         qr_id = self._queue_to_delete(node)
         # Gone (or DELETING) after an unknown outcome is the outcome the user asked for.
         delete_node_idempotent(self._cloud, node.zone, node.name, wait=wait, progress=progress)

@@ -39,12 +39,11 @@ from enum import StrEnum
 from typing import Any, Final
 
 from tpuctl.errors import UsageError
-from tpuctl.store import schema
 from tpuctl.store.database import Database
-from tpuctl.store.ledger import Ledger
+from tpuctl.store.ledger import ATTEMPT_COLUMNS, Ledger
 from tpuctl.store.records import LedgerError, RunStatus
 from tpuctl.store.sql import SqlConnection
-from tpuctl.store.view import Ev
+from tpuctl.store.view import EVENT_COLUMNS, Ev
 
 __all__ = [
     "COUNTED",
@@ -113,10 +112,12 @@ COUNTED: Final = (*(t for t, how in TABLES.items() if how is Copied.WITH_RUN), "
 
 _UNFINISHED: Final = ", ".join(f"'{s.value}'" for s in RunStatus if not s.finished)
 _FINISHED: Final = ", ".join(f"'{s.value}'" for s in RunStatus if s.finished)
-_EVENT_COLS: Final = ", ".join(schema.EVENT_COLUMNS)
-_ATTEMPT_COLS: Final = ", ".join(schema.ATTEMPT_COLUMNS)
-_ATTEMPT_BUT_ID: Final = schema.ATTEMPT_COLUMNS[1:]
-_ATTEMPT_EVENT: Final = schema.ATTEMPT_COLUMNS.index("event_id")
+# With whose each row is (revision 0003): the replayed events give the pods theirs, the attempts keep
+# theirs, exactly as in the source.
+_EVENT_COLS: Final = ", ".join(EVENT_COLUMNS)
+_ATTEMPT_COLS: Final = ", ".join(ATTEMPT_COLUMNS)
+_ATTEMPT_BUT_ID: Final = ATTEMPT_COLUMNS[1:]
+_ATTEMPT_EVENT: Final = ATTEMPT_COLUMNS.index("event_id")
 _INSERT_ATTEMPT: Final = (
     f"INSERT INTO attempts ({', '.join(_ATTEMPT_BUT_ID)}) "
     f"VALUES ({', '.join(f':{c}' for c in _ATTEMPT_BUT_ID)})"

@@ -80,7 +80,7 @@ from tpuctl.store.records import (
 from tpuctl.store.secrets import SecretKey
 from tpuctl.store.sql import SqlConnection
 from tpuctl.store.url import LEDGER_FILENAME, DatabaseUrl, parse_database_url
-from tpuctl.store.view import POD_KINDS, Ev, PodRow, apply_event
+from tpuctl.store.view import EVENT_COLUMNS, POD_COLUMNS, POD_KINDS, Ev, PodRow, apply_event
 
 __all__ = ["LEDGER_FILENAME", "UNSET", "Ledger", "ledger_file", "resolve_ledger_path"]
 
@@ -105,9 +105,11 @@ UNSET: Final = _Unset.UNSET
 _T = TypeVar("_T")
 _Maybe: TypeAlias = _T | Literal[_Unset.UNSET]
 
-_EVENT_COLS: Final = ", ".join(schema.EVENT_COLUMNS)
-_POD_COLS: Final = ", ".join(schema.POD_COLUMNS)
-_ATTEMPT_COLS: Final = ", ".join(schema.ATTEMPT_COLUMNS)
+_EVENT_COLS: Final = ", ".join(EVENT_COLUMNS)
+_POD_COLS: Final = ", ".join(POD_COLUMNS)
+#: An attempt's columns: the hand-written migrations' and whose placement it was (revision 0003).
+ATTEMPT_COLUMNS: Final = (*schema.ATTEMPT_COLUMNS, "principal", "workspace")
+_ATTEMPT_COLS: Final = ", ".join(ATTEMPT_COLUMNS)
 #: A run's columns: the hand-written migrations' and what revision 0003 added (who, and the queue).
 _RUN_COLUMNS: Final = (*schema.RUN_COLUMNS, "principal", "workspace", "priority", "queued_at", "admitted_at",
                        "queue_reason")  # fmt: skip
@@ -125,15 +127,14 @@ _RESUMABLE: Final = (
     )
 )
 _INSERT_EVENT: Final = (
-    f"INSERT INTO events ({_EVENT_COLS}) VALUES ({', '.join(f':{c}' for c in schema.EVENT_COLUMNS)})"
+    f"INSERT INTO events ({_EVENT_COLS}) VALUES ({', '.join(f':{c}' for c in EVENT_COLUMNS)})"
 )
 _UPSERT_POD: Final = (
-    f"INSERT INTO pods ({_POD_COLS}) VALUES ({', '.join(f':{c}' for c in schema.POD_COLUMNS)}) "
-    "ON CONFLICT (id) DO UPDATE SET "
-    + ", ".join(f"{c} = excluded.{c}" for c in schema.POD_COLUMNS if c != "id")
+    f"INSERT INTO pods ({_POD_COLS}) VALUES ({', '.join(f':{c}' for c in POD_COLUMNS)}) "
+    "ON CONFLICT (id) DO UPDATE SET " + ", ".join(f"{c} = excluded.{c}" for c in POD_COLUMNS if c != "id")
 )
 _SEGMENT_BY_ID: Final = f"SELECT {_SEGMENT_COLS} FROM run_segments WHERE id = :id"
-_ATTEMPT_COLUMNS_BUT_ID: Final = schema.ATTEMPT_COLUMNS[1:]
+_ATTEMPT_COLUMNS_BUT_ID: Final = ATTEMPT_COLUMNS[1:]
 _ATTEMPT_COLS_BUT_ID: Final = ", ".join(_ATTEMPT_COLUMNS_BUT_ID)
 _LATEST_POD: Final = (
     f"SELECT {_POD_COLS} FROM pods WHERE zone = :zone AND name = :name ORDER BY incarnation DESC LIMIT 1"
@@ -328,17 +329,24 @@ class Ledger:
         slice_index: int | None = None,
         backend: str | None = None,
         project: str | None = None,
+        principal: str | None = None,
+        workspace: str | None = None,
     ) -> int:
         """Append one event and apply it to the pods view in the same transaction; return its id.
 
         Lifecycle kinds (requested, queued, created, ready, preempted, failed, deleted, gone,
         price_change) need ``pod`` and ``zone``; price_change needs ``price_per_chip_hour``. See
         ``tpuctl.store.view`` for exactly how each kind moves the view.
+
+        ``principal``/``workspace``: who it is done for, given only for a slice outside any run (``pod
+        create``). Left out, the event is the run's (``run_id``, or the run of the slice it names: whoever
+        writes it, a replica that took the run over too), else the slice's own (``_Owners``).
         """
         ev = self._normalize(
             NewEvent(
                 kind, pod, zone, accelerator_type, chips, capacity, price_per_chip_hour, labels, run_id,
-                request_id, detail, ts, hosts, queued_resource, slice_index, backend, project,
+                request_id, detail, ts, hosts, queued_resource, slice_index, backend, project, principal,
+                workspace,
             )
         )  # fmt: skip
         with self._write() as conn:
@@ -405,6 +413,8 @@ class Ledger:
             e.slice_index,
             e.backend,
             e.project,
+            e.principal,
+            e.workspace,
         )
 
     def _apply(
@@ -433,6 +443,7 @@ class Ledger:
         dirty: dict[int, PodRow] = {}
         rows: list[dict[str, Any]] = []
         ids: list[int] = []
+        owners = _Owners(conn, bulk=not return_ids)
         count = 0
         for ev in events:
             event_id = next_event
@@ -446,12 +457,15 @@ class Ledger:
                 else:
                     found = conn.execute(_LATEST_POD, {"zone": ev.zone, "name": ev.pod}).fetchone()
                     cur = None if found is None else PodRow.from_tuple(found)
+                ev = owners.attribute(ev, cur)
                 row, changed = apply_event(cur, ev, event_id, new_pod_id)
                 cache[key] = row
                 if changed:
                     assert row is not None
                     dirty[row.id] = row
-            rows.append(dict(zip(schema.EVENT_COLUMNS, _event_row(event_id, ev, row), strict=True)))
+            else:
+                ev = owners.attribute(ev, None)
+            rows.append(dict(zip(EVENT_COLUMNS, _event_row(event_id, ev, row), strict=True)))
             if return_ids:
                 ids.append(event_id)
             if len(rows) >= _EVENT_CHUNK:
@@ -489,7 +503,7 @@ class Ledger:
             return None
         if len(latest) == 1:
             return _pod_record(latest[0])
-        open_rows = [r for r in latest if r[schema.POD_COLUMNS.index("ended_at")] is None]
+        open_rows = [r for r in latest if r[POD_COLUMNS.index("ended_at")] is None]
         if len(open_rows) == 1:
             return _pod_record(open_rows[0])
         candidates = open_rows or latest
@@ -504,14 +518,18 @@ class Ledger:
         state: PodState | None = None,
         since: float | None = None,
         until: float | None = None,
+        workspaces: Collection[str] | None = None,
     ) -> list[PodRecord]:
         """Pods, every incarnation, oldest first. ``alive`` True: not ended; False: ended.
 
         ``since``/``until``: only pods whose life (first known time .. ended_at) overlaps
-        ``[since, until)``, which is what a cost report over a window needs.
+        ``[since, until)``, which is what a cost report over a window needs. ``workspaces``: only the
+        slices of these (None: every workspace; a slice from before workspaces is in ``LOCAL_WORKSPACE``).
         """
         where: list[str] = []
         params: dict[str, Any] = {}
+        if workspaces is not None:
+            where.append(_in_workspaces(workspaces, params))
         if alive is True:
             where.append("ended_at IS NULL")
         elif alive is False:
@@ -629,8 +647,13 @@ class Ledger:
         accelerator_type: str | None = None,
         detail: Mapping[str, Any] | None = None,
         ts: float | None = None,
+        run_id: str | None = None,
+        principal: str | None = None,
+        workspace: str | None = None,
     ) -> int:
-        """Record one placement attempt (a row in ``attempts`` and an ``attempt`` event); return its id."""
+        """Record one placement attempt (a row in ``attempts`` and an ``attempt`` event); return its id.
+        Whose it is: the run's when it places a slice for ``run_id``, else ``principal``/``workspace``
+        (who asked for a slice outside any run)."""
         outcome_value = AttemptOutcome(outcome).value
         event_detail: dict[str, Any] = {"outcome": outcome_value}
         if message is not None:
@@ -649,9 +672,14 @@ class Ledger:
                 request_id=request_id,
                 detail=event_detail,
                 ts=ts,
+                principal=principal,
+                workspace=workspace,
             )
         )
         with self._write() as conn:
+            owner = _Owners(conn).of_run(run_id) if run_id is not None else None
+            if owner is not None:
+                ev = ev._replace(principal=owner[0], workspace=owner[1])
             event_id = self._apply(conn, (ev,))[0][0]
             cur = conn.execute(
                 f"INSERT INTO attempts ({_ATTEMPT_COLS_BUT_ID}) VALUES ({_named(_ATTEMPT_COLUMNS_BUT_ID)}) "
@@ -661,7 +689,7 @@ class Ledger:
                     "outcome": outcome_value, "message": message,
                     "duration_s": None if duration_s is None else float(duration_s), "pod": pod,
                     "accelerator_type": accelerator_type, "event_id": event_id,
-                    "detail": _json_or_none(detail),
+                    "detail": _json_or_none(detail), "principal": ev.principal, "workspace": ev.workspace,
                 },
             )  # fmt: skip
             return int(cur.fetchone()[0])
@@ -686,6 +714,8 @@ class Ledger:
                 accelerator_type=r[9],
                 event_id=r[10],
                 detail=_loads(r[11]),
+                principal=r[12],
+                workspace=r[13],
             )
             for r in rows
         ]
@@ -835,11 +865,7 @@ class Ledger:
             where.append("status = :status")
             params["status"] = RunStatus(status).value
         if workspaces is not None:
-            names = sorted(workspaces)
-            params.update({f"ws{i}": name for i, name in enumerate(names)})
-            listed = ", ".join(f":ws{i}" for i in range(len(names))) or "NULL"
-            where.append(f"COALESCE(workspace, :local_ws) IN ({listed})")
-            params["local_ws"] = LOCAL_WORKSPACE
+            where.append(_in_workspaces(workspaces, params))
         if principal is not None:
             where.append("principal = :principal")
             params["principal"] = principal
@@ -1371,6 +1397,16 @@ class Ledger:
         return self._clock() if ts is None else float(ts)
 
 
+def _in_workspaces(workspaces: Collection[str], params: dict[str, Any]) -> str:
+    """A condition: the row is in one of ``workspaces`` (NULL counts as ``LOCAL_WORKSPACE``); its
+    parameters are added to ``params``."""
+    names = sorted(workspaces)
+    params.update({f"ws{i}": name for i, name in enumerate(names)})
+    params["local_ws"] = LOCAL_WORKSPACE
+    listed = ", ".join(f":ws{i}" for i in range(len(names))) or "NULL"
+    return f"COALESCE(workspace, :local_ws) IN ({listed})"
+
+
 def _named(columns: Sequence[str]) -> str:
     """The named parameters of an INSERT of ``columns``: ``:a, :b, ...``."""
     return ", ".join(f":{c}" for c in columns)
@@ -1407,6 +1443,49 @@ def _rollup_differences(
 # -- row <-> record helpers ------------------------------------------------------------------------
 
 
+class _Owners:
+    """Whose each event of one write is: what the caller gave (a slice outside any run; a copied row),
+    else its run's owner (``run_id``, or the run the slice was made for: a run's rows stay its owner's
+    whoever writes them, a replica or another supervisor that took the run over), else its slice's.
+    Each run is read once per write; a bulk write over a ledger with no attributed run (an import, a
+    benchmark) reads none."""
+
+    def __init__(self, conn: SqlConnection, *, bulk: bool = False) -> None:
+        self._conn = conn
+        self._runs: dict[str, tuple[str | None, str | None] | None] = {}
+        self._any: bool | None = None if bulk else True
+
+    def of_run(self, run_id: str) -> tuple[str | None, str | None] | None:
+        """The run's (principal, workspace); None when it has neither (or is not in this ledger)."""
+        if run_id in self._runs:
+            return self._runs[run_id]
+        if self._any is None:
+            self._any = bool(
+                self._conn.execute(
+                    "SELECT EXISTS (SELECT 1 FROM runs WHERE principal IS NOT NULL OR workspace IS NOT NULL)"
+                ).fetchone()[0]
+            )
+        found = None
+        if self._any:
+            row = self._conn.execute(
+                "SELECT principal, workspace FROM runs WHERE run_id = :run_id", {"run_id": run_id}
+            ).fetchone()
+            if row is not None and (row[0] is not None or row[1] is not None):
+                found = (row[0], row[1])
+        self._runs[run_id] = found
+        return found
+
+    def attribute(self, ev: Ev, cur: PodRow | None) -> Ev:
+        """``ev`` with its principal and workspace (as given, the run's, the slice's, or none known)."""
+        if ev.principal is not None or ev.workspace is not None:
+            return ev
+        run_id = ev.run_id if ev.run_id is not None else (None if cur is None else cur.run_id)
+        owner = None if run_id is None else self.of_run(run_id)
+        if owner is None and cur is not None and (cur.principal is not None or cur.workspace is not None):
+            owner = (cur.principal, cur.workspace)
+        return ev if owner is None else ev._replace(principal=owner[0], workspace=owner[1])
+
+
 def _latest_pods(conn: SqlConnection, events: Sequence[Ev]) -> dict[tuple[str, str], PodRow | None]:
     """The latest incarnation of each slice ``events`` name (None: not in the ledger), read by name a
     thousand names a query: one query per slice, as ``_apply`` reads them, is a round trip each on
@@ -1430,7 +1509,7 @@ def _flush_pods(conn: SqlConnection, dirty: dict[int, PodRow]) -> None:
     # In id order: updates of existing rows (which may close an incarnation) come before the insert of
     # a newer incarnation of the same zone+name, so the "one open incarnation" index never trips.
     conn.executemany(
-        _UPSERT_POD, [dict(zip(schema.POD_COLUMNS, dirty[k].as_tuple(), strict=True)) for k in sorted(dirty)]
+        _UPSERT_POD, [dict(zip(POD_COLUMNS, dirty[k].as_tuple(), strict=True)) for k in sorted(dirty)]
     )
     dirty.clear()
 
@@ -1440,7 +1519,7 @@ def _event_row(event_id: int, ev: Ev, row: PodRow | None) -> tuple[Any, ...]:
         return (
             event_id, ev.ts, ev.kind, ev.pod, ev.zone, None, ev.accelerator_type, ev.chips, ev.capacity,
             ev.price_per_chip_hour, ev.labels, ev.run_id, ev.request_id, ev.detail, ev.hosts,
-            ev.queued_resource, ev.slice_index, ev.backend, ev.project,
+            ev.queued_resource, ev.slice_index, ev.backend, ev.project, ev.principal, ev.workspace,
         )  # fmt: skip
     # The pod's attributes in force at this moment fill what the caller left out (see EventRecord).
     return (
@@ -1452,7 +1531,8 @@ def _event_row(event_id: int, ev: Ev, row: PodRow | None) -> tuple[Any, ...]:
         ev.labels,
         row.run_id if ev.run_id is None else ev.run_id,
         row.request_id if ev.request_id is None else ev.request_id,
-        ev.detail, ev.hosts, ev.queued_resource, ev.slice_index, ev.backend, ev.project,
+        ev.detail, ev.hosts, ev.queued_resource, ev.slice_index, ev.backend, ev.project, ev.principal,
+        ev.workspace,
     )  # fmt: skip
 
 
@@ -1491,7 +1571,7 @@ def _event_record(r: tuple[Any, ...]) -> EventRecord:
         r[0], r[1], _KINDS.get(r[2], r[2]), r[3], r[4], r[5], r[6], r[7],
         None if r[8] is None else _CAPACITIES[r[8]], r[9],
         None if r[10] is None else json.loads(r[10]), r[11], r[12],
-        None if r[13] is None else json.loads(r[13]), r[14], r[15], r[16], r[17], r[18],
+        None if r[13] is None else json.loads(r[13]), r[14], r[15], r[16], r[17], r[18], r[19], r[20],
     )  # fmt: skip
 
 
@@ -1499,6 +1579,7 @@ def _pod_record(r: tuple[Any, ...]) -> PodRecord:
     return PodRecord(
         r[0], r[1], r[2], r[3], PodState(r[4]), r[5], r[6], r[7], _capacity(r[8]), r[9], json.loads(r[10]),
         r[11], r[12], r[13], r[14], r[15], r[16], r[17], r[18], r[19], r[20], r[21], r[22], r[23], r[24],
+        r[30], r[31],
     )  # fmt: skip
 
 

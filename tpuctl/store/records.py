@@ -107,6 +107,8 @@ class AttemptOutcome(StrEnum):
 
 #: The one workspace of a ledger used without a workspace file, and of rows written before workspaces.
 LOCAL_WORKSPACE: Final = "default"
+#: Who wrote a row from before workspaces (its principal NULL), as lists and reports show it.
+UNKNOWN_PRINCIPAL: Final = "(unknown)"
 
 
 class RunStatus(StrEnum):
@@ -182,6 +184,9 @@ class NewEvent(NamedTuple):
     slice_index: int | None = None
     backend: str | None = None
     project: str | None = None
+    #: Who it is done for. Left out: the run's (``run_id``, or the slice's run), else the slice's own.
+    principal: str | None = None
+    workspace: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,6 +220,9 @@ class EventRecord:
     slice_index: int | None
     backend: str | None
     project: str | None
+    #: Whose the event is (None: written before revision 0003).
+    principal: str | None = None
+    workspace: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,6 +262,9 @@ class PodRecord:
     deleted_at: float | None
     updated_at: float
     last_event_id: int
+    #: Whose slice it is: its run's owner, else who made it (None: from before revision 0003).
+    principal: str | None = None
+    workspace: str | None = None
 
     @property
     def alive(self) -> bool:
@@ -275,6 +286,9 @@ class AttemptRecord:
     accelerator_type: str | None
     event_id: int
     detail: dict[str, Any] | None
+    #: Whose placement it was: the run's owner, else who asked (None: from before revision 0003).
+    principal: str | None = None
+    workspace: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,16 +19,28 @@ Rules, for the latest incarnation ``cur`` of the event's zone+name:
   slice tpuctl only learns about when it goes away still shows up.
 * price_change on an open ``cur`` sets the price in force from now on.
 * every other kind is log-only.
+
+Who a slice belongs to (its principal and workspace) is the first event's that says: an incarnation
+takes them from the event that opened it, or from the first later one that carries them when the opening
+event had none (a slice first learnt of from the listing). Later events never move them: a slice's cost
+stays with the run or user that made it, whoever writes its later events.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple
 
+from tpuctl.store import schema
 from tpuctl.store.billing import is_free_preemption
 from tpuctl.store.records import EventKind, PodState
+
+#: The columns of ``events`` and ``pods`` as the ledger reads and writes them: the hand-written
+#: migrations' and the attribution revision 0003 added (``tpuctl.store.tables.attribution_columns``), in
+#: ``Ev``'s and ``PodRow``'s field order.
+EVENT_COLUMNS: Final = (*schema.EVENT_COLUMNS, "principal", "workspace")
+POD_COLUMNS: Final = (*schema.POD_COLUMNS, "principal", "workspace")
 
 
 class Ev(NamedTuple):
@@ -51,11 +63,14 @@ class Ev(NamedTuple):
     slice_index: int | None
     backend: str | None
     project: str | None
+    #: Who the event was done for (None: not known, a row from before revision 0003).
+    principal: str | None = None
+    workspace: str | None = None
 
 
 @dataclass(slots=True)
 class PodRow:
-    """A mutable working copy of one ``pods`` row, fields in ``schema.POD_COLUMNS`` order."""
+    """A mutable working copy of one ``pods`` row, fields in ``POD_COLUMNS`` order."""
 
     id: int
     zone: str
@@ -88,6 +103,9 @@ class PodRow:
     billed_chip_s: float = 0.0
     billed_usd_s: float = 0.0
     billed_unpriced_chip_s: float = 0.0
+    #: Whose slice it is (revision 0003): its first attributed event's.
+    principal: str | None = None
+    workspace: str | None = None
 
     def as_tuple(self) -> tuple[Any, ...]:
         return (
@@ -121,6 +139,8 @@ class PodRow:
             self.billed_chip_s,
             self.billed_usd_s,
             self.billed_unpriced_chip_s,
+            self.principal,
+            self.workspace,
         )
 
     @classmethod
@@ -201,6 +221,9 @@ def _merge(row: PodRow, ev: Ev) -> bool:
         changed = True
     if ev.project is not None and ev.project != row.project:
         row.project = ev.project
+        changed = True
+    if row.principal is None and row.workspace is None and (ev.principal or ev.workspace) is not None:
+        row.principal, row.workspace = ev.principal, ev.workspace  # the first event that says
         changed = True
     return changed
 

@@ -13,6 +13,9 @@ Modules, each one idea (the billing rules themselves are ``tpuctl.store.billing`
   ``tpuctl.store.cost_sql``'s fragments, which know what the engines write differently.
 * ``details``: the groups' keys, order and facts; ``reconcile``: the ledger against the live listing;
   ``estimate``: ``cost estimate``.
+* Whose the cost is: ``scope`` (``CostScope``: some workspaces, one principal), ``attributed`` (the
+  workspace and user groupings, and every scoped report, summed from the slice rows), ``monthly_spend``
+  (a calendar month's spend per workspace and per user: the server's queue and metrics).
 
 The public names are importable from here; each is loaded with its module on first use, so that a command
 importing one of them (``cost report`` parses its flags first) does not load the rest.
@@ -26,7 +29,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from tpuctl.services.cost.estimate import Estimate, EstimateRequest, build_estimate_request, estimate
     from tpuctl.services.cost.model import CSV_COLUMNS, FIGURES, CostLine, CostReport
+    from tpuctl.services.cost.monthly_spend import MonthSpend, Spend, month_spend
     from tpuctl.services.cost.reconcile import InBackground, Reconciler, reconciled_report
+    from tpuctl.services.cost.scope import CostScope
     from tpuctl.services.cost.service import CostService
     from tpuctl.services.cost.window import (
         DEFAULT_TABLE_LIMIT,
@@ -44,6 +49,10 @@ if TYPE_CHECKING:
 #: Public name -> the module that defines it.
 _HOMES = {
     "CostService": "tpuctl.services.cost.service",
+    "CostScope": "tpuctl.services.cost.scope",
+    "MonthSpend": "tpuctl.services.cost.monthly_spend",
+    "Spend": "tpuctl.services.cost.monthly_spend",
+    "month_spend": "tpuctl.services.cost.monthly_spend",
     "CostLine": "tpuctl.services.cost.model",
     "CostReport": "tpuctl.services.cost.model",
     "CSV_COLUMNS": "tpuctl.services.cost.model",
@@ -78,16 +87,20 @@ __all__ = [
     "KNOWN_SCHEMA",
     "CostLine",
     "CostReport",
+    "CostScope",
     "CostService",
     "Estimate",
     "EstimateRequest",
     "GroupBy",
     "InBackground",
     "LedgerReader",
+    "MonthSpend",
     "Reconciler",
+    "Spend",
     "build_estimate_request",
     "estimate",
     "iso",
+    "month_spend",
     "parse_group_by",
     "parse_instant",
     "parse_limit",

@@ -11,6 +11,7 @@ from typing import Any, Final
 
 from tpuctl.services.cost.model import CostLine
 from tpuctl.services.cost.pricing import region_or
+from tpuctl.services.cost.scope import PRINCIPAL_OF_P, WORKSPACE_OF_P
 from tpuctl.services.cost.subs import Sub
 from tpuctl.services.cost.window import GroupBy, iso
 from tpuctl.store import cost_sql as sd
@@ -54,7 +55,8 @@ def slice_info(reader: LedgerReader, lines: list[CostLine]) -> None:
         # Times formatted by the database: a few hundred thousand datetime objects cost seconds in Python.
         f"SELECT id, zone, name, incarnation, accelerator_type, chips, capacity, state, run_id, "
         f"{sd.iso('ready_at', d)}, {sd.iso('ended_at', d)}, end_reason, "
-        f"{sd.iso('deleted_at', d)}, price_per_chip_hour, labels, ready_at FROM pods "
+        f"{sd.iso('deleted_at', d)}, price_per_chip_hour, labels, ready_at, {WORKSPACE_OF_P}, "
+        f"{PRINCIPAL_OF_P} FROM pods AS p "
         f"WHERE id IN ({sd.json_values(':ids', 'INTEGER', d)})",
         {"ids": json.dumps(sorted(by_id))},
     )
@@ -77,6 +79,8 @@ def slice_info(reader: LedgerReader, lines: list[CostLine]) -> None:
             "deleted_at": r[12],
             "price_per_chip_hour": r[13],
             "labels": json.loads(r[14]) if r[14] else {},
+            "workspace": r[16],
+            "principal": r[17],
         }
         order[id(line)] = (r[15] if r[15] is not None else math.inf, int(r[0]))
     lines.sort(key=lambda line: (-_r(line.cost_usd), *order.get(id(line), (math.inf, 0))))

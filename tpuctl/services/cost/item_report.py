@@ -8,7 +8,7 @@ from typing import Any
 
 from tpuctl.services.cost import items
 from tpuctl.services.cost.aggregate import Query, aggregate_lines
-from tpuctl.services.cost.model import CostLine
+from tpuctl.services.cost.model import FIGURES, CostLine
 from tpuctl.services.cost.sql_intervals import (
     STORED_CHANGE_CTES,
     aggregate_sql,
@@ -26,9 +26,21 @@ from tpuctl.store.cost_sql import cross_join, true
 ItemReport = tuple[list[dict[str, Any]], int, list[dict[str, Any]], tuple[int, int, int], CostLine]
 
 
-def item_report(q: Query, group: GroupBy, *, with_days: bool, limit: int | None) -> ItemReport:
+def item_report(
+    q: Query,
+    group: GroupBy,
+    *,
+    with_days: bool,
+    limit: int | None,
+    scoped: bool = False,
+    summed_by: str | None = None,
+) -> ItemReport:
     """The slice or run groups of a report. The aggregate pass grouped by nothing leaves its temp tables
-    (the combinations priced, the price pieces) for the groups' one pass over ``pods``."""
+    (the combinations priced, the price pieces) for the groups' one pass over ``pods``. ``scoped``: only
+    the slices of the report's scope (``scope.CostScope``; slices only, every one of them: the totals,
+    per-day figures and counts are then still the whole ledger's, for the caller to replace).
+    ``summed_by``: the slices' rows summed per this key (SQL over the slice, alias p) instead of listed:
+    ``{"key", FIGURES...}`` per key, unordered."""
     # Recomputed work is added below, per group, and summed into the totals from the same rows.
     lines, by_day, counts = aggregate_lines(q, GroupBy("total"), with_days=with_days, recomputed=False)
     totals = lines[0] if lines else CostLine("total")
@@ -47,7 +59,7 @@ def item_report(q: Query, group: GroupBy, *, with_days: bool, limit: int | None)
             q.reader.execute(items.adj_sql("SELECT * FROM cost_seg", d, recomputed=False), q.params)
             q.reader.execute(items.adj_sql("SELECT * FROM cost_seg", d, recomputed=False, sign="-"), q.params)
     if group.kind == "slice":
-        groups = _slice_groups(q, group, ctes, limit)
+        groups = _slice_groups(q, group, ctes, limit, scoped=scoped, summed_by=summed_by)
         # One group per slice billed or holding quota in the window: what the aggregate pass counted.
         total = counts[2]
     else:
@@ -69,11 +81,24 @@ def _prepare_pieces(q: Query) -> str:
     return STORED_CHANGE_CTES
 
 
-def _slice_groups(q: Query, group: GroupBy, ctes: str, limit: int | None) -> list[dict[str, Any]]:
+def _slice_groups(
+    q: Query,
+    group: GroupBy,
+    ctes: str,
+    limit: int | None,
+    *,
+    scoped: bool = False,
+    summed_by: str | None = None,
+) -> list[dict[str, Any]]:
     """The slices ranked into cost_top (only the ``limit`` costliest, if given), then their records."""
     d = q.reader.dialect
     bound = {**q.params, "limit": limit if limit is not None else -1}
-    if limit is not None:
+    if summed_by is not None:
+        q.reader.execute(items.slice_all_sql(d, scoped=scoped), bound)
+    elif scoped:
+        assert limit is None, "a scoped report ranks every slice of its scope"
+        q.reader.execute(items.slice_rank_all_sql(d, scoped=True), bound)
+    elif limit is not None:
         bar, found = q.reader.query(items.slice_bar_sql(d), bound)[0]
         if found == limit and bar is not None and bar > items.BAR_MARGIN_USD_S:
             # Only slices that can be among the costliest: closed ones down to the bar, and those
@@ -93,6 +118,9 @@ def _slice_groups(q: Query, group: GroupBy, ctes: str, limit: int | None) -> lis
         )
         q.reader.execute(items.adj_sql(shown, d, recomputed=True), q.params)
         q.reader.execute(items.rec_sql(d), {})
+    if summed_by is not None:
+        rows = q.reader.query(items.slice_groups_sql(d, summed_by), bound)
+        return [dict(zip(("key", *FIGURES), row, strict=True)) for row in rows]
     return items.slice_records(q.reader.query(items.slice_sql(d), bound))
 
 

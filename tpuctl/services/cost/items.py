@@ -27,6 +27,7 @@ from operator import itemgetter
 from typing import Any, Final, Protocol
 
 from tpuctl.services.cost.model import FIGURES
+from tpuctl.services.cost.scope import PRINCIPAL_OF_P, WORKSPACE_OF_P, scope_sql
 from tpuctl.services.cost.sql_intervals import billed_in_window, billed_s, held_s
 from tpuctl.store import cost_sql as sd
 from tpuctl.store.billing import preemptible_sql
@@ -50,6 +51,8 @@ SLICE_INFO: Final = (
     "deleted_at",
     "price_per_chip_hour",
     "labels",
+    "workspace",
+    "principal",
 )
 RUN_INFO: Final = ("status", "created_at", "ended_at", "restarts", "preemptions", "steps", "program")
 
@@ -171,20 +174,40 @@ def _round(expr: str, d: Dialect) -> str:
 
 
 def _rounded_figures(a: str, d: Dialect) -> str:
-    return ", ".join(
-        [
-            f"{a}.slices",
-            _round(f"{a}.bs / 3600.0", d),
-            _round(f"{a}.cs / 3600.0", d),
-            _round(f"{a}.usd", d),
-            _round(f"{a}.od", d),
-            _round(f"{a}.sav", d),
-            _round(f"{a}.rec", d),
-            _round(f"{a}.hcs / 3600.0", d),
-            _round(f"{a}.husd", d),
-            _round(f"{a}.rec + {a}.husd", d),
-        ]
+    return ", ".join(_rounded_figure_list(a, d))
+
+
+def _rounded_figure_list(a: str, d: Dialect) -> list[str]:
+    """``FIGURES``' expressions over a row of figures ``a``, each rounded as a group record's."""
+    return [
+        f"{a}.slices",
+        _round(f"{a}.bs / 3600.0", d),
+        _round(f"{a}.cs / 3600.0", d),
+        _round(f"{a}.usd", d),
+        _round(f"{a}.od", d),
+        _round(f"{a}.sav", d),
+        _round(f"{a}.rec", d),
+        _round(f"{a}.hcs / 3600.0", d),
+        _round(f"{a}.husd", d),
+        _round(f"{a}.rec + {a}.husd", d),
+    ]
+
+
+@functools.cache
+def slice_groups_sql(d: Dialect, key: str) -> str:
+    """The slices in cost_top summed per ``key`` (an expression over the slice, alias p): each group the
+    sum of its slices' rows as ``slice_sql`` gives them (rounded), in ``FIGURES`` order after the key."""
+    figures = _figures_from_parts(_slice_parts(d), d)
+    names = [f"x{i}" for i in range(len(FIGURES))]
+    rounded = ", ".join(
+        f"{expr} AS {name}" for expr, name in zip(_rounded_figure_list("f", d), names, strict=True)
     )
+    sums = ", ".join(f"SUM(g.{name})" for name in names)
+    return f"""
+SELECT g.k, {sums} FROM (
+    SELECT {key} AS k, {rounded}
+    FROM ({figures}) AS f {sd.cross_join(d)} pods AS p ON p.id = f.id
+) AS g GROUP BY g.k"""
 
 
 # --- slices -------------------------------------------------------------------------------------------
@@ -203,12 +226,15 @@ def _ranked(candidates: str, d: Dialect, *, limited: bool) -> str:
 ) AS ranked"""
 
 
-def _all_candidates(d: Dialect) -> str:
+def _all_candidates(d: Dialect, *, scoped: bool = False) -> str:
+    """Every slice billed or holding quota in the window; ``scoped``: only those of the report's scope
+    (``attributed.scope_sql``: some workspaces, one principal)."""
     e = _slice(d)
+    scope = f" AND {scope_sql('p', d)}" if scoped else ""
     return f"""        SELECT p.id AS id, p.ready_at AS ready_at, {e.usd} AS usd
-        FROM pods AS p {_PIECES_JOIN} WHERE {e.billed}
+        FROM pods AS p {_PIECES_JOIN} WHERE {e.billed}{scope}
         UNION ALL
-        SELECT p.id, p.ready_at, 0.0 FROM {e.preempted} WHERE {e.held_only}"""
+        SELECT p.id, p.ready_at, 0.0 FROM {e.preempted} WHERE {e.held_only}{scope}"""
 
 
 @functools.cache
@@ -286,10 +312,18 @@ FROM ({parts}) AS q
 
 
 @functools.cache
-def slice_rank_all_sql(d: Dialect) -> str:
-    """Every slice billed or holding quota in the window, numbered most expensive first, into cost_top
-    (what the unlimited report lists, in that order)."""
-    return f"INSERT INTO cost_top (k, n)\n{_ranked(_all_candidates(d), d, limited=False)}"
+def slice_rank_all_sql(d: Dialect, *, scoped: bool = False) -> str:
+    """Every slice billed or holding quota in the window (of the report's scope when ``scoped``), numbered
+    most expensive first, into cost_top (what the unlimited report lists, in that order)."""
+    return f"INSERT INTO cost_top (k, n)\n{_ranked(_all_candidates(d, scoped=scoped), d, limited=False)}"
+
+
+@functools.cache
+def slice_all_sql(d: Dialect, *, scoped: bool = False) -> str:
+    """``slice_rank_all_sql`` unnumbered (each numbered by its id, the table's key): for groups summed
+    from the slices, which need no order (sorting every slice by cost was a third of such a report)."""
+    candidates = _all_candidates(d, scoped=scoped)
+    return f"INSERT INTO cost_top (k, n)\nSELECT c.id, c.id FROM (\n{candidates}\n) AS c"
 
 
 @functools.cache
@@ -306,7 +340,7 @@ def slice_sql(d: Dialect) -> str:
 SELECT f.n, p.zone || '/' || p.name || '#' || p.incarnation, p.name, p.zone, p.incarnation,
        p.accelerator_type, p.chips, p.capacity, p.state, p.run_id, {sd.iso("p.ready_at", d)},
        {sd.iso("p.ended_at", d)}, p.end_reason, {sd.iso("p.deleted_at", d)}, p.price_per_chip_hour,
-       p.labels, {_rounded_figures("f", d)}
+       p.labels, {WORKSPACE_OF_P}, {PRINCIPAL_OF_P}, {_rounded_figures("f", d)}
 FROM ({figures}) AS f {sd.cross_join(d)} pods AS p ON p.id = f.id"""
 
 

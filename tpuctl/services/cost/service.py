@@ -38,12 +38,14 @@ from typing import TYPE_CHECKING, Any, Final
 
 from tpuctl.errors import UsageError
 from tpuctl.services.cost.aggregate import Query, aggregate_lines
+from tpuctl.services.cost.attributed import ATTRIBUTED_KINDS, attributed_report
 from tpuctl.services.cost.details import dedupe, limited, mark_unknown_steps, run_info, slice_info
 from tpuctl.services.cost.item_report import item_report
 from tpuctl.services.cost.items import PREPARE
 from tpuctl.services.cost.model import CostLine, CostReport
 from tpuctl.services.cost.pricing import Pricer
 from tpuctl.services.cost.scan import SCAN_TABLES
+from tpuctl.services.cost.scope import CostScope
 from tpuctl.services.cost.sql_intervals import price_changes_sql
 from tpuctl.services.cost.sql_scan import preemption_kinds_sql
 from tpuctl.services.cost.window import GroupBy
@@ -97,9 +99,12 @@ class CostService:
         group_by: GroupBy | None = None,
         with_days: bool = True,
         limit: int | None = None,
+        scope: CostScope | None = None,
     ) -> CostReport:
         """The report over ``[since, until)`` (until defaults to now). ``limit``: keep only the ``limit``
-        costliest groups (None or 0: all); totals and per-day figures still cover every group."""
+        costliest groups (None or 0: all); totals and per-day figures still cover every group.
+        ``scope``: only the slices of some workspaces or of one principal (None: every slice;
+        ``attributed``)."""
         if limit is not None and limit < 0:
             raise ValueError(f"limit must be >= 0, got {limit}")
         limit = limit or None
@@ -109,7 +114,12 @@ class CostService:
         warnings: list[str] = list(self._prices.warnings)
         with open_reader(self._database) as reader, reader.snapshot(REPORT_TABLES):
             q = self._query(reader, _params(since, end, now, group, null_key(reader.dialect)), warnings)
-            if self._fast and group.kind in ("slice", "run"):
+            scope = scope or CostScope()
+            if group.kind in ATTRIBUTED_KINDS or not scope.everything:
+                groups, groups_total, by_day, counts, totals = attributed_report(
+                    q, group, scope, with_days=with_days, limit=limit
+                )
+            elif self._fast and group.kind in ("slice", "run"):
                 groups, groups_total, by_day, counts, totals = item_report(
                     q, group, with_days=with_days, limit=limit
                 )
@@ -127,10 +137,8 @@ class CostService:
             if group.kind == "run":
                 mark_unknown_steps(reader, groups)
             notes = self._price_notes(reader, q.params)
-            kinds = {
-                str(kind or UNCLASSIFIED): int(n)
-                for kind, n in reader.query(preemption_kinds_sql(reader.dialect), q.params)
-            }
+            kinds_sql = preemption_kinds_sql(reader.dialect, scoped=not scope.everything)
+            kinds = {str(kind or UNCLASSIFIED): int(n) for kind, n in reader.query(kinds_sql, q.params)}
         preemptions, free, total_slices = counts
         totals.key = "total"
         totals.slices = total_slices

@@ -25,18 +25,25 @@ def session_report(
     reconcile: bool,
     dry_run: bool,
     early: InBackground[CostReport] | None = None,
+    workspace: str | None = None,
+    principal: str | None = None,
 ) -> CostReport:
     """The report over ``[start, end)`` (``end`` None: when it is computed), priced with the session's
     catalog (``source`` names it); ``early``: a report already under way, used unless reconciliation
-    recorded something."""
+    recorded something. Only the slices of the workspaces the session's actor may see (``Actor.visible``),
+    narrowed to ``workspace`` and ``principal`` when given (``--workspace``, ``--user``)."""
     from tpuctl.services.budget import expired_slices
     from tpuctl.services.cost.reconcile import Reconciler, reconciled_report
+    from tpuctl.services.cost.scope import CostScope
     from tpuctl.services.cost.service import CostService
 
     service = CostService(sess.ledger.url, sess.catalog, source, clock=sess.clock)
+    scope = CostScope(sess.actor.visible).narrowed(workspace, principal)
+    if not scope.everything:
+        early = None  # computed before the actor was known: the whole ledger's
 
     def compute() -> CostReport:
-        return service.report(since=start, until=end, group_by=group, limit=limit)
+        return service.report(since=start, until=end, group_by=group, limit=limit, scope=scope)
 
     if reconcile:
         reconciler = Reconciler(sess.ledger, sess.cloud, sess.catalog, clock=sess.clock)

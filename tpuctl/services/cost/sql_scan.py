@@ -10,6 +10,7 @@ import functools
 from collections.abc import Sequence
 from typing import Final
 
+from tpuctl.services.cost.scope import scope_sql
 from tpuctl.services.cost.sql_intervals import IN_WINDOW_PREEMPTION, PART, billed_pod, held_s, key_sql
 from tpuctl.services.cost.window import GroupBy
 from tpuctl.store import cost_sql as sd
@@ -153,19 +154,20 @@ FROM pods AS p WHERE {PART} AND p.end_reason = 'preempted'"""
 
 
 @functools.cache
-def preemption_kinds_sql(d: Dialect) -> str:
+def preemption_kinds_sql(d: Dialect, *, scoped: bool = False) -> str:
     """The preemptions in the window by kind (``PreemptionKind``: what the run's program did with each,
     from the first ``preempted`` event of the slice that names one; NULL where none does, e.g. a slice no
     run was on, or one the listing found preempted). A few rows: preempted slices only, their events by
     index."""
     kind = d.json_text("e.detail", "kind")
+    scope = f" AND {scope_sql('p', d)}" if scoped else ""  # only the report's scope (``scope``)
     return f"""
 SELECT (SELECT {kind} FROM events AS e
         WHERE e.pod_id = p.id AND e.kind = 'preempted' AND {kind} IS NOT NULL
         ORDER BY e.id LIMIT 1) AS kind,
        COUNT(*)
 FROM pods AS p {sd.indexed("pods_preemptions", d)}
-WHERE p.end_reason = 'preempted' AND p.ended_at >= :since AND p.ended_at < :until
+WHERE p.end_reason = 'preempted' AND p.ended_at >= :since AND p.ended_at < :until{scope}
 GROUP BY 1 ORDER BY 1"""
 
 

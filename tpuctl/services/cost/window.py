@@ -10,7 +10,9 @@ from typing import Final
 from tpuctl.errors import UsageError
 from tpuctl.timefmt import iso_or_none
 
-GROUP_BY_CHOICES: Final = ("slice", "run", "zone", "region", "type", "capacity", "day", "label:KEY")
+GROUP_BY_CHOICES: Final = (
+    "slice", "run", "workspace", "user", "zone", "region", "type", "capacity", "day", "label:KEY",
+)  # fmt: skip
 _LABEL_KEY_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 _DURATION_PART_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*(w|d|h|m|s)")
 _DURATION_UNITS = {"w": 604800.0, "d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
@@ -22,7 +24,7 @@ _TIME_FIX = (
 
 @dataclass(frozen=True)
 class GroupBy:
-    kind: str  # slice | run | zone | region | type | capacity | day | label
+    kind: str  # slice | run | workspace | user | zone | region | type | capacity | day | label
     label_key: str | None = None
 
     @property
@@ -31,7 +33,8 @@ class GroupBy:
 
 
 def parse_group_by(value: str | None) -> GroupBy:
-    """``slice|run|zone|region|type|capacity|day|label:KEY`` (default slice) -> ``GroupBy``."""
+    """``slice|run|workspace|user|zone|region|type|capacity|day|label:KEY`` (default slice) ->
+    ``GroupBy``."""
     if value is None:
         return GroupBy("slice")
     text = value.strip()

@@ -88,11 +88,16 @@ class Runs:
         lease = self._session.ledger.lease_of(run_id)
         return None if lease is None or lease.expired else LeaseHolder.of_lease(lease)
 
-    def list_runs(self, *, limit: int) -> list[RunView]:
-        """At most ``limit`` runs, newest first."""
-        visible = self._session.actor.visible
-        records = self._session.ledger.list_runs(limit=limit, workspaces=visible)
-        records = backstopped.settle_all(self._session, records)
+    def list_runs(
+        self, *, limit: int, workspace: str | None = None, principal: str | None = None
+    ) -> list[RunView]:
+        """At most ``limit`` runs the actor may see, newest first; only ``workspace``'s and
+        ``principal``'s when given."""
+        workspaces = self._session.actor.visible
+        if workspace is not None:
+            workspaces = frozenset({workspace} if workspaces is None or workspace in workspaces else ())
+        listed = self._session.ledger.list_runs(limit=limit, workspaces=workspaces, principal=principal)
+        records = backstopped.settle_all(self._session, listed)
         return [RunView.of(r) for r in records]
 
     def describe(self, ref: str | None) -> RunDescription:

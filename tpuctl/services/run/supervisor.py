@@ -267,13 +267,16 @@ class Supervisor:
         with_budget(self._session, prepared, self._budget_usd)
         target = prepared.target
         status = RunStatus.PROVISIONING if target.creates else RunStatus.PENDING
+        # Whose run it is and whose share it uses: everything later done for it (its slices, attempts
+        # and cost) is attributed to these, whoever supervises it. A workspace the actor may not start
+        # runs in is exit 2 here, before anything exists (the queue's entry has resolved it already).
+        actor = self._session.actor
+        workspace = actor.submit_workspace(prepared.request.workspace) if queue is None else queue.workspace
         self._session.ledger.create_run(
             prepared.run_id,
             script=prepared.display,
             args=list(prepared.program),
             status=status if queue is None else RunStatus.QUEUED,
-            principal=None if queue is None else queue.principal,
-            workspace=None if queue is None else queue.workspace,
             priority=None if queue is None else queue.priority,
             queue_reason=None if queue is None else queue.reason,
             pod=target.name,
@@ -281,6 +284,8 @@ class Supervisor:
             accelerator_type=target.accelerator.api_name,
             capacity=target.capacity,
             labels=prepared.request.labels,
+            principal=actor.principal,
+            workspace=workspace,
             detail={
                 "hosts": target.accelerator.hosts,
                 "slices": target.slices,

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tpuctl.store.queue import WAITED_FOR
-from tpuctl.store.records import PriorityBand
+from tpuctl.store.records import LOCAL_WORKSPACE, UNKNOWN_PRINCIPAL, PriorityBand
 from tpuctl.timefmt import iso_or_none
 
 if TYPE_CHECKING:
@@ -68,6 +68,10 @@ class RunView:
     error: str | None
     #: The ledger's free-form detail of the run, as stored (``-o json`` passes it through).
     detail: Mapping[str, Any]
+    #: Whose share it uses and who submitted it (a run from before workspaces: the local workspace and
+    #: ``UNKNOWN_PRINCIPAL``).
+    workspace: str = LOCAL_WORKSPACE
+    principal: str = UNKNOWN_PRINCIPAL
 
     @classmethod
     def of(cls, record: RunRecord) -> RunView:
@@ -96,6 +100,8 @@ class RunView:
             log_dir=_str(detail.get("log_dir")),
             error=_str(detail.get("error")),
             detail=detail,
+            workspace=record.workspace or LOCAL_WORKSPACE,
+            principal=record.principal or UNKNOWN_PRINCIPAL,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -114,6 +120,8 @@ class RunView:
             "duration_s": self.duration_s,
             "restarts": self.restarts,
             "preemptions": self.preemptions,
+            "workspace": self.workspace,
+            "principal": self.principal,
             "labels": dict(self.labels),
             "detail": dict(self.detail),
         }
