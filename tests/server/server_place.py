@@ -59,6 +59,19 @@ class Place:
     def ledger(self) -> Ledger:
         return Ledger.open(self.database)
 
+    def signed_in(self, email: str, where: Path) -> Place:
+        """This place with a client acting as simulated account ``email``: its credentials file (from the
+        simulator's issuer, written under ``where``) in GOOGLE_APPLICATION_CREDENTIALS, as a user or CI
+        points the CLI at theirs. Servers and what they started stay the place's."""
+        import dataclasses
+
+        path = where / f"credentials-{email}.json"
+        if not path.exists():
+            path.write_text(json.dumps(self.admin.credentials(email)))
+        return dataclasses.replace(
+            self, client_env={**self.client_env, "GOOGLE_APPLICATION_CREDENTIALS": str(path)}
+        )
+
     def start_server(self, *args: str) -> subprocess.Popen[bytes]:
         """A server process (``args``: more of `tpuctl server`'s flags), once it is ready."""
         listen = self.url.removeprefix("http://")

@@ -46,10 +46,12 @@ def run_id_of(said: str) -> str:
 
 @pytest.mark.slow  # ~35 s: three runs and eight client processes (its pieces are default-suite tests)
 def test_the_third_run_waits_for_room_and_starts_when_one_ends(queue_place: Place, tmp_path: Path) -> None:
-    place = queue_place
     workspaces = tmp_path / "workspaces.yaml"
-    workspaces.write_text("workspaces:\n  default:\n    chips:\n      v5e: 16\n")
-    server = place.start_server("--workspaces", str(workspaces))
+    workspaces.write_text(
+        "workspaces:\n  default:\n    chips:\n      v5e: 16\n    members:\n      a1@example.com: member\n"
+    )
+    server = queue_place.start_server("--workspaces", str(workspaces))
+    place = queue_place.signed_in("a1@example.com", tmp_path)  # a team server takes a member's ID token
 
     code, said = submit(place, accelerator="v5e-32")
     assert code == EXIT_INFEASIBLE, said
