@@ -37,11 +37,20 @@ class Attempt:
     kind: PreemptionKind | None
 
 
-def record_run(ledger: Ledger, run_id: str, attempts: list[Attempt], *, finished: bool = True) -> None:
-    """The run over ``attempts``, each slice's events and segments, and its recovery record."""
+def record_run(
+    ledger: Ledger,
+    run_id: str,
+    attempts: list[Attempt],
+    *,
+    finished: bool = True,
+    workspace: str | None = None,
+) -> None:
+    """The run over ``attempts``, each slice's events and segments, and its recovery record; ``workspace``:
+    whose it is (None: from before workspaces)."""
     first = attempts[0].start
     ledger.create_run(run_id, script="train.py", status=RunStatus.RUNNING, zone=ZONE, accelerator_type=TYPE,
-                      capacity=CapacityType.SPOT, detail={"hosts": 1}, ts=first - 60)  # fmt: skip
+                      capacity=CapacityType.SPOT, detail={"hosts": 1}, ts=first - 60,
+                      workspace=workspace)  # fmt: skip
     preemptions: list[dict[str, Any]] = []
     for i, a in enumerate(attempts):
         _slice(ledger, run_id, a, ended=a.kind is not None or finished)
