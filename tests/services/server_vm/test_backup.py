@@ -11,12 +11,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-from google.oauth2.credentials import Credentials
 
+from tpuctl.backends.sim import SIM_CLIENTS
 from tpuctl.cloud.buckets import BucketClient
 from tpuctl.services.server_vm.backup import LedgerBackups, backup_every
 from tpuctl.sim import default_world
-from tpuctl.sim.iam import ADC_TOKEN
 from tpuctl.sim.storage import DEFAULT_BUCKET, StorageEmulator
 
 T0 = datetime(2026, 11, 27, 12, 0, tzinfo=UTC)
@@ -28,7 +27,7 @@ def buckets(tmp_path: Path) -> Iterator[BucketClient]:
     url = emulator.start()
     try:
         with httpx.Client(trust_env=False) as http:
-            yield BucketClient(url, lambda: Credentials(token=ADC_TOKEN), http)
+            yield BucketClient(url, SIM_CLIENTS.credentials, http)  # as every simulator client calls
     finally:
         emulator.stop()
 
