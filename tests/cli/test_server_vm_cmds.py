@@ -1,0 +1,88 @@
+"""`tpuctl server up|status|logs|down` at the command line: --dry-run plans, as text and as JSON; what is
+refused before anything is asked of the cloud."""
+
+from __future__ import annotations
+
+import json
+
+from tpuctl.testing.cli import Cli
+
+GLOBAL = ("--backend", "gcp", "--project", "team-proj")
+
+
+def test_up_dry_run_json_is_the_plan(cli: Cli) -> None:
+    result = cli(
+        *GLOBAL, "server", "up", "--zone", "us-central1-a", "--bucket", "team", "--dry-run", "-o", "json"
+    )
+    assert result.code == 0, result.stderr
+    plan = json.loads(result.stdout)["plan"]
+    assert plan["command"] == "up" and plan["machine_type"] == "e2-small"
+    insert = plan["steps"][0]["request"]
+    assert insert["method"] == "POST"
+    assert (
+        insert["url"]
+        == "https://compute.googleapis.com/compute/v1/projects/team-proj/zones/us-central1-a/instances"
+    )
+    assert insert["body"]["scheduling"]["provisioningModel"] == "STANDARD"
+    assert plan["backups"] == "gs://team/tpuctl-server/tpuctl-server/"
+    assert plan["cost"]["total_usd_per_month"] == 17.88
+
+
+def test_up_dry_run_text_says_how_to_reach_it_and_the_cost(cli: Cli) -> None:
+    result = cli(*GLOBAL, "server", "up", "--zone", "us-central1-a", "--bucket", "team", "--dry-run")
+    assert result.code == 0, result.stderr
+    assert "--tunnel-through-iap -- -N -L 8471:127.0.0.1:8471" in result.stdout
+    assert "cost: 17.88 USD per month at catalog prices" in result.stdout
+    assert "Restart=on-failure" in result.stdout
+
+
+def test_sqlite_without_a_bucket_is_refused(cli: Cli) -> None:
+    result = cli(*GLOBAL, "server", "up", "--zone", "us-central1-a", "--dry-run")
+    assert result.code == 2
+    assert "needs the team bucket" in result.stderr
+
+
+def test_an_unknown_machine_type_is_refused(cli: Cli) -> None:
+    result = cli(
+        *GLOBAL, "server", "up", "--zone", "us-central1-a", "--machine-type", "ct6e-standard-1t", "--dry-run"
+    )
+    assert result.code == 2
+    assert "not a general-purpose type" in result.stderr
+
+
+def test_without_dry_run_nothing_is_created_and_it_says_so(cli: Cli) -> None:
+    result = cli(*GLOBAL, "server", "down", "--zone", "us-central1-a", "--bucket", "team")
+    assert result.code == 2
+    assert "--dry-run only in this release" in result.stderr
+
+
+def test_down_status_and_logs_plans(cli: Cli) -> None:
+    down = cli(
+        *GLOBAL,
+        "server",
+        "down",
+        "--zone",
+        "us-central1-a",
+        "--bucket",
+        "t",
+        "--keep-disk",
+        "--dry-run",
+        "-o",
+        "json",
+    )
+    assert down.code == 0, down.stderr
+    steps = [s["what"] for s in json.loads(down.stdout)["plan"]["steps"]]
+    assert steps[-2:] == ["keep the boot disk when the VM goes", "delete the VM"]
+    status = cli(*GLOBAL, "server", "status", "--zone", "us-central1-a", "--dry-run", "-o", "json")
+    assert status.code == 0, status.stderr
+    assert "systemctl is-active tpuctl-server" in status.stdout
+    logs = cli(*GLOBAL, "server", "logs", "--zone", "us-central1-a", "-f", "--dry-run", "-o", "json")
+    assert logs.code == 0, logs.stderr
+    assert (
+        json.loads(logs.stdout)["plan"]["steps"][0]["command"] == "journalctl -u tpuctl-server --no-pager -f"
+    )
+
+
+def test_the_server_itself_still_takes_its_options(cli: Cli) -> None:
+    result = cli("server", "--listen", "0.0.0.0:8471")
+    assert result.code == 2 and "not a loopback address" in result.stderr
