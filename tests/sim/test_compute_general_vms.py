@@ -1,0 +1,88 @@
+"""General-purpose VMs on the simulated Compute Engine (the team server's e2-small), with the REAL
+google-cloud-compute client and the exact body `tpuctl server up` sends."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+from api_schema import schema_problems
+from compute_helpers import ZONE, Clients, compute
+from google.api_core import exceptions
+from google.cloud import compute_v1
+from sim_helpers import PROJECT, tpu_client
+
+from tpuctl.backends.sim import sim_credentials
+from tpuctl.services.server_vm.plan import ServerVmSpec, instance_body
+from tpuctl.sim import SimServer
+from tpuctl.testing.clock import wait_for
+
+__all__ = ["compute", "schema_problems"]  # fixtures
+
+
+def _server_vm(**scheduling: object) -> compute_v1.Instance:
+    body = instance_body(ServerVmSpec(project=PROJECT, zone=ZONE, name="srv"))
+    body["scheduling"].update(scheduling)
+    instance: compute_v1.Instance = compute_v1.Instance.from_json(json.dumps(body))
+    return instance
+
+
+def test_machine_types_list_and_get_the_general_purpose_types(compute: tuple[SimServer, Clients]) -> None:
+    server, _ = compute
+    client = compute_v1.MachineTypesClient(
+        client_options={"api_endpoint": server.url},
+        credentials=sim_credentials(),
+    )
+    small = client.get(project=PROJECT, zone=ZONE, machine_type="e2-small")
+    assert (small.guest_cpus, small.memory_mb, small.is_shared_cpu) == (2, 2048, True)
+    assert not small.accelerators
+    names = [m.name for m in client.list(project=PROJECT, zone=ZONE)]
+    assert {"e2-small", "e2-standard-2", "tpu7x-standard-4t"} <= set(names) and names == sorted(names)
+
+
+def test_the_server_vm_runs_with_its_own_account_and_no_tpu(compute: tuple[SimServer, Clients]) -> None:
+    server, c = compute
+    done = c.done(c.instances.insert(project=PROJECT, zone=ZONE, instance_resource=_server_vm()))
+    assert not done.http_error_status_code
+    vm = c.instances.get(project=PROJECT, zone=ZONE, instance="srv")
+    assert vm.status == "RUNNING" and vm.machine_type.endswith("/machineTypes/e2-small")
+    assert vm.scheduling.provisioning_model == "STANDARD"
+    assert vm.scheduling.on_host_maintenance == "MIGRATE" and vm.scheduling.automatic_restart
+    assert vm.labels == {"tpuctl-server": "srv"}
+    assert list(tpu_client(server.url).list_nodes(parent=f"projects/{PROJECT}/locations/{ZONE}")) == []
+    address = vm.network_interfaces[0].network_i_p
+    wait_for(lambda: any(h.address == address for h in server.fleet.served()), timeout=30)
+    base = f"http://{address}:{server.metadata_port}/computeMetadata/v1/instance/"
+    with httpx.Client(headers={"Metadata-Flavor": "Google"}) as http:
+        assert http.get(base + "name").text == "srv"
+        assert http.get(base + "attributes/enable-oslogin").text == "TRUE"
+        assert http.get(base + "attributes/accelerator-type").status_code == 404
+        assert http.get(base + "attributes/tpu-env").status_code == 404
+        token = http.get(base + "service-accounts/default/token")
+        assert token.status_code == 200 and token.json()["access_token"]
+    deleted = c.done(c.instances.delete(project=PROJECT, zone=ZONE, instance="srv"))
+    assert not deleted.http_error_status_code
+    with pytest.raises(exceptions.NotFound):
+        c.instances.get(project=PROJECT, zone=ZONE, instance="srv")
+
+
+def test_spot_that_would_live_migrate_is_refused_as_google_refuses_it(
+    compute: tuple[SimServer, Clients],
+) -> None:
+    _, c = compute
+    body = _server_vm(provisioningModel="SPOT", automaticRestart=False)
+    with pytest.raises(
+        exceptions.BadRequest, match="preemptible be false when OnHostMaintenance isn't TERMINATE"
+    ):
+        c.instances.insert(project=PROJECT, zone=ZONE, instance_resource=body)
+
+
+def test_accelerators_on_e2_are_refused(compute: tuple[SimServer, Clients]) -> None:
+    _, c = compute
+    body = _server_vm()
+    body.guest_accelerators = [
+        compute_v1.AcceleratorConfig(accelerator_type="nvidia-t4", accelerator_count=1)
+    ]
+    with pytest.raises(exceptions.BadRequest, match="does not support accelerators"):
+        c.instances.insert(project=PROJECT, zone=ZONE, instance_resource=body)
