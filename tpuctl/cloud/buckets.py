@@ -12,7 +12,8 @@ Two JSON-API calls, both reads (docs/google-facts.md#cloud-storage-buckets):
 And three calls on objects, for the team server's ledger copies
 (https://cloud.google.com/storage/docs/json_api/v1/objects): ``POST {base}/upload/storage/v1/b/{bucket}/o
 ?uploadType=media&name=N`` (insert; ``storage.objects.create``), ``GET .../b/{bucket}/o?prefix=P`` (list;
-``storage.objects.list``) and ``GET .../b/{bucket}/o/{name}?alt=media`` (the bytes; ``storage.objects.get``).
+``storage.objects.list``), ``GET .../b/{bucket}/o/{name}?alt=media`` (the bytes; ``storage.objects.get``)
+and ``DELETE .../b/{bucket}/o/{name}`` (``storage.objects.delete``).
 
 The JSON calls go through ``google_calls.JsonCalls``: errors become ``tpuctl.errors`` through
 :mod:`tpuctl.cloud.translate` (404: the bucket does not exist; 403: the caller may not read it). The
@@ -21,6 +22,7 @@ caller owns the ``httpx.Client``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import urllib.parse
 from collections.abc import Callable, Iterable, Mapping
@@ -30,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from tpuctl.cloud.google_calls import JsonCalls
 from tpuctl.cloud.retry import RetryPolicy, Sleep, call_with_retry
 from tpuctl.cloud.translate import error_from_http_response, translate_errors
-from tpuctl.errors import CloudError
+from tpuctl.errors import CloudError, NotFoundError
 
 if TYPE_CHECKING:
     import httpx
@@ -166,6 +168,16 @@ class BucketClient:
             f"read gs://{bucket}/{name}",
             params={"alt": "media"},
         )
+
+    def delete_object(self, bucket: str, name: str) -> None:
+        """Delete ``name``; one already gone is not an error (a retried delete finds it gone)."""
+        with contextlib.suppress(NotFoundError):
+            self._raw(
+                "DELETE",
+                f"{self.base_url}/storage/v1/b/{_quoted(bucket)}/o/{_quoted(name)}",
+                f"delete gs://{bucket}/{name}",
+                params={},
+            )
 
     def _raw(
         self, method: str, url: str, what: str, *, params: Mapping[str, str], content: bytes | None = None

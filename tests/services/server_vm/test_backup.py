@@ -86,13 +86,17 @@ def test_restore_takes_the_newest_copy(buckets: BucketClient, tmp_path: Path) ->
     assert backups.restore_newest(tmp_path / "nothing.db") is None
     assert not (tmp_path / "nothing.db").exists()
     conn.execute("INSERT INTO events (note) VALUES ('first')")
-    backups.take(database, T0)
+    first = backups.take(database, T0)
     conn.execute("INSERT INTO events (note) VALUES ('second')")
     newest = backups.take(database, T0 + timedelta(minutes=1))
     conn.close()
     restored_to = tmp_path / "vm2" / "ledger.db"
     assert backups.restore_newest(restored_to) == newest
     assert _rows(restored_to) == [1, 2]
+    # Beyond the newest `keep`, the oldest copies are deleted from the bucket.
+    kept = LedgerBackups(buckets, DEFAULT_BUCKET, "tpuctl-server/srv", keep=1)
+    assert [c.name for c in kept.prune()] == [first.name]
+    assert kept.copies() == [newest]
     # Another server's copies under another prefix are not this one's.
     assert LedgerBackups(buckets, DEFAULT_BUCKET, "tpuctl-server/other").newest() is None
 
@@ -113,6 +117,9 @@ def test_the_loop_reports_a_failed_copy_and_goes_on(tmp_path: Path) -> None:
 
         def get_object(self, bucket: str, name: str) -> bytes:
             raise AssertionError("not read")
+
+        def delete_object(self, bucket: str, name: str) -> None:
+            raise AssertionError("nothing to prune")
 
     database = tmp_path / "ledger.db"
     _ledger(database).close()

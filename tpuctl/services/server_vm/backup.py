@@ -39,6 +39,8 @@ class ObjectStore(Protocol):
 
     def get_object(self, bucket: str, name: str) -> bytes: ...
 
+    def delete_object(self, bucket: str, name: str) -> None: ...
+
 
 @dataclass(frozen=True)
 class LedgerCopy:
@@ -116,10 +118,12 @@ class LedgerBackups:
         return newest
 
     def prune(self) -> list[LedgerCopy]:
-        """The copies beyond the newest ``keep``, which the caller may delete (the bucket's lifecycle
-        rule deletes them where the bucket has one)."""
+        """Delete the copies beyond the newest ``keep``; the ones deleted."""
         found = self.copies()
-        return found[: max(0, len(found) - self._keep)]
+        doomed = found[: max(0, len(found) - self._keep)]
+        for copy in doomed:
+            self._store.delete_object(self.bucket, copy.name)
+        return doomed
 
 
 def backup_every(
@@ -137,6 +141,7 @@ def backup_every(
     while True:
         try:
             on_copy(backups.take(database, clock()))
+            backups.prune()
         except Exception as exc:  # reported; the loop goes on
             on_error(exc)
         if stop.wait(every_s):
