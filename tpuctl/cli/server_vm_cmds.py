@@ -57,9 +57,10 @@ def up(
     dry_run: DryRunOpt = False,
     output: OutputOpt = None,
 ) -> None:
-    """Create the server VM (standard provisioning, never spot), set it up as run hosts are, restore the
-    newest ledger copy (no --database), start the server under systemd, and say how to reach it (an SSH
-    port forward through IAP: the server listens on the VM's loopback only)."""
+    """The plan for the server's VM (--dry-run only in this release: nothing is created yet): create it
+    (standard provisioning, never spot), set it up as run hosts are, restore the newest ledger copy (no
+    --database), start the server under systemd, and say how to reach it (an SSH port forward through
+    IAP: the server listens on the VM's loopback only) and what it costs a month."""
     from tpuctl.services.server_vm.plan import plan_up
 
     out = make_output(ctx, output, ONE_OBJECT)
@@ -75,7 +76,8 @@ def status(
     dry_run: DryRunOpt = False,
     output: OutputOpt = None,
 ) -> None:
-    """The VM's state, the service's, the last ledger copy's time and the server's /readyz."""
+    """The plan for reading the VM's state, the service's, the last ledger copy's time and the server's
+    /readyz (--dry-run only in this release)."""
     from tpuctl.services.server_vm.plan import plan_status
 
     out = make_output(ctx, output, ONE_OBJECT)
@@ -92,7 +94,7 @@ def logs(
     dry_run: DryRunOpt = False,
     output: OutputOpt = None,
 ) -> None:
-    """The server unit's journal, read over SSH."""
+    """The plan for reading the server unit's journal over SSH (--dry-run only in this release)."""
     from tpuctl.services.server_vm.plan import plan_logs
 
     out = make_output(ctx, output, ONE_OBJECT)
@@ -110,7 +112,8 @@ def down(
     dry_run: DryRunOpt = False,
     output: OutputOpt = None,
 ) -> None:
-    """Stop the server, take a final ledger copy (SQLite), delete the VM."""
+    """The plan for stopping the server, taking a final ledger copy (SQLite) and deleting the VM
+    (--dry-run only in this release)."""
     from tpuctl.services.server_vm.plan import plan_down
 
     out = make_output(ctx, output, ONE_OBJECT)
