@@ -4,7 +4,10 @@ refused before anything is asked of the cloud."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+from tpuctl.backends.sim import SIM_BUCKET
+from tpuctl.testing.backend import InProcessCli
 from tpuctl.testing.cli import Cli
 
 GLOBAL = ("--backend", "gcp", "--project", "team-proj")
@@ -86,3 +89,35 @@ def test_down_status_and_logs_plans(cli: Cli) -> None:
 def test_the_server_itself_still_takes_its_options(cli: Cli) -> None:
     result = cli("server", "--listen", "0.0.0.0:8471")
     assert result.code == 2 and "not a loopback address" in result.stderr
+
+
+def test_backup_once_then_restore_onto_a_new_disk(sim_cli: InProcessCli, tmp_path: Path) -> None:
+    """What the VM's units run: a copy of the live ledger to the bucket, and on a new VM the newest copy
+    restored and reconciled before the server starts."""
+    assert sim_cli("pod", "list").code == 0  # the ledger exists
+    ledger = Path(sim_cli.backend.sim.state_dir) / "ledger.db"
+    where = ("--bucket", SIM_BUCKET, "--prefix", "tpuctl-server/srv")
+    copied = sim_cli("server", "backup", "--ledger", str(ledger), *where, "--once", "-o", "json")
+    assert copied.code == 0, copied.stderr
+    url = json.loads(copied.stdout)["url"]
+    assert url.startswith(f"gs://{SIM_BUCKET}/tpuctl-server/srv/ledger-")
+    restored_to = tmp_path / "new-vm" / "ledger.db"
+    restored = sim_cli("server", "restore", "--ledger", str(restored_to), *where, "-o", "json")
+    assert restored.code == 0, restored.stderr
+    data = json.loads(restored.stdout)
+    assert data["restored"]["url"] == url
+    assert data["deleted_unknown"] == [] and data["recorded_gone"] == []
+    assert restored_to.stat().st_size > 0
+    nothing = sim_cli(
+        "server",
+        "restore",
+        "--ledger",
+        str(tmp_path / "x.db"),
+        "--bucket",
+        SIM_BUCKET,
+        "--prefix",
+        "none",
+        "-o",
+        "json",
+    )
+    assert nothing.code == 0 and json.loads(nothing.stdout)["restored"] is None
