@@ -44,6 +44,9 @@ def test_up_restores_and_reconciles_before_the_units_start() -> None:
     assert plan.steps[0].request.url == f"{BASE}/compute/v1/projects/p/zones/us-central1-a/instances"
     assert set(plan.units) == {"tpuctl-server.service", "tpuctl-server-backup.service"}
     assert "--every 60" in plan.units["tpuctl-server-backup.service"]
+    assert 'Environment="TPUCTL_PROJECT=p"' in plan.units["tpuctl-server-backup.service"]
+    restore_command = plan.steps[restore].command
+    assert restore_command is not None and restore_command.startswith("TPUCTL_PROJECT=p ")
     assert plan.reach[0].startswith("gcloud compute ssh tpuctl-server --zone us-central1-a --project p")
     assert "-L 8471:127.0.0.1:8471" in plan.reach[0]
     assert plan.cost is not None and plan.cost.total_usd == 17.88

@@ -203,7 +203,7 @@ def backup_unit(spec: ServerVmSpec) -> ServiceUnit | None:
         ),
         restart=RestartPolicy.ON_FAILURE,
         restart_sec=10,
-        environment={"XDG_STATE_HOME": STATE_DIR},
+        environment={"XDG_STATE_HOME": STATE_DIR, "TPUCTL_PROJECT": spec.project},
         working_directory=STATE_DIR,
     )
 
@@ -238,7 +238,8 @@ def plan_up(spec: ServerVmSpec, compute_base: str) -> ServerVmPlan:
             PlanStep(
                 "restore the newest ledger copy from the bucket, then reconcile it with the cloud before "
                 "the server starts",
-                command=shlex.join(
+                command=f"TPUCTL_PROJECT={shlex.quote(spec.project)} XDG_STATE_HOME={STATE_DIR} "
+                + shlex.join(
                     [
                         spec.tpuctl,
                         "server",
