@@ -78,11 +78,12 @@ def test_down_status_and_logs_plans(cli: Cli) -> None:
     assert steps[-2:] == ["keep the boot disk when the VM goes", "delete the VM"]
     status = cli(*GLOBAL, "server", "status", "--zone", "us-central1-a", "--dry-run", "-o", "json")
     assert status.code == 0, status.stderr
-    assert "systemctl is-active tpuctl-server" in status.stdout
+    assert "systemctl --user is-active tpuctl-server.service" in status.stdout
     logs = cli(*GLOBAL, "server", "logs", "--zone", "us-central1-a", "-f", "--dry-run", "-o", "json")
     assert logs.code == 0, logs.stderr
     assert (
-        json.loads(logs.stdout)["plan"]["steps"][0]["command"] == "journalctl -u tpuctl-server --no-pager -f"
+        json.loads(logs.stdout)["plan"]["steps"][0]["command"]
+        == "journalctl --user -u tpuctl-server.service --no-pager -f"
     )
 
 

@@ -46,7 +46,12 @@ def test_up_restores_and_reconciles_before_the_units_start() -> None:
     assert "--every 60" in plan.units["tpuctl-server-backup.service"]
     assert 'Environment="TPUCTL_PROJECT=p"' in plan.units["tpuctl-server-backup.service"]
     restore_command = plan.steps[restore].command
-    assert restore_command is not None and restore_command.startswith("TPUCTL_PROJECT=p ")
+    assert restore_command is not None and "TPUCTL_PROJECT=p " in restore_command
+    assert '"$HOME"/.local/share/tpuctl-server/env/bin/tpuctl server restore' in restore_command
+    assert plan.steps[whats.index("start the units")].command == (
+        "loginctl enable-linger && systemctl --user daemon-reload && systemctl --user enable --now "
+        "tpuctl-server.service tpuctl-server-backup.service"
+    )
     assert plan.reach[0].startswith("gcloud compute ssh tpuctl-server --zone us-central1-a --project p")
     assert "-L 8471:127.0.0.1:8471" in plan.reach[0]
     assert plan.cost is not None and plan.cost.total_usd == 17.88
@@ -56,7 +61,9 @@ def test_the_server_listens_on_loopback_and_restarts_on_failure() -> None:
     unit = parse("tpuctl-server", server_unit(_spec()).render())
     assert unit.exec_start[-3:] == ("server", "--listen", "127.0.0.1:8471")
     assert unit.restart is RestartPolicy.ON_FAILURE
-    assert unit.environment["TPUCTL_DATABASE_URL"] == "sqlite:////var/lib/tpuctl-server/ledger.db"
+    # A user unit: home-relative, the same text on Google and on a simulated VM (whose home is its disk).
+    assert unit.environment["TPUCTL_DATABASE_URL"] == "sqlite:///%h/.local/state/tpuctl-server/ledger.db"
+    assert unit.exec_start[0] == "%h/.local/share/tpuctl-server/env/bin/tpuctl"
 
 
 def test_a_postgresql_url_is_not_copied_and_its_password_not_shown() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tpuctl.errors import UsageError
-from tpuctl.services.server_vm.unit import RestartPolicy, ServiceUnit, parse
+from tpuctl.services.server_vm.unit import RestartPolicy, ServiceUnit, expand_specifiers, parse
 
 
 def _unit() -> ServiceUnit:
@@ -26,7 +26,19 @@ def test_rendered_unit_is_what_systemd_reads() -> None:
     assert "Restart=on-failure\nRestartSec=5s\n" in text
     assert 'Environment="XDG_STATE_HOME=/var/lib/tpuctl"' in text
     assert text.index("[Unit]") < text.index("[Service]") < text.index("[Install]")
-    assert "WantedBy=multi-user.target" in text
+    assert "WantedBy=default.target" in text  # a user unit: the user manager's boot target
+
+
+def test_specifiers_expand_to_the_home_as_the_user_manager_does() -> None:
+    unit = ServiceUnit(
+        "u", "u", ("%h/bin/x", "100%%"), environment={"DB": "sqlite:///%h/l.db"}, working_directory="%h/w"
+    )
+    expanded = expand_specifiers(parse("u", unit.render()), "/home/me")
+    assert expanded.exec_start == ("/home/me/bin/x", "100%")
+    assert expanded.environment == {"DB": "sqlite:////home/me/l.db"}
+    assert expanded.working_directory == "/home/me/w"
+    with pytest.raises(UsageError, match="%u"):
+        expand_specifiers(ServiceUnit("u", "u", ("%u",)), "/home/me")
 
 
 def test_parse_reads_back_every_key_rendered() -> None:

@@ -19,22 +19,28 @@ from typing import Any, Final
 from tpuctl import __version__
 from tpuctl.catalog.server_vm_prices import ServerVmCost, server_vm_cost
 from tpuctl.cloud.base import PlannedRequest
-from tpuctl.hosts.setup import SetupSpec, env_dir
+from tpuctl.hosts.setup import SetupSpec
 from tpuctl.services.server_vm.backup import BACKUP_EVERY_S
-from tpuctl.services.server_vm.unit import RestartPolicy, ServiceUnit
+from tpuctl.services.server_vm.unit import USER_UNIT_DIR, RestartPolicy, ServiceUnit
 
 DEFAULT_NAME: Final = "tpuctl-server"
 DEFAULT_MACHINE_TYPE: Final = "e2-small"
 DEFAULT_DISK_GB: Final = 20
 SERVER_PORT: Final = 8471
-#: Where the server keeps its state on the VM (its ledger, when SQLite): on the boot disk.
-STATE_DIR: Final = "/var/lib/tpuctl-server"
+#: Where the server keeps its state (its ledger, when SQLite), relative to the login user's home on the
+#: VM's boot disk: the units are user units (``tpuctl.services.server_vm.unit``), so every path is
+#: home-relative (``%h/...`` in a unit, ``$HOME/...`` in a command).
+STATE_SUBDIR: Final = ".local/state/tpuctl-server"
+#: The link to the host setup's environment that holds the installed tpuctl (the environment's own path
+#: hashes its inputs; the units name this link, which a later ``server up`` points at a newer one).
+ENV_LINK: Final = ".local/share/tpuctl-server/env"
+#: Where the wheel built on the laptop is copied on the VM.
+WHEEL_SUBDIR: Final = ".tpuctl/wheels"
 #: The label every server VM carries (its value: the server's name); not ``managed-by``: the VM is no
 #: slice, and nothing that collects tpuctl's slices may take it for one.
 LABEL_SERVER: Final = "tpuctl-server"
 IMAGE_FAMILY: Final = "projects/debian-cloud/global/images/family/debian-12"
 CLOUD_PLATFORM_SCOPE: Final = "https://www.googleapis.com/auth/cloud-platform"
-UNIT_DIR: Final = "/etc/systemd/system"
 
 
 @dataclass(frozen=True)
@@ -56,20 +62,29 @@ class ServerVmSpec:
 
     @property
     def sqlite_ledger(self) -> str:
-        return f"{STATE_DIR}/ledger.db"
+        """The ledger's path as a unit names it (``%h``: the user's home)."""
+        return f"%h/{STATE_SUBDIR}/ledger.db"
+
+    @property
+    def wheel_name(self) -> str:
+        """The file name ``uv build`` gives tpuctl's wheel (pure Python: one wheel for every VM)."""
+        return f"tpuctl-{self.version}-py3-none-any.whl"
 
     @property
     def backup_prefix(self) -> str:
         return f"tpuctl-server/{self.name}"
 
-    @property
-    def setup(self) -> SetupSpec:
-        """The host setup runs use, installing this tpuctl release (nothing else) on the VM."""
-        return SetupSpec(runtime=None, requirements=f"tpuctl=={self.version}\n")
+    def setup(self, locked: str) -> SetupSpec:
+        """The host setup runs use: tpuctl's wheel (copied to the VM) with its locked dependencies
+        (``locked``: ``uv export``'s pins), from the host's package index; then the link the units name."""
+        wheel = f"tpuctl @ file://${{HOME}}/{WHEEL_SUBDIR}/{self.wheel_name}"  # uv expands ${HOME}
+        link = f'mkdir -p "$HOME/{ENV_LINK.rsplit("/", 1)[0]}" && ln -sfn "$VIRTUAL_ENV" "$HOME/{ENV_LINK}"'
+        return SetupSpec(runtime=None, requirements=f"{locked.rstrip()}\n{wheel}\n", commands=(link,))
 
     @property
     def tpuctl(self) -> str:
-        return f"{env_dir(self.setup, STATE_DIR)}/bin/tpuctl"
+        """The installed tpuctl as a unit names it."""
+        return f"%h/{ENV_LINK}/bin/tpuctl"
 
 
 @dataclass(frozen=True)
@@ -164,7 +179,7 @@ def server_unit(spec: ServerVmSpec, *, reveal: bool = False) -> ServiceUnit:
     prints)."""
     from tpuctl.store.url import parse_database_url
 
-    environment = {"XDG_STATE_HOME": STATE_DIR, "TPUCTL_PROJECT": spec.project}
+    environment = {"XDG_STATE_HOME": f"%h/{STATE_SUBDIR}", "TPUCTL_PROJECT": spec.project}
     if spec.database is None:
         environment["TPUCTL_DATABASE_URL"] = f"sqlite:///{spec.sqlite_ledger}"
     else:
@@ -177,7 +192,7 @@ def server_unit(spec: ServerVmSpec, *, reveal: bool = False) -> ServiceUnit:
         restart=RestartPolicy.ON_FAILURE,
         restart_sec=5,
         environment=environment,
-        working_directory=STATE_DIR,
+        working_directory=f"%h/{STATE_SUBDIR}",
     )
 
 
@@ -203,8 +218,8 @@ def backup_unit(spec: ServerVmSpec) -> ServiceUnit | None:
         ),
         restart=RestartPolicy.ON_FAILURE,
         restart_sec=10,
-        environment={"XDG_STATE_HOME": STATE_DIR, "TPUCTL_PROJECT": spec.project},
-        working_directory=STATE_DIR,
+        environment={"XDG_STATE_HOME": f"%h/{STATE_SUBDIR}", "TPUCTL_PROJECT": spec.project},
+        working_directory=f"%h/{STATE_SUBDIR}",
     )
 
 
@@ -222,6 +237,65 @@ def reach_commands(spec: ServerVmSpec) -> list[str]:
     ]
 
 
+def shell(argv: tuple[str, ...] | list[str]) -> str:
+    """``argv`` as a command line for the VM's login shell, a unit's ``%h`` spelled ``$HOME``."""
+    return shlex.join(argv).replace("%h/", '"$HOME"/')
+
+
+def copy_wheel_command(spec: ServerVmSpec) -> str:
+    """Write the wheel sent on standard input where the setup's requirements name it."""
+    return f'mkdir -p "$HOME/{WHEEL_SUBDIR}" && cat > "$HOME/{WHEEL_SUBDIR}/{spec.wheel_name}"'
+
+
+def restore_command(spec: ServerVmSpec) -> str | None:
+    """The newest copy restored and reconciled before the server starts (None: nothing copied)."""
+    if spec.database is not None or spec.bucket is None:
+        return None
+    argv = [spec.tpuctl, "server", "restore", "--ledger", spec.sqlite_ledger, "--bucket", spec.bucket]
+    argv += ["--prefix", spec.backup_prefix]
+    return (
+        f'mkdir -p "$HOME/{STATE_SUBDIR}" && TPUCTL_PROJECT={shlex.quote(spec.project)} '
+        f'XDG_STATE_HOME="$HOME/{STATE_SUBDIR}" {shell(argv)}'
+    )
+
+
+def install_unit_command(file_name: str) -> str:
+    """Write the unit sent on standard input (mode 0600: a PostgreSQL URL may be in it)."""
+    return (
+        f'mkdir -p "$HOME/{USER_UNIT_DIR}" && install -m 600 /dev/stdin "$HOME/{USER_UNIT_DIR}/{file_name}"'
+    )
+
+
+def start_units_command(file_names: list[str]) -> str:
+    """Lingering, so the user manager (and the units) run from boot with nobody logged in; then enabled
+    and started. ``loginctl enable-linger`` of oneself is allowed to every user by logind's default
+    polkit policy (org.freedesktop.login1.set-self-linger)."""
+    names = " ".join(file_names)
+    return (
+        f"loginctl enable-linger && systemctl --user daemon-reload && systemctl --user enable --now {names}"
+    )
+
+
+READY_COMMAND: Final = f"curl -sf http://127.0.0.1:{SERVER_PORT}/readyz"
+UNIT_STATE_COMMAND: Final = "systemctl --user is-active tpuctl-server.service"
+
+
+def stop_unit_command(file_name: str) -> str:
+    return f"systemctl --user stop {file_name}"
+
+
+def final_copy_command(spec: ServerVmSpec) -> str | None:
+    backup = backup_unit(spec)
+    if backup is None:
+        return None
+    once = [*backup.exec_start[: backup.exec_start.index("--every")], "--once"]
+    return f'TPUCTL_PROJECT={shlex.quote(spec.project)} XDG_STATE_HOME="$HOME/{STATE_SUBDIR}" {shell(once)}'
+
+
+def logs_command(*, follow: bool, lines: int = 200) -> str:
+    return "journalctl --user -u tpuctl-server.service --no-pager" + (" -f" if follow else f" -n {lines}")
+
+
 def plan_up(spec: ServerVmSpec, compute_base: str) -> ServerVmPlan:
     """``server up``: the VM, its setup, the ledger's restore and reconcile, the units started."""
     base = f"{compute_base.rstrip('/')}/compute/v1/projects/{spec.project}/zones/{spec.zone}"
@@ -229,45 +303,28 @@ def plan_up(spec: ServerVmSpec, compute_base: str) -> ServerVmPlan:
         PlanStep("create the server VM", PlannedRequest("POST", f"{base}/instances", instance_body(spec))),
         PlanStep("wait until it is RUNNING", PlannedRequest("GET", f"{base}/instances/{spec.name}")),
         PlanStep(
-            "set the VM up as run hosts are (tpuctl's host setup, installing this tpuctl)",
-            command=f'sudo install -d -o "$USER" {STATE_DIR} && <host setup: tpuctl=={spec.version}>',
+            f"copy {spec.wheel_name} (built here, uv build) to the VM", command=copy_wheel_command(spec)
+        ),
+        PlanStep(
+            "set the VM up as run hosts are (tpuctl's host setup: the wheel with its locked dependencies, "
+            "from the host's package index)",
+            command=f"<host setup: {spec.wheel_name} + uv.lock's pins>",
         ),
     ]
-    if spec.database is None and spec.bucket is not None:
+    restore = restore_command(spec)
+    if restore is not None:
         steps.append(
             PlanStep(
                 "restore the newest ledger copy from the bucket, then reconcile it with the cloud before "
                 "the server starts",
-                command=f"TPUCTL_PROJECT={shlex.quote(spec.project)} XDG_STATE_HOME={STATE_DIR} "
-                + shlex.join(
-                    [
-                        spec.tpuctl,
-                        "server",
-                        "restore",
-                        "--ledger",
-                        spec.sqlite_ledger,
-                        "--bucket",
-                        spec.bucket,
-                        "--prefix",
-                        spec.backup_prefix,
-                    ]
-                ),
+                command=restore,
             )
         )
     rendered = {u.file_name: u.render() for u in units(spec)}
     for file_name in rendered:
-        steps.append(
-            PlanStep(f"install {file_name}", command=f"sudo install -m 600 /dev/stdin {UNIT_DIR}/{file_name}")
-        )
-    names = " ".join(rendered)
-    steps.append(
-        PlanStep(
-            "start the units", command=f"sudo systemctl daemon-reload && sudo systemctl enable --now {names}"
-        )
-    )
-    steps.append(
-        PlanStep("wait until the server is ready", command=f"curl -sf http://127.0.0.1:{SERVER_PORT}/readyz")
-    )
+        steps.append(PlanStep(f"install {file_name}", command=install_unit_command(file_name)))
+    steps.append(PlanStep("start the units", command=start_units_command(list(rendered))))
+    steps.append(PlanStep("wait until the server is ready", command=READY_COMMAND))
     return ServerVmPlan(
         "up",
         spec,
@@ -281,12 +338,12 @@ def plan_up(spec: ServerVmSpec, compute_base: str) -> ServerVmPlan:
 def plan_down(spec: ServerVmSpec, compute_base: str, *, keep_disk: bool) -> ServerVmPlan:
     """``server down``: the service stopped, a final copy taken, the VM deleted (its disk kept if asked)."""
     base = f"{compute_base.rstrip('/')}/compute/v1/projects/{spec.project}/zones/{spec.zone}"
-    steps = [PlanStep("stop the server", command="sudo systemctl stop tpuctl-server")]
+    steps = [PlanStep("stop the server", command=stop_unit_command("tpuctl-server.service"))]
     backup = backup_unit(spec)
-    if backup is not None:
-        once = [*backup.exec_start[: backup.exec_start.index("--every")], "--once"]
-        steps.append(PlanStep("stop the copies", command=f"sudo systemctl stop {backup.file_name}"))
-        steps.append(PlanStep("take a final copy of the stopped ledger", command=shlex.join(once)))
+    final = final_copy_command(spec)
+    if backup is not None and final is not None:
+        steps.append(PlanStep("stop the copies", command=stop_unit_command(backup.file_name)))
+        steps.append(PlanStep("take a final copy of the stopped ledger", command=final))
     if keep_disk:
         steps.append(
             PlanStep(
@@ -305,8 +362,8 @@ def plan_status(spec: ServerVmSpec, compute_base: str) -> ServerVmPlan:
     base = f"{compute_base.rstrip('/')}/compute/v1/projects/{spec.project}/zones/{spec.zone}"
     steps = [
         PlanStep("the VM's state", PlannedRequest("GET", f"{base}/instances/{spec.name}")),
-        PlanStep("the service's state", command="systemctl is-active tpuctl-server"),
-        PlanStep("the server's readiness", command=f"curl -sf http://127.0.0.1:{SERVER_PORT}/readyz"),
+        PlanStep("the service's state", command=UNIT_STATE_COMMAND),
+        PlanStep("the server's readiness", command=READY_COMMAND),
     ]
     if backup_unit(spec) is not None:
         steps.append(
@@ -318,5 +375,4 @@ def plan_status(spec: ServerVmSpec, compute_base: str) -> ServerVmPlan:
 
 
 def plan_logs(spec: ServerVmSpec, *, follow: bool) -> ServerVmPlan:
-    command = "journalctl -u tpuctl-server --no-pager" + (" -f" if follow else " -n 200")
-    return ServerVmPlan("logs", spec, [PlanStep("the unit's journal", command=command)])
+    return ServerVmPlan("logs", spec, [PlanStep("the unit's journal", command=logs_command(follow=follow))])

@@ -1,6 +1,14 @@
 """The service unit the server runs under on its VM: one text, rendered here, that systemd reads on
 Google and the simulator's stand-in supervisor reads on a simulated VM (``tpuctl.sim.vms.units``).
 
+A USER unit (``~/.config/systemd/user/<name>.service``, started by the login user's own systemd manager,
+kept running after logout by ``loginctl enable-linger``): its paths are home-relative (``%h``), so the
+same text runs on Google, where the home is /home/USER, and on a simulated VM, whose processes share this
+machine's filesystem root and whose home is its own disk. ``WantedBy=default.target``: the user manager's
+boot target (it has no multi-user.target)
+(https://www.freedesktop.org/software/systemd/man/latest/systemd.special.html,
+https://www.freedesktop.org/software/systemd/man/latest/systemd.unit.html#Specifiers).
+
 Only the keys both honour are written and read: ``Description``, ``ExecStart``, ``Restart``,
 ``RestartSec``, ``Environment``, ``WorkingDirectory``, ``User`` and ``WantedBy``
 (https://www.freedesktop.org/software/systemd/man/latest/systemd.service.html,
@@ -10,6 +18,7 @@ with any other key in [Service], so the stand-in never silently ignores what sys
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import shlex
 from collections.abc import Mapping, Sequence
@@ -22,6 +31,12 @@ from tpuctl.errors import UsageError
 _SERVICE_KEYS: Final = frozenset(
     {"ExecStart", "Restart", "RestartSec", "Environment", "WorkingDirectory", "User"}
 )
+
+
+#: The user manager's target that starts enabled units at its start (at boot, for a lingering user).
+WANTED_BY: Final = "default.target"
+#: Where a user's units live, relative to the home (systemd.unit, "User Unit Search Path").
+USER_UNIT_DIR: Final = ".config/systemd/user"
 
 
 class RestartPolicy(enum.StrEnum):
@@ -76,14 +91,12 @@ class ServiceUnit:
             [
                 "[Unit]",
                 f"Description={self.description}",
-                "After=network-online.target",
-                "Wants=network-online.target",
                 "",
                 "[Service]",
                 *service,
                 "",
                 "[Install]",
-                "WantedBy=multi-user.target",
+                f"WantedBy={WANTED_BY}",
                 "",
             ]
         )
@@ -122,6 +135,33 @@ def parse(name: str, text: str) -> ServiceUnit:
         environment=environment,
         working_directory=_last(service, "WorkingDirectory", "") or None,
         user=_last(service, "User", "") or None,
+    )
+
+
+def expand_specifiers(unit: ServiceUnit, home: str) -> ServiceUnit:
+    """``unit`` with systemd's ``%h`` (the user's home) and ``%%`` expanded in its command, environment
+    and working directory, as the user manager expands them before it starts the command. Any other
+    specifier is refused: the stand-in would run something systemd would not."""
+
+    def expand(text: str) -> str:
+        out, i = [], 0
+        while i < len(text):
+            if text[i] != "%":
+                out.append(text[i])
+                i += 1
+                continue
+            spec = text[i + 1 : i + 2]
+            if spec not in ("h", "%"):
+                raise UsageError(f"unit {unit.name}: specifier %{spec} is not honoured here")
+            out.append(home if spec == "h" else "%")
+            i += 2
+        return "".join(out)
+
+    return dataclasses.replace(
+        unit,
+        exec_start=tuple(expand(a) for a in unit.exec_start),
+        environment={k: expand(v) for k, v in unit.environment.items()},
+        working_directory=expand(unit.working_directory) if unit.working_directory else None,
     )
 
 

@@ -6,8 +6,10 @@ What it leaves out of systemd, stricter where unsure: no start-rate limit (``Sta
 that keeps failing restarts every ``RestartSec`` for ever, as systemd does once the limit is raised), no
 dependencies between units, no ``User=`` switch (a simulated VM has one user).
 
-Run as ``python -m tpuctl.sim.vms.units UNIT_FILE JOURNAL``; SIGTERM stops the running process (SIGTERM,
-then SIGKILL after ``_STOP_GRACE_S``, as systemd's default ``TimeoutStopSec`` does) and the supervisor.
+Run as ``python -m tpuctl.sim.vms.units UNIT_FILE JOURNAL`` (by the image's ``systemctl --user`` shim
+and at the VM's boot, ``tpuctl.sim.vms.systemctl``), with the user's ``HOME`` (``%h``); SIGTERM stops the
+running process (SIGTERM, then SIGKILL after ``_STOP_GRACE_S``, as systemd's default ``TimeoutStopSec``
+does) and the supervisor.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Final
 
-from tpuctl.services.server_vm.unit import ServiceUnit, parse
+from tpuctl.services.server_vm.unit import ServiceUnit, expand_specifiers, parse
 
 _STOP_GRACE_S: Final = 90.0
 
@@ -96,7 +98,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("unit_file", type=Path)
     parser.add_argument("journal", type=Path)
     args = parser.parse_args(argv)
-    unit = parse(args.unit_file.name.removesuffix(".service"), args.unit_file.read_text(encoding="utf-8"))
+    text = args.unit_file.read_text(encoding="utf-8")
+    # %h is the user's home, as the user manager expands it (the shim starts this with the user's HOME).
+    unit = expand_specifiers(parse(args.unit_file.name.removesuffix(".service"), text), os.environ["HOME"])
     with open(args.journal, "ab") as journal:
         supervisor = UnitSupervisor(unit, journal)
         signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=supervisor.stop).start())
