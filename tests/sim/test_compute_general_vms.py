@@ -4,7 +4,10 @@ google-cloud-compute client and the exact body `tpuctl server up` sends."""
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
+import asyncssh
 import httpx
 import pytest
 from api_schema import schema_problems
@@ -14,8 +17,12 @@ from google.cloud import compute_v1
 from sim_helpers import PROJECT, tpu_client
 
 from tpuctl.backends.sim import sim_credentials
-from tpuctl.services.server_vm.plan import ServerVmSpec, instance_body
+from tpuctl.hosts.ssh import HostLogin, KeyPair, SshExecutor, SshHost
+from tpuctl.services.server_vm.install import install_server, run_on_vm, wait_ready
+from tpuctl.services.server_vm.plan import UNIT_STATE_COMMAND, ServerVmSpec, instance_body
+from tpuctl.services.server_vm.wheel import build_server_wheel
 from tpuctl.sim import SimServer
+from tpuctl.sim.mirror import default_wheelhouse
 from tpuctl.testing.clock import wait_for
 
 __all__ = ["compute", "schema_problems"]  # fixtures
@@ -86,3 +93,57 @@ def test_accelerators_on_e2_are_refused(compute: tuple[SimServer, Clients]) -> N
     ]
     with pytest.raises(exceptions.BadRequest, match="does not support accelerators"):
         c.instances.insert(project=PROJECT, zone=ZONE, instance_resource=body)
+
+
+@pytest.mark.slow
+def test_the_team_server_installs_and_runs_on_it_over_ssh(
+    compute: tuple[SimServer, Clients], tmp_path: Path
+) -> None:
+    """What server up does on the VM, on a simulated one with a stock image: tpuctl's wheel copied over
+    SSH, installed by the runs' host setup with its locked dependencies from the mirror (served from the
+    uv cache), the user units enabled and started through the image's systemctl, /readyz answered; and
+    after the VM is stopped and started, its boot starts the units again."""
+    server, c = compute
+    key = asyncssh.generate_private_key("ssh-ed25519")
+    key_file = tmp_path / "id"
+    key.write_private_key(str(key_file))
+    public = key.export_public_key().decode().strip()
+    spec = ServerVmSpec(
+        project=PROJECT,
+        zone=ZONE,
+        name="srv",
+        settings_env=(("TPUCTL_BACKEND", "sim"), ("TPUCTL_SIM_URL", server.url)),
+    )
+    body = instance_body(spec)
+    body["metadata"]["items"] = [
+        {"key": "enable-oslogin", "value": "FALSE"},
+        {"key": "ssh-keys", "value": f"admin:{public}"},
+    ]
+    instance = compute_v1.Instance.from_json(json.dumps(body))
+    assert not c.done(c.instances.insert(project=PROJECT, zone=ZONE, instance_resource=instance)).error
+    address = c.instances.get(project=PROJECT, zone=ZONE, instance="srv").network_interfaces[0].network_i_p
+    wait_for(lambda: any(h.address == address for h in server.fleet.served()), timeout=60)
+    login = HostLogin("admin", authorized_by="the VM's ssh-keys metadata", refused_fix="-")
+    executor = SshExecutor(
+        [SshHost(address, server.ssh_port)],
+        login=login,
+        key=KeyPair(key_file, public),
+        verify_host_keys=False,
+    )
+    lines: list[str] = []
+    try:
+        install_server(
+            executor,
+            spec,
+            build_server_wheel(tmp_path / "dist"),
+            uv_wheelhouses=[default_wheelhouse(os.environ)],
+            uv_download_dir=tmp_path / "uv-wheels",
+            on_line=lines.append,
+        )
+        assert wait_ready(executor, 120) >= 0
+        state = run_on_vm(executor, UNIT_STATE_COMMAND, lines.append)
+        assert (state.exit_status, state.tail) == (0, ("active",))
+        journal = run_on_vm(executor, "journalctl --user -u tpuctl-server -n 50", lines.append)
+        assert any("Started tpuctl team server" in line for line in journal.tail), journal.tail
+    finally:
+        executor.abandon()

@@ -49,7 +49,8 @@ def test_up_restores_and_reconciles_before_the_units_start() -> None:
     assert restore_command is not None and "TPUCTL_PROJECT=p " in restore_command
     assert '"$HOME"/.local/share/tpuctl-server/env/bin/tpuctl server restore' in restore_command
     assert plan.steps[whats.index("start the units")].command == (
-        "loginctl enable-linger && systemctl --user daemon-reload && systemctl --user enable --now "
+        'mkdir -p "$HOME/.local/state/tpuctl-server" && loginctl enable-linger && '
+        "systemctl --user daemon-reload && systemctl --user enable --now "
         "tpuctl-server.service tpuctl-server-backup.service"
     )
     assert plan.reach[0].startswith("gcloud compute ssh tpuctl-server --zone us-central1-a --project p")

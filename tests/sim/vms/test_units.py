@@ -73,3 +73,16 @@ def test_working_directory_is_honoured(tmp_path: Path) -> None:
     unit = ServiceUnit("cwd", "cwd", argv, RestartPolicy.NO, working_directory=str(work))
     _supervise(unit, tmp_path / "journal")
     assert (work / "here").read_text() == str(work)
+
+
+def test_a_missing_working_directory_fails_the_start_as_systemd_does(tmp_path: Path) -> None:
+    unit = ServiceUnit(
+        "nowhere",
+        "nowhere",
+        _program(tmp_path, "pass\n"),
+        RestartPolicy.NO,
+        working_directory=str(tmp_path / "x"),
+    )
+    supervisor, _ = _supervise(unit, tmp_path / "journal")
+    assert supervisor.exits == [200]
+    assert "working directory failed" in (tmp_path / "journal").read_text()

@@ -55,6 +55,10 @@ class ServerVmSpec:
     bucket: str | None = None
     disk_gb: int = DEFAULT_DISK_GB
     version: str = __version__
+    #: Settings the units pass the server beyond its own (``KEY=value`` pairs): on the simulator, which
+    #: simulator it talks to (``TPUCTL_BACKEND``, ``TPUCTL_SIM_URL``), since the Google backend has no
+    #: endpoint override that would point it there; empty on Google.
+    settings_env: tuple[tuple[str, str], ...] = ()
 
     @property
     def region(self) -> str:
@@ -172,6 +176,12 @@ def instance_body(spec: ServerVmSpec) -> dict[str, Any]:
     }
 
 
+def _unit_env(spec: ServerVmSpec) -> dict[str, str]:
+    # Unbuffered: a unit's output goes to the journal through a pipe, where Python would hold it back
+    # until the buffer fills, so a failing start would show nothing.
+    return {**dict(spec.settings_env), "PYTHONUNBUFFERED": "1"}
+
+
 def server_unit(spec: ServerVmSpec, *, reveal: bool = False) -> ServiceUnit:
     """The server itself: on loopback, its state on the boot disk, restarted 5 s after a failure. A
     PostgreSQL URL goes in the unit's environment (the file is installed mode 0600), never on the command
@@ -179,7 +189,11 @@ def server_unit(spec: ServerVmSpec, *, reveal: bool = False) -> ServiceUnit:
     prints)."""
     from tpuctl.store.url import parse_database_url
 
-    environment = {"XDG_STATE_HOME": f"%h/{STATE_SUBDIR}", "TPUCTL_PROJECT": spec.project}
+    environment = {
+        **dict(spec.settings_env),
+        "XDG_STATE_HOME": f"%h/{STATE_SUBDIR}",
+        "TPUCTL_PROJECT": spec.project,
+    }
     if spec.database is None:
         environment["TPUCTL_DATABASE_URL"] = f"sqlite:///{spec.sqlite_ledger}"
     else:
@@ -218,7 +232,11 @@ def backup_unit(spec: ServerVmSpec) -> ServiceUnit | None:
         ),
         restart=RestartPolicy.ON_FAILURE,
         restart_sec=10,
-        environment={"XDG_STATE_HOME": f"%h/{STATE_SUBDIR}", "TPUCTL_PROJECT": spec.project},
+        environment={
+            **dict(spec.settings_env),
+            "XDG_STATE_HOME": f"%h/{STATE_SUBDIR}",
+            "TPUCTL_PROJECT": spec.project,
+        },
         working_directory=f"%h/{STATE_SUBDIR}",
     )
 
@@ -253,10 +271,15 @@ def restore_command(spec: ServerVmSpec) -> str | None:
         return None
     argv = [spec.tpuctl, "server", "restore", "--ledger", spec.sqlite_ledger, "--bucket", spec.bucket]
     argv += ["--prefix", spec.backup_prefix]
-    return (
-        f'mkdir -p "$HOME/{STATE_SUBDIR}" && TPUCTL_PROJECT={shlex.quote(spec.project)} '
-        f'XDG_STATE_HOME="$HOME/{STATE_SUBDIR}" {shell(argv)}'
-    )
+    return f'mkdir -p "$HOME/{STATE_SUBDIR}" && {_settings_prefix(spec)} {shell(argv)}'
+
+
+def _settings_prefix(spec: ServerVmSpec) -> str:
+    """The units' settings as a command's variable assignments (what restore and the final copy run
+    with, outside the units)."""
+    pairs = [f"{k}={shlex.quote(v)}" for k, v in spec.settings_env]
+    pairs += [f"TPUCTL_PROJECT={shlex.quote(spec.project)}", f'XDG_STATE_HOME="$HOME/{STATE_SUBDIR}"']
+    return " ".join(pairs)
 
 
 def install_unit_command(file_name: str) -> str:
@@ -271,8 +294,10 @@ def start_units_command(file_names: list[str]) -> str:
     and started. ``loginctl enable-linger`` of oneself is allowed to every user by logind's default
     polkit policy (org.freedesktop.login1.set-self-linger)."""
     names = " ".join(file_names)
+    # The units' working directory must exist before they start (systemd fails them at CHDIR otherwise).
     return (
-        f"loginctl enable-linger && systemctl --user daemon-reload && systemctl --user enable --now {names}"
+        f'mkdir -p "$HOME/{STATE_SUBDIR}" && loginctl enable-linger && systemctl --user daemon-reload && '
+        f"systemctl --user enable --now {names}"
     )
 
 
@@ -289,7 +314,7 @@ def final_copy_command(spec: ServerVmSpec) -> str | None:
     if backup is None:
         return None
     once = [*backup.exec_start[: backup.exec_start.index("--every")], "--once"]
-    return f'TPUCTL_PROJECT={shlex.quote(spec.project)} XDG_STATE_HOME="$HOME/{STATE_SUBDIR}" {shell(once)}'
+    return f"{_settings_prefix(spec)} {shell(once)}"
 
 
 def logs_command(*, follow: bool, lines: int = 200) -> str:

@@ -34,7 +34,8 @@ from tpuctl.services.server_vm.unit import USER_UNIT_DIR, WANTED_BY
 #: systemctl's exit status for "not active" (is-active) and for a unit that does not exist.
 _INACTIVE: Final = 3
 _NO_UNIT: Final = 5
-_STOP_WAIT_S: Final = 100.0  # beyond the stand-in's own SIGTERM-to-SIGKILL grace
+_STOP_WAIT_S: Final = 100.0
+_EXEC_WAIT_S: Final = 10.0  # beyond the stand-in's own SIGTERM-to-SIGKILL grace
 SHIMS: Final = ("systemctl", "journalctl", "loginctl")
 
 
@@ -100,6 +101,11 @@ def start(home: Path, unit: str, env: Mapping[str, str]) -> int:
         start_new_session=True,  # outlives the SSH session that started it, as a unit does
     )
     _pid_file(home, unit).write_text(str(process.pid), encoding="utf-8")
+    # Until the child has exec'd, its /proc cmdline is this process's: wait for it, so a start returns a
+    # unit that is-active (as systemctl start returns once the process is spawned).
+    give_up = time.monotonic() + _EXEC_WAIT_S
+    while running_pid(home, unit) is None and process.poll() is None and time.monotonic() < give_up:
+        time.sleep(0.01)
     return 0
 
 

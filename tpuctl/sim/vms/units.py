@@ -28,6 +28,9 @@ from typing import IO, Final
 from tpuctl.services.server_vm.unit import ServiceUnit, expand_specifiers, parse
 
 _STOP_GRACE_S: Final = 90.0
+#: systemd's exit statuses for a start that failed before the command ran (systemd.exec).
+_EXIT_CHDIR: Final = 200
+_EXIT_EXEC: Final = 203
 
 
 class UnitSupervisor:
@@ -75,16 +78,27 @@ class UnitSupervisor:
 
     def _run_once(self) -> int:
         env = {**os.environ, **self.unit.environment}
+        cwd = self.unit.working_directory
+        if cwd is not None and not os.path.isdir(cwd):
+            # systemd fails the start at its CHDIR step, with status 200 (systemd.exec, "Process Exit Codes").
+            self._note(f"{self.unit.file_name}: Changing to the requested working directory failed: {cwd}")
+            return _EXIT_CHDIR
+        try:
+            self._process = subprocess.Popen(
+                list(self.unit.exec_start),
+                stdin=subprocess.DEVNULL,
+                stdout=self._journal,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=cwd,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            self._note(
+                f"{self.unit.file_name}: Failed at step EXEC spawning {self.unit.exec_start[0]}: {exc}"
+            )
+            return _EXIT_EXEC
         self._note(f"Started {self.unit.description}.")
-        self._process = subprocess.Popen(
-            list(self.unit.exec_start),
-            stdin=subprocess.DEVNULL,
-            stdout=self._journal,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=self.unit.working_directory,
-            start_new_session=True,
-        )
         return self._process.wait()
 
     def _note(self, line: str) -> None:
