@@ -16,10 +16,10 @@ from google.api_core import exceptions
 from google.cloud import compute_v1
 from sim_helpers import PROJECT, tpu_client
 
-from tpuctl.backends.sim import sim_credentials
+from tpuctl.backends.sim import SIM_BUCKET, sim_credentials
 from tpuctl.hosts.ssh import HostLogin, KeyPair, SshExecutor, SshHost
 from tpuctl.services.server_vm.install import install_server, run_on_vm, wait_ready
-from tpuctl.services.server_vm.plan import UNIT_STATE_COMMAND, ServerVmSpec, instance_body
+from tpuctl.services.server_vm.plan import UNIT_STATE_COMMAND, ServerVmSpec, instance_body, plan_down
 from tpuctl.services.server_vm.wheel import build_server_wheel
 from tpuctl.sim import SimServer
 from tpuctl.sim.mirror import default_wheelhouse
@@ -95,42 +95,30 @@ def test_accelerators_on_e2_are_refused(compute: tuple[SimServer, Clients]) -> N
         c.instances.insert(project=PROJECT, zone=ZONE, instance_resource=body)
 
 
-@pytest.mark.slow
-def test_the_team_server_installs_and_runs_on_it_over_ssh(
-    compute: tuple[SimServer, Clients], tmp_path: Path
-) -> None:
-    """What server up does on the VM, on a simulated one with a stock image: tpuctl's wheel copied over
-    SSH, installed by the runs' host setup with its locked dependencies from the mirror (served from the
-    uv cache), the user units enabled and started through the image's systemctl, /readyz answered; and
-    after the VM is stopped and started, its boot starts the units again."""
-    server, c = compute
-    key = asyncssh.generate_private_key("ssh-ed25519")
-    key_file = tmp_path / "id"
-    key.write_private_key(str(key_file))
-    public = key.export_public_key().decode().strip()
-    spec = ServerVmSpec(
-        project=PROJECT,
-        zone=ZONE,
-        name="srv",
-        settings_env=(("TPUCTL_BACKEND", "sim"), ("TPUCTL_SIM_URL", server.url)),
-    )
+def _server_vm_up(
+    server: SimServer,
+    c: Clients,
+    spec: ServerVmSpec,
+    key: tuple[Path, str],
+    tmp_path: Path,
+    lines: list[str],
+) -> SshExecutor:
+    """server up's steps on a simulated VM: created (ssh-keys metadata here, OS Login in server up), the
+    server installed and started over SSH, /readyz awaited."""
     body = instance_body(spec)
     body["metadata"]["items"] = [
         {"key": "enable-oslogin", "value": "FALSE"},
-        {"key": "ssh-keys", "value": f"admin:{public}"},
+        {"key": "ssh-keys", "value": f"admin:{key[1]}"},
     ]
     instance = compute_v1.Instance.from_json(json.dumps(body))
     assert not c.done(c.instances.insert(project=PROJECT, zone=ZONE, instance_resource=instance)).error
-    address = c.instances.get(project=PROJECT, zone=ZONE, instance="srv").network_interfaces[0].network_i_p
+    vm = c.instances.get(project=PROJECT, zone=ZONE, instance=spec.name)
+    address = vm.network_interfaces[0].network_i_p
     wait_for(lambda: any(h.address == address for h in server.fleet.served()), timeout=60)
     login = HostLogin("admin", authorized_by="the VM's ssh-keys metadata", refused_fix="-")
     executor = SshExecutor(
-        [SshHost(address, server.ssh_port)],
-        login=login,
-        key=KeyPair(key_file, public),
-        verify_host_keys=False,
+        [SshHost(address, server.ssh_port)], login=login, key=KeyPair(*key), verify_host_keys=False
     )
-    lines: list[str] = []
     try:
         install_server(
             executor,
@@ -141,9 +129,55 @@ def test_the_team_server_installs_and_runs_on_it_over_ssh(
             on_line=lines.append,
         )
         assert wait_ready(executor, 120) >= 0
+    except BaseException:
+        executor.abandon()
+        raise
+    return executor
+
+
+@pytest.mark.slow
+def test_the_team_server_installs_runs_and_comes_back_from_its_copy(
+    compute: tuple[SimServer, Clients], tmp_path: Path
+) -> None:
+    """What server up and down do on the VM, on a simulated one with a stock image: tpuctl's wheel
+    copied over SSH, installed by the runs' host setup with its locked dependencies from the mirror
+    (served from the uv cache), the user units enabled and started through the image's systemctl,
+    /readyz answered; down's final copy to the bucket; a new VM's up restores it before the server
+    starts."""
+    server, c = compute
+    key = asyncssh.generate_private_key("ssh-ed25519")
+    key_file = tmp_path / "id"
+    key.write_private_key(str(key_file))
+    public = key.export_public_key().decode().strip()
+    spec = ServerVmSpec(
+        project=PROJECT,
+        zone=ZONE,
+        name="srv",
+        bucket=SIM_BUCKET,
+        settings_env=(("TPUCTL_BACKEND", "sim"), ("TPUCTL_SIM_URL", server.url)),
+    )
+    lines: list[str] = []
+    executor = _server_vm_up(server, c, spec, (key_file, public), tmp_path, lines)
+    try:
         state = run_on_vm(executor, UNIT_STATE_COMMAND, lines.append)
         assert (state.exit_status, state.tail) == (0, ("active",))
         journal = run_on_vm(executor, "journalctl --user -u tpuctl-server -n 50", lines.append)
         assert any("Started tpuctl team server" in line for line in journal.tail), journal.tail
+        for step in plan_down(spec, server.url, keep_disk=False).steps:
+            if step.command is not None:
+                done = run_on_vm(executor, step.command, lines.append)
+                assert done.exit_status == 0, (step.what, done.tail)
+        assert any(f"gs://{SIM_BUCKET}/tpuctl-server/srv/" in line for line in lines), lines[-10:]
     finally:
         executor.abandon()
+    assert not c.done(c.instances.delete(project=PROJECT, zone=ZONE, instance="srv")).error
+    lines.clear()
+    again = _server_vm_up(server, c, spec, (key_file, public), tmp_path, lines)
+    try:
+        # The restore ran before the units were installed, and said what it restored.
+        restored = [i for i, line in enumerate(lines) if line.startswith(f"restored gs://{SIM_BUCKET}/")]
+        assert restored, lines[-20:]
+        ledger = run_on_vm(again, "ls .local/state/tpuctl-server", lines.append)
+        assert "ledger.db" in ledger.tail
+    finally:
+        again.abandon()
