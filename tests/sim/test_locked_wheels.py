@@ -3,6 +3,7 @@ locked version, repacked into the wheel it was, with fetch-through off; nothing 
 
 from __future__ import annotations
 
+import shutil
 import zipfile
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import httpx
 from tpuctl.sim.fetch_through import FetchThrough
 from tpuctl.sim.locked_wheels import LockedWheels, locked_pins, wheel_name
 from tpuctl.sim.mirror import PackageMirror
+from tpuctl.testing.package_index import served_index, write_simple_index
 
 _WHEEL = "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py2-none-any\nTag: py3-none-any\n"
 
@@ -66,3 +68,19 @@ def test_the_mirror_serves_the_locked_version_from_the_cache_only(tmp_path: Path
     with zipfile.ZipFile(tmp_path / "got.whl") as got:
         assert got.read("serverdep/__init__.py") == b"VALUE = 42\n"
         assert "serverdep-1.0.dist-info/WHEEL" in got.namelist()
+
+
+def test_with_fetch_through_on_the_users_index_answers_first(tmp_path: Path) -> None:
+    cache = tmp_path / "uv-cache"
+    _unpacked(cache, "a", "serverdep", "1.0")
+    upstream = tmp_path / "upstream-wheels"
+    upstream.mkdir()
+    shutil.make_archive(str(upstream / "serverdep-2.0-py3-none-any"), "zip", cache / "archive-v0" / "a")
+    (upstream / "serverdep-2.0-py3-none-any.zip").rename(upstream / "serverdep-2.0-py3-none-any.whl")
+    write_simple_index(upstream, tmp_path / "index")
+    locked = LockedWheels({"serverdep": "1.0"}, cache, tmp_path / "out")
+    with served_index(tmp_path / "index") as index_url:
+        fetch = FetchThrough(index_url, tmp_path / "fetched", lambda: True, locked=locked)
+        page = fetch.page("/simple/serverdep/")
+    assert page is not None and b"serverdep-2.0-py3-none-any.whl#sha256=" in page
+    assert b"serverdep-1.0" not in page

@@ -177,25 +177,25 @@ class FetchThrough:
 
     def page(self, path: str) -> bytes | None:
         """The mirror's page for ``path`` when it is a project page the upstream index has (links to
-        the mirror's own root, with the upstream's hashes); None otherwise or when fetch-through is off.
-        Raises UpstreamError when the upstream index cannot be asked."""
+        the mirror's own root, with the upstream's hashes), else one of tpuctl's locked dependencies
+        from the uv cache (``locked``); None otherwise. The upstream index answers first while
+        fetch-through is on: a user's index decides what a user's run installs. Raises UpstreamError
+        when the upstream index cannot be asked."""
+        match = _PROJECT_PAGE.match(path)
+        files = self._ask(match[1]) if match is not None and self.enabled() else []
+        if files:
+            links = "".join(
+                f'<a href="../../{urllib.parse.quote(f.name)}'
+                f'{"#sha256=" + f.sha256 if f.sha256 else ""}">{f.name}</a><br>\n'
+                for f in files
+            )
+            return f"<!DOCTYPE html>\n<html><body>\n{links}</body></html>\n".encode()
         locked = self.locked.page(path) if self.locked is not None else None
         if locked:
             from tpuctl.sim.mirror import index_page  # mirror.py imports this module
 
             return index_page(locked, prefix="../../")
-        match = _PROJECT_PAGE.match(path)
-        if match is None or not self.enabled():
-            return None
-        files = self._ask(match[1])
-        if not files:
-            return None
-        links = "".join(
-            f'<a href="../../{urllib.parse.quote(f.name)}'
-            f'{"#sha256=" + f.sha256 if f.sha256 else ""}">{f.name}</a><br>\n'
-            for f in files
-        )
-        return f"<!DOCTYPE html>\n<html><body>\n{links}</body></html>\n".encode()
+        return None
 
     def file(self, name: str) -> Path | None:
         """The cached file ``name``, downloaded now if a project page listed it and it is not cached;
