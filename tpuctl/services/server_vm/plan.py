@@ -172,7 +172,14 @@ def instance_body(spec: ServerVmSpec) -> dict[str, Any]:
             }
         ],
         "serviceAccounts": [{"email": "default", "scopes": [CLOUD_PLATFORM_SCOPE]}],
-        "metadata": {"items": [{"key": "enable-oslogin", "value": "TRUE"}]},
+        "metadata": {
+            "items": [
+                {"key": "enable-oslogin", "value": "TRUE"},
+                # The guest agent publishes the VM's SSH host keys as guest attributes only where they
+                # are enabled (docs/google-facts.md#guest-attributes): tpuctl checks the key it meets.
+                {"key": "enable-guest-attributes", "value": "TRUE"},
+            ]
+        },
     }
 
 
