@@ -53,10 +53,20 @@ def test_an_unknown_machine_type_is_refused(cli: Cli) -> None:
     assert "not a general-purpose type" in result.stderr
 
 
-def test_without_dry_run_nothing_is_created_and_it_says_so(cli: Cli) -> None:
-    result = cli(*GLOBAL, "server", "down", "--zone", "us-central1-a", "--bucket", "team")
+def test_up_on_a_simulator_started_for_one_command_is_refused(cli: Cli) -> None:
+    """The server on the VM keeps talking to the simulator after up ends: only a served one will do."""
+    result = cli(
+        "--backend", "sim", "--project", "p", "server", "up", "--zone", "us-central1-a", "--bucket", "t",
+        env={"TPUCTL_SIM_URL": None},
+    )  # fmt: skip
     assert result.code == 2
-    assert "--dry-run only in this release" in result.stderr
+    assert "needs a served simulator" in result.stderr and "tpuctl sim serve" in result.stderr
+
+
+def test_down_keeping_the_disk_is_a_plan_only(cli: Cli) -> None:
+    result = cli(*GLOBAL, "server", "down", "--zone", "us-central1-a", "--bucket", "team", "--keep-disk")
+    assert result.code == 2
+    assert "--keep-disk is printed as a plan only" in result.stderr
 
 
 def test_down_status_and_logs_plans(cli: Cli) -> None:

@@ -4,6 +4,7 @@ restore` (the newest copy back, reconciled with the cloud before the server star
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -54,36 +55,80 @@ def up(
     ] = "e2-small",
     database: DatabaseOpt = None,
     bucket: BucketOpt = None,
+    ready_timeout: Annotated[
+        float, typer.Option("--ready-timeout", help="Seconds the server may take to answer /readyz.")
+    ] = 300.0,
     dry_run: DryRunOpt = False,
     output: OutputOpt = None,
 ) -> None:
-    """The plan for the server's VM (--dry-run only in this release: nothing is created yet): create it
-    (standard provisioning, never spot), set it up as run hosts are, restore the newest ledger copy (no
-    --database), start the server under systemd, and say how to reach it (an SSH port forward through
-    IAP: the server listens on the VM's loopback only) and what it costs a month."""
+    """Create the server's VM (standard provisioning, never spot), set it up as run hosts are, restore
+    the newest ledger copy (no --database), start the server as a user service unit, wait until it is
+    ready, and say how to reach it (an SSH port forward through IAP: it listens on the VM's loopback
+    only). --dry-run prints the plan and what it costs a month."""
     from tpuctl.services.server_vm.plan import plan_up
+    from tpuctl.services.server_vm.vm import server_up
+    from tpuctl.services.server_vm.wheel import build_server_wheel
 
     out = make_output(ctx, output, ONE_OBJECT)
     settings = build_settings(ctx)
     spec = _spec(settings, zone, name, machine_type, database, bucket)
-    _show_or_refuse(ctx, out, dry_run, plan_up(spec, _compute_base(settings)))
+    the_plan = plan_up(spec, _compute_base(settings))
+    if _show_plan(ctx, out, dry_run, the_plan):
+        return
+    say = _say(out)
+    with session(ctx, out, settings) as sess:
+        say("building tpuctl's wheel from this checkout (uv build, offline)")
+        wheel = build_server_wheel(sess.state_dir / "server-wheel")
+        result = server_up(sess, spec, wheel, say=say, ready_timeout_s=ready_timeout)
+    if out.machine:
+        out.document(out.envelope(server=result.to_dict()))
+        return
+    out.out.print(
+        f"server {spec.name} is up in {spec.zone} ({result.vm.machine_type}, {result.vm.address}); "
+        f"ready after {result.ready_after_s:.0f} s",
+        markup=False,
+    )
+    if result.restored:
+        out.out.print(f"ledger: {result.restored}", markup=False)
+    out.out.print("reach it with:")
+    for line in result.reach:
+        out.out.print(f"    {line}", markup=False)
 
 
 def status(
     ctx: typer.Context,
     zone: ZoneArg,
     name: NameOpt = "tpuctl-server",
+    bucket: BucketOpt = None,
     dry_run: DryRunOpt = False,
     output: OutputOpt = None,
 ) -> None:
-    """The plan for reading the VM's state, the service's, the last ledger copy's time and the server's
-    /readyz (--dry-run only in this release)."""
+    """The VM's state, the server unit's, its /readyz and the last ledger copy's time."""
     from tpuctl.services.server_vm.plan import plan_status
+    from tpuctl.services.server_vm.vm import server_status
 
     out = make_output(ctx, output, ONE_OBJECT)
     settings = build_settings(ctx)
-    spec = _spec(settings, zone, name, "e2-small", None, settings.bucket)
-    _show_or_refuse(ctx, out, dry_run, plan_status(spec, _compute_base(settings)))
+    spec = _spec(settings, zone, name, "e2-small", None, bucket or settings.bucket)
+    if _show_plan(ctx, out, dry_run, plan_status(spec, _compute_base(settings))):
+        return
+    with session(ctx, out, settings) as sess:
+        state = server_status(sess, spec)
+    data = state.to_dict()
+    if out.machine:
+        out.document(out.envelope(server=data))
+        return
+    vm = state.vm
+    last = state.last_copy
+    out.fields(
+        f"server {spec.name} in {spec.zone}",
+        {
+            "vm": f"{vm.status} ({vm.machine_type}, {vm.address})" if vm else "none",
+            "unit": state.unit or "-",
+            "ready": state.ready,
+            "last copy": f"{last['url']} at {last['taken_at']}" if last else "none",
+        },
+    )
 
 
 def logs(
@@ -94,12 +139,27 @@ def logs(
     dry_run: DryRunOpt = False,
     output: OutputOpt = None,
 ) -> None:
-    """The plan for reading the server unit's journal over SSH (--dry-run only in this release)."""
+    """The server unit's journal, read over SSH (-f: followed until interrupted)."""
     from tpuctl.services.server_vm.plan import plan_logs
+    from tpuctl.services.server_vm.vm import server_logs
 
     out = make_output(ctx, output, ONE_OBJECT)
-    spec = _spec(build_settings(ctx), zone, name, "e2-small", None, None)
-    _show_or_refuse(ctx, out, dry_run, plan_logs(spec, follow=follow))
+    settings = build_settings(ctx)
+    spec = _spec(settings, zone, name, "e2-small", None, None)
+    if _show_plan(ctx, out, dry_run, plan_logs(spec, follow=follow)):
+        return
+    lines: list[str] = []
+
+    def on_line(line: str) -> None:
+        if out.machine:
+            lines.append(line)
+        else:
+            out.out.print(line, markup=False, highlight=False)
+
+    with session(ctx, out, settings) as sess:
+        server_logs(sess, spec, follow=follow, on_line=on_line)
+    if out.machine:
+        out.document(out.envelope(lines=lines))
 
 
 def down(
@@ -112,14 +172,29 @@ def down(
     dry_run: DryRunOpt = False,
     output: OutputOpt = None,
 ) -> None:
-    """The plan for stopping the server, taking a final ledger copy (SQLite) and deleting the VM
-    (--dry-run only in this release)."""
+    """Stop the server, take a final ledger copy (SQLite) and delete the VM. --keep-disk is a plan only
+    in this release."""
     from tpuctl.services.server_vm.plan import plan_down
+    from tpuctl.services.server_vm.vm import server_down
 
     out = make_output(ctx, output, ONE_OBJECT)
     settings = build_settings(ctx)
     spec = _spec(settings, zone, name, "e2-small", database, bucket)
-    _show_or_refuse(ctx, out, dry_run, plan_down(spec, _compute_base(settings), keep_disk=keep_disk))
+    if _show_plan(ctx, out, dry_run, plan_down(spec, _compute_base(settings), keep_disk=keep_disk)):
+        return
+    if keep_disk:
+        raise UsageError(
+            "--keep-disk is printed as a plan only in this release", field="--keep-disk", fix="drop it"
+        )
+    with session(ctx, out, settings) as sess:
+        copied = server_down(sess, spec, say=_say(out))
+    if out.machine:
+        out.document(out.envelope(server={"name": spec.name, "zone": spec.zone, "deleted": True,
+                                          "final_copy": copied}))  # fmt: skip
+        return
+    out.out.print(f"server {spec.name} is down; its VM is deleted", markup=False)
+    if copied:
+        out.out.print(f"final ledger copy: {copied.removeprefix('copied to ')}", markup=False)
 
 
 def backup(
@@ -211,7 +286,21 @@ def _spec(
         machine_type=machine_type,
         database=database,
         bucket=bucket or settings.bucket,
+        settings_env=_settings_env(settings),
     )
+
+
+def _settings_env(settings: Settings) -> tuple[tuple[str, str], ...]:
+    """What the units pass the server beyond its own settings: on the simulator, which simulator (the
+    Google backend has no endpoint override yet that would point it there); nothing on Google."""
+    from tpuctl.settings import Backend
+
+    if settings.resolved_backend is not Backend.SIM:
+        return ()
+    if not settings.sim_url:
+        # A simulator started for one command ends with it; the VM's server must outlive the command.
+        return (("TPUCTL_BACKEND", "sim"), ("TPUCTL_SIM_URL", "<the simulator's URL>"))
+    return (("TPUCTL_BACKEND", "sim"), ("TPUCTL_SIM_URL", settings.sim_url))
 
 
 def _compute_base(settings: Settings) -> str:
@@ -223,20 +312,37 @@ def _compute_base(settings: Settings) -> str:
     return GOOGLE_COMPUTE_ENDPOINT
 
 
-def _show_or_refuse(ctx: typer.Context, out: Output, dry_run: bool, plan: ServerVmPlan) -> None:
+def _show_plan(ctx: typer.Context, out: Output, dry_run: bool, plan: ServerVmPlan) -> bool:
+    """Refuse what cannot work; print the plan and return True on --dry-run."""
+    from tpuctl.settings import Backend
+
     if plan.command in ("up", "down") and plan.spec.database is None and plan.spec.bucket is None:
         raise UsageError(
             "a server VM with a SQLite ledger needs the team bucket for its copies",
             field="--bucket",
             fix="pass --bucket B (or set bucket), or --database postgresql://...",
         )
-    if not is_dry_run(ctx, dry_run):
+    if is_dry_run(ctx, dry_run):
+        _show(out, plan)
+        return True
+    settings = build_settings(ctx)
+    if plan.command == "up" and settings.resolved_backend is Backend.SIM and not settings.sim_url:
         raise UsageError(
-            f"server {plan.command} runs with --dry-run only in this release: the plan is printed, "
-            "nothing is created or changed",
-            fix=f"tpuctl server {plan.command} --dry-run ...",
+            "server up on the simulator needs a served simulator: the server on the VM keeps talking to "
+            "it after this command ends, and a simulator started for one command ends with it",
+            field="sim_url",
+            fix="tpuctl sim serve (in another shell), then TPUCTL_SIM_URL=<its URL> tpuctl server up ...",
         )
-    _show(out, plan)
+    return False
+
+
+def _say(out: Output) -> Callable[[str], None]:
+    """Progress lines on stderr (also under -o json: stdout holds the document alone)."""
+
+    def say(line: str) -> None:
+        out.err.print(line, markup=False, highlight=False)
+
+    return say
 
 
 def _show(out: Output, plan: ServerVmPlan) -> None:
