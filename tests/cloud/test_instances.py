@@ -23,6 +23,8 @@ ZONE = "us-east5-b"
 def sim(tmp_path: Path) -> Iterator[SimServer]:
     data = default_world().model_dump(mode="json")
     data["latency"] = {"base_ms": 0, "jitter_ms": 0, "spike_probability": 0, "spike_ms": 0}
+    durations = {"compute_op_s": 1, "node_create_s": 6, "node_delete_s": 3}  # 0.1 s at speed 60
+    data["durations"] = {**data.get("durations", {}), **durations}
     server = SimServer(tmp_path / "state", world_from_data(data, "test world"))
     server.start()
     yield server
