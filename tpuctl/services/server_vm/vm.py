@@ -53,6 +53,9 @@ class ServerState:
 
 @dataclass(frozen=True)
 class UpResult:
+    """What ``server up`` made: the VM, how long the server took to be ready, what the restore said, and
+    how to reach the server."""
+
     vm: VmInstance
     ready_after_s: float
     restored: str | None  # what the restore step said (None: no SQLite copies)
@@ -69,6 +72,7 @@ class UpResult:
 
 @contextlib.contextmanager
 def open_instances(session: Session) -> Iterator[InstanceClient]:
+    """The session's backend's VM client, closed when the block ends."""
     closers: list[Callable[[], None]] = []
     try:
         yield session.backend.open_instances(session.cloud, closers)
