@@ -27,6 +27,7 @@ PACKAGE = "tpuctl"
 RUN_TIME_FILES = (
     "tpuctl/catalog/data/accelerators.yaml",
     "tpuctl/catalog/data/prices.yaml",
+    "tpuctl/catalog/data/server_vm_prices.yaml",
     "tpuctl/sim/data/world.yaml",
     "tpuctl/sim/data/discovery/tpu.v2.json",
     "tpuctl/sim/data/discovery/tpu.v2alpha1.json",

@@ -15,9 +15,16 @@ import pytest
 
 from tpuctl.catalog import CapacityType
 from tpuctl.cloud.base import Node
+from tpuctl.cloud.instances import VmInstance
 from tpuctl.errors import PermissionDeniedError, UsageError
 from tpuctl.hosts.ssh import DEFAULT_USERNAME, KeyPair, ensure_key_pair
-from tpuctl.services.access import PLAN_PUBLIC_KEY, host_login, ssh_key_metadata, ssh_keys_authorize
+from tpuctl.services.access import (
+    PLAN_PUBLIC_KEY,
+    host_login,
+    ssh_key_metadata,
+    ssh_keys_authorize,
+    vm_login,
+)
 from tpuctl.testing.backend import InProcessCli
 
 if TYPE_CHECKING:
@@ -181,3 +188,35 @@ def test_an_import_into_another_accounts_profile_is_refused_naming_os_login(
         host_login(session, [_node({})], KeyPair.generate("run"))
     assert "OS Login is on for project tpuctl-sim" in info.value.message
     assert "roles/compute.osLogin" in (info.value.fix or "")
+
+
+# --- a general-purpose VM (the team server's) -------------------------------------------------------
+
+
+def _vm(metadata: dict[str, str]) -> VmInstance:
+    return VmInstance("srv", "us-central1-a", "RUNNING", "e2-small", "10.0.0.2", None, metadata)
+
+
+def test_a_vm_with_os_login_on_takes_the_key_imported_for_the_caller(
+    session: Session, sim_cli: InProcessCli
+) -> None:
+    key = KeyPair.generate("server")
+    login = vm_login(
+        session, _vm({"enable-oslogin": "TRUE", "ssh-keys": f"tpuctl:{key.public_openssh}"}), key
+    )
+    assert login.username == POSIX and "enable-oslogin in the metadata of VM srv" in login.authorized_by
+    (entry,) = _imported(sim_cli).values()
+    assert entry["key"] == " ".join(key.public_openssh.split()[:2])
+
+
+def test_a_vm_with_os_login_off_takes_only_its_ssh_keys_lines(
+    session: Session, sim_cli: InProcessCli
+) -> None:
+    key = KeyPair.generate("server")
+    login = vm_login(
+        session, _vm({"enable-oslogin": "FALSE", "ssh-keys": f"admin:{key.public_openssh}"}), key
+    )
+    assert login.username == "admin" and _imported(sim_cli) == {}
+    with pytest.raises(UsageError, match="neither through OS Login") as info:
+        vm_login(session, _vm({"enable-oslogin": "FALSE"}), key)
+    assert "enable-oslogin=TRUE" in (info.value.fix or "")

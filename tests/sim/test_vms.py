@@ -5,6 +5,7 @@ every process of the VM."""
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import contextlib
 import ipaddress
@@ -358,3 +359,38 @@ def test_a_wiped_disk_is_gone_at_once_and_its_files_go_with_the_reaper(tmp_path:
     procs.wipe_disk(disk)  # a second wipe of the same disk (a preemption and a delete at once)
     assert procs.reap_wiped_disks(disks) == 1
     assert [p.name for p in disks.iterdir()] == ["1234-1"]  # another host's disk is left alone
+
+
+def test_a_local_port_forward_reaches_the_vms_loopback_only(vms: Vms) -> None:
+    """``ssh -L`` as OpenSSH allows it by default: how a laptop reaches the team server on its VM's
+    loopback; a forward to any other address is refused (stricter than a real sshd)."""
+
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+
+        async def forward(dest: str) -> bytes:
+            async with asyncssh.connect(
+                vms.addresses[0], vms.server.ssh_port, username="alice", client_keys=[vms.key],
+                known_hosts=None,
+            ) as conn:  # fmt: skip
+                reader, writer = await conn.open_connection(dest, port)
+                writer.write(b"ping")
+                writer.write_eof()
+                return bytes(await reader.read())
+
+        async def answer() -> None:
+            loop = asyncio.get_running_loop()
+            peer, _ = await loop.sock_accept(listener)
+            with peer:
+                await loop.sock_sendall(peer, b"pong:" + await loop.sock_recv(peer, 4))
+
+        async def both() -> bytes:
+            listener.setblocking(False)
+            served = asyncio.create_task(answer())
+            got = await forward("127.0.0.1")
+            await served
+            return got
+
+        assert asyncio.run(both()) == b"pong:ping"
+        with pytest.raises(asyncssh.ChannelOpenError):
+            asyncio.run(forward(vms.addresses[1]))

@@ -14,6 +14,8 @@ What lives here, and nowhere else:
 * how a host is reached over SSH: address and port (:meth:`Backend.host_addresses`); every backend's
   hosts are VMs reached over SSH only; where OS Login decides who logs in, how it is reached
   (:meth:`Backend.open_os_login`: its endpoints, with the cloud's credentials);
+* where general-purpose VMs are created and read, and how one is reached over SSH
+  (:meth:`Backend.open_instances`, :meth:`Backend.instance_address`);
 * where Cloud Storage is, to read a bucket's location and the caller's permissions on it
   (:meth:`Backend.open_buckets`);
 * what a host's program needs beyond the worker contract (:meth:`Backend.host_env`: the simulator's CPU
@@ -42,6 +44,7 @@ if TYPE_CHECKING:
     from tpuctl.cloud.base import Node, TpuCloud
     from tpuctl.cloud.buckets import BucketClient
     from tpuctl.cloud.identity import IdentityIssuer
+    from tpuctl.cloud.instances import InstanceClient, VmInstance
     from tpuctl.cloud.oslogin import OsLoginAccess
     from tpuctl.hosts.pythons import ImagePython
 
@@ -202,6 +205,15 @@ class Backend(Protocol):
     def open_os_login(self, cloud: TpuCloud, closers: list[Closer]) -> OsLoginAccess:
         """OS Login as this backend serves it (the project's setting, the caller, key imports), with the
         credentials ``cloud`` uses; what it opens is closed by ``closers``."""
+        ...
+
+    def open_instances(self, cloud: TpuCloud, closers: list[Closer]) -> InstanceClient:
+        """Compute Engine's general-purpose VMs (the team server's) as this backend serves them, with the
+        credentials ``cloud`` uses; closed by ``closers``."""
+        ...
+
+    def instance_address(self, cloud: TpuCloud, vm: VmInstance) -> HostAddress:
+        """How to reach a general-purpose VM over SSH (as ``host_addresses`` for a slice's hosts)."""
         ...
 
     def open_buckets(self, state_dir: Path, closers: list[Closer]) -> BucketClient:

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from tpuctl.cloud.buckets import BucketClient
     from tpuctl.cloud.config import CloudConfig
     from tpuctl.cloud.identity import IdentityIssuer
+    from tpuctl.cloud.instances import InstanceClient, VmInstance
     from tpuctl.cloud.oslogin import OsLoginAccess
     from tpuctl.hosts.pythons import ImagePython
 
@@ -146,6 +147,20 @@ class GcpBackend:
         closers.append(http.close)
         endpoints = OsLoginEndpoints(GOOGLE_OSLOGIN_URL, GOOGLE_TOKENINFO_URL, GOOGLE_COMPUTE_ENDPOINT)
         return OsLoginAccess(endpoints, config.credentials(), http, retry=config.retry, sleep=config.sleep)
+
+    def open_instances(self, cloud: TpuCloud, closers: list[Closer]) -> InstanceClient:
+        """Compute Engine at Google, with the clients' credentials."""
+        from tpuctl.cloud.compute import GOOGLE_COMPUTE_ENDPOINT
+        from tpuctl.cloud.instances import InstanceClient
+
+        client = InstanceClient(
+            project=self.project, endpoint=GOOGLE_COMPUTE_ENDPOINT, config=self.client_config()
+        )
+        closers.append(client.close)
+        return client
+
+    def instance_address(self, cloud: TpuCloud, vm: VmInstance) -> HostAddress:
+        return HostAddress(vm.address or "", SSH_PORT)
 
     def open_buckets(self, state_dir: Path, closers: list[Closer]) -> BucketClient:
         """Google's Cloud Storage JSON API, with the clients' credentials."""

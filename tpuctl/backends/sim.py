@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from tpuctl.cloud.base import Node, TpuCloud
     from tpuctl.cloud.buckets import BucketClient
     from tpuctl.cloud.identity import IdentityIssuer
+    from tpuctl.cloud.instances import InstanceClient, VmInstance
     from tpuctl.cloud.oslogin import OsLoginAccess
     from tpuctl.cloud.retry import Sleep
     from tpuctl.hosts.pythons import ImagePython
@@ -182,6 +183,18 @@ class SimBackend:
     def open_os_login(self, cloud: TpuCloud, closers: list[Closer]) -> OsLoginAccess:
         """The simulator's OS Login API, tokeninfo and Compute Engine, all at its URL."""
         return sim_os_login(cloud.endpoint, closers)
+
+    def open_instances(self, cloud: TpuCloud, closers: list[Closer]) -> InstanceClient:
+        """The simulator's Compute Engine at its URL, called as every client of the simulator is."""
+        from tpuctl.cloud.instances import InstanceClient
+
+        client = InstanceClient(project=cloud.project, endpoint=cloud.endpoint, config=SIM_CLIENTS)
+        closers.append(client.close)
+        return client
+
+    def instance_address(self, cloud: TpuCloud, vm: VmInstance) -> HostAddress:
+        # The VM's own address; the sshd's port is the simulator's (22 when it could bind it).
+        return HostAddress(vm.address or "", int(self._sim_status(cloud).get("ssh_port") or 22))
 
     def open_buckets(self, state_dir: Path, closers: list[Closer]) -> BucketClient:
         """The storage emulator of the simulated network over ``state_dir`` (the hosts' Cloud Storage),

@@ -11,7 +11,14 @@ from tpuctl.cli.context import build_settings, make_output, session
 
 
 def register(app: typer.Typer) -> None:
-    app.command("server")(server)
+    from tpuctl.cli import server_vm_cmds
+
+    # A group whose callback is the server itself: `tpuctl server --listen ...` serves as before, and
+    # `tpuctl server up|status|logs|down` manage the server's VM.
+    group = typer.Typer(invoke_without_command=True)
+    group.callback()(server)
+    server_vm_cmds.register(group)
+    app.add_typer(group, name="server")
 
 
 def server(
@@ -58,7 +65,8 @@ def server(
     """Serve the HTTP API (OpenAPI at /openapi.json) and supervise every run nobody holds: submitted ones
     (`tpuctl run --server URL`) and orphans whose supervisor died (adopted once their lease expires).
     Runs outlive every client. SIGTERM or Ctrl-C stops it; its runs are adopted by the next server."""
-
+    if ctx.invoked_subcommand is not None:
+        return  # a subcommand (server up, ...) runs instead of the server
     from tpuctl import params
     from tpuctl.errors import UsageError
     from tpuctl.server.listen import parse_listen

@@ -9,20 +9,30 @@ Two JSON-API calls, both reads (docs/google-facts.md#cloud-storage-buckets):
 - ``GET {base}/storage/v1/b/{bucket}/iam/testPermissions?permissions=P&permissions=Q`` -> ``{"permissions":
   [the ones the caller holds]}`` (the key is absent when it holds none); any caller may ask.
 
-Both go through ``google_calls.JsonCalls``: errors become ``tpuctl.errors`` through
+And three calls on objects, for the team server's ledger copies
+(https://cloud.google.com/storage/docs/json_api/v1/objects): ``POST {base}/upload/storage/v1/b/{bucket}/o
+?uploadType=media&name=N`` (insert; ``storage.objects.create``), ``GET .../b/{bucket}/o?prefix=P`` (list;
+``storage.objects.list``), ``GET .../b/{bucket}/o/{name}?alt=media`` (the bytes; ``storage.objects.get``)
+and ``DELETE .../b/{bucket}/o/{name}`` (``storage.objects.delete``).
+
+The JSON calls go through ``google_calls.JsonCalls``: errors become ``tpuctl.errors`` through
 :mod:`tpuctl.cloud.translate` (404: the bucket does not exist; 403: the caller may not read it). The
 caller owns the ``httpx.Client``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import urllib.parse
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tpuctl.cloud.google_calls import JsonCalls
-from tpuctl.cloud.retry import RetryPolicy, Sleep
+from tpuctl.cloud.retry import RetryPolicy, Sleep, call_with_retry
+from tpuctl.cloud.translate import error_from_http_response, translate_errors
+from tpuctl.errors import CloudError, NotFoundError
 
 if TYPE_CHECKING:
     import httpx
@@ -38,6 +48,15 @@ WRITE_PERMISSIONS = (
     "storage.objects.list",
     "storage.objects.delete",
 )
+
+
+@dataclass(frozen=True)
+class StoredObject:
+    """One object of a bucket, as objects.list answers it."""
+
+    name: str
+    size: int
+    updated: str  # RFC 3339, as the API answers
 
 
 @dataclass(frozen=True)
@@ -114,6 +133,79 @@ class BucketClient:
         held = answer.get("permissions") or []
         return frozenset(str(p) for p in held if str(p) in asked)
 
+    def put_object(self, bucket: str, name: str, data: bytes) -> StoredObject:
+        """Write ``data`` as ``name`` (replacing what was there); retried as an idempotent write: the same
+        bytes under the same name again change nothing a reader sees."""
+        what = f"write gs://{bucket}/{name}"
+        answer = self._raw(
+            "POST",
+            f"{self.base_url}/upload/storage/v1/b/{_quoted(bucket)}/o",
+            what,
+            params={"uploadType": "media", "name": name},
+            content=data,
+        )
+        return _stored(json.loads(answer), what)
+
+    def list_objects(self, bucket: str, prefix: str) -> list[StoredObject]:
+        """The objects whose names start with ``prefix``, every page read."""
+        out: list[StoredObject] = []
+        token = ""
+        while True:
+            params: dict[str, str | list[str]] = {"prefix": prefix}
+            if token:
+                params["pageToken"] = token
+            answer = self._get(f"/storage/v1/b/{_quoted(bucket)}/o", f"list gs://{bucket}/{prefix}", params)
+            out.extend(_stored(item, f"list gs://{bucket}/{prefix}") for item in answer.get("items") or [])
+            token = str(answer.get("nextPageToken") or "")
+            if not token:
+                return out
+
+    def get_object(self, bucket: str, name: str) -> bytes:
+        """The bytes of ``name`` (``NotFoundError`` when there is none)."""
+        return self._raw(
+            "GET",
+            f"{self.base_url}/storage/v1/b/{_quoted(bucket)}/o/{_quoted(name)}",
+            f"read gs://{bucket}/{name}",
+            params={"alt": "media"},
+        )
+
+    def delete_object(self, bucket: str, name: str) -> None:
+        """Delete ``name``; one already gone is not an error (a retried delete finds it gone)."""
+        with contextlib.suppress(NotFoundError):
+            self._raw(
+                "DELETE",
+                f"{self.base_url}/storage/v1/b/{_quoted(bucket)}/o/{_quoted(name)}",
+                f"delete gs://{bucket}/{name}",
+                params={},
+            )
+
+    def _raw(
+        self, method: str, url: str, what: str, *, params: Mapping[str, str], content: bytes | None = None
+    ) -> bytes:
+        """One call whose body is bytes (media upload and download), translated and retried as the JSON
+        calls are."""
+
+        def attempt() -> bytes:
+            with translate_errors(what, mutating=method != "GET"):
+                headers = self._calls_or_open().auth_headers()
+                if content is not None:
+                    headers["Content-Type"] = "application/octet-stream"
+                response = self._http.request(
+                    method, url, params=dict(params), content=content, headers=headers
+                )
+                if response.is_error:
+                    raise error_from_http_response(
+                        response.status_code, response.content, what=what, mutating=method != "GET"
+                    )
+                return response.content
+
+        return call_with_retry(attempt, policy=self._retry, idempotent=True, sleep=self._sleep)
+
+    def _calls_or_open(self) -> JsonCalls:
+        if self._calls is None:  # the credentials are looked up at the first call
+            self._calls = JsonCalls(self._credentials(), self._http, self._retry, self._sleep)
+        return self._calls
+
     def _get(self, path: str, what: str, params: Mapping[str, str | list[str]]) -> dict[str, Any]:
         if self._calls is None:  # the credentials are looked up at the first call
             self._calls = JsonCalls(self._credentials(), self._http, self._retry, self._sleep)
@@ -122,3 +214,11 @@ class BucketClient:
 
 def _quoted(bucket: str) -> str:
     return urllib.parse.quote(bucket, safe="")
+
+
+def _stored(item: Any, what: str) -> StoredObject:
+    if not isinstance(item, dict) or "name" not in item:
+        raise CloudError(f"{what}: the answer is not an object's metadata")
+    return StoredObject(
+        name=str(item["name"]), size=int(item.get("size") or 0), updated=str(item.get("updated") or "")
+    )

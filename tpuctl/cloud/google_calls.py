@@ -74,7 +74,8 @@ class JsonCalls:
         request = functools.partial(self._request, method, url, what, params=params, body=body)
         return call_with_retry(request, policy=self._retry, idempotent=True, sleep=self._sleep)
 
-    def _auth_headers(self) -> dict[str, str]:
+    def auth_headers(self) -> dict[str, str]:
+        """The credentials' headers (a bearer token), for a call whose body is not JSON."""
         if self._credentials is None:
             return {}
         creds: Any = fresh(self._credentials)  # google-auth is untyped
@@ -93,7 +94,7 @@ class JsonCalls:
     ) -> dict[str, Any]:
         with translate_errors(what, mutating=method != "GET"):
             response = self._http.request(
-                method, url, params=dict(params), json=body, headers=self._auth_headers()
+                method, url, params=dict(params), json=body, headers=self.auth_headers()
             )
             if response.is_error:
                 raise error_from_http_response(

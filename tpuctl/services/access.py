@@ -36,6 +36,7 @@ from tpuctl.errors import PermissionDeniedError, UsageError
 
 if TYPE_CHECKING:
     from tpuctl.cloud.base import Node
+    from tpuctl.cloud.instances import VmInstance
     from tpuctl.cloud.oslogin import OsLoginAccess
     from tpuctl.hosts.ssh import HostLogin, KeyPair
     from tpuctl.services.placement import PlacementRequest
@@ -133,6 +134,39 @@ def host_login(session: Session, nodes: Sequence[Node], key: KeyPair) -> HostLog
     for node in nodes:
         _refuse_unauthorized(session, node, key)
     return _metadata_login(session, settings[0] if settings else project())
+
+
+def vm_login(session: Session, vm: VmInstance, key: KeyPair) -> HostLogin:
+    """How tpuctl logs in to a general-purpose VM (the team server's) with ``key``: through OS Login where
+    the VM's metadata, else the project's, turns it on (the key imported for the caller, as for slices);
+    else as the user whose ``ssh-keys`` line carries the key, refused up front when none does."""
+    from tpuctl.cloud.oslogin import metadata_says
+    from tpuctl.hosts.ssh import HostLogin
+
+    says = metadata_says(vm.metadata)
+    setting = (
+        OsLoginSetting(says, f"enable-oslogin in the metadata of VM {vm.name}")
+        if says is not None
+        else project_os_login(session.os_login(), session.project)
+    )
+    if setting.enabled:
+        return _os_login_login(session, key, setting)
+    wanted = key.public_openssh.split()[:2]
+    for line in vm.metadata.get("ssh-keys", "").splitlines():
+        user, _, value = line.strip().partition(":")
+        if user and value.split()[:2] == wanted:
+            return HostLogin(
+                user,
+                authorized_by=f"VM {vm.name}'s ssh-keys metadata (OS Login {setting.describe()})",
+                refused_fix=f"check that VM {vm.name}'s ssh-keys metadata still has the key",
+            )
+    raise UsageError(
+        f"VM {vm.name} lets tpuctl's key in neither through OS Login ({setting.describe()}) nor through "
+        "its ssh-keys metadata",
+        field="vm",
+        value=vm.name,
+        fix=f"set enable-oslogin=TRUE in VM {vm.name}'s metadata (server up creates it so)",
+    )
 
 
 def _os_login_login(session: Session, key: KeyPair, setting: OsLoginSetting) -> HostLogin:

@@ -8,6 +8,9 @@ each downloaded once into a cache below the state dir and checked against the ha
 Projects the wheelhouse has are served from it alone: those are the runtime's locked wheels, and
 answering them from the wheelhouse keeps a run's setup from asking the upstream index ~60 times.
 
+Beside it, always on: tpuctl's own locked dependencies, which the team server's VM installs, served
+from this machine's uv cache (``tpuctl.sim.locked_wheels``), never downloaded.
+
 The upstream index is the one this machine's own pip/uv configuration names (``configured_index_url``),
 read from the environment of the process that serves the mirror.
 """
@@ -31,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from tpuctl.sim.locked_wheels import LockedWheels
     from tpuctl.sim.world import World
 
 #: The index pip and uv use when nothing names another.
@@ -152,10 +156,19 @@ class FetchThrough:
     ``cache_dir`` (the links each project page gave are kept there too, so a mirror served later by
     another simulator process still knows where a listed file comes from)."""
 
-    def __init__(self, index_url: str, cache_dir: Path, enabled: Callable[[], bool]) -> None:
+    def __init__(
+        self,
+        index_url: str,
+        cache_dir: Path,
+        enabled: Callable[[], bool],
+        locked: LockedWheels | None = None,
+    ) -> None:
+        """``locked``: tpuctl's own locked dependencies, served whether or not fetch-through is on (they
+        stand in for the PyPI a Google VM installs the team server from; never downloaded)."""
         self.index_url = _with_slash(index_url)
         self.cache_dir = cache_dir
         self.enabled = enabled
+        self.locked = locked
         self._lock = threading.Lock()
 
     @property
@@ -164,20 +177,25 @@ class FetchThrough:
 
     def page(self, path: str) -> bytes | None:
         """The mirror's page for ``path`` when it is a project page the upstream index has (links to
-        the mirror's own root, with the upstream's hashes); None otherwise or when fetch-through is off.
-        Raises UpstreamError when the upstream index cannot be asked."""
+        the mirror's own root, with the upstream's hashes), else one of tpuctl's locked dependencies
+        from the uv cache (``locked``); None otherwise. The upstream index answers first while
+        fetch-through is on: a user's index decides what a user's run installs. Raises UpstreamError
+        when the upstream index cannot be asked."""
         match = _PROJECT_PAGE.match(path)
-        if match is None or not self.enabled():
-            return None
-        files = self._ask(match[1])
-        if not files:
-            return None
-        links = "".join(
-            f'<a href="../../{urllib.parse.quote(f.name)}'
-            f'{"#sha256=" + f.sha256 if f.sha256 else ""}">{f.name}</a><br>\n'
-            for f in files
-        )
-        return f"<!DOCTYPE html>\n<html><body>\n{links}</body></html>\n".encode()
+        files = self._ask(match[1]) if match is not None and self.enabled() else []
+        if files:
+            links = "".join(
+                f'<a href="../../{urllib.parse.quote(f.name)}'
+                f'{"#sha256=" + f.sha256 if f.sha256 else ""}">{f.name}</a><br>\n'
+                for f in files
+            )
+            return f"<!DOCTYPE html>\n<html><body>\n{links}</body></html>\n".encode()
+        locked = self.locked.page(path) if self.locked is not None else None
+        if locked:
+            from tpuctl.sim.mirror import index_page  # mirror.py imports this module
+
+            return index_page(locked, prefix="../../")
+        return None
 
     def file(self, name: str) -> Path | None:
         """The cached file ``name``, downloaded now if a project page listed it and it is not cached;
@@ -186,6 +204,9 @@ class FetchThrough:
         cached = self.cache_dir / name
         if cached.is_file():
             return cached
+        repacked = self.locked.file(name) if self.locked is not None else None
+        if repacked is not None:
+            return repacked
         if not self.enabled():
             return None
         known = self._known(name)
@@ -254,10 +275,14 @@ def fetch_through_for(
 ) -> FetchThrough:
     """The fetch-through of the mirror over ``state_dir``: to the index ``environ``'s (and ``home``'s)
     pip/uv configuration names, on while the world in force (``world()``) turns it on."""
+    from tpuctl.sim.locked_wheels import locked_wheels_for
+
+    cache = package_cache_for(state_dir)
     return FetchThrough(
         configured_index_url(environ, home),
-        package_cache_for(state_dir),
+        cache,
         enabled=lambda: world().package_fetch_through,
+        locked=locked_wheels_for(cache, environ, home),
     )
 
 

@@ -57,6 +57,7 @@ if TYPE_CHECKING:
     from tpuctl.cloud.base import Node, TpuCloud
     from tpuctl.cloud.buckets import BucketClient
     from tpuctl.cloud.identity import IdentityIssuer
+    from tpuctl.cloud.instances import InstanceClient, VmInstance
     from tpuctl.cloud.oslogin import OsLoginAccess
     from tpuctl.hosts.pythons import ImagePython
     from tpuctl.sim import SimAdminClient
@@ -160,6 +161,15 @@ class InProcessBackend:
 
     def open_buckets(self, state_dir: Path, closers: list[Closer]) -> BucketClient:
         return sim_buckets(self.storage_url, closers)
+
+    def open_instances(self, cloud: TpuCloud, closers: list[Closer]) -> InstanceClient:
+        from tpuctl.errors import UsageError
+
+        # Its route table serves no general-purpose VMs (nothing here runs a VM): a served simulator does.
+        raise UsageError("the in-process test simulator runs no general-purpose VMs", fix="use SimServer")
+
+    def instance_address(self, cloud: TpuCloud, vm: VmInstance) -> HostAddress:
+        return HostAddress(vm.address or "", 22)
 
     def open_account_access(self, cloud: TpuCloud, closers: list[Closer]) -> AccountAccess:
         """The simulator's Policy Troubleshooter and Compute Engine over its route table, waits on the

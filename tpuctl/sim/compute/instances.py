@@ -6,9 +6,11 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
+from tpuctl.sim.compute import general as general_vms
 from tpuctl.sim.compute import guest, links, listing, quota, slices, store
 from tpuctl.sim.compute.context import ComputeContext
 from tpuctl.sim.compute.errors import already_exists, invalid, not_found
+from tpuctl.sim.compute.general import general_machine_of
 from tpuctl.sim.compute.machines import check_zone, machine_in_zone
 from tpuctl.sim.compute.networking import checked_interfaces
 from tpuctl.sim.compute.operations import finish_op, insert_op, op_json_of
@@ -32,6 +34,9 @@ class Instances:
         check_zone(world, zone)
         now = ctx.clock()
         self.cc.timeline.advance(now)
+        general = general_machine_of(body.get("machineType"))
+        if general is not None:
+            return general_vms.insert(self.cc, project, zone, body, general)
         name = links.check_name(body.get("name"))
         machine = machine_in_zone(ctx.catalog, world, zone, body.get("machineType"), "resource.machineType")
         spec = parse_properties(world, body, machine, "resource")

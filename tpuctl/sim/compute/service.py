@@ -7,7 +7,7 @@ import hashlib
 import time
 from typing import Any
 
-from tpuctl.sim.compute import links, quota, store
+from tpuctl.sim.compute import general, links, quota, store
 from tpuctl.sim.compute.context import ComputeContext
 from tpuctl.sim.compute.errors import invalid, not_found
 from tpuctl.sim.compute.instances import Instances
@@ -99,6 +99,9 @@ class ComputeService:
         world = self.cc.ctx.world
         check_zone(world, zone)
         items = [machine_type_json(project, zone, m) for m in zone_machines(self.cc.ctx.catalog, world, zone)]
+        # General-purpose types in every zone (E2 is offered in every zone the simulator has, unc.).
+        items += [general.machine_type_json(project, zone, m) for m in general.general_machines().values()]
+        items.sort(key=lambda item: str(item["name"]))
         return _list(
             "compute#machineTypeList",
             links.link(project, "zones", zone, "machineTypes"),
@@ -113,6 +116,8 @@ class ComputeService:
         for machine in zone_machines(self.cc.ctx.catalog, world, zone):
             if machine.name == name:
                 return machine_type_json(project, zone, machine)
+        if name in general.general_machines():
+            return general.machine_type_json(project, zone, general.general_machines()[name])
         raise machine_not_found(project, zone, name)
 
     # --- operations ------------------------------------------------------------------------------

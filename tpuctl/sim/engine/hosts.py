@@ -121,7 +121,7 @@ class Hosts:
         self.timeline.advance()
         with self.ctx.db.read() as conn:
             rows = conn.execute(
-                "SELECT * FROM nodes WHERE project = ? AND zone = ? AND surface = 'compute'",
+                "SELECT * FROM nodes WHERE project = ? AND zone = ? AND surface IN ('compute', 'vm')",
                 (project, zone),
             ).fetchall()
         for row in rows:

@@ -88,7 +88,6 @@ def metadata_values(
     ``compute_agent_worker_number``: the world's switch of that name (a Compute Engine VM's attribute);
     ``megascale``: the node's place in a multislice queued resource (:func:`megascale_of`), if any."""
     spec = json.loads(row["spec"])
-    attributes = _attributes(row, spec, worker, megascale)
     scheduling = spec.get("schedulingConfig") or {}
     hostname = tpu_vm_instance_name(row["uid"], worker)
     address = host_addresses(row)[worker]
@@ -109,7 +108,11 @@ def metadata_values(
         "project/project-id": row["project"],
         "project/numeric-project-id": str(int(row["uid"]) % 10**12),
     }
-    for key, value in attributes.items():
+    if row["surface"] == "vm":  # a general-purpose VM: no TPU attribute
+        from tpuctl.sim.compute.general import metadata_values as general_metadata_values
+
+        return general_metadata_values(row, values)
+    for key, value in _attributes(row, spec, worker, megascale).items():
         values[f"instance/attributes/{key}"] = value
     if row["surface"] == "compute":
         from tpuctl.sim.compute.metadata import compute_metadata_values

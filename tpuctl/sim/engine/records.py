@@ -146,6 +146,43 @@ def insert_node(
     )
 
 
+def insert_vm_node(
+    conn: sqlite3.Connection,
+    seed: int,
+    key: tuple[str, str, str],
+    machine_type: str,
+    family: str,
+    capacity_class: str,
+    spec: dict[str, Any],
+    now: float,
+    due: float,
+) -> None:
+    """A new CREATING one-host node of a general-purpose VM (``surface = 'vm'``): no accelerator, no
+    chips, no quota units; its ``generation`` is the machine family (e2), which no TPU pool has."""
+    project, zone, node_id = key
+    conn.execute(
+        """
+        INSERT INTO nodes (project, zone, node_id, uid, generation, accelerator_type, topology, chips,
+                           hosts, quota_units, capacity_class, reservation, state, next_state, due_at,
+                           op_name, create_time, spec, queued_resource, multislice, host_base, surface)
+        VALUES (?, ?, ?, ?, ?, ?, '', 0, 1, 0, ?, NULL, 'CREATING', 'READY', ?, NULL, ?, ?, NULL, 0, ?, 'vm')
+        """,
+        (
+            project,
+            zone,
+            node_id,
+            node_uid(seed, project, zone, node_id, now),
+            family,
+            machine_type,
+            capacity_class,
+            due,
+            now,
+            json.dumps(spec),
+            _take_host_numbers(conn, 1),
+        ),
+    )
+
+
 def _take_host_numbers(conn: sqlite3.Connection, count: int) -> int:
     """``count`` consecutive host numbers, inside the caller's write transaction."""
     rows = dict(

@@ -14,12 +14,14 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import sys
 import venv
 from pathlib import Path
 
 import asyncssh
 
 from tpuctl.sim.vms.layout import host_key_path
+from tpuctl.sim.vms.systemctl import install_shims
 
 #: Login shells read /etc/profile, which resets PATH (Debian's does): the skeleton .profile puts the
 #: image's python3 and the user's ~/.local/bin first again, as a TPU VM image's .profile does for
@@ -87,6 +89,8 @@ def ensure_image(vm_root: Path) -> Path:
     vm_root.mkdir(parents=True, exist_ok=True)
     venv.EnvBuilder(with_pip=False, system_site_packages=False, symlinks=True).create(tmp)
     _link_system_tools(tmp / "system-bin")
+    # Before system-bin on PATH: the user manager's commands, served by the systemd stand-in.
+    install_shims(tmp / "bin", sys.executable)
     (tmp / ".complete").write_text("")
     try:
         os.rename(tmp, image)

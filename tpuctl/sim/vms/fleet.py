@@ -32,7 +32,8 @@ from tpuctl.sim.vms import procs
 from tpuctl.sim.vms.disks import create_disk, ensure_image, image_dir
 from tpuctl.sim.vms.layout import STATE_DIR_FILE, disk_dir, host_key_path, parse_disk_name
 from tpuctl.sim.vms.metadata_http import MetadataServer
-from tpuctl.sim.vms.sshd import HostRef, LoginSetup, serve
+from tpuctl.sim.vms.sshd import HostRef, LoginSetup, login_env, serve
+from tpuctl.sim.vms.systemctl import boot_user_units
 
 #: How often wiped disks' files are looked for and removed.
 _REAP_TICK_S = 0.2
@@ -207,6 +208,8 @@ class Fleet:
             return
         metadata.start()
         self._served[(host.uid, host.worker)] = _Served(host, sshd, metadata)
+        # The VM boots: its lingering users' enabled units start, as systemd starts them.
+        boot_user_units(host.disk, lambda user, home: login_env(host, user, home, self._setup))
         self._by_address[host.address] = (host.project, host.zone, host.node_id, host.worker)
 
     def _note_bind_error(self, exc: OSError) -> None:

@@ -80,6 +80,10 @@ def auth_log(disk: Path) -> Path:
     return disk / "var" / "log" / "auth.log"
 
 
+#: The destinations a port forward may name: the VM's own loopback.
+_LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
 class _Server(asyncssh.SSHServer):
     def __init__(self, host: HostRef, keys: KeyLookup) -> None:
         self._host = host
@@ -110,6 +114,13 @@ class _Server(asyncssh.SSHServer):
             path.parent.mkdir(parents=True, exist_ok=True)
             with path.open("a", encoding="utf-8") as log:
                 log.write(line)
+
+    def connection_requested(self, dest_host: str, dest_port: int, orig_host: str, orig_port: int) -> bool:
+        """A local port forward (``ssh -L``, direct-tcpip), as OpenSSH's default ``AllowTcpForwarding
+        yes`` allows it: how a laptop reaches the team server on its VM's loopback. Stricter than a real
+        sshd, which forwards to anywhere its VM reaches: only to the VM's loopback (the simulated VMs
+        share this machine's, so that is where a VM's loopback service listens)."""
+        return dest_host in _LOOPBACK
 
     def begin_auth(self, username: str) -> bool:
         return True  # authentication is always required
