@@ -12,6 +12,8 @@ import pytest
 from fastapi.testclient import TestClient
 from recorded_runs import LIVE, RUN
 
+from tpuctl.store.records import RunStatus
+
 if TYPE_CHECKING:
     from tpuctl.services.session import Session
     from tpuctl.testing.backend import InProcessCli
@@ -253,3 +255,20 @@ def test_a_workspace_budget_burns_down_by_its_spend_this_month(recorded: Session
     assert round(budget.spent_usd, 2) == round(spent, 2)
     unbudgeted = Dashboard(recorded, prices).money(group_by="type", since=None)
     assert unbudgeted.budget_note is not None and "local workspace" in unbudgeted.budget_note
+
+
+def test_the_queue_page_is_tpuctl_queues_order_and_reasons(
+    recorded: Session, client: TestClient, sim_cli: InProcessCli
+) -> None:
+    ledger, now = recorded.ledger, recorded.clock()
+    full = "workspace default: 8 of 8 v5e chips in use"
+    for run_id, band, ago in (("run-q-batch", "batch", 300.0), ("run-q-prod", "production", 60.0)):
+        ledger.create_run(run_id, script="train.py", status=RunStatus.QUEUED, accelerator_type="v5litepod-8",
+                          ts=now - ago, priority=band, queue_reason=full)  # fmt: skip
+    html = client.get("/queue").text
+    listed = sim_cli("queue", "-o", "json").json["queue"]
+    assert [q["run_id"] for q in listed] == ["run-q-prod", "run-q-batch"]  # production's band first
+    assert _attr(html, "data-run") == [q["run_id"] for q in listed]
+    assert _attr(html, "data-position") == [str(q["position"]) for q in listed]
+    assert _attr(html, "data-reason") == [q["reason"] for q in listed]
+    assert 'data-workspace="default"' in client.get("/").text  # the runs list says whose each run is

@@ -92,6 +92,7 @@ def test_a_team_b_viewers_browser_never_shows_team_as_runs(
             assert RUN not in html and "team-a" not in html, path
         page.goto(f"{proxy}/")
         assert page.locator(f'[data-run="{LIVE}"]').count() == 1  # team-b's own run is there
+        assert page.locator('[data-workspace="team-b"]').count() == 1
         hidden, own = page.goto(f"{proxy}/runs/{RUN}"), None
         assert hidden is not None and hidden.status == 404  # as a run that does not exist
         own = page.goto(f"{proxy}/runs/{LIVE}")

@@ -19,6 +19,7 @@ from markupsafe import Markup
 from tpuctl.dashboard import svg
 
 if TYPE_CHECKING:
+    from tpuctl.server.queue_view import QueuedRun
     from tpuctl.services.cost import CostLine, CostReport, CostScope, CostService, GroupBy
     from tpuctl.services.prices import PriceSource
     from tpuctl.services.run.service import Runs
@@ -379,6 +380,16 @@ class Dashboard:
         return {
             "budgets": tuple(_budget(w.name, float(w.usd_per_month or 0), month, days, now) for w in budgeted)
         }
+
+    def queue(self) -> list[QueuedRun]:
+        """`tpuctl queue`'s runs: what waits for room, why, in the order the server will admit it (the
+        viewer's workspaces only)."""
+        from tpuctl.server.queue_view import queue_of
+        from tpuctl.services.cost.monthly_spend import this_month_spend
+
+        return queue_of(
+            self._session, self._workspaces, this_month_spend(self._session, now=self._session.clock())
+        )
 
     def slices(self, *, gone_since: float | None = None) -> list[SliceRow]:
         """The slices the ledger has alive (not ended), oldest first; with ``gone_since``, then the ones

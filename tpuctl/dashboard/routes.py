@@ -91,6 +91,10 @@ def dashboard_router(
             "money.html", "Money", page="money", page_data=got, since=since, groupings=MONEY_GROUPINGS
         )
 
+    @router.get("/queue", response_class=HTMLResponse)
+    def queue() -> HTMLResponse:
+        return page("queue.html", "Queue", page="queue", rows=pages_data().queue())
+
     @router.get("/slices", response_class=HTMLResponse)
     def slices(gone: Annotated[str | None, Query(max_length=100)] = None) -> HTMLResponse:
         """``gone``: also the slices that ended since then (``cost report --since``'s forms: 1d, 7d, a
