@@ -85,8 +85,8 @@ def check_naming(cli: Cli, runs: tuple[str, str]) -> None:
     assert cli("runs", "describe", ok, "-o", "json").json["run"]["run_id"] == ok
     # The list says how often each run was preempted and restarted.
     header, *rows = cli("runs", "list").stdout.splitlines()
-    assert header.split()[7:9] == ["PREEMPTIONS", "RESTARTS"], header
-    assert [row.split()[0] for row in rows] == [failed, ok] and rows[1].split()[7:9] == ["0", "0"]
+    assert header.split()[9:11] == ["PREEMPTIONS", "RESTARTS"], header
+    assert [row.split()[0] for row in rows] == [failed, ok] and rows[1].split()[9:11] == ["0", "0"]
 
     ambiguous = cli("runs", "describe", "run-")
     assert ambiguous.code == 2

@@ -19,8 +19,8 @@ from tpuctl.store.ledger import Ledger
 from tpuctl.store.records import RunStatus
 
 RUN_KEYS = ["run_id", "status", "program", "args", "pod", "zone", "accelerator_type", "capacity",
-            "exit_code", "created_at", "ended_at", "duration_s", "restarts", "preemptions", "labels",
-            "detail"]  # fmt: skip
+            "exit_code", "created_at", "ended_at", "duration_s", "restarts", "preemptions", "workspace",
+            "principal", "labels", "detail"]  # fmt: skip
 
 
 def test_a_run_view_reads_the_record_and_keeps_the_json_keys(tmp_path: Path) -> None:
