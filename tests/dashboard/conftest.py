@@ -1,6 +1,6 @@
 """The dashboard's fixtures: a session on the in-process simulator (frozen clock) with recorded runs, the
 pages served on loopback by uvicorn in a thread, and Debian's Chromium driven by Playwright (one browser
-for the whole test process; a fresh context, with every non-loopback request failing the test, per test).
+per test module; a fresh context, with every non-loopback request failing the test, per test).
 """
 
 from __future__ import annotations
@@ -54,10 +54,12 @@ def served(session: Session) -> Iterator[str]:
         yield url
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
     """Debian's Chromium (never one Playwright downloads). Missing, the tests FAIL saying how to install
-    it."""
+    it. One per test module, not per process: Playwright's sync API keeps an event loop running on this
+    thread while it is open, and a later test of another module that runs its own (``asyncio.run``: the
+    simulated VMs' SSH tests) would find it and fail."""
     if not CHROMIUM.exists():
         pytest.fail(
             f"the dashboard's browser tests need Debian's Chromium at {CHROMIUM}; as root run: "
