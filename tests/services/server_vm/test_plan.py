@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tpuctl.hosts.service_unit import RestartPolicy, parse
 from tpuctl.services.server_vm.plan import (
     LABEL_SERVER,
     ServerVmSpec,
@@ -10,7 +11,6 @@ from tpuctl.services.server_vm.plan import (
     plan_up,
     server_unit,
 )
-from tpuctl.services.server_vm.unit import RestartPolicy, parse
 
 BASE = "https://compute.googleapis.com"
 

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tpuctl.services.server_vm.unit import RestartPolicy, ServiceUnit
+from tpuctl.hosts.service_unit import RestartPolicy, ServiceUnit
 from tpuctl.sim.vms.systemctl import (
     boot_user_units,
     install_shims,

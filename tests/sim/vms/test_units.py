@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from tpuctl.services.server_vm.unit import RestartPolicy, ServiceUnit, parse
+from tpuctl.hosts.service_unit import RestartPolicy, ServiceUnit, parse
 from tpuctl.sim.vms.units import UnitSupervisor
 
 

@@ -19,16 +19,16 @@ from typing import Any, Final
 from tpuctl import __version__
 from tpuctl.catalog.server_vm_prices import ServerVmCost, server_vm_cost
 from tpuctl.cloud.base import PlannedRequest
+from tpuctl.hosts.service_unit import USER_UNIT_DIR, RestartPolicy, ServiceUnit
 from tpuctl.hosts.setup import SetupSpec
 from tpuctl.services.server_vm.backup import BACKUP_EVERY_S
-from tpuctl.services.server_vm.unit import USER_UNIT_DIR, RestartPolicy, ServiceUnit
 
 DEFAULT_NAME: Final = "tpuctl-server"
 DEFAULT_MACHINE_TYPE: Final = "e2-small"
 DEFAULT_DISK_GB: Final = 20
 SERVER_PORT: Final = 8471
 #: Where the server keeps its state (its ledger, when SQLite), relative to the login user's home on the
-#: VM's boot disk: the units are user units (``tpuctl.services.server_vm.unit``), so every path is
+#: VM's boot disk: the units are user units (``tpuctl.hosts.service_unit``), so every path is
 #: home-relative (``%h/...`` in a unit, ``$HOME/...`` in a command).
 STATE_SUBDIR: Final = ".local/state/tpuctl-server"
 #: The link to the host setup's environment that holds the installed tpuctl (the environment's own path

@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Final
 
-from tpuctl.services.server_vm.unit import USER_UNIT_DIR, WANTED_BY
+from tpuctl.hosts.service_unit import USER_UNIT_DIR, WANTED_BY
 
 #: systemctl's exit status for "not active" (is-active) and for a unit that does not exist.
 _INACTIVE: Final = 3

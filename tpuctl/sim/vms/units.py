@@ -1,4 +1,4 @@
-"""The simulated VM's stand-in for systemd: it runs one service unit (``tpuctl.services.server_vm.unit``
+"""The simulated VM's stand-in for systemd: it runs one service unit (``tpuctl.hosts.service_unit``
 reads the same file systemd does) and honours its command, environment, working directory and restart
 policy. Output goes to the unit's journal file, which the VM's ``journalctl`` stand-in prints.
 
@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Final
 
-from tpuctl.services.server_vm.unit import ServiceUnit, expand_specifiers, parse
+from tpuctl.hosts.service_unit import ServiceUnit, expand_specifiers, parse
 
 _STOP_GRACE_S: Final = 90.0
 #: systemd's exit statuses for a start that failed before the command ran (systemd.exec).

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tpuctl.errors import UsageError
-from tpuctl.services.server_vm.unit import RestartPolicy, ServiceUnit, expand_specifiers, parse
+from tpuctl.hosts.service_unit import RestartPolicy, ServiceUnit, expand_specifiers, parse
 
 
 def _unit() -> ServiceUnit:
