@@ -35,7 +35,7 @@ from bench_machine import machine  # noqa: E402
 
 from tpuctl.catalog import CapacityType, Catalog  # noqa: E402
 from tpuctl.server.admission import Admission  # noqa: E402
-from tpuctl.services.queue_spend import MonthSpend  # noqa: E402
+from tpuctl.services.cost.monthly_spend import MonthSpend, Spend  # noqa: E402
 from tpuctl.store.database import open_database  # noqa: E402
 from tpuctl.store.ledger import Ledger  # noqa: E402
 from tpuctl.store.records import LeaseOwner, RunStatus  # noqa: E402
@@ -47,7 +47,9 @@ WORKSPACES = Workspaces.model_validate(
     {"workspaces": {"team-a": {"chips": {"v5e": 32}, "usd_per_month": 50}}}
 )
 OWNER = LeaseOwner("bench-replica", "bench", 1, 1)
-SPEND = MonthSpend("2026-11", by_principal={("team-a", f"u{i}@example.com"): float(i) for i in range(10)})
+SPEND = MonthSpend(
+    "2026-11", by_principal={("team-a", f"u{i}@example.com"): Spend(float(i)) for i in range(10)}
+)
 
 
 class Bench:
