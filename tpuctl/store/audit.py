@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from tpuctl.store.leases import db_now
-from tpuctl.store.sql import SqlConnection
+from tpuctl.store.sql import SqlConnection, in_list
 
 #: The principal of a request that proved no identity (no token, or one that failed verification).
 ANONYMOUS: Final = "(anonymous)"
@@ -87,10 +87,7 @@ def entries(
         where.append("principal = :principal")
         params["principal"] = principal
     if workspaces is not None:
-        names = sorted(workspaces)
-        params.update({f"ws{i}": name for i, name in enumerate(names)})
-        listed = ", ".join(f":ws{i}" for i in range(len(names)))
-        where.append(f"(workspace IS NULL OR workspace IN ({listed}))" if names else "workspace IS NULL")
+        where.append(f"(workspace IS NULL OR workspace IN ({in_list('ws', sorted(workspaces), params)}))")
     sql = f"SELECT {_COLS} FROM audit_log"
     if where:
         sql += " WHERE " + " AND ".join(where)

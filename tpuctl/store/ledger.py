@@ -78,7 +78,7 @@ from tpuctl.store.records import (
     SliceRef,
 )
 from tpuctl.store.secrets import SecretKey
-from tpuctl.store.sql import SqlConnection
+from tpuctl.store.sql import SqlConnection, in_list
 from tpuctl.store.url import LEDGER_FILENAME, DatabaseUrl, parse_database_url
 from tpuctl.store.view import EVENT_COLUMNS, POD_COLUMNS, POD_KINDS, Ev, PodRow, apply_event
 
@@ -833,12 +833,7 @@ class Ledger:
         of ``workspaces`` when given (as ``list_runs``)."""
         escaped = fragment.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
         params: dict[str, Any] = {"prefix": f"{escaped}%", "suffix": f"%{escaped}", "limit": limit}
-        scope = ""
-        if workspaces is not None:
-            names = sorted(workspaces)
-            params.update({f"ws{i}": name for i, name in enumerate(names)}, local_ws=LOCAL_WORKSPACE)
-            listed = ", ".join(f":ws{i}" for i in range(len(names))) or "NULL"
-            scope = f"AND COALESCE(workspace, :local_ws) IN ({listed}) "
+        scope = "" if workspaces is None else f"AND {_in_workspaces(workspaces, params)} "
         sql = (
             "SELECT run_id FROM runs WHERE (run_id LIKE :prefix ESCAPE '\\' "
             f"OR run_id LIKE :suffix ESCAPE '\\') {scope}"
@@ -1400,11 +1395,8 @@ class Ledger:
 def _in_workspaces(workspaces: Collection[str], params: dict[str, Any]) -> str:
     """A condition: the row is in one of ``workspaces`` (NULL counts as ``LOCAL_WORKSPACE``); its
     parameters are added to ``params``."""
-    names = sorted(workspaces)
-    params.update({f"ws{i}": name for i, name in enumerate(names)})
     params["local_ws"] = LOCAL_WORKSPACE
-    listed = ", ".join(f":ws{i}" for i in range(len(names))) or "NULL"
-    return f"COALESCE(workspace, :local_ws) IN ({listed})"
+    return f"COALESCE(workspace, :local_ws) IN ({in_list('ws', sorted(workspaces), params)})"
 
 
 def _named(columns: Sequence[str]) -> str:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from tpuctl.store.records import LOCAL_WORKSPACE, RunRecord, RunStatus
-from tpuctl.store.sql import SqlConnection
+from tpuctl.store.sql import SqlConnection, in_list
 
 #: The statuses of runs that hold their workspace's chips: admitted (or never queued) and not finished.
 _HOLDING: Final = ", ".join(f"'{s.value}'" for s in RunStatus if not s.finished and s is not RunStatus.QUEUED)
@@ -109,10 +109,12 @@ def snapshot(
 ) -> QueueSnapshot:
     """The waiting and holding runs of ``workspaces`` (``columns`` of ``runs AS r``, made records by
     ``record``)."""
-    names = {f"ws{i}": name for i, name in enumerate(workspaces)}
-    listed = ", ".join(f":{key}" for key in names) or "NULL"
-    params = {**names, "local": LOCAL_WORKSPACE, "queued": RunStatus.QUEUED.value, "request": request_blob}
-    in_workspaces = f"COALESCE(r.workspace, :local) IN ({listed})"
+    params: dict[str, Any] = {
+        "local": LOCAL_WORKSPACE,
+        "queued": RunStatus.QUEUED.value,
+        "request": request_blob,
+    }
+    in_workspaces = f"COALESCE(r.workspace, :local) IN ({in_list('ws', workspaces, params)})"
     waiting = conn.execute(
         f"SELECT {columns} FROM runs AS r WHERE r.status = :queued AND {_REQUEST_SAVED} AND {in_workspaces}",
         params,

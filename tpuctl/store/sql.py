@@ -170,6 +170,16 @@ class SqlAlchemyConnection:
         return max(int(self._conn.execute(_text(sql), rows).rowcount), 0)
 
 
+def in_list(name: str, values: Iterable[str], params: dict[str, Any]) -> str:
+    """The inside of ``IN (...)`` for ``values`` as named parameters ``:name0, :name1, ...`` (added to
+    ``params``); ``NULL`` for none, so that ``x IN (NULL)`` holds for no row on either engine."""
+    keys = []
+    for i, value in enumerate(values):
+        params[f"{name}{i}"] = value
+        keys.append(f":{name}{i}")
+    return ", ".join(keys) or "NULL"
+
+
 @functools.lru_cache(maxsize=512)
 def _text(sql: str) -> Any:
     import sqlalchemy
