@@ -203,16 +203,7 @@ class CostService:
         a run billed nothing in the window has none), computed for them alone (``run_groups``)."""
         from tpuctl.services.cost.run_groups import run_groups
 
-        now = self._clock()
-        end = now if until is None else until
-        warnings: list[str] = []
-        with open_reader(self._database) as reader, reader.snapshot(REPORT_TABLES):
-            q = self._query(
-                reader, _params(since, end, now, GroupBy("run"), null_key(reader.dialect)), warnings
-            )
-            groups = run_groups(q, run_ids)
-            mark_unknown_steps(reader, groups)
-            return groups
+        return self._run_query(since, until, lambda q: run_groups(q, run_ids))
 
     def runs_by_waste(
         self, count: int, *, since: float | None = None, until: float | None = None
@@ -221,18 +212,24 @@ class CostService:
         ``waste_usd``, most first (none that wasted nothing), without computing every run's group."""
         from tpuctl.services.cost.run_groups import waste_candidates
 
-        now = self._clock()
-        end = now if until is None else until
-        warnings: list[str] = []
-        with open_reader(self._database) as reader, reader.snapshot(REPORT_TABLES):
-            q = self._query(
-                reader, _params(since, end, now, GroupBy("run"), null_key(reader.dialect)), warnings
-            )
-            groups = waste_candidates(q, count)
-            mark_unknown_steps(reader, groups)  # a run whose steps are unknown has no waste figure
+        # A run whose steps are unknown has no waste figure (``_run_query`` marks it).
+        groups = self._run_query(since, until, lambda q: waste_candidates(q, count))
         wasted = [g for g in groups if (g["waste_usd"] or 0) > 0]
         wasted.sort(key=lambda g: (-float(g["waste_usd"]), str(g["key"])))
         return wasted[:count]
+
+    def _run_query(
+        self, since: float | None, until: float | None, groups_of: Callable[[Any], list[dict[str, Any]]]
+    ) -> list[dict[str, Any]]:
+        """``groups_of`` some runs' groups of the run report over ``[since, until)``, in one read
+        snapshot, each marked where its steps are unknown (as the report marks them)."""
+        now = self._clock()
+        end = now if until is None else until
+        with open_reader(self._database) as reader, reader.snapshot(REPORT_TABLES):
+            q = self._query(reader, _params(since, end, now, GroupBy("run"), null_key(reader.dialect)), [])
+            groups = groups_of(q)
+            mark_unknown_steps(reader, groups)
+            return groups
 
     def spend(self, *, since: float | None = None, until: float | None = None) -> float:
         """Total billed USD in the window (for budgets)."""
