@@ -253,17 +253,44 @@ def postgres_url(postgres_cluster: PostgresCluster) -> Iterator[str]:
         postgres_cluster.drop_database(name)
 
 
+@pytest.fixture(scope="session")
+def postgres_ledger_template(postgres_cluster: PostgresCluster) -> str:
+    """The name of a database of ``postgres_cluster`` holding an empty ledger at the newest schema, made
+    once per test process by the ledger's own migrations: each ``postgres_ledger_url`` is a copy of it,
+    since migrating a fresh database costs each test half a second or more. (The migrations themselves
+    are tested on empty databases: tests/store/test_migrate.py.)"""
+    from tpuctl.store import Ledger
+
+    name = "ledger_template"
+    Ledger.open(postgres_cluster.create_database(name)).close()  # closed: a template must have no sessions
+    return name
+
+
+@pytest.fixture
+def postgres_ledger_url(postgres_cluster: PostgresCluster, postgres_ledger_template: str) -> Iterator[str]:
+    """The SQLAlchemy URL of this test's own database in ``postgres_cluster``, an empty ledger at the
+    newest schema (a copy of ``postgres_ledger_template``), dropped after the test."""
+    import secrets
+
+    name = f"test_{secrets.token_hex(6)}"
+    url = postgres_cluster.create_database(name, template=postgres_ledger_template)
+    try:
+        yield url
+    finally:
+        postgres_cluster.drop_database(name)
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
 def open_ledger(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[..., Ledger]:
-    """The test's ledger on each engine: a SQLite file, or a fresh database of the session's PostgreSQL.
-    Each call opens it again (another process's ledger on the same database, in effect)."""
+    """The test's ledger on each engine: a SQLite file, or an empty ledger of its own in the session's
+    PostgreSQL. Each call opens it again (another process's ledger on the same database, in effect)."""
     from tpuctl.store import Ledger, parse_database_url
     from tpuctl.store.database import open_database
 
     if request.param == "sqlite":
         state = tmp_path / "state"
         return lambda **kwargs: Ledger(state, **kwargs)
-    url = parse_database_url(str(request.getfixturevalue("postgres_url")))
+    url = parse_database_url(str(request.getfixturevalue("postgres_ledger_url")))
 
     def on_postgresql(**kwargs: Any) -> Ledger:
         return Ledger(open_database(url), **kwargs)

@@ -47,8 +47,8 @@ def test_a_report_writes_only_its_working_tables(open_ledger: Callable[..., Ledg
             reader.execute("INSERT INTO ledger_meta (key, value) VALUES ('k', 'v')", {})
 
 
-def test_postgresql_reads_in_a_repeatable_read_read_only_transaction(postgres_url: str) -> None:
-    url = parse_database_url(postgres_url)
+def test_postgresql_reads_in_a_repeatable_read_read_only_transaction(postgres_ledger_url: str) -> None:
+    url = parse_database_url(postgres_ledger_url)
     with Ledger(open_database(url)), open_reader(url) as reader, reader.snapshot(REPORT_TABLES):
         assert reader.dialect.name == "postgresql"
         settings = "SELECT current_setting('transaction_isolation'), current_setting('transaction_read_only')"
@@ -62,10 +62,10 @@ def test_a_database_without_the_ledgers_schema_is_refused(tmp_path: Path, postgr
         open_reader(sqlite_url(tmp_path / "ledger.db"))
 
 
-def test_a_parallel_part_on_postgresql_reads_the_reports_own_snapshot(postgres_url: str) -> None:
+def test_a_parallel_part_on_postgresql_reads_the_reports_own_snapshot(postgres_ledger_url: str) -> None:
     """A scan's parts are connections of their own: on PostgreSQL they import the report's snapshot, so a
     write between the report's start and a part's sees neither."""
-    url = parse_database_url(postgres_url)
+    url = parse_database_url(postgres_ledger_url)
     with Ledger(open_database(url)) as ledger, open_reader(url) as reader:
         _requested(ledger, "a")
         with reader.snapshot(REPORT_TABLES):
@@ -77,10 +77,10 @@ def test_a_parallel_part_on_postgresql_reads_the_reports_own_snapshot(postgres_u
                 assert part.query(settings, {}) == [("on",)]
 
 
-def test_a_postgresql_report_runs_with_its_own_settings(postgres_url: str) -> None:
+def test_a_postgresql_report_runs_with_its_own_settings(postgres_ledger_url: str) -> None:
     """JIT off and a bigger work_mem for the report's transaction alone; bigger temp buffers for its
     connection (settable only before the connection's first temp table)."""
-    url = parse_database_url(postgres_url)
+    url = parse_database_url(postgres_ledger_url)
     names = "SELECT current_setting('jit'), current_setting('work_mem'), current_setting('temp_buffers')"
     with Ledger(open_database(url)), open_reader(url) as reader:
         with reader.snapshot(REPORT_TABLES):
@@ -90,10 +90,10 @@ def test_a_postgresql_report_runs_with_its_own_settings(postgres_url: str) -> No
             assert reader.query(names, {})[0][:2] == ("off", "64MB")
 
 
-def test_postgresql_gathers_a_working_tables_statistics_before_reading_it(postgres_url: str) -> None:
+def test_postgresql_gathers_a_working_tables_statistics_before_reading_it(postgres_ledger_url: str) -> None:
     """The planner would otherwise take a few slice ids in a temp table for thousands of rows and read
     every slice to join them."""
-    url = parse_database_url(postgres_url)
+    url = parse_database_url(postgres_ledger_url)
     rows_known = "SELECT reltuples FROM pg_class WHERE relname = :name AND relpersistence = 't'"
     with Ledger(open_database(url)), open_reader(url) as reader, reader.snapshot(REPORT_TABLES):
         reader.execute("INSERT INTO cost_rest (id) SELECT generate_series(1, 7)", {})

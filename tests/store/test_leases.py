@@ -379,7 +379,7 @@ def test_two_processes_racing_for_an_expired_lease_one_wins(
     # over concurrent connections of one server.
     db = str(tmp_path / "state" / "ledger.db")
     if engine == "postgresql":
-        db = str(request.getfixturevalue("postgres_url"))
+        db = str(request.getfixturevalue("postgres_ledger_url"))
     with _open(db) as ledger:
         ledger.create_run(RUN, script="train.py")
         expired = ledger.claim_lease(RUN, A, SHORT)
@@ -464,13 +464,12 @@ RACE_TTL = 0.6  # a lease a race outlives the start of, then waits out (through 
 
 
 @pytest.fixture(scope="module")
-def raced_url(postgres_cluster: PostgresCluster) -> Iterator[str]:
-    """One PostgreSQL database, migrated once, for the races below (each on runs of its own): a new one
-    per test would cost more than the races themselves."""
+def raced_url(postgres_cluster: PostgresCluster, postgres_ledger_template: str) -> Iterator[str]:
+    """One PostgreSQL ledger for the races below (each on runs of its own): a new one per test would
+    cost more than the races themselves."""
     name = f"races_{secrets.token_hex(6)}"
-    url = postgres_cluster.create_database(name)
+    url = postgres_cluster.create_database(name, template=postgres_ledger_template)
     try:
-        _open(url).close()
         yield url
     finally:
         postgres_cluster.drop_database(name)

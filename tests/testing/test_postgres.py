@@ -61,6 +61,21 @@ def test_each_test_gets_a_fresh_database_of_its_own(
         assert scalar(mine, f"SELECT count(*) FROM pg_database WHERE datname = '{other_name}'") == 0
 
 
+def test_a_ledger_database_is_a_copy_of_the_migrated_template_and_its_own(
+    postgres_cluster: PostgresCluster, postgres_ledger_url: str
+) -> None:
+    other_name = f"other_{secrets.token_hex(4)}"
+    other_url = postgres_cluster.create_database(other_name, template="ledger_template")
+    try:
+        with connect(postgres_ledger_url) as mine, connect(other_url) as other:
+            head = "SELECT version_num FROM alembic_version"
+            assert scalar(mine, head) == scalar(other, head) != ""
+            mine.execute(b"DELETE FROM alembic_version")
+            assert scalar(other, "SELECT count(*) FROM alembic_version") == 1
+    finally:
+        postgres_cluster.drop_database(other_name)
+
+
 def test_a_database_name_is_a_plain_identifier(postgres_cluster: PostgresCluster) -> None:
     for bad in ('x"; DROP DATABASE postgres; --', "Upper", "", "a-b"):
         with pytest.raises(ValueError, match="lower-case letters"):

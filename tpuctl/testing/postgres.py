@@ -220,9 +220,13 @@ class PostgresCluster:
         """The SQLAlchemy URL of ``database`` in this cluster (psycopg 3, as the superuser, over TCP)."""
         return f"postgresql+psycopg://{SUPERUSER}@127.0.0.1:{self.port}/{database}"
 
-    def create_database(self, name: str) -> str:
-        """Create the empty database ``name`` (lower-case letters, digits, underscores); its URL."""
-        self._admin("CREATE DATABASE {}", name)
+    def create_database(self, name: str, *, template: str | None = None) -> str:
+        """Create the database ``name`` (lower-case letters, digits, underscores): empty, or a copy of the
+        database ``template`` (which nobody may be connected to); its URL."""
+        if template is None:
+            self._admin("CREATE DATABASE {}", name)
+        else:
+            self._admin("CREATE DATABASE {} TEMPLATE {}", name, template)
         return self.url(name)
 
     def drop_database(self, name: str) -> None:
@@ -284,13 +288,13 @@ class PostgresCluster:
             return ""
         return "\nserver log (last lines):\n" + "\n".join(tail) if tail else ""
 
-    def _admin(self, statement: LiteralString, database: str) -> None:
-        """``statement`` about ``database`` (quoted into its ``{}``), outside a transaction (CREATE and
-        DROP DATABASE must be), on the maintenance database ``postgres``."""
+    def _admin(self, statement: LiteralString, *databases: str) -> None:
+        """``statement`` about ``databases`` (quoted into its ``{}``s, in order), outside a transaction
+        (CREATE and DROP DATABASE must be), on the maintenance database ``postgres``."""
         import psycopg
         from psycopg import sql
 
-        query = sql.SQL(statement).format(sql.Identifier(_database_name(database)))
+        query = sql.SQL(statement).format(*(sql.Identifier(_database_name(d)) for d in databases))
         conninfo = f"host=127.0.0.1 port={self.port} user={SUPERUSER} dbname=postgres connect_timeout=10"
         with psycopg.connect(conninfo, autocommit=True) as conn:
             conn.execute(query)

@@ -383,14 +383,14 @@ def _typed(doc: Any) -> Any:
     return (type(doc).__name__, round(doc, 4) if isinstance(doc, float) else doc)
 
 
-def test_both_engines_give_the_same_report_to_the_cent(tmp_path: Path, postgres_url: str) -> None:
+def test_both_engines_give_the_same_report_to_the_cent(tmp_path: Path, postgres_ledger_url: str) -> None:
     """The same events in a SQLite ledger and a PostgreSQL one: the same report, for every grouping and
     window (the fast path; the reference path is held to it above on each engine)."""
     from tpuctl.store import parse_database_url
     from tpuctl.store.database import open_database
 
     on_sqlite = _ledger(lambda: Ledger(tmp_path / "state"), 1)
-    on_postgresql = _ledger(lambda: Ledger(open_database(parse_database_url(postgres_url))), 1)
+    on_postgresql = _ledger(lambda: Ledger(open_database(parse_database_url(postgres_ledger_url))), 1)
     catalog = Catalog.load()
     source = PriceSource(catalog.prices.source, catalog.prices.date, cached=False)
     for group in ("slice", "run", "zone", "day", "label:team"):
