@@ -458,6 +458,12 @@ class Settings(BaseSettings):
     ssh_proxy_command: str | None = None
     # The wheels the simulator's package mirror serves its hosts (primed by scripts/setup).
     sim_wheelhouse: Path | None = None
+    # The simulated VM this tpuctl runs on (node uid/worker), which every login on one says
+    # (TPUCTL_SIM_VM, ``tpuctl.sim.vms.sshd``); None: not on one. On one, a simulator backend calls as
+    # the VM's service account, from its metadata server (``SimBackend.on_vm``), as a tpuctl on a Google VM
+    # does; not GCE_METADATA_HOST, which test and sandbox environments set to keep google-auth away from a
+    # real metadata server.
+    sim_vm: str | None = None
     # Where the ledger is (flag --database, TPUCTL_DATABASE_URL, profile key database); None: the state
     # dir's (resolved_database).
     database: DatabaseSetting = Field(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from tpuctl.backends.sim import SIM_BUCKET
 from tpuctl.testing.backend import InProcessCli
@@ -53,8 +54,34 @@ def test_an_unknown_machine_type_is_refused(cli: Cli) -> None:
     assert "not a general-purpose type" in result.stderr
 
 
+def test_up_plans_the_same_vm_units_and_commands_on_the_simulator_as_on_google(cli: Cli) -> None:
+    """Nothing up puts on the VM says which cloud it is: the VM's own environment does (on the simulator,
+    its logins'), so the insert body, the units and every command are the same text on both backends;
+    only where the requests go differs."""
+
+    def plan(backend: str, env: dict[str, str | None]) -> dict[str, Any]:
+        result = cli(
+            "--backend", backend, "--project", "team-proj", "server", "up", "--zone", "us-central1-a",
+            "--bucket", "team", "--dry-run", "-o", "json", env=env,
+        )  # fmt: skip
+        assert result.code == 0, result.stderr
+        document: dict[str, Any] = json.loads(result.stdout)["plan"]
+        return document
+
+    google = plan("gcp", {})
+    sim = plan("sim", {"TPUCTL_SIM_URL": "http://127.0.0.1:8470"})
+    assert sim["units"] == google["units"] and len(google["units"]) == 2
+    assert [s.get("command") for s in sim["steps"]] == [s.get("command") for s in google["steps"]]
+    assert [(s.get("request") or {}).get("body") for s in sim["steps"]] == [
+        (s.get("request") or {}).get("body") for s in google["steps"]
+    ]
+    texts = [*google["units"].values(), *(s.get("command") or "" for s in google["steps"])]
+    assert not [t for t in texts if "TPUCTL_BACKEND" in t or "TPUCTL_SIM_URL" in t]
+
+
 def test_up_on_a_simulator_started_for_one_command_is_refused(cli: Cli) -> None:
-    """The server on the VM keeps talking to the simulator after up ends: only a served one will do."""
+    """The server on the VM keeps using the simulated cloud after up ends: only a served simulator
+    keeps it up."""
     result = cli(
         "--backend", "sim", "--project", "p", "server", "up", "--zone", "us-central1-a", "--bucket", "t",
         env={"TPUCTL_SIM_URL": None},

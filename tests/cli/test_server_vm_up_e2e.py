@@ -26,6 +26,9 @@ from tpuctl.hosts.ssh import ensure_key_pair
 from tpuctl.services.server_vm.plan import SERVER_PORT
 from tpuctl.sim import SimAdminClient
 from tpuctl.sim.admin import NodeStatus
+from tpuctl.sim.iam import default_service_account
+from tpuctl.sim.network import API_PORT
+from tpuctl.sim.vms.layout import services_address
 from tpuctl.testing.cli import Cli
 from tpuctl.testing.clock import wait_for
 from tpuctl.testing.ports import unused_port
@@ -207,8 +210,15 @@ def test_server_up_keeps_a_run_going_without_its_client_and_comes_back_from_its_
         return status if status in ("succeeded", "failed", "cancelled") else None
 
     assert wait_for(ended, timeout=300, interval=2.0, what="the run to end") == "succeeded"
-    creates = [m for m in admin.mutations() if m["method"] == "POST" and m["path"].endswith("/nodes")]
+    # The server on the VM called the simulated APIs where its VM's logins are told they are (the
+    # network's own address, as a Google VM reaches googleapis.com), as the VM's service account (from
+    # its metadata server), never as the laptop's user who created the VM.
+    network = SimAdminClient(f"http://{services_address(state_dir)}:{API_PORT}")
+    closers.append(network.close)
+    creates = [m for m in network.mutations() if m["method"] == "POST" and m["path"].endswith("/nodes")]
     assert len(creates) == 2  # the first slice, preempted, and the recovery's
+    assert {m["caller"] for m in creates} == {default_service_account(project)}
+    assert not [m for m in admin.mutations() if m["path"].endswith("/nodes")]  # none through the laptop's
 
     down = cli(
         "--backend",

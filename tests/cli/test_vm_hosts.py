@@ -15,6 +15,8 @@ import pytest
 
 from tpuctl.sim import SimAdminClient
 from tpuctl.sim.iam import ADC_TOKEN
+from tpuctl.sim.network import API_PORT
+from tpuctl.sim.vms.layout import services_address
 from tpuctl.testing.cli import Cli
 
 WORLD: dict[str, Any] = {
@@ -83,7 +85,11 @@ def test_each_host_of_a_v5e_16_is_a_vm_of_its_own(
         # Its own disk: it sees its own file only, and nothing of tpuctl's state dir shows through.
         assert probe["seen"] == [f"probe-{probe['worker']}"]
         assert str(state_dir) not in json.dumps(probe["env"]) and str(state_dir) not in probe["cwd"]
-        assert not any(k.startswith("TPUCTL_STATE") or k == "TPUCTL_SIM_URL" for k in probe["env"])
+        assert not any(k.startswith("TPUCTL_STATE") for k in probe["env"])
+        # Nor the laptop's simulator: the APIs a host is told of are its network's (the state's own
+        # address), as a Google VM's are googleapis.com.
+        assert admin.base_url.rstrip("/") not in json.dumps(probe["env"])
+        assert probe["env"]["TPUCTL_SIM_URL"] == f"http://{services_address(state_dir)}:{API_PORT}"
     homes = {p["home"] for p in found}
     assert len(homes) == 4
     # A second run on the same slice finds the files again (the disk lives as long as the VM) ...

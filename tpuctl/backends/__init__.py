@@ -20,7 +20,10 @@ def open_backend(settings: Settings) -> Backend:
         from tpuctl.backends.sim import SimBackend
 
         return SimBackend(
-            world_path=settings.sim_world, url=settings.sim_url, wheelhouse=settings.sim_wheelhouse
+            world_path=settings.sim_world,
+            url=settings.sim_url,
+            wheelhouse=settings.sim_wheelhouse,
+            on_vm=settings.sim_vm is not None,
         )
     from tpuctl.backends.gcp import GcpBackend
 

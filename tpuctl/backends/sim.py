@@ -1,9 +1,11 @@
 """The simulator backend: the built-in simulated TPU cloud on loopback, in-process or at ``sim_url``.
 
 The simulator answers in milliseconds, so tpuctl polls and retries it fast; it listens on loopback, so its
-clients never go through a proxy from the environment. It authenticates as Google does: its clients send
-the simulated Application Default Credentials (``sim_credentials``), whose account is the world's
-principal. Its
+clients never go through a proxy from the environment. It authenticates as Google does: on the laptop its
+clients send the simulated Application Default Credentials (``sim_credentials``), whose account is the
+world's principal; on a simulated VM (the team server's) the VM's own service account's token from the
+VM's metadata server (``vm_credentials``), as a tpuctl on a Google VM sends, and the simulator's IAM
+decides what that account may do. Its
 hosts are VMs served by the simulator (``tpuctl.sim.vms``): each has its own loopback address, disk and
 sshd, and tpuctl reaches them over SSH exactly as it reaches Google's, on the port the simulator's status
 names (22 where it can bind it). Their programs get CPU devices standing in for the chips (``host_env``).
@@ -11,7 +13,7 @@ names (22 where it can bind it). Their programs get CPU devices standing in for 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -60,7 +62,17 @@ def sim_credentials() -> Credentials:
     return TokenCredentials(token=ADC_TOKEN)  # type: ignore[no-untyped-call]
 
 
-#: How every client of the simulator calls it (the TPU API, Compute Engine and Cloud Quotas surfaces).
+def vm_credentials() -> Credentials:
+    """A simulated VM's own credentials: its service account's token from its metadata server, taken by
+    google-auth's Compute Engine credentials exactly as on a Google VM (google-auth finds the server
+    through ``GCE_METADATA_HOST``, which a simulated VM's logins have: ``tpuctl.sim.vms.sshd``)."""
+    from google.auth import compute_engine
+
+    return compute_engine.Credentials()  # type: ignore[no-untyped-call]
+
+
+#: How every client of the simulator calls it (the TPU API, Compute Engine and Cloud Quotas surfaces)
+#: from the laptop.
 SIM_CLIENTS = CloudConfig(
     backend=NAME,
     credentials=sim_credentials,
@@ -69,6 +81,8 @@ SIM_CLIENTS = CloudConfig(
     poll_max_interval_s=1.0,
     trust_env=False,
 )
+#: ... and from a simulated VM: the same but for whose credentials they send (the VM's).
+SIM_VM_CLIENTS = replace(SIM_CLIENTS, credentials=vm_credentials)
 
 SIM_TUNING = Tuning(
     step_retry=SIM_RETRY,
@@ -110,6 +124,9 @@ class SimBackend:
     world_path: Path | None = None
     url: str | None = None
     wheelhouse: Path | None = None  # what the simulator's package mirror serves its hosts
+    #: Whether tpuctl runs on a simulated VM (``Settings.sim_vm``): its clients then send the VM's service
+    #: account's credentials (``SIM_VM_CLIENTS``), else the laptop's simulated ADC.
+    on_vm: bool = False
     name: str = NAME
     tuning: Tuning = SIM_TUNING
     timekeeping: Timekeeping = WALL_TIME
@@ -117,6 +134,11 @@ class SimBackend:
     runtime: Literal["cpu", "tpu"] = "cpu"
     default_bucket: str | None = SIM_BUCKET
     _status: dict[str, Any] | None = field(default=None, repr=False)
+
+    @property
+    def clients(self) -> CloudConfig:
+        """How this backend's clients call the simulator: as the VM's account on a VM, else the laptop's."""
+        return SIM_VM_CLIENTS if self.on_vm else SIM_CLIENTS
 
     @property
     def host_wheelhouse(self) -> Path:
@@ -138,7 +160,7 @@ class SimBackend:
         from tpuctl.cloud.tpu_api import TpuApiCloud
 
         base_url, project = self._serve(state_dir, closers)
-        config = SIM_CLIENTS
+        config = self.clients
 
         def quotas(service: str) -> CloudQuotasClient:
             return CloudQuotasClient.from_config(config, base_url=base_url, service=service)
@@ -182,13 +204,13 @@ class SimBackend:
 
     def open_os_login(self, cloud: TpuCloud, closers: list[Closer]) -> OsLoginAccess:
         """The simulator's OS Login API, tokeninfo and Compute Engine, all at its URL."""
-        return sim_os_login(cloud.endpoint, closers)
+        return sim_os_login(cloud.endpoint, closers, config=self.clients)
 
     def open_instances(self, cloud: TpuCloud, closers: list[Closer]) -> InstanceClient:
         """The simulator's Compute Engine at its URL, called as every client of the simulator is."""
         from tpuctl.cloud.instances import InstanceClient
 
-        client = InstanceClient(project=cloud.project, endpoint=cloud.endpoint, config=SIM_CLIENTS)
+        client = InstanceClient(project=cloud.project, endpoint=cloud.endpoint, config=self.clients)
         closers.append(client.close)
         return client
 
@@ -206,11 +228,12 @@ class SimBackend:
         # client with a state dir of its own, a team server's, cannot work out): one endpoint for every
         # client, as Google's is.
         served = self._status_at(self.url).get("storage_url") if self.url else None
-        return sim_buckets(str(served or f"http://{services_address(state_dir)}:{STORAGE_PORT}"), closers)
+        endpoint = str(served or f"http://{services_address(state_dir)}:{STORAGE_PORT}")
+        return sim_buckets(endpoint, closers, config=self.clients)
 
     def open_account_access(self, cloud: TpuCloud, closers: list[Closer]) -> AccountAccess:
         """The simulator's Policy Troubleshooter and Compute Engine, both at its URL."""
-        return sim_account_access(cloud.endpoint, closers)
+        return sim_account_access(cloud.endpoint, closers, config=self.clients)
 
     def host_env(self, worker: int, addresses: list[HostAddress], chips_per_host: int) -> dict[str, str]:
         """A simulated host has no chips: JAX runs on CPU devices, one per chip, and the hosts join one
@@ -288,13 +311,13 @@ def sim_os_login(
     *,
     transport: httpx.BaseTransport | None = None,
     sleep: Sleep | None = None,
+    config: CloudConfig = SIM_CLIENTS,
 ) -> OsLoginAccess:
-    """OS Login at a simulator's ``base_url`` (``transport``: an in-process one), called as every
-    client of the simulator is (``SIM_CLIENTS``)."""
+    """OS Login at a simulator's ``base_url`` (``transport``: an in-process one), called as ``config``
+    says (the laptop's clients unless told)."""
     from tpuctl.cloud.oslogin import OsLoginAccess, OsLoginEndpoints
 
-    config = SIM_CLIENTS
-    http = _sim_http(closers, transport)
+    http = _sim_http(closers, config, transport)
     return OsLoginAccess(
         OsLoginEndpoints.at(base_url),
         config.credentials(),
@@ -304,12 +327,12 @@ def sim_os_login(
     )
 
 
-def sim_buckets(base_url: str, closers: list[Closer]) -> BucketClient:
-    """A simulated Cloud Storage at ``base_url``, called as every client of the simulator is."""
+def sim_buckets(base_url: str, closers: list[Closer], *, config: CloudConfig = SIM_CLIENTS) -> BucketClient:
+    """A simulated Cloud Storage at ``base_url``, called as ``config`` says (the laptop's clients unless
+    told)."""
     from tpuctl.cloud.buckets import BucketClient
 
-    config = SIM_CLIENTS
-    http = _sim_http(closers)
+    http = _sim_http(closers, config)
     return BucketClient(base_url, config.credentials, http, retry=config.retry, sleep=config.sleep)
 
 
@@ -319,13 +342,13 @@ def sim_account_access(
     *,
     transport: httpx.BaseTransport | None = None,
     sleep: Sleep | None = None,
+    config: CloudConfig = SIM_CLIENTS,
 ) -> AccountAccess:
     """Another account's access, asked at a simulator's ``base_url`` (``transport``: an in-process one)
-    as every client of the simulator asks (``SIM_CLIENTS``)."""
+    as ``config`` says (the laptop's clients unless told)."""
     from tpuctl.cloud.account_access import AccountAccess, AccountEndpoints
 
-    config = SIM_CLIENTS
-    http = _sim_http(closers, transport)
+    http = _sim_http(closers, config, transport)
     return AccountAccess(
         AccountEndpoints.at(base_url),
         config.credentials(),
@@ -335,11 +358,12 @@ def sim_account_access(
     )
 
 
-def _sim_http(closers: list[Closer], transport: httpx.BaseTransport | None = None) -> httpx.Client:
-    """An HTTP client as every client of the simulator has one (``SIM_CLIENTS``), closed by ``closers``."""
+def _sim_http(
+    closers: list[Closer], config: CloudConfig, transport: httpx.BaseTransport | None = None
+) -> httpx.Client:
+    """An HTTP client as ``config`` says every client of the simulator has one, closed by ``closers``."""
     import httpx
 
-    config = SIM_CLIENTS
     http = httpx.Client(timeout=config.request_timeout_s, trust_env=config.trust_env, transport=transport)
     closers.append(http.close)
     return http

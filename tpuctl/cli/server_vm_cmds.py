@@ -286,21 +286,7 @@ def _spec(
         machine_type=machine_type,
         database=database,
         bucket=bucket or settings.bucket,
-        settings_env=_settings_env(settings),
     )
-
-
-def _settings_env(settings: Settings) -> tuple[tuple[str, str], ...]:
-    """What the units pass the server beyond its own settings: on the simulator, which simulator (the
-    Google backend has no endpoint override yet that would point it there); nothing on Google."""
-    from tpuctl.settings import Backend
-
-    if settings.resolved_backend is not Backend.SIM:
-        return ()
-    if not settings.sim_url:
-        # A simulator started for one command ends with it; the VM's server must outlive the command.
-        return (("TPUCTL_BACKEND", "sim"), ("TPUCTL_SIM_URL", "<the simulator's URL>"))
-    return (("TPUCTL_BACKEND", "sim"), ("TPUCTL_SIM_URL", settings.sim_url))
 
 
 def _compute_base(settings: Settings) -> str:
@@ -328,8 +314,9 @@ def _show_plan(ctx: typer.Context, out: Output, dry_run: bool, plan: ServerVmPla
     settings = build_settings(ctx)
     if plan.command == "up" and settings.resolved_backend is Backend.SIM and not settings.sim_url:
         raise UsageError(
-            "server up on the simulator needs a served simulator: the server on the VM keeps talking to "
-            "it after this command ends, and a simulator started for one command ends with it",
+            "server up on the simulator needs a served simulator: the server on the VM keeps using the "
+            "simulated cloud after this command ends, and a simulator started for one command ends with "
+            "it (a served one keeps the VMs and their network up)",
             field="sim_url",
             fix="tpuctl sim serve (in another shell), then TPUCTL_SIM_URL=<its URL> tpuctl server up ...",
         )

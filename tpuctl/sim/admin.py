@@ -116,7 +116,7 @@ class SimAdminClient:
 
     def mutations(self) -> list[dict[str, Any]]:
         """Every mutating API request (POST, PATCH, DELETE) the server was sent: ``at`` (wall time),
-        ``method``, ``path``, oldest first."""
+        ``method``, ``path``, ``caller`` (the account its token stands for; None: none), oldest first."""
         return list(self._call("GET", "/mutations")["mutations"])
 
     def deletions(self) -> list[dict[str, Any]]:

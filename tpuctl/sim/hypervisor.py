@@ -3,8 +3,9 @@
 On Google a VM does not depend on the command that created it, and neither does the network around it.
 So it is here: every simulator that serves the API over a state (a CLI command's in-process one, a
 detached supervisor's, ``tpuctl sim serve``) only makes sure this process runs
-(``ensure_hypervisor``); the hypervisor serves the VMs of READY nodes (``Fleet``) and the storage
-emulator and package mirror (``NetworkServices``), reconciling with the state every
+(``ensure_hypervisor``); the hypervisor serves the VMs of READY nodes (``Fleet``) and the network
+around them (``NetworkServices``: the simulated APIs at the network's own address, the storage emulator
+and the package mirror), reconciling with the state every
 ``_TICK_S``. No VM is handed from one process to another when a command exits.
 
 One per state: it holds an exclusive ``flock`` on ``hypervisor.lock`` in the state's VM root for its
@@ -224,6 +225,10 @@ def _run(
         world=lambda: engine.world,
         # This process's environment is the one of the command that started it: the user's pip/uv.
         fetch_through=fetch_through_for(state_dir, lambda: engine.world, os.environ, Path.home()),
+        # The APIs on the network's own address, known before anything binds (``network.env`` says it
+        # to every login): the VMs reach them there, whichever API server (a command's, `sim serve`)
+        # runs or has gone, as a Google VM reaches googleapis.com whatever laptop created it.
+        engine=engine,
     )
     try:
         engine.ctx.vm_ports = ports

@@ -1,5 +1,5 @@
-"""The simulated network's services (Cloud Storage, the package mirror) and the environment that points a
-simulated host's tools at them.
+"""The simulated network's services (Google's APIs, Cloud Storage, the package mirror) and the environment
+that points a simulated host's tools at them.
 
 Like storage.googleapis.com, the services of one simulator state have one fixed address (a loopback
 address of their own, outside the hosts' range; ``tpuctl.sim.vms.layout.services_address``) whichever
@@ -31,6 +31,13 @@ What each variable does, in the tool that reads it:
   ``--no-index``; later uv releases may) and would otherwise ask PyPI; ``UV_PYTHON_DOWNLOADS=never``: uv uses
   the image's interpreter and never tries to download one.
 - ``PIP_DISABLE_PIP_VERSION_CHECK``: pip's self-check would ask PyPI, which the simulated network lacks.
+- ``TPUCTL_BACKEND=sim`` and ``TPUCTL_SIM_URL``: the simulated APIs (TPU, Compute Engine, Cloud Quotas,
+  OS Login, the identity issuer), served at the state's address too (``API_PORT``), for a tpuctl that
+  runs on a host (the team server on its VM). A tpuctl on a Google VM needs no setting to reach Google's
+  APIs: it is on Google's network, and its credentials come from the VM's metadata server. These two are
+  the simulator's counterpart of being there, as ``GCE_METADATA_HOST`` is of metadata.google.internal;
+  the credentials are the host's own all the same (``tpuctl.backends.sim``: on a host, its service
+  account's token from its metadata server, never the laptop's).
 """
 
 from __future__ import annotations
@@ -45,21 +52,27 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from tpuctl.sim.engine import SimEngine
     from tpuctl.sim.fetch_through import FetchThrough
     from tpuctl.sim.world import World
 
-#: The ports of the services on their address (the emulator's own default, and a PyPI mirror's usual).
+#: The ports of the services on their address (the emulator's own default, a PyPI mirror's usual, and
+#: ``tpuctl sim serve``'s default for the APIs).
 STORAGE_PORT = 9023
 MIRROR_PORT = 3141
+API_PORT = 8470
 #: How often a process that does not serve them checks whether it should take them over.
 _TAKEOVER_INTERVAL_S = 0.5
 
 
-def network_env(*, mirror_url: str, storage_url: str) -> dict[str, str]:
+def network_env(*, mirror_url: str, storage_url: str, api_url: str | None = None) -> dict[str, str]:
     """The variables that point a host's tools at the package mirror (``mirror_url``, its find-links
-    page) and at the storage emulator (``storage_url``, scheme://host:port with no path)."""
+    page), at the storage emulator (``storage_url``, scheme://host:port with no path) and at the
+    simulated APIs (``api_url``; None: a network without them, a test's bucket alone)."""
     storage = storage_url.rstrip("/")
+    apis = {} if api_url is None else {"TPUCTL_BACKEND": "sim", "TPUCTL_SIM_URL": api_url.rstrip("/")}
     return {
+        **apis,
         "FSSPEC_GCS_ENDPOINT_URL": storage,
         "API_ENDPOINT_OVERRIDE": storage,
         "TENSORSTORE_GCS_HTTP_URL": storage,
@@ -128,10 +141,11 @@ def mirror_fetches(log: Path) -> list[MirrorFetch]:
 
 class NetworkServices:
     """The storage emulator and package mirror of one simulator state, on ``address`` at fixed ports
-    (the bucket checking its callers against ``world()``, the world in force),
-    served by this process whenever no other process does. ``env`` is known before anything is bound;
-    ``start()`` returns at once (binding happens on a thread of its own: the emulator's import alone
-    takes a noticeable part of a second); ``stop()`` closes whatever this process serves."""
+    (the bucket checking its callers against ``world()``, the world in force), and with ``engine`` the
+    simulated APIs that engine answers, served by this process whenever no other process does. ``env``
+    is known before anything is bound; ``start()`` returns at once (binding happens on a thread of its
+    own: the emulator's import alone takes a noticeable part of a second); ``stop()`` closes whatever
+    this process serves."""
 
     def __init__(
         self,
@@ -141,8 +155,10 @@ class NetworkServices:
         wheelhouse: Path,
         world: Callable[[], World],
         fetch_through: FetchThrough | None = None,
+        engine: SimEngine | None = None,
     ) -> None:
         self.address = address
+        self.engine = engine  # None: no APIs on this network (a test's bucket and mirror alone)
         self.fetch_through = fetch_through  # the mirror's route to the user's package index
         self.world = world  # the world in force: who may use the bucket
         self.storage_dir = storage_dir
@@ -161,8 +177,18 @@ class NetworkServices:
         return f"http://{self.address}:{MIRROR_PORT}/"
 
     @property
+    def api_url(self) -> str | None:
+        return None if self.engine is None else f"http://{self.address}:{API_PORT}"
+
+    @property
     def env(self) -> dict[str, str]:
-        return network_env(mirror_url=self.mirror_url, storage_url=self.storage_url)
+        return network_env(mirror_url=self.mirror_url, storage_url=self.storage_url, api_url=self.api_url)
+
+    @property
+    def _ports(self) -> dict[str, int]:
+        """Each service this network has, by name, and its port."""
+        ports = {"mirror": MIRROR_PORT, "storage": STORAGE_PORT}
+        return ports if self.engine is None else {**ports, "api": API_PORT}
 
     def start(self) -> None:
         if self._thread is None:
@@ -173,16 +199,18 @@ class NetworkServices:
     def _keep_served(self) -> None:
         while True:
             self.serve_what_is_free()
-            if len(self._served) == 2 or self._stopping.wait(_TAKEOVER_INTERVAL_S):
+            if len(self._served) == len(self._ports) or self._stopping.wait(_TAKEOVER_INTERVAL_S):
                 return
 
     def serve_what_is_free(self) -> None:
         """Bind each service no process serves yet (one in use is another process's)."""
         from tpuctl.sim.mirror import PackageMirror
+        from tpuctl.sim.server import ApiListener
         from tpuctl.sim.storage import StorageEmulator
 
+        engine = self.engine
         makers: dict[
-            str, Callable[[], PackageMirror | StorageEmulator]
+            str, Callable[[], PackageMirror | StorageEmulator | ApiListener]
         ] = {  # the mirror first: it binds at once, the emulator's import takes a while
             "mirror": lambda: PackageMirror(
                 self.wheelhouse,
@@ -195,6 +223,8 @@ class NetworkServices:
                 self.world, self.storage_dir, host=self.address, port=STORAGE_PORT
             ),
         }
+        if engine is not None:
+            makers["api"] = lambda: ApiListener(engine, self.address, API_PORT)
         for name, make in makers.items():
             if name in self._served or self._stopping.is_set():
                 continue
@@ -228,13 +258,13 @@ class NetworkServices:
         return routed
 
     def ready(self) -> bool:
-        """Whether both services answer on their address (served here or by another process): a VM is
+        """Whether every service answers on its address (served here or by another process): a VM is
         only served once its network is, as on Google where it is always there."""
         import socket
 
-        if len(self._served) == 2:
+        if len(self._served) == len(self._ports):
             return True
-        for port in (MIRROR_PORT, STORAGE_PORT):
+        for port in self._ports.values():
             try:
                 socket.create_connection((self.address, port), timeout=0.2).close()
             except OSError:
@@ -252,6 +282,7 @@ class NetworkServices:
 
 
 __all__ = [
+    "API_PORT",
     "MIRROR_PORT",
     "STORAGE_PORT",
     "MirrorFetch",

@@ -23,7 +23,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from tpuctl.sim import api_errors
+from tpuctl.sim import api_errors, iam
 from tpuctl.sim.api_errors import ApiError
 from tpuctl.sim.compute import errors as compute_errors
 from tpuctl.sim.engine import SimEngine
@@ -159,6 +159,7 @@ class SimServer:
             wheelhouse=self._wheelhouse_path(),
             world=lambda: engine.world,
             fetch_through=fetch_through_for(self.state_dir, lambda: engine.world, os.environ, Path.home()),
+            engine=engine,  # the APIs the hosts reach (``tpuctl.sim.network``)
         )
         services.start()
         self._network = services
@@ -269,6 +270,44 @@ class SimServer:
     @property
     def metadata_port(self) -> int:
         return self.engine.ctx.vm_ports[1]
+
+
+class ApiListener:
+    """The simulated APIs (what a ``SimServer`` answers: the same routes, engine and faults) on a fixed
+    address of the simulated network, where the simulated VMs reach them as Google's VMs reach
+    googleapis.com (``tpuctl.sim.network``). ``start()`` raises OSError when the address is taken (another
+    process of the state serves it); ``stop()`` closes it."""
+
+    def __init__(self, engine: SimEngine, host: str, port: int) -> None:
+        self.engine = engine
+        self.host = host
+        self.port = port
+        self._httpd: _Httpd | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> str:
+        if self._httpd is None:
+            rng = random.Random(self.engine.world.seed)
+            self._httpd = _Httpd((self.host, self.port), _Handler, self.engine, rng)
+            self._thread = threading.Thread(
+                target=self._httpd.serve_forever,
+                kwargs={"poll_interval": 0.05},
+                name="tpuctl-sim-network-api",
+                daemon=True,
+            )
+            self._thread.start()
+        return f"http://{self.host}:{self.port}"
+
+    def stop(self) -> None:
+        httpd, self._httpd = self._httpd, None
+        if httpd is None:
+            return
+        httpd.shutdown()
+        httpd.close_all_connections()
+        httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
 
 
 class _Httpd(ThreadingHTTPServer):
@@ -382,7 +421,10 @@ class _Handler(BaseHTTPRequestHandler):
         if not request.path.startswith(_FAULTY_SURFACES):
             return dispatch(engine, request)
         if request.method in _MUTATIONS and not request.path.startswith(_QUERIES):
-            engine.note_mutation(request.method, request.path)
+            # Who asked, as Google's audit log records the principal: the token's account (None: no
+            # token, or one the simulator did not issue; the API refuses those).
+            caller = iam.account_of(engine.world, iam.bearer_token(request.headers))
+            engine.note_mutation(request.method, request.path, caller)
         self._inject_latency(engine)
         self._inject_transient(engine, request.method, request.path)
         response = dispatch(engine, request)

@@ -55,10 +55,6 @@ class ServerVmSpec:
     bucket: str | None = None
     disk_gb: int = DEFAULT_DISK_GB
     version: str = __version__
-    #: Settings the units pass the server beyond its own (``KEY=value`` pairs): on the simulator, which
-    #: simulator it talks to (``TPUCTL_BACKEND``, ``TPUCTL_SIM_URL``), since the Google backend has no
-    #: endpoint override that would point it there; empty on Google.
-    settings_env: tuple[tuple[str, str], ...] = ()
 
     @property
     def region(self) -> str:
@@ -184,9 +180,16 @@ def instance_body(spec: ServerVmSpec) -> dict[str, Any]:
 
 
 def _unit_env(spec: ServerVmSpec) -> dict[str, str]:
-    # Unbuffered: a unit's output goes to the journal through a pipe, where Python would hold it back
-    # until the buffer fills, so a failing start would show nothing.
-    return {**dict(spec.settings_env), "PYTHONUNBUFFERED": "1"}
+    """What both units run with: their state's place and the project. Nothing says which cloud: the VM's
+    own environment does, by being on it (on the simulator, its logins' environment:
+    ``tpuctl.sim.network``), so the units are the same text on both."""
+    return {
+        "XDG_STATE_HOME": f"%h/{STATE_SUBDIR}",
+        "TPUCTL_PROJECT": spec.project,
+        # Unbuffered: a unit's output goes to the journal through a pipe, where Python would hold it
+        # back until the buffer fills, so a failing start would show nothing.
+        "PYTHONUNBUFFERED": "1",
+    }
 
 
 def server_unit(spec: ServerVmSpec, *, reveal: bool = False) -> ServiceUnit:
@@ -196,11 +199,7 @@ def server_unit(spec: ServerVmSpec, *, reveal: bool = False) -> ServiceUnit:
     prints)."""
     from tpuctl.store.url import parse_database_url
 
-    environment = {
-        **dict(spec.settings_env),
-        "XDG_STATE_HOME": f"%h/{STATE_SUBDIR}",
-        "TPUCTL_PROJECT": spec.project,
-    }
+    environment = _unit_env(spec)
     if spec.database is None:
         environment["TPUCTL_DATABASE_URL"] = f"sqlite:///{spec.sqlite_ledger}"
     else:
@@ -239,11 +238,7 @@ def backup_unit(spec: ServerVmSpec) -> ServiceUnit | None:
         ),
         restart=RestartPolicy.ON_FAILURE,
         restart_sec=10,
-        environment={
-            **dict(spec.settings_env),
-            "XDG_STATE_HOME": f"%h/{STATE_SUBDIR}",
-            "TPUCTL_PROJECT": spec.project,
-        },
+        environment=_unit_env(spec),
         working_directory=f"%h/{STATE_SUBDIR}",
     )
 
@@ -283,10 +278,8 @@ def restore_command(spec: ServerVmSpec) -> str | None:
 
 def _settings_prefix(spec: ServerVmSpec) -> str:
     """The units' settings as a command's variable assignments (what restore and the final copy run
-    with, outside the units)."""
-    pairs = [f"{k}={shlex.quote(v)}" for k, v in spec.settings_env]
-    pairs += [f"TPUCTL_PROJECT={shlex.quote(spec.project)}", f'XDG_STATE_HOME="$HOME/{STATE_SUBDIR}"']
-    return " ".join(pairs)
+    with, outside the units; as ``_unit_env``, nothing says which cloud)."""
+    return f'TPUCTL_PROJECT={shlex.quote(spec.project)} XDG_STATE_HOME="$HOME/{STATE_SUBDIR}"'
 
 
 def install_unit_command(file_name: str) -> str:

@@ -269,8 +269,10 @@ class SimEngine:
     def status(self) -> dict[str, Any]:
         return self.control.status()
 
-    def note_mutation(self, method: str, path: str) -> None:
-        self.mutations.append({"at": time.time(), "method": method, "path": path})
+    def note_mutation(self, method: str, path: str, caller: str | None) -> None:
+        """A mutating API request as it arrived, with the account that sent it (None: none the
+        simulator knows)."""
+        self.mutations.append({"at": time.time(), "method": method, "path": path, "caller": caller})
 
     def reset(self, world: World | None = None) -> World:
         """Forget every node, queued resource, operation, imported OS Login key and stockout; with

@@ -53,7 +53,9 @@ class LoginSetup:
 
 
 def login_env(host: HostRef, user: str, home: Path, setup: LoginSetup) -> dict[str, str]:
-    """The session's environment, from scratch (the contract's list, plus the VM marker)."""
+    """The session's environment, from scratch (the contract's list, plus the VM marker), with the
+    simulated network's variables (``tpuctl.sim.network.network_env``: its services, the simulated APIs
+    among them)."""
     metadata = f"{host.address}:{setup.metadata_port}"
     return {
         **setup.network_env,
@@ -70,6 +72,9 @@ def login_env(host: HostRef, user: str, home: Path, setup: LoginSetup) -> dict[s
         "GCE_METADATA_HOST": metadata,
         "GCE_METADATA_IP": metadata,
         "GCE_METADATA_ROOT": metadata,
+        # Which VM this is: how the simulator finds a VM's processes, and how a tpuctl on it knows it is
+        # on one (``Settings.sim_vm``: it then calls as the VM's service account, from the metadata
+        # server above, as on a Google VM).
         VM_MARKER: marker(host.uid, host.worker),
     }
 
