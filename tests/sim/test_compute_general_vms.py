@@ -17,11 +17,13 @@ from google.cloud import compute_v1
 from sim_helpers import PROJECT, tpu_client
 
 from tpuctl.backends.sim import SIM_BUCKET, sim_credentials
+from tpuctl.errors import NotFoundError
 from tpuctl.hosts.ssh import HostLogin, KeyPair, SshExecutor, SshHost
 from tpuctl.services.server_vm.install import install_server, run_on_vm, wait_ready
 from tpuctl.services.server_vm.plan import UNIT_STATE_COMMAND, ServerVmSpec, instance_body, plan_down
 from tpuctl.services.server_vm.wheel import build_server_wheel
 from tpuctl.sim import SimServer
+from tpuctl.sim.admin import SimAdminClient, SimAdminError
 from tpuctl.sim.mirror import default_wheelhouse
 from tpuctl.testing.clock import wait_for
 
@@ -68,6 +70,11 @@ def test_the_server_vm_runs_with_its_own_account_and_no_tpu(compute: tuple[SimSe
         assert http.get(base + "attributes/tpu-env").status_code == 404
         token = http.get(base + "service-accounts/default/token")
         assert token.status_code == 200 and token.json()["access_token"]
+    with pytest.raises(SimAdminError, match="srv") as refused:  # standard provisioning: never preempted
+        SimAdminClient(server.url).preempt_compute(ZONE, "srv")
+    assert refused.value.http_status == 400
+    with pytest.raises(NotFoundError, match="nodes/srv"):  # nor is it a TPU API node
+        SimAdminClient(server.url).preempt(ZONE, "srv")
     deleted = c.done(c.instances.delete(project=PROJECT, zone=ZONE, instance="srv"))
     assert not deleted.http_error_status_code
     with pytest.raises(exceptions.NotFound):

@@ -184,6 +184,10 @@ class ComputeService:
             if found is None:
                 raise not_found(links.path(project, "zones", zone, "instances", name))
             node = store.node_of(conn, found)
+            if node is not None and node["surface"] == "vm":
+                # A general-purpose VM (the team server's) is standard provisioning: Google never
+                # preempts it, so the operator's hand does not either (it has no TPU slice to lose).
+                raise invalid(f"'{name}' is a general-purpose VM, not a TPU slice: it is never preempted.")
             if node is None or node["state"] != "READY" or node["kill_at"] is not None:
                 raise invalid(f"'{name}' has no running slice to preempt.")
             update_node(
