@@ -5,12 +5,15 @@ Plus the watcher itself without JAX (single process: its own SIGTERM handler, th
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import inspect
 import json
 import os
 import re
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -25,6 +28,7 @@ from tpuctl.runtime.preemption import (
     MetadataClient,
     MetadataValue,
     PreemptionWatch,
+    exit_preempted,
     parse_event,
 )
 from tpuctl.testing.clock import wait_for
@@ -125,6 +129,43 @@ def test_local_watch_stops_on_sigterm_and_says_so_once() -> None:
         watch.close()  # joins the watcher's thread: whatever it was going to say is said
     assert [(e["event"], e["source"]) for e in said] == [("notice", "sigterm")]
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # put back
+
+
+def test_on_the_way_out_sigterm_is_ignored_and_closing_the_watch_keeps_it_so() -> None:
+    watch = PreemptionWatch(None, poll_s=0.05).install()
+    try:
+        assert exit_preempted(3, saved=False, say=False) == PREEMPTED_EXIT_CODE
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+        watch.close()
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+#: A program that stops for a preemption and leaves, as the runtime's programs do.
+_LEAVING = """
+import sys
+from tpuctl.runtime.preemption import PreemptionWatch, exit_preempted
+watch = PreemptionWatch(None, poll_s=0.05).install()
+code = exit_preempted(3, saved=False, say=False)
+print("leaving", flush=True)
+sys.exit(code)
+"""
+
+
+def test_a_sigterm_while_the_program_finalizes_does_not_kill_it() -> None:
+    """The VM's shutdown keeps signalling after the notice; Python puts SIGTERM's default back while it
+    finalizes, so a handler alone would let one of these kill the program (it did, every time)."""
+    codes = []
+    for _ in range(3):
+        child = subprocess.Popen([sys.executable, "-c", _LEAVING], stdout=subprocess.PIPE, text=True)
+        assert child.stdout is not None and child.stdout.readline().strip() == "leaving"
+        while child.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child.pid, signal.SIGTERM)
+            time.sleep(0.0002)
+        codes.append(child.wait())
+    assert codes == [PREEMPTED_EXIT_CODE] * 3
 
 
 @pytest.mark.parametrize(

@@ -383,7 +383,9 @@ class PreemptionWatch:
             and self._mode != "jax"
             and (threading.current_thread() is threading.main_thread())
         ):
-            signal.signal(signal.SIGTERM, self._previous_handler or signal.SIG_DFL)
+            # Put back only our own: ``exit_preempted`` ignores SIGTERM on the way out, and that stays.
+            if signal.getsignal(signal.SIGTERM) == self._on_sigterm:
+                signal.signal(signal.SIGTERM, self._previous_handler or signal.SIG_DFL)
             self._handler_installed = False
 
     # --- the notices ------------------------------------------------------------------------------
@@ -514,7 +516,15 @@ def exit_preempted(
 ) -> int:
     """The exit status after stopping for a preemption (or a host maintenance) at ``step``; with ``say``
     (one host, usually process 0), print the event that tells the supervisor where the checkpoint is.
-    ``reason``: what stopped it (``PreemptionWatch.notice_source``: ``maintenance`` for a host's)."""
+    ``reason``: what stopped it (``PreemptionWatch.notice_source``: ``maintenance`` for a host's).
+
+    From here on SIGTERM is ignored (main thread only, Python's rule): the program is on its way out,
+    and the VM's shutdown keeps sending SIGTERM after the notice it acted on. While Python finalizes it
+    puts back the default disposition of every signal it had a handler for, so a late SIGTERM would kill
+    the program in its last moments and turn a clean stop into "killed by SIGTERM"; an ignored signal
+    stays ignored. The shutdown's SIGKILL still ends a program that does not leave."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if say:
         emit(
             "preempted",
