@@ -20,6 +20,7 @@ is in ``tpuctl.store.derived``, per engine.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
@@ -31,15 +32,23 @@ if TYPE_CHECKING:
 
 
 def build_metadata(upto: str | None = None) -> sa.MetaData:
-    """The ledger's tables at revision ``upto`` of the history (default: its head) in a new ``MetaData``
-    (built on call: SQLAlchemy is imported only by code that creates or migrates a database, never at
-    tpuctl's start). Each group of tables belongs to the revision that added it, which creates exactly
-    those (``added_by``); a revision that changes a table already made writes its own ``op`` calls."""
+    """The ledger's tables at revision ``upto`` of the history (default: its head) in a ``MetaData``
+    built on first call (SQLAlchemy is imported only by code that creates or migrates a database, never
+    at tpuctl's start) and the same one after: every migration of a new ledger asks for each revision's
+    tables again, and building them took most of a new SQLite ledger's time. Read it, never change it.
+    Each group of tables belongs to the revision that added it, which creates exactly those
+    (``added_by``); a revision that changes a table already made writes its own ``op`` calls."""
+    from tpuctl.store import migrations
+
+    return _metadata_at(migrations.HEAD if upto is None else upto)
+
+
+@functools.cache
+def _metadata_at(upto: str) -> sa.MetaData:
     import sqlalchemy as sa
 
     from tpuctl.store import migrations
 
-    upto = migrations.HEAD if upto is None else upto
     metadata = sa.MetaData()
     for revision, define in _GROUPS:
         if migrations.KNOWN.index(revision) <= migrations.KNOWN.index(upto):
