@@ -284,8 +284,9 @@ class Dashboard:
     def money(self, *, group_by: str, since: str | None) -> MoneyPage:
         """`cost report --group-by G [--since S]` (offline: the dashboard records nothing), each day's
         cost split the same way, the runs that wasted most, and each workspace's budget burn-down. The
-        report, the split and the waste ranking are independent queries, each on a connection of its
-        own: asked at once, the page takes the longest of them rather than their sum."""
+        report and its day split come from one scan where the grouping is a slice's own fact; the waste
+        ranking is an independent query on a connection of its own, asked at the same time. The page
+        draws neither the preemptions by kind nor the price table's notes: the report leaves them out."""
         from concurrent.futures import ThreadPoolExecutor
 
         from tpuctl.services.cost import parse_group_by, parse_window
@@ -295,23 +296,23 @@ class Dashboard:
         now = self._session.clock()
         start, end = parse_window(since, None, now=now)
         costs, scope = self._costs(), self._scope()
-        with ThreadPoolExecutor(max_workers=3, thread_name_prefix="tpuctl-money") as pool:
-            report = pool.submit(costs.report, since=start, until=end, group_by=group, scope=scope)
-            # A scoped report has no per-day figures (docs/cost.md, Attribution), nor is the one-scan day
-            # split scoped: a member's page draws no days rather than other workspaces' cost.
-            split = (
-                pool.submit(costs.cost_per_day, since=start, until=end, group_by=group)
-                if group.kind in DAY_SPLIT_GROUPINGS and scope is None
-                else None
-            )
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tpuctl-money") as pool:
             waste = pool.submit(self.top_waste, start, end)
             budgets = self._budgets(now)
-            whole = report.result()
-            days = (
-                tuple(svg.DayStack(d.day, d.groups) for d in split.result())
-                if split is not None
-                else self.cost_per_day(group, start, end, whole.by_day)
-            )
+            # A scoped report has no per-day figures (docs/cost.md, Attribution), nor is the one-scan day
+            # split scoped: a member's page draws no days rather than other workspaces' cost.
+            days: tuple[svg.DayStack, ...] = ()
+            if group.kind in DAY_SPLIT_GROUPINGS and scope is None:
+                whole, split = costs.split_report(
+                    since=start, until=end, group_by=group, kinds_and_notes=False
+                )
+                days = tuple(svg.DayStack(d.day, d.groups) for d in split)
+            else:
+                whole = costs.report(
+                    since=start, until=end, group_by=group, scope=scope, kinds_and_notes=False
+                )
+                if scope is None:
+                    days = self.cost_per_day(group, start, end, whole.by_day)
             return MoneyPage(
                 whole, days, tuple(str(g["key"]) for g in whole.groups), top_waste=waste.result(), **budgets
             )
