@@ -40,10 +40,10 @@ def run_groups(q: Query, run_ids: Sequence[str]) -> list[dict[str, Any]]:
         [{"k": run_id, "n": n, "groups": len(wanted)} for n, run_id in enumerate(wanted)],
     )
     if q.segments:
-        shares = aggregate_sql(src_segment_runs(d), _RUN, d, count=True, ctes=ctes)
+        # The runs' shares only: what the report takes from "(none)" for them is not asked for.
+        shares = aggregate_sql(src_segment_runs(d, top_runs=True), _RUN, d, count=True, ctes=ctes)
         q.reader.execute(f"INSERT INTO cost_seg {shares}", q.params)
         q.reader.execute(items.adj_sql("SELECT * FROM cost_seg", d, recomputed=False), q.params)
-        q.reader.execute(items.adj_sql("SELECT * FROM cost_seg", d, recomputed=False, sign="-"), q.params)
         recomputed = recomputed_sql(
             _RUN,
             d,
@@ -110,7 +110,7 @@ def waste_candidates(q: Query, count: int) -> list[dict[str, Any]]:
         {**q.params, "guess": UNPRICED_GUESS_USD},
     )
     unstored = q.reader.query(
-        """SELECT DISTINCT rs.run_id FROM run_segments AS rs
+        f"""SELECT DISTINCT rs.run_id FROM run_segments AS rs {sd.indexed("run_segments_recomputed", d)}
 JOIN pods AS p ON p.zone = rs.zone AND p.name = rs.pod
 WHERE rs.steps_recomputed > 0 AND rs.started_at < :until AND COALESCE(rs.ended_at, :now) > :since
   AND (p.ended_at IS NULL OR p.run_id IS NULL OR p.run_id != rs.run_id)""",

@@ -167,14 +167,24 @@ WHERE {condition}"""
 
 
 @cache
-def src_segment_runs(d: Dialect) -> str:
+def src_segment_runs(d: Dialect, *, top_runs: bool = False) -> str:
     """Billed time of slices no run created, attributed to the runs whose segments ran on them: from
-    those slices (partial index pods_norun) to their segments (run_segments_pod), not from every segment."""
+    those slices (partial index pods_norun) to their segments (run_segments_pod), not from every segment;
+    ``top_runs``: only the runs in cost_top_runs, from their segments (run_segments_run) to the slices."""
+    join = sd.cross_join(d)
+    if top_runs:
+        return segment_source(
+            "p.run_id IS NULL AND rs.run_id IN (SELECT k FROM cost_top_runs)",
+            "1.0",
+            f"cost_top_runs AS t {join} run_segments AS rs {sd.indexed('run_segments_run', d)} "
+            f"ON rs.run_id = t.k {join} pods AS p {sd.indexed('pods_norun', d)} "
+            "ON p.zone = rs.zone AND p.name = rs.pod",
+            d,
+        )
     return segment_source(
         "p.run_id IS NULL",
         "1.0",
-        f"pods AS p {sd.indexed('pods_norun', d)} {sd.cross_join(d)} run_segments AS rs "
-        "ON rs.zone = p.zone AND rs.pod = p.name",
+        f"pods AS p {sd.indexed('pods_norun', d)} {join} run_segments AS rs ON rs.zone = p.zone AND rs.pod = p.name",
         d,
     )
 
