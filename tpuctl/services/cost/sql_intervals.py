@@ -184,7 +184,8 @@ def src_segment_runs(d: Dialect, *, top_runs: bool = False) -> str:
     return segment_source(
         "p.run_id IS NULL",
         "1.0",
-        f"pods AS p {sd.indexed('pods_norun', d)} {join} run_segments AS rs ON rs.zone = p.zone AND rs.pod = p.name",
+        f"pods AS p {sd.indexed('pods_norun', d)} {join} run_segments AS rs "
+        "ON rs.zone = p.zone AND rs.pod = p.name",
         d,
     )
 
