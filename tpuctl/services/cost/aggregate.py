@@ -15,6 +15,7 @@ from tpuctl.services.cost.scan import scan_all
 from tpuctl.services.cost.sql_intervals import (
     aggregate_sql,
     recomputed_sql,
+    recomputing_changes_sql,
     src_held,
     src_recomputed,
     src_segment_runs,
@@ -93,7 +94,12 @@ def aggregate_lines(
     if q.segments and recomputed:
         d = q.reader.dialect
         sql = recomputed_sql(group, d) if q.fast else aggregate_sql(src_recomputed(d), group, d)
-        for sub in sub_rows(q.reader, sql, q.params):
+        params = q.params
+        if q.fast and q.changes:
+            # Only the price changes of slices that redid steps: the pieces of every other one are not read.
+            needed = q.reader.query(recomputing_changes_sql(d), params)[0][0] or "[]"
+            params = {**params, "price_changes": needed}
+        for sub in sub_rows(q.reader, sql, params):
             line_for(sub).recomputed_usd += q.pricer.usd(sub, q.warnings)
     out = list(line_for.by_key.values())
     for line in out:

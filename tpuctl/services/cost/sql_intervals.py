@@ -261,6 +261,12 @@ def recomputed_sql(
         d,
         unchanged_only=f"NOT ({stored})",
     )
+    # In pods_rec's order (zone, type, capacity: no sort) where the key is one of those or none.
+    stored_groups = (
+        "p.zone, p.accelerator_type, p.capacity"
+        if group.kind in ("zone", "region", "type", "capacity", "total")
+        else "1, 2, 3, 4"
+    )
     return f"""{aggregate_sql(computed, group, d, ctes=ctes)}
 UNION ALL
 SELECT {key_sql(group, "p", d)} AS k, p.zone AS zone, p.accelerator_type AS atype, p.capacity AS capacity,
@@ -269,7 +275,7 @@ SELECT {key_sql(group, "p", d)} AS k, p.zone AS zone, p.accelerator_type AS atyp
 FROM {stored_from}
 WHERE (p.rec_priced != 0 OR p.rec_unpriced != 0) AND {stored} AND {UNCHANGED}
       AND {only if only_stored is None else only_stored}
-GROUP BY 1, 2, 3, 4"""
+GROUP BY {stored_groups}"""
 
 
 @cache
@@ -321,6 +327,21 @@ WHERE e.kind = 'price_change'
 
 def _changed_ids(d: Dialect) -> str:
     return f"SELECT {sd.json_int('j.value', 0, d)} FROM {sd.json_elements(':price_changes', 'j', d)}"
+
+
+@cache
+def recomputing_changes_sql(d: Dialect) -> str:
+    """The price changes (as JSON, like :price_changes) of the slices some segment redid steps on: all that
+    ``recomputed_sql`` reads of them (its pieces, and ``changed`` to keep them out of the other sources,
+    each of which is joined to the recomputing segments or holds only slices that have some)."""
+    return f"""
+SELECT {sd.json_array_agg("j.value", d)} FROM {sd.json_elements(":price_changes", "j", d)}
+WHERE {sd.json_int("j.value", 0, d)} IN (
+    SELECT p.id FROM pods AS p
+    WHERE p.id IN ({_changed_ids(d)})
+      AND EXISTS (SELECT 1 FROM run_segments AS rs {sd.indexed("run_segments_recomputed", d)}
+                  WHERE rs.zone = p.zone AND rs.pod = p.name AND rs.steps_recomputed > 0)
+)"""
 
 
 @cache
