@@ -201,6 +201,25 @@ def test_the_money_pages_days_add_up_to_cost_reports_days_and_groups(
     assert [float(v) for v in _attr(html, "data-cost-usd")] == [g["cost_usd"] for g in report["groups"]]
 
 
+def test_a_scoped_viewers_money_page_draws_no_other_workspaces_days(recorded: Session) -> None:
+    from dataclasses import replace
+
+    from tpuctl.dashboard.pages import Dashboard
+    from tpuctl.services.prices import load_catalog
+    from tpuctl.teams.actor import Actor
+    from tpuctl.teams.workspaces import Role
+
+    prices = load_catalog(recorded.state_dir, recorded.backend.name)[1]
+    whole = Dashboard(recorded, prices).money(group_by="type", since=None)
+    assert whole.days and whole.report.groups  # the local user sees the ledger's days
+    # A viewer of another workspace only: none of this ledger's slices, and no per-day cost either (a
+    # scoped report has none, and the unscoped split would be other workspaces' cost).
+    outsider = replace(recorded, actor=Actor("b@example.com", {"team-b": Role.VIEWER}))
+    for group in ("type", "run"):
+        page = Dashboard(outsider, prices).money(group_by=group, since=None)
+        assert (page.days, page.report.groups, page.report.totals.cost_usd) == ((), [], 0.0)
+
+
 def test_the_money_page_ranks_the_runs_by_waste_as_cost_report_has_it(
     client: TestClient, sim_cli: InProcessCli
 ) -> None:

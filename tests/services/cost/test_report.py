@@ -453,6 +453,12 @@ def test_preemptions_are_counted_by_the_kind_their_runs_supervisor_recorded(
     assert rep.preemptions == 4
     assert rep.preemption_kinds == {"notice_finished": 1, "notice_ignored": 2, "unclassified": 1}
     assert rep.to_dict()["totals"]["preemption_kinds"] == rep.preemption_kinds
+    # A reader that shows neither the kinds nor the price notes (the dashboard) may leave them out; every
+    # figure stays the same.
+    bare = report(since=T0 - 3600, fast=fast, kinds_and_notes=False)
+    assert (bare.preemption_kinds, bare.price_notes) == ({}, {})
+    assert bare.to_dict()["totals"] == {**rep.to_dict()["totals"], "preemption_kinds": {}}
+    assert bare.groups == rep.groups and bare.by_day == rep.by_day
 
 
 def test_json_document_schema(ledger: Ledger, report: Callable[..., CostReport]) -> None:

@@ -5,8 +5,9 @@ aggregate rows the SQL gives back."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
+from tpuctl.services.cost.daily import DayCosts, day_cells
 from tpuctl.services.cost.details import NONE_KEY, display_key, sorted_lines
 from tpuctl.services.cost.model import CostLine
 from tpuctl.services.cost.pricing import Pricer
@@ -14,6 +15,7 @@ from tpuctl.services.cost.scan import scan_all
 from tpuctl.services.cost.sql_intervals import (
     aggregate_sql,
     recomputed_sql,
+    recomputing_changes_sql,
     src_held,
     src_recomputed,
     src_segment_runs,
@@ -54,18 +56,30 @@ class _Lines:
         return self.by_key[key]
 
 
+class Aggregate(NamedTuple):
+    """What the aggregate path computed: the groups, the per-day spend, (preemptions, free preemptions,
+    distinct slices), and each day's spend split by a grouping where one was asked for (else empty)."""
+
+    lines: list[CostLine]
+    by_day: list[dict[str, Any]]
+    counts: tuple[int, int, int]
+    day_split: list[DayCosts]
+
+
 def aggregate_lines(
-    q: Query, group: GroupBy, *, with_days: bool, recomputed: bool = True
-) -> tuple[list[CostLine], list[dict[str, Any]], tuple[int, int, int]]:
+    q: Query, group: GroupBy, *, with_days: bool, recomputed: bool = True, split: GroupBy | None = None
+) -> Aggregate:
     """The groups, the per-day spend, and (preemptions, free preemptions, distinct slices); without
-    ``recomputed`` the cost of recomputed work is left out (the caller adds it)."""
+    ``recomputed`` the cost of recomputed work is left out (the caller adds it). ``split``: also each
+    day's spend split by that grouping (``daily.DAY_SPLIT_GROUPINGS``), from the same scan: the cells
+    whose rows add up to ``by_day`` and whose columns, when ``split`` is ``group``, to the groups."""
     line_for = _Lines(group)
     by_group = group.kind != "day"
     main = group if by_group else GroupBy("total")
     fast = q.fast and group.kind not in ("slice", "run")
     partials = scan_all(
-        q.reader, main, group, q.params, need_days=with_days or not by_group, fast=fast,
-        changes=q.changes, workers=q.workers,
+        q.reader, main, group, q.params, need_days=with_days or not by_group or split is not None,
+        fast=fast, changes=q.changes, workers=q.workers, split=split,
     )  # fmt: skip
     total_slices, day_subs = _merge_partials(q, partials, line_for, by_group=by_group)
     if not by_group:
@@ -80,7 +94,12 @@ def aggregate_lines(
     if q.segments and recomputed:
         d = q.reader.dialect
         sql = recomputed_sql(group, d) if q.fast else aggregate_sql(src_recomputed(d), group, d)
-        for sub in sub_rows(q.reader, sql, q.params):
+        params = q.params
+        if q.fast and q.changes:
+            # Only the price changes of slices that redid steps: the pieces of every other one are not read.
+            needed = q.reader.query(recomputing_changes_sql(d), params)[0][0] or "[]"
+            params = {**params, "price_changes": needed}
+        for sub in sub_rows(q.reader, sql, params):
             line_for(sub).recomputed_usd += q.pricer.usd(sub, q.warnings)
     out = list(line_for.by_key.values())
     for line in out:
@@ -94,7 +113,16 @@ def aggregate_lines(
     days = _by_day(q, group, out, day_subs, partials)
     preemptions = sum(part.preemptions for part in partials)
     free = sum(part.free for part in partials)
-    return sorted_lines(group, out), days, (preemptions, free, total_slices)
+    # The fast path sums the per-day rows in SQL (split_rows); its day_subs then hold only the pieces of
+    # price-changed slices. The reference path's day_subs hold every per-day row.
+    split_rows = [_day_row(r) for part in partials for r in part.split_rows]
+    cells = [] if split is None else day_cells(q, split, [*day_subs, *split_rows])
+    return Aggregate(sorted_lines(group, out), days, (preemptions, free, total_slices), cells)
+
+
+def _day_row(r: tuple[Any, ...]) -> Sub:
+    """A row of ``sql_scan.day_usd_sql`` (day, zone, type, capacity, priced, unpriced) as a ``Sub``."""
+    return Sub(r[0], r[1], unnull(r[2]), unnull(r[3]), 0, 0.0, 0.0, r[4], r[5])
 
 
 def _merge_partials(
@@ -155,7 +183,7 @@ def _by_day(
             by_day[key] = by_day.get(key, 0.0) + q.pricer.usd(sub, q.warnings)
         for part in partials:
             for r in part.day_rows:
-                sub = Sub(r[0], r[1], unnull(r[2]), unnull(r[3]), 0, 0.0, 0.0, r[4], r[5])
+                sub = _day_row(r)
                 key = str(display_key(_DAY, sub))
                 by_day[key] = by_day.get(key, 0.0) + q.pricer.usd(sub, q.warnings)
     return [{"day": d, "cost_usd": _r(v)} for d, v in sorted(by_day.items())]

@@ -10,22 +10,23 @@ not split here: ``DAY_SPLIT_GROUPINGS`` names those that are.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
-from tpuctl.services.cost.aggregate import Query, _Lines, _merge_partials
 from tpuctl.services.cost.details import NONE_KEY
 from tpuctl.services.cost.pricing import region_or
-from tpuctl.services.cost.scan import scan_all
-from tpuctl.services.cost.subs import Sub
 from tpuctl.services.cost.window import GroupBy
 from tpuctl.store.billing import DAY_S
 from tpuctl.store.billing import round_usd as _r
 
+if TYPE_CHECKING:
+    from tpuctl.services.cost.aggregate import Query
+    from tpuctl.services.cost.subs import Sub
+
 #: The groupings a day's cost splits by in one scan: the key is a fact of every per-day row.
 DAY_SPLIT_GROUPINGS: Final = ("zone", "region", "type", "capacity")
-_DAY: Final = GroupBy("day")
 
 
 @dataclass(frozen=True)
@@ -37,15 +38,17 @@ class DayCosts:
     groups: tuple[tuple[str, float], ...]
 
 
-def day_split(q: Query, group: GroupBy) -> list[DayCosts]:
-    """Each day's billed USD in the window, split by ``group`` (one of ``DAY_SPLIT_GROUPINGS``)."""
+def splittable(group: GroupBy) -> GroupBy:
+    """``group``, if a day's cost splits by it (``DAY_SPLIT_GROUPINGS``); else ValueError."""
     if group.kind not in DAY_SPLIT_GROUPINGS:
         raise ValueError(f"a day's cost does not split by {group.name} in one scan")
-    partials = scan_all(
-        q.reader, GroupBy("total"), _DAY, q.params, need_days=True, fast=q.fast,
-        changes=q.changes, workers=q.workers,
-    )  # fmt: skip
-    _, day_rows = _merge_partials(q, partials, _Lines(_DAY), by_group=False)
+    return group
+
+
+def day_cells(q: Query, group: GroupBy, day_rows: Iterable[Sub]) -> list[DayCosts]:
+    """Each day's billed USD split by ``group`` (one of ``DAY_SPLIT_GROUPINGS``), from the report's
+    per-day rows (keyed by day; the fast path's carry only the column ``group`` reads)."""
+    splittable(group)
     cells: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for sub in day_rows:
         cells[_day(sub)][_key(group, sub)] += q.pricer.usd(sub, q.warnings)

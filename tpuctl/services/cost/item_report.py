@@ -42,7 +42,7 @@ def item_report(
     ``summed_by``: the slices' rows summed per this key (SQL over the slice, alias p) instead of listed:
     ``{"key", FIGURES...}`` per key, unordered."""
     # Recomputed work is added below, per group, and summed into the totals from the same rows.
-    lines, by_day, counts = aggregate_lines(q, GroupBy("total"), with_days=with_days, recomputed=False)
+    lines, by_day, counts, _ = aggregate_lines(q, GroupBy("total"), with_days=with_days, recomputed=False)
     totals = lines[0] if lines else CostLine("total")
     items.fill_prices(q.reader, items.combos(q.reader), q.pricer.combo_prices)
     d = q.reader.dialect

@@ -444,12 +444,17 @@ def run_sql(d: Dialect, *, ranked: bool) -> str:
        CASE WHEN {_A_SPOT} AND c.od IS NOT NULL
             THEN a.cs * c.od / 3600.0 - {_ADJ_USD} ELSE 0 END AS sav,
        (a.rpriced + a.runpriced * COALESCE(c.own, 0)) / 3600.0 AS rec, 0 AS hcs, 0 AS husd"""
-    top = f"{sd.cross_join(d)} cost_top_runs AS t ON t.k = p.run_id" if ranked else ""
+    # Ranked: from the few runs asked for to their slices (pods_run), not every run's slices to them.
+    source = (
+        f"cost_top_runs AS t {sd.cross_join(d)} pods AS p {sd.indexed('pods_run', d)} ON p.run_id = t.k"
+        if ranked
+        else f"pods AS p {sd.indexed('pods_run', d)}"
+    )
     in_top = "AND EXISTS (SELECT 1 FROM cost_top_runs WHERE k = :null_key)" if ranked else ""
     adj_in_top = "WHERE a.k IN (SELECT k FROM cost_top_runs)" if ranked else ""
     items = f"""
     SELECT p.run_id AS k, {_sums(_slice_figures("run", "0", d))}
-    FROM pods AS p {sd.indexed("pods_run", d)} {top} {_PIECES_JOIN}
+    FROM {source} {_PIECES_JOIN}
     WHERE p.run_id IS NOT NULL AND {e.billed_or_held}
     GROUP BY p.run_id
     UNION ALL

@@ -40,10 +40,10 @@ def run_groups(q: Query, run_ids: Sequence[str]) -> list[dict[str, Any]]:
         [{"k": run_id, "n": n, "groups": len(wanted)} for n, run_id in enumerate(wanted)],
     )
     if q.segments:
-        shares = aggregate_sql(src_segment_runs(d), _RUN, d, count=True, ctes=ctes)
+        # The runs' shares only: what the report takes from "(none)" for them is not asked for.
+        shares = aggregate_sql(src_segment_runs(d, top_runs=True), _RUN, d, count=True, ctes=ctes)
         q.reader.execute(f"INSERT INTO cost_seg {shares}", q.params)
         q.reader.execute(items.adj_sql("SELECT * FROM cost_seg", d, recomputed=False), q.params)
-        q.reader.execute(items.adj_sql("SELECT * FROM cost_seg", d, recomputed=False, sign="-"), q.params)
         recomputed = recomputed_sql(
             _RUN,
             d,
@@ -90,7 +90,7 @@ def waste_candidates(q: Query, count: int) -> list[dict[str, Any]]:
     (recomputed work and quota held) are, chosen from the slices' stored facts:
     the runs whose closed slices' recomputed work and held quota come to most (every window's slice
     counted whole: an overestimate), and every run whose recomputed work the stored facts do not hold
-    (steps redone on a slice still open, or on one it did not create)."""
+    (steps redone on a slice still open, or on one no run created)."""
     if count <= 0:
         return []
     d = q.reader.dialect
@@ -109,11 +109,22 @@ def waste_candidates(q: Query, count: int) -> list[dict[str, Any]]:
 ) AS c GROUP BY run_id ORDER BY w DESC, run_id LIMIT {int(count * CANDIDATES_PER_RUN)}""",
         {**q.params, "guess": UNPRICED_GUESS_USD},
     )
+    # A slice's recomputed work goes to the run that created it (``key_sql``), whichever run's segment
+    # redid the steps: what the stored facts miss is that of slices still open (to their run, else the
+    # segment's) and of slices no run created (to the segment's run). Both from their partial indexes to
+    # the recomputing segments, rather than every recomputing segment to its slice's row.
+    join, segments = sd.cross_join(d), f"run_segments AS rs {sd.indexed('run_segments_recomputed', d)}"
+    recomputing = (
+        "rs.steps_recomputed > 0 AND rs.started_at < :until AND COALESCE(rs.ended_at, :now) > :since"
+    )
     unstored = q.reader.query(
-        """SELECT DISTINCT rs.run_id FROM run_segments AS rs
-JOIN pods AS p ON p.zone = rs.zone AND p.name = rs.pod
-WHERE rs.steps_recomputed > 0 AND rs.started_at < :until AND COALESCE(rs.ended_at, :now) > :since
-  AND (p.ended_at IS NULL OR p.run_id IS NULL OR p.run_id != rs.run_id)""",
+        f"""SELECT COALESCE(p.run_id, rs.run_id) FROM pods AS p {sd.indexed("pods_open", d)}
+{join} {segments} ON rs.zone = p.zone AND rs.pod = p.name
+WHERE p.ended_at IS NULL AND {recomputing}
+UNION
+SELECT rs.run_id FROM {segments} {join} pods AS p {sd.indexed("pods_norun", d)}
+    ON p.zone = rs.zone AND p.name = rs.pod
+WHERE p.run_id IS NULL AND {recomputing}""",
         q.params,
     )
     candidates = [str(r[0]) for r in estimated] + sorted(str(r[0]) for r in unstored)

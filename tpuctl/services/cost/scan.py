@@ -68,9 +68,11 @@ def scan_all(
     fast: bool,
     changes: bool,
     workers: int,
+    split: GroupBy | None = None,
 ) -> list[Partial]:
     """Every slice scanned: in one range on the fast path (it reads few rows), else in ``workers`` id
-    ranges, each on a connection of its own to the same ledger."""
+    ranges, each on a connection of its own to the same ledger. ``split``: the fast path also sums each
+    day's spend split by that grouping (``Partial.split_rows``; one of ``daily.DAY_SPLIT_GROUPINGS``)."""
     # Two subqueries: SQLite reads MIN or MAX of the rowid from the B-tree's ends only when each is
     # the query's sole aggregate (both in one SELECT scan the table).
     lo, hi = reader.query(
@@ -79,7 +81,7 @@ def scan_all(
     parts = [(int(lo), int(hi))] if fast else partitions(int(lo), int(hi), workers)
     if len(parts) == 1:
         bounds = {**params, "lo": lo, "hi": hi}
-        return [scan(reader, main, group, bounds, need_days, fast=fast, changes=changes)]
+        return [scan(reader, main, group, bounds, need_days, fast=fast, changes=changes, split=split)]
 
     def scan_range(bounds: tuple[int, int]) -> Partial:
         # The database driver releases the GIL while a statement runs: one connection per thread scans
@@ -101,6 +103,7 @@ def scan(
     *,
     fast: bool = False,
     changes: bool = False,
+    split: GroupBy | None = None,
 ) -> Partial:
     """The pods scans over one id range (its bounds in ``params``), in one read transaction; ``fast``:
     closed slices from their stored facts, the rest (``cost_rest``) by interval arithmetic; ``changes``:
@@ -136,7 +139,7 @@ def scan(
         part.changed_subs = subs(reader, SRC_CHANGED_TEMP, group, params)
         part.changed_whole = subs(reader, SRC_CHANGED_WHOLE_TEMP, group, params)
     if need_days:
-        _scan_days(reader, part, params, fast=fast, sql_days=sql_days, changed=changed)
+        _scan_days(reader, part, params, fast=fast, sql_days=sql_days, changed=changed, split=split)
     return part
 
 
@@ -194,6 +197,7 @@ def _scan_days(
     fast: bool,
     sql_days: bool,
     changed: bool,
+    split: GroupBy | None,
 ) -> None:
     """Per day: each interval's first day (in the rows), the days after it for those crossing midnight,
     and the price-changed slices' pieces cut at midnight."""
@@ -208,6 +212,8 @@ def _scan_days(
         reader.execute(fsql.rollup_xdays_sql(d), params)
     if sql_days:
         part.day_rows = reader.query(ssql.day_usd_sql(d), {})
+        if split is not None:
+            part.split_rows = reader.query(ssql.day_usd_sql(d, ssql.SPLIT_COLUMNS[split.kind]), {})
     else:
         part.later = [
             Sub(r[0], r[1], unnull(r[2]), unnull(r[3]), int(r[4]), *floats(r[5:9]))

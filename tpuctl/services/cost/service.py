@@ -100,11 +100,48 @@ class CostService:
         with_days: bool = True,
         limit: int | None = None,
         scope: CostScope | None = None,
+        kinds_and_notes: bool = True,
     ) -> CostReport:
         """The report over ``[since, until)`` (until defaults to now). ``limit``: keep only the ``limit``
         costliest groups (None or 0: all); totals and per-day figures still cover every group.
         ``scope``: only the slices of some workspaces or of one principal (None: every slice;
-        ``attributed``)."""
+        ``attributed``). ``kinds_and_notes``: False leaves ``preemption_kinds`` and ``price_notes`` empty
+        (a reader that shows neither; the kinds are a look-up per preempted slice, a fifth of a
+        1,000,000-event report's time)."""
+        report, _ = self._report(since, until, group_by, with_days=with_days, limit=limit, scope=scope,
+                                 kinds_and_notes=kinds_and_notes, split=False)  # fmt: skip
+        return report
+
+    def split_report(
+        self,
+        *,
+        since: float | None = None,
+        until: float | None = None,
+        group_by: GroupBy,
+        kinds_and_notes: bool = True,
+    ) -> tuple[CostReport, list[DayCosts]]:
+        """The report grouped by ``group_by`` (one of ``daily.DAY_SPLIT_GROUPINGS``, every slice), and
+        each UTC day's billed USD split the same way (the dashboard's stacked bars), from the report's
+        own scan: a day's cells add up to its ``by_day`` figure and a group's to its ``cost_usd``."""
+        from tpuctl.services.cost.daily import splittable
+
+        return self._report(since, until, splittable(group_by), with_days=True, limit=None, scope=None,
+                            kinds_and_notes=kinds_and_notes, split=True)  # fmt: skip
+
+    def _report(
+        self,
+        since: float | None,
+        until: float | None,
+        group_by: GroupBy | None,
+        *,
+        with_days: bool,
+        limit: int | None,
+        scope: CostScope | None,
+        kinds_and_notes: bool,
+        split: bool,
+    ) -> tuple[CostReport, list[DayCosts]]:
+        """``report``, and with ``split`` (an aggregate grouping over every slice) its days split by
+        its grouping."""
         if limit is not None and limit < 0:
             raise ValueError(f"limit must be >= 0, got {limit}")
         limit = limit or None
@@ -112,6 +149,7 @@ class CostService:
         end = now if until is None else until
         group = group_by or GroupBy("slice")
         warnings: list[str] = list(self._prices.warnings)
+        day_split: list[DayCosts] = []
         with open_reader(self._database) as reader, reader.snapshot(REPORT_TABLES):
             q = self._query(reader, _params(since, end, now, group, null_key(reader.dialect)), warnings)
             scope = scope or CostScope()
@@ -124,7 +162,9 @@ class CostService:
                     q, group, with_days=with_days, limit=limit
                 )
             else:
-                lines, by_day, counts = aggregate_lines(q, group, with_days=with_days)
+                lines, by_day, counts, day_split = aggregate_lines(
+                    q, group, with_days=with_days, split=group if split else None
+                )
                 if group.kind == "slice":
                     slice_info(reader, lines)
                 elif group.kind == "run":
@@ -136,13 +176,16 @@ class CostService:
                 groups = [line.to_dict() for line in limited(group, lines, limit)]
             if group.kind == "run":
                 mark_unknown_steps(reader, groups)
-            notes = self._price_notes(reader, q.params)
-            kinds_sql = preemption_kinds_sql(reader.dialect, scoped=not scope.everything)
-            kinds = {str(kind or UNCLASSIFIED): int(n) for kind, n in reader.query(kinds_sql, q.params)}
+            notes: dict[str, str] = {}
+            kinds: dict[str, int] = {}
+            if kinds_and_notes:
+                notes = self._price_notes(reader, q.params)
+                kinds_sql = preemption_kinds_sql(reader.dialect, scoped=not scope.everything)
+                kinds = {str(kind or UNCLASSIFIED): int(n) for kind, n in reader.query(kinds_sql, q.params)}
         preemptions, free, total_slices = counts
         totals.key = "total"
         totals.slices = total_slices
-        return CostReport(
+        report = CostReport(
             group_by=group,
             since=since,
             until=end,
@@ -159,6 +202,7 @@ class CostService:
             warnings=dedupe(warnings),
             price_notes=notes,
         )
+        return report, day_split
 
     def _price_notes(self, reader: LedgerReader, params: dict[str, Any]) -> dict[str, str]:
         """The price table's notes on the generations of the slices billed in the window (TPU7x: its
@@ -184,9 +228,10 @@ class CostService:
     ) -> list[DayCosts]:
         """Each UTC day's billed USD in ``[since, until)`` split by ``group_by`` (one of
         ``daily.DAY_SPLIT_GROUPINGS``), in one scan: the cells whose rows and columns add up to the
-        report's ``by_day`` and ``groups`` (the dashboard's stacked bars)."""
-        from tpuctl.services.cost.daily import day_split
+        report's ``by_day`` and ``groups``."""
+        from tpuctl.services.cost.daily import splittable
 
+        splittable(group_by)
         now = self._clock()
         end = now if until is None else until
         warnings: list[str] = []
@@ -194,7 +239,9 @@ class CostService:
             q = self._query(
                 reader, _params(since, end, now, GroupBy("day"), null_key(reader.dialect)), warnings
             )
-            return day_split(q, group_by)
+            return aggregate_lines(
+                q, GroupBy("total"), with_days=True, recomputed=False, split=group_by
+            ).day_split
 
     def run_groups(
         self, run_ids: Sequence[str], *, since: float | None = None, until: float | None = None

@@ -181,6 +181,16 @@ def _rollup_key(group: GroupBy, d: Dialect) -> str:
     return f"COALESCE({sd.key_text(key_sql(group, 'r', d), d)}, :null_key)"
 
 
+def _rollup_groups(group: GroupBy, leading: str) -> str:
+    """A rollup's GROUP BY: in its primary key's order (``leading``: its key's columns before the zone),
+    which SQLite streams without sorting the rows, where the group key is a function of the zone, type and
+    capacity; a label's value needs the labels, grouped by the key as written (the working table's upsert
+    adds up groups that come out split either way)."""
+    if group.kind == "label":
+        return "GROUP BY 1, 2, 3, 4, 5"
+    return f"GROUP BY {leading}, r.zone, r.accelerator_type, r.capacity"
+
+
 _FACTS: Final = ("slices", "seen", "bs", "cs", "priced", "unpriced", "d0s", "d0cs", "d0priced", "d0unpriced")
 
 
@@ -197,7 +207,7 @@ r.first_day,
        SUM(r.d0_unpriced_chip_s)
 FROM cost_rollup_x AS r
 WHERE r.first_day >= :d_lo AND r.end_day <= :d_hi
-GROUP BY 1, 2, 3, 4, 5
+{_rollup_groups(group, "r.first_day, r.end_day")}
 {upsert(_FACTS, d)}"""
 
 
@@ -254,7 +264,7 @@ SELECT {_rollup_key(group, d)}, r.zone, r.accelerator_type, r.capacity, r.day,
        SUM(r.slices), SUM(r.slices), {sums}, {sums}
 FROM cost_rollup AS r
 WHERE r.day >= :d_lo AND r.day < :d_hi
-GROUP BY 1, 2, 3, 4, 5
+{_rollup_groups(group, "r.day")}
 {upsert(_FACTS, d)}"""
 
 

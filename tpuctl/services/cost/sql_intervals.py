@@ -167,13 +167,24 @@ WHERE {condition}"""
 
 
 @cache
-def src_segment_runs(d: Dialect) -> str:
+def src_segment_runs(d: Dialect, *, top_runs: bool = False) -> str:
     """Billed time of slices no run created, attributed to the runs whose segments ran on them: from
-    those slices (partial index pods_norun) to their segments (run_segments_pod), not from every segment."""
+    those slices (partial index pods_norun) to their segments (run_segments_pod), not from every segment;
+    ``top_runs``: only the runs in cost_top_runs, from their segments (run_segments_run) to the slices."""
+    join = sd.cross_join(d)
+    if top_runs:
+        return segment_source(
+            "p.run_id IS NULL AND rs.run_id IN (SELECT k FROM cost_top_runs)",
+            "1.0",
+            f"cost_top_runs AS t {join} run_segments AS rs {sd.indexed('run_segments_run', d)} "
+            f"ON rs.run_id = t.k {join} pods AS p {sd.indexed('pods_norun', d)} "
+            "ON p.zone = rs.zone AND p.name = rs.pod",
+            d,
+        )
     return segment_source(
         "p.run_id IS NULL",
         "1.0",
-        f"pods AS p {sd.indexed('pods_norun', d)} {sd.cross_join(d)} run_segments AS rs "
+        f"pods AS p {sd.indexed('pods_norun', d)} {join} run_segments AS rs "
         "ON rs.zone = p.zone AND rs.pod = p.name",
         d,
     )
@@ -250,6 +261,12 @@ def recomputed_sql(
         d,
         unchanged_only=f"NOT ({stored})",
     )
+    # In pods_rec's order (zone, type, capacity: no sort) where the key is one of those or none.
+    stored_groups = (
+        "p.zone, p.accelerator_type, p.capacity"
+        if group.kind in ("zone", "region", "type", "capacity", "total")
+        else "1, 2, 3, 4"
+    )
     return f"""{aggregate_sql(computed, group, d, ctes=ctes)}
 UNION ALL
 SELECT {key_sql(group, "p", d)} AS k, p.zone AS zone, p.accelerator_type AS atype, p.capacity AS capacity,
@@ -258,7 +275,7 @@ SELECT {key_sql(group, "p", d)} AS k, p.zone AS zone, p.accelerator_type AS atyp
 FROM {stored_from}
 WHERE (p.rec_priced != 0 OR p.rec_unpriced != 0) AND {stored} AND {UNCHANGED}
       AND {only if only_stored is None else only_stored}
-GROUP BY 1, 2, 3, 4"""
+GROUP BY {stored_groups}"""
 
 
 @cache
@@ -310,6 +327,21 @@ WHERE e.kind = 'price_change'
 
 def _changed_ids(d: Dialect) -> str:
     return f"SELECT {sd.json_int('j.value', 0, d)} FROM {sd.json_elements(':price_changes', 'j', d)}"
+
+
+@cache
+def recomputing_changes_sql(d: Dialect) -> str:
+    """The price changes (as JSON, like :price_changes) of the slices some segment redid steps on: all that
+    ``recomputed_sql`` reads of them (its pieces, and ``changed`` to keep them out of the other sources,
+    each of which is joined to the recomputing segments or holds only slices that have some)."""
+    return f"""
+SELECT {sd.json_array_agg("j.value", d)} FROM {sd.json_elements(":price_changes", "j", d)}
+WHERE {sd.json_int("j.value", 0, d)} IN (
+    SELECT p.id FROM pods AS p
+    WHERE p.id IN ({_changed_ids(d)})
+      AND EXISTS (SELECT 1 FROM run_segments AS rs {sd.indexed("run_segments_recomputed", d)}
+                  WHERE rs.zone = p.zone AND rs.pod = p.name AND rs.steps_recomputed > 0)
+)"""
 
 
 @cache

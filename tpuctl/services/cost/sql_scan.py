@@ -211,12 +211,20 @@ def days_upsert(d: Dialect) -> str:
     return upsert(("slices", "s", "cs", "priced", "unpriced"), d, DAY_TABLE)
 
 
+#: The per-day rows' column a day's spend is split by, per grouping (``day_usd_sql``): the key itself, or
+#: the zone a region is derived from.
+SPLIT_COLUMNS: Final = {"zone": "zone", "region": "zone", "type": "atype", "capacity": "capacity"}
+
+
 @functools.cache
-def day_usd_sql(d: Dialect) -> str:
+def day_usd_sql(d: Dialect, split: str | None = None) -> str:
     """The per-day spend of the fast path without a per-day grouping (the chart's figures): each
     interval's first day (cost_agg) and its later days (cost_days), summed per day in SQL rather than as
-    thousands of per-day x zone x type x capacity rows in Python. Unpriced time comes per combination
-    (the catalog prices it), usually none."""
+    thousands of per-day x zone x type x capacity rows in Python; with ``split`` (one of
+    ``SPLIT_COLUMNS``' values), per day and that column (the dashboard's stacked bars). Unpriced time
+    comes per combination (the catalog prices it), usually none."""
+    columns = ", ".join(c if c == split else "NULL" for c in ("zone", "atype", "capacity"))
+    by = "day" if split is None else f"day, {split}"
     return f"""
 WITH d AS (
     SELECT day0 AS day, zone, atype, capacity, d0priced AS priced, d0unpriced AS unpriced
@@ -224,6 +232,6 @@ WITH d AS (
     UNION ALL
     SELECT day, zone, atype, capacity, priced, unpriced FROM cost_days
 )
-SELECT day, NULL, NULL, NULL, {sd.total("priced", d)}, 0.0 FROM d GROUP BY day
+SELECT day, {columns}, {sd.total("priced", d)}, 0.0 FROM d GROUP BY {by}
 UNION ALL
 SELECT day, zone, atype, capacity, 0.0, SUM(unpriced) FROM d WHERE unpriced != 0 GROUP BY 1, 2, 3, 4"""

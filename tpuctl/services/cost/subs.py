@@ -44,6 +44,9 @@ class Partial:
     #: The fast path's per-day spend, summed in SQL (sql_scan.DAY_USD_SQL): (day, None, None, None,
     #: priced, 0) per day and (day, zone, type, capacity, 0, unpriced) where the catalog prices some time.
     day_rows: list[tuple[Any, ...]] = field(default_factory=list)
+    #: The same split by a grouping's column (``scan_all``'s ``split``): the type, the capacity or the zone
+    #: in its place, the other two NULL.
+    split_rows: list[tuple[Any, ...]] = field(default_factory=list)
 
 
 def sub_rows(reader: LedgerReader, sql: str, params: Mapping[str, Any]) -> list[Sub]:
