@@ -243,14 +243,8 @@ def postgres_cluster() -> Iterator[PostgresCluster]:
 def postgres_url(postgres_cluster: PostgresCluster) -> Iterator[str]:
     """The SQLAlchemy URL of a fresh, empty database of this test's own in ``postgres_cluster``, dropped
     after it (with any connection the test left open)."""
-    import secrets
-
-    name = f"test_{secrets.token_hex(6)}"
-    url = postgres_cluster.create_database(name)
-    try:
+    with postgres_cluster.scratch_database("test") as url:
         yield url
-    finally:
-        postgres_cluster.drop_database(name)
 
 
 @pytest.fixture(scope="session")
@@ -270,14 +264,8 @@ def postgres_ledger_template(postgres_cluster: PostgresCluster) -> str:
 def postgres_ledger_url(postgres_cluster: PostgresCluster, postgres_ledger_template: str) -> Iterator[str]:
     """The SQLAlchemy URL of this test's own database in ``postgres_cluster``, an empty ledger at the
     newest schema (a copy of ``postgres_ledger_template``), dropped after the test."""
-    import secrets
-
-    name = f"test_{secrets.token_hex(6)}"
-    url = postgres_cluster.create_database(name, template=postgres_ledger_template)
-    try:
+    with postgres_cluster.scratch_database("test", template=postgres_ledger_template) as url:
         yield url
-    finally:
-        postgres_cluster.drop_database(name)
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -7,7 +7,6 @@ import contextlib
 import multiprocessing
 import queue
 import random
-import secrets
 import sqlite3
 import threading
 import time
@@ -467,12 +466,8 @@ RACE_TTL = 0.6  # a lease a race outlives the start of, then waits out (through 
 def raced_url(postgres_cluster: PostgresCluster, postgres_ledger_template: str) -> Iterator[str]:
     """One PostgreSQL ledger for the races below (each on runs of its own): a new one per test would
     cost more than the races themselves."""
-    name = f"races_{secrets.token_hex(6)}"
-    url = postgres_cluster.create_database(name, template=postgres_ledger_template)
-    try:
+    with postgres_cluster.scratch_database("races", template=postgres_ledger_template) as url:
         yield url
-    finally:
-        postgres_cluster.drop_database(name)
 
 
 def _race(

@@ -27,7 +27,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -228,6 +228,19 @@ class PostgresCluster:
         else:
             self._admin("CREATE DATABASE {} TEMPLATE {}", name, template)
         return self.url(name)
+
+    @contextlib.contextmanager
+    def scratch_database(self, prefix: str, *, template: str | None = None) -> Iterator[str]:
+        """A database of its own (``prefix`` and a random suffix; empty, or a copy of ``template``) for
+        the block, its URL yielded, dropped after it with any connection left open to it."""
+        import secrets
+
+        name = f"{prefix}_{secrets.token_hex(6)}"
+        url = self.create_database(name, template=template)
+        try:
+            yield url
+        finally:
+            self.drop_database(name)
 
     def drop_database(self, name: str) -> None:
         """Drop ``name``, closing any connection a test left open to it; a missing one is no error."""
