@@ -54,16 +54,17 @@ def day_cells(q: Query, group: GroupBy, day_rows: Iterable[Sub]) -> list[DayCost
 
 def day_costs(cells: Iterable[tuple[str, str, float]]) -> list[DayCosts]:
     """(day, group, USD) cells, added up per day and group, as ``DayCosts`` by date (a day's groups
-    costliest first; a cell that rounds to nothing is left out)."""
+    costliest first; a cell that rounds to nothing is left out, and a day with nothing left)."""
     by_day: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for day, key, usd in cells:
         by_day[day][key] += usd
-    return [
+    days = [
         DayCosts(
             day, tuple(sorted(((k, _r(v)) for k, v in by.items() if _r(v)), key=lambda kv: (-kv[1], kv[0])))
         )
         for day, by in sorted(by_day.items())
     ]
+    return [day for day in days if day.groups]
 
 
 def _day(sub: Sub) -> str:

@@ -77,7 +77,9 @@ def keyed_report(q: Query, group: GroupBy) -> tuple[ItemReport, list[DayCosts]]:
             lines[name] = CostLine(name)
         return lines[name]
 
-    for key, day, n, s, cs, usd_s, od_s, d0_s in q.reader.query(_slices_sql(group, d), q.params):
+    every = sd.true(d)
+    scan = _slices_sql(key_sql(group, "p", d), every, f"pods AS p {sd.not_indexed(d)}", d, figures=True)
+    for key, day, n, s, cs, usd_s, od_s, d0_s, d1_s in q.reader.query(scan, q.params):
         found = line(key)
         found.slices += int(n)
         found.billed_hours += s / 3600.0
@@ -86,20 +88,22 @@ def keyed_report(q: Query, group: GroupBy) -> tuple[ItemReport, list[DayCosts]]:
         found.on_demand_usd += od_s / 3600.0
         found.spot_savings_usd += (od_s - usd_s) / 3600.0
         cells[(int(day), found.key)] += d0_s / 3600.0
+        cells[(int(day) + 1, found.key)] += d1_s / 3600.0
     all_changes = change_ctes(d)  # every price-changed slice's pieces: a closed one's days need them too
     if q.changes:
+        changed = _changed_source(every)
         for sub in sub_rows(
-            q.reader, aggregate_sql(SRC_CHANGED, group, d, count=True, ctes=all_changes), q.params
+            q.reader, aggregate_sql(changed, group, d, count=True, ctes=all_changes), q.params
         ):
             found = line(sub.key)
             q.pricer.add_billed(found, sub, q.warnings, sign=1.0)
             found.slices += sub.slices
-        _add_days(q, cells, SRC_CHANGED, group, all_changes)
-    _add_days(q, cells, _later_days_source(d), group, all_changes)
-    for key, hcs, husd, held_only in q.reader.query(_held_sql(group, d), q.params):
+        _add_days(q, cells, changed, group, all_changes)
+    _add_days(q, cells, _later_days_source(every, d), group, all_changes)
+    for key, hcs, husd_s, held_only in q.reader.query(_held_sql(group, d), q.params):
         found = line(key)
         found.quota_held_chip_hours += hcs / 3600.0
-        found.quota_held_usd += husd
+        found.quota_held_usd += husd_s / 3600.0
         found.slices += int(held_only)
     if q.segments:
         for sub in sub_rows(q.reader, recomputed_sql(group, d, ctes), q.params):
@@ -123,10 +127,21 @@ def top_day_cells(
         shown = [(day["day"], "total" if group.kind == "total" else day["day"], float(day["cost_usd"]))
                  for day in by_day]  # fmt: skip
         return day_costs(shown)
+    if not q.reader.query("SELECT EXISTS (SELECT 1 FROM cost_prices)", {})[0][0]:
+        # The slices' catalog prices (their time the ledger left unpriced): the slice and run groups
+        # filled them; the aggregate groupings (a label) price per combination in Python.
+        items.fill_prices(q.reader, items.combos(q.reader), q.pricer.combo_prices)
     named = [k for k in keys if k != NONE_KEY]
     params = {**q.params, "top_keys": json.dumps(named)}
     only = _only_sql(group, d, none=NONE_KEY in keys)
-    _add_days(q, cells, _billed_source(only, d), group, change_ctes(d), params)
+    scan = _slices_sql(key_sql(group, "p", d), only, "pods AS p", d, figures=False)
+    for key, day, d0_s, d1_s in q.reader.query(scan, params):
+        name = NONE_KEY if key is None else str(key)
+        cells[(int(day), name)] += d0_s / 3600.0
+        cells[(int(day) + 1, name)] += d1_s / 3600.0
+    if q.changes:
+        _add_days(q, cells, _changed_source(only), group, change_ctes(d), params)
+    _add_days(q, cells, _later_days_source(only, d), group, change_ctes(d), params)
     if group.kind == "slice":  # the days come keyed by the slice's id, the groups by its name
         names = dict(q.reader.query(f"SELECT p.id, {_SLICE_KEY} FROM pods AS p WHERE {only}", params))
         cells = defaultdict(float, {(day, str(names[int(k)])): usd for (day, k), usd in cells.items()})
@@ -194,53 +209,73 @@ def _window(d: Dialect) -> tuple[str, str]:
     return d.greatest("p.ready_at", ":since"), d.least("COALESCE(p.ended_at, :now)", ":until")
 
 
-def _slices_sql(group: GroupBy, d: Dialect) -> str:
-    """The pass over every billed slice whose price never changed: per (key, first billed day) the
-    slices, seconds, chip-seconds, USD x 3600, on-demand USD x 3600 and the first day's USD x 3600. Each
-    slice's price and on-demand price are read once (the subquery is fenced: flattened, its columns would
-    be evaluated once per use); GROUP BY, not an upsert: on SQLite the sort of a narrow key costs less."""
+def _slices_sql(key: str, only: str, source: str, d: Dialect, *, figures: bool) -> str:
+    """The pass over the billed slices ``only`` picks (alias p, read from ``source``) whose price never
+    changed: per (``key``, first billed day) the first day's and the second day's USD x 3600 (most slices
+    end by then), and with ``figures`` before them the slices, seconds, chip-seconds, USD x 3600 and
+    on-demand USD x 3600. Each slice's price and on-demand price are read once (the subquery is fenced:
+    flattened, its columns would be evaluated once per use); GROUP BY, not an upsert: on SQLite the sort
+    of a narrow key costs less."""
     b0, be = _window(d)
-    first = f"{d.least(be, midnight_after_sql(b0, d))} - {b0}"
+    after = midnight_after_sql(b0, d)
+    second = d.greatest("0", f"{d.least(be, f'{after} + {DAY_S}.0')} - {after}")
     price = f"COALESCE(p.price_per_chip_hour, {items.OWN_PRICE_SQL}, 0)"
     slices = f"""
-SELECT {key_sql(group, "p", d)} AS k, {day_sql(b0, d)} AS day0, {be} - {b0} AS s, {first} AS s0,
-       p.chips AS chips, {price} AS price,
+SELECT {key} AS k, {day_sql(b0, d)} AS day0, {be} - {b0} AS s, {d.least(be, after)} - {b0} AS s0,
+       {second} AS s1, p.chips AS chips, {price} AS price,
        CASE WHEN {preemptible_sql("p")} THEN {items.OD_PRICE_SQL} END AS odp
-FROM pods AS p {sd.not_indexed(d)}
-WHERE {billed_pod(d)} AND {UNCHANGED}
+FROM {source}
+WHERE {billed_pod(d)} AND {UNCHANGED} AND {only}
 {sd.fence(d)}"""
+    sums = (
+        "COUNT(*), SUM(f.s), SUM(f.chips * f.s), SUM(f.chips * f.s * f.price), "
+        "SUM(f.chips * f.s * COALESCE(f.odp, f.price)), "
+        if figures
+        else ""
+    )
     return f"""
 WITH RECURSIVE {change_ctes(d)}
-SELECT f.k, f.day0, COUNT(*), SUM(f.s), SUM(f.chips * f.s), SUM(f.chips * f.s * f.price),
-       SUM(f.chips * f.s * COALESCE(f.odp, f.price)), SUM(f.chips * f.s0 * f.price)
+SELECT f.k, f.day0, {sums}SUM(f.chips * f.s0 * f.price), SUM(f.chips * f.s1 * f.price)
 FROM ({slices}) AS f
 GROUP BY 1, 2"""
 
 
-def _later_days_source(d: Dialect) -> str:
-    """The billed time after the first midnight of the slices whose price never changed and that cross it
-    in the window: closed ones from the partial index pods_crossing, open or cut ones from cost_rest."""
+def _later_days_source(only: str, d: Dialect) -> str:
+    """The billed time from the second midnight on of the slices ``only`` picks whose price never changed
+    (the pass over the slices has their first two days): closed ones from the partial index
+    pods_crossing, open ones from pods_open (a slice cut by the window crosses as much without the cut)."""
     b0, be = _window(d)
-    after = midnight_after_sql(b0, d)
+    later = f"{midnight_after_sql(b0, d)} + {DAY_S}.0"
     crossing = (
         f"SELECT p.id FROM pods AS p {sd.indexed('pods_crossing', d)} WHERE p.ended_at IS NOT NULL "
-        f"AND p.ready_at IS NOT NULL AND {crosses_midnight_sql('p', d)} UNION SELECT id FROM cost_rest"
+        f"AND p.ready_at IS NOT NULL AND {crosses_midnight_sql('p', d)} "
+        f"AND p.ended_at > {midnight_after_sql('p.ready_at', d)} + {DAY_S}.0 "
+        "UNION SELECT id FROM pods WHERE ended_at IS NULL"
     )
     return f"""
-SELECT p.id, {after}, {be}, p.price_per_chip_hour, 1.0, NULL, {ATTRS}
+SELECT p.id, {later}, {be}, p.price_per_chip_hour, 1.0, NULL, {ATTRS}
 FROM pods AS p
-WHERE p.id IN ({crossing}) AND {billed_pod(d)} AND {UNCHANGED} AND {be} > {after}"""
+WHERE p.id IN ({crossing}) AND {billed_pod(d)} AND {UNCHANGED} AND {be} > {later} AND {only}"""
+
+
+def _changed_source(only: str) -> str:
+    """The price pieces (``IV_COLUMNS``) of the price-changed slices ``only`` picks."""
+    return f"{SRC_CHANGED} WHERE {only}"
 
 
 def _held_sql(group: GroupBy, d: Dialect) -> str:
-    """Per key: the quota preempted slices held in the window (chip-seconds, USD), and how many slices
-    only held quota there (a group counts them, as ``items`` does)."""
-    held_cs, held_usd, held_only = items.held_sql(d)
-    return f"""
-SELECT {key_sql(group, "p", d)}, SUM({held_cs}), SUM({held_usd}), SUM(CASE WHEN {held_only} THEN 1 ELSE 0 END)
+    """Per key: the quota preempted slices held in the window (chip-seconds, USD x 3600), and how many
+    slices only held quota there (a group counts them, as ``items`` does)."""
+    held_cs, _held_usd, held_only = items.held_sql(d)
+    held = f"""
+SELECT {key_sql(group, "p", d)} AS k, {held_cs} AS hcs,
+       COALESCE(p.price_per_chip_hour, {items.OWN_PRICE_SQL}, 0) AS price,
+       CASE WHEN {held_only} THEN 1 ELSE 0 END AS only_held
 FROM pods AS p {sd.indexed("pods_preempted", d)}
-WHERE p.end_reason = 'preempted' AND {held_cs} > 0
-GROUP BY 1"""
+WHERE p.end_reason = 'preempted'
+{sd.fence(d)}"""
+    sums = "SUM(h.hcs), SUM(h.hcs * h.price), SUM(h.only_held)"
+    return f"SELECT h.k, {sums} FROM ({held}) AS h WHERE h.hcs > 0 GROUP BY 1"
 
 
 def _only_sql(group: GroupBy, d: Dialect, *, none: bool) -> str:
@@ -251,15 +286,3 @@ def _only_sql(group: GroupBy, d: Dialect, *, none: bool) -> str:
         return f"({_SLICE_KEY} IN ({keys}))"
     column = "p.run_id" if group.kind == "run" else sd.label_value("p.labels", d)
     return f"({column} IN ({keys}){f' OR {column} IS NULL' if none else ''})"
-
-
-def _billed_source(only: str, d: Dialect) -> str:
-    """The billed intervals (``IV_COLUMNS``) of the slices ``only`` picks: whole where the price never
-    changed, else its pieces."""
-    b0, be = _window(d)
-    return f"""
-SELECT p.id, {b0}, {be}, p.price_per_chip_hour, 1.0, NULL, {ATTRS}
-FROM pods AS p WHERE {only} AND {billed_pod(d)} AND {UNCHANGED}
-UNION ALL
-SELECT x.id, x.s, x.e, x.price, 1.0, NULL, {ATTRS} FROM pieces AS x JOIN pods AS p ON p.id = x.id
-WHERE {only}"""
