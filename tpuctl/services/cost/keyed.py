@@ -134,11 +134,19 @@ def top_day_cells(
     named = [k for k in keys if k != NONE_KEY]
     params = {**q.params, "top_keys": json.dumps(named)}
     only = _only_sql(group, d, none=NONE_KEY in keys)
-    scan = _slices_sql(key_sql(group, "p", d), only, "pods AS p", d, figures=False)
-    for key, day, d0_s, d1_s in q.reader.query(scan, params):
-        name = NONE_KEY if key is None else str(key)
-        cells[(int(day), name)] += d0_s / 3600.0
-        cells[(int(day) + 1, name)] += d1_s / 3600.0
+    # A run's slices and those no run created apart: each through its own index (pods_run, pods_norun),
+    # where one condition with both would read every slice.
+    scans = [(only, "pods AS p")]
+    if group.kind == "run":
+        scans = [(_only_sql(group, d, none=False), f"pods AS p {sd.indexed('pods_run', d)}")]
+        if NONE_KEY in keys:
+            scans.append(("p.run_id IS NULL", f"pods AS p {sd.indexed('pods_norun', d)}"))
+    for part, source in scans:
+        scan = _slices_sql(key_sql(group, "p", d), part, source, d, figures=False)
+        for key, day, d0_s, d1_s in q.reader.query(scan, params):
+            name = NONE_KEY if key is None else str(key)
+            cells[(int(day), name)] += d0_s / 3600.0
+            cells[(int(day) + 1, name)] += d1_s / 3600.0
     if q.changes:
         _add_days(q, cells, _changed_source(only), group, change_ctes(d), params)
     _add_days(q, cells, _later_days_source(only, d), group, change_ctes(d), params)
