@@ -3,13 +3,14 @@
 over 10,000 runs and the money page over 1,000,000 cost events).
 
 Builds a ledger as ``bench_cost.py`` does (its seeded mix of slices, runs and segments, written in bulk),
-then times each page's request through the app in process (FastAPI's TestClient: the handler, the
-services it asks and the template, no socket), best and median of ``--repeat``, with the process's CPU
-seconds in the best run (every thread's): the runs list (the 50 newest, with each one's cost so far) and
-the money page grouped by type (the default view: the report's totals and groups, each day split by the
-grouping, the runs that wasted most, the budget note), by capacity, zone and region (the same, split by
-those), and by run (its days one report each). The default size takes a few minutes on a loaded
-machine; ``--events 1000000`` is the target's size.
+gives its runs and slices a team's attribution (``attribute``: 6 workspaces, 40 principals, the first
+week's rows none), then times each page's request through the app in process (FastAPI's TestClient: the
+handler, the services it asks and the template, no socket), best and median of ``--repeat``, with the
+process's CPU seconds in the best run (every thread's): the runs list (the 50 newest, with each one's
+cost so far) and the money page grouped by type (the default view: the report's totals and groups, each
+day split by the grouping, the runs that wasted most, the budget note), by capacity, zone and region
+(the same, split by those), by workspace and user (the groups and days from one pass over the slices),
+and by run (the 7 costliest runs and each day's rest). ``--events 1000000`` is the target's size.
 
     .venv/bin/python scripts/bench_dashboard.py [--events 100000] [--repeat 3] [--out FILE.json]
 """
