@@ -3,13 +3,14 @@
 over 10,000 runs and the money page over 1,000,000 cost events).
 
 Builds a ledger as ``bench_cost.py`` does (its seeded mix of slices, runs and segments, written in bulk),
-then times each page's request through the app in process (FastAPI's TestClient: the handler, the
-services it asks and the template, no socket), best and median of ``--repeat``, with the process's CPU
-seconds in the best run (every thread's): the runs list (the 50 newest, with each one's cost so far) and
-the money page grouped by type (the default view: the report's totals and groups, each day split by the
-grouping, the runs that wasted most, the budget note), by capacity, zone and region (the same, split by
-those), and by run (its days one report each). The default size takes a few minutes on a loaded
-machine; ``--events 1000000`` is the target's size.
+gives its runs and slices a team's attribution (``attribute``: 6 workspaces, 40 principals, the first
+week's rows none), then times each page's request through the app in process (FastAPI's TestClient: the
+handler, the services it asks and the template, no socket), best and median of ``--repeat``, with the
+process's CPU seconds in the best run (every thread's): the runs list (the 50 newest, with each one's
+cost so far) and the money page grouped by type (the default view: the report's totals and groups, each
+day split by the grouping, the runs that wasted most, the budget note), by capacity, zone and region
+(the same, split by those), by workspace and user (the groups and days from one pass over the slices),
+and by run (the 7 costliest runs and each day's rest). ``--events 1000000`` is the target's size.
 
     .venv/bin/python scripts/bench_dashboard.py [--events 100000] [--repeat 3] [--out FILE.json]
 """
@@ -19,6 +20,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
+import sqlite3
 import sys
 import tempfile
 import time
@@ -38,8 +41,52 @@ PAGES = {
     "money, by capacity": "/money?group_by=capacity",
     "money, by zone": "/money?group_by=zone",
     "money, by region": "/money?group_by=region",
+    "money, by workspace": "/money?group_by=workspace",
+    "money, by user": "/money?group_by=user",
     "money, by run": "/money?group_by=run",
 }
+
+#: A team's workspaces and its people: each person works in one workspace (their runs and slices are
+#: theirs and that workspace's).
+WORKSPACES = ("nlp", "vision", "speech", "infra", "research", "platform")
+PRINCIPALS = tuple(f"user-{i}@example.com" for i in range(40))
+#: Runs and slices of the ledger's first week predate workspaces: their principal and workspace are NULL
+#: (read as the local workspace and the unknown principal).
+LEGACY_S = 7 * 86400.0
+
+
+def attribute(db: Path, seed: int) -> dict[str, int]:
+    """Whose each run and slice is (the money page's workspace and user groupings): a run's slices are
+    its owner's, a slice no run made its maker's, picked with ``seed``; those of the first week NULL. Only
+    the attribution columns change: every cost, and so the other pages' figures, stay as built."""
+    rng = random.Random(seed)
+    conn = sqlite3.connect(db)
+    owners: dict[str, tuple[str | None, str | None]] = {}
+    with conn:
+        for run_id, created_at in conn.execute("SELECT run_id, created_at FROM runs ORDER BY run_id"):
+            owners[run_id] = _owner(rng, created_at)
+        conn.executemany(
+            "UPDATE runs SET principal = ?, workspace = ? WHERE run_id = ?",
+            [(p, w, r) for r, (p, w) in owners.items()],
+        )
+        pods = conn.execute("SELECT id, run_id, requested_at FROM pods ORDER BY id").fetchall()
+        rows = [(*(owners[r] if r in owners else _owner(rng, t)), i) for i, r, t in pods]
+        conn.executemany("UPDATE pods SET principal = ?, workspace = ? WHERE id = ?", rows)
+        conn.execute(
+            "UPDATE events SET (principal, workspace) = (SELECT principal, workspace FROM pods "
+            "WHERE pods.id = events.pod_id) WHERE pod_id IS NOT NULL"
+        )
+        legacy = conn.execute("SELECT COUNT(*) FROM pods WHERE workspace IS NULL").fetchone()[0]
+    conn.close()
+    return {"workspaces": len(WORKSPACES), "principals": len(PRINCIPALS), "legacy_slices": legacy}
+
+
+def _owner(rng: random.Random, at: float | None) -> tuple[str | None, str | None]:
+    """A (principal, workspace) drawn from the team's, or NULLs for a row from before workspaces."""
+    i = rng.randrange(len(PRINCIPALS))
+    if at is None or at < START + LEGACY_S:
+        return None, None
+    return PRINCIPALS[i], WORKSPACES[i % len(WORKSPACES)]
 
 
 def main() -> int:
@@ -62,6 +109,7 @@ def main() -> int:
         state = Path(tmp) / "state"
         print(f"building a ledger of {args.events:,} events ...", flush=True)
         ledger = build(state, args.events, args.seed)
+        ledger["attribution"] = attribute(state / "ledger.db", args.seed)
         print(json.dumps(ledger), flush=True)
         now = START + SPAN_S + 86400
         settings = load_settings({"state_dir": state, "backend": "sim"})

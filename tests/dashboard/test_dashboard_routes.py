@@ -201,6 +201,59 @@ def test_the_money_pages_days_add_up_to_cost_reports_days_and_groups(
     assert [float(v) for v in _attr(html, "data-cost-usd")] == [g["cost_usd"] for g in report["groups"]]
 
 
+@pytest.mark.parametrize("group", ["workspace", "user"])
+def test_the_money_page_by_whose_it_is_has_cost_reports_totals_groups_and_days(
+    client: TestClient, recorded: Session, sim_cli: InProcessCli, group: str
+) -> None:
+    _another_day(recorded)
+    html = client.get(f"/money?group_by={group}").text
+    report = sim_cli("cost", "report", "--group-by", group, "--no-reconcile", "-o", "json").json
+    for figure in ("cost_usd", "waste_usd", "chip_hours", "preemptions"):
+        assert float(_attr(html, "data-value", data_total=figure)[0]) == report["totals"][figure]
+    # The groups from the page's one pass: the report's (which adds each slice's row rounded) to the
+    # rounding of the sums; the rows without a workspace or principal under the report's name for them.
+    shown = [float(v) for v in _attr(html, "data-cost-usd")]
+    assert shown == pytest.approx([g["cost_usd"] for g in report["groups"]], abs=2e-6)
+    cells = list(zip(_attr(html, "data-day", data_mark="bar"), _attr(html, "data-group", data_mark="bar"),
+                     (float(v) for v in _attr(html, "data-usd", data_mark="bar")), strict=True))  # fmt: skip
+    assert {k for _, k, _ in cells} == {g["key"] for g in report["groups"] if g["cost_usd"]}
+    assert len({day for day, _, _ in cells}) == len(report["by_day"]) >= 2
+    for day in report["by_day"]:
+        assert sum(usd for d, _, usd in cells if d == day["day"]) == pytest.approx(day["cost_usd"], abs=2e-6)
+    for g in report["groups"]:
+        assert sum(usd for _, k, usd in cells if k == g["key"]) == pytest.approx(g["cost_usd"], abs=2e-6)
+
+
+def test_the_money_page_by_run_lists_and_draws_the_costliest_runs_and_the_rest(
+    client: TestClient, recorded: Session, sim_cli: InProcessCli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tpuctl.dashboard import pages
+    from tpuctl.services.cost.keyed import OTHER_KEY
+
+    monkeypatch.setattr(pages, "SHOWN_GROUPS", 1)  # the palette's size on a team's ledger
+    _another_day(recorded)
+    html = client.get("/money?group_by=run").text
+    report = sim_cli(
+        "cost", "report", "--group-by", "run", "--limit", "1", "--no-reconcile", "-o", "json"
+    ).json
+    (top,) = report["groups"]
+    assert report["groups_total"] >= 3
+    assert _attr(html, "data-groups-total", id="shown-of") == [str(report["groups_total"])]
+    assert f"The 1 costliest of {report['groups_total']} groups by run" in html
+    assert [float(v) for v in _attr(html, "data-cost-usd")] == [top["cost_usd"]]
+    for figure in ("cost_usd", "waste_usd", "chip_hours"):
+        assert float(_attr(html, "data-value", data_total=figure)[0]) == report["totals"][figure]
+    rest = float(_attr(html, "data-rest-usd")[0])
+    assert rest == pytest.approx(report["totals"]["cost_usd"] - top["cost_usd"], abs=2e-6)
+    cells = list(zip(_attr(html, "data-day", data_mark="bar"), _attr(html, "data-group", data_mark="bar"),
+                     (float(v) for v in _attr(html, "data-usd", data_mark="bar")), strict=True))  # fmt: skip
+    assert {k for _, k, _ in cells} == {top["key"], OTHER_KEY}
+    for day in report["by_day"]:
+        assert sum(usd for d, _, usd in cells if d == day["day"]) == pytest.approx(day["cost_usd"], abs=2e-6)
+    assert sum(usd for _, k, usd in cells if k == top["key"]) == pytest.approx(top["cost_usd"], abs=2e-6)
+    assert sum(usd for _, k, usd in cells if k == OTHER_KEY) == pytest.approx(rest, abs=2e-6)
+
+
 def test_a_scoped_viewers_money_page_draws_no_other_workspaces_days(recorded: Session) -> None:
     from dataclasses import replace
 

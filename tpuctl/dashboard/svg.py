@@ -24,6 +24,8 @@ SEGMENT_COLOURS: Final = {
 }
 #: Colours the stacked bars cycle through, one per group.
 GROUP_COLOURS: Final = ("#2b6cb0", "#38a169", "#d69e2e", "#805ad5", "#e53e3e", "#319795", "#718096")
+#: A part of a stacked bar whose group has no colour of its own (the groups a page does not list).
+OTHER_COLOUR: Final = "#a0aec0"
 
 
 @dataclass(frozen=True)
@@ -152,7 +154,7 @@ def stacked_bars(days: Sequence[DayStack], groups: Sequence[str]) -> Markup:
             facts = {"data-mark": "bar", "data-day": day.day, "data-group": group, "data-usd": f"{usd:.6f}"}
             body.append(
                 f'<rect {_attrs(facts)} x="{i * slot + 2:.2f}" y="{y:.2f}" width="{max(slot - 4, 1):.2f}" '
-                f'height="{h:.2f}" fill="{colour.get(group, "#a0aec0")}">'
+                f'height="{h:.2f}" fill="{colour.get(group, OTHER_COLOUR)}">'
                 f"<title>{escape(day.day)} {escape(group)}: {usd:.2f} USD</title></rect>"
             )
         body.append(

@@ -55,5 +55,5 @@ def test_the_report_split_in_one_scan_is_the_report_and_the_split_asked_apart(
             assert sum(usd for d in days for _, usd in d.groups) == pytest.approx(
                 report.totals.cost_usd, abs=1e-4
             )
-    with pytest.raises(ValueError, match="does not split by run"):
+    with pytest.raises(ValueError, match="keeps the costliest groups"):
         service.split_report(group_by=parse_group_by("run"))

@@ -26,6 +26,9 @@ T0 = 1_800_000_000.0  # 2027-01-15T08:00:00Z
 DAY = 86400.0
 ZONES = ("us-central1-a", "us-east1-c", "europe-west4-b")
 TYPES = (("v5litepod-8", 8), ("v5litepod-64", 64), ("v6e-16", 16))
+#: Whose each slice is (by its number, drawing nothing from the seed); None: a row from before workspaces.
+WORKSPACES = (None, "ws-a", "ws-b")
+PRINCIPALS = (None, "u1@example.com", "u2@example.com", "u3@example.com")
 
 
 def _ledger(open_ledger: Callable[..., Ledger], seed: int) -> DatabaseUrl:
@@ -44,7 +47,7 @@ def _ledger(open_ledger: Callable[..., Ledger], seed: int) -> DatabaseUrl:
         events.append(
             NewEvent(EventKind.REQUESTED, accelerator_type=accel, chips=chips, capacity=capacity,
                      price_per_chip_hour=price, labels={"team": rng.choice("ab")}, ts=ready - 60,
-                     run_id=run_id, **common)
+                     run_id=run_id, workspace=WORKSPACES[n % 3], principal=PRINCIPALS[n % 4], **common)
         )  # fmt: skip
         events.append(NewEvent(EventKind.READY, ts=ready, **common))
         life = rng.choice((30.0, 45.0, 90.0, rng.expovariate(1 / 20000.0), rng.uniform(DAY, 2.5 * DAY)))

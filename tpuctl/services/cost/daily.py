@@ -49,15 +49,22 @@ def day_cells(q: Query, group: GroupBy, day_rows: Iterable[Sub]) -> list[DayCost
     """Each day's billed USD split by ``group`` (one of ``DAY_SPLIT_GROUPINGS``), from the report's
     per-day rows (keyed by day; the fast path's carry only the column ``group`` reads)."""
     splittable(group)
-    cells: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    for sub in day_rows:
-        cells[_day(sub)][_key(group, sub)] += q.pricer.usd(sub, q.warnings)
-    return [
+    return day_costs((_day(sub), _key(group, sub), q.pricer.usd(sub, q.warnings)) for sub in day_rows)
+
+
+def day_costs(cells: Iterable[tuple[str, str, float]]) -> list[DayCosts]:
+    """(day, group, USD) cells, added up per day and group, as ``DayCosts`` by date (a day's groups
+    costliest first; a cell that rounds to nothing is left out, and a day with nothing left)."""
+    by_day: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for day, key, usd in cells:
+        by_day[day][key] += usd
+    days = [
         DayCosts(
             day, tuple(sorted(((k, _r(v)) for k, v in by.items() if _r(v)), key=lambda kv: (-kv[1], kv[0])))
         )
-        for day, by in sorted(cells.items())
+        for day, by in sorted(by_day.items())
     ]
+    return [day for day in days if day.groups]
 
 
 def _day(sub: Sub) -> str:

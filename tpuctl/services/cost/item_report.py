@@ -41,23 +41,15 @@ def item_report(
     per-day figures and counts are then still the whole ledger's, for the caller to replace).
     ``summed_by``: the slices' rows summed per this key (SQL over the slice, alias p) instead of listed:
     ``{"key", FIGURES...}`` per key, unordered."""
-    # Recomputed work is added below, per group, and summed into the totals from the same rows.
-    lines, by_day, counts, _ = aggregate_lines(q, GroupBy("total"), with_days=with_days, recomputed=False)
-    totals = lines[0] if lines else CostLine("total")
-    items.fill_prices(q.reader, items.combos(q.reader), q.pricer.combo_prices)
+    totals, by_day, counts, ctes = prepared_totals(q, with_days=with_days)
     d = q.reader.dialect
-    ctes = _prepare_pieces(q) if q.changes else change_ctes(d)
-    if q.segments:
-        # The total from the few per-combination rows; per group below (for slices: only those shown).
-        for sub in sub_rows(q.reader, recomputed_sql(GroupBy("total"), d, ctes), q.params):
-            totals.recomputed_usd += q.pricer.usd(sub, q.warnings)
-        if group.kind == "run":
-            # Slices no run created are billed to the runs that ran on them, for the time they did;
-            # the rest of their time stays with "(none)".
-            runs = aggregate_sql(src_segment_runs(d), group, d, count=True, ctes=ctes)
-            q.reader.execute(f"INSERT INTO cost_seg {runs}", q.params)
-            q.reader.execute(items.adj_sql("SELECT * FROM cost_seg", d, recomputed=False), q.params)
-            q.reader.execute(items.adj_sql("SELECT * FROM cost_seg", d, recomputed=False, sign="-"), q.params)
+    if q.segments and group.kind == "run":
+        # Slices no run created are billed to the runs that ran on them, for the time they did;
+        # the rest of their time stays with "(none)".
+        runs = aggregate_sql(src_segment_runs(d), group, d, count=True, ctes=ctes)
+        q.reader.execute(f"INSERT INTO cost_seg {runs}", q.params)
+        q.reader.execute(items.adj_sql("SELECT * FROM cost_seg", d, recomputed=False), q.params)
+        q.reader.execute(items.adj_sql("SELECT * FROM cost_seg", d, recomputed=False, sign="-"), q.params)
     if group.kind == "slice":
         groups = _slice_groups(q, group, ctes, limit, scoped=scoped, summed_by=summed_by)
         # One group per slice billed or holding quota in the window: what the aggregate pass counted.
@@ -65,6 +57,24 @@ def item_report(
     else:
         groups, total = _run_groups(q, group, ctes, limit)
     return groups, total, by_day, counts, totals
+
+
+def prepared_totals(
+    q: Query, *, with_days: bool
+) -> tuple[CostLine, list[dict[str, Any]], tuple[int, int, int], str]:
+    """The totals, per-day spend and counts of every slice (the aggregate pass grouped by nothing, its
+    recomputed work from the few per-combination rows), with ``cost_prices`` filled for the groups' pass
+    over the slices; and the CTEs of the price pieces that pass reads."""
+    # Recomputed work is added per group by the caller; the total's comes from the same rows.
+    lines, by_day, counts, _ = aggregate_lines(q, GroupBy("total"), with_days=with_days, recomputed=False)
+    totals = lines[0] if lines else CostLine("total")
+    items.fill_prices(q.reader, items.combos(q.reader), q.pricer.combo_prices)
+    d = q.reader.dialect
+    ctes = _prepare_pieces(q) if q.changes else change_ctes(d)
+    if q.segments:
+        for sub in sub_rows(q.reader, recomputed_sql(GroupBy("total"), d, ctes), q.params):
+            totals.recomputed_usd += q.pricer.usd(sub, q.warnings)
+    return totals, by_day, counts, ctes
 
 
 def _prepare_pieces(q: Query) -> str:

@@ -120,6 +120,16 @@ _CATALOG: Final = (
 )
 _OWN: Final = _CATALOG.format("own")
 _OD: Final = _CATALOG.format("od")
+#: A slice's (alias p) catalog prices per chip-hour: its own capacity's, and on demand (cost_prices).
+OWN_PRICE_SQL: Final = _OWN
+OD_PRICE_SQL: Final = _OD
+
+
+def held_sql(d: Dialect) -> tuple[str, str, str]:
+    """A slice's (alias p) quota held in the window: chip-seconds, USD, and whether it only held quota
+    there (not billed: it still counts as a slice of its group)."""
+    e = _slice(d)
+    return e.held_cs, e.held_usd, e.held_only
 
 
 def _own(kind: str) -> str:

@@ -39,9 +39,11 @@ from typing import TYPE_CHECKING, Any, Final
 from tpuctl.errors import UsageError
 from tpuctl.services.cost.aggregate import Query, aggregate_lines
 from tpuctl.services.cost.attributed import ATTRIBUTED_KINDS, attributed_report
+from tpuctl.services.cost.daily import DAY_SPLIT_GROUPINGS
 from tpuctl.services.cost.details import dedupe, limited, mark_unknown_steps, run_info, slice_info
 from tpuctl.services.cost.item_report import item_report
 from tpuctl.services.cost.items import PREPARE
+from tpuctl.services.cost.keyed import KEYED_KINDS, keyed_report, top_day_cells
 from tpuctl.services.cost.model import CostLine, CostReport
 from tpuctl.services.cost.pricing import Pricer
 from tpuctl.services.cost.scan import SCAN_TABLES
@@ -118,14 +120,24 @@ class CostService:
         since: float | None = None,
         until: float | None = None,
         group_by: GroupBy,
+        limit: int | None = None,
         kinds_and_notes: bool = True,
     ) -> tuple[CostReport, list[DayCosts]]:
-        """The report grouped by ``group_by`` (one of ``daily.DAY_SPLIT_GROUPINGS``, every slice), and
-        each UTC day's billed USD split the same way (the dashboard's stacked bars), from the report's
-        own scan: a day's cells add up to its ``by_day`` figure and a group's to its ``cost_usd``."""
+        """The report grouped by ``group_by`` over every slice, and each UTC day's billed USD split the
+        same way (the dashboard's stacked bars), from few scans: a day's cells add up to its ``by_day``
+        figure and a group's to its ``cost_usd``. By a slice's own fact (``daily.DAY_SPLIT_GROUPINGS``)
+        from the report's own scan, by workspace or user from one pass over the slices (``keyed``); by
+        run, slice or label (thousands of groups) only the ``limit`` costliest groups are kept (the
+        report's ``limit``) and split, each day's rest as ``keyed.OTHER_KEY``."""
         from tpuctl.services.cost.daily import splittable
+        from tpuctl.services.cost.keyed import KEYED_KINDS, TOP_KINDS
 
-        return self._report(since, until, splittable(group_by), with_days=True, limit=None, scope=None,
+        if group_by.kind in TOP_KINDS:
+            if not limit:
+                raise ValueError(f"a split by {group_by.name} keeps the costliest groups: give a limit")
+        elif group_by.kind not in (*KEYED_KINDS, "day", "total"):
+            splittable(group_by)
+        return self._report(since, until, group_by, with_days=True, limit=limit, scope=None,
                             kinds_and_notes=kinds_and_notes, split=True)  # fmt: skip
 
     def _report(
@@ -153,7 +165,9 @@ class CostService:
         with open_reader(self._database) as reader, reader.snapshot(REPORT_TABLES):
             q = self._query(reader, _params(since, end, now, group, null_key(reader.dialect)), warnings)
             scope = scope or CostScope()
-            if group.kind in ATTRIBUTED_KINDS or not scope.everything:
+            if split and group.kind in KEYED_KINDS:
+                (groups, groups_total, by_day, counts, totals), day_split = keyed_report(q, group)
+            elif group.kind in ATTRIBUTED_KINDS or not scope.everything:
                 groups, groups_total, by_day, counts, totals = attributed_report(
                     q, group, scope, with_days=with_days, limit=limit
                 )
@@ -163,7 +177,10 @@ class CostService:
                 )
             else:
                 lines, by_day, counts, day_split = aggregate_lines(
-                    q, group, with_days=with_days, split=group if split else None
+                    q,
+                    group,
+                    with_days=with_days,
+                    split=group if split and group.kind in DAY_SPLIT_GROUPINGS else None,
                 )
                 if group.kind == "slice":
                     slice_info(reader, lines)
@@ -174,6 +191,8 @@ class CostService:
                     totals.add(line)
                 groups_total = len(lines)
                 groups = [line.to_dict() for line in limited(group, lines, limit)]
+            if split and group.kind not in KEYED_KINDS and group.kind not in DAY_SPLIT_GROUPINGS:
+                day_split = top_day_cells(q, group, [str(g["key"]) for g in groups], by_day)
             if group.kind == "run":
                 mark_unknown_steps(reader, groups)
             notes: dict[str, str] = {}
@@ -231,6 +250,8 @@ class CostService:
         report's ``by_day`` and ``groups``."""
         from tpuctl.services.cost.daily import splittable
 
+        if group_by.kind in KEYED_KINDS:
+            return self.split_report(since=since, until=until, group_by=group_by, kinds_and_notes=False)[1]
         splittable(group_by)
         now = self._clock()
         end = now if until is None else until
