@@ -138,6 +138,38 @@ def test_a_run_its_workspace_can_never_hold_is_refused_and_the_queue_lists_the_w
     ]
 
 
+def test_a_run_of_several_types_keeps_those_its_workspace_can_hold_and_is_refused_only_without_one(
+    session: Session, uploaded: str, state_dir: Path
+) -> None:
+    small = Workspaces.model_validate({"workspaces": {"default": {"chips": {"v5e": 8}}}})
+    replica = Replica(session, LeaseOwner.of_this_process(), listen="test", max_runs=1, tick_s=1.0,
+                      workspaces=small)  # fmt: skip
+    limited = TestClient(build_app(session, BundleStore(state_dir / "bundles"), replica))
+
+    def body(*types: str) -> dict[str, Any]:
+        resources = {**JOB["resources"], "accelerators": list(types)}
+        return {
+            "job": {**JOB, "resources": resources},
+            "bundle_sha256": uploaded,
+            "script_in_bundle": "prog.py",
+        }
+
+    # v5e-16 can never fit 8 v5e chips; v5e-8 can: the run is v5e-8's alone, queued, not refused.
+    kept = submit(limited, body("v5e-16", "v5e-8"), key="key-0101")
+    assert kept.status_code == 201, kept.text
+    run = session.ledger.get_run(kept.json()["run"]["run_id"])
+    assert run is not None and run.accelerator_type == "v5litepod-8"
+    plan = limited.post("/v1/runs:plan", json=body("v5e-16", "v5e-8")).json()["plan"]
+    assert "v5litepod-16" not in json.dumps(plan) and "v5litepod-8" in json.dumps(plan)
+    # Neither fits: the first one's reason.
+    refused = assert_document(submit(limited, body("v5e-16", "v5e-32"), key="key-0102"), 422)
+    assert refused["exit_code"] == EXIT_INFEASIBLE
+    assert (
+        refused["message"]
+        == "the run needs 16 v5e chips, more than workspace default may ever hold at once (8)"
+    )
+
+
 def test_a_submission_records_a_run_for_a_replica_and_a_retry_with_its_key_finds_it(
     api: TestClient, uploaded: str, session: Session
 ) -> None:

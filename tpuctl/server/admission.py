@@ -34,7 +34,7 @@ from tpuctl.store.records import UNKNOWN_PRINCIPAL, PriorityBand, RunRecord
 
 if TYPE_CHECKING:
     from tpuctl.catalog import Catalog
-    from tpuctl.services.run.model import PreparedRun
+    from tpuctl.services.run.model import PreparedRun, Target
     from tpuctl.services.session import Session
     from tpuctl.teams.workspaces import Workspace, Workspaces
 
@@ -120,6 +120,36 @@ def never_fits(workspace: Workspace, demand: Demand) -> InfeasibleError | None:
     return InfeasibleError(message, fix=f"ask for a smaller slice, or {fix}")
 
 
+def fitting_types(workspace: Workspace, target: Target) -> tuple[tuple[str, ...], InfeasibleError | None]:
+    """Of the slice types a run to place may take (``target``'s first, then its others: API names, in the
+    run's order), those ``workspace`` could some day hold under one of its capacity types, in one of its
+    zones (any, where it names none). None fitting: the first type's refusal (exit 3). A run on existing
+    slices (``--pod``) has their one type, capacity type and zone."""
+    placement = target.placement
+    if placement is None:
+        chips = target.accelerator.chips * target.slices
+        demand = Demand(target.accelerator.generation.name, chips, target.capacity, target.zone)
+        refusal = never_fits(workspace, demand)
+        return ((), refusal) if refusal is not None else ((target.accelerator.api_name,), None)
+    accelerators = (placement.accelerator, *(t.accelerator for t in placement.other_types))
+    fitting: list[str] = []
+    first_refusal: InfeasibleError | None = None
+    for accelerator in accelerators:
+        refusals = [
+            never_fits(
+                workspace,
+                Demand(accelerator.generation.name, accelerator.chips * placement.slices, capacity, zone),
+            )
+            for capacity in placement.capacity_types
+            for zone in placement.zones or (None,)
+        ]
+        if any(refusal is None for refusal in refusals):
+            fitting.append(accelerator.api_name)
+        elif first_refusal is None:
+            first_refusal = refusals[0]
+    return tuple(fitting), None if fitting else first_refusal
+
+
 def queue_entry(session: Session, workspaces: Workspaces, prepared: PreparedRun) -> QueueEntry:
     """How ``prepared`` enters the queue: its workspace (the actor's, ``--workspace``), principal, band
     and first reason; ``InfeasibleError`` (exit 3) when it can never fit its workspace (``never_fits``)."""
@@ -131,9 +161,7 @@ def queue_entry(session: Session, workspaces: Workspaces, prepared: PreparedRun)
             f"workspace {name} is not in the server's workspace file",
             fix="submit to a workspace the server's file names (`tpuctl workspace list`)",
         )
-    chips = target.accelerator.chips * target.slices
-    demand = Demand(target.accelerator.generation.name, chips, target.capacity, target.zone)
-    refusal = never_fits(workspace, demand)
+    _, refusal = fitting_types(workspace, target)
     if refusal is not None:
         raise refusal
     return QueueEntry(

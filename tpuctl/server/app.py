@@ -164,7 +164,7 @@ def build_app(
     def plan_run(body: SubmitRun) -> RunPlanOut:
         from tpuctl.server.submit import plan
 
-        return RunPlanOut(plan=plan(scoped(session), bundles, body))
+        return RunPlanOut(plan=plan(scoped(session), bundles, body, workspaces))
 
     @app.get("/v1/runs", response_model=RunList)
     def list_runs(

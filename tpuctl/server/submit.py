@@ -61,10 +61,11 @@ def submit(
     from tpuctl.teams.workspaces import Workspaces
 
     run_id = new_run_id(session.clock())
+    workspaces = workspaces or Workspaces.implicit()
     requested, prepared = _prepared(
-        session, bundles, body, run_id, RunDir.of(session.state_dir, run_id).make().root
+        session, bundles, body, run_id, RunDir.of(session.state_dir, run_id).make().root, workspaces
     )
-    entry = queue_entry(session, workspaces or Workspaces.implicit(), prepared)
+    entry = queue_entry(session, workspaces, prepared)
     stored = session.ledger.remember_submission(key, run_id, digest)
     if stored.run_id != run_id:  # the same key arrived twice at once: the other one is the run
         return _the_first(session, stored.run_id, stored.request_sha256, digest, key)
@@ -82,7 +83,9 @@ def submit(
     return Accepted(record, created=True)
 
 
-def plan(session: Session, bundles: BundleStore, body: SubmitRun) -> dict[str, Any]:
+def plan(
+    session: Session, bundles: BundleStore, body: SubmitRun, workspaces: Workspaces | None = None
+) -> dict[str, Any]:
     """What a submission of ``body`` would do, as `run --dry-run` plans it locally: every check a
     submission makes, nothing recorded, nothing created; the program unpacked into a directory of its
     own that is removed after (a plan leaves no run behind)."""
@@ -91,19 +94,25 @@ def plan(session: Session, bundles: BundleStore, body: SubmitRun) -> dict[str, A
     from tpuctl.services.run.prepare import new_run_id
     from tpuctl.services.run.service import Runs
     from tpuctl.store.paths import ensure_private_dir
+    from tpuctl.teams.workspaces import Workspaces
 
     run_id = new_run_id(session.clock())
     ensure_private_dir(session.state_dir)
     with tempfile.TemporaryDirectory(prefix="plan-", dir=session.state_dir) as root:
-        requested, prepared = _prepared(session, bundles, body, run_id, Path(root))
+        requested, prepared = _prepared(
+            session, bundles, body, run_id, Path(root), workspaces or Workspaces.implicit()
+        )
         return Runs(session).plan(prepared, budget_usd=requested.budget_usd)
 
 
 def _prepared(
-    session: Session, bundles: BundleStore, body: SubmitRun, run_id: str, root: Path
+    session: Session, bundles: BundleStore, body: SubmitRun, run_id: str, root: Path, workspaces: Workspaces
 ) -> tuple[RequestedRun, PreparedRun]:
     """``body`` as a prepared run with id ``run_id``, its program unpacked under ``root``: every check of
-    a submission (each bad value is exit 2 -> 400), before anything is stored."""
+    a submission (each bad value is exit 2 -> 400), before anything is stored. A run of several slice
+    types keeps only those its workspace could ever hold (``admission.fitting_types``): one of them
+    that can never fit there is no reason to refuse the run, and its queue and placement must not
+    wait for or choose it; none fitting is exit 3."""
     from tpuctl.jobs.document import run_request_from_document
     from tpuctl.services.run.service import Runs
 
@@ -114,8 +123,30 @@ def _prepared(
     # A secret named but not sent (or sent but not named) is a 400 too, naming the variable and never
     # its value (``secretenv.check_secrets``).
     prepared = runs.prepare(request, secrets=body.secrets or {})
+    narrowed = _within_workspace(session, workspaces, request, prepared)
+    if narrowed is not None:
+        prepared = runs.prepare(narrowed, secrets=body.secrets or {})
     runs.check_imports(prepared).refuse()
     return requested, prepared
+
+
+def _within_workspace(
+    session: Session, workspaces: Workspaces, request: RunRequest, prepared: PreparedRun
+) -> RunRequest | None:
+    """``request`` with only the slice types its workspace could ever hold, where it named some that
+    it could not; None where nothing is to drop (or the workspace is unknown: ``queue_entry`` refuses)."""
+    from tpuctl.server.admission import fitting_types
+
+    workspace = workspaces.get(session.actor.submit_workspace(request.workspace))
+    placement = prepared.target.placement
+    if workspace is None or placement is None or not placement.other_types:
+        return None
+    fitting, refusal = fitting_types(workspace, prepared.target)
+    if refusal is not None:
+        raise refusal
+    if len(fitting) == 1 + len(placement.other_types):
+        return None
+    return dataclasses.replace(request, accelerator_type=fitting[0], other_accelerator_types=fitting[1:])
 
 
 def _the_first(session: Session, run_id: str, stored_digest: str, digest: str, key: str) -> Accepted:
