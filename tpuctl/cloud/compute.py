@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import replace
@@ -43,7 +42,7 @@ from tpuctl.cloud.base import (
     QueuedResourceRequest,
     QuotaLimit,
 )
-from tpuctl.cloud.compute_sdk import CLIENTS, compute_v1
+from tpuctl.cloud.compute_sdk import ComputeClients, compute_v1, to_json
 from tpuctl.cloud.config import CloudConfig
 from tpuctl.cloud.google_calls import GoogleCalls
 from tpuctl.cloud.quotas import COMPUTE_SERVICE, CloudQuotasClient
@@ -52,7 +51,7 @@ from tpuctl.cloud.translate import error_from_compute_errors
 from tpuctl.errors import CloudError, NotFoundError, StockoutError, TransientError, UsageError
 
 if TYPE_CHECKING:
-    from google.auth.credentials import Credentials
+    pass
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -87,10 +86,8 @@ class ComputeCloud:
         self._endpoint = endpoint.rstrip("/")
         self._config = config or CloudConfig()
         self._timeout = self._config.request_timeout_s  # passed to every call: the library sets none
-        self._credentials: Credentials | None = None
         self._quotas = quotas
-        self._clients: dict[str, Any] = {}
-        self._lock = threading.Lock()
+        self._clients = ComputeClients(self._endpoint, self._config)
 
     @classmethod
     def for_simulator(
@@ -125,12 +122,7 @@ class ComputeCloud:
         return self._endpoint
 
     def close(self) -> None:
-        with self._lock:
-            for client in self._clients.values():
-                transport = getattr(client, "transport", None)
-                if transport is not None:
-                    transport.close()
-            self._clients.clear()
+        self._clients.close()
 
     # --- slices ----------------------------------------------------------------------------------
 
@@ -176,7 +168,7 @@ class ComputeCloud:
                     request={"project": self._project},
                     timeout=self._timeout,
                 )
-                return [(scope, _to_json(scoped).get(field) or []) for scope, scoped in pager]
+                return [(scope, to_json(scoped).get(field) or []) for scope, scoped in pager]
 
             for scope, items in self._read(f"list {kind.replace('_', ' ')}", "in all zones", fetch):
                 if not scope.startswith("zones/") or not items:
@@ -213,7 +205,7 @@ class ComputeCloud:
     def _host_keys_of(self, zone: str, instance: str) -> tuple[str, ...]:
         def fetch() -> dict[str, Any]:
             client = self._client("instances")
-            return _to_json(
+            return to_json(
                 client.get_guest_attributes(
                     request={
                         "project": self._project, "zone": zone, "instance": instance,
@@ -537,7 +529,7 @@ class ComputeCloud:
                 project=self._project, zone=request.zone, instance_group_manager=request.name,
                 timeout=self._timeout,
             )  # fmt: skip
-            return [_to_json(m) for m in pager]
+            return [to_json(m) for m in pager]
 
         for managed in self._read("list managed instances", request.name, fetch):
             errors = ((managed.get("lastAttempt") or {}).get("errors") or {}).get("errors") or []
@@ -590,29 +582,7 @@ class ComputeCloud:
     # --- calls -----------------------------------------------------------------------------------
 
     def _client(self, kind: str) -> Any:
-        with self._lock:
-            client = self._clients.get(kind)
-            if client is None:
-                sdk = compute_v1()
-                from google.api_core.client_options import ClientOptions
-
-                cls = getattr(sdk, _CLIENT_CLASSES[kind])
-                client = cls(
-                    credentials=self._resolve_credentials(),
-                    transport="rest",
-                    client_options=ClientOptions(api_endpoint=self._endpoint),
-                )
-                session = getattr(client.transport, "_session", None)
-                if session is not None:
-                    # The transport's requests session honours HTTP(S)_PROXY unless told, even for loopback.
-                    session.trust_env = self._config.trust_env
-                self._clients[kind] = client
-            return client
-
-    def _resolve_credentials(self) -> Credentials:
-        if self._credentials is None:
-            self._credentials = self._config.credentials()
-        return self._credentials
+        return self._clients.get(kind)
 
     def _read(self, action: str, resource: str, fn: Callable[[], T]) -> T:
         return GoogleCalls(self._config.retry, self._config.sleep).read(action, resource, fn)
@@ -620,7 +590,7 @@ class ComputeCloud:
     def _list(self, kind: str, zone: str) -> list[dict[str, Any]]:
         def fetch() -> list[dict[str, Any]]:
             pager = self._client(kind).list(project=self._project, zone=zone, timeout=self._timeout)
-            return [_to_json(item) for item in pager]
+            return [to_json(item) for item in pager]
 
         return self._read(f"list {kind.replace('_', ' ')}", zone, fetch)
 
@@ -629,7 +599,7 @@ class ComputeCloud:
 
         def fetch() -> dict[str, Any]:
             args = {"project": self._project, "zone": zone, field: name, "timeout": self._timeout}
-            return _to_json(self._client(kind).get(**args))
+            return to_json(self._client(kind).get(**args))
 
         return self._read(f"get {kind.replace('_', ' ')[:-1]}", f"{name} in {zone}", fetch)
 
@@ -662,7 +632,7 @@ class ComputeCloud:
         return calls.mutate(
             f"create {kind.replace('_', ' ')[:-1]}",
             str(body["name"]),
-            lambda: _to_json(self._client(kind).insert_unary(**args)),
+            lambda: to_json(self._client(kind).insert_unary(**args)),
             zone=zone,
             idempotent=rid is not None,
         )
@@ -681,7 +651,7 @@ class ComputeCloud:
         return calls.mutate(
             f"delete {kind.replace('_', ' ')[:-1]}",
             name,
-            lambda: _to_json(self._client(kind).delete_unary(**args)),
+            lambda: to_json(self._client(kind).delete_unary(**args)),
             zone=zone,
             idempotent=True,
         )
@@ -695,7 +665,7 @@ class ComputeCloud:
         return calls.mutate(
             "resize MIG",
             name,
-            lambda: _to_json(
+            lambda: to_json(
                 self._client("instance_group_managers").resize_unary(**args, timeout=self._timeout)
             ),
             zone=zone,
@@ -711,49 +681,66 @@ class ComputeCloud:
         *,
         timeout_s: float | None = None,
     ) -> dict[str, Any]:
-        """Poll the operation (zonal, regional or global, as its own fields say) until DONE; raise its
-        translated error when it failed."""
-        name = str(op["name"])
-        op_zone = shapes.last_segment(str(op["zone"])) if op.get("zone") else None
-        op_region = shapes.last_segment(str(op["region"])) if op.get("region") else None
-        if op.get("status") != "DONE":
+        return wait_operation(
+            self._clients, self._config, self._project, op, what, zone, progress, timeout_s=timeout_s
+        )
 
-            def get() -> dict[str, Any]:
-                if op_zone:
-                    kind, where = "zone_operations", {"zone": op_zone}
-                elif op_region:
-                    kind, where = "region_operations", {"region": op_region}
-                else:
-                    kind, where = "global_operations", {}
-                client = self._client(kind)
-                return self._read(
-                    "get operation",
-                    name,
-                    lambda: _to_json(
-                        client.get(project=self._project, operation=name, timeout=self._timeout, **where)
-                    ),
-                )
 
-            def on_poll(current: dict[str, Any], elapsed: float) -> None:
-                if progress is not None:
-                    progress.update(f"{what}: {current.get('status', '?')}", elapsed_s=elapsed)
+def wait_operation(
+    clients: ComputeClients,
+    config: CloudConfig,
+    project: str,
+    op: dict[str, Any],
+    what: str,
+    zone: str | None,
+    progress: OperationProgress | None = None,
+    *,
+    timeout_s: float | None = None,
+) -> dict[str, Any]:
+    """Poll the operation (zonal, regional or global, as its own fields say) until DONE, at ``config``'s
+    pace (its operation timeout, or ``timeout_s`` where longer); raise its translated error when it
+    failed. The one way every Compute Engine client here waits on an operation."""
+    name = str(op["name"])
+    op_zone = shapes.last_segment(str(op["zone"])) if op.get("zone") else None
+    op_region = shapes.last_segment(str(op["region"])) if op.get("region") else None
+    timeout = config.request_timeout_s  # passed to every call: the library sets none
+    if op.get("status") != "DONE":
 
-            c = self._config
-            limit = c.operation_timeout_s if timeout_s is None else max(c.operation_timeout_s, timeout_s)
-            polling = Polling(limit, c.poll_interval_s, c.poll_cap_s, c.sleep)
-            op = polling.until(
-                get,
-                lambda o: o.get("status") == "DONE",
-                still=f"{what}: operation {name} is still running",
-                fix=OPERATION_GOES_ON,
-                on_poll=on_poll,
+        def get() -> dict[str, Any]:
+            if op_zone:
+                kind, where = "zone_operations", {"zone": op_zone}
+            elif op_region:
+                kind, where = "region_operations", {"region": op_region}
+            else:
+                kind, where = "global_operations", {}
+            client = clients.get(kind)
+            return GoogleCalls(config.retry, config.sleep).read(
+                "get operation",
+                name,
+                lambda: to_json(client.get(project=project, operation=name, timeout=timeout, **where)),
             )
-        errors = (op.get("error") or {}).get("errors") or []
-        if errors or op.get("httpErrorStatusCode"):
-            raise error_from_compute_errors(
-                what=what, errors=errors, http_status=_int(op.get("httpErrorStatusCode")), zone=zone
-            )
-        return op
+
+        def on_poll(current: dict[str, Any], elapsed: float) -> None:
+            if progress is not None:
+                progress.update(f"{what}: {current.get('status', '?')}", elapsed_s=elapsed)
+
+        limit = (
+            config.operation_timeout_s if timeout_s is None else max(config.operation_timeout_s, timeout_s)
+        )
+        polling = Polling(limit, config.poll_interval_s, config.poll_cap_s, config.sleep)
+        op = polling.until(
+            get,
+            lambda o: o.get("status") == "DONE",
+            still=f"{what}: operation {name} is still running",
+            fix=OPERATION_GOES_ON,
+            on_poll=on_poll,
+        )
+    errors = (op.get("error") or {}).get("errors") or []
+    if errors or op.get("httpErrorStatusCode"):
+        raise error_from_compute_errors(
+            what=what, errors=errors, http_status=_int(op.get("httpErrorStatusCode")), zone=zone
+        )
+    return op
 
 
 def _parts_of(zone: str, accel: AcceleratorType) -> list[tuple[str, str | None]]:
@@ -770,7 +757,6 @@ def _multi_host_parts(zone: str) -> list[tuple[str, str | None]]:
 
 
 #: kind (the service module's name) -> the compute_v1 client class, from compute_sdk's one list.
-_CLIENT_CLASSES = {service: name for name, service in CLIENTS.items()}
 #: kind -> the keyword naming one resource in get/delete.
 _NAME_FIELDS = {
     "instances": "instance",
@@ -806,13 +792,6 @@ def _int(value: object) -> int | None:
         return int(str(value)) if value not in (None, "") else None
     except ValueError:
         return None
-
-
-def _to_json(message: Any) -> dict[str, Any]:
-    """A compute_v1 message as its REST JSON (camelCase), as it went over the wire: enums by name (proto-plus
-    writes their numbers unless told), so ``status == "DONE"`` reads as it does on the wire."""
-    data: dict[str, Any] = json.loads(type(message).to_json(message, use_integers_for_enums=False))
-    return data
 
 
 def _message(cls: Any, body: Mapping[str, Any]) -> Any:

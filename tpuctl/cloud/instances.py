@@ -12,21 +12,16 @@ cross this module's edge as their REST JSON, so the body sent is the one ``--dry
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from tpuctl.cloud.compute import compute_request_id
-from tpuctl.cloud.compute_sdk import CLIENTS, compute_v1
+from tpuctl.cloud.compute import compute_request_id, wait_operation
+from tpuctl.cloud.compute_sdk import ComputeClients, compute_v1, to_json
 from tpuctl.cloud.google_calls import GoogleCalls
-from tpuctl.cloud.retry import OPERATION_GOES_ON, Polling
-from tpuctl.cloud.translate import error_from_compute_errors
 from tpuctl.errors import NotFoundError
 
 if TYPE_CHECKING:
-    from google.auth.credentials import Credentials
-
     from tpuctl.cloud.config import CloudConfig
 
 
@@ -85,9 +80,7 @@ class InstanceClient:
         self._endpoint = endpoint.rstrip("/")
         self._config = config
         self._calls = GoogleCalls(config.retry, config.sleep)
-        self._credentials: Credentials | None = None
-        self._clients: dict[str, Any] = {}
-        self._lock = threading.Lock()
+        self._clients = ComputeClients(self._endpoint, config)
 
     @property
     def project(self) -> str:
@@ -98,10 +91,7 @@ class InstanceClient:
         return self._endpoint
 
     def close(self) -> None:
-        with self._lock:
-            for client in self._clients.values():
-                client.transport.close()
-            self._clients.clear()
+        self._clients.close()
 
     def create(self, zone: str, body: Mapping[str, Any], *, request_id: str | None = None) -> VmInstance:
         """``instances.insert`` of ``body`` as given, waited on until its operation is DONE; the VM as it
@@ -119,7 +109,7 @@ class InstanceClient:
         op = self._calls.mutate(
             "create instance",
             name,
-            lambda: _to_json(self._client("instances").insert_unary(request=request, timeout=self._timeout)),
+            lambda: to_json(self._client("instances").insert_unary(request=request, timeout=self._timeout)),
             zone=zone,
             idempotent=rid is not None,
         )
@@ -131,9 +121,7 @@ class InstanceClient:
 
         def fetch() -> dict[str, Any]:
             client = self._client("instances")
-            return _to_json(
-                client.get(project=self._project, zone=zone, instance=name, timeout=self._timeout)
-            )
+            return to_json(client.get(project=self._project, zone=zone, instance=name, timeout=self._timeout))
 
         return vm_of(self._calls.read("get instance", f"{name} in {zone}", fetch), zone)
 
@@ -149,7 +137,7 @@ class InstanceClient:
         op = self._calls.mutate(
             "delete instance",
             name,
-            lambda: _to_json(
+            lambda: to_json(
                 self._client("instances").delete_unary(
                     project=self._project, zone=zone, instance=name, timeout=self._timeout
                 )
@@ -166,7 +154,7 @@ class InstanceClient:
         def fetch() -> dict[str, Any]:
             request = {"project": self._project, "zone": zone, "instance": name, "query_path": "hostkeys/"}
             client = self._client("instances")
-            return _to_json(client.get_guest_attributes(request=request, timeout=self._timeout))
+            return to_json(client.get_guest_attributes(request=request, timeout=self._timeout))
 
         try:
             attrs = self._calls.read("get guest attributes", f"{name} in {zone}", fetch)
@@ -186,61 +174,7 @@ class InstanceClient:
         return self._config.request_timeout_s  # passed to every call: the library sets none
 
     def _client(self, kind: str) -> Any:
-        with self._lock:
-            client = self._clients.get(kind)
-            if client is None:
-                from google.api_core.client_options import ClientOptions
-
-                if self._credentials is None:
-                    self._credentials = self._config.credentials()
-                cls = getattr(compute_v1(), _CLIENT_CLASSES[kind])
-                client = cls(
-                    credentials=self._credentials,
-                    transport="rest",
-                    client_options=ClientOptions(api_endpoint=self._endpoint),
-                )
-                session = getattr(client.transport, "_session", None)
-                if session is not None:
-                    # requests honours HTTP(S)_PROXY unless told, even for a simulator on loopback.
-                    session.trust_env = self._config.trust_env
-                self._clients[kind] = client
-            return client
+        return self._clients.get(kind)
 
     def _wait(self, op: dict[str, Any], what: str, zone: str) -> None:
-        """Poll the zone operation until DONE; raise its translated error when it failed."""
-        name = str(op["name"])
-        if op.get("status") != "DONE":
-
-            def get() -> dict[str, Any]:
-                client = self._client("zone_operations")
-                return self._calls.read(
-                    "get operation",
-                    name,
-                    lambda: _to_json(
-                        client.get(project=self._project, zone=zone, operation=name, timeout=self._timeout)
-                    ),
-                )
-
-            c = self._config
-            polling = Polling(c.operation_timeout_s, c.poll_interval_s, c.poll_cap_s, c.sleep)
-            op = polling.until(
-                get,
-                lambda o: o.get("status") == "DONE",
-                still=f"{what}: operation {name} is still running",
-                fix=OPERATION_GOES_ON,
-            )
-        errors = (op.get("error") or {}).get("errors") or []
-        if errors or op.get("httpErrorStatusCode"):
-            status = op.get("httpErrorStatusCode")
-            raise error_from_compute_errors(
-                what=what, errors=errors, http_status=int(status) if status else None, zone=zone
-            )
-
-
-_CLIENT_CLASSES = {service: name for name, service in CLIENTS.items()}
-
-
-def _to_json(message: Any) -> dict[str, Any]:
-    """A compute_v1 message as its REST JSON, enums by name (``status == "DONE"`` as on the wire)."""
-    data: dict[str, Any] = json.loads(type(message).to_json(message, use_integers_for_enums=False))
-    return data
+        wait_operation(self._clients, self._config, self._project, op, what, zone)
