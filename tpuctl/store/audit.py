@@ -18,12 +18,11 @@ _COLS: Final = "id, at, principal, workspace, method, path, action, target, stat
 
 
 @dataclass(frozen=True, slots=True)
-class AuditEntry:
-    """One row. ``workspace`` None: the request was refused before a workspace was known (no token, a
-    run the caller cannot see), or it had none. ``detail``: the error's kind and message, when refused."""
+class AuditRecord:
+    """What a request writes. ``workspace`` None: the request was refused before a workspace was known
+    (no token, a run the caller cannot see), or it had none. ``detail``: the error's kind and message,
+    when refused."""
 
-    id: int
-    at: float
     principal: str
     workspace: str | None
     method: str
@@ -32,6 +31,14 @@ class AuditEntry:
     target: str | None
     status: int
     detail: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEntry(AuditRecord):
+    """One row: the record with its id and the ledger's time of it."""
+
+    id: int
+    at: float
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -39,20 +46,6 @@ class AuditEntry:
             "method": self.method, "path": self.path, "action": self.action, "target": self.target,
             "status": self.status, "detail": dict(self.detail),
         }  # fmt: skip
-
-
-@dataclass(frozen=True, slots=True)
-class AuditRecord:
-    """What a request writes (the row less its id and time)."""
-
-    principal: str
-    workspace: str | None
-    method: str
-    path: str
-    action: str
-    target: str | None
-    status: int
-    detail: Mapping[str, Any]
 
 
 def write(conn: SqlConnection, record: AuditRecord) -> None:
