@@ -5,6 +5,7 @@ conftest: the tests import it by name.)"""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -24,6 +25,27 @@ from tpuctl.testing.clock import wait_for
 from tpuctl.testing.ports import unused_port
 
 ZONE = "us-central1-a"
+#: The team acceptance's workspace file: team-a (a1 member, a2 viewer, lead admin; 32 v5e chips, 50 USD a
+#: month) and team-b (b1 and a CI service account, members; 16 v5e chips), and a scrape token.
+CI = "ci@proj.iam.gserviceaccount.com"
+SCRAPE_TOKEN = "scrape-0123456789"
+TEAM_WORKSPACES = f"""\
+workspaces:
+  team-a:
+    chips: {{v5e: 32}}
+    usd_per_month: 50
+    members:
+      a1@example.com: member
+      a2@example.com: viewer
+      lead@example.com: admin
+  team-b:
+    chips: {{v5e: 16}}
+    members:
+      b1@example.com: member
+      {CI}: member
+metrics:
+  scrape_token_sha256: {hashlib.sha256(SCRAPE_TOKEN.encode()).hexdigest()}
+"""
 WORLD: dict[str, Any] = {
     "speed": 1000,
     "zones": {ZONE: {"v5e": {"on_demand": 64, "preemptible": 64}}},

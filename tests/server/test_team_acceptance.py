@@ -13,7 +13,6 @@ Behind --slow (a dozen simulated hosts and fifteen CLI processes); its pieces ar
 
 from __future__ import annotations
 
-import hashlib
 import json
 import subprocess
 import sys
@@ -25,7 +24,7 @@ from typing import Any
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from server_place import ZONE, Place, ended_under, make_place, output
+from server_place import CI, SCRAPE_TOKEN, TEAM_WORKSPACES, ZONE, Place, ended_under, make_place, output
 
 from tpuctl.errors import EXIT_INFEASIBLE, EXIT_NOT_FOUND, EXIT_PERMISSION
 from tpuctl.sim import SimAdminClient
@@ -38,25 +37,6 @@ import sys, time
 print("started", flush=True)
 while sys.argv[1:] == ["wait"]:
     time.sleep(0.1)
-"""
-CI = "ci@proj.iam.gserviceaccount.com"
-SCRAPE_TOKEN = "scrape-0123456789"
-WORKSPACES = f"""\
-workspaces:
-  team-a:
-    chips: {{v5e: 32}}
-    usd_per_month: 50
-    members:
-      a1@example.com: member
-      a2@example.com: viewer
-      lead@example.com: admin
-  team-b:
-    chips: {{v5e: 16}}
-    members:
-      b1@example.com: member
-      {CI}: member
-metrics:
-  scrape_token_sha256: {hashlib.sha256(SCRAPE_TOKEN.encode()).hexdigest()}
 """
 FULL = "workspace team-a: 32 of 32 v5e chips in use"
 
@@ -98,7 +78,7 @@ def scrape(place: Place) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]
 @pytest.mark.slow
 def test_a_team_shares_a_server_within_its_limits_and_sees_only_its_own(team: Place, tmp_path: Path) -> None:
     workspaces = tmp_path / "workspaces.yaml"
-    workspaces.write_text(WORKSPACES)
+    workspaces.write_text(TEAM_WORKSPACES)
     server = team.start_server("--workspaces", str(workspaces))
     emails = ("a1@example.com", "a2@example.com", "b1@example.com", CI, "lead@example.com")
     a1, a2, b1, ci, lead = (team.signed_in(e, tmp_path) for e in emails)

@@ -18,26 +18,10 @@ from typing import Any
 
 import httpx
 import pytest
-from server_place import Place
+from server_place import CI, TEAM_WORKSPACES, Place
 
 from tpuctl.store.records import RunStatus
 
-CI = "ci@proj.iam.gserviceaccount.com"
-WORKSPACES = f"""\
-workspaces:
-  team-a:
-    chips: {{v5e: 32}}
-    usd_per_month: 50
-    members:
-      a1@example.com: member
-      a2@example.com: viewer
-      lead@example.com: admin
-  team-b:
-    chips: {{v5e: 16}}
-    members:
-      b1@example.com: member
-      {CI}: member
-"""
 A_RUN = "run-20261127-100000-aaaa"
 B_RUN = "run-20261127-100001-bbbb"
 
@@ -45,7 +29,7 @@ B_RUN = "run-20261127-100001-bbbb"
 @pytest.mark.slow  # a server and six CLI processes: ~17 s on a shared machine
 def test_a_team_server_authenticates_hides_refuses_and_audits(place: Place, tmp_path: Path) -> None:
     workspaces = tmp_path / "workspaces.yaml"
-    workspaces.write_text(WORKSPACES)
+    workspaces.write_text(TEAM_WORKSPACES)
     with place.ledger() as ledger:
         ledger.create_run(A_RUN, script="prog.py", status=RunStatus.FAILED, principal="a1@example.com",
                           workspace="team-a")  # fmt: skip
