@@ -29,18 +29,7 @@ def test_a_submitted_run_outlives_its_client_and_its_server_and_is_adopted_after
 ) -> None:
     a = place.start_server()
     followed = tmp_path / "client.out"
-    client = place.client(
-        "run", str(place.script), "--type", "v5e-8", "--zone", ZONE, "--no-runtime-deps", output=followed
-    )
-
-    def submitted() -> str | None:
-        assert client.poll() is None, output(client)
-        with place.ledger() as ledger:
-            runs = ledger.list_runs()
-        return runs[0].run_id if runs else None
-
-    run_id = wait_for(submitted, timeout=60.0, interval=0.05, what="the submission")
-    assert run_id is not None
+    client, run_id = _submitted(place, followed)
 
     def running_under_a() -> bool:
         assert a.poll() is None, output(a)
@@ -165,18 +154,7 @@ def test_two_servers_on_postgresql_share_a_run_and_the_survivor_adopts_it_after_
     with place.ledger() as ledger:
         assert sorted(r.owner.pid for r in ledger.replicas()) == sorted([a.pid, b.pid])
     followed = tmp_path / "client.out"
-    client = place.client(
-        "run", str(place.script), "--type", "v5e-8", "--zone", ZONE, "--no-runtime-deps", output=followed
-    )
-
-    def submitted() -> str | None:
-        assert client.poll() is None, output(client)
-        with place.ledger() as ledger:
-            runs = ledger.list_runs()
-        return runs[0].run_id if runs else None
-
-    run_id = wait_for(submitted, timeout=60.0, interval=0.05, what="the submission")
-    assert run_id is not None
+    client, run_id = _submitted(place, followed)
 
     def holder_printing() -> int | None:
         with place.ledger() as ledger:
@@ -247,3 +225,21 @@ def test_a_cancelled_run_resumed_through_the_server_is_carried_on_to_its_end(pla
         lines = [line.text for line in ledger.log_lines(run_id, worker=0)]
     assert f"attempt 1 line {LINES - 1}" in lines  # the second start ran to its end
     assert place.creates() == 2 and place.admin.status()["nodes"] == []
+
+
+def _submitted(place: Place, followed: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """A client process that submits the place's script and follows the run into ``followed``, and the
+    run's id once the ledger has it."""
+    client = place.client(
+        "run", str(place.script), "--type", "v5e-8", "--zone", ZONE, "--no-runtime-deps", output=followed
+    )
+
+    def submitted() -> str | None:
+        assert client.poll() is None, output(client)
+        with place.ledger() as ledger:
+            runs = ledger.list_runs()
+        return runs[0].run_id if runs else None
+
+    run_id = wait_for(submitted, timeout=60.0, interval=0.05, what="the submission")
+    assert run_id is not None
+    return client, run_id
