@@ -682,12 +682,12 @@ class ComputeCloud:
         timeout_s: float | None = None,
     ) -> dict[str, Any]:
         return wait_operation(
-            self._clients, self._config, self._project, op, what, zone, progress, timeout_s=timeout_s
+            self._client, self._config, self._project, op, what, zone, progress, timeout_s=timeout_s
         )
 
 
 def wait_operation(
-    clients: ComputeClients,
+    client_of: Callable[[str], Any],
     config: CloudConfig,
     project: str,
     op: dict[str, Any],
@@ -699,7 +699,8 @@ def wait_operation(
 ) -> dict[str, Any]:
     """Poll the operation (zonal, regional or global, as its own fields say) until DONE, at ``config``'s
     pace (its operation timeout, or ``timeout_s`` where longer); raise its translated error when it
-    failed. The one way every Compute Engine client here waits on an operation."""
+    failed. ``client_of``: the caller's SDK client of a service (its own, however it makes them). The
+    one way every Compute Engine client here waits on an operation."""
     name = str(op["name"])
     op_zone = shapes.last_segment(str(op["zone"])) if op.get("zone") else None
     op_region = shapes.last_segment(str(op["region"])) if op.get("region") else None
@@ -713,7 +714,7 @@ def wait_operation(
                 kind, where = "region_operations", {"region": op_region}
             else:
                 kind, where = "global_operations", {}
-            client = clients.get(kind)
+            client = client_of(kind)
             return GoogleCalls(config.retry, config.sleep).read(
                 "get operation",
                 name,

@@ -177,4 +177,4 @@ class InstanceClient:
         return self._clients.get(kind)
 
     def _wait(self, op: dict[str, Any], what: str, zone: str) -> None:
-        wait_operation(self._clients, self._config, self._project, op, what, zone)
+        wait_operation(self._client, self._config, self._project, op, what, zone)
