@@ -218,6 +218,23 @@ def serve_sim(
         stored_envs.harvest(storage_dir_for(state_dir))
 
 
+@pytest.fixture
+def one_server_vm() -> Iterator[None]:
+    """Held by every test that runs a team server on a simulated VM, for the whole test (ask for it
+    first: it is then given back last): the simulated VMs share this machine's loopback, so two such
+    servers at once, on two xdist workers, would both listen on the server's port. An exclusive lock on
+    a file of this machine's temp dir, waited for, not slept on."""
+    import fcntl
+    import tempfile
+
+    with open(Path(tempfile.gettempdir()) / "tpuctl-tests-server-vm.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 @pytest.fixture(scope="session")
 def postgres_cluster() -> Iterator[PostgresCluster]:
     """A real PostgreSQL server on loopback for this test process (one per xdist worker), started when a

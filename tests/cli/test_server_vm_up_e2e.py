@@ -147,6 +147,7 @@ def closers() -> Iterator[list[Callable[[], None]]]:
 
 @pytest.mark.slow
 def test_server_up_keeps_a_run_going_without_its_client_and_comes_back_from_its_copy(
+    one_server_vm: None,
     cli: Cli,
     serve_sim: Callable[..., SimAdminClient],
     tmp_path: Path,

@@ -144,7 +144,7 @@ def _server_vm_up(
 
 @pytest.mark.slow
 def test_the_team_server_installs_runs_and_comes_back_from_its_copy(
-    compute: tuple[SimServer, Clients], tmp_path: Path
+    one_server_vm: None, compute: tuple[SimServer, Clients], tmp_path: Path
 ) -> None:
     """What server up and down do on the VM, on a simulated one with a stock image: tpuctl's wheel
     copied over SSH, installed by the runs' host setup with its locked dependencies from the mirror
