@@ -243,18 +243,22 @@ def _runs(metadata: sa.MetaData) -> None:
              s.steps_recomputed, **_where("steps_recomputed > 0"))  # fmt: skip
 
 
+def _key(*names: str) -> list[sa.Column[Any]]:
+    """A rollup's key columns: a day (a number) or a group (text), NOT NULL as every key column is."""
+    return [
+        (_integer if n.endswith("day") else _text)(n, primary_key=True, autoincrement=False) for n in names
+    ]
+
+
+def _sums(*names: str) -> list[sa.Column[Any]]:
+    """A rollup's sums: a count of slices, and seconds or USD-seconds."""
+    return [(_integer if n == "slices" else _real)(n, nullable=False) for n in names]
+
+
 def _rollups(metadata: sa.MetaData) -> None:
     import sqlalchemy as sa
 
-    def key(*names: str) -> list[sa.Column[Any]]:
-        return [
-            (_integer if n.endswith("day") else _text)(n, primary_key=True, autoincrement=False)
-            for n in names
-        ]
-
-    def sums(*names: str) -> list[sa.Column[Any]]:
-        return [(_integer if n == "slices" else _real)(n, nullable=False) for n in names]
-
+    key, sums = _key, _sums
     groups = ("zone", "accelerator_type", "capacity", "labels")
     billed = ("slices", "billed_s", "billed_chip_s", "billed_usd_s", "billed_unpriced_chip_s")
     rowless: dict[str, Any] = {"sqlite_strict": True, "sqlite_with_rowid": False}
@@ -412,6 +416,23 @@ def _teams(metadata: sa.MetaData) -> None:
     )
 
 
+def _cost_by_owner(metadata: sa.MetaData) -> None:
+    """Cost by owner (revision 0004): ``cost_rollup_owner`` sums the slices ``cost_rollup`` sums, keyed by
+    day, workspace, principal, zone, type and capacity (no labels), so that cost grouped by workspace or
+    principal reads a row per owner and day instead of every slice; and ``pods_preempted_owner`` covers
+    the quota-held pass by owner over preempted slices. Triggers keep the table
+    (``tpuctl.store.owner_rollup``, which says why each exists)."""
+    import sqlalchemy as sa
+
+    from tpuctl.store import owner_rollup
+
+    sa.Table(owner_rollup.TABLE, metadata, *_key(*owner_rollup.KEY), *_sums(*owner_rollup.SUMS),
+             sqlite_strict=True, sqlite_with_rowid=False)  # fmt: skip
+    pods = metadata.tables["pods"].c
+    sa.Index(owner_rollup.PREEMPTED_INDEX, *(pods[col] for col in owner_rollup.PREEMPTED_INDEX_COLUMNS),
+             **_where("end_reason = 'preempted'"))  # fmt: skip
+
+
 #: Each group of tables with the revision of the history that added it, in order.
 _GROUPS: Final[tuple[tuple[str, Callable[[sa.MetaData], None]], ...]] = (
     ("0001_ledger_v10", _pods_and_events),
@@ -421,4 +442,5 @@ _GROUPS: Final[tuple[tuple[str, Callable[[sa.MetaData], None]], ...]] = (
     ("0001_ledger_v10", _ledger_meta),
     ("0002_servers", _servers),
     ("0003_teams", _teams),
+    ("0004_cost_by_owner", _cost_by_owner),
 )
