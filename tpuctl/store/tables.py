@@ -258,20 +258,19 @@ def _sums(*names: str) -> list[sa.Column[Any]]:
 def _rollups(metadata: sa.MetaData) -> None:
     import sqlalchemy as sa
 
-    key, sums = _key, _sums
     groups = ("zone", "accelerator_type", "capacity", "labels")
     billed = ("slices", "billed_s", "billed_chip_s", "billed_usd_s", "billed_unpriced_chip_s")
     rowless: dict[str, Any] = {"sqlite_strict": True, "sqlite_with_rowid": False}
-    sa.Table("cost_rollup", metadata, *key("day", *groups), *sums(*billed), **rowless)
+    sa.Table("cost_rollup", metadata, *_key("day", *groups), *_sums(*billed), **rowless)
     sa.Table("cost_day_offsets", metadata,
              _integer("n", primary_key=True, nullable=True, autoincrement=False),
              sqlite_strict=True)  # fmt: skip
-    sa.Table("cost_rollup_x", metadata, *key("first_day", "end_day", *groups),
-             *sums(*billed, "d0_s", "d0_chip_s", "d0_usd_s", "d0_unpriced_chip_s"), **rowless)  # fmt: skip
-    sa.Table("cost_rollup_xdays", metadata, *key("day", "first_day", "end_day", *groups),
-             *sums("slices", "s", "chip_s", "usd_s", "unpriced_chip_s"), **rowless)  # fmt: skip
-    sa.Table("cost_rollup_held", metadata, *key("end_day", "deleted_day", *groups),
-             *sums("slices", "held_chip_s", "held_usd_s", "held_unpriced_chip_s"), **rowless)  # fmt: skip
+    sa.Table("cost_rollup_x", metadata, *_key("first_day", "end_day", *groups),
+             *_sums(*billed, "d0_s", "d0_chip_s", "d0_usd_s", "d0_unpriced_chip_s"), **rowless)  # fmt: skip
+    sa.Table("cost_rollup_xdays", metadata, *_key("day", "first_day", "end_day", *groups),
+             *_sums("slices", "s", "chip_s", "usd_s", "unpriced_chip_s"), **rowless)  # fmt: skip
+    sa.Table("cost_rollup_held", metadata, *_key("end_day", "deleted_day", *groups),
+             *_sums("slices", "held_chip_s", "held_usd_s", "held_unpriced_chip_s"), **rowless)  # fmt: skip
 
 
 def _run_records(metadata: sa.MetaData) -> None:
