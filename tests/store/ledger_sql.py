@@ -43,10 +43,11 @@ def undo_history(conn: sqlite3.Connection) -> None:
     """Take a SQLite ledger back to the baseline of the Alembic history (the hand-written migrations' v10)
     with no record of the history: what the revisions after the baseline added is gone (servers and
     submissions; attribution, queue columns and the audit log; the owner rollup, its triggers and
-    index)."""
+    indexes)."""
     for trigger in owner_rollup.TRIGGERS:
         conn.execute(f"DROP TRIGGER {trigger}")
-    conn.execute(f"DROP INDEX {owner_rollup.PREEMPTED_INDEX}")
+    for index in owner_rollup.OWNER_INDEXES:
+        conn.execute(f"DROP INDEX {index}")
     for table in ("server_replicas", "run_submissions", "alembic_version", "audit_log", owner_rollup.TABLE):
         conn.execute(f"DROP TABLE {table}")
     for index in ("runs_workspace", "runs_queued"):

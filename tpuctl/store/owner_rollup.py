@@ -36,12 +36,11 @@ TABLE: Final = "cost_rollup_owner"
 #: The key, in the primary key's order.
 KEY: Final = ("day", "workspace", "principal", "zone", "accelerator_type", "capacity")
 SUMS: Final = ("slices", "billed_s", "billed_chip_s", "billed_usd_s", "billed_unpriced_chip_s")
-#: A covering index of preempted slices by owner, for the quota-held pass grouped by owner.
-PREEMPTED_INDEX: Final = "pods_preempted_owner"
-PREEMPTED_INDEX_COLUMNS: Final = (
-    *("workspace", "principal", "zone", "accelerator_type", "capacity"),
-    *("ended_at", "deleted_at", "ready_at", "chips", "price_per_chip_hour"),
-)
+#: Covering indexes of the slices a report by owner reads one by one (``tables._cost_by_owner`` defines
+#: them; their rows are wide, and a look-up each was most of those passes): the preempted ones (the quota
+#: held), those crossing midnight (the rollup holds only slices closed within a day), and those that
+#: redid steps (their stored recomputed work).
+OWNER_INDEXES: Final = ("pods_preempted_owner", "pods_crossing_owner", "pods_rec_owner")
 _COLUMNS: Final = ", ".join((*KEY, *SUMS))
 #: The triggers, in creation order.
 TRIGGERS: Final = ("pods_owner_rollup_insert", "pods_owner_rollup_close", "pods_owner_rollup_move")

@@ -418,8 +418,8 @@ def _teams(metadata: sa.MetaData) -> None:
 def _cost_by_owner(metadata: sa.MetaData) -> None:
     """Cost by owner (revision 0004): ``cost_rollup_owner`` sums the slices ``cost_rollup`` sums, keyed by
     day, workspace, principal, zone, type and capacity (no labels), so that cost grouped by workspace or
-    principal reads a row per owner and day instead of every slice; and ``pods_preempted_owner`` covers
-    the quota-held pass by owner over preempted slices. Triggers keep the table
+    principal reads a row per owner and day instead of every slice; and three covering indexes by owner
+    of the slices such a report reads one by one (``owner_rollup.OWNER_INDEXES``). Triggers keep the table
     (``tpuctl.store.owner_rollup``, which says why each exists)."""
     import sqlalchemy as sa
 
@@ -428,8 +428,28 @@ def _cost_by_owner(metadata: sa.MetaData) -> None:
     sa.Table(owner_rollup.TABLE, metadata, *_key(*owner_rollup.KEY), *_sums(*owner_rollup.SUMS),
              sqlite_strict=True, sqlite_with_rowid=False)  # fmt: skip
     pods = metadata.tables["pods"].c
-    sa.Index(owner_rollup.PREEMPTED_INDEX, *(pods[col] for col in owner_rollup.PREEMPTED_INDEX_COLUMNS),
-             **_where("end_reason = 'preempted'"))  # fmt: skip
+    owner = ("workspace", "principal", "zone", "accelerator_type", "capacity")
+    closed = "ended_at IS NOT NULL AND ready_at IS NOT NULL"
+    crossing = {e: f"{closed} AND {billing.crosses_midnight_sql('', e)}" for e in (SQLITE, POSTGRESQL)}
+    preempted, crossing_slices, recomputing = owner_rollup.OWNER_INDEXES
+    held_columns = (
+        *owner,
+        "ended_at",
+        "deleted_at",
+        "ready_at",
+        "chips",
+        "price_per_chip_hour",
+        "end_reason",
+    )
+    sa.Index(preempted, *(pods[col] for col in held_columns), **_where("end_reason = 'preempted'"))
+    crossing_columns = ("workspace", "principal", "ready_at", "ended_at", "zone", "accelerator_type",
+                        "capacity", "end_reason", "chips", "price_per_chip_hour")  # fmt: skip
+    sa.Index(crossing_slices, *(pods[col] for col in crossing_columns),
+             **_where(crossing[SQLITE], crossing[POSTGRESQL]))  # fmt: skip
+    rec_columns = (*owner, "ready_at", "ended_at", "rec_priced", "rec_unpriced")
+    sa.Index(
+        recomputing, *(pods[col] for col in rec_columns), **_where("rec_priced != 0 OR rec_unpriced != 0")
+    )
 
 
 #: Each group of tables with the revision of the history that added it, in order.

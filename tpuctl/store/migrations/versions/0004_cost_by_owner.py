@@ -1,7 +1,8 @@
 """Cost by owner: ``cost_rollup_owner``, the billed slices of ``cost_rollup`` keyed by day, workspace,
 principal, zone, type and capacity, kept by triggers on ``pods`` and filled here from the slices already
-recorded; and ``pods_preempted_owner``, the preempted slices by owner (``tpuctl.store.owner_rollup``
-says why). ``tpuctl.store.tables._cost_by_owner`` defines both.
+recorded; and covering indexes by owner of the slices such a report reads one by one
+(``tpuctl.store.owner_rollup.OWNER_INDEXES`` says why). ``tpuctl.store.tables._cost_by_owner``
+defines them.
 """
 
 from alembic import op
@@ -22,7 +23,7 @@ def upgrade() -> None:
     for table in added_by(revision):
         table.create(bind)
     for index in build_metadata(revision).tables["pods"].indexes:
-        if index.name == owner_rollup.PREEMPTED_INDEX:
+        if index.name in owner_rollup.OWNER_INDEXES:
             index.create(bind)
     owner_rollup.create(SqlAlchemyConnection(bind, dialect))
 
