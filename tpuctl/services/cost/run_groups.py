@@ -12,6 +12,7 @@ them. "(none)" is never one of them.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, Final
 
 from tpuctl.services.cost import items
@@ -22,6 +23,7 @@ from tpuctl.services.cost.sql_intervals import aggregate_sql, change_ctes, recom
 from tpuctl.services.cost.window import GroupBy
 from tpuctl.store import cost_sql as sd
 from tpuctl.store.cost_sql import cross_join, true
+from tpuctl.store.sql import Dialect
 
 _RUN = GroupBy("run")
 
@@ -33,12 +35,15 @@ def run_groups(q: Query, run_ids: Sequence[str]) -> list[dict[str, Any]]:
     if not wanted:
         return []
     d = q.reader.dialect
-    ctes = _prepare_pieces(q) if q.changes else change_ctes(d)
-    _rest(q)
     q.reader.execute_many(
         "INSERT INTO cost_top_runs (k, n, groups) VALUES (:k, :n, :groups)",
         [{"k": run_id, "n": n, "groups": len(wanted)} for n, run_id in enumerate(wanted)],
     )
+    if q.changes:  # only these runs' slices are read: the pieces of every other one are not
+        touched = q.reader.query(_touched_changes_sql(d), q.params)[0][0] or "[]"
+        q = replace(q, params={**q.params, "price_changes": touched})
+    ctes = _prepare_pieces(q) if q.changes else change_ctes(d)
+    _rest(q)
     if q.segments:
         # The runs' shares only: what the report takes from "(none)" for them is not asked for.
         shares = aggregate_sql(src_segment_runs(d, top_runs=True), _RUN, d, count=True, ctes=ctes)
@@ -63,6 +68,22 @@ UNION SELECT zone, atype, capacity FROM cost_item_adj""",
     )
     items.fill_prices(q.reader, [(str(z), str(t), str(c)) for z, t, c in combos], q.pricer.combo_prices)
     return items.run_records(q.reader.query(items.run_sql(d, ranked=True), {**q.params, "limit": -1}))
+
+
+def _touched_changes_sql(d: Dialect) -> str:
+    """The price changes (as JSON, like :price_changes) of the slices the runs in cost_top_runs created
+    (pods_run) or ran on without creating them (their segments, to pods_norun)."""
+    join, pod_id = cross_join(d), sd.json_int("j.value", 0, d)
+    return f"""
+SELECT {sd.json_array_agg("j.value", d)} FROM {sd.json_elements(":price_changes", "j", d)}
+WHERE {pod_id} IN (
+    SELECT p.id FROM cost_top_runs AS t {join} pods AS p {sd.indexed("pods_run", d)} ON p.run_id = t.k
+    UNION
+    SELECT p.id FROM cost_top_runs AS t {join} run_segments AS rs {sd.indexed("run_segments_run", d)}
+        ON rs.run_id = t.k {join} pods AS p {sd.indexed("pods_norun", d)}
+        ON p.zone = rs.zone AND p.name = rs.pod
+    WHERE p.run_id IS NULL
+)"""
 
 
 def _rest(q: Query) -> None:
