@@ -29,6 +29,7 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
+from functools import cache
 from typing import Any, Final
 
 from tpuctl.services.cost import items
@@ -202,10 +203,17 @@ def _billed_rows(q: Query, group: GroupBy, params: dict[str, Any]) -> Iterable[t
     """Per (key, first billed day): slices, seconds, chip-seconds, USD x 3600, on-demand USD x 3600, and
     the first and second day's USD x 3600, of every billed slice whose price never changed and of the
     changed ones the owner rollup holds: the window's whole days from the rollup, the other slices one by
-    one, each set through its own index (the closed ones crossing midnight off pods_crossing_owner, which
-    covers what the pass reads; the open ones, and the closed ones of the window's partial first and last
-    days, by id)."""
+    one (``_unrolled_sql``)."""
     d = q.reader.dialect
+    for sql in (_owner_rollup_sql(group, d), *_unrolled_sql(group, d)):
+        yield from q.reader.query(sql, params)
+
+
+@cache
+def _unrolled_sql(group: GroupBy, d: Dialect) -> tuple[str, str]:
+    """``_billed_rows``' passes over the slices the owner rollup does not hold, each set through its own
+    index: the closed ones crossing midnight off pods_crossing_owner (which covers what the pass reads);
+    the open ones, and the closed ones of the window's partial first and last days, by id."""
     key = key_sql(group, "p", d)
     closed = "p.ended_at IS NOT NULL AND p.ready_at IS NOT NULL"
     crossing = f"{closed} AND {crosses_midnight_sql('p', d)}"
@@ -216,11 +224,13 @@ def _billed_rows(q: Query, group: GroupBy, params: dict[str, Any]) -> Iterable[t
         f" UNION ALL {by_ready}ready_at < {midnight_sql(':d_lo', d)} AND NOT {crosses_midnight_sql('', d)}"
         f" UNION ALL {by_ready}ready_at >= {midnight_sql(':d_hi', d)} AND NOT {crosses_midnight_sql('', d)}"
     )
-    yield from q.reader.query(_owner_rollup_sql(group, d), params)
-    yield from q.reader.query(_slices_sql(key, crossing, crossing_source, d, figures=True), params)
-    yield from q.reader.query(_slices_sql(key, f"p.id IN ({others})", "pods AS p", d, figures=True), params)
+    return (
+        _slices_sql(key, crossing, crossing_source, d, figures=True),
+        _slices_sql(key, f"p.id IN ({others})", "pods AS p", d, figures=True),
+    )
 
 
+@cache
 def _rolled_in_days(d: Dialect) -> str:
     """Whether the owner rollup holds a slice (alias p) for the window: rolled up (closed within its
     first UTC day), that day one of the window's whole days."""
@@ -228,6 +238,7 @@ def _rolled_in_days(d: Dialect) -> str:
     return f"({rolled_sql('p', d)} AND {day} >= :d_lo AND {day} < :d_hi)"
 
 
+@cache
 def _unrolled_changes_sql(d: Dialect) -> str:
     """The price changes (as JSON, like :price_changes) of the slices the owner rollup does not hold for
     the window (their pieces are read; the others' stored facts hold them)."""
@@ -237,6 +248,7 @@ SELECT {sd.json_array_agg("j.value", d)} FROM {sd.json_elements(":price_changes"
 WHERE EXISTS (SELECT 1 FROM pods AS p WHERE p.id = {pod_id} AND NOT {_rolled_in_days(d)})"""
 
 
+@cache
 def _recomputed_sql(group: GroupBy, d: Dialect, ctes: str) -> str:
     """Per key, the recomputed work's USD x 3600 (``recomputed_sql``'s rows per combination, the stored
     figures off pods_rec_owner), priced in SQL as the billed time is: thousands of rows by user."""
@@ -248,6 +260,7 @@ LEFT JOIN cost_prices AS c ON c.zone = a.zone AND c.atype = COALESCE(a.atype, :n
 GROUP BY a.k"""
 
 
+@cache
 def _owner_rollup_sql(group: GroupBy, d: Dialect) -> str:
     """``_billed_rows``' figures of the slices the owner rollup (``cost_rollup_owner``) holds for the
     window's whole days, priced per combination in SQL (``cost_prices``: recorded USD, the catalog's own
@@ -293,6 +306,7 @@ def _day_usd(
         yield int(r[0]), NONE_KEY if r[1] is None else str(r[1]), q.pricer.usd(sub, q.warnings)
 
 
+@cache
 def _day_rows_sql(source: str, group: GroupBy, d: Dialect, ctes: str) -> str:
     """An interval relation (``IV_COLUMNS``) cut at UTC midnights, summed per (day, group key, zone, type,
     capacity): priced USD x 3600 and unpriced chip-seconds (the catalog prices them per combination)."""
@@ -312,6 +326,7 @@ def _window(d: Dialect) -> tuple[str, str]:
     return d.greatest("p.ready_at", ":since"), d.least("COALESCE(p.ended_at, :now)", ":until")
 
 
+@cache
 def _slices_sql(key: str, only: str, source: str, d: Dialect, *, figures: bool) -> str:
     """The pass over the billed slices ``only`` picks (alias p, read from ``source``) whose price never
     changed: per (``key``, first billed day) the first day's and the second day's USD x 3600 (most slices
@@ -343,6 +358,7 @@ FROM ({slices}) AS f
 GROUP BY 1, 2"""
 
 
+@cache
 def _later_days_source(only: str, d: Dialect) -> str:
     """The billed time from the second midnight on of the slices ``only`` picks whose price never changed
     (the pass over the slices has their first two days): closed ones from the partial index
@@ -366,6 +382,7 @@ def _changed_source(only: str) -> str:
     return f"{SRC_CHANGED} WHERE {only}"
 
 
+@cache
 def _held_sql(group: GroupBy, d: Dialect) -> str:
     """Per key: the quota preempted slices held in the window (chip-seconds, USD x 3600), and how many
     slices only held quota there (a group counts them, as ``items`` does)."""

@@ -213,6 +213,7 @@ CLOSED_IN_WINDOW: Final = (
 )
 
 
+@cache
 def recomputed_sql(
     group: GroupBy,
     d: Dialect,
@@ -306,6 +307,7 @@ ATTRIBUTION_COLUMNS: Final = {
 }
 
 
+@cache
 def key_sql(group: GroupBy, alias: str, d: Dialect) -> str:
     a = alias
     if group.kind == "label":
@@ -398,6 +400,7 @@ changed AS (SELECT DISTINCT id AS pod_id FROM cost_all_pieces),
 pieces AS (SELECT id, s, e, price FROM cost_all_pieces)"""
 
 
+@cache
 def aggregate_sql(
     source: str, group: GroupBy, d: Dialect, *, count: bool = False, ctes: str | None = None
 ) -> str:
