@@ -452,6 +452,17 @@ def _cost_by_owner(metadata: sa.MetaData) -> None:
     )
 
 
+def _waste_by_run(metadata: sa.MetaData) -> None:
+    """Waste by run (revision 0005): ``run_waste``, per run, the quota its preempted slices held until
+    deleted and their recomputed work (``tpuctl.store.run_waste``, which says why and what keeps it)."""
+    import sqlalchemy as sa
+
+    from tpuctl.store import run_waste
+
+    sa.Table(run_waste.TABLE, metadata, _text("run_id", primary_key=True, nullable=True),
+             *(_real(c, nullable=False) for c in run_waste.SUMS), sqlite_strict=True)  # fmt: skip
+
+
 #: Each group of tables with the revision of the history that added it, in order.
 _GROUPS: Final[tuple[tuple[str, Callable[[sa.MetaData], None]], ...]] = (
     ("0001_ledger_v10", _pods_and_events),
@@ -462,4 +473,5 @@ _GROUPS: Final[tuple[tuple[str, Callable[[sa.MetaData], None]], ...]] = (
     ("0002_servers", _servers),
     ("0003_teams", _teams),
     ("0004_cost_by_owner", _cost_by_owner),
+    ("0005_waste_by_run", _waste_by_run),
 )
