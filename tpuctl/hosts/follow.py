@@ -39,9 +39,9 @@ each new maintenance value one line ``{"event": "maintenance", "value": "TERMINA
 ...}`` (a maintenance is not a preemption: Google may restart the VM where it was, and tpuctl's supervisor
 acts on each differently). Each is on a line of its own (written with a newline before and after it, so
 that neither it nor a line the program is half way through is ever cut) and never after the exit status is
-written. Once the program ended, each key is read once more before that status: the notice comes with the
-soft-off's SIGTERM, which ends a program that keeps SIGTERM's default action before the long poll's answer
-to the same change arrives.
+written. Once the program ended, unless by SIGKILL, each key is read once more before that status: the
+notice comes with the soft-off's SIGTERM, which ends a program that keeps SIGTERM's default action before
+the long poll's answer to the same change arrives.
 
 ``tail DIR OFFSET`` writes the bytes of ``out`` from OFFSET on to stdout as they come, and control lines
 to stderr: ``alive`` about every second (so a silent program still shows the connection is up, and a
@@ -209,7 +209,10 @@ def _supervise(directory: str, cwd: str, env: dict[str, str], argv: list[str], r
     notices = NoticeReporter(out, env)
     notices.start()
     _, status = os.waitpid(child, 0)
-    notices.last_look()
+    if not (os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL):
+        # Not after a SIGKILL: that is the hard-off (or the grace's end), which sets the flag as it
+        # kills; a flag read then is no notice the program was given (the watch had any real one).
+        notices.last_look()
     notices.close()  # before the exit status: tail reads to EOF once it exists, so nothing may follow
     _write_atomic(os.path.join(directory, EXIT), f"{os.waitstatus_to_exitcode(status)}\n")
     return 0
