@@ -404,23 +404,25 @@ def run_rank_sql(d: Dialect) -> tuple[str, ...]:
     ``:limit`` costliest into cost_top_runs. The slices runs created are summed in run order straight off
     the covering pods_run index (no sort, no row look-ups); the rest is small."""
     return (
-        *_run_costs_sql(d, f"pods AS p {sd.indexed('pods_run', d)}", sd.true(d)),
+        *_run_costs_sql(d, f"pods AS p {sd.indexed('pods_run', d)}", held_only=True),
         _run_top_sql(d, "COUNT(*) OVER ()"),
     )
 
 
-def _run_costs_sql(d: Dialect, source: str, only: str) -> tuple[str, ...]:
+def _run_costs_sql(d: Dialect, source: str, *, held_only: bool) -> tuple[str, ...]:
     """The statements that fill cost_runs: the runs' own slices (alias p, read from ``source``: pods_run
-    or through it) and held-only slices, of the runs ``only`` picks; "(none)"; what was moved between
-    them (cost_item_adj, all of it). (A run's held-only slices are counted per run before the upsert on
-    PostgreSQL, whose upsert may not meet one key twice.)"""
+    or through it), and with ``held_only`` the runs' slices that only held quota (they make a run a group
+    that may cost nothing; counted per run before the upsert on PostgreSQL, whose upsert may not meet one
+    key twice); "(none)"; what was moved between them (cost_item_adj, all of it)."""
     e = _slice(d)
-    held_only = (
+    held = (
         f"SELECT p.run_id, 0.0, COUNT(*), 0.0 FROM {e.preempted} WHERE p.run_id IS NOT NULL AND {e.held_only}"
-        f" AND {only} GROUP BY p.run_id"
+        " GROUP BY p.run_id"
         if sd.upsert_groups_first(d)
         else f"SELECT p.run_id, 0.0, 1, 0.0 FROM {e.preempted} WHERE p.run_id IS NOT NULL AND {e.held_only}"
-        f" AND {only}"
+    )
+    held_rows = (
+        (f"INSERT INTO cost_runs (k, usd, slices, cs)\n{held}\n{_run_upsert(d)}",) if held_only else ()
     )
     return (
         f"""INSERT INTO cost_runs (k, usd, slices, cs)
@@ -428,9 +430,7 @@ SELECT p.run_id, SUM({e.usd}), COUNT(*), SUM(p.chips * {e.seconds})
 FROM {source} {_PIECES_JOIN}
 WHERE p.run_id IS NOT NULL AND {e.billed}
 GROUP BY p.run_id""",
-        f"""INSERT INTO cost_runs (k, usd, slices, cs)
-{held_only}
-{_run_upsert(d)}""",
+        *held_rows,
         f"""INSERT INTO cost_runs (k, usd, slices, cs)
 SELECT :null_key, usd, slices, cs FROM cost_none WHERE n > 0
 {_run_upsert(d)}""",
@@ -500,10 +500,10 @@ UNION SELECT :null_key"""
 @functools.cache
 def run_rank_candidates_sql(d: Dialect) -> tuple[str, ...]:
     """``run_rank_sql`` over the runs in cost_run_cands only (every run "(none)" moved time to is one,
-    as is "(none)"), with the count of every group given (``:groups``: ``run_groups_count_sql``)."""
+    as is "(none)"), with the count of every group given (``:groups``: ``run_groups_count_sql``). Not the
+    runs that only held quota: they cost nothing, and the candidates decide only costs above nothing."""
     source = f"cost_run_cands AS t {sd.cross_join(d)} pods AS p {sd.indexed('pods_run', d)} ON p.run_id = t.k"
-    only = "p.run_id IN (SELECT k FROM cost_run_cands)"
-    return (*_run_costs_sql(d, source, only), _run_top_sql(d, ":groups"))
+    return (*_run_costs_sql(d, source, held_only=False), _run_top_sql(d, ":groups"))
 
 
 @functools.cache
