@@ -203,6 +203,6 @@ def _rank_runs(q: Query, limit: int, bound: dict[str, Any]) -> None:
             q.reader.execute(f"DELETE FROM {table}", {})
         if every:
             break  # the limit reaches runs that cost nothing: those that only held quota are not candidates
-        count *= 8
+        count *= 16
     for statement in items.run_rank_sql(d):
         q.reader.execute(statement, bound)
