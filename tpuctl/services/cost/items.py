@@ -5,8 +5,9 @@ ledger (230k slices, 158k runs for 1,000,000 events). Building each in Python (a
 look-ups, ten roundings, a dict) took 16 s for the slices. Here the database computes every group's figures,
 catalog prices included (``cost_prices``: the few zone x type x capacity combinations in the window),
 and Python only zips the rows it gets into dicts. With a ``limit`` (the table's default) the groups are
-first ranked on their cost alone, one cheap pass, and the full figures computed and formatted only for
-the ``limit`` shown. Totals, per-day figures and preemption counts are not computed here: ``CostService``
+first ranked on their cost alone, one cheap pass (for runs, over the few candidates whose bound on their
+cost may put them among the costliest: ``run_bound_sql``), and the full figures computed and formatted
+only for the ``limit`` shown. Totals, per-day figures and preemption counts are not computed here: ``CostService``
 takes them from the aggregate fast path (the report as if grouped by nothing), so they are the same
 figures every other grouping shows.
 
