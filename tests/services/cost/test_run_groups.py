@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pytest
 from test_fast_path import DAY, T0, WINDOWS, _ledger
 
-from tpuctl.catalog import Catalog
+from tpuctl.catalog import CapacityType, Catalog
 from tpuctl.services.cost import CostService, parse_group_by
 from tpuctl.services.prices import PriceSource
 from tpuctl.store.ledger import Ledger
@@ -68,7 +68,7 @@ def test_the_runs_that_wasted_most_among_many_are_found_from_the_stored_waste(
             db.create_run(run, script="train.py", ts=T0)
             events += [
                 NewEvent(EventKind.REQUESTED, pod=pod, zone=zone, ts=T0, run_id=run, chips=8,
-                         accelerator_type="v5e-8", capacity="spot", price_per_chip_hour=1.0 + n % 7),
+                         accelerator_type="v5e-8", capacity=CapacityType.SPOT, price_per_chip_hour=1.0 + n % 7),
                 NewEvent(EventKind.READY, pod=pod, zone=zone, ts=T0 + 600),
                 NewEvent(EventKind.PREEMPTED, pod=pod, zone=zone, ts=ended),
             ]  # fmt: skip
@@ -77,7 +77,7 @@ def test_the_runs_that_wasted_most_among_many_are_found_from_the_stored_waste(
         db.record_events_bulk(events)
         catalog = Catalog.load()
         source = PriceSource(catalog.prices.source, catalog.prices.date, cached=False)
-        service = CostService(db, catalog, source, clock=lambda: now, workers=1)
+        service = CostService(db.url, catalog, source, clock=lambda: now, workers=1)
         full = service.report(group_by=parse_group_by("run")).to_dict()["groups"]
         wasted = sorted(
             (g for g in full if (g["waste_usd"] or 0) > 0), key=lambda g: (-g["waste_usd"], g["key"])
