@@ -16,6 +16,7 @@ from tpuctl.services.cost.sql_intervals import (
     change_ctes,
     pieces_needed_sql,
     recomputed_sql,
+    recomputing_changes_sql,
     src_segment_runs,
     stored_pieces_sql,
 )
@@ -68,17 +69,21 @@ def item_report(
 
 
 def prepared_totals(
-    q: Query, *, with_days: bool
+    q: Query, *, with_days: bool, item_pieces: bool = True
 ) -> tuple[CostLine, list[dict[str, Any]], tuple[int, int, int], str]:
     """The totals, per-day spend and counts of every slice (the aggregate pass grouped by nothing, its
     recomputed work from the few per-combination rows), with ``cost_prices`` filled for the groups' pass
-    over the slices; and the CTEs of the price pieces that pass reads."""
+    over the slices; and the CTEs of the price pieces that pass reads. ``item_pieces``: the pieces a pass
+    over slices or runs needs (``_prepare_pieces``); else only those of the slices some segment redid
+    steps on, all that recomputed work reads (a caller that reads no other)."""
     # Recomputed work is added per group by the caller; the total's comes from the same rows.
     lines, by_day, counts, _ = aggregate_lines(q, GroupBy("total"), with_days=with_days, recomputed=False)
     totals = lines[0] if lines else CostLine("total")
     items.fill_prices(q.reader, items.combos(q.reader), q.pricer.combo_prices)
     d = q.reader.dialect
-    ctes = _prepare_pieces(q) if q.changes else change_ctes(d)
+    ctes = change_ctes(d)
+    if q.changes:
+        ctes = _prepare_pieces(q) if item_pieces else _prepare_pieces_of(q, recomputing_changes_sql(d))
     if q.segments:
         for sub in sub_rows(q.reader, recomputed_sql(GroupBy("total"), d, ctes), q.params):
             totals.recomputed_usd += q.pricer.usd(sub, q.warnings)
@@ -91,11 +96,19 @@ def _prepare_pieces(q: Query) -> str:
     or a run's share of a slice it did not create, is priced piece by piece). For the other ones, billed
     wholly inside the window, the stored facts are the bill. Returns the CTEs that read them back."""
     d = q.reader.dialect
-    needed = q.reader.query(pieces_needed_sql(d), q.params)[0][0] or "[]"
-    pieces = f"WITH {change_ctes(d)} SELECT id, s, e, price FROM pieces"
-    q.reader.execute(f"INSERT INTO cost_all_pieces {pieces}", {**q.params, "price_changes": needed})
+    ctes = _prepare_pieces_of(q, pieces_needed_sql(d))
     q.reader.execute(items.pieces_sql(d), {})
     q.reader.execute(stored_pieces_sql(d), q.params)
+    return ctes
+
+
+def _prepare_pieces_of(q: Query, needed_sql: str) -> str:
+    """The pieces of the price-changed slices whose changes ``needed_sql`` gives (as JSON), into
+    cost_all_pieces; returns the CTEs that read them back."""
+    d = q.reader.dialect
+    needed = q.reader.query(needed_sql, q.params)[0][0] or "[]"
+    pieces = f"WITH {change_ctes(d)} SELECT id, s, e, price FROM pieces"
+    q.reader.execute(f"INSERT INTO cost_all_pieces {pieces}", {**q.params, "price_changes": needed})
     return STORED_CHANGE_CTES
 
 

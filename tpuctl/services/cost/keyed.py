@@ -82,7 +82,7 @@ def keyed_report(q: Query, group: GroupBy, *, with_days: bool = True) -> tuple[I
     (``with_days``: the report's own ``by_day`` too)."""
     if group.kind not in KEYED_KINDS:
         raise ValueError(f"not a grouping by whose the slices are: {group.name}")
-    totals, by_day, counts, ctes = prepared_totals(q, with_days=with_days)
+    totals, by_day, counts, ctes = prepared_totals(q, with_days=with_days, item_pieces=False)
     d = q.reader.dialect
     lines = _Lines()
     cells: dict[tuple[int, str], float] = defaultdict(float)

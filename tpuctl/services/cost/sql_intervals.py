@@ -263,12 +263,14 @@ def recomputed_sql(
         d,
         unchanged_only=f"NOT ({stored})",
     )
-    # In pods_rec's order (zone, type, capacity: no sort) where the key is one of those or none.
-    stored_groups = (
-        "p.zone, p.accelerator_type, p.capacity"
-        if group.kind in ("zone", "region", "type", "capacity", "total")
-        else "1, 2, 3, 4"
-    )
+    # In pods_rec's order (zone, type, capacity: no sort) where the key is one of those or none; in
+    # pods_rec_owner's (owner first) where it is whose the slice is (a key's rows may then come in several
+    # groups, which the reader adds up).
+    stored_groups = "1, 2, 3, 4"
+    if group.kind in ("zone", "region", "type", "capacity", "total"):
+        stored_groups = "p.zone, p.accelerator_type, p.capacity"
+    elif group.kind in ATTRIBUTION_COLUMNS:
+        stored_groups = "p.workspace, p.principal, p.zone, p.accelerator_type, p.capacity"
     return f"""{aggregate_sql(computed, group, d, ctes=ctes)}
 UNION ALL
 SELECT {key_sql(group, "p", d)} AS k, p.zone AS zone, p.accelerator_type AS atype, p.capacity AS capacity,
