@@ -338,10 +338,13 @@ def _slices_sql(key: str, only: str, source: str, d: Dialect, *, figures: bool) 
     after = midnight_after_sql(b0, d)
     second = d.greatest("0", f"{d.least(be, f'{after} + {DAY_S}.0')} - {after}")
     price = f"COALESCE(p.price_per_chip_hour, {items.OWN_PRICE_SQL}, 0)"
+    # The on-demand price only where the figures need it (a look-up per spot slice).
+    odp = (
+        f",\n       CASE WHEN {preemptible_sql('p')} THEN {items.OD_PRICE_SQL} END AS odp" if figures else ""
+    )
     slices = f"""
 SELECT {key} AS k, {day_sql(b0, d)} AS day0, {be} - {b0} AS s, {d.least(be, after)} - {b0} AS s0,
-       {second} AS s1, p.chips AS chips, {price} AS price,
-       CASE WHEN {preemptible_sql("p")} THEN {items.OD_PRICE_SQL} END AS odp
+       {second} AS s1, p.chips AS chips, {price} AS price{odp}
 FROM {source}
 WHERE {billed_pod(d)} AND {UNCHANGED} AND {only}
 {sd.fence(d)}"""
