@@ -66,9 +66,10 @@ def test_the_runs_that_wasted_most_among_many_are_found_from_the_stored_waste(
         for n in range(30):
             run, pod, ended = f"r{n:02d}", f"p{n:02d}", T0 + 3600 + n
             db.create_run(run, script="train.py", ts=T0)
+            price = 1.0 + n % 7
             events += [
                 NewEvent(EventKind.REQUESTED, pod=pod, zone=zone, ts=T0, run_id=run, chips=8,
-                         accelerator_type="v5e-8", capacity=CapacityType.SPOT, price_per_chip_hour=1.0 + n % 7),
+                         accelerator_type="v5e-8", capacity=CapacityType.SPOT, price_per_chip_hour=price),
                 NewEvent(EventKind.READY, pod=pod, zone=zone, ts=T0 + 600),
                 NewEvent(EventKind.PREEMPTED, pod=pod, zone=zone, ts=ended),
             ]  # fmt: skip

@@ -7,9 +7,9 @@ catalog prices included (``cost_prices``: the few zone x type x capacity combina
 and Python only zips the rows it gets into dicts. With a ``limit`` (the table's default) the groups are
 first ranked on their cost alone, one cheap pass (for runs, over the few candidates whose bound on their
 cost may put them among the costliest: ``run_bound_sql``), and the full figures computed and formatted
-only for the ``limit`` shown. Totals, per-day figures and preemption counts are not computed here: ``CostService``
-takes them from the aggregate fast path (the report as if grouped by nothing), so they are the same
-figures every other grouping shows.
+only for the ``limit`` shown. Totals, per-day figures and preemption counts are not computed here:
+``CostService`` takes them from the aggregate fast path (the report as if grouped by nothing), so they are
+the same figures every other grouping shows.
 
 The figures are the reference path's (``CostService(fast=False)``, which the tests hold this to): a
 slice is billed for its time in the window at its recorded price (a slice with no recorded price at the
