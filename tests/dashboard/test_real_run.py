@@ -84,7 +84,9 @@ def test_a_real_run_preempted_twice_is_drawn_with_both_preemptions(
     described = cli("runs", "describe", run_id, "-o", "json").json["run"]
     preemptions = described["recovery"]["preemptions"]
     assert len(preemptions) == 2
-    assert preemptions[0]["kind"].startswith("notice") and preemptions[1]["kind"] == "hard"
+    assert preemptions[0]["kind"].startswith("notice") and preemptions[1]["kind"] == "hard", [
+        (p["kind"], p["detection_latency_s"]) for p in preemptions
+    ]
     costs = cli("cost", "report", "--group-by", "run", "-o", "json").json
     _check_page(state_dir, run_id, preemptions, costs)
 

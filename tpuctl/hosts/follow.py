@@ -39,7 +39,9 @@ each new maintenance value one line ``{"event": "maintenance", "value": "TERMINA
 ...}`` (a maintenance is not a preemption: Google may restart the VM where it was, and tpuctl's supervisor
 acts on each differently). Each is on a line of its own (written with a newline before and after it, so
 that neither it nor a line the program is half way through is ever cut) and never after the exit status is
-written.
+written. Once the program ended, unless by SIGKILL, each key is read once more before that status: the
+notice comes with the soft-off's SIGTERM, which ends a program that keeps SIGTERM's default action before
+the long poll's answer to the same change arrives.
 
 ``tail DIR OFFSET`` writes the bytes of ``out`` from OFFSET on to stdout as they come, and control lines
 to stderr: ``alive`` about every second (so a silent program still shows the connection is up, and a
@@ -68,6 +70,9 @@ EXIT = "exit"
 SUPERVISOR = "supervisor"
 HEARTBEAT_S = 1.0
 _POLL_S = 0.05
+#: How long the last look at the metadata server, once the program ended, may hold up its exit status
+#: (a VM's metadata server answers in milliseconds; one that does not is not waited for).
+LAST_LOOK_TIMEOUT_S = 1.0
 
 
 def _write_atomic(path: str, text: str) -> None:
@@ -204,6 +209,10 @@ def _supervise(directory: str, cwd: str, env: dict[str, str], argv: list[str], r
     notices = NoticeReporter(out, env)
     notices.start()
     _, status = os.waitpid(child, 0)
+    if not (os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL):
+        # Not after a SIGKILL: that is the hard-off (or the grace's end), which sets the flag as it
+        # kills; a flag read then is no notice the program was given (the watch had any real one).
+        notices.last_look()
     notices.close()  # before the exit status: tail reads to EOF once it exists, so nothing may follow
     _write_atomic(os.path.join(directory, EXIT), f"{os.waitstatus_to_exitcode(status)}\n")
     return 0
@@ -221,6 +230,7 @@ class NoticeReporter:
         self._said: set[tuple[str, str]] = set()  # (event, value) written
         self._closed = threading.Event()  # the program ended: nothing more is written
         self._noticed = threading.Event()  # the preemption notice was written: its watch is over
+        self._host: str | None = None  # the metadata server's host[:port], once watched
 
     def start(self) -> None:
         """One daemon thread per watched key (each holds a long poll; the process exit ends them)."""
@@ -231,6 +241,7 @@ class NoticeReporter:
             clients = [(preemption.MetadataClient(host), key) for key in preemption.WATCHED_KEYS]
         except (ImportError, ValueError):
             return  # no runtime in the bundle, or a malformed GCE_METADATA_HOST: the program runs unwatched
+        self._host = host
         for client, key in clients:
             threading.Thread(
                 target=self._watch, args=(client, key), name=f"notice-{key.path}", daemon=True
@@ -262,6 +273,34 @@ class NoticeReporter:
                 continue
             self.report(key.event, source=key.source)
             return
+
+    def last_look(self, timeout_s: float = LAST_LOOK_TIMEOUT_S) -> None:
+        """Once the program ended: one plain GET of each watched key, and each news said as the watches
+        say it. The preemption notice comes with the soft-off's SIGTERM, whose default action ends a
+        program at once; the long poll's answer to the same change then loses the race to the program's
+        end (the reporter closes before it lands), and tpuctl would take a noticed preemption for a hard
+        one. The flag is TRUE by the time the SIGTERM has killed the program, so a fresh read sees it.
+        A server that fails or is silent for ``timeout_s`` ends the look (nothing is said of it)."""
+        if self._host is None or self._noticed.is_set() or self._closed.is_set():
+            return
+        import http.client
+
+        from tpuctl.runtime import preemption
+
+        client = preemption.MetadataClient(self._host, timeout_s=timeout_s)
+        try:
+            for key in preemption.WATCHED_KEYS:
+                value = client.get(key.path).text.strip()
+                if not key.is_news(value):
+                    continue
+                if key.event == "maintenance":
+                    self.report("maintenance", value=value)
+                else:
+                    self.report(key.event, source=key.source)
+        except (OSError, http.client.HTTPException):
+            pass  # as the watches do: a host whose metadata server is down says so in other ways
+        finally:
+            client.close()
 
     def report(self, event: str, *, source: str | None = None, value: str | None = None) -> bool:
         """Write one event line (each event and value once, none after ``close``); True if this call

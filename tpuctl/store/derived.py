@@ -56,10 +56,10 @@ def _legacy(prefix: str) -> tuple[str, ...]:
 
 
 @dataclass(frozen=True)
-class _Trigger:
-    """One PostgreSQL row trigger: ``event`` as CREATE TRIGGER spells it ("INSERT ON pods"), the
-    ``when`` it fires under (no subquery), a ``guard`` its function checks first (may hold one), and the
-    ``body``: statements, each ending in ``;``."""
+class PgTrigger:
+    """One PostgreSQL row trigger (these, and ``tpuctl.store.owner_rollup``'s): ``event`` as CREATE
+    TRIGGER spells it ("INSERT ON pods"), the ``when`` it fires under (no subquery), a ``guard`` its
+    function checks first (may hold one), and the ``body``: statements, each ending in ``;``."""
 
     name: str
     event: str
@@ -82,7 +82,7 @@ class _Trigger:
         return function, trigger
 
 
-def _postgresql_triggers() -> tuple[_Trigger, ...]:
+def _postgresql_triggers() -> tuple[PgTrigger, ...]:
     """SQLite's eleven triggers (``schema``'s migrations v4, v7, v8), in the order they were made."""
     pg = POSTGRESQL
     rollup_add = schema.rollup_add_sql(pg)
@@ -95,23 +95,23 @@ def _postgresql_triggers() -> tuple[_Trigger, ...]:
     never_repriced = schema.price_never_changed_sql("NEW")
     watched = ", ".join(schema.REC_WATCHED_COLUMNS)
     return (
-        _Trigger("pods_rollup_insert", "INSERT ON pods", schema.rolled_sql("NEW", pg), rollup_add),
-        _Trigger("pods_rollup_close", "UPDATE ON pods",
+        PgTrigger("pods_rollup_insert", "INSERT ON pods", schema.rolled_sql("NEW", pg), rollup_add),
+        PgTrigger("pods_rollup_close", "UPDATE ON pods",
                  f"OLD.ended_at IS NULL AND {schema.rolled_sql('NEW', pg)}", rollup_add),
-        _Trigger("pods_rec_insert", "INSERT ON pods", "NEW.ended_at IS NOT NULL",
+        PgTrigger("pods_rec_insert", "INSERT ON pods", "NEW.ended_at IS NOT NULL",
                  rec("NEW.zone", "NEW.name")),
-        _Trigger("pods_rec_update", f"UPDATE OF {watched} ON pods", "NEW.ended_at IS NOT NULL",
+        PgTrigger("pods_rec_update", f"UPDATE OF {watched} ON pods", "NEW.ended_at IS NOT NULL",
                  rec("NEW.zone", "NEW.name")),
-        _Trigger("run_segments_rec_insert", "INSERT ON run_segments", "NEW.pod IS NOT NULL",
+        PgTrigger("run_segments_rec_insert", "INSERT ON run_segments", "NEW.pod IS NOT NULL",
                  rec("NEW.zone", "NEW.pod")),
-        _Trigger("run_segments_rec_update", "UPDATE ON run_segments", None,
+        PgTrigger("run_segments_rec_update", "UPDATE ON run_segments", None,
                  f"{rec('NEW.zone', 'NEW.pod')}\n    {rec('OLD.zone', 'OLD.pod')}"),
-        _Trigger("run_segments_rec_delete", "DELETE ON run_segments", "OLD.pod IS NOT NULL",
+        PgTrigger("run_segments_rec_delete", "DELETE ON run_segments", "OLD.pod IS NOT NULL",
                  rec("OLD.zone", "OLD.pod")),
-        _Trigger("pods_rollup_x_insert", "INSERT ON pods", crossing, roll_x, guard=never_repriced),
-        _Trigger("pods_rollup_x_close", "UPDATE ON pods", f"OLD.ended_at IS NULL AND {crossing}", roll_x,
+        PgTrigger("pods_rollup_x_insert", "INSERT ON pods", crossing, roll_x, guard=never_repriced),
+        PgTrigger("pods_rollup_x_close", "UPDATE ON pods", f"OLD.ended_at IS NULL AND {crossing}", roll_x,
                  guard=never_repriced),
-        _Trigger("pods_rollup_held_insert", "INSERT ON pods", held, roll_held),
-        _Trigger("pods_rollup_held_delete", "UPDATE ON pods", f"OLD.deleted_at IS NULL AND {held}",
+        PgTrigger("pods_rollup_held_insert", "INSERT ON pods", held, roll_held),
+        PgTrigger("pods_rollup_held_delete", "UPDATE ON pods", f"OLD.deleted_at IS NULL AND {held}",
                  roll_held),
     )  # fmt: skip

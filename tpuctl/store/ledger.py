@@ -48,7 +48,7 @@ from typing import Any, Final, Literal, TypeAlias, TypeVar
 
 from tpuctl.catalog import CapacityType
 from tpuctl.errors import LeaseLostError, UsageError
-from tpuctl.store import audit, leases, queue, runstate, schema, servers
+from tpuctl.store import audit, leases, owner_rollup, queue, run_waste, runstate, schema, servers
 from tpuctl.store.database import Database, SqliteDatabase, open_database
 from tpuctl.store.records import (
     LOCAL_WORKSPACE,
@@ -1362,7 +1362,22 @@ class Ledger:
                     conn.execute(f"SELECT * FROM {table}").fetchall(),
                     conn.execute(check).fetchall(),
                 )
-                for table, keys, check in schema.rollup_checks(conn.dialect)
+                for table, keys, check in (
+                    *schema.rollup_checks(conn.dialect),
+                    (
+                        owner_rollup.TABLE,
+                        len(owner_rollup.KEY),
+                        owner_rollup.owner_rollup_check_sql(conn.dialect),
+                    ),
+                )
+            ]
+            rollups += [
+                (
+                    run_waste.TABLE,
+                    1,
+                    conn.execute(run_waste.stored_sql()).fetchall(),
+                    conn.execute(run_waste.check_sql()).fetchall(),
+                )
             ]
             wrongly_rolled = conn.execute(schema.rolled_check_sql(conn.dialect)).fetchall()
         problems: list[str] = []

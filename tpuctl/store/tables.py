@@ -243,31 +243,34 @@ def _runs(metadata: sa.MetaData) -> None:
              s.steps_recomputed, **_where("steps_recomputed > 0"))  # fmt: skip
 
 
+def _key(*names: str) -> list[sa.Column[Any]]:
+    """A rollup's key columns: a day (a number) or a group (text), NOT NULL as every key column is."""
+    return [
+        (_integer if n.endswith("day") else _text)(n, primary_key=True, autoincrement=False) for n in names
+    ]
+
+
+def _sums(*names: str) -> list[sa.Column[Any]]:
+    """A rollup's sums: a count of slices, and seconds or USD-seconds."""
+    return [(_integer if n == "slices" else _real)(n, nullable=False) for n in names]
+
+
 def _rollups(metadata: sa.MetaData) -> None:
     import sqlalchemy as sa
-
-    def key(*names: str) -> list[sa.Column[Any]]:
-        return [
-            (_integer if n.endswith("day") else _text)(n, primary_key=True, autoincrement=False)
-            for n in names
-        ]
-
-    def sums(*names: str) -> list[sa.Column[Any]]:
-        return [(_integer if n == "slices" else _real)(n, nullable=False) for n in names]
 
     groups = ("zone", "accelerator_type", "capacity", "labels")
     billed = ("slices", "billed_s", "billed_chip_s", "billed_usd_s", "billed_unpriced_chip_s")
     rowless: dict[str, Any] = {"sqlite_strict": True, "sqlite_with_rowid": False}
-    sa.Table("cost_rollup", metadata, *key("day", *groups), *sums(*billed), **rowless)
+    sa.Table("cost_rollup", metadata, *_key("day", *groups), *_sums(*billed), **rowless)
     sa.Table("cost_day_offsets", metadata,
              _integer("n", primary_key=True, nullable=True, autoincrement=False),
              sqlite_strict=True)  # fmt: skip
-    sa.Table("cost_rollup_x", metadata, *key("first_day", "end_day", *groups),
-             *sums(*billed, "d0_s", "d0_chip_s", "d0_usd_s", "d0_unpriced_chip_s"), **rowless)  # fmt: skip
-    sa.Table("cost_rollup_xdays", metadata, *key("day", "first_day", "end_day", *groups),
-             *sums("slices", "s", "chip_s", "usd_s", "unpriced_chip_s"), **rowless)  # fmt: skip
-    sa.Table("cost_rollup_held", metadata, *key("end_day", "deleted_day", *groups),
-             *sums("slices", "held_chip_s", "held_usd_s", "held_unpriced_chip_s"), **rowless)  # fmt: skip
+    sa.Table("cost_rollup_x", metadata, *_key("first_day", "end_day", *groups),
+             *_sums(*billed, "d0_s", "d0_chip_s", "d0_usd_s", "d0_unpriced_chip_s"), **rowless)  # fmt: skip
+    sa.Table("cost_rollup_xdays", metadata, *_key("day", "first_day", "end_day", *groups),
+             *_sums("slices", "s", "chip_s", "usd_s", "unpriced_chip_s"), **rowless)  # fmt: skip
+    sa.Table("cost_rollup_held", metadata, *_key("end_day", "deleted_day", *groups),
+             *_sums("slices", "held_chip_s", "held_usd_s", "held_unpriced_chip_s"), **rowless)  # fmt: skip
 
 
 def _run_records(metadata: sa.MetaData) -> None:
@@ -412,6 +415,54 @@ def _teams(metadata: sa.MetaData) -> None:
     )
 
 
+def _cost_by_owner(metadata: sa.MetaData) -> None:
+    """Cost by owner (revision 0004): ``cost_rollup_owner`` sums the slices ``cost_rollup`` sums, keyed by
+    day, workspace, principal, zone, type and capacity (no labels), so that cost grouped by workspace or
+    principal reads a row per owner and day instead of every slice; and three covering indexes by owner
+    of the slices such a report reads one by one (``owner_rollup.OWNER_INDEXES``). Triggers keep the table
+    (``tpuctl.store.owner_rollup``, which says why each exists)."""
+    import sqlalchemy as sa
+
+    from tpuctl.store import owner_rollup
+
+    sa.Table(owner_rollup.TABLE, metadata, *_key(*owner_rollup.KEY), *_sums(*owner_rollup.SUMS),
+             sqlite_strict=True, sqlite_with_rowid=False)  # fmt: skip
+    pods = metadata.tables["pods"].c
+    owner = ("workspace", "principal", "zone", "accelerator_type", "capacity")
+    closed = "ended_at IS NOT NULL AND ready_at IS NOT NULL"
+    crossing = {e: f"{closed} AND {billing.crosses_midnight_sql('', e)}" for e in (SQLITE, POSTGRESQL)}
+    preempted, crossing_slices, recomputing = owner_rollup.OWNER_INDEXES
+    held_columns = (
+        *owner,
+        "ended_at",
+        "deleted_at",
+        "ready_at",
+        "chips",
+        "price_per_chip_hour",
+        "end_reason",
+    )
+    sa.Index(preempted, *(pods[col] for col in held_columns), **_where("end_reason = 'preempted'"))
+    crossing_columns = ("workspace", "principal", "ready_at", "ended_at", "zone", "accelerator_type",
+                        "capacity", "end_reason", "chips", "price_per_chip_hour")  # fmt: skip
+    sa.Index(crossing_slices, *(pods[col] for col in crossing_columns),
+             **_where(crossing[SQLITE], crossing[POSTGRESQL]))  # fmt: skip
+    rec_columns = (*owner, "ready_at", "ended_at", "rec_priced", "rec_unpriced")
+    sa.Index(
+        recomputing, *(pods[col] for col in rec_columns), **_where("rec_priced != 0 OR rec_unpriced != 0")
+    )
+
+
+def _waste_by_run(metadata: sa.MetaData) -> None:
+    """Waste by run (revision 0005): ``run_waste``, per run, the quota its preempted slices held until
+    deleted and their recomputed work (``tpuctl.store.run_waste``, which says why and what keeps it)."""
+    import sqlalchemy as sa
+
+    from tpuctl.store import run_waste
+
+    sa.Table(run_waste.TABLE, metadata, _text("run_id", primary_key=True, nullable=True),
+             *(_real(c, nullable=False) for c in run_waste.SUMS), sqlite_strict=True)  # fmt: skip
+
+
 #: Each group of tables with the revision of the history that added it, in order.
 _GROUPS: Final[tuple[tuple[str, Callable[[sa.MetaData], None]], ...]] = (
     ("0001_ledger_v10", _pods_and_events),
@@ -421,4 +472,6 @@ _GROUPS: Final[tuple[tuple[str, Callable[[sa.MetaData], None]], ...]] = (
     ("0001_ledger_v10", _ledger_meta),
     ("0002_servers", _servers),
     ("0003_teams", _teams),
+    ("0004_cost_by_owner", _cost_by_owner),
+    ("0005_waste_by_run", _waste_by_run),
 )

@@ -4,7 +4,7 @@ Serves ``/computeMetadata/v1/<path>`` from a dict of values; answers 403 without
 ``Metadata-Flavor: Google`` and 404 for an unknown path; every value has an ETag (a hash of the value),
 and ``?wait_for_change=true&last_etag=E&timeout_sec=T`` holds the request until the ETag differs from E
 or T seconds pass, as https://cloud.google.com/compute/docs/metadata/querying-metadata#waitforchange
-describes. ``set(path, value)`` changes a value and wakes the waiting requests.
+describes. ``set(path, value)`` changes a value and wakes the waiting requests (unless ``wake=False``).
 """
 
 from __future__ import annotations
@@ -50,10 +50,13 @@ class MetadataServer:
     def host(self) -> str:
         return f"127.0.0.1:{self.httpd.server_address[1]}"
 
-    def set(self, path: str, value: str) -> None:
+    def set(self, path: str, value: str, *, wake: bool = True) -> None:
+        """``wake=False``: the long polls in flight are not answered (until their timeout or the next
+        waking change), as a change whose answer is still on its way to the host; a new GET sees it."""
         with self._changed:
             self.values[path] = value
-            self._changed.notify_all()
+            if wake:
+                self._changed.notify_all()
 
     def close(self) -> None:
         with self._changed:

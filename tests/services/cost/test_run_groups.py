@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pytest
 from test_fast_path import DAY, T0, WINDOWS, _ledger
 
-from tpuctl.catalog import Catalog
+from tpuctl.catalog import CapacityType, Catalog
 from tpuctl.services.cost import CostService, parse_group_by
 from tpuctl.services.prices import PriceSource
 from tpuctl.store.ledger import Ledger
@@ -51,3 +51,38 @@ def test_the_runs_that_wasted_most_are_the_full_reports(open_ledger: Callable[..
         assert len(wasted) > 3
         for count in (1, 3, len(wasted) + 2):
             assert service.runs_by_waste(count, since=since, until=until) == wasted[:count], (since, until)
+
+
+def test_the_runs_that_wasted_most_among_many_are_found_from_the_stored_waste(
+    open_ledger: Callable[..., Ledger],
+) -> None:
+    """More wasting runs than candidates (5 per run shown): the ledger's waste by run picks them, the
+    quota still held (not deleted, growing with the clock) included; the same runs as the full report."""
+    from tpuctl.store import EventKind, NewEvent
+
+    zone, now = "us-central1-a", T0 + 2 * DAY
+    with open_ledger() as db:
+        events = []
+        for n in range(30):
+            run, pod, ended = f"r{n:02d}", f"p{n:02d}", T0 + 3600 + n
+            db.create_run(run, script="train.py", ts=T0)
+            price = 1.0 + n % 7
+            events += [
+                NewEvent(EventKind.REQUESTED, pod=pod, zone=zone, ts=T0, run_id=run, chips=8,
+                         accelerator_type="v5e-8", capacity=CapacityType.SPOT, price_per_chip_hour=price),
+                NewEvent(EventKind.READY, pod=pod, zone=zone, ts=T0 + 600),
+                NewEvent(EventKind.PREEMPTED, pod=pod, zone=zone, ts=ended),
+            ]  # fmt: skip
+            if n != 3:  # r03 still holds its quota: the most, by now
+                events.append(NewEvent(EventKind.DELETED, pod=pod, zone=zone, ts=ended + 60 * (n % 11)))
+        db.record_events_bulk(events)
+        catalog = Catalog.load()
+        source = PriceSource(catalog.prices.source, catalog.prices.date, cached=False)
+        service = CostService(db.url, catalog, source, clock=lambda: now, workers=1)
+        full = service.report(group_by=parse_group_by("run")).to_dict()["groups"]
+        wasted = sorted(
+            (g for g in full if (g["waste_usd"] or 0) > 0), key=lambda g: (-g["waste_usd"], g["key"])
+        )
+        assert wasted[0]["key"] == "r03" and len(wasted) > 5 * 2
+        for count in (1, 2):
+            assert service.runs_by_waste(count) == wasted[:count]

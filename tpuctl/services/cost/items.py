@@ -5,10 +5,11 @@ ledger (230k slices, 158k runs for 1,000,000 events). Building each in Python (a
 look-ups, ten roundings, a dict) took 16 s for the slices. Here the database computes every group's figures,
 catalog prices included (``cost_prices``: the few zone x type x capacity combinations in the window),
 and Python only zips the rows it gets into dicts. With a ``limit`` (the table's default) the groups are
-first ranked on their cost alone, one cheap pass, and the full figures computed and formatted only for
-the ``limit`` shown. Totals, per-day figures and preemption counts are not computed here: ``CostService``
-takes them from the aggregate fast path (the report as if grouped by nothing), so they are the same
-figures every other grouping shows.
+first ranked on their cost alone, one cheap pass (for runs, over the few candidates whose bound on their
+cost may put them among the costliest: ``run_bound_sql``), and the full figures computed and formatted
+only for the ``limit`` shown. Totals, per-day figures and preemption counts are not computed here:
+``CostService`` takes them from the aggregate fast path (the report as if grouped by nothing), so they are
+the same figures every other grouping shows.
 
 The figures are the reference path's (``CostService(fast=False)``, which the tests hold this to): a
 slice is billed for its time in the window at its recorded price (a slice with no recorded price at the
@@ -30,7 +31,7 @@ from tpuctl.services.cost.model import FIGURES
 from tpuctl.services.cost.scope import PRINCIPAL_OF_P, WORKSPACE_OF_P, scope_sql
 from tpuctl.services.cost.sql_intervals import billed_in_window, billed_s, held_s
 from tpuctl.store import cost_sql as sd
-from tpuctl.store.billing import preemptible_sql
+from tpuctl.store.billing import free_preemption_sql, preemptible_sql
 from tpuctl.store.cost_sql import TempTable
 from tpuctl.store.sql import Dialect
 
@@ -402,24 +403,35 @@ FROM ({_figures_from_parts(parts, d)}) AS f"""
 def run_rank_sql(d: Dialect) -> tuple[str, ...]:
     """Every run group's cost (and what decides whether "(none)" is a group), into cost_runs, then the
     ``:limit`` costliest into cost_top_runs. The slices runs created are summed in run order straight off
-    the covering pods_run index (no sort, no row look-ups); the rest is small. (A run's held-only slices
-    are counted per run before the upsert on PostgreSQL, whose upsert may not meet one key twice.)"""
+    the covering pods_run index (no sort, no row look-ups); the rest is small."""
+    return (
+        *_run_costs_sql(d, f"pods AS p {sd.indexed('pods_run', d)}", held_only=True),
+        _run_top_sql(d, "COUNT(*) OVER ()"),
+    )
+
+
+def _run_costs_sql(d: Dialect, source: str, *, held_only: bool) -> tuple[str, ...]:
+    """The statements that fill cost_runs: the runs' own slices (alias p, read from ``source``: pods_run
+    or through it), and with ``held_only`` the runs' slices that only held quota (they make a run a group
+    that may cost nothing; counted per run before the upsert on PostgreSQL, whose upsert may not meet one
+    key twice); "(none)"; what was moved between them (cost_item_adj, all of it)."""
     e = _slice(d)
-    held_only = (
+    held = (
         f"SELECT p.run_id, 0.0, COUNT(*), 0.0 FROM {e.preempted} WHERE p.run_id IS NOT NULL AND {e.held_only}"
         " GROUP BY p.run_id"
         if sd.upsert_groups_first(d)
         else f"SELECT p.run_id, 0.0, 1, 0.0 FROM {e.preempted} WHERE p.run_id IS NOT NULL AND {e.held_only}"
     )
+    held_rows = (
+        (f"INSERT INTO cost_runs (k, usd, slices, cs)\n{held}\n{_run_upsert(d)}",) if held_only else ()
+    )
     return (
         f"""INSERT INTO cost_runs (k, usd, slices, cs)
 SELECT p.run_id, SUM({e.usd}), COUNT(*), SUM(p.chips * {e.seconds})
-FROM pods AS p {sd.indexed("pods_run", d)} {_PIECES_JOIN}
+FROM {source} {_PIECES_JOIN}
 WHERE p.run_id IS NOT NULL AND {e.billed}
 GROUP BY p.run_id""",
-        f"""INSERT INTO cost_runs (k, usd, slices, cs)
-{held_only}
-{_run_upsert(d)}""",
+        *held_rows,
         f"""INSERT INTO cost_runs (k, usd, slices, cs)
 SELECT :null_key, usd, slices, cs FROM cost_none WHERE n > 0
 {_run_upsert(d)}""",
@@ -427,18 +439,106 @@ SELECT :null_key, usd, slices, cs FROM cost_none WHERE n > 0
 SELECT a.k, SUM({_ADJ_USD}), SUM(a.slices), SUM(a.cs) FROM cost_item_adj AS a {_ADJ_PRICES}
 WHERE {sd.true(d)} GROUP BY a.k
 {_run_upsert(d)}""",
-        # Summed by run in one pass; "(none)" left out when only the runs' shares were moved out of it
-        # (nothing is left, as the reference path says); every group counted before the limit (``groups``).
-        f"""INSERT INTO cost_top_runs (k, n, groups)
+    )
+
+
+#: Of "(none)"'s rows: only the runs' shares were moved out of it, nothing is left (no group, as the
+#: reference path says).
+_NOTHING_LEFT: Final = "SUM(slices) = 0 AND ABS(SUM(cs)) < 3.6e-6"
+
+
+def _run_top_sql(d: Dialect, groups: str) -> str:
+    """cost_runs summed by run in one pass, the ``:limit`` costliest into cost_top_runs ("(none)" left
+    out when nothing is left of it); ``groups`` (SQL) counts every group before the limit."""
+    return f"""INSERT INTO cost_top_runs (k, n, groups)
 SELECT k, ROW_NUMBER() OVER (ORDER BY ru DESC, key), groups FROM (
-    SELECT k, ru, key, COUNT(*) OVER () AS groups FROM (
+    SELECT k, ru, key, {groups} AS groups FROM (
         SELECT k, {_round("SUM(usd)", d)} AS ru, CASE WHEN k = :null_key THEN '(none)' ELSE k END AS key
         FROM cost_runs GROUP BY k
-        HAVING NOT (k = :null_key AND SUM(slices) = 0 AND ABS(SUM(cs)) < 3.6e-6)
+        HAVING NOT (k = :null_key AND {_NOTHING_LEFT})
     ) AS summed
     ORDER BY ru DESC, key {sd.limit(":limit", d)}
-) AS ranked""",
-    )
+) AS ranked"""
+
+
+# --- the costliest runs, from candidates ----------------------------------------------------------------
+
+#: A slice (alias p) in the window with a known chip count: billed there, or a free preemption.
+_IN_WINDOW: Final = "p.ready_at < :until AND COALESCE(p.ended_at, :now) > :since AND p.chips IS NOT NULL"
+
+
+@functools.cache
+def run_bound_sql(d: Dialect) -> str:
+    """Each run's USD x 3600 at most in the window, ``:candidates`` runs, highest first: its slices' time
+    in the window at their recorded price, or at ``:top_price`` (the highest catalog price of the window's
+    combinations, ``cost_prices``) where none is recorded, free preemptions included. That is at least
+    its cost unless a slice's price changed (its pieces may cost more) or it ran on slices it did not
+    create (its shares add to it): ``run_candidates_sql`` ranks those runs whatever their bound. One
+    pass over the covering pods_run with none of the exact figure's look-ups (price pieces, catalog)."""
+    e = _slice(d)
+    return f"""
+SELECT p.run_id, SUM(p.chips * {e.seconds} * COALESCE(p.price_per_chip_hour, :top_price)) AS bound
+FROM pods AS p {sd.indexed("pods_run", d)}
+WHERE p.run_id IS NOT NULL AND {_IN_WINDOW}
+GROUP BY p.run_id
+ORDER BY bound DESC, p.run_id {sd.limit(":candidates", d)}"""
+
+
+@functools.cache
+def run_candidates_sql(d: Dialect) -> str:
+    """The runs ranked exactly, into cost_run_cands: those in the JSON array ``:bounded`` (the highest
+    bounds), every run whose bound may be below its cost (a price-changed slice of its own, a share of a
+    slice it did not create: ``cost_item_pieces`` and ``cost_item_adj`` hold both), and "(none)"."""
+    return f"""
+INSERT INTO cost_run_cands (k)
+{sd.json_values(":bounded", "TEXT", d)}
+UNION SELECT {sd.key_text("a.k", d)} FROM cost_item_adj AS a
+UNION SELECT p.run_id FROM cost_item_pieces AS x {sd.cross_join(d)} pods AS p ON p.id = x.id
+    WHERE p.run_id IS NOT NULL
+UNION SELECT :null_key"""
+
+
+@functools.cache
+def run_rank_candidates_sql(d: Dialect) -> tuple[str, ...]:
+    """``run_rank_sql`` over the runs in cost_run_cands only (every run "(none)" moved time to is one,
+    as is "(none)"), with the count of every group given (``:groups``: ``run_groups_count_sql``). Not the
+    runs that only held quota: they cost nothing, and the candidates decide only costs above nothing."""
+    source = f"cost_run_cands AS t {sd.cross_join(d)} pods AS p {sd.indexed('pods_run', d)} ON p.run_id = t.k"
+    return (*_run_costs_sql(d, source, held_only=False), _run_top_sql(d, ":groups"))
+
+
+@functools.cache
+def run_bar_sql(d: Dialect) -> str:
+    """How many runs cost_top_runs ranked, and the least rounded cost among them."""
+    return f"""
+SELECT COUNT(*), MIN(r.ru) FROM cost_top_runs AS t {sd.cross_join(d)} (
+    SELECT k, {_round("SUM(usd)", d)} AS ru FROM cost_runs GROUP BY k
+) AS r ON r.k = t.k"""
+
+
+@functools.cache
+def run_groups_count_sql(d: Dialect) -> str:
+    """How many run groups the report has, as ``run_rank_sql`` counts them: the runs with a slice billed
+    in the window, that is with a slice there (their distinct ids straight off the covering pods_run, in
+    its order) but for those whose only slices there are free preemptions (few: from the preempted
+    slices' index); those that only held quota there or only got shares of slices they did not create
+    (few); and "(none)" unless nothing is left of it."""
+    e = _slice(d)
+    free = f"p.end_reason = 'preempted' AND {_IN_WINDOW} AND {free_preemption_sql('p', d)}"
+    billed = f"SELECT 1 FROM pods AS p {sd.indexed('pods_run', d)} WHERE p.run_id = o.k AND {e.billed}"
+    return f"""
+SELECT (SELECT COUNT(DISTINCT p.run_id) FROM pods AS p {sd.indexed("pods_run", d)}
+        WHERE p.run_id IS NOT NULL AND {_IN_WINDOW})
+     - (SELECT COUNT(*) FROM (
+            SELECT DISTINCT p.run_id AS k FROM {e.preempted} WHERE p.run_id IS NOT NULL AND {free}
+        ) AS o WHERE NOT EXISTS ({billed}))
+     + (SELECT COUNT(*) FROM (
+            SELECT p.run_id AS k FROM {e.preempted} WHERE p.run_id IS NOT NULL AND {e.held_only}
+            UNION SELECT {sd.key_text("a.k", d)} FROM cost_item_adj AS a WHERE a.k != :null_key
+        ) AS o WHERE NOT EXISTS ({billed}))
+     + (SELECT CASE WHEN COUNT(*) > 0 AND NOT ({_NOTHING_LEFT}) THEN 1 ELSE 0 END
+        FROM (SELECT slices, cs FROM cost_none WHERE n > 0
+              UNION ALL SELECT slices, cs FROM cost_item_adj WHERE k = :null_key) AS z)"""
 
 
 @functools.cache
@@ -471,7 +571,7 @@ def run_sql(d: Dialect, *, ranked: bool) -> str:
     SELECT :null_key, {_NAMES} FROM cost_none WHERE n > 0 {in_top}
     UNION ALL
     SELECT a.k, {adj} FROM cost_item_adj AS a {_ADJ_PRICES} {adj_in_top}"""
-    having = "" if ranked else "HAVING NOT (k = :null_key AND SUM(slices) = 0 AND ABS(SUM(cs)) < 3.6e-6)"
+    having = "" if ranked else f"HAVING NOT (k = :null_key AND {_NOTHING_LEFT})"
     rank = "LEFT JOIN cost_top_runs AS t ON t.k = g.k" if ranked else ""
     order = "t.n" if ranked else f"{_round('g.usd', d)} DESC, g.key"
     return f"""
@@ -509,6 +609,8 @@ PREPARE: Final = (
     TempTable("cost_top", "n INT, k INT", primary_key="n"),
     # ``groups``: how many run groups there are in all (the same on every row), for "N more".
     TempTable("cost_top_runs", "k TEXT, n INT, groups INT", primary_key="k", without_rowid=True),
+    # The runs a limited report ranks exactly (``run_candidates_sql``).
+    TempTable("cost_run_cands", "k TEXT", primary_key="k", without_rowid=True),
     RUNS_TABLE,
     TempTable(
         "cost_none",

@@ -1,19 +1,22 @@
-"""Each UTC day's cost split by groupings the ledger's rollups do not keep, from few scans: the dashboard's
-stacked bars by workspace or user (with the report's groups from the same pass), and by run, slice or
-label (the costliest groups shown, the rest as one "(other)" part).
+"""Each UTC day's cost split by groupings the report's own scan does not split by: the dashboard's stacked
+bars by workspace or user (with the report's groups from the same rows), and by run, slice or label (the
+costliest groups shown, the rest as one "(other)" part).
 
-The rollups are per day, zone, type, capacity and labels (``aggregate``), so a slice-fact grouping splits
-in the report's own scan (``daily``); whose a slice is, and which run or slice it is, are not rolled up.
+The aggregate path's rollups are per day, zone, type, capacity and labels (``aggregate``), so a slice-fact
+grouping splits in the report's own scan (``daily``); which run or slice a slice is, is not rolled up.
 
-* **Workspace and user** (``keyed_report``): ONE pass over the slices sums each one's billed time, USD
-  (recorded price, else the catalog's, from ``cost_prices``) and on-demand USD per (key, first billed day),
-  in one GROUP BY: the groups are the sums over the days, a day's cells the first days' shares. Then the
-  few rows the pass leaves out: the days after the first of the slices crossing midnight (the closed ones
-  through the partial index pods_crossing, the open or cut ones from the aggregate pass's cost_rest), the
-  price-changed slices (their pieces), the quota held (the preempted slices' index) and the recomputed
-  work (``recomputed_sql``). The totals, per-day figures and counts are the aggregate path's, as for every
-  grouping. The groups equal `cost report --group-by workspace|user`'s (``attributed``, which adds each
-  slice's row rounded) to the rounding of their sums.
+* **Workspace and user** (``keyed_report``): per (key, first billed day), each billed slice's time, USD
+  (recorded price, else the catalog's, from ``cost_prices``) and on-demand USD, summed in SQL: the groups
+  are the sums over the days, a day's cells the first days' shares. The slices closed within one UTC day
+  of the window's whole days (most) come from the ledger's owner rollup (``cost_rollup_owner``: per day,
+  workspace, principal, zone, type and capacity, kept by triggers); the others one by one, each set
+  through its own index: those crossing midnight (the covering pods_crossing_owner; their days after the
+  second midnight too), the open ones, those of the window's partial days, and the price-changed ones
+  the rollup does not hold (their pieces). Then the quota held (the covering pods_preempted_owner) and
+  the recomputed work (``recomputed_sql``, its stored figures off pods_rec_owner). The totals, per-day
+  figures and counts are the aggregate path's, as for every grouping. The groups equal `cost report
+  --group-by workspace|user`'s (``attributed``, which adds each slice's row rounded) to the rounding of
+  their sums.
 * **Many groups** (``top_day_cells``): the report's ``limit`` costliest groups (it ranks them; its totals
   and ``by_day`` cover all), each day's cells of those groups from their own slices (by index for runs
   and slices; a label's value needs every slice's labels), and each day's rest as ``OTHER_KEY``.
@@ -22,9 +25,11 @@ in the report's own scan (``daily``); whose a slice is, and which run or slice i
 from __future__ import annotations
 
 import json
+import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
+from functools import cache
 from typing import Any, Final
 
 from tpuctl.services.cost import items
@@ -34,6 +39,7 @@ from tpuctl.services.cost.details import NONE_KEY, sorted_lines
 from tpuctl.services.cost.item_report import ItemReport, prepared_totals
 from tpuctl.services.cost.model import CostLine
 from tpuctl.services.cost.sql_intervals import (
+    ATTRIBUTION_COLUMNS,
     ATTRS,
     IV_COLUMNS,
     SRC_CHANGED,
@@ -49,7 +55,16 @@ from tpuctl.services.cost.sql_intervals import (
 from tpuctl.services.cost.subs import Sub, sub_rows, unnull
 from tpuctl.services.cost.window import GroupBy
 from tpuctl.store import cost_sql as sd
-from tpuctl.store.billing import DAY_S, crosses_midnight_sql, day_sql, midnight_after_sql, preemptible_sql
+from tpuctl.store.billing import (
+    DAY_S,
+    crosses_midnight_sql,
+    day_sql,
+    first_day_sql,
+    midnight_after_sql,
+    midnight_sql,
+    preemptible_sql,
+)
+from tpuctl.store.schema import rolled_sql
 from tpuctl.store.sql import Dialect
 
 #: The groupings ``keyed_report`` computes.
@@ -62,25 +77,20 @@ _SLICE_KEY: Final = "p.zone || '/' || p.name || '#' || p.incarnation"
 OTHER_KEY: Final = "(other)"
 
 
-def keyed_report(q: Query, group: GroupBy) -> tuple[ItemReport, list[DayCosts]]:
-    """The report's groups by workspace or user over every slice, and each day's USD split the same way."""
+def keyed_report(q: Query, group: GroupBy, *, with_days: bool = True) -> tuple[ItemReport, list[DayCosts]]:
+    """The report's groups by workspace or user over every slice, and each day's USD split the same way
+    (``with_days``: the report's own ``by_day`` too)."""
     if group.kind not in KEYED_KINDS:
         raise ValueError(f"not a grouping by whose the slices are: {group.name}")
-    totals, by_day, counts, ctes = prepared_totals(q, with_days=True)
+    totals, by_day, counts, ctes = prepared_totals(q, with_days=with_days, item_pieces=False)
     d = q.reader.dialect
-    lines: dict[str, CostLine] = {}
+    lines = _Lines()
     cells: dict[tuple[int, str], float] = defaultdict(float)
-
-    def line(key: Any) -> CostLine:
-        name = NONE_KEY if key is None else str(key)
-        if name not in lines:
-            lines[name] = CostLine(name)
-        return lines[name]
-
-    every = sd.true(d)
-    scan = _slices_sql(key_sql(group, "p", d), every, f"pods AS p {sd.not_indexed(d)}", d, figures=True)
-    for key, day, n, s, cs, usd_s, od_s, d0_s, d1_s in q.reader.query(scan, q.params):
-        found = line(key)
+    params = {**q.params, **_whole_days(q.params)}
+    if q.changes:  # only the price-changed slices the owner rollup does not hold are read by piece
+        params["price_changes"] = q.reader.query(_unrolled_changes_sql(d), params)[0][0] or "[]"
+    for key, day, n, s, cs, usd_s, od_s, d0_s, d1_s in _billed_rows(q, group, params):
+        found = lines(key)
         found.slices += int(n)
         found.billed_hours += s / 3600.0
         found.chip_hours += cs / 3600.0
@@ -89,31 +99,42 @@ def keyed_report(q: Query, group: GroupBy) -> tuple[ItemReport, list[DayCosts]]:
         found.spot_savings_usd += (od_s - usd_s) / 3600.0
         cells[(int(day), found.key)] += d0_s / 3600.0
         cells[(int(day) + 1, found.key)] += d1_s / 3600.0
-    all_changes = change_ctes(d)  # every price-changed slice's pieces: a closed one's days need them too
+    unrolled = change_ctes(d)  # those slices' pieces: a closed one's days need them too
     if q.changes:
-        changed = _changed_source(every)
-        for sub in sub_rows(
-            q.reader, aggregate_sql(changed, group, d, count=True, ctes=all_changes), q.params
-        ):
-            found = line(sub.key)
+        changed = _changed_source(sd.true(d))
+        for sub in sub_rows(q.reader, aggregate_sql(changed, group, d, count=True, ctes=unrolled), params):
+            found = lines(sub.key)
             q.pricer.add_billed(found, sub, q.warnings, sign=1.0)
             found.slices += sub.slices
-        _add_days(q, cells, changed, group, all_changes)
-    _add_days(q, cells, _later_days_source(every, d), group, all_changes)
+        _add_days(q, cells, changed, group, unrolled, params)
+    _add_days(q, cells, _later_days_source(sd.true(d), d), group, unrolled, params)
     for key, hcs, husd_s, held_only in q.reader.query(_held_sql(group, d), q.params):
-        found = line(key)
+        found = lines(key)
         found.quota_held_chip_hours += hcs / 3600.0
         found.quota_held_usd += husd_s / 3600.0
         found.slices += int(held_only)
     if q.segments:
-        for sub in sub_rows(q.reader, recomputed_sql(group, d, ctes), q.params):
-            line(sub.key).recomputed_usd += q.pricer.usd(sub, q.warnings)
-    out = sorted_lines(group, list(lines.values()))
+        for key, usd_s in q.reader.query(_recomputed_sql(group, d, ctes), q.params):
+            lines(key).recomputed_usd += usd_s / 3600.0
+    out = sorted_lines(group, list(lines.by_key.values()))
     for each in out:  # subtracting floats can leave -1e-13 where the truth is 0
         if abs(each.spot_savings_usd) < 1e-9:
             each.spot_savings_usd = 0.0
     report: ItemReport = ([each.to_dict() for each in out], len(out), by_day, counts, totals)
     return report, day_costs((_date(day), key, usd) for (day, key), usd in cells.items())
+
+
+class _Lines:
+    """The groups by key (NULL as ``NONE_KEY``), made on first use."""
+
+    def __init__(self) -> None:
+        self.by_key: dict[str, CostLine] = {}
+
+    def __call__(self, key: Any) -> CostLine:
+        name = NONE_KEY if key is None else str(key)
+        if name not in self.by_key:
+            self.by_key[name] = CostLine(name)
+        return self.by_key[name]
 
 
 def top_day_cells(
@@ -173,6 +194,93 @@ def top_day_cells(
     return day_costs(parts)
 
 
+def _whole_days(params: dict[str, Any]) -> dict[str, int]:
+    """The window's whole UTC days, [d_lo, d_hi) (as the aggregate fast path reads the rollups)."""
+    return {"d_lo": math.ceil(params["since"] / DAY_S), "d_hi": math.floor(params["until"] / DAY_S)}
+
+
+def _billed_rows(q: Query, group: GroupBy, params: dict[str, Any]) -> Iterable[tuple[Any, ...]]:
+    """Per (key, first billed day): slices, seconds, chip-seconds, USD x 3600, on-demand USD x 3600, and
+    the first and second day's USD x 3600, of every billed slice whose price never changed and of the
+    changed ones the owner rollup holds: the window's whole days from the rollup, the other slices one by
+    one (``_unrolled_sql``)."""
+    d = q.reader.dialect
+    for sql in (_owner_rollup_sql(group, d), *_unrolled_sql(group, d)):
+        yield from q.reader.query(sql, params)
+
+
+@cache
+def _unrolled_sql(group: GroupBy, d: Dialect) -> tuple[str, str]:
+    """``_billed_rows``' passes over the slices the owner rollup does not hold, each set through its own
+    index: the closed ones crossing midnight off pods_crossing_owner (which covers what the pass reads);
+    the open ones, and the closed ones of the window's partial first and last days, by id."""
+    key = key_sql(group, "p", d)
+    closed = "p.ended_at IS NOT NULL AND p.ready_at IS NOT NULL"
+    crossing = f"{closed} AND {crosses_midnight_sql('p', d)}"
+    crossing_source = f"pods AS p {sd.indexed('pods_crossing_owner', d)}"
+    by_ready = f"SELECT id FROM pods {sd.indexed('pods_closed', d)} WHERE {closed.replace('p.', '')} AND "
+    others = (
+        "SELECT id FROM pods WHERE ended_at IS NULL"
+        f" UNION ALL {by_ready}ready_at < {midnight_sql(':d_lo', d)} AND NOT {crosses_midnight_sql('', d)}"
+        f" UNION ALL {by_ready}ready_at >= {midnight_sql(':d_hi', d)} AND NOT {crosses_midnight_sql('', d)}"
+    )
+    return (
+        _slices_sql(key, crossing, crossing_source, d, figures=True),
+        _slices_sql(key, f"p.id IN ({others})", "pods AS p", d, figures=True),
+    )
+
+
+@cache
+def _rolled_in_days(d: Dialect) -> str:
+    """Whether the owner rollup holds a slice (alias p) for the window: rolled up (closed within its
+    first UTC day), that day one of the window's whole days."""
+    day = first_day_sql("p", d)
+    return f"({rolled_sql('p', d)} AND {day} >= :d_lo AND {day} < :d_hi)"
+
+
+@cache
+def _unrolled_changes_sql(d: Dialect) -> str:
+    """The price changes (as JSON, like :price_changes) of the slices the owner rollup does not hold for
+    the window (their pieces are read; the others' stored facts hold them)."""
+    pod_id = sd.json_int("j.value", 0, d)
+    return f"""
+SELECT {sd.json_array_agg("j.value", d)} FROM {sd.json_elements(":price_changes", "j", d)}
+WHERE EXISTS (SELECT 1 FROM pods AS p WHERE p.id = {pod_id} AND NOT {_rolled_in_days(d)})"""
+
+
+@cache
+def _recomputed_sql(group: GroupBy, d: Dialect, ctes: str) -> str:
+    """Per key, the recomputed work's USD x 3600 (``recomputed_sql``'s rows per combination, the stored
+    figures off pods_rec_owner), priced in SQL as the billed time is: thousands of rows by user."""
+    rows = recomputed_sql(group, d, ctes, stored_from=f"pods AS p {sd.indexed('pods_rec_owner', d)}")
+    return f"""
+SELECT a.k, {sd.total("a.priced + a.unpriced * COALESCE(c.own, 0)", d)} FROM ({rows}) AS a
+LEFT JOIN cost_prices AS c ON c.zone = a.zone AND c.atype = COALESCE(a.atype, :null_key)
+     AND c.capacity = COALESCE(a.capacity, :null_key)
+GROUP BY a.k"""
+
+
+@cache
+def _owner_rollup_sql(group: GroupBy, d: Dialect) -> str:
+    """``_billed_rows``' figures of the slices the owner rollup (``cost_rollup_owner``) holds for the
+    window's whole days, priced per combination in SQL (``cost_prices``: recorded USD, the catalog's own
+    price for time with none, the on-demand price for spot time): such a slice's first day is all of it."""
+    column, default = ATTRIBUTION_COLUMNS[group.kind]
+    usd = "r.billed_usd_s + r.billed_unpriced_chip_s * COALESCE(c.own, 0)"
+    od = f"CASE WHEN {preemptible_sql('r')} AND c.od IS NOT NULL THEN r.billed_chip_s * c.od ELSE {usd} END"
+    # Grouped in the rollup's key order (day, workspace, principal): streamed, where grouping by the key
+    # computed would sort every row; a key's rows of one day may then come in several groups, which the
+    # caller adds up.
+    by = "r.day, r.workspace" + (", r.principal" if column == "principal" else "")
+    return f"""
+SELECT COALESCE(NULLIF(r.{column}, :null_key), '{default}') AS k, r.day, SUM(r.slices), SUM(r.billed_s),
+       SUM(r.billed_chip_s), {sd.total(usd, d)}, {sd.total(od, d)}, {sd.total(usd, d)}, 0.0
+FROM cost_rollup_owner AS r
+LEFT JOIN cost_prices AS c ON c.zone = r.zone AND c.atype = r.accelerator_type AND c.capacity = r.capacity
+WHERE r.day >= :d_lo AND r.day < :d_hi
+GROUP BY {by}"""
+
+
 def _date(day: int) -> str:
     return datetime.fromtimestamp(day * DAY_S, UTC).date().isoformat()
 
@@ -198,6 +306,7 @@ def _day_usd(
         yield int(r[0]), NONE_KEY if r[1] is None else str(r[1]), q.pricer.usd(sub, q.warnings)
 
 
+@cache
 def _day_rows_sql(source: str, group: GroupBy, d: Dialect, ctes: str) -> str:
     """An interval relation (``IV_COLUMNS``) cut at UTC midnights, summed per (day, group key, zone, type,
     capacity): priced USD x 3600 and unpriced chip-seconds (the catalog prices them per combination)."""
@@ -217,6 +326,7 @@ def _window(d: Dialect) -> tuple[str, str]:
     return d.greatest("p.ready_at", ":since"), d.least("COALESCE(p.ended_at, :now)", ":until")
 
 
+@cache
 def _slices_sql(key: str, only: str, source: str, d: Dialect, *, figures: bool) -> str:
     """The pass over the billed slices ``only`` picks (alias p, read from ``source``) whose price never
     changed: per (``key``, first billed day) the first day's and the second day's USD x 3600 (most slices
@@ -228,10 +338,13 @@ def _slices_sql(key: str, only: str, source: str, d: Dialect, *, figures: bool) 
     after = midnight_after_sql(b0, d)
     second = d.greatest("0", f"{d.least(be, f'{after} + {DAY_S}.0')} - {after}")
     price = f"COALESCE(p.price_per_chip_hour, {items.OWN_PRICE_SQL}, 0)"
+    # The on-demand price only where the figures need it (a look-up per spot slice).
+    odp = (
+        f",\n       CASE WHEN {preemptible_sql('p')} THEN {items.OD_PRICE_SQL} END AS odp" if figures else ""
+    )
     slices = f"""
 SELECT {key} AS k, {day_sql(b0, d)} AS day0, {be} - {b0} AS s, {d.least(be, after)} - {b0} AS s0,
-       {second} AS s1, p.chips AS chips, {price} AS price,
-       CASE WHEN {preemptible_sql("p")} THEN {items.OD_PRICE_SQL} END AS odp
+       {second} AS s1, p.chips AS chips, {price} AS price{odp}
 FROM {source}
 WHERE {billed_pod(d)} AND {UNCHANGED} AND {only}
 {sd.fence(d)}"""
@@ -248,6 +361,7 @@ FROM ({slices}) AS f
 GROUP BY 1, 2"""
 
 
+@cache
 def _later_days_source(only: str, d: Dialect) -> str:
     """The billed time from the second midnight on of the slices ``only`` picks whose price never changed
     (the pass over the slices has their first two days): closed ones from the partial index
@@ -271,6 +385,7 @@ def _changed_source(only: str) -> str:
     return f"{SRC_CHANGED} WHERE {only}"
 
 
+@cache
 def _held_sql(group: GroupBy, d: Dialect) -> str:
     """Per key: the quota preempted slices held in the window (chip-seconds, USD x 3600), and how many
     slices only held quota there (a group counts them, as ``items`` does)."""
@@ -279,7 +394,7 @@ def _held_sql(group: GroupBy, d: Dialect) -> str:
 SELECT {key_sql(group, "p", d)} AS k, {held_cs} AS hcs,
        COALESCE(p.price_per_chip_hour, {items.OWN_PRICE_SQL}, 0) AS price,
        CASE WHEN {held_only} THEN 1 ELSE 0 END AS only_held
-FROM pods AS p {sd.indexed("pods_preempted", d)}
+FROM pods AS p {sd.indexed("pods_preempted_owner", d)}
 WHERE p.end_reason = 'preempted'
 {sd.fence(d)}"""
     sums = "SUM(h.hcs), SUM(h.hcs * h.price), SUM(h.only_held)"

@@ -11,7 +11,9 @@ them. "(none)" is never one of them.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, Final
 
 from tpuctl.services.cost import items
@@ -22,6 +24,7 @@ from tpuctl.services.cost.sql_intervals import aggregate_sql, change_ctes, recom
 from tpuctl.services.cost.window import GroupBy
 from tpuctl.store import cost_sql as sd
 from tpuctl.store.cost_sql import cross_join, true
+from tpuctl.store.sql import Dialect
 
 _RUN = GroupBy("run")
 
@@ -33,12 +36,15 @@ def run_groups(q: Query, run_ids: Sequence[str]) -> list[dict[str, Any]]:
     if not wanted:
         return []
     d = q.reader.dialect
-    ctes = _prepare_pieces(q) if q.changes else change_ctes(d)
-    _rest(q)
     q.reader.execute_many(
         "INSERT INTO cost_top_runs (k, n, groups) VALUES (:k, :n, :groups)",
         [{"k": run_id, "n": n, "groups": len(wanted)} for n, run_id in enumerate(wanted)],
     )
+    if q.changes:  # only these runs' slices are read: the pieces of every other one are not
+        touched = q.reader.query(_touched_changes_sql(d), q.params)[0][0] or "[]"
+        q = replace(q, params={**q.params, "price_changes": touched})
+    ctes = _prepare_pieces(q) if q.changes else change_ctes(d)
+    _rest(q)
     if q.segments:
         # The runs' shares only: what the report takes from "(none)" for them is not asked for.
         shares = aggregate_sql(src_segment_runs(d, top_runs=True), _RUN, d, count=True, ctes=ctes)
@@ -63,6 +69,22 @@ UNION SELECT zone, atype, capacity FROM cost_item_adj""",
     )
     items.fill_prices(q.reader, [(str(z), str(t), str(c)) for z, t, c in combos], q.pricer.combo_prices)
     return items.run_records(q.reader.query(items.run_sql(d, ranked=True), {**q.params, "limit": -1}))
+
+
+def _touched_changes_sql(d: Dialect) -> str:
+    """The price changes (as JSON, like :price_changes) of the slices the runs in cost_top_runs created
+    (pods_run) or ran on without creating them (their segments, to pods_norun)."""
+    join, pod_id = cross_join(d), sd.json_int("j.value", 0, d)
+    return f"""
+SELECT {sd.json_array_agg("j.value", d)} FROM {sd.json_elements(":price_changes", "j", d)}
+WHERE {pod_id} IN (
+    SELECT p.id FROM cost_top_runs AS t {join} pods AS p {sd.indexed("pods_run", d)} ON p.run_id = t.k
+    UNION
+    SELECT p.id FROM cost_top_runs AS t {join} run_segments AS rs {sd.indexed("run_segments_run", d)}
+        ON rs.run_id = t.k {join} pods AS p {sd.indexed("pods_norun", d)}
+        ON p.zone = rs.zone AND p.name = rs.pod
+    WHERE p.run_id IS NULL
+)"""
 
 
 def _rest(q: Query) -> None:
@@ -94,21 +116,11 @@ def waste_candidates(q: Query, count: int) -> list[dict[str, Any]]:
     if count <= 0:
         return []
     d = q.reader.dialect
-    # The partial indexes of the preempted slices and of those that redid steps cover every column read
-    # (SQLite would otherwise walk every ended slice by the window's bound).
-    estimated = q.reader.query(
-        f"""SELECT run_id, SUM(w) AS w FROM (
-    SELECT run_id, (COALESCE(deleted_at, :now) - ended_at) * chips * COALESCE(price_per_chip_hour, :guess)
-           / 3600.0 AS w
-    FROM pods {sd.indexed("pods_preempted", d)} WHERE end_reason = 'preempted' AND run_id IS NOT NULL
-      AND ended_at < :until AND COALESCE(deleted_at, :now) > :since
-    UNION ALL
-    SELECT run_id, (rec_priced + rec_unpriced * :guess) / 3600.0 AS w
-    FROM pods {sd.indexed("pods_rec", d)} WHERE (rec_priced != 0 OR rec_unpriced != 0) AND run_id IS NOT NULL
-      AND ready_at < :until AND COALESCE(ended_at, :now) > :since
-) AS c GROUP BY run_id ORDER BY w DESC, run_id LIMIT {int(count * CANDIDATES_PER_RUN)}""",
-        {**q.params, "guess": UNPRICED_GUESS_USD},
-    )
+    params = {**q.params, "guess": UNPRICED_GUESS_USD}
+    limit = int(count * CANDIDATES_PER_RUN)
+    estimated = _stored_estimates(q, params, limit)
+    if estimated is None:
+        estimated = q.reader.query(_estimates_sql(d, limit), params)
     # A slice's recomputed work goes to the run that created it (``key_sql``), whichever run's segment
     # redid the steps: what the stored facts miss is that of slices still open (to their run, else the
     # segment's) and of slices no run created (to the segment's run). Both from their partial indexes to
@@ -129,3 +141,48 @@ WHERE p.run_id IS NULL AND {recomputing}""",
     )
     candidates = [str(r[0]) for r in estimated] + sorted(str(r[0]) for r in unstored)
     return run_groups(q, candidates)
+
+
+def _estimates_sql(d: Dialect, limit: int) -> str:
+    """The ``limit`` runs whose slices' held quota and stored recomputed work in the window come to most
+    (each slice counted whole), from the slices. The partial indexes of the preempted slices and of those
+    that redid steps cover every column read (SQLite would otherwise walk every ended slice by the
+    window's bound)."""
+    return f"""SELECT run_id, SUM(w) AS w FROM (
+    SELECT run_id, (COALESCE(deleted_at, :now) - ended_at) * chips * COALESCE(price_per_chip_hour, :guess)
+           / 3600.0 AS w
+    FROM pods {sd.indexed("pods_preempted", d)} WHERE end_reason = 'preempted' AND run_id IS NOT NULL
+      AND ended_at < :until AND COALESCE(deleted_at, :now) > :since
+    UNION ALL
+    SELECT run_id, (rec_priced + rec_unpriced * :guess) / 3600.0 AS w
+    FROM pods {sd.indexed("pods_rec", d)} WHERE (rec_priced != 0 OR rec_unpriced != 0) AND run_id IS NOT NULL
+      AND ready_at < :until AND COALESCE(ended_at, :now) > :since
+) AS c GROUP BY run_id ORDER BY w DESC, run_id LIMIT {limit}"""
+
+
+def _stored_estimates(q: Query, params: dict[str, Any], limit: int) -> list[tuple[str, float]] | None:
+    """``_estimates_sql``'s runs, from the ledger's waste by run (``run_waste``) where it holds the same
+    sums: a window from the first slice (no --since) that every slice ended before. Its runs whose stored
+    sums come to most, and those with quota still held (not deleted yet: the clock makes theirs), each
+    with both, ranked; a run ranked in by its total is ranked at least as high by its stored sums alone,
+    so the first ``limit`` are the slices' own. None where the table does not hold the window's sums."""
+    d = q.reader.dialect
+    ended = q.reader.query("SELECT MAX(ended_at) FROM pods WHERE ended_at IS NOT NULL", {})[0][0]
+    if params["since"] > -1e17 or (ended is not None and ended >= params["until"]):
+        return None
+    stored = "(w.held_usd_s + w.rec_priced + (w.held_unpriced_chip_s + w.rec_unpriced) * :guess) / 3600.0"
+    held = f"""SELECT p.run_id, SUM((:now - p.ended_at) * p.chips * COALESCE(p.price_per_chip_hour, :guess))
+       / 3600.0
+FROM pods AS p {sd.indexed("pods_held", d)}
+WHERE p.end_reason = 'preempted' AND p.deleted_at IS NULL AND p.run_id IS NOT NULL GROUP BY p.run_id"""
+    live = {str(r): float(w or 0.0) for r, w in q.reader.query(held, params)}
+    top = f"SELECT w.run_id, {stored} AS s FROM run_waste AS w ORDER BY s DESC, w.run_id LIMIT {limit}"
+    totals = {str(r): float(s) for r, s in q.reader.query(top, params)}
+    if live:
+        ids = {**params, "ids": json.dumps(sorted(live))}
+        among = sd.json_values(":ids", "TEXT", d)
+        held_runs = f"SELECT w.run_id, {stored} FROM run_waste AS w WHERE w.run_id IN ({among})"
+        totals.update({str(r): float(s) for r, s in q.reader.query(held_runs, ids)})
+    for run_id, w in live.items():
+        totals[run_id] = totals.get(run_id, 0.0) + w
+    return sorted(totals.items(), key=lambda kv: (-kv[1], kv[0]))[:limit]

@@ -119,11 +119,11 @@ def scan(
         "SUM(unpriced), SUM(hcs), SUM(hpriced), SUM(hunpriced) FROM cost_agg GROUP BY 1, 2, 3, 4",
         {},
     )
-    # The fast path sums the days in SQL unless the groups are the days themselves.
+    # The fast path sums the days in SQL unless the groups are the days themselves (none, unless asked).
     sql_days = fast and need_days and group.kind != "day"
     first_days = (
         []
-        if sql_days
+        if sql_days or not need_days
         else reader.query(
             "SELECT day0, zone, atype, capacity, SUM(slices), SUM(d0s), SUM(d0cs), SUM(d0priced), "
             "SUM(d0unpriced) FROM cost_agg WHERE day0 >= 0 GROUP BY 1, 2, 3, 4",

@@ -122,13 +122,16 @@ class CostService:
         group_by: GroupBy,
         limit: int | None = None,
         kinds_and_notes: bool = True,
+        with_days: bool = True,
     ) -> tuple[CostReport, list[DayCosts]]:
         """The report grouped by ``group_by`` over every slice, and each UTC day's billed USD split the
         same way (the dashboard's stacked bars), from few scans: a day's cells add up to its ``by_day``
         figure and a group's to its ``cost_usd``. By a slice's own fact (``daily.DAY_SPLIT_GROUPINGS``)
         from the report's own scan, by workspace or user from one pass over the slices (``keyed``); by
         run, slice or label (thousands of groups) only the ``limit`` costliest groups are kept (the
-        report's ``limit``) and split, each day's rest as ``keyed.OTHER_KEY``."""
+        report's ``limit``) and split, each day's rest as ``keyed.OTHER_KEY``. ``with_days``: False leaves
+        the report's ``by_day`` empty where the split does not need it (by workspace or user: a reader that
+        draws the split, not the days, saves their scan)."""
         from tpuctl.services.cost.daily import splittable
         from tpuctl.services.cost.keyed import KEYED_KINDS, TOP_KINDS
 
@@ -137,7 +140,8 @@ class CostService:
                 raise ValueError(f"a split by {group_by.name} keeps the costliest groups: give a limit")
         elif group_by.kind not in (*KEYED_KINDS, "day", "total"):
             splittable(group_by)
-        return self._report(since, until, group_by, with_days=True, limit=limit, scope=None,
+        with_days = with_days or group_by.kind not in KEYED_KINDS
+        return self._report(since, until, group_by, with_days=with_days, limit=limit, scope=None,
                             kinds_and_notes=kinds_and_notes, split=True)  # fmt: skip
 
     def _report(
@@ -166,7 +170,9 @@ class CostService:
             q = self._query(reader, _params(since, end, now, group, null_key(reader.dialect)), warnings)
             scope = scope or CostScope()
             if split and group.kind in KEYED_KINDS:
-                (groups, groups_total, by_day, counts, totals), day_split = keyed_report(q, group)
+                (groups, groups_total, by_day, counts, totals), day_split = keyed_report(
+                    q, group, with_days=with_days
+                )
             elif group.kind in ATTRIBUTED_KINDS or not scope.everything:
                 groups, groups_total, by_day, counts, totals = attributed_report(
                     q, group, scope, with_days=with_days, limit=limit

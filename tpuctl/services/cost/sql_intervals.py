@@ -213,6 +213,7 @@ CLOSED_IN_WINDOW: Final = (
 )
 
 
+@cache
 def recomputed_sql(
     group: GroupBy,
     d: Dialect,
@@ -262,12 +263,14 @@ def recomputed_sql(
         d,
         unchanged_only=f"NOT ({stored})",
     )
-    # In pods_rec's order (zone, type, capacity: no sort) where the key is one of those or none.
-    stored_groups = (
-        "p.zone, p.accelerator_type, p.capacity"
-        if group.kind in ("zone", "region", "type", "capacity", "total")
-        else "1, 2, 3, 4"
-    )
+    # In pods_rec's order (zone, type, capacity: no sort) where the key is one of those or none; in
+    # pods_rec_owner's (owner first) where it is whose the slice is (a key's rows may then come in several
+    # groups, which the reader adds up).
+    stored_groups = "1, 2, 3, 4"
+    if group.kind in ("zone", "region", "type", "capacity", "total"):
+        stored_groups = "p.zone, p.accelerator_type, p.capacity"
+    elif group.kind in ATTRIBUTION_COLUMNS:
+        stored_groups = "p.workspace, p.principal, p.zone, p.accelerator_type, p.capacity"
     return f"""{aggregate_sql(computed, group, d, ctes=ctes)}
 UNION ALL
 SELECT {key_sql(group, "p", d)} AS k, p.zone AS zone, p.accelerator_type AS atype, p.capacity AS capacity,
@@ -306,6 +309,7 @@ ATTRIBUTION_COLUMNS: Final = {
 }
 
 
+@cache
 def key_sql(group: GroupBy, alias: str, d: Dialect) -> str:
     a = alias
     if group.kind == "label":
@@ -398,6 +402,7 @@ changed AS (SELECT DISTINCT id AS pod_id FROM cost_all_pieces),
 pieces AS (SELECT id, s, e, price FROM cost_all_pieces)"""
 
 
+@cache
 def aggregate_sql(
     source: str, group: GroupBy, d: Dialect, *, count: bool = False, ctes: str | None = None
 ) -> str:

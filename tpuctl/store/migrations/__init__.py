@@ -9,6 +9,6 @@ migrations (``tpuctl.store.schema``) had reached, which a ledger they made is st
 from typing import Final
 
 #: Every revision, oldest first.
-KNOWN: Final = ("0001_ledger_v10", "0002_servers", "0003_teams")
+KNOWN: Final = ("0001_ledger_v10", "0002_servers", "0003_teams", "0004_cost_by_owner", "0005_waste_by_run")
 BASELINE: Final = KNOWN[0]
 HEAD: Final = KNOWN[-1]
