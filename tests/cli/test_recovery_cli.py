@@ -739,14 +739,20 @@ def test_the_runtimes_checkpoint_fallback_is_said_and_recorded(
 
 @pytest.mark.slow
 def test_a_truncated_latest_checkpoint_falls_back_to_the_previous_one_and_the_run_says_so(
-    admin: SimAdminClient, cli: Cli, tmp_path: Path
+    admin: SimAdminClient, cli: Cli, state_dir: Path
 ) -> None:
-    ckpt = tmp_path / "ckpt"
-    common = ["run", "--example", "lm", "--type", "v5e-4", "--checkpoint-dir", str(ckpt)]
+    from gcp_storage_emulator.storage import STORAGE_DIR
+
+    from tpuctl.sim.storage import DEFAULT_BUCKET, storage_dir_for
+
+    # In the simulated bucket (a host's own disk is refused: it dies with a preempted VM), whose emulator
+    # keeps each object as a file.
+    common = ["run", "--example", "lm", "--type", "v5e-4", "--checkpoint-dir", f"gs://{DEFAULT_BUCKET}/ckpt"]
     first = cli(*common, "--", *SMALL_LM, "--steps", "8")
     assert first.code == 0, first.stderr[-3000:]
+    ckpt = storage_dir_for(state_dir) / STORAGE_DIR / DEFAULT_BUCKET / "ckpt"
     assert {p.name for p in ckpt.iterdir() if p.name.isdigit()} == {"4", "8"}
-    # Every data file of step 8 cut in half on disk (orbax may keep the same bytes under two paths).
+    # Every data file of step 8 cut in half in the bucket (orbax may keep the same bytes under two paths).
     for victim in (p for p in (ckpt / "8").rglob("*") if p.is_file() and p.parent.name == "d"):
         victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
 
