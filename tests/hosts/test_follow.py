@@ -98,43 +98,40 @@ def test_the_metadata_notice_is_one_event_line_in_the_programs_output(
     assert out.read_text() == text  # one line, whatever else happens
 
 
+def _flagged_then_ended(tmp_path: Path, metadata: MetadataServer, sig: signal.Signals) -> str:
+    """A program under the follower, once its long polls wait: the preemption flag set without answering
+    them (the program's end comes first, every time), then ``sig`` to the program. Its output once the
+    exit status (which must be ``-sig``) is written."""
+    run_dir = tmp_path / "runs" / "r" / "1"
+    pid = _launch(run_dir, metadata, "import time\ntime.sleep(120)\n")
+    wait_for(
+        lambda: sum("wait_for_change" in query for _, query, _ in metadata.requests) >= 2,
+        30,
+        what="the follower's long polls",
+    )
+    metadata.set("instance/preempted", "TRUE", wake=False)
+    os.killpg(pid, sig)
+    wait_for(lambda: (run_dir / follow.EXIT).exists(), 30, what="the exit status")
+    assert (run_dir / follow.EXIT).read_text() == f"{-sig}\n"
+    return (run_dir / follow.OUT).read_text()
+
+
 def test_a_notice_that_comes_with_the_sigterm_that_ends_the_program_is_still_one_line(
     tmp_path: Path, metadata: MetadataServer
 ) -> None:
     """A program with SIGTERM's default action dies the moment the notice comes (the flag turns TRUE with
     the soft-off's SIGTERM): the long poll's answer loses that race to the program's end, yet the notice
     is on the record, before the exit status (else tpuctl takes it for a preemption without notice)."""
-    run_dir = tmp_path / "runs" / "r" / "1"
-    pid = _launch(run_dir, metadata, "import time\ntime.sleep(120)\n")
-    wait_for(
-        lambda: sum("wait_for_change" in query for _, query, _ in metadata.requests) >= 2,
-        30,
-        what="the follower's long polls",
-    )
-    # The long poll is not answered: the program's end comes first, every time.
-    metadata.set("instance/preempted", "TRUE", wake=False)
-    os.killpg(pid, signal.SIGTERM)
-    wait_for(lambda: (run_dir / follow.EXIT).exists(), 30, what="the exit status")
-    assert (run_dir / follow.EXIT).read_text() == f"{-signal.SIGTERM}\n"
-    (event,) = _events((run_dir / follow.OUT).read_text())
+    out = _flagged_then_ended(tmp_path, metadata, signal.SIGTERM)
+    (event,) = _events(out)
     assert event["event"] == "notice" and event["worker"] == 2 and event["reporter"] == "follower"
 
 
 def test_a_flag_that_comes_with_a_sigkill_is_no_notice(tmp_path: Path, metadata: MetadataServer) -> None:
     """A hard-off sets the flag as it kills every process, one by one: a supervisor that outlives its
     program by a moment must not turn that into a notice the program was given."""
-    run_dir = tmp_path / "runs" / "r" / "1"
-    pid = _launch(run_dir, metadata, "import time\ntime.sleep(120)\n")
-    wait_for(
-        lambda: sum("wait_for_change" in query for _, query, _ in metadata.requests) >= 2,
-        30,
-        what="the follower's long polls",
-    )
-    metadata.set("instance/preempted", "TRUE", wake=False)
-    os.killpg(pid, signal.SIGKILL)
-    wait_for(lambda: (run_dir / follow.EXIT).exists(), 30, what="the exit status")
-    assert (run_dir / follow.EXIT).read_text() == f"{-signal.SIGKILL}\n"
-    assert _events((run_dir / follow.OUT).read_text()) == []
+    out = _flagged_then_ended(tmp_path, metadata, signal.SIGKILL)
+    assert _events(out) == []
 
 
 def test_a_closed_reporter_writes_nothing_so_no_line_follows_the_exit_status(

@@ -23,6 +23,7 @@ is not fired by it. (SQLite would not re-enter a running trigger anyway: recursi
 from __future__ import annotations
 
 import secrets
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from tpuctl.store import schema
@@ -80,6 +81,24 @@ class PgTrigger:
             f"    EXECUTE FUNCTION {self.name}()"
         )
         return function, trigger
+
+
+def row_trigger_statements(
+    triggers: Iterable[tuple[str, str, str, str]], dialect: Dialect
+) -> tuple[str, ...]:
+    """The statements creating row triggers given as (name, event, condition, body) on ``dialect``'s
+    engine, in order: SQLite's ``CREATE TRIGGER ... WHEN``, PostgreSQL's function and trigger each
+    (``PgTrigger``; a condition there holds no subquery)."""
+    if dialect.name == "sqlite":
+        return tuple(
+            f"CREATE TRIGGER {name} AFTER {event} WHEN {when}\n    BEGIN {body} END"
+            for name, event, when, body in triggers
+        )
+    return tuple(
+        statement
+        for name, event, when, body in triggers
+        for statement in PgTrigger(name, event, when, body).statements()
+    )
 
 
 def _postgresql_triggers() -> tuple[PgTrigger, ...]:

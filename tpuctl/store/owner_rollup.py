@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import Final
 
 from tpuctl.store import billing, schema
-from tpuctl.store.derived import PgTrigger
+from tpuctl.store.derived import row_trigger_statements
 from tpuctl.store.sql import Dialect, SqlConnection
 
 TABLE: Final = "cost_rollup_owner"
@@ -123,16 +123,7 @@ def _triggers(dialect: Dialect) -> tuple[tuple[str, str, str, str], ...]:
 
 def trigger_statements(dialect: Dialect) -> tuple[str, ...]:
     """The statements creating the triggers on ``dialect``'s engine, in order."""
-    if dialect.name == "sqlite":
-        return tuple(
-            f"CREATE TRIGGER {name} AFTER {event} WHEN {when}\n    BEGIN {body} END"
-            for name, event, when, body in _triggers(dialect)
-        )
-    return tuple(
-        statement
-        for name, event, when, body in _triggers(dialect)
-        for statement in PgTrigger(name, event, when, body).statements()
-    )
+    return row_trigger_statements(_triggers(dialect), dialect)
 
 
 def create(conn: SqlConnection) -> None:
