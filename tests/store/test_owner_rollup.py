@@ -150,7 +150,7 @@ def _ledger_at_0003(url: str) -> Iterator[SqlAlchemyConnection]:
     try:
         with engine.begin() as conn:
             command.upgrade(migrate._config(conn), "0003_teams")
-            yield SqlAlchemyConnection(conn, SQLITE if conn.dialect.name == "sqlite" else POSTGRESQL)
+            yield SqlAlchemyConnection.of(conn)
     finally:
         engine.dispose()
 

@@ -17,7 +17,7 @@ from tpuctl.store import EventKind, Ledger, migrate, run_waste
 from tpuctl.store.database import open_database
 from tpuctl.store.engine import create_engine
 from tpuctl.store.records import SegmentKind
-from tpuctl.store.sql import POSTGRESQL, SQLITE, SqlAlchemyConnection
+from tpuctl.store.sql import SqlAlchemyConnection
 from tpuctl.store.url import parse_database_url
 
 OpenLedger = Callable[..., Ledger]
@@ -108,7 +108,7 @@ def test_a_ledger_at_0004_is_backfilled_when_upgraded(tmp_path: Path) -> None:
     try:
         with engine.begin() as conn:
             command.upgrade(migrate._config(conn), "0004_cost_by_owner")
-            sql = SqlAlchemyConnection(conn, SQLITE if conn.dialect.name == "sqlite" else POSTGRESQL)
+            sql = SqlAlchemyConnection.of(conn)
             sql.execute("INSERT INTO runs (run_id, script, status, created_at, updated_at) "
                         "VALUES ('r1', 'train.py', 'RUNNING', 0, 0)")  # fmt: skip
             for id_, name, deleted in ((1, "a", D0 + 2100), (2, "b", D0 + 1600), (3, "c", None)):

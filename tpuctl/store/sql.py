@@ -149,6 +149,11 @@ class SqlAlchemyConnection:
         self._conn = conn  # a sqlalchemy.engine.Connection (not imported here: tpuctl's start stays light)
         self._dialect = dialect
 
+    @classmethod
+    def of(cls, conn: Any) -> SqlAlchemyConnection:
+        """``conn`` (a SQLAlchemy connection: a migration's bind) with its engine's dialect."""
+        return cls(conn, SQLITE if conn.dialect.name == "sqlite" else POSTGRESQL)
+
     @property
     def dialect(self) -> Dialect:
         return self._dialect

@@ -9,7 +9,7 @@ migrations made is stamped with this revision instead of running it (``tpuctl.st
 from alembic import op
 
 from tpuctl.store import derived
-from tpuctl.store.sql import POSTGRESQL, SQLITE, SqlAlchemyConnection, SqlConnection
+from tpuctl.store.sql import SqlAlchemyConnection, SqlConnection
 from tpuctl.store.tables import added_by
 
 revision = "0001_ledger_v10"
@@ -20,11 +20,10 @@ depends_on = None
 
 def upgrade() -> None:
     bind = op.get_bind()
-    dialect = SQLITE if bind.dialect.name == "sqlite" else POSTGRESQL
     for table in added_by(revision):
         table.create(bind)
-    conn: SqlConnection = SqlAlchemyConnection(bind, dialect)
-    for statement in derived.statements(dialect):
+    conn: SqlConnection = SqlAlchemyConnection.of(bind)
+    for statement in derived.statements(conn.dialect):
         conn.execute(statement)
     derived.seed_identity(conn)
 

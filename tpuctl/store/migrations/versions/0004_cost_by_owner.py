@@ -8,7 +8,7 @@ defines them.
 from alembic import op
 
 from tpuctl.store import owner_rollup
-from tpuctl.store.sql import POSTGRESQL, SQLITE, SqlAlchemyConnection
+from tpuctl.store.sql import SqlAlchemyConnection
 from tpuctl.store.tables import added_by, build_metadata
 
 revision = "0004_cost_by_owner"
@@ -19,13 +19,12 @@ depends_on = None
 
 def upgrade() -> None:
     bind = op.get_bind()
-    dialect = SQLITE if bind.dialect.name == "sqlite" else POSTGRESQL
     for table in added_by(revision):
         table.create(bind)
     for index in build_metadata(revision).tables["pods"].indexes:
         if index.name in owner_rollup.OWNER_INDEXES:
             index.create(bind)
-    owner_rollup.create(SqlAlchemyConnection(bind, dialect))
+    owner_rollup.create(SqlAlchemyConnection.of(bind))
 
 
 def downgrade() -> None:

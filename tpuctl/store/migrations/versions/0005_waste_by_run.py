@@ -6,7 +6,7 @@ recomputed work, kept by triggers on ``pods`` and filled here from the slices al
 from alembic import op
 
 from tpuctl.store import run_waste
-from tpuctl.store.sql import POSTGRESQL, SQLITE, SqlAlchemyConnection
+from tpuctl.store.sql import SqlAlchemyConnection
 from tpuctl.store.tables import added_by
 
 revision = "0005_waste_by_run"
@@ -17,10 +17,9 @@ depends_on = None
 
 def upgrade() -> None:
     bind = op.get_bind()
-    dialect = SQLITE if bind.dialect.name == "sqlite" else POSTGRESQL
     for table in added_by(revision):
         table.create(bind)
-    run_waste.create(SqlAlchemyConnection(bind, dialect))
+    run_waste.create(SqlAlchemyConnection.of(bind))
 
 
 def downgrade() -> None:
