@@ -3,6 +3,7 @@ comes up late waited for with a bounded backoff, a clear give-up, and a ProxyCom
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -139,6 +140,37 @@ def test_a_refused_key_names_what_authorized_it_and_the_logins_fix(servers: Loop
         f"cannot reach host 0 at alice_example_com@127.0.0.1:{hosts[0].port}"
     )
     assert "PermissionDenied" in info.value.message
+    assert "the key was authorized through OS Login (project p), as alice" in info.value.message
+    assert info.value.fix == "grant the role"
+
+
+def test_a_refusal_stays_the_reason_when_the_deadline_cuts_the_last_try_short(
+    servers: LoopbackSsh, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A busy machine's last handshake may still be under way at the deadline: the refusal the tries
+    before it met is what the error names, with its fix, not the cut try's timeout."""
+    login = HostLogin(
+        "alice_example_com", authorized_by="OS Login (project p), as alice", refused_fix="grant the role"
+    )
+    executor = SshExecutor([servers.hosts[0].ssh_host()], login=login, key=KeyPair.generate("k"),
+                           connect_deadline_s=1.0)  # fmt: skip
+    tries: list[float] = []
+
+    async def refused_then_stuck(remote: object) -> asyncssh.SSHClientConnection:
+        tries.append(time.monotonic())
+        if len(tries) == 1:
+            raise asyncssh.PermissionDenied("permission denied")
+        await asyncio.sleep(60)  # a handshake the deadline ends
+        raise AssertionError("unreachable")
+
+    monkeypatch.setattr(executor, "_open", refused_then_stuck)
+    try:
+        with pytest.raises(RunFailedError) as info:
+            _echo(executor)
+    finally:
+        executor.close()
+    assert len(tries) == 2
+    assert "PermissionDenied" in info.value.message, info.value.message
     assert "the key was authorized through OS Login (project p), as alice" in info.value.message
     assert info.value.fix == "grant the role"
 

@@ -515,7 +515,11 @@ class SshExecutor:
                 except TpuctlError as exc:  # the login's renewal failed: tried again until the deadline
                     last, denied_since = exc.message, None
                 except (OSError, asyncssh.Error, TimeoutError) as exc:
-                    last, denied_since = _describe(exc), None
+                    # A try the deadline cut short (a busy machine's handshake) says nothing new: a
+                    # refusal before it stays what is reported, with its fix.
+                    cut_short = isinstance(exc, TimeoutError) and budget < _ATTEMPT_TIMEOUT_S
+                    if not (cut_short and denied_since is not None):
+                        last, denied_since = _describe(exc), None
                 else:
                     self._adopt(remote, conn)
                     return conn
