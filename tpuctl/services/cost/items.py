@@ -92,9 +92,9 @@ class _Slice:
         #: price or, with none recorded, the catalog's (0 where neither has one). COALESCE evaluates the
         #: catalog look-up only for an unpriced slice. The same text ranks and reports, so a limit keeps
         #: exactly the costliest.
-        self.usd = f"""((CASE WHEN x.id IS NOT NULL THEN x.priced + x.unpriced * COALESCE({_OWN}, 0)
-       ELSE p.chips * {self.seconds} * COALESCE(p.price_per_chip_hour, {_OWN}, 0) END) / 3600.0)"""
-        self.held_usd = f"({self.held_cs} * COALESCE(p.price_per_chip_hour, {_OWN}, 0) / 3600.0)"
+        self.usd = f"""((CASE WHEN x.id IS NOT NULL THEN x.priced + x.unpriced * COALESCE({OWN_PRICE_SQL}, 0)
+       ELSE p.chips * {self.seconds} * COALESCE(p.price_per_chip_hour, {OWN_PRICE_SQL}, 0) END) / 3600.0)"""
+        self.held_usd = f"({self.held_cs} * COALESCE(p.price_per_chip_hour, {OWN_PRICE_SQL}, 0) / 3600.0)"
         self.billed_or_held = f"({self.billed} OR (p.end_reason = 'preempted' AND {self.held_cs} > 0))"
         #: Per slice shown, what its figures are made of, each evaluated once: billed in the window (b),
         #: seconds in the window (s), chips, the price its time is billed at (price: recorded, else the
@@ -102,9 +102,9 @@ class _Slice:
         #: price its spot time compares with (odp, NULL if not spot or none known), held chip-seconds
         #: (hcs), recomputed USD.
         self.parts = f"""{self.billed} AS b, {self.seconds} AS s, p.chips AS chips,
-       COALESCE(p.price_per_chip_hour, {_OWN}, 0) AS price,
-       CASE WHEN x.id IS NOT NULL THEN x.priced + x.unpriced * COALESCE({_OWN}, 0) END AS xusd,
-       CASE WHEN {_SPOT} THEN {_OD} END AS odp, {self.held_cs} AS hcs"""
+       COALESCE(p.price_per_chip_hour, {OWN_PRICE_SQL}, 0) AS price,
+       CASE WHEN x.id IS NOT NULL THEN x.priced + x.unpriced * COALESCE({OWN_PRICE_SQL}, 0) END AS xusd,
+       CASE WHEN {_SPOT} THEN {OD_PRICE_SQL} END AS odp, {self.held_cs} AS hcs"""
 
 
 @functools.cache
@@ -119,11 +119,9 @@ _CATALOG: Final = (
     "(SELECT c.{0} FROM cost_prices AS c WHERE c.zone = p.zone "
     "AND c.atype = COALESCE(p.accelerator_type, :null_key) AND c.capacity = COALESCE(p.capacity, :null_key))"
 )
-_OWN: Final = _CATALOG.format("own")
-_OD: Final = _CATALOG.format("od")
 #: A slice's (alias p) catalog prices per chip-hour: its own capacity's, and on demand (cost_prices).
-OWN_PRICE_SQL: Final = _OWN
-OD_PRICE_SQL: Final = _OD
+OWN_PRICE_SQL: Final = _CATALOG.format("own")
+OD_PRICE_SQL: Final = _CATALOG.format("od")
 
 
 def held_sql(d: Dialect) -> tuple[str, str, str]:
@@ -148,8 +146,8 @@ def _slice_figures(kind: str, recomputed: str, d: Dialect) -> list[tuple[str, st
     """(name, expression) of a slice p's figures (billed or holding quota in the window): slices, bs
     (seconds), cs (chip-seconds), usd, od (on-demand USD), sav, rec, hcs (held chip-seconds), husd."""
     e = _slice(d)
-    od_usd = f"(p.chips * {e.seconds} * {_OD} / 3600.0)"
-    spot_od = f"({_SPOT} AND {_OD} IS NOT NULL)"
+    od_usd = f"(p.chips * {e.seconds} * {OD_PRICE_SQL} / 3600.0)"
+    spot_od = f"({_SPOT} AND {OD_PRICE_SQL} IS NOT NULL)"
     return [
         ("slices", _own(kind)),
         ("bs", f"CASE WHEN {e.billed} THEN {e.seconds} ELSE 0 END"),

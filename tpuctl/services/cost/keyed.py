@@ -25,7 +25,6 @@ grouping splits in the report's own scan (``daily``); which run or slice a slice
 from __future__ import annotations
 
 import json
-import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
@@ -38,8 +37,9 @@ from tpuctl.services.cost.daily import DayCosts, day_costs
 from tpuctl.services.cost.details import NONE_KEY, sorted_lines
 from tpuctl.services.cost.item_report import ItemReport, prepared_totals
 from tpuctl.services.cost.model import CostLine
+from tpuctl.services.cost.scan import whole_days
+from tpuctl.services.cost.scope import ATTRIBUTION_COLUMNS, owner_sql
 from tpuctl.services.cost.sql_intervals import (
-    ATTRIBUTION_COLUMNS,
     ATTRS,
     IV_COLUMNS,
     SRC_CHANGED,
@@ -84,9 +84,17 @@ def keyed_report(q: Query, group: GroupBy, *, with_days: bool = True) -> tuple[I
         raise ValueError(f"not a grouping by whose the slices are: {group.name}")
     totals, by_day, counts, ctes = prepared_totals(q, with_days=with_days, item_pieces=False)
     d = q.reader.dialect
-    lines = _Lines()
+    by_key: dict[str, CostLine] = {}
+
+    def lines(key: Any) -> CostLine:
+        """The group of ``key`` (NULL as ``NONE_KEY``), made on first use."""
+        name = NONE_KEY if key is None else str(key)
+        if name not in by_key:
+            by_key[name] = CostLine(name)
+        return by_key[name]
+
     cells: dict[tuple[int, str], float] = defaultdict(float)
-    params = {**q.params, **_whole_days(q.params)}
+    params = {**q.params, **whole_days(q.params)}
     if q.changes:  # only the price-changed slices the owner rollup does not hold are read by piece
         params["price_changes"] = q.reader.query(_unrolled_changes_sql(d), params)[0][0] or "[]"
     for key, day, n, s, cs, usd_s, od_s, d0_s, d1_s in _billed_rows(q, group, params):
@@ -116,25 +124,12 @@ def keyed_report(q: Query, group: GroupBy, *, with_days: bool = True) -> tuple[I
     if q.segments:
         for key, usd_s in q.reader.query(_recomputed_sql(group, d, ctes), q.params):
             lines(key).recomputed_usd += usd_s / 3600.0
-    out = sorted_lines(group, list(lines.by_key.values()))
+    out = sorted_lines(group, list(by_key.values()))
     for each in out:  # subtracting floats can leave -1e-13 where the truth is 0
         if abs(each.spot_savings_usd) < 1e-9:
             each.spot_savings_usd = 0.0
     report: ItemReport = ([each.to_dict() for each in out], len(out), by_day, counts, totals)
     return report, day_costs((_date(day), key, usd) for (day, key), usd in cells.items())
-
-
-class _Lines:
-    """The groups by key (NULL as ``NONE_KEY``), made on first use."""
-
-    def __init__(self) -> None:
-        self.by_key: dict[str, CostLine] = {}
-
-    def __call__(self, key: Any) -> CostLine:
-        name = NONE_KEY if key is None else str(key)
-        if name not in self.by_key:
-            self.by_key[name] = CostLine(name)
-        return self.by_key[name]
 
 
 def top_day_cells(
@@ -194,11 +189,6 @@ def top_day_cells(
     return day_costs(parts)
 
 
-def _whole_days(params: dict[str, Any]) -> dict[str, int]:
-    """The window's whole UTC days, [d_lo, d_hi) (as the aggregate fast path reads the rollups)."""
-    return {"d_lo": math.ceil(params["since"] / DAY_S), "d_hi": math.floor(params["until"] / DAY_S)}
-
-
 def _billed_rows(q: Query, group: GroupBy, params: dict[str, Any]) -> Iterable[tuple[Any, ...]]:
     """Per (key, first billed day): slices, seconds, chip-seconds, USD x 3600, on-demand USD x 3600, and
     the first and second day's USD x 3600, of every billed slice whose price never changed and of the
@@ -215,14 +205,16 @@ def _unrolled_sql(group: GroupBy, d: Dialect) -> tuple[str, str]:
     index: the closed ones crossing midnight off pods_crossing_owner (which covers what the pass reads);
     the open ones, and the closed ones of the window's partial first and last days, by id."""
     key = key_sql(group, "p", d)
-    closed = "p.ended_at IS NOT NULL AND p.ready_at IS NOT NULL"
-    crossing = f"{closed} AND {crosses_midnight_sql('p', d)}"
+    crossing = f"p.ended_at IS NOT NULL AND p.ready_at IS NOT NULL AND {crosses_midnight_sql('p', d)}"
     crossing_source = f"pods AS p {sd.indexed('pods_crossing_owner', d)}"
-    by_ready = f"SELECT id FROM pods {sd.indexed('pods_closed', d)} WHERE {closed.replace('p.', '')} AND "
+    one_day = (
+        f"SELECT id FROM pods {sd.indexed('pods_closed', d)} WHERE ended_at IS NOT NULL AND ready_at IS NOT "
+        f"NULL AND NOT {crosses_midnight_sql('', d)} AND "
+    )
     others = (
         "SELECT id FROM pods WHERE ended_at IS NULL"
-        f" UNION ALL {by_ready}ready_at < {midnight_sql(':d_lo', d)} AND NOT {crosses_midnight_sql('', d)}"
-        f" UNION ALL {by_ready}ready_at >= {midnight_sql(':d_hi', d)} AND NOT {crosses_midnight_sql('', d)}"
+        f" UNION ALL {one_day}ready_at < {midnight_sql(':d_lo', d)}"
+        f" UNION ALL {one_day}ready_at >= {midnight_sql(':d_hi', d)}"
     )
     return (
         _slices_sql(key, crossing, crossing_source, d, figures=True),
@@ -265,7 +257,7 @@ def _owner_rollup_sql(group: GroupBy, d: Dialect) -> str:
     """``_billed_rows``' figures of the slices the owner rollup (``cost_rollup_owner``) holds for the
     window's whole days, priced per combination in SQL (``cost_prices``: recorded USD, the catalog's own
     price for time with none, the on-demand price for spot time): such a slice's first day is all of it."""
-    column, default = ATTRIBUTION_COLUMNS[group.kind]
+    column = ATTRIBUTION_COLUMNS[group.kind][0]
     usd = "r.billed_usd_s + r.billed_unpriced_chip_s * COALESCE(c.own, 0)"
     od = f"CASE WHEN {preemptible_sql('r')} AND c.od IS NOT NULL THEN r.billed_chip_s * c.od ELSE {usd} END"
     # Grouped in the rollup's key order (day, workspace, principal): streamed, where grouping by the key
@@ -273,7 +265,7 @@ def _owner_rollup_sql(group: GroupBy, d: Dialect) -> str:
     # caller adds up.
     by = "r.day, r.workspace" + (", r.principal" if column == "principal" else "")
     return f"""
-SELECT COALESCE(NULLIF(r.{column}, :null_key), '{default}') AS k, r.day, SUM(r.slices), SUM(r.billed_s),
+SELECT {owner_sql(group.kind, f"NULLIF(r.{column}, :null_key)")} AS k, r.day, SUM(r.slices), SUM(r.billed_s),
        SUM(r.billed_chip_s), {sd.total(usd, d)}, {sd.total(od, d)}, {sd.total(usd, d)}, 0.0
 FROM cost_rollup_owner AS r
 LEFT JOIN cost_prices AS c ON c.zone = r.zone AND c.atype = r.accelerator_type AND c.capacity = r.capacity

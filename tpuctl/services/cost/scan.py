@@ -143,6 +143,12 @@ def scan(
     return part
 
 
+def whole_days(params: Mapping[str, Any]) -> dict[str, int]:
+    """The UTC days wholly inside the window ``params`` bounds (``:since``, ``:until``), as ``:d_lo``
+    (the first) and ``:d_hi`` (the day after the last): what the rollups answer for."""
+    return {"d_lo": math.ceil(params["since"] / DAY_S), "d_hi": math.floor(params["until"] / DAY_S)}
+
+
 def _billed_reference(reader: LedgerReader, main: GroupBy, params: Mapping[str, Any]) -> None:
     """The reference path: every slice of the range through the interval arithmetic."""
     reader.execute(ssql.pods_billed_sql(main, reader.dialect), params)
@@ -167,9 +173,8 @@ def _billed_fast(
         params["price_changes"] = reader.query(fsql.rest_price_changes(d), params)[0][0] or "[]"
     reader.execute(ssql.pods_billed_sql(main, d, ssql.rest_pods(d)), params)
     # Whole UTC days inside the window come from the rollup; the rest slice by slice.
-    d_lo = math.ceil(params["since"] / DAY_S)
-    d_hi = math.floor(params["until"] / DAY_S)
-    days = {"d_lo": d_lo, "d_hi": d_hi}
+    days = whole_days(params)
+    d_lo, d_hi = days["d_lo"], days["d_hi"]
     reader.execute(fsql.rollup_sql(main, d), {**params, **days})
     reader.execute(fsql.rollup_x_sql(main, d), {**params, **days})
     for statement in fsql.xrest_fill(d):

@@ -15,9 +15,23 @@ from tpuctl.store import cost_sql as sd
 from tpuctl.store.records import LOCAL_WORKSPACE, UNKNOWN_PRINCIPAL
 from tpuctl.store.sql import Dialect
 
-#: A slice's (alias p) workspace and principal as reports show them. Literals: constants of this code.
-WORKSPACE_OF_P: Final = f"COALESCE(p.workspace, '{LOCAL_WORKSPACE}')"
-PRINCIPAL_OF_P: Final = f"COALESCE(p.principal, '{UNKNOWN_PRINCIPAL}')"
+#: Per grouping by whose a slice is: the slice's own column, and what a NULL there (a row from before
+#: workspaces) is read as.
+ATTRIBUTION_COLUMNS: Final = {
+    "workspace": ("workspace", LOCAL_WORKSPACE),
+    "user": ("principal", UNKNOWN_PRINCIPAL),
+}
+
+
+def owner_sql(kind: str, value: str) -> str:
+    """``value`` (SQL: a slice's workspace or principal column, by ``kind``) as reports show it. The
+    default is a literal: a constant of this code."""
+    return f"COALESCE({value}, '{ATTRIBUTION_COLUMNS[kind][1]}')"
+
+
+#: A slice's (alias p) workspace and principal as reports show them.
+WORKSPACE_OF_P: Final = owner_sql("workspace", "p.workspace")
+PRINCIPAL_OF_P: Final = owner_sql("user", "p.principal")
 
 
 @dataclass(frozen=True)

@@ -39,11 +39,11 @@ from typing import TYPE_CHECKING, Any, Final
 from tpuctl.errors import UsageError
 from tpuctl.services.cost.aggregate import Query, aggregate_lines
 from tpuctl.services.cost.attributed import ATTRIBUTED_KINDS, attributed_report
-from tpuctl.services.cost.daily import DAY_SPLIT_GROUPINGS
+from tpuctl.services.cost.daily import DAY_SPLIT_GROUPINGS, splittable
 from tpuctl.services.cost.details import dedupe, limited, mark_unknown_steps, run_info, slice_info
 from tpuctl.services.cost.item_report import item_report
 from tpuctl.services.cost.items import PREPARE
-from tpuctl.services.cost.keyed import KEYED_KINDS, keyed_report, top_day_cells
+from tpuctl.services.cost.keyed import KEYED_KINDS, TOP_KINDS, keyed_report, top_day_cells
 from tpuctl.services.cost.model import CostLine, CostReport
 from tpuctl.services.cost.pricing import Pricer
 from tpuctl.services.cost.scan import SCAN_TABLES
@@ -127,14 +127,11 @@ class CostService:
         """The report grouped by ``group_by`` over every slice, and each UTC day's billed USD split the
         same way (the dashboard's stacked bars), from few scans: a day's cells add up to its ``by_day``
         figure and a group's to its ``cost_usd``. By a slice's own fact (``daily.DAY_SPLIT_GROUPINGS``)
-        from the report's own scan, by workspace or user from one pass over the slices (``keyed``); by
+        from the report's own scan, by workspace or user from the owner rollup (``keyed``); by
         run, slice or label (thousands of groups) only the ``limit`` costliest groups are kept (the
         report's ``limit``) and split, each day's rest as ``keyed.OTHER_KEY``. ``with_days``: False leaves
         the report's ``by_day`` empty where the split does not need it (by workspace or user: a reader that
         draws the split, not the days, saves their scan)."""
-        from tpuctl.services.cost.daily import splittable
-        from tpuctl.services.cost.keyed import KEYED_KINDS, TOP_KINDS
-
         if group_by.kind in TOP_KINDS:
             if not limit:
                 raise ValueError(f"a split by {group_by.name} keeps the costliest groups: give a limit")
@@ -254,8 +251,6 @@ class CostService:
         """Each UTC day's billed USD in ``[since, until)`` split by ``group_by`` (one of
         ``daily.DAY_SPLIT_GROUPINGS``), in one scan: the cells whose rows and columns add up to the
         report's ``by_day`` and ``groups``."""
-        from tpuctl.services.cost.daily import splittable
-
         if group_by.kind in KEYED_KINDS:
             return self.split_report(since=since, until=until, group_by=group_by, kinds_and_notes=False)[1]
         splittable(group_by)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 from typing import Final
 
+from tpuctl.services.cost.scope import ATTRIBUTION_COLUMNS, owner_sql
 from tpuctl.services.cost.window import GroupBy
 from tpuctl.store import cost_sql as sd
 from tpuctl.store.billing import (
@@ -22,7 +23,6 @@ from tpuctl.store.billing import (
     midnight_after_sql,
     recompute_fraction_sql,
 )
-from tpuctl.store.records import LOCAL_WORKSPACE, UNKNOWN_PRINCIPAL
 from tpuctl.store.sql import Dialect
 
 cache = functools.cache
@@ -301,14 +301,6 @@ run_id, labels,
 iv AS (SELECT {IV_COLUMNS} FROM days)"""
 
 
-#: The slice's own column a grouping by whose it is reads, and what a NULL there is read as (a slice
-#: from before workspaces: the local workspace's, an unknown principal's).
-ATTRIBUTION_COLUMNS: Final = {
-    "workspace": ("workspace", LOCAL_WORKSPACE),
-    "user": ("principal", UNKNOWN_PRINCIPAL),
-}
-
-
 @cache
 def key_sql(group: GroupBy, alias: str, d: Dialect) -> str:
     a = alias
@@ -317,9 +309,9 @@ def key_sql(group: GroupBy, alias: str, d: Dialect) -> str:
     if group.kind in ATTRIBUTION_COLUMNS:
         # Whose a slice is, NULL (a row from before workspaces) read as reports show it. An interval
         # relation (iv) carries no such column: its slice's, by primary key (few rows read it so).
-        column, default = ATTRIBUTION_COLUMNS[group.kind]
+        column = ATTRIBUTION_COLUMNS[group.kind][0]
         owner = f"{a}.{column}" if a != "iv" else f"(SELECT w.{column} FROM pods AS w WHERE w.id = iv.id)"
-        return f"COALESCE({owner}, '{default}')"
+        return owner_sql(group.kind, owner)
     return {
         "slice": f"{a}.id",
         "run": f"COALESCE({a}.run_id, {a}.run)" if a == "iv" else f"{a}.run_id",
