@@ -266,13 +266,18 @@ class NoticeReporter:
             if value is None:
                 return
             last = value.strip()
-            if key.event == "maintenance":
-                # Every new value is said (a MIGRATE, then a TERMINATE); the watch goes on until the
-                # program ends or its VM is preempted.
-                self.report("maintenance", value=last)
-                continue
+            self._say(key, last)
+            if key.event != "maintenance":
+                return
+            # Every new maintenance value is said (a MIGRATE, then a TERMINATE); the watch goes on until
+            # the program ends or its VM is preempted.
+
+    def _say(self, key: WatchedKey, value: str) -> None:
+        """The line of news ``value`` of ``key``: a maintenance with its value, else the notice."""
+        if key.event == "maintenance":
+            self.report("maintenance", value=value)
+        else:
             self.report(key.event, source=key.source)
-            return
 
     def last_look(self, timeout_s: float = LAST_LOOK_TIMEOUT_S) -> None:
         """Once the program ended: one plain GET of each watched key, and each news said as the watches
@@ -291,12 +296,8 @@ class NoticeReporter:
         try:
             for key in preemption.WATCHED_KEYS:
                 value = client.get(key.path).text.strip()
-                if not key.is_news(value):
-                    continue
-                if key.event == "maintenance":
-                    self.report("maintenance", value=value)
-                else:
-                    self.report(key.event, source=key.source)
+                if key.is_news(value):
+                    self._say(key, value)
         except (OSError, http.client.HTTPException):
             pass  # as the watches do: a host whose metadata server is down says so in other ways
         finally:
