@@ -78,7 +78,7 @@ from tpuctl.store.records import (
     SliceRef,
 )
 from tpuctl.store.secrets import SecretKey
-from tpuctl.store.sql import SqlConnection, in_list
+from tpuctl.store.sql import Dialect, SqlConnection, in_list
 from tpuctl.store.url import LEDGER_FILENAME, DatabaseUrl, parse_database_url
 from tpuctl.store.view import EVENT_COLUMNS, POD_COLUMNS, POD_KINDS, Ev, PodRow, apply_event
 
@@ -1356,28 +1356,8 @@ class Ledger:
             stored = {r[0]: r for r in conn.execute(f"SELECT {_POD_COLS} FROM pods")}
             recomputed = conn.execute(schema.rec_check_sql(conn.dialect)).fetchall()
             rollups = [
-                (
-                    table,
-                    keys,
-                    conn.execute(f"SELECT * FROM {table}").fetchall(),
-                    conn.execute(check).fetchall(),
-                )
-                for table, keys, check in (
-                    *schema.rollup_checks(conn.dialect),
-                    (
-                        owner_rollup.TABLE,
-                        len(owner_rollup.KEY),
-                        owner_rollup.owner_rollup_check_sql(conn.dialect),
-                    ),
-                )
-            ]
-            rollups += [
-                (
-                    run_waste.TABLE,
-                    1,
-                    conn.execute(run_waste.stored_sql()).fetchall(),
-                    conn.execute(run_waste.check_sql()).fetchall(),
-                )
+                (table, keys, conn.execute(stored).fetchall(), conn.execute(check).fetchall())
+                for table, keys, stored, check in _rollup_checks(conn.dialect)
             ]
             wrongly_rolled = conn.execute(schema.rolled_check_sql(conn.dialect)).fetchall()
         problems: list[str] = []
@@ -1426,6 +1406,17 @@ def _distinct_claims(*claims: LeaseClaim | None) -> list[LeaseClaim]:
         if claim is not None and all(claim.token != c.token for c in out):
             out.append(claim)
     return out
+
+
+def _rollup_checks(dialect: Dialect) -> list[tuple[str, int, str, str]]:
+    """(table, number of key columns, its rows, the SQL that recomputes them from ``pods``) of every
+    rollup the triggers keep."""
+    owner = (owner_rollup.TABLE, len(owner_rollup.KEY), owner_rollup.owner_rollup_check_sql(dialect))
+    return [
+        *((table, keys, f"SELECT * FROM {table}", check) for table, keys, check in (
+            *schema.rollup_checks(dialect), owner)),
+        (run_waste.TABLE, 1, run_waste.stored_sql(), run_waste.check_sql()),
+    ]  # fmt: skip
 
 
 def _rollup_differences(
