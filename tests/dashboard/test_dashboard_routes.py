@@ -184,6 +184,21 @@ def _another_day(session: Session) -> None:
     session.ledger.record_event(EventKind.DELETED, ts=now - 20 * 3600, **facts)
 
 
+def _bar_cells(html: str) -> list[tuple[str, str, float]]:
+    """The money page's stacked bars: (day, group, USD) of each mark drawn."""
+    return list(zip(_attr(html, "data-day", data_mark="bar"), _attr(html, "data-group", data_mark="bar"),
+                    (float(v) for v in _attr(html, "data-usd", data_mark="bar")), strict=True))  # fmt: skip
+
+
+def _cells_add_up(cells: list[tuple[str, str, float]], report: dict[str, Any]) -> None:
+    """Each day's cells add up to the report's figure for that day, and each group's to its cost."""
+    assert len({day for day, _, _ in cells}) == len(report["by_day"]) >= 2
+    for day in report["by_day"]:
+        assert sum(usd for d, _, usd in cells if d == day["day"]) == pytest.approx(day["cost_usd"], abs=2e-6)
+    for g in report["groups"]:
+        assert sum(usd for _, k, usd in cells if k == g["key"]) == pytest.approx(g["cost_usd"], abs=2e-6)
+
+
 @pytest.mark.parametrize("group", ["type", "capacity", "run"])
 def test_the_money_pages_days_add_up_to_cost_reports_days_and_groups(
     client: TestClient, recorded: Session, sim_cli: InProcessCli, group: str
@@ -191,13 +206,8 @@ def test_the_money_pages_days_add_up_to_cost_reports_days_and_groups(
     _another_day(recorded)
     html = client.get(f"/money?group_by={group}").text
     report = sim_cli("cost", "report", "--group-by", group, "--no-reconcile", "-o", "json").json
-    cells = list(zip(_attr(html, "data-day", data_mark="bar"), _attr(html, "data-group", data_mark="bar"),
-                     (float(v) for v in _attr(html, "data-usd", data_mark="bar")), strict=True))  # fmt: skip
-    assert len({day for day, _, _ in cells}) == len(report["by_day"]) >= 2
-    for day in report["by_day"]:
-        assert sum(usd for d, _, usd in cells if d == day["day"]) == pytest.approx(day["cost_usd"], abs=2e-6)
-    for g in report["groups"]:
-        assert sum(usd for _, k, usd in cells if k == g["key"]) == pytest.approx(g["cost_usd"], abs=2e-6)
+    cells = _bar_cells(html)
+    _cells_add_up(cells, report)
     assert [float(v) for v in _attr(html, "data-cost-usd")] == [g["cost_usd"] for g in report["groups"]]
 
 
@@ -214,14 +224,9 @@ def test_the_money_page_by_whose_it_is_has_cost_reports_totals_groups_and_days(
     # rounding of the sums; the rows without a workspace or principal under the report's name for them.
     shown = [float(v) for v in _attr(html, "data-cost-usd")]
     assert shown == pytest.approx([g["cost_usd"] for g in report["groups"]], abs=2e-6)
-    cells = list(zip(_attr(html, "data-day", data_mark="bar"), _attr(html, "data-group", data_mark="bar"),
-                     (float(v) for v in _attr(html, "data-usd", data_mark="bar")), strict=True))  # fmt: skip
+    cells = _bar_cells(html)
     assert {k for _, k, _ in cells} == {g["key"] for g in report["groups"] if g["cost_usd"]}
-    assert len({day for day, _, _ in cells}) == len(report["by_day"]) >= 2
-    for day in report["by_day"]:
-        assert sum(usd for d, _, usd in cells if d == day["day"]) == pytest.approx(day["cost_usd"], abs=2e-6)
-    for g in report["groups"]:
-        assert sum(usd for _, k, usd in cells if k == g["key"]) == pytest.approx(g["cost_usd"], abs=2e-6)
+    _cells_add_up(cells, report)
 
 
 def test_the_money_page_by_run_lists_and_draws_the_costliest_runs_and_the_rest(
@@ -245,8 +250,7 @@ def test_the_money_page_by_run_lists_and_draws_the_costliest_runs_and_the_rest(
         assert float(_attr(html, "data-value", data_total=figure)[0]) == report["totals"][figure]
     rest = float(_attr(html, "data-rest-usd")[0])
     assert rest == pytest.approx(report["totals"]["cost_usd"] - top["cost_usd"], abs=2e-6)
-    cells = list(zip(_attr(html, "data-day", data_mark="bar"), _attr(html, "data-group", data_mark="bar"),
-                     (float(v) for v in _attr(html, "data-usd", data_mark="bar")), strict=True))  # fmt: skip
+    cells = _bar_cells(html)
     assert {k for _, k, _ in cells} == {top["key"], OTHER_KEY}
     for day in report["by_day"]:
         assert sum(usd for d, _, usd in cells if d == day["day"]) == pytest.approx(day["cost_usd"], abs=2e-6)
