@@ -31,7 +31,9 @@ WORKSPACES = (None, "ws-a", "ws-b")
 PRINCIPALS = (None, "u1@example.com", "u2@example.com", "u3@example.com")
 
 
-def _ledger(open_ledger: Callable[..., Ledger], seed: int) -> DatabaseUrl:
+def _ledger(open_ledger: Callable[..., Ledger], seed: int, *, shares: bool = True) -> DatabaseUrl:
+    """A random ledger (``seed``); ``shares``: some runs ran on slices they did not create, else every
+    segment is on a slice its own run created."""
     rng = random.Random(seed)
     events: list[NewEvent] = []
     runs = [f"r{i}" for i in range(12)]  # r11 has no runs row: its slices name a run the ledger lacks
@@ -66,8 +68,9 @@ def _ledger(open_ledger: Callable[..., Ledger], seed: int) -> DatabaseUrl:
             completed = rng.randint(1, 400)
             recomputed = rng.choice((0, 0, rng.randint(0, completed)))
             segment_run = run_id if run_id in runs[:11] else rng.choice(runs[:11])
-            segments.append((segment_run, f"s{n}", zone, start,
-                             start + rng.uniform(60, life + 1200), completed, recomputed))  # fmt: skip
+            if shares or run_id is not None:
+                segments.append((segment_run, f"s{n}", zone, start,
+                                 start + rng.uniform(60, life + 1200), completed, recomputed))  # fmt: skip
         if end > T0 + 3.5 * DAY or rng.random() < 0.05:
             continue  # still open at report time
         if capacity != "on-demand" and rng.random() < 0.4:
@@ -102,6 +105,8 @@ def _ledger(open_ledger: Callable[..., Ledger], seed: int) -> DatabaseUrl:
             "AND p.ended_at IS NULL)"
         )
         assert _count(ledger, "run_segments", f"steps_recomputed > 0 AND {open_recomputing}") > 0
+        shared = "EXISTS (SELECT 1 FROM run_segments AS rs WHERE rs.zone = pods.zone AND rs.pod = pods.name)"
+        assert (_count(ledger, "pods", f"run_id IS NULL AND {shared}") > 0) is shares
         return ledger.url
 
 
@@ -163,6 +168,26 @@ def test_fast_path_equals_interval_arithmetic(open_ledger: Callable[..., Ledger]
     assert runs["r3"]["status"] == "pending" and runs["r3"]["program"] == "r3.py"
     assert "status" not in runs["r11"]  # slices name it, the runs table does not: no run facts
     assert runs["(none)"]["slices"] > 0
+
+
+def test_by_run_with_no_shares_the_fast_path_still_equals_interval_arithmetic(
+    open_ledger: Callable[..., Ledger],
+) -> None:
+    """No run ran on a slice it did not create: the fast path finds that out and skips the shares' passes
+    (and counts each slice no run created as "(none)"'s) for the same report."""
+    db = _ledger(open_ledger, 8, shares=False)
+    catalog = Catalog.load()
+    source = PriceSource(catalog.prices.source, catalog.prices.date, cached=False)
+    for since, until in WINDOWS:
+        fast, slow = (
+            CostService(db, catalog, source, clock=lambda: T0 + 4 * DAY, workers=1, fast=f)
+            .report(since=since, until=until, group_by=parse_group_by("run"))
+            .to_dict()
+            for f in (True, False)
+        )
+        assert _rounded(fast) == _rounded(slow), (since, until)
+        none = next(g for g in fast["groups"] if g["key"] == "(none)")
+        assert none["slices"] > 0 and none["cost_usd"] > 0
 
 
 @pytest.mark.parametrize(

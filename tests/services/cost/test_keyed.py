@@ -16,6 +16,7 @@ from test_fast_path import DAY, T0, WINDOWS, _ledger
 from tpuctl.catalog import Catalog
 from tpuctl.services.cost import CostService, parse_group_by
 from tpuctl.services.cost.keyed import OTHER_KEY
+from tpuctl.services.cost.model import CostReport
 from tpuctl.services.prices import PriceSource
 from tpuctl.store.ledger import Ledger
 from tpuctl.store.records import LOCAL_WORKSPACE, UNKNOWN_PRINCIPAL
@@ -23,10 +24,12 @@ from tpuctl.store.records import LOCAL_WORKSPACE, UNKNOWN_PRINCIPAL
 NOW = T0 + 4 * DAY
 
 
-def _service(open_ledger: Callable[..., Ledger], seed: int) -> CostService:
+def _service(open_ledger: Callable[..., Ledger], seed: int, *, shares: bool = True) -> CostService:
     catalog = Catalog.load()
     source = PriceSource(catalog.prices.source, catalog.prices.date, cached=False)
-    return CostService(_ledger(open_ledger, seed), catalog, source, clock=lambda: NOW, workers=1)
+    return CostService(
+        _ledger(open_ledger, seed, shares=shares), catalog, source, clock=lambda: NOW, workers=1
+    )
 
 
 def _day_window(day: str, since: float | None, until: float | None) -> tuple[float, float]:
@@ -76,28 +79,47 @@ def test_the_costliest_groups_days_and_the_rest_add_up_to_the_reports(
 ) -> None:
     service = _service(open_ledger, 5)
     for group, limit in (("run", 3), ("slice", 4), ("label:team", 1)):
-        by = parse_group_by(group)
         for n, (since, until) in enumerate(WINDOWS):
-            report, days = service.split_report(since=since, until=until, group_by=by, limit=limit)
-            limited = service.report(since=since, until=until, group_by=by, limit=limit)
-            assert report.to_dict() == limited.to_dict()  # the same groups, totals and days
-            assert len(report.groups) == limit < report.groups_total
-            assert [d.day for d in days] == [d["day"] for d in report.by_day if d["cost_usd"]]
-            for day, wanted in zip(days, (d for d in report.by_day if d["cost_usd"]), strict=True):
-                assert sum(usd for _, usd in day.groups) == pytest.approx(wanted["cost_usd"], abs=1e-5)
-            keys = {key for d in days for key, _ in d.groups}
-            assert keys <= {str(g["key"]) for g in report.groups} | {OTHER_KEY}
-            assert OTHER_KEY in keys, group
-            for g in report.groups:
-                mine = sum(usd for d in days for key, usd in d.groups if key == g["key"])
-                assert mine == pytest.approx(g["cost_usd"], abs=1e-5), (group, g["key"])
-            if group == "run" and n == 2:  # a run's day is its group in that day's own report
-                for day in days:
-                    lo, hi = _day_window(day.day, since, until)
-                    alone = {g["key"]: g["cost_usd"] for g in service.report(
-                        since=lo, until=hi, group_by=by, with_days=False).groups}  # fmt: skip
-                    for key, usd in day.groups:
-                        if key != OTHER_KEY:
-                            assert usd == pytest.approx(alone[key], abs=2e-6), (day.day, key)
+            _check_costliest_split(service, group, limit, since, until, each_day=group == "run" and n == 2)
     with pytest.raises(ValueError, match="keeps the costliest groups"):
         service.split_report(group_by=parse_group_by("run"))
+
+
+def test_by_run_with_no_shares_none_s_days_come_from_its_own_pass_and_still_add_up(
+    open_ledger: Callable[..., Ledger],
+) -> None:
+    """No run ran on a slice it did not create: "(none)"'s first days come from the report's own pass
+    over its slices (and no shares are split), still each day's own report and adding up to its cost."""
+    service = _service(open_ledger, 8, shares=False)
+    for n, (since, until) in enumerate(WINDOWS):
+        report = _check_costliest_split(service, "run", 3, since, until, each_day=n in (0, 2))
+        assert "(none)" in {g["key"] for g in report.groups}
+
+
+def _check_costliest_split(
+    service: CostService, group: str, limit: int, since: float | None, until: float | None, *, each_day: bool
+) -> CostReport:
+    """The split's report is the limited report; its days add up to the report's, its groups' cells to
+    their costs; ``each_day``: a group's day is its group in that day's own report."""
+    by = parse_group_by(group)
+    report, days = service.split_report(since=since, until=until, group_by=by, limit=limit)
+    limited = service.report(since=since, until=until, group_by=by, limit=limit)
+    assert report.to_dict() == limited.to_dict()  # the same groups, totals and days
+    assert len(report.groups) == limit < report.groups_total
+    assert [d.day for d in days] == [d["day"] for d in report.by_day if d["cost_usd"]]
+    for day, wanted in zip(days, (d for d in report.by_day if d["cost_usd"]), strict=True):
+        assert sum(usd for _, usd in day.groups) == pytest.approx(wanted["cost_usd"], abs=1e-5)
+    keys = {key for d in days for key, _ in d.groups}
+    assert keys <= {str(g["key"]) for g in report.groups} | {OTHER_KEY}
+    assert OTHER_KEY in keys, group
+    for g in report.groups:
+        mine = sum(usd for d in days for key, usd in d.groups if key == g["key"])
+        assert mine == pytest.approx(g["cost_usd"], abs=1e-5), (group, g["key"])
+    for day in days if each_day else ():
+        lo, hi = _day_window(day.day, since, until)
+        alone = {g["key"]: g["cost_usd"] for g in service.report(
+            since=lo, until=hi, group_by=by, with_days=False).groups}  # fmt: skip
+        for key, usd in day.groups:
+            if key != OTHER_KEY:
+                assert usd == pytest.approx(alone[key], abs=2e-6), (day.day, key)
+    return report

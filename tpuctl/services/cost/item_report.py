@@ -52,7 +52,7 @@ def item_report(
     ``{"key", FIGURES...}`` per key, unordered."""
     totals, by_day, counts, ctes = prepared_totals(q, with_days=with_days)
     d = q.reader.dialect
-    if q.segments and group.kind == "run":
+    if q.shares and group.kind == "run":
         # Slices no run created are billed to the runs that ran on them, for the time they did;
         # the rest of their time stays with "(none)".
         runs = aggregate_sql(src_segment_runs(d), group, d, count=True, ctes=ctes)
@@ -160,7 +160,8 @@ def _run_groups(q: Query, group: GroupBy, ctes: str, limit: int | None) -> tuple
     d = q.reader.dialect
     bound = {**q.params, "limit": limit if limit is not None else -1}
     ranked = limit is not None
-    q.reader.execute(items.none_sql(d), bound)
+    for statement in items.none_sql(d, shares=q.shares):
+        q.reader.execute(statement, bound)
     if limit is not None:
         _rank_runs(q, limit, bound)
     if q.segments:

@@ -29,7 +29,7 @@ from typing import Any, Final, Protocol
 
 from tpuctl.services.cost.model import FIGURES
 from tpuctl.services.cost.scope import PRINCIPAL_OF_P, WORKSPACE_OF_P, scope_sql
-from tpuctl.services.cost.sql_intervals import billed_in_window, billed_s, held_s
+from tpuctl.services.cost.sql_intervals import billed_in_window, billed_s, first_days_sql, held_s
 from tpuctl.store import cost_sql as sd
 from tpuctl.store.billing import free_preemption_sql, preemptible_sql
 from tpuctl.store.cost_sql import TempTable
@@ -302,9 +302,9 @@ FROM cost_top AS t {sd.cross_join(d)} pods AS p ON p.id = t.k {_PIECES_JOIN}
 {sd.fence(d)}"""
 
 
-def _figures_from_parts(parts: str, d: Dialect) -> str:
+def _figures_from_parts(parts: str, d: Dialect, more: str = "") -> str:
     """The same figures as _slice_figures, from the parts' columns (USD x 3600 until the last division;
-    ``own``: whether the slice counts as a slice of its group)."""
+    ``own``: whether the slice counts as a slice of its group); ``more``: further columns, from q."""
     return f"""
 SELECT q.n AS n, q.id AS id, q.own AS slices,
        CASE WHEN q.b THEN q.s ELSE 0 END AS bs,
@@ -315,7 +315,7 @@ SELECT q.n AS n, q.id AS id, q.own AS slices,
        CASE WHEN q.b AND q.odp IS NOT NULL
             THEN q.chips * q.s * q.odp / 3600.0 - COALESCE(q.xusd, q.chips * q.s * q.price) / 3600.0
             ELSE 0 END AS sav,
-       q.rec AS rec, q.hcs AS hcs, q.hcs * q.price / 3600.0 AS husd
+       q.rec AS rec, q.hcs AS hcs, q.hcs * q.price / 3600.0 AS husd{more}
 FROM ({parts}) AS q
 {sd.fence(d)}"""
 
@@ -379,22 +379,42 @@ def _run_upsert(d: Dialect) -> str:
 
 
 @functools.cache
-def none_sql(d: Dialect) -> str:
+def none_sql(d: Dialect, *, shares: bool) -> tuple[str, str]:
     """ "(none)": every figure of the slices no run created, in one pass over the covering pods_norun
-    (ranking and reporting it read it from here). Its parts are evaluated once per slice (as for the
-    slices shown): summing the figures straight from the expressions evaluated the billed test, the price
-    look-ups and the window's seconds once per figure."""
+    (ranking and reporting it read it from here), per first billed day into cost_none_days with the
+    USD x 3600 of the whole-priced slices' first two days (``none_first_days``: the page's day
+    cells, from the same pass), then summed into cost_none. ``shares``: whether some run may have a share
+    of one (a slice a run ran on is not one of "(none)"'s slices), else none is looked for. Its parts
+    are evaluated once per slice (as for the slices shown): summing the figures straight from the
+    expressions evaluated the billed test, the price look-ups and the window's seconds once per figure."""
     e = _slice(d)
+    day0, s0, s1 = first_days_sql(d)
     parts = f"""
-SELECT 0 AS n, p.id AS id, {_own("run")} AS own, {e.parts}, 0 AS rec
+SELECT 0 AS n, p.id AS id, {_own("run") if shares else "1"} AS own, {e.parts}, 0 AS rec, {day0} AS day,
+       CASE WHEN x.id IS NULL THEN {s0} ELSE 0 END AS s0, CASE WHEN x.id IS NULL THEN {s1} ELSE 0 END AS s1
 FROM pods AS p {sd.indexed("pods_norun", d)} {_PIECES_JOIN}
 WHERE p.run_id IS NULL AND {e.billed_or_held}
 {sd.fence(d)}"""
-    return f"""
+    # A price-changed slice (its pieces, x) is cut at midnight with the others' later days (``keyed``).
+    days = (",\n       q.day AS day, CASE WHEN q.b THEN q.chips * q.s0 * q.price ELSE 0 END AS d0,\n"
+            "       CASE WHEN q.b THEN q.chips * q.s1 * q.price ELSE 0 END AS d1")  # fmt: skip
+    summed = ", ".join(f"SUM(f.{name})" for name in (*_NAMES.split(", "), "d0", "d1"))
+    return (
+        f"""
+INSERT INTO cost_none_days (day, n, {_NAMES}, d0, d1)
+SELECT f.day, COUNT(*), {summed}
+FROM ({_figures_from_parts(parts, d, days)}) AS f GROUP BY f.day""",
+        f"""
 INSERT INTO cost_none (n, {_NAMES})
-SELECT COUNT(*), SUM(f.slices), SUM(f.bs), SUM(f.cs), SUM(f.usd), SUM(f.od), SUM(f.sav), SUM(f.rec),
-       SUM(f.hcs), SUM(f.husd)
-FROM ({_figures_from_parts(parts, d)}) AS f"""
+SELECT COALESCE(SUM(n), 0), {", ".join(f"SUM({name})" for name in _NAMES.split(", "))} FROM cost_none_days""",
+    )
+
+
+def none_first_days(reader: Reader) -> list[tuple[int, float, float]]:
+    """ "(none)"'s first two days per first billed day, as ``none_sql`` summed them: the day's number, and
+    the USD x 3600 of that day and of the next."""
+    rows = reader.query("SELECT day, d0, d1 FROM cost_none_days WHERE d0 != 0 OR d1 != 0", {})
+    return [(int(day), float(d0), float(d1)) for day, d0, d1 in rows]
 
 
 @functools.cache
@@ -613,6 +633,11 @@ PREPARE: Final = (
     TempTable(
         "cost_none",
         "n INT, slices WHOLE, bs NUM, cs NUM, usd NUM, od NUM, sav NUM, rec NUM, hcs NUM, husd NUM",
+    ),
+    TempTable(
+        "cost_none_days",
+        "day INT, n INT, slices WHOLE, bs NUM, cs NUM, usd NUM, od NUM, sav NUM, rec NUM, hcs NUM, husd NUM, "
+        "d0 NUM, d1 NUM",
     ),
     # The price pieces a report needs (``item_report``), and the runs' shares of slices they did not
     # create (``sql_intervals.aggregate_sql``'s columns).

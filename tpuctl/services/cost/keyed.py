@@ -47,9 +47,12 @@ from tpuctl.services.cost.sql_intervals import (
     aggregate_sql,
     billed_pod,
     change_ctes,
+    changes_of_sql,
     day_split,
+    first_days_sql,
     key_sql,
     recomputed_sql,
+    shared_slices_sql,
     src_segment_runs,
 )
 from tpuctl.services.cost.subs import Sub, sub_rows, unnull
@@ -133,10 +136,17 @@ def keyed_report(q: Query, group: GroupBy, *, with_days: bool = True) -> tuple[I
 
 
 def top_day_cells(
-    q: Query, group: GroupBy, keys: Sequence[str], by_day: Sequence[dict[str, Any]]
+    q: Query,
+    group: GroupBy,
+    keys: Sequence[str],
+    by_day: Sequence[dict[str, Any]],
+    *,
+    none_first_days: Iterable[tuple[int, float, float]] | None = None,
 ) -> list[DayCosts]:
     """Each day's USD of the groups ``keys`` (the report's costliest, as it names them) and the rest of
-    that day's ``by_day`` figure as ``OTHER_KEY``."""
+    that day's ``by_day`` figure as ``OTHER_KEY``. ``none_first_days``: by run, "(none)"'s first two days
+    per first billed day, as the report's own pass over its slices summed them (``items.none_sql``),
+    rather than read again here."""
     d = q.reader.dialect
     cells: dict[tuple[int, str], float] = defaultdict(float)
     if group.kind in ("day", "total"):
@@ -155,25 +165,29 @@ def top_day_cells(
     scans = [(only, "pods AS p")]
     if group.kind == "run":
         scans = [(_only_sql(group, d, none=False), f"pods AS p {sd.indexed('pods_run', d)}")]
-        if NONE_KEY in keys:
+        if NONE_KEY in keys and none_first_days is None:
             scans.append(("p.run_id IS NULL", f"pods AS p {sd.indexed('pods_norun', d)}"))
-    for part, source in scans:
-        scan = _slices_sql(key_sql(group, "p", d), part, source, d, figures=False)
-        for key, day, d0_s, d1_s in q.reader.query(scan, params):
-            name = NONE_KEY if key is None else str(key)
-            cells[(int(day), name)] += d0_s / 3600.0
-            cells[(int(day) + 1, name)] += d1_s / 3600.0
-    if q.changes:
-        _add_days(q, cells, _changed_source(only), group, change_ctes(d), params)
+    firsts = [row for part, source in scans
+              for row in q.reader.query(_slices_sql(key_sql(group, "p", d), part, source, d, figures=False),
+                                        params)]  # fmt: skip
+    if group.kind == "run" and NONE_KEY in keys and none_first_days is not None:
+        firsts += [(None, day, d0_s, d1_s) for day, d0_s, d1_s in none_first_days]
+    for key, day, d0_s, d1_s in firsts:
+        name = NONE_KEY if key is None else str(key)
+        cells[(int(day), name)] += d0_s / 3600.0
+        cells[(int(day) + 1, name)] += d1_s / 3600.0
+    if q.changes:  # only the shown groups' slices are cut into pieces, not every changed one
+        _add_days(q, cells, _changed_source(only), group, change_ctes(d), _changes_of(q, only, params))
     _add_days(q, cells, _later_days_source(only, d), group, change_ctes(d), params)
     if group.kind == "slice":  # the days come keyed by the slice's id, the groups by its name
         names = dict(q.reader.query(f"SELECT p.id, {_SLICE_KEY} FROM pods AS p WHERE {only}", params))
         cells = defaultdict(float, {(day, str(names[int(k)])): usd for (day, k), usd in cells.items()})
-    if group.kind == "run" and q.segments:
+    if group.kind == "run" and q.shares:
         # A slice no run created is billed to the runs that ran on it, for the time they did; the rest of
         # its time stays with "(none)" (as the report's groups have it).
         wanted = set(named)
-        for day, key, usd in _day_usd(q, src_segment_runs(d), group, change_ctes(d), q.params):
+        shared = _changes_of(q, shared_slices_sql(d), q.params)
+        for day, key, usd in _day_usd(q, src_segment_runs(d), group, change_ctes(d), shared):
             if key in wanted:
                 cells[(day, key)] += usd
             if NONE_KEY in keys:
@@ -273,6 +287,14 @@ WHERE r.day >= :d_lo AND r.day < :d_hi
 GROUP BY {by}"""
 
 
+def _changes_of(q: Query, slices: str, params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` with :price_changes only those of the slices ``slices`` picks (``changes_of_sql``)."""
+    if not q.changes:
+        return params
+    changes = q.reader.query(changes_of_sql(slices, q.reader.dialect), params)[0][0] or "[]"
+    return {**params, "price_changes": changes}
+
+
 def _date(day: int) -> str:
     return datetime.fromtimestamp(day * DAY_S, UTC).date().isoformat()
 
@@ -327,16 +349,15 @@ def _slices_sql(key: str, only: str, source: str, d: Dialect, *, figures: bool) 
     flattened, its columns would be evaluated once per use); GROUP BY, not an upsert: on SQLite the sort
     of a narrow key costs less."""
     b0, be = _window(d)
-    after = midnight_after_sql(b0, d)
-    second = d.greatest("0", f"{d.least(be, f'{after} + {DAY_S}.0')} - {after}")
+    day0, s0, s1 = first_days_sql(d)
     price = f"COALESCE(p.price_per_chip_hour, {items.OWN_PRICE_SQL}, 0)"
     # The on-demand price only where the figures need it (a look-up per spot slice).
     odp = (
         f",\n       CASE WHEN {preemptible_sql('p')} THEN {items.OD_PRICE_SQL} END AS odp" if figures else ""
     )
     slices = f"""
-SELECT {key} AS k, {day_sql(b0, d)} AS day0, {be} - {b0} AS s, {d.least(be, after)} - {b0} AS s0,
-       {second} AS s1, p.chips AS chips, {price} AS price{odp}
+SELECT {key} AS k, {day0} AS day0, {be} - {b0} AS s, {s0} AS s0, {s1} AS s1, p.chips AS chips,
+       {price} AS price{odp}
 FROM {source}
 WHERE {billed_pod(d)} AND {UNCHANGED} AND {only}
 {sd.fence(d)}"""

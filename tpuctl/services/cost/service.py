@@ -37,6 +37,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from tpuctl.errors import UsageError
+from tpuctl.services.cost import items
 from tpuctl.services.cost.aggregate import Query, aggregate_lines
 from tpuctl.services.cost.attributed import ATTRIBUTED_KINDS, attributed_report
 from tpuctl.services.cost.daily import DAY_SPLIT_GROUPINGS, splittable
@@ -48,7 +49,7 @@ from tpuctl.services.cost.model import CostLine, CostReport
 from tpuctl.services.cost.pricing import Pricer
 from tpuctl.services.cost.scan import SCAN_TABLES
 from tpuctl.services.cost.scope import CostScope
-from tpuctl.services.cost.sql_intervals import price_changes_sql
+from tpuctl.services.cost.sql_intervals import price_changes_sql, shares_exist_sql
 from tpuctl.services.cost.sql_scan import preemption_kinds_sql
 from tpuctl.services.cost.window import GroupBy
 from tpuctl.store.cost_reader import LedgerReader, open_reader
@@ -163,8 +164,10 @@ class CostService:
         group = group_by or GroupBy("slice")
         warnings: list[str] = list(self._prices.warnings)
         day_split: list[DayCosts] = []
+        none_first_days: list[tuple[int, float, float]] | None = None
         with open_reader(self._database) as reader, reader.snapshot(REPORT_TABLES):
-            q = self._query(reader, _params(since, end, now, group, null_key(reader.dialect)), warnings)
+            params = _params(since, end, now, group, null_key(reader.dialect))
+            q = self._query(reader, params, warnings, group)
             scope = scope or CostScope()
             if split and group.kind in KEYED_KINDS:
                 (groups, groups_total, by_day, counts, totals), day_split = keyed_report(
@@ -178,6 +181,8 @@ class CostService:
                 groups, groups_total, by_day, counts, totals = item_report(
                     q, group, with_days=with_days, limit=limit
                 )
+                if group.kind == "run":  # its pass over "(none)" summed its first days too
+                    none_first_days = items.none_first_days(reader)
             else:
                 lines, by_day, counts, day_split = aggregate_lines(
                     q,
@@ -195,7 +200,8 @@ class CostService:
                 groups_total = len(lines)
                 groups = [line.to_dict() for line in limited(group, lines, limit)]
             if split and group.kind not in KEYED_KINDS and group.kind not in DAY_SPLIT_GROUPINGS:
-                day_split = top_day_cells(q, group, [str(g["key"]) for g in groups], by_day)
+                keys = [str(g["key"]) for g in groups]
+                day_split = top_day_cells(q, group, keys, by_day, none_first_days=none_first_days)
             if group.kind == "run":
                 mark_unknown_steps(reader, groups)
             notes: dict[str, str] = {}
@@ -305,16 +311,22 @@ class CostService:
         report = self.report(since=since, until=until, group_by=GroupBy("total"), with_days=False)
         return report.totals.cost_usd
 
-    def _query(self, reader: LedgerReader, params: dict[str, Any], warnings: list[str]) -> Query:
-        """The report's query state, with what the ledger holds: run segments on slices, price changes."""
+    def _query(
+        self, reader: LedgerReader, params: dict[str, Any], warnings: list[str], group: GroupBy | None = None
+    ) -> Query:
+        """The report's query state, with what the ledger holds: run segments on slices, price changes,
+        and for a report by run (``group``) whether runs have shares of slices they did not create."""
         segments = bool(
             reader.query("SELECT EXISTS (SELECT 1 FROM run_segments WHERE pod IS NOT NULL)", {})[0][0]
         )
+        shares = segments
+        if segments and group is not None and group.kind == "run":
+            shares = bool(reader.query(shares_exist_sql(reader.dialect), {})[0][0])
         changes = reader.query(price_changes_sql(reader.dialect), {})
         params["price_changes"] = json.dumps([c for c in changes if c[0] is not None])
         return Query(
-            reader=reader, params=params, warnings=warnings, pricer=self._pricer,
-            fast=self._fast, workers=self._workers, segments=segments, changes=bool(changes),
+            reader=reader, params=params, warnings=warnings, pricer=self._pricer, fast=self._fast,
+            workers=self._workers, segments=segments, changes=bool(changes), shares=shares,
         )  # fmt: skip
 
 

@@ -105,6 +105,16 @@ ATTRS: Final = "p.zone, p.name, p.accelerator_type, p.capacity, p.chips, p.run_i
 UNCHANGED: Final = "p.id NOT IN (SELECT pod_id FROM changed)"
 
 
+@cache
+def first_days_sql(d: Dialect) -> tuple[str, str, str]:
+    """A slice's (alias p) first billed UTC day in the window (its number), and its billed seconds on
+    that day and on the next (most slices end by then; the rest is ``keyed``'s later days)."""
+    b0, be = d.greatest("p.ready_at", ":since"), d.least("COALESCE(p.ended_at, :now)", ":until")
+    after = midnight_after_sql(b0, d)
+    second = d.greatest("0", f"{d.least(be, f'{after} + {DAY_S}.0')} - {after}")
+    return day_sql(b0, d), f"{d.least(be, after)} - {b0}", second
+
+
 def _billed_interval(d: Dialect) -> str:
     return f"{d.greatest('p.ready_at', ':since')}, {d.least('COALESCE(p.ended_at, :now)', ':until')}"
 
@@ -336,6 +346,18 @@ WHERE e.kind = 'price_change'
                   WHERE x.pod_id = e.pod_id AND x.id < e.id AND x.kind IN {END_KINDS_SQL})"""
 
 
+@cache
+def changes_of_sql(slices: str, d: Dialect) -> str:
+    """The price changes (as JSON, like :price_changes) of the slices ``slices`` picks (a condition on the
+    slice, alias p): with them as :price_changes, ``change_ctes`` cuts only those slices into pieces and
+    ``UNCHANGED`` still keeps out every changed slice a source reads if ``slices`` picks all it reads. A
+    look-up per change by primary key, where the pieces of every changed slice read the log per slice."""
+    pod_id = sd.json_int("j.value", 0, d)
+    return f"""
+SELECT {sd.json_array_agg("j.value", d)} FROM {sd.json_elements(":price_changes", "j", d)}
+WHERE EXISTS (SELECT 1 FROM pods AS p WHERE p.id = {pod_id} AND {slices})"""
+
+
 def _changed_ids(d: Dialect) -> str:
     return f"SELECT {sd.json_int('j.value', 0, d)} FROM {sd.json_elements(':price_changes', 'j', d)}"
 
@@ -359,7 +381,6 @@ WHERE {sd.json_int("j.value", 0, d)} IN (
 def pieces_needed_sql(d: Dialect) -> str:
     """The price changes (as JSON, like :price_changes) of the slices whose pieces a per-slice or per-run
     report needs: not billed wholly inside the window, or with segments whose share is priced by piece."""
-    by_pod = sd.indexed("run_segments_pod", d)
     return f"""
 SELECT {sd.json_array_agg("j.value", d)} FROM {sd.json_elements(":price_changes", "j", d)}
 WHERE {sd.json_int("j.value", 0, d)} IN (
@@ -368,9 +389,24 @@ WHERE {sd.json_int("j.value", 0, d)} IN (
       AND (NOT ({CLOSED_IN_WINDOW})
            OR EXISTS (SELECT 1 FROM run_segments AS rs {sd.indexed("run_segments_recomputed", d)}
                       WHERE rs.zone = p.zone AND rs.pod = p.name AND rs.steps_recomputed > 0)
-           OR (p.run_id IS NULL AND EXISTS (SELECT 1 FROM run_segments AS rs {by_pod}
-                                            WHERE rs.zone = p.zone AND rs.pod = p.name)))
+           OR {shared_slices_sql(d)})
 )"""
+
+
+@cache
+def shares_exist_sql(d: Dialect) -> str:
+    """Whether some slice no run created has a segment on it: a look-up per such slice (the covering
+    pods_norun) when none has, as much as one pass over their shares costs."""
+    norun = f"pods AS p {sd.indexed('pods_norun', d)}"
+    return f"SELECT EXISTS (SELECT 1 FROM {norun} WHERE {shared_slices_sql(d)})"
+
+
+def shared_slices_sql(d: Dialect) -> str:
+    """Whether a slice (alias p) is one no run created that some run's segment ran on (those runs get a
+    share of its time: ``src_segment_runs``)."""
+    by_pod = sd.indexed("run_segments_pod", d)
+    return f"""(p.run_id IS NULL AND EXISTS (SELECT 1 FROM run_segments AS rs {by_pod}
+                                  WHERE rs.zone = p.zone AND rs.pod = p.name))"""
 
 
 @cache
