@@ -46,8 +46,10 @@ def test_enable_now_starts_it_stop_stops_it_and_boot_starts_it_again(tmp_path: P
     assert systemctl(["--user", "daemon-reload"], home, env) == 0
     assert systemctl(["--user", "enable", "--now", "demo.service"], home, env) == 0
     try:
-        wait_for(lambda: (home / "work" / "started").is_file(), timeout=30)
-        assert (home / "work" / "started").read_text() == f"{home / 'work'}\n"
+        started = home / "work" / "started"
+        # The file exists from the program's open(), its line only once written: wait for the line.
+        wait_for(lambda: started.is_file() and started.read_text().endswith("\n"), timeout=30)
+        assert started.read_text() == f"{home / 'work'}\n"
         assert systemctl(["--user", "is-active", "demo.service"], home, env) == 0
         wait_for(lambda: "up" in capture_journal(home), timeout=30)
     finally:
