@@ -8,8 +8,10 @@ import sqlite3
 from collections.abc import Mapping
 from typing import Any
 
-from tpuctl.store import Ledger, owner_rollup, run_waste
+from tpuctl.store import Ledger, owner_rollup
 from tpuctl.store.database import open_database
+from tpuctl.store.run_closed_time import CLOSED_TIME
+from tpuctl.store.run_waste import WASTE
 from tpuctl.store.tables import ATTRIBUTED_TABLES, attribution_columns, run_queue_columns
 
 
@@ -43,13 +45,13 @@ def undo_history(conn: sqlite3.Connection) -> None:
     """Take a SQLite ledger back to the baseline of the Alembic history (the hand-written migrations' v10)
     with no record of the history: what the revisions after the baseline added is gone (servers and
     submissions; attribution, queue columns and the audit log; the owner rollup, its triggers and
-    indexes; the waste by run and its triggers)."""
-    for trigger in (*owner_rollup.TRIGGERS, *run_waste.TRIGGERS):
+    indexes; the waste and closed time by run and their triggers)."""
+    for trigger in (*owner_rollup.TRIGGERS, *WASTE.triggers, *CLOSED_TIME.triggers):
         conn.execute(f"DROP TRIGGER {trigger}")
     for index in owner_rollup.OWNER_INDEXES:
         conn.execute(f"DROP INDEX {index}")
     dropped = ("server_replicas", "run_submissions", "alembic_version", "audit_log", owner_rollup.TABLE)
-    for table in (*dropped, run_waste.TABLE):
+    for table in (*dropped, WASTE.table, CLOSED_TIME.table):
         conn.execute(f"DROP TABLE {table}")
     for index in ("runs_workspace", "runs_queued"):
         conn.execute(f"DROP INDEX {index}")

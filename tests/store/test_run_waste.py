@@ -13,10 +13,11 @@ from ledger_sql import write_by_hand
 from test_owner_rollup import D0, Z, _life, _one_by_one
 
 from tpuctl.catalog import CapacityType
-from tpuctl.store import EventKind, Ledger, migrate, run_waste
+from tpuctl.store import EventKind, Ledger, migrate
 from tpuctl.store.database import open_database
 from tpuctl.store.engine import create_engine
 from tpuctl.store.records import SegmentKind
+from tpuctl.store.run_waste import WASTE
 from tpuctl.store.sql import SqlAlchemyConnection
 from tpuctl.store.url import parse_database_url
 
@@ -27,8 +28,8 @@ SPOT = CapacityType.SPOT
 def _kept(ledger: Ledger) -> dict[str, tuple[float, ...]]:
     """The table's runs with something left, equal to its check, ``check_view`` finding nothing wrong."""
     with ledger._read() as conn:
-        have = [tuple(r) for r in conn.execute(run_waste.stored_sql()).fetchall()]
-        want = [tuple(r) for r in conn.execute(run_waste.check_sql()).fetchall()]
+        have = [tuple(r) for r in conn.execute(WASTE.stored_sql()).fetchall()]
+        want = [tuple(r) for r in conn.execute(WASTE.check_sql()).fetchall()]
     assert [r[0] for r in have] == [r[0] for r in want]
     assert [r[1:] for r in have] == [pytest.approx(r[1:]) for r in want]
     assert [p for p in ledger.check_view() if p.startswith("run_waste")] == []

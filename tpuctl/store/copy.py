@@ -102,6 +102,7 @@ TABLES: Final[Mapping[str, Copied]] = {
     "cost_rollup_held": Copied.DERIVED,
     "cost_rollup_owner": Copied.DERIVED,
     "run_waste": Copied.DERIVED,
+    "run_closed_time": Copied.DERIVED,
     "cost_day_offsets": Copied.DERIVED,  # fixed rows every ledger has
     "run_secrets": Copied.NOT_COPIED,
     "server_replicas": Copied.NOT_COPIED,

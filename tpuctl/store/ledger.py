@@ -48,7 +48,17 @@ from typing import Any, Final, Literal, TypeAlias, TypeVar
 
 from tpuctl.catalog import CapacityType
 from tpuctl.errors import LeaseLostError, UsageError
-from tpuctl.store import audit, leases, owner_rollup, queue, run_waste, runstate, schema, servers
+from tpuctl.store import (
+    audit,
+    leases,
+    owner_rollup,
+    queue,
+    run_closed_time,
+    run_waste,
+    runstate,
+    schema,
+    servers,
+)
 from tpuctl.store.database import Database, SqliteDatabase, open_database
 from tpuctl.store.records import (
     LOCAL_WORKSPACE,
@@ -1415,7 +1425,8 @@ def _rollup_checks(dialect: Dialect) -> list[tuple[str, int, str, str]]:
     return [
         *((table, keys, f"SELECT * FROM {table}", check) for table, keys, check in (
             *schema.rollup_checks(dialect), owner)),
-        (run_waste.TABLE, 1, run_waste.stored_sql(), run_waste.check_sql()),
+        *((sums.table, 1, sums.stored_sql(), sums.check_sql())
+          for sums in (run_waste.WASTE, run_closed_time.CLOSED_TIME)),
     ]  # fmt: skip
 
 

@@ -30,6 +30,8 @@ from tpuctl.store.sql import POSTGRESQL, SQLITE
 if TYPE_CHECKING:
     import sqlalchemy as sa
 
+    from tpuctl.store.run_sums import RunSums
+
 
 def build_metadata(upto: str | None = None) -> sa.MetaData:
     """The ledger's tables at revision ``upto`` of the history (default: its head) in a ``MetaData``
@@ -455,12 +457,26 @@ def _cost_by_owner(metadata: sa.MetaData) -> None:
 def _waste_by_run(metadata: sa.MetaData) -> None:
     """Waste by run (revision 0005): ``run_waste``, per run, the quota its preempted slices held until
     deleted and their recomputed work (``tpuctl.store.run_waste``, which says why and what keeps it)."""
+
+    from tpuctl.store.run_waste import WASTE
+
+    _run_sums_table(metadata, WASTE)
+
+
+def _closed_time_by_run(metadata: sa.MetaData) -> None:
+    """Closed time by run (revision 0006): ``run_closed_time``, per run, its closed slices' time at their
+    recorded price (``tpuctl.store.run_closed_time``, which says why and what keeps it)."""
+    from tpuctl.store.run_closed_time import CLOSED_TIME
+
+    _run_sums_table(metadata, CLOSED_TIME)
+
+
+def _run_sums_table(metadata: sa.MetaData, sums: RunSums) -> None:
+    """A table of sums per run (``run_sums.RunSums``): the run id, then a float per sum."""
     import sqlalchemy as sa
 
-    from tpuctl.store import run_waste
-
-    sa.Table(run_waste.TABLE, metadata, _text("run_id", primary_key=True, nullable=True),
-             *(_real(c, nullable=False) for c in run_waste.SUMS), sqlite_strict=True)  # fmt: skip
+    sa.Table(sums.table, metadata, _text("run_id", primary_key=True, nullable=True),
+             *(_real(c, nullable=False) for c in sums.sums), sqlite_strict=True)  # fmt: skip
 
 
 #: Each group of tables with the revision of the history that added it, in order.
@@ -474,4 +490,5 @@ _GROUPS: Final[tuple[tuple[str, Callable[[sa.MetaData], None]], ...]] = (
     ("0003_teams", _teams),
     ("0004_cost_by_owner", _cost_by_owner),
     ("0005_waste_by_run", _waste_by_run),
+    ("0006_run_closed_time", _closed_time_by_run),
 )

@@ -37,6 +37,7 @@ def test_the_costliest_runs_from_candidates_are_the_full_rankings_first(
     # One candidate at first: the ranking must find out when the bounds do not settle the order.
     monkeypatch.setattr(report_module, "RUN_CANDIDATES", 1)
     rounds = _count_calls(monkeypatch, "run_bound_sql")
+    stored = _count_calls(monkeypatch, "stored_run_bound_sql")
     every_run = _count_calls(monkeypatch, "run_rank_sql")
     for (since, until), whole in full.items():
         assert whole["groups_total"] == len(whole["groups"]) > 5
@@ -45,8 +46,9 @@ def test_the_costliest_runs_from_candidates_are_the_full_rankings_first(
             assert top["groups"] == whole["groups"][:limit], (since, until, limit)
             assert top["groups_total"] == whole["groups_total"], (since, until, limit)
             assert (top["totals"], top["by_day"]) == (whole["totals"], whole["by_day"])
-    # Each settled on its first candidates, fewer than the runs: the bounds told the rest apart.
-    assert rounds["calls"] == len(full) * 5
+    # Each settled on its first candidates, fewer than the runs: the bounds told the rest apart. Those of
+    # the window with no --since (every slice ended before now) came from the closed time by run.
+    assert (rounds["calls"], stored["calls"]) == ((len(full) - 1) * 5, 5)
     assert every_run["calls"] == 0  # never the ranking of every run
 
     # With every run a candidate at once, the same again; and past the most candidates, every run ranked.
@@ -122,6 +124,49 @@ def test_the_runs_a_bound_misses_are_ranked_and_a_run_without_a_bill_is_no_group
             assert top["groups"] == whole["groups"][:limit], (since, limit)
             assert top["groups_total"] == whole["groups_total"] == len(whole["groups"])
     assert rounds["calls"] > reports  # the tie at t1 took more candidates
+
+
+def test_with_every_slice_ended_the_bounds_come_from_the_closed_time_by_run_and_the_open_slices(
+    open_ledger: Callable[..., Ledger], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No --since, every closed slice ended before now: the bounds and the count of runs come from the
+    ledger's closed time by run and the slices still open. A run whose open slice makes it the costliest
+    ranks first though its closed time is the least, and a run with only an open slice is a group."""
+    zone = "us-central1-a"
+    slices = (  # (name, run, hours, open): closed $48, $36, $24; r-open $6 closed + 20 h open ($480)
+        ("big", "r-big", 2.0, False),
+        ("mid", "r-mid", 1.5, False),
+        ("low", "r-low", 1.0, False),
+        ("small", "r-open", 0.25, False),
+        ("long", "r-open", 20.0, True),
+        ("only", "r-only-open", 0.5, True),
+    )
+    events: list[NewEvent] = []
+    for name, run_id, hours, still_open in slices:
+        at: dict[str, Any] = {"pod": name, "zone": zone}
+        ready = T0 + DAY - hours * 3600 if still_open else T0
+        events += [
+            NewEvent(EventKind.REQUESTED, accelerator_type="v5litepod-8", chips=8, price_per_chip_hour=3.0,
+                     run_id=run_id, ts=ready - 60, capacity=CapacityType.ON_DEMAND, **at),
+            NewEvent(EventKind.READY, ts=ready, **at),
+            *([] if still_open else [NewEvent(EventKind.DELETED, ts=T0 + hours * 3600, **at)]),
+        ]  # fmt: skip
+    with open_ledger() as ledger:
+        ledger.record_events_bulk(sorted(events, key=lambda e: e.ts or 0.0))
+        db = ledger.url
+    catalog = Catalog.load()
+    source = PriceSource(catalog.prices.source, catalog.prices.date, cached=False)
+    service = CostService(db, catalog, source, clock=lambda: T0 + DAY, workers=1)
+    by_run = parse_group_by("run")
+    whole = service.report(group_by=by_run).to_dict()
+    assert [g["key"] for g in whole["groups"]] == ["r-open", "r-big", "r-mid", "r-low", "r-only-open"]
+    monkeypatch.setattr(report_module, "RUN_CANDIDATES", 1)
+    stored = _count_calls(monkeypatch, "stored_run_bound_sql")
+    for limit in range(1, len(whole["groups"]) + 1):
+        top = service.report(group_by=by_run, limit=limit).to_dict()
+        assert top["groups"] == whole["groups"][:limit], limit
+        assert top["groups_total"] == whole["groups_total"] == 5
+    assert stored["calls"] >= 5
 
 
 def _count_calls(monkeypatch: pytest.MonkeyPatch, name: str) -> dict[str, int]:

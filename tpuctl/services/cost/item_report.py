@@ -194,14 +194,18 @@ def _rank_runs(q: Query, limit: int, bound: dict[str, Any]) -> None:
     costs at most its bound, or nothing (one that only held quota). Else more candidates, and past
     ``RUN_CANDIDATES_MAX``, or where the limit reaches the groups that cost nothing, every run. Every
     group is counted apart (``items.run_groups_count_sql``). At 1,000,000 events this ranks a few dozen of
-    158,216 runs instead of computing and ranking each one's cost (0.39 s)."""
+    158,216 runs instead of computing and ranking each one's cost (0.39 s). Where the ledger's closed time
+    by run holds the window (``items.run_sums_hold``), the bounds and the count of runs read a row per run
+    (``run_closed_time``) and the open slices, not every slice runs created."""
     d = q.reader.dialect
-    groups = int(q.reader.query(items.run_groups_count_sql(d), bound)[0][0])
+    stored = items.run_sums_hold(q.reader, bound)
+    in_window = int(q.reader.query(items.runs_in_window_sql(d, stored=stored), bound)[0][0])
+    groups = int(q.reader.query(items.run_groups_count_sql(d), {**bound, "runs_in_window": in_window})[0][0])
     top_price = q.reader.query("SELECT MAX(own) FROM cost_prices", {})[0][0]
     count = max(RUN_CANDIDATES, limit)
     while count <= RUN_CANDIDATES_MAX:
         params = {**bound, "top_price": float(top_price or 0.0), "candidates": count + 1}
-        bounds = q.reader.query(items.run_bound_sql(d), params)
+        bounds = _stored_bounds(q, params) if stored else q.reader.query(items.run_bound_sql(d), params)
         keys = [str(r[0]) for r in bounds[:count]]
         q.reader.execute(items.run_candidates_sql(d), {**bound, "bounded": json.dumps(keys)})
         for statement in items.run_rank_candidates_sql(d):
@@ -220,3 +224,20 @@ def _rank_runs(q: Query, limit: int, bound: dict[str, Any]) -> None:
         count *= 16
     for statement in items.run_rank_sql(d):
         q.reader.execute(statement, bound)
+
+
+def _stored_bounds(q: Query, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    """``items.run_bound_sql``'s rows where the ledger's closed time by run holds the window: the
+    ``:candidates`` runs whose closed slices bound most, and each run with an open slice there, with its
+    open slices' bound added to its closed ones'; the highest ``:candidates`` of those. A run that is
+    neither bounds at most the last of the first (its bound is its closed slices')."""
+    top, open_sql, of_runs = items.stored_run_bound_sql(q.reader.dialect)
+    bounds = {str(run): float(b) for run, b in q.reader.query(top, params)}
+    opened = {str(run): float(b or 0.0) for run, b in q.reader.query(open_sql, params)}
+    if opened:
+        ids = {**params, "ids": json.dumps(sorted(opened))}
+        bounds.update({str(run): float(b) for run, b in q.reader.query(of_runs, ids)})
+    for run, b in opened.items():
+        bounds[run] = bounds.get(run, 0.0) + b
+    ranked = sorted(bounds.items(), key=lambda kv: (-kv[1], kv[0]))
+    return ranked[: int(params["candidates"])]

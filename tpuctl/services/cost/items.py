@@ -502,6 +502,55 @@ GROUP BY p.run_id
 ORDER BY bound DESC, p.run_id {sd.limit(":candidates", d)}"""
 
 
+def run_sums_hold(reader: Reader, params: Mapping[str, Any]) -> bool:
+    """Whether the ledger's sums by run (``run_waste``, ``run_closed_time``: over closed slices, each
+    whole) are the window's: a window from the first slice (no --since) that every slice ended before."""
+    if params["since"] > -1e17:
+        return False
+    ended = reader.query("SELECT MAX(ended_at) FROM pods WHERE ended_at IS NOT NULL", {})[0][0]
+    return ended is None or float(ended) < float(params["until"])
+
+
+def _open_run_slices(d: Dialect) -> str:
+    """The slices runs created that are still open and in the window (alias p; few: pods_open)."""
+    open_ = f"pods AS p {sd.indexed('pods_open', d)}"
+    return f"{open_} WHERE p.ended_at IS NULL AND p.run_id IS NOT NULL AND {_IN_WINDOW}"
+
+
+@functools.cache
+def stored_run_bound_sql(d: Dialect) -> tuple[str, str, str]:
+    """``run_bound_sql``'s bounds where ``run_sums_hold``, each run's from its row of ``run_closed_time``
+    (its closed slices' time at their recorded price, or at ``:top_price``) and its open slices': the
+    ``:candidates`` runs whose closed slices bound most; each run's open slices' bound; the closed
+    slices' bound of the runs in the JSON array ``:ids``."""
+    e = _slice(d)
+    closed = "c.priced_usd_s + c.unpriced_chip_s * :top_price"
+    return (
+        f"SELECT c.run_id, {closed} AS bound FROM run_closed_time AS c ORDER BY bound DESC, c.run_id "
+        f"{sd.limit(':candidates', d)}",
+        f"SELECT p.run_id, SUM(p.chips * {e.seconds} * COALESCE(p.price_per_chip_hour, :top_price)) "
+        f"FROM {_open_run_slices(d)} GROUP BY p.run_id",
+        f"SELECT c.run_id, {closed} FROM run_closed_time AS c "
+        f"WHERE c.run_id IN ({sd.json_values(':ids', 'TEXT', d)})",
+    )
+
+
+@functools.cache
+def runs_in_window_sql(d: Dialect, *, stored: bool) -> str:
+    """How many runs have a slice in the window (``run_groups_count_sql``'s ``:runs_in_window``): their
+    distinct ids straight off the covering pods_run, in its order; ``stored`` (``run_sums_hold``): the
+    runs ``run_closed_time`` holds a slice of, and those with only open slices there."""
+    if not stored:
+        return (
+            f"SELECT COUNT(DISTINCT p.run_id) FROM pods AS p {sd.indexed('pods_run', d)} "
+            f"WHERE p.run_id IS NOT NULL AND {_IN_WINDOW}"
+        )
+    return f"""
+SELECT (SELECT COUNT(*) FROM run_closed_time WHERE slices > 0.5)
+     + (SELECT COUNT(DISTINCT p.run_id) FROM {_open_run_slices(d)}
+        AND NOT EXISTS (SELECT 1 FROM run_closed_time AS c WHERE c.run_id = p.run_id AND c.slices > 0.5))"""
+
+
 @functools.cache
 def run_candidates_sql(d: Dialect) -> str:
     """The runs ranked exactly, into cost_run_cands: those in the JSON array ``:bounded`` (the highest
@@ -537,16 +586,15 @@ SELECT COUNT(*), MIN(r.ru) FROM cost_top_runs AS t {sd.cross_join(d)} (
 @functools.cache
 def run_groups_count_sql(d: Dialect) -> str:
     """How many run groups the report has, as ``run_rank_sql`` counts them: the runs with a slice billed
-    in the window, that is with a slice there (their distinct ids straight off the covering pods_run, in
-    its order) but for those whose only slices there are free preemptions (few: from the preempted
-    slices' index); those that only held quota there or only got shares of slices they did not create
-    (few); and "(none)" unless nothing is left of it."""
+    in the window, that is with a slice there (``:runs_in_window``: ``runs_in_window_sql``) but for
+    those whose only slices there are free preemptions (few: from the preempted slices' index); those
+    that only held quota there or only got shares of slices they did not create (few); and "(none)"
+    unless nothing is left of it."""
     e = _slice(d)
     free = f"p.end_reason = 'preempted' AND {_IN_WINDOW} AND {free_preemption_sql('p', d)}"
     billed = f"SELECT 1 FROM pods AS p {sd.indexed('pods_run', d)} WHERE p.run_id = o.k AND {e.billed}"
     return f"""
-SELECT (SELECT COUNT(DISTINCT p.run_id) FROM pods AS p {sd.indexed("pods_run", d)}
-        WHERE p.run_id IS NOT NULL AND {_IN_WINDOW})
+SELECT :runs_in_window
      - (SELECT COUNT(*) FROM (
             SELECT DISTINCT p.run_id AS k FROM {e.preempted} WHERE p.run_id IS NOT NULL AND {free}
         ) AS o WHERE NOT EXISTS ({billed}))

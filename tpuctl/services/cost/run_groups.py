@@ -167,8 +167,7 @@ def _stored_estimates(q: Query, params: dict[str, Any], limit: int) -> list[tupl
     with both, ranked; a run ranked in by its total is ranked at least as high by its stored sums alone,
     so the first ``limit`` are the slices' own. None where the table does not hold the window's sums."""
     d = q.reader.dialect
-    ended = q.reader.query("SELECT MAX(ended_at) FROM pods WHERE ended_at IS NOT NULL", {})[0][0]
-    if params["since"] > -1e17 or (ended is not None and ended >= params["until"]):
+    if not items.run_sums_hold(q.reader, params):
         return None
     stored = "(w.held_usd_s + w.rec_priced + (w.held_unpriced_chip_s + w.rec_unpriced) * :guess) / 3600.0"
     held = f"""SELECT p.run_id, SUM((:now - p.ended_at) * p.chips * COALESCE(p.price_per_chip_hour, :guess))

@@ -9,6 +9,13 @@ migrations (``tpuctl.store.schema``) had reached, which a ledger they made is st
 from typing import Final
 
 #: Every revision, oldest first.
-KNOWN: Final = ("0001_ledger_v10", "0002_servers", "0003_teams", "0004_cost_by_owner", "0005_waste_by_run")
+KNOWN: Final = (
+    "0001_ledger_v10",
+    "0002_servers",
+    "0003_teams",
+    "0004_cost_by_owner",
+    "0005_waste_by_run",
+    "0006_run_closed_time",
+)
 BASELINE: Final = KNOWN[0]
 HEAD: Final = KNOWN[-1]

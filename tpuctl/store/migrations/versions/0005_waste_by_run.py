@@ -5,7 +5,7 @@ recomputed work, kept by triggers on ``pods`` and filled here from the slices al
 
 from alembic import op
 
-from tpuctl.store import run_waste
+from tpuctl.store.run_waste import WASTE
 from tpuctl.store.sql import SqlAlchemyConnection
 from tpuctl.store.tables import added_by
 
@@ -19,7 +19,7 @@ def upgrade() -> None:
     bind = op.get_bind()
     for table in added_by(revision):
         table.create(bind)
-    run_waste.create(SqlAlchemyConnection.of(bind))
+    WASTE.create(SqlAlchemyConnection.of(bind))
 
 
 def downgrade() -> None:
