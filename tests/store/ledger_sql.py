@@ -10,6 +10,8 @@ from typing import Any
 
 from tpuctl.store import Ledger, owner_rollup
 from tpuctl.store.database import open_database
+from tpuctl.store.norun_rollup import NORUN
+from tpuctl.store.owner_rollup import OWNER
 from tpuctl.store.run_closed_time import CLOSED_TIME
 from tpuctl.store.run_waste import WASTE
 from tpuctl.store.tables import ATTRIBUTED_TABLES, attribution_columns, run_queue_columns
@@ -45,13 +47,13 @@ def undo_history(conn: sqlite3.Connection) -> None:
     """Take a SQLite ledger back to the baseline of the Alembic history (the hand-written migrations' v10)
     with no record of the history: what the revisions after the baseline added is gone (servers and
     submissions; attribution, queue columns and the audit log; the owner rollup, its triggers and
-    indexes; the waste and closed time by run and their triggers)."""
-    for trigger in (*owner_rollup.TRIGGERS, *WASTE.triggers, *CLOSED_TIME.triggers):
+    indexes; the waste and closed time by run, the rollup of slices no run created, and their triggers)."""
+    for trigger in (*OWNER.triggers, *WASTE.triggers, *CLOSED_TIME.triggers, *NORUN.triggers):
         conn.execute(f"DROP TRIGGER {trigger}")
     for index in owner_rollup.OWNER_INDEXES:
         conn.execute(f"DROP INDEX {index}")
-    dropped = ("server_replicas", "run_submissions", "alembic_version", "audit_log", owner_rollup.TABLE)
-    for table in (*dropped, WASTE.table, CLOSED_TIME.table):
+    dropped = ("server_replicas", "run_submissions", "alembic_version", "audit_log", OWNER.table)
+    for table in (*dropped, WASTE.table, CLOSED_TIME.table, NORUN.table):
         conn.execute(f"DROP TABLE {table}")
     for index in ("runs_workspace", "runs_queued"):
         conn.execute(f"DROP INDEX {index}")

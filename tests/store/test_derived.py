@@ -18,9 +18,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tpuctl.catalog import CapacityType
-from tpuctl.store import Ledger, NewEvent, billing, derived, migrate, owner_rollup, schema
+from tpuctl.store import Ledger, NewEvent, billing, derived, migrate, schema
 from tpuctl.store.database import open_database
 from tpuctl.store.engine import create_engine
+from tpuctl.store.norun_rollup import NORUN
+from tpuctl.store.owner_rollup import OWNER
 from tpuctl.store.records import EventKind, SegmentKind
 from tpuctl.store.run_closed_time import CLOSED_TIME
 from tpuctl.store.run_waste import WASTE
@@ -381,8 +383,8 @@ def test_postgresql_gets_the_triggers_in_sqlite_order(postgres_url: str) -> None
         engine.dispose()
     lite = [s.split()[2] for s in derived.statements(SQLITE) if s.lstrip().startswith("CREATE TRIGGER")]
     assert len(lite) == 11
-    # then revisions 0004, 0005 and 0006's
-    assert names == [*lite, *owner_rollup.TRIGGERS, *WASTE.triggers, *CLOSED_TIME.triggers]
+    # then revisions 0004 to 0007's
+    assert names == [*lite, *OWNER.triggers, *WASTE.triggers, *CLOSED_TIME.triggers, *NORUN.triggers]
     assert tuple(offsets) == (schema.ROLLUP_MAX_DAYS + 1, 0, schema.ROLLUP_MAX_DAYS)
 
 

@@ -13,9 +13,10 @@ import pytest
 from ledger_sql import write_by_hand
 
 from tpuctl.catalog import CapacityType
-from tpuctl.store import EventKind, Ledger, NewEvent, billing, migrate, owner_rollup
+from tpuctl.store import EventKind, Ledger, NewEvent, billing, migrate
 from tpuctl.store.database import open_database
 from tpuctl.store.engine import create_engine
+from tpuctl.store.owner_rollup import OWNER
 from tpuctl.store.sql import POSTGRESQL, SQLITE, Dialect, SqlAlchemyConnection
 from tpuctl.store.url import parse_database_url
 
@@ -56,7 +57,7 @@ def _table(ledger: Ledger) -> list[tuple[Any, ...]]:
 
 def _assert_kept(ledger: Ledger) -> list[tuple[Any, ...]]:
     """The table equals its check, and ``check_view`` finds nothing wrong with it; its rows."""
-    have, want = _table(ledger), _rows(ledger, owner_rollup.owner_rollup_check_sql)
+    have, want = _table(ledger), _rows(ledger, OWNER.check_sql)
     assert [r[:7] for r in have] == [r[:7] for r in want]
     assert [r[7:] for r in have] == [pytest.approx(r[7:]) for r in want]
     assert [p for p in ledger.check_view() if p.startswith("cost_rollup_owner")] == []

@@ -101,6 +101,7 @@ TABLES: Final[Mapping[str, Copied]] = {
     "cost_rollup_xdays": Copied.DERIVED,
     "cost_rollup_held": Copied.DERIVED,
     "cost_rollup_owner": Copied.DERIVED,
+    "cost_rollup_norun": Copied.DERIVED,
     "run_waste": Copied.DERIVED,
     "run_closed_time": Copied.DERIVED,
     "cost_day_offsets": Copied.DERIVED,  # fixed rows every ledger has

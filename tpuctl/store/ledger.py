@@ -51,6 +51,7 @@ from tpuctl.errors import LeaseLostError, UsageError
 from tpuctl.store import (
     audit,
     leases,
+    norun_rollup,
     owner_rollup,
     queue,
     run_closed_time,
@@ -1421,10 +1422,10 @@ def _distinct_claims(*claims: LeaseClaim | None) -> list[LeaseClaim]:
 def _rollup_checks(dialect: Dialect) -> list[tuple[str, int, str, str]]:
     """(table, number of key columns, its rows, the SQL that recomputes them from ``pods``) of every
     rollup the triggers keep."""
-    owner = (owner_rollup.TABLE, len(owner_rollup.KEY), owner_rollup.owner_rollup_check_sql(dialect))
+    by_key = [(r.table, len(r.key), r.check_sql(dialect)) for r in (owner_rollup.OWNER, norun_rollup.NORUN)]
     return [
         *((table, keys, f"SELECT * FROM {table}", check) for table, keys, check in (
-            *schema.rollup_checks(dialect), owner)),
+            *schema.rollup_checks(dialect), *by_key)),
         *((sums.table, 1, sums.stored_sql(), sums.check_sql())
           for sums in (run_waste.WASTE, run_closed_time.CLOSED_TIME)),
     ]  # fmt: skip

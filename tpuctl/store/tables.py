@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     import sqlalchemy as sa
 
     from tpuctl.store.run_sums import RunSums
+    from tpuctl.store.slice_rollup import SliceRollup
 
 
 def build_metadata(upto: str | None = None) -> sa.MetaData:
@@ -427,8 +428,7 @@ def _cost_by_owner(metadata: sa.MetaData) -> None:
 
     from tpuctl.store import owner_rollup
 
-    sa.Table(owner_rollup.TABLE, metadata, *_key(*owner_rollup.KEY), *_sums(*owner_rollup.SUMS),
-             sqlite_strict=True, sqlite_with_rowid=False)  # fmt: skip
+    _slice_rollup_table(metadata, owner_rollup.OWNER)
     pods = metadata.tables["pods"].c
     owner = ("workspace", "principal", "zone", "accelerator_type", "capacity")
     closed = "ended_at IS NOT NULL AND ready_at IS NOT NULL"
@@ -452,6 +452,25 @@ def _cost_by_owner(metadata: sa.MetaData) -> None:
     sa.Index(
         recomputing, *(pods[col] for col in rec_columns), **_where("rec_priced != 0 OR rec_unpriced != 0")
     )
+
+
+def _slice_rollup_table(metadata: sa.MetaData, rollup: SliceRollup) -> None:
+    """A rollup of slices under a key of its own (``slice_rollup.SliceRollup``): its key, then its sums."""
+    import sqlalchemy as sa
+
+    from tpuctl.store.slice_rollup import SUMS
+
+    sa.Table(rollup.table, metadata, *_key(*rollup.key), *_sums(*SUMS),
+             sqlite_strict=True, sqlite_with_rowid=False)  # fmt: skip
+
+
+def _cost_without_a_run(metadata: sa.MetaData) -> None:
+    """Cost of the slices no run created (revision 0007): ``cost_rollup_norun``, the slices
+    ``cost_rollup`` sums that no run created, keyed by day, zone, type and capacity
+    (``tpuctl.store.norun_rollup``, which says why and what keeps it)."""
+    from tpuctl.store.norun_rollup import NORUN
+
+    _slice_rollup_table(metadata, NORUN)
 
 
 def _waste_by_run(metadata: sa.MetaData) -> None:
@@ -491,4 +510,5 @@ _GROUPS: Final[tuple[tuple[str, Callable[[sa.MetaData], None]], ...]] = (
     ("0004_cost_by_owner", _cost_by_owner),
     ("0005_waste_by_run", _waste_by_run),
     ("0006_run_closed_time", _closed_time_by_run),
+    ("0007_cost_without_a_run", _cost_without_a_run),
 )

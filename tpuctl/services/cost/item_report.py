@@ -10,6 +10,7 @@ from typing import Any, Final
 from tpuctl.services.cost import items
 from tpuctl.services.cost.aggregate import Query, aggregate_lines
 from tpuctl.services.cost.model import FIGURES, CostLine
+from tpuctl.services.cost.scan import whole_days
 from tpuctl.services.cost.sql_intervals import (
     STORED_CHANGE_CTES,
     aggregate_sql,
@@ -161,7 +162,7 @@ def _run_groups(q: Query, group: GroupBy, ctes: str, limit: int | None) -> tuple
     bound = {**q.params, "limit": limit if limit is not None else -1}
     ranked = limit is not None
     for statement in items.none_sql(d, shares=q.shares):
-        q.reader.execute(statement, bound)
+        q.reader.execute(statement, {**bound, **whole_days(q.params)})
     if limit is not None:
         _rank_runs(q, limit, bound)
     if q.segments:

@@ -29,9 +29,15 @@ from typing import Any, Final, Protocol
 
 from tpuctl.services.cost.model import FIGURES
 from tpuctl.services.cost.scope import PRINCIPAL_OF_P, WORKSPACE_OF_P, scope_sql
-from tpuctl.services.cost.sql_intervals import billed_in_window, billed_s, first_days_sql, held_s
+from tpuctl.services.cost.sql_intervals import (
+    billed_in_window,
+    billed_s,
+    first_days_sql,
+    held_s,
+    rolled_in_days_sql,
+)
 from tpuctl.store import cost_sql as sd
-from tpuctl.store.billing import free_preemption_sql, preemptible_sql
+from tpuctl.store.billing import day_sql, free_preemption_sql, preemptible_sql
 from tpuctl.store.cost_sql import TempTable
 from tpuctl.store.sql import Dialect
 
@@ -379,34 +385,69 @@ def _run_upsert(d: Dialect) -> str:
 
 
 @functools.cache
-def none_sql(d: Dialect, *, shares: bool) -> tuple[str, str]:
-    """ "(none)": every figure of the slices no run created, in one pass over the covering pods_norun
-    (ranking and reporting it read it from here), per first billed day into cost_none_days with the
-    USD x 3600 of the whole-priced slices' first two days (``none_first_days``: the page's day
-    cells, from the same pass), then summed into cost_none. ``shares``: whether some run may have a share
-    of one (a slice a run ran on is not one of "(none)"'s slices), else none is looked for. Its parts
-    are evaluated once per slice (as for the slices shown): summing the figures straight from the
-    expressions evaluated the billed test, the price look-ups and the window's seconds once per figure."""
+def none_sql(d: Dialect, *, shares: bool) -> tuple[str, ...]:
+    """ "(none)": every figure of the slices no run created (ranking and reporting it read it from here),
+    per first billed day into cost_none_days with the USD x 3600 of the whole-priced slices' first two days
+    (``none_first_days``: the page's day cells), then summed into cost_none. ``shares``: whether some run
+    may have a share of one (a slice a run ran on is not one of "(none)"'s slices): then every such slice
+    is read one by one, through the covering pods_norun; else the ledger's rollup of them
+    (``cost_rollup_norun``) gives those it holds for the window's whole days (``:d_lo``, ``:d_hi``), with
+    their quota held apart, and only the others are read one by one."""
     e = _slice(d)
     day0, s0, s1 = first_days_sql(d)
+    unrolled = "" if shares else f" AND NOT {rolled_in_days_sql(d)}"
+    # Each slice's parts are evaluated once (as for the slices shown): summing the figures straight from
+    # the expressions evaluated the billed test, the price look-ups and the window's seconds once each.
     parts = f"""
 SELECT 0 AS n, p.id AS id, {_own("run") if shares else "1"} AS own, {e.parts}, 0 AS rec, {day0} AS day,
        CASE WHEN x.id IS NULL THEN {s0} ELSE 0 END AS s0, CASE WHEN x.id IS NULL THEN {s1} ELSE 0 END AS s1
 FROM pods AS p {sd.indexed("pods_norun", d)} {_PIECES_JOIN}
-WHERE p.run_id IS NULL AND {e.billed_or_held}
+WHERE p.run_id IS NULL AND {e.billed_or_held}{unrolled}
 {sd.fence(d)}"""
     # A price-changed slice (its pieces, x) is cut at midnight with the others' later days (``keyed``).
     days = (",\n       q.day AS day, CASE WHEN q.b THEN q.chips * q.s0 * q.price ELSE 0 END AS d0,\n"
             "       CASE WHEN q.b THEN q.chips * q.s1 * q.price ELSE 0 END AS d1")  # fmt: skip
     summed = ", ".join(f"SUM(f.{name})" for name in (*_NAMES.split(", "), "d0", "d1"))
-    return (
-        f"""
+    one_by_one = f"""
 INSERT INTO cost_none_days (day, n, {_NAMES}, d0, d1)
 SELECT f.day, COUNT(*), {summed}
-FROM ({_figures_from_parts(parts, d, days)}) AS f GROUP BY f.day""",
-        f"""
+FROM ({_figures_from_parts(parts, d, days)}) AS f GROUP BY f.day"""
+    total = f"""
 INSERT INTO cost_none (n, {_NAMES})
-SELECT COALESCE(SUM(n), 0), {", ".join(f"SUM({name})" for name in _NAMES.split(", "))} FROM cost_none_days""",
+SELECT COALESCE(SUM(n), 0), {", ".join(f"SUM({name})" for name in _NAMES.split(", "))} FROM cost_none_days"""
+    return (one_by_one, total) if shares else (*_none_rolled_sql(d), one_by_one, total)
+
+
+def _none_rolled_sql(d: Dialect) -> tuple[str, str, str]:
+    """ "(none)"'s slices the rollup holds for the window: per day from ``cost_rollup_norun``, priced per
+    combination (such a slice's first day is all of it); the quota those of them preempted held (from the
+    covering pods_preempted), in a row of no day; and, taken from their days, the price-changed ones'
+    USD (the day split reads their pieces)."""
+    e = _slice(d)
+    usd = "r.billed_usd_s + r.billed_unpriced_chip_s * COALESCE(c.own, 0)"
+    od = f"CASE WHEN {preemptible_sql('r')} AND c.od IS NOT NULL THEN r.billed_chip_s * c.od ELSE {usd} END"
+    rolled = rolled_in_days_sql(d)
+    columns = f"INSERT INTO cost_none_days (day, n, {_NAMES}, d0, d1)"
+    return (
+        f"""{columns}
+SELECT r.day, SUM(r.slices), SUM(r.slices), SUM(r.billed_s), SUM(r.billed_chip_s), SUM({usd}) / 3600.0,
+       SUM({od}) / 3600.0, (SUM({od}) - SUM({usd})) / 3600.0, 0, 0, 0, SUM({usd}), 0
+FROM cost_rollup_norun AS r
+LEFT JOIN cost_prices AS c ON c.zone = r.zone AND c.atype = r.accelerator_type AND c.capacity = r.capacity
+WHERE r.day >= :d_lo AND r.day < :d_hi
+GROUP BY r.day""",
+        f"""{columns}
+SELECT NULL, 0, 0, 0, 0, 0, 0, 0, 0, SUM(h.hcs), SUM(h.hcs * h.price) / 3600.0, 0, 0 FROM (
+    SELECT {e.held_cs} AS hcs, COALESCE(p.price_per_chip_hour, {OWN_PRICE_SQL}, 0) AS price
+    FROM {e.preempted} WHERE p.end_reason = 'preempted' AND p.run_id IS NULL AND {rolled}
+    {sd.fence(d)}
+) AS h WHERE h.hcs > 0""",
+        f"""{columns}
+SELECT {day_sql("p.ready_at", d)}, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+       -SUM(x.priced + x.unpriced * COALESCE({OWN_PRICE_SQL}, 0)), 0
+FROM cost_item_pieces AS x {sd.cross_join(d)} pods AS p ON p.id = x.id
+WHERE p.run_id IS NULL AND {rolled}
+GROUP BY 1""",
     )
 
 

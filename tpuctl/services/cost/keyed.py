@@ -52,6 +52,7 @@ from tpuctl.services.cost.sql_intervals import (
     first_days_sql,
     key_sql,
     recomputed_sql,
+    rolled_in_days_sql,
     shared_slices_sql,
     src_segment_runs,
 )
@@ -62,12 +63,10 @@ from tpuctl.store.billing import (
     DAY_S,
     crosses_midnight_sql,
     day_sql,
-    first_day_sql,
     midnight_after_sql,
     midnight_sql,
     preemptible_sql,
 )
-from tpuctl.store.schema import rolled_sql
 from tpuctl.store.sql import Dialect
 
 #: The groupings ``keyed_report`` computes.
@@ -237,21 +236,13 @@ def _unrolled_sql(group: GroupBy, d: Dialect) -> tuple[str, str]:
 
 
 @cache
-def _rolled_in_days(d: Dialect) -> str:
-    """Whether the owner rollup holds a slice (alias p) for the window: rolled up (closed within its
-    first UTC day), that day one of the window's whole days."""
-    day = first_day_sql("p", d)
-    return f"({rolled_sql('p', d)} AND {day} >= :d_lo AND {day} < :d_hi)"
-
-
-@cache
 def _unrolled_changes_sql(d: Dialect) -> str:
     """The price changes (as JSON, like :price_changes) of the slices the owner rollup does not hold for
     the window (their pieces are read; the others' stored facts hold them)."""
     pod_id = sd.json_int("j.value", 0, d)
     return f"""
 SELECT {sd.json_array_agg("j.value", d)} FROM {sd.json_elements(":price_changes", "j", d)}
-WHERE EXISTS (SELECT 1 FROM pods AS p WHERE p.id = {pod_id} AND NOT {_rolled_in_days(d)})"""
+WHERE EXISTS (SELECT 1 FROM pods AS p WHERE p.id = {pod_id} AND NOT {rolled_in_days_sql(d)})"""
 
 
 @cache

@@ -19,10 +19,12 @@ from tpuctl.store.billing import (
     DAY_S,
     END_KINDS_SQL,
     day_sql,
+    first_day_sql,
     free_preemption_sql,
     midnight_after_sql,
     recompute_fraction_sql,
 )
+from tpuctl.store.schema import rolled_sql
 from tpuctl.store.sql import Dialect
 
 cache = functools.cache
@@ -103,6 +105,14 @@ pieces AS (
 IV_COLUMNS: Final = "id, s, e, price, w, run, zone, name, atype, capacity, chips, run_id, labels"
 ATTRS: Final = "p.zone, p.name, p.accelerator_type, p.capacity, p.chips, p.run_id, p.labels"
 UNCHANGED: Final = "p.id NOT IN (SELECT pod_id FROM changed)"
+
+
+@cache
+def rolled_in_days_sql(d: Dialect) -> str:
+    """Whether the rollups hold the slice (alias p) for the window: rolled up (closed within its first UTC
+    day), that day one of the window's whole days (``:d_lo``, ``:d_hi``: ``scan.whole_days``)."""
+    day = first_day_sql("p", d)
+    return f"({rolled_sql('p', d)} AND {day} >= :d_lo AND {day} < :d_hi)"
 
 
 @cache

@@ -16,6 +16,7 @@ KNOWN: Final = (
     "0004_cost_by_owner",
     "0005_waste_by_run",
     "0006_run_closed_time",
+    "0007_cost_without_a_run",
 )
 BASELINE: Final = KNOWN[0]
 HEAD: Final = KNOWN[-1]

@@ -24,7 +24,7 @@ def upgrade() -> None:
     for index in build_metadata(revision).tables["pods"].indexes:
         if index.name in owner_rollup.OWNER_INDEXES:
             index.create(bind)
-    owner_rollup.create(SqlAlchemyConnection.of(bind))
+    owner_rollup.OWNER.create(SqlAlchemyConnection.of(bind))
 
 
 def downgrade() -> None:
