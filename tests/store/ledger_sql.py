@@ -1,11 +1,12 @@
 """Reaching under a ledger in tests, on either engine: a write no tpuctl code makes (someone editing the
 database by hand), every row of every table, another machine's ledger on the same database, a ledger
-taken back to before the Alembic history."""
+taken back to before the Alembic history, a ledger left at an earlier revision."""
 
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from tpuctl.store import Ledger, owner_rollup
@@ -13,6 +14,7 @@ from tpuctl.store.database import open_database
 from tpuctl.store.norun_rollup import NORUN
 from tpuctl.store.owner_rollup import OWNER
 from tpuctl.store.run_closed_time import CLOSED_TIME
+from tpuctl.store.run_sums import RunSums
 from tpuctl.store.run_waste import WASTE
 from tpuctl.store.tables import ATTRIBUTED_TABLES, attribution_columns, run_queue_columns
 
@@ -62,3 +64,41 @@ def undo_history(conn: sqlite3.Connection) -> None:
             conn.execute(f"ALTER TABLE {table} DROP COLUMN {column.name}")
     for column in run_queue_columns():
         conn.execute(f"ALTER TABLE runs DROP COLUMN {column.name}")
+
+
+def ledger_at_revision(path: Path, revision: str, writes: Sequence[tuple[str, Mapping[str, Any]]]) -> Ledger:
+    """A SQLite ledger at ``path`` migrated up to ``revision`` only, with ``writes`` (SQL and its named
+    parameters) made in that migration's transaction, as that revision's tpuctl left it; opened, so
+    migrated to the newest revision."""
+    from alembic import command
+
+    from tpuctl.store import migrate
+    from tpuctl.store.engine import create_engine
+    from tpuctl.store.sql import SqlAlchemyConnection
+    from tpuctl.store.url import parse_database_url
+
+    url = parse_database_url(f"sqlite:///{path}")
+    engine = create_engine(url)
+    try:
+        with engine.begin() as conn:
+            command.upgrade(migrate._config(conn), revision)
+            sql = SqlAlchemyConnection.of(conn)
+            for statement, params in writes:
+                sql.execute(statement, dict(params))
+    finally:
+        engine.dispose()
+    return Ledger(open_database(url))
+
+
+def kept_run_sums(ledger: Ledger, sums: RunSums) -> dict[str, tuple[float, ...]]:
+    """A table of sums per run: its runs with something left, which equal its check and in which
+    ``check_view`` finds nothing wrong; each run's sums."""
+    import pytest
+
+    with ledger._read() as conn:
+        have = [tuple(r) for r in conn.execute(sums.stored_sql()).fetchall()]
+        want = [tuple(r) for r in conn.execute(sums.check_sql()).fetchall()]
+    assert [r[0] for r in have] == [r[0] for r in want]
+    assert [r[1:] for r in have] == [pytest.approx(r[1:]) for r in want]
+    assert [p for p in ledger.check_view() if p.startswith(sums.table)] == []
+    return {str(r[0]): tuple(float(v) for v in r[1:]) for r in have}

@@ -9,17 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ledger_sql import write_by_hand
+from ledger_sql import ledger_at_revision, write_by_hand
 from test_owner_rollup import D0, DAY0, OpenLedger, Z, _life, _null, _one_by_one, _rows
 
 from tpuctl.catalog import CapacityType
-from tpuctl.store import EventKind, Ledger, migrate
+from tpuctl.store import EventKind, Ledger
 from tpuctl.store.billing import DAY_S
-from tpuctl.store.database import open_database
-from tpuctl.store.engine import create_engine
 from tpuctl.store.norun_rollup import NORUN
-from tpuctl.store.sql import SqlAlchemyConnection
-from tpuctl.store.url import parse_database_url
 
 
 def _kept(ledger: Ledger) -> list[tuple[Any, ...]]:
@@ -92,20 +88,10 @@ _POD = (
 
 
 def test_a_ledger_at_0006_is_backfilled_when_upgraded(tmp_path: Path) -> None:
-    from alembic import command
-
-    url = f"sqlite:///{tmp_path / 'ledger.db'}"
-    engine = create_engine(parse_database_url(url))
-    try:
-        with engine.begin() as conn:
-            command.upgrade(migrate._config(conn), "0006_run_closed_time")
-            sql = SqlAlchemyConnection.of(conn)
-            for id_, name, run in ((1, "a", None), (2, "b", None), (3, "c", "r1")):
-                times = {"ready": D0 + 100 * id_, "end": D0 + 1100, "s": 1100 - 100 * id_}
-                sql.execute(_POD, {"id": id_, "zone": Z, "name": name, "run": run, **times})
-    finally:
-        engine.dispose()
-    with Ledger(open_database(parse_database_url(url))) as ledger:
+    pods = [(_POD, {"id": id_, "zone": Z, "name": name, "run": run, "ready": D0 + 100 * id_, "end": D0 + 1100,
+                    "s": 1100 - 100 * id_})
+            for id_, name, run in ((1, "a", None), (2, "b", None), (3, "c", "r1"))]  # fmt: skip
+    with ledger_at_revision(tmp_path / "ledger.db", "0006_run_closed_time", pods) as ledger:
         rows = _kept(ledger)
         assert [r[:5] for r in rows] == [(DAY0, Z, "v5e-8", "on-demand", 2)]
         assert rows[0][6] == pytest.approx(8 * (1000 + 900))

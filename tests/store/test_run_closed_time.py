@@ -6,33 +6,23 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
-from ledger_sql import write_by_hand
+from ledger_sql import kept_run_sums, ledger_at_revision, write_by_hand
 from test_owner_rollup import D0, Z, _life, _one_by_one
 
 from tpuctl.catalog import CapacityType
-from tpuctl.store import EventKind, Ledger, migrate
-from tpuctl.store.database import open_database
-from tpuctl.store.engine import create_engine
+from tpuctl.store import EventKind, Ledger
 from tpuctl.store.run_closed_time import CLOSED_TIME
-from tpuctl.store.sql import SqlAlchemyConnection
-from tpuctl.store.url import parse_database_url
 
 OpenLedger = Callable[..., Ledger]
 SPOT = CapacityType.SPOT
 
 
 def _kept(ledger: Ledger) -> dict[str, tuple[float, ...]]:
-    """The table's runs with something left, equal to its check, ``check_view`` finding nothing wrong."""
-    with ledger._read() as conn:
-        have = [tuple(r) for r in conn.execute(CLOSED_TIME.stored_sql()).fetchall()]
-        want = [tuple(r) for r in conn.execute(CLOSED_TIME.check_sql()).fetchall()]
-    assert [r[0] for r in have] == [r[0] for r in want]
-    assert [r[1:] for r in have] == [pytest.approx(r[1:]) for r in want]
-    assert [p for p in ledger.check_view() if p.startswith(CLOSED_TIME.table)] == []
-    return {str(r[0]): tuple(float(v) for v in r[1:]) for r in have}
+    """The table's runs with something left and their sums, checked (``ledger_sql.kept_run_sums``)."""
+    kept: dict[str, tuple[float, ...]] = kept_run_sums(ledger, CLOSED_TIME)
+    return kept
 
 
 def test_the_triggers_keep_each_runs_closed_time_through_every_write(open_ledger: OpenLedger) -> None:
@@ -90,22 +80,9 @@ _POD = (
 
 
 def test_a_ledger_at_0005_is_backfilled_when_upgraded(tmp_path: Path) -> None:
-    from alembic import command
-
-    url = f"sqlite:///{tmp_path / 'ledger.db'}"
-    engine = create_engine(parse_database_url(url))
-    try:
-        with engine.begin() as conn:
-            command.upgrade(migrate._config(conn), "0005_waste_by_run")
-            sql = SqlAlchemyConnection.of(conn)
-            sql.execute("INSERT INTO runs (run_id, script, status, created_at, updated_at) "
-                        "VALUES ('r1', 'train.py', 'RUNNING', 0, 0)")  # fmt: skip
-            for id_, name, end in ((1, "a", D0 + 1100), (2, "b", D0 + 600), (3, "c", None)):
-                row: dict[str, Any] = {"ready": D0 + 100, "end": end, "updated": D0 + 2000,
-                                       "state": "READY" if end is None else "DELETED",
-                                       "reason": None if end is None else "deleted"}  # fmt: skip
-                sql.execute(_POD, {"id": id_, "zone": Z, "name": name, "run": "r1", **row})
-    finally:
-        engine.dispose()
-    with Ledger(open_database(parse_database_url(url))) as ledger:
+    pods = [(_POD, {"id": id_, "zone": Z, "name": name, "run": "r1", "ready": D0 + 100, "end": end,
+                    "updated": D0 + 2000, "state": "READY" if end is None else "DELETED",
+                    "reason": None if end is None else "deleted"})
+            for id_, name, end in ((1, "a", D0 + 1100), (2, "b", D0 + 600), (3, "c", None))]  # fmt: skip
+    with ledger_at_revision(tmp_path / "ledger.db", "0005_waste_by_run", pods) as ledger:
         assert _kept(ledger) == {"r1": pytest.approx((2.0, 8 * 1500 * 1.5, 0.0))}

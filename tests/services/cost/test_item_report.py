@@ -19,6 +19,7 @@ from tpuctl.services.prices import PriceSource
 from tpuctl.store.ledger import Ledger
 from tpuctl.store.records import EventKind, NewEvent, SegmentKind
 from tpuctl.store.sql import Dialect
+from tpuctl.store.url import DatabaseUrl
 
 
 # On PostgreSQL with --slow only: by default the next test runs every path of the ranking there.
@@ -27,10 +28,7 @@ from tpuctl.store.sql import Dialect
 def test_the_costliest_runs_from_candidates_are_the_full_rankings_first(
     open_ledger: Callable[..., Ledger], monkeypatch: pytest.MonkeyPatch, seed: int
 ) -> None:
-    db = _ledger(open_ledger, seed)
-    catalog = Catalog.load()
-    source = PriceSource(catalog.prices.source, catalog.prices.date, cached=False)
-    service = CostService(db, catalog, source, clock=lambda: T0 + 4 * DAY, workers=1)
+    service = _service_at(_ledger(open_ledger, seed), T0 + 4 * DAY)
     by_run = parse_group_by("run")
     full = {w: service.report(since=w[0], until=w[1], group_by=by_run).to_dict() for w in WINDOWS}
 
@@ -103,9 +101,7 @@ def test_the_runs_a_bound_misses_are_ranked_and_a_run_without_a_bill_is_no_group
         segment = ledger.add_segment("a-shares", SegmentKind.RUNNING, start=T0, pod="borrowed", zone=zone)
         ledger.close_segment(segment, end=T0 + 3 * 3600, steps_completed=10, steps_recomputed=0)
         db = ledger.url
-    catalog = Catalog.load()
-    source = PriceSource(catalog.prices.source, catalog.prices.date, cached=False)
-    service = CostService(db, catalog, source, clock=lambda: T0 + DAY, workers=1)
+    service = _service_at(db, T0 + DAY)
     by_run = parse_group_by("run")
     whole = service.report(group_by=by_run).to_dict()
     keys = [g["key"] for g in whole["groups"]]
@@ -154,9 +150,7 @@ def test_with_every_slice_ended_the_bounds_come_from_the_closed_time_by_run_and_
     with open_ledger() as ledger:
         ledger.record_events_bulk(sorted(events, key=lambda e: e.ts or 0.0))
         db = ledger.url
-    catalog = Catalog.load()
-    source = PriceSource(catalog.prices.source, catalog.prices.date, cached=False)
-    service = CostService(db, catalog, source, clock=lambda: T0 + DAY, workers=1)
+    service = _service_at(db, T0 + DAY)
     by_run = parse_group_by("run")
     whole = service.report(group_by=by_run).to_dict()
     assert [g["key"] for g in whole["groups"]] == ["r-open", "r-big", "r-mid", "r-low", "r-only-open"]
@@ -167,6 +161,13 @@ def test_with_every_slice_ended_the_bounds_come_from_the_closed_time_by_run_and_
         assert top["groups"] == whole["groups"][:limit], limit
         assert top["groups_total"] == whole["groups_total"] == 5
     assert stored["calls"] >= 5
+
+
+def _service_at(db: DatabaseUrl, now: float) -> CostService:
+    """The cost service over ``db`` with the catalog's prices, its clock at ``now``."""
+    catalog = Catalog.load()
+    source = PriceSource(catalog.prices.source, catalog.prices.date, cached=False)
+    return CostService(db, catalog, source, clock=lambda: now, workers=1)
 
 
 def _count_calls(monkeypatch: pytest.MonkeyPatch, name: str) -> dict[str, int]:
