@@ -11,8 +11,10 @@ cost so far) and the money page grouped by type (the default view: the report's 
 day split by the grouping, the runs that wasted most, the budget note), by capacity, zone and region
 (the same, split by those), by workspace and user (the groups and days from one pass over the slices),
 and by run (the 7 costliest runs and each day's rest). ``--events 1000000`` is the target's size.
+``--postgresql``: the same pages over the same ledger copied into a throwaway PostgreSQL cluster (a team
+server's ledger; the copy takes minutes at a million events), into docs/bench/dashboard_postgresql.json.
 
-    .venv/bin/python scripts/bench_dashboard.py [--events 100000] [--repeat 3] [--out FILE.json]
+    .venv/bin/python scripts/bench_dashboard.py [--events 100000] [--repeat 3] [--postgresql] [--out FILE]
 """
 
 from __future__ import annotations
@@ -94,16 +96,21 @@ def main() -> int:
     parser.add_argument("--events", type=int, default=100_000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--seed", type=int, default=6)
-    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "bench" / "dashboard.json")
+    parser.add_argument(
+        "--out", type=Path, default=None, help="default: docs/bench/dashboard[_postgresql].json"
+    )
     parser.add_argument("--target-s", type=float, default=0.5)
     parser.add_argument("--pages", nargs="*", default=list(PAGES), help="which of the pages to time")
+    parser.add_argument(
+        "--postgresql",
+        action="store_true",
+        help="time the pages over the same ledger copied into a throwaway PostgreSQL cluster (minutes)",
+    )
     args = parser.parse_args()
-
-    from fastapi.testclient import TestClient
-
-    from tpuctl.dashboard.routes import dashboard_router
-    from tpuctl.services.session import open_session
-    from tpuctl.settings import load_settings
+    engine = "postgresql" if args.postgresql else "sqlite"
+    out = args.out or ROOT / "docs" / "bench" / (
+        "dashboard_postgresql.json" if args.postgresql else "dashboard.json"
+    )
 
     with tempfile.TemporaryDirectory(prefix="tpuctl-bench-dashboard-") as tmp:
         state = Path(tmp) / "state"
@@ -111,35 +118,12 @@ def main() -> int:
         ledger = build(state, args.events, args.seed)
         ledger["attribution"] = attribute(state / "ledger.db", args.seed)
         print(json.dumps(ledger), flush=True)
-        now = START + SPAN_S + 86400
-        settings = load_settings({"state_dir": state, "backend": "sim"})
-        results: dict[str, Any] = {}
-        with open_session(settings) as session:
-            from dataclasses import replace
-
-            frozen = replace(session, clock=lambda: now)
-            from fastapi import FastAPI
-
-            app = FastAPI()
-            app.include_router(dashboard_router(frozen))
-            with TestClient(app) as client:
-                for name in args.pages:
-                    path = PAGES[name]
-                    answer: dict[str, Any] = {}
-
-                    def get(path: str = path, answer: dict[str, Any] = answer) -> None:
-                        response = client.get(path)
-                        if response.status_code != 200:
-                            raise SystemExit(f"{path}: HTTP {response.status_code}: {response.text[:500]}")
-                        answer["bytes"] = len(response.content)
-
-                    get()  # warm: templates compiled, the ledger's pages in the page cache
-                    figures = timed(args.repeat, get)
-                    results[name] = {**figures, "path": path, "html_bytes": answer["bytes"]}
-                    print(f"{name:<28} best {figures['best_s']:.3f} s, median {figures['median_s']:.3f} s, "
-                          f"cpu {figures['cpu_s']:.3f} s (load {figures['load']})", flush=True)  # fmt: skip
+        if args.postgresql:
+            results, ledger["copy_s"] = _on_postgresql(state, args)
+        else:
+            results = time_pages(state, None, args.pages, args.repeat)
         document = {
-            "benchmark": f"dashboard pages over a ledger of {args.events:,} events",
+            "benchmark": f"dashboard pages over a ledger of {args.events:,} events on {engine}",
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "machine": machine(load_average=list(os.getloadavg())),
             "ledger": ledger,
@@ -147,12 +131,78 @@ def main() -> int:
             "pages": results,
             "notes": "server time = the request through the app in process (TestClient), template included; "
             "best and median of --repeat after one warm-up request; the machine may be shared: load "
-            "is the 1-minute load average before and after each figure.",
+            "is the 1-minute load average before and after each figure. On PostgreSQL the server's work is "
+            "in PostgreSQL's processes: the wall time is the figure (cpu_s is this process's only); the "
+            "ledger is the SQLite one copied with tpuctl's ledger copy, then VACUUM ANALYZE.",
         }
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(document, indent=2) + "\n")
-        print(f"wrote {args.out}")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(document, indent=2) + "\n")
+        print(f"wrote {out}")
     return 0
+
+
+def _on_postgresql(state: Path, args: argparse.Namespace) -> tuple[dict[str, Any], float]:
+    """The pages timed over the ledger in ``state`` copied into a throwaway cluster (the engines bench's
+    server settings, ``VACUUM ANALYZE`` after the load); and the copy's seconds."""
+    from bench_ledger_engines import SERVER_SETTINGS, vacuum_analyze
+
+    from tpuctl.store.copy import copy_ledger
+    from tpuctl.store.database import open_database
+    from tpuctl.store.ledger import Ledger
+    from tpuctl.store.url import parse_database_url, sqlite_url
+    from tpuctl.testing.postgres import PostgresCluster
+
+    with PostgresCluster.start(settings=SERVER_SETTINGS) as cluster:
+        text = cluster.create_database("bench")
+        url = parse_database_url(text)
+        print("copying it into PostgreSQL ...", flush=True)
+        t0 = time.perf_counter()
+        target_db = open_database(url)
+        with Ledger(target_db) as target:
+            copy_ledger(open_database(sqlite_url(state / "ledger.db")), target, target_db)
+        vacuum_analyze(url)
+        copied = round(time.perf_counter() - t0, 1)
+        return time_pages(state, text, args.pages, args.repeat), copied
+
+
+def time_pages(state: Path, database: str | None, pages: list[str], repeat: int) -> dict[str, Any]:
+    """Each page of ``pages`` timed through the app in process over the ledger of ``state`` (or the one at
+    ``database``), its clock a day after the ledger's last event."""
+    from dataclasses import replace
+
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from tpuctl.dashboard.routes import dashboard_router
+    from tpuctl.services.session import open_session
+    from tpuctl.settings import load_settings
+
+    now = START + SPAN_S + 86400
+    values: dict[str, Any] = {"state_dir": state, "backend": "sim"}
+    if database is not None:
+        values["database"] = database
+    results: dict[str, Any] = {}
+    with open_session(load_settings(values)) as session:
+        frozen = replace(session, clock=lambda: now)
+        app = FastAPI()
+        app.include_router(dashboard_router(frozen))
+        with TestClient(app) as client:
+            for name in pages:
+                path = PAGES[name]
+                answer: dict[str, Any] = {}
+
+                def get(path: str = path, answer: dict[str, Any] = answer) -> None:
+                    response = client.get(path)
+                    if response.status_code != 200:
+                        raise SystemExit(f"{path}: HTTP {response.status_code}: {response.text[:500]}")
+                    answer["bytes"] = len(response.content)
+
+                get()  # warm: templates compiled, the ledger's pages in the page cache
+                figures = timed(repeat, get)
+                results[name] = {**figures, "path": path, "html_bytes": answer["bytes"]}
+                print(f"{name:<28} best {figures['best_s']:.3f} s, median {figures['median_s']:.3f} s, "
+                      f"cpu {figures['cpu_s']:.3f} s (load {figures['load']})", flush=True)  # fmt: skip
+    return results
 
 
 if __name__ == "__main__":

@@ -58,7 +58,7 @@ def _legacy(prefix: str) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class PgTrigger:
-    """One PostgreSQL row trigger (these, and ``tpuctl.store.owner_rollup``'s): ``event`` as CREATE
+    """One PostgreSQL row trigger (these, and those of ``slice_rollup`` and ``run_sums``): ``event`` as CREATE
     TRIGGER spells it ("INSERT ON pods"), the ``when`` it fires under (no subquery), a ``guard`` its
     function checks first (may hold one), and the ``body``: statements, each ending in ``;``."""
 
