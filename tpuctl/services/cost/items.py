@@ -128,6 +128,18 @@ _CATALOG: Final = (
 #: A slice's (alias p) catalog prices per chip-hour: its own capacity's, and on demand (cost_prices).
 OWN_PRICE_SQL: Final = _CATALOG.format("own")
 OD_PRICE_SQL: Final = _CATALOG.format("od")
+#: A row of a rollup by combination (alias r) joined to its combination's catalog prices (c), and its
+#: USD x 3600 (recorded; the time with none at the catalog's own price) and on-demand USD x 3600 (its
+#: spot time at the on-demand price, where the catalog has one): such a row's slices were billed whole.
+ROLLUP_PRICES: Final = (
+    "LEFT JOIN cost_prices AS c ON c.zone = r.zone AND c.atype = r.accelerator_type "
+    "AND c.capacity = r.capacity"
+)
+ROLLUP_USD_SQL: Final = "r.billed_usd_s + r.billed_unpriced_chip_s * COALESCE(c.own, 0)"
+ROLLUP_OD_SQL: Final = (
+    f"CASE WHEN {preemptible_sql('r')} AND c.od IS NOT NULL THEN r.billed_chip_s * c.od "
+    f"ELSE {ROLLUP_USD_SQL} END"
+)
 
 
 def held_sql(d: Dialect) -> tuple[str, str, str]:
@@ -407,14 +419,15 @@ WHERE p.run_id IS NULL AND {e.billed_or_held}{unrolled}
     # A price-changed slice (its pieces, x) is cut at midnight with the others' later days (``keyed``).
     days = (",\n       q.day AS day, CASE WHEN q.b THEN q.chips * q.s0 * q.price ELSE 0 END AS d0,\n"
             "       CASE WHEN q.b THEN q.chips * q.s1 * q.price ELSE 0 END AS d1")  # fmt: skip
-    summed = ", ".join(f"SUM(f.{name})" for name in (*_NAMES.split(", "), "d0", "d1"))
+    names = _NAMES.split(", ")
+    summed = ", ".join(f"SUM(f.{name})" for name in (*names, "d0", "d1"))
     one_by_one = f"""
 INSERT INTO cost_none_days (day, n, {_NAMES}, d0, d1)
 SELECT f.day, COUNT(*), {summed}
 FROM ({_figures_from_parts(parts, d, days)}) AS f GROUP BY f.day"""
     total = f"""
 INSERT INTO cost_none (n, {_NAMES})
-SELECT COALESCE(SUM(n), 0), {", ".join(f"SUM({name})" for name in _NAMES.split(", "))} FROM cost_none_days"""
+SELECT COALESCE(SUM(n), 0), {", ".join(f"SUM({name})" for name in names)} FROM cost_none_days"""
     return (one_by_one, total) if shares else (*_none_rolled_sql(d), one_by_one, total)
 
 
@@ -424,16 +437,14 @@ def _none_rolled_sql(d: Dialect) -> tuple[str, str, str]:
     covering pods_preempted), in a row of no day; and, taken from their days, the price-changed ones'
     USD (the day split reads their pieces)."""
     e = _slice(d)
-    usd = "r.billed_usd_s + r.billed_unpriced_chip_s * COALESCE(c.own, 0)"
-    od = f"CASE WHEN {preemptible_sql('r')} AND c.od IS NOT NULL THEN r.billed_chip_s * c.od ELSE {usd} END"
+    usd, od = ROLLUP_USD_SQL, ROLLUP_OD_SQL
     rolled = rolled_in_days_sql(d)
     columns = f"INSERT INTO cost_none_days (day, n, {_NAMES}, d0, d1)"
     return (
         f"""{columns}
 SELECT r.day, SUM(r.slices), SUM(r.slices), SUM(r.billed_s), SUM(r.billed_chip_s), SUM({usd}) / 3600.0,
        SUM({od}) / 3600.0, (SUM({od}) - SUM({usd})) / 3600.0, 0, 0, 0, SUM({usd}), 0
-FROM cost_rollup_norun AS r
-LEFT JOIN cost_prices AS c ON c.zone = r.zone AND c.atype = r.accelerator_type AND c.capacity = r.capacity
+FROM cost_rollup_norun AS r {ROLLUP_PRICES}
 WHERE r.day >= :d_lo AND r.day < :d_hi
 GROUP BY r.day""",
         f"""{columns}

@@ -97,8 +97,8 @@ def keyed_report(q: Query, group: GroupBy, *, with_days: bool = True) -> tuple[I
 
     cells: dict[tuple[int, str], float] = defaultdict(float)
     params = {**q.params, **whole_days(q.params)}
-    if q.changes:  # only the price-changed slices the owner rollup does not hold are read by piece
-        params["price_changes"] = q.reader.query(_unrolled_changes_sql(d), params)[0][0] or "[]"
+    # Only the price-changed slices the owner rollup does not hold are read by piece.
+    params = _changes_of(q, f"NOT {rolled_in_days_sql(d)}", params)
     for key, day, n, s, cs, usd_s, od_s, d0_s, d1_s in _billed_rows(q, group, params):
         found = lines(key)
         found.slices += int(n)
@@ -236,16 +236,6 @@ def _unrolled_sql(group: GroupBy, d: Dialect) -> tuple[str, str]:
 
 
 @cache
-def _unrolled_changes_sql(d: Dialect) -> str:
-    """The price changes (as JSON, like :price_changes) of the slices the owner rollup does not hold for
-    the window (their pieces are read; the others' stored facts hold them)."""
-    pod_id = sd.json_int("j.value", 0, d)
-    return f"""
-SELECT {sd.json_array_agg("j.value", d)} FROM {sd.json_elements(":price_changes", "j", d)}
-WHERE EXISTS (SELECT 1 FROM pods AS p WHERE p.id = {pod_id} AND NOT {rolled_in_days_sql(d)})"""
-
-
-@cache
 def _recomputed_sql(group: GroupBy, d: Dialect, ctes: str) -> str:
     """Per key, the recomputed work's USD x 3600 (``recomputed_sql``'s rows per combination, the stored
     figures off pods_rec_owner), priced in SQL as the billed time is: thousands of rows by user."""
@@ -263,8 +253,7 @@ def _owner_rollup_sql(group: GroupBy, d: Dialect) -> str:
     window's whole days, priced per combination in SQL (``cost_prices``: recorded USD, the catalog's own
     price for time with none, the on-demand price for spot time): such a slice's first day is all of it."""
     column = ATTRIBUTION_COLUMNS[group.kind][0]
-    usd = "r.billed_usd_s + r.billed_unpriced_chip_s * COALESCE(c.own, 0)"
-    od = f"CASE WHEN {preemptible_sql('r')} AND c.od IS NOT NULL THEN r.billed_chip_s * c.od ELSE {usd} END"
+    usd, od = items.ROLLUP_USD_SQL, items.ROLLUP_OD_SQL
     # Grouped in the rollup's key order (day, workspace, principal): streamed, where grouping by the key
     # computed would sort every row; a key's rows of one day may then come in several groups, which the
     # caller adds up.
@@ -272,8 +261,7 @@ def _owner_rollup_sql(group: GroupBy, d: Dialect) -> str:
     return f"""
 SELECT {owner_sql(group.kind, f"NULLIF(r.{column}, :null_key)")} AS k, r.day, SUM(r.slices), SUM(r.billed_s),
        SUM(r.billed_chip_s), {sd.total(usd, d)}, {sd.total(od, d)}, {sd.total(usd, d)}, 0.0
-FROM cost_rollup_owner AS r
-LEFT JOIN cost_prices AS c ON c.zone = r.zone AND c.atype = r.accelerator_type AND c.capacity = r.capacity
+FROM cost_rollup_owner AS r {items.ROLLUP_PRICES}
 WHERE r.day >= :d_lo AND r.day < :d_hi
 GROUP BY {by}"""
 

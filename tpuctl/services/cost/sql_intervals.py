@@ -377,30 +377,22 @@ def recomputing_changes_sql(d: Dialect) -> str:
     """The price changes (as JSON, like :price_changes) of the slices some segment redid steps on: all that
     ``recomputed_sql`` reads of them (its pieces, and ``changed`` to keep them out of the other sources,
     each of which is joined to the recomputing segments or holds only slices that have some)."""
-    return f"""
-SELECT {sd.json_array_agg("j.value", d)} FROM {sd.json_elements(":price_changes", "j", d)}
-WHERE {sd.json_int("j.value", 0, d)} IN (
-    SELECT p.id FROM pods AS p
-    WHERE p.id IN ({_changed_ids(d)})
-      AND EXISTS (SELECT 1 FROM run_segments AS rs {sd.indexed("run_segments_recomputed", d)}
-                  WHERE rs.zone = p.zone AND rs.pod = p.name AND rs.steps_recomputed > 0)
-)"""
+    return changes_of_sql(_redid_steps_sql(d), d)
 
 
 @cache
 def pieces_needed_sql(d: Dialect) -> str:
     """The price changes (as JSON, like :price_changes) of the slices whose pieces a per-slice or per-run
     report needs: not billed wholly inside the window, or with segments whose share is priced by piece."""
-    return f"""
-SELECT {sd.json_array_agg("j.value", d)} FROM {sd.json_elements(":price_changes", "j", d)}
-WHERE {sd.json_int("j.value", 0, d)} IN (
-    SELECT p.id FROM pods AS p
-    WHERE p.id IN ({_changed_ids(d)})
-      AND (NOT ({CLOSED_IN_WINDOW})
-           OR EXISTS (SELECT 1 FROM run_segments AS rs {sd.indexed("run_segments_recomputed", d)}
-                      WHERE rs.zone = p.zone AND rs.pod = p.name AND rs.steps_recomputed > 0)
-           OR {shared_slices_sql(d)})
-)"""
+    return changes_of_sql(f"(NOT ({CLOSED_IN_WINDOW}) OR {_redid_steps_sql(d)} OR {shared_slices_sql(d)})", d)
+
+
+def _redid_steps_sql(d: Dialect) -> str:
+    """Whether some segment redid steps on the slice (alias p): from the partial index of such segments."""
+    return (
+        f"EXISTS (SELECT 1 FROM run_segments AS rs {sd.indexed('run_segments_recomputed', d)} "
+        "WHERE rs.zone = p.zone AND rs.pod = p.name AND rs.steps_recomputed > 0)"
+    )
 
 
 @cache
