@@ -31,6 +31,7 @@ import secrets
 import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Final
 
 from tpuctl.store import billing
 from tpuctl.store.records import LedgerError
@@ -388,7 +389,8 @@ def rollup_key_sql(r: str, dialect: Dialect = SQLITE) -> str:
     return f"{billing.first_day_sql(r, dialect)}, {_groups_sql(r, dialect)}"
 
 
-_ROLLUP_SUMS = ("slices", "billed_s", "billed_chip_s", "billed_usd_s", "billed_unpriced_chip_s")
+#: What ``cost_rollup`` (and each rollup of the same slices under another key) sums of its slices.
+ROLLUP_SUMS: Final = ("slices", "billed_s", "billed_chip_s", "billed_usd_s", "billed_unpriced_chip_s")
 
 
 def rollup_add_sql(dialect: Dialect = SQLITE) -> str:
@@ -405,7 +407,7 @@ def rollup_add_sql(dialect: Dialect = SQLITE) -> str:
         billed_usd_s = billed_usd_s + excluded.billed_usd_s,
         billed_unpriced_chip_s = billed_unpriced_chip_s + excluded.billed_unpriced_chip_s;"""
         )
-    return f"{insert}\n    {_upsert_sums('cost_rollup', _ROLLUP_SUMS, dialect)};"
+    return f"{insert}\n    {_upsert_sums('cost_rollup', ROLLUP_SUMS, dialect)};"
 
 
 #: The common report reads a few thousand rows, not one per slice: ``cost_rollup`` sums the billing

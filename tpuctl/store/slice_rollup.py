@@ -23,13 +23,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final
 
 from tpuctl.store import schema
 from tpuctl.store.derived import row_trigger_statements
 from tpuctl.store.sql import Dialect, SqlConnection
-
-SUMS: Final = ("slices", "billed_s", "billed_chip_s", "billed_usd_s", "billed_unpriced_chip_s")
 
 
 @dataclass(frozen=True)
@@ -79,7 +76,7 @@ class SliceRollup:
         conn.execute(f"INSERT INTO {self.table} ({self._columns()})\n{self._select_sql(conn.dialect)}")
 
     def _columns(self) -> str:
-        return ", ".join((*self.key, *SUMS))
+        return ", ".join((*self.key, *schema.ROLLUP_SUMS))
 
     def _positions(self) -> str:
         return ", ".join(str(i) for i in range(1, len(self.key) + 1))
@@ -102,7 +99,7 @@ FROM pods AS p WHERE {self._picked("p", schema.rolled_sql("p", dialect))} GROUP 
             if unless_rolled
             else f"VALUES ({values})"
         )
-        sums = ", ".join(f"{c} = {self.table}.{c} + excluded.{c}" for c in SUMS)
+        sums = ", ".join(f"{c} = {self.table}.{c} + excluded.{c}" for c in schema.ROLLUP_SUMS)
         return (
             f"INSERT INTO {self.table} ({self._columns()}) {source}\n"
             f"    ON CONFLICT ({', '.join(self.key)}) DO UPDATE SET {sums};"
@@ -115,7 +112,7 @@ FROM pods AS p WHERE {self._picked("p", schema.rolled_sql("p", dialect))} GROUP 
             f"{c} = {v}" for c, v in zip(self.key, self.key_values("OLD", dialect), strict=True)
         )
         at = at if self.only is None else f"{at} AND {self.only('OLD')}"
-        less = ", ".join(f"{c} = {c} - OLD.{c}" for c in SUMS[1:])
+        less = ", ".join(f"{c} = {c} - OLD.{c}" for c in schema.ROLLUP_SUMS[1:])
         return (
             f"UPDATE {self.table} SET slices = slices - 1, {less}\n    WHERE {at};\n"
             f"    DELETE FROM {self.table} WHERE {at} AND slices = 0;\n"

@@ -261,8 +261,9 @@ def _sums(*names: str) -> list[sa.Column[Any]]:
 def _rollups(metadata: sa.MetaData) -> None:
     import sqlalchemy as sa
 
+    from tpuctl.store.schema import ROLLUP_SUMS as billed
+
     groups = ("zone", "accelerator_type", "capacity", "labels")
-    billed = ("slices", "billed_s", "billed_chip_s", "billed_usd_s", "billed_unpriced_chip_s")
     rowless: dict[str, Any] = {"sqlite_strict": True, "sqlite_with_rowid": False}
     sa.Table("cost_rollup", metadata, *_key("day", *groups), *_sums(*billed), **rowless)
     sa.Table("cost_day_offsets", metadata,
@@ -458,9 +459,9 @@ def _slice_rollup_table(metadata: sa.MetaData, rollup: SliceRollup) -> None:
     """A rollup of slices under a key of its own (``slice_rollup.SliceRollup``): its key, then its sums."""
     import sqlalchemy as sa
 
-    from tpuctl.store.slice_rollup import SUMS
+    from tpuctl.store.schema import ROLLUP_SUMS
 
-    sa.Table(rollup.table, metadata, *_key(*rollup.key), *_sums(*SUMS),
+    sa.Table(rollup.table, metadata, *_key(*rollup.key), *_sums(*ROLLUP_SUMS),
              sqlite_strict=True, sqlite_with_rowid=False)  # fmt: skip
 
 
