@@ -6,6 +6,8 @@ Revises: ${down_revision | comma,n}
 
 from alembic import op
 
+from tpuctl.store.migrations.steps import refuse_downgrade
+
 revision = ${repr(up_revision)}
 down_revision = ${repr(down_revision)}
 branch_labels = None
@@ -17,4 +19,4 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    raise NotImplementedError("the ledger is never migrated down: restore a copy instead")
+    refuse_downgrade()

@@ -6,11 +6,8 @@ and fixed rows (``tpuctl.store.derived``) and the ledger's identity. A SQLite le
 migrations made is stamped with this revision instead of running it (``tpuctl.store.migrate``).
 """
 
-from alembic import op
-
 from tpuctl.store import derived
-from tpuctl.store.sql import SqlAlchemyConnection, SqlConnection
-from tpuctl.store.tables import added_by
+from tpuctl.store.migrations.steps import create_added_tables, refuse_downgrade
 
 revision = "0001_ledger_v10"
 down_revision = None
@@ -19,14 +16,11 @@ depends_on = None
 
 
 def upgrade() -> None:
-    bind = op.get_bind()
-    for table in added_by(revision):
-        table.create(bind)
-    conn: SqlConnection = SqlAlchemyConnection.of(bind)
+    conn = create_added_tables(revision)
     for statement in derived.statements(conn.dialect):
         conn.execute(statement)
     derived.seed_identity(conn)
 
 
 def downgrade() -> None:
-    raise NotImplementedError("the ledger is never migrated down: restore a copy instead")
+    refuse_downgrade()

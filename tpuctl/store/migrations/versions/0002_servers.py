@@ -2,9 +2,7 @@
 (``run_submissions``), as ``tpuctl.store.tables`` defines them (why: ``tables._servers``).
 """
 
-from alembic import op
-
-from tpuctl.store.tables import added_by
+from tpuctl.store.migrations.steps import create_added_tables, refuse_downgrade
 
 revision = "0002_servers"
 down_revision = "0001_ledger_v10"
@@ -13,10 +11,8 @@ depends_on = None
 
 
 def upgrade() -> None:
-    bind = op.get_bind()
-    for table in added_by(revision):
-        table.create(bind)
+    create_added_tables(revision)
 
 
 def downgrade() -> None:
-    raise NotImplementedError("the ledger is never migrated down: restore a copy instead")
+    refuse_downgrade()

@@ -6,13 +6,8 @@ workspace, an unknown principal.
 
 from alembic import op
 
-from tpuctl.store.tables import (
-    ATTRIBUTED_TABLES,
-    added_by,
-    attribution_columns,
-    build_metadata,
-    run_queue_columns,
-)
+from tpuctl.store.migrations.steps import create_added_tables, refuse_downgrade
+from tpuctl.store.tables import ATTRIBUTED_TABLES, attribution_columns, build_metadata, run_queue_columns
 
 revision = "0003_teams"
 down_revision = "0002_servers"
@@ -21,14 +16,13 @@ depends_on = None
 
 
 def upgrade() -> None:
-    bind = op.get_bind()
     for name in ATTRIBUTED_TABLES:
         for column in attribution_columns():
             op.add_column(name, column)
     for column in run_queue_columns():
         op.add_column("runs", column)
-    for table in added_by(revision):
-        table.create(bind)
+    create_added_tables(revision)
+    bind = op.get_bind()
     runs = build_metadata(revision).tables["runs"]
     for index in runs.indexes:
         if index.name in ("runs_workspace", "runs_queued"):
@@ -36,4 +30,4 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    raise NotImplementedError("the ledger is never migrated down: restore a copy instead")
+    refuse_downgrade()

@@ -8,8 +8,8 @@ defines them.
 from alembic import op
 
 from tpuctl.store import owner_rollup
-from tpuctl.store.sql import SqlAlchemyConnection
-from tpuctl.store.tables import added_by, build_metadata
+from tpuctl.store.migrations.steps import create_added_tables, refuse_downgrade
+from tpuctl.store.tables import build_metadata
 
 revision = "0004_cost_by_owner"
 down_revision = "0003_teams"
@@ -18,14 +18,13 @@ depends_on = None
 
 
 def upgrade() -> None:
+    conn = create_added_tables(revision)
     bind = op.get_bind()
-    for table in added_by(revision):
-        table.create(bind)
     for index in build_metadata(revision).tables["pods"].indexes:
         if index.name in owner_rollup.OWNER_INDEXES:
             index.create(bind)
-    owner_rollup.OWNER.create(SqlAlchemyConnection.of(bind))
+    owner_rollup.OWNER.create(conn)
 
 
 def downgrade() -> None:
-    raise NotImplementedError("the ledger is never migrated down: restore a copy instead")
+    refuse_downgrade()

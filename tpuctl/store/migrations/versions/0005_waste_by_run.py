@@ -3,11 +3,8 @@ recomputed work, kept by triggers on ``pods`` and filled here from the slices al
 (``tpuctl.store.run_waste`` says why). ``tpuctl.store.tables._waste_by_run`` defines it.
 """
 
-from alembic import op
-
+from tpuctl.store.migrations.steps import create_added_tables, refuse_downgrade
 from tpuctl.store.run_waste import WASTE
-from tpuctl.store.sql import SqlAlchemyConnection
-from tpuctl.store.tables import added_by
 
 revision = "0005_waste_by_run"
 down_revision = "0004_cost_by_owner"
@@ -16,11 +13,8 @@ depends_on = None
 
 
 def upgrade() -> None:
-    bind = op.get_bind()
-    for table in added_by(revision):
-        table.create(bind)
-    WASTE.create(SqlAlchemyConnection.of(bind))
+    WASTE.create(create_added_tables(revision))
 
 
 def downgrade() -> None:
-    raise NotImplementedError("the ledger is never migrated down: restore a copy instead")
+    refuse_downgrade()

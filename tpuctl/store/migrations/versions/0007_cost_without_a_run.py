@@ -4,11 +4,8 @@ slices already recorded (``tpuctl.store.norun_rollup`` says why). ``tpuctl.store
 defines it.
 """
 
-from alembic import op
-
+from tpuctl.store.migrations.steps import create_added_tables, refuse_downgrade
 from tpuctl.store.norun_rollup import NORUN
-from tpuctl.store.sql import SqlAlchemyConnection
-from tpuctl.store.tables import added_by
 
 revision = "0007_cost_without_a_run"
 down_revision = "0006_run_closed_time"
@@ -17,11 +14,8 @@ depends_on = None
 
 
 def upgrade() -> None:
-    bind = op.get_bind()
-    for table in added_by(revision):
-        table.create(bind)
-    NORUN.create(SqlAlchemyConnection.of(bind))
+    NORUN.create(create_added_tables(revision))
 
 
 def downgrade() -> None:
-    raise NotImplementedError("the ledger is never migrated down: restore a copy instead")
+    refuse_downgrade()
