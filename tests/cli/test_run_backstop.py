@@ -21,8 +21,10 @@ from typing import Any
 
 import pytest
 
+from tpuctl.hosts import deadman
 from tpuctl.services.run.backstop import checkin_every
 from tpuctl.sim import SimAdminClient
+from tpuctl.sim.vms.layout import vm_root_for
 from tpuctl.store.ledger import Ledger
 from tpuctl.store.records import PodState, RunStatus
 from tpuctl.testing.backend import InProcessCli
@@ -101,14 +103,21 @@ def test_a_killed_detached_run_is_deleted_by_its_backstop_after_the_grace(
     assert record is not None and (record.detail or {}).get("backstop", {}).get("grace_s") == GRACE_S
     (node,) = [p for p in ledger.list_pods(run_id=run_id) if p.state is PodState.READY]
 
+    (checkin,) = (
+        vm_root_for(state_dir).joinpath("disks").glob(f"*/**/runs/{run_id}/backstop/{deadman.CHECKIN}")
+    )
     killed = tpuctl_clients(sim_url)
     assert killed, "the background supervisor is a tpuctl process"
     for pid in killed:
         os.kill(pid, signal.SIGKILL)
     killed_at = time.time()
     barrier.touch()  # the program ends now, with nobody left to delete its slice but the deadman
-    # The last check-in came at most one period before the kill: the slice stays at least this long.
-    stays_until = killed_at + GRACE_S - checkin_every(GRACE_S)
+    # The slice stays at least the grace after the last check-in, which the deadman reads from the file's
+    # time on host 0's disk. A check-in still in flight at the kill can only make it later. (Not "the kill
+    # less one period": on a loaded machine a check-in over SSH can come later than its period.)
+    last_checkin = checkin.stat().st_mtime
+    assert last_checkin >= killed_at - 30 * checkin_every(GRACE_S), "the supervisor checked in while it lived"
+    stays_until = last_checkin + GRACE_S
 
     def node_state() -> str:
         found = {n["name"]: n["state"] for n in admin.status()["nodes"]}
