@@ -176,6 +176,16 @@ def crosses_midnight_sql(r: str, dialect: Dialect = SQLITE) -> str:
     return f"{col}ended_at > {midnight_after_sql(f'{col}ready_at', dialect)}"
 
 
+def multi_day_sql(r: str, dialect: Dialect = SQLITE) -> str:
+    """A closed slice billed past the second midnight after its READY (``r`` "": the columns unqualified, as
+    in an index's WHERE): its time after its first two days is not in the pass over its first days."""
+    col = f"{r}." if r else ""
+    return (
+        f"{col}ended_at IS NOT NULL AND {col}ready_at IS NOT NULL "
+        f"AND {col}ended_at > {midnight_after_sql(f'{col}ready_at', dialect)} + {DAY_S}.0"
+    )
+
+
 def recompute_fraction_sql(rs: str, dialect: Dialect = SQLITE) -> str:
     """The share of a run segment's (alias ``rs``) slice time whose work was recomputed (NULL when
     ``steps_recomputed`` is).

@@ -65,6 +65,7 @@ from tpuctl.store.billing import (
     day_sql,
     midnight_after_sql,
     midnight_sql,
+    multi_day_sql,
     preemptible_sql,
 )
 from tpuctl.store.sql import Dialect
@@ -356,20 +357,18 @@ GROUP BY 1, 2"""
 @cache
 def _later_days_source(only: str, d: Dialect) -> str:
     """The billed time from the second midnight on of the slices ``only`` picks whose price never changed
-    (the pass over the slices has their first two days): closed ones from the partial index
-    pods_crossing, open ones from pods_open (a slice cut by the window crosses as much without the cut)."""
+    (the pass over the slices has their first two days): closed ones billed past a second midnight from
+    their partial index pods_multiday (a few; a join to them read every slice on PostgreSQL, whose planner
+    cannot tell how few), open ones from pods_open (a slice cut by the window crosses as much without the
+    cut)."""
     b0, be = _window(d)
     later = f"{midnight_after_sql(b0, d)} + {DAY_S}.0"
-    crossing = (
-        f"SELECT p.id FROM pods AS p {sd.indexed('pods_crossing', d)} WHERE p.ended_at IS NOT NULL "
-        f"AND p.ready_at IS NOT NULL AND {crosses_midnight_sql('p', d)} "
-        f"AND p.ended_at > {midnight_after_sql('p.ready_at', d)} + {DAY_S}.0 "
-        "UNION SELECT id FROM pods WHERE ended_at IS NULL"
-    )
+    select = f"SELECT p.id, {later}, {be}, p.price_per_chip_hour, 1.0, NULL, {ATTRS}"
+    rest = f"{billed_pod(d)} AND {UNCHANGED} AND {be} > {later} AND {only}"
     return f"""
-SELECT p.id, {later}, {be}, p.price_per_chip_hour, 1.0, NULL, {ATTRS}
-FROM pods AS p
-WHERE p.id IN ({crossing}) AND {billed_pod(d)} AND {UNCHANGED} AND {be} > {later} AND {only}"""
+{select} FROM pods AS p {sd.indexed("pods_multiday", d)} WHERE {multi_day_sql("p", d)} AND {rest}
+UNION ALL
+{select} FROM pods AS p {sd.indexed("pods_open", d)} WHERE p.ended_at IS NULL AND {rest}"""
 
 
 def _changed_source(only: str) -> str:

@@ -17,6 +17,7 @@ KNOWN: Final = (
     "0005_waste_by_run",
     "0006_run_closed_time",
     "0007_cost_without_a_run",
+    "0008_ids_in_indexes",
 )
 BASELINE: Final = KNOWN[0]
 HEAD: Final = KNOWN[-1]

@@ -1,14 +1,16 @@
-"""What the revisions of the ledger's history do alike: create the tables a revision adds, and refuse to
-migrate down. Imported by the revisions only (Alembic is not imported where a ledger is merely opened)."""
+"""What the revisions of the ledger's history do alike: create the tables a revision adds, make indexes
+again as it defines them, and refuse to migrate down. Imported by the revisions only (Alembic is not
+imported where a ledger is merely opened)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from alembic import op
 
 from tpuctl.store.sql import SqlAlchemyConnection
-from tpuctl.store.tables import added_by
+from tpuctl.store.tables import added_by, build_metadata
 
 
 def create_added_tables(revision: str) -> SqlAlchemyConnection:
@@ -18,6 +20,21 @@ def create_added_tables(revision: str) -> SqlAlchemyConnection:
     for table in added_by(revision):
         table.create(bind)
     return SqlAlchemyConnection.of(bind)
+
+
+def recreate_indexes(revision: str, names: Sequence[str]) -> None:
+    """Make each index of ``names`` as ``revision``'s tables define it: dropped where it exists, then
+    created (a new database made at an earlier revision has the older form, or none)."""
+    bind: Any = op.get_bind()
+    metadata = build_metadata(revision)
+    wanted = set(names)
+    found = [i for t in metadata.sorted_tables for i in t.indexes if i.name in wanted]
+    missing = wanted - {str(i.name) for i in found}
+    if missing:
+        raise ValueError(f"{revision} defines no index {sorted(missing)}")
+    for index in sorted(found, key=lambda i: str(i.name)):
+        op.execute(f"DROP INDEX IF EXISTS {index.name}")
+        index.create(bind)
 
 
 def refuse_downgrade() -> NoReturn:
