@@ -102,6 +102,19 @@ def test_postgresql_gathers_a_working_tables_statistics_before_reading_it(postgr
         assert reader.query(rows_known, {"name": "cost_rest"}) == [(7.0,)]
 
 
+def test_postgresql_gathers_no_statistics_of_a_table_the_report_only_sums(postgres_ledger_url: str) -> None:
+    """The first-day sums are read by one GROUP BY: their statistics would cost more than the sum."""
+    from tpuctl.services.cost.sql_scan import AGG_TABLE
+
+    assert AGG_TABLE.only_summed
+    url = parse_database_url(postgres_ledger_url)
+    rows_known = "SELECT reltuples FROM pg_class WHERE relname = :name AND relpersistence = 't'"
+    with Ledger(open_database(url)), open_reader(url) as reader, reader.snapshot(REPORT_TABLES):
+        reader.execute("INSERT INTO cost_agg (k, zone, day0) SELECT 'k', 'z', generate_series(1, 7)", {})
+        assert reader.query("SELECT k, COUNT(*) FROM cost_agg GROUP BY k", {}) == [("k", 7)]
+        assert reader.query(rows_known, {"name": "cost_agg"}) == [(-1.0,)]
+
+
 def test_an_instant_prints_its_truncated_second_on_both_engines(open_ledger: Callable[..., Ledger]) -> None:
     from tpuctl.store.cost_sql import iso
 

@@ -201,8 +201,10 @@ class PostgresReader:
         self._own_engine = engine is None
         self._engine: Engine = create_engine(url) if engine is None else engine
         self._conn: SqlAlchemyConnection | None = None
-        #: The working tables of the snapshot, and those written since their statistics were gathered.
+        #: The working tables of the snapshot, those whose statistics are gathered (not ``only_summed``),
+        #: and those of them written since their statistics were gathered.
         self._tables: frozenset[str] = frozenset()
+        self._analyzed: frozenset[str] = frozenset()
         self._unanalyzed: set[str] = set()
         with self._translate():
             version = migrate.postgres_schema_version(self._engine)
@@ -227,7 +229,7 @@ class PostgresReader:
         written = self._analyze_before(sql)
         with self._translate():
             self._conn.executemany(sql, rows)  # pipelined by the driver
-        if written is not None:
+        if written in self._analyzed:
             self._unanalyzed.add(written)
 
     def _run(self, sql: str, params: Mapping[str, Any]) -> Any:
@@ -236,7 +238,7 @@ class PostgresReader:
         written = self._analyze_before(sql)
         with self._translate():
             result = self._conn.execute(sql, dict(params))
-        if written is not None:
+        if written in self._analyzed:
             self._unanalyzed.add(written)
         return result
 
@@ -285,10 +287,11 @@ class PostgresReader:
             with self._translate():
                 conn.exec_driver_sql(";\n".join(script))
             self._tables = frozenset(table.name for table in tables)
+            self._analyzed = frozenset(table.name for table in tables if not table.only_summed)
             yield
         finally:
             self._conn = None
-            self._tables = frozenset()
+            self._tables = self._analyzed = frozenset()
             self._unanalyzed.clear()
             try:
                 conn.rollback()  # nothing was written: rolling back ends the read and drops the tables
