@@ -348,3 +348,59 @@ def test_the_queue_page_is_tpuctl_queues_order_and_reasons(
     assert _attr(html, "data-position") == [str(q["position"]) for q in listed]
     assert _attr(html, "data-reason") == [q["reason"] for q in listed]
     assert 'data-workspace="default"' in client.get("/").text  # the runs list says whose each run is
+
+
+def test_on_postgresql_the_money_page_ranks_the_waste_beside_the_report_and_is_the_same_page(
+    session: Session, postgres_ledger_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A database server runs two reports at once in processes of its own: the waste ranking is asked on a
+    thread of its own while the report runs; the page is the one SQLite's ledger of the same runs gives."""
+    import threading
+    from dataclasses import replace
+
+    from recorded_runs import record_both
+
+    from tpuctl.dashboard.pages import Dashboard
+    from tpuctl.services.prices import load_catalog
+    from tpuctl.store import Ledger
+
+    prices = load_catalog(session.state_dir, session.backend.name)[1]
+    ranked_on: list[str] = []
+    top_waste = Dashboard.top_waste
+
+    def watched(self: Dashboard, *args: Any, **kwargs: Any) -> tuple[dict[str, Any], ...]:
+        ranked_on.append(threading.current_thread().name)
+        return top_waste(self, *args, **kwargs)
+
+    monkeypatch.setattr(Dashboard, "top_waste", watched)
+    with Ledger.open(postgres_ledger_url) as on_postgresql:
+        pages = []
+        for ledger in (session.ledger, on_postgresql):
+            record_both(ledger, session.clock())
+            for group in ("run", "type"):
+                page = Dashboard(replace(session, ledger=ledger), prices).money(group_by=group, since=None)
+                pages.append((page.report.to_dict(), page.days, page.groups, page.top_waste))
+    sqlite, postgresql = pages[:2], pages[2:]
+    assert [p[3][0]["key"] for p in postgresql] == [RUN, RUN]  # the run preempted twice wasted most
+    for (s_report, *s_rest), (p_report, *p_rest) in zip(sqlite, postgresql, strict=True):
+        assert p_rest == s_rest
+        assert _close(p_report["totals"], s_report["totals"]) and _close(
+            p_report["groups"], s_report["groups"]
+        )
+    assert ranked_on[:2] == ["MainThread"] * 2  # SQLite: after the report, on this thread
+    assert [name.startswith("tpuctl-waste") for name in ranked_on[2:]] == [True, True]
+
+
+def _close(have: Any, want: Any) -> bool:
+    """Equal, floats to their last digits (the engines sum in another order)."""
+    if isinstance(want, dict):
+        return (
+            isinstance(have, dict)
+            and have.keys() == want.keys()
+            and all(_close(have[k], v) for k, v in want.items())
+        )
+    if isinstance(want, list):
+        return isinstance(have, list) and len(have) == len(want) and all(map(_close, have, want))
+    if isinstance(want, float):
+        return bool(have == pytest.approx(want, rel=1e-9, abs=1e-9))
+    return bool(have == want)
