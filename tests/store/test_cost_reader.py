@@ -106,7 +106,7 @@ def test_postgresql_gathers_no_statistics_of_a_table_the_report_only_sums(postgr
     """The first-day sums are read by one GROUP BY: their statistics would cost more than the sum."""
     from tpuctl.services.cost.sql_scan import AGG_TABLE
 
-    assert AGG_TABLE.only_summed
+    assert not AGG_TABLE.statistics
     url = parse_database_url(postgres_ledger_url)
     rows_known = "SELECT reltuples FROM pg_class WHERE relname = :name AND relpersistence = 't'"
     with Ledger(open_database(url)), open_reader(url) as reader, reader.snapshot(REPORT_TABLES):

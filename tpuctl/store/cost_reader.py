@@ -201,7 +201,7 @@ class PostgresReader:
         self._own_engine = engine is None
         self._engine: Engine = create_engine(url) if engine is None else engine
         self._conn: SqlAlchemyConnection | None = None
-        #: The working tables of the snapshot, those whose statistics are gathered (not ``only_summed``),
+        #: The working tables of the snapshot, those whose statistics are gathered (``statistics``),
         #: and those of them written since their statistics were gathered.
         self._tables: frozenset[str] = frozenset()
         self._analyzed: frozenset[str] = frozenset()
@@ -287,7 +287,7 @@ class PostgresReader:
             with self._translate():
                 conn.exec_driver_sql(";\n".join(script))
             self._tables = frozenset(table.name for table in tables)
-            self._analyzed = frozenset(table.name for table in tables if not table.only_summed)
+            self._analyzed = frozenset(table.name for table in tables if table.statistics)
             yield
         finally:
             self._conn = None

@@ -236,16 +236,17 @@ class TempTable:
     PostgreSQL appends them to a table with no key, as an upsert there costs an index look-up and a
     speculative insertion per row (thousands of rollup rows: most of a report's time at 100,000 events).
 
-    ``only_summed``: the report reads it only through a sum (one GROUP BY, never a join or a look-up), for
-    which PostgreSQL's planner needs no statistics of it, and none are gathered (``ANALYZE`` of the
-    first-day sums took 0.03 s of a 1,000,000-event report, longer than summing them)."""
+    ``statistics``: False where PostgreSQL's planner needs none of the table's statistics, and none are
+    gathered: a table the report only sums (one GROUP BY, never a join; ``ANALYZE`` of the first-day sums
+    took 0.03 s of a 1,000,000-event report, longer than summing them), or one whose row count (which the
+    planner reads off its size) is all it needs."""
 
     name: str
     columns: str
     primary_key: str = ""
     without_rowid: bool = False
     summed_by_key: bool = False
-    only_summed: bool = False
+    statistics: bool = True
 
     def __post_init__(self) -> None:
         for column in self.columns.split(", "):

@@ -32,6 +32,7 @@ from tpuctl.services.cost.scope import PRINCIPAL_OF_P, WORKSPACE_OF_P, scope_sql
 from tpuctl.services.cost.sql_intervals import (
     billed_in_window,
     billed_s,
+    changed_pods,
     first_days_sql,
     held_s,
     rolled_in_days_sql,
@@ -456,7 +457,7 @@ SELECT NULL, 0, 0, 0, 0, 0, 0, 0, 0, SUM(h.hcs), SUM(h.hcs * h.price) / 3600.0, 
         f"""{columns}
 SELECT {day_sql("p.ready_at", d)}, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
        -SUM(x.priced + x.unpriced * COALESCE({OWN_PRICE_SQL}, 0)), 0
-FROM cost_item_pieces AS x {sd.cross_join(d)} pods AS p ON p.id = x.id
+FROM cost_item_pieces AS x {sd.cross_join(d)} {changed_pods(d)} AS p ON p.id = x.id
 WHERE p.run_id IS NULL AND {rolled}
 GROUP BY 1""",
     )
@@ -612,7 +613,7 @@ def run_candidates_sql(d: Dialect) -> str:
 INSERT INTO cost_run_cands (k)
 {sd.json_values(":bounded", "TEXT", d)}
 UNION SELECT {sd.key_text("a.k", d)} FROM cost_item_adj AS a
-UNION SELECT p.run_id FROM cost_item_pieces AS x {sd.cross_join(d)} pods AS p ON p.id = x.id
+UNION SELECT p.run_id FROM cost_item_pieces AS x {sd.cross_join(d)} {changed_pods(d)} AS p ON p.id = x.id
     WHERE p.run_id IS NOT NULL
 UNION SELECT :null_key"""
 

@@ -12,10 +12,12 @@ from typing import Any, Final
 from tpuctl.services.cost import sql_fast as fsql
 from tpuctl.services.cost import sql_scan as ssql
 from tpuctl.services.cost.sql_intervals import (
+    CHANGED_PODS,
     SRC_CHANGED,
     SRC_CHANGED_TEMP,
     SRC_CHANGED_WHOLE_TEMP,
     change_ctes,
+    copy_changed_pods_sql,
     src_changed_whole,
 )
 from tpuctl.services.cost.subs import Partial, Sub, floats, subs, unnull
@@ -36,6 +38,7 @@ def _intervals_table(name: str) -> TempTable:
 
 #: The working tables of one scan (each reader of a parallel scan makes its own).
 SCAN_TABLES: Final = (
+    CHANGED_PODS,
     ssql.AGG_TABLE,
     ssql.DAY_TABLE,
     fsql.REST_TABLE,
@@ -88,6 +91,9 @@ def scan_all(
         # its range of pods on its own core.
         with reader.another() as part_reader, part_reader.snapshot(SCAN_TABLES):
             part_params = {**params, "lo": bounds[0], "hi": bounds[1]}
+            copy = copy_changed_pods_sql(part_reader.dialect)
+            if changes and copy is not None:  # the working tables are the connection's own: the copy too
+                part_reader.execute(copy, part_params)
             return scan(part_reader, main, group, part_params, need_days, fast=False, changes=changes)
 
     with ThreadPoolExecutor(max_workers=len(parts), thread_name_prefix="tpuctl-cost") as pool:

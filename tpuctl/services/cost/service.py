@@ -49,7 +49,7 @@ from tpuctl.services.cost.model import CostLine, CostReport
 from tpuctl.services.cost.pricing import Pricer
 from tpuctl.services.cost.scan import SCAN_TABLES
 from tpuctl.services.cost.scope import CostScope
-from tpuctl.services.cost.sql_intervals import price_changes_sql, shares_exist_sql
+from tpuctl.services.cost.sql_intervals import copy_changed_pods_sql, price_changes_sql, shares_exist_sql
 from tpuctl.services.cost.sql_scan import preemption_kinds_sql
 from tpuctl.services.cost.window import GroupBy
 from tpuctl.store.cost_reader import LedgerReader, open_reader
@@ -333,6 +333,9 @@ class CostService:
             shares = bool(reader.query(shares_exist_sql(reader.dialect), {})[0][0])
         changes = reader.query(price_changes_sql(reader.dialect), {})
         params["price_changes"] = json.dumps([c for c in changes if c[0] is not None])
+        copy = copy_changed_pods_sql(reader.dialect)
+        if changes and copy is not None:
+            reader.execute(copy, params)
         return Query(
             reader=reader, params=params, warnings=warnings, pricer=self._pricer, fast=self._fast,
             workers=self._workers, segments=segments, changes=bool(changes), shares=shares,

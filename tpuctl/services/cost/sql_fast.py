@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 from typing import Final
 
-from tpuctl.services.cost.sql_intervals import key_sql
+from tpuctl.services.cost.sql_intervals import changed_pods, key_sql
 from tpuctl.services.cost.sql_scan import days_upsert, group_columns, upsert
 from tpuctl.services.cost.window import GroupBy
 from tpuctl.store import cost_sql as sd
@@ -93,7 +93,7 @@ def rest_changed(d: Dialect) -> str:
     return sd.insert_ignore(
         "cost_rest (id)",
         f"""
-SELECT p.id FROM {sd.json_elements(":price_changes", "j", d)} {sd.cross_join(d)} pods AS p
+SELECT p.id FROM {sd.json_elements(":price_changes", "j", d)} {sd.cross_join(d)} {changed_pods(d)} AS p
      ON p.id = {pod_id}
 WHERE {_closed_crossing(d)} AND p.rolled = 0""",
         d,

@@ -26,14 +26,14 @@ AGG_TABLE: Final = TempTable(
     "hcs REAL DEFAULT 0, hpriced REAL DEFAULT 0, hunpriced REAL DEFAULT 0",
     primary_key="k, zone, atype, capacity, day0",
     summed_by_key=True,
-    only_summed=True,
+    statistics=False,
 )
 DAY_TABLE: Final = TempTable(
     "cost_days",
     "day INT, zone TEXT, atype TEXT, capacity TEXT, slices INT, s REAL, cs REAL, priced REAL, unpriced REAL",
     primary_key="day, zone, atype, capacity",
     summed_by_key=True,
-    only_summed=True,
+    statistics=False,
 )
 
 
