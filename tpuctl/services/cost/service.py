@@ -310,7 +310,9 @@ class CostService:
         now = self._clock()
         end = now if until is None else until
         with open_reader(self._database) as reader, reader.snapshot(REPORT_TABLES):
-            q = self._query(reader, _params(since, end, now, GroupBy("run"), null_key(reader.dialect)), [])
+            params = _params(since, end, now, GroupBy("run"), null_key(reader.dialect))
+            # Only some runs' slices are read: their changed slices' rows are copied (``run_groups``).
+            q = self._query(reader, params, [], copy_changes=False)
             groups = groups_of(q)
             mark_unknown_steps(reader, groups)
             return groups
@@ -321,10 +323,18 @@ class CostService:
         return report.totals.cost_usd
 
     def _query(
-        self, reader: LedgerReader, params: dict[str, Any], warnings: list[str], group: GroupBy | None = None
+        self,
+        reader: LedgerReader,
+        params: dict[str, Any],
+        warnings: list[str],
+        group: GroupBy | None = None,
+        *,
+        copy_changes: bool = True,
     ) -> Query:
         """The report's query state, with what the ledger holds: run segments on slices, price changes,
-        and for a report by run (``group``) whether runs have shares of slices they did not create."""
+        and for a report by run (``group``) whether runs have shares of slices they did not create.
+        ``copy_changes``: the price-changed slices' rows are copied for the queries that read them
+        (``sql_intervals.copy_changed_pods_sql``); False where the caller copies those it reads."""
         segments = bool(
             reader.query("SELECT EXISTS (SELECT 1 FROM run_segments WHERE pod IS NOT NULL)", {})[0][0]
         )
@@ -334,7 +344,7 @@ class CostService:
         changes = reader.query(price_changes_sql(reader.dialect), {})
         params["price_changes"] = json.dumps([c for c in changes if c[0] is not None])
         copy = copy_changed_pods_sql(reader.dialect)
-        if changes and copy is not None:
+        if copy_changes and changes and copy is not None:
             reader.execute(copy, params)
         return Query(
             reader=reader, params=params, warnings=warnings, pricer=self._pricer, fast=self._fast,
