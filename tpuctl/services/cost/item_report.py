@@ -175,9 +175,10 @@ def _run_groups(q: Query, group: GroupBy, ctes: str, limit: int | None) -> tuple
                 only="COALESCE(p.run_id, rs.run_id) IN (SELECT k FROM cost_top_runs)",
                 only_stored=true(d),
                 stored_from=f"cost_top_runs AS t {cross_join(d)} pods AS p ON p.run_id = t.k",
+                shares=q.shares,
             )
             if ranked
-            else recomputed_sql(group, d, ctes)
+            else recomputed_sql(group, d, ctes, shares=q.shares)
         )
         q.reader.execute(items.adj_sql(rec, d, recomputed=True), q.params)
     groups = items.run_records(q.reader.query(items.run_sql(d, ranked=ranked), bound))
