@@ -9,14 +9,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tpuctl.store import Ledger, owner_rollup
+from tpuctl.store import Ledger, owner_rollup, shares_seen
 from tpuctl.store.database import open_database
 from tpuctl.store.norun_rollup import NORUN
 from tpuctl.store.owner_rollup import OWNER
 from tpuctl.store.run_closed_time import CLOSED_TIME
 from tpuctl.store.run_sums import RunSums
 from tpuctl.store.run_waste import WASTE
-from tpuctl.store.tables import ATTRIBUTED_TABLES, attribution_columns, run_queue_columns
+from tpuctl.store.tables import ATTRIBUTED_TABLES, MULTI_DAY_INDEX, attribution_columns, run_queue_columns
 
 
 def write_by_hand(ledger: Ledger, sql: str, params: Mapping[str, Any] | None = None) -> None:
@@ -49,11 +49,20 @@ def undo_history(conn: sqlite3.Connection) -> None:
     """Take a SQLite ledger back to the baseline of the Alembic history (the hand-written migrations' v10)
     with no record of the history: what the revisions after the baseline added is gone (servers and
     submissions; attribution, queue columns and the audit log; the owner rollup, its triggers and
-    indexes; the waste and closed time by run, the rollup of slices no run created, and their triggers)."""
-    for trigger in (*OWNER.triggers, *WASTE.triggers, *CLOSED_TIME.triggers, *NORUN.triggers):
+    indexes; the waste and closed time by run, the rollup of slices no run created, and their triggers;
+    the index of slices billed past a second midnight; the row and triggers of the shares seen)."""
+    triggers = (
+        *OWNER.triggers,
+        *WASTE.triggers,
+        *CLOSED_TIME.triggers,
+        *NORUN.triggers,
+        *shares_seen.TRIGGERS,
+    )
+    for trigger in triggers:
         conn.execute(f"DROP TRIGGER {trigger}")
-    for index in owner_rollup.OWNER_INDEXES:
+    for index in (*owner_rollup.OWNER_INDEXES, MULTI_DAY_INDEX):
         conn.execute(f"DROP INDEX {index}")
+    conn.execute("DELETE FROM ledger_meta WHERE key = ?", (shares_seen.KEY,))
     dropped = ("server_replicas", "run_submissions", "alembic_version", "audit_log", OWNER.table)
     for table in (*dropped, WASTE.table, CLOSED_TIME.table, NORUN.table):
         conn.execute(f"DROP TABLE {table}")

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tpuctl.catalog import CapacityType
-from tpuctl.store import Ledger, NewEvent, billing, derived, migrate, schema
+from tpuctl.store import Ledger, NewEvent, billing, derived, migrate, schema, shares_seen
 from tpuctl.store.database import open_database
 from tpuctl.store.engine import create_engine
 from tpuctl.store.norun_rollup import NORUN
@@ -383,8 +383,15 @@ def test_postgresql_gets_the_triggers_in_sqlite_order(postgres_url: str) -> None
         engine.dispose()
     lite = [s.split()[2] for s in derived.statements(SQLITE) if s.lstrip().startswith("CREATE TRIGGER")]
     assert len(lite) == 11
-    # then revisions 0004 to 0007's
-    assert names == [*lite, *OWNER.triggers, *WASTE.triggers, *CLOSED_TIME.triggers, *NORUN.triggers]
+    # then revisions 0004 to 0007's and 0009's
+    revisions = [
+        *OWNER.triggers,
+        *WASTE.triggers,
+        *CLOSED_TIME.triggers,
+        *NORUN.triggers,
+        *shares_seen.TRIGGERS,
+    ]
+    assert names == [*lite, *revisions]
     assert tuple(offsets) == (schema.ROLLUP_MAX_DAYS + 1, 0, schema.ROLLUP_MAX_DAYS)
 
 

@@ -59,6 +59,7 @@ from tpuctl.store import (
     runstate,
     schema,
     servers,
+    shares_seen,
 )
 from tpuctl.store.database import Database, SqliteDatabase, open_database
 from tpuctl.store.records import (
@@ -1377,7 +1378,7 @@ class Ledger:
                 for table, keys, stored, check in _rollup_checks(conn.dialect)
             ]
             wrongly_rolled = conn.execute(schema.rolled_check_sql(conn.dialect)).fetchall()
-        problems: list[str] = []
+            problems: list[str] = shares_seen.problems(conn)
         for table, keys, rows, derived in rollups:
             problems += _rollup_differences(table, keys, rows, derived)
         problems += [

@@ -40,8 +40,9 @@ class Query:
     workers: int
     segments: bool = False  # some run segment names its slice
     changes: bool = False  # some price_change is in force
-    # Some slice no run created has a segment on it (its runs get shares of its time): looked up for a
-    # report by run only, whose passes over those shares it spares when none has; else assumed.
+    # Some slice no run created may have a segment on it (its runs get shares of its time): False where
+    # none ever had (``tpuctl.store.shares_seen``); looked up exactly for a report by run, whose passes over
+    # those shares it spares when none has.
     shares: bool = True
 
 

@@ -66,6 +66,7 @@ def run_groups(q: Query, run_ids: Sequence[str]) -> list[dict[str, Any]]:
             only="COALESCE(p.run_id, rs.run_id) IN (SELECT k FROM cost_top_runs)",
             only_stored=true(d),
             stored_from=f"cost_top_runs AS t {cross_join(d)} pods AS p ON p.run_id = t.k",
+            shares=q.shares,
         )
         q.reader.execute(items.adj_sql(recomputed, d, recomputed=True), q.params)
     # The catalog prices the rows read: of the runs' own slices and of the shares and recomputed work

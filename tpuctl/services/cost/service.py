@@ -52,6 +52,7 @@ from tpuctl.services.cost.scope import CostScope
 from tpuctl.services.cost.sql_intervals import copy_changed_pods_sql, price_changes_sql, shares_exist_sql
 from tpuctl.services.cost.sql_scan import preemption_kinds_sql
 from tpuctl.services.cost.window import GroupBy
+from tpuctl.store import shares_seen
 from tpuctl.store.cost_reader import LedgerReader, open_reader
 from tpuctl.store.cost_sql import null_key
 from tpuctl.store.url import DatabaseUrl
@@ -332,14 +333,15 @@ class CostService:
         copy_changes: bool = True,
     ) -> Query:
         """The report's query state, with what the ledger holds: run segments on slices, price changes,
-        and for a report by run (``group``) whether runs have shares of slices they did not create.
+        whether runs may have shares of slices they did not create (exactly, for a report by run:
+        ``group``).
         ``copy_changes``: the price-changed slices' rows are copied for the queries that read them
         (``sql_intervals.copy_changed_pods_sql``); False where the caller copies those it reads."""
-        segments = bool(
-            reader.query("SELECT EXISTS (SELECT 1 FROM run_segments WHERE pod IS NOT NULL)", {})[0][0]
-        )
-        shares = segments
-        if segments and group is not None and group.kind == "run":
+        segments, seen = reader.query(
+            f"SELECT EXISTS (SELECT 1 FROM run_segments WHERE pod IS NOT NULL), ({shares_seen.SEEN_SQL})", {}
+        )[0]
+        shares = bool(segments) and bool(seen)  # unseen: no run ever ran on a slice no run created
+        if shares and group is not None and group.kind == "run":
             shares = bool(reader.query(shares_exist_sql(reader.dialect), {})[0][0])
         changes = reader.query(price_changes_sql(reader.dialect), {})
         params["price_changes"] = json.dumps([c for c in changes if c[0] is not None])

@@ -18,6 +18,7 @@ KNOWN: Final = (
     "0006_run_closed_time",
     "0007_cost_without_a_run",
     "0008_ids_in_indexes",
+    "0009_shares_seen",
 )
 BASELINE: Final = KNOWN[0]
 HEAD: Final = KNOWN[-1]
