@@ -125,3 +125,14 @@ def test_an_instant_prints_its_truncated_second_on_both_engines(open_ledger: Cal
         )
         # Just short of a second: SQLite's strftime alone rounds it up to the next one.
         assert reader.query(sql, {"t": T0 + 42.9996}) == [("2027-01-15T08:00:42Z", None)]
+
+
+def test_among_picks_the_ids_a_subquery_gives_on_both_engines(open_ledger: Callable[..., Ledger]) -> None:
+    from tpuctl.store.cost_sql import among
+
+    with open_ledger() as ledger, open_reader(ledger.url) as reader, reader.snapshot(REPORT_TABLES):
+        picked = f"""WITH t(n) AS (VALUES (1), (2), (3), (4), (5))
+SELECT n FROM t WHERE {among("n", "SELECT id FROM cost_rest", reader.dialect)} ORDER BY n"""
+        assert reader.query(picked, {}) == []
+        reader.execute("INSERT INTO cost_rest (id) VALUES (5), (1), (3), (9)", {})
+        assert reader.query(picked, {}) == [(1,), (3,), (5,)]

@@ -168,6 +168,13 @@ def insert_ignore(into: str, select: str, dialect: Dialect) -> str:
     return f"INSERT OR IGNORE INTO {into} {select}"
 
 
+def among(column: str, ids: str, dialect: Dialect) -> str:
+    """Whether ``column`` (a primary key) is one of the ids the subquery ``ids`` gives. PostgreSQL looks a
+    few thousand up as one index scan over the sorted ids (``= ANY`` of an array: 15 ms for 4,484
+    slices), where ``IN`` joined them one descent each (50 ms); SQLite's ``IN`` is its own such scan."""
+    return f"{column} = ANY(ARRAY({ids}))" if is_pg(dialect) else f"{column} IN ({ids})"
+
+
 def fence(dialect: Dialect) -> str:
     """Keeps a subquery from being flattened into its user (which would evaluate its expressions once
     per use): SQLite's ``LIMIT -1``, PostgreSQL's ``OFFSET 0``."""

@@ -96,7 +96,7 @@ def copy_changed_pods_sql(d: Dialect) -> str | None:
     columns = ", ".join(column.split()[0] for column in _CHANGED_POD_COLUMNS.split(", "))
     return (
         f"INSERT INTO {CHANGED_PODS.name} ({columns}) SELECT {columns} FROM pods "
-        f"WHERE id IN ({_changed_ids(d)})"
+        f"WHERE {sd.among('id', _changed_ids(d), d)}"
     )
 
 
