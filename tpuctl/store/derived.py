@@ -25,6 +25,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from tpuctl.store import schema
 from tpuctl.store.sql import POSTGRESQL, Dialect, SqlConnection
@@ -83,21 +84,32 @@ class PgTrigger:
         return function, trigger
 
 
-def row_trigger_statements(
-    triggers: Iterable[tuple[str, str, str, str]], dialect: Dialect
-) -> tuple[str, ...]:
-    """The statements creating row triggers given as (name, event, condition, body) on ``dialect``'s
-    engine, in order: SQLite's ``CREATE TRIGGER ... WHEN``, PostgreSQL's function and trigger each
-    (``PgTrigger``; a condition there holds no subquery)."""
+class RowTrigger(NamedTuple):
+    """A row trigger of a revision's table (``run_sums``, ``slice_rollup``, ``shares_seen``): ``event`` as
+    CREATE TRIGGER spells it, the ``when`` it fires under (no subquery), its ``body`` (statements, each
+    ending in ``;``), and a ``guard`` that may hold a subquery (SQLite's ``WHEN`` takes it too;
+    PostgreSQL's function checks it first)."""
+
+    name: str
+    event: str
+    when: str
+    body: str
+    guard: str | None = None
+
+
+def row_trigger_statements(triggers: Iterable[RowTrigger], dialect: Dialect) -> tuple[str, ...]:
+    """The statements creating ``triggers`` on ``dialect``'s engine, in order: SQLite's ``CREATE TRIGGER
+    ... WHEN``, PostgreSQL's function and trigger each (``PgTrigger``)."""
     if dialect.name == "sqlite":
         return tuple(
-            f"CREATE TRIGGER {name} AFTER {event} WHEN {when}\n    BEGIN {body} END"
-            for name, event, when, body in triggers
+            f"CREATE TRIGGER {t.name} AFTER {t.event} WHEN {t.when}"
+            f"{'' if t.guard is None else f' AND {t.guard}'}\n    BEGIN {t.body} END"
+            for t in triggers
         )
     return tuple(
         statement
-        for name, event, when, body in triggers
-        for statement in PgTrigger(name, event, when, body).statements()
+        for t in triggers
+        for statement in PgTrigger(t.name, t.event, t.when, t.body, guard=t.guard).statements()
     )
 
 

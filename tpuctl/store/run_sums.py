@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-from tpuctl.store.derived import row_trigger_statements
+from tpuctl.store.derived import RowTrigger, row_trigger_statements
 from tpuctl.store.sql import Dialect, SqlConnection
 
 #: Below this in every sum a row is a run with nothing left (what subtracting floats leaves of zero).
@@ -44,10 +44,10 @@ class RunSums:
         changed = "(" + " OR ".join(f"OLD.{c} {differs} NEW.{c}" for c in self.watched) + ")"
         return row_trigger_statements(
             (
-                (self.triggers[0], "INSERT ON pods", self.has_share("NEW"), self._add_sql("NEW")),
-                (self.triggers[1], f"UPDATE OF {watched} ON pods",
-                 f"({self.has_share('OLD')} OR {self.has_share('NEW')}) AND {changed}",
-                 f"{self._take_sql()}\n    {self._add_sql('NEW')}"),
+                RowTrigger(self.triggers[0], "INSERT ON pods", self.has_share("NEW"), self._add_sql("NEW")),
+                RowTrigger(self.triggers[1], f"UPDATE OF {watched} ON pods",
+                           f"({self.has_share('OLD')} OR {self.has_share('NEW')}) AND {changed}",
+                           f"{self._take_sql()}\n    {self._add_sql('NEW')}"),
             ),
             dialect,
         )  # fmt: skip

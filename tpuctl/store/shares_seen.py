@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import Final
 
-from tpuctl.store.derived import PgTrigger
-from tpuctl.store.sql import Dialect, SqlConnection
+from tpuctl.store.derived import RowTrigger, row_trigger_statements
+from tpuctl.store.sql import SqlConnection
 
 KEY: Final = "shares_seen"
 #: Whether the row is set (1) or not (0).
@@ -27,39 +27,26 @@ _MARK: Final = f"INSERT INTO ledger_meta (key, value) VALUES ('{KEY}', '1') ON C
 #: Whether a run's segment is on a slice no run created now (alias p: the slice).
 _SEGMENT_ON_P: Final = "SELECT 1 FROM run_segments AS rs WHERE rs.zone = p.zone AND rs.pod = p.name"
 _SHARED: Final = f"p.run_id IS NULL AND EXISTS ({_SEGMENT_ON_P})"
-#: (name, event, condition without a subquery, condition with one) of each trigger.
+_ON_A_NORUN_SLICE: Final = (
+    "EXISTS (SELECT 1 FROM pods WHERE zone = NEW.zone AND name = NEW.pod AND run_id IS NULL)"
+)
+_UNDER_A_SEGMENT: Final = "EXISTS (SELECT 1 FROM run_segments WHERE zone = NEW.zone AND pod = NEW.name)"
 _TRIGGERS: Final = (
-    ("run_segments_shares_insert", "INSERT ON run_segments", "NEW.pod IS NOT NULL",
-     "EXISTS (SELECT 1 FROM pods WHERE zone = NEW.zone AND name = NEW.pod AND run_id IS NULL)"),
-    ("run_segments_shares_move", "UPDATE OF zone, pod ON run_segments", "NEW.pod IS NOT NULL",
-     "EXISTS (SELECT 1 FROM pods WHERE zone = NEW.zone AND name = NEW.pod AND run_id IS NULL)"),
-    ("pods_shares_insert", "INSERT ON pods", "NEW.run_id IS NULL",
-     "EXISTS (SELECT 1 FROM run_segments WHERE zone = NEW.zone AND pod = NEW.name)"),
-    ("pods_shares_move", "UPDATE OF run_id, zone, name ON pods", "NEW.run_id IS NULL",
-     "EXISTS (SELECT 1 FROM run_segments WHERE zone = NEW.zone AND pod = NEW.name)"),
+    RowTrigger("run_segments_shares_insert", "INSERT ON run_segments", "NEW.pod IS NOT NULL", _MARK,
+               _ON_A_NORUN_SLICE),
+    RowTrigger("run_segments_shares_move", "UPDATE OF zone, pod ON run_segments", "NEW.pod IS NOT NULL",
+               _MARK, _ON_A_NORUN_SLICE),
+    RowTrigger("pods_shares_insert", "INSERT ON pods", "NEW.run_id IS NULL", _MARK, _UNDER_A_SEGMENT),
+    RowTrigger("pods_shares_move", "UPDATE OF run_id, zone, name ON pods", "NEW.run_id IS NULL", _MARK,
+               _UNDER_A_SEGMENT),
 )  # fmt: skip
-TRIGGERS: Final = tuple(name for name, *_ in _TRIGGERS)
-
-
-def trigger_statements(dialect: Dialect) -> tuple[str, ...]:
-    """The statements creating the triggers on ``dialect``'s engine (PostgreSQL's ``WHEN`` takes no
-    subquery: its function checks that part first)."""
-    if dialect.name == "sqlite":
-        return tuple(
-            f"CREATE TRIGGER {name} AFTER {event} WHEN {when} AND {guard}\n    BEGIN {_MARK} END"
-            for name, event, when, guard in _TRIGGERS
-        )
-    return tuple(
-        statement
-        for name, event, when, guard in _TRIGGERS
-        for statement in PgTrigger(name, event, when, _MARK, guard=guard).statements()
-    )
+TRIGGERS: Final = tuple(t.name for t in _TRIGGERS)
 
 
 def create(conn: SqlConnection) -> None:
     """The revision's statements: the triggers, then the row where a run already ran on a slice no run
     created (in the migration's transaction: no write can come between them)."""
-    for statement in trigger_statements(conn.dialect):
+    for statement in row_trigger_statements(_TRIGGERS, conn.dialect):
         conn.execute(statement)
     conn.execute(
         f"INSERT INTO ledger_meta (key, value) SELECT '{KEY}', '1' WHERE EXISTS (SELECT 1 FROM pods AS p "

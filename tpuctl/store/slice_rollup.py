@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tpuctl.store import schema
-from tpuctl.store.derived import row_trigger_statements
+from tpuctl.store.derived import RowTrigger, row_trigger_statements
 from tpuctl.store.sql import Dialect, SqlConnection
 
 
@@ -60,10 +60,11 @@ class SliceRollup:
         moved = " OR ".join(f"OLD.{c} {differs} NEW.{c}" for c in self.moved_by)
         return row_trigger_statements(
             (
-                (self.triggers[0], "INSERT ON pods", rolled, add),
-                (self.triggers[1], "UPDATE ON pods", f"OLD.ended_at IS NULL AND {rolled}", add),
-                (self.triggers[2], f"UPDATE OF {', '.join(self.moved_by)} ON pods",
-                 f"{schema.rolled_sql('OLD', dialect)}\n    AND ({moved})", self._move_sql(dialect)),
+                RowTrigger(self.triggers[0], "INSERT ON pods", rolled, add),
+                RowTrigger(self.triggers[1], "UPDATE ON pods", f"OLD.ended_at IS NULL AND {rolled}", add),
+                RowTrigger(self.triggers[2], f"UPDATE OF {', '.join(self.moved_by)} ON pods",
+                           f"{schema.rolled_sql('OLD', dialect)}\n    AND ({moved})",
+                           self._move_sql(dialect)),
             ),
             dialect,
         )  # fmt: skip
