@@ -319,15 +319,14 @@ class Dashboard:
         group = parse_group_by(group_by)
         now = self._session.clock()
         start, end = parse_window(since, None, now=now)
-        if not self._costs().parallel_reports:
-            whole, days = self._money_report(group, start, end)
-            return MoneyPage(
-                whole, days, _keys(whole), top_waste=self.top_waste(start, end), **self._budgets(now)
-            )
+        # The pool starts its thread at the first task only: none on SQLite.
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tpuctl-waste") as pool:
-            waste = pool.submit(self.top_waste, start, end)
+            beside = pool.submit(self.top_waste, start, end) if self._costs().parallel_reports else None
             whole, days = self._money_report(group, start, end)
-            return MoneyPage(whole, days, _keys(whole), top_waste=waste.result(), **self._budgets(now))
+            top_waste = self.top_waste(start, end) if beside is None else beside.result()
+        return MoneyPage(
+            whole, days, tuple(str(g["key"]) for g in whole.groups), top_waste=top_waste, **self._budgets(now)
+        )
 
     def _money_report(
         self, group: GroupBy, start: float | None, end: float
@@ -416,11 +415,6 @@ class Dashboard:
             gone.sort(key=lambda p: (-(p.ended_at or 0.0), -p.id))
             rows += [_slice_row(pod, now) for pod in gone]
         return rows
-
-
-def _keys(report: CostReport) -> tuple[str, ...]:
-    """The keys of the report's groups, in its order (the chart's colours follow it)."""
-    return tuple(str(g["key"]) for g in report.groups)
 
 
 def _slice_row(pod: PodRecord, now: float) -> SliceRow:

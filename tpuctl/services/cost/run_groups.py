@@ -20,10 +20,10 @@ from tpuctl.services.cost import items
 from tpuctl.services.cost import sql_fast as fsql
 from tpuctl.services.cost.aggregate import Query
 from tpuctl.services.cost.item_report import _prepare_pieces
+from tpuctl.services.cost.scan import copy_changed_pods
 from tpuctl.services.cost.sql_intervals import (
     aggregate_sql,
     change_ctes,
-    copy_changed_pods_sql,
     recomputed_sql,
     src_segment_runs,
 )
@@ -49,9 +49,7 @@ def run_groups(q: Query, run_ids: Sequence[str]) -> list[dict[str, Any]]:
     if q.changes:  # only these runs' slices are read: the pieces of every other one are not
         touched = q.reader.query(_touched_changes_sql(d), q.params)[0][0] or "[]"
         q = replace(q, params={**q.params, "price_changes": touched})
-        copy = copy_changed_pods_sql(d)  # their rows only (``CostService`` copied none)
-        if copy is not None:
-            q.reader.execute(copy, q.params)
+        copy_changed_pods(q.reader, q.params)  # their rows only (``CostService`` copied none)
     ctes = _prepare_pieces(q) if q.changes else change_ctes(d)
     _rest(q)
     if q.segments:

@@ -61,6 +61,14 @@ def partitions(lo: int, hi: int, workers: int) -> list[tuple[int, int]]:
     return [(start, min(start + step, hi)) for start in range(lo, hi, step)]
 
 
+def copy_changed_pods(reader: LedgerReader, params: Mapping[str, Any]) -> None:
+    """Copy the rows of the slices of ``params``' :price_changes into ``CHANGED_PODS``, on an engine whose
+    queries read them from a copy (``sql_intervals.changed_pods``); nothing on the others."""
+    sql = copy_changed_pods_sql(reader.dialect)
+    if sql is not None:
+        reader.execute(sql, params)
+
+
 def scan_all(
     reader: LedgerReader,
     main: GroupBy,
@@ -91,9 +99,8 @@ def scan_all(
         # its range of pods on its own core.
         with reader.another() as part_reader, part_reader.snapshot(SCAN_TABLES):
             part_params = {**params, "lo": bounds[0], "hi": bounds[1]}
-            copy = copy_changed_pods_sql(part_reader.dialect)
-            if changes and copy is not None:  # the working tables are the connection's own: the copy too
-                part_reader.execute(copy, part_params)
+            if changes:  # the working tables are the connection's own: the copy too
+                copy_changed_pods(part_reader, part_params)
             return scan(part_reader, main, group, part_params, need_days, fast=False, changes=changes)
 
     with ThreadPoolExecutor(max_workers=len(parts), thread_name_prefix="tpuctl-cost") as pool:

@@ -47,9 +47,9 @@ from tpuctl.services.cost.items import PREPARE
 from tpuctl.services.cost.keyed import KEYED_KINDS, TOP_KINDS, keyed_report, top_day_cells
 from tpuctl.services.cost.model import CostLine, CostReport
 from tpuctl.services.cost.pricing import Pricer
-from tpuctl.services.cost.scan import SCAN_TABLES
+from tpuctl.services.cost.scan import SCAN_TABLES, copy_changed_pods
 from tpuctl.services.cost.scope import CostScope
-from tpuctl.services.cost.sql_intervals import copy_changed_pods_sql, price_changes_sql, shares_exist_sql
+from tpuctl.services.cost.sql_intervals import price_changes_sql, shares_exist_sql
 from tpuctl.services.cost.sql_scan import preemption_kinds_sql
 from tpuctl.services.cost.window import GroupBy
 from tpuctl.store import shares_seen
@@ -336,7 +336,7 @@ class CostService:
         whether runs may have shares of slices they did not create (exactly, for a report by run:
         ``group``).
         ``copy_changes``: the price-changed slices' rows are copied for the queries that read them
-        (``sql_intervals.copy_changed_pods_sql``); False where the caller copies those it reads."""
+        (``scan.copy_changed_pods``); False where the caller copies those it reads."""
         segments, seen = reader.query(
             f"SELECT EXISTS (SELECT 1 FROM run_segments WHERE pod IS NOT NULL), ({shares_seen.SEEN_SQL})", {}
         )[0]
@@ -345,12 +345,11 @@ class CostService:
             shares = bool(reader.query(shares_exist_sql(reader.dialect), {})[0][0])
         changes = reader.query(price_changes_sql(reader.dialect), {})
         params["price_changes"] = json.dumps([c for c in changes if c[0] is not None])
-        copy = copy_changed_pods_sql(reader.dialect)
-        if copy_changes and changes and copy is not None:
-            reader.execute(copy, params)
+        if copy_changes and changes:
+            copy_changed_pods(reader, params)
         return Query(
             reader=reader, params=params, warnings=warnings, pricer=self._pricer, fast=self._fast,
-            workers=self._workers, segments=segments, changes=bool(changes), shares=shares,
+            workers=self._workers, segments=bool(segments), changes=bool(changes), shares=shares,
         )  # fmt: skip
 
 
