@@ -477,7 +477,6 @@ def _cost_without_a_run(metadata: sa.MetaData) -> None:
 def _waste_by_run(metadata: sa.MetaData) -> None:
     """Waste by run (revision 0005): ``run_waste``, per run, the quota its preempted slices held until
     deleted and their recomputed work (``tpuctl.store.run_waste``, which says why and what keeps it)."""
-
     from tpuctl.store.run_waste import WASTE
 
     _run_sums_table(metadata, WASTE)

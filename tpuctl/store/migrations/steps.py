@@ -1,5 +1,5 @@
 """What the revisions of the ledger's history do alike: create the tables a revision adds, make indexes
-again as it defines them, and refuse to migrate down. Imported by the revisions only (Alembic is not
+as it defines them, and refuse to migrate down. Imported by the revisions only (Alembic is not
 imported where a ledger is merely opened)."""
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ def create_added_tables(revision: str) -> SqlAlchemyConnection:
     return SqlAlchemyConnection.of(bind)
 
 
-def recreate_indexes(revision: str, names: Sequence[str]) -> None:
-    """Make each index of ``names`` as ``revision``'s tables define it: dropped where it exists, then
-    created (a new database made at an earlier revision has the older form, or none)."""
+def make_indexes(revision: str, names: Sequence[str]) -> None:
+    """Make each index of ``names`` as ``revision``'s tables define it: dropped where it exists (an earlier
+    revision's form of it), then created."""
     bind: Any = op.get_bind()
     metadata = build_metadata(revision)
     wanted = set(names)

@@ -6,8 +6,8 @@ workspace, an unknown principal.
 
 from alembic import op
 
-from tpuctl.store.migrations.steps import create_added_tables, refuse_downgrade
-from tpuctl.store.tables import ATTRIBUTED_TABLES, attribution_columns, build_metadata, run_queue_columns
+from tpuctl.store.migrations.steps import create_added_tables, make_indexes, refuse_downgrade
+from tpuctl.store.tables import ATTRIBUTED_TABLES, attribution_columns, run_queue_columns
 
 revision = "0003_teams"
 down_revision = "0002_servers"
@@ -22,11 +22,7 @@ def upgrade() -> None:
     for column in run_queue_columns():
         op.add_column("runs", column)
     create_added_tables(revision)
-    bind = op.get_bind()
-    runs = build_metadata(revision).tables["runs"]
-    for index in runs.indexes:
-        if index.name in ("runs_workspace", "runs_queued"):
-            index.create(bind)
+    make_indexes(revision, ("runs_workspace", "runs_queued"))
 
 
 def downgrade() -> None:

@@ -5,11 +5,8 @@ recorded; and covering indexes by owner of the slices such a report reads one by
 defines them.
 """
 
-from alembic import op
-
 from tpuctl.store import owner_rollup
-from tpuctl.store.migrations.steps import create_added_tables, refuse_downgrade
-from tpuctl.store.tables import build_metadata
+from tpuctl.store.migrations.steps import create_added_tables, make_indexes, refuse_downgrade
 
 revision = "0004_cost_by_owner"
 down_revision = "0003_teams"
@@ -19,10 +16,7 @@ depends_on = None
 
 def upgrade() -> None:
     conn = create_added_tables(revision)
-    bind = op.get_bind()
-    for index in build_metadata(revision).tables["pods"].indexes:
-        if index.name in owner_rollup.OWNER_INDEXES:
-            index.create(bind)
+    make_indexes(revision, owner_rollup.OWNER_INDEXES)
     owner_rollup.OWNER.create(conn)
 
 

@@ -4,7 +4,7 @@ partial index of the slices billed past a second midnight, ``tables.MULTI_DAY_IN
 on both names in ``tpuctl.store.tables``.
 """
 
-from tpuctl.store.migrations.steps import create_added_tables, recreate_indexes, refuse_downgrade
+from tpuctl.store.migrations.steps import create_added_tables, make_indexes, refuse_downgrade
 from tpuctl.store.sql import POSTGRESQL
 from tpuctl.store.tables import COVERING_WITH_ID, MULTI_DAY_INDEX
 
@@ -17,7 +17,7 @@ depends_on = None
 def upgrade() -> None:
     conn = create_added_tables(revision)
     changed = (*COVERING_WITH_ID, MULTI_DAY_INDEX) if conn.dialect is POSTGRESQL else (MULTI_DAY_INDEX,)
-    recreate_indexes(revision, changed)
+    make_indexes(revision, changed)
 
 
 def downgrade() -> None:
