@@ -40,8 +40,7 @@ class RunSums:
     def trigger_statements(self, dialect: Dialect) -> tuple[str, ...]:
         """The statements creating the triggers on ``dialect``'s engine, in order."""
         watched = ", ".join(self.watched)
-        differs = "IS NOT" if dialect.name == "sqlite" else "IS DISTINCT FROM"
-        changed = "(" + " OR ".join(f"OLD.{c} {differs} NEW.{c}" for c in self.watched) + ")"
+        changed = dialect.any_changed(self.watched)
         return row_trigger_statements(
             (
                 RowTrigger(self.triggers[0], "INSERT ON pods", self.has_share("NEW"), self._add_sql("NEW")),

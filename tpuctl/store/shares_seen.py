@@ -17,16 +17,14 @@ from __future__ import annotations
 
 from typing import Final
 
+from tpuctl.store.cost_sql import indexed
 from tpuctl.store.derived import RowTrigger, row_trigger_statements
-from tpuctl.store.sql import SqlConnection
+from tpuctl.store.sql import Dialect, SqlConnection
 
 KEY: Final = "shares_seen"
 #: Whether the row is set (1) or not (0).
 SEEN_SQL: Final = f"SELECT COUNT(*) FROM ledger_meta WHERE key = '{KEY}'"
 _MARK: Final = f"INSERT INTO ledger_meta (key, value) VALUES ('{KEY}', '1') ON CONFLICT (key) DO NOTHING;"
-#: Whether a run's segment is on a slice no run created now (alias p: the slice).
-_SEGMENT_ON_P: Final = "SELECT 1 FROM run_segments AS rs WHERE rs.zone = p.zone AND rs.pod = p.name"
-_SHARED: Final = f"p.run_id IS NULL AND EXISTS ({_SEGMENT_ON_P})"
 _ON_A_NORUN_SLICE: Final = (
     "EXISTS (SELECT 1 FROM pods WHERE zone = NEW.zone AND name = NEW.pod AND run_id IS NULL)"
 )
@@ -43,6 +41,14 @@ _TRIGGERS: Final = (
 TRIGGERS: Final = tuple(t.name for t in _TRIGGERS)
 
 
+def shared_slice_sql(dialect: Dialect) -> str:
+    """Whether a slice (alias p) is one no run created that some run's segment ran on now (that run has a
+    share of its time): a look-up of its segments by slice (``run_segments_pod``)."""
+    by_pod = indexed("run_segments_pod", dialect)
+    return f"""(p.run_id IS NULL AND EXISTS (SELECT 1 FROM run_segments AS rs {by_pod}
+                                  WHERE rs.zone = p.zone AND rs.pod = p.name))"""
+
+
 def create(conn: SqlConnection) -> None:
     """The revision's statements: the triggers, then the row where a run already ran on a slice no run
     created (in the migration's transaction: no write can come between them)."""
@@ -50,13 +56,14 @@ def create(conn: SqlConnection) -> None:
         conn.execute(statement)
     conn.execute(
         f"INSERT INTO ledger_meta (key, value) SELECT '{KEY}', '1' WHERE EXISTS (SELECT 1 FROM pods AS p "
-        f"WHERE {_SHARED})"
+        f"WHERE {shared_slice_sql(conn.dialect)})"
     )
 
 
 def problems(conn: SqlConnection) -> list[str]:
     """What is wrong with the row: unset where a run's segment is on a slice no run created."""
-    shared = conn.execute(f"SELECT p.zone, p.name FROM pods AS p WHERE {_SHARED} LIMIT 1").fetchone()
+    shared_sql = f"SELECT p.zone, p.name FROM pods AS p WHERE {shared_slice_sql(conn.dialect)} LIMIT 1"
+    shared = conn.execute(shared_sql).fetchone()
     seen = int(conn.execute(SEEN_SQL).fetchone()[0])
     if shared is None or seen:
         return []

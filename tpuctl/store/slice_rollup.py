@@ -56,14 +56,13 @@ class SliceRollup:
         """The statements creating the triggers on ``dialect``'s engine, in order."""
         add = self._add_sql(dialect)
         rolled = self._picked("NEW", schema.rolled_sql("NEW", dialect))
-        differs = "IS NOT" if dialect.name == "sqlite" else "IS DISTINCT FROM"
-        moved = " OR ".join(f"OLD.{c} {differs} NEW.{c}" for c in self.moved_by)
+        moved = dialect.any_changed(self.moved_by)
         return row_trigger_statements(
             (
                 RowTrigger(self.triggers[0], "INSERT ON pods", rolled, add),
                 RowTrigger(self.triggers[1], "UPDATE ON pods", f"OLD.ended_at IS NULL AND {rolled}", add),
                 RowTrigger(self.triggers[2], f"UPDATE OF {', '.join(self.moved_by)} ON pods",
-                           f"{schema.rolled_sql('OLD', dialect)}\n    AND ({moved})",
+                           f"{schema.rolled_sql('OLD', dialect)}\n    AND {moved}",
                            self._move_sql(dialect)),
             ),
             dialect,

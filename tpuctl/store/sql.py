@@ -56,6 +56,12 @@ class Dialect:
         """The smaller of two values (see ``greatest`` on NULLs)."""
         return f"min({first}, {second})" if self.name == "sqlite" else f"LEAST({first}, {second})"
 
+    def any_changed(self, columns: Sequence[str]) -> str:
+        """In a row trigger, whether any of ``columns`` differs between OLD and NEW, NULLs compared as
+        values (SQLite's ``IS NOT``, PostgreSQL's ``IS DISTINCT FROM``)."""
+        differs = "IS NOT" if self.name == "sqlite" else "IS DISTINCT FROM"
+        return "(" + " OR ".join(f"OLD.{c} {differs} NEW.{c}" for c in columns) + ")"
+
     def row_lock(self, strength: RowLock, *, of: str | None = None, skip_locked: bool = False) -> str:
         """The clause a ``SELECT`` ends with to lock the rows it returns until the transaction ends:
         ``update`` (to change them; excludes every other lock) or ``share`` (to keep them as they are

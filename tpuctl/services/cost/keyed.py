@@ -53,7 +53,6 @@ from tpuctl.services.cost.sql_intervals import (
     key_sql,
     recomputed_sql,
     rolled_in_days_sql,
-    shared_slices_sql,
     src_segment_runs,
 )
 from tpuctl.services.cost.subs import Sub, sub_rows, unnull
@@ -68,6 +67,7 @@ from tpuctl.store.billing import (
     multi_day_sql,
     preemptible_sql,
 )
+from tpuctl.store.shares_seen import shared_slice_sql
 from tpuctl.store.sql import Dialect
 
 #: The groupings ``keyed_report`` computes.
@@ -186,7 +186,7 @@ def top_day_cells(
         # A slice no run created is billed to the runs that ran on it, for the time they did; the rest of
         # its time stays with "(none)" (as the report's groups have it).
         wanted = set(named)
-        shared = _changes_of(q, shared_slices_sql(d), q.params)
+        shared = _changes_of(q, shared_slice_sql(d), q.params)
         for day, key, usd in _day_usd(q, src_segment_runs(d), group, change_ctes(d), shared):
             if key in wanted:
                 cells[(day, key)] += usd

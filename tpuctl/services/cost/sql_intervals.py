@@ -26,6 +26,7 @@ from tpuctl.store.billing import (
 )
 from tpuctl.store.cost_sql import TempTable
 from tpuctl.store.schema import rolled_sql
+from tpuctl.store.shares_seen import shared_slice_sql
 from tpuctl.store.sql import Dialect
 
 cache = functools.cache
@@ -424,7 +425,7 @@ def recomputing_changes_sql(d: Dialect) -> str:
 def pieces_needed_sql(d: Dialect) -> str:
     """The price changes (as JSON, like :price_changes) of the slices whose pieces a per-slice or per-run
     report needs: not billed wholly inside the window, or with segments whose share is priced by piece."""
-    return changes_of_sql(f"(NOT ({CLOSED_IN_WINDOW}) OR {_redid_steps_sql(d)} OR {shared_slices_sql(d)})", d)
+    return changes_of_sql(f"(NOT ({CLOSED_IN_WINDOW}) OR {_redid_steps_sql(d)} OR {shared_slice_sql(d)})", d)
 
 
 def _redid_steps_sql(d: Dialect) -> str:
@@ -440,15 +441,7 @@ def shares_exist_sql(d: Dialect) -> str:
     """Whether some slice no run created has a segment on it: a look-up per such slice (the covering
     pods_norun) when none has, as much as one pass over their shares costs."""
     norun = f"pods AS p {sd.indexed('pods_norun', d)}"
-    return f"SELECT EXISTS (SELECT 1 FROM {norun} WHERE {shared_slices_sql(d)})"
-
-
-def shared_slices_sql(d: Dialect) -> str:
-    """Whether a slice (alias p) is one no run created that some run's segment ran on (those runs get a
-    share of its time: ``src_segment_runs``)."""
-    by_pod = sd.indexed("run_segments_pod", d)
-    return f"""(p.run_id IS NULL AND EXISTS (SELECT 1 FROM run_segments AS rs {by_pod}
-                                  WHERE rs.zone = p.zone AND rs.pod = p.name))"""
+    return f"SELECT EXISTS (SELECT 1 FROM {norun} WHERE {shared_slice_sql(d)})"
 
 
 @cache
